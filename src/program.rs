@@ -146,8 +146,9 @@ impl Program {
 ///   (one process per task, supervised) and returns when the chief exits;
 /// - otherwise the process runs its role. Its configuration comes from the flags
 ///   `--task-type`, `--task-index`, `--cluster-file`, `--config`, `--certs-dir`,
-///   `--incarnation`, `--detection-budget`, `--worker-wait`, `--checkpoint-dir`,
-///   `--preemption-grace` (taken out of the arguments; the others are left to the program),
+///   `--incarnation`, `--detection-budget`, `--worker-wait`, `--step-timeout`,
+///   `--checkpoint-dir`, `--preemption-grace` (taken out of the arguments; the others are left
+///   to the program),
 ///   else the environment (`COHORT_TASK_TYPE`, …, `COHORT_CERTS`), else `TF_CONFIG` (as set by
 ///   `launch` or by the cluster manager), else `cohort.toml`; see [`crate::cluster::ConfigKey`].
 ///   A bad value anywhere refuses to start with exit code 2 and a message naming the key.

@@ -15,7 +15,8 @@ use cohort::launch::{
 const CHILD_ENV: &str = "COHORT_LAUNCH_TEST_CHILD";
 
 /// Child mode: record "task incarnation" in the journal; the chief exits after a while with the
-/// code it was told, the others run until they are killed.
+/// code it was told, the others run until they are killed (or, with `TASKS_EXIT_0_MS`, exit 0
+/// after that long, as after the chief's goodbye).
 #[test]
 fn child_task() {
     let Ok(journal) = std::env::var(CHILD_ENV) else {
@@ -40,6 +41,13 @@ fn child_task() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         std::process::exit(code);
+    }
+    if let Some(ms) = std::env::var("TASKS_EXIT_0_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+        std::process::exit(0);
     }
     loop {
         std::thread::sleep(Duration::from_millis(50));
@@ -85,6 +93,29 @@ fn killed_worker_is_restarted_with_a_newer_incarnation_and_chief_exit_ends_the_j
         None,
         "children stopped"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_task_that_exits_0_has_finished_and_is_not_restarted() {
+    let dir = temp_dir("finished");
+    let journal = dir.join("journal");
+    let config = config(
+        &dir,
+        &journal,
+        &[("CHIEF_RUN_MS", "2000"), ("TASKS_EXIT_0_MS", "200")],
+    );
+    let mut launcher = Launcher::start(config).unwrap();
+    let outcome = launcher.supervise(&AtomicBool::new(false)).unwrap();
+    assert_eq!(outcome, LaunchOutcome::ChiefExited(0));
+    let lines = std::fs::read_to_string(&journal).unwrap();
+    for task in ["chief/0", "ps/0", "worker/0", "worker/1"] {
+        assert_eq!(
+            lines.lines().filter(|l| l.starts_with(task)).count(),
+            1,
+            "{task} started once: {lines}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -93,6 +93,19 @@ fn program() -> Program {
                         by_worker[worker as usize] += 1;
                     }
                     report["by_worker"] = serde_json::json!(by_worker);
+                    if scenario == "goodbye" {
+                        // The low watermark reaches the parameter servers within a second or
+                        // so of the last commit.
+                        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                        while coordinator
+                            .ps_stats()?
+                            .iter()
+                            .any(|s| s.finished_below < steps as u64)
+                            && std::time::Instant::now() < deadline
+                        {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
                 }
             }
             let w = coordinator.read_variable("w")?;
@@ -125,6 +138,35 @@ fn training_converges_and_every_closure_commits_exactly_once() {
     // Both workers took work.
     let by_worker: Vec<u32> = serde_json::from_value(report["by_worker"].clone()).unwrap();
     assert!(by_worker[0] > 0 && by_worker[1] > 0, "{by_worker:?}");
+}
+
+/// The end of a job: the chief says goodbye and every worker and parameter server exits 0 on
+/// it (not 143 after the launcher's SIGTERM once the chief is gone, nor killed), once each:
+/// the launcher restarts none of them. Meanwhile the low watermark has let every parameter
+/// server forget the closure ids it kept for PS-1.
+#[test]
+fn at_the_end_of_a_job_the_chief_says_goodbye_and_every_task_exits_0_once() {
+    let run = Run::new("ps-goodbye", "goodbye", &[("STEPS", "12")]);
+    let report = run.launch();
+    assert_eq!(report["ledger"]["committed"], 12, "{report}");
+    let exits = run.exits();
+    for task in ["chief/0", "ps/0", "ps/1", "worker/0", "worker/1"] {
+        let codes: Vec<i32> = exits
+            .iter()
+            .filter(|e| e.task == task)
+            .map(|e| e.code)
+            .collect();
+        assert_eq!(codes, [0], "{task}: {exits:?}");
+    }
+    // PS-1 with bounded memory: every closure is finished, so no id is kept any more.
+    assert_eq!(ps_counter(&report, "finished_below"), [12, 12], "{report}");
+    assert_eq!(ps_counter(&report, "applied_ids_held"), [0, 0], "{report}");
+    assert_eq!(ps_counter(&report, "applied"), [12, 12], "{report}");
+    assert_eq!(
+        ps_counter(&report, "next_free_closure_id"),
+        [12, 12],
+        "{report}"
+    );
 }
 
 #[test]

@@ -55,7 +55,7 @@ fn program() -> Program {
             {
                 // Wait here (stopped mid-step by the test) until the test has continued this
                 // process, then push at once: the late push must leave before this worker,
-                // refused by the chief that fenced it, gives up and exits.
+                // retired by the chief that fenced it, exits.
                 let continued = child_dir().join(CONTINUED);
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
                 while !continued.exists() && std::time::Instant::now() < deadline {
@@ -116,8 +116,9 @@ fn program() -> Program {
 fn fence_1_a_stopped_worker_is_replaced_and_its_late_push_is_rejected_as_stale() {
     // When the stopped worker wakes, its failure detector sees that it was the one paused and
     // gives its peers a fresh budget, so its late push goes out and a parameter server refuses
-    // it (FENCE-1); a budget later, refused by the chief that fenced it, the worker exits to be
-    // restarted as a new incarnation. FENCE-1 holds in every order and every attempt checks
+    // it (FENCE-1); the chief that fenced it retires it when it answers a reconnect, and the
+    // worker exits to be restarted as a new incarnation (tests/ps_retire.rs checks that part).
+    // FENCE-1 holds in every order and every attempt checks
     // that; on a heavily loaded machine the worker's exit can still overtake its push, so a
     // few attempts are allowed for the PS-side evidence.
     for attempt in 1..=ATTEMPTS_MAX {

@@ -15,10 +15,15 @@
 //!  Hello{from: incarnation}     ──req──▶   admit(from) in the fencing table
 //!                               ◀──rsp──   Hello{me: incarnation} | Stale | Refused
 //!  Heartbeat{from}              ──1way─▶   (both directions, every heartbeat interval)
-//!  Call{from, to_epoch, actor, tag} + payload, blobs ──req──▶ deliver to actor `actor`
+//!  Call{from, to_epoch, actor, tag, reply_within_ms} + payload, blobs
+//!                               ──req──▶   deliver to actor `actor`
 //!                               ◀──rsp──   Reply + payload, blobs | Refused | Stale
 //!  Tell{from, to_epoch, actor, tag} + payload, blobs ──1way─▶ deliver, no reply
 //! ```
+//!
+//! A call waits for its reply at most the gateway's `call_timeout`, or the longer bound given
+//! to [`RemoteRef::call_within`]; the envelope carries it (`reply_within_ms`) and the receiver
+//! stops delivering the call then too (never past 24 hours).
 //!
 //! # Fencing semantics (FENCE-1)
 //!
@@ -31,7 +36,9 @@
 //!   epoch, is admitted again.
 //! - A call that targets an epoch other than the receiver's current one is rejected as stale,
 //!   and a [`RemoteRef`] bound to an incarnation the sender has seen superseded or dead fails
-//!   as stale without sending.
+//!   as stale without sending. The one way to still reach a fenced incarnation (to tell it
+//!   that it is fenced) is [`Gateway::call_fenced`], which serves nothing that incarnation
+//!   sends.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -85,7 +92,8 @@ pub struct GatewayConfig {
     pub epoch: Epoch,
     /// Heartbeat interval and the silence after which a peer is declared dead.
     pub heartbeat: HeartbeatConfig,
-    /// Bound on a whole remote call (connect if needed, send, wait for the reply).
+    /// Bound on a whole remote call (connect if needed, send, wait for the reply), unless the
+    /// caller gives its own with [`RemoteRef::call_within`].
     pub call_timeout: Duration,
     /// Largest encoded message or reply payload (bytes), checked before decoding.
     pub payload_bytes_max: usize,
@@ -397,6 +405,66 @@ impl Gateway {
         Ok(self.remote_ref(target, actor))
     }
 
+    /// Calls `actor` on exactly the incarnation `target`, reached at `addr` over a connection
+    /// of its own, even when this gateway has declared that incarnation dead or fenced it: the
+    /// one way left to tell a fenced incarnation something, such as that it is fenced and
+    /// should exit to come back as a new incarnation. FENCE-1 is unaffected: nothing the peer
+    /// sends on that connection is served or counts as hearing from it, and the connection is
+    /// closed after the reply. Fails as stale without sending when `addr` answers as another
+    /// incarnation. Bounded by `call_timeout`.
+    pub async fn call_fenced<M: RemoteMessage>(
+        &self,
+        addr: SocketAddr,
+        target: &Incarnation<NodeId>,
+        actor: &str,
+        msg: &M,
+    ) -> Result<M::Reply, RemoteError> {
+        let inner = &self.inner;
+        let peer = &target.node;
+        let timeout = inner.config.call_timeout;
+        let work = async {
+            let conn = inner
+                .endpoint
+                .connect(addr, peer)
+                .await
+                .map_err(|e| connect_error(peer, e))?;
+            let result = async {
+                let answered = inner.say_hello(&conn, peer).await?;
+                if answered != *target {
+                    return Err(RemoteError::Stale {
+                        peer: peer.clone(),
+                        reason: format!(
+                            "{peer} at {addr} runs {}, not {}",
+                            answered.epoch, target.epoch
+                        ),
+                    });
+                }
+                let frame = inner.encode_message(
+                    target,
+                    actor,
+                    msg,
+                    Vec::new(),
+                    WireKind::Call(timeout),
+                )?;
+                let reply = conn
+                    .request_within(frame, timeout)
+                    .await
+                    .map_err(|e| link_error(peer, e))?;
+                decode_reply::<M>(inner, peer, reply).map(|(reply, _)| reply)
+            }
+            .await;
+            conn.close();
+            result
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(RemoteError::Timeout {
+                peer: peer.clone(),
+                timeout_ms: millis(timeout),
+            }),
+        }
+    }
+
     /// A reference to actor `actor` on incarnation `target`, without connecting yet.
     pub fn remote_ref<M: RemoteMessage>(
         &self,
@@ -496,45 +564,36 @@ impl<M: RemoteMessage> RemoteRef<M> {
         msg: &M,
         blobs: Vec<Bytes>,
     ) -> Result<(M::Reply, Vec<Bytes>), RemoteError> {
+        let timeout = self.gateway.inner.config.call_timeout;
+        self.call_with_blobs_within(msg, blobs, timeout).await
+    }
+
+    /// Like [`call`](Self::call), but waits at most `timeout` instead of the gateway's
+    /// `call_timeout`, here and at the receiver (the envelope carries it): for a call whose
+    /// answer legitimately takes long, such as a whole training step. A peer that dies or goes
+    /// silent still fails the call within the failure-detection budget (its connection is
+    /// closed).
+    pub async fn call_within(&self, msg: &M, timeout: Duration) -> Result<M::Reply, RemoteError> {
+        self.call_with_blobs_within(msg, Vec::new(), timeout)
+            .await
+            .map(|(reply, _)| reply)
+    }
+
+    async fn call_with_blobs_within(
+        &self,
+        msg: &M,
+        blobs: Vec<Bytes>,
+        timeout: Duration,
+    ) -> Result<(M::Reply, Vec<Bytes>), RemoteError> {
         let inner = &self.gateway.inner;
-        let timeout = inner.config.call_timeout;
         let peer = &self.target.node;
         let work = async {
-            let (frame, conn) = self.prepare(msg, blobs, WireKind::Call).await?;
-            let reply = conn.request(frame).await.map_err(|e| link_error(peer, e))?;
-            let header: WireReply = reply
-                .decode(inner.endpoint.config().frame_bytes_max)
-                .map_err(|e| RemoteError::Codec {
-                    peer: peer.clone(),
-                    reason: e.to_string(),
-                })?;
-            match header {
-                WireReply::Reply => {
-                    let (payload, blobs) =
-                        split_payload(reply.blobs).map_err(|reason| RemoteError::Codec {
-                            peer: peer.clone(),
-                            reason,
-                        })?;
-                    let value = codec::decode::<M::Reply>(&payload, inner.config.payload_bytes_max)
-                        .map_err(|e| RemoteError::Codec {
-                            peer: peer.clone(),
-                            reason: e.to_string(),
-                        })?;
-                    Ok((value, blobs))
-                }
-                WireReply::Refused(reason) => Err(RemoteError::Refused {
-                    peer: peer.clone(),
-                    reason,
-                }),
-                WireReply::Stale(reason) => Err(RemoteError::Stale {
-                    peer: peer.clone(),
-                    reason,
-                }),
-                WireReply::Hello { .. } => Err(RemoteError::Codec {
-                    peer: peer.clone(),
-                    reason: "unexpected hello in reply to a call".to_string(),
-                }),
-            }
+            let (frame, conn) = self.prepare(msg, blobs, WireKind::Call(timeout)).await?;
+            let reply = conn
+                .request_within(frame, timeout)
+                .await
+                .map_err(|e| link_error(peer, e))?;
+            decode_reply::<M>(inner, peer, reply)
         };
         match tokio::time::timeout(timeout, work).await {
             Ok(result) => result,
@@ -586,37 +645,14 @@ impl<M: RemoteMessage> RemoteRef<M> {
                 ),
             });
         }
-        let payload =
-            codec::encode(msg, inner.config.payload_bytes_max).map_err(|e| RemoteError::Codec {
-                peer: peer.clone(),
-                reason: e.to_string(),
-            })?;
-        let envelope = Envelope {
-            from: inner.me.clone(),
-            to_epoch: self.target.epoch,
-            actor: self.actor.clone(),
-            tag: M::TAG.to_string(),
-        };
-        let header = match kind {
-            WireKind::Call => WireMsg::Call(envelope),
-            WireKind::Tell => WireMsg::Tell(envelope),
-        };
-        let mut all = Vec::with_capacity(blobs.len() + 1);
-        all.push(payload);
-        all.extend(blobs);
-        let frame =
-            Frame::encode(&header, all, inner.endpoint.config().frame_bytes_max).map_err(|e| {
-                RemoteError::Codec {
-                    peer: peer.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
+        let frame = inner.encode_message(&self.target, &self.actor, msg, blobs, kind)?;
         Ok((frame, conn))
     }
 }
 
+/// A request, with how long its caller waits for the reply, or a one-way message.
 enum WireKind {
-    Call,
+    Call(Duration),
     Tell,
 }
 
@@ -711,53 +747,11 @@ impl Inner {
             .connect(addr, node)
             .await
             .map_err(|e| connect_error(node, e))?;
-        let hello = WireMsg::Hello {
-            from: self.me.clone(),
-        };
-        let frame = Frame::encode(&hello, Vec::new(), self.endpoint.config().frame_bytes_max)
-            .map_err(|e| RemoteError::Codec {
-                peer: node.clone(),
-                reason: e.to_string(),
-            })?;
-        let reply = conn.request(frame).await.map_err(|e| link_error(node, e))?;
-        let reply: WireReply = reply
-            .decode(self.endpoint.config().frame_bytes_max)
-            .map_err(|e| RemoteError::Codec {
-                peer: node.clone(),
-                reason: e.to_string(),
-            })?;
-        let incarnation = match reply {
-            WireReply::Hello { me } if &me.node == node => me,
-            WireReply::Hello { me } => {
+        let incarnation = match self.say_hello(&conn, node).await {
+            Ok(incarnation) => incarnation,
+            Err(e) => {
                 conn.close();
-                return Err(RemoteError::Refused {
-                    peer: node.clone(),
-                    reason: RefusedReason::NotAuthenticated(format!(
-                        "peer authenticated as {node} but said hello as {}",
-                        me.node
-                    )),
-                });
-            }
-            WireReply::Stale(reason) => {
-                conn.close();
-                return Err(RemoteError::Stale {
-                    peer: node.clone(),
-                    reason,
-                });
-            }
-            WireReply::Refused(reason) => {
-                conn.close();
-                return Err(RemoteError::Refused {
-                    peer: node.clone(),
-                    reason,
-                });
-            }
-            WireReply::Reply => {
-                conn.close();
-                return Err(RemoteError::Codec {
-                    peer: node.clone(),
-                    reason: "unexpected reply to hello".to_string(),
-                });
+                return Err(e);
             }
         };
         // The acceptor's incarnation goes through the same fencing as any message.
@@ -778,6 +772,93 @@ impl Inner {
         }
         spawn_serve(self, ctx);
         Ok((conn, incarnation))
+    }
+
+    /// Says hello on a new connection to `node` and returns the incarnation it answers as,
+    /// without admitting it anywhere (the caller decides). The caller closes `conn` on error.
+    async fn say_hello(
+        &self,
+        conn: &Connection,
+        node: &NodeId,
+    ) -> Result<Incarnation<NodeId>, RemoteError> {
+        let hello = WireMsg::Hello {
+            from: self.me.clone(),
+        };
+        let frame = Frame::encode(&hello, Vec::new(), self.endpoint.config().frame_bytes_max)
+            .map_err(|e| RemoteError::Codec {
+                peer: node.clone(),
+                reason: e.to_string(),
+            })?;
+        let reply = conn.request(frame).await.map_err(|e| link_error(node, e))?;
+        let reply: WireReply = reply
+            .decode(self.endpoint.config().frame_bytes_max)
+            .map_err(|e| RemoteError::Codec {
+                peer: node.clone(),
+                reason: e.to_string(),
+            })?;
+        match reply {
+            WireReply::Hello { me } if &me.node == node => Ok(me),
+            WireReply::Hello { me } => Err(RemoteError::Refused {
+                peer: node.clone(),
+                reason: RefusedReason::NotAuthenticated(format!(
+                    "peer authenticated as {node} but said hello as {}",
+                    me.node
+                )),
+            }),
+            WireReply::Stale(reason) => Err(RemoteError::Stale {
+                peer: node.clone(),
+                reason,
+            }),
+            WireReply::Refused(reason) => Err(RemoteError::Refused {
+                peer: node.clone(),
+                reason,
+            }),
+            WireReply::Reply => Err(RemoteError::Codec {
+                peer: node.clone(),
+                reason: "unexpected reply to hello".to_string(),
+            }),
+        }
+    }
+
+    /// The frame of message `msg` (with `blobs`) to `actor` on incarnation `target`.
+    fn encode_message<M: RemoteMessage>(
+        &self,
+        target: &Incarnation<NodeId>,
+        actor: &str,
+        msg: &M,
+        blobs: Vec<Bytes>,
+        kind: WireKind,
+    ) -> Result<Frame, RemoteError> {
+        let peer = &target.node;
+        let payload =
+            codec::encode(msg, self.config.payload_bytes_max).map_err(|e| RemoteError::Codec {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            })?;
+        let reply_within_ms = match kind {
+            WireKind::Call(timeout) => millis(timeout),
+            WireKind::Tell => 0,
+        };
+        let envelope = Envelope {
+            from: self.me.clone(),
+            to_epoch: target.epoch,
+            actor: actor.to_string(),
+            tag: M::TAG.to_string(),
+            reply_within_ms,
+        };
+        let header = match kind {
+            WireKind::Call(_) => WireMsg::Call(envelope),
+            WireKind::Tell => WireMsg::Tell(envelope),
+        };
+        let mut all = Vec::with_capacity(blobs.len() + 1);
+        all.push(payload);
+        all.extend(blobs);
+        Frame::encode(&header, all, self.endpoint.config().frame_bytes_max).map_err(|e| {
+            RemoteError::Codec {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            }
+        })
     }
 
     fn conn_ctx(&self, conn: Connection, hello: Option<Incarnation<NodeId>>) -> Arc<ConnCtx> {
@@ -888,8 +969,10 @@ impl Inner {
                                 blobs,
                                 self.config.payload_bytes_max,
                             );
-                            // The caller gives up after its call timeout; so does delivery.
-                            let timeout = self.config.call_timeout;
+                            // The caller gives up after the time it said it waits; so does
+                            // delivery.
+                            let timeout = Duration::from_millis(envelope.reply_within_ms)
+                                .min(REPLY_WITHIN_MAX);
                             let answered = tokio::time::timeout(timeout, delivery)
                                 .await
                                 .unwrap_or_else(|_| {
@@ -1311,6 +1394,47 @@ async fn heartbeat_driver(inner: Weak<Inner>, wake: Arc<Notify>) {
     }
 }
 
+/// The typed reply (and its blobs) in the response `reply` to a call to `peer`.
+fn decode_reply<M: RemoteMessage>(
+    inner: &Inner,
+    peer: &NodeId,
+    reply: Frame,
+) -> Result<(M::Reply, Vec<Bytes>), RemoteError> {
+    let header: WireReply = reply
+        .decode(inner.endpoint.config().frame_bytes_max)
+        .map_err(|e| RemoteError::Codec {
+            peer: peer.clone(),
+            reason: e.to_string(),
+        })?;
+    match header {
+        WireReply::Reply => {
+            let (payload, blobs) =
+                split_payload(reply.blobs).map_err(|reason| RemoteError::Codec {
+                    peer: peer.clone(),
+                    reason,
+                })?;
+            let value = codec::decode::<M::Reply>(&payload, inner.config.payload_bytes_max)
+                .map_err(|e| RemoteError::Codec {
+                    peer: peer.clone(),
+                    reason: e.to_string(),
+                })?;
+            Ok((value, blobs))
+        }
+        WireReply::Refused(reason) => Err(RemoteError::Refused {
+            peer: peer.clone(),
+            reason,
+        }),
+        WireReply::Stale(reason) => Err(RemoteError::Stale {
+            peer: peer.clone(),
+            reason,
+        }),
+        WireReply::Hello { .. } => Err(RemoteError::Codec {
+            peer: peer.clone(),
+            reason: "unexpected hello in reply to a call".to_string(),
+        }),
+    }
+}
+
 /// Splits a frame's blobs into the encoded payload (blob 0) and the raw blobs after it.
 fn split_payload(mut blobs: Vec<Bytes>) -> Result<(Bytes, Vec<Bytes>), String> {
     if blobs.is_empty() {
@@ -1360,6 +1484,9 @@ fn connect_error(peer: &NodeId, error: ConnectError) -> RemoteError {
         },
     }
 }
+
+/// Longest a receiver keeps delivering one call, whatever its caller says it waits.
+const REPLY_WITHIN_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()

@@ -42,6 +42,9 @@ pub struct Envelope {
     pub actor: String,
     /// The message type's [`RemoteMessage::TAG`](crate::RemoteMessage::TAG).
     pub tag: String,
+    /// How long the caller waits for the reply, in milliseconds; the receiver gives up
+    /// delivering the call then as well (at most 24 hours). 0 for one-way messages.
+    pub reply_within_ms: u64,
 }
 
 /// Response headers.

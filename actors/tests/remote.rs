@@ -446,6 +446,85 @@ fn blobs_travel_beside_messages_and_replies_intact() {
     });
 }
 
+#[test]
+fn a_call_within_a_longer_bound_outlives_the_call_timeout_at_both_ends() {
+    run(Duration::from_secs(30), async {
+        let ca = ClusterCa::generate("test")?;
+        let (w, c) = (node("worker", 0), node("chief", 0));
+        let short = |creds| -> anyhow::Result<Gateway> {
+            let endpoint =
+                Endpoint::bind("127.0.0.1:0".parse()?, creds, TransportConfig::for_tests())?;
+            Ok(Gateway::start(
+                endpoint,
+                GatewayConfig {
+                    epoch: Epoch(1),
+                    heartbeat: RELAXED,
+                    call_timeout: Duration::from_millis(300),
+                    ..GatewayConfig::default()
+                },
+            ))
+        };
+        let worker = short(ca.issue(&w)?)?;
+        let chief = short(ca.issue(&c)?)?;
+        // A step that takes longer than either side's call timeout.
+        worker.register_fn::<Add, _, _>("slow", |m: Remote<Add>| async move {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            Ok::<_, RefusedReason>(m.msg.a + m.msg.b)
+        })?;
+        let slow = chief
+            .resolve::<Add>(worker.local_addr()?, &w, "slow")
+            .await?;
+        match slow.call(&Add { a: 1, b: 2 }).await {
+            Err(RemoteError::Timeout { .. }) => {}
+            other => bail!("expected the plain call to time out, got {other:?}"),
+        }
+        // The receiver delivers for as long as the caller said it waits.
+        let sum = slow
+            .call_within(&Add { a: 1, b: 2 }, Duration::from_secs(10))
+            .await?;
+        assert_eq!(sum, 3);
+        Ok(())
+    });
+}
+
+#[test]
+fn fence1_a_fenced_incarnation_can_still_be_told_so_and_only_that_one() {
+    run(Duration::from_secs(30), async {
+        let ca = ClusterCa::generate("test")?;
+        let (w, c) = (node("worker", 0), node("chief", 0));
+        let chief = start_gateway(ca.issue(&c)?, 1)?;
+        let old = start_gateway(ca.issue(&w)?, 1)?;
+        let mut old_calc = serve_calc(&old);
+        let old_ref = chief.resolve::<Note>(old.local_addr()?, &w, "calc").await?;
+        // A newer incarnation of the worker supersedes the old one, which stays alive.
+        let new = start_gateway(ca.issue(&w)?, 2)?;
+        let _new_calc = serve_calc(&new);
+        chief.resolve::<Note>(new.local_addr()?, &w, "calc").await?;
+        match old_ref.call(&Note("hello".into())).await {
+            Err(RemoteError::Stale { .. }) => {}
+            other => bail!("FENCE-1: expected the old incarnation to be stale, got {other:?}"),
+        }
+        // The fenced incarnation can still be told, at its own address.
+        let target = Incarnation::new(w.clone(), Epoch(1));
+        chief
+            .call_fenced(old.local_addr()?, &target, "calc", &Note("retire".into()))
+            .await?;
+        let (from, note) = tokio::time::timeout(Duration::from_secs(5), old_calc.notes.recv())
+            .await?
+            .ok_or_else(|| anyhow!("no note"))?;
+        assert_eq!((from.node, note.as_str()), (c.clone(), "retire"));
+        // Not a newer incarnation in its place: that one is not the target.
+        match chief
+            .call_fenced(new.local_addr()?, &target, "calc", &Note("retire".into()))
+            .await
+        {
+            Err(RemoteError::Stale { .. }) => {}
+            other => bail!("expected the newer incarnation to be refused, got {other:?}"),
+        }
+        Ok(())
+    });
+}
+
 // ---- the SIGSTOP scenario, with a child process ----
 
 const CHILD_DIR: &str = "COHORT_ACTORS_CHILD_DIR";

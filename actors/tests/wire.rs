@@ -81,6 +81,7 @@ fn call(from: Incarnation<NodeId>, to_epoch: u64, a: i64, b: i64) -> anyhow::Res
         to_epoch: Epoch(to_epoch),
         actor: "mul".to_string(),
         tag: Mul::TAG.to_string(),
+        reply_within_ms: 5_000,
     };
     let payload = codec::encode(&Mul { a, b }, PAYLOAD_MAX)?;
     Ok(Frame::encode(
@@ -231,6 +232,7 @@ fn garbage_headers_and_payloads_are_refused_and_the_gateway_goes_on() {
             to_epoch: Epoch(2),
             actor: "mul".to_string(),
             tag: Mul::TAG.to_string(),
+            reply_within_ms: 5_000,
         };
         let bad = Frame::encode(
             &WireMsg::Call(envelope),

@@ -9,13 +9,14 @@
 //! 3. `TF_CONFIG` (TensorFlow's format: its `cluster` and `task`);
 //! 4. the config file: `--config`, else `COHORT_CONFIG`, else `./cohort.toml` if it exists;
 //! 5. defaults (task index 0, incarnation 1, detection budget 3s, worker wait 60s,
-//!    preemption grace 10s).
+//!    step timeout 30m, preemption grace 10s).
 //!
 //! ```toml
 //! certs_dir = "certs"            # relative paths are relative to this file
 //! checkpoint_dir = "ckpt"
 //! detection_budget = "3s"
 //! worker_wait = "60s"
+//! step_timeout = "30m"
 //! preemption_grace = "10s"
 //! incarnation = 1
 //!
@@ -113,6 +114,12 @@ impl ConfigKey {
         flag: "--worker-wait",
         env: "COHORT_WORKER_WAIT",
     };
+    /// How long one closure may run on a worker before the step counts as hung.
+    pub const STEP_TIMEOUT: Self = Self {
+        file: "step_timeout",
+        flag: "--step-timeout",
+        env: "COHORT_STEP_TIMEOUT",
+    };
     /// Where the chief's program keeps checkpoints.
     pub const CHECKPOINT_DIR: Self = Self {
         file: "checkpoint_dir",
@@ -128,7 +135,7 @@ impl ConfigKey {
     };
 
     /// Every key.
-    pub const ALL: [ConfigKey; 10] = [
+    pub const ALL: [ConfigKey; 11] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -137,6 +144,7 @@ impl ConfigKey {
         Self::INCARNATION,
         Self::DETECTION_BUDGET,
         Self::WORKER_WAIT,
+        Self::STEP_TIMEOUT,
         Self::CHECKPOINT_DIR,
         Self::PREEMPTION_GRACE,
     ];
@@ -148,6 +156,8 @@ pub const DEFAULT_CONFIG_FILE: &str = "cohort.toml";
 pub const DEFAULT_DETECTION_BUDGET: Duration = Duration::from_secs(3);
 /// Default bound on waiting with no live worker.
 pub const DEFAULT_WORKER_WAIT: Duration = Duration::from_secs(60);
+/// Default bound on one closure's run on a worker (see `SchedulerConfig::step_timeout`).
+pub const DEFAULT_STEP_TIMEOUT: Duration = crate::roles::coordinator::DEFAULT_STEP_TIMEOUT;
 /// Default grace after SIGTERM.
 pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(10);
 
@@ -179,6 +189,9 @@ pub struct ConfigFlags {
     /// How long pending work may wait with no live worker, e.g. "60s".
     #[arg(long)]
     pub worker_wait: Option<String>,
+    /// How long one closure may run on a worker before it counts as hung, e.g. "30m".
+    #[arg(long)]
+    pub step_timeout: Option<String>,
     /// Where the chief's program keeps checkpoints.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
@@ -241,6 +254,7 @@ impl ConfigFlags {
             "incarnation" => self.incarnation = Some(value),
             "detection_budget" => self.detection_budget = Some(value),
             "worker_wait" => self.worker_wait = Some(value),
+            "step_timeout" => self.step_timeout = Some(value),
             "checkpoint_dir" => self.checkpoint_dir = Some(value.into()),
             _ => self.preemption_grace = Some(value),
         }
@@ -257,6 +271,7 @@ impl ConfigFlags {
             "incarnation" => self.incarnation.clone(),
             "detection_budget" => self.detection_budget.clone(),
             "worker_wait" => self.worker_wait.clone(),
+            "step_timeout" => self.step_timeout.clone(),
             "checkpoint_dir" => path(&self.checkpoint_dir),
             _ => self.preemption_grace.clone(),
         }
@@ -350,6 +365,9 @@ pub struct RoleConfig {
     pub detection_budget: Duration,
     /// How long pending closures may wait with no live worker before they fail.
     pub worker_wait: Duration,
+    /// How long one closure may run on a worker before the step counts as hung (its worker
+    /// incarnation is then retired and the closure re-dispatched).
+    pub step_timeout: Duration,
     /// Where the chief's program keeps checkpoints, if configured.
     pub checkpoint_dir: Option<PathBuf>,
     /// Time allowed after SIGTERM for a checkpoint.
@@ -482,6 +500,7 @@ struct Layer {
     incarnation: Option<u64>,
     detection_budget: Option<Duration>,
     worker_wait: Option<Duration>,
+    step_timeout: Option<Duration>,
     checkpoint_dir: Option<PathBuf>,
     preemption_grace: Option<Duration>,
 }
@@ -497,6 +516,7 @@ impl Layer {
             incarnation: None,
             detection_budget: None,
             worker_wait: None,
+            step_timeout: None,
             checkpoint_dir: None,
             preemption_grace: None,
         }
@@ -567,6 +587,7 @@ impl Layer {
             "checkpoint_dir" => self.checkpoint_dir = Some(path()?),
             "detection_budget" => self.detection_budget = Some(positive(duration()?)?),
             "worker_wait" => self.worker_wait = Some(positive(duration()?)?),
+            "step_timeout" => self.step_timeout = Some(positive(duration()?)?),
             "preemption_grace" => self.preemption_grace = Some(duration()?),
             // cluster_file and config name files, which load_files has read already.
             _ => {
@@ -794,6 +815,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let incarnation = pick!(incarnation, "incarnation");
     let detection_budget = pick!(detection_budget, "detection_budget");
     let worker_wait = pick!(worker_wait, "worker_wait");
+    let step_timeout = pick!(step_timeout, "step_timeout");
     let checkpoint_dir = pick!(checkpoint_dir, "checkpoint_dir");
     let preemption_grace = pick!(preemption_grace, "preemption_grace");
 
@@ -845,6 +867,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         incarnation: incarnation.unwrap_or(1),
         detection_budget: detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET),
         worker_wait: worker_wait.unwrap_or(DEFAULT_WORKER_WAIT),
+        step_timeout: step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT),
         checkpoint_dir,
         preemption_grace: preemption_grace.unwrap_or(DEFAULT_PREEMPTION_GRACE),
         origins,
@@ -863,6 +886,7 @@ mod tests {
         checkpoint_dir = "/var/ckpt"
         detection_budget = "7s"
         worker_wait = "70s"
+        step_timeout = "5m"
         preemption_grace = "17s"
         incarnation = 7
         [cluster]
@@ -918,6 +942,7 @@ mod tests {
         assert_eq!(config.checkpoint_dir, Some(PathBuf::from("/var/ckpt")));
         assert_eq!(config.detection_budget, Duration::from_secs(7));
         assert_eq!(config.worker_wait, Duration::from_secs(70));
+        assert_eq!(config.step_timeout, Duration::from_secs(300));
         assert_eq!(config.preemption_grace, Duration::from_secs(17));
         assert_eq!(config.incarnation, 7);
         assert_eq!(
@@ -937,6 +962,7 @@ mod tests {
         assert_eq!(config.incarnation, 1);
         assert_eq!(config.detection_budget, DEFAULT_DETECTION_BUDGET);
         assert_eq!(config.worker_wait, DEFAULT_WORKER_WAIT);
+        assert_eq!(config.step_timeout, DEFAULT_STEP_TIMEOUT);
         assert_eq!(config.preemption_grace, DEFAULT_PREEMPTION_GRACE);
         assert_eq!(config.checkpoint_dir, None);
         assert_eq!(config.origin("detection_budget"), &Origin::Default);
@@ -966,6 +992,7 @@ mod tests {
             ("COHORT_INCARNATION", "8"),
             ("COHORT_DETECTION_BUDGET", "8s"),
             ("COHORT_WORKER_WAIT", "80s"),
+            ("COHORT_STEP_TIMEOUT", "8m"),
             ("COHORT_CHECKPOINT_DIR", "/env/ckpt"),
             ("COHORT_PREEMPTION_GRACE", "18s"),
         ];
@@ -977,6 +1004,7 @@ mod tests {
         assert_eq!(config.incarnation, 8);
         assert_eq!(config.detection_budget, Duration::from_secs(8));
         assert_eq!(config.worker_wait, Duration::from_secs(80));
+        assert_eq!(config.step_timeout, Duration::from_secs(480));
         assert_eq!(config.checkpoint_dir, Some(PathBuf::from("/env/ckpt")));
         assert_eq!(config.preemption_grace, Duration::from_secs(18));
     }

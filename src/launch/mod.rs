@@ -5,7 +5,9 @@
 //! process per task (the same program, its role given through `TF_CONFIG`); restarting a task
 //! that dies, with backoff and a restart budget ([`RestartPolicy`] from `cohort-actors`);
 //! forwarding SIGINT/SIGTERM to every child; and streaming child output with a role prefix.
-//! It never looks inside training: the job ends when the chief exits.
+//! It never looks inside training: the job ends when the chief exits. A task other than the
+//! chief that exits with code 0 has finished (the chief said the job is done) and is not
+//! restarted; any other exit, or death by a signal, is a failure and restarts it.
 //!
 //! What a child finds in its environment:
 //! - `TF_CONFIG`: the cluster and its own task (TensorFlow's format);
@@ -51,7 +53,8 @@ pub struct LaunchConfig {
     pub env: Vec<(String, String)>,
     /// Where certificates go (`<run_dir>/certs`).
     pub run_dir: PathBuf,
-    /// Restart budget and backoff per task.
+    /// Restart budget and backoff per task (a task other than the chief that exits 0 has
+    /// finished and is not restarted).
     pub restart: RestartLimits,
     /// How long children get between SIGTERM and SIGKILL when the job stops.
     pub stop_grace: Duration,
@@ -236,6 +239,13 @@ impl Launcher {
         entry.child = None;
         if task.task_type == TaskType::Chief {
             return Ok(Some(exit_code(status)));
+        }
+        if status.success() {
+            eprintln!(
+                "[launcher] {task} (incarnation {}) finished: the job is done",
+                entry.incarnation
+            );
+            return Ok(None);
         }
         eprintln!(
             "[launcher] {task} (incarnation {}) exited: {}",

@@ -43,7 +43,7 @@
 
 mod slots;
 
-use std::collections::HashMap;
+use crate::variable::{row_id_map, RowIdMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -379,6 +379,19 @@ impl Optimizer {
         slots: &mut Slots,
         step: u64,
     ) -> Result<UpdateOutcome, OptimError> {
+        self.apply_dense_with(params, grad, slots, step, Screen::Run)
+    }
+
+    /// [`Optimizer::apply_dense`], with the non-finite screen left to the caller when it has
+    /// already screened every gradient of an all-or-nothing update (the parameter server).
+    pub(crate) fn apply_dense_with(
+        &self,
+        params: &mut [f32],
+        grad: &[f32],
+        slots: &mut Slots,
+        step: u64,
+        screen: Screen,
+    ) -> Result<UpdateOutcome, OptimError> {
         self.check_common(params, slots, step)?;
         if grad.len() != params.len() {
             return Err(OptimError::GradientLength {
@@ -387,10 +400,12 @@ impl Optimizer {
                 got: grad.len(),
             });
         }
-        if let Some(outcome) = self.screen_non_finite(grad, slots)? {
-            return Ok(outcome);
+        if screen == Screen::Run {
+            if let Some(outcome) = self.screen_non_finite(grad, slots)? {
+                return Ok(outcome);
+            }
         }
-        self.rule(step).apply(params, grad, slots, 0);
+        self.rule(step).apply(params, slots, [(0, grad)]);
         Ok(UpdateOutcome::Applied)
     }
 
@@ -408,6 +423,30 @@ impl Optimizer {
         row_grads: &[f32],
         slots: &mut Slots,
         step: u64,
+    ) -> Result<UpdateOutcome, OptimError> {
+        self.apply_rows_with(
+            params,
+            row_width,
+            row_ids,
+            row_grads,
+            slots,
+            step,
+            Screen::Run,
+        )
+    }
+
+    /// [`Optimizer::apply_rows`], with the non-finite screen of the pushed rows left to a
+    /// caller that has already run it (rows summed from duplicates are still screened).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_rows_with(
+        &self,
+        params: &mut [f32],
+        row_width: usize,
+        row_ids: &[u64],
+        row_grads: &[f32],
+        slots: &mut Slots,
+        step: u64,
+        screen: Screen,
     ) -> Result<UpdateOutcome, OptimError> {
         self.check_common(params, slots, step)?;
         let variable = slots.variable();
@@ -434,20 +473,22 @@ impl Optimizer {
                 rows,
             });
         }
-        if let Some(outcome) = self.screen_non_finite(row_grads, slots)? {
-            return Ok(outcome);
-        }
-        let (unique_rows, summed) = sum_duplicate_rows(row_width, row_ids, row_grads);
-        // Finite inputs can still sum to ±Inf.
-        if let Some(outcome) = self.screen_non_finite(&summed, slots)? {
-            return Ok(outcome);
+        if screen == Screen::Run {
+            if let Some(outcome) = self.screen_non_finite(row_grads, slots)? {
+                return Ok(outcome);
+            }
         }
         let rule = self.rule(step);
-        for (k, &row) in unique_rows.iter().enumerate() {
-            // In range: checked above against `rows`, which fits in usize.
-            let start = row as usize * row_width;
-            let grad = &summed[k * row_width..(k + 1) * row_width];
-            rule.apply(params, grad, slots, start);
+        match sum_duplicate_rows(row_width, row_ids, row_grads) {
+            // The common case (a worker pushes each row once): no copy of the gradients.
+            None => rule.apply(params, slots, row_spans(row_ids, row_grads, row_width)),
+            Some((unique_rows, summed)) => {
+                // Finite inputs can still sum to ±Inf.
+                if let Some(outcome) = self.screen_non_finite(&summed, slots)? {
+                    return Ok(outcome);
+                }
+                rule.apply(params, slots, row_spans(&unique_rows, &summed, row_width));
+            }
         }
         Ok(UpdateOutcome::Applied)
     }
@@ -551,6 +592,15 @@ impl Optimizer {
     }
 }
 
+/// Whether an apply call screens its gradient for NaN and Inf itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Screen {
+    /// Screen, and apply the non-finite policy.
+    Run,
+    /// The caller screened this gradient (with the same policy) before calling.
+    AlreadyDone,
+}
+
 /// The update of one optimizer at one step, ready to run over a range of elements.
 #[derive(Debug, Clone, Copy)]
 enum Rule {
@@ -575,15 +625,23 @@ enum Rule {
 }
 
 impl Rule {
-    /// Updates `params[start..start + grad.len()]` and the slots at the same indices. The
-    /// caller has checked every length and that the slots exist.
-    fn apply(&self, params: &mut [f32], grad: &[f32], slots: &mut Slots, start: usize) {
-        let end = start + grad.len();
-        let p = &mut params[start..end];
+    /// Updates each span `(start, grad)`: `params[start..start + grad.len()]` and the slots at
+    /// the same indices. The caller has checked every length and that the slots exist. The
+    /// rule and its slot buffers are resolved once, not per span: a sparse push has thousands
+    /// of one-row spans.
+    fn apply<'g>(
+        &self,
+        params: &mut [f32],
+        slots: &mut Slots,
+        spans: impl IntoIterator<Item = (usize, &'g [f32])>,
+    ) {
+        let range = |start: usize, grad: &[f32]| start..start + grad.len();
         match *self {
             Rule::Sgd { lr } => {
-                for (p, g) in p.iter_mut().zip(grad) {
-                    *p -= lr * g;
+                for (start, grad) in spans {
+                    for (p, g) in params[range(start, grad)].iter_mut().zip(grad) {
+                        *p -= lr * g;
+                    }
                 }
             }
             Rule::Momentum {
@@ -591,21 +649,28 @@ impl Rule {
                 momentum,
                 nesterov,
             } => {
-                let velocity = &mut slots.buffer_mut(SLOT_MOMENTUM)[start..end];
-                for ((p, g), v) in p.iter_mut().zip(grad).zip(velocity) {
-                    *v = momentum * *v - lr * g;
-                    if nesterov {
-                        *p += momentum * *v - lr * g;
-                    } else {
-                        *p += *v;
+                let velocity = slots.buffer_mut(SLOT_MOMENTUM);
+                for (start, grad) in spans {
+                    let r = range(start, grad);
+                    for ((p, g), v) in params[r.clone()].iter_mut().zip(grad).zip(&mut velocity[r])
+                    {
+                        *v = momentum * *v - lr * g;
+                        if nesterov {
+                            *p += momentum * *v - lr * g;
+                        } else {
+                            *p += *v;
+                        }
                     }
                 }
             }
             Rule::Adagrad { lr, epsilon } => {
-                let acc = &mut slots.buffer_mut(SLOT_ACCUMULATOR)[start..end];
-                for ((p, g), a) in p.iter_mut().zip(grad).zip(acc) {
-                    *a += g * g;
-                    *p -= lr * g / (a.sqrt() + epsilon);
+                let acc = slots.buffer_mut(SLOT_ACCUMULATOR);
+                for (start, grad) in spans {
+                    let r = range(start, grad);
+                    for ((p, g), a) in params[r.clone()].iter_mut().zip(grad).zip(&mut acc[r]) {
+                        *a += g * g;
+                        *p -= lr * g / (a.sqrt() + epsilon);
+                    }
                 }
             }
             Rule::Adam {
@@ -615,30 +680,55 @@ impl Rule {
                 epsilon,
             } => {
                 let (m, v) = slots.buffer_pair_mut(SLOT_M, SLOT_V);
-                let m = &mut m[start..end];
-                let v = &mut v[start..end];
-                for (((p, g), m), v) in p.iter_mut().zip(grad).zip(m).zip(v) {
-                    *m += (g - *m) * (1.0 - beta_1);
-                    *v += (g * g - *v) * (1.0 - beta_2);
-                    *p -= alpha * *m / (v.sqrt() + epsilon);
+                for (start, grad) in spans {
+                    let r = range(start, grad);
+                    for (((p, g), m), v) in params[r.clone()]
+                        .iter_mut()
+                        .zip(grad)
+                        .zip(&mut m[r.clone()])
+                        .zip(&mut v[r])
+                    {
+                        *m += (g - *m) * (1.0 - beta_1);
+                        *v += (g * g - *v) * (1.0 - beta_2);
+                        *p -= alpha * *m / (v.sqrt() + epsilon);
+                    }
                 }
             }
         }
     }
 }
 
-/// Sums the gradients of repeated row ids; gives the distinct ids in order of first
-/// appearance and their summed rows.
+/// Each row's `(start offset, gradient row)`; the ids were checked to be in range, so the
+/// offsets fit in `usize`.
+fn row_spans<'g>(
+    ids: &'g [u64],
+    grads: &'g [f32],
+    row_width: usize,
+) -> impl Iterator<Item = (usize, &'g [f32])> + 'g {
+    ids.iter()
+        .zip(grads.chunks_exact(row_width))
+        .map(move |(&row, grad)| (row as usize * row_width, grad))
+}
+
+/// Sums the gradients of repeated row ids: `None` when every id is distinct (nothing to
+/// sum), else the distinct ids in order of first appearance and their summed rows.
 fn sum_duplicate_rows(
     row_width: usize,
     row_ids: &[u64],
     row_grads: &[f32],
-) -> (Vec<u64>, Vec<f32>) {
-    let mut position: HashMap<u64, usize> = HashMap::with_capacity(row_ids.len());
+) -> Option<(Vec<u64>, Vec<f32>)> {
+    let mut position: RowIdMap<usize> = row_id_map(row_ids.len());
+    let mut repeated = false;
+    for (i, &id) in row_ids.iter().enumerate() {
+        repeated |= position.insert(id, i).is_some();
+    }
+    if !repeated {
+        return None;
+    }
+    position.clear();
     let mut unique = Vec::with_capacity(row_ids.len());
     let mut summed: Vec<f32> = Vec::with_capacity(row_grads.len());
-    for (i, &id) in row_ids.iter().enumerate() {
-        let grad = &row_grads[i * row_width..(i + 1) * row_width];
+    for (&id, grad) in row_ids.iter().zip(row_grads.chunks_exact(row_width)) {
         match position.get(&id) {
             Some(&k) => {
                 for (s, g) in summed[k * row_width..(k + 1) * row_width]
@@ -655,7 +745,7 @@ fn sum_duplicate_rows(
             }
         }
     }
-    (unique, summed)
+    Some((unique, summed))
 }
 
 fn check_learning_rate(value: f32) -> Result<(), OptimError> {

@@ -129,5 +129,6 @@ fn transport_config(detection_budget: Duration) -> TransportConfig {
 
 /// Largest message payload: a checkpoint snapshot of a 500,000 × 16 shard is 32 MiB.
 const PAYLOAD_BYTES_MAX: usize = 128 * 1024 * 1024;
-/// Bound on any remote call, including a whole training step on a worker.
+/// Bound on a remote call, except a closure's run on a worker: that one is bounded by the
+/// coordinator's step timeout (`SchedulerConfig::step_timeout`) instead.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);

@@ -7,6 +7,8 @@
 //! carries the error as text naming what was wrong, so that a remote refusal reads as well as a
 //! local one.
 
+use std::borrow::Cow;
+
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::RemoteMessage;
@@ -164,6 +166,23 @@ impl RemoteMessage for FenceWorker {
     type Reply = ();
 }
 
+/// The coordinator's low watermark: every closure with an id below `closure` is finished for
+/// good (committed or ended with an error) and will never be dispatched again. A parameter
+/// server forgets the ids below it that it kept for PS-1 and refuses any push below it as a
+/// duplicate (it can only be a late retry of a finished closure). Sent to every parameter
+/// server periodically, whenever it has risen.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct FinishedBelow {
+    /// The smallest closure id still unfinished (queued, in flight or waiting to be retried),
+    /// or the next id to be scheduled when none is.
+    pub closure: u64,
+}
+
+impl RemoteMessage for FinishedBelow {
+    const TAG: &'static str = "ps.finished_below";
+    type Reply = ();
+}
+
 /// A shard's full state, for a checkpoint.
 #[derive(Debug, Clone, PartialEq, Encode, Decode)]
 pub struct Snapshot {
@@ -205,8 +224,13 @@ pub struct PsStatsReply {
     pub skipped_non_finite: u64,
     /// Pushes refused as invalid.
     pub rejected_invalid: u64,
-    /// One past the highest closure id applied here (0 if none).
+    /// The first closure id a new closure may use without being taken for a duplicate here:
+    /// above every id applied here and at least the low watermark (0 if neither).
     pub next_free_closure_id: u64,
+    /// Closure ids kept for PS-1 (those applied at or above the low watermark).
+    pub applied_ids_held: u64,
+    /// The low watermark this parameter server knows ([`FinishedBelow`]).
+    pub finished_below: u64,
 }
 
 impl RemoteMessage for PsStats {
@@ -229,8 +253,65 @@ pub struct RunClosure {
 
 impl RemoteMessage for RunClosure {
     const TAG: &'static str = "worker.run";
-    /// The encoded return value, or the function's error.
-    type Reply = Result<Vec<u8>, String>;
+    /// The encoded return value, or why there is none.
+    type Reply = Result<Vec<u8>, RunClosureError>;
+}
+
+/// Why a worker returned no value for a closure.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, thiserror::Error)]
+pub enum RunClosureError {
+    /// The step function failed: the closure's own, non-retryable error.
+    #[error("{0}")]
+    Step(String),
+    /// The worker could not run the closure: the worker's failure, not the closure's. The
+    /// coordinator treats it as a lost worker for that closure (fences the incarnation and
+    /// runs the closure elsewhere).
+    #[error(transparent)]
+    Refused(#[from] WorkerRefusal),
+}
+
+/// Why a worker could not take a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode, thiserror::Error)]
+pub enum WorkerRefusal {
+    /// Its compute thread's queue is full.
+    #[error("worker busy: {queued} jobs already queued")]
+    Busy {
+        /// Jobs waiting already.
+        queued: u32,
+    },
+    /// Its compute thread has stopped.
+    #[error("worker compute thread stopped")]
+    ComputeStopped,
+    /// Its compute thread dropped the job without answering.
+    #[error("worker compute thread dropped the job")]
+    JobDropped,
+}
+
+/// From the chief to a worker incarnation it fenced (FENCE-1) while that process may still
+/// be alive (a step past the step timeout, a refused setup or job, a false death): the worker
+/// exits with the code that makes its supervisor restart it as a new incarnation, which the
+/// coordinator then takes back. Sent with `Gateway::call_fenced`, since the chief's gateway
+/// may have fenced the incarnation itself.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Retire {
+    /// The fenced incarnation; a worker acts on it only if it is its own.
+    pub epoch: u64,
+}
+
+impl RemoteMessage for Retire {
+    const TAG: &'static str = "worker.retire";
+    type Reply = ();
+}
+
+/// From the chief at the end of a job that succeeded, to every worker and parameter server:
+/// the job is over, exit with success now (and do not wait out the detection budget to
+/// notice that the chief is gone).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Shutdown;
+
+impl RemoteMessage for Shutdown {
+    const TAG: &'static str = "node.shutdown";
+    type Reply = ();
 }
 
 /// Prepare a worker incarnation before any closure: the variable layouts and the per-worker
@@ -252,9 +333,77 @@ impl RemoteMessage for SetupWorker {
     type Reply = Result<(), String>;
 }
 
-/// A blob of little-endian f32.
+/// A blob of little-endian f32 (one copy).
 pub fn f32_blob(values: &[f32]) -> Bytes {
     Bytes::from(f32_to_bytes(values))
+}
+
+/// A blob of little-endian f32 that takes `values` over without copying them (on
+/// little-endian machines): gradients and pulled rows are megabytes per step.
+pub fn f32_vec_blob(values: Vec<f32>) -> Bytes {
+    if cfg!(target_endian = "little") {
+        return Bytes::from_owner(PodOwner(values));
+    }
+    f32_blob(&values)
+}
+
+/// A blob of little-endian u64 that takes `values` over without copying them (on
+/// little-endian machines).
+pub fn u64_vec_blob(values: Vec<u64>) -> Bytes {
+    if cfg!(target_endian = "little") {
+        return Bytes::from_owner(PodOwner(values));
+    }
+    u64_blob(&values)
+}
+
+/// A vector of plain numbers seen as its bytes, so that a [`Bytes`] can own it.
+struct PodOwner<T>(Vec<T>);
+
+impl<T: bytemuck::Pod> AsRef<[u8]> for PodOwner<T> {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// The little-endian f32 `bytes` as values: borrowed when the buffer is aligned for f32 (a
+/// received blob almost always is), copied otherwise. `what` names the buffer in the error.
+pub fn f32_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [f32]>, String> {
+    if cfg!(target_endian = "little") {
+        if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            return Ok(Cow::Borrowed(values));
+        }
+    }
+    bytes_to_f32(bytes, what).map(Cow::Owned)
+}
+
+/// The little-endian u64 `bytes` as values, borrowed when aligned (see [`f32_view`]).
+pub fn u64_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [u64]>, String> {
+    if cfg!(target_endian = "little") {
+        if let Ok(values) = bytemuck::try_cast_slice::<u8, u64>(bytes) {
+            return Ok(Cow::Borrowed(values));
+        }
+    }
+    blob_u64(bytes, what).map(Cow::Owned)
+}
+
+/// Decodes the little-endian f32 `bytes` into `out` (exactly as long); `what` names the
+/// buffer in the error. One copy, straight into where the values are needed.
+pub fn decode_f32_into(out: &mut [f32], bytes: &[u8], what: &str) -> Result<(), String> {
+    if bytes.len() != out.len() * 4 {
+        return Err(format!(
+            "{what}: {} bytes where {} f32 values were expected",
+            bytes.len(),
+            out.len()
+        ));
+    }
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes);
+    } else {
+        for (v, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    Ok(())
 }
 
 /// A blob of little-endian u64.

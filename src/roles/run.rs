@@ -4,7 +4,16 @@
 //! same program.
 //!
 //! Exit codes (DESIGN §7): 0 success; 1 training error; 2 bad config, with a message naming
-//! the key; 143 after SIGTERM.
+//! the key; 143 after SIGTERM. A worker also exits [`LOST_CHIEF_EXIT_CODE`] (75) to be
+//! restarted as a new incarnation: when its chief has gone silent past the detection budget,
+//! or when the chief retires it ([`Retire`]: the chief fenced that incarnation while it was
+//! alive).
+//!
+//! End of a job: when the chief's program returns successfully (and no stop was requested),
+//! the chief says goodbye ([`Shutdown`]) to every worker and parameter server, waiting at most
+//! [`GOODBYE_WAIT`]; they exit 0 at once, which their supervisor does not restart, instead of
+//! waiting out the detection budget to notice that the chief is gone. A chief that fails or
+//! is preempted says nothing: its successor may reconnect to the live roles.
 //!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill.
 //! - On the chief, it sets [`preemption_requested`] (also
@@ -20,11 +29,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use actix::System;
-use cohort_actors::{DeathCause, Gateway, PeerEvent};
+use cohort_actors::{DeathCause, Gateway, PeerEvent, RefusedReason, RegisterError, Remote};
+use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
 use super::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
 use super::node::{peer, resolve, start_gateway, NodeConfig};
+use super::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
 use super::ps::{ParameterStore, PsActor};
 use super::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
 use crate::cluster::{
@@ -247,13 +258,14 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         let store =
             ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
         PsActor::start(store, gateway.clone()).map_err(|e| RoleFailure::Training(e.to_string()))?;
+        exit_on_goodbye(&gateway, PS_ACTOR).map_err(|e| RoleFailure::Training(e.to_string()))?;
         serve_chief_then_stop(gateway, grace);
         Ok::<_, RoleFailure>(())
     })?;
+    // Every stop sets its code: 0 after the chief's goodbye, 143 after a stop request.
     system
-        .run()
-        .map_err(|e| RoleFailure::Training(e.to_string()))?;
-    Ok(PREEMPTED_EXIT_CODE)
+        .run_with_code()
+        .map_err(|e| RoleFailure::Training(e.to_string()))
 }
 
 fn run_worker(
@@ -277,17 +289,73 @@ fn run_worker(
             .spawn(move || run_worker_thread(program, index, epoch, client, queue))
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         WorkerActor::start(jobs, &gateway).map_err(|e| RoleFailure::Training(e.to_string()))?;
+        exit_on_goodbye(&gateway, WORKER_ACTOR)
+            .and_then(|()| exit_when_retired(&gateway, epoch))
+            .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_chief_is_lost(&gateway);
         serve_chief_then_stop(gateway, grace);
         Ok::<_, RoleFailure>(())
     })?;
-    let code = system
+    // Every stop sets its code: 75 to be restarted (chief lost, or retired by it), 0 after the
+    // chief's goodbye, 143 after a stop request.
+    system
         .run_with_code()
-        .map_err(|e| RoleFailure::Training(e.to_string()))?;
-    if code == LOST_CHIEF_EXIT_CODE {
-        return Ok(code);
+        .map_err(|e| RoleFailure::Training(e.to_string()))
+}
+
+/// Ends this process with code 0 when the chief says the job is done ([`Shutdown`] to
+/// `actor`). Only the chief may say so.
+fn exit_on_goodbye(gateway: &Gateway, actor: &str) -> Result<(), RegisterError> {
+    let chief = peer(TaskId::new(TaskType::Chief, 0));
+    let system = System::current();
+    gateway.register_fn::<Shutdown, _, _>(actor, move |m: Remote<Shutdown>| {
+        let answer = obey_chief(&chief, &m.from.node).map(|()| {
+            tracing::info!("the chief finished the job: exiting");
+            exit_after_answering(system.clone(), JOB_DONE_EXIT_CODE);
+        });
+        async move { answer }
+    })
+}
+
+/// Ends this worker with [`LOST_CHIEF_EXIT_CODE`] when the chief retires its incarnation
+/// `epoch` ([`Retire`]): the chief fenced it while it was alive (FENCE-1), so it can do nothing
+/// useful any more, and its supervisor restarts it as a new incarnation that the chief takes
+/// back. A retirement of another incarnation is ignored.
+fn exit_when_retired(gateway: &Gateway, epoch: u64) -> Result<(), RegisterError> {
+    let chief = peer(TaskId::new(TaskType::Chief, 0));
+    let system = System::current();
+    gateway.register_fn::<Retire, _, _>(WORKER_ACTOR, move |m: Remote<Retire>| {
+        let answer = obey_chief(&chief, &m.from.node).map(|()| {
+            if m.msg.epoch == epoch {
+                tracing::warn!(
+                    "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
+                     exiting so that this worker restarts as a new incarnation"
+                );
+                exit_after_answering(system.clone(), LOST_CHIEF_EXIT_CODE);
+            }
+        });
+        async move { answer }
+    })
+}
+
+/// Whether a message that ends this process comes from the chief: no other role may end it.
+fn obey_chief(chief: &NodeId, from: &NodeId) -> Result<(), RefusedReason> {
+    if from == chief {
+        Ok(())
+    } else {
+        Err(RefusedReason::NotAuthenticated(format!(
+            "only {chief} may end this process, not {from}"
+        )))
     }
-    Ok(PREEMPTED_EXIT_CODE)
+}
+
+/// Stops the node with `code` once its answer to the message that asked for it has had
+/// [`EXIT_LINGER`] to leave.
+fn exit_after_answering(system: System, code: i32) {
+    tokio::spawn(async move {
+        tokio::time::sleep(EXIT_LINGER).await;
+        system.stop_with_code(code);
+    });
 }
 
 /// A worker whose chief went silent past the detection budget exits (code
@@ -346,8 +414,18 @@ fn run_chief(
     let system = System::new();
     let scheduler_config = SchedulerConfig {
         no_worker_wait_max: config.worker_wait,
+        step_timeout: config.step_timeout,
         ..SchedulerConfig::default()
     };
+    let mut peers: Vec<(NodeId, std::net::SocketAddr, &'static str)> = workers
+        .iter()
+        .map(|(node, addr)| (node.clone(), *addr, WORKER_ACTOR))
+        .collect();
+    peers.extend(
+        servers
+            .iter()
+            .map(|(node, addr)| (node.clone(), *addr, PS_ACTOR)),
+    );
     let node = node.clone();
     let actor_servers = servers.clone();
     let grace = config.preemption_grace;
@@ -380,14 +458,17 @@ fn run_chief(
         .spawn(move || {
             let mut coordinator = ClusterCoordinator::new(
                 actor,
-                runtime,
-                gateway,
+                runtime.clone(),
+                gateway.clone(),
                 servers,
                 num_workers,
                 JOIN_WAIT_MAX,
             );
             let outcome =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chief(&mut coordinator)));
+            if matches!(outcome, Ok(Ok(()))) && !preemption_requested() {
+                say_goodbye(&runtime, &gateway, peers);
+            }
             program_finished.store(true, Ordering::SeqCst);
             system_handle.stop();
             outcome
@@ -414,6 +495,35 @@ fn run_chief(
         return Ok(PREEMPTED_EXIT_CODE);
     }
     outcome
+}
+
+/// The end of a job that succeeded: tells every worker and parameter server to exit with
+/// success ([`Shutdown`]), waiting at most [`GOODBYE_WAIT`] for them all. One that cannot be
+/// told (down, restarting) is stopped by its supervisor with the chief, as before.
+fn say_goodbye(
+    runtime: &Handle,
+    gateway: &Gateway,
+    peers: Vec<(NodeId, std::net::SocketAddr, &'static str)>,
+) {
+    let calls = peers.into_iter().map(|(node, addr, actor)| {
+        let gateway = gateway.clone();
+        async move {
+            let told = match gateway.resolve::<Shutdown>(addr, &node, actor).await {
+                Ok(r) => r.call(&Shutdown).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = told {
+                tracing::info!("could not say goodbye to {node}: {e}");
+            }
+        }
+    });
+    let all = futures::future::join_all(calls);
+    if runtime
+        .block_on(async { tokio::time::timeout(GOODBYE_WAIT, all).await })
+        .is_err()
+    {
+        tracing::info!("not every task answered the goodbye within {GOODBYE_WAIT:?}");
+    }
 }
 
 fn servers(
@@ -470,7 +580,7 @@ fn serve_chief_then_stop(gateway: Gateway, grace: Duration) {
             tokio::time::sleep(CHIEF_POLL).await;
         }
         tracing::info!("stop requested: stopping");
-        System::current().stop();
+        System::current().stop_with_code(PREEMPTED_EXIT_CODE);
     });
 }
 
@@ -513,8 +623,17 @@ const CHIEF_POLL: Duration = Duration::from_millis(20);
 /// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
 const STOP_GRACE_MARGIN: Duration = Duration::from_secs(5);
 
-/// A worker's exit code when it lost its chief (its supervisor restarts it).
+/// A worker's exit code when it lost its chief or the chief retired it (its supervisor
+/// restarts it as a new incarnation).
 pub const LOST_CHIEF_EXIT_CODE: i32 = 75;
+/// A worker's or parameter server's exit code after the chief's goodbye: the job is done
+/// (its supervisor does not restart it).
+const JOB_DONE_EXIT_CODE: i32 = 0;
+/// Bound on the chief's goodbye to every task at the end of a job.
+const GOODBYE_WAIT: Duration = Duration::from_secs(2);
+/// Time between answering the message that ends a process and stopping it, so that the
+/// answer leaves before the endpoint closes.
+const EXIT_LINGER: Duration = Duration::from_millis(100);
 
 /// Bound on any single `join`/`fetch` wait on the chief.
 const JOIN_WAIT_MAX: Duration = Duration::from_secs(3600);

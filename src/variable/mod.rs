@@ -34,12 +34,14 @@
 
 mod partition;
 mod placement;
+mod rows;
 
 pub use partition::{PartitionError, Partitioner, PsPlacer, Shard, ShardLayout};
 pub use placement::{
     current_placement, CentralPlacement, DeclaredPlacement, LocalPlacement, MirroredPlacement,
     ParameterServerPlacement, Placement, PlacementScope, VariablePlacement, VariableRequest,
 };
+pub use rows::{row_id_map, unique_rows, RowIdHasher, RowIdMap};
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -103,10 +103,8 @@ fn dense_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepEr
     let labels = batch[1].to_vec1::<i64>()?;
     let t1 = Instant::now();
     let specs = dense_params();
-    let params = specs
-        .iter()
-        .map(|s| ctx.pull(&s.name))
-        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let params = ctx.pull_many(&names)?;
     let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
     let t2 = Instant::now();
     let out = models::mlp_step(&DENSE_LAYERS, &views, &features, &labels)?;
@@ -133,10 +131,9 @@ fn sparse_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepE
     let labels = batch[1].to_vec1::<f32>()?;
     let (unique, positions) = models::unique_rows(&ids);
     let rows = ctx.pull_rows(EMBEDDING, &unique)?;
-    let head: Vec<Vec<f32>> = head_params()
-        .iter()
-        .map(|s| ctx.pull(&s.name))
-        .collect::<Result<_, _>>()?;
+    let head_specs = head_params();
+    let head_names: Vec<&str> = head_specs.iter().map(|s| s.name.as_str()).collect();
+    let head = ctx.pull_many(&head_names)?;
     let out = models::ctr_step(
         &rows,
         SPARSE_DIM,
@@ -155,8 +152,9 @@ fn sparse_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepE
 
 fn goodput_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
     let values = ctx.pull(GOODPUT_BLOB)?;
-    // A zero gradient: the full 4 MiB travels, SGD leaves the values as they are.
-    ctx.push_dense(GOODPUT_BLOB, vec![0.0; values.len()])?;
+    // The pulled values go back as the gradient: the variable starts at zero, so the full
+    // 4 MiB travels both ways while SGD keeps it at zero, and no step-side work is timed.
+    ctx.push_dense(GOODPUT_BLOB, values)?;
     Ok(Vec::new())
 }
 
@@ -172,8 +170,17 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
     let warmup = env("COHORT_BENCH_WARMUP", 30);
     let (function, batch, bytes_per_step) = match workload.as_str() {
         "dense" => {
+            // As TensorFlow's guide sets up ParameterServerStrategy: variables of 256 KiB and
+            // more are split over the servers, so that the first kernel (800 KiB) does not
+            // leave one server carrying most of every step's traffic.
+            let partitioner = Partitioner::MinSize {
+                min_shard_bytes: 256 << 10,
+                max_shards: coordinator.num_ps() as usize,
+            };
             for spec in dense_params() {
-                coordinator.create_variable(VariableSpec::new(spec.name, spec.shape, spec.init))?;
+                coordinator.create_variable(
+                    VariableSpec::new(spec.name, spec.shape, spec.init).partitioned(partitioner),
+                )?;
             }
             let params: usize = dense_params()
                 .iter()

@@ -153,22 +153,7 @@ pub fn ctr_embedding_param(config: &ctr::CtrConfig, dim: usize, seed: u64) -> Pa
     }
 }
 
-/// The rows a batch touches: the distinct ids (in first-seen order) and, for every id of the
-/// batch, its index among them. A worker pulls and pushes only these rows.
-pub fn unique_rows(ids: &[u64]) -> (Vec<u64>, Vec<u32>) {
-    let mut index = std::collections::HashMap::with_capacity(ids.len());
-    let mut unique = Vec::new();
-    let positions = ids
-        .iter()
-        .map(|&id| {
-            *index.entry(id).or_insert_with(|| {
-                unique.push(id);
-                (unique.len() - 1) as u32
-            })
-        })
-        .collect();
-    (unique, positions)
-}
+pub use crate::variable::unique_rows;
 
 /// Mean log loss and gradients of the CTR model. `rows` holds the pulled embedding rows
 /// (`unique × dim`), `positions` maps each of the batch's `n × fields` ids to its row; the

@@ -4,7 +4,8 @@
 //! helpers to signal the test's own worker processes.
 //!
 //! The chief of each scenario writes a JSON report into the scratch directory; the test reads
-//! it after the launcher returns.
+//! it after the launcher returns. Every child that returns from its role records its task,
+//! incarnation and exit code in an exit journal there too ([`Run::exits`]).
 
 #![allow(dead_code)]
 
@@ -27,6 +28,9 @@ pub const DIR_ENV: &str = "COHORT_PS_TEST_DIR";
 pub const SCENARIO_ENV: &str = "COHORT_PS_TEST_SCENARIO";
 /// The report the chief writes, inside the scratch directory.
 pub const REPORT_FILE: &str = "report.json";
+/// The exit journal, inside the scratch directory: a line `task incarnation code` for every
+/// child that returned from its role (one killed by a signal writes none).
+pub const EXITS_FILE: &str = "exits.log";
 
 /// Bound on every wait a test does on a file or a condition.
 pub const WAIT_MAX: Duration = Duration::from_secs(30);
@@ -40,8 +44,40 @@ pub fn is_child() -> bool {
 /// with its code; in the test itself, returns at once.
 pub fn run_if_child(program: impl FnOnce() -> cohort::program::Program) {
     if is_child() {
-        std::process::exit(cohort::program::main(program()));
+        let code = cohort::program::main(program());
+        record_exit(code);
+        std::process::exit(code);
     }
+}
+
+/// Appends this child's task, incarnation and exit `code` to the exit journal.
+fn record_exit(code: i32) {
+    use std::io::Write;
+    let task = cohort::cluster::ClusterConfig::from_env()
+        .ok()
+        .flatten()
+        .map_or_else(|| "?".to_string(), |c| c.task.to_string());
+    let incarnation = std::env::var(cohort::launch::INCARNATION_ENV).unwrap_or_default();
+    let line = format!("{task} {incarnation} {code}\n");
+    // One small append-mode write per process: lines never interleave.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(child_dir().join(EXITS_FILE))
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+/// One line of the exit journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    /// The task, e.g. `worker/1`.
+    pub task: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// Its exit code.
+    pub code: i32,
 }
 
 /// Where the scenarios' linear regression drives the variable `w`.
@@ -170,6 +206,7 @@ impl Run {
     /// As [`Run::launch_code`], with extra environment for this launch only.
     pub fn launch_code_with(&self, extra_env: &[(&str, &str)]) -> i32 {
         let _ = std::fs::remove_file(self.dir.join(REPORT_FILE));
+        let _ = std::fs::remove_file(self.dir.join(EXITS_FILE));
         let mut env = self.env.clone();
         env.extend([
             (CHILD_ENV.to_string(), "1".to_string()),
@@ -225,6 +262,21 @@ impl Run {
     /// A path inside the scratch directory.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// The exit journal of the last launch, in the order the children exited.
+    pub fn exits(&self) -> Vec<Exit> {
+        let text = std::fs::read_to_string(self.dir.join(EXITS_FILE)).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let mut parts = line.split_whitespace();
+                Some(Exit {
+                    task: parts.next()?.to_string(),
+                    incarnation: parts.next()?.parse().ok()?,
+                    code: parts.next()?.parse().ok()?,
+                })
+            })
+            .collect()
     }
 }
 

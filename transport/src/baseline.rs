@@ -179,9 +179,10 @@ impl BarePair {
     }
 }
 
-/// The same flow-control windows and stream limits cohort configures.
+/// The same flow-control windows, stream limits and path-MTU bound cohort configures.
 fn same_windows(config: &TransportConfig) -> quinn::TransportConfig {
     let mut transport = quinn::TransportConfig::default();
+    transport.mtu_discovery_config(Some(crate::endpoint::mtu_discovery(config)));
     transport
         .max_concurrent_bidi_streams(quinn::VarInt::from_u32(config.bidi_streams_max))
         .max_concurrent_uni_streams(quinn::VarInt::from_u32(config.uni_streams_max))
@@ -199,7 +200,7 @@ fn bare_endpoint(
     let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let socket = crate::socket::bind_udp(any, config).map_err(err)?;
     quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        crate::endpoint::quinn_endpoint_config(config).map_err(err)?,
         server,
         socket,
         Arc::new(quinn::TokioRuntime),

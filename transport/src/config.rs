@@ -38,6 +38,11 @@ pub struct TransportConfig {
     pub handshakes_in_flight_max: usize,
     /// Most established connections queued for [`Endpoint::accept`](crate::Endpoint::accept).
     pub accept_queue_max: usize,
+    /// Largest UDP payload (bytes) this endpoint accepts and path-MTU discovery probes for.
+    /// Discovery settles on what the path carries (about 1,452 on Ethernet), so a high bound
+    /// costs little there, while on loopback it lets one packet carry several KiB and divides
+    /// the per-packet cost (packet building, acks, syscalls) accordingly.
+    pub udp_payload_max: u16,
     /// Protocol version sent in ALPN as `cohort/<n>`; change it only to test a mismatch.
     pub protocol_version: u16,
 }
@@ -60,6 +65,7 @@ impl Default for TransportConfig {
             incoming_queue_max: 1024,
             handshakes_in_flight_max: 64,
             accept_queue_max: 64,
+            udp_payload_max: UDP_PAYLOAD_MAX,
             protocol_version: crate::PROTOCOL_VERSION,
         }
     }
@@ -87,3 +93,7 @@ impl TransportConfig {
 pub const ALPN_PREFIX: &str = "cohort/";
 
 const MIB: u64 = 1024 * 1024;
+/// Default bound for path-MTU discovery.
+const UDP_PAYLOAD_MAX: u16 = 4_000;
+/// The smallest UDP payload every QUIC path must carry.
+pub const UDP_PAYLOAD_MIN: u16 = 1_200;

@@ -104,10 +104,22 @@ impl Connection {
 
     /// Sends a request and waits for its response, all within `request_timeout`.
     pub async fn request(&self, frame: Frame) -> Result<Frame, LinkError> {
+        self.request_within(frame, self.inner.config.request_timeout)
+            .await
+    }
+
+    /// Sends a request and waits for its response, all within `timeout` instead of
+    /// `request_timeout`: for a request whose answer legitimately takes long (a whole training
+    /// step). The connection's idle timeout still ends it when the peer goes silent.
+    pub async fn request_within(
+        &self,
+        frame: Frame,
+        timeout: Duration,
+    ) -> Result<Frame, LinkError> {
         frame
             .check_limits(&self.inner.limits)
             .map_err(|e| self.frame_error(e))?;
-        self.bounded(async {
+        self.bounded_by(timeout, async {
             let (mut send, mut recv) = self.open_bi().await?;
             write_frame(&mut send, &frame, &self.inner.limits)
                 .await
@@ -252,7 +264,15 @@ impl Connection {
         &self,
         fut: impl std::future::Future<Output = Result<T, LinkError>>,
     ) -> Result<T, LinkError> {
-        let timeout = self.inner.config.request_timeout;
+        self.bounded_by(self.inner.config.request_timeout, fut)
+            .await
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        timeout: Duration,
+        fut: impl std::future::Future<Output = Result<T, LinkError>>,
+    ) -> Result<T, LinkError> {
         match tokio::time::timeout(timeout, fut).await {
             Ok(result) => result,
             Err(_) => Err(match self.close_reason() {

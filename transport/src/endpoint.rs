@@ -72,7 +72,7 @@ impl Endpoint {
             .map_err(BindError::Tls)?;
 
         let quinn = quinn::Endpoint::new_with_abstract_socket(
-            quinn::EndpointConfig::default(),
+            quinn_endpoint_config(&config)?,
             Some(server),
             socket,
             Arc::new(TokioRuntime),
@@ -424,6 +424,7 @@ fn quinn_transport(config: &TransportConfig) -> Result<quinn::TransportConfig, B
         )));
     }
     let mut transport = quinn::TransportConfig::default();
+    transport.mtu_discovery_config(Some(mtu_discovery(config)));
     transport
         .max_idle_timeout(Some(idle))
         .keep_alive_interval(Some(config.keep_alive_interval))
@@ -433,6 +434,30 @@ fn quinn_transport(config: &TransportConfig) -> Result<quinn::TransportConfig, B
         .receive_window(VarInt::from_u32(config.connection_window_bytes))
         .send_window(u64::from(config.connection_window_bytes));
     Ok(transport)
+}
+
+/// Path-MTU discovery up to [`TransportConfig::udp_payload_max`].
+pub(crate) fn mtu_discovery(config: &TransportConfig) -> quinn::MtuDiscoveryConfig {
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(config.udp_payload_max);
+    mtu
+}
+
+/// The endpoint-wide settings: the largest UDP payload accepted from peers.
+pub(crate) fn quinn_endpoint_config(
+    config: &TransportConfig,
+) -> Result<quinn::EndpointConfig, BindError> {
+    let mut endpoint = quinn::EndpointConfig::default();
+    endpoint
+        .max_udp_payload_size(config.udp_payload_max)
+        .map_err(|_| {
+            BindError::Config(format!(
+                "udp_payload_max {} outside {}..=65527",
+                config.udp_payload_max,
+                crate::config::UDP_PAYLOAD_MIN
+            ))
+        })?;
+    Ok(endpoint)
 }
 
 /// The node named by the peer's (already CA-verified) leaf certificate.

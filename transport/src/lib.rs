@@ -43,7 +43,7 @@
 //! | header bytes `h`         | `frame_bytes_max`                       | 16 MiB    |
 //! | blob count `n`           | `blobs_per_frame_max`                   | 1024      |
 //! | sum of blob lengths      | `blob_bytes_max`                        | 256 MiB   |
-//! | a request, end to end    | `request_timeout`                       | 30 s      |
+//! | a request, end to end    | `request_timeout` (or `request_within`) | 30 s      |
 //! | handshake plus hello     | `connect_timeout`                       | 5 s       |
 //! | silence before loss      | `idle_timeout` (keep-alive every 750 ms) | 3 s       |
 //! | concurrent streams       | `bidi_streams_max`, `uni_streams_max`   | 256 each  |

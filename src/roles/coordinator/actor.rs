@@ -1,13 +1,21 @@
 //! The coordinator's actix shell: owns the [`Scheduler`] machine and does the IO it asks for —
 //! dispatching closures to workers, fencing lost incarnations on the parameter servers,
 //! (re)connecting workers and preparing each new incarnation before it gets work.
+//!
+//! - A closure's run is bounded by the scheduler's `step_timeout`, not by the gateway's call
+//!   timeout: a long step is never cut while its worker heartbeats.
+//! - A fenced worker incarnation that is still alive (a step past the step timeout, a refused
+//!   setup or job, a false death from the failure detector) is sent [`Retire`] when it answers
+//!   a reconnect, so that it exits and comes back as a new incarnation instead of idling.
+//! - Every [`WATERMARK_INTERVAL`], if it has risen, the scheduler's low watermark goes to every
+//!   parameter server ([`FinishedBelow`]), which bounds the closure ids they keep for PS-1.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Gateway, Incarnation, PeerEvent, RemoteRef};
+use cohort_actors::{Gateway, Incarnation, PeerEvent, RemoteError, RemoteRef};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
@@ -15,7 +23,8 @@ use super::machine::{
     ClosureFailure, ClosureId, ClosureState, Ledger, ScheduleError, Scheduler, SchedulerAction,
 };
 use crate::roles::protocol::{
-    DatasetPositions, FenceWorker, RunClosure, SetupWorker, PS_ACTOR, WORKER_ACTOR,
+    DatasetPositions, FenceWorker, FinishedBelow, Retire, RunClosure, RunClosureError, SetupWorker,
+    PS_ACTOR, WORKER_ACTOR,
 };
 
 /// Who waits for one closure's value.
@@ -41,6 +50,8 @@ pub struct CoordinatorActor {
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
     timer: Option<SpawnHandle>,
+    /// The low watermark last sent to the parameter servers.
+    watermark_sent: u64,
 }
 
 impl CoordinatorActor {
@@ -70,6 +81,7 @@ impl CoordinatorActor {
             join_waiters: Vec::new(),
             fetch_waiters: HashMap::new(),
             timer: None,
+            watermark_sent: 0,
         }
     }
 
@@ -133,13 +145,36 @@ impl CoordinatorActor {
             function,
             args,
         };
-        let call = async move { reference.call(&msg).await };
+        let step_timeout = self.scheduler.config().step_timeout;
+        let call = async move { reference.call_within(&msg, step_timeout).await };
         ctx.spawn(call.into_actor(self).map(move |reply, act, ctx| {
             let now = Instant::now();
             match reply {
-                Ok(outcome) => {
+                Ok(Ok(value)) => {
                     act.scheduler
-                        .handle_result(now, worker, epoch, closure, attempt, outcome);
+                        .handle_result(now, worker, epoch, closure, attempt, Ok(value));
+                }
+                Ok(Err(RunClosureError::Step(message))) => {
+                    act.scheduler
+                        .handle_result(now, worker, epoch, closure, attempt, Err(message));
+                }
+                Ok(Err(RunClosureError::Refused(refusal))) => {
+                    tracing::warn!(
+                        "worker/{worker} (epoch {epoch}) could not run closure {}: {refusal}; \
+                         running it elsewhere and retiring that incarnation",
+                        closure.0
+                    );
+                    act.scheduler
+                        .handle_refused(now, worker, epoch, closure, attempt);
+                    act.forget_ref_unless_live(worker, epoch);
+                }
+                Err(RemoteError::Timeout { .. }) => {
+                    tracing::warn!(
+                        "closure {} ran past the step timeout ({step_timeout:?}) on worker/{worker} \
+                         (epoch {epoch}): running it elsewhere and retiring that incarnation",
+                        closure.0
+                    );
+                    act.lose_worker(worker, epoch);
                 }
                 Err(err) => {
                     tracing::warn!(
@@ -154,15 +189,49 @@ impl CoordinatorActor {
     }
 
     fn lose_worker(&mut self, worker: u32, epoch: u64) {
-        if self
-            .worker_refs
-            .get(&worker)
-            .is_some_and(|r| r.target().epoch.0 == epoch)
+        self.scheduler
+            .handle_worker_lost(Instant::now(), worker, epoch);
+        self.forget_ref_unless_live(worker, epoch);
+    }
+
+    /// Drops the reference bound to `worker`'s incarnation `epoch` once the scheduler no
+    /// longer counts that incarnation alive, so the next reconnect round finds it (and
+    /// retires it if it still answers).
+    fn forget_ref_unless_live(&mut self, worker: u32, epoch: u64) {
+        if self.scheduler.worker_epoch(worker) != Some(epoch)
+            && self
+                .worker_refs
+                .get(&worker)
+                .is_some_and(|r| r.target().epoch.0 == epoch)
         {
             self.worker_refs.remove(&worker);
         }
-        self.scheduler
-            .handle_worker_lost(Instant::now(), worker, epoch);
+    }
+
+    /// Sends the scheduler's low watermark to every parameter server if it rose since the
+    /// last time. A server that misses one gets the next.
+    fn send_watermark(&mut self) {
+        let watermark = self.scheduler.low_watermark().0;
+        if watermark <= self.watermark_sent {
+            return;
+        }
+        self.watermark_sent = watermark;
+        for (node, addr) in self.servers.clone() {
+            let gateway = self.gateway.clone();
+            let msg = FinishedBelow { closure: watermark };
+            actix::spawn(async move {
+                let sent = match gateway
+                    .resolve::<FinishedBelow>(addr, &node, PS_ACTOR)
+                    .await
+                {
+                    Ok(r) => r.call(&msg).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = sent {
+                    tracing::debug!("low watermark {watermark} to {node}: {e}");
+                }
+            });
+        }
     }
 
     fn fence(&self, worker: u32, epoch: u64) {
@@ -212,7 +281,8 @@ impl CoordinatorActor {
     }
 
     /// Dials every worker that has no live incarnation; a new incarnation is set up (layouts,
-    /// datasets) before the scheduler may give it work.
+    /// datasets) before the scheduler may give it work, and a fenced one that still answers is
+    /// retired. One dial per worker at a time; the next round retries what failed.
     fn reconnect(&mut self, ctx: &mut Context<Self>) {
         for (index, (node, addr)) in self.workers.clone().into_iter().enumerate() {
             let worker = index as u32;
@@ -226,26 +296,44 @@ impl CoordinatorActor {
             let version = self.setup_version;
             let known = self.worker_epochs.get(&worker).copied();
             let work = async move {
-                let incarnation = gateway
-                    .connect(addr, &node)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let incarnation = match gateway.connect(addr, &node).await {
+                    Ok(incarnation) => incarnation,
+                    Err(RemoteError::Stale { reason, .. }) => {
+                        // The node answers as an incarnation this gateway declared dead (a
+                        // false death: frozen past the budget, then woken). It can do nothing
+                        // useful any more (FENCE-1): tell it to make way for a new one.
+                        return match gateway.peer_status(&node) {
+                            Some((epoch, false)) => {
+                                let fenced = Incarnation::new(node, epoch);
+                                retire(&gateway, addr, fenced).await.map(Reached::Retired)
+                            }
+                            _ => Err(reason),
+                        };
+                    }
+                    Err(e) => return Err(e.to_string()),
+                };
                 if known.is_some_and(|k| incarnation.epoch.0 <= k) {
-                    // The same (fenced) incarnation answering again: wait for its successor.
-                    return Ok(None);
+                    // The incarnation the coordinator fenced, still alive (a step past the
+                    // step timeout, a refused setup or job): retire it.
+                    return retire(&gateway, addr, incarnation)
+                        .await
+                        .map(Reached::Retired);
                 }
                 let setup_ref =
                     gateway.remote_ref::<SetupWorker>(incarnation.clone(), WORKER_ACTOR);
                 setup_ref.call(&setup).await.map_err(|e| e.to_string())??;
-                Ok::<_, String>(Some(incarnation))
+                Ok::<_, String>(Reached::New(incarnation))
             };
             ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
                 act.connecting.insert(worker, false);
                 match result {
                     // Reconfigured meanwhile: the next round sets it up with the current setup.
-                    Ok(Some(_)) if version != act.setup_version => {}
-                    Ok(Some(incarnation)) => act.worker_up(ctx, worker, incarnation),
-                    Ok(None) => {}
+                    Ok(Reached::New(_)) if version != act.setup_version => {}
+                    Ok(Reached::New(incarnation)) => act.worker_up(ctx, worker, incarnation),
+                    Ok(Reached::Retired(epoch)) => tracing::info!(
+                        "worker/{worker} (epoch {epoch}) was fenced but is alive: retired it, \
+                         so that it restarts as a new incarnation"
+                    ),
                     Err(err) => tracing::debug!("worker/{worker} not reachable yet: {err}"),
                 }
             }));
@@ -290,6 +378,28 @@ impl CoordinatorActor {
     }
 }
 
+/// What a reconnect round made of a worker that answered.
+enum Reached {
+    /// A new incarnation, set up and ready for work.
+    New(Incarnation<NodeId>),
+    /// A fenced incarnation, told to retire (its epoch).
+    Retired(u64),
+}
+
+/// Tells the fenced worker incarnation `fenced`, at `addr`, to retire ([`Retire`]).
+async fn retire(
+    gateway: &Gateway,
+    addr: SocketAddr,
+    fenced: Incarnation<NodeId>,
+) -> Result<u64, String> {
+    let epoch = fenced.epoch.0;
+    gateway
+        .call_fenced::<Retire>(addr, &fenced, WORKER_ACTOR, &Retire { epoch })
+        .await
+        .map_err(|e| format!("retiring fenced epoch {epoch}: {e}"))?;
+    Ok(epoch)
+}
+
 impl Actor for CoordinatorActor {
     type Context = Context<Self>;
 
@@ -307,6 +417,7 @@ impl Actor for CoordinatorActor {
         });
         self.reconnect(ctx);
         ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| act.reconnect(ctx));
+        ctx.run_interval(WATERMARK_INTERVAL, |act, _| act.send_watermark());
     }
 }
 
@@ -600,8 +711,12 @@ impl Handler<SetPositions> for CoordinatorActor {
     }
 }
 
-/// How often workers without a live incarnation are dialled.
+/// How often workers without a live incarnation are dialled (and fenced ones that still
+/// answer are retired).
 const RECONNECT_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the low watermark goes to the parameter servers when it has risen: each keeps
+/// about this long's worth of applied closure ids for PS-1.
+const WATERMARK_INTERVAL: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 //! No IO, no clock, no threads: the actor shell passes `now` in and carries out the actions it
 //! drains. This is what lets the recovery logic be tested over every order of events.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Identifies a scheduled closure for its whole life, across re-dispatches.
@@ -30,6 +30,13 @@ pub struct SchedulerConfig {
     /// Finished closures whose values stay fetchable; older ones are forgotten (the ledger
     /// still counts them), so a long job's memory stays bounded.
     pub finished_retained_max: usize,
+    /// Bound on one closure's run on a worker (the coordinator's call that dispatches it), kept
+    /// apart from the bound on ordinary remote calls: a step that is merely long is never cut
+    /// while its worker heartbeats. Past it the step counts as hung: the worker incarnation is
+    /// fenced and retired and the closure re-dispatched. A worker that dies or freezes is
+    /// caught by the failure detector within its budget, not by this. At most 24 hours (how
+    /// long a receiving gateway keeps delivering one call).
+    pub step_timeout: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -40,6 +47,7 @@ impl Default for SchedulerConfig {
             attempts_max: 16,
             no_worker_wait_max: Duration::from_secs(60),
             finished_retained_max: 100_000,
+            step_timeout: DEFAULT_STEP_TIMEOUT,
         }
     }
 }
@@ -117,7 +125,8 @@ pub enum SchedulerAction {
         args: Vec<u8>,
     },
     /// A worker incarnation is gone: nothing it sends may change state any more (FENCE-1).
-    /// The shell tells the parameter servers and drops the connection.
+    /// The shell tells the parameter servers, drops the connection, and retires the
+    /// incarnation if its process still answers (so that it restarts as a new one).
     Fence {
         /// The worker index.
         worker: u32,
@@ -135,6 +144,9 @@ pub enum ResultDisposition {
     Failed,
     /// From a fenced incarnation or a superseded attempt: ignored (FENCE-1).
     RejectedStale,
+    /// The worker could not run the closure: its incarnation was fenced and the closure queued
+    /// again, as for a lost worker.
+    WorkerLost,
 }
 
 /// The coordinator's account of every scheduled closure (LEDGER-1).
@@ -181,9 +193,11 @@ pub enum ScheduleError {
 ///    `handle_worker_lost(now, worker, epoch)` when the failure detector declares it dead;
 /// 2. `handle_schedule(now, function, args)` for each `schedule` call;
 /// 3. drain `poll_action()` after every `handle_*` call and carry the actions out;
-/// 4. `handle_result(now, worker, epoch, closure, attempt, outcome)` when a worker reports;
+/// 4. `handle_result(now, worker, epoch, closure, attempt, outcome)` when a worker reports,
+///    `handle_refused(now, worker, epoch, closure, attempt)` when it could not run the closure;
 /// 5. arm a timer for `poll_timeout()` and call `handle_timeout(now)` when it fires;
-/// 6. `join` is done when `is_idle()`; `take_error()` then gives the first failure, once.
+/// 6. `join` is done when `is_idle()`; `take_error()` then gives the first failure, once;
+/// 7. `low_watermark()` at any time: every closure below it is finished for good.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -197,6 +211,8 @@ pub struct Scheduler {
     starved_since: Option<Instant>,
     /// Finished closures, oldest first, for bounded retention.
     finished: VecDeque<ClosureId>,
+    /// Closures queued or in flight (`ledger.pending` of them), for the low watermark.
+    unfinished: BTreeSet<ClosureId>,
     next_id: u64,
 }
 
@@ -228,6 +244,7 @@ impl Scheduler {
             first_error: None,
             starved_since: None,
             finished: VecDeque::new(),
+            unfinished: BTreeSet::new(),
             next_id: 0,
         }
     }
@@ -254,6 +271,7 @@ impl Scheduler {
             },
         );
         self.queue.push_back(id);
+        self.unfinished.insert(id);
         self.ledger.scheduled += 1;
         self.ledger.pending += 1;
         self.dispatch(now);
@@ -344,6 +362,52 @@ impl Scheduler {
         };
         self.dispatch(now);
         disposition
+    }
+
+    /// The worker could not run a closure it was given (its queue full, its compute thread
+    /// gone): the worker's failure, not the closure's. As for a lost worker, the incarnation
+    /// is fenced and what it was running goes back to the queue (counted as re-dispatched),
+    /// so the closure runs elsewhere or on the worker's next incarnation (LEDGER-1). A refusal
+    /// from a fenced incarnation or for a superseded attempt is ignored (FENCE-1).
+    pub fn handle_refused(
+        &mut self,
+        now: Instant,
+        worker: u32,
+        epoch: WorkerEpoch,
+        closure: ClosureId,
+        attempt: u32,
+    ) -> ResultDisposition {
+        let current = matches!(
+            self.closures.get(&closure).map(|c| &c.state),
+            Some(ClosureState::InFlight { worker: w, epoch: e, attempt: a }) if *w == worker && *e == epoch && *a == attempt
+        );
+        let live = self
+            .workers
+            .get(&worker)
+            .is_some_and(|w| w.alive && w.epoch == epoch);
+        if !current || !live {
+            self.ledger.rejected_stale += 1;
+            return ResultDisposition::RejectedStale;
+        }
+        self.lose_worker(worker);
+        self.dispatch(now);
+        ResultDisposition::WorkerLost
+    }
+
+    /// The low watermark: the smallest closure id not finished yet (queued, in flight or
+    /// waiting to be re-dispatched), or the next id to be scheduled when every closure is
+    /// finished. Every closure below it is committed or ended with an error and will never be
+    /// dispatched again, so a parameter server may forget their ids (PS-1).
+    pub fn low_watermark(&self) -> ClosureId {
+        self.unfinished
+            .first()
+            .copied()
+            .unwrap_or(ClosureId(self.next_id))
+    }
+
+    /// The configuration this scheduler runs with.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
     }
 
     /// When the shell must call [`Scheduler::handle_timeout`] next, if ever.
@@ -485,6 +549,7 @@ impl Scheduler {
             // The arguments are no longer needed once a closure can never run again.
             c.args = Vec::new();
             self.ledger.pending -= 1;
+            self.unfinished.remove(&id);
             self.finished.push_back(id);
         }
         while self.finished.len() > self.config.finished_retained_max {
@@ -554,6 +619,12 @@ impl Scheduler {
         }
     }
 }
+
+/// Default [`SchedulerConfig::step_timeout`]: 30 minutes. Training steps take milliseconds to
+/// seconds and a step that evaluates a whole dataset minutes, so a step still running after
+/// half an hour is almost surely hung; and it is retried well before the chief's one-hour
+/// bound on a single `join` or `fetch` wait gives up.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 #[cfg(test)]
 mod tests {
@@ -822,14 +893,30 @@ mod tests {
                     }
                     _ if !in_flight.is_empty() => {
                         let (w, e, c, a) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
-                        let outcome = if rng.gen_bool(0.05) {
-                            Err("boom".into())
+                        if rng.gen_bool(0.05) {
+                            s.handle_refused(t, w, e, c, a);
                         } else {
-                            Ok(vec![])
-                        };
-                        s.handle_result(t, w, e, c, a, outcome);
+                            let outcome = if rng.gen_bool(0.05) {
+                                Err("boom".into())
+                            } else {
+                                Ok(vec![])
+                            };
+                            s.handle_result(t, w, e, c, a, outcome);
+                        }
                     }
                     _ => {}
+                }
+                // Below the low watermark every closure is finished for good.
+                let watermark = s.low_watermark();
+                assert!(watermark.0 <= s.next_closure_id(), "seed {seed}");
+                for id in 0..watermark.0 {
+                    assert!(
+                        matches!(
+                            s.state(ClosureId(id)),
+                            None | Some(ClosureState::Committed(_) | ClosureState::Failed(_))
+                        ),
+                        "seed {seed}: closure {id} below the watermark {watermark:?} is unfinished"
+                    );
                 }
                 while let Some(a) = s.poll_action() {
                     if let SchedulerAction::Dispatch {
@@ -846,5 +933,101 @@ mod tests {
                 assert!(s.ledger().balances(), "seed {seed}: {:?}", s.ledger());
             }
         }
+    }
+
+    #[test]
+    fn ledger_1_a_worker_refusal_redispatches_the_closure_and_fences_the_incarnation() {
+        let t = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.handle_worker_up(t, 0, 1);
+        s.handle_worker_up(t, 1, 1);
+        let ids: Vec<_> = (0..3)
+            .map(|_| s.handle_schedule(t, "step", vec![]).unwrap())
+            .collect();
+        assert_eq!(
+            dispatched(&drain(&mut s)),
+            vec![(0, ids[0], 1), (1, ids[1], 1)]
+        );
+        // Worker 0 could not take the closure: the worker's failure, not the closure's.
+        assert_eq!(
+            s.handle_refused(t, 0, 1, ids[0], 1),
+            ResultDisposition::WorkerLost
+        );
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedulerAction::Fence {
+                worker: 0,
+                epoch: 1
+            }]
+        );
+        assert_eq!(s.state(ids[0]), Some(&ClosureState::Queued));
+        assert_eq!(s.worker_epoch(0), None);
+        assert_eq!(s.take_error(), None, "a refusal is not the closure's error");
+        // FENCE-1: the fenced incarnation's late refusal or result changes nothing.
+        assert_eq!(
+            s.handle_refused(t, 0, 1, ids[0], 1),
+            ResultDisposition::RejectedStale
+        );
+        // The refused closure runs next, ahead of what was queued after it.
+        assert_eq!(
+            s.handle_result(t, 1, 1, ids[1], 1, Ok(vec![])),
+            ResultDisposition::Committed
+        );
+        assert_eq!(dispatched(&drain(&mut s)), vec![(1, ids[0], 2)]);
+        // The worker's next incarnation takes work again.
+        s.handle_worker_up(t, 0, 2);
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[2], 1)]);
+        s.handle_result(t, 1, 1, ids[0], 2, Ok(vec![]));
+        s.handle_result(t, 0, 2, ids[2], 1, Ok(vec![]));
+        let l = s.ledger();
+        assert_eq!(
+            (
+                l.scheduled,
+                l.committed,
+                l.failed,
+                l.cancelled,
+                l.redispatched
+            ),
+            (3, 3, 0, 0, 1)
+        );
+        assert!(l.balances() && s.is_idle());
+    }
+
+    #[test]
+    fn low_watermark_is_the_oldest_unfinished_closure() {
+        let t = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        assert_eq!(s.low_watermark(), ClosureId(0));
+        s.handle_worker_up(t, 0, 1);
+        s.handle_worker_up(t, 1, 1);
+        let ids: Vec<_> = (0..3)
+            .map(|_| s.handle_schedule(t, "step", vec![]).unwrap())
+            .collect();
+        drain(&mut s);
+        s.handle_result(t, 1, 1, ids[1], 1, Ok(vec![]));
+        drain(&mut s);
+        // Closure 1 finished, but 0 has not: nothing below 0 is known finished.
+        assert_eq!(s.low_watermark(), ids[0]);
+        s.handle_result(t, 0, 1, ids[0], 1, Ok(vec![]));
+        assert_eq!(s.low_watermark(), ids[2]);
+        // A closure waiting to be re-dispatched is unfinished.
+        s.handle_worker_lost(t, 0, 1);
+        s.handle_worker_lost(t, 1, 1);
+        assert_eq!(s.state(ids[2]), Some(&ClosureState::Queued));
+        assert_eq!(s.low_watermark(), ids[2]);
+        s.handle_worker_up(t, 0, 2);
+        drain(&mut s);
+        s.handle_result(t, 0, 2, ids[2], 2, Ok(vec![]));
+        // Everything finished: the next id to be scheduled.
+        assert_eq!(s.low_watermark(), ClosureId(3));
+        // A resumed scheduler starts at the ids it resumes from.
+        let mut resumed = Scheduler::new(SchedulerConfig::default());
+        let earlier = Ledger {
+            scheduled: 10,
+            committed: 10,
+            ..Default::default()
+        };
+        resumed.resume(earlier, 10).unwrap();
+        assert_eq!(resumed.low_watermark(), ClosureId(10));
     }
 }

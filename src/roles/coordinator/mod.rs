@@ -9,5 +9,5 @@ pub use actor::CoordinatorActor;
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec};
 pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, Ledger, ResultDisposition,
-    ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, WorkerEpoch,
+    ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, WorkerEpoch, DEFAULT_STEP_TIMEOUT,
 };

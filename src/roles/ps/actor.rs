@@ -10,9 +10,9 @@ use crate::nn::Initializer;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    blob, blob_u64, bytes_to_f32, f32_blob, CreateVariable, FenceWorker, InitSpec, PsStats,
-    PsStatsReply, Pull, PullRows, Push, PushReply, RestoreVariable, ShardState, Snapshot,
-    WireGradient, PS_ACTOR,
+    blob, blob_u64, bytes_to_f32, f32_blob, f32_vec_blob, f32_view, u64_view, CreateVariable,
+    FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply, Pull, PullRows, Push, PushReply,
+    RestoreVariable, ShardState, Snapshot, WireGradient, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -35,6 +35,7 @@ impl PsActor {
         register_with_blobs::<PullRows>(&gateway, &addr)?;
         gateway.register::<Push>(PS_ACTOR, addr.clone().recipient())?;
         gateway.register::<FenceWorker>(PS_ACTOR, addr.clone().recipient())?;
+        gateway.register::<FinishedBelow>(PS_ACTOR, addr.clone().recipient())?;
         register_with_blobs::<Snapshot>(&gateway, &addr)?;
         gateway.register::<PsStats>(PS_ACTOR, addr.clone().recipient())?;
         Ok(addr)
@@ -167,7 +168,7 @@ impl Handler<WithBlobs<PullRows>> for PsActor {
             .and_then(|ids| blob_u64(ids, &name))
             .and_then(|ids| self.store.pull_rows(&name, &ids).map_err(|e| e.to_string()));
         MessageResult(match rows {
-            Ok(rows) => (Ok(()), vec![f32_blob(&rows)]),
+            Ok(rows) => (Ok(()), vec![f32_vec_blob(rows)]),
             Err(e) => (Err(e), Vec::new()),
         })
     }
@@ -200,12 +201,12 @@ impl Handler<Remote<Push>> for PsActor {
                 .into_iter()
                 .map(|(name, kind)| {
                     let g = match kind {
-                        WireGradient::Dense => Gradient::Dense(bytes_to_f32(take(&name)?, &name)?),
+                        WireGradient::Dense => Gradient::Dense(f32_view(take(&name)?, &name)?),
                         WireGradient::Rows => {
-                            let ids = blob_u64(take(&name)?, &name)?;
+                            let ids = u64_view(take(&name)?, &name)?;
                             Gradient::Rows {
                                 ids,
-                                values: bytes_to_f32(take(&name)?, &name)?,
+                                values: f32_view(take(&name)?, &name)?,
                             }
                         }
                     };
@@ -238,6 +239,14 @@ impl Handler<Remote<FenceWorker>> for PsActor {
 
     fn handle(&mut self, msg: Remote<FenceWorker>, _: &mut Context<Self>) {
         self.store.handle_fence(msg.msg.worker, msg.msg.epoch);
+    }
+}
+
+impl Handler<Remote<FinishedBelow>> for PsActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Remote<FinishedBelow>, _: &mut Context<Self>) {
+        self.store.handle_finished_below(ClosureId(msg.msg.closure));
     }
 }
 
@@ -279,6 +288,8 @@ impl Handler<Remote<PsStats>> for PsActor {
             skipped_non_finite: c.skipped_non_finite,
             rejected_invalid: c.rejected_invalid,
             next_free_closure_id: self.store.next_free_closure_id(),
+            applied_ids_held: self.store.applied_ids_held() as u64,
+            finished_below: self.store.finished_below().0,
         })
     }
 }

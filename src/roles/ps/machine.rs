@@ -3,27 +3,31 @@
 //!
 //! Invariants kept here:
 //! - PS-1: each closure's update is applied at most once (keyed by closure id; a re-dispatched
-//!   attempt of a closure already applied is refused as a duplicate);
+//!   attempt of a closure already applied is refused as a duplicate). The ids kept for this
+//!   stay bounded: the coordinator's low watermark (`handle_finished_below`) says which
+//!   closures are finished for good; their ids are dropped and any push of theirs refused;
 //! - FENCE-1: a push from a worker incarnation the coordinator fenced changes nothing;
 //! - a push is all-or-nothing: every gradient in it is checked (names, lengths, row ids,
 //!   finiteness) before any variable changes.
 
-use std::collections::{BTreeMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::optim::{NonFinitePolicy, OptimError, Optimizer, Slots, UpdateOutcome};
+use crate::optim::{NonFinitePolicy, OptimError, Optimizer, Screen, Slots, UpdateOutcome};
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
 
-/// One gradient in a push.
+/// One gradient in a push. It borrows the received message where it can (a push of
+/// megabytes is applied straight from the bytes that arrived).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Gradient {
+pub enum Gradient<'a> {
     /// A gradient for the whole variable (row-major, as long as the variable).
-    Dense(Vec<f32>),
+    Dense(Cow<'a, [f32]>),
     /// Gradients for some rows of a `[rows, width]` variable (an embedding table).
     Rows {
         /// The rows, in the order of `values`.
-        ids: Vec<u64>,
+        ids: Cow<'a, [u64]>,
         /// `ids.len() * width` gradients.
-        values: Vec<f32>,
+        values: Cow<'a, [f32]>,
     },
 }
 
@@ -192,15 +196,21 @@ impl StoredVariable {
 ///
 /// Calling protocol (the actor shell, for each message in arrival order):
 /// 1. `handle_create` for each variable shard placed here (idempotent for the same shape);
-/// 2. `handle_fence(worker, epoch)` when the coordinator declares a worker incarnation lost;
+/// 2. `handle_fence(worker, epoch)` when the coordinator declares a worker incarnation lost,
+///    and `handle_finished_below(closure)` when it says which closures are finished for good;
 /// 3. `pull`/`pull_rows` to read values, `handle_push` to apply gradients;
 /// 4. `counters()`/`variables()` for checkpoints, tests and the run summary.
 #[derive(Debug)]
 pub struct ParameterStore {
     optimizer: Optimizer,
     variables: BTreeMap<String, StoredVariable>,
-    /// PS-1: closures whose update took effect here.
-    applied_closures: HashSet<ClosureId>,
+    /// PS-1: closures at or above `finished_below` whose update took effect here.
+    applied_closures: BTreeSet<ClosureId>,
+    /// The coordinator's low watermark: every closure below it is finished for good, so a
+    /// push of one of them can only be a late retry (PS-1 without keeping its id).
+    finished_below: ClosureId,
+    /// One past the highest id dropped from `applied_closures` (0 if none).
+    pruned_next_free: u64,
     /// FENCE-1: per worker, the newest fenced incarnation.
     fenced: BTreeMap<u32, WorkerEpoch>,
     counters: PsCounters,
@@ -214,7 +224,9 @@ impl ParameterStore {
         Ok(Self {
             optimizer,
             variables: BTreeMap::new(),
-            applied_closures: HashSet::new(),
+            applied_closures: BTreeSet::new(),
+            finished_below: ClosureId(0),
+            pruned_next_free: 0,
             fenced: BTreeMap::new(),
             counters: PsCounters::default(),
         })
@@ -329,18 +341,31 @@ impl ParameterStore {
                 name: name.into(),
                 elements_max: PULL_ELEMENTS_MAX,
             })?;
-        let mut out = Vec::with_capacity(len);
-        for &id in ids {
-            let row =
-                usize::try_from(id)
-                    .ok()
-                    .filter(|r| *r < rows)
-                    .ok_or(PsError::RowOutOfRange {
-                        name: name.into(),
-                        row: id,
-                        rows,
-                    })?;
-            out.extend_from_slice(&var.values[row * width..(row + 1) * width]);
+        if let Some(&row) = ids
+            .iter()
+            .find(|&&id| usize::try_from(id).map_or(true, |r| r >= rows))
+        {
+            return Err(PsError::RowOutOfRange {
+                name: name.into(),
+                row,
+                rows,
+            });
+        }
+        let mut out = vec![0.0f32; len];
+        // Every id is in range (checked above). Rows are scattered over a large table, so
+        // this loop waits on memory; copies of a width known at compile time keep more rows
+        // in flight than a call to memcpy per row.
+        match width {
+            8 => gather_rows::<8>(&var.values, ids, &mut out),
+            16 => gather_rows::<16>(&var.values, ids, &mut out),
+            32 => gather_rows::<32>(&var.values, ids, &mut out),
+            64 => gather_rows::<64>(&var.values, ids, &mut out),
+            _ => {
+                for (dst, &id) in out.chunks_exact_mut(width.max(1)).zip(ids) {
+                    let start = id as usize * width;
+                    dst.copy_from_slice(&var.values[start..start + width]);
+                }
+            }
         }
         Ok(out)
     }
@@ -350,7 +375,7 @@ impl ParameterStore {
     pub fn handle_push(
         &mut self,
         origin: PushOrigin,
-        gradients: &[(String, Gradient)],
+        gradients: &[(String, Gradient<'_>)],
     ) -> Result<PushOutcome, PsError> {
         if self
             .fenced
@@ -360,7 +385,7 @@ impl ParameterStore {
             self.counters.rejected_stale += 1;
             return Ok(PushOutcome::Stale);
         }
-        if self.applied_closures.contains(&origin.closure) {
+        if self.applied_closures.contains(&origin.closure) || origin.closure < self.finished_below {
             self.counters.rejected_duplicate += 1;
             return Ok(PushOutcome::Duplicate);
         }
@@ -398,19 +423,24 @@ impl ParameterStore {
             // Restores refuse u64::MAX, so a push always has a next step.
             let step = var.steps.saturating_add(1);
             let outcome = match gradient {
-                Gradient::Dense(values) => {
-                    self.optimizer
-                        .apply_dense(&mut var.values, values, &mut var.slots, step)
-                }
+                // Screened above, all gradients at once (all or nothing): not again here.
+                Gradient::Dense(values) => self.optimizer.apply_dense_with(
+                    &mut var.values,
+                    values,
+                    &mut var.slots,
+                    step,
+                    Screen::AlreadyDone,
+                ),
                 Gradient::Rows { ids, values } => {
                     let width = var.shape[1];
-                    self.optimizer.apply_rows(
+                    self.optimizer.apply_rows_with(
                         &mut var.values,
                         width,
                         ids,
                         values,
                         &mut var.slots,
                         step,
+                        Screen::AlreadyDone,
                     )
                 }
             };
@@ -453,15 +483,44 @@ impl ParameterStore {
         self.counters
     }
 
-    /// One past the highest closure id whose update took effect here (0 if none): a restarted
-    /// coordinator resumes its ids at or above this, so no new closure collides with an
-    /// applied one (PS-1 keys on closure ids).
+    /// The first closure id a new closure may use without being refused here as a duplicate:
+    /// one past the highest id whose update took effect here, and at least the low watermark
+    /// (0 if neither). A restarted coordinator resumes its ids at or above this, so no new
+    /// closure collides with an applied or finished one (PS-1 keys on closure ids).
     pub fn next_free_closure_id(&self) -> u64 {
-        self.applied_closures
-            .iter()
-            .map(|c| c.0.saturating_add(1))
-            .max()
-            .unwrap_or(0)
+        let applied = self
+            .applied_closures
+            .last()
+            .map_or(0, |c| c.0.saturating_add(1));
+        applied
+            .max(self.pruned_next_free)
+            .max(self.finished_below.0)
+    }
+
+    /// The coordinator's low watermark rose to `closure`: every closure below it is finished
+    /// for good (committed, or ended with an error) and will never be dispatched again. Their
+    /// ids are dropped from what PS-1 keeps, and a push of any of them is refused as a
+    /// duplicate from now on. A watermark lower than one already known changes nothing.
+    pub fn handle_finished_below(&mut self, closure: ClosureId) {
+        if closure <= self.finished_below {
+            return;
+        }
+        self.finished_below = closure;
+        let kept = self.applied_closures.split_off(&closure);
+        let dropped = std::mem::replace(&mut self.applied_closures, kept);
+        if let Some(last) = dropped.last() {
+            self.pruned_next_free = self.pruned_next_free.max(last.0.saturating_add(1));
+        }
+    }
+
+    /// The low watermark known here (see [`Self::handle_finished_below`]).
+    pub fn finished_below(&self) -> ClosureId {
+        self.finished_below
+    }
+
+    /// How many closure ids are kept for PS-1 (those applied at or above the low watermark).
+    pub fn applied_ids_held(&self) -> usize {
+        self.applied_closures.len()
     }
 
     /// The optimizer applied here.
@@ -469,7 +528,7 @@ impl ParameterStore {
         &self.optimizer
     }
 
-    fn check_push(&self, gradients: &[(String, Gradient)]) -> Result<(), PsError> {
+    fn check_push(&self, gradients: &[(String, Gradient<'_>)]) -> Result<(), PsError> {
         for (name, gradient) in gradients {
             let var = self.variable(name)?;
             match gradient {
@@ -512,6 +571,15 @@ impl ParameterStore {
     }
 }
 
+/// Copies rows `ids` of the `W`-wide table `values` into `out`, in order.
+fn gather_rows<const W: usize>(values: &[f32], ids: &[u64], out: &mut [f32]) {
+    for (dst, &id) in out.chunks_exact_mut(W).zip(ids) {
+        let start = id as usize * W;
+        // Both sides are W long, a constant: the copy compiles to a few vector moves.
+        dst.copy_from_slice(&values[start..start + W]);
+    }
+}
+
 /// Most values one pull reply may carry (128 MiB of f32: the gateway's payload bound).
 pub const PULL_ELEMENTS_MAX: usize = 32 << 20;
 
@@ -538,7 +606,7 @@ mod tests {
     #[test]
     fn ps_1_a_closure_applies_at_most_once() {
         let mut ps = store();
-        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 2.0]))];
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 2.0].into()))];
         assert_eq!(
             ps.handle_push(origin(0, 1, 7, 1), &grads).unwrap(),
             PushOutcome::Applied
@@ -558,7 +626,7 @@ mod tests {
     fn fence_1_fenced_incarnation_changes_nothing() {
         let mut ps = store();
         ps.handle_fence(0, 1);
-        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 2.0]))];
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 2.0].into()))];
         assert_eq!(
             ps.handle_push(origin(0, 1, 7, 1), &grads).unwrap(),
             PushOutcome::Stale
@@ -576,8 +644,8 @@ mod tests {
     fn push_is_all_or_nothing_and_names_the_variable() {
         let mut ps = store();
         let grads = vec![
-            ("w".to_string(), Gradient::Dense(vec![1.0, 2.0])),
-            ("emb".to_string(), Gradient::Dense(vec![1.0])),
+            ("w".to_string(), Gradient::Dense(vec![1.0, 2.0].into())),
+            ("emb".to_string(), Gradient::Dense(vec![1.0].into())),
         ];
         let err = ps.handle_push(origin(0, 1, 1, 1), &grads).unwrap_err();
         assert!(err.to_string().contains("emb"), "{err}");
@@ -585,15 +653,15 @@ mod tests {
         let grads = vec![(
             "emb".to_string(),
             Gradient::Rows {
-                ids: vec![3],
-                values: vec![1.0, 1.0],
+                ids: vec![3].into(),
+                values: vec![1.0, 1.0].into(),
             },
         )];
         assert!(matches!(
             ps.handle_push(origin(0, 1, 2, 1), &grads),
             Err(PsError::RowOutOfRange { row: 3, .. })
         ));
-        let grads = vec![("nope".to_string(), Gradient::Dense(vec![]))];
+        let grads = vec![("nope".to_string(), Gradient::Dense(vec![].into()))];
         assert_eq!(
             ps.handle_push(origin(0, 1, 3, 1), &grads),
             Err(PsError::UnknownVariable("nope".into()))
@@ -605,7 +673,7 @@ mod tests {
     #[test]
     fn non_finite_gradient_is_skipped_and_counted_by_default() {
         let mut ps = store();
-        let grads = vec![("w".to_string(), Gradient::Dense(vec![f32::NAN, 1.0]))];
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![f32::NAN, 1.0].into()))];
         assert_eq!(
             ps.handle_push(origin(0, 1, 1, 1), &grads).unwrap(),
             PushOutcome::SkippedNonFinite
@@ -620,8 +688,8 @@ mod tests {
         let grads = vec![(
             "emb".to_string(),
             Gradient::Rows {
-                ids: vec![2, 0, 2],
-                values: vec![1.0, 1.0, 2.0, 2.0, 1.0, 1.0],
+                ids: vec![2, 0, 2].into(),
+                values: vec![1.0, 1.0, 2.0, 2.0, 1.0, 1.0].into(),
             },
         )];
         assert_eq!(
@@ -649,8 +717,8 @@ mod tests {
         let grads = vec![(
             "flat".to_string(),
             Gradient::Rows {
-                ids: vec![0],
-                values: vec![],
+                ids: vec![0].into(),
+                values: vec![].into(),
             },
         )];
         assert!(matches!(
@@ -685,5 +753,116 @@ mod tests {
             ps.handle_create("x", vec![2, 2], vec![0.0; 3]),
             Err(PsError::InitialValueLength { .. })
         ));
+    }
+
+    #[test]
+    fn ps_1_finished_below_drops_kept_ids_and_refuses_late_pushes() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![0.0, 0.0].into()))];
+        for c in 0..10 {
+            assert_eq!(
+                ps.handle_push(origin(0, 1, c, 1), &grads).unwrap(),
+                PushOutcome::Applied
+            );
+        }
+        assert_eq!(ps.applied_ids_held(), 10);
+        ps.handle_finished_below(ClosureId(5));
+        assert_eq!(ps.applied_ids_held(), 5);
+        // A late retry of a finished closure, kept id or dropped one: a duplicate either way.
+        for c in [3, 7] {
+            assert_eq!(
+                ps.handle_push(origin(1, 1, c, 2), &grads).unwrap(),
+                PushOutcome::Duplicate
+            );
+        }
+        // A closure below the watermark that never pushed here is finished too.
+        ps.handle_finished_below(ClosureId(14));
+        assert_eq!(
+            ps.handle_push(origin(1, 1, 12, 1), &grads).unwrap(),
+            PushOutcome::Duplicate
+        );
+        assert_eq!(ps.applied_ids_held(), 0);
+        // New ids start at the watermark, past every applied id.
+        assert_eq!(ps.next_free_closure_id(), 14);
+        assert_eq!(
+            ps.handle_push(origin(1, 1, 14, 1), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        assert_eq!(ps.next_free_closure_id(), 15);
+        // A watermark lower than the one known changes nothing.
+        ps.handle_finished_below(ClosureId(2));
+        assert_eq!(ps.finished_below(), ClosureId(14));
+        assert_eq!(ps.applied_ids_held(), 1);
+        let c = ps.counters();
+        assert_eq!((c.applied, c.rejected_duplicate), (11, 3));
+    }
+
+    #[test]
+    fn next_free_closure_id_survives_pruning() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![0.0, 0.0].into()))];
+        ps.handle_push(origin(0, 1, 41, 1), &grads).unwrap();
+        // The coordinator's watermark can pass the highest applied id only by one or more.
+        ps.handle_finished_below(ClosureId(42));
+        assert_eq!(ps.applied_ids_held(), 0);
+        assert_eq!(ps.next_free_closure_id(), 42);
+    }
+
+    /// PS-1 over random interleavings of pushes (first attempts, re-dispatched attempts, late
+    /// retries of finished closures) and watermarks a coordinator could send: no closure is
+    /// applied twice, no unfinished closure's first push is refused, and the ids kept never
+    /// exceed the applied closures that are still unfinished.
+    #[test]
+    fn ps_1_holds_with_watermarks_over_random_orders() {
+        use rand::{Rng, SeedableRng};
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![0.0, 0.0].into()))];
+        for seed in 0..200u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut ps = store();
+            let mut next = 0u64;
+            // Unfinished closures, and whether their update took effect here.
+            let mut unfinished: BTreeMap<u64, bool> = BTreeMap::new();
+            let mut applied_count: BTreeMap<u64, u32> = BTreeMap::new();
+            for _ in 0..300 {
+                match rng.gen_range(0..5) {
+                    0 => {
+                        unfinished.insert(next, false);
+                        next += 1;
+                    }
+                    1 | 2 if next > 0 => {
+                        let c = rng.gen_range(0..next);
+                        let attempt = rng.gen_range(1..4);
+                        let outcome = ps.handle_push(origin(0, 1, c, attempt), &grads).unwrap();
+                        if outcome == PushOutcome::Applied {
+                            *applied_count.entry(c).or_default() += 1;
+                            if let Some(done) = unfinished.get_mut(&c) {
+                                *done = true;
+                            }
+                        }
+                        if unfinished.get(&c) == Some(&false) {
+                            panic!("seed {seed}: first push of unfinished closure {c} refused");
+                        }
+                    }
+                    3 if !unfinished.is_empty() => {
+                        // Commit (or cancel) one unfinished closure.
+                        let keys: Vec<u64> = unfinished.keys().copied().collect();
+                        let c = keys[rng.gen_range(0..keys.len())];
+                        unfinished.remove(&c);
+                    }
+                    _ => {
+                        let watermark = unfinished.keys().next().copied().unwrap_or(next);
+                        ps.handle_finished_below(ClosureId(watermark));
+                        let live_applied = unfinished.values().filter(|a| **a).count();
+                        let above = applied_count.keys().filter(|c| **c >= watermark).count();
+                        assert!(ps.applied_ids_held() <= above, "seed {seed}");
+                        assert!(live_applied <= ps.applied_ids_held(), "seed {seed}");
+                    }
+                }
+                assert!(
+                    applied_count.values().all(|n| *n == 1),
+                    "seed {seed}: PS-1 broken: {applied_count:?}"
+                );
+            }
+        }
     }
 }

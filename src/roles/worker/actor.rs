@@ -3,6 +3,10 @@
 //! The actor takes `SetupWorker` and `RunClosure` from the gateway and hands them, in order, to
 //! the compute thread through a bounded queue; the reply travels back on a oneshot. Everything
 //! a step touches (datasets, layouts) lives on the compute thread, so it needs no lock.
+//!
+//! A job the worker cannot take (queue full, compute thread gone) is refused with a typed
+//! [`WorkerRefusal`], never reported as the closure's own error: the coordinator then runs the
+//! closure elsewhere and retires this incarnation.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,7 +21,9 @@ use super::client::PsClient;
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
 use crate::program::Program;
-use crate::roles::protocol::{DatasetPositions, RunClosure, SetupWorker, WORKER_ACTOR};
+use crate::roles::protocol::{
+    DatasetPositions, RunClosure, RunClosureError, SetupWorker, WorkerRefusal, WORKER_ACTOR,
+};
 use crate::variable::ShardLayout;
 
 /// Work for the compute thread.
@@ -48,22 +54,36 @@ impl WorkerActor {
         Ok(addr)
     }
 
+    /// Queues a job for the compute thread: its own result, or why the worker could not
+    /// take it.
     fn submit<T: Send + 'static>(
         &self,
         job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> WorkerJob,
-    ) -> ResponseFuture<Result<T, String>> {
+    ) -> ResponseFuture<Result<Result<T, String>, WorkerRefusal>> {
         let (tx, rx) = oneshot::channel();
         let queued = match self.jobs.try_send(job(tx)) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                Err(format!("worker busy: {JOBS_MAX} jobs already queued"))
-            }
-            Err(TrySendError::Disconnected(_)) => Err("worker compute thread stopped".to_string()),
+            Err(TrySendError::Full(_)) => Err(WorkerRefusal::Busy {
+                queued: JOBS_MAX as u32,
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(WorkerRefusal::ComputeStopped),
         };
         Box::pin(async move {
             queued?;
-            rx.await
-                .unwrap_or_else(|_| Err("worker compute thread dropped the job".into()))
+            rx.await.map_err(|_| WorkerRefusal::JobDropped)
+        })
+    }
+
+    /// As [`Self::submit`], for a reply whose error is text: a refusal reads as its message.
+    fn submit_as_text<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> WorkerJob,
+    ) -> ResponseFuture<Result<T, String>> {
+        let reply = self.submit(job);
+        Box::pin(async move {
+            reply
+                .await
+                .unwrap_or_else(|refusal| Err(refusal.to_string()))
         })
     }
 }
@@ -76,7 +96,7 @@ impl Handler<Remote<SetupWorker>> for WorkerActor {
     type Result = ResponseFuture<Result<(), String>>;
 
     fn handle(&mut self, msg: Remote<SetupWorker>, _: &mut Context<Self>) -> Self::Result {
-        self.submit(|tx| WorkerJob::Setup(msg.msg, tx))
+        self.submit_as_text(|tx| WorkerJob::Setup(msg.msg, tx))
     }
 }
 
@@ -84,15 +104,21 @@ impl Handler<Remote<DatasetPositions>> for WorkerActor {
     type Result = ResponseFuture<Result<Vec<(String, u64)>, String>>;
 
     fn handle(&mut self, _: Remote<DatasetPositions>, _: &mut Context<Self>) -> Self::Result {
-        self.submit(WorkerJob::Positions)
+        self.submit_as_text(WorkerJob::Positions)
     }
 }
 
 impl Handler<Remote<RunClosure>> for WorkerActor {
-    type Result = ResponseFuture<Result<Vec<u8>, String>>;
+    type Result = ResponseFuture<Result<Vec<u8>, RunClosureError>>;
 
     fn handle(&mut self, msg: Remote<RunClosure>, _: &mut Context<Self>) -> Self::Result {
-        self.submit(|tx| WorkerJob::Run(msg.msg, tx))
+        let reply = self.submit(|tx| WorkerJob::Run(msg.msg, tx));
+        Box::pin(async move {
+            match reply.await {
+                Ok(outcome) => outcome.map_err(RunClosureError::Step),
+                Err(refusal) => Err(RunClosureError::Refused(refusal)),
+            }
+        })
     }
 }
 
@@ -260,3 +286,57 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 const SKIP_MAX: u64 = 10_000_000;
 /// Jobs that may wait for the compute thread (one closure in flight plus a setup).
 const JOBS_MAX: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_actors::{Epoch, Incarnation};
+    use cohort_transport::NodeId;
+
+    fn run_closure(closure: u64) -> Remote<RunClosure> {
+        Remote {
+            from: Incarnation::new(NodeId::new("chief", 0), Epoch(1)),
+            msg: RunClosure {
+                closure,
+                attempt: 1,
+                function: "step".into(),
+                args: Vec::new(),
+            },
+            blobs: Vec::new(),
+        }
+    }
+
+    /// A job the worker cannot take is refused with a typed reason, never reported as the
+    /// closure's own (non-retryable) error.
+    #[test]
+    fn a_job_the_worker_cannot_take_is_a_typed_refusal_not_a_step_error() {
+        System::new().block_on(async {
+            let (jobs, queue) = job_queue();
+            let worker = WorkerActor { jobs }.start();
+            // Nobody runs the jobs: fill the queue, then one more.
+            let mut waiting = Vec::new();
+            for closure in 0..JOBS_MAX as u64 {
+                waiting.push(worker.send(run_closure(closure)));
+            }
+            let busy = worker.send(run_closure(99)).await.unwrap();
+            assert_eq!(
+                busy,
+                Err(RunClosureError::Refused(WorkerRefusal::Busy {
+                    queued: JOBS_MAX as u32
+                }))
+            );
+            // The compute thread goes away: what it held was dropped, and nothing more fits.
+            drop(queue);
+            for reply in waiting {
+                assert_eq!(
+                    reply.await.unwrap(),
+                    Err(RunClosureError::Refused(WorkerRefusal::JobDropped))
+                );
+            }
+            assert_eq!(
+                worker.send(run_closure(100)).await.unwrap(),
+                Err(RunClosureError::Refused(WorkerRefusal::ComputeStopped))
+            );
+        });
+    }
+}

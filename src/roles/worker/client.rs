@@ -14,7 +14,8 @@ use super::{PendingGradient, StepError};
 use bytes::Bytes;
 
 use crate::roles::protocol::{
-    blob, bytes_to_f32, f32_blob, u64_blob, Pull, PullRows, Push, PushReply, WireGradient, PS_ACTOR,
+    blob, decode_f32_into, f32_vec_blob, f32_view, u64_vec_blob, Pull, PullRows, Push, PushReply,
+    WireGradient, PS_ACTOR,
 };
 use crate::variable::ShardLayout;
 
@@ -46,64 +47,95 @@ impl PsClient {
 
     /// The whole value of a variable, gathered from its shards in row order.
     pub fn pull(&self, layout: &ShardLayout) -> Result<Vec<f32>, StepError> {
-        let calls = layout
-            .shards
+        Ok(self.pull_many(&[layout])?.pop().unwrap_or_default())
+    }
+
+    /// The whole values of several variables: one request per parameter server, all at
+    /// once, naming every shard it holds among them; each reply is decoded straight into
+    /// place.
+    pub fn pull_many(&self, layouts: &[&ShardLayout]) -> Result<Vec<Vec<f32>>, StepError> {
+        // Per server: the shard names it is asked for and, for each, (variable, shard).
+        let mut per_ps: BTreeMap<u32, (Vec<String>, Vec<(usize, usize)>)> = BTreeMap::new();
+        for (v, layout) in layouts.iter().enumerate() {
+            for (i, shard) in layout.shards.iter().enumerate() {
+                let entry = per_ps.entry(shard.ps).or_default();
+                entry.0.push(layout.shard_name(i));
+                entry.1.push((v, i));
+            }
+        }
+        let (calls, wanted): (Vec<_>, Vec<_>) = per_ps
+            .into_iter()
+            .map(|(ps, (names, shards))| ((ps, Pull { names }, Vec::new()), shards))
+            .unzip();
+        // Every shard's blob, by (variable, shard); then each variable is assembled in row
+        // order with one copy (no zero-fill first: pulls are megabytes per step).
+        let mut received: BTreeMap<(usize, usize), Bytes> = BTreeMap::new();
+        for ((reply, blobs), shards) in self.call_all(calls)?.into_iter().zip(wanted) {
+            reply.map_err(StepError::Ps)?;
+            for (k, key) in shards.into_iter().enumerate() {
+                let bytes = blob(&blobs, k, &layouts[key.0].name).map_err(StepError::Ps)?;
+                received.insert(key, bytes.clone());
+            }
+        }
+        layouts
             .iter()
             .enumerate()
-            .map(|(i, shard)| {
-                (
-                    shard.ps,
-                    Pull {
-                        names: vec![layout.shard_name(i)],
-                    },
-                    Vec::new(),
-                )
+            .map(|(v, layout)| {
+                let width = layout.row_len();
+                let mut values = Vec::with_capacity(layout.shape.iter().product());
+                for (i, shard) in layout.shards.iter().enumerate() {
+                    let name = layout.shard_name(i);
+                    let bytes = received
+                        .get(&(v, i))
+                        .ok_or_else(|| StepError::Ps(format!("{name}: no reply")))?;
+                    let expected = shard.rows.len() * width;
+                    if bytes.len() != expected * 4 {
+                        return Err(StepError::Ps(format!(
+                            "{name}: {} bytes where {expected} f32 values were expected",
+                            bytes.len()
+                        )));
+                    }
+                    values.extend_from_slice(&f32_view(bytes, &name).map_err(StepError::Ps)?);
+                }
+                Ok(values)
             })
-            .collect();
-        let mut values = Vec::with_capacity(layout.shape.iter().product());
-        for (reply, blobs) in self.call_all(calls)? {
-            reply.map_err(StepError::Ps)?;
-            let bytes = blob(&blobs, 0, &layout.name).map_err(StepError::Ps)?;
-            values.extend(bytes_to_f32(bytes, &layout.name).map_err(StepError::Ps)?);
-        }
-        Ok(values)
+            .collect()
     }
 
     /// Rows `ids` (of the full variable) concatenated in the order of `ids`.
     pub fn pull_rows(&self, layout: &ShardLayout, ids: &[u64]) -> Result<Vec<f32>, StepError> {
         let width = layout.row_len();
-        let routed = route_rows(layout, ids)?;
-        let calls = routed
-            .iter()
-            .map(|(shard, (local_ids, _))| {
+        let (calls, positions): (Vec<_>, Vec<_>) = route_rows(layout, ids)?
+            .into_iter()
+            .map(|(shard, (local_ids, positions))| {
                 (
-                    layout.shards[*shard].ps,
-                    PullRows {
-                        name: layout.shard_name(*shard),
-                    },
-                    vec![u64_blob(local_ids)],
+                    (
+                        layout.shards[shard].ps,
+                        PullRows {
+                            name: layout.shard_name(shard),
+                        },
+                        vec![u64_vec_blob(local_ids)],
+                    ),
+                    positions,
                 )
             })
-            .collect();
+            .unzip();
         let replies = self.call_all(calls)?;
         let mut out = vec![0.0f32; ids.len() * width];
-        for ((_, (_, positions)), (reply, blobs)) in routed.iter().zip(replies) {
+        for (positions, (reply, blobs)) in positions.iter().zip(replies) {
             reply.map_err(StepError::Ps)?;
-            let rows = bytes_to_f32(
-                blob(&blobs, 0, &layout.name).map_err(StepError::Ps)?,
-                &layout.name,
-            )
-            .map_err(StepError::Ps)?;
-            if rows.len() != positions.len() * width {
+            let bytes = blob(&blobs, 0, &layout.name).map_err(StepError::Ps)?;
+            if bytes.len() != positions.len() * width * 4 {
                 return Err(StepError::Ps(format!(
-                    "{}: pulled {} values for {} rows",
+                    "{}: pulled {} bytes for {} rows of {width} f32",
                     layout.name,
-                    rows.len(),
+                    bytes.len(),
                     positions.len()
                 )));
             }
-            for (row, &pos) in rows.chunks_exact(width.max(1)).zip(positions) {
-                out[pos * width..(pos + 1) * width].copy_from_slice(row);
+            for (row, &pos) in bytes.chunks_exact((width * 4).max(1)).zip(positions) {
+                decode_f32_into(&mut out[pos * width..(pos + 1) * width], row, &layout.name)
+                    .map_err(StepError::Ps)?;
             }
         }
         Ok(out)
@@ -135,14 +167,20 @@ impl PsClient {
                             layout.shape
                         )));
                     }
-                    for (i, shard) in layout.shards.iter().enumerate() {
+                    for shard in &layout.shards {
                         let part = &values[shard.rows.start * width..shard.rows.end * width];
                         if part.iter().any(|v| !v.is_finite()) {
                             non_finite.insert(shard.ps);
                         }
+                    }
+                    // One buffer for the whole gradient; each shard's blob is a view of it.
+                    let whole = f32_vec_blob(values);
+                    for (i, shard) in layout.shards.iter().enumerate() {
+                        let part =
+                            whole.slice(shard.rows.start * width * 4..shard.rows.end * width * 4);
                         let entry = per_ps.entry(shard.ps).or_default();
                         entry.0.push((layout.shard_name(i), WireGradient::Dense));
-                        entry.1.push(f32_blob(part));
+                        entry.1.push(part);
                     }
                 }
                 PendingGradient::Rows { ids, values } => {
@@ -164,7 +202,9 @@ impl PsClient {
                         }
                         let entry = per_ps.entry(layout.shards[shard].ps).or_default();
                         entry.0.push((layout.shard_name(shard), WireGradient::Rows));
-                        entry.1.extend([u64_blob(&local_ids), f32_blob(&part)]);
+                        entry
+                            .1
+                            .extend([u64_vec_blob(local_ids), f32_vec_blob(part)]);
                     }
                 }
             }
@@ -261,10 +301,15 @@ type PushParts = (Vec<(String, WireGradient)>, Vec<Bytes>);
 /// For one shard: shard-local row ids, and where each came from in the caller's id list.
 type RoutedRows = (Vec<u64>, Vec<usize>);
 
-/// Groups full-variable row ids by shard: for each shard (in order), the shard-local ids and
-/// the positions in `ids` they came from.
-fn route_rows(layout: &ShardLayout, ids: &[u64]) -> Result<BTreeMap<usize, RoutedRows>, StepError> {
-    let mut routed: BTreeMap<usize, RoutedRows> = BTreeMap::new();
+/// Groups full-variable row ids by shard: for each shard that holds any of them (in shard
+/// order), the shard-local ids and the positions in `ids` they came from.
+fn route_rows(layout: &ShardLayout, ids: &[u64]) -> Result<Vec<(usize, RoutedRows)>, StepError> {
+    let mut routed: Vec<RoutedRows> = vec![Default::default(); layout.shards.len()];
+    let per_shard = ids.len() / layout.shards.len().max(1) + 1;
+    for entry in &mut routed {
+        entry.0.reserve(per_shard);
+        entry.1.reserve(per_shard);
+    }
     for (pos, &id) in ids.iter().enumerate() {
         let (shard, local) = usize::try_from(id)
             .ok()
@@ -275,9 +320,13 @@ fn route_rows(layout: &ShardLayout, ids: &[u64]) -> Result<BTreeMap<usize, Route
                     layout.name, layout.shape
                 ))
             })?;
-        let entry = routed.entry(shard).or_default();
+        let entry = &mut routed[shard];
         entry.0.push(local as u64);
         entry.1.push(pos);
     }
-    Ok(routed)
+    Ok(routed
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (local, _))| !local.is_empty())
+        .collect())
 }

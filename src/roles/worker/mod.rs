@@ -2,9 +2,9 @@
 //! servers, one at a time, on a compute thread of its own so that heavy math never delays the
 //! node's heartbeats.
 //!
-//! A step reads variables with [`StepContext::pull`] / [`StepContext::pull_rows`] and records
-//! gradients with [`StepContext::push_dense`] / [`StepContext::push_rows`]. The gradients are
-//! sent when the step function returns `Ok`, as exactly one push per parameter server, keyed
+//! A step reads variables with [`StepContext::pull`] / [`StepContext::pull_many`] /
+//! [`StepContext::pull_rows`] and records gradients with [`StepContext::push_dense`] /
+//! [`StepContext::push_rows`]. The gradients are sent when the step function returns `Ok`, as exactly one push per parameter server, keyed
 //! by the closure's id and attempt: that single push is the closure's whole effect on that
 //! server, which is what lets the server apply it at most once (PS-1).
 
@@ -117,6 +117,16 @@ impl<'a> StepContext<'a> {
     pub fn pull(&self, name: &str) -> Result<Vec<f32>, StepError> {
         let layout = self.layout(name)?;
         self.client.pull(layout)
+    }
+
+    /// The whole values of several variables, in the order of `names`: one request per
+    /// parameter server, all at once, instead of one round trip per variable.
+    pub fn pull_many(&self, names: &[&str]) -> Result<Vec<Vec<f32>>, StepError> {
+        let layouts = names
+            .iter()
+            .map(|name| self.layout(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.client.pull_many(&layouts)
     }
 
     /// Rows `ids` of the `[rows, width]` variable `name`, concatenated in the order of `ids`.
