@@ -93,7 +93,7 @@ struct BenchArgs {
     /// What to benchmark: `ps`.
     target: String,
     /// Timed steps per workload (after warm-up).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 1000)]
     steps: usize,
     /// Warm-up steps per workload.
     #[arg(long, default_value_t = 30)]

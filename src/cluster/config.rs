@@ -9,13 +9,15 @@
 //! 3. `TF_CONFIG` (TensorFlow's format: its `cluster` and `task`);
 //! 4. the config file: `--config`, else `COHORT_CONFIG`, else `./cohort.toml` if it exists;
 //! 5. defaults (task index 0, incarnation 1, detection budget 3s, worker wait 60s,
-//!    step timeout 30m, preemption grace 10s).
+//!    step timeout 30m, preemption grace 10s, PS restart wait 20 detection budgets and at
+//!    least 30s).
 //!
 //! ```toml
 //! certs_dir = "certs"            # relative paths are relative to this file
 //! checkpoint_dir = "ckpt"
 //! detection_budget = "3s"
 //! worker_wait = "60s"
+//! ps_restart_wait = "60s"        # hold for a lost parameter server to come back, restored
 //! step_timeout = "30m"
 //! preemption_grace = "10s"
 //! incarnation = 1
@@ -114,6 +116,13 @@ impl ConfigKey {
         flag: "--worker-wait",
         env: "COHORT_WORKER_WAIT",
     };
+    /// How long the chief holds dispatch for a lost parameter server to come back and be
+    /// restored before `join` fails naming it (default: 20 detection budgets, at least 30s).
+    pub const PS_RESTART_WAIT: Self = Self {
+        file: "ps_restart_wait",
+        flag: "--ps-restart-wait",
+        env: "COHORT_PS_RESTART_WAIT",
+    };
     /// How long one closure may run on a worker before the step counts as hung.
     pub const STEP_TIMEOUT: Self = Self {
         file: "step_timeout",
@@ -135,7 +144,7 @@ impl ConfigKey {
     };
 
     /// Every key.
-    pub const ALL: [ConfigKey; 11] = [
+    pub const ALL: [ConfigKey; 12] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -144,6 +153,7 @@ impl ConfigKey {
         Self::INCARNATION,
         Self::DETECTION_BUDGET,
         Self::WORKER_WAIT,
+        Self::PS_RESTART_WAIT,
         Self::STEP_TIMEOUT,
         Self::CHECKPOINT_DIR,
         Self::PREEMPTION_GRACE,
@@ -192,6 +202,10 @@ pub struct ConfigFlags {
     /// How long one closure may run on a worker before it counts as hung, e.g. "30m".
     #[arg(long)]
     pub step_timeout: Option<String>,
+    /// How long the chief waits for a lost parameter server to come back and be restored,
+    /// e.g. "60s" (default: 20 detection budgets, at least 30s).
+    #[arg(long)]
+    pub ps_restart_wait: Option<String>,
     /// Where the chief's program keeps checkpoints.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
@@ -254,6 +268,7 @@ impl ConfigFlags {
             "incarnation" => self.incarnation = Some(value),
             "detection_budget" => self.detection_budget = Some(value),
             "worker_wait" => self.worker_wait = Some(value),
+            "ps_restart_wait" => self.ps_restart_wait = Some(value),
             "step_timeout" => self.step_timeout = Some(value),
             "checkpoint_dir" => self.checkpoint_dir = Some(value.into()),
             _ => self.preemption_grace = Some(value),
@@ -271,6 +286,7 @@ impl ConfigFlags {
             "incarnation" => self.incarnation.clone(),
             "detection_budget" => self.detection_budget.clone(),
             "worker_wait" => self.worker_wait.clone(),
+            "ps_restart_wait" => self.ps_restart_wait.clone(),
             "step_timeout" => self.step_timeout.clone(),
             "checkpoint_dir" => path(&self.checkpoint_dir),
             _ => self.preemption_grace.clone(),
@@ -365,6 +381,10 @@ pub struct RoleConfig {
     pub detection_budget: Duration,
     /// How long pending closures may wait with no live worker before they fail.
     pub worker_wait: Duration,
+    /// How long dispatch is held for a lost parameter server to come back and be restored
+    /// (`SchedulerConfig::ps_restart_wait_max`); by default derived from the detection budget
+    /// (`ps_restart_wait_for`).
+    pub ps_restart_wait: Duration,
     /// How long one closure may run on a worker before the step counts as hung (its worker
     /// incarnation is then retired and the closure re-dispatched).
     pub step_timeout: Duration,
@@ -500,6 +520,7 @@ struct Layer {
     incarnation: Option<u64>,
     detection_budget: Option<Duration>,
     worker_wait: Option<Duration>,
+    ps_restart_wait: Option<Duration>,
     step_timeout: Option<Duration>,
     checkpoint_dir: Option<PathBuf>,
     preemption_grace: Option<Duration>,
@@ -516,6 +537,7 @@ impl Layer {
             incarnation: None,
             detection_budget: None,
             worker_wait: None,
+            ps_restart_wait: None,
             step_timeout: None,
             checkpoint_dir: None,
             preemption_grace: None,
@@ -587,6 +609,7 @@ impl Layer {
             "checkpoint_dir" => self.checkpoint_dir = Some(path()?),
             "detection_budget" => self.detection_budget = Some(positive(duration()?)?),
             "worker_wait" => self.worker_wait = Some(positive(duration()?)?),
+            "ps_restart_wait" => self.ps_restart_wait = Some(positive(duration()?)?),
             "step_timeout" => self.step_timeout = Some(positive(duration()?)?),
             "preemption_grace" => self.preemption_grace = Some(duration()?),
             // cluster_file and config name files, which load_files has read already.
@@ -815,6 +838,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let incarnation = pick!(incarnation, "incarnation");
     let detection_budget = pick!(detection_budget, "detection_budget");
     let worker_wait = pick!(worker_wait, "worker_wait");
+    let ps_restart_wait = pick!(ps_restart_wait, "ps_restart_wait");
     let step_timeout = pick!(step_timeout, "step_timeout");
     let checkpoint_dir = pick!(checkpoint_dir, "checkpoint_dir");
     let preemption_grace = pick!(preemption_grace, "preemption_grace");
@@ -867,6 +891,11 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         incarnation: incarnation.unwrap_or(1),
         detection_budget: detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET),
         worker_wait: worker_wait.unwrap_or(DEFAULT_WORKER_WAIT),
+        ps_restart_wait: ps_restart_wait.unwrap_or_else(|| {
+            crate::roles::coordinator::ps_restart_wait_for(
+                detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET),
+            )
+        }),
         step_timeout: step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT),
         checkpoint_dir,
         preemption_grace: preemption_grace.unwrap_or(DEFAULT_PREEMPTION_GRACE),

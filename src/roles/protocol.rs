@@ -268,6 +268,11 @@ pub enum RunClosureError {
     /// runs the closure elsewhere).
     #[error(transparent)]
     Refused(#[from] WorkerRefusal),
+    /// A parameter server could not be reached (or had lost its state and refused): the
+    /// server's failure, retryable. The coordinator queues the closure again and holds
+    /// dispatch until the server is back (restored from a checkpoint if it restarted).
+    #[error(transparent)]
+    PsUnavailable(#[from] PsUnavailable),
 }
 
 /// Why a worker could not take a job.
@@ -345,6 +350,24 @@ pub fn f32_vec_blob(values: Vec<f32>) -> Bytes {
         return Bytes::from_owner(PodOwner(values));
     }
     f32_blob(&values)
+}
+
+/// A blob of little-endian f32 that shares `values` without copying them (on little-endian
+/// machines): a parameter server's reply to a pull of a whole shard.
+pub fn f32_shared_blob(values: std::sync::Arc<Vec<f32>>) -> Bytes {
+    if cfg!(target_endian = "little") {
+        return Bytes::from_owner(SharedF32(values));
+    }
+    f32_blob(&values)
+}
+
+/// Shared f32 values seen as their bytes, so that a [`Bytes`] can hold them.
+struct SharedF32(std::sync::Arc<Vec<f32>>);
+
+impl AsRef<[u8]> for SharedF32 {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(self.0.as_slice())
+    }
 }
 
 /// A blob of little-endian u64 that takes `values` over without copying them (on
@@ -484,6 +507,47 @@ pub fn bytes_to_f32(bytes: &[u8], what: &str) -> Result<Vec<f32>, String> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+/// A parameter server a worker could not reach while running a closure (see
+/// [`RunClosureError::PsUnavailable`]).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, thiserror::Error)]
+#[error("parameter server ps/{ps} unavailable: {reason}")]
+pub struct PsUnavailable {
+    /// The parameter server's index.
+    pub ps: u32,
+    /// What the call ran into.
+    pub reason: String,
+}
+
+/// From the chief to every parameter server after a recovery restored them all from the
+/// checkpoint taken at a cut: PS-1's state goes back to that cut. Every closure below
+/// `finished_below` was finished when the checkpoint was taken; none at or above it had
+/// applied, so the ids kept as applied are dropped and the low watermark is set to the cut
+/// (lowered if need be), and the closures queued again since can apply once more.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct RollBack {
+    /// The checkpoint's cut (its next closure id).
+    pub finished_below: u64,
+}
+
+impl RemoteMessage for RollBack {
+    const TAG: &'static str = "ps.roll_back";
+    type Reply = ();
+}
+
+/// From the chief to every live worker after a parameter-server recovery: rebuild every
+/// dataset from the start of `setup`, skipping to the positions it gives (the checkpoint's),
+/// dropping where the datasets were.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct RewindWorker {
+    /// The setup, with the checkpoint's positions as skips.
+    pub setup: SetupWorker,
+}
+
+impl RemoteMessage for RewindWorker {
+    const TAG: &'static str = "worker.rewind";
+    type Reply = Result<(), String>;
 }
 
 #[cfg(test)]

@@ -415,6 +415,7 @@ fn run_chief(
     let scheduler_config = SchedulerConfig {
         no_worker_wait_max: config.worker_wait,
         step_timeout: config.step_timeout,
+        ps_restart_wait_max: config.ps_restart_wait,
         ..SchedulerConfig::default()
     };
     let mut peers: Vec<(NodeId, std::net::SocketAddr, &'static str)> = workers

@@ -152,7 +152,7 @@ impl DistributedOptimizer {
             .map_or(0, ReplicaContext::replica_id_in_sync_group);
         let gradients = split_like(&flat, &pairs)?;
 
-        if let Some(index) = flat.iter().position(|g| !g.is_finite()) {
+        if let Some(index) = crate::optim::first_non_finite(&flat) {
             let (variable, local_index) = variable_at(&pairs, index);
             match self.optimizer.non_finite_policy() {
                 NonFinitePolicy::Skip => {

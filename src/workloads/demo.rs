@@ -348,9 +348,15 @@ fn run_chief(
     let stats = coordinator.ps_stats()?;
     println!("\n== summary ({:.1}s)", started.elapsed().as_secs_f64());
     println!(
-        "  ledger: {} closures scheduled, {} committed, {} re-dispatched after a worker was lost, {} results rejected as stale, {} failed, {} pending",
+        "  ledger: {} closures scheduled, {} committed, {} re-dispatched after a worker or parameter server was lost, {} results rejected as stale, {} failed, {} pending",
         ledger.scheduled, ledger.committed, ledger.redispatched, ledger.rejected_stale, ledger.failed, ledger.pending
     );
+    if ledger.ps_restores > 0 {
+        println!(
+            "  parameter-server recovery: {} restore(s) from a checkpoint, {} committed closures rolled back and run again",
+            ledger.ps_restores, ledger.rolled_back
+        );
+    }
     for (ps, s) in stats.iter().enumerate() {
         println!(
             "  ps/{ps}: {} pushes applied, {} duplicates refused (PS-1), {} stale pushes refused (FENCE-1), {} non-finite skipped",

@@ -121,6 +121,7 @@ pub fn ledger_and_stats(
             "cancelled": ledger.cancelled, "unavailable": ledger.unavailable,
             "redispatched": ledger.redispatched, "rejected_stale": ledger.rejected_stale,
             "pending": ledger.pending, "balances": ledger.balances(),
+            "rolled_back": ledger.rolled_back, "ps_restores": ledger.ps_restores,
         },
         "ps": serde_json::to_value(&stats).map_err(|e| CoordinatorError::Other(e.to_string()))?,
     }))

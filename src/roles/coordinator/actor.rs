@@ -9,9 +9,18 @@
 //!   a reconnect, so that it exits and comes back as a new incarnation instead of idling.
 //! - Every [`WATERMARK_INTERVAL`], if it has risen, the scheduler's low watermark goes to every
 //!   parameter server ([`FinishedBelow`]), which bounds the closure ids they keep for PS-1.
+//! - Parameter servers are watched like workers: the gateway's peer events (alive with an
+//!   epoch, declared dead) and a worker's [`RunClosureError::PsUnavailable`] go to the
+//!   scheduler; a server it counts as down is dialled every [`RECONNECT_INTERVAL`] with a real
+//!   call ([`PsStats`]), so that only an answer proves it back. On
+//!   [`SchedulerAction::Restore`] every server is restored from the newest checkpoint under
+//!   the directory of the last save ([`MarkCut`]), its PS-1 state rolled back to the cut
+//!   ([`RollBack`]), and every live worker's datasets rewound to the checkpoint's positions
+//!   ([`RewindWorker`]) before anything is dispatched again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -22,10 +31,13 @@ use tokio::sync::oneshot;
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, Ledger, ScheduleError, Scheduler, SchedulerAction,
 };
+pub use super::restore::WorkerPositions;
+use super::restore::{dataset_positions, load_newest, restore_servers};
 use crate::roles::protocol::{
-    DatasetPositions, FenceWorker, FinishedBelow, Retire, RunClosure, RunClosureError, SetupWorker,
-    PS_ACTOR, WORKER_ACTOR,
+    DatasetPositions, FenceWorker, FinishedBelow, PsStats, Retire, RewindWorker, RollBack,
+    RunClosure, RunClosureError, SetupWorker, PS_ACTOR, WORKER_ACTOR,
 };
+use crate::variable::ShardLayout;
 
 /// Who waits for one closure's value.
 type FetchWaiter = oneshot::Sender<Result<Vec<u8>, ClosureFailure>>;
@@ -52,6 +64,10 @@ pub struct CoordinatorActor {
     timer: Option<SpawnHandle>,
     /// The low watermark last sent to the parameter servers.
     watermark_sent: u64,
+    /// Where the last checkpoint was saved (or restored from): a recovery restores from it.
+    checkpoint_root: Option<PathBuf>,
+    /// Parameter servers being dialled now (one dial each at a time).
+    ps_dialling: BTreeMap<u32, bool>,
 }
 
 impl CoordinatorActor {
@@ -82,6 +98,8 @@ impl CoordinatorActor {
             fetch_waiters: HashMap::new(),
             timer: None,
             watermark_sent: 0,
+            checkpoint_root: None,
+            ps_dialling: BTreeMap::new(),
         }
     }
 
@@ -100,6 +118,7 @@ impl CoordinatorActor {
                     self.dispatch(ctx, worker, epoch, closure, attempt, function, args);
                 }
                 SchedulerAction::Fence { worker, epoch } => self.fence(worker, epoch),
+                SchedulerAction::Restore { cut } => self.restore(ctx, cut),
             }
         }
         self.answer_fetches();
@@ -167,6 +186,21 @@ impl CoordinatorActor {
                     act.scheduler
                         .handle_refused(now, worker, epoch, closure, attempt);
                     act.forget_ref_unless_live(worker, epoch);
+                }
+                Ok(Err(RunClosureError::PsUnavailable(unavailable))) => {
+                    tracing::warn!(
+                        "worker/{worker} could not run closure {}: {unavailable}; holding \
+                         dispatch until the parameter server is back",
+                        closure.0
+                    );
+                    act.scheduler.handle_ps_unavailable(
+                        now,
+                        worker,
+                        epoch,
+                        closure,
+                        attempt,
+                        unavailable.ps,
+                    );
                 }
                 Err(RemoteError::Timeout { .. }) => {
                     tracing::warn!(
@@ -359,15 +393,154 @@ impl CoordinatorActor {
     /// The setup for one worker: the shared one, with its datasets resuming at the positions
     /// restored for that worker.
     fn setup_for(&self, worker: u32) -> SetupWorker {
-        let mut setup = self.setup.clone();
-        if let Some(positions) = self.positions.get(&worker) {
-            for (name, skip) in &mut setup.datasets {
-                if let Some(position) = positions.get(name) {
-                    *skip = *position;
+        setup_with_positions(&self.setup, self.positions.get(&worker))
+    }
+
+    fn ps_index(&self, node: &NodeId) -> Option<u32> {
+        self.servers
+            .iter()
+            .position(|(n, _)| n == node)
+            .map(|i| i as u32)
+    }
+
+    /// Dials every parameter server the scheduler counts as down (or has never seen) with a
+    /// real call: an answer proves that incarnation alive and tells its epoch.
+    fn dial_servers(&mut self, ctx: &mut Context<Self>) {
+        for (index, (node, addr)) in self.servers.clone().into_iter().enumerate() {
+            let ps = index as u32;
+            let wanted = match self.scheduler.ps_epoch(ps) {
+                None => true,
+                Some((_, alive)) => !alive,
+            };
+            if !wanted || self.ps_dialling.get(&ps) == Some(&true) {
+                continue;
+            }
+            self.ps_dialling.insert(ps, true);
+            let gateway = self.gateway.clone();
+            let dial = async move {
+                let r = gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await?;
+                r.call(&PsStats).await?;
+                Ok::<_, RemoteError>(r.target().epoch.0)
+            };
+            ctx.spawn(dial.into_actor(self).map(move |result, act, ctx| {
+                act.ps_dialling.insert(ps, false);
+                match result {
+                    Ok(epoch) => {
+                        act.scheduler.handle_ps_up(Instant::now(), ps, epoch);
+                        act.drive(ctx);
+                    }
+                    Err(e) => tracing::debug!("ps/{ps} not reachable yet: {e}"),
+                }
+            }));
+        }
+    }
+
+    /// Carries out [`SchedulerAction::Restore`]: restores every parameter server from the
+    /// newest checkpoint (which must be the one taken at `cut`), rolls their PS-1 state back
+    /// to the cut, rewinds every live worker's datasets to the checkpoint's positions, then
+    /// tells the scheduler, which queues again what committed since the cut.
+    fn restore(&mut self, ctx: &mut Context<Self>, cut: ClosureId) {
+        let Some(root) = self.checkpoint_root.clone() else {
+            self.scheduler
+                .handle_restore_failed(Instant::now(), "no checkpoint directory is known".into());
+            return;
+        };
+        let layouts: Vec<ShardLayout> = match serde_json::from_str(&self.setup.layouts_json) {
+            Ok(layouts) => layouts,
+            Err(e) => {
+                self.scheduler
+                    .handle_restore_failed(Instant::now(), format!("variable layouts: {e}"));
+                return;
+            }
+        };
+        tracing::warn!(
+            "restoring every parameter server from the newest checkpoint under {} (cut at \
+             closure {})",
+            root.display(),
+            cut.0
+        );
+        let gateway = self.gateway.clone();
+        let servers = self.servers.clone();
+        let setup = self.setup.clone();
+        let workers: Vec<(u32, Incarnation<NodeId>)> = self
+            .worker_refs
+            .iter()
+            .map(|(w, r)| (*w, r.target().clone()))
+            .collect();
+        let work = async move {
+            let dir = root.display().to_string();
+            let ckpt = tokio::task::spawn_blocking(move || load_newest(&root))
+                .await
+                .map_err(|e| format!("reading the checkpoint: {e}"))?
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no valid checkpoint under {dir}"))?;
+            if ckpt.ledger.next_closure_id != cut.0 {
+                return Err(format!(
+                    "the newest valid checkpoint under {dir} (step {}, cut at closure {}) is not \
+                     the last one saved (cut at closure {}): the closures committed between \
+                     them cannot be run again",
+                    ckpt.step, ckpt.ledger.next_closure_id, cut.0
+                ));
+            }
+            restore_servers(&gateway, &servers, &layouts, &ckpt)
+                .await
+                .map_err(|e| e.to_string())?;
+            for (ps, (node, addr)) in servers.iter().enumerate() {
+                let msg = RollBack {
+                    finished_below: cut.0,
+                };
+                let rolled = async {
+                    let r = gateway.resolve::<RollBack>(*addr, node, PS_ACTOR).await?;
+                    r.call(&msg).await
+                };
+                rolled
+                    .await
+                    .map_err(|e| format!("rolling ps/{ps} back to the cut: {e}"))?;
+            }
+            let positions = dataset_positions(&ckpt).map_err(|e| e.to_string())?;
+            let mut lost = Vec::new();
+            for (worker, incarnation) in workers {
+                let msg = RewindWorker {
+                    setup: setup_with_positions(&setup, positions.get(&worker)),
+                };
+                let r = gateway.remote_ref::<RewindWorker>(incarnation.clone(), WORKER_ACTOR);
+                let error = match r.call(&msg).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => e,
+                    Err(e) => e.to_string(),
+                };
+                tracing::warn!("rewinding worker/{worker}'s datasets: {error}");
+                lost.push((worker, incarnation.epoch.0));
+            }
+            Ok((ckpt.step, positions, lost))
+        };
+        ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
+            let now = Instant::now();
+            match result {
+                Ok((step, positions, lost)) => {
+                    act.positions = positions;
+                    // Every server's low watermark is the cut now.
+                    act.watermark_sent = cut.0;
+                    // A worker whose datasets could not be rewound starts over as a new
+                    // incarnation, set up at the restored positions.
+                    for (worker, epoch) in lost {
+                        act.lose_worker(worker, epoch);
+                    }
+                    match act.scheduler.handle_restored(now, cut) {
+                        Ok(requeued) => tracing::warn!(
+                            "every parameter server restored from the checkpoint at step \
+                             {step}; {requeued} closures committed since it run again"
+                        ),
+                        Err(e) => tracing::warn!("restore finished too late: {e}"),
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("parameter-server recovery failed: {e}");
+                    act.scheduler.handle_restore_failed(now, e);
                 }
             }
-        }
-        setup
+            act.drive(ctx);
+        }));
     }
 
     fn worker_index(&self, node: &NodeId) -> Option<u32> {
@@ -376,6 +549,22 @@ impl CoordinatorActor {
             .position(|(n, _)| n == node)
             .map(|i| i as u32)
     }
+}
+
+/// `setup` with its datasets resuming at `positions` (a worker's, from a checkpoint).
+fn setup_with_positions(
+    setup: &SetupWorker,
+    positions: Option<&BTreeMap<String, u64>>,
+) -> SetupWorker {
+    let mut setup = setup.clone();
+    if let Some(positions) = positions {
+        for (name, skip) in &mut setup.datasets {
+            if let Some(position) = positions.get(name) {
+                *skip = *position;
+            }
+        }
+    }
+    setup
 }
 
 /// What a reconnect round made of a worker that answered.
@@ -416,7 +605,11 @@ impl Actor for CoordinatorActor {
             }
         });
         self.reconnect(ctx);
-        ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| act.reconnect(ctx));
+        self.dial_servers(ctx);
+        ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| {
+            act.reconnect(ctx);
+            act.dial_servers(ctx);
+        });
         ctx.run_interval(WATERMARK_INTERVAL, |act, _| act.send_watermark());
     }
 }
@@ -431,8 +624,25 @@ impl Handler<PeerChanged> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, msg: PeerChanged, ctx: &mut Context<Self>) {
+        if let PeerEvent::Alive(incarnation) = &msg.0 {
+            if let Some(ps) = self.ps_index(&incarnation.node) {
+                self.scheduler
+                    .handle_ps_up(Instant::now(), ps, incarnation.epoch.0);
+                self.drive(ctx);
+            }
+            return;
+        }
         if let PeerEvent::Dead { incarnation, cause } = msg.0 {
-            if let Some(worker) = self.worker_index(&incarnation.node) {
+            if let Some(ps) = self.ps_index(&incarnation.node) {
+                tracing::warn!(
+                    "ps/{ps} (epoch {}) declared dead: {cause:?}; holding dispatch until it is \
+                     back and restored",
+                    incarnation.epoch.0
+                );
+                self.scheduler
+                    .handle_ps_lost(Instant::now(), ps, incarnation.epoch.0);
+                self.drive(ctx);
+            } else if let Some(worker) = self.worker_index(&incarnation.node) {
                 tracing::warn!(
                     "worker/{worker} (epoch {}) declared dead: {cause:?}",
                     incarnation.epoch.0
@@ -642,9 +852,6 @@ impl Handler<ResumeLedger> for CoordinatorActor {
 /// Where every live worker's datasets are (worker → dataset → elements read).
 pub struct CollectPositions;
 
-/// Per worker, its datasets' positions.
-pub type WorkerPositions = BTreeMap<u32, BTreeMap<String, u64>>;
-
 impl Message for CollectPositions {
     type Result = oneshot::Receiver<Result<WorkerPositions, String>>;
 }
@@ -711,8 +918,32 @@ impl Handler<SetPositions> for CoordinatorActor {
     }
 }
 
+/// A checkpoint taken at `cut` (the next closure id then, with nothing pending) is durable
+/// under `root`: a parameter-server recovery restores from there and rolls back to `cut`
+/// (see [`Scheduler::mark_cut`]).
+pub struct MarkCut {
+    /// The cut.
+    pub cut: ClosureId,
+    /// The checkpoint root directory.
+    pub root: PathBuf,
+}
+
+impl Message for MarkCut {
+    type Result = Result<(), String>;
+}
+
+impl Handler<MarkCut> for CoordinatorActor {
+    type Result = Result<(), String>;
+
+    fn handle(&mut self, msg: MarkCut, _: &mut Context<Self>) -> Self::Result {
+        self.scheduler.mark_cut(msg.cut)?;
+        self.checkpoint_root = Some(msg.root);
+        Ok(())
+    }
+}
+
 /// How often workers without a live incarnation are dialled (and fenced ones that still
-/// answer are retired).
+/// answer are retired), and parameter servers counted down are dialled.
 const RECONNECT_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the low watermark goes to the parameter servers when it has risen: each keeps
 /// about this long's worth of applied closure ids for PS-1.

@@ -12,17 +12,18 @@ use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
 use super::actor::{
-    CollectPositions, Configure, CoordinatorActor, Fetch, Join, LedgerSnapshot, ResumeLedger,
-    Schedule, SetPositions, Status, WorkerPositions,
+    CollectPositions, Configure, CoordinatorActor, Fetch, Join, LedgerSnapshot, MarkCut,
+    ResumeLedger, Schedule, SetPositions, Status,
 };
 use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError};
+use super::restore::{dataset_positions, restore_servers, RestoreError, DATASET_POSITIONS_KEY};
 use crate::checkpoint::{
     self, Checkpoint, CheckpointManager, Dtype, ShardSpec, TensorBytes, VariableLayout,
 };
 use crate::nn::Initializer;
 use crate::roles::protocol::{
-    blob, bytes_to_f32, f32_blob, f32_to_bytes, CreateVariable, InitSpec, PsStats, PsStatsReply,
-    RestoreVariable, SetupWorker, Snapshot, PS_ACTOR,
+    blob, bytes_to_f32, f32_to_bytes, CreateVariable, InitSpec, PsStats, PsStatsReply, SetupWorker,
+    Snapshot, PS_ACTOR,
 };
 use crate::roles::worker::PsClient;
 use crate::variable::{PartitionError, Partitioner, PsPlacer, Shard, ShardLayout};
@@ -367,9 +368,27 @@ impl ClusterCoordinator {
             pending_ids: Default::default(),
             cancelled_ids: ended_ids.into_iter().collect(),
         };
-        manager
+        let dir = manager
             .save(&ckpt, Instant::now())
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))
+            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+        // Durable: a parameter-server recovery rolls every server back to this cut.
+        self.mark_cut(next_closure_id, manager.root());
+        Ok(dir)
+    }
+
+    /// Tells the coordinator that the checkpoints under `root` hold the variables as they were
+    /// at `cut` (the next closure id, with nothing pending). A cut it refuses (something was
+    /// scheduled meanwhile from another thread) only leaves the previous one in place.
+    fn mark_cut(&self, cut: u64, root: &std::path::Path) {
+        let marked = self.ask(MarkCut {
+            cut: ClosureId(cut),
+            root: root.to_path_buf(),
+        });
+        match marked {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("checkpoint cut at closure {cut} not marked: {e}"),
+            Err(e) => tracing::warn!("checkpoint cut at closure {cut} not marked: {e}"),
+        }
     }
 
     /// Restores every variable this coordinator created from the newest valid checkpoint, if
@@ -393,64 +412,18 @@ impl ClusterCoordinator {
             return Ok(None);
         };
         let ckpt = loaded.checkpoint;
-        for layout in &self.layouts {
-            for (i, shard) in layout.shards.iter().enumerate() {
-                let name = layout.shard_name(i);
-                let values = ckpt.tensor(shard.ps as usize, &name).ok_or_else(|| {
-                    CoordinatorError::Checkpoint(format!(
-                        "step {}: no tensor {name:?} on ps {}",
-                        ckpt.step, shard.ps
-                    ))
-                })?;
-                if values.shape() != layout.shard_shape(i).as_slice() {
-                    return Err(CoordinatorError::Checkpoint(format!(
-                        "step {}: tensor {name:?} has shape {:?}, this job's variable shard has {:?}",
-                        ckpt.step,
-                        values.shape(),
-                        layout.shard_shape(i)
-                    )));
-                }
-                let prefix = format!("{name}{}", checkpoint::SLOT_INFIX);
-                let as_blob = |t: &TensorBytes| {
-                    t.to_f32()
-                        .map(|v| f32_blob(&v))
-                        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))
-                };
-                let mut slots = Vec::new();
-                let mut blobs = vec![as_blob(values)?];
-                for (key, t) in &ckpt.shards[shard.ps as usize].tensors {
-                    if let Some(slot) = key.strip_prefix(&prefix) {
-                        slots.push(slot.to_string());
-                        blobs.push(as_blob(t)?);
-                    }
-                }
-                let steps = ckpt
-                    .extra
-                    .get(format!("steps/{name}"))
-                    .and_then(|v| v.as_u64())
-                    .unwrap_or(0);
-                let msg = RestoreVariable {
-                    name: name.clone(),
-                    shape: values.shape().iter().map(|&d| d as u64).collect(),
-                    slots,
-                    steps,
-                };
-                self.call_ps_with_blobs(shard.ps, msg, blobs)?
-                    .0
-                    .map_err(CoordinatorError::ParameterServer)?;
-            }
-        }
+        let gateway = self.gateway.clone();
+        self.runtime
+            .block_on(restore_servers(
+                &gateway,
+                &self.servers,
+                &self.layouts,
+                &ckpt,
+            ))
+            .map_err(restore_error)?;
         // Datasets resume where each worker was at the cut (re-reading rather than skipping
         // anything a lost closure had consumed); checkpoints without positions start over.
-        let positions: WorkerPositions = match ckpt.extra.get(DATASET_POSITIONS_KEY) {
-            Some(value) => serde_json::from_value(value.clone()).map_err(|e| {
-                CoordinatorError::Checkpoint(format!(
-                    "step {}: {DATASET_POSITIONS_KEY}: {e}",
-                    ckpt.step
-                ))
-            })?,
-            None => WorkerPositions::new(),
-        };
+        let positions = dataset_positions(&ckpt).map_err(restore_error)?;
         self.ask(SetPositions(positions))?;
         // The ledger carries on (LEDGER-1 across restarts) and closure ids are never reused.
         let saved = &ckpt.ledger;
@@ -475,6 +448,9 @@ impl ClusterCoordinator {
         let next_id = saved.next_closure_id.max(live_next);
         self.ask(ResumeLedger(ledger, next_id))?
             .map_err(CoordinatorError::Checkpoint)?;
+        // The variables are at this checkpoint now: a parameter-server recovery rolls back
+        // to it until the next save.
+        self.mark_cut(next_id, manager.root());
         Ok(Some(ckpt.step))
     }
 
@@ -562,9 +538,12 @@ impl ClusterCoordinator {
     }
 }
 
-/// Where a checkpoint's manifest keeps per-worker, per-dataset positions (the `dataset_positions`
-/// field holds each worker's total).
-const DATASET_POSITIONS_KEY: &str = "dataset_positions_by_name";
+fn restore_error(e: RestoreError) -> CoordinatorError {
+    match e {
+        RestoreError::Checkpoint(e) => CoordinatorError::Checkpoint(e),
+        RestoreError::Ps(e) => CoordinatorError::ParameterServer(e),
+    }
+}
 
 fn shard_init(
     init: &Initializer,

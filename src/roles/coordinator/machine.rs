@@ -1,5 +1,16 @@
 //! The coordinator's scheduling decisions as a pure state machine: which closure runs where,
-//! what happens when a worker is lost, what `join` reports, and the ledger (LEDGER-1).
+//! what happens when a worker or a parameter server is lost, what `join` reports, and the
+//! ledger (LEDGER-1).
+//!
+//! Parameter-server recovery (DESIGN §5): when a parameter server is lost (declared dead, seen
+//! back as a new incarnation, or reported unreachable by a worker), dispatch is held; the
+//! closures in flight finish or fail (those that failed for the server are queued again); once
+//! every server is back, the shell restores every server from the checkpoint taken at the last
+//! cut ([`SchedulerAction::Restore`]) and the closures committed since that cut are queued
+//! again ([`Ledger::rolled_back`]), so that each scheduled closure's effect is present exactly
+//! once. With no cut, past [`SchedulerConfig::ps_restart_wait_max`], or with more closures
+//! committed since the cut than [`SchedulerConfig::rollback_retained_max`], the loss fails
+//! `join` with [`ClosureFailure::PsLost`] instead.
 //!
 //! No IO, no clock, no threads: the actor shell passes `now` in and carries out the actions it
 //! drains. This is what lets the recovery logic be tested over every order of events.
@@ -37,6 +48,15 @@ pub struct SchedulerConfig {
     /// caught by the failure detector within its budget, not by this. At most 24 hours (how
     /// long a receiving gateway keeps delivering one call).
     pub step_timeout: Duration,
+    /// How long dispatch is held after a parameter server is lost, for its new incarnation
+    /// (restarted by the supervisor) to come back and every server to be restored; past it
+    /// `join`/`fetch` fail naming the server. Default: [`ps_restart_wait_for`] the detection
+    /// budget.
+    pub ps_restart_wait_max: Duration,
+    /// Closures committed since the last checkpoint whose function and arguments are kept, so
+    /// that a rollback to that checkpoint can run them again. Past it a parameter-server loss
+    /// cannot be recovered (and says so) until the next checkpoint.
+    pub rollback_retained_max: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -48,8 +68,19 @@ impl Default for SchedulerConfig {
             no_worker_wait_max: Duration::from_secs(60),
             finished_retained_max: 100_000,
             step_timeout: DEFAULT_STEP_TIMEOUT,
+            ps_restart_wait_max: ps_restart_wait_for(DEFAULT_DETECTION_BUDGET),
+            rollback_retained_max: 100_000,
         }
     }
+}
+
+/// The default [`SchedulerConfig::ps_restart_wait_max`] for a failure-detection budget: time
+/// for the loss to be detected, the supervisor to back off and restart the process, and the
+/// restore to run, with room to spare: 20 budgets, at least 30 seconds.
+pub fn ps_restart_wait_for(detection_budget: Duration) -> Duration {
+    detection_budget
+        .saturating_mul(20)
+        .max(Duration::from_secs(30))
 }
 
 /// An error from a closure, as its worker reported it.
@@ -82,6 +113,16 @@ pub enum ClosureFailure {
         /// The closure.
         closure: ClosureId,
         /// Why it could not run.
+        reason: String,
+    },
+    /// A parameter server lost its state and could not be restored (no checkpoint, it did
+    /// not come back within the bound, the restore failed, or the closures committed since the
+    /// last checkpoint could not all be kept to run again).
+    #[error("parameter server ps/{ps} was lost and cannot be recovered: {reason}")]
+    PsLost {
+        /// The parameter server's index.
+        ps: u32,
+        /// Why it cannot be recovered.
         reason: String,
     },
 }
@@ -133,6 +174,15 @@ pub enum SchedulerAction {
         /// The fenced incarnation (and every older one).
         epoch: WorkerEpoch,
     },
+    /// Restore every parameter server from the newest checkpoint, which must be the one taken
+    /// at `cut` (its next closure id): variables, optimizer slots, step counts; reset each
+    /// server's PS-1 state to the cut and every live worker's datasets to the checkpoint's
+    /// positions. Then report [`Scheduler::handle_restored`] or
+    /// [`Scheduler::handle_restore_failed`].
+    Restore {
+        /// The cut: every closure below it was finished when the checkpoint was taken.
+        cut: ClosureId,
+    },
 }
 
 /// What became of a result a worker reported.
@@ -147,6 +197,9 @@ pub enum ResultDisposition {
     /// The worker could not run the closure: its incarnation was fenced and the closure queued
     /// again, as for a lost worker.
     WorkerLost,
+    /// A parameter server was unreachable: the closure was queued again and dispatch is held
+    /// until the servers are back (and restored if one lost its state).
+    PsUnavailable,
 }
 
 /// The coordinator's account of every scheduled closure (LEDGER-1).
@@ -168,6 +221,13 @@ pub struct Ledger {
     pub rejected_stale: u64,
     /// Closures queued or in flight now.
     pub pending: u64,
+    /// Committed closures queued again because a parameter-server recovery rolled every server
+    /// back to a checkpoint taken before they committed (each is committed again later).
+    #[serde(default)]
+    pub rolled_back: u64,
+    /// Parameter-server recoveries: every server restored from a checkpoint.
+    #[serde(default)]
+    pub ps_restores: u64,
 }
 
 impl Ledger {
@@ -197,7 +257,14 @@ pub enum ScheduleError {
 ///    `handle_refused(now, worker, epoch, closure, attempt)` when it could not run the closure;
 /// 5. arm a timer for `poll_timeout()` and call `handle_timeout(now)` when it fires;
 /// 6. `join` is done when `is_idle()`; `take_error()` then gives the first failure, once;
-/// 7. `low_watermark()` at any time: every closure below it is finished for good.
+/// 7. `low_watermark()` at any time: every closure below it is finished for good;
+/// 8. parameter servers: `handle_ps_up(now, ps, epoch)` whenever a server incarnation is seen
+///    alive (a newer epoch means it restarted and lost its state), `handle_ps_lost` when the
+///    failure detector declares one dead, `handle_ps_unavailable` when a worker could not
+///    reach one; while [`Scheduler::ps_down`] names servers, dial them and report what answers;
+/// 9. `mark_cut(cut)` after each durable checkpoint (taken with nothing pending); a
+///    [`SchedulerAction::Restore`] is answered with `handle_restored` or
+///    `handle_restore_failed`.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -214,6 +281,36 @@ pub struct Scheduler {
     /// Closures queued or in flight (`ledger.pending` of them), for the low watermark.
     unfinished: BTreeSet<ClosureId>,
     next_id: u64,
+    /// Parameter servers by index: their newest incarnation and whether it is reachable.
+    servers: BTreeMap<u32, PsEntry>,
+    /// A parameter-server recovery under way: dispatch is held while it lasts.
+    recovery: Option<Recovery>,
+    /// The last checkpoint's cut: every closure below it was finished when it was taken.
+    cut: Option<ClosureId>,
+    /// Closures committed at or above the cut, with what it takes to run them again.
+    since_cut: BTreeMap<ClosureId, (String, Vec<u8>)>,
+    /// More closures committed since the cut than `rollback_retained_max`.
+    retention_overflowed: bool,
+    /// Parameter servers whose loss could not be recovered, and why.
+    lost_for_good: BTreeMap<u32, String>,
+}
+
+#[derive(Debug)]
+struct PsEntry {
+    epoch: u64,
+    alive: bool,
+    /// Declared dead by the failure detector: this incarnation never counts as back.
+    dead: bool,
+}
+
+/// A parameter-server recovery: dispatch is held from `since`.
+#[derive(Debug)]
+struct Recovery {
+    since: Instant,
+    /// Servers whose state is gone (dead, or back as a new incarnation): a restore is needed.
+    state_lost: BTreeSet<u32>,
+    /// The restore was asked for ([`SchedulerAction::Restore`]) and has not been reported.
+    restoring: bool,
 }
 
 #[derive(Debug)]
@@ -246,6 +343,12 @@ impl Scheduler {
             finished: VecDeque::new(),
             unfinished: BTreeSet::new(),
             next_id: 0,
+            servers: BTreeMap::new(),
+            recovery: None,
+            cut: None,
+            since_cut: BTreeMap::new(),
+            retention_overflowed: false,
+            lost_for_good: BTreeMap::new(),
         }
     }
 
@@ -340,6 +443,7 @@ impl Scheduler {
         }
         let disposition = match outcome {
             Ok(value) => {
+                self.retain_for_rollback(closure);
                 self.finish(closure, ClosureState::Committed(value));
                 self.ledger.committed += 1;
                 ResultDisposition::Committed
@@ -394,6 +498,204 @@ impl Scheduler {
         ResultDisposition::WorkerLost
     }
 
+    /// A parameter-server incarnation was seen alive. The first epoch seen of a server is its
+    /// original; a newer one means the process restarted and lost its state, so a recovery
+    /// starts (or goes on) for it; the same epoch after a worker reported the server
+    /// unreachable clears the suspicion (never after the failure detector declared it dead).
+    pub fn handle_ps_up(&mut self, now: Instant, ps: u32, epoch: u64) {
+        let fresh = PsEntry {
+            epoch,
+            alive: true,
+            dead: false,
+        };
+        match self.servers.get_mut(&ps) {
+            None => {
+                self.servers.insert(ps, fresh);
+            }
+            Some(entry) if epoch > entry.epoch => {
+                *entry = fresh;
+                if !self.lost_for_good.contains_key(&ps) {
+                    self.recovery(now).state_lost.insert(ps);
+                }
+            }
+            Some(entry) if epoch == entry.epoch && !entry.alive && !entry.dead => {
+                entry.alive = true
+            }
+            Some(_) => return,
+        }
+        self.dispatch(now);
+    }
+
+    /// The failure detector declared a parameter-server incarnation dead: its state is gone
+    /// (a dead incarnation never comes back, FENCE-1). Dispatch is held until a new
+    /// incarnation is up and every server is restored.
+    pub fn handle_ps_lost(&mut self, now: Instant, ps: u32, epoch: u64) {
+        match self.servers.get_mut(&ps) {
+            Some(entry) if entry.epoch == epoch => {
+                entry.alive = false;
+                entry.dead = true;
+            }
+            _ => return,
+        }
+        if !self.lost_for_good.contains_key(&ps) {
+            self.recovery(now).state_lost.insert(ps);
+        }
+        self.dispatch(now);
+    }
+
+    /// A worker could not reach parameter server `ps` while running a closure: the server's
+    /// failure, not the closure's, nor the worker's. The closure is queued again (counted as
+    /// re-dispatched) and dispatch is held until the server answers again (the same
+    /// incarnation: nothing was lost, PS-1 keeps a partial push from applying twice) or comes
+    /// back as a new one (then every server is restored). For a server already lost for good
+    /// the closure fails as unavailable. A report from a fenced incarnation or for a
+    /// superseded attempt is ignored (FENCE-1).
+    pub fn handle_ps_unavailable(
+        &mut self,
+        now: Instant,
+        worker: u32,
+        epoch: WorkerEpoch,
+        closure: ClosureId,
+        attempt: u32,
+        ps: u32,
+    ) -> ResultDisposition {
+        if !self.is_current(worker, epoch, closure, attempt) {
+            self.ledger.rejected_stale += 1;
+            return ResultDisposition::RejectedStale;
+        }
+        if let Some(entry) = self.workers.get_mut(&worker) {
+            entry.in_flight.retain(|c| *c != closure);
+        }
+        if let Some(reason) = self.lost_for_good.get(&ps).cloned() {
+            self.fail_unavailable(closure, format!("parameter server ps/{ps} lost: {reason}"));
+            self.dispatch(now);
+            return ResultDisposition::Failed;
+        }
+        if let Some(c) = self.closures.get_mut(&closure) {
+            c.state = ClosureState::Queued;
+            self.queue.push_front(closure);
+            self.ledger.redispatched += 1;
+        }
+        if let Some(entry) = self.servers.get_mut(&ps) {
+            entry.alive = false;
+        }
+        self.recovery(now);
+        self.dispatch(now);
+        ResultDisposition::PsUnavailable
+    }
+
+    /// The shell restored every parameter server from the checkpoint taken at `cut`: the
+    /// closures committed since the cut lost their effect, so they are queued again (counted
+    /// in [`Ledger::rolled_back`]; LEDGER-1 holds: they are pending again, not committed) and
+    /// dispatch resumes. Returns how many were queued again; an error if no restore was asked
+    /// for at that cut (nothing changes).
+    pub fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, String> {
+        if !self.recovery.as_ref().is_some_and(|r| r.restoring) || self.cut != Some(cut) {
+            return Err(format!("no restore at cut {} was asked for", cut.0));
+        }
+        let replay = std::mem::take(&mut self.since_cut);
+        let requeued = replay.len() as u64;
+        let ids: BTreeSet<ClosureId> = replay.keys().copied().collect();
+        self.finished.retain(|id| !ids.contains(id));
+        for (id, (function, args)) in replay.into_iter().rev() {
+            match self.closures.get_mut(&id) {
+                Some(c) => {
+                    assert!(
+                        matches!(c.state, ClosureState::Committed(_)),
+                        "LEDGER-1: a closure kept for rollback is committed"
+                    );
+                    c.state = ClosureState::Queued;
+                    c.args = args;
+                }
+                // Committed, then forgotten (finished_retained_max): known again.
+                None => {
+                    self.closures.insert(
+                        id,
+                        Closure {
+                            function,
+                            args,
+                            state: ClosureState::Queued,
+                            attempts: 0,
+                        },
+                    );
+                }
+            }
+            self.unfinished.insert(id);
+            self.queue.push_front(id);
+            self.ledger.committed -= 1;
+            self.ledger.pending += 1;
+            self.ledger.rolled_back += 1;
+        }
+        self.ledger.ps_restores += 1;
+        self.recovery = None;
+        self.dispatch(now);
+        Ok(requeued)
+    }
+
+    /// The restore asked for failed: the loss cannot be recovered; `join` fails naming the
+    /// server and what was queued fails as unavailable.
+    pub fn handle_restore_failed(&mut self, now: Instant, reason: String) {
+        if !self.recovery.as_ref().is_some_and(|r| r.restoring) {
+            return;
+        }
+        let ps = self.recovering_ps().unwrap_or(0);
+        self.fail_recovery(
+            ps,
+            format!("restoring from the checkpoint failed: {reason}"),
+        );
+        self.dispatch(now);
+    }
+
+    /// A checkpoint taken at `cut` (the next closure id then, with nothing pending) is durable:
+    /// a parameter-server recovery rolls back to it. Closures committed before it are no
+    /// longer kept for a rollback. Refused if a closure below `cut` is unfinished, `cut` is
+    /// beyond the ids given out, or a recovery is under way.
+    pub fn mark_cut(&mut self, cut: ClosureId) -> Result<(), String> {
+        if cut.0 > self.next_id {
+            return Err(format!(
+                "cut {} is beyond the next closure id {}",
+                cut.0, self.next_id
+            ));
+        }
+        if self.unfinished.first().is_some_and(|first| *first < cut) {
+            return Err(format!(
+                "closures below the cut {} are still pending: a checkpoint cut needs nothing pending",
+                cut.0
+            ));
+        }
+        if self.recovery.is_some() {
+            return Err("a parameter-server recovery is under way".into());
+        }
+        self.cut = Some(cut);
+        self.since_cut.retain(|id, _| *id >= cut);
+        self.retention_overflowed = self.since_cut.len() > self.config.rollback_retained_max;
+        Ok(())
+    }
+
+    /// The last checkpoint cut, if any.
+    pub fn cut(&self) -> Option<ClosureId> {
+        self.cut
+    }
+
+    /// Whether dispatch is held for a parameter-server recovery.
+    pub fn is_holding(&self) -> bool {
+        self.recovery.is_some()
+    }
+
+    /// Parameter servers not reachable now (to be dialled), by index.
+    pub fn ps_down(&self) -> Vec<u32> {
+        self.servers
+            .iter()
+            .filter(|(_, e)| !e.alive)
+            .map(|(ps, _)| *ps)
+            .collect()
+    }
+
+    /// The known incarnation of parameter server `ps`, and whether it is reachable.
+    pub fn ps_epoch(&self, ps: u32) -> Option<(u64, bool)> {
+        self.servers.get(&ps).map(|e| (e.epoch, e.alive))
+    }
+
     /// The low watermark: the smallest closure id not finished yet (queued, in flight or
     /// waiting to be re-dispatched), or the next id to be scheduled when every closure is
     /// finished. Every closure below it is committed or ended with an error and will never be
@@ -412,14 +714,37 @@ impl Scheduler {
 
     /// When the shell must call [`Scheduler::handle_timeout`] next, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.starved_since
-            .map(|since| since + self.config.no_worker_wait_max)
+        let starved = self
+            .starved_since
+            .map(|since| since + self.config.no_worker_wait_max);
+        let recovery = self
+            .recovery
+            .as_ref()
+            .map(|r| r.since + self.config.ps_restart_wait_max);
+        match (starved, recovery) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Time passed: pending work that has waited past the bound with no live worker fails as
     /// unavailable, so `join` neither hangs forever nor returns early.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let Some(deadline) = self.poll_timeout() else {
+        if let Some(r) = &self.recovery {
+            if now >= r.since + self.config.ps_restart_wait_max {
+                let ps = self.recovering_ps().unwrap_or(0);
+                let reason = format!(
+                    "it was not back and restored within {:?} (ps_restart_wait)",
+                    self.config.ps_restart_wait_max
+                );
+                self.fail_recovery(ps, reason);
+                self.dispatch(now);
+            }
+        }
+        let Some(deadline) = self
+            .starved_since
+            .map(|since| since + self.config.no_worker_wait_max)
+        else {
             return;
         };
         if now < deadline || self.live_workers() > 0 {
@@ -491,8 +816,10 @@ impl Scheduler {
     }
 
     fn dispatch(&mut self, now: Instant) {
+        self.advance_recovery();
         loop {
-            if self.queue.is_empty() {
+            // Dispatch is held while a parameter server is being recovered.
+            if self.queue.is_empty() || self.recovery.is_some() {
                 break;
             }
             let free = self
@@ -600,6 +927,125 @@ impl Scheduler {
         closure.0 < self.next_id && !self.closures.contains_key(&closure)
     }
 
+    fn is_current(
+        &self,
+        worker: u32,
+        epoch: WorkerEpoch,
+        closure: ClosureId,
+        attempt: u32,
+    ) -> bool {
+        let current = matches!(
+            self.closures.get(&closure).map(|c| &c.state),
+            Some(ClosureState::InFlight { worker: w, epoch: e, attempt: a }) if *w == worker && *e == epoch && *a == attempt
+        );
+        current
+            && self
+                .workers
+                .get(&worker)
+                .is_some_and(|w| w.alive && w.epoch == epoch)
+    }
+
+    /// The recovery under way, or a new one from `now`.
+    fn recovery(&mut self, now: Instant) -> &mut Recovery {
+        self.recovery.get_or_insert_with(|| Recovery {
+            since: now,
+            state_lost: BTreeSet::new(),
+            restoring: false,
+        })
+    }
+
+    /// The server a recovery is about: the first that lost its state, else the first down.
+    fn recovering_ps(&self) -> Option<u32> {
+        let r = self.recovery.as_ref()?;
+        r.state_lost
+            .first()
+            .copied()
+            .or_else(|| self.ps_down().first().copied())
+    }
+
+    /// Moves a recovery on: fails it at once if it cannot succeed; ends it when nothing was
+    /// lost; asks for the restore once every server is back and nothing is in flight.
+    fn advance_recovery(&mut self) {
+        let Some(r) = &self.recovery else { return };
+        if r.restoring {
+            return;
+        }
+        if let Some(&ps) = r.state_lost.first() {
+            if self.cut.is_none() {
+                let reason = "no checkpoint to restore it from; save checkpoints \
+                              (ClusterCoordinator::save_checkpoint) so that a lost parameter \
+                              server can be restored"
+                    .to_string();
+                self.fail_recovery(ps, reason);
+                return;
+            }
+            if self.retention_overflowed {
+                let reason = format!(
+                    "more than {} closures committed since the last checkpoint, too many to \
+                     run again after the rollback; checkpoint more often or raise \
+                     rollback_retained_max",
+                    self.config.rollback_retained_max
+                );
+                self.fail_recovery(ps, reason);
+                return;
+            }
+        }
+        let in_flight = self.workers.values().any(|w| !w.in_flight.is_empty());
+        if !self.ps_down().is_empty() || in_flight {
+            return;
+        }
+        let Some(r) = self.recovery.as_mut() else {
+            return;
+        };
+        match self.cut {
+            Some(cut) if !r.state_lost.is_empty() => {
+                r.restoring = true;
+                self.actions.push_back(SchedulerAction::Restore { cut });
+            }
+            // Every server answered as the incarnation it was: nothing was lost.
+            _ => self.recovery = None,
+        }
+    }
+
+    /// Ends a recovery that cannot succeed: `join` raises [`ClosureFailure::PsLost`] and what
+    /// was queued fails as unavailable; closures the server's absence fails later fail too
+    /// (never waiting), and the coordinator stays usable.
+    fn fail_recovery(&mut self, ps: u32, reason: String) {
+        if self.first_error.is_none() {
+            self.first_error = Some(ClosureFailure::PsLost {
+                ps,
+                reason: reason.clone(),
+            });
+        }
+        let lost = self
+            .recovery
+            .take()
+            .map(|r| r.state_lost)
+            .unwrap_or_default();
+        for server in lost.into_iter().chain([ps]) {
+            self.lost_for_good.insert(server, reason.clone());
+        }
+        while let Some(id) = self.queue.pop_front() {
+            self.fail_unavailable(id, format!("parameter server ps/{ps} lost: {reason}"));
+        }
+    }
+
+    /// Keeps a committing closure's function and arguments if it commits at or above the cut,
+    /// so that a rollback to the cut can run it again.
+    fn retain_for_rollback(&mut self, id: ClosureId) {
+        if self.cut.is_none_or(|cut| id < cut) {
+            return;
+        }
+        if self.since_cut.len() >= self.config.rollback_retained_max {
+            self.retention_overflowed = true;
+            return;
+        }
+        if let Some(c) = self.closures.get_mut(&id) {
+            let args = std::mem::take(&mut c.args);
+            self.since_cut.insert(id, (c.function.clone(), args));
+        }
+    }
+
     fn fail_unavailable(&mut self, id: ClosureId, reason: String) {
         let failure = ClosureFailure::Unavailable {
             closure: id,
@@ -626,6 +1072,10 @@ impl Scheduler {
 /// bound on a single `join` or `fetch` wait gives up.
 pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// The failure-detection budget [`SchedulerConfig::default`] derives its bounds from (the
+/// cluster configuration's default).
+const DEFAULT_DETECTION_BUDGET: Duration = Duration::from_secs(3);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,7 +1094,7 @@ mod tests {
                     attempt,
                     ..
                 } => Some((*worker, *closure, *attempt)),
-                SchedulerAction::Fence { .. } => None,
+                SchedulerAction::Fence { .. } | SchedulerAction::Restore { .. } => None,
             })
             .collect()
     }
@@ -876,9 +1326,43 @@ mod tests {
                 ..Default::default()
             });
             let mut epochs = [0u64; 3];
+            let mut ps_epochs = [1u64; 2];
+            for (ps, epoch) in ps_epochs.iter().enumerate() {
+                s.handle_ps_up(t, ps as u32, *epoch);
+            }
             let mut in_flight: Vec<(u32, u64, ClosureId, u32)> = Vec::new();
             for _ in 0..200 {
-                match rng.gen_range(0..6) {
+                match rng.gen_range(0..10) {
+                    // Parameter servers: lost, back (maybe as a new incarnation), a restore
+                    // answered, a checkpoint cut, a reported unavailability, the hold's bound.
+                    6 => {
+                        let ps = rng.gen_range(0..2);
+                        if rng.gen_bool(0.5) {
+                            s.handle_ps_lost(t, ps as u32, ps_epochs[ps]);
+                        } else {
+                            ps_epochs[ps] += u64::from(rng.gen_bool(0.5));
+                            s.handle_ps_up(t, ps as u32, ps_epochs[ps]);
+                        }
+                    }
+                    7 => {
+                        if let Some(cut) = s.cut() {
+                            if rng.gen_bool(0.8) {
+                                let _ = s.handle_restored(t, cut);
+                            } else {
+                                s.handle_restore_failed(t, "disk".into());
+                            }
+                        }
+                    }
+                    8 => {
+                        let _ = s.mark_cut(s.low_watermark());
+                    }
+                    9 if !in_flight.is_empty() => {
+                        let (w, e, c, a) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
+                        s.handle_ps_unavailable(t, w, e, c, a, rng.gen_range(0..2));
+                    }
+                    _ if rng.gen_bool(0.02) => {
+                        s.handle_timeout(t + Duration::from_secs(3600));
+                    }
                     0 => {
                         let _ = s.handle_schedule(t, "f", vec![]);
                     }
@@ -931,6 +1415,10 @@ mod tests {
                     }
                 }
                 assert!(s.ledger().balances(), "seed {seed}: {:?}", s.ledger());
+                // Nothing is dispatched while dispatch is held.
+                if s.is_holding() {
+                    assert!(s.poll_action().is_none(), "seed {seed}");
+                }
             }
         }
     }
@@ -1029,5 +1517,269 @@ mod tests {
         };
         resumed.resume(earlier, 10).unwrap();
         assert_eq!(resumed.low_watermark(), ClosureId(10));
+    }
+
+    /// A scheduler with workers 0 and 1 and parameter servers 0 and 1 (epoch 1 each), a cut
+    /// taken after `before` committed closures, then `after` more scheduled.
+    fn with_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>) {
+        let t = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.handle_worker_up(t, 0, 1);
+        s.handle_worker_up(t, 1, 1);
+        s.handle_ps_up(t, 0, 1);
+        s.handle_ps_up(t, 1, 1);
+        let mut ids = Vec::new();
+        for _ in 0..before {
+            let id = s.handle_schedule(t, "step", vec![ids.len() as u8]).unwrap();
+            run_all(&mut s);
+            ids.push(id);
+        }
+        s.mark_cut(ClosureId(s.next_closure_id())).unwrap();
+        for _ in 0..after {
+            ids.push(s.handle_schedule(t, "step", vec![ids.len() as u8]).unwrap());
+        }
+        (s, ids)
+    }
+
+    /// Commits everything dispatched so far.
+    fn run_all(s: &mut Scheduler) {
+        let t = Instant::now();
+        for a in drain(s) {
+            if let SchedulerAction::Dispatch {
+                worker,
+                epoch,
+                closure,
+                attempt,
+                ..
+            } = a
+            {
+                s.handle_result(t, worker, epoch, closure, attempt, Ok(vec![]));
+            }
+        }
+    }
+
+    #[test]
+    fn ledger_1_ps_lost_holds_dispatch_lets_in_flight_finish_then_restores_and_requeues() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(2, 4);
+        let actions = drain(&mut s);
+        assert_eq!(dispatched(&actions), vec![(0, ids[2], 1), (1, ids[3], 1)]);
+        s.handle_result(t, 0, 1, ids[2], 1, Ok(vec![]));
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[4], 1)]);
+        // ps/1 is declared dead: hold.
+        s.handle_ps_lost(t, 1, 1);
+        assert!(s.is_holding());
+        assert_eq!(s.ps_down(), vec![1]);
+        // In flight: ids[3] commits (its effect is rolled back later); ids[4] could not reach
+        // the server: queued again, counted as re-dispatched; nothing goes out.
+        s.handle_result(t, 1, 1, ids[3], 1, Ok(vec![]));
+        assert_eq!(
+            s.handle_ps_unavailable(t, 0, 1, ids[4], 1, 1),
+            ResultDisposition::PsUnavailable
+        );
+        assert!(drain(&mut s).is_empty(), "dispatch is held");
+        assert_eq!(s.state(ids[4]), Some(&ClosureState::Queued));
+        // The dead incarnation cannot come back (FENCE-1); the new one does.
+        s.handle_ps_up(t, 1, 1);
+        assert!(drain(&mut s).is_empty());
+        s.handle_ps_up(t, 1, 2);
+        let cut = ids[2];
+        assert_eq!(drain(&mut s), vec![SchedulerAction::Restore { cut }]);
+        assert!(s.is_holding());
+        // Restored: the closures committed since the cut run again, lowest first.
+        assert_eq!(s.handle_restored(t, cut), Ok(2));
+        assert!(s.handle_restored(t, cut).is_err(), "only once");
+        assert_eq!(
+            dispatched(&drain(&mut s)),
+            vec![(0, ids[2], 2), (1, ids[3], 2)]
+        );
+        assert_eq!(s.low_watermark(), ids[2]);
+        let l = s.ledger().clone();
+        assert_eq!(
+            (l.committed, l.rolled_back, l.redispatched, l.ps_restores),
+            (2, 2, 1, 1)
+        );
+        assert!(l.balances());
+        s.handle_result(t, 0, 1, ids[2], 2, Ok(vec![]));
+        s.handle_result(t, 1, 1, ids[3], 2, Ok(vec![]));
+        for _ in 0..4 {
+            run_all(&mut s);
+        }
+        assert!(s.is_idle() && s.take_error().is_none());
+        let l = s.ledger();
+        assert_eq!((l.scheduled, l.committed), (6, 6));
+        assert!(l.balances());
+    }
+
+    #[test]
+    fn a_ps_back_as_a_new_incarnation_unnoticed_is_a_loss_too() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(1, 1);
+        drain(&mut s);
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        // No death was declared, but ps/0 answers as a newer incarnation: its state is gone.
+        s.handle_ps_up(t, 0, 5);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedulerAction::Restore { cut: ids[1] }]
+        );
+        assert_eq!(s.handle_restored(t, ids[1]), Ok(1));
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[1], 2)]);
+    }
+
+    #[test]
+    fn a_worker_reported_ps_unavailability_that_was_transient_resumes_without_restore() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(0, 2);
+        drain(&mut s);
+        s.handle_ps_unavailable(t, 0, 1, ids[0], 1, 0);
+        assert_eq!(s.ps_down(), vec![0]);
+        s.handle_result(t, 1, 1, ids[1], 1, Ok(vec![]));
+        assert!(drain(&mut s).is_empty(), "held until ps/0 answers");
+        // The same incarnation answers: nothing was lost; PS-1 dedupes a partial push.
+        s.handle_ps_up(t, 0, 1);
+        assert!(!s.is_holding());
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[0], 2)]);
+        assert_eq!(s.ledger().ps_restores, 0);
+    }
+
+    #[test]
+    fn ps_lost_without_a_checkpoint_fails_join_naming_the_server_and_stays_usable() {
+        let t = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.handle_worker_up(t, 0, 1);
+        s.handle_ps_up(t, 0, 1);
+        s.handle_ps_up(t, 1, 1);
+        let a = s.handle_schedule(t, "step", vec![]).unwrap();
+        let b = s.handle_schedule(t, "step", vec![]).unwrap();
+        drain(&mut s);
+        s.handle_ps_lost(t, 1, 1);
+        assert!(
+            !s.is_holding(),
+            "nothing to wait for: it cannot be recovered"
+        );
+        assert!(matches!(
+            s.state(b),
+            Some(ClosureState::Failed(ClosureFailure::Unavailable { .. }))
+        ));
+        // The closure in flight fails for the server: unavailable, not run again.
+        assert_eq!(
+            s.handle_ps_unavailable(t, 0, 1, a, 1, 1),
+            ResultDisposition::Failed
+        );
+        assert!(s.is_idle());
+        let err = s.take_error().unwrap().to_string();
+        assert!(err.contains("ps/1") && err.contains("checkpoint"), "{err}");
+        assert!(s.ledger().balances());
+        // Usable: later work runs.
+        let c = s.handle_schedule(t, "step", vec![]).unwrap();
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, c, 1)]);
+    }
+
+    #[test]
+    fn a_ps_not_back_within_the_bound_fails_join_and_never_hangs() {
+        let t = Instant::now();
+        let bound = Duration::from_secs(30);
+        let (mut s, ids) = with_cut(1, 1);
+        s.config.ps_restart_wait_max = bound;
+        drain(&mut s);
+        s.handle_ps_lost(t, 0, 1);
+        assert_eq!(s.poll_timeout(), Some(t + bound));
+        s.handle_timeout(t + bound / 2);
+        assert!(s.is_holding());
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        let late = s.handle_schedule(t, "step", vec![]).unwrap();
+        s.handle_timeout(t + bound);
+        assert!(!s.is_holding() && s.is_idle());
+        assert!(matches!(
+            s.state(late),
+            Some(ClosureState::Failed(ClosureFailure::Unavailable { .. }))
+        ));
+        let err = s.take_error().unwrap().to_string();
+        assert!(err.contains("ps/0") && err.contains("within"), "{err}");
+        assert!(s.ledger().balances());
+    }
+
+    #[test]
+    fn a_failed_restore_or_an_overflowed_retention_fails_join() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(0, 1);
+        drain(&mut s);
+        s.handle_ps_lost(t, 0, 1);
+        s.handle_result(t, 0, 1, ids[0], 1, Ok(vec![]));
+        s.handle_ps_up(t, 0, 2);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedulerAction::Restore { cut: ids[0] }]
+        );
+        s.handle_restore_failed(t, "no valid checkpoint".into());
+        let err = s.take_error().unwrap().to_string();
+        assert!(err.contains("no valid checkpoint"), "{err}");
+        assert!(s.ledger().balances());
+
+        let mut s = Scheduler::new(SchedulerConfig {
+            rollback_retained_max: 1,
+            ..Default::default()
+        });
+        s.handle_worker_up(t, 0, 1);
+        s.handle_ps_up(t, 0, 1);
+        s.mark_cut(ClosureId(0)).unwrap();
+        for _ in 0..2 {
+            s.handle_schedule(t, "step", vec![]).unwrap();
+            run_all(&mut s);
+        }
+        s.handle_ps_lost(t, 0, 1);
+        assert!(!s.is_holding());
+        let err = s.take_error().unwrap().to_string();
+        assert!(err.contains("rollback_retained_max"), "{err}");
+    }
+
+    #[test]
+    fn a_cut_needs_nothing_pending_below_it() {
+        let t = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.handle_worker_up(t, 0, 1);
+        let a = s.handle_schedule(t, "step", vec![]).unwrap();
+        assert!(s.mark_cut(ClosureId(1)).is_err());
+        assert!(
+            s.mark_cut(ClosureId(2)).is_err(),
+            "beyond the ids given out"
+        );
+        drain(&mut s);
+        s.handle_result(t, 0, 1, a, 1, Ok(vec![]));
+        s.mark_cut(ClosureId(1)).unwrap();
+        assert_eq!(s.cut(), Some(ClosureId(1)));
+    }
+
+    #[test]
+    fn a_rolled_back_closure_that_was_forgotten_is_known_again() {
+        let t = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig {
+            finished_retained_max: 1,
+            ..Default::default()
+        });
+        s.handle_worker_up(t, 0, 1);
+        s.handle_ps_up(t, 0, 1);
+        s.mark_cut(ClosureId(0)).unwrap();
+        let ids: Vec<_> = (0..3u8)
+            .map(|i| {
+                let id = s.handle_schedule(t, "step", vec![i]).unwrap();
+                run_all(&mut s);
+                id
+            })
+            .collect();
+        assert!(s.is_forgotten(ids[0]));
+        s.handle_ps_up(t, 0, 2);
+        drain(&mut s);
+        assert_eq!(s.handle_restored(t, ClosureId(0)), Ok(3));
+        let again: Vec<_> = drain(&mut s)
+            .into_iter()
+            .filter_map(|a| match a {
+                SchedulerAction::Dispatch { closure, args, .. } => Some((closure, args)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(again, vec![(ids[0], vec![0])]);
+        assert!(s.ledger().balances());
     }
 }

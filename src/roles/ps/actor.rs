@@ -1,5 +1,13 @@
 //! The parameter server's actix shell: decodes gateway messages into [`ParameterStore`] calls
 //! and encodes the replies. All decisions are the machine's.
+//!
+//! A server that holds no variable at all (a restarted one, before the coordinator restored
+//! it) refuses reads and pushes at the gateway as unavailable, so that a worker sees the
+//! server's failure (retryable, the coordinator holds dispatch and restores it), never a
+//! closure error about a missing variable.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use actix::prelude::*;
 use bytes::Bytes;
@@ -10,33 +18,49 @@ use crate::nn::Initializer;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    blob, blob_u64, bytes_to_f32, f32_blob, f32_vec_blob, f32_view, u64_view, CreateVariable,
-    FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply, Pull, PullRows, Push, PushReply,
-    RestoreVariable, ShardState, Snapshot, WireGradient, PS_ACTOR,
+    blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, f32_view, u64_view,
+    CreateVariable, FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply, Pull, PullRows,
+    Push, PushReply, RestoreVariable, RollBack, ShardState, Snapshot, WireGradient, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
 pub struct PsActor {
     store: ParameterStore,
     gateway: Gateway,
+    /// Whether the store holds any variable (read by the gateway's handlers).
+    serving: Arc<AtomicBool>,
 }
 
 impl PsActor {
     /// Starts the actor and registers it with `gateway` under [`PS_ACTOR`].
     pub fn start(store: ParameterStore, gateway: Gateway) -> Result<Addr<PsActor>, RegisterError> {
+        let serving = Arc::new(AtomicBool::new(store.variables().next().is_some()));
         let addr = PsActor {
             store,
             gateway: gateway.clone(),
+            serving: Arc::clone(&serving),
         }
         .start();
         gateway.register::<CreateVariable>(PS_ACTOR, addr.clone().recipient())?;
         gateway.register::<RestoreVariable>(PS_ACTOR, addr.clone().recipient())?;
-        register_with_blobs::<Pull>(&gateway, &addr)?;
-        register_with_blobs::<PullRows>(&gateway, &addr)?;
-        gateway.register::<Push>(PS_ACTOR, addr.clone().recipient())?;
+        register_with_blobs::<Pull>(&gateway, &addr, &serving)?;
+        register_with_blobs::<PullRows>(&gateway, &addr, &serving)?;
+        let push_addr = addr.clone();
+        let push_serving = Arc::clone(&serving);
+        gateway.register_fn::<Push, _, _>(PS_ACTOR, move |m: Remote<Push>| {
+            let addr = push_addr.clone();
+            let serving = check_serving(&push_serving);
+            async move {
+                serving?;
+                addr.send(m)
+                    .await
+                    .map_err(|_| RefusedReason::ActorUnavailable(PS_ACTOR.into()))
+            }
+        })?;
         gateway.register::<FenceWorker>(PS_ACTOR, addr.clone().recipient())?;
         gateway.register::<FinishedBelow>(PS_ACTOR, addr.clone().recipient())?;
-        register_with_blobs::<Snapshot>(&gateway, &addr)?;
+        gateway.register::<RollBack>(PS_ACTOR, addr.clone().recipient())?;
+        register_with_blobs::<Snapshot>(&gateway, &addr, &serving)?;
         gateway.register::<PsStats>(PS_ACTOR, addr.clone().recipient())?;
         Ok(addr)
     }
@@ -62,6 +86,7 @@ impl Handler<Remote<CreateVariable>> for PsActor {
                 .handle_create(&name, shape, values)
                 .map_err(|e| e.to_string())
         });
+        self.note_serving();
         MessageResult(result)
     }
 }
@@ -73,22 +98,62 @@ impl<M: RemoteMessage> Message for WithBlobs<M> {
     type Result = (M::Reply, Vec<Bytes>);
 }
 
-/// Registers `M` with a handler that asks the actor and answers its reply and blobs.
-fn register_with_blobs<M>(gateway: &Gateway, addr: &Addr<PsActor>) -> Result<(), RegisterError>
+/// Registers `M` with a handler that asks the actor and answers its reply and blobs; refused
+/// as unavailable while the server holds no variable.
+fn register_with_blobs<M>(
+    gateway: &Gateway,
+    addr: &Addr<PsActor>,
+    serving: &Arc<AtomicBool>,
+) -> Result<(), RegisterError>
 where
     M: RemoteMessage,
     M::Reply: Send,
     PsActor: Handler<WithBlobs<M>>,
 {
     let addr = addr.clone();
+    let serving = Arc::clone(serving);
     gateway.register_fn_with_blobs::<M, _, _>(PS_ACTOR, move |m: Remote<M>| {
         let addr = addr.clone();
+        let serving = check_serving(&serving);
         async move {
+            serving?;
             addr.send(WithBlobs(m))
                 .await
                 .map_err(|_| RefusedReason::ActorUnavailable(PS_ACTOR.into()))
         }
     })
+}
+
+/// Refuses a read or push while the server holds no variable: it restarted and the
+/// coordinator has not restored it yet (the worker then reports the server unavailable).
+fn check_serving(serving: &AtomicBool) -> Result<(), RefusedReason> {
+    if serving.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    Err(RefusedReason::ActorUnavailable(format!(
+        "{PS_ACTOR} (holds no variable: restarted and not restored yet)"
+    )))
+}
+
+impl PsActor {
+    fn note_serving(&self) {
+        if self.store.variables().next().is_some() {
+            self.serving.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Handler<Remote<RollBack>> for PsActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Remote<RollBack>, _: &mut Context<Self>) {
+        tracing::info!(
+            "rolled back to the checkpoint cut at closure {} (PS-1 state reset)",
+            msg.msg.finished_below
+        );
+        self.store
+            .handle_roll_back(ClosureId(msg.msg.finished_below));
+    }
 }
 
 impl Handler<Remote<RestoreVariable>> for PsActor {
@@ -126,6 +191,7 @@ impl Handler<Remote<RestoreVariable>> for PsActor {
                 .handle_restore(&name, shape, values, slots, steps)
                 .map_err(|e| e.to_string())
         })();
+        self.note_serving();
         MessageResult(result)
     }
 }
@@ -146,7 +212,7 @@ impl Handler<WithBlobs<Pull>> for PsActor {
         }
         let pulled = names
             .iter()
-            .map(|name| self.store.pull(name).map(f32_blob))
+            .map(|name| self.store.pull_shared(name).map(f32_shared_blob))
             .collect::<Result<Vec<_>, _>>();
         MessageResult(match pulled {
             Ok(blobs) => (Ok(()), blobs),

@@ -12,8 +12,11 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use crate::optim::{NonFinitePolicy, OptimError, Optimizer, Screen, Slots, UpdateOutcome};
+use crate::optim::{
+    first_non_finite, NonFinitePolicy, OptimError, Optimizer, Screen, Slots, UpdateOutcome,
+};
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
 
 /// One gradient in a push. It borrows the received message where it can (a push of
@@ -155,7 +158,9 @@ pub enum PsError {
 #[derive(Debug, Clone)]
 pub struct StoredVariable {
     shape: Vec<usize>,
-    values: Vec<f32>,
+    /// Shared with pull replies still in flight (zero-copy); an update copies it first only if
+    /// one still holds it (`Arc::make_mut`), so a reply never sees a later update.
+    values: Arc<Vec<f32>>,
     slots: Slots,
     steps: u64,
 }
@@ -199,7 +204,9 @@ impl StoredVariable {
 /// 2. `handle_fence(worker, epoch)` when the coordinator declares a worker incarnation lost,
 ///    and `handle_finished_below(closure)` when it says which closures are finished for good;
 /// 3. `pull`/`pull_rows` to read values, `handle_push` to apply gradients;
-/// 4. `counters()`/`variables()` for checkpoints, tests and the run summary.
+/// 4. `counters()`/`variables()` for checkpoints, tests and the run summary;
+/// 5. after a parameter-server recovery, `handle_restore` for every shard, then
+///    `handle_roll_back(cut)`.
 #[derive(Debug)]
 pub struct ParameterStore {
     optimizer: Optimizer,
@@ -264,7 +271,7 @@ impl ParameterStore {
             name.into(),
             StoredVariable {
                 shape,
-                values: initial,
+                values: Arc::new(initial),
                 slots,
                 steps: 0,
             },
@@ -309,7 +316,7 @@ impl ParameterStore {
             name.into(),
             StoredVariable {
                 shape,
-                values,
+                values: Arc::new(values),
                 slots,
                 steps,
             },
@@ -326,6 +333,11 @@ impl ParameterStore {
     /// The whole value of a variable.
     pub fn pull(&self, name: &str) -> Result<&[f32], PsError> {
         self.variable(name).map(StoredVariable::values)
+    }
+
+    /// The whole value of a shard, shared rather than copied: what a pull reply sends.
+    pub fn pull_shared(&self, name: &str) -> Result<Arc<Vec<f32>>, PsError> {
+        self.variable(name).map(|var| Arc::clone(&var.values))
     }
 
     /// Some rows of a `[rows, width]` variable, concatenated in the order of `ids`.
@@ -394,10 +406,9 @@ impl ParameterStore {
             return Err(err);
         }
         let first_non_finite = gradients.iter().find_map(|(name, g)| match g {
-            Gradient::Dense(values) | Gradient::Rows { values, .. } => values
-                .iter()
-                .position(|v| !v.is_finite())
-                .map(|index| (name, index, values[index])),
+            Gradient::Dense(values) | Gradient::Rows { values, .. } => {
+                first_non_finite(values).map(|index| (name, index, values[index]))
+            }
         });
         if let Some((name, index, value)) = first_non_finite {
             match self.optimizer.non_finite_policy() {
@@ -425,7 +436,7 @@ impl ParameterStore {
             let outcome = match gradient {
                 // Screened above, all gradients at once (all or nothing): not again here.
                 Gradient::Dense(values) => self.optimizer.apply_dense_with(
-                    &mut var.values,
+                    Arc::make_mut(&mut var.values).as_mut_slice(),
                     values,
                     &mut var.slots,
                     step,
@@ -434,7 +445,7 @@ impl ParameterStore {
                 Gradient::Rows { ids, values } => {
                     let width = var.shape[1];
                     self.optimizer.apply_rows_with(
-                        &mut var.values,
+                        Arc::make_mut(&mut var.values).as_mut_slice(),
                         width,
                         ids,
                         values,
@@ -511,6 +522,17 @@ impl ParameterStore {
         if let Some(last) = dropped.last() {
             self.pruned_next_free = self.pruned_next_free.max(last.0.saturating_add(1));
         }
+    }
+
+    /// PS-1 back to a checkpoint's cut, after the coordinator restored every variable from
+    /// it: no closure at or above `cut` had applied then, so the ids kept as applied are
+    /// dropped and the low watermark becomes `cut`, even if lower than the one known (the
+    /// closures committed after the cut are run again and must apply once more). Fences stay:
+    /// a fenced incarnation stays fenced (FENCE-1).
+    pub fn handle_roll_back(&mut self, cut: ClosureId) {
+        self.applied_closures.clear();
+        self.finished_below = cut;
+        self.pruned_next_free = cut.0;
     }
 
     /// The low watermark known here (see [`Self::handle_finished_below`]).

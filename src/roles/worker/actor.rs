@@ -6,7 +6,9 @@
 //!
 //! A job the worker cannot take (queue full, compute thread gone) is refused with a typed
 //! [`WorkerRefusal`], never reported as the closure's own error: the coordinator then runs the
-//! closure elsewhere and retires this incarnation.
+//! closure elsewhere and retires this incarnation. A closure that failed because a parameter
+//! server was unavailable is reported as [`RunClosureError::PsUnavailable`] (retryable), not
+//! as the closure's error.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,7 +24,8 @@ use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
 use crate::program::Program;
 use crate::roles::protocol::{
-    DatasetPositions, RunClosure, RunClosureError, SetupWorker, WorkerRefusal, WORKER_ACTOR,
+    DatasetPositions, PsUnavailable, RewindWorker, RunClosure, RunClosureError, SetupWorker,
+    WorkerRefusal, WORKER_ACTOR,
 };
 use crate::variable::ShardLayout;
 
@@ -30,8 +33,14 @@ use crate::variable::ShardLayout;
 pub enum WorkerJob {
     /// Rebuild layouts and datasets.
     Setup(SetupWorker, oneshot::Sender<Result<(), String>>),
-    /// Run one closure.
-    Run(RunClosure, oneshot::Sender<Result<Vec<u8>, String>>),
+    /// Run one closure: its value, or the parameter server it could not reach, or its error.
+    Run(
+        RunClosure,
+        oneshot::Sender<Result<Result<Vec<u8>, PsUnavailable>, String>>,
+    ),
+    /// Rebuild every dataset from the start (skipping to the positions given): after a
+    /// parameter-server recovery rolled the variables back to a checkpoint.
+    Rewind(SetupWorker, oneshot::Sender<Result<(), String>>),
     /// Report how far each dataset has been read.
     Positions(oneshot::Sender<Result<Vec<(String, u64)>, String>>),
 }
@@ -51,6 +60,7 @@ impl WorkerActor {
         gateway.register::<SetupWorker>(WORKER_ACTOR, addr.clone().recipient())?;
         gateway.register::<RunClosure>(WORKER_ACTOR, addr.clone().recipient())?;
         gateway.register::<DatasetPositions>(WORKER_ACTOR, addr.clone().recipient())?;
+        gateway.register::<RewindWorker>(WORKER_ACTOR, addr.clone().recipient())?;
         Ok(addr)
     }
 
@@ -100,6 +110,14 @@ impl Handler<Remote<SetupWorker>> for WorkerActor {
     }
 }
 
+impl Handler<Remote<RewindWorker>> for WorkerActor {
+    type Result = ResponseFuture<Result<(), String>>;
+
+    fn handle(&mut self, msg: Remote<RewindWorker>, _: &mut Context<Self>) -> Self::Result {
+        self.submit_as_text(|tx| WorkerJob::Rewind(msg.msg.setup, tx))
+    }
+}
+
 impl Handler<Remote<DatasetPositions>> for WorkerActor {
     type Result = ResponseFuture<Result<Vec<(String, u64)>, String>>;
 
@@ -115,7 +133,9 @@ impl Handler<Remote<RunClosure>> for WorkerActor {
         let reply = self.submit(|tx| WorkerJob::Run(msg.msg, tx));
         Box::pin(async move {
             match reply.await {
-                Ok(outcome) => outcome.map_err(RunClosureError::Step),
+                Ok(Ok(Ok(value))) => Ok(value),
+                Ok(Ok(Err(unavailable))) => Err(RunClosureError::PsUnavailable(unavailable)),
+                Ok(Err(message)) => Err(RunClosureError::Step(message)),
                 Err(refusal) => Err(RunClosureError::Refused(refusal)),
             }
         })
@@ -151,6 +171,10 @@ pub fn run_worker_thread(
             }
             WorkerJob::Run(run, reply) => {
                 let _ = reply.send(state.run(run));
+            }
+            WorkerJob::Rewind(setup, reply) => {
+                state.datasets.clear();
+                let _ = reply.send(state.setup(setup));
             }
             WorkerJob::Positions(reply) => {
                 let positions = state
@@ -227,7 +251,7 @@ impl ComputeState {
         Ok(())
     }
 
-    fn run(&mut self, run: RunClosure) -> Result<Vec<u8>, String> {
+    fn run(&mut self, run: RunClosure) -> Result<Result<Vec<u8>, PsUnavailable>, String> {
         let step = self
             .program
             .step_fn(&run.function)
@@ -251,17 +275,24 @@ impl ComputeState {
                     panic_message(&panic)
                 )))
             });
-        let value = outcome.map_err(|e| format!("{}: {e}", run.function))?;
+        let value = match outcome {
+            Ok(value) => value,
+            Err(StepError::PsUnavailable(unavailable)) => return Ok(Err(unavailable)),
+            Err(e) => return Err(format!("{}: {e}", run.function)),
+        };
         let pending = std::mem::take(&mut ctx.pending);
         let computed = started.elapsed();
         if !pending.is_empty() {
-            self.client
-                .push(
-                    &self.layouts,
-                    (self.worker, self.epoch, run.closure, run.attempt),
-                    pending,
-                )
-                .map_err(|e| format!("{}: {e}", run.function))?;
+            let pushed = self.client.push(
+                &self.layouts,
+                (self.worker, self.epoch, run.closure, run.attempt),
+                pending,
+            );
+            match pushed {
+                Ok(_) => {}
+                Err(StepError::PsUnavailable(unavailable)) => return Ok(Err(unavailable)),
+                Err(e) => return Err(format!("{}: {e}", run.function)),
+            }
         }
         tracing::debug!(
             "closure {} ({}): step {:.2} ms, push {:.2} ms",
@@ -270,7 +301,7 @@ impl ComputeState {
             computed.as_secs_f64() * 1e3,
             (started.elapsed() - computed).as_secs_f64() * 1e3
         );
-        Ok(value)
+        Ok(Ok(value))
     }
 }
 

@@ -13,6 +13,7 @@ use tokio::runtime::Handle;
 use super::{PendingGradient, StepError};
 use bytes::Bytes;
 
+use crate::optim::first_non_finite;
 use crate::roles::protocol::{
     blob, decode_f32_into, f32_vec_blob, f32_view, u64_vec_blob, Pull, PullRows, Push, PushReply,
     WireGradient, PS_ACTOR,
@@ -51,11 +52,10 @@ impl PsClient {
     }
 
     /// The whole values of several variables: one request per parameter server, all at
-    /// once, naming every shard it holds among them; each reply is decoded straight into
-    /// place.
+    /// once, naming every shard it holds among them; each variable is assembled from the
+    /// replies with one copy.
     pub fn pull_many(&self, layouts: &[&ShardLayout]) -> Result<Vec<Vec<f32>>, StepError> {
-        // Per server: the shard names it is asked for and, for each, (variable, shard).
-        let mut per_ps: BTreeMap<u32, (Vec<String>, Vec<(usize, usize)>)> = BTreeMap::new();
+        let mut per_ps: BTreeMap<u32, ShardRequest> = BTreeMap::new();
         for (v, layout) in layouts.iter().enumerate() {
             for (i, shard) in layout.shards.iter().enumerate() {
                 let entry = per_ps.entry(shard.ps).or_default();
@@ -169,7 +169,7 @@ impl PsClient {
                     }
                     for shard in &layout.shards {
                         let part = &values[shard.rows.start * width..shard.rows.end * width];
-                        if part.iter().any(|v| !v.is_finite()) {
+                        if first_non_finite(part).is_some() {
                             non_finite.insert(shard.ps);
                         }
                     }
@@ -197,7 +197,7 @@ impl PsClient {
                         for pos in positions {
                             part.extend_from_slice(&values[pos * width..(pos + 1) * width]);
                         }
-                        if part.iter().any(|v| !v.is_finite()) {
+                        if first_non_finite(&part).is_some() {
                             non_finite.insert(layout.shards[shard].ps);
                         }
                         let entry = per_ps.entry(layout.shards[shard].ps).or_default();
@@ -243,7 +243,7 @@ impl PsClient {
 
     /// Sends every `(ps, message, blobs)` concurrently and waits for all replies (with their
     /// blobs), in order.
-    fn call_all<M: RemoteMessage>(
+    fn call_all<M: RemoteMessage + Sync>(
         &self,
         calls: Vec<(u32, M, Vec<Bytes>)>,
     ) -> Result<Vec<WithBlobs<M::Reply>>, StepError> {
@@ -259,7 +259,10 @@ impl PsClient {
             .collect::<Result<Vec<_>, StepError>>()?;
         let gateway = self.gateway.clone();
         let servers = self.servers.clone();
-        self.runtime.block_on(async move {
+        // The calls run as a task of the node's runtime, next to the connection that carries
+        // them: reading a reply chunk by chunk there costs no thread switch per chunk, and
+        // this compute thread wakes once, when every reply is in.
+        let calls = self.runtime.spawn(async move {
             let futures = refs.into_iter().zip(calls).map(|(r, (ps, msg, blobs))| {
                 let gateway = gateway.clone();
                 let (node, addr) = servers[ps as usize].clone();
@@ -269,15 +272,18 @@ impl PsClient {
                         None => gateway
                             .resolve::<M>(addr, &node, PS_ACTOR)
                             .await
-                            .map_err(|e| StepError::Ps(e.to_string()))?,
+                            .map_err(|e| StepError::from_ps_call(ps, e))?,
                     };
                     r.call_with_blobs(&msg, blobs)
                         .await
-                        .map_err(|e| StepError::Ps(e.to_string()))
+                        .map_err(|e| StepError::from_ps_call(ps, e))
                 }
             });
             futures::future::try_join_all(futures).await
-        })
+        });
+        self.runtime
+            .block_on(calls)
+            .map_err(|e| StepError::Ps(format!("parameter-server calls did not finish: {e}")))?
     }
 
     /// A reference to the PS actor on `node` if the gateway already knows its live incarnation.
@@ -291,6 +297,10 @@ impl PsClient {
         })
     }
 }
+
+/// What one server is asked for in a pull: the shard names and, for each, (variable index,
+/// shard index).
+type ShardRequest = (Vec<String>, Vec<(usize, usize)>);
 
 /// A reply and the blobs that came with it.
 type WithBlobs<R> = (R, Vec<Bytes>);

@@ -22,7 +22,8 @@ pub use client::{PsClient, PushSummary};
 pub use model::{PsModel, PushedGradient, TrainReport};
 
 /// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
-/// `join`/`fetch` as that error.
+/// `join`/`fetch` as that error, except [`StepError::PsUnavailable`], which is the server's
+/// failure: the coordinator runs the closure again once the server is back (and restored).
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     /// The step named a variable the chief did not create.
@@ -43,6 +44,33 @@ pub enum StepError {
     /// Bad arguments or any other failure of the step itself.
     #[error("{0}")]
     Step(String),
+    /// A parameter server could not be reached, or had lost its state (restarted, not
+    /// restored yet). Retryable: a step should pass it on with `?`.
+    #[error(transparent)]
+    PsUnavailable(#[from] crate::roles::protocol::PsUnavailable),
+}
+
+impl StepError {
+    /// What a failed remote call to parameter server `ps` means for a step: the server
+    /// unreachable, gone, or restarted without its state is [`StepError::PsUnavailable`];
+    /// anything else (a message that failed to encode, a refusal for another reason) is
+    /// [`StepError::Ps`].
+    pub fn from_ps_call(ps: u32, error: cohort_actors::RemoteError) -> Self {
+        use cohort_actors::{RefusedReason, RemoteError};
+        match &error {
+            RemoteError::Timeout { .. }
+            | RemoteError::PeerLost { .. }
+            | RemoteError::Stale { .. }
+            | RemoteError::Refused {
+                reason: RefusedReason::ActorUnavailable(_) | RefusedReason::NoSuchActor(_),
+                ..
+            } => StepError::PsUnavailable(crate::roles::protocol::PsUnavailable {
+                ps,
+                reason: error.to_string(),
+            }),
+            _ => StepError::Ps(error.to_string()),
+        }
+    }
 }
 
 impl From<crate::nn::NnError> for StepError {

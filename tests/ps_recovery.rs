@@ -1,0 +1,156 @@
+//! Parameter-server recovery across real processes (DESIGN §5, PS-1, LEDGER-1): the chief
+//! SIGKILLs ps/1 while closures are in flight; the launcher restarts it empty.
+//!
+//! - With checkpoints every few closures, the coordinator holds dispatch, restores every
+//!   server from the last checkpoint, runs again what committed since, and training completes.
+//!   The model counts: every closure pushes a gradient of -1 to a scalar on each server under
+//!   SGD with learning rate 1, so each final value must equal the number of closures scheduled:
+//!   every closure's effect present exactly once after the rollback.
+//! - With no checkpoint, `join` fails with an error naming the server and checkpointing, the
+//!   coordinator stays usable, and nothing hangs.
+
+mod ps_support;
+
+use std::time::{Duration, Instant};
+
+use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
+use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
+use nix::sys::signal::Signal;
+use ps_support::{child_dir, ledger_and_stats, scenario, write_report, Run};
+
+/// Closures between two checkpoints.
+const CHUNK: usize = 6;
+/// Chunks scheduled in all; ps/1 is killed during chunk [`KILL_CHUNK`].
+const CHUNKS: usize = 5;
+const KILL_CHUNK: usize = 2;
+/// The PID file ps/1's first incarnation writes.
+const PS_PID_FILE: &str = "ps1.pid";
+
+/// Child mode: run this process's role of the test program (ps/1 first records its PID, once).
+#[test]
+fn cluster_task() {
+    if ps_support::is_child() {
+        let task = cohort::cluster::ClusterConfig::from_env()
+            .ok()
+            .flatten()
+            .map(|c| c.task.to_string());
+        if task.as_deref() == Some("ps/1") {
+            ps_support::claim_pid_file(PS_PID_FILE, "ps/1");
+        }
+    }
+    ps_support::run_if_child(program);
+}
+
+/// `a` lives on ps/0 and `b` on ps/1 (round-robin); every closure reads both and pushes -1 to
+/// each, so under SGD(1) each counts the closures whose effect is present.
+fn program() -> Program {
+    Program::new("ps-recovery-test")
+        .optimizer(cohort::optim::Optimizer::sgd(1.0))
+        .step("count", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+            ctx.pull_many(&["a", "b"])?;
+            ctx.push_dense("a", vec![-1.0])?;
+            ctx.push_dense("b", vec![-1.0])?;
+            Ok(Vec::new())
+        })
+        .chief(|coordinator| {
+            coordinator.create_variable(VariableSpec::zeros("a", vec![1]))?;
+            coordinator.create_variable(VariableSpec::zeros("b", vec![1]))?;
+            coordinator.wait_for_workers(2, Duration::from_secs(30))?;
+            let checkpointing = scenario() == "recover";
+            let policy = CheckpointPolicy {
+                save_every_steps: None,
+                save_every: None,
+                keep_last: 2,
+            };
+            let mut manager =
+                CheckpointManager::new(child_dir().join("ckpt"), policy, Instant::now())
+                    .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+            let mut report = serde_json::json!({});
+            let mut scheduled = 0u64;
+            for chunk in 0..CHUNKS {
+                let values = (0..CHUNK)
+                    .map(|_| coordinator.schedule("count", Vec::new()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                scheduled += CHUNK as u64;
+                if chunk == KILL_CHUNK {
+                    // Some closures committed past the last checkpoint, others in flight or
+                    // queued: now ps/1 dies.
+                    coordinator.fetch(&values[1])?;
+                    kill_ps1()?;
+                    report["killed_after"] = serde_json::json!(scheduled);
+                }
+                let joined = coordinator.join();
+                if let Err(e) = joined {
+                    report["join_error"] = serde_json::json!(e.to_string());
+                    report["done_after_error"] = serde_json::json!(coordinator.done()?);
+                    report["after"] = ledger_and_stats(coordinator)?;
+                    return write_report(&report);
+                }
+                if checkpointing {
+                    coordinator.save_checkpoint(&mut manager, scheduled)?;
+                }
+            }
+            report["scheduled"] = serde_json::json!(scheduled);
+            report["a"] = serde_json::json!(value(coordinator, "a")?);
+            report["b"] = serde_json::json!(value(coordinator, "b")?);
+            report["after"] = ledger_and_stats(coordinator)?;
+            write_report(&report)
+        })
+}
+
+fn value(coordinator: &ClusterCoordinator, name: &str) -> Result<f32, CoordinatorError> {
+    Ok(coordinator.read_variable(name)?[0])
+}
+
+/// SIGKILLs ps/1's first incarnation (its PID file is written before it serves anything).
+fn kill_ps1() -> Result<(), CoordinatorError> {
+    let path = child_dir().join(PS_PID_FILE);
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let pid = ps_support::wait_for_pid(&path, &never)
+        .ok_or_else(|| CoordinatorError::Other("ps/1 wrote no PID file".into()))?;
+    ps_support::signal(pid, Signal::SIGKILL);
+    Ok(())
+}
+
+#[test]
+fn ps_1_ledger_1_a_killed_ps_is_restored_with_the_others_and_every_effect_is_present_once() {
+    let run = Run::new("ps-recovery", "recover", &[]);
+    let report = run.launch();
+    let ledger = &report["after"]["ledger"];
+    let scheduled = (CHUNK * CHUNKS) as f32;
+    assert_eq!(
+        report["scheduled"].as_f64(),
+        Some(f64::from(scheduled)),
+        "{report}"
+    );
+    // Every scheduled closure's effect, exactly once, on the restarted server and the
+    // survivor alike (-lr * -1 per closure).
+    assert_eq!(report["a"].as_f64(), Some(f64::from(scheduled)), "{report}");
+    assert_eq!(report["b"].as_f64(), Some(f64::from(scheduled)), "{report}");
+    assert_eq!(ledger["balances"], true, "{report}");
+    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    assert_eq!(ledger["pending"], 0, "{report}");
+    assert!(
+        ledger["ps_restores"].as_u64() >= Some(1),
+        "the recovery is reported: {report}"
+    );
+    assert!(
+        ledger["rolled_back"].as_u64() >= Some(1),
+        "a closure committed after the checkpoint was run again: {report}"
+    );
+}
+
+#[test]
+fn a_killed_ps_without_a_checkpoint_fails_join_clearly_and_nothing_hangs() {
+    let run = Run::new("ps-recovery-none", "no-checkpoint", &[]);
+    let report = run.launch();
+    let error = report["join_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("join was to fail: {report}"));
+    assert!(
+        error.contains("ps/1") && error.contains("checkpoint"),
+        "the error names the server and checkpointing: {error}"
+    );
+    assert_eq!(report["done_after_error"], true, "{report}");
+    assert_eq!(report["after"]["ledger"]["balances"], true, "{report}");
+}
