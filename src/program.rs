@@ -35,6 +35,7 @@ use crate::optim::Optimizer;
 pub use crate::roles::coordinator::{
     ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec,
 };
+pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::worker::{StepContext, StepError};
 
 /// Builds a worker's dataset for its input pipeline.
@@ -45,6 +46,8 @@ pub type StepFn =
 /// The chief's training loop.
 pub type ChiefFn =
     Arc<dyn Fn(&mut ClusterCoordinator) -> Result<(), CoordinatorError> + Send + Sync>;
+/// The evaluator's function: the variables of one checkpoint in, named metrics out.
+pub type EvalFn = Arc<dyn Fn(&CheckpointVariables) -> Result<Metrics, EvalError> + Send + Sync>;
 
 /// The registered functions of one job.
 #[derive(Clone)]
@@ -53,6 +56,7 @@ pub struct Program {
     datasets: BTreeMap<String, DatasetFn>,
     steps: BTreeMap<String, StepFn>,
     chief: Option<ChiefFn>,
+    evaluator: Option<EvalFn>,
     optimizer: Optimizer,
 }
 
@@ -62,6 +66,7 @@ impl fmt::Debug for Program {
             .field("name", &self.name)
             .field("datasets", &self.datasets.keys().collect::<Vec<_>>())
             .field("steps", &self.steps.keys().collect::<Vec<_>>())
+            .field("evaluator", &self.evaluator.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -74,6 +79,7 @@ impl Program {
             datasets: BTreeMap::new(),
             steps: BTreeMap::new(),
             chief: None,
+            evaluator: None,
             optimizer: Optimizer::sgd(0.01),
         }
     }
@@ -107,6 +113,32 @@ impl Program {
         self
     }
 
+    /// Sets the evaluation function run by an `evaluator` task (TensorFlow's sidecar
+    /// evaluator; see [`crate::roles::evaluator`]). That task does not join training: it
+    /// watches `checkpoint_dir` and calls `f` once for each newer checkpoint that verifies,
+    /// with that checkpoint's step and whole variables (parts from every parameter server put
+    /// back together; optimizer slots left out), then prints the returned metrics as one line
+    /// `[evaluator] step N: name=value ...`. An error or a panic from `f` ends the evaluator
+    /// with exit code 1.
+    ///
+    /// ```
+    /// use cohort::program::{CheckpointVariables, EvalError, Program};
+    ///
+    /// let program = Program::new("my-job").evaluator(|vars: &CheckpointVariables| {
+    ///     let w = vars.f32("w")?;
+    ///     let norm = w.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    ///     Ok::<_, EvalError>(vec![("w_norm".to_string(), norm)])
+    /// });
+    /// assert!(program.evaluator_fn().is_some());
+    /// ```
+    pub fn evaluator(
+        mut self,
+        f: impl Fn(&CheckpointVariables) -> Result<Metrics, EvalError> + Send + Sync + 'static,
+    ) -> Self {
+        self.evaluator = Some(Arc::new(f));
+        self
+    }
+
     /// The optimizer the parameter servers apply pushes with (default: SGD, rate 0.01).
     pub fn optimizer(mut self, optimizer: Optimizer) -> Self {
         self.optimizer = optimizer;
@@ -137,6 +169,11 @@ impl Program {
     pub fn chief_fn(&self) -> Option<&ChiefFn> {
         self.chief.as_ref()
     }
+
+    /// The evaluation function.
+    pub fn evaluator_fn(&self) -> Option<&EvalFn> {
+        self.evaluator.as_ref()
+    }
 }
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training
@@ -147,7 +184,8 @@ impl Program {
 /// - otherwise the process runs its role. Its configuration comes from the flags
 ///   `--task-type`, `--task-index`, `--cluster-file`, `--config`, `--certs-dir`,
 ///   `--incarnation`, `--detection-budget`, `--worker-wait`, `--step-timeout`,
-///   `--checkpoint-dir`, `--preemption-grace` (taken out of the arguments; the others are left
+///   `--checkpoint-dir`, `--preemption-grace`, `--eval-idle-timeout`, `--eval-until-step`
+///   (taken out of the arguments; the others are left
 ///   to the program),
 ///   else the environment (`COHORT_TASK_TYPE`, …, `COHORT_CERTS`), else `TF_CONFIG` (as set by
 ///   `launch` or by the cluster manager), else `cohort.toml`; see [`crate::cluster::ConfigKey`].

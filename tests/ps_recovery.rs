@@ -8,6 +8,9 @@
 //!   every closure's effect present exactly once after the rollback.
 //! - With no checkpoint, `join` fails with an error naming the server and checkpointing, the
 //!   coordinator stays usable, and nothing hangs.
+//! - A false death: ps/1 is frozen (SIGSTOP) past the detection budget, declared dead, then
+//!   woken (SIGCONT). The coordinator retires it (it exits 75), the launcher restarts it, and
+//!   the recovery completes as after a kill.
 
 mod ps_support;
 
@@ -25,6 +28,8 @@ const CHUNKS: usize = 5;
 const KILL_CHUNK: usize = 2;
 /// The PID file ps/1's first incarnation writes.
 const PS_PID_FILE: &str = "ps1.pid";
+/// How long ps/1 stays frozen in the false-death scenario: well past the 1 s budget.
+const FROZEN_FOR: Duration = Duration::from_secs(3);
 
 /// Child mode: run this process's role of the test program (ps/1 first records its PID, once).
 #[test]
@@ -56,7 +61,7 @@ fn program() -> Program {
             coordinator.create_variable(VariableSpec::zeros("a", vec![1]))?;
             coordinator.create_variable(VariableSpec::zeros("b", vec![1]))?;
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
-            let checkpointing = scenario() == "recover";
+            let checkpointing = scenario() != "no-checkpoint";
             let policy = CheckpointPolicy {
                 save_every_steps: None,
                 save_every: None,
@@ -76,7 +81,11 @@ fn program() -> Program {
                     // Some closures committed past the last checkpoint, others in flight or
                     // queued: now ps/1 dies.
                     coordinator.fetch(&values[1])?;
-                    kill_ps1()?;
+                    if scenario() == "freeze" {
+                        freeze_ps1()?;
+                    } else {
+                        kill_ps1()?;
+                    }
                     report["killed_after"] = serde_json::json!(scheduled);
                 }
                 let joined = coordinator.join();
@@ -104,12 +113,27 @@ fn value(coordinator: &ClusterCoordinator, name: &str) -> Result<f32, Coordinato
 
 /// SIGKILLs ps/1's first incarnation (its PID file is written before it serves anything).
 fn kill_ps1() -> Result<(), CoordinatorError> {
+    ps_support::signal(ps1_pid()?, Signal::SIGKILL);
+    Ok(())
+}
+
+/// SIGSTOPs ps/1's first incarnation and SIGCONTs it [`FROZEN_FOR`] later, from a thread of
+/// its own (the chief goes on meanwhile).
+fn freeze_ps1() -> Result<(), CoordinatorError> {
+    let pid = ps1_pid()?;
+    ps_support::signal(pid, Signal::SIGSTOP);
+    std::thread::spawn(move || {
+        std::thread::sleep(FROZEN_FOR);
+        ps_support::signal(pid, Signal::SIGCONT);
+    });
+    Ok(())
+}
+
+fn ps1_pid() -> Result<u32, CoordinatorError> {
     let path = child_dir().join(PS_PID_FILE);
     let never = std::sync::atomic::AtomicBool::new(false);
-    let pid = ps_support::wait_for_pid(&path, &never)
-        .ok_or_else(|| CoordinatorError::Other("ps/1 wrote no PID file".into()))?;
-    ps_support::signal(pid, Signal::SIGKILL);
-    Ok(())
+    ps_support::wait_for_pid(&path, &never)
+        .ok_or_else(|| CoordinatorError::Other("ps/1 wrote no PID file".into()))
 }
 
 #[test]
@@ -138,6 +162,14 @@ fn ps_1_ledger_1_a_killed_ps_is_restored_with_the_others_and_every_effect_is_pre
         ledger["rolled_back"].as_u64() >= Some(1),
         "a closure committed after the checkpoint was run again: {report}"
     );
+    // Every server, the restarted one and the survivor, went through the restore generation
+    // (PS-1: pushes from before it refused) and serves again.
+    let servers = report["after"]["ps"].as_array().expect("ps stats");
+    assert_eq!(servers.len(), 2, "{report}");
+    for stats in servers {
+        assert!(stats["generation"].as_u64() >= Some(1), "{report}");
+        assert_eq!(stats["serving"], true, "{report}");
+    }
 }
 
 #[test]
@@ -153,4 +185,26 @@ fn a_killed_ps_without_a_checkpoint_fails_join_clearly_and_nothing_hangs() {
     );
     assert_eq!(report["done_after_error"], true, "{report}");
     assert_eq!(report["after"]["ledger"]["balances"], true, "{report}");
+}
+
+#[test]
+fn fence_1_a_ps_falsely_declared_dead_is_retired_restarted_and_restored() {
+    let run = Run::new("ps-recovery-freeze", "freeze", &[]);
+    let report = run.launch();
+    let ledger = &report["after"]["ledger"];
+    let scheduled = (CHUNK * CHUNKS) as f64;
+    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(ledger["balances"], true, "{report}");
+    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    assert!(ledger["ps_restores"].as_u64() >= Some(1), "{report}");
+    let retired = run
+        .exits()
+        .into_iter()
+        .any(|e| e.task == "ps/1" && e.code == 75);
+    assert!(
+        retired,
+        "the woken ps/1 was retired (exit 75): {:?}",
+        run.exits()
+    );
 }

@@ -51,7 +51,8 @@ enum Command {
     /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
     /// environment, TF_CONFIG or cohort.toml, in that order.
     #[command(hide = true)]
-    Role(RoleArgs),
+    // Boxed: the configuration flags make it several times larger than the other commands.
+    Role(Box<RoleArgs>),
 }
 
 /// Flags of `cohort demo`.

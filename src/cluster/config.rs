@@ -10,7 +10,7 @@
 //! 4. the config file: `--config`, else `COHORT_CONFIG`, else `./cohort.toml` if it exists;
 //! 5. defaults (task index 0, incarnation 1, detection budget 3s, worker wait 60s,
 //!    step timeout 30m, preemption grace 10s, PS restart wait 20 detection budgets and at
-//!    least 30s).
+//!    least 30s, evaluator idle timeout 10m, no evaluator step limit).
 //!
 //! ```toml
 //! certs_dir = "certs"            # relative paths are relative to this file
@@ -20,6 +20,8 @@
 //! ps_restart_wait = "60s"        # hold for a lost parameter server to come back, restored
 //! step_timeout = "30m"
 //! preemption_grace = "10s"
+//! eval_idle_timeout = "10m"     # evaluator: stop after this long with no new checkpoint
+//! eval_until_step = 1000         # evaluator: stop after evaluating a checkpoint at this step
 //! incarnation = 1
 //!
 //! [cluster]
@@ -142,9 +144,21 @@ impl ConfigKey {
         flag: "--preemption-grace",
         env: "COHORT_PREEMPTION_GRACE",
     };
+    /// Evaluator: how long it waits for a new checkpoint before it stops (exit 0).
+    pub const EVAL_IDLE_TIMEOUT: Self = Self {
+        file: "eval_idle_timeout",
+        flag: "--eval-idle-timeout",
+        env: "COHORT_EVAL_IDLE_TIMEOUT",
+    };
+    /// Evaluator: stop (exit 0) after evaluating a checkpoint at this step or later.
+    pub const EVAL_UNTIL_STEP: Self = Self {
+        file: "eval_until_step",
+        flag: "--eval-until-step",
+        env: "COHORT_EVAL_UNTIL_STEP",
+    };
 
     /// Every key.
-    pub const ALL: [ConfigKey; 12] = [
+    pub const ALL: [ConfigKey; 14] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -157,6 +171,8 @@ impl ConfigKey {
         Self::STEP_TIMEOUT,
         Self::CHECKPOINT_DIR,
         Self::PREEMPTION_GRACE,
+        Self::EVAL_IDLE_TIMEOUT,
+        Self::EVAL_UNTIL_STEP,
     ];
 }
 
@@ -170,6 +186,9 @@ pub const DEFAULT_WORKER_WAIT: Duration = Duration::from_secs(60);
 pub const DEFAULT_STEP_TIMEOUT: Duration = crate::roles::coordinator::DEFAULT_STEP_TIMEOUT;
 /// Default grace after SIGTERM.
 pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(10);
+/// Default time an evaluator waits for a new checkpoint before it stops: long enough for a
+/// chief that checkpoints every few minutes, short enough that a forgotten evaluator ends.
+pub const DEFAULT_EVAL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The configuration flags a role process accepts, as given (values are checked by
 /// [`resolve_config`], so that a bad flag is reported like any other bad key).
@@ -212,6 +231,12 @@ pub struct ConfigFlags {
     /// Time allowed after SIGTERM for a checkpoint before exiting 143, e.g. "10s".
     #[arg(long)]
     pub preemption_grace: Option<String>,
+    /// Evaluator: stop after this long with no new checkpoint, e.g. "10m" (default 10m).
+    #[arg(long)]
+    pub eval_idle_timeout: Option<String>,
+    /// Evaluator: stop after evaluating a checkpoint at this step or later.
+    #[arg(long)]
+    pub eval_until_step: Option<String>,
 }
 
 impl ConfigFlags {
@@ -271,6 +296,8 @@ impl ConfigFlags {
             "ps_restart_wait" => self.ps_restart_wait = Some(value),
             "step_timeout" => self.step_timeout = Some(value),
             "checkpoint_dir" => self.checkpoint_dir = Some(value.into()),
+            "eval_idle_timeout" => self.eval_idle_timeout = Some(value),
+            "eval_until_step" => self.eval_until_step = Some(value),
             _ => self.preemption_grace = Some(value),
         }
     }
@@ -289,6 +316,8 @@ impl ConfigFlags {
             "ps_restart_wait" => self.ps_restart_wait.clone(),
             "step_timeout" => self.step_timeout.clone(),
             "checkpoint_dir" => path(&self.checkpoint_dir),
+            "eval_idle_timeout" => self.eval_idle_timeout.clone(),
+            "eval_until_step" => self.eval_until_step.clone(),
             _ => self.preemption_grace.clone(),
         }
     }
@@ -392,6 +421,10 @@ pub struct RoleConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// Time allowed after SIGTERM for a checkpoint.
     pub preemption_grace: Duration,
+    /// Evaluator: how long it waits for a new checkpoint before it stops.
+    pub eval_idle_timeout: Duration,
+    /// Evaluator: stop after evaluating a checkpoint at this step or later (`None`: no limit).
+    pub eval_until_step: Option<u64>,
     origins: BTreeMap<&'static str, Origin>,
 }
 
@@ -524,6 +557,8 @@ struct Layer {
     step_timeout: Option<Duration>,
     checkpoint_dir: Option<PathBuf>,
     preemption_grace: Option<Duration>,
+    eval_idle_timeout: Option<Duration>,
+    eval_until_step: Option<u64>,
 }
 
 impl Layer {
@@ -541,6 +576,8 @@ impl Layer {
             step_timeout: None,
             checkpoint_dir: None,
             preemption_grace: None,
+            eval_idle_timeout: None,
+            eval_until_step: None,
         }
     }
 
@@ -612,6 +649,14 @@ impl Layer {
             "ps_restart_wait" => self.ps_restart_wait = Some(positive(duration()?)?),
             "step_timeout" => self.step_timeout = Some(positive(duration()?)?),
             "preemption_grace" => self.preemption_grace = Some(duration()?),
+            "eval_idle_timeout" => self.eval_idle_timeout = Some(positive(duration()?)?),
+            "eval_until_step" => {
+                let step = text
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| bad(format!("{text:?} is not a step (a whole number ≥ 0)")))?;
+                self.eval_until_step = Some(step);
+            }
             // cluster_file and config name files, which load_files has read already.
             _ => {
                 path()?;
@@ -759,7 +804,7 @@ fn file_task(layer: &mut Layer, value: &toml::Value) -> Result<(), ConfigError> 
 /// A TOML value as the text `set_text` parses: integers for index and incarnation, strings
 /// for everything else.
 fn toml_text(key: ConfigKey, value: &toml::Value) -> Result<String, ClusterError> {
-    let wants_integer = matches!(key.file, "task.index" | "incarnation");
+    let wants_integer = matches!(key.file, "task.index" | "incarnation" | "eval_until_step");
     match value {
         toml::Value::Integer(i) if wants_integer => Ok(i.to_string()),
         toml::Value::String(s) if !wants_integer => Ok(s.clone()),
@@ -842,6 +887,8 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let step_timeout = pick!(step_timeout, "step_timeout");
     let checkpoint_dir = pick!(checkpoint_dir, "checkpoint_dir");
     let preemption_grace = pick!(preemption_grace, "preemption_grace");
+    let eval_idle_timeout = pick!(eval_idle_timeout, "eval_idle_timeout");
+    let eval_until_step = pick!(eval_until_step, "eval_until_step");
 
     let missing = |key: &str, detail: &str| ConfigError {
         key: key.into(),
@@ -899,6 +946,8 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         step_timeout: step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT),
         checkpoint_dir,
         preemption_grace: preemption_grace.unwrap_or(DEFAULT_PREEMPTION_GRACE),
+        eval_idle_timeout: eval_idle_timeout.unwrap_or(DEFAULT_EVAL_IDLE_TIMEOUT),
+        eval_until_step,
         origins,
     })
 }
@@ -995,6 +1044,43 @@ mod tests {
         assert_eq!(config.preemption_grace, DEFAULT_PREEMPTION_GRACE);
         assert_eq!(config.checkpoint_dir, None);
         assert_eq!(config.origin("detection_budget"), &Origin::Default);
+    }
+
+    #[test]
+    fn evaluator_keys_come_from_every_layer_and_bad_values_name_the_key() {
+        let config = resolve(
+            &[],
+            &[("TF_CONFIG", TF), ("COHORT_CERTS", "/certs")],
+            &ConfigFiles::default(),
+        )
+        .unwrap();
+        assert_eq!(config.eval_idle_timeout, DEFAULT_EVAL_IDLE_TIMEOUT);
+        assert_eq!(config.eval_until_step, None);
+        let text = "eval_idle_timeout = \"30s\"\neval_until_step = 100\n";
+        let config = resolve(&[], &[("TF_CONFIG", TF)], &file(&format!("{text}{FILE}"))).unwrap();
+        assert_eq!(config.eval_idle_timeout, Duration::from_secs(30));
+        assert_eq!(config.eval_until_step, Some(100));
+        let config = resolve(
+            &["--eval-until-step", "7"],
+            &[("TF_CONFIG", TF), ("COHORT_EVAL_IDLE_TIMEOUT", "2s")],
+            &file(FILE),
+        )
+        .unwrap();
+        assert_eq!(config.eval_idle_timeout, Duration::from_secs(2));
+        assert_eq!(config.eval_until_step, Some(7));
+        let err = error(
+            &["--eval-until-step", "-1"],
+            &[("TF_CONFIG", TF)],
+            &file(FILE),
+        );
+        assert_eq!(err.key, "eval_until_step");
+        let err = error(&[], &[("COHORT_EVAL_IDLE_TIMEOUT", "0s")], &file(FILE));
+        assert!(
+            err.to_string().contains("COHORT_EVAL_IDLE_TIMEOUT"),
+            "{err}"
+        );
+        let err = error(&[], &[], &file(&format!("eval_until_step = \"9\"\n{FILE}")));
+        assert!(err.to_string().contains("expected an integer"), "{err}");
     }
 
     #[test]

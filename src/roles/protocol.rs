@@ -130,6 +130,9 @@ pub struct Push {
     pub closure: u64,
     /// Which attempt of it.
     pub attempt: u32,
+    /// The restore generation the closure was dispatched in ([`RunClosure::generation`]): a
+    /// server refuses a push from an older generation as stale (PS-1 across a restore).
+    pub generation: u64,
     /// Gradients by shard name.
     pub gradients: Vec<(String, WireGradient)>,
 }
@@ -141,7 +144,8 @@ pub enum PushReply {
     Applied,
     /// Already applied for this closure (PS-1).
     Duplicate,
-    /// From a fenced incarnation (FENCE-1).
+    /// From a fenced incarnation (FENCE-1), from a restore generation older than the
+    /// server's, or sent while a restore is under way (PS-1).
     Stale,
     /// Non-finite gradient skipped per policy.
     SkippedNonFinite,
@@ -170,12 +174,16 @@ impl RemoteMessage for FenceWorker {
 /// good (committed or ended with an error) and will never be dispatched again. A parameter
 /// server forgets the ids below it that it kept for PS-1 and refuses any push below it as a
 /// duplicate (it can only be a late retry of a finished closure). Sent to every parameter
-/// server periodically, whenever it has risen.
+/// server periodically, whenever it has risen, never while a recovery holds dispatch. A
+/// server ignores one from a restore generation older than its own: a watermark computed
+/// before a rollback would refuse the closures run again after it (PS-1, LEDGER-1).
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct FinishedBelow {
     /// The smallest closure id still unfinished (queued, in flight or waiting to be retried),
     /// or the next id to be scheduled when none is.
     pub closure: u64,
+    /// The coordinator's restore generation when it computed the watermark.
+    pub generation: u64,
 }
 
 impl RemoteMessage for FinishedBelow {
@@ -231,6 +239,13 @@ pub struct PsStatsReply {
     pub applied_ids_held: u64,
     /// The low watermark this parameter server knows ([`FinishedBelow`]).
     pub finished_below: u64,
+    /// Whether it holds any variable (a restarted server holds none until it is restored).
+    pub serving: bool,
+    /// The restore generation it is at ([`BeginRestore`]).
+    pub generation: u64,
+    /// Pushes refused because they came from an older restore generation or arrived while a
+    /// restore was under way (PS-1; counted in `rejected_stale` too).
+    pub rejected_old_generation: u64,
 }
 
 impl RemoteMessage for PsStats {
@@ -245,6 +260,8 @@ pub struct RunClosure {
     pub closure: u64,
     /// Which attempt.
     pub attempt: u32,
+    /// The coordinator's restore generation at dispatch; the worker's pushes carry it.
+    pub generation: u64,
     /// The registered function's name.
     pub function: String,
     /// Its encoded arguments.
@@ -520,15 +537,37 @@ pub struct PsUnavailable {
     pub reason: String,
 }
 
+/// From the chief to every parameter server when a recovery's restore starts: the server
+/// enters restore generation `generation` and refuses every push until the [`RollBack`] of
+/// that generation re-opens it, and any push of an older generation after that (PS-1: a push
+/// still in flight from before the restore must not apply to the restored variables). It
+/// also learns every worker incarnation fenced so far, since a restarted server knows none
+/// (FENCE-1). A server already at a newer generation ignores it.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct BeginRestore {
+    /// The restore generation that starts.
+    pub generation: u64,
+    /// Per worker, the newest fenced incarnation.
+    pub fences: Vec<(u32, u64)>,
+}
+
+impl RemoteMessage for BeginRestore {
+    const TAG: &'static str = "ps.begin_restore";
+    type Reply = ();
+}
+
 /// From the chief to every parameter server after a recovery restored them all from the
 /// checkpoint taken at a cut: PS-1's state goes back to that cut. Every closure below
 /// `finished_below` was finished when the checkpoint was taken; none at or above it had
 /// applied, so the ids kept as applied are dropped and the low watermark is set to the cut
-/// (lowered if need be), and the closures queued again since can apply once more.
+/// (lowered if need be), and the closures queued again since can apply once more. Pushes of
+/// `generation` are accepted again; a roll-back of an older generation is ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct RollBack {
     /// The checkpoint's cut (its next closure id).
     pub finished_below: u64,
+    /// The restore generation it ends ([`BeginRestore`]).
+    pub generation: u64,
 }
 
 impl RemoteMessage for RollBack {

@@ -7,7 +7,8 @@
 //! the key; 143 after SIGTERM. A worker also exits [`LOST_CHIEF_EXIT_CODE`] (75) to be
 //! restarted as a new incarnation: when its chief has gone silent past the detection budget,
 //! or when the chief retires it ([`Retire`]: the chief fenced that incarnation while it was
-//! alive).
+//! alive). A parameter server the chief declared dead that wakes up is retired the same way,
+//! so that it comes back as a new incarnation the chief restores.
 //!
 //! End of a job: when the chief's program returns successfully (and no stop was requested),
 //! the chief says goodbye ([`Shutdown`]) to every worker and parameter server, waiting at most
@@ -102,9 +103,13 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         TaskType::Ps => run_ps(&program, &node, config),
         TaskType::Worker => run_worker(&program, &node, config),
         TaskType::Chief => run_chief(&program, &node, config),
-        TaskType::Evaluator => Err(RoleFailure::Config(
-            "task.type: the evaluator role is not supported yet".into(),
-        )),
+        TaskType::Evaluator => super::evaluator::run_evaluator(&program, config).map_err(|e| {
+            use super::evaluator::EvaluatorError;
+            match e {
+                EvaluatorError::Config(e) => RoleFailure::Config(e),
+                EvaluatorError::Failed(e) => RoleFailure::Training(e),
+            }
+        }),
     };
     match result {
         Ok(code) => code,
@@ -251,6 +256,7 @@ enum RoleFailure {
 fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i32, RoleFailure> {
     let system = System::new();
     let optimizer = *program.ps_optimizer();
+    let epoch = node.epoch;
     let node = node.clone();
     let grace = config.preemption_grace;
     system.block_on(async move {
@@ -258,11 +264,14 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         let store =
             ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
         PsActor::start(store, gateway.clone()).map_err(|e| RoleFailure::Training(e.to_string()))?;
-        exit_on_goodbye(&gateway, PS_ACTOR).map_err(|e| RoleFailure::Training(e.to_string()))?;
+        exit_on_goodbye(&gateway, PS_ACTOR)
+            .and_then(|()| exit_when_retired(&gateway, PS_ACTOR, epoch))
+            .map_err(|e| RoleFailure::Training(e.to_string()))?;
         serve_chief_then_stop(gateway, grace);
         Ok::<_, RoleFailure>(())
     })?;
-    // Every stop sets its code: 0 after the chief's goodbye, 143 after a stop request.
+    // Every stop sets its code: 75 when retired by the chief, 0 after its goodbye, 143 after
+    // a stop request.
     system
         .run_with_code()
         .map_err(|e| RoleFailure::Training(e.to_string()))
@@ -290,7 +299,7 @@ fn run_worker(
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         WorkerActor::start(jobs, &gateway).map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_on_goodbye(&gateway, WORKER_ACTOR)
-            .and_then(|()| exit_when_retired(&gateway, epoch))
+            .and_then(|()| exit_when_retired(&gateway, WORKER_ACTOR, epoch))
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_chief_is_lost(&gateway);
         serve_chief_then_stop(gateway, grace);
@@ -317,19 +326,20 @@ fn exit_on_goodbye(gateway: &Gateway, actor: &str) -> Result<(), RegisterError> 
     })
 }
 
-/// Ends this worker with [`LOST_CHIEF_EXIT_CODE`] when the chief retires its incarnation
-/// `epoch` ([`Retire`]): the chief fenced it while it was alive (FENCE-1), so it can do nothing
-/// useful any more, and its supervisor restarts it as a new incarnation that the chief takes
-/// back. A retirement of another incarnation is ignored.
-fn exit_when_retired(gateway: &Gateway, epoch: u64) -> Result<(), RegisterError> {
+/// Ends this worker or parameter server (`actor`) with [`LOST_CHIEF_EXIT_CODE`] when the chief
+/// retires its incarnation `epoch` ([`Retire`]): the chief fenced it, or declared it dead,
+/// while it was alive (FENCE-1), so it can do nothing useful any more, and its supervisor
+/// restarts it as a new incarnation that the chief takes back (a parameter server is then
+/// restored). A retirement of another incarnation is ignored.
+fn exit_when_retired(gateway: &Gateway, actor: &str, epoch: u64) -> Result<(), RegisterError> {
     let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
-    gateway.register_fn::<Retire, _, _>(WORKER_ACTOR, move |m: Remote<Retire>| {
+    gateway.register_fn::<Retire, _, _>(actor, move |m: Remote<Retire>| {
         let answer = obey_chief(&chief, &m.from.node).map(|()| {
             if m.msg.epoch == epoch {
                 tracing::warn!(
                     "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
-                     exiting so that this worker restarts as a new incarnation"
+                     exiting so that it restarts as a new incarnation"
                 );
                 exit_after_answering(system.clone(), LOST_CHIEF_EXIT_CODE);
             }

@@ -11,6 +11,10 @@
 //! saying which checkpoint and step. On SIGTERM (or Ctrl-C) it stops scheduling, lets the steps
 //! in flight finish, saves a checkpoint and exits 143; passing the same `--checkpoint-dir`
 //! again resumes from it.
+//!
+//! Evaluator: a task of type `evaluator` (e.g. `cohort role --job demo --task-type evaluator
+//! --checkpoint-dir DIR` with the job's cluster) prints the digits classifier's held-out
+//! accuracy for every new checkpoint in `DIR` ([`crate::roles::evaluator`]).
 
 use std::time::Instant;
 
@@ -23,7 +27,8 @@ use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::{DataError, Dataset};
 use crate::optim::Optimizer;
 use crate::program::{
-    ClusterCoordinator, CoordinatorError, Program, StepContext, StepError, VariableSpec,
+    CheckpointVariables, ClusterCoordinator, CoordinatorError, EvalError, Metrics, Program,
+    StepContext, StepError, VariableSpec,
 };
 use crate::roles::protocol::{bytes_to_f32, f32_to_bytes};
 use crate::train::{Progress, ProgressMode};
@@ -85,6 +90,22 @@ pub fn demo_program() -> Program {
         .step("digits_step", digits_step)
         .step("ctr_step", ctr_step)
         .chief(|coordinator| run_chief(coordinator, &DemoConfig::from_env()))
+        .evaluator(digits_evaluation)
+}
+
+/// The evaluator's metric: held-out accuracy of the digits classifier in a checkpoint.
+fn digits_evaluation(vars: &CheckpointVariables) -> Result<Metrics, EvalError> {
+    let (_, test) = Digits::load()
+        .map_err(EvalError::other)?
+        .split(HELD_OUT, SPLIT_SEED);
+    let params = models::digits_params(0)
+        .iter()
+        .map(|s| vars.f32(&s.name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+    let accuracy =
+        models::digits_accuracy(&views, &test.features, &test.labels).map_err(EvalError::other)?;
+    Ok(vec![("digits_accuracy".into(), f64::from(accuracy))])
 }
 
 fn digits_dataset(ctx: &crate::data::InputContext) -> Result<Dataset, DataError> {

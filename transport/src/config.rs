@@ -93,7 +93,9 @@ impl TransportConfig {
 pub const ALPN_PREFIX: &str = "cohort/";
 
 const MIB: u64 = 1024 * 1024;
-/// Default bound for path-MTU discovery.
+/// Default bound for path-MTU discovery: measured on loopback, 4,000-byte datagrams carry about
+/// twice the goodput of 1,452-byte ones, while some sizes above about 6 KB collapsed to a few
+/// MiB/s (loss in the kernel's receive path), so the bound stays well below those.
 const UDP_PAYLOAD_MAX: u16 = 4_000;
 /// The smallest UDP payload every QUIC path must carry.
 pub const UDP_PAYLOAD_MIN: u16 = 1_200;

@@ -275,3 +275,64 @@ async fn silent_peer_becomes_connection_lost_within_the_idle_budget() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_udp_payload_bound_outside_quic_limits_is_refused_at_bind() {
+    let ca = ClusterCa::generate("mtu-bad").unwrap();
+    let id = node("ps", 0);
+    for bad in [0u16, 1_199, 65_528] {
+        let config = TransportConfig {
+            udp_payload_max: bad,
+            ..TransportConfig::for_tests()
+        };
+        let err = cohort_transport::Endpoint::bind(loopback(), ca.issue(&id).unwrap(), config)
+            .err()
+            .unwrap_or_else(|| panic!("udp_payload_max {bad} was accepted"));
+        assert!(err.to_string().contains("udp_payload_max"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn blobs_cross_intact_between_peers_with_different_udp_payload_bounds() {
+    bounded(30, async {
+        // The server accepts only QUIC's minimum; the client may probe up to the maximum.
+        let ca = ClusterCa::generate("mtu-mixed").unwrap();
+        let ps = node("ps", 0);
+        let small = TransportConfig {
+            udp_payload_max: 1_200,
+            ..TransportConfig::for_tests()
+        };
+        let large = TransportConfig {
+            udp_payload_max: 65_527,
+            ..TransportConfig::for_tests()
+        };
+        let server = bind(&ca, &ps, small);
+        let _seen = spawn_echo_server(server.clone());
+        let client = bind(&ca, &node("worker", 0), large);
+        let conn = client
+            .connect(server.local_addr().unwrap(), &ps)
+            .await
+            .unwrap();
+        let sent = vec![random_bytes(11, 4 * 1024 * 1024), random_bytes(12, 4001)];
+        let expected = checksum(&sent);
+        let (reply, echoed) = conn
+            .request_msg::<_, TestMsg>(
+                &TestMsg::Put {
+                    name: "mtu".into(),
+                    checksum: expected,
+                },
+                sent.clone(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            reply,
+            TestMsg::Ack {
+                checksum: expected,
+                bytes: 4 * 1024 * 1024 + 4001
+            }
+        );
+        assert!(echoed[0] == sent[0] && echoed[1] == sent[1]);
+    })
+    .await;
+}

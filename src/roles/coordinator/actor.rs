@@ -8,15 +8,22 @@
 //!   setup or job, a false death from the failure detector) is sent [`Retire`] when it answers
 //!   a reconnect, so that it exits and comes back as a new incarnation instead of idling.
 //! - Every [`WATERMARK_INTERVAL`], if it has risen, the scheduler's low watermark goes to every
-//!   parameter server ([`FinishedBelow`]), which bounds the closure ids they keep for PS-1.
+//!   parameter server ([`FinishedBelow`], with the restore generation), which bounds the
+//!   closure ids they keep for PS-1; none while a recovery holds dispatch.
 //! - Parameter servers are watched like workers: the gateway's peer events (alive with an
 //!   epoch, declared dead) and a worker's [`RunClosureError::PsUnavailable`] go to the
 //!   scheduler; a server it counts as down is dialled every [`RECONNECT_INTERVAL`] with a real
-//!   call ([`PsStats`]), so that only an answer proves it back. On
-//!   [`SchedulerAction::Restore`] every server is restored from the newest checkpoint under
-//!   the directory of the last save ([`MarkCut`]), its PS-1 state rolled back to the cut
-//!   ([`RollBack`]), and every live worker's datasets rewound to the checkpoint's positions
-//!   ([`RewindWorker`]) before anything is dispatched again.
+//!   call ([`PsStats`]), so that only an answer proves it back (and an answer holding no
+//!   variable counts as a lost state); one that answers as an incarnation declared dead is
+//!   retired ([`Retire`]) so that it restarts as a new one.
+//! - On [`SchedulerAction::Restore`], every call goes to the server incarnations the scheduler
+//!   pinned: [`BeginRestore`] (pushes refused from then on, fences replayed), every shard
+//!   restored from the checkpoint taken at the cut under the directory of the last save
+//!   ([`MarkCut`]; read only, never cleaning up), the PS-1 state rolled back to the cut
+//!   ([`RollBack`], which re-opens the server to pushes of the new generation), and every live
+//!   worker's datasets rewound to the checkpoint's positions ([`RewindWorker`]) before
+//!   anything is dispatched again. No new worker is set up while a restore runs, and a new
+//!   incarnation is always set up from scratch ([`RewindWorker`]) at the current positions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -24,7 +31,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Gateway, Incarnation, PeerEvent, RemoteError, RemoteRef};
+use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError, RemoteRef};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
@@ -32,10 +39,12 @@ use super::machine::{
     ClosureFailure, ClosureId, ClosureState, Ledger, ScheduleError, Scheduler, SchedulerAction,
 };
 pub use super::restore::WorkerPositions;
-use super::restore::{dataset_positions, load_newest, restore_servers};
+use super::restore::{
+    dataset_positions, load_at_cut, ps_call_error, restore_servers, RestoreError,
+};
 use crate::roles::protocol::{
-    DatasetPositions, FenceWorker, FinishedBelow, PsStats, Retire, RewindWorker, RollBack,
-    RunClosure, RunClosureError, SetupWorker, PS_ACTOR, WORKER_ACTOR,
+    BeginRestore, DatasetPositions, FenceWorker, FinishedBelow, PsStats, Retire, RewindWorker,
+    RollBack, RunClosure, RunClosureError, SetupWorker, PS_ACTOR, WORKER_ACTOR,
 };
 use crate::variable::ShardLayout;
 
@@ -112,13 +121,26 @@ impl CoordinatorActor {
                     epoch,
                     closure,
                     attempt,
+                    generation,
                     function,
                     args,
                 } => {
-                    self.dispatch(ctx, worker, epoch, closure, attempt, function, args);
+                    let msg = RunClosure {
+                        closure: closure.0,
+                        attempt,
+                        generation,
+                        function,
+                        args,
+                    };
+                    self.dispatch(ctx, worker, epoch, msg);
                 }
                 SchedulerAction::Fence { worker, epoch } => self.fence(worker, epoch),
-                SchedulerAction::Restore { cut } => self.restore(ctx, cut),
+                SchedulerAction::Restore {
+                    cut,
+                    generation,
+                    servers,
+                    fences,
+                } => self.restore(ctx, cut, generation, servers, fences),
             }
         }
         self.answer_fetches();
@@ -140,29 +162,15 @@ impl CoordinatorActor {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn dispatch(
-        &mut self,
-        ctx: &mut Context<Self>,
-        worker: u32,
-        epoch: u64,
-        closure: ClosureId,
-        attempt: u32,
-        function: String,
-        args: Vec<u8>,
-    ) {
+    fn dispatch(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64, msg: RunClosure) {
+        let closure = ClosureId(msg.closure);
+        let attempt = msg.attempt;
         let Some(reference) = self.worker_refs.get(&worker).cloned() else {
             // The machine only dispatches to live workers; the reference went with a loss we
             // have not told it about yet.
             self.scheduler
                 .handle_worker_lost(Instant::now(), worker, epoch);
             return;
-        };
-        let msg = RunClosure {
-            closure: closure.0,
-            attempt,
-            function,
-            args,
         };
         let step_timeout = self.scheduler.config().step_timeout;
         let call = async move { reference.call_within(&msg, step_timeout).await };
@@ -243,16 +251,25 @@ impl CoordinatorActor {
     }
 
     /// Sends the scheduler's low watermark to every parameter server if it rose since the
-    /// last time. A server that misses one gets the next.
+    /// last time, with the restore generation it was computed in: a server that has rolled
+    /// back since ignores it. None goes out while a recovery holds dispatch (the closures
+    /// committed since the cut may run again). A server that misses one gets the next.
     fn send_watermark(&mut self) {
+        if self.scheduler.is_holding() {
+            return;
+        }
         let watermark = self.scheduler.low_watermark().0;
         if watermark <= self.watermark_sent {
             return;
         }
         self.watermark_sent = watermark;
+        let generation = self.scheduler.generation();
         for (node, addr) in self.servers.clone() {
             let gateway = self.gateway.clone();
-            let msg = FinishedBelow { closure: watermark };
+            let msg = FinishedBelow {
+                closure: watermark,
+                generation,
+            };
             actix::spawn(async move {
                 let sent = match gateway
                     .resolve::<FinishedBelow>(addr, &node, PS_ACTOR)
@@ -316,8 +333,13 @@ impl CoordinatorActor {
 
     /// Dials every worker that has no live incarnation; a new incarnation is set up (layouts,
     /// datasets) before the scheduler may give it work, and a fenced one that still answers is
-    /// retired. One dial per worker at a time; the next round retries what failed.
+    /// retired. One dial per worker at a time; the next round retries what failed. None while
+    /// a restore runs: a worker set up now would start at the dataset positions the restore
+    /// is about to replace.
     fn reconnect(&mut self, ctx: &mut Context<Self>) {
+        if self.scheduler.is_restoring() {
+            return;
+        }
         for (index, (node, addr)) in self.workers.clone().into_iter().enumerate() {
             let worker = index as u32;
             if self.worker_refs.contains_key(&worker) || self.connecting.get(&worker) == Some(&true)
@@ -339,7 +361,9 @@ impl CoordinatorActor {
                         return match gateway.peer_status(&node) {
                             Some((epoch, false)) => {
                                 let fenced = Incarnation::new(node, epoch);
-                                retire(&gateway, addr, fenced).await.map(Reached::Retired)
+                                retire(&gateway, addr, fenced, WORKER_ACTOR)
+                                    .await
+                                    .map(Reached::Retired)
                             }
                             _ => Err(reason),
                         };
@@ -349,13 +373,18 @@ impl CoordinatorActor {
                 if known.is_some_and(|k| incarnation.epoch.0 <= k) {
                     // The incarnation the coordinator fenced, still alive (a step past the
                     // step timeout, a refused setup or job): retire it.
-                    return retire(&gateway, addr, incarnation)
+                    return retire(&gateway, addr, incarnation, WORKER_ACTOR)
                         .await
                         .map(Reached::Retired);
                 }
+                // Rebuilt from scratch: a setup a restore made outdated (discarded below) may
+                // have built the datasets at old positions already.
                 let setup_ref =
-                    gateway.remote_ref::<SetupWorker>(incarnation.clone(), WORKER_ACTOR);
-                setup_ref.call(&setup).await.map_err(|e| e.to_string())??;
+                    gateway.remote_ref::<RewindWorker>(incarnation.clone(), WORKER_ACTOR);
+                setup_ref
+                    .call(&RewindWorker { setup })
+                    .await
+                    .map_err(|e| e.to_string())??;
                 Ok::<_, String>(Reached::New(incarnation))
             };
             ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
@@ -418,28 +447,61 @@ impl CoordinatorActor {
             self.ps_dialling.insert(ps, true);
             let gateway = self.gateway.clone();
             let dial = async move {
-                let r = gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await?;
-                r.call(&PsStats).await?;
-                Ok::<_, RemoteError>(r.target().epoch.0)
+                let r = match gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await {
+                    Ok(r) => r,
+                    Err(RemoteError::Stale { reason, .. }) => {
+                        // Answers as an incarnation declared dead (a false death): it can do
+                        // nothing useful any more (FENCE-1); retire it so that its supervisor
+                        // restarts it as a new incarnation, which is then restored.
+                        return match gateway.peer_status(&node) {
+                            Some((epoch, false)) => {
+                                let fenced = Incarnation::new(node, epoch);
+                                retire(&gateway, addr, fenced, PS_ACTOR)
+                                    .await
+                                    .map(DialOutcome::Retired)
+                            }
+                            _ => Err(reason),
+                        };
+                    }
+                    Err(e) => return Err(e.to_string()),
+                };
+                let stats = r.call(&PsStats).await.map_err(|e| e.to_string())?;
+                Ok(DialOutcome::Up(r.target().epoch.0, stats.serving))
             };
             ctx.spawn(dial.into_actor(self).map(move |result, act, ctx| {
                 act.ps_dialling.insert(ps, false);
                 match result {
-                    Ok(epoch) => {
-                        act.scheduler.handle_ps_up(Instant::now(), ps, epoch);
+                    Ok(DialOutcome::Up(epoch, serving)) => {
+                        act.scheduler
+                            .handle_ps_answered(Instant::now(), ps, epoch, serving);
                         act.drive(ctx);
                     }
+                    Ok(DialOutcome::Retired(epoch)) => tracing::warn!(
+                        "ps/{ps} (epoch {epoch}) was declared dead but is alive: retired it, so \
+                         that it restarts as a new incarnation"
+                    ),
                     Err(e) => tracing::debug!("ps/{ps} not reachable yet: {e}"),
                 }
             }));
         }
     }
 
-    /// Carries out [`SchedulerAction::Restore`]: restores every parameter server from the
-    /// newest checkpoint (which must be the one taken at `cut`), rolls their PS-1 state back
-    /// to the cut, rewinds every live worker's datasets to the checkpoint's positions, then
-    /// tells the scheduler, which queues again what committed since the cut.
-    fn restore(&mut self, ctx: &mut Context<Self>, cut: ClosureId) {
+    /// Carries out [`SchedulerAction::Restore`], each step on the server incarnations the
+    /// scheduler pinned (`servers`): opens restore `generation` on every server (pushes
+    /// refused from then on, the fences replayed: PS-1, FENCE-1), restores every server from
+    /// the checkpoint taken at `cut`, rolls their PS-1 state back to the cut (which re-opens
+    /// them to pushes of `generation`), rewinds every live worker's datasets to the
+    /// checkpoint's positions, then tells the scheduler, which queues again what committed
+    /// since the cut. A server that cannot be reached as its pinned incarnation interrupts the
+    /// restore (tried again); anything else fails it.
+    fn restore(
+        &mut self,
+        ctx: &mut Context<Self>,
+        cut: ClosureId,
+        generation: u64,
+        pinned: Vec<(u32, u64)>,
+        fences: Vec<(u32, u64)>,
+    ) {
         let Some(root) = self.checkpoint_root.clone() else {
             self.scheduler
                 .handle_restore_failed(Instant::now(), "no checkpoint directory is known".into());
@@ -454,50 +516,71 @@ impl CoordinatorActor {
             }
         };
         tracing::warn!(
-            "restoring every parameter server from the newest checkpoint under {} (cut at \
-             closure {})",
+            "restoring every parameter server from the checkpoint under {} cut at closure {} \
+             (restore generation {generation})",
             root.display(),
             cut.0
         );
+        // A worker being set up now would get the positions the restore replaces.
+        self.setup_version += 1;
         let gateway = self.gateway.clone();
         let servers = self.servers.clone();
         let setup = self.setup.clone();
+        let pinned: BTreeMap<u32, u64> = pinned.into_iter().collect();
         let workers: Vec<(u32, Incarnation<NodeId>)> = self
             .worker_refs
             .iter()
             .map(|(w, r)| (*w, r.target().clone()))
             .collect();
         let work = async move {
-            let dir = root.display().to_string();
-            let ckpt = tokio::task::spawn_blocking(move || load_newest(&root))
-                .await
-                .map_err(|e| format!("reading the checkpoint: {e}"))?
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("no valid checkpoint under {dir}"))?;
-            if ckpt.ledger.next_closure_id != cut.0 {
-                return Err(format!(
-                    "the newest valid checkpoint under {dir} (step {}, cut at closure {}) is not \
-                     the last one saved (cut at closure {}): the closures committed between \
-                     them cannot be run again",
-                    ckpt.step, ckpt.ledger.next_closure_id, cut.0
-                ));
+            let incarnation = |ps: u32| -> Result<(Incarnation<NodeId>, SocketAddr), RestoreError> {
+                let (node, addr) = servers
+                    .get(ps as usize)
+                    .cloned()
+                    .ok_or_else(|| RestoreError::Ps(format!("no ps {ps}")))?;
+                let epoch = pinned.get(&ps).ok_or_else(|| RestoreError::Unreachable {
+                    ps,
+                    reason: "its incarnation was not known when the restore began".into(),
+                })?;
+                Ok((Incarnation::new(node, Epoch(*epoch)), addr))
+            };
+            for ps in 0..servers.len() as u32 {
+                let (target, _) = incarnation(ps)?;
+                let msg = BeginRestore {
+                    generation,
+                    fences: fences.clone(),
+                };
+                gateway
+                    .remote_ref::<BeginRestore>(target, PS_ACTOR)
+                    .call(&msg)
+                    .await
+                    .map_err(|e| ps_call_error(ps, e))?;
             }
-            restore_servers(&gateway, &servers, &layouts, &ckpt)
+            let dir = root.display().to_string();
+            let ckpt = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
                 .await
-                .map_err(|e| e.to_string())?;
-            for (ps, (node, addr)) in servers.iter().enumerate() {
+                .map_err(|e| RestoreError::Checkpoint(format!("reading the checkpoint: {e}")))??
+                .ok_or_else(|| {
+                    RestoreError::Checkpoint(format!(
+                        "no valid checkpoint cut at closure {} under {dir}: the closures \
+                         committed since cannot be run again",
+                        cut.0
+                    ))
+                })?;
+            restore_servers(&gateway, &servers, Some(&pinned), &layouts, &ckpt).await?;
+            for ps in 0..servers.len() as u32 {
+                let (target, _) = incarnation(ps)?;
                 let msg = RollBack {
                     finished_below: cut.0,
+                    generation,
                 };
-                let rolled = async {
-                    let r = gateway.resolve::<RollBack>(*addr, node, PS_ACTOR).await?;
-                    r.call(&msg).await
-                };
-                rolled
+                gateway
+                    .remote_ref::<RollBack>(target, PS_ACTOR)
+                    .call(&msg)
                     .await
-                    .map_err(|e| format!("rolling ps/{ps} back to the cut: {e}"))?;
+                    .map_err(|e| ps_call_error(ps, e))?;
             }
-            let positions = dataset_positions(&ckpt).map_err(|e| e.to_string())?;
+            let positions = dataset_positions(&ckpt)?;
             let mut lost = Vec::new();
             for (worker, incarnation) in workers {
                 let msg = RewindWorker {
@@ -512,13 +595,15 @@ impl CoordinatorActor {
                 tracing::warn!("rewinding worker/{worker}'s datasets: {error}");
                 lost.push((worker, incarnation.epoch.0));
             }
-            Ok((ckpt.step, positions, lost))
+            Ok::<_, RestoreError>((ckpt.step, positions, lost))
         };
         ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
             let now = Instant::now();
             match result {
                 Ok((step, positions, lost)) => {
                     act.positions = positions;
+                    // Setups sent before now carry the old positions.
+                    act.setup_version += 1;
                     // Every server's low watermark is the cut now.
                     act.watermark_sent = cut.0;
                     // A worker whose datasets could not be rewound starts over as a new
@@ -534,9 +619,17 @@ impl CoordinatorActor {
                         Err(e) => tracing::warn!("restore finished too late: {e}"),
                     }
                 }
+                Err(RestoreError::Unreachable { ps, reason }) => {
+                    tracing::warn!(
+                        "parameter-server restore interrupted: ps/{ps}: {reason}; trying again \
+                         once every server answers"
+                    );
+                    act.scheduler
+                        .handle_restore_interrupted(now, Some(ps), reason);
+                }
                 Err(e) => {
                     tracing::error!("parameter-server recovery failed: {e}");
-                    act.scheduler.handle_restore_failed(now, e);
+                    act.scheduler.handle_restore_failed(now, e.to_string());
                 }
             }
             act.drive(ctx);
@@ -575,15 +668,24 @@ enum Reached {
     Retired(u64),
 }
 
-/// Tells the fenced worker incarnation `fenced`, at `addr`, to retire ([`Retire`]).
+/// What a dial of a parameter server found.
+enum DialOutcome {
+    /// It answered as this incarnation, serving (holding variables) or not.
+    Up(u64, bool),
+    /// It answered as an incarnation declared dead, and was told to retire (its epoch).
+    Retired(u64),
+}
+
+/// Tells the fenced incarnation `fenced` (its `actor`), at `addr`, to retire ([`Retire`]).
 async fn retire(
     gateway: &Gateway,
     addr: SocketAddr,
     fenced: Incarnation<NodeId>,
+    actor: &str,
 ) -> Result<u64, String> {
     let epoch = fenced.epoch.0;
     gateway
-        .call_fenced::<Retire>(addr, &fenced, WORKER_ACTOR, &Retire { epoch })
+        .call_fenced::<Retire>(addr, &fenced, actor, &Retire { epoch })
         .await
         .map_err(|e| format!("retiring fenced epoch {epoch}: {e}"))?;
     Ok(epoch)
@@ -834,8 +936,9 @@ impl Handler<LedgerSnapshot> for CoordinatorActor {
     }
 }
 
-/// Continue an earlier coordinator's ledger and closure ids (see [`Scheduler::resume`]).
-pub struct ResumeLedger(pub Ledger, pub u64);
+/// Continue an earlier coordinator's ledger, closure ids and the restore generation the
+/// parameter servers are at (see [`Scheduler::resume`], [`Scheduler::resume_generation`]).
+pub struct ResumeLedger(pub Ledger, pub u64, pub u64);
 
 impl Message for ResumeLedger {
     type Result = Result<(), String>;
@@ -845,7 +948,30 @@ impl Handler<ResumeLedger> for CoordinatorActor {
     type Result = Result<(), String>;
 
     fn handle(&mut self, msg: ResumeLedger, _: &mut Context<Self>) -> Self::Result {
-        self.scheduler.resume(msg.0, msg.1)
+        self.scheduler.resume(msg.0, msg.1)?;
+        self.scheduler.resume_generation(msg.2);
+        Ok(())
+    }
+}
+
+/// What a checkpoint's consistency depends on: (next closure id, restore generation, whether
+/// a recovery holds dispatch). A save reads it before and after reading the servers: if it
+/// changed, or a recovery held dispatch, the save would mix two cuts (CKPT-1).
+pub struct CutProbe;
+
+impl Message for CutProbe {
+    type Result = (u64, u64, bool);
+}
+
+impl Handler<CutProbe> for CoordinatorActor {
+    type Result = MessageResult<CutProbe>;
+
+    fn handle(&mut self, _: CutProbe, _: &mut Context<Self>) -> Self::Result {
+        MessageResult((
+            self.scheduler.next_closure_id(),
+            self.scheduler.generation(),
+            self.scheduler.is_holding(),
+        ))
     }
 }
 
@@ -926,6 +1052,9 @@ pub struct MarkCut {
     pub cut: ClosureId,
     /// The checkpoint root directory.
     pub root: PathBuf,
+    /// The restore generation the checkpoint was read in, if known: refused if a restore
+    /// began since (the checkpoint would be from before it, CKPT-1).
+    pub generation: Option<u64>,
 }
 
 impl Message for MarkCut {
@@ -936,6 +1065,15 @@ impl Handler<MarkCut> for CoordinatorActor {
     type Result = Result<(), String>;
 
     fn handle(&mut self, msg: MarkCut, _: &mut Context<Self>) -> Self::Result {
+        if let Some(generation) = msg.generation {
+            if generation != self.scheduler.generation() {
+                return Err(format!(
+                    "a parameter-server restore began since the checkpoint was read (restore \
+                     generation {generation}, now {})",
+                    self.scheduler.generation()
+                ));
+            }
+        }
         self.scheduler.mark_cut(msg.cut)?;
         self.checkpoint_root = Some(msg.root);
         Ok(())
@@ -1038,6 +1176,12 @@ mod tests {
                     },
                 )
                 .unwrap();
+            // A new incarnation is set up from scratch (datasets rebuilt at their positions).
+            worker
+                .register_fn::<RewindWorker, _, _>(WORKER_ACTOR, |_: Remote<RewindWorker>| async {
+                    Ok::<_, RefusedReason>(Ok(()))
+                })
+                .unwrap();
             let workers = vec![(worker_node, worker.local_addr().unwrap())];
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let scheduler = Scheduler::new(SchedulerConfig::default());
@@ -1054,5 +1198,131 @@ mod tests {
             let err = rx.await.unwrap().unwrap_err();
             assert!(err.contains("worker/0") && err.contains("missing"), "{err}");
         });
+    }
+    /// A worker incarnation that comes up while a restore runs is set up only once the
+    /// restore is over, at the dataset positions it restored (never at the old ones, and never
+    /// left out of the rewind).
+    #[test]
+    fn a_worker_that_comes_up_during_a_restore_is_set_up_at_the_restored_positions() {
+        use crate::checkpoint::{Checkpoint, CheckpointManager, CheckpointPolicy};
+        use crate::roles::protocol::{PsStatsReply, WorkerRefusal};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+
+        let root = std::env::temp_dir().join(format!(
+            "cohort-restore-positions-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut ckpt = Checkpoint::new(1, 1);
+        ckpt.extra = serde_json::json!({
+            super::super::restore::DATASET_POSITIONS_KEY: { "0": { "ids": 5 } }
+        });
+        CheckpointManager::new(&root, CheckpointPolicy::default(), Instant::now())
+            .unwrap()
+            .save(&ckpt, Instant::now())
+            .unwrap();
+        let ckpt_root = root.clone();
+        run(async move {
+            let ca = ClusterCa::generate("test").unwrap();
+            // ps/0 answers the dial holding no variable (its state is lost) once the cut is
+            // marked, and holds the restore open until the worker has been up for a while.
+            let ps_node = NodeId::new("ps", 0);
+            let ps = gateway(&ca, &ps_node, 3);
+            let cut_marked = Arc::new(AtomicBool::new(false));
+            let marked = Arc::clone(&cut_marked);
+            ps.register_fn::<PsStats, _, _>(PS_ACTOR, move |_: Remote<PsStats>| {
+                let marked = Arc::clone(&marked);
+                async move {
+                    while !marked.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Ok::<_, RefusedReason>(PsStatsReply::default())
+                }
+            })
+            .unwrap();
+            let worker_node = NodeId::new("worker", 0);
+            let worker = gateway(&ca, &worker_node, 7);
+            // The datasets (name, elements to skip) of every setup the worker received.
+            type Setups = Mutex<Vec<Vec<(String, u64)>>>;
+            let setups: Arc<Setups> = Arc::default();
+            let begun = Arc::new(AtomicBool::new(false));
+            {
+                let worker = worker.clone();
+                let setups = Arc::clone(&setups);
+                let begun = Arc::clone(&begun);
+                ps.register_fn::<BeginRestore, _, _>(PS_ACTOR, move |_: Remote<BeginRestore>| {
+                    let worker = worker.clone();
+                    let setups = Arc::clone(&setups);
+                    let begun = Arc::clone(&begun);
+                    async move {
+                        if !begun.swap(true, Ordering::SeqCst) {
+                            // The worker comes up now; reconnect rounds (every 200 ms) could
+                            // set it up while the restore is held open.
+                            let _ = worker.register_fn::<RewindWorker, _, _>(
+                                WORKER_ACTOR,
+                                move |m: Remote<RewindWorker>| {
+                                    setups.lock().unwrap().push(m.msg.setup.datasets.clone());
+                                    async { Ok::<_, RefusedReason>(Ok(())) }
+                                },
+                            );
+                            let _ = worker.register_fn::<RunClosure, _, _>(
+                                WORKER_ACTOR,
+                                |_: Remote<RunClosure>| async {
+                                    Ok::<_, RefusedReason>(Err(RunClosureError::Refused(
+                                        WorkerRefusal::ComputeStopped,
+                                    )))
+                                },
+                            );
+                            tokio::time::sleep(RECONNECT_INTERVAL * 4).await;
+                        }
+                        Ok::<_, RefusedReason>(())
+                    }
+                })
+                .unwrap();
+            }
+            ps.register_fn::<RollBack, _, _>(PS_ACTOR, |_: Remote<RollBack>| async {
+                Ok::<_, RefusedReason>(())
+            })
+            .unwrap();
+            let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
+            let mut scheduler = Scheduler::new(SchedulerConfig::default());
+            scheduler.mark_cut(ClosureId(0)).unwrap();
+            let servers = vec![(ps_node, ps.local_addr().unwrap())];
+            let workers = vec![(worker_node, worker.local_addr().unwrap())];
+            let actor = CoordinatorActor::new(chief, scheduler, workers, servers).start();
+            let setup = SetupWorker {
+                num_workers: 1,
+                layouts_json: "[]".into(),
+                datasets: vec![("ids".into(), 0)],
+            };
+            actor
+                .send(Configure(setup))
+                .await
+                .unwrap()
+                .await
+                .unwrap()
+                .unwrap();
+            let mark = MarkCut {
+                cut: ClosureId(0),
+                root: ckpt_root,
+                generation: None,
+            };
+            actor.send(mark).await.unwrap().unwrap();
+            cut_marked.store(true, Ordering::SeqCst);
+            while actor.send(Status).await.unwrap().2 < 1 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (ledger, _, _) = actor.send(Status).await.unwrap();
+            assert_eq!(ledger.ps_restores, 1, "{ledger:?}");
+            let setups = setups.lock().unwrap().clone();
+            assert!(!setups.is_empty());
+            assert!(
+                setups.iter().all(|d| d == &vec![("ids".to_string(), 5)]),
+                "the worker was set up at the old positions: {setups:?}"
+            );
+        });
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

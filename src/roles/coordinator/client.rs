@@ -12,7 +12,7 @@ use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
 use super::actor::{
-    CollectPositions, Configure, CoordinatorActor, Fetch, Join, LedgerSnapshot, MarkCut,
+    CollectPositions, Configure, CoordinatorActor, CutProbe, Fetch, Join, LedgerSnapshot, MarkCut,
     ResumeLedger, Schedule, SetPositions, Status,
 };
 use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError};
@@ -22,8 +22,8 @@ use crate::checkpoint::{
 };
 use crate::nn::Initializer;
 use crate::roles::protocol::{
-    blob, bytes_to_f32, f32_to_bytes, CreateVariable, InitSpec, PsStats, PsStatsReply, SetupWorker,
-    Snapshot, PS_ACTOR,
+    blob, bytes_to_f32, f32_to_bytes, BeginRestore, CreateVariable, InitSpec, PsStats,
+    PsStatsReply, RollBack, SetupWorker, Snapshot, PS_ACTOR,
 };
 use crate::roles::worker::PsClient;
 use crate::variable::{PartitionError, Partitioner, PsPlacer, Shard, ShardLayout};
@@ -313,13 +313,58 @@ impl ClusterCoordinator {
     }
 
     /// Waits for in-flight work, then writes a checkpoint of every variable shard and its
-    /// optimizer slots, with the ledger (CKPT-1: the manager's protocol).
+    /// optimizer slots, with the ledger (CKPT-1: the manager's protocol). A parameter-server
+    /// recovery that starts while the servers are read would mix two cuts in one checkpoint:
+    /// the save is then taken again (a bounded number of times) and fails if it never gets
+    /// through undisturbed.
     pub fn save_checkpoint(
         &self,
         manager: &mut CheckpointManager,
         step: u64,
     ) -> Result<PathBuf, CoordinatorError> {
-        self.join()?;
+        let started = Instant::now();
+        let mut disturbed = 0;
+        loop {
+            self.join()?;
+            let before = self.ask(CutProbe)?;
+            if before.2 {
+                // A recovery holds dispatch: wait for it to end (it is bounded) before reading.
+                if started.elapsed() > SAVE_HOLD_WAIT_MAX {
+                    return Err(CoordinatorError::Checkpoint(format!(
+                        "a parameter-server recovery held dispatch for more than \
+                         {SAVE_HOLD_WAIT_MAX:?}: no checkpoint taken at step {step}"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            let ckpt = self.read_checkpoint(step)?;
+            if self.ask(CutProbe)? != before || ckpt.ledger.next_closure_id != before.0 {
+                disturbed += 1;
+                if disturbed >= SAVE_ATTEMPTS_MAX {
+                    return Err(CoordinatorError::Checkpoint(format!(
+                        "the checkpoint at step {step} was disturbed by parameter-server \
+                         recoveries or new work {SAVE_ATTEMPTS_MAX} times"
+                    )));
+                }
+                tracing::warn!(
+                    "a parameter-server recovery or new work came while the servers were read: \
+                     taking the checkpoint at step {step} again"
+                );
+                continue;
+            }
+            let dir = manager
+                .save(&ckpt, Instant::now())
+                .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+            // Durable: a parameter-server recovery rolls every server back to this cut, unless
+            // a restore began since the servers were read.
+            self.mark_cut(ckpt.ledger.next_closure_id, manager.root(), Some(before.1));
+            return Ok(dir);
+        }
+    }
+
+    /// Reads every variable shard, the dataset positions and the ledger into a checkpoint.
+    fn read_checkpoint(&self, step: u64) -> Result<Checkpoint, CoordinatorError> {
         let mut ckpt = Checkpoint::new(step, self.servers.len());
         for layout in &self.layouts {
             ckpt.layout.push(to_checkpoint_layout(layout));
@@ -368,21 +413,17 @@ impl ClusterCoordinator {
             pending_ids: Default::default(),
             cancelled_ids: ended_ids.into_iter().collect(),
         };
-        let dir = manager
-            .save(&ckpt, Instant::now())
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
-        // Durable: a parameter-server recovery rolls every server back to this cut.
-        self.mark_cut(next_closure_id, manager.root());
-        Ok(dir)
+        Ok(ckpt)
     }
 
     /// Tells the coordinator that the checkpoints under `root` hold the variables as they were
     /// at `cut` (the next closure id, with nothing pending). A cut it refuses (something was
     /// scheduled meanwhile from another thread) only leaves the previous one in place.
-    fn mark_cut(&self, cut: u64, root: &std::path::Path) {
+    fn mark_cut(&self, cut: u64, root: &std::path::Path, generation: Option<u64>) {
         let marked = self.ask(MarkCut {
             cut: ClosureId(cut),
             root: root.to_path_buf(),
+            generation,
         });
         match marked {
             Ok(Ok(())) => {}
@@ -412,11 +453,26 @@ impl ClusterCoordinator {
             return Ok(None);
         };
         let ckpt = loaded.checkpoint;
+        // Parameter servers that outlived the checkpoint (a restarted coordinator reconnecting
+        // to live roles) may have applied ids past it, and be at a restore generation (even in
+        // the middle of a restore the previous coordinator began). The restore opens a newer
+        // generation, so that no push from before it applies to the restored variables (PS-1)
+        // and every server takes pushes again.
+        let stats = self.ps_stats()?;
+        let generation = stats.iter().map(|s| s.generation).max().unwrap_or(0) + 1;
+        for ps in 0..self.num_ps() {
+            let begin = BeginRestore {
+                generation,
+                fences: Vec::new(),
+            };
+            self.call_ps(ps, begin)?;
+        }
         let gateway = self.gateway.clone();
         self.runtime
             .block_on(restore_servers(
                 &gateway,
                 &self.servers,
+                None,
                 &self.layouts,
                 &ckpt,
             ))
@@ -436,21 +492,26 @@ impl ClusterCoordinator {
             rejected_stale: saved.rejected_stale,
             ..Ledger::default()
         };
-        // Parameter servers that outlived the checkpoint (a restarted coordinator reconnecting
-        // to live roles) may have applied ids past it: resume above every id any of them has
-        // applied, so PS-1's dedupe never mistakes a new closure for an old one.
-        let live_next = self
-            .ps_stats()?
+        // Resume above every id any server has applied, so PS-1's dedupe never mistakes a new
+        // closure for an old one; the servers' PS-1 state starts over there.
+        let live_next = stats
             .iter()
             .map(|s| s.next_free_closure_id)
             .max()
             .unwrap_or(0);
         let next_id = saved.next_closure_id.max(live_next);
-        self.ask(ResumeLedger(ledger, next_id))?
+        for ps in 0..self.num_ps() {
+            let roll_back = RollBack {
+                finished_below: next_id,
+                generation,
+            };
+            self.call_ps(ps, roll_back)?;
+        }
+        self.ask(ResumeLedger(ledger, next_id, generation))?
             .map_err(CoordinatorError::Checkpoint)?;
         // The variables are at this checkpoint now: a parameter-server recovery rolls back
         // to it until the next save.
-        self.mark_cut(next_id, manager.root());
+        self.mark_cut(next_id, manager.root(), None);
         Ok(Some(ckpt.step))
     }
 
@@ -542,6 +603,7 @@ fn restore_error(e: RestoreError) -> CoordinatorError {
     match e {
         RestoreError::Checkpoint(e) => CoordinatorError::Checkpoint(e),
         RestoreError::Ps(e) => CoordinatorError::ParameterServer(e),
+        e @ RestoreError::Unreachable { .. } => CoordinatorError::ParameterServer(e.to_string()),
     }
 }
 
@@ -606,3 +668,9 @@ fn to_checkpoint_layout(layout: &ShardLayout) -> VariableLayout {
             .collect(),
     }
 }
+
+/// Times a checkpoint is read again because a parameter-server recovery or new work came
+/// while the servers were read (CKPT-1).
+const SAVE_ATTEMPTS_MAX: u32 = 5;
+/// How long a save waits for a parameter-server recovery that holds dispatch to end.
+const SAVE_HOLD_WAIT_MAX: Duration = Duration::from_secs(600);

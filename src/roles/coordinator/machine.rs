@@ -8,9 +8,15 @@
 //! every server is back, the shell restores every server from the checkpoint taken at the last
 //! cut ([`SchedulerAction::Restore`]) and the closures committed since that cut are queued
 //! again ([`Ledger::rolled_back`]), so that each scheduled closure's effect is present exactly
-//! once. With no cut, past [`SchedulerConfig::ps_restart_wait_max`], or with more closures
-//! committed since the cut than [`SchedulerConfig::rollback_retained_max`], the loss fails
-//! `join` with [`ClosureFailure::PsLost`] instead.
+//! once. Each restore starts a new restore generation: the servers refuse every push while it
+//! runs and any push, watermark or roll-back of an older generation after it (PS-1), and it
+//! carries every fence so far to servers that restarted (FENCE-1). A server that restarts
+//! while the restore runs (its pinned incarnation changed) is restored again; an interrupted
+//! restore is tried again, a bounded number of times. With no cut, past
+//! [`SchedulerConfig::ps_restart_wait_max`] waiting for the servers (a running restore is
+//! never cut), or with more closures committed since the cut than
+//! [`SchedulerConfig::rollback_retained_max`], the loss fails `join` with
+//! [`ClosureFailure::PsLost`] instead.
 //!
 //! No IO, no clock, no threads: the actor shell passes `now` in and carries out the actions it
 //! drains. This is what lets the recovery logic be tested over every order of events.
@@ -160,6 +166,8 @@ pub enum SchedulerAction {
         closure: ClosureId,
         /// Attempt number (1 for the first dispatch).
         attempt: u32,
+        /// The restore generation ([`Scheduler::generation`]): the worker's pushes carry it.
+        generation: u64,
         /// The registered function name.
         function: String,
         /// Encoded arguments.
@@ -174,14 +182,24 @@ pub enum SchedulerAction {
         /// The fenced incarnation (and every older one).
         epoch: WorkerEpoch,
     },
-    /// Restore every parameter server from the newest checkpoint, which must be the one taken
-    /// at `cut` (its next closure id): variables, optimizer slots, step counts; reset each
-    /// server's PS-1 state to the cut and every live worker's datasets to the checkpoint's
-    /// positions. Then report [`Scheduler::handle_restored`] or
-    /// [`Scheduler::handle_restore_failed`].
+    /// Restore every parameter server from the checkpoint taken at `cut` (its next closure
+    /// id), in this order: tell every server that restore `generation` begins, with `fences`
+    /// (it refuses every push from then on, PS-1, and learns the fenced incarnations,
+    /// FENCE-1); restore variables, optimizer slots and step counts; roll each server's PS-1
+    /// state back to the cut in `generation` (it takes pushes again); rewind every live
+    /// worker's datasets to the checkpoint's positions. Every call goes to the incarnation in
+    /// `servers`, never to a newer one (which would be empty). Then report
+    /// [`Scheduler::handle_restored`], [`Scheduler::handle_restore_interrupted`] (a server
+    /// could not be reached: it is tried again) or [`Scheduler::handle_restore_failed`].
     Restore {
         /// The cut: every closure below it was finished when the checkpoint was taken.
         cut: ClosureId,
+        /// The restore generation this restore starts.
+        generation: u64,
+        /// Every parameter server's incarnation (index, epoch) as the restore was asked for.
+        servers: Vec<(u32, u64)>,
+        /// Per worker, the newest fenced incarnation.
+        fences: Vec<(u32, WorkerEpoch)>,
     },
 }
 
@@ -263,8 +281,10 @@ pub enum ScheduleError {
 ///    failure detector declares one dead, `handle_ps_unavailable` when a worker could not
 ///    reach one; while [`Scheduler::ps_down`] names servers, dial them and report what answers;
 /// 9. `mark_cut(cut)` after each durable checkpoint (taken with nothing pending); a
-///    [`SchedulerAction::Restore`] is answered with `handle_restored` or
-///    `handle_restore_failed`.
+///    [`SchedulerAction::Restore`] is answered with `handle_restored`,
+///    `handle_restore_interrupted` or `handle_restore_failed`;
+/// 10. `generation()` is the restore generation: it goes with each dispatch and each low
+///     watermark sent to the servers; while `is_holding()` no watermark may be sent.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -288,12 +308,20 @@ pub struct Scheduler {
     /// The last checkpoint's cut: every closure below it was finished when it was taken.
     cut: Option<ClosureId>,
     /// Closures committed at or above the cut, with what it takes to run them again.
-    since_cut: BTreeMap<ClosureId, (String, Vec<u8>)>,
+    since_cut: BTreeMap<ClosureId, Retained>,
     /// More closures committed since the cut than `rollback_retained_max`.
     retention_overflowed: bool,
     /// Parameter servers whose loss could not be recovered, and why.
     lost_for_good: BTreeMap<u32, String>,
+    /// The restore generation: bumped when a restore is asked for (see [`SchedulerAction`]).
+    generation: u64,
+    /// FENCE-1: per worker, the newest fenced incarnation (replayed to restored servers).
+    fenced: BTreeMap<u32, WorkerEpoch>,
 }
+
+/// A closure committed since the cut, kept to run it again after a rollback: its function,
+/// arguments and the attempts it has had (attempt numbers never restart).
+type Retained = (String, Vec<u8>, u32);
 
 #[derive(Debug)]
 struct PsEntry {
@@ -311,6 +339,10 @@ struct Recovery {
     state_lost: BTreeSet<u32>,
     /// The restore was asked for ([`SchedulerAction::Restore`]) and has not been reported.
     restoring: bool,
+    /// The server incarnations that restore was asked for.
+    pinned: BTreeMap<u32, u64>,
+    /// Restores interrupted so far in this recovery (bounded by [`RESTORE_ATTEMPTS_MAX`]).
+    interrupted: u32,
 }
 
 #[derive(Debug)]
@@ -349,6 +381,8 @@ impl Scheduler {
             since_cut: BTreeMap::new(),
             retention_overflowed: false,
             lost_for_good: BTreeMap::new(),
+            generation: 0,
+            fenced: BTreeMap::new(),
         }
     }
 
@@ -526,6 +560,25 @@ impl Scheduler {
         self.dispatch(now);
     }
 
+    /// A parameter server answered a call (the coordinator's dial): as
+    /// [`Self::handle_ps_up`], and an incarnation that holds no variable although a checkpoint
+    /// cut exists has lost its state (it restarted unnoticed, or its restore never finished):
+    /// a recovery restores it. While a restore runs this is left to the restore's own outcome.
+    pub fn handle_ps_answered(&mut self, now: Instant, ps: u32, epoch: u64, serving: bool) {
+        let restoring = self.recovery.as_ref().is_some_and(|r| r.restoring);
+        let known = self.servers.get(&ps).map(|e| (e.epoch, e.dead));
+        if !serving
+            && self.cut.is_some()
+            && !restoring
+            && !self.lost_for_good.contains_key(&ps)
+            && known.is_none_or(|(e, dead)| epoch > e || (epoch == e && !dead))
+        {
+            self.recovery(now).state_lost.insert(ps);
+        }
+        self.handle_ps_up(now, ps, epoch);
+        self.dispatch(now);
+    }
+
     /// The failure detector declared a parameter-server incarnation dead: its state is gone
     /// (a dead incarnation never comes back, FENCE-1). Dispatch is held until a new
     /// incarnation is up and every server is restored.
@@ -587,8 +640,10 @@ impl Scheduler {
     /// The shell restored every parameter server from the checkpoint taken at `cut`: the
     /// closures committed since the cut lost their effect, so they are queued again (counted
     /// in [`Ledger::rolled_back`]; LEDGER-1 holds: they are pending again, not committed) and
-    /// dispatch resumes. Returns how many were queued again; an error if no restore was asked
-    /// for at that cut (nothing changes).
+    /// dispatch resumes. If a server restarted (or was declared dead) while the restore ran,
+    /// the incarnation restored is not the one serving now: a new recovery starts at once and
+    /// dispatch stays held. Returns how many were queued again; an error if no restore was
+    /// asked for at that cut (nothing changes).
     pub fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, String> {
         if !self.recovery.as_ref().is_some_and(|r| r.restoring) || self.cut != Some(cut) {
             return Err(format!("no restore at cut {} was asked for", cut.0));
@@ -597,7 +652,7 @@ impl Scheduler {
         let requeued = replay.len() as u64;
         let ids: BTreeSet<ClosureId> = replay.keys().copied().collect();
         self.finished.retain(|id| !ids.contains(id));
-        for (id, (function, args)) in replay.into_iter().rev() {
+        for (id, (function, args, attempts)) in replay.into_iter().rev() {
             match self.closures.get_mut(&id) {
                 Some(c) => {
                     assert!(
@@ -615,7 +670,7 @@ impl Scheduler {
                             function,
                             args,
                             state: ClosureState::Queued,
-                            attempts: 0,
+                            attempts,
                         },
                     );
                 }
@@ -627,9 +682,61 @@ impl Scheduler {
             self.ledger.rolled_back += 1;
         }
         self.ledger.ps_restores += 1;
-        self.recovery = None;
+        let pinned = self.recovery.take().map(|r| r.pinned).unwrap_or_default();
+        // A server whose incarnation changed (or died) during the restore is not restored.
+        let changed: BTreeSet<u32> = self
+            .servers
+            .iter()
+            .filter(|(ps, e)| e.dead || pinned.get(ps).is_none_or(|epoch| *epoch != e.epoch))
+            .map(|(ps, _)| *ps)
+            .filter(|ps| !self.lost_for_good.contains_key(ps))
+            .collect();
+        if !changed.is_empty() {
+            self.recovery(now).state_lost = changed;
+        }
         self.dispatch(now);
         Ok(requeued)
+    }
+
+    /// The restore asked for could not reach parameter server `ps` (or one of them, if
+    /// `None`): it may have restarted meanwhile. Nothing is lost yet: the servers are dialled
+    /// again and, once every one answers, restored again from the same cut, within
+    /// [`SchedulerConfig::ps_restart_wait_max`] of now and at most [`RESTORE_ATTEMPTS_MAX`]
+    /// times per recovery; past that the loss is unrecoverable as for a failed restore.
+    pub fn handle_restore_interrupted(&mut self, now: Instant, ps: Option<u32>, reason: String) {
+        let Some(r) = self.recovery.as_mut().filter(|r| r.restoring) else {
+            return;
+        };
+        r.interrupted += 1;
+        if r.interrupted >= RESTORE_ATTEMPTS_MAX {
+            let ps = ps.or_else(|| self.recovering_ps()).unwrap_or(0);
+            self.fail_recovery(
+                ps,
+                format!("restoring was interrupted {RESTORE_ATTEMPTS_MAX} times: {reason}"),
+            );
+            self.dispatch(now);
+            return;
+        }
+        r.restoring = false;
+        r.since = now;
+        let suspects: Vec<u32> = match ps {
+            Some(ps) => vec![ps],
+            None => std::mem::take(&mut r.pinned).into_keys().collect(),
+        };
+        r.pinned.clear();
+        for ps in suspects {
+            r.state_lost.insert(ps);
+            // Dialled until it answers; one never seen counts as epoch 0 (any answer is newer).
+            self.servers
+                .entry(ps)
+                .or_insert(PsEntry {
+                    epoch: 0,
+                    alive: false,
+                    dead: false,
+                })
+                .alive = false;
+        }
+        self.dispatch(now);
     }
 
     /// The restore asked for failed: the loss cannot be recovered; `join` fails naming the
@@ -649,7 +756,10 @@ impl Scheduler {
     /// A checkpoint taken at `cut` (the next closure id then, with nothing pending) is durable:
     /// a parameter-server recovery rolls back to it. Closures committed before it are no
     /// longer kept for a rollback. Refused if a closure below `cut` is unfinished, `cut` is
-    /// beyond the ids given out, or a recovery is under way.
+    /// beyond the ids given out, or a restore is under way (CKPT-1: a checkpoint read across a
+    /// restore mixes two cuts; the shell also refuses a cut read before the current restore
+    /// generation). A recovery that only holds dispatch does not refuse it: the servers were
+    /// read before it, and the restore it leads to then rolls back to this newer cut.
     pub fn mark_cut(&mut self, cut: ClosureId) -> Result<(), String> {
         if cut.0 > self.next_id {
             return Err(format!(
@@ -663,8 +773,8 @@ impl Scheduler {
                 cut.0
             ));
         }
-        if self.recovery.is_some() {
-            return Err("a parameter-server recovery is under way".into());
+        if self.is_restoring() {
+            return Err("a parameter-server restore is under way".into());
         }
         self.cut = Some(cut);
         self.since_cut.retain(|id, _| *id >= cut);
@@ -699,12 +809,37 @@ impl Scheduler {
     /// The low watermark: the smallest closure id not finished yet (queued, in flight or
     /// waiting to be re-dispatched), or the next id to be scheduled when every closure is
     /// finished. Every closure below it is committed or ended with an error and will never be
-    /// dispatched again, so a parameter server may forget their ids (PS-1).
+    /// dispatched again, so a parameter server may forget their ids (PS-1). While a recovery
+    /// holds dispatch it is at most the cut: the closures committed since may run again
+    /// (LEDGER-1); the shell sends none then anyway.
     pub fn low_watermark(&self) -> ClosureId {
-        self.unfinished
+        let watermark = self
+            .unfinished
             .first()
             .copied()
-            .unwrap_or(ClosureId(self.next_id))
+            .unwrap_or(ClosureId(self.next_id));
+        match (&self.recovery, self.cut) {
+            (Some(_), Some(cut)) => watermark.min(cut),
+            _ => watermark,
+        }
+    }
+
+    /// The restore generation: how many restores were asked for (plus where a restarted
+    /// coordinator resumed it, [`Self::resume_generation`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Continues the restore generation the parameter servers are at (a restarted
+    /// coordinator reconnecting to live servers): it never goes down, or every push would be
+    /// refused as stale.
+    pub fn resume_generation(&mut self, generation: u64) {
+        self.generation = self.generation.max(generation);
+    }
+
+    /// Whether a restore is under way (asked for, not reported yet).
+    pub fn is_restoring(&self) -> bool {
+        self.recovery.as_ref().is_some_and(|r| r.restoring)
     }
 
     /// The configuration this scheduler runs with.
@@ -717,9 +852,12 @@ impl Scheduler {
         let starved = self
             .starved_since
             .map(|since| since + self.config.no_worker_wait_max);
+        // A restore under way is bounded by its own calls' bounds (cutting it would leave the
+        // closures committed since the cut without their effect).
         let recovery = self
             .recovery
             .as_ref()
+            .filter(|r| !r.restoring)
             .map(|r| r.since + self.config.ps_restart_wait_max);
         match (starved, recovery) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -730,7 +868,7 @@ impl Scheduler {
     /// Time passed: pending work that has waited past the bound with no live worker fails as
     /// unavailable, so `join` neither hangs forever nor returns early.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(r) = &self.recovery {
+        if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring) {
             if now >= r.since + self.config.ps_restart_wait_max {
                 let ps = self.recovering_ps().unwrap_or(0);
                 let reason = format!(
@@ -803,6 +941,8 @@ impl Scheduler {
         entry.alive = false;
         let epoch = entry.epoch;
         let lost = std::mem::take(&mut entry.in_flight);
+        let fenced = self.fenced.entry(worker).or_insert(epoch);
+        *fenced = (*fenced).max(epoch);
         self.actions
             .push_back(SchedulerAction::Fence { worker, epoch });
         // Lost closures go to the front: they were scheduled before anything still queued.
@@ -853,6 +993,7 @@ impl Scheduler {
                 epoch,
                 closure: id,
                 attempt,
+                generation: self.generation,
                 function: closure.function.clone(),
                 args: closure.args.clone(),
             });
@@ -951,6 +1092,8 @@ impl Scheduler {
             since: now,
             state_lost: BTreeSet::new(),
             restoring: false,
+            pinned: BTreeMap::new(),
+            interrupted: 0,
         })
     }
 
@@ -1000,7 +1143,14 @@ impl Scheduler {
         match self.cut {
             Some(cut) if !r.state_lost.is_empty() => {
                 r.restoring = true;
-                self.actions.push_back(SchedulerAction::Restore { cut });
+                r.pinned = self.servers.iter().map(|(ps, e)| (*ps, e.epoch)).collect();
+                self.generation += 1;
+                self.actions.push_back(SchedulerAction::Restore {
+                    cut,
+                    generation: self.generation,
+                    servers: r.pinned.iter().map(|(ps, e)| (*ps, *e)).collect(),
+                    fences: self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
+                });
             }
             // Every server answered as the incarnation it was: nothing was lost.
             _ => self.recovery = None,
@@ -1042,7 +1192,8 @@ impl Scheduler {
         }
         if let Some(c) = self.closures.get_mut(&id) {
             let args = std::mem::take(&mut c.args);
-            self.since_cut.insert(id, (c.function.clone(), args));
+            self.since_cut
+                .insert(id, (c.function.clone(), args, c.attempts));
         }
     }
 
@@ -1072,6 +1223,10 @@ impl Scheduler {
 /// bound on a single `join` or `fetch` wait gives up.
 pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// Restores one parameter-server recovery may start before its loss counts as unrecoverable
+/// (each interrupted because a server could not be reached, e.g. it restarted again).
+pub const RESTORE_ATTEMPTS_MAX: u32 = 5;
+
 /// The failure-detection budget [`SchedulerConfig::default`] derives its bounds from (the
 /// cluster configuration's default).
 const DEFAULT_DETECTION_BUDGET: Duration = Duration::from_secs(3);
@@ -1082,6 +1237,17 @@ mod tests {
 
     fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
         std::iter::from_fn(|| s.poll_action()).collect()
+    }
+
+    /// The cuts of the restores asked for, in order (any other action is dropped).
+    fn restores(actions: &[SchedulerAction]) -> Vec<ClosureId> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                SchedulerAction::Restore { cut, .. } => Some(*cut),
+                _ => None,
+            })
+            .collect()
     }
 
     fn dispatched(actions: &[SchedulerAction]) -> Vec<(u32, ClosureId, u32)> {
@@ -1331,23 +1497,31 @@ mod tests {
                 s.handle_ps_up(t, ps as u32, *epoch);
             }
             let mut in_flight: Vec<(u32, u64, ClosureId, u32)> = Vec::new();
+            let mut last_attempt: BTreeMap<ClosureId, u32> = BTreeMap::new();
             for _ in 0..200 {
                 match rng.gen_range(0..10) {
                     // Parameter servers: lost, back (maybe as a new incarnation), a restore
                     // answered, a checkpoint cut, a reported unavailability, the hold's bound.
                     6 => {
                         let ps = rng.gen_range(0..2);
-                        if rng.gen_bool(0.5) {
+                        if rng.gen_bool(0.4) {
                             s.handle_ps_lost(t, ps as u32, ps_epochs[ps]);
-                        } else {
+                        } else if rng.gen_bool(0.5) {
                             ps_epochs[ps] += u64::from(rng.gen_bool(0.5));
                             s.handle_ps_up(t, ps as u32, ps_epochs[ps]);
+                        } else {
+                            ps_epochs[ps] += u64::from(rng.gen_bool(0.3));
+                            let serving = rng.gen_bool(0.8);
+                            s.handle_ps_answered(t, ps as u32, ps_epochs[ps], serving);
                         }
                     }
                     7 => {
                         if let Some(cut) = s.cut() {
-                            if rng.gen_bool(0.8) {
+                            if rng.gen_bool(0.7) {
                                 let _ = s.handle_restored(t, cut);
+                            } else if rng.gen_bool(0.5) {
+                                let ps = rng.gen_range(0..2);
+                                s.handle_restore_interrupted(t, Some(ps), "lost".into());
                             } else {
                                 s.handle_restore_failed(t, "disk".into());
                             }
@@ -1390,9 +1564,13 @@ mod tests {
                     }
                     _ => {}
                 }
-                // Below the low watermark every closure is finished for good.
+                // Below the low watermark every closure is finished for good, and while a
+                // recovery holds dispatch it never passes the cut (LEDGER-1).
                 let watermark = s.low_watermark();
                 assert!(watermark.0 <= s.next_closure_id(), "seed {seed}");
+                if let (true, Some(cut)) = (s.is_holding(), s.cut()) {
+                    assert!(watermark <= cut, "seed {seed}: watermark above the cut");
+                }
                 for id in 0..watermark.0 {
                     assert!(
                         matches!(
@@ -1408,9 +1586,14 @@ mod tests {
                         epoch,
                         closure,
                         attempt,
+                        generation,
                         ..
                     } = a
                     {
+                        assert_eq!(generation, s.generation(), "seed {seed}");
+                        // Attempt numbers never restart, even across a rollback.
+                        let last = last_attempt.insert(closure, attempt).unwrap_or(0);
+                        assert!(attempt > last, "seed {seed}: closure {closure:?} attempt");
                         in_flight.push((worker, epoch, closure, attempt));
                     }
                 }
@@ -1584,7 +1767,7 @@ mod tests {
         assert!(drain(&mut s).is_empty());
         s.handle_ps_up(t, 1, 2);
         let cut = ids[2];
-        assert_eq!(drain(&mut s), vec![SchedulerAction::Restore { cut }]);
+        assert_eq!(restores(&drain(&mut s)), vec![cut]);
         assert!(s.is_holding());
         // Restored: the closures committed since the cut run again, lowest first.
         assert_eq!(s.handle_restored(t, cut), Ok(2));
@@ -1619,10 +1802,7 @@ mod tests {
         s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
         // No death was declared, but ps/0 answers as a newer incarnation: its state is gone.
         s.handle_ps_up(t, 0, 5);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedulerAction::Restore { cut: ids[1] }]
-        );
+        assert_eq!(restores(&drain(&mut s)), vec![ids[1]]);
         assert_eq!(s.handle_restored(t, ids[1]), Ok(1));
         assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[1], 2)]);
     }
@@ -1708,10 +1888,7 @@ mod tests {
         s.handle_ps_lost(t, 0, 1);
         s.handle_result(t, 0, 1, ids[0], 1, Ok(vec![]));
         s.handle_ps_up(t, 0, 2);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedulerAction::Restore { cut: ids[0] }]
-        );
+        assert_eq!(restores(&drain(&mut s)), vec![ids[0]]);
         s.handle_restore_failed(t, "no valid checkpoint".into());
         let err = s.take_error().unwrap().to_string();
         assert!(err.contains("no valid checkpoint"), "{err}");
@@ -1752,7 +1929,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rolled_back_closure_that_was_forgotten_is_known_again() {
+    fn a_rolled_back_closure_that_was_forgotten_is_known_again_and_its_attempts_go_on() {
         let t = Instant::now();
         let mut s = Scheduler::new(SchedulerConfig {
             finished_retained_max: 1,
@@ -1775,11 +1952,184 @@ mod tests {
         let again: Vec<_> = drain(&mut s)
             .into_iter()
             .filter_map(|a| match a {
-                SchedulerAction::Dispatch { closure, args, .. } => Some((closure, args)),
+                SchedulerAction::Dispatch {
+                    closure,
+                    args,
+                    attempt,
+                    ..
+                } => Some((closure, args, attempt)),
                 _ => None,
             })
             .collect();
-        assert_eq!(again, vec![(ids[0], vec![0])]);
+        assert_eq!(again, vec![(ids[0], vec![0], 2)]);
         assert!(s.ledger().balances());
+    }
+
+    /// The restore asked for: (cut, generation, pinned servers, fences).
+    type RestoreAsked = (ClosureId, u64, Vec<(u32, u64)>, Vec<(u32, WorkerEpoch)>);
+
+    fn restore_asked(actions: &[SchedulerAction]) -> Option<RestoreAsked> {
+        actions.iter().find_map(|a| match a {
+            SchedulerAction::Restore {
+                cut,
+                generation,
+                servers,
+                fences,
+            } => Some((*cut, *generation, servers.clone(), fences.clone())),
+            _ => None,
+        })
+    }
+
+    fn dispatched_generations(actions: &[SchedulerAction]) -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                SchedulerAction::Dispatch { generation, .. } => Some(*generation),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// LEDGER-1: while a recovery holds dispatch the low watermark never passes the cut (a
+    /// watermark above it would make the servers refuse the closures run again), and each
+    /// restore starts a new generation that every later dispatch carries.
+    #[test]
+    fn ledger_1_the_watermark_stays_at_the_cut_while_holding_and_restores_bump_the_generation() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(2, 2);
+        assert_eq!(dispatched_generations(&drain(&mut s)), vec![0, 0]);
+        s.handle_result(t, 0, 1, ids[2], 1, Ok(vec![]));
+        s.handle_result(t, 1, 1, ids[3], 1, Ok(vec![]));
+        assert_eq!(s.low_watermark(), ClosureId(4));
+        s.handle_ps_lost(t, 1, 1);
+        assert!(s.is_holding());
+        assert_eq!(s.low_watermark(), ids[2], "capped at the cut");
+        s.handle_ps_up(t, 1, 2);
+        let (cut, generation, servers, _) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!(
+            (cut, generation, servers),
+            (ids[2], 1, vec![(0, 1), (1, 2)])
+        );
+        assert_eq!(s.generation(), 1);
+        assert!(s.is_restoring());
+        assert_eq!(s.low_watermark(), ids[2]);
+        assert_eq!(s.handle_restored(t, cut), Ok(2));
+        assert_eq!(dispatched_generations(&drain(&mut s)), vec![1, 1]);
+        assert_eq!(s.low_watermark(), ids[2]);
+    }
+
+    /// FENCE-1: the scheduler remembers the newest fenced incarnation of every worker, and a
+    /// restore carries them all to the (possibly restarted) servers.
+    #[test]
+    fn fence_1_a_restore_replays_every_fence() {
+        let t = Instant::now();
+        let (mut s, _) = with_cut(1, 1);
+        s.handle_worker_lost(t, 0, 1);
+        s.handle_worker_up(t, 0, 2);
+        s.handle_worker_up(t, 0, 3);
+        run_all(&mut s);
+        assert!(s.is_idle());
+        s.handle_ps_up(t, 0, 2);
+        let (_, _, _, fences) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!(fences, vec![(0, 2)]);
+    }
+
+    /// A server that restarts while the restore runs is not the incarnation restored: the
+    /// scheduler starts a new restore (new generation) instead of resuming dispatch.
+    #[test]
+    fn a_ps_that_restarts_during_the_restore_is_restored_again() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(1, 2);
+        drain(&mut s);
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        s.handle_result(t, 1, 1, ids[2], 1, Ok(vec![]));
+        s.handle_ps_up(t, 0, 2);
+        let (cut, generation, servers, _) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!((generation, servers), (1, vec![(0, 2), (1, 1)]));
+        // ps/1 restarts while the restore runs; the restore (to the old ps/1) completes.
+        s.handle_ps_up(t, 1, 2);
+        assert!(drain(&mut s).is_empty());
+        assert_eq!(s.handle_restored(t, cut), Ok(2));
+        assert!(s.is_holding(), "ps/1's new incarnation is empty");
+        let (again, generation, servers, _) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!((again, generation, servers), (cut, 2, vec![(0, 2), (1, 2)]));
+        assert_eq!(s.handle_restored(t, cut), Ok(0));
+        assert_eq!(
+            dispatched(&drain(&mut s)),
+            vec![(0, ids[1], 2), (1, ids[2], 2)]
+        );
+        let l = s.ledger();
+        assert_eq!((l.ps_restores, l.rolled_back), (2, 2));
+        assert!(l.balances());
+    }
+
+    /// A restore that could not reach a server is tried again once the server answers (the
+    /// same incarnation, or a new one), not failed; a server that answers holding no variable
+    /// while a cut exists has lost its state.
+    #[test]
+    fn an_interrupted_restore_is_tried_again_and_an_empty_server_is_a_loss() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(1, 1);
+        drain(&mut s);
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        // ps/0 answers the dial at its known epoch but empty: it lost its state.
+        s.handle_ps_answered(t, 0, 1, false);
+        let (cut, generation, _, _) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!(generation, 1);
+        s.handle_restore_interrupted(t, Some(1), "ps/1: peer lost".into());
+        assert!(s.is_holding() && !s.is_restoring());
+        assert_eq!(s.ps_down(), vec![1]);
+        assert!(drain(&mut s).is_empty(), "waits for ps/1 to answer");
+        s.handle_ps_answered(t, 1, 1, true);
+        let (again, generation, _, _) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!((again, generation), (cut, 2));
+        assert_eq!(s.handle_restored(t, cut), Ok(1));
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[1], 2)]);
+        assert!(s.take_error().is_none());
+        // Interrupted again and again: unrecoverable, never a spin.
+        s.handle_ps_lost(t, 0, 1);
+        s.handle_result(t, 0, 1, ids[1], 2, Ok(vec![]));
+        for epoch in 2..2 + u64::from(RESTORE_ATTEMPTS_MAX) {
+            s.handle_ps_up(t, 0, epoch);
+            assert!(restore_asked(&drain(&mut s)).is_some());
+            s.handle_restore_interrupted(t, Some(0), "peer lost".into());
+        }
+        assert!(!s.is_holding());
+        let err = s.take_error().unwrap().to_string();
+        assert!(err.contains("interrupted"), "{err}");
+        assert!(s.ledger().balances());
+    }
+
+    /// The recovery bound does not cut a restore that is running (its calls have their own
+    /// bounds): the closures committed since the cut would be left without their effect.
+    #[test]
+    fn ledger_1_a_running_restore_is_never_timed_out() {
+        let t = Instant::now();
+        let bound = Duration::from_secs(30);
+        let (mut s, ids) = with_cut(1, 1);
+        s.config.ps_restart_wait_max = bound;
+        drain(&mut s);
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        s.handle_ps_up(t, 0, 2);
+        let (cut, ..) = restore_asked(&drain(&mut s)).unwrap();
+        assert_eq!(s.poll_timeout(), None);
+        s.handle_timeout(t + bound * 10);
+        assert!(s.is_restoring() && s.take_error().is_none());
+        assert_eq!(s.handle_restored(t + bound * 10, cut), Ok(1));
+        assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[1], 2)]);
+    }
+
+    /// CKPT-1: no cut is marked while a restore runs (a checkpoint read then mixes two cuts).
+    #[test]
+    fn ckpt_1_no_cut_is_marked_while_a_restore_runs() {
+        let t = Instant::now();
+        let (mut s, ids) = with_cut(1, 1);
+        drain(&mut s);
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        s.handle_ps_up(t, 0, 2);
+        let (cut, ..) = restore_asked(&drain(&mut s)).unwrap();
+        assert!(s.mark_cut(ClosureId(2)).is_err());
+        s.handle_restored(t, cut).unwrap();
+        assert_eq!(s.cut(), Some(cut));
     }
 }

@@ -4,7 +4,8 @@
 //! A server that holds no variable at all (a restarted one, before the coordinator restored
 //! it) refuses reads and pushes at the gateway as unavailable, so that a worker sees the
 //! server's failure (retryable, the coordinator holds dispatch and restores it), never a
-//! closure error about a missing variable.
+//! closure error about a missing variable. [`PsStats`] says whether it holds any, so that the
+//! coordinator counts an empty server as one that lost its state.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,8 +20,9 @@ use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, f32_view, u64_view,
-    CreateVariable, FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply, Pull, PullRows,
-    Push, PushReply, RestoreVariable, RollBack, ShardState, Snapshot, WireGradient, PS_ACTOR,
+    BeginRestore, CreateVariable, FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply,
+    Pull, PullRows, Push, PushReply, RestoreVariable, RollBack, ShardState, Snapshot, WireGradient,
+    PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -59,6 +61,7 @@ impl PsActor {
         })?;
         gateway.register::<FenceWorker>(PS_ACTOR, addr.clone().recipient())?;
         gateway.register::<FinishedBelow>(PS_ACTOR, addr.clone().recipient())?;
+        gateway.register::<BeginRestore>(PS_ACTOR, addr.clone().recipient())?;
         gateway.register::<RollBack>(PS_ACTOR, addr.clone().recipient())?;
         register_with_blobs::<Snapshot>(&gateway, &addr, &serving)?;
         gateway.register::<PsStats>(PS_ACTOR, addr.clone().recipient())?;
@@ -143,16 +146,31 @@ impl PsActor {
     }
 }
 
+impl Handler<Remote<BeginRestore>> for PsActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Remote<BeginRestore>, _: &mut Context<Self>) {
+        tracing::info!(
+            "restore generation {} begins: refusing pushes until the roll-back",
+            msg.msg.generation
+        );
+        self.store
+            .handle_begin_restore(msg.msg.generation, &msg.msg.fences);
+    }
+}
+
 impl Handler<Remote<RollBack>> for PsActor {
     type Result = ();
 
     fn handle(&mut self, msg: Remote<RollBack>, _: &mut Context<Self>) {
         tracing::info!(
-            "rolled back to the checkpoint cut at closure {} (PS-1 state reset)",
-            msg.msg.finished_below
+            "rolled back to the checkpoint cut at closure {} (PS-1 state reset, restore \
+             generation {})",
+            msg.msg.finished_below,
+            msg.msg.generation
         );
         self.store
-            .handle_roll_back(ClosureId(msg.msg.finished_below));
+            .handle_roll_back(ClosureId(msg.msg.finished_below), msg.msg.generation);
     }
 }
 
@@ -251,6 +269,7 @@ impl Handler<Remote<Push>> for PsActor {
                     epoch,
                     closure,
                     attempt,
+                    generation,
                     gradients,
                 },
             blobs,
@@ -284,6 +303,7 @@ impl Handler<Remote<Push>> for PsActor {
                 epoch,
                 closure: ClosureId(closure),
                 attempt,
+                generation,
             };
             let outcome = self
                 .store
@@ -312,7 +332,8 @@ impl Handler<Remote<FinishedBelow>> for PsActor {
     type Result = ();
 
     fn handle(&mut self, msg: Remote<FinishedBelow>, _: &mut Context<Self>) {
-        self.store.handle_finished_below(ClosureId(msg.msg.closure));
+        self.store
+            .handle_finished_below(ClosureId(msg.msg.closure), msg.msg.generation);
     }
 }
 
@@ -356,6 +377,9 @@ impl Handler<Remote<PsStats>> for PsActor {
             next_free_closure_id: self.store.next_free_closure_id(),
             applied_ids_held: self.store.applied_ids_held() as u64,
             finished_below: self.store.finished_below().0,
+            serving: self.serving.load(Ordering::Acquire),
+            generation: self.store.generation().0,
+            rejected_old_generation: c.rejected_old_generation,
         })
     }
 }

@@ -7,6 +7,11 @@
 //!   stay bounded: the coordinator's low watermark (`handle_finished_below`) says which
 //!   closures are finished for good; their ids are dropped and any push of theirs refused;
 //! - FENCE-1: a push from a worker incarnation the coordinator fenced changes nothing;
+//! - PS-1 across a parameter-server recovery: the coordinator's restore generation
+//!   (`handle_begin_restore`) closes the server to pushes until the roll-back of that
+//!   generation re-opens it, and from then on a push, watermark or roll-back of an older
+//!   generation changes nothing (it was sent before the restore and belongs to a closure the
+//!   coordinator has already settled);
 //! - a push is all-or-nothing: every gradient in it is checked (names, lengths, row ids,
 //!   finiteness) before any variable changes.
 
@@ -45,6 +50,8 @@ pub struct PushOrigin {
     pub closure: ClosureId,
     /// The attempt of that closure.
     pub attempt: u32,
+    /// The coordinator's restore generation the closure was dispatched in.
+    pub generation: u64,
 }
 
 /// What became of a push.
@@ -54,7 +61,8 @@ pub enum PushOutcome {
     Applied,
     /// The closure's update was applied before (PS-1): nothing changed.
     Duplicate,
-    /// From a fenced worker incarnation (FENCE-1): nothing changed.
+    /// From a fenced worker incarnation (FENCE-1), from an older restore generation, or sent
+    /// while a restore is under way (PS-1): nothing changed.
     Stale,
     /// A gradient held NaN or Inf and the policy is to skip: nothing changed, counted.
     SkippedNonFinite,
@@ -73,6 +81,10 @@ pub struct PsCounters {
     pub skipped_non_finite: u64,
     /// Pushes refused as invalid (unknown variable, wrong shape).
     pub rejected_invalid: u64,
+    /// Pushes refused for their restore generation (older than the server's, or sent while
+    /// a restore was under way); counted in `rejected_stale` too.
+    #[serde(default)]
+    pub rejected_old_generation: u64,
 }
 
 /// Why a request to the parameter server was refused. Nothing changed.
@@ -202,11 +214,13 @@ impl StoredVariable {
 /// Calling protocol (the actor shell, for each message in arrival order):
 /// 1. `handle_create` for each variable shard placed here (idempotent for the same shape);
 /// 2. `handle_fence(worker, epoch)` when the coordinator declares a worker incarnation lost,
-///    and `handle_finished_below(closure)` when it says which closures are finished for good;
+///    and `handle_finished_below(closure, generation)` when it says which closures are
+///    finished for good;
 /// 3. `pull`/`pull_rows` to read values, `handle_push` to apply gradients;
 /// 4. `counters()`/`variables()` for checkpoints, tests and the run summary;
-/// 5. after a parameter-server recovery, `handle_restore` for every shard, then
-///    `handle_roll_back(cut)`.
+/// 5. a parameter-server recovery: `handle_begin_restore(generation, fences)` (pushes are
+///    refused from then on), `handle_restore` for every shard, then
+///    `handle_roll_back(cut, generation)` (pushes of that generation are accepted again).
 #[derive(Debug)]
 pub struct ParameterStore {
     optimizer: Optimizer,
@@ -220,6 +234,10 @@ pub struct ParameterStore {
     pruned_next_free: u64,
     /// FENCE-1: per worker, the newest fenced incarnation.
     fenced: BTreeMap<u32, WorkerEpoch>,
+    /// The coordinator's restore generation this server is at.
+    generation: u64,
+    /// A restore of `generation` is under way: every push is refused until its roll-back.
+    restoring: bool,
     counters: PsCounters,
 }
 
@@ -235,6 +253,8 @@ impl ParameterStore {
             finished_below: ClosureId(0),
             pruned_next_free: 0,
             fenced: BTreeMap::new(),
+            generation: 0,
+            restoring: false,
             counters: PsCounters::default(),
         })
     }
@@ -397,6 +417,13 @@ impl ParameterStore {
             self.counters.rejected_stale += 1;
             return Ok(PushOutcome::Stale);
         }
+        if self.restoring || origin.generation < self.generation {
+            // PS-1: sent before the restore (or during it); its closure was settled by the
+            // coordinator before the restore began and may run again after it.
+            self.counters.rejected_stale += 1;
+            self.counters.rejected_old_generation += 1;
+            return Ok(PushOutcome::Stale);
+        }
         if self.applied_closures.contains(&origin.closure) || origin.closure < self.finished_below {
             self.counters.rejected_duplicate += 1;
             return Ok(PushOutcome::Duplicate);
@@ -511,9 +538,11 @@ impl ParameterStore {
     /// The coordinator's low watermark rose to `closure`: every closure below it is finished
     /// for good (committed, or ended with an error) and will never be dispatched again. Their
     /// ids are dropped from what PS-1 keeps, and a push of any of them is refused as a
-    /// duplicate from now on. A watermark lower than one already known changes nothing.
-    pub fn handle_finished_below(&mut self, closure: ClosureId) {
-        if closure <= self.finished_below {
+    /// duplicate from now on. A watermark lower than one already known, or computed in a
+    /// restore generation older than this server's (before a roll-back, so above the closures
+    /// run again after it: LEDGER-1), changes nothing.
+    pub fn handle_finished_below(&mut self, closure: ClosureId, generation: u64) {
+        if generation < self.generation || closure <= self.finished_below {
             return;
         }
         self.finished_below = closure;
@@ -524,15 +553,43 @@ impl ParameterStore {
         }
     }
 
+    /// A parameter-server recovery's restore of `generation` starts: every push is refused
+    /// from now until [`Self::handle_roll_back`] of that generation, and any push of an older
+    /// generation after it (PS-1). `fences` (per worker, the newest fenced incarnation) are
+    /// applied as by [`Self::handle_fence`]: a restarted server knows none (FENCE-1). Ignored
+    /// if this server is at a newer generation already.
+    pub fn handle_begin_restore(&mut self, generation: u64, fences: &[(u32, WorkerEpoch)]) {
+        if generation < self.generation {
+            return;
+        }
+        for &(worker, epoch) in fences {
+            self.handle_fence(worker, epoch);
+        }
+        self.generation = generation;
+        self.restoring = true;
+    }
+
     /// PS-1 back to a checkpoint's cut, after the coordinator restored every variable from
-    /// it: no closure at or above `cut` had applied then, so the ids kept as applied are
-    /// dropped and the low watermark becomes `cut`, even if lower than the one known (the
-    /// closures committed after the cut are run again and must apply once more). Fences stay:
-    /// a fenced incarnation stays fenced (FENCE-1).
-    pub fn handle_roll_back(&mut self, cut: ClosureId) {
+    /// it in restore `generation`: no closure at or above `cut` had applied then, so the ids
+    /// kept as applied are dropped and the low watermark becomes `cut`, even if lower than the
+    /// one known (the closures committed after the cut are run again and must apply once
+    /// more), and pushes of `generation` are accepted again. Fences stay (FENCE-1), and
+    /// [`Self::next_free_closure_id`] never goes down (ids above the cut were given out
+    /// already). A roll-back of an older generation changes nothing.
+    pub fn handle_roll_back(&mut self, cut: ClosureId, generation: u64) {
+        if generation < self.generation {
+            return;
+        }
+        self.pruned_next_free = self.next_free_closure_id();
         self.applied_closures.clear();
         self.finished_below = cut;
-        self.pruned_next_free = cut.0;
+        self.generation = generation;
+        self.restoring = false;
+    }
+
+    /// The restore generation this server is at, and whether its restore is under way.
+    pub fn generation(&self) -> (u64, bool) {
+        (self.generation, self.restoring)
     }
 
     /// The low watermark known here (see [`Self::handle_finished_below`]).
@@ -615,6 +672,7 @@ mod tests {
             epoch,
             closure: ClosureId(closure),
             attempt,
+            generation: 0,
         }
     }
 
@@ -788,7 +846,7 @@ mod tests {
             );
         }
         assert_eq!(ps.applied_ids_held(), 10);
-        ps.handle_finished_below(ClosureId(5));
+        ps.handle_finished_below(ClosureId(5), 0);
         assert_eq!(ps.applied_ids_held(), 5);
         // A late retry of a finished closure, kept id or dropped one: a duplicate either way.
         for c in [3, 7] {
@@ -798,7 +856,7 @@ mod tests {
             );
         }
         // A closure below the watermark that never pushed here is finished too.
-        ps.handle_finished_below(ClosureId(14));
+        ps.handle_finished_below(ClosureId(14), 0);
         assert_eq!(
             ps.handle_push(origin(1, 1, 12, 1), &grads).unwrap(),
             PushOutcome::Duplicate
@@ -812,7 +870,7 @@ mod tests {
         );
         assert_eq!(ps.next_free_closure_id(), 15);
         // A watermark lower than the one known changes nothing.
-        ps.handle_finished_below(ClosureId(2));
+        ps.handle_finished_below(ClosureId(2), 0);
         assert_eq!(ps.finished_below(), ClosureId(14));
         assert_eq!(ps.applied_ids_held(), 1);
         let c = ps.counters();
@@ -825,9 +883,136 @@ mod tests {
         let grads = vec![("w".to_string(), Gradient::Dense(vec![0.0, 0.0].into()))];
         ps.handle_push(origin(0, 1, 41, 1), &grads).unwrap();
         // The coordinator's watermark can pass the highest applied id only by one or more.
-        ps.handle_finished_below(ClosureId(42));
+        ps.handle_finished_below(ClosureId(42), 0);
         assert_eq!(ps.applied_ids_held(), 0);
         assert_eq!(ps.next_free_closure_id(), 42);
+    }
+
+    fn origin_in(worker: u32, epoch: u64, closure: u64, generation: u64) -> PushOrigin {
+        PushOrigin {
+            generation,
+            ..origin(worker, epoch, closure, 1)
+        }
+    }
+
+    /// LEDGER-1/PS-1: a watermark computed before a roll-back (above the cut) must not make
+    /// the server refuse the closures run again after it.
+    #[test]
+    fn ledger_1_a_watermark_from_before_the_roll_back_is_ignored() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![0.0, 0.0].into()))];
+        for c in 0..5 {
+            ps.handle_push(origin(0, 1, c, 1), &grads).unwrap();
+        }
+        ps.handle_begin_restore(1, &[]);
+        // Sent before the restore began, arrives during it: ignored (older generation).
+        ps.handle_finished_below(ClosureId(5), 0);
+        ps.handle_roll_back(ClosureId(2), 1);
+        assert_eq!(ps.finished_below(), ClosureId(2));
+        // Sent before the restore, arrives after the roll-back: ignored too.
+        ps.handle_finished_below(ClosureId(5), 0);
+        assert_eq!(ps.finished_below(), ClosureId(2));
+        for c in 2..5 {
+            assert_eq!(
+                ps.handle_push(origin_in(1, 1, c, 1), &grads).unwrap(),
+                PushOutcome::Applied,
+                "closure {c} run again after the roll-back"
+            );
+        }
+        // A watermark of the current generation is taken.
+        ps.handle_finished_below(ClosureId(5), 1);
+        assert_eq!(ps.finished_below(), ClosureId(5));
+        assert_eq!(ps.applied_ids_held(), 0);
+    }
+
+    /// PS-1 across a restore: nothing applies between the begin of a restore and its
+    /// roll-back, and a push sent before the restore (older generation) never applies after
+    /// it, though its closure's id was forgotten by the roll-back.
+    #[test]
+    fn ps_1_pushes_during_a_restore_or_from_an_older_generation_are_refused() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        assert_eq!(
+            ps.handle_push(origin_in(0, 1, 3, 0), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        ps.handle_begin_restore(1, &[]);
+        assert_eq!(ps.generation(), (1, true));
+        for generation in [0, 1] {
+            assert_eq!(
+                ps.handle_push(origin_in(0, 1, 4, generation), &grads)
+                    .unwrap(),
+                PushOutcome::Stale,
+                "generation {generation} while restoring"
+            );
+        }
+        let slots = ps.optimizer().new_slots("w", 2);
+        ps.handle_restore("w", vec![2], vec![1.0, 1.0], slots, 0)
+            .unwrap();
+        // Older generations change nothing.
+        ps.handle_begin_restore(0, &[]);
+        ps.handle_roll_back(ClosureId(0), 0);
+        assert_eq!(ps.generation(), (1, true));
+        ps.handle_roll_back(ClosureId(3), 1);
+        assert_eq!(ps.generation(), (1, false));
+        // The push of closure 3 from before the restore arrives late: refused, although the
+        // roll-back forgot that closure 3 had applied.
+        assert_eq!(
+            ps.handle_push(origin_in(0, 1, 3, 0), &grads).unwrap(),
+            PushOutcome::Stale
+        );
+        assert_eq!(ps.pull("w").unwrap(), &[1.0, 1.0]);
+        // Its re-run in the new generation applies once.
+        assert_eq!(
+            ps.handle_push(origin_in(1, 1, 3, 1), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        assert_eq!(
+            ps.handle_push(origin_in(1, 1, 3, 1), &grads).unwrap(),
+            PushOutcome::Duplicate
+        );
+        assert_eq!(ps.pull("w").unwrap(), &[0.5, 0.5]);
+        let c = ps.counters();
+        assert_eq!((c.rejected_old_generation, c.rejected_stale), (3, 3));
+    }
+
+    /// FENCE-1: a restarted server learns the fenced incarnations when its restore begins.
+    #[test]
+    fn fence_1_a_restored_server_knows_the_fences() {
+        let mut ps = ParameterStore::new(Optimizer::sgd(0.5)).unwrap();
+        ps.handle_begin_restore(2, &[(0, 3), (1, 1)]);
+        let slots = ps.optimizer().new_slots("w", 2);
+        ps.handle_restore("w", vec![2], vec![1.0, 1.0], slots, 0)
+            .unwrap();
+        ps.handle_roll_back(ClosureId(10), 2);
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        for (worker, epoch) in [(0, 3), (0, 2), (1, 1)] {
+            assert_eq!(
+                ps.handle_push(origin_in(worker, epoch, 10, 2), &grads)
+                    .unwrap(),
+                PushOutcome::Stale,
+                "worker/{worker} epoch {epoch} is fenced"
+            );
+        }
+        assert_eq!(
+            ps.handle_push(origin_in(0, 4, 10, 2), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        assert_eq!(ps.counters().rejected_old_generation, 0);
+    }
+
+    /// A roll-back never lowers the first free closure id: ids above the cut were given out.
+    #[test]
+    fn a_roll_back_never_lowers_the_next_free_closure_id() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![0.0, 0.0].into()))];
+        ps.handle_push(origin(0, 1, 7, 1), &grads).unwrap();
+        ps.handle_finished_below(ClosureId(9), 0);
+        assert_eq!(ps.next_free_closure_id(), 9);
+        ps.handle_begin_restore(1, &[]);
+        ps.handle_roll_back(ClosureId(4), 1);
+        assert_eq!(ps.finished_below(), ClosureId(4));
+        assert_eq!(ps.next_free_closure_id(), 9);
     }
 
     /// PS-1 over random interleavings of pushes (first attempts, re-dispatched attempts, late
@@ -873,7 +1058,7 @@ mod tests {
                     }
                     _ => {
                         let watermark = unfinished.keys().next().copied().unwrap_or(next);
-                        ps.handle_finished_below(ClosureId(watermark));
+                        ps.handle_finished_below(ClosureId(watermark), 0);
                         let live_applied = unfinished.values().filter(|a| **a).count();
                         let above = applied_count.keys().filter(|c| **c >= watermark).count();
                         assert!(ps.applied_ids_held() <= above, "seed {seed}");

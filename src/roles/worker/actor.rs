@@ -285,7 +285,13 @@ impl ComputeState {
         if !pending.is_empty() {
             let pushed = self.client.push(
                 &self.layouts,
-                (self.worker, self.epoch, run.closure, run.attempt),
+                (
+                    self.worker,
+                    self.epoch,
+                    run.closure,
+                    run.attempt,
+                    run.generation,
+                ),
                 pending,
             );
             match pushed {
@@ -330,6 +336,7 @@ mod tests {
             msg: RunClosure {
                 closure,
                 attempt: 1,
+                generation: 0,
                 function: "step".into(),
                 args: Vec::new(),
             },

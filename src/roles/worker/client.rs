@@ -32,7 +32,7 @@ pub struct PsClient {
 pub struct PushSummary {
     /// Servers that applied the push.
     pub applied: u32,
-    /// Servers that refused it as a duplicate (PS-1) or stale (FENCE-1).
+    /// Servers that refused it as a duplicate (PS-1).
     pub refused: u32,
 }
 
@@ -51,19 +51,11 @@ impl PsClient {
         Ok(self.pull_many(&[layout])?.pop().unwrap_or_default())
     }
 
-    /// The whole values of several variables: one request per parameter server, all at
-    /// once, naming every shard it holds among them; each variable is assembled from the
-    /// replies with one copy.
+    /// The whole values of several variables: one request per parameter server (more when
+    /// its shards add up to more than [`PULL_REPLY_BYTES_MAX`]), all at once, naming every
+    /// shard it holds among them; each variable is assembled from the replies with one copy.
     pub fn pull_many(&self, layouts: &[&ShardLayout]) -> Result<Vec<Vec<f32>>, StepError> {
-        let mut per_ps: BTreeMap<u32, ShardRequest> = BTreeMap::new();
-        for (v, layout) in layouts.iter().enumerate() {
-            for (i, shard) in layout.shards.iter().enumerate() {
-                let entry = per_ps.entry(shard.ps).or_default();
-                entry.0.push(layout.shard_name(i));
-                entry.1.push((v, i));
-            }
-        }
-        let (calls, wanted): (Vec<_>, Vec<_>) = per_ps
+        let (calls, wanted): (Vec<_>, Vec<_>) = plan_pulls(layouts, PULL_REPLY_BYTES_MAX)
             .into_iter()
             .map(|(ps, (names, shards))| ((ps, Pull { names }, Vec::new()), shards))
             .unzip();
@@ -141,14 +133,16 @@ impl PsClient {
         Ok(out)
     }
 
-    /// Sends a closure's gradients: one push per parameter server, all at once.
+    /// Sends a closure's gradients: one push per parameter server, all at once. `origin` is
+    /// (worker, epoch, closure, attempt, restore generation). A push any server refused as
+    /// stale is reported as that server's unavailability (see [`StepError::PsUnavailable`]).
     pub fn push(
         &self,
         layouts: &BTreeMap<String, ShardLayout>,
-        origin: (u32, u64, u64, u32),
+        origin: (u32, u64, u64, u32, u64),
         gradients: Vec<(String, PendingGradient)>,
     ) -> Result<PushSummary, StepError> {
-        let (worker, epoch, closure, attempt) = origin;
+        let (worker, epoch, closure, attempt, generation) = origin;
         let mut per_ps: BTreeMap<u32, PushParts> = BTreeMap::new();
         // Servers whose part of the push holds a NaN or Inf.
         let mut non_finite: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
@@ -215,7 +209,7 @@ impl PsClient {
             // servers holding a non-finite part apply their policy (skip and count, or error).
             per_ps.retain(|ps, _| non_finite.contains(ps));
         }
-        let calls = per_ps
+        let calls: Vec<(u32, Push, Vec<Bytes>)> = per_ps
             .into_iter()
             .map(|(ps, (gradients, blobs))| {
                 (
@@ -225,24 +219,48 @@ impl PsClient {
                         epoch,
                         closure,
                         attempt,
+                        generation,
                         gradients,
                     },
                     blobs,
                 )
             })
             .collect();
+        let targets: Vec<u32> = calls.iter().map(|(ps, _, _)| *ps).collect();
         let mut summary = PushSummary::default();
-        for (reply, _) in self.call_all(calls)? {
+        let mut stale = None;
+        for ((reply, _), ps) in self.call_all(calls)?.into_iter().zip(targets) {
             match reply.map_err(StepError::Ps)? {
                 PushReply::Applied | PushReply::SkippedNonFinite => summary.applied += 1,
-                PushReply::Duplicate | PushReply::Stale => summary.refused += 1,
+                PushReply::Duplicate => summary.refused += 1,
+                PushReply::Stale => {
+                    summary.refused += 1;
+                    stale.get_or_insert(ps);
+                }
             }
+        }
+        // A push refused as stale did not take effect: from a fenced incarnation or an older
+        // restore generation (the coordinator ignores what such a closure reports), or sent
+        // while a restore runs. Never a silent success: the server's failure, retryable.
+        if let Some(ps) = stale {
+            return Err(StepError::PsUnavailable(
+                crate::roles::protocol::PsUnavailable {
+                    ps,
+                    reason: "the push was refused as stale (a fenced incarnation, or a \
+                             parameter-server restore began since the closure was dispatched)"
+                        .into(),
+                },
+            ));
         }
         Ok(summary)
     }
 
     /// Sends every `(ps, message, blobs)` concurrently and waits for all replies (with their
-    /// blobs), in order.
+    /// blobs), in order. Every call settles (answered, failed or timed out) before this
+    /// returns, even when one fails early: a worker reports a closure only once nothing it
+    /// sent for it is still in flight, so the coordinator never starts a recovery under a push
+    /// that may still apply (PS-1). On failure, the first server found unavailable is
+    /// reported, else the first error.
     fn call_all<M: RemoteMessage + Sync>(
         &self,
         calls: Vec<(u32, M, Vec<Bytes>)>,
@@ -279,11 +297,31 @@ impl PsClient {
                         .map_err(|e| StepError::from_ps_call(ps, e))
                 }
             });
-            futures::future::try_join_all(futures).await
+            futures::future::join_all(futures).await
         });
-        self.runtime
+        let results = self
+            .runtime
             .block_on(calls)
-            .map_err(|e| StepError::Ps(format!("parameter-server calls did not finish: {e}")))?
+            .map_err(|e| StepError::Ps(format!("parameter-server calls did not finish: {e}")))?;
+        let mut replies = Vec::with_capacity(results.len());
+        let mut failed: Option<StepError> = None;
+        for result in results {
+            match result {
+                Ok(reply) => replies.push(reply),
+                Err(e) => {
+                    let unavailable = matches!(e, StepError::PsUnavailable(_));
+                    if failed.is_none()
+                        || (unavailable && !matches!(failed, Some(StepError::PsUnavailable(_))))
+                    {
+                        failed = Some(e);
+                    }
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(replies),
+        }
     }
 
     /// A reference to the PS actor on `node` if the gateway already knows its live incarnation.
@@ -296,6 +334,40 @@ impl PsClient {
             )
         })
     }
+}
+
+/// Most bytes one pull request asks a server for when it names several shards: half the
+/// node's message payload bound, so replies stay well inside it (a single shard larger than
+/// this still goes alone, bounded by the server's own limit).
+pub const PULL_REPLY_BYTES_MAX: usize = 64 << 20;
+
+/// The pull requests for `layouts`: for each server, its shards among them in as few
+/// requests as keep each reply within `bytes_max` (a larger shard goes alone).
+fn plan_pulls(layouts: &[&ShardLayout], bytes_max: usize) -> Vec<(u32, ShardRequest)> {
+    // Per server, its requests so far and the bytes each asks for.
+    let mut per_ps: BTreeMap<u32, Vec<(ShardRequest, usize)>> = BTreeMap::new();
+    for (v, layout) in layouts.iter().enumerate() {
+        let width = layout.row_len();
+        for (i, shard) in layout.shards.iter().enumerate() {
+            let bytes = shard.rows.len().saturating_mul(width).saturating_mul(4);
+            let requests = per_ps.entry(shard.ps).or_default();
+            let fits = requests
+                .last()
+                .is_some_and(|(_, total)| total.saturating_add(bytes) <= bytes_max);
+            if !fits {
+                requests.push(Default::default());
+            }
+            if let Some(((names, shards), total)) = requests.last_mut() {
+                names.push(layout.shard_name(i));
+                shards.push((v, i));
+                *total = total.saturating_add(bytes);
+            }
+        }
+    }
+    per_ps
+        .into_iter()
+        .flat_map(|(ps, requests)| requests.into_iter().map(move |(request, _)| (ps, request)))
+        .collect()
 }
 
 /// What one server is asked for in a pull: the shard names and, for each, (variable index,
@@ -339,4 +411,230 @@ fn route_rows(layout: &ShardLayout, ids: &[u64]) -> Result<Vec<(usize, RoutedRow
         .enumerate()
         .filter(|(_, (local, _))| !local.is_empty())
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variable::Shard;
+
+    fn layout(
+        name: &str,
+        rows: usize,
+        width: usize,
+        shards: &[(u32, usize, usize)],
+    ) -> ShardLayout {
+        ShardLayout {
+            name: name.into(),
+            shape: vec![rows, width],
+            shards: shards
+                .iter()
+                .map(|&(ps, start, end)| Shard {
+                    ps,
+                    rows: start..end,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn one_pull_per_server_names_every_shard_it_holds() {
+        let a = layout("a", 4, 2, &[(0, 0, 2), (1, 2, 4)]);
+        let b = layout("b", 1, 3, &[(0, 0, 1)]);
+        let plan = plan_pulls(&[&a, &b], 1 << 20);
+        assert_eq!(
+            plan,
+            vec![
+                (
+                    0,
+                    (vec!["a/part_0".into(), "b".into()], vec![(0, 0), (1, 0)])
+                ),
+                (1, (vec!["a/part_1".into()], vec![(0, 1)])),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_server_gets_several_pulls_when_its_shards_exceed_the_reply_bound() {
+        // Each shard is 2 rows x 4 floats = 32 bytes; the bound fits two of them.
+        let a = layout("a", 6, 4, &[(0, 0, 2), (0, 2, 4), (0, 4, 6)]);
+        let big = layout("big", 100, 4, &[(0, 0, 100)]);
+        let plan = plan_pulls(&[&a, &big], 64);
+        let names: Vec<Vec<String>> = plan.into_iter().map(|(_, (n, _))| n).collect();
+        assert_eq!(
+            names,
+            vec![
+                vec!["a/part_0".to_string(), "a/part_1".to_string()],
+                vec!["a/part_2".to_string()],
+                vec!["big".to_string()],
+            ]
+        );
+    }
+}
+
+#[cfg(test)]
+mod call_all_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, RefusedReason, Remote};
+    use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
+
+    use crate::roles::protocol::PushReply;
+    use crate::variable::Shard;
+
+    fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let endpoint =
+            Endpoint::bind(any, ca.issue(node).unwrap(), TransportConfig::for_tests()).unwrap();
+        Gateway::start(
+            endpoint,
+            GatewayConfig {
+                epoch: Epoch(1),
+                heartbeat: HeartbeatConfig {
+                    interval: Duration::from_millis(100),
+                    timeout: Duration::from_secs(2),
+                },
+                call_timeout: Duration::from_secs(10),
+                ..GatewayConfig::default()
+            },
+        )
+    }
+
+    fn scalar(name: &str, ps: u32) -> ShardLayout {
+        ShardLayout {
+            name: name.into(),
+            shape: vec![1],
+            shards: vec![Shard { ps, rows: 0..1 }],
+        }
+    }
+
+    /// Two fake parameter servers and a client over them: ps/0 answers a push with `reply`
+    /// after `delay` (then sets `settled`), ps/1 with `second` at once, or serves no
+    /// parameter-server actor at all (`None`: unavailable). Runs until `stop` is sent.
+    fn cluster(
+        delay: Duration,
+        reply: PushReply,
+        second: Option<PushReply>,
+        settled: Arc<AtomicBool>,
+    ) -> (
+        PsClient,
+        tokio::sync::oneshot::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let system = std::thread::spawn(move || {
+            actix::System::new().block_on(async move {
+                let ca = ClusterCa::generate("test").unwrap();
+                let first = NodeId::new("ps", 0);
+                let first_gateway = gateway(&ca, &first);
+                first_gateway
+                    .register_fn::<Push, _, _>(PS_ACTOR, move |_: Remote<Push>| {
+                        let settled = Arc::clone(&settled);
+                        async move {
+                            tokio::time::sleep(delay).await;
+                            settled.store(true, Ordering::SeqCst);
+                            Ok::<_, RefusedReason>(Ok(reply))
+                        }
+                    })
+                    .unwrap();
+                let other = NodeId::new("ps", 1);
+                let other_gateway = gateway(&ca, &other);
+                if let Some(second) = second {
+                    other_gateway
+                        .register_fn::<Push, _, _>(PS_ACTOR, move |_: Remote<Push>| async move {
+                            Ok::<_, RefusedReason>(Ok(second))
+                        })
+                        .unwrap();
+                }
+                let servers = vec![
+                    (first, first_gateway.local_addr().unwrap()),
+                    (other, other_gateway.local_addr().unwrap()),
+                ];
+                let worker = gateway(&ca, &NodeId::new("worker", 0));
+                ready_tx
+                    .send(PsClient::new(worker, Handle::current(), servers))
+                    .unwrap();
+                let _ = stop_rx.await;
+            })
+        });
+        (ready_rx.recv().unwrap(), stop_tx, system)
+    }
+
+    fn push_both(client: &PsClient) -> Result<PushSummary, StepError> {
+        let layouts: BTreeMap<String, ShardLayout> = [
+            ("a".to_string(), scalar("a", 0)),
+            ("b".to_string(), scalar("b", 1)),
+        ]
+        .into_iter()
+        .collect();
+        let gradients = vec![
+            ("a".to_string(), PendingGradient::Dense(vec![1.0])),
+            ("b".to_string(), PendingGradient::Dense(vec![1.0])),
+        ];
+        client.push(&layouts, (0, 1, 7, 1, 0), gradients)
+    }
+
+    /// PS-1: when one server fails a push at once, the worker still waits for the push it
+    /// sent to the other server to settle before reporting the closure, so the coordinator
+    /// never starts a recovery under a push that may still apply.
+    #[test]
+    fn ps_1_a_failed_push_is_reported_only_after_every_push_sent_has_settled() {
+        let settled = Arc::new(AtomicBool::new(false));
+        let (client, stop, system) = cluster(
+            Duration::from_millis(300),
+            PushReply::Applied,
+            None,
+            Arc::clone(&settled),
+        );
+        let result = push_both(&client);
+        assert!(
+            matches!(result, Err(StepError::PsUnavailable(ref u)) if u.ps == 1),
+            "{result:?}"
+        );
+        assert!(
+            settled.load(Ordering::SeqCst),
+            "the push to ps/0 was still in flight when the failure was reported"
+        );
+        let _ = stop.send(());
+        system.join().unwrap();
+    }
+
+    /// LEDGER-1: a push refused as stale (an older restore generation, or during a restore)
+    /// did not take effect, so the closure is never reported as done; a duplicate did.
+    #[test]
+    fn ledger_1_a_push_refused_as_stale_is_never_a_silent_success() {
+        let settled = Arc::new(AtomicBool::new(false));
+        let (client, stop, system) = cluster(
+            Duration::ZERO,
+            PushReply::Applied,
+            Some(PushReply::Stale),
+            Arc::clone(&settled),
+        );
+        let result = push_both(&client);
+        assert!(
+            matches!(result, Err(StepError::PsUnavailable(ref u)) if u.ps == 1),
+            "{result:?}"
+        );
+        let _ = stop.send(());
+        system.join().unwrap();
+        let (client, stop, system) = cluster(
+            Duration::ZERO,
+            PushReply::Applied,
+            Some(PushReply::Duplicate),
+            settled,
+        );
+        assert_eq!(
+            push_both(&client).unwrap(),
+            PushSummary {
+                applied: 1,
+                refused: 1
+            }
+        );
+        let _ = stop.send(());
+        system.join().unwrap();
+    }
 }

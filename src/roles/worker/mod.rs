@@ -44,8 +44,10 @@ pub enum StepError {
     /// Bad arguments or any other failure of the step itself.
     #[error("{0}")]
     Step(String),
-    /// A parameter server could not be reached, or had lost its state (restarted, not
-    /// restored yet). Retryable: a step should pass it on with `?`.
+    /// A parameter server could not be reached, had lost its state (restarted, not restored
+    /// yet), or refused the closure's push as stale (a restore began since the closure was
+    /// dispatched, or this incarnation was fenced). Retryable: a step should pass it on with
+    /// `?`.
     #[error(transparent)]
     PsUnavailable(#[from] crate::roles::protocol::PsUnavailable),
 }
