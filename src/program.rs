@@ -36,7 +36,7 @@ pub use crate::roles::coordinator::{
     ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec,
 };
 pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
-pub use crate::roles::worker::{StepContext, StepError};
+pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, TrainReport};
 
 /// Builds a worker's dataset for its input pipeline.
 pub type DatasetFn = Arc<dyn Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync>;

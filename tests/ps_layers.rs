@@ -209,6 +209,15 @@ fn the_models_converge_in_process_under_mirrored() -> Result<()> {
 
 /// Child mode: run this process's role of the test program.
 #[test]
+fn the_click_model_reads_its_head_whole_and_its_table_by_rows() -> Result<()> {
+    use cohort::train::Model as _;
+    let mut whole = click_model()?.whole_read_variables().unwrap_or_default();
+    whole.sort();
+    assert_eq!(whole, vec!["ctr/head/bias", "ctr/head/kernel"]);
+    Ok(())
+}
+
+#[test]
 fn cluster_task() {
     ps_support::run_if_child(program);
 }

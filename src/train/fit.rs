@@ -11,7 +11,7 @@ use super::{
     TrainError,
 };
 use crate::data::{Dataset, DistributeOptions, Element};
-use crate::nn::{GradientTape, Layer, NnError};
+use crate::nn::{GradientTape, Layer, NnError, WeightAccess};
 use crate::strategy::{PerReplica, Strategy, StrategyError, StrategyExt};
 use crate::variable::Variable;
 
@@ -29,6 +29,13 @@ pub trait Model: Send + Sync {
     /// Regularization losses, unscaled (Keras' `model.losses`).
     fn regularization_losses(&self, _tape: &GradientTape) -> Result<Vec<Tensor>, TrainError> {
         Ok(Vec::new())
+    }
+
+    /// The variables a forward pass reads whole (kernels, biases; not tables read by rows),
+    /// if the model knows them: a parameter-server step fetches them all in one round trip
+    /// per server before the pass. `None` (the default): each is read when first touched.
+    fn whole_read_variables(&self) -> Option<Vec<String>> {
+        None
     }
 }
 
@@ -87,6 +94,17 @@ impl<L: Layer> Model for Supervised<L> {
 
     fn regularization_losses(&self, tape: &GradientTape) -> Result<Vec<Tensor>, TrainError> {
         Ok(self.network.regularization_losses(tape)?)
+    }
+
+    fn whole_read_variables(&self) -> Option<Vec<String>> {
+        Some(
+            self.network
+                .weight_specs()
+                .into_iter()
+                .filter(|spec| spec.access == WeightAccess::Dense)
+                .map(|spec| spec.name)
+                .collect(),
+        )
     }
 }
 

@@ -9,6 +9,7 @@
 //!
 //! [`Placement::ParameterServer`]: crate::variable::Placement::ParameterServer
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -30,10 +31,11 @@ use crate::variable::{ParameterServerPlacement, Partitioner, ShardLayout, Variab
 ///    a large embedding table).
 /// 2. **Worker**, in a registered step function: build the model with [`PsModel::build`]
 ///    (the same builder function the in-process run uses; building is cheap: no values are
-///    drawn or stored on the worker), then call [`PsModel::train_step`] with a batch. It reads
-///    each variable from the servers the first time the forward pass touches it
-///    (`StepContext::pull`, or `pull_rows` with only the batch's distinct ids for a table read
-///    by rows), differentiates the mean loss of the batch (plus regularization losses), and
+///    drawn or stored on the worker), then call [`PsModel::train_step`] with a batch. It
+///    fetches the variables the model reads whole ([`Model::whole_read_variables`]: kernels,
+///    biases) in one request per server before the forward pass, reads any other variable
+///    when the pass first touches it (`StepContext::pull`, or `pull_rows` with only the
+///    batch's distinct ids for a table read by rows), differentiates the mean loss of the batch (plus regularization losses), and
 ///    records one push per variable: dense, or rows for a table read by rows. The pushes are
 ///    sent when the step function returns `Ok`, as every step's are (PS-1), and the servers
 ///    apply the program's optimizer.
@@ -43,8 +45,7 @@ use crate::variable::{ParameterServerPlacement, Partitioner, ShardLayout, Variab
 /// ```no_run
 /// use candle_core::Tensor;
 /// use cohort::nn::{declare, losses, Activation, Dense, Layer, NnError, Sequential};
-/// use cohort::program::{CoordinatorError, Program, StepContext};
-/// use cohort::roles::worker::PsModel;
+/// use cohort::program::{CoordinatorError, Program, PsModel, StepContext};
 /// use cohort::train::Supervised;
 ///
 /// // The model, written once: in process it is built under a strategy's scope and trained
@@ -149,7 +150,7 @@ impl<M> PsModel<M> {
     where
         M: Sync,
     {
-        with_ps_tape(ctx, |tape| Ok(f(tape, &self.model)?))
+        with_ps_tape(ctx, HashMap::new(), |tape| Ok(f(tape, &self.model)?))
     }
 }
 
@@ -169,7 +170,21 @@ impl<M: Model> PsModel<M> {
                 local.name()
             )));
         }
-        let (loss, examples, grads) = with_ps_tape(ctx, |tape| {
+        // What the pass reads whole, fetched up front in one request per server.
+        let prefetch: Vec<String> = self
+            .model
+            .whole_read_variables()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| ctx.layout(name).is_ok())
+            .collect();
+        let names: Vec<&str> = prefetch.iter().map(String::as_str).collect();
+        let prefetched = prefetch
+            .iter()
+            .cloned()
+            .zip(ctx.pull_many(&names)?)
+            .collect();
+        let (loss, examples, grads) = with_ps_tape(ctx, prefetched, |tape| {
             let per_example = self
                 .model
                 .per_example_loss(tape, batch)
@@ -234,9 +249,11 @@ impl<M: fmt::Debug> fmt::Debug for PsModel<M> {
 
 /// Runs `compute` on a scoped helper thread with a tape whose source asks this thread, which
 /// holds the step context, for each pull. The tape owns its source (a tape has no lifetime),
-/// so the source is a channel to the context rather than a borrow of it.
+/// so the source is a channel to the context rather than a borrow of it. A whole read of a
+/// variable in `prefetched` is answered from it (once); any other read is a pull.
 fn with_ps_tape<T: Send>(
     ctx: &StepContext<'_>,
+    mut prefetched: HashMap<String, Vec<f32>>,
     compute: impl FnOnce(&GradientTape) -> Result<T, StepError> + Send,
 ) -> Result<T, StepError> {
     std::thread::scope(|scope| {
@@ -252,7 +269,10 @@ fn with_ps_tape<T: Send>(
         // Serve reads until the helper drops its source (finished, failed or panicked).
         while let Ok(request) = served.recv() {
             let pulled = match &request.rows {
-                None => ctx.pull(&request.variable),
+                None => match prefetched.remove(&request.variable) {
+                    Some(values) => Ok(values),
+                    None => ctx.pull(&request.variable),
+                },
                 Some(ids) => ctx.pull_rows(&request.variable, ids),
             };
             // The helper may have gone (a panic); then nobody waits for this reply.
