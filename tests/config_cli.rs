@@ -70,6 +70,21 @@ fn a_bad_flag_or_environment_value_exits_2_naming_the_key() {
         .env("TF_CONFIG", TF_CONFIG)
         .env("COHORT_INCARNATION", "x"));
     expect_refused(&out, &["COHORT_INCARNATION", "not a whole number"]);
+    // A setting that is not text is refused, not taken as unset.
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let not_utf8 = std::ffi::OsStr::from_bytes(b"ps\xff");
+        let out = run(cohort(&dir.0)
+            .args(["role", "--job", "demo"])
+            .env("TF_CONFIG", TF_CONFIG)
+            .env("COHORT_TASK_TYPE", not_utf8));
+        expect_refused(&out, &["COHORT_TASK_TYPE", "not valid UTF-8"]);
+        let out = run(cohort(&dir.0)
+            .args(["role", "--job", "demo"])
+            .env("TF_CONFIG", not_utf8));
+        expect_refused(&out, &["TF_CONFIG", "not valid UTF-8"]);
+    }
     // Unknown flags are usage errors (clap), also exit 2.
     let out = run(cohort(&dir.0).args(["role", "--job", "demo", "--task-tpye", "ps"]));
     expect_refused(&out, &["--task-tpye"]);

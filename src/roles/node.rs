@@ -101,15 +101,34 @@ pub fn resolve(config: &NodeConfig, task: TaskId) -> Result<SocketAddr, NodeErro
             addr: String::new(),
             reason: e.to_string(),
         })?;
-    addr.to_socket_addrs()
-        .map_err(|e| e.to_string())
-        .and_then(|mut addrs| addrs.next().ok_or_else(|| "no address".to_string()))
-        .map_err(|reason| NodeError::Address {
-            task,
-            addr: addr.to_string(),
-            reason,
-        })
+    resolve_within(addr.to_string(), RESOLVE_TIMEOUT).map_err(|reason| NodeError::Address {
+        task,
+        addr: addr.to_string(),
+        reason,
+    })
 }
+
+/// The first socket address `addr` (`host:port`) resolves to, within `timeout`. Name lookup
+/// blocks in the system resolver with no bound of its own, so it runs on a thread of its own
+/// that is abandoned if it does not answer in time (the process then refuses to start).
+fn resolve_within(addr: String, timeout: Duration) -> Result<SocketAddr, String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("resolve".into())
+        .spawn(move || {
+            let resolved = addr
+                .to_socket_addrs()
+                .map_err(|e| e.to_string())
+                .and_then(|mut addrs| addrs.next().ok_or_else(|| "no address".to_string()));
+            let _ = tx.send(resolved);
+        })
+        .map_err(|e| format!("cannot start the name lookup: {e}"))?;
+    rx.recv_timeout(timeout)
+        .map_err(|_| format!("name lookup did not answer within {timeout:?}"))?
+}
+
+/// Bound on resolving one task's address.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The node id of `task` (what its certificate names).
 pub fn peer(task: TaskId) -> NodeId {
@@ -132,3 +151,24 @@ const PAYLOAD_BYTES_MAX: usize = 128 * 1024 * 1024;
 /// Bound on a remote call, except a closure's run on a worker: that one is bounded by the
 /// coordinator's step timeout (`SchedulerConfig::step_timeout`) instead.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_resolves_within_its_bound() {
+        let addr = resolve_within("127.0.0.1:7000".into(), Duration::from_secs(5)).unwrap();
+        assert_eq!(addr, SocketAddr::from(([127, 0, 0, 1], 7000)));
+    }
+
+    #[test]
+    fn a_name_that_does_not_resolve_is_an_error_within_the_bound() {
+        // Either the resolver says no or the bound expires: both are errors, never a hang.
+        let err =
+            resolve_within("no-such-host.invalid:1".into(), Duration::from_secs(3)).unwrap_err();
+        assert!(!err.is_empty());
+        let err = resolve_within("not an address".into(), Duration::from_secs(3)).unwrap_err();
+        assert!(!err.is_empty());
+    }
+}

@@ -68,6 +68,11 @@ pub fn role_config() -> Option<&'static RoleConfig> {
 /// environment, `TF_CONFIG` and the config file, in that order.
 pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     init_logging();
+    // A setting that is present but not text is an error, not an unset value.
+    if let Some(key) = non_unicode_setting() {
+        eprintln!("error: bad config: {key}: the environment variable is not valid UTF-8");
+        return 2;
+    }
     let env = |key: &str| std::env::var(key).ok();
     let config = match load_role_config(flags, &env) {
         Ok(config) => config,
@@ -593,6 +598,16 @@ fn serve_chief_then_stop(gateway: Gateway, grace: Duration) {
         tracing::info!("stop requested: stopping");
         System::current().stop_with_code(PREEMPTED_EXIT_CODE);
     });
+}
+
+/// The first configuration variable of the environment (`COHORT_*`, `TF_CONFIG`) that is set
+/// but is not valid UTF-8, if any.
+fn non_unicode_setting() -> Option<&'static str> {
+    ConfigKey::ALL
+        .iter()
+        .map(|key| key.env)
+        .chain([crate::cluster::TF_CONFIG_ENV])
+        .find(|key| matches!(std::env::var(key), Err(std::env::VarError::NotUnicode(_))))
 }
 
 /// The preemption grace the launched tasks will use: from their extra environment `env`, else
