@@ -277,7 +277,11 @@ fn the_launcher_stopped_by_sigterm_returns_143_and_the_chief_checkpoints_in_its_
     let outcome = launcher.supervise(&stop).unwrap();
     drop(launcher);
     stopper.finish();
-    assert_eq!(outcome, cohort::launch::LaunchOutcome::Stopped);
+    assert_eq!(
+        outcome,
+        cohort::launch::LaunchOutcome::Stopped { chief: Some(143) },
+        "the chief saved its preemption checkpoint and exited 143 by itself"
+    );
     let report = run.report();
     assert_eq!(report["stopped_by_sigterm"], true, "{report}");
     let saved_step = report["saved_step"].as_u64().unwrap();

@@ -68,8 +68,13 @@ pub struct LaunchConfig {
 pub enum LaunchOutcome {
     /// The chief exited with this code (0 is success).
     ChiefExited(i32),
-    /// A stop was requested (Ctrl-C / SIGTERM); the children were stopped.
-    Stopped,
+    /// A stop was requested (Ctrl-C / SIGTERM); the children were stopped. `chief` is the
+    /// code the chief exited with while stopping (143 after its preemption checkpoint, or
+    /// whatever else it returned), `None` if it was killed by a signal or had already gone.
+    Stopped {
+        /// The chief's exit code, when it exited by itself.
+        chief: Option<i32>,
+    },
 }
 
 /// Why the launcher failed.
@@ -193,14 +198,17 @@ impl Launcher {
     /// returning.
     pub fn supervise(&mut self, stop: &AtomicBool) -> Result<LaunchOutcome, LaunchError> {
         let outcome = self.supervise_loop(stop);
-        self.stop_all();
-        outcome
+        let chief = self.stop_all();
+        match outcome {
+            Ok(LaunchOutcome::Stopped { .. }) => Ok(LaunchOutcome::Stopped { chief }),
+            other => other,
+        }
     }
 
     fn supervise_loop(&mut self, stop: &AtomicBool) -> Result<LaunchOutcome, LaunchError> {
         loop {
             if stop.load(Ordering::SeqCst) {
-                return Ok(LaunchOutcome::Stopped);
+                return Ok(LaunchOutcome::Stopped { chief: None });
             }
             let now = Instant::now();
             self.maybe_kill_once(now);
@@ -318,7 +326,10 @@ impl Launcher {
     }
 
     /// SIGTERM to every child, then SIGKILL to those still running after the grace period.
-    fn stop_all(&mut self) {
+    /// Stops every child (SIGTERM, then SIGKILL after the grace); the chief's exit code if it
+    /// exited by itself meanwhile.
+    fn stop_all(&mut self) -> Option<i32> {
+        let mut chief_code = None;
         for entry in self.tasks.values_mut() {
             entry.restart_at = None;
             if let Some(child) = entry.child.as_ref() {
@@ -328,16 +339,22 @@ impl Launcher {
         let deadline = Instant::now() + self.config.stop_grace;
         loop {
             let mut running = 0;
-            for entry in self.tasks.values_mut() {
+            for (task, entry) in self.tasks.iter_mut() {
                 if let Some(child) = entry.child.as_mut() {
                     match child.try_wait() {
-                        Ok(Some(_)) | Err(_) => entry.child = None,
+                        Ok(Some(status)) => {
+                            if task.task_type == TaskType::Chief {
+                                chief_code = status.code();
+                            }
+                            entry.child = None;
+                        }
+                        Err(_) => entry.child = None,
                         Ok(None) => running += 1,
                     }
                 }
             }
             if running == 0 {
-                return;
+                return chief_code;
             }
             if Instant::now() >= deadline {
                 break;
@@ -350,6 +367,7 @@ impl Launcher {
                 let _ = child.wait();
             }
         }
+        chief_code
     }
 }
 

@@ -245,7 +245,9 @@ pub fn launch_local(
     }
     match outcome {
         Ok(LaunchOutcome::ChiefExited(code)) => code,
-        Ok(LaunchOutcome::Stopped) => 143,
+        // The chief's own code when it exited while stopping (143 after its preemption
+        // checkpoint, anything else it returned); 143 when it had to be killed.
+        Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(143),
         Err(e) => {
             eprintln!("error: {e}");
             1

@@ -241,7 +241,7 @@ impl Run {
             .expect("supervise the local cluster")
         {
             LaunchOutcome::ChiefExited(code) => code,
-            LaunchOutcome::Stopped => panic!("the launcher was stopped"),
+            LaunchOutcome::Stopped { .. } => panic!("the launcher was stopped"),
         }
     }
 
