@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 
 use cohort::program::{CoordinatorError, Program, StepContext, VariableSpec};
 use cohort::variable::Partitioner;
-use nix::sys::signal::Signal;
 use ps_support::{
-    beside, child_dir, claim_pid_file, ledger_and_stats, ps_counter, read_pid_file, scenario,
-    signal, sleep_unless, wait_for_pid, write_report, Run,
+    child_dir, claim_pid_file, freeze_then_continue, ledger_and_stats, ps_counter, read_pid_file,
+    scenario, write_report, Run,
 };
 
 /// Closures the chief schedules first; the victim is one of them.
@@ -160,19 +159,7 @@ fn fence_1_a_worker_whose_step_outlives_the_step_timeout_is_retired_and_rejoins(
 #[test]
 fn fence_1_a_falsely_declared_dead_worker_is_retired_when_it_wakes_and_rejoins() {
     let run = Run::new("ps-retire-freeze", "freeze", &[]);
-    let pid_file = run.path(VICTIM_PID);
-    let continued = run.path(CONTINUED);
-    let fault = beside(move |cancel| {
-        let Some(pid) = wait_for_pid(&pid_file, &cancel) else {
-            return;
-        };
-        signal(pid, Signal::SIGSTOP);
-        eprintln!("[test] SIGSTOP worker pid {pid} for {STOPPED_FOR:?}");
-        sleep_unless(&cancel, STOPPED_FOR);
-        signal(pid, Signal::SIGCONT);
-        eprintln!("[test] SIGCONT worker pid {pid}");
-        let _ = std::fs::write(&continued, b"1");
-    });
+    let fault = freeze_then_continue(run.path(VICTIM_PID), run.path(CONTINUED), STOPPED_FOR);
     let report = run.launch();
     fault.finish();
     check_retired_and_rejoined(&run, &report);

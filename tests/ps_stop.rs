@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use cohort::program::{CoordinatorError, Program, StepContext, VariableSpec};
 use cohort::variable::Partitioner;
-use nix::sys::signal::Signal;
 use ps_support::{
-    beside, child_dir, claim_pid_file, ledger_and_stats, ps_counter, read_pid_file, signal,
-    sleep_unless, wait_for_pid, write_report, Run,
+    child_dir, claim_pid_file, freeze_then_continue, ledger_and_stats, ps_counter, read_pid_file,
+    write_report, Run,
 };
 
 /// Closures the chief schedules.
@@ -143,19 +142,7 @@ fn fence_1_a_stopped_worker_is_replaced_and_its_late_push_is_rejected_as_stale()
 /// chief's report.
 fn stop_and_continue_a_worker(attempt: u32) -> serde_json::Value {
     let run = Run::new(&format!("ps-stop-{attempt}"), "stop", &[]);
-    let pid_file = run.path(VICTIM_PID);
-    let continued = run.path(CONTINUED);
-    let fault = beside(move |cancel| {
-        let Some(pid) = wait_for_pid(&pid_file, &cancel) else {
-            return;
-        };
-        signal(pid, Signal::SIGSTOP);
-        eprintln!("[test] SIGSTOP worker pid {pid} for {STOPPED_FOR:?}");
-        sleep_unless(&cancel, STOPPED_FOR);
-        signal(pid, Signal::SIGCONT);
-        eprintln!("[test] SIGCONT worker pid {pid}");
-        let _ = std::fs::write(&continued, b"1");
-    });
+    let fault = freeze_then_continue(run.path(VICTIM_PID), run.path(CONTINUED), STOPPED_FOR);
     let report = run.launch();
     fault.finish();
     println!("report: {report}");

@@ -326,6 +326,27 @@ pub fn beside(fault: impl FnOnce(Arc<AtomicBool>) + Send + 'static) -> Beside {
     }
 }
 
+/// Beside the launcher: waits for the worker PID in `pid_file`, SIGSTOPs that worker for
+/// `stopped_for` (past the detection budget: it is declared dead and fenced), SIGCONTs it and
+/// then writes `continued_file`, which the frozen step waits for before it pushes.
+pub fn freeze_then_continue(
+    pid_file: PathBuf,
+    continued_file: PathBuf,
+    stopped_for: Duration,
+) -> Beside {
+    beside(move |cancel| {
+        let Some(pid) = wait_for_pid(&pid_file, &cancel) else {
+            return;
+        };
+        signal(pid, Signal::SIGSTOP);
+        eprintln!("[test] SIGSTOP worker pid {pid} for {stopped_for:?}");
+        sleep_unless(&cancel, stopped_for);
+        signal(pid, Signal::SIGCONT);
+        eprintln!("[test] SIGCONT worker pid {pid}");
+        let _ = std::fs::write(&continued_file, b"1");
+    })
+}
+
 /// A fault-injecting thread running beside the launcher.
 pub struct Beside {
     cancel: Arc<AtomicBool>,
