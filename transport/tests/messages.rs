@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use cohort_transport::{ClusterCa, Frame, Link, LinkError, TransportConfig};
+use cohort_transport::{Bytes, ClusterCa, Connection, Frame, Link, LinkError, TransportConfig};
 use common::*;
 
 #[tokio::test]
@@ -96,28 +96,7 @@ async fn blob_of_64_mib_arrives_intact_both_ways() {
 
         let tensor = random_bytes(7, 64 * 1024 * 1024);
         let small = random_bytes(8, 1000);
-        let sent = vec![tensor, small];
-        let expected = checksum(&sent);
-        let (reply, echoed) = conn
-            .request_msg::<_, TestMsg>(
-                &TestMsg::Put {
-                    name: "embedding".into(),
-                    checksum: expected,
-                },
-                sent.clone(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(
-            reply,
-            TestMsg::Ack {
-                checksum: expected,
-                bytes: 64 * 1024 * 1024 + 1000
-            }
-        );
-        assert_eq!(echoed.len(), 2);
-        assert_eq!(checksum(&echoed), expected, "echoed blobs intact");
-        assert!(echoed[0] == sent[0] && echoed[1] == sent[1]);
+        put_and_expect_echo(&conn, "embedding", vec![tensor, small]).await;
     })
     .await;
 }
@@ -314,25 +293,32 @@ async fn blobs_cross_intact_between_peers_with_different_udp_payload_bounds() {
             .await
             .unwrap();
         let sent = vec![random_bytes(11, 4 * 1024 * 1024), random_bytes(12, 4001)];
-        let expected = checksum(&sent);
-        let (reply, echoed) = conn
-            .request_msg::<_, TestMsg>(
-                &TestMsg::Put {
-                    name: "mtu".into(),
-                    checksum: expected,
-                },
-                sent.clone(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(
-            reply,
-            TestMsg::Ack {
-                checksum: expected,
-                bytes: 4 * 1024 * 1024 + 4001
-            }
-        );
-        assert!(echoed[0] == sent[0] && echoed[1] == sent[1]);
+        put_and_expect_echo(&conn, "mtu", sent).await;
     })
     .await;
+}
+
+/// Sends `sent` as the blobs of a `Put` and checks that the echo server acknowledges every
+/// byte and sends the same blobs back.
+async fn put_and_expect_echo(conn: &Connection, name: &str, sent: Vec<Bytes>) {
+    let expected = checksum(&sent);
+    let bytes: u64 = sent.iter().map(|b| b.len() as u64).sum();
+    let (reply, echoed) = conn
+        .request_msg::<_, TestMsg>(
+            &TestMsg::Put {
+                name: name.into(),
+                checksum: expected,
+            },
+            sent.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        reply,
+        TestMsg::Ack {
+            checksum: expected,
+            bytes
+        }
+    );
+    assert_eq!(echoed, sent, "echoed blobs intact");
 }
