@@ -162,6 +162,32 @@ fn stop_request_stops_every_child() {
 }
 
 #[test]
+fn an_evaluator_task_is_launched_with_its_own_certificate_beside_the_cluster() {
+    let dir = temp_dir("evaluator");
+    let journal = dir.join("journal");
+    let mut config = config(
+        &dir,
+        &journal,
+        &[("CHIEF_RUN_MS", "1500"), ("CHIEF_EXIT", "0")],
+    );
+    config.num_evaluators = 1;
+    let mut launcher = Launcher::start(config).unwrap();
+    let evaluator = TaskId::new(TaskType::Evaluator, 0);
+    assert!(launcher.cluster().tasks().any(|t| t == evaluator));
+    assert!(dir.join("certs").join("evaluator-0.pem").is_file());
+    assert_eq!(
+        launcher.supervise(&AtomicBool::new(false)).unwrap(),
+        LaunchOutcome::ChiefExited(0)
+    );
+    let lines = std::fs::read_to_string(&journal).unwrap();
+    assert!(
+        lines.lines().any(|l| l.starts_with("evaluator/0 ")),
+        "the evaluator ran with its task from TF_CONFIG: {lines}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn zero_workers_is_a_clear_error() {
     let dir = temp_dir("zero");
     let mut config = config(&dir, &dir.join("journal"), &[]);
@@ -180,6 +206,7 @@ fn config(dir: &Path, journal: &Path, env: &[(&str, &str)]) -> LaunchConfig {
     LaunchConfig {
         num_workers: 2,
         num_ps: 1,
+        num_evaluators: 0,
         program: std::env::current_exe().unwrap(),
         args: vec!["--exact".into(), "child_task".into(), "--nocapture".into()],
         env: vars,

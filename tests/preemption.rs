@@ -173,6 +173,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
     let flags = cohort::roles::LaunchFlags {
         workers: 2,
         ps: 2,
+        evaluators: 0,
         kill_worker_after: None,
         run_dir: Some(run.path("launch")),
         detection_budget: Duration::from_secs(1),
@@ -261,6 +262,7 @@ fn the_launcher_stopped_by_sigterm_returns_143_and_the_chief_checkpoints_in_its_
     let config = cohort::launch::LaunchConfig {
         num_workers: 2,
         num_ps: 2,
+        num_evaluators: 0,
         program: std::env::current_exe().unwrap(),
         args: vec![
             "--exact".into(),

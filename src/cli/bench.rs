@@ -42,6 +42,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
         let flags = LaunchFlags {
             workers: 2,
             ps: 2,
+            evaluators: 0,
             kill_worker_after: None,
             run_dir: None,
             detection_budget: Duration::from_secs(3),

@@ -45,6 +45,9 @@ pub struct LaunchConfig {
     pub num_workers: u32,
     /// Parameter servers to start.
     pub num_ps: u32,
+    /// Evaluators to start: sidecar evaluation of the job's checkpoints (see
+    /// `Program::evaluator`); usually 0.
+    pub num_evaluators: u32,
     /// The program every task runs (usually the current executable).
     pub program: PathBuf,
     /// Arguments every task gets (the role comes from `TF_CONFIG`, not from these).
@@ -145,7 +148,7 @@ impl Launcher {
             }
             .into());
         }
-        let cluster = local_cluster(config.num_workers, config.num_ps)?;
+        let cluster = local_cluster(config.num_workers, config.num_ps, config.num_evaluators)?;
         let certs_dir = config.run_dir.join("certs");
         let ca =
             ClusterCa::generate("cohort-local").map_err(|e| LaunchError::Certs(e.to_string()))?;
@@ -392,8 +395,12 @@ pub fn node_id(task: TaskId) -> NodeId {
 /// How often the supervisor looks at its children.
 const SUPERVISE_TICK: Duration = Duration::from_millis(20);
 
-fn local_cluster(num_workers: u32, num_ps: u32) -> Result<ClusterSpec, LaunchError> {
-    let count = 1 + num_workers as usize + num_ps as usize;
+fn local_cluster(
+    num_workers: u32,
+    num_ps: u32,
+    num_evaluators: u32,
+) -> Result<ClusterSpec, LaunchError> {
+    let count = 1 + num_workers as usize + num_ps as usize + num_evaluators as usize;
     // Hold every socket until all ports are chosen so no two tasks get the same one.
     let sockets = (0..count)
         .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
@@ -410,7 +417,11 @@ fn local_cluster(num_workers: u32, num_ps: u32) -> Result<ClusterSpec, LaunchErr
         (TaskType::Chief, 1),
         (TaskType::Ps, num_ps),
         (TaskType::Worker, num_workers),
+        (TaskType::Evaluator, num_evaluators),
     ] {
+        if n == 0 && task_type == TaskType::Evaluator {
+            continue;
+        }
         let addrs = (0..n)
             .filter_map(|_| ports.next())
             .map(|p| format!("127.0.0.1:{p}"))

@@ -154,6 +154,10 @@ pub struct LaunchFlags {
     /// Parameter-server processes.
     #[arg(long, default_value_t = 2)]
     pub ps: u32,
+    /// Evaluator processes: each evaluates every new checkpoint with the program's evaluation
+    /// function (the demo's reports held-out digits accuracy).
+    #[arg(long, default_value_t = 0)]
+    pub evaluators: u32,
     /// SIGKILL worker 1 (or 0 with one worker) once, this long after launch, to show recovery
     /// (e.g. "20s").
     #[arg(long, value_parser = |s: &str| parse_duration("--kill-worker-after", s))]
@@ -202,6 +206,7 @@ pub fn launch_local(
     let config = LaunchConfig {
         num_workers: flags.workers,
         num_ps: flags.ps,
+        num_evaluators: flags.evaluators,
         program,
         args: task_args,
         env,

@@ -223,6 +223,7 @@ impl Run {
         let config = LaunchConfig {
             num_workers: self.num_workers,
             num_ps: self.num_ps,
+            num_evaluators: 0,
             program: std::env::current_exe().expect("the test binary's path"),
             args: vec![
                 "--exact".into(),
