@@ -443,11 +443,4 @@ mod tests {
         assert!((ours - reference).abs() < 1e-6, "{ours} vs {reference}");
         assert!(ctr_loss(&rows, dim, &[9, 0, 0, 0, 0, 0], 2, [&w, &b], &labels).is_err());
     }
-
-    #[test]
-    fn unique_rows_maps_every_id() {
-        let (unique, positions) = unique_rows(&[5, 9, 5, 7]);
-        assert_eq!(unique, [5, 9, 7]);
-        assert_eq!(positions, [0, 1, 0, 2]);
-    }
 }

@@ -459,15 +459,7 @@ impl Scheduler {
         attempt: u32,
         outcome: Result<Vec<u8>, String>,
     ) -> ResultDisposition {
-        let current = matches!(
-            self.closures.get(&closure).map(|c| &c.state),
-            Some(ClosureState::InFlight { worker: w, epoch: e, attempt: a }) if *w == worker && *e == epoch && *a == attempt
-        );
-        let live = self
-            .workers
-            .get(&worker)
-            .is_some_and(|w| w.alive && w.epoch == epoch);
-        if !current || !live {
+        if !self.is_current(worker, epoch, closure, attempt) {
             // FENCE-1: a fenced incarnation or superseded attempt changes nothing.
             self.ledger.rejected_stale += 1;
             return ResultDisposition::RejectedStale;
@@ -515,15 +507,7 @@ impl Scheduler {
         closure: ClosureId,
         attempt: u32,
     ) -> ResultDisposition {
-        let current = matches!(
-            self.closures.get(&closure).map(|c| &c.state),
-            Some(ClosureState::InFlight { worker: w, epoch: e, attempt: a }) if *w == worker && *e == epoch && *a == attempt
-        );
-        let live = self
-            .workers
-            .get(&worker)
-            .is_some_and(|w| w.alive && w.epoch == epoch);
-        if !current || !live {
+        if !self.is_current(worker, epoch, closure, attempt) {
             self.ledger.rejected_stale += 1;
             return ResultDisposition::RejectedStale;
         }
@@ -1068,6 +1052,8 @@ impl Scheduler {
         closure.0 < self.next_id && !self.closures.contains_key(&closure)
     }
 
+    /// Whether a report about `closure` comes from the live incarnation running its current
+    /// attempt (FENCE-1: anything else changes nothing).
     fn is_current(
         &self,
         worker: u32,
