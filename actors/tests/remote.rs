@@ -123,7 +123,15 @@ fn start_gateway_with(
     heartbeat: HeartbeatConfig,
 ) -> anyhow::Result<Gateway> {
     let addr: SocketAddr = "127.0.0.1:0".parse()?;
-    let endpoint = Endpoint::bind(addr, creds, TransportConfig::for_tests())?;
+    // The connection's idle timeout is at least the heartbeat's budget, as on a node: a
+    // scenario with relaxed detection must not lose its connection when a loaded machine
+    // stalls a large transfer for a second.
+    let tests = TransportConfig::for_tests();
+    let transport = TransportConfig {
+        idle_timeout: heartbeat.timeout.max(tests.idle_timeout),
+        ..tests
+    };
+    let endpoint = Endpoint::bind(addr, creds, transport)?;
     let config = GatewayConfig {
         epoch: Epoch(epoch),
         heartbeat,
