@@ -86,6 +86,30 @@ fn ckpt1_round_trip_is_bit_identical() {
         manifest_json["ledger"]["committed_ids"],
         serde_json::json!([[0, 199]])
     );
+    assert_eq!(
+        (m.ledger.rolled_back, m.ledger.ps_restores),
+        (2, 1),
+        "the parameter-server recovery counts travel in the manifest"
+    );
+}
+
+/// A manifest written before the ledger recorded parameter-server recoveries still restores,
+/// with both counts at 0.
+#[test]
+fn a_manifest_without_recovery_counts_restores_with_zero() {
+    let root = TempRoot::new("ckpt-old-ledger");
+    let t0 = Instant::now();
+    let mut manager = CheckpointManager::new(root.path(), policy(1), t0).unwrap();
+    let dir = manager.save(&sample_checkpoint(7), t0).unwrap();
+    let path = dir.join("manifest.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let ledger = json["ledger"].as_object_mut().unwrap();
+    assert!(ledger.remove("rolled_back").is_some() && ledger.remove("ps_restores").is_some());
+    std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    let ledger = read_checkpoint(&dir).unwrap().checkpoint.ledger;
+    assert_eq!((ledger.rolled_back, ledger.ps_restores), (0, 0));
+    assert_eq!(ledger.committed, 7);
 }
 
 #[test]

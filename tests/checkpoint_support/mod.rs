@@ -138,6 +138,8 @@ pub fn sample_checkpoint(step: u64) -> Checkpoint {
         redispatched: 3,
         rejected_stale: 1,
         cancelled: 0,
+        rolled_back: 2,
+        ps_restores: 1,
         ..Ledger::default()
     };
     ledger.committed_ids.extend(0..step);

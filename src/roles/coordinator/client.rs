@@ -408,6 +408,8 @@ impl ClusterCoordinator {
             // Failed and unavailable closures ended with an error too: the manifest's one
             // count for closures that ended without a value.
             cancelled: ledger.cancelled + ledger.failed + ledger.unavailable,
+            rolled_back: ledger.rolled_back,
+            ps_restores: ledger.ps_restores,
             // The retained ones (SchedulerConfig::finished_retained_max); the counts are whole.
             committed_ids: committed_ids.into_iter().collect(),
             pending_ids: Default::default(),
@@ -490,6 +492,8 @@ impl ClusterCoordinator {
             cancelled: ended,
             redispatched: saved.redispatched,
             rejected_stale: saved.rejected_stale,
+            rolled_back: saved.rolled_back,
+            ps_restores: saved.ps_restores,
             ..Ledger::default()
         };
         // Resume above every id any server has applied, so PS-1's dedupe never mistakes a new
