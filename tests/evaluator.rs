@@ -28,7 +28,9 @@ const CHILD_ENV: &str = "COHORT_EVALUATOR_TEST_CHILD";
 /// Bound on every wait on the evaluator process.
 const WAIT_MAX: Duration = Duration::from_secs(60);
 
-const TF_CONFIG: &str = r#"{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3", "127.0.0.1:4"], "evaluator": ["127.0.0.1:5"]}, "task": {"type": "evaluator", "index": 0}}"#;
+/// As TensorFlow's sidecar evaluator is configured: the training cluster (without an evaluator
+/// entry, and no certificates given), the task an evaluator.
+const TF_CONFIG: &str = r#"{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3", "127.0.0.1:4"]}, "task": {"type": "evaluator", "index": 0}}"#;
 
 /// The evaluation function under test: a few numbers every variable contributes to.
 fn metrics(vars: &CheckpointVariables) -> Result<Metrics, EvalError> {
@@ -294,8 +296,6 @@ impl Evaluator {
         command
             .env(CHILD_ENV, mode)
             .env("TF_CONFIG", TF_CONFIG)
-            // Read by nothing: the evaluator opens no connection, but a role needs the key.
-            .env("COHORT_CERTS", dir.join("certs"))
             .current_dir(dir)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -190,6 +190,12 @@ pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(10);
 /// chief that checkpoints every few minutes, short enough that a forgotten evaluator ends.
 pub const DEFAULT_EVAL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// What a role that needs certificates is told when none were configured.
+pub const CERTS_DIR_MISSING: &str =
+    "missing: pass --certs-dir, set COHORT_CERTS, or set certs_dir \
+     in cohort.toml (the directory with ca.pem and this node's certificate; `cohort certs` makes \
+     one)";
+
 /// The configuration flags a role process accepts, as given (values are checked by
 /// [`resolve_config`], so that a bad flag is reported like any other bad key).
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
@@ -402,8 +408,9 @@ pub struct ConfigFiles {
 pub struct RoleConfig {
     /// The cluster and this process's task in it.
     pub cluster: ClusterConfig,
-    /// Directory with `ca.pem` and this node's certificate and key.
-    pub certs_dir: PathBuf,
+    /// Directory with `ca.pem` and this node's certificate and key; required of every task
+    /// but an evaluator, which opens no connection.
+    pub certs_dir: Option<PathBuf>,
     /// This process's incarnation epoch (FENCE-1).
     pub incarnation: u64,
     /// Failure-detection budget.
@@ -912,13 +919,9 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
              \"task\", or add a [task] table to cohort.toml",
         )
     })?;
-    let certs_dir = certs_dir.ok_or_else(|| {
-        missing(
-            "certs_dir",
-            "missing: pass --certs-dir, set COHORT_CERTS, or set certs_dir in cohort.toml \
-             (the directory with ca.pem and this node's certificate; `cohort certs` makes one)",
-        )
-    })?;
+    if certs_dir.is_none() && task_type != TaskType::Evaluator {
+        return Err(missing("certs_dir", CERTS_DIR_MISSING));
+    }
     let task = TaskId::new(task_type, task_index.unwrap_or(0));
     let cluster = ClusterConfig::new(cluster, task).map_err(|error| {
         let key = if origins.contains_key("task.index") {
@@ -1016,7 +1019,7 @@ mod tests {
             config.cluster.cluster.address(config.cluster.task).unwrap(),
             "10.0.0.4:1"
         );
-        assert_eq!(config.certs_dir, PathBuf::from("conf/certs"));
+        assert_eq!(config.certs_dir, Some(PathBuf::from("conf/certs")));
         assert_eq!(config.checkpoint_dir, Some(PathBuf::from("/var/ckpt")));
         assert_eq!(config.detection_budget, Duration::from_secs(7));
         assert_eq!(config.worker_wait, Duration::from_secs(70));
@@ -1097,6 +1100,22 @@ mod tests {
         assert_eq!(config.detection_budget, Duration::from_secs(7));
     }
 
+    /// TensorFlow's sidecar evaluator stands outside the training cluster and never connects:
+    /// it needs neither an entry in the spec nor certificates. Every other task needs both.
+    #[test]
+    fn an_evaluator_needs_no_cluster_entry_and_no_certificates() {
+        let tf = r#"{"cluster": {"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]},
+                     "task": {"type": "evaluator", "index": 0}}"#;
+        let config = resolve(&[], &[("TF_CONFIG", tf)], &ConfigFiles::default()).unwrap();
+        assert_eq!(config.cluster.task, TaskId::new(TaskType::Evaluator, 0));
+        assert_eq!(config.certs_dir, None);
+
+        let worker = tf.replace("evaluator", "worker");
+        let err = resolve(&[], &[("TF_CONFIG", &worker)], &ConfigFiles::default()).unwrap_err();
+        assert_eq!(err.key, "certs_dir", "{err}");
+        assert!(err.to_string().contains("--certs-dir"), "{err}");
+    }
+
     #[test]
     fn environment_beats_tf_config_and_the_file() {
         let env = [
@@ -1115,7 +1134,7 @@ mod tests {
         assert_eq!(config.cluster.task, TaskId::new(TaskType::Chief, 0));
         assert_eq!(config.origin("task.type"), &Origin::Env);
         assert_eq!(config.origin("cluster"), &Origin::TfConfig);
-        assert_eq!(config.certs_dir, PathBuf::from("/env/certs"));
+        assert_eq!(config.certs_dir, Some(PathBuf::from("/env/certs")));
         assert_eq!(config.incarnation, 8);
         assert_eq!(config.detection_budget, Duration::from_secs(8));
         assert_eq!(config.worker_wait, Duration::from_secs(80));
@@ -1151,7 +1170,7 @@ mod tests {
         assert_eq!(config.cluster.task, TaskId::new(TaskType::Ps, 0));
         assert_eq!(config.origin("task.type"), &Origin::Flag);
         assert_eq!(config.origin("task.index"), &Origin::Flag);
-        assert_eq!(config.certs_dir, PathBuf::from("/flag/certs"));
+        assert_eq!(config.certs_dir, Some(PathBuf::from("/flag/certs")));
         assert_eq!(config.incarnation, 9);
         assert_eq!(config.detection_budget, Duration::from_secs(9));
         assert_eq!(config.worker_wait, Duration::from_secs(90));
@@ -1562,7 +1581,7 @@ mod tests {
             ..ConfigFlags::default()
         };
         let config = load_role_config(&flags, &env_of(&[])).unwrap();
-        assert_eq!(config.certs_dir, dir.join("certs"));
+        assert_eq!(config.certs_dir, Some(dir.join("certs")));
         let missing = dir.join("absent.toml");
         let err = load_files(
             &ConfigFlags::default(),

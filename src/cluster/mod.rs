@@ -16,8 +16,8 @@ mod tf_config;
 
 pub use config::{
     load_files, load_role_config, resolve_config, ConfigError, ConfigFiles, ConfigFlags, ConfigKey,
-    Origin, RoleConfig, DEFAULT_CONFIG_FILE, DEFAULT_DETECTION_BUDGET, DEFAULT_EVAL_IDLE_TIMEOUT,
-    DEFAULT_PREEMPTION_GRACE, DEFAULT_STEP_TIMEOUT, DEFAULT_WORKER_WAIT,
+    Origin, RoleConfig, CERTS_DIR_MISSING, DEFAULT_CONFIG_FILE, DEFAULT_DETECTION_BUDGET,
+    DEFAULT_EVAL_IDLE_TIMEOUT, DEFAULT_PREEMPTION_GRACE, DEFAULT_STEP_TIMEOUT, DEFAULT_WORKER_WAIT,
 };
 pub use duration::{format_duration, parse_duration};
 pub use spec::{ClusterSpec, StrategyKind, TaskId, TaskType};

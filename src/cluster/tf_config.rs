@@ -24,9 +24,15 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// Pairs a spec with a task, checking that the task exists in it.
+    /// Pairs a spec with a task, checking that the task exists in it. An evaluator may stand
+    /// outside the spec (TensorFlow's sidecar evaluator is not part of the training cluster and
+    /// never connects to it); when the spec does list evaluators, its index must be one of them.
     pub fn new(cluster: ClusterSpec, task: TaskId) -> Result<Self, ClusterError> {
-        cluster.address(task)?;
+        let outside =
+            task.task_type == TaskType::Evaluator && cluster.num_tasks(TaskType::Evaluator) == 0;
+        if !outside {
+            cluster.address(task)?;
+        }
         Ok(Self { cluster, task })
     }
 
@@ -302,6 +308,34 @@ fn parse_task<V: ConfigValue>(prefix: &str, task: Option<V>) -> Result<TaskId, C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_evaluator_may_stand_outside_the_spec_but_not_past_its_listed_tasks() {
+        let spec = |evaluators: &[&str]| {
+            let mut jobs = BTreeMap::new();
+            jobs.insert(TaskType::Chief, vec!["h:1".to_string()]);
+            jobs.insert(TaskType::Ps, vec!["h:2".to_string()]);
+            if !evaluators.is_empty() {
+                jobs.insert(
+                    TaskType::Evaluator,
+                    evaluators.iter().map(|a| a.to_string()).collect(),
+                );
+            }
+            ClusterSpec::new(jobs).unwrap()
+        };
+        let evaluator = |i| TaskId::new(TaskType::Evaluator, i);
+        assert!(ClusterConfig::new(spec(&[]), evaluator(0)).is_ok());
+        assert!(ClusterConfig::new(spec(&["h:3"]), evaluator(0)).is_ok());
+        assert!(matches!(
+            ClusterConfig::new(spec(&["h:3"]), evaluator(1)),
+            Err(ClusterError::NoSuchTask { .. })
+        ));
+        // Only the evaluator: a worker missing from the spec is still an error.
+        assert!(matches!(
+            ClusterConfig::new(spec(&[]), TaskId::new(TaskType::Worker, 0)),
+            Err(ClusterError::NoSuchTask { .. })
+        ));
+    }
 
     const GOOD: &str = r#"{"cluster": {"chief": ["127.0.0.1:7000"], "worker": ["127.0.0.1:7001", "127.0.0.1:7002"],
         "ps": ["127.0.0.1:7003"]}, "task": {"type": "worker", "index": 1}, "environment": "cloud"}"#;

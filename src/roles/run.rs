@@ -41,7 +41,7 @@ use super::ps::{ParameterStore, PsActor};
 use super::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
 use crate::cluster::{
     load_role_config, parse_duration, ConfigFlags, ConfigKey, RoleConfig, StrategyKind, TaskId,
-    TaskType, DEFAULT_PREEMPTION_GRACE,
+    TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
 };
 use crate::launch::{self, LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
 use crate::program::Program;
@@ -98,23 +98,35 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         config.origin("task.type"),
         config.origin("cluster")
     );
-    let node = NodeConfig {
-        cluster: config.cluster.clone(),
-        certs_dir: config.certs_dir.clone(),
-        epoch: config.incarnation,
-        detection_budget: config.detection_budget,
-    };
-    let result = match node.cluster.task.task_type {
-        TaskType::Ps => run_ps(&program, &node, config),
-        TaskType::Worker => run_worker(&program, &node, config),
-        TaskType::Chief => run_chief(&program, &node, config),
-        TaskType::Evaluator => super::evaluator::run_evaluator(&program, config).map_err(|e| {
-            use super::evaluator::EvaluatorError;
-            match e {
-                EvaluatorError::Config(e) => RoleFailure::Config(e),
-                EvaluatorError::Failed(e) => RoleFailure::Training(e),
+    let result = match (config.cluster.task.task_type, &config.certs_dir) {
+        // The evaluator reads checkpoints only: no node, no certificates.
+        (TaskType::Evaluator, _) => {
+            super::evaluator::run_evaluator(&program, config).map_err(|e| {
+                use super::evaluator::EvaluatorError;
+                match e {
+                    EvaluatorError::Config(e) => RoleFailure::Config(e),
+                    EvaluatorError::Failed(e) => RoleFailure::Training(e),
+                }
+            })
+        }
+        // `load_role_config` requires it of every other role; kept as an error, not a panic.
+        (_, None) => Err(RoleFailure::Config(format!(
+            "bad config: certs_dir: {CERTS_DIR_MISSING}"
+        ))),
+        (task_type, Some(certs_dir)) => {
+            let node = NodeConfig {
+                cluster: config.cluster.clone(),
+                certs_dir: certs_dir.clone(),
+                epoch: config.incarnation,
+                detection_budget: config.detection_budget,
+            };
+            match task_type {
+                TaskType::Ps => run_ps(&program, &node, config),
+                TaskType::Worker => run_worker(&program, &node, config),
+                // The chief (the evaluator went its own way above).
+                _ => run_chief(&program, &node, config),
             }
-        }),
+        }
     };
     match result {
         Ok(code) => code,
