@@ -1,33 +1,30 @@
-//! The coordinator's actix shell: owns the [`Scheduler`] machine and does the IO it asks for —
-//! dispatching closures to workers, fencing lost incarnations on the parameter servers,
-//! (re)connecting workers and preparing each new incarnation before it gets work.
+//! The coordinator's actix shell: owns the [`Scheduler`] machine and carries out the actions
+//! it drains, each a remote call bounded in time whose outcome goes back to the machine as a
+//! `handle_*` event. The machine decides; this shell does IO.
 //!
 //! - A closure's run is bounded by the scheduler's `step_timeout`, not by the gateway's call
 //!   timeout: a long step is never cut while its worker heartbeats.
 //! - A fenced worker incarnation that is still alive (a step past the step timeout, a refused
 //!   setup or job, a false death from the failure detector) is sent [`Retire`] when it answers
 //!   a reconnect, so that it exits and comes back as a new incarnation instead of idling.
-//! - Every [`WATERMARK_INTERVAL`], if it has risen, the scheduler's low watermark goes to every
-//!   parameter server ([`FinishedBelow`], with the restore generation), which bounds the
-//!   closure ids they keep for PS-1; none while a recovery holds dispatch.
+//! - Every [`WATERMARK_INTERVAL`] the machine may emit the low watermark, which goes to every
+//!   parameter server ([`FinishedBelow`], with the restore generation).
 //! - Parameter servers are watched like workers: the gateway's peer events (alive with an
 //!   epoch, declared dead) and a worker's [`RunClosureError::PsUnavailable`] go to the
 //!   scheduler; a server it counts as down is dialled every [`RECONNECT_INTERVAL`] with a real
 //!   call ([`PsStats`]), so that only an answer proves it back (and an answer holding no
 //!   variable counts as a lost state); one that answers as an incarnation declared dead is
 //!   retired ([`Retire`]) so that it restarts as a new one.
-//! - On [`SchedulerAction::Restore`], every call goes to the server incarnations the scheduler
-//!   pinned: [`BeginRestore`] (pushes refused from then on, fences replayed), every shard
-//!   restored from the checkpoint taken at the cut under the directory of the last save
-//!   ([`MarkCut`]; read only, never cleaning up), the PS-1 state rolled back to the cut
-//!   ([`RollBack`], which re-opens the server to pushes of the new generation), and every live
-//!   worker's datasets rewound to the checkpoint's positions ([`RewindWorker`]) before
-//!   anything is dispatched again. No new worker is set up while a restore runs, and a new
-//!   incarnation is always set up from scratch ([`RewindWorker`]) at the current positions.
+//! - Every call of a restore ([`SchedulerAction::Restore`], ordered by the machine's restore
+//!   sub-machine) goes to the incarnation it names and is reported back with
+//!   [`Scheduler::handle_restore_report`]; the checkpoint is read off the actor's thread and
+//!   never cleaned up here. No new worker is set up while a restore runs, and a new
+//!   incarnation is always set up from scratch ([`RewindWorker`]) with the machine's setup.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -35,13 +32,13 @@ use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError, RemoteR
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
+use super::machine::recovery::{CheckpointRef, RestoreCall, RestoreReport, WorkerPositions};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, Ledger, ScheduleError, Scheduler, SchedulerAction,
+    ClosureFailure, ClosureId, ClosureState, Ledger, RestoreTicket, ScheduleError, Scheduler,
+    SchedulerAction, ServerProbe,
 };
-pub use super::restore::WorkerPositions;
-use super::restore::{
-    dataset_positions, load_at_cut, ps_call_error, restore_servers, RestoreError,
-};
+use super::restore::{call_fault, load_at_cut, restore_shards};
+use crate::checkpoint::Checkpoint;
 use crate::roles::protocol::{
     BeginRestore, DatasetPositions, FenceWorker, FinishedBelow, PsStats, Retire, RewindWorker,
     RollBack, RunClosure, RunClosureError, SetupWorker, PS_ACTOR, WORKER_ACTOR,
@@ -62,19 +59,11 @@ pub struct CoordinatorActor {
     /// Highest epoch ever seen per worker (a returning process must be newer).
     worker_epochs: BTreeMap<u32, u64>,
     connecting: BTreeMap<u32, bool>,
-    setup: SetupWorker,
-    /// Dataset positions restored from a checkpoint, per worker: where each worker's
-    /// datasets resume.
-    positions: BTreeMap<u32, BTreeMap<String, u64>>,
-    /// Bumped on every `Configure`: a setup sent before the bump is outdated.
-    setup_version: u64,
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
+    /// Who waits for a restore at start-up, by ticket.
+    restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<u64, String>>>,
     timer: Option<SpawnHandle>,
-    /// The low watermark last sent to the parameter servers.
-    watermark_sent: u64,
-    /// Where the last checkpoint was saved (or restored from): a recovery restores from it.
-    checkpoint_root: Option<PathBuf>,
     /// Parameter servers being dialled now (one dial each at a time).
     ps_dialling: BTreeMap<u32, bool>,
 }
@@ -87,7 +76,13 @@ impl CoordinatorActor {
         workers: Vec<(NodeId, SocketAddr)>,
         servers: Vec<(NodeId, SocketAddr)>,
     ) -> Self {
-        let num_workers = workers.len() as u32;
+        let mut scheduler = scheduler;
+        let setup = SetupWorker {
+            num_workers: workers.len() as u32,
+            layouts_json: "[]".into(),
+            datasets: Vec::new(),
+        };
+        scheduler.handle_configure(setup, Vec::new());
         Self {
             gateway,
             scheduler,
@@ -96,18 +91,10 @@ impl CoordinatorActor {
             worker_refs: BTreeMap::new(),
             worker_epochs: BTreeMap::new(),
             connecting: BTreeMap::new(),
-            setup: SetupWorker {
-                num_workers,
-                layouts_json: "[]".into(),
-                datasets: Vec::new(),
-            },
-            setup_version: 0,
-            positions: BTreeMap::new(),
             join_waiters: Vec::new(),
             fetch_waiters: HashMap::new(),
+            restore_waiters: BTreeMap::new(),
             timer: None,
-            watermark_sent: 0,
-            checkpoint_root: None,
             ps_dialling: BTreeMap::new(),
         }
     }
@@ -135,12 +122,16 @@ impl CoordinatorActor {
                     self.dispatch(ctx, worker, epoch, msg);
                 }
                 SchedulerAction::Fence { worker, epoch } => self.fence(worker, epoch),
-                SchedulerAction::Restore {
-                    cut,
+                SchedulerAction::Restore(call) => self.restore_call(ctx, call),
+                SchedulerAction::RestoreFinished { ticket, result } => {
+                    if let Some(waiter) = self.restore_waiters.remove(&ticket) {
+                        let _ = waiter.send(result);
+                    }
+                }
+                SchedulerAction::Watermark {
+                    finished_below,
                     generation,
-                    servers,
-                    fences,
-                } => self.restore(ctx, cut, generation, servers, fences),
+                } => self.send_watermark(finished_below, generation),
             }
         }
         self.answer_fetches();
@@ -250,20 +241,10 @@ impl CoordinatorActor {
         }
     }
 
-    /// Sends the scheduler's low watermark to every parameter server if it rose since the
-    /// last time, with the restore generation it was computed in: a server that has rolled
-    /// back since ignores it. None goes out while a recovery holds dispatch (the closures
-    /// committed since the cut may run again). A server that misses one gets the next.
-    fn send_watermark(&mut self) {
-        if self.scheduler.is_holding() {
-            return;
-        }
-        let watermark = self.scheduler.low_watermark().0;
-        if watermark <= self.watermark_sent {
-            return;
-        }
-        self.watermark_sent = watermark;
-        let generation = self.scheduler.generation();
+    /// Sends the low watermark the machine emitted to every parameter server. A server that
+    /// misses one gets the next.
+    fn send_watermark(&self, finished_below: ClosureId, generation: u64) {
+        let watermark = finished_below.0;
         for (node, addr) in self.servers.clone() {
             let gateway = self.gateway.clone();
             let msg = FinishedBelow {
@@ -348,8 +329,8 @@ impl CoordinatorActor {
             }
             self.connecting.insert(worker, true);
             let gateway = self.gateway.clone();
-            let setup = self.setup_for(worker);
-            let version = self.setup_version;
+            let setup = self.scheduler.setup_for(worker);
+            let version = self.scheduler.setup_version();
             let known = self.worker_epochs.get(&worker).copied();
             let work = async move {
                 let incarnation = match gateway.connect(addr, &node).await {
@@ -391,7 +372,7 @@ impl CoordinatorActor {
                 act.connecting.insert(worker, false);
                 match result {
                     // Reconfigured meanwhile: the next round sets it up with the current setup.
-                    Ok(Reached::New(_)) if version != act.setup_version => {}
+                    Ok(Reached::New(_)) if version != act.scheduler.setup_version() => {}
                     Ok(Reached::New(incarnation)) => act.worker_up(ctx, worker, incarnation),
                     Ok(Reached::Retired(epoch)) => tracing::info!(
                         "worker/{worker} (epoch {epoch}) was fenced but is alive: retired it, \
@@ -417,12 +398,6 @@ impl CoordinatorActor {
         self.scheduler
             .handle_worker_up(Instant::now(), worker, epoch);
         self.drive(ctx);
-    }
-
-    /// The setup for one worker: the shared one, with its datasets resuming at the positions
-    /// restored for that worker.
-    fn setup_for(&self, worker: u32) -> SetupWorker {
-        setup_with_positions(&self.setup, self.positions.get(&worker))
     }
 
     fn ps_index(&self, node: &NodeId) -> Option<u32> {
@@ -486,152 +461,147 @@ impl CoordinatorActor {
         }
     }
 
-    /// Carries out [`SchedulerAction::Restore`], each step on the server incarnations the
-    /// scheduler pinned (`servers`): opens restore `generation` on every server (pushes
-    /// refused from then on, the fences replayed: PS-1, FENCE-1), restores every server from
-    /// the checkpoint taken at `cut`, rolls their PS-1 state back to the cut (which re-opens
-    /// them to pushes of `generation`), rewinds every live worker's datasets to the
-    /// checkpoint's positions, then tells the scheduler, which queues again what committed
-    /// since the cut. A server that cannot be reached as its pinned incarnation interrupts the
-    /// restore (tried again); anything else fails it.
-    fn restore(
-        &mut self,
-        ctx: &mut Context<Self>,
-        cut: ClosureId,
-        generation: u64,
-        pinned: Vec<(u32, u64)>,
-        fences: Vec<(u32, u64)>,
-    ) {
-        let Some(root) = self.checkpoint_root.clone() else {
-            self.scheduler
-                .handle_restore_failed(Instant::now(), "no checkpoint directory is known".into());
-            return;
-        };
-        let layouts: Vec<ShardLayout> = match serde_json::from_str(&self.setup.layouts_json) {
-            Ok(layouts) => layouts,
-            Err(e) => {
-                self.scheduler
-                    .handle_restore_failed(Instant::now(), format!("variable layouts: {e}"));
-                return;
-            }
-        };
-        tracing::warn!(
-            "restoring every parameter server from the checkpoint under {} cut at closure {} \
-             (restore generation {generation})",
-            root.display(),
-            cut.0
-        );
-        // A worker being set up now would get the positions the restore replaces.
-        self.setup_version += 1;
+    /// Carries out one call of a restore on the incarnation it names; its outcome goes back to
+    /// the machine as a [`RestoreReport`] of the call's generation.
+    fn restore_call(&mut self, ctx: &mut Context<Self>, call: RestoreCall) {
         let gateway = self.gateway.clone();
-        let servers = self.servers.clone();
-        let setup = self.setup.clone();
-        let pinned: BTreeMap<u32, u64> = pinned.into_iter().collect();
-        let workers: Vec<(u32, Incarnation<NodeId>)> = self
-            .worker_refs
-            .iter()
-            .map(|(w, r)| (*w, r.target().clone()))
-            .collect();
-        let work = async move {
-            let incarnation = |ps: u32| -> Result<(Incarnation<NodeId>, SocketAddr), RestoreError> {
-                let (node, addr) = servers
-                    .get(ps as usize)
-                    .cloned()
-                    .ok_or_else(|| RestoreError::Ps(format!("no ps {ps}")))?;
-                let epoch = pinned.get(&ps).ok_or_else(|| RestoreError::Unreachable {
-                    ps,
-                    reason: "its incarnation was not known when the restore began".into(),
-                })?;
-                Ok((Incarnation::new(node, Epoch(*epoch)), addr))
-            };
-            for ps in 0..servers.len() as u32 {
-                let (target, _) = incarnation(ps)?;
-                let msg = BeginRestore {
-                    generation,
-                    fences: fences.clone(),
-                };
-                gateway
-                    .remote_ref::<BeginRestore>(target, PS_ACTOR)
-                    .call(&msg)
-                    .await
-                    .map_err(|e| ps_call_error(ps, e))?;
-            }
-            let dir = root.display().to_string();
-            let ckpt = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
-                .await
-                .map_err(|e| RestoreError::Checkpoint(format!("reading the checkpoint: {e}")))??
-                .ok_or_else(|| {
-                    RestoreError::Checkpoint(format!(
-                        "no valid checkpoint cut at closure {} under {dir}: the closures \
-                         committed since cannot be run again",
-                        cut.0
-                    ))
-                })?;
-            restore_servers(&gateway, &servers, Some(&pinned), &layouts, &ckpt).await?;
-            for ps in 0..servers.len() as u32 {
-                let (target, _) = incarnation(ps)?;
-                let msg = RollBack {
-                    finished_below: cut.0,
-                    generation,
-                };
-                gateway
-                    .remote_ref::<RollBack>(target, PS_ACTOR)
-                    .call(&msg)
-                    .await
-                    .map_err(|e| ps_call_error(ps, e))?;
-            }
-            let positions = dataset_positions(&ckpt)?;
-            let mut lost = Vec::new();
-            for (worker, incarnation) in workers {
-                let msg = RewindWorker {
-                    setup: setup_with_positions(&setup, positions.get(&worker)),
-                };
-                let r = gateway.remote_ref::<RewindWorker>(incarnation.clone(), WORKER_ACTOR);
-                let error = match r.call(&msg).await {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(e)) => e,
-                    Err(e) => e.to_string(),
-                };
-                tracing::warn!("rewinding worker/{worker}'s datasets: {error}");
-                lost.push((worker, incarnation.epoch.0));
-            }
-            Ok::<_, RestoreError>((ckpt.step, positions, lost))
+        let server = |ps: u32, epoch: u64| {
+            self.servers
+                .get(ps as usize)
+                .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
         };
-        ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
-            let now = Instant::now();
-            match result {
-                Ok((step, positions, lost)) => {
-                    act.positions = positions;
-                    // Setups sent before now carry the old positions.
-                    act.setup_version += 1;
-                    // Every server's low watermark is the cut now.
-                    act.watermark_sent = cut.0;
-                    // A worker whose datasets could not be rewound starts over as a new
-                    // incarnation, set up at the restored positions.
-                    for (worker, epoch) in lost {
-                        act.lose_worker(worker, epoch);
-                    }
-                    match act.scheduler.handle_restored(now, cut) {
-                        Ok(requeued) => tracing::warn!(
-                            "every parameter server restored from the checkpoint at step \
-                             {step}; {requeued} closures committed since it run again"
-                        ),
-                        Err(e) => tracing::warn!("restore finished too late: {e}"),
-                    }
-                }
-                Err(RestoreError::Unreachable { ps, reason }) => {
+        let (generation, work): (u64, futures::future::BoxFuture<'static, RestoreReport>) =
+            match call {
+                RestoreCall::Begin {
+                    ps,
+                    epoch,
+                    generation,
+                    fences,
+                } => {
                     tracing::warn!(
-                        "parameter-server restore interrupted: ps/{ps}: {reason}; trying again \
-                         once every server answers"
+                        "restore generation {generation}: every parameter server is restored \
+                         from a checkpoint"
                     );
-                    act.scheduler
-                        .handle_restore_interrupted(now, Some(ps), reason);
+                    let target = server(ps, epoch);
+                    (
+                        generation,
+                        Box::pin(async move {
+                            let result = match target {
+                                Some(target) => gateway
+                                    .remote_ref::<BeginRestore>(target, PS_ACTOR)
+                                    .call(&BeginRestore { generation, fences })
+                                    .await
+                                    .map_err(call_fault),
+                                None => Err(no_such_server(ps)),
+                            };
+                            RestoreReport::Begun { ps, result }
+                        }),
+                    )
                 }
-                Err(e) => {
-                    tracing::error!("parameter-server recovery failed: {e}");
-                    act.scheduler.handle_restore_failed(now, e.to_string());
+                RestoreCall::Load {
+                    generation,
+                    root,
+                    cut,
+                } => (
+                    generation,
+                    Box::pin(async move {
+                        let result = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
+                            .await
+                            .map_err(|e| format!("reading the checkpoint: {e}"))
+                            .and_then(|loaded| loaded)
+                            .map(|loaded| loaded.map(|c| CheckpointRef(Arc::new(c))));
+                        RestoreReport::Loaded { result }
+                    }),
+                ),
+                RestoreCall::Shards {
+                    ps,
+                    epoch,
+                    generation,
+                    checkpoint,
+                    layouts,
+                } => {
+                    let target = server(ps, epoch);
+                    (
+                        generation,
+                        Box::pin(async move {
+                            let result = match target {
+                                Some(target) => {
+                                    restore_shards(&gateway, target, ps, &layouts, &checkpoint.0)
+                                        .await
+                                }
+                                None => Err(no_such_server(ps)),
+                            };
+                            RestoreReport::ShardsRestored { ps, result }
+                        }),
+                    )
                 }
-            }
+                RestoreCall::RollBack {
+                    ps,
+                    epoch,
+                    generation,
+                    finished_below,
+                } => {
+                    let target = server(ps, epoch);
+                    (
+                        generation,
+                        Box::pin(async move {
+                            let msg = RollBack {
+                                finished_below: finished_below.0,
+                                generation,
+                            };
+                            let result = match target {
+                                Some(target) => gateway
+                                    .remote_ref::<RollBack>(target, PS_ACTOR)
+                                    .call(&msg)
+                                    .await
+                                    .map_err(call_fault),
+                                None => Err(no_such_server(ps)),
+                            };
+                            RestoreReport::RolledBack { ps, result }
+                        }),
+                    )
+                }
+                RestoreCall::Rewind {
+                    worker,
+                    epoch,
+                    generation,
+                    setup,
+                } => {
+                    let target = self
+                        .workers
+                        .get(worker as usize)
+                        .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)));
+                    (
+                        generation,
+                        Box::pin(async move {
+                            let result = match target {
+                                Some(target) => {
+                                    match gateway
+                                        .remote_ref::<RewindWorker>(target, WORKER_ACTOR)
+                                        .call(&RewindWorker { setup })
+                                        .await
+                                    {
+                                        Ok(reply) => reply,
+                                        Err(e) => Err(e.to_string()),
+                                    }
+                                }
+                                None => Err(format!("no worker {worker}")),
+                            };
+                            if let Err(e) = &result {
+                                tracing::warn!("rewinding worker/{worker}'s datasets: {e}");
+                            }
+                            RestoreReport::Rewound {
+                                worker,
+                                epoch,
+                                result,
+                            }
+                        }),
+                    )
+                }
+            };
+        ctx.spawn(work.into_actor(self).map(move |report, act, ctx| {
+            act.scheduler
+                .handle_restore_report(Instant::now(), generation, report);
             act.drive(ctx);
         }));
     }
@@ -644,20 +614,12 @@ impl CoordinatorActor {
     }
 }
 
-/// `setup` with its datasets resuming at `positions` (a worker's, from a checkpoint).
-fn setup_with_positions(
-    setup: &SetupWorker,
-    positions: Option<&BTreeMap<String, u64>>,
-) -> SetupWorker {
-    let mut setup = setup.clone();
-    if let Some(positions) = positions {
-        for (name, skip) in &mut setup.datasets {
-            if let Some(position) = positions.get(name) {
-                *skip = *position;
-            }
-        }
-    }
-    setup
+/// A call for a parameter server the cluster spec does not name (a bug in the machine's
+/// inputs): it can never succeed.
+fn no_such_server(ps: u32) -> super::machine::recovery::CallFault {
+    super::machine::recovery::CallFault::Refused(format!(
+        "no parameter server ps/{ps} in the cluster"
+    ))
 }
 
 /// What a reconnect round made of a worker that answered.
@@ -712,7 +674,10 @@ impl Actor for CoordinatorActor {
             act.reconnect(ctx);
             act.dial_servers(ctx);
         });
-        ctx.run_interval(WATERMARK_INTERVAL, |act, _| act.send_watermark());
+        ctx.run_interval(WATERMARK_INTERVAL, |act, ctx| {
+            act.scheduler.handle_watermark_tick();
+            act.drive(ctx);
+        });
     }
 }
 
@@ -867,9 +832,15 @@ impl Handler<Configure> for CoordinatorActor {
     type Result = MessageResult<Configure>;
 
     fn handle(&mut self, msg: Configure, ctx: &mut Context<Self>) -> Self::Result {
-        self.setup = msg.0;
-        self.setup_version += 1;
         let (done, rx) = oneshot::channel();
+        let layouts: Vec<ShardLayout> = match serde_json::from_str(&msg.0.layouts_json) {
+            Ok(layouts) => layouts,
+            Err(e) => {
+                let _ = done.send(Err(format!("the setup's variable layouts: {e}")));
+                return MessageResult(rx);
+            }
+        };
+        self.scheduler.handle_configure(msg.0, layouts);
         let calls: Vec<_> = self
             .worker_refs
             .iter()
@@ -879,7 +850,7 @@ impl Handler<Configure> for CoordinatorActor {
                 let reference = self
                     .gateway
                     .remote_ref::<SetupWorker>(incarnation.clone(), WORKER_ACTOR);
-                let setup = self.setup_for(worker);
+                let setup = self.scheduler.setup_for(worker);
                 async move {
                     let result = reference.call(&setup).await;
                     (worker, incarnation.epoch.0, result)
@@ -936,21 +907,44 @@ impl Handler<LedgerSnapshot> for CoordinatorActor {
     }
 }
 
-/// Continue an earlier coordinator's ledger, closure ids and the restore generation the
-/// parameter servers are at (see [`Scheduler::resume`], [`Scheduler::resume_generation`]).
-pub struct ResumeLedger(pub Ledger, pub u64, pub u64);
-
-impl Message for ResumeLedger {
-    type Result = Result<(), String>;
+/// Restore every parameter server from `checkpoint` (read from `root`) before anything is
+/// scheduled; the servers answered as `probes` (see [`Scheduler::handle_restore_at_start`]).
+/// The reply carries the checkpoint's step once the restore ended, or why it failed.
+pub struct RestoreAtStart {
+    /// The checkpoint.
+    pub checkpoint: Arc<Checkpoint>,
+    /// Its directory root: a later recovery restores from there.
+    pub root: PathBuf,
+    /// How every parameter server answered just before.
+    pub probes: Vec<ServerProbe>,
 }
 
-impl Handler<ResumeLedger> for CoordinatorActor {
-    type Result = Result<(), String>;
+impl Message for RestoreAtStart {
+    type Result = oneshot::Receiver<Result<u64, String>>;
+}
 
-    fn handle(&mut self, msg: ResumeLedger, _: &mut Context<Self>) -> Self::Result {
-        self.scheduler.resume(msg.0, msg.1)?;
-        self.scheduler.resume_generation(msg.2);
-        Ok(())
+impl Handler<RestoreAtStart> for CoordinatorActor {
+    type Result = MessageResult<RestoreAtStart>;
+
+    fn handle(&mut self, msg: RestoreAtStart, ctx: &mut Context<Self>) -> Self::Result {
+        let (done, rx) = oneshot::channel();
+        let num_servers = self.servers.len() as u32;
+        match self.scheduler.handle_restore_at_start(
+            Instant::now(),
+            msg.checkpoint,
+            msg.root,
+            &msg.probes,
+            num_servers,
+        ) {
+            Ok(ticket) => {
+                self.restore_waiters.insert(ticket, done);
+            }
+            Err(e) => {
+                let _ = done.send(Err(e));
+            }
+        }
+        self.drive(ctx);
+        MessageResult(rx)
     }
 }
 
@@ -975,11 +969,16 @@ impl Handler<CutProbe> for CoordinatorActor {
     }
 }
 
-/// Where every live worker's datasets are (worker → dataset → elements read).
+/// Where every worker's datasets are (worker → dataset → elements read), for a checkpoint.
+///
+/// A save must survive any worker fault the job survives: a live worker that does not answer
+/// is lost (fenced; its closures, if any, run elsewhere), and its entry is where its next
+/// incarnation will start, the positions it was last set up from. A restore from this
+/// checkpoint then puts it exactly where its restart would have put it.
 pub struct CollectPositions;
 
 impl Message for CollectPositions {
-    type Result = oneshot::Receiver<Result<WorkerPositions, String>>;
+    type Result = oneshot::Receiver<WorkerPositions>;
 }
 
 impl Handler<CollectPositions> for CoordinatorActor {
@@ -992,6 +991,7 @@ impl Handler<CollectPositions> for CoordinatorActor {
             .iter()
             .map(|(worker, r)| {
                 let worker = *worker;
+                let epoch = r.target().epoch.0;
                 let reference = self
                     .gateway
                     .remote_ref::<DatasetPositions>(r.target().clone(), WORKER_ACTOR);
@@ -1001,46 +1001,34 @@ impl Handler<CollectPositions> for CoordinatorActor {
                         .await
                         .map_err(|e| e.to_string())
                         .and_then(|r| r);
-                    (worker, reply)
+                    (worker, epoch, reply)
                 }
             })
             .collect();
-        ctx.spawn(
-            futures::future::join_all(calls)
-                .into_actor(self)
-                .map(move |results, _, _| {
-                    let mut positions = WorkerPositions::new();
-                    for (worker, reply) in results {
-                        match reply {
-                            Ok(list) => {
-                                positions.insert(worker, list.into_iter().collect());
-                            }
-                            Err(e) => {
-                                let _ = done.send(Err(format!("worker/{worker}: {e}")));
-                                return;
-                            }
+        ctx.spawn(futures::future::join_all(calls).into_actor(self).map(
+            move |results, act, ctx| {
+                // Workers not live now restart from their last setup's positions.
+                let mut positions = act.scheduler.positions().clone();
+                for (worker, epoch, reply) in results {
+                    match reply {
+                        Ok(list) => {
+                            positions.insert(worker, list.into_iter().collect());
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                "worker/{worker} (epoch {epoch}) did not report its dataset \
+                                 positions for the checkpoint: {e}; it is restarted from its \
+                                 last setup's positions, which the checkpoint records"
+                            );
+                            act.lose_worker(worker, epoch);
                         }
                     }
-                    let _ = done.send(Ok(positions));
-                }),
-        );
+                }
+                act.drive(ctx);
+                let _ = done.send(positions);
+            },
+        ));
         MessageResult(rx)
-    }
-}
-
-/// Where each worker's datasets resume (restored from a checkpoint); applies to every worker
-/// incarnation set up from now on.
-pub struct SetPositions(pub WorkerPositions);
-
-impl Message for SetPositions {
-    type Result = ();
-}
-
-impl Handler<SetPositions> for CoordinatorActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetPositions, _: &mut Context<Self>) {
-        self.positions = msg.0;
     }
 }
 
@@ -1074,9 +1062,7 @@ impl Handler<MarkCut> for CoordinatorActor {
                 ));
             }
         }
-        self.scheduler.mark_cut(msg.cut)?;
-        self.checkpoint_root = Some(msg.root);
-        Ok(())
+        self.scheduler.mark_cut(msg.cut, msg.root)
     }
 }
 
@@ -1199,6 +1185,58 @@ mod tests {
             assert!(err.contains("worker/0") && err.contains("missing"), "{err}");
         });
     }
+    /// A save survives a worker fault: a worker that cannot report its dataset positions is
+    /// lost (fenced, restarted as a new incarnation) and the checkpoint records where that
+    /// incarnation will start, instead of the whole save failing.
+    #[test]
+    fn a_worker_lost_while_positions_are_collected_does_not_fail_the_save() {
+        run(async {
+            let ca = ClusterCa::generate("test").unwrap();
+            let mut workers = Vec::new();
+            let mut gateways = Vec::new();
+            for index in 0..2u32 {
+                let node = NodeId::new("worker", index);
+                let worker = gateway(&ca, &node, 7);
+                worker
+                    .register_fn::<RewindWorker, _, _>(
+                        WORKER_ACTOR,
+                        |_: Remote<RewindWorker>| async { Ok::<_, RefusedReason>(Ok(())) },
+                    )
+                    .unwrap();
+                worker
+                    .register_fn::<DatasetPositions, _, _>(
+                        WORKER_ACTOR,
+                        move |_: Remote<DatasetPositions>| async move {
+                            Ok::<_, RefusedReason>(match index {
+                                0 => Ok(vec![("ids".to_string(), 7)]),
+                                _ => Err("the compute thread is gone".to_string()),
+                            })
+                        },
+                    )
+                    .unwrap();
+                workers.push((node, worker.local_addr().unwrap()));
+                gateways.push(worker);
+            }
+            let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
+            let scheduler = Scheduler::new(SchedulerConfig::default());
+            let actor = CoordinatorActor::new(chief, scheduler, workers, Vec::new()).start();
+            while actor.send(Status).await.unwrap().2 < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let rx = actor.send(CollectPositions).await.unwrap();
+            let positions = tokio::time::timeout(Duration::from_secs(10), rx)
+                .await
+                .expect("positions were never collected")
+                .unwrap();
+            let expected: WorkerPositions = [(0, [("ids".to_string(), 7)].into_iter().collect())]
+                .into_iter()
+                .collect();
+            assert_eq!(positions, expected);
+            let (_, _, live) = actor.send(Status).await.unwrap();
+            assert_eq!(live, 1, "the worker that could not report is lost");
+        });
+    }
+
     /// A worker incarnation that comes up while a restore runs is brought up only once the
     /// restore is over, at the dataset positions it restored (never at the old ones, and never
     /// left out of the rewind).
@@ -1217,7 +1255,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         let mut ckpt = Checkpoint::new(1, 1);
         ckpt.extra = serde_json::json!({
-            super::super::restore::DATASET_POSITIONS_KEY: { "0": { "ids": 5 } }
+            super::super::machine::recovery::DATASET_POSITIONS_KEY: { "0": { "ids": 5 } }
         });
         CheckpointManager::new(&root, CheckpointPolicy::default(), Instant::now())
             .unwrap()
@@ -1288,7 +1326,7 @@ mod tests {
             .unwrap();
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let mut scheduler = Scheduler::new(SchedulerConfig::default());
-            scheduler.mark_cut(ClosureId(0)).unwrap();
+            scheduler.mark_cut(ClosureId(0), ckpt_root.clone()).unwrap();
             let servers = vec![(ps_node, ps.local_addr().unwrap())];
             let workers = vec![(worker_node, worker.local_addr().unwrap())];
             let actor = CoordinatorActor::new(chief, scheduler, workers, servers).start();

@@ -13,17 +13,17 @@ use tokio::runtime::Handle;
 
 use super::actor::{
     CollectPositions, Configure, CoordinatorActor, CutProbe, Fetch, Join, LedgerSnapshot, MarkCut,
-    ResumeLedger, Schedule, SetPositions, Status,
+    RestoreAtStart, Schedule, Status,
 };
-use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError};
-use super::restore::{dataset_positions, restore_servers, RestoreError, DATASET_POSITIONS_KEY};
+use super::machine::recovery::DATASET_POSITIONS_KEY;
+use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError, ServerProbe};
 use crate::checkpoint::{
     self, Checkpoint, CheckpointManager, Dtype, ShardSpec, TensorBytes, VariableLayout,
 };
 use crate::nn::Initializer;
 use crate::roles::protocol::{
-    blob, bytes_to_f32, f32_to_bytes, BeginRestore, CreateVariable, InitSpec, PsStats,
-    PsStatsReply, RollBack, SetupWorker, Snapshot, PS_ACTOR,
+    blob, bytes_to_f32, f32_to_bytes, CreateVariable, InitSpec, PsStats, PsStatsReply, SetupWorker,
+    Snapshot, PS_ACTOR,
 };
 use crate::roles::worker::PsClient;
 use crate::variable::{PartitionError, Partitioner, PsPlacer, Shard, ShardLayout};
@@ -313,10 +313,14 @@ impl ClusterCoordinator {
     }
 
     /// Waits for in-flight work, then writes a checkpoint of every variable shard and its
-    /// optimizer slots, with the ledger (CKPT-1: the manager's protocol). A parameter-server
-    /// recovery that starts while the servers are read would mix two cuts in one checkpoint:
-    /// the save is then taken again (a bounded number of times) and fails if it never gets
-    /// through undisturbed.
+    /// optimizer slots, with the ledger (CKPT-1: the manager's protocol).
+    ///
+    /// A save survives every fault the job survives: a worker that does not report its
+    /// dataset positions is restarted (see `CollectPositions`); a parameter server that cannot
+    /// be read (lost, restarting) makes the save wait for the recovery that restores it and
+    /// read again; a recovery that starts while the servers are read would mix two cuts in
+    /// one checkpoint, so the save is taken again. It fails only when the job itself fails
+    /// (`join` raises), or past [`SAVE_WAIT_MAX`] or [`SAVE_ATTEMPTS_MAX`] disturbed reads.
     pub fn save_checkpoint(
         &self,
         manager: &mut CheckpointManager,
@@ -324,21 +328,36 @@ impl ClusterCoordinator {
     ) -> Result<PathBuf, CoordinatorError> {
         let started = Instant::now();
         let mut disturbed = 0;
+        let mut backoff = SAVE_RETRY_BACKOFF_MIN;
         loop {
             self.join()?;
+            if started.elapsed() > SAVE_WAIT_MAX {
+                return Err(CoordinatorError::Checkpoint(format!(
+                    "the parameter servers could not be read undisturbed within \
+                     {SAVE_WAIT_MAX:?}: no checkpoint taken at step {step}"
+                )));
+            }
             let before = self.ask(CutProbe)?;
             if before.2 {
                 // A recovery holds dispatch: wait for it to end (it is bounded) before reading.
-                if started.elapsed() > SAVE_HOLD_WAIT_MAX {
-                    return Err(CoordinatorError::Checkpoint(format!(
-                        "a parameter-server recovery held dispatch for more than \
-                         {SAVE_HOLD_WAIT_MAX:?}: no checkpoint taken at step {step}"
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(SAVE_RETRY_BACKOFF_MIN);
                 continue;
             }
-            let ckpt = self.read_checkpoint(step)?;
+            let ckpt = match self.read_checkpoint(step) {
+                Ok(ckpt) => ckpt,
+                Err(CoordinatorError::ParameterServer(e)) => {
+                    // The loss reaches the scheduler through the failure detector (or the
+                    // server answers again); until then, back off and read again.
+                    tracing::warn!(
+                        "checkpoint at step {step}: a parameter server could not be read ({e}); \
+                         reading again once it is back"
+                    );
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(SAVE_RETRY_BACKOFF_MAX);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if self.ask(CutProbe)? != before || ckpt.ledger.next_closure_id != before.0 {
                 disturbed += 1;
                 if disturbed >= SAVE_ATTEMPTS_MAX {
@@ -389,9 +408,7 @@ impl ClusterCoordinator {
             }
         }
         let rx = self.ask(CollectPositions)?;
-        let positions = self
-            .wait(rx, "collecting dataset positions")?
-            .map_err(CoordinatorError::Checkpoint)?;
+        let positions = self.wait(rx, "collecting dataset positions")?;
         for (worker, datasets) in &positions {
             ckpt.dataset_positions
                 .insert(*worker, datasets.values().sum());
@@ -454,69 +471,44 @@ impl ClusterCoordinator {
         let Some(loaded) = outcome.restored else {
             return Ok(None);
         };
-        let ckpt = loaded.checkpoint;
         // Parameter servers that outlived the checkpoint (a restarted coordinator reconnecting
-        // to live roles) may have applied ids past it, and be at a restore generation (even in
-        // the middle of a restore the previous coordinator began). The restore opens a newer
-        // generation, so that no push from before it applies to the restored variables (PS-1)
-        // and every server takes pushes again.
-        let stats = self.ps_stats()?;
-        let generation = stats.iter().map(|s| s.generation).max().unwrap_or(0) + 1;
-        for ps in 0..self.num_ps() {
-            let begin = BeginRestore {
-                generation,
-                fences: Vec::new(),
-            };
-            self.call_ps(ps, begin)?;
-        }
-        let gateway = self.gateway.clone();
-        self.runtime
-            .block_on(restore_servers(
-                &gateway,
-                &self.servers,
-                None,
-                &self.layouts,
-                &ckpt,
-            ))
-            .map_err(restore_error)?;
-        // Datasets resume where each worker was at the cut (re-reading rather than skipping
-        // anything a lost closure had consumed); checkpoints without positions start over.
-        let positions = dataset_positions(&ckpt).map_err(restore_error)?;
-        self.ask(SetPositions(positions))?;
-        // The ledger carries on (LEDGER-1 across restarts) and closure ids are never reused.
-        let saved = &ckpt.ledger;
-        let ended = saved.scheduled.saturating_sub(saved.committed);
-        let ledger = Ledger {
-            scheduled: saved.scheduled,
-            committed: saved.committed,
-            cancelled: ended,
-            redispatched: saved.redispatched,
-            rejected_stale: saved.rejected_stale,
-            rolled_back: saved.rolled_back,
-            ps_restores: saved.ps_restores,
-            ..Ledger::default()
-        };
-        // Resume above every id any server has applied, so PS-1's dedupe never mistakes a new
-        // closure for an old one; the servers' PS-1 state starts over there.
-        let live_next = stats
-            .iter()
-            .map(|s| s.next_free_closure_id)
-            .max()
-            .unwrap_or(0);
-        let next_id = saved.next_closure_id.max(live_next);
-        for ps in 0..self.num_ps() {
-            let roll_back = RollBack {
-                finished_below: next_id,
-                generation,
-            };
-            self.call_ps(ps, roll_back)?;
-        }
-        self.ask(ResumeLedger(ledger, next_id, generation))?
+        // to live roles) may have applied ids past it and be at a restore generation: the
+        // machine's restore starts above both (see `Scheduler::handle_restore_at_start`).
+        let probes = self.probe_servers()?;
+        let rx = self.ask(RestoreAtStart {
+            checkpoint: std::sync::Arc::new(loaded.checkpoint),
+            root: manager.root().to_path_buf(),
+            probes,
+        })?;
+        let step = self
+            .wait(rx, "restoring the checkpoint")?
             .map_err(CoordinatorError::Checkpoint)?;
-        // The variables are at this checkpoint now: a parameter-server recovery rolls back
-        // to it until the next save.
-        self.mark_cut(next_id, manager.root(), None);
-        Ok(Some(ckpt.step))
+        Ok(Some(step))
+    }
+
+    /// Every parameter server as it answers now: its incarnation, restore generation and the
+    /// closure ids it has applied.
+    fn probe_servers(&self) -> Result<Vec<ServerProbe>, CoordinatorError> {
+        (0..self.num_ps())
+            .map(|ps| {
+                let (node, addr) = self.servers[ps as usize].clone();
+                let gateway = self.gateway.clone();
+                let (epoch, stats) = self
+                    .runtime
+                    .block_on(async move {
+                        let r = gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await?;
+                        let stats = r.call(&PsStats).await?;
+                        Ok::<_, cohort_actors::RemoteError>((r.target().epoch.0, stats))
+                    })
+                    .map_err(|e| CoordinatorError::ParameterServer(format!("ps/{ps}: {e}")))?;
+                Ok(ServerProbe {
+                    ps,
+                    epoch,
+                    generation: stats.generation,
+                    next_free_closure_id: stats.next_free_closure_id,
+                })
+            })
+            .collect()
     }
 
     fn layout(&self, name: &str) -> Result<&ShardLayout, CoordinatorError> {
@@ -603,14 +595,6 @@ impl ClusterCoordinator {
     }
 }
 
-fn restore_error(e: RestoreError) -> CoordinatorError {
-    match e {
-        RestoreError::Checkpoint(e) => CoordinatorError::Checkpoint(e),
-        RestoreError::Ps(e) => CoordinatorError::ParameterServer(e),
-        e @ RestoreError::Unreachable { .. } => CoordinatorError::ParameterServer(e.to_string()),
-    }
-}
-
 fn shard_init(
     init: &Initializer,
     shard: u64,
@@ -676,5 +660,9 @@ fn to_checkpoint_layout(layout: &ShardLayout) -> VariableLayout {
 /// Times a checkpoint is read again because a parameter-server recovery or new work came
 /// while the servers were read (CKPT-1).
 const SAVE_ATTEMPTS_MAX: u32 = 5;
-/// How long a save waits for a parameter-server recovery that holds dispatch to end.
-const SAVE_HOLD_WAIT_MAX: Duration = Duration::from_secs(600);
+/// How long a save waits for the parameter servers to be readable undisturbed (a recovery
+/// that holds dispatch to end, a lost server to be restored).
+const SAVE_WAIT_MAX: Duration = Duration::from_secs(600);
+/// First and longest pause before reading the servers again after one could not be read.
+const SAVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
+const SAVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);

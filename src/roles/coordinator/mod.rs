@@ -2,6 +2,12 @@
 //! parameter-server loss (holds dispatch, restores every server from the last checkpoint and
 //! runs again what committed since), keeps the ledger (LEDGER-1). [`ClusterCoordinator`] is
 //! the chief program's handle.
+//!
+//! - `machine` ([`Scheduler`]) decides everything: scheduling, the ledger, recovery, and
+//!   (in `machine::recovery`) the ordered calls of every restore, at start-up or after a loss;
+//! - `actor` carries the machine's actions out as remote calls and reports their outcomes;
+//! - `restore` is the restore's IO (sending a server's shards, reading a checkpoint);
+//! - `client` is the blocking [`ClusterCoordinator`] API over the actor.
 
 mod actor;
 mod client;
@@ -10,8 +16,11 @@ mod restore;
 
 pub use actor::CoordinatorActor;
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec};
+pub use machine::recovery::{
+    CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions,
+};
 pub use machine::{
     ps_restart_wait_for, ClosureError, ClosureFailure, ClosureId, ClosureState, Ledger,
-    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, WorkerEpoch,
-    DEFAULT_STEP_TIMEOUT,
+    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig,
+    ServerProbe, WorkerEpoch, DEFAULT_STEP_TIMEOUT,
 };

@@ -1,80 +1,56 @@
-//! Restoring the parameter servers from a checkpoint: one mechanism ([`RestoreVariable`] for
-//! every shard: values, optimizer slots, step count) for the chief program's
-//! `restore_checkpoint` at start-up and for the coordinator's parameter-server recovery.
+//! The IO of a restore, as the coordinator shell carries out the calls of the machine's
+//! restore sub-machine ([`super::machine::recovery`]): sending one server's shards from a
+//! checkpoint ([`RestoreVariable`] for every shard: values, optimizer slots, step count) and
+//! reading the checkpoint taken at a cut.
 //!
-//! Only reads checkpoints and calls parameter servers; it never decides anything (the
-//! scheduler does), never writes a checkpoint, and the recovery's loader ([`load_at_cut`])
-//! never removes anything either: a save may be under way beside it (CKPT-1).
+//! It never decides anything (the machine orders the calls), never writes a checkpoint, and
+//! the loader ([`load_at_cut`]) never removes anything either: a save may be under way beside
+//! it (CKPT-1).
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 
-use cohort_actors::{Epoch, Gateway, Incarnation, RemoteError};
+use cohort_actors::{Gateway, Incarnation, RemoteError};
 use cohort_transport::NodeId;
 
+use super::machine::recovery::CallFault;
 use crate::checkpoint::{self, Checkpoint, TensorBytes};
 use crate::roles::protocol::{f32_blob, RestoreVariable, PS_ACTOR};
 use crate::variable::ShardLayout;
 
-/// Per worker, its datasets' positions (worker → dataset → elements read).
-pub type WorkerPositions = BTreeMap<u32, BTreeMap<String, u64>>;
-
-/// Why restoring from a checkpoint failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum RestoreError {
-    /// The checkpoint does not fit this job (a missing tensor, another shape) or is unreadable.
-    #[error("checkpoint: {0}")]
-    Checkpoint(String),
-    /// A parameter server refused the restore or could not be reached.
-    #[error("parameter server: {0}")]
-    Ps(String),
-    /// Parameter server `ps` could not be reached as the incarnation the restore is for (it
-    /// is gone, restarted, or did not answer in time): the restore can be tried again.
-    #[error("parameter server ps/{ps}: {reason}")]
-    Unreachable {
-        /// The server's index.
-        ps: u32,
-        /// What the call ran into.
-        reason: String,
-    },
-}
-
-/// What a failed call to parameter server `ps` means for a restore.
-pub(crate) fn ps_call_error(ps: u32, error: RemoteError) -> RestoreError {
+/// What a failed call to a parameter server means for a restore: a refusal cannot be helped
+/// by trying again; anything else (gone, restarted, no answer in time) can.
+pub(crate) fn call_fault(error: RemoteError) -> CallFault {
     match error {
-        RemoteError::Refused { .. } => RestoreError::Ps(format!("ps/{ps}: {error}")),
-        _ => RestoreError::Unreachable {
-            ps,
-            reason: error.to_string(),
-        },
+        RemoteError::Refused { .. } => CallFault::Refused(error.to_string()),
+        _ => CallFault::Unreachable(error.to_string()),
     }
 }
 
-/// Restores every shard of `layouts` on its parameter server from `ckpt`. With `pinned`
-/// (server index → epoch), every call goes to that incarnation and fails if the server is now
-/// another one (a recovery must never restore a newer, empty incarnation and call it done);
-/// without, to whichever incarnation answers (the chief's restore at start-up).
-pub(crate) async fn restore_servers(
+/// Restores every shard of `layouts` placed on server `ps` from `ckpt`, each call to the
+/// incarnation `target` (never a newer one, which would be empty). A checkpoint that does not
+/// fit the job (a missing tensor, another shape) is a refusal.
+pub(crate) async fn restore_shards(
     gateway: &Gateway,
-    servers: &[(NodeId, SocketAddr)],
-    pinned: Option<&BTreeMap<u32, u64>>,
+    target: Incarnation<NodeId>,
+    ps: u32,
     layouts: &[ShardLayout],
     ckpt: &Checkpoint,
-) -> Result<(), RestoreError> {
+) -> Result<(), CallFault> {
+    let unfit =
+        |detail: String| CallFault::Refused(format!("checkpoint at step {}: {detail}", ckpt.step));
+    let reference = gateway.remote_ref::<RestoreVariable>(target, PS_ACTOR);
     for layout in layouts {
         for (i, shard) in layout.shards.iter().enumerate() {
+            if shard.ps != ps {
+                continue;
+            }
             let name = layout.shard_name(i);
-            let values = ckpt.tensor(shard.ps as usize, &name).ok_or_else(|| {
-                RestoreError::Checkpoint(format!(
-                    "step {}: no tensor {name:?} on ps {}",
-                    ckpt.step, shard.ps
-                ))
-            })?;
+            let values = ckpt
+                .tensor(ps as usize, &name)
+                .ok_or_else(|| unfit(format!("no tensor {name:?} on ps {ps}")))?;
             if values.shape() != layout.shard_shape(i).as_slice() {
-                return Err(RestoreError::Checkpoint(format!(
-                    "step {}: tensor {name:?} has shape {:?}, this job's variable shard has {:?}",
-                    ckpt.step,
+                return Err(unfit(format!(
+                    "tensor {name:?} has shape {:?}, this job's variable shard has {:?}",
                     values.shape(),
                     layout.shard_shape(i)
                 )));
@@ -83,11 +59,16 @@ pub(crate) async fn restore_servers(
             let as_blob = |t: &TensorBytes| {
                 t.to_f32()
                     .map(|v| f32_blob(&v))
-                    .map_err(|e| RestoreError::Checkpoint(e.to_string()))
+                    .map_err(|e| unfit(e.to_string()))
             };
             let mut slots = Vec::new();
             let mut blobs = vec![as_blob(values)?];
-            for (key, t) in &ckpt.shards[shard.ps as usize].tensors {
+            let tensors = ckpt
+                .shards
+                .get(ps as usize)
+                .map(|s| &s.tensors)
+                .ok_or_else(|| unfit(format!("no shard file for ps {ps}")))?;
+            for (key, t) in tensors {
                 if let Some(slot) = key.strip_prefix(&prefix) {
                     slots.push(slot.to_string());
                     blobs.push(as_blob(t)?);
@@ -104,66 +85,23 @@ pub(crate) async fn restore_servers(
                 slots,
                 steps,
             };
-            let (node, addr) = servers
-                .get(shard.ps as usize)
-                .cloned()
-                .ok_or_else(|| RestoreError::Ps(format!("no ps {}", shard.ps)))?;
-            let epoch = match pinned {
-                Some(pinned) => {
-                    Some(
-                        *pinned
-                            .get(&shard.ps)
-                            .ok_or_else(|| RestoreError::Unreachable {
-                                ps: shard.ps,
-                                reason: "its incarnation was not known when the restore began"
-                                    .into(),
-                            })?,
-                    )
-                }
-                None => None,
-            };
-            let reply = async {
-                let r = match epoch {
-                    Some(epoch) => gateway.remote_ref::<RestoreVariable>(
-                        Incarnation::new(node.clone(), Epoch(epoch)),
-                        PS_ACTOR,
-                    ),
-                    None => {
-                        gateway
-                            .resolve::<RestoreVariable>(addr, &node, PS_ACTOR)
-                            .await?
-                    }
-                };
-                r.call_with_blobs(&msg, blobs).await
-            };
-            reply
+            reference
+                .call_with_blobs(&msg, blobs)
                 .await
-                .map_err(|e| ps_call_error(shard.ps, e))?
+                .map_err(call_fault)?
                 .0
-                .map_err(|e| RestoreError::Ps(format!("ps/{}: {e}", shard.ps)))?;
+                .map_err(|e| CallFault::Refused(format!("ps/{ps}: {e}")))?;
         }
     }
     Ok(())
-}
-
-/// The per-worker, per-dataset positions a checkpoint keeps (none in a checkpoint without
-/// them: datasets start over).
-pub(crate) fn dataset_positions(ckpt: &Checkpoint) -> Result<WorkerPositions, RestoreError> {
-    match ckpt.extra.get(DATASET_POSITIONS_KEY) {
-        Some(value) => serde_json::from_value(value.clone()).map_err(|e| {
-            RestoreError::Checkpoint(format!("step {}: {DATASET_POSITIONS_KEY}: {e}", ckpt.step))
-        }),
-        None => Ok(WorkerPositions::new()),
-    }
 }
 
 /// The newest checkpoint under `root` that verifies (CKPT-1) and was taken at `cut` (its
 /// ledger's next closure id), if any; every newer one it skipped is logged with the reason.
 /// Read only: it lists and reads, and removes nothing (a `.tmp-` directory may be a save in
 /// progress). Blocking file IO: run it off the actor's thread.
-pub(crate) fn load_at_cut(root: &Path, cut: u64) -> Result<Option<Checkpoint>, RestoreError> {
-    let entries =
-        checkpoint::list_checkpoints(root).map_err(|e| RestoreError::Checkpoint(e.to_string()))?;
+pub(crate) fn load_at_cut(root: &Path, cut: u64) -> Result<Option<Checkpoint>, String> {
+    let entries = checkpoint::list_checkpoints(root).map_err(|e| e.to_string())?;
     for entry in entries.into_iter().rev() {
         match checkpoint::read_checkpoint(&entry.dir) {
             Ok(loaded) if loaded.checkpoint.ledger.next_closure_id == cut => {
@@ -179,10 +117,6 @@ pub(crate) fn load_at_cut(root: &Path, cut: u64) -> Result<Option<Checkpoint>, R
     }
     Ok(None)
 }
-
-/// Where a checkpoint's manifest keeps per-worker, per-dataset positions (the
-/// `dataset_positions` field holds each worker's total).
-pub(crate) const DATASET_POSITIONS_KEY: &str = "dataset_positions_by_name";
 
 #[cfg(test)]
 mod tests {

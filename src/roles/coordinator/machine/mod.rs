@@ -5,9 +5,9 @@
 //! Parameter-server recovery (DESIGN §5): when a parameter server is lost (declared dead, seen
 //! back as a new incarnation, or reported unreachable by a worker), dispatch is held; the
 //! closures in flight finish or fail (those that failed for the server are queued again); once
-//! every server is back, the shell restores every server from the checkpoint taken at the last
-//! cut ([`SchedulerAction::Restore`]) and the closures committed since that cut are queued
-//! again ([`Ledger::rolled_back`]), so that each scheduled closure's effect is present exactly
+//! every server is back, every server is restored from the checkpoint taken at the last cut
+//! (the restore sub-machine, [`recovery`], whose calls come out as
+//! [`SchedulerAction::Restore`]) and the closures committed since that cut are queued again ([`Ledger::rolled_back`]), so that each scheduled closure's effect is present exactly
 //! once. Each restore starts a new restore generation: the servers refuse every push while it
 //! runs and any push, watermark or roll-back of an older generation after it (PS-1), and it
 //! carries every fence so far to servers that restarted (FENCE-1). A server that restarts
@@ -18,11 +18,29 @@
 //! [`SchedulerConfig::rollback_retained_max`], the loss fails `join` with
 //! [`ClosureFailure::PsLost`] instead.
 //!
+//! The chief program's restore at start-up runs through the same sub-machine
+//! ([`Scheduler::handle_restore_at_start`]), and the machine also owns what every worker
+//! incarnation is set up with (layouts, datasets, the positions they resume at) and when the
+//! low watermark goes to the servers.
+//!
 //! No IO, no clock, no threads: the actor shell passes `now` in and carries out the actions it
 //! drains. This is what lets the recovery logic be tested over every order of events.
 
+pub mod recovery;
+#[cfg(test)]
+mod recovery_tests;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+use crate::checkpoint::Checkpoint;
+use crate::roles::protocol::SetupWorker;
+use crate::variable::ShardLayout;
+use recovery::{
+    CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
+    WorkerPositions,
+};
 
 /// Identifies a scheduled closure for its whole life, across re-dispatches.
 #[derive(
@@ -182,25 +200,44 @@ pub enum SchedulerAction {
         /// The fenced incarnation (and every older one).
         epoch: WorkerEpoch,
     },
-    /// Restore every parameter server from the checkpoint taken at `cut` (its next closure
-    /// id), in this order: tell every server that restore `generation` begins, with `fences`
-    /// (it refuses every push from then on, PS-1, and learns the fenced incarnations,
-    /// FENCE-1); restore variables, optimizer slots and step counts; roll each server's PS-1
-    /// state back to the cut in `generation` (it takes pushes again); rewind every live
-    /// worker's datasets to the checkpoint's positions. Every call goes to the incarnation in
-    /// `servers`, never to a newer one (which would be empty). Then report
-    /// [`Scheduler::handle_restored`], [`Scheduler::handle_restore_interrupted`] (a server
-    /// could not be reached: it is tried again) or [`Scheduler::handle_restore_failed`].
-    Restore {
-        /// The cut: every closure below it was finished when the checkpoint was taken.
-        cut: ClosureId,
-        /// The restore generation this restore starts.
-        generation: u64,
-        /// Every parameter server's incarnation (index, epoch) as the restore was asked for.
-        servers: Vec<(u32, u64)>,
-        /// Per worker, the newest fenced incarnation.
-        fences: Vec<(u32, WorkerEpoch)>,
+    /// One call of a restore (see [`recovery`]): carry it out on the incarnation it names and
+    /// answer with [`Scheduler::handle_restore_report`].
+    Restore(RestoreCall),
+    /// A restore asked for with [`Scheduler::handle_restore_at_start`] ended: the checkpoint's
+    /// step, or why it failed.
+    RestoreFinished {
+        /// The ticket the request got.
+        ticket: RestoreTicket,
+        /// The step restored, or why not.
+        result: Result<u64, String>,
     },
+    /// Send the low watermark to every parameter server
+    /// ([`crate::roles::protocol::FinishedBelow`]): every closure below `finished_below` is
+    /// finished for good (PS-1 may forget their ids), computed in restore `generation` (a
+    /// server that rolled back since ignores it). A server that misses one gets the next.
+    Watermark {
+        /// The low watermark.
+        finished_below: ClosureId,
+        /// The restore generation it was computed in.
+        generation: u64,
+    },
+}
+
+/// Names a restore asked for with [`Scheduler::handle_restore_at_start`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RestoreTicket(pub u64);
+
+/// A parameter server as it answered before a restore at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerProbe {
+    /// Its index.
+    pub ps: u32,
+    /// The incarnation that answered.
+    pub epoch: u64,
+    /// The restore generation it is at.
+    pub generation: u64,
+    /// The smallest closure id above every id it has applied.
+    pub next_free_closure_id: u64,
 }
 
 /// What became of a result a worker reported.
@@ -280,11 +317,18 @@ pub enum ScheduleError {
 ///    alive (a newer epoch means it restarted and lost its state), `handle_ps_lost` when the
 ///    failure detector declares one dead, `handle_ps_unavailable` when a worker could not
 ///    reach one; while [`Scheduler::ps_down`] names servers, dial them and report what answers;
-/// 9. `mark_cut(cut)` after each durable checkpoint (taken with nothing pending); a
-///    [`SchedulerAction::Restore`] is answered with `handle_restored`,
-///    `handle_restore_interrupted` or `handle_restore_failed`;
-/// 10. `generation()` is the restore generation: it goes with each dispatch and each low
-///     watermark sent to the servers; while `is_holding()` no watermark may be sent.
+/// 9. `mark_cut(cut, root)` after each durable checkpoint (taken with nothing pending) under
+///    `root`; each [`SchedulerAction::Restore`] call is answered with
+///    `handle_restore_report` (with its generation); `handle_restore_at_start(now, ..)` asks
+///    for the chief program's restore at start-up, answered by
+///    [`SchedulerAction::RestoreFinished`];
+/// 10. `generation()` is the restore generation: it goes with each dispatch;
+///     `handle_watermark_tick()` at a steady interval emits [`SchedulerAction::Watermark`]
+///     when the low watermark rose (never while `is_holding()`);
+/// 11. `handle_configure(setup, layouts)` when the program changes what workers are set up
+///     with; `setup_for(worker)` is what a new incarnation of `worker` gets, and
+///     `setup_version()` changes whenever a setup handed out before becomes outdated (a
+///     restore moved the positions, or a new configuration).
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -317,6 +361,20 @@ pub struct Scheduler {
     generation: u64,
     /// FENCE-1: per worker, the newest fenced incarnation (replayed to restored servers).
     fenced: BTreeMap<u32, WorkerEpoch>,
+    /// Where the checkpoint of the last cut lives: a recovery restores from there.
+    checkpoint_root: Option<PathBuf>,
+    /// What every worker incarnation is set up with, before its positions are applied.
+    setup: SetupWorker,
+    /// Every variable's layout (the setup's, parsed once): what a restore restores.
+    layouts: Vec<ShardLayout>,
+    /// Where each worker's datasets resume (the last restore's checkpoint).
+    positions: WorkerPositions,
+    /// Bumped whenever setups handed out before are outdated.
+    setup_version: u64,
+    /// The low watermark last emitted.
+    watermark_sent: u64,
+    /// The next [`RestoreTicket`].
+    next_ticket: u64,
 }
 
 /// A closure committed since the cut, kept to run it again after a rollback: its function,
@@ -331,18 +389,49 @@ struct PsEntry {
     dead: bool,
 }
 
-/// A parameter-server recovery: dispatch is held from `since`.
+/// A parameter-server recovery (or the restore at start-up): dispatch is held from `since`.
 #[derive(Debug)]
 struct Recovery {
     since: Instant,
     /// Servers whose state is gone (dead, or back as a new incarnation): a restore is needed.
     state_lost: BTreeSet<u32>,
-    /// The restore was asked for ([`SchedulerAction::Restore`]) and has not been reported.
-    restoring: bool,
-    /// The server incarnations that restore was asked for.
-    pinned: BTreeMap<u32, u64>,
+    /// The restore running now, if one was started and has not ended.
+    run: Option<ActiveRun>,
     /// Restores interrupted so far in this recovery (bounded by [`RESTORE_ATTEMPTS_MAX`]).
     interrupted: u32,
+}
+
+/// A restore under way, and what it is for.
+#[derive(Debug)]
+struct ActiveRun {
+    run: RestoreRun,
+    purpose: Purpose,
+}
+
+#[derive(Debug)]
+enum Purpose {
+    /// A recovery: roll every server back to the last cut.
+    Recovery { cut: ClosureId },
+    /// The chief program's restore at start-up: continue the checkpoint's ledger.
+    Startup {
+        ticket: RestoreTicket,
+        ledger: Ledger,
+        next_id: u64,
+        root: PathBuf,
+    },
+}
+
+impl Recovery {
+    fn restoring(&self) -> bool {
+        self.run.is_some()
+    }
+
+    fn pinned(&self) -> BTreeMap<u32, u64> {
+        self.run
+            .as_ref()
+            .map(|a| a.run.pinned().clone())
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Debug)]
@@ -383,6 +472,17 @@ impl Scheduler {
             lost_for_good: BTreeMap::new(),
             generation: 0,
             fenced: BTreeMap::new(),
+            checkpoint_root: None,
+            setup: SetupWorker {
+                num_workers: 0,
+                layouts_json: "[]".into(),
+                datasets: Vec::new(),
+            },
+            layouts: Vec::new(),
+            positions: WorkerPositions::new(),
+            setup_version: 0,
+            watermark_sent: 0,
+            next_ticket: 0,
         }
     }
 
@@ -549,7 +649,7 @@ impl Scheduler {
     /// cut exists has lost its state (it restarted unnoticed, or its restore never finished):
     /// a recovery restores it. While a restore runs this is left to the restore's own outcome.
     pub fn handle_ps_answered(&mut self, now: Instant, ps: u32, epoch: u64, serving: bool) {
-        let restoring = self.recovery.as_ref().is_some_and(|r| r.restoring);
+        let restoring = self.recovery.as_ref().is_some_and(Recovery::restoring);
         let known = self.servers.get(&ps).map(|e| (e.epoch, e.dead));
         if !serving
             && self.cut.is_some()
@@ -628,8 +728,8 @@ impl Scheduler {
     /// the incarnation restored is not the one serving now: a new recovery starts at once and
     /// dispatch stays held. Returns how many were queued again; an error if no restore was
     /// asked for at that cut (nothing changes).
-    pub fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, String> {
-        if !self.recovery.as_ref().is_some_and(|r| r.restoring) || self.cut != Some(cut) {
+    fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, String> {
+        if !self.recovery.as_ref().is_some_and(Recovery::restoring) || self.cut != Some(cut) {
             return Err(format!("no restore at cut {} was asked for", cut.0));
         }
         let replay = std::mem::take(&mut self.since_cut);
@@ -666,7 +766,7 @@ impl Scheduler {
             self.ledger.rolled_back += 1;
         }
         self.ledger.ps_restores += 1;
-        let pinned = self.recovery.take().map(|r| r.pinned).unwrap_or_default();
+        let pinned = self.recovery.take().map(|r| r.pinned()).unwrap_or_default();
         // A server whose incarnation changed (or died) during the restore is not restored.
         let changed: BTreeSet<u32> = self
             .servers
@@ -687,8 +787,8 @@ impl Scheduler {
     /// again and, once every one answers, restored again from the same cut, within
     /// [`SchedulerConfig::ps_restart_wait_max`] of now and at most [`RESTORE_ATTEMPTS_MAX`]
     /// times per recovery; past that the loss is unrecoverable as for a failed restore.
-    pub fn handle_restore_interrupted(&mut self, now: Instant, ps: Option<u32>, reason: String) {
-        let Some(r) = self.recovery.as_mut().filter(|r| r.restoring) else {
+    fn handle_restore_interrupted(&mut self, now: Instant, ps: Option<u32>, reason: String) {
+        let Some(r) = self.recovery.as_mut().filter(|r| r.restoring()) else {
             return;
         };
         r.interrupted += 1;
@@ -701,13 +801,13 @@ impl Scheduler {
             self.dispatch(now);
             return;
         }
-        r.restoring = false;
+        let pinned = r.pinned();
+        r.run = None;
         r.since = now;
         let suspects: Vec<u32> = match ps {
             Some(ps) => vec![ps],
-            None => std::mem::take(&mut r.pinned).into_keys().collect(),
+            None => pinned.into_keys().collect(),
         };
-        r.pinned.clear();
         for ps in suspects {
             r.state_lost.insert(ps);
             // Dialled until it answers; one never seen counts as epoch 0 (any answer is newer).
@@ -725,8 +825,8 @@ impl Scheduler {
 
     /// The restore asked for failed: the loss cannot be recovered; `join` fails naming the
     /// server and what was queued fails as unavailable.
-    pub fn handle_restore_failed(&mut self, now: Instant, reason: String) {
-        if !self.recovery.as_ref().is_some_and(|r| r.restoring) {
+    fn handle_restore_failed(&mut self, now: Instant, reason: String) {
+        if !self.recovery.as_ref().is_some_and(Recovery::restoring) {
             return;
         }
         let ps = self.recovering_ps().unwrap_or(0);
@@ -744,7 +844,7 @@ impl Scheduler {
     /// restore mixes two cuts; the shell also refuses a cut read before the current restore
     /// generation). A recovery that only holds dispatch does not refuse it: the servers were
     /// read before it, and the restore it leads to then rolls back to this newer cut.
-    pub fn mark_cut(&mut self, cut: ClosureId) -> Result<(), String> {
+    pub fn mark_cut(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), String> {
         if cut.0 > self.next_id {
             return Err(format!(
                 "cut {} is beyond the next closure id {}",
@@ -760,10 +860,250 @@ impl Scheduler {
         if self.is_restoring() {
             return Err("a parameter-server restore is under way".into());
         }
+        self.set_cut(cut, root);
+        Ok(())
+    }
+
+    fn set_cut(&mut self, cut: ClosureId, root: PathBuf) {
         self.cut = Some(cut);
+        self.checkpoint_root = Some(root);
         self.since_cut.retain(|id, _| *id >= cut);
         self.retention_overflowed = self.since_cut.len() > self.config.rollback_retained_max;
-        Ok(())
+    }
+
+    /// The answer to one [`SchedulerAction::Restore`] call of restore `generation`. An answer
+    /// for another generation (a restore given up since) or one not awaited changes nothing.
+    /// The restore's end is acted on here: a recovery queues again what committed since the
+    /// cut (or restores again if a server changed meanwhile), a restore at start-up continues
+    /// the checkpoint's ledger; either way workers whose datasets could not be rewound are
+    /// lost, and setups handed out before are outdated.
+    pub fn handle_restore_report(&mut self, now: Instant, generation: u64, report: RestoreReport) {
+        let live: Vec<(u32, WorkerEpoch)> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.alive)
+            .map(|(i, w)| (*i, w.epoch))
+            .collect();
+        let setup = self.setup.clone();
+        let Some(active) = self
+            .recovery
+            .as_mut()
+            .and_then(|r| r.run.as_mut())
+            .filter(|a| a.run.generation() == generation)
+        else {
+            return;
+        };
+        let targets = RewindTargets {
+            workers: &live,
+            setup: &setup,
+        };
+        let (calls, end) = active.run.handle(report, targets);
+        self.actions
+            .extend(calls.into_iter().map(SchedulerAction::Restore));
+        let Some(end) = end else { return };
+        let purpose = match &active.purpose {
+            Purpose::Recovery { cut } => Purpose::Recovery { cut: *cut },
+            Purpose::Startup {
+                ticket,
+                ledger,
+                next_id,
+                root,
+            } => Purpose::Startup {
+                ticket: *ticket,
+                ledger: ledger.clone(),
+                next_id: *next_id,
+                root: root.clone(),
+            },
+        };
+        if let RunEnd::Done {
+            positions,
+            lost_workers,
+            ..
+        } = &end
+        {
+            self.positions = positions.clone();
+            // Setups handed out before now carry the old positions.
+            self.setup_version += 1;
+            for (worker, epoch) in lost_workers {
+                self.handle_worker_lost(now, *worker, *epoch);
+            }
+        }
+        match (purpose, end) {
+            (Purpose::Recovery { cut }, RunEnd::Done { .. }) => {
+                // Every server's low watermark is the cut now.
+                self.watermark_sent = cut.0;
+                let _ = self.handle_restored(now, cut);
+            }
+            (Purpose::Recovery { .. }, RunEnd::Interrupted { ps, reason }) => {
+                self.handle_restore_interrupted(now, Some(ps), reason)
+            }
+            (Purpose::Recovery { .. }, RunEnd::Failed { reason }) => {
+                self.handle_restore_failed(now, reason)
+            }
+            (
+                Purpose::Startup {
+                    ticket,
+                    ledger,
+                    next_id,
+                    root,
+                },
+                end,
+            ) => {
+                let result = match end {
+                    RunEnd::Done { step, .. } => self.resume(ledger, next_id).map(|()| {
+                        self.resume_generation(generation);
+                        self.watermark_sent = next_id;
+                        // The variables are at this checkpoint now: a recovery rolls back
+                        // to it until the next save.
+                        self.set_cut(ClosureId(next_id), root);
+                        step
+                    }),
+                    RunEnd::Interrupted { ps, reason } => Err(format!("ps/{ps}: {reason}")),
+                    RunEnd::Failed { reason } => Err(reason),
+                };
+                self.end_startup_restore(now);
+                self.actions
+                    .push_back(SchedulerAction::RestoreFinished { ticket, result });
+            }
+        }
+        self.dispatch(now);
+    }
+
+    /// Restores every parameter server from `checkpoint` (read from `root` by the chief
+    /// program) before anything is scheduled, through the same restore as a recovery. The
+    /// servers answered as `probes` (every one of them, each once): the restore goes to those
+    /// incarnations, opens a generation above every one they are at, and rolls their PS-1
+    /// state back to above every closure id any of them has applied (a restarted coordinator
+    /// reconnecting to live servers must never reuse one, PS-1). The ledger and closure ids
+    /// carry on from the checkpoint's (LEDGER-1 across restarts). Dispatch is held while it
+    /// runs; [`SchedulerAction::RestoreFinished`] with the returned ticket tells how it ended.
+    /// Refused if anything was scheduled, a restore is under way, or a server is missing.
+    pub fn handle_restore_at_start(
+        &mut self,
+        now: Instant,
+        checkpoint: std::sync::Arc<Checkpoint>,
+        root: PathBuf,
+        probes: &[ServerProbe],
+        num_servers: u32,
+    ) -> Result<RestoreTicket, String> {
+        if self.next_id != 0 || !self.closures.is_empty() {
+            return Err("a checkpoint can only be restored before anything is scheduled".into());
+        }
+        if self.recovery.is_some() {
+            return Err("a parameter-server recovery is under way".into());
+        }
+        let answered: BTreeSet<u32> = probes.iter().map(|p| p.ps).collect();
+        if let Some(missing) = (0..num_servers).find(|ps| !answered.contains(ps)) {
+            return Err(format!("parameter server ps/{missing} did not answer"));
+        }
+        if num_servers == 0 {
+            return Err("there is no parameter server to restore".into());
+        }
+        let saved = &checkpoint.ledger;
+        let ledger = Ledger {
+            scheduled: saved.scheduled,
+            committed: saved.committed,
+            cancelled: saved.scheduled.saturating_sub(saved.committed),
+            redispatched: saved.redispatched,
+            rejected_stale: saved.rejected_stale,
+            rolled_back: saved.rolled_back,
+            ps_restores: saved.ps_restores,
+            ..Ledger::default()
+        };
+        let live_next = probes
+            .iter()
+            .map(|p| p.next_free_closure_id)
+            .max()
+            .unwrap_or(0);
+        let next_id = saved.next_closure_id.max(live_next);
+        let generation = probes
+            .iter()
+            .map(|p| p.generation)
+            .max()
+            .unwrap_or(0)
+            .max(self.generation)
+            + 1;
+        self.generation = generation;
+        let ticket = RestoreTicket(self.next_ticket);
+        self.next_ticket += 1;
+        let pinned = probes.iter().map(|p| (p.ps, p.epoch)).collect();
+        let (run, calls) = RestoreRun::start(
+            generation,
+            pinned,
+            self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
+            ClosureId(next_id),
+            CheckpointSource::Loaded(CheckpointRef(checkpoint)),
+            self.layouts.clone(),
+        );
+        let recovery = self.recovery(now);
+        recovery.run = Some(ActiveRun {
+            run,
+            purpose: Purpose::Startup {
+                ticket,
+                ledger,
+                next_id,
+                root,
+            },
+        });
+        self.actions
+            .extend(calls.into_iter().map(SchedulerAction::Restore));
+        Ok(ticket)
+    }
+
+    /// Ends the restore at start-up: dispatch resumes, unless a server was lost meanwhile
+    /// (then a recovery goes on for it).
+    fn end_startup_restore(&mut self, now: Instant) {
+        let Some(r) = self.recovery.as_mut() else {
+            return;
+        };
+        r.run = None;
+        r.since = now;
+        if r.state_lost.is_empty() && self.ps_down().is_empty() {
+            self.recovery = None;
+        }
+    }
+
+    /// Time for the low watermark to go out again (the shell calls this at a steady
+    /// interval): emits [`SchedulerAction::Watermark`] if it rose since the last one. None
+    /// while a recovery holds dispatch (the closures committed since the cut may run again).
+    pub fn handle_watermark_tick(&mut self) {
+        if self.is_holding() {
+            return;
+        }
+        let watermark = self.low_watermark();
+        if watermark.0 <= self.watermark_sent {
+            return;
+        }
+        self.watermark_sent = watermark.0;
+        self.actions.push_back(SchedulerAction::Watermark {
+            finished_below: watermark,
+            generation: self.generation,
+        });
+    }
+
+    /// The program changed what workers are set up with (`layouts` are the setup's, parsed):
+    /// setups handed out before are outdated.
+    pub fn handle_configure(&mut self, setup: SetupWorker, layouts: Vec<ShardLayout>) {
+        self.setup = setup;
+        self.layouts = layouts;
+        self.setup_version += 1;
+    }
+
+    /// What a new incarnation of `worker` is set up with: the configured setup, its datasets
+    /// resuming at the positions the last restore gave that worker.
+    pub fn setup_for(&self, worker: u32) -> SetupWorker {
+        recovery::setup_with_positions(&self.setup, self.positions.get(&worker))
+    }
+
+    /// Changes whenever a setup handed out before is outdated.
+    pub fn setup_version(&self) -> u64 {
+        self.setup_version
+    }
+
+    /// Where each worker's datasets resume (the last restore's checkpoint positions): what a
+    /// worker that is not live now starts from.
+    pub fn positions(&self) -> &WorkerPositions {
+        &self.positions
     }
 
     /// The last checkpoint cut, if any.
@@ -823,7 +1163,7 @@ impl Scheduler {
 
     /// Whether a restore is under way (asked for, not reported yet).
     pub fn is_restoring(&self) -> bool {
-        self.recovery.as_ref().is_some_and(|r| r.restoring)
+        self.recovery.as_ref().is_some_and(Recovery::restoring)
     }
 
     /// The configuration this scheduler runs with.
@@ -841,7 +1181,7 @@ impl Scheduler {
         let recovery = self
             .recovery
             .as_ref()
-            .filter(|r| !r.restoring)
+            .filter(|r| !r.restoring())
             .map(|r| r.since + self.config.ps_restart_wait_max);
         match (starved, recovery) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -852,7 +1192,7 @@ impl Scheduler {
     /// Time passed: pending work that has waited past the bound with no live worker fails as
     /// unavailable, so `join` neither hangs forever nor returns early.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring) {
+        if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring()) {
             if now >= r.since + self.config.ps_restart_wait_max {
                 let ps = self.recovering_ps().unwrap_or(0);
                 let reason = format!(
@@ -1077,8 +1417,7 @@ impl Scheduler {
         self.recovery.get_or_insert_with(|| Recovery {
             since: now,
             state_lost: BTreeSet::new(),
-            restoring: false,
-            pinned: BTreeMap::new(),
+            run: None,
             interrupted: 0,
         })
     }
@@ -1096,7 +1435,7 @@ impl Scheduler {
     /// lost; asks for the restore once every server is back and nothing is in flight.
     fn advance_recovery(&mut self) {
         let Some(r) = &self.recovery else { return };
-        if r.restoring {
+        if r.restoring() {
             return;
         }
         if let Some(&ps) = r.state_lost.first() {
@@ -1123,20 +1462,30 @@ impl Scheduler {
         if !self.ps_down().is_empty() || in_flight {
             return;
         }
-        let Some(r) = self.recovery.as_mut() else {
-            return;
-        };
-        match self.cut {
-            Some(cut) if !r.state_lost.is_empty() => {
-                r.restoring = true;
-                r.pinned = self.servers.iter().map(|(ps, e)| (*ps, e.epoch)).collect();
+        let lost = self
+            .recovery
+            .as_ref()
+            .is_some_and(|r| !r.state_lost.is_empty());
+        match (self.cut, self.checkpoint_root.clone()) {
+            (Some(cut), Some(root)) if lost => {
                 self.generation += 1;
-                self.actions.push_back(SchedulerAction::Restore {
+                let pinned = self.servers.iter().map(|(ps, e)| (*ps, e.epoch)).collect();
+                let (run, calls) = RestoreRun::start(
+                    self.generation,
+                    pinned,
+                    self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
                     cut,
-                    generation: self.generation,
-                    servers: r.pinned.iter().map(|(ps, e)| (*ps, *e)).collect(),
-                    fences: self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
-                });
+                    CheckpointSource::AtCut { root, cut },
+                    self.layouts.clone(),
+                );
+                if let Some(r) = self.recovery.as_mut() {
+                    r.run = Some(ActiveRun {
+                        run,
+                        purpose: Purpose::Recovery { cut },
+                    });
+                }
+                self.actions
+                    .extend(calls.into_iter().map(SchedulerAction::Restore));
             }
             // Every server answered as the incarnation it was: nothing was lost.
             _ => self.recovery = None,
@@ -1221,6 +1570,10 @@ const DEFAULT_DETECTION_BUDGET: Duration = Duration::from_secs(3);
 mod tests {
     use super::*;
 
+    fn root() -> PathBuf {
+        PathBuf::from("checkpoints")
+    }
+
     fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
         std::iter::from_fn(|| s.poll_action()).collect()
     }
@@ -1230,7 +1583,7 @@ mod tests {
         actions
             .iter()
             .filter_map(|a| match a {
-                SchedulerAction::Restore { cut, .. } => Some(*cut),
+                SchedulerAction::Restore(RestoreCall::Load { cut, .. }) => Some(*cut),
                 _ => None,
             })
             .collect()
@@ -1246,7 +1599,7 @@ mod tests {
                     attempt,
                     ..
                 } => Some((*worker, *closure, *attempt)),
-                SchedulerAction::Fence { .. } | SchedulerAction::Restore { .. } => None,
+                _ => None,
             })
             .collect()
     }
@@ -1514,7 +1867,7 @@ mod tests {
                         }
                     }
                     8 => {
-                        let _ = s.mark_cut(s.low_watermark());
+                        let _ = s.mark_cut(s.low_watermark(), root());
                     }
                     9 if !in_flight.is_empty() => {
                         let (w, e, c, a) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
@@ -1703,7 +2056,7 @@ mod tests {
             run_all(&mut s);
             ids.push(id);
         }
-        s.mark_cut(ClosureId(s.next_closure_id())).unwrap();
+        s.mark_cut(ClosureId(s.next_closure_id()), root()).unwrap();
         for _ in 0..after {
             ids.push(s.handle_schedule(t, "step", vec![ids.len() as u8]).unwrap());
         }
@@ -1886,7 +2239,7 @@ mod tests {
         });
         s.handle_worker_up(t, 0, 1);
         s.handle_ps_up(t, 0, 1);
-        s.mark_cut(ClosureId(0)).unwrap();
+        s.mark_cut(ClosureId(0), root()).unwrap();
         for _ in 0..2 {
             s.handle_schedule(t, "step", vec![]).unwrap();
             run_all(&mut s);
@@ -1903,14 +2256,14 @@ mod tests {
         let mut s = Scheduler::new(SchedulerConfig::default());
         s.handle_worker_up(t, 0, 1);
         let a = s.handle_schedule(t, "step", vec![]).unwrap();
-        assert!(s.mark_cut(ClosureId(1)).is_err());
+        assert!(s.mark_cut(ClosureId(1), root()).is_err());
         assert!(
-            s.mark_cut(ClosureId(2)).is_err(),
+            s.mark_cut(ClosureId(2), root()).is_err(),
             "beyond the ids given out"
         );
         drain(&mut s);
         s.handle_result(t, 0, 1, a, 1, Ok(vec![]));
-        s.mark_cut(ClosureId(1)).unwrap();
+        s.mark_cut(ClosureId(1), root()).unwrap();
         assert_eq!(s.cut(), Some(ClosureId(1)));
     }
 
@@ -1923,7 +2276,7 @@ mod tests {
         });
         s.handle_worker_up(t, 0, 1);
         s.handle_ps_up(t, 0, 1);
-        s.mark_cut(ClosureId(0)).unwrap();
+        s.mark_cut(ClosureId(0), root()).unwrap();
         let ids: Vec<_> = (0..3u8)
             .map(|i| {
                 let id = s.handle_schedule(t, "step", vec![i]).unwrap();
@@ -1954,16 +2307,32 @@ mod tests {
     /// The restore asked for: (cut, generation, pinned servers, fences).
     type RestoreAsked = (ClosureId, u64, Vec<(u32, u64)>, Vec<(u32, WorkerEpoch)>);
 
+    /// The restore a batch of actions started, from its first calls (a Begin per server and
+    /// the checkpoint's Load).
     fn restore_asked(actions: &[SchedulerAction]) -> Option<RestoreAsked> {
-        actions.iter().find_map(|a| match a {
-            SchedulerAction::Restore {
-                cut,
-                generation,
-                servers,
-                fences,
-            } => Some((*cut, *generation, servers.clone(), fences.clone())),
-            _ => None,
-        })
+        let mut asked: Option<RestoreAsked> = None;
+        for a in actions {
+            match a {
+                SchedulerAction::Restore(RestoreCall::Begin {
+                    ps,
+                    epoch,
+                    generation,
+                    fences,
+                }) => {
+                    let entry =
+                        asked.get_or_insert((ClosureId(u64::MAX), *generation, vec![], vec![]));
+                    entry.2.push((*ps, *epoch));
+                    entry.3 = fences.clone();
+                }
+                SchedulerAction::Restore(RestoreCall::Load { cut, .. }) => {
+                    if let Some(entry) = asked.as_mut() {
+                        entry.0 = *cut;
+                    }
+                }
+                _ => {}
+            }
+        }
+        asked
     }
 
     fn dispatched_generations(actions: &[SchedulerAction]) -> Vec<u64> {
@@ -2114,7 +2483,7 @@ mod tests {
         s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
         s.handle_ps_up(t, 0, 2);
         let (cut, ..) = restore_asked(&drain(&mut s)).unwrap();
-        assert!(s.mark_cut(ClosureId(2)).is_err());
+        assert!(s.mark_cut(ClosureId(2), root()).is_err());
         s.handle_restored(t, cut).unwrap();
         assert_eq!(s.cut(), Some(cut));
     }

@@ -1,0 +1,489 @@
+//! The restore sub-machine driven through the scheduler over the orderings the shell used to
+//! decide: a server that fails at each step of a restore, a worker that comes up while one
+//! runs, a watermark racing it, two servers lost one after the other, the restore at start-up
+//! with live servers ahead of the checkpoint.
+
+use std::sync::Arc;
+
+use super::recovery::{CallFault, RestoreCall, RestoreReport, DATASET_POSITIONS_KEY};
+use super::*;
+
+fn root() -> PathBuf {
+    PathBuf::from("checkpoints")
+}
+
+fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
+    std::iter::from_fn(|| s.poll_action()).collect()
+}
+
+/// A checkpoint at `step`, cut at closure `cut`, with worker 0's dataset `ids` at `position`.
+fn checkpoint(step: u64, cut: u64, position: u64) -> Arc<Checkpoint> {
+    let mut ckpt = Checkpoint::new(step, 2);
+    ckpt.ledger.next_closure_id = cut;
+    ckpt.ledger.scheduled = cut;
+    ckpt.ledger.committed = cut;
+    ckpt.extra = serde_json::json!({ DATASET_POSITIONS_KEY: { "0": { "ids": position } } });
+    Arc::new(ckpt)
+}
+
+/// Where a restore call goes, to answer it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Begin,
+    Load,
+    Shards,
+    RollBack,
+    Rewind,
+}
+
+fn step_of(call: &RestoreCall) -> (Step, u32, u64) {
+    match call {
+        RestoreCall::Begin { ps, generation, .. } => (Step::Begin, *ps, *generation),
+        RestoreCall::Load { generation, .. } => (Step::Load, 0, *generation),
+        RestoreCall::Shards { ps, generation, .. } => (Step::Shards, *ps, *generation),
+        RestoreCall::RollBack { ps, generation, .. } => (Step::RollBack, *ps, *generation),
+        RestoreCall::Rewind {
+            worker, generation, ..
+        } => (Step::Rewind, *worker, *generation),
+    }
+}
+
+/// The successful answer to `call` (`fault` replaces the result of a server call).
+fn answer(call: &RestoreCall, ckpt: &Arc<Checkpoint>, fault: Option<CallFault>) -> RestoreReport {
+    let result = fault.map_or(Ok(()), Err);
+    match call {
+        RestoreCall::Begin { ps, .. } => RestoreReport::Begun { ps: *ps, result },
+        RestoreCall::Load { .. } => RestoreReport::Loaded {
+            result: Ok(Some(CheckpointRef(Arc::clone(ckpt)))),
+        },
+        RestoreCall::Shards { ps, .. } => RestoreReport::ShardsRestored { ps: *ps, result },
+        RestoreCall::RollBack { ps, .. } => RestoreReport::RolledBack { ps: *ps, result },
+        RestoreCall::Rewind { worker, epoch, .. } => RestoreReport::Rewound {
+            worker: *worker,
+            epoch: *epoch,
+            result: result.map_err(|e| e.to_string()),
+        },
+    }
+}
+
+/// Answers every restore call as it comes out, `fail(step, target)` deciding a fault, until
+/// no call is left; returns every other action, and the calls seen in order.
+fn drive_restore(
+    s: &mut Scheduler,
+    ckpt: &Arc<Checkpoint>,
+    mut fail: impl FnMut(Step, u32) -> Option<CallFault>,
+) -> (Vec<SchedulerAction>, Vec<(Step, u32, u64)>) {
+    let t = Instant::now();
+    let mut others = Vec::new();
+    let mut seen = Vec::new();
+    loop {
+        let actions = drain(s);
+        if actions.is_empty() {
+            return (others, seen);
+        }
+        for action in actions {
+            match action {
+                SchedulerAction::Restore(call) => {
+                    let (step, target, generation) = step_of(&call);
+                    seen.push((step, target, generation));
+                    let report = answer(&call, ckpt, fail(step, target));
+                    s.handle_restore_report(t, generation, report);
+                }
+                other => others.push(other),
+            }
+        }
+    }
+}
+
+fn dispatched(actions: &[SchedulerAction]) -> Vec<(u32, ClosureId, u32)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            SchedulerAction::Dispatch {
+                worker,
+                closure,
+                attempt,
+                ..
+            } => Some((*worker, *closure, *attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Two workers, two servers, `before` closures committed before a cut at the next id, then
+/// `after` closures dispatched and committed: a loss now rolls those back.
+fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>) {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    for w in 0..2 {
+        s.handle_worker_up(t, w, 1);
+        s.handle_ps_up(t, w, 1);
+    }
+    let setup = SetupWorker {
+        num_workers: 2,
+        layouts_json: "[]".into(),
+        datasets: vec![("ids".into(), 0)],
+    };
+    s.handle_configure(setup, Vec::new());
+    let mut ids = Vec::new();
+    for n in 0..before + after {
+        if n == before {
+            s.mark_cut(ClosureId(s.next_closure_id()), root()).unwrap();
+        }
+        ids.push(s.handle_schedule(t, "step", vec![n as u8]).unwrap());
+        for a in drain(&mut s) {
+            if let SchedulerAction::Dispatch {
+                worker,
+                epoch,
+                closure,
+                attempt,
+                ..
+            } = a
+            {
+                s.handle_result(t, worker, epoch, closure, attempt, Ok(vec![]));
+            }
+        }
+    }
+    (s, ids)
+}
+
+/// A server that cannot be reached at any step of the restore (or whose checkpoint read
+/// fails as unreachable) interrupts it; once it answers again the restore runs again in a new
+/// generation from the start, and what committed since the cut runs once more (LEDGER-1).
+#[test]
+fn a_ps_lost_during_each_step_of_a_restore_interrupts_it_and_it_runs_again() {
+    for failing in [Step::Begin, Step::Shards, Step::RollBack] {
+        let t = Instant::now();
+        let ckpt = checkpoint(7, 2, 3);
+        let (mut s, ids) = committed_past_cut(2, 2);
+        s.handle_ps_lost(t, 0, 1);
+        s.handle_ps_up(t, 0, 2);
+        let mut failed = false;
+        let (_, seen) = drive_restore(&mut s, &ckpt, |step, target| {
+            (step == failing && target == 1 && !std::mem::replace(&mut failed, true))
+                .then(|| CallFault::Unreachable("peer lost".into()))
+        });
+        assert!(seen.contains(&(failing, 1, 1)), "{failing:?}: {seen:?}");
+        assert!(
+            s.is_holding() && !s.is_restoring(),
+            "{failing:?}: waits for ps/1"
+        );
+        assert_eq!(s.ps_down(), vec![1], "{failing:?}");
+        // ps/1 restarted meanwhile: the next restore pins its new incarnation.
+        s.handle_ps_answered(t, 1, 2, false);
+        let (others, seen) = drive_restore(&mut s, &ckpt, |_, _| None);
+        assert!(
+            seen.iter().all(|(_, _, g)| *g == 2),
+            "{failing:?}: a new generation: {seen:?}"
+        );
+        assert!(!s.is_holding(), "{failing:?}");
+        assert_eq!(
+            dispatched(&others),
+            vec![(0, ids[2], 2), (1, ids[3], 2)],
+            "{failing:?}: the closures past the cut run again"
+        );
+        let l = s.ledger();
+        assert_eq!((l.ps_restores, l.rolled_back, l.pending), (1, 2, 2));
+        assert!(l.balances(), "{failing:?}: {l:?}");
+        assert!(s.take_error().is_none());
+    }
+}
+
+/// A server that refuses a step (the checkpoint does not fit it), or a checkpoint that is
+/// gone, fails the recovery: `join` raises it naming the server, never a hang.
+#[test]
+fn a_refused_step_or_a_missing_checkpoint_fails_the_recovery() {
+    for refused in [Step::Begin, Step::Shards, Step::RollBack, Step::Load] {
+        let t = Instant::now();
+        let ckpt = checkpoint(7, 2, 3);
+        let (mut s, _) = committed_past_cut(2, 1);
+        s.handle_ps_up(t, 1, 2);
+        let mut calls = drain(&mut s);
+        let mut guard = 0;
+        while let Some(SchedulerAction::Restore(call)) = calls.pop() {
+            guard += 1;
+            assert!(guard < 100);
+            let (step, _, generation) = step_of(&call);
+            let report = match (step == refused, &call) {
+                (true, RestoreCall::Load { .. }) => RestoreReport::Loaded { result: Ok(None) },
+                (true, _) => answer(&call, &ckpt, Some(CallFault::Refused("shape".into()))),
+                (false, _) => answer(&call, &ckpt, None),
+            };
+            s.handle_restore_report(t, generation, report);
+            calls.extend(drain(&mut s));
+        }
+        assert!(!s.is_holding(), "{refused:?}");
+        let err = s.take_error().expect("the loss is raised").to_string();
+        assert!(err.contains("ps/1"), "{refused:?}: {err}");
+        assert!(s.ledger().balances());
+    }
+}
+
+/// A worker that comes up while a restore runs is rewound with the others (the machine
+/// counts it live when the Rewind phase starts), at the checkpoint's positions; setups handed
+/// out before the restore ended are outdated, and a later incarnation starts there too.
+#[test]
+fn a_worker_that_returns_during_a_restore_is_rewound_at_the_restored_positions() {
+    let t = Instant::now();
+    let ckpt = checkpoint(7, 2, 5);
+    let (mut s, _) = committed_past_cut(2, 1);
+    s.handle_worker_lost(t, 0, 1);
+    s.handle_ps_up(t, 1, 2);
+    let version = s.setup_version();
+    let mut came_up = false;
+    let mut rewound = Vec::new();
+    loop {
+        let actions = drain(&mut s);
+        if actions.is_empty() {
+            break;
+        }
+        for action in actions {
+            if let SchedulerAction::Restore(call) = action {
+                let (step, _, generation) = step_of(&call);
+                if step == Step::Shards && !came_up {
+                    came_up = true;
+                    s.handle_worker_up(t, 0, 2);
+                }
+                if let RestoreCall::Rewind { worker, setup, .. } = &call {
+                    rewound.push((*worker, setup.datasets.clone()));
+                }
+                s.handle_restore_report(t, generation, answer(&call, &ckpt, None));
+            }
+        }
+    }
+    assert_eq!(
+        rewound,
+        vec![
+            (0, vec![("ids".to_string(), 5)]),
+            (1, vec![("ids".to_string(), 0)])
+        ]
+    );
+    assert_ne!(
+        s.setup_version(),
+        version,
+        "setups from before are outdated"
+    );
+    assert_eq!(s.setup_for(0).datasets, vec![("ids".to_string(), 5)]);
+    assert!(!s.is_holding());
+}
+
+/// A worker whose datasets cannot be rewound is lost (fenced, its next incarnation set up at
+/// the restored positions); the restore itself succeeds.
+#[test]
+fn a_worker_that_cannot_be_rewound_is_lost_and_the_restore_succeeds() {
+    let t = Instant::now();
+    let ckpt = checkpoint(7, 2, 5);
+    let (mut s, _) = committed_past_cut(2, 1);
+    s.handle_ps_up(t, 0, 2);
+    let (others, _) = drive_restore(&mut s, &ckpt, |step, target| {
+        (step == Step::Rewind && target == 1).then(|| CallFault::Unreachable("gone".into()))
+    });
+    assert!(others.contains(&SchedulerAction::Fence {
+        worker: 1,
+        epoch: 1
+    }));
+    assert_eq!(s.live_workers(), 1);
+    assert!(!s.is_holding() && s.take_error().is_none());
+    assert_eq!(s.ledger().ps_restores, 1);
+}
+
+/// The watermark never goes out while a recovery holds dispatch (the closures committed since
+/// the cut run again and must not be refused), and after the restore it starts from the cut.
+#[test]
+fn ps_1_a_watermark_tick_racing_a_restore_sends_nothing_until_it_ended() {
+    let t = Instant::now();
+    let ckpt = checkpoint(7, 2, 0);
+    let (mut s, ids) = committed_past_cut(2, 2);
+    s.handle_watermark_tick();
+    let sent = |actions: &[SchedulerAction]| -> Vec<(ClosureId, u64)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                SchedulerAction::Watermark {
+                    finished_below,
+                    generation,
+                } => Some((*finished_below, *generation)),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(sent(&drain(&mut s)), vec![(ClosureId(4), 0)]);
+    s.handle_ps_up(t, 0, 2);
+    let mut ticks = Vec::new();
+    loop {
+        let actions = drain(&mut s);
+        if actions.is_empty() {
+            break;
+        }
+        for action in actions {
+            if let SchedulerAction::Restore(call) = action {
+                s.handle_watermark_tick();
+                ticks.extend(sent(&drain(&mut s)));
+                let (_, _, generation) = step_of(&call);
+                s.handle_restore_report(t, generation, answer(&call, &ckpt, None));
+            }
+        }
+    }
+    assert!(
+        ticks.is_empty(),
+        "a watermark went out during the restore: {ticks:?}"
+    );
+    // The rolled-back closures are in flight again: the watermark is the cut, not above.
+    assert_eq!(s.low_watermark(), ids[2]);
+    s.handle_watermark_tick();
+    assert!(sent(&drain(&mut s)).is_empty());
+}
+
+/// Two servers lost one after the other: the second, lost while the first one's restore
+/// runs, interrupts it; the next restore covers both, and the job goes on with each closure's
+/// effect present once (LEDGER-1).
+#[test]
+fn two_servers_lost_one_after_the_other_are_restored_together() {
+    let t = Instant::now();
+    let ckpt = checkpoint(7, 2, 0);
+    let (mut s, ids) = committed_past_cut(2, 2);
+    s.handle_ps_lost(t, 0, 1);
+    s.handle_ps_up(t, 0, 2);
+    let mut lost_second = false;
+    let (_, seen) = drive_restore(&mut s, &ckpt, |step, target| {
+        if step == Step::Shards && target == 1 && !lost_second {
+            lost_second = true;
+            return Some(CallFault::Unreachable("peer lost".into()));
+        }
+        None
+    });
+    assert!(seen.iter().all(|(_, _, g)| *g == 1));
+    s.handle_ps_lost(t, 1, 1);
+    assert!(s.is_holding() && !s.is_restoring());
+    s.handle_ps_up(t, 1, 2);
+    let (others, seen) = drive_restore(&mut s, &ckpt, |_, _| None);
+    let begun: Vec<u32> = seen
+        .iter()
+        .filter(|(step, _, g)| *step == Step::Begin && *g == 2)
+        .map(|(_, ps, _)| *ps)
+        .collect();
+    assert_eq!(begun, vec![0, 1]);
+    assert_eq!(dispatched(&others), vec![(0, ids[2], 2), (1, ids[3], 2)]);
+    assert!(s.ledger().balances() && s.take_error().is_none());
+}
+
+/// The chief's restore at start-up onto servers that outlived the checkpoint (a restarted
+/// coordinator): the generation opens above every server's, PS-1's state is rolled back to
+/// above every id any server applied, and the ledger and ids carry on from there, so no
+/// closure id is ever reused.
+#[test]
+fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.handle_worker_up(t, 0, 1);
+    let ckpt = checkpoint(9, 10, 4);
+    let probes = [
+        ServerProbe {
+            ps: 0,
+            epoch: 3,
+            generation: 2,
+            next_free_closure_id: 14,
+        },
+        ServerProbe {
+            ps: 1,
+            epoch: 1,
+            generation: 1,
+            next_free_closure_id: 12,
+        },
+    ];
+    let ticket = s
+        .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &probes, 2)
+        .unwrap();
+    assert!(s.is_holding());
+    // Scheduling meanwhile is held, not dispatched.
+    let (others, seen) = drive_restore(&mut s, &ckpt, |_, _| None);
+    assert!(seen.iter().all(|(_, _, g)| *g == 3), "{seen:?}");
+    assert!(!seen.iter().any(|(step, ..)| *step == Step::Load));
+    assert!(others.contains(&SchedulerAction::RestoreFinished {
+        ticket,
+        result: Ok(9)
+    }));
+    assert_eq!(s.generation(), 3);
+    assert_eq!(s.next_closure_id(), 14);
+    assert_eq!(s.cut(), Some(ClosureId(14)));
+    assert_eq!(s.setup_for(0).datasets, Vec::<(String, u64)>::new());
+    assert_eq!(s.ledger().scheduled, 10);
+    let id = s.handle_schedule(t, "step", vec![]).unwrap();
+    assert_eq!(id, ClosureId(14));
+    assert!(!s.is_holding());
+}
+
+/// A restore at start-up that a server cannot take ends with the reason, and leaves the
+/// scheduler usable; one asked for with a server missing, or after scheduling, is refused.
+#[test]
+fn a_failed_restore_at_start_is_reported_and_bad_requests_are_refused() {
+    let t = Instant::now();
+    let ckpt = checkpoint(9, 10, 0);
+    let probe = |ps| ServerProbe {
+        ps,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    };
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let err = s
+        .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0)], 2)
+        .unwrap_err();
+    assert!(err.contains("ps/1"), "{err}");
+    let ticket = s
+        .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0), probe(1)], 2)
+        .unwrap();
+    let (others, _) = drive_restore(&mut s, &ckpt, |step, _| {
+        (step == Step::Shards).then(|| CallFault::Refused("shape [3] vs [4]".into()))
+    });
+    let finished = others.iter().find_map(|a| match a {
+        SchedulerAction::RestoreFinished { ticket: t, result } if *t == ticket => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(finished, Some(Err(e)) if e.contains("shape")),
+        "{others:?}"
+    );
+    assert!(!s.is_holding());
+    s.handle_schedule(t, "step", vec![]).unwrap();
+    assert!(s
+        .handle_restore_at_start(t, ckpt, root(), &[probe(0), probe(1)], 2)
+        .is_err());
+}
+
+/// Answers of another generation, duplicates, and answers for calls never made change
+/// nothing (a restore given up since must not move the current one on).
+#[test]
+fn stale_or_duplicate_restore_answers_change_nothing() {
+    let t = Instant::now();
+    let ckpt = checkpoint(7, 2, 0);
+    let (mut s, _) = committed_past_cut(2, 1);
+    s.handle_ps_up(t, 0, 2);
+    let calls = drain(&mut s);
+    let begins: Vec<RestoreCall> = calls
+        .into_iter()
+        .filter_map(|a| match a {
+            SchedulerAction::Restore(c @ RestoreCall::Begin { .. }) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(begins.len(), 2);
+    // Another generation: ignored.
+    s.handle_restore_report(t, 7, answer(&begins[0], &ckpt, None));
+    // A roll-back nobody asked for yet: ignored.
+    s.handle_restore_report(
+        t,
+        1,
+        RestoreReport::RolledBack {
+            ps: 0,
+            result: Ok(()),
+        },
+    );
+    s.handle_restore_report(t, 1, answer(&begins[0], &ckpt, None));
+    s.handle_restore_report(t, 1, answer(&begins[0], &ckpt, None));
+    assert!(
+        drain(&mut s).is_empty(),
+        "ps/1 has not begun, the checkpoint is not read"
+    );
+    assert!(s.is_restoring());
+}
