@@ -1,5 +1,6 @@
 //! Crashes during a save and corrupt checkpoints (CKPT-1): restore never picks a partial or
-//! corrupt checkpoint, and says which file made it skip one.
+//! corrupt checkpoint (the manifest included: it carries its own checksum), and says which
+//! file made it skip one.
 
 mod checkpoint_support;
 
@@ -8,10 +9,13 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use checkpoint_support::{entries, sample_checkpoint, temp_entries, TempRoot};
+use checkpoint_support::{
+    edit_sealed_manifest, entries, sample_checkpoint, seal_manifest, temp_entries, TempRoot,
+};
 use cohort::checkpoint::{
     read_checkpoint, CheckpointManager, CheckpointPolicy, FailAction, FailSite, LoadError,
-    RestoreOutcome, SaveError, FAILPOINT_ENV, FAILPOINT_EXIT_CODE,
+    Manifest, ManifestError, RestoreOutcome, SaveError, FAILPOINT_ENV, FAILPOINT_EXIT_CODE,
+    FORMAT_VERSION, MANIFEST_CHECKSUM_FIELD, MANIFEST_TRAILER_BYTES,
 };
 use sha2::{Digest, Sha256};
 
@@ -194,7 +198,7 @@ fn ckpt1_garbage_or_missing_manifest_is_skipped() {
         let outcome = manager.restore_latest().unwrap();
         let message = only_skip(&outcome, 200);
         assert!(
-            message.starts_with("ckpt-200/manifest.json: not a valid manifest"),
+            message.starts_with("ckpt-200/manifest.json: no manifest checksum"),
             "{message}"
         );
         assert_eq!(restored_step(&outcome), Some(100));
@@ -203,6 +207,163 @@ fn ckpt1_garbage_or_missing_manifest_is_skipped() {
     let outcome = manager.restore_latest().unwrap();
     assert!(only_skip(&outcome, 200).starts_with("ckpt-200/manifest.json: missing"));
     assert_eq!(restored_step(&outcome), Some(100));
+}
+
+/// CKPT-1: every single-bit flip of a real manifest is refused by the manifest reader that
+/// restore uses; one flip per byte (the bit drawn from a fixed seed) goes through the disk and
+/// a whole restore, which skips the manifest, names it, and restores the previous checkpoint.
+#[test]
+fn ckpt1_every_bit_flip_in_the_manifest_falls_back_to_the_previous_checkpoint() {
+    const SEED: u64 = 0x5eed_c4b1;
+    let (root, mut manager) = two_checkpoints("ckpt-manifest-flip");
+    let path = root.path().join("ckpt-200/manifest.json");
+    let original = std::fs::read(&path).unwrap();
+    // The sample's manifest carries layout, slots, positions and a ledger: every field kind.
+    assert!(original.len() > 1000, "{} bytes", original.len());
+    Manifest::from_file_bytes(&original).unwrap();
+    let mut mismatches = 0;
+    for at in 0..original.len() {
+        let restored_bit = splitmix64(SEED ^ at as u64) % 8;
+        for bit in 0..8 {
+            let what = format!("byte {at} bit {bit} (seed {SEED:#x})");
+            let mut flipped = original.clone();
+            flipped[at] ^= 1 << bit;
+            match Manifest::from_file_bytes(&flipped) {
+                Err(ManifestError::ChecksumMismatch { .. }) => mismatches += 1,
+                Err(ManifestError::ChecksumMissing(_)) => {}
+                other => panic!("{what}: {other:?}"),
+            }
+            if bit == restored_bit {
+                std::fs::write(&path, &flipped).unwrap();
+                assert_manifest_skipped(&manager.restore_latest().unwrap(), &what);
+            }
+        }
+    }
+    // Flips in the covered bytes are caught by the digest itself, not by their form only.
+    let covered_bits = 8 * (original.len() - MANIFEST_TRAILER_BYTES);
+    assert!(mismatches >= covered_bits, "{mismatches} of {covered_bits}");
+    std::fs::write(&path, &original).unwrap();
+    let outcome = manager.restore_latest().unwrap();
+    assert!(outcome.skipped.is_empty());
+    assert_eq!(restored_step(&outcome), Some(200));
+}
+
+/// CKPT-1: a manifest cut short at any length (a torn write) is refused by the manifest
+/// reader; every 16th length and every cut inside the checksum trailer go through the disk
+/// and a whole restore, which falls back to the previous checkpoint.
+#[test]
+fn ckpt1_truncated_manifest_is_skipped() {
+    let (root, mut manager) = two_checkpoints("ckpt-manifest-truncate");
+    let path = root.path().join("ckpt-200/manifest.json");
+    let original = std::fs::read(&path).unwrap();
+    let trailer_start = original.len() - MANIFEST_TRAILER_BYTES;
+    for len in 0..original.len() {
+        let what = format!("truncated to {len} bytes");
+        assert!(
+            matches!(
+                Manifest::from_file_bytes(&original[..len]),
+                Err(ManifestError::ChecksumMissing(_) | ManifestError::ChecksumMismatch { .. })
+            ),
+            "{what}"
+        );
+        if len % 16 == 0 || len >= trailer_start {
+            std::fs::write(&path, &original[..len]).unwrap();
+            assert_manifest_skipped(&manager.restore_latest().unwrap(), &what);
+        }
+    }
+    // A cut inside the trailer reads as no checksum at all.
+    std::fs::write(&path, &original[..original.len() - 4]).unwrap();
+    let outcome = manager.restore_latest().unwrap();
+    assert!(
+        only_skip(&outcome, 200).starts_with("ckpt-200/manifest.json: no manifest checksum"),
+        "{}",
+        outcome.skipped[0]
+    );
+}
+
+/// CKPT-1: a manifest that is valid JSON but whose checksum field was changed, removed or
+/// renamed is skipped, whatever the rest says; the reason names the manifest and the digests.
+#[test]
+fn ckpt1_manifest_with_valid_json_but_altered_checksum_is_skipped() {
+    let (root, mut manager) = two_checkpoints("ckpt-manifest-checksum");
+    let path = root.path().join("ckpt-200/manifest.json");
+    let original = std::fs::read(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    let digest = json[MANIFEST_CHECKSUM_FIELD].as_str().unwrap().to_string();
+    let text = String::from_utf8(original.clone()).unwrap();
+
+    // Another well-formed digest: that of the checkpoint at 100's manifest.
+    let other: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.path().join("ckpt-100/manifest.json")).unwrap())
+            .unwrap();
+    let other_digest = other[MANIFEST_CHECKSUM_FIELD].as_str().unwrap();
+    let altered = text.replace(&digest, other_digest);
+    let reparsed: serde_json::Value = serde_json::from_str(&altered).unwrap();
+    assert_eq!(reparsed[MANIFEST_CHECKSUM_FIELD], other_digest);
+    std::fs::write(&path, &altered).unwrap();
+    let outcome = manager.restore_latest().unwrap();
+    assert_manifest_skipped(&outcome, "another digest");
+    let message = outcome.skipped[0].to_string();
+    assert!(
+        message.starts_with("ckpt-200/manifest.json: manifest checksum mismatch")
+            && message.contains(other_digest)
+            && message.contains(&digest),
+        "{message}"
+    );
+
+    // The right digest in upper case: the same number to a case-blind reader.
+    std::fs::write(&path, text.replace(&digest, &digest.to_uppercase())).unwrap();
+    assert_manifest_skipped(&manager.restore_latest().unwrap(), "upper case");
+
+    // The checksum field removed, or renamed: it looks like a manifest without one.
+    let mut removed = json.clone();
+    removed
+        .as_object_mut()
+        .unwrap()
+        .remove(MANIFEST_CHECKSUM_FIELD);
+    std::fs::write(&path, serde_json::to_vec_pretty(&removed).unwrap()).unwrap();
+    assert_manifest_skipped(&manager.restore_latest().unwrap(), "removed");
+    std::fs::write(
+        &path,
+        text.replace("\"manifest_sha256\"", "\"manifest_sha257\""),
+    )
+    .unwrap();
+    assert_manifest_skipped(&manager.restore_latest().unwrap(), "renamed");
+
+    // A field changed under an untouched checksum.
+    std::fs::write(&path, text.replace("\"step\": 200", "\"step\": 201")).unwrap();
+    assert_manifest_skipped(&manager.restore_latest().unwrap(), "step edited");
+
+    // The same content sealed again verifies: the checksum is all that was wrong.
+    std::fs::write(&path, seal_manifest(&json)).unwrap();
+    let outcome = manager.restore_latest().unwrap();
+    assert!(outcome.skipped.is_empty(), "{:?}", outcome.skipped);
+    assert_eq!(restored_step(&outcome), Some(200));
+}
+
+/// A manifest of format version 1 (written before manifests carried a checksum) is skipped,
+/// and the reason says so; the previous checkpoint is restored.
+#[test]
+fn ckpt1_version_1_manifest_without_checksum_is_skipped_with_its_reason() {
+    let (root, mut manager) = two_checkpoints("ckpt-manifest-v1");
+    let path = root.path().join("ckpt-200/manifest.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json.as_object_mut()
+        .unwrap()
+        .remove(MANIFEST_CHECKSUM_FIELD);
+    json["format_version"] = 1.into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    let outcome = manager.restore_latest().unwrap();
+    assert_manifest_skipped(&outcome, "version 1");
+    let message = outcome.skipped[0].to_string();
+    assert!(
+        message.starts_with(
+            "ckpt-200/manifest.json: no manifest checksum: format version 1 manifest, written \
+             before manifests carried a checksum"
+        ),
+        "{message}"
+    );
 }
 
 #[test]
@@ -222,7 +383,7 @@ fn manifest_of_another_step_or_version_is_skipped() {
 
     // A manifest pointing outside its directory is refused, not followed.
     edit_manifest(root.path(), 200, |m| {
-        m["format_version"] = 1.into();
+        m["format_version"] = FORMAT_VERSION.into();
         m["files"][0]["name"] = "../ckpt-100/shard-0-of-2.safetensors".into();
     });
     let outcome = manager.restore_latest().unwrap();
@@ -355,6 +516,14 @@ fn two_checkpoints(tag: &str) -> (TempRoot, CheckpointManager) {
     (root, manager)
 }
 
+/// SplitMix64: a fixed, seedable choice without a RNG dependency.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce5_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 fn restored_step(outcome: &RestoreOutcome) -> Option<u64> {
     outcome.restored.as_ref().map(|l| l.checkpoint.step)
 }
@@ -366,12 +535,32 @@ fn only_skip(outcome: &RestoreOutcome, step: u64) -> String {
     outcome.skipped[0].to_string()
 }
 
+/// Edits checkpoint `step`'s manifest and seals it again, so that the checks behind the
+/// manifest's checksum see the edit.
 fn edit_manifest(root: &Path, step: u64, edit: impl FnOnce(&mut serde_json::Value)) {
-    let path = root.join(format!("ckpt-{step}/manifest.json"));
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut manifest);
-    std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+    edit_sealed_manifest(&root.join(format!("ckpt-{step}/manifest.json")), edit);
+}
+
+/// Asserts that the checkpoint at 200 was skipped because of its manifest's checksum (the
+/// reason names the manifest), and that the one at 100 was restored, whole.
+fn assert_manifest_skipped(outcome: &RestoreOutcome, what: &str) {
+    let message = only_skip(outcome, 200);
+    assert!(
+        message.starts_with("ckpt-200/manifest.json: "),
+        "{what}: {message}"
+    );
+    assert!(
+        matches!(
+            &outcome.skipped[0].error,
+            LoadError::Manifest {
+                source: ManifestError::ChecksumMissing(_) | ManifestError::ChecksumMismatch { .. },
+                ..
+            }
+        ),
+        "{what}: {message}"
+    );
+    let restored = outcome.restored.as_ref().expect("the previous checkpoint");
+    assert_eq!(restored.checkpoint, sample_checkpoint(100), "{what}");
 }
 
 /// Replaces shard `ps` of checkpoint `step` and records its new size and SHA-256.

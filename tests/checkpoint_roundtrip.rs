@@ -5,11 +5,15 @@ mod checkpoint_support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use checkpoint_support::{entries, sample_checkpoint, temp_entries, TempRoot, F32_SPECIAL_BITS};
+use checkpoint_support::{
+    entries, sample_checkpoint, seal_manifest, temp_entries, TempRoot, F32_SPECIAL_BITS,
+};
 use cohort::checkpoint::{
     list_checkpoints, read_checkpoint, write_checkpoint, CheckpointManager, CheckpointPolicy,
     Dtype, FailAction, FailSite, SaveError, TensorBytes, ValidationError, FORMAT_VERSION,
+    MANIFEST_CHECKSUM_FIELD, MANIFEST_TRAILER_BYTES,
 };
+use sha2::{Digest, Sha256};
 
 fn policy(keep_last: usize) -> CheckpointPolicy {
     CheckpointPolicy {
@@ -93,23 +97,30 @@ fn ckpt1_round_trip_is_bit_identical() {
     );
 }
 
-/// A manifest written before the ledger recorded parameter-server recoveries still restores,
-/// with both counts at 0.
+/// CKPT-1: the manifest on disk is plain JSON whose last field is the SHA-256 of every byte
+/// before that field, as the format says; its content sealed again the same way reads back
+/// as the same manifest.
 #[test]
-fn a_manifest_without_recovery_counts_restores_with_zero() {
-    let root = TempRoot::new("ckpt-old-ledger");
+fn ckpt1_manifest_on_disk_ends_with_its_own_checksum() {
+    let root = TempRoot::new("ckpt-manifest-sealed");
     let t0 = Instant::now();
     let mut manager = CheckpointManager::new(root.path(), policy(1), t0).unwrap();
     let dir = manager.save(&sample_checkpoint(7), t0).unwrap();
     let path = dir.join("manifest.json");
-    let mut json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let ledger = json["ledger"].as_object_mut().unwrap();
-    assert!(ledger.remove("rolled_back").is_some() && ledger.remove("ps_restores").is_some());
-    std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
-    let ledger = read_checkpoint(&dir).unwrap().checkpoint.ledger;
-    assert_eq!((ledger.rolled_back, ledger.ps_restores), (0, 0));
-    assert_eq!(ledger.committed, 7);
+    let bytes = std::fs::read(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let (covered, trailer) = bytes.split_at(bytes.len() - MANIFEST_TRAILER_BYTES);
+    let digest = hex::encode(Sha256::digest(covered));
+    assert_eq!(json[MANIFEST_CHECKSUM_FIELD], digest.as_str());
+    assert_eq!(
+        trailer,
+        format!(",\n  \"{MANIFEST_CHECKSUM_FIELD}\": \"{digest}\"\n}}\n").as_bytes()
+    );
+    assert_eq!(json["format_version"], FORMAT_VERSION);
+
+    let before = read_checkpoint(&dir).unwrap().manifest;
+    std::fs::write(&path, seal_manifest(&json)).unwrap();
+    assert_eq!(read_checkpoint(&dir).unwrap().manifest, before);
 }
 
 #[test]

@@ -81,12 +81,9 @@ pub struct Ledger {
     pub rejected_stale: u64,
     /// Closures cancelled because of an error.
     pub cancelled: u64,
-    /// Committed closures queued again by a parameter-server recovery (absent in manifests
-    /// written before it was recorded: 0).
-    #[serde(default)]
+    /// Committed closures queued again by a parameter-server recovery.
     pub rolled_back: u64,
-    /// Parameter-server recoveries so far (absent in older manifests: 0).
-    #[serde(default)]
+    /// Parameter-server recoveries so far.
     pub ps_restores: u64,
     /// Ids of committed closures.
     #[serde(with = "id_ranges")]

@@ -9,7 +9,8 @@
 //!   shard-0-of-2.safetensors   tensors of PS 0: variable parts and their optimizer slots
 //!   shard-1-of-2.safetensors   tensors of PS 1
 //!   manifest.json              written last: step, layout, sizes and SHA-256 of the shards,
-//!                              slot names, dataset positions, the coordinator's ledger
+//!                              slot names, dataset positions, the coordinator's ledger, and
+//!                              last its own SHA-256 (see `manifest`)
 //! ```
 //!
 //! The shard files are plain safetensors files (with `format`, `step`, `ps`, `num_ps` in their
@@ -34,7 +35,10 @@ pub use manager::{
     list_checkpoints, CheckpointEntry, CheckpointManager, CheckpointPolicy, ListError, PolicyError,
     RestoreOutcome, Skipped,
 };
-pub use manifest::{FileEntry, Manifest, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+pub use manifest::{
+    FileEntry, Manifest, ManifestError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_CHECKSUM_FIELD,
+    MANIFEST_FILE, MANIFEST_TRAILER_BYTES,
+};
 pub use store::{
     checkpoint_dir_name, parse_checkpoint_dir_name, read_checkpoint, write_checkpoint, LoadError,
     LoadedCheckpoint, SaveError, CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX,

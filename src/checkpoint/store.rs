@@ -3,13 +3,13 @@
 //! Write protocol (CKPT-1), for a checkpoint at step `s` under `root`:
 //! 1. create `root/.tmp-ckpt-<s>-<unique>`;
 //! 2. write every shard as `shard-<ps>-of-<n>.safetensors`, each fsynced;
-//! 3. write `manifest.json` (checksums and sizes of the shards) LAST, fsynced, then fsync the
-//!    temporary directory;
+//! 3. write `manifest.json` (checksums and sizes of the shards, and its own checksum) LAST,
+//!    fsynced, then fsync the temporary directory;
 //! 4. rename it to `root/ckpt-<s>` and fsync `root`.
 //!
 //! A crash before step 4 leaves only a `.tmp-` directory, which restore ignores; a crash after
-//! it leaves a complete, durable checkpoint. The reader trusts nothing: it checks the manifest's
-//! format, every file's size and SHA-256, the safetensors framing, and that the tensors agree
+//! it leaves a complete, durable checkpoint. The reader trusts nothing: it checks the manifest's own
+//! checksum before parsing it, its format, every file's size and SHA-256, the safetensors framing, and that the tensors agree
 //! with the layout, and its errors name the file at fault (`ckpt-200/shard-1-of-2.safetensors:
 //! checksum mismatch ...`).
 
@@ -24,7 +24,9 @@ use sha2::{Digest, Sha256};
 
 use super::content::{shard_file_name, Checkpoint, ShardTensors, ValidationError};
 use super::failpoint::{self, FailAction, FailSite, FailpointHook};
-use super::manifest::{FileEntry, Manifest, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+use super::manifest::{
+    FileEntry, Manifest, ManifestError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
+};
 use super::tensor::{Dtype, TensorBytes, TensorError};
 
 /// Prefix of a checkpoint directory's name: `ckpt-<step>`.
@@ -123,13 +125,14 @@ pub enum LoadError {
         /// The limit.
         max: u64,
     },
-    /// The manifest is not valid JSON of the expected shape.
-    #[error("{file}: not a valid manifest: {source}")]
-    ManifestParse {
+    /// The manifest's own checksum is missing or does not verify, or its JSON is not a
+    /// manifest (CKPT-1: nothing in it is trusted).
+    #[error("{file}: {source}")]
+    Manifest {
         /// The file.
         file: String,
-        /// The parse error.
-        source: serde_json::Error,
+        /// What is wrong.
+        source: ManifestError,
     },
     /// The manifest is of another format or version.
     #[error("{file}: format {found:?} version {version}; this build reads {FORMAT_NAME:?} version {FORMAT_VERSION}")]
@@ -214,7 +217,7 @@ impl LoadError {
             LoadError::Missing { file, .. }
             | LoadError::Io { file, .. }
             | LoadError::TooLarge { file, .. }
-            | LoadError::ManifestParse { file, .. }
+            | LoadError::Manifest { file, .. }
             | LoadError::UnsupportedFormat { file, .. }
             | LoadError::ManifestInvalid { file, .. }
             | LoadError::SizeMismatch { file, .. }
@@ -346,7 +349,7 @@ fn write_and_publish(
         ledger: ckpt.ledger.clone(),
         extra: ckpt.extra.clone(),
     };
-    let manifest_bytes = serde_json::to_vec_pretty(&manifest).map_err(SaveError::Manifest)?;
+    let manifest_bytes = manifest.to_file_bytes().map_err(SaveError::Manifest)?;
     write_file_synced(&tmp.join(MANIFEST_FILE), &manifest_bytes, None, hook)?;
     fsync_dir(tmp)?;
     crash_point(FailSite::BeforePublish, hook)?;
@@ -384,8 +387,9 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
     let manifest_label = label(MANIFEST_FILE);
 
     let manifest_bytes = read_manifest_bytes(&dir.join(MANIFEST_FILE), &manifest_label)?;
-    let manifest: Manifest =
-        serde_json::from_slice(&manifest_bytes).map_err(|source| LoadError::ManifestParse {
+    // CKPT-1: the checksum verifies before anything in the manifest is used.
+    let manifest =
+        Manifest::from_file_bytes(&manifest_bytes).map_err(|source| LoadError::Manifest {
             file: manifest_label.clone(),
             source,
         })?;

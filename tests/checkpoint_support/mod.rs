@@ -1,5 +1,6 @@
-//! Shared helpers for the checkpoint tests: a self-removing temporary root and a checkpoint
-//! with every feature the format carries (sharded variables, slots, NaN payloads, ledger).
+//! Shared helpers for the checkpoint tests: a self-removing temporary root, a checkpoint with
+//! every feature the format carries (sharded variables, slots, NaN payloads, ledger), and the
+//! manifest's checksum written as its format says, apart from the crate's writer.
 
 #![allow(dead_code)]
 
@@ -8,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use cohort::checkpoint::{
     slot_tensor_name, Checkpoint, Dtype, Ledger, ShardSpec, TensorBytes, VariableLayout,
+    MANIFEST_CHECKSUM_FIELD, MANIFEST_TRAILER_BYTES,
 };
+use sha2::{Digest, Sha256};
 
 /// A unique directory under the system temp dir, removed on drop.
 pub struct TempRoot {
@@ -165,4 +168,32 @@ pub fn temp_entries(root: &Path) -> Vec<String> {
         .into_iter()
         .filter(|n| n.starts_with(".tmp-"))
         .collect()
+}
+
+/// The bytes of a `manifest.json` holding `manifest` (any JSON object; a checksum field in it
+/// is dropped) with its checksum as the format defines it: the last field, the SHA-256 of the
+/// pretty-printed bytes before it. Lets a test change a manifest and still get past the
+/// checksum to the checks behind it.
+pub fn seal_manifest(manifest: &serde_json::Value) -> Vec<u8> {
+    let mut manifest = manifest.clone();
+    manifest
+        .as_object_mut()
+        .expect("a manifest is a JSON object")
+        .remove(MANIFEST_CHECKSUM_FIELD);
+    let pretty = serde_json::to_vec_pretty(&manifest).unwrap();
+    let covered = pretty.strip_suffix(b"\n}").expect("pretty JSON object");
+    let mut bytes = covered.to_vec();
+    bytes.extend_from_slice(b",\n  \"manifest_sha256\": \"");
+    bytes.extend_from_slice(hex::encode(Sha256::digest(covered)).as_bytes());
+    bytes.extend_from_slice(b"\"\n}\n");
+    assert_eq!(bytes.len(), covered.len() + MANIFEST_TRAILER_BYTES);
+    bytes
+}
+
+/// Reads `manifest.json` at `path`, applies `edit` to its JSON, and writes it back sealed.
+pub fn edit_sealed_manifest(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    edit(&mut manifest);
+    std::fs::write(path, seal_manifest(&manifest)).unwrap();
 }
