@@ -1,5 +1,5 @@
-//! The gateway's public vocabulary: the [`RemoteMessage`] trait a message type implements,
-//! the [`Remote`] envelope a local actor receives, [`GatewayConfig`], [`GatewayStats`],
+//! The gateway's public vocabulary: the [`RemoteMessage`] trait a message type implements
+//! (with the [`Senders`] allowed to send it, SEC-2), the [`Remote`] envelope a local actor receives, [`GatewayConfig`], [`GatewayStats`],
 //! [`PeerEvent`], and the typed errors ([`RemoteError`], [`RefusedReason`], [`RegisterError`]).
 //! Data only: no IO, no state.
 
@@ -16,11 +16,45 @@ use crate::heartbeat::{DeathCause, HeartbeatConfig};
 /// A message type that can be sent to a named actor on another node.
 ///
 /// `TAG` names the type on the wire; it must be unique among the types one actor accepts.
+/// `SENDERS` names the roles allowed to send it (SEC-2); it has no default, so that a new
+/// message type cannot forget to say who may send it.
 pub trait RemoteMessage: Encode + Decode<()> + Send + 'static {
     /// The wire name of this message type.
     const TAG: &'static str;
+    /// Who may send this message type (SEC-2): the receiving gateway checks it against the
+    /// role in the sender's authenticated certificate before any handler runs.
+    const SENDERS: Senders;
     /// The typed reply.
     type Reply: Encode + Decode<()> + Send + 'static;
+}
+
+/// The peers allowed to send a message type (SEC-2), by the role their certificate names
+/// ([`NodeId::role`]). Roles are opaque strings to this crate: the application names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Senders {
+    /// Every peer that authenticated with the cluster CA (SEC-1).
+    Any,
+    /// Only peers whose certificate names one of these roles. An empty list admits nobody.
+    Roles(&'static [&'static str]),
+}
+
+impl Senders {
+    /// Whether a peer whose certificate names `role` may send.
+    pub fn allows(&self, role: &str) -> bool {
+        match self {
+            Senders::Any => true,
+            Senders::Roles(roles) => roles.contains(&role),
+        }
+    }
+}
+
+impl std::fmt::Display for Senders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Senders::Any => f.write_str("any authenticated peer"),
+            Senders::Roles(roles) => write!(f, "roles {roles:?}"),
+        }
+    }
 }
 
 /// What a local actor receives from the gateway: the message and who sent it.
@@ -80,8 +114,12 @@ impl Default for GatewayConfig {
 pub struct GatewayStats {
     /// Messages (hellos, heartbeats, calls, one-way) rejected as stale (FENCE-1).
     pub stale_rejected: u64,
-    /// Messages refused for any other reason (unknown actor, not authenticated, bad payload).
+    /// Messages refused for any other reason (unknown actor, not authenticated, bad payload,
+    /// sender not allowed).
     pub refused: u64,
+    /// Of `refused`, the calls and one-way messages whose type the sender's role may not send
+    /// (SEC-2).
+    pub sender_not_allowed: u64,
 }
 
 /// A peer incarnation's life, as subscribers see it.
@@ -170,6 +208,14 @@ pub enum RefusedReason {
     /// The gateway holds as many peers as its limit allows.
     #[error("too many peers")]
     TooManyPeers,
+    /// SEC-2: the sender's certificate names a role that may not send this message type.
+    #[error("message type {tag:?} may not be sent by role {role:?}")]
+    SenderNotAllowed {
+        /// The message type tag.
+        tag: String,
+        /// The role the sender's certificate names.
+        role: String,
+    },
 }
 
 /// Why a registration failed.
@@ -186,4 +232,19 @@ pub enum RegisterError {
     /// The gateway holds `registrations_max` registrations already.
     #[error("gateway already holds {0} registrations")]
     TooMany(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Senders;
+
+    #[test]
+    fn sec2_senders_admit_exactly_their_roles() {
+        assert!(Senders::Any.allows("anything"));
+        let two = Senders::Roles(&["chief", "worker"]);
+        assert!(two.allows("chief") && two.allows("worker"));
+        assert!(!two.allows("ps") && !two.allows("") && !two.allows("Chief"));
+        assert!(!Senders::Roles(&[]).allows("chief"));
+        assert_eq!(two.to_string(), "roles [\"chief\", \"worker\"]");
+    }
 }

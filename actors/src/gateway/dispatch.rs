@@ -11,7 +11,7 @@ use bytes::Bytes;
 use cohort_transport::{codec, NodeId};
 use futures::future::BoxFuture;
 
-use super::{RefusedReason, Remote, RemoteMessage};
+use super::{RefusedReason, Remote, RemoteMessage, Senders};
 use crate::fencing::Incarnation;
 
 /// What a handler answers: the reply's encoded payload and its blobs.
@@ -26,6 +26,9 @@ pub(super) type HandlerFn<M> = dyn Fn(
 
 /// Type-erased delivery of one message type to one local actor.
 pub(super) trait Dispatch: Send + Sync {
+    /// Who may send the message type (SEC-2): its [`RemoteMessage::SENDERS`].
+    fn senders(&self) -> Senders;
+
     fn call(
         &self,
         from: Incarnation<NodeId>,
@@ -46,6 +49,10 @@ pub(super) trait Dispatch: Send + Sync {
 pub(super) struct RecipientDispatch<M: RemoteMessage>(pub(super) Recipient<Remote<M>>);
 
 impl<M: RemoteMessage> Dispatch for RecipientDispatch<M> {
+    fn senders(&self) -> Senders {
+        M::SENDERS
+    }
+
     fn call(
         &self,
         from: Incarnation<NodeId>,
@@ -85,6 +92,10 @@ pub(super) struct FnDispatch<M: RemoteMessage> {
 }
 
 impl<M: RemoteMessage> Dispatch for FnDispatch<M> {
+    fn senders(&self) -> Senders {
+        M::SENDERS
+    }
+
     fn call(
         &self,
         from: Incarnation<NodeId>,

@@ -4,9 +4,10 @@
 //!
 //! # Protocol (over the transport's frames)
 //!
-//! Every frame header is a bincode-encoded [`WireMsg`](crate::wire::WireMsg) (requests and one-way messages) or
-//! [`WireReply`](crate::wire::WireReply) (responses), defined in [`crate::wire`]. A call's payload (the typed message,
-//! bincode, at most `payload_bytes_max`) travels as blob 0, and raw byte blobs given with
+//! Every frame header is a bincode-encoded [`WireMsg`](crate::wire::WireMsg) (requests and
+//! one-way messages) or [`WireReply`](crate::wire::WireReply) (responses), defined in
+//! [`crate::wire`]. A call's payload (the typed message, bincode, at most
+//! `payload_bytes_max`) travels as blob 0, and raw byte blobs given with
 //! [`RemoteRef::call_with_blobs`] (tensors) as blobs 1.., moved as whole buffers; a reply is
 //! laid out the same way.
 //!
@@ -39,7 +40,15 @@
 //!   as stale without sending. The one way to still reach a fenced incarnation (to tell it
 //!   that it is fenced) is [`Gateway::call_fenced`], which serves nothing that incarnation
 //!   sends.
-
+//!
+//! # Who may send what (SEC-2)
+//!
+//! Every [`RemoteMessage`] type names the [`Senders`] allowed to send it, by the role their
+//! certificate names. A call or one-way message of that type from a peer whose authenticated
+//! certificate names another role is refused before its payload is decoded and before any
+//! handler runs: a call is answered [`RefusedReason::SenderNotAllowed`], a one-way message is
+//! dropped; both are counted in [`GatewayStats::sender_not_allowed`] and logged at warn.
+//! Hellos and heartbeats, the gateway's own messages, stay open to every authenticated peer.
 //!
 //! # Layout
 //!
@@ -68,7 +77,7 @@ mod state;
 
 pub use api::{
     GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote, RemoteError,
-    RemoteMessage,
+    RemoteMessage, Senders,
 };
 pub use remote_ref::RemoteRef;
 
@@ -134,6 +143,7 @@ impl Gateway {
             next_conn_id: std::sync::atomic::AtomicU64::new(0),
             stale_rejected: std::sync::atomic::AtomicU64::new(0),
             refused: std::sync::atomic::AtomicU64::new(0),
+            sender_not_allowed: std::sync::atomic::AtomicU64::new(0),
             config,
         });
         let weak = Arc::downgrade(&inner);
@@ -277,6 +287,7 @@ impl Gateway {
         GatewayStats {
             stale_rejected: self.inner.stale_rejected.load(Relaxed),
             refused: self.inner.refused.load(Relaxed),
+            sender_not_allowed: self.inner.sender_not_allowed.load(Relaxed),
         }
     }
 

@@ -1,13 +1,15 @@
 //! Inbound streams: accepting connections, serving every request and one-way message a peer
 //! sends on a connection (dialed or accepted), and the checks each goes through before a
 //! handler runs: the hello, SEC-1 (the claimed sender is the authenticated one), FENCE-1 (not
-//! stale, aimed at this incarnation), then the registry. Counts and answers what it refuses.
+//! stale, aimed at this incarnation), the registry, then SEC-2 (the role in the peer's
+//! certificate may send the message type). Counts and answers what it refuses.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use cohort_transport::{Endpoint, Frame, Incoming, NodeId, Responder};
 
+use super::dispatch::Dispatch;
 use super::state::{ConnCtx, Inner};
 use super::{lock, millis, split_payload, RefusedReason};
 use crate::fencing::Incarnation;
@@ -29,7 +31,7 @@ impl Inner {
                 Err(reply) => reply,
                 Ok(()) => match split_payload(frame.blobs) {
                     Err(reason) => WireReply::Refused(RefusedReason::BadMessage(reason)),
-                    Ok((payload, blobs)) => match self.registry.lookup(&envelope) {
+                    Ok((payload, blobs)) => match self.handler_for(ctx, &envelope) {
                         Err(reason) => WireReply::Refused(reason),
                         Ok(handler) => {
                             let delivery = handler.call(
@@ -96,7 +98,7 @@ impl Inner {
                             self.count_rejection(&WireReply::Refused(r.clone()));
                             r.to_string()
                         };
-                        let handler = self.registry.lookup(&envelope).map_err(refused)?;
+                        let handler = self.handler_for(ctx, &envelope).map_err(refused)?;
                         handler
                             .tell(
                                 envelope.from.clone(),
@@ -170,6 +172,35 @@ impl Inner {
             )));
         }
         Ok(())
+    }
+
+    /// The handler `envelope` is addressed to, if the sender may send its message type: SEC-2,
+    /// checked against the role in the certificate the peer authenticated with on this
+    /// connection (not against anything the message claims), before the payload is decoded.
+    fn handler_for(
+        &self,
+        ctx: &ConnCtx,
+        envelope: &Envelope,
+    ) -> Result<Arc<dyn Dispatch>, RefusedReason> {
+        let handler = self.registry.lookup(envelope)?;
+        let senders = handler.senders();
+        let role = &ctx.conn.peer().role;
+        if !senders.allows(role) {
+            self.sender_not_allowed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(
+                peer = %ctx.conn.peer(),
+                actor = %envelope.actor,
+                tag = %envelope.tag,
+                allowed = %senders,
+                "SEC-2: message refused, the sender's role may not send this type"
+            );
+            return Err(RefusedReason::SenderNotAllowed {
+                tag: envelope.tag.clone(),
+                role: role.clone(),
+            });
+        }
+        Ok(handler)
     }
 
     fn count_rejection(&self, reply: &WireReply) {

@@ -29,6 +29,7 @@ pub(super) struct Inner {
     pub(super) next_conn_id: std::sync::atomic::AtomicU64,
     pub(super) stale_rejected: std::sync::atomic::AtomicU64,
     pub(super) refused: std::sync::atomic::AtomicU64,
+    pub(super) sender_not_allowed: std::sync::atomic::AtomicU64,
 }
 
 pub(super) struct State {
