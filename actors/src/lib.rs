@@ -6,7 +6,8 @@
 //! - [`supervisor`]: the [`Supervisor`] actor that restarts [`Child`]ren per policy (a panic
 //!   is a failure) and escalates to its parent.
 //! - [`gateway`]: the per-node [`Gateway`] (delivers remote messages to local actors by
-//!   name, runs heartbeats for every peer, fences dead incarnations) and typed [`RemoteRef`]s.
+//!   name, runs heartbeats for every peer, fences dead incarnations, refuses message types a
+//!   sender's role may not send: SEC-2) and typed [`RemoteRef`]s.
 //! - [`fencing`]: [`Epoch`], [`Incarnation`] and the [`FencingTable`] that enforces FENCE-1.
 //! - [`wire`]: the gateway protocol's frame headers.
 //!
@@ -24,7 +25,7 @@ pub mod wire;
 pub use fencing::{Admission, Epoch, FencingTable, Incarnation, Stale};
 pub use gateway::{
     Gateway, GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote,
-    RemoteError, RemoteMessage, RemoteRef,
+    RemoteError, RemoteMessage, RemoteRef, Senders,
 };
 pub use heartbeat::{DeathCause, Heard, HeartbeatConfig, HeartbeatEvent, HeartbeatMachine};
 pub use restart::{RestartDecision, RestartLimits, RestartPolicy};

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use cohort_actors::{
     CallError, Child, ChildContext, ChildError, DeathCause, Epoch, Gateway, GatewayConfig,
     HeartbeatConfig, Incarnation, PeerEvent, RefusedReason, Remote, RemoteError, RemoteMessage,
-    RestartLimits, Supervise, Supervisor,
+    RestartLimits, Senders, Supervise, Supervisor,
 };
 use cohort_chaos::process::ChildProcess;
 use cohort_transport::{ClusterCa, Endpoint, NodeCredentials, NodeId, TransportConfig};
@@ -35,6 +35,7 @@ struct Add {
 
 impl RemoteMessage for Add {
     const TAG: &'static str = "test.Add";
+    const SENDERS: Senders = Senders::Any;
     type Reply = i64;
 }
 
@@ -43,6 +44,7 @@ struct Note(String);
 
 impl RemoteMessage for Note {
     const TAG: &'static str = "test.Note";
+    const SENDERS: Senders = Senders::Any;
     type Reply = ();
 }
 
@@ -52,6 +54,7 @@ struct Unknown;
 
 impl RemoteMessage for Unknown {
     const TAG: &'static str = "test.Unknown";
+    const SENDERS: Senders = Senders::Any;
     type Reply = ();
 }
 
@@ -417,6 +420,7 @@ struct Reverse;
 
 impl RemoteMessage for Reverse {
     const TAG: &'static str = "test.Reverse";
+    const SENDERS: Senders = Senders::Any;
     type Reply = u64;
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
 use cohort_actors::{
     Epoch, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, RefusedReason, Remote,
-    RemoteError, RemoteMessage,
+    RemoteError, RemoteMessage, Senders,
 };
 use cohort_transport::{codec, ClusterCa, Connection, Endpoint, Frame, NodeId, TransportConfig};
 
@@ -22,6 +22,7 @@ struct Mul {
 
 impl RemoteMessage for Mul {
     const TAG: &'static str = "test.Mul";
+    const SENDERS: Senders = Senders::Any;
     type Reply = i64;
 }
 

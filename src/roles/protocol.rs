@@ -11,7 +11,21 @@ use std::borrow::Cow;
 
 use bincode::{Decode, Encode};
 use bytes::Bytes;
-use cohort_actors::RemoteMessage;
+use cohort_actors::{RemoteMessage, Senders};
+
+/// SEC-2: control messages (creating, restoring, fencing, rolling back, dispatching,
+/// retiring, shutting down) come only from the chief.
+pub const CHIEF: Senders = Senders::Roles(&[CHIEF_ROLE]);
+/// SEC-2: variable reads come from the workers' steps and from the chief (evaluation on the
+/// chief, [`crate::program::ClusterCoordinator::read_variable`]).
+pub const CHIEF_OR_WORKER: Senders = Senders::Roles(&[CHIEF_ROLE, WORKER_ROLE]);
+/// SEC-2: gradients come only from the workers' steps.
+pub const WORKER: Senders = Senders::Roles(&[WORKER_ROLE]);
+
+/// The certificate role of the chief (`TaskType::Chief`).
+const CHIEF_ROLE: &str = "chief";
+/// The certificate role of a worker (`TaskType::Worker`).
+const WORKER_ROLE: &str = "worker";
 
 /// The actor name of the parameter server on its node.
 pub const PS_ACTOR: &str = "ps";
@@ -61,6 +75,7 @@ pub struct CreateVariable {
 
 impl RemoteMessage for CreateVariable {
     const TAG: &'static str = "ps.create";
+    const SENDERS: Senders = CHIEF;
     type Reply = Result<(), String>;
 }
 
@@ -80,6 +95,7 @@ pub struct RestoreVariable {
 
 impl RemoteMessage for RestoreVariable {
     const TAG: &'static str = "ps.restore";
+    const SENDERS: Senders = CHIEF;
     type Reply = Result<(), String>;
 }
 
@@ -92,6 +108,7 @@ pub struct Pull {
 
 impl RemoteMessage for Pull {
     const TAG: &'static str = "ps.pull";
+    const SENDERS: Senders = CHIEF_OR_WORKER;
     type Reply = Result<(), String>;
 }
 
@@ -105,6 +122,7 @@ pub struct PullRows {
 
 impl RemoteMessage for PullRows {
     const TAG: &'static str = "ps.pull_rows";
+    const SENDERS: Senders = CHIEF_OR_WORKER;
     type Reply = Result<(), String>;
 }
 
@@ -153,6 +171,7 @@ pub enum PushReply {
 
 impl RemoteMessage for Push {
     const TAG: &'static str = "ps.push";
+    const SENDERS: Senders = WORKER;
     type Reply = Result<PushReply, String>;
 }
 
@@ -167,6 +186,7 @@ pub struct FenceWorker {
 
 impl RemoteMessage for FenceWorker {
     const TAG: &'static str = "ps.fence";
+    const SENDERS: Senders = CHIEF;
     type Reply = ();
 }
 
@@ -188,6 +208,7 @@ pub struct FinishedBelow {
 
 impl RemoteMessage for FinishedBelow {
     const TAG: &'static str = "ps.finished_below";
+    const SENDERS: Senders = CHIEF;
     type Reply = ();
 }
 
@@ -212,6 +233,7 @@ pub struct ShardState {
 
 impl RemoteMessage for Snapshot {
     const TAG: &'static str = "ps.snapshot";
+    const SENDERS: Senders = CHIEF;
     type Reply = Result<ShardState, String>;
 }
 
@@ -250,6 +272,7 @@ pub struct PsStatsReply {
 
 impl RemoteMessage for PsStats {
     const TAG: &'static str = "ps.stats";
+    const SENDERS: Senders = CHIEF;
     type Reply = PsStatsReply;
 }
 
@@ -270,6 +293,7 @@ pub struct RunClosure {
 
 impl RemoteMessage for RunClosure {
     const TAG: &'static str = "worker.run";
+    const SENDERS: Senders = CHIEF;
     /// The encoded return value, or why there is none.
     type Reply = Result<Vec<u8>, RunClosureError>;
 }
@@ -322,6 +346,7 @@ pub struct Retire {
 
 impl RemoteMessage for Retire {
     const TAG: &'static str = "worker.retire";
+    const SENDERS: Senders = CHIEF;
     type Reply = ();
 }
 
@@ -333,6 +358,7 @@ pub struct Shutdown;
 
 impl RemoteMessage for Shutdown {
     const TAG: &'static str = "node.shutdown";
+    const SENDERS: Senders = CHIEF;
     type Reply = ();
 }
 
@@ -352,6 +378,7 @@ pub struct SetupWorker {
 
 impl RemoteMessage for SetupWorker {
     const TAG: &'static str = "worker.setup";
+    const SENDERS: Senders = CHIEF;
     type Reply = Result<(), String>;
 }
 
@@ -495,6 +522,7 @@ pub struct DatasetPositions;
 
 impl RemoteMessage for DatasetPositions {
     const TAG: &'static str = "worker.positions";
+    const SENDERS: Senders = CHIEF;
     type Reply = Result<Vec<(String, u64)>, String>;
 }
 
@@ -553,6 +581,7 @@ pub struct BeginRestore {
 
 impl RemoteMessage for BeginRestore {
     const TAG: &'static str = "ps.begin_restore";
+    const SENDERS: Senders = CHIEF;
     type Reply = ();
 }
 
@@ -572,6 +601,7 @@ pub struct RollBack {
 
 impl RemoteMessage for RollBack {
     const TAG: &'static str = "ps.roll_back";
+    const SENDERS: Senders = CHIEF;
     type Reply = ();
 }
 
@@ -586,12 +616,29 @@ pub struct RewindWorker {
 
 impl RemoteMessage for RewindWorker {
     const TAG: &'static str = "worker.rewind";
+    const SENDERS: Senders = CHIEF;
     type Reply = Result<(), String>;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sec2_sender_roles_are_the_certificate_roles_of_the_cluster() {
+        use crate::cluster::TaskType;
+        assert_eq!(CHIEF_ROLE, TaskType::Chief.as_str());
+        assert_eq!(WORKER_ROLE, TaskType::Worker.as_str());
+        // Control is the chief's alone; a parameter server or an evaluator sends nothing.
+        for role in ["worker", "ps", "evaluator"] {
+            assert!(!CHIEF.allows(role), "{role}");
+            assert!(!FenceWorker::SENDERS.allows(role), "{role}");
+            assert!(!RunClosure::SENDERS.allows(role), "{role}");
+        }
+        assert!(Push::SENDERS.allows("worker") && !Push::SENDERS.allows("chief"));
+        assert!(Pull::SENDERS.allows("chief") && Pull::SENDERS.allows("worker"));
+        assert!(!PullRows::SENDERS.allows("ps") && !PullRows::SENDERS.allows("evaluator"));
+    }
 
     #[test]
     fn f32_bytes_round_trip_bit_exact() {

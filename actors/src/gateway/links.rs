@@ -1,0 +1,267 @@
+//! Outbound links: dialing a peer, saying hello on a new connection, encoding a message into
+//! a frame, and [`Gateway::call_fenced`]. A dialed connection is then served like an accepted
+//! one (`serve.rs`), since the peer sends requests and heartbeats on it too.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cohort_transport::{codec, ConnectError, Connection, Frame, LinkError, NodeId};
+
+use super::remote_ref::{decode_reply, WireKind};
+use super::serve::spawn_serve;
+use super::state::Inner;
+use super::{lock, millis, Gateway, RefusedReason, RemoteError, RemoteMessage};
+use crate::fencing::Incarnation;
+use crate::wire::{Envelope, WireMsg, WireReply};
+
+impl Gateway {
+    /// Calls `actor` on exactly the incarnation `target`, reached at `addr` over a connection
+    /// of its own, even when this gateway has declared that incarnation dead or fenced it: the
+    /// one way left to tell a fenced incarnation something, such as that it is fenced and
+    /// should exit to come back as a new incarnation. FENCE-1 is unaffected: nothing the peer
+    /// sends on that connection is served or counts as hearing from it, and the connection is
+    /// closed after the reply. Fails as stale without sending when `addr` answers as another
+    /// incarnation. Bounded by `call_timeout`.
+    pub async fn call_fenced<M: RemoteMessage>(
+        &self,
+        addr: SocketAddr,
+        target: &Incarnation<NodeId>,
+        actor: &str,
+        msg: &M,
+    ) -> Result<M::Reply, RemoteError> {
+        let inner = &self.inner;
+        let peer = &target.node;
+        let timeout = inner.config.call_timeout;
+        let work = async {
+            let conn = inner
+                .endpoint
+                .connect(addr, peer)
+                .await
+                .map_err(|e| connect_error(peer, e))?;
+            let result = async {
+                let answered = inner.say_hello(&conn, peer).await?;
+                if answered != *target {
+                    return Err(RemoteError::Stale {
+                        peer: peer.clone(),
+                        reason: format!(
+                            "{peer} at {addr} runs {}, not {}",
+                            answered.epoch, target.epoch
+                        ),
+                    });
+                }
+                let frame = inner.encode_message(
+                    target,
+                    actor,
+                    msg,
+                    Vec::new(),
+                    WireKind::Call(timeout),
+                )?;
+                let reply = conn
+                    .request_within(frame, timeout)
+                    .await
+                    .map_err(|e| link_error(peer, e))?;
+                decode_reply::<M>(inner, peer, reply).map(|(reply, _)| reply)
+            }
+            .await;
+            conn.close();
+            result
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(RemoteError::Timeout {
+                peer: peer.clone(),
+                timeout_ms: millis(timeout),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    /// The live connection to `node` and the incarnation it runs, dialing and saying hello if
+    /// there is none.
+    pub(super) async fn link_to(
+        self: &Arc<Self>,
+        node: &NodeId,
+    ) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
+        let (existing, addr) = {
+            let state = lock(&self.state);
+            (
+                state.peers.get(node).cloned(),
+                state.addrs.get(node).copied(),
+            )
+        };
+        if let Some(link) = existing {
+            // A live link to where the node is known to be is reused; a node known at a new
+            // address (restarted elsewhere) is dialed afresh.
+            let same_place = addr.is_none_or(|a| a == link.conn.remote_address());
+            if link.conn.close_reason().is_none() && same_place {
+                return Ok((link.conn, link.incarnation));
+            }
+        }
+        let Some(addr) = addr else {
+            return Err(RemoteError::PeerLost {
+                peer: node.clone(),
+                reason: "not connected and no known address".to_string(),
+            });
+        };
+        let conn = self
+            .endpoint
+            .connect(addr, node)
+            .await
+            .map_err(|e| connect_error(node, e))?;
+        let incarnation = match self.say_hello(&conn, node).await {
+            Ok(incarnation) => incarnation,
+            Err(e) => {
+                conn.close();
+                return Err(e);
+            }
+        };
+        // The acceptor's incarnation goes through the same fencing as any message.
+        if let Err(stale) = self.hear(&incarnation) {
+            conn.close();
+            return Err(RemoteError::Stale {
+                peer: node.clone(),
+                reason: stale,
+            });
+        }
+        let ctx = self.conn_ctx(conn.clone(), Some(incarnation.clone()));
+        if let Err(reason) = self.add_link(&ctx, &incarnation) {
+            conn.close();
+            return Err(RemoteError::Refused {
+                peer: node.clone(),
+                reason,
+            });
+        }
+        spawn_serve(self, ctx);
+        Ok((conn, incarnation))
+    }
+
+    /// Says hello on a new connection to `node` and returns the incarnation it answers as,
+    /// without admitting it anywhere (the caller decides). The caller closes `conn` on error.
+    pub(super) async fn say_hello(
+        &self,
+        conn: &Connection,
+        node: &NodeId,
+    ) -> Result<Incarnation<NodeId>, RemoteError> {
+        let hello = WireMsg::Hello {
+            from: self.me.clone(),
+        };
+        let frame = Frame::encode(&hello, Vec::new(), self.endpoint.config().frame_bytes_max)
+            .map_err(|e| RemoteError::Codec {
+                peer: node.clone(),
+                reason: e.to_string(),
+            })?;
+        let reply = conn.request(frame).await.map_err(|e| link_error(node, e))?;
+        let reply: WireReply = reply
+            .decode(self.endpoint.config().frame_bytes_max)
+            .map_err(|e| RemoteError::Codec {
+                peer: node.clone(),
+                reason: e.to_string(),
+            })?;
+        match reply {
+            WireReply::Hello { me } if &me.node == node => Ok(me),
+            WireReply::Hello { me } => Err(RemoteError::Refused {
+                peer: node.clone(),
+                reason: RefusedReason::NotAuthenticated(format!(
+                    "peer authenticated as {node} but said hello as {}",
+                    me.node
+                )),
+            }),
+            WireReply::Stale(reason) => Err(RemoteError::Stale {
+                peer: node.clone(),
+                reason,
+            }),
+            WireReply::Refused(reason) => Err(RemoteError::Refused {
+                peer: node.clone(),
+                reason,
+            }),
+            WireReply::Reply => Err(RemoteError::Codec {
+                peer: node.clone(),
+                reason: "unexpected reply to hello".to_string(),
+            }),
+        }
+    }
+
+    /// The frame of message `msg` (with `blobs`) to `actor` on incarnation `target`.
+    pub(super) fn encode_message<M: RemoteMessage>(
+        &self,
+        target: &Incarnation<NodeId>,
+        actor: &str,
+        msg: &M,
+        blobs: Vec<Bytes>,
+        kind: WireKind,
+    ) -> Result<Frame, RemoteError> {
+        let peer = &target.node;
+        let payload =
+            codec::encode(msg, self.config.payload_bytes_max).map_err(|e| RemoteError::Codec {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            })?;
+        let reply_within_ms = match kind {
+            WireKind::Call(timeout) => millis(timeout),
+            WireKind::Tell => 0,
+        };
+        let envelope = Envelope {
+            from: self.me.clone(),
+            to_epoch: target.epoch,
+            actor: actor.to_string(),
+            tag: M::TAG.to_string(),
+            reply_within_ms,
+        };
+        let header = match kind {
+            WireKind::Call(_) => WireMsg::Call(envelope),
+            WireKind::Tell => WireMsg::Tell(envelope),
+        };
+        let mut all = Vec::with_capacity(blobs.len() + 1);
+        all.push(payload);
+        all.extend(blobs);
+        Frame::encode(&header, all, self.endpoint.config().frame_bytes_max).map_err(|e| {
+            RemoteError::Codec {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            }
+        })
+    }
+}
+
+pub(super) fn link_error(peer: &NodeId, error: LinkError) -> RemoteError {
+    match error {
+        LinkError::Timeout { timeout_ms, .. } => RemoteError::Timeout {
+            peer: peer.clone(),
+            timeout_ms,
+        },
+        LinkError::ConnectionLost { reason, .. } => RemoteError::PeerLost {
+            peer: peer.clone(),
+            reason,
+        },
+        LinkError::Rejected { reason, .. } => RemoteError::Refused {
+            peer: peer.clone(),
+            reason: RefusedReason::BadMessage(format!("rejected by the transport: {reason:?}")),
+        },
+        other => RemoteError::Codec {
+            peer: peer.clone(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn connect_error(peer: &NodeId, error: ConnectError) -> RemoteError {
+    match error {
+        ConnectError::Timeout { .. } => RemoteError::PeerLost {
+            peer: peer.clone(),
+            reason: error.to_string(),
+        },
+        ConnectError::CertificateRejected { .. }
+        | ConnectError::IdentityMismatch { .. }
+        | ConnectError::UnexpectedPeer { .. }
+        | ConnectError::ProtocolVersionMismatch { .. } => RemoteError::Refused {
+            peer: peer.clone(),
+            reason: RefusedReason::NotAuthenticated(error.to_string()),
+        },
+        other => RemoteError::PeerLost {
+            peer: peer.clone(),
+            reason: other.to_string(),
+        },
+    }
+}

@@ -1,0 +1,167 @@
+//! The state one gateway shares between its handle, its serving tasks and its heartbeat
+//! driver: the fencing table, the heartbeat machine, the link used to send to each peer, the
+//! handler registry and the counters. Owns `hear`, the FENCE-1 gate every message heard from a
+//! peer goes through, and the bookkeeping of links and subscribers. Does no IO of its own
+//! beyond closing connections it drops.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use cohort_transport::{Connection, Endpoint, NodeId};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+use super::registry::Registry;
+use super::{lock, now, GatewayConfig, PeerEvent, RefusedReason};
+use crate::fencing::{Admission, FencingTable, Incarnation};
+use crate::heartbeat::{Heard, HeartbeatMachine};
+
+pub(super) struct Inner {
+    pub(super) endpoint: Endpoint,
+    pub(super) me: Incarnation<NodeId>,
+    pub(super) config: GatewayConfig,
+    pub(super) state: Mutex<State>,
+    pub(super) registry: Registry,
+    pub(super) subscribers: Mutex<Vec<mpsc::Sender<PeerEvent>>>,
+    pub(super) wake: Arc<Notify>,
+    pub(super) tasks: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) next_conn_id: std::sync::atomic::AtomicU64,
+    pub(super) stale_rejected: std::sync::atomic::AtomicU64,
+    pub(super) refused: std::sync::atomic::AtomicU64,
+    pub(super) sender_not_allowed: std::sync::atomic::AtomicU64,
+}
+
+pub(super) struct State {
+    pub(super) fencing: FencingTable<NodeId>,
+    pub(super) heartbeat: HeartbeatMachine<NodeId>,
+    /// The connection used to send to each peer, with the peer incarnation it said hello as.
+    pub(super) peers: HashMap<NodeId, PeerLink>,
+    /// Where to dial peers we connected to before.
+    pub(super) addrs: HashMap<NodeId, SocketAddr>,
+}
+
+#[derive(Clone)]
+pub(super) struct PeerLink {
+    pub(super) conn: Connection,
+    /// Which [`ConnCtx`] this is, to tell connections to the same peer apart.
+    pub(super) conn_id: u64,
+    pub(super) incarnation: Incarnation<NodeId>,
+}
+
+/// One served connection: the peer authenticated as `conn.peer()`, and the incarnation it said
+/// hello as, once it has.
+pub(super) struct ConnCtx {
+    pub(super) conn: Connection,
+    pub(super) id: u64,
+    pub(super) hello: Mutex<Option<Incarnation<NodeId>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Inner {
+    pub(super) fn shutdown(&self) {
+        self.endpoint.close();
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+        let peers: Vec<_> = lock(&self.state).peers.drain().collect();
+        for (_, link) in peers {
+            link.conn.close();
+        }
+    }
+
+    /// The live connection to `node` and the incarnation it runs, dialing and saying hello if
+    /// there is none.
+    pub(super) fn conn_ctx(
+        &self,
+        conn: Connection,
+        hello: Option<Incarnation<NodeId>>,
+    ) -> Arc<ConnCtx> {
+        let id = self
+            .next_conn_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(ConnCtx {
+            conn,
+            id,
+            hello: Mutex::new(hello),
+        })
+    }
+
+    /// FENCE-1 gate for everything heard from a peer: admits `from` in the fencing table and
+    /// feeds the heartbeat machine. `Err` carries why it is stale.
+    pub(super) fn hear(&self, from: &Incarnation<NodeId>) -> Result<(), String> {
+        let now = now();
+        let mut state = lock(&self.state);
+        let admission = state
+            .fencing
+            .admit(from)
+            .map_err(|stale| stale.to_string())?;
+        if let Admission::Superseded { old } = &admission {
+            if state
+                .peers
+                .get(&from.node)
+                .is_some_and(|l| l.incarnation == *old)
+            {
+                if let Some(link) = state.peers.remove(&from.node) {
+                    link.conn.close();
+                }
+            }
+        }
+        let heard = state
+            .heartbeat
+            .handle_heartbeat(now, from.node.clone(), from.epoch);
+        drop(state);
+        if heard == Heard::NewIncarnation {
+            self.wake.notify_one();
+        }
+        match heard {
+            Heard::Stale => Err(format!("{from} was declared dead")),
+            Heard::Alive | Heard::NewIncarnation => Ok(()),
+        }
+    }
+
+    pub(super) fn add_link(
+        &self,
+        ctx: &ConnCtx,
+        incarnation: &Incarnation<NodeId>,
+    ) -> Result<(), RefusedReason> {
+        let mut state = lock(&self.state);
+        let replace = match state.peers.get(&incarnation.node) {
+            None => {
+                if state.peers.len() >= self.config.peers_max {
+                    return Err(RefusedReason::TooManyPeers);
+                }
+                true
+            }
+            Some(link) => {
+                link.conn.close_reason().is_some() || link.incarnation.epoch < incarnation.epoch
+            }
+        };
+        if replace {
+            state.peers.insert(
+                incarnation.node.clone(),
+                PeerLink {
+                    conn: ctx.conn.clone(),
+                    conn_id: ctx.id,
+                    incarnation: incarnation.clone(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn publish(&self, event: PeerEvent) {
+        let mut subscribers = lock(&self.subscribers);
+        subscribers.retain(|s| !s.is_closed());
+        for s in subscribers.iter() {
+            if s.try_send(event.clone()).is_err() {
+                tracing::warn!(node = %self.me, "peer event subscriber lagging; event dropped");
+            }
+        }
+    }
+}
