@@ -91,7 +91,7 @@ fn ckpt1_round_trip_is_bit_identical() {
         serde_json::json!([[0, 199]])
     );
     assert_eq!(
-        (m.ledger.rolled_back, m.ledger.ps_restores),
+        (m.ledger.counts.rolled_back, m.ledger.counts.ps_restores),
         (2, 1),
         "the parameter-server recovery counts travel in the manifest"
     );

@@ -71,20 +71,10 @@ pub struct ShardSpec {
 pub struct Ledger {
     /// Next closure id the coordinator will hand out.
     pub next_closure_id: u64,
-    /// Closures scheduled so far.
-    pub scheduled: u64,
-    /// Closures whose effect was committed.
-    pub committed: u64,
-    /// Re-dispatches after a worker was lost.
-    pub redispatched: u64,
-    /// Results or pushes rejected as coming from a stale incarnation (FENCE-1).
-    pub rejected_stale: u64,
-    /// Closures cancelled because of an error.
-    pub cancelled: u64,
-    /// Committed closures queued again by a parameter-server recovery.
-    pub rolled_back: u64,
-    /// Parameter-server recoveries so far.
-    pub ps_restores: u64,
+    /// The coordinator's counts, whole (LEDGER-1 holds for them: nothing is folded into
+    /// another count).
+    #[serde(flatten)]
+    pub counts: crate::ledger::Ledger,
     /// Ids of committed closures.
     #[serde(with = "id_ranges")]
     pub committed_ids: BTreeSet<u64>,
@@ -178,6 +168,13 @@ pub enum ValidationError {
         ps: usize,
         /// Tensor name.
         tensor: String,
+    },
+    /// The ledger's counts do not add up (LEDGER-1: every scheduled closure is committed,
+    /// failed, cancelled, unavailable or pending).
+    #[error("ledger: the counts do not balance: {counts}")]
+    LedgerUnbalanced {
+        /// The counts as stored.
+        counts: String,
     },
     /// A closure id appears in two ledger sets (LEDGER-1: one state per closure).
     #[error("ledger: closure {id} is both {first} and {second}")]
@@ -364,8 +361,13 @@ impl VariableLayout {
 }
 
 impl Ledger {
-    /// Checks that no closure id is in two sets (LEDGER-1).
+    /// Checks that the counts balance and that no closure id is in two sets (LEDGER-1).
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if !self.counts.balances() {
+            return Err(ValidationError::LedgerUnbalanced {
+                counts: format!("{:?}", self.counts),
+            });
+        }
         let sets = [
             ("committed", &self.committed_ids),
             ("pending", &self.pending_ids),

@@ -4,6 +4,7 @@
 
 mod bench;
 mod certs;
+mod chaos;
 
 use std::process::ExitCode;
 
@@ -48,6 +49,11 @@ enum Command {
     /// each on its own local cluster (1 chief, 2 PS, 2 workers, as processes), and prints
     /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's.
     Bench(BenchArgs),
+    /// Chaos testing: `chaos sim` runs the deterministic cluster simulator (the coordinator
+    /// and parameter-server machines under simulated faults) over many seeds and checks
+    /// PS-1, LEDGER-1, FENCE-1, CKPT-1 and the end-to-end result after every event.
+    #[command(subcommand)]
+    Chaos(ChaosCommand),
     /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
     /// environment, TF_CONFIG or cohort.toml, in that order.
     #[command(hide = true)]
@@ -102,6 +108,15 @@ struct BenchArgs {
     /// Workloads to run (comma-separated: dense, sparse, goodput).
     #[arg(long, default_value = "dense,sparse,goodput")]
     workloads: String,
+}
+
+/// What `cohort chaos` runs.
+#[derive(Debug, Subcommand)]
+enum ChaosCommand {
+    /// Run the cluster simulator over a range of seeds (or one seed, with its trace) and
+    /// print a summary: schedules, events, faults by kind, violations with their seeds (the
+    /// first one shrunk to a scenario a test can paste). Exit 1 if an invariant broke.
+    Sim(chaos::SimArgs),
 }
 
 /// Flags of `cohort role`.
@@ -177,6 +192,7 @@ pub fn run() -> ExitCode {
             }
         }
         Command::Bench(args) => bench::run(&args.target, args.steps, args.warmup, &args.workloads),
+        Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
         Command::Role(args) => match builtin_job(&args.job) {
             Some(program) => {
                 return exit(crate::roles::run_role(

@@ -136,13 +136,16 @@ pub fn sample_checkpoint(step: u64) -> Checkpoint {
     c.dataset_positions = BTreeMap::from([(0, 10 * step), (1, 10 * step + 3)]);
     let mut ledger = Ledger {
         next_closure_id: step + 2,
-        scheduled: step + 2,
-        committed: step,
-        redispatched: 3,
-        rejected_stale: 1,
-        cancelled: 0,
-        rolled_back: 2,
-        ps_restores: 1,
+        counts: cohort::ledger::Ledger {
+            scheduled: step + 2,
+            committed: step,
+            redispatched: 3,
+            rejected_stale: 1,
+            rolled_back: 2,
+            ps_restores: 1,
+            pending: 2,
+            ..Default::default()
+        },
         ..Ledger::default()
     };
     ledger.committed_ids.extend(0..step);

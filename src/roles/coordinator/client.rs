@@ -418,15 +418,8 @@ impl ClusterCoordinator {
         let (ledger, next_closure_id, committed_ids, ended_ids) = self.ask(LedgerSnapshot)?;
         ckpt.ledger = checkpoint::Ledger {
             next_closure_id,
-            scheduled: ledger.scheduled,
-            committed: ledger.committed,
-            redispatched: ledger.redispatched,
-            rejected_stale: ledger.rejected_stale,
-            // Failed and unavailable closures ended with an error too: the manifest's one
-            // count for closures that ended without a value.
-            cancelled: ledger.cancelled + ledger.failed + ledger.unavailable,
-            rolled_back: ledger.rolled_back,
-            ps_restores: ledger.ps_restores,
+            // Whole: every count as the coordinator keeps it (LEDGER-1 across restarts).
+            counts: ledger,
             // The retained ones (SchedulerConfig::finished_retained_max); the counts are whole.
             committed_ids: committed_ids.into_iter().collect(),
             pending_ids: Default::default(),

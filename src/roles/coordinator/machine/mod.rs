@@ -35,6 +35,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::Checkpoint;
+pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
 use crate::variable::ShardLayout;
 use recovery::{
@@ -255,42 +256,6 @@ pub enum ResultDisposition {
     /// A parameter server was unreachable: the closure was queued again and dispatch is held
     /// until the servers are back (and restored if one lost its state).
     PsUnavailable,
-}
-
-/// The coordinator's account of every scheduled closure (LEDGER-1).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Ledger {
-    /// Closures ever scheduled.
-    pub scheduled: u64,
-    /// Closures that committed a value.
-    pub committed: u64,
-    /// Closures that failed with their own error.
-    pub failed: u64,
-    /// Closures cancelled because another failed.
-    pub cancelled: u64,
-    /// Closures that could not run (no worker within the bound, attempts exhausted).
-    pub unavailable: u64,
-    /// Re-dispatches after the worker running the closure was lost.
-    pub redispatched: u64,
-    /// Results rejected because they came from a fenced incarnation or a superseded attempt.
-    pub rejected_stale: u64,
-    /// Closures queued or in flight now.
-    pub pending: u64,
-    /// Committed closures queued again because a parameter-server recovery rolled every server
-    /// back to a checkpoint taken before they committed (each is committed again later).
-    #[serde(default)]
-    pub rolled_back: u64,
-    /// Parameter-server recoveries: every server restored from a checkpoint.
-    #[serde(default)]
-    pub ps_restores: u64,
-}
-
-impl Ledger {
-    /// LEDGER-1: every scheduled closure is committed, pending, or ended with an error.
-    pub fn balances(&self) -> bool {
-        self.scheduled
-            == self.committed + self.failed + self.cancelled + self.unavailable + self.pending
-    }
 }
 
 /// Why `schedule` refused a closure.
@@ -1000,16 +965,7 @@ impl Scheduler {
             return Err("there is no parameter server to restore".into());
         }
         let saved = &checkpoint.ledger;
-        let ledger = Ledger {
-            scheduled: saved.scheduled,
-            committed: saved.committed,
-            cancelled: saved.scheduled.saturating_sub(saved.committed),
-            redispatched: saved.redispatched,
-            rejected_stale: saved.rejected_stale,
-            rolled_back: saved.rolled_back,
-            ps_restores: saved.ps_restores,
-            ..Ledger::default()
-        };
+        let ledger = saved.counts.clone();
         let live_next = probes
             .iter()
             .map(|p| p.next_free_closure_id)

@@ -20,8 +20,8 @@ fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
 fn checkpoint(step: u64, cut: u64, position: u64) -> Arc<Checkpoint> {
     let mut ckpt = Checkpoint::new(step, 2);
     ckpt.ledger.next_closure_id = cut;
-    ckpt.ledger.scheduled = cut;
-    ckpt.ledger.committed = cut;
+    ckpt.ledger.counts.scheduled = cut;
+    ckpt.ledger.counts.committed = cut;
     ckpt.extra = serde_json::json!({ DATASET_POSITIONS_KEY: { "0": { "ids": position } } });
     Arc::new(ckpt)
 }

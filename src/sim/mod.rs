@@ -1,0 +1,548 @@
+//! A deterministic cluster simulator: the coordinator's machine ([`Scheduler`], with its
+//! restore sub-machine) and the parameter servers' machines ([`ParameterStore`], with the real
+//! optimizer) of one job run together on one thread, under a simulated clock, network,
+//! processes and checkpoint storage, all driven by one seed (SIM-1).
+//!
+//! Only IO and time are simulated: every decision is made by the same machine code the actors
+//! run. The harness plays the parts the actors play today (the coordinator's shell carrying
+//! out actions and reporting outcomes; the failure detector; the worker's push-and-report
+//! loop, a stand-in until the worker has a machine of its own; the chief program's
+//! schedule/join/save loop; the supervisor that restarts what dies).
+//!
+//! # Fault model
+//! - **Network**: every message takes a latency drawn from `[latency_min, latency_max]`
+//!   (so messages reorder), is lost with probability `loss` and duplicated with probability
+//!   `duplicate`; a partition cuts one node off from every other (both ways) or only its
+//!   outgoing messages (one-way) for a while. A call that gets no reply within its bound fails
+//!   as unreachable.
+//! - **Processes**: a parameter server or worker is killed (its supervisor restarts it as a
+//!   new incarnation after `restart_delay`; a server comes back empty), paused and resumed
+//!   (messages to it wait; a pause past the detection budget is a false death, and the
+//!   incarnation is then retired and restarted), or given a preemption notice (it keeps
+//!   serving for `preemption_grace`, then exits and is restarted).
+//! - **Failure detection**: a node the coordinator has not heard from (dead, paused,
+//!   partitioned) for `detection_budget` is declared dead, as the gateway's heartbeats do.
+//! - **Checkpoint storage**: a save can be torn or bit-flipped (stored, but it fails its
+//!   checksum and must never be restored, CKPT-1) or hit a full disk (the save fails and the
+//!   job goes on from the previous cut).
+//!
+//! # Invariants, checked after every event
+//! - LEDGER-1: the ledger balances;
+//! - PS-1: no server applies a closure whose effect its state already holds;
+//! - FENCE-1: no result from an incarnation the coordinator fenced commits;
+//! - CKPT-1: a restore reads only a checkpoint that verifies, with the contents saved;
+//! - end to end, when the job finishes: each server's effective closures are exactly the
+//!   committed ones, and its variables (and optimizer slots) equal a fault-free replay that
+//!   applies each of them once, in the order the server applied them;
+//! - and the job ends (finished or failed with an error naming why) within `time_max`.
+//!
+//! # Seeds and replay
+//! [`run_seed`] draws a [`Scenario`] (the faults and the network's settings) from the seed
+//! and runs it; the same seed gives the same scenario and the identical event trace
+//! ([`SimReport::trace_hash`]). A failing scenario is shrunk by [`shrink`] to a shorter one
+//! that still fails, and [`Scenario`]'s `Display` prints it as Rust a test can paste.
+//! `cohort chaos sim --seeds N` runs many from the command line.
+
+mod world;
+
+use std::fmt;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+pub use world::SimReport;
+
+/// The job a simulation runs, and the bounds of its fault model.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Parameter servers.
+    pub num_ps: u32,
+    /// Workers.
+    pub num_workers: u32,
+    /// Closures the chief program schedules in all.
+    pub closures: u64,
+    /// Closures it schedules between two joins.
+    pub batch: u64,
+    /// A checkpoint is saved after every this many batches.
+    pub save_every_batches: u64,
+    /// The failure detector's budget.
+    pub detection_budget: Duration,
+    /// How long a supervisor waits before restarting a process that died.
+    pub restart_delay: Duration,
+    /// How long a preempted process keeps serving after its notice.
+    pub preemption_grace: Duration,
+    /// Bound on one remote call other than a closure's run.
+    pub call_timeout: Duration,
+    /// How long the coordinator waits for a lost server to be back (scheduler bound).
+    pub ps_restart_wait: Duration,
+    /// Simulated time after which a job still running counts as hung.
+    pub time_max: Duration,
+    /// Most faults a drawn scenario holds.
+    pub faults_max: usize,
+    /// Fault kinds a drawn scenario may hold.
+    pub kinds: FaultKinds,
+    /// Record every event's line in the report (for printing a failing trace).
+    pub record_trace: bool,
+}
+
+impl Default for SimConfig {
+    /// The issue's reference job: 2 parameter servers, 3 workers, 200 closures.
+    fn default() -> Self {
+        Self {
+            num_ps: 2,
+            num_workers: 3,
+            closures: 200,
+            batch: 20,
+            save_every_batches: 2,
+            detection_budget: Duration::from_secs(3),
+            restart_delay: Duration::from_millis(500),
+            preemption_grace: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(5),
+            ps_restart_wait: Duration::from_secs(60),
+            time_max: Duration::from_secs(30 * 60),
+            faults_max: 6,
+            kinds: FaultKinds::all(),
+            record_trace: false,
+        }
+    }
+}
+
+/// Which kinds of fault a drawn scenario may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultKinds {
+    /// Kill processes.
+    pub kill: bool,
+    /// Pause and resume processes.
+    pub pause: bool,
+    /// Partitions, both ways and one-way.
+    pub partition: bool,
+    /// Preemption notices.
+    pub preempt: bool,
+    /// Message loss, duplication and reordering.
+    pub net: bool,
+    /// Torn, bit-flipped and failed checkpoint writes.
+    pub storage: bool,
+}
+
+impl FaultKinds {
+    /// Every kind.
+    pub fn all() -> Self {
+        Self {
+            kill: true,
+            pause: true,
+            partition: true,
+            preempt: true,
+            net: true,
+            storage: true,
+        }
+    }
+
+    /// None (a fault-free run).
+    pub fn none() -> Self {
+        Self {
+            kill: false,
+            pause: false,
+            partition: false,
+            preempt: false,
+            net: false,
+            storage: false,
+        }
+    }
+
+    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage`, or `all`,
+    /// or `none`).
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut kinds = Self::none();
+        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word {
+                "all" => kinds = Self::all(),
+                "none" => {}
+                "kill" => kinds.kill = true,
+                "pause" => kinds.pause = true,
+                "partition" => kinds.partition = true,
+                "preempt" => kinds.preempt = true,
+                "net" => kinds.net = true,
+                "storage" => kinds.storage = true,
+                other => {
+                    return Err(format!(
+                        "unknown fault kind {other:?} (expected kill, pause, partition, \
+                         preempt, net, storage, all or none)"
+                    ))
+                }
+            }
+        }
+        Ok(kinds)
+    }
+}
+
+/// A process of the simulated job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Node {
+    /// The chief (coordinator).
+    Chief,
+    /// A parameter server, by index.
+    Ps(u32),
+    /// A worker, by index.
+    Worker(u32),
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Node::Chief => write!(f, "chief"),
+            Node::Ps(i) => write!(f, "ps/{i}"),
+            Node::Worker(i) => write!(f, "worker/{i}"),
+        }
+    }
+}
+
+/// One injected fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Kill `node` at `at_ms`; its supervisor restarts it.
+    Kill {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+        /// The victim (a server or a worker).
+        node: Node,
+    },
+    /// Pause `node` at `at_ms` for `for_ms`.
+    Pause {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+        /// The victim.
+        node: Node,
+        /// How long it stays paused.
+        for_ms: u64,
+    },
+    /// Cut `node` off at `at_ms` for `for_ms`: both ways, or only what it sends.
+    Partition {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+        /// The node cut off.
+        node: Node,
+        /// How long.
+        for_ms: u64,
+        /// Only its outgoing messages are lost.
+        one_way: bool,
+    },
+    /// A preemption notice to `node` at `at_ms`.
+    Preempt {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+        /// The victim.
+        node: Node,
+    },
+    /// The `save`-th checkpoint write (0-based) goes wrong.
+    Storage {
+        /// Which save.
+        save: u32,
+        /// How.
+        fault: StorageFault,
+    },
+}
+
+/// How a checkpoint write goes wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageFault {
+    /// Published, but a file is cut short: it fails its checksum.
+    Torn,
+    /// Published, but one bit of a file (a shard or the manifest) flipped.
+    BitFlip,
+    /// The write fails: no checkpoint.
+    FullDisk,
+}
+
+/// The network's behaviour for a whole run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetSettings {
+    /// Shortest latency, microseconds.
+    pub latency_min_us: u64,
+    /// Longest latency, microseconds.
+    pub latency_max_us: u64,
+    /// Probability a message is lost.
+    pub loss: f64,
+    /// Probability a message is delivered twice.
+    pub duplicate: f64,
+}
+
+impl NetSettings {
+    /// A reliable network with a little reordering.
+    pub fn reliable() -> Self {
+        Self {
+            latency_min_us: 100,
+            latency_max_us: 2_000,
+            loss: 0.0,
+            duplicate: 0.0,
+        }
+    }
+}
+
+/// Everything a run injects: replaying the same scenario with the same seed gives the same
+/// trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// The seed of the network's draws (latency, loss, duplication).
+    pub seed: u64,
+    /// The network.
+    pub net: NetSettings,
+    /// The faults, in any order.
+    pub faults: Vec<Fault>,
+}
+
+impl Scenario {
+    /// A fault-free scenario.
+    pub fn fault_free(seed: u64) -> Self {
+        Self {
+            seed,
+            net: NetSettings::reliable(),
+            faults: Vec::new(),
+        }
+    }
+
+    /// Draws the scenario of `seed` within `config`'s fault model.
+    pub fn draw(config: &SimConfig, seed: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ SCENARIO_STREAM);
+        let kinds = config.kinds;
+        let mut net = NetSettings::reliable();
+        if kinds.net {
+            net.latency_max_us = rng.gen_range(500..20_000);
+            net.loss = [0.0, 0.001, 0.01, 0.05][rng.gen_range(0..4)];
+            net.duplicate = [0.0, 0.001, 0.01, 0.05][rng.gen_range(0..4)];
+        }
+        // Faults land while the job runs: about a minute of simulated time, fault-free.
+        let horizon_ms = 40_000;
+        let count = rng.gen_range(0..=config.faults_max);
+        let mut faults = Vec::new();
+        let mut choices = Vec::new();
+        for (on, kind) in [
+            (kinds.kill, 0),
+            (kinds.pause, 1),
+            (kinds.partition, 2),
+            (kinds.preempt, 3),
+            (kinds.storage, 4),
+        ] {
+            if on {
+                choices.push(kind);
+            }
+        }
+        if choices.is_empty() {
+            return Self { seed, net, faults };
+        }
+        for _ in 0..count {
+            let at_ms = rng.gen_range(0..horizon_ms);
+            let node = if rng.gen_bool(0.5) {
+                Node::Ps(rng.gen_range(0..config.num_ps.max(1)))
+            } else {
+                Node::Worker(rng.gen_range(0..config.num_workers.max(1)))
+            };
+            let budget_ms = config.detection_budget.as_millis() as u64;
+            let fault = match choices[rng.gen_range(0..choices.len())] {
+                0 => Fault::Kill { at_ms, node },
+                1 => Fault::Pause {
+                    at_ms,
+                    node,
+                    for_ms: rng.gen_range(1..budget_ms * 2),
+                },
+                2 => Fault::Partition {
+                    at_ms,
+                    node,
+                    for_ms: rng.gen_range(1..budget_ms * 2),
+                    one_way: rng.gen_bool(0.3),
+                },
+                3 => Fault::Preempt { at_ms, node },
+                _ => Fault::Storage {
+                    save: rng.gen_range(0..4),
+                    fault: [
+                        StorageFault::Torn,
+                        StorageFault::BitFlip,
+                        StorageFault::FullDisk,
+                    ][rng.gen_range(0..3)],
+                },
+            };
+            faults.push(fault);
+        }
+        Self { seed, net, faults }
+    }
+}
+
+impl fmt::Display for Scenario {
+    /// The scenario as Rust a regression test can paste.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Scenario {{")?;
+        writeln!(f, "    seed: {},", self.seed)?;
+        writeln!(
+            f,
+            "    net: NetSettings {{ latency_min_us: {}, latency_max_us: {}, loss: {:?}, duplicate: {:?} }},",
+            self.net.latency_min_us, self.net.latency_max_us, self.net.loss, self.net.duplicate
+        )?;
+        writeln!(f, "    faults: vec![")?;
+        for fault in &self.faults {
+            writeln!(f, "        Fault::{fault:?},")?;
+        }
+        writeln!(f, "    ],")?;
+        write!(f, "}}")
+    }
+}
+
+/// A broken invariant, with where the run was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant (`LEDGER-1`, `PS-1`, `FENCE-1`, `CKPT-1`, `END-TO-END`, `LIVENESS`).
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+    /// Simulated time, milliseconds.
+    pub at_ms: u64,
+    /// Events processed until then.
+    pub event: u64,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} broken at {} ms (event {}): {}",
+            self.invariant, self.at_ms, self.event, self.detail
+        )
+    }
+}
+
+/// Runs the scenario drawn from `seed`.
+pub fn run_seed(config: &SimConfig, seed: u64) -> SimReport {
+    run_scenario(config, &Scenario::draw(config, seed))
+}
+
+/// Runs `scenario` to its end (or its first violation).
+pub fn run_scenario(config: &SimConfig, scenario: &Scenario) -> SimReport {
+    world::World::new(config, scenario).run()
+}
+
+/// A shorter scenario that still breaks an invariant (the first fault removal, then the
+/// network simplification, that keeps it failing, until none does); `scenario` itself if it
+/// does not fail. Bounded: at most [`SHRINK_RUNS_MAX`] runs.
+pub fn shrink(config: &SimConfig, scenario: &Scenario) -> Scenario {
+    let mut best = scenario.clone();
+    let mut runs = 0;
+    let fails = |s: &Scenario, runs: &mut usize| {
+        *runs += 1;
+        run_scenario(config, s).violation.is_some()
+    };
+    if !fails(&best, &mut runs) {
+        return best;
+    }
+    let mut progress = true;
+    while progress && runs < SHRINK_RUNS_MAX {
+        progress = false;
+        let mut i = 0;
+        while i < best.faults.len() && runs < SHRINK_RUNS_MAX {
+            let mut candidate = best.clone();
+            candidate.faults.remove(i);
+            if fails(&candidate, &mut runs) {
+                best = candidate;
+                progress = true;
+            } else {
+                i += 1;
+            }
+        }
+        for simpler in [
+            NetSettings {
+                loss: 0.0,
+                ..best.net
+            },
+            NetSettings {
+                duplicate: 0.0,
+                ..best.net
+            },
+            NetSettings {
+                latency_max_us: best.net.latency_min_us.max(1),
+                ..best.net
+            },
+        ] {
+            if simpler != best.net && runs < SHRINK_RUNS_MAX {
+                let candidate = Scenario {
+                    net: simpler,
+                    ..best.clone()
+                };
+                if fails(&candidate, &mut runs) {
+                    best = candidate;
+                    progress = true;
+                }
+            }
+        }
+    }
+    best
+}
+
+/// What many seeds found.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Schedules run.
+    pub schedules: u64,
+    /// Events processed in all.
+    pub events: u64,
+    /// Jobs that finished every closure.
+    pub finished: u64,
+    /// Jobs that failed with an error (allowed: e.g. a server lost past its bound).
+    pub failed: u64,
+    /// Faults injected, by kind.
+    pub faults: std::collections::BTreeMap<&'static str, u64>,
+    /// Violations, with their seeds.
+    pub violations: Vec<(u64, Violation)>,
+    /// The first [`FAILURES_KEPT`] jobs that failed, with their seeds and errors.
+    pub failures: Vec<(u64, String)>,
+}
+
+/// Runs `seeds` one after the other and sums up what they found.
+pub fn run_seeds(config: &SimConfig, seeds: impl IntoIterator<Item = u64>) -> Summary {
+    let mut summary = Summary::default();
+    for seed in seeds {
+        let scenario = Scenario::draw(config, seed);
+        for fault in &scenario.faults {
+            *summary.faults.entry(fault_kind(fault)).or_default() += 1;
+        }
+        if scenario.net.loss > 0.0 || scenario.net.duplicate > 0.0 {
+            *summary.faults.entry("lossy network").or_default() += 1;
+        }
+        let report = run_scenario(config, &scenario);
+        summary.schedules += 1;
+        summary.events += report.events;
+        match (&report.violation, report.finished) {
+            (Some(v), _) => summary.violations.push((seed, v.clone())),
+            (None, true) => summary.finished += 1,
+            (None, false) => {
+                summary.failed += 1;
+                if summary.failures.len() < FAILURES_KEPT {
+                    let error = report.failure.unwrap_or_default();
+                    summary.failures.push((seed, error));
+                }
+            }
+        }
+    }
+    summary
+}
+
+/// A fault's kind, as the summary counts it.
+pub fn fault_kind(fault: &Fault) -> &'static str {
+    match fault {
+        Fault::Kill { .. } => "kill",
+        Fault::Pause { .. } => "pause",
+        Fault::Partition { one_way: false, .. } => "partition",
+        Fault::Partition { one_way: true, .. } => "one-way partition",
+        Fault::Preempt { .. } => "preempt",
+        Fault::Storage { .. } => "storage",
+    }
+}
+
+/// Failed jobs a [`Summary`] keeps the error of.
+pub const FAILURES_KEPT: usize = 10;
+
+/// Most runs one [`shrink`] makes.
+pub const SHRINK_RUNS_MAX: usize = 200;
+
+/// Keeps the scenario's draws apart from the network's (both come from the seed).
+const SCENARIO_STREAM: u64 = 0x5CE7_A210_0000_0001;
+
+#[cfg(test)]
+mod tests;
