@@ -40,8 +40,8 @@ use super::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
 use super::ps::{ParameterStore, PsActor};
 use super::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
 use crate::cluster::{
-    load_role_config, parse_duration, ConfigFlags, ConfigKey, RoleConfig, StrategyKind, TaskId,
-    TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
+    load_role_config, parse_duration_in, ConfigFlags, ConfigKey, DurationRange, RoleConfig,
+    StrategyKind, TaskId, TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
 };
 use crate::launch::{self, LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
 use crate::program::Program;
@@ -172,14 +172,21 @@ pub struct LaunchFlags {
     pub evaluators: u32,
     /// SIGKILL worker 1 (or 0 with one worker) once, this long after launch, to show recovery
     /// (e.g. "20s").
-    #[arg(long, value_parser = |s: &str| parse_duration("--kill-worker-after", s))]
+    #[arg(long, value_parser = |s: &str| parse_duration_in("--kill-worker-after", s, KILL_AFTER_RANGE))]
     pub kill_worker_after: Option<Duration>,
     /// Directory for the run's certificates (default: a new temporary directory).
     #[arg(long)]
     pub run_dir: Option<std::path::PathBuf>,
     /// Failure-detection budget of every task.
-    #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration("--detection-budget", s))]
+    #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration_in("--detection-budget", s, detection_budget_range()))]
     pub detection_budget: Duration,
+}
+
+/// The range of `launch --detection-budget`: that of the key it sets in every task.
+fn detection_budget_range() -> DurationRange {
+    ConfigKey::DETECTION_BUDGET
+        .duration_range()
+        .unwrap_or(KILL_AFTER_RANGE)
 }
 
 #[derive(Debug, clap::Parser)]
@@ -638,7 +645,10 @@ fn launched_preemption_grace(env: &[(String, String)]) -> Duration {
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.clone())
         .or_else(|| std::env::var(key).ok())
-        .and_then(|v| parse_duration(key, &v).ok())
+        .and_then(|v| {
+            let range = ConfigKey::PREEMPTION_GRACE.duration_range()?;
+            parse_duration_in(key, &v, range).ok()
+        })
         .unwrap_or(DEFAULT_PREEMPTION_GRACE)
 }
 
@@ -663,6 +673,9 @@ fn unix_ms() -> u128 {
 static PREEMPTED: AtomicBool = AtomicBool::new(false);
 static ROLE_CONFIG: OnceLock<RoleConfig> = OnceLock::new();
 
+/// Range of `launch --kill-worker-after`: a demo's failure comes within a day of its start.
+const KILL_AFTER_RANGE: DurationRange =
+    DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
 /// How often a stopping PS or worker looks whether the chief is still alive.
 const CHIEF_POLL: Duration = Duration::from_millis(20);
 /// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
