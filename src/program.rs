@@ -177,7 +177,9 @@ impl Program {
 }
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training
-/// error, 2 bad config or usage, 143 after a stop request/preemption).
+/// error, 2 bad config or usage, 143 after a stop request/preemption). A role process is
+/// crash-only: a panic outside the program's own functions ends it at once with
+/// [`crate::roles::PANIC_EXIT_CODE`] (170), and its supervisor restarts it.
 ///
 /// - `launch --workers N --ps M` as arguments: starts a local cluster of this same program
 ///   (one process per task, supervised) and returns when the chief exits;

@@ -99,6 +99,72 @@ fn a_bad_flag_or_environment_value_exits_2_naming_the_key() {
     expect_refused(&out, &["cluster: no cluster given"]);
 }
 
+/// An absurd duration (here a detection budget of 5124095576030 h, which used to reach the
+/// transport and be refused as an idle timeout) is refused where it is read, for every
+/// duration key and from every layer: exit 2, naming the key as spelled, where it came from,
+/// the value and the allowed range; never a panic.
+#[test]
+fn an_out_of_range_duration_exits_2_naming_key_origin_value_and_range() {
+    let dir = Scratch::new("range");
+    const HUGE: &str = "5124095576030h";
+    let keys: Vec<cohort::cluster::ConfigKey> = cohort::cluster::ConfigKey::ALL
+        .into_iter()
+        .filter(|k| k.duration_range().is_some())
+        .collect();
+    assert!(!keys.is_empty());
+    for key in keys {
+        let range = key.duration_range().unwrap().to_string();
+        let out_of_range = format!("\"{HUGE}\" is out of range (allowed: {range})");
+        let out = run(cohort(&dir.0)
+            .args(["role", "--job", "demo", key.flag, HUGE])
+            .env("TF_CONFIG", TF_CONFIG));
+        expect_refused(
+            &out,
+            &[&format!("command line: {}: {out_of_range}", key.flag)],
+        );
+        expect_no_panic(&out);
+        let out = run(cohort(&dir.0)
+            .args(["role", "--job", "demo"])
+            .env("TF_CONFIG", TF_CONFIG)
+            .env(key.env, HUGE));
+        expect_refused(
+            &out,
+            &[&format!("environment: {}: {out_of_range}", key.env)],
+        );
+        expect_no_panic(&out);
+        std::fs::write(
+            dir.0.join("cohort.toml"),
+            format!("{} = \"{HUGE}\"\n", key.file),
+        )
+        .unwrap();
+        let out = run(cohort(&dir.0)
+            .args(["role", "--job", "demo"])
+            .env("TF_CONFIG", TF_CONFIG));
+        expect_refused(
+            &out,
+            &[&format!("cohort.toml: {}: {out_of_range}", key.file)],
+        );
+        expect_no_panic(&out);
+        std::fs::remove_file(dir.0.join("cohort.toml")).unwrap();
+    }
+    // `launch --detection-budget` sets the same key in every task: refused the same way.
+    let out = run(cohort(&dir.0).args(["launch", "--job", "demo", "--detection-budget", HUGE]));
+    expect_refused(
+        &out,
+        &[
+            "--detection-budget",
+            "is out of range (allowed: 10ms to 1h)",
+        ],
+    );
+    expect_no_panic(&out);
+}
+
+fn expect_no_panic(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    assert!(!stderr.contains("idle timeout"), "stderr: {stderr}");
+}
+
 #[test]
 fn a_user_program_refuses_bad_config_the_same_way() {
     let dir = Scratch::new("program");

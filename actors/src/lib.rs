@@ -3,16 +3,17 @@
 //! - [`restart`]: the pure [`RestartPolicy`] (at most N restarts in a sliding window,
 //!   exponential backoff with a cap, then escalate).
 //! - [`heartbeat`]: the pure per-peer [`HeartbeatMachine`] failure detector.
-//! - [`supervisor`]: the [`Supervisor`] actor that restarts [`Child`]ren per policy (a panic
-//!   is a failure) and escalates to its parent.
+//! - [`supervisor`]: crash-only supervision inside a process: [`install_crash_hook`] makes a
+//!   panic end the process with a code of its own (the process supervisor restarts it, under a
+//!   [`RestartPolicy`]); [`contain_panic`] marks the few places where a panic is a value.
 //! - [`gateway`]: the per-node [`Gateway`] (delivers remote messages to local actors by
 //!   name, runs heartbeats for every peer, fences dead incarnations, refuses message types a
 //!   sender's role may not send: SEC-2) and typed [`RemoteRef`]s.
 //! - [`fencing`]: [`Epoch`], [`Incarnation`] and the [`FencingTable`] that enforces FENCE-1.
 //! - [`wire`]: the gateway protocol's frame headers.
 //!
-//! Every decision is a pure machine (time passed in, no IO); the supervisor and the gateway are
-//! thin shells that feed them events and do the IO they ask for. The crate must never name a
+//! Every decision is a pure machine (time passed in, no IO); the gateway is a thin shell that
+//! feeds them events and does the IO they ask for. The crate must never name a
 //! training concept, and it reaches the network only through `cohort-transport`.
 
 pub mod fencing;
@@ -30,6 +31,5 @@ pub use gateway::{
 pub use heartbeat::{DeathCause, Heard, HeartbeatConfig, HeartbeatEvent, HeartbeatMachine};
 pub use restart::{RestartDecision, RestartLimits, RestartPolicy};
 pub use supervisor::{
-    CallError, Child, ChildContext, ChildError, ChildEvent, ChildRef, ChildReport, Escalation,
-    StopChild, Subscribe, Supervise, SuperviseError, Supervisor, SupervisorEvent,
+    contain_panic, crash_exit_code, crash_report, install_crash_hook, panic_message,
 };

@@ -2,8 +2,9 @@
 //! whether to restart it (after how long) or to escalate to the parent.
 //!
 //! It owns the sliding window of recent failures and nothing else: no clock, no timer, no actor.
-//! The [`Supervisor`](crate::supervisor::Supervisor) feeds it failures with the time passed in and
-//! honours the delay it returns.
+//! Roles are crash-only (see [`supervisor`](crate::supervisor)), so the children are processes:
+//! the process supervisor (cohort's local launcher) feeds it each exit of a task with the time
+//! passed in and honours the delay it returns.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -17,9 +17,8 @@ use anyhow::{anyhow, bail, Context as _};
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::{
-    CallError, Child, ChildContext, ChildError, DeathCause, Epoch, Gateway, GatewayConfig,
-    HeartbeatConfig, Incarnation, PeerEvent, RefusedReason, Remote, RemoteError, RemoteMessage,
-    RestartLimits, Senders, Supervise, Supervisor,
+    DeathCause, Epoch, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, PeerEvent,
+    RefusedReason, Remote, RemoteError, RemoteMessage, Senders,
 };
 use cohort_chaos::process::ChildProcess;
 use cohort_transport::{ClusterCa, Endpoint, NodeCredentials, NodeId, TransportConfig};
@@ -340,76 +339,6 @@ fn silent_peer_is_declared_dead_and_fenced() {
             Err(RemoteError::Stale { .. }) | Err(RemoteError::PeerLost { .. }) => {}
             other => bail!("expected the dead peer to be unreachable, got {other:?}"),
         }
-        Ok(())
-    });
-}
-
-/// A supervised accumulator: `Add { a, b }` adds `a` to its total (and panics when `b` is
-/// negative), so fresh state after a restart is visible remotely.
-struct Total(i64);
-
-impl Child for Total {
-    type Msg = Add;
-    type Reply = i64;
-
-    fn handle(&mut self, msg: Add, _ctx: &mut ChildContext<Self>) -> Result<i64, ChildError> {
-        assert!(msg.b >= 0, "negative b");
-        self.0 += msg.a;
-        Ok(self.0)
-    }
-}
-
-#[test]
-fn supervised_child_served_remotely_restarts_with_fresh_state() {
-    run(Duration::from_secs(20), async {
-        let ca = ClusterCa::generate("test")?;
-        let (w, ps) = (node("worker", 0), node("ps", 0));
-        let worker = start_gateway(ca.issue(&w)?, 1)?;
-        let server = start_gateway(ca.issue(&ps)?, 1)?;
-        let limits = RestartLimits {
-            restarts_max: 3,
-            window: Duration::from_secs(60),
-            backoff_base: Duration::from_millis(10),
-            backoff_max: Duration::from_millis(10),
-        };
-        let supervisor = Supervisor::new("ps", limits).start();
-        let total = supervisor
-            .send(Supervise::new("total", || Total(0)))
-            .await?
-            .map_err(|e| anyhow!("{e}"))?;
-        server.register_fn::<Add, _, _>("total", move |m: Remote<Add>| {
-            let total = total.clone();
-            async move {
-                total
-                    .call(m.msg)
-                    .await
-                    .map_err(|e: CallError<Add>| RefusedReason::ActorUnavailable(e.to_string()))
-            }
-        })?;
-        let remote = worker
-            .resolve::<Add>(server.local_addr()?, &ps, "total")
-            .await?;
-        assert_eq!(remote.call(&Add { a: 5, b: 0 }).await?, 5);
-        assert_eq!(remote.call(&Add { a: 5, b: 0 }).await?, 10);
-        match remote.call(&Add { a: 1, b: -1 }).await {
-            Err(RemoteError::Refused {
-                reason: RefusedReason::ActorUnavailable(why),
-                ..
-            }) => assert!(why.contains("negative b"), "{why}"),
-            other => bail!("expected the panic reported as a refusal, got {other:?}"),
-        }
-        // After the backoff the child is rebuilt from its factory: the total starts over.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let fresh = loop {
-            match remote.call(&Add { a: 7, b: 0 }).await {
-                Ok(v) => break v,
-                Err(RemoteError::Refused { .. }) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-                Err(e) => bail!("child never came back: {e}"),
-            }
-        };
-        assert_eq!(fresh, 7);
         Ok(())
     });
 }

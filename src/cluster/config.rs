@@ -55,7 +55,8 @@ use std::time::Duration;
 
 use super::tf_config::{parse_json_parts, parse_toml_cluster};
 use super::{
-    parse_duration, ClusterConfig, ClusterError, ClusterSpec, TaskId, TaskType, TF_CONFIG_ENV,
+    parse_duration_in, ClusterConfig, ClusterError, ClusterSpec, DurationRange, TaskId, TaskType,
+    TF_CONFIG_ENV,
 };
 
 /// One configuration key in its three spellings.
@@ -156,6 +157,26 @@ impl ConfigKey {
         flag: "--eval-until-step",
         env: "COHORT_EVAL_UNTIL_STEP",
     };
+
+    /// The values a duration key accepts (`None` for a key that is not a duration). A value
+    /// outside it is refused where it is read, naming the key, where it came from, the value
+    /// and the range:
+    ///
+    /// | key | range | why the bounds |
+    /// |---|---|---|
+    /// | `detection_budget` | 10ms to 1h | heartbeats go every quarter budget; past an hour a dead peer is never noticed in time |
+    /// | `worker_wait`, `ps_restart_wait`, `step_timeout`, `eval_idle_timeout` | 1ms to 720h | a wait of more than 30 days is a typo, and a deadline must not overflow |
+    /// | `preemption_grace` | 0s to 24h | 0 exits at once; no scheduler waits a day after its notice |
+    pub fn duration_range(self) -> Option<DurationRange> {
+        match self.file {
+            "detection_budget" => Some(DETECTION_BUDGET_RANGE),
+            "worker_wait" | "ps_restart_wait" | "step_timeout" | "eval_idle_timeout" => {
+                Some(WAIT_RANGE)
+            }
+            "preemption_grace" => Some(PREEMPTION_GRACE_RANGE),
+            _ => None,
+        }
+    }
 
     /// Every key.
     pub const ALL: [ConfigKey; 14] = [
@@ -620,13 +641,11 @@ impl Layer {
                 _ => path,
             })
         };
-        let duration = || parse_duration(spelled, text).map_err(|e| self.error(key.file, e));
-        let positive = |d: Duration| {
-            if d.is_zero() {
-                Err(bad(format!("{text:?} must be more than zero")))
-            } else {
-                Ok(d)
-            }
+        // Every duration key has a range; the error names the key as spelled, the value and
+        // the range, and the layer it came from is added by `self.error`.
+        let duration = || {
+            let range = key.duration_range().unwrap_or(UNBOUNDED);
+            parse_duration_in(spelled, text, range).map_err(|e| self.error(key.file, e))
         };
         match key.file {
             "task.type" => {
@@ -651,12 +670,12 @@ impl Layer {
             }
             "certs_dir" => self.certs_dir = Some(path()?),
             "checkpoint_dir" => self.checkpoint_dir = Some(path()?),
-            "detection_budget" => self.detection_budget = Some(positive(duration()?)?),
-            "worker_wait" => self.worker_wait = Some(positive(duration()?)?),
-            "ps_restart_wait" => self.ps_restart_wait = Some(positive(duration()?)?),
-            "step_timeout" => self.step_timeout = Some(positive(duration()?)?),
+            "detection_budget" => self.detection_budget = Some(duration()?),
+            "worker_wait" => self.worker_wait = Some(duration()?),
+            "ps_restart_wait" => self.ps_restart_wait = Some(duration()?),
+            "step_timeout" => self.step_timeout = Some(duration()?),
             "preemption_grace" => self.preemption_grace = Some(duration()?),
-            "eval_idle_timeout" => self.eval_idle_timeout = Some(positive(duration()?)?),
+            "eval_idle_timeout" => self.eval_idle_timeout = Some(duration()?),
             "eval_until_step" => {
                 let step = text
                     .trim()
@@ -954,6 +973,21 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         origins,
     })
 }
+
+/// Range of `detection_budget` (see [`ConfigKey::duration_range`]).
+const DETECTION_BUDGET_RANGE: DurationRange =
+    DurationRange::new(Duration::from_millis(10), Duration::from_secs(3600));
+/// Range of the waits and timeouts (see [`ConfigKey::duration_range`]): 30 days at most.
+const WAIT_RANGE: DurationRange = DurationRange::new(
+    Duration::from_millis(1),
+    Duration::from_secs(30 * 24 * 3600),
+);
+/// Range of `preemption_grace` (see [`ConfigKey::duration_range`]).
+const PREEMPTION_GRACE_RANGE: DurationRange =
+    DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
+/// For a key that is not a duration (never used by one: every duration key has a range).
+const UNBOUNDED: DurationRange =
+    DurationRange::new(Duration::ZERO, Duration::from_millis(u64::MAX));
 
 #[cfg(test)]
 mod tests {
@@ -1610,5 +1644,69 @@ mod tests {
     fn env_names_match_what_the_launcher_sets() {
         assert_eq!(ConfigKey::CERTS_DIR.env, crate::launch::CERTS_ENV);
         assert_eq!(ConfigKey::INCARNATION.env, crate::launch::INCARNATION_ENV);
+    }
+
+    /// Every duration key, in every layer that can set it: a huge value (one that used to
+    /// reach the transport and come back as an idle-timeout error) and a value just past the
+    /// range are refused naming the key as that layer spells it, the layer, the value and the
+    /// range; never a panic, never a later failure.
+    #[test]
+    fn an_out_of_range_duration_is_refused_naming_key_origin_value_and_range() {
+        let durations: Vec<ConfigKey> = ConfigKey::ALL
+            .into_iter()
+            .filter(|k| k.duration_range().is_some())
+            .collect();
+        assert_eq!(durations.len(), 6, "every duration key has a range");
+        for key in durations {
+            let range = key.duration_range().unwrap();
+            let past_max = format!("{}ms", range.max.as_millis() + 1);
+            for value in [
+                "5124095576030h",
+                "99999999999999999999999999999999999999999h",
+                &past_max,
+            ] {
+                let expect = |spelled: &str, origin: &str| {
+                    format!("{origin}: {spelled}: {value:?} is out of range (allowed: {range})")
+                };
+                let flag = resolve_config(&flags(&[key.flag, value]), &env_of(&[]), &file(FILE))
+                    .unwrap_err();
+                assert_eq!((flag.key.as_str(), &flag.origin), (key.file, &Origin::Flag));
+                assert_eq!(flag.to_string(), expect(key.flag, "command line"));
+                let env = resolve_config(
+                    &ConfigFlags::default(),
+                    &env_of(&[(key.env, value)]),
+                    &file(FILE),
+                )
+                .unwrap_err();
+                assert_eq!((env.key.as_str(), &env.origin), (key.file, &Origin::Env));
+                assert_eq!(env.to_string(), expect(key.env, "environment"));
+                // FILE sets some of these keys already: this value replaces that line.
+                let rest: String = FILE
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with(key.file))
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                let text = format!("{} = \"{value}\"\n{rest}", key.file);
+                let in_file = resolve_config(&ConfigFlags::default(), &env_of(&[]), &file(&text))
+                    .unwrap_err();
+                assert_eq!(in_file.key, key.file);
+                assert_eq!(in_file.to_string(), expect(key.file, "conf/cohort.toml"));
+            }
+            // Both ends of the range are accepted.
+            for end in [range.min, range.max] {
+                let text = format!("{}ms", end.as_millis());
+                let config = resolve_config(&flags(&[key.flag, &text]), &env_of(&[]), &file(FILE))
+                    .unwrap_or_else(|e| panic!("{} {text}: {e}", key.flag));
+                let got = match key.file {
+                    "detection_budget" => config.detection_budget,
+                    "worker_wait" => config.worker_wait,
+                    "ps_restart_wait" => config.ps_restart_wait,
+                    "step_timeout" => config.step_timeout,
+                    "preemption_grace" => config.preemption_grace,
+                    _ => config.eval_idle_timeout,
+                };
+                assert_eq!(got, end, "{}", key.flag);
+            }
+        }
     }
 }

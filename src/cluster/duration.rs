@@ -1,53 +1,88 @@
-//! Human durations in config: `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`.
+//! Human durations in config: `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`, and the range
+//! each duration key accepts ([`DurationRange`]).
+//!
+//! A duration is parsed exactly (whole milliseconds, no overflow) and then checked against its
+//! key's range, so that an absurd value (`"5124095576030h"`) is refused where it is read, with
+//! the key and the allowed range, instead of overflowing a deadline or a transport setting
+//! later on.
 
+use std::fmt;
 use std::time::Duration;
 
 use super::ClusterError;
 
+/// The durations a key accepts, both ends included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DurationRange {
+    /// The shortest accepted value.
+    pub min: Duration,
+    /// The longest accepted value.
+    pub max: Duration,
+}
+
+impl DurationRange {
+    /// From `min` to `max`, both included.
+    pub const fn new(min: Duration, max: Duration) -> Self {
+        Self { min, max }
+    }
+
+    /// Whether `d` is in the range.
+    pub fn contains(&self, d: Duration) -> bool {
+        self.min <= d && d <= self.max
+    }
+}
+
+impl fmt::Display for DurationRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} to {}", human(self.min), human(self.max))
+    }
+}
+
 /// Parses a duration such as `"30s"`, `"250ms"`, `"1m30s"`; `key` names the config key in errors.
+/// Any value up to `u64::MAX` milliseconds is accepted: a key with a range uses
+/// [`parse_duration_in`].
 pub fn parse_duration(key: &str, text: &str) -> Result<Duration, ClusterError> {
-    let bad = |detail: &str| ClusterError::BadValue {
+    parse_duration_in(
+        key,
+        text,
+        DurationRange::new(Duration::ZERO, Duration::from_millis(u64::MAX)),
+    )
+}
+
+/// Parses a duration as [`parse_duration`] does and checks it against `range`. An error names
+/// `key`, the value as given and the range; a value too large to represent is out of range
+/// too, never an overflow.
+pub fn parse_duration_in(
+    key: &str,
+    text: &str,
+    range: DurationRange,
+) -> Result<Duration, ClusterError> {
+    let bad = |detail: String| ClusterError::BadValue {
         key: key.to_string(),
-        detail: format!(
-            "{text:?} is not a duration ({detail}; e.g. \"30s\", \"500ms\", \"1m30s\")"
-        ),
+        detail,
     };
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(bad("empty"));
-    }
-    let mut total_ms: u128 = 0;
-    let mut rest = trimmed;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(bad("expected a number"));
+    let out_of_range = || bad(format!("{text:?} is out of range (allowed: {range})"));
+    let total_ms = match parse_ms(text) {
+        Ok(ms) => ms,
+        Err(Unparsed::TooLarge) => return Err(out_of_range()),
+        Err(Unparsed::Syntax(detail)) => {
+            return Err(bad(format!(
+                "{text:?} is not a duration ({detail}; e.g. \"30s\", \"500ms\", \"1m30s\")"
+            )))
         }
-        let value: u128 = rest[..digits]
-            .parse()
-            .map_err(|_| bad("number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit_ms: u128 = match &rest[..unit_len] {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "" => return Err(bad("missing unit")),
-            _ => return Err(bad("unknown unit")),
-        };
-        rest = &rest[unit_len..];
-        total_ms = value
-            .checked_mul(unit_ms)
-            .and_then(|ms| total_ms.checked_add(ms))
-            .ok_or_else(|| bad("too large"))?;
+    };
+    let duration = u64::try_from(total_ms)
+        .map(Duration::from_millis)
+        .map_err(|_| out_of_range())?;
+    if duration.is_zero() && !range.min.is_zero() {
+        return Err(bad(format!(
+            "{text:?} must be more than zero (allowed: {range})"
+        )));
     }
-    let total_ms = u64::try_from(total_ms).map_err(|_| bad("too large"))?;
-    Ok(Duration::from_millis(total_ms))
+    if !range.contains(duration) {
+        return Err(out_of_range());
+    }
+    Ok(duration)
 }
 
 /// Formats a duration the way [`parse_duration`] reads it (`"1500ms"`, `"30s"`).
@@ -57,6 +92,64 @@ pub fn format_duration(duration: Duration) -> String {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
+    }
+}
+
+/// Why a text is not a number of milliseconds.
+enum Unparsed {
+    /// Not a duration at all; says why.
+    Syntax(&'static str),
+    /// A duration, but more milliseconds than any range allows.
+    TooLarge,
+}
+
+/// The milliseconds `text` spells, exactly.
+fn parse_ms(text: &str) -> Result<u128, Unparsed> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(Unparsed::Syntax("empty"));
+    }
+    let mut total_ms: u128 = 0;
+    let mut rest = trimmed;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(Unparsed::Syntax("expected a number"));
+        }
+        // Only digits: the parse fails only past u128, which is out of any range.
+        let value: Option<u128> = rest[..digits].parse().ok();
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit_ms: u128 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "" => return Err(Unparsed::Syntax("missing unit")),
+            _ => return Err(Unparsed::Syntax("unknown unit")),
+        };
+        rest = &rest[unit_len..];
+        total_ms = value
+            .and_then(|v| v.checked_mul(unit_ms))
+            .and_then(|ms| total_ms.checked_add(ms))
+            .ok_or(Unparsed::TooLarge)?;
+    }
+    Ok(total_ms)
+}
+
+/// `d` in its largest whole unit (`"720h"`, `"90s"`, `"10ms"`), for messages.
+fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".to_string(),
+        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        _ if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        _ => format!("{ms}ms"),
     }
 }
 
@@ -95,5 +188,38 @@ mod tests {
             let d = Duration::from_millis(ms);
             assert_eq!(parse_duration("k", &format_duration(d)).unwrap(), d);
         }
+    }
+
+    #[test]
+    fn a_range_refuses_values_outside_it_naming_key_value_and_range() {
+        let range = DurationRange::new(Duration::from_millis(10), Duration::from_secs(3600));
+        assert_eq!(
+            parse_duration_in("k", "1h", range).unwrap(),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            parse_duration_in("k", "10ms", range).unwrap(),
+            Duration::from_millis(10)
+        );
+        for text in [
+            "1h1ms",
+            "9ms",
+            "5124095576030h",
+            "18446744073709551616ms",
+            "99999999999999999999999999999999999999999999h",
+        ] {
+            let err = parse_duration_in("COHORT_X", text, range)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                format!("COHORT_X: {text:?} is out of range (allowed: 10ms to 1h)")
+            );
+        }
+        let err = parse_duration_in("k", "0s", range).unwrap_err().to_string();
+        assert!(
+            err.contains("must be more than zero (allowed: 10ms to 1h)"),
+            "{err}"
+        );
     }
 }

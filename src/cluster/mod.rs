@@ -19,7 +19,7 @@ pub use config::{
     Origin, RoleConfig, CERTS_DIR_MISSING, DEFAULT_CONFIG_FILE, DEFAULT_DETECTION_BUDGET,
     DEFAULT_EVAL_IDLE_TIMEOUT, DEFAULT_PREEMPTION_GRACE, DEFAULT_STEP_TIMEOUT, DEFAULT_WORKER_WAIT,
 };
-pub use duration::{format_duration, parse_duration};
+pub use duration::{format_duration, parse_duration, parse_duration_in, DurationRange};
 pub use spec::{ClusterSpec, StrategyKind, TaskId, TaskType};
 pub use tf_config::{ClusterConfig, TF_CONFIG_ENV};
 

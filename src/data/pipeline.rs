@@ -4,11 +4,12 @@
 //! and iteration may go on after it. No iterator panics on data.
 
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread;
 
 use candle_core::Tensor;
+use cohort_actors::contain_panic;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -594,7 +595,8 @@ enum Prefetched {
 fn spawn_prefetch(input: Dataset, buffer_size: usize) -> BoxIter {
     let (tx, rx) = sync_channel::<Prefetched>(buffer_size);
     let producer = move || {
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // A stage's panic is the pipeline's error (a value, even in a crash-only process).
+        let outcome = contain_panic(AssertUnwindSafe(|| {
             for item in input.build() {
                 if tx.send(Prefetched::Item(item)).is_err() {
                     return; // the consumer is gone

@@ -7,14 +7,22 @@
 //! forwarding SIGINT/SIGTERM to every child; and streaming child output with a role prefix.
 //! It never looks inside training: the job ends when the chief exits. A task other than the
 //! chief that exits with code 0 has finished (the chief said the job is done) and is not
-//! restarted; any other exit, or death by a signal, is a failure and restarts it.
+//! restarted; any other exit, or death by a signal, is a failure and restarts it. Roles are
+//! crash-only: a panic ends a role process with [`PANIC_EXIT_CODE`] (170), which is such a
+//! failure, so the panicking task comes back as a new incarnation within its restart budget
+//! (the chief's panic, like any exit of the chief, ends the job).
+//!
+//! Failpoints: [`FAILPOINT_ENV`] (`COHORT_FAILPOINT`, in [`LaunchConfig::env`] or inherited)
+//! reaches only a task's first incarnation. A restart runs without it, so that a fault injected
+//! once (e.g. `ps.push.panic`) is recovered from instead of firing again in every incarnation
+//! until the restart budget is spent.
 //!
 //! What a child finds in its environment:
 //! - `TF_CONFIG`: the cluster and its own task (TensorFlow's format);
 //! - `COHORT_CERTS`: the directory with `ca.pem` and its `<role>-<index>.pem/.key`;
 //! - `COHORT_INCARNATION`: its incarnation epoch, larger after every restart (FENCE-1).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -28,7 +36,9 @@ use cohort_transport::{ClusterCa, NodeId};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use crate::checkpoint::FAILPOINT_ENV;
 use crate::cluster::{ClusterConfig, ClusterSpec, TaskId, TaskType};
+use crate::roles::PANIC_EXIT_CODE;
 
 /// Environment variable naming the certificate directory of a launched task.
 pub const CERTS_ENV: &str = "COHORT_CERTS";
@@ -80,6 +90,26 @@ pub enum LaunchOutcome {
     },
 }
 
+/// One exit of a task the launcher saw while supervising (see [`Launcher::exits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskExit {
+    /// The task.
+    pub task: TaskId,
+    /// The incarnation that exited.
+    pub incarnation: u64,
+    /// Its exit code, if it exited by itself.
+    pub code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+}
+
+impl TaskExit {
+    /// Whether the task ended by a panic (crash-only: exit [`PANIC_EXIT_CODE`]).
+    pub fn panicked(&self) -> bool {
+        self.code == Some(PANIC_EXIT_CODE)
+    }
+}
+
 /// Why the launcher failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -129,6 +159,8 @@ pub struct Launcher {
     killed_once: bool,
     /// Set by the chief's output forwarder when it sees [`CHAOS_MARKER`].
     chaos_point: Arc<AtomicBool>,
+    /// The last [`EXITS_KEPT_MAX`] exits seen while supervising, oldest first.
+    exits: VecDeque<TaskExit>,
 }
 
 struct Supervised {
@@ -136,6 +168,8 @@ struct Supervised {
     policy: RestartPolicy,
     restart_at: Option<Instant>,
     incarnation: u64,
+    /// Processes started for this task so far (the first is its only one to get failpoints).
+    spawns: u32,
 }
 
 impl Launcher {
@@ -166,6 +200,7 @@ impl Launcher {
                         policy: RestartPolicy::new(config.restart.clone()),
                         restart_at: None,
                         incarnation: 0,
+                        spawns: 0,
                     };
                     (t, supervised)
                 })
@@ -176,6 +211,7 @@ impl Launcher {
             started_at: Instant::now(),
             killed_once: false,
             chaos_point: Arc::new(AtomicBool::new(false)),
+            exits: VecDeque::new(),
         };
         let tasks: Vec<TaskId> = launcher.tasks.keys().copied().collect();
         for task in tasks {
@@ -195,6 +231,13 @@ impl Launcher {
     /// The PID of a task's current process, if it is running.
     pub fn pid(&self, task: TaskId) -> Option<u32> {
         self.tasks.get(&task)?.child.as_ref().map(Child::id)
+    }
+
+    /// The exits of tasks seen while supervising, oldest first: every failure and restart
+    /// cause, the chief's own exit included (the last [`EXITS_KEPT_MAX`]; not the exits of the
+    /// final stop).
+    pub fn exits(&self) -> impl Iterator<Item = &TaskExit> {
+        self.exits.iter()
     }
 
     /// Supervises until the chief exits or `stop` becomes true; stops every child before
@@ -248,6 +291,18 @@ impl Launcher {
             }
         };
         entry.child = None;
+        {
+            use std::os::unix::process::ExitStatusExt;
+            if self.exits.len() >= EXITS_KEPT_MAX {
+                self.exits.pop_front();
+            }
+            self.exits.push_back(TaskExit {
+                task,
+                incarnation: entry.incarnation,
+                code: status.code(),
+                signal: status.signal(),
+            });
+        }
         if task.task_type == TaskType::Chief {
             return Ok(Some(exit_code(status)));
         }
@@ -303,13 +358,25 @@ impl Launcher {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         entry.incarnation = wall_ms.max(entry.incarnation + 1);
+        // Failpoints reach the first incarnation only (see the module docs).
+        let restart = entry.spawns > 0;
+        entry.spawns = entry.spawns.saturating_add(1);
         let mut command = Command::new(&self.config.program);
+        if restart {
+            command.env_remove(FAILPOINT_ENV);
+        }
         command
             .args(&self.config.args)
             .env(crate::cluster::TF_CONFIG_ENV, config.to_tf_config())
             .env(CERTS_ENV, &self.certs_dir)
             .env(INCARNATION_ENV, entry.incarnation.to_string())
-            .envs(self.config.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.config
+                    .env
+                    .iter()
+                    .filter(|(k, _)| !(restart && k == FAILPOINT_ENV))
+                    .map(|(k, v)| (k, v)),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -391,6 +458,9 @@ pub fn stop_on_signals(flag: &Arc<AtomicBool>) -> std::io::Result<()> {
 pub fn node_id(task: TaskId) -> NodeId {
     NodeId::new(task.task_type.as_str(), task.index)
 }
+
+/// Exits kept for [`Launcher::exits`]: a restart budget spends far fewer.
+pub const EXITS_KEPT_MAX: usize = 1024;
 
 /// How often the supervisor looks at its children.
 const SUPERVISE_TICK: Duration = Duration::from_millis(20);
@@ -494,6 +564,7 @@ fn exit_code(status: ExitStatus) -> i32 {
 fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
+        (Some(PANIC_EXIT_CODE), _) => format!("panicked (exit code {PANIC_EXIT_CODE})"),
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(signal)) => format!("killed by signal {signal}"),
         (None, None) => "unknown status".into(),

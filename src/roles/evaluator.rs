@@ -428,7 +428,14 @@ fn evaluate_in_thread(dir: &Path, evaluate: &EvalFn, stop: &AtomicBool) -> Optio
     let spawned = std::thread::Builder::new()
         .name("evaluator".into())
         .spawn(move || {
-            let _ = tx.send(evaluate_checkpoint(&dir, &evaluate));
+            // The user's function panicking is a failed evaluation (exit 1), not a crash: the
+            // sender is dropped unsent and the loop below says so.
+            let outcome = cohort_actors::contain_panic(std::panic::AssertUnwindSafe(|| {
+                evaluate_checkpoint(&dir, &evaluate)
+            }));
+            if let Ok(outcome) = outcome {
+                let _ = tx.send(outcome);
+            }
         });
     if let Err(e) = spawned {
         return Some(Outcome::Failed(format!("cannot start a thread: {e}")));

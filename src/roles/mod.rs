@@ -12,5 +12,6 @@ pub mod worker;
 
 pub use run::{
     launch_from_args, launch_local, preemption_requested, role_config, run_role, LaunchFlags,
-    DETECTION_BUDGET_ENV, PREEMPTED_EXIT_CODE, WORKER_WAIT_ENV,
+    DETECTION_BUDGET_ENV, LOST_CHIEF_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
+    WORKER_WAIT_ENV,
 };

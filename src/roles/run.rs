@@ -4,7 +4,8 @@
 //! same program.
 //!
 //! Exit codes (DESIGN §7): 0 success; 1 training error; 2 bad config, with a message naming
-//! the key; 143 after SIGTERM. A worker also exits [`LOST_CHIEF_EXIT_CODE`] (75) to be
+//! the key; 143 after SIGTERM; [`PANIC_EXIT_CODE`] (170) after a panic. A worker also exits
+//! [`LOST_CHIEF_EXIT_CODE`] (75) to be
 //! restarted as a new incarnation: when its chief has gone silent past the detection budget,
 //! or when the chief retires it ([`Retire`]: the chief fenced that incarnation while it was
 //! alive). A parameter server the chief declared dead that wakes up is retired the same way,
@@ -15,6 +16,17 @@
 //! [`GOODBYE_WAIT`]; they exit 0 at once, which their supervisor does not restart, instead of
 //! waiting out the detection budget to notice that the chief is gone. A chief that fails or
 //! is preempted says nothing: its successor may reconnect to the live roles.
+//!
+//! Crash-only: [`run_role`] installs a panic hook (`cohort_actors::install_crash_hook`) before
+//! anything else, so that a panic on any thread of a role process (an actix arbiter, a tokio
+//! worker, a compute thread) logs the thread, message, location and a backtrace and ends the
+//! process at once with [`PANIC_EXIT_CODE`]. actix alone would close the panicking actor's
+//! mailbox and keep the process running: heartbeating and connected, refusing every call, until
+//! the chief gave up on it. Its supervisor (the launcher, Kubernetes) restarts it instead as a
+//! new incarnation, which the chief takes back (a parameter server is restored from the last
+//! checkpoint). Panics in the user's code where the contract makes them values stay values
+//! (`cohort_actors::contain_panic`): a step function's panic is that closure's error, a chief
+//! program's panic exits 1, an evaluation function's panic exits 1.
 //!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill.
 //! - On the chief, it sets [`preemption_requested`] (also
@@ -37,11 +49,11 @@ use tokio::runtime::Handle;
 use super::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
 use super::node::{peer, resolve, start_gateway, NodeConfig};
 use super::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
-use super::ps::{ParameterStore, PsActor};
+use super::ps::{ParameterStore, PsActor, PushPanic};
 use super::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
 use crate::cluster::{
-    load_role_config, parse_duration, ConfigFlags, ConfigKey, RoleConfig, StrategyKind, TaskId,
-    TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
+    load_role_config, parse_duration_in, ConfigFlags, ConfigKey, DurationRange, RoleConfig,
+    StrategyKind, TaskId, TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
 };
 use crate::launch::{self, LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
 use crate::program::Program;
@@ -66,7 +78,13 @@ pub fn role_config() -> Option<&'static RoleConfig> {
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,
 /// 2 bad config, 143 stopped by SIGTERM). The role's configuration comes from `flags`, the
 /// environment, `TF_CONFIG` and the config file, in that order.
+///
+/// This is a process entry: it first installs the crash-only panic hook, after which a panic
+/// anywhere in the process (outside the user code whose panics are values) ends it with
+/// [`PANIC_EXIT_CODE`]. Call it only to make this process the role, never from a test that
+/// goes on afterwards.
 pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
+    cohort_actors::install_crash_hook(PANIC_EXIT_CODE);
     init_logging();
     // A setting that is present but not text is an error, not an unset value.
     if let Some(key) = non_unicode_setting() {
@@ -172,14 +190,21 @@ pub struct LaunchFlags {
     pub evaluators: u32,
     /// SIGKILL worker 1 (or 0 with one worker) once, this long after launch, to show recovery
     /// (e.g. "20s").
-    #[arg(long, value_parser = |s: &str| parse_duration("--kill-worker-after", s))]
+    #[arg(long, value_parser = |s: &str| parse_duration_in("--kill-worker-after", s, KILL_AFTER_RANGE))]
     pub kill_worker_after: Option<Duration>,
     /// Directory for the run's certificates (default: a new temporary directory).
     #[arg(long)]
     pub run_dir: Option<std::path::PathBuf>,
     /// Failure-detection budget of every task.
-    #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration("--detection-budget", s))]
+    #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration_in("--detection-budget", s, detection_budget_range()))]
     pub detection_budget: Duration,
+}
+
+/// The range of `launch --detection-budget`: that of the key it sets in every task.
+fn detection_budget_range() -> DurationRange {
+    ConfigKey::DETECTION_BUDGET
+        .duration_range()
+        .unwrap_or(KILL_AFTER_RANGE)
 }
 
 #[derive(Debug, clap::Parser)]
@@ -283,11 +308,14 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let epoch = node.epoch;
     let node = node.clone();
     let grace = config.preemption_grace;
+    // Test-only, inert unless COHORT_FAILPOINT names it (see `PushPanic`).
+    let push_panic = PushPanic::from_env().map_err(|e| RoleFailure::Config(e.to_string()))?;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let store =
             ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
-        PsActor::start(store, gateway.clone()).map_err(|e| RoleFailure::Training(e.to_string()))?;
+        PsActor::start_with_failpoint(store, gateway.clone(), push_panic)
+            .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_on_goodbye(&gateway, PS_ACTOR)
             .and_then(|()| exit_when_retired(&gateway, PS_ACTOR, epoch))
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
@@ -499,8 +527,10 @@ fn run_chief(
                 num_workers,
                 JOIN_WAIT_MAX,
             );
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chief(&mut coordinator)));
+            // The user's program: its panic is a training error (exit 1), not a crash.
+            let outcome = cohort_actors::contain_panic(std::panic::AssertUnwindSafe(|| {
+                chief(&mut coordinator)
+            }));
             if matches!(outcome, Ok(Ok(()))) && !preemption_requested() {
                 say_goodbye(&runtime, &gateway, peers);
             }
@@ -638,7 +668,10 @@ fn launched_preemption_grace(env: &[(String, String)]) -> Duration {
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.clone())
         .or_else(|| std::env::var(key).ok())
-        .and_then(|v| parse_duration(key, &v).ok())
+        .and_then(|v| {
+            let range = ConfigKey::PREEMPTION_GRACE.duration_range()?;
+            parse_duration_in(key, &v, range).ok()
+        })
         .unwrap_or(DEFAULT_PREEMPTION_GRACE)
 }
 
@@ -663,6 +696,9 @@ fn unix_ms() -> u128 {
 static PREEMPTED: AtomicBool = AtomicBool::new(false);
 static ROLE_CONFIG: OnceLock<RoleConfig> = OnceLock::new();
 
+/// Range of `launch --kill-worker-after`: a demo's failure comes within a day of its start.
+const KILL_AFTER_RANGE: DurationRange =
+    DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
 /// How often a stopping PS or worker looks whether the chief is still alive.
 const CHIEF_POLL: Duration = Duration::from_millis(20);
 /// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
@@ -671,6 +707,11 @@ const STOP_GRACE_MARGIN: Duration = Duration::from_secs(5);
 /// A worker's exit code when it lost its chief or the chief retired it (its supervisor
 /// restarts it as a new incarnation).
 pub const LOST_CHIEF_EXIT_CODE: i32 = 75;
+/// A role process's exit code after a panic (crash-only: its supervisor restarts it as a new
+/// incarnation). Above 128 like a death by signal, but not 128 + any common signal (130
+/// SIGINT, 134 SIGABRT, 137 SIGKILL, 139 SIGSEGV, 143 SIGTERM), so a panic is never mistaken
+/// for one.
+pub const PANIC_EXIT_CODE: i32 = 170;
 /// A worker's or parameter server's exit code after the chief's goodbye: the job is done
 /// (its supervisor does not restart it).
 const JOB_DONE_EXIT_CODE: i32 = 0;

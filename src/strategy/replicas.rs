@@ -9,11 +9,13 @@
 //! role actors of the parameter-server issue wrap a strategy from an actix shell.
 
 use std::any::Any;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use cohort_actors::contain_panic;
 
 use super::context::with_replica_context;
 use super::{get_replica_context, DeviceSpec, ReplicaContext, StrategyError, StrategyId};
@@ -197,7 +199,8 @@ fn replica_loop(rx: Receiver<Job>) {
 }
 
 fn run_one(ctx: &ReplicaContext, f: &ReplicaFn) -> Outcome {
-    let result = with_replica_context(ctx, || catch_unwind(AssertUnwindSafe(|| f(ctx))));
+    // The replica's panic is its error (a value, even in a crash-only process).
+    let result = with_replica_context(ctx, || contain_panic(AssertUnwindSafe(|| f(ctx))));
     // Peers still waiting in a collective this replica will never join fail at once.
     ctx.leave();
     result.map_err(|payload| panic_message(payload.as_ref()))

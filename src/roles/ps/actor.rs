@@ -6,6 +6,12 @@
 //! server's failure (retryable, the coordinator holds dispatch and restores it), never a
 //! closure error about a missing variable. [`PsStats`] says whether it holds any, so that the
 //! coordinator counts an empty server as one that lost its state.
+//!
+//! Test-only failpoint: [`PushPanic`] (`COHORT_FAILPOINT=ps.push.panic`, or
+//! `ps.push.panic=N` to let N pushes through first) makes the push handler panic, to test
+//! crash-only recovery; compiled in always, inert unless the role's process entry reads it from
+//! the environment ([`PushPanic::from_env`]). The launcher passes failpoints to a task's first
+//! incarnation only, so the restarted server runs clean.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +21,7 @@ use bytes::Bytes;
 use cohort_actors::{Gateway, RefusedReason, RegisterError, Remote, RemoteMessage};
 
 use super::machine::{Gradient, ParameterStore, PushOrigin, PushOutcome};
+use crate::checkpoint::FAILPOINT_ENV;
 use crate::nn::Initializer;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
@@ -31,16 +38,79 @@ pub struct PsActor {
     gateway: Gateway,
     /// Whether the store holds any variable (read by the gateway's handlers).
     serving: Arc<AtomicBool>,
+    /// The test-only failpoint, if set.
+    push_panic: Option<PushPanic>,
+    /// Pushes that reached the handler (counted for [`PushPanic`]).
+    pushes_handled: u64,
+}
+
+/// Name of the push-handler failpoint in [`FAILPOINT_ENV`].
+pub const PUSH_PANIC_SITE: &str = "ps.push.panic";
+
+/// Test-only failpoint: the push handler panics when `after` pushes have been handled (so
+/// `after: 0` panics on the first). Read from [`FAILPOINT_ENV`]: `ps.push.panic` or
+/// `ps.push.panic=N`, among the comma-separated sites there (other sites are ignored here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushPanic {
+    /// Pushes handled before the one that panics.
+    pub after: u64,
+}
+
+/// A [`PUSH_PANIC_SITE`] entry in [`FAILPOINT_ENV`] whose count is not a whole number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{FAILPOINT_ENV}: {entry:?}: expected {PUSH_PANIC_SITE} or {PUSH_PANIC_SITE}=N (N pushes before the panic)")]
+pub struct BadPushPanic {
+    /// The entry as given.
+    pub entry: String,
+}
+
+impl PushPanic {
+    /// The failpoint named in this process's [`FAILPOINT_ENV`], if any.
+    pub fn from_env() -> Result<Option<Self>, BadPushPanic> {
+        Self::parse(std::env::var(FAILPOINT_ENV).ok().as_deref().unwrap_or(""))
+    }
+
+    /// The failpoint named in a [`FAILPOINT_ENV`] value, if any.
+    pub fn parse(sites: &str) -> Result<Option<Self>, BadPushPanic> {
+        for entry in sites.split(',').map(str::trim) {
+            let (site, count) = match entry.split_once('=') {
+                Some((site, count)) => (site.trim(), Some(count.trim())),
+                None => (entry, None),
+            };
+            if site != PUSH_PANIC_SITE {
+                continue;
+            }
+            let after = match count {
+                None => 0,
+                Some(n) => n.parse().map_err(|_| BadPushPanic {
+                    entry: entry.to_string(),
+                })?,
+            };
+            return Ok(Some(Self { after }));
+        }
+        Ok(None)
+    }
 }
 
 impl PsActor {
     /// Starts the actor and registers it with `gateway` under [`PS_ACTOR`].
     pub fn start(store: ParameterStore, gateway: Gateway) -> Result<Addr<PsActor>, RegisterError> {
+        Self::start_with_failpoint(store, gateway, None)
+    }
+
+    /// As [`PsActor::start`], with the test-only [`PushPanic`] failpoint armed when given.
+    pub fn start_with_failpoint(
+        store: ParameterStore,
+        gateway: Gateway,
+        push_panic: Option<PushPanic>,
+    ) -> Result<Addr<PsActor>, RegisterError> {
         let serving = Arc::new(AtomicBool::new(store.variables().next().is_some()));
         let addr = PsActor {
             store,
             gateway: gateway.clone(),
             serving: Arc::clone(&serving),
+            push_panic,
+            pushes_handled: 0,
         }
         .start();
         gateway.register::<CreateVariable>(PS_ACTOR, addr.clone().recipient())?;
@@ -262,6 +332,15 @@ impl Handler<Remote<Push>> for PsActor {
     type Result = MessageResult<Remote<Push>>;
 
     fn handle(&mut self, msg: Remote<Push>, _: &mut Context<Self>) -> Self::Result {
+        if let Some(failpoint) = self.push_panic {
+            if self.pushes_handled == failpoint.after {
+                panic!(
+                    "failpoint {PUSH_PANIC_SITE} fired after {} pushes",
+                    failpoint.after
+                );
+            }
+        }
+        self.pushes_handled = self.pushes_handled.saturating_add(1);
         let Remote {
             msg:
                 Push {
@@ -462,3 +541,27 @@ const ELEMENTS_MAX: usize = 1 << 30;
 const PULL_NAMES_MAX: usize = 1024;
 /// Messages waiting for the actor.
 const MAILBOX_MAX: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_push_panic_failpoint_is_inert_unless_named_and_its_count_is_checked() {
+        assert_eq!(PushPanic::parse(""), Ok(None));
+        assert_eq!(PushPanic::parse("checkpoint.before_manifest"), Ok(None));
+        assert_eq!(
+            PushPanic::parse("checkpoint.mid_shard, ps.push.panic"),
+            Ok(Some(PushPanic { after: 0 }))
+        );
+        assert_eq!(
+            PushPanic::parse("ps.push.panic=12"),
+            Ok(Some(PushPanic { after: 12 }))
+        );
+        let err = PushPanic::parse("ps.push.panic=soon").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "COHORT_FAILPOINT: \"ps.push.panic=soon\": expected ps.push.panic or ps.push.panic=N (N pushes before the panic)"
+        );
+    }
+}

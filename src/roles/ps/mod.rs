@@ -4,7 +4,7 @@
 mod actor;
 mod machine;
 
-pub use actor::{initial_values, PsActor};
+pub use actor::{initial_values, BadPushPanic, PsActor, PushPanic, PUSH_PANIC_SITE};
 pub use machine::{
     Gradient, ParameterStore, PsCounters, PsError, PushOrigin, PushOutcome, StoredVariable,
 };

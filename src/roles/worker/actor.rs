@@ -11,12 +11,12 @@
 //! as the closure's error.
 
 use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use cohort_actors::{Gateway, RegisterError, Remote};
+use cohort_actors::{contain_panic, Gateway, RegisterError, Remote};
 use tokio::sync::oneshot;
 
 use super::client::PsClient;
@@ -267,9 +267,10 @@ impl ComputeState {
             pending: Vec::new(),
         };
         let started = std::time::Instant::now();
-        // A panicking step is that step's error, not the worker's death.
+        // A panicking step is that step's error, not the worker's death (nor a crash: see
+        // `cohort_actors::contain_panic`).
         let outcome =
-            catch_unwind(AssertUnwindSafe(|| step(&mut ctx, &run.args))).unwrap_or_else(|panic| {
+            contain_panic(AssertUnwindSafe(|| step(&mut ctx, &run.args))).unwrap_or_else(|panic| {
                 Err(StepError::Step(format!(
                     "step panicked: {}",
                     panic_message(&panic)
