@@ -311,8 +311,11 @@ impl Scenario {
             net.loss = [0.0, 0.001, 0.01, 0.05][rng.gen_range(0..4)];
             net.duplicate = [0.0, 0.001, 0.01, 0.05][rng.gen_range(0..4)];
         }
-        // Faults land while the job runs: about a minute of simulated time, fault-free.
-        let horizon_ms = 40_000;
+        // Faults land while the job runs: its fault-free length is about one step (35 ms on
+        // average) per closure per worker, plus the joins and saves between batches.
+        let horizon_ms = config.closures * 40 / u64::from(config.num_workers.max(1))
+            + config.closures / config.batch.max(1) * 150
+            + 1_000;
         let count = rng.gen_range(0..=config.faults_max);
         let mut faults = Vec::new();
         let mut choices = Vec::new();

@@ -98,6 +98,7 @@ enum Event {
         node: Node,
     },
     Deliver {
+        from: Node,
         to: Node,
         to_epoch: u64,
         sent: Duration,
@@ -111,6 +112,12 @@ enum Event {
         epoch: u64,
         run: u64,
         ps: u32,
+    },
+    /// A worker's step finished computing: its pushes go out.
+    Computed {
+        worker: u32,
+        epoch: u64,
+        run: u64,
     },
     Loaded {
         generation: u64,
@@ -390,7 +397,9 @@ impl<'a> World<'a> {
             chief: Chief {
                 scheduled: 0,
                 batches: 0,
-                phase: ChiefPhase::Schedule,
+                // A checkpoint before training, as a program does that wants every server
+                // loss to be recoverable.
+                phase: ChiefPhase::SaveBackoff(Duration::ZERO),
                 saves: 0,
             },
             storage: Vec::new(),
@@ -601,7 +610,7 @@ impl<'a> World<'a> {
     /// after a reconnect. Across a partition or to a paused process a message waits; past the
     /// detection budget its connection idled out and it is gone.
     fn send(&mut self, from: Node, to: Node, to_epoch: u64, msg: Msg) {
-        if self.partitioned(from, true) || self.state(from).0 == ProcState::Down {
+        if self.state(from).0 == ProcState::Down {
             return;
         }
         let net = self.scenario.net;
@@ -619,6 +628,7 @@ impl<'a> World<'a> {
                 delay += RETRANSMIT_DELAY;
             }
             let event = Event::Deliver {
+                from,
                 to,
                 to_epoch,
                 sent: self.now,
@@ -628,18 +638,21 @@ impl<'a> World<'a> {
         }
     }
 
-    fn deliver(&mut self, to: Node, to_epoch: u64, sent: Duration, msg: Msg) {
+    fn deliver(&mut self, from: Node, to: Node, to_epoch: u64, sent: Duration, msg: Msg) {
         let (state, epoch) = self.state(to);
         if epoch != to_epoch || state == ProcState::Down {
             return;
         }
-        let held = state == ProcState::Paused || self.partitioned(to, false);
+        let held = state == ProcState::Paused
+            || self.partitioned(to, false)
+            || self.partitioned(from, true);
         if held {
             if self.now >= sent + self.config.detection_budget {
                 return;
             }
             // Retried until the node can take it, or the connection idles out.
             let event = Event::Deliver {
+                from,
                 to,
                 to_epoch,
                 sent,
@@ -830,39 +843,20 @@ impl<'a> World<'a> {
                         self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
                         return;
                     }
-                    let servers: Vec<u32> = (0..self.config.num_ps).collect();
                     worker.run = Some(WorkerRun {
                         call,
                         closure,
                         attempt,
                         generation,
-                        replies: servers.iter().map(|ps| (*ps, None)).collect(),
+                        replies: (0..self.config.num_ps).map(|ps| (ps, None)).collect(),
                     });
-                    let origin = Origin {
-                        closure,
-                        attempt,
-                        generation,
+                    let step_ms = self.rng.gen_range(STEP_MS.0..=STEP_MS.1);
+                    let event = Event::Computed {
+                        worker: w,
+                        epoch,
+                        run: call,
                     };
-                    for ps in servers {
-                        let ps_epoch = self.servers[ps as usize].epoch;
-                        let msg = Msg::Push {
-                            worker: w,
-                            epoch,
-                            run: call,
-                            origin,
-                        };
-                        self.send(node, Node::Ps(ps), ps_epoch, msg);
-                        let timeout = self.now + self.config.detection_budget;
-                        self.at(
-                            timeout,
-                            Event::PushTimeout {
-                                worker: w,
-                                epoch,
-                                run: call,
-                                ps,
-                            },
-                        );
-                    }
+                    self.at(self.now + Duration::from_millis(step_ms), event);
                 }
                 Req::SetUp { .. } | Req::Rewind => {
                     self.send(
@@ -883,6 +877,50 @@ impl<'a> World<'a> {
             },
             Msg::PushReply { ps, run, result } => self.push_answered(w, epoch, run, ps, result),
             _ => {}
+        }
+    }
+
+    /// The step computed: its gradient goes to every server, each push bounded in time.
+    fn computed(&mut self, w: u32, epoch: u64, run: u64) {
+        let node = Node::Worker(w);
+        let worker = &self.workers[w as usize];
+        if worker.epoch != epoch || worker.state == ProcState::Down {
+            return;
+        }
+        if worker.state == ProcState::Paused {
+            // A paused process computes nothing: its step goes on once it runs again.
+            let event = Event::Computed {
+                worker: w,
+                epoch,
+                run,
+            };
+            self.at(self.now + HOLD_RETRY, event);
+            return;
+        }
+        let Some(current) = worker.run.as_ref().filter(|r| r.call == run) else {
+            return;
+        };
+        let origin = Origin {
+            closure: current.closure,
+            attempt: current.attempt,
+            generation: current.generation,
+        };
+        for ps in 0..self.config.num_ps {
+            let ps_epoch = self.servers[ps as usize].epoch;
+            let msg = Msg::Push {
+                worker: w,
+                epoch,
+                run,
+                origin,
+            };
+            self.send(node, Node::Ps(ps), ps_epoch, msg);
+            let event = Event::PushTimeout {
+                worker: w,
+                epoch,
+                run,
+                ps,
+            };
+            self.at(self.now + self.config.detection_budget, event);
         }
     }
 
@@ -1261,19 +1299,34 @@ impl<'a> World<'a> {
             }
             Event::Restart { node } => self.restart(node),
             Event::Deliver {
+                from,
                 to,
                 to_epoch,
                 sent,
                 msg,
-            } => self.deliver(to, to_epoch, sent, msg),
+            } => self.deliver(from, to, to_epoch, sent, msg),
             Event::CallTimeout { call } => self.on_reply(call, Err("no answer in time".into())),
             Event::PushTimeout {
                 worker,
                 epoch,
                 run,
                 ps,
-            } => self.push_answered(worker, epoch, run, ps, PushResult::Unavailable),
+            } => {
+                if self.state(Node::Worker(worker)) == (ProcState::Paused, epoch) {
+                    // A paused process's timers fire once it runs again.
+                    let event = Event::PushTimeout {
+                        worker,
+                        epoch,
+                        run,
+                        ps,
+                    };
+                    self.at(self.now + HOLD_RETRY, event);
+                } else {
+                    self.push_answered(worker, epoch, run, ps, PushResult::Unavailable);
+                }
+            }
             Event::Loaded { generation, cut } => self.load(generation, cut),
+            Event::Computed { worker, epoch, run } => self.computed(worker, epoch, run),
         }
     }
 
@@ -1650,6 +1703,8 @@ fn gradient(closure: u64) -> Vec<f32> {
         .collect()
 }
 
+/// How long a worker's step computes, milliseconds (drawn per step from the scenario's seed).
+const STEP_MS: (u64, u64) = (10, 60);
 /// Elements of each server's variable.
 const WIDTH: usize = 4;
 /// The coordinator's tick (its reconnect interval, and the detector's resolution).

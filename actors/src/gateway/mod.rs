@@ -174,8 +174,8 @@ impl Gateway {
             .insert(actor, M::TAG, Arc::new(RecipientDispatch(recipient)))
     }
 
-    /// Delivers messages of type `M` addressed to `actor` to `handler`, e.g. to forward them to a
-    /// supervised [`ChildRef`](crate::ChildRef). `Err` refuses the message with that reason. A
+    /// Delivers messages of type `M` addressed to `actor` to `handler`, e.g. to forward them to
+    /// an actor of the node. `Err` refuses the message with that reason. A
     /// one-way message runs the handler in a task of its own and drops the reply; at most
     /// `tells_in_flight_max` such tasks run per registration, further messages are dropped.
     pub fn register_fn<M, F, Fut>(&self, actor: &str, handler: F) -> Result<(), RegisterError>

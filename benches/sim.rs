@@ -1,0 +1,43 @@
+//! Cluster-simulator throughput: simulated schedules and events per second on one thread, for
+//! the reference job (2 parameter servers, 3 workers, 200 closures) with every fault kind.
+//! `cargo bench --bench sim` (target: at least 500 schedules per second on one core).
+//!
+//! Each schedule is a whole job from its seed: the scenario is drawn, the job runs to its end,
+//! and every invariant is checked after every event, as in `cohort chaos sim`.
+
+use std::time::{Duration, Instant};
+
+use cohort::sim::{run_seeds, SimConfig};
+
+fn main() {
+    let config = SimConfig::default();
+    // Warm-up.
+    let _ = run_seeds(&config, 0..20);
+    let started = Instant::now();
+    let mut seeds = 0u64;
+    let mut events = 0u64;
+    let mut violations = 0usize;
+    while started.elapsed() < RUN {
+        let summary = run_seeds(&config, seeds..seeds + BATCH);
+        seeds += BATCH;
+        events += summary.events;
+        violations += summary.violations.len();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "sim: {} ps, {} workers, {} closures, all fault kinds, invariants checked after every event",
+        config.num_ps, config.num_workers, config.closures
+    );
+    println!(
+        "{seeds} schedules, {events} events in {seconds:.2} s: {:.0} schedules/s, {:.0} events/s \
+         ({:.0} events per schedule); violations: {violations}",
+        seeds as f64 / seconds,
+        events as f64 / seconds,
+        events as f64 / seeds.max(1) as f64
+    );
+}
+
+/// How long the measured part runs.
+const RUN: Duration = Duration::from_secs(10);
+/// Seeds per round between clock reads.
+const BATCH: u64 = 50;
