@@ -501,19 +501,15 @@ impl RawRequest {
         .await
     }
 
-    /// Finishes the stream and reads the reply frame, within `request_timeout`.
+    /// Finishes the stream and reads the reply frame (or the refusal), within
+    /// `request_timeout`.
     pub async fn finish_and_reply(mut self) -> Result<Frame, LinkError> {
-        let _ = self.send.finish();
-        self.reply().await
-    }
-
-    /// Reads the reply frame (or the refusal) without finishing, within `request_timeout`.
-    pub async fn reply(&mut self) -> Result<Frame, LinkError> {
         let conn = self.conn.clone();
-        let recv = &mut self.recv;
+        // A stream the peer already refused cannot finish; the reply then says why.
+        let _ = self.send.finish();
         conn.bounded(async {
             let mut in_flight = conn.inner.budget.start();
-            read_frame(recv, &conn.inner.limits, &mut in_flight)
+            read_frame(&mut self.recv, &conn.inner.limits, &mut in_flight)
                 .await
                 .map_err(|e| conn.frame_error(e))
         })

@@ -230,7 +230,7 @@ pub(crate) async fn read_frame(
 
     reader
         .in_flight
-        .reserve(u64::from(header_len) + blob_total)
+        .reserve(u64::from(header_len).saturating_add(blob_total))
         .await?;
     let header = reader.read_part(header_len as usize, "header").await?;
     let mut blobs = Vec::with_capacity(blob_lens.len());

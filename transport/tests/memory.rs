@@ -241,8 +241,18 @@ async fn sec2_a_frame_over_the_connection_budget_is_refused_busy_within_its_boun
         assert_eq!(server_side.in_flight().frames_over_budget, 1);
         assert_eq!(s.server.in_flight().frames_over_budget, 0);
 
-        // Once the half-sent frame is gone, the same message passes.
-        drop(held);
+        // The half-sent frame ends truncated: refused as malformed, its claim given back...
+        let err = held.finish_and_reply().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LinkError::Rejected {
+                    reason: RejectReason::MalformedFrame,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         wait_for(
             "claim given back",
             10,
@@ -250,6 +260,7 @@ async fn sec2_a_frame_over_the_connection_budget_is_refused_busy_within_its_boun
             |s| s.bytes_reserved == 0,
         )
         .await;
+        // ...and the same message now passes.
         put_echoed(&conn, vec![random_bytes(1, 2 * MIB as usize)])
             .await
             .expect("passes once there is room");
