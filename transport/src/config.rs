@@ -34,6 +34,19 @@ pub struct TransportConfig {
     pub connection_window_bytes: u32,
     /// Most received messages queued for [`Connection::accept_incoming`](crate::Connection::accept_incoming).
     pub incoming_queue_max: usize,
+    /// Most bytes of incoming frames one connection may have in flight (SEC-2): the declared
+    /// lengths of frames being received or waiting for
+    /// [`Connection::accept_incoming`](crate::Connection::accept_incoming), and of responses
+    /// being received. A frame declaring more than this takes the whole budget, so it passes
+    /// when it is alone.
+    pub connection_in_flight_bytes_max: u64,
+    /// Most bytes of incoming frames the whole endpoint (the node) may have in flight, summed
+    /// over its connections (SEC-2); at least `connection_in_flight_bytes_max`.
+    pub node_in_flight_bytes_max: u64,
+    /// How long a frame waits for room in those budgets before it is refused with
+    /// [`RejectReason::Busy`](crate::RejectReason::Busy) (a response:
+    /// [`LinkError::OverBudget`](crate::LinkError::OverBudget)).
+    pub in_flight_wait_timeout: Duration,
     /// Most handshakes an endpoint runs at once; more wait.
     pub handshakes_in_flight_max: usize,
     /// Most established connections queued for [`Endpoint::accept`](crate::Endpoint::accept).
@@ -63,6 +76,12 @@ impl Default for TransportConfig {
             stream_window_bytes: 16 * MIB as u32,
             connection_window_bytes: 64 * MIB as u32,
             incoming_queue_max: 1024,
+            // Far above what the links carry in a round trip (1.4 GB/s moves 1 GiB in under a
+            // second), so they bound memory without throttling; one connection holds at least
+            // one largest frame (16 MiB header plus 256 MiB of blobs).
+            connection_in_flight_bytes_max: 512 * MIB,
+            node_in_flight_bytes_max: 1024 * MIB,
+            in_flight_wait_timeout: Duration::from_secs(10),
             handshakes_in_flight_max: 64,
             accept_queue_max: 64,
             udp_payload_max: UDP_PAYLOAD_MAX,
@@ -79,6 +98,7 @@ impl TransportConfig {
             connect_timeout: Duration::from_secs(2),
             keep_alive_interval: Duration::from_millis(100),
             idle_timeout: Duration::from_millis(800),
+            in_flight_wait_timeout: Duration::from_secs(2),
             ..Self::default()
         }
     }

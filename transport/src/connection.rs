@@ -24,6 +24,7 @@ use bytes::Bytes;
 use quinn::{RecvStream, SendStream, VarInt};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use crate::budget::{ByteBudget, InFlight, InFlightStats, ReceiveBudget};
 use crate::config::TransportConfig;
 use crate::error::{LinkError, RejectReason};
 use crate::frame::{read_frame, write_frame, write_raw, FrameError, FrameLimits};
@@ -102,6 +103,12 @@ impl Connection {
         self.inner.rejected_frames.load(Ordering::Relaxed)
     }
 
+    /// This connection's receive budget and what its incoming frames hold of it (SEC-2);
+    /// [`Endpoint::in_flight`](crate::Endpoint::in_flight) sums over the node.
+    pub fn in_flight(&self) -> InFlightStats {
+        self.inner.budget.connection().stats()
+    }
+
     /// Sends a request and waits for its response, all within `request_timeout`.
     pub async fn request(&self, frame: Frame) -> Result<Frame, LinkError> {
         self.request_within(frame, self.inner.config.request_timeout)
@@ -124,7 +131,9 @@ impl Connection {
             write_frame(&mut send, &frame, &self.inner.limits)
                 .await
                 .map_err(|e| self.frame_error(e))?;
-            read_frame(&mut recv, &self.inner.limits)
+            // The response is handed to the caller on return, which ends what it holds.
+            let mut in_flight = self.inner.budget.start();
+            read_frame(&mut recv, &self.inner.limits, &mut in_flight)
                 .await
                 .map_err(|e| self.frame_error(e))
         })
@@ -174,7 +183,8 @@ impl Connection {
     pub async fn accept_incoming(&self) -> Result<Incoming, LinkError> {
         let mut incoming = self.inner.incoming.lock().await;
         match incoming.recv().await {
-            Some(msg) => Ok(msg),
+            // Handing the message over ends what it holds of the receive budget.
+            Some(delivery) => Ok(delivery.incoming),
             None => Err(self.lost()),
         }
     }
@@ -209,12 +219,25 @@ impl Connection {
             let (mut send, mut recv) = self.open_bi().await?;
             // A refusal can stop our writing early; the reply (or reset) says why.
             let written = write_raw(&mut send, chunks).await;
-            match read_frame(&mut recv, &self.inner.limits).await {
+            let mut in_flight = self.inner.budget.start();
+            match read_frame(&mut recv, &self.inner.limits, &mut in_flight).await {
                 Ok(frame) => Ok(frame),
                 Err(e) => Err(self.frame_error(written.err().unwrap_or(e))),
             }
         })
         .await
+    }
+
+    /// Test path: opens a request stream to write raw bytes on at the caller's pace, leaving it
+    /// open in between; used to hold a frame half sent. Never use it for real traffic.
+    #[doc(hidden)]
+    pub async fn raw_open(&self) -> Result<RawRequest, LinkError> {
+        let (send, recv) = self.bounded(self.open_bi()).await?;
+        Ok(RawRequest {
+            conn: self.clone(),
+            send,
+            recv,
+        })
     }
 
     /// Test path: writes `chunks` as they are onto a new one-way stream.
@@ -233,8 +256,10 @@ impl Connection {
         quinn: quinn::Connection,
         peer: NodeId,
         config: Arc<TransportConfig>,
+        node_budget: Arc<ByteBudget>,
     ) -> Self {
         let limits = FrameLimits::from(&*config);
+        let budget = ReceiveBudget::new(node_budget, &config);
         let (tx, rx) = mpsc::channel(config.incoming_queue_max.max(1));
         let rejected_frames = Arc::new(AtomicU64::new(0));
         let reader = tokio::spawn(serve_streams(
@@ -245,6 +270,7 @@ impl Connection {
                 limits,
                 timeout: config.request_timeout,
                 rejected_frames: rejected_frames.clone(),
+                budget: budget.clone(),
             },
         ));
         Self {
@@ -255,6 +281,7 @@ impl Connection {
                 config,
                 incoming: Mutex::new(rx),
                 rejected_frames,
+                budget,
                 reader,
             }),
         }
@@ -446,14 +473,66 @@ impl ReplyPath {
     }
 }
 
+/// A request stream written at the test's pace ([`Connection::raw_open`]). Dropping it
+/// finishes what was written (quinn finishes a dropped stream).
+#[doc(hidden)]
+pub struct RawRequest {
+    conn: Connection,
+    send: SendStream,
+    recv: RecvStream,
+}
+
+impl std::fmt::Debug for RawRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawRequest").finish_non_exhaustive()
+    }
+}
+
+impl RawRequest {
+    /// Writes `bytes` as they are, within `request_timeout`.
+    pub async fn write(&mut self, bytes: Bytes) -> Result<(), LinkError> {
+        let conn = self.conn.clone();
+        let send = &mut self.send;
+        conn.bounded(async {
+            send.write_chunk(bytes)
+                .await
+                .map_err(|e| conn.frame_error(crate::frame::write_error(e)))
+        })
+        .await
+    }
+
+    /// Finishes the stream and reads the reply frame (or the refusal), within
+    /// `request_timeout`.
+    pub async fn finish_and_reply(mut self) -> Result<Frame, LinkError> {
+        let conn = self.conn.clone();
+        // A stream the peer already refused cannot finish; the reply then says why.
+        let _ = self.send.finish();
+        conn.bounded(async {
+            let mut in_flight = conn.inner.budget.start();
+            read_frame(&mut self.recv, &conn.inner.limits, &mut in_flight)
+                .await
+                .map_err(|e| conn.frame_error(e))
+        })
+        .await
+    }
+}
+
 struct Inner {
     quinn: quinn::Connection,
     peer: NodeId,
     limits: FrameLimits,
     config: Arc<TransportConfig>,
-    incoming: Mutex<mpsc::Receiver<Incoming>>,
+    incoming: Mutex<mpsc::Receiver<Delivery>>,
     rejected_frames: Arc<AtomicU64>,
+    budget: ReceiveBudget,
     reader: tokio::task::JoinHandle<()>,
+}
+
+/// A received message on its way to [`Connection::accept_incoming`], still holding its share
+/// of the receive budget: a full queue is bounded by the budget too, not only by its length.
+struct Delivery {
+    incoming: Incoming,
+    _in_flight: InFlight,
 }
 
 impl Drop for Inner {
@@ -467,11 +546,12 @@ impl Drop for Inner {
 /// tasks never keep a dropped connection alive.
 #[derive(Clone)]
 struct StreamServer {
-    tx: mpsc::Sender<Incoming>,
+    tx: mpsc::Sender<Delivery>,
     peer: NodeId,
     limits: FrameLimits,
     timeout: Duration,
     rejected_frames: Arc<AtomicU64>,
+    budget: ReceiveBudget,
 }
 
 /// Accepts the peer's streams; each is read on its own task so that one slow or malformed
@@ -497,7 +577,12 @@ async fn serve_streams(quinn: quinn::Connection, server: StreamServer) {
 
 impl StreamServer {
     async fn read_stream(self, send: Option<SendStream>, mut recv: RecvStream) {
-        let result = tokio::time::timeout(self.timeout, read_frame(&mut recv, &self.limits)).await;
+        let mut in_flight = self.budget.start();
+        let result = tokio::time::timeout(
+            self.timeout,
+            read_frame(&mut recv, &self.limits, &mut in_flight),
+        )
+        .await;
         let refuse = |reason: RejectReason, mut send: Option<SendStream>, mut recv: RecvStream| {
             let _ = recv.stop(code(reason));
             if let Some(send) = send.as_mut() {
@@ -507,6 +592,11 @@ impl StreamServer {
         let frame = match result {
             Ok(Ok(frame)) => frame,
             Ok(Err(FrameError::ConnectionLost { .. } | FrameError::Reset { .. })) => return,
+            Ok(Err(error @ FrameError::OverBudget { .. })) => {
+                // Counted in the budget's stats; the frame was well formed.
+                tracing::warn!(peer = %self.peer, %error, "refused a frame: receive budget exhausted");
+                return refuse(RejectReason::Busy, send, recv);
+            }
             Ok(Err(error)) => {
                 self.rejected_frames.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(peer = %self.peer, %error, "refused a malformed frame");
@@ -532,7 +622,13 @@ impl StreamServer {
         };
         // If nobody accepts any more, dropping the message drops its responder, which
         // rejects the request.
-        let _ = self.tx.send(incoming).await;
+        let _ = self
+            .tx
+            .send(Delivery {
+                incoming,
+                _in_flight: in_flight,
+            })
+            .await;
     }
 }
 

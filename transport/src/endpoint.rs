@@ -17,6 +17,7 @@ use bincode::{Decode, Encode};
 use quinn::{ConnectionError, TokioRuntime, VarInt};
 use tokio::sync::{mpsc, Mutex, Semaphore};
 
+use crate::budget::{self, ByteBudget, InFlight, InFlightStats};
 use crate::config::TransportConfig;
 use crate::connection::{duration_ms, Connection};
 use crate::error::{AcceptError, BindError, ConnectError};
@@ -61,6 +62,8 @@ impl Endpoint {
         config: TransportConfig,
     ) -> Result<Self, BindError> {
         creds.node.validate().map_err(tls::TlsError::from)?;
+        budget::check_config(&config).map_err(BindError::Config)?;
+        let node_budget = ByteBudget::new("node", config.node_in_flight_bytes_max);
         let config = Arc::new(config);
         let transport = Arc::new(quinn_transport(&config)?);
         let server_tls = tls::rustls_server_config(&creds, config.alpn())?;
@@ -82,6 +85,7 @@ impl Endpoint {
             quinn.clone(),
             creds.node.clone(),
             config.clone(),
+            node_budget.clone(),
             tx,
         ));
         Ok(Self {
@@ -93,6 +97,7 @@ impl Endpoint {
                 client,
                 accepted: Mutex::new(rx),
                 acceptor,
+                node_budget,
             }),
         })
     }
@@ -105,6 +110,12 @@ impl Endpoint {
     /// The configuration every connection of this endpoint runs under.
     pub fn config(&self) -> &TransportConfig {
         &self.inner.config
+    }
+
+    /// The node's receive budget and what all its connections' incoming frames hold of it
+    /// (SEC-2); [`Connection::in_flight`] gives one connection's share.
+    pub fn in_flight(&self) -> InFlightStats {
+        self.inner.node_budget.stats()
     }
 
     /// The bound UDP address.
@@ -217,7 +228,7 @@ impl Endpoint {
                 write_frame(&mut send, &frame, &HELLO_LIMITS)
                     .await
                     .map_err(|e| e.to_string())?;
-                let ack = read_frame(&mut recv, &HELLO_LIMITS)
+                let ack = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered())
                     .await
                     .map_err(|e| e.to_string())?;
                 ack.decode::<HelloAck>(HELLO_BYTES_MAX)
@@ -225,7 +236,12 @@ impl Endpoint {
             }
             .await;
             match exchanged {
-                Ok(_) => Ok(Connection::new(conn, found, config.clone())),
+                Ok(_) => Ok(Connection::new(
+                    conn,
+                    found,
+                    config.clone(),
+                    self.inner.node_budget.clone(),
+                )),
                 Err(reason) => Err(match conn.close_reason() {
                     Some(closed) => connect_error(addr, claimed, config, &closed),
                     None => {
@@ -266,6 +282,7 @@ struct Inner {
     client: quinn::ClientConfig,
     accepted: Mutex<mpsc::Receiver<Result<Connection, AcceptError>>>,
     acceptor: tokio::task::JoinHandle<()>,
+    node_budget: Arc<ByteBudget>,
 }
 
 impl Drop for Inner {
@@ -280,6 +297,7 @@ async fn accept_loop(
     quinn: quinn::Endpoint,
     node: NodeId,
     config: Arc<TransportConfig>,
+    node_budget: Arc<ByteBudget>,
     tx: mpsc::Sender<Result<Connection, AcceptError>>,
 ) {
     let slots = Arc::new(Semaphore::new(config.handshakes_in_flight_max.max(1)));
@@ -288,8 +306,9 @@ async fn accept_loop(
             break;
         };
         let (node, config, tx) = (node.clone(), config.clone(), tx.clone());
+        let node_budget = node_budget.clone();
         tokio::spawn(async move {
-            let result = server_handshake(incoming, &node, &config).await;
+            let result = server_handshake(incoming, &node, &config, node_budget).await;
             drop(slot);
             match result {
                 Ok(conn) => {
@@ -315,6 +334,7 @@ async fn server_handshake(
     incoming: quinn::Incoming,
     node: &NodeId,
     config: &Arc<TransportConfig>,
+    node_budget: Arc<ByteBudget>,
 ) -> Result<Connection, AcceptError> {
     let addr = incoming.remote_address();
     let handshake = async {
@@ -328,7 +348,7 @@ async fn server_handshake(
         };
         let hello = async {
             let (send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
-            let frame = read_frame(&mut recv, &HELLO_LIMITS)
+            let frame = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered())
                 .await
                 .map_err(|e: FrameError| e.to_string())?;
             let hello = frame
@@ -388,7 +408,12 @@ async fn server_handshake(
                 addr,
                 reason: e.to_string(),
             })?;
-        Ok(Connection::new(conn, certified, config.clone()))
+        Ok(Connection::new(
+            conn,
+            certified,
+            config.clone(),
+            node_budget,
+        ))
     };
     match tokio::time::timeout(config.connect_timeout, handshake).await {
         Ok(result) => result,

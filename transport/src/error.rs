@@ -192,6 +192,15 @@ pub enum LinkError {
         /// Which limit.
         error: FrameError,
     },
+    /// The peer's response found no room in our receive budget within
+    /// `in_flight_wait_timeout` (SEC-2).
+    #[error("response from {peer} refused: {error}")]
+    OverBudget {
+        /// The peer.
+        peer: NodeId,
+        /// Which budget, and how long the response waited.
+        error: FrameError,
+    },
     /// A frame received from the peer is malformed (truncated, trailing bytes…).
     #[error("malformed frame from {peer}: {error}")]
     Malformed {
@@ -225,6 +234,7 @@ impl LinkError {
                 reason: RejectReason::from_code(code),
             },
             FrameError::ConnectionLost { reason } => Self::ConnectionLost { peer, reason },
+            FrameError::OverBudget { .. } => Self::OverBudget { peer, error },
             FrameError::Truncated { .. } | FrameError::TrailingBytes | FrameError::Stream(_) => {
                 Self::Malformed { peer, error }
             }
@@ -245,6 +255,9 @@ pub enum RejectReason {
     Timeout,
     /// The receiver failed to send its response (e.g. it exceeded a limit).
     ResponseFailed,
+    /// The receiver had no room for the frame in its receive budget within its
+    /// `in_flight_wait_timeout` (SEC-2); the same message may succeed later.
+    Busy,
     /// A code this version does not know.
     Unknown(u64),
 }
@@ -258,6 +271,7 @@ impl RejectReason {
             Self::Refused => 3,
             Self::Timeout => 4,
             Self::ResponseFailed => 5,
+            Self::Busy => 6,
             Self::Unknown(code) => code,
         }
     }
@@ -270,6 +284,7 @@ impl RejectReason {
             3 => Self::Refused,
             4 => Self::Timeout,
             5 => Self::ResponseFailed,
+            6 => Self::Busy,
             other => Self::Unknown(other),
         }
     }
@@ -283,6 +298,7 @@ impl std::fmt::Display for RejectReason {
             Self::Refused => f.write_str("refused by the handler"),
             Self::Timeout => f.write_str("frame incomplete within the timeout"),
             Self::ResponseFailed => f.write_str("response could not be sent"),
+            Self::Busy => f.write_str("receive budget exhausted"),
             Self::Unknown(code) => write!(f, "unknown code {code}"),
         }
     }

@@ -8,6 +8,7 @@ use bincode::{Decode, Encode};
 use bytes::{Bytes, BytesMut};
 use quinn::{ReadError, RecvStream, SendStream, WriteError};
 
+use crate::budget::InFlight;
 use crate::codec::{self, CodecError};
 use crate::config::TransportConfig;
 
@@ -125,6 +126,18 @@ pub enum FrameError {
         /// The limit.
         max: u64,
     },
+    /// No room for the frame in a receive budget within `in_flight_wait_timeout` (SEC-2).
+    #[error("no room for a frame of {len} bytes in the {scope} receive budget of {max} bytes within {waited_ms} ms")]
+    OverBudget {
+        /// Which budget: `connection` or `node`.
+        scope: &'static str,
+        /// The frame's declared length (header plus blobs).
+        len: u64,
+        /// The budget.
+        max: u64,
+        /// How long the frame waited.
+        waited_ms: u64,
+    },
     /// The stream ended before the frame was complete.
     #[error("truncated frame: stream ended while reading the {part}")]
     Truncated {
@@ -186,21 +199,25 @@ pub(crate) async fn write_raw(
 
 /// Reads one frame from `recv` and checks that the stream ends right after it.
 ///
-/// Every length is checked against `limits` before a buffer of that length is allocated.
+/// Every length is checked against `limits` before anything past it is read. The frame's
+/// declared length is then reserved in `in_flight` (SEC-2) before its header is read, and the
+/// bytes kept are counted there as they arrive; the caller keeps `in_flight` until it hands
+/// the frame on. No buffer is sized by a declared length alone (see [`ChunkReader`]).
 pub(crate) async fn read_frame(
     recv: &mut RecvStream,
     limits: &FrameLimits,
+    in_flight: &mut InFlight,
 ) -> Result<Frame, FrameError> {
-    let mut reader = ChunkReader::new(recv);
+    let mut reader = ChunkReader::new(recv, in_flight);
     let fixed = reader
-        .read_bytes(FIXED_PREFIX_BYTES, "length prefix")
+        .read_prefix(FIXED_PREFIX_BYTES, "length prefix")
         .await?;
     let header_len = u32::from_le_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]);
     let blob_count = u32::from_le_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]);
     limits.check(u64::from(header_len), u64::from(blob_count), 0)?;
 
     let lens_raw = reader
-        .read_bytes(blob_count as usize * 8, "blob lengths")
+        .read_prefix(blob_count as usize * 8, "blob lengths")
         .await?;
     let mut blob_lens = Vec::with_capacity(blob_count as usize);
     let mut blob_total: u64 = 0;
@@ -211,11 +228,15 @@ pub(crate) async fn read_frame(
         blob_lens.push(len);
     }
 
-    let header = reader.read_bytes(header_len as usize, "header").await?;
+    reader
+        .in_flight
+        .reserve(u64::from(header_len).saturating_add(blob_total))
+        .await?;
+    let header = reader.read_part(header_len as usize, "header").await?;
     let mut blobs = Vec::with_capacity(blob_lens.len());
     for len in blob_lens {
         // Bounded by blob_bytes_max above, so the cast cannot truncate on 64-bit targets.
-        blobs.push(reader.read_bytes(len as usize, "blob").await?);
+        blobs.push(reader.read_part(len as usize, "blob").await?);
     }
     reader.expect_end().await?;
     Ok(Frame { header, blobs })
@@ -232,22 +253,56 @@ fn encode_prefix(frame: &Frame) -> Bytes {
     Bytes::from(prefix)
 }
 
-/// Reads a stream in batches of chunks (one quinn lock per batch, not per packet) and hands
-/// out exact lengths: a large part that lies within one chunk is shared without a copy; any
-/// other part is copied once into a buffer of exactly its (already checked) length.
+/// Reads a stream and hands out its parts with memory that follows the bytes that arrived,
+/// never a declared length (SEC-1, SEC-2):
+///
+/// - the prefix is read with exact-length reads, so nothing past it is taken from quinn
+///   before the frame's budget is reserved;
+/// - after that, chunks come in batches (one quinn lock per batch, not per packet);
+/// - a part of at least [`ZERO_COPY_BYTES_MIN`] that lies within one chunk is shared as is;
+/// - any other part keeps its chunks as they arrive and, once half of it has arrived, moves
+///   them into one buffer of exactly its length, into which the rest is copied as it arrives.
+///   Each byte is copied at most once, and a part holds at most twice what was sent for it
+///   (one and a half times its length for the moment of the move).
+///
+/// Everything kept is counted in the frame's [`InFlight`].
 struct ChunkReader<'a> {
     recv: &'a mut RecvStream,
+    in_flight: &'a mut InFlight,
     queued: std::collections::VecDeque<Bytes>,
     finished: bool,
 }
 
 impl<'a> ChunkReader<'a> {
-    fn new(recv: &'a mut RecvStream) -> Self {
+    fn new(recv: &'a mut RecvStream, in_flight: &'a mut InFlight) -> Self {
         Self {
             recv,
+            in_flight,
             queued: std::collections::VecDeque::new(),
             finished: false,
         }
+    }
+
+    /// Reads exactly `len` bytes of the (small, already bounded) prefix, taking no more from
+    /// quinn than that. Not counted as held: the caller parses and drops them.
+    async fn read_prefix(&mut self, len: usize, part: &'static str) -> Result<Vec<u8>, FrameError> {
+        debug_assert!(self.queued.is_empty(), "prefix read after the body began");
+        let mut out = Vec::new();
+        while out.len() < len {
+            match self
+                .recv
+                .read_chunk(len - out.len(), true)
+                .await
+                .map_err(read_error)?
+            {
+                Some(chunk) => out.extend_from_slice(&chunk.bytes),
+                None => {
+                    self.finished = true;
+                    return Err(FrameError::Truncated { part });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Queues the next batch of chunks; false at the end of the stream.
@@ -263,8 +318,12 @@ impl<'a> ChunkReader<'a> {
             .map_err(read_error)?
         {
             Some(n) => {
-                self.queued
-                    .extend(batch.into_iter().take(n).filter(|c| !c.is_empty()));
+                let mut added = 0u64;
+                for chunk in batch.into_iter().take(n).filter(|c| !c.is_empty()) {
+                    added += chunk.len() as u64;
+                    self.queued.push_back(chunk);
+                }
+                self.in_flight.add(added);
                 Ok(true)
             }
             None => {
@@ -274,39 +333,72 @@ impl<'a> ChunkReader<'a> {
         }
     }
 
-    async fn read_bytes(&mut self, len: usize, part: &'static str) -> Result<Bytes, FrameError> {
+    /// The next chunk, filling from quinn if none is queued; `None` at the end of the stream.
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, FrameError> {
+        loop {
+            if let Some(chunk) = self.queued.pop_front() {
+                return Ok(Some(chunk));
+            }
+            if !self.fill().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads the next `len` bytes of the body (`len` already checked against the limits).
+    async fn read_part(&mut self, len: usize, part: &'static str) -> Result<Bytes, FrameError> {
         if len == 0 {
             return Ok(Bytes::new());
         }
-        while self.queued.is_empty() {
-            if !self.fill().await? {
+        let Some(mut front) = self.next_chunk().await? else {
+            return Err(FrameError::Truncated { part });
+        };
+        // Small parts are copied: a slice would pin quinn's whole receive buffer.
+        if front.len() >= len && len >= ZERO_COPY_BYTES_MIN {
+            let out = front.split_to(len);
+            if !front.is_empty() {
+                self.queued.push_front(front);
+            }
+            return Ok(out);
+        }
+        self.queued.push_front(front);
+
+        // Chunks kept as they arrived, until `buf` exists; then each piece is copied into it.
+        let mut kept: Vec<Bytes> = Vec::new();
+        let mut buf: Option<BytesMut> = None;
+        let mut got = 0usize;
+        while got < len {
+            let Some(mut chunk) = self.next_chunk().await? else {
                 return Err(FrameError::Truncated { part });
-            }
-        }
-        if let Some(front) = self.queued.front_mut() {
-            // Small parts are copied: a slice would pin quinn's whole receive buffer.
-            if front.len() >= len && len >= ZERO_COPY_BYTES_MIN {
-                let out = front.split_to(len);
-                if front.is_empty() {
-                    self.queued.pop_front();
-                }
-                return Ok(out);
-            }
-        }
-        let mut buf = BytesMut::with_capacity(len);
-        while buf.len() < len {
-            let Some(mut chunk) = self.queued.pop_front() else {
-                if !self.fill().await? {
-                    return Err(FrameError::Truncated { part });
-                }
-                continue;
             };
-            let take = chunk.len().min(len - buf.len());
-            buf.extend_from_slice(&chunk.split_to(take));
+            let take = chunk.len().min(len - got);
+            let piece = chunk.split_to(take);
             if !chunk.is_empty() {
                 self.queued.push_front(chunk);
             }
+            got += take;
+            match buf.as_mut() {
+                Some(buf) => {
+                    buf.extend_from_slice(&piece);
+                    drop(piece);
+                    self.in_flight.sub(take as u64);
+                }
+                // Half the part has arrived: its buffer now costs at most twice what was sent.
+                None if got.saturating_mul(2) >= len => {
+                    let mut whole = BytesMut::with_capacity(len);
+                    self.in_flight.add(len as u64);
+                    for earlier in kept.drain(..) {
+                        whole.extend_from_slice(&earlier);
+                    }
+                    whole.extend_from_slice(&piece);
+                    drop(piece);
+                    self.in_flight.sub(got as u64);
+                    buf = Some(whole);
+                }
+                None => kept.push(piece),
+            }
         }
+        let buf = buf.expect("a part's buffer exists once all of it has arrived");
         Ok(buf.freeze())
     }
 

@@ -15,6 +15,7 @@
 //!   (keep-alive plus idle timeout: a dead or frozen peer becomes
 //!   [`LinkError::ConnectionLost`] within [`TransportConfig::idle_timeout`]).
 //! - [`frame`] and [`codec`]: the wire format below and bincode 2 with a limit always set.
+//! - [`budget`]: the bytes of incoming frames in flight, bounded per connection and per node.
 //! - [`Link`]: the object-safe seam over a connection that `chaos` wraps and `actors` uses;
 //!   [`Responder::local`] lets an in-memory link answer requests without QUIC.
 //! - [`socket`]: the UDP socket (4 MiB buffers) and quinn's socket traits re-exported, so that
@@ -38,24 +39,38 @@
 //!
 //! # Limits (defaults in [`TransportConfig`])
 //!
-//! | what                     | limit                                   | default   |
-//! |--------------------------|-----------------------------------------|-----------|
-//! | header bytes `h`         | `frame_bytes_max`                       | 16 MiB    |
-//! | blob count `n`           | `blobs_per_frame_max`                   | 1024      |
-//! | sum of blob lengths      | `blob_bytes_max`                        | 256 MiB   |
-//! | a request, end to end    | `request_timeout` (or `request_within`) | 30 s      |
-//! | handshake plus hello     | `connect_timeout`                       | 5 s       |
-//! | silence before loss      | `idle_timeout` (keep-alive every 750 ms) | 3 s       |
-//! | concurrent streams       | `bidi_streams_max`, `uni_streams_max`   | 256 each  |
-//! | queued incoming messages | `incoming_queue_max`                    | 1024      |
+//! | what                              | limit                                    | default  |
+//! |-----------------------------------|------------------------------------------|----------|
+//! | header bytes `h`                  | `frame_bytes_max`                        | 16 MiB   |
+//! | blob count `n`                    | `blobs_per_frame_max`                    | 1024     |
+//! | sum of blob lengths               | `blob_bytes_max`                         | 256 MiB  |
+//! | a request, end to end             | `request_timeout` (or `request_within`)  | 30 s     |
+//! | handshake plus hello              | `connect_timeout`                        | 5 s      |
+//! | silence before loss               | `idle_timeout` (keep-alive every 750 ms) | 3 s      |
+//! | concurrent streams                | `bidi_streams_max`, `uni_streams_max`    | 256 each |
+//! | queued incoming messages          | `incoming_queue_max`                     | 1024     |
+//! | frame bytes in flight, connection | `connection_in_flight_bytes_max`         | 512 MiB  |
+//! | frame bytes in flight, node       | `node_in_flight_bytes_max`               | 1 GiB    |
+//! | wait for room in those budgets    | `in_flight_wait_timeout`                 | 10 s     |
 //!
-//! Every length is checked against its limit before a buffer of that length is allocated. A
-//! frame that breaks a rule (too large, truncated, trailing bytes) is refused on its own stream
-//! with [`RejectReason::MalformedFrame`]; other streams of the connection go on. The bincode
-//! decoder's own limit is chosen from the input length ([`codec`]), so a huge length inside a
-//! small header is an error, not an allocation.
+//! Every length is checked against its limit before anything past it is read, and no buffer is
+//! ever sized by a declared length alone: a part's chunks are kept as they arrive and its
+//! buffer (exactly its length) is allocated once half of it has arrived, so memory follows what
+//! the peer actually sent, at most twice over ([`frame`]). Bytes in flight are bounded per
+//! connection and per node (SEC-2, [`budget`]): a frame reserves its declared length from both
+//! budgets before its header is read and gives it back when it is handed to the application
+//! (a response: when it is returned to the requester). A frame that finds no room within
+//! `in_flight_wait_timeout` is refused with [`RejectReason::Busy`] (a response fails with
+//! [`LinkError::OverBudget`]); a frame larger than a budget passes when it is alone. The
+//! counters are in [`Connection::in_flight`] and [`Endpoint::in_flight`].
+//!
+//! A frame that breaks a rule (too large, truncated, trailing bytes) is refused on its own
+//! stream with [`RejectReason::MalformedFrame`]; other streams of the connection go on. The
+//! bincode decoder's own limit is chosen from the input length ([`codec`]), so a huge length
+//! inside a small header is an error, not an allocation.
 
 pub mod baseline;
+pub mod budget;
 pub mod codec;
 pub mod config;
 pub mod connection;
@@ -67,6 +82,7 @@ pub mod node;
 pub mod socket;
 pub mod tls;
 
+pub use budget::InFlightStats;
 pub use bytes::Bytes;
 pub use codec::CodecError;
 pub use config::TransportConfig;

@@ -343,9 +343,18 @@ fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError>
 
 /// Reads a PEM file of at most [`PEM_FILE_BYTES_MAX`] bytes, so that a wrong path (a huge file,
 /// a device) fails with an error naming it rather than filling memory (SEC-1).
+///
+/// Only a regular file (or a link to one) is read: a FIFO would block the open, and then the
+/// read, until a writer came, which is start-up hanging on a typo. The path is checked before
+/// it is opened, opened without blocking, and the opened file checked again, in case the path
+/// changed in between.
 fn read_pem_file(path: &Path) -> Result<String, TlsError> {
     use std::io::Read;
-    let file = fs::File::open(path).map_err(|source| io_error(path, source))?;
+    let before = fs::metadata(path).map_err(|source| io_error(path, source))?;
+    require_regular_file(path, &before.file_type())?;
+    let file = open_nonblocking(path).map_err(|source| io_error(path, source))?;
+    let opened = file.metadata().map_err(|source| io_error(path, source))?;
+    require_regular_file(path, &opened.file_type())?;
     let mut bytes = Vec::new();
     file.take(PEM_FILE_BYTES_MAX + 1)
         .read_to_end(&mut bytes)
@@ -364,6 +373,62 @@ fn read_pem_file(path: &Path) -> Result<String, TlsError> {
             std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
         )
     })
+}
+
+/// Refuses anything but a regular file, naming what it is.
+fn require_regular_file(path: &Path, kind: &fs::FileType) -> Result<(), TlsError> {
+    if kind.is_file() {
+        return Ok(());
+    }
+    let reason = format!(
+        "is {}, not a regular file; expected a PEM credentials file",
+        file_kind(kind)
+    );
+    Err(io_error(
+        path,
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, reason),
+    ))
+}
+
+/// What a non-regular file is, in words.
+fn file_kind(kind: &fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a named pipe (FIFO)";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+        if kind.is_char_device() {
+            return "a character device";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Opens `path` for reading without waiting for a writer, should it have become a FIFO since
+/// it was checked.
+fn open_nonblocking(path: &Path) -> std::io::Result<fs::File> {
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // On a regular file O_NONBLOCK changes nothing.
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    options.open(path)
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> TlsError {
@@ -432,7 +497,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cohort-tls-big-{}", std::process::id()));
         ca.issue(&node).unwrap().save(&dir).unwrap();
         // SEC-1: a CA path that leads to an endless source (here /dev/zero) used to be read
-        // whole, without bound.
+        // whole, without bound; now it is refused before it is opened.
         fs::remove_file(dir.join(CA_FILE)).unwrap();
         std::os::unix::fs::symlink("/dev/zero", dir.join(CA_FILE)).unwrap();
         let err = NodeCredentials::load(&dir, &node).unwrap_err();
@@ -440,12 +505,83 @@ mod tests {
             matches!(&err, TlsError::Io { path, .. } if path.ends_with(CA_FILE)),
             "{err}"
         );
-        assert!(err.to_string().contains("larger than"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("is a character device, not a regular file"),
+            "{err}"
+        );
 
         fs::remove_file(dir.join(CA_FILE)).unwrap();
+        fs::write(
+            dir.join(CA_FILE),
+            vec![b'a'; PEM_FILE_BYTES_MAX as usize + 1],
+        )
+        .unwrap();
+        let err = NodeCredentials::load(&dir, &node).unwrap_err();
+        assert!(err.to_string().contains("larger than"), "{err}");
+
         fs::write(dir.join(CA_FILE), [0xff, 0xfe, 0x00]).unwrap();
         let err = NodeCredentials::load(&dir, &node).unwrap_err();
         assert!(err.to_string().contains("not UTF-8"), "{err}");
+
+        // A link to a regular file is fine (Kubernetes mounts secrets as links).
+        fs::remove_file(dir.join(CA_FILE)).unwrap();
+        fs::write(dir.join("real-ca.pem"), ca.cert_pem()).unwrap();
+        std::os::unix::fs::symlink(dir.join("real-ca.pem"), dir.join(CA_FILE)).unwrap();
+        assert!(NodeCredentials::load(&dir, &node).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn credentials_paths_that_are_fifos_or_directories_fail_at_once_naming_them() {
+        let ca = ClusterCa::generate("test").unwrap();
+        let node = NodeId::new("worker", 4);
+        let dir = std::env::temp_dir().join(format!("cohort-tls-fifo-{}", std::process::id()));
+        ca.issue(&node).unwrap().save(&dir).unwrap();
+        let key = dir.join("worker-4.key");
+        fs::remove_file(&key).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&key)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success(), "mkfifo failed");
+
+        // Opening a FIFO for reading blocks until a writer comes, so the load runs on its own
+        // thread and the test bounds it: no writer ever comes.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (load_dir, load_node) = (dir.clone(), node.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(NodeCredentials::load(&load_dir, &load_node));
+        });
+        let result = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("loading credentials from a FIFO must not block");
+        let err = result.unwrap_err();
+        assert!(
+            matches!(&err, TlsError::Io { path, .. } if path.ends_with("worker-4.key")),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("is a named pipe (FIFO), not a regular file"),
+            "{err}"
+        );
+
+        fs::remove_file(&key).unwrap();
+        fs::create_dir(&key).unwrap();
+        let err = NodeCredentials::load(&dir, &node).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+
+        // The opened file is checked too: a FIFO opened without blocking is still refused.
+        let fifo = dir.join("late.fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let opened = open_nonblocking(&fifo).expect("with O_NONBLOCK a FIFO opens at once");
+        let err = require_regular_file(&fifo, &opened.metadata().unwrap().file_type()).unwrap_err();
+        assert!(err.to_string().contains("named pipe"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
     }
 
