@@ -551,6 +551,27 @@ fn sec2_ps_data_messages_come_from_their_senders() {
     });
 }
 
+/// SEC-2: a worker pushes only as itself: a push naming another worker, or another
+/// incarnation of itself, is refused and applies nothing (PS-1 and FENCE-1 key on the origin).
+#[test]
+fn sec2_a_push_under_another_workers_identity_is_refused() {
+    run(async {
+        let cluster = Cluster::new()?;
+        let ps = Ps::start(&cluster).await?;
+        for (worker, epoch) in [(1, 1), (0, 7)] {
+            match ps.push(&cluster.rogue, worker, epoch, 3).await {
+                Err(e) => assert!(e.to_string().contains("pushes only as itself"), "{e}"),
+                Ok(reply) => {
+                    bail!("a push as worker/{worker} epoch {epoch} went through: {reply:?}")
+                }
+            }
+        }
+        assert_eq!(ps.w(&cluster).await?, vec![0.0; 4]);
+        assert_eq!(ps.push(&cluster.rogue, 0, 1, 3).await?, PushReply::Applied);
+        Ok(())
+    });
+}
+
 // ---- worker: control from the chief only ----
 
 #[test]

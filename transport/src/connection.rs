@@ -22,7 +22,7 @@ use std::time::Duration;
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 use quinn::{RecvStream, SendStream, VarInt};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, Mutex};
 
 use crate::budget::{ByteBudget, InFlight, InFlightStats, ReceiveBudget};
 use crate::config::TransportConfig;
@@ -63,7 +63,7 @@ pub enum Incoming {
 /// The way back to a requester. Dropping it without responding rejects the request with
 /// [`RejectReason::NoResponse`].
 pub struct Responder {
-    send: Option<ReplyPath>,
+    send: Option<SendStream>,
     peer: NodeId,
     limits: FrameLimits,
     timeout: Duration,
@@ -357,51 +357,11 @@ impl Connection {
     }
 }
 
-/// Where a [`Responder::local`] responder's answer arrives.
-#[derive(Debug)]
-pub struct LocalReply {
-    rx: oneshot::Receiver<Result<Frame, RejectReason>>,
-}
-
-impl LocalReply {
-    /// The response, or why the request was refused (a dropped responder is
-    /// [`RejectReason::NoResponse`]).
-    pub async fn recv(self) -> Result<Frame, RejectReason> {
-        self.rx.await.unwrap_or(Err(RejectReason::NoResponse))
-    }
-}
-
 impl Responder {
-    /// A responder whose answer goes to the returned [`LocalReply`] instead of a QUIC stream,
-    /// for in-memory [`Link`](crate::Link)s (simulation, chaos). The same limits apply.
-    pub fn local(peer: NodeId, config: &TransportConfig) -> (Self, LocalReply) {
-        let (tx, rx) = oneshot::channel();
-        let responder = Self {
-            send: Some(ReplyPath::Local(tx)),
-            peer,
-            limits: FrameLimits::from(config),
-            timeout: config.request_timeout,
-        };
-        (responder, LocalReply { rx })
-    }
-
     /// Sends the response, within `request_timeout`.
     pub async fn respond(mut self, frame: Frame) -> Result<(), LinkError> {
-        let mut send = match self.send.take() {
-            None => return Ok(()),
-            Some(ReplyPath::Local(tx)) => {
-                return match frame.check_limits(&self.limits) {
-                    Ok(()) => {
-                        let _ = tx.send(Ok(frame));
-                        Ok(())
-                    }
-                    Err(error) => {
-                        let _ = tx.send(Err(RejectReason::ResponseFailed));
-                        Err(LinkError::from_frame(&self.peer, error))
-                    }
-                };
-            }
-            Some(ReplyPath::Stream(send)) => send,
+        let Some(mut send) = self.send.take() else {
+            return Ok(());
         };
         let result =
             tokio::time::timeout(self.timeout, write_frame(&mut send, &frame, &self.limits)).await;
@@ -435,8 +395,8 @@ impl Responder {
 
     /// Refuses the request; the requester gets [`LinkError::Rejected`] with `reason`.
     pub fn reject(mut self, reason: RejectReason) {
-        if let Some(send) = self.send.take() {
-            send.refuse(reason);
+        if let Some(mut send) = self.send.take() {
+            let _ = send.reset(code(reason));
         }
     }
 
@@ -448,27 +408,8 @@ impl Responder {
 
 impl Drop for Responder {
     fn drop(&mut self) {
-        if let Some(send) = self.send.take() {
-            send.refuse(RejectReason::NoResponse);
-        }
-    }
-}
-
-/// Where a response goes: back on the request's QUIC stream, or to an in-memory receiver.
-enum ReplyPath {
-    Stream(SendStream),
-    Local(oneshot::Sender<Result<Frame, RejectReason>>),
-}
-
-impl ReplyPath {
-    fn refuse(self, reason: RejectReason) {
-        match self {
-            Self::Stream(mut send) => {
-                let _ = send.reset(code(reason));
-            }
-            Self::Local(tx) => {
-                let _ = tx.send(Err(reason));
-            }
+        if let Some(mut send) = self.send.take() {
+            let _ = send.reset(code(RejectReason::NoResponse));
         }
     }
 }
@@ -612,7 +553,7 @@ impl StreamServer {
             Some(send) => Incoming::Request {
                 frame,
                 responder: Responder {
-                    send: Some(ReplyPath::Stream(send)),
+                    send: Some(send),
                     peer: self.peer.clone(),
                     limits: self.limits,
                     timeout: self.timeout,
@@ -638,38 +579,4 @@ fn code(reason: RejectReason) -> VarInt {
 
 pub(crate) fn duration_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn local_responder_delivers_the_response_or_the_refusal() {
-        let config = TransportConfig {
-            frame_bytes_max: 8,
-            ..TransportConfig::for_tests()
-        };
-        let peer = NodeId::new("worker", 0);
-
-        let (responder, reply) = Responder::local(peer.clone(), &config);
-        responder.respond(Frame::new(vec![1u8, 2])).await.unwrap();
-        assert_eq!(reply.recv().await.unwrap(), Frame::new(vec![1u8, 2]));
-
-        let (responder, reply) = Responder::local(peer.clone(), &config);
-        responder.reject(RejectReason::Refused);
-        assert_eq!(reply.recv().await, Err(RejectReason::Refused));
-
-        let (responder, reply) = Responder::local(peer.clone(), &config);
-        drop(responder);
-        assert_eq!(reply.recv().await, Err(RejectReason::NoResponse));
-
-        let (responder, reply) = Responder::local(peer, &config);
-        let err = responder
-            .respond(Frame::new(vec![0u8; 9]))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, LinkError::FrameTooLarge { .. }), "{err:?}");
-        assert_eq!(reply.recv().await, Err(RejectReason::ResponseFailed));
-    }
 }

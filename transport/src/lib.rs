@@ -1,5 +1,5 @@
 //! cohort-transport: bytes between nodes. QUIC (quinn) with mutual TLS against a cluster CA,
-//! bounded framing, typed bincode messages, and the [`Link`] seam. It knows nothing about
+//! bounded framing, and typed bincode messages. It knows nothing about
 //! training: a node is an opaque [`NodeId`] `role/index`.
 //!
 //! # What it owns
@@ -16,8 +16,6 @@
 //!   [`LinkError::ConnectionLost`] within [`TransportConfig::idle_timeout`]).
 //! - [`frame`] and [`codec`]: the wire format below and bincode 2 with a limit always set.
 //! - [`budget`]: the bytes of incoming frames in flight, bounded per connection and per node.
-//! - [`Link`]: the object-safe seam over a connection that `chaos` wraps and `actors` uses;
-//!   [`Responder::local`] lets an in-memory link answer requests without QUIC.
 //! - [`socket`]: the UDP socket (4 MiB buffers) and quinn's socket traits re-exported, so that
 //!   `chaos` can slide a faulty socket under [`Endpoint::bind_with_socket`].
 //!
@@ -77,7 +75,6 @@ pub mod connection;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
-pub mod link;
 pub mod node;
 pub mod socket;
 pub mod tls;
@@ -86,11 +83,10 @@ pub use budget::InFlightStats;
 pub use bytes::Bytes;
 pub use codec::CodecError;
 pub use config::TransportConfig;
-pub use connection::{Connection, Incoming, LocalReply, Responder};
+pub use connection::{Connection, Incoming, Responder};
 pub use endpoint::Endpoint;
 pub use error::{AcceptError, BindError, ConnectError, LinkError, RejectReason};
 pub use frame::{Frame, FrameError, FrameLimits};
-pub use link::Link;
 pub use node::{NodeId, NodeIdError};
 pub use tls::{ClusterCa, NodeCredentials, TlsError};
 

@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use cohort_transport::{Bytes, ClusterCa, Connection, Frame, Link, LinkError, TransportConfig};
+use cohort_transport::{Bytes, ClusterCa, Connection, Frame, LinkError, TransportConfig};
 use common::*;
 
 #[tokio::test]
@@ -57,16 +57,6 @@ async fn typed_request_response_and_one_way_between_two_nodes() {
             .await
             .unwrap();
         assert_eq!(reply, TestMsg::Pong { seq: 42 });
-
-        // The same connection through the object-safe Link seam.
-        let link: std::sync::Arc<dyn Link> = std::sync::Arc::new(conn.clone());
-        assert_eq!(link.peer(), &ps);
-        let ping = Frame::encode(&TestMsg::Ping { seq: 43 }, vec![], 1024).unwrap();
-        let reply = link.request(ping).await.unwrap();
-        assert_eq!(
-            reply.decode::<TestMsg>(1024).unwrap(),
-            TestMsg::Pong { seq: 43 }
-        );
 
         // Closing is seen by the peer as a lost connection.
         conn.close();

@@ -352,9 +352,19 @@ impl Handler<Remote<Push>> for PsActor {
                     gradients,
                 },
             blobs,
-            ..
+            from,
         } = msg;
         let result = (|| {
+            // SEC-2: a worker pushes as itself. The origin PS-1 and FENCE-1 key on must be the
+            // authenticated sender's, or a leaked worker key could push under another worker's
+            // index (or a fenced incarnation under a live one).
+            if from.node.index != worker || from.epoch.0 != epoch {
+                return Err(format!(
+                    "push names worker/{worker} epoch {epoch} but comes from {} epoch {} \
+                     (SEC-2: a worker pushes only as itself)",
+                    from.node, from.epoch.0
+                ));
+            }
             let mut next = 0;
             let mut take = |what: &str| {
                 let b = blob(&blobs, next, what);
