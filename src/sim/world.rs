@@ -648,6 +648,11 @@ impl<'a> World<'a> {
             || self.partitioned(from, true);
         if held {
             if self.now >= sent + self.config.detection_budget {
+                // The connection idled out: the call it carried (or answered) fails, as the
+                // gateway's does when its connection is lost.
+                if let Msg::Request { call, .. } | Msg::Reply { call, .. } = msg {
+                    self.on_reply(call, Err("connection lost (idle timeout)".into()));
+                }
                 return;
             }
             // Retried until the node can take it, or the connection idles out.

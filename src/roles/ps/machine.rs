@@ -145,6 +145,14 @@ pub enum PsError {
         /// The most values one reply may carry.
         elements_max: usize,
     },
+    /// A variable can be restored only while a restore runs (between the begin and the
+    /// roll-back of a restore generation): a restore message delivered again after the
+    /// roll-back would otherwise wipe out the updates applied since (PS-1).
+    #[error("variable {name:?}: no restore is under way (a variable is restored only between the begin and the roll-back of a restore)")]
+    NotRestoring {
+        /// The variable.
+        name: String,
+    },
     /// A restored step count that leaves no room for another update.
     #[error("variable {name:?}: restored step count {steps} is out of range")]
     BadStepCount {
@@ -308,6 +316,9 @@ impl ParameterStore {
         slots: Slots,
         steps: u64,
     ) -> Result<(), PsError> {
+        if !self.restoring {
+            return Err(PsError::NotRestoring { name: name.into() });
+        }
         let expected = shape.iter().product::<usize>();
         if values.len() != expected {
             return Err(PsError::InitialValueLength {
@@ -559,7 +570,9 @@ impl ParameterStore {
     /// applied as by [`Self::handle_fence`]: a restarted server knows none (FENCE-1). Ignored
     /// if this server is at a newer generation already.
     pub fn handle_begin_restore(&mut self, generation: u64, fences: &[(u32, WorkerEpoch)]) {
-        if generation < self.generation {
+        // A begin delivered again (the same generation) changes nothing: once the roll-back
+        // re-opened the server, closing it again would refuse every push of the generation.
+        if generation <= self.generation {
             return;
         }
         for &(worker, epoch) in fences {
@@ -577,7 +590,9 @@ impl ParameterStore {
     /// [`Self::next_free_closure_id`] never goes down (ids above the cut were given out
     /// already). A roll-back of an older generation changes nothing.
     pub fn handle_roll_back(&mut self, cut: ClosureId, generation: u64) {
-        if generation < self.generation {
+        // A roll-back delivered again after the first re-opened the server changes nothing:
+        // forgetting the ids applied since would let a closure apply twice (PS-1).
+        if generation < self.generation || (generation == self.generation && !self.restoring) {
             return;
         }
         self.pruned_next_free = self.next_free_closure_id();
@@ -815,6 +830,11 @@ mod tests {
         ));
         let slots = ps.optimizer().new_slots("w", 2);
         let err = ps
+            .handle_restore("w", vec![2], vec![0.0; 2], slots.clone(), 0)
+            .unwrap_err();
+        assert!(matches!(err, PsError::NotRestoring { .. }), "{err}");
+        ps.handle_begin_restore(1, &[]);
+        let err = ps
             .handle_restore("w", vec![2], vec![0.0; 2], slots, u64::MAX)
             .unwrap_err();
         assert!(matches!(err, PsError::BadStepCount { .. }), "{err}");
@@ -1013,6 +1033,37 @@ mod tests {
         ps.handle_roll_back(ClosureId(4), 1);
         assert_eq!(ps.finished_below(), ClosureId(4));
         assert_eq!(ps.next_free_closure_id(), 9);
+    }
+
+    /// PS-1 with restore messages delivered again (found by the cluster simulator): a
+    /// roll-back, a begin or a variable restore of the current generation arriving after the
+    /// roll-back re-opened the server changes nothing, so a closure re-run after the restore
+    /// applies once and keeps its effect.
+    #[test]
+    fn ps_1_restore_messages_delivered_again_change_nothing() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        ps.handle_begin_restore(1, &[]);
+        let slots = ps.optimizer().new_slots("w", 2);
+        ps.handle_restore("w", vec![2], vec![0.0, 0.0], slots.clone(), 0)
+            .unwrap();
+        ps.handle_roll_back(ClosureId(3), 1);
+        let rerun = origin_in(0, 2, 3, 1);
+        assert_eq!(ps.handle_push(rerun, &grads).unwrap(), PushOutcome::Applied);
+        let after = ps.pull("w").unwrap().to_vec();
+        // The same roll-back, begin and restore again.
+        ps.handle_roll_back(ClosureId(3), 1);
+        ps.handle_begin_restore(1, &[]);
+        assert!(matches!(
+            ps.handle_restore("w", vec![2], vec![0.0, 0.0], slots, 0),
+            Err(PsError::NotRestoring { .. })
+        ));
+        assert_eq!(ps.generation(), (1, false));
+        assert_eq!(
+            ps.handle_push(rerun, &grads).unwrap(),
+            PushOutcome::Duplicate
+        );
+        assert_eq!(ps.pull("w").unwrap(), after.as_slice());
     }
 
     /// PS-1 over random interleavings of pushes (first attempts, re-dispatched attempts, late
