@@ -11,10 +11,12 @@
 //!
 //! # Fault model
 //! - **Network**: every message takes a latency drawn from `[latency_min, latency_max]`
-//!   (so messages reorder), is lost with probability `loss` and duplicated with probability
-//!   `duplicate`; a partition cuts one node off from every other (both ways) or only its
-//!   outgoing messages (one-way) for a while. A call that gets no reply within its bound fails
-//!   as unreachable.
+//!   (so messages reorder); a lost datagram (probability `loss`) costs a retransmission delay,
+//!   as under QUIC; a request is delivered twice with probability `duplicate` (a request sent
+//!   again: every handler must be idempotent); a partition cuts one node off from every other
+//!   (both ways) or only its outgoing messages (one-way) for a while. A message held by a
+//!   partition or a paused receiver waits; past the detection budget its connection idled out:
+//!   it is gone and the call it carried fails, as does a call with no reply within its bound.
 //! - **Processes**: a parameter server or worker is killed (its supervisor restarts it as a
 //!   new incarnation after `restart_delay`; a server comes back empty), paused and resumed
 //!   (messages to it wait; a pause past the detection budget is a false death, and the
