@@ -16,8 +16,8 @@ use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation};
 use crate::checkpoint::Checkpoint;
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    CallFault, CheckpointRef, ClosureId, Ledger, RestoreCall, RestoreReport, ResultDisposition,
-    Scheduler, SchedulerAction, SchedulerConfig,
+    CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport,
+    ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig,
 };
 use crate::roles::protocol::SetupWorker;
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
@@ -352,7 +352,8 @@ impl<'a> World<'a> {
             ps_restart_wait_max: config.ps_restart_wait,
             no_worker_wait_max: config.ps_restart_wait,
             ..SchedulerConfig::default()
-        });
+        })
+        .with_servers(config.num_ps);
         let servers = (0..config.num_ps)
             .map(|ps| {
                 let mut store = new_store();
@@ -1037,22 +1038,18 @@ impl<'a> World<'a> {
                 }
             }
             CallKind::Probe { ps } => {
-                self.connecting.remove(&Node::Ps(ps));
-                if let Ok(Resp::Probe { epoch, serving }) = resp {
-                    let declared = self.detector.get(&Node::Ps(ps)).and_then(|d| d.declared);
-                    if declared == Some(epoch) {
-                        // Answers as an incarnation declared dead: retire it (FENCE-1).
-                        self.call(
-                            Node::Ps(ps),
-                            epoch,
-                            CallKind::Retire,
-                            Req::Retire,
-                            self.config.call_timeout,
-                        );
-                    } else {
-                        self.coord.handle_ps_answered(now, ps, epoch, serving);
+                let dial = match resp {
+                    Ok(Resp::Probe { epoch, serving }) => {
+                        let declared = self.detector.get(&Node::Ps(ps)).and_then(|d| d.declared);
+                        if declared == Some(epoch) {
+                            PsDial::DeclaredDead { epoch }
+                        } else {
+                            PsDial::Answered { epoch, serving }
+                        }
                     }
-                }
+                    _ => PsDial::Unreachable,
+                };
+                self.coord.handle_ps_dialled(now, ps, dial);
             }
             CallKind::Retire => {}
             CallKind::Restore { generation, call } => {
@@ -1156,6 +1153,16 @@ impl<'a> World<'a> {
                     }
                 }
                 SchedulerAction::Restore(call) => self.restore_call(call),
+                SchedulerAction::DialPs { ps } => {
+                    let node = Node::Ps(ps);
+                    let epoch = self.state(node).1;
+                    let bound = self.config.call_timeout;
+                    self.call(node, epoch, CallKind::Probe { ps }, Req::Probe, bound);
+                }
+                SchedulerAction::RetirePs { ps, epoch } => {
+                    let bound = self.config.call_timeout;
+                    self.call(Node::Ps(ps), epoch, CallKind::Retire, Req::Retire, bound);
+                }
                 SchedulerAction::RestoreFinished { .. } => {}
             }
         }
@@ -1444,23 +1451,7 @@ impl<'a> World<'a> {
                 );
             }
         }
-        for ps in 0..self.config.num_ps {
-            let node = Node::Ps(ps);
-            let wanted = match self.coord.ps_epoch(ps) {
-                None => true,
-                Some((_, alive)) => !alive,
-            };
-            if !wanted || self.connecting.contains(&node) {
-                continue;
-            }
-            let (state, epoch) = self.state(node);
-            if state == ProcState::Down {
-                continue;
-            }
-            self.connecting.insert(node);
-            let bound = self.config.call_timeout;
-            self.call(node, epoch, CallKind::Probe { ps }, Req::Probe, bound);
-        }
+        self.coord.handle_reconnect_tick();
     }
 
     /// The chief program: schedule a batch, join it, every few batches save a checkpoint.

@@ -34,8 +34,8 @@ use tokio::sync::oneshot;
 
 use super::machine::recovery::{CheckpointRef, RestoreCall, RestoreReport, WorkerPositions};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, Ledger, RestoreTicket, ScheduleError, Scheduler,
-    SchedulerAction, ServerProbe,
+    ClosureFailure, ClosureId, ClosureState, Ledger, PsDial, RestoreTicket, ScheduleError,
+    Scheduler, SchedulerAction, ServerProbe,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -64,8 +64,6 @@ pub struct CoordinatorActor {
     /// Who waits for a restore at start-up, by ticket.
     restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<u64, String>>>,
     timer: Option<SpawnHandle>,
-    /// Parameter servers being dialled now (one dial each at a time).
-    ps_dialling: BTreeMap<u32, bool>,
 }
 
 impl CoordinatorActor {
@@ -76,7 +74,7 @@ impl CoordinatorActor {
         workers: Vec<(NodeId, SocketAddr)>,
         servers: Vec<(NodeId, SocketAddr)>,
     ) -> Self {
-        let mut scheduler = scheduler;
+        let mut scheduler = scheduler.with_servers(servers.len() as u32);
         let setup = SetupWorker {
             num_workers: workers.len() as u32,
             layouts_json: "[]".into(),
@@ -95,7 +93,6 @@ impl CoordinatorActor {
             fetch_waiters: HashMap::new(),
             restore_waiters: BTreeMap::new(),
             timer: None,
-            ps_dialling: BTreeMap::new(),
         }
     }
 
@@ -132,6 +129,8 @@ impl CoordinatorActor {
                     finished_below,
                     generation,
                 } => self.send_watermark(finished_below, generation),
+                SchedulerAction::DialPs { ps } => self.dial_ps(ctx, ps),
+                SchedulerAction::RetirePs { ps, epoch } => self.retire_ps(ps, epoch),
             }
         }
         self.answer_fetches();
@@ -407,58 +406,67 @@ impl CoordinatorActor {
             .map(|i| i as u32)
     }
 
-    /// Dials every parameter server the scheduler counts as down (or has never seen) with a
-    /// real call: an answer proves that incarnation alive and tells its epoch.
-    fn dial_servers(&mut self, ctx: &mut Context<Self>) {
-        for (index, (node, addr)) in self.servers.clone().into_iter().enumerate() {
-            let ps = index as u32;
-            let wanted = match self.scheduler.ps_epoch(ps) {
-                None => true,
-                Some((_, alive)) => !alive,
-            };
-            if !wanted || self.ps_dialling.get(&ps) == Some(&true) {
-                continue;
-            }
-            self.ps_dialling.insert(ps, true);
-            let gateway = self.gateway.clone();
-            let dial = async move {
-                let r = match gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await {
-                    Ok(r) => r,
-                    Err(RemoteError::Stale { reason, .. }) => {
-                        // Answers as an incarnation declared dead (a false death): it can do
-                        // nothing useful any more (FENCE-1); retire it so that its supervisor
-                        // restarts it as a new incarnation, which is then restored.
-                        return match gateway.peer_status(&node) {
-                            Some((epoch, false)) => {
-                                let fenced = Incarnation::new(node, epoch);
-                                retire(&gateway, addr, fenced, PS_ACTOR)
-                                    .await
-                                    .map(DialOutcome::Retired)
-                            }
-                            _ => Err(reason),
-                        };
-                    }
-                    Err(e) => return Err(e.to_string()),
-                };
-                let stats = r.call(&PsStats).await.map_err(|e| e.to_string())?;
-                Ok(DialOutcome::Up(r.target().epoch.0, stats.serving))
-            };
-            ctx.spawn(dial.into_actor(self).map(move |result, act, ctx| {
-                act.ps_dialling.insert(ps, false);
-                match result {
-                    Ok(DialOutcome::Up(epoch, serving)) => {
-                        act.scheduler
-                            .handle_ps_answered(Instant::now(), ps, epoch, serving);
-                        act.drive(ctx);
-                    }
-                    Ok(DialOutcome::Retired(epoch)) => tracing::warn!(
-                        "ps/{ps} (epoch {epoch}) was declared dead but is alive: retired it, so \
-                         that it restarts as a new incarnation"
-                    ),
-                    Err(e) => tracing::debug!("ps/{ps} not reachable yet: {e}"),
+    /// Dials parameter server `ps` with a real call ([`PsStats`]): an answer proves that
+    /// incarnation alive and tells its epoch; one from an incarnation this gateway declared
+    /// dead (a false death) is reported as such. The machine decides what follows.
+    fn dial_ps(&mut self, ctx: &mut Context<Self>, ps: u32) {
+        let Some((node, addr)) = self.servers.get(ps as usize).cloned() else {
+            self.scheduler
+                .handle_ps_dialled(Instant::now(), ps, PsDial::Unreachable);
+            return;
+        };
+        let gateway = self.gateway.clone();
+        let dial = async move {
+            let r = match gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await {
+                Ok(r) => r,
+                Err(RemoteError::Stale { reason, .. }) => {
+                    return match gateway.peer_status(&node) {
+                        Some((epoch, false)) => PsDial::DeclaredDead { epoch: epoch.0 },
+                        _ => {
+                            tracing::debug!("ps/{ps} not reachable yet: {reason}");
+                            PsDial::Unreachable
+                        }
+                    };
                 }
-            }));
-        }
+                Err(e) => {
+                    tracing::debug!("ps/{ps} not reachable yet: {e}");
+                    return PsDial::Unreachable;
+                }
+            };
+            match r.call(&PsStats).await {
+                Ok(stats) => PsDial::Answered {
+                    epoch: r.target().epoch.0,
+                    serving: stats.serving,
+                },
+                Err(e) => {
+                    tracing::debug!("ps/{ps} not reachable yet: {e}");
+                    PsDial::Unreachable
+                }
+            }
+        };
+        ctx.spawn(dial.into_actor(self).map(move |outcome, act, ctx| {
+            act.scheduler.handle_ps_dialled(Instant::now(), ps, outcome);
+            act.drive(ctx);
+        }));
+    }
+
+    /// Tells incarnation `epoch` of parameter server `ps`, declared dead but answering, to
+    /// retire, so that its supervisor restarts it as a new incarnation (restored then).
+    fn retire_ps(&self, ps: u32, epoch: u64) {
+        let Some((node, addr)) = self.servers.get(ps as usize).cloned() else {
+            return;
+        };
+        let gateway = self.gateway.clone();
+        actix::spawn(async move {
+            let fenced = Incarnation::new(node, Epoch(epoch));
+            match retire(&gateway, addr, fenced, PS_ACTOR).await {
+                Ok(epoch) => tracing::warn!(
+                    "ps/{ps} (epoch {epoch}) was declared dead but is alive: retired it, so \
+                     that it restarts as a new incarnation"
+                ),
+                Err(e) => tracing::debug!("retiring ps/{ps}: {e}"),
+            }
+        });
     }
 
     /// Carries out one call of a restore on the incarnation it names; its outcome goes back to
@@ -630,14 +638,6 @@ enum Reached {
     Retired(u64),
 }
 
-/// What a dial of a parameter server found.
-enum DialOutcome {
-    /// It answered as this incarnation, serving (holding variables) or not.
-    Up(u64, bool),
-    /// It answered as an incarnation declared dead, and was told to retire (its epoch).
-    Retired(u64),
-}
-
 /// Tells the fenced incarnation `fenced` (its `actor`), at `addr`, to retire ([`Retire`]).
 async fn retire(
     gateway: &Gateway,
@@ -669,10 +669,12 @@ impl Actor for CoordinatorActor {
             }
         });
         self.reconnect(ctx);
-        self.dial_servers(ctx);
+        self.scheduler.handle_reconnect_tick();
+        self.drive(ctx);
         ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| {
             act.reconnect(ctx);
-            act.dial_servers(ctx);
+            act.scheduler.handle_reconnect_tick();
+            act.drive(ctx);
         });
         ctx.run_interval(WATERMARK_INTERVAL, |act, ctx| {
             act.scheduler.handle_watermark_tick();

@@ -212,6 +212,21 @@ pub enum SchedulerAction {
         /// The step restored, or why not.
         result: Result<u64, String>,
     },
+    /// Dial parameter server `ps` with a real call ([`crate::roles::protocol::PsStats`]): only
+    /// an answer proves an incarnation alive. Answer with [`Scheduler::handle_ps_dialled`].
+    DialPs {
+        /// The server.
+        ps: u32,
+    },
+    /// Tell incarnation `epoch` of parameter server `ps`, declared dead but answering, to
+    /// retire ([`crate::roles::protocol::Retire`]): it can do nothing useful any more
+    /// (FENCE-1), and its supervisor restarts it as a new incarnation, which is restored.
+    RetirePs {
+        /// The server.
+        ps: u32,
+        /// The incarnation declared dead.
+        epoch: u64,
+    },
     /// Send the low watermark to every parameter server
     /// ([`crate::roles::protocol::FinishedBelow`]): every closure below `finished_below` is
     /// finished for good (PS-1 may forget their ids), computed in restore `generation` (a
@@ -222,6 +237,25 @@ pub enum SchedulerAction {
         /// The restore generation it was computed in.
         generation: u64,
     },
+}
+
+/// What a dial of a parameter server found ([`SchedulerAction::DialPs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PsDial {
+    /// Incarnation `epoch` answered, holding variables (`serving`) or not.
+    Answered {
+        /// The incarnation.
+        epoch: u64,
+        /// Whether it holds any variable.
+        serving: bool,
+    },
+    /// It answered as incarnation `epoch`, which the failure detector declared dead.
+    DeclaredDead {
+        /// The incarnation.
+        epoch: u64,
+    },
+    /// No answer (not up yet, unreachable, refused): dialled again at the next tick.
+    Unreachable,
 }
 
 /// Names a restore asked for with [`Scheduler::handle_restore_at_start`].
@@ -340,6 +374,10 @@ pub struct Scheduler {
     watermark_sent: u64,
     /// The next [`RestoreTicket`].
     next_ticket: u64,
+    /// Parameter servers in the cluster (dialled while not known alive).
+    num_servers: u32,
+    /// Parameter servers with a dial under way (one at a time each).
+    dialling: BTreeSet<u32>,
 }
 
 /// A closure committed since the cut, kept to run it again after a rollback: its function,
@@ -448,6 +486,41 @@ impl Scheduler {
             setup_version: 0,
             watermark_sent: 0,
             next_ticket: 0,
+            num_servers: 0,
+            dialling: BTreeSet::new(),
+        }
+    }
+
+    /// The cluster has `num_servers` parameter servers, indexed from 0: each is dialled
+    /// ([`Self::handle_reconnect_tick`]) until it is known alive.
+    pub fn with_servers(mut self, num_servers: u32) -> Self {
+        self.num_servers = num_servers;
+        self
+    }
+
+    /// Time to dial again (the shell calls this at a steady interval): emits
+    /// [`SchedulerAction::DialPs`] for every parameter server never seen or not reachable now
+    /// that has no dial under way.
+    pub fn handle_reconnect_tick(&mut self) {
+        for ps in 0..self.num_servers {
+            let wanted = self.servers.get(&ps).is_none_or(|e| !e.alive);
+            if wanted && self.dialling.insert(ps) {
+                self.actions.push_back(SchedulerAction::DialPs { ps });
+            }
+        }
+    }
+
+    /// The outcome of a [`SchedulerAction::DialPs`]: an answer counts as
+    /// [`Self::handle_ps_answered`]; an incarnation declared dead that answers is retired
+    /// ([`SchedulerAction::RetirePs`]); no answer waits for the next tick.
+    pub fn handle_ps_dialled(&mut self, now: Instant, ps: u32, dial: PsDial) {
+        self.dialling.remove(&ps);
+        match dial {
+            PsDial::Answered { epoch, serving } => self.handle_ps_answered(now, ps, epoch, serving),
+            PsDial::DeclaredDead { epoch } => self
+                .actions
+                .push_back(SchedulerAction::RetirePs { ps, epoch }),
+            PsDial::Unreachable => {}
         }
     }
 

@@ -487,3 +487,53 @@ fn stale_or_duplicate_restore_answers_change_nothing() {
     );
     assert!(s.is_restoring());
 }
+
+/// The machine decides whom to dial: every server never seen or not reachable, one dial each
+/// at a time; an answer from an incarnation declared dead retires it; no answer waits for the
+/// next tick.
+#[test]
+fn servers_are_dialled_until_they_answer_and_a_declared_dead_one_is_retired() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(2);
+    let dials = |actions: &[SchedulerAction]| -> Vec<u32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                SchedulerAction::DialPs { ps } => Some(*ps),
+                _ => None,
+            })
+            .collect()
+    };
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), vec![0, 1]);
+    s.handle_reconnect_tick();
+    assert!(dials(&drain(&mut s)).is_empty(), "one dial each at a time");
+    s.handle_ps_dialled(
+        t,
+        0,
+        PsDial::Answered {
+            epoch: 1,
+            serving: true,
+        },
+    );
+    s.handle_ps_dialled(t, 1, PsDial::Unreachable);
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), vec![1]);
+    assert_eq!(s.ps_epoch(0), Some((1, true)));
+    s.handle_ps_lost(t, 0, 1);
+    s.handle_ps_dialled(
+        t,
+        1,
+        PsDial::Answered {
+            epoch: 1,
+            serving: true,
+        },
+    );
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), vec![0]);
+    s.handle_ps_dialled(t, 0, PsDial::DeclaredDead { epoch: 1 });
+    assert_eq!(
+        drain(&mut s),
+        vec![SchedulerAction::RetirePs { ps: 0, epoch: 1 }]
+    );
+}
