@@ -14,11 +14,10 @@
 
 mod ps_support;
 
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use cohort::checkpoint::{CheckpointManager, CheckpointPolicy, FAILPOINT_ENV};
-use cohort::launch::{LaunchConfig, LaunchOutcome, Launcher, TaskExit};
+use cohort::launch::TaskExit;
 use cohort::program::{CoordinatorError, Program, StepContext, VariableSpec};
 use cohort::roles::PANIC_EXIT_CODE;
 use ps_support::{child_dir, fit_gradient, ledger_and_stats, write_report, Run, TARGET};
@@ -166,46 +165,7 @@ fn ps_1_ledger_1_a_ps_that_panics_exits_170_is_restarted_restored_and_the_job_en
 /// Launches `run` with `extra_env` and supervises it to the chief's exit; the chief's code and
 /// every exit the launcher saw.
 fn launch(run: &Run, extra_env: &[(&str, &str)]) -> (i32, Vec<TaskExit>) {
-    let mut env = run.env.clone();
-    env.extend([
-        (ps_support::CHILD_ENV.to_string(), "1".to_string()),
-        (
-            ps_support::DIR_ENV.to_string(),
-            run.dir.display().to_string(),
-        ),
-        (ps_support::SCENARIO_ENV.to_string(), run.scenario.clone()),
-        ("COHORT_DETECTION_BUDGET".to_string(), "1s".to_string()),
-    ]);
-    env.extend(
-        extra_env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string())),
-    );
-    let config = LaunchConfig {
-        num_workers: run.num_workers,
-        num_ps: run.num_ps,
-        num_evaluators: 0,
-        program: std::env::current_exe().expect("the test binary's path"),
-        args: vec![
-            "--exact".into(),
-            "cluster_task".into(),
-            "--nocapture".into(),
-        ],
-        env,
-        run_dir: run.dir.join("launch"),
-        restart: run.restart.clone(),
-        stop_grace: Duration::from_secs(3),
-        kill_once: None,
-    };
-    let mut launcher = Launcher::start(config).expect("start the local cluster");
-    let code = match launcher
-        .supervise(&AtomicBool::new(false))
-        .expect("supervise the local cluster")
-    {
-        LaunchOutcome::ChiefExited(code) => code,
-        LaunchOutcome::Stopped { .. } => panic!("the launcher was stopped"),
-    };
-    (code, launcher.exits().cloned().collect())
+    run.launch_with_exits(extra_env)
 }
 
 fn floats(value: &serde_json::Value) -> Vec<f32> {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cohort::cluster::TaskId;
-use cohort::launch::{LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
+use cohort::launch::{LaunchConfig, LaunchOutcome, Launcher, RestartLimits, TaskExit};
 use cohort::program::{ClusterCoordinator, CoordinatorError};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -206,6 +206,12 @@ impl Run {
 
     /// As [`Run::launch_code`], with extra environment for this launch only.
     pub fn launch_code_with(&self, extra_env: &[(&str, &str)]) -> i32 {
+        self.launch_with_exits(extra_env).0
+    }
+
+    /// Launches with extra environment for this launch only and supervises the cluster to the
+    /// chief's exit: the chief's code, and every task exit the launcher saw.
+    pub fn launch_with_exits(&self, extra_env: &[(&str, &str)]) -> (i32, Vec<TaskExit>) {
         let _ = std::fs::remove_file(self.dir.join(REPORT_FILE));
         let _ = std::fs::remove_file(self.dir.join(EXITS_FILE));
         let mut env = self.env.clone();
@@ -237,13 +243,14 @@ impl Run {
             kill_once: self.kill_once,
         };
         let mut launcher = Launcher::start(config).expect("start the local cluster");
-        match launcher
+        let code = match launcher
             .supervise(&AtomicBool::new(false))
             .expect("supervise the local cluster")
         {
             LaunchOutcome::ChiefExited(code) => code,
             LaunchOutcome::Stopped { .. } => panic!("the launcher was stopped"),
-        }
+        };
+        (code, launcher.exits().cloned().collect())
     }
 
     /// Launches, expects the chief to succeed, and returns its report.
