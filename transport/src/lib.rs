@@ -8,7 +8,7 @@
 //!   1.3, ring provider passed explicitly, never installed process-wide).
 //! - [`Endpoint`]: binds UDP (buffers sized by socket2), dials and accepts. Every connection is
 //!   mutually authenticated; there is no plaintext path. ALPN carries the protocol version
-//!   (`cohort/1`); a mismatch fails with "protocol version mismatch". After the handshake the
+//!   (`cohort/2`); a mismatch fails with "protocol version mismatch". After the handshake the
 //!   dialer claims its identity in a hello; the acceptor checks the claim equals the node its
 //!   certificate names and closes the connection otherwise (SEC-1).
 //! - [`Connection`]: request/response, one-way messages, incoming messages, loss detection
@@ -90,5 +90,7 @@ pub use frame::{Frame, FrameError, FrameLimits};
 pub use node::{NodeId, NodeIdError};
 pub use tls::{ClusterCa, NodeCredentials, TlsError};
 
-/// The wire protocol version, carried in ALPN as `cohort/<version>`.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The wire protocol version, carried in ALPN as `cohort/<version>`. Bumped whenever an
+/// encoding changes, so that nodes of two versions fail the handshake instead of misreading
+/// each other (2: the gateway's typed refusal for a sender role SEC-2 does not allow).
+pub const PROTOCOL_VERSION: u16 = 2;
