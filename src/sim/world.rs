@@ -241,14 +241,13 @@ struct PsProc {
     effective: Vec<u64>,
     /// Every closure id applied since the last restore, to check PS-1 against.
     effective_set: BTreeSet<u64>,
-    /// Snapshots taken for saves, by snapshot id (read by the chief).
-    preempted: bool,
 }
 
 struct WorkerProc {
     epoch: u64,
     state: ProcState,
     run: Option<WorkerRun>,
+    /// Got a preemption notice: it takes no new step (the real worker's compute stops).
     preempted: bool,
 }
 
@@ -366,7 +365,6 @@ impl<'a> World<'a> {
                     store,
                     effective: Vec::new(),
                     effective_set: BTreeSet::new(),
-                    preempted: false,
                 }
             })
             .collect();
@@ -577,7 +575,6 @@ impl<'a> World<'a> {
                 let p = &mut self.servers[i as usize];
                 p.epoch += 1;
                 p.state = ProcState::Up;
-                p.preempted = false;
                 // A new incarnation holds nothing until it is restored.
                 p.store = new_store();
                 p.effective.clear();
@@ -679,7 +676,6 @@ impl<'a> World<'a> {
 
     fn ps_receive(&mut self, ps: u32, msg: Msg) {
         let node = Node::Ps(ps);
-        let epoch = self.servers[ps as usize].epoch;
         match msg {
             Msg::Fence { worker, epoch } => {
                 self.servers[ps as usize].store.handle_fence(worker, epoch)
@@ -709,7 +705,6 @@ impl<'a> World<'a> {
             }
             _ => {}
         }
-        let _ = epoch;
     }
 
     fn apply_push(
@@ -958,7 +953,6 @@ impl<'a> World<'a> {
             Some(ps) => RunResult::PsUnavailable(ps),
             None => RunResult::Committed,
         };
-        let _ = (run.closure, run.attempt, run.generation);
         self.send(
             Node::Worker(w),
             Node::Chief,
@@ -982,7 +976,7 @@ impl<'a> World<'a> {
 
     /// A call's outcome: its reply, or why none came.
     fn on_reply(&mut self, call: u64, resp: Result<Resp, String>) {
-        let Some(Call { to, epoch, kind }) = self.calls.remove(&call) else {
+        let Some(Call { kind, .. }) = self.calls.remove(&call) else {
             return; // answered already (a duplicate), or given up
         };
         let now = self.instant();
@@ -1095,7 +1089,6 @@ impl<'a> World<'a> {
                 }
             }
         }
-        let _ = (to, epoch);
     }
 
     /// Carries out what the scheduler asks, until it asks nothing more.
@@ -1291,16 +1284,13 @@ impl<'a> World<'a> {
                     self.partitions.insert(node, (until, one_way));
                 }
                 FaultEvent::Preempt(node) => {
-                    let (state, epoch) = self.state(node);
-                    if state != ProcState::Down {
-                        match node {
-                            Node::Ps(i) => self.servers[i as usize].preempted = true,
-                            Node::Worker(i) => self.workers[i as usize].preempted = true,
-                            Node::Chief => {}
+                    if self.state(node).0 != ProcState::Down {
+                        // A server keeps serving through its grace; a worker takes no new step.
+                        if let Node::Worker(i) = node {
+                            self.workers[i as usize].preempted = true;
                         }
                         let at = self.now + self.config.preemption_grace;
                         self.at(at, Event::Inject(FaultEvent::Kill(node)));
-                        let _ = epoch;
                     }
                 }
             },

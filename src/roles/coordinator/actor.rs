@@ -487,8 +487,8 @@ impl CoordinatorActor {
                     fences,
                 } => {
                     tracing::warn!(
-                        "restore generation {generation}: every parameter server is restored \
-                         from a checkpoint"
+                        "restore generation {generation}: ps/{ps} (epoch {epoch}) is restored \
+                         from a checkpoint with every other server"
                     );
                     let target = server(ps, epoch);
                     (

@@ -411,7 +411,7 @@ struct ActiveRun {
     purpose: Purpose,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Purpose {
     /// A recovery: roll every server back to the last cut.
     Recovery { cut: ClosureId },
@@ -939,20 +939,7 @@ impl Scheduler {
         self.actions
             .extend(calls.into_iter().map(SchedulerAction::Restore));
         let Some(end) = end else { return };
-        let purpose = match &active.purpose {
-            Purpose::Recovery { cut } => Purpose::Recovery { cut: *cut },
-            Purpose::Startup {
-                ticket,
-                ledger,
-                next_id,
-                root,
-            } => Purpose::Startup {
-                ticket: *ticket,
-                ledger: ledger.clone(),
-                next_id: *next_id,
-                root: root.clone(),
-            },
-        };
+        let purpose = active.purpose.clone();
         if let RunEnd::Done {
             positions,
             lost_workers,
@@ -2093,7 +2080,8 @@ mod tests {
     }
 
     /// Commits everything dispatched so far.
-    fn run_all(s: &mut Scheduler) {
+    /// Answers every dispatch drained from `s` as committed.
+    pub(super) fn run_all(s: &mut Scheduler) {
         let t = Instant::now();
         for a in drain(s) {
             if let SchedulerAction::Dispatch {

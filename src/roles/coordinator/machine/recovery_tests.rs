@@ -131,18 +131,7 @@ fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>
             s.mark_cut(ClosureId(s.next_closure_id()), root()).unwrap();
         }
         ids.push(s.handle_schedule(t, "step", vec![n as u8]).unwrap());
-        for a in drain(&mut s) {
-            if let SchedulerAction::Dispatch {
-                worker,
-                epoch,
-                closure,
-                attempt,
-                ..
-            } = a
-            {
-                s.handle_result(t, worker, epoch, closure, attempt, Ok(vec![]));
-            }
-        }
+        super::tests::run_all(&mut s);
     }
     (s, ids)
 }
