@@ -18,14 +18,15 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use cohort::optim::Optimizer;
+use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
     f32_blob, BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
-    Pull, Push, PushReply, RestoreVariable, Retire, RewindWorker, RollBack, RunClosure,
-    SetupWorker, Shutdown, Snapshot, WireGradient, PS_ACTOR, WORKER_ACTOR,
+    Pull, Push, PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack,
+    RunClosure, SetupWorker, Shutdown, Snapshot, WireGradient, PS_ACTOR, WORKER_ACTOR,
 };
 use cohort::roles::protocol::{PsStats, PsStatsReply};
 use cohort::roles::ps::{ParameterStore, PsActor};
-use cohort::roles::worker::{job_queue, WorkerActor, WorkerJob};
+use cohort::roles::worker::{job_queue, WorkerActor, WorkerJob, WorkerMachine};
 use cohort_actors::{
     Epoch, Gateway, GatewayConfig, HeartbeatConfig, RefusedReason, Remote, RemoteError,
     RemoteMessage,
@@ -222,13 +223,15 @@ impl Ps {
         worker: u32,
         epoch: u64,
         closure: u64,
-    ) -> anyhow::Result<PushReply> {
+    ) -> anyhow::Result<PushOutcome> {
         let push = Push {
-            worker,
-            epoch,
-            closure,
-            attempt: 0,
-            generation: 0,
+            origin: PushOrigin {
+                worker,
+                epoch,
+                closure: ClosureId(closure),
+                attempt: 0,
+                generation: 0,
+            },
             gradients: vec![("w".into(), WireGradient::Dense)],
         };
         let reply = Cluster::call(
@@ -280,7 +283,8 @@ impl Worker {
         let node = NodeId::new("worker", 1);
         let gateway = start(&cluster.ca, &node, 1)?;
         let (tx, rx) = job_queue();
-        WorkerActor::start(tx, &gateway)?;
+        let machine = Arc::new(Mutex::new(WorkerMachine::new(1, 1)));
+        WorkerActor::start(tx, machine, &gateway)?;
         let jobs = Arc::new(Mutex::new(Vec::new()));
         let recorded = jobs.clone();
         std::thread::spawn(move || record_jobs(rx, recorded));
@@ -305,17 +309,17 @@ impl Worker {
 fn record_jobs(rx: Receiver<WorkerJob>, jobs: Arc<Mutex<Vec<&'static str>>>) {
     while let Ok(job) = rx.recv() {
         let kind = match job {
-            WorkerJob::Setup(_, tx) => {
-                let _ = tx.send(Ok(()));
-                "setup"
+            WorkerJob::Setup { rewind, reply, .. } => {
+                let _ = reply.send(Ok(()));
+                if rewind {
+                    "rewind"
+                } else {
+                    "setup"
+                }
             }
             WorkerJob::Run(_, tx) => {
-                let _ = tx.send(Ok(Ok(b"ran".to_vec())));
+                let _ = tx.send(Ok(b"ran".to_vec()));
                 "run"
-            }
-            WorkerJob::Rewind(_, tx) => {
-                let _ = tx.send(Ok(()));
-                "rewind"
             }
             WorkerJob::Positions(tx) => {
                 let _ = tx.send(Ok(Vec::new()));
@@ -414,7 +418,7 @@ fn sec2_ps_fence_worker_from_a_worker_is_refused() {
         let (cluster, ps, _) = ps_refuses(fence, Vec::new()).await?;
         // worker/1's incarnation 1 was not fenced: its push still applies.
         let victim = start(&cluster.ca, &NodeId::new("worker", 1), 1)?;
-        assert_eq!(ps.push(&victim, 1, 1, 0).await?, PushReply::Applied);
+        assert_eq!(ps.push(&victim, 1, 1, 0).await?, PushOutcome::Applied);
         assert_eq!(ps.w(&cluster).await?, vec![-0.5; 4]);
         Ok(())
     });
@@ -430,7 +434,10 @@ fn sec2_ps_finished_below_from_a_worker_is_refused() {
         let (cluster, ps, before) = ps_refuses(finished, Vec::new()).await?;
         assert_eq!(before.finished_below, 0);
         // Closure 5 is below the refused watermark, and still applies.
-        assert_eq!(ps.push(&cluster.rogue, 0, 1, 5).await?, PushReply::Applied);
+        assert_eq!(
+            ps.push(&cluster.rogue, 0, 1, 5).await?,
+            PushOutcome::Applied
+        );
         Ok(())
     });
 }
@@ -445,7 +452,10 @@ fn sec2_ps_begin_restore_from_a_worker_is_refused() {
         let (cluster, ps, before) = ps_refuses(begin, Vec::new()).await?;
         assert_eq!(before.generation, 0);
         // The server is not held in a restore: pushes still apply.
-        assert_eq!(ps.push(&cluster.rogue, 0, 1, 0).await?, PushReply::Applied);
+        assert_eq!(
+            ps.push(&cluster.rogue, 0, 1, 0).await?,
+            PushOutcome::Applied
+        );
         Ok(())
     });
 }
@@ -456,7 +466,10 @@ fn sec2_ps_roll_back_from_a_worker_is_refused() {
         let cluster = Cluster::new()?;
         let ps = Ps::start(&cluster).await?;
         // Closure 0 applied; a roll-back would forget it and let it apply twice (PS-1).
-        assert_eq!(ps.push(&cluster.rogue, 0, 1, 0).await?, PushReply::Applied);
+        assert_eq!(
+            ps.push(&cluster.rogue, 0, 1, 0).await?,
+            PushOutcome::Applied
+        );
         let before = ps.stats(&cluster).await?;
         let roll_back = RollBack {
             finished_below: 0,
@@ -466,7 +479,7 @@ fn sec2_ps_roll_back_from_a_worker_is_refused() {
         assert_eq!(ps.stats(&cluster).await?, before);
         assert_eq!(
             ps.push(&cluster.rogue, 0, 1, 0).await?,
-            PushReply::Duplicate
+            PushOutcome::Duplicate
         );
         assert_eq!(ps.w(&cluster).await?, vec![-0.5; 4]);
         Ok(())
@@ -523,7 +536,10 @@ fn sec2_ps_data_messages_come_from_their_senders() {
     run(async {
         let cluster = Cluster::new()?;
         let ps = Ps::start(&cluster).await?;
-        assert_eq!(ps.push(&cluster.rogue, 0, 1, 0).await?, PushReply::Applied);
+        assert_eq!(
+            ps.push(&cluster.rogue, 0, 1, 0).await?,
+            PushOutcome::Applied
+        );
         let pull = Pull {
             names: vec!["w".into()],
         };
@@ -567,7 +583,10 @@ fn sec2_a_push_under_another_workers_identity_is_refused() {
             }
         }
         assert_eq!(ps.w(&cluster).await?, vec![0.0; 4]);
-        assert_eq!(ps.push(&cluster.rogue, 0, 1, 3).await?, PushReply::Applied);
+        assert_eq!(
+            ps.push(&cluster.rogue, 0, 1, 3).await?,
+            PushOutcome::Applied
+        );
         Ok(())
     });
 }

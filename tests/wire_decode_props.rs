@@ -15,11 +15,12 @@
 use std::fmt::Debug;
 
 use bincode::{Decode, Encode};
+use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
-    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec, PsStats,
-    PsStatsReply, PsUnavailable, Pull, PullRows, Push, PushReply, RestoreVariable, Retire,
-    RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, ShardState, Shutdown,
-    Snapshot, WireGradient, WorkerRefusal,
+    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
+    PositionsError, PsStats, PsStatsReply, PsUnavailable, Pull, PullRows, Push, PushOrigin,
+    PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack, RunClosure, RunClosureError,
+    SetupError, SetupWorker, ShardState, Shutdown, Snapshot, WireGradient, WorkerRefusal,
 };
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
 use cohort_actors::{Epoch, Incarnation, RefusedReason};
@@ -156,12 +157,12 @@ fn wire_gradient() -> impl Strategy<Value = WireGradient> {
     prop_oneof![Just(WireGradient::Dense), Just(WireGradient::Rows)]
 }
 
-fn push_reply() -> impl Strategy<Value = PushReply> {
+fn push_outcome() -> impl Strategy<Value = PushOutcome> {
     prop_oneof![
-        Just(PushReply::Applied),
-        Just(PushReply::Duplicate),
-        Just(PushReply::Stale),
-        Just(PushReply::SkippedNonFinite),
+        Just(PushOutcome::Applied),
+        Just(PushOutcome::Duplicate),
+        Just(PushOutcome::Stale),
+        Just(PushOutcome::SkippedNonFinite),
     ]
 }
 
@@ -194,6 +195,25 @@ fn worker_refusal() -> impl Strategy<Value = WorkerRefusal> {
         any::<u32>().prop_map(|queued| WorkerRefusal::Busy { queued }),
         Just(WorkerRefusal::ComputeStopped),
         Just(WorkerRefusal::JobDropped),
+        Just(WorkerRefusal::NotSetUp),
+        Just(WorkerRefusal::Retired),
+        Just(WorkerRefusal::Preempted),
+    ]
+}
+
+fn setup_error() -> impl Strategy<Value = SetupError> {
+    prop_oneof![
+        text().prop_map(SetupError::Layouts),
+        (text(), any::<u64>(), any::<u64>())
+            .prop_map(|(dataset, skip, max)| SetupError::SkipTooFar { dataset, skip, max }),
+        text().prop_map(SetupError::UnknownDataset),
+        (text(), text()).prop_map(|(dataset, reason)| SetupError::Build { dataset, reason }),
+        (text(), any::<u64>(), text()).prop_map(|(dataset, skip, reason)| SetupError::Resume {
+            dataset,
+            skip,
+            reason
+        }),
+        worker_refusal().prop_map(SetupError::Refused),
     ]
 }
 
@@ -284,11 +304,13 @@ decode_props! {
         vec((text(), wire_gradient()), 0..4),
     )
         .prop_map(|(worker, epoch, closure, attempt, generation, gradients)| Push {
-            worker,
-            epoch,
-            closure,
-            attempt,
-            generation,
+            origin: PushOrigin {
+                worker,
+                epoch,
+                closure: ClosureId(closure),
+                attempt,
+                generation,
+            },
             gradients,
         });
     fence_worker: FenceWorker = (any::<u32>(), any::<u64>())
@@ -317,15 +339,18 @@ decode_props! {
 
     // Replies.
     unit_or_text: Result<(), String> = text_result(Just(()));
-    push_result: Result<PushReply, String> = text_result(push_reply());
+    push_result: Result<PushOutcome, String> = text_result(push_outcome());
     shard_state_result: Result<ShardState, String> = text_result(shard_state());
     ps_stats_reply_value: PsStatsReply = ps_stats_reply();
     run_closure_result: Result<Vec<u8>, RunClosureError> = prop_oneof![
         vec(any::<u8>(), 0..32).prop_map(Ok),
         run_closure_error().prop_map(Err),
     ];
-    positions_result: Result<Vec<(String, u64)>, String> =
-        text_result(vec((text(), any::<u64>()), 0..4));
+    setup_result: Result<(), SetupError> = prop_oneof![Just(Ok(())), setup_error().prop_map(Err)];
+    positions_result: Result<Vec<(String, u64)>, PositionsError> = prop_oneof![
+        vec((text(), any::<u64>()), 0..4).prop_map(Ok),
+        worker_refusal().prop_map(|r| Err(PositionsError::Refused(r))),
+    ];
 
     // The gateway's own headers.
     gateway_wire_msg: WireMsg = wire_msg();

@@ -13,6 +13,9 @@ use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::{RemoteMessage, Senders};
 
+pub use super::push::{PushOrigin, PushOutcome};
+pub use super::worker::{PositionsError, SetupError};
+
 /// SEC-2: control messages (creating, restoring, fencing, rolling back, dispatching,
 /// retiring, shutting down) come only from the chief.
 pub const CHIEF: Senders = Senders::Roles(&[CHIEF_ROLE]);
@@ -127,7 +130,7 @@ impl RemoteMessage for PullRows {
 }
 
 /// The kind of one gradient of a push; its numbers travel as blobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
 pub enum WireGradient {
     /// For the whole shard: one blob of little-endian f32.
     Dense,
@@ -137,42 +140,21 @@ pub enum WireGradient {
 }
 
 /// Apply one closure's gradients (PS-1: at most once per closure). Blobs: each gradient's, in
-/// the order of `gradients`.
-#[derive(Debug, Clone, PartialEq, Encode, Decode)]
+/// the order of `gradients` ([`Push::decode_gradients`] reads them back). Planned by
+/// [`crate::roles::push::plan_push`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
 pub struct Push {
-    /// The pushing worker.
-    pub worker: u32,
-    /// Its incarnation.
-    pub epoch: u64,
-    /// The closure whose step produced the gradients.
-    pub closure: u64,
-    /// Which attempt of it.
-    pub attempt: u32,
-    /// The restore generation the closure was dispatched in ([`RunClosure::generation`]): a
-    /// server refuses a push from an older generation as stale (PS-1 across a restore).
-    pub generation: u64,
+    /// The pushing worker incarnation, and the closure attempt whose step produced the
+    /// gradients.
+    pub origin: PushOrigin,
     /// Gradients by shard name.
     pub gradients: Vec<(String, WireGradient)>,
-}
-
-/// What became of a push.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub enum PushReply {
-    /// Applied.
-    Applied,
-    /// Already applied for this closure (PS-1).
-    Duplicate,
-    /// From a fenced incarnation (FENCE-1), from a restore generation older than the
-    /// server's, or sent while a restore is under way (PS-1).
-    Stale,
-    /// Non-finite gradient skipped per policy.
-    SkippedNonFinite,
 }
 
 impl RemoteMessage for Push {
     const TAG: &'static str = "ps.push";
     const SENDERS: Senders = WORKER;
-    type Reply = Result<PushReply, String>;
+    type Reply = Result<PushOutcome, String>;
 }
 
 /// The coordinator declared a worker incarnation lost (FENCE-1).
@@ -331,6 +313,15 @@ pub enum WorkerRefusal {
     /// Its compute thread dropped the job without answering.
     #[error("worker compute thread dropped the job")]
     JobDropped,
+    /// A closure reached it before any setup took effect.
+    #[error("worker not set up")]
+    NotSetUp,
+    /// It is retired (fenced by the chief) or exiting.
+    #[error("worker retired")]
+    Retired,
+    /// It got a preemption notice and takes no new closure.
+    #[error("worker preempted")]
+    Preempted,
 }
 
 /// From the chief to a worker incarnation it fenced (FENCE-1) while that process may still
@@ -379,7 +370,7 @@ pub struct SetupWorker {
 impl RemoteMessage for SetupWorker {
     const TAG: &'static str = "worker.setup";
     const SENDERS: Senders = CHIEF;
-    type Reply = Result<(), String>;
+    type Reply = Result<(), SetupError>;
 }
 
 /// A blob of little-endian f32 (one copy).
@@ -523,7 +514,7 @@ pub struct DatasetPositions;
 impl RemoteMessage for DatasetPositions {
     const TAG: &'static str = "worker.positions";
     const SENDERS: Senders = CHIEF;
-    type Reply = Result<Vec<(String, u64)>, String>;
+    type Reply = Result<Vec<(String, u64)>, PositionsError>;
 }
 
 /// Little-endian bytes of `values` (one copy on little-endian machines).
@@ -617,7 +608,7 @@ pub struct RewindWorker {
 impl RemoteMessage for RewindWorker {
     const TAG: &'static str = "worker.rewind";
     const SENDERS: Senders = CHIEF;
-    type Reply = Result<(), String>;
+    type Reply = Result<(), SetupError>;
 }
 
 #[cfg(test)]

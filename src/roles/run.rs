@@ -38,8 +38,8 @@
 //!   143 once the chief is gone or `preemption_grace` has passed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use actix::System;
 use cohort_actors::{DeathCause, Gateway, PeerEvent, RefusedReason, RegisterError, Remote};
@@ -50,7 +50,7 @@ use super::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, Schedu
 use super::node::{peer, resolve, start_gateway, NodeConfig};
 use super::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
 use super::ps::{ParameterStore, PsActor, PushPanic};
-use super::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
+use super::worker::{job_queue, run_worker_thread, Exit, PsClient, WorkerActor, WorkerMachine};
 use crate::cluster::{
     load_role_config, parse_duration_in, ConfigFlags, ConfigKey, DurationRange, RoleConfig,
     StrategyKind, TaskId, TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
@@ -316,10 +316,14 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
         PsActor::start_with_failpoint(store, gateway.clone(), push_panic)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
-        exit_on_goodbye(&gateway, PS_ACTOR)
-            .and_then(|()| exit_when_retired(&gateway, PS_ACTOR, epoch))
+        exit_on_goodbye(&gateway, PS_ACTOR, || Some(Exit::job_done()))
+            .and_then(|()| {
+                exit_when_retired(&gateway, PS_ACTOR, move |retired| {
+                    (retired == epoch).then(|| Exit::retired(epoch))
+                })
+            })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
-        serve_chief_then_stop(gateway, grace);
+        serve_chief_then_stop(gateway, grace, || {}, || Some(Exit::preempted()));
         Ok::<_, RoleFailure>(())
     })?;
     // Every stop sets its code: 75 when retired by the chief, 0 after its goodbye, 143 after
@@ -345,16 +349,54 @@ fn run_worker(
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let client = PsClient::new(gateway.clone(), Handle::current(), servers);
         let (jobs, queue) = job_queue();
+        // The worker's decisions; the compute thread, the actor and the handlers below carry
+        // them out.
+        let machine = Arc::new(Mutex::new(WorkerMachine::new(index, epoch)));
+        let compute_machine = Arc::clone(&machine);
         std::thread::Builder::new()
             .name(format!("worker-{index}-compute"))
-            .spawn(move || run_worker_thread(program, index, epoch, client, queue))
+            .spawn(move || run_worker_thread(program, compute_machine, client, queue))
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
-        WorkerActor::start(jobs, &gateway).map_err(|e| RoleFailure::Training(e.to_string()))?;
-        exit_on_goodbye(&gateway, WORKER_ACTOR)
-            .and_then(|()| exit_when_retired(&gateway, WORKER_ACTOR, epoch))
+        WorkerActor::start(jobs, Arc::clone(&machine), &gateway)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
-        exit_when_chief_is_lost(&gateway);
-        serve_chief_then_stop(gateway, grace);
+        let decide = |f: fn(&mut WorkerMachine) -> Option<Exit>| {
+            let machine = Arc::clone(&machine);
+            move || f(&mut machine.lock().unwrap_or_else(PoisonError::into_inner))
+        };
+        let retiring = Arc::clone(&machine);
+        exit_on_goodbye(
+            &gateway,
+            WORKER_ACTOR,
+            decide(|m| m.handle_goodbye(Instant::now())),
+        )
+        .and_then(|()| {
+            exit_when_retired(&gateway, WORKER_ACTOR, move |retired| {
+                retiring
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle_retire(Instant::now(), retired)
+            })
+        })
+        .map_err(|e| RoleFailure::Training(e.to_string()))?;
+        let losing = Arc::clone(&machine);
+        exit_when_chief_is_lost(&gateway, move |silent_for| {
+            losing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .handle_chief_lost(Instant::now(), silent_for)
+        });
+        let noticing = Arc::clone(&machine);
+        serve_chief_then_stop(
+            gateway,
+            grace,
+            move || {
+                noticing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle_preemption_notice(Instant::now())
+            },
+            decide(|m| m.handle_preemption_over(Instant::now())),
+        );
         Ok::<_, RoleFailure>(())
     })?;
     // Every stop sets its code: 75 to be restarted (chief lost, or retired by it), 0 after the
@@ -364,36 +406,44 @@ fn run_worker(
         .map_err(|e| RoleFailure::Training(e.to_string()))
 }
 
-/// Ends this process with code 0 when the chief says the job is done ([`Shutdown`] to
-/// `actor`). Only the chief may say so.
-fn exit_on_goodbye(gateway: &Gateway, actor: &str) -> Result<(), RegisterError> {
+/// Ends this process when the chief says the job is done ([`Shutdown`] to `actor`), as
+/// `decide` says (code 0; nothing when an exit is under way already). Only the chief may say
+/// so.
+fn exit_on_goodbye(
+    gateway: &Gateway,
+    actor: &str,
+    decide: impl Fn() -> Option<Exit> + Send + Sync + 'static,
+) -> Result<(), RegisterError> {
     let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
     gateway.register_fn::<Shutdown, _, _>(actor, move |m: Remote<Shutdown>| {
         let answer = obey_chief(&chief, &m.from.node).map(|()| {
-            tracing::info!("the chief finished the job: exiting");
-            exit_after_answering(system.clone(), JOB_DONE_EXIT_CODE);
+            if let Some(exit) = decide() {
+                tracing::info!("{}", exit.reason);
+                exit_after_answering(system.clone(), exit.code);
+            }
         });
         async move { answer }
     })
 }
 
-/// Ends this worker or parameter server (`actor`) with [`LOST_CHIEF_EXIT_CODE`] when the chief
-/// retires its incarnation `epoch` ([`Retire`]): the chief fenced it, or declared it dead,
-/// while it was alive (FENCE-1), so it can do nothing useful any more, and its supervisor
-/// restarts it as a new incarnation that the chief takes back (a parameter server is then
-/// restored). A retirement of another incarnation is ignored.
-fn exit_when_retired(gateway: &Gateway, actor: &str, epoch: u64) -> Result<(), RegisterError> {
+/// Ends this worker or parameter server (`actor`) as `decide` says when the chief retires an
+/// incarnation ([`Retire`]): for its own, [`LOST_CHIEF_EXIT_CODE`]. The chief fenced it, or
+/// declared it dead, while it was alive (FENCE-1), so it can do nothing useful any more, and
+/// its supervisor restarts it as a new incarnation that the chief takes back (a parameter
+/// server is then restored). A retirement of another incarnation is ignored.
+fn exit_when_retired(
+    gateway: &Gateway,
+    actor: &str,
+    decide: impl Fn(u64) -> Option<Exit> + Send + Sync + 'static,
+) -> Result<(), RegisterError> {
     let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
     gateway.register_fn::<Retire, _, _>(actor, move |m: Remote<Retire>| {
         let answer = obey_chief(&chief, &m.from.node).map(|()| {
-            if m.msg.epoch == epoch {
-                tracing::warn!(
-                    "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
-                     exiting so that it restarts as a new incarnation"
-                );
-                exit_after_answering(system.clone(), LOST_CHIEF_EXIT_CODE);
+            if let Some(exit) = decide(m.msg.epoch) {
+                tracing::warn!("{}", exit.reason);
+                exit_after_answering(system.clone(), exit.code);
             }
         });
         async move { answer }
@@ -420,11 +470,11 @@ fn exit_after_answering(system: System, code: i32) {
     });
 }
 
-/// A worker whose chief went silent past the detection budget exits (code
-/// [`LOST_CHIEF_EXIT_CODE`]) so that its supervisor restarts it as a new incarnation. The chief
-/// has fenced it meanwhile (FENCE-1): a worker that was frozen (SIGSTOP, a long pause) and
-/// woke up would otherwise idle until the job ends, refused by everyone.
-fn exit_when_chief_is_lost(gateway: &Gateway) {
+/// A worker whose chief went silent past the detection budget exits as `decide` says (code
+/// [`LOST_CHIEF_EXIT_CODE`]) so that its supervisor restarts it as a new incarnation. The
+/// chief has fenced it meanwhile (FENCE-1): a worker that was frozen (SIGSTOP, a long pause)
+/// and woke up would otherwise idle until the job ends, refused by everyone.
+fn exit_when_chief_is_lost(gateway: &Gateway, decide: impl Fn(Duration) -> Option<Exit> + 'static) {
     let mut events = gateway.subscribe();
     let chief = peer(TaskId::new(TaskType::Chief, 0));
     actix::spawn(async move {
@@ -435,15 +485,10 @@ fn exit_when_chief_is_lost(gateway: &Gateway) {
             } = event
             {
                 if incarnation.node == chief {
-                    if preemption_requested() {
-                        // The job is ending (we were told to stop): the chief's exit is expected.
-                        tracing::info!("the chief has exited: stopping");
-                    } else {
-                        tracing::warn!(
-                            "the chief has been silent for {silent_for:?}: exiting so this worker restarts as a new incarnation"
-                        );
+                    if let Some(exit) = decide(silent_for) {
+                        tracing::warn!("{}", exit.reason);
+                        System::current().stop_with_code(exit.code);
                     }
-                    System::current().stop_with_code(LOST_CHIEF_EXIT_CODE);
                     return;
                 }
             }
@@ -632,11 +677,18 @@ where
     });
 }
 
-/// A parameter server's or worker's stop: after the notice it keeps serving while the chief is
-/// alive, so that the chief can finish in-flight steps and read the variables for its
-/// preemption checkpoint; it stops once the chief is gone or `grace` has passed.
-fn serve_chief_then_stop(gateway: Gateway, grace: Duration) {
+/// A parameter server's or worker's stop: at the notice it runs `notice`, then keeps serving
+/// while the chief is alive, so that the chief can finish in-flight steps and read the
+/// variables for its preemption checkpoint; once the chief is gone or `grace` has passed, it
+/// stops as `over` says ([`PREEMPTED_EXIT_CODE`]; nothing when an exit is under way already).
+fn serve_chief_then_stop(
+    gateway: Gateway,
+    grace: Duration,
+    notice: impl FnOnce() + 'static,
+    over: impl FnOnce() -> Option<Exit> + 'static,
+) {
     on_stop_signal(move || async move {
+        notice();
         let chief = peer(TaskId::new(TaskType::Chief, 0));
         let deadline = tokio::time::Instant::now() + grace;
         while tokio::time::Instant::now() < deadline
@@ -644,8 +696,10 @@ fn serve_chief_then_stop(gateway: Gateway, grace: Duration) {
         {
             tokio::time::sleep(CHIEF_POLL).await;
         }
-        tracing::info!("stop requested: stopping");
-        System::current().stop_with_code(PREEMPTED_EXIT_CODE);
+        if let Some(exit) = over() {
+            tracing::info!("{}", exit.reason);
+            System::current().stop_with_code(exit.code);
+        }
     });
 }
 
@@ -714,7 +768,7 @@ pub const LOST_CHIEF_EXIT_CODE: i32 = 75;
 pub const PANIC_EXIT_CODE: i32 = 170;
 /// A worker's or parameter server's exit code after the chief's goodbye: the job is done
 /// (its supervisor does not restart it).
-const JOB_DONE_EXIT_CODE: i32 = 0;
+pub const JOB_DONE_EXIT_CODE: i32 = 0;
 /// Bound on the chief's goodbye to every task at the end of a job.
 const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 /// Time between answering the message that ends a process and stopping it, so that the

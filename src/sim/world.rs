@@ -19,8 +19,11 @@ use crate::roles::coordinator::{
     CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport,
     ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig,
 };
-use crate::roles::protocol::SetupWorker;
+use crate::roles::protocol::{PsUnavailable, RunClosure, RunClosureError, SetupWorker};
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
+use crate::roles::push::PlannedPush;
+use crate::roles::worker::{Request, StepAction, StepError, WorkerMachine};
+use crate::variable::{Shard, ShardLayout};
 
 /// How a run ended, and what it saw.
 #[derive(Debug, Clone)]
@@ -154,26 +157,18 @@ enum Msg {
         below: u64,
         generation: u64,
     },
-    /// Worker to server, and back.
+    /// Worker to server (the planned push, blobs and all), and back.
     Push {
-        worker: u32,
-        epoch: u64,
         run: u64,
-        origin: Origin,
+        push: crate::roles::protocol::Push,
+        blobs: Vec<bytes::Bytes>,
     },
     PushReply {
         ps: u32,
         run: u64,
-        result: PushResult,
+        /// `None`: the server was unavailable (not serving, or refused the push).
+        result: Option<PushOutcome>,
     },
-}
-
-/// [`PushOrigin`] as the simulator orders it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct Origin {
-    closure: u64,
-    attempt: u32,
-    generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -216,14 +211,8 @@ enum Resp {
 enum RunResult {
     Committed,
     PsUnavailable(u32),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum PushResult {
-    Applied,
-    Duplicate,
-    Stale,
-    Unavailable,
+    /// The closure's own error.
+    Failed(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,21 +232,27 @@ struct PsProc {
     effective_set: BTreeSet<u64>,
 }
 
+/// A worker process: its real machine ([`WorkerMachine`]), the simulator standing in for
+/// its actor and compute thread.
 struct WorkerProc {
     epoch: u64,
     state: ProcState,
+    machine: WorkerMachine,
+    /// The closure on the compute thread.
     run: Option<WorkerRun>,
-    /// Got a preemption notice: it takes no new step (the real worker's compute stops).
-    preempted: bool,
+    /// Closures admitted and waiting for the compute thread, in order.
+    waiting: std::collections::VecDeque<(u64, RunClosure)>,
 }
 
-/// The worker's step: push to every server, wait for every answer, report.
+/// The closure on the compute thread: computing, then its pushes out.
 struct WorkerRun {
     call: u64,
-    closure: u64,
-    attempt: u32,
-    generation: u64,
-    replies: BTreeMap<u32, Option<PushResult>>,
+    /// Servers whose push has not settled yet.
+    pending: BTreeSet<u32>,
+    /// The servers' answers so far.
+    answered: Vec<(u32, PushOutcome)>,
+    /// A server found unavailable (the first, by index).
+    unavailable: Option<u32>,
 }
 
 struct Call {
@@ -369,11 +364,12 @@ impl<'a> World<'a> {
             })
             .collect();
         let workers = (0..config.num_workers)
-            .map(|_| WorkerProc {
+            .map(|w| WorkerProc {
                 epoch: 1,
                 state: ProcState::Up,
+                machine: WorkerMachine::new(w, 1),
                 run: None,
-                preempted: false,
+                waiting: Default::default(),
             })
             .collect();
         let mut world = Self {
@@ -413,7 +409,8 @@ impl<'a> World<'a> {
         world.coord.handle_configure(
             SetupWorker {
                 num_workers: config.num_workers,
-                layouts_json: "[]".into(),
+                layouts_json: serde_json::to_string(&layouts(config.num_ps))
+                    .expect("layouts serialize"),
                 datasets: Vec::new(),
             },
             Vec::new(),
@@ -562,7 +559,9 @@ impl<'a> World<'a> {
         }
         self.set_state(node, ProcState::Down);
         if let Node::Worker(i) = node {
-            self.workers[i as usize].run = None;
+            let w = &mut self.workers[i as usize];
+            w.run = None;
+            w.waiting.clear();
         }
         let at = self.now + self.config.restart_delay;
         self.at(at, Event::Restart { node });
@@ -584,8 +583,9 @@ impl<'a> World<'a> {
                 let w = &mut self.workers[i as usize];
                 w.epoch += 1;
                 w.state = ProcState::Up;
+                w.machine = WorkerMachine::new(i, w.epoch);
                 w.run = None;
-                w.preempted = false;
+                w.waiting.clear();
             }
         }
     }
@@ -683,17 +683,13 @@ impl<'a> World<'a> {
             Msg::Watermark { below, generation } => self.servers[ps as usize]
                 .store
                 .handle_finished_below(ClosureId(below), generation),
-            Msg::Push {
-                worker,
-                epoch: worker_epoch,
-                run,
-                origin,
-            } => {
-                let result = self.apply_push(ps, worker, worker_epoch, origin);
+            Msg::Push { run, push, blobs } => {
+                let PushOrigin { worker, epoch, .. } = push.origin;
+                let result = self.apply_push(ps, &push, &blobs);
                 self.send(
                     node,
                     Node::Worker(worker),
-                    worker_epoch,
+                    epoch,
                     Msg::PushReply { ps, run, result },
                 );
             }
@@ -710,41 +706,30 @@ impl<'a> World<'a> {
     fn apply_push(
         &mut self,
         ps: u32,
-        worker: u32,
-        worker_epoch: u64,
-        origin: Origin,
-    ) -> PushResult {
+        push: &crate::roles::protocol::Push,
+        blobs: &[bytes::Bytes],
+    ) -> Option<PushOutcome> {
         let p = &mut self.servers[ps as usize];
         if p.store.variables().next().is_none() {
             // The serving gate: an empty (restarted, not restored) server refuses.
-            return PushResult::Unavailable;
+            return None;
         }
-        let grad = gradient(origin.closure);
-        let push_origin = PushOrigin {
-            worker,
-            epoch: worker_epoch,
-            closure: ClosureId(origin.closure),
-            attempt: origin.attempt,
-            generation: origin.generation,
-        };
-        let gradients = [(variable(ps), Gradient::Dense(grad.into()))];
-        match p.store.handle_push(push_origin, &gradients) {
-            Ok(PushOutcome::Applied) => {
-                if !p.effective_set.insert(origin.closure) {
-                    let detail = format!(
-                        "ps/{ps} applied closure {} a second time (attempt {}, worker/{worker} \
-                         epoch {worker_epoch})",
-                        origin.closure, origin.attempt
-                    );
-                    self.violate("PS-1", detail);
-                }
-                self.servers[ps as usize].effective.push(origin.closure);
-                PushResult::Applied
+        let origin = push.origin;
+        let gradients = push.decode_gradients(blobs).ok()?;
+        let outcome = p.store.handle_push(origin, &gradients).ok()?;
+        if outcome == PushOutcome::Applied {
+            let closure = origin.closure.0;
+            if !p.effective_set.insert(closure) {
+                let detail = format!(
+                    "ps/{ps} applied closure {closure} a second time (attempt {}, worker/{} \
+                     epoch {})",
+                    origin.attempt, origin.worker, origin.epoch
+                );
+                self.violate("PS-1", detail);
             }
-            Ok(PushOutcome::Duplicate) => PushResult::Duplicate,
-            Ok(PushOutcome::Stale) => PushResult::Stale,
-            Ok(PushOutcome::SkippedNonFinite) | Err(_) => PushResult::Unavailable,
+            self.servers[ps as usize].effective.push(closure);
         }
+        (outcome != PushOutcome::SkippedNonFinite).then_some(outcome)
     }
 
     fn ps_request(&mut self, ps: u32, req: Req) -> Option<Resp> {
@@ -818,11 +803,11 @@ impl<'a> World<'a> {
         &mut self.snapshots
     }
 
-    // ---- the worker (a stand-in for its machine) -------------------------------------------
+    // ---- the worker: its real machine, the simulator as its actor and compute thread ------
 
     fn worker_receive(&mut self, w: u32, msg: Msg) {
         let node = Node::Worker(w);
-        let epoch = self.workers[w as usize].epoch;
+        let now = self.instant();
         match msg {
             Msg::Request { call, req } => match req {
                 Req::Run {
@@ -831,26 +816,87 @@ impl<'a> World<'a> {
                     generation,
                 } => {
                     let worker = &mut self.workers[w as usize];
-                    if worker.preempted {
-                        let resp = Resp::Refused("preempted".into());
-                        self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
-                        return;
-                    }
-                    if worker.run.as_ref().is_some_and(|r| r.call == call) {
+                    let known = worker.run.as_ref().is_some_and(|r| r.call == call)
+                        || worker.waiting.iter().any(|(c, _)| *c == call);
+                    if known {
                         return; // the same request again
                     }
-                    if worker.run.is_some() {
-                        let resp = Resp::Refused("busy".into());
+                    if let Err(refusal) = worker.machine.admit(now, Request::Run) {
+                        let resp = Resp::Refused(refusal.to_string());
                         self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
                         return;
                     }
-                    worker.run = Some(WorkerRun {
-                        call,
+                    let run = RunClosure {
                         closure,
                         attempt,
                         generation,
-                        replies: (0..self.config.num_ps).map(|ps| (ps, None)).collect(),
+                        function: "step".into(),
+                        args: Vec::new(),
+                    };
+                    worker.waiting.push_back((call, run));
+                    self.next_step(w);
+                }
+                Req::SetUp { .. } | Req::Rewind => {
+                    let setup = self.coord.setup_for(w);
+                    let machine = &mut self.workers[w as usize].machine;
+                    let resp = match machine.admit(now, Request::Setup) {
+                        Ok(()) => {
+                            // No datasets here: the plan is built at once.
+                            let rewind = req == Req::Rewind;
+                            let built = machine
+                                .handle_setup(now, &setup, rewind)
+                                .map(|_| Vec::new());
+                            match machine.handle_setup_built(now, built) {
+                                Ok(()) => Resp::Done,
+                                Err(e) => Resp::Refused(e.to_string()),
+                            }
+                        }
+                        Err(refusal) => Resp::Refused(refusal.to_string()),
+                    };
+                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                }
+                Req::Retire => {
+                    let epoch = self.workers[w as usize].epoch;
+                    if self.workers[w as usize]
+                        .machine
+                        .handle_retire(now, epoch)
+                        .is_some()
+                    {
+                        self.kill(node);
+                    }
+                }
+                _ => {
+                    let resp = Resp::Refused("not a server".into());
+                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                }
+            },
+            Msg::PushReply { ps, run, result } => {
+                let epoch = self.workers[w as usize].epoch;
+                self.push_answered(w, epoch, run, ps, result)
+            }
+            _ => {}
+        }
+    }
+
+    /// The compute thread takes the next closure waiting, if it is free: the machine says
+    /// whether it runs (its step then computes for a drawn time) or is answered at once.
+    fn next_step(&mut self, w: u32) {
+        let now = self.instant();
+        let worker = &mut self.workers[w as usize];
+        if worker.run.is_some() {
+            return;
+        }
+        while let Some((call, run)) = self.workers[w as usize].waiting.pop_front() {
+            let worker = &mut self.workers[w as usize];
+            match worker.machine.handle_start(now, &run) {
+                StepAction::Compute => {
+                    worker.run = Some(WorkerRun {
+                        call,
+                        pending: BTreeSet::new(),
+                        answered: Vec::new(),
+                        unavailable: None,
                     });
+                    let epoch = worker.epoch;
                     let step_ms = self.rng.gen_range(STEP_MS.0..=STEP_MS.1);
                     let event = Event::Computed {
                         worker: w,
@@ -858,32 +904,16 @@ impl<'a> World<'a> {
                         run: call,
                     };
                     self.at(self.now + Duration::from_millis(step_ms), event);
+                    return;
                 }
-                Req::SetUp { .. } | Req::Rewind => {
-                    self.send(
-                        node,
-                        Node::Chief,
-                        1,
-                        Msg::Reply {
-                            call,
-                            resp: Resp::Done,
-                        },
-                    );
-                }
-                Req::Retire => self.kill(node),
-                _ => {
-                    let resp = Resp::Refused("not a server".into());
-                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
-                }
-            },
-            Msg::PushReply { ps, run, result } => self.push_answered(w, epoch, run, ps, result),
-            _ => {}
+                action => self.carry_out(w, call, action),
+            }
         }
     }
 
-    /// The step computed: its gradient goes to every server, each push bounded in time.
+    /// The step computed: its gradient for every server's variable goes to the machine, which
+    /// plans the pushes; each goes out bounded in time.
     fn computed(&mut self, w: u32, epoch: u64, run: u64) {
-        let node = Node::Worker(w);
         let worker = &self.workers[w as usize];
         if worker.epoch != epoch || worker.state == ProcState::Down {
             return;
@@ -898,38 +928,81 @@ impl<'a> World<'a> {
             self.at(self.now + HOLD_RETRY, event);
             return;
         }
-        let Some(current) = worker.run.as_ref().filter(|r| r.call == run) else {
+        if !worker.run.as_ref().is_some_and(|r| r.call == run) {
+            return;
+        }
+        let Some(closure) = worker
+            .machine
+            .current_origin()
+            .map(|origin| origin.closure.0)
+        else {
             return;
         };
-        let origin = Origin {
-            closure: current.closure,
-            attempt: current.attempt,
-            generation: current.generation,
-        };
-        for ps in 0..self.config.num_ps {
-            let ps_epoch = self.servers[ps as usize].epoch;
-            let msg = Msg::Push {
-                worker: w,
-                epoch,
-                run,
-                origin,
-            };
-            self.send(node, Node::Ps(ps), ps_epoch, msg);
-            let event = Event::PushTimeout {
-                worker: w,
-                epoch,
-                run,
-                ps,
-            };
-            self.at(self.now + self.config.detection_budget, event);
+        let gradients = (0..self.config.num_ps)
+            .map(|ps| (variable(ps), Gradient::Dense(gradient(closure).into())))
+            .collect();
+        let now = self.instant();
+        let action = self.workers[w as usize].machine.handle_computed(
+            now,
+            Ok((Vec::new(), gradients)),
+            Vec::new(),
+        );
+        self.carry_out(w, run, action);
+    }
+
+    /// Carries out the machine's next step for closure call `run` of worker `w`.
+    fn carry_out(&mut self, w: u32, run: u64, action: StepAction) {
+        let node = Node::Worker(w);
+        let epoch = self.workers[w as usize].epoch;
+        match action {
+            StepAction::Compute => {}
+            StepAction::Push(plan) => {
+                if let Some(current) = self.workers[w as usize].run.as_mut() {
+                    current.pending = plan.iter().map(|p| p.ps).collect();
+                }
+                for PlannedPush { ps, push, blobs } in plan {
+                    let ps_epoch = self.servers[ps as usize].epoch;
+                    self.send(node, Node::Ps(ps), ps_epoch, Msg::Push { run, push, blobs });
+                    let event = Event::PushTimeout {
+                        worker: w,
+                        epoch,
+                        run,
+                        ps,
+                    };
+                    self.at(self.now + self.config.detection_budget, event);
+                }
+            }
+            StepAction::Reply { result, .. } => {
+                let worker = &mut self.workers[w as usize];
+                if worker.run.as_ref().is_some_and(|r| r.call == run) {
+                    worker.run = None;
+                }
+                let resp = match result {
+                    Ok(_) => Resp::Run(RunResult::Committed),
+                    Err(RunClosureError::PsUnavailable(u)) => {
+                        Resp::Run(RunResult::PsUnavailable(u.ps))
+                    }
+                    Err(RunClosureError::Refused(refusal)) => Resp::Refused(refusal.to_string()),
+                    Err(RunClosureError::Step(e)) => Resp::Run(RunResult::Failed(e)),
+                };
+                self.send(node, Node::Chief, 1, Msg::Reply { call: run, resp });
+                self.next_step(w);
+            }
         }
     }
 
-    /// One server answered (or its push timed out, as [`PushResult::Unavailable`]); once all
-    /// did, the worker reports as the real one does: a server unreachable, refusing, or
-    /// answering stale makes the closure's outcome `PsUnavailable` (retryable), else it
-    /// committed.
-    fn push_answered(&mut self, w: u32, epoch: u64, run: u64, ps: u32, result: PushResult) {
+    /// One server answered (or its push timed out: `None`); once every push settled, the
+    /// machine says what the closure's outcome is (a server unreachable, refusing, or
+    /// answering stale makes it `PsUnavailable`, retryable).
+    fn push_answered(
+        &mut self,
+        w: u32,
+        epoch: u64,
+        run: u64,
+        ps: u32,
+        result: Option<PushOutcome>,
+    ) {
+        let now = self.instant();
         let worker = &mut self.workers[w as usize];
         if worker.epoch != epoch || worker.state != ProcState::Up {
             return;
@@ -937,31 +1010,31 @@ impl<'a> World<'a> {
         let Some(current) = worker.run.as_mut().filter(|r| r.call == run) else {
             return;
         };
-        match current.replies.get_mut(&ps) {
-            Some(slot @ None) => *slot = Some(result),
-            _ => return,
-        }
-        if current.replies.values().any(Option::is_none) {
+        if !current.pending.remove(&ps) {
             return;
         }
-        let run = worker.run.take().expect("checked above");
-        let unavailable = run.replies.iter().find_map(|(ps, r)| match r {
-            Some(PushResult::Applied | PushResult::Duplicate) => None,
-            _ => Some(*ps),
-        });
-        let result = match unavailable {
-            Some(ps) => RunResult::PsUnavailable(ps),
-            None => RunResult::Committed,
+        match result {
+            Some(outcome) => current.answered.push((ps, outcome)),
+            None => {
+                current.unavailable = Some(current.unavailable.map_or(ps, |u| u.min(ps)));
+            }
+        }
+        if !current.pending.is_empty() {
+            return;
+        }
+        let pushed = match current.unavailable {
+            Some(ps) => Err(StepError::PsUnavailable(PsUnavailable {
+                ps,
+                reason: "unreachable, or not serving".into(),
+            })),
+            None => {
+                let mut answered = std::mem::take(&mut current.answered);
+                answered.sort();
+                Ok(answered)
+            }
         };
-        self.send(
-            Node::Worker(w),
-            Node::Chief,
-            1,
-            Msg::Reply {
-                call: run.call,
-                resp: Resp::Run(result),
-            },
-        );
+        let action = worker.machine.handle_pushed(now, pushed);
+        self.carry_out(w, run, action);
     }
 
     // ---- the coordinator's shell -----------------------------------------------------------
@@ -1010,6 +1083,10 @@ impl<'a> World<'a> {
                     Ok(Resp::Run(RunResult::PsUnavailable(ps))) => {
                         self.coord
                             .handle_ps_unavailable(now, worker, epoch, id, attempt, ps);
+                    }
+                    Ok(Resp::Run(RunResult::Failed(error))) => {
+                        self.coord
+                            .handle_result(now, worker, epoch, id, attempt, Err(error));
                     }
                     Ok(Resp::Refused(_)) => {
                         self.coord.handle_refused(now, worker, epoch, id, attempt);
@@ -1287,7 +1364,10 @@ impl<'a> World<'a> {
                     if self.state(node).0 != ProcState::Down {
                         // A server keeps serving through its grace; a worker takes no new step.
                         if let Node::Worker(i) = node {
-                            self.workers[i as usize].preempted = true;
+                            let now = self.instant();
+                            self.workers[i as usize]
+                                .machine
+                                .handle_preemption_notice(now);
                         }
                         let at = self.now + self.config.preemption_grace;
                         self.at(at, Event::Inject(FaultEvent::Kill(node)));
@@ -1324,7 +1404,7 @@ impl<'a> World<'a> {
                     };
                     self.at(self.now + HOLD_RETRY, event);
                 } else {
-                    self.push_answered(worker, epoch, run, ps, PushResult::Unavailable);
+                    self.push_answered(worker, epoch, run, ps, None);
                 }
             }
             Event::Loaded { generation, cut } => self.load(generation, cut),
@@ -1669,6 +1749,18 @@ impl<'a> World<'a> {
 /// The optimizer every simulated server runs (with slots, so that restoring them matters).
 fn new_store() -> ParameterStore {
     ParameterStore::new(Optimizer::adagrad(0.05)).expect("valid hyperparameters")
+}
+
+/// Every server's variable as the workers' setup names it: server `ps` holds all of
+/// [`variable`]`(ps)`.
+fn layouts(num_ps: u32) -> Vec<ShardLayout> {
+    (0..num_ps)
+        .map(|ps| ShardLayout {
+            name: variable(ps),
+            shape: vec![WIDTH],
+            shards: vec![Shard { ps, rows: 0..WIDTH }],
+        })
+        .collect()
 }
 
 /// The one variable server `ps` holds.

@@ -364,7 +364,8 @@ impl CoordinatorActor {
                 setup_ref
                     .call(&RewindWorker { setup })
                     .await
-                    .map_err(|e| e.to_string())??;
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
                 Ok::<_, String>(Reached::New(incarnation))
             };
             ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
@@ -589,7 +590,7 @@ impl CoordinatorActor {
                                         .call(&RewindWorker { setup })
                                         .await
                                     {
-                                        Ok(reply) => reply,
+                                        Ok(reply) => reply.map_err(|e| e.to_string()),
                                         Err(e) => Err(e.to_string()),
                                     }
                                 }
@@ -1002,7 +1003,7 @@ impl Handler<CollectPositions> for CoordinatorActor {
                         .call(&DatasetPositions)
                         .await
                         .map_err(|e| e.to_string())
-                        .and_then(|r| r);
+                        .and_then(|r| r.map_err(|e| e.to_string()));
                     (worker, epoch, reply)
                 }
             })
@@ -1079,6 +1080,7 @@ const WATERMARK_INTERVAL: Duration = Duration::from_secs(1);
 mod tests {
     use super::*;
     use crate::roles::coordinator::SchedulerConfig;
+    use crate::roles::protocol::{PositionsError, SetupError, WorkerRefusal};
     use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, RefusedReason, Remote};
     use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
 
@@ -1156,9 +1158,7 @@ mod tests {
                     WORKER_ACTOR,
                     |m: Remote<SetupWorker>| async move {
                         Ok::<_, RefusedReason>(match m.msg.datasets.first() {
-                            Some((name, _)) => {
-                                Err(format!("no dataset function {name:?} registered"))
-                            }
+                            Some((name, _)) => Err(SetupError::UnknownDataset(name.clone())),
                             None => Ok(()),
                         })
                     },
@@ -1211,7 +1211,7 @@ mod tests {
                         move |_: Remote<DatasetPositions>| async move {
                             Ok::<_, RefusedReason>(match index {
                                 0 => Ok(vec![("ids".to_string(), 7)]),
-                                _ => Err("the compute thread is gone".to_string()),
+                                _ => Err(PositionsError::Refused(WorkerRefusal::ComputeStopped)),
                             })
                         },
                     )

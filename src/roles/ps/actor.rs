@@ -20,16 +20,15 @@ use actix::prelude::*;
 use bytes::Bytes;
 use cohort_actors::{Gateway, RefusedReason, RegisterError, Remote, RemoteMessage};
 
-use super::machine::{Gradient, ParameterStore, PushOrigin, PushOutcome};
+use super::machine::{ParameterStore, PushOrigin};
 use crate::checkpoint::FAILPOINT_ENV;
 use crate::nn::Initializer;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, f32_view, u64_view,
-    BeginRestore, CreateVariable, FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply,
-    Pull, PullRows, Push, PushReply, RestoreVariable, RollBack, ShardState, Snapshot, WireGradient,
-    PS_ACTOR,
+    blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, BeginRestore,
+    CreateVariable, FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply, Pull, PullRows,
+    Push, RestoreVariable, RollBack, ShardState, Snapshot, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -342,19 +341,12 @@ impl Handler<Remote<Push>> for PsActor {
         }
         self.pushes_handled = self.pushes_handled.saturating_add(1);
         let Remote {
-            msg:
-                Push {
-                    worker,
-                    epoch,
-                    closure,
-                    attempt,
-                    generation,
-                    gradients,
-                },
+            msg: push,
             blobs,
             from,
         } = msg;
         let result = (|| {
+            let PushOrigin { worker, epoch, .. } = push.origin;
             // SEC-2: a worker pushes as itself. The origin PS-1 and FENCE-1 key on must be the
             // authenticated sender's, or a leaked worker key could push under another worker's
             // index (or a fenced incarnation under a live one).
@@ -365,45 +357,10 @@ impl Handler<Remote<Push>> for PsActor {
                     from.node, from.epoch.0
                 ));
             }
-            let mut next = 0;
-            let mut take = |what: &str| {
-                let b = blob(&blobs, next, what);
-                next += 1;
-                b
-            };
-            let gradients = gradients
-                .into_iter()
-                .map(|(name, kind)| {
-                    let g = match kind {
-                        WireGradient::Dense => Gradient::Dense(f32_view(take(&name)?, &name)?),
-                        WireGradient::Rows => {
-                            let ids = u64_view(take(&name)?, &name)?;
-                            Gradient::Rows {
-                                ids,
-                                values: f32_view(take(&name)?, &name)?,
-                            }
-                        }
-                    };
-                    Ok((name, g))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            let origin = PushOrigin {
-                worker,
-                epoch,
-                closure: ClosureId(closure),
-                attempt,
-                generation,
-            };
-            let outcome = self
-                .store
-                .handle_push(origin, &gradients)
-                .map_err(|e| e.to_string())?;
-            Ok(match outcome {
-                PushOutcome::Applied => PushReply::Applied,
-                PushOutcome::Duplicate => PushReply::Duplicate,
-                PushOutcome::Stale => PushReply::Stale,
-                PushOutcome::SkippedNonFinite => PushReply::SkippedNonFinite,
-            })
+            let gradients = push.decode_gradients(&blobs)?;
+            self.store
+                .handle_push(push.origin, &gradients)
+                .map_err(|e| e.to_string())
         })();
         MessageResult(result)
     }

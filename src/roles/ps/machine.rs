@@ -15,7 +15,6 @@
 //! - a push is all-or-nothing: every gradient in it is checked (names, lengths, row ids,
 //!   finiteness) before any variable changes.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -24,49 +23,7 @@ use crate::optim::{
 };
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
 
-/// One gradient in a push. It borrows the received message where it can (a push of
-/// megabytes is applied straight from the bytes that arrived).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Gradient<'a> {
-    /// A gradient for the whole variable (row-major, as long as the variable).
-    Dense(Cow<'a, [f32]>),
-    /// Gradients for some rows of a `[rows, width]` variable (an embedding table).
-    Rows {
-        /// The rows, in the order of `values`.
-        ids: Cow<'a, [u64]>,
-        /// `ids.len() * width` gradients.
-        values: Cow<'a, [f32]>,
-    },
-}
-
-/// Who sent a push, and for which closure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PushOrigin {
-    /// The worker index.
-    pub worker: u32,
-    /// The worker's incarnation.
-    pub epoch: WorkerEpoch,
-    /// The closure whose step produced the gradients.
-    pub closure: ClosureId,
-    /// The attempt of that closure.
-    pub attempt: u32,
-    /// The coordinator's restore generation the closure was dispatched in.
-    pub generation: u64,
-}
-
-/// What became of a push.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PushOutcome {
-    /// Applied to every variable named.
-    Applied,
-    /// The closure's update was applied before (PS-1): nothing changed.
-    Duplicate,
-    /// From a fenced worker incarnation (FENCE-1), from an older restore generation, or sent
-    /// while a restore is under way (PS-1): nothing changed.
-    Stale,
-    /// A gradient held NaN or Inf and the policy is to skip: nothing changed, counted.
-    SkippedNonFinite,
-}
+pub use crate::roles::push::{Gradient, PushOrigin, PushOutcome};
 
 /// Counters a test or the run summary reads to prove PS-1 and FENCE-1.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

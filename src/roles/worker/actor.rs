@@ -13,50 +13,69 @@
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use actix::prelude::*;
 use cohort_actors::{contain_panic, Gateway, RegisterError, Remote};
 use tokio::sync::oneshot;
 
 use super::client::PsClient;
+use super::machine::{DatasetPlan, Request, SetupError, StepAction, WorkerMachine, JOBS_MAX};
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
 use crate::program::Program;
 use crate::roles::protocol::{
-    DatasetPositions, PsUnavailable, RewindWorker, RunClosure, RunClosureError, SetupWorker,
+    DatasetPositions, PositionsError, RewindWorker, RunClosure, RunClosureError, SetupWorker,
     WorkerRefusal, WORKER_ACTOR,
 };
-use crate::variable::ShardLayout;
+
+/// The worker's machine, shared by the actor (admission, ending) and the compute thread
+/// (setups, steps). Every call on it is short and does no IO.
+pub type SharedMachine = Arc<Mutex<WorkerMachine>>;
+
+/// The machine, even if a thread panicked while holding it (its calls leave it consistent).
+pub(crate) fn lock(machine: &SharedMachine) -> MutexGuard<'_, WorkerMachine> {
+    machine.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Work for the compute thread.
 pub enum WorkerJob {
-    /// Rebuild layouts and datasets.
-    Setup(SetupWorker, oneshot::Sender<Result<(), String>>),
-    /// Run one closure: its value, or the parameter server it could not reach, or its error.
+    /// Set up layouts and datasets; a rewind rebuilds every dataset from the start (skipping
+    /// to the positions given), after a parameter-server recovery rolled the variables back
+    /// to a checkpoint.
+    Setup {
+        /// The setup.
+        setup: SetupWorker,
+        /// Whether every dataset is rebuilt.
+        rewind: bool,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<(), SetupError>>,
+    },
+    /// Run one closure: its value, or why there is none.
     Run(
         RunClosure,
-        oneshot::Sender<Result<Result<Vec<u8>, PsUnavailable>, String>>,
+        oneshot::Sender<Result<Vec<u8>, RunClosureError>>,
     ),
-    /// Rebuild every dataset from the start (skipping to the positions given): after a
-    /// parameter-server recovery rolled the variables back to a checkpoint.
-    Rewind(SetupWorker, oneshot::Sender<Result<(), String>>),
     /// Report how far each dataset has been read.
-    Positions(oneshot::Sender<Result<Vec<(String, u64)>, String>>),
+    Positions(oneshot::Sender<Result<Vec<(String, u64)>, PositionsError>>),
 }
 
-/// The worker actor: forwards jobs to the compute thread.
+/// The worker actor: admits requests (its machine decides) and forwards them to the compute
+/// thread.
 pub struct WorkerActor {
     jobs: SyncSender<WorkerJob>,
+    machine: SharedMachine,
 }
 
 impl WorkerActor {
     /// Starts the actor, registered with `gateway` under [`WORKER_ACTOR`].
     pub fn start(
         jobs: SyncSender<WorkerJob>,
+        machine: SharedMachine,
         gateway: &Gateway,
     ) -> Result<Addr<WorkerActor>, RegisterError> {
-        let addr = WorkerActor { jobs }.start();
+        let addr = WorkerActor { jobs, machine }.start();
         gateway.register::<SetupWorker>(WORKER_ACTOR, addr.clone().recipient())?;
         gateway.register::<RunClosure>(WORKER_ACTOR, addr.clone().recipient())?;
         gateway.register::<DatasetPositions>(WORKER_ACTOR, addr.clone().recipient())?;
@@ -64,36 +83,39 @@ impl WorkerActor {
         Ok(addr)
     }
 
-    /// Queues a job for the compute thread: its own result, or why the worker could not
-    /// take it.
-    fn submit<T: Send + 'static>(
+    /// Queues a job for the compute thread if the machine admits it: the job's own answer,
+    /// or why the worker could not take it.
+    fn submit<T: Send + 'static, E: From<WorkerRefusal> + Send + 'static>(
         &self,
-        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> WorkerJob,
-    ) -> ResponseFuture<Result<Result<T, String>, WorkerRefusal>> {
+        request: Request,
+        job: impl FnOnce(oneshot::Sender<Result<T, E>>) -> WorkerJob,
+    ) -> ResponseFuture<Result<T, E>> {
         let (tx, rx) = oneshot::channel();
-        let queued = match self.jobs.try_send(job(tx)) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(WorkerRefusal::Busy {
-                queued: JOBS_MAX as u32,
-            }),
-            Err(TrySendError::Disconnected(_)) => Err(WorkerRefusal::ComputeStopped),
-        };
+        let mut machine = lock(&self.machine);
+        let queued = machine.admit(Instant::now(), request).and_then(|()| {
+            let sent = match self.jobs.try_send(job(tx)) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Full(_)) => WorkerRefusal::Busy {
+                    queued: JOBS_MAX as u32,
+                },
+                Err(TrySendError::Disconnected(_)) => WorkerRefusal::ComputeStopped,
+            };
+            // Admitted but not queued: the admission is taken back.
+            machine.handle_job_dropped();
+            Err(sent)
+        });
+        drop(machine);
+        let machine = Arc::clone(&self.machine);
         Box::pin(async move {
             queued?;
-            rx.await.map_err(|_| WorkerRefusal::JobDropped)
-        })
-    }
-
-    /// As [`Self::submit`], for a reply whose error is text: a refusal reads as its message.
-    fn submit_as_text<T: Send + 'static>(
-        &self,
-        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> WorkerJob,
-    ) -> ResponseFuture<Result<T, String>> {
-        let reply = self.submit(job);
-        Box::pin(async move {
-            reply
-                .await
-                .unwrap_or_else(|refusal| Err(refusal.to_string()))
+            match rx.await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    // The compute thread went away with the job: it will never finish it.
+                    lock(&machine).handle_job_dropped();
+                    Err(WorkerRefusal::JobDropped.into())
+                }
+            }
         })
     }
 }
@@ -103,26 +125,34 @@ impl Actor for WorkerActor {
 }
 
 impl Handler<Remote<SetupWorker>> for WorkerActor {
-    type Result = ResponseFuture<Result<(), String>>;
+    type Result = ResponseFuture<Result<(), SetupError>>;
 
     fn handle(&mut self, msg: Remote<SetupWorker>, _: &mut Context<Self>) -> Self::Result {
-        self.submit_as_text(|tx| WorkerJob::Setup(msg.msg, tx))
+        self.submit(Request::Setup, |reply| WorkerJob::Setup {
+            setup: msg.msg,
+            rewind: false,
+            reply,
+        })
     }
 }
 
 impl Handler<Remote<RewindWorker>> for WorkerActor {
-    type Result = ResponseFuture<Result<(), String>>;
+    type Result = ResponseFuture<Result<(), SetupError>>;
 
     fn handle(&mut self, msg: Remote<RewindWorker>, _: &mut Context<Self>) -> Self::Result {
-        self.submit_as_text(|tx| WorkerJob::Rewind(msg.msg.setup, tx))
+        self.submit(Request::Setup, |reply| WorkerJob::Setup {
+            setup: msg.msg.setup,
+            rewind: true,
+            reply,
+        })
     }
 }
 
 impl Handler<Remote<DatasetPositions>> for WorkerActor {
-    type Result = ResponseFuture<Result<Vec<(String, u64)>, String>>;
+    type Result = ResponseFuture<Result<Vec<(String, u64)>, PositionsError>>;
 
     fn handle(&mut self, _: Remote<DatasetPositions>, _: &mut Context<Self>) -> Self::Result {
-        self.submit_as_text(WorkerJob::Positions)
+        self.submit(Request::Positions, WorkerJob::Positions)
     }
 }
 
@@ -130,15 +160,7 @@ impl Handler<Remote<RunClosure>> for WorkerActor {
     type Result = ResponseFuture<Result<Vec<u8>, RunClosureError>>;
 
     fn handle(&mut self, msg: Remote<RunClosure>, _: &mut Context<Self>) -> Self::Result {
-        let reply = self.submit(|tx| WorkerJob::Run(msg.msg, tx));
-        Box::pin(async move {
-            match reply.await {
-                Ok(Ok(Ok(value))) => Ok(value),
-                Ok(Ok(Err(unavailable))) => Err(RunClosureError::PsUnavailable(unavailable)),
-                Ok(Err(message)) => Err(RunClosureError::Step(message)),
-                Err(refusal) => Err(RunClosureError::Refused(refusal)),
-            }
-        })
+        self.submit(Request::Run, |reply| WorkerJob::Run(msg.msg, reply))
     }
 }
 
@@ -147,168 +169,210 @@ pub fn job_queue() -> (SyncSender<WorkerJob>, Receiver<WorkerJob>) {
     sync_channel(JOBS_MAX)
 }
 
-/// The compute thread's loop: runs jobs until the queue closes.
+/// The compute thread's loop: carries out the machine's decisions for each job until the
+/// queue closes. The datasets (what a step reads) live here, so they need no lock.
 pub fn run_worker_thread(
     program: Arc<Program>,
-    worker: u32,
-    epoch: u64,
+    machine: SharedMachine,
     client: PsClient,
     jobs: Receiver<WorkerJob>,
 ) {
-    let mut state = ComputeState {
+    let mut compute = Compute {
         program,
-        worker,
-        epoch,
-        num_workers: 1,
+        machine,
         client,
-        layouts: BTreeMap::new(),
         datasets: BTreeMap::new(),
     };
     while let Ok(job) = jobs.recv() {
         match job {
-            WorkerJob::Setup(setup, reply) => {
-                let _ = reply.send(state.setup(setup));
+            WorkerJob::Setup {
+                setup,
+                rewind,
+                reply,
+            } => {
+                let _ = reply.send(compute.setup(&setup, rewind));
             }
             WorkerJob::Run(run, reply) => {
-                let _ = reply.send(state.run(run));
-            }
-            WorkerJob::Rewind(setup, reply) => {
-                state.datasets.clear();
-                let _ = reply.send(state.setup(setup));
+                let _ = reply.send(compute.run(run));
             }
             WorkerJob::Positions(reply) => {
-                let positions = state
-                    .datasets
-                    .iter()
-                    .map(|(name, d)| (name.clone(), d.position))
-                    .collect();
-                let _ = reply.send(Ok(positions));
+                let _ = reply.send(Ok(lock(&compute.machine).handle_positions(Instant::now())));
             }
         }
     }
 }
 
-struct ComputeState {
+/// The compute thread's executor.
+struct Compute {
     program: Arc<Program>,
-    worker: u32,
-    epoch: u64,
-    num_workers: u32,
+    machine: SharedMachine,
     client: PsClient,
-    layouts: BTreeMap<String, ShardLayout>,
     datasets: BTreeMap<String, WorkerDataset>,
 }
 
-impl ComputeState {
-    fn setup(&mut self, setup: SetupWorker) -> Result<(), String> {
-        let layouts: Vec<ShardLayout> = serde_json::from_str(&setup.layouts_json)
-            .map_err(|e| format!("variable layouts: {e}"))?;
-        for layout in &layouts {
-            layout
-                .validate()
-                .map_err(|e| format!("variable layouts: {e}"))?;
-        }
-        let mut datasets = BTreeMap::new();
-        for (function, skip) in &setup.datasets {
-            // A dataset this incarnation already reads keeps its place: a new setup (another
-            // variable, another dataset) must not restart the streams.
-            if let Some(existing) = self.datasets.remove(function) {
-                datasets.insert(function.clone(), existing);
-                continue;
-            }
-            if *skip > SKIP_MAX {
-                return Err(format!(
-                    "dataset {function:?}: cannot resume {skip} elements in (at most {SKIP_MAX})"
-                ));
-            }
-            let build = self
-                .program
-                .dataset_fn(function)
-                .ok_or_else(|| format!("no dataset function {function:?} registered"))?;
-            let context = InputContext::new(
-                setup.num_workers as usize,
-                self.worker as usize,
-                setup.num_workers as usize,
-            );
-            let dataset = build(&context).map_err(|e| format!("dataset {function:?}: {e}"))?;
-            let mut iter = dataset.iter();
-            let mut position = 0;
-            while position < *skip {
-                match iter.next() {
-                    Some(Ok(_)) => position += 1,
-                    Some(Err(e)) => {
-                        return Err(format!(
-                            "dataset {function:?}: resuming at element {skip}: {e}"
-                        ))
+impl Compute {
+    /// Carries out a setup as the machine plans it: kept datasets stay where they are, the
+    /// others are built and skipped to their positions; only a setup built whole takes
+    /// effect (the datasets held before stay otherwise).
+    fn setup(&mut self, setup: &SetupWorker, rewind: bool) -> Result<(), SetupError> {
+        let plan = lock(&self.machine).handle_setup(Instant::now(), setup, rewind)?;
+        let worker = lock(&self.machine).worker();
+        let mut built = BTreeMap::new();
+        let mut result = Ok(());
+        for dataset in &plan.datasets {
+            match dataset {
+                DatasetPlan::Keep { function } => {
+                    if let Some(existing) = self.datasets.remove(function) {
+                        built.insert(function.clone(), existing);
                     }
-                    None => break,
+                }
+                DatasetPlan::Build { function, skip } => {
+                    match self.build(function, *skip, plan.num_workers, worker) {
+                        Ok(dataset) => {
+                            built.insert(function.clone(), dataset);
+                        }
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
                 }
             }
-            datasets.insert(function.clone(), WorkerDataset { iter, position });
         }
-        self.num_workers = setup.num_workers;
-        self.layouts = layouts.into_iter().map(|l| (l.name.clone(), l)).collect();
-        self.datasets = datasets;
-        Ok(())
+        let outcome = match result {
+            Ok(()) => {
+                let positions = built.iter().map(|(n, d)| (n.clone(), d.position)).collect();
+                self.datasets = built;
+                Ok(positions)
+            }
+            Err(e) => {
+                // Nothing changes: the kept datasets go back where they were.
+                for (name, dataset) in built {
+                    if plan.datasets.contains(&DatasetPlan::Keep {
+                        function: name.clone(),
+                    }) {
+                        self.datasets.insert(name, dataset);
+                    }
+                }
+                Err(e)
+            }
+        };
+        lock(&self.machine).handle_setup_built(Instant::now(), outcome)
     }
 
-    fn run(&mut self, run: RunClosure) -> Result<Result<Vec<u8>, PsUnavailable>, String> {
+    /// Builds dataset `function` for this worker and reads `skip` elements of it (fewer if
+    /// it ends first).
+    fn build(
+        &self,
+        function: &str,
+        skip: u64,
+        num_workers: u32,
+        worker: u32,
+    ) -> Result<WorkerDataset, SetupError> {
+        let build = self
+            .program
+            .dataset_fn(function)
+            .ok_or_else(|| SetupError::UnknownDataset(function.into()))?;
+        let context =
+            InputContext::new(num_workers as usize, worker as usize, num_workers as usize);
+        let dataset = build(&context).map_err(|e| SetupError::Build {
+            dataset: function.into(),
+            reason: e.to_string(),
+        })?;
+        let mut iter = dataset.iter();
+        let mut position = 0;
+        while position < skip {
+            match iter.next() {
+                Some(Ok(_)) => position += 1,
+                Some(Err(e)) => {
+                    return Err(SetupError::Resume {
+                        dataset: function.into(),
+                        skip,
+                        reason: e.to_string(),
+                    })
+                }
+                None => break,
+            }
+        }
+        Ok(WorkerDataset { iter, position })
+    }
+
+    /// Carries out a closure's steps as the machine decides them: compute, push, reply.
+    fn run(&mut self, run: RunClosure) -> Result<Vec<u8>, RunClosureError> {
+        let mut action = lock(&self.machine).handle_start(Instant::now(), &run);
+        loop {
+            action = match action {
+                StepAction::Compute => {
+                    let outcome = self.compute(&run);
+                    let positions: Vec<(String, u64)> = self
+                        .datasets
+                        .iter()
+                        .map(|(name, d)| (name.clone(), d.position))
+                        .collect();
+                    lock(&self.machine).handle_computed(Instant::now(), outcome, positions)
+                }
+                StepAction::Push(plan) => {
+                    let pushed = self.client.push(plan);
+                    lock(&self.machine).handle_pushed(Instant::now(), pushed)
+                }
+                StepAction::Reply { result, timing } => {
+                    if let Some((computing, pushing)) = timing {
+                        tracing::debug!(
+                            "closure {} ({}): step {:.2} ms, push {:.2} ms",
+                            run.closure,
+                            run.function,
+                            computing.as_secs_f64() * 1e3,
+                            pushing.as_secs_f64() * 1e3
+                        );
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
+    /// Runs the step function: its value and the gradients it recorded, or its error.
+    fn compute(
+        &mut self,
+        run: &RunClosure,
+    ) -> Result<
+        (
+            Vec<u8>,
+            Vec<(String, crate::roles::push::Gradient<'static>)>,
+        ),
+        StepError,
+    > {
         let step = self
             .program
             .step_fn(&run.function)
-            .ok_or_else(|| format!("no step function {:?} registered", run.function))?
+            .ok_or_else(|| {
+                StepError::Step(format!("no step function {:?} registered", run.function))
+            })?
             .clone();
+        let (layouts, worker, num_workers) = {
+            let machine = lock(&self.machine);
+            (machine.layouts(), machine.worker(), machine.num_workers())
+        };
         let mut ctx = StepContext {
-            worker: self.worker,
-            num_workers: self.num_workers,
+            worker,
+            num_workers,
             closure: run.closure,
             client: &self.client,
-            layouts: &self.layouts,
+            layouts: &layouts,
             datasets: &mut self.datasets,
             pending: Vec::new(),
         };
-        let started = std::time::Instant::now();
         // A panicking step is that step's error, not the worker's death (nor a crash: see
         // `cohort_actors::contain_panic`).
-        let outcome =
-            contain_panic(AssertUnwindSafe(|| step(&mut ctx, &run.args))).unwrap_or_else(|panic| {
+        let value = contain_panic(AssertUnwindSafe(|| step(&mut ctx, &run.args))).unwrap_or_else(
+            |panic| {
                 Err(StepError::Step(format!(
                     "step panicked: {}",
                     panic_message(&panic)
                 )))
-            });
-        let value = match outcome {
-            Ok(value) => value,
-            Err(StepError::PsUnavailable(unavailable)) => return Ok(Err(unavailable)),
-            Err(e) => return Err(format!("{}: {e}", run.function)),
-        };
-        let pending = std::mem::take(&mut ctx.pending);
-        let computed = started.elapsed();
-        if !pending.is_empty() {
-            let pushed = self.client.push(
-                &self.layouts,
-                (
-                    self.worker,
-                    self.epoch,
-                    run.closure,
-                    run.attempt,
-                    run.generation,
-                ),
-                pending,
-            );
-            match pushed {
-                Ok(_) => {}
-                Err(StepError::PsUnavailable(unavailable)) => return Ok(Err(unavailable)),
-                Err(e) => return Err(format!("{}: {e}", run.function)),
-            }
-        }
-        tracing::debug!(
-            "closure {} ({}): step {:.2} ms, push {:.2} ms",
-            run.closure,
-            run.function,
-            computed.as_secs_f64() * 1e3,
-            (started.elapsed() - computed).as_secs_f64() * 1e3
-        );
-        Ok(Ok(value))
+            },
+        )?;
+        Ok((value, std::mem::take(&mut ctx.pending)))
     }
 }
 
@@ -319,11 +383,6 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
 }
-
-/// Most elements a worker skips to resume a dataset from a checkpoint position.
-const SKIP_MAX: u64 = 10_000_000;
-/// Jobs that may wait for the compute thread (one closure in flight plus a setup).
-const JOBS_MAX: usize = 4;
 
 #[cfg(test)]
 mod tests {
@@ -351,7 +410,8 @@ mod tests {
     fn a_job_the_worker_cannot_take_is_a_typed_refusal_not_a_step_error() {
         System::new().block_on(async {
             let (jobs, queue) = job_queue();
-            let worker = WorkerActor { jobs }.start();
+            let machine = Arc::new(Mutex::new(WorkerMachine::new(0, 1)));
+            let worker = WorkerActor { jobs, machine }.start();
             // Nobody runs the jobs: fill the queue, then one more.
             let mut waiting = Vec::new();
             for closure in 0..JOBS_MAX as u64 {

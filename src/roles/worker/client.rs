@@ -10,14 +10,13 @@ use cohort_actors::{Gateway, RemoteMessage, RemoteRef};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
-use super::{PendingGradient, StepError};
+use super::StepError;
 use bytes::Bytes;
 
-use crate::optim::first_non_finite;
 use crate::roles::protocol::{
-    blob, decode_f32_into, f32_vec_blob, f32_view, u64_vec_blob, Pull, PullRows, Push, PushReply,
-    WireGradient, PS_ACTOR,
+    blob, decode_f32_into, f32_view, u64_vec_blob, Pull, PullRows, Push, PS_ACTOR,
 };
+use crate::roles::push::{route_rows, PlannedPush, PushOutcome};
 use crate::variable::ShardLayout;
 
 /// Calls into every parameter server of the cluster.
@@ -25,15 +24,6 @@ pub struct PsClient {
     gateway: Gateway,
     runtime: Handle,
     servers: Vec<(NodeId, SocketAddr)>,
-}
-
-/// What the parameter servers said to one closure's pushes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PushSummary {
-    /// Servers that applied the push.
-    pub applied: u32,
-    /// Servers that refused it as a duplicate (PS-1).
-    pub refused: u32,
 }
 
 impl PsClient {
@@ -133,126 +123,18 @@ impl PsClient {
         Ok(out)
     }
 
-    /// Sends a closure's gradients: one push per parameter server, all at once. `origin` is
-    /// (worker, epoch, closure, attempt, restore generation). A push any server refused as
-    /// stale is reported as that server's unavailability (see [`StepError::PsUnavailable`]).
-    pub fn push(
-        &self,
-        layouts: &BTreeMap<String, ShardLayout>,
-        origin: (u32, u64, u64, u32, u64),
-        gradients: Vec<(String, PendingGradient)>,
-    ) -> Result<PushSummary, StepError> {
-        let (worker, epoch, closure, attempt, generation) = origin;
-        let mut per_ps: BTreeMap<u32, PushParts> = BTreeMap::new();
-        // Servers whose part of the push holds a NaN or Inf.
-        let mut non_finite: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
-        for (name, gradient) in gradients {
-            let layout = layouts
-                .get(&name)
-                .ok_or_else(|| StepError::UnknownVariable(name.clone()))?;
-            match gradient {
-                PendingGradient::Dense(values) => {
-                    let width = layout.row_len();
-                    let expected: usize = layout.shape.iter().product();
-                    if values.len() != expected {
-                        return Err(StepError::Step(format!(
-                            "gradient for {name:?} has {} values, the variable has {expected} (shape {:?})",
-                            values.len(),
-                            layout.shape
-                        )));
-                    }
-                    for shard in &layout.shards {
-                        let part = &values[shard.rows.start * width..shard.rows.end * width];
-                        if first_non_finite(part).is_some() {
-                            non_finite.insert(shard.ps);
-                        }
-                    }
-                    // One buffer for the whole gradient; each shard's blob is a view of it.
-                    let whole = f32_vec_blob(values);
-                    for (i, shard) in layout.shards.iter().enumerate() {
-                        let part =
-                            whole.slice(shard.rows.start * width * 4..shard.rows.end * width * 4);
-                        let entry = per_ps.entry(shard.ps).or_default();
-                        entry.0.push((layout.shard_name(i), WireGradient::Dense));
-                        entry.1.push(part);
-                    }
-                }
-                PendingGradient::Rows { ids, values } => {
-                    let width = layout.row_len();
-                    if values.len() != ids.len() * width {
-                        return Err(StepError::Step(format!(
-                            "row gradient for {name:?}: {} values for {} rows of width {width}",
-                            values.len(),
-                            ids.len()
-                        )));
-                    }
-                    for (shard, (local_ids, positions)) in route_rows(layout, &ids)? {
-                        let mut part = Vec::with_capacity(positions.len() * width);
-                        for pos in positions {
-                            part.extend_from_slice(&values[pos * width..(pos + 1) * width]);
-                        }
-                        if first_non_finite(&part).is_some() {
-                            non_finite.insert(layout.shards[shard].ps);
-                        }
-                        let entry = per_ps.entry(layout.shards[shard].ps).or_default();
-                        entry.0.push((layout.shard_name(shard), WireGradient::Rows));
-                        entry
-                            .1
-                            .extend([u64_vec_blob(local_ids), f32_vec_blob(part)]);
-                    }
-                }
-            }
-        }
-        if !non_finite.is_empty() {
-            // All or nothing across servers: each server screens only its own part, so the
-            // finite parts must not go out, or a sharded variable would be half updated. The
-            // servers holding a non-finite part apply their policy (skip and count, or error).
-            per_ps.retain(|ps, _| non_finite.contains(ps));
-        }
-        let calls: Vec<(u32, Push, Vec<Bytes>)> = per_ps
-            .into_iter()
-            .map(|(ps, (gradients, blobs))| {
-                (
-                    ps,
-                    Push {
-                        worker,
-                        epoch,
-                        closure,
-                        attempt,
-                        generation,
-                        gradients,
-                    },
-                    blobs,
-                )
-            })
-            .collect();
+    /// Sends a closure's planned pushes ([`crate::roles::push::plan_push`]), all at once,
+    /// and waits until every one has settled: each server's outcome, in the plan's order, or
+    /// the first server found unavailable (else the first failure).
+    pub fn push(&self, plan: Vec<PlannedPush>) -> Result<Vec<(u32, PushOutcome)>, StepError> {
+        let calls: Vec<(u32, Push, Vec<Bytes>)> =
+            plan.into_iter().map(|p| (p.ps, p.push, p.blobs)).collect();
         let targets: Vec<u32> = calls.iter().map(|(ps, _, _)| *ps).collect();
-        let mut summary = PushSummary::default();
-        let mut stale = None;
-        for ((reply, _), ps) in self.call_all(calls)?.into_iter().zip(targets) {
-            match reply.map_err(StepError::Ps)? {
-                PushReply::Applied | PushReply::SkippedNonFinite => summary.applied += 1,
-                PushReply::Duplicate => summary.refused += 1,
-                PushReply::Stale => {
-                    summary.refused += 1;
-                    stale.get_or_insert(ps);
-                }
-            }
-        }
-        // A push refused as stale did not take effect: from a fenced incarnation or an older
-        // restore generation (the coordinator ignores what such a closure reports), or sent
-        // while a restore runs. Never a silent success: the server's failure, retryable.
-        if let Some(ps) = stale {
-            return Err(StepError::PsUnavailable(
-                crate::roles::protocol::PsUnavailable {
-                    ps,
-                    reason: "the push was refused as stale (a fenced incarnation, or a \
-                             parameter-server restore began since the closure was dispatched)"
-                        .into(),
-                },
-            ));
-        }
-        Ok(summary)
+        self.call_all(calls)?
+            .into_iter()
+            .zip(targets)
+            .map(|((reply, _), ps)| Ok((ps, reply.map_err(StepError::Ps)?)))
+            .collect()
     }
 
     /// Sends every `(ps, message, blobs)` concurrently and waits for all replies (with their
@@ -377,42 +259,6 @@ type ShardRequest = (Vec<String>, Vec<(usize, usize)>);
 /// A reply and the blobs that came with it.
 type WithBlobs<R> = (R, Vec<Bytes>);
 
-/// One server's part of a push: gradient names and kinds, and their blobs in order.
-type PushParts = (Vec<(String, WireGradient)>, Vec<Bytes>);
-
-/// For one shard: shard-local row ids, and where each came from in the caller's id list.
-type RoutedRows = (Vec<u64>, Vec<usize>);
-
-/// Groups full-variable row ids by shard: for each shard that holds any of them (in shard
-/// order), the shard-local ids and the positions in `ids` they came from.
-fn route_rows(layout: &ShardLayout, ids: &[u64]) -> Result<Vec<(usize, RoutedRows)>, StepError> {
-    let mut routed: Vec<RoutedRows> = vec![Default::default(); layout.shards.len()];
-    let per_shard = ids.len() / layout.shards.len().max(1) + 1;
-    for entry in &mut routed {
-        entry.0.reserve(per_shard);
-        entry.1.reserve(per_shard);
-    }
-    for (pos, &id) in ids.iter().enumerate() {
-        let (shard, local) = usize::try_from(id)
-            .ok()
-            .and_then(|row| layout.locate(row))
-            .ok_or_else(|| {
-                StepError::Step(format!(
-                    "row {id} outside {} (shape {:?})",
-                    layout.name, layout.shape
-                ))
-            })?;
-        let entry = &mut routed[shard];
-        entry.0.push(local as u64);
-        entry.1.push(pos);
-    }
-    Ok(routed
-        .into_iter()
-        .enumerate()
-        .filter(|(_, (local, _))| !local.is_empty())
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,7 +328,8 @@ mod call_all_tests {
     use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, RefusedReason, Remote};
     use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
 
-    use crate::roles::protocol::PushReply;
+    use crate::roles::coordinator::ClosureId;
+    use crate::roles::push::{plan_push, Gradient, PushOrigin};
     use crate::variable::Shard;
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
@@ -516,8 +363,8 @@ mod call_all_tests {
     /// parameter-server actor at all (`None`: unavailable). Runs until `stop` is sent.
     fn cluster(
         delay: Duration,
-        reply: PushReply,
-        second: Option<PushReply>,
+        reply: PushOutcome,
+        second: Option<PushOutcome>,
         settled: Arc<AtomicBool>,
     ) -> (
         PsClient,
@@ -564,7 +411,7 @@ mod call_all_tests {
         (ready_rx.recv().unwrap(), stop_tx, system)
     }
 
-    fn push_both(client: &PsClient) -> Result<PushSummary, StepError> {
+    fn push_both(client: &PsClient) -> Result<Vec<(u32, PushOutcome)>, StepError> {
         let layouts: BTreeMap<String, ShardLayout> = [
             ("a".to_string(), scalar("a", 0)),
             ("b".to_string(), scalar("b", 1)),
@@ -572,10 +419,17 @@ mod call_all_tests {
         .into_iter()
         .collect();
         let gradients = vec![
-            ("a".to_string(), PendingGradient::Dense(vec![1.0])),
-            ("b".to_string(), PendingGradient::Dense(vec![1.0])),
+            ("a".to_string(), Gradient::Dense(vec![1.0].into())),
+            ("b".to_string(), Gradient::Dense(vec![1.0].into())),
         ];
-        client.push(&layouts, (0, 1, 7, 1, 0), gradients)
+        let origin = PushOrigin {
+            worker: 0,
+            epoch: 1,
+            closure: ClosureId(7),
+            attempt: 1,
+            generation: 0,
+        };
+        client.push(plan_push(&layouts, origin, gradients).unwrap())
     }
 
     /// PS-1: when one server fails a push at once, the worker still waits for the push it
@@ -586,7 +440,7 @@ mod call_all_tests {
         let settled = Arc::new(AtomicBool::new(false));
         let (client, stop, system) = cluster(
             Duration::from_millis(300),
-            PushReply::Applied,
+            PushOutcome::Applied,
             None,
             Arc::clone(&settled),
         );
@@ -603,36 +457,33 @@ mod call_all_tests {
         system.join().unwrap();
     }
 
-    /// LEDGER-1: a push refused as stale (an older restore generation, or during a restore)
-    /// did not take effect, so the closure is never reported as done; a duplicate did.
+    /// LEDGER-1: every server's outcome comes back as it answered, a stale refusal included
+    /// (the worker's machine turns it into the server's unavailability: never a silent
+    /// success), and a duplicate as a duplicate.
     #[test]
-    fn ledger_1_a_push_refused_as_stale_is_never_a_silent_success() {
+    fn ledger_1_each_servers_outcome_comes_back_as_it_answered() {
         let settled = Arc::new(AtomicBool::new(false));
         let (client, stop, system) = cluster(
             Duration::ZERO,
-            PushReply::Applied,
-            Some(PushReply::Stale),
+            PushOutcome::Applied,
+            Some(PushOutcome::Stale),
             Arc::clone(&settled),
         );
-        let result = push_both(&client);
-        assert!(
-            matches!(result, Err(StepError::PsUnavailable(ref u)) if u.ps == 1),
-            "{result:?}"
+        assert_eq!(
+            push_both(&client).unwrap(),
+            vec![(0, PushOutcome::Applied), (1, PushOutcome::Stale)]
         );
         let _ = stop.send(());
         system.join().unwrap();
         let (client, stop, system) = cluster(
             Duration::ZERO,
-            PushReply::Applied,
-            Some(PushReply::Duplicate),
+            PushOutcome::Applied,
+            Some(PushOutcome::Duplicate),
             settled,
         );
         assert_eq!(
             push_both(&client).unwrap(),
-            PushSummary {
-                applied: 1,
-                refused: 1
-            }
+            vec![(0, PushOutcome::Applied), (1, PushOutcome::Duplicate)]
         );
         let _ = stop.send(());
         system.join().unwrap();

@@ -10,15 +10,21 @@
 
 mod actor;
 mod client;
+mod machine;
 mod model;
 
 use std::collections::BTreeMap;
 
 use crate::data::{DataError, DatasetIterator, Element};
+use crate::roles::push::{Gradient, PushPlanError};
 use crate::variable::ShardLayout;
 
-pub use actor::{job_queue, run_worker_thread, WorkerActor, WorkerJob};
-pub use client::{PsClient, PushSummary};
+pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
+pub use client::PsClient;
+pub use machine::{
+    DatasetPlan, Exit, PositionsError, Request, SetupError, SetupPlan, StepAction, WorkerMachine,
+    JOBS_MAX, SKIP_MAX,
+};
 pub use model::{PsModel, PushedGradient, TrainReport};
 
 /// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
@@ -75,6 +81,15 @@ impl StepError {
     }
 }
 
+impl From<PushPlanError> for StepError {
+    fn from(e: PushPlanError) -> Self {
+        match e {
+            PushPlanError::UnknownVariable(name) => StepError::UnknownVariable(name),
+            e => StepError::Step(e.to_string()),
+        }
+    }
+}
+
 impl From<crate::nn::NnError> for StepError {
     fn from(e: crate::nn::NnError) -> Self {
         StepError::Step(e.to_string())
@@ -103,21 +118,8 @@ pub struct StepContext<'a> {
     client: &'a PsClient,
     layouts: &'a BTreeMap<String, ShardLayout>,
     datasets: &'a mut BTreeMap<String, WorkerDataset>,
-    pending: Vec<(String, PendingGradient)>,
-}
-
-/// A gradient recorded by a step, sent when the step succeeds.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PendingGradient {
-    /// For the whole variable.
-    Dense(Vec<f32>),
-    /// For some rows of the variable (full-variable row ids).
-    Rows {
-        /// Row ids of the full variable.
-        ids: Vec<u64>,
-        /// `ids.len() * row width` values.
-        values: Vec<f32>,
-    },
+    /// The gradients recorded, sent when the step succeeds.
+    pending: Vec<(String, Gradient<'static>)>,
 }
 
 impl<'a> StepContext<'a> {
@@ -169,7 +171,7 @@ impl<'a> StepContext<'a> {
     pub fn push_dense(&mut self, name: &str, grad: Vec<f32>) -> Result<(), StepError> {
         self.layout(name)?;
         self.pending
-            .push((name.into(), PendingGradient::Dense(grad)));
+            .push((name.into(), Gradient::Dense(grad.into())));
         Ok(())
     }
 
@@ -181,8 +183,13 @@ impl<'a> StepContext<'a> {
         values: Vec<f32>,
     ) -> Result<(), StepError> {
         self.layout(name)?;
-        self.pending
-            .push((name.into(), PendingGradient::Rows { ids, values }));
+        self.pending.push((
+            name.into(),
+            Gradient::Rows {
+                ids: ids.into(),
+                values: values.into(),
+            },
+        ));
         Ok(())
     }
 

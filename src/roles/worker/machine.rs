@@ -1,0 +1,876 @@
+//! A worker's decisions as a pure machine: whether it takes a request, what a setup keeps and
+//! rebuilds, the order of a closure's step (compute, push, reply), what a parameter server's
+//! unavailability becomes, what the chief's silence, a retirement, the goodbye and a
+//! preemption notice mean, and how far each dataset has been read. No IO, no clock (time is
+//! passed in), no actix: the actor and the compute thread are executors of its decisions, and
+//! the simulator drives the same machine.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::roles::coordinator::ClosureId;
+use crate::roles::protocol::{
+    PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
+};
+use crate::roles::push::{plan_push, Gradient, PlannedPush, PushOrigin, PushOutcome};
+use crate::roles::worker::StepError;
+use crate::roles::{JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PREEMPTED_EXIT_CODE};
+use crate::variable::ShardLayout;
+
+/// Most elements a worker skips to resume a dataset from a checkpoint position.
+pub const SKIP_MAX: u64 = 10_000_000;
+/// Jobs that may wait for the compute thread (one closure in flight plus a setup).
+pub const JOBS_MAX: usize = 4;
+
+/// A worker incarnation's decisions.
+///
+/// Calling protocol (the actor and the compute thread share one machine; every call is short
+/// and does no IO):
+/// 1. [`WorkerMachine::new`] with the worker's index and incarnation.
+/// 2. **Admission**, as each request arrives (actor): [`WorkerMachine::admit`]. A refusal is
+///    the reply; an admitted job is queued for the compute thread. If the queue turns out to
+///    be gone, [`WorkerMachine::handle_job_dropped`] takes the admission back.
+/// 3. **Setup or rewind** (compute thread, in queue order): [`WorkerMachine::handle_setup`]
+///    validates it and says, per dataset, whether the one held is kept or a new one is built
+///    (and how many elements to skip); the executor builds them and calls
+///    [`WorkerMachine::handle_setup_built`] with the positions reached, or the error. Only a
+///    setup built whole takes effect.
+/// 4. **Positions** (compute thread): [`WorkerMachine::handle_positions`].
+/// 5. **A closure** (compute thread): [`WorkerMachine::handle_start`] says
+///    [`StepAction::Compute`] (run the step function with [`WorkerMachine::layouts`]) or
+///    [`StepAction::Reply`]. After the step, [`WorkerMachine::handle_computed`] with its
+///    outcome and the datasets' positions says [`StepAction::Push`] (send these planned
+///    pushes, all at once, waiting until every one has settled: PS-1) or
+///    [`StepAction::Reply`]; after the pushes, [`WorkerMachine::handle_pushed`] with every
+///    server's outcome says [`StepAction::Reply`]. The reply ends the job.
+/// 6. **Ending** (actor): [`WorkerMachine::handle_retire`], [`WorkerMachine::handle_goodbye`],
+///    [`WorkerMachine::handle_chief_lost`], [`WorkerMachine::handle_preemption_notice`] then
+///    [`WorkerMachine::handle_preemption_over`]; an [`Exit`] they return is carried out (the
+///    process exits with its code), and the first one decided is the only one.
+#[derive(Debug)]
+pub struct WorkerMachine {
+    worker: u32,
+    epoch: u64,
+    num_workers: u32,
+    layouts: Arc<Layouts>,
+    /// The datasets held, with how far each has been read.
+    positions: BTreeMap<String, u64>,
+    /// A setup took effect.
+    set_up: bool,
+    /// A setup being built: its workers and layouts.
+    building: Option<(u32, Layouts)>,
+    /// Jobs admitted and not finished.
+    queued: usize,
+    step: Option<Step>,
+    preempted: bool,
+    exit: Option<Exit>,
+}
+
+/// Every variable's layout, by name.
+pub type Layouts = BTreeMap<String, ShardLayout>;
+
+/// The closure being run.
+#[derive(Debug)]
+struct Step {
+    origin: PushOrigin,
+    function: String,
+    started: Instant,
+    /// When the step function returned, and its value (held while its pushes are out).
+    computed: Option<(Instant, Vec<u8>)>,
+}
+
+/// A request a worker may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// A setup or a rewind.
+    Setup,
+    /// A closure.
+    Run,
+    /// Dataset positions.
+    Positions,
+}
+
+/// What a setup does with one dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetPlan {
+    /// Keep the one held, where it is.
+    Keep {
+        /// The registered dataset function.
+        function: String,
+    },
+    /// Build it afresh and skip `skip` elements (a restored position).
+    Build {
+        /// The registered dataset function.
+        function: String,
+        /// Elements to skip.
+        skip: u64,
+    },
+}
+
+/// A setup to carry out: the datasets, in the order named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupPlan {
+    /// Workers in the cluster (the number of input pipelines).
+    pub num_workers: u32,
+    /// Per dataset, kept or built.
+    pub datasets: Vec<DatasetPlan>,
+}
+
+/// Why a worker could not be set up (or rewound). The worker keeps its previous setup.
+#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode, thiserror::Error)]
+pub enum SetupError {
+    /// The variable layouts are malformed.
+    #[error("variable layouts: {0}")]
+    Layouts(String),
+    /// A restored position beyond what a worker skips.
+    #[error("dataset {dataset:?}: cannot resume {skip} elements in (at most {max})")]
+    SkipTooFar {
+        /// The dataset function.
+        dataset: String,
+        /// Elements asked to skip.
+        skip: u64,
+        /// The most a worker skips ([`SKIP_MAX`]).
+        max: u64,
+    },
+    /// No dataset function of that name is registered in the program.
+    #[error("no dataset function {0:?} registered")]
+    UnknownDataset(String),
+    /// Building the dataset failed.
+    #[error("dataset {dataset:?}: {reason}")]
+    Build {
+        /// The dataset function.
+        dataset: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Reading the dataset up to its restored position failed.
+    #[error("dataset {dataset:?}: resuming at element {skip}: {reason}")]
+    Resume {
+        /// The dataset function.
+        dataset: String,
+        /// The position it was resuming at.
+        skip: u64,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The worker could not take the setup.
+    #[error(transparent)]
+    Refused(#[from] WorkerRefusal),
+}
+
+/// Why a worker reported no dataset positions.
+#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode, thiserror::Error)]
+pub enum PositionsError {
+    /// The worker could not take the request.
+    #[error(transparent)]
+    Refused(#[from] WorkerRefusal),
+}
+
+/// What the compute thread does next for a closure.
+#[derive(Debug)]
+pub enum StepAction {
+    /// Run the step function.
+    Compute,
+    /// Send these pushes, all at once, and wait for every one to settle.
+    Push(Vec<PlannedPush>),
+    /// Answer the chief; the job is over. `timing` is (computing, pushing) when the step ran.
+    Reply {
+        /// The answer.
+        result: Result<Vec<u8>, RunClosureError>,
+        /// How long the step computed and how long its pushes took.
+        timing: Option<(Duration, Duration)>,
+    },
+}
+
+/// The process ends: its exit code and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    /// The exit code ([`LOST_CHIEF_EXIT_CODE`], [`JOB_DONE_EXIT_CODE`] or
+    /// [`PREEMPTED_EXIT_CODE`]).
+    pub code: i32,
+    /// Why, for the log.
+    pub reason: String,
+}
+
+impl Exit {
+    /// The chief retired incarnation `epoch` while it was alive: exit to be restarted as a
+    /// new incarnation ([`LOST_CHIEF_EXIT_CODE`]).
+    pub fn retired(epoch: u64) -> Self {
+        Exit {
+            code: LOST_CHIEF_EXIT_CODE,
+            reason: format!(
+                "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
+                 exiting so that it restarts as a new incarnation"
+            ),
+        }
+    }
+
+    /// The chief said the job is done ([`JOB_DONE_EXIT_CODE`]: not restarted).
+    pub fn job_done() -> Self {
+        Exit {
+            code: JOB_DONE_EXIT_CODE,
+            reason: "the chief finished the job: exiting".into(),
+        }
+    }
+
+    /// A stop was requested and the preemption grace is over ([`PREEMPTED_EXIT_CODE`]).
+    pub fn preempted() -> Self {
+        Exit {
+            code: PREEMPTED_EXIT_CODE,
+            reason: "stop requested: stopping".into(),
+        }
+    }
+}
+
+impl WorkerMachine {
+    /// The machine of worker `worker`'s incarnation `epoch`, not set up yet.
+    pub fn new(worker: u32, epoch: u64) -> Self {
+        Self {
+            worker,
+            epoch,
+            num_workers: 1,
+            layouts: Arc::default(),
+            positions: BTreeMap::new(),
+            set_up: false,
+            building: None,
+            queued: 0,
+            step: None,
+            preempted: false,
+            exit: None,
+        }
+    }
+
+    /// Whether to queue `request` for the compute thread. A closure is refused once this
+    /// incarnation is ending (retired, or its exit decided) or was told to stop (a preemption
+    /// notice: it takes no new step, so the chief runs it elsewhere at once); anything is
+    /// refused when [`JOBS_MAX`] jobs wait already.
+    pub fn admit(&mut self, _now: Instant, request: Request) -> Result<(), WorkerRefusal> {
+        if request == Request::Run {
+            if self.exit.is_some() {
+                return Err(WorkerRefusal::Retired);
+            }
+            if self.preempted {
+                return Err(WorkerRefusal::Preempted);
+            }
+        }
+        if self.queued >= JOBS_MAX {
+            return Err(WorkerRefusal::Busy {
+                queued: JOBS_MAX as u32,
+            });
+        }
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// An admitted job never reached the compute thread (its queue is gone).
+    pub fn handle_job_dropped(&mut self) {
+        self.queued = self.queued.saturating_sub(1);
+    }
+
+    /// Step 3: validates a setup (or a rewind, which rebuilds every dataset) and plans its
+    /// datasets. A dataset held already keeps its place unless this is a rewind: a new setup
+    /// (another variable, another dataset) must not restart the streams. On an error the job
+    /// is over and nothing changed.
+    pub fn handle_setup(
+        &mut self,
+        _now: Instant,
+        setup: &SetupWorker,
+        rewind: bool,
+    ) -> Result<SetupPlan, SetupError> {
+        let num_workers = setup.num_workers;
+        let datasets = &setup.datasets;
+        let planned = (|| {
+            let layouts: Vec<ShardLayout> = serde_json::from_str(&setup.layouts_json)
+                .map_err(|e| SetupError::Layouts(e.to_string()))?;
+            for layout in &layouts {
+                layout
+                    .validate()
+                    .map_err(|e| SetupError::Layouts(e.to_string()))?;
+            }
+            let datasets = datasets
+                .iter()
+                .map(|(function, skip)| {
+                    if !rewind && self.positions.contains_key(function) {
+                        return Ok(DatasetPlan::Keep {
+                            function: function.clone(),
+                        });
+                    }
+                    if *skip > SKIP_MAX {
+                        return Err(SetupError::SkipTooFar {
+                            dataset: function.clone(),
+                            skip: *skip,
+                            max: SKIP_MAX,
+                        });
+                    }
+                    Ok(DatasetPlan::Build {
+                        function: function.clone(),
+                        skip: *skip,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let layouts = layouts.into_iter().map(|l| (l.name.clone(), l)).collect();
+            Ok((
+                SetupPlan {
+                    num_workers,
+                    datasets,
+                },
+                layouts,
+            ))
+        })();
+        match planned {
+            Ok((plan, layouts)) => {
+                self.building = Some((num_workers, layouts));
+                Ok(plan)
+            }
+            Err(e) => {
+                self.job_done();
+                Err(e)
+            }
+        }
+    }
+
+    /// Step 3, after the executor built the plan's datasets: `built` gives every dataset's
+    /// position (kept ones where they were), in any order. The setup takes effect only whole;
+    /// the datasets held before and not named are dropped. The job is over.
+    pub fn handle_setup_built(
+        &mut self,
+        _now: Instant,
+        built: Result<Vec<(String, u64)>, SetupError>,
+    ) -> Result<(), SetupError> {
+        self.job_done();
+        let (num_workers, layouts) = self
+            .building
+            .take()
+            .ok_or_else(|| SetupError::Layouts("no setup was being built".into()))?;
+        let positions = built?;
+        self.num_workers = num_workers;
+        self.layouts = Arc::new(layouts);
+        self.positions = positions.into_iter().collect();
+        self.set_up = true;
+        Ok(())
+    }
+
+    /// Step 4: how far each dataset has been read (elements, counting those skipped to
+    /// resume), for a checkpoint. The job is over.
+    pub fn handle_positions(&mut self, _now: Instant) -> Vec<(String, u64)> {
+        self.job_done();
+        self.positions
+            .iter()
+            .map(|(name, p)| (name.clone(), *p))
+            .collect()
+    }
+
+    /// Step 5: a closure reached the compute thread. It runs only on a worker set up and
+    /// not retired since it was admitted.
+    pub fn handle_start(&mut self, now: Instant, run: &RunClosure) -> StepAction {
+        let refusal = if self.exit.is_some() {
+            Some(WorkerRefusal::Retired)
+        } else if !self.set_up {
+            Some(WorkerRefusal::NotSetUp)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            self.job_done();
+            return StepAction::Reply {
+                result: Err(RunClosureError::Refused(refusal)),
+                timing: None,
+            };
+        }
+        self.step = Some(Step {
+            origin: PushOrigin {
+                worker: self.worker,
+                epoch: self.epoch,
+                closure: ClosureId(run.closure),
+                attempt: run.attempt,
+                generation: run.generation,
+            },
+            function: run.function.clone(),
+            started: now,
+            computed: None,
+        });
+        StepAction::Compute
+    }
+
+    /// Step 5, after the step function: its value and recorded gradients, or its error, and
+    /// every dataset's position now. A parameter server's unavailability is the server's
+    /// failure (retryable); any other error is the closure's own. Gradients are planned into
+    /// one push per server.
+    pub fn handle_computed(
+        &mut self,
+        now: Instant,
+        outcome: Result<(Vec<u8>, Vec<(String, Gradient<'static>)>), StepError>,
+        positions: impl IntoIterator<Item = (String, u64)>,
+    ) -> StepAction {
+        self.positions.extend(positions);
+        let Some(step) = self.step.as_mut() else {
+            return self.reply(Err(RunClosureError::Step(
+                "no closure is being computed".into(),
+            )));
+        };
+        let (value, gradients) = match outcome {
+            Ok(done) => done,
+            Err(e) => return self.fail(e),
+        };
+        step.computed = Some((now, value));
+        if gradients.is_empty() {
+            return self.handle_pushed(now, Ok(Vec::new()));
+        }
+        match plan_push(&self.layouts, step.origin, gradients) {
+            Ok(plan) if plan.is_empty() => self.handle_pushed(now, Ok(Vec::new())),
+            Ok(plan) => StepAction::Push(plan),
+            Err(e) => self.fail(e.into()),
+        }
+    }
+
+    /// Step 5, once every push sent has settled: each server's outcome, or the calls'
+    /// failure. A push refused as stale did not take effect (a fenced incarnation, or a
+    /// restore began since the closure was dispatched): never a silent success, but the
+    /// server's failure, retryable.
+    pub fn handle_pushed(
+        &mut self,
+        now: Instant,
+        outcomes: Result<Vec<(u32, PushOutcome)>, StepError>,
+    ) -> StepAction {
+        let outcomes = match outcomes {
+            Ok(outcomes) => outcomes,
+            Err(e) => return self.fail(e),
+        };
+        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| !o.took_effect()) {
+            return self.fail(StepError::PsUnavailable(PsUnavailable {
+                ps: *ps,
+                reason: "the push was refused as stale (a fenced incarnation, or a \
+                         parameter-server restore began since the closure was dispatched)"
+                    .into(),
+            }));
+        }
+        let Some(Step {
+            started,
+            computed: Some((computed, value)),
+            ..
+        }) = self.step.take()
+        else {
+            return self.reply(Err(RunClosureError::Step("no closure was pushing".into())));
+        };
+        let timing = Some((computed - started, now.saturating_duration_since(computed)));
+        self.job_done();
+        StepAction::Reply {
+            result: Ok(value),
+            timing,
+        }
+    }
+
+    /// Step 6: the chief retired incarnation `epoch` (it fenced it, or declared it dead,
+    /// while it was alive: FENCE-1). This incarnation can do nothing useful any more: it
+    /// exits so that its supervisor restarts it as a new one. Another incarnation's
+    /// retirement is ignored.
+    pub fn handle_retire(&mut self, _now: Instant, epoch: u64) -> Option<Exit> {
+        if epoch != self.epoch {
+            return None;
+        }
+        self.decide(Exit::retired(epoch))
+    }
+
+    /// Step 6: the chief says the job is done: exit with success (not restarted).
+    pub fn handle_goodbye(&mut self, _now: Instant) -> Option<Exit> {
+        self.decide(Exit::job_done())
+    }
+
+    /// Step 6: the chief has been silent for `silent_for`, past the detection budget. It has
+    /// fenced this incarnation meanwhile (a worker frozen and woken would otherwise idle until
+    /// the job ends, refused by everyone): exit to be restarted as a new incarnation.
+    pub fn handle_chief_lost(&mut self, _now: Instant, silent_for: Duration) -> Option<Exit> {
+        let reason = if self.preempted {
+            // The job is ending (we were told to stop): the chief's exit is expected.
+            "the chief has exited: stopping".to_string()
+        } else {
+            format!(
+                "the chief has been silent for {silent_for:?}: exiting so this worker restarts \
+                 as a new incarnation"
+            )
+        };
+        self.decide(Exit {
+            code: LOST_CHIEF_EXIT_CODE,
+            reason,
+        })
+    }
+
+    /// Step 6: a preemption notice (SIGTERM). The worker keeps serving the chief through its
+    /// grace (the steps in flight finish, so that the chief's checkpoint can take them), but
+    /// takes no new closure.
+    pub fn handle_preemption_notice(&mut self, _now: Instant) {
+        self.preempted = true;
+    }
+
+    /// Step 6: the chief is gone or the preemption grace has passed: stop.
+    pub fn handle_preemption_over(&mut self, _now: Instant) -> Option<Exit> {
+        self.decide(Exit::preempted())
+    }
+
+    /// Every variable's layout, as the last setup gave them (what a step reads and pushes),
+    /// shared: a step holds them while the machine goes on deciding.
+    pub fn layouts(&self) -> Arc<Layouts> {
+        Arc::clone(&self.layouts)
+    }
+
+    /// Workers in the cluster, as the last setup said.
+    pub fn num_workers(&self) -> u32 {
+        self.num_workers
+    }
+
+    /// The worker's index.
+    pub fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    /// Who pushes for the closure being run, and for which attempt (none between closures).
+    pub fn current_origin(&self) -> Option<PushOrigin> {
+        self.step.as_ref().map(|s| s.origin)
+    }
+
+    /// Whether a preemption notice came.
+    pub fn preempted(&self) -> bool {
+        self.preempted
+    }
+
+    /// The exit decided, if any.
+    pub fn exit(&self) -> Option<&Exit> {
+        self.exit.as_ref()
+    }
+
+    fn decide(&mut self, exit: Exit) -> Option<Exit> {
+        if self.exit.is_some() {
+            return None;
+        }
+        self.exit = Some(exit.clone());
+        Some(exit)
+    }
+
+    fn job_done(&mut self) {
+        self.queued = self.queued.saturating_sub(1);
+    }
+
+    /// The closure failed: the server's failure when one was unavailable, else its own.
+    fn fail(&mut self, error: StepError) -> StepAction {
+        let function = self
+            .step
+            .as_ref()
+            .map(|s| s.function.clone())
+            .unwrap_or_default();
+        self.reply(Err(match error {
+            StepError::PsUnavailable(unavailable) => RunClosureError::PsUnavailable(unavailable),
+            e => RunClosureError::Step(format!("{function}: {e}")),
+        }))
+    }
+
+    fn reply(&mut self, result: Result<Vec<u8>, RunClosureError>) -> StepAction {
+        self.step = None;
+        self.job_done();
+        StepAction::Reply {
+            result,
+            timing: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variable::Shard;
+
+    fn now() -> Instant {
+        Instant::now()
+    }
+
+    fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
+        let layouts = vec![ShardLayout {
+            name: "w".into(),
+            shape: vec![4],
+            shards: vec![Shard { ps: 0, rows: 0..2 }, Shard { ps: 1, rows: 2..4 }],
+        }];
+        SetupWorker {
+            num_workers: 2,
+            layouts_json: serde_json::to_string(&layouts).unwrap(),
+            datasets: datasets.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
+        }
+    }
+
+    fn run(closure: u64) -> RunClosure {
+        RunClosure {
+            closure,
+            attempt: 2,
+            generation: 3,
+            function: "train".into(),
+            args: Vec::new(),
+        }
+    }
+
+    /// A machine set up with `datasets` built at their skips.
+    fn ready(datasets: &[(&str, u64)]) -> WorkerMachine {
+        let mut m = WorkerMachine::new(1, 7);
+        m.admit(now(), Request::Setup).unwrap();
+        let plan = m.handle_setup(now(), &setup(datasets), false).unwrap();
+        let built = plan
+            .datasets
+            .iter()
+            .map(|d| match d {
+                DatasetPlan::Build { function, skip } => (function.clone(), *skip),
+                DatasetPlan::Keep { .. } => panic!("nothing is held yet"),
+            })
+            .collect();
+        m.handle_setup_built(now(), Ok(built)).unwrap();
+        m
+    }
+
+    fn started(m: &mut WorkerMachine, closure: u64) {
+        m.admit(now(), Request::Run).unwrap();
+        assert!(matches!(
+            m.handle_start(now(), &run(closure)),
+            StepAction::Compute
+        ));
+    }
+
+    fn reply(action: StepAction) -> Result<Vec<u8>, RunClosureError> {
+        match action {
+            StepAction::Reply { result, .. } => result,
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn admission_is_bounded_and_a_job_taken_back_frees_its_place() {
+        let mut m = WorkerMachine::new(0, 1);
+        for _ in 0..JOBS_MAX {
+            m.admit(now(), Request::Run).unwrap();
+        }
+        assert_eq!(
+            m.admit(now(), Request::Setup),
+            Err(WorkerRefusal::Busy {
+                queued: JOBS_MAX as u32
+            })
+        );
+        m.handle_job_dropped();
+        assert_eq!(m.admit(now(), Request::Positions), Ok(()));
+    }
+
+    #[test]
+    fn a_closure_before_any_setup_is_refused_as_not_set_up() {
+        let mut m = WorkerMachine::new(0, 1);
+        m.admit(now(), Request::Run).unwrap();
+        assert_eq!(
+            reply(m.handle_start(now(), &run(1))),
+            Err(RunClosureError::Refused(WorkerRefusal::NotSetUp))
+        );
+        // The refusal ended the job: the queue is empty again.
+        for _ in 0..JOBS_MAX {
+            m.admit(now(), Request::Run).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_setup_keeps_the_datasets_held_and_a_rewind_rebuilds_them() {
+        let mut m = ready(&[("a", 5)]);
+        m.admit(now(), Request::Setup).unwrap();
+        let plan = m
+            .handle_setup(now(), &setup(&[("a", 0), ("b", 3)]), false)
+            .unwrap();
+        assert_eq!(
+            plan.datasets,
+            vec![
+                DatasetPlan::Keep {
+                    function: "a".into()
+                },
+                DatasetPlan::Build {
+                    function: "b".into(),
+                    skip: 3
+                }
+            ]
+        );
+        m.handle_setup_built(now(), Ok(vec![("a".into(), 5), ("b".into(), 3)]))
+            .unwrap();
+        m.admit(now(), Request::Setup).unwrap();
+        let plan = m.handle_setup(now(), &setup(&[("a", 2)]), true).unwrap();
+        assert_eq!(
+            plan.datasets,
+            vec![DatasetPlan::Build {
+                function: "a".into(),
+                skip: 2
+            }]
+        );
+        m.handle_setup_built(now(), Ok(vec![("a".into(), 2)]))
+            .unwrap();
+        m.admit(now(), Request::Positions).unwrap();
+        // "b" was not named: dropped.
+        assert_eq!(m.handle_positions(now()), vec![("a".to_string(), 2)]);
+    }
+
+    #[test]
+    fn a_bad_setup_is_a_typed_error_and_the_previous_setup_stays() {
+        let mut m = ready(&[("a", 1)]);
+        m.admit(now(), Request::Setup).unwrap();
+        let err = m
+            .handle_setup(now(), &setup(&[("b", SKIP_MAX + 1)]), false)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SetupError::SkipTooFar {
+                dataset: "b".into(),
+                skip: SKIP_MAX + 1,
+                max: SKIP_MAX
+            }
+        );
+        assert!(err.to_string().contains("cannot resume"), "{err}");
+        let mut bad = setup(&[]);
+        bad.layouts_json = "[{".into();
+        m.admit(now(), Request::Setup).unwrap();
+        assert!(matches!(
+            m.handle_setup(now(), &bad, false),
+            Err(SetupError::Layouts(_))
+        ));
+        // A build that fails changes nothing either.
+        m.admit(now(), Request::Setup).unwrap();
+        m.handle_setup(now(), &setup(&[("c", 0)]), false).unwrap();
+        let failed = SetupError::UnknownDataset("c".into());
+        assert_eq!(
+            m.handle_setup_built(now(), Err(failed.clone())),
+            Err(failed)
+        );
+        m.admit(now(), Request::Positions).unwrap();
+        assert_eq!(m.handle_positions(now()), vec![("a".to_string(), 1)]);
+        assert_eq!(m.layouts().len(), 1);
+    }
+
+    #[test]
+    fn a_step_computes_pushes_one_message_per_server_then_replies_its_value() {
+        let mut m = ready(&[("a", 0)]);
+        started(&mut m, 9);
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        let action = m.handle_computed(
+            now(),
+            Ok((b"value".to_vec(), gradients)),
+            [("a".to_string(), 4)],
+        );
+        let StepAction::Push(plan) = action else {
+            panic!("expected pushes, got {action:?}");
+        };
+        assert_eq!(plan.iter().map(|p| p.ps).collect::<Vec<_>>(), [0, 1]);
+        let origin = plan[0].push.origin;
+        assert_eq!(
+            origin,
+            PushOrigin {
+                worker: 1,
+                epoch: 7,
+                closure: ClosureId(9),
+                attempt: 2,
+                generation: 3
+            }
+        );
+        let action = m.handle_pushed(
+            now(),
+            Ok(vec![(0, PushOutcome::Applied), (1, PushOutcome::Duplicate)]),
+        );
+        let StepAction::Reply { result, timing } = action else {
+            panic!("expected a reply, got {action:?}");
+        };
+        assert_eq!(result, Ok(b"value".to_vec()));
+        assert!(timing.is_some());
+        m.admit(now(), Request::Positions).unwrap();
+        assert_eq!(m.handle_positions(now()), vec![("a".to_string(), 4)]);
+    }
+
+    #[test]
+    fn ledger_1_a_push_refused_as_stale_is_the_servers_unavailability_never_a_success() {
+        let mut m = ready(&[]);
+        started(&mut m, 1);
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        let action = m.handle_computed(now(), Ok((Vec::new(), gradients)), []);
+        assert!(matches!(action, StepAction::Push(_)));
+        let result = reply(m.handle_pushed(
+            now(),
+            Ok(vec![(0, PushOutcome::Applied), (1, PushOutcome::Stale)]),
+        ));
+        assert!(
+            matches!(result, Err(RunClosureError::PsUnavailable(ref u)) if u.ps == 1),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn a_servers_unavailability_is_retryable_and_any_other_error_is_the_closures() {
+        let mut m = ready(&[]);
+        started(&mut m, 1);
+        let unavailable = PsUnavailable {
+            ps: 1,
+            reason: "timeout".into(),
+        };
+        assert_eq!(
+            reply(m.handle_computed(
+                now(),
+                Err(StepError::PsUnavailable(unavailable.clone())),
+                []
+            )),
+            Err(RunClosureError::PsUnavailable(unavailable.clone()))
+        );
+        started(&mut m, 2);
+        assert_eq!(
+            reply(m.handle_computed(now(), Err(StepError::Step("bad batch".into())), [])),
+            Err(RunClosureError::Step("train: bad batch".into()))
+        );
+        // A gradient the layouts cannot route is the closure's error; nothing is pushed.
+        started(&mut m, 3);
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 3].into()))];
+        let result = reply(m.handle_computed(now(), Ok((Vec::new(), gradients)), []));
+        assert!(
+            matches!(result, Err(RunClosureError::Step(ref e)) if e.contains("has 3 values")),
+            "{result:?}"
+        );
+        // A push the servers could not all take.
+        started(&mut m, 4);
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        assert!(matches!(
+            m.handle_computed(now(), Ok((Vec::new(), gradients)), []),
+            StepAction::Push(_)
+        ));
+        assert_eq!(
+            reply(m.handle_pushed(now(), Err(StepError::PsUnavailable(unavailable.clone())))),
+            Err(RunClosureError::PsUnavailable(unavailable))
+        );
+        // A step with no gradient replies at once.
+        started(&mut m, 5);
+        assert_eq!(
+            reply(m.handle_computed(now(), Ok((vec![1], Vec::new())), [])),
+            Ok(vec![1])
+        );
+    }
+
+    #[test]
+    fn exits_keep_their_codes_and_only_the_first_is_decided() {
+        let mut m = WorkerMachine::new(0, 4);
+        assert_eq!(m.handle_retire(now(), 3), None);
+        let exit = m.handle_retire(now(), 4).unwrap();
+        assert_eq!(exit.code, LOST_CHIEF_EXIT_CODE);
+        assert!(exit.reason.contains("epoch 4"), "{}", exit.reason);
+        assert_eq!(m.handle_goodbye(now()), None);
+        // Retired: a closure is refused, at admission and at the compute thread alike.
+        assert_eq!(m.admit(now(), Request::Run), Err(WorkerRefusal::Retired));
+
+        let mut m = WorkerMachine::new(0, 1);
+        assert_eq!(m.handle_goodbye(now()).unwrap().code, JOB_DONE_EXIT_CODE);
+
+        let mut m = WorkerMachine::new(0, 1);
+        let exit = m.handle_chief_lost(now(), Duration::from_secs(3)).unwrap();
+        assert_eq!(exit.code, LOST_CHIEF_EXIT_CODE);
+        assert!(exit.reason.contains("silent"), "{}", exit.reason);
+
+        let mut m = ready(&[]);
+        m.handle_preemption_notice(now());
+        assert_eq!(m.admit(now(), Request::Run), Err(WorkerRefusal::Preempted));
+        // It keeps serving the chief through its grace: a rewind or positions are taken.
+        assert_eq!(m.admit(now(), Request::Positions), Ok(()));
+        assert_eq!(
+            m.handle_preemption_over(now()).unwrap().code,
+            PREEMPTED_EXIT_CODE
+        );
+    }
+}
