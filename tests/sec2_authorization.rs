@@ -363,7 +363,7 @@ async fn worker_refuses<M: RemoteMessage>(msg: M, job: Option<&str>) -> anyhow::
 fn setup() -> SetupWorker {
     SetupWorker {
         num_workers: 2,
-        layouts_json: "[]".into(),
+        layouts: Vec::new(),
         datasets: Vec::new(),
     }
 }

@@ -410,14 +410,11 @@ impl<'a> World<'a> {
             violation: None,
             ended: None,
         };
-        world.coord.handle_configure(
-            SetupWorker {
-                num_workers: config.num_workers,
-                layouts_json: "[]".into(),
-                datasets: Vec::new(),
-            },
-            Vec::new(),
-        );
+        world.coord.handle_configure(SetupWorker {
+            num_workers: config.num_workers,
+            layouts: Vec::new(),
+            datasets: Vec::new(),
+        });
         for fault in &scenario.faults {
             let (at_ms, event) = match *fault {
                 Fault::Kill { at_ms, node } => (at_ms, FaultEvent::Kill(node)),

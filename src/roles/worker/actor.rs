@@ -22,12 +22,12 @@ use tokio::sync::oneshot;
 use super::client::PsClient;
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
+use crate::layout::Layout;
 use crate::program::Program;
 use crate::roles::protocol::{
     DatasetPositions, PsUnavailable, RewindWorker, RunClosure, RunClosureError, SetupWorker,
     WorkerRefusal, WORKER_ACTOR,
 };
-use crate::variable::ShardLayout;
 
 /// Work for the compute thread.
 pub enum WorkerJob {
@@ -194,17 +194,16 @@ struct ComputeState {
     epoch: u64,
     num_workers: u32,
     client: PsClient,
-    layouts: BTreeMap<String, ShardLayout>,
+    layouts: BTreeMap<String, Layout>,
     datasets: BTreeMap<String, WorkerDataset>,
 }
 
 impl ComputeState {
     fn setup(&mut self, setup: SetupWorker) -> Result<(), String> {
-        let layouts: Vec<ShardLayout> = serde_json::from_str(&setup.layouts_json)
-            .map_err(|e| format!("variable layouts: {e}"))?;
-        for layout in &layouts {
+        for layout in &setup.layouts {
             layout
                 .validate()
+                .and_then(|()| layout.check_servers(self.client.num_servers()))
                 .map_err(|e| format!("variable layouts: {e}"))?;
         }
         let mut datasets = BTreeMap::new();
@@ -246,7 +245,11 @@ impl ComputeState {
             datasets.insert(function.clone(), WorkerDataset { iter, position });
         }
         self.num_workers = setup.num_workers;
-        self.layouts = layouts.into_iter().map(|l| (l.name.clone(), l)).collect();
+        self.layouts = setup
+            .layouts
+            .into_iter()
+            .map(|l| (l.name.clone(), l))
+            .collect();
         self.datasets = datasets;
         Ok(())
     }

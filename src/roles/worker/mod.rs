@@ -15,7 +15,7 @@ mod model;
 use std::collections::BTreeMap;
 
 use crate::data::{DataError, DatasetIterator, Element};
-use crate::variable::ShardLayout;
+use crate::layout::Layout;
 
 pub use actor::{job_queue, run_worker_thread, WorkerActor, WorkerJob};
 pub use client::{PsClient, PushSummary};
@@ -53,6 +53,12 @@ pub enum StepError {
 }
 
 impl StepError {
+    /// A parameter server's refusal, or a reply that is not what was asked for (a missing or
+    /// malformed blob), as the step reads it.
+    pub fn ps(error: impl std::fmt::Display) -> Self {
+        Self::Ps(error.to_string())
+    }
+
     /// What a failed remote call to parameter server `ps` means for a step: the server
     /// unreachable, gone, or restarted without its state is [`StepError::PsUnavailable`];
     /// anything else (a message that failed to encode, a refusal for another reason) is
@@ -101,7 +107,7 @@ pub struct StepContext<'a> {
     num_workers: u32,
     closure: u64,
     client: &'a PsClient,
-    layouts: &'a BTreeMap<String, ShardLayout>,
+    layouts: &'a BTreeMap<String, Layout>,
     datasets: &'a mut BTreeMap<String, WorkerDataset>,
     pending: Vec<(String, PendingGradient)>,
 }
@@ -137,7 +143,7 @@ impl<'a> StepContext<'a> {
     }
 
     /// The layout of variable `name`.
-    pub fn layout(&self, name: &str) -> Result<&ShardLayout, StepError> {
+    pub fn layout(&self, name: &str) -> Result<&Layout, StepError> {
         self.layouts
             .get(name)
             .ok_or_else(|| StepError::UnknownVariable(name.into()))
