@@ -1,7 +1,7 @@
 //! A parameter server's refusals arrive as typed errors over real QUIC on 127.0.0.1 (the
 //! `PsRefusal` of `cohort::roles::protocol`), and each reads as a clear message naming what
-//! was wrong: the unknown variable, the missing blob, the bad initializer, the pull that names
-//! too many variables. A refused request changes nothing on the server.
+//! was wrong: the unknown variable, the missing blob, the bad initializer, the shape too large.
+//! A refused request changes nothing on the server.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cohort::optim::Optimizer;
 use cohort::roles::protocol::{
-    f32_blob, BlobError, CreateVariable, InitProblem, InitSpec, PsRefusal, PsStats, Pull, Push,
+    f32_blob, BlobError, CreateVariable, InitProblem, InitSpec, PsRefusal, PsStats, Push,
     PushReply, Snapshot, WireGradient, PS_ACTOR,
 };
 use cohort::roles::ps::{ParameterStore, PsActor, PsError};
@@ -62,7 +62,7 @@ fn a_push_without_its_gradient_blob_is_refused_naming_the_blob() {
 }
 
 #[test]
-fn a_bad_initializer_or_a_pull_of_too_many_names_is_refused_clearly() {
+fn a_bad_initializer_or_shape_is_refused_clearly_and_creates_nothing() {
     run(|cluster| async move {
         let create = CreateVariable {
             name: "b".into(),
@@ -97,17 +97,6 @@ fn a_bad_initializer_or_a_pull_of_too_many_names_is_refused_clearly() {
         assert!(
             matches!(refusal, PsRefusal::ShapeTooLarge { .. }),
             "{refusal:?}"
-        );
-        let pull = Pull {
-            names: vec!["w".into(); 1025],
-        };
-        let refusal = cluster
-            .chief_sends(&pull, Vec::new())
-            .await?
-            .expect_err("a pull of 1025 names was served");
-        assert_eq!(
-            refusal.to_string(),
-            "a pull may name at most 1024 variables, got 1025"
         );
         let refusal = cluster
             .chief_sends(&Snapshot { name: "b".into() }, Vec::new())
