@@ -4,6 +4,8 @@
 //! Module map (see DESIGN.md §1):
 //! - [`data`]: datasets, distributed datasets and iterators, input contexts, auto-sharding.
 //! - [`strategy`]: the `Strategy` trait, the local strategies, per-replica values, reduce.
+//! - [`layout`]: where the rows of a variable live (one type for placement, worker setup and
+//!   checkpoints).
 //! - [`variable`]: variables and their placement.
 //! - [`collective`]: all-reduce and barriers among replicas (in process).
 //! - [`nn`]: layers (`Dense`, `Embedding`), losses, the gradient tape.
@@ -18,6 +20,7 @@ pub mod cluster;
 pub mod collective;
 pub mod data;
 pub mod launch;
+pub mod layout;
 pub mod ledger;
 pub mod nn;
 pub mod optim;

@@ -13,6 +13,7 @@ use cohort::checkpoint::{
     Dtype, FailAction, FailSite, SaveError, TensorBytes, ValidationError, FORMAT_VERSION,
     MANIFEST_CHECKSUM_FIELD, MANIFEST_TRAILER_BYTES,
 };
+use cohort::layout::LayoutError;
 use sha2::{Digest, Sha256};
 
 fn policy(keep_last: usize) -> CheckpointPolicy {
@@ -183,7 +184,7 @@ fn inconsistent_content_is_rejected_before_anything_is_written() {
     assert!(matches!(
         manager.save(&no_such_ps, t0),
         Err(SaveError::Invalid {
-            source: ValidationError::NoSuchPs { ps: 7, .. },
+            source: ValidationError::Layout(LayoutError::NoSuchPs { ps: 7, .. }),
             ..
         })
     ));
@@ -372,7 +373,8 @@ fn should_save_counts_steps_from_the_restored_checkpoint() {
 /// restore unchanged (CKPT-1 round trip, property-tested).
 mod properties {
     use super::*;
-    use cohort::checkpoint::{slot_tensor_name, Checkpoint, ShardSpec, VariableLayout};
+    use cohort::checkpoint::{slot_tensor_name, Checkpoint};
+    use cohort::layout::{Layout, Shard};
     use proptest::prelude::*;
 
     const DTYPES: [Dtype; 6] = [
@@ -399,32 +401,30 @@ mod properties {
         let mut c = Checkpoint::new(step, 2);
         for (i, (dt, rows, cols, split, seed)) in vars.iter().enumerate() {
             let dtype = DTYPES[*dt];
-            let split = (*split).min(*rows) as u64;
+            let split = (*split).min(*rows);
             let name = format!("var{i}");
-            let layout = VariableLayout {
+            let layout = Layout {
                 name: name.clone(),
                 dtype,
                 shape: vec![*rows, *cols],
                 shards: vec![
-                    ShardSpec {
+                    Shard {
                         ps: 0,
-                        row_start: 0,
-                        row_end: split,
+                        rows: 0..split,
                     },
-                    ShardSpec {
+                    Shard {
                         ps: 1,
-                        row_start: split,
-                        row_end: *rows as u64,
+                        rows: split..*rows,
                     },
                 ],
             };
             for (part, spec) in layout.shards.iter().enumerate() {
-                let shape = layout.part_shape(spec);
+                let shape = layout.shard_shape(part);
                 let len = shape.iter().product::<usize>() * dtype.size_bytes();
                 let bytes: Vec<u8> = seed.iter().copied().cycle().take(len).collect();
                 let tensor = TensorBytes::new(dtype, shape.clone(), bytes.clone()).unwrap();
                 let tensors = &mut c.shards[spec.ps as usize].tensors;
-                let part_name = layout.part_name(part);
+                let part_name = layout.shard_name(part);
                 tensors.insert(
                     slot_tensor_name(&part_name, "m"),
                     TensorBytes::new(dtype, shape, bytes).unwrap(),

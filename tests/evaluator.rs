@@ -19,9 +19,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cohort::checkpoint::{
-    shard_file_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, ShardSpec,
-    TensorBytes, VariableLayout,
+    shard_file_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, TensorBytes,
 };
+use cohort::layout::{Layout, Shard};
 use cohort::program::{CheckpointVariables, EvalError, Metrics, Program};
 
 const CHILD_ENV: &str = "COHORT_EVALUATOR_TEST_CHILD";
@@ -193,25 +193,14 @@ fn refuses_to_start_without_an_evaluation_function_or_a_checkpoint_dir() {
 fn checkpoint(step: u64) -> Checkpoint {
     let s = step as f32;
     let mut ckpt = Checkpoint::new(step, 2);
-    ckpt.layout.push(VariableLayout {
+    ckpt.layout.push(Layout {
         name: "w".into(),
         dtype: Dtype::F32,
         shape: vec![3, 2],
-        shards: vec![
-            ShardSpec {
-                ps: 0,
-                row_start: 0,
-                row_end: 2,
-            },
-            ShardSpec {
-                ps: 1,
-                row_start: 2,
-                row_end: 3,
-            },
-        ],
+        shards: vec![Shard { ps: 0, rows: 0..2 }, Shard { ps: 1, rows: 2..3 }],
     });
     ckpt.layout
-        .push(VariableLayout::unsharded("b", Dtype::F32, vec![2], 1));
+        .push(Layout::unsharded("b", Dtype::F32, vec![2], 1));
     let tensor = |shape, values: &[f32]| TensorBytes::from_f32(shape, values).unwrap();
     ckpt.shards[0].tensors.insert(
         "w/part_0".into(),
@@ -240,10 +229,10 @@ fn expected_line(ckpt: &Checkpoint) -> String {
     let mut whole = Checkpoint::new(ckpt.step, 1);
     whole
         .layout
-        .push(VariableLayout::unsharded("w", Dtype::F32, vec![3, 2], 0));
+        .push(Layout::unsharded("w", Dtype::F32, vec![3, 2], 0));
     whole
         .layout
-        .push(VariableLayout::unsharded("b", Dtype::F32, vec![2], 0));
+        .push(Layout::unsharded("b", Dtype::F32, vec![2], 0));
     whole.shards[0].tensors.insert("w".into(), w);
     whole.shards[0]
         .tensors

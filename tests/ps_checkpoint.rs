@@ -24,9 +24,10 @@ use cohort::checkpoint::{
     list_checkpoints, shard_file_name, CheckpointManager, CheckpointPolicy, FAILPOINT_ENV,
     FAILPOINT_EXIT_CODE,
 };
+use cohort::layout::Layout;
 use cohort::nn::Initializer;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
-use cohort::variable::{Partitioner, ShardLayout};
+use cohort::variable::Partitioner;
 use ps_support::{child_dir, ledger_and_stats, scenario, write_report, Run};
 
 /// Closures between two saves.
@@ -185,7 +186,7 @@ fn ckpt_1_restore_after_killing_every_process_a_crashed_save_and_a_corrupt_shard
     assert_eq!(steps, [10, 20], "checkpoints on disk");
 
     // The shard files load in Python's safetensors with the very bits the chief read.
-    let layouts: Vec<ShardLayout> = serde_json::from_value(first["layouts"].clone()).unwrap();
+    let layouts: Vec<Layout> = serde_json::from_value(first["layouts"].clone()).unwrap();
     python_check(&checkpoint_dir(&root, 10), &layouts, &saved_10);
 
     // 2. Relaunch: restored bit-identical; training resumes; the next save crashes before its
@@ -275,7 +276,7 @@ fn checkpoint_dir(root: &Path, step: u64) -> std::path::PathBuf {
 
 /// Loads every shard file of `dir` with Python's safetensors and compares each variable shard
 /// with the bits the chief read for that variable (rows per the layout).
-fn python_check(dir: &Path, layouts: &[ShardLayout], saved: &serde_json::Value) {
+fn python_check(dir: &Path, layouts: &[Layout], saved: &serde_json::Value) {
     let probe = run_python(&["-c", "import safetensors, numpy"]);
     if !matches!(&probe, Some((true, _))) {
         eprintln!(

@@ -283,7 +283,7 @@ impl Worker {
         let node = NodeId::new("worker", 1);
         let gateway = start(&cluster.ca, &node, 1)?;
         let (tx, rx) = job_queue();
-        let machine = Arc::new(Mutex::new(WorkerMachine::new(1, 1)));
+        let machine = Arc::new(Mutex::new(WorkerMachine::new(1, 1, 1)));
         WorkerActor::start(tx, machine, &gateway)?;
         let jobs = Arc::new(Mutex::new(Vec::new()));
         let recorded = jobs.clone();
@@ -367,7 +367,7 @@ async fn worker_refuses<M: RemoteMessage>(msg: M, job: Option<&str>) -> anyhow::
 fn setup() -> SetupWorker {
     SetupWorker {
         num_workers: 2,
-        layouts_json: "[]".into(),
+        layouts: Vec::new(),
         datasets: Vec::new(),
     }
 }

@@ -15,13 +15,17 @@
 use std::fmt::Debug;
 
 use bincode::{Decode, Encode};
+use cohort::layout::{Dtype, Layout, Shard};
+use cohort::optim::OptimError;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
-    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
-    PositionsError, PsStats, PsStatsReply, PsUnavailable, Pull, PullRows, Push, PushOrigin,
-    PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack, RunClosure, RunClosureError,
-    SetupError, SetupWorker, ShardState, Shutdown, Snapshot, WireGradient, WorkerRefusal,
+    BeginRestore, BlobError, CreateVariable, DatasetPositions, Element, FenceWorker, FinishedBelow,
+    InitProblem, InitSpec, PositionsError, PsRefusal, PsStats, PsStatsReply, PsUnavailable, Pull,
+    PullRows, Push, PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack,
+    RunClosure, RunClosureError, SetupError, SetupWorker, ShardState, Shutdown, Snapshot,
+    WireGradient, WorkerRefusal,
 };
+use cohort::roles::ps::PsError;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
 use cohort_actors::{Epoch, Incarnation, RefusedReason};
 use cohort_transport::{codec, NodeId};
@@ -226,14 +230,168 @@ fn run_closure_error() -> impl Strategy<Value = RunClosureError> {
     ]
 }
 
-fn setup_worker() -> impl Strategy<Value = SetupWorker> {
-    (any::<u32>(), text(), vec((text(), any::<u64>()), 0..3)).prop_map(
-        |(num_workers, layouts_json, datasets)| SetupWorker {
-            num_workers,
-            layouts_json,
-            datasets,
-        },
+fn dtype() -> impl Strategy<Value = Dtype> {
+    prop_oneof![
+        Just(Dtype::F32),
+        Just(Dtype::F64),
+        Just(Dtype::I64),
+        Just(Dtype::Bool),
+        Just(Dtype::BF16),
+    ]
+}
+
+/// Any layout the encoder can carry (valid or not: the decoder must not care, the worker
+/// validates).
+fn layout() -> impl Strategy<Value = Layout> {
+    (
+        text(),
+        dtype(),
+        vec(any::<usize>(), 0..3),
+        vec((any::<u32>(), any::<usize>(), any::<usize>()), 0..3),
     )
+        .prop_map(|(name, dtype, shape, shards)| Layout {
+            name,
+            dtype,
+            shape,
+            shards: shards
+                .into_iter()
+                .map(|(ps, start, end)| Shard {
+                    ps,
+                    rows: start..end,
+                })
+                .collect(),
+        })
+}
+
+fn setup_worker() -> impl Strategy<Value = SetupWorker> {
+    (
+        any::<u32>(),
+        vec(layout(), 0..3),
+        vec((text(), any::<u64>()), 0..3),
+    )
+        .prop_map(|(num_workers, layouts, datasets)| SetupWorker {
+            num_workers,
+            layouts,
+            datasets,
+        })
+}
+
+fn optim_error() -> impl Strategy<Value = OptimError> {
+    prop_oneof![
+        (text(), any::<usize>(), any::<usize>()).prop_map(|(variable, expected, got)| {
+            OptimError::GradientLength {
+                variable,
+                expected,
+                got,
+            }
+        }),
+        (text(), any::<u64>(), any::<usize>()).prop_map(|(variable, row, rows)| {
+            OptimError::RowOutOfRange {
+                variable,
+                row,
+                rows,
+            }
+        }),
+        (text(), any::<usize>(), float()).prop_map(|(variable, index, value)| {
+            OptimError::NonFinite {
+                variable,
+                index,
+                value,
+            }
+        }),
+        (text(), float(), text()).prop_map(|(name, value, reason)| {
+            OptimError::Hyperparameter {
+                name,
+                value,
+                reason,
+            }
+        }),
+        (text(), text()).prop_map(|(variable, slot)| OptimError::MissingSlot { variable, slot }),
+    ]
+}
+
+fn ps_error() -> impl Strategy<Value = PsError> {
+    let dims = || vec(any::<usize>(), 0..3);
+    prop_oneof![
+        text().prop_map(PsError::UnknownVariable),
+        (text(), dims(), dims()).prop_map(|(name, existing, requested)| {
+            PsError::AlreadyExists {
+                name,
+                existing,
+                requested,
+            }
+        }),
+        (text(), dims(), any::<usize>(), any::<usize>()).prop_map(
+            |(name, shape, expected, got)| PsError::InitialValueLength {
+                name,
+                shape,
+                expected,
+                got,
+            }
+        ),
+        (text(), any::<u64>(), any::<usize>())
+            .prop_map(|(name, row, rows)| PsError::RowOutOfRange { name, row, rows }),
+        text().prop_map(|name| PsError::NotRestoring { name }),
+        optim_error().prop_map(PsError::Optim),
+    ]
+}
+
+fn blob_error() -> impl Strategy<Value = BlobError> {
+    let element = || prop_oneof![Just(Element::F32), Just(Element::U64)];
+    prop_oneof![
+        (text(), any::<u64>(), any::<u64>()).prop_map(|(what, index, carried)| {
+            BlobError::Missing {
+                what,
+                index,
+                carried,
+            }
+        }),
+        (text(), any::<u64>(), element()).prop_map(|(what, bytes, element)| BlobError::Ragged {
+            what,
+            bytes,
+            element
+        }),
+        (text(), any::<u64>(), any::<u64>(), element()).prop_map(
+            |(what, bytes, expected, element)| BlobError::Length {
+                what,
+                bytes,
+                expected,
+                element,
+            }
+        ),
+    ]
+}
+
+fn ps_refusal() -> impl Strategy<Value = PsRefusal> {
+    let problem = prop_oneof![
+        float().prop_map(InitProblem::NonFiniteConstant),
+        (float(), float()).prop_map(|(min, max)| InitProblem::BadUniformRange { min, max }),
+        text().prop_map(InitProblem::Draw),
+    ];
+    prop_oneof![
+        ps_error().prop_map(PsRefusal::Store),
+        blob_error().prop_map(PsRefusal::Blob),
+        (shape(), any::<u64>()).prop_map(|(shape, elements_max)| PsRefusal::ShapeTooLarge {
+            shape,
+            elements_max
+        }),
+        (text(), problem).prop_map(|(name, problem)| PsRefusal::Initializer { name, problem }),
+        (any::<u64>(), any::<u64>()).prop_map(|(got, max)| PsRefusal::TooManyNames { got, max }),
+        (any::<u32>(), any::<u64>(), text(), any::<u64>()).prop_map(
+            |(worker, epoch, from, from_epoch)| PsRefusal::NotTheSender {
+                worker,
+                epoch,
+                from,
+                from_epoch,
+            }
+        ),
+    ]
+}
+
+fn refusal_result<T: Debug>(
+    ok: impl Strategy<Value = T>,
+) -> impl Strategy<Value = Result<T, PsRefusal>> {
+    prop_oneof![ok.prop_map(Ok), ps_refusal().prop_map(Err)]
 }
 
 fn text_result<T: Debug>(ok: impl Strategy<Value = T>) -> impl Strategy<Value = Result<T, String>> {
@@ -330,6 +488,7 @@ decode_props! {
     retire: Retire = any::<u64>().prop_map(|epoch| Retire { epoch });
     shutdown: Shutdown = Just(Shutdown);
     setup: SetupWorker = setup_worker();
+    layout_value: Layout = layout();
     dataset_positions: DatasetPositions = Just(DatasetPositions);
     begin_restore: BeginRestore = (any::<u64>(), vec((any::<u32>(), any::<u64>()), 0..4))
         .prop_map(|(generation, fences)| BeginRestore { generation, fences });
@@ -339,8 +498,9 @@ decode_props! {
 
     // Replies.
     unit_or_text: Result<(), String> = text_result(Just(()));
-    push_result: Result<PushOutcome, String> = text_result(push_outcome());
-    shard_state_result: Result<ShardState, String> = text_result(shard_state());
+    unit_or_refusal: Result<(), PsRefusal> = refusal_result(Just(()));
+    push_result: Result<PushOutcome, PsRefusal> = refusal_result(push_outcome());
+    shard_state_result: Result<ShardState, PsRefusal> = refusal_result(shard_state());
     ps_stats_reply_value: PsStatsReply = ps_stats_reply();
     run_closure_result: Result<Vec<u8>, RunClosureError> = prop_oneof![
         vec(any::<u8>(), 0..32).prop_map(Ok),

@@ -5,23 +5,21 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::tensor::{Dtype, TensorBytes};
-
-/// Infix between a variable part's tensor name and a slot name: `dense/kernel/slot/m`.
-pub const SLOT_INFIX: &str = "/slot/";
+use super::tensor::TensorBytes;
+use crate::layout::{Dtype, Layout, LayoutError, SLOT_INFIX};
 
 /// Everything a checkpoint captures at one step (CKPT-1).
 ///
 /// Tensor naming inside a shard: a variable with a single shard is stored under its own name
 /// (`dense/kernel`); a variable split over several shards stores part `i` as
 /// `<name>/part_<i>`. An optimizer slot of a stored tensor is `<tensor>/slot/<slot>`
-/// (`dense/kernel/slot/m`). [`VariableLayout::part_name`] and [`slot_tensor_name`] build these.
+/// (`dense/kernel/slot/m`). [`Layout::shard_name`] and [`slot_tensor_name`] build these.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checkpoint {
     /// Global training step the checkpoint was taken at.
     pub step: u64,
     /// Where every variable lives.
-    pub layout: Vec<VariableLayout>,
+    pub layout: Vec<Layout>,
     /// Tensors held by each parameter server, indexed by PS index; its length is the number
     /// of PS.
     pub shards: Vec<ShardTensors>,
@@ -38,30 +36,6 @@ pub struct Checkpoint {
 pub struct ShardTensors {
     /// Tensor name → tensor.
     pub tensors: BTreeMap<String, TensorBytes>,
-}
-
-/// A variable's identity and how it is split over parameter servers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VariableLayout {
-    /// Variable name, e.g. `dense/kernel`.
-    pub name: String,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Full (unsplit) shape.
-    pub shape: Vec<usize>,
-    /// Parts in row order; together they cover rows `0..shape[0]` (`0..1` for a scalar).
-    pub shards: Vec<ShardSpec>,
-}
-
-/// One part of a variable: which PS holds which rows (along dimension 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardSpec {
-    /// Index of the parameter server holding the part.
-    pub ps: u32,
-    /// First row held (inclusive).
-    pub row_start: u64,
-    /// End of the rows held (exclusive).
-    pub row_end: u64,
 }
 
 /// The coordinator's closure accounting at the checkpoint's cut (LEDGER-1).
@@ -92,37 +66,15 @@ pub enum ValidationError {
     /// There is not a single parameter-server shard.
     #[error("a checkpoint needs at least one parameter-server shard")]
     NoShards,
-    /// A variable has an empty or reserved name.
-    #[error("variable name {name:?} is empty, reserved, or contains \"{SLOT_INFIX}\"")]
-    BadVariableName {
-        /// The name.
-        name: String,
-    },
+    /// A variable's layout is unusable (its name, its shape, its shards, or a shard on a
+    /// parameter server the checkpoint has no shard file for).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
     /// Two variables (or variable parts) map to the same tensor name.
     #[error("tensor name {name:?} is used twice in the layout")]
     DuplicateName {
         /// The name.
         name: String,
-    },
-    /// A variable has no parts, or parts that do not tile its rows.
-    #[error("variable {name:?}: parts do not cover rows 0..{rows} contiguously ({reason})")]
-    BadSplit {
-        /// Variable name.
-        name: String,
-        /// Rows to cover.
-        rows: u64,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A part names a parameter server that does not exist.
-    #[error("variable {name:?}: part on PS {ps}, but there are {num_ps} PS")]
-    NoSuchPs {
-        /// Variable name.
-        name: String,
-        /// PS named.
-        ps: u32,
-        /// Number of PS shards.
-        num_ps: usize,
     },
     /// A variable part is missing from its PS shard.
     #[error("shard of PS {ps}: tensor {tensor:?} (part of variable {variable:?}) is missing")]
@@ -220,9 +172,10 @@ impl Checkpoint {
         // Tensor name → PS holding it, for every variable part.
         let mut parts: BTreeMap<String, usize> = BTreeMap::new();
         for var in &self.layout {
-            validate_variable(var, num_ps)?;
+            var.validate()?;
+            var.check_servers(num_ps)?;
             for (i, spec) in var.shards.iter().enumerate() {
-                let tensor = var.part_name(i);
+                let tensor = var.shard_name(i);
                 let ps = spec.ps as usize;
                 if parts.insert(tensor.clone(), ps).is_some() {
                     return Err(ValidationError::DuplicateName { name: tensor });
@@ -242,7 +195,7 @@ impl Checkpoint {
                         found: found.dtype(),
                     });
                 }
-                let expected = var.part_shape(spec);
+                let expected = var.shard_shape(i);
                 if found.shape() != expected.as_slice() {
                     return Err(ValidationError::WrongShape {
                         ps,
@@ -275,7 +228,7 @@ impl Checkpoint {
         let mut part_owner: BTreeMap<String, &str> = BTreeMap::new();
         for var in &self.layout {
             for i in 0..var.shards.len() {
-                part_owner.insert(var.part_name(i), &var.name);
+                part_owner.insert(var.shard_name(i), &var.name);
             }
         }
         let mut slots: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -320,46 +273,6 @@ impl Checkpoint {
     }
 }
 
-impl VariableLayout {
-    /// A variable held whole by one parameter server.
-    pub fn unsharded(name: impl Into<String>, dtype: Dtype, shape: Vec<usize>, ps: u32) -> Self {
-        let rows = shape.first().map_or(1, |&d| d as u64);
-        Self {
-            name: name.into(),
-            dtype,
-            shape,
-            shards: vec![ShardSpec {
-                ps,
-                row_start: 0,
-                row_end: rows,
-            }],
-        }
-    }
-
-    /// Rows along dimension 0 that the parts tile (1 for a scalar).
-    pub fn rows(&self) -> u64 {
-        self.shape.first().map_or(1, |&d| d as u64)
-    }
-
-    /// Tensor name of part `part` inside its shard file.
-    pub fn part_name(&self, part: usize) -> String {
-        if self.shards.len() == 1 {
-            self.name.clone()
-        } else {
-            format!("{}/part_{part}", self.name)
-        }
-    }
-
-    /// Shape of the part described by `spec`.
-    pub fn part_shape(&self, spec: &ShardSpec) -> Vec<usize> {
-        let mut shape = self.shape.clone();
-        if let Some(first) = shape.first_mut() {
-            *first = spec.row_end.saturating_sub(spec.row_start) as usize;
-        }
-        shape
-    }
-}
-
 impl Ledger {
     /// Checks that the counts balance and that no closure id is in two sets (LEDGER-1).
     pub fn validate(&self) -> Result<(), ValidationError> {
@@ -392,47 +305,6 @@ pub fn slot_tensor_name(tensor: &str, slot: &str) -> String {
 /// File name of PS `ps`'s shard in a checkpoint over `num_ps` PS.
 pub fn shard_file_name(ps: usize, num_ps: usize) -> String {
     format!("shard-{ps}-of-{num_ps}.safetensors")
-}
-
-fn validate_variable(var: &VariableLayout, num_ps: usize) -> Result<(), ValidationError> {
-    if var.name.is_empty() || var.name.starts_with("__") || var.name.contains(SLOT_INFIX) {
-        return Err(ValidationError::BadVariableName {
-            name: var.name.clone(),
-        });
-    }
-    let rows = var.rows();
-    let bad = |reason: String| ValidationError::BadSplit {
-        name: var.name.clone(),
-        rows,
-        reason,
-    };
-    if var.shards.is_empty() {
-        return Err(bad("no parts".into()));
-    }
-    if var.shape.is_empty() && var.shards.len() != 1 {
-        return Err(bad("a scalar has exactly one part".into()));
-    }
-    let mut next = 0u64;
-    for spec in &var.shards {
-        if spec.ps as usize >= num_ps {
-            return Err(ValidationError::NoSuchPs {
-                name: var.name.clone(),
-                ps: spec.ps,
-                num_ps,
-            });
-        }
-        if spec.row_start != next || spec.row_end < spec.row_start {
-            return Err(bad(format!(
-                "part {}..{} follows row {next}",
-                spec.row_start, spec.row_end
-            )));
-        }
-        next = spec.row_end;
-    }
-    if next != rows {
-        return Err(bad(format!("parts end at row {next}")));
-    }
-    Ok(())
 }
 
 /// Serializes a set of ids as sorted inclusive ranges `[[first, last], ...]`.
@@ -482,25 +354,15 @@ mod id_ranges {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Shard;
 
     fn two_ps() -> Checkpoint {
         let mut c = Checkpoint::new(5, 2);
-        c.layout.push(VariableLayout {
+        c.layout.push(Layout {
             name: "emb".into(),
             dtype: Dtype::F32,
             shape: vec![3, 2],
-            shards: vec![
-                ShardSpec {
-                    ps: 0,
-                    row_start: 0,
-                    row_end: 2,
-                },
-                ShardSpec {
-                    ps: 1,
-                    row_start: 2,
-                    row_end: 3,
-                },
-            ],
+            shards: vec![Shard { ps: 0, rows: 0..2 }, Shard { ps: 1, rows: 2..3 }],
         });
         c.shards[0].tensors.insert(
             "emb/part_0".into(),
@@ -528,10 +390,10 @@ mod tests {
     #[test]
     fn gap_between_parts_is_rejected() {
         let mut c = two_ps();
-        c.layout[0].shards[1].row_start = 3;
+        c.layout[0].shards[1].rows = 3..3;
         assert!(matches!(
             c.validate(),
-            Err(ValidationError::BadSplit { .. })
+            Err(ValidationError::Layout(LayoutError::ShardOutOfOrder { .. }))
         ));
     }
 

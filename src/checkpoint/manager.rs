@@ -109,7 +109,8 @@ pub struct RestoreOutcome {
 ///
 /// ```
 /// use std::time::Instant;
-/// use cohort::checkpoint::{Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, TensorBytes, VariableLayout};
+/// use cohort::checkpoint::{Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, TensorBytes};
+/// use cohort::layout::Layout;
 ///
 /// let root = std::env::temp_dir().join(format!("cohort-doc-ckpt-{}", std::process::id()));
 /// let policy = CheckpointPolicy { save_every_steps: Some(100), save_every: None, keep_last: 2 };
@@ -119,7 +120,7 @@ pub struct RestoreOutcome {
 ///
 /// // One 2x2 variable on PS 0 of a single-PS job.
 /// let mut ckpt = Checkpoint::new(100, 1);
-/// ckpt.layout.push(VariableLayout::unsharded("dense/kernel", Dtype::F32, vec![2, 2], 0));
+/// ckpt.layout.push(Layout::unsharded("dense/kernel", Dtype::F32, vec![2, 2], 0));
 /// ckpt.shards[0].tensors.insert(
 ///     "dense/kernel".into(),
 ///     TensorBytes::from_f32(vec![2, 2], &[1.0, 2.0, 3.0, 4.0])?,

@@ -29,7 +29,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::content::{Ledger, VariableLayout};
+use super::content::Ledger;
+use crate::layout::Layout;
 
 /// File name of the manifest inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -61,7 +62,7 @@ pub struct Manifest {
     /// Number of parameter-server shards (one file each).
     pub num_ps: u32,
     /// Where every variable lives.
-    pub layout: Vec<VariableLayout>,
+    pub layout: Vec<Layout>,
     /// One entry per shard file, in PS order.
     pub files: Vec<FileEntry>,
     /// Optimizer slot names per variable (`dense/kernel` → `["m", "v"]`).

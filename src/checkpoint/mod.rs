@@ -27,8 +27,7 @@ mod store;
 mod tensor;
 
 pub use content::{
-    shard_file_name, slot_tensor_name, Checkpoint, Ledger, ShardSpec, ShardTensors,
-    ValidationError, VariableLayout, SLOT_INFIX,
+    shard_file_name, slot_tensor_name, Checkpoint, Ledger, ShardTensors, ValidationError,
 };
 pub use failpoint::{FailAction, FailSite, FailpointHook, FAILPOINT_ENV, FAILPOINT_EXIT_CODE};
 pub use manager::{
@@ -43,4 +42,6 @@ pub use store::{
     checkpoint_dir_name, parse_checkpoint_dir_name, read_checkpoint, write_checkpoint, LoadError,
     LoadedCheckpoint, SaveError, CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX,
 };
-pub use tensor::{Dtype, TensorBytes, TensorError};
+pub use tensor::{TensorBytes, TensorError};
+
+pub use crate::layout::{Dtype, SLOT_INFIX};

@@ -27,7 +27,8 @@ use super::failpoint::{self, FailAction, FailSite, FailpointHook};
 use super::manifest::{
     FileEntry, Manifest, ManifestError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
 };
-use super::tensor::{Dtype, TensorBytes, TensorError};
+use super::tensor::{TensorBytes, TensorError};
+use crate::layout::Dtype;
 
 /// Prefix of a checkpoint directory's name: `ckpt-<step>`.
 pub const CHECKPOINT_DIR_PREFIX: &str = "ckpt-";

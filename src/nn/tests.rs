@@ -229,10 +229,12 @@ impl VariableSource for FakeSource {
 
 /// Builds `build` with its variables on (fake) parameter servers, one shard on PS 0 each.
 fn on_ps<T>(specs_of: impl Fn() -> Result<T, NnError>, layer: impl Fn(&T) -> Vec<WeightSpec>) -> T {
-    use crate::variable::{ParameterServerPlacement, Shard, ShardLayout};
+    use crate::layout::{Dtype, Layout, Shard};
+    use crate::variable::ParameterServerPlacement;
     let specs = layer(&declare(&specs_of).unwrap());
-    let layouts = specs.iter().map(|s| ShardLayout {
+    let layouts = specs.iter().map(|s| Layout {
         name: s.name.clone(),
+        dtype: Dtype::F32,
         shape: s.shape.clone(),
         shards: vec![Shard {
             ps: 0,
@@ -376,12 +378,9 @@ fn a_variable_without_a_local_copy_is_never_drawn_and_refuses_local_use() {
 
 #[test]
 fn placement_on_parameter_servers_refuses_unknown_or_reshaped_variables() {
-    use crate::variable::{ParameterServerPlacement, Shard, ShardLayout};
-    let layout = ShardLayout {
-        name: "d/kernel".into(),
-        shape: vec![3, 1],
-        shards: vec![Shard { ps: 1, rows: 0..3 }],
-    };
+    use crate::layout::{Dtype, Layout};
+    use crate::variable::ParameterServerPlacement;
+    let layout = Layout::unsharded("d/kernel", Dtype::F32, vec![3, 1], 1);
     let _scope = ParameterServerPlacement::new([layout]).scope().unwrap();
     let err = Dense::builder("d", 2, 1).build().unwrap_err();
     assert!(err.to_string().contains("shape [3, 1]"), "{err}");

@@ -124,8 +124,9 @@ pub struct Optimizer {
     non_finite: NonFinitePolicy,
 }
 
-/// Why an update was refused. In every case nothing was changed.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// Why an update was refused. In every case nothing was changed. It travels in a parameter
+/// server's refusal ([`crate::roles::protocol::PsRefusal`]), hence the wire encoding.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, bincode::Encode, bincode::Decode)]
 pub enum OptimError {
     /// The dense gradient's length differs from the variable's.
     #[error("gradient for variable `{variable}` has {got} elements, the variable has {expected}")]
@@ -199,11 +200,11 @@ pub enum OptimError {
     #[error("optimizer hyperparameter `{name}` = {value} is invalid: {reason}")]
     Hyperparameter {
         /// The hyperparameter's name.
-        name: &'static str,
+        name: String,
         /// The value given.
         value: f32,
         /// What the domain is.
-        reason: &'static str,
+        reason: String,
     },
     /// Step 0 given to an update (steps count from 1).
     #[error("update of variable `{variable}` was given step 0; steps count from 1")]
@@ -217,7 +218,7 @@ pub enum OptimError {
         /// The variable's name.
         variable: String,
         /// The slot that is missing.
-        slot: &'static str,
+        slot: String,
     },
     /// A slot, when restoring, that this optimizer does not use.
     #[error("variable `{variable}` has an unknown optimizer slot `{slot}`")]
@@ -521,7 +522,7 @@ impl Optimizer {
             if !slots.contains(name) {
                 return Err(OptimError::MissingSlot {
                     variable: slots.variable().to_owned(),
-                    slot: name,
+                    slot: name.into(),
                 });
             }
         }
@@ -778,9 +779,9 @@ fn check_non_negative(name: &'static str, value: f32) -> Result<(), OptimError> 
         Ok(())
     } else {
         Err(OptimError::Hyperparameter {
-            name,
+            name: name.into(),
             value,
-            reason: "must be finite and non-negative",
+            reason: "must be finite and non-negative".into(),
         })
     }
 }
@@ -790,9 +791,9 @@ fn check_decay(name: &'static str, value: f32) -> Result<(), OptimError> {
         Ok(())
     } else {
         Err(OptimError::Hyperparameter {
-            name,
+            name: name.into(),
             value,
-            reason: "must be in [0, 1)",
+            reason: "must be in [0, 1)".into(),
         })
     }
 }

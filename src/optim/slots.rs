@@ -54,7 +54,7 @@ impl Slots {
             let Some(values) = values else {
                 return Err(OptimError::MissingSlot {
                     variable: variable.to_owned(),
-                    slot: name,
+                    slot: name.into(),
                 });
             };
             buffers.push((name, values));

@@ -304,7 +304,7 @@ fn slots_of_another_optimizer_are_refused() {
         .apply_dense(&mut [1.0], &[1.0], &mut slots, 1)
         .unwrap_err();
     assert!(
-        matches!(err, OptimError::MissingSlot { slot: "m", .. }),
+        matches!(&err, OptimError::MissingSlot { slot, .. } if slot == "m"),
         "{err:?}"
     );
 }
@@ -373,7 +373,7 @@ fn restore_refuses_unknown_missing_and_short_slots() {
     let missing = Slots::restore(&opt, "w", 1, [("m", vec![0.0])], 0);
     assert!(matches!(
         missing,
-        Err(OptimError::MissingSlot { slot: "v", .. })
+        Err(OptimError::MissingSlot { ref slot, .. }) if slot == "v"
     ));
     let short = Slots::restore(&opt, "w", 2, [("m", vec![0.0]), ("v", vec![0.0, 0.0])], 0);
     let err = short.unwrap_err();

@@ -99,7 +99,7 @@ impl CheckpointVariables {
         for var in &checkpoint.layout {
             let mut data = Vec::new();
             for (i, spec) in var.shards.iter().enumerate() {
-                let part = var.part_name(i);
+                let part = var.shard_name(i);
                 let tensor = checkpoint
                     .tensor(spec.ps as usize, &part)
                     .ok_or_else(|| EvalError::MissingVariable { name: part.clone() })?;
@@ -489,7 +489,7 @@ const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{Dtype, ShardSpec, VariableLayout};
+    use crate::layout::{Dtype, Layout, Shard};
 
     const IDLE: Duration = Duration::from_secs(10);
 
@@ -626,25 +626,14 @@ mod tests {
     #[test]
     fn variables_are_put_back_together_from_their_parts() {
         let mut ckpt = Checkpoint::new(12, 2);
-        ckpt.layout.push(VariableLayout {
+        ckpt.layout.push(Layout {
             name: "w".into(),
             dtype: Dtype::F32,
             shape: vec![3, 2],
-            shards: vec![
-                ShardSpec {
-                    ps: 1,
-                    row_start: 0,
-                    row_end: 2,
-                },
-                ShardSpec {
-                    ps: 0,
-                    row_start: 2,
-                    row_end: 3,
-                },
-            ],
+            shards: vec![Shard { ps: 1, rows: 0..2 }, Shard { ps: 0, rows: 2..3 }],
         });
         ckpt.layout
-            .push(VariableLayout::unsharded("b", Dtype::F32, vec![2], 0));
+            .push(Layout::unsharded("b", Dtype::F32, vec![2], 0));
         let part = |shape, values: &[f32]| TensorBytes::from_f32(shape, values).unwrap();
         ckpt.shards[1]
             .tensors

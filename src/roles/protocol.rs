@@ -3,9 +3,9 @@
 //!
 //! Tensors (and row-id lists) travel as raw little-endian blobs beside the message header
 //! (the gateway's `call_with_blobs`), never as element-by-element sequences and never
-//! re-encoded; each message says which blobs it carries, in order. Every reply that can fail
-//! carries the error as text naming what was wrong, so that a remote refusal reads as well as a
-//! local one.
+//! re-encoded; each message says which blobs it carries, in order. Every reply of a parameter
+//! server that can fail carries a typed [`PsRefusal`] whose message names what was wrong, so
+//! that a remote refusal reads as well as a local one.
 
 use std::borrow::Cow;
 
@@ -15,6 +15,9 @@ use cohort_actors::{RemoteMessage, Senders};
 
 pub use super::push::{PushOrigin, PushOutcome};
 pub use super::worker::{PositionsError, SetupError};
+use crate::layout::Layout;
+use crate::optim::OptimError;
+use crate::roles::ps::PsError;
 
 /// SEC-2: control messages (creating, restoring, fencing, rolling back, dispatching,
 /// retiring, shutting down) come only from the chief.
@@ -79,7 +82,7 @@ pub struct CreateVariable {
 impl RemoteMessage for CreateVariable {
     const TAG: &'static str = "ps.create";
     const SENDERS: Senders = CHIEF;
-    type Reply = Result<(), String>;
+    type Reply = Result<(), PsRefusal>;
 }
 
 /// Replace a shard's values, slots and step count (restore from a checkpoint). Blobs: the
@@ -99,7 +102,7 @@ pub struct RestoreVariable {
 impl RemoteMessage for RestoreVariable {
     const TAG: &'static str = "ps.restore";
     const SENDERS: Senders = CHIEF;
-    type Reply = Result<(), String>;
+    type Reply = Result<(), PsRefusal>;
 }
 
 /// Read whole shards. Reply blobs: one per name, little-endian f32.
@@ -112,7 +115,7 @@ pub struct Pull {
 impl RemoteMessage for Pull {
     const TAG: &'static str = "ps.pull";
     const SENDERS: Senders = CHIEF_OR_WORKER;
-    type Reply = Result<(), String>;
+    type Reply = Result<(), PsRefusal>;
 }
 
 /// Read some rows of a `[rows, width]` shard. Blob: the row indices within the shard,
@@ -126,7 +129,7 @@ pub struct PullRows {
 impl RemoteMessage for PullRows {
     const TAG: &'static str = "ps.pull_rows";
     const SENDERS: Senders = CHIEF_OR_WORKER;
-    type Reply = Result<(), String>;
+    type Reply = Result<(), PsRefusal>;
 }
 
 /// The kind of one gradient of a push; its numbers travel as blobs.
@@ -154,7 +157,7 @@ pub struct Push {
 impl RemoteMessage for Push {
     const TAG: &'static str = "ps.push";
     const SENDERS: Senders = WORKER;
-    type Reply = Result<PushOutcome, String>;
+    type Reply = Result<PushOutcome, PsRefusal>;
 }
 
 /// The coordinator declared a worker incarnation lost (FENCE-1).
@@ -216,7 +219,7 @@ pub struct ShardState {
 impl RemoteMessage for Snapshot {
     const TAG: &'static str = "ps.snapshot";
     const SENDERS: Senders = CHIEF;
-    type Reply = Result<ShardState, String>;
+    type Reply = Result<ShardState, PsRefusal>;
 }
 
 /// The parameter server's counters (PS-1 / FENCE-1 evidence).
@@ -360,8 +363,9 @@ impl RemoteMessage for Shutdown {
 pub struct SetupWorker {
     /// Workers in the cluster (the number of input pipelines).
     pub num_workers: u32,
-    /// Every variable's shard layout, as JSON (`ShardLayout`).
-    pub layouts_json: String,
+    /// Every variable's layout; the worker validates each ([`Layout::validate`]) before it
+    /// takes the setup.
+    pub layouts: Vec<Layout>,
     /// Datasets to build: registered dataset function name and elements to skip first (a
     /// restored position).
     pub datasets: Vec<(String, u64)>,
@@ -371,6 +375,140 @@ impl RemoteMessage for SetupWorker {
     const TAG: &'static str = "worker.setup";
     const SENDERS: Senders = CHIEF;
     type Reply = Result<(), SetupError>;
+}
+
+/// Why a parameter server refused a request ([`CreateVariable`], [`RestoreVariable`],
+/// [`Pull`], [`PullRows`], [`Push`], [`Snapshot`]). Nothing changed on the server. Its
+/// message names what was wrong (the variable, the blob, the sender).
+#[derive(Debug, Clone, PartialEq, Encode, Decode, thiserror::Error)]
+pub enum PsRefusal {
+    /// The store refused it (an unknown variable, a shape or length that does not fit, a
+    /// restore outside a restore, the optimizer's refusal).
+    #[error(transparent)]
+    Store(#[from] PsError),
+    /// A blob of the request is missing or malformed.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    /// A shard larger than a parameter server holds.
+    #[error("shape {shape:?} exceeds {elements_max} elements per shard")]
+    ShapeTooLarge {
+        /// The shape asked for.
+        shape: Vec<u64>,
+        /// The most elements one shard may have.
+        elements_max: u64,
+    },
+    /// The initializer cannot fill the variable.
+    #[error("variable {name:?}: {problem}")]
+    Initializer {
+        /// The variable.
+        name: String,
+        /// What is wrong with the initializer.
+        problem: InitProblem,
+    },
+    /// A pull naming more variables than one pull may.
+    #[error("a pull may name at most {max} variables, got {got}")]
+    TooManyNames {
+        /// Variables named.
+        got: u64,
+        /// The most one pull may name.
+        max: u64,
+    },
+    /// A push that names another worker or incarnation than the authenticated sender (SEC-2).
+    #[error(
+        "push names worker/{worker} epoch {epoch} but comes from {from} epoch {from_epoch} \
+         (SEC-2: a worker pushes only as itself)"
+    )]
+    NotTheSender {
+        /// The worker the push names.
+        worker: u32,
+        /// The incarnation the push names.
+        epoch: u64,
+        /// The authenticated sender.
+        from: String,
+        /// The sender's incarnation.
+        from_epoch: u64,
+    },
+}
+
+impl From<OptimError> for PsRefusal {
+    fn from(error: OptimError) -> Self {
+        Self::Store(PsError::Optim(error))
+    }
+}
+
+/// What is wrong with a variable's initializer ([`InitSpec`]).
+#[derive(Debug, Clone, PartialEq, Encode, Decode, thiserror::Error)]
+pub enum InitProblem {
+    /// A constant that is NaN or infinite.
+    #[error("constant initializer {0} is not finite")]
+    NonFiniteConstant(f32),
+    /// A uniform range that is not finite or not ordered.
+    #[error("uniform initializer needs finite min <= max, got [{min}, {max})")]
+    BadUniformRange {
+        /// Lower bound given.
+        min: f32,
+        /// Upper bound given.
+        max: f32,
+    },
+    /// Drawing the values failed.
+    #[error("drawing the initial values failed: {0}")]
+    Draw(String),
+}
+
+/// A blob (a raw little-endian buffer beside a message) that is missing or not what the
+/// message says it is; `what` names the buffer (usually the variable).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, thiserror::Error)]
+pub enum BlobError {
+    /// The message carries fewer blobs than it needs.
+    #[error("{what}: missing blob {index} (message carries {carried})")]
+    Missing {
+        /// The buffer expected.
+        what: String,
+        /// Its index among the blobs.
+        index: u64,
+        /// Blobs the message carries.
+        carried: u64,
+    },
+    /// A length that is not a whole number of elements.
+    #[error("{what}: {bytes} bytes is not a whole number of {element} values")]
+    Ragged {
+        /// The buffer.
+        what: String,
+        /// Its length.
+        bytes: u64,
+        /// The element type it holds.
+        element: Element,
+    },
+    /// A length other than the one expected.
+    #[error("{what}: {bytes} bytes where {expected} {element} values were expected")]
+    Length {
+        /// The buffer.
+        what: String,
+        /// Its length.
+        bytes: u64,
+        /// Values expected.
+        expected: u64,
+        /// The element type it holds.
+        element: Element,
+    },
+}
+
+/// The element type of a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub enum Element {
+    /// Little-endian f32.
+    F32,
+    /// Little-endian u64.
+    U64,
+}
+
+impl std::fmt::Display for Element {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Element::F32 => "f32",
+            Element::U64 => "u64",
+        })
+    }
 }
 
 /// A blob of little-endian f32 (one copy).
@@ -425,7 +563,7 @@ impl<T: bytemuck::Pod> AsRef<[u8]> for PodOwner<T> {
 
 /// The little-endian f32 `bytes` as values: borrowed when the buffer is aligned for f32 (a
 /// received blob almost always is), copied otherwise. `what` names the buffer in the error.
-pub fn f32_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [f32]>, String> {
+pub fn f32_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [f32]>, BlobError> {
     if cfg!(target_endian = "little") {
         if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
             return Ok(Cow::Borrowed(values));
@@ -435,7 +573,7 @@ pub fn f32_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [f32]>, Strin
 }
 
 /// The little-endian u64 `bytes` as values, borrowed when aligned (see [`f32_view`]).
-pub fn u64_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [u64]>, String> {
+pub fn u64_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [u64]>, BlobError> {
     if cfg!(target_endian = "little") {
         if let Ok(values) = bytemuck::try_cast_slice::<u8, u64>(bytes) {
             return Ok(Cow::Borrowed(values));
@@ -446,13 +584,14 @@ pub fn u64_view<'a>(bytes: &'a [u8], what: &str) -> Result<Cow<'a, [u64]>, Strin
 
 /// Decodes the little-endian f32 `bytes` into `out` (exactly as long); `what` names the
 /// buffer in the error. One copy, straight into where the values are needed.
-pub fn decode_f32_into(out: &mut [f32], bytes: &[u8], what: &str) -> Result<(), String> {
+pub fn decode_f32_into(out: &mut [f32], bytes: &[u8], what: &str) -> Result<(), BlobError> {
     if bytes.len() != out.len() * 4 {
-        return Err(format!(
-            "{what}: {} bytes where {} f32 values were expected",
-            bytes.len(),
-            out.len()
-        ));
+        return Err(BlobError::Length {
+            what: what.into(),
+            bytes: bytes.len() as u64,
+            expected: out.len() as u64,
+            element: Element::F32,
+        });
     }
     if cfg!(target_endian = "little") {
         bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes);
@@ -478,12 +617,13 @@ pub fn u64_blob(values: &[u64]) -> Bytes {
 }
 
 /// The u64 values of a little-endian blob; `what` names it in the error.
-pub fn blob_u64(bytes: &[u8], what: &str) -> Result<Vec<u64>, String> {
+pub fn blob_u64(bytes: &[u8], what: &str) -> Result<Vec<u64>, BlobError> {
     if bytes.len() % 8 != 0 {
-        return Err(format!(
-            "{what}: {} bytes is not a whole number of u64 values",
-            bytes.len()
-        ));
+        return Err(BlobError::Ragged {
+            what: what.into(),
+            bytes: bytes.len() as u64,
+            element: Element::U64,
+        });
     }
     if cfg!(target_endian = "little") {
         let mut values = vec![0u64; bytes.len() / 8];
@@ -497,12 +637,11 @@ pub fn blob_u64(bytes: &[u8], what: &str) -> Result<Vec<u64>, String> {
 }
 
 /// Blob `index` of a message, or an error naming what was expected there.
-pub fn blob<'a>(blobs: &'a [Bytes], index: usize, what: &str) -> Result<&'a Bytes, String> {
-    blobs.get(index).ok_or_else(|| {
-        format!(
-            "{what}: missing blob {index} (message carries {})",
-            blobs.len()
-        )
+pub fn blob<'a>(blobs: &'a [Bytes], index: usize, what: &str) -> Result<&'a Bytes, BlobError> {
+    blobs.get(index).ok_or_else(|| BlobError::Missing {
+        what: what.into(),
+        index: index as u64,
+        carried: blobs.len() as u64,
     })
 }
 
@@ -526,12 +665,13 @@ pub fn f32_to_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 /// The f32 values of little-endian `bytes`; `what` names the buffer in the error.
-pub fn bytes_to_f32(bytes: &[u8], what: &str) -> Result<Vec<f32>, String> {
+pub fn bytes_to_f32(bytes: &[u8], what: &str) -> Result<Vec<f32>, BlobError> {
     if bytes.len() % 4 != 0 {
-        return Err(format!(
-            "{what}: {} bytes is not a whole number of f32 values",
-            bytes.len()
-        ));
+        return Err(BlobError::Ragged {
+            what: what.into(),
+            bytes: bytes.len() as u64,
+            element: Element::F32,
+        });
     }
     if cfg!(target_endian = "little") {
         // Copies into an aligned buffer: the received bytes need not be 4-byte aligned.
@@ -639,16 +779,28 @@ mod tests {
             back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
-        assert!(bytes_to_f32(&[1, 2, 3], "grad w")
-            .unwrap_err()
-            .contains("grad w"));
+        assert_eq!(
+            bytes_to_f32(&[1, 2, 3], "grad w").unwrap_err().to_string(),
+            "grad w: 3 bytes is not a whole number of f32 values"
+        );
         assert_eq!(
             blob_u64(&u64_blob(&[0, 7, u64::MAX]), "ids").unwrap(),
             [0, 7, u64::MAX]
         );
-        assert!(blob_u64(&[0; 9], "ids").unwrap_err().contains("ids"));
-        assert!(blob(&[], 0, "push w")
+        assert!(blob_u64(&[0; 9], "ids")
             .unwrap_err()
-            .contains("missing blob 0"));
+            .to_string()
+            .starts_with("ids: 9 bytes"));
+        assert_eq!(
+            blob(&[], 0, "push w").unwrap_err().to_string(),
+            "push w: missing blob 0 (message carries 0)"
+        );
+        let mut out = [0.0f32; 2];
+        assert_eq!(
+            decode_f32_into(&mut out, &[0; 4], "rows of w")
+                .unwrap_err()
+                .to_string(),
+            "rows of w: 4 bytes where 2 f32 values were expected"
+        );
     }
 }

@@ -15,10 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 
+use crate::layout::Layout;
 use crate::optim::first_non_finite;
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
 use crate::roles::protocol::{blob, f32_vec_blob, f32_view, u64_vec_blob, u64_view, Push};
-use crate::variable::ShardLayout;
 
 /// Who sent a push, and for which attempt of which closure. PS-1 keys on the closure, FENCE-1
 /// on the worker incarnation, and a restore on the generation.
@@ -142,7 +142,7 @@ pub enum PushPlanError {
 /// so the finite parts must not go out alone, or a sharded variable would be half updated;
 /// those servers apply their non-finite policy to the whole closure).
 pub fn plan_push(
-    layouts: &BTreeMap<String, ShardLayout>,
+    layouts: &BTreeMap<String, Layout>,
     origin: PushOrigin,
     gradients: Vec<(String, Gradient<'_>)>,
 ) -> Result<Vec<PlannedPush>, PushPlanError> {
@@ -233,10 +233,7 @@ pub type RoutedRows = (Vec<u64>, Vec<usize>);
 /// Groups full-variable row ids by shard: for each shard that holds any of them (in shard
 /// order), the shard-local ids and the positions in `ids` they came from. A row beyond the
 /// variable is an error naming it.
-pub fn route_rows(
-    layout: &ShardLayout,
-    ids: &[u64],
-) -> Result<Vec<(usize, RoutedRows)>, PushPlanError> {
+pub fn route_rows(layout: &Layout, ids: &[u64]) -> Result<Vec<(usize, RoutedRows)>, PushPlanError> {
     let mut routed: Vec<RoutedRows> = vec![Default::default(); layout.shards.len()];
     let per_shard = ids.len() / layout.shards.len().max(1) + 1;
     for entry in &mut routed {
@@ -269,7 +266,7 @@ impl Push {
     pub fn decode_gradients<'a>(
         &self,
         blobs: &'a [Bytes],
-    ) -> Result<Vec<(String, Gradient<'a>)>, String> {
+    ) -> Result<Vec<(String, Gradient<'a>)>, crate::roles::protocol::BlobError> {
         use crate::roles::protocol::WireGradient;
         let mut next = 0;
         let mut take = |what: &str| {
@@ -299,8 +296,8 @@ impl Push {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{Dtype, Shard};
     use crate::roles::protocol::WireGradient;
-    use crate::variable::Shard;
     use rand::{Rng, SeedableRng};
 
     fn origin() -> PushOrigin {
@@ -313,9 +310,10 @@ mod tests {
         }
     }
 
-    fn layout(name: &str, shape: &[usize], shards: &[(u32, usize, usize)]) -> ShardLayout {
-        ShardLayout {
+    fn layout(name: &str, shape: &[usize], shards: &[(u32, usize, usize)]) -> Layout {
+        Layout {
             name: name.into(),
+            dtype: Dtype::F32,
             shape: shape.to_vec(),
             shards: shards
                 .iter()
@@ -327,7 +325,7 @@ mod tests {
         }
     }
 
-    fn layouts(list: Vec<ShardLayout>) -> BTreeMap<String, ShardLayout> {
+    fn layouts(list: Vec<Layout>) -> BTreeMap<String, Layout> {
         list.into_iter().map(|l| (l.name.clone(), l)).collect()
     }
 

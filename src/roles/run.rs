@@ -347,11 +347,12 @@ fn run_worker(
     let grace = config.preemption_grace;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
+        let num_servers = servers.len() as u32;
         let client = PsClient::new(gateway.clone(), Handle::current(), servers);
         let (jobs, queue) = job_queue();
         // The worker's decisions; the compute thread, the actor and the handlers below carry
         // them out.
-        let machine = Arc::new(Mutex::new(WorkerMachine::new(index, epoch)));
+        let machine = Arc::new(Mutex::new(WorkerMachine::new(index, epoch, num_servers)));
         let compute_machine = Arc::clone(&machine);
         std::thread::Builder::new()
             .name(format!("worker-{index}-compute"))

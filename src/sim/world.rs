@@ -14,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation};
 use crate::checkpoint::Checkpoint;
+use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
     CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport,
@@ -23,7 +24,6 @@ use crate::roles::protocol::{PsUnavailable, RunClosure, RunClosureError, SetupWo
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
 use crate::roles::worker::{Request, StepAction, StepError, WorkerMachine};
-use crate::variable::{Shard, ShardLayout};
 
 /// How a run ended, and what it saw.
 #[derive(Debug, Clone)]
@@ -367,7 +367,7 @@ impl<'a> World<'a> {
             .map(|w| WorkerProc {
                 epoch: 1,
                 state: ProcState::Up,
-                machine: WorkerMachine::new(w, 1),
+                machine: WorkerMachine::new(w, 1, config.num_ps),
                 run: None,
                 waiting: Default::default(),
             })
@@ -406,15 +406,11 @@ impl<'a> World<'a> {
             violation: None,
             ended: None,
         };
-        world.coord.handle_configure(
-            SetupWorker {
-                num_workers: config.num_workers,
-                layouts_json: serde_json::to_string(&layouts(config.num_ps))
-                    .expect("layouts serialize"),
-                datasets: Vec::new(),
-            },
-            Vec::new(),
-        );
+        world.coord.handle_configure(SetupWorker {
+            num_workers: config.num_workers,
+            layouts: layouts(config.num_ps),
+            datasets: Vec::new(),
+        });
         for fault in &scenario.faults {
             let (at_ms, event) = match *fault {
                 Fault::Kill { at_ms, node } => (at_ms, FaultEvent::Kill(node)),
@@ -583,7 +579,7 @@ impl<'a> World<'a> {
                 let w = &mut self.workers[i as usize];
                 w.epoch += 1;
                 w.state = ProcState::Up;
-                w.machine = WorkerMachine::new(i, w.epoch);
+                w.machine = WorkerMachine::new(i, w.epoch, self.config.num_ps);
                 w.run = None;
                 w.waiting.clear();
             }
@@ -1753,10 +1749,11 @@ fn new_store() -> ParameterStore {
 
 /// Every server's variable as the workers' setup names it: server `ps` holds all of
 /// [`variable`]`(ps)`.
-fn layouts(num_ps: u32) -> Vec<ShardLayout> {
+fn layouts(num_ps: u32) -> Vec<Layout> {
     (0..num_ps)
-        .map(|ps| ShardLayout {
+        .map(|ps| Layout {
             name: variable(ps),
+            dtype: Dtype::F32,
             shape: vec![WIDTH],
             shards: vec![Shard { ps, rows: 0..WIDTH }],
         })

@@ -36,7 +36,7 @@ mod partition;
 mod placement;
 mod rows;
 
-pub use partition::{PartitionError, Partitioner, PsPlacer, Shard, ShardLayout};
+pub use partition::{PartitionError, Partitioner, PsPlacer};
 pub use placement::{
     current_placement, CentralPlacement, DeclaredPlacement, LocalPlacement, MirroredPlacement,
     ParameterServerPlacement, Placement, PlacementScope, VariablePlacement, VariableRequest,
@@ -50,6 +50,7 @@ use std::sync::{Arc, RwLock, RwLockWriteGuard};
 use candle_core::{DType, Tensor};
 
 use crate::collective::CollectiveError;
+use crate::layout::Layout;
 use crate::strategy::{get_replica_context, DeviceError, DeviceSpec, ReduceOp, ReplicaContext};
 
 /// How updates made in replica context are combined across replicas
@@ -158,7 +159,7 @@ impl Variable {
     }
 
     /// The layout of a variable on parameter servers.
-    pub fn ps_layout(&self) -> Option<&ShardLayout> {
+    pub fn ps_layout(&self) -> Option<&Layout> {
         match &self.inner.placement {
             Placement::ParameterServer { layout } => Some(layout),
             _ => None,

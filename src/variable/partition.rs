@@ -2,11 +2,12 @@
 //! split a large variable along its first axis into shards held by several parameter servers
 //! (TensorFlow's `FixedShardsPartitioner`, `MinSizePartitioner`, `MaxSizePartitioner`).
 //!
-//! Pure layout arithmetic: which rows of which variable live on which parameter server. The
-//! parameter-server runtime and checkpoints both read the same [`ShardLayout`], so a restored
-//! checkpoint puts every row back where it was.
+//! Pure placement arithmetic: which rows of which variable go to which parameter server. The
+//! result is a [`Layout`], the one type the runtime and checkpoints both read.
 
 use std::ops::Range;
+
+use crate::layout::{Dtype, Layout, Shard};
 
 /// How to split a variable across parameter servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,27 +33,6 @@ pub enum Partitioner {
     },
 }
 
-/// One shard of a variable: a range of its rows, held by one parameter server.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Shard {
-    /// The parameter server's index.
-    pub ps: u32,
-    /// Rows `[start, end)` of the full variable.
-    pub rows: Range<usize>,
-}
-
-/// Where every row of one variable lives.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ShardLayout {
-    /// The variable's name; shard `i` is stored under `"{name}/part_{i}"` when there are
-    /// several shards, under `name` when there is one.
-    pub name: String,
-    /// The full shape.
-    pub shape: Vec<usize>,
-    /// The shards in row order; together they cover every row exactly once.
-    pub shards: Vec<Shard>,
-}
-
 /// Why a variable cannot be placed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PartitionError {
@@ -67,75 +47,6 @@ pub enum PartitionError {
         /// What is wrong.
         detail: String,
     },
-}
-
-impl ShardLayout {
-    /// The name the parameter server stores shard `index` under.
-    pub fn shard_name(&self, index: usize) -> String {
-        if self.shards.len() == 1 {
-            self.name.clone()
-        } else {
-            format!("{}/part_{index}", self.name)
-        }
-    }
-
-    /// The shape of shard `index`.
-    pub fn shard_shape(&self, index: usize) -> Vec<usize> {
-        let mut shape = self.shape.clone();
-        if let Some(first) = shape.first_mut() {
-            *first = self.shards[index].rows.len();
-        }
-        shape
-    }
-
-    /// Elements in one row (the product of every dimension after the first; 1 for a vector).
-    pub fn row_len(&self) -> usize {
-        self.shape.iter().skip(1).product()
-    }
-
-    /// Checks what a layout received from elsewhere (a message, a file) must satisfy: the
-    /// shards cover rows `0..shape[0]` (`0..1` for a scalar) in order without gaps, and the
-    /// element count fits in memory arithmetic.
-    pub fn validate(&self) -> Result<(), PartitionError> {
-        let bad = |detail: String| PartitionError::BadPartitioner {
-            name: self.name.clone(),
-            detail,
-        };
-        let rows = self.shape.first().copied().unwrap_or(1);
-        self.shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| bad(format!("shape {:?} overflows", self.shape)))?;
-        if self.shards.is_empty() {
-            return Err(bad("layout has no shards".into()));
-        }
-        let mut next = 0;
-        for shard in &self.shards {
-            if shard.rows.start != next || shard.rows.end <= shard.rows.start {
-                return Err(bad(format!(
-                    "shard rows {:?} do not continue from row {next}",
-                    shard.rows
-                )));
-            }
-            next = shard.rows.end;
-        }
-        if next != rows {
-            return Err(bad(format!(
-                "shards cover {next} rows, the shape has {rows}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The shard holding `row` and the row's index inside it.
-    pub fn locate(&self, row: usize) -> Option<(usize, usize)> {
-        let i = self.shards.partition_point(|s| s.rows.end <= row);
-        let shard = self.shards.get(i)?;
-        shard
-            .rows
-            .contains(&row)
-            .then(|| (i, row - shard.rows.start))
-    }
 }
 
 /// Places variables on `num_ps` parameter servers: whole variables round-robin, partitioned
@@ -161,13 +72,13 @@ impl PsPlacer {
         }
     }
 
-    /// The layout of a variable of `shape` with `dtype_bytes` bytes per element.
+    /// The layout of a variable of `shape` with elements of `dtype`.
     pub fn place(
         &mut self,
         name: &str,
         shape: &[usize],
-        dtype_bytes: usize,
-    ) -> Result<ShardLayout, PartitionError> {
+        dtype: Dtype,
+    ) -> Result<Layout, PartitionError> {
         if self.num_ps == 0 {
             return Err(PartitionError::NoParameterServer(name.into()));
         }
@@ -178,7 +89,7 @@ impl PsPlacer {
             });
         }
         let rows = shape.first().copied().unwrap_or(1);
-        let row_bytes = shape.iter().skip(1).product::<usize>().max(1) * dtype_bytes.max(1);
+        let row_bytes = shape.iter().skip(1).product::<usize>().max(1) * dtype.size_bytes();
         let num_shards = match self.partitioner {
             None => 1,
             Some(p) => shards_for(name, p, rows, row_bytes)?,
@@ -191,8 +102,9 @@ impl PsPlacer {
                 Shard { ps, rows }
             })
             .collect();
-        Ok(ShardLayout {
+        Ok(Layout {
             name: name.into(),
+            dtype,
             shape: shape.to_vec(),
             shards,
         })
@@ -268,7 +180,13 @@ mod tests {
     fn whole_variables_go_round_robin() {
         let mut placer = PsPlacer::new(2, None);
         let ps: Vec<u32> = (0..5)
-            .map(|i| placer.place(&format!("v{i}"), &[3, 3], 4).unwrap().shards[0].ps)
+            .map(|i| {
+                placer
+                    .place(&format!("v{i}"), &[3, 3], Dtype::F32)
+                    .unwrap()
+                    .shards[0]
+                    .ps
+            })
             .collect();
         assert_eq!(ps, [0, 1, 0, 1, 0]);
     }
@@ -276,7 +194,7 @@ mod tests {
     #[test]
     fn fixed_shards_split_rows_like_tensorflow() {
         let mut placer = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 3 }));
-        let layout = placer.place("emb", &[10, 4], 4).unwrap();
+        let layout = placer.place("emb", &[10, 4], Dtype::F32).unwrap();
         let rows: Vec<_> = layout.shards.iter().map(|s| s.rows.clone()).collect();
         assert_eq!(rows, [0..4, 4..7, 7..10]);
         let ps: Vec<_> = layout.shards.iter().map(|s| s.ps).collect();
@@ -286,7 +204,7 @@ mod tests {
         assert_eq!(layout.locate(6), Some((1, 2)));
         assert_eq!(layout.locate(10), None);
         // More shards than rows: one row each.
-        let layout = placer.place("tiny", &[2, 4], 4).unwrap();
+        let layout = placer.place("tiny", &[2, 4], Dtype::F32).unwrap();
         assert_eq!(layout.shards.len(), 2);
     }
 
@@ -302,7 +220,7 @@ mod tests {
         );
         assert_eq!(
             placer
-                .place("emb", &[1_000_000, 16], 4)
+                .place("emb", &[1_000_000, 16], Dtype::F32)
                 .unwrap()
                 .shards
                 .len(),
@@ -317,44 +235,47 @@ mod tests {
         );
         assert_eq!(
             placer
-                .place("emb", &[1_000_000, 16], 4)
+                .place("emb", &[1_000_000, 16], Dtype::F32)
                 .unwrap()
                 .shards
                 .len(),
             4
         );
-        assert_eq!(placer.place("small", &[10, 16], 4).unwrap().shards.len(), 1);
+        assert_eq!(
+            placer
+                .place("small", &[10, 16], Dtype::F32)
+                .unwrap()
+                .shards
+                .len(),
+            1
+        );
     }
 
     #[test]
-    fn layouts_from_elsewhere_are_validated() {
-        let mut layout = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 2 }))
-            .place("t", &[10, 2], 4)
-            .unwrap();
-        layout.validate().unwrap();
-        layout.shards[1].rows = 5..12;
-        assert!(layout
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("cover 12 rows"));
-        layout.shards[1].rows = 6..10;
-        assert!(layout.validate().is_err());
+    fn placed_layouts_validate_and_a_variable_without_rows_is_refused() {
+        let mut placer = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 2 }));
+        for shape in [&[10, 2][..], &[3], &[]] {
+            let layout = placer.place("t", shape, Dtype::F32).unwrap();
+            layout.validate().unwrap();
+            layout.check_servers(2).unwrap();
+        }
         let err = PsPlacer::new(1, None)
-            .place("empty", &[0, 4], 4)
+            .place("empty", &[0, 4], Dtype::F32)
             .unwrap_err();
         assert!(err.to_string().contains("no rows"), "{err}");
     }
 
     #[test]
     fn bad_arguments_are_named() {
-        let err = PsPlacer::new(0, None).place("w", &[1], 4).unwrap_err();
+        let err = PsPlacer::new(0, None)
+            .place("w", &[1], Dtype::F32)
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "variable \"w\": the cluster has no parameter server"
         );
         let err = PsPlacer::new(1, Some(Partitioner::FixedShards { num_shards: 0 }))
-            .place("w", &[4], 4)
+            .place("w", &[4], Dtype::F32)
             .unwrap_err();
         assert!(err.to_string().contains("num_shards"), "{err}");
     }

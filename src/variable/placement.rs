@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use candle_core::DType;
 
-use super::{ShardLayout, VariableError};
+use super::VariableError;
+use crate::layout::Layout;
 use crate::strategy::{DeviceSpec, StrategyId};
 
 /// Decides where a variable created under a strategy's scope lives.
@@ -70,7 +71,7 @@ pub enum Placement {
     /// of updating it; local reads give zeros and local updates are refused.
     ParameterServer {
         /// Its shards and the servers holding them.
-        layout: ShardLayout,
+        layout: Layout,
     },
     /// Declared only: a name, a shape and a dtype with no storage anywhere yet. Used to list a
     /// model's variables (for instance to create them on parameter servers) without drawing
@@ -173,12 +174,12 @@ impl VariablePlacement for CentralPlacement {
 /// worker building a model whose variables the chief created).
 #[derive(Debug, Clone, Default)]
 pub struct ParameterServerPlacement {
-    layouts: std::collections::BTreeMap<String, ShardLayout>,
+    layouts: std::collections::BTreeMap<String, Layout>,
 }
 
 impl ParameterServerPlacement {
     /// A policy over `layouts` (one per variable, keyed by the variable's name).
-    pub fn new(layouts: impl IntoIterator<Item = ShardLayout>) -> Self {
+    pub fn new(layouts: impl IntoIterator<Item = Layout>) -> Self {
         Self {
             layouts: layouts.into_iter().map(|l| (l.name.clone(), l)).collect(),
         }

@@ -503,7 +503,7 @@ fn run_epoch(
         };
         let bytes = coordinator.fetch(&value)?;
         let loss = bytes_to_f32(&bytes, "loss")
-            .map_err(CoordinatorError::Other)?
+            .map_err(|e| CoordinatorError::Other(e.to_string()))?
             .first()
             .copied()
             .unwrap_or(f32::NAN);

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use cohort::checkpoint::{
-    slot_tensor_name, Checkpoint, Dtype, Ledger, ShardSpec, TensorBytes, VariableLayout,
-    MANIFEST_CHECKSUM_FIELD, MANIFEST_TRAILER_BYTES,
+    slot_tensor_name, Checkpoint, Dtype, Ledger, TensorBytes, MANIFEST_CHECKSUM_FIELD,
+    MANIFEST_TRAILER_BYTES,
 };
+use cohort::layout::{Layout, Shard};
 use sha2::{Digest, Sha256};
 
 /// A unique directory under the system temp dir, removed on drop.
@@ -67,26 +68,15 @@ pub fn sample_checkpoint(step: u64) -> Checkpoint {
     let s = step as f32;
     let mut c = Checkpoint::new(step, 2);
     c.layout = vec![
-        VariableLayout::unsharded("dense/kernel", Dtype::F32, vec![4, 3], 0),
-        VariableLayout::unsharded("dense/bias", Dtype::F64, vec![3], 1),
-        VariableLayout {
+        Layout::unsharded("dense/kernel", Dtype::F32, vec![4, 3], 0),
+        Layout::unsharded("dense/bias", Dtype::F64, vec![3], 1),
+        Layout {
             name: "emb/table".into(),
             dtype: Dtype::F32,
             shape: vec![10, 4],
-            shards: vec![
-                ShardSpec {
-                    ps: 0,
-                    row_start: 0,
-                    row_end: 6,
-                },
-                ShardSpec {
-                    ps: 1,
-                    row_start: 6,
-                    row_end: 10,
-                },
-            ],
+            shards: vec![Shard { ps: 0, rows: 0..6 }, Shard { ps: 1, rows: 6..10 }],
         },
-        VariableLayout::unsharded("global_step", Dtype::I64, vec![], 1),
+        Layout::unsharded("global_step", Dtype::I64, vec![], 1),
     ];
     let mut kernel: Vec<f32> = F32_SPECIAL_BITS
         .iter()

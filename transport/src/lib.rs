@@ -8,7 +8,7 @@
 //!   1.3, ring provider passed explicitly, never installed process-wide).
 //! - [`Endpoint`]: binds UDP (buffers sized by socket2), dials and accepts. Every connection is
 //!   mutually authenticated; there is no plaintext path. ALPN carries the protocol version
-//!   (`cohort/2`); a mismatch fails with "protocol version mismatch". After the handshake the
+//!   (`cohort/3`); a mismatch fails with "protocol version mismatch". After the handshake the
 //!   dialer claims its identity in a hello; the acceptor checks the claim equals the node its
 //!   certificate names and closes the connection otherwise (SEC-1).
 //! - [`Connection`]: request/response, one-way messages, incoming messages, loss detection
@@ -92,5 +92,7 @@ pub use tls::{ClusterCa, NodeCredentials, TlsError};
 
 /// The wire protocol version, carried in ALPN as `cohort/<version>`. Bumped whenever an
 /// encoding changes, so that nodes of two versions fail the handshake instead of misreading
-/// each other (2: the gateway's typed refusal for a sender role SEC-2 does not allow).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// each other (2: the gateway's typed refusal for a sender role SEC-2 does not allow; 3: a
+/// worker's setup carries the variable layouts typed, and the parameter servers' refusals are
+/// typed errors).
+pub const PROTOCOL_VERSION: u16 = 3;

@@ -43,7 +43,6 @@ use crate::roles::protocol::{
     BeginRestore, DatasetPositions, FenceWorker, FinishedBelow, PsStats, Retire, RewindWorker,
     RollBack, RunClosure, RunClosureError, SetupWorker, PS_ACTOR, WORKER_ACTOR,
 };
-use crate::variable::ShardLayout;
 
 /// Who waits for one closure's value.
 type FetchWaiter = oneshot::Sender<Result<Vec<u8>, ClosureFailure>>;
@@ -77,10 +76,10 @@ impl CoordinatorActor {
         let mut scheduler = scheduler.with_servers(servers.len() as u32);
         let setup = SetupWorker {
             num_workers: workers.len() as u32,
-            layouts_json: "[]".into(),
+            layouts: Vec::new(),
             datasets: Vec::new(),
         };
-        scheduler.handle_configure(setup, Vec::new());
+        scheduler.handle_configure(setup);
         Self {
             gateway,
             scheduler,
@@ -836,14 +835,7 @@ impl Handler<Configure> for CoordinatorActor {
 
     fn handle(&mut self, msg: Configure, ctx: &mut Context<Self>) -> Self::Result {
         let (done, rx) = oneshot::channel();
-        let layouts: Vec<ShardLayout> = match serde_json::from_str(&msg.0.layouts_json) {
-            Ok(layouts) => layouts,
-            Err(e) => {
-                let _ = done.send(Err(format!("the setup's variable layouts: {e}")));
-                return MessageResult(rx);
-            }
-        };
-        self.scheduler.handle_configure(msg.0, layouts);
+        self.scheduler.handle_configure(msg.0);
         let calls: Vec<_> = self
             .worker_refs
             .iter()
@@ -1179,7 +1171,7 @@ mod tests {
             }
             let setup = SetupWorker {
                 num_workers: 1,
-                layouts_json: "[]".into(),
+                layouts: Vec::new(),
                 datasets: vec![("missing".into(), 0)],
             };
             let rx = actor.send(Configure(setup)).await.unwrap();
@@ -1334,7 +1326,7 @@ mod tests {
             let actor = CoordinatorActor::new(chief, scheduler, workers, servers).start();
             let setup = SetupWorker {
                 num_workers: 1,
-                layouts_json: "[]".into(),
+                layouts: Vec::new(),
                 datasets: vec![("ids".into(), 0)],
             };
             actor

@@ -17,16 +17,15 @@ use super::actor::{
 };
 use super::machine::recovery::DATASET_POSITIONS_KEY;
 use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError, ServerProbe};
-use crate::checkpoint::{
-    self, Checkpoint, CheckpointManager, Dtype, ShardSpec, TensorBytes, VariableLayout,
-};
+use crate::checkpoint::{self, Checkpoint, CheckpointManager, TensorBytes};
+use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
 use crate::roles::protocol::{
     blob, bytes_to_f32, f32_to_bytes, CreateVariable, InitSpec, PsStats, PsStatsReply, SetupWorker,
     Snapshot, PS_ACTOR,
 };
 use crate::roles::worker::PsClient;
-use crate::variable::{PartitionError, Partitioner, PsPlacer, Shard, ShardLayout};
+use crate::variable::{PartitionError, Partitioner, PsPlacer};
 
 /// A variable to create on the parameter servers.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,7 +127,7 @@ pub struct ClusterCoordinator {
     servers: Vec<(NodeId, SocketAddr)>,
     num_workers: u32,
     placer: PsPlacer,
-    layouts: Vec<ShardLayout>,
+    layouts: Vec<Layout>,
     datasets: Vec<(String, u64)>,
     wait_max: Duration,
 }
@@ -181,7 +180,7 @@ impl ClusterCoordinator {
 
     /// Creates a variable on the parameter servers (placed round-robin, or split by its
     /// partitioner) and tells every worker where it lives.
-    pub fn create_variable(&mut self, spec: VariableSpec) -> Result<ShardLayout, CoordinatorError> {
+    pub fn create_variable(&mut self, spec: VariableSpec) -> Result<Layout, CoordinatorError> {
         if self.layouts.iter().any(|l| l.name == spec.name) {
             return Err(CoordinatorError::Variable {
                 name: spec.name,
@@ -192,11 +191,11 @@ impl ClusterCoordinator {
         // Whole variables continue the coordinator-wide round-robin; partitioned ones start
         // their shards there too.
         for _ in 0..self.layouts.len() {
-            let _ = placer.place("_", &[1], 4);
+            let _ = placer.place("_", &[1], Dtype::F32);
         }
         let layout = match spec.partitioner {
-            None => self.placer.place(&spec.name, &spec.shape, 4)?,
-            Some(_) => placer.place(&spec.name, &spec.shape, 4)?,
+            None => self.placer.place(&spec.name, &spec.shape, Dtype::F32)?,
+            Some(_) => placer.place(&spec.name, &spec.shape, Dtype::F32)?,
         };
         let fan_in = spec.shape.first().copied().unwrap_or(1) as u64;
         let fan_out = spec.shape.iter().skip(1).product::<usize>() as u64;
@@ -214,7 +213,7 @@ impl ClusterCoordinator {
                 init,
             };
             self.call_ps(shard.ps, msg)?
-                .map_err(CoordinatorError::ParameterServer)?;
+                .map_err(|e| CoordinatorError::ParameterServer(format!("ps/{}: {e}", shard.ps)))?;
         }
         self.layouts.push(layout.clone());
         self.configure_workers()?;
@@ -308,7 +307,7 @@ impl ClusterCoordinator {
     }
 
     /// The layouts of every variable created so far.
-    pub fn layouts(&self) -> &[ShardLayout] {
+    pub fn layouts(&self) -> &[Layout] {
         &self.layouts
     }
 
@@ -386,19 +385,22 @@ impl ClusterCoordinator {
     fn read_checkpoint(&self, step: u64) -> Result<Checkpoint, CoordinatorError> {
         let mut ckpt = Checkpoint::new(step, self.servers.len());
         for layout in &self.layouts {
-            ckpt.layout.push(to_checkpoint_layout(layout));
+            ckpt.layout.push(layout.clone());
             for (i, shard) in layout.shards.iter().enumerate() {
                 let name = layout.shard_name(i);
                 let (state, blobs) =
                     self.call_ps_with_blobs(shard.ps, Snapshot { name: name.clone() }, Vec::new())?;
-                let state = state.map_err(CoordinatorError::ParameterServer)?;
+                let state = state.map_err(|e| {
+                    CoordinatorError::ParameterServer(format!("ps/{}: {e}", shard.ps))
+                })?;
                 let shape: Vec<usize> = state.shape.iter().map(|&d| d as usize).collect();
                 let tensors = &mut ckpt.shards[shard.ps as usize].tensors;
-                let values = blob(&blobs, 0, &name).map_err(CoordinatorError::ParameterServer)?;
+                let values = blob(&blobs, 0, &name)
+                    .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))?;
                 tensors.insert(name.clone(), tensor(&shape, values)?);
                 for (i, slot) in state.slots.iter().enumerate() {
-                    let bytes =
-                        blob(&blobs, i + 1, &name).map_err(CoordinatorError::ParameterServer)?;
+                    let bytes = blob(&blobs, i + 1, &name)
+                        .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))?;
                     tensors.insert(
                         checkpoint::slot_tensor_name(&name, slot),
                         tensor(&shape, bytes)?,
@@ -504,7 +506,7 @@ impl ClusterCoordinator {
             .collect()
     }
 
-    fn layout(&self, name: &str) -> Result<&ShardLayout, CoordinatorError> {
+    fn layout(&self, name: &str) -> Result<&Layout, CoordinatorError> {
         self.layouts
             .iter()
             .find(|l| l.name == name)
@@ -523,11 +525,9 @@ impl ClusterCoordinator {
     }
 
     fn configure_workers(&self) -> Result<(), CoordinatorError> {
-        let layouts_json = serde_json::to_string(&self.layouts)
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
         let setup = SetupWorker {
             num_workers: self.num_workers,
-            layouts_json,
+            layouts: self.layouts.clone(),
             datasets: self.datasets.clone(),
         };
         let rx = self.ask(Configure(setup))?;
@@ -628,26 +628,10 @@ fn shard_init(
 }
 
 fn tensor(shape: &[usize], bytes: &[u8]) -> Result<TensorBytes, CoordinatorError> {
-    let values = bytes_to_f32(bytes, "snapshot").map_err(CoordinatorError::ParameterServer)?;
+    let values = bytes_to_f32(bytes, "snapshot")
+        .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))?;
     TensorBytes::from_f32(shape.to_vec(), &values)
         .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))
-}
-
-fn to_checkpoint_layout(layout: &ShardLayout) -> VariableLayout {
-    VariableLayout {
-        name: layout.name.clone(),
-        dtype: Dtype::F32,
-        shape: layout.shape.clone(),
-        shards: layout
-            .shards
-            .iter()
-            .map(|Shard { ps, rows }| ShardSpec {
-                ps: *ps,
-                row_start: rows.start as u64,
-                row_end: rows.end as u64,
-            })
-            .collect(),
-    }
 }
 
 /// Times a checkpoint is read again because a parameter-server recovery or new work came

@@ -14,8 +14,8 @@ use cohort_transport::NodeId;
 
 use super::machine::recovery::CallFault;
 use crate::checkpoint::{self, Checkpoint, TensorBytes};
+use crate::layout::Layout;
 use crate::roles::protocol::{f32_blob, RestoreVariable, PS_ACTOR};
-use crate::variable::ShardLayout;
 
 /// What a failed call to a parameter server means for a restore: a refusal cannot be helped
 /// by trying again; anything else (gone, restarted, no answer in time) can.
@@ -33,7 +33,7 @@ pub(crate) async fn restore_shards(
     gateway: &Gateway,
     target: Incarnation<NodeId>,
     ps: u32,
-    layouts: &[ShardLayout],
+    layouts: &[Layout],
     ckpt: &Checkpoint,
 ) -> Result<(), CallFault> {
     let unfit =
@@ -90,7 +90,7 @@ pub(crate) async fn restore_shards(
                 .await
                 .map_err(call_fault)?
                 .0
-                .map_err(|e| CallFault::Refused(format!("ps/{ps}: {e}")))?;
+                .map_err(|refusal| CallFault::Refused(format!("ps/{ps}: {refusal}")))?;
         }
     }
     Ok(())

@@ -20,15 +20,15 @@ use actix::prelude::*;
 use bytes::Bytes;
 use cohort_actors::{Gateway, RefusedReason, RegisterError, Remote, RemoteMessage};
 
-use super::machine::{ParameterStore, PushOrigin};
+use super::machine::{ParameterStore, PsError, PushOrigin};
 use crate::checkpoint::FAILPOINT_ENV;
 use crate::nn::Initializer;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, BeginRestore,
-    CreateVariable, FenceWorker, FinishedBelow, InitSpec, PsStats, PsStatsReply, Pull, PullRows,
-    Push, RestoreVariable, RollBack, ShardState, Snapshot, PS_ACTOR,
+    CreateVariable, FenceWorker, FinishedBelow, InitProblem, InitSpec, PsRefusal, PsStats,
+    PsStatsReply, Pull, PullRows, Push, RestoreVariable, RollBack, ShardState, Snapshot, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -154,9 +154,7 @@ impl Handler<Remote<CreateVariable>> for PsActor {
         let CreateVariable { name, shape, init } = msg.msg;
         let result = shape_of(&shape).and_then(|shape| {
             let values = initial_values(&name, &shape, &init)?;
-            self.store
-                .handle_create(&name, shape, values)
-                .map_err(|e| e.to_string())
+            Ok(self.store.handle_create(&name, shape, values)?)
         });
         self.note_serving();
         MessageResult(result)
@@ -271,12 +269,11 @@ impl Handler<Remote<RestoreVariable>> for PsActor {
                         bytes_to_f32(blob(&blobs, i + 1, &what)?, &what)?,
                     ))
                 })
-                .collect::<Result<Vec<_>, String>>()?;
-            let slots = Slots::restore(self.store.optimizer(), &name, values.len(), buffers, 0)
-                .map_err(|e| e.to_string())?;
-            self.store
-                .handle_restore(&name, shape, values, slots, steps)
-                .map_err(|e| e.to_string())
+                .collect::<Result<Vec<_>, PsRefusal>>()?;
+            let slots = Slots::restore(self.store.optimizer(), &name, values.len(), buffers, 0)?;
+            Ok(self
+                .store
+                .handle_restore(&name, shape, values, slots, steps)?)
         })();
         self.note_serving();
         MessageResult(result)
@@ -290,10 +287,10 @@ impl Handler<WithBlobs<Pull>> for PsActor {
         let names = &msg.0.msg.names;
         if names.len() > PULL_NAMES_MAX {
             return MessageResult((
-                Err(format!(
-                    "a pull may name at most {PULL_NAMES_MAX} variables, got {}",
-                    names.len()
-                )),
+                Err(PsRefusal::TooManyNames {
+                    got: names.len() as u64,
+                    max: PULL_NAMES_MAX as u64,
+                }),
                 Vec::new(),
             ));
         }
@@ -303,7 +300,7 @@ impl Handler<WithBlobs<Pull>> for PsActor {
             .collect::<Result<Vec<_>, _>>();
         MessageResult(match pulled {
             Ok(blobs) => (Ok(()), blobs),
-            Err(e) => (Err(e.to_string()), Vec::new()),
+            Err(e) => (Err(e.into()), Vec::new()),
         })
     }
 }
@@ -317,9 +314,10 @@ impl Handler<WithBlobs<PullRows>> for PsActor {
             blobs,
             ..
         } = msg.0;
-        let rows = blob(&blobs, 0, &name)
-            .and_then(|ids| blob_u64(ids, &name))
-            .and_then(|ids| self.store.pull_rows(&name, &ids).map_err(|e| e.to_string()));
+        let rows = (|| {
+            let ids = blob_u64(blob(&blobs, 0, &name)?, &name)?;
+            Ok::<_, PsRefusal>(self.store.pull_rows(&name, &ids)?)
+        })();
         MessageResult(match rows {
             Ok(rows) => (Ok(()), vec![f32_vec_blob(rows)]),
             Err(e) => (Err(e), Vec::new()),
@@ -351,16 +349,15 @@ impl Handler<Remote<Push>> for PsActor {
             // authenticated sender's, or a leaked worker key could push under another worker's
             // index (or a fenced incarnation under a live one).
             if from.node.index != worker || from.epoch.0 != epoch {
-                return Err(format!(
-                    "push names worker/{worker} epoch {epoch} but comes from {} epoch {} \
-                     (SEC-2: a worker pushes only as itself)",
-                    from.node, from.epoch.0
-                ));
+                return Err(PsRefusal::NotTheSender {
+                    worker,
+                    epoch,
+                    from: from.node.to_string(),
+                    from_epoch: from.epoch.0,
+                });
             }
             let gradients = push.decode_gradients(&blobs)?;
-            self.store
-                .handle_push(push.origin, &gradients)
-                .map_err(|e| e.to_string())
+            Ok(self.store.handle_push(push.origin, &gradients)?)
         })();
         MessageResult(result)
     }
@@ -402,7 +399,7 @@ impl Handler<WithBlobs<Snapshot>> for PsActor {
                 };
                 (Ok(state), blobs)
             }
-            Err(e) => (Err(e.to_string()), Vec::new()),
+            Err(e) => (Err(e.into()), Vec::new()),
         })
     }
 }
@@ -432,16 +429,23 @@ impl Handler<Remote<PsStats>> for PsActor {
 
 /// The values of a new shard per its [`InitSpec`]. Random initializers draw from their seed
 /// for this shard alone, so the same layout and seeds always give the same bits (DATA-1).
-pub fn initial_values(name: &str, shape: &[usize], init: &InitSpec) -> Result<Vec<f32>, String> {
+pub fn initial_values(name: &str, shape: &[usize], init: &InitSpec) -> Result<Vec<f32>, PsRefusal> {
     let len: usize = shape.iter().product();
+    let refuse = |problem| PsRefusal::Initializer {
+        name: name.into(),
+        problem,
+    };
     match init {
         InitSpec::Values(bytes) => {
             let values = bytes_to_f32(bytes, name)?;
             if values.len() != len {
-                return Err(format!(
-                    "variable {name:?}: shape {shape:?} needs {len} values, got {}",
-                    values.len()
-                ));
+                return Err(PsError::InitialValueLength {
+                    name: name.into(),
+                    shape: shape.to_vec(),
+                    expected: len,
+                    got: values.len(),
+                }
+                .into());
             }
             Ok(values)
         }
@@ -460,15 +464,17 @@ pub fn initial_values(name: &str, shape: &[usize], init: &InitSpec) -> Result<Ve
                 },
                 shape,
             )
+            .map_err(refuse)
         }
-        InitSpec::Zeros => draw(Initializer::Zeros, shape),
-        InitSpec::Constant(c) if !c.is_finite() => Err(format!(
-            "variable {name:?}: constant initializer {c} is not finite"
-        )),
-        InitSpec::Constant(c) => draw(Initializer::Constant(*c), shape),
+        InitSpec::Zeros => draw(Initializer::Zeros, shape).map_err(refuse),
+        InitSpec::Constant(c) if !c.is_finite() => Err(refuse(InitProblem::NonFiniteConstant(*c))),
+        InitSpec::Constant(c) => draw(Initializer::Constant(*c), shape).map_err(refuse),
         InitSpec::Uniform { min, max, seed } => {
             if !(min.is_finite() && max.is_finite() && min <= max) {
-                return Err(format!("variable {name:?}: uniform initializer needs finite min <= max, got [{min}, {max})"));
+                return Err(refuse(InitProblem::BadUniformRange {
+                    min: *min,
+                    max: *max,
+                }));
             }
             draw(
                 Initializer::RandomUniform {
@@ -478,27 +484,29 @@ pub fn initial_values(name: &str, shape: &[usize], init: &InitSpec) -> Result<Ve
                 },
                 shape,
             )
+            .map_err(refuse)
         }
     }
 }
 
-fn draw(init: Initializer, shape: &[usize]) -> Result<Vec<f32>, String> {
+fn draw(init: Initializer, shape: &[usize]) -> Result<Vec<f32>, InitProblem> {
     init.init(shape)
         .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
-        .map_err(|e| e.to_string())
+        .map_err(|e| InitProblem::Draw(e.to_string()))
 }
 
-fn shape_of(shape: &[u64]) -> Result<Vec<usize>, String> {
-    let shape: Vec<usize> = shape
+fn shape_of(shape: &[u64]) -> Result<Vec<usize>, PsRefusal> {
+    let too_large = || PsRefusal::ShapeTooLarge {
+        shape: shape.to_vec(),
+        elements_max: ELEMENTS_MAX as u64,
+    };
+    let dims: Vec<usize> = shape
         .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} too large")))
+        .map(|&d| usize::try_from(d).map_err(|_| too_large()))
         .collect::<Result<_, _>>()?;
-    let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    match elements {
-        Some(n) if n <= ELEMENTS_MAX => Ok(shape),
-        _ => Err(format!(
-            "shape {shape:?} exceeds {ELEMENTS_MAX} elements per shard"
-        )),
+    match dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
+        Some(n) if n <= ELEMENTS_MAX => Ok(dims),
+        _ => Err(too_large()),
     }
 }
 

@@ -44,8 +44,9 @@ pub struct PsCounters {
     pub rejected_old_generation: u64,
 }
 
-/// Why a request to the parameter server was refused. Nothing changed.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// Why a request to the parameter server was refused. Nothing changed. It travels in the
+/// server's replies, inside [`crate::roles::protocol::PsRefusal`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error, bincode::Encode, bincode::Decode)]
 pub enum PsError {
     /// No variable of that name lives here.
     #[error("variable {0:?} does not exist on this parameter server")]

@@ -410,7 +410,7 @@ mod tests {
     fn a_job_the_worker_cannot_take_is_a_typed_refusal_not_a_step_error() {
         System::new().block_on(async {
             let (jobs, queue) = job_queue();
-            let machine = Arc::new(Mutex::new(WorkerMachine::new(0, 1)));
+            let machine = Arc::new(Mutex::new(WorkerMachine::new(0, 1, 1)));
             let worker = WorkerActor { jobs, machine }.start();
             // Nobody runs the jobs: fill the queue, then one more.
             let mut waiting = Vec::new();

@@ -13,11 +13,11 @@ use tokio::runtime::Handle;
 use super::StepError;
 use bytes::Bytes;
 
+use crate::layout::Layout;
 use crate::roles::protocol::{
     blob, decode_f32_into, f32_view, u64_vec_blob, Pull, PullRows, Push, PS_ACTOR,
 };
 use crate::roles::push::{route_rows, PlannedPush, PushOutcome};
-use crate::variable::ShardLayout;
 
 /// Calls into every parameter server of the cluster.
 pub struct PsClient {
@@ -36,15 +36,20 @@ impl PsClient {
         }
     }
 
+    /// How many parameter servers the client knows (a layout may name only these).
+    pub fn num_servers(&self) -> usize {
+        self.servers.len()
+    }
+
     /// The whole value of a variable, gathered from its shards in row order.
-    pub fn pull(&self, layout: &ShardLayout) -> Result<Vec<f32>, StepError> {
+    pub fn pull(&self, layout: &Layout) -> Result<Vec<f32>, StepError> {
         Ok(self.pull_many(&[layout])?.pop().unwrap_or_default())
     }
 
     /// The whole values of several variables: one request per parameter server (more when
     /// its shards add up to more than [`PULL_REPLY_BYTES_MAX`]), all at once, naming every
     /// shard it holds among them; each variable is assembled from the replies with one copy.
-    pub fn pull_many(&self, layouts: &[&ShardLayout]) -> Result<Vec<Vec<f32>>, StepError> {
+    pub fn pull_many(&self, layouts: &[&Layout]) -> Result<Vec<Vec<f32>>, StepError> {
         let (calls, wanted): (Vec<_>, Vec<_>) = plan_pulls(layouts, PULL_REPLY_BYTES_MAX)
             .into_iter()
             .map(|(ps, (names, shards))| ((ps, Pull { names }, Vec::new()), shards))
@@ -53,9 +58,9 @@ impl PsClient {
         // order with one copy (no zero-fill first: pulls are megabytes per step).
         let mut received: BTreeMap<(usize, usize), Bytes> = BTreeMap::new();
         for ((reply, blobs), shards) in self.call_all(calls)?.into_iter().zip(wanted) {
-            reply.map_err(StepError::Ps)?;
+            reply.map_err(StepError::ps)?;
             for (k, key) in shards.into_iter().enumerate() {
-                let bytes = blob(&blobs, k, &layouts[key.0].name).map_err(StepError::Ps)?;
+                let bytes = blob(&blobs, k, &layouts[key.0].name).map_err(StepError::ps)?;
                 received.insert(key, bytes.clone());
             }
         }
@@ -77,7 +82,7 @@ impl PsClient {
                             bytes.len()
                         )));
                     }
-                    values.extend_from_slice(&f32_view(bytes, &name).map_err(StepError::Ps)?);
+                    values.extend_from_slice(&f32_view(bytes, &name).map_err(StepError::ps)?);
                 }
                 Ok(values)
             })
@@ -85,7 +90,7 @@ impl PsClient {
     }
 
     /// Rows `ids` (of the full variable) concatenated in the order of `ids`.
-    pub fn pull_rows(&self, layout: &ShardLayout, ids: &[u64]) -> Result<Vec<f32>, StepError> {
+    pub fn pull_rows(&self, layout: &Layout, ids: &[u64]) -> Result<Vec<f32>, StepError> {
         let width = layout.row_len();
         let (calls, positions): (Vec<_>, Vec<_>) = route_rows(layout, ids)?
             .into_iter()
@@ -105,8 +110,8 @@ impl PsClient {
         let replies = self.call_all(calls)?;
         let mut out = vec![0.0f32; ids.len() * width];
         for (positions, (reply, blobs)) in positions.iter().zip(replies) {
-            reply.map_err(StepError::Ps)?;
-            let bytes = blob(&blobs, 0, &layout.name).map_err(StepError::Ps)?;
+            reply.map_err(StepError::ps)?;
+            let bytes = blob(&blobs, 0, &layout.name).map_err(StepError::ps)?;
             if bytes.len() != positions.len() * width * 4 {
                 return Err(StepError::Ps(format!(
                     "{}: pulled {} bytes for {} rows of {width} f32",
@@ -117,7 +122,7 @@ impl PsClient {
             }
             for (row, &pos) in bytes.chunks_exact((width * 4).max(1)).zip(positions) {
                 decode_f32_into(&mut out[pos * width..(pos + 1) * width], row, &layout.name)
-                    .map_err(StepError::Ps)?;
+                    .map_err(StepError::ps)?;
             }
         }
         Ok(out)
@@ -133,7 +138,7 @@ impl PsClient {
         self.call_all(calls)?
             .into_iter()
             .zip(targets)
-            .map(|((reply, _), ps)| Ok((ps, reply.map_err(StepError::Ps)?)))
+            .map(|((reply, _), ps)| Ok((ps, reply.map_err(StepError::ps)?)))
             .collect()
     }
 
@@ -225,7 +230,7 @@ pub const PULL_REPLY_BYTES_MAX: usize = 64 << 20;
 
 /// The pull requests for `layouts`: for each server, its shards among them in as few
 /// requests as keep each reply within `bytes_max` (a larger shard goes alone).
-fn plan_pulls(layouts: &[&ShardLayout], bytes_max: usize) -> Vec<(u32, ShardRequest)> {
+fn plan_pulls(layouts: &[&Layout], bytes_max: usize) -> Vec<(u32, ShardRequest)> {
     // Per server, its requests so far and the bytes each asks for.
     let mut per_ps: BTreeMap<u32, Vec<(ShardRequest, usize)>> = BTreeMap::new();
     for (v, layout) in layouts.iter().enumerate() {
@@ -262,16 +267,12 @@ type WithBlobs<R> = (R, Vec<Bytes>);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::variable::Shard;
+    use crate::layout::{Dtype, Shard};
 
-    fn layout(
-        name: &str,
-        rows: usize,
-        width: usize,
-        shards: &[(u32, usize, usize)],
-    ) -> ShardLayout {
-        ShardLayout {
+    fn layout(name: &str, rows: usize, width: usize, shards: &[(u32, usize, usize)]) -> Layout {
+        Layout {
             name: name.into(),
+            dtype: Dtype::F32,
             shape: vec![rows, width],
             shards: shards
                 .iter()
@@ -328,9 +329,9 @@ mod call_all_tests {
     use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, RefusedReason, Remote};
     use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
 
+    use crate::layout::Dtype;
     use crate::roles::coordinator::ClosureId;
     use crate::roles::push::{plan_push, Gradient, PushOrigin};
-    use crate::variable::Shard;
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -350,12 +351,8 @@ mod call_all_tests {
         )
     }
 
-    fn scalar(name: &str, ps: u32) -> ShardLayout {
-        ShardLayout {
-            name: name.into(),
-            shape: vec![1],
-            shards: vec![Shard { ps, rows: 0..1 }],
-        }
+    fn scalar(name: &str, ps: u32) -> Layout {
+        Layout::unsharded(name, Dtype::F32, vec![1], ps)
     }
 
     /// Two fake parameter servers and a client over them: ps/0 answers a push with `reply`
@@ -412,7 +409,7 @@ mod call_all_tests {
     }
 
     fn push_both(client: &PsClient) -> Result<Vec<(u32, PushOutcome)>, StepError> {
-        let layouts: BTreeMap<String, ShardLayout> = [
+        let layouts: BTreeMap<String, Layout> = [
             ("a".to_string(), scalar("a", 0)),
             ("b".to_string(), scalar("b", 1)),
         ]

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::layout::Layout;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
@@ -16,7 +17,6 @@ use crate::roles::protocol::{
 use crate::roles::push::{plan_push, Gradient, PlannedPush, PushOrigin, PushOutcome};
 use crate::roles::worker::StepError;
 use crate::roles::{JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PREEMPTED_EXIT_CODE};
-use crate::variable::ShardLayout;
 
 /// Most elements a worker skips to resume a dataset from a checkpoint position.
 pub const SKIP_MAX: u64 = 10_000_000;
@@ -52,6 +52,8 @@ pub const JOBS_MAX: usize = 4;
 pub struct WorkerMachine {
     worker: u32,
     epoch: u64,
+    /// Parameter servers in the cluster: a layout naming another is refused.
+    num_servers: u32,
     num_workers: u32,
     layouts: Arc<Layouts>,
     /// The datasets held, with how far each has been read.
@@ -68,7 +70,7 @@ pub struct WorkerMachine {
 }
 
 /// Every variable's layout, by name.
-pub type Layouts = BTreeMap<String, ShardLayout>;
+pub type Layouts = BTreeMap<String, Layout>;
 
 /// The closure being run.
 #[derive(Debug)]
@@ -225,10 +227,11 @@ impl Exit {
 
 impl WorkerMachine {
     /// The machine of worker `worker`'s incarnation `epoch`, not set up yet.
-    pub fn new(worker: u32, epoch: u64) -> Self {
+    pub fn new(worker: u32, epoch: u64, num_servers: u32) -> Self {
         Self {
             worker,
             epoch,
+            num_servers,
             num_workers: 1,
             layouts: Arc::default(),
             positions: BTreeMap::new(),
@@ -281,11 +284,11 @@ impl WorkerMachine {
         let num_workers = setup.num_workers;
         let datasets = &setup.datasets;
         let planned = (|| {
-            let layouts: Vec<ShardLayout> = serde_json::from_str(&setup.layouts_json)
-                .map_err(|e| SetupError::Layouts(e.to_string()))?;
-            for layout in &layouts {
+            let layouts = &setup.layouts;
+            for layout in layouts {
                 layout
                     .validate()
+                    .and_then(|()| layout.check_servers(self.num_servers as usize))
                     .map_err(|e| SetupError::Layouts(e.to_string()))?;
             }
             let datasets = datasets
@@ -309,7 +312,10 @@ impl WorkerMachine {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let layouts = layouts.into_iter().map(|l| (l.name.clone(), l)).collect();
+            let layouts = layouts
+                .iter()
+                .map(|l| (l.name.clone(), l.clone()))
+                .collect();
             Ok((
                 SetupPlan {
                     num_workers,
@@ -577,21 +583,22 @@ impl WorkerMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::variable::Shard;
+    use crate::layout::{Dtype, Shard};
 
     fn now() -> Instant {
         Instant::now()
     }
 
     fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
-        let layouts = vec![ShardLayout {
+        let layouts = vec![Layout {
             name: "w".into(),
+            dtype: Dtype::F32,
             shape: vec![4],
             shards: vec![Shard { ps: 0, rows: 0..2 }, Shard { ps: 1, rows: 2..4 }],
         }];
         SetupWorker {
             num_workers: 2,
-            layouts_json: serde_json::to_string(&layouts).unwrap(),
+            layouts,
             datasets: datasets.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
         }
     }
@@ -608,7 +615,7 @@ mod tests {
 
     /// A machine set up with `datasets` built at their skips.
     fn ready(datasets: &[(&str, u64)]) -> WorkerMachine {
-        let mut m = WorkerMachine::new(1, 7);
+        let mut m = WorkerMachine::new(1, 7, 2);
         m.admit(now(), Request::Setup).unwrap();
         let plan = m.handle_setup(now(), &setup(datasets), false).unwrap();
         let built = plan
@@ -640,7 +647,7 @@ mod tests {
 
     #[test]
     fn admission_is_bounded_and_a_job_taken_back_frees_its_place() {
-        let mut m = WorkerMachine::new(0, 1);
+        let mut m = WorkerMachine::new(0, 1, 2);
         for _ in 0..JOBS_MAX {
             m.admit(now(), Request::Run).unwrap();
         }
@@ -656,7 +663,7 @@ mod tests {
 
     #[test]
     fn a_closure_before_any_setup_is_refused_as_not_set_up() {
-        let mut m = WorkerMachine::new(0, 1);
+        let mut m = WorkerMachine::new(0, 1, 2);
         m.admit(now(), Request::Run).unwrap();
         assert_eq!(
             reply(m.handle_start(now(), &run(1))),
@@ -722,7 +729,8 @@ mod tests {
         );
         assert!(err.to_string().contains("cannot resume"), "{err}");
         let mut bad = setup(&[]);
-        bad.layouts_json = "[{".into();
+        // A shard on a server the cluster does not have.
+        bad.layouts[0].shards[1].ps = 2;
         m.admit(now(), Request::Setup).unwrap();
         assert!(matches!(
             m.handle_setup(now(), &bad, false),
@@ -846,7 +854,7 @@ mod tests {
 
     #[test]
     fn exits_keep_their_codes_and_only_the_first_is_decided() {
-        let mut m = WorkerMachine::new(0, 4);
+        let mut m = WorkerMachine::new(0, 4, 2);
         assert_eq!(m.handle_retire(now(), 3), None);
         let exit = m.handle_retire(now(), 4).unwrap();
         assert_eq!(exit.code, LOST_CHIEF_EXIT_CODE);
@@ -855,10 +863,10 @@ mod tests {
         // Retired: a closure is refused, at admission and at the compute thread alike.
         assert_eq!(m.admit(now(), Request::Run), Err(WorkerRefusal::Retired));
 
-        let mut m = WorkerMachine::new(0, 1);
+        let mut m = WorkerMachine::new(0, 1, 2);
         assert_eq!(m.handle_goodbye(now()).unwrap().code, JOB_DONE_EXIT_CODE);
 
-        let mut m = WorkerMachine::new(0, 1);
+        let mut m = WorkerMachine::new(0, 1, 2);
         let exit = m.handle_chief_lost(now(), Duration::from_secs(3)).unwrap();
         assert_eq!(exit.code, LOST_CHIEF_EXIT_CODE);
         assert!(exit.reason.contains("silent"), "{}", exit.reason);

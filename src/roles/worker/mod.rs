@@ -16,8 +16,8 @@ mod model;
 use std::collections::BTreeMap;
 
 use crate::data::{DataError, DatasetIterator, Element};
+use crate::layout::Layout;
 use crate::roles::push::{Gradient, PushPlanError};
-use crate::variable::ShardLayout;
 
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
 pub use client::PsClient;
@@ -59,6 +59,12 @@ pub enum StepError {
 }
 
 impl StepError {
+    /// A parameter server's refusal, or a reply that is not what was asked for (a missing or
+    /// malformed blob), as the step reads it.
+    pub fn ps(error: impl std::fmt::Display) -> Self {
+        Self::Ps(error.to_string())
+    }
+
     /// What a failed remote call to parameter server `ps` means for a step: the server
     /// unreachable, gone, or restarted without its state is [`StepError::PsUnavailable`];
     /// anything else (a message that failed to encode, a refusal for another reason) is
@@ -116,7 +122,7 @@ pub struct StepContext<'a> {
     num_workers: u32,
     closure: u64,
     client: &'a PsClient,
-    layouts: &'a BTreeMap<String, ShardLayout>,
+    layouts: &'a BTreeMap<String, Layout>,
     datasets: &'a mut BTreeMap<String, WorkerDataset>,
     /// The gradients recorded, sent when the step succeeds.
     pending: Vec<(String, Gradient<'static>)>,
@@ -139,7 +145,7 @@ impl<'a> StepContext<'a> {
     }
 
     /// The layout of variable `name`.
-    pub fn layout(&self, name: &str) -> Result<&ShardLayout, StepError> {
+    pub fn layout(&self, name: &str) -> Result<&Layout, StepError> {
         self.layouts
             .get(name)
             .ok_or_else(|| StepError::UnknownVariable(name.into()))

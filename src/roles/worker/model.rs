@@ -17,10 +17,11 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor};
 
 use super::{StepContext, StepError};
+use crate::layout::Layout;
 use crate::nn::{Gradient, GradientTape, NnError, VariableSource, WeightAccess, WeightSpec};
 use crate::roles::coordinator::{ClusterCoordinator, CoordinatorError, VariableSpec};
 use crate::train::Model;
-use crate::variable::{ParameterServerPlacement, Partitioner, ShardLayout, Variable};
+use crate::variable::{ParameterServerPlacement, Partitioner, Variable};
 
 /// A model whose variables live on the parameter servers, as a worker's step sees it.
 ///
@@ -110,7 +111,7 @@ impl PsModel<()> {
         coordinator: &mut ClusterCoordinator,
         specs: &[WeightSpec],
         partitioner: impl Fn(&WeightSpec) -> Option<Partitioner>,
-    ) -> Result<Vec<ShardLayout>, CoordinatorError> {
+    ) -> Result<Vec<Layout>, CoordinatorError> {
         specs
             .iter()
             .map(|spec| {

@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::Checkpoint;
 pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
-use crate::variable::ShardLayout;
 use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
@@ -375,8 +374,6 @@ pub struct Scheduler {
     checkpoint_root: Option<PathBuf>,
     /// What every worker incarnation is set up with, before its positions are applied.
     setup: SetupWorker,
-    /// Every variable's layout (the setup's, parsed once): what a restore restores.
-    layouts: Vec<ShardLayout>,
     /// Where each worker's datasets resume (the last restore's checkpoint).
     positions: WorkerPositions,
     /// Bumped whenever setups handed out before are outdated.
@@ -489,10 +486,9 @@ impl Scheduler {
             checkpoint_root: None,
             setup: SetupWorker {
                 num_workers: 0,
-                layouts_json: "[]".into(),
+                layouts: Vec::new(),
                 datasets: Vec::new(),
             },
-            layouts: Vec::new(),
             positions: WorkerPositions::new(),
             setup_version: 0,
             watermark_sent: 0,
@@ -1060,7 +1056,7 @@ impl Scheduler {
             self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
             ClosureId(next_id),
             CheckpointSource::Loaded(CheckpointRef(checkpoint)),
-            self.layouts.clone(),
+            self.setup.layouts.clone(),
         );
         let recovery = self.recovery(now);
         recovery.run = Some(ActiveRun {
@@ -1108,11 +1104,10 @@ impl Scheduler {
         });
     }
 
-    /// The program changed what workers are set up with (`layouts` are the setup's, parsed):
-    /// setups handed out before are outdated.
-    pub fn handle_configure(&mut self, setup: SetupWorker, layouts: Vec<ShardLayout>) {
+    /// The program changed what workers are set up with (the setup's layouts are also what a
+    /// restore restores): setups handed out before are outdated.
+    pub fn handle_configure(&mut self, setup: SetupWorker) {
         self.setup = setup;
-        self.layouts = layouts;
         self.setup_version += 1;
     }
 
@@ -1503,7 +1498,7 @@ impl Scheduler {
                     self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
                     cut,
                     CheckpointSource::AtCut { root, cut },
-                    self.layouts.clone(),
+                    self.setup.layouts.clone(),
                 );
                 if let Some(r) = self.recovery.as_mut() {
                     r.run = Some(ActiveRun {

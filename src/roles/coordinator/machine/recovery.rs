@@ -32,8 +32,8 @@ use std::sync::Arc;
 
 use super::{ClosureId, WorkerEpoch};
 use crate::checkpoint::Checkpoint;
+use crate::layout::Layout;
 use crate::roles::protocol::SetupWorker;
-use crate::variable::ShardLayout;
 
 /// Per worker, its datasets' positions (worker → dataset → elements read).
 pub type WorkerPositions = BTreeMap<u32, BTreeMap<String, u64>>;
@@ -89,7 +89,7 @@ pub enum RestoreCall {
         /// What to restore from.
         checkpoint: CheckpointRef,
         /// Every variable's layout (only the shards on `ps` are sent).
-        layouts: Vec<ShardLayout>,
+        layouts: Vec<Layout>,
     },
     /// Send [`crate::roles::protocol::RollBack`] to server `ps` as incarnation `epoch`.
     RollBack {
@@ -226,7 +226,7 @@ pub struct RestoreRun {
     fences: Vec<(u32, WorkerEpoch)>,
     finished_below: ClosureId,
     source: CheckpointSource,
-    layouts: Vec<ShardLayout>,
+    layouts: Vec<Layout>,
     phase: Phase,
     /// The servers (or, in the Rewind phase, workers) whose answer the phase awaits.
     awaiting: BTreeSet<u32>,
@@ -266,7 +266,7 @@ impl RestoreRun {
         fences: Vec<(u32, WorkerEpoch)>,
         finished_below: ClosureId,
         source: CheckpointSource,
-        layouts: Vec<ShardLayout>,
+        layouts: Vec<Layout>,
     ) -> (Self, Vec<RestoreCall>) {
         let mut run = Self {
             generation,

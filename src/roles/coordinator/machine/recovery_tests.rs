@@ -121,10 +121,10 @@ fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>
     }
     let setup = SetupWorker {
         num_workers: 2,
-        layouts_json: "[]".into(),
+        layouts: Vec::new(),
         datasets: vec![("ids".into(), 0)],
     };
-    s.handle_configure(setup, Vec::new());
+    s.handle_configure(setup);
     let mut ids = Vec::new();
     for n in 0..before + after {
         if n == before {
