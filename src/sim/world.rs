@@ -710,10 +710,8 @@ impl<'a> World<'a> {
         blobs: &[bytes::Bytes],
     ) -> Option<PushOutcome> {
         let p = &mut self.servers[ps as usize];
-        if p.store.variables().next().is_none() {
-            // The serving gate: an empty (restarted, not restored) server refuses.
-            return None;
-        }
+        // The serving gate: an empty (restarted, not restored) server refuses.
+        p.store.variables().next()?;
         let origin = push.origin;
         let gradients = push.decode_gradients(blobs).ok()?;
         let outcome = p.store.handle_push(origin, &gradients).ok()?;
@@ -928,7 +926,7 @@ impl<'a> World<'a> {
             self.at(self.now + HOLD_RETRY, event);
             return;
         }
-        if !worker.run.as_ref().is_some_and(|r| r.call == run) {
+        if worker.run.as_ref().is_none_or(|r| r.call != run) {
             return;
         }
         let Some(closure) = worker

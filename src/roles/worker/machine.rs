@@ -67,6 +67,9 @@ pub struct WorkerMachine {
     exit: Option<Exit>,
 }
 
+/// What a step function returned: its encoded value and the gradients it recorded.
+pub type Computed = (Vec<u8>, Vec<(String, Gradient<'static>)>);
+
 /// Every variable's layout, by name.
 pub type Layouts = BTreeMap<String, ShardLayout>;
 
@@ -400,7 +403,7 @@ impl WorkerMachine {
     pub fn handle_computed(
         &mut self,
         now: Instant,
-        outcome: Result<(Vec<u8>, Vec<(String, Gradient<'static>)>), StepError>,
+        outcome: Result<Computed, StepError>,
         positions: impl IntoIterator<Item = (String, u64)>,
     ) -> StepAction {
         self.positions.extend(positions);
