@@ -1360,7 +1360,7 @@ impl<'a> World<'a> {
                 }
                 FaultEvent::Preempt(node) => {
                     if self.state(node).0 != ProcState::Down {
-                        // A server keeps serving through its grace; a worker takes no new step.
+                        // A server and a worker keep serving through their grace.
                         if let Node::Worker(i) = node {
                             let now = self.instant();
                             self.workers[i as usize]
