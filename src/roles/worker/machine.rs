@@ -250,10 +250,8 @@ impl WorkerMachine {
     /// the worker still runs the chief's closures (a chief stopping with it finishes its
     /// steps and checkpoints them).
     pub fn admit(&mut self, _now: Instant, request: Request) -> Result<(), WorkerRefusal> {
-        if request == Request::Run {
-            if self.exit.is_some() {
-                return Err(WorkerRefusal::Retired);
-            }
+        if request == Request::Run && self.exit.is_some() {
+            return Err(WorkerRefusal::Retired);
         }
         if self.queued >= JOBS_MAX {
             return Err(WorkerRefusal::Busy {
