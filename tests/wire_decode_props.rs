@@ -201,7 +201,6 @@ fn worker_refusal() -> impl Strategy<Value = WorkerRefusal> {
         Just(WorkerRefusal::JobDropped),
         Just(WorkerRefusal::NotSetUp),
         Just(WorkerRefusal::Retired),
-        Just(WorkerRefusal::Preempted),
     ]
 }
 

@@ -322,9 +322,6 @@ pub enum WorkerRefusal {
     /// It is retired (fenced by the chief) or exiting.
     #[error("worker retired")]
     Retired,
-    /// It got a preemption notice and takes no new closure.
-    #[error("worker preempted")]
-    Preempted,
 }
 
 /// From the chief to a worker incarnation it fenced (FENCE-1) while that process may still

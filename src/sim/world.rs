@@ -706,10 +706,8 @@ impl<'a> World<'a> {
         blobs: &[bytes::Bytes],
     ) -> Option<PushOutcome> {
         let p = &mut self.servers[ps as usize];
-        if p.store.variables().next().is_none() {
-            // The serving gate: an empty (restarted, not restored) server refuses.
-            return None;
-        }
+        // The serving gate: an empty (restarted, not restored) server refuses.
+        p.store.variables().next()?;
         let origin = push.origin;
         let gradients = push.decode_gradients(blobs).ok()?;
         let outcome = p.store.handle_push(origin, &gradients).ok()?;
@@ -924,7 +922,7 @@ impl<'a> World<'a> {
             self.at(self.now + HOLD_RETRY, event);
             return;
         }
-        if !worker.run.as_ref().is_some_and(|r| r.call == run) {
+        if worker.run.as_ref().is_none_or(|r| r.call != run) {
             return;
         }
         let Some(closure) = worker
@@ -1358,7 +1356,7 @@ impl<'a> World<'a> {
                 }
                 FaultEvent::Preempt(node) => {
                     if self.state(node).0 != ProcState::Down {
-                        // A server keeps serving through its grace; a worker takes no new step.
+                        // A server and a worker keep serving through their grace.
                         if let Node::Worker(i) = node {
                             let now = self.instant();
                             self.workers[i as usize]

@@ -21,7 +21,9 @@ use cohort_actors::{contain_panic, Gateway, RegisterError, Remote};
 use tokio::sync::oneshot;
 
 use super::client::PsClient;
-use super::machine::{DatasetPlan, Request, SetupError, StepAction, WorkerMachine, JOBS_MAX};
+use super::machine::{
+    Computed, DatasetPlan, Request, SetupError, StepAction, WorkerMachine, JOBS_MAX,
+};
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
 use crate::program::Program;
@@ -332,16 +334,7 @@ impl Compute {
     }
 
     /// Runs the step function: its value and the gradients it recorded, or its error.
-    fn compute(
-        &mut self,
-        run: &RunClosure,
-    ) -> Result<
-        (
-            Vec<u8>,
-            Vec<(String, crate::roles::push::Gradient<'static>)>,
-        ),
-        StepError,
-    > {
+    fn compute(&mut self, run: &RunClosure) -> Result<Computed, StepError> {
         let step = self
             .program
             .step_fn(&run.function)

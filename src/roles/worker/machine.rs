@@ -69,6 +69,9 @@ pub struct WorkerMachine {
     exit: Option<Exit>,
 }
 
+/// What a step function returned: its encoded value and the gradients it recorded.
+pub type Computed = (Vec<u8>, Vec<(String, Gradient<'static>)>);
+
 /// Every variable's layout, by name.
 pub type Layouts = BTreeMap<String, Layout>;
 
@@ -245,17 +248,13 @@ impl WorkerMachine {
     }
 
     /// Whether to queue `request` for the compute thread. A closure is refused once this
-    /// incarnation is ending (retired, or its exit decided) or was told to stop (a preemption
-    /// notice: it takes no new step, so the chief runs it elsewhere at once); anything is
-    /// refused when [`JOBS_MAX`] jobs wait already.
+    /// incarnation is ending (retired, or its exit decided); anything is refused when
+    /// [`JOBS_MAX`] jobs wait already. A preemption notice refuses nothing: through its grace
+    /// the worker still runs the chief's closures (a chief stopping with it finishes its
+    /// steps and checkpoints them).
     pub fn admit(&mut self, _now: Instant, request: Request) -> Result<(), WorkerRefusal> {
-        if request == Request::Run {
-            if self.exit.is_some() {
-                return Err(WorkerRefusal::Retired);
-            }
-            if self.preempted {
-                return Err(WorkerRefusal::Preempted);
-            }
+        if request == Request::Run && self.exit.is_some() {
+            return Err(WorkerRefusal::Retired);
         }
         if self.queued >= JOBS_MAX {
             return Err(WorkerRefusal::Busy {
@@ -406,7 +405,7 @@ impl WorkerMachine {
     pub fn handle_computed(
         &mut self,
         now: Instant,
-        outcome: Result<(Vec<u8>, Vec<(String, Gradient<'static>)>), StepError>,
+        outcome: Result<Computed, StepError>,
         positions: impl IntoIterator<Item = (String, u64)>,
     ) -> StepAction {
         self.positions.extend(positions);
@@ -503,8 +502,8 @@ impl WorkerMachine {
     }
 
     /// Step 6: a preemption notice (SIGTERM). The worker keeps serving the chief through its
-    /// grace (the steps in flight finish, so that the chief's checkpoint can take them), but
-    /// takes no new closure.
+    /// grace (closures included, so that a chief stopping with it can finish its steps and
+    /// checkpoint them); the chief's loss then reads as expected.
     pub fn handle_preemption_notice(&mut self, _now: Instant) {
         self.preempted = true;
     }
@@ -873,9 +872,16 @@ mod tests {
 
         let mut m = ready(&[]);
         m.handle_preemption_notice(now());
-        assert_eq!(m.admit(now(), Request::Run), Err(WorkerRefusal::Preempted));
-        // It keeps serving the chief through its grace: a rewind or positions are taken.
+        // It keeps serving the chief through its grace: closures and positions are taken.
+        assert_eq!(m.admit(now(), Request::Run), Ok(()));
         assert_eq!(m.admit(now(), Request::Positions), Ok(()));
+        let mut lost = WorkerMachine::new(0, 1);
+        lost.handle_preemption_notice(now());
+        assert!(lost
+            .handle_chief_lost(now(), Duration::from_secs(1))
+            .unwrap()
+            .reason
+            .contains("the chief has exited"));
         assert_eq!(
             m.handle_preemption_over(now()).unwrap().code,
             PREEMPTED_EXIT_CODE

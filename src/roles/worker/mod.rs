@@ -22,8 +22,8 @@ use crate::roles::push::{Gradient, PushPlanError};
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
 pub use client::PsClient;
 pub use machine::{
-    DatasetPlan, Exit, PositionsError, Request, SetupError, SetupPlan, StepAction, WorkerMachine,
-    JOBS_MAX, SKIP_MAX,
+    Computed, DatasetPlan, Exit, PositionsError, Request, SetupError, SetupPlan, StepAction,
+    WorkerMachine, JOBS_MAX, SKIP_MAX,
 };
 pub use model::{PsModel, PushedGradient, TrainReport};
 
