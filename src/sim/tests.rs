@@ -190,3 +190,91 @@ fn regression_a_watermark_during_a_recovery_loses_no_effect() {
     assert!(report.finished, "{:?}", report.failure);
     assert!(report.ledger.ps_restores >= 1, "{:?}", report.ledger);
 }
+
+/// A chief killed mid-job comes back as a new incarnation that restores every server from its
+/// newest checkpoint (rolling back what they applied since), resumes the ledger and its ids
+/// above every one a server applied, and goes on from the checkpoint's step: the job ends
+/// with every effect present exactly once (PS-1, LEDGER-1, END-TO-END).
+#[test]
+fn a_killed_chief_resumes_from_its_checkpoint_and_the_job_ends_whole() {
+    let scenario = Scenario {
+        faults: vec![Fault::Kill {
+            at_ms: 2_500,
+            node: Node::Chief,
+        }],
+        ..Scenario::fault_free(5)
+    };
+    let report = run_scenario(&SimConfig::default(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert!(report.finished, "{:?}", report.failure);
+    assert_eq!(report.chief_resumes, 1);
+    assert_eq!(report.ledger.committed, 200, "{:?}", report.ledger);
+}
+
+/// A chief killed for longer than the workers' detection budget: the workers exit and come
+/// back as new incarnations, set up by the new chief at the checkpoint's dataset positions
+/// (DATA-1); a server killed meanwhile is restored by the new chief with the others.
+#[test]
+fn workers_restart_when_the_chief_is_silent_and_resume_at_the_checkpoint_positions() {
+    let config = SimConfig {
+        restart_delay: std::time::Duration::from_secs(4),
+        ..SimConfig::default()
+    };
+    let scenario = Scenario {
+        faults: vec![
+            Fault::Kill {
+                at_ms: 3_000,
+                node: Node::Chief,
+            },
+            Fault::Kill {
+                at_ms: 3_500,
+                node: Node::Ps(1),
+            },
+        ],
+        ..Scenario::fault_free(6)
+    };
+    let report = run_scenario(&config, &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert!(report.finished, "{:?}", report.failure);
+    assert_eq!(report.chief_resumes, 1);
+}
+
+/// With no checkpoint that verifies, a new chief does not start afresh over servers that have
+/// trained (it would reuse their closure ids and lose their effects): the job fails naming
+/// why.
+#[test]
+fn a_chief_with_no_valid_checkpoint_over_trained_servers_fails_the_job() {
+    let mut faults: Vec<Fault> = (0..20)
+        .map(|save| Fault::Storage {
+            save,
+            fault: StorageFault::BitFlip,
+        })
+        .collect();
+    faults.push(Fault::Kill {
+        at_ms: 2_500,
+        node: Node::Chief,
+    });
+    let scenario = Scenario {
+        faults,
+        ..Scenario::fault_free(7)
+    };
+    let report = run_scenario(&SimConfig::default(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    let failure = report.failure.expect("the job cannot resume");
+    assert!(failure.contains("no valid checkpoint"), "{failure}");
+    assert_eq!(report.chief_resumes, 0);
+}
+
+/// Chief kills among every other fault kind, more of them.
+#[test]
+fn invariants_hold_across_chief_restarts() {
+    let config = SimConfig {
+        faults_max: 8,
+        kinds: FaultKinds {
+            storage: false,
+            ..FaultKinds::all()
+        },
+        ..SimConfig::default()
+    };
+    no_violation_in(&config, 2_000..2_060);
+}
