@@ -105,7 +105,7 @@ fn a_killed_server_is_restored_and_the_job_ends_whole() {
 
 /// CKPT-1: a torn or bit-flipped checkpoint is never restored. With every save damaged, a
 /// server lost mid-job cannot be recovered: the job fails naming the missing checkpoint
-/// instead of restoring a damaged one.
+/// instead of restoring a damaged one (no damaged save ever becomes the cut).
 #[test]
 fn ckpt_1_a_damaged_checkpoint_is_never_restored() {
     let mut faults: Vec<Fault> = (0..20)
@@ -131,8 +131,39 @@ fn ckpt_1_a_damaged_checkpoint_is_never_restored() {
     let failure = report
         .failure
         .expect("no damaged checkpoint may be restored");
-    assert!(failure.contains("no valid checkpoint"), "{failure}");
+    assert!(
+        failure.contains("no checkpoint to restore it from"),
+        "{failure}"
+    );
     assert_eq!(report.ledger.ps_restores, 0);
+}
+
+/// Regression: a damaged save (torn or bit-flipped) used to become the cut, which kept the
+/// closures to run again only from it on: a server lost later could not be recovered although
+/// an older checkpoint verified (the job failed with "no valid checkpoint cut"). A save now
+/// marks its cut only once the checkpoint reads back whole, so the recovery restores the
+/// older one and runs again everything committed since.
+#[test]
+fn a_damaged_last_checkpoint_falls_back_to_the_previous_valid_one() {
+    let mut faults: Vec<Fault> = (1..20)
+        .map(|save| Fault::Storage {
+            save,
+            fault: StorageFault::BitFlip,
+        })
+        .collect();
+    faults.push(Fault::Kill {
+        at_ms: 2_500,
+        node: Node::Ps(0),
+    });
+    let scenario = Scenario {
+        faults,
+        ..Scenario::fault_free(4)
+    };
+    let report = run_scenario(&SimConfig::default(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert!(report.finished, "{:?}", report.failure);
+    assert!(report.ledger.ps_restores >= 1, "{:?}", report.ledger);
+    assert!(report.ledger.rolled_back >= 1, "{:?}", report.ledger);
 }
 
 /// The shrinker drops what a failure does not need, and a passing scenario comes back as it

@@ -1902,7 +1902,10 @@ impl<'a> World<'a> {
     }
 
     /// Writes a checkpoint at `cut` (with the scenario's storage fault for this save, if any)
-    /// and marks the cut once it is durable.
+    /// and marks the cut once it is durable and reads back whole (CKPT-1): a torn or flipped
+    /// one leaves the previous cut in place, so that a recovery restores the previous valid
+    /// checkpoint and runs again everything committed since (as `ClusterCoordinator::
+    /// save_checkpoint` does).
     fn save(&mut self, cut: u64, servers: Vec<PsSnapshot>, positions: BTreeMap<u32, u64>) {
         let index = self.chief.saves;
         self.chief.saves += 1;
@@ -1933,6 +1936,9 @@ impl<'a> World<'a> {
             valid: fault.is_none(),
             checkpoint: Arc::new(checkpoint),
         });
+        if fault.is_some() {
+            return; // it does not verify: the job goes on from the previous cut
+        }
         let root = std::path::PathBuf::from("sim-checkpoints");
         let _ = self.coord.mark_cut(ClosureId(cut), root);
     }
