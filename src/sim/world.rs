@@ -1879,7 +1879,8 @@ impl<'a> World<'a> {
             .unwrap_or(0);
         if read != expected {
             let detail = format!(
-                "worker/{w} read element {read} first after its setup in generation                  {generation}, where the restored checkpoint puts it at {expected}"
+                "worker/{w} read element {read} first after its setup in generation \
+                 {generation}, where the restored checkpoint puts it at {expected}"
             );
             self.violate("DATA-1", detail);
         }
