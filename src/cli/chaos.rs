@@ -19,7 +19,7 @@ pub struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Fault kinds to draw from: comma-separated kill, pause, partition, preempt, net,
-    /// storage, or all / none.
+    /// storage, chief (kill the chief), or all / none.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Most faults in one schedule.

@@ -6,8 +6,8 @@
 //! Only IO and time are simulated: every decision is made by the same machine code the actors
 //! run. The harness plays the parts the actors play today (the coordinator's shell carrying
 //! out actions and reporting outcomes; the failure detector; the worker's push-and-report
-//! loop, a stand-in until the worker has a machine of its own; the chief program's
-//! schedule/join/save loop; the supervisor that restarts what dies).
+//! loop and its dataset, a stand-in until the worker has a machine of its own; the chief
+//! program's restore/schedule/join/save loop; the supervisor that restarts what dies).
 //!
 //! # Fault model
 //! - **Network**: every message takes a latency drawn from `[latency_min, latency_max]`
@@ -22,6 +22,22 @@
 //!   (messages to it wait; a pause past the detection budget is a false death, and the
 //!   incarnation is then retired and restarted), or given a preemption notice (it keeps
 //!   serving for `preemption_grace`, then exits and is restarted).
+//! - **The chief**: killed (coordinator and program together), its state is gone; after
+//!   `restart_delay` a new incarnation starts as the real one does: a fresh coordinator
+//!   probes every server (incarnation, restore generation, next free closure id) and
+//!   restores them all from the newest checkpoint that verifies
+//!   (`Scheduler::handle_restore_at_start`: servers that went on past it are rolled back,
+//!   and ids resume above every one a server applied), then its program goes on from that
+//!   checkpoint's step. With no checkpoint that verifies it starts afresh only if no server
+//!   has applied anything, else the job fails naming why. A failed restore at start exits the
+//!   chief again (at most 3 times). Servers keep their state while the chief is gone; workers
+//!   exit to be restarted once it has been silent for the detection budget (exit 75, as
+//!   `roles::run`).
+//! - **Datasets**: each worker reads one dataset; each closure it runs reads one element (its
+//!   position goes up by one); a setup or a rewind sets the position to the skip it carries.
+//!   A save records every live worker's position (a worker that does not answer is lost, and
+//!   the checkpoint records the positions it was last set up from, where its next
+//!   incarnation starts), in the manifest under `DATASET_POSITIONS_KEY`.
 //! - **Failure detection**: a node the coordinator has not heard from (dead, paused,
 //!   partitioned) for `detection_budget` is declared dead, as the gateway's heartbeats do.
 //! - **Checkpoint storage**: a save can be torn or bit-flipped (stored, but it fails its
@@ -33,9 +49,19 @@
 //! - PS-1: no server applies a closure whose effect its state already holds;
 //! - FENCE-1: no result from an incarnation the coordinator fenced commits;
 //! - CKPT-1: a restore reads only a checkpoint that verifies, with the contents saved;
+//! - PS-1 across chief restarts: a closure id a chief incarnation gives out for the first time
+//!   is not one whose effect a server holds;
+//! - DATA-1: a worker's first read after a setup or a rewind, in a closure dispatched in
+//!   restore generation `g`, is at the position recorded for that worker by the checkpoint
+//!   the newest restore of generation at most `g` restored (0 if none was restored yet, or
+//!   that checkpoint records none for it): a worker is never set up or rewound at positions
+//!   from before a restore;
 //! - end to end, when the job finishes: each server's effective closures are exactly the
 //!   committed ones, and its variables (and optimizer slots) equal a fault-free replay that
-//!   applies each of them once, in the order the server applied them;
+//!   applies each of them once, in the order the server applied them. Across a chief
+//!   restart, "committed" is what the checkpoint it resumed from held committed plus what
+//!   the new incarnations committed: closures its predecessor committed after that
+//!   checkpoint were rolled back with the servers and scheduled again under new ids;
 //! - and the job ends (finished or failed with an error naming why) within `time_max`.
 //!
 //! # Seeds and replay
@@ -125,6 +151,8 @@ pub struct FaultKinds {
     pub net: bool,
     /// Torn, bit-flipped and failed checkpoint writes.
     pub storage: bool,
+    /// Kill the chief (coordinator and program); a new incarnation resumes the job.
+    pub chief: bool,
 }
 
 impl FaultKinds {
@@ -137,6 +165,7 @@ impl FaultKinds {
             preempt: true,
             net: true,
             storage: true,
+            chief: true,
         }
     }
 
@@ -149,11 +178,12 @@ impl FaultKinds {
             preempt: false,
             net: false,
             storage: false,
+            chief: false,
         }
     }
 
-    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage`, or `all`,
-    /// or `none`).
+    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage,chief`, or
+    /// `all`, or `none`).
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut kinds = Self::none();
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -166,10 +196,11 @@ impl FaultKinds {
                 "preempt" => kinds.preempt = true,
                 "net" => kinds.net = true,
                 "storage" => kinds.storage = true,
+                "chief" => kinds.chief = true,
                 other => {
                     return Err(format!(
                         "unknown fault kind {other:?} (expected kill, pause, partition, \
-                         preempt, net, storage, all or none)"
+                         preempt, net, storage, chief, all or none)"
                     ))
                 }
             }
@@ -206,7 +237,7 @@ pub enum Fault {
     Kill {
         /// Simulated milliseconds from the start.
         at_ms: u64,
-        /// The victim (a server or a worker).
+        /// The victim (a server, a worker, or the chief).
         node: Node,
     },
     /// Pause `node` at `at_ms` for `for_ms`.
@@ -327,6 +358,7 @@ impl Scenario {
             (kinds.partition, 2),
             (kinds.preempt, 3),
             (kinds.storage, 4),
+            (kinds.chief, 5),
         ] {
             if on {
                 choices.push(kind);
@@ -357,6 +389,10 @@ impl Scenario {
                     one_way: rng.gen_bool(0.3),
                 },
                 3 => Fault::Preempt { at_ms, node },
+                5 => Fault::Kill {
+                    at_ms,
+                    node: Node::Chief,
+                },
                 _ => Fault::Storage {
                     save: rng.gen_range(0..4),
                     fault: [
@@ -394,7 +430,8 @@ impl fmt::Display for Scenario {
 /// A broken invariant, with where the run was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// The invariant (`LEDGER-1`, `PS-1`, `FENCE-1`, `CKPT-1`, `END-TO-END`, `LIVENESS`).
+    /// The invariant (`LEDGER-1`, `PS-1`, `FENCE-1`, `CKPT-1`, `DATA-1`, `END-TO-END`,
+    /// `LIVENESS`).
     pub invariant: &'static str,
     /// What was seen.
     pub detail: String,
@@ -531,6 +568,9 @@ pub fn run_seeds(config: &SimConfig, seeds: impl IntoIterator<Item = u64>) -> Su
 /// A fault's kind, as the summary counts it.
 pub fn fault_kind(fault: &Fault) -> &'static str {
     match fault {
+        Fault::Kill {
+            node: Node::Chief, ..
+        } => "chief kill",
         Fault::Kill { .. } => "kill",
         Fault::Pause { .. } => "pause",
         Fault::Partition { one_way: false, .. } => "partition",

@@ -17,13 +17,14 @@ use crate::checkpoint::Checkpoint;
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport,
-    ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig,
+    CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport, RestoreTicket,
+    ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, WorkerPositions,
+    DATASET_POSITIONS_KEY,
 };
 use crate::roles::protocol::{PsUnavailable, RunClosure, RunClosureError, SetupWorker};
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
-use crate::roles::worker::{Request, StepAction, StepError, WorkerMachine};
+use crate::roles::worker::{DatasetPlan, Request, StepAction, StepError, WorkerMachine};
 
 /// How a run ended, and what it saw.
 #[derive(Debug, Clone)]
@@ -46,6 +47,8 @@ pub struct SimReport {
     pub ledger: Ledger,
     /// Simulated time at the end, milliseconds.
     pub sim_ms: u64,
+    /// Chief incarnations that resumed the job from a checkpoint.
+    pub chief_resumes: u64,
 }
 
 pub(super) struct World<'a> {
@@ -60,6 +63,9 @@ pub(super) struct World<'a> {
     trace_hash: u64,
     trace: Vec<String>,
     coord: Scheduler,
+    /// The chief process (coordinator and program): up or down, and its incarnation.
+    chief_state: ProcState,
+    chief_epoch: u64,
     servers: Vec<PsProc>,
     workers: Vec<WorkerProc>,
     /// Cut-off nodes: until when, and whether only their outgoing messages are lost.
@@ -77,6 +83,14 @@ pub(super) struct World<'a> {
     fenced: BTreeMap<u32, u64>,
     /// Server snapshots taken for saves, by id.
     snapshots: Snapshots,
+    /// Closure ids the live chief incarnation has dispatched (PS-1 across chief restarts).
+    dispatched: BTreeSet<u64>,
+    /// Closures committed before the checkpoint the live chief incarnation resumed from.
+    committed_before: BTreeSet<u64>,
+    /// DATA-1: per restore generation, the stored checkpoint its shards came from.
+    restored_from: BTreeMap<u64, usize>,
+    /// Chief incarnations that resumed from a checkpoint.
+    chief_resumes: u64,
     violation: Option<Violation>,
     ended: Option<Result<(), String>>,
 }
@@ -125,6 +139,11 @@ enum Event {
     Loaded {
         generation: u64,
         cut: u64,
+    },
+    /// The workers' failure detectors: chief incarnation `epoch` has been silent since it was
+    /// killed for the detection budget.
+    ChiefSilent {
+        epoch: u64,
     },
 }
 
@@ -178,10 +197,17 @@ enum Req {
         attempt: u32,
         generation: u64,
     },
+    /// Set up with the dataset starting at `skip`.
     SetUp {
         setup_version: u64,
+        skip: u64,
     },
-    Rewind,
+    /// Rebuild the dataset at `skip`.
+    Rewind {
+        skip: u64,
+    },
+    /// The dataset's position, for a save.
+    Positions,
     Probe,
     Retire,
     Begin {
@@ -203,8 +229,14 @@ enum Resp {
     Done,
     Refused(String),
     Run(RunResult),
-    Probe { epoch: u64, serving: bool },
+    Probe {
+        epoch: u64,
+        serving: bool,
+        generation: u64,
+        next_free: u64,
+    },
     Snapshot(usize),
+    Positions(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -242,6 +274,10 @@ struct WorkerProc {
     run: Option<WorkerRun>,
     /// Closures admitted and waiting for the compute thread, in order.
     waiting: std::collections::VecDeque<(u64, RunClosure)>,
+    /// Its dataset's position: elements read (each closure it runs reads one).
+    position: u64,
+    /// Set up or rewound and nothing read since (DATA-1 checks its first read).
+    fresh: bool,
 }
 
 /// The closure on the compute thread: computing, then its pushes out.
@@ -285,6 +321,15 @@ enum CallKind {
     Snapshot {
         ps: u32,
     },
+    /// A save asks a worker incarnation for its dataset's position.
+    Positions {
+        worker: u32,
+        epoch: u64,
+    },
+    /// A new chief incarnation probes a server before restoring.
+    StartProbe {
+        ps: u32,
+    },
 }
 
 #[derive(Default)]
@@ -301,20 +346,35 @@ struct Chief {
     batches: u64,
     phase: ChiefPhase,
     saves: u32,
+    /// Restores at start-up that failed (each one restarts the chief).
+    startup_failures: u32,
 }
 
 enum ChiefPhase {
     Schedule,
     Join,
-    /// Reading every server for a checkpoint: (next id, generation) when it began, and the
-    /// snapshots so far.
+    /// Reading every server for a checkpoint: (next id, generation) when it began, the
+    /// snapshots so far, and the live workers' dataset positions (awaited ones are `None`).
     Save {
         probe: (u64, u64),
         snapshots: BTreeMap<u32, usize>,
+        positions: BTreeMap<u32, Option<u64>>,
         failed: bool,
     },
     /// Waiting to read again until this time.
     SaveBackoff(Duration),
+    /// A new chief incarnation: probe every server at this time.
+    Starting(Duration),
+    /// Probing every server before restoring (answers so far).
+    Probing {
+        probes: BTreeMap<u32, ServerProbe>,
+        failed: bool,
+    },
+    /// The restore at start-up from stored checkpoint `stored` runs.
+    Restoring {
+        ticket: RestoreTicket,
+        stored: usize,
+    },
 }
 
 /// A server's state as a checkpoint holds it.
@@ -331,6 +391,13 @@ type StoredShard = (String, Vec<usize>, Vec<f32>, Slots, u64);
 struct Stored {
     cut: u64,
     servers: Vec<PsSnapshot>,
+    /// Per worker, its dataset's position (DATA-1).
+    positions: BTreeMap<u32, u64>,
+    /// The closures committed at the cut (the end-to-end check after a chief restart).
+    committed: BTreeSet<u64>,
+    /// The chief program's progress: closures scheduled and batches run.
+    scheduled: u64,
+    batches: u64,
     /// It verifies (no torn or flipped file).
     valid: bool,
     /// What a restore gets (the same `Arc` every time).
@@ -342,12 +409,6 @@ type Snapshots = Vec<PsSnapshot>;
 
 impl<'a> World<'a> {
     pub(super) fn new(config: &'a SimConfig, scenario: &'a Scenario) -> Self {
-        let scheduler = Scheduler::new(SchedulerConfig {
-            ps_restart_wait_max: config.ps_restart_wait,
-            no_worker_wait_max: config.ps_restart_wait,
-            ..SchedulerConfig::default()
-        })
-        .with_servers(config.num_ps);
         let servers = (0..config.num_ps)
             .map(|ps| {
                 let mut store = new_store();
@@ -370,6 +431,8 @@ impl<'a> World<'a> {
                 machine: WorkerMachine::new(w, 1, config.num_ps),
                 run: None,
                 waiting: Default::default(),
+                position: 0,
+                fresh: false,
             })
             .collect();
         let mut world = Self {
@@ -383,7 +446,9 @@ impl<'a> World<'a> {
             events: 0,
             trace_hash: FNV_OFFSET,
             trace: Vec::new(),
-            coord: scheduler,
+            coord: new_coordinator(config),
+            chief_state: ProcState::Up,
+            chief_epoch: 1,
             servers,
             workers,
             partitions: BTreeMap::new(),
@@ -396,6 +461,7 @@ impl<'a> World<'a> {
                 // loss to be recoverable.
                 phase: ChiefPhase::SaveBackoff(Duration::ZERO),
                 saves: 0,
+                startup_failures: 0,
             },
             storage: Vec::new(),
             detector: BTreeMap::new(),
@@ -403,14 +469,13 @@ impl<'a> World<'a> {
             connecting: BTreeSet::new(),
             fenced: BTreeMap::new(),
             snapshots: Vec::new(),
+            dispatched: BTreeSet::new(),
+            committed_before: BTreeSet::new(),
+            restored_from: BTreeMap::new(),
+            chief_resumes: 0,
             violation: None,
             ended: None,
         };
-        world.coord.handle_configure(SetupWorker {
-            num_workers: config.num_workers,
-            layouts: layouts(config.num_ps),
-            datasets: Vec::new(),
-        });
         for fault in &scenario.faults {
             let (at_ms, event) = match *fault {
                 Fault::Kill { at_ms, node } => (at_ms, FaultEvent::Kill(node)),
@@ -484,6 +549,7 @@ impl<'a> World<'a> {
             trace: self.trace,
             ledger: self.coord.ledger().clone(),
             sim_ms: self.now.as_millis() as u64,
+            chief_resumes: self.chief_resumes,
         }
     }
 
@@ -528,7 +594,7 @@ impl<'a> World<'a> {
 
     fn state(&self, node: Node) -> (ProcState, u64) {
         match node {
-            Node::Chief => (ProcState::Up, 1),
+            Node::Chief => (self.chief_state, self.chief_epoch),
             Node::Ps(i) => (
                 self.servers[i as usize].state,
                 self.servers[i as usize].epoch,
@@ -542,7 +608,7 @@ impl<'a> World<'a> {
 
     fn set_state(&mut self, node: Node, state: ProcState) {
         match node {
-            Node::Chief => {}
+            Node::Chief => self.chief_state = state,
             Node::Ps(i) => self.servers[i as usize].state = state,
             Node::Worker(i) => self.workers[i as usize].state = state,
         }
@@ -550,22 +616,63 @@ impl<'a> World<'a> {
 
     /// The process dies; its supervisor starts a new incarnation after the restart delay.
     fn kill(&mut self, node: Node) {
-        if self.state(node).0 == ProcState::Down || node == Node::Chief {
+        if self.state(node).0 == ProcState::Down {
             return;
         }
         self.set_state(node, ProcState::Down);
-        if let Node::Worker(i) = node {
-            let w = &mut self.workers[i as usize];
-            w.run = None;
-            w.waiting.clear();
+        match node {
+            Node::Worker(i) => {
+                let w = &mut self.workers[i as usize];
+                w.run = None;
+                w.waiting.clear();
+            }
+            Node::Chief => self.kill_chief(),
+            Node::Ps(_) => {}
         }
         let at = self.now + self.config.restart_delay;
         self.at(at, Event::Restart { node });
     }
 
+    /// The chief process dies: its coordinator's state (closures, ledger, calls, what it
+    /// dialled and set up) and its program's progress are gone. Servers keep their state;
+    /// workers notice the silence after the detection budget and exit to be restarted.
+    fn kill_chief(&mut self) {
+        self.calls.clear();
+        self.connecting.clear();
+        self.detector.clear();
+        self.set_up.clear();
+        self.fenced.clear();
+        self.dispatched.clear();
+        let epoch = self.chief_epoch;
+        let at = self.now + self.config.detection_budget;
+        self.at(at, Event::ChiefSilent { epoch });
+    }
+
+    /// A new chief incarnation starts as the real one does: a fresh coordinator, which probes
+    /// every server and restores them from the newest checkpoint that verifies before its
+    /// program goes on from that checkpoint's step.
+    fn restart_chief(&mut self) {
+        self.chief_epoch += 1;
+        self.chief_state = ProcState::Up;
+        self.coord = new_coordinator(self.config);
+        self.committed_before.clear();
+        self.chief.phase = ChiefPhase::Starting(self.now);
+    }
+
+    /// The workers' detectors saw chief incarnation `epoch` silent past the budget: if it is
+    /// still the one that died, every worker exits to be restarted (exit 75, as `roles::run`).
+    fn chief_silent(&mut self, epoch: u64) {
+        if self.chief_epoch != epoch || self.chief_state != ProcState::Down {
+            return;
+        }
+        for w in 0..self.config.num_workers {
+            self.kill(Node::Worker(w));
+        }
+    }
+
     fn restart(&mut self, node: Node) {
         match node {
-            Node::Chief => {}
+            Node::Chief => self.restart_chief(),
             Node::Ps(i) => {
                 let p = &mut self.servers[i as usize];
                 p.epoch += 1;
@@ -582,6 +689,8 @@ impl<'a> World<'a> {
                 w.machine = WorkerMachine::new(i, w.epoch, self.config.num_ps);
                 w.run = None;
                 w.waiting.clear();
+                w.position = 0;
+                w.fresh = false;
             }
         }
     }
@@ -692,7 +801,12 @@ impl<'a> World<'a> {
             Msg::Request { call, req } => {
                 let resp = self.ps_request(ps, req);
                 if let Some(resp) = resp {
-                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                    self.send(
+                        node,
+                        Node::Chief,
+                        self.chief_epoch,
+                        Msg::Reply { call, resp },
+                    );
                 }
             }
             _ => {}
@@ -732,6 +846,8 @@ impl<'a> World<'a> {
             Req::Probe => Resp::Probe {
                 epoch: p.epoch,
                 serving: p.store.variables().next().is_some(),
+                generation: p.store.generation().0,
+                next_free: p.store.next_free_closure_id(),
             },
             Req::Retire => {
                 self.kill(Node::Ps(ps));
@@ -787,7 +903,7 @@ impl<'a> World<'a> {
                 self.pending_snapshots().push(snapshot);
                 Resp::Snapshot(self.pending_snapshots().len() - 1)
             }
-            Req::Run { .. } | Req::SetUp { .. } | Req::Rewind => {
+            Req::Run { .. } | Req::SetUp { .. } | Req::Rewind { .. } | Req::Positions => {
                 Resp::Refused("not a worker".into())
             }
         })
@@ -817,7 +933,12 @@ impl<'a> World<'a> {
                     }
                     if let Err(refusal) = worker.machine.admit(now, Request::Run) {
                         let resp = Resp::Refused(refusal.to_string());
-                        self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                        self.send(
+                            node,
+                            Node::Chief,
+                            self.chief_epoch,
+                            Msg::Reply { call, resp },
+                        );
                         return;
                     }
                     let run = RunClosure {
@@ -830,24 +951,43 @@ impl<'a> World<'a> {
                     worker.waiting.push_back((call, run));
                     self.next_step(w);
                 }
-                Req::SetUp { .. } | Req::Rewind => {
-                    let setup = self.coord.setup_for(w);
-                    let machine = &mut self.workers[w as usize].machine;
-                    let resp = match machine.admit(now, Request::Setup) {
+                Req::SetUp { skip, .. } | Req::Rewind { skip } => {
+                    // Both rebuild the dataset from scratch: the coordinator sets a new
+                    // incarnation up with a rewind too, so that a setup a restore made
+                    // outdated (built at old positions already) cannot stay.
+                    // What the message carries: the job's layouts, the dataset at `skip`.
+                    let setup = SetupWorker {
+                        num_workers: self.config.num_workers,
+                        layouts: layouts(self.config.num_ps),
+                        datasets: vec![(DATASET.into(), skip)],
+                    };
+                    let worker = &mut self.workers[w as usize];
+                    let resp = match worker.machine.admit(now, Request::Setup) {
                         Ok(()) => {
-                            // No datasets here: the plan is built at once.
-                            let rewind = req == Req::Rewind;
-                            let built = machine
-                                .handle_setup(now, &setup, rewind)
-                                .map(|_| Vec::new());
-                            match machine.handle_setup_built(now, built) {
+                            // Building a dataset here is setting its position: done at once.
+                            let built =
+                                worker.machine.handle_setup(now, &setup, true).map(|plan| {
+                                    for dataset in &plan.datasets {
+                                        if let DatasetPlan::Build { skip, .. } = dataset {
+                                            worker.position = *skip;
+                                            worker.fresh = true;
+                                        }
+                                    }
+                                    vec![(DATASET.to_string(), worker.position)]
+                                });
+                            match worker.machine.handle_setup_built(now, built) {
                                 Ok(()) => Resp::Done,
                                 Err(e) => Resp::Refused(e.to_string()),
                             }
                         }
                         Err(refusal) => Resp::Refused(refusal.to_string()),
                     };
-                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                    self.send(
+                        node,
+                        Node::Chief,
+                        self.chief_epoch,
+                        Msg::Reply { call, resp },
+                    );
                 }
                 Req::Retire => {
                     let epoch = self.workers[w as usize].epoch;
@@ -859,9 +999,23 @@ impl<'a> World<'a> {
                         self.kill(node);
                     }
                 }
+                Req::Positions => {
+                    let resp = Resp::Positions(self.workers[w as usize].position);
+                    self.send(
+                        node,
+                        Node::Chief,
+                        self.chief_epoch,
+                        Msg::Reply { call, resp },
+                    );
+                }
                 _ => {
                     let resp = Resp::Refused("not a server".into());
-                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                    self.send(
+                        node,
+                        Node::Chief,
+                        self.chief_epoch,
+                        Msg::Reply { call, resp },
+                    );
                 }
             },
             Msg::PushReply { ps, run, result } => {
@@ -884,6 +1038,14 @@ impl<'a> World<'a> {
             let worker = &mut self.workers[w as usize];
             match worker.machine.handle_start(now, &run) {
                 StepAction::Compute => {
+                    // The step reads its dataset's next element.
+                    let first = std::mem::replace(&mut worker.fresh, false);
+                    let read = worker.position;
+                    worker.position += 1;
+                    if first {
+                        self.check_first_read(w, read, run.generation);
+                    }
+                    let worker = &mut self.workers[w as usize];
                     worker.run = Some(WorkerRun {
                         call,
                         pending: BTreeSet::new(),
@@ -936,11 +1098,11 @@ impl<'a> World<'a> {
             .map(|ps| (variable(ps), Gradient::Dense(gradient(closure).into())))
             .collect();
         let now = self.instant();
-        let action = self.workers[w as usize].machine.handle_computed(
-            now,
-            Ok((Vec::new(), gradients)),
-            Vec::new(),
-        );
+        let worker = &mut self.workers[w as usize];
+        let positions = vec![(DATASET.to_string(), worker.position)];
+        let action = worker
+            .machine
+            .handle_computed(now, Ok((Vec::new(), gradients)), positions);
         self.carry_out(w, run, action);
     }
 
@@ -979,7 +1141,12 @@ impl<'a> World<'a> {
                     Err(RunClosureError::Refused(refusal)) => Resp::Refused(refusal.to_string()),
                     Err(RunClosureError::Step(e)) => Resp::Run(RunResult::Failed(e)),
                 };
-                self.send(node, Node::Chief, 1, Msg::Reply { call: run, resp });
+                self.send(
+                    node,
+                    Node::Chief,
+                    self.chief_epoch,
+                    Msg::Reply { call: run, resp },
+                );
                 self.next_step(w);
             }
         }
@@ -1104,7 +1271,7 @@ impl<'a> World<'a> {
             }
             CallKind::Probe { ps } => {
                 let dial = match resp {
-                    Ok(Resp::Probe { epoch, serving }) => {
+                    Ok(Resp::Probe { epoch, serving, .. }) => {
                         let declared = self.detector.get(&Node::Ps(ps)).and_then(|d| d.declared);
                         if declared == Some(epoch) {
                             PsDial::DeclaredDead { epoch }
@@ -1159,6 +1326,50 @@ impl<'a> World<'a> {
                     }
                 }
             }
+            CallKind::Positions { worker, epoch } => {
+                // A worker that does not report is lost (restarted): the checkpoint records
+                // where its next incarnation starts, the positions it was last set up from.
+                let position = match resp {
+                    Ok(Resp::Positions(position)) => position,
+                    _ => {
+                        self.coord.handle_worker_lost(now, worker, epoch);
+                        self.coord
+                            .positions()
+                            .get(&worker)
+                            .and_then(|d| d.get(DATASET))
+                            .copied()
+                            .unwrap_or(0)
+                    }
+                };
+                if let ChiefPhase::Save { positions, .. } = &mut self.chief.phase {
+                    if let Some(slot @ None) = positions.get_mut(&worker) {
+                        *slot = Some(position);
+                    }
+                }
+            }
+            CallKind::StartProbe { ps } => {
+                if let ChiefPhase::Probing { probes, failed } = &mut self.chief.phase {
+                    match resp {
+                        Ok(Resp::Probe {
+                            epoch,
+                            generation,
+                            next_free,
+                            ..
+                        }) => {
+                            probes.insert(
+                                ps,
+                                ServerProbe {
+                                    ps,
+                                    epoch,
+                                    generation,
+                                    next_free_closure_id: next_free,
+                                },
+                            );
+                        }
+                        _ => *failed = true,
+                    }
+                }
+            }
         }
     }
 
@@ -1185,6 +1396,9 @@ impl<'a> World<'a> {
                         attempt,
                         generation,
                     };
+                    if self.dispatched.insert(closure.0) {
+                        self.check_fresh_id(closure.0);
+                    }
                     let bound = self.coord.config().step_timeout;
                     self.call(Node::Worker(worker), epoch, kind, req, bound);
                 }
@@ -1227,7 +1441,9 @@ impl<'a> World<'a> {
                     let bound = self.config.call_timeout;
                     self.call(Node::Ps(ps), epoch, CallKind::Retire, Req::Retire, bound);
                 }
-                SchedulerAction::RestoreFinished { .. } => {}
+                SchedulerAction::RestoreFinished { ticket, result } => {
+                    self.startup_restored(ticket, result)
+                }
             }
         }
     }
@@ -1268,6 +1484,7 @@ impl<'a> World<'a> {
                 ..
             } => {
                 let stored = checkpoint.0.step as usize;
+                self.restored_from.insert(*generation, stored);
                 let kind = CallKind::Restore {
                     generation: *generation,
                     call: call.clone(),
@@ -1294,13 +1511,16 @@ impl<'a> World<'a> {
                 worker,
                 epoch,
                 generation,
-                ..
+                setup,
             } => {
+                let req = Req::Rewind {
+                    skip: skip_of(setup),
+                };
                 let kind = CallKind::Restore {
                     generation: *generation,
                     call: call.clone(),
                 };
-                self.call(Node::Worker(*worker), *epoch, kind, Req::Rewind, bound);
+                self.call(Node::Worker(*worker), *epoch, kind, req, bound);
             }
         }
     }
@@ -1402,12 +1622,16 @@ impl<'a> World<'a> {
                 }
             }
             Event::Loaded { generation, cut } => self.load(generation, cut),
+            Event::ChiefSilent { epoch } => self.chief_silent(epoch),
             Event::Computed { worker, epoch, run } => self.computed(worker, epoch, run),
         }
     }
 
     /// The coordinator's periodic work and the chief program's next step.
     fn tick(&mut self) {
+        if self.chief_state != ProcState::Up {
+            return;
+        }
         let now = self.instant();
         self.detect();
         self.dial();
@@ -1499,6 +1723,7 @@ impl<'a> World<'a> {
                 }
                 self.connecting.insert(node);
                 let version = self.coord.setup_version();
+                let skip = skip_of(&self.coord.setup_for(w));
                 let kind = CallKind::SetUp {
                     worker: w,
                     epoch,
@@ -1510,6 +1735,7 @@ impl<'a> World<'a> {
                     kind,
                     Req::SetUp {
                         setup_version: version,
+                        skip,
                     },
                     bound,
                 );
@@ -1569,11 +1795,20 @@ impl<'a> World<'a> {
                     return;
                 }
                 let probe = (self.coord.next_closure_id(), self.coord.generation());
+                let live: Vec<(u32, u64)> = (0..self.config.num_workers)
+                    .filter_map(|w| self.coord.worker_epoch(w).map(|e| (w, e)))
+                    .collect();
                 self.chief.phase = ChiefPhase::Save {
                     probe,
                     snapshots: BTreeMap::new(),
+                    positions: live.iter().map(|(w, _)| (*w, None)).collect(),
                     failed: false,
                 };
+                for (worker, epoch) in live {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::Positions { worker, epoch };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
+                }
                 for ps in 0..self.config.num_ps {
                     let epoch = self.servers[ps as usize].epoch;
                     let bound = self.config.call_timeout;
@@ -1589,12 +1824,18 @@ impl<'a> World<'a> {
             ChiefPhase::Save {
                 probe,
                 snapshots,
+                positions,
                 failed,
             } => {
                 let probe = *probe;
                 let failed = *failed;
-                if !failed && snapshots.len() < self.config.num_ps as usize {
+                let reading = snapshots.len() < self.config.num_ps as usize
+                    || positions.values().any(Option::is_none);
+                if !failed && reading {
                     return;
+                }
+                if positions.values().any(Option::is_none) {
+                    return; // every worker's answer (or its loss) comes within its bound
                 }
                 let disturbed = failed
                     || self.coord.is_holding()
@@ -1604,19 +1845,165 @@ impl<'a> World<'a> {
                     return;
                 }
                 let ids: Vec<usize> = snapshots.values().copied().collect();
+                // Workers not live now restart from their last setup's positions.
+                let mut recorded: BTreeMap<u32, u64> = self
+                    .coord
+                    .positions()
+                    .iter()
+                    .filter_map(|(w, d)| d.get(DATASET).map(|p| (*w, *p)))
+                    .collect();
+                recorded.extend(positions.iter().filter_map(|(w, p)| p.map(|p| (*w, p))));
                 let servers: Vec<PsSnapshot> = ids
                     .into_iter()
                     .map(|id| self.snapshots[id].clone())
                     .collect();
-                self.save(probe.0, servers);
+                self.save(probe.0, servers, recorded);
                 self.chief.phase = ChiefPhase::Schedule;
+            }
+            ChiefPhase::Starting(at) => {
+                if self.now < *at {
+                    return;
+                }
+                self.chief.phase = ChiefPhase::Probing {
+                    probes: BTreeMap::new(),
+                    failed: false,
+                };
+                for ps in 0..self.config.num_ps {
+                    let epoch = self.servers[ps as usize].epoch;
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::StartProbe { ps };
+                    self.call(Node::Ps(ps), epoch, kind, Req::Probe, bound);
+                }
+            }
+            ChiefPhase::Probing { probes, failed } => {
+                if *failed {
+                    // A server not reachable now: probe them all again once it is back.
+                    self.chief.phase = ChiefPhase::Starting(self.now + SAVE_BACKOFF);
+                    return;
+                }
+                if probes.len() < self.config.num_ps as usize {
+                    return;
+                }
+                let probes: Vec<ServerProbe> = probes.values().cloned().collect();
+                self.start_from_checkpoint(&probes);
+            }
+            ChiefPhase::Restoring { .. } => {}
+        }
+    }
+
+    /// The new chief incarnation's start, once every server answered its probe: restore from
+    /// the newest checkpoint that verifies (CKPT-1), rolling back servers that went on past
+    /// it; with none, start afresh only if no server has applied anything (its ids and
+    /// values would otherwise be reused or lost), else the job fails naming why.
+    fn start_from_checkpoint(&mut self, probes: &[ServerProbe]) {
+        let Some(stored) = self.storage.iter().rposition(|s| s.valid) else {
+            let untouched = probes
+                .iter()
+                .all(|p| p.next_free_closure_id == 0 && p.generation == 0)
+                && self
+                    .servers
+                    .iter()
+                    .all(|s| s.store.variables().next().is_some());
+            if untouched {
+                self.chief.scheduled = 0;
+                self.chief.batches = 0;
+                self.chief.phase = ChiefPhase::SaveBackoff(self.now);
+            } else {
+                self.ended = Some(Err(
+                    "the chief restarted with no checkpoint that verifies, and the parameter \
+                     servers had trained since: no valid checkpoint to resume from"
+                        .into(),
+                ));
+            }
+            return;
+        };
+        let checkpoint = Arc::clone(&self.storage[stored].checkpoint);
+        let root = std::path::PathBuf::from("sim-checkpoints");
+        let now = self.instant();
+        match self
+            .coord
+            .handle_restore_at_start(now, checkpoint, root, probes, self.config.num_ps)
+        {
+            Ok(ticket) => self.chief.phase = ChiefPhase::Restoring { ticket, stored },
+            Err(e) => self.ended = Some(Err(format!("the chief's restore at start: {e}"))),
+        }
+    }
+
+    /// The restore at start-up ended: the program goes on from the checkpoint's step, or the
+    /// chief exits (its supervisor restarts it, and it tries again).
+    fn startup_restored(&mut self, ticket: RestoreTicket, result: Result<u64, String>) {
+        let ChiefPhase::Restoring { ticket: t, stored } = self.chief.phase else {
+            return;
+        };
+        if t != ticket {
+            return;
+        }
+        match result {
+            Ok(step) if step as usize == stored => {
+                let s = &self.storage[stored];
+                self.chief.scheduled = s.scheduled;
+                self.chief.batches = s.batches;
+                self.committed_before = s.committed.clone();
+                self.chief.phase = ChiefPhase::Schedule;
+                self.chief_resumes += 1;
+            }
+            Ok(step) => {
+                let detail = format!("restored step {step}, not the checkpoint read ({stored})");
+                self.violate("CKPT-1", detail);
+            }
+            Err(_) => {
+                self.chief.startup_failures += 1;
+                if self.chief.startup_failures > CHIEF_START_ATTEMPTS_MAX {
+                    self.ended = Some(Err(format!(
+                        "the chief could not restore at start {CHIEF_START_ATTEMPTS_MAX} times"
+                    )));
+                    return;
+                }
+                self.kill(Node::Chief);
             }
         }
     }
 
+    /// DATA-1: worker `w`'s first read since its setup or rewind, in a closure dispatched in
+    /// restore generation `generation`, is at `read`.
+    fn check_first_read(&mut self, w: u32, read: u64, generation: u64) {
+        let expected = self
+            .restored_from
+            .range(..=generation)
+            .next_back()
+            .and_then(|(_, stored)| self.storage[*stored].positions.get(&w).copied())
+            .unwrap_or(0);
+        if read != expected {
+            let detail = format!(
+                "worker/{w} read element {read} first after its setup in generation \
+                 {generation}, where the restored checkpoint puts it at {expected}"
+            );
+            self.violate("DATA-1", detail);
+        }
+    }
+
+    /// PS-1 across chief restarts: a closure id the live chief incarnation gives out for the
+    /// first time must not be one whose effect a server holds.
+    fn check_fresh_id(&mut self, closure: u64) {
+        if let Some(ps) = self
+            .servers
+            .iter()
+            .position(|p| p.effective_set.contains(&closure))
+        {
+            let detail = format!(
+                "chief incarnation {} gave out closure id {closure}, whose effect ps/{ps} holds",
+                self.chief_epoch
+            );
+            self.violate("PS-1", detail);
+        }
+    }
+
     /// Writes a checkpoint at `cut` (with the scenario's storage fault for this save, if any)
-    /// and marks the cut once it is durable.
-    fn save(&mut self, cut: u64, servers: Vec<PsSnapshot>) {
+    /// and marks the cut once it is durable and reads back whole (CKPT-1): a torn or flipped
+    /// one leaves the previous cut in place, so that a recovery restores the previous valid
+    /// checkpoint and runs again everything committed since (as `ClusterCoordinator::
+    /// save_checkpoint` does).
+    fn save(&mut self, cut: u64, servers: Vec<PsSnapshot>, positions: BTreeMap<u32, u64>) {
         let index = self.chief.saves;
         self.chief.saves += 1;
         let fault = self.scenario.faults.iter().find_map(|f| match f {
@@ -1629,17 +2016,45 @@ impl<'a> World<'a> {
         let stored = self.storage.len();
         let mut checkpoint = Checkpoint::new(stored as u64, self.config.num_ps as usize);
         checkpoint.ledger.next_closure_id = cut;
+        checkpoint.ledger.counts = self.coord.ledger().clone();
+        let by_name: WorkerPositions = positions
+            .iter()
+            .map(|(w, p)| (*w, [(DATASET.to_string(), *p)].into_iter().collect()))
+            .collect();
+        checkpoint.extra = serde_json::json!({ DATASET_POSITIONS_KEY: by_name });
+        let committed = self.committed_ids();
         self.storage.push(Stored {
             cut,
             servers,
+            positions,
+            committed,
+            scheduled: self.chief.scheduled,
+            batches: self.chief.batches,
             valid: fault.is_none(),
             checkpoint: Arc::new(checkpoint),
         });
+        if fault.is_some() {
+            return; // it does not verify: the job goes on from the previous cut
+        }
         let root = std::path::PathBuf::from("sim-checkpoints");
         let _ = self.coord.mark_cut(ClosureId(cut), root);
     }
 
     // ---- invariants ------------------------------------------------------------------------
+
+    /// The closures committed: those the live chief incarnation committed, and those
+    /// committed before the checkpoint it resumed from (the ones its predecessors committed
+    /// after that checkpoint were rolled back with the servers, and ran again as new ones).
+    fn committed_ids(&self) -> BTreeSet<u64> {
+        let mut committed = self.committed_before.clone();
+        committed.extend((0..self.coord.next_closure_id()).filter(|id| {
+            matches!(
+                self.coord.state(ClosureId(*id)),
+                Some(crate::roles::coordinator::ClosureState::Committed(_))
+            )
+        }));
+        committed
+    }
 
     fn check(&mut self) {
         let ledger = self.coord.ledger().clone();
@@ -1654,14 +2069,7 @@ impl<'a> World<'a> {
     /// Every server's effective closures are exactly the committed ones, and its variable and
     /// slots equal a fault-free replay of them in the order it applied them.
     fn check_end_to_end(&mut self) {
-        let committed: BTreeSet<u64> = (0..self.coord.next_closure_id())
-            .filter(|id| {
-                matches!(
-                    self.coord.state(ClosureId(*id)),
-                    Some(crate::roles::coordinator::ClosureState::Committed(_))
-                )
-            })
-            .collect();
+        let committed = self.committed_ids();
         let ledger = self.coord.ledger().clone();
         if ledger.committed != self.config.closures || committed.len() as u64 != ledger.committed {
             self.violate(
@@ -1740,6 +2148,35 @@ impl<'a> World<'a> {
     }
 }
 
+/// A chief incarnation's coordinator, configured as the chief program does: every worker
+/// reads one dataset.
+fn new_coordinator(config: &SimConfig) -> Scheduler {
+    let mut coord = Scheduler::new(SchedulerConfig {
+        ps_restart_wait_max: config.ps_restart_wait,
+        no_worker_wait_max: config.ps_restart_wait,
+        ..SchedulerConfig::default()
+    })
+    .with_servers(config.num_ps);
+    coord.handle_configure(SetupWorker {
+        num_workers: config.num_workers,
+        layouts: layouts(config.num_ps),
+        datasets: vec![(DATASET.into(), 0)],
+    });
+    coord
+}
+
+/// The one dataset every worker reads.
+const DATASET: &str = "data";
+
+/// The dataset position a setup for a worker carries (its skip).
+fn skip_of(setup: &SetupWorker) -> u64 {
+    setup
+        .datasets
+        .iter()
+        .find(|(name, _)| name == DATASET)
+        .map_or(0, |(_, skip)| *skip)
+}
+
 /// The optimizer every simulated server runs (with slots, so that restoring them matters).
 fn new_store() -> ParameterStore {
     ParameterStore::new(Optimizer::adagrad(0.05)).expect("valid hyperparameters")
@@ -1790,6 +2227,8 @@ const RETRANSMIT_DELAY: Duration = Duration::from_millis(200);
 const HOLD_RETRY: Duration = Duration::from_millis(50);
 /// Reading a checkpoint from the simulated storage.
 const LOAD_DELAY: Duration = Duration::from_millis(20);
+/// Restores at start-up a chief may fail before the job fails.
+const CHIEF_START_ATTEMPTS_MAX: u32 = 3;
 /// Pause before a save reads the servers again.
 const SAVE_BACKOFF: Duration = Duration::from_millis(200);
 

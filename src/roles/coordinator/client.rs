@@ -319,7 +319,9 @@ impl ClusterCoordinator {
     /// be read (lost, restarting) makes the save wait for the recovery that restores it and
     /// read again; a recovery that starts while the servers are read would mix two cuts in
     /// one checkpoint, so the save is taken again. It fails only when the job itself fails
-    /// (`join` raises), or past [`SAVE_WAIT_MAX`] or [`SAVE_ATTEMPTS_MAX`] disturbed reads.
+    /// (`join` raises), past [`SAVE_WAIT_MAX`] or [`SAVE_ATTEMPTS_MAX`] disturbed reads, or
+    /// when the checkpoint written does not read back whole (then it is not the cut: a
+    /// recovery restores the previous one).
     pub fn save_checkpoint(
         &self,
         manager: &mut CheckpointManager,
@@ -374,6 +376,15 @@ impl ClusterCoordinator {
             let dir = manager
                 .save(&ckpt, Instant::now())
                 .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+            // CKPT-1: a checkpoint that does not read back whole (torn, a flipped bit) must not
+            // become the cut: a recovery would find no valid checkpoint there, while the
+            // previous cut's checkpoint still restores and its closures can run again.
+            if let Err(e) = checkpoint::read_checkpoint(&dir) {
+                return Err(CoordinatorError::Checkpoint(format!(
+                    "the checkpoint at step {step} was written but does not verify ({e}): \
+                     recoveries go on restoring the previous one"
+                )));
+            }
             // Durable: a parameter-server recovery rolls every server back to this cut, unless
             // a restore began since the servers were read.
             self.mark_cut(ckpt.ledger.next_closure_id, manager.root(), Some(before.1));

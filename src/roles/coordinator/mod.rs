@@ -17,7 +17,7 @@ mod restore;
 pub use actor::CoordinatorActor;
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec};
 pub use machine::recovery::{
-    CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions,
+    CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
     ps_restart_wait_for, ClosureError, ClosureFailure, ClosureId, ClosureState, Ledger, PsDial,

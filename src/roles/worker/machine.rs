@@ -875,7 +875,7 @@ mod tests {
         // It keeps serving the chief through its grace: closures and positions are taken.
         assert_eq!(m.admit(now(), Request::Run), Ok(()));
         assert_eq!(m.admit(now(), Request::Positions), Ok(()));
-        let mut lost = WorkerMachine::new(0, 1);
+        let mut lost = WorkerMachine::new(0, 1, 2);
         lost.handle_preemption_notice(now());
         assert!(lost
             .handle_chief_lost(now(), Duration::from_secs(1))
