@@ -16,8 +16,9 @@ use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation};
 use crate::checkpoint::Checkpoint;
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport,
-    ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig,
+    CallFault, CheckpointRef, ClosureId, ConfigureTicket, Ledger, PositionsTicket, PsDial,
+    RestoreCall, RestoreReport, ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig,
+    WorkerDial,
 };
 use crate::roles::protocol::SetupWorker;
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
@@ -66,10 +67,6 @@ pub(super) struct World<'a> {
     chief: Chief,
     storage: Vec<Stored>,
     detector: BTreeMap<Node, Detect>,
-    /// The highest worker incarnation the coordinator set up, per worker.
-    set_up: BTreeMap<u32, u64>,
-    /// Workers being dialled or set up now; servers being dialled now.
-    connecting: BTreeSet<Node>,
     /// FENCE-1: per worker, the newest incarnation the coordinator fenced.
     fenced: BTreeMap<u32, u64>,
     /// Server snapshots taken for saves, by id.
@@ -136,24 +133,9 @@ enum FaultEvent {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Msg {
     /// A coordinator call.
-    Request {
-        call: u64,
-        req: Req,
-    },
+    Request { call: u64, req: Req },
     /// Its answer.
-    Reply {
-        call: u64,
-        resp: Resp,
-    },
-    /// One-way, coordinator to server.
-    Fence {
-        worker: u32,
-        epoch: u64,
-    },
-    Watermark {
-        below: u64,
-        generation: u64,
-    },
+    Reply { call: u64, resp: Resp },
     /// Worker to server, and back.
     Push {
         worker: u32,
@@ -183,12 +165,26 @@ enum Req {
         attempt: u32,
         generation: u64,
     },
+    /// A dial: whichever incarnation listens at the address answers with its epoch.
+    Hello,
     SetUp {
         setup_version: u64,
     },
+    /// A new setup for a live worker.
+    Configure,
+    /// Where its datasets are.
+    Positions,
     Rewind,
     Probe,
     Retire,
+    Fence {
+        worker: u32,
+        epoch: u64,
+    },
+    Watermark {
+        below: u64,
+        generation: u64,
+    },
     Begin {
         generation: u64,
         fences: Vec<(u32, u64)>,
@@ -209,6 +205,8 @@ enum Resp {
     Refused(String),
     Run(RunResult),
     Probe { epoch: u64, serving: bool },
+    Hello { epoch: u64 },
+    Positions(Vec<(String, u64)>),
     Snapshot(usize),
 }
 
@@ -274,15 +272,43 @@ enum CallKind {
         closure: u64,
         attempt: u32,
     },
+    Dial {
+        worker: u32,
+    },
     SetUp {
         worker: u32,
         epoch: u64,
         version: u64,
     },
+    Reconfigure {
+        ticket: ConfigureTicket,
+        worker: u32,
+        epoch: u64,
+    },
+    Positions {
+        ticket: PositionsTicket,
+        worker: u32,
+        epoch: u64,
+    },
     Probe {
         ps: u32,
     },
-    Retire,
+    RetireWorker {
+        worker: u32,
+        epoch: u64,
+    },
+    RetirePs {
+        ps: u32,
+        epoch: u64,
+    },
+    Fence {
+        worker: u32,
+        epoch: u64,
+        ps: u32,
+    },
+    Watermark {
+        ps: u32,
+    },
     Restore {
         generation: u64,
         call: RestoreCall,
@@ -352,7 +378,8 @@ impl<'a> World<'a> {
             no_worker_wait_max: config.ps_restart_wait,
             ..SchedulerConfig::default()
         })
-        .with_servers(config.num_ps);
+        .with_servers(config.num_ps)
+        .with_workers(config.num_workers);
         let servers = (0..config.num_ps)
             .map(|ps| {
                 let mut store = new_store();
@@ -403,8 +430,6 @@ impl<'a> World<'a> {
             },
             storage: Vec::new(),
             detector: BTreeMap::new(),
-            set_up: BTreeMap::new(),
-            connecting: BTreeSet::new(),
             fenced: BTreeMap::new(),
             snapshots: Vec::new(),
             violation: None,
@@ -638,7 +663,15 @@ impl<'a> World<'a> {
 
     fn deliver(&mut self, from: Node, to: Node, to_epoch: u64, sent: Duration, msg: Msg) {
         let (state, epoch) = self.state(to);
-        if epoch != to_epoch || state == ProcState::Down {
+        // A dial connects to whichever incarnation listens at the address.
+        let dial = matches!(
+            msg,
+            Msg::Request {
+                req: Req::Hello,
+                ..
+            }
+        );
+        if (epoch != to_epoch && !dial) || state == ProcState::Down {
             return;
         }
         let held = state == ProcState::Paused
@@ -677,12 +710,6 @@ impl<'a> World<'a> {
     fn ps_receive(&mut self, ps: u32, msg: Msg) {
         let node = Node::Ps(ps);
         match msg {
-            Msg::Fence { worker, epoch } => {
-                self.servers[ps as usize].store.handle_fence(worker, epoch)
-            }
-            Msg::Watermark { below, generation } => self.servers[ps as usize]
-                .store
-                .handle_finished_below(ClosureId(below), generation),
             Msg::Push {
                 worker,
                 epoch: worker_epoch,
@@ -697,11 +724,18 @@ impl<'a> World<'a> {
                     Msg::PushReply { ps, run, result },
                 );
             }
+            Msg::Request {
+                call,
+                req: Req::Retire,
+            } => {
+                // It answers, then exits (its supervisor restarts it as a new incarnation).
+                let resp = Resp::Done;
+                self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                self.kill(node);
+            }
             Msg::Request { call, req } => {
                 let resp = self.ps_request(ps, req);
-                if let Some(resp) = resp {
-                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
-                }
+                self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
             }
             _ => {}
         }
@@ -747,17 +781,22 @@ impl<'a> World<'a> {
         }
     }
 
-    fn ps_request(&mut self, ps: u32, req: Req) -> Option<Resp> {
+    fn ps_request(&mut self, ps: u32, req: Req) -> Resp {
         let p = &mut self.servers[ps as usize];
-        Some(match req {
+        match req {
             Req::Probe => Resp::Probe {
                 epoch: p.epoch,
                 serving: p.store.variables().next().is_some(),
             },
-            Req::Retire => {
-                self.kill(Node::Ps(ps));
-                return None;
+            Req::Fence { worker, epoch } => {
+                p.store.handle_fence(worker, epoch);
+                Resp::Done
             }
+            Req::Watermark { below, generation } => {
+                p.store.handle_finished_below(ClosureId(below), generation);
+                Resp::Done
+            }
+            Req::Hello => Resp::Hello { epoch: p.epoch },
             Req::Begin { generation, fences } => {
                 p.store.handle_begin_restore(generation, &fences);
                 Resp::Done
@@ -768,12 +807,12 @@ impl<'a> World<'a> {
                     .get(stored)
                     .and_then(|s| s.servers.get(ps as usize).cloned())
                 else {
-                    return Some(Resp::Refused("no such checkpoint".into()));
+                    return Resp::Refused("no such checkpoint".into());
                 };
                 let p = &mut self.servers[ps as usize];
                 for (name, shape, values, slots, steps) in snapshot.variables {
                     if let Err(e) = p.store.handle_restore(&name, shape, values, slots, steps) {
-                        return Some(Resp::Refused(e.to_string()));
+                        return Resp::Refused(e.to_string());
                     }
                 }
                 p.effective_set = snapshot.effective.iter().copied().collect();
@@ -786,7 +825,7 @@ impl<'a> World<'a> {
             }
             Req::Snapshot => {
                 if p.store.variables().next().is_none() {
-                    return Some(Resp::Refused("not serving".into()));
+                    return Resp::Refused("not serving".into());
                 }
                 let variables = p
                     .store
@@ -808,10 +847,13 @@ impl<'a> World<'a> {
                 self.pending_snapshots().push(snapshot);
                 Resp::Snapshot(self.pending_snapshots().len() - 1)
             }
-            Req::Run { .. } | Req::SetUp { .. } | Req::Rewind => {
-                Resp::Refused("not a worker".into())
-            }
-        })
+            Req::Run { .. }
+            | Req::SetUp { .. }
+            | Req::Configure
+            | Req::Positions
+            | Req::Rewind
+            | Req::Retire => Resp::Refused("not a worker".into()),
+        }
     }
 
     fn pending_snapshots(&mut self) -> &mut Snapshots {
@@ -859,7 +901,7 @@ impl<'a> World<'a> {
                     };
                     self.at(self.now + Duration::from_millis(step_ms), event);
                 }
-                Req::SetUp { .. } | Req::Rewind => {
+                Req::SetUp { .. } | Req::Configure | Req::Rewind => {
                     self.send(
                         node,
                         Node::Chief,
@@ -870,7 +912,19 @@ impl<'a> World<'a> {
                         },
                     );
                 }
-                Req::Retire => self.kill(node),
+                Req::Hello => {
+                    let resp = Resp::Hello { epoch };
+                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                }
+                Req::Positions => {
+                    let resp = Resp::Positions(Vec::new());
+                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                }
+                Req::Retire => {
+                    let resp = Resp::Done;
+                    self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
+                    self.kill(node);
+                }
                 _ => {
                     let resp = Resp::Refused("not a server".into());
                     self.send(node, Node::Chief, 1, Msg::Reply { call, resp });
@@ -1017,19 +1071,66 @@ impl<'a> World<'a> {
                     Ok(_) | Err(_) => self.coord.handle_worker_lost(now, worker, epoch),
                 }
             }
+            CallKind::Dial { worker } => {
+                let dial = match resp {
+                    Ok(Resp::Hello { epoch }) => {
+                        let node = Node::Worker(worker);
+                        let declared = self.detector.get(&node).and_then(|d| d.declared);
+                        if declared == Some(epoch) {
+                            WorkerDial::DeclaredDead { epoch }
+                        } else {
+                            WorkerDial::Answered { epoch }
+                        }
+                    }
+                    _ => WorkerDial::Unreachable,
+                };
+                self.coord.handle_worker_dialled(now, worker, dial);
+            }
             CallKind::SetUp {
                 worker,
                 epoch,
                 version,
             } => {
-                self.connecting.remove(&Node::Worker(worker));
-                if matches!(resp, Ok(Resp::Done))
-                    && version == self.coord.setup_version()
-                    && !self.coord.is_restoring()
-                {
-                    self.set_up.insert(worker, epoch);
-                    self.coord.handle_worker_up(now, worker, epoch);
-                }
+                let result = call_result(resp);
+                self.coord
+                    .handle_worker_set_up(now, worker, epoch, version, result);
+            }
+            CallKind::Reconfigure {
+                ticket,
+                worker,
+                epoch,
+            } => {
+                let result = call_result(resp);
+                self.coord
+                    .handle_reconfigured(now, ticket, worker, epoch, result);
+            }
+            CallKind::Positions {
+                ticket,
+                worker,
+                epoch,
+            } => {
+                let result = match resp {
+                    Ok(Resp::Positions(list)) => Ok(list),
+                    other => Err(call_result(other)
+                        .err()
+                        .unwrap_or_else(|| CallFault::Refused("unexpected answer".into()))),
+                };
+                self.coord
+                    .handle_positions(now, ticket, worker, epoch, result);
+            }
+            CallKind::RetireWorker { worker, epoch } => {
+                self.coord
+                    .handle_worker_retired(worker, epoch, call_result(resp));
+            }
+            CallKind::RetirePs { ps, epoch } => {
+                self.coord.handle_ps_retired(ps, epoch, call_result(resp));
+            }
+            CallKind::Fence { worker, epoch, ps } => {
+                self.coord
+                    .handle_fence_sent(worker, epoch, ps, call_result(resp));
+            }
+            CallKind::Watermark { ps } => {
+                self.coord.handle_watermark_sent(ps, call_result(resp));
             }
             CallKind::Probe { ps } => {
                 let dial = match resp {
@@ -1045,14 +1146,8 @@ impl<'a> World<'a> {
                 };
                 self.coord.handle_ps_dialled(now, ps, dial);
             }
-            CallKind::Retire => {}
             CallKind::Restore { generation, call } => {
-                let fault = |resp: Result<Resp, String>| match resp {
-                    Ok(Resp::Done) => Ok(()),
-                    Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
-                    Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
-                    Err(e) => Err(CallFault::Unreachable(e)),
-                };
+                let fault = call_result;
                 let report = match call {
                     RestoreCall::Begin { ps, .. } => RestoreReport::Begun {
                         ps,
@@ -1121,13 +1216,11 @@ impl<'a> World<'a> {
                     let fenced = self.fenced.entry(worker).or_insert(epoch);
                     *fenced = (*fenced).max(epoch);
                     for ps in 0..self.config.num_ps {
-                        let to_epoch = self.servers[ps as usize].epoch;
-                        self.send(
-                            Node::Chief,
-                            Node::Ps(ps),
-                            to_epoch,
-                            Msg::Fence { worker, epoch },
-                        );
+                        let node = Node::Ps(ps);
+                        let to_epoch = self.state(node).1;
+                        let kind = CallKind::Fence { worker, epoch, ps };
+                        let req = Req::Fence { worker, epoch };
+                        self.call(node, to_epoch, kind, req, self.config.call_timeout);
                     }
                     // Dropping the connection: calls to that incarnation fail now.
                     self.fail_calls(Node::Worker(worker), epoch);
@@ -1137,12 +1230,14 @@ impl<'a> World<'a> {
                     generation,
                 } => {
                     for ps in 0..self.config.num_ps {
-                        let to_epoch = self.servers[ps as usize].epoch;
-                        let msg = Msg::Watermark {
+                        let node = Node::Ps(ps);
+                        let to_epoch = self.state(node).1;
+                        let req = Req::Watermark {
                             below: finished_below.0,
                             generation,
                         };
-                        self.send(Node::Chief, Node::Ps(ps), to_epoch, msg);
+                        let kind = CallKind::Watermark { ps };
+                        self.call(node, to_epoch, kind, req, self.config.call_timeout);
                     }
                 }
                 SchedulerAction::Restore(call) => self.restore_call(call),
@@ -1154,9 +1249,68 @@ impl<'a> World<'a> {
                 }
                 SchedulerAction::RetirePs { ps, epoch } => {
                     let bound = self.config.call_timeout;
-                    self.call(Node::Ps(ps), epoch, CallKind::Retire, Req::Retire, bound);
+                    let kind = CallKind::RetirePs { ps, epoch };
+                    self.call(Node::Ps(ps), epoch, kind, Req::Retire, bound);
                 }
-                SchedulerAction::RestoreFinished { .. } => {}
+                SchedulerAction::DialWorker { worker } => {
+                    let node = Node::Worker(worker);
+                    let epoch = self.state(node).1;
+                    let bound = self.config.call_timeout;
+                    self.call(node, epoch, CallKind::Dial { worker }, Req::Hello, bound);
+                }
+                SchedulerAction::SetUpWorker {
+                    worker,
+                    epoch,
+                    version,
+                    ..
+                } => {
+                    let kind = CallKind::SetUp {
+                        worker,
+                        epoch,
+                        version,
+                    };
+                    let req = Req::SetUp {
+                        setup_version: version,
+                    };
+                    let bound = self.config.call_timeout;
+                    self.call(Node::Worker(worker), epoch, kind, req, bound);
+                }
+                SchedulerAction::RetireWorker { worker, epoch } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::RetireWorker { worker, epoch };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Retire, bound);
+                }
+                SchedulerAction::Reconfigure {
+                    ticket,
+                    worker,
+                    epoch,
+                    ..
+                } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::Reconfigure {
+                        ticket,
+                        worker,
+                        epoch,
+                    };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Configure, bound);
+                }
+                SchedulerAction::AskPositions {
+                    ticket,
+                    worker,
+                    epoch,
+                } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::Positions {
+                        ticket,
+                        worker,
+                        epoch,
+                    };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
+                }
+                // The chief program's waits: nothing for the executor to carry out.
+                SchedulerAction::RestoreFinished { .. }
+                | SchedulerAction::ConfigureFinished { .. }
+                | SchedulerAction::PositionsCollected { .. } => {}
             }
         }
     }
@@ -1336,7 +1490,7 @@ impl<'a> World<'a> {
     fn tick(&mut self) {
         let now = self.instant();
         self.detect();
-        self.dial();
+        self.coord.handle_reconnect_tick();
         if self.now.as_millis() % WATERMARK_EVERY.as_millis() == 0 {
             self.coord.handle_watermark_tick();
         }
@@ -1403,45 +1557,6 @@ impl<'a> World<'a> {
             }
             self.fail_calls(node, seen);
         }
-    }
-
-    /// Dials workers without a live incarnation (setting up a new one, retiring a fenced one
-    /// that still answers) and servers counted down.
-    fn dial(&mut self) {
-        if !self.coord.is_restoring() {
-            for w in 0..self.config.num_workers {
-                let node = Node::Worker(w);
-                if self.coord.worker_epoch(w).is_some() || self.connecting.contains(&node) {
-                    continue;
-                }
-                let (state, epoch) = self.state(node);
-                if state != ProcState::Up || self.partitioned(node, true) {
-                    continue;
-                }
-                let bound = self.config.call_timeout;
-                if self.set_up.get(&w).is_some_and(|known| epoch <= *known) {
-                    self.call(node, epoch, CallKind::Retire, Req::Retire, bound);
-                    continue;
-                }
-                self.connecting.insert(node);
-                let version = self.coord.setup_version();
-                let kind = CallKind::SetUp {
-                    worker: w,
-                    epoch,
-                    version,
-                };
-                self.call(
-                    node,
-                    epoch,
-                    kind,
-                    Req::SetUp {
-                        setup_version: version,
-                    },
-                    bound,
-                );
-            }
-        }
-        self.coord.handle_reconnect_tick();
     }
 
     /// The chief program: schedule a batch, join it, every few batches save a checkpoint.
@@ -1667,6 +1782,17 @@ impl<'a> World<'a> {
 }
 
 /// The optimizer every simulated server runs (with slots, so that restoring them matters).
+/// A call's outcome as the machine hears it: done, refused (the callee answered no), or
+/// unreachable (no answer, or the connection was lost).
+fn call_result(resp: Result<Resp, String>) -> Result<(), CallFault> {
+    match resp {
+        Ok(Resp::Done) => Ok(()),
+        Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
+        Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
+        Err(e) => Err(CallFault::Unreachable(e)),
+    }
+}
+
 fn new_store() -> ParameterStore {
     ParameterStore::new(Optimizer::adagrad(0.05)).expect("valid hyperparameters")
 }
