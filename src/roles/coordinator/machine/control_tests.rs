@@ -32,8 +32,11 @@ fn dials(actions: &[SchedulerAction]) -> Vec<u32> {
         .collect()
 }
 
-/// The one setup among `actions`: (worker, epoch, datasets, version).
-fn set_up(actions: &[SchedulerAction]) -> Option<(u32, u64, Vec<(String, u64)>, u64)> {
+/// A setup asked for: (worker, epoch, datasets, version).
+type SetUpAsked = (u32, u64, Vec<(String, u64)>, u64);
+
+/// The one setup among `actions`.
+fn set_up(actions: &[SchedulerAction]) -> Option<SetUpAsked> {
     actions.iter().find_map(|a| match a {
         SchedulerAction::SetUpWorker {
             worker,
