@@ -17,9 +17,9 @@ use crate::checkpoint::Checkpoint;
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    CallFault, CheckpointRef, ClosureId, Ledger, PsDial, RestoreCall, RestoreReport, RestoreTicket,
-    ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, WorkerPositions,
-    DATASET_POSITIONS_KEY,
+    CallFault, CheckpointRef, ClosureId, ConfigureTicket, Ledger, PositionsTicket, PsDial,
+    RestoreCall, RestoreReport, RestoreTicket, ResultDisposition, Scheduler, SchedulerAction,
+    SchedulerConfig, ServerProbe, WorkerDial, WorkerPositions, DATASET_POSITIONS_KEY,
 };
 use crate::roles::protocol::{PsUnavailable, RunClosure, RunClosureError, SetupWorker};
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
@@ -75,10 +75,6 @@ pub(super) struct World<'a> {
     chief: Chief,
     storage: Vec<Stored>,
     detector: BTreeMap<Node, Detect>,
-    /// The highest worker incarnation the coordinator set up, per worker.
-    set_up: BTreeMap<u32, u64>,
-    /// Workers being dialled or set up now; servers being dialled now.
-    connecting: BTreeSet<Node>,
     /// FENCE-1: per worker, the newest incarnation the coordinator fenced.
     fenced: BTreeMap<u32, u64>,
     /// Server snapshots taken for saves, by id.
@@ -158,24 +154,9 @@ enum FaultEvent {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Msg {
     /// A coordinator call.
-    Request {
-        call: u64,
-        req: Req,
-    },
+    Request { call: u64, req: Req },
     /// Its answer.
-    Reply {
-        call: u64,
-        resp: Resp,
-    },
-    /// One-way, coordinator to server.
-    Fence {
-        worker: u32,
-        epoch: u64,
-    },
-    Watermark {
-        below: u64,
-        generation: u64,
-    },
+    Reply { call: u64, resp: Resp },
     /// Worker to server (the planned push, blobs and all), and back.
     Push {
         run: u64,
@@ -197,7 +178,9 @@ enum Req {
         attempt: u32,
         generation: u64,
     },
-    /// Set up with the dataset starting at `skip`.
+    /// A dial: whichever incarnation listens at the address answers with its epoch.
+    Hello,
+    /// Set a new incarnation up with the dataset starting at `skip`.
     SetUp {
         setup_version: u64,
         skip: u64,
@@ -206,10 +189,22 @@ enum Req {
     Rewind {
         skip: u64,
     },
-    /// The dataset's position, for a save.
+    /// A new setup for a live worker, the dataset (if new to it) at `skip`.
+    Configure {
+        skip: u64,
+    },
+    /// Where its datasets are.
     Positions,
     Probe,
     Retire,
+    Fence {
+        worker: u32,
+        epoch: u64,
+    },
+    Watermark {
+        below: u64,
+        generation: u64,
+    },
     Begin {
         generation: u64,
         fences: Vec<(u32, u64)>,
@@ -235,8 +230,11 @@ enum Resp {
         generation: u64,
         next_free: u64,
     },
+    Hello {
+        epoch: u64,
+    },
+    Positions(Vec<(String, u64)>),
     Snapshot(usize),
-    Positions(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -305,26 +303,49 @@ enum CallKind {
         closure: u64,
         attempt: u32,
     },
+    Dial {
+        worker: u32,
+    },
     SetUp {
         worker: u32,
         epoch: u64,
         version: u64,
     },
+    Reconfigure {
+        ticket: ConfigureTicket,
+        worker: u32,
+        epoch: u64,
+    },
+    Positions {
+        ticket: PositionsTicket,
+        worker: u32,
+        epoch: u64,
+    },
     Probe {
         ps: u32,
     },
-    Retire,
+    RetireWorker {
+        worker: u32,
+        epoch: u64,
+    },
+    RetirePs {
+        ps: u32,
+        epoch: u64,
+    },
+    Fence {
+        worker: u32,
+        epoch: u64,
+        ps: u32,
+    },
+    Watermark {
+        ps: u32,
+    },
     Restore {
         generation: u64,
         call: RestoreCall,
     },
     Snapshot {
         ps: u32,
-    },
-    /// A save asks a worker incarnation for its dataset's position.
-    Positions {
-        worker: u32,
-        epoch: u64,
     },
     /// A new chief incarnation probes a server before restoring.
     StartProbe {
@@ -354,11 +375,13 @@ enum ChiefPhase {
     Schedule,
     Join,
     /// Reading every server for a checkpoint: (next id, generation) when it began, the
-    /// snapshots so far, and the live workers' dataset positions (awaited ones are `None`).
+    /// snapshots so far, and the workers' dataset positions once the coordinator's
+    /// collection (`ticket`) ended.
     Save {
         probe: (u64, u64),
         snapshots: BTreeMap<u32, usize>,
-        positions: BTreeMap<u32, Option<u64>>,
+        ticket: PositionsTicket,
+        positions: Option<WorkerPositions>,
         failed: bool,
     },
     /// Waiting to read again until this time.
@@ -465,8 +488,6 @@ impl<'a> World<'a> {
             },
             storage: Vec::new(),
             detector: BTreeMap::new(),
-            set_up: BTreeMap::new(),
-            connecting: BTreeSet::new(),
             fenced: BTreeMap::new(),
             snapshots: Vec::new(),
             dispatched: BTreeSet::new(),
@@ -638,9 +659,7 @@ impl<'a> World<'a> {
     /// workers notice the silence after the detection budget and exit to be restarted.
     fn kill_chief(&mut self) {
         self.calls.clear();
-        self.connecting.clear();
         self.detector.clear();
-        self.set_up.clear();
         self.fenced.clear();
         self.dispatched.clear();
         let epoch = self.chief_epoch;
@@ -743,7 +762,15 @@ impl<'a> World<'a> {
 
     fn deliver(&mut self, from: Node, to: Node, to_epoch: u64, sent: Duration, msg: Msg) {
         let (state, epoch) = self.state(to);
-        if epoch != to_epoch || state == ProcState::Down {
+        // A dial connects to whichever incarnation listens at the address.
+        let dial = matches!(
+            msg,
+            Msg::Request {
+                req: Req::Hello,
+                ..
+            }
+        );
+        if (epoch != to_epoch && !dial) || state == ProcState::Down {
             return;
         }
         let held = state == ProcState::Paused
@@ -782,12 +809,6 @@ impl<'a> World<'a> {
     fn ps_receive(&mut self, ps: u32, msg: Msg) {
         let node = Node::Ps(ps);
         match msg {
-            Msg::Fence { worker, epoch } => {
-                self.servers[ps as usize].store.handle_fence(worker, epoch)
-            }
-            Msg::Watermark { below, generation } => self.servers[ps as usize]
-                .store
-                .handle_finished_below(ClosureId(below), generation),
             Msg::Push { run, push, blobs } => {
                 let PushOrigin { worker, epoch, .. } = push.origin;
                 let result = self.apply_push(ps, &push, &blobs);
@@ -798,16 +819,28 @@ impl<'a> World<'a> {
                     Msg::PushReply { ps, run, result },
                 );
             }
+            Msg::Request {
+                call,
+                req: Req::Retire,
+            } => {
+                // It answers, then exits (its supervisor restarts it as a new incarnation).
+                let resp = Resp::Done;
+                self.send(
+                    node,
+                    Node::Chief,
+                    self.chief_epoch,
+                    Msg::Reply { call, resp },
+                );
+                self.kill(node);
+            }
             Msg::Request { call, req } => {
                 let resp = self.ps_request(ps, req);
-                if let Some(resp) = resp {
-                    self.send(
-                        node,
-                        Node::Chief,
-                        self.chief_epoch,
-                        Msg::Reply { call, resp },
-                    );
-                }
+                self.send(
+                    node,
+                    Node::Chief,
+                    self.chief_epoch,
+                    Msg::Reply { call, resp },
+                );
             }
             _ => {}
         }
@@ -840,19 +873,24 @@ impl<'a> World<'a> {
         (outcome != PushOutcome::SkippedNonFinite).then_some(outcome)
     }
 
-    fn ps_request(&mut self, ps: u32, req: Req) -> Option<Resp> {
+    fn ps_request(&mut self, ps: u32, req: Req) -> Resp {
         let p = &mut self.servers[ps as usize];
-        Some(match req {
+        match req {
             Req::Probe => Resp::Probe {
                 epoch: p.epoch,
                 serving: p.store.variables().next().is_some(),
                 generation: p.store.generation().0,
                 next_free: p.store.next_free_closure_id(),
             },
-            Req::Retire => {
-                self.kill(Node::Ps(ps));
-                return None;
+            Req::Fence { worker, epoch } => {
+                p.store.handle_fence(worker, epoch);
+                Resp::Done
             }
+            Req::Watermark { below, generation } => {
+                p.store.handle_finished_below(ClosureId(below), generation);
+                Resp::Done
+            }
+            Req::Hello => Resp::Hello { epoch: p.epoch },
             Req::Begin { generation, fences } => {
                 p.store.handle_begin_restore(generation, &fences);
                 Resp::Done
@@ -863,12 +901,12 @@ impl<'a> World<'a> {
                     .get(stored)
                     .and_then(|s| s.servers.get(ps as usize).cloned())
                 else {
-                    return Some(Resp::Refused("no such checkpoint".into()));
+                    return Resp::Refused("no such checkpoint".into());
                 };
                 let p = &mut self.servers[ps as usize];
                 for (name, shape, values, slots, steps) in snapshot.variables {
                     if let Err(e) = p.store.handle_restore(&name, shape, values, slots, steps) {
-                        return Some(Resp::Refused(e.to_string()));
+                        return Resp::Refused(e.to_string());
                     }
                 }
                 p.effective_set = snapshot.effective.iter().copied().collect();
@@ -881,7 +919,7 @@ impl<'a> World<'a> {
             }
             Req::Snapshot => {
                 if p.store.variables().next().is_none() {
-                    return Some(Resp::Refused("not serving".into()));
+                    return Resp::Refused("not serving".into());
                 }
                 let variables = p
                     .store
@@ -903,10 +941,13 @@ impl<'a> World<'a> {
                 self.pending_snapshots().push(snapshot);
                 Resp::Snapshot(self.pending_snapshots().len() - 1)
             }
-            Req::Run { .. } | Req::SetUp { .. } | Req::Rewind { .. } | Req::Positions => {
-                Resp::Refused("not a worker".into())
-            }
-        })
+            Req::Run { .. }
+            | Req::SetUp { .. }
+            | Req::Configure { .. }
+            | Req::Positions
+            | Req::Rewind { .. }
+            | Req::Retire => Resp::Refused("not a worker".into()),
+        }
     }
 
     fn pending_snapshots(&mut self) -> &mut Snapshots {
@@ -951,10 +992,22 @@ impl<'a> World<'a> {
                     worker.waiting.push_back((call, run));
                     self.next_step(w);
                 }
-                Req::SetUp { skip, .. } | Req::Rewind { skip } => {
-                    // Both rebuild the dataset from scratch: the coordinator sets a new
-                    // incarnation up with a rewind too, so that a setup a restore made
-                    // outdated (built at old positions already) cannot stay.
+                Req::Hello => {
+                    let epoch = self.workers[w as usize].epoch;
+                    let resp = Resp::Hello { epoch };
+                    self.send(
+                        node,
+                        Node::Chief,
+                        self.chief_epoch,
+                        Msg::Reply { call, resp },
+                    );
+                }
+                Req::SetUp { skip, .. } | Req::Rewind { skip } | Req::Configure { skip } => {
+                    // A new incarnation is set up with a rewind (rebuilt from scratch), as the
+                    // coordinator does, so that a setup a restore made outdated (built at old
+                    // positions already) cannot stay; a live worker's new configuration keeps
+                    // the datasets it reads.
+                    let rewind = !matches!(req, Req::Configure { .. });
                     // What the message carries: the job's layouts, the dataset at `skip`.
                     let setup = SetupWorker {
                         num_workers: self.config.num_workers,
@@ -966,15 +1019,18 @@ impl<'a> World<'a> {
                         Ok(()) => {
                             // Building a dataset here is setting its position: done at once.
                             let built =
-                                worker.machine.handle_setup(now, &setup, true).map(|plan| {
-                                    for dataset in &plan.datasets {
-                                        if let DatasetPlan::Build { skip, .. } = dataset {
-                                            worker.position = *skip;
-                                            worker.fresh = true;
+                                worker
+                                    .machine
+                                    .handle_setup(now, &setup, rewind)
+                                    .map(|plan| {
+                                        for dataset in &plan.datasets {
+                                            if let DatasetPlan::Build { skip, .. } = dataset {
+                                                worker.position = *skip;
+                                                worker.fresh = true;
+                                            }
                                         }
-                                    }
-                                    vec![(DATASET.to_string(), worker.position)]
-                                });
+                                        vec![(DATASET.to_string(), worker.position)]
+                                    });
                             match worker.machine.handle_setup_built(now, built) {
                                 Ok(()) => Resp::Done,
                                 Err(e) => Resp::Refused(e.to_string()),
@@ -990,17 +1046,29 @@ impl<'a> World<'a> {
                     );
                 }
                 Req::Retire => {
+                    // It answers, then exits (its supervisor restarts it as a new incarnation).
                     let epoch = self.workers[w as usize].epoch;
-                    if self.workers[w as usize]
-                        .machine
-                        .handle_retire(now, epoch)
-                        .is_some()
-                    {
+                    let exit = self.workers[w as usize].machine.handle_retire(now, epoch);
+                    let resp = match exit {
+                        Some(_) => Resp::Done,
+                        None => Resp::Refused("retired already".into()),
+                    };
+                    self.send(
+                        node,
+                        Node::Chief,
+                        self.chief_epoch,
+                        Msg::Reply { call, resp },
+                    );
+                    if exit.is_some() {
                         self.kill(node);
                     }
                 }
                 Req::Positions => {
-                    let resp = Resp::Positions(self.workers[w as usize].position);
+                    let machine = &mut self.workers[w as usize].machine;
+                    let resp = match machine.admit(now, Request::Positions) {
+                        Ok(()) => Resp::Positions(machine.handle_positions(now)),
+                        Err(refusal) => Resp::Refused(refusal.to_string()),
+                    };
                     self.send(
                         node,
                         Node::Chief,
@@ -1255,19 +1323,66 @@ impl<'a> World<'a> {
                     Ok(_) | Err(_) => self.coord.handle_worker_lost(now, worker, epoch),
                 }
             }
+            CallKind::Dial { worker } => {
+                let dial = match resp {
+                    Ok(Resp::Hello { epoch }) => {
+                        let node = Node::Worker(worker);
+                        let declared = self.detector.get(&node).and_then(|d| d.declared);
+                        if declared == Some(epoch) {
+                            WorkerDial::DeclaredDead { epoch }
+                        } else {
+                            WorkerDial::Answered { epoch }
+                        }
+                    }
+                    _ => WorkerDial::Unreachable,
+                };
+                self.coord.handle_worker_dialled(now, worker, dial);
+            }
             CallKind::SetUp {
                 worker,
                 epoch,
                 version,
             } => {
-                self.connecting.remove(&Node::Worker(worker));
-                if matches!(resp, Ok(Resp::Done))
-                    && version == self.coord.setup_version()
-                    && !self.coord.is_restoring()
-                {
-                    self.set_up.insert(worker, epoch);
-                    self.coord.handle_worker_up(now, worker, epoch);
-                }
+                let result = call_result(resp);
+                self.coord
+                    .handle_worker_set_up(now, worker, epoch, version, result);
+            }
+            CallKind::Reconfigure {
+                ticket,
+                worker,
+                epoch,
+            } => {
+                let result = call_result(resp);
+                self.coord
+                    .handle_reconfigured(now, ticket, worker, epoch, result);
+            }
+            CallKind::Positions {
+                ticket,
+                worker,
+                epoch,
+            } => {
+                let result = match resp {
+                    Ok(Resp::Positions(list)) => Ok(list),
+                    other => Err(call_result(other)
+                        .err()
+                        .unwrap_or_else(|| CallFault::Refused("unexpected answer".into()))),
+                };
+                self.coord
+                    .handle_positions(now, ticket, worker, epoch, result);
+            }
+            CallKind::RetireWorker { worker, epoch } => {
+                self.coord
+                    .handle_worker_retired(worker, epoch, call_result(resp));
+            }
+            CallKind::RetirePs { ps, epoch } => {
+                self.coord.handle_ps_retired(ps, epoch, call_result(resp));
+            }
+            CallKind::Fence { worker, epoch, ps } => {
+                self.coord
+                    .handle_fence_sent(worker, epoch, ps, call_result(resp));
+            }
+            CallKind::Watermark { ps } => {
+                self.coord.handle_watermark_sent(ps, call_result(resp));
             }
             CallKind::Probe { ps } => {
                 let dial = match resp {
@@ -1283,14 +1398,8 @@ impl<'a> World<'a> {
                 };
                 self.coord.handle_ps_dialled(now, ps, dial);
             }
-            CallKind::Retire => {}
             CallKind::Restore { generation, call } => {
-                let fault = |resp: Result<Resp, String>| match resp {
-                    Ok(Resp::Done) => Ok(()),
-                    Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
-                    Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
-                    Err(e) => Err(CallFault::Unreachable(e)),
-                };
+                let fault = call_result;
                 let report = match call {
                     RestoreCall::Begin { ps, .. } => RestoreReport::Begun {
                         ps,
@@ -1323,27 +1432,6 @@ impl<'a> World<'a> {
                             snapshots.insert(ps, id);
                         }
                         _ => *failed = true,
-                    }
-                }
-            }
-            CallKind::Positions { worker, epoch } => {
-                // A worker that does not report is lost (restarted): the checkpoint records
-                // where its next incarnation starts, the positions it was last set up from.
-                let position = match resp {
-                    Ok(Resp::Positions(position)) => position,
-                    _ => {
-                        self.coord.handle_worker_lost(now, worker, epoch);
-                        self.coord
-                            .positions()
-                            .get(&worker)
-                            .and_then(|d| d.get(DATASET))
-                            .copied()
-                            .unwrap_or(0)
-                    }
-                };
-                if let ChiefPhase::Save { positions, .. } = &mut self.chief.phase {
-                    if let Some(slot @ None) = positions.get_mut(&worker) {
-                        *slot = Some(position);
                     }
                 }
             }
@@ -1406,13 +1494,11 @@ impl<'a> World<'a> {
                     let fenced = self.fenced.entry(worker).or_insert(epoch);
                     *fenced = (*fenced).max(epoch);
                     for ps in 0..self.config.num_ps {
-                        let to_epoch = self.servers[ps as usize].epoch;
-                        self.send(
-                            Node::Chief,
-                            Node::Ps(ps),
-                            to_epoch,
-                            Msg::Fence { worker, epoch },
-                        );
+                        let node = Node::Ps(ps);
+                        let to_epoch = self.state(node).1;
+                        let kind = CallKind::Fence { worker, epoch, ps };
+                        let req = Req::Fence { worker, epoch };
+                        self.call(node, to_epoch, kind, req, self.config.call_timeout);
                     }
                     // Dropping the connection: calls to that incarnation fail now.
                     self.fail_calls(Node::Worker(worker), epoch);
@@ -1422,12 +1508,14 @@ impl<'a> World<'a> {
                     generation,
                 } => {
                     for ps in 0..self.config.num_ps {
-                        let to_epoch = self.servers[ps as usize].epoch;
-                        let msg = Msg::Watermark {
+                        let node = Node::Ps(ps);
+                        let to_epoch = self.state(node).1;
+                        let req = Req::Watermark {
                             below: finished_below.0,
                             generation,
                         };
-                        self.send(Node::Chief, Node::Ps(ps), to_epoch, msg);
+                        let kind = CallKind::Watermark { ps };
+                        self.call(node, to_epoch, kind, req, self.config.call_timeout);
                     }
                 }
                 SchedulerAction::Restore(call) => self.restore_call(call),
@@ -1439,11 +1527,77 @@ impl<'a> World<'a> {
                 }
                 SchedulerAction::RetirePs { ps, epoch } => {
                     let bound = self.config.call_timeout;
-                    self.call(Node::Ps(ps), epoch, CallKind::Retire, Req::Retire, bound);
+                    let kind = CallKind::RetirePs { ps, epoch };
+                    self.call(Node::Ps(ps), epoch, kind, Req::Retire, bound);
                 }
                 SchedulerAction::RestoreFinished { ticket, result } => {
                     self.startup_restored(ticket, result)
                 }
+                SchedulerAction::DialWorker { worker } => {
+                    let node = Node::Worker(worker);
+                    let epoch = self.state(node).1;
+                    let bound = self.config.call_timeout;
+                    self.call(node, epoch, CallKind::Dial { worker }, Req::Hello, bound);
+                }
+                SchedulerAction::SetUpWorker {
+                    worker,
+                    epoch,
+                    version,
+                    setup,
+                } => {
+                    let kind = CallKind::SetUp {
+                        worker,
+                        epoch,
+                        version,
+                    };
+                    let req = Req::SetUp {
+                        setup_version: version,
+                        skip: skip_of(&setup),
+                    };
+                    let bound = self.config.call_timeout;
+                    self.call(Node::Worker(worker), epoch, kind, req, bound);
+                }
+                SchedulerAction::RetireWorker { worker, epoch } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::RetireWorker { worker, epoch };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Retire, bound);
+                }
+                SchedulerAction::Reconfigure {
+                    ticket,
+                    worker,
+                    epoch,
+                    setup,
+                } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::Reconfigure {
+                        ticket,
+                        worker,
+                        epoch,
+                    };
+                    let req = Req::Configure {
+                        skip: skip_of(&setup),
+                    };
+                    self.call(Node::Worker(worker), epoch, kind, req, bound);
+                }
+                SchedulerAction::AskPositions {
+                    ticket,
+                    worker,
+                    epoch,
+                } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::Positions {
+                        ticket,
+                        worker,
+                        epoch,
+                    };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
+                }
+                SchedulerAction::PositionsCollected { ticket, positions } => {
+                    self.positions_collected(ticket, positions)
+                }
+                // The program's wait for a configuration: the simulated chief configures once,
+                // before any worker is up.
+                SchedulerAction::ConfigureFinished { .. } => {}
             }
         }
     }
@@ -1634,7 +1788,7 @@ impl<'a> World<'a> {
         }
         let now = self.instant();
         self.detect();
-        self.dial();
+        self.coord.handle_reconnect_tick();
         if self.now.as_millis() % WATERMARK_EVERY.as_millis() == 0 {
             self.coord.handle_watermark_tick();
         }
@@ -1703,47 +1857,6 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Dials workers without a live incarnation (setting up a new one, retiring a fenced one
-    /// that still answers) and servers counted down.
-    fn dial(&mut self) {
-        if !self.coord.is_restoring() {
-            for w in 0..self.config.num_workers {
-                let node = Node::Worker(w);
-                if self.coord.worker_epoch(w).is_some() || self.connecting.contains(&node) {
-                    continue;
-                }
-                let (state, epoch) = self.state(node);
-                if state != ProcState::Up || self.partitioned(node, true) {
-                    continue;
-                }
-                let bound = self.config.call_timeout;
-                if self.set_up.get(&w).is_some_and(|known| epoch <= *known) {
-                    self.call(node, epoch, CallKind::Retire, Req::Retire, bound);
-                    continue;
-                }
-                self.connecting.insert(node);
-                let version = self.coord.setup_version();
-                let skip = skip_of(&self.coord.setup_for(w));
-                let kind = CallKind::SetUp {
-                    worker: w,
-                    epoch,
-                    version,
-                };
-                self.call(
-                    node,
-                    epoch,
-                    kind,
-                    Req::SetUp {
-                        setup_version: version,
-                        skip,
-                    },
-                    bound,
-                );
-            }
-        }
-        self.coord.handle_reconnect_tick();
-    }
-
     /// The chief program: schedule a batch, join it, every few batches save a checkpoint.
     fn program(&mut self) {
         let now = self.instant();
@@ -1795,20 +1908,22 @@ impl<'a> World<'a> {
                     return;
                 }
                 let probe = (self.coord.next_closure_id(), self.coord.generation());
-                let live: Vec<(u32, u64)> = (0..self.config.num_workers)
-                    .filter_map(|w| self.coord.worker_epoch(w).map(|e| (w, e)))
-                    .collect();
+                // The coordinator asks every live worker; one that does not answer is lost
+                // and recorded where its next incarnation starts.
+                let ticket = match self.coord.handle_collect_positions() {
+                    Ok(ticket) => ticket,
+                    Err(e) => {
+                        self.ended = Some(Err(e));
+                        return;
+                    }
+                };
                 self.chief.phase = ChiefPhase::Save {
                     probe,
                     snapshots: BTreeMap::new(),
-                    positions: live.iter().map(|(w, _)| (*w, None)).collect(),
+                    ticket,
+                    positions: None,
                     failed: false,
                 };
-                for (worker, epoch) in live {
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::Positions { worker, epoch };
-                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
-                }
                 for ps in 0..self.config.num_ps {
                     let epoch = self.servers[ps as usize].epoch;
                     let bound = self.config.call_timeout;
@@ -1826,16 +1941,16 @@ impl<'a> World<'a> {
                 snapshots,
                 positions,
                 failed,
+                ..
             } => {
                 let probe = *probe;
                 let failed = *failed;
-                let reading = snapshots.len() < self.config.num_ps as usize
-                    || positions.values().any(Option::is_none);
-                if !failed && reading {
+                // Every worker's answer (or its loss) comes within its bound.
+                let Some(positions) = positions else {
                     return;
-                }
-                if positions.values().any(Option::is_none) {
-                    return; // every worker's answer (or its loss) comes within its bound
+                };
+                if !failed && snapshots.len() < self.config.num_ps as usize {
+                    return;
                 }
                 let disturbed = failed
                     || self.coord.is_holding()
@@ -1845,14 +1960,10 @@ impl<'a> World<'a> {
                     return;
                 }
                 let ids: Vec<usize> = snapshots.values().copied().collect();
-                // Workers not live now restart from their last setup's positions.
-                let mut recorded: BTreeMap<u32, u64> = self
-                    .coord
-                    .positions()
+                let recorded: BTreeMap<u32, u64> = positions
                     .iter()
                     .filter_map(|(w, d)| d.get(DATASET).map(|p| (*w, *p)))
                     .collect();
-                recorded.extend(positions.iter().filter_map(|(w, p)| p.map(|p| (*w, p))));
                 let servers: Vec<PsSnapshot> = ids
                     .into_iter()
                     .map(|id| self.snapshots[id].clone())
@@ -1926,6 +2037,20 @@ impl<'a> World<'a> {
         {
             Ok(ticket) => self.chief.phase = ChiefPhase::Restoring { ticket, stored },
             Err(e) => self.ended = Some(Err(format!("the chief's restore at start: {e}"))),
+        }
+    }
+
+    /// The coordinator's collection of dataset positions for the chief's save ended.
+    fn positions_collected(&mut self, ticket: PositionsTicket, collected: WorkerPositions) {
+        if let ChiefPhase::Save {
+            ticket: awaited,
+            positions,
+            ..
+        } = &mut self.chief.phase
+        {
+            if *awaited == ticket {
+                *positions = Some(collected);
+            }
         }
     }
 
@@ -2156,7 +2281,8 @@ fn new_coordinator(config: &SimConfig) -> Scheduler {
         no_worker_wait_max: config.ps_restart_wait,
         ..SchedulerConfig::default()
     })
-    .with_servers(config.num_ps);
+    .with_servers(config.num_ps)
+    .with_workers(config.num_workers);
     coord.handle_configure(SetupWorker {
         num_workers: config.num_workers,
         layouts: layouts(config.num_ps),
@@ -2175,6 +2301,17 @@ fn skip_of(setup: &SetupWorker) -> u64 {
         .iter()
         .find(|(name, _)| name == DATASET)
         .map_or(0, |(_, skip)| *skip)
+}
+
+/// A call's outcome as the machine hears it: done, refused (the callee answered no), or
+/// unreachable (no answer, or the connection was lost).
+fn call_result(resp: Result<Resp, String>) -> Result<(), CallFault> {
+    match resp {
+        Ok(Resp::Done) => Ok(()),
+        Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
+        Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
+        Err(e) => Err(CallFault::Unreachable(e)),
+    }
 }
 
 /// The optimizer every simulated server runs (with slots, so that restoring them matters).

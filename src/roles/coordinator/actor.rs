@@ -1,25 +1,20 @@
 //! The coordinator's actix shell: owns the [`Scheduler`] machine and carries out the actions
 //! it drains, each a remote call bounded in time whose outcome goes back to the machine as a
-//! `handle_*` event. The machine decides; this shell does IO.
+//! `handle_*` event. The machine decides (whom to dial, set up, retire, fence, restore, ask
+//! for positions, and in what order); this shell does IO and nothing else.
 //!
 //! - A closure's run is bounded by the scheduler's `step_timeout`, not by the gateway's call
-//!   timeout: a long step is never cut while its worker heartbeats.
-//! - A fenced worker incarnation that is still alive (a step past the step timeout, a refused
-//!   setup or job, a false death from the failure detector) is sent [`Retire`] when it answers
-//!   a reconnect, so that it exits and comes back as a new incarnation instead of idling.
-//! - Every [`WATERMARK_INTERVAL`] the machine may emit the low watermark, which goes to every
-//!   parameter server ([`FinishedBelow`], with the restore generation).
-//! - Parameter servers are watched like workers: the gateway's peer events (alive with an
-//!   epoch, declared dead) and a worker's [`RunClosureError::PsUnavailable`] go to the
-//!   scheduler; a server it counts as down is dialled every [`RECONNECT_INTERVAL`] with a real
-//!   call ([`PsStats`]), so that only an answer proves it back (and an answer holding no
-//!   variable counts as a lost state); one that answers as an incarnation declared dead is
-//!   retired ([`Retire`]) so that it restarts as a new one.
-//! - Every call of a restore ([`SchedulerAction::Restore`], ordered by the machine's restore
-//!   sub-machine) goes to the incarnation it names and is reported back with
-//!   [`Scheduler::handle_restore_report`]; the checkpoint is read off the actor's thread and
-//!   never cleaned up here. No new worker is set up while a restore runs, and a new
-//!   incarnation is always set up from scratch ([`RewindWorker`]) with the machine's setup.
+//!   timeout: a long step is never cut while its worker heartbeats. Every other call is
+//!   bounded by the gateway's call timeout.
+//! - Every [`RECONNECT_INTERVAL`] the machine gets a reconnect tick (it dials workers without
+//!   a live incarnation and parameter servers counted down); every [`WATERMARK_INTERVAL`] a
+//!   watermark tick.
+//! - The gateway's peer events (alive with an epoch, declared dead) go to the machine.
+//! - A remote reference is made per call from the incarnation the action names, so that a
+//!   call never reaches a newer incarnation than the machine meant (FENCE-1).
+//! - The checkpoint of a restore is read off the actor's thread and never cleaned up here.
+//! - Fences and watermarks go to every parameter server; each server's answer is reported
+//!   ([`Scheduler::handle_fence_sent`], [`Scheduler::handle_watermark_sent`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -28,14 +23,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError, RemoteRef};
+use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
-use super::machine::recovery::{CheckpointRef, RestoreCall, RestoreReport, WorkerPositions};
+use super::machine::recovery::{
+    CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions,
+};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, Ledger, PsDial, RestoreTicket, ScheduleError,
-    Scheduler, SchedulerAction, ServerProbe,
+    ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CutState,
+    LedgerState, PositionsTicket, PsDial, RestoreTicket, ScheduleError, Scheduler, SchedulerAction,
+    ServerProbe, SetUpDisposition, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -53,15 +51,14 @@ pub struct CoordinatorActor {
     scheduler: Scheduler,
     workers: Vec<(NodeId, SocketAddr)>,
     servers: Vec<(NodeId, SocketAddr)>,
-    /// Live worker incarnations and the reference bound to each.
-    worker_refs: BTreeMap<u32, RemoteRef<RunClosure>>,
-    /// Highest epoch ever seen per worker (a returning process must be newer).
-    worker_epochs: BTreeMap<u32, u64>,
-    connecting: BTreeMap<u32, bool>,
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
     /// Who waits for a restore at start-up, by ticket.
     restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<u64, String>>>,
+    /// Who waits for a configuration to reach every live worker, by ticket.
+    configure_waiters: BTreeMap<ConfigureTicket, oneshot::Sender<Result<(), String>>>,
+    /// Who waits for the workers' dataset positions, by ticket.
+    positions_waiters: BTreeMap<PositionsTicket, oneshot::Sender<WorkerPositions>>,
     timer: Option<SpawnHandle>,
 }
 
@@ -73,7 +70,9 @@ impl CoordinatorActor {
         workers: Vec<(NodeId, SocketAddr)>,
         servers: Vec<(NodeId, SocketAddr)>,
     ) -> Self {
-        let mut scheduler = scheduler.with_servers(servers.len() as u32);
+        let mut scheduler = scheduler
+            .with_servers(servers.len() as u32)
+            .with_workers(workers.len() as u32);
         let setup = SetupWorker {
             num_workers: workers.len() as u32,
             layouts: Vec::new(),
@@ -85,12 +84,11 @@ impl CoordinatorActor {
             scheduler,
             workers,
             servers,
-            worker_refs: BTreeMap::new(),
-            worker_epochs: BTreeMap::new(),
-            connecting: BTreeMap::new(),
             join_waiters: Vec::new(),
             fetch_waiters: HashMap::new(),
             restore_waiters: BTreeMap::new(),
+            configure_waiters: BTreeMap::new(),
+            positions_waiters: BTreeMap::new(),
             timer: None,
         }
     }
@@ -117,7 +115,7 @@ impl CoordinatorActor {
                     };
                     self.dispatch(ctx, worker, epoch, msg);
                 }
-                SchedulerAction::Fence { worker, epoch } => self.fence(worker, epoch),
+                SchedulerAction::Fence { worker, epoch } => self.fence(ctx, worker, epoch),
                 SchedulerAction::Restore(call) => self.restore_call(ctx, call),
                 SchedulerAction::RestoreFinished { ticket, result } => {
                     if let Some(waiter) = self.restore_waiters.remove(&ticket) {
@@ -127,9 +125,40 @@ impl CoordinatorActor {
                 SchedulerAction::Watermark {
                     finished_below,
                     generation,
-                } => self.send_watermark(finished_below, generation),
+                } => self.send_watermark(ctx, finished_below, generation),
                 SchedulerAction::DialPs { ps } => self.dial_ps(ctx, ps),
-                SchedulerAction::RetirePs { ps, epoch } => self.retire_ps(ps, epoch),
+                SchedulerAction::RetirePs { ps, epoch } => self.retire_ps(ctx, ps, epoch),
+                SchedulerAction::DialWorker { worker } => self.dial_worker(ctx, worker),
+                SchedulerAction::SetUpWorker {
+                    worker,
+                    epoch,
+                    setup,
+                    version,
+                } => self.set_up_worker(ctx, worker, epoch, setup, version),
+                SchedulerAction::RetireWorker { worker, epoch } => {
+                    self.retire_worker(ctx, worker, epoch)
+                }
+                SchedulerAction::Reconfigure {
+                    ticket,
+                    worker,
+                    epoch,
+                    setup,
+                } => self.reconfigure(ctx, ticket, worker, epoch, setup),
+                SchedulerAction::ConfigureFinished { ticket, result } => {
+                    if let Some(waiter) = self.configure_waiters.remove(&ticket) {
+                        let _ = waiter.send(result);
+                    }
+                }
+                SchedulerAction::AskPositions {
+                    ticket,
+                    worker,
+                    epoch,
+                } => self.ask_positions(ctx, ticket, worker, epoch),
+                SchedulerAction::PositionsCollected { ticket, positions } => {
+                    if let Some(waiter) = self.positions_waiters.remove(&ticket) {
+                        let _ = waiter.send(positions);
+                    }
+                }
             }
         }
         self.answer_fetches();
@@ -151,19 +180,40 @@ impl CoordinatorActor {
         }
     }
 
+    /// Runs `work` off the actor and hands its outcome to `report` (which tells the machine)
+    /// on the actor, then drives the machine.
+    fn spawn_reported<T: 'static>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        work: impl std::future::Future<Output = T> + 'static,
+        report: impl FnOnce(&mut Self, T) + 'static,
+    ) {
+        ctx.spawn(work.into_actor(self).map(move |outcome, act, ctx| {
+            report(act, outcome);
+            act.drive(ctx);
+        }));
+    }
+
+    /// Incarnation `epoch` of worker `worker`, if the cluster names that worker.
+    fn worker_incarnation(&self, worker: u32, epoch: u64) -> Option<Incarnation<NodeId>> {
+        self.workers
+            .get(worker as usize)
+            .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
+    }
+
     fn dispatch(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64, msg: RunClosure) {
         let closure = ClosureId(msg.closure);
         let attempt = msg.attempt;
-        let Some(reference) = self.worker_refs.get(&worker).cloned() else {
-            // The machine only dispatches to live workers; the reference went with a loss we
-            // have not told it about yet.
+        let Some(target) = self.worker_incarnation(worker, epoch) else {
+            // A bug in the machine's inputs: it only knows the cluster's workers.
             self.scheduler
                 .handle_worker_lost(Instant::now(), worker, epoch);
             return;
         };
+        let reference = self.gateway.remote_ref::<RunClosure>(target, WORKER_ACTOR);
         let step_timeout = self.scheduler.config().step_timeout;
         let call = async move { reference.call_within(&msg, step_timeout).await };
-        ctx.spawn(call.into_actor(self).map(move |reply, act, ctx| {
+        self.spawn_reported(ctx, call, move |act, reply| {
             let now = Instant::now();
             match reply {
                 Ok(Ok(value)) => {
@@ -182,7 +232,6 @@ impl CoordinatorActor {
                     );
                     act.scheduler
                         .handle_refused(now, worker, epoch, closure, attempt);
-                    act.forget_ref_unless_live(worker, epoch);
                 }
                 Ok(Err(RunClosureError::PsUnavailable(unavailable))) => {
                     tracing::warn!(
@@ -205,79 +254,72 @@ impl CoordinatorActor {
                          (epoch {epoch}): running it elsewhere and retiring that incarnation",
                         closure.0
                     );
-                    act.lose_worker(worker, epoch);
+                    act.scheduler.handle_worker_lost(now, worker, epoch);
                 }
                 Err(err) => {
                     tracing::warn!(
                         "worker/{worker} (epoch {epoch}) lost while running closure {}: {err}",
                         closure.0
                     );
-                    act.lose_worker(worker, epoch);
+                    act.scheduler.handle_worker_lost(now, worker, epoch);
                 }
             }
-            act.drive(ctx);
-        }));
+        });
     }
 
-    fn lose_worker(&mut self, worker: u32, epoch: u64) {
-        self.scheduler
-            .handle_worker_lost(Instant::now(), worker, epoch);
-        self.forget_ref_unless_live(worker, epoch);
-    }
-
-    /// Drops the reference bound to `worker`'s incarnation `epoch` once the scheduler no
-    /// longer counts that incarnation alive, so the next reconnect round finds it (and
-    /// retires it if it still answers).
-    fn forget_ref_unless_live(&mut self, worker: u32, epoch: u64) {
-        if self.scheduler.worker_epoch(worker) != Some(epoch)
-            && self
-                .worker_refs
-                .get(&worker)
-                .is_some_and(|r| r.target().epoch.0 == epoch)
-        {
-            self.worker_refs.remove(&worker);
-        }
-    }
-
-    /// Sends the low watermark the machine emitted to every parameter server. A server that
-    /// misses one gets the next.
-    fn send_watermark(&self, finished_below: ClosureId, generation: u64) {
+    /// Sends the low watermark the machine emitted to every parameter server; each answer is
+    /// reported. A server that misses one gets the next.
+    fn send_watermark(
+        &mut self,
+        ctx: &mut Context<Self>,
+        finished_below: ClosureId,
+        generation: u64,
+    ) {
         let watermark = finished_below.0;
-        for (node, addr) in self.servers.clone() {
+        for (ps, (node, addr)) in self.servers.clone().into_iter().enumerate() {
+            let ps = ps as u32;
             let gateway = self.gateway.clone();
             let msg = FinishedBelow {
                 closure: watermark,
                 generation,
             };
-            actix::spawn(async move {
-                let sent = match gateway
+            let send = async move {
+                let r = gateway
                     .resolve::<FinishedBelow>(addr, &node, PS_ACTOR)
-                    .await
-                {
-                    Ok(r) => r.call(&msg).await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = sent {
-                    tracing::debug!("low watermark {watermark} to {node}: {e}");
+                    .await?;
+                r.call(&msg).await
+            };
+            self.spawn_reported(ctx, send, move |act, sent| {
+                if let Err(e) = &sent {
+                    tracing::debug!("low watermark {watermark} to ps/{ps}: {e}");
                 }
+                act.scheduler
+                    .handle_watermark_sent(ps, sent.map_err(call_fault));
             });
         }
     }
 
-    fn fence(&self, worker: u32, epoch: u64) {
+    /// Tells every parameter server that `worker`'s incarnation `epoch` is fenced; each answer
+    /// is reported. A server that misses it is down, and the restore that brings it back
+    /// replays every fence (FENCE-1).
+    fn fence(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
         tracing::info!("fencing worker/{worker} epoch {epoch} on every parameter server (FENCE-1)");
-        for (node, addr) in self.servers.clone() {
+        for (ps, (node, addr)) in self.servers.clone().into_iter().enumerate() {
+            let ps = ps as u32;
             let gateway = self.gateway.clone();
             let msg = FenceWorker { worker, epoch };
-            actix::spawn(async move {
-                match gateway.resolve::<FenceWorker>(addr, &node, PS_ACTOR).await {
-                    Ok(r) => {
-                        if let Err(e) = r.call(&msg).await {
-                            tracing::warn!("fencing worker/{worker} on {node}: {e}");
-                        }
-                    }
-                    Err(e) => tracing::warn!("fencing worker/{worker} on {node}: {e}"),
+            let send = async move {
+                let r = gateway
+                    .resolve::<FenceWorker>(addr, &node, PS_ACTOR)
+                    .await?;
+                r.call(&msg).await
+            };
+            self.spawn_reported(ctx, send, move |act, sent| {
+                if let Err(e) = &sent {
+                    tracing::warn!("fencing worker/{worker} on ps/{ps}: {e}");
                 }
+                act.scheduler
+                    .handle_fence_sent(worker, epoch, ps, sent.map_err(call_fault));
             });
         }
     }
@@ -310,93 +352,157 @@ impl CoordinatorActor {
         }
     }
 
-    /// Dials every worker that has no live incarnation; a new incarnation is set up (layouts,
-    /// datasets) before the scheduler may give it work, and a fenced one that still answers is
-    /// retired. One dial per worker at a time; the next round retries what failed. None while
-    /// a restore runs: a worker set up now would start at the dataset positions the restore
-    /// is about to replace.
-    fn reconnect(&mut self, ctx: &mut Context<Self>) {
-        if self.scheduler.is_restoring() {
+    /// Dials worker `worker` (connects, learning the incarnation that answers); one that
+    /// answers as an incarnation this gateway declared dead is reported as such.
+    fn dial_worker(&mut self, ctx: &mut Context<Self>, worker: u32) {
+        let Some((node, addr)) = self.workers.get(worker as usize).cloned() else {
+            self.scheduler
+                .handle_worker_dialled(Instant::now(), worker, WorkerDial::Unreachable);
             return;
-        }
-        for (index, (node, addr)) in self.workers.clone().into_iter().enumerate() {
-            let worker = index as u32;
-            if self.worker_refs.contains_key(&worker) || self.connecting.get(&worker) == Some(&true)
-            {
-                continue;
-            }
-            self.connecting.insert(worker, true);
-            let gateway = self.gateway.clone();
-            let setup = self.scheduler.setup_for(worker);
-            let version = self.scheduler.setup_version();
-            let known = self.worker_epochs.get(&worker).copied();
-            let work = async move {
-                let incarnation = match gateway.connect(addr, &node).await {
-                    Ok(incarnation) => incarnation,
-                    Err(RemoteError::Stale { reason, .. }) => {
-                        // The node answers as an incarnation this gateway declared dead (a
-                        // false death: frozen past the budget, then woken). It can do nothing
-                        // useful any more (FENCE-1): tell it to make way for a new one.
-                        return match gateway.peer_status(&node) {
-                            Some((epoch, false)) => {
-                                let fenced = Incarnation::new(node, epoch);
-                                retire(&gateway, addr, fenced, WORKER_ACTOR)
-                                    .await
-                                    .map(Reached::Retired)
-                            }
-                            _ => Err(reason),
-                        };
+        };
+        let gateway = self.gateway.clone();
+        let dial = async move {
+            match gateway.connect(addr, &node).await {
+                Ok(incarnation) => WorkerDial::Answered {
+                    epoch: incarnation.epoch.0,
+                },
+                Err(RemoteError::Stale { reason, .. }) => match gateway.peer_status(&node) {
+                    Some((epoch, false)) => WorkerDial::DeclaredDead { epoch: epoch.0 },
+                    _ => {
+                        tracing::debug!("worker/{worker} not reachable yet: {reason}");
+                        WorkerDial::Unreachable
                     }
-                    Err(e) => return Err(e.to_string()),
-                };
-                if known.is_some_and(|k| incarnation.epoch.0 <= k) {
-                    // The incarnation the coordinator fenced, still alive (a step past the
-                    // step timeout, a refused setup or job): retire it.
-                    return retire(&gateway, addr, incarnation, WORKER_ACTOR)
-                        .await
-                        .map(Reached::Retired);
+                },
+                Err(e) => {
+                    tracing::debug!("worker/{worker} not reachable yet: {e}");
+                    WorkerDial::Unreachable
                 }
-                // Rebuilt from scratch: a setup a restore made outdated (discarded below) may
-                // have built the datasets at old positions already.
-                let setup_ref =
-                    gateway.remote_ref::<RewindWorker>(incarnation.clone(), WORKER_ACTOR);
-                setup_ref
-                    .call(&RewindWorker { setup })
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(Reached::New(incarnation))
-            };
-            ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
-                act.connecting.insert(worker, false);
-                match result {
-                    // Reconfigured meanwhile: the next round sets it up with the current setup.
-                    Ok(Reached::New(_)) if version != act.scheduler.setup_version() => {}
-                    Ok(Reached::New(incarnation)) => act.worker_up(ctx, worker, incarnation),
-                    Ok(Reached::Retired(epoch)) => tracing::info!(
-                        "worker/{worker} (epoch {epoch}) was fenced but is alive: retired it, \
-                         so that it restarts as a new incarnation"
-                    ),
-                    Err(err) => tracing::debug!("worker/{worker} not reachable yet: {err}"),
-                }
-            }));
-        }
+            }
+        };
+        self.spawn_reported(ctx, dial, move |act, outcome| {
+            act.scheduler
+                .handle_worker_dialled(Instant::now(), worker, outcome);
+        });
     }
 
-    fn worker_up(
+    /// Sets a new incarnation up from scratch ([`RewindWorker`]): a setup that a restore made
+    /// outdated may have built its datasets at old positions already.
+    fn set_up_worker(
         &mut self,
         ctx: &mut Context<Self>,
         worker: u32,
-        incarnation: Incarnation<NodeId>,
+        epoch: u64,
+        setup: SetupWorker,
+        version: u64,
     ) {
-        let epoch = incarnation.epoch.0;
-        tracing::info!("worker/{worker} up (epoch {epoch})");
-        self.worker_epochs.insert(worker, epoch);
-        self.worker_refs
-            .insert(worker, self.gateway.remote_ref(incarnation, WORKER_ACTOR));
-        self.scheduler
-            .handle_worker_up(Instant::now(), worker, epoch);
-        self.drive(ctx);
+        let reference = self.worker_incarnation(worker, epoch).map(|target| {
+            self.gateway
+                .remote_ref::<RewindWorker>(target, WORKER_ACTOR)
+        });
+        let call = async move {
+            match reference {
+                Some(r) => worker_reply(r.call(&RewindWorker { setup }).await),
+                None => Err(no_such_worker(worker)),
+            }
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            let failure = result.as_ref().err().cloned();
+            let now = Instant::now();
+            match act
+                .scheduler
+                .handle_worker_set_up(now, worker, epoch, version, result)
+            {
+                SetUpDisposition::Up => tracing::info!("worker/{worker} up (epoch {epoch})"),
+                SetUpDisposition::Outdated => tracing::debug!(
+                    "worker/{worker} (epoch {epoch}) was set up from an outdated setup; \
+                     setting it up again"
+                ),
+                SetUpDisposition::Failed => tracing::debug!(
+                    "setting up worker/{worker} (epoch {epoch}): {}",
+                    failure.map(|f| f.to_string()).unwrap_or_default()
+                ),
+            }
+        });
+    }
+
+    /// Tells the fenced incarnation `epoch` of `worker`, still alive, to retire.
+    fn retire_worker(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
+        let Some((node, addr)) = self.workers.get(worker as usize).cloned() else {
+            self.scheduler
+                .handle_worker_retired(worker, epoch, Err(no_such_worker(worker)));
+            return;
+        };
+        let gateway = self.gateway.clone();
+        let fenced = Incarnation::new(node, Epoch(epoch));
+        let call = async move { retire(&gateway, addr, fenced, WORKER_ACTOR).await };
+        self.spawn_reported(ctx, call, move |act, result| {
+            match &result {
+                Ok(()) => tracing::info!(
+                    "worker/{worker} (epoch {epoch}) was fenced but is alive: retired it, so \
+                     that it restarts as a new incarnation"
+                ),
+                Err(e) => tracing::debug!("retiring worker/{worker}: {e}"),
+            }
+            act.scheduler.handle_worker_retired(worker, epoch, result);
+        });
+    }
+
+    /// Sends a live incarnation its new setup ([`SetupWorker`]).
+    fn reconfigure(
+        &mut self,
+        ctx: &mut Context<Self>,
+        ticket: ConfigureTicket,
+        worker: u32,
+        epoch: u64,
+        setup: SetupWorker,
+    ) {
+        let reference = self
+            .worker_incarnation(worker, epoch)
+            .map(|target| self.gateway.remote_ref::<SetupWorker>(target, WORKER_ACTOR));
+        let call = async move {
+            match reference {
+                Some(r) => worker_reply(r.call(&setup).await),
+                None => Err(no_such_worker(worker)),
+            }
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            if let Err(e) = &result {
+                tracing::warn!("setting up worker/{worker} (epoch {epoch}): {e}");
+            }
+            act.scheduler
+                .handle_reconfigured(Instant::now(), ticket, worker, epoch, result);
+        });
+    }
+
+    /// Asks a live incarnation where its datasets are ([`DatasetPositions`]).
+    fn ask_positions(
+        &mut self,
+        ctx: &mut Context<Self>,
+        ticket: PositionsTicket,
+        worker: u32,
+        epoch: u64,
+    ) {
+        let reference = self.worker_incarnation(worker, epoch).map(|target| {
+            self.gateway
+                .remote_ref::<DatasetPositions>(target, WORKER_ACTOR)
+        });
+        let call = async move {
+            match reference {
+                Some(r) => worker_reply(r.call(&DatasetPositions).await),
+                None => Err(no_such_worker(worker)),
+            }
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            if let Err(e) = &result {
+                tracing::warn!(
+                    "worker/{worker} (epoch {epoch}) did not report its dataset positions for \
+                     the checkpoint: {e}; it is restarted from its last setup's positions, \
+                     which the checkpoint records"
+                );
+            }
+            act.scheduler
+                .handle_positions(Instant::now(), ticket, worker, epoch, result);
+        });
     }
 
     fn ps_index(&self, node: &NodeId) -> Option<u32> {
@@ -444,31 +550,33 @@ impl CoordinatorActor {
                 }
             }
         };
-        ctx.spawn(dial.into_actor(self).map(move |outcome, act, ctx| {
+        self.spawn_reported(ctx, dial, move |act, outcome| {
             act.scheduler.handle_ps_dialled(Instant::now(), ps, outcome);
-            act.drive(ctx);
-        }));
+        });
     }
 
     /// Tells incarnation `epoch` of parameter server `ps`, declared dead but answering, to
     /// retire, so that its supervisor restarts it as a new incarnation (restored then).
-    fn retire_ps(&self, ps: u32, epoch: u64) {
+    fn retire_ps(&mut self, ctx: &mut Context<Self>, ps: u32, epoch: u64) {
         let Some((node, addr)) = self.servers.get(ps as usize).cloned() else {
+            self.scheduler
+                .handle_ps_retired(ps, epoch, Err(no_such_server(ps)));
             return;
         };
         let gateway = self.gateway.clone();
-        actix::spawn(async move {
-            let fenced = Incarnation::new(node, Epoch(epoch));
-            match retire(&gateway, addr, fenced, PS_ACTOR).await {
-                Ok(epoch) => tracing::warn!(
+        let fenced = Incarnation::new(node, Epoch(epoch));
+        let call = async move { retire(&gateway, addr, fenced, PS_ACTOR).await };
+        self.spawn_reported(ctx, call, move |act, result| {
+            match &result {
+                Ok(()) => tracing::warn!(
                     "ps/{ps} (epoch {epoch}) was declared dead but is alive: retired it, so \
                      that it restarts as a new incarnation"
                 ),
                 Err(e) => tracing::debug!("retiring ps/{ps}: {e}"),
             }
+            act.scheduler.handle_ps_retired(ps, epoch, result);
         });
     }
-
     /// Carries out one call of a restore on the incarnation it names; its outcome goes back to
     /// the machine as a [`RestoreReport`] of the call's generation.
     fn restore_call(&mut self, ctx: &mut Context<Self>, call: RestoreCall) {
@@ -624,18 +732,27 @@ impl CoordinatorActor {
 
 /// A call for a parameter server the cluster spec does not name (a bug in the machine's
 /// inputs): it can never succeed.
-fn no_such_server(ps: u32) -> super::machine::recovery::CallFault {
-    super::machine::recovery::CallFault::Refused(format!(
-        "no parameter server ps/{ps} in the cluster"
-    ))
+fn no_such_server(ps: u32) -> CallFault {
+    CallFault::Refused(format!("no parameter server ps/{ps} in the cluster"))
 }
 
-/// What a reconnect round made of a worker that answered.
-enum Reached {
-    /// A new incarnation, set up and ready for work.
-    New(Incarnation<NodeId>),
-    /// A fenced incarnation, told to retire (its epoch).
-    Retired(u64),
+/// A call for a worker the cluster spec does not name (a bug in the machine's inputs): it can
+/// never succeed.
+fn no_such_worker(worker: u32) -> CallFault {
+    CallFault::Refused(format!("no worker worker/{worker} in the cluster"))
+}
+
+/// A worker's answer to a call whose reply is `Result<T, String>`: its own refusal (the
+/// worker answered: the request itself is wrong) or a call that failed (it could not be
+/// reached, or answered too late).
+fn worker_reply<T, E: std::fmt::Display>(
+    reply: Result<Result<T, E>, RemoteError>,
+) -> Result<T, CallFault> {
+    match reply {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(refusal)) => Err(CallFault::Refused(refusal.to_string())),
+        Err(e) => Err(CallFault::Unreachable(e.to_string())),
+    }
 }
 
 /// Tells the fenced incarnation `fenced` (its `actor`), at `addr`, to retire ([`Retire`]).
@@ -644,13 +761,12 @@ async fn retire(
     addr: SocketAddr,
     fenced: Incarnation<NodeId>,
     actor: &str,
-) -> Result<u64, String> {
+) -> Result<(), CallFault> {
     let epoch = fenced.epoch.0;
     gateway
         .call_fenced::<Retire>(addr, &fenced, actor, &Retire { epoch })
         .await
-        .map_err(|e| format!("retiring fenced epoch {epoch}: {e}"))?;
-    Ok(epoch)
+        .map_err(|e| CallFault::Unreachable(format!("retiring fenced epoch {epoch}: {e}")))
 }
 
 impl Actor for CoordinatorActor {
@@ -659,6 +775,8 @@ impl Actor for CoordinatorActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         let mut events = self.gateway.subscribe();
         let me = ctx.address();
+        // Ends when the actor stops (the send fails) or the gateway closes its event stream;
+        // nothing for the machine to hear.
         actix::spawn(async move {
             while let Some(event) = events.recv().await {
                 // `send` waits while the mailbox is full; `try_send` would fail then and end
@@ -668,11 +786,9 @@ impl Actor for CoordinatorActor {
                 }
             }
         });
-        self.reconnect(ctx);
         self.scheduler.handle_reconnect_tick();
         self.drive(ctx);
         ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| {
-            act.reconnect(ctx);
             act.scheduler.handle_reconnect_tick();
             act.drive(ctx);
         });
@@ -716,7 +832,8 @@ impl Handler<PeerChanged> for CoordinatorActor {
                     "worker/{worker} (epoch {}) declared dead: {cause:?}",
                     incarnation.epoch.0
                 );
-                self.lose_worker(worker, incarnation.epoch.0);
+                self.scheduler
+                    .handle_worker_lost(Instant::now(), worker, incarnation.epoch.0);
                 self.drive(ctx);
             } else {
                 tracing::warn!(
@@ -800,30 +917,24 @@ impl Handler<Fetch> for CoordinatorActor {
     }
 }
 
-/// The ledger, and whether nothing is pending.
+/// The ledger, whether nothing is pending, and the live workers.
 pub struct Status;
 
 impl Message for Status {
-    type Result = (Ledger, bool, usize);
+    type Result = CoordinatorStatus;
 }
 
 impl Handler<Status> for CoordinatorActor {
     type Result = MessageResult<Status>;
 
     fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
-        MessageResult((
-            self.scheduler.ledger().clone(),
-            self.scheduler.is_idle(),
-            self.scheduler.live_workers(),
-        ))
+        MessageResult(self.scheduler.status())
     }
 }
 
-/// Replace what every worker incarnation is set up with (layouts, datasets). Live workers are
-/// set up again right away; the reply comes once they all answered, so that no closure
-/// scheduled afterwards can overtake its setup. It carries the first setup a live worker
-/// refused (e.g. an unregistered dataset function); a worker that could not be reached is
-/// treated as lost, not as an error.
+/// Replace what every worker incarnation is set up with (layouts, datasets); see
+/// [`Scheduler::handle_reconfigure`]. The reply comes once every live worker answered, with
+/// the first setup one refused (e.g. an unregistered dataset function).
 pub struct Configure(pub SetupWorker);
 
 impl Message for Configure {
@@ -835,70 +946,31 @@ impl Handler<Configure> for CoordinatorActor {
 
     fn handle(&mut self, msg: Configure, ctx: &mut Context<Self>) -> Self::Result {
         let (done, rx) = oneshot::channel();
-        self.scheduler.handle_configure(msg.0);
-        let calls: Vec<_> = self
-            .worker_refs
-            .iter()
-            .map(|(worker, r)| {
-                let worker = *worker;
-                let incarnation = r.target().clone();
-                let reference = self
-                    .gateway
-                    .remote_ref::<SetupWorker>(incarnation.clone(), WORKER_ACTOR);
-                let setup = self.scheduler.setup_for(worker);
-                async move {
-                    let result = reference.call(&setup).await;
-                    (worker, incarnation.epoch.0, result)
-                }
-            })
-            .collect();
-        ctx.spawn(futures::future::join_all(calls).into_actor(self).map(
-            move |results, act, ctx| {
-                let mut refused = Ok(());
-                for (worker, epoch, result) in results {
-                    let error = match result {
-                        Ok(Ok(())) => continue,
-                        Ok(Err(e)) => {
-                            // The worker answered: the setup itself is wrong, and the program
-                            // must hear it rather than see every worker vanish.
-                            let e = format!("worker/{worker} refused its setup: {e}");
-                            if refused.is_ok() {
-                                refused = Err(e.clone());
-                            }
-                            e
-                        }
-                        Err(e) => e.to_string(),
-                    };
-                    tracing::warn!("setting up worker/{worker}: {error}");
-                    act.lose_worker(worker, epoch);
-                }
-                act.drive(ctx);
-                let _ = done.send(refused);
-            },
-        ));
+        match self.scheduler.handle_reconfigure(Instant::now(), msg.0) {
+            Ok(ticket) => {
+                self.configure_waiters.insert(ticket, done);
+            }
+            Err(e) => {
+                let _ = done.send(Err(e));
+            }
+        }
+        self.drive(ctx);
         MessageResult(rx)
     }
 }
 
-/// The ledger with the ids a checkpoint keeps: (ledger, next closure id, committed ids,
-/// ids ended without a value).
+/// The ledger with the ids a checkpoint keeps.
 pub struct LedgerSnapshot;
 
 impl Message for LedgerSnapshot {
-    type Result = (Ledger, u64, Vec<u64>, Vec<u64>);
+    type Result = LedgerState;
 }
 
 impl Handler<LedgerSnapshot> for CoordinatorActor {
     type Result = MessageResult<LedgerSnapshot>;
 
     fn handle(&mut self, _: LedgerSnapshot, _: &mut Context<Self>) -> Self::Result {
-        let (committed, ended) = self.scheduler.finished_ids();
-        MessageResult((
-            self.scheduler.ledger().clone(),
-            self.scheduler.next_closure_id(),
-            committed,
-            ended,
-        ))
+        MessageResult(self.scheduler.ledger_state())
     }
 }
 
@@ -943,93 +1015,46 @@ impl Handler<RestoreAtStart> for CoordinatorActor {
     }
 }
 
-/// What a checkpoint's consistency depends on: (next closure id, restore generation, whether
-/// a recovery holds dispatch). A save reads it before and after reading the servers: if it
-/// changed, or a recovery held dispatch, the save would mix two cuts (CKPT-1).
+/// What a checkpoint's consistency depends on ([`CutState`]).
 pub struct CutProbe;
 
 impl Message for CutProbe {
-    type Result = (u64, u64, bool);
+    type Result = CutState;
 }
 
 impl Handler<CutProbe> for CoordinatorActor {
     type Result = MessageResult<CutProbe>;
 
     fn handle(&mut self, _: CutProbe, _: &mut Context<Self>) -> Self::Result {
-        MessageResult((
-            self.scheduler.next_closure_id(),
-            self.scheduler.generation(),
-            self.scheduler.is_holding(),
-        ))
+        MessageResult(self.scheduler.cut_state())
     }
 }
 
-/// Where every worker's datasets are (worker → dataset → elements read), for a checkpoint.
-///
-/// A save must survive any worker fault the job survives: a live worker that does not answer
-/// is lost (fenced; its closures, if any, run elsewhere), and its entry is where its next
-/// incarnation will start, the positions it was last set up from. A restore from this
-/// checkpoint then puts it exactly where its restart would have put it.
+/// Where every worker's datasets are (worker → dataset → elements read), for a checkpoint;
+/// see [`Scheduler::handle_collect_positions`]: a worker that does not answer is lost and
+/// recorded where its next incarnation will start. An error if too many collections are
+/// under way.
 pub struct CollectPositions;
 
 impl Message for CollectPositions {
-    type Result = oneshot::Receiver<WorkerPositions>;
+    type Result = Result<oneshot::Receiver<WorkerPositions>, String>;
 }
 
 impl Handler<CollectPositions> for CoordinatorActor {
-    type Result = MessageResult<CollectPositions>;
+    type Result = Result<oneshot::Receiver<WorkerPositions>, String>;
 
     fn handle(&mut self, _: CollectPositions, ctx: &mut Context<Self>) -> Self::Result {
         let (done, rx) = oneshot::channel();
-        let calls: Vec<_> = self
-            .worker_refs
-            .iter()
-            .map(|(worker, r)| {
-                let worker = *worker;
-                let epoch = r.target().epoch.0;
-                let reference = self
-                    .gateway
-                    .remote_ref::<DatasetPositions>(r.target().clone(), WORKER_ACTOR);
-                async move {
-                    let reply = reference
-                        .call(&DatasetPositions)
-                        .await
-                        .map_err(|e| e.to_string())
-                        .and_then(|r| r.map_err(|e| e.to_string()));
-                    (worker, epoch, reply)
-                }
-            })
-            .collect();
-        ctx.spawn(futures::future::join_all(calls).into_actor(self).map(
-            move |results, act, ctx| {
-                // Workers not live now restart from their last setup's positions.
-                let mut positions = act.scheduler.positions().clone();
-                for (worker, epoch, reply) in results {
-                    match reply {
-                        Ok(list) => {
-                            positions.insert(worker, list.into_iter().collect());
-                        }
-                        Err(e) => {
-                            tracing::warn!(
-                                "worker/{worker} (epoch {epoch}) did not report its dataset \
-                                 positions for the checkpoint: {e}; it is restarted from its \
-                                 last setup's positions, which the checkpoint records"
-                            );
-                            act.lose_worker(worker, epoch);
-                        }
-                    }
-                }
-                act.drive(ctx);
-                let _ = done.send(positions);
-            },
-        ));
-        MessageResult(rx)
+        let ticket = self.scheduler.handle_collect_positions()?;
+        self.positions_waiters.insert(ticket, done);
+        self.drive(ctx);
+        Ok(rx)
     }
 }
 
 /// A checkpoint taken at `cut` (the next closure id then, with nothing pending) is durable
 /// under `root`: a parameter-server recovery restores from there and rolls back to `cut`
-/// (see [`Scheduler::mark_cut`]).
+/// (see [`Scheduler::handle_mark_cut`]).
 pub struct MarkCut {
     /// The cut.
     pub cut: ClosureId,
@@ -1048,21 +1073,14 @@ impl Handler<MarkCut> for CoordinatorActor {
     type Result = Result<(), String>;
 
     fn handle(&mut self, msg: MarkCut, _: &mut Context<Self>) -> Self::Result {
-        if let Some(generation) = msg.generation {
-            if generation != self.scheduler.generation() {
-                return Err(format!(
-                    "a parameter-server restore began since the checkpoint was read (restore \
-                     generation {generation}, now {})",
-                    self.scheduler.generation()
-                ));
-            }
-        }
-        self.scheduler.mark_cut(msg.cut, msg.root)
+        self.scheduler
+            .handle_mark_cut(msg.cut, msg.root, msg.generation)
     }
 }
 
-/// How often workers without a live incarnation are dialled (and fenced ones that still
-/// answer are retired), and parameter servers counted down are dialled.
+/// How often the machine gets a reconnect tick: workers without a live incarnation are
+/// dialled (and fenced ones that still answer are retired), and parameter servers counted
+/// down are dialled.
 const RECONNECT_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the low watermark goes to the parameter servers when it has risen: each keeps
 /// about this long's worth of applied closure ids for PS-1.
@@ -1129,7 +1147,7 @@ mod tests {
                 .expect("the fetch waiter was never answered")
                 .unwrap();
             assert_eq!(answer, Err(ClosureFailure::Forgotten(ids[0])));
-            let (ledger, idle, _) = actor.send(Status).await.unwrap();
+            let CoordinatorStatus { ledger, idle, .. } = actor.send(Status).await.unwrap();
             assert!(
                 idle && ledger.balances() && ledger.unavailable == 3,
                 "{ledger:?}"
@@ -1166,7 +1184,7 @@ mod tests {
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let scheduler = Scheduler::new(SchedulerConfig::default());
             let actor = CoordinatorActor::new(chief, scheduler, workers, Vec::new()).start();
-            while actor.send(Status).await.unwrap().2 < 1 {
+            while actor.send(Status).await.unwrap().live_workers < 1 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let setup = SetupWorker {
@@ -1214,10 +1232,10 @@ mod tests {
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let scheduler = Scheduler::new(SchedulerConfig::default());
             let actor = CoordinatorActor::new(chief, scheduler, workers, Vec::new()).start();
-            while actor.send(Status).await.unwrap().2 < 2 {
+            while actor.send(Status).await.unwrap().live_workers < 2 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let rx = actor.send(CollectPositions).await.unwrap();
+            let rx = actor.send(CollectPositions).await.unwrap().unwrap();
             let positions = tokio::time::timeout(Duration::from_secs(10), rx)
                 .await
                 .expect("positions were never collected")
@@ -1226,7 +1244,7 @@ mod tests {
                 .into_iter()
                 .collect();
             assert_eq!(positions, expected);
-            let (_, _, live) = actor.send(Status).await.unwrap();
+            let live = actor.send(Status).await.unwrap().live_workers;
             assert_eq!(live, 1, "the worker that could not report is lost");
         });
     }
@@ -1343,10 +1361,10 @@ mod tests {
             };
             actor.send(mark).await.unwrap().unwrap();
             cut_marked.store(true, Ordering::SeqCst);
-            while actor.send(Status).await.unwrap().2 < 1 {
+            while actor.send(Status).await.unwrap().live_workers < 1 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let (ledger, _, _) = actor.send(Status).await.unwrap();
+            let ledger = actor.send(Status).await.unwrap().ledger;
             assert_eq!(ledger.ps_restores, 1, "{ledger:?}");
             // A reconnect round that began just before the restore may still deliver a setup
             // at the old positions; the coordinator discards that round (its setup version is

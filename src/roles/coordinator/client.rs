@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use cohort_actors::Gateway;
+use cohort_actors::{Gateway, RefusedReason, RemoteError};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
@@ -249,7 +249,7 @@ impl ClusterCoordinator {
 
     /// True when nothing is queued or in flight.
     pub fn done(&self) -> Result<bool, CoordinatorError> {
-        Ok(self.ask(Status)?.1)
+        Ok(self.ask(Status)?.idle)
     }
 
     /// Blocks for a closure's encoded value, or its error.
@@ -260,12 +260,12 @@ impl ClusterCoordinator {
 
     /// The ledger (LEDGER-1).
     pub fn ledger(&self) -> Result<Ledger, CoordinatorError> {
-        Ok(self.ask(Status)?.0)
+        Ok(self.ask(Status)?.ledger)
     }
 
     /// Workers currently alive.
     pub fn live_workers(&self) -> Result<usize, CoordinatorError> {
-        Ok(self.ask(Status)?.2)
+        Ok(self.ask(Status)?.live_workers)
     }
 
     /// Blocks until `count` workers are alive, or the bound passes.
@@ -316,10 +316,12 @@ impl ClusterCoordinator {
     ///
     /// A save survives every fault the job survives: a worker that does not report its
     /// dataset positions is restarted (see `CollectPositions`); a parameter server that cannot
-    /// be read (lost, restarting) makes the save wait for the recovery that restores it and
-    /// read again; a recovery that starts while the servers are read would mix two cuts in
-    /// one checkpoint, so the save is taken again. It fails only when the job itself fails
-    /// (`join` raises), past [`SAVE_WAIT_MAX`] or [`SAVE_ATTEMPTS_MAX`] disturbed reads, or
+    /// be read for now (unreachable, no answer in time, restarting or restoring) makes the
+    /// save wait for the recovery that restores it and read again; a recovery that starts
+    /// while the servers are read would mix two cuts in one checkpoint, so the save is taken
+    /// again. It fails when the job itself fails (`join` raises), at once when a server
+    /// refuses a read for good (a refusal that no recovery explains: reading again would get
+    /// the same answer), past [`SAVE_WAIT_MAX`] or [`SAVE_ATTEMPTS_MAX`] disturbed reads, or
     /// when the checkpoint written does not read back whole (then it is not the cut: a
     /// recovery restores the previous one).
     pub fn save_checkpoint(
@@ -339,14 +341,14 @@ impl ClusterCoordinator {
                 )));
             }
             let before = self.ask(CutProbe)?;
-            if before.2 {
+            if before.holding {
                 // A recovery holds dispatch: wait for it to end (it is bounded) before reading.
                 std::thread::sleep(SAVE_RETRY_BACKOFF_MIN);
                 continue;
             }
             let ckpt = match self.read_checkpoint(step) {
                 Ok(ckpt) => ckpt,
-                Err(CoordinatorError::ParameterServer(e)) => {
+                Err(ReadFault::Retryable(e)) => {
                     // The loss reaches the scheduler through the failure detector (or the
                     // server answers again); until then, back off and read again.
                     tracing::warn!(
@@ -357,9 +359,37 @@ impl ClusterCoordinator {
                     backoff = (backoff * 2).min(SAVE_RETRY_BACKOFF_MAX);
                     continue;
                 }
-                Err(e) => return Err(e),
+                // A server mid-restore may refuse what it does not hold yet: a refusal counts
+                // as permanent only when no restore or new work came while reading.
+                Err(ReadFault::Permanent(e)) if self.ask(CutProbe)? == before => {
+                    return Err(match e {
+                        CoordinatorError::ParameterServer(refusal) => {
+                            CoordinatorError::Checkpoint(format!(
+                                "no checkpoint taken at step {step}: a parameter server \
+                                 refused the read, and reading again would not help: {refusal}"
+                            ))
+                        }
+                        other => other,
+                    });
+                }
+                Err(ReadFault::Permanent(e)) => {
+                    tracing::warn!(
+                        "checkpoint at step {step}: a read was refused ({e}) while a \
+                         parameter-server recovery or new work came; reading again"
+                    );
+                    disturbed += 1;
+                    if disturbed >= SAVE_ATTEMPTS_MAX {
+                        return Err(CoordinatorError::Checkpoint(format!(
+                            "the checkpoint at step {step} was disturbed by parameter-server \
+                             recoveries or new work {SAVE_ATTEMPTS_MAX} times; last: {e}"
+                        )));
+                    }
+                    continue;
+                }
             };
-            if self.ask(CutProbe)? != before || ckpt.ledger.next_closure_id != before.0 {
+            if self.ask(CutProbe)? != before
+                || ckpt.ledger.next_closure_id != before.next_closure_id
+            {
                 disturbed += 1;
                 if disturbed >= SAVE_ATTEMPTS_MAX {
                     return Err(CoordinatorError::Checkpoint(format!(
@@ -387,31 +417,38 @@ impl ClusterCoordinator {
             }
             // Durable: a parameter-server recovery rolls every server back to this cut, unless
             // a restore began since the servers were read.
-            self.mark_cut(ckpt.ledger.next_closure_id, manager.root(), Some(before.1));
+            self.mark_cut(
+                ckpt.ledger.next_closure_id,
+                manager.root(),
+                Some(before.generation),
+            );
             return Ok(dir);
         }
     }
 
     /// Reads every variable shard, the dataset positions and the ledger into a checkpoint.
-    fn read_checkpoint(&self, step: u64) -> Result<Checkpoint, CoordinatorError> {
+    fn read_checkpoint(&self, step: u64) -> Result<Checkpoint, ReadFault> {
         let mut ckpt = Checkpoint::new(step, self.servers.len());
         for layout in &self.layouts {
             ckpt.layout.push(layout.clone());
             for (i, shard) in layout.shards.iter().enumerate() {
                 let name = layout.shard_name(i);
-                let (state, blobs) =
-                    self.call_ps_with_blobs(shard.ps, Snapshot { name: name.clone() }, Vec::new())?;
-                let state = state.map_err(|e| {
-                    CoordinatorError::ParameterServer(format!("ps/{}: {e}", shard.ps))
-                })?;
+                let refused = |e: &dyn std::fmt::Display| {
+                    ReadFault::Permanent(CoordinatorError::ParameterServer(format!(
+                        "ps/{} refused to read shard {name:?}: {e}",
+                        shard.ps
+                    )))
+                };
+                let (state, blobs) = self
+                    .call_ps_with_blobs_raw(shard.ps, Snapshot { name: name.clone() }, Vec::new())
+                    .map_err(|e| ReadFault::of_call(shard.ps, e))?;
+                let state = state.map_err(|e| refused(&e))?;
                 let shape: Vec<usize> = state.shape.iter().map(|&d| d as usize).collect();
                 let tensors = &mut ckpt.shards[shard.ps as usize].tensors;
-                let values = blob(&blobs, 0, &name)
-                    .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))?;
+                let values = blob(&blobs, 0, &name).map_err(|e| refused(&e))?;
                 tensors.insert(name.clone(), tensor(&shape, values)?);
                 for (i, slot) in state.slots.iter().enumerate() {
-                    let bytes = blob(&blobs, i + 1, &name)
-                        .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))?;
+                    let bytes = blob(&blobs, i + 1, &name).map_err(|e| refused(&e))?;
                     tensors.insert(
                         checkpoint::slot_tensor_name(&name, slot),
                         tensor(&shape, bytes)?,
@@ -420,7 +457,9 @@ impl ClusterCoordinator {
                 ckpt.extra[format!("steps/{name}")] = serde_json::json!(state.steps);
             }
         }
-        let rx = self.ask(CollectPositions)?;
+        let rx = self
+            .ask(CollectPositions)?
+            .map_err(|e| ReadFault::Permanent(CoordinatorError::Checkpoint(e)))?;
         let positions = self.wait(rx, "collecting dataset positions")?;
         for (worker, datasets) in &positions {
             ckpt.dataset_positions
@@ -428,15 +467,15 @@ impl ClusterCoordinator {
         }
         ckpt.extra[DATASET_POSITIONS_KEY] = serde_json::to_value(&positions)
             .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
-        let (ledger, next_closure_id, committed_ids, ended_ids) = self.ask(LedgerSnapshot)?;
+        let state = self.ask(LedgerSnapshot)?;
         ckpt.ledger = checkpoint::Ledger {
-            next_closure_id,
+            next_closure_id: state.next_closure_id,
             // Whole: every count as the coordinator keeps it (LEDGER-1 across restarts).
-            counts: ledger,
+            counts: state.ledger,
             // The retained ones (SchedulerConfig::finished_retained_max); the counts are whole.
-            committed_ids: committed_ids.into_iter().collect(),
+            committed_ids: state.committed_ids.into_iter().collect(),
             pending_ids: Default::default(),
-            cancelled_ids: ended_ids.into_iter().collect(),
+            cancelled_ids: state.ended_ids.into_iter().collect(),
         };
         Ok(ckpt)
     }
@@ -561,18 +600,29 @@ impl ClusterCoordinator {
         msg: M,
         blobs: Vec<bytes::Bytes>,
     ) -> Result<(M::Reply, Vec<bytes::Bytes>), CoordinatorError> {
+        self.call_ps_with_blobs_raw(ps, msg, blobs)
+            .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
+    }
+
+    /// A call to parameter server `ps`, its failure as the gateway reports it.
+    fn call_ps_with_blobs_raw<M: cohort_actors::RemoteMessage>(
+        &self,
+        ps: u32,
+        msg: M,
+        blobs: Vec<bytes::Bytes>,
+    ) -> Result<(M::Reply, Vec<bytes::Bytes>), PsCallError> {
         let (node, addr) = self
             .servers
             .get(ps as usize)
             .cloned()
-            .ok_or_else(|| CoordinatorError::ParameterServer(format!("no ps {ps}")))?;
+            .ok_or(PsCallError::NoSuchServer(ps))?;
         let gateway = self.gateway.clone();
         self.runtime
             .block_on(async move {
                 let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await?;
                 r.call_with_blobs(&msg, blobs).await
             })
-            .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
+            .map_err(PsCallError::Remote)
     }
 
     fn ask<M>(&self, msg: M) -> Result<M::Result, CoordinatorError>
@@ -596,6 +646,59 @@ impl ClusterCoordinator {
             .block_on(async move { tokio::time::timeout(bound, rx).await })
             .map_err(|_| CoordinatorError::Timeout { what, bound })?
             .map_err(|_| CoordinatorError::Stopped)
+    }
+}
+
+/// Why a call to a parameter server failed.
+#[derive(Debug, thiserror::Error)]
+enum PsCallError {
+    /// The cluster names no such server.
+    #[error("no parameter server ps/{0} in the cluster")]
+    NoSuchServer(u32),
+    /// The call failed.
+    #[error(transparent)]
+    Remote(RemoteError),
+}
+
+/// Why the servers could not be read for a checkpoint.
+#[derive(Debug)]
+enum ReadFault {
+    /// Worth reading again once the server is back: it could not be reached, did not answer
+    /// in time, was a stale incarnation, or is not serving (restarting, restoring).
+    Retryable(String),
+    /// Reading again would get the same answer (a refusal, a malformed reply, a bug).
+    Permanent(CoordinatorError),
+}
+
+impl ReadFault {
+    fn of_call(ps: u32, error: PsCallError) -> Self {
+        let retryable = match &error {
+            PsCallError::NoSuchServer(_) => false,
+            PsCallError::Remote(e) => match e {
+                RemoteError::Timeout { .. }
+                | RemoteError::PeerLost { .. }
+                | RemoteError::Stale { .. } => true,
+                RemoteError::Refused { reason, .. } => matches!(
+                    reason,
+                    RefusedReason::ActorUnavailable(_)
+                        | RefusedReason::NoSuchActor(_)
+                        | RefusedReason::TooManyPeers
+                ),
+                RemoteError::Codec { .. } => false,
+            },
+        };
+        let message = format!("ps/{ps}: {error}");
+        if retryable {
+            Self::Retryable(message)
+        } else {
+            Self::Permanent(CoordinatorError::ParameterServer(message))
+        }
+    }
+}
+
+impl From<CoordinatorError> for ReadFault {
+    fn from(error: CoordinatorError) -> Self {
+        Self::Permanent(error)
     }
 }
 
@@ -649,8 +752,150 @@ fn tensor(shape: &[usize], bytes: &[u8]) -> Result<TensorBytes, CoordinatorError
 /// while the servers were read (CKPT-1).
 const SAVE_ATTEMPTS_MAX: u32 = 5;
 /// How long a save waits for the parameter servers to be readable undisturbed (a recovery
-/// that holds dispatch to end, a lost server to be restored).
+/// that holds dispatch to end, a lost server to be restored). Only faults that reading again
+/// can cure are waited out.
 const SAVE_WAIT_MAX: Duration = Duration::from_secs(600);
 /// First and longest pause before reading the servers again after one could not be read.
 const SAVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
 const SAVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::CheckpointPolicy;
+    use crate::roles::coordinator::{Scheduler, SchedulerConfig};
+    use crate::roles::protocol::{PsRefusal, Snapshot};
+    use crate::roles::ps::PsError;
+    use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, Remote};
+    use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
+
+    fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let endpoint =
+            Endpoint::bind(any, ca.issue(node).unwrap(), TransportConfig::for_tests()).unwrap();
+        Gateway::start(
+            endpoint,
+            GatewayConfig {
+                epoch: Epoch(1),
+                heartbeat: HeartbeatConfig {
+                    interval: Duration::from_millis(100),
+                    timeout: Duration::from_secs(2),
+                },
+                call_timeout: Duration::from_secs(5),
+                ..GatewayConfig::default()
+            },
+        )
+    }
+
+    /// Faults that reading again can cure are waited out; the rest fail the save at once.
+    #[test]
+    fn only_faults_that_reading_again_can_cure_are_retried() {
+        let peer = NodeId::new("ps", 0);
+        let remote = |e: RemoteError| ReadFault::of_call(0, PsCallError::Remote(e));
+        let retryable = [
+            RemoteError::Timeout {
+                peer: peer.clone(),
+                timeout_ms: 5,
+            },
+            RemoteError::PeerLost {
+                peer: peer.clone(),
+                reason: "gone".into(),
+            },
+            RemoteError::Stale {
+                peer: peer.clone(),
+                reason: "restarted".into(),
+            },
+            RemoteError::Refused {
+                peer: peer.clone(),
+                reason: RefusedReason::ActorUnavailable("not serving".into()),
+            },
+        ];
+        for e in retryable {
+            assert!(matches!(remote(e.clone()), ReadFault::Retryable(_)), "{e}");
+        }
+        let permanent = [
+            RemoteError::Refused {
+                peer: peer.clone(),
+                reason: RefusedReason::BadMessage("too large".into()),
+            },
+            RemoteError::Codec {
+                peer: peer.clone(),
+                reason: "bad reply".into(),
+            },
+        ];
+        for e in permanent {
+            assert!(matches!(remote(e.clone()), ReadFault::Permanent(_)), "{e}");
+        }
+        assert!(matches!(
+            ReadFault::of_call(3, PsCallError::NoSuchServer(3)),
+            ReadFault::Permanent(_)
+        ));
+    }
+
+    /// A parameter server that refuses to read a shard, with no recovery under way to explain
+    /// it, fails the save at once with the refusal, instead of retrying for `SAVE_WAIT_MAX`.
+    #[test]
+    fn a_save_fails_at_once_when_a_server_refuses_the_read_for_good() {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let system = std::thread::spawn(move || {
+            actix::System::new().block_on(async move {
+                let ca = ClusterCa::generate("test").unwrap();
+                let ps_node = NodeId::new("ps", 0);
+                let ps = gateway(&ca, &ps_node);
+                ps.register_fn::<CreateVariable, _, _>(
+                    PS_ACTOR,
+                    |_: Remote<CreateVariable>| async { Ok(Ok(())) },
+                )
+                .unwrap();
+                ps.register_fn::<Snapshot, _, _>(PS_ACTOR, |m: Remote<Snapshot>| async move {
+                    Ok(Err(PsRefusal::Store(PsError::UnknownVariable(m.msg.name))))
+                })
+                .unwrap();
+                let chief = gateway(&ca, &NodeId::new("chief", 0));
+                let servers = vec![(ps_node, ps.local_addr().unwrap())];
+                let scheduler = Scheduler::new(SchedulerConfig::default());
+                let actor = actix::Actor::start(CoordinatorActor::new(
+                    chief.clone(),
+                    scheduler,
+                    Vec::new(),
+                    servers.clone(),
+                ));
+                ready_tx
+                    .send((actor, chief, Handle::current(), servers))
+                    .unwrap();
+                let _ = tokio::time::timeout(Duration::from_secs(60), stop_rx).await;
+                drop(ps);
+            });
+        });
+        let (actor, chief, runtime, servers) = ready_rx.recv().unwrap();
+        let mut coordinator =
+            ClusterCoordinator::new(actor, runtime, chief, servers, 0, Duration::from_secs(10));
+        coordinator
+            .create_variable(VariableSpec::zeros("w", vec![2, 2]))
+            .unwrap();
+        let root = std::env::temp_dir().join(format!(
+            "cohort-save-refused-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut manager =
+            CheckpointManager::new(&root, CheckpointPolicy::default(), Instant::now()).unwrap();
+        let started = Instant::now();
+        let err = coordinator.save_checkpoint(&mut manager, 1).unwrap_err();
+        let elapsed = started.elapsed();
+        let _ = stop_tx.send(());
+        system.join().unwrap();
+        let _ = std::fs::remove_dir_all(&root);
+        let message = err.to_string();
+        assert!(
+            message.contains("no checkpoint taken at step 1")
+                && message.contains("ps/0 refused")
+                && message.contains("does not exist on this parameter server"),
+            "{message}"
+        );
+        // At once, not after the save's wait for a recovery (SAVE_WAIT_MAX, 10 min).
+        assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+    }
+}

@@ -3,8 +3,10 @@
 //! runs again what committed since), keeps the ledger (LEDGER-1). [`ClusterCoordinator`] is
 //! the chief program's handle.
 //!
-//! - `machine` ([`Scheduler`]) decides everything: scheduling, the ledger, recovery, and
-//!   (in `machine::recovery`) the ordered calls of every restore, at start-up or after a loss;
+//! - `machine` ([`Scheduler`]) decides everything: scheduling, the ledger, recovery, (in
+//!   `machine::recovery`) the ordered calls of every restore, at start-up or after a loss, and
+//!   (in `machine::control`) dialling, setting up and retiring workers, configuring them and
+//!   collecting their dataset positions for a save;
 //! - `actor` carries the machine's actions out as remote calls and reports their outcomes;
 //! - `restore` is the restore's IO (sending a server's shards, reading a checkpoint);
 //! - `client` is the blocking [`ClusterCoordinator`] API over the actor.
@@ -20,7 +22,8 @@ pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
-    ps_restart_wait_for, ClosureError, ClosureFailure, ClosureId, ClosureState, Ledger, PsDial,
+    ps_restart_wait_for, ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket,
+    ControlCounters, CoordinatorStatus, CutState, Ledger, LedgerState, PositionsTicket, PsDial,
     RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig,
-    ServerProbe, WorkerEpoch, DEFAULT_STEP_TIMEOUT,
+    ServerProbe, SetUpDisposition, WorkerDial, WorkerEpoch, DEFAULT_STEP_TIMEOUT,
 };

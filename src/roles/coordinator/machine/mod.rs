@@ -26,6 +26,9 @@
 //! No IO, no clock, no threads: the actor shell passes `now` in and carries out the actions it
 //! drains. This is what lets the recovery logic be tested over every order of events.
 
+pub mod control;
+#[cfg(test)]
+mod control_tests;
 pub mod recovery;
 #[cfg(test)]
 mod recovery_tests;
@@ -37,6 +40,12 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::Checkpoint;
 pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
+
+pub use control::{
+    ConfigureTicket, ControlCounters, CoordinatorStatus, CutState, LedgerState, PositionsTicket,
+    SetUpDisposition, WorkerDial,
+};
+use control::{PendingConfigure, PendingPositions};
 use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
@@ -203,8 +212,9 @@ pub enum SchedulerAction {
         args: Vec<u8>,
     },
     /// A worker incarnation is gone: nothing it sends may change state any more (FENCE-1).
-    /// The shell tells the parameter servers, drops the connection, and retires the
-    /// incarnation if its process still answers (so that it restarts as a new one).
+    /// The shell tells every parameter server ([`crate::roles::protocol::FenceWorker`]),
+    /// answering each with [`Scheduler::handle_fence_sent`]. If the incarnation still
+    /// answers, the next dial retires it ([`SchedulerAction::RetireWorker`]).
     Fence {
         /// The worker index.
         worker: u32,
@@ -241,11 +251,80 @@ pub enum SchedulerAction {
     /// ([`crate::roles::protocol::FinishedBelow`]): every closure below `finished_below` is
     /// finished for good (PS-1 may forget their ids), computed in restore `generation` (a
     /// server that rolled back since ignores it). A server that misses one gets the next.
+    /// Each server's answer goes to [`Scheduler::handle_watermark_sent`].
     Watermark {
         /// The low watermark.
         finished_below: ClosureId,
         /// The restore generation it was computed in.
         generation: u64,
+    },
+    /// Dial worker `worker` (connect and learn the incarnation that answers). Answer with
+    /// [`Scheduler::handle_worker_dialled`].
+    DialWorker {
+        /// The worker.
+        worker: u32,
+    },
+    /// Set up the new incarnation `epoch` of `worker` from scratch
+    /// ([`crate::roles::protocol::RewindWorker`] with `setup`). Answer with
+    /// [`Scheduler::handle_worker_set_up`], passing `version` back.
+    SetUpWorker {
+        /// The worker.
+        worker: u32,
+        /// The incarnation that answered the dial.
+        epoch: WorkerEpoch,
+        /// What it is set up with.
+        setup: SetupWorker,
+        /// The setup version it was made from.
+        version: u64,
+    },
+    /// Tell incarnation `epoch` of `worker`, fenced (or declared dead) but answering, to
+    /// retire ([`crate::roles::protocol::Retire`]) so that it restarts as a new incarnation.
+    /// Answer with [`Scheduler::handle_worker_retired`].
+    RetireWorker {
+        /// The worker.
+        worker: u32,
+        /// The fenced incarnation.
+        epoch: WorkerEpoch,
+    },
+    /// Send the live incarnation `epoch` of `worker` its new setup
+    /// ([`crate::roles::protocol::SetupWorker`]) for configuration `ticket`. Answer with
+    /// [`Scheduler::handle_reconfigured`].
+    Reconfigure {
+        /// The configuration.
+        ticket: ConfigureTicket,
+        /// The worker.
+        worker: u32,
+        /// Its live incarnation.
+        epoch: WorkerEpoch,
+        /// What it is set up with now.
+        setup: SetupWorker,
+    },
+    /// A configuration asked for with [`Scheduler::handle_reconfigure`] reached every live
+    /// worker: `Ok`, or the first refusal.
+    ConfigureFinished {
+        /// The ticket the request got.
+        ticket: ConfigureTicket,
+        /// The first refusal, if any.
+        result: Result<(), String>,
+    },
+    /// Ask the live incarnation `epoch` of `worker` where its datasets are
+    /// ([`crate::roles::protocol::DatasetPositions`]) for collection `ticket`. Answer with
+    /// [`Scheduler::handle_positions`].
+    AskPositions {
+        /// The collection.
+        ticket: PositionsTicket,
+        /// The worker.
+        worker: u32,
+        /// Its live incarnation.
+        epoch: WorkerEpoch,
+    },
+    /// A collection asked for with [`Scheduler::handle_collect_positions`] ended: every
+    /// worker's positions (those that did not answer, or are not live, at their last setup's).
+    PositionsCollected {
+        /// The ticket the request got.
+        ticket: PositionsTicket,
+        /// Worker → dataset → elements read.
+        positions: WorkerPositions,
     },
 }
 
@@ -334,10 +413,21 @@ pub enum ScheduleError {
 /// 10. `generation()` is the restore generation: it goes with each dispatch;
 ///     `handle_watermark_tick()` at a steady interval emits [`SchedulerAction::Watermark`]
 ///     when the low watermark rose (never while `is_holding()`);
-/// 11. `handle_configure(setup, layouts)` when the program changes what workers are set up
+/// 11. `handle_configure(setup)` when the program changes what workers are set up
 ///     with; `setup_for(worker)` is what a new incarnation of `worker` gets, and
 ///     `setup_version()` changes whenever a setup handed out before becomes outdated (a
-///     restore moved the positions, or a new configuration).
+///     restore moved the positions, or a new configuration);
+/// 12. workers (see [`control`]): `handle_reconnect_tick()` at a steady interval also emits
+///     [`SchedulerAction::DialWorker`] for workers with no live incarnation; answer with
+///     `handle_worker_dialled`, then `handle_worker_set_up` for the
+///     [`SchedulerAction::SetUpWorker`] that may follow; `handle_worker_retired`,
+///     `handle_ps_retired`, `handle_fence_sent` and `handle_watermark_sent` report the
+///     outcome of the other remote effects;
+/// 13. `handle_reconfigure(now, setup, layouts)` sets every live worker up again, answered by
+///     [`SchedulerAction::ConfigureFinished`]; `handle_collect_positions()` asks every live
+///     worker for its dataset positions, answered by [`SchedulerAction::PositionsCollected`];
+///     `cut_state()`, `ledger_state()` and `handle_mark_cut(cut, root, generation)` are what
+///     a save reads and marks.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -386,6 +476,16 @@ pub struct Scheduler {
     num_servers: u32,
     /// Parameter servers with a dial under way (one at a time each).
     dialling: BTreeSet<u32>,
+    /// Workers in the cluster (dialled while they have no live incarnation).
+    num_workers: u32,
+    /// Workers with a dial (or the setup that follows it) under way (one at a time each).
+    worker_dials: BTreeSet<u32>,
+    /// Configurations sent to live workers, by ticket.
+    configures: BTreeMap<ConfigureTicket, PendingConfigure>,
+    /// Collections of dataset positions under way, by ticket.
+    collections: BTreeMap<PositionsTicket, PendingPositions>,
+    /// Outcomes of remote effects no decision depends on.
+    control: ControlCounters,
 }
 
 /// A closure committed since the cut, kept to run it again after a rollback: its function,
@@ -495,6 +595,11 @@ impl Scheduler {
             next_ticket: 0,
             num_servers: 0,
             dialling: BTreeSet::new(),
+            num_workers: 0,
+            worker_dials: BTreeSet::new(),
+            configures: BTreeMap::new(),
+            collections: BTreeMap::new(),
+            control: ControlCounters::default(),
         }
     }
 
@@ -507,8 +612,10 @@ impl Scheduler {
 
     /// Time to dial again (the shell calls this at a steady interval): emits
     /// [`SchedulerAction::DialPs`] for every parameter server never seen or not reachable now
-    /// that has no dial under way.
+    /// that has no dial under way, and [`SchedulerAction::DialWorker`] for every worker with
+    /// no live incarnation (see [`control`]).
     pub fn handle_reconnect_tick(&mut self) {
+        self.dial_workers();
         for ps in 0..self.num_servers {
             let wanted = self.servers.get(&ps).is_none_or(|e| !e.alive);
             if wanted && self.dialling.insert(ps) {

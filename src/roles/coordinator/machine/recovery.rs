@@ -116,10 +116,10 @@ pub enum RestoreCall {
     },
 }
 
-/// How a call to a parameter server failed.
+/// How a remote call (to a parameter server or a worker) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallFault {
-    /// The pinned incarnation could not be reached (gone, restarted, no answer in time): the
+    /// The incarnation called could not be reached (gone, restarted, no answer in time): a
     /// restore can be tried again.
     #[error("unreachable: {0}")]
     Unreachable(String),

@@ -1,0 +1,490 @@
+//! The coordinator machine's control plane towards workers, and the save's reads: which worker
+//! is dialled and when, how a new incarnation is set up or a fenced one retired, the fan-out of
+//! a new configuration to live workers, the collection of dataset positions for a checkpoint,
+//! and what a save reads of the machine (the cut state, the ledger with its ids).
+//!
+//! Worker lifecycle, in the order the machine drives it:
+//! 1. every reconnect tick, each worker with no live incarnation and no dial under way is
+//!    dialled ([`SchedulerAction::DialWorker`]); none while a restore runs (a worker set up now
+//!    would start at the positions the restore is about to replace);
+//! 2. the dial's outcome ([`Scheduler::handle_worker_dialled`]): an incarnation the failure
+//!    detector declared dead, or one not newer than the newest fenced or set up, is retired
+//!    ([`SchedulerAction::RetireWorker`], FENCE-1: it can do nothing useful and must come back
+//!    as a new one); a newer one is set up from scratch ([`SchedulerAction::SetUpWorker`],
+//!    with [`Scheduler::setup_for`] and the setup version it was made from);
+//! 3. the setup's outcome ([`Scheduler::handle_worker_set_up`]): the incarnation is up unless
+//!    the setup was outdated meanwhile (a restore or a new configuration) or a restore runs;
+//!    then the next tick sets it up again.
+//!
+//! One dial (with its setup) at a time per worker. Every remote effect's outcome comes back,
+//! including those the machine takes no decision on (retiring, fencing, the watermark): they
+//! are counted in [`ControlCounters`].
+//!
+//! Pure: no IO, no clock; `now` is passed in.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::recovery::{CallFault, WorkerPositions};
+use super::{ClosureId, Ledger, Scheduler, SchedulerAction, WorkerEpoch};
+use crate::roles::protocol::SetupWorker;
+
+/// What a dial of a worker found ([`SchedulerAction::DialWorker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerDial {
+    /// Incarnation `epoch` answered.
+    Answered {
+        /// The incarnation.
+        epoch: WorkerEpoch,
+    },
+    /// It answered as incarnation `epoch`, which the failure detector declared dead (a false
+    /// death: frozen past the budget, then woken).
+    DeclaredDead {
+        /// The incarnation.
+        epoch: WorkerEpoch,
+    },
+    /// No answer (not up yet, unreachable): dialled again at the next tick.
+    Unreachable,
+}
+
+/// What became of a new incarnation's setup ([`Scheduler::handle_worker_set_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetUpDisposition {
+    /// The incarnation is up and may get work.
+    Up,
+    /// The setup was outdated meanwhile (or a restore runs): the next tick sets it up again.
+    Outdated,
+    /// The setup failed: the next tick dials it again.
+    Failed,
+}
+
+/// Names a configuration fanned out with [`Scheduler::handle_reconfigure`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ConfigureTicket(pub u64);
+
+/// Names a collection of dataset positions asked for with
+/// [`Scheduler::handle_collect_positions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PositionsTicket(pub u64);
+
+/// What a checkpoint's consistency depends on. A save reads it before and after reading the
+/// servers: if it changed, or a recovery held dispatch, the save would mix two cuts (CKPT-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutState {
+    /// The id the next scheduled closure gets.
+    pub next_closure_id: u64,
+    /// The restore generation.
+    pub generation: u64,
+    /// Whether a parameter-server recovery holds dispatch.
+    pub holding: bool,
+}
+
+/// The ledger with the closure ids a checkpoint keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerState {
+    /// The counts (LEDGER-1).
+    pub ledger: Ledger,
+    /// The id the next scheduled closure gets.
+    pub next_closure_id: u64,
+    /// Retained committed closures.
+    pub committed_ids: Vec<u64>,
+    /// Retained closures that ended without a value.
+    pub ended_ids: Vec<u64>,
+}
+
+/// The coordinator's state as the program's status calls see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorStatus {
+    /// The ledger (LEDGER-1).
+    pub ledger: Ledger,
+    /// Nothing queued or in flight.
+    pub idle: bool,
+    /// Workers with a live incarnation.
+    pub live_workers: usize,
+}
+
+/// Outcomes of remote effects the machine takes no decision on, counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ControlCounters {
+    /// Fenced worker incarnations that answered and were told to retire.
+    pub workers_retired: u64,
+    /// Parameter-server incarnations declared dead that answered and were told to retire.
+    pub servers_retired: u64,
+    /// Retire calls that did not get through (the process was gone already, most often).
+    pub retires_failed: u64,
+    /// Fences a parameter server did not take (it is down; a restore replays every fence).
+    pub fences_undelivered: u64,
+    /// Low watermarks a parameter server did not take (it gets the next one).
+    pub watermarks_undelivered: u64,
+    /// Setups of a new incarnation that failed (it is dialled again).
+    pub setups_failed: u64,
+    /// Setups of a new incarnation discarded as outdated (it is set up again).
+    pub setups_outdated: u64,
+}
+
+/// A configuration sent to live workers, waiting for their answers.
+#[derive(Debug, Default)]
+pub(super) struct PendingConfigure {
+    waiting: BTreeSet<(u32, WorkerEpoch)>,
+    refused: Option<String>,
+}
+
+/// A collection of dataset positions, waiting for the live workers' answers.
+#[derive(Debug, Default)]
+pub(super) struct PendingPositions {
+    waiting: BTreeSet<(u32, WorkerEpoch)>,
+    answered: WorkerPositions,
+}
+
+impl Scheduler {
+    /// The cluster has `num_workers` workers, indexed from 0: each without a live incarnation
+    /// is dialled ([`Self::handle_reconnect_tick`]).
+    pub fn with_workers(mut self, num_workers: u32) -> Self {
+        self.num_workers = num_workers;
+        self
+    }
+
+    /// Emits [`SchedulerAction::DialWorker`] for every worker with no live incarnation and no
+    /// dial under way, unless a restore runs (part of [`Self::handle_reconnect_tick`]).
+    pub(super) fn dial_workers(&mut self) {
+        if self.is_restoring() {
+            return;
+        }
+        for worker in 0..self.num_workers {
+            if self.worker_epoch(worker).is_none() && self.worker_dials.insert(worker) {
+                self.actions
+                    .push_back(SchedulerAction::DialWorker { worker });
+            }
+        }
+    }
+
+    /// The outcome of a [`SchedulerAction::DialWorker`]. A dead-declared or not-newer
+    /// incarnation is retired ([`SchedulerAction::RetireWorker`]); a newer one is set up
+    /// ([`SchedulerAction::SetUpWorker`]) unless a restore began meanwhile (then the next
+    /// tick dials it again); no answer waits for the next tick.
+    pub fn handle_worker_dialled(&mut self, _now: Instant, worker: u32, dial: WorkerDial) {
+        if !self.worker_dials.contains(&worker) {
+            return;
+        }
+        let known = self.known_worker_epoch(worker);
+        match dial {
+            WorkerDial::Answered { epoch } if known.is_none_or(|k| epoch > k) => {
+                if self.is_restoring() {
+                    self.worker_dials.remove(&worker);
+                    return;
+                }
+                self.actions.push_back(SchedulerAction::SetUpWorker {
+                    worker,
+                    epoch,
+                    setup: self.setup_for(worker),
+                    version: self.setup_version,
+                });
+            }
+            WorkerDial::Answered { epoch } | WorkerDial::DeclaredDead { epoch } => {
+                self.worker_dials.remove(&worker);
+                self.actions
+                    .push_back(SchedulerAction::RetireWorker { worker, epoch });
+            }
+            WorkerDial::Unreachable => {
+                self.worker_dials.remove(&worker);
+            }
+        }
+    }
+
+    /// The outcome of a [`SchedulerAction::SetUpWorker`] made from setup `version`: the
+    /// incarnation is up (and may get work) if the setup is still current and no restore
+    /// runs; otherwise the next tick dials and sets it up again.
+    pub fn handle_worker_set_up(
+        &mut self,
+        now: Instant,
+        worker: u32,
+        epoch: WorkerEpoch,
+        version: u64,
+        result: Result<(), CallFault>,
+    ) -> SetUpDisposition {
+        self.worker_dials.remove(&worker);
+        if result.is_err() {
+            self.control.setups_failed += 1;
+            return SetUpDisposition::Failed;
+        }
+        if version != self.setup_version || self.is_restoring() {
+            self.control.setups_outdated += 1;
+            return SetUpDisposition::Outdated;
+        }
+        self.handle_worker_up(now, worker, epoch);
+        SetUpDisposition::Up
+    }
+
+    /// The outcome of a [`SchedulerAction::RetireWorker`] (counted).
+    pub fn handle_worker_retired(
+        &mut self,
+        _worker: u32,
+        _epoch: WorkerEpoch,
+        result: Result<(), CallFault>,
+    ) {
+        match result {
+            Ok(()) => self.control.workers_retired += 1,
+            Err(_) => self.control.retires_failed += 1,
+        }
+    }
+
+    /// The outcome of a [`SchedulerAction::RetirePs`] (counted).
+    pub fn handle_ps_retired(&mut self, _ps: u32, _epoch: u64, result: Result<(), CallFault>) {
+        match result {
+            Ok(()) => self.control.servers_retired += 1,
+            Err(_) => self.control.retires_failed += 1,
+        }
+    }
+
+    /// Whether parameter server `ps` took the fence of `worker`'s incarnation `epoch`
+    /// ([`SchedulerAction::Fence`]); counted. A server that missed it is down: the restore
+    /// that brings it back replays every fence (FENCE-1).
+    pub fn handle_fence_sent(
+        &mut self,
+        _worker: u32,
+        _epoch: WorkerEpoch,
+        _ps: u32,
+        result: Result<(), CallFault>,
+    ) {
+        if result.is_err() {
+            self.control.fences_undelivered += 1;
+        }
+    }
+
+    /// Whether parameter server `ps` took the low watermark ([`SchedulerAction::Watermark`]);
+    /// counted. A server that missed one gets the next.
+    pub fn handle_watermark_sent(&mut self, _ps: u32, result: Result<(), CallFault>) {
+        if result.is_err() {
+            self.control.watermarks_undelivered += 1;
+        }
+    }
+
+    /// The program changed what workers are set up with (`layouts` are the setup's, parsed):
+    /// as [`Self::handle_configure`], and every live worker is set up again right away
+    /// ([`SchedulerAction::Reconfigure`]). [`SchedulerAction::ConfigureFinished`] with the
+    /// returned ticket comes once every one answered, so that no closure scheduled afterwards
+    /// can overtake its setup; it carries the first refusal (the setup itself is wrong, and the
+    /// program must hear it). A worker that refused or could not be reached is lost. Refused
+    /// with more than [`REQUESTS_PENDING_MAX`] configurations under way.
+    pub fn handle_reconfigure(
+        &mut self,
+        now: Instant,
+        setup: SetupWorker,
+    ) -> Result<ConfigureTicket, String> {
+        if self.configures.len() >= REQUESTS_PENDING_MAX {
+            return Err(format!(
+                "{REQUESTS_PENDING_MAX} worker configurations are under way already"
+            ));
+        }
+        self.handle_configure(setup);
+        let ticket = ConfigureTicket(self.next_ticket);
+        self.next_ticket += 1;
+        let live = self.live_incarnations();
+        for &(worker, epoch) in &live {
+            self.actions.push_back(SchedulerAction::Reconfigure {
+                ticket,
+                worker,
+                epoch,
+                setup: self.setup_for(worker),
+            });
+        }
+        let pending = PendingConfigure {
+            waiting: live.into_iter().collect(),
+            refused: None,
+        };
+        self.configures.insert(ticket, pending);
+        self.finish_configure(now, ticket);
+        Ok(ticket)
+    }
+
+    /// The answer of `worker`'s incarnation `epoch` to a [`SchedulerAction::Reconfigure`]:
+    /// a refusal is recorded for the program and, as no answer, loses the worker.
+    pub fn handle_reconfigured(
+        &mut self,
+        now: Instant,
+        ticket: ConfigureTicket,
+        worker: u32,
+        epoch: WorkerEpoch,
+        result: Result<(), CallFault>,
+    ) {
+        let Some(pending) = self.configures.get_mut(&ticket) else {
+            return;
+        };
+        if !pending.waiting.remove(&(worker, epoch)) {
+            return;
+        }
+        if let Err(fault) = result {
+            if let CallFault::Refused(reason) = &fault {
+                pending
+                    .refused
+                    .get_or_insert_with(|| format!("worker/{worker} refused its setup: {reason}"));
+            }
+            self.handle_worker_lost(now, worker, epoch);
+        }
+        self.finish_configure(now, ticket);
+    }
+
+    /// Asks every live worker where its datasets are, for a checkpoint
+    /// ([`SchedulerAction::AskPositions`]); [`SchedulerAction::PositionsCollected`] with the
+    /// returned ticket comes once every one answered. Refused with more than
+    /// [`REQUESTS_PENDING_MAX`] collections under way.
+    pub fn handle_collect_positions(&mut self) -> Result<PositionsTicket, String> {
+        if self.collections.len() >= REQUESTS_PENDING_MAX {
+            return Err(format!(
+                "{REQUESTS_PENDING_MAX} collections of dataset positions are under way already"
+            ));
+        }
+        let ticket = PositionsTicket(self.next_ticket);
+        self.next_ticket += 1;
+        let live = self.live_incarnations();
+        for &(worker, epoch) in &live {
+            self.actions.push_back(SchedulerAction::AskPositions {
+                ticket,
+                worker,
+                epoch,
+            });
+        }
+        let pending = PendingPositions {
+            waiting: live.into_iter().collect(),
+            answered: WorkerPositions::new(),
+        };
+        self.collections.insert(ticket, pending);
+        self.finish_positions(ticket);
+        Ok(ticket)
+    }
+
+    /// The answer of `worker`'s incarnation `epoch` to a [`SchedulerAction::AskPositions`]. A
+    /// save must survive any worker fault the job survives: a worker that does not answer is
+    /// lost (fenced; its closures run elsewhere), and the checkpoint records it where its next
+    /// incarnation will start, the positions it was last set up from.
+    pub fn handle_positions(
+        &mut self,
+        now: Instant,
+        ticket: PositionsTicket,
+        worker: u32,
+        epoch: WorkerEpoch,
+        result: Result<Vec<(String, u64)>, CallFault>,
+    ) {
+        let Some(pending) = self.collections.get_mut(&ticket) else {
+            return;
+        };
+        if !pending.waiting.remove(&(worker, epoch)) {
+            return;
+        }
+        match result {
+            Ok(list) => {
+                pending.answered.insert(worker, list.into_iter().collect());
+            }
+            Err(_) => self.handle_worker_lost(now, worker, epoch),
+        }
+        self.finish_positions(ticket);
+    }
+
+    /// [`Self::mark_cut`] for a save that read the servers in restore `generation` (if
+    /// known): refused if a restore began since (the checkpoint is from before it, CKPT-1).
+    pub fn handle_mark_cut(
+        &mut self,
+        cut: ClosureId,
+        root: PathBuf,
+        generation: Option<u64>,
+    ) -> Result<(), String> {
+        if let Some(generation) = generation.filter(|g| *g != self.generation) {
+            return Err(format!(
+                "a parameter-server restore began since the checkpoint was read (restore \
+                 generation {generation}, now {})",
+                self.generation
+            ));
+        }
+        self.mark_cut(cut, root)
+    }
+
+    /// What a save's consistency depends on now.
+    pub fn cut_state(&self) -> CutState {
+        CutState {
+            next_closure_id: self.next_id,
+            generation: self.generation,
+            holding: self.is_holding(),
+        }
+    }
+
+    /// The ledger with the ids a checkpoint keeps.
+    pub fn ledger_state(&self) -> LedgerState {
+        let (committed_ids, ended_ids) = self.finished_ids();
+        LedgerState {
+            ledger: self.ledger.clone(),
+            next_closure_id: self.next_id,
+            committed_ids,
+            ended_ids,
+        }
+    }
+
+    /// The ledger, whether nothing is pending, and the live workers.
+    pub fn status(&self) -> CoordinatorStatus {
+        CoordinatorStatus {
+            ledger: self.ledger.clone(),
+            idle: self.is_idle(),
+            live_workers: self.live_workers(),
+        }
+    }
+
+    /// Outcomes of the remote effects the machine takes no decision on.
+    pub fn control_counters(&self) -> ControlCounters {
+        self.control
+    }
+
+    /// Workers with a dial or a setup under way.
+    pub fn workers_dialling(&self) -> Vec<u32> {
+        self.worker_dials.iter().copied().collect()
+    }
+
+    /// The newest incarnation of `worker` ever up or fenced: an answer from one not newer is
+    /// a fenced incarnation still alive (FENCE-1).
+    fn known_worker_epoch(&self, worker: u32) -> Option<WorkerEpoch> {
+        let up = self.workers.get(&worker).map(|w| w.epoch);
+        let fenced = self.fenced.get(&worker).copied();
+        up.max(fenced)
+    }
+
+    fn live_incarnations(&self) -> Vec<(u32, WorkerEpoch)> {
+        self.workers
+            .iter()
+            .filter(|(_, w)| w.alive)
+            .map(|(i, w)| (*i, w.epoch))
+            .collect()
+    }
+
+    fn finish_configure(&mut self, now: Instant, ticket: ConfigureTicket) {
+        if self
+            .configures
+            .get(&ticket)
+            .is_some_and(|p| p.waiting.is_empty())
+        {
+            let pending = self.configures.remove(&ticket).expect("checked above");
+            let result = pending.refused.map_or(Ok(()), Err);
+            self.actions
+                .push_back(SchedulerAction::ConfigureFinished { ticket, result });
+        }
+        self.dispatch(now);
+    }
+
+    fn finish_positions(&mut self, ticket: PositionsTicket) {
+        if !self
+            .collections
+            .get(&ticket)
+            .is_some_and(|p| p.waiting.is_empty())
+        {
+            return;
+        }
+        let pending = self.collections.remove(&ticket).expect("checked above");
+        // Workers not live now restart from their last setup's positions.
+        let mut positions = self.positions.clone();
+        positions.extend(pending.answered);
+        self.actions
+            .push_back(SchedulerAction::PositionsCollected { ticket, positions });
+    }
+}
+
+/// Configurations, and collections of positions, under way at once (each ends once every
+/// live worker answered, and every call is bounded in time).
+pub const REQUESTS_PENDING_MAX: usize = 64;

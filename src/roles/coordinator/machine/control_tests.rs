@@ -1,0 +1,466 @@
+//! The worker control plane driven through the scheduler over the orderings the shell used to
+//! decide: whom to dial and when, a fenced or dead-declared incarnation that answers, a setup
+//! that a restore or a new configuration made outdated, a configuration that a worker refuses,
+//! a worker lost while the save collects dataset positions.
+
+use std::sync::Arc;
+
+use super::control::{PositionsTicket, SetUpDisposition, WorkerDial};
+use super::recovery::{CallFault, RestoreCall, RestoreReport, DATASET_POSITIONS_KEY};
+use super::*;
+
+fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
+    std::iter::from_fn(|| s.poll_action()).collect()
+}
+
+fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
+    SetupWorker {
+        num_workers: 2,
+        layouts: Vec::new(),
+        datasets: datasets.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
+    }
+}
+
+/// The workers dialled by `actions`, in order.
+fn dials(actions: &[SchedulerAction]) -> Vec<u32> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            SchedulerAction::DialWorker { worker } => Some(*worker),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A setup asked for: (worker, epoch, datasets, version).
+type SetUpAsked = (u32, u64, Vec<(String, u64)>, u64);
+
+/// The one setup among `actions`.
+fn set_up(actions: &[SchedulerAction]) -> Option<SetUpAsked> {
+    actions.iter().find_map(|a| match a {
+        SchedulerAction::SetUpWorker {
+            worker,
+            epoch,
+            setup,
+            version,
+        } => Some((*worker, *epoch, setup.datasets.clone(), *version)),
+        _ => None,
+    })
+}
+
+/// Dials, answers and sets up worker `worker` as incarnation `epoch`.
+fn bring_up(s: &mut Scheduler, worker: u32, epoch: u64) {
+    let t = Instant::now();
+    s.handle_reconnect_tick();
+    drain(s);
+    assert!(s.workers_dialling().contains(&worker));
+    s.handle_worker_dialled(t, worker, WorkerDial::Answered { epoch });
+    let (_, _, _, version) = set_up(&drain(s)).expect("a newer incarnation is set up");
+    assert_eq!(
+        s.handle_worker_set_up(t, worker, epoch, version, Ok(())),
+        SetUpDisposition::Up
+    );
+    assert_eq!(s.worker_epoch(worker), Some(epoch));
+}
+
+/// Every worker with no live incarnation is dialled, one dial (and its setup) at a time each;
+/// no answer waits for the next tick; a set-up incarnation is up and gets work.
+#[test]
+fn workers_are_dialled_one_at_a_time_and_a_new_incarnation_is_set_up_then_up() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_workers(2);
+    s.handle_configure(setup(&[("ids", 0)]));
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), vec![0, 1]);
+    s.handle_reconnect_tick();
+    assert!(drain(&mut s).is_empty(), "one dial each at a time");
+    s.handle_worker_dialled(t, 1, WorkerDial::Unreachable);
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 4 });
+    let (worker, epoch, datasets, version) = set_up(&drain(&mut s)).unwrap();
+    assert_eq!((worker, epoch), (0, 4));
+    assert_eq!(datasets, vec![("ids".to_string(), 0)]);
+    s.handle_reconnect_tick();
+    assert_eq!(
+        dials(&drain(&mut s)),
+        vec![1],
+        "worker/0's setup is still under way"
+    );
+    assert_eq!(s.worker_epoch(0), None, "not up before its setup answered");
+    let id = s.handle_schedule(t, "step", vec![]).unwrap();
+    assert!(
+        drain(&mut s).is_empty(),
+        "nothing runs on a worker not set up"
+    );
+    assert_eq!(
+        s.handle_worker_set_up(t, 0, 4, version, Ok(())),
+        SetUpDisposition::Up
+    );
+    assert!(matches!(
+        drain(&mut s).as_slice(),
+        [SchedulerAction::Dispatch { worker: 0, epoch: 4, closure, .. }] if *closure == id
+    ));
+    s.handle_reconnect_tick();
+    assert!(dials(&drain(&mut s)).is_empty(), "worker/0 is live");
+}
+
+/// FENCE-1: a fenced incarnation that still answers a dial (a step past the step timeout, a
+/// refused job), or one the failure detector declared dead, is retired, never set up again; a
+/// newer incarnation is set up.
+#[test]
+fn fence_1_a_fenced_or_dead_declared_incarnation_that_answers_is_retired() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_workers(1);
+    bring_up(&mut s, 0, 1);
+    s.handle_worker_lost(t, 0, 1);
+    assert_eq!(
+        drain(&mut s),
+        vec![SchedulerAction::Fence {
+            worker: 0,
+            epoch: 1
+        }]
+    );
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), vec![0]);
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
+    assert_eq!(
+        drain(&mut s),
+        vec![SchedulerAction::RetireWorker {
+            worker: 0,
+            epoch: 1
+        }]
+    );
+    s.handle_worker_retired(0, 1, Ok(()));
+    s.handle_reconnect_tick();
+    assert_eq!(
+        dials(&drain(&mut s)),
+        vec![0],
+        "dialled again after retiring"
+    );
+    s.handle_worker_dialled(t, 0, WorkerDial::DeclaredDead { epoch: 2 });
+    assert_eq!(
+        drain(&mut s),
+        vec![SchedulerAction::RetireWorker {
+            worker: 0,
+            epoch: 2
+        }]
+    );
+    s.handle_worker_retired(0, 2, Err(CallFault::Unreachable("gone".into())));
+    let counters = s.control_counters();
+    assert_eq!((counters.workers_retired, counters.retires_failed), (1, 1));
+    bring_up(&mut s, 0, 3);
+    // A late dial answer for a worker not being dialled changes nothing.
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 9 });
+    assert!(drain(&mut s).is_empty());
+    assert_eq!(s.worker_epoch(0), Some(3));
+}
+
+/// A checkpoint at `cut` whose positions put worker 0's dataset `ids` at `position`.
+fn checkpoint(cut: u64, position: u64) -> Arc<Checkpoint> {
+    let mut ckpt = Checkpoint::new(3, 1);
+    ckpt.ledger.next_closure_id = cut;
+    ckpt.ledger.counts.scheduled = cut;
+    ckpt.ledger.counts.committed = cut;
+    ckpt.extra = serde_json::json!({ DATASET_POSITIONS_KEY: {
+        "0": { "ids": position },
+        "1": { "ids": position + 1 },
+    } });
+    Arc::new(ckpt)
+}
+
+/// Answers every restore call successfully until none is left; returns the other actions.
+fn finish_restore(s: &mut Scheduler) -> Vec<SchedulerAction> {
+    let t = Instant::now();
+    let mut others = Vec::new();
+    loop {
+        let actions = drain(s);
+        if actions.is_empty() {
+            return others;
+        }
+        for action in actions {
+            let SchedulerAction::Restore(call) = action else {
+                others.push(action);
+                continue;
+            };
+            let (generation, report) = match call {
+                RestoreCall::Begin { ps, generation, .. } => {
+                    (generation, RestoreReport::Begun { ps, result: Ok(()) })
+                }
+                RestoreCall::Shards { ps, generation, .. } => (
+                    generation,
+                    RestoreReport::ShardsRestored { ps, result: Ok(()) },
+                ),
+                RestoreCall::RollBack { ps, generation, .. } => {
+                    (generation, RestoreReport::RolledBack { ps, result: Ok(()) })
+                }
+                RestoreCall::Rewind {
+                    worker,
+                    epoch,
+                    generation,
+                    ..
+                } => (
+                    generation,
+                    RestoreReport::Rewound {
+                        worker,
+                        epoch,
+                        result: Ok(()),
+                    },
+                ),
+                RestoreCall::Load { .. } => unreachable!("the checkpoint is given"),
+            };
+            s.handle_restore_report(t, generation, report);
+        }
+    }
+}
+
+/// No worker is dialled or set up while a restore runs: a setup handed out before it (at the
+/// old positions) is discarded, and the worker is set up again at the restored positions once
+/// the restore is over.
+#[test]
+fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default())
+        .with_workers(2)
+        .with_servers(1);
+    s.handle_configure(setup(&[("ids", 0)]));
+    s.handle_reconnect_tick();
+    drain(&mut s);
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
+    let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
+    assert_eq!(datasets, vec![("ids".to_string(), 0)]);
+    let probe = ServerProbe {
+        ps: 0,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    };
+    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
+        .unwrap();
+    assert!(s.is_restoring());
+    // Worker 1's dial, answered while the restore runs, sets nothing up.
+    s.handle_worker_dialled(t, 1, WorkerDial::Answered { epoch: 1 });
+    assert_eq!(
+        s.handle_worker_set_up(t, 0, 1, version, Ok(())),
+        SetUpDisposition::Outdated
+    );
+    assert_eq!(s.worker_epoch(0), None);
+    s.handle_reconnect_tick();
+    let during = finish_restore(&mut s);
+    assert!(
+        dials(&during).is_empty(),
+        "no dial while restoring: {during:?}"
+    );
+    assert!(set_up(&during).is_none(), "{during:?}");
+    assert!(during
+        .iter()
+        .any(|a| matches!(a, SchedulerAction::RestoreFinished { result: Ok(3), .. })));
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), vec![0, 1]);
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
+    let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
+    assert_eq!(datasets, vec![("ids".to_string(), 7)]);
+    assert_eq!(
+        s.handle_worker_set_up(t, 0, 1, version, Ok(())),
+        SetUpDisposition::Up
+    );
+    // A new configuration outdates a setup under way.
+    s.handle_worker_dialled(t, 1, WorkerDial::Answered { epoch: 1 });
+    let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
+    assert_eq!(datasets, vec![("ids".to_string(), 8)]);
+    let ticket = s
+        .handle_reconfigure(t, setup(&[("ids", 0), ("extra", 0)]))
+        .unwrap();
+    assert_eq!(
+        s.handle_worker_set_up(t, 1, 1, version, Ok(())),
+        SetUpDisposition::Outdated
+    );
+    assert_eq!(s.control_counters().setups_outdated, 2);
+    // Worker 0, live, gets the new configuration at its restored positions.
+    let actions = drain(&mut s);
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [SchedulerAction::Reconfigure { ticket: k, worker: 0, epoch: 1, setup }]
+                if *k == ticket && setup.datasets == vec![("ids".to_string(), 7), ("extra".to_string(), 0)]
+        ),
+        "{actions:?}"
+    );
+}
+
+/// A configuration reaches every live worker; the answer comes once each answered, with the
+/// first refusal; a worker that refused or could not be reached is lost (fenced), and answers
+/// from incarnations never asked, or given twice, change nothing.
+#[test]
+fn a_configuration_waits_for_every_live_worker_and_reports_the_first_refusal() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_workers(3);
+    for worker in 0..3 {
+        bring_up(&mut s, worker, 1);
+    }
+    let ticket = s.handle_reconfigure(t, setup(&[("missing", 0)])).unwrap();
+    let asked: Vec<u32> = drain(&mut s)
+        .iter()
+        .filter_map(|a| match a {
+            SchedulerAction::Reconfigure { worker, .. } => Some(*worker),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, vec![0, 1, 2]);
+    s.handle_reconfigured(t, ticket, 0, 1, Ok(()));
+    s.handle_reconfigured(t, ticket, 0, 1, Err(CallFault::Refused("late".into())));
+    s.handle_reconfigured(
+        t,
+        ticket,
+        1,
+        7,
+        Err(CallFault::Refused("never asked".into())),
+    );
+    assert!(
+        drain(&mut s).is_empty(),
+        "worker/1 and worker/2 have not answered"
+    );
+    assert_eq!(s.live_workers(), 3);
+    s.handle_reconfigured(
+        t,
+        ticket,
+        2,
+        1,
+        Err(CallFault::Unreachable("no reply".into())),
+    );
+    s.handle_reconfigured(
+        t,
+        ticket,
+        1,
+        1,
+        Err(CallFault::Refused("no dataset function \"missing\"".into())),
+    );
+    let actions = drain(&mut s);
+    assert_eq!(
+        actions,
+        vec![
+            SchedulerAction::Fence {
+                worker: 2,
+                epoch: 1
+            },
+            SchedulerAction::Fence {
+                worker: 1,
+                epoch: 1
+            },
+            SchedulerAction::ConfigureFinished {
+                ticket,
+                result: Err("worker/1 refused its setup: no dataset function \"missing\"".into()),
+            },
+        ]
+    );
+    assert_eq!(s.live_workers(), 1);
+    // With no live worker the configuration is answered at once.
+    let mut empty = Scheduler::new(SchedulerConfig::default()).with_workers(1);
+    let ticket = empty.handle_reconfigure(t, setup(&[])).unwrap();
+    assert_eq!(
+        drain(&mut empty),
+        vec![SchedulerAction::ConfigureFinished {
+            ticket,
+            result: Ok(())
+        }]
+    );
+}
+
+/// A save survives a worker fault: a worker that does not report its dataset positions is
+/// lost, and the checkpoint records it at the positions it was last set up from (where its
+/// next incarnation starts), not the whole save failing.
+#[test]
+fn a_worker_lost_while_positions_are_collected_is_recorded_at_its_setup_positions() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default())
+        .with_workers(2)
+        .with_servers(1);
+    s.handle_configure(setup(&[("ids", 0)]));
+    let probe = ServerProbe {
+        ps: 0,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    };
+    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
+        .unwrap();
+    finish_restore(&mut s);
+    bring_up(&mut s, 0, 1);
+    bring_up(&mut s, 1, 1);
+    let ticket = s.handle_collect_positions().unwrap();
+    let asked: Vec<(PositionsTicket, u32, u64)> = drain(&mut s)
+        .into_iter()
+        .filter_map(|a| match a {
+            SchedulerAction::AskPositions {
+                ticket,
+                worker,
+                epoch,
+            } => Some((ticket, worker, epoch)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, vec![(ticket, 0, 1), (ticket, 1, 1)]);
+    s.handle_positions(t, ticket, 0, 1, Ok(vec![("ids".into(), 12)]));
+    assert!(drain(&mut s).is_empty());
+    s.handle_positions(
+        t,
+        ticket,
+        1,
+        1,
+        Err(CallFault::Unreachable("the compute thread is gone".into())),
+    );
+    let expected: WorkerPositions = [
+        (0, [("ids".to_string(), 12)].into_iter().collect()),
+        (1, [("ids".to_string(), 8)].into_iter().collect()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        drain(&mut s),
+        vec![
+            SchedulerAction::Fence {
+                worker: 1,
+                epoch: 1
+            },
+            SchedulerAction::PositionsCollected {
+                ticket,
+                positions: expected
+            },
+        ]
+    );
+    assert_eq!(s.live_workers(), 1);
+}
+
+/// CKPT-1: a cut read in a restore generation that has ended since is refused; the cut state a
+/// save compares before and after reading the servers names the generation and the holding.
+#[test]
+fn ckpt_1_a_cut_read_before_a_restore_is_refused() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(1);
+    let before = s.cut_state();
+    assert_eq!(
+        before,
+        CutState {
+            next_closure_id: 0,
+            generation: 0,
+            holding: false
+        }
+    );
+    let probe = ServerProbe {
+        ps: 0,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    };
+    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
+        .unwrap();
+    assert!(s.cut_state().holding);
+    finish_restore(&mut s);
+    assert_ne!(s.cut_state(), before);
+    let err = s
+        .handle_mark_cut(ClosureId(5), PathBuf::from("ckpt"), Some(before.generation))
+        .unwrap_err();
+    assert!(err.contains("restore began"), "{err}");
+    let now = s.cut_state();
+    s.handle_mark_cut(ClosureId(5), PathBuf::from("ckpt"), Some(now.generation))
+        .unwrap();
+    assert_eq!(s.ledger_state().next_closure_id, 5);
+}
