@@ -12,6 +12,7 @@
 //! - [`checkpoint`]: the CKPT-1 checkpoint protocol.
 //! - [`cluster`]: cluster specs, `TF_CONFIG`, config files.
 
+pub mod bootstrap;
 pub mod checkpoint;
 pub mod cli;
 pub mod cluster;

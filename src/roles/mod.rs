@@ -7,10 +7,9 @@ pub mod evaluator;
 pub mod node;
 pub mod protocol;
 pub mod ps;
-mod run;
 pub mod worker;
 
-pub use run::{
+pub use crate::bootstrap::{
     launch_from_args, launch_local, preemption_requested, role_config, run_role, LaunchFlags,
     DETECTION_BUDGET_ENV, LOST_CHIEF_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
     WORKER_WAIT_ENV,

@@ -46,11 +46,11 @@ use cohort_actors::{DeathCause, Gateway, PeerEvent, RefusedReason, RegisterError
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
-use super::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
-use super::node::{peer, resolve, start_gateway, NodeConfig};
-use super::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
-use super::ps::{ParameterStore, PsActor, PushPanic};
-use super::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
+use crate::roles::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
+use crate::roles::node::{peer, resolve, start_gateway, NodeConfig};
+use crate::roles::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
+use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
+use crate::roles::worker::{job_queue, run_worker_thread, PsClient, WorkerActor};
 use crate::cluster::{
     load_role_config, parse_duration_in, ConfigFlags, ConfigKey, DurationRange, RoleConfig,
     StrategyKind, TaskId, TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
@@ -119,8 +119,8 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     let result = match (config.cluster.task.task_type, &config.certs_dir) {
         // The evaluator reads checkpoints only: no node, no certificates.
         (TaskType::Evaluator, _) => {
-            super::evaluator::run_evaluator(&program, config).map_err(|e| {
-                use super::evaluator::EvaluatorError;
+            crate::roles::evaluator::run_evaluator(&program, config).map_err(|e| {
+                use crate::roles::evaluator::EvaluatorError;
                 match e {
                     EvaluatorError::Config(e) => RoleFailure::Config(e),
                     EvaluatorError::Failed(e) => RoleFailure::Training(e),
