@@ -1,16 +1,14 @@
 //! The role actors of parameter-server training: coordinator (chief), parameter server,
-//! worker; and the evaluator, which only reads checkpoints. Each role keeps its decisions in a pure `machine` (no IO, time passed in) and does
-//! its IO in an actor shell (DESIGN §2).
+//! worker; and the evaluator, which only reads checkpoints. Each role keeps its decisions in a
+//! pure `machine` (no IO, time passed in) and does its IO in an actor shell (DESIGN §2).
+//!
+//! A role never decides how its process starts or ends: starting a process as a role is
+//! [`crate::bootstrap`], exit codes and stop signals are [`crate::process`].
 
 pub mod coordinator;
 pub mod evaluator;
 pub mod node;
 pub mod protocol;
 pub mod ps;
+pub mod registry;
 pub mod worker;
-
-pub use crate::bootstrap::{
-    launch_from_args, launch_local, preemption_requested, role_config, run_role, LaunchFlags,
-    DETECTION_BUDGET_ENV, LOST_CHIEF_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
-    WORKER_WAIT_ENV,
-};

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use candle_core::DType;
 
 use super::{ShardLayout, VariableError};
-use crate::strategy::{DeviceSpec, StrategyId};
+use crate::distribute::{DeviceSpec, StrategyId};
 
 /// Decides where a variable created under a strategy's scope lives.
 ///

@@ -170,13 +170,13 @@ impl ClusterCoordinator {
     /// stop scheduling, save a checkpoint and return; the process then exits 143. Parameter
     /// servers and workers keep serving meanwhile, up to the preemption grace.
     pub fn preemption_requested(&self) -> bool {
-        crate::roles::preemption_requested()
+        crate::process::preemption_requested()
     }
 
     /// The configured checkpoint directory (`--checkpoint-dir`, `COHORT_CHECKPOINT_DIR`, or
     /// `checkpoint_dir` in cohort.toml), if any.
     pub fn checkpoint_dir(&self) -> Option<PathBuf> {
-        crate::roles::role_config().and_then(|config| config.checkpoint_dir.clone())
+        crate::process::role_config().and_then(|config| config.checkpoint_dir.clone())
     }
 
     /// Creates a variable on the parameter servers (placed round-robin, or split by its

@@ -20,7 +20,7 @@ pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions,
 };
 pub use machine::{
-    ps_restart_wait_for, ClosureError, ClosureFailure, ClosureId, ClosureState, Ledger, PsDial,
-    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig,
-    ServerProbe, WorkerEpoch, DEFAULT_STEP_TIMEOUT,
+    ClosureError, ClosureFailure, ClosureId, ClosureState, Ledger, PsDial, RestoreTicket,
+    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
+    WorkerEpoch,
 };

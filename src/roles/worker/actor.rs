@@ -22,11 +22,11 @@ use tokio::sync::oneshot;
 use super::client::PsClient;
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
-use crate::program::Program;
 use crate::roles::protocol::{
     DatasetPositions, PsUnavailable, RewindWorker, RunClosure, RunClosureError, SetupWorker,
     WorkerRefusal, WORKER_ACTOR,
 };
+use crate::roles::registry::Program;
 use crate::variable::ShardLayout;
 
 /// Work for the compute thread.
