@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::System;
-use cohort_actors::{DeathCause, Gateway, PeerEvent, RefusedReason, RegisterError, Remote};
+use cohort_actors::{DeathCause, Gateway, PeerEvent, RegisterError, Remote};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
@@ -222,16 +222,14 @@ fn run_worker(
 }
 
 /// Ends this process with code 0 when the chief says the job is done ([`Shutdown`] to
-/// `actor`). Only the chief may say so.
+/// `actor`). Only the chief may say so: the gateway refuses the message from any other role
+/// before this handler runs (SEC-2, [`Shutdown`]'s `SENDERS`).
 fn exit_on_goodbye(gateway: &Gateway, actor: &str) -> Result<(), RegisterError> {
-    let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
-    gateway.register_fn::<Shutdown, _, _>(actor, move |m: Remote<Shutdown>| {
-        let answer = obey_chief(&chief, &m.from.node).map(|()| {
-            tracing::info!("the chief finished the job: exiting");
-            exit_after_answering(system.clone(), JOB_DONE_EXIT_CODE);
-        });
-        async move { answer }
+    gateway.register_fn::<Shutdown, _, _>(actor, move |_: Remote<Shutdown>| {
+        tracing::info!("the chief finished the job: exiting");
+        exit_after_answering(system.clone(), JOB_DONE_EXIT_CODE);
+        async { Ok(()) }
     })
 }
 
@@ -239,33 +237,20 @@ fn exit_on_goodbye(gateway: &Gateway, actor: &str) -> Result<(), RegisterError> 
 /// retires its incarnation `epoch` ([`Retire`]): the chief fenced it, or declared it dead,
 /// while it was alive (FENCE-1), so it can do nothing useful any more, and its supervisor
 /// restarts it as a new incarnation that the chief takes back (a parameter server is then
-/// restored). A retirement of another incarnation is ignored.
+/// restored). A retirement of another incarnation is ignored. Only the chief may retire: the
+/// gateway refuses the message from any other role (SEC-2, [`Retire`]'s `SENDERS`).
 fn exit_when_retired(gateway: &Gateway, actor: &str, epoch: u64) -> Result<(), RegisterError> {
-    let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
     gateway.register_fn::<Retire, _, _>(actor, move |m: Remote<Retire>| {
-        let answer = obey_chief(&chief, &m.from.node).map(|()| {
-            if m.msg.epoch == epoch {
-                tracing::warn!(
-                    "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
-                     exiting so that it restarts as a new incarnation"
-                );
-                exit_after_answering(system.clone(), LOST_CHIEF_EXIT_CODE);
-            }
-        });
-        async move { answer }
+        if m.msg.epoch == epoch {
+            tracing::warn!(
+                "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
+                 exiting so that it restarts as a new incarnation"
+            );
+            exit_after_answering(system.clone(), LOST_CHIEF_EXIT_CODE);
+        }
+        async { Ok(()) }
     })
-}
-
-/// Whether a message that ends this process comes from the chief: no other role may end it.
-fn obey_chief(chief: &NodeId, from: &NodeId) -> Result<(), RefusedReason> {
-    if from == chief {
-        Ok(())
-    } else {
-        Err(RefusedReason::NotAuthenticated(format!(
-            "only {chief} may end this process, not {from}"
-        )))
-    }
 }
 
 /// Stops the node with `code` once its answer to the message that asked for it has had
