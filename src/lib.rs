@@ -2,6 +2,8 @@
 //! QUIC, built to keep training through the failures it exists to survive.
 //!
 //! Module map (see DESIGN.md §1):
+//! - [`distribute`]: the shared `tf.distribute` vocabulary (devices, strategy ids, per-replica
+//!   values, reduce operations); a leaf every other module may use.
 //! - [`data`]: datasets, distributed datasets and iterators, input contexts, auto-sharding.
 //! - [`strategy`]: the `Strategy` trait, the local strategies, per-replica values, reduce.
 //! - [`layout`]: where the rows of a variable live (one type for placement, worker setup and
@@ -13,17 +15,30 @@
 //! - [`train`]: loss helpers, `fit` and Keras-style progress.
 //! - [`checkpoint`]: the CKPT-1 checkpoint protocol.
 //! - [`cluster`]: cluster specs, `TF_CONFIG`, config files.
+//! - [`roles`]: the coordinator, parameter-server, worker and evaluator roles, and the
+//!   registry of a program's functions.
+//! - [`process`]: exit codes, stop signals and the role configuration of this process.
+//! - [`bootstrap`]: starting a process as a role, and the local launch of a whole cluster.
+//! - [`program`]: the user's entry point (`Program`, `main`).
+//!
+//! The modules form a graph without cycles (the test `module_graph` keeps it so): shared
+//! vocabulary sits in leaves (`distribute`, `ledger`), process concerns low (`process`, used by
+//! the roles and the launcher), the roles below the bootstrap, and the bootstrap below the
+//! user's `program`.
 
+pub mod bootstrap;
 pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod collective;
 pub mod data;
+pub mod distribute;
 pub mod launch;
 pub mod layout;
 pub mod ledger;
 pub mod nn;
 pub mod optim;
+pub mod process;
 pub mod program;
 pub mod roles;
 pub mod sim;

@@ -170,7 +170,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         (DIR_ENV.to_string(), run.dir.display().to_string()),
         (SCENARIO_ENV.to_string(), run.scenario.clone()),
     ]);
-    let flags = cohort::roles::LaunchFlags {
+    let flags = cohort::bootstrap::LaunchFlags {
         workers: 2,
         ps: 2,
         evaluators: 0,
@@ -183,7 +183,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         "cluster_task".into(),
         "--nocapture".into(),
     ];
-    let code = cohort::roles::launch_local(&flags, task_args, env);
+    let code = cohort::bootstrap::launch_local(&flags, task_args, env);
     preempter.finish();
     assert_eq!(
         code, 143,

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use cohort::checkpoint::{CheckpointManager, CheckpointPolicy, FAILPOINT_ENV};
 use cohort::launch::TaskExit;
+use cohort::process::PANIC_EXIT_CODE;
 use cohort::program::{CoordinatorError, Program, StepContext, VariableSpec};
-use cohort::roles::PANIC_EXIT_CODE;
 use ps_support::{child_dir, fit_gradient, ledger_and_stats, write_report, Run, TARGET};
 
 /// Closures between two checkpoints.

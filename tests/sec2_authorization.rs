@@ -5,7 +5,7 @@
 //! The allowed senders still get through (each test also checks what the refused sender could
 //! not do is done when the chief sends it, or that the worker's own traffic still flows).
 //!
-//! `Retire` and `Shutdown` end the process in `cohort::roles` (`run.rs`); here they are
+//! `Retire` and `Shutdown` end the process in `cohort::bootstrap`; here they are
 //! registered on the same gateways with recording handlers in their place, since the check
 //! under test is the gateway's, made from the message type.
 

@@ -525,6 +525,7 @@ fn outcome(e: &RemoteError) -> &'static str {
         RemoteError::Stale { .. } => "stale",
         RemoteError::PeerLost { .. } => "lost",
         RemoteError::Timeout { .. } => "timeout",
+        RemoteError::Busy { .. } => "busy",
         RemoteError::Refused { .. } => "refused",
         RemoteError::Codec { .. } => "codec",
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::CliError;
-use crate::roles::{launch_local, LaunchFlags};
+use crate::bootstrap::{launch_local, LaunchFlags};
 use crate::workloads::bench::BenchReport;
 
 /// Runs the benchmark `target` (`ps`).

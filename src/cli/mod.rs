@@ -65,7 +65,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct DemoArgs {
     #[command(flatten)]
-    launch: crate::roles::LaunchFlags,
+    launch: crate::bootstrap::LaunchFlags,
     /// Digits epochs (100 steps each).
     #[arg(long, default_value_t = 8)]
     digits_epochs: usize,
@@ -91,7 +91,7 @@ struct LaunchArgs {
     #[arg(long, default_value = "demo")]
     job: String,
     #[command(flatten)]
-    launch: crate::roles::LaunchFlags,
+    launch: crate::bootstrap::LaunchFlags,
 }
 
 /// Flags of `cohort bench`.
@@ -175,7 +175,11 @@ pub fn run() -> ExitCode {
                     launch.kill_worker_after.is_some().to_string(),
                 ),
             ];
-            return exit(crate::roles::launch_local(&launch, role_args("demo"), env));
+            return exit(crate::bootstrap::launch_local(
+                &launch,
+                role_args("demo"),
+                env,
+            ));
         }
         Command::Launch(args) => {
             if builtin_job(&args.job).is_none() {
@@ -184,7 +188,7 @@ pub fn run() -> ExitCode {
                     args.job
                 )))
             } else {
-                return exit(crate::roles::launch_local(
+                return exit(crate::bootstrap::launch_local(
                     &args.launch,
                     role_args(&args.job),
                     Vec::new(),
@@ -195,7 +199,7 @@ pub fn run() -> ExitCode {
         Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
         Command::Role(args) => match builtin_job(&args.job) {
             Some(program) => {
-                return exit(crate::roles::run_role(
+                return exit(crate::bootstrap::run_role(
                     std::sync::Arc::new(program),
                     &args.config,
                 ))

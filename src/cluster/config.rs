@@ -203,8 +203,22 @@ pub const DEFAULT_CONFIG_FILE: &str = "cohort.toml";
 pub const DEFAULT_DETECTION_BUDGET: Duration = Duration::from_secs(3);
 /// Default bound on waiting with no live worker.
 pub const DEFAULT_WORKER_WAIT: Duration = Duration::from_secs(60);
-/// Default bound on one closure's run on a worker (see `SchedulerConfig::step_timeout`).
-pub const DEFAULT_STEP_TIMEOUT: Duration = crate::roles::coordinator::DEFAULT_STEP_TIMEOUT;
+/// Default bound on one closure's run on a worker (see `SchedulerConfig::step_timeout`): 30
+/// minutes. Training steps take milliseconds to seconds and a step that evaluates a whole
+/// dataset minutes, so a step still running after half an hour is almost surely hung; and it
+/// is retried well before the chief's one-hour bound on a single `join` or `fetch` wait gives
+/// up.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// The default `ps_restart_wait` (`SchedulerConfig::ps_restart_wait_max`) for a
+/// failure-detection budget: time for the loss to be detected, the supervisor to back off and
+/// restart the process, and the restore to run, with room to spare: 20 budgets, at least 30
+/// seconds.
+pub fn ps_restart_wait_for(detection_budget: Duration) -> Duration {
+    detection_budget
+        .saturating_mul(20)
+        .max(Duration::from_secs(30))
+}
+
 /// Default grace after SIGTERM.
 pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(10);
 /// Default time an evaluator waits for a new checkpoint before it stops: long enough for a
@@ -961,9 +975,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         detection_budget: detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET),
         worker_wait: worker_wait.unwrap_or(DEFAULT_WORKER_WAIT),
         ps_restart_wait: ps_restart_wait.unwrap_or_else(|| {
-            crate::roles::coordinator::ps_restart_wait_for(
-                detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET),
-            )
+            ps_restart_wait_for(detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET))
         }),
         step_timeout: step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT),
         checkpoint_dir,
@@ -1638,12 +1650,6 @@ mod tests {
             "{err}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn env_names_match_what_the_launcher_sets() {
-        assert_eq!(ConfigKey::CERTS_DIR.env, crate::launch::CERTS_ENV);
-        assert_eq!(ConfigKey::INCARNATION.env, crate::launch::INCARNATION_ENV);
     }
 
     /// Every duration key, in every layer that can set it: a huge value (one that used to

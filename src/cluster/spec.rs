@@ -85,6 +85,12 @@ impl TaskId {
     }
 }
 
+/// The node id a task's certificate carries (`<task type>-<index>` as the transport names it):
+/// the identity by which every other node knows it.
+pub fn node_id(task: TaskId) -> cohort_transport::NodeId {
+    cohort_transport::NodeId::new(task.task_type.as_str(), task.index)
+}
+
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.task_type, self.index)

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
 
-use crate::strategy::ReduceOp;
+use crate::distribute::{divide_by, ReduceOp};
 
 /// Why a collective call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -354,9 +354,7 @@ fn combine(
     }
     let out = match op {
         ReduceOp::Sum => sum,
-        ReduceOp::Mean => {
-            crate::strategy::divide_by(&sum, tensors.len() as f64).map_err(tensor_err)?
-        }
+        ReduceOp::Mean => divide_by(&sum, tensors.len() as f64).map_err(tensor_err)?,
     };
     Ok(Some(out))
 }

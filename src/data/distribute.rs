@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::pipeline::BoxIter;
 use super::spec::{Element, TensorSpec};
 use super::{DataError, Dataset};
-use crate::strategy::PerReplica;
+use crate::distribute::PerReplica;
 
 /// What one input pipeline knows about the distribution (TensorFlow's
 /// `tf.distribute.InputContext`), given to the dataset function of

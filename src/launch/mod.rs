@@ -32,18 +32,20 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use cohort_actors::RestartLimits;
 use cohort_actors::{RestartDecision, RestartPolicy};
-use cohort_transport::{ClusterCa, NodeId};
+use cohort_transport::ClusterCa;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::checkpoint::FAILPOINT_ENV;
-use crate::cluster::{ClusterConfig, ClusterSpec, TaskId, TaskType};
-use crate::roles::PANIC_EXIT_CODE;
+use crate::cluster::{ClusterConfig, ClusterSpec, ConfigKey, TaskId, TaskType};
+use crate::process::PANIC_EXIT_CODE;
 
-/// Environment variable naming the certificate directory of a launched task.
-pub const CERTS_ENV: &str = "COHORT_CERTS";
-/// Environment variable carrying a launched task's incarnation epoch.
-pub const INCARNATION_ENV: &str = "COHORT_INCARNATION";
+/// Environment variable naming the certificate directory of a launched task: the one its
+/// configuration reads ([`ConfigKey::CERTS_DIR`]).
+pub const CERTS_ENV: &str = ConfigKey::CERTS_DIR.env;
+/// Environment variable carrying a launched task's incarnation epoch: the one its
+/// configuration reads ([`ConfigKey::INCARNATION`]).
+pub const INCARNATION_ENV: &str = ConfigKey::INCARNATION.env;
 /// A chief output line containing this asks the launcher to carry out its `kill_once` now, so
 /// a demo can place its failure at a chosen point of training rather than at a wall-clock time.
 pub const CHAOS_MARKER: &str = "[chaos-point]";
@@ -448,16 +450,9 @@ impl Drop for Launcher {
 }
 
 /// Sets `flag` when SIGINT or SIGTERM arrives (the launcher then stops its children).
-pub fn stop_on_signals(flag: &Arc<AtomicBool>) -> std::io::Result<()> {
-    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(flag))?;
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(flag))?;
-    Ok(())
-}
+pub use crate::process::stop_on_signals;
 
-/// The node id a task's certificate carries.
-pub fn node_id(task: TaskId) -> NodeId {
-    NodeId::new(task.task_type.as_str(), task.index)
-}
+pub use crate::cluster::node_id;
 
 /// Exits kept for [`Launcher::exits`]: a restart budget spends far fewer.
 pub const EXITS_KEPT_MAX: usize = 1024;

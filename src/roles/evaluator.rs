@@ -44,7 +44,7 @@ use crate::checkpoint::{
     TensorError,
 };
 use crate::cluster::{format_duration, RoleConfig};
-use crate::program::{EvalFn, Program};
+use crate::roles::registry::{EvalFn, Program};
 
 /// Named metrics an evaluation function returns, printed in this order.
 pub type Metrics = Vec<(String, f64)>;
@@ -325,10 +325,8 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
         )
     })?;
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
-            tracing::warn!("cannot watch for signal {signal}: {e}");
-        }
+    if let Err(e) = crate::process::stop_on_signals(&stop) {
+        tracing::warn!("cannot watch for SIGTERM/SIGINT: {e}");
     }
     let watch_config = WatchConfig {
         poll_interval: POLL_INTERVAL,
@@ -349,7 +347,7 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
     loop {
         if stop.load(Ordering::SeqCst) {
             eprintln!("[evaluator] stop requested (SIGTERM): exiting");
-            return Ok(crate::roles::PREEMPTED_EXIT_CODE);
+            return Ok(crate::process::PREEMPTED_EXIT_CODE);
         }
         let entries = match list_checkpoints(&root) {
             Ok(entries) => {

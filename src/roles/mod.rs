@@ -1,6 +1,9 @@
 //! The role actors of parameter-server training: coordinator (chief), parameter server,
-//! worker; and the evaluator, which only reads checkpoints. Each role keeps its decisions in a pure `machine` (no IO, time passed in) and does
-//! its IO in an actor shell (DESIGN §2).
+//! worker; and the evaluator, which only reads checkpoints. Each role keeps its decisions in a
+//! pure `machine` (no IO, time passed in) and does its IO in an actor shell (DESIGN §2).
+//!
+//! A role never decides how its process starts or ends: starting a process as a role is
+//! [`crate::bootstrap`], exit codes and stop signals are [`crate::process`].
 
 pub mod coordinator;
 pub mod evaluator;
@@ -8,11 +11,5 @@ pub mod node;
 pub mod protocol;
 pub mod ps;
 pub mod push;
-mod run;
+pub mod registry;
 pub mod worker;
-
-pub use run::{
-    launch_from_args, launch_local, preemption_requested, role_config, run_role, LaunchFlags,
-    DETECTION_BUDGET_ENV, JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PANIC_EXIT_CODE,
-    PREEMPTED_EXIT_CODE, WORKER_WAIT_ENV,
-};

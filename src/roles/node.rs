@@ -8,8 +8,7 @@ use std::time::Duration;
 use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig};
 use cohort_transport::{Endpoint, NodeCredentials, NodeId, TransportConfig};
 
-use crate::cluster::{ClusterConfig, TaskId};
-use crate::launch::node_id;
+use crate::cluster::{node_id, ClusterConfig, TaskId};
 
 /// What a node needs to join its cluster.
 #[derive(Debug, Clone)]

@@ -1,12 +1,16 @@
 //! Replica and cross-replica contexts: what code inside `run` knows about its replica.
+//!
+//! The calling thread's replica itself is kept by [`crate::collective`] (a variable reads it
+//! too); this module presents it as TensorFlow's `ReplicaContext`.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use candle_core::Tensor;
 
 use super::{DeviceSpec, ReduceOp, StrategyError, StrategyId};
-use crate::collective::LocalMember;
+use crate::collective::{
+    current_replica, in_replica, with_current_replica, CurrentReplica, LocalMember,
+};
 
 /// The context of one replica inside [`StrategyExt::run`](super::StrategyExt::run)
 /// (TensorFlow's `tf.distribute.ReplicaContext`).
@@ -15,11 +19,7 @@ use crate::collective::LocalMember;
 /// the replica's thread while the function runs.
 #[derive(Debug, Clone)]
 pub struct ReplicaContext {
-    replica_id: usize,
-    num_replicas: usize,
-    device: DeviceSpec,
-    strategy_id: StrategyId,
-    member: Arc<LocalMember>,
+    replica: CurrentReplica,
 }
 
 impl ReplicaContext {
@@ -29,32 +29,28 @@ impl ReplicaContext {
         member: Arc<LocalMember>,
     ) -> Self {
         Self {
-            replica_id: member.rank(),
-            num_replicas: member.size(),
-            device,
-            strategy_id,
-            member,
+            replica: CurrentReplica::new(device, strategy_id, member),
         }
     }
 
     /// This replica's index, `0..num_replicas_in_sync`.
     pub fn replica_id_in_sync_group(&self) -> usize {
-        self.replica_id
+        self.replica.replica_id_in_sync_group()
     }
 
     /// Number of replicas taking part in this step.
     pub fn num_replicas_in_sync(&self) -> usize {
-        self.num_replicas
+        self.replica.num_replicas_in_sync()
     }
 
     /// The device this replica runs on.
     pub fn device(&self) -> DeviceSpec {
-        self.device
+        self.replica.device()
     }
 
     /// The strategy running this replica.
     pub fn strategy_id(&self) -> StrategyId {
-        self.strategy_id
+        self.replica.strategy_id()
     }
 
     /// Reduces `value` across every replica of this step; each replica gets the result.
@@ -63,22 +59,17 @@ impl ReplicaContext {
     /// finishes its function without calling it makes the others fail at once, and a replica
     /// that never arrives makes them fail after the strategy's collective timeout.
     pub fn all_reduce(&self, op: ReduceOp, value: &Tensor) -> Result<Tensor, StrategyError> {
-        Ok(self.member.all_reduce(op, value)?)
+        Ok(self.replica.member().all_reduce(op, value)?)
     }
 
     /// Waits until every replica of this step reaches this point.
     pub fn barrier(&self) -> Result<(), StrategyError> {
-        Ok(self.member.barrier()?)
-    }
-
-    /// The collective member of this replica, for crate-internal synchronization.
-    pub(crate) fn member(&self) -> &LocalMember {
-        &self.member
+        Ok(self.replica.member().barrier()?)
     }
 
     /// Marks this replica done with its step's collectives.
     pub(crate) fn leave(&self) {
-        self.member.leave();
+        self.replica.member().leave();
     }
 }
 
@@ -95,29 +86,16 @@ pub struct ValueContext {
 /// The replica context of the calling thread: `Some` inside a replica function run by a
 /// strategy, `None` in cross-replica context (anywhere else).
 pub fn get_replica_context() -> Option<ReplicaContext> {
-    CURRENT.with(|c| c.borrow().clone())
+    current_replica().map(|replica| ReplicaContext { replica })
 }
 
 /// Whether the calling thread is in cross-replica context (not inside a replica function).
 pub fn in_cross_replica_context() -> bool {
-    CURRENT.with(|c| c.borrow().is_none())
+    !in_replica()
 }
 
 /// Runs `f` with `ctx` as the calling thread's replica context, restoring the previous one after,
 /// even if `f` panics.
 pub(crate) fn with_replica_context<R>(ctx: &ReplicaContext, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<ReplicaContext>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            CURRENT.with(|c| *c.borrow_mut() = prev);
-        }
-    }
-    let prev = CURRENT.with(|c| c.borrow_mut().replace(ctx.clone()));
-    let _restore = Restore(prev);
-    f()
-}
-
-thread_local! {
-    static CURRENT: RefCell<Option<ReplicaContext>> = const { RefCell::new(None) };
+    with_current_replica(&ctx.replica, f)
 }

@@ -39,28 +39,27 @@ mod args;
 mod central_storage;
 mod context;
 mod default;
-mod device;
 mod mirrored;
 mod one_device;
 mod reduce;
 mod replicas;
-mod values;
 
+pub use crate::distribute::{
+    divide_by, DeviceError, DeviceKind, DeviceSpec, PerReplica, ReduceOp, StrategyId,
+    UnknownReduceOp,
+};
 pub use args::{Broadcast, RunArgs};
 pub use central_storage::CentralStorage;
 pub use context::{get_replica_context, in_cross_replica_context, ReplicaContext, ValueContext};
 pub use default::DefaultStrategy;
-pub use device::{DeviceError, DeviceKind, DeviceSpec};
 pub use mirrored::Mirrored;
 pub use one_device::OneDevice;
-pub use reduce::{divide_by, gather_per_replica, reduce_per_replica};
+pub use reduce::{gather_per_replica, reduce_per_replica};
 pub use replicas::{ReplicaFn, DEFAULT_COLLECTIVE_TIMEOUT_MS};
-pub use values::{PerReplica, ReduceOp, UnknownReduceOp};
 
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
@@ -353,17 +352,6 @@ pub trait StrategyExt: Strategy {
 
 impl<S: Strategy + ?Sized> StrategyExt for S {}
 
-/// A process-unique strategy id; variables remember the strategy that keeps them in sync.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StrategyId(pub u64);
-
-impl StrategyId {
-    /// A fresh id.
-    pub fn next() -> Self {
-        StrategyId(NEXT_STRATEGY_ID.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
 /// The guard of a strategy's scope; the scope ends when it is dropped. Not `Send`.
 #[derive(Debug)]
 #[must_use = "the scope ends when this guard is dropped"]
@@ -463,8 +451,6 @@ pub enum StrategyError {
 /// A single process is one input pipeline.
 const LOCAL_INPUT_PIPELINES: usize = 1;
 const LOCAL_INPUT_PIPELINE_ID: usize = 0;
-
-static NEXT_STRATEGY_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Parses and checks replica device names: CPU only, no duplicates, at least one.
 pub(crate) fn parse_replica_devices<S: AsRef<str>>(

@@ -1,8 +1,8 @@
 //! Cross-replica reduction of per-replica tensors (TensorFlow's `Strategy.reduce`).
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
-use super::{PerReplica, ReduceOp, StrategyError};
+use super::{divide_by, PerReplica, ReduceOp, StrategyError};
 
 /// Reduces one tensor per replica to one tensor, as `tf.distribute.Strategy.reduce` does.
 ///
@@ -94,16 +94,6 @@ pub fn gather_per_replica(
         dims
     })?;
     Ok(Tensor::cat(values, axis)?)
-}
-
-/// Divides `value` by `n`: float tensors keep their dtype, integer tensors become f64.
-pub fn divide_by(value: &Tensor, n: f64) -> candle_core::Result<Tensor> {
-    let value = match value.dtype() {
-        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => value.clone(),
-        _ => value.to_dtype(DType::F64)?,
-    };
-    let divisor = Tensor::new(n, value.device())?.to_dtype(value.dtype())?;
-    value.broadcast_div(&divisor)
 }
 
 fn sum_along(t: &Tensor, axis: usize) -> candle_core::Result<Tensor> {

@@ -3,8 +3,9 @@
 //! This module owns [`Variable`] (plain, mirrored per replica, or one central host copy), its
 //! update semantics in replica and cross-replica context, and the placement seam
 //! ([`VariablePlacement`], [`Placement`], [`PlacementScope`]) that strategies plug their
-//! policies into. It never runs replicas itself: it reads the calling thread's replica context
-//! ([`crate::strategy::get_replica_context`]) to decide which copy a read or update touches.
+//! policies into. It never runs replicas itself: it reads the calling thread's replica (kept
+//! by [`crate::collective`], presented to users as `strategy::get_replica_context`) to decide
+//! which copy a read or update touches.
 //!
 //! Update rules (TensorFlow's, for `MirroredVariable` and central-storage variables):
 //! - From cross-replica context (outside `run`), an update applies to every component.
@@ -49,9 +50,9 @@ use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use candle_core::{DType, Tensor};
 
-use crate::collective::CollectiveError;
+use crate::collective::{current_replica, in_replica, CollectiveError, CurrentReplica};
+use crate::distribute::{DeviceError, DeviceSpec, ReduceOp};
 use crate::layout::Layout;
-use crate::strategy::{get_replica_context, DeviceError, DeviceSpec, ReduceOp, ReplicaContext};
 
 /// How updates made in replica context are combined across replicas
 /// (TensorFlow's `tf.VariableAggregation`).
@@ -243,12 +244,12 @@ impl Variable {
 
     /// The replica context if the calling thread is a replica of the strategy that keeps this
     /// variable in sync.
-    fn synced_ctx(&self) -> Option<ReplicaContext> {
+    fn synced_ctx(&self) -> Option<CurrentReplica> {
         let owner = self.inner.placement.strategy()?;
-        get_replica_context().filter(|ctx| ctx.strategy_id() == owner)
+        current_replica().filter(|ctx| ctx.strategy_id() == owner)
     }
 
-    fn aggregate(&self, ctx: &ReplicaContext, value: &Tensor) -> Result<Tensor, VariableError> {
+    fn aggregate(&self, ctx: &CurrentReplica, value: &Tensor) -> Result<Tensor, VariableError> {
         let collective = |source: CollectiveError| VariableError::Collective {
             name: self.inner.name.clone(),
             source,
@@ -282,7 +283,7 @@ impl Variable {
     /// write while the others wait.
     fn write_own(
         &self,
-        ctx: &ReplicaContext,
+        ctx: &CurrentReplica,
         f: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
     ) -> Result<(), VariableError> {
         let replica = ctx.replica_id_in_sync_group();
@@ -457,7 +458,7 @@ impl VariableBuilder {
 
     /// Creates the variable; every component starts as a copy of the initial value.
     pub fn build(self) -> Result<Variable, VariableError> {
-        if get_replica_context().is_some() {
+        if in_replica() {
             // A variable made by each replica separately would silently diverge.
             return Err(VariableError::CreatedInReplicaContext { name: self.name });
         }

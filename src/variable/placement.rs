@@ -15,8 +15,8 @@ use std::sync::Arc;
 use candle_core::DType;
 
 use super::VariableError;
+use crate::distribute::{DeviceSpec, StrategyId};
 use crate::layout::Layout;
-use crate::strategy::{DeviceSpec, StrategyId};
 
 /// Decides where a variable created under a strategy's scope lives.
 ///

@@ -155,6 +155,17 @@ pub enum RemoteError {
         /// Why.
         reason: String,
     },
+    /// A receive budget had no room (SEC-2), which is transient: the same message may go
+    /// through later. Either the peer's in-flight byte budget was full, so the message was
+    /// not delivered (its handler did not run); or ours was, for the reply, so the handler
+    /// may have run, as after a [`RemoteError::Timeout`].
+    #[error("{peer} is busy: {reason}")]
+    Busy {
+        /// The peer.
+        peer: NodeId,
+        /// Which budget was full.
+        reason: String,
+    },
     /// The peer (or this gateway) refused the message.
     #[error("{peer} refused the message: {reason}")]
     Refused {

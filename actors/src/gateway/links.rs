@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cohort_transport::{codec, ConnectError, Connection, Frame, LinkError, NodeId};
+use cohort_transport::{codec, ConnectError, Connection, Frame, LinkError, NodeId, RejectReason};
 
 use super::remote_ref::{decode_reply, WireKind};
 use super::serve::spawn_serve;
@@ -234,6 +234,22 @@ pub(super) fn link_error(peer: &NodeId, error: LinkError) -> RemoteError {
         LinkError::ConnectionLost { reason, .. } => RemoteError::PeerLost {
             peer: peer.clone(),
             reason,
+        },
+        // The peer's in-flight byte budget was full: it dropped the message unread.
+        LinkError::Rejected {
+            reason: RejectReason::Busy,
+            ..
+        } => RemoteError::Busy {
+            peer: peer.clone(),
+            reason: format!(
+                "rejected by the transport: {}: its in-flight byte budget is full",
+                RejectReason::Busy
+            ),
+        },
+        // Our receive budget had no room for the reply within its wait.
+        LinkError::OverBudget { error, .. } => RemoteError::Busy {
+            peer: peer.clone(),
+            reason: format!("the reply found no room in this node's receive budget: {error}"),
         },
         LinkError::Rejected { reason, .. } => RemoteError::Refused {
             peer: peer.clone(),

@@ -50,6 +50,10 @@
 //! dropped; both are counted in [`GatewayStats::sender_not_allowed`] and logged at warn.
 //! Hellos and heartbeats, the gateway's own messages, stay open to every authenticated peer.
 //!
+//! The transport's receive budgets (SEC-2) bound the bytes in flight into a node. A call that
+//! finds no room in the receiver's budget, or whose reply finds none in ours, fails as
+//! [`RemoteError::Busy`]: transient, unlike a refusal, so a caller may try the same call again.
+//!
 //! # Layout
 //!
 //! One file per concern; each file's doc says what it owns.

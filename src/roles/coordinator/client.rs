@@ -169,13 +169,13 @@ impl ClusterCoordinator {
     /// stop scheduling, save a checkpoint and return; the process then exits 143. Parameter
     /// servers and workers keep serving meanwhile, up to the preemption grace.
     pub fn preemption_requested(&self) -> bool {
-        crate::roles::preemption_requested()
+        crate::process::preemption_requested()
     }
 
     /// The configured checkpoint directory (`--checkpoint-dir`, `COHORT_CHECKPOINT_DIR`, or
     /// `checkpoint_dir` in cohort.toml), if any.
     pub fn checkpoint_dir(&self) -> Option<PathBuf> {
-        crate::roles::role_config().and_then(|config| config.checkpoint_dir.clone())
+        crate::process::role_config().and_then(|config| config.checkpoint_dir.clone())
     }
 
     /// Creates a variable on the parameter servers (placed round-robin, or split by its
@@ -664,7 +664,8 @@ enum PsCallError {
 #[derive(Debug)]
 enum ReadFault {
     /// Worth reading again once the server is back: it could not be reached, did not answer
-    /// in time, was a stale incarnation, or is not serving (restarting, restoring).
+    /// in time, was a stale incarnation, was busy (its receive budget full), or is not
+    /// serving (restarting, restoring).
     Retryable(String),
     /// Reading again would get the same answer (a refusal, a malformed reply, a bug).
     Permanent(CoordinatorError),
@@ -677,7 +678,8 @@ impl ReadFault {
             PsCallError::Remote(e) => match e {
                 RemoteError::Timeout { .. }
                 | RemoteError::PeerLost { .. }
-                | RemoteError::Stale { .. } => true,
+                | RemoteError::Stale { .. }
+                | RemoteError::Busy { .. } => true,
                 RemoteError::Refused { reason, .. } => matches!(
                     reason,
                     RefusedReason::ActorUnavailable(_)

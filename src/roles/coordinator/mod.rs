@@ -22,8 +22,8 @@ pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
-    ps_restart_wait_for, ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket,
-    ControlCounters, CoordinatorStatus, CutState, Ledger, LedgerState, PositionsTicket, PsDial,
-    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig,
-    ServerProbe, SetUpDisposition, WorkerDial, WorkerEpoch, DEFAULT_STEP_TIMEOUT,
+    ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket, ControlCounters,
+    CoordinatorStatus, CutState, Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket,
+    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
+    SetUpDisposition, WorkerDial, WorkerEpoch,
 };

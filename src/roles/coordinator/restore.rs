@@ -18,7 +18,7 @@ use crate::layout::Layout;
 use crate::roles::protocol::{f32_blob, RestoreVariable, PS_ACTOR};
 
 /// What a failed call to a parameter server means for a restore: a refusal cannot be helped
-/// by trying again; anything else (gone, restarted, no answer in time) can.
+/// by trying again; anything else (gone, restarted, busy, no answer in time) can.
 pub(crate) fn call_fault(error: RemoteError) -> CallFault {
     match error {
         RemoteError::Refused { .. } => CallFault::Refused(error.to_string()),

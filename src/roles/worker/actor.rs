@@ -26,11 +26,11 @@ use super::machine::{
 };
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
-use crate::program::Program;
 use crate::roles::protocol::{
     DatasetPositions, PositionsError, RewindWorker, RunClosure, RunClosureError, SetupWorker,
     WorkerRefusal, WORKER_ACTOR,
 };
+use crate::roles::registry::Program;
 
 /// The worker's machine, shared by the actor (admission, ending) and the compute thread
 /// (setups, steps). Every call on it is short and does no IO.

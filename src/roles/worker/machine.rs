@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::layout::Layout;
+use crate::process::{JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PREEMPTED_EXIT_CODE};
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
 };
 use crate::roles::push::{plan_push, Gradient, PlannedPush, PushOrigin, PushOutcome};
 use crate::roles::worker::StepError;
-use crate::roles::{JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PREEMPTED_EXIT_CODE};
 
 /// Most elements a worker skips to resume a dataset from a checkpoint position.
 pub const SKIP_MAX: u64 = 10_000_000;

@@ -66,13 +66,15 @@ impl StepError {
     }
 
     /// What a failed remote call to parameter server `ps` means for a step: the server
-    /// unreachable, gone, or restarted without its state is [`StepError::PsUnavailable`];
+    /// unreachable, busy (a full receive budget), gone, or restarted without its state is
+    /// [`StepError::PsUnavailable`];
     /// anything else (a message that failed to encode, a refusal for another reason) is
     /// [`StepError::Ps`].
     pub fn from_ps_call(ps: u32, error: cohort_actors::RemoteError) -> Self {
         use cohort_actors::{RefusedReason, RemoteError};
         match &error {
             RemoteError::Timeout { .. }
+            | RemoteError::Busy { .. }
             | RemoteError::PeerLost { .. }
             | RemoteError::Stale { .. }
             | RemoteError::Refused {

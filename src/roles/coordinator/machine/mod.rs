@@ -38,6 +38,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::Checkpoint;
+use crate::cluster::{ps_restart_wait_for, DEFAULT_DETECTION_BUDGET, DEFAULT_STEP_TIMEOUT};
 pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
 
@@ -116,15 +117,6 @@ impl Default for SchedulerConfig {
             rollback_retained_max: 100_000,
         }
     }
-}
-
-/// The default [`SchedulerConfig::ps_restart_wait_max`] for a failure-detection budget: time
-/// for the loss to be detected, the supervisor to back off and restart the process, and the
-/// restore to run, with room to spare: 20 budgets, at least 30 seconds.
-pub fn ps_restart_wait_for(detection_budget: Duration) -> Duration {
-    detection_budget
-        .saturating_mul(20)
-        .max(Duration::from_secs(30))
 }
 
 /// An error from a closure, as its worker reported it.
@@ -1681,19 +1673,9 @@ impl Scheduler {
     }
 }
 
-/// Default [`SchedulerConfig::step_timeout`]: 30 minutes. Training steps take milliseconds to
-/// seconds and a step that evaluates a whole dataset minutes, so a step still running after
-/// half an hour is almost surely hung; and it is retried well before the chief's one-hour
-/// bound on a single `join` or `fetch` wait gives up.
-pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-
 /// Restores one parameter-server recovery may start before its loss counts as unrecoverable
 /// (each interrupted because a server could not be reached, e.g. it restarted again).
 pub const RESTORE_ATTEMPTS_MAX: u32 = 5;
-
-/// The failure-detection budget [`SchedulerConfig::default`] derives its bounds from (the
-/// cluster configuration's default).
-const DEFAULT_DETECTION_BUDGET: Duration = Duration::from_secs(3);
 
 #[cfg(test)]
 mod tests {

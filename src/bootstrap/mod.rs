@@ -1,11 +1,14 @@
-//! Running a program's role in this process: which role (resolved from flags, environment,
+//! Starting a process as one role of a program: which role (resolved from flags, environment,
 //! `TF_CONFIG` and `cohort.toml` by [`crate::cluster::load_role_config`]), its node, its
-//! actors, and how the process ends. Also `launch`, which runs a whole local cluster of the
-//! same program.
+//! actors, and how the process ends. Also `launch` (`local.rs`), which runs a whole local
+//! cluster of the same program.
 //!
-//! Exit codes (DESIGN §7): 0 success; 1 training error; 2 bad config, with a message naming
-//! the key; 143 after SIGTERM; [`PANIC_EXIT_CODE`] (170) after a panic. A worker also exits
-//! [`LOST_CHIEF_EXIT_CODE`] (75) to be
+//! This module owns the wiring of a role process, not a role's behaviour (that is
+//! [`crate::roles`]) nor the process's vocabulary (exit codes, stop signals: [`crate::process`]).
+//!
+//! Exit codes ([`crate::process`], DESIGN §7): 0 success; 1 training error; 2 bad config, with
+//! a message naming the key; 143 after SIGTERM; [`PANIC_EXIT_CODE`] (170) after a panic. A
+//! worker also exits [`LOST_CHIEF_EXIT_CODE`] (75) to be
 //! restarted as a new incarnation: when its chief has gone silent past the detection budget,
 //! or when the chief retires it ([`Retire`]: the chief fenced that incarnation while it was
 //! alive). A parameter server the chief declared dead that wakes up is retired the same way,
@@ -38,42 +41,36 @@
 //!   143 once the chief is gone or `preemption_grace` has passed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::System;
-use cohort_actors::{DeathCause, Gateway, PeerEvent, RefusedReason, RegisterError, Remote};
+use cohort_actors::{DeathCause, Gateway, PeerEvent, RegisterError, Remote};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
-use super::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
-use super::node::{peer, resolve, start_gateway, NodeConfig};
-use super::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
-use super::ps::{ParameterStore, PsActor, PushPanic};
-use super::worker::{job_queue, run_worker_thread, Exit, PsClient, WorkerActor, WorkerMachine};
 use crate::cluster::{
-    load_role_config, parse_duration_in, ConfigFlags, ConfigKey, DurationRange, RoleConfig,
-    StrategyKind, TaskId, TaskType, CERTS_DIR_MISSING, DEFAULT_PREEMPTION_GRACE,
+    load_role_config, ConfigFlags, ConfigKey, RoleConfig, StrategyKind, TaskId, TaskType,
+    CERTS_DIR_MISSING,
 };
-use crate::launch::{self, LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
-use crate::program::Program;
+use crate::process::{
+    on_stop_signal, preemption_requested, set_role_config, BAD_CONFIG_EXIT_CODE,
+    JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
+};
+use crate::roles::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
+use crate::roles::node::{peer, resolve, start_gateway, NodeConfig};
+use crate::roles::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
+use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
+use crate::roles::registry::Program;
+use crate::roles::worker::{
+    job_queue, run_worker_thread, Exit, PsClient, WorkerActor, WorkerMachine,
+};
 
-/// Environment variable: failure-detection budget, e.g. `"3s"`.
-pub const DETECTION_BUDGET_ENV: &str = ConfigKey::DETECTION_BUDGET.env;
-/// Environment variable: how long pending work may wait with no live worker, e.g. `"60s"`.
-pub const WORKER_WAIT_ENV: &str = ConfigKey::WORKER_WAIT.env;
-/// Exit code after a stop request (SIGTERM/SIGINT): 128 + SIGTERM, as a shell reports it.
-pub const PREEMPTED_EXIT_CODE: i32 = 143;
+mod local;
 
-/// True once this process got SIGTERM or SIGINT while running a role (a preemption notice).
-pub fn preemption_requested() -> bool {
-    PREEMPTED.load(Ordering::SeqCst)
-}
-
-/// The configuration of the role this process runs, once [`run_role`] has resolved it.
-pub fn role_config() -> Option<&'static RoleConfig> {
-    ROLE_CONFIG.get()
-}
+pub use local::{
+    launch_from_args, launch_local, LaunchFlags, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
+};
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,
 /// 2 bad config, 143 stopped by SIGTERM). The role's configuration comes from `flags`, the
@@ -89,14 +86,14 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     // A setting that is present but not text is an error, not an unset value.
     if let Some(key) = non_unicode_setting() {
         eprintln!("error: bad config: {key}: the environment variable is not valid UTF-8");
-        return 2;
+        return BAD_CONFIG_EXIT_CODE;
     }
     let env = |key: &str| std::env::var(key).ok();
     let config = match load_role_config(flags, &env) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("error: bad config: {e}");
-            return 2;
+            return BAD_CONFIG_EXIT_CODE;
         }
     };
     if let Err(e) = config
@@ -106,9 +103,9 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     {
         // The message starts with the key (`cluster`); say which layer the cluster came from.
         eprintln!("error: bad config: {}: {e}", config.origin("cluster"));
-        return 2;
+        return BAD_CONFIG_EXIT_CODE;
     }
-    let config = ROLE_CONFIG.get_or_init(|| config);
+    let config = set_role_config(config);
     tracing::info!(
         "{} of {} (task from {}, cluster from {})",
         config.cluster.task,
@@ -118,15 +115,14 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     );
     let result = match (config.cluster.task.task_type, &config.certs_dir) {
         // The evaluator reads checkpoints only: no node, no certificates.
-        (TaskType::Evaluator, _) => {
-            super::evaluator::run_evaluator(&program, config).map_err(|e| {
-                use super::evaluator::EvaluatorError;
+        (TaskType::Evaluator, _) => crate::roles::evaluator::run_evaluator(&program, config)
+            .map_err(|e| {
+                use crate::roles::evaluator::EvaluatorError;
                 match e {
                     EvaluatorError::Config(e) => RoleFailure::Config(e),
                     EvaluatorError::Failed(e) => RoleFailure::Training(e),
                 }
-            })
-        }
+            }),
         // `load_role_config` requires it of every other role; kept as an error, not a panic.
         (_, None) => Err(RoleFailure::Config(format!(
             "bad config: certs_dir: {CERTS_DIR_MISSING}"
@@ -150,149 +146,11 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         Ok(code) => code,
         Err(RoleFailure::Config(e)) => {
             eprintln!("error: {e}");
-            2
+            BAD_CONFIG_EXIT_CODE
         }
         Err(RoleFailure::Training(e)) => {
             eprintln!("error: {e}");
-            1
-        }
-    }
-}
-
-/// `launch --workers N --ps M [--kill-worker-after DURATION] [--run-dir DIR]`: a local cluster
-/// of this same executable; `extra_args` go to every task.
-pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
-    use clap::Parser;
-    let parsed = match LaunchArgs::try_parse_from(
-        std::iter::once("launch".to_string()).chain(args.iter().cloned()),
-    ) {
-        Ok(parsed) => parsed,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() { 2 } else { 0 };
-        }
-    };
-    launch_local(&parsed.flags, extra_args, Vec::new())
-}
-
-/// Flags of `launch`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct LaunchFlags {
-    /// Worker processes.
-    #[arg(long, default_value_t = 2)]
-    pub workers: u32,
-    /// Parameter-server processes.
-    #[arg(long, default_value_t = 2)]
-    pub ps: u32,
-    /// Evaluator processes: each evaluates every new checkpoint with the program's evaluation
-    /// function (the demo's reports held-out digits accuracy).
-    #[arg(long, default_value_t = 0)]
-    pub evaluators: u32,
-    /// SIGKILL worker 1 (or 0 with one worker) once, this long after launch, to show recovery
-    /// (e.g. "20s").
-    #[arg(long, value_parser = |s: &str| parse_duration_in("--kill-worker-after", s, KILL_AFTER_RANGE))]
-    pub kill_worker_after: Option<Duration>,
-    /// Directory for the run's certificates (default: a new temporary directory).
-    #[arg(long)]
-    pub run_dir: Option<std::path::PathBuf>,
-    /// Failure-detection budget of every task.
-    #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration_in("--detection-budget", s, detection_budget_range()))]
-    pub detection_budget: Duration,
-}
-
-/// The range of `launch --detection-budget`: that of the key it sets in every task.
-fn detection_budget_range() -> DurationRange {
-    ConfigKey::DETECTION_BUDGET
-        .duration_range()
-        .unwrap_or(KILL_AFTER_RANGE)
-}
-
-#[derive(Debug, clap::Parser)]
-struct LaunchArgs {
-    #[command(flatten)]
-    flags: LaunchFlags,
-}
-
-/// Runs a local cluster per `flags`; every task runs this executable with `task_args`.
-pub fn launch_local(
-    flags: &LaunchFlags,
-    task_args: Vec<String>,
-    mut env: Vec<(String, String)>,
-) -> i32 {
-    let program = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: cannot find this executable to launch its tasks: {e}");
-            return 1;
-        }
-    };
-    let run_dir = flags.run_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("cohort-run-{}-{}", std::process::id(), unix_ms()))
-    });
-    env.push((
-        DETECTION_BUDGET_ENV.into(),
-        crate::cluster::format_duration(flags.detection_budget),
-    ));
-    // Every task shares this machine's cores: one compute thread per task beats several
-    // tasks each spreading a matrix product over all cores and fighting for them.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        env.push(("RAYON_NUM_THREADS".into(), "1".into()));
-    }
-    let victim = TaskId::new(TaskType::Worker, u32::from(flags.workers > 1));
-    let stop_grace = launched_preemption_grace(&env) + STOP_GRACE_MARGIN;
-    let config = LaunchConfig {
-        num_workers: flags.workers,
-        num_ps: flags.ps,
-        num_evaluators: flags.evaluators,
-        program,
-        args: task_args,
-        env,
-        run_dir: run_dir.clone(),
-        restart: RestartLimits {
-            restarts_max: 5,
-            window: Duration::from_secs(60),
-            backoff_base: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(5),
-        },
-        // Room for the chief's preemption checkpoint (its grace comes from the same
-        // environment the children inherit), then a margin.
-        stop_grace,
-        kill_once: flags.kill_worker_after.map(|after| (victim, after)),
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    if let Err(e) = launch::stop_on_signals(&stop) {
-        eprintln!("warning: cannot watch for Ctrl-C/SIGTERM: {e}");
-    }
-    let mut launcher = match Launcher::start(config) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return if matches!(e, launch::LaunchError::Cluster(_)) {
-                2
-            } else {
-                1
-            };
-        }
-    };
-    eprintln!(
-        "[launcher] started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
-        flags.ps,
-        flags.workers,
-        run_dir.join("certs").display()
-    );
-    let outcome = launcher.supervise(&stop);
-    drop(launcher);
-    if flags.run_dir.is_none() {
-        let _ = std::fs::remove_dir_all(&run_dir);
-    }
-    match outcome {
-        Ok(LaunchOutcome::ChiefExited(code)) => code,
-        // The chief's own code when it exited while stopping (143 after its preemption
-        // checkpoint, anything else it returned); 143 when it had to be killed.
-        Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(143),
-        Err(e) => {
-            eprintln!("error: {e}");
-            1
+            TRAINING_ERROR_EXIT_CODE
         }
     }
 }
@@ -409,22 +267,20 @@ fn run_worker(
 
 /// Ends this process when the chief says the job is done ([`Shutdown`] to `actor`), as
 /// `decide` says (code 0; nothing when an exit is under way already). Only the chief may say
-/// so.
+/// so: the gateway refuses the message from any other role before this handler runs (SEC-2,
+/// [`Shutdown`]'s `SENDERS`).
 fn exit_on_goodbye(
     gateway: &Gateway,
     actor: &str,
     decide: impl Fn() -> Option<Exit> + Send + Sync + 'static,
 ) -> Result<(), RegisterError> {
-    let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
-    gateway.register_fn::<Shutdown, _, _>(actor, move |m: Remote<Shutdown>| {
-        let answer = obey_chief(&chief, &m.from.node).map(|()| {
-            if let Some(exit) = decide() {
-                tracing::info!("{}", exit.reason);
-                exit_after_answering(system.clone(), exit.code);
-            }
-        });
-        async move { answer }
+    gateway.register_fn::<Shutdown, _, _>(actor, move |_: Remote<Shutdown>| {
+        if let Some(exit) = decide() {
+            tracing::info!("{}", exit.reason);
+            exit_after_answering(system.clone(), exit.code);
+        }
+        async { Ok(()) }
     })
 }
 
@@ -432,34 +288,22 @@ fn exit_on_goodbye(
 /// incarnation ([`Retire`]): for its own, [`LOST_CHIEF_EXIT_CODE`]. The chief fenced it, or
 /// declared it dead, while it was alive (FENCE-1), so it can do nothing useful any more, and
 /// its supervisor restarts it as a new incarnation that the chief takes back (a parameter
-/// server is then restored). A retirement of another incarnation is ignored.
+/// server is then restored). A retirement of another incarnation is ignored. Only the chief
+/// may retire: the gateway refuses the message from any other role (SEC-2, [`Retire`]'s
+/// `SENDERS`).
 fn exit_when_retired(
     gateway: &Gateway,
     actor: &str,
     decide: impl Fn(u64) -> Option<Exit> + Send + Sync + 'static,
 ) -> Result<(), RegisterError> {
-    let chief = peer(TaskId::new(TaskType::Chief, 0));
     let system = System::current();
     gateway.register_fn::<Retire, _, _>(actor, move |m: Remote<Retire>| {
-        let answer = obey_chief(&chief, &m.from.node).map(|()| {
-            if let Some(exit) = decide(m.msg.epoch) {
-                tracing::warn!("{}", exit.reason);
-                exit_after_answering(system.clone(), exit.code);
-            }
-        });
-        async move { answer }
+        if let Some(exit) = decide(m.msg.epoch) {
+            tracing::warn!("{}", exit.reason);
+            exit_after_answering(system.clone(), exit.code);
+        }
+        async { Ok(()) }
     })
-}
-
-/// Whether a message that ends this process comes from the chief: no other role may end it.
-fn obey_chief(chief: &NodeId, from: &NodeId) -> Result<(), RefusedReason> {
-    if from == chief {
-        Ok(())
-    } else {
-        Err(RefusedReason::NotAuthenticated(format!(
-            "only {chief} may end this process, not {from}"
-        )))
-    }
 }
 
 /// Stops the node with `code` once its answer to the message that asked for it has had
@@ -593,7 +437,7 @@ fn run_chief(
         return Ok(PREEMPTED_EXIT_CODE);
     }
     let outcome = match program_thread.join() {
-        Ok(Ok(Ok(()))) => Ok(0),
+        Ok(Ok(Ok(()))) => Ok(JOB_DONE_EXIT_CODE),
         Ok(Ok(Err(e))) => Err(RoleFailure::Training(e.to_string())),
         Ok(Err(_)) | Err(_) => Err(RoleFailure::Training("the chief's program panicked".into())),
     };
@@ -651,33 +495,6 @@ fn servers(
         .collect()
 }
 
-/// After SIGTERM/SIGINT, sets [`preemption_requested`] and runs `then` (on the node's
-/// runtime).
-fn on_stop_signal<F, Fut>(then: F)
-where
-    F: FnOnce() -> Fut + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    use tokio::signal::unix::{signal, SignalKind};
-    actix::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot watch for SIGTERM/SIGINT; a stop request will kill this process at once"
-            );
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        PREEMPTED.store(true, Ordering::SeqCst);
-        then().await;
-    });
-}
-
 /// A parameter server's or worker's stop: at the notice it runs `notice`, then keeps serving
 /// while the chief is alive, so that the chief can finish in-flight steps and read the
 /// variables for its preemption checkpoint; once the chief is gone or `grace` has passed, it
@@ -714,22 +531,6 @@ fn non_unicode_setting() -> Option<&'static str> {
         .find(|key| matches!(std::env::var(key), Err(std::env::VarError::NotUnicode(_))))
 }
 
-/// The preemption grace the launched tasks will use: from their extra environment `env`, else
-/// from this process's environment (which they inherit), else the default.
-fn launched_preemption_grace(env: &[(String, String)]) -> Duration {
-    let key = ConfigKey::PREEMPTION_GRACE.env;
-    env.iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var(key).ok())
-        .and_then(|v| {
-            let range = ConfigKey::PREEMPTION_GRACE.duration_range()?;
-            parse_duration_in(key, &v, range).ok()
-        })
-        .unwrap_or(DEFAULT_PREEMPTION_GRACE)
-}
-
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -742,34 +543,8 @@ fn init_logging() {
         .try_init();
 }
 
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-}
-
-static PREEMPTED: AtomicBool = AtomicBool::new(false);
-static ROLE_CONFIG: OnceLock<RoleConfig> = OnceLock::new();
-
-/// Range of `launch --kill-worker-after`: a demo's failure comes within a day of its start.
-const KILL_AFTER_RANGE: DurationRange =
-    DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
 /// How often a stopping PS or worker looks whether the chief is still alive.
 const CHIEF_POLL: Duration = Duration::from_millis(20);
-/// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
-const STOP_GRACE_MARGIN: Duration = Duration::from_secs(5);
-
-/// A worker's exit code when it lost its chief or the chief retired it (its supervisor
-/// restarts it as a new incarnation).
-pub const LOST_CHIEF_EXIT_CODE: i32 = 75;
-/// A role process's exit code after a panic (crash-only: its supervisor restarts it as a new
-/// incarnation). Above 128 like a death by signal, but not 128 + any common signal (130
-/// SIGINT, 134 SIGABRT, 137 SIGKILL, 139 SIGSEGV, 143 SIGTERM), so a panic is never mistaken
-/// for one.
-pub const PANIC_EXIT_CODE: i32 = 170;
-/// A worker's or parameter server's exit code after the chief's goodbye: the job is done
-/// (its supervisor does not restart it).
-pub const JOB_DONE_EXIT_CODE: i32 = 0;
 /// Bound on the chief's goodbye to every task at the end of a job.
 const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 /// Time between answering the message that ends a process and stopping it, so that the

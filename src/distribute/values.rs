@@ -1,5 +1,7 @@
 //! Values that differ per replica, and the reduction operators over them.
 
+use candle_core::{DType, Tensor};
+
 /// One value per replica in sync, indexed by `replica_id_in_sync_group`
 /// (TensorFlow's `PerReplica` / `DistributedValues`).
 ///
@@ -113,6 +115,16 @@ impl std::str::FromStr for ReduceOp {
             }),
         }
     }
+}
+
+/// Divides `value` by `n`: float tensors keep their dtype, integer tensors become f64.
+pub fn divide_by(value: &Tensor, n: f64) -> candle_core::Result<Tensor> {
+    let value = match value.dtype() {
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => value.clone(),
+        _ => value.to_dtype(DType::F64)?,
+    };
+    let divisor = Tensor::new(n, value.device())?.to_dtype(value.dtype())?;
+    value.broadcast_div(&divisor)
 }
 
 /// A reduce operation name that is neither `SUM` nor `MEAN`.

@@ -1,0 +1,190 @@
+//! `launch`: a whole local cluster of this same executable, one process per task, supervised
+//! by the [`crate::launch`] launcher on 127.0.0.1 (the demo's and the tests' cluster). Each task
+//! then starts its role through [`super::run_role`].
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cluster::{
+    parse_duration_in, ConfigKey, DurationRange, TaskId, TaskType, DEFAULT_PREEMPTION_GRACE,
+};
+use crate::launch::{self, LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
+use crate::process::{
+    stop_on_signals, BAD_CONFIG_EXIT_CODE, PREEMPTED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
+};
+
+/// Environment variable: failure-detection budget, e.g. `"3s"`.
+pub const DETECTION_BUDGET_ENV: &str = ConfigKey::DETECTION_BUDGET.env;
+/// Environment variable: how long pending work may wait with no live worker, e.g. `"60s"`.
+pub const WORKER_WAIT_ENV: &str = ConfigKey::WORKER_WAIT.env;
+
+/// `launch --workers N --ps M [--kill-worker-after DURATION] [--run-dir DIR]`: a local cluster
+/// of this same executable; `extra_args` go to every task.
+pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
+    use clap::Parser;
+    let parsed = match LaunchArgs::try_parse_from(
+        std::iter::once("launch".to_string()).chain(args.iter().cloned()),
+    ) {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                BAD_CONFIG_EXIT_CODE
+            } else {
+                0
+            };
+        }
+    };
+    launch_local(&parsed.flags, extra_args, Vec::new())
+}
+
+/// Flags of `launch`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LaunchFlags {
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Parameter-server processes.
+    #[arg(long, default_value_t = 2)]
+    pub ps: u32,
+    /// Evaluator processes: each evaluates every new checkpoint with the program's evaluation
+    /// function (the demo's reports held-out digits accuracy).
+    #[arg(long, default_value_t = 0)]
+    pub evaluators: u32,
+    /// SIGKILL worker 1 (or 0 with one worker) once, this long after launch, to show recovery
+    /// (e.g. "20s").
+    #[arg(long, value_parser = |s: &str| parse_duration_in("--kill-worker-after", s, KILL_AFTER_RANGE))]
+    pub kill_worker_after: Option<Duration>,
+    /// Directory for the run's certificates (default: a new temporary directory).
+    #[arg(long)]
+    pub run_dir: Option<std::path::PathBuf>,
+    /// Failure-detection budget of every task.
+    #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration_in("--detection-budget", s, detection_budget_range()))]
+    pub detection_budget: Duration,
+}
+
+/// The range of `launch --detection-budget`: that of the key it sets in every task.
+fn detection_budget_range() -> DurationRange {
+    ConfigKey::DETECTION_BUDGET
+        .duration_range()
+        .unwrap_or(KILL_AFTER_RANGE)
+}
+
+#[derive(Debug, clap::Parser)]
+struct LaunchArgs {
+    #[command(flatten)]
+    flags: LaunchFlags,
+}
+
+/// Runs a local cluster per `flags`; every task runs this executable with `task_args`.
+pub fn launch_local(
+    flags: &LaunchFlags,
+    task_args: Vec<String>,
+    mut env: Vec<(String, String)>,
+) -> i32 {
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: cannot find this executable to launch its tasks: {e}");
+            return TRAINING_ERROR_EXIT_CODE;
+        }
+    };
+    let run_dir = flags.run_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("cohort-run-{}-{}", std::process::id(), unix_ms()))
+    });
+    env.push((
+        DETECTION_BUDGET_ENV.into(),
+        crate::cluster::format_duration(flags.detection_budget),
+    ));
+    // Every task shares this machine's cores: one compute thread per task beats several
+    // tasks each spreading a matrix product over all cores and fighting for them.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        env.push(("RAYON_NUM_THREADS".into(), "1".into()));
+    }
+    let victim = TaskId::new(TaskType::Worker, u32::from(flags.workers > 1));
+    let stop_grace = launched_preemption_grace(&env) + STOP_GRACE_MARGIN;
+    let config = LaunchConfig {
+        num_workers: flags.workers,
+        num_ps: flags.ps,
+        num_evaluators: flags.evaluators,
+        program,
+        args: task_args,
+        env,
+        run_dir: run_dir.clone(),
+        restart: RestartLimits {
+            restarts_max: 5,
+            window: Duration::from_secs(60),
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(5),
+        },
+        // Room for the chief's preemption checkpoint (its grace comes from the same
+        // environment the children inherit), then a margin.
+        stop_grace,
+        kill_once: flags.kill_worker_after.map(|after| (victim, after)),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    if let Err(e) = stop_on_signals(&stop) {
+        eprintln!("warning: cannot watch for Ctrl-C/SIGTERM: {e}");
+    }
+    let mut launcher = match Launcher::start(config) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return if matches!(e, launch::LaunchError::Cluster(_)) {
+                BAD_CONFIG_EXIT_CODE
+            } else {
+                TRAINING_ERROR_EXIT_CODE
+            };
+        }
+    };
+    eprintln!(
+        "[launcher] started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
+        flags.ps,
+        flags.workers,
+        run_dir.join("certs").display()
+    );
+    let outcome = launcher.supervise(&stop);
+    drop(launcher);
+    if flags.run_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
+    match outcome {
+        Ok(LaunchOutcome::ChiefExited(code)) => code,
+        // The chief's own code when it exited while stopping (143 after its preemption
+        // checkpoint, anything else it returned); 143 when it had to be killed.
+        Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(PREEMPTED_EXIT_CODE),
+        Err(e) => {
+            eprintln!("error: {e}");
+            TRAINING_ERROR_EXIT_CODE
+        }
+    }
+}
+
+/// The preemption grace the launched tasks will use: from their extra environment `env`, else
+/// from this process's environment (which they inherit), else the default.
+fn launched_preemption_grace(env: &[(String, String)]) -> Duration {
+    let key = ConfigKey::PREEMPTION_GRACE.env;
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var(key).ok())
+        .and_then(|v| {
+            let range = ConfigKey::PREEMPTION_GRACE.duration_range()?;
+            parse_duration_in(key, &v, range).ok()
+        })
+        .unwrap_or(DEFAULT_PREEMPTION_GRACE)
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// Range of `launch --kill-worker-after`: a demo's failure comes within a day of its start.
+const KILL_AFTER_RANGE: DurationRange =
+    DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
+/// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
+const STOP_GRACE_MARGIN: Duration = Duration::from_secs(5);

@@ -1,0 +1,155 @@
+//! The registry of a program: the functions every process of a job registers by name (its
+//! datasets, steps, chief loop and evaluation function) and the parameter servers' optimizer.
+//!
+//! The roles look their functions up here: a worker its step and dataset functions, the chief
+//! its loop, an evaluator its evaluation function. Users build a [`Program`] through
+//! [`crate::program`], which re-exports it with the types its functions see; this module
+//! starts nothing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::coordinator::{ClusterCoordinator, CoordinatorError};
+use super::evaluator::{CheckpointVariables, EvalError, Metrics};
+use super::worker::{StepContext, StepError};
+use crate::data::{DataError, Dataset, InputContext};
+use crate::optim::Optimizer;
+
+/// Builds a worker's dataset for its input pipeline.
+pub type DatasetFn = Arc<dyn Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync>;
+/// A step: runs on a worker with its context and encoded arguments, returns an encoded value.
+pub type StepFn =
+    Arc<dyn Fn(&mut StepContext<'_>, &[u8]) -> Result<Vec<u8>, StepError> + Send + Sync>;
+/// The chief's training loop.
+pub type ChiefFn =
+    Arc<dyn Fn(&mut ClusterCoordinator) -> Result<(), CoordinatorError> + Send + Sync>;
+/// The evaluator's function: the variables of one checkpoint in, named metrics out.
+pub type EvalFn = Arc<dyn Fn(&CheckpointVariables) -> Result<Metrics, EvalError> + Send + Sync>;
+
+/// The registered functions of one job.
+#[derive(Clone)]
+pub struct Program {
+    name: String,
+    datasets: BTreeMap<String, DatasetFn>,
+    steps: BTreeMap<String, StepFn>,
+    chief: Option<ChiefFn>,
+    evaluator: Option<EvalFn>,
+    optimizer: Optimizer,
+}
+
+impl fmt::Debug for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Program")
+            .field("name", &self.name)
+            .field("datasets", &self.datasets.keys().collect::<Vec<_>>())
+            .field("steps", &self.steps.keys().collect::<Vec<_>>())
+            .field("evaluator", &self.evaluator.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Program {
+    /// An empty program called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            datasets: BTreeMap::new(),
+            steps: BTreeMap::new(),
+            chief: None,
+            evaluator: None,
+            optimizer: Optimizer::sgd(0.01),
+        }
+    }
+
+    /// Registers a dataset function under `name` (for `create_per_worker_dataset`).
+    pub fn dataset(
+        mut self,
+        name: impl Into<String>,
+        f: impl Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync + 'static,
+    ) -> Self {
+        self.datasets.insert(name.into(), Arc::new(f));
+        self
+    }
+
+    /// Registers a step function under `name` (for `schedule`).
+    pub fn step(
+        mut self,
+        name: impl Into<String>,
+        f: impl Fn(&mut StepContext<'_>, &[u8]) -> Result<Vec<u8>, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        self.steps.insert(name.into(), Arc::new(f));
+        self
+    }
+
+    /// Sets the chief's training loop.
+    pub fn chief(
+        mut self,
+        f: impl Fn(&mut ClusterCoordinator) -> Result<(), CoordinatorError> + Send + Sync + 'static,
+    ) -> Self {
+        self.chief = Some(Arc::new(f));
+        self
+    }
+
+    /// Sets the evaluation function run by an `evaluator` task (TensorFlow's sidecar
+    /// evaluator; see [`crate::roles::evaluator`]). That task does not join training: it
+    /// watches `checkpoint_dir` and calls `f` once for each newer checkpoint that verifies,
+    /// with that checkpoint's step and whole variables (parts from every parameter server put
+    /// back together; optimizer slots left out), then prints the returned metrics as one line
+    /// `[evaluator] step N: name=value ...`. An error or a panic from `f` ends the evaluator
+    /// with exit code 1.
+    ///
+    /// ```
+    /// use cohort::program::{CheckpointVariables, EvalError, Program};
+    ///
+    /// let program = Program::new("my-job").evaluator(|vars: &CheckpointVariables| {
+    ///     let w = vars.f32("w")?;
+    ///     let norm = w.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    ///     Ok::<_, EvalError>(vec![("w_norm".to_string(), norm)])
+    /// });
+    /// assert!(program.evaluator_fn().is_some());
+    /// ```
+    pub fn evaluator(
+        mut self,
+        f: impl Fn(&CheckpointVariables) -> Result<Metrics, EvalError> + Send + Sync + 'static,
+    ) -> Self {
+        self.evaluator = Some(Arc::new(f));
+        self
+    }
+
+    /// The optimizer the parameter servers apply pushes with (default: SGD, rate 0.01).
+    pub fn optimizer(mut self, optimizer: Optimizer) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// The parameter servers' optimizer.
+    pub fn ps_optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    /// The program's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The dataset function `name`.
+    pub fn dataset_fn(&self, name: &str) -> Option<&DatasetFn> {
+        self.datasets.get(name)
+    }
+
+    /// The step function `name`.
+    pub fn step_fn(&self, name: &str) -> Option<&StepFn> {
+        self.steps.get(name)
+    }
+
+    /// The chief's loop.
+    pub fn chief_fn(&self) -> Option<&ChiefFn> {
+        self.chief.as_ref()
+    }
+
+    /// The evaluation function.
+    pub fn evaluator_fn(&self) -> Option<&EvalFn> {
+        self.evaluator.as_ref()
+    }
+}

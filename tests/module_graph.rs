@@ -1,0 +1,558 @@
+//! The top-level modules of the crate (`src/<module>.rs` or `src/<module>/`) form a graph
+//! without cycles: shared vocabulary sits in leaf modules (`distribute`, `ledger`), process
+//! concerns in `process`, and each module only uses the ones below it. A cycle (say `variable`
+//! using `strategy` while `strategy` uses `variable`) makes both halves one unit that cannot be
+//! read, tested or changed apart.
+//!
+//! The graph is read from the sources: every path that starts at the crate root (`crate::x`,
+//! `crate::{x, y}`, `$crate::x`, or a `super::` chain that climbs to the root) in any
+//! `src/**/*.rs`, comments and string literals left out, test code included. On a cycle the
+//! test prints it, with the file and line of each import that closes it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// One source file: its path under `src/` (with `/` separators) and its text.
+struct Source {
+    path: String,
+    text: String,
+}
+
+/// Where module `from` uses module `to` first: `(from, to) -> "src/<file>:<line>"`.
+type Edges = BTreeMap<(String, String), String>;
+
+#[test]
+fn the_top_level_modules_form_no_cycle() {
+    let sources = read_sources();
+    let edges = module_edges(&sources);
+    assert!(
+        edges.len() > 20,
+        "only {} edges found among the modules: the scan is broken",
+        edges.len()
+    );
+    let cycles = cycles(&edges);
+    assert!(cycles.is_empty(), "{}", describe(&cycles, &edges));
+}
+
+/// The test above fails when someone brings back the import that made `variable` and
+/// `strategy` one knot.
+#[test]
+fn an_import_of_strategy_in_variable_is_reported_as_a_cycle() {
+    let mut sources = read_sources();
+    sources.push(Source {
+        path: "variable/extra.rs".into(),
+        text: "use crate::strategy::ReduceOp;\n".into(),
+    });
+    let edges = module_edges(&sources);
+    let cycles = cycles(&edges);
+    assert!(
+        cycles
+            .iter()
+            .any(|c| c.contains(&"variable".to_string()) && c.contains(&"strategy".to_string())),
+        "no cycle through variable and strategy found in {cycles:?}"
+    );
+    let report = describe(&cycles, &edges);
+    assert!(
+        report.contains("variable -> strategy (src/variable/extra.rs:1)"),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_scan_reads_paths_not_comments_or_strings() {
+    let sources = vec![
+        source("a.rs", ""),
+        source("b.rs", ""),
+        source("c.rs", ""),
+        source("d.rs", ""),
+        source("e/mod.rs", ""),
+        source(
+            "f.rs",
+            r##"
+            // use crate::a::X;
+            /* crate::b::Y /* nested crate::b */ still a comment crate::b */
+            /// [`crate::c`]
+            const S: &str = "crate::d::Z";
+            const R: &str = r#"crate::d::"Z""#;
+            const Q: char = '"';
+            fn f<'a>(x: &'a str) -> &'a str { x }
+            pub(crate) fn g() {}
+            "##,
+        ),
+        source("g.rs", "use crate::{a::X, e::{Y, Z}};\nuse crate::b as _;"),
+        source(
+            "e/inner/deep.rs",
+            "use super::super::super::c::W;\nuse super::super::Local;",
+        ),
+        source("h.rs", "macro_rules! m { () => { $crate::d::f() }; }"),
+    ];
+    let edges = module_edges(&sources);
+    let pairs: Vec<(&str, &str)> = edges
+        .keys()
+        .map(|(from, to)| (from.as_str(), to.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![("e", "c"), ("g", "a"), ("g", "b"), ("g", "e"), ("h", "d")]
+    );
+    assert_eq!(edges[&("g".into(), "b".into())], "src/g.rs:2");
+}
+
+#[test]
+fn cycles_are_found_and_printed_with_their_imports() {
+    let edges: Edges = [
+        (("a", "b"), "src/a.rs:1"),
+        (("b", "c"), "src/b.rs:2"),
+        (("c", "a"), "src/c/mod.rs:3"),
+        (("c", "d"), "src/c/mod.rs:4"),
+        (("d", "e"), "src/d.rs:5"),
+    ]
+    .into_iter()
+    .map(|((from, to), at)| ((from.to_string(), to.to_string()), at.to_string()))
+    .collect();
+    let found = cycles(&edges);
+    assert_eq!(found, vec![vec!["a", "b", "c"]]);
+    let report = describe(&found, &edges);
+    assert!(
+        report.contains("a -> b (src/a.rs:1)\n  b -> c (src/b.rs:2)\n  c -> a (src/c/mod.rs:3)"),
+        "{report}"
+    );
+    let acyclic: Edges = edges
+        .into_iter()
+        .filter(|((from, _), _)| from != "c")
+        .collect();
+    assert!(cycles(&acyclic).is_empty());
+}
+
+// ---- reading the sources ----
+
+fn source(path: &str, text: &str) -> Source {
+    Source {
+        path: path.into(),
+        text: text.into(),
+    }
+}
+
+/// Every `.rs` file under `src/`.
+fn read_sources() -> Vec<Source> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    collect_rs(&root, &mut files);
+    assert!(!files.is_empty(), "no sources under {}", root.display());
+    files
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+            let path = file
+                .strip_prefix(&root)
+                .expect("under src")
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            Source { path, text }
+        })
+        .collect()
+}
+
+fn collect_rs(dir: &Path, files: &mut Vec<PathBuf>) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            collect_rs(&path, files);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+// ---- the graph ----
+
+/// The top-level module a file belongs to (`None` for the crate root files), and the depth
+/// of its module below the root (`roles/node.rs` is 2, `roles/mod.rs` and `ledger.rs` 1).
+fn module_of(path: &str) -> Option<(String, usize)> {
+    let parts: Vec<&str> = path.split('/').collect();
+    let top = parts[0].trim_end_matches(".rs");
+    if parts.len() == 1 && (top == "lib" || top == "main") {
+        return None;
+    }
+    let last = parts[parts.len() - 1];
+    let depth = if last == "mod.rs" {
+        parts.len() - 1
+    } else {
+        parts.len()
+    };
+    Some((top.to_string(), depth))
+}
+
+/// The edges among top-level modules, each with where it is first seen.
+fn module_edges(sources: &[Source]) -> Edges {
+    let modules: BTreeSet<String> = sources
+        .iter()
+        .filter_map(|s| module_of(&s.path).map(|(top, _)| top))
+        .collect();
+    let mut edges = Edges::new();
+    let mut sorted: Vec<&Source> = sources.iter().collect();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    for source in sorted {
+        let Some((from, depth)) = module_of(&source.path) else {
+            continue;
+        };
+        let code = strip_comments_and_literals(&source.text);
+        for (line, target) in root_paths(&code, depth) {
+            if target != from && modules.contains(&target) {
+                edges
+                    .entry((from.clone(), target))
+                    .or_insert_with(|| format!("src/{}:{line}", source.path));
+            }
+        }
+    }
+    edges
+}
+
+/// `text` with comments, string literals and char literals blanked out (newlines kept, so
+/// that line numbers stay right).
+fn strip_comments_and_literals(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |c: char| if c == '\n' { '\n' } else { ' ' };
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                out.push(' ');
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            // Block comments nest in Rust.
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    out.push_str("  ");
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    out.push_str("  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    out.push(blank(chars[i]));
+                    i += 1;
+                }
+            }
+        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !ident_before(&chars, i) {
+            // A raw string: r"...", r#"..."#, ...
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            loop {
+                if j >= chars.len() {
+                    break;
+                }
+                if chars[j] == '"' && (1..=hashes).all(|k| chars.get(j + k) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            out.extend(chars[i..j.min(chars.len())].iter().map(|&c| blank(c)));
+            i = j;
+        } else if c == '"' {
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                j += if chars[j] == '\\' { 2 } else { 1 };
+            }
+            let end = (j + 1).min(chars.len());
+            out.extend(chars[i..end].iter().map(|&c| blank(c)));
+            i = end;
+        } else if c == '\'' {
+            // A char literal ('x', '\n', '\u{..}'), or else a lifetime, kept as it is.
+            let end = if next == Some('\\') {
+                (i + 2..chars.len())
+                    .find(|&j| chars[j] == '\'')
+                    .map(|j| j + 1)
+            } else if chars.get(i + 2) == Some(&'\'') {
+                Some(i + 3)
+            } else {
+                None
+            };
+            match end {
+                Some(end) => {
+                    out.extend(chars[i..end].iter().map(|&c| blank(c)));
+                    i = end;
+                }
+                None => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+fn ident_before(chars: &[char], i: usize) -> bool {
+    i > 0 && is_ident(chars[i - 1])
+}
+
+/// The top-level modules named by paths from the crate root in `code` (a file whose module
+/// is `depth` below the root), with their line numbers.
+fn root_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
+    let chars: Vec<char> = code.chars().collect();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if !is_ident(chars[i]) || ident_before(&chars, i) {
+            i += 1;
+            continue;
+        }
+        let (word, after) = read_ident(&chars, i);
+        let preceded_by_path = i >= 2 && chars[i - 1] == ':' && chars[i - 2] == ':';
+        let at_root = match word.as_str() {
+            "crate" if !preceded_by_path || (i >= 3 && chars[i - 3] == '$') => Some(after),
+            "super" if !preceded_by_path => climb_supers(&chars, after, depth),
+            _ => None,
+        };
+        if let Some(rest) = at_root {
+            if let Some(rest) = skip_path_sep(&chars, rest) {
+                let line = 1 + chars[..i].iter().filter(|&&c| c == '\n').count();
+                for target in first_segments(&chars, rest) {
+                    found.push((line, target));
+                }
+            }
+        }
+        i = after;
+    }
+    found
+}
+
+/// After a first `super` ending at `at`: where the path continues once it has reached the
+/// crate root, if it does (`depth` supers in all, counting the first).
+fn climb_supers(chars: &[char], mut at: usize, depth: usize) -> Option<usize> {
+    let mut supers = 1;
+    while supers < depth {
+        let rest = skip_path_sep(chars, at)?;
+        let (word, after) = read_ident(chars, rest);
+        if word != "super" {
+            return None;
+        }
+        supers += 1;
+        at = after;
+    }
+    (supers == depth).then_some(at)
+}
+
+fn read_ident(chars: &[char], start: usize) -> (String, usize) {
+    let mut end = start;
+    while end < chars.len() && is_ident(chars[end]) {
+        end += 1;
+    }
+    (chars[start..end].iter().collect(), end)
+}
+
+fn skip_whitespace(chars: &[char], mut i: usize) -> usize {
+    while i < chars.len() && chars[i].is_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// The position after `::` (whitespace allowed around it), if `::` comes next.
+fn skip_path_sep(chars: &[char], i: usize) -> Option<usize> {
+    let i = skip_whitespace(chars, i);
+    (chars.get(i) == Some(&':') && chars.get(i + 1) == Some(&':'))
+        .then(|| skip_whitespace(chars, i + 2))
+}
+
+/// The first segment of the path at `i`: one identifier, or the first identifier of each
+/// item of a `{...}` group.
+fn first_segments(chars: &[char], i: usize) -> Vec<String> {
+    if chars.get(i) != Some(&'{') {
+        let (word, _) = read_ident(chars, i);
+        return if word.is_empty() {
+            Vec::new()
+        } else {
+            vec![word]
+        };
+    }
+    let mut segments = Vec::new();
+    let mut depth = 0;
+    let mut expect_item = true;
+    let mut j = i;
+    while j < chars.len() {
+        match chars[j] {
+            '{' => {
+                depth += 1;
+                expect_item = depth == 1;
+                j += 1;
+            }
+            '}' => {
+                depth -= 1;
+                j += 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            ',' if depth == 1 => {
+                expect_item = true;
+                j += 1;
+            }
+            c if is_ident(c) && expect_item && depth == 1 => {
+                let (word, after) = read_ident(chars, j);
+                segments.push(word);
+                expect_item = false;
+                j = after;
+            }
+            _ => j += 1,
+        }
+    }
+    segments
+}
+
+// ---- cycles ----
+
+/// The strongly connected components with more than one module (Tarjan), each as one cycle
+/// through all of its modules' imports, starting from its smallest module.
+fn cycles(edges: &Edges) -> Vec<Vec<String>> {
+    let mut graph: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        graph.entry(from).or_default().push(to);
+        graph.entry(to).or_default();
+    }
+    let mut tarjan = Tarjan {
+        graph: &graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        next: 0,
+        components: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !tarjan.index.contains_key(node) {
+            tarjan.visit(node);
+        }
+    }
+    let mut found: Vec<Vec<String>> = tarjan
+        .components
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .map(|component| cycle_within(&graph, &component))
+        .collect();
+    found.sort();
+    found
+}
+
+struct Tarjan<'a> {
+    graph: &'a BTreeMap<&'a str, Vec<&'a str>>,
+    index: BTreeMap<&'a str, usize>,
+    low: BTreeMap<&'a str, usize>,
+    stack: Vec<&'a str>,
+    on_stack: BTreeSet<&'a str>,
+    next: usize,
+    components: Vec<BTreeSet<&'a str>>,
+}
+
+impl<'a> Tarjan<'a> {
+    fn visit(&mut self, node: &'a str) {
+        self.index.insert(node, self.next);
+        self.low.insert(node, self.next);
+        self.next += 1;
+        self.stack.push(node);
+        self.on_stack.insert(node);
+        for &to in &self.graph[node] {
+            if !self.index.contains_key(to) {
+                self.visit(to);
+                let low = self.low[node].min(self.low[to]);
+                self.low.insert(node, low);
+            } else if self.on_stack.contains(to) {
+                let low = self.low[node].min(self.index[to]);
+                self.low.insert(node, low);
+            }
+        }
+        if self.low[node] == self.index[node] {
+            let mut component = BTreeSet::new();
+            while let Some(top) = self.stack.pop() {
+                self.on_stack.remove(top);
+                component.insert(top);
+                if top == node {
+                    break;
+                }
+            }
+            self.components.push(component);
+        }
+    }
+}
+
+/// A shortest cycle from the smallest module of `component` back to itself, within it.
+fn cycle_within(graph: &BTreeMap<&str, Vec<&str>>, component: &BTreeSet<&str>) -> Vec<String> {
+    let start = *component.iter().next().expect("a non-empty component");
+    let mut parent: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start]);
+    while let Some(node) = queue.pop_front() {
+        for &to in &graph[node] {
+            if !component.contains(to) {
+                continue;
+            }
+            if to == start {
+                let mut path = vec![node];
+                while let Some(&p) = parent.get(path[path.len() - 1]) {
+                    path.push(p);
+                }
+                path.reverse();
+                return path.into_iter().map(String::from).collect();
+            }
+            if !parent.contains_key(to) {
+                parent.insert(to, node);
+                queue.push_back(to);
+            }
+        }
+    }
+    unreachable!("a strongly connected component has a cycle through each of its modules")
+}
+
+/// The cycles, each with the import that makes every step of it.
+fn describe(cycles: &[Vec<String>], edges: &Edges) -> String {
+    let mut text = format!(
+        "{} import cycle(s) among the top-level modules:\n",
+        cycles.len()
+    );
+    for cycle in cycles {
+        let _ = writeln!(text, "- {} -> {}", cycle.join(" -> "), cycle[0]);
+        for (k, from) in cycle.iter().enumerate() {
+            let to = &cycle[(k + 1) % cycle.len()];
+            let at = &edges[&(from.clone(), to.clone())];
+            let _ = writeln!(text, "  {from} -> {to} ({at})");
+        }
+    }
+    text.push_str(
+        "Move the shared items into a module below both (e.g. `distribute`, `process`), \
+         or import the other way round.",
+    );
+    text
+}
