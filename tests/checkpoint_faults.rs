@@ -611,3 +611,44 @@ fn run_crashing_child(root: &Path, step: u64, site: FailSite) -> std::process::E
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A checkpoint that is published but does not read back whole (here a shard's byte flipped
+/// on its way to disk) is refused by the save itself: it is removed, the save reports why, and
+/// retention deletes nothing, so with `keep_last = 1` the previous checkpoint still restores.
+#[test]
+fn ckpt1_a_save_that_does_not_read_back_keeps_the_previous_checkpoint() {
+    let root = TempRoot::new("ckpt-unverified");
+    let t0 = Instant::now();
+    let mut manager = CheckpointManager::new(root.path(), policy(1), t0).unwrap();
+    manager.save(&sample_checkpoint(10), t0).unwrap();
+    // Just before the rename into place, flip one byte of a shard in the temporary directory.
+    let temp_root = root.path().to_path_buf();
+    manager.set_failpoint_hook(Some(Arc::new(move |site| {
+        if site == FailSite::BeforePublish {
+            for temp in temp_entries(&temp_root) {
+                let shard = temp_root.join(&temp).join("shard-0-of-2.safetensors");
+                let mut bytes = std::fs::read(&shard).unwrap();
+                let last = bytes.len() - 1;
+                bytes[last] ^= 0x01;
+                std::fs::write(&shard, bytes).unwrap();
+            }
+        }
+        FailAction::Continue
+    })));
+    let err = manager.save(&sample_checkpoint(20), t0).unwrap_err();
+    assert!(
+        matches!(err, SaveError::Unverified { step: 20, .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("does not read back whole"),
+        "{err}"
+    );
+    manager.set_failpoint_hook(None);
+    assert_eq!(entries(root.path()), vec!["ckpt-10".to_string()]);
+    let outcome = manager.restore_latest().unwrap();
+    assert_eq!(outcome.restored.unwrap().checkpoint.step, 10);
+    // The next save goes through, and only then does retention remove step 10.
+    manager.save(&sample_checkpoint(30), t0).unwrap();
+    assert_eq!(entries(root.path()), vec!["ckpt-30".to_string()]);
+}

@@ -224,9 +224,21 @@ impl CheckpointManager {
     /// logged, not returned: the new checkpoint is already durable.
     pub fn save(&mut self, ckpt: &Checkpoint, now: Instant) -> Result<PathBuf, SaveError> {
         let dir = write_checkpoint(&self.root, ckpt, self.hook.as_ref())?;
+        // CKPT-1: a checkpoint counts (and older ones may go) only once it reads back whole; a
+        // torn or flipped file under it would otherwise leave no checkpoint to restore.
+        if let Err(source) = read_checkpoint(&dir) {
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                tracing::warn!("removing the unverified checkpoint {}: {e}", dir.display());
+            }
+            return Err(SaveError::Unverified {
+                step: ckpt.step,
+                dir,
+                source: Box::new(source),
+            });
+        }
         self.last_saved_step = Some(ckpt.step);
         self.last_saved_at = Some(now);
-        // CKPT-1: older checkpoints go only now that the new one is published and fsynced.
+        // Older checkpoints go only now that the new one is published, fsynced and verified.
         if failpoint::check(FailSite::BeforeRetention, self.hook.as_ref()) == FailAction::Crash {
             return Err(SaveError::InjectedCrash {
                 site: FailSite::BeforeRetention,

@@ -94,6 +94,21 @@ pub enum SaveError {
         /// Where the save stopped.
         site: FailSite,
     },
+    /// The checkpoint was written but does not read back whole (a torn or corrupted file
+    /// under it): it was removed, and no older checkpoint was (CKPT-1).
+    #[error(
+        "the checkpoint at step {step} was written to {} but does not read back whole ({source}); \
+         it was removed and the older checkpoints kept",
+        dir.display()
+    )]
+    Unverified {
+        /// Step of the checkpoint.
+        step: u64,
+        /// Where it was written.
+        dir: PathBuf,
+        /// Why it does not verify.
+        source: Box<LoadError>,
+    },
 }
 
 /// Why a checkpoint directory cannot be restored. Every message starts with the file at

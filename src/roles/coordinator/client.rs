@@ -406,15 +406,9 @@ impl ClusterCoordinator {
             let dir = manager
                 .save(&ckpt, Instant::now())
                 .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
-            // CKPT-1: a checkpoint that does not read back whole (torn, a flipped bit) must not
-            // become the cut: a recovery would find no valid checkpoint there, while the
-            // previous cut's checkpoint still restores and its closures can run again.
-            if let Err(e) = checkpoint::read_checkpoint(&dir) {
-                return Err(CoordinatorError::Checkpoint(format!(
-                    "the checkpoint at step {step} was written but does not verify ({e}): \
-                     recoveries go on restoring the previous one"
-                )));
-            }
+            // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
+            // error above and never becomes the cut, so recoveries go on restoring the
+            // previous one and its closures run again.
             // Durable: a parameter-server recovery rolls every server back to this cut, unless
             // a restore began since the servers were read.
             self.mark_cut(
@@ -514,6 +508,26 @@ impl ClusterCoordinator {
             );
         }
         let Some(loaded) = outcome.restored else {
+            // Afresh only over servers that applied nothing: servers that trained under an
+            // earlier chief would see their closure ids reused (PS-1) and hold state that no
+            // ledger accounts for.
+            let probes = self.probe_servers()?;
+            if let Some(p) = probes
+                .iter()
+                .find(|p| p.next_free_closure_id > 0 || p.generation > 0)
+            {
+                return Err(CoordinatorError::Checkpoint(format!(
+                    "no checkpoint under {} verifies, but ps/{} has applied closures (ids below \
+                     {}, restore generation {}) under an earlier chief: starting afresh would \
+                     reuse their closure ids and train on state no ledger accounts for. Restart \
+                     the parameter servers to start the job afresh, or give the checkpoint \
+                     directory they were saved to",
+                    manager.root().display(),
+                    p.ps,
+                    p.next_free_closure_id,
+                    p.generation
+                )));
+            }
             return Ok(None);
         };
         // Parameter servers that outlived the checkpoint (a restarted coordinator reconnecting
@@ -766,7 +780,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::CheckpointPolicy;
     use crate::roles::coordinator::{Scheduler, SchedulerConfig};
-    use crate::roles::protocol::{PsRefusal, Snapshot};
+    use crate::roles::protocol::PsRefusal;
     use crate::roles::ps::PsError;
     use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, Remote};
     use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
@@ -834,10 +848,14 @@ mod tests {
         ));
     }
 
-    /// A parameter server that refuses to read a shard, with no recovery under way to explain
-    /// it, fails the save at once with the refusal, instead of retrying for `SAVE_WAIT_MAX`.
-    #[test]
-    fn a_save_fails_at_once_when_a_server_refuses_the_read_for_good() {
+    /// Runs `body` with a coordinator over one fake parameter server (handlers from
+    /// `register`, plus a `CreateVariable` that accepts) on 127.0.0.1, with variable `w`
+    /// created and an empty checkpoint directory; stops everything afterwards.
+    fn with_fake_ps<T>(
+        tag: &str,
+        register: fn(&Gateway),
+        body: impl FnOnce(&mut ClusterCoordinator, &mut CheckpointManager) -> T,
+    ) -> T {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let system = std::thread::spawn(move || {
@@ -850,10 +868,7 @@ mod tests {
                     |_: Remote<CreateVariable>| async { Ok(Ok(())) },
                 )
                 .unwrap();
-                ps.register_fn::<Snapshot, _, _>(PS_ACTOR, |m: Remote<Snapshot>| async move {
-                    Ok(Err(PsRefusal::Store(PsError::UnknownVariable(m.msg.name))))
-                })
-                .unwrap();
+                register(&ps);
                 let chief = gateway(&ca, &NodeId::new("chief", 0));
                 let servers = vec![(ps_node, ps.local_addr().unwrap())];
                 let scheduler = Scheduler::new(SchedulerConfig::default());
@@ -877,19 +892,38 @@ mod tests {
             .create_variable(VariableSpec::zeros("w", vec![2, 2]))
             .unwrap();
         let root = std::env::temp_dir().join(format!(
-            "cohort-save-refused-{}-{:?}",
+            "cohort-{tag}-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));
         let _ = std::fs::remove_dir_all(&root);
         let mut manager =
             CheckpointManager::new(&root, CheckpointPolicy::default(), Instant::now()).unwrap();
-        let started = Instant::now();
-        let err = coordinator.save_checkpoint(&mut manager, 1).unwrap_err();
-        let elapsed = started.elapsed();
+        let out = body(&mut coordinator, &mut manager);
         let _ = stop_tx.send(());
         system.join().unwrap();
         let _ = std::fs::remove_dir_all(&root);
+        out
+    }
+
+    /// A parameter server that refuses to read a shard, with no recovery under way to explain
+    /// it, fails the save at once with the refusal, instead of retrying for `SAVE_WAIT_MAX`.
+    #[test]
+    fn a_save_fails_at_once_when_a_server_refuses_the_read_for_good() {
+        let (err, elapsed) = with_fake_ps(
+            "save-refused",
+            |ps| {
+                ps.register_fn::<Snapshot, _, _>(PS_ACTOR, |m: Remote<Snapshot>| async move {
+                    Ok(Err(PsRefusal::Store(PsError::UnknownVariable(m.msg.name))))
+                })
+                .unwrap();
+            },
+            |coordinator, manager| {
+                let started = Instant::now();
+                let err = coordinator.save_checkpoint(manager, 1).unwrap_err();
+                (err, started.elapsed())
+            },
+        );
         let message = err.to_string();
         assert!(
             message.contains("no checkpoint taken at step 1")
@@ -899,5 +933,46 @@ mod tests {
         );
         // At once, not after the save's wait for a recovery (SAVE_WAIT_MAX, 10 min).
         assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+    }
+
+    /// With no checkpoint to restore, a coordinator starts afresh only over servers that have
+    /// applied nothing: servers that trained under an earlier chief would see their closure
+    /// ids reused (PS-1) and hold state no ledger accounts for, so it refuses, saying why.
+    #[test]
+    fn no_checkpoint_over_servers_that_trained_is_refused_not_a_fresh_start() {
+        let trained = with_fake_ps(
+            "restore-trained",
+            |ps| {
+                ps.register_fn::<PsStats, _, _>(PS_ACTOR, |_: Remote<PsStats>| async {
+                    Ok(PsStatsReply {
+                        applied: 40,
+                        next_free_closure_id: 40,
+                        serving: true,
+                        ..PsStatsReply::default()
+                    })
+                })
+                .unwrap();
+            },
+            |coordinator, manager| coordinator.restore_checkpoint(manager),
+        );
+        let message = trained.unwrap_err().to_string();
+        assert!(
+            message.contains("no checkpoint") && message.contains("ps/0 has applied closures"),
+            "{message}"
+        );
+        let fresh = with_fake_ps(
+            "restore-fresh",
+            |ps| {
+                ps.register_fn::<PsStats, _, _>(PS_ACTOR, |_: Remote<PsStats>| async {
+                    Ok(PsStatsReply {
+                        serving: true,
+                        ..PsStatsReply::default()
+                    })
+                })
+                .unwrap();
+            },
+            |coordinator, manager| coordinator.restore_checkpoint(manager),
+        );
+        assert_eq!(fresh.unwrap(), None);
     }
 }
