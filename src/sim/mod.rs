@@ -1,13 +1,15 @@
 //! A deterministic cluster simulator: the coordinator's machine ([`Scheduler`], with its
-//! restore sub-machine) and the parameter servers' machines ([`ParameterStore`], with the real
-//! optimizer) of one job run together on one thread, under a simulated clock, network,
-//! processes and checkpoint storage, all driven by one seed (SIM-1).
+//! restore and control sub-machines), the workers' machines
+//! ([`WorkerMachine`](crate::roles::worker::WorkerMachine), with the real push planner) and
+//! the parameter servers' machines ([`ParameterStore`], with the real optimizer) of one job
+//! run together on one thread, under a simulated clock, network, processes and checkpoint
+//! storage, all driven by one seed (SIM-1).
 //!
 //! Only IO and time are simulated: every decision is made by the same machine code the actors
-//! run. The harness plays the parts the actors play today (the coordinator's shell carrying
-//! out actions and reporting outcomes; the failure detector; the worker's push-and-report
-//! loop and its dataset, a stand-in until the worker has a machine of its own; the chief
-//! program's restore/schedule/join/save loop; the supervisor that restarts what dies).
+//! run. The harness plays the parts the actors and threads play (the coordinator's shell
+//! carrying out actions and reporting outcomes; the failure detector; the worker's compute
+//! thread, whose step computes for a drawn time and reads one element of its dataset; the
+//! chief program's restore/schedule/join/save loop; the supervisor that restarts what dies).
 //!
 //! # Fault model
 //! - **Network**: every message takes a latency drawn from `[latency_min, latency_max]`
@@ -32,10 +34,12 @@
 //!   has applied anything, else the job fails naming why. A failed restore at start exits the
 //!   chief again (at most 3 times). Servers keep their state while the chief is gone; workers
 //!   exit to be restarted once it has been silent for the detection budget (exit 75, as
-//!   `roles::run`).
+//!   `crate::bootstrap` does).
 //! - **Datasets**: each worker reads one dataset; each closure it runs reads one element (its
-//!   position goes up by one); a setup or a rewind sets the position to the skip it carries.
-//!   A save records every live worker's position (a worker that does not answer is lost, and
+//!   position goes up by one); the worker's machine plans every setup: a new incarnation's
+//!   setup and a rewind rebuild the dataset at the skip the message carries, a live worker's
+//!   new configuration keeps it where it is. A save collects every live worker's position
+//!   through the coordinator's machine (a worker that does not answer is lost, and
 //!   the checkpoint records the positions it was last set up from, where its next
 //!   incarnation starts), in the manifest under `DATASET_POSITIONS_KEY`.
 //! - **Failure detection**: a node the coordinator has not heard from (dead, paused,

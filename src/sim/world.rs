@@ -679,7 +679,7 @@ impl<'a> World<'a> {
     }
 
     /// The workers' detectors saw chief incarnation `epoch` silent past the budget: if it is
-    /// still the one that died, every worker exits to be restarted (exit 75, as `roles::run`).
+    /// still the one that died, every worker exits to be restarted (exit 75, as `crate::bootstrap` does).
     fn chief_silent(&mut self, epoch: u64) {
         if self.chief_epoch != epoch || self.chief_state != ProcState::Down {
             return;
