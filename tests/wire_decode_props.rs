@@ -393,10 +393,6 @@ fn refusal_result<T: Debug>(
     prop_oneof![ok.prop_map(Ok), ps_refusal().prop_map(Err)]
 }
 
-fn text_result<T: Debug>(ok: impl Strategy<Value = T>) -> impl Strategy<Value = Result<T, String>> {
-    prop_oneof![ok.prop_map(Ok), text().prop_map(Err)]
-}
-
 fn incarnation() -> impl Strategy<Value = Incarnation<NodeId>> {
     ("[a-z][a-z0-9-]{0,8}", any::<u32>(), any::<u64>())
         .prop_map(|(role, index, epoch)| Incarnation::new(NodeId::new(role, index), Epoch(epoch)))
@@ -496,7 +492,6 @@ decode_props! {
     rewind: RewindWorker = setup_worker().prop_map(|setup| RewindWorker { setup });
 
     // Replies.
-    unit_or_text: Result<(), String> = text_result(Just(()));
     unit_or_refusal: Result<(), PsRefusal> = refusal_result(Just(()));
     push_result: Result<PushOutcome, PsRefusal> = refusal_result(push_outcome());
     shard_state_result: Result<ShardState, PsRefusal> = refusal_result(shard_state());

@@ -854,7 +854,9 @@ impl<'a> World<'a> {
     ) -> Option<PushOutcome> {
         let p = &mut self.servers[ps as usize];
         // The serving gate: an empty (restarted, not restored) server refuses.
-        p.store.variables().next()?;
+        if !p.store.serving() {
+            return None;
+        }
         let origin = push.origin;
         let gradients = push.decode_gradients(blobs).ok()?;
         let outcome = p.store.handle_push(origin, &gradients).ok()?;
@@ -878,7 +880,7 @@ impl<'a> World<'a> {
         match req {
             Req::Probe => Resp::Probe {
                 epoch: p.epoch,
-                serving: p.store.variables().next().is_some(),
+                serving: p.store.serving(),
                 generation: p.store.generation().0,
                 next_free: p.store.next_free_closure_id(),
             },
@@ -2011,10 +2013,7 @@ impl<'a> World<'a> {
             let untouched = probes
                 .iter()
                 .all(|p| p.next_free_closure_id == 0 && p.generation == 0)
-                && self
-                    .servers
-                    .iter()
-                    .all(|s| s.store.variables().next().is_some());
+                && self.servers.iter().all(|s| s.store.serving());
             if untouched {
                 self.chief.scheduled = 0;
                 self.chief.batches = 0;

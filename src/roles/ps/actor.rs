@@ -1,8 +1,9 @@
 //! The parameter server's actix shell: decodes gateway messages into [`ParameterStore`] calls
 //! and encodes the replies. All decisions are the machine's.
 //!
-//! A server that holds no variable at all (a restarted one, before the coordinator restored
-//! it) refuses reads and pushes at the gateway as unavailable, so that a worker sees the
+//! The machine's serving gate ([`ParameterStore::serving`]: a server that holds no variable at
+//! all, a restarted one before the coordinator restored it) is mirrored at the gateway, which
+//! refuses reads and pushes there as unavailable, so that a worker sees the
 //! server's failure (retryable, the coordinator holds dispatch and restores it), never a
 //! closure error about a missing variable. [`PsStats`] says whether it holds any, so that the
 //! coordinator counts an empty server as one that lost its state.
@@ -20,15 +21,14 @@ use actix::prelude::*;
 use bytes::Bytes;
 use cohort_actors::{Gateway, RefusedReason, RegisterError, Remote, RemoteMessage};
 
-use super::machine::{ParameterStore, PsError, PushOrigin};
+use super::machine::{shape_of, ParameterStore, PushOrigin};
 use crate::checkpoint::FAILPOINT_ENV;
-use crate::nn::Initializer;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, BeginRestore,
-    CreateVariable, FenceWorker, FinishedBelow, InitProblem, InitSpec, PsRefusal, PsStats,
-    PsStatsReply, Pull, PullRows, Push, RestoreVariable, RollBack, ShardState, Snapshot, PS_ACTOR,
+    CreateVariable, FenceWorker, FinishedBelow, PsRefusal, PsStats, PsStatsReply, Pull, PullRows,
+    Push, RestoreVariable, RollBack, ShardState, Snapshot, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -103,7 +103,7 @@ impl PsActor {
         gateway: Gateway,
         push_panic: Option<PushPanic>,
     ) -> Result<Addr<PsActor>, RegisterError> {
-        let serving = Arc::new(AtomicBool::new(store.variables().next().is_some()));
+        let serving = Arc::new(AtomicBool::new(store.serving()));
         let addr = PsActor {
             store,
             gateway: gateway.clone(),
@@ -152,10 +152,7 @@ impl Handler<Remote<CreateVariable>> for PsActor {
 
     fn handle(&mut self, msg: Remote<CreateVariable>, _: &mut Context<Self>) -> Self::Result {
         let CreateVariable { name, shape, init } = msg.msg;
-        let result = shape_of(&shape).and_then(|shape| {
-            let values = initial_values(&name, &shape, &init)?;
-            Ok(self.store.handle_create(&name, shape, values)?)
-        });
+        let result = self.store.handle_create_from(&name, &shape, &init);
         self.note_serving();
         MessageResult(result)
     }
@@ -207,7 +204,7 @@ fn check_serving(serving: &AtomicBool) -> Result<(), RefusedReason> {
 
 impl PsActor {
     fn note_serving(&self) {
-        if self.store.variables().next().is_some() {
+        if self.store.serving() {
             self.serving.store(true, Ordering::Release);
         }
     }
@@ -427,91 +424,6 @@ impl Handler<Remote<PsStats>> for PsActor {
     }
 }
 
-/// The values of a new shard per its [`InitSpec`]. Random initializers draw from their seed
-/// for this shard alone, so the same layout and seeds always give the same bits (DATA-1).
-pub fn initial_values(name: &str, shape: &[usize], init: &InitSpec) -> Result<Vec<f32>, PsRefusal> {
-    let len: usize = shape.iter().product();
-    let refuse = |problem| PsRefusal::Initializer {
-        name: name.into(),
-        problem,
-    };
-    match init {
-        InitSpec::Values(bytes) => {
-            let values = bytes_to_f32(bytes, name)?;
-            if values.len() != len {
-                return Err(PsError::InitialValueLength {
-                    name: name.into(),
-                    shape: shape.to_vec(),
-                    expected: len,
-                    got: values.len(),
-                }
-                .into());
-            }
-            Ok(values)
-        }
-        InitSpec::GlorotUniform {
-            seed,
-            fan_in,
-            fan_out,
-        } => {
-            let fans = fan_in.saturating_add((*fan_out).max(1)).max(1);
-            let limit = (6.0 / fans as f64).sqrt() as f32;
-            draw(
-                Initializer::RandomUniform {
-                    min: -limit,
-                    max: limit,
-                    seed: *seed,
-                },
-                shape,
-            )
-            .map_err(refuse)
-        }
-        InitSpec::Zeros => draw(Initializer::Zeros, shape).map_err(refuse),
-        InitSpec::Constant(c) if !c.is_finite() => Err(refuse(InitProblem::NonFiniteConstant(*c))),
-        InitSpec::Constant(c) => draw(Initializer::Constant(*c), shape).map_err(refuse),
-        InitSpec::Uniform { min, max, seed } => {
-            if !(min.is_finite() && max.is_finite() && min <= max) {
-                return Err(refuse(InitProblem::BadUniformRange {
-                    min: *min,
-                    max: *max,
-                }));
-            }
-            draw(
-                Initializer::RandomUniform {
-                    min: *min,
-                    max: *max,
-                    seed: *seed,
-                },
-                shape,
-            )
-            .map_err(refuse)
-        }
-    }
-}
-
-fn draw(init: Initializer, shape: &[usize]) -> Result<Vec<f32>, InitProblem> {
-    init.init(shape)
-        .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
-        .map_err(|e| InitProblem::Draw(e.to_string()))
-}
-
-fn shape_of(shape: &[u64]) -> Result<Vec<usize>, PsRefusal> {
-    let too_large = || PsRefusal::ShapeTooLarge {
-        shape: shape.to_vec(),
-        elements_max: ELEMENTS_MAX as u64,
-    };
-    let dims: Vec<usize> = shape
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| too_large()))
-        .collect::<Result<_, _>>()?;
-    match dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
-        Some(n) if n <= ELEMENTS_MAX => Ok(dims),
-        _ => Err(too_large()),
-    }
-}
-
-/// Largest shard a parameter server accepts (4 GiB of f32).
-const ELEMENTS_MAX: usize = 1 << 30;
 /// Most shards one pull may name (the gateway bounds the reply's bytes as well).
 const PULL_NAMES_MAX: usize = 1024;
 /// Messages waiting for the actor.

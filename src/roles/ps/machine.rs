@@ -18,10 +18,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::nn::Initializer;
 use crate::optim::{
     first_non_finite, NonFinitePolicy, OptimError, Optimizer, Screen, Slots, UpdateOutcome,
 };
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
+use crate::roles::protocol::{bytes_to_f32, InitProblem, InitSpec, PsRefusal};
 
 pub use crate::roles::push::{Gradient, PushOrigin, PushOutcome};
 
@@ -263,6 +265,27 @@ impl ParameterStore {
             },
         );
         Ok(())
+    }
+
+    /// Creates a variable shard as a [`CreateVariable`](crate::roles::protocol::CreateVariable)
+    /// asks: the shape checked against [`ELEMENTS_MAX`], the initial values drawn per `init`
+    /// ([`initial_values`]), then [`handle_create`](Self::handle_create).
+    pub fn handle_create_from(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        init: &InitSpec,
+    ) -> Result<(), PsRefusal> {
+        let shape = shape_of(shape)?;
+        let values = initial_values(name, &shape, init)?;
+        Ok(self.handle_create(name, shape, values)?)
+    }
+
+    /// The serving gate: a server answers reads and pushes only once it holds a variable. One
+    /// that restarted holds none until the coordinator restores it; until then it refuses
+    /// (the worker reports it unavailable, and the closure runs again after the restore).
+    pub fn serving(&self) -> bool {
+        !self.variables.is_empty()
     }
 
     /// Restores a shard from a checkpoint: values, slots and step count replace what is held.
@@ -634,6 +657,94 @@ fn gather_rows<const W: usize>(values: &[f32], ids: &[u64], out: &mut [f32]) {
 
 /// Most values one pull reply may carry (128 MiB of f32: the gateway's payload bound).
 pub const PULL_ELEMENTS_MAX: usize = 32 << 20;
+
+/// The values of a new shard per its [`InitSpec`]. Random initializers draw from their seed
+/// for this shard alone, so the same layout and seeds always give the same bits (DATA-1).
+pub fn initial_values(name: &str, shape: &[usize], init: &InitSpec) -> Result<Vec<f32>, PsRefusal> {
+    let len: usize = shape.iter().product();
+    let refuse = |problem| PsRefusal::Initializer {
+        name: name.into(),
+        problem,
+    };
+    match init {
+        InitSpec::Values(bytes) => {
+            let values = bytes_to_f32(bytes, name)?;
+            if values.len() != len {
+                return Err(PsError::InitialValueLength {
+                    name: name.into(),
+                    shape: shape.to_vec(),
+                    expected: len,
+                    got: values.len(),
+                }
+                .into());
+            }
+            Ok(values)
+        }
+        InitSpec::GlorotUniform {
+            seed,
+            fan_in,
+            fan_out,
+        } => {
+            let fans = fan_in.saturating_add((*fan_out).max(1)).max(1);
+            let limit = (6.0 / fans as f64).sqrt() as f32;
+            draw(
+                Initializer::RandomUniform {
+                    min: -limit,
+                    max: limit,
+                    seed: *seed,
+                },
+                shape,
+            )
+            .map_err(refuse)
+        }
+        InitSpec::Zeros => draw(Initializer::Zeros, shape).map_err(refuse),
+        InitSpec::Constant(c) if !c.is_finite() => Err(refuse(InitProblem::NonFiniteConstant(*c))),
+        InitSpec::Constant(c) => draw(Initializer::Constant(*c), shape).map_err(refuse),
+        InitSpec::Uniform { min, max, seed } => {
+            if !(min.is_finite() && max.is_finite() && min <= max) {
+                return Err(refuse(InitProblem::BadUniformRange {
+                    min: *min,
+                    max: *max,
+                }));
+            }
+            draw(
+                Initializer::RandomUniform {
+                    min: *min,
+                    max: *max,
+                    seed: *seed,
+                },
+                shape,
+            )
+            .map_err(refuse)
+        }
+    }
+}
+
+fn draw(init: Initializer, shape: &[usize]) -> Result<Vec<f32>, InitProblem> {
+    init.init(shape)
+        .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
+        .map_err(|e| InitProblem::Draw(e.to_string()))
+}
+
+/// A shard shape from the wire, refused when any dimension or the element count is beyond
+/// [`ELEMENTS_MAX`].
+pub(crate) fn shape_of(shape: &[u64]) -> Result<Vec<usize>, PsRefusal> {
+    let too_large = || PsRefusal::ShapeTooLarge {
+        shape: shape.to_vec(),
+        elements_max: ELEMENTS_MAX as u64,
+    };
+    let dims: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| too_large()))
+        .collect::<Result<_, _>>()?;
+    match dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
+        Some(n) if n <= ELEMENTS_MAX => Ok(dims),
+        _ => Err(too_large()),
+    }
+}
+
+/// Largest shard a parameter server accepts (4 GiB of f32).
+pub const ELEMENTS_MAX: usize = 1 << 30;
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,8 @@
 mod actor;
 mod machine;
 
-pub use actor::{initial_values, BadPushPanic, PsActor, PushPanic, PUSH_PANIC_SITE};
+pub use actor::{BadPushPanic, PsActor, PushPanic, PUSH_PANIC_SITE};
 pub use machine::{
-    Gradient, ParameterStore, PsCounters, PsError, PushOrigin, PushOutcome, StoredVariable,
+    initial_values, Gradient, ParameterStore, PsCounters, PsError, PushOrigin, PushOutcome,
+    StoredVariable, ELEMENTS_MAX,
 };
