@@ -369,6 +369,7 @@ fn setup() -> SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
         datasets: Vec::new(),
+        version: 0,
     }
 }
 

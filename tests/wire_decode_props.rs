@@ -207,6 +207,8 @@ fn worker_refusal() -> impl Strategy<Value = WorkerRefusal> {
 fn setup_error() -> impl Strategy<Value = SetupError> {
     prop_oneof![
         text().prop_map(SetupError::Layouts),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(version, taken)| SetupError::Outdated { version, taken }),
         (text(), any::<u64>(), any::<u64>())
             .prop_map(|(dataset, skip, max)| SetupError::SkipTooFar { dataset, skip, max }),
         text().prop_map(SetupError::UnknownDataset),
@@ -267,11 +269,13 @@ fn setup_worker() -> impl Strategy<Value = SetupWorker> {
         any::<u32>(),
         vec(layout(), 0..3),
         vec((text(), any::<u64>()), 0..3),
+        any::<u64>(),
     )
-        .prop_map(|(num_workers, layouts, datasets)| SetupWorker {
+        .prop_map(|(num_workers, layouts, datasets, version)| SetupWorker {
             num_workers,
             layouts,
             datasets,
+            version,
         })
 }
 

@@ -366,6 +366,11 @@ pub struct SetupWorker {
     /// Datasets to build: registered dataset function name and elements to skip first (a
     /// restored position).
     pub datasets: Vec<(String, u64)>,
+    /// The coordinator's setup version (`Scheduler::setup_version`), which grows whenever a
+    /// setup handed out before becomes outdated (a restore, a new configuration). A worker
+    /// ignores a setup older than one it has taken from the same chief incarnation: a request
+    /// overtaken by a newer one (another stream, delayed) must not undo it.
+    pub version: u64,
 }
 
 impl RemoteMessage for SetupWorker {

@@ -180,17 +180,23 @@ enum Req {
     },
     /// A dial: whichever incarnation listens at the address answers with its epoch.
     Hello,
-    /// Set a new incarnation up with the dataset starting at `skip`.
+    /// Set a new incarnation up with the dataset starting at `skip` (setup `version`, from
+    /// chief incarnation `chief`).
     SetUp {
-        setup_version: u64,
+        version: u64,
+        chief: u64,
         skip: u64,
     },
     /// Rebuild the dataset at `skip`.
     Rewind {
+        version: u64,
+        chief: u64,
         skip: u64,
     },
     /// A new setup for a live worker, the dataset (if new to it) at `skip`.
     Configure {
+        version: u64,
+        chief: u64,
         skip: u64,
     },
     /// Where its datasets are.
@@ -270,12 +276,25 @@ struct WorkerProc {
     machine: WorkerMachine,
     /// The closure on the compute thread.
     run: Option<WorkerRun>,
-    /// Closures admitted and waiting for the compute thread, in order.
-    waiting: std::collections::VecDeque<(u64, RunClosure)>,
+    /// Jobs admitted and waiting for the compute thread, in order (a setup or a positions
+    /// request queues behind the closures admitted before it, as on the real worker).
+    waiting: std::collections::VecDeque<(u64, Job)>,
     /// Its dataset's position: elements read (each closure it runs reads one).
     position: u64,
     /// Set up or rewound and nothing read since (DATA-1 checks its first read).
     fresh: bool,
+}
+
+/// A job for a worker's compute thread, as the real worker queues them (`WorkerJob`).
+enum Job {
+    Run(RunClosure),
+    /// A setup (a new incarnation's, or a rewind: `rewind`) or a new configuration.
+    Setup {
+        setup: SetupWorker,
+        rewind: bool,
+        from_chief: u64,
+    },
+    Positions,
 }
 
 /// The closure on the compute thread: computing, then its pushes out.
@@ -991,7 +1010,7 @@ impl<'a> World<'a> {
                         function: "step".into(),
                         args: Vec::new(),
                     };
-                    worker.waiting.push_back((call, run));
+                    worker.waiting.push_back((call, Job::Run(run)));
                     self.next_step(w);
                 }
                 Req::Hello => {
@@ -1004,7 +1023,21 @@ impl<'a> World<'a> {
                         Msg::Reply { call, resp },
                     );
                 }
-                Req::SetUp { skip, .. } | Req::Rewind { skip } | Req::Configure { skip } => {
+                Req::SetUp {
+                    version,
+                    chief,
+                    skip,
+                }
+                | Req::Rewind {
+                    version,
+                    chief,
+                    skip,
+                }
+                | Req::Configure {
+                    version,
+                    chief,
+                    skip,
+                } => {
                     // A new incarnation is set up with a rewind (rebuilt from scratch), as the
                     // coordinator does, so that a setup a restore made outdated (built at old
                     // positions already) cannot stay; a live worker's new configuration keeps
@@ -1015,37 +1048,14 @@ impl<'a> World<'a> {
                         num_workers: self.config.num_workers,
                         layouts: layouts(self.config.num_ps),
                         datasets: vec![(DATASET.into(), skip)],
+                        version,
                     };
-                    let worker = &mut self.workers[w as usize];
-                    let resp = match worker.machine.admit(now, Request::Setup) {
-                        Ok(()) => {
-                            // Building a dataset here is setting its position: done at once.
-                            let built =
-                                worker
-                                    .machine
-                                    .handle_setup(now, &setup, rewind)
-                                    .map(|plan| {
-                                        for dataset in &plan.datasets {
-                                            if let DatasetPlan::Build { skip, .. } = dataset {
-                                                worker.position = *skip;
-                                                worker.fresh = true;
-                                            }
-                                        }
-                                        vec![(DATASET.to_string(), worker.position)]
-                                    });
-                            match worker.machine.handle_setup_built(now, built) {
-                                Ok(()) => Resp::Done,
-                                Err(e) => Resp::Refused(e.to_string()),
-                            }
-                        }
-                        Err(refusal) => Resp::Refused(refusal.to_string()),
+                    let job = Job::Setup {
+                        setup,
+                        rewind,
+                        from_chief: chief,
                     };
-                    self.send(
-                        node,
-                        Node::Chief,
-                        self.chief_epoch,
-                        Msg::Reply { call, resp },
-                    );
+                    self.enqueue(w, call, Request::Setup, job);
                 }
                 Req::Retire => {
                     // It answers, then exits (its supervisor restarts it as a new incarnation).
@@ -1065,19 +1075,7 @@ impl<'a> World<'a> {
                         self.kill(node);
                     }
                 }
-                Req::Positions => {
-                    let machine = &mut self.workers[w as usize].machine;
-                    let resp = match machine.admit(now, Request::Positions) {
-                        Ok(()) => Resp::Positions(machine.handle_positions(now)),
-                        Err(refusal) => Resp::Refused(refusal.to_string()),
-                    };
-                    self.send(
-                        node,
-                        Node::Chief,
-                        self.chief_epoch,
-                        Msg::Reply { call, resp },
-                    );
-                }
+                Req::Positions => self.enqueue(w, call, Request::Positions, Job::Positions),
                 _ => {
                     let resp = Resp::Refused("not a server".into());
                     self.send(
@@ -1096,16 +1094,73 @@ impl<'a> World<'a> {
         }
     }
 
-    /// The compute thread takes the next closure waiting, if it is free: the machine says
-    /// whether it runs (its step then computes for a drawn time) or is answered at once.
+    /// Admits a setup or positions request `call` for worker `w` and queues it behind the jobs
+    /// admitted before it (answered at once when the machine refuses it; a request delivered
+    /// again is ignored).
+    fn enqueue(&mut self, w: u32, call: u64, request: Request, job: Job) {
+        let now = self.instant();
+        let worker = &mut self.workers[w as usize];
+        if worker.waiting.iter().any(|(c, _)| *c == call) {
+            return; // the same request again
+        }
+        if let Err(refusal) = worker.machine.admit(now, request) {
+            let resp = Resp::Refused(refusal.to_string());
+            self.send(
+                Node::Worker(w),
+                Node::Chief,
+                self.chief_epoch,
+                Msg::Reply { call, resp },
+            );
+            return;
+        }
+        worker.waiting.push_back((call, job));
+        self.next_step(w);
+    }
+
+    /// The compute thread takes the next job waiting, if it is free: a closure runs if the
+    /// machine says so (its step then computes for a drawn time) or is answered at once; a
+    /// setup is carried out as the machine plans it, positions are reported.
     fn next_step(&mut self, w: u32) {
         let now = self.instant();
         let worker = &mut self.workers[w as usize];
         if worker.run.is_some() {
             return;
         }
-        while let Some((call, run)) = self.workers[w as usize].waiting.pop_front() {
+        while let Some((call, job)) = self.workers[w as usize].waiting.pop_front() {
             let worker = &mut self.workers[w as usize];
+            let run = match job {
+                Job::Run(run) => run,
+                Job::Setup {
+                    setup,
+                    rewind,
+                    from_chief,
+                } => {
+                    // Building a dataset here is setting its position: done at once.
+                    let built = worker
+                        .machine
+                        .handle_setup(now, &setup, rewind, from_chief)
+                        .map(|plan| {
+                            for dataset in &plan.datasets {
+                                if let DatasetPlan::Build { skip, .. } = dataset {
+                                    worker.position = *skip;
+                                    worker.fresh = true;
+                                }
+                            }
+                            vec![(DATASET.to_string(), worker.position)]
+                        });
+                    let resp = match worker.machine.handle_setup_built(now, built) {
+                        Ok(()) => Resp::Done,
+                        Err(e) => Resp::Refused(e.to_string()),
+                    };
+                    self.reply_from(w, call, resp);
+                    continue;
+                }
+                Job::Positions => {
+                    let resp = Resp::Positions(worker.machine.handle_positions(now));
+                    self.reply_from(w, call, resp);
+                    continue;
+                }
+            };
             match worker.machine.handle_start(now, &run) {
                 StepAction::Compute => {
                     // The step reads its dataset's next element.
@@ -1135,6 +1190,17 @@ impl<'a> World<'a> {
                 action => self.carry_out(w, call, action),
             }
         }
+    }
+
+    /// Worker `w` answers the chief's call `call`.
+    fn reply_from(&mut self, w: u32, call: u64, resp: Resp) {
+        let chief = self.chief_epoch;
+        self.send(
+            Node::Worker(w),
+            Node::Chief,
+            chief,
+            Msg::Reply { call, resp },
+        );
     }
 
     /// The step computed: its gradient for every server's variable goes to the machine, which
@@ -1553,7 +1619,8 @@ impl<'a> World<'a> {
                         version,
                     };
                     let req = Req::SetUp {
-                        setup_version: version,
+                        version,
+                        chief: self.chief_epoch,
                         skip: skip_of(&setup),
                     };
                     let bound = self.config.call_timeout;
@@ -1577,6 +1644,8 @@ impl<'a> World<'a> {
                         epoch,
                     };
                     let req = Req::Configure {
+                        version: setup.version,
+                        chief: self.chief_epoch,
                         skip: skip_of(&setup),
                     };
                     self.call(Node::Worker(worker), epoch, kind, req, bound);
@@ -1670,6 +1739,8 @@ impl<'a> World<'a> {
                 setup,
             } => {
                 let req = Req::Rewind {
+                    version: setup.version,
+                    chief: self.chief_epoch,
                     skip: skip_of(setup),
                 };
                 let kind = CallKind::Restore {
@@ -2286,6 +2357,7 @@ fn new_coordinator(config: &SimConfig) -> Scheduler {
         num_workers: config.num_workers,
         layouts: layouts(config.num_ps),
         datasets: vec![(DATASET.into(), 0)],
+        version: 0,
     });
     coord
 }

@@ -77,6 +77,8 @@ impl CoordinatorActor {
             num_workers: workers.len() as u32,
             layouts: Vec::new(),
             datasets: Vec::new(),
+            // Stamped by the coordinator's machine when it hands the setup out.
+            version: 0,
         };
         scheduler.handle_configure(setup);
         Self {
@@ -1191,6 +1193,7 @@ mod tests {
                 num_workers: 1,
                 layouts: Vec::new(),
                 datasets: vec![("missing".into(), 0)],
+                version: 0,
             };
             let rx = actor.send(Configure(setup)).await.unwrap();
             let err = rx.await.unwrap().unwrap_err();
@@ -1346,6 +1349,7 @@ mod tests {
                 num_workers: 1,
                 layouts: Vec::new(),
                 datasets: vec![("ids".into(), 0)],
+                version: 0,
             };
             actor
                 .send(Configure(setup))

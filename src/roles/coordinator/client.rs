@@ -593,6 +593,8 @@ impl ClusterCoordinator {
             num_workers: self.num_workers,
             layouts: self.layouts.clone(),
             datasets: self.datasets.clone(),
+            // Stamped by the coordinator's machine when it hands the setup out.
+            version: 0,
         };
         let rx = self.ask(Configure(setup))?;
         self.wait(rx, "configuring workers")?

@@ -51,6 +51,8 @@ pub enum WorkerJob {
         setup: SetupWorker,
         /// Whether every dataset is rebuilt.
         rewind: bool,
+        /// The incarnation of the chief that sent it (setups are ordered by it first).
+        from_chief: u64,
         /// Where the answer goes.
         reply: oneshot::Sender<Result<(), SetupError>>,
     },
@@ -130,9 +132,11 @@ impl Handler<Remote<SetupWorker>> for WorkerActor {
     type Result = ResponseFuture<Result<(), SetupError>>;
 
     fn handle(&mut self, msg: Remote<SetupWorker>, _: &mut Context<Self>) -> Self::Result {
+        let from_chief = msg.from.epoch.0;
         self.submit(Request::Setup, |reply| WorkerJob::Setup {
             setup: msg.msg,
             rewind: false,
+            from_chief,
             reply,
         })
     }
@@ -142,9 +146,11 @@ impl Handler<Remote<RewindWorker>> for WorkerActor {
     type Result = ResponseFuture<Result<(), SetupError>>;
 
     fn handle(&mut self, msg: Remote<RewindWorker>, _: &mut Context<Self>) -> Self::Result {
+        let from_chief = msg.from.epoch.0;
         self.submit(Request::Setup, |reply| WorkerJob::Setup {
             setup: msg.msg.setup,
             rewind: true,
+            from_chief,
             reply,
         })
     }
@@ -190,9 +196,10 @@ pub fn run_worker_thread(
             WorkerJob::Setup {
                 setup,
                 rewind,
+                from_chief,
                 reply,
             } => {
-                let _ = reply.send(compute.setup(&setup, rewind));
+                let _ = reply.send(compute.setup(&setup, rewind, from_chief));
             }
             WorkerJob::Run(run, reply) => {
                 let _ = reply.send(compute.run(run));
@@ -216,8 +223,13 @@ impl Compute {
     /// Carries out a setup as the machine plans it: kept datasets stay where they are, the
     /// others are built and skipped to their positions; only a setup built whole takes
     /// effect (the datasets held before stay otherwise).
-    fn setup(&mut self, setup: &SetupWorker, rewind: bool) -> Result<(), SetupError> {
-        let plan = lock(&self.machine).handle_setup(Instant::now(), setup, rewind)?;
+    fn setup(
+        &mut self,
+        setup: &SetupWorker,
+        rewind: bool,
+        from_chief: u64,
+    ) -> Result<(), SetupError> {
+        let plan = lock(&self.machine).handle_setup(Instant::now(), setup, rewind, from_chief)?;
         let worker = lock(&self.machine).worker();
         let mut built = BTreeMap::new();
         let mut result = Ok(());

@@ -23,6 +23,9 @@ pub const SKIP_MAX: u64 = 10_000_000;
 /// Jobs that may wait for the compute thread (one closure in flight plus a setup).
 pub const JOBS_MAX: usize = 4;
 
+/// The order of setups: (the sending chief's incarnation, the setup's version).
+type SetupKey = (u64, u64);
+
 /// A worker incarnation's decisions.
 ///
 /// Calling protocol (the actor and the compute thread share one machine; every call is short
@@ -60,8 +63,10 @@ pub struct WorkerMachine {
     positions: BTreeMap<String, u64>,
     /// A setup took effect.
     set_up: bool,
-    /// A setup being built: its workers and layouts.
-    building: Option<(u32, Layouts)>,
+    /// A setup being built: its workers and layouts, and its order key.
+    building: Option<(u32, Layouts, SetupKey)>,
+    /// The newest setup taken: a setup ordered before it is refused as outdated.
+    setup_taken: Option<SetupKey>,
     /// Jobs admitted and not finished.
     queued: usize,
     step: Option<Step>,
@@ -128,6 +133,15 @@ pub enum SetupError {
     /// The variable layouts are malformed.
     #[error("variable layouts: {0}")]
     Layouts(String),
+    /// A setup older than one this incarnation took from the same chief incarnation (a
+    /// delayed request overtaken by a newer one): ignored, nothing changed.
+    #[error("setup version {version} is older than version {taken}, taken already: ignored")]
+    Outdated {
+        /// The setup's version.
+        version: u64,
+        /// The newest version taken.
+        taken: u64,
+    },
     /// A restored position beyond what a worker skips.
     #[error("dataset {dataset:?}: cannot resume {skip} elements in (at most {max})")]
     SkipTooFar {
@@ -240,6 +254,7 @@ impl WorkerMachine {
             positions: BTreeMap::new(),
             set_up: false,
             building: None,
+            setup_taken: None,
             queued: 0,
             step: None,
             preempted: false,
@@ -274,12 +289,27 @@ impl WorkerMachine {
     /// datasets. A dataset held already keeps its place unless this is a rewind: a new setup
     /// (another variable, another dataset) must not restart the streams. On an error the job
     /// is over and nothing changed.
+    ///
+    /// Setups are ordered by the chief incarnation `from_chief` that sent them, then by their
+    /// version ([`SetupWorker::version`]): one ordered before the newest taken is refused as
+    /// [`SetupError::Outdated`], and the newest taken arriving again (a request sent again)
+    /// keeps every dataset where it is instead of rebuilding it.
     pub fn handle_setup(
         &mut self,
         _now: Instant,
         setup: &SetupWorker,
         rewind: bool,
+        from_chief: u64,
     ) -> Result<SetupPlan, SetupError> {
+        let key = (from_chief, setup.version);
+        if let Some(taken) = self.setup_taken.filter(|taken| key < *taken) {
+            self.job_done();
+            return Err(SetupError::Outdated {
+                version: setup.version,
+                taken: taken.1,
+            });
+        }
+        let rewind = rewind && self.setup_taken != Some(key);
         let num_workers = setup.num_workers;
         let datasets = &setup.datasets;
         let planned = (|| {
@@ -325,7 +355,7 @@ impl WorkerMachine {
         })();
         match planned {
             Ok((plan, layouts)) => {
-                self.building = Some((num_workers, layouts));
+                self.building = Some((num_workers, layouts, key));
                 Ok(plan)
             }
             Err(e) => {
@@ -344,11 +374,12 @@ impl WorkerMachine {
         built: Result<Vec<(String, u64)>, SetupError>,
     ) -> Result<(), SetupError> {
         self.job_done();
-        let (num_workers, layouts) = self
+        let (num_workers, layouts, key) = self
             .building
             .take()
             .ok_or_else(|| SetupError::Layouts("no setup was being built".into()))?;
         let positions = built?;
+        self.setup_taken = Some(key);
         self.num_workers = num_workers;
         self.layouts = Arc::new(layouts);
         self.positions = positions.into_iter().collect();
@@ -595,8 +626,11 @@ mod tests {
             shape: vec![4],
             shards: vec![Shard { ps: 0, rows: 0..2 }, Shard { ps: 1, rows: 2..4 }],
         }];
+        // Each setup a test builds is newer than the one before.
+        static VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         SetupWorker {
             num_workers: 2,
+            version: VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             layouts,
             datasets: datasets.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
         }
@@ -616,7 +650,7 @@ mod tests {
     fn ready(datasets: &[(&str, u64)]) -> WorkerMachine {
         let mut m = WorkerMachine::new(1, 7, 2);
         m.admit(now(), Request::Setup).unwrap();
-        let plan = m.handle_setup(now(), &setup(datasets), false).unwrap();
+        let plan = m.handle_setup(now(), &setup(datasets), false, 1).unwrap();
         let built = plan
             .datasets
             .iter()
@@ -679,7 +713,7 @@ mod tests {
         let mut m = ready(&[("a", 5)]);
         m.admit(now(), Request::Setup).unwrap();
         let plan = m
-            .handle_setup(now(), &setup(&[("a", 0), ("b", 3)]), false)
+            .handle_setup(now(), &setup(&[("a", 0), ("b", 3)]), false, 1)
             .unwrap();
         assert_eq!(
             plan.datasets,
@@ -696,7 +730,7 @@ mod tests {
         m.handle_setup_built(now(), Ok(vec![("a".into(), 5), ("b".into(), 3)]))
             .unwrap();
         m.admit(now(), Request::Setup).unwrap();
-        let plan = m.handle_setup(now(), &setup(&[("a", 2)]), true).unwrap();
+        let plan = m.handle_setup(now(), &setup(&[("a", 2)]), true, 1).unwrap();
         assert_eq!(
             plan.datasets,
             vec![DatasetPlan::Build {
@@ -716,7 +750,7 @@ mod tests {
         let mut m = ready(&[("a", 1)]);
         m.admit(now(), Request::Setup).unwrap();
         let err = m
-            .handle_setup(now(), &setup(&[("b", SKIP_MAX + 1)]), false)
+            .handle_setup(now(), &setup(&[("b", SKIP_MAX + 1)]), false, 1)
             .unwrap_err();
         assert_eq!(
             err,
@@ -732,12 +766,13 @@ mod tests {
         bad.layouts[0].shards[1].ps = 2;
         m.admit(now(), Request::Setup).unwrap();
         assert!(matches!(
-            m.handle_setup(now(), &bad, false),
+            m.handle_setup(now(), &bad, false, 1),
             Err(SetupError::Layouts(_))
         ));
         // A build that fails changes nothing either.
         m.admit(now(), Request::Setup).unwrap();
-        m.handle_setup(now(), &setup(&[("c", 0)]), false).unwrap();
+        m.handle_setup(now(), &setup(&[("c", 0)]), false, 1)
+            .unwrap();
         let failed = SetupError::UnknownDataset("c".into());
         assert_eq!(
             m.handle_setup_built(now(), Err(failed.clone())),
@@ -885,6 +920,62 @@ mod tests {
         assert_eq!(
             m.handle_preemption_over(now()).unwrap().code,
             PREEMPTED_EXIT_CODE
+        );
+    }
+
+    /// A setup overtaken by a newer one (a delayed request on another stream) never undoes
+    /// it: an older version from the same chief is refused as outdated, the newest taken
+    /// arriving again keeps every dataset where it is, and a newer chief incarnation's setup
+    /// is taken whatever its version.
+    #[test]
+    fn a_delayed_older_setup_never_undoes_a_newer_one() {
+        let mut m = WorkerMachine::new(0, 1, 2);
+        let mut old = setup(&[("a", 0)]);
+        old.version = 4;
+        let mut rewind = setup(&[("a", 12)]);
+        rewind.version = 5;
+        m.admit(now(), Request::Setup).unwrap();
+        let plan = m.handle_setup(now(), &rewind, true, 1).unwrap();
+        assert_eq!(
+            plan.datasets,
+            vec![DatasetPlan::Build {
+                function: "a".into(),
+                skip: 12
+            }]
+        );
+        m.handle_setup_built(now(), Ok(vec![("a".into(), 12)]))
+            .unwrap();
+        // The older setup, delivered late: refused, nothing changes.
+        m.admit(now(), Request::Setup).unwrap();
+        let err = m.handle_setup(now(), &old, true, 1).unwrap_err();
+        assert_eq!(
+            err,
+            SetupError::Outdated {
+                version: 4,
+                taken: 5
+            }
+        );
+        assert!(err.to_string().contains("older than version 5"), "{err}");
+        // The same rewind again: kept where it is (reads since are not undone).
+        m.admit(now(), Request::Setup).unwrap();
+        let plan = m.handle_setup(now(), &rewind, true, 1).unwrap();
+        assert_eq!(
+            plan.datasets,
+            vec![DatasetPlan::Keep {
+                function: "a".into()
+            }]
+        );
+        m.handle_setup_built(now(), Ok(vec![("a".into(), 15)]))
+            .unwrap();
+        // A new chief incarnation counts its versions afresh: its setup is taken.
+        m.admit(now(), Request::Setup).unwrap();
+        let plan = m.handle_setup(now(), &old, true, 2).unwrap();
+        assert_eq!(
+            plan.datasets,
+            vec![DatasetPlan::Build {
+                function: "a".into(),
+                skip: 0
+            }]
         );
     }
 }

@@ -18,6 +18,7 @@ fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
         datasets: datasets.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
+        version: 0,
     }
 }
 

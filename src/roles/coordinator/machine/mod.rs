@@ -580,6 +580,8 @@ impl Scheduler {
                 num_workers: 0,
                 layouts: Vec::new(),
                 datasets: Vec::new(),
+                // Stamped by the coordinator's machine when it hands the setup out.
+                version: 0,
             },
             positions: WorkerPositions::new(),
             setup_version: 0,
@@ -1028,7 +1030,6 @@ impl Scheduler {
             .filter(|(_, w)| w.alive)
             .map(|(i, w)| (*i, w.epoch))
             .collect();
-        let setup = self.setup.clone();
         let Some(active) = self
             .recovery
             .as_mut()
@@ -1037,6 +1038,11 @@ impl Scheduler {
         else {
             return;
         };
+        // A rewind a restore sends outdates every setup handed out before it, so that a worker
+        // never lets a delayed older setup undo it (the end of the restore bumps it again).
+        self.setup_version += 1;
+        let mut setup = self.setup.clone();
+        setup.version = self.setup_version;
         let targets = RewindTargets {
             workers: &live,
             setup: &setup,
@@ -1213,7 +1219,9 @@ impl Scheduler {
     /// What a new incarnation of `worker` is set up with: the configured setup, its datasets
     /// resuming at the positions the last restore gave that worker.
     pub fn setup_for(&self, worker: u32) -> SetupWorker {
-        recovery::setup_with_positions(&self.setup, self.positions.get(&worker))
+        let mut setup = recovery::setup_with_positions(&self.setup, self.positions.get(&worker));
+        setup.version = self.setup_version;
+        setup
     }
 
     /// Changes whenever a setup handed out before is outdated.

@@ -123,6 +123,7 @@ fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>
         num_workers: 2,
         layouts: Vec::new(),
         datasets: vec![("ids".into(), 0)],
+        version: 0,
     };
     s.handle_configure(setup);
     let mut ids = Vec::new();
