@@ -317,7 +317,7 @@ fn record_jobs(rx: Receiver<WorkerJob>, jobs: Arc<Mutex<Vec<&'static str>>>) {
                     "setup"
                 }
             }
-            WorkerJob::Run(_, tx) => {
+            WorkerJob::Run(_, _, tx) => {
                 let _ = tx.send(Ok(b"ran".to_vec()));
                 "run"
             }

@@ -201,6 +201,8 @@ fn worker_refusal() -> impl Strategy<Value = WorkerRefusal> {
         Just(WorkerRefusal::JobDropped),
         Just(WorkerRefusal::NotSetUp),
         Just(WorkerRefusal::Retired),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(chief, current)| WorkerRefusal::FromOldChief { chief, current }),
     ]
 }
 

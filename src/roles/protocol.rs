@@ -322,6 +322,15 @@ pub enum WorkerRefusal {
     /// It is retired (fenced by the chief) or exiting.
     #[error("worker retired")]
     Retired,
+    /// The closure comes from an older chief incarnation than the one that set this worker up
+    /// (sent before that chief died): it never commits, and reading its data would skip it.
+    #[error("closure from chief incarnation {chief}, older than the one that set this worker up ({current})")]
+    FromOldChief {
+        /// The sending chief's incarnation.
+        chief: u64,
+        /// The incarnation of the chief whose setup this worker took.
+        current: u64,
+    },
 }
 
 /// From the chief to a worker incarnation it fenced (FENCE-1) while that process may still

@@ -20,6 +20,7 @@ use crate::roles::coordinator::{
     CallFault, CheckpointRef, ClosureId, ConfigureTicket, Ledger, PositionsTicket, PsDial,
     RestoreCall, RestoreReport, RestoreTicket, ResultDisposition, Scheduler, SchedulerAction,
     SchedulerConfig, ServerProbe, WorkerDial, WorkerPositions, DATASET_POSITIONS_KEY,
+    SAVE_WAIT_MAX,
 };
 use crate::roles::protocol::{PsUnavailable, RunClosure, RunClosureError, SetupWorker};
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
@@ -177,6 +178,8 @@ enum Req {
         closure: u64,
         attempt: u32,
         generation: u64,
+        /// The sending chief's incarnation.
+        chief: u64,
     },
     /// A dial: whichever incarnation listens at the address answers with its epoch.
     Hello,
@@ -287,7 +290,8 @@ struct WorkerProc {
 
 /// A job for a worker's compute thread, as the real worker queues them (`WorkerJob`).
 enum Job {
-    Run(RunClosure),
+    /// A closure, and the incarnation of the chief that sent it.
+    Run(RunClosure, u64),
     /// A setup (a new incarnation's, or a rewind: `rewind`) or a new configuration.
     Setup {
         setup: SetupWorker,
@@ -388,6 +392,8 @@ struct Chief {
     saves: u32,
     /// Restores at start-up that failed (each one restarts the chief).
     startup_failures: u32,
+    /// When the save under way began waiting for the servers to be readable.
+    save_since: Option<Duration>,
 }
 
 enum ChiefPhase {
@@ -504,6 +510,7 @@ impl<'a> World<'a> {
                 phase: ChiefPhase::SaveBackoff(Duration::ZERO),
                 saves: 0,
                 startup_failures: 0,
+                save_since: None,
             },
             storage: Vec::new(),
             detector: BTreeMap::new(),
@@ -680,6 +687,7 @@ impl<'a> World<'a> {
         self.calls.clear();
         self.detector.clear();
         self.fenced.clear();
+        self.chief.save_since = None;
         self.dispatched.clear();
         let epoch = self.chief_epoch;
         let at = self.now + self.config.detection_budget;
@@ -986,6 +994,7 @@ impl<'a> World<'a> {
                     closure,
                     attempt,
                     generation,
+                    chief,
                 } => {
                     let worker = &mut self.workers[w as usize];
                     let known = worker.run.as_ref().is_some_and(|r| r.call == call)
@@ -1010,7 +1019,7 @@ impl<'a> World<'a> {
                         function: "step".into(),
                         args: Vec::new(),
                     };
-                    worker.waiting.push_back((call, Job::Run(run)));
+                    worker.waiting.push_back((call, Job::Run(run, chief)));
                     self.next_step(w);
                 }
                 Req::Hello => {
@@ -1128,8 +1137,8 @@ impl<'a> World<'a> {
         }
         while let Some((call, job)) = self.workers[w as usize].waiting.pop_front() {
             let worker = &mut self.workers[w as usize];
-            let run = match job {
-                Job::Run(run) => run,
+            let (run, from_chief) = match job {
+                Job::Run(run, chief) => (run, chief),
                 Job::Setup {
                     setup,
                     rewind,
@@ -1161,7 +1170,7 @@ impl<'a> World<'a> {
                     continue;
                 }
             };
-            match worker.machine.handle_start(now, &run) {
+            match worker.machine.handle_start(now, &run, from_chief) {
                 StepAction::Compute => {
                     // The step reads its dataset's next element.
                     let first = std::mem::replace(&mut worker.fresh, false);
@@ -1551,6 +1560,7 @@ impl<'a> World<'a> {
                         closure: closure.0,
                         attempt,
                         generation,
+                        chief: self.chief_epoch,
                     };
                     if self.dispatched.insert(closure.0) {
                         self.check_fresh_id(closure.0);
@@ -1883,7 +1893,17 @@ impl<'a> World<'a> {
             let (_, epoch) = self.state(node);
             let heard = self.heard(node);
             let budget = self.config.detection_budget;
+            // The gateway knows every incarnation its node connected to (a dial's hello),
+            // even one it has not heard a heartbeat from yet.
+            let known = match node {
+                Node::Worker(w) => self.coord.worker_epoch(w),
+                Node::Ps(ps) => self.coord.ps_epoch(ps).map(|(epoch, _)| epoch),
+                Node::Chief => None,
+            };
             let entry = self.detector.entry(node).or_default();
+            if entry.seen.is_none() {
+                entry.seen = known;
+            }
             if heard {
                 entry.unheard_since = None;
                 let previous = entry.seen.replace(epoch);
@@ -1972,6 +1992,15 @@ impl<'a> World<'a> {
                 if self.now < *until {
                     return;
                 }
+                // As the real save: it waits for readable servers at most SAVE_WAIT_MAX.
+                let since = *self.chief.save_since.get_or_insert(self.now);
+                if self.now.saturating_sub(since) > SAVE_WAIT_MAX {
+                    self.ended = Some(Err(format!(
+                        "no checkpoint taken: the parameter servers were not readable for \
+                         {SAVE_WAIT_MAX:?}"
+                    )));
+                    return;
+                }
                 if self.coord.is_holding() {
                     self.chief.phase = ChiefPhase::SaveBackoff(self.now + SAVE_BACKOFF);
                     return;
@@ -2042,6 +2071,7 @@ impl<'a> World<'a> {
                     .map(|id| self.snapshots[id].clone())
                     .collect();
                 self.save(probe.0, servers, recorded);
+                self.chief.save_since = None;
                 self.chief.phase = ChiefPhase::Schedule;
             }
             ChiefPhase::Starting(at) => {

@@ -772,7 +772,7 @@ const SAVE_ATTEMPTS_MAX: u32 = 5;
 /// How long a save waits for the parameter servers to be readable undisturbed (a recovery
 /// that holds dispatch to end, a lost server to be restored). Only faults that reading again
 /// can cure are waited out.
-const SAVE_WAIT_MAX: Duration = Duration::from_secs(600);
+pub const SAVE_WAIT_MAX: Duration = Duration::from_secs(600);
 /// First and longest pause before reading the servers again after one could not be read.
 const SAVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
 const SAVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);

@@ -17,7 +17,7 @@ mod machine;
 mod restore;
 
 pub use actor::CoordinatorActor;
-pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec};
+pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec, SAVE_WAIT_MAX};
 pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };

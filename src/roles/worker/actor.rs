@@ -56,9 +56,11 @@ pub enum WorkerJob {
         /// Where the answer goes.
         reply: oneshot::Sender<Result<(), SetupError>>,
     },
-    /// Run one closure: its value, or why there is none.
+    /// Run one closure (sent by the chief incarnation given): its value, or why there is
+    /// none.
     Run(
         RunClosure,
+        u64,
         oneshot::Sender<Result<Vec<u8>, RunClosureError>>,
     ),
     /// Report how far each dataset has been read.
@@ -168,7 +170,10 @@ impl Handler<Remote<RunClosure>> for WorkerActor {
     type Result = ResponseFuture<Result<Vec<u8>, RunClosureError>>;
 
     fn handle(&mut self, msg: Remote<RunClosure>, _: &mut Context<Self>) -> Self::Result {
-        self.submit(Request::Run, |reply| WorkerJob::Run(msg.msg, reply))
+        let from_chief = msg.from.epoch.0;
+        self.submit(Request::Run, |reply| {
+            WorkerJob::Run(msg.msg, from_chief, reply)
+        })
     }
 }
 
@@ -201,8 +206,8 @@ pub fn run_worker_thread(
             } => {
                 let _ = reply.send(compute.setup(&setup, rewind, from_chief));
             }
-            WorkerJob::Run(run, reply) => {
-                let _ = reply.send(compute.run(run));
+            WorkerJob::Run(run, from_chief, reply) => {
+                let _ = reply.send(compute.run(run, from_chief));
             }
             WorkerJob::Positions(reply) => {
                 let _ = reply.send(Ok(lock(&compute.machine).handle_positions(Instant::now())));
@@ -312,8 +317,8 @@ impl Compute {
     }
 
     /// Carries out a closure's steps as the machine decides them: compute, push, reply.
-    fn run(&mut self, run: RunClosure) -> Result<Vec<u8>, RunClosureError> {
-        let mut action = lock(&self.machine).handle_start(Instant::now(), &run);
+    fn run(&mut self, run: RunClosure, from_chief: u64) -> Result<Vec<u8>, RunClosureError> {
+        let mut action = lock(&self.machine).handle_start(Instant::now(), &run, from_chief);
         loop {
             action = match action {
                 StepAction::Compute => {

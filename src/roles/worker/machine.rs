@@ -399,11 +399,21 @@ impl WorkerMachine {
 
     /// Step 5: a closure reached the compute thread. It runs only on a worker set up and
     /// not retired since it was admitted.
-    pub fn handle_start(&mut self, now: Instant, run: &RunClosure) -> StepAction {
+    ///
+    /// A closure from an older chief incarnation than the one whose setup this worker took
+    /// (sent before that chief died) is refused: it can never commit, and reading its data
+    /// would skip that data for the closures that do.
+    pub fn handle_start(&mut self, now: Instant, run: &RunClosure, from_chief: u64) -> StepAction {
+        let current = self.setup_taken.map_or(0, |(chief, _)| chief);
         let refusal = if self.exit.is_some() {
             Some(WorkerRefusal::Retired)
         } else if !self.set_up {
             Some(WorkerRefusal::NotSetUp)
+        } else if from_chief < current {
+            Some(WorkerRefusal::FromOldChief {
+                chief: from_chief,
+                current,
+            })
         } else {
             None
         };
@@ -666,7 +676,7 @@ mod tests {
     fn started(m: &mut WorkerMachine, closure: u64) {
         m.admit(now(), Request::Run).unwrap();
         assert!(matches!(
-            m.handle_start(now(), &run(closure)),
+            m.handle_start(now(), &run(closure), 1),
             StepAction::Compute
         ));
     }
@@ -699,7 +709,7 @@ mod tests {
         let mut m = WorkerMachine::new(0, 1, 2);
         m.admit(now(), Request::Run).unwrap();
         assert_eq!(
-            reply(m.handle_start(now(), &run(1))),
+            reply(m.handle_start(now(), &run(1), 1)),
             Err(RunClosureError::Refused(WorkerRefusal::NotSetUp))
         );
         // The refusal ended the job: the queue is empty again.
@@ -977,5 +987,31 @@ mod tests {
                 skip: 0
             }]
         );
+    }
+
+    /// A closure sent by a chief incarnation older than the one whose setup the worker took
+    /// (in flight when that chief died) is refused without reading any data: it can never
+    /// commit, and the new chief's closures must find the data where its setup put it.
+    #[test]
+    fn a_closure_from_an_older_chief_is_refused_without_reading() {
+        let mut m = WorkerMachine::new(0, 1, 2);
+        m.admit(now(), Request::Setup).unwrap();
+        m.handle_setup(now(), &setup(&[("a", 26)]), true, 2)
+            .unwrap();
+        m.handle_setup_built(now(), Ok(vec![("a".into(), 26)]))
+            .unwrap();
+        m.admit(now(), Request::Run).unwrap();
+        assert_eq!(
+            reply(m.handle_start(now(), &run(112), 1)),
+            Err(RunClosureError::Refused(WorkerRefusal::FromOldChief {
+                chief: 1,
+                current: 2
+            }))
+        );
+        m.admit(now(), Request::Run).unwrap();
+        assert!(matches!(
+            m.handle_start(now(), &run(113), 2),
+            StepAction::Compute
+        ));
     }
 }
