@@ -367,3 +367,92 @@ fn regression_a_worker_set_up_after_a_restore_starts_at_the_restored_positions()
     assert!(report.finished, "{:?}", report.failure);
     assert_eq!(report.chief_resumes, 1);
 }
+
+/// Regression: found by the simulator (seed 5379 of 20,000) before setups were ordered: a
+/// new chief's setup, delivered again after the restore's rewind had put the worker at the
+/// checkpoint's position, rebuilt its dataset from 0 (DATA-1). A worker now takes a setup
+/// only if it is newer than the newest it took (the setup version, then the chief
+/// incarnation).
+#[test]
+fn regression_a_setup_delivered_late_never_undoes_a_restore_rewind() {
+    let scenario = Scenario {
+        seed: 5379,
+        net: NetSettings {
+            latency_min_us: 100,
+            latency_max_us: 16285,
+            loss: 0.01,
+            duplicate: 0.05,
+        },
+        faults: vec![Fault::Kill {
+            at_ms: 1993,
+            node: Node::Chief,
+        }],
+    };
+    let report = run_scenario(&SimConfig::default(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert!(report.finished, "{:?}", report.failure);
+}
+
+/// Regression: found by the simulator (seed 15607 of 20,000): a closure the dead chief had
+/// sent to a paused worker reached it after the new chief had set it up, and read the element
+/// the new chief's closures needed (DATA-1). A worker now refuses closures from a chief
+/// incarnation older than the one whose setup it took.
+#[test]
+fn regression_a_closure_from_a_dead_chief_reads_no_data() {
+    let scenario = Scenario {
+        seed: 15607,
+        net: NetSettings {
+            latency_min_us: 100,
+            latency_max_us: 19062,
+            loss: 0.001,
+            duplicate: 0.01,
+        },
+        faults: vec![
+            Fault::Kill {
+                at_ms: 4877,
+                node: Node::Chief,
+            },
+            Fault::Pause {
+                at_ms: 4460,
+                node: Node::Worker(1),
+                for_ms: 2540,
+            },
+        ],
+    };
+    let report = run_scenario(&SimConfig::default(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert!(report.finished, "{:?}", report.failure);
+}
+
+/// Regression (harness): found by the simulator (seed 8774 of 20,000): a server partitioned
+/// and killed before the first checkpoint left the chief's first save waiting forever
+/// (LIVENESS); like the real save, it now gives up after `SAVE_WAIT_MAX` and the job fails
+/// saying why.
+#[test]
+fn regression_a_save_that_cannot_read_the_servers_gives_up() {
+    let scenario = Scenario {
+        seed: 8774,
+        net: NetSettings {
+            latency_min_us: 100,
+            latency_max_us: 100,
+            loss: 0.001,
+            duplicate: 0.001,
+        },
+        faults: vec![
+            Fault::Partition {
+                at_ms: 0,
+                node: Node::Ps(0),
+                for_ms: 5028,
+                one_way: false,
+            },
+            Fault::Kill {
+                at_ms: 1844,
+                node: Node::Ps(0),
+            },
+        ],
+    };
+    let report = run_scenario(&SimConfig::default(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    let failure = report.failure.expect("the job cannot save, so it fails");
+    assert!(failure.contains("not readable"), "{failure}");
+}
