@@ -2,6 +2,7 @@
 
 mod checkpoint_support;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,9 +10,10 @@ use checkpoint_support::{
     entries, sample_checkpoint, seal_manifest, temp_entries, TempRoot, F32_SPECIAL_BITS,
 };
 use cohort::checkpoint::{
-    list_checkpoints, read_checkpoint, write_checkpoint, CheckpointManager, CheckpointPolicy,
-    Dtype, FailAction, FailSite, SaveError, TensorBytes, ValidationError, FORMAT_VERSION,
-    MANIFEST_CHECKSUM_FIELD, MANIFEST_TRAILER_BYTES,
+    decode_checkpoint, encode_checkpoint, encode_checkpoint_at, list_checkpoints, read_checkpoint,
+    write_checkpoint, CheckpointManager, CheckpointPolicy, Dtype, FailAction, FailSite, LoadError,
+    SaveError, TensorBytes, ValidationError, FORMAT_VERSION, MANIFEST_CHECKSUM_FIELD,
+    MANIFEST_FILE, MANIFEST_TRAILER_BYTES,
 };
 use cohort::layout::LayoutError;
 use sha2::{Digest, Sha256};
@@ -459,5 +461,91 @@ mod properties {
             let err = read_checkpoint(&dir).unwrap_err();
             prop_assert!(err.to_string().starts_with("ckpt-1/manifest.json: "), "{}", err);
         }
+    }
+}
+
+/// The pure encoder makes the files `write_checkpoint` writes (the manifest's creation time
+/// given): the same names, the manifest last, the same sizes and contents (a shard's
+/// `__metadata__` order, and so its checksum, may differ between two encodings), and the
+/// decoder over those bytes loads what was encoded.
+#[test]
+fn ckpt1_encoded_files_are_the_files_written_and_decode_whole() {
+    let root = TempRoot::new("ckpt-encode");
+    let ckpt = sample_checkpoint(12);
+    let dir = write_checkpoint(root.path(), &ckpt, None).expect("save");
+    let on_disk = read_checkpoint(&dir).expect("read back");
+    let files = encode_checkpoint_at(&ckpt, on_disk.manifest.created_unix_ms).expect("encode");
+
+    let names: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(names.last().map(String::as_str), Some(MANIFEST_FILE));
+    let mut encoded = names.clone();
+    encoded.sort();
+    assert_eq!(entries(&dir), encoded);
+    for (name, bytes) in &files {
+        let disk = std::fs::read(dir.join(name)).expect("read file");
+        assert_eq!(disk.len(), bytes.len(), "{name}");
+    }
+
+    let map: BTreeMap<String, Vec<u8>> = files.into_iter().collect();
+    let loaded = decode_checkpoint("ckpt-12", read_from(&map, "ckpt-12")).expect("decode");
+    assert_eq!(loaded.checkpoint, ckpt);
+    let without_checksums = |mut m: cohort::checkpoint::Manifest| {
+        for f in &mut m.files {
+            f.sha256.clear();
+        }
+        m
+    };
+    assert_eq!(
+        without_checksums(loaded.manifest),
+        without_checksums(on_disk.manifest)
+    );
+}
+
+/// CKPT-1 over in-memory files: one flipped bit in any file, a torn file or a missing one
+/// fails the decode with an error naming that file.
+#[test]
+fn ckpt1_decode_refuses_damaged_bytes_naming_the_file() {
+    let ckpt = sample_checkpoint(3);
+    let files: BTreeMap<String, Vec<u8>> = encode_checkpoint(&ckpt)
+        .expect("encode")
+        .into_iter()
+        .collect();
+    for name in files.keys() {
+        let expected_file = format!("ckpt-3/{name}");
+        for at in [0, files[name].len() / 2, files[name].len() - 1] {
+            let mut damaged = files.clone();
+            damaged.get_mut(name).expect("file")[at] ^= 0x20;
+            let err = decode_checkpoint("ckpt-3", read_from(&damaged, "ckpt-3"))
+                .expect_err("a flipped bit must not verify");
+            assert_eq!(err.file(), expected_file, "{err}");
+        }
+        let mut torn = files.clone();
+        let len = torn[name].len();
+        torn.get_mut(name).expect("file").truncate(len / 2);
+        let err = decode_checkpoint("ckpt-3", read_from(&torn, "ckpt-3"))
+            .expect_err("a torn file must not verify");
+        assert_eq!(err.file(), expected_file, "{err}");
+        let mut missing = files.clone();
+        missing.remove(name);
+        let err = decode_checkpoint("ckpt-3", read_from(&missing, "ckpt-3"))
+            .expect_err("a missing file must not verify");
+        assert!(matches!(err, LoadError::Missing { .. }), "{err}");
+        assert_eq!(err.file(), expected_file, "{err}");
+    }
+    // The directory's step must be the manifest's.
+    let err = decode_checkpoint("ckpt-4", read_from(&files, "ckpt-4")).expect_err("wrong step");
+    assert!(matches!(err, LoadError::ManifestInvalid { .. }), "{err}");
+}
+
+/// A reader over in-memory files, as the decoder wants it.
+fn read_from<'a>(
+    files: &'a BTreeMap<String, Vec<u8>>,
+    dir_label: &'a str,
+) -> impl Fn(&str) -> Result<Vec<u8>, LoadError> + 'a {
+    move |name| {
+        files.get(name).cloned().ok_or_else(|| LoadError::Missing {
+            file: format!("{dir_label}/{name}"),
+            source: std::io::ErrorKind::NotFound.into(),
+        })
     }
 }

@@ -39,8 +39,9 @@ pub use manifest::{
     MANIFEST_FILE, MANIFEST_TRAILER_BYTES,
 };
 pub use store::{
-    checkpoint_dir_name, parse_checkpoint_dir_name, read_checkpoint, write_checkpoint, LoadError,
-    LoadedCheckpoint, SaveError, CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX,
+    checkpoint_dir_name, decode_checkpoint, encode_checkpoint, encode_checkpoint_at,
+    parse_checkpoint_dir_name, read_checkpoint, write_checkpoint, LoadError, LoadedCheckpoint,
+    SaveError, CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX,
 };
 pub use tensor::{TensorBytes, TensorError};
 

@@ -262,9 +262,74 @@ pub fn parse_checkpoint_dir_name(name: &str) -> Option<u64> {
     (step.to_string() == digits).then_some(step)
 }
 
-/// Writes `ckpt` as `root/ckpt-<step>` with the protocol in the module doc, and returns that
-/// directory once it is durable. `hook` is consulted at every [`FailSite`] but
-/// [`FailSite::BeforeRetention`] (retention belongs to the manager).
+/// Encodes `ckpt` as the files of its checkpoint directory, exactly as
+/// [`write_checkpoint`] writes them: every shard file (`shard-<ps>-of-<n>.safetensors`, in PS
+/// order), then the manifest ([`MANIFEST_FILE`], with the shards' sizes and SHA-256 and its
+/// own checksum) last. The manifest's creation time is now.
+pub fn encode_checkpoint(ckpt: &Checkpoint) -> Result<Vec<(String, Vec<u8>)>, SaveError> {
+    let created_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    encode_checkpoint_at(ckpt, created_unix_ms)
+}
+
+/// [`encode_checkpoint`] with the manifest's creation time given (milliseconds since the Unix
+/// epoch), so that equal checkpoints encode to equal bytes. Fails with
+/// [`SaveError::Invalid`] if the content is inconsistent.
+pub fn encode_checkpoint_at(
+    ckpt: &Checkpoint,
+    created_unix_ms: u64,
+) -> Result<Vec<(String, Vec<u8>)>, SaveError> {
+    ckpt.validate().map_err(|source| SaveError::Invalid {
+        step: ckpt.step,
+        source,
+    })?;
+    let num_ps = ckpt.num_ps();
+    let mut files = Vec::with_capacity(num_ps + 1);
+    let mut entries = Vec::with_capacity(num_ps);
+    for (ps, shard) in ckpt.shards.iter().enumerate() {
+        let name = shard_file_name(ps, num_ps);
+        let bytes = serialize_shard(ckpt.step, ps, num_ps, shard).map_err(|source| {
+            SaveError::Serialize {
+                file: name.clone(),
+                source,
+            }
+        })?;
+        entries.push(FileEntry {
+            name: name.clone(),
+            ps: ps as u32,
+            bytes: bytes.len() as u64,
+            sha256: hex::encode(Sha256::digest(&bytes)),
+            tensors: shard.tensors.keys().cloned().collect(),
+        });
+        files.push((name, bytes));
+    }
+    let manifest = Manifest {
+        format: FORMAT_NAME.to_string(),
+        format_version: FORMAT_VERSION,
+        step: ckpt.step,
+        created_unix_ms,
+        num_ps: num_ps as u32,
+        layout: ckpt.layout.clone(),
+        files: entries,
+        slots: ckpt
+            .slot_names()
+            .into_iter()
+            .map(|(var, slots)| (var, slots.into_iter().collect()))
+            .collect(),
+        dataset_positions: ckpt.dataset_positions.clone(),
+        ledger: ckpt.ledger.clone(),
+        extra: ckpt.extra.clone(),
+    };
+    let manifest_bytes = manifest.to_file_bytes().map_err(SaveError::Manifest)?;
+    files.push((MANIFEST_FILE.to_string(), manifest_bytes));
+    Ok(files)
+}
+
+/// Writes `ckpt` as `root/ckpt-<step>` with the protocol in the module doc (the files
+/// [`encode_checkpoint`] makes), and returns that directory once it is durable. `hook` is
+/// consulted at every [`FailSite`] but [`FailSite::BeforeRetention`] (retention belongs to the
+/// manager).
 ///
 /// If `ckpt-<step>` exists and verifies, fails with [`SaveError::AlreadyExists`]; if it exists
 /// but does not verify (a corrupt leftover), the new checkpoint replaces it.
@@ -273,10 +338,7 @@ pub fn write_checkpoint(
     ckpt: &Checkpoint,
     hook: Option<&FailpointHook>,
 ) -> Result<PathBuf, SaveError> {
-    ckpt.validate().map_err(|source| SaveError::Invalid {
-        step: ckpt.step,
-        source,
-    })?;
+    let files = encode_checkpoint(ckpt)?;
     ensure_root(root)?;
     let final_dir = root.join(checkpoint_dir_name(ckpt.step));
     let replace_existing = match fs::symlink_metadata(&final_dir) {
@@ -295,7 +357,15 @@ pub fn write_checkpoint(
 
     let tmp = root.join(unique_temp_name(&format!("ckpt-{}", ckpt.step)));
     fs::create_dir(&tmp).map_err(|e| io_err("create directory", &tmp, e))?;
-    match write_and_publish(root, &tmp, &final_dir, replace_existing, ckpt, hook) {
+    match write_and_publish(
+        root,
+        &tmp,
+        &final_dir,
+        replace_existing,
+        ckpt.step,
+        &files,
+        hook,
+    ) {
         Ok(()) => Ok(final_dir),
         // An injected crash leaves the disk as a real crash would.
         Err(e @ SaveError::InjectedCrash { .. }) => Err(e),
@@ -307,73 +377,33 @@ pub fn write_checkpoint(
     }
 }
 
-/// Steps 2 to 4 of the protocol, into the already created `tmp`.
+/// Steps 2 to 4 of the protocol: `files` (the shards, then the manifest) into the already
+/// created `tmp`, then the rename.
 fn write_and_publish(
     root: &Path,
     tmp: &Path,
     final_dir: &Path,
     replace_existing: bool,
-    ckpt: &Checkpoint,
+    step: u64,
+    files: &[(String, Vec<u8>)],
     hook: Option<&FailpointHook>,
 ) -> Result<(), SaveError> {
     crash_point(FailSite::BeforeShards, hook)?;
-
-    let num_ps = ckpt.num_ps();
-    let mut files = Vec::with_capacity(num_ps);
-    for (ps, shard) in ckpt.shards.iter().enumerate() {
-        let name = shard_file_name(ps, num_ps);
-        let bytes = serialize_shard(ckpt.step, ps, num_ps, shard).map_err(|source| {
-            SaveError::Serialize {
-                file: name.clone(),
-                source,
-            }
-        })?;
-        let path = tmp.join(&name);
+    for (index, (name, bytes)) in files.iter().enumerate() {
+        if name == MANIFEST_FILE {
+            crash_point(FailSite::BeforeManifest, hook)?;
+        }
         // The first shard is written in two halves so a torn write can be injected.
-        let torn = if ps == 0 {
-            Some(FailSite::MidShard)
-        } else {
-            None
-        };
-        write_file_synced(&path, &bytes, torn, hook)?;
-        files.push(FileEntry {
-            name,
-            ps: ps as u32,
-            bytes: bytes.len() as u64,
-            sha256: hex::encode(Sha256::digest(&bytes)),
-            tensors: shard.tensors.keys().cloned().collect(),
-        });
+        let torn = (index == 0).then_some(FailSite::MidShard);
+        write_file_synced(&tmp.join(name), bytes, torn, hook)?;
     }
-    crash_point(FailSite::BeforeManifest, hook)?;
-
-    let manifest = Manifest {
-        format: FORMAT_NAME.to_string(),
-        format_version: FORMAT_VERSION,
-        step: ckpt.step,
-        created_unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-        num_ps: num_ps as u32,
-        layout: ckpt.layout.clone(),
-        files,
-        slots: ckpt
-            .slot_names()
-            .into_iter()
-            .map(|(var, slots)| (var, slots.into_iter().collect()))
-            .collect(),
-        dataset_positions: ckpt.dataset_positions.clone(),
-        ledger: ckpt.ledger.clone(),
-        extra: ckpt.extra.clone(),
-    };
-    let manifest_bytes = manifest.to_file_bytes().map_err(SaveError::Manifest)?;
-    write_file_synced(&tmp.join(MANIFEST_FILE), &manifest_bytes, None, hook)?;
     fsync_dir(tmp)?;
     crash_point(FailSite::BeforePublish, hook)?;
 
     // A corrupt leftover under the final name is moved aside first: rename cannot replace a
     // non-empty directory. It is a `.tmp-` name, so a crash here leaves it to be cleaned.
     let aside = if replace_existing {
-        let aside = root.join(unique_temp_name(&format!("replaced-ckpt-{}", ckpt.step)));
+        let aside = root.join(unique_temp_name(&format!("replaced-ckpt-{step}")));
         fs::rename(final_dir, &aside).map_err(|e| io_err("rename", final_dir, e))?;
         Some(aside)
     } else {
@@ -393,16 +423,48 @@ fn write_and_publish(
 }
 
 /// Reads and verifies the checkpoint in `dir` (manifest, sizes, checksums, safetensors
-/// framing, layout agreement). Never panics on bad input.
+/// framing, layout agreement): [`decode_checkpoint`] over the files on disk. Never panics on
+/// bad input.
 pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
     let dir_label = dir.file_name().map_or_else(
         || dir.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let label = |file: &str| format!("{dir_label}/{file}");
+    let read = |name: &str| {
+        let file = file_label(&dir_label, name);
+        // The manifest is read up to one byte over its limit (the decoder refuses it); a
+        // shard is read up to its size on disk.
+        let limit = (name == MANIFEST_FILE).then_some(MANIFEST_BYTES_MAX + 1);
+        read_file(&dir.join(name), &file, limit)
+    };
+    let mut loaded = decode_checkpoint(&dir_label, read)?;
+    loaded.dir = dir.to_path_buf();
+    Ok(loaded)
+}
+
+/// Verifies and parses the checkpoint whose files `read` returns (by name within the
+/// checkpoint's directory, e.g. `manifest.json`), as [`read_checkpoint`] does for a directory:
+/// the manifest's own checksum before anything in it is used, its format, every shard's size
+/// and SHA-256, the safetensors framing, and that the tensors agree with the layout.
+/// `dir_label` names the directory in errors (`ckpt-200/shard-1-of-2.safetensors: ...`; when it
+/// is a `ckpt-<step>` name, the manifest's step must match it), and `read`'s own errors should
+/// name the file as `<dir_label>/<name>`. The result's `dir` is `dir_label`. Never panics on
+/// bad input.
+pub fn decode_checkpoint(
+    dir_label: &str,
+    read: impl Fn(&str) -> Result<Vec<u8>, LoadError>,
+) -> Result<LoadedCheckpoint, LoadError> {
+    let label = |file: &str| file_label(dir_label, file);
     let manifest_label = label(MANIFEST_FILE);
 
-    let manifest_bytes = read_manifest_bytes(&dir.join(MANIFEST_FILE), &manifest_label)?;
+    let manifest_bytes = read(MANIFEST_FILE)?;
+    if manifest_bytes.len() as u64 > MANIFEST_BYTES_MAX {
+        return Err(LoadError::TooLarge {
+            file: manifest_label,
+            found: manifest_bytes.len() as u64,
+            max: MANIFEST_BYTES_MAX,
+        });
+    }
     // CKPT-1: the checksum verifies before anything in the manifest is used.
     let manifest =
         Manifest::from_file_bytes(&manifest_bytes).map_err(|source| LoadError::Manifest {
@@ -416,7 +478,7 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
             version: manifest.format_version,
         });
     }
-    check_manifest(&manifest, &dir_label).map_err(|reason| LoadError::ManifestInvalid {
+    check_manifest(&manifest, dir_label).map_err(|reason| LoadError::ManifestInvalid {
         file: manifest_label.clone(),
         reason,
     })?;
@@ -425,7 +487,8 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
     let mut shards = Vec::with_capacity(num_ps);
     for entry in &manifest.files {
         let file = label(&entry.name);
-        let bytes = read_verified(&dir.join(&entry.name), entry, &file)?;
+        let bytes = read(&entry.name)?;
+        verify_file(&bytes, entry, &file)?;
         shards.push(parse_shard(&bytes, entry, manifest.step, &file)?);
     }
     let checkpoint = Checkpoint {
@@ -444,10 +507,15 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
         LoadError::Inconsistent { file, source }
     })?;
     Ok(LoadedCheckpoint {
-        dir: dir.to_path_buf(),
+        dir: PathBuf::from(dir_label),
         manifest,
         checkpoint,
     })
+}
+
+/// How errors name a file of a checkpoint: `<dir_label>/<name>`.
+fn file_label(dir_label: &str, name: &str) -> String {
+    format!("{dir_label}/{name}")
 }
 
 impl ValidationError {
@@ -547,23 +615,21 @@ fn write_file_synced(
     file.sync_all().map_err(|e| io_err("fsync", path, e))
 }
 
-fn read_manifest_bytes(path: &Path, file: &str) -> Result<Vec<u8>, LoadError> {
+/// Reads the file at `path` (named `file` in errors), at most `limit` bytes when given.
+fn read_file(path: &Path, file: &str, limit: Option<u64>) -> Result<Vec<u8>, LoadError> {
     let handle = open_for_read(path, file)?;
     let mut bytes = Vec::new();
-    handle
-        .take(MANIFEST_BYTES_MAX + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| LoadError::Io {
-            file: file.to_string(),
-            source,
-        })?;
-    if bytes.len() as u64 > MANIFEST_BYTES_MAX {
-        return Err(LoadError::TooLarge {
-            file: file.to_string(),
-            found: bytes.len() as u64,
-            max: MANIFEST_BYTES_MAX,
-        });
-    }
+    let read = match limit {
+        Some(limit) => handle.take(limit).read_to_end(&mut bytes),
+        None => {
+            let mut handle = handle;
+            handle.read_to_end(&mut bytes)
+        }
+    };
+    read.map_err(|source| LoadError::Io {
+        file: file.to_string(),
+        source,
+    })?;
     Ok(bytes)
 }
 
@@ -622,24 +688,8 @@ fn check_manifest(m: &Manifest, dir_label: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a shard whose size and SHA-256 must match `entry`.
-fn read_verified(path: &Path, entry: &FileEntry, file: &str) -> Result<Vec<u8>, LoadError> {
-    let handle = open_for_read(path, file)?;
-    let io = |source| LoadError::Io {
-        file: file.to_string(),
-        source,
-    };
-    let found = handle.metadata().map_err(io)?.len();
-    if found != entry.bytes {
-        return Err(LoadError::SizeMismatch {
-            file: file.to_string(),
-            expected: entry.bytes,
-            found,
-        });
-    }
-    // Bounded by the size on disk, checked above, not by what the manifest claims.
-    let mut bytes = Vec::with_capacity(found as usize);
-    handle.take(found + 1).read_to_end(&mut bytes).map_err(io)?;
+/// Checks a shard's bytes against the size and SHA-256 its manifest `entry` records.
+fn verify_file(bytes: &[u8], entry: &FileEntry, file: &str) -> Result<(), LoadError> {
     if bytes.len() as u64 != entry.bytes {
         return Err(LoadError::SizeMismatch {
             file: file.to_string(),
@@ -647,7 +697,7 @@ fn read_verified(path: &Path, entry: &FileEntry, file: &str) -> Result<Vec<u8>, 
             found: bytes.len() as u64,
         });
     }
-    let sha = hex::encode(Sha256::digest(&bytes));
+    let sha = hex::encode(Sha256::digest(bytes));
     if !sha.eq_ignore_ascii_case(&entry.sha256) {
         return Err(LoadError::ChecksumMismatch {
             file: file.to_string(),
@@ -655,7 +705,7 @@ fn read_verified(path: &Path, entry: &FileEntry, file: &str) -> Result<Vec<u8>, 
             found: sha,
         });
     }
-    Ok(bytes)
+    Ok(())
 }
 
 fn parse_shard(
