@@ -44,15 +44,28 @@
 //!   incarnation starts), in the manifest under `DATASET_POSITIONS_KEY`.
 //! - **Failure detection**: a node the coordinator has not heard from (dead, paused,
 //!   partitioned) for `detection_budget` is declared dead, as the gateway's heartbeats do.
-//! - **Checkpoint storage**: a save can be torn or bit-flipped (stored, but it fails its
-//!   checksum and must never be restored, CKPT-1) or hit a full disk (the save fails and the
-//!   job goes on from the previous cut).
+//! - **Checkpoint storage**: a save builds a real [`Checkpoint`](crate::checkpoint::Checkpoint)
+//!   (the layouts, every server's variables and optimizer slots as tensors with their step
+//!   counts, the coordinator's ledger, the dataset positions) and encodes it with the real
+//!   encoder ([`encode_checkpoint_at`](crate::checkpoint::encode_checkpoint_at): safetensors
+//!   shards and the checksummed manifest) into an in-memory map of file name to bytes; only
+//!   the files' IO is simulated. A fault acts on those bytes: a torn write (a file, shard or
+//!   manifest, cut short) or a flipped bit (anywhere in one file) is stored, a full disk
+//!   fails the save before publish (nothing stored), and the chief can crash before publish
+//!   (nothing stored) or after it (stored, not yet the cut). Every read uses the real
+//!   verifying decoder ([`decode_checkpoint`](crate::checkpoint::decode_checkpoint)): a save
+//!   is read back before it becomes the cut (one that does not verify leaves the previous cut
+//!   in place, and its files stay in storage), and a restore (the recovery's load at the cut,
+//!   a new chief's start) reads the newest stored checkpoint that verifies, skipping the
+//!   others as `CheckpointManager::restore_latest` does. The servers are restored from what
+//!   was read, through the same `RestoreVariable` messages the coordinator sends.
 //!
 //! # Invariants, checked after every event
 //! - LEDGER-1: the ledger balances;
 //! - PS-1: no server applies a closure whose effect its state already holds;
 //! - FENCE-1: no result from an incarnation the coordinator fenced commits;
-//! - CKPT-1: a restore reads only a checkpoint that verifies, with the contents saved;
+//! - CKPT-1: whatever a read of a stored checkpoint loads (a save's read-back, a restore)
+//!   equals what was saved: a damaged one must fail verification, never load other contents;
 //! - PS-1 across chief restarts: a closure id a chief incarnation gives out for the first time
 //!   is not one whose effect a server holds;
 //! - DATA-1: a worker's first read after a setup or a rewind, in a closure dispatched in
@@ -153,7 +166,8 @@ pub struct FaultKinds {
     pub preempt: bool,
     /// Message loss, duplication and reordering.
     pub net: bool,
-    /// Torn, bit-flipped and failed checkpoint writes.
+    /// Torn, bit-flipped and failed checkpoint writes, and (with `chief`) the chief's crash
+    /// before or after a save's publish.
     pub storage: bool,
     /// Kill the chief (coordinator and program); a new incarnation resumes the job.
     pub chief: bool,
@@ -287,8 +301,14 @@ pub enum StorageFault {
     Torn,
     /// Published, but one bit of a file (a shard or the manifest) flipped.
     BitFlip,
-    /// The write fails: no checkpoint.
+    /// The write fails (a full disk) before the manifest is published: no checkpoint.
     FullDisk,
+    /// The chief dies while it writes, before the manifest is published: no checkpoint, and
+    /// a new chief incarnation resumes from the previous one.
+    CrashBeforePublish,
+    /// The chief dies once the checkpoint is published and durable, before it becomes the
+    /// cut: a new chief incarnation resumes from it.
+    CrashAfterPublish,
 }
 
 /// The network's behaviour for a whole run.
@@ -397,14 +417,20 @@ impl Scenario {
                     at_ms,
                     node: Node::Chief,
                 },
-                _ => Fault::Storage {
-                    save: rng.gen_range(0..4),
-                    fault: [
-                        StorageFault::Torn,
-                        StorageFault::BitFlip,
-                        StorageFault::FullDisk,
-                    ][rng.gen_range(0..3)],
-                },
+                _ => {
+                    // A crash in a save kills the chief: only with chief kills allowed.
+                    let kinds_max = if kinds.chief { 5 } else { 3 };
+                    Fault::Storage {
+                        save: rng.gen_range(0..4),
+                        fault: [
+                            StorageFault::Torn,
+                            StorageFault::BitFlip,
+                            StorageFault::FullDisk,
+                            StorageFault::CrashBeforePublish,
+                            StorageFault::CrashAfterPublish,
+                        ][rng.gen_range(0..kinds_max)],
+                    }
+                }
             };
             faults.push(fault);
         }

@@ -456,3 +456,48 @@ fn regression_a_save_that_cannot_read_the_servers_gives_up() {
     let failure = report.failure.expect("the job cannot save, so it fails");
     assert!(failure.contains("not readable"), "{failure}");
 }
+
+/// A chief that dies in a save, before or after its publish: the next incarnation resumes
+/// from the newest stored checkpoint that the real decoder verifies (the one just published,
+/// or an older one, skipping a damaged save in between), and the job finishes end to end.
+#[test]
+fn a_chief_crash_before_or_after_a_save_publishes_resumes_from_the_newest_valid_checkpoint() {
+    for faults in [
+        vec![Fault::Storage {
+            save: 2,
+            fault: StorageFault::CrashAfterPublish,
+        }],
+        vec![Fault::Storage {
+            save: 2,
+            fault: StorageFault::CrashBeforePublish,
+        }],
+        vec![
+            Fault::Storage {
+                save: 1,
+                fault: StorageFault::BitFlip,
+            },
+            Fault::Storage {
+                save: 2,
+                fault: StorageFault::CrashAfterPublish,
+            },
+            Fault::Storage {
+                save: 3,
+                fault: StorageFault::Torn,
+            },
+        ],
+    ] {
+        let scenario = Scenario {
+            faults,
+            ..Scenario::fault_free(8)
+        };
+        let report = run_scenario(&SimConfig::default(), &scenario);
+        assert!(
+            report.violation.is_none(),
+            "{scenario}: {:?}",
+            report.violation
+        );
+        assert!(report.finished, "{scenario}: {:?}", report.failure);
+        assert_eq!(report.chief_resumes, 1, "{scenario}");
+        assert_eq!(report.ledger.committed, 200, "{:?}", report.ledger);
+    }
+}

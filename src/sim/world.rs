@@ -13,16 +13,21 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{
+    checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, slot_tensor_name, Checkpoint,
+    LoadError, TensorBytes,
+};
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    CallFault, CheckpointRef, ClosureId, ConfigureTicket, Ledger, PositionsTicket, PsDial,
-    RestoreCall, RestoreReport, RestoreTicket, ResultDisposition, Scheduler, SchedulerAction,
-    SchedulerConfig, ServerProbe, WorkerDial, WorkerPositions, DATASET_POSITIONS_KEY,
-    SAVE_WAIT_MAX,
+    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, Ledger, PositionsTicket,
+    PsDial, RestoreCall, RestoreReport, RestoreTicket, ResultDisposition, Scheduler,
+    SchedulerAction, SchedulerConfig, ServerProbe, WorkerDial, WorkerPositions,
+    DATASET_POSITIONS_KEY, SAVE_WAIT_MAX,
 };
-use crate::roles::protocol::{PsUnavailable, RunClosure, RunClosureError, SetupWorker};
+use crate::roles::protocol::{
+    bytes_to_f32, PsUnavailable, RestoreVariable, RunClosure, RunClosureError, SetupWorker,
+};
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
 use crate::roles::worker::{DatasetPlan, Request, StepAction, StepError, WorkerMachine};
@@ -86,6 +91,9 @@ pub(super) struct World<'a> {
     committed_before: BTreeSet<u64>,
     /// DATA-1: per restore generation, the stored checkpoint its shards came from.
     restored_from: BTreeMap<u64, usize>,
+    /// The checkpoints restores send to the servers, by stored index (as the restore read
+    /// them).
+    restoring: BTreeMap<usize, Arc<Checkpoint>>,
     /// Chief incarnations that resumed from a checkpoint.
     chief_resumes: u64,
     violation: Option<Violation>,
@@ -435,10 +443,15 @@ struct PsSnapshot {
 /// One variable as a checkpoint holds it: name, shape, values, optimizer slots, steps.
 type StoredShard = (String, Vec<usize>, Vec<f32>, Slots, u64);
 
-/// A checkpoint in the simulated storage.
+/// A checkpoint in the simulated storage: its files as the real encoder wrote them (and the
+/// save's storage fault left them), and what the harness knows of the save.
 struct Stored {
-    cut: u64,
-    servers: Vec<PsSnapshot>,
+    /// File name → bytes: every shard and the manifest ([`encode_checkpoint_at`]).
+    files: BTreeMap<String, Vec<u8>>,
+    /// The checkpoint as saved: a restore that reads this one must load exactly it (CKPT-1).
+    saved: Checkpoint,
+    /// Per server, the closures whose effect its saved state holds (PS-1 after a restore).
+    effective: Vec<Vec<u64>>,
     /// Per worker, its dataset's position (DATA-1).
     positions: BTreeMap<u32, u64>,
     /// The closures committed at the cut (the end-to-end check after a chief restart).
@@ -446,10 +459,6 @@ struct Stored {
     /// The chief program's progress: closures scheduled and batches run.
     scheduled: u64,
     batches: u64,
-    /// It verifies (no torn or flipped file).
-    valid: bool,
-    /// What a restore gets (the same `Arc` every time).
-    checkpoint: Arc<Checkpoint>,
 }
 
 /// Snapshots taken and not yet saved, by id (each server's reply to `Snapshot`).
@@ -519,6 +528,7 @@ impl<'a> World<'a> {
             dispatched: BTreeSet::new(),
             committed_before: BTreeSet::new(),
             restored_from: BTreeMap::new(),
+            restoring: BTreeMap::new(),
             chief_resumes: 0,
             violation: None,
             ended: None,
@@ -925,21 +935,27 @@ impl<'a> World<'a> {
                 Resp::Done
             }
             Req::Shards { stored } => {
-                let Some(snapshot) = self
-                    .storage
-                    .get(stored)
-                    .and_then(|s| s.servers.get(ps as usize).cloned())
-                else {
+                let (Some(checkpoint), Some(effective)) = (
+                    self.restoring.get(&stored),
+                    self.storage
+                        .get(stored)
+                        .and_then(|s| s.effective.get(ps as usize)),
+                ) else {
                     return Resp::Refused("no such checkpoint".into());
                 };
+                let effective = effective.clone();
+                let restores = match shard_restores(ps, &layouts(self.config.num_ps), checkpoint) {
+                    Ok(restores) => restores,
+                    Err(e) => return Resp::Refused(e.to_string()),
+                };
                 let p = &mut self.servers[ps as usize];
-                for (name, shape, values, slots, steps) in snapshot.variables {
-                    if let Err(e) = p.store.handle_restore(&name, shape, values, slots, steps) {
-                        return Resp::Refused(e.to_string());
+                for (msg, blobs) in restores {
+                    if let Err(e) = restore_variable(&mut p.store, msg, &blobs) {
+                        return Resp::Refused(e);
                     }
                 }
-                p.effective_set = snapshot.effective.iter().copied().collect();
-                p.effective = snapshot.effective;
+                p.effective_set = effective.iter().copied().collect();
+                p.effective = effective;
                 Resp::Done
             }
             Req::RollBack { below, generation } => {
@@ -1720,6 +1736,7 @@ impl<'a> World<'a> {
             } => {
                 let stored = checkpoint.0.step as usize;
                 self.restored_from.insert(*generation, stored);
+                self.restoring.insert(stored, Arc::clone(&checkpoint.0));
                 let kind = CallKind::Restore {
                     generation: *generation,
                     call: call.clone(),
@@ -1762,14 +1779,19 @@ impl<'a> World<'a> {
         }
     }
 
-    /// The newest checkpoint taken at `cut` that verifies (CKPT-1): corrupt ones are skipped.
+    /// The newest checkpoint taken at `cut` (its ledger's next closure id) that verifies
+    /// (CKPT-1), as the recovery's loader reads it: corrupt ones are skipped.
     fn load(&mut self, generation: u64, cut: u64) {
-        let found = self
-            .storage
-            .iter()
-            .rev()
-            .find(|s| s.cut == cut && s.valid)
-            .map(|s| CheckpointRef(Arc::clone(&s.checkpoint)));
+        let mut found = None;
+        for stored in (0..self.storage.len()).rev() {
+            match self.read_stored(stored) {
+                Some(checkpoint) if checkpoint.ledger.next_closure_id == cut => {
+                    found = Some(CheckpointRef(checkpoint));
+                    break;
+                }
+                _ => {}
+            }
+        }
         let report = RestoreReport::Loaded { result: Ok(found) };
         let now = self.instant();
         self.coord.handle_restore_report(now, generation, report);
@@ -2110,7 +2132,10 @@ impl<'a> World<'a> {
     /// it; with none, start afresh only if no server has applied anything (its ids and
     /// values would otherwise be reused or lost), else the job fails naming why.
     fn start_from_checkpoint(&mut self, probes: &[ServerProbe]) {
-        let Some(stored) = self.storage.iter().rposition(|s| s.valid) else {
+        let newest = (0..self.storage.len())
+            .rev()
+            .find_map(|stored| Some((stored, self.read_stored(stored)?)));
+        let Some((stored, checkpoint)) = newest else {
             let untouched = probes
                 .iter()
                 .all(|p| p.next_free_closure_id == 0 && p.generation == 0)
@@ -2128,7 +2153,6 @@ impl<'a> World<'a> {
             }
             return;
         };
-        let checkpoint = Arc::clone(&self.storage[stored].checkpoint);
         let root = std::path::PathBuf::from("sim-checkpoints");
         let now = self.instant();
         match self
@@ -2223,11 +2247,15 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Writes a checkpoint at `cut` (with the scenario's storage fault for this save, if any)
-    /// and marks the cut once it is durable and reads back whole (CKPT-1): a torn or flipped
-    /// one leaves the previous cut in place, so that a recovery restores the previous valid
-    /// checkpoint and runs again everything committed since (as `ClusterCoordinator::
-    /// save_checkpoint` does).
+    /// Saves a checkpoint at `cut` as the real save does: builds it from the servers'
+    /// snapshots, the workers' positions and the coordinator's ledger, encodes it with the
+    /// real encoder into the simulated storage (where the scenario's storage fault for this
+    /// save, if any, acts on its bytes), and reads it back: only one that verifies, with the
+    /// contents saved, becomes the cut (as `CheckpointManager::save` and
+    /// `ClusterCoordinator::save_checkpoint` do). One that does not leaves the previous cut in
+    /// place, so that a recovery restores the previous valid checkpoint and runs again
+    /// everything committed since; its files stay in storage (as if the chief had crashed
+    /// before removing them), and every restore must skip them.
     fn save(&mut self, cut: u64, servers: Vec<PsSnapshot>, positions: BTreeMap<u32, u64>) {
         let index = self.chief.saves;
         self.chief.saves += 1;
@@ -2235,34 +2263,137 @@ impl<'a> World<'a> {
             Fault::Storage { save, fault } if *save == index => Some(*fault),
             _ => None,
         });
-        if fault == Some(StorageFault::FullDisk) {
-            return; // the save fails; the job goes on from the previous cut
-        }
         let stored = self.storage.len();
-        let mut checkpoint = Checkpoint::new(stored as u64, self.config.num_ps as usize);
-        checkpoint.ledger.next_closure_id = cut;
-        checkpoint.ledger.counts = self.coord.ledger().clone();
-        let by_name: WorkerPositions = positions
-            .iter()
-            .map(|(w, p)| (*w, [(DATASET.to_string(), *p)].into_iter().collect()))
-            .collect();
-        checkpoint.extra = serde_json::json!({ DATASET_POSITIONS_KEY: by_name });
+        let checkpoint = self.build_checkpoint(stored as u64, &servers, &positions);
+        let created_ms = self.now.as_millis() as u64;
+        let encoded = match encode_checkpoint_at(&checkpoint, created_ms) {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                self.violate(
+                    "CKPT-1",
+                    format!("the save at cut {cut} cannot encode: {e}"),
+                );
+                return;
+            }
+        };
+        let mut files: BTreeMap<String, Vec<u8>> = encoded.into_iter().collect();
+        match fault {
+            // The write fails before the manifest is published: nothing is stored, and the
+            // job goes on from the previous cut.
+            Some(StorageFault::FullDisk) => return,
+            // The chief dies while it writes: nothing is published.
+            Some(StorageFault::CrashBeforePublish) => {
+                self.kill(Node::Chief);
+                return;
+            }
+            Some(StorageFault::Torn) => {
+                let file = self.rng.gen_range(0..files.len());
+                if let Some(bytes) = files.values_mut().nth(file) {
+                    let keep = self.rng.gen_range(0..bytes.len().max(1));
+                    bytes.truncate(keep);
+                }
+            }
+            Some(StorageFault::BitFlip) => {
+                let file = self.rng.gen_range(0..files.len());
+                if let Some(bytes) = files.values_mut().nth(file) {
+                    if !bytes.is_empty() {
+                        let bit = self.rng.gen_range(0..bytes.len() * 8);
+                        bytes[bit / 8] ^= 1 << (bit % 8);
+                    }
+                }
+            }
+            Some(StorageFault::CrashAfterPublish) | None => {}
+        }
         let committed = self.committed_ids();
         self.storage.push(Stored {
-            cut,
-            servers,
+            files,
+            saved: checkpoint,
+            effective: servers.into_iter().map(|s| s.effective).collect(),
             positions,
             committed,
             scheduled: self.chief.scheduled,
             batches: self.chief.batches,
-            valid: fault.is_none(),
-            checkpoint: Arc::new(checkpoint),
         });
-        if fault.is_some() {
+        if fault == Some(StorageFault::CrashAfterPublish) {
+            // The chief dies once the checkpoint is durable, before it becomes the cut: the
+            // next incarnation restores from it.
+            self.kill(Node::Chief);
+            return;
+        }
+        if self.read_stored(stored).is_none() {
             return; // it does not verify: the job goes on from the previous cut
         }
         let root = std::path::PathBuf::from("sim-checkpoints");
         let _ = self.coord.mark_cut(ClosureId(cut), root);
+    }
+
+    /// The checkpoint a save at step `step` writes, built as the real save builds it: every
+    /// server's variables and optimizer slots as tensors with their step counts, the
+    /// workers' dataset positions, and the coordinator's ledger with its retained ids.
+    fn build_checkpoint(
+        &self,
+        step: u64,
+        servers: &[PsSnapshot],
+        positions: &BTreeMap<u32, u64>,
+    ) -> Checkpoint {
+        let mut checkpoint = Checkpoint::new(step, self.config.num_ps as usize);
+        checkpoint.layout = layouts(self.config.num_ps);
+        for (ps, snapshot) in servers.iter().enumerate() {
+            let tensors = &mut checkpoint.shards[ps].tensors;
+            for (name, shape, values, slots, steps) in &snapshot.variables {
+                let tensor = |values: &[f32]| {
+                    TensorBytes::from_f32(shape.clone(), values)
+                        .expect("a server's variable fits its own shape")
+                };
+                tensors.insert(name.clone(), tensor(values));
+                for (slot, values) in slots.iter() {
+                    tensors.insert(slot_tensor_name(name, slot), tensor(values));
+                }
+                checkpoint.extra[format!("steps/{name}")] = serde_json::json!(steps);
+            }
+        }
+        let by_name: WorkerPositions = positions
+            .iter()
+            .map(|(w, p)| (*w, [(DATASET.to_string(), *p)].into_iter().collect()))
+            .collect();
+        for (worker, datasets) in &by_name {
+            checkpoint
+                .dataset_positions
+                .insert(*worker, datasets.values().sum());
+        }
+        checkpoint.extra[DATASET_POSITIONS_KEY] = serde_json::json!(by_name);
+        let state = self.coord.ledger_state();
+        checkpoint.ledger = crate::checkpoint::Ledger {
+            next_closure_id: state.next_closure_id,
+            counts: state.ledger,
+            committed_ids: state.committed_ids.into_iter().collect(),
+            pending_ids: Default::default(),
+            cancelled_ids: state.ended_ids.into_iter().collect(),
+        };
+        checkpoint
+    }
+
+    /// Reads stored checkpoint `stored` with the real decoder: `None` if it does not verify
+    /// (a restore skips it). One that verifies must hold exactly what was saved (CKPT-1).
+    fn read_stored(&mut self, stored: usize) -> Option<Arc<Checkpoint>> {
+        let s = self.storage.get(stored)?;
+        let label = checkpoint_dir_name(stored as u64);
+        let read = |name: &str| {
+            s.files
+                .get(name)
+                .cloned()
+                .ok_or_else(|| LoadError::Missing {
+                    file: format!("{label}/{name}"),
+                    source: std::io::ErrorKind::NotFound.into(),
+                })
+        };
+        let loaded = decode_checkpoint(&label, read).ok()?.checkpoint;
+        if loaded != s.saved {
+            let detail = format!("{label} verifies but does not hold what was saved");
+            self.violate("CKPT-1", detail);
+            return None;
+        }
+        Some(Arc::new(loaded))
     }
 
     // ---- invariants ------------------------------------------------------------------------
@@ -2413,6 +2544,32 @@ fn call_result(resp: Result<Resp, String>) -> Result<(), CallFault> {
         Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
         Err(e) => Err(CallFault::Unreachable(e)),
     }
+}
+
+/// Restores one variable into `store` from a [`RestoreVariable`] and its blobs (the values,
+/// then its slots), as the parameter server's actor does; `Err` is its refusal.
+fn restore_variable(
+    store: &mut ParameterStore,
+    msg: RestoreVariable,
+    blobs: &[bytes::Bytes],
+) -> Result<(), String> {
+    let blob = |i: usize, what: &str| {
+        let bytes = blobs
+            .get(i)
+            .ok_or_else(|| format!("{what}: blob {i} missing"))?;
+        bytes_to_f32(bytes, what).map_err(|e| e.to_string())
+    };
+    let values = blob(0, &msg.name)?;
+    let mut buffers = Vec::with_capacity(msg.slots.len());
+    for (i, slot) in msg.slots.iter().enumerate() {
+        buffers.push((slot.clone(), blob(i + 1, &format!("{}/{slot}", msg.name))?));
+    }
+    let slots = Slots::restore(store.optimizer(), &msg.name, values.len(), buffers, 0)
+        .map_err(|e| e.to_string())?;
+    let shape = msg.shape.iter().map(|&d| d as usize).collect();
+    store
+        .handle_restore(&msg.name, shape, values, slots, msg.steps)
+        .map_err(|e| e.to_string())
 }
 
 /// The optimizer every simulated server runs (with slots, so that restoring them matters).

@@ -16,6 +16,8 @@ mod client;
 mod machine;
 mod restore;
 
+pub(crate) use restore::shard_restores;
+
 pub use actor::CoordinatorActor;
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec, SAVE_WAIT_MAX};
 pub use machine::recovery::{

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use bytes::Bytes;
 use cohort_actors::{Gateway, Incarnation, RemoteError};
 use cohort_transport::NodeId;
 
@@ -36,9 +37,29 @@ pub(crate) async fn restore_shards(
     layouts: &[Layout],
     ckpt: &Checkpoint,
 ) -> Result<(), CallFault> {
+    let reference = gateway.remote_ref::<RestoreVariable>(target, PS_ACTOR);
+    for (msg, blobs) in shard_restores(ps, layouts, ckpt)? {
+        reference
+            .call_with_blobs(&msg, blobs)
+            .await
+            .map_err(call_fault)?
+            .0
+            .map_err(|refusal| CallFault::Refused(format!("ps/{ps}: {refusal}")))?;
+    }
+    Ok(())
+}
+
+/// The [`RestoreVariable`] messages (with their blobs: the values, then every optimizer slot
+/// in the message's order) that restore server `ps`'s shards of `layouts` from `ckpt`. A
+/// checkpoint that does not fit the job (a missing tensor, another shape) is a refusal.
+pub(crate) fn shard_restores(
+    ps: u32,
+    layouts: &[Layout],
+    ckpt: &Checkpoint,
+) -> Result<Vec<(RestoreVariable, Vec<Bytes>)>, CallFault> {
     let unfit =
         |detail: String| CallFault::Refused(format!("checkpoint at step {}: {detail}", ckpt.step));
-    let reference = gateway.remote_ref::<RestoreVariable>(target, PS_ACTOR);
+    let mut restores = Vec::new();
     for layout in layouts {
         for (i, shard) in layout.shards.iter().enumerate() {
             if shard.ps != ps {
@@ -85,15 +106,10 @@ pub(crate) async fn restore_shards(
                 slots,
                 steps,
             };
-            reference
-                .call_with_blobs(&msg, blobs)
-                .await
-                .map_err(call_fault)?
-                .0
-                .map_err(|refusal| CallFault::Refused(format!("ps/{ps}: {refusal}")))?;
+            restores.push((msg, blobs));
         }
     }
-    Ok(())
+    Ok(restores)
 }
 
 /// The newest checkpoint under `root` that verifies (CKPT-1) and was taken at `cut` (its
