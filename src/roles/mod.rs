@@ -12,4 +12,6 @@ pub mod protocol;
 pub mod ps;
 pub mod push;
 pub mod registry;
+#[cfg(test)]
+mod test_support;
 pub mod worker;

@@ -1093,25 +1093,11 @@ mod tests {
     use super::*;
     use crate::roles::coordinator::SchedulerConfig;
     use crate::roles::protocol::{PositionsError, SetupError, WorkerRefusal};
-    use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, RefusedReason, Remote};
-    use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
+    use cohort_actors::{RefusedReason, Remote};
+    use cohort_transport::ClusterCa;
 
     fn gateway(ca: &ClusterCa, node: &NodeId, epoch: u64) -> Gateway {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let endpoint =
-            Endpoint::bind(any, ca.issue(node).unwrap(), TransportConfig::for_tests()).unwrap();
-        Gateway::start(
-            endpoint,
-            GatewayConfig {
-                epoch: Epoch(epoch),
-                heartbeat: HeartbeatConfig {
-                    interval: Duration::from_millis(100),
-                    timeout: Duration::from_secs(2),
-                },
-                call_timeout: Duration::from_secs(5),
-                ..GatewayConfig::default()
-            },
-        )
+        crate::roles::test_support::loopback_gateway(ca, node, epoch, Duration::from_secs(5))
     }
 
     fn run(test: impl std::future::Future<Output = ()>) {

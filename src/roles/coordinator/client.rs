@@ -784,25 +784,11 @@ mod tests {
     use crate::roles::coordinator::{Scheduler, SchedulerConfig};
     use crate::roles::protocol::PsRefusal;
     use crate::roles::ps::PsError;
-    use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, Remote};
-    use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
+    use cohort_actors::Remote;
+    use cohort_transport::ClusterCa;
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let endpoint =
-            Endpoint::bind(any, ca.issue(node).unwrap(), TransportConfig::for_tests()).unwrap();
-        Gateway::start(
-            endpoint,
-            GatewayConfig {
-                epoch: Epoch(1),
-                heartbeat: HeartbeatConfig {
-                    interval: Duration::from_millis(100),
-                    timeout: Duration::from_secs(2),
-                },
-                call_timeout: Duration::from_secs(5),
-                ..GatewayConfig::default()
-            },
-        )
+        crate::roles::test_support::loopback_gateway(ca, node, 1, Duration::from_secs(5))
     }
 
     /// Faults that reading again can cure are waited out; the rest fail the save at once.

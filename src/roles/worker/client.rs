@@ -326,29 +326,15 @@ mod call_all_tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use cohort_actors::{Epoch, GatewayConfig, HeartbeatConfig, RefusedReason, Remote};
-    use cohort_transport::{ClusterCa, Endpoint, TransportConfig};
+    use cohort_actors::{RefusedReason, Remote};
+    use cohort_transport::ClusterCa;
 
     use crate::layout::Dtype;
     use crate::roles::coordinator::ClosureId;
     use crate::roles::push::{plan_push, Gradient, PushOrigin};
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let endpoint =
-            Endpoint::bind(any, ca.issue(node).unwrap(), TransportConfig::for_tests()).unwrap();
-        Gateway::start(
-            endpoint,
-            GatewayConfig {
-                epoch: Epoch(1),
-                heartbeat: HeartbeatConfig {
-                    interval: Duration::from_millis(100),
-                    timeout: Duration::from_secs(2),
-                },
-                call_timeout: Duration::from_secs(10),
-                ..GatewayConfig::default()
-            },
-        )
+        crate::roles::test_support::loopback_gateway(ca, node, 1, Duration::from_secs(10))
     }
 
     fn scalar(name: &str, ps: u32) -> Layout {
