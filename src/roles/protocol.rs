@@ -206,7 +206,7 @@ pub struct Snapshot {
 
 /// A shard's shape, slot names and step count. Reply blobs: the values, then one per slot in
 /// the order of `slots`, little-endian f32.
-#[derive(Debug, Clone, PartialEq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct ShardState {
     /// Its shape.
     pub shape: Vec<u64>,

@@ -14,16 +14,14 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation};
 use crate::checkpoint::{
-    checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, slot_tensor_name, Checkpoint,
-    LoadError, TensorBytes,
+    checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, Checkpoint, LoadError,
 };
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, Ledger, PositionsTicket,
-    PsDial, RestoreCall, RestoreReport, RestoreTicket, ResultDisposition, Scheduler,
-    SchedulerAction, SchedulerConfig, ServerProbe, WorkerDial, WorkerPositions,
-    DATASET_POSITIONS_KEY, SAVE_WAIT_MAX,
+    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, CutReading, CutTicket,
+    Ledger, PositionsTicket, PsDial, RestoreCall, RestoreReport, RestoreTicket, ResultDisposition,
+    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, WorkerDial,
 };
 use crate::roles::protocol::{
     bytes_to_f32, PsUnavailable, RestoreVariable, RunClosure, RunClosureError, SetupWorker,
@@ -233,13 +231,19 @@ enum Req {
         below: u64,
         generation: u64,
     },
-    Snapshot,
+    /// Read one shard for a save.
+    Snapshot {
+        shard: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Resp {
     Done,
     Refused(String),
+    /// The serving gate refused: the actor is not serving (yet), as the gateway answers
+    /// `ActorUnavailable` (calling again may succeed).
+    Unavailable(String),
     Run(RunResult),
     Probe {
         epoch: u64,
@@ -376,10 +380,14 @@ enum CallKind {
         call: RestoreCall,
     },
     Snapshot {
+        ticket: CutTicket,
+        attempt: u32,
         ps: u32,
+        shard: String,
     },
     /// A new chief incarnation probes a server before restoring.
     StartProbe {
+        ticket: RestoreTicket,
         ps: u32,
     },
 }
@@ -400,48 +408,36 @@ struct Chief {
     saves: u32,
     /// Restores at start-up that failed (each one restarts the chief).
     startup_failures: u32,
-    /// When the save under way began waiting for the servers to be readable.
-    save_since: Option<Duration>,
+    /// Per server, the snapshot its newest shard read for the save under way returned, with
+    /// the read's attempt (the harness's record of what the saved state holds, PS-1).
+    read: BTreeMap<u32, (u32, usize)>,
 }
 
 enum ChiefPhase {
     Schedule,
     Join,
-    /// Reading every server for a checkpoint: (next id, generation) when it began, the
-    /// snapshots so far, and the workers' dataset positions once the coordinator's
-    /// collection (`ticket`) ended.
-    Save {
-        probe: (u64, u64),
-        snapshots: BTreeMap<u32, usize>,
-        ticket: PositionsTicket,
-        positions: Option<WorkerPositions>,
-        failed: bool,
+    /// Time to save a checkpoint: ask the coordinator to read a cut.
+    Save,
+    /// The coordinator reads a cut for the save (read `ticket`).
+    Saving {
+        ticket: CutTicket,
     },
-    /// Waiting to read again until this time.
-    SaveBackoff(Duration),
-    /// A new chief incarnation: probe every server at this time.
+    /// A new chief incarnation: start (probe every server, restore) at this time.
     Starting(Duration),
-    /// Probing every server before restoring (answers so far).
-    Probing {
-        probes: BTreeMap<u32, ServerProbe>,
-        failed: bool,
-    },
-    /// The restore at start-up from stored checkpoint `stored` runs.
+    /// The chief's start runs: restoring stored checkpoint `stored`, or afresh (`None`).
     Restoring {
         ticket: RestoreTicket,
-        stored: usize,
+        stored: Option<usize>,
     },
 }
 
-/// A server's state as a checkpoint holds it.
+/// A server's answer to a shard read for a save, and the closures whose effect its state held
+/// then (the harness's record, PS-1).
 #[derive(Debug, Clone)]
 struct PsSnapshot {
-    variables: Vec<StoredShard>,
+    read: ShardRead,
     effective: Vec<u64>,
 }
-
-/// One variable as a checkpoint holds it: name, shape, values, optimizer slots, steps.
-type StoredShard = (String, Vec<usize>, Vec<f32>, Slots, u64);
 
 /// A checkpoint in the simulated storage: its files as the real encoder wrote them (and the
 /// save's storage fault left them), and what the harness knows of the save.
@@ -516,10 +512,10 @@ impl<'a> World<'a> {
                 batches: 0,
                 // A checkpoint before training, as a program does that wants every server
                 // loss to be recoverable.
-                phase: ChiefPhase::SaveBackoff(Duration::ZERO),
+                phase: ChiefPhase::Save,
                 saves: 0,
                 startup_failures: 0,
-                save_since: None,
+                read: BTreeMap::new(),
             },
             storage: Vec::new(),
             detector: BTreeMap::new(),
@@ -697,7 +693,7 @@ impl<'a> World<'a> {
         self.calls.clear();
         self.detector.clear();
         self.fenced.clear();
-        self.chief.save_since = None;
+        self.chief.read.clear();
         self.dispatched.clear();
         let epoch = self.chief_epoch;
         let at = self.now + self.config.detection_budget;
@@ -962,29 +958,21 @@ impl<'a> World<'a> {
                 p.store.handle_roll_back(ClosureId(below), generation);
                 Resp::Done
             }
-            Req::Snapshot => {
-                if p.store.variables().next().is_none() {
-                    return Resp::Refused("not serving".into());
+            Req::Snapshot { shard } => {
+                // The serving gate: a server restarted and not restored is not read.
+                if !p.store.serving() {
+                    return Resp::Unavailable("not serving".into());
                 }
-                let variables = p
-                    .store
-                    .variables()
-                    .map(|(name, v)| {
-                        (
-                            name.to_string(),
-                            v.shape().to_vec(),
-                            v.values().to_vec(),
-                            v.slots().clone(),
-                            v.steps(),
-                        )
-                    })
-                    .collect();
+                let (state, blobs) = match p.store.snapshot(&shard) {
+                    Ok(read) => read,
+                    Err(e) => return Resp::Refused(e.to_string()),
+                };
                 let snapshot = PsSnapshot {
-                    variables,
+                    read: ShardRead { state, blobs },
                     effective: p.effective.clone(),
                 };
-                self.pending_snapshots().push(snapshot);
-                Resp::Snapshot(self.pending_snapshots().len() - 1)
+                self.snapshots.push(snapshot);
+                Resp::Snapshot(self.snapshots.len() - 1)
             }
             Req::Run { .. }
             | Req::SetUp { .. }
@@ -993,10 +981,6 @@ impl<'a> World<'a> {
             | Req::Rewind { .. }
             | Req::Retire => Resp::Refused("not a worker".into()),
         }
-    }
-
-    fn pending_snapshots(&mut self) -> &mut Snapshots {
-        &mut self.snapshots
     }
 
     // ---- the worker: its real machine, the simulator as its actor and compute thread ------
@@ -1515,41 +1499,45 @@ impl<'a> World<'a> {
                 };
                 self.coord.handle_restore_report(now, generation, report);
             }
-            CallKind::Snapshot { ps } => {
-                if let ChiefPhase::Save {
-                    snapshots, failed, ..
-                } = &mut self.chief.phase
-                {
-                    match resp {
-                        Ok(Resp::Snapshot(id)) => {
-                            snapshots.insert(ps, id);
+            CallKind::Snapshot {
+                ticket,
+                attempt,
+                ps,
+                shard,
+            } => {
+                let result = match resp {
+                    Ok(Resp::Snapshot(id)) => {
+                        let newest = self.chief.read.get(&ps).is_none_or(|(a, _)| *a <= attempt);
+                        if newest {
+                            self.chief.read.insert(ps, (attempt, id));
                         }
-                        _ => *failed = true,
+                        Ok(self.snapshots[id].read.clone())
                     }
-                }
+                    other => Err(call_result(other)
+                        .err()
+                        .unwrap_or_else(|| CallFault::Refused("unexpected answer".into()))),
+                };
+                self.coord
+                    .handle_shard_read(now, ticket, attempt, ps, &shard, result);
             }
-            CallKind::StartProbe { ps } => {
-                if let ChiefPhase::Probing { probes, failed } = &mut self.chief.phase {
-                    match resp {
-                        Ok(Resp::Probe {
-                            epoch,
-                            generation,
-                            next_free,
-                            ..
-                        }) => {
-                            probes.insert(
-                                ps,
-                                ServerProbe {
-                                    ps,
-                                    epoch,
-                                    generation,
-                                    next_free_closure_id: next_free,
-                                },
-                            );
-                        }
-                        _ => *failed = true,
-                    }
-                }
+            CallKind::StartProbe { ticket, ps } => {
+                let result = match resp {
+                    Ok(Resp::Probe {
+                        epoch,
+                        generation,
+                        next_free,
+                        ..
+                    }) => Ok(ServerProbe {
+                        ps,
+                        epoch,
+                        generation,
+                        next_free_closure_id: next_free,
+                    }),
+                    other => Err(call_result(other)
+                        .err()
+                        .unwrap_or_else(|| CallFault::Refused("unexpected answer".into()))),
+                };
+                self.coord.handle_server_probed(now, ticket, ps, result);
             }
         }
     }
@@ -1689,9 +1677,38 @@ impl<'a> World<'a> {
                     };
                     self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
                 }
-                SchedulerAction::PositionsCollected { ticket, positions } => {
-                    self.positions_collected(ticket, positions)
+                SchedulerAction::SnapshotShard {
+                    ticket,
+                    attempt,
+                    ps,
+                    shard,
+                } => {
+                    // As the real shell: whichever incarnation answers at the server's address.
+                    let node = Node::Ps(ps);
+                    let epoch = self.state(node).1;
+                    let bound = self.config.call_timeout;
+                    let req = Req::Snapshot {
+                        shard: shard.clone(),
+                    };
+                    let kind = CallKind::Snapshot {
+                        ticket,
+                        attempt,
+                        ps,
+                        shard,
+                    };
+                    self.call(node, epoch, kind, req, bound);
                 }
+                SchedulerAction::CutRead { ticket, result } => self.cut_read(ticket, result),
+                SchedulerAction::ProbeServer { ticket, ps } => {
+                    let node = Node::Ps(ps);
+                    let epoch = self.state(node).1;
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::StartProbe { ticket, ps };
+                    self.call(node, epoch, kind, Req::Probe, bound);
+                }
+                // The simulated job's variables exist from the servers' first start, as a
+                // chief program creates them before anything else; it creates none later.
+                SchedulerAction::CreateShard { .. } | SchedulerAction::VariableCreated { .. } => {}
                 // The program's wait for a configuration: the simulated chief configures once,
                 // before any worker is up.
                 SchedulerAction::ConfigureFinished { .. } => {}
@@ -2005,190 +2022,97 @@ impl<'a> World<'a> {
                 }
                 self.chief.phase =
                     if self.chief.batches % self.config.save_every_batches.max(1) == 0 {
-                        ChiefPhase::SaveBackoff(self.now)
+                        ChiefPhase::Save
                     } else {
                         ChiefPhase::Schedule
                     };
             }
-            ChiefPhase::SaveBackoff(until) => {
-                if self.now < *until {
-                    return;
-                }
-                // As the real save: it waits for readable servers at most SAVE_WAIT_MAX.
-                let since = *self.chief.save_since.get_or_insert(self.now);
-                if self.now.saturating_sub(since) > SAVE_WAIT_MAX {
-                    self.ended = Some(Err(format!(
-                        "no checkpoint taken: the parameter servers were not readable for \
-                         {SAVE_WAIT_MAX:?}"
-                    )));
-                    return;
-                }
-                if self.coord.is_holding() {
-                    self.chief.phase = ChiefPhase::SaveBackoff(self.now + SAVE_BACKOFF);
-                    return;
-                }
-                if let Some(error) = self.coord.take_error() {
-                    self.ended = Some(Err(error.to_string()));
-                    return;
-                }
-                let probe = (self.coord.next_closure_id(), self.coord.generation());
-                // The coordinator asks every live worker; one that does not answer is lost
-                // and recorded where its next incarnation starts.
-                let ticket = match self.coord.handle_collect_positions() {
-                    Ok(ticket) => ticket,
-                    Err(e) => {
-                        self.ended = Some(Err(e));
-                        return;
-                    }
-                };
-                self.chief.phase = ChiefPhase::Save {
-                    probe,
-                    snapshots: BTreeMap::new(),
-                    ticket,
-                    positions: None,
-                    failed: false,
-                };
-                for ps in 0..self.config.num_ps {
-                    let epoch = self.servers[ps as usize].epoch;
-                    let bound = self.config.call_timeout;
-                    self.call(
-                        Node::Ps(ps),
-                        epoch,
-                        CallKind::Snapshot { ps },
-                        Req::Snapshot,
-                        bound,
-                    );
+            ChiefPhase::Save => {
+                // As the real save: the coordinator reads the cut (waiting out recoveries and
+                // servers that cannot be read for now, within SAVE_WAIT_MAX).
+                let step = self.storage.len() as u64;
+                self.chief.read.clear();
+                match self.coord.handle_read_cut(now, step) {
+                    Ok(ticket) => self.chief.phase = ChiefPhase::Saving { ticket },
+                    Err(e) => self.ended = Some(Err(e)),
                 }
             }
-            ChiefPhase::Save {
-                probe,
-                snapshots,
-                positions,
-                failed,
-                ..
-            } => {
-                let probe = *probe;
-                let failed = *failed;
-                // Every worker's answer (or its loss) comes within its bound.
-                let Some(positions) = positions else {
-                    return;
-                };
-                if !failed && snapshots.len() < self.config.num_ps as usize {
-                    return;
-                }
-                let disturbed = failed
-                    || self.coord.is_holding()
-                    || (self.coord.next_closure_id(), self.coord.generation()) != probe;
-                if disturbed {
-                    self.chief.phase = ChiefPhase::SaveBackoff(self.now + SAVE_BACKOFF);
-                    return;
-                }
-                let ids: Vec<usize> = snapshots.values().copied().collect();
-                let recorded: BTreeMap<u32, u64> = positions
-                    .iter()
-                    .filter_map(|(w, d)| d.get(DATASET).map(|p| (*w, *p)))
-                    .collect();
-                let servers: Vec<PsSnapshot> = ids
-                    .into_iter()
-                    .map(|id| self.snapshots[id].clone())
-                    .collect();
-                self.save(probe.0, servers, recorded);
-                self.chief.save_since = None;
-                self.chief.phase = ChiefPhase::Schedule;
-            }
+            ChiefPhase::Saving { .. } => {}
             ChiefPhase::Starting(at) => {
                 if self.now < *at {
                     return;
                 }
-                self.chief.phase = ChiefPhase::Probing {
-                    probes: BTreeMap::new(),
-                    failed: false,
-                };
-                for ps in 0..self.config.num_ps {
-                    let epoch = self.servers[ps as usize].epoch;
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::StartProbe { ps };
-                    self.call(Node::Ps(ps), epoch, kind, Req::Probe, bound);
-                }
-            }
-            ChiefPhase::Probing { probes, failed } => {
-                if *failed {
-                    // A server not reachable now: probe them all again once it is back.
-                    self.chief.phase = ChiefPhase::Starting(self.now + SAVE_BACKOFF);
-                    return;
-                }
-                if probes.len() < self.config.num_ps as usize {
-                    return;
-                }
-                let probes: Vec<ServerProbe> = probes.values().cloned().collect();
-                self.start_from_checkpoint(&probes);
+                self.start_from_checkpoint();
             }
             ChiefPhase::Restoring { .. } => {}
         }
     }
 
-    /// The new chief incarnation's start, once every server answered its probe: restore from
-    /// the newest checkpoint that verifies (CKPT-1), rolling back servers that went on past
-    /// it; with none, start afresh only if no server has applied anything (its ids and
-    /// values would otherwise be reused or lost), else the job fails naming why.
-    fn start_from_checkpoint(&mut self, probes: &[ServerProbe]) {
+    /// The new chief incarnation's start, as the real program's `restore_checkpoint`: the
+    /// newest checkpoint that verifies (CKPT-1), if any, goes to the coordinator, which probes
+    /// every server and restores it (rolling back servers that went on past it), or starts
+    /// afresh only if no server has applied anything (their ids and values would otherwise be
+    /// reused or lost).
+    fn start_from_checkpoint(&mut self) {
         let newest = (0..self.storage.len())
             .rev()
             .find_map(|stored| Some((stored, self.read_stored(stored)?)));
-        let Some((stored, checkpoint)) = newest else {
-            let untouched = probes
-                .iter()
-                .all(|p| p.next_free_closure_id == 0 && p.generation == 0)
-                && self.servers.iter().all(|s| s.store.serving());
-            if untouched {
-                self.chief.scheduled = 0;
-                self.chief.batches = 0;
-                self.chief.phase = ChiefPhase::SaveBackoff(self.now);
-            } else {
-                self.ended = Some(Err(
-                    "the chief restarted with no checkpoint that verifies, and the parameter \
-                     servers had trained since: no valid checkpoint to resume from"
-                        .into(),
-                ));
-            }
-            return;
+        let (stored, checkpoint) = match newest {
+            Some((stored, checkpoint)) => (Some(stored), Some(checkpoint)),
+            None => (None, None),
         };
         let root = std::path::PathBuf::from("sim-checkpoints");
         let now = self.instant();
-        match self
-            .coord
-            .handle_restore_at_start(now, checkpoint, root, probes, self.config.num_ps)
-        {
+        match self.coord.handle_start(now, checkpoint, root) {
             Ok(ticket) => self.chief.phase = ChiefPhase::Restoring { ticket, stored },
-            Err(e) => self.ended = Some(Err(format!("the chief's restore at start: {e}"))),
+            Err(e) => self.ended = Some(Err(format!("the chief's start: {e}"))),
         }
     }
 
-    /// The coordinator's collection of dataset positions for the chief's save ended.
-    fn positions_collected(&mut self, ticket: PositionsTicket, collected: WorkerPositions) {
-        if let ChiefPhase::Save {
-            ticket: awaited,
-            positions,
-            ..
-        } = &mut self.chief.phase
-        {
-            if *awaited == ticket {
-                *positions = Some(collected);
+    /// The coordinator's read of a cut for the chief's save ended: save it, or the program
+    /// fails as the real one does when `save_checkpoint` raises.
+    fn cut_read(&mut self, ticket: CutTicket, result: Result<CutReading, String>) {
+        let ChiefPhase::Saving { ticket: awaited } = self.chief.phase else {
+            return;
+        };
+        if awaited != ticket {
+            return;
+        }
+        match result {
+            Ok(reading) => {
+                let read = std::mem::take(&mut self.chief.read);
+                let effective: Option<Vec<Vec<u64>>> = (0..self.config.num_ps)
+                    .map(|ps| {
+                        read.get(&ps)
+                            .map(|(_, id)| self.snapshots[*id].effective.clone())
+                    })
+                    .collect();
+                let Some(effective) = effective else {
+                    self.violate(
+                        "CKPT-1",
+                        "a cut was read without reading every server".into(),
+                    );
+                    return;
+                };
+                let checkpoint = (*reading.checkpoint.0).clone();
+                self.save(checkpoint, effective);
+                self.chief.phase = ChiefPhase::Schedule;
             }
+            Err(e) => self.ended = Some(Err(e)),
         }
     }
 
-    /// The restore at start-up ended: the program goes on from the checkpoint's step, or the
-    /// chief exits (its supervisor restarts it, and it tries again).
-    fn startup_restored(&mut self, ticket: RestoreTicket, result: Result<u64, String>) {
+    /// The chief's start ended: the program goes on from the checkpoint's step (or from the
+    /// beginning, afresh), or the chief exits (its supervisor restarts it, and it tries again).
+    fn startup_restored(&mut self, ticket: RestoreTicket, result: Result<Option<u64>, String>) {
         let ChiefPhase::Restoring { ticket: t, stored } = self.chief.phase else {
             return;
         };
         if t != ticket {
             return;
         }
-        match result {
-            Ok(step) if step as usize == stored => {
+        match (result, stored) {
+            (Ok(Some(step)), Some(stored)) if step as usize == stored => {
                 let s = &self.storage[stored];
                 self.chief.scheduled = s.scheduled;
                 self.chief.batches = s.batches;
@@ -2196,15 +2120,31 @@ impl<'a> World<'a> {
                 self.chief.phase = ChiefPhase::Schedule;
                 self.chief_resumes += 1;
             }
-            Ok(step) => {
-                let detail = format!("restored step {step}, not the checkpoint read ({stored})");
+            (Ok(None), None) => {
+                // Afresh: the simulated program creates no variable, so a server that lost
+                // its own (restarted before any checkpoint) cannot be trained.
+                if self.servers.iter().all(|s| s.store.serving()) {
+                    self.chief.scheduled = 0;
+                    self.chief.batches = 0;
+                    self.chief.phase = ChiefPhase::Save;
+                } else {
+                    self.ended = Some(Err(
+                        "the chief restarted with no checkpoint that verifies, and a parameter \
+                         server had lost its variables: no valid checkpoint to resume from"
+                            .into(),
+                    ));
+                }
+            }
+            (Ok(step), stored) => {
+                let detail =
+                    format!("the start restored {step:?}, not the checkpoint read ({stored:?})");
                 self.violate("CKPT-1", detail);
             }
-            Err(_) => {
+            (Err(e), _) => {
                 self.chief.startup_failures += 1;
                 if self.chief.startup_failures > CHIEF_START_ATTEMPTS_MAX {
                     self.ended = Some(Err(format!(
-                        "the chief could not restore at start {CHIEF_START_ATTEMPTS_MAX} times"
+                        "the chief could not start {CHIEF_START_ATTEMPTS_MAX} times; last: {e}"
                     )));
                     return;
                 }
@@ -2256,7 +2196,9 @@ impl<'a> World<'a> {
     /// place, so that a recovery restores the previous valid checkpoint and runs again
     /// everything committed since; its files stay in storage (as if the chief had crashed
     /// before removing them), and every restore must skip them.
-    fn save(&mut self, cut: u64, servers: Vec<PsSnapshot>, positions: BTreeMap<u32, u64>) {
+    fn save(&mut self, checkpoint: Checkpoint, effective: Vec<Vec<u64>>) {
+        let cut = checkpoint.ledger.next_closure_id;
+        let positions = checkpoint.dataset_positions.clone();
         let index = self.chief.saves;
         self.chief.saves += 1;
         let fault = self.scenario.faults.iter().find_map(|f| match f {
@@ -2264,7 +2206,6 @@ impl<'a> World<'a> {
             _ => None,
         });
         let stored = self.storage.len();
-        let checkpoint = self.build_checkpoint(stored as u64, &servers, &positions);
         let created_ms = self.now.as_millis() as u64;
         let encoded = match encode_checkpoint_at(&checkpoint, created_ms) {
             Ok(encoded) => encoded,
@@ -2308,7 +2249,7 @@ impl<'a> World<'a> {
         self.storage.push(Stored {
             files,
             saved: checkpoint,
-            effective: servers.into_iter().map(|s| s.effective).collect(),
+            effective,
             positions,
             committed,
             scheduled: self.chief.scheduled,
@@ -2325,52 +2266,6 @@ impl<'a> World<'a> {
         }
         let root = std::path::PathBuf::from("sim-checkpoints");
         let _ = self.coord.mark_cut(ClosureId(cut), root);
-    }
-
-    /// The checkpoint a save at step `step` writes, built as the real save builds it: every
-    /// server's variables and optimizer slots as tensors with their step counts, the
-    /// workers' dataset positions, and the coordinator's ledger with its retained ids.
-    fn build_checkpoint(
-        &self,
-        step: u64,
-        servers: &[PsSnapshot],
-        positions: &BTreeMap<u32, u64>,
-    ) -> Checkpoint {
-        let mut checkpoint = Checkpoint::new(step, self.config.num_ps as usize);
-        checkpoint.layout = layouts(self.config.num_ps);
-        for (ps, snapshot) in servers.iter().enumerate() {
-            let tensors = &mut checkpoint.shards[ps].tensors;
-            for (name, shape, values, slots, steps) in &snapshot.variables {
-                let tensor = |values: &[f32]| {
-                    TensorBytes::from_f32(shape.clone(), values)
-                        .expect("a server's variable fits its own shape")
-                };
-                tensors.insert(name.clone(), tensor(values));
-                for (slot, values) in slots.iter() {
-                    tensors.insert(slot_tensor_name(name, slot), tensor(values));
-                }
-                checkpoint.extra[format!("steps/{name}")] = serde_json::json!(steps);
-            }
-        }
-        let by_name: WorkerPositions = positions
-            .iter()
-            .map(|(w, p)| (*w, [(DATASET.to_string(), *p)].into_iter().collect()))
-            .collect();
-        for (worker, datasets) in &by_name {
-            checkpoint
-                .dataset_positions
-                .insert(*worker, datasets.values().sum());
-        }
-        checkpoint.extra[DATASET_POSITIONS_KEY] = serde_json::json!(by_name);
-        let state = self.coord.ledger_state();
-        checkpoint.ledger = crate::checkpoint::Ledger {
-            next_closure_id: state.next_closure_id,
-            counts: state.ledger,
-            committed_ids: state.committed_ids.into_iter().collect(),
-            pending_ids: Default::default(),
-            cancelled_ids: state.ended_ids.into_iter().collect(),
-        };
-        checkpoint
     }
 
     /// Reads stored checkpoint `stored` with the real decoder: `None` if it does not verify
@@ -2541,6 +2436,7 @@ fn call_result(resp: Result<Resp, String>) -> Result<(), CallFault> {
     match resp {
         Ok(Resp::Done) => Ok(()),
         Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
+        Ok(Resp::Unavailable(e)) => Err(CallFault::Unreachable(e)),
         Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
         Err(e) => Err(CallFault::Unreachable(e)),
     }
@@ -2624,8 +2520,6 @@ const HOLD_RETRY: Duration = Duration::from_millis(50);
 const LOAD_DELAY: Duration = Duration::from_millis(20);
 /// Restores at start-up a chief may fail before the job fails.
 const CHIEF_START_ATTEMPTS_MAX: u32 = 3;
-/// Pause before a save reads the servers again.
-const SAVE_BACKOFF: Duration = Duration::from_millis(200);
 
 /// FNV-1a: a hasher with no per-process seed, so a trace hashes the same in every run.
 struct Fnv(u64);

@@ -15,6 +15,9 @@
 //! - The checkpoint of a restore is read off the actor's thread and never cleaned up here.
 //! - Fences and watermarks go to every parameter server; each server's answer is reported
 //!   ([`Scheduler::handle_fence_sent`], [`Scheduler::handle_watermark_sent`]).
+//! - The chief program's requests (start, create a variable, configure workers, read a cut for
+//!   a save, mark it) go to the machine and are answered when the machine ends them: the
+//!   program waits on a ticket, never on a remote call of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -27,19 +30,19 @@ use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
-use super::machine::recovery::{
-    CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions,
-};
+use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CutState,
-    LedgerState, PositionsTicket, PsDial, RestoreTicket, ScheduleError, Scheduler, SchedulerAction,
-    ServerProbe, SetUpDisposition, WorkerDial,
+    ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateTicket,
+    CutReading, CutTicket, PositionsTicket, PsDial, RestoreTicket, ScheduleError, Scheduler,
+    SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
+use crate::layout::Layout;
 use crate::roles::protocol::{
-    BeginRestore, DatasetPositions, FenceWorker, FinishedBelow, PsStats, Retire, RewindWorker,
-    RollBack, RunClosure, RunClosureError, SetupWorker, PS_ACTOR, WORKER_ACTOR,
+    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec, PsStats,
+    Retire, RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, Snapshot, PS_ACTOR,
+    WORKER_ACTOR,
 };
 
 /// Who waits for one closure's value.
@@ -53,12 +56,14 @@ pub struct CoordinatorActor {
     servers: Vec<(NodeId, SocketAddr)>,
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
-    /// Who waits for a restore at start-up, by ticket.
-    restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<u64, String>>>,
+    /// Who waits for the chief's start (or a restore at start-up), by ticket.
+    restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<Option<u64>, String>>>,
+    /// Who waits for a variable's shards to be created, by ticket.
+    create_waiters: BTreeMap<CreateTicket, oneshot::Sender<Result<(), String>>>,
+    /// Who waits for a save's read, by ticket.
+    cut_waiters: BTreeMap<CutTicket, oneshot::Sender<Result<CutReading, String>>>,
     /// Who waits for a configuration to reach every live worker, by ticket.
     configure_waiters: BTreeMap<ConfigureTicket, oneshot::Sender<Result<(), String>>>,
-    /// Who waits for the workers' dataset positions, by ticket.
-    positions_waiters: BTreeMap<PositionsTicket, oneshot::Sender<WorkerPositions>>,
     timer: Option<SpawnHandle>,
 }
 
@@ -90,7 +95,8 @@ impl CoordinatorActor {
             fetch_waiters: HashMap::new(),
             restore_waiters: BTreeMap::new(),
             configure_waiters: BTreeMap::new(),
-            positions_waiters: BTreeMap::new(),
+            create_waiters: BTreeMap::new(),
+            cut_waiters: BTreeMap::new(),
             timer: None,
         }
     }
@@ -156,9 +162,27 @@ impl CoordinatorActor {
                     worker,
                     epoch,
                 } => self.ask_positions(ctx, ticket, worker, epoch),
-                SchedulerAction::PositionsCollected { ticket, positions } => {
-                    if let Some(waiter) = self.positions_waiters.remove(&ticket) {
-                        let _ = waiter.send(positions);
+                SchedulerAction::CreateShard {
+                    ticket,
+                    ps,
+                    shard,
+                    msg,
+                } => self.create_shard(ctx, ticket, ps, shard, msg),
+                SchedulerAction::VariableCreated { ticket, result } => {
+                    if let Some(waiter) = self.create_waiters.remove(&ticket) {
+                        let _ = waiter.send(result);
+                    }
+                }
+                SchedulerAction::ProbeServer { ticket, ps } => self.probe_server(ctx, ticket, ps),
+                SchedulerAction::SnapshotShard {
+                    ticket,
+                    attempt,
+                    ps,
+                    shard,
+                } => self.snapshot_shard(ctx, ticket, attempt, ps, shard),
+                SchedulerAction::CutRead { ticket, result } => {
+                    if let Some(waiter) = self.cut_waiters.remove(&ticket) {
+                        let _ = waiter.send(result);
                     }
                 }
             }
@@ -554,6 +578,93 @@ impl CoordinatorActor {
         };
         self.spawn_reported(ctx, dial, move |act, outcome| {
             act.scheduler.handle_ps_dialled(Instant::now(), ps, outcome);
+        });
+    }
+
+    /// Creates one shard of a variable on server `ps` ([`CreateVariable`]), on whichever
+    /// incarnation answers at its address.
+    fn create_shard(
+        &mut self,
+        ctx: &mut Context<Self>,
+        ticket: CreateTicket,
+        ps: u32,
+        shard: usize,
+        msg: CreateVariable,
+    ) {
+        let server = self.servers.get(ps as usize).cloned();
+        let gateway = self.gateway.clone();
+        let call = async move {
+            let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
+            let r = gateway
+                .resolve::<CreateVariable>(addr, &node, PS_ACTOR)
+                .await
+                .map_err(call_fault)?;
+            r.call(&msg)
+                .await
+                .map_err(call_fault)?
+                .map_err(|refusal| CallFault::Refused(refusal.to_string()))
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            act.scheduler
+                .handle_shard_created(ticket, ps, shard, result);
+        });
+    }
+
+    /// Asks server `ps` which incarnation answers, its restore generation and the closure
+    /// ids it has applied ([`PsStats`]), for the chief's start.
+    fn probe_server(&mut self, ctx: &mut Context<Self>, ticket: RestoreTicket, ps: u32) {
+        let server = self.servers.get(ps as usize).cloned();
+        let gateway = self.gateway.clone();
+        let call = async move {
+            let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
+            let r = gateway
+                .resolve::<PsStats>(addr, &node, PS_ACTOR)
+                .await
+                .map_err(call_fault)?;
+            let stats = r.call(&PsStats).await.map_err(call_fault)?;
+            Ok(ServerProbe {
+                ps,
+                epoch: r.target().epoch.0,
+                generation: stats.generation,
+                next_free_closure_id: stats.next_free_closure_id,
+            })
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            act.scheduler
+                .handle_server_probed(Instant::now(), ticket, ps, result);
+        });
+    }
+
+    /// Reads one shard of server `ps` ([`Snapshot`]) for a save's read, on whichever
+    /// incarnation answers at its address (the machine tells a read across a restore by the
+    /// cut state).
+    fn snapshot_shard(
+        &mut self,
+        ctx: &mut Context<Self>,
+        ticket: CutTicket,
+        attempt: u32,
+        ps: u32,
+        shard: String,
+    ) {
+        let server = self.servers.get(ps as usize).cloned();
+        let gateway = self.gateway.clone();
+        let name = shard.clone();
+        let call = async move {
+            let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
+            let r = gateway
+                .resolve::<Snapshot>(addr, &node, PS_ACTOR)
+                .await
+                .map_err(call_fault)?;
+            let (state, blobs) = r
+                .call_with_blobs(&Snapshot { name }, Vec::new())
+                .await
+                .map_err(call_fault)?;
+            let state = state.map_err(|refusal| CallFault::Refused(refusal.to_string()))?;
+            Ok(ShardRead { state, blobs })
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            act.scheduler
+                .handle_shard_read(Instant::now(), ticket, attempt, ps, &shard, result);
         });
     }
 
@@ -961,50 +1072,30 @@ impl Handler<Configure> for CoordinatorActor {
     }
 }
 
-/// The ledger with the ids a checkpoint keeps.
-pub struct LedgerSnapshot;
-
-impl Message for LedgerSnapshot {
-    type Result = LedgerState;
-}
-
-impl Handler<LedgerSnapshot> for CoordinatorActor {
-    type Result = MessageResult<LedgerSnapshot>;
-
-    fn handle(&mut self, _: LedgerSnapshot, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.scheduler.ledger_state())
-    }
-}
-
-/// Restore every parameter server from `checkpoint` (read from `root`) before anything is
-/// scheduled; the servers answered as `probes` (see [`Scheduler::handle_restore_at_start`]).
-/// The reply carries the checkpoint's step once the restore ended, or why it failed.
-pub struct RestoreAtStart {
-    /// The checkpoint.
-    pub checkpoint: Arc<Checkpoint>,
-    /// Its directory root: a later recovery restores from there.
+/// The chief's start (see [`Scheduler::handle_start`]): probe every parameter server, then
+/// restore `checkpoint` (read from `root`), or start afresh when there is none and no server
+/// has trained. The reply carries the step restored (`None`: afresh) once the start ended, or
+/// why the chief cannot start.
+pub struct Start {
+    /// The newest checkpoint that verifies, if any.
+    pub checkpoint: Option<Arc<Checkpoint>>,
+    /// The checkpoint root directory: a later recovery restores from there.
     pub root: PathBuf,
-    /// How every parameter server answered just before.
-    pub probes: Vec<ServerProbe>,
 }
 
-impl Message for RestoreAtStart {
-    type Result = oneshot::Receiver<Result<u64, String>>;
+impl Message for Start {
+    type Result = oneshot::Receiver<Result<Option<u64>, String>>;
 }
 
-impl Handler<RestoreAtStart> for CoordinatorActor {
-    type Result = MessageResult<RestoreAtStart>;
+impl Handler<Start> for CoordinatorActor {
+    type Result = MessageResult<Start>;
 
-    fn handle(&mut self, msg: RestoreAtStart, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) -> Self::Result {
         let (done, rx) = oneshot::channel();
-        let num_servers = self.servers.len() as u32;
-        match self.scheduler.handle_restore_at_start(
-            Instant::now(),
-            msg.checkpoint,
-            msg.root,
-            &msg.probes,
-            num_servers,
-        ) {
+        match self
+            .scheduler
+            .handle_start(Instant::now(), msg.checkpoint, msg.root)
+        {
             Ok(ticket) => {
                 self.restore_waiters.insert(ticket, done);
             }
@@ -1017,40 +1108,67 @@ impl Handler<RestoreAtStart> for CoordinatorActor {
     }
 }
 
-/// What a checkpoint's consistency depends on ([`CutState`]).
-pub struct CutProbe;
-
-impl Message for CutProbe {
-    type Result = CutState;
+/// Create every shard of a variable (see [`Scheduler::handle_create_variable`]). The reply
+/// says once every shard answered: `Ok`, or the first failure.
+pub struct CreateShards {
+    /// Where the variable's shards live.
+    pub layout: Layout,
+    /// Each shard's initial value, in shard order.
+    pub inits: Vec<InitSpec>,
 }
 
-impl Handler<CutProbe> for CoordinatorActor {
-    type Result = MessageResult<CutProbe>;
+impl Message for CreateShards {
+    type Result = oneshot::Receiver<Result<(), String>>;
+}
 
-    fn handle(&mut self, _: CutProbe, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.scheduler.cut_state())
+impl Handler<CreateShards> for CoordinatorActor {
+    type Result = MessageResult<CreateShards>;
+
+    fn handle(&mut self, msg: CreateShards, ctx: &mut Context<Self>) -> Self::Result {
+        let (done, rx) = oneshot::channel();
+        match self
+            .scheduler
+            .handle_create_variable(&msg.layout, msg.inits)
+        {
+            Ok(ticket) => {
+                self.create_waiters.insert(ticket, done);
+            }
+            Err(e) => {
+                let _ = done.send(Err(e));
+            }
+        }
+        self.drive(ctx);
+        MessageResult(rx)
     }
 }
 
-/// Where every worker's datasets are (worker → dataset → elements read), for a checkpoint;
-/// see [`Scheduler::handle_collect_positions`]: a worker that does not answer is lost and
-/// recorded where its next incarnation will start. An error if too many collections are
-/// under way.
-pub struct CollectPositions;
-
-impl Message for CollectPositions {
-    type Result = Result<oneshot::Receiver<WorkerPositions>, String>;
+/// Read a consistent cut of every parameter server for a checkpoint at `step` (see
+/// [`Scheduler::handle_read_cut`]). The reply carries the checkpoint to write, or why none
+/// can be taken.
+pub struct ReadCut {
+    /// The checkpoint's step.
+    pub step: u64,
 }
 
-impl Handler<CollectPositions> for CoordinatorActor {
-    type Result = Result<oneshot::Receiver<WorkerPositions>, String>;
+impl Message for ReadCut {
+    type Result = oneshot::Receiver<Result<CutReading, String>>;
+}
 
-    fn handle(&mut self, _: CollectPositions, ctx: &mut Context<Self>) -> Self::Result {
+impl Handler<ReadCut> for CoordinatorActor {
+    type Result = MessageResult<ReadCut>;
+
+    fn handle(&mut self, msg: ReadCut, ctx: &mut Context<Self>) -> Self::Result {
         let (done, rx) = oneshot::channel();
-        let ticket = self.scheduler.handle_collect_positions()?;
-        self.positions_waiters.insert(ticket, done);
+        match self.scheduler.handle_read_cut(Instant::now(), msg.step) {
+            Ok(ticket) => {
+                self.cut_waiters.insert(ticket, done);
+            }
+            Err(e) => {
+                let _ = done.send(Err(e));
+            }
+        }
         self.drive(ctx);
-        Ok(rx)
+        MessageResult(rx)
     }
 }
 
@@ -1092,6 +1210,7 @@ const WATERMARK_INTERVAL: Duration = Duration::from_secs(1);
 mod tests {
     use super::*;
     use crate::roles::coordinator::SchedulerConfig;
+    use crate::roles::coordinator::{WorkerPositions, DATASET_POSITIONS_KEY};
     use crate::roles::protocol::{PositionsError, SetupError, WorkerRefusal};
     use cohort_actors::{RefusedReason, Remote};
     use cohort_transport::ClusterCa;
@@ -1224,15 +1343,20 @@ mod tests {
             while actor.send(Status).await.unwrap().live_workers < 2 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let rx = actor.send(CollectPositions).await.unwrap().unwrap();
-            let positions = tokio::time::timeout(Duration::from_secs(10), rx)
+            let rx = actor.send(ReadCut { step: 3 }).await.unwrap();
+            let reading = tokio::time::timeout(Duration::from_secs(10), rx)
                 .await
-                .expect("positions were never collected")
-                .unwrap();
+                .expect("the cut was never read")
+                .unwrap()
+                .expect("the save survives the worker's fault");
+            let ckpt = &reading.checkpoint.0;
             let expected: WorkerPositions = [(0, [("ids".to_string(), 7)].into_iter().collect())]
                 .into_iter()
                 .collect();
-            assert_eq!(positions, expected);
+            let recorded: WorkerPositions =
+                serde_json::from_value(ckpt.extra[DATASET_POSITIONS_KEY].clone()).unwrap();
+            assert_eq!(recorded, expected);
+            assert_eq!(ckpt.dataset_positions[&0], 7);
             let live = actor.send(Status).await.unwrap().live_workers;
             assert_eq!(live, 1, "the worker that could not report is lost");
         });

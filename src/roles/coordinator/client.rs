@@ -4,25 +4,25 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use cohort_actors::{Gateway, RefusedReason, RemoteError};
+use cohort_actors::{Gateway, RemoteError};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
 use super::actor::{
-    CollectPositions, Configure, CoordinatorActor, CutProbe, Fetch, Join, LedgerSnapshot, MarkCut,
-    RestoreAtStart, Schedule, Status,
+    Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule, Start,
+    Status,
 };
-use super::machine::recovery::DATASET_POSITIONS_KEY;
-use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError, ServerProbe};
-use crate::checkpoint::{self, Checkpoint, CheckpointManager, TensorBytes};
+pub use super::machine::SAVE_WAIT_MAX;
+use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError};
+use crate::checkpoint::CheckpointManager;
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
 use crate::roles::protocol::{
-    blob, bytes_to_f32, f32_to_bytes, CreateVariable, InitSpec, PsStats, PsStatsReply, SetupWorker,
-    Snapshot, PS_ACTOR,
+    f32_to_bytes, InitSpec, PsStats, PsStatsReply, SetupWorker, PS_ACTOR,
 };
 use crate::roles::worker::PsClient;
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
@@ -199,22 +199,23 @@ impl ClusterCoordinator {
         };
         let fan_in = spec.shape.first().copied().unwrap_or(1) as u64;
         let fan_out = spec.shape.iter().skip(1).product::<usize>() as u64;
-        for (i, shard) in layout.shards.iter().enumerate() {
-            let init = shard_init(
-                &spec.init,
-                i as u64,
-                fan_in,
-                fan_out,
-                &layout.shard_shape(i),
-            )?;
-            let msg = CreateVariable {
-                name: layout.shard_name(i),
-                shape: layout.shard_shape(i).iter().map(|&d| d as u64).collect(),
-                init,
-            };
-            self.call_ps(shard.ps, msg)?
-                .map_err(|e| CoordinatorError::ParameterServer(format!("ps/{}: {e}", shard.ps)))?;
-        }
+        let inits = (0..layout.shards.len())
+            .map(|i| {
+                shard_init(
+                    &spec.init,
+                    i as u64,
+                    fan_in,
+                    fan_out,
+                    &layout.shard_shape(i),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rx = self.ask(CreateShards {
+            layout: layout.clone(),
+            inits,
+        })?;
+        self.wait(rx, "creating a variable")?
+            .map_err(CoordinatorError::ParameterServer)?;
         self.layouts.push(layout.clone());
         self.configure_workers()?;
         Ok(layout)
@@ -314,14 +315,15 @@ impl ClusterCoordinator {
     /// Waits for in-flight work, then writes a checkpoint of every variable shard and its
     /// optimizer slots, with the ledger (CKPT-1: the manager's protocol).
     ///
-    /// A save survives every fault the job survives: a worker that does not report its
-    /// dataset positions is restarted (see `CollectPositions`); a parameter server that cannot
+    /// The coordinator's machine reads the cut (see `machine::save`). A save survives every
+    /// fault the job survives: a worker that does not report its dataset positions is
+    /// restarted from those the checkpoint records; a parameter server that cannot
     /// be read for now (unreachable, no answer in time, restarting or restoring) makes the
     /// save wait for the recovery that restores it and read again; a recovery that starts
     /// while the servers are read would mix two cuts in one checkpoint, so the save is taken
     /// again. It fails when the job itself fails (`join` raises), at once when a server
     /// refuses a read for good (a refusal that no recovery explains: reading again would get
-    /// the same answer), past [`SAVE_WAIT_MAX`] or [`SAVE_ATTEMPTS_MAX`] disturbed reads, or
+    /// the same answer), past [`SAVE_WAIT_MAX`] or `SAVE_ATTEMPTS_MAX` disturbed reads, or
     /// when the checkpoint written does not read back whole (then it is not the cut: a
     /// recovery restores the previous one).
     pub fn save_checkpoint(
@@ -329,149 +331,35 @@ impl ClusterCoordinator {
         manager: &mut CheckpointManager,
         step: u64,
     ) -> Result<PathBuf, CoordinatorError> {
-        let started = Instant::now();
-        let mut disturbed = 0;
-        let mut backoff = SAVE_RETRY_BACKOFF_MIN;
-        loop {
-            self.join()?;
-            if started.elapsed() > SAVE_WAIT_MAX {
-                return Err(CoordinatorError::Checkpoint(format!(
-                    "the parameter servers could not be read undisturbed within \
-                     {SAVE_WAIT_MAX:?}: no checkpoint taken at step {step}"
-                )));
+        self.join()?;
+        let rx = self.ask(ReadCut { step })?;
+        let read = self.wait_within(
+            rx,
+            "reading a checkpoint cut",
+            SAVE_WAIT_MAX + self.wait_max,
+        )?;
+        let reading = match read {
+            Ok(reading) => reading,
+            Err(e) => {
+                // A job that failed meanwhile says so first.
+                self.join()?;
+                return Err(CoordinatorError::Checkpoint(e));
             }
-            let before = self.ask(CutProbe)?;
-            if before.holding {
-                // A recovery holds dispatch: wait for it to end (it is bounded) before reading.
-                std::thread::sleep(SAVE_RETRY_BACKOFF_MIN);
-                continue;
-            }
-            let ckpt = match self.read_checkpoint(step) {
-                Ok(ckpt) => ckpt,
-                Err(ReadFault::Retryable(e)) => {
-                    // The loss reaches the scheduler through the failure detector (or the
-                    // server answers again); until then, back off and read again.
-                    tracing::warn!(
-                        "checkpoint at step {step}: a parameter server could not be read ({e}); \
-                         reading again once it is back"
-                    );
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(SAVE_RETRY_BACKOFF_MAX);
-                    continue;
-                }
-                // A server mid-restore may refuse what it does not hold yet: a refusal counts
-                // as permanent only when no restore or new work came while reading.
-                Err(ReadFault::Permanent(e)) if self.ask(CutProbe)? == before => {
-                    return Err(match e {
-                        CoordinatorError::ParameterServer(refusal) => {
-                            CoordinatorError::Checkpoint(format!(
-                                "no checkpoint taken at step {step}: a parameter server \
-                                 refused the read, and reading again would not help: {refusal}"
-                            ))
-                        }
-                        other => other,
-                    });
-                }
-                Err(ReadFault::Permanent(e)) => {
-                    tracing::warn!(
-                        "checkpoint at step {step}: a read was refused ({e}) while a \
-                         parameter-server recovery or new work came; reading again"
-                    );
-                    disturbed += 1;
-                    if disturbed >= SAVE_ATTEMPTS_MAX {
-                        return Err(CoordinatorError::Checkpoint(format!(
-                            "the checkpoint at step {step} was disturbed by parameter-server \
-                             recoveries or new work {SAVE_ATTEMPTS_MAX} times; last: {e}"
-                        )));
-                    }
-                    continue;
-                }
-            };
-            if self.ask(CutProbe)? != before
-                || ckpt.ledger.next_closure_id != before.next_closure_id
-            {
-                disturbed += 1;
-                if disturbed >= SAVE_ATTEMPTS_MAX {
-                    return Err(CoordinatorError::Checkpoint(format!(
-                        "the checkpoint at step {step} was disturbed by parameter-server \
-                         recoveries or new work {SAVE_ATTEMPTS_MAX} times"
-                    )));
-                }
-                tracing::warn!(
-                    "a parameter-server recovery or new work came while the servers were read: \
-                     taking the checkpoint at step {step} again"
-                );
-                continue;
-            }
-            let dir = manager
-                .save(&ckpt, Instant::now())
-                .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
-            // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
-            // error above and never becomes the cut, so recoveries go on restoring the
-            // previous one and its closures run again.
-            // Durable: a parameter-server recovery rolls every server back to this cut, unless
-            // a restore began since the servers were read.
-            self.mark_cut(
-                ckpt.ledger.next_closure_id,
-                manager.root(),
-                Some(before.generation),
-            );
-            return Ok(dir);
-        }
-    }
-
-    /// Reads every variable shard, the dataset positions and the ledger into a checkpoint.
-    fn read_checkpoint(&self, step: u64) -> Result<Checkpoint, ReadFault> {
-        let mut ckpt = Checkpoint::new(step, self.servers.len());
-        for layout in &self.layouts {
-            ckpt.layout.push(layout.clone());
-            for (i, shard) in layout.shards.iter().enumerate() {
-                let name = layout.shard_name(i);
-                let refused = |e: &dyn std::fmt::Display| {
-                    ReadFault::Permanent(CoordinatorError::ParameterServer(format!(
-                        "ps/{} refused to read shard {name:?}: {e}",
-                        shard.ps
-                    )))
-                };
-                let (state, blobs) = self
-                    .call_ps_with_blobs_raw(shard.ps, Snapshot { name: name.clone() }, Vec::new())
-                    .map_err(|e| ReadFault::of_call(shard.ps, e))?;
-                let state = state.map_err(|e| refused(&e))?;
-                let shape: Vec<usize> = state.shape.iter().map(|&d| d as usize).collect();
-                let tensors = &mut ckpt.shards[shard.ps as usize].tensors;
-                let values = blob(&blobs, 0, &name).map_err(|e| refused(&e))?;
-                tensors.insert(name.clone(), tensor(&shape, values)?);
-                for (i, slot) in state.slots.iter().enumerate() {
-                    let bytes = blob(&blobs, i + 1, &name).map_err(|e| refused(&e))?;
-                    tensors.insert(
-                        checkpoint::slot_tensor_name(&name, slot),
-                        tensor(&shape, bytes)?,
-                    );
-                }
-                ckpt.extra[format!("steps/{name}")] = serde_json::json!(state.steps);
-            }
-        }
-        let rx = self
-            .ask(CollectPositions)?
-            .map_err(|e| ReadFault::Permanent(CoordinatorError::Checkpoint(e)))?;
-        let positions = self.wait(rx, "collecting dataset positions")?;
-        for (worker, datasets) in &positions {
-            ckpt.dataset_positions
-                .insert(*worker, datasets.values().sum());
-        }
-        ckpt.extra[DATASET_POSITIONS_KEY] = serde_json::to_value(&positions)
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
-        let state = self.ask(LedgerSnapshot)?;
-        ckpt.ledger = checkpoint::Ledger {
-            next_closure_id: state.next_closure_id,
-            // Whole: every count as the coordinator keeps it (LEDGER-1 across restarts).
-            counts: state.ledger,
-            // The retained ones (SchedulerConfig::finished_retained_max); the counts are whole.
-            committed_ids: state.committed_ids.into_iter().collect(),
-            pending_ids: Default::default(),
-            cancelled_ids: state.ended_ids.into_iter().collect(),
         };
-        Ok(ckpt)
+        let ckpt = &reading.checkpoint.0;
+        let dir = manager
+            .save(ckpt, Instant::now())
+            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+        // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
+        // error above and never becomes the cut, so recoveries go on restoring the previous
+        // one and its closures run again. Durable: a parameter-server recovery rolls every
+        // server back to this cut, unless a restore began since the servers were read.
+        self.mark_cut(
+            ckpt.ledger.next_closure_id,
+            manager.root(),
+            Some(reading.generation),
+        );
+        Ok(dir)
     }
 
     /// Tells the coordinator that the checkpoints under `root` hold the variables as they were
@@ -507,67 +395,15 @@ impl ClusterCoordinator {
                 skipped.error
             );
         }
-        let Some(loaded) = outcome.restored else {
-            // Afresh only over servers that applied nothing: servers that trained under an
-            // earlier chief would see their closure ids reused (PS-1) and hold state that no
-            // ledger accounts for.
-            let probes = self.probe_servers()?;
-            if let Some(p) = probes
-                .iter()
-                .find(|p| p.next_free_closure_id > 0 || p.generation > 0)
-            {
-                return Err(CoordinatorError::Checkpoint(format!(
-                    "no checkpoint under {} verifies, but ps/{} has applied closures (ids below \
-                     {}, restore generation {}) under an earlier chief: starting afresh would \
-                     reuse their closure ids and train on state no ledger accounts for. Restart \
-                     the parameter servers to start the job afresh, or give the checkpoint \
-                     directory they were saved to",
-                    manager.root().display(),
-                    p.ps,
-                    p.next_free_closure_id,
-                    p.generation
-                )));
-            }
-            return Ok(None);
-        };
-        // Parameter servers that outlived the checkpoint (a restarted coordinator reconnecting
-        // to live roles) may have applied ids past it and be at a restore generation: the
-        // machine's restore starts above both (see `Scheduler::handle_restore_at_start`).
-        let probes = self.probe_servers()?;
-        let rx = self.ask(RestoreAtStart {
-            checkpoint: std::sync::Arc::new(loaded.checkpoint),
+        // The machine probes every server first: with no checkpoint it starts afresh only
+        // over servers that applied nothing; with one, its restore starts above every closure
+        // id and restore generation a live server is at (see `Scheduler::handle_start`).
+        let rx = self.ask(Start {
+            checkpoint: outcome.restored.map(|loaded| Arc::new(loaded.checkpoint)),
             root: manager.root().to_path_buf(),
-            probes,
         })?;
-        let step = self
-            .wait(rx, "restoring the checkpoint")?
-            .map_err(CoordinatorError::Checkpoint)?;
-        Ok(Some(step))
-    }
-
-    /// Every parameter server as it answers now: its incarnation, restore generation and the
-    /// closure ids it has applied.
-    fn probe_servers(&self) -> Result<Vec<ServerProbe>, CoordinatorError> {
-        (0..self.num_ps())
-            .map(|ps| {
-                let (node, addr) = self.servers[ps as usize].clone();
-                let gateway = self.gateway.clone();
-                let (epoch, stats) = self
-                    .runtime
-                    .block_on(async move {
-                        let r = gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await?;
-                        let stats = r.call(&PsStats).await?;
-                        Ok::<_, cohort_actors::RemoteError>((r.target().epoch.0, stats))
-                    })
-                    .map_err(|e| CoordinatorError::ParameterServer(format!("ps/{ps}: {e}")))?;
-                Ok(ServerProbe {
-                    ps,
-                    epoch,
-                    generation: stats.generation,
-                    next_free_closure_id: stats.next_free_closure_id,
-                })
-            })
-            .collect()
+        self.wait(rx, "restoring the checkpoint")?
+            .map_err(CoordinatorError::Checkpoint)
     }
 
     fn layout(&self, name: &str) -> Result<&Layout, CoordinatorError> {
@@ -657,7 +493,15 @@ impl ClusterCoordinator {
         rx: tokio::sync::oneshot::Receiver<T>,
         what: &'static str,
     ) -> Result<T, CoordinatorError> {
-        let bound = self.wait_max;
+        self.wait_within(rx, what, self.wait_max)
+    }
+
+    fn wait_within<T>(
+        &self,
+        rx: tokio::sync::oneshot::Receiver<T>,
+        what: &'static str,
+        bound: Duration,
+    ) -> Result<T, CoordinatorError> {
         self.runtime
             .block_on(async move { tokio::time::timeout(bound, rx).await })
             .map_err(|_| CoordinatorError::Timeout { what, bound })?
@@ -674,50 +518,6 @@ enum PsCallError {
     /// The call failed.
     #[error(transparent)]
     Remote(RemoteError),
-}
-
-/// Why the servers could not be read for a checkpoint.
-#[derive(Debug)]
-enum ReadFault {
-    /// Worth reading again once the server is back: it could not be reached, did not answer
-    /// in time, was a stale incarnation, was busy (its receive budget full), or is not
-    /// serving (restarting, restoring).
-    Retryable(String),
-    /// Reading again would get the same answer (a refusal, a malformed reply, a bug).
-    Permanent(CoordinatorError),
-}
-
-impl ReadFault {
-    fn of_call(ps: u32, error: PsCallError) -> Self {
-        let retryable = match &error {
-            PsCallError::NoSuchServer(_) => false,
-            PsCallError::Remote(e) => match e {
-                RemoteError::Timeout { .. }
-                | RemoteError::PeerLost { .. }
-                | RemoteError::Stale { .. }
-                | RemoteError::Busy { .. } => true,
-                RemoteError::Refused { reason, .. } => matches!(
-                    reason,
-                    RefusedReason::ActorUnavailable(_)
-                        | RefusedReason::NoSuchActor(_)
-                        | RefusedReason::TooManyPeers
-                ),
-                RemoteError::Codec { .. } => false,
-            },
-        };
-        let message = format!("ps/{ps}: {error}");
-        if retryable {
-            Self::Retryable(message)
-        } else {
-            Self::Permanent(CoordinatorError::ParameterServer(message))
-        }
-    }
-}
-
-impl From<CoordinatorError> for ReadFault {
-    fn from(error: CoordinatorError) -> Self {
-        Self::Permanent(error)
-    }
 }
 
 fn shard_init(
@@ -759,81 +559,18 @@ fn shard_init(
     })
 }
 
-fn tensor(shape: &[usize], bytes: &[u8]) -> Result<TensorBytes, CoordinatorError> {
-    let values = bytes_to_f32(bytes, "snapshot")
-        .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))?;
-    TensorBytes::from_f32(shape.to_vec(), &values)
-        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))
-}
-
-/// Times a checkpoint is read again because a parameter-server recovery or new work came
-/// while the servers were read (CKPT-1).
-const SAVE_ATTEMPTS_MAX: u32 = 5;
-/// How long a save waits for the parameter servers to be readable undisturbed (a recovery
-/// that holds dispatch to end, a lost server to be restored). Only faults that reading again
-/// can cure are waited out.
-pub const SAVE_WAIT_MAX: Duration = Duration::from_secs(600);
-/// First and longest pause before reading the servers again after one could not be read.
-const SAVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
-const SAVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::checkpoint::CheckpointPolicy;
     use crate::roles::coordinator::{Scheduler, SchedulerConfig};
-    use crate::roles::protocol::PsRefusal;
+    use crate::roles::protocol::{CreateVariable, PsRefusal, Snapshot};
     use crate::roles::ps::PsError;
     use cohort_actors::Remote;
     use cohort_transport::ClusterCa;
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
         crate::roles::test_support::loopback_gateway(ca, node, 1, Duration::from_secs(5))
-    }
-
-    /// Faults that reading again can cure are waited out; the rest fail the save at once.
-    #[test]
-    fn only_faults_that_reading_again_can_cure_are_retried() {
-        let peer = NodeId::new("ps", 0);
-        let remote = |e: RemoteError| ReadFault::of_call(0, PsCallError::Remote(e));
-        let retryable = [
-            RemoteError::Timeout {
-                peer: peer.clone(),
-                timeout_ms: 5,
-            },
-            RemoteError::PeerLost {
-                peer: peer.clone(),
-                reason: "gone".into(),
-            },
-            RemoteError::Stale {
-                peer: peer.clone(),
-                reason: "restarted".into(),
-            },
-            RemoteError::Refused {
-                peer: peer.clone(),
-                reason: RefusedReason::ActorUnavailable("not serving".into()),
-            },
-        ];
-        for e in retryable {
-            assert!(matches!(remote(e.clone()), ReadFault::Retryable(_)), "{e}");
-        }
-        let permanent = [
-            RemoteError::Refused {
-                peer: peer.clone(),
-                reason: RefusedReason::BadMessage("too large".into()),
-            },
-            RemoteError::Codec {
-                peer: peer.clone(),
-                reason: "bad reply".into(),
-            },
-        ];
-        for e in permanent {
-            assert!(matches!(remote(e.clone()), ReadFault::Permanent(_)), "{e}");
-        }
-        assert!(matches!(
-            ReadFault::of_call(3, PsCallError::NoSuchServer(3)),
-            ReadFault::Permanent(_)
-        ));
     }
 
     /// Runs `body` with a coordinator over one fake parameter server (handlers from

@@ -4,12 +4,15 @@
 //! the chief program's handle.
 //!
 //! - `machine` ([`Scheduler`]) decides everything: scheduling, the ledger, recovery, (in
-//!   `machine::recovery`) the ordered calls of every restore, at start-up or after a loss, and
-//!   (in `machine::control`) dialling, setting up and retiring workers, configuring them and
-//!   collecting their dataset positions for a save;
+//!   `machine::recovery`) the ordered calls of every restore, at start-up or after a loss,
+//!   (in `machine::control`) dialling, setting up and retiring workers and configuring them,
+//!   (in `machine::servers`) creating variables and the chief's start (probe, then restore or
+//!   afresh), and (in `machine::save`) reading a consistent cut for a checkpoint;
 //! - `actor` carries the machine's actions out as remote calls and reports their outcomes;
 //! - `restore` is the restore's IO (sending a server's shards, reading a checkpoint);
-//! - `client` is the blocking [`ClusterCoordinator`] API over the actor.
+//! - `client` is the blocking [`ClusterCoordinator`] API over the actor: it forwards the
+//!   program's requests to the machine and waits for their end; it writes the checkpoints the
+//!   machine reads (the checkpoint manager's IO).
 
 mod actor;
 mod client;
@@ -25,7 +28,8 @@ pub use machine::recovery::{
 };
 pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket, ControlCounters,
-    CoordinatorStatus, CutState, Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket,
-    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
-    SetUpDisposition, WorkerDial, WorkerEpoch,
+    CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, Ledger, LedgerState,
+    PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler,
+    SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
+    WorkerEpoch,
 };

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use cohort_actors::{Gateway, Incarnation, RemoteError};
+use cohort_actors::{Gateway, Incarnation, RefusedReason, RemoteError};
 use cohort_transport::NodeId;
 
 use super::machine::recovery::CallFault;
@@ -18,12 +18,27 @@ use crate::checkpoint::{self, Checkpoint, TensorBytes};
 use crate::layout::Layout;
 use crate::roles::protocol::{f32_blob, RestoreVariable, PS_ACTOR};
 
-/// What a failed call to a parameter server means for a restore: a refusal cannot be helped
-/// by trying again; anything else (gone, restarted, busy, no answer in time) can.
+/// What a failed call means to the machine: a refusal of the request itself, or a reply that
+/// does not decode, cannot be helped by calling again; anything else can (the peer is gone,
+/// restarted, busy, did not answer in time, or is up but not serving that actor yet).
 pub(crate) fn call_fault(error: RemoteError) -> CallFault {
-    match error {
-        RemoteError::Refused { .. } => CallFault::Refused(error.to_string()),
-        _ => CallFault::Unreachable(error.to_string()),
+    let retryable = match &error {
+        RemoteError::Refused { reason, .. } => matches!(
+            reason,
+            RefusedReason::ActorUnavailable(_)
+                | RefusedReason::NoSuchActor(_)
+                | RefusedReason::TooManyPeers
+        ),
+        RemoteError::Codec { .. } => false,
+        RemoteError::Timeout { .. }
+        | RemoteError::PeerLost { .. }
+        | RemoteError::Stale { .. }
+        | RemoteError::Busy { .. } => true,
+    };
+    if retryable {
+        CallFault::Unreachable(error.to_string())
+    } else {
+        CallFault::Refused(error.to_string())
     }
 }
 
@@ -170,5 +185,52 @@ mod tests {
             "the loader removed a save in progress"
         );
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Faults that calling again can cure are `Unreachable` (a save or a restore waits them
+    /// out); the rest are refusals.
+    #[test]
+    fn only_faults_that_calling_again_can_cure_are_unreachable() {
+        let peer = NodeId::new("ps", 0);
+        let retryable = [
+            RemoteError::Timeout {
+                peer: peer.clone(),
+                timeout_ms: 5,
+            },
+            RemoteError::PeerLost {
+                peer: peer.clone(),
+                reason: "gone".into(),
+            },
+            RemoteError::Stale {
+                peer: peer.clone(),
+                reason: "restarted".into(),
+            },
+            RemoteError::Refused {
+                peer: peer.clone(),
+                reason: RefusedReason::ActorUnavailable("not serving".into()),
+            },
+        ];
+        for e in retryable {
+            assert!(
+                matches!(call_fault(e.clone()), CallFault::Unreachable(_)),
+                "{e}"
+            );
+        }
+        let permanent = [
+            RemoteError::Refused {
+                peer: peer.clone(),
+                reason: RefusedReason::BadMessage("too large".into()),
+            },
+            RemoteError::Codec {
+                peer: peer.clone(),
+                reason: "bad reply".into(),
+            },
+        ];
+        for e in permanent {
+            assert!(
+                matches!(call_fault(e.clone()), CallFault::Refused(_)),
+                "{e}"
+            );
+        }
     }
 }

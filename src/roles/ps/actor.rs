@@ -26,9 +26,9 @@ use crate::checkpoint::FAILPOINT_ENV;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    blob, blob_u64, bytes_to_f32, f32_blob, f32_shared_blob, f32_vec_blob, BeginRestore,
-    CreateVariable, FenceWorker, FinishedBelow, PsRefusal, PsStats, PsStatsReply, Pull, PullRows,
-    Push, RestoreVariable, RollBack, ShardState, Snapshot, PS_ACTOR,
+    blob, blob_u64, bytes_to_f32, f32_shared_blob, f32_vec_blob, BeginRestore, CreateVariable,
+    FenceWorker, FinishedBelow, PsRefusal, PsStats, PsStatsReply, Pull, PullRows, Push,
+    RestoreVariable, RollBack, Snapshot, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -381,21 +381,8 @@ impl Handler<WithBlobs<Snapshot>> for PsActor {
     type Result = MessageResult<WithBlobs<Snapshot>>;
 
     fn handle(&mut self, msg: WithBlobs<Snapshot>, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(match self.store.variable(&msg.0.msg.name) {
-            Ok(var) => {
-                let mut blobs = vec![f32_blob(var.values())];
-                let mut slots = Vec::new();
-                for (name, buffer) in var.slots().iter() {
-                    slots.push(name.to_string());
-                    blobs.push(f32_blob(buffer));
-                }
-                let state = ShardState {
-                    shape: var.shape().iter().map(|&d| d as u64).collect(),
-                    slots,
-                    steps: var.steps(),
-                };
-                (Ok(state), blobs)
-            }
+        MessageResult(match self.store.snapshot(&msg.0.msg.name) {
+            Ok((state, blobs)) => (Ok(state), blobs),
             Err(e) => (Err(e.into()), Vec::new()),
         })
     }

@@ -23,7 +23,9 @@ use crate::optim::{
     first_non_finite, NonFinitePolicy, OptimError, Optimizer, Screen, Slots, UpdateOutcome,
 };
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
-use crate::roles::protocol::{bytes_to_f32, InitProblem, InitSpec, PsRefusal};
+use crate::roles::protocol::{
+    bytes_to_f32, f32_blob, InitProblem, InitSpec, PsRefusal, ShardState,
+};
 
 pub use crate::roles::push::{Gradient, PushOrigin, PushOutcome};
 
@@ -501,6 +503,25 @@ impl ParameterStore {
         self.variables
             .get(name)
             .ok_or_else(|| PsError::UnknownVariable(name.into()))
+    }
+
+    /// One variable shard as a checkpoint reads it ([`crate::roles::protocol::Snapshot`]):
+    /// its shape, slot names and steps, and its blobs (the values, then every slot in the
+    /// state's order, little-endian f32).
+    pub fn snapshot(&self, name: &str) -> Result<(ShardState, Vec<bytes::Bytes>), PsError> {
+        let var = self.variable(name)?;
+        let mut blobs = vec![f32_blob(var.values())];
+        let mut slots = Vec::new();
+        for (slot, buffer) in var.slots().iter() {
+            slots.push(slot.to_string());
+            blobs.push(f32_blob(buffer));
+        }
+        let state = ShardState {
+            shape: var.shape().iter().map(|&d| d as u64).collect(),
+            slots,
+            steps: var.steps(),
+        };
+        Ok((state, blobs))
     }
 
     /// Every variable shard, by name.

@@ -1,7 +1,8 @@
 //! The coordinator machine's control plane towards workers, and the save's reads: which worker
 //! is dialled and when, how a new incarnation is set up or a fenced one retired, the fan-out of
-//! a new configuration to live workers, the collection of dataset positions for a checkpoint,
-//! and what a save reads of the machine (the cut state, the ledger with its ids).
+//! a new configuration to live workers, the collection of dataset positions for a save's read
+//! ([`super::save`]), and what a save reads of the machine (the cut state, the ledger with its
+//! ids).
 //!
 //! Worker lifecycle, in the order the machine drives it:
 //! 1. every reconnect tick, each worker with no live incarnation and no dial under way is
@@ -63,8 +64,8 @@ pub enum SetUpDisposition {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ConfigureTicket(pub u64);
 
-/// Names a collection of dataset positions asked for with
-/// [`Scheduler::handle_collect_positions`].
+/// Names a collection of dataset positions for a save's read
+/// ([`Scheduler::handle_read_cut`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PositionsTicket(pub u64);
 
@@ -325,11 +326,11 @@ impl Scheduler {
         self.finish_configure(now, ticket);
     }
 
-    /// Asks every live worker where its datasets are, for a checkpoint
-    /// ([`SchedulerAction::AskPositions`]); [`SchedulerAction::PositionsCollected`] with the
-    /// returned ticket comes once every one answered. Refused with more than
-    /// [`REQUESTS_PENDING_MAX`] collections under way.
-    pub fn handle_collect_positions(&mut self) -> Result<PositionsTicket, String> {
+    /// Asks every live worker where its datasets are, for the save's read under way
+    /// ([`SchedulerAction::AskPositions`]); the read gets them once every one answered (see
+    /// [`super::save`]). Refused with more than [`REQUESTS_PENDING_MAX`] collections under way
+    /// (those of reads given up still count until their answers come, each bounded in time).
+    pub(super) fn collect_positions(&mut self) -> Result<PositionsTicket, String> {
         if self.collections.len() >= REQUESTS_PENDING_MAX {
             return Err(format!(
                 "{REQUESTS_PENDING_MAX} collections of dataset positions are under way already"
@@ -350,7 +351,6 @@ impl Scheduler {
             answered: WorkerPositions::new(),
         };
         self.collections.insert(ticket, pending);
-        self.finish_positions(ticket);
         Ok(ticket)
     }
 
@@ -378,7 +378,7 @@ impl Scheduler {
             }
             Err(_) => self.handle_worker_lost(now, worker, epoch),
         }
-        self.finish_positions(ticket);
+        self.finish_positions(ticket, now);
     }
 
     /// [`Self::mark_cut`] for a save that read the servers in restore `generation` (if
@@ -468,7 +468,8 @@ impl Scheduler {
         self.dispatch(now);
     }
 
-    fn finish_positions(&mut self, ticket: PositionsTicket) {
+    /// Hands a collection that every worker answered to the save's read that asked for it.
+    pub(super) fn finish_positions(&mut self, ticket: PositionsTicket, now: Instant) {
         if !self
             .collections
             .get(&ticket)
@@ -480,8 +481,8 @@ impl Scheduler {
         // Workers not live now restart from their last setup's positions.
         let mut positions = self.positions.clone();
         positions.extend(pending.answered);
-        self.actions
-            .push_back(SchedulerAction::PositionsCollected { ticket, positions });
+        // A read given up since finds nothing to hand them to.
+        self.cut_positions_collected(now, ticket, positions);
     }
 }
 

@@ -1,19 +1,19 @@
 //! The worker control plane driven through the scheduler over the orderings the shell used to
 //! decide: whom to dial and when, a fenced or dead-declared incarnation that answers, a setup
 //! that a restore or a new configuration made outdated, a configuration that a worker refuses,
-//! a worker lost while the save collects dataset positions.
+//! (a worker lost while a save collects dataset positions is in `save_tests`).
 
 use std::sync::Arc;
 
-use super::control::{PositionsTicket, SetUpDisposition, WorkerDial};
+use super::control::{SetUpDisposition, WorkerDial};
 use super::recovery::{CallFault, RestoreCall, RestoreReport, DATASET_POSITIONS_KEY};
 use super::*;
 
-fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
+pub(super) fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
     std::iter::from_fn(|| s.poll_action()).collect()
 }
 
-fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
+pub(super) fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
     SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
@@ -37,7 +37,7 @@ fn dials(actions: &[SchedulerAction]) -> Vec<u32> {
 type SetUpAsked = (u32, u64, Vec<(String, u64)>, u64);
 
 /// The one setup among `actions`.
-fn set_up(actions: &[SchedulerAction]) -> Option<SetUpAsked> {
+pub(super) fn set_up(actions: &[SchedulerAction]) -> Option<SetUpAsked> {
     actions.iter().find_map(|a| match a {
         SchedulerAction::SetUpWorker {
             worker,
@@ -50,7 +50,7 @@ fn set_up(actions: &[SchedulerAction]) -> Option<SetUpAsked> {
 }
 
 /// Dials, answers and sets up worker `worker` as incarnation `epoch`.
-fn bring_up(s: &mut Scheduler, worker: u32, epoch: u64) {
+pub(super) fn bring_up(s: &mut Scheduler, worker: u32, epoch: u64) {
     let t = Instant::now();
     s.handle_reconnect_tick();
     drain(s);
@@ -156,7 +156,7 @@ fn fence_1_a_fenced_or_dead_declared_incarnation_that_answers_is_retired() {
 }
 
 /// A checkpoint at `cut` whose positions put worker 0's dataset `ids` at `position`.
-fn checkpoint(cut: u64, position: u64) -> Arc<Checkpoint> {
+pub(super) fn checkpoint(cut: u64, position: u64) -> Arc<Checkpoint> {
     let mut ckpt = Checkpoint::new(3, 1);
     ckpt.ledger.next_closure_id = cut;
     ckpt.ledger.counts.scheduled = cut;
@@ -169,7 +169,7 @@ fn checkpoint(cut: u64, position: u64) -> Arc<Checkpoint> {
 }
 
 /// Answers every restore call successfully until none is left; returns the other actions.
-fn finish_restore(s: &mut Scheduler) -> Vec<SchedulerAction> {
+pub(super) fn finish_restore(s: &mut Scheduler) -> Vec<SchedulerAction> {
     let t = Instant::now();
     let mut others = Vec::new();
     loop {
@@ -251,9 +251,13 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
         "no dial while restoring: {during:?}"
     );
     assert!(set_up(&during).is_none(), "{during:?}");
-    assert!(during
-        .iter()
-        .any(|a| matches!(a, SchedulerAction::RestoreFinished { result: Ok(3), .. })));
+    assert!(during.iter().any(|a| matches!(
+        a,
+        SchedulerAction::RestoreFinished {
+            result: Ok(Some(3)),
+            ..
+        }
+    )));
     s.handle_reconnect_tick();
     assert_eq!(dials(&drain(&mut s)), vec![0, 1]);
     s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
@@ -363,71 +367,6 @@ fn a_configuration_waits_for_every_live_worker_and_reports_the_first_refusal() {
             result: Ok(())
         }]
     );
-}
-
-/// A save survives a worker fault: a worker that does not report its dataset positions is
-/// lost, and the checkpoint records it at the positions it was last set up from (where its
-/// next incarnation starts), not the whole save failing.
-#[test]
-fn a_worker_lost_while_positions_are_collected_is_recorded_at_its_setup_positions() {
-    let t = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig::default())
-        .with_workers(2)
-        .with_servers(1);
-    s.handle_configure(setup(&[("ids", 0)]));
-    let probe = ServerProbe {
-        ps: 0,
-        epoch: 1,
-        generation: 0,
-        next_free_closure_id: 0,
-    };
-    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
-        .unwrap();
-    finish_restore(&mut s);
-    bring_up(&mut s, 0, 1);
-    bring_up(&mut s, 1, 1);
-    let ticket = s.handle_collect_positions().unwrap();
-    let asked: Vec<(PositionsTicket, u32, u64)> = drain(&mut s)
-        .into_iter()
-        .filter_map(|a| match a {
-            SchedulerAction::AskPositions {
-                ticket,
-                worker,
-                epoch,
-            } => Some((ticket, worker, epoch)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(asked, vec![(ticket, 0, 1), (ticket, 1, 1)]);
-    s.handle_positions(t, ticket, 0, 1, Ok(vec![("ids".into(), 12)]));
-    assert!(drain(&mut s).is_empty());
-    s.handle_positions(
-        t,
-        ticket,
-        1,
-        1,
-        Err(CallFault::Unreachable("the compute thread is gone".into())),
-    );
-    let expected: WorkerPositions = [
-        (0, [("ids".to_string(), 12)].into_iter().collect()),
-        (1, [("ids".to_string(), 8)].into_iter().collect()),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(
-        drain(&mut s),
-        vec![
-            SchedulerAction::Fence {
-                worker: 1,
-                epoch: 1
-            },
-            SchedulerAction::PositionsCollected {
-                ticket,
-                positions: expected
-            },
-        ]
-    );
-    assert_eq!(s.live_workers(), 1);
 }
 
 /// CKPT-1: a cut read in a restore generation that has ended since is refused; the cut state a

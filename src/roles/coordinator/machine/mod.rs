@@ -32,6 +32,10 @@ mod control_tests;
 pub mod recovery;
 #[cfg(test)]
 mod recovery_tests;
+pub mod save;
+#[cfg(test)]
+mod save_tests;
+pub mod servers;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -51,6 +55,10 @@ use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
 };
+use save::PendingCutRead;
+pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
+pub use servers::CreateTicket;
+use servers::{PendingCreate, PendingStart};
 
 /// Identifies a scheduled closure for its whole life, across re-dispatches.
 #[derive(
@@ -184,7 +192,7 @@ pub enum ClosureState {
 }
 
 /// What the shell must do, drained with [`Scheduler::poll_action`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SchedulerAction {
     /// Send this closure to this worker incarnation.
     Dispatch {
@@ -216,13 +224,14 @@ pub enum SchedulerAction {
     /// One call of a restore (see [`recovery`]): carry it out on the incarnation it names and
     /// answer with [`Scheduler::handle_restore_report`].
     Restore(RestoreCall),
-    /// A restore asked for with [`Scheduler::handle_restore_at_start`] ended: the checkpoint's
-    /// step, or why it failed.
+    /// The chief's start ([`Scheduler::handle_start`]) or a restore asked for with
+    /// [`Scheduler::handle_restore_at_start`] ended: the checkpoint's step, `None` for a start
+    /// afresh, or why it failed.
     RestoreFinished {
         /// The ticket the request got.
         ticket: RestoreTicket,
-        /// The step restored, or why not.
-        result: Result<u64, String>,
+        /// The step restored (`None`: started afresh), or why not.
+        result: Result<Option<u64>, String>,
     },
     /// Dial parameter server `ps` with a real call ([`crate::roles::protocol::PsStats`]): only
     /// an answer proves an incarnation alive. Answer with [`Scheduler::handle_ps_dialled`].
@@ -310,13 +319,54 @@ pub enum SchedulerAction {
         /// Its live incarnation.
         epoch: WorkerEpoch,
     },
-    /// A collection asked for with [`Scheduler::handle_collect_positions`] ended: every
-    /// worker's positions (those that did not answer, or are not live, at their last setup's).
-    PositionsCollected {
+    /// Create shard `shard` of a variable on server `ps` (the message says its name, shape
+    /// and initial value). Answer with [`Scheduler::handle_shard_created`].
+    CreateShard {
+        /// The creation.
+        ticket: CreateTicket,
+        /// The server.
+        ps: u32,
+        /// The shard's index in the layout.
+        shard: usize,
+        /// What to send.
+        msg: crate::roles::protocol::CreateVariable,
+    },
+    /// A creation asked for with [`Scheduler::handle_create_variable`] ended: `Ok`, or the
+    /// first failure.
+    VariableCreated {
         /// The ticket the request got.
-        ticket: PositionsTicket,
-        /// Worker → dataset → elements read.
-        positions: WorkerPositions,
+        ticket: CreateTicket,
+        /// The first failure, if any.
+        result: Result<(), String>,
+    },
+    /// Ask server `ps` ([`crate::roles::protocol::PsStats`]) which incarnation answers, its
+    /// restore generation and the closure ids it has applied, for the chief's start. Answer
+    /// with [`Scheduler::handle_server_probed`].
+    ProbeServer {
+        /// The start.
+        ticket: RestoreTicket,
+        /// The server.
+        ps: u32,
+    },
+    /// Read shard `shard` of server `ps` ([`crate::roles::protocol::Snapshot`]) for attempt
+    /// `attempt` of a save's read. Answer with [`Scheduler::handle_shard_read`].
+    SnapshotShard {
+        /// The read.
+        ticket: CutTicket,
+        /// The attempt.
+        attempt: u32,
+        /// The server.
+        ps: u32,
+        /// The shard's name.
+        shard: String,
+    },
+    /// A save's read asked for with [`Scheduler::handle_read_cut`] ended: the checkpoint to
+    /// write, or why none can be taken.
+    CutRead {
+        /// The ticket the request got.
+        ticket: CutTicket,
+        /// The cut, or why not.
+        result: Result<CutReading, String>,
     },
 }
 
@@ -416,10 +466,18 @@ pub enum ScheduleError {
 ///     `handle_ps_retired`, `handle_fence_sent` and `handle_watermark_sent` report the
 ///     outcome of the other remote effects;
 /// 13. `handle_reconfigure(now, setup, layouts)` sets every live worker up again, answered by
-///     [`SchedulerAction::ConfigureFinished`]; `handle_collect_positions()` asks every live
-///     worker for its dataset positions, answered by [`SchedulerAction::PositionsCollected`];
-///     `cut_state()`, `ledger_state()` and `handle_mark_cut(cut, root, generation)` are what
-///     a save reads and marks.
+///     [`SchedulerAction::ConfigureFinished`];
+/// 14. parameter servers (see [`servers`]): `handle_create_variable(layout, inits)` creates a
+///     variable's shards ([`SchedulerAction::CreateShard`], each answered with
+///     `handle_shard_created`), ended by [`SchedulerAction::VariableCreated`];
+///     `handle_start(now, checkpoint, root)` is the chief's start: it probes every server
+///     ([`SchedulerAction::ProbeServer`], answered with `handle_server_probed`), then restores
+///     or starts afresh, ended by [`SchedulerAction::RestoreFinished`];
+/// 15. saves (see [`save`]): `handle_read_cut(now, step)` reads a consistent cut
+///     ([`SchedulerAction::SnapshotShard`], answered with `handle_shard_read`, and
+///     [`SchedulerAction::AskPositions`], answered with `handle_positions`), ended by
+///     [`SchedulerAction::CutRead`]; once the checkpoint is durable,
+///     `handle_mark_cut(cut, root, generation)` makes it the cut.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -476,6 +534,12 @@ pub struct Scheduler {
     configures: BTreeMap<ConfigureTicket, PendingConfigure>,
     /// Collections of dataset positions under way, by ticket.
     collections: BTreeMap<PositionsTicket, PendingPositions>,
+    /// Variables whose shards are being created, by ticket.
+    creates: BTreeMap<CreateTicket, PendingCreate>,
+    /// The chief's start, while its probes are out.
+    start: Option<PendingStart>,
+    /// A save's read under way.
+    cut_read: Option<PendingCutRead>,
     /// Outcomes of remote effects no decision depends on.
     control: ControlCounters,
 }
@@ -593,6 +657,9 @@ impl Scheduler {
             worker_dials: BTreeSet::new(),
             configures: BTreeMap::new(),
             collections: BTreeMap::new(),
+            creates: BTreeMap::new(),
+            start: None,
+            cut_read: None,
             control: ControlCounters::default(),
         }
     }
@@ -1093,7 +1160,7 @@ impl Scheduler {
                         // The variables are at this checkpoint now: a recovery rolls back
                         // to it until the next save.
                         self.set_cut(ClosureId(next_id), root);
-                        step
+                        Some(step)
                     }),
                     RunEnd::Interrupted { ps, reason } => Err(format!("ps/{ps}: {reason}")),
                     RunEnd::Failed { reason } => Err(reason),
@@ -1123,6 +1190,23 @@ impl Scheduler {
         probes: &[ServerProbe],
         num_servers: u32,
     ) -> Result<RestoreTicket, String> {
+        let ticket = RestoreTicket(self.next_ticket);
+        self.next_ticket += 1;
+        self.restore_at_start(now, ticket, checkpoint, root, probes, num_servers)?;
+        Ok(ticket)
+    }
+
+    /// [`Self::handle_restore_at_start`] under `ticket` (also the end of
+    /// [`Self::handle_start`]'s probes).
+    fn restore_at_start(
+        &mut self,
+        now: Instant,
+        ticket: RestoreTicket,
+        checkpoint: std::sync::Arc<Checkpoint>,
+        root: PathBuf,
+        probes: &[ServerProbe],
+        num_servers: u32,
+    ) -> Result<(), String> {
         if self.next_id != 0 || !self.closures.is_empty() {
             return Err("a checkpoint can only be restored before anything is scheduled".into());
         }
@@ -1152,8 +1236,6 @@ impl Scheduler {
             .max(self.generation)
             + 1;
         self.generation = generation;
-        let ticket = RestoreTicket(self.next_ticket);
-        self.next_ticket += 1;
         let pinned = probes.iter().map(|p| (p.ps, p.epoch)).collect();
         let (run, calls) = RestoreRun::start(
             generation,
@@ -1175,7 +1257,7 @@ impl Scheduler {
         });
         self.actions
             .extend(calls.into_iter().map(SchedulerAction::Restore));
-        Ok(ticket)
+        Ok(())
     }
 
     /// Ends the restore at start-up: dispatch resumes, unless a server was lost meanwhile
@@ -1312,15 +1394,24 @@ impl Scheduler {
             .as_ref()
             .filter(|r| !r.restoring())
             .map(|r| r.since + self.config.ps_restart_wait_max);
-        match (starved, recovery) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            starved,
+            recovery,
+            self.cut_read_deadline(),
+            self.start_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Time passed: pending work that has waited past the bound with no live worker fails as
-    /// unavailable, so `join` neither hangs forever nor returns early.
+    /// unavailable, so `join` neither hangs forever nor returns early; a recovery past its
+    /// bound fails; a save's read that waited out its pause begins an attempt; servers the
+    /// chief's start could not reach are probed again.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.advance_cut_read(now);
+        self.probe_again(now);
         if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring()) {
             if now >= r.since + self.config.ps_restart_wait_max {
                 let ps = self.recovering_ps().unwrap_or(0);

@@ -391,7 +391,7 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
     assert!(!seen.iter().any(|(step, ..)| *step == Step::Load));
     assert!(others.contains(&SchedulerAction::RestoreFinished {
         ticket,
-        result: Ok(9)
+        result: Ok(Some(9))
     }));
     assert_eq!(s.generation(), 3);
     assert_eq!(s.next_closure_id(), 14);

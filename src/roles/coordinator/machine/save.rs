@@ -1,0 +1,422 @@
+//! The coordinator machine's half of a checkpoint save: reading one consistent cut of every
+//! parameter server, the workers' dataset positions and the ledger. Writing it (and reading it
+//! back, CKPT-1) is the checkpoint manager's; marking it as the cut is
+//! [`Scheduler::handle_mark_cut`].
+//!
+//! A save survives every fault the job survives. In the order the machine drives it
+//! ([`Scheduler::handle_read_cut`]):
+//! 1. wait until nothing is pending and no recovery holds dispatch (the program joined
+//!    before asking; a recovery may run closures again meanwhile);
+//! 2. an attempt: note the [`CutState`], send [`SchedulerAction::SnapshotShard`] for every
+//!    shard of every variable, and collect every live worker's dataset positions (a worker
+//!    that does not answer is lost and recorded where its next incarnation starts);
+//! 3. each shard's answer ([`Scheduler::handle_shard_read`]): a server that could not be
+//!    reached (gone, restarting, busy, not serving yet) makes the attempt wait out a backoff
+//!    and begin again, for as long as [`SAVE_WAIT_MAX`]; a refusal fails the save unless a
+//!    restore or new work came meanwhile (a server mid-restore refuses what it does not hold
+//!    yet), which counts as a disturbed attempt;
+//! 4. once every shard and the positions are in, the attempt counts only if the cut state is
+//!    unchanged (a recovery or new work between the reads would mix two cuts, CKPT-1);
+//!    otherwise it is disturbed and begins again, at most [`SAVE_ATTEMPTS_MAX`] times;
+//! 5. [`SchedulerAction::CutRead`]: the checkpoint with the restore generation it was read in
+//!    (the mark is refused if a restore began since), or why no checkpoint can be taken.
+//!
+//! One read at a time. Pure: no IO, no clock; `now` is passed in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::control::CutState;
+use super::recovery::{CallFault, CheckpointRef, WorkerPositions, DATASET_POSITIONS_KEY};
+use super::{PositionsTicket, Scheduler, SchedulerAction};
+use crate::checkpoint::{self, Checkpoint, TensorBytes};
+use crate::roles::protocol::{blob, bytes_to_f32, ShardState};
+
+/// Times a save's read is begun again because a parameter-server recovery or new work came
+/// while the servers were read (CKPT-1).
+pub const SAVE_ATTEMPTS_MAX: u32 = 5;
+/// How long a save waits for the parameter servers to be readable undisturbed (a recovery
+/// that holds dispatch to end, a lost server to be restored). Only faults that reading again
+/// can cure are waited out.
+pub const SAVE_WAIT_MAX: Duration = Duration::from_secs(600);
+/// First (and the idle poll's) pause before reading the servers again.
+pub const SAVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Longest pause before reading the servers again after one could not be read.
+pub const SAVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Names a save's read asked for with [`Scheduler::handle_read_cut`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CutTicket(pub u64);
+
+/// A server's answer to a [`SchedulerAction::SnapshotShard`]: the shard's state and its
+/// blobs (the values, then every optimizer slot in the state's order, little-endian f32).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardRead {
+    /// Shape, slot names and steps.
+    pub state: ShardState,
+    /// Values, then slots.
+    pub blobs: Vec<Bytes>,
+}
+
+/// A cut read whole: the checkpoint to write, and the restore generation it was read in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutReading {
+    /// Every shard, the positions and the ledger.
+    pub checkpoint: CheckpointRef,
+    /// The restore generation the servers were read in (for [`Scheduler::handle_mark_cut`]).
+    pub generation: u64,
+}
+
+/// A save's read under way.
+#[derive(Debug)]
+pub(super) struct PendingCutRead {
+    ticket: CutTicket,
+    step: u64,
+    started: Instant,
+    /// Attempts begun so far; answers name the attempt they belong to.
+    attempt: u32,
+    /// Attempts a recovery or new work disturbed.
+    disturbed: u32,
+    /// The next pause after a server could not be read.
+    backoff: Duration,
+    phase: CutPhase,
+}
+
+#[derive(Debug)]
+enum CutPhase {
+    /// Waiting until `until` to begin an attempt.
+    Waiting { until: Instant },
+    /// An attempt under way.
+    Reading {
+        before: CutState,
+        /// (server, shard name) not answered yet.
+        waiting: BTreeSet<(u32, String)>,
+        reads: BTreeMap<String, ShardRead>,
+        positions: PositionsTicket,
+        collected: Option<WorkerPositions>,
+    },
+}
+
+impl Scheduler {
+    /// Reads a consistent cut of every parameter server for a checkpoint at `step` (see the
+    /// module doc); [`SchedulerAction::CutRead`] with the returned ticket tells how it ended.
+    /// Refused while another read is under way.
+    pub fn handle_read_cut(&mut self, now: Instant, step: u64) -> Result<CutTicket, String> {
+        if self.cut_read.is_some() {
+            return Err("a checkpoint is being read already".into());
+        }
+        let ticket = CutTicket(self.next_ticket);
+        self.next_ticket += 1;
+        self.cut_read = Some(PendingCutRead {
+            ticket,
+            step,
+            started: now,
+            attempt: 0,
+            disturbed: 0,
+            backoff: SAVE_RETRY_BACKOFF_MIN,
+            phase: CutPhase::Waiting { until: now },
+        });
+        self.advance_cut_read(now);
+        Ok(ticket)
+    }
+
+    /// Server `ps`'s answer to the [`SchedulerAction::SnapshotShard`] of shard `shard`, sent
+    /// for `attempt` of read `ticket`. An answer to an attempt given up since changes nothing.
+    pub fn handle_shard_read(
+        &mut self,
+        now: Instant,
+        ticket: CutTicket,
+        attempt: u32,
+        ps: u32,
+        shard: &str,
+        result: Result<ShardRead, CallFault>,
+    ) {
+        let cut_state = self.cut_state();
+        let Some(read) = self
+            .cut_read
+            .as_mut()
+            .filter(|r| r.ticket == ticket && r.attempt == attempt)
+        else {
+            return;
+        };
+        let CutPhase::Reading {
+            before,
+            waiting,
+            reads,
+            ..
+        } = &mut read.phase
+        else {
+            return;
+        };
+        if !waiting.remove(&(ps, shard.to_string())) {
+            return;
+        }
+        match result {
+            Ok(answer) => {
+                reads.insert(shard.to_string(), answer);
+                self.complete_cut_read(now);
+            }
+            Err(CallFault::Unreachable(reason)) => {
+                // The loss reaches the machine through the failure detector (or the server
+                // answers again); until then, back off and read again.
+                tracing::warn!(
+                    "checkpoint at step {}: ps/{ps} could not be read ({reason}); reading again \
+                     once it is back",
+                    read.step
+                );
+                read.phase = CutPhase::Waiting {
+                    until: now + read.backoff,
+                };
+                read.backoff = (read.backoff * 2).min(SAVE_RETRY_BACKOFF_MAX);
+            }
+            Err(CallFault::Refused(reason)) => {
+                if *before == cut_state {
+                    let step = read.step;
+                    self.end_cut_read(Err(format!(
+                        "no checkpoint taken at step {step}: ps/{ps} refused to read shard \
+                         {shard:?}, and reading again would not help: {reason}"
+                    )));
+                } else {
+                    let detail = format!("ps/{ps} refused a read ({reason})");
+                    self.disturb_cut_read(now, &detail);
+                }
+            }
+        }
+    }
+
+    /// The workers' positions for the save's read arrived (from the collection it started).
+    pub(super) fn cut_positions_collected(
+        &mut self,
+        now: Instant,
+        ticket: PositionsTicket,
+        positions: WorkerPositions,
+    ) {
+        let Some(PendingCutRead {
+            phase:
+                CutPhase::Reading {
+                    positions: awaited,
+                    collected,
+                    ..
+                },
+            ..
+        }) = self.cut_read.as_mut()
+        else {
+            return;
+        };
+        if *awaited != ticket {
+            return;
+        }
+        *collected = Some(positions);
+        self.complete_cut_read(now);
+    }
+
+    /// When the read under way must be advanced, if it waits.
+    pub(super) fn cut_read_deadline(&self) -> Option<Instant> {
+        match &self.cut_read.as_ref()?.phase {
+            CutPhase::Waiting { until } => Some(*until),
+            CutPhase::Reading { .. } => None,
+        }
+    }
+
+    /// Begins an attempt if the read waits and its time came (part of `handle_timeout`).
+    pub(super) fn advance_cut_read(&mut self, now: Instant) {
+        let Some(read) = self.cut_read.as_ref() else {
+            return;
+        };
+        let CutPhase::Waiting { until } = read.phase else {
+            return;
+        };
+        if now < until {
+            return;
+        }
+        if now.saturating_duration_since(read.started) > SAVE_WAIT_MAX {
+            let step = read.step;
+            self.end_cut_read(Err(format!(
+                "the parameter servers could not be read undisturbed within {SAVE_WAIT_MAX:?}: \
+                 no checkpoint taken at step {step}"
+            )));
+            return;
+        }
+        if let Some(error) = &self.first_error {
+            let error = format!("the job failed while a checkpoint was read: {error}");
+            self.end_cut_read(Err(error));
+            return;
+        }
+        if !self.is_idle() || self.is_holding() {
+            // A recovery holds dispatch or runs closures again: it is bounded; read after it.
+            if let Some(read) = self.cut_read.as_mut() {
+                read.phase = CutPhase::Waiting {
+                    until: now + SAVE_RETRY_BACKOFF_MIN,
+                };
+            }
+            return;
+        }
+        let positions = match self.collect_positions() {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                self.end_cut_read(Err(e));
+                return;
+            }
+        };
+        let before = self.cut_state();
+        let shards: Vec<(u32, String)> = self
+            .setup
+            .layouts
+            .iter()
+            .flat_map(|l| (0..l.shards.len()).map(move |i| (l.shards[i].ps, l.shard_name(i))))
+            .collect();
+        let read = self.cut_read.as_mut().expect("checked above");
+        read.attempt += 1;
+        for (ps, shard) in &shards {
+            self.actions.push_back(SchedulerAction::SnapshotShard {
+                ticket: read.ticket,
+                attempt: read.attempt,
+                ps: *ps,
+                shard: shard.clone(),
+            });
+        }
+        read.phase = CutPhase::Reading {
+            before,
+            waiting: shards.into_iter().collect(),
+            reads: BTreeMap::new(),
+            positions,
+            collected: None,
+        };
+        // The collection may have ended at once (no live worker).
+        self.finish_positions(positions, now);
+    }
+
+    /// Ends the attempt once every shard and the positions are in.
+    fn complete_cut_read(&mut self, now: Instant) {
+        let cut_state = self.cut_state();
+        let Some(read) = self.cut_read.as_ref() else {
+            return;
+        };
+        let CutPhase::Reading {
+            before,
+            waiting,
+            collected: Some(_),
+            ..
+        } = &read.phase
+        else {
+            return;
+        };
+        if !waiting.is_empty() {
+            return;
+        }
+        if *before != cut_state {
+            self.disturb_cut_read(now, "a parameter-server recovery or new work came");
+            return;
+        }
+        let read = self.cut_read.take().expect("checked above");
+        let CutPhase::Reading {
+            reads, collected, ..
+        } = read.phase
+        else {
+            unreachable!("matched above");
+        };
+        let positions = collected.unwrap_or_default();
+        let result = self
+            .build_checkpoint(read.step, &reads, &positions)
+            .map(|checkpoint| CutReading {
+                checkpoint: CheckpointRef(Arc::new(checkpoint)),
+                generation: cut_state.generation,
+            });
+        self.actions.push_back(SchedulerAction::CutRead {
+            ticket: read.ticket,
+            result,
+        });
+    }
+
+    /// The attempt was disturbed: begin again at once, or give up past the bound.
+    fn disturb_cut_read(&mut self, now: Instant, why: &str) {
+        let Some(read) = self.cut_read.as_mut() else {
+            return;
+        };
+        read.disturbed += 1;
+        if read.disturbed >= SAVE_ATTEMPTS_MAX {
+            let step = read.step;
+            self.end_cut_read(Err(format!(
+                "the checkpoint at step {step} was disturbed by parameter-server recoveries or \
+                 new work {SAVE_ATTEMPTS_MAX} times; last: {why}"
+            )));
+            return;
+        }
+        tracing::warn!(
+            "checkpoint at step {}: {why} while the servers were read; reading again",
+            read.step
+        );
+        read.phase = CutPhase::Waiting { until: now };
+        self.advance_cut_read(now);
+    }
+
+    fn end_cut_read(&mut self, result: Result<CutReading, String>) {
+        if let Some(read) = self.cut_read.take() {
+            self.actions.push_back(SchedulerAction::CutRead {
+                ticket: read.ticket,
+                result,
+            });
+        }
+    }
+
+    /// The checkpoint of a cut read whole: every shard with its optimizer slots and steps,
+    /// every worker's dataset positions, and the ledger with its retained ids (whole,
+    /// LEDGER-1 across restarts). A malformed answer is an error naming the shard.
+    fn build_checkpoint(
+        &self,
+        step: u64,
+        reads: &BTreeMap<String, ShardRead>,
+        positions: &WorkerPositions,
+    ) -> Result<Checkpoint, String> {
+        let mut ckpt = Checkpoint::new(step, self.num_servers as usize);
+        for layout in &self.setup.layouts {
+            ckpt.layout.push(layout.clone());
+            for (i, shard) in layout.shards.iter().enumerate() {
+                let name = layout.shard_name(i);
+                let read = reads
+                    .get(&name)
+                    .ok_or_else(|| format!("shard {name:?} was not read"))?;
+                let malformed = |e: &dyn std::fmt::Display| {
+                    format!("ps/{} answered a malformed read of {name:?}: {e}", shard.ps)
+                };
+                let shape: Vec<usize> = read.state.shape.iter().map(|&d| d as usize).collect();
+                let tensor = |index: usize| -> Result<TensorBytes, String> {
+                    let bytes = blob(&read.blobs, index, &name).map_err(|e| malformed(&e))?;
+                    let values = bytes_to_f32(bytes, "snapshot").map_err(|e| malformed(&e))?;
+                    TensorBytes::from_f32(shape.clone(), &values).map_err(|e| malformed(&e))
+                };
+                let shard_tensors = ckpt.shards.get_mut(shard.ps as usize).ok_or_else(|| {
+                    format!("shard {name:?} is placed on unknown ps/{}", shard.ps)
+                })?;
+                shard_tensors.tensors.insert(name.clone(), tensor(0)?);
+                for (slot_index, slot) in read.state.slots.iter().enumerate() {
+                    shard_tensors.tensors.insert(
+                        checkpoint::slot_tensor_name(&name, slot),
+                        tensor(slot_index + 1)?,
+                    );
+                }
+                ckpt.extra[format!("steps/{name}")] = serde_json::json!(read.state.steps);
+            }
+        }
+        for (worker, datasets) in positions {
+            ckpt.dataset_positions
+                .insert(*worker, datasets.values().sum());
+        }
+        ckpt.extra[DATASET_POSITIONS_KEY] =
+            serde_json::to_value(positions).map_err(|e| e.to_string())?;
+        let state = self.ledger_state();
+        ckpt.ledger = checkpoint::Ledger {
+            next_closure_id: state.next_closure_id,
+            // Whole: every count as the coordinator keeps it (LEDGER-1 across restarts).
+            counts: state.ledger,
+            // The retained ones (SchedulerConfig::finished_retained_max); the counts are whole.
+            committed_ids: state.committed_ids.into_iter().collect(),
+            pending_ids: Default::default(),
+            cancelled_ids: state.ended_ids.into_iter().collect(),
+        };
+        Ok(ckpt)
+    }
+}

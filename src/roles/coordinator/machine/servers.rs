@@ -1,0 +1,319 @@
+//! The coordinator machine's control plane towards parameter servers, apart from recovery:
+//! creating a variable's shards, and the chief's start (probing every server, then restoring
+//! the newest checkpoint through the restore sub-machine, or starting afresh).
+//!
+//! Creating a variable ([`Scheduler::handle_create_variable`]):
+//! 1. one [`SchedulerAction::CreateShard`] per shard, to the server the layout places it on;
+//! 2. each answered with [`Scheduler::handle_shard_created`];
+//! 3. [`SchedulerAction::VariableCreated`] once every shard answered: `Ok`, or the first
+//!    failure (the program hears it; nothing is retried, as the old blocking call did not).
+//!
+//! The chief's start ([`Scheduler::handle_start`]):
+//! 1. one [`SchedulerAction::ProbeServer`] per server, each answered with
+//!    [`Scheduler::handle_server_probed`] (its incarnation, restore generation and the closure
+//!    ids it has applied); one not reachable yet is probed again after a pause, within
+//!    `ps_restart_wait`;
+//! 2. once every server answered: with a checkpoint, the restore at start-up
+//!    ([`Scheduler::handle_restore_at_start`]) to the incarnations that answered; without
+//!    one, a start afresh only over servers that applied nothing (servers that trained under
+//!    an earlier chief would see their closure ids reused, PS-1, and hold state no ledger
+//!    accounts for);
+//! 3. [`SchedulerAction::RestoreFinished`] with the start's ticket: the step restored, `None`
+//!    for a start afresh, or why the chief cannot start.
+//!
+//! Pure: no IO, no clock; `now` is passed in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::control::REQUESTS_PENDING_MAX;
+use super::recovery::CallFault;
+use super::{RestoreTicket, Scheduler, SchedulerAction, ServerProbe};
+use crate::checkpoint::Checkpoint;
+use crate::layout::Layout;
+use crate::roles::protocol::{CreateVariable, InitSpec};
+
+/// Names a variable's creation asked for with [`Scheduler::handle_create_variable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CreateTicket(pub u64);
+
+/// A variable whose shards are being created.
+#[derive(Debug)]
+pub(super) struct PendingCreate {
+    name: String,
+    /// Shard indexes not answered yet.
+    waiting: BTreeSet<usize>,
+    /// The first failure.
+    failed: Option<String>,
+}
+
+/// The chief's start, waiting for every server's probe.
+#[derive(Debug)]
+pub(super) struct PendingStart {
+    ticket: RestoreTicket,
+    checkpoint: Option<Arc<Checkpoint>>,
+    root: PathBuf,
+    since: Instant,
+    probes: BTreeMap<u32, ServerProbe>,
+    /// Servers with a probe out.
+    out: BTreeSet<u32>,
+    /// Servers that could not be reached, and when to probe them again.
+    again_at: BTreeMap<u32, Instant>,
+}
+
+/// Pause before probing again a server that could not be reached at the chief's start.
+pub const START_PROBE_BACKOFF: Duration = Duration::from_millis(200);
+
+impl Scheduler {
+    /// Creates every shard of `layout` on the server it is placed on, shard `i` starting as
+    /// `inits[i]` ([`SchedulerAction::CreateShard`]); [`SchedulerAction::VariableCreated`]
+    /// with the returned ticket tells how it ended. Refused for a name created (or being
+    /// created) already, an `inits` that does not match the shards, a shard on a server the
+    /// cluster does not have, or more than [`REQUESTS_PENDING_MAX`] creations under way.
+    pub fn handle_create_variable(
+        &mut self,
+        layout: &Layout,
+        inits: Vec<InitSpec>,
+    ) -> Result<CreateTicket, String> {
+        let name = &layout.name;
+        if self.setup.layouts.iter().any(|l| &l.name == name)
+            || self.creates.values().any(|c| &c.name == name)
+        {
+            return Err(format!("variable {name:?} is created twice"));
+        }
+        if inits.len() != layout.shards.len() {
+            return Err(format!(
+                "variable {name:?} has {} shards but {} initial values",
+                layout.shards.len(),
+                inits.len()
+            ));
+        }
+        if let Some(shard) = layout.shards.iter().find(|s| s.ps >= self.num_servers) {
+            return Err(format!(
+                "variable {name:?} places a shard on ps/{}, but the cluster has {} parameter \
+                 servers",
+                shard.ps, self.num_servers
+            ));
+        }
+        if self.creates.len() >= REQUESTS_PENDING_MAX {
+            return Err(format!(
+                "{REQUESTS_PENDING_MAX} variable creations are under way already"
+            ));
+        }
+        let ticket = CreateTicket(self.next_ticket);
+        self.next_ticket += 1;
+        for (shard, (placed, init)) in layout.shards.iter().zip(inits).enumerate() {
+            let msg = CreateVariable {
+                name: layout.shard_name(shard),
+                shape: layout
+                    .shard_shape(shard)
+                    .iter()
+                    .map(|&d| d as u64)
+                    .collect(),
+                init,
+            };
+            self.actions.push_back(SchedulerAction::CreateShard {
+                ticket,
+                ps: placed.ps,
+                shard,
+                msg,
+            });
+        }
+        let pending = PendingCreate {
+            name: name.clone(),
+            waiting: (0..layout.shards.len()).collect(),
+            failed: None,
+        };
+        self.creates.insert(ticket, pending);
+        self.finish_create(ticket);
+        Ok(ticket)
+    }
+
+    /// The answer of server `ps` to the [`SchedulerAction::CreateShard`] of shard `shard`.
+    pub fn handle_shard_created(
+        &mut self,
+        ticket: CreateTicket,
+        ps: u32,
+        shard: usize,
+        result: Result<(), CallFault>,
+    ) {
+        let Some(pending) = self.creates.get_mut(&ticket) else {
+            return;
+        };
+        if !pending.waiting.remove(&shard) {
+            return;
+        }
+        if let Err(fault) = result {
+            let name = &pending.name;
+            pending
+                .failed
+                .get_or_insert_with(|| format!("ps/{ps} did not create {name:?}: {fault}"));
+        }
+        self.finish_create(ticket);
+    }
+
+    fn finish_create(&mut self, ticket: CreateTicket) {
+        if !self
+            .creates
+            .get(&ticket)
+            .is_some_and(|p| p.waiting.is_empty())
+        {
+            return;
+        }
+        let pending = self.creates.remove(&ticket).expect("checked above");
+        let result = pending.failed.map_or(Ok(()), Err);
+        self.actions
+            .push_back(SchedulerAction::VariableCreated { ticket, result });
+    }
+
+    /// The chief's start: probes every parameter server ([`SchedulerAction::ProbeServer`]),
+    /// then restores `checkpoint` (the newest that verifies under `root`, if any) onto the
+    /// incarnations that answered, or starts afresh; [`SchedulerAction::RestoreFinished`] with
+    /// the returned ticket tells how it ended (see the module doc). Refused if anything was
+    /// scheduled, or a start or a recovery is under way.
+    pub fn handle_start(
+        &mut self,
+        now: Instant,
+        checkpoint: Option<Arc<Checkpoint>>,
+        root: PathBuf,
+    ) -> Result<RestoreTicket, String> {
+        if self.next_id != 0 || !self.closures.is_empty() {
+            return Err("the chief starts (or restores) before anything is scheduled".into());
+        }
+        if self.start.is_some() {
+            return Err("the chief's start is under way already".into());
+        }
+        if self.recovery.is_some() {
+            return Err("a parameter-server recovery is under way".into());
+        }
+        let ticket = RestoreTicket(self.next_ticket);
+        self.next_ticket += 1;
+        for ps in 0..self.num_servers {
+            self.actions
+                .push_back(SchedulerAction::ProbeServer { ticket, ps });
+        }
+        self.start = Some(PendingStart {
+            ticket,
+            checkpoint,
+            root,
+            since: now,
+            probes: BTreeMap::new(),
+            out: (0..self.num_servers).collect(),
+            again_at: BTreeMap::new(),
+        });
+        self.finish_start(now);
+        Ok(ticket)
+    }
+
+    /// The answer of server `ps` to the [`SchedulerAction::ProbeServer`] of start `ticket`. A
+    /// server that could not be reached (not up yet, restarting) is probed again after
+    /// [`START_PROBE_BACKOFF`], for as long as a lost server may take to come back
+    /// (`ps_restart_wait`); past that, or at a refusal, the start fails: the chief cannot know
+    /// what the server holds.
+    pub fn handle_server_probed(
+        &mut self,
+        now: Instant,
+        ticket: RestoreTicket,
+        ps: u32,
+        result: Result<ServerProbe, CallFault>,
+    ) {
+        let bound = self.config.ps_restart_wait_max;
+        let Some(start) = self.start.as_mut().filter(|s| s.ticket == ticket) else {
+            return;
+        };
+        if !start.out.remove(&ps) {
+            return;
+        }
+        let fault = match result {
+            Ok(probe) => {
+                start.probes.insert(ps, ServerProbe { ps, ..probe });
+                self.finish_start(now);
+                return;
+            }
+            Err(CallFault::Unreachable(reason)) if now < start.since + bound => {
+                tracing::debug!("ps/{ps} did not answer the chief's probe yet: {reason}");
+                start.again_at.insert(ps, now + START_PROBE_BACKOFF);
+                return;
+            }
+            Err(CallFault::Unreachable(reason)) => {
+                format!("it could not be reached within {bound:?} (ps_restart_wait): {reason}")
+            }
+            Err(fault) => fault.to_string(),
+        };
+        self.start = None;
+        let result = Err(format!(
+            "parameter server ps/{ps} did not answer the chief's probe: {fault}"
+        ));
+        self.actions
+            .push_back(SchedulerAction::RestoreFinished { ticket, result });
+    }
+
+    /// When a server the start could not reach is due to be probed again.
+    pub(super) fn start_deadline(&self) -> Option<Instant> {
+        self.start.as_ref()?.again_at.values().min().copied()
+    }
+
+    /// Probes again the servers whose pause is over (part of `handle_timeout`).
+    pub(super) fn probe_again(&mut self, now: Instant) {
+        let Some(start) = self.start.as_mut() else {
+            return;
+        };
+        let due: Vec<u32> = start
+            .again_at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(ps, _)| *ps)
+            .collect();
+        for ps in due {
+            start.again_at.remove(&ps);
+            start.out.insert(ps);
+            self.actions.push_back(SchedulerAction::ProbeServer {
+                ticket: start.ticket,
+                ps,
+            });
+        }
+    }
+
+    fn finish_start(&mut self, now: Instant) {
+        let all_answered = |s: &PendingStart| s.probes.len() as u32 >= self.num_servers;
+        if !self.start.as_ref().is_some_and(all_answered) {
+            return;
+        }
+        let start = self.start.take().expect("checked above");
+        let ticket = start.ticket;
+        let probes: Vec<ServerProbe> = start.probes.into_values().collect();
+        let Some(checkpoint) = start.checkpoint else {
+            let result = match probes
+                .iter()
+                .find(|p| p.next_free_closure_id > 0 || p.generation > 0)
+            {
+                Some(p) => Err(format!(
+                    "no checkpoint under {} verifies, but ps/{} has applied closures (ids \
+                     below {}, restore generation {}) under an earlier chief: starting afresh \
+                     would reuse their closure ids and train on state no ledger accounts for. \
+                     Restart the parameter servers to start the job afresh, or give the \
+                     checkpoint directory they were saved to",
+                    start.root.display(),
+                    p.ps,
+                    p.next_free_closure_id,
+                    p.generation
+                )),
+                None => Ok(None),
+            };
+            self.actions
+                .push_back(SchedulerAction::RestoreFinished { ticket, result });
+            return;
+        };
+        let num_servers = self.num_servers;
+        if let Err(e) =
+            self.restore_at_start(now, ticket, checkpoint, start.root, &probes, num_servers)
+        {
+            self.actions.push_back(SchedulerAction::RestoreFinished {
+                ticket,
+                result: Err(e),
+            });
+        }
+    }
+}
