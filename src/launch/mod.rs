@@ -7,7 +7,7 @@
 //! forwarding SIGINT/SIGTERM to every child; and streaming child output with a role prefix.
 //! It never looks inside training: the job ends when the chief exits. A task other than the
 //! chief that exits with code 0 has finished (the chief said the job is done) and is not
-//! restarted; any other exit, or death by a signal, is a failure and restarts it ([`AfterExit`]):
+//! restarted; any other exit, or death by a signal, is a failure and restarts it (`after_exit`):
 //! the exits that ask for a restart ([`restart_wanted`]: 128 and above, as Kubernetes'
 //! `restartPolicy: ExitCode` reads them), and the permanent failures too (1, 2), which the
 //! launcher retries within the restart budget as `restartPolicy: OnFailure` would. Roles are
