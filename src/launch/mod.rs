@@ -619,7 +619,8 @@ mod tests {
     };
 
     /// Every task other than the chief is restarted unless it exited 0, whatever its code
-    /// (as before the codes followed Kubernetes' ExitCode policy); the chief's exit ends the job.
+    /// (permanent failures included, as before the codes followed Kubernetes' ExitCode
+    /// policy); the chief's exit ends the job.
     #[test]
     fn the_launcher_restarts_every_failure_of_a_task_other_than_the_chief() {
         use AfterExit::{EndJob, Finished, Restart, RetryFailure};
