@@ -4,7 +4,7 @@
 //! 1. train, save at steps 10 and 20 (the chief reports the variables read right after each
 //!    save), then the chief crashes (SIGKILL) and the launcher takes every other process down;
 //! 2. relaunch: restore gives step 20 with variables bit-identical to what was saved; training
-//!    resumes, and a crash injected in the next save before its manifest ends the chief (86);
+//!    resumes, and a crash injected in the next save before its manifest ends the chief (`FAILPOINT_EXIT_CODE`);
 //! 3. relaunch: the half-written save is never picked: step 20 is restored, bit-identical;
 //! 4. a byte of a step-20 shard file is flipped; relaunch: that checkpoint is skipped with a
 //!    message naming the file, and step 10 is restored, bit-identical.

@@ -7,16 +7,18 @@
 //!   SGD with learning rate 1, so each final value must equal the number of closures scheduled:
 //!   every closure's effect present exactly once after the rollback.
 //! - With no checkpoint, `join` fails with an error naming the server and checkpointing, the
-//!   coordinator stays usable, and nothing hangs.
+//!   coordinator stays usable, and nothing hangs. A chief program that gives up on that error
+//!   (returns it) exits `PS_LOST_EXIT_CODE`, a code that asks its supervisor for a restart.
 //! - A false death: ps/1 is frozen (SIGSTOP) past the detection budget, declared dead, then
-//!   woken (SIGCONT). The coordinator retires it (it exits 75), the launcher restarts it, and
-//!   the recovery completes as after a kill.
+//!   woken (SIGCONT). The coordinator retires it (it exits `RETIRED_EXIT_CODE`), the launcher
+//!   restarts it, and the recovery completes as after a kill.
 
 mod ps_support;
 
 use std::time::{Duration, Instant};
 
 use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
+use cohort::process::{restart_wanted, PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE};
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
 use nix::sys::signal::Signal;
 use ps_support::{child_dir, ledger_and_stats, scenario, write_report, Run};
@@ -61,7 +63,7 @@ fn program() -> Program {
             coordinator.create_variable(VariableSpec::zeros("a", vec![1]))?;
             coordinator.create_variable(VariableSpec::zeros("b", vec![1]))?;
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
-            let checkpointing = scenario() != "no-checkpoint";
+            let checkpointing = !matches!(scenario().as_str(), "no-checkpoint" | "give-up");
             let policy = CheckpointPolicy {
                 save_every_steps: None,
                 save_every: None,
@@ -93,7 +95,11 @@ fn program() -> Program {
                     report["join_error"] = serde_json::json!(e.to_string());
                     report["done_after_error"] = serde_json::json!(coordinator.done()?);
                     report["after"] = ledger_and_stats(coordinator)?;
-                    return write_report(&report);
+                    write_report(&report)?;
+                    return match scenario().as_str() {
+                        "give-up" => Err(e),
+                        _ => Ok(()),
+                    };
                 }
                 if checkpointing {
                     coordinator.save_checkpoint(&mut manager, scheduled)?;
@@ -187,6 +193,27 @@ fn a_killed_ps_without_a_checkpoint_fails_join_clearly_and_nothing_hangs() {
     assert_eq!(report["after"]["ledger"]["balances"], true, "{report}");
 }
 
+/// Giving up on a server that cannot be recovered is no training error: the chief exits with
+/// a code of 128 or more, which Kubernetes' `restartPolicy: ExitCode` restarts (1 would be
+/// permanent), so that a restarted chief can resume from its checkpoint.
+#[test]
+fn a_chief_that_gives_up_on_a_lost_ps_exits_asking_for_a_restart() {
+    let run = Run::new("ps-recovery-give-up", "give-up", &[]);
+    let code = run.launch_code();
+    assert_eq!(code, PS_LOST_EXIT_CODE, "the chief's log is above");
+    assert!(restart_wanted(code));
+    let report = run.report();
+    let error = report["join_error"].as_str().unwrap_or_default();
+    assert!(error.contains("ps/1"), "the lost server is named: {report}");
+    let exits = run.exits();
+    assert!(
+        exits
+            .iter()
+            .any(|e| e.task == "chief/0" && e.code == PS_LOST_EXIT_CODE),
+        "the chief's own exit: {exits:?}"
+    );
+}
+
 #[test]
 fn fence_1_a_ps_falsely_declared_dead_is_retired_restarted_and_restored() {
     let run = Run::new("ps-recovery-freeze", "freeze", &[]);
@@ -201,10 +228,10 @@ fn fence_1_a_ps_falsely_declared_dead_is_retired_restarted_and_restored() {
     let retired = run
         .exits()
         .into_iter()
-        .any(|e| e.task == "ps/1" && e.code == 75);
+        .any(|e| e.task == "ps/1" && e.code == RETIRED_EXIT_CODE);
     assert!(
         retired,
-        "the woken ps/1 was retired (exit 75): {:?}",
+        "the woken ps/1 was retired (exit {RETIRED_EXIT_CODE}): {:?}",
         run.exits()
     );
 }

@@ -1,5 +1,5 @@
 //! A worker incarnation the coordinator fenced while its process was still alive is retired
-//! (`Retire`): it exits with the restart code (75), the launcher restarts it as a new
+//! (`Retire`): it exits with the restart code (171, `RETIRED_EXIT_CODE`), the launcher restarts it as a new
 //! incarnation, and the coordinator takes it back, so it runs closures again instead of idling
 //! until the job ends. Two ways to be fenced while alive, across real processes:
 //!
@@ -18,6 +18,7 @@ use ps_support::fit_gradient;
 
 use std::time::{Duration, Instant};
 
+use cohort::process::RETIRED_EXIT_CODE;
 use cohort::program::{CoordinatorError, Program, StepContext, VariableSpec};
 use cohort::variable::Partitioner;
 use ps_support::{
@@ -165,7 +166,7 @@ fn fence_1_a_falsely_declared_dead_worker_is_retired_when_it_wakes_and_rejoins()
     check_retired_and_rejoined(&run, &report);
 }
 
-/// The victim's first incarnation exited 75 (retired), a newer incarnation of it ran closures,
+/// The victim's first incarnation exited `RETIRED_EXIT_CODE` (retired), a newer incarnation of it ran closures,
 /// and every closure committed and took effect exactly once.
 fn check_retired_and_rejoined(run: &Run, report: &serde_json::Value) {
     println!("report: {report}");
@@ -177,8 +178,9 @@ fn check_retired_and_rejoined(run: &Run, report: &serde_json::Value) {
     assert!(
         exits
             .iter()
-            .any(|e| e.task == task && e.incarnation == incarnation && e.code == 75),
-        "the fenced incarnation {incarnation} of {task} did not exit 75 (retired): {exits:?}"
+            .any(|e| e.task == task && e.incarnation == incarnation && e.code == RETIRED_EXIT_CODE),
+        "the fenced incarnation {incarnation} of {task} did not exit {RETIRED_EXIT_CODE} \
+         (retired): {exits:?}"
     );
     let runs = runs(&run.dir);
     assert!(

@@ -7,12 +7,16 @@
 //! [`crate::roles`]) nor the process's vocabulary (exit codes, stop signals: [`crate::process`]).
 //!
 //! Exit codes ([`crate::process`], DESIGN §7): 0 success; 1 training error; 2 bad config, with
-//! a message naming the key; 143 after SIGTERM; [`PANIC_EXIT_CODE`] (170) after a panic. A
-//! worker also exits [`LOST_CHIEF_EXIT_CODE`] (75) to be
-//! restarted as a new incarnation: when its chief has gone silent past the detection budget,
-//! or when the chief retires it ([`Retire`]: the chief fenced that incarnation while it was
-//! alive). A parameter server the chief declared dead that wakes up is retired the same way,
-//! so that it comes back as a new incarnation the chief restores.
+//! a message naming the key; 143 after SIGTERM; [`PANIC_EXIT_CODE`] (170) after a panic. Every
+//! code that asks for a restart is 128 or more ([`crate::process::restart_wanted`], as
+//! Kubernetes' `restartPolicy: ExitCode` reads them). A worker also exits
+//! [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) (171) to be restarted as a new
+//! incarnation: when its chief has gone silent past the detection budget, or when the chief
+//! retires it ([`Retire`]: the chief fenced that incarnation while it was alive). A parameter
+//! server the chief declared dead that wakes up is retired the same way, so that it comes back
+//! as a new incarnation the chief restores. The chief exits [`PS_LOST_EXIT_CODE`] (172) when its program failed because a
+//! parameter server was lost for good ([`ClosureFailure::PsLost`]): restarted, it resumes from
+//! its last checkpoint.
 //!
 //! End of a job: when the chief's program returns successfully (and no stop was requested),
 //! the chief says goodbye ([`Shutdown`]) to every worker and parameter server, waiting at most
@@ -55,9 +59,13 @@ use crate::cluster::{
 };
 use crate::process::{
     on_stop_signal, preemption_requested, set_role_config, BAD_CONFIG_EXIT_CODE,
-    JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
+    JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE, PS_LOST_EXIT_CODE,
+    TRAINING_ERROR_EXIT_CODE,
 };
-use crate::roles::coordinator::{ClusterCoordinator, CoordinatorActor, Scheduler, SchedulerConfig};
+use crate::roles::coordinator::{
+    ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, Scheduler,
+    SchedulerConfig,
+};
 use crate::roles::node::{peer, resolve, start_gateway, NodeConfig};
 use crate::roles::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
 use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
@@ -73,7 +81,8 @@ pub use local::{
 };
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,
-/// 2 bad config, 143 stopped by SIGTERM). The role's configuration comes from `flags`, the
+/// 2 bad config, 143 stopped by SIGTERM, 171 retired, 172 the chief lost a parameter server for
+/// good; the table is in [`crate::process`]). The role's configuration comes from `flags`, the
 /// environment, `TF_CONFIG` and the config file, in that order.
 ///
 /// This is a process entry: it first installs the crash-only panic hook, after which a panic
@@ -184,7 +193,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         serve_chief_then_stop(gateway, grace, || {}, || Some(Exit::preempted()));
         Ok::<_, RoleFailure>(())
     })?;
-    // Every stop sets its code: 75 when retired by the chief, 0 after its goodbye, 143 after
+    // Every stop sets its code: 171 when retired by the chief, 0 after its goodbye, 143 after
     // a stop request.
     system
         .run_with_code()
@@ -258,8 +267,8 @@ fn run_worker(
         );
         Ok::<_, RoleFailure>(())
     })?;
-    // Every stop sets its code: 75 to be restarted (chief lost, or retired by it), 0 after the
-    // chief's goodbye, 143 after a stop request.
+    // Every stop sets its code: 171 to be restarted (chief lost, or retired by it), 0 after
+    // the chief's goodbye, 143 after a stop request.
     system
         .run_with_code()
         .map_err(|e| RoleFailure::Training(e.to_string()))
@@ -285,7 +294,8 @@ fn exit_on_goodbye(
 }
 
 /// Ends this worker or parameter server (`actor`) as `decide` says when the chief retires an
-/// incarnation ([`Retire`]): for its own, [`LOST_CHIEF_EXIT_CODE`]. The chief fenced it, or
+/// incarnation ([`Retire`]): for its own,
+/// [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE). The chief fenced it, or
 /// declared it dead, while it was alive (FENCE-1), so it can do nothing useful any more, and
 /// its supervisor restarts it as a new incarnation that the chief takes back (a parameter
 /// server is then restored). A retirement of another incarnation is ignored. Only the chief
@@ -316,9 +326,10 @@ fn exit_after_answering(system: System, code: i32) {
 }
 
 /// A worker whose chief went silent past the detection budget exits as `decide` says (code
-/// [`LOST_CHIEF_EXIT_CODE`]) so that its supervisor restarts it as a new incarnation. The
-/// chief has fenced it meanwhile (FENCE-1): a worker that was frozen (SIGSTOP, a long pause)
-/// and woke up would otherwise idle until the job ends, refused by everyone.
+/// [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE)) so that its supervisor restarts
+/// it as a new incarnation. The chief has fenced it meanwhile (FENCE-1): a worker that was
+/// frozen (SIGSTOP, a long pause) and woke up would otherwise idle until the job ends, refused
+/// by everyone.
 fn exit_when_chief_is_lost(gateway: &Gateway, decide: impl Fn(Duration) -> Option<Exit> + 'static) {
     let mut events = gateway.subscribe();
     let chief = peer(TaskId::new(TaskType::Chief, 0));
@@ -438,6 +449,13 @@ fn run_chief(
     }
     let outcome = match program_thread.join() {
         Ok(Ok(Ok(()))) => Ok(JOB_DONE_EXIT_CODE),
+        // Not the program's fault: a restarted chief resumes from its checkpoint (restart me).
+        Ok(Ok(Err(e @ CoordinatorError::Closure(ClosureFailure::PsLost { .. })))) => {
+            eprintln!(
+                "error: {e}; exiting {PS_LOST_EXIT_CODE} so that a restarted chief resumes from the last checkpoint"
+            );
+            Ok(PS_LOST_EXIT_CODE)
+        }
         Ok(Ok(Err(e))) => Err(RoleFailure::Training(e.to_string())),
         Ok(Err(_)) | Err(_) => Err(RoleFailure::Training("the chief's program panicked".into())),
     };

@@ -14,8 +14,10 @@ use std::sync::Arc;
 /// Environment variable naming the failpoint sites that end the process.
 pub const FAILPOINT_ENV: &str = "COHORT_FAILPOINT";
 
-/// Exit code of a process stopped by a failpoint from [`FAILPOINT_ENV`].
-pub const FAILPOINT_EXIT_CODE: i32 = 86;
+/// Exit code of a process stopped by a failpoint from [`FAILPOINT_ENV`]. It stands for a crash,
+/// so it asks for a restart like one (≥ 128, see [`crate::process::restart_wanted`]), apart
+/// from cohort's other codes and from 128 + any signal.
+pub const FAILPOINT_EXIT_CODE: i32 = 173;
 
 /// A point in the save protocol where a crash can be injected, in protocol order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

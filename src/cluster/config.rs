@@ -1146,6 +1146,40 @@ mod tests {
         assert_eq!(config.detection_budget, Duration::from_secs(7));
     }
 
+    /// Kubeflow's training operator names the chief `master`: every layer reads it as the
+    /// chief (TF_CONFIG, a config file's tables, the environment), and the cluster it came
+    /// from is still named when it is wrong.
+    #[test]
+    fn master_is_the_chief_in_every_layer() {
+        let tf = r#"{"cluster": {"master": ["m:1"], "worker": ["w:1"], "ps": ["p:1"]},
+                     "task": {"type": "master", "index": 0}, "environment": "cloud"}"#;
+        let certs = [("COHORT_CERTS", "/certs")];
+        let config = resolve(&[], &[("TF_CONFIG", tf), certs[0]], &ConfigFiles::default()).unwrap();
+        assert_eq!(config.cluster.task, TaskId::new(TaskType::Chief, 0));
+        assert_eq!(
+            config.cluster.cluster.address(config.cluster.task).unwrap(),
+            "m:1"
+        );
+
+        let toml = "certs_dir = \"c\"\n[cluster]\nmaster = [\"m:1\"]\nworker = [\"w:1\"]\n[task]\ntype = \"master\"\n";
+        let config = resolve(&[], &[], &file(toml)).unwrap();
+        assert_eq!(config.cluster.task, TaskId::new(TaskType::Chief, 0));
+
+        let env = [("TF_CONFIG", TF), ("COHORT_TASK_TYPE", "master"), certs[0]];
+        let config = resolve(&[], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.cluster.task, TaskId::new(TaskType::Chief, 0));
+
+        let both =
+            r#"{"cluster": {"chief": ["c:1"], "master": ["m:1"]}, "task": {"type": "master"}}"#;
+        let err = error(&[], &[("TF_CONFIG", both)], &ConfigFiles::default());
+        assert_eq!(err.key, "cluster", "{err}");
+        assert!(
+            err.to_string()
+                .contains(r#"TF_CONFIG: TF_CONFIG.cluster: names both "chief" and "master""#),
+            "{err}"
+        );
+    }
+
     /// TensorFlow's sidecar evaluator stands outside the training cluster and never connects:
     /// it needs neither an entry in the spec nor certificates. Every other task needs both.
     #[test]

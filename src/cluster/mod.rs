@@ -35,8 +35,10 @@ pub enum ClusterError {
         /// The parser's message, which names the position or field.
         detail: String,
     },
-    /// A job name other than chief, worker, ps, evaluator.
-    #[error("{key}: unknown task type {value:?} (expected one of chief, worker, ps, evaluator)")]
+    /// A job name other than chief (or master), worker, ps, evaluator.
+    #[error(
+        "{key}: unknown task type {value:?} (expected one of chief, master, worker, ps, evaluator)"
+    )]
     UnknownTaskType {
         /// The key holding the bad value.
         key: String,

@@ -6,7 +6,9 @@ use std::str::FromStr;
 
 use super::ClusterError;
 
-/// A job in the cluster, as TensorFlow names them.
+/// A job in the cluster, as TensorFlow names them. Kubeflow's training operator may name the
+/// chief `master` (its TFJob replica type `Master`): that name is read as [`TaskType::Chief`]
+/// wherever a task type is read, and always written `chief`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskType {
@@ -39,7 +41,7 @@ impl TaskType {
         }
     }
 
-    /// Parses a job name; `key` names the config key in the error.
+    /// Parses a job name (`master` is the chief); `key` names the config key in the error.
     pub fn parse(key: &str, value: &str) -> Result<Self, ClusterError> {
         value.parse().map_err(|()| ClusterError::UnknownTaskType {
             key: key.to_string(),
@@ -53,7 +55,8 @@ impl FromStr for TaskType {
 
     fn from_str(s: &str) -> Result<Self, ()> {
         match s {
-            "chief" => Ok(TaskType::Chief),
+            // `master`: the chief as Kubeflow's training operator names it.
+            "chief" | "master" => Ok(TaskType::Chief),
             "worker" => Ok(TaskType::Worker),
             "ps" => Ok(TaskType::Ps),
             "evaluator" => Ok(TaskType::Evaluator),

@@ -5,7 +5,11 @@
 //!  "task": {"type": "worker", "index": 0}}
 //! ```
 //!
-//! TensorFlow's optional `environment` and `rpc_layer` keys are accepted and ignored.
+//! Kubeflow's training operator writes exactly this, with two differences this module accepts:
+//! the chief may be named `master` (in the cluster map and in `task.type`; it is the chief, see
+//! [`TaskType`]), and an `environment` key (`"cloud"`). TensorFlow's optional `environment` and
+//! `rpc_layer` keys are accepted (as strings) and ignored; any other key is refused by name.
+//! A cluster map naming both `chief` and `master`, or more than one chief address, is refused.
 
 use std::collections::BTreeMap;
 
@@ -111,15 +115,23 @@ pub(super) fn parse_json_parts(
         source_name: source_name.into(),
         detail: "expected a JSON object with \"cluster\" and \"task\"".into(),
     })?;
-    for key in root.keys() {
-        if !matches!(
-            key.as_str(),
-            "cluster" | "task" | "environment" | "rpc_layer"
-        ) {
-            return Err(ClusterError::BadValue {
-                key: join_key(prefix, key),
-                detail: "unknown key (expected cluster, task, environment, rpc_layer)".into(),
-            });
+    for (key, value) in root {
+        match key.as_str() {
+            "cluster" | "task" => {}
+            // Read by TensorFlow only (`"cloud"`, `"grpc"`), never by cohort.
+            "environment" | "rpc_layer" if value.is_string() => {}
+            "environment" | "rpc_layer" => {
+                return Err(ClusterError::BadValue {
+                    key: join_key(prefix, key),
+                    detail: format!("expected a string, got {value}"),
+                })
+            }
+            _ => {
+                return Err(ClusterError::BadValue {
+                    key: join_key(prefix, key),
+                    detail: "unknown key (expected cluster, task, environment, rpc_layer)".into(),
+                })
+            }
         }
     }
     let cluster = parse_cluster_json(prefix, root.get("cluster"))?;
@@ -211,19 +223,11 @@ fn parse_cluster_json(
         key: key.clone(),
         detail: "expected an object of job name → list of addresses".into(),
     })?;
-    let mut jobs = BTreeMap::new();
+    let mut jobs = Jobs::default();
     for (job, addrs) in map {
-        let job_key = format!("{key}.{job}");
-        let task_type = TaskType::parse(&job_key, job)?;
-        let list = Json(addrs)
-            .as_str_list()
-            .ok_or_else(|| ClusterError::BadValue {
-                key: job_key.clone(),
-                detail: "expected a list of \"host:port\" strings".into(),
-            })?;
-        jobs.insert(task_type, strings(&job_key, list)?);
+        jobs.add(&key, job, Json(addrs).as_str_list())?;
     }
-    ClusterSpec::new(jobs)
+    jobs.into_spec()
 }
 
 fn parse_cluster_toml(cluster: Option<&toml::Value>) -> Result<ClusterSpec, ClusterError> {
@@ -233,25 +237,70 @@ fn parse_cluster_toml(cluster: Option<&toml::Value>) -> Result<ClusterSpec, Clus
         key: key.into(),
         detail: "expected a table of job name → list of addresses".into(),
     })?;
-    let mut jobs = BTreeMap::new();
+    let mut jobs = Jobs::default();
     for (job, addrs) in table {
-        let job_key = format!("{key}.{job}");
-        let task_type = TaskType::parse(&job_key, job)?;
-        let list = addrs
-            .as_array()
-            .map(|items| {
-                items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .ok_or_else(|| ClusterError::BadValue {
-                key: job_key.clone(),
-                detail: "expected a list of \"host:port\" strings".into(),
-            })?;
-        jobs.insert(task_type, strings(&job_key, list)?);
+        let list = addrs.as_array().map(|items| {
+            items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect()
+        });
+        jobs.add(key, job, list)?;
     }
-    ClusterSpec::new(jobs)
+    jobs.into_spec()
+}
+
+/// The jobs of a cluster map as they are read, JSON or TOML alike: each job's task type and
+/// addresses, and the name it was spelled with (`chief` or `master` for the chief).
+#[derive(Default)]
+struct Jobs(BTreeMap<TaskType, (String, Vec<String>)>);
+
+impl Jobs {
+    /// Adds job `job` of the cluster map at `cluster_key`, with its list of addresses (`None`
+    /// when the value is not a list; an item `None` when it is not a string).
+    fn add(
+        &mut self,
+        cluster_key: &str,
+        job: &str,
+        list: Option<Vec<Option<String>>>,
+    ) -> Result<(), ClusterError> {
+        let job_key = format!("{cluster_key}.{job}");
+        let task_type = TaskType::parse(&job_key, job)?;
+        let list = list.ok_or_else(|| ClusterError::BadValue {
+            key: job_key.clone(),
+            detail: "expected a list of \"host:port\" strings".into(),
+        })?;
+        let addrs = strings(&job_key, list)?;
+        if task_type == TaskType::Chief && addrs.len() > 1 {
+            return Err(ClusterError::BadValue {
+                key: job_key,
+                detail: format!(
+                    "at most one chief address, got {} (the chief is one task, named chief or master)",
+                    addrs.len()
+                ),
+            });
+        }
+        if let Some((first, _)) = self.0.get(&task_type) {
+            // Only the chief has two names; any other repeat is a parser's duplicate key.
+            return Err(ClusterError::BadValue {
+                key: cluster_key.to_string(),
+                detail: format!(
+                    "names both {first:?} and {job:?}, which are the same task type ({task_type}): keep one"
+                ),
+            });
+        }
+        self.0.insert(task_type, (job.to_string(), addrs));
+        Ok(())
+    }
+
+    fn into_spec(self) -> Result<ClusterSpec, ClusterError> {
+        ClusterSpec::new(
+            self.0
+                .into_iter()
+                .map(|(task_type, (_, addrs))| (task_type, addrs))
+                .collect(),
+        )
+    }
 }
 
 fn strings(key: &str, list: Vec<Option<String>>) -> Result<Vec<String>, ClusterError> {
@@ -412,6 +461,163 @@ mod tests {
             assert!(
                 err.contains(expected),
                 "{json}: got {err:?}, want {expected:?}"
+            );
+        }
+    }
+
+    /// TF_CONFIG as Kubeflow's training operator writes it for a TFJob with a `Master`
+    /// replica: service host names, `master` for the chief, and `"environment": "cloud"`.
+    fn operator_tf_config(task_type: &str, index: u32) -> String {
+        format!(
+            r#"{{"cluster":{{"master":["job-master-0.ns.svc:2222"],
+                "worker":["job-worker-0.ns.svc:2222","job-worker-1.ns.svc:2222"],
+                "ps":["job-ps-0.ns.svc:2222"],"evaluator":["job-evaluator-0.ns.svc:2222"]}},
+                "task":{{"type":"{task_type}","index":{index}}},"environment":"cloud"}}"#
+        )
+    }
+
+    #[test]
+    fn the_training_operators_tf_config_is_accepted_for_every_task_type() {
+        let cases = [
+            ("master", 0, TaskType::Chief, "job-master-0.ns.svc:2222"),
+            ("chief", 0, TaskType::Chief, "job-master-0.ns.svc:2222"),
+            ("worker", 1, TaskType::Worker, "job-worker-1.ns.svc:2222"),
+            ("ps", 0, TaskType::Ps, "job-ps-0.ns.svc:2222"),
+            (
+                "evaluator",
+                0,
+                TaskType::Evaluator,
+                "job-evaluator-0.ns.svc:2222",
+            ),
+        ];
+        for (spelled, index, task_type, address) in cases {
+            let cfg = ClusterConfig::from_tf_config(&operator_tf_config(spelled, index))
+                .unwrap_or_else(|e| panic!("{spelled}/{index}: {e}"));
+            assert_eq!(cfg.task, TaskId::new(task_type, index), "{spelled}");
+            assert_eq!(cfg.cluster.address(cfg.task).unwrap(), address);
+            assert_eq!(cfg.cluster.num_tasks(TaskType::Chief), 1);
+            assert_eq!(cfg.cluster.num_tasks(TaskType::Worker), 2);
+        }
+        // The chief the operator calls master is written back as cohort and TensorFlow name it.
+        let cfg = ClusterConfig::from_tf_config(&operator_tf_config("master", 0)).unwrap();
+        let written = cfg.to_tf_config();
+        assert!(
+            written.contains(r#""chief":["job-master-0.ns.svc:2222"]"#),
+            "{written}"
+        );
+        assert!(!written.contains(r#""master""#), "{written}");
+        assert_eq!(ClusterConfig::from_tf_config(&written).unwrap(), cfg);
+    }
+
+    #[test]
+    fn environment_and_rpc_layer_are_ignored_when_they_are_strings() {
+        for extra in [
+            r#""environment": "cloud""#,
+            r#""environment": "google""#,
+            r#""environment": """#,
+            r#""rpc_layer": "grpc""#,
+        ] {
+            let json = format!(
+                r#"{{"cluster": {{"chief": ["h:1"], "worker": ["h:2"]}},
+                    "task": {{"type": "worker", "index": 0}}, {extra}}}"#
+            );
+            let cfg =
+                ClusterConfig::from_tf_config(&json).unwrap_or_else(|e| panic!("{extra}: {e}"));
+            assert_eq!(cfg.task, TaskId::new(TaskType::Worker, 0));
+        }
+    }
+
+    #[test]
+    fn what_the_operator_never_writes_is_refused_by_name() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"cluster": {"chief": ["h:1"], "master": ["h:2"]}, "task": {"type": "master"}}"#,
+                r#"TF_CONFIG.cluster: names both "chief" and "master", which are the same task type (chief)"#,
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1", "h:2"]}, "task": {"type": "master"}}"#,
+                "TF_CONFIG.cluster.master: at most one chief address, got 2",
+            ),
+            (
+                r#"{"cluster": {"chief": ["h:1", "h:2"]}, "task": {"type": "chief"}}"#,
+                "TF_CONFIG.cluster.chief: at most one chief address, got 2",
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "master", "index": 1}}"#,
+                "task: chief/1 does not exist in the cluster (chief has 1 task(s))",
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"], "worker": ["h:2", "h:3"]}, "task": {"type": "worker", "index": 2}}"#,
+                "task: worker/2 does not exist in the cluster (worker has 2 task(s))",
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "ps", "index": 0}}"#,
+                "task: ps/0 does not exist in the cluster (ps has 0 task(s))",
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "master"}, "environment": 1}"#,
+                "TF_CONFIG.environment: expected a string, got 1",
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "master"}, "rpc_layer": null}"#,
+                "TF_CONFIG.rpc_layer: expected a string, got null",
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "master"}, "env": "cloud"}"#,
+                "TF_CONFIG.env: unknown key (expected cluster, task, environment, rpc_layer)",
+            ),
+            (
+                r#"{"cluster": {"Master": ["h:1"]}, "task": {"type": "master"}}"#,
+                r#"TF_CONFIG.cluster.Master: unknown task type "Master" (expected one of chief, master, worker, ps, evaluator)"#,
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "boss"}}"#,
+                r#"TF_CONFIG.task.type: unknown task type "boss""#,
+            ),
+            (
+                r#"{"cluster": {"master": ["h:1"]}, "task": {"type": "master", "replica": 0}}"#,
+                "TF_CONFIG.task.replica: unknown key (expected type, index)",
+            ),
+        ];
+        for (json, expected) in cases {
+            let err = ClusterConfig::from_tf_config(json).unwrap_err().to_string();
+            assert!(
+                err.contains(expected),
+                "{json}: got {err:?}, want {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_toml_form_reads_master_as_the_chief_with_the_same_checks() {
+        let cfg = ClusterConfig::from_toml(
+            "cohort.toml",
+            "[cluster]\nmaster = [\"h:1\"]\nworker = [\"h:2\"]\n[task]\ntype = \"master\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.task, TaskId::new(TaskType::Chief, 0));
+        assert_eq!(cfg.cluster.address(cfg.task).unwrap(), "h:1");
+        let cases: &[(&str, &str)] = &[
+            (
+                "[cluster]\nchief = [\"h:1\"]\nmaster = [\"h:2\"]\n[task]\ntype = \"chief\"\n",
+                r#"cluster: names both "chief" and "master""#,
+            ),
+            (
+                "[cluster]\nmaster = [\"h:1\", \"h:2\"]\n[task]\ntype = \"master\"\n",
+                "cluster.master: at most one chief address, got 2",
+            ),
+            (
+                "[cluster]\nmaster = [\"h:1\"]\n[task]\ntype = \"master\"\nindex = 1\n",
+                "task: chief/1 does not exist in the cluster (chief has 1 task(s))",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = ClusterConfig::from_toml("cohort.toml", text)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{text}: got {err:?}, want {expected:?}"
             );
         }
     }

@@ -7,7 +7,10 @@
 //! forwarding SIGINT/SIGTERM to every child; and streaming child output with a role prefix.
 //! It never looks inside training: the job ends when the chief exits. A task other than the
 //! chief that exits with code 0 has finished (the chief said the job is done) and is not
-//! restarted; any other exit, or death by a signal, is a failure and restarts it. Roles are
+//! restarted; any other exit, or death by a signal, is a failure and restarts it (`after_exit`):
+//! the exits that ask for a restart ([`restart_wanted`]: 128 and above, as Kubernetes'
+//! `restartPolicy: ExitCode` reads them), and the permanent failures too (1, 2), which the
+//! launcher retries within the restart budget as `restartPolicy: OnFailure` would. Roles are
 //! crash-only: a panic ends a role process with [`PANIC_EXIT_CODE`] (170), which is such a
 //! failure, so the panicking task comes back as a new incarnation within its restart budget
 //! (the chief's panic, like any exit of the chief, ends the job).
@@ -38,7 +41,7 @@ use nix::unistd::Pid;
 
 use crate::checkpoint::FAILPOINT_ENV;
 use crate::cluster::{ClusterConfig, ClusterSpec, ConfigKey, TaskId, TaskType};
-use crate::process::PANIC_EXIT_CODE;
+use crate::process::{restart_wanted, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE};
 
 /// Environment variable naming the certificate directory of a launched task: the one its
 /// configuration reads ([`ConfigKey::CERTS_DIR`]).
@@ -305,21 +308,29 @@ impl Launcher {
                 signal: status.signal(),
             });
         }
-        if task.task_type == TaskType::Chief {
-            return Ok(Some(exit_code(status)));
+        let code = exit_code(status);
+        match after_exit(task.task_type, code) {
+            AfterExit::EndJob => return Ok(Some(code)),
+            AfterExit::Finished => {
+                eprintln!(
+                    "[launcher] {task} (incarnation {}) finished: the job is done",
+                    entry.incarnation
+                );
+                return Ok(None);
+            }
+            AfterExit::Restart => eprintln!(
+                "[launcher] {task} (incarnation {}) exited: {}",
+                entry.incarnation,
+                describe(status)
+            ),
+            AfterExit::RetryFailure => eprintln!(
+                "[launcher] {task} (incarnation {}) exited: {} (a permanent failure, which \
+                 Kubernetes' ExitCode restart policy would not retry; retried here within the \
+                 restart budget)",
+                entry.incarnation,
+                describe(status)
+            ),
         }
-        if status.success() {
-            eprintln!(
-                "[launcher] {task} (incarnation {}) finished: the job is done",
-                entry.incarnation
-            );
-            return Ok(None);
-        }
-        eprintln!(
-            "[launcher] {task} (incarnation {}) exited: {}",
-            entry.incarnation,
-            describe(status)
-        );
         match entry.policy.handle_failure(now) {
             RestartDecision::Restart { after, attempt } => {
                 eprintln!(
@@ -549,6 +560,38 @@ fn pump_lines<R: Read>(reader: R, marker: Option<&AtomicBool>, mut emit: impl Fn
 /// without newlines cannot make the launcher buffer without bound.
 const OUTPUT_LINE_BYTES_MAX: usize = 64 * 1024;
 
+/// What the launcher does after a task exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterExit {
+    /// The chief exited, with any code: the job ends with it.
+    EndJob,
+    /// A task other than the chief exited 0 (after the chief's goodbye): it has finished and
+    /// is not restarted.
+    Finished,
+    /// A task other than the chief asked for a restart ([`restart_wanted`]): restarted as a
+    /// new incarnation, within the restart budget.
+    Restart,
+    /// A task other than the chief failed permanently (1–127): restarted all the same, within
+    /// the restart budget, as the launcher has always done (`restartPolicy: OnFailure`).
+    RetryFailure,
+}
+
+/// The launcher's decision for a task of `task_type` that exited with `code` (128 + N after
+/// death by signal N, see [`exit_code`]).
+fn after_exit(task_type: TaskType, code: i32) -> AfterExit {
+    if task_type == TaskType::Chief {
+        AfterExit::EndJob
+    } else if code == JOB_DONE_EXIT_CODE {
+        AfterExit::Finished
+    } else if restart_wanted(code) {
+        AfterExit::Restart
+    } else {
+        AfterExit::RetryFailure
+    }
+}
+
+/// A child's exit status as one code: its own, or 128 + N after death by signal N (as a shell
+/// and Kubernetes report it).
 fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status
@@ -569,6 +612,60 @@ fn describe(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::FAILPOINT_EXIT_CODE;
+    use crate::process::{
+        BAD_CONFIG_EXIT_CODE, PREEMPTED_EXIT_CODE, PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE,
+        TRAINING_ERROR_EXIT_CODE,
+    };
+
+    /// Every task other than the chief is restarted unless it exited 0, whatever its code
+    /// (permanent failures included, as before the codes followed Kubernetes' ExitCode
+    /// policy); the chief's exit ends the job.
+    #[test]
+    fn the_launcher_restarts_every_failure_of_a_task_other_than_the_chief() {
+        use AfterExit::{EndJob, Finished, Restart, RetryFailure};
+        let cases = [
+            (JOB_DONE_EXIT_CODE, Finished),
+            (TRAINING_ERROR_EXIT_CODE, RetryFailure),
+            (BAD_CONFIG_EXIT_CODE, RetryFailure),
+            (3, RetryFailure),
+            (127, RetryFailure),
+            (128 + 9, Restart),
+            (PREEMPTED_EXIT_CODE, Restart),
+            (PANIC_EXIT_CODE, Restart),
+            (RETIRED_EXIT_CODE, Restart),
+            (PS_LOST_EXIT_CODE, Restart),
+            (FAILPOINT_EXIT_CODE, Restart),
+        ];
+        for task_type in [TaskType::Worker, TaskType::Ps, TaskType::Evaluator] {
+            for (code, expected) in cases {
+                assert_eq!(
+                    after_exit(task_type, code),
+                    expected,
+                    "{task_type} exit {code}"
+                );
+            }
+        }
+        for (code, _) in cases {
+            assert_eq!(
+                after_exit(TaskType::Chief, code),
+                EndJob,
+                "chief exit {code}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_death_by_signal_is_128_plus_the_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        // A wait status: the signal in the low 7 bits; an exit code in the next byte.
+        assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+        assert_eq!(
+            exit_code(ExitStatus::from_raw(RETIRED_EXIT_CODE << 8)),
+            RETIRED_EXIT_CODE
+        );
+    }
 
     fn pump(input: &[u8]) -> (Vec<String>, bool) {
         let flag = AtomicBool::new(false);

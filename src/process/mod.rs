@@ -7,18 +7,26 @@
 //! ([`crate::launch`]) reads the exit codes of its children. This module starts no role and
 //! must never depend on one: it sits below all three.
 //!
-//! Exit codes (DESIGN §7), a process's last word to its supervisor (the launcher, Kubernetes):
+//! Exit codes (DESIGN §7), a process's last word to its supervisor (the launcher, Kubernetes).
+//! Kubernetes under `restartPolicy: ExitCode` (Kubeflow's training operator) restarts a task
+//! only for a code of 128 or more and takes 1–127 as permanent; cohort's codes follow that
+//! rule, and [`restart_wanted`] is the one place that says which codes ask for a restart:
 //!
-//! | code | constant | meaning | restarted |
+//! | code | constant | meaning | kind |
 //! |---|---|---|---|
-//! | 0 | [`JOB_DONE_EXIT_CODE`] | success; a worker or parameter server after the chief's goodbye | no |
-//! | 1 | [`TRAINING_ERROR_EXIT_CODE`] | training failed (the chief's program returned an error or panicked) | by policy |
-//! | 2 | [`BAD_CONFIG_EXIT_CODE`] | bad config or usage, with a message naming the key | by policy |
-//! | 75 | [`LOST_CHIEF_EXIT_CODE`] | a worker lost its chief, or the chief retired this incarnation (FENCE-1) | yes, as a new incarnation |
-//! | 143 | [`PREEMPTED_EXIT_CODE`] | stopped after SIGTERM/SIGINT | no (the job stops) |
-//! | 170 | [`PANIC_EXIT_CODE`] | a panic (crash-only) | yes, as a new incarnation |
+//! | 0 | [`JOB_DONE_EXIT_CODE`] | success; a worker or parameter server after the chief's goodbye | done |
+//! | 1 | [`TRAINING_ERROR_EXIT_CODE`] | training failed (the chief's program returned an error or panicked; a role could not start) | permanent |
+//! | 2 | [`BAD_CONFIG_EXIT_CODE`] | bad config or usage, with a message naming the key | permanent |
+//! | 143 | [`PREEMPTED_EXIT_CODE`] | stopped after SIGTERM/SIGINT (128 + SIGTERM) | restart me |
+//! | 170 | [`PANIC_EXIT_CODE`] | a panic (crash-only) | restart me, as a new incarnation |
+//! | 171 | [`RETIRED_EXIT_CODE`] | a worker lost its chief, or the chief retired this worker or parameter server incarnation (FENCE-1) | restart me, as a new incarnation |
+//! | 172 | [`PS_LOST_EXIT_CODE`] | the chief gave up on a parameter server that could not be recovered | restart me: the chief resumes from its checkpoint |
+//! | 173 | [`crate::checkpoint::FAILPOINT_EXIT_CODE`] | a checkpoint failpoint fired (tests only: a crash) | restart me |
+//! | 128 + N | — | killed by signal N (as a shell or Kubernetes reports it) | restart me |
 //!
-//! A checkpoint failpoint exits with its own code, [`crate::checkpoint::FAILPOINT_EXIT_CODE`].
+//! The local launcher ([`crate::launch`]) ends the job whenever the chief exits, and restarts
+//! any other task that did not exit 0, the permanent failures too (within its restart budget,
+//! as `restartPolicy: OnFailure` would).
 //!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill. Once it arrived,
 //! [`preemption_requested`] is true for the rest of the process's life.
@@ -31,8 +39,8 @@ use std::sync::OnceLock;
 use crate::cluster::RoleConfig;
 
 pub use exit_codes::{
-    BAD_CONFIG_EXIT_CODE, JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PANIC_EXIT_CODE,
-    PREEMPTED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
+    restart_wanted, BAD_CONFIG_EXIT_CODE, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
+    PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
 };
 pub(crate) use signals::on_stop_signal;
 pub use signals::{preemption_requested, stop_on_signals};

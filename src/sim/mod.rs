@@ -33,8 +33,8 @@
 //!   checkpoint's step. With no checkpoint that verifies it starts afresh only if no server
 //!   has applied anything, else the job fails naming why. A failed restore at start exits the
 //!   chief again (at most 3 times). Servers keep their state while the chief is gone; workers
-//!   exit to be restarted once it has been silent for the detection budget (exit 75, as
-//!   `crate::bootstrap` does).
+//!   exit to be restarted once it has been silent for the detection budget
+//!   ([`crate::process::RETIRED_EXIT_CODE`], as `crate::bootstrap` does).
 //! - **Datasets**: each worker reads one dataset; each closure it runs reads one element (its
 //!   position goes up by one); the worker's machine plans every setup: a new incarnation's
 //!   setup and a rewind rebuild the dataset at the skip the message carries, a live worker's

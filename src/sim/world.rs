@@ -712,7 +712,8 @@ impl<'a> World<'a> {
     }
 
     /// The workers' detectors saw chief incarnation `epoch` silent past the budget: if it is
-    /// still the one that died, every worker exits to be restarted (exit 75, as `crate::bootstrap` does).
+    /// still the one that died, every worker exits to be restarted
+    /// ([`crate::process::RETIRED_EXIT_CODE`], as `crate::bootstrap` does).
     fn chief_silent(&mut self, epoch: u64) {
         if self.chief_epoch != epoch || self.chief_state != ProcState::Down {
             return;

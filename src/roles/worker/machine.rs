@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::layout::Layout;
-use crate::process::{JOB_DONE_EXIT_CODE, LOST_CHIEF_EXIT_CODE, PREEMPTED_EXIT_CODE};
+use crate::process::{JOB_DONE_EXIT_CODE, PREEMPTED_EXIT_CODE, RETIRED_EXIT_CODE};
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
@@ -205,7 +205,7 @@ pub enum StepAction {
 /// The process ends: its exit code and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exit {
-    /// The exit code ([`LOST_CHIEF_EXIT_CODE`], [`JOB_DONE_EXIT_CODE`] or
+    /// The exit code ([`RETIRED_EXIT_CODE`], [`JOB_DONE_EXIT_CODE`] or
     /// [`PREEMPTED_EXIT_CODE`]).
     pub code: i32,
     /// Why, for the log.
@@ -214,10 +214,10 @@ pub struct Exit {
 
 impl Exit {
     /// The chief retired incarnation `epoch` while it was alive: exit to be restarted as a
-    /// new incarnation ([`LOST_CHIEF_EXIT_CODE`]).
+    /// new incarnation ([`RETIRED_EXIT_CODE`]).
     pub fn retired(epoch: u64) -> Self {
         Exit {
-            code: LOST_CHIEF_EXIT_CODE,
+            code: RETIRED_EXIT_CODE,
             reason: format!(
                 "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
                  exiting so that it restarts as a new incarnation"
@@ -537,7 +537,7 @@ impl WorkerMachine {
             )
         };
         self.decide(Exit {
-            code: LOST_CHIEF_EXIT_CODE,
+            code: RETIRED_EXIT_CODE,
             reason,
         })
     }
@@ -901,7 +901,7 @@ mod tests {
         let mut m = WorkerMachine::new(0, 4, 2);
         assert_eq!(m.handle_retire(now(), 3), None);
         let exit = m.handle_retire(now(), 4).unwrap();
-        assert_eq!(exit.code, LOST_CHIEF_EXIT_CODE);
+        assert_eq!(exit.code, RETIRED_EXIT_CODE);
         assert!(exit.reason.contains("epoch 4"), "{}", exit.reason);
         assert_eq!(m.handle_goodbye(now()), None);
         // Retired: a closure is refused, at admission and at the compute thread alike.
@@ -912,7 +912,7 @@ mod tests {
 
         let mut m = WorkerMachine::new(0, 1, 2);
         let exit = m.handle_chief_lost(now(), Duration::from_secs(3)).unwrap();
-        assert_eq!(exit.code, LOST_CHIEF_EXIT_CODE);
+        assert_eq!(exit.code, RETIRED_EXIT_CODE);
         assert!(exit.reason.contains("silent"), "{}", exit.reason);
 
         let mut m = ready(&[]);
