@@ -1,8 +1,24 @@
-//! `cohort certs`: a cluster CA and one certificate per node, for a real cluster.
+//! `cohort certs`: a cluster CA and one certificate per node, for a real cluster; and, with
+//! `--k8s-secret`, the Kubernetes Secret that carries them to the pods.
+//!
+//! One directory serves every node: it holds `ca.pem` and `<type>-<index>.pem/.key` for every
+//! task of the cluster, and each process loads the pair named by its own task (type and index
+//! from its configuration: flags, environment, `TF_CONFIG`, `cohort.toml`). That is what a pod
+//! template needs, where every replica of a type mounts the same volume. It is as strict as one
+//! directory per node:
+//! - each key still proves exactly one task identity: the certificate names `<type>-<index>`,
+//!   a dialer checks that name against the task it meant to reach, and the receiver takes the
+//!   sender's role and index from the certificate, never from what the peer says (SEC-2);
+//! - a process loads only its own pair and refuses to start if that certificate names any
+//!   other task, so a pod given the wrong index fails at once instead of posing as its peer;
+//! - the CA key never leaves the machine that ran `cohort certs` (it is not in the Secret), so
+//!   no pod can mint an identity; what the job's pods share is the set of identities the job
+//!   already has, and the Secret (readable by the job's pods only) is that trust boundary.
 
 use std::path::{Path, PathBuf};
 
-use cohort_transport::{ClusterCa, NodeId};
+use base64::Engine as _;
+use cohort_transport::{ClusterCa, NodeCredentials, NodeId, CA_FILE};
 
 use super::CliError;
 use crate::cluster::{ClusterConfig, ClusterSpec, TaskType};
@@ -23,14 +39,27 @@ pub struct CertsArgs {
     /// Overwrite certificates already in --out (by default existing files are never replaced).
     #[arg(long)]
     force: bool,
+    /// Also write a Kubernetes Secret manifest called NAME to `<out>/NAME.secret.yaml`: ca.pem
+    /// and every node's certificate and key (never ca.key), to mount as the certs directory
+    /// (COHORT_CERTS) of every pod of the job.
+    #[arg(long, value_name = "NAME")]
+    k8s_secret: Option<String>,
+    /// The Secret's namespace (with --k8s-secret; default: the one it is applied to).
+    #[arg(long, value_name = "NS", requires = "k8s_secret")]
+    namespace: Option<String>,
 }
 
 /// Generates the CA and node certificates described by `args`.
 pub fn run(args: CertsArgs) -> Result<(), CliError> {
     let nodes = nodes_of(&args.cluster)?;
+    let secret = match &args.k8s_secret {
+        Some(name) => Some(SecretTarget::new(name, args.namespace.as_deref())?),
+        None => None,
+    };
     if !args.force {
-        let existing: Vec<String> = std::iter::once("ca.pem".to_string())
+        let existing: Vec<String> = std::iter::once(CA_FILE.to_string())
             .chain(nodes.iter().map(|n| format!("{}.pem", n.file_stem())))
+            .chain(secret.as_ref().map(SecretTarget::file_name))
             .filter(|name| args.out.join(name).exists())
             .collect();
         if !existing.is_empty() {
@@ -42,23 +71,148 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
         }
     }
     let ca = ClusterCa::generate(&args.name).map_err(|e| CliError::Failed(e.to_string()))?;
-    for node in &nodes {
-        let creds = ca
-            .issue(node)
-            .map_err(|e| CliError::Failed(format!("{node}: {e}")))?;
-        creds
-            .save(&args.out)
+    let creds = nodes
+        .iter()
+        .map(|node| {
+            ca.issue(node)
+                .map_err(|e| CliError::Failed(format!("{node}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Built before anything is written, so that a cluster too large for one Secret leaves
+    // --out as it was.
+    let manifest = secret
+        .as_ref()
+        .map(|target| target.manifest(ca.cert_pem(), &creds))
+        .transpose()?;
+    for node in &creds {
+        node.save(&args.out)
             .map_err(|e| CliError::Failed(e.to_string()))?;
     }
-    write_ca_key(&args.out, ca.key_pem())?;
+    write_secret_file(&args.out.join("ca.key"), ca.key_pem())?;
     println!(
         "wrote a cluster CA and {} node certificate(s) to {}: ca.pem (share with every node), \
          ca.key (keep secret: it signs new nodes), and <role>-<index>.pem/.key per node",
         nodes.len(),
         args.out.display()
     );
+    if let (Some(target), Some(manifest)) = (&secret, manifest) {
+        let path = args.out.join(target.file_name());
+        write_secret_file(&path, &manifest)?;
+        println!(
+            "wrote the Kubernetes Secret {} to {} (every node's certificate and key, not \
+             ca.key): `kubectl apply -f` it and mount it as the certs directory of every pod",
+            target.name,
+            path.display()
+        );
+    }
     Ok(())
 }
+
+/// The Kubernetes Secret `--k8s-secret` writes: its name and namespace, checked.
+#[derive(Debug)]
+struct SecretTarget {
+    name: String,
+    namespace: Option<String>,
+}
+
+impl SecretTarget {
+    fn new(name: &str, namespace: Option<&str>) -> Result<Self, CliError> {
+        check_dns_name("--k8s-secret", name, DNS_SUBDOMAIN_BYTES_MAX, true)?;
+        if let Some(namespace) = namespace {
+            check_dns_name("--namespace", namespace, DNS_LABEL_BYTES_MAX, false)?;
+        }
+        Ok(Self {
+            name: name.to_string(),
+            namespace: namespace.map(str::to_string),
+        })
+    }
+
+    fn file_name(&self) -> String {
+        format!("{}.secret.yaml", self.name)
+    }
+
+    /// The Secret manifest (YAML, `data:` base64): `ca.pem`, then each node's `.pem` and
+    /// `.key` under the file names a process looks for, so that the mounted Secret is a certs
+    /// directory. Never the CA key.
+    fn manifest(&self, ca_cert_pem: &str, nodes: &[NodeCredentials]) -> Result<String, CliError> {
+        let mut files = vec![(CA_FILE.to_string(), ca_cert_pem)];
+        for node in nodes {
+            let stem = node.node.file_stem();
+            files.push((format!("{stem}.pem"), node.cert_pem.as_str()));
+            files.push((format!("{stem}.key"), node.key_pem.as_str()));
+        }
+        let bytes: usize = files.iter().map(|(_, text)| text.len()).sum();
+        if bytes > SECRET_BYTES_MAX {
+            return Err(CliError::Usage(format!(
+                "--k8s-secret {}: the CA and {} node certificate(s) and key(s) take {bytes} \
+                 bytes, more than the {SECRET_BYTES_MAX} bytes a Kubernetes Secret may hold; \
+                 make one Secret per task type (run `cohort certs` with a --cluster of that \
+                 type only)",
+                self.name,
+                nodes.len()
+            )));
+        }
+        let mut yaml = String::from(
+            "# Made by `cohort certs`: the cluster CA certificate and every node's certificate \
+             and key\n# (not the CA key). Mount it as the certs directory (COHORT_CERTS) of \
+             every pod of the job;\n# each process loads <type>-<index>.pem/.key by its own \
+             task.\napiVersion: v1\nkind: Secret\nmetadata:\n",
+        );
+        yaml.push_str(&format!("  name: {}\n", self.name));
+        if let Some(namespace) = &self.namespace {
+            yaml.push_str(&format!("  namespace: {namespace}\n"));
+        }
+        yaml.push_str(
+            "  labels:\n    app.kubernetes.io/name: cohort\n    \
+             app.kubernetes.io/component: certs\ntype: Opaque\ndata:\n",
+        );
+        let base64 = base64::engine::general_purpose::STANDARD;
+        for (key, text) in files {
+            yaml.push_str(&format!("  {key}: {}\n", base64.encode(text)));
+        }
+        Ok(yaml)
+    }
+}
+
+/// Refuses `value` for `flag` unless it is a Kubernetes object name: an RFC 1123 label
+/// (lowercase letters, digits, `-`, starting and ending with a letter or digit), or with
+/// `dots` a subdomain of such labels, of at most `bytes_max` bytes.
+fn check_dns_name(flag: &str, value: &str, bytes_max: usize, dots: bool) -> Result<(), CliError> {
+    let label_ok = |label: &str| {
+        let bytes = label.as_bytes();
+        !bytes.is_empty()
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+    };
+    let ok = value.len() <= bytes_max
+        && if dots {
+            value.split('.').all(label_ok)
+        } else {
+            label_ok(value)
+        };
+    if ok {
+        return Ok(());
+    }
+    let form = if dots {
+        "lowercase letters, digits, '-' and '.'"
+    } else {
+        "lowercase letters, digits and '-'"
+    };
+    Err(CliError::Usage(format!(
+        "{flag}: {value:?} is not a Kubernetes name: expected 1 to {bytes_max} {form}, \
+         starting and ending with a letter or digit"
+    )))
+}
+
+/// Longest Kubernetes object name (a DNS subdomain, RFC 1123).
+const DNS_SUBDOMAIN_BYTES_MAX: usize = 253;
+/// Longest namespace name (a DNS label, RFC 1123).
+const DNS_LABEL_BYTES_MAX: usize = 63;
+/// Most data one Kubernetes Secret may hold (1 MiB).
+const SECRET_BYTES_MAX: usize = 1024 * 1024;
 
 fn nodes_of(cluster: &str) -> Result<Vec<NodeId>, CliError> {
     let path = Path::new(cluster);
@@ -101,19 +255,161 @@ fn nodes_of(cluster: &str) -> Result<Vec<NodeId>, CliError> {
     Ok(nodes)
 }
 
-fn write_ca_key(dir: &Path, key_pem: &str) -> Result<(), CliError> {
+/// Writes `text` to `path`, readable by its owner only: a private key or a manifest holding
+/// private keys.
+fn write_secret_file(path: &Path, text: &str) -> Result<(), CliError> {
     use std::io::Write;
     #[cfg(unix)]
     use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join("ca.key");
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     options.mode(0o600);
     let mut file = options
-        .open(&path)
+        .open(path)
         .map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))?;
-    file.write_all(key_pem.as_bytes())
+    file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(out: &Path, cluster: &str, secret: Option<&str>, namespace: Option<&str>) -> CertsArgs {
+        CertsArgs {
+            out: out.to_path_buf(),
+            cluster: cluster.into(),
+            name: "test".into(),
+            force: false,
+            k8s_secret: secret.map(str::to_string),
+            namespace: namespace.map(str::to_string),
+        }
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cohort-certs-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// The `data:` entries of a manifest made by [`SecretTarget::manifest`], decoded.
+    fn secret_data(manifest: &str) -> Vec<(String, String)> {
+        let data = manifest.split_once("\ndata:\n").expect("a data: section").1;
+        data.lines()
+            .map(|line| {
+                let (key, value) = line.trim().split_once(": ").expect("key: value");
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(value)
+                    .expect("base64");
+                (key.to_string(), String::from_utf8(bytes).expect("text"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_secret_holds_every_nodes_pair_under_its_file_name_and_never_the_ca_key() {
+        let dir = scratch("secret");
+        run(args(
+            &dir,
+            "chief=1,ps=1,worker=2",
+            Some("job-certs"),
+            Some("ml"),
+        ))
+        .unwrap();
+        let manifest = std::fs::read_to_string(dir.join("job-certs.secret.yaml")).unwrap();
+        assert!(manifest.contains("kind: Secret\n"), "{manifest}");
+        assert!(
+            manifest.contains("  name: job-certs\n  namespace: ml\n"),
+            "{manifest}"
+        );
+        let data = secret_data(&manifest);
+        let keys: Vec<&str> = data.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "ca.pem",
+                "chief-0.pem",
+                "chief-0.key",
+                "ps-0.pem",
+                "ps-0.key",
+                "worker-0.pem",
+                "worker-0.key",
+                "worker-1.pem",
+                "worker-1.key"
+            ]
+        );
+        // Each entry is the file `cohort certs` wrote beside it; the CA key is in none.
+        let ca_key = std::fs::read_to_string(dir.join("ca.key")).unwrap();
+        for (key, text) in &data {
+            assert_eq!(
+                &std::fs::read_to_string(dir.join(key)).unwrap(),
+                text,
+                "{key}"
+            );
+            assert_ne!(text, &ca_key);
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join("job-certs.secret.yaml"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "the manifest holds private keys: {mode:o}");
+        }
+        // A second run does not replace it unless told to.
+        let err = run(args(&dir, "chief=1,ps=1,worker=2", Some("job-certs"), None)).unwrap_err();
+        assert!(err.to_string().contains("job-certs.secret.yaml"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn without_a_namespace_the_secret_names_none() {
+        let target = SecretTarget::new("certs", None).unwrap();
+        let ca = ClusterCa::generate("test").unwrap();
+        let node = ca.issue(&NodeId::new("worker", 0)).unwrap();
+        let manifest = target.manifest(ca.cert_pem(), &[node]).unwrap();
+        assert!(!manifest.contains("namespace:"), "{manifest}");
+        assert_eq!(secret_data(&manifest).len(), 3);
+    }
+
+    #[test]
+    fn bad_secret_or_namespace_names_are_refused_naming_the_flag_and_nothing_is_written() {
+        for (name, namespace, flag) in [
+            ("Certs", None, "--k8s-secret"),
+            ("certs_1", None, "--k8s-secret"),
+            ("-certs", None, "--k8s-secret"),
+            ("certs.", None, "--k8s-secret"),
+            ("", None, "--k8s-secret"),
+            ("certs", Some("my.ns"), "--namespace"),
+            ("certs", Some("ns-"), "--namespace"),
+        ] {
+            let dir = scratch("badname");
+            let err = run(args(&dir, "chief=1,ps=1,worker=1", Some(name), namespace)).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{err}");
+            assert!(
+                err.to_string().starts_with(flag),
+                "{name:?} {namespace:?}: {err}"
+            );
+            assert!(!dir.exists(), "nothing is written for a refused name");
+        }
+        let long = "a".repeat(64);
+        assert!(SecretTarget::new("certs", Some(&long)).is_err());
+        assert!(SecretTarget::new("certs.example-1", Some(&long[..63])).is_ok());
+    }
+
+    #[test]
+    fn a_cluster_too_large_for_one_secret_is_refused_before_anything_is_written() {
+        let dir = scratch("huge");
+        let err = run(args(&dir, "chief=1,ps=1,worker=2000", Some("certs"), None)).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
+        let message = err.to_string();
+        assert!(
+            message.starts_with("--k8s-secret certs:") && message.contains("1048576 bytes"),
+            "{message}"
+        );
+        assert!(!dir.exists(), "--out is left as it was");
+    }
 }

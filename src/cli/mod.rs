@@ -30,7 +30,9 @@ enum Command {
     /// Each node certificate names the node's role and index (e.g. worker-1.cohort); nodes
     /// refuse peers whose certificate is not signed by this CA or does not match the role they
     /// claim. Writes ca.pem, ca.key and <role>-<index>.pem/.key into --out; a process finds
-    /// them through COHORT_CERTS, --certs-dir or certs_dir in cohort.toml.
+    /// them through COHORT_CERTS, --certs-dir or certs_dir in cohort.toml, and loads the pair
+    /// of its own task, so that one directory (one Kubernetes Secret: --k8s-secret) serves
+    /// every node.
     Certs(certs::CertsArgs),
     /// The main job: a local cluster (chief, 2 parameter servers, 2 workers, each a process)
     /// trains a digits classifier and a CTR model with a 1,000,000-row embedding, with a worker

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Validates the Kubernetes manifests in deploy/ (run by deploy/validate.sh; exit 1 if any is bad).
+
+- Core kinds (Service, ConfigMap, PersistentVolumeClaim, Job, ...) against the Kubernetes JSON
+  schemas that the kubernetes-validate package bundles, in strict mode (an unknown field is an
+  error), for each Kubernetes version in KUBERNETES_VERSIONS.
+- A TFJob against the TFJob CRD's openAPIV3Schema (schemas/, from the Kubeflow training
+  operator), plus what the operator's admission webhook checks (replica types, at most one Chief
+  or Master, a container named `tensorflow` with an image in every replica), plus each replica's
+  pod template strictly against Kubernetes' own PodTemplate schema (the CRD's copy of the pod
+  schema would let a misspelt field through: the API server prunes unknown fields silently).
+- cohort's own requirements of a pod that runs it: a UDP port (QUIC), and a termination grace
+  period above its preemption_grace, so that a preempted chief's checkpoint is written before the
+  kubelet's SIGKILL; and, for Indexed Jobs, that the cluster spec in the ConfigMap names exactly
+  the stable host names of the Jobs' pods.
+"""
+
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]
+TFJOB_SCHEMA = Path(__file__).parent / "schemas" / "tfjob-v1.9.0.schema.json"
+TFJOB_REPLICA_TYPES = {"Chief", "Master", "PS", "Worker", "Evaluator"}
+TFJOB_RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
+# cohort's default preemption_grace (src/cluster/config.rs) and Kubernetes' default
+# terminationGracePeriodSeconds.
+DEFAULT_PREEMPTION_GRACE_S = 10.0
+DEFAULT_TERMINATION_GRACE_S = 30
+
+
+def main(paths):
+    errors = []
+    for path in paths:
+        try:
+            docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
+        except (OSError, yaml.YAMLError) as e:
+            errors.append(f"{path}: {e}")
+            continue
+        if not docs:
+            errors.append(f"{path}: no manifest in the file")
+        if not all(isinstance(d, dict) for d in docs):
+            errors.append(f"{path}: a document is not a mapping")
+            continue
+        configs = cohort_configs(docs)
+        bad = False
+        for doc in docs:
+            where = f"{path}: {doc.get('kind', '?')}/{doc.get('metadata', {}).get('name', '?')}"
+            found = check(doc, configs)
+            errors += [f"{where}: {error}" for error in found]
+            bad = bad or bool(found)
+            if not found:
+                print(f"ok   {where}")
+        # Cross-object checks read fields the schemas require: only on valid objects.
+        if not bad:
+            errors += [f"{path}: {error}" for error in check_indexed_jobs(docs, configs)]
+    for error in errors:
+        print(f"FAIL {error}")
+    print(f"{len(paths)} file(s), {len(errors)} error(s)")
+    return 1 if errors else 0
+
+
+def check(doc, configs):
+    if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
+        return ["not a Kubernetes object (no apiVersion or kind)"]
+    if doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "TFJob":
+        return check_tfjob(doc, configs)
+    errors = kubernetes_errors(doc)
+    template = doc.get("spec", {}).get("template") if doc["kind"] == "Job" else None
+    if template is not None and not errors:
+        errors += cohort_pod_errors("spec.template", template, configs)
+    return errors
+
+
+def kubernetes_errors(doc):
+    """The object against each Kubernetes version's strict schema."""
+    errors = []
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            errors.append(f"Kubernetes {e.version} schema: {path}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            errors.append(f"no Kubernetes schema: {e.message}")
+    return errors
+
+
+def check_tfjob(doc, configs):
+    schema = json.loads(TFJOB_SCHEMA.read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [
+        f"TFJob CRD schema: {'.'.join(str(p) for p in e.path)}: {e.message}"
+        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
+    ]
+    if errors:
+        return errors
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", doc["metadata"].get("name", "")):
+        errors.append("metadata.name: must be a DNS-1035 label (the operator refuses it)")
+    specs = doc.get("spec", {}).get("tfReplicaSpecs")
+    if not specs:
+        return errors + ["spec.tfReplicaSpecs: required"]
+    chiefs = [t for t in specs if t in ("Chief", "Master")]
+    if len(chiefs) > 1:
+        errors.append(f"spec.tfReplicaSpecs: more than one Chief or Master: {chiefs}")
+    for rtype, spec in specs.items():
+        where = f"spec.tfReplicaSpecs.{rtype}"
+        if rtype not in TFJOB_REPLICA_TYPES:
+            errors.append(f"{where}: unknown replica type (expected one of "
+                          f"{', '.join(sorted(TFJOB_REPLICA_TYPES))})")
+        policy = spec.get("restartPolicy", "Never")
+        if policy not in TFJOB_RESTART_POLICIES:
+            errors.append(f"{where}.restartPolicy: {policy!r} is not one of "
+                          f"{', '.join(sorted(TFJOB_RESTART_POLICIES))}")
+        template = spec.get("template", {})
+        containers = template.get("spec", {}).get("containers", [])
+        if not any(c.get("name") == "tensorflow" for c in containers):
+            errors.append(f"{where}.template.spec.containers: no container named tensorflow "
+                          "(the operator writes TF_CONFIG into that one)")
+        for i, c in enumerate(containers):
+            if not c.get("image"):
+                errors.append(f"{where}.template.spec.containers[{i}].image: required")
+        pod_template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"{doc['metadata']['name']}-{rtype.lower()}"},
+            "template": template,
+        }
+        errors += [f"{where}.template: {e}" for e in kubernetes_errors(pod_template)]
+        errors += cohort_pod_errors(f"{where}.template", template, configs)
+    return errors
+
+
+def cohort_configs(docs):
+    """The cohort.toml files that ConfigMaps in the same file hold, by ConfigMap name."""
+    configs = {}
+    for doc in docs:
+        if doc.get("kind") == "ConfigMap" and "cohort.toml" in doc.get("data", {}):
+            configs[doc["metadata"]["name"]] = doc["data"]["cohort.toml"]
+    return configs
+
+
+def cohort_pod_errors(where, template, configs):
+    """cohort's requirements of a pod template whose container runs the cohort binary."""
+    spec = template.get("spec", {})
+    errors = []
+    for i, c in enumerate(spec.get("containers", [])):
+        if not any("cohort" in part for part in c.get("command", []) + c.get("args", [])):
+            continue
+        here = f"{where}.spec.containers[{i}]"
+        if not any(p.get("protocol") == "UDP" for p in c.get("ports", [])):
+            errors.append(f"{here}.ports: no UDP port (cohort's nodes talk QUIC over UDP)")
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        try:
+            grace, source = preemption_grace(env, spec, configs)
+        except ValueError as e:
+            errors.append(f"{here}: {e}")
+            continue
+        termination = spec.get("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_S)
+        if termination <= grace:
+            errors.append(f"{where}.spec.terminationGracePeriodSeconds: {termination}s is not "
+                          f"above preemption_grace ({grace:g}s, {source}): the kubelet would "
+                          "kill the process before its preemption checkpoint")
+    return errors
+
+
+def preemption_grace(env, spec, configs):
+    """cohort's preemption_grace in seconds for a container, and where it came from."""
+    if env.get("COHORT_PREEMPTION_GRACE"):
+        return seconds(env["COHORT_PREEMPTION_GRACE"]), "COHORT_PREEMPTION_GRACE"
+    for volume in spec.get("volumes", []):
+        name = volume.get("configMap", {}).get("name")
+        if name in configs:
+            try:
+                config = tomllib.loads(configs[name])
+            except tomllib.TOMLDecodeError as e:
+                raise ValueError(f"ConfigMap {name}: cohort.toml: {e}")
+            if "preemption_grace" in config:
+                return seconds(config["preemption_grace"]), f"ConfigMap {name}"
+    return DEFAULT_PREEMPTION_GRACE_S, "cohort's default"
+
+
+def seconds(text):
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", str(text).strip())
+    if not match:
+        raise ValueError(f"preemption_grace {text!r} is not a duration such as 20s")
+    return float(match[1]) * units[match[2]]
+
+
+def check_indexed_jobs(docs, configs):
+    """An Indexed Job's pod i is `<job>-<i>.<subdomain>`: the cluster spec must list exactly
+    those names, in index order, for the Job's task type, and the subdomain must be a headless
+    Service of the file."""
+    errors = []
+    services = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Service"}
+    for doc in docs:
+        spec = doc.get("spec", {})
+        if doc.get("kind") != "Job" or spec.get("completionMode") != "Indexed":
+            continue
+        name = doc["metadata"]["name"]
+        pod = spec["template"]["spec"]
+        subdomain = pod.get("subdomain")
+        service = services.get(subdomain)
+        if service is None or service["spec"].get("clusterIP") != "None":
+            errors.append(f"Job/{name}: subdomain {subdomain!r} is not a headless Service here")
+            continue
+        for c in pod.get("containers", []):
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            task_type = env.get("COHORT_TASK_TYPE")
+            if task_type is None:
+                continue
+            config_names = [v["configMap"]["name"] for v in pod.get("volumes", [])
+                            if v.get("configMap", {}).get("name") in configs]
+            if not config_names:
+                errors.append(f"Job/{name}: mounts no ConfigMap with a cohort.toml")
+                continue
+            cluster = tomllib.loads(configs[config_names[0]]).get("cluster", {})
+            listed = [addr.rsplit(":", 1)[0] for addr in cluster.get(task_type, [])]
+            expected = [f"{name}-{i}.{subdomain}" for i in range(spec.get("completions", 1))]
+            if listed != expected:
+                errors.append(f"Job/{name}: cohort.toml cluster.{task_type} lists {listed}, "
+                              f"but the Job's pods are {expected}")
+    return errors
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(f"usage: {sys.argv[0]} MANIFEST.yaml...")
+    sys.exit(main(sys.argv[1:]))
