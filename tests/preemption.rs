@@ -33,6 +33,14 @@ const RESUMED_STEPS: u64 = 10;
 const AHEAD: usize = 4;
 /// The chief's PID file.
 const CHIEF_PID: &str = "chief.pid";
+/// The PID file of worker 1, in the scenario where it is preempted alone.
+const WORKER_PID: &str = "worker.pid";
+/// Steps worker 1 runs before it offers itself to be preempted.
+const WORKER_STEPS_BEFORE_PREEMPTION: u64 = 5;
+/// Steps the job trains in the scenario where a worker is preempted alone.
+const STEPS_WITH_A_WORKER_PREEMPTED: u64 = 80;
+/// Steps this process's worker has run (in the worker processes).
+static WORKER_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Child mode: run this process's role of the test program.
 #[test]
@@ -54,6 +62,13 @@ fn program() -> Program {
             let rows = ctx.pull_rows("table", &ids)?;
             ctx.push_rows("table", ids, rows.iter().map(|r| r - 0.5).collect())?;
             std::thread::sleep(Duration::from_millis(10));
+            if ctx.worker_index() == 1 && scenario() == "worker-leaves" {
+                let ran = WORKER_STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                if ran == WORKER_STEPS_BEFORE_PREEMPTION {
+                    // Ready to be preempted: the test sends SIGTERM to this worker's PID.
+                    claim_pid_file(WORKER_PID, "");
+                }
+            }
             Ok(Vec::new())
         })
         .chief(|coordinator| {
@@ -82,6 +97,12 @@ fn program() -> Program {
                     report["saved_step"] = serde_json::json!(step);
                     coordinator.save_checkpoint(&mut manager, step)?;
                     report["saved"] = variables(coordinator)?;
+                }
+                "worker-leaves" => {
+                    train(coordinator, &mut step, STEPS_WITH_A_WORKER_PREEMPTED)?;
+                    report["final_step"] = serde_json::json!(step);
+                    report["ledger"] = serde_json::to_value(coordinator.ledger()?)
+                        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
                 }
                 "ignore" => {
                     // A program that never looks at the stop request: the process must end
@@ -321,5 +342,52 @@ fn a_chief_program_that_ignores_the_stop_request_exits_143_after_the_grace() {
     assert!(
         !run.path(ps_support::REPORT_FILE).exists(),
         "the program was cut short, so it wrote no report"
+    );
+}
+
+/// A worker preempted alone (SIGTERM while the chief trains on) tells the chief and leaves at
+/// once: the chief fences it and runs its closures elsewhere, so the worker exits 143 right
+/// away instead of serving through its grace (60 s here, longer than the job) and the job does
+/// not wait for the failure detector (30 s here); its supervisor restarts it as a new
+/// incarnation, and the job finishes with the ledger whole and nothing rolled back.
+#[test]
+fn a_worker_preempted_alone_leaves_at_once_and_the_job_finishes_whole() {
+    let run = Run::new("preempt-worker", "worker-leaves", &[]);
+    let pid_file = run.path(WORKER_PID);
+    let preempter = beside(move |cancel| {
+        if let Some(pid) = wait_for_pid(&pid_file, &cancel) {
+            eprintln!("[test] SIGTERM to worker/1 (pid {pid})");
+            signal(pid, Signal::SIGTERM);
+        }
+    });
+    let root = run.path("ckpt").display().to_string();
+    let code = run.launch_code_with(&[
+        ("COHORT_CHECKPOINT_DIR", &root),
+        ("COHORT_PREEMPTION_GRACE", "60s"),
+        ("COHORT_DETECTION_BUDGET", "30s"),
+    ]);
+    preempter.finish();
+    assert_eq!(code, 0, "the job failed; its log is above");
+    let report = run.report();
+    assert_eq!(
+        report["final_step"], STEPS_WITH_A_WORKER_PREEMPTED,
+        "{report}"
+    );
+    let ledger = &report["ledger"];
+    assert_eq!(
+        ledger["scheduled"], ledger["committed"],
+        "LEDGER-1: {ledger}"
+    );
+    assert_eq!(ledger["pending"], 0, "{ledger}");
+    assert_eq!(ledger["rolled_back"], 0, "{ledger}");
+    let exits = run.exits();
+    let first = exits
+        .iter()
+        .filter(|e| e.task == "worker/1")
+        .min_by_key(|e| e.incarnation)
+        .unwrap_or_else(|| panic!("worker/1 never exited: {exits:?}"));
+    assert_eq!(
+        first.code, 143,
+        "worker/1 was to leave at once after its notice, not serve on: {exits:?}"
     );
 }

@@ -21,8 +21,9 @@ use cohort::optim::Optimizer;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
     f32_blob, BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
-    Pull, Push, PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack,
-    RunClosure, SetupWorker, Shutdown, Snapshot, WireGradient, PS_ACTOR, WORKER_ACTOR,
+    LeaveAnswer, Leaving, Pull, Push, PushOrigin, PushOutcome, RestoreVariable, Retire,
+    RewindWorker, RollBack, RunClosure, SetupWorker, Shutdown, Snapshot, WireGradient,
+    COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
 use cohort::roles::protocol::{PsStats, PsStatsReply};
 use cohort::roles::ps::{ParameterStore, PsActor};
@@ -631,4 +632,58 @@ fn sec2_worker_retire_from_a_worker_is_refused() {
 #[test]
 fn sec2_worker_shutdown_from_a_worker_is_refused() {
     run(async { worker_refuses(Shutdown, None).await });
+}
+
+// ---- coordinator: preemption notices from workers only ----
+
+/// A preemption notice ([`Leaving`]) reaches the coordinator only from a worker: the same
+/// message from a parameter server's (or the chief's own role's) certificate is refused before
+/// the handler runs, so no other role can make the chief fence a worker.
+#[test]
+fn sec2_coordinator_leaving_from_a_parameter_server_is_refused() {
+    run(async {
+        let cluster = Cluster::new()?;
+        let heard = Arc::new(AtomicUsize::new(0));
+        let counted = heard.clone();
+        cluster.chief.register_fn::<Leaving, _, _>(
+            COORDINATOR_ACTOR,
+            move |_: Remote<Leaving>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, RefusedReason>(LeaveAnswer::Go) }
+            },
+        )?;
+        let chief_node = NodeId::new("chief", 0);
+        let chief_addr = cluster.chief.local_addr()?;
+        let ps = start(&cluster.ca, &NodeId::new("ps", 0), 1)?;
+        let msg = Leaving { epoch: 1 };
+        match Cluster::call(
+            &ps,
+            chief_addr,
+            &chief_node,
+            COORDINATOR_ACTOR,
+            &msg,
+            vec![],
+        )
+        .await
+        {
+            Err(RemoteError::Refused {
+                reason: RefusedReason::SenderNotAllowed { tag, role },
+                ..
+            }) => assert_eq!((tag.as_str(), role.as_str()), (Leaving::TAG, "ps")),
+            other => bail!("a parameter server's notice was not refused: {other:?}"),
+        }
+        assert_eq!(heard.load(Ordering::SeqCst), 0);
+        let answer = Cluster::call(
+            &cluster.rogue,
+            chief_addr,
+            &chief_node,
+            COORDINATOR_ACTOR,
+            &msg,
+            vec![],
+        )
+        .await?;
+        assert_eq!(answer, LeaveAnswer::Go);
+        assert_eq!(heard.load(Ordering::SeqCst), 1);
+        Ok(())
+    })
 }

@@ -20,10 +20,10 @@ use cohort::optim::OptimError;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
     BeginRestore, BlobError, CreateVariable, DatasetPositions, Element, FenceWorker, FinishedBelow,
-    InitProblem, InitSpec, PositionsError, PsRefusal, PsStats, PsStatsReply, PsUnavailable, Pull,
-    PullRows, Push, PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack,
-    RunClosure, RunClosureError, SetupError, SetupWorker, ShardState, Shutdown, Snapshot,
-    WireGradient, WorkerRefusal,
+    InitProblem, InitSpec, LeaveAnswer, Leaving, PositionsError, PsRefusal, PsStats, PsStatsReply,
+    PsUnavailable, Pull, PullRows, Push, PushOrigin, PushOutcome, RestoreVariable, Retire,
+    RewindWorker, RollBack, RunClosure, RunClosureError, SetupError, SetupWorker, ShardState,
+    Shutdown, Snapshot, WireGradient, WorkerRefusal,
 };
 use cohort::roles::ps::PsError;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
@@ -488,6 +488,7 @@ decode_props! {
         });
     retire: Retire = any::<u64>().prop_map(|epoch| Retire { epoch });
     shutdown: Shutdown = Just(Shutdown);
+    leaving: Leaving = any::<u64>().prop_map(|epoch| Leaving { epoch });
     setup: SetupWorker = setup_worker();
     layout_value: Layout = layout();
     dataset_positions: DatasetPositions = Just(DatasetPositions);
@@ -502,6 +503,7 @@ decode_props! {
     push_result: Result<PushOutcome, PsRefusal> = refusal_result(push_outcome());
     shard_state_result: Result<ShardState, PsRefusal> = refusal_result(shard_state());
     ps_stats_reply_value: PsStatsReply = ps_stats_reply();
+    leave_answer: LeaveAnswer = prop_oneof![Just(LeaveAnswer::Go), Just(LeaveAnswer::Stay)];
     run_closure_result: Result<Vec<u8>, RunClosureError> = prop_oneof![
         vec(any::<u8>(), 0..32).prop_map(Ok),
         run_closure_error().prop_map(Err),

@@ -40,9 +40,13 @@
 //!   `ClusterCoordinator::preemption_requested`); the chief's program is expected to stop
 //!   scheduling, save a checkpoint and return. The process then exits 143. If the program has
 //!   not returned within `preemption_grace` (default 10s), the process exits 143 without it.
-//! - A parameter server or worker keeps serving after the notice while the chief is alive (so
-//!   that the chief's checkpoint can read the variables and finish in-flight steps), and exits
-//!   143 once the chief is gone or `preemption_grace` has passed.
+//! - A worker tells the chief it is leaving ([`Leaving`]). Unless the chief is stopping too,
+//!   the chief fences it and runs its closures elsewhere at once (no wait for the failure
+//!   detector), and the worker exits 143 right away.
+//! - A parameter server (and a worker the chief asks to stay, because the chief is stopping
+//!   too and its checkpoint needs the workers) keeps serving after the notice while the chief
+//!   is alive (so that the chief's checkpoint can read the variables and finish in-flight
+//!   steps), and exits 143 once the chief is gone or `preemption_grace` has passed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -67,7 +71,9 @@ use crate::roles::coordinator::{
     SchedulerConfig,
 };
 use crate::roles::node::{peer, resolve, start_gateway, NodeConfig};
-use crate::roles::protocol::{Retire, Shutdown, PS_ACTOR, WORKER_ACTOR};
+use crate::roles::protocol::{
+    LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
+};
 use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
 use crate::roles::registry::Program;
 use crate::roles::worker::{
@@ -190,7 +196,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
                 })
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
-        serve_chief_then_stop(gateway, grace, || {}, || Some(Exit::preempted()));
+        serve_chief_then_stop(gateway, grace, || {}, None, || Some(Exit::preempted()));
         Ok::<_, RoleFailure>(())
     })?;
     // Every stop sets its code: 171 when retired by the chief, 0 after its goodbye, 143 after
@@ -254,6 +260,7 @@ fn run_worker(
                 .handle_chief_lost(Instant::now(), silent_for)
         });
         let noticing = Arc::clone(&machine);
+        let leaving = Arc::clone(&machine);
         serve_chief_then_stop(
             gateway,
             grace,
@@ -263,6 +270,15 @@ fn run_worker(
                     .unwrap_or_else(PoisonError::into_inner)
                     .handle_preemption_notice(Instant::now())
             },
+            Some((
+                epoch,
+                Box::new(move |answer| {
+                    leaving
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .handle_leave_answer(Instant::now(), answer)
+                }),
+            )),
             decide(|m| m.handle_preemption_over(Instant::now())),
         );
         Ok::<_, RoleFailure>(())
@@ -513,20 +529,36 @@ fn servers(
         .collect()
 }
 
-/// A parameter server's or worker's stop: at the notice it runs `notice`, then keeps serving
-/// while the chief is alive, so that the chief can finish in-flight steps and read the
-/// variables for its preemption checkpoint; once the chief is gone or `grace` has passed, it
-/// stops as `over` says ([`PREEMPTED_EXIT_CODE`]; nothing when an exit is under way already).
+/// What a worker does with the chief's answer to its preemption notice ([`Leaving`]).
+type LeaveDecision = Box<dyn FnOnce(LeaveAnswer) -> Option<Exit>>;
+
+/// A parameter server's or worker's stop: at the notice it runs `notice`. A worker (`leave`:
+/// its incarnation and what it makes of the answer) then tells the chief it is leaving
+/// ([`Leaving`]); if the chief lets it go, its closures run elsewhere at once and it stops now.
+/// Otherwise (a parameter server, a chief stopping too, or no answer within
+/// [`LEAVE_ASK_MAX`]) it keeps serving while the chief is alive, so that the chief can finish
+/// in-flight steps and read the variables for its preemption checkpoint; once the chief is gone
+/// or `grace` has passed, it stops as `over` says ([`PREEMPTED_EXIT_CODE`]; nothing when an
+/// exit is under way already).
 fn serve_chief_then_stop(
     gateway: Gateway,
     grace: Duration,
     notice: impl FnOnce() + 'static,
+    leave: Option<(u64, LeaveDecision)>,
     over: impl FnOnce() -> Option<Exit> + 'static,
 ) {
     on_stop_signal(move || async move {
         notice();
         let chief = peer(TaskId::new(TaskType::Chief, 0));
         let deadline = tokio::time::Instant::now() + grace;
+        if let Some((epoch, decide)) = leave {
+            let answer = ask_to_leave(&gateway, &chief, epoch, grace).await;
+            if let Some(exit) = answer.and_then(decide) {
+                tracing::info!("{}", exit.reason);
+                System::current().stop_with_code(exit.code);
+                return;
+            }
+        }
         while tokio::time::Instant::now() < deadline
             && matches!(gateway.peer_status(&chief), Some((_, true)))
         {
@@ -537,6 +569,34 @@ fn serve_chief_then_stop(
             System::current().stop_with_code(exit.code);
         }
     });
+}
+
+/// Tells the live chief that incarnation `epoch` of this worker is leaving, and returns its
+/// answer; `None` when no chief is known alive or it does not answer within [`LEAVE_ASK_MAX`]
+/// (bounded by half the grace, so that serving on still fits in it).
+async fn ask_to_leave(
+    gateway: &Gateway,
+    chief: &NodeId,
+    epoch: u64,
+    grace: Duration,
+) -> Option<LeaveAnswer> {
+    let (chief_epoch, true) = gateway.peer_status(chief)? else {
+        return None;
+    };
+    let target = cohort_actors::Incarnation::new(chief.clone(), chief_epoch);
+    let reference = gateway.remote_ref::<Leaving>(target, COORDINATOR_ACTOR);
+    let bound = LEAVE_ASK_MAX.min(grace / 2);
+    match tokio::time::timeout(bound, reference.call(&Leaving { epoch })).await {
+        Ok(Ok(answer)) => Some(answer),
+        Ok(Err(e)) => {
+            tracing::warn!("the chief did not take this worker's preemption notice: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("the chief did not answer this worker's preemption notice in {bound:?}");
+            None
+        }
+    }
 }
 
 /// The first configuration variable of the environment (`COHORT_*`, `TF_CONFIG`) that is set
@@ -561,6 +621,8 @@ fn init_logging() {
         .try_init();
 }
 
+/// Bound on a worker's wait for the chief's answer to its preemption notice.
+const LEAVE_ASK_MAX: Duration = Duration::from_secs(2);
 /// How often a stopping PS or worker looks whether the chief is still alive.
 const CHIEF_POLL: Duration = Duration::from_millis(20);
 /// Bound on the chief's goodbye to every task at the end of a job.

@@ -413,7 +413,12 @@ impl Launcher {
     /// exited by itself meanwhile.
     fn stop_all(&mut self) -> Option<i32> {
         let mut chief_code = None;
-        for entry in self.tasks.values_mut() {
+        // The chief first: a worker told to stop asks the chief whether it may leave at once,
+        // and a chief that already knows it is stopping too keeps it serving for its own
+        // preemption checkpoint (see `crate::bootstrap`).
+        let mut order: Vec<(&TaskId, &mut Supervised)> = self.tasks.iter_mut().collect();
+        order.sort_by_key(|(task, _)| task.task_type != TaskType::Chief);
+        for (_, entry) in order {
             entry.restart_at = None;
             if let Some(child) = entry.child.as_ref() {
                 let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);

@@ -37,6 +37,8 @@ const WORKER_ROLE: &str = "worker";
 pub const PS_ACTOR: &str = "ps";
 /// The actor name of the worker on its node.
 pub const WORKER_ACTOR: &str = "worker";
+/// The actor name of the coordinator on the chief's node.
+pub const COORDINATOR_ACTOR: &str = "coordinator";
 
 /// How a parameter server fills a new variable (values are generated where they live, so a
 /// 1,000,000-row table never crosses the network at creation).
@@ -360,6 +362,32 @@ impl RemoteMessage for Shutdown {
     const TAG: &'static str = "node.shutdown";
     const SENDERS: Senders = CHIEF;
     type Reply = ();
+}
+
+/// From a worker incarnation that got a preemption notice (SIGTERM), to the chief: it is about
+/// to go. The chief answers whether it may leave at once ([`LeaveAnswer::Go`]: its incarnation
+/// is fenced and its closure handed back, to run elsewhere now rather than after the failure
+/// detector's budget) or must keep serving through its grace ([`LeaveAnswer::Stay`]: the
+/// chief is stopping too, and its preemption checkpoint needs the workers to finish its steps).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Leaving {
+    /// The leaving incarnation.
+    pub epoch: u64,
+}
+
+/// The chief's answer to [`Leaving`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
+pub enum LeaveAnswer {
+    /// Leave now: the incarnation is fenced and its closure runs elsewhere.
+    Go,
+    /// Keep serving until the chief is gone or the grace has passed.
+    Stay,
+}
+
+impl RemoteMessage for Leaving {
+    const TAG: &'static str = "coordinator.leaving";
+    const SENDERS: Senders = WORKER;
+    type Reply = LeaveAnswer;
 }
 
 /// Prepare a worker incarnation before any closure: the variable layouts and the per-worker

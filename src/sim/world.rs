@@ -24,7 +24,7 @@ use crate::roles::coordinator::{
     Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, WorkerDial,
 };
 use crate::roles::protocol::{
-    bytes_to_f32, PsUnavailable, RestoreVariable, RunClosure, RunClosureError, SetupWorker,
+    bytes_to_f32, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure, RunClosureError, SetupWorker,
 };
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
@@ -176,6 +176,13 @@ enum Msg {
         /// `None`: the server was unavailable (not serving, or refused the push).
         result: Option<PushOutcome>,
     },
+    /// A worker's preemption notice to the chief ([`crate::roles::protocol::Leaving`]), and
+    /// the chief's answer.
+    Leaving {
+        worker: u32,
+        epoch: u64,
+    },
+    LeaveAnswer(LeaveAnswer),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -832,6 +839,14 @@ impl<'a> World<'a> {
         }
         match (to, msg) {
             (Node::Chief, Msg::Reply { call, resp }) => self.on_reply(call, Ok(resp)),
+            (Node::Chief, Msg::Leaving { worker, epoch }) => {
+                // As the coordinator actor: the simulated chief is not stopping itself (its
+                // own preemption is a chief fault).
+                let now = self.instant();
+                let answer = self.coord.handle_worker_leaving(now, worker, epoch, false);
+                let msg = Msg::LeaveAnswer(answer);
+                self.send(Node::Chief, Node::Worker(worker), epoch, msg);
+            }
             (Node::Ps(ps), msg) => self.ps_receive(ps, msg),
             (Node::Worker(w), msg) => self.worker_receive(w, msg),
             _ => {}
@@ -990,6 +1005,15 @@ impl<'a> World<'a> {
         let node = Node::Worker(w);
         let now = self.instant();
         match msg {
+            Msg::LeaveAnswer(answer) => {
+                let exit = self.workers[w as usize]
+                    .machine
+                    .handle_leave_answer(now, answer);
+                if exit.is_some() {
+                    // It exits (143); its supervisor restarts it as a new incarnation.
+                    self.kill(node);
+                }
+            }
             Msg::Request { call, req } => match req {
                 Req::Run {
                     closure,
@@ -1853,12 +1877,15 @@ impl<'a> World<'a> {
                 }
                 FaultEvent::Preempt(node) => {
                     if self.state(node).0 != ProcState::Down {
-                        // A server and a worker keep serving through their grace.
+                        // A server keeps serving through its grace; a worker tells the chief,
+                        // which lets it go at once (or, unanswered, it serves on as well).
                         if let Node::Worker(i) = node {
                             let now = self.instant();
-                            self.workers[i as usize]
-                                .machine
-                                .handle_preemption_notice(now);
+                            let worker = &mut self.workers[i as usize];
+                            worker.machine.handle_preemption_notice(now);
+                            let (epoch, chief) = (worker.epoch, self.chief_epoch);
+                            let msg = Msg::Leaving { worker: i, epoch };
+                            self.send(node, Node::Chief, chief, msg);
                         }
                         let at = self.now + self.config.preemption_grace;
                         self.at(at, Event::Inject(FaultEvent::Kill(node)));

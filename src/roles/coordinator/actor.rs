@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError};
+use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, Remote, RemoteError};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
@@ -40,9 +40,9 @@ use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
 use crate::roles::protocol::{
-    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec, PsStats,
-    Retire, RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, Snapshot, PS_ACTOR,
-    WORKER_ACTOR,
+    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
+    LeaveAnswer, Leaving, PsStats, Retire, RewindWorker, RollBack, RunClosure, RunClosureError,
+    SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
 
 /// Who waits for one closure's value.
@@ -899,6 +899,15 @@ impl Actor for CoordinatorActor {
                 }
             }
         });
+        // Workers that got a preemption notice say so (a cluster without the actor's node
+        // registered twice is a bug in the bootstrap: logged, and the notice then goes
+        // unheard, the failure detector notices the worker's exit instead).
+        if let Err(e) = self
+            .gateway
+            .register::<Leaving>(COORDINATOR_ACTOR, ctx.address().recipient())
+        {
+            tracing::error!("the coordinator cannot hear workers' preemption notices: {e}");
+        }
         self.scheduler.handle_reconnect_tick();
         self.drive(ctx);
         ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| {
@@ -909,6 +918,31 @@ impl Actor for CoordinatorActor {
             act.scheduler.handle_watermark_tick();
             act.drive(ctx);
         });
+    }
+}
+
+impl Handler<Remote<Leaving>> for CoordinatorActor {
+    type Result = MessageResult<Remote<Leaving>>;
+
+    /// A worker got a preemption notice: the machine decides whether it goes now (its
+    /// closures run elsewhere at once) or stays (this chief is stopping too).
+    fn handle(&mut self, msg: Remote<Leaving>, ctx: &mut Context<Self>) -> Self::Result {
+        let Some(worker) = self.worker_index(&msg.from.node) else {
+            return MessageResult(LeaveAnswer::Go);
+        };
+        let epoch = msg.from.epoch.0;
+        let stopping = crate::process::preemption_requested();
+        let answer = self
+            .scheduler
+            .handle_worker_leaving(Instant::now(), worker, epoch, stopping);
+        if answer == LeaveAnswer::Go {
+            tracing::warn!(
+                "worker/{worker} (epoch {epoch}) got a preemption notice and leaves: its \
+                 closures run elsewhere now"
+            );
+        }
+        self.drive(ctx);
+        MessageResult(answer)
     }
 }
 

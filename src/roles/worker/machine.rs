@@ -13,7 +13,7 @@ use crate::layout::Layout;
 use crate::process::{JOB_DONE_EXIT_CODE, PREEMPTED_EXIT_CODE, RETIRED_EXIT_CODE};
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
+    LeaveAnswer, PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
 };
 use crate::roles::push::{plan_push, Gradient, PlannedPush, PushOrigin, PushOutcome};
 use crate::roles::worker::StepError;
@@ -49,6 +49,7 @@ type SetupKey = (u64, u64);
 ///    server's outcome says [`StepAction::Reply`]. The reply ends the job.
 /// 6. **Ending** (actor): [`WorkerMachine::handle_retire`], [`WorkerMachine::handle_goodbye`],
 ///    [`WorkerMachine::handle_chief_lost`], [`WorkerMachine::handle_preemption_notice`] then
+///    [`WorkerMachine::handle_leave_answer`] (the chief's answer to the notice) and
 ///    [`WorkerMachine::handle_preemption_over`]; an [`Exit`] they return is carried out (the
 ///    process exits with its code), and the first one decided is the only one.
 #[derive(Debug)]
@@ -549,6 +550,21 @@ impl WorkerMachine {
         self.preempted = true;
     }
 
+    /// Step 6: the chief's answer to this incarnation's preemption notice
+    /// ([`crate::roles::protocol::Leaving`]): told to go, it stops now (the chief fenced it and
+    /// runs its closures elsewhere); told to stay, it serves on through its grace.
+    pub fn handle_leave_answer(&mut self, _now: Instant, answer: LeaveAnswer) -> Option<Exit> {
+        match answer {
+            LeaveAnswer::Go => self.decide(Exit {
+                code: PREEMPTED_EXIT_CODE,
+                reason: "preempted: left at once; the chief runs this worker's closures \
+                         elsewhere"
+                    .into(),
+            }),
+            LeaveAnswer::Stay => None,
+        }
+    }
+
     /// Step 6: the chief is gone or the preemption grace has passed: stop.
     pub fn handle_preemption_over(&mut self, _now: Instant) -> Option<Exit> {
         self.decide(Exit::preempted())
@@ -927,10 +943,19 @@ mod tests {
             .unwrap()
             .reason
             .contains("the chief has exited"));
+        // Told to stay (the chief stops too), it serves on; the grace's end stops it.
+        assert_eq!(m.handle_leave_answer(now(), LeaveAnswer::Stay), None);
         assert_eq!(
             m.handle_preemption_over(now()).unwrap().code,
             PREEMPTED_EXIT_CODE
         );
+        // Told to go, it stops at once, with the preemption's code.
+        let mut leaving = ready(&[]);
+        leaving.handle_preemption_notice(now());
+        let exit = leaving.handle_leave_answer(now(), LeaveAnswer::Go).unwrap();
+        assert_eq!(exit.code, PREEMPTED_EXIT_CODE);
+        assert!(exit.reason.contains("left at once"), "{}", exit.reason);
+        assert_eq!(leaving.handle_preemption_over(now()), None, "decided once");
     }
 
     /// A setup overtaken by a newer one (a delayed request on another stream) never undoes

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use super::recovery::{CallFault, WorkerPositions};
 use super::{ClosureId, Ledger, Scheduler, SchedulerAction, WorkerEpoch};
-use crate::roles::protocol::SetupWorker;
+use crate::roles::protocol::{LeaveAnswer, SetupWorker};
 
 /// What a dial of a worker found ([`SchedulerAction::DialWorker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +122,8 @@ pub struct ControlCounters {
     pub setups_failed: u64,
     /// Setups of a new incarnation discarded as outdated (it is set up again).
     pub setups_outdated: u64,
+    /// Worker incarnations that left after a preemption notice (handed back their closures).
+    pub workers_left: u64,
 }
 
 /// A configuration sent to live workers, waiting for their answers.
@@ -259,6 +261,29 @@ impl Scheduler {
         if result.is_err() {
             self.control.watermarks_undelivered += 1;
         }
+    }
+
+    /// Worker `worker`'s incarnation `epoch` got a preemption notice and is about to go. Unless
+    /// the chief is `stopping` too (its own preemption checkpoint needs the workers to finish
+    /// its steps: the worker stays through its grace), the incarnation is lost now, as if the
+    /// failure detector had declared it dead: fenced (FENCE-1), its closures queued again for
+    /// other workers at once, and the worker dialled again when it comes back as a new
+    /// incarnation. An incarnation not live (older, fenced already) may go as well.
+    pub fn handle_worker_leaving(
+        &mut self,
+        now: Instant,
+        worker: u32,
+        epoch: WorkerEpoch,
+        stopping: bool,
+    ) -> LeaveAnswer {
+        if stopping {
+            return LeaveAnswer::Stay;
+        }
+        if self.worker_epoch(worker) == Some(epoch) {
+            self.control.workers_left += 1;
+            self.handle_worker_lost(now, worker, epoch);
+        }
+        LeaveAnswer::Go
     }
 
     /// The program changed what workers are set up with (`layouts` are the setup's, parsed):

@@ -404,3 +404,58 @@ fn ckpt_1_a_cut_read_before_a_restore_is_refused() {
         .unwrap();
     assert_eq!(s.ledger_state().next_closure_id, 5);
 }
+
+/// A worker that got a preemption notice leaves at once while the chief trains on: its
+/// incarnation is fenced and its closure runs on another worker now (not after the failure
+/// detector's budget); while the chief is stopping too, it stays (the chief's preemption
+/// checkpoint needs it); an incarnation not live may go with nothing to do.
+#[test]
+fn a_worker_leaving_after_a_notice_hands_its_closure_back_unless_the_chief_stops_too() {
+    use crate::roles::protocol::LeaveAnswer;
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_workers(2);
+    s.handle_configure(setup(&[("ids", 0)]));
+    bring_up(&mut s, 0, 1);
+    s.handle_schedule(t, "step", Vec::new()).unwrap();
+    let dispatched = drain(&mut s);
+    assert!(
+        matches!(
+            dispatched.as_slice(),
+            [SchedulerAction::Dispatch { worker: 0, .. }]
+        ),
+        "{dispatched:?}"
+    );
+    bring_up(&mut s, 1, 1);
+    assert_eq!(s.handle_worker_leaving(t, 0, 1, true), LeaveAnswer::Stay);
+    assert!(drain(&mut s).is_empty(), "staying changes nothing");
+    assert_eq!(s.worker_epoch(0), Some(1));
+    assert_eq!(s.handle_worker_leaving(t, 0, 1, false), LeaveAnswer::Go);
+    let actions = drain(&mut s);
+    assert!(
+        actions.contains(&SchedulerAction::Fence {
+            worker: 0,
+            epoch: 1
+        }),
+        "{actions:?}"
+    );
+    let again = actions.iter().find_map(|a| match a {
+        SchedulerAction::Dispatch {
+            worker,
+            closure,
+            attempt,
+            ..
+        } => Some((*worker, *closure, *attempt)),
+        _ => None,
+    });
+    assert_eq!(again, Some((1, ClosureId(0), 2)), "{actions:?}");
+    assert_eq!(s.ledger().redispatched, 1);
+    assert_eq!(s.control_counters().workers_left, 1);
+    // Its old incarnation again, or one never seen: nothing more to do.
+    assert_eq!(s.handle_worker_leaving(t, 0, 1, false), LeaveAnswer::Go);
+    assert_eq!(s.handle_worker_leaving(t, 0, 9, false), LeaveAnswer::Go);
+    assert!(!drain(&mut s).iter().any(|a| matches!(
+        a,
+        SchedulerAction::Fence { .. } | SchedulerAction::Dispatch { .. }
+    )));
+    assert_eq!(s.control_counters().workers_left, 1);
+}
