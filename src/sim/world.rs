@@ -24,7 +24,8 @@ use crate::roles::coordinator::{
     Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, WorkerDial,
 };
 use crate::roles::protocol::{
-    bytes_to_f32, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure, RunClosureError, SetupWorker,
+    bytes_to_f32, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure, RunClosureError,
+    SetupWorker,
 };
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
@@ -161,9 +162,15 @@ enum FaultEvent {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Msg {
     /// A coordinator call.
-    Request { call: u64, req: Req },
+    Request {
+        call: u64,
+        req: Req,
+    },
     /// Its answer.
-    Reply { call: u64, resp: Resp },
+    Reply {
+        call: u64,
+        resp: Resp,
+    },
     /// Worker to server (the planned push, blobs and all), and back.
     Push {
         run: u64,

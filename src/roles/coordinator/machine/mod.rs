@@ -512,6 +512,10 @@ pub struct Scheduler {
     fenced: BTreeMap<u32, WorkerEpoch>,
     /// Where the checkpoint of the last cut lives: a recovery restores from there.
     checkpoint_root: Option<PathBuf>,
+    /// The cut that checkpoint records (its ledger's next closure id), by which a recovery
+    /// finds it: the cut itself, except after a restore at start-up over servers that had
+    /// gone on past the checkpoint (the cut is then above it: the ids between were burned).
+    cut_stored_at: Option<ClosureId>,
     /// What every worker incarnation is set up with, before its positions are applied.
     setup: SetupWorker,
     /// Where each worker's datasets resume (the last restore's checkpoint).
@@ -584,6 +588,8 @@ enum Purpose {
         ticket: RestoreTicket,
         ledger: Ledger,
         next_id: u64,
+        /// The checkpoint's own cut (its ledger's next closure id).
+        stored_at: u64,
         root: PathBuf,
     },
 }
@@ -640,6 +646,7 @@ impl Scheduler {
             generation: 0,
             fenced: BTreeMap::new(),
             checkpoint_root: None,
+            cut_stored_at: None,
             setup: SetupWorker {
                 num_workers: 0,
                 layouts: Vec::new(),
@@ -1073,12 +1080,15 @@ impl Scheduler {
         if self.is_restoring() {
             return Err("a parameter-server restore is under way".into());
         }
-        self.set_cut(cut, root);
+        self.set_cut(cut, cut, root);
         Ok(())
     }
 
-    fn set_cut(&mut self, cut: ClosureId, root: PathBuf) {
+    /// The variables are at cut `cut` now, as the checkpoint under `root` that records cut
+    /// `stored_at` holds them.
+    fn set_cut(&mut self, cut: ClosureId, stored_at: ClosureId, root: PathBuf) {
         self.cut = Some(cut);
+        self.cut_stored_at = Some(stored_at);
         self.checkpoint_root = Some(root);
         self.since_cut.retain(|id, _| *id >= cut);
         self.retention_overflowed = self.since_cut.len() > self.config.rollback_retained_max;
@@ -1149,6 +1159,7 @@ impl Scheduler {
                     ticket,
                     ledger,
                     next_id,
+                    stored_at,
                     root,
                 },
                 end,
@@ -1159,7 +1170,7 @@ impl Scheduler {
                         self.watermark_sent = next_id;
                         // The variables are at this checkpoint now: a recovery rolls back
                         // to it until the next save.
-                        self.set_cut(ClosureId(next_id), root);
+                        self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
                         Some(step)
                     }),
                     RunEnd::Interrupted { ps, reason } => Err(format!("ps/{ps}: {reason}")),
@@ -1221,6 +1232,7 @@ impl Scheduler {
             return Err("there is no parameter server to restore".into());
         }
         let saved = &checkpoint.ledger;
+        let saved_cut = saved.next_closure_id;
         let ledger = saved.counts.clone();
         let live_next = probes
             .iter()
@@ -1252,6 +1264,7 @@ impl Scheduler {
                 ticket,
                 ledger,
                 next_id,
+                stored_at: saved_cut,
                 root,
             },
         });
@@ -1688,6 +1701,7 @@ impl Scheduler {
             .is_some_and(|r| !r.state_lost.is_empty());
         match (self.cut, self.checkpoint_root.clone()) {
             (Some(cut), Some(root)) if lost => {
+                let stored_at = self.cut_stored_at.unwrap_or(cut);
                 self.generation += 1;
                 let pinned = self.servers.iter().map(|(ps, e)| (*ps, e.epoch)).collect();
                 let (run, calls) = RestoreRun::start(
@@ -1695,7 +1709,10 @@ impl Scheduler {
                     pinned,
                     self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
                     cut,
-                    CheckpointSource::AtCut { root, cut },
+                    CheckpointSource::AtCut {
+                        root,
+                        cut: stored_at,
+                    },
                     self.setup.layouts.clone(),
                 );
                 if let Some(r) = self.recovery.as_mut() {
