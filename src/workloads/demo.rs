@@ -71,6 +71,9 @@ impl DemoConfig {
     }
 }
 
+/// How often the demo checkpoints during training (checked at the end of each epoch).
+const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Set to `true` by `cohort demo` when its launcher will kill a worker at the chaos marker.
 pub const CHAOS_ENV: &str = "COHORT_DEMO_CHAOS";
 
@@ -213,9 +216,12 @@ fn run_chief(
         .unwrap_or_else(|| {
             std::env::temp_dir().join(format!("cohort-demo-{}-{}", std::process::id(), unix_ms()))
         });
+    // On a cadence as well as at the end of each workload, so that a parameter server lost
+    // late re-runs at most the closures since the last save (TensorFlow's `BackupAndRestore`
+    // saves per epoch), checked at the end of every epoch.
     let policy = CheckpointPolicy {
         save_every_steps: None,
-        save_every: None,
+        save_every: Some(SAVE_EVERY),
         keep_last: 2,
     };
     let mut checkpoints =
@@ -284,6 +290,7 @@ fn run_chief(
     let preempted = run_phase(
         coordinator,
         &mut progress,
+        &mut checkpoints,
         &phase,
         &mut step,
         |coordinator, loss| {
@@ -335,6 +342,7 @@ fn run_chief(
     let preempted = run_phase(
         coordinator,
         &mut progress,
+        &mut checkpoints,
         &phase,
         &mut step,
         |coordinator, loss| {
@@ -422,6 +430,7 @@ struct Phase {
 fn run_phase(
     coordinator: &ClusterCoordinator,
     progress: &mut Progress,
+    checkpoints: &mut CheckpointManager,
     phase: &Phase,
     step: &mut u64,
     mut after_epoch: impl FnMut(&ClusterCoordinator, f64) -> Result<(), CoordinatorError>,
@@ -445,8 +454,38 @@ fn run_phase(
             return Ok(true);
         }
         after_epoch(coordinator, outcome.mean_loss)?;
+        if checkpoints.should_save(*step, Instant::now()) {
+            save_on_cadence(coordinator, checkpoints, *step)?;
+        }
     }
     Ok(false)
+}
+
+/// A save on the checkpoint cadence, with what it cost: the time the servers were read and
+/// the checkpoint written and verified (training waits for it), and its size.
+fn save_on_cadence(
+    coordinator: &ClusterCoordinator,
+    checkpoints: &mut CheckpointManager,
+    step: u64,
+) -> Result<(), CoordinatorError> {
+    let started = Instant::now();
+    let saved = coordinator.save_checkpoint(checkpoints, step)?;
+    let took = started.elapsed();
+    let bytes: u64 = std::fs::read_dir(&saved)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    println!(
+        "  checkpoint at step {step} (every {SAVE_EVERY:?}): {} in {:.0} ms, {:.1} MB",
+        saved.display(),
+        took.as_secs_f64() * 1e3,
+        bytes as f64 / 1e6
+    );
+    Ok(())
 }
 
 /// The preemption path: checkpoint at `step`, say how to resume, and return (the process then
