@@ -3,6 +3,10 @@
 //! checkpoint ([`RestoreVariable`] for every shard: values, optimizer slots, step count) and
 //! reading the checkpoint taken at a cut.
 //!
+//! It also owns reading a checkpoint into the job's layouts when they are not the
+//! checkpoint's (another number of servers, other shard boundaries): the resharding
+//! ([`shard_restores`]), so a checkpoint saved on M parameter servers restores onto M'.
+//!
 //! It never decides anything (the machine orders the calls), never writes a checkpoint, and
 //! the loader ([`load_at_cut`]) never removes anything either: a save may be under way beside
 //! it (CKPT-1).
