@@ -3,10 +3,15 @@
 //! checkpoint ([`RestoreVariable`] for every shard: values, optimizer slots, step count) and
 //! reading the checkpoint taken at a cut.
 //!
+//! It also owns reading a checkpoint into the job's layouts when they are not the
+//! checkpoint's (another number of servers, other shard boundaries): the resharding
+//! ([`shard_restores`]), so a checkpoint saved on M parameter servers restores onto M'.
+//!
 //! It never decides anything (the machine orders the calls), never writes a checkpoint, and
 //! the loader ([`load_at_cut`]) never removes anything either: a save may be under way beside
 //! it (CKPT-1).
 
+use std::ops::Range;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -14,9 +19,9 @@ use cohort_actors::{Gateway, Incarnation, RefusedReason, RemoteError};
 use cohort_transport::NodeId;
 
 use super::machine::recovery::CallFault;
-use crate::checkpoint::{self, Checkpoint, TensorBytes};
-use crate::layout::Layout;
-use crate::roles::protocol::{f32_blob, RestoreVariable, PS_ACTOR};
+use crate::checkpoint::{self, Checkpoint};
+use crate::layout::{Dtype, Layout};
+use crate::roles::protocol::{RestoreVariable, PS_ACTOR};
 
 /// What a failed call means to the machine: a refusal of the request itself, or a reply that
 /// does not decode, cannot be helped by calling again; anything else can (the peer is gone,
@@ -65,8 +70,12 @@ pub(crate) async fn restore_shards(
 }
 
 /// The [`RestoreVariable`] messages (with their blobs: the values, then every optimizer slot
-/// in the message's order) that restore server `ps`'s shards of `layouts` from `ckpt`. A
-/// checkpoint that does not fit the job (a missing tensor, another shape) is a refusal.
+/// in the message's order) that restore server `ps`'s shards of `layouts` from `ckpt`.
+///
+/// The job's layouts need not be the checkpoint's: a checkpoint saved on M servers restores
+/// onto M' (see [`SavedVariable`]). A variable of the job that the checkpoint lacks, or that it
+/// saved with another full shape or dtype, is a refusal naming it; variables the checkpoint
+/// has and the job does not are left alone.
 pub(crate) fn shard_restores(
     ps: u32,
     layouts: &[Layout],
@@ -76,55 +85,177 @@ pub(crate) fn shard_restores(
         |detail: String| CallFault::Refused(format!("checkpoint at step {}: {detail}", ckpt.step));
     let mut restores = Vec::new();
     for layout in layouts {
+        if !layout.shards.iter().any(|s| s.ps == ps) {
+            continue;
+        }
+        let saved = SavedVariable::find(ckpt, layout).map_err(unfit)?;
+        if saved.layout.shards != layout.shards {
+            tracing::info!(
+                "variable {:?}: the checkpoint holds it in {} shards on its {} servers; \
+                 resharding it into this job's {} shards (restoring ps/{ps}'s)",
+                layout.name,
+                saved.layout.shards.len(),
+                ckpt.num_ps(),
+                layout.shards.len()
+            );
+        }
         for (i, shard) in layout.shards.iter().enumerate() {
-            if shard.ps != ps {
-                continue;
+            if shard.ps == ps {
+                restores.push(saved.restore(layout, i).map_err(unfit)?);
             }
-            let name = layout.shard_name(i);
-            let values = ckpt
-                .tensor(ps as usize, &name)
-                .ok_or_else(|| unfit(format!("no tensor {name:?} on ps {ps}")))?;
-            if values.shape() != layout.shard_shape(i).as_slice() {
-                return Err(unfit(format!(
-                    "tensor {name:?} has shape {:?}, this job's variable shard has {:?}",
-                    values.shape(),
-                    layout.shard_shape(i)
-                )));
-            }
-            let prefix = format!("{name}{}", checkpoint::SLOT_INFIX);
-            let as_blob = |t: &TensorBytes| {
-                t.to_f32()
-                    .map(|v| f32_blob(&v))
-                    .map_err(|e| unfit(e.to_string()))
-            };
-            let mut slots = Vec::new();
-            let mut blobs = vec![as_blob(values)?];
-            let tensors = ckpt
-                .shards
-                .get(ps as usize)
-                .map(|s| &s.tensors)
-                .ok_or_else(|| unfit(format!("no shard file for ps {ps}")))?;
-            for (key, t) in tensors {
-                if let Some(slot) = key.strip_prefix(&prefix) {
-                    slots.push(slot.to_string());
-                    blobs.push(as_blob(t)?);
-                }
-            }
-            let steps = ckpt
-                .extra
-                .get(format!("steps/{name}"))
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0);
-            let msg = RestoreVariable {
-                name: name.clone(),
-                shape: values.shape().iter().map(|&d| d as u64).collect(),
-                slots,
-                steps,
-            };
-            restores.push((msg, blobs));
         }
     }
     Ok(restores)
+}
+
+/// One variable as a checkpoint saved it (its layout there, the tensors of its shards, their
+/// optimizer slots and step counts), read into any layout of the same full shape and dtype:
+/// the resharding of a restore onto another number of servers or other shard boundaries.
+///
+/// Each target shard's rows are copied, as bytes, from the saved shards that hold them (a row
+/// range may span several), for the values and for every optimizer slot alike, so values and
+/// slots arrive bit-identical (NaN payloads and signed zeros included). A whole variable that
+/// moved to another server is the case of one shard over the same rows.
+///
+/// The step count (Adam's bias correction reads it) is kept per shard: a target shard takes
+/// the largest count among the saved shards its rows come from (the whole variable's largest
+/// for a shard with no rows). Dense updates reach every shard of a variable, so their counts
+/// are equal and this is exact. A sparse update counts only on the shards it touched; there the
+/// largest count never moves a row's count back (a smaller one would correct its slots' bias
+/// as if they were younger, enlarging its next updates), and a shard cut out of a single saved
+/// shard keeps that shard's count exactly.
+struct SavedVariable<'a> {
+    ckpt: &'a Checkpoint,
+    /// The variable's layout in the checkpoint.
+    layout: &'a Layout,
+    /// Every optimizer slot the checkpoint holds for it, sorted.
+    slots: Vec<String>,
+}
+
+impl<'a> SavedVariable<'a> {
+    /// The checkpoint's record of the job's variable `job`, if it fits it (same full shape and
+    /// dtype); otherwise why not, naming the variable.
+    fn find(ckpt: &'a Checkpoint, job: &Layout) -> Result<Self, String> {
+        let name = &job.name;
+        let layout = ckpt
+            .layout
+            .iter()
+            .find(|l| &l.name == name)
+            .ok_or_else(|| format!("variable {name:?} is not in the checkpoint"))?;
+        if layout.shape != job.shape || layout.dtype != job.dtype {
+            return Err(format!(
+                "variable {name:?} was saved as {} {:?}, this job's is {} {:?}",
+                layout.dtype, layout.shape, job.dtype, job.shape
+            ));
+        }
+        let mut slots = std::collections::BTreeSet::new();
+        for (j, shard) in layout.shards.iter().enumerate() {
+            let prefix = format!("{}{}", layout.shard_name(j), checkpoint::SLOT_INFIX);
+            if let Some(saved) = ckpt.shards.get(shard.ps as usize) {
+                slots.extend(
+                    saved
+                        .tensors
+                        .range(prefix.clone()..)
+                        .map(|(key, _)| key)
+                        .take_while(|key| key.starts_with(&prefix))
+                        .map(|key| key[prefix.len()..].to_string()),
+                );
+            }
+        }
+        Ok(Self {
+            ckpt,
+            layout,
+            slots: slots.into_iter().collect(),
+        })
+    }
+
+    /// The [`RestoreVariable`] and its blobs for shard `index` of `job` (this variable in the
+    /// job's layout).
+    fn restore(&self, job: &Layout, index: usize) -> Result<(RestoreVariable, Vec<Bytes>), String> {
+        let pieces = self.pieces(&job.shards[index].rows);
+        let mut blobs = vec![self.gather(&pieces, None)?];
+        for slot in &self.slots {
+            blobs.push(self.gather(&pieces, Some(slot))?);
+        }
+        let steps = if pieces.is_empty() {
+            (0..self.layout.shards.len()).map(|j| self.steps(j)).max()
+        } else {
+            pieces.iter().map(|(j, _)| self.steps(*j)).max()
+        }
+        .unwrap_or(0);
+        let msg = RestoreVariable {
+            name: job.shard_name(index),
+            shape: job.shard_shape(index).iter().map(|&d| d as u64).collect(),
+            slots: self.slots.clone(),
+            steps,
+        };
+        Ok((msg, blobs))
+    }
+
+    /// The saved shards holding `rows` of the variable, in row order, each with the rows (in
+    /// that shard's own numbering) it gives. A saved shard over exactly these rows is taken
+    /// whole, empty or not (so a restore onto the saved layout is shard for shard).
+    fn pieces(&self, rows: &Range<usize>) -> Vec<(usize, Range<usize>)> {
+        let saved = &self.layout.shards;
+        if let Some(j) = saved.iter().position(|s| &s.rows == rows) {
+            return vec![(j, 0..rows.len())];
+        }
+        saved
+            .iter()
+            .enumerate()
+            .filter_map(|(j, s)| {
+                let start = rows.start.max(s.rows.start);
+                let end = rows.end.min(s.rows.end);
+                (start < end).then(|| (j, start - s.rows.start..end - s.rows.start))
+            })
+            .collect()
+    }
+
+    /// The bytes of `pieces` of the values (`slot` None) or of one optimizer slot, in order.
+    fn gather(
+        &self,
+        pieces: &[(usize, Range<usize>)],
+        slot: Option<&str>,
+    ) -> Result<Bytes, String> {
+        let mut bytes = Vec::new();
+        for (j, rows) in pieces {
+            let ps = self.layout.shards[*j].ps as usize;
+            let part = self.layout.shard_name(*j);
+            let tensor_name = match slot {
+                None => part.clone(),
+                Some(slot) => checkpoint::slot_tensor_name(&part, slot),
+            };
+            let tensor = self.ckpt.tensor(ps, &tensor_name).ok_or_else(|| {
+                format!(
+                    "variable {:?}: no tensor {tensor_name:?} on ps {ps}",
+                    self.layout.name
+                )
+            })?;
+            let shape = self.layout.shard_shape(*j);
+            if tensor.dtype() != Dtype::F32 || tensor.shape() != shape.as_slice() {
+                return Err(format!(
+                    "variable {:?}: tensor {tensor_name:?} on ps {ps} is {} {:?}, its shard is \
+                     F32 {shape:?}",
+                    self.layout.name,
+                    tensor.dtype(),
+                    tensor.shape()
+                ));
+            }
+            // The shape matched, so every row is `row_len` f32 and the slice is in bounds.
+            let row_bytes = self.layout.row_len() * Dtype::F32.size_bytes();
+            bytes.extend_from_slice(&tensor.data()[rows.start * row_bytes..rows.end * row_bytes]);
+        }
+        Ok(Bytes::from(bytes))
+    }
+
+    /// The update count the checkpoint holds for saved shard `j` (0 if none).
+    fn steps(&self, j: usize) -> u64 {
+        self.ckpt
+            .extra
+            .get(format!("steps/{}", self.layout.shard_name(j)))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0)
+    }
 }
 
 /// The newest checkpoint under `root` that verifies (CKPT-1) and was taken at `cut` (its
@@ -154,6 +285,221 @@ mod tests {
     use super::*;
     use crate::checkpoint::{CheckpointManager, CheckpointPolicy, TEMP_DIR_PREFIX};
     use std::time::Instant;
+
+    mod reshard {
+        use std::collections::BTreeMap;
+
+        use super::super::shard_restores;
+        use crate::checkpoint::{slot_tensor_name, Checkpoint, TensorBytes};
+        use crate::layout::{Dtype, Layout, Shard};
+        use crate::roles::coordinator::machine::recovery::CallFault;
+
+        /// The optimizer slots every saved shard carries.
+        const SLOTS: [&str; 2] = ["m", "v"];
+
+        fn layout(name: &str, shape: &[usize], shards: &[(u32, std::ops::Range<usize>)]) -> Layout {
+            Layout {
+                name: name.into(),
+                dtype: Dtype::F32,
+                shape: shape.to_vec(),
+                shards: shards
+                    .iter()
+                    .map(|(ps, rows)| Shard {
+                        ps: *ps,
+                        rows: rows.clone(),
+                    })
+                    .collect(),
+            }
+        }
+
+        /// `n` distinct bit patterns for tensor `tag`: NaNs with payloads and a negative zero
+        /// among them, so any element converted, moved or lost shows.
+        fn bits(tag: u32, n: usize) -> Vec<u32> {
+            (0..n as u32)
+                .map(|i| match i % 3 {
+                    0 => 0x7f80_0001 + tag * 1000 + i,
+                    1 if i == 1 => (-0.0f32).to_bits(),
+                    _ => ((tag * 100 + i) as f32).to_bits(),
+                })
+                .collect()
+        }
+
+        /// The whole variable's values (`None`) and slots, as the test saved them.
+        type Full = BTreeMap<(String, Option<String>), Vec<u32>>;
+
+        /// A checkpoint on `num_ps` servers of `vars` (each layout with its shards' step
+        /// counts), every value and slot distinct; and what it holds, whole.
+        fn saved(num_ps: usize, vars: &[(Layout, Vec<u64>)]) -> (Checkpoint, Full) {
+            let mut ckpt = Checkpoint::new(3, num_ps);
+            let mut full = Full::new();
+            for (tag, (var, steps)) in vars.iter().enumerate() {
+                ckpt.layout.push(var.clone());
+                let len = var.rows() * var.row_len();
+                let mut tensors = vec![(None, bits(tag as u32 * 10, len))];
+                for (k, slot) in SLOTS.iter().enumerate() {
+                    tensors.push((
+                        Some(slot.to_string()),
+                        bits(tag as u32 * 10 + 1 + k as u32, len),
+                    ));
+                }
+                for (j, shard) in var.shards.iter().enumerate() {
+                    let part = var.shard_name(j);
+                    let rows = shard.rows.start * var.row_len()..shard.rows.end * var.row_len();
+                    for (slot, values) in &tensors {
+                        let name = match slot {
+                            None => part.clone(),
+                            Some(slot) => slot_tensor_name(&part, slot),
+                        };
+                        let values: Vec<f32> = values[rows.clone()]
+                            .iter()
+                            .map(|&b| f32::from_bits(b))
+                            .collect();
+                        ckpt.shards[shard.ps as usize].tensors.insert(
+                            name,
+                            TensorBytes::from_f32(var.shard_shape(j), &values).unwrap(),
+                        );
+                    }
+                    ckpt.extra[format!("steps/{part}")] = serde_json::json!(steps[j]);
+                }
+                for (slot, values) in tensors {
+                    full.insert((var.name.clone(), slot), values);
+                }
+            }
+            ckpt.validate().unwrap();
+            (ckpt, full)
+        }
+
+        /// Restores `job` on its `num_ps` servers from `ckpt`: every variable reassembled from
+        /// the restore messages in row order (values and slots), and each shard's step count.
+        fn restore(job: &[Layout], num_ps: u32, ckpt: &Checkpoint) -> (Full, Vec<Vec<u64>>) {
+            let mut by_shard = BTreeMap::new();
+            for ps in 0..num_ps {
+                for (msg, blobs) in shard_restores(ps, job, ckpt).unwrap() {
+                    assert_eq!(msg.slots, SLOTS, "{}", msg.name);
+                    assert_eq!(blobs.len(), 1 + SLOTS.len(), "{}", msg.name);
+                    by_shard.insert(msg.name.clone(), (msg, blobs));
+                }
+            }
+            let mut full = Full::new();
+            let mut steps = Vec::new();
+            for var in job {
+                let mut var_steps = Vec::new();
+                for (j, shard) in var.shards.iter().enumerate() {
+                    let (msg, blobs) = &by_shard[&var.shard_name(j)];
+                    let shape: Vec<u64> = var.shard_shape(j).iter().map(|&d| d as u64).collect();
+                    assert_eq!(msg.shape, shape, "{}", msg.name);
+                    var_steps.push(msg.steps);
+                    let slots = std::iter::once(None).chain(SLOTS.map(|s| Some(s.to_string())));
+                    for (slot, blob) in slots.zip(blobs) {
+                        assert_eq!(
+                            blob.len(),
+                            shard.rows.len() * var.row_len() * 4,
+                            "{} {slot:?}",
+                            msg.name
+                        );
+                        full.entry((var.name.clone(), slot)).or_default().extend(
+                            blob.chunks_exact(4)
+                                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                        );
+                    }
+                }
+                steps.push(var_steps);
+            }
+            assert_eq!(
+                by_shard.len(),
+                job.iter().map(|l| l.shards.len()).sum::<usize>()
+            );
+            (full, steps)
+        }
+
+        /// A [10, 3] variable saved on 2 servers (rows 0..5, 5..10) restores onto 3 servers
+        /// (0..4, 4..7, 7..10: the middle shard spans both saved ones), onto 1, and onto its
+        /// own layout, values and both slots bit for bit; each shard's step count is the
+        /// largest of the saved shards its rows come from.
+        #[test]
+        fn a_split_variable_restores_onto_three_servers_onto_one_and_onto_its_own_layout() {
+            let two = layout("emb", &[10, 3], &[(0, 0..5), (1, 5..10)]);
+            let (ckpt, full) = saved(2, &[(two.clone(), vec![7, 9])]);
+
+            let three = layout("emb", &[10, 3], &[(0, 0..4), (1, 4..7), (2, 7..10)]);
+            let (restored, steps) = restore(&[three], 3, &ckpt);
+            assert_eq!(restored, full);
+            assert_eq!(steps, [[7, 9, 9]]);
+
+            let one = layout("emb", &[10, 3], &[(0, 0..10)]);
+            let (restored, steps) = restore(&[one], 1, &ckpt);
+            assert_eq!(restored, full);
+            assert_eq!(steps, [[9]]);
+
+            let (restored, steps) = restore(&[two], 2, &ckpt);
+            assert_eq!(restored, full);
+            assert_eq!(steps, [[7, 9]]);
+        }
+
+        /// A whole variable placed on ps/1 of 2 restores onto ps/0 of 1, beside one that stays
+        /// on ps/0; a job whose variable is split where the checkpoint's was whole reads it too.
+        #[test]
+        fn whole_variables_are_placed_again_and_may_be_split() {
+            let bias = layout("bias", &[3], &[(1, 0..3)]);
+            let head = layout("head", &[4, 2], &[(0, 0..4)]);
+            let (ckpt, full) = saved(2, &[(head.clone(), vec![5]), (bias, vec![4])]);
+
+            let onto_one = [head, layout("bias", &[3], &[(0, 0..3)])];
+            let (restored, steps) = restore(&onto_one, 1, &ckpt);
+            assert_eq!(restored, full);
+            assert_eq!(steps, [[5], [4]]);
+
+            let split = [
+                layout("head", &[4, 2], &[(1, 0..1), (0, 1..4)]),
+                layout("bias", &[3], &[(0, 0..3)]),
+            ];
+            let (restored, steps) = restore(&split, 2, &ckpt);
+            assert_eq!(restored, full);
+            assert_eq!(steps, [vec![5, 5], vec![4]]);
+        }
+
+        fn refusal(job: &[Layout], ps: u32, ckpt: &Checkpoint) -> String {
+            match shard_restores(ps, job, ckpt) {
+                Err(CallFault::Refused(why)) => why,
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+
+        /// A variable the checkpoint lacks, one saved with another shape or dtype, and a saved
+        /// shard missing a slot that the target rows need are refused, naming what is wrong.
+        #[test]
+        fn a_variable_that_does_not_fit_is_refused_by_name() {
+            let two = layout("emb", &[10, 3], &[(0, 0..5), (1, 5..10)]);
+            let (mut ckpt, _) = saved(2, &[(two, vec![1, 1])]);
+
+            let why = refusal(&[layout("emb", &[10, 4], &[(0, 0..10)])], 0, &ckpt);
+            assert_eq!(
+                why,
+                "checkpoint at step 3: variable \"emb\" was saved as F32 [10, 3], this job's is \
+                 F32 [10, 4]"
+            );
+            let mut other_dtype = layout("emb", &[10, 3], &[(0, 0..10)]);
+            other_dtype.dtype = Dtype::F64;
+            assert!(refusal(&[other_dtype], 0, &ckpt).contains("variable \"emb\" was saved as F32"));
+            let why = refusal(&[layout("extra", &[2], &[(0, 0..2)])], 0, &ckpt);
+            assert_eq!(
+                why,
+                "checkpoint at step 3: variable \"extra\" is not in the checkpoint"
+            );
+
+            ckpt.shards[1]
+                .tensors
+                .remove(&slot_tensor_name("emb/part_1", "v"));
+            let three = [layout("emb", &[10, 3], &[(0, 0..4), (1, 4..7), (2, 7..10)])];
+            // ps/0's rows all come from the saved shard that is whole.
+            assert_eq!(shard_restores(0, &three, &ckpt).unwrap().len(), 1);
+            let why = refusal(&three, 1, &ckpt);
+            assert_eq!(
+                why,
+                "checkpoint at step 3: variable \"emb\": no tensor \"emb/part_1/slot/v\" on ps 1"
+            );
+        }
+    }
 
     /// CKPT-1: the recovery's loader takes the newest checkpoint taken at the cut (not a newer
     /// one at another cut) and removes nothing: a `.tmp-` directory may be a save under way.
