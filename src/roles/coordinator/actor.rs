@@ -868,6 +868,24 @@ fn worker_reply<T, E: std::fmt::Display>(
     }
 }
 
+/// The program's wait for a request the machine took under a ticket (`asked`), answered when
+/// the machine ends it; a request the machine refused is answered at once with the refusal.
+fn wait_for_ticket<K: Ord, T>(
+    waiters: &mut BTreeMap<K, oneshot::Sender<Result<T, String>>>,
+    asked: Result<K, String>,
+) -> oneshot::Receiver<Result<T, String>> {
+    let (done, rx) = oneshot::channel();
+    match asked {
+        Ok(ticket) => {
+            waiters.insert(ticket, done);
+        }
+        Err(e) => {
+            let _ = done.send(Err(e));
+        }
+    }
+    rx
+}
+
 /// Tells the fenced incarnation `fenced` (its `actor`), at `addr`, to retire ([`Retire`]).
 async fn retire(
     gateway: &Gateway,
@@ -1092,15 +1110,8 @@ impl Handler<Configure> for CoordinatorActor {
     type Result = MessageResult<Configure>;
 
     fn handle(&mut self, msg: Configure, ctx: &mut Context<Self>) -> Self::Result {
-        let (done, rx) = oneshot::channel();
-        match self.scheduler.handle_reconfigure(Instant::now(), msg.0) {
-            Ok(ticket) => {
-                self.configure_waiters.insert(ticket, done);
-            }
-            Err(e) => {
-                let _ = done.send(Err(e));
-            }
-        }
+        let asked = self.scheduler.handle_reconfigure(Instant::now(), msg.0);
+        let rx = wait_for_ticket(&mut self.configure_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)
     }
@@ -1125,18 +1136,10 @@ impl Handler<Start> for CoordinatorActor {
     type Result = MessageResult<Start>;
 
     fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) -> Self::Result {
-        let (done, rx) = oneshot::channel();
-        match self
+        let asked = self
             .scheduler
-            .handle_start(Instant::now(), msg.checkpoint, msg.root)
-        {
-            Ok(ticket) => {
-                self.restore_waiters.insert(ticket, done);
-            }
-            Err(e) => {
-                let _ = done.send(Err(e));
-            }
-        }
+            .handle_start(Instant::now(), msg.checkpoint, msg.root);
+        let rx = wait_for_ticket(&mut self.restore_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)
     }
@@ -1159,18 +1162,10 @@ impl Handler<CreateShards> for CoordinatorActor {
     type Result = MessageResult<CreateShards>;
 
     fn handle(&mut self, msg: CreateShards, ctx: &mut Context<Self>) -> Self::Result {
-        let (done, rx) = oneshot::channel();
-        match self
+        let asked = self
             .scheduler
-            .handle_create_variable(&msg.layout, msg.inits)
-        {
-            Ok(ticket) => {
-                self.create_waiters.insert(ticket, done);
-            }
-            Err(e) => {
-                let _ = done.send(Err(e));
-            }
-        }
+            .handle_create_variable(&msg.layout, msg.inits);
+        let rx = wait_for_ticket(&mut self.create_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)
     }
@@ -1192,15 +1187,8 @@ impl Handler<ReadCut> for CoordinatorActor {
     type Result = MessageResult<ReadCut>;
 
     fn handle(&mut self, msg: ReadCut, ctx: &mut Context<Self>) -> Self::Result {
-        let (done, rx) = oneshot::channel();
-        match self.scheduler.handle_read_cut(Instant::now(), msg.step) {
-            Ok(ticket) => {
-                self.cut_waiters.insert(ticket, done);
-            }
-            Err(e) => {
-                let _ = done.send(Err(e));
-            }
-        }
+        let asked = self.scheduler.handle_read_cut(Instant::now(), msg.step);
+        let rx = wait_for_ticket(&mut self.cut_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)
     }
