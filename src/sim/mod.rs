@@ -22,31 +22,36 @@
 //! - **Processes**: a parameter server or worker is killed (its supervisor restarts it as a
 //!   new incarnation after `restart_delay`; a server comes back empty), paused and resumed
 //!   (messages to it wait; a pause past the detection budget is a false death, and the
-//!   incarnation is then retired and restarted), or given a preemption notice (it keeps
-//!   serving for `preemption_grace`, then exits and is restarted).
+//!   incarnation is then retired and restarted), or given a preemption notice: a server
+//!   keeps serving for `preemption_grace`, then exits and is restarted; a worker tells the
+//!   chief (`Leaving`), whose machine fences it and runs its closures elsewhere at once, and
+//!   exits as soon as the answer comes (unanswered, it serves through its grace too).
 //! - **The chief**: killed (coordinator and program together), its state is gone; after
-//!   `restart_delay` a new incarnation starts as the real one does: a fresh coordinator
-//!   probes every server (incarnation, restore generation, next free closure id) and
-//!   restores them all from the newest checkpoint that verifies
-//!   (`Scheduler::handle_restore_at_start`: servers that went on past it are rolled back,
-//!   and ids resume above every one a server applied), then its program goes on from that
-//!   checkpoint's step. With no checkpoint that verifies it starts afresh only if no server
-//!   has applied anything, else the job fails naming why. A failed restore at start exits the
-//!   chief again (at most 3 times). Servers keep their state while the chief is gone; workers
+//!   `restart_delay` a new incarnation starts as the real one does: its program reads the
+//!   newest checkpoint that verifies and a fresh coordinator's machine runs the start
+//!   (`Scheduler::handle_start`): it probes every server (incarnation, restore generation,
+//!   next free closure id) and restores them all from that checkpoint (servers that went on
+//!   past it are rolled back, and ids resume above every one a server applied), then the
+//!   program goes on from that checkpoint's step. With no checkpoint that verifies the
+//!   machine starts afresh only if no server has applied anything, else the start fails
+//!   naming why. A failed start exits the chief again (at most 3 times). Servers keep their state while the chief is gone; workers
 //!   exit to be restarted once it has been silent for the detection budget
 //!   ([`crate::process::RETIRED_EXIT_CODE`], as `crate::bootstrap` does).
 //! - **Datasets**: each worker reads one dataset; each closure it runs reads one element (its
 //!   position goes up by one); the worker's machine plans every setup: a new incarnation's
 //!   setup and a rewind rebuild the dataset at the skip the message carries, a live worker's
-//!   new configuration keeps it where it is. A save collects every live worker's position
-//!   through the coordinator's machine (a worker that does not answer is lost, and
-//!   the checkpoint records the positions it was last set up from, where its next
+//!   new configuration keeps it where it is. A save's read of the cut collects every live
+//!   worker's position through the coordinator's machine (a worker that does not answer is
+//!   lost, and the checkpoint records the positions it was last set up from, where its next
 //!   incarnation starts), in the manifest under `DATASET_POSITIONS_KEY`.
 //! - **Failure detection**: a node the coordinator has not heard from (dead, paused,
 //!   partitioned) for `detection_budget` is declared dead, as the gateway's heartbeats do.
-//! - **Checkpoint storage**: a save builds a real [`Checkpoint`](crate::checkpoint::Checkpoint)
-//!   (the layouts, every server's variables and optimizer slots as tensors with their step
-//!   counts, the coordinator's ledger, the dataset positions) and encodes it with the real
+//! - **Checkpoint storage**: a save is the coordinator machine's read of a cut
+//!   (`Scheduler::handle_read_cut`: every shard read from the servers, waiting out those that
+//!   cannot be read and reading again when a recovery or new work came in between), which
+//!   builds a real [`Checkpoint`](crate::checkpoint::Checkpoint) (the layouts, every server's
+//!   variables and optimizer slots as tensors with their step counts, the coordinator's
+//!   ledger, the dataset positions); the harness encodes it with the real
 //!   encoder ([`encode_checkpoint_at`](crate::checkpoint::encode_checkpoint_at): safetensors
 //!   shards and the checksummed manifest) into an in-memory map of file name to bytes; only
 //!   the files' IO is simulated. A fault acts on those bytes: a torn write (a file, shard or
