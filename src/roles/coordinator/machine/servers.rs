@@ -71,7 +71,7 @@ impl Scheduler {
     /// `inits[i]` ([`SchedulerAction::CreateShard`]); [`SchedulerAction::VariableCreated`]
     /// with the returned ticket tells how it ended. Refused for a name created (or being
     /// created) already, an `inits` that does not match the shards, a shard on a server the
-    /// cluster does not have, or more than [`REQUESTS_PENDING_MAX`] creations under way.
+    /// cluster does not have, or more than `REQUESTS_PENDING_MAX` creations under way.
     pub fn handle_create_variable(
         &mut self,
         layout: &Layout,
@@ -209,7 +209,7 @@ impl Scheduler {
 
     /// The answer of server `ps` to the [`SchedulerAction::ProbeServer`] of start `ticket`. A
     /// server that could not be reached (not up yet, restarting) is probed again after
-    /// [`START_PROBE_BACKOFF`], for as long as a lost server may take to come back
+    /// `START_PROBE_BACKOFF`, for as long as a lost server may take to come back
     /// (`ps_restart_wait`); past that, or at a refusal, the start fails: the chief cannot know
     /// what the server holds.
     pub fn handle_server_probed(
