@@ -70,6 +70,7 @@
 //!   goes through.
 //! - this file: the [`Gateway`] handle and small helpers.
 
+mod addr;
 mod api;
 mod dispatch;
 mod heartbeat_driver;
@@ -79,6 +80,7 @@ mod remote_ref;
 mod serve;
 mod state;
 
+pub use addr::{PeerAddr, Resolver, SystemResolver};
 pub use api::{
     GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote, RemoteError,
     RemoteMessage, Senders,
@@ -227,13 +229,17 @@ impl Gateway {
     }
 
     /// Dials `node` at `addr` (unless a live connection exists), exchanges hellos, and returns the
-    /// peer's current incarnation.
+    /// peer's current incarnation. A name in `addr` is resolved again on this and every later
+    /// dial of `node` ([`PeerAddr`]); one that does not resolve fails as
+    /// [`RemoteError::PeerLost`], which a caller retries like any unreachable peer.
     pub async fn connect(
         &self,
-        addr: SocketAddr,
+        addr: impl Into<PeerAddr>,
         node: &NodeId,
     ) -> Result<Incarnation<NodeId>, RemoteError> {
-        lock(&self.inner.state).addrs.insert(node.clone(), addr);
+        lock(&self.inner.state)
+            .addrs
+            .insert(node.clone(), addr.into());
         let timeout = self.inner.config.call_timeout;
         match tokio::time::timeout(timeout, self.inner.link_to(node)).await {
             Ok(result) => result.map(|(_, incarnation)| incarnation),
@@ -248,7 +254,7 @@ impl Gateway {
     /// node's current incarnation.
     pub async fn resolve<M: RemoteMessage>(
         &self,
-        addr: SocketAddr,
+        addr: impl Into<PeerAddr>,
         node: &NodeId,
         actor: &str,
     ) -> Result<RemoteRef<M>, RemoteError> {

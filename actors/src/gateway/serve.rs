@@ -130,8 +130,14 @@ impl Inner {
                 from.node
             )));
         }
-        if let Err(stale) = self.hear(&from) {
-            return WireReply::Stale(stale);
+        if let Err(reason) = self.hear(&from) {
+            // The dialer is told which epoch of it we know, so that it can tell that its own
+            // incarnation is outdated (and come back as a newer one).
+            let known = lock(&self.state)
+                .fencing
+                .current(&from.node)
+                .map_or(from.epoch, |(epoch, _)| epoch);
+            return WireReply::Outdated { known, reason };
         }
         if let Err(reason) = self.add_link(ctx, &from) {
             return WireReply::Refused(reason);
@@ -206,7 +212,7 @@ impl Inner {
     fn count_rejection(&self, reply: &WireReply) {
         use std::sync::atomic::Ordering::Relaxed;
         match reply {
-            WireReply::Stale(_) => {
+            WireReply::Stale(_) | WireReply::Outdated { .. } => {
                 self.stale_rejected.fetch_add(1, Relaxed);
             }
             WireReply::Refused(_) => {

@@ -5,13 +5,13 @@
 //! beyond closing connections it drops.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use cohort_transport::{Connection, Endpoint, NodeId};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use super::addr::PeerAddr;
 use super::registry::Registry;
 use super::{lock, now, GatewayConfig, PeerEvent, RefusedReason};
 use crate::fencing::{Admission, FencingTable, Incarnation};
@@ -38,7 +38,7 @@ pub(super) struct State {
     /// The connection used to send to each peer, with the peer incarnation it said hello as.
     pub(super) peers: HashMap<NodeId, PeerLink>,
     /// Where to dial peers we connected to before.
-    pub(super) addrs: HashMap<NodeId, SocketAddr>,
+    pub(super) addrs: HashMap<NodeId, PeerAddr>,
 }
 
 #[derive(Clone)]
@@ -125,32 +125,42 @@ impl Inner {
         }
     }
 
+    /// Makes the connection of `ctx`, on which `incarnation` (already admitted by
+    /// [`hear`](Self::hear)) just said hello, the one link used to send to its node: one link
+    /// per peer, and the newest hello takes it over at once. A newer incarnation's connection
+    /// replaces (and closes) the old one's; a new connection of the same incarnation (it
+    /// dialed again, or it restarted without a newer epoch) replaces the old link too, which
+    /// is left open for what is in flight on it but carries nothing new: heartbeats and calls
+    /// move to the connection the peer last said hello on, so a dead connection never keeps a
+    /// live peer looking silent.
     pub(super) fn add_link(
         &self,
         ctx: &ConnCtx,
         incarnation: &Incarnation<NodeId>,
     ) -> Result<(), RefusedReason> {
         let mut state = lock(&self.state);
-        let replace = match state.peers.get(&incarnation.node) {
+        let replaced = match state.peers.get(&incarnation.node) {
             None => {
                 if state.peers.len() >= self.config.peers_max {
                     return Err(RefusedReason::TooManyPeers);
                 }
-                true
+                None
             }
-            Some(link) => {
-                link.conn.close_reason().is_some() || link.incarnation.epoch < incarnation.epoch
-            }
+            // `hear` refused anything older than the link's incarnation.
+            Some(link) if link.incarnation.epoch > incarnation.epoch => return Ok(()),
+            Some(link) => Some(link.clone()),
         };
-        if replace {
-            state.peers.insert(
-                incarnation.node.clone(),
-                PeerLink {
-                    conn: ctx.conn.clone(),
-                    conn_id: ctx.id,
-                    incarnation: incarnation.clone(),
-                },
-            );
+        state.peers.insert(
+            incarnation.node.clone(),
+            PeerLink {
+                conn: ctx.conn.clone(),
+                conn_id: ctx.id,
+                incarnation: incarnation.clone(),
+            },
+        );
+        drop(state);
+        if let Some(old) = replaced.filter(|old| old.incarnation.epoch < incarnation.epoch) {
+            old.conn.close();
         }
         Ok(())
     }

@@ -20,13 +20,12 @@
 //!   program waits on a ticket, never on a remote call of its own.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, RemoteError};
+use cohort_actors::{Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, RemoteError};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
@@ -52,8 +51,8 @@ type FetchWaiter = oneshot::Sender<Result<Vec<u8>, ClosureFailure>>;
 pub struct CoordinatorActor {
     gateway: Gateway,
     scheduler: Scheduler,
-    workers: Vec<(NodeId, SocketAddr)>,
-    servers: Vec<(NodeId, SocketAddr)>,
+    workers: Vec<(NodeId, PeerAddr)>,
+    servers: Vec<(NodeId, PeerAddr)>,
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
     /// Who waits for the chief's start (or a restore at start-up), by ticket.
@@ -72,8 +71,8 @@ impl CoordinatorActor {
     pub fn new(
         gateway: Gateway,
         scheduler: Scheduler,
-        workers: Vec<(NodeId, SocketAddr)>,
-        servers: Vec<(NodeId, SocketAddr)>,
+        workers: Vec<(NodeId, PeerAddr)>,
+        servers: Vec<(NodeId, PeerAddr)>,
     ) -> Self {
         let mut scheduler = scheduler
             .with_servers(servers.len() as u32)
@@ -871,7 +870,7 @@ fn worker_reply<T, E: std::fmt::Display>(
 /// Tells the fenced incarnation `fenced` (its `actor`), at `addr`, to retire ([`Retire`]).
 async fn retire(
     gateway: &Gateway,
-    addr: SocketAddr,
+    addr: PeerAddr,
     fenced: Incarnation<NodeId>,
     actor: &str,
 ) -> Result<(), CallFault> {
