@@ -1286,7 +1286,7 @@ mod tests {
                     Ok::<_, RefusedReason>(Ok(()))
                 })
                 .unwrap();
-            let workers = vec![(worker_node, worker.local_addr().unwrap())];
+            let workers = vec![(worker_node, worker.local_addr().unwrap().into())];
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let scheduler = Scheduler::new(SchedulerConfig::default());
             let actor = CoordinatorActor::new(chief, scheduler, workers, Vec::new()).start();
@@ -1333,7 +1333,7 @@ mod tests {
                         },
                     )
                     .unwrap();
-                workers.push((node, worker.local_addr().unwrap()));
+                workers.push((node, worker.local_addr().unwrap().into()));
                 gateways.push(worker);
             }
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
@@ -1451,8 +1451,8 @@ mod tests {
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let mut scheduler = Scheduler::new(SchedulerConfig::default());
             scheduler.mark_cut(ClosureId(0), ckpt_root.clone()).unwrap();
-            let servers = vec![(ps_node, ps.local_addr().unwrap())];
-            let workers = vec![(worker_node, worker.local_addr().unwrap())];
+            let servers = vec![(ps_node, ps.local_addr().unwrap().into())];
+            let workers = vec![(worker_node, worker.local_addr().unwrap().into())];
             let actor = CoordinatorActor::new(chief, scheduler, workers, servers).start();
             let setup = SetupWorker {
                 num_workers: 1,

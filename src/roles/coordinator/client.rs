@@ -594,7 +594,7 @@ mod tests {
                 .unwrap();
                 register(&ps);
                 let chief = gateway(&ca, &NodeId::new("chief", 0));
-                let servers = vec![(ps_node, ps.local_addr().unwrap())];
+                let servers = vec![(ps_node, ps.local_addr().unwrap().into())];
                 let scheduler = Scheduler::new(SchedulerConfig::default());
                 let actor = actix::Actor::start(CoordinatorActor::new(
                     chief.clone(),

@@ -380,8 +380,8 @@ mod call_all_tests {
                         .unwrap();
                 }
                 let servers = vec![
-                    (first, first_gateway.local_addr().unwrap()),
-                    (other, other_gateway.local_addr().unwrap()),
+                    (first, first_gateway.local_addr().unwrap().into()),
+                    (other, other_gateway.local_addr().unwrap().into()),
                 ];
                 let worker = gateway(&ca, &NodeId::new("worker", 0));
                 ready_tx
