@@ -212,12 +212,14 @@ fn run(test: impl std::future::Future<Output = anyhow::Result<()>>) {
     });
 }
 
-/// A process SIGKILLed (its connection to the parent stays open on the parent's side) comes
-/// back as the same incarnation on a new connection, as a pod restarted with a fixed
-/// incarnation would: its hello takes the parent's link over, the parent's heartbeats go to
-/// it, and it sees the parent alive for several of its detection budgets.
+/// The child is the chief, the parent a live task (worker/0). The chief is SIGKILLed (its
+/// connection stays open on the worker's side) and comes back as the same incarnation on a
+/// new connection, as a pod restarted with a fixed incarnation would: its hello takes the
+/// worker's link over, the worker's heartbeats go to it, and it sees the worker alive for
+/// several of its detection budgets instead of declaring it dead one budget after
+/// reconnecting (as it did while the heartbeats still went to the dead chief's connection).
 #[test]
-fn a_peer_back_on_a_new_connection_takes_the_link_over_and_gets_the_heartbeats() {
+fn a_restarted_chief_back_on_a_new_connection_takes_the_link_over_and_declares_no_live_task_dead() {
     run(async {
         let ca = ClusterCa::generate("test")?;
         let dir = TempDir::new()?;
@@ -229,7 +231,7 @@ fn a_peer_back_on_a_new_connection_takes_the_link_over_and_gets_the_heartbeats()
         assert_eq!(first.next(Duration::from_secs(20)).await?, "connected");
         // Heartbeats flow to the first process: it sees the parent alive.
         let line = first.next(Duration::from_secs(20)).await?;
-        assert!(line.starts_with("alive"), "first process: {line}");
+        assert!(line.starts_with("alive"), "first chief: {line}");
         first.process.kill()?;
 
         let mut second = Child::spawn(&dir.0, 5, addr)?;
@@ -237,7 +239,7 @@ fn a_peer_back_on_a_new_connection_takes_the_link_over_and_gets_the_heartbeats()
         let line = second.next(Duration::from_secs(20)).await?;
         assert!(
             line.starts_with("alive"),
-            "the restarted process must hear the parent's heartbeats on its own connection: {line}"
+            "the restarted chief must hear the worker's heartbeats on its own connection: {line}"
         );
         assert_eq!(
             parent.peer_status(&child_node()),

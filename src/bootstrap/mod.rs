@@ -200,6 +200,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let epoch = node.epoch;
     let node = node.clone();
     let grace = config.preemption_grace;
+    let register_wait = config.ps_restart_wait;
     // Test-only, inert unless COHORT_FAILPOINT names it (see `PushPanic`).
     let push_panic = PushPanic::from_env().map_err(|e| RoleFailure::Config(e.to_string()))?;
     system.block_on(async move {
@@ -216,7 +217,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node)?;
+        register_with_chief(&gateway, &node, register_wait)?;
         serve_chief_then_stop(gateway, grace, || {}, || Some(Exit::preempted()));
         Ok::<_, RoleFailure>(())
     })?;
@@ -239,6 +240,7 @@ fn run_worker(
     let program = Arc::clone(program);
     let node = node.clone();
     let grace = config.preemption_grace;
+    let register_wait = config.worker_wait;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let num_servers = servers.len() as u32;
@@ -274,7 +276,7 @@ fn run_worker(
         })
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node)?;
+        register_with_chief(&gateway, &node, register_wait)?;
         let losing = Arc::clone(&machine);
         exit_when_chief_is_lost(&gateway, move |silent_for| {
             losing
@@ -548,17 +550,22 @@ pub fn incarnation_epoch(explicit: Option<u64>, now: SystemTime) -> u64 {
 }
 
 /// Dials the chief from a worker or parameter server that just started, retrying until it
-/// answers (at most [`REGISTER_WAIT`]; the chief also dials every task itself). The hello
+/// answers (at most `wait`: its `worker_wait` or `ps_restart_wait`, as long as the chief
+/// would wait for it; the chief also dials every task itself). The hello
 /// tells the chief's gateway of this incarnation at once, which reports a predecessor still
 /// believed alive dead then (superseded), not after the detection budget.
-fn register_with_chief(gateway: &Gateway, node: &NodeConfig) -> Result<(), RoleFailure> {
+fn register_with_chief(
+    gateway: &Gateway,
+    node: &NodeConfig,
+    wait: Duration,
+) -> Result<(), RoleFailure> {
     let chief_task = TaskId::new(TaskType::Chief, 0);
     let addr = peer_addr(node, chief_task).map_err(|e| RoleFailure::Config(e.to_string()))?;
     let chief = peer(chief_task);
     let gateway = gateway.clone();
     let pause = node.detection_budget / 4;
     actix::spawn(async move {
-        let deadline = tokio::time::Instant::now() + REGISTER_WAIT;
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             match gateway.connect(addr.clone(), &chief).await {
                 Ok(incarnation) => {
@@ -657,9 +664,6 @@ const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 /// Time between answering the message that ends a process and stopping it, so that the
 /// answer leaves before the endpoint closes.
 const EXIT_LINGER: Duration = Duration::from_millis(100);
-
-/// How long a starting worker or parameter server keeps dialing the chief to register.
-const REGISTER_WAIT: Duration = Duration::from_secs(60);
 
 /// Bound on any single `join`/`fetch` wait on the chief.
 const JOIN_WAIT_MAX: Duration = Duration::from_secs(3600);
