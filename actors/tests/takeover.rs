@@ -298,3 +298,53 @@ fn a_newer_incarnation_supersedes_at_once_and_an_older_one_is_told_it_is_outdate
         Ok(())
     });
 }
+
+#[derive(Debug, bincode::Encode, bincode::Decode)]
+struct Retire;
+
+impl cohort_actors::RemoteMessage for Retire {
+    const TAG: &'static str = "test.Retire";
+    const SENDERS: cohort_actors::Senders = cohort_actors::Senders::Any;
+    type Reply = ();
+}
+
+/// A short-lived connection takes the link over only while it lives: the chief tells a
+/// fenced incarnation of a worker to retire (`call_fenced`, a connection of its own, closed
+/// after the answer) and a newer incarnation answers instead. The worker's link to the chief
+/// falls back to the chief's ordinary connection when that one closes, so its heartbeats keep
+/// reaching the chief, which does not declare it dead over several detection budgets.
+#[test]
+fn a_fenced_call_answered_by_a_newer_incarnation_leaves_the_links_working() {
+    run(async {
+        let ca = ClusterCa::generate("test")?;
+        let (chief_id, worker_id) = (NodeId::new("chief", 0), NodeId::new("worker", 0));
+        let chief = start(ca.issue(&chief_id)?, 1, DETECTING)?;
+        let worker = start(ca.issue(&worker_id)?, 2, DETECTING)?;
+        let mut events = chief.subscribe();
+        let at = worker.local_addr()?;
+        chief.connect(at, &worker_id).await?;
+        let fenced = Incarnation::new(worker_id.clone(), Epoch(1));
+        match chief.call_fenced(at, &fenced, "worker", &Retire).await {
+            Err(RemoteError::Stale { .. }) => {}
+            other => {
+                bail!("expected the newer incarnation to answer instead (stale), got {other:?}")
+            }
+        }
+        let watch = DETECTING.timeout * WATCHED_BUDGETS;
+        let dead = tokio::time::timeout(watch, async {
+            loop {
+                match events.recv().await {
+                    Some(PeerEvent::Dead { incarnation, cause }) => return (incarnation, cause),
+                    Some(_) => {}
+                    None => std::future::pending().await,
+                }
+            }
+        })
+        .await;
+        if let Ok((incarnation, cause)) = dead {
+            bail!("the chief declared {incarnation} dead ({cause:?}): its heartbeats stopped");
+        }
+        assert_eq!(chief.peer_status(&worker_id), Some((Epoch(2), true)));
+        Ok(())
+    });
+}

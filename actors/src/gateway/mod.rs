@@ -32,7 +32,10 @@
 //! connection a peer last said hello on takes the link over at once: a newer incarnation's
 //! (the old one's is closed), and a new connection of the same incarnation too (the old one is
 //! left for what is in flight on it). A dead connection the node has not yet noticed thus never
-//! keeps a live peer looking silent. Every connection, linked or not, is served.
+//! keeps a live peer looking silent. Every connection, linked or not, is served; when the
+//! linked one ends, the newest other live connection of the same incarnation carries the link
+//! on (a short-lived connection such as a [`Gateway::call_fenced`] holds it only while it
+//! lives).
 //!
 //! A peer is dialed at a [`PeerAddr`]: a socket address, or a `host:port` name resolved again on
 //! every dial, bounded in time, so a peer recreated under its name with a new IP is reached
@@ -161,6 +164,7 @@ impl Gateway {
                 heartbeat: HeartbeatMachine::new(config.heartbeat),
                 peers: HashMap::new(),
                 addrs: HashMap::new(),
+                served: HashMap::new(),
             }),
             registry: Registry::new(config.registrations_max),
             subscribers: Mutex::new(Vec::new()),

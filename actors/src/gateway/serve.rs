@@ -240,6 +240,11 @@ pub(super) async fn accept_loop(endpoint: Endpoint, inner: Weak<Inner>) {
 
 /// Serves what the peer sends on one connection until it is lost.
 pub(super) fn spawn_serve(inner: &Arc<Inner>, ctx: Arc<ConnCtx>) {
+    lock(&inner.state)
+        .served
+        .entry(ctx.conn.peer().clone())
+        .or_default()
+        .push(Arc::clone(&ctx));
     let weak = Arc::downgrade(inner);
     let task = tokio::spawn(async move {
         loop {
@@ -258,14 +263,7 @@ pub(super) fn spawn_serve(inner: &Arc<Inner>, ctx: Arc<ConnCtx>) {
                 }
                 Err(e) => {
                     tracing::debug!(peer = %ctx.conn.peer(), error = %e, "connection ended");
-                    let mut state = lock(&inner.state);
-                    let same = state
-                        .peers
-                        .get(ctx.conn.peer())
-                        .is_some_and(|l| l.conn_id == ctx.id);
-                    if same {
-                        state.peers.remove(ctx.conn.peer());
-                    }
+                    lock(&inner.state).forget_conn(ctx.conn.peer(), ctx.id);
                     return;
                 }
             }

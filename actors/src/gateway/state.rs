@@ -1,7 +1,8 @@
 //! The state one gateway shares between its handle, its serving tasks and its heartbeat
 //! driver: the fencing table, the heartbeat machine, the link used to send to each peer, the
 //! handler registry and the counters. Owns `hear`, the FENCE-1 gate every message heard from a
-//! peer goes through, and the bookkeeping of links and subscribers. Does no IO of its own
+//! peer goes through, and the bookkeeping of links (one per peer: `add_link`,
+//! `State::forget_conn`), served connections and subscribers. Does no IO of its own
 //! beyond closing connections it drops.
 
 use std::collections::HashMap;
@@ -39,6 +40,54 @@ pub(super) struct State {
     pub(super) peers: HashMap<NodeId, PeerLink>,
     /// Where to dial peers we connected to before.
     pub(super) addrs: HashMap<NodeId, PeerAddr>,
+    /// Every connection being served, by the peer it authenticated as, oldest first: where a
+    /// link falls back to when its connection ends.
+    pub(super) served: HashMap<NodeId, Vec<Arc<ConnCtx>>>,
+}
+
+impl State {
+    /// Forgets the served connection `id` to `node`, which has ended. If it carried the link
+    /// to `node`, the newest other live connection the same incarnation said hello on carries
+    /// it on (a peer's short-lived connection, such as a `call_fenced`, took the link over for
+    /// its lifetime only); with none, the link is gone until the next hello or dial.
+    pub(super) fn forget_conn(&mut self, node: &NodeId, id: u64) {
+        if let Some(list) = self.served.get_mut(node) {
+            list.retain(|c| c.id != id);
+            if list.is_empty() {
+                self.served.remove(node);
+            }
+        }
+        let Some(link) = self.peers.get(node) else {
+            return;
+        };
+        if link.conn_id != id {
+            return;
+        }
+        let incarnation = link.incarnation.clone();
+        let next = self.served.get(node).and_then(|list| {
+            list.iter()
+                .rev()
+                .find(|c| {
+                    c.conn.close_reason().is_none() && lock(&c.hello).as_ref() == Some(&incarnation)
+                })
+                .cloned()
+        });
+        match next {
+            Some(ctx) => {
+                self.peers.insert(
+                    node.clone(),
+                    PeerLink {
+                        conn: ctx.conn.clone(),
+                        conn_id: ctx.id,
+                        incarnation,
+                    },
+                );
+            }
+            None => {
+                self.peers.remove(node);
+            }
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -69,7 +118,11 @@ impl Inner {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
-        let peers: Vec<_> = lock(&self.state).peers.drain().collect();
+        let peers: Vec<_> = {
+            let mut state = lock(&self.state);
+            state.served.clear();
+            state.peers.drain().collect()
+        };
         for (_, link) in peers {
             link.conn.close();
         }
