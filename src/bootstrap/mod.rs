@@ -55,7 +55,7 @@
 //! new IP is reached there; one that does not resolve yet is an unreachable peer, retried
 //! within `worker_wait` / `ps_restart_wait` like any other, not a configuration error. A
 //! process binds its own port without resolving its own name. A worker or parameter server
-//! that starts dials the chief at once ([`register_with_chief`]): a newer incarnation's hello
+//! that starts dials the chief at once (`register_with_chief`): a newer incarnation's hello
 //! is evidence that the old one is dead, and the chief's gateway reports it dead right away
 //! (`DeathCause::Superseded`) instead of after the detection budget; its closure is
 //! re-dispatched, or the server restored, at once.
