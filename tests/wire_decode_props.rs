@@ -443,6 +443,10 @@ fn wire_reply() -> impl Strategy<Value = WireReply> {
         Just(WireReply::Reply),
         refused_reason().prop_map(WireReply::Refused),
         text().prop_map(WireReply::Stale),
+        (any::<u64>(), text()).prop_map(|(known, reason)| WireReply::Outdated {
+            known: Epoch(known),
+            reason
+        }),
     ]
 }
 

@@ -25,8 +25,8 @@ pub mod wire;
 
 pub use fencing::{Admission, Epoch, FencingTable, Incarnation, Stale};
 pub use gateway::{
-    Gateway, GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote,
-    RemoteError, RemoteMessage, RemoteRef, Senders,
+    Gateway, GatewayConfig, GatewayStats, PeerAddr, PeerEvent, RefusedReason, RegisterError,
+    Remote, RemoteError, RemoteMessage, RemoteRef, Resolver, Senders, SystemResolver,
 };
 pub use heartbeat::{DeathCause, Heard, HeartbeatConfig, HeartbeatEvent, HeartbeatMachine};
 pub use restart::{RestartDecision, RestartLimits, RestartPolicy};

@@ -61,4 +61,13 @@ pub enum WireReply {
     Refused(RefusedReason),
     /// The message came from or targeted a stale incarnation (FENCE-1); says which.
     Stale(String),
+    /// Answer to a [`WireMsg::Hello`] from an incarnation that is not newer than one the
+    /// acceptor already knows of the same node (FENCE-1): the dialer's own incarnation is
+    /// outdated (its clock stepped back, or it reused an epoch). Carries the known epoch.
+    Outdated {
+        /// The highest epoch of the dialer's node the acceptor knows.
+        known: Epoch,
+        /// Why, in words.
+        reason: String,
+    },
 }

@@ -298,7 +298,7 @@ fn fence1_reference_to_a_restarted_node_is_stale() {
                     assert_eq!(cause, DeathCause::Superseded);
                     break;
                 }
-                PeerEvent::Alive(_) => {}
+                PeerEvent::Alive(_) | PeerEvent::Outdated { .. } => {}
             }
         }
         // A reference bound to the old incarnation must not reach the new one.
@@ -523,6 +523,7 @@ async fn child_main(dir: String, epoch: u64, parent_addr: SocketAddr) {
 fn outcome(e: &RemoteError) -> &'static str {
     match e {
         RemoteError::Stale { .. } => "stale",
+        RemoteError::Outdated { .. } => "outdated",
         RemoteError::PeerLost { .. } => "lost",
         RemoteError::Timeout { .. } => "timeout",
         RemoteError::Busy { .. } => "busy",
@@ -646,14 +647,18 @@ fn fence1_sigstopped_peer_is_declared_dead_and_its_old_incarnation_rejected() {
         let stale_before_resume = parent.stats().stale_rejected;
 
         child.process.resume()?;
+        // Its hello is refused: its own incarnation is outdated (fenced), and it is told so.
         let line = child
-            .expect_line("connect stale", Duration::from_secs(10))
+            .expect_line("connect outdated", Duration::from_secs(10))
             .await?;
-        assert!(line.contains("fenced"), "{line}");
+        assert!(
+            line.contains("fenced") && line.contains("knows epoch 1"),
+            "{line}"
+        );
         assert!(parent.stats().stale_rejected > stale_before_resume);
         // Give the woken child time to try more, then check nothing of it got through.
         child
-            .expect_line("connect stale", Duration::from_secs(5))
+            .expect_line("connect outdated", Duration::from_secs(5))
             .await?;
         assert_eq!(calc.callers.lock().unwrap().len(), calls_before_resume);
         assert_eq!(parent.peer_status(&child_id), Some((Epoch(1), false)));

@@ -158,11 +158,12 @@ fn fence1_old_sender_or_old_target_epoch_is_stale() {
             WireReply::Refused(RefusedReason::NotAuthenticated(_)) => {}
             other => bail!("expected a mismatched epoch refused, got {other:?}"),
         }
-        // An older incarnation of worker/0 on a new connection is stale.
+        // An older incarnation of worker/0 on a new connection is stale: it is told that it is
+        // outdated, and which epoch of it the receiver knows.
         let older = raw.connect(server.local_addr()?, &ps).await?;
         match hello(&older, me(4)).await? {
-            WireReply::Stale(_) => {}
-            other => bail!("expected Stale for an old sender, got {other:?}"),
+            WireReply::Outdated { known, .. } => assert_eq!(known, Epoch(5)),
+            other => bail!("expected Outdated for an old sender, got {other:?}"),
         }
         assert_eq!(server.stats().stale_rejected, 2);
         // A newer incarnation supersedes epoch 5, whose connection is closed and whose messages

@@ -35,6 +35,31 @@
 //! (`cohort_actors::contain_panic`): a step function's panic is that closure's error, a chief
 //! program's panic exits 1, an evaluation function's panic exits 1.
 //!
+//! Incarnations (FENCE-1) only grow, with no help from the supervisor: a restarted process
+//! must run as a newer incarnation than its predecessor, and Kubernetes restarts a pod with
+//! the same environment. An explicit `incarnation` (flag, `COHORT_INCARNATION` as `launch`
+//! sets it, `cohort.toml`) wins; without one the process derives its epoch from the wall clock
+//! when it starts: milliseconds since the Unix epoch ([`incarnation_epoch`]). A process starts
+//! after its predecessor did, at least that predecessor's lifetime later, so its epoch is
+//! larger, on the same machine or another one, as long as clocks agree to better than that
+//! lifetime (NTP keeps them within milliseconds; a process lives far longer). A clock that
+//! steps back further than that cannot break FENCE-1 either: a peer that knows the
+//! predecessor refuses the restarted process's hello as outdated, with the epoch it knows
+//! (`RemoteError::Outdated`); the process logs it and exits
+//! [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) (171) to be restarted, and is
+//! admitted once its clock has passed that epoch, a wait no longer than the step itself. It is
+//! never admitted as, or mistaken for, the incarnation it replaces.
+//!
+//! Peers are dialed by the `host:port` the cluster spec gives ([`peer_addr`]): a name is
+//! resolved again on every dial, bounded in time, so a peer recreated under its name with a
+//! new IP is reached there; one that does not resolve yet is an unreachable peer, retried
+//! within `worker_wait` / `ps_restart_wait` like any other, not a configuration error. A
+//! process binds its own port without resolving its own name. A worker or parameter server
+//! that starts dials the chief at once (`register_with_chief`): a newer incarnation's hello
+//! is evidence that the old one is dead, and the chief's gateway reports it dead right away
+//! (`DeathCause::Superseded`) instead of after the detection budget; its closure is
+//! re-dispatched, or the server restored, at once.
+//!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill.
 //! - On the chief, it sets [`preemption_requested`] (also
 //!   `ClusterCoordinator::preemption_requested`); the chief's program is expected to stop
@@ -50,10 +75,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::System;
-use cohort_actors::{DeathCause, Gateway, PeerEvent, RegisterError, Remote};
+use cohort_actors::{DeathCause, Gateway, PeerAddr, PeerEvent, RegisterError, Remote};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
@@ -70,7 +95,7 @@ use crate::roles::coordinator::{
     ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, Scheduler,
     SchedulerConfig,
 };
-use crate::roles::node::{peer, resolve, start_gateway, NodeConfig};
+use crate::roles::node::{peer, peer_addr, start_gateway, NodeConfig};
 use crate::roles::protocol::{
     LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
@@ -146,7 +171,7 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
             let node = NodeConfig {
                 cluster: config.cluster.clone(),
                 certs_dir: certs_dir.clone(),
-                epoch: config.incarnation,
+                epoch: incarnation_epoch(config.incarnation, SystemTime::now()),
                 detection_budget: config.detection_budget,
             };
             match task_type {
@@ -181,6 +206,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let epoch = node.epoch;
     let node = node.clone();
     let grace = config.preemption_grace;
+    let register_wait = config.ps_restart_wait;
     // Test-only, inert unless COHORT_FAILPOINT names it (see `PushPanic`).
     let push_panic = PushPanic::from_env().map_err(|e| RoleFailure::Config(e.to_string()))?;
     system.block_on(async move {
@@ -196,6 +222,8 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
                 })
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
+        exit_when_outdated(&gateway);
+        register_with_chief(&gateway, &node, register_wait)?;
         serve_chief_then_stop(gateway, grace, || {}, None, || Some(Exit::preempted()));
         Ok::<_, RoleFailure>(())
     })?;
@@ -218,6 +246,7 @@ fn run_worker(
     let program = Arc::clone(program);
     let node = node.clone();
     let grace = config.preemption_grace;
+    let register_wait = config.worker_wait;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let num_servers = servers.len() as u32;
@@ -252,6 +281,8 @@ fn run_worker(
             })
         })
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
+        exit_when_outdated(&gateway);
+        register_with_chief(&gateway, &node, register_wait)?;
         let losing = Arc::clone(&machine);
         exit_when_chief_is_lost(&gateway, move |silent_for| {
             losing
@@ -380,15 +411,7 @@ fn run_chief(
         ))
     })?;
     let servers = servers(node)?;
-    let workers = (0..node.cluster.cluster.num_tasks(TaskType::Worker) as u32)
-        .map(|i| {
-            let task = TaskId::new(TaskType::Worker, i);
-            Ok((
-                peer(task),
-                resolve(node, task).map_err(|e| RoleFailure::Config(e.to_string()))?,
-            ))
-        })
-        .collect::<Result<Vec<_>, RoleFailure>>()?;
+    let workers = peers_of(node, TaskType::Worker)?;
     let num_workers = workers.len() as u32;
     let system = System::new();
     let scheduler_config = SchedulerConfig {
@@ -397,20 +420,21 @@ fn run_chief(
         ps_restart_wait_max: config.ps_restart_wait,
         ..SchedulerConfig::default()
     };
-    let mut peers: Vec<(NodeId, std::net::SocketAddr, &'static str)> = workers
+    let mut peers: Vec<(NodeId, PeerAddr, &'static str)> = workers
         .iter()
-        .map(|(node, addr)| (node.clone(), *addr, WORKER_ACTOR))
+        .map(|(node, addr)| (node.clone(), addr.clone(), WORKER_ACTOR))
         .collect();
     peers.extend(
         servers
             .iter()
-            .map(|(node, addr)| (node.clone(), *addr, PS_ACTOR)),
+            .map(|(node, addr)| (node.clone(), addr.clone(), PS_ACTOR)),
     );
     let node = node.clone();
     let actor_servers = servers.clone();
     let grace = config.preemption_grace;
     let (actor, gateway, runtime, system_handle) = system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
+        exit_when_outdated(&gateway);
         let actor = actix::Actor::start(CoordinatorActor::new(
             gateway.clone(),
             Scheduler::new(scheduler_config),
@@ -489,11 +513,7 @@ fn run_chief(
 /// The end of a job that succeeded: tells every worker and parameter server to exit with
 /// success ([`Shutdown`]), waiting at most [`GOODBYE_WAIT`] for them all. One that cannot be
 /// told (down, restarting) is stopped by its supervisor with the chief, as before.
-fn say_goodbye(
-    runtime: &Handle,
-    gateway: &Gateway,
-    peers: Vec<(NodeId, std::net::SocketAddr, &'static str)>,
-) {
+fn say_goodbye(runtime: &Handle, gateway: &Gateway, peers: Vec<(NodeId, PeerAddr, &'static str)>) {
     let calls = peers.into_iter().map(|(node, addr, actor)| {
         let gateway = gateway.clone();
         async move {
@@ -515,18 +535,94 @@ fn say_goodbye(
     }
 }
 
-fn servers(
+fn servers(node: &NodeConfig) -> Result<Vec<(NodeId, PeerAddr)>, RoleFailure> {
+    peers_of(node, TaskType::Ps)
+}
+
+/// Every task of `task_type`, with where to dial it (names are resolved on every dial, not
+/// here).
+fn peers_of(
     node: &NodeConfig,
-) -> Result<Vec<(cohort_transport::NodeId, std::net::SocketAddr)>, RoleFailure> {
-    (0..node.cluster.cluster.num_tasks(TaskType::Ps) as u32)
+    task_type: TaskType,
+) -> Result<Vec<(NodeId, PeerAddr)>, RoleFailure> {
+    (0..node.cluster.cluster.num_tasks(task_type) as u32)
         .map(|i| {
-            let task = TaskId::new(TaskType::Ps, i);
-            Ok((
-                peer(task),
-                resolve(node, task).map_err(|e| RoleFailure::Config(e.to_string()))?,
-            ))
+            let task = TaskId::new(task_type, i);
+            let addr = peer_addr(node, task).map_err(|e| RoleFailure::Config(e.to_string()))?;
+            Ok((peer(task), addr))
         })
         .collect()
+}
+
+/// This process's incarnation epoch: `explicit` when a configuration layer gives one (a
+/// launcher does), else milliseconds since the Unix epoch at `now` (at least 1): larger than
+/// the epoch of any predecessor that started earlier (see the module docs for a clock that
+/// steps back).
+pub fn incarnation_epoch(explicit: Option<u64>, now: SystemTime) -> u64 {
+    explicit.unwrap_or_else(|| {
+        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX).max(1)
+    })
+}
+
+/// Dials the chief from a worker or parameter server that just started, retrying until it
+/// answers (at most `wait`: its `worker_wait` or `ps_restart_wait`, as long as the chief
+/// would wait for it; the chief also dials every task itself). The hello
+/// tells the chief's gateway of this incarnation at once, which reports a predecessor still
+/// believed alive dead then (superseded), not after the detection budget.
+fn register_with_chief(
+    gateway: &Gateway,
+    node: &NodeConfig,
+    wait: Duration,
+) -> Result<(), RoleFailure> {
+    let chief_task = TaskId::new(TaskType::Chief, 0);
+    let addr = peer_addr(node, chief_task).map_err(|e| RoleFailure::Config(e.to_string()))?;
+    let chief = peer(chief_task);
+    let gateway = gateway.clone();
+    let pause = node.detection_budget / 4;
+    actix::spawn(async move {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match gateway.connect(addr.clone(), &chief).await {
+                Ok(incarnation) => {
+                    tracing::info!("registered with {incarnation}");
+                    return;
+                }
+                // Told by the chief that this incarnation is outdated: `exit_when_outdated`.
+                Err(cohort_actors::RemoteError::Outdated { .. }) => return,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    tracing::info!("could not register with the chief (it will dial us): {e}");
+                    return;
+                }
+                Err(e) => tracing::debug!("chief not reachable yet: {e}"),
+            }
+            tokio::time::sleep(pause).await;
+        }
+    });
+    Ok(())
+}
+
+/// Ends this process with [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) when a peer
+/// refuses its incarnation as outdated (it knows an epoch of this node at least as new: the
+/// clock stepped back past a predecessor's epoch). No peer that knew the predecessor would
+/// ever admit this incarnation; restarted, the process derives a newer epoch.
+fn exit_when_outdated(gateway: &Gateway) {
+    let mut events = gateway.subscribe();
+    let me = gateway.incarnation().clone();
+    actix::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let PeerEvent::Outdated { by, known } = event {
+                eprintln!(
+                    "error: {by} refused this incarnation ({me}) as outdated: it knows {known} \
+                     of this node (the clock stepped back, or an incarnation was reused); \
+                     exiting {} to be restarted as a newer one",
+                    crate::process::RETIRED_EXIT_CODE
+                );
+                System::current().stop_with_code(crate::process::RETIRED_EXIT_CODE);
+                return;
+            }
+        }
+    });
 }
 
 /// What a worker does with the chief's answer to its preemption notice ([`Leaving`]).
@@ -633,3 +729,23 @@ const EXIT_LINGER: Duration = Duration::from_millis(100);
 
 /// Bound on any single `join`/`fetch` wait on the chief.
 const JOIN_WAIT_MAX: Duration = Duration::from_secs(3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_explicit_incarnation_wins_and_else_the_clock_gives_one_that_grows() {
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(incarnation_epoch(Some(7), at(1_800_000_000_000)), 7);
+        let first = incarnation_epoch(None, at(1_800_000_000_000));
+        assert_eq!(first, 1_800_000_000_000);
+        // A restart, however soon, is a newer incarnation.
+        assert!(incarnation_epoch(None, at(1_800_000_000_001)) > first);
+        // A clock before 1970 still gives a valid epoch (0 is not one).
+        assert_eq!(
+            incarnation_epoch(None, UNIX_EPOCH - Duration::from_secs(1)),
+            1
+        );
+    }
+}

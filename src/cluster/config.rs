@@ -8,7 +8,8 @@
 //! 2. environment (and the task of a cluster file named by `COHORT_CLUSTER_FILE`);
 //! 3. `TF_CONFIG` (TensorFlow's format: its `cluster` and `task`);
 //! 4. the config file: `--config`, else `COHORT_CONFIG`, else `./cohort.toml` if it exists;
-//! 5. defaults (task index 0, incarnation 1, detection budget 3s, worker wait 60s,
+//! 5. defaults (task index 0, no incarnation: the process derives one that only grows, see
+//!    `crate::bootstrap`; detection budget 3s, worker wait 60s,
 //!    step timeout 30m, preemption grace 10s, PS restart wait 20 detection budgets and at
 //!    least 30s, evaluator idle timeout 10m, no evaluator step limit).
 //!
@@ -22,7 +23,7 @@
 //! preemption_grace = "10s"
 //! eval_idle_timeout = "10m"     # evaluator: stop after this long with no new checkpoint
 //! eval_until_step = 1000         # evaluator: stop after evaluating a checkpoint at this step
-//! incarnation = 1
+//! # incarnation = 7           # only to override the epoch the process derives
 //!
 //! [cluster]
 //! chief = ["10.0.0.1:7000"]
@@ -446,8 +447,9 @@ pub struct RoleConfig {
     /// Directory with `ca.pem` and this node's certificate and key; required of every task
     /// but an evaluator, which opens no connection.
     pub certs_dir: Option<PathBuf>,
-    /// This process's incarnation epoch (FENCE-1).
-    pub incarnation: u64,
+    /// This process's incarnation epoch (FENCE-1), if a layer gives one (a launcher does);
+    /// else the process derives one from the clock (`crate::bootstrap::incarnation_epoch`).
+    pub incarnation: Option<u64>,
     /// Failure-detection budget.
     pub detection_budget: Duration,
     /// How long pending closures may wait with no live worker before they fail.
@@ -971,7 +973,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     Ok(RoleConfig {
         cluster,
         certs_dir,
-        incarnation: incarnation.unwrap_or(1),
+        incarnation,
         detection_budget: detection_budget.unwrap_or(DEFAULT_DETECTION_BUDGET),
         worker_wait: worker_wait.unwrap_or(DEFAULT_WORKER_WAIT),
         ps_restart_wait: ps_restart_wait.unwrap_or_else(|| {
@@ -1071,7 +1073,7 @@ mod tests {
         assert_eq!(config.worker_wait, Duration::from_secs(70));
         assert_eq!(config.step_timeout, Duration::from_secs(300));
         assert_eq!(config.preemption_grace, Duration::from_secs(17));
-        assert_eq!(config.incarnation, 7);
+        assert_eq!(config.incarnation, Some(7));
         assert_eq!(
             config.origin("cluster"),
             &Origin::File(PathBuf::from("conf/cohort.toml"))
@@ -1086,7 +1088,7 @@ mod tests {
             &ConfigFiles::default(),
         )
         .unwrap();
-        assert_eq!(config.incarnation, 1);
+        assert_eq!(config.incarnation, None);
         assert_eq!(config.detection_budget, DEFAULT_DETECTION_BUDGET);
         assert_eq!(config.worker_wait, DEFAULT_WORKER_WAIT);
         assert_eq!(config.step_timeout, DEFAULT_STEP_TIMEOUT);
@@ -1215,7 +1217,7 @@ mod tests {
         assert_eq!(config.origin("task.type"), &Origin::Env);
         assert_eq!(config.origin("cluster"), &Origin::TfConfig);
         assert_eq!(config.certs_dir, Some(PathBuf::from("/env/certs")));
-        assert_eq!(config.incarnation, 8);
+        assert_eq!(config.incarnation, Some(8));
         assert_eq!(config.detection_budget, Duration::from_secs(8));
         assert_eq!(config.worker_wait, Duration::from_secs(80));
         assert_eq!(config.step_timeout, Duration::from_secs(480));
@@ -1251,7 +1253,7 @@ mod tests {
         assert_eq!(config.origin("task.type"), &Origin::Flag);
         assert_eq!(config.origin("task.index"), &Origin::Flag);
         assert_eq!(config.certs_dir, Some(PathBuf::from("/flag/certs")));
-        assert_eq!(config.incarnation, 9);
+        assert_eq!(config.incarnation, Some(9));
         assert_eq!(config.detection_budget, Duration::from_secs(9));
         assert_eq!(config.worker_wait, Duration::from_secs(90));
         assert_eq!(config.checkpoint_dir, Some(PathBuf::from("/flag/ckpt")));

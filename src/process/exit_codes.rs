@@ -24,8 +24,10 @@ pub const PREEMPTED_EXIT_CODE: i32 = 143;
 /// incarnation).
 pub const PANIC_EXIT_CODE: i32 = 170;
 /// A worker or parameter server whose incarnation is over: it lost its chief (silent past the
-/// detection budget, which fences it) or the chief retired it (FENCE-1). Restart-me: the new
-/// incarnation is taken back by the chief (a parameter server is restored).
+/// detection budget, which fences it) or the chief retired it (FENCE-1). Also any role whose
+/// incarnation a peer refused as outdated (it knows a newer one of the same node: the clock
+/// stepped back). Restart-me: the new incarnation is taken back by the chief (a parameter
+/// server is restored).
 pub const RETIRED_EXIT_CODE: i32 = 171;
 /// The chief gave up because a parameter server was lost and could not be recovered (it did
 /// not come back within `ps_restart_wait`, no checkpoint, the restore failed). Restart-me: a

@@ -1,11 +1,13 @@
-//! Bringing up one node of a cluster: its credentials, its QUIC endpoint at its address from
-//! the cluster spec, and its actor gateway with its incarnation epoch. Every role starts here.
+//! Bringing up one node of a cluster: its credentials, its QUIC endpoint on its port from the
+//! cluster spec, its actor gateway with its incarnation epoch, and where its peers are dialed
+//! ([`peer_addr`]: names resolved on every dial, never once at start-up). Every role starts
+//! here.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig};
+use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig, PeerAddr};
 use cohort_transport::{Endpoint, NodeCredentials, NodeId, TransportConfig};
 
 use crate::cluster::{node_id, ClusterConfig, TaskId};
@@ -56,21 +58,17 @@ pub enum NodeError {
 
 /// Loads credentials, binds the endpoint and starts the gateway. Call inside the actix system
 /// (a tokio runtime) of the node.
+///
+/// The node binds its own port without resolving its own name: a literal loopback address is
+/// bound as it is (local clusters stay on loopback), anything else binds `0.0.0.0` on its port
+/// (a pod's name may not resolve, or not to itself, while it starts).
 pub fn start_gateway(config: &NodeConfig) -> Result<Gateway, NodeError> {
     let me = node_id(config.cluster.task);
     let creds = NodeCredentials::load(&config.certs_dir, &me).map_err(|e| NodeError::Certs {
         dir: config.certs_dir.display().to_string(),
         reason: e.to_string(),
     })?;
-    let addr = resolve(config, config.cluster.task)?;
-    let bind_addr = SocketAddr::new(
-        if addr.ip().is_loopback() {
-            addr.ip()
-        } else {
-            std::net::Ipv4Addr::UNSPECIFIED.into()
-        },
-        addr.port(),
-    );
+    let bind_addr = bind_addr(config, config.cluster.task)?;
     let transport = transport_config(config.detection_budget);
     let endpoint = Endpoint::bind(bind_addr, creds, transport).map_err(|e| NodeError::Bind {
         addr: bind_addr,
@@ -89,9 +87,41 @@ pub fn start_gateway(config: &NodeConfig) -> Result<Gateway, NodeError> {
     Ok(Gateway::start(endpoint, gateway_config))
 }
 
-/// The socket address of `task`.
-pub fn resolve(config: &NodeConfig, task: TaskId) -> Result<SocketAddr, NodeError> {
-    let addr = config
+/// The address this node binds for `task`: its own address when that is a literal loopback
+/// one, else the unspecified address on its port. Never a name lookup.
+fn bind_addr(config: &NodeConfig, task: TaskId) -> Result<SocketAddr, NodeError> {
+    let addr = address(config, task)?;
+    let bad = |reason: &str| NodeError::Address {
+        task,
+        addr: addr.to_string(),
+        reason: reason.to_string(),
+    };
+    if let Ok(literal) = addr.parse::<SocketAddr>() {
+        if literal.ip().is_loopback() {
+            return Ok(literal);
+        }
+        return Ok(SocketAddr::new(
+            Ipv4Addr::UNSPECIFIED.into(),
+            literal.port(),
+        ));
+    }
+    let (_, port) = addr.rsplit_once(':').ok_or_else(|| bad("not host:port"))?;
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| bad("the port is not a number from 1 to 65535"))?;
+    Ok(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port))
+}
+
+/// Where to dial `task`: its `host:port` from the cluster spec. A literal address is used as
+/// it is; a name is looked up again on every dial (a peer recreated under the same name with
+/// a new IP is reached there), bounded in time, and one that does not resolve yet is a peer
+/// not reachable yet, not a configuration error.
+pub fn peer_addr(config: &NodeConfig, task: TaskId) -> Result<PeerAddr, NodeError> {
+    Ok(PeerAddr::new(address(config, task)?))
+}
+
+fn address(config: &NodeConfig, task: TaskId) -> Result<&str, NodeError> {
+    config
         .cluster
         .cluster
         .address(task)
@@ -99,35 +129,8 @@ pub fn resolve(config: &NodeConfig, task: TaskId) -> Result<SocketAddr, NodeErro
             task,
             addr: String::new(),
             reason: e.to_string(),
-        })?;
-    resolve_within(addr.to_string(), RESOLVE_TIMEOUT).map_err(|reason| NodeError::Address {
-        task,
-        addr: addr.to_string(),
-        reason,
-    })
-}
-
-/// The first socket address `addr` (`host:port`) resolves to, within `timeout`. Name lookup
-/// blocks in the system resolver with no bound of its own, so it runs on a thread of its own
-/// that is abandoned if it does not answer in time (the process then refuses to start).
-fn resolve_within(addr: String, timeout: Duration) -> Result<SocketAddr, String> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name("resolve".into())
-        .spawn(move || {
-            let resolved = addr
-                .to_socket_addrs()
-                .map_err(|e| e.to_string())
-                .and_then(|mut addrs| addrs.next().ok_or_else(|| "no address".to_string()));
-            let _ = tx.send(resolved);
         })
-        .map_err(|e| format!("cannot start the name lookup: {e}"))?;
-    rx.recv_timeout(timeout)
-        .map_err(|_| format!("name lookup did not answer within {timeout:?}"))?
 }
-
-/// Bound on resolving one task's address.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The node id of `task` (what its certificate names).
 pub fn peer(task: TaskId) -> NodeId {
@@ -154,20 +157,60 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::{ClusterSpec, TaskType};
 
-    #[test]
-    fn an_address_resolves_within_its_bound() {
-        let addr = resolve_within("127.0.0.1:7000".into(), Duration::from_secs(5)).unwrap();
-        assert_eq!(addr, SocketAddr::from(([127, 0, 0, 1], 7000)));
+    fn config(task: TaskId, chief: &str, worker: &str) -> NodeConfig {
+        let spec = ClusterSpec::new(
+            [
+                (TaskType::Chief, vec![chief.to_string()]),
+                (TaskType::Worker, vec![worker.to_string()]),
+                (TaskType::Ps, vec!["ps-0.job.svc:2222".to_string()]),
+            ]
+            .into(),
+        )
+        .unwrap();
+        NodeConfig {
+            cluster: ClusterConfig::new(spec, task).unwrap(),
+            certs_dir: PathBuf::from("/nonexistent"),
+            epoch: 1,
+            detection_budget: Duration::from_secs(3),
+        }
     }
 
     #[test]
-    fn a_name_that_does_not_resolve_is_an_error_within_the_bound() {
-        // Either the resolver says no or the bound expires: both are errors, never a hang.
-        let err =
-            resolve_within("no-such-host.invalid:1".into(), Duration::from_secs(3)).unwrap_err();
-        assert!(!err.is_empty());
-        let err = resolve_within("not an address".into(), Duration::from_secs(3)).unwrap_err();
-        assert!(!err.is_empty());
+    fn a_node_binds_its_port_without_resolving_its_own_name() {
+        let chief = TaskId::new(TaskType::Chief, 0);
+        let worker = TaskId::new(TaskType::Worker, 0);
+        let c = config(chief, "127.0.0.1:7000", "no-such-host.invalid:7001");
+        // A literal loopback address is bound as it is (local clusters stay on loopback).
+        assert_eq!(
+            bind_addr(&c, chief).unwrap(),
+            "127.0.0.1:7000".parse().unwrap()
+        );
+        // A name that does not resolve binds the unspecified address on its port.
+        assert_eq!(
+            bind_addr(&c, worker).unwrap(),
+            "0.0.0.0:7001".parse().unwrap()
+        );
+        let c = config(chief, "10.1.2.3:7000", "w:7001");
+        assert_eq!(
+            bind_addr(&c, chief).unwrap(),
+            "0.0.0.0:7000".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_peer_name_that_does_not_resolve_yet_is_not_an_error_at_start_up() {
+        let chief = TaskId::new(TaskType::Chief, 0);
+        let c = config(chief, "127.0.0.1:7000", "no-such-host.invalid:7001");
+        let worker = peer_addr(&c, TaskId::new(TaskType::Worker, 0)).unwrap();
+        assert!(worker.is_name());
+        assert_eq!(worker.to_string(), "no-such-host.invalid:7001");
+        assert_eq!(worker.last_resolved(), None);
+        let chief = peer_addr(&c, chief).unwrap();
+        assert_eq!(
+            chief.last_resolved(),
+            Some("127.0.0.1:7000".parse().unwrap())
+        );
     }
 }

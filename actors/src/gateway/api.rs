@@ -134,6 +134,16 @@ pub enum PeerEvent {
         /// Silence past the timeout, or superseded by a newer epoch.
         cause: DeathCause,
     },
+    /// A peer refused this node's own incarnation as outdated
+    /// ([`RemoteError::Outdated`]): it knows `known`, which is not older than this one. No
+    /// peer that knew the predecessor will ever admit this incarnation; the process should
+    /// come back as a newer one.
+    Outdated {
+        /// The peer that refused.
+        by: NodeId,
+        /// The highest epoch of this node it knows.
+        known: Epoch,
+    },
 }
 
 /// Why a remote call or send failed.
@@ -173,6 +183,18 @@ pub enum RemoteError {
         peer: NodeId,
         /// Why.
         reason: RefusedReason,
+    },
+    /// FENCE-1: this node's own incarnation is not newer than one `peer` already knows of this
+    /// node (its clock stepped back past its predecessor's epoch, or an epoch was reused):
+    /// `peer` refused its hello, and will refuse it as long as it runs with this epoch.
+    #[error("{peer} refused this node's incarnation as outdated: it knows {known} ({reason})")]
+    Outdated {
+        /// The peer that refused.
+        peer: NodeId,
+        /// The highest epoch of this node the peer knows.
+        known: Epoch,
+        /// Why, in words.
+        reason: String,
     },
     /// FENCE-1: the message came from, or targeted, an incarnation that is no longer current.
     #[error("stale incarnation talking to {peer}: {reason}")]

@@ -2,16 +2,16 @@
 //! a frame, and [`Gateway::call_fenced`]. A dialed connection is then served like an accepted
 //! one (`serve.rs`), since the peer sends requests and heartbeats on it too.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use cohort_transport::{codec, ConnectError, Connection, Frame, LinkError, NodeId, RejectReason};
 
+use super::addr::PeerAddr;
 use super::remote_ref::{decode_reply, WireKind};
 use super::serve::spawn_serve;
 use super::state::Inner;
-use super::{lock, millis, Gateway, RefusedReason, RemoteError, RemoteMessage};
+use super::{lock, millis, Gateway, PeerEvent, RefusedReason, RemoteError, RemoteMessage};
 use crate::fencing::Incarnation;
 use crate::wire::{Envelope, WireMsg, WireReply};
 
@@ -22,10 +22,10 @@ impl Gateway {
     /// should exit to come back as a new incarnation. FENCE-1 is unaffected: nothing the peer
     /// sends on that connection is served or counts as hearing from it, and the connection is
     /// closed after the reply. Fails as stale without sending when `addr` answers as another
-    /// incarnation. Bounded by `call_timeout`.
+    /// incarnation. A name in `addr` is resolved now. Bounded by `call_timeout`.
     pub async fn call_fenced<M: RemoteMessage>(
         &self,
-        addr: SocketAddr,
+        addr: impl Into<PeerAddr>,
         target: &Incarnation<NodeId>,
         actor: &str,
         msg: &M,
@@ -33,7 +33,9 @@ impl Gateway {
         let inner = &self.inner;
         let peer = &target.node;
         let timeout = inner.config.call_timeout;
+        let addr: PeerAddr = addr.into();
         let work = async {
+            let addr = resolve(&addr, peer).await?;
             let conn = inner
                 .endpoint
                 .connect(addr, peer)
@@ -88,13 +90,17 @@ impl Inner {
             let state = lock(&self.state);
             (
                 state.peers.get(node).cloned(),
-                state.addrs.get(node).copied(),
+                state.addrs.get(node).cloned(),
             )
         };
         if let Some(link) = existing {
             // A live link to where the node is known to be is reused; a node known at a new
-            // address (restarted elsewhere) is dialed afresh.
-            let same_place = addr.is_none_or(|a| a == link.conn.remote_address());
+            // address (restarted elsewhere) is dialed afresh. A name not dialed yet is where
+            // the live link goes (the peer dialed us).
+            let same_place = addr
+                .as_ref()
+                .and_then(PeerAddr::last_resolved)
+                .is_none_or(|a| a == link.conn.remote_address());
             if link.conn.close_reason().is_none() && same_place {
                 return Ok((link.conn, link.incarnation));
             }
@@ -105,6 +111,9 @@ impl Inner {
                 reason: "not connected and no known address".to_string(),
             });
         };
+        // A name is looked up on every dial: a peer recreated elsewhere under the same name is
+        // reached at its new address.
+        let addr = resolve(&addr, node).await?;
         let conn = self
             .endpoint
             .connect(addr, node)
@@ -172,6 +181,21 @@ impl Inner {
                 peer: node.clone(),
                 reason,
             }),
+            WireReply::Outdated { known, reason } => {
+                tracing::warn!(
+                    %node, %known, me = %self.me,
+                    "this incarnation was refused as outdated: {reason}"
+                );
+                self.publish(PeerEvent::Outdated {
+                    by: node.clone(),
+                    known,
+                });
+                Err(RemoteError::Outdated {
+                    peer: node.clone(),
+                    known,
+                    reason,
+                })
+            }
             WireReply::Refused(reason) => Err(RemoteError::Refused {
                 peer: node.clone(),
                 reason,
@@ -223,6 +247,16 @@ impl Inner {
             }
         })
     }
+}
+
+/// `addr` resolved now; a name that does not resolve (yet) is a peer not reachable for now.
+async fn resolve(addr: &PeerAddr, peer: &NodeId) -> Result<std::net::SocketAddr, RemoteError> {
+    addr.resolve()
+        .await
+        .map_err(|reason| RemoteError::PeerLost {
+            peer: peer.clone(),
+            reason,
+        })
 }
 
 pub(super) fn link_error(peer: &NodeId, error: LinkError) -> RemoteError {

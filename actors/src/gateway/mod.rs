@@ -14,7 +14,7 @@
 //! ```text
 //!  dialer                                  acceptor
 //!  Hello{from: incarnation}     ──req──▶   admit(from) in the fencing table
-//!                               ◀──rsp──   Hello{me: incarnation} | Stale | Refused
+//!                               ◀──rsp──   Hello{me: incarnation} | Outdated{known} | Refused
 //!  Heartbeat{from}              ──1way─▶   (both directions, every heartbeat interval)
 //!  Call{from, to_epoch, actor, tag, reply_within_ms} + payload, blobs
 //!                               ──req──▶   deliver to actor `actor`
@@ -26,11 +26,33 @@
 //! to [`RemoteRef::call_within`]; the envelope carries it (`reply_within_ms`) and the receiver
 //! stops delivering the call then too (never past 24 hours).
 //!
+//! # Links and addresses
+//!
+//! A node keeps one link per peer: the connection it sends on (calls, heartbeats). The
+//! connection a peer last said hello on takes the link over at once: a newer incarnation's
+//! (the old one's is closed), and a new connection of the same incarnation too (the old one is
+//! left for what is in flight on it). A dead connection the node has not yet noticed thus never
+//! keeps a live peer looking silent. Every connection, linked or not, is served; when the
+//! linked one ends, the newest other live connection of the same incarnation carries the link
+//! on (a short-lived connection such as a [`Gateway::call_fenced`] holds it only while it
+//! lives).
+//!
+//! A peer is dialed at a [`PeerAddr`]: a socket address, or a `host:port` name resolved again on
+//! every dial, bounded in time, so a peer recreated under its name with a new IP is reached
+//! there. A name that does not resolve fails the dial as [`RemoteError::PeerLost`], which
+//! callers retry like any unreachable peer.
+//!
 //! # Fencing semantics (FENCE-1)
 //!
 //! - Every message names its sender's incarnation; the claimed node must be the node the peer
 //!   authenticated as (SEC-1), else the message is refused.
-//! - A message from an epoch older than the highest seen of that node is rejected as stale.
+//! - A message from an epoch older than the highest seen of that node is rejected as stale. A
+//!   hello from one is answered [`Outdated`](crate::wire::WireReply::Outdated) with the epoch
+//!   known: the dialer learns that its own incarnation is outdated ([`RemoteError::Outdated`],
+//!   [`PeerEvent::Outdated`]), e.g. after its clock stepped back, and can come back as a newer
+//!   one.
+//! - A newer incarnation's hello is evidence that the old one is dead: it is reported dead
+//!   (superseded) at once, without waiting for the heartbeat budget.
 //! - When the heartbeat machine declares an incarnation dead, the gateway fences it: its
 //!   connection is closed and anything later from that same epoch (e.g. a frozen process that
 //!   wakes up after SIGCONT) is rejected as stale; only a restarted process, with a higher
@@ -59,6 +81,7 @@
 //! One file per concern; each file's doc says what it owns.
 //!
 //! - `api.rs`: the public types (message trait, config, stats, events, errors).
+//! - `addr.rs`: [`PeerAddr`], where a peer is dialed, and the name lookup on every dial.
 //! - `registry.rs`: the handlers registered on this node, by (actor name, message type).
 //! - `dispatch.rs`: type-erased delivery of one message type to a registered handler.
 //! - `remote_ref.rs`: [`RemoteRef`], the typed sending side of a call or one-way message.
@@ -70,6 +93,7 @@
 //!   goes through.
 //! - this file: the [`Gateway`] handle and small helpers.
 
+mod addr;
 mod api;
 mod dispatch;
 mod heartbeat_driver;
@@ -79,6 +103,7 @@ mod remote_ref;
 mod serve;
 mod state;
 
+pub use addr::{PeerAddr, Resolver, SystemResolver};
 pub use api::{
     GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote, RemoteError,
     RemoteMessage, Senders,
@@ -139,6 +164,7 @@ impl Gateway {
                 heartbeat: HeartbeatMachine::new(config.heartbeat),
                 peers: HashMap::new(),
                 addrs: HashMap::new(),
+                served: HashMap::new(),
             }),
             registry: Registry::new(config.registrations_max),
             subscribers: Mutex::new(Vec::new()),
@@ -227,13 +253,17 @@ impl Gateway {
     }
 
     /// Dials `node` at `addr` (unless a live connection exists), exchanges hellos, and returns the
-    /// peer's current incarnation.
+    /// peer's current incarnation. A name in `addr` is resolved again on this and every later
+    /// dial of `node` ([`PeerAddr`]); one that does not resolve fails as
+    /// [`RemoteError::PeerLost`], which a caller retries like any unreachable peer.
     pub async fn connect(
         &self,
-        addr: SocketAddr,
+        addr: impl Into<PeerAddr>,
         node: &NodeId,
     ) -> Result<Incarnation<NodeId>, RemoteError> {
-        lock(&self.inner.state).addrs.insert(node.clone(), addr);
+        lock(&self.inner.state)
+            .addrs
+            .insert(node.clone(), addr.into());
         let timeout = self.inner.config.call_timeout;
         match tokio::time::timeout(timeout, self.inner.link_to(node)).await {
             Ok(result) => result.map(|(_, incarnation)| incarnation),
@@ -248,7 +278,7 @@ impl Gateway {
     /// node's current incarnation.
     pub async fn resolve<M: RemoteMessage>(
         &self,
-        addr: SocketAddr,
+        addr: impl Into<PeerAddr>,
         node: &NodeId,
         actor: &str,
     ) -> Result<RemoteRef<M>, RemoteError> {

@@ -194,9 +194,9 @@ pub(super) fn decode_reply<M: RemoteMessage>(
             peer: peer.clone(),
             reason,
         }),
-        WireReply::Hello { .. } => Err(RemoteError::Codec {
+        WireReply::Hello { .. } | WireReply::Outdated { .. } => Err(RemoteError::Codec {
             peer: peer.clone(),
-            reason: "unexpected hello in reply to a call".to_string(),
+            reason: "unexpected answer to a hello in reply to a call".to_string(),
         }),
     }
 }

@@ -130,8 +130,14 @@ impl Inner {
                 from.node
             )));
         }
-        if let Err(stale) = self.hear(&from) {
-            return WireReply::Stale(stale);
+        if let Err(reason) = self.hear(&from) {
+            // The dialer is told which epoch of it we know, so that it can tell that its own
+            // incarnation is outdated (and come back as a newer one).
+            let known = lock(&self.state)
+                .fencing
+                .current(&from.node)
+                .map_or(from.epoch, |(epoch, _)| epoch);
+            return WireReply::Outdated { known, reason };
         }
         if let Err(reason) = self.add_link(ctx, &from) {
             return WireReply::Refused(reason);
@@ -206,7 +212,7 @@ impl Inner {
     fn count_rejection(&self, reply: &WireReply) {
         use std::sync::atomic::Ordering::Relaxed;
         match reply {
-            WireReply::Stale(_) => {
+            WireReply::Stale(_) | WireReply::Outdated { .. } => {
                 self.stale_rejected.fetch_add(1, Relaxed);
             }
             WireReply::Refused(_) => {
@@ -234,6 +240,11 @@ pub(super) async fn accept_loop(endpoint: Endpoint, inner: Weak<Inner>) {
 
 /// Serves what the peer sends on one connection until it is lost.
 pub(super) fn spawn_serve(inner: &Arc<Inner>, ctx: Arc<ConnCtx>) {
+    lock(&inner.state)
+        .served
+        .entry(ctx.conn.peer().clone())
+        .or_default()
+        .push(Arc::clone(&ctx));
     let weak = Arc::downgrade(inner);
     let task = tokio::spawn(async move {
         loop {
@@ -252,14 +263,7 @@ pub(super) fn spawn_serve(inner: &Arc<Inner>, ctx: Arc<ConnCtx>) {
                 }
                 Err(e) => {
                     tracing::debug!(peer = %ctx.conn.peer(), error = %e, "connection ended");
-                    let mut state = lock(&inner.state);
-                    let same = state
-                        .peers
-                        .get(ctx.conn.peer())
-                        .is_some_and(|l| l.conn_id == ctx.id);
-                    if same {
-                        state.peers.remove(ctx.conn.peer());
-                    }
+                    lock(&inner.state).forget_conn(ctx.conn.peer(), ctx.id);
                     return;
                 }
             }

@@ -1,17 +1,18 @@
 //! The state one gateway shares between its handle, its serving tasks and its heartbeat
 //! driver: the fencing table, the heartbeat machine, the link used to send to each peer, the
 //! handler registry and the counters. Owns `hear`, the FENCE-1 gate every message heard from a
-//! peer goes through, and the bookkeeping of links and subscribers. Does no IO of its own
+//! peer goes through, and the bookkeeping of links (one per peer: `add_link`,
+//! `State::forget_conn`), served connections and subscribers. Does no IO of its own
 //! beyond closing connections it drops.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use cohort_transport::{Connection, Endpoint, NodeId};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use super::addr::PeerAddr;
 use super::registry::Registry;
 use super::{lock, now, GatewayConfig, PeerEvent, RefusedReason};
 use crate::fencing::{Admission, FencingTable, Incarnation};
@@ -38,7 +39,55 @@ pub(super) struct State {
     /// The connection used to send to each peer, with the peer incarnation it said hello as.
     pub(super) peers: HashMap<NodeId, PeerLink>,
     /// Where to dial peers we connected to before.
-    pub(super) addrs: HashMap<NodeId, SocketAddr>,
+    pub(super) addrs: HashMap<NodeId, PeerAddr>,
+    /// Every connection being served, by the peer it authenticated as, oldest first: where a
+    /// link falls back to when its connection ends.
+    pub(super) served: HashMap<NodeId, Vec<Arc<ConnCtx>>>,
+}
+
+impl State {
+    /// Forgets the served connection `id` to `node`, which has ended. If it carried the link
+    /// to `node`, the newest other live connection the same incarnation said hello on carries
+    /// it on (a peer's short-lived connection, such as a `call_fenced`, took the link over for
+    /// its lifetime only); with none, the link is gone until the next hello or dial.
+    pub(super) fn forget_conn(&mut self, node: &NodeId, id: u64) {
+        if let Some(list) = self.served.get_mut(node) {
+            list.retain(|c| c.id != id);
+            if list.is_empty() {
+                self.served.remove(node);
+            }
+        }
+        let Some(link) = self.peers.get(node) else {
+            return;
+        };
+        if link.conn_id != id {
+            return;
+        }
+        let incarnation = link.incarnation.clone();
+        let next = self.served.get(node).and_then(|list| {
+            list.iter()
+                .rev()
+                .find(|c| {
+                    c.conn.close_reason().is_none() && lock(&c.hello).as_ref() == Some(&incarnation)
+                })
+                .cloned()
+        });
+        match next {
+            Some(ctx) => {
+                self.peers.insert(
+                    node.clone(),
+                    PeerLink {
+                        conn: ctx.conn.clone(),
+                        conn_id: ctx.id,
+                        incarnation,
+                    },
+                );
+            }
+            None => {
+                self.peers.remove(node);
+            }
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -69,7 +118,11 @@ impl Inner {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
-        let peers: Vec<_> = lock(&self.state).peers.drain().collect();
+        let peers: Vec<_> = {
+            let mut state = lock(&self.state);
+            state.served.clear();
+            state.peers.drain().collect()
+        };
         for (_, link) in peers {
             link.conn.close();
         }
@@ -125,32 +178,42 @@ impl Inner {
         }
     }
 
+    /// Makes the connection of `ctx`, on which `incarnation` (already admitted by
+    /// [`hear`](Self::hear)) just said hello, the one link used to send to its node: one link
+    /// per peer, and the newest hello takes it over at once. A newer incarnation's connection
+    /// replaces (and closes) the old one's; a new connection of the same incarnation (it
+    /// dialed again, or it restarted without a newer epoch) replaces the old link too, which
+    /// is left open for what is in flight on it but carries nothing new: heartbeats and calls
+    /// move to the connection the peer last said hello on, so a dead connection never keeps a
+    /// live peer looking silent.
     pub(super) fn add_link(
         &self,
         ctx: &ConnCtx,
         incarnation: &Incarnation<NodeId>,
     ) -> Result<(), RefusedReason> {
         let mut state = lock(&self.state);
-        let replace = match state.peers.get(&incarnation.node) {
+        let replaced = match state.peers.get(&incarnation.node) {
             None => {
                 if state.peers.len() >= self.config.peers_max {
                     return Err(RefusedReason::TooManyPeers);
                 }
-                true
+                None
             }
-            Some(link) => {
-                link.conn.close_reason().is_some() || link.incarnation.epoch < incarnation.epoch
-            }
+            // `hear` refused anything older than the link's incarnation.
+            Some(link) if link.incarnation.epoch > incarnation.epoch => return Ok(()),
+            Some(link) => Some(link.clone()),
         };
-        if replace {
-            state.peers.insert(
-                incarnation.node.clone(),
-                PeerLink {
-                    conn: ctx.conn.clone(),
-                    conn_id: ctx.id,
-                    incarnation: incarnation.clone(),
-                },
-            );
+        state.peers.insert(
+            incarnation.node.clone(),
+            PeerLink {
+                conn: ctx.conn.clone(),
+                conn_id: ctx.id,
+                incarnation: incarnation.clone(),
+            },
+        );
+        drop(state);
+        if let Some(old) = replaced.filter(|old| old.incarnation.epoch < incarnation.epoch) {
+            old.conn.close();
         }
         Ok(())
     }

@@ -20,13 +20,12 @@
 //!   program waits on a ticket, never on a remote call of its own.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Epoch, Gateway, Incarnation, PeerEvent, Remote, RemoteError};
+use cohort_actors::{Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, Remote, RemoteError};
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
@@ -52,8 +51,8 @@ type FetchWaiter = oneshot::Sender<Result<Vec<u8>, ClosureFailure>>;
 pub struct CoordinatorActor {
     gateway: Gateway,
     scheduler: Scheduler,
-    workers: Vec<(NodeId, SocketAddr)>,
-    servers: Vec<(NodeId, SocketAddr)>,
+    workers: Vec<(NodeId, PeerAddr)>,
+    servers: Vec<(NodeId, PeerAddr)>,
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
     /// Who waits for the chief's start (or a restore at start-up), by ticket.
@@ -72,8 +71,8 @@ impl CoordinatorActor {
     pub fn new(
         gateway: Gateway,
         scheduler: Scheduler,
-        workers: Vec<(NodeId, SocketAddr)>,
-        servers: Vec<(NodeId, SocketAddr)>,
+        workers: Vec<(NodeId, PeerAddr)>,
+        servers: Vec<(NodeId, PeerAddr)>,
     ) -> Self {
         let mut scheduler = scheduler
             .with_servers(servers.len() as u32)
@@ -889,7 +888,7 @@ fn wait_for_ticket<K: Ord, T>(
 /// Tells the fenced incarnation `fenced` (its `actor`), at `addr`, to retire ([`Retire`]).
 async fn retire(
     gateway: &Gateway,
-    addr: SocketAddr,
+    addr: PeerAddr,
     fenced: Incarnation<NodeId>,
     actor: &str,
 ) -> Result<(), CallFault> {
@@ -1309,7 +1308,7 @@ mod tests {
                     Ok::<_, RefusedReason>(Ok(()))
                 })
                 .unwrap();
-            let workers = vec![(worker_node, worker.local_addr().unwrap())];
+            let workers = vec![(worker_node, worker.local_addr().unwrap().into())];
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let scheduler = Scheduler::new(SchedulerConfig::default());
             let actor = CoordinatorActor::new(chief, scheduler, workers, Vec::new()).start();
@@ -1356,7 +1355,7 @@ mod tests {
                         },
                     )
                     .unwrap();
-                workers.push((node, worker.local_addr().unwrap()));
+                workers.push((node, worker.local_addr().unwrap().into()));
                 gateways.push(worker);
             }
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
@@ -1474,8 +1473,8 @@ mod tests {
             let chief = gateway(&ca, &NodeId::new("chief", 0), 1);
             let mut scheduler = Scheduler::new(SchedulerConfig::default());
             scheduler.mark_cut(ClosureId(0), ckpt_root.clone()).unwrap();
-            let servers = vec![(ps_node, ps.local_addr().unwrap())];
-            let workers = vec![(worker_node, worker.local_addr().unwrap())];
+            let servers = vec![(ps_node, ps.local_addr().unwrap().into())];
+            let workers = vec![(worker_node, worker.local_addr().unwrap().into())];
             let actor = CoordinatorActor::new(chief, scheduler, workers, servers).start();
             let setup = SetupWorker {
                 num_workers: 1,

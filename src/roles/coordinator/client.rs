@@ -2,13 +2,12 @@
 //! chief's training loop sees it. Its methods block the calling thread (the chief's program
 //! thread, never the node's runtime) and talk to the coordinator actor.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use cohort_actors::{Gateway, RemoteError};
+use cohort_actors::{Gateway, PeerAddr, RemoteError};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
@@ -124,7 +123,7 @@ pub struct ClusterCoordinator {
     actor: Addr<CoordinatorActor>,
     runtime: Handle,
     gateway: Gateway,
-    servers: Vec<(NodeId, SocketAddr)>,
+    servers: Vec<(NodeId, PeerAddr)>,
     num_workers: u32,
     placer: PsPlacer,
     layouts: Vec<Layout>,
@@ -137,7 +136,7 @@ impl ClusterCoordinator {
         actor: Addr<CoordinatorActor>,
         runtime: Handle,
         gateway: Gateway,
-        servers: Vec<(NodeId, SocketAddr)>,
+        servers: Vec<(NodeId, PeerAddr)>,
         num_workers: u32,
         wait_max: Duration,
     ) -> Self {
@@ -595,7 +594,7 @@ mod tests {
                 .unwrap();
                 register(&ps);
                 let chief = gateway(&ca, &NodeId::new("chief", 0));
-                let servers = vec![(ps_node, ps.local_addr().unwrap())];
+                let servers = vec![(ps_node, ps.local_addr().unwrap().into())];
                 let scheduler = Scheduler::new(SchedulerConfig::default());
                 let actor = actix::Actor::start(CoordinatorActor::new(
                     chief.clone(),

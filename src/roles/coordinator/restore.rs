@@ -38,6 +38,8 @@ pub(crate) fn call_fault(error: RemoteError) -> CallFault {
         RemoteError::Timeout { .. }
         | RemoteError::PeerLost { .. }
         | RemoteError::Stale { .. }
+        // This process is outdated and exits to come back as a newer incarnation.
+        | RemoteError::Outdated { .. }
         | RemoteError::Busy { .. } => true,
     };
     if retryable {

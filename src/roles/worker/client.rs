@@ -4,9 +4,8 @@
 //! call timeout).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
-use cohort_actors::{Gateway, RemoteMessage, RemoteRef};
+use cohort_actors::{Gateway, PeerAddr, RemoteMessage, RemoteRef};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
@@ -23,12 +22,12 @@ use crate::roles::push::{route_rows, PlannedPush, PushOutcome};
 pub struct PsClient {
     gateway: Gateway,
     runtime: Handle,
-    servers: Vec<(NodeId, SocketAddr)>,
+    servers: Vec<(NodeId, PeerAddr)>,
 }
 
 impl PsClient {
     /// A client over the parameter servers `servers` (index = PS task index).
-    pub fn new(gateway: Gateway, runtime: Handle, servers: Vec<(NodeId, SocketAddr)>) -> Self {
+    pub fn new(gateway: Gateway, runtime: Handle, servers: Vec<(NodeId, PeerAddr)>) -> Self {
         Self {
             gateway,
             runtime,
@@ -381,8 +380,8 @@ mod call_all_tests {
                         .unwrap();
                 }
                 let servers = vec![
-                    (first, first_gateway.local_addr().unwrap()),
-                    (other, other_gateway.local_addr().unwrap()),
+                    (first, first_gateway.local_addr().unwrap().into()),
+                    (other, other_gateway.local_addr().unwrap().into()),
                 ];
                 let worker = gateway(&ca, &NodeId::new("worker", 0));
                 ready_tx

@@ -77,6 +77,7 @@ impl StepError {
             | RemoteError::Busy { .. }
             | RemoteError::PeerLost { .. }
             | RemoteError::Stale { .. }
+            | RemoteError::Outdated { .. }
             | RemoteError::Refused {
                 reason: RefusedReason::ActorUnavailable(_) | RefusedReason::NoSuchActor(_),
                 ..

@@ -1,0 +1,135 @@
+//! A real `cohort role` process started as a pod would be before DNS knows its peers, or
+//! itself: every address in its `TF_CONFIG` is a name that does not resolve, and no
+//! incarnation is given. It must not refuse to start (no exit 2): it binds its own port without
+//! resolving its own name, serves there, and runs as an incarnation it derived from the clock.
+//! The test reaches it over real QUIC on 127.0.0.1 at that port.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cohort_actors::{Epoch, Gateway, GatewayConfig};
+use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "cohort-names-at-start-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The role process, killed (by its own PID) when the test ends either way.
+struct Role(Child);
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn a_process_whose_peers_and_own_name_do_not_resolve_yet_starts_and_serves_on_its_port() {
+    let scratch = Scratch::new();
+    let certs = scratch.0.join("certs");
+    let ca = ClusterCa::generate("test").unwrap();
+    let (chief_id, ps_id) = (NodeId::new("chief", 0), NodeId::new("ps", 0));
+    for node in [&chief_id, &ps_id] {
+        ca.issue(node).unwrap().save(&certs).unwrap();
+    }
+    let port = free_udp_port();
+    let tf_config = serde_json::json!({
+        "cluster": {
+            "chief": ["chief-0.not-yet.invalid:2222"],
+            "worker": ["worker-0.not-yet.invalid:2222"],
+            "ps": [format!("ps-0.not-yet.invalid:{port}")],
+        },
+        "task": {"type": "ps", "index": 0},
+    });
+    let stderr = std::fs::File::create(scratch.0.join("stderr")).unwrap();
+    let mut role = Role(
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args(["role", "--job", "demo"])
+            .env("TF_CONFIG", tf_config.to_string())
+            .env("COHORT_CERTS", &certs)
+            .env_remove("COHORT_INCARNATION")
+            .env_remove("COHORT_CONFIG")
+            .current_dir(&scratch.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start cohort role"),
+    );
+    let started_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+
+    let answered = actix::System::new().block_on(async {
+        let endpoint = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            ca.issue(&chief_id).unwrap(),
+            TransportConfig::for_tests(),
+        )
+        .unwrap();
+        let chief = Gateway::start(
+            endpoint,
+            GatewayConfig {
+                epoch: Epoch(1),
+                call_timeout: Duration::from_secs(2),
+                ..GatewayConfig::default()
+            },
+        );
+        let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = role.0.try_wait() {
+                let log = std::fs::read_to_string(scratch.0.join("stderr")).unwrap_or_default();
+                panic!("the role exited ({status}) instead of serving; its stderr:\n{log}");
+            }
+            match chief.connect(at, &ps_id).await {
+                Ok(incarnation) => break incarnation,
+                Err(e) if Instant::now() >= deadline => {
+                    panic!("the role never answered on port {port}: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    });
+    // Serving, and as an incarnation from the clock (milliseconds since the Unix epoch, taken
+    // when it started), not the old fixed 1.
+    assert_eq!(answered.node, ps_id);
+    let epoch = answered.epoch.0;
+    assert!(
+        epoch + 60_000 >= started_ms && epoch <= started_ms + 60_000,
+        "epoch {epoch} is not the clock at start ({started_ms} ms)"
+    );
+    assert!(
+        role.0.try_wait().unwrap().is_none(),
+        "the role keeps running while its peers do not resolve"
+    );
+}
