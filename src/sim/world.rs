@@ -123,7 +123,9 @@ enum Event {
         to: Node,
         to_epoch: u64,
         sent: Duration,
-        msg: Msg,
+        /// Boxed: the event queue moves its entries as it orders them, and a message (a push
+        /// with its gradients) is many times the size of every other event.
+        msg: Box<Msg>,
     },
     CallTimeout {
         call: u64,
@@ -802,7 +804,7 @@ impl<'a> World<'a> {
                 to,
                 to_epoch,
                 sent: self.now,
-                msg: msg.clone(),
+                msg: Box::new(msg.clone()),
             };
             self.at(self.now + delay, event);
         }
@@ -839,7 +841,7 @@ impl<'a> World<'a> {
                 to,
                 to_epoch,
                 sent,
-                msg,
+                msg: Box::new(msg),
             };
             self.at(self.now + HOLD_RETRY, event);
             return;
@@ -1911,7 +1913,7 @@ impl<'a> World<'a> {
                 to_epoch,
                 sent,
                 msg,
-            } => self.deliver(from, to, to_epoch, sent, msg),
+            } => self.deliver(from, to, to_epoch, sent, *msg),
             Event::CallTimeout { call } => self.on_reply(call, Err("no answer in time".into())),
             Event::PushTimeout {
                 worker,
@@ -2568,6 +2570,20 @@ impl std::hash::Hasher for Fnv {
         for byte in bytes {
             self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(FNV_PRIME);
         }
+    }
+
+    // Integers in one step rather than byte by byte: an event's fields are mostly integers,
+    // and hashing every event is a good part of a schedule's cost.
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0 ^ value).wrapping_mul(FNV_PRIME);
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
     }
 }
 
