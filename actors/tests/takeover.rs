@@ -294,7 +294,8 @@ fn a_newer_incarnation_supersedes_at_once_and_an_older_one_is_told_it_is_outdate
         assert!(parent.stats().stale_rejected >= 1);
         assert_eq!(parent.peer_status(&child_node()), Some((Epoch(11), true)));
         second.process.kill()?;
-        older.process.kill()?;
+        // Refused, the older process may have exited by itself already.
+        let _ = older.process.kill();
         Ok(())
     });
 }
