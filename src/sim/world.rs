@@ -2131,8 +2131,13 @@ impl<'a> World<'a> {
                     );
                     return;
                 };
-                let checkpoint = (*reading.checkpoint.0).clone();
-                self.save(checkpoint, effective);
+                match reading.into_checkpoint() {
+                    Ok(checkpoint) => self.save(checkpoint, effective),
+                    Err(e) => {
+                        self.ended = Some(Err(e));
+                        return;
+                    }
+                }
                 self.chief.phase = ChiefPhase::Schedule;
             }
             Err(e) => self.ended = Some(Err(e)),

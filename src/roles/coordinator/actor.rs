@@ -1370,7 +1370,7 @@ mod tests {
                 .expect("the cut was never read")
                 .unwrap()
                 .expect("the save survives the worker's fault");
-            let ckpt = &reading.checkpoint.0;
+            let ckpt = &reading.into_checkpoint().unwrap();
             let expected: WorkerPositions = [(0, [("ids".to_string(), 7)].into_iter().collect())]
                 .into_iter()
                 .collect();

@@ -345,9 +345,13 @@ impl ClusterCoordinator {
                 return Err(CoordinatorError::Checkpoint(e));
             }
         };
-        let ckpt = &reading.checkpoint.0;
+        let generation = reading.generation;
+        // Assembled here, on the program's thread: it copies every tensor.
+        let ckpt = reading
+            .into_checkpoint()
+            .map_err(CoordinatorError::Checkpoint)?;
         let dir = manager
-            .save(ckpt, Instant::now())
+            .save(&ckpt, Instant::now())
             .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
         // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
         // error above and never becomes the cut, so recoveries go on restoring the previous
@@ -356,7 +360,7 @@ impl ClusterCoordinator {
         self.mark_cut(
             ckpt.ledger.next_closure_id,
             manager.root(),
-            Some(reading.generation),
+            Some(generation),
         );
         Ok(dir)
     }

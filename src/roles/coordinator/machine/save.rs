@@ -18,21 +18,22 @@
 //! 4. once every shard and the positions are in, the attempt counts only if the cut state is
 //!    unchanged (a recovery or new work between the reads would mix two cuts, CKPT-1);
 //!    otherwise it is disturbed and begins again, at most [`SAVE_ATTEMPTS_MAX`] times;
-//! 5. [`SchedulerAction::CutRead`]: the checkpoint with the restore generation it was read in
-//!    (the mark is refused if a restore began since), or why no checkpoint can be taken.
+//! 5. [`SchedulerAction::CutRead`]: what was read ([`CutReading`], turned into the checkpoint
+//!    on the caller's thread) with the restore generation it was read in (the mark is refused
+//!    if a restore began since), or why no checkpoint can be taken.
 //!
 //! One read at a time. Pure: no IO, no clock; `now` is passed in.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::control::CutState;
-use super::recovery::{CallFault, CheckpointRef, WorkerPositions, DATASET_POSITIONS_KEY};
+use super::control::{CutState, LedgerState};
+use super::recovery::{CallFault, WorkerPositions, DATASET_POSITIONS_KEY};
 use super::{PositionsTicket, Scheduler, SchedulerAction};
 use crate::checkpoint::{self, Checkpoint, TensorBytes};
+use crate::layout::Layout;
 use crate::roles::protocol::{blob, bytes_to_f32, ShardState};
 
 /// Times a save's read is begun again because a parameter-server recovery or new work came
@@ -61,13 +62,27 @@ pub struct ShardRead {
     pub blobs: Vec<Bytes>,
 }
 
-/// A cut read whole: the checkpoint to write, and the restore generation it was read in.
+/// A cut read whole, as read: every shard's answer, the workers' positions and the ledger at
+/// the cut, with the restore generation it was read in. [`CutReading::into_checkpoint`] turns
+/// it into the checkpoint to write; that copies every tensor (hundreds of megabytes for a large
+/// embedding), so it is left to the caller's thread, never done on the coordinator's actor,
+/// whose thread also serves the node's heartbeats.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CutReading {
-    /// Every shard, the positions and the ledger.
-    pub checkpoint: CheckpointRef,
+    /// The checkpoint's step.
+    pub step: u64,
     /// The restore generation the servers were read in (for [`Scheduler::handle_mark_cut`]).
     pub generation: u64,
+    /// Parameter servers in the cluster.
+    pub num_servers: u32,
+    /// Every variable's layout.
+    pub layouts: Vec<Layout>,
+    /// Every shard's answer, by shard name.
+    pub reads: BTreeMap<String, ShardRead>,
+    /// Worker → dataset → elements read.
+    pub positions: WorkerPositions,
+    /// The ledger at the cut, with the ids a checkpoint keeps.
+    pub ledger: LedgerState,
 }
 
 /// A save's read under way.
@@ -318,16 +333,18 @@ impl Scheduler {
         else {
             unreachable!("matched above");
         };
-        let positions = collected.unwrap_or_default();
-        let result = self
-            .build_checkpoint(read.step, &reads, &positions)
-            .map(|checkpoint| CutReading {
-                checkpoint: CheckpointRef(Arc::new(checkpoint)),
-                generation: cut_state.generation,
-            });
+        let reading = CutReading {
+            step: read.step,
+            generation: cut_state.generation,
+            num_servers: self.num_servers,
+            layouts: self.setup.layouts.clone(),
+            reads,
+            positions: collected.unwrap_or_default(),
+            ledger: self.ledger_state(),
+        };
         self.actions.push_back(SchedulerAction::CutRead {
             ticket: read.ticket,
-            result,
+            result: Ok(reading),
         });
     }
 
@@ -361,22 +378,20 @@ impl Scheduler {
             });
         }
     }
+}
 
-    /// The checkpoint of a cut read whole: every shard with its optimizer slots and steps,
-    /// every worker's dataset positions, and the ledger with its retained ids (whole,
-    /// LEDGER-1 across restarts). A malformed answer is an error naming the shard.
-    fn build_checkpoint(
-        &self,
-        step: u64,
-        reads: &BTreeMap<String, ShardRead>,
-        positions: &WorkerPositions,
-    ) -> Result<Checkpoint, String> {
-        let mut ckpt = Checkpoint::new(step, self.num_servers as usize);
-        for layout in &self.setup.layouts {
+impl CutReading {
+    /// The checkpoint of this cut: every shard with its optimizer slots and steps, every
+    /// worker's dataset positions, and the ledger with its retained ids (whole, LEDGER-1 across
+    /// restarts). A malformed answer (a blob missing or ragged) is an error naming the shard.
+    pub fn into_checkpoint(self) -> Result<Checkpoint, String> {
+        let mut ckpt = Checkpoint::new(self.step, self.num_servers as usize);
+        for layout in &self.layouts {
             ckpt.layout.push(layout.clone());
             for (i, shard) in layout.shards.iter().enumerate() {
                 let name = layout.shard_name(i);
-                let read = reads
+                let read = self
+                    .reads
                     .get(&name)
                     .ok_or_else(|| format!("shard {name:?} was not read"))?;
                 let malformed = |e: &dyn std::fmt::Display| {
@@ -401,13 +416,13 @@ impl Scheduler {
                 ckpt.extra[format!("steps/{name}")] = serde_json::json!(read.state.steps);
             }
         }
-        for (worker, datasets) in positions {
+        for (worker, datasets) in &self.positions {
             ckpt.dataset_positions
                 .insert(*worker, datasets.values().sum());
         }
         ckpt.extra[DATASET_POSITIONS_KEY] =
-            serde_json::to_value(positions).map_err(|e| e.to_string())?;
-        let state = self.ledger_state();
+            serde_json::to_value(&self.positions).map_err(|e| e.to_string())?;
+        let state = self.ledger;
         ckpt.ledger = checkpoint::Ledger {
             next_closure_id: state.next_closure_id,
             // Whole: every count as the coordinator keeps it (LEDGER-1 across restarts).

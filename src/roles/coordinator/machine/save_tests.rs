@@ -124,7 +124,7 @@ fn a_cut_is_read_from_every_shard_and_worker() {
     }
     let reading = cut_read(&drain(&mut s)).unwrap().unwrap();
     assert_eq!(reading.generation, 0);
-    let ckpt = &reading.checkpoint.0;
+    let ckpt = &reading.clone().into_checkpoint().unwrap();
     assert_eq!(ckpt.step, 42);
     assert_eq!(ckpt.layout, vec![two_shards()]);
     let expected = TensorBytes::from_f32(vec![2, 2], &[10.0, 11.0, 12.0, 13.0]).unwrap();
@@ -247,7 +247,7 @@ fn work_that_comes_while_the_servers_are_read_disturbs_the_attempt() {
         s.handle_shard_read(poll, ticket, *attempt, *ps, shard, Ok(shard_answer(0.0)));
     }
     let reading = cut_read(&drain(&mut s)).unwrap().unwrap();
-    assert_eq!(reading.checkpoint.0.ledger.next_closure_id, 1);
+    assert_eq!(reading.into_checkpoint().unwrap().ledger.next_closure_id, 1);
 }
 
 /// CKPT-1: an attempt across which a restore ran is not a cut: every answer may be in, but
@@ -330,7 +330,7 @@ fn a_worker_lost_while_positions_are_collected_is_recorded_at_its_setup_position
     .into_iter()
     .collect();
     assert_eq!(
-        reading.checkpoint.0.extra[DATASET_POSITIONS_KEY],
+        reading.into_checkpoint().unwrap().extra[DATASET_POSITIONS_KEY],
         serde_json::to_value(&expected).unwrap()
     );
     assert_eq!(s.live_workers(), 1);
@@ -353,7 +353,8 @@ fn a_read_that_waits_past_its_bound_fails() {
     assert!(err.contains("could not be read undisturbed"), "{err}");
 }
 
-/// A malformed answer (a blob missing for a slot it names) fails the read naming the shard.
+/// A malformed answer (a blob missing for a slot it names) fails the checkpoint's assembly,
+/// naming the shard.
 #[test]
 fn a_malformed_shard_answer_fails_the_read_naming_the_shard() {
     let t = Instant::now();
@@ -365,7 +366,8 @@ fn a_malformed_shard_answer_fails_the_read_naming_the_shard() {
     let mut short = shard_answer(1.0);
     short.blobs.truncate(1);
     s.handle_shard_read(t, ticket, 1, 1, "w/part_1", Ok(short));
-    let err = cut_read(&drain(&mut s)).unwrap().unwrap_err();
+    let reading = cut_read(&drain(&mut s)).unwrap().unwrap();
+    let err = reading.into_checkpoint().unwrap_err();
     assert!(err.contains("ps/1") && err.contains("w/part_1"), "{err}");
 }
 
