@@ -454,7 +454,9 @@ fn run_phase(
             return Ok(true);
         }
         after_epoch(coordinator, outcome.mean_loss)?;
-        if checkpoints.should_save(*step, Instant::now()) {
+        // The phase's last epoch is saved at the phase's end (a second save of the same step
+        // would be refused).
+        if epoch < phase.epochs && checkpoints.should_save(*step, Instant::now()) {
             save_on_cadence(coordinator, checkpoints, *step)?;
         }
     }
