@@ -168,6 +168,19 @@ pub(super) fn checkpoint(cut: u64, position: u64) -> Arc<Checkpoint> {
     Arc::new(ckpt)
 }
 
+/// Starts the restore at start-up of `checkpoint(5, 7)` onto one untouched server (ps/0,
+/// incarnation 1).
+pub(super) fn start_restore(s: &mut Scheduler, t: Instant) {
+    let probe = ServerProbe {
+        ps: 0,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    };
+    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
+        .unwrap();
+}
+
 /// Answers every restore call successfully until none is left; returns the other actions.
 pub(super) fn finish_restore(s: &mut Scheduler) -> Vec<SchedulerAction> {
     let t = Instant::now();
@@ -228,14 +241,7 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
     s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
     let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
     assert_eq!(datasets, vec![("ids".to_string(), 0)]);
-    let probe = ServerProbe {
-        ps: 0,
-        epoch: 1,
-        generation: 0,
-        next_free_closure_id: 0,
-    };
-    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
-        .unwrap();
+    start_restore(&mut s, t);
     assert!(s.is_restoring());
     // Worker 1's dial, answered while the restore runs, sets nothing up.
     s.handle_worker_dialled(t, 1, WorkerDial::Answered { epoch: 1 });
@@ -384,14 +390,7 @@ fn ckpt_1_a_cut_read_before_a_restore_is_refused() {
             holding: false
         }
     );
-    let probe = ServerProbe {
-        ps: 0,
-        epoch: 1,
-        generation: 0,
-        next_free_closure_id: 0,
-    };
-    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
-        .unwrap();
+    start_restore(&mut s, t);
     assert!(s.cut_state().holding);
     finish_restore(&mut s);
     assert_ne!(s.cut_state(), before);

@@ -4,7 +4,7 @@
 //! dispatch, a worker lost while positions are collected, answers to a given-up attempt), the
 //! creation of a variable's shards, and the chief's start (probes, then restore or afresh).
 
-use super::control_tests::{bring_up, checkpoint, drain, finish_restore, setup};
+use super::control_tests::{bring_up, checkpoint, drain, finish_restore, setup, start_restore};
 use super::recovery::{CallFault, RestoreCall, DATASET_POSITIONS_KEY};
 use super::save::{SAVE_RETRY_BACKOFF_MIN, SAVE_WAIT_MAX};
 use super::*;
@@ -290,14 +290,7 @@ fn a_worker_lost_while_positions_are_collected_is_recorded_at_its_setup_position
         .with_workers(2)
         .with_servers(1);
     s.handle_configure(setup(&[("ids", 0)]));
-    let probe = ServerProbe {
-        ps: 0,
-        epoch: 1,
-        generation: 0,
-        next_free_closure_id: 0,
-    };
-    s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
-        .unwrap();
+    start_restore(&mut s, t);
     finish_restore(&mut s);
     bring_up(&mut s, 0, 1);
     bring_up(&mut s, 1, 1);
