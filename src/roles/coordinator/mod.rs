@@ -21,7 +21,7 @@ mod restore;
 
 pub(crate) use restore::shard_restores;
 
-pub use actor::CoordinatorActor;
+pub use actor::{ChiefStopping, CoordinatorActor};
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec, SAVE_WAIT_MAX};
 pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
@@ -31,5 +31,5 @@ pub use machine::{
     CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, Ledger, LedgerState,
     PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler,
     SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
-    WorkerEpoch,
+    WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };
