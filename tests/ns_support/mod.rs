@@ -17,7 +17,7 @@
 pub mod kubelet;
 pub mod netns;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -321,9 +321,4 @@ fn number_before<T: std::str::FromStr>(line: &str, suffix: &str) -> T {
     line[start..end]
         .parse()
         .unwrap_or_else(|_| panic!("no number before {suffix:?} in {line:?}"))
-}
-
-/// Where a test's scratch lives (for diagnostics).
-pub fn path_of(cluster: &Cluster, name: &str) -> PathBuf {
-    Path::new(&cluster.dir).join(name)
 }
