@@ -22,7 +22,7 @@ use super::CliError;
 use crate::bootstrap::{launch_local, LaunchFlags};
 use crate::cluster::{TaskId, TaskType};
 use crate::launch::pid_file;
-use crate::workloads::recovery::{unix_ms, Commit, EVENTS_ENV};
+use crate::workloads::recovery::{samples_path, unix_ms, Commit, LedgerSample, EVENTS_ENV};
 
 /// Mean interval between two preemptions of the spot scenario.
 pub const SPOT_MEAN_INTERVAL: Duration = Duration::from_secs(3);
@@ -75,6 +75,8 @@ impl Scenario {
 /// What one scenario's run recorded.
 struct Run {
     commits: Vec<Commit>,
+    /// The chief's ledger samples.
+    samples: Vec<LedgerSample>,
     /// When each fault was injected (ms since the epoch), and at which it aimed.
     injected: Vec<(u64, Injection)>,
     /// Per task signalled once, the incarnation that was signalled (its process's start).
@@ -231,8 +233,12 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
             scenario.name()
         )));
     }
+    let samples = std::fs::read_to_string(samples_path(&events))
+        .map(|text| text.lines().filter_map(LedgerSample::parse).collect())
+        .unwrap_or_default();
     Ok(Run {
         commits: read_commits(&events),
+        samples,
         injected,
         victim_incarnation,
         run_dir,
@@ -296,16 +302,28 @@ fn measure(
             let back = read_pid(&run.run_dir, injection.task)
                 .map(|(_, i)| i)
                 .filter(|i| *i > old);
-            let resumed = back.and_then(|back| {
+            // Resumed: the first closure committed after the restore (the sampler's view);
+            // caught up: the program's in-order stream moving again, once what was rolled
+            // back has run again.
+            let restored = run.samples.iter().find(|x| x.ps_restores > restores_before);
+            let resumed = back.zip(restored).and_then(|(back, restored)| {
+                run.samples
+                    .iter()
+                    .find(|x| x.at_ms >= restored.at_ms && x.committed > restored.committed)
+                    .map(|x| x.at_ms.saturating_sub(back))
+            });
+            let caught_up = back.and_then(|back| {
                 commits
                     .iter()
                     .find(|c| c.ps_restores > restores_before)
                     .map(|c| c.at_ms.saturating_sub(back))
             });
             Ok(format!(
-                "server back -> training resumed {}; closures re-run {}; longest stall {:.2} s",
+                "server back -> training resumed {}; closures re-run {} (stream caught up {}); \
+                 longest stall {:.2} s",
                 seconds(resumed),
                 last.rolled_back,
+                seconds(caught_up),
                 longest_gap_ms(commits, at) as f64 / 1e3
             ))
         }

@@ -89,6 +89,42 @@ impl Commit {
     }
 }
 
+/// The ledger as the chief's sampler saw it every [`SAMPLE_EVERY`] (appended to the events
+/// file's path with `.ledger`): when training resumed shows here, not only in the program's
+/// in-order fetches (which wait for the closures run again first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerSample {
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Closures committed.
+    pub committed: u64,
+    /// Parameter-server restores.
+    pub ps_restores: u64,
+}
+
+impl LedgerSample {
+    /// Reads a line `"<at_ms> <committed> <ps_restores>"`.
+    pub fn parse(line: &str) -> Option<Self> {
+        let mut f = line.split_whitespace().map(str::parse::<u64>);
+        let sample = Self {
+            at_ms: f.next()?.ok()?,
+            committed: f.next()?.ok()?,
+            ps_restores: f.next()?.ok()?,
+        };
+        f.next().is_none().then_some(sample)
+    }
+}
+
+/// How often the chief's sampler reads the ledger.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+
+/// The sampler's file beside the events file.
+pub fn samples_path(events: &std::path::Path) -> std::path::PathBuf {
+    let mut name = events.as_os_str().to_owned();
+    name.push(".ledger");
+    name.into()
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn unix_ms() -> u64 {
     SystemTime::now()
@@ -136,6 +172,35 @@ pub fn run_chief(
     let mut manager = CheckpointManager::new(dir, policy, Instant::now())
         .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
     coordinator.save_checkpoint(&mut manager, 0)?;
+    let coordinator: &ClusterCoordinator = coordinator;
+    let mut samples = std::fs::File::create(samples_path(std::path::Path::new(&events_path)))
+        .map_err(|e| other(&format!("{events_path}.ledger: {e}")))?;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(ledger) = coordinator.ledger() {
+                    let line = format!("{} {} {}", unix_ms(), ledger.committed, ledger.ps_restores);
+                    let _ = writeln!(samples, "{line}");
+                }
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+        });
+        let trained = train(coordinator, &mut manager, &mut events, steps);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        trained
+    })
+}
+
+/// The chief's loop: `steps` closures fetched in order, [`AHEAD`] scheduled, a checkpoint every
+/// [`SAVE_EVERY`], one [`Commit`] per fetch appended to `events`.
+fn train(
+    coordinator: &ClusterCoordinator,
+    manager: &mut CheckpointManager,
+    events: &mut std::fs::File,
+    steps: usize,
+) -> Result<(), CoordinatorError> {
+    let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
     let mut last_save = Instant::now();
     let mut ahead = std::collections::VecDeque::new();
     let (mut scheduled, mut committed) = (0usize, 0u64);
@@ -150,7 +215,7 @@ pub fn run_chief(
         let Some(value) = ahead.pop_front() else {
             if save_due && scheduled < steps {
                 coordinator.join()?;
-                coordinator.save_checkpoint(&mut manager, committed)?;
+                coordinator.save_checkpoint(manager, committed)?;
                 last_save = Instant::now();
                 continue;
             }
