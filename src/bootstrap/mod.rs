@@ -97,7 +97,8 @@ use crate::roles::coordinator::{
 };
 use crate::roles::node::{peer, peer_addr, start_gateway, NodeConfig};
 use crate::roles::protocol::{
-    LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
+    Draining, Joining, LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR,
+    WORKER_ACTOR,
 };
 use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
 use crate::roles::registry::Program;
@@ -108,7 +109,7 @@ use crate::roles::worker::{
 mod local;
 
 pub use local::{
-    launch_from_args, launch_local, LaunchFlags, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
+    launch_from_args, launch_local, LaunchFlags, WorkerCount, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
 };
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,
@@ -223,7 +224,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node, register_wait)?;
+        register_with_chief(&gateway, &node, register_wait, None)?;
         serve_chief_then_stop(gateway, grace, || {}, None, || Some(Exit::preempted()));
         Ok::<_, RoleFailure>(())
     })?;
@@ -282,7 +283,23 @@ fn run_worker(
         })
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node, register_wait)?;
+        // Every worker says it is one of the job's (elastic workers: one the chief's cluster
+        // spec does not name joins the running job this way).
+        let own_addr = crate::roles::node::peer_addr(&node, node.cluster.task)
+            .map_err(|e| RoleFailure::Config(e.to_string()))?
+            .to_string();
+        let joining = Joining {
+            epoch,
+            addr: own_addr,
+        };
+        register_with_chief(&gateway, &node, register_wait, Some(joining))?;
+        let draining = Arc::clone(&machine);
+        drain_on_signal(&gateway, epoch, move |answered| {
+            draining
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .handle_drained(Instant::now(), answered)
+        });
         let losing = Arc::clone(&machine);
         exit_when_chief_is_lost(&gateway, move |silent_for| {
             losing
@@ -567,13 +584,21 @@ pub fn incarnation_epoch(explicit: Option<u64>, now: SystemTime) -> u64 {
 
 /// Dials the chief from a worker or parameter server that just started, retrying until it
 /// answers (at most `wait`: its `worker_wait` or `ps_restart_wait`, as long as the chief
-/// would wait for it; the chief also dials every task itself). The hello
+/// would wait for it; the chief also dials every task of its cluster spec itself). The hello
 /// tells the chief's gateway of this incarnation at once, which reports a predecessor still
 /// believed alive dead then (superseded), not after the detection budget.
+///
+/// A worker then says it is one of the job's (`joining`, [`Joining`]): the chief dials a
+/// worker its cluster spec does not name at the address given there (elastic workers).
+/// Permanent refusals end the process with [`BAD_CONFIG_EXIT_CODE`] and a message saying what
+/// is wrong: the chief refused this node's certificate at the TLS handshake, or it refused
+/// this node's own (SEC-1: a certificate not signed by the cluster CA), or the chief refused
+/// the worker's join (its index is past the job's `workers_max`).
 fn register_with_chief(
     gateway: &Gateway,
     node: &NodeConfig,
     wait: Duration,
+    joining: Option<Joining>,
 ) -> Result<(), RoleFailure> {
     let chief_task = TaskId::new(TaskType::Chief, 0);
     let addr = peer_addr(node, chief_task).map_err(|e| RoleFailure::Config(e.to_string()))?;
@@ -585,11 +610,44 @@ fn register_with_chief(
         loop {
             match gateway.connect(addr.clone(), &chief).await {
                 Ok(incarnation) => {
-                    tracing::info!("registered with {incarnation}");
-                    return;
+                    let Some(joining) = &joining else {
+                        tracing::info!("registered with {incarnation}");
+                        return;
+                    };
+                    let reference = gateway.remote_ref::<Joining>(incarnation, COORDINATOR_ACTOR);
+                    match reference.call(joining).await {
+                        Ok(Ok(())) => {
+                            tracing::info!(
+                                "registered with {} as one of its workers",
+                                reference.target()
+                            );
+                            return;
+                        }
+                        Ok(Err(refusal)) => {
+                            eprintln!(
+                                "error: bad config: the chief refused this worker: {refusal}"
+                            );
+                            System::current().stop_with_code(BAD_CONFIG_EXIT_CODE);
+                            return;
+                        }
+                        Err(e) if tokio::time::Instant::now() >= deadline => {
+                            tracing::info!("could not register with the chief: {e}");
+                            return;
+                        }
+                        Err(e) => tracing::debug!("chief did not take the registration yet: {e}"),
+                    }
                 }
                 // Told by the chief that this incarnation is outdated: `exit_when_outdated`.
                 Err(cohort_actors::RemoteError::Outdated { .. }) => return,
+                Err(e) if certificate_refused(&e) => {
+                    eprintln!(
+                        "error: bad config: certs_dir: the TLS handshake with the chief ({addr}) \
+                         failed on a certificate: {e}; every node's certificate must be signed \
+                         by the cluster CA whose ca.pem is in its certs directory (SEC-1)"
+                    );
+                    System::current().stop_with_code(BAD_CONFIG_EXIT_CODE);
+                    return;
+                }
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     tracing::info!("could not register with the chief (it will dial us): {e}");
                     return;
@@ -600,6 +658,64 @@ fn register_with_chief(
         }
     });
     Ok(())
+}
+
+/// Whether a dial failed because a certificate was refused at the TLS handshake (ours by the
+/// peer, or the peer's by us): permanent, unlike a peer not reachable yet or a name that
+/// answers as another node for a while.
+fn certificate_refused(error: &cohort_actors::RemoteError) -> bool {
+    matches!(
+        error,
+        cohort_actors::RemoteError::Refused {
+            reason: cohort_actors::RefusedReason::NotAuthenticated(reason),
+            ..
+        } if reason.starts_with("TLS handshake")
+    )
+}
+
+/// A worker asked to leave the job for good (SIGUSR1: the launcher's scale-down) tells the
+/// chief it is draining ([`Draining`]) and waits, at most [`DRAIN_WAIT_MAX`], for the chief
+/// to let its last closure finish and keep its dataset positions; then it exits as `decide`
+/// says (code 0, with whether the chief answered), which its supervisor does not restart.
+/// Without the chief's answer it leaves all the same: its closure, if any, is then run
+/// elsewhere once the chief notices it gone (PS-1 keeps its effect exactly once).
+fn drain_on_signal(
+    gateway: &Gateway,
+    epoch: u64,
+    decide: impl FnOnce(bool) -> Option<Exit> + 'static,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let gateway = gateway.clone();
+    actix::spawn(async move {
+        let Ok(mut drain) = signal(SignalKind::user_defined1()) else {
+            tracing::warn!("cannot watch for SIGUSR1: this worker cannot be drained");
+            return;
+        };
+        drain.recv().await;
+        eprintln!("[worker] drain requested (SIGUSR1): finishing the closure in flight, then leaving the job");
+        let chief = peer(TaskId::new(TaskType::Chief, 0));
+        let answered = match gateway.peer_status(&chief) {
+            Some((chief_epoch, true)) => {
+                let target = cohort_actors::Incarnation::new(chief, chief_epoch);
+                let reference = gateway.remote_ref::<Draining>(target, COORDINATOR_ACTOR);
+                match reference
+                    .call_within(&Draining { epoch }, DRAIN_WAIT_MAX)
+                    .await
+                {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("the chief did not answer this worker's drain: {e}");
+                        false
+                    }
+                }
+            }
+            _ => false,
+        };
+        if let Some(exit) = decide(answered) {
+            tracing::info!("{}", exit.reason);
+            System::current().stop_with_code(exit.code);
+        }
+    });
 }
 
 /// Ends this process with [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) when a peer
@@ -717,6 +833,9 @@ fn init_logging() {
         .try_init();
 }
 
+/// Bound on a draining worker's wait for the chief to let its closure finish: a step longer
+/// than this is handed back instead (run elsewhere once the worker is gone).
+const DRAIN_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Bound on a worker's wait for the chief's answer to its preemption notice.
 const LEAVE_ASK_MAX: Duration = Duration::from_secs(2);
 /// How often a stopping PS or worker looks whether the chief is still alive.

@@ -29,6 +29,9 @@
 pub mod control;
 #[cfg(test)]
 mod control_tests;
+pub mod membership;
+#[cfg(test)]
+mod membership_tests;
 pub mod recovery;
 #[cfg(test)]
 mod recovery_tests;
@@ -51,6 +54,7 @@ pub use control::{
     SetUpDisposition, WorkerDial,
 };
 use control::{PendingConfigure, PendingPositions};
+pub use membership::DrainDisposition;
 use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
@@ -368,6 +372,22 @@ pub enum SchedulerAction {
         /// The cut, or why not.
         result: Result<CutReading, String>,
     },
+    /// Ask the draining incarnation `epoch` of `worker`, which runs nothing now, where its
+    /// datasets are ([`crate::roles::protocol::DatasetPositions`]; see [`membership`]).
+    /// Answer with [`Scheduler::handle_drain_positions`].
+    AskDrainPositions {
+        /// The worker.
+        worker: u32,
+        /// The draining incarnation.
+        epoch: WorkerEpoch,
+    },
+    /// The drain of incarnation `epoch` of `worker` ended (see [`membership`]): it may go.
+    DrainFinished {
+        /// The worker.
+        worker: u32,
+        /// The drained incarnation.
+        epoch: WorkerEpoch,
+    },
 }
 
 /// What a dial of a parameter server found ([`SchedulerAction::DialPs`]).
@@ -546,6 +566,8 @@ pub struct Scheduler {
     cut_read: Option<PendingCutRead>,
     /// Outcomes of remote effects no decision depends on.
     control: ControlCounters,
+    /// Workers that joined or were drained (elastic workers).
+    membership: membership::Membership,
 }
 
 /// A closure committed since the cut, kept to run it again after a rollback: its function,
@@ -668,6 +690,7 @@ impl Scheduler {
             start: None,
             cut_read: None,
             control: ControlCounters::default(),
+            membership: membership::Membership::default(),
         }
     }
 
@@ -1514,6 +1537,7 @@ impl Scheduler {
 
     fn dispatch(&mut self, now: Instant) {
         self.advance_recovery();
+        self.advance_drains();
         loop {
             // Dispatch is held while a parameter server is being recovered.
             if self.queue.is_empty() || self.recovery.is_some() {
@@ -1522,7 +1546,11 @@ impl Scheduler {
             let free = self
                 .workers
                 .iter()
-                .filter(|(_, w)| w.alive && w.in_flight.len() < self.config.in_flight_per_worker)
+                .filter(|(i, w)| {
+                    w.alive
+                        && w.in_flight.len() < self.config.in_flight_per_worker
+                        && !self.is_draining(**i)
+                })
                 .min_by_key(|(i, w)| (w.in_flight.len(), **i))
                 .map(|(i, w)| (*i, w.epoch));
             let Some((worker, epoch)) = free else { break };
