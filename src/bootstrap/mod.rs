@@ -92,8 +92,8 @@ use crate::process::{
     TRAINING_ERROR_EXIT_CODE,
 };
 use crate::roles::coordinator::{
-    ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, Scheduler,
-    SchedulerConfig,
+    ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, JoinedWorkers,
+    Scheduler, SchedulerConfig,
 };
 use crate::roles::node::{peer, peer_addr, start_gateway, NodeConfig};
 use crate::roles::protocol::{
@@ -430,6 +430,8 @@ fn run_chief(
     let servers = servers(node)?;
     let workers = peers_of(node, TaskType::Worker)?;
     let num_workers = workers.len() as u32;
+    // Elastic workers: the job's input pipelines, and the bound on a joiner's index.
+    let workers_max = config.workers_max;
     let system = System::new();
     let scheduler_config = SchedulerConfig {
         no_worker_wait_max: config.worker_wait,
@@ -454,7 +456,7 @@ fn run_chief(
         exit_when_outdated(&gateway);
         let actor = actix::Actor::start(CoordinatorActor::new(
             gateway.clone(),
-            Scheduler::new(scheduler_config),
+            Scheduler::new(scheduler_config).with_workers_max(workers_max),
             workers,
             actor_servers,
         ));
@@ -477,6 +479,7 @@ fn run_chief(
     let program_thread = std::thread::Builder::new()
         .name("chief-program".into())
         .spawn(move || {
+            let members = actor.clone();
             let mut coordinator = ClusterCoordinator::new(
                 actor,
                 runtime.clone(),
@@ -490,6 +493,15 @@ fn run_chief(
                 chief(&mut coordinator)
             }));
             if matches!(outcome, Ok(Ok(()))) && !preemption_requested() {
+                // Workers that joined the running job hear it too.
+                let mut peers = peers;
+                if let Ok(joined) = runtime.block_on(members.send(JoinedWorkers)) {
+                    peers.extend(
+                        joined
+                            .into_iter()
+                            .map(|(node, addr)| (node, addr, WORKER_ACTOR)),
+                    );
+                }
                 say_goodbye(&runtime, &gateway, peers);
             }
             program_finished.store(true, Ordering::SeqCst);

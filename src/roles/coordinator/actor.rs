@@ -1249,6 +1249,30 @@ impl Handler<Status> for CoordinatorActor {
     }
 }
 
+/// The workers past the cluster spec that are members of the job now (they joined and were
+/// not drained since), with where they are dialled: the chief's goodbye at the end of a job
+/// reaches them too.
+pub struct JoinedWorkers;
+
+impl Message for JoinedWorkers {
+    type Result = Vec<(NodeId, PeerAddr)>;
+}
+
+impl Handler<JoinedWorkers> for CoordinatorActor {
+    type Result = MessageResult<JoinedWorkers>;
+
+    fn handle(&mut self, _: JoinedWorkers, _: &mut Context<Self>) -> Self::Result {
+        let members = self.scheduler.members();
+        MessageResult(
+            self.joined
+                .iter()
+                .filter(|(worker, _)| members.contains(worker))
+                .map(|(_, peer)| peer.clone())
+                .collect(),
+        )
+    }
+}
+
 /// Replace what every worker incarnation is set up with (layouts, datasets); see
 /// [`Scheduler::handle_reconfigure`]. The reply comes once every live worker answered, with
 /// the first setup one refused (e.g. an unregistered dataset function).

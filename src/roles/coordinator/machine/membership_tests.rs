@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::recovery::CallFault;
 use super::*;
-use crate::roles::protocol::JoinRefusal;
+use crate::roles::protocol::{JoinRefusal, SetupWorker};
 
 fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
     std::iter::from_fn(|| s.poll_action()).collect()
@@ -16,6 +16,12 @@ fn cluster(spec: u32, max: u32) -> Scheduler {
     let mut s = Scheduler::new(SchedulerConfig::default())
         .with_workers(spec)
         .with_workers_max(max);
+    s.handle_configure(SetupWorker {
+        num_workers: spec,
+        layouts: Vec::new(),
+        datasets: Vec::new(),
+        version: 0,
+    });
     let now = Instant::now();
     for w in 0..spec {
         s.handle_worker_up(now, w, 1);
@@ -47,8 +53,8 @@ fn set_up(s: &mut Scheduler, worker: u32, epoch: u64) -> SetUpDisposition {
                 setup,
                 ..
             } if w == worker => {
-                // The joiner's datasets are built for its own pipeline of `workers_max`.
-                assert_eq!(setup.num_workers, 0, "the shell stamps the pipelines");
+                // Its datasets are built for its own pipeline of `workers_max`.
+                assert_eq!(setup.num_workers, s.workers_max());
                 Some(version)
             }
             _ => None,

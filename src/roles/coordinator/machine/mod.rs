@@ -1328,9 +1328,12 @@ impl Scheduler {
     }
 
     /// The program changed what workers are set up with (the setup's layouts are also what a
-    /// restore restores): setups handed out before are outdated.
+    /// restore restores): setups handed out before are outdated. Its number of input
+    /// pipelines is at least the most workers the job may have.
     pub fn handle_configure(&mut self, setup: SetupWorker) {
         self.setup = setup;
+        // One input pipeline per worker the job may have (see `membership`).
+        self.setup.num_workers = self.setup.num_workers.max(self.workers_max());
         self.setup_version += 1;
     }
 
