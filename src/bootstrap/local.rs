@@ -251,3 +251,27 @@ const KILL_AFTER_RANGE: DurationRange =
     DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
 /// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
 const STOP_GRACE_MARGIN: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_are_n_or_min_to_max_and_anything_else_is_refused_by_name() {
+        assert_eq!(WorkerCount::parse("3"), Ok(WorkerCount { min: 3, max: 3 }));
+        assert_eq!(
+            WorkerCount::parse("2:4"),
+            Ok(WorkerCount { min: 2, max: 4 })
+        );
+        assert_eq!(WorkerCount::parse("2:4").unwrap().to_string(), "2:4");
+        assert_eq!(WorkerCount::from(2).to_string(), "2");
+        assert_eq!(
+            WorkerCount::parse("4:2").unwrap_err(),
+            "\"4:2\": MIN (4) is above MAX (2)"
+        );
+        for bad in ["0", "0:2", "2:", ":2", "x", "1:10001", "-1"] {
+            let err = WorkerCount::parse(bad).unwrap_err();
+            assert!(err.contains("expected N or MIN:MAX"), "{bad}: {err}");
+        }
+    }
+}

@@ -997,14 +997,21 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     }
     let spec_workers = cluster.num_tasks(TaskType::Worker) as u32;
     if let Some(max) = workers_max.filter(|max| *max < spec_workers) {
+        let origin = origins
+            .get("workers_max")
+            .cloned()
+            .unwrap_or(Origin::Default);
+        // Named as the layer that gave it spells it.
+        let spelled = match origin {
+            Origin::Flag => ConfigKey::WORKERS_MAX.flag,
+            Origin::Env => ConfigKey::WORKERS_MAX.env,
+            _ => ConfigKey::WORKERS_MAX.file,
+        };
         return Err(ConfigError {
             key: "workers_max".into(),
-            origin: origins
-                .get("workers_max")
-                .cloned()
-                .unwrap_or(Origin::Default),
+            origin,
             error: Box::new(ClusterError::BadValue {
-                key: "workers_max".into(),
+                key: spelled.into(),
                 detail: format!(
                     "{max} is fewer than the {spec_workers} workers the cluster spec names"
                 ),
@@ -1389,6 +1396,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.detection_budget, DEFAULT_DETECTION_BUDGET);
+    }
+
+    #[test]
+    fn workers_max_defaults_to_the_spec_and_is_never_below_it() {
+        let env = [("TF_CONFIG", TF), ("COHORT_CERTS", "/c")];
+        let config = resolve(&[], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.workers_max, 2, "the spec's workers");
+        let config = resolve(&["--workers-max", "5"], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.workers_max, 5);
+        let mut with_env = env.to_vec();
+        with_env.push(("COHORT_WORKERS_MAX", "1"));
+        let err = error(&[], &with_env, &ConfigFiles::default());
+        assert_eq!(err.key, "workers_max");
+        let text = err.to_string();
+        assert!(
+            text.contains("COHORT_WORKERS_MAX")
+                && text.contains("1 is fewer than the 2 workers the cluster spec names"),
+            "{text}"
+        );
+        for bad in ["0", "x", "10001", "-1"] {
+            let err = error(&["--workers-max", bad], &env, &ConfigFiles::default());
+            assert_eq!(err.key, "workers_max");
+            assert!(
+                err.to_string().contains(&format!(
+                    "--workers-max: {bad:?} is not a number of workers"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -906,6 +906,31 @@ mod tests {
     }
 
     #[test]
+    fn a_scale_request_out_of_range_or_without_a_launcher_is_refused_and_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("cohort-scale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let request = dir.join(SCALE_REQUEST_FILE);
+        let err = request_scale(&dir, 0).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--workers 0: a job needs at least 1 worker"),
+            "{err}"
+        );
+        let err = request_scale(&dir, 2).unwrap_err().to_string();
+        assert!(err.contains("no elastic launcher runs there"), "{err}");
+        std::fs::write(dir.join(ELASTIC_FILE), "2 4\n").unwrap();
+        let err = request_scale(&dir, 5).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--workers 5: the job may have at most 4 workers (launch --workers MIN:4)"
+        );
+        assert!(!request.exists(), "nothing was asked");
+        request_scale(&dir, 4).unwrap();
+        assert_eq!(std::fs::read_to_string(&request).unwrap(), "4");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_death_by_signal_is_128_plus_the_signal() {
         use std::os::unix::process::ExitStatusExt;
         // A wait status: the signal in the low 7 bits; an exit code in the next byte.
