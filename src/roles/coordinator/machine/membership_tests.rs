@@ -271,3 +271,211 @@ fn a_drain_of_an_incarnation_not_live_is_done_at_once_and_its_setup_does_not_bri
     assert_eq!(s.live_workers(), 1);
     assert_eq!(s.members(), [0]);
 }
+
+#[test]
+fn a_new_incarnation_that_joins_while_the_old_one_drains_stays_a_member() {
+    let mut s = cluster(2, 2);
+    let now = Instant::now();
+    assert_eq!(
+        s.handle_worker_draining(now, 1, 1),
+        DrainDisposition::Pending
+    );
+    assert!(drain(&mut s).contains(&SchedulerAction::AskDrainPositions {
+        worker: 1,
+        epoch: 1
+    }));
+    s.handle_worker_joining(now, 1, 2).unwrap();
+    s.handle_drain_positions(now, 1, 1, Ok(vec![]));
+    assert!(drain(&mut s).contains(&SchedulerAction::DrainFinished {
+        worker: 1,
+        epoch: 1
+    }));
+    assert!(s.is_member(1), "the newer incarnation joined");
+    s.handle_reconnect_tick();
+    assert_eq!(dials(&drain(&mut s)), [1]);
+    assert_eq!(set_up(&mut s, 1, 2), SetUpDisposition::Up);
+}
+
+/// LEDGER-1 over random orders of joins, drains, results, losses and dial outcomes: the
+/// ledger balances, a draining or non-member worker never gets work, its positions are asked
+/// only once it runs nothing, a drained worker is dialled again only after it joined again,
+/// and once the faults stop every closure finishes.
+#[test]
+fn ledger_1_holds_over_random_joins_and_drains() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::{BTreeMap, BTreeSet};
+    const MAX: u32 = 4;
+    for seed in 0..300u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let t = Instant::now();
+        let mut s = cluster(2, MAX);
+        let mut epochs = [1u64; 6];
+        let mut in_flight: Vec<(u32, u64, ClosureId, u32)> = Vec::new();
+        // Workers whose drain is under way (the incarnation drained), asked for positions.
+        let mut draining: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut asked: BTreeSet<(u32, u64)> = BTreeSet::new();
+        let mut dialled: Vec<u32> = Vec::new();
+        let mut setups: Vec<(u32, u64, u64)> = Vec::new();
+        for step in 0..400 {
+            let faults = step < 300;
+            match rng.gen_range(0..9) {
+                0 | 1 if faults || s.next_closure_id() < 50 => {
+                    let _ = s.handle_schedule(t, "f", vec![]);
+                }
+                2 if faults => {
+                    let w = rng.gen_range(0..MAX + 2);
+                    epochs[w as usize] += u64::from(rng.gen_bool(0.5));
+                    let joined = s.handle_worker_joining(t, w, epochs[w as usize]);
+                    assert_eq!(joined.is_err(), w >= MAX, "seed {seed}");
+                }
+                3 if faults => {
+                    let w = rng.gen_range(0..MAX);
+                    if let Some(epoch) = s.worker_epoch(w) {
+                        if s.handle_worker_draining(t, w, epoch) == DrainDisposition::Pending {
+                            draining.insert(w, epoch);
+                        }
+                    }
+                }
+                4 if faults => {
+                    let w = rng.gen_range(0..MAX);
+                    if let Some(epoch) = s.worker_epoch(w) {
+                        s.handle_worker_lost(t, w, epoch);
+                    }
+                }
+                5 if !dialled.is_empty() => {
+                    let w = dialled.swap_remove(rng.gen_range(0..dialled.len()));
+                    epochs[w as usize] += u64::from(rng.gen_bool(0.3));
+                    let dial = if rng.gen_bool(0.85) || !faults {
+                        WorkerDial::Answered {
+                            epoch: epochs[w as usize],
+                        }
+                    } else {
+                        WorkerDial::Unreachable
+                    };
+                    s.handle_worker_dialled(t, w, dial);
+                }
+                6 if !setups.is_empty() => {
+                    let (w, e, v) = setups.swap_remove(rng.gen_range(0..setups.len()));
+                    s.handle_worker_set_up(t, w, e, v, Ok(()));
+                }
+                7 if !asked.is_empty() => {
+                    let (w, e) = *asked.iter().next().expect("not empty");
+                    asked.remove(&(w, e));
+                    let answer = if rng.gen_bool(0.8) {
+                        Ok(vec![("d".to_string(), step)])
+                    } else {
+                        Err(CallFault::Unreachable("gone".into()))
+                    };
+                    s.handle_drain_positions(t, w, e, answer);
+                }
+                8 if faults && rng.gen_bool(0.3) => s.handle_reconnect_tick(),
+                _ if !in_flight.is_empty() => {
+                    let (w, e, c, a) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
+                    s.handle_result(t, w, e, c, a, Ok(vec![]));
+                }
+                _ => s.handle_reconnect_tick(),
+            }
+            while let Some(action) = s.poll_action() {
+                match action {
+                    SchedulerAction::Dispatch {
+                        worker,
+                        epoch,
+                        closure,
+                        attempt,
+                        ..
+                    } => {
+                        assert!(s.is_member(worker), "seed {seed}: work for a non-member");
+                        assert!(
+                            !draining.contains_key(&worker),
+                            "seed {seed}: work for draining worker/{worker}"
+                        );
+                        in_flight.push((worker, epoch, closure, attempt));
+                    }
+                    SchedulerAction::AskDrainPositions { worker, epoch } => {
+                        assert!(
+                            !in_flight
+                                .iter()
+                                .any(|(w, e, ..)| (*w, *e) == (worker, epoch)),
+                            "seed {seed}: positions asked while worker/{worker} runs a closure"
+                        );
+                        asked.insert((worker, epoch));
+                    }
+                    SchedulerAction::DrainFinished { worker, epoch } => {
+                        assert_eq!(draining.remove(&worker), Some(epoch), "seed {seed}");
+                        asked.remove(&(worker, epoch));
+                    }
+                    SchedulerAction::DialWorker { worker } => {
+                        assert!(s.is_member(worker), "seed {seed}: dialled non-member");
+                        dialled.push(worker);
+                    }
+                    SchedulerAction::SetUpWorker {
+                        worker,
+                        epoch,
+                        version,
+                        ..
+                    } => setups.push((worker, epoch, version)),
+                    _ => {}
+                }
+            }
+            // Results of fenced incarnations are refused: drop them, as a real worker's
+            // call would fail or be refused.
+            in_flight.retain(|(w, e, ..)| s.worker_epoch(*w) == Some(*e));
+            assert!(s.ledger().balances(), "seed {seed}: {:?}", s.ledger());
+        }
+        // Quiet: a member comes up, and everything still pending finishes.
+        for _ in 0..2_000 {
+            if s.is_idle() {
+                break;
+            }
+            s.handle_reconnect_tick();
+            if let Some(w) = dialled.pop() {
+                epochs[w as usize] += 1;
+                s.handle_worker_dialled(
+                    t,
+                    w,
+                    WorkerDial::Answered {
+                        epoch: epochs[w as usize],
+                    },
+                );
+            } else if let Some((w, e, v)) = setups.pop() {
+                s.handle_worker_set_up(t, w, e, v, Ok(()));
+            } else if let Some((w, e)) = asked.pop_first() {
+                s.handle_drain_positions(t, w, e, Ok(vec![]));
+            } else if let Some((w, e, c, a)) = in_flight.pop() {
+                s.handle_result(t, w, e, c, a, Ok(vec![]));
+            } else if s.members().is_empty() {
+                s.handle_worker_joining(t, 0, epochs[0] + 1).unwrap();
+            }
+            while let Some(action) = s.poll_action() {
+                match action {
+                    SchedulerAction::Dispatch {
+                        worker,
+                        epoch,
+                        closure,
+                        attempt,
+                        ..
+                    } => in_flight.push((worker, epoch, closure, attempt)),
+                    SchedulerAction::AskDrainPositions { worker, epoch } => {
+                        asked.insert((worker, epoch));
+                    }
+                    SchedulerAction::DialWorker { worker } => dialled.push(worker),
+                    SchedulerAction::SetUpWorker {
+                        worker,
+                        epoch,
+                        version,
+                        ..
+                    } => setups.push((worker, epoch, version)),
+                    _ => {}
+                }
+            }
+            in_flight.retain(|(w, e, ..)| s.worker_epoch(*w) == Some(*e));
+        }
+        assert!(s.is_idle(), "seed {seed}: {:?}", s.ledger());
+        let ledger = s.ledger();
+        assert_eq!(
+            ledger.scheduled,
+            ledger.committed + ledger.unavailable,
+            "seed {seed}: {ledger:?}"
+        );
+    }
+}
