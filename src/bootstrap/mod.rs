@@ -60,6 +60,14 @@
 //! (`DeathCause::Superseded`) instead of after the detection budget; its closure is
 //! re-dispatched, or the server restored, at once.
 //!
+//! Elastic workers: every worker, once connected, tells the chief it is one of the job's
+//! ([`Joining`], with the address it serves on); a worker the chief's cluster spec does not name
+//! joins the running job that way, and exits 2 if the chief refuses it (an index past
+//! `workers_max`) or if a certificate is refused at the TLS handshake (SEC-1: not signed by the
+//! cluster CA). SIGUSR1 drains a worker out of the job ([`Draining`]): the chief lets its
+//! closure finish and keeps its dataset positions, then the worker exits 0, which its
+//! supervisor does not restart.
+//!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill.
 //! - On the chief, it sets [`preemption_requested`] (also
 //!   `ClusterCoordinator::preemption_requested`); the chief's program is expected to stop
