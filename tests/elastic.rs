@@ -1,9 +1,11 @@
 //! Elastic workers across real processes (real QUIC on 127.0.0.1): a job launched with 2 of at
 //! most 4 workers grows to 4 while it trains (workers past the cluster spec join the running
-//! job, their per-worker datasets built before they get work) and shrinks to 1 (workers are
+//! job, their per-worker datasets built before they get work), shrinks to 1 (workers are
 //! drained: each finishes its closure, the chief keeps its dataset positions, it exits 0 and is
-//! not restarted). The job finishes with the ledger whole, every closure's push applied exactly
-//! once, and every input pipeline read without a gap or a repeat. Scale requests below 1 or
+//! not restarted), and grows to 2 again (worker 1 joins again and resumes its input pipeline
+//! where its drained incarnation stopped). The job finishes with the ledger whole, every
+//! closure's push applied exactly once, and every input pipeline read without a gap or a
+//! repeat. Scale requests below 1 or
 //! above the maximum are refused with nothing changed, and a worker whose certificate is not
 //! signed by the cluster CA cannot join.
 
@@ -29,6 +31,7 @@ const PHASE_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Marker files the chief writes when it is ready for the next scale request.
 const GROW: &str = "grow";
 const SHRINK: &str = "shrink";
+const REGROW: &str = "regrow";
 /// The chief's TF_CONFIG, for the test to make a joiner's from.
 const TF_CONFIG_FILE: &str = "tf_config.json";
 /// Written by the test once the foreign worker was refused.
@@ -82,10 +85,11 @@ fn elastic(coordinator: &ClusterCoordinator) -> Result<(), CoordinatorError> {
     marker(SHRINK)?;
     let shrunk = trainer.train_until(coordinator, |live| live == 1)?;
     trainer.train(coordinator, STEPS_PER_PHASE)?;
-    trainer.finish(
-        coordinator,
-        serde_json::json!({ "grown": grown, "shrunk": shrunk }),
-    )
+    marker(REGROW)?;
+    let regrown = trainer.train_until(coordinator, |live| live == 2)?;
+    trainer.train(coordinator, STEPS_PER_PHASE)?;
+    let phases = serde_json::json!({ "grown": grown, "shrunk": shrunk, "regrown": regrown });
+    trainer.finish(coordinator, phases)
 }
 
 /// Trains while the test tries to join a worker with a foreign certificate.
@@ -224,7 +228,7 @@ fn a_job_grows_from_2_to_4_workers_and_shrinks_to_1_while_it_trains_with_nothing
     let mut run = Run::new("elastic", "elastic", &[]);
     run.workers_max = WORKERS_MAX;
     let launch_dir = run.path("launch");
-    let (grow, shrink) = (run.path(GROW), run.path(SHRINK));
+    let (grow, shrink, regrow) = (run.path(GROW), run.path(SHRINK), run.path(REGROW));
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = std::sync::Arc::clone(&refusals);
     let scaler = ps_support::beside(move |cancel| {
@@ -244,8 +248,18 @@ fn a_job_grows_from_2_to_4_workers_and_shrinks_to_1_while_it_trains_with_nothing
         }
         eprintln!("[test] scaling to 1 worker");
         cohort::launch::request_scale(&launch_dir, 1).expect("a request for 1 worker");
+        if !wait_for_file(&regrow, &cancel) {
+            return;
+        }
+        eprintln!("[test] scaling to 2 workers again");
+        cohort::launch::request_scale(&launch_dir, 2).expect("a request for 2 workers");
     });
-    let (code, exits) = run.launch_with_exits(&[("COHORT_WORKER_WAIT", "60s")]);
+    // A detection budget well above a step: no worker is taken for dead under load (a false
+    // death would hand a closure back, which this test checks never happens with drains).
+    let (code, exits) = run.launch_with_exits(&[
+        ("COHORT_WORKER_WAIT", "60s"),
+        ("COHORT_DETECTION_BUDGET", "3s"),
+    ]);
     scaler.finish();
     assert_eq!(code, 0, "the job failed; its log is above");
 
@@ -276,6 +290,7 @@ fn a_job_grows_from_2_to_4_workers_and_shrinks_to_1_while_it_trains_with_nothing
         report["max_live"]
     );
     assert_eq!(report["shrunk"], true, "1 worker was left: {report}");
+    assert_eq!(report["regrown"], true, "worker/1 joined again: {report}");
     assert_eq!(report["max_live"], WORKERS_MAX, "{report}");
 
     // LEDGER-1: whole, nothing failed, nothing handed back or rolled back by the drains.
@@ -322,8 +337,9 @@ fn a_job_grows_from_2_to_4_workers_and_shrinks_to_1_while_it_trains_with_nothing
             .all(|(w, _)| *w as i64 == pipeline));
     }
 
-    // The drained workers (the highest indices) exited 0, once each, and were not restarted.
-    for index in 1..WORKERS_MAX {
+    // The drained workers (the highest indices) exited 0, once each, and were not restarted;
+    // worker/1 was started again by the last scale request, and left at the goodbye.
+    for index in 2..WORKERS_MAX {
         let task = format!("worker/{index}");
         let of_task: Vec<_> = exits
             .iter()
@@ -332,6 +348,14 @@ fn a_job_grows_from_2_to_4_workers_and_shrinks_to_1_while_it_trains_with_nothing
         assert_eq!(of_task.len(), 1, "{task}: {exits:?}");
         assert_eq!(of_task[0].code, Some(0), "{task} drained: {exits:?}");
     }
+    let worker_1: Vec<_> = exits
+        .iter()
+        .filter(|e| e.task.to_string() == "worker/1")
+        .collect();
+    assert!(
+        (1..=2).contains(&worker_1.len()) && worker_1.iter().all(|e| e.code == Some(0)),
+        "worker/1 drained, then joined again: {exits:?}"
+    );
     // worker/0 stayed to the end (the job's goodbye is its only exit).
     let stayed: Vec<_> = exits
         .iter()

@@ -462,6 +462,8 @@ impl Launcher {
     pub fn supervise(&mut self, stop: &AtomicBool) -> Result<LaunchOutcome, LaunchError> {
         let outcome = self.supervise_loop(stop);
         let chief = self.stop_all();
+        // No launcher takes scale requests here any more.
+        let _ = std::fs::remove_file(self.config.run_dir.join(ELASTIC_FILE));
         match outcome {
             Ok(LaunchOutcome::Stopped { .. }) => Ok(LaunchOutcome::Stopped { chief }),
             other => other,
