@@ -706,11 +706,13 @@ fn drain_on_signal(
 ) {
     use tokio::signal::unix::{signal, SignalKind};
     let gateway = gateway.clone();
+    // Watched from now on (not from the task's first poll): SIGUSR1's default action would
+    // kill the process.
+    let Ok(mut drain) = signal(SignalKind::user_defined1()) else {
+        tracing::warn!("cannot watch for SIGUSR1: this worker cannot be drained");
+        return;
+    };
     actix::spawn(async move {
-        let Ok(mut drain) = signal(SignalKind::user_defined1()) else {
-            tracing::warn!("cannot watch for SIGUSR1: this worker cannot be drained");
-            return;
-        };
         drain.recv().await;
         eprintln!("[worker] drain requested (SIGUSR1): finishing the closure in flight, then leaving the job");
         let chief = peer(TaskId::new(TaskType::Chief, 0));

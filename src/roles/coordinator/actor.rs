@@ -1145,10 +1145,18 @@ impl Handler<PeerChanged> for CoordinatorActor {
                     .handle_ps_lost(Instant::now(), ps, incarnation.epoch.0);
                 self.drive(ctx);
             } else if let Some(worker) = self.worker_index(&incarnation.node) {
-                tracing::warn!(
-                    "worker/{worker} (epoch {}) declared dead: {cause:?}",
-                    incarnation.epoch.0
-                );
+                if self.scheduler.is_member(worker) {
+                    tracing::warn!(
+                        "worker/{worker} (epoch {}) declared dead: {cause:?}",
+                        incarnation.epoch.0
+                    );
+                } else {
+                    // Drained out of the job: its exit is expected.
+                    tracing::debug!(
+                        "worker/{worker} (epoch {}), drained, is gone: {cause:?}",
+                        incarnation.epoch.0
+                    );
+                }
                 self.scheduler
                     .handle_worker_lost(Instant::now(), worker, incarnation.epoch.0);
                 self.drive(ctx);

@@ -141,7 +141,12 @@ impl Scheduler {
         worker: u32,
         epoch: WorkerEpoch,
     ) -> DrainDisposition {
-        if self.worker_epoch(worker) != Some(epoch) {
+        let live = self.worker_epoch(worker);
+        if live.is_some_and(|live| live > epoch) {
+            // An older incarnation: the newer one serves on and stays a member.
+            return DrainDisposition::Done;
+        }
+        if live != Some(epoch) {
             // Not serving (still being set up, or lost): it is simply no longer a member.
             if self
                 .membership

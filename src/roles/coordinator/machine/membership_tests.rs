@@ -199,6 +199,18 @@ fn ledger_1_a_drained_worker_finishes_its_closure_keeps_its_positions_and_leaves
 }
 
 #[test]
+fn a_drain_from_an_older_incarnation_leaves_the_newer_one_a_member() {
+    let mut s = cluster(2, 2);
+    let now = Instant::now();
+    s.handle_worker_up(now, 1, 2);
+    drain(&mut s);
+    assert_eq!(s.handle_worker_draining(now, 1, 1), DrainDisposition::Done);
+    assert!(s.is_member(1));
+    assert_eq!(s.worker_epoch(1), Some(2));
+    assert!(drain(&mut s).is_empty());
+}
+
+#[test]
 fn a_draining_worker_that_dies_is_a_lost_worker_and_its_drain_ends() {
     let mut s = cluster(2, 2);
     let now = Instant::now();
