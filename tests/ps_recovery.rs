@@ -12,12 +12,14 @@
 //! - A false death: ps/1 is frozen (SIGSTOP) past the detection budget, declared dead, then
 //!   woken (SIGCONT). The coordinator retires it (it exits `RETIRED_EXIT_CODE`), the launcher
 //!   restarts it, and the recovery completes as after a kill.
+//! - A preemption notice: ps/1 gets SIGTERM. The chief takes a checkpoint cut with dispatch
+//!   held before it lets the server go, so the restore after it runs nothing again.
 
 mod ps_support;
 
 use std::time::{Duration, Instant};
 
-use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
+use cohort::checkpoint::{list_checkpoints, CheckpointManager, CheckpointPolicy};
 use cohort::process::{restart_wanted, PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE};
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
 use nix::sys::signal::Signal;
@@ -83,10 +85,10 @@ fn program() -> Program {
                     // Some closures committed past the last checkpoint, others in flight or
                     // queued: now ps/1 dies.
                     coordinator.fetch(&values[1])?;
-                    if scenario() == "freeze" {
-                        freeze_ps1()?;
-                    } else {
-                        kill_ps1()?;
+                    match scenario().as_str() {
+                        "freeze" => freeze_ps1()?,
+                        "preempt" => ps_support::signal(ps1_pid()?, Signal::SIGTERM),
+                        _ => kill_ps1()?,
                     }
                     report["killed_after"] = serde_json::json!(scheduled);
                 }
@@ -233,5 +235,51 @@ fn fence_1_a_ps_falsely_declared_dead_is_retired_restarted_and_restored() {
         retired,
         "the woken ps/1 was retired (exit {RETIRED_EXIT_CODE}): {:?}",
         run.exits()
+    );
+}
+
+/// A preemption notice (SIGTERM) to a parameter server mid-chunk: the chief holds dispatch,
+/// lets what ran finish, takes a checkpoint cut and only then lets the server go; it exits 143
+/// at once (not at the end of its 60 s grace), its restart is restored from that cut, and
+/// nothing runs again: every effect present exactly once with `rolled_back` 0.
+#[test]
+fn a_preempted_ps_leaves_after_a_cut_and_its_restore_runs_nothing_again() {
+    let run = Run::new(
+        "ps-recovery-preempt",
+        "preempt",
+        &[("COHORT_PREEMPTION_GRACE", "60s")],
+    );
+    let report = run.launch();
+    let ledger = &report["after"]["ledger"];
+    let scheduled = (CHUNK * CHUNKS) as f64;
+    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(ledger["balances"], true, "{report}");
+    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    assert_eq!(ledger["pending"], 0, "{report}");
+    assert!(ledger["ps_restores"].as_u64() >= Some(1), "{report}");
+    assert_eq!(
+        ledger["rolled_back"], 0,
+        "the restore was from the preemption cut: {report}"
+    );
+    let exits = run.exits();
+    let first = exits
+        .iter()
+        .filter(|e| e.task == "ps/1")
+        .min_by_key(|e| e.incarnation)
+        .unwrap_or_else(|| panic!("ps/1 never exited: {exits:?}"));
+    assert_eq!(
+        first.code, 143,
+        "ps/1 was to leave once the cut was taken: {exits:?}"
+    );
+    let cuts = run
+        .path("ckpt")
+        .join(cohort::roles::coordinator::PREEMPTION_CUTS_DIR);
+    assert!(
+        list_checkpoints(&cuts)
+            .map(|c| !c.is_empty())
+            .unwrap_or(false),
+        "the preemption cut is under {}",
+        cuts.display()
     );
 }

@@ -634,13 +634,13 @@ fn sec2_worker_shutdown_from_a_worker_is_refused() {
     run(async { worker_refuses(Shutdown, None).await });
 }
 
-// ---- coordinator: preemption notices from workers only ----
+// ---- coordinator: preemption notices from workers and parameter servers only ----
 
-/// A preemption notice ([`Leaving`]) reaches the coordinator only from a worker: the same
-/// message from a parameter server's (or the chief's own role's) certificate is refused before
-/// the handler runs, so no other role can make the chief fence a worker.
+/// A preemption notice ([`Leaving`]) reaches the coordinator only from a worker or a parameter
+/// server: the same message from an evaluator's certificate is refused before the handler
+/// runs, so no other role can make the chief fence a worker or cut and restore its servers.
 #[test]
-fn sec2_coordinator_leaving_from_a_parameter_server_is_refused() {
+fn sec2_coordinator_leaving_from_an_evaluator_is_refused() {
     run(async {
         let cluster = Cluster::new()?;
         let heard = Arc::new(AtomicUsize::new(0));
@@ -654,10 +654,10 @@ fn sec2_coordinator_leaving_from_a_parameter_server_is_refused() {
         )?;
         let chief_node = NodeId::new("chief", 0);
         let chief_addr = cluster.chief.local_addr()?;
-        let ps = start(&cluster.ca, &NodeId::new("ps", 0), 1)?;
+        let evaluator = start(&cluster.ca, &NodeId::new("evaluator", 0), 1)?;
         let msg = Leaving { epoch: 1 };
         match Cluster::call(
-            &ps,
+            &evaluator,
             chief_addr,
             &chief_node,
             COORDINATOR_ACTOR,
@@ -669,21 +669,24 @@ fn sec2_coordinator_leaving_from_a_parameter_server_is_refused() {
             Err(RemoteError::Refused {
                 reason: RefusedReason::SenderNotAllowed { tag, role },
                 ..
-            }) => assert_eq!((tag.as_str(), role.as_str()), (Leaving::TAG, "ps")),
-            other => bail!("a parameter server's notice was not refused: {other:?}"),
+            }) => assert_eq!((tag.as_str(), role.as_str()), (Leaving::TAG, "evaluator")),
+            other => bail!("an evaluator's notice was not refused: {other:?}"),
         }
         assert_eq!(heard.load(Ordering::SeqCst), 0);
-        let answer = Cluster::call(
-            &cluster.rogue,
-            chief_addr,
-            &chief_node,
-            COORDINATOR_ACTOR,
-            &msg,
-            vec![],
-        )
-        .await?;
-        assert_eq!(answer, LeaveAnswer::Go);
-        assert_eq!(heard.load(Ordering::SeqCst), 1);
+        let ps = start(&cluster.ca, &NodeId::new("ps", 0), 1)?;
+        for sender in [&cluster.rogue, &ps] {
+            let answer = Cluster::call(
+                sender,
+                chief_addr,
+                &chief_node,
+                COORDINATOR_ACTOR,
+                &msg,
+                vec![],
+            )
+            .await?;
+            assert_eq!(answer, LeaveAnswer::Go);
+        }
+        assert_eq!(heard.load(Ordering::SeqCst), 2);
         Ok(())
     })
 }

@@ -76,10 +76,13 @@
 //! - A worker tells the chief it is leaving ([`Leaving`]). Unless the chief is stopping too,
 //!   the chief fences it and runs its closures elsewhere at once (no wait for the failure
 //!   detector), and the worker exits 143 right away.
-//! - A parameter server (and a worker the chief asks to stay, because the chief is stopping
-//!   too and its checkpoint needs the workers) keeps serving after the notice while the chief
-//!   is alive (so that the chief's checkpoint can read the variables and finish in-flight
-//!   steps), and exits 143 once the chief is gone or `preemption_grace` has passed.
+//! - A parameter server tells the chief too, and waits for the answer within three quarters of
+//!   its grace: the chief takes a checkpoint cut with dispatch held before it answers (its
+//!   restore then runs nothing again), and the server exits 143 at once.
+//! - A task the chief asks to stay (because the chief is stopping too and its checkpoint needs
+//!   the workers and servers), or that gets no answer, keeps serving after the notice while
+//!   the chief is alive (so that the chief's checkpoint can read the variables and finish
+//!   in-flight steps), and exits 143 once the chief is gone or `preemption_grace` has passed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -233,7 +236,26 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
         register_with_chief(&gateway, &node, register_wait, None)?;
-        serve_chief_then_stop(gateway, grace, || {}, None, || Some(Exit::preempted()));
+        // The chief answers once it has taken a checkpoint cut with dispatch held (or gave up
+        // on one): leaving then loses nothing. Asked within most of the grace, so that a
+        // server not answered still serves the chief to its end.
+        let leave = LeaveAsk {
+            epoch,
+            bound: grace.mul_f64(PS_LEAVE_ASK_SHARE),
+            decide: Box::new(|answer| {
+                (answer == LeaveAnswer::Go).then(|| Exit {
+                    reason: "preemption notice: the chief took its checkpoint cut; leaving".into(),
+                    ..Exit::preempted()
+                })
+            }),
+        };
+        serve_chief_then_stop(
+            gateway,
+            grace,
+            || {},
+            Some(leave),
+            || Some(Exit::preempted()),
+        );
         Ok::<_, RoleFailure>(())
     })?;
     // Every stop sets its code: 171 when retired by the chief, 0 after its goodbye, 143 after
@@ -326,15 +348,16 @@ fn run_worker(
                     .unwrap_or_else(PoisonError::into_inner)
                     .handle_preemption_notice(Instant::now())
             },
-            Some((
+            Some(LeaveAsk {
                 epoch,
-                Box::new(move |answer| {
+                bound: LEAVE_ASK_MAX.min(grace / 2),
+                decide: Box::new(move |answer| {
                     leaving
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .handle_leave_answer(Instant::now(), answer)
                 }),
-            )),
+            }),
             decide(|m| m.handle_preemption_over(Instant::now())),
         );
         Ok::<_, RoleFailure>(())
@@ -459,20 +482,26 @@ fn run_chief(
     let node = node.clone();
     let actor_servers = servers.clone();
     let grace = config.preemption_grace;
+    let checkpoint_dir = config.checkpoint_dir.clone();
     let (actor, gateway, runtime, system_handle) = system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         exit_when_outdated(&gateway);
         let actor = actix::Actor::start(CoordinatorActor::new(
             gateway.clone(),
-            Scheduler::new(scheduler_config).with_workers_max(workers_max),
+            Scheduler::new(scheduler_config)
+                .with_checkpoint_dir(checkpoint_dir)
+                .with_workers_max(workers_max),
             workers,
             actor_servers,
         ));
+        let stopping = actor.clone();
         on_stop_signal(move || async move {
             eprintln!(
                 "[chief] stop requested (SIGTERM): the program may checkpoint for up to {}, then the process exits {PREEMPTED_EXIT_CODE}",
                 crate::cluster::format_duration(grace)
             );
+            // A server's preemption cut under way gives way to the program's own checkpoint.
+            stopping.do_send(crate::roles::coordinator::ChiefStopping);
             tokio::time::sleep(grace).await;
             eprintln!("[chief] the program did not finish within the preemption grace; exiting without waiting for it");
             System::current().stop();
@@ -763,30 +792,42 @@ fn exit_when_outdated(gateway: &Gateway) {
     });
 }
 
-/// What a worker does with the chief's answer to its preemption notice ([`Leaving`]).
-type LeaveDecision = Box<dyn FnOnce(LeaveAnswer) -> Option<Exit>>;
+/// How a parameter server or worker tells the chief it got a preemption notice ([`Leaving`]).
+struct LeaveAsk {
+    /// The leaving incarnation.
+    epoch: u64,
+    /// How long to wait for the answer.
+    bound: Duration,
+    /// What the process makes of the answer: an exit now, or serve on.
+    decide: Box<dyn FnOnce(LeaveAnswer) -> Option<Exit>>,
+}
 
-/// A parameter server's or worker's stop: at the notice it runs `notice`. A worker (`leave`:
-/// its incarnation and what it makes of the answer) then tells the chief it is leaving
-/// ([`Leaving`]); if the chief lets it go, its closures run elsewhere at once and it stops now.
-/// Otherwise (a parameter server, a chief stopping too, or no answer within
-/// [`LEAVE_ASK_MAX`]) it keeps serving while the chief is alive, so that the chief can finish
-/// in-flight steps and read the variables for its preemption checkpoint; once the chief is gone
-/// or `grace` has passed, it stops as `over` says ([`PREEMPTED_EXIT_CODE`]; nothing when an
-/// exit is under way already).
+/// A parameter server's or worker's stop: at the notice it runs `notice`, then tells the chief
+/// it is leaving (`leave`). A worker is answered at once (if the chief lets it go, its
+/// closures run elsewhere and it stops now); a parameter server once the chief has taken a
+/// checkpoint cut for it (it stops then, and its restore runs nothing again). Otherwise (a
+/// chief stopping too, or no answer within the ask's bound) it keeps serving while the chief
+/// is alive, so that the chief can finish in-flight steps and read the variables for its
+/// preemption checkpoint; once the chief is gone or `grace` has passed, it stops as `over`
+/// says ([`PREEMPTED_EXIT_CODE`]; nothing when an exit is under way already).
 fn serve_chief_then_stop(
     gateway: Gateway,
     grace: Duration,
     notice: impl FnOnce() + 'static,
-    leave: Option<(u64, LeaveDecision)>,
+    leave: Option<LeaveAsk>,
     over: impl FnOnce() -> Option<Exit> + 'static,
 ) {
     on_stop_signal(move || async move {
         notice();
         let chief = peer(TaskId::new(TaskType::Chief, 0));
         let deadline = tokio::time::Instant::now() + grace;
-        if let Some((epoch, decide)) = leave {
-            let answer = ask_to_leave(&gateway, &chief, epoch, grace).await;
+        if let Some(LeaveAsk {
+            epoch,
+            bound,
+            decide,
+        }) = leave
+        {
+            let answer = ask_to_leave(&gateway, &chief, epoch, bound).await;
             if let Some(exit) = answer.and_then(decide) {
                 tracing::info!("{}", exit.reason);
                 System::current().stop_with_code(exit.code);
@@ -805,29 +846,29 @@ fn serve_chief_then_stop(
     });
 }
 
-/// Tells the live chief that incarnation `epoch` of this worker is leaving, and returns its
-/// answer; `None` when no chief is known alive or it does not answer within [`LEAVE_ASK_MAX`]
-/// (bounded by half the grace, so that serving on still fits in it).
+/// Tells the live chief that incarnation `epoch` of this process is leaving, and returns its
+/// answer; `None` when no chief is known alive or it does not answer within `bound`.
 async fn ask_to_leave(
     gateway: &Gateway,
     chief: &NodeId,
     epoch: u64,
-    grace: Duration,
+    bound: Duration,
 ) -> Option<LeaveAnswer> {
     let (chief_epoch, true) = gateway.peer_status(chief)? else {
         return None;
     };
     let target = cohort_actors::Incarnation::new(chief.clone(), chief_epoch);
     let reference = gateway.remote_ref::<Leaving>(target, COORDINATOR_ACTOR);
-    let bound = LEAVE_ASK_MAX.min(grace / 2);
-    match tokio::time::timeout(bound, reference.call(&Leaving { epoch })).await {
+    match tokio::time::timeout(bound, reference.call_within(&Leaving { epoch }, bound)).await {
         Ok(Ok(answer)) => Some(answer),
         Ok(Err(e)) => {
-            tracing::warn!("the chief did not take this worker's preemption notice: {e}");
+            tracing::warn!("the chief did not take this process's preemption notice: {e}");
             None
         }
         Err(_) => {
-            tracing::warn!("the chief did not answer this worker's preemption notice in {bound:?}");
+            tracing::warn!(
+                "the chief did not answer this process's preemption notice in {bound:?}"
+            );
             None
         }
     }
@@ -858,8 +899,12 @@ fn init_logging() {
 /// Bound on a draining worker's wait for the chief to let its closure finish: a step longer
 /// than this is handed back instead (run elsewhere once the worker is gone).
 const DRAIN_WAIT_MAX: Duration = Duration::from_secs(60);
-/// Bound on a worker's wait for the chief's answer to its preemption notice.
+/// Bound on a worker's wait for the chief's answer to its preemption notice (at most half its
+/// grace, so that serving on still fits in it).
 const LEAVE_ASK_MAX: Duration = Duration::from_secs(2);
+/// Share of its grace a parameter server waits for the chief's preemption cut: the rest is
+/// for serving the chief (if it did not answer) and for exiting.
+const PS_LEAVE_ASK_SHARE: f64 = 0.75;
 /// How often a stopping PS or worker looks whether the chief is still alive.
 const CHIEF_POLL: Duration = Duration::from_millis(20);
 /// Bound on the chief's goodbye to every task at the end of a job.

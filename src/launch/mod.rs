@@ -640,46 +640,51 @@ impl Launcher {
         Ok(())
     }
 
-    /// SIGTERM to every child, then SIGKILL to those still running after the grace period.
-    /// Stops every child (SIGTERM, then SIGKILL after the grace); the chief's exit code if it
-    /// exited by itself meanwhile.
+    /// Stops every child: SIGTERM to the chief, and once it has exited (or after the grace)
+    /// SIGTERM to every other task; SIGKILL to those still running after the grace. Returns
+    /// the chief's exit code if it exited by itself meanwhile.
+    ///
+    /// The chief goes first, alone: its program takes its own preemption checkpoint, which
+    /// needs every parameter server serving. A server told to stop at the same moment would
+    /// give notice to a chief that may not know yet that it stops too; the chief would take
+    /// a preemption cut and let the server go, and its own checkpoint would then wait for a
+    /// restart that never comes (see `crate::roles::coordinator::machine::preempt`).
     fn stop_all(&mut self) -> Option<i32> {
         let mut chief_code = None;
-        // The chief first: a worker told to stop asks the chief whether it may leave at once,
-        // and a chief that already knows it is stopping too keeps it serving for its own
-        // preemption checkpoint (see `crate::bootstrap`).
-        let mut order: Vec<(&TaskId, &mut Supervised)> = self.tasks.iter_mut().collect();
-        order.sort_by_key(|(task, _)| task.task_type != TaskType::Chief);
-        for (_, entry) in order {
+        for entry in self.tasks.values_mut() {
             entry.restart_at = None;
-            if let Some(child) = entry.child.as_ref() {
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            }
         }
-        let deadline = Instant::now() + self.config.stop_grace;
-        loop {
-            let mut running = 0;
-            for (task, entry) in self.tasks.iter_mut() {
-                if let Some(child) = entry.child.as_mut() {
-                    match child.try_wait() {
-                        Ok(Some(status)) => {
-                            if task.task_type == TaskType::Chief {
-                                chief_code = status.code();
-                            }
-                            entry.child = None;
-                        }
-                        Err(_) => entry.child = None,
-                        Ok(None) => running += 1,
-                    }
+        let chief_first = |task: &TaskId| task.task_type == TaskType::Chief;
+        let others = |task: &TaskId| task.task_type != TaskType::Chief;
+        for wanted in [chief_first, others] {
+            for (task, entry) in self.tasks.iter() {
+                if let Some(child) = entry.child.as_ref().filter(|_| wanted(task)) {
+                    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
                 }
             }
-            if running == 0 {
-                return chief_code;
+            let deadline = Instant::now() + self.config.stop_grace;
+            loop {
+                let mut running = 0;
+                for (task, entry) in self.tasks.iter_mut() {
+                    if let Some(child) = entry.child.as_mut() {
+                        match child.try_wait() {
+                            Ok(Some(status)) => {
+                                if task.task_type == TaskType::Chief {
+                                    chief_code = status.code();
+                                }
+                                entry.child = None;
+                            }
+                            Err(_) => entry.child = None,
+                            Ok(None) if wanted(task) => running += 1,
+                            Ok(None) => {}
+                        }
+                    }
+                }
+                if running == 0 || Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(SUPERVISE_TICK);
             }
-            if Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(SUPERVISE_TICK);
         }
         for entry in self.tasks.values_mut() {
             if let Some(mut child) = entry.child.take() {

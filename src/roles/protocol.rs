@@ -27,11 +27,16 @@ pub const CHIEF: Senders = Senders::Roles(&[CHIEF_ROLE]);
 pub const CHIEF_OR_WORKER: Senders = Senders::Roles(&[CHIEF_ROLE, WORKER_ROLE]);
 /// SEC-2: gradients come only from the workers' steps.
 pub const WORKER: Senders = Senders::Roles(&[WORKER_ROLE]);
+/// SEC-2: preemption notices come from the tasks the chief schedules on: workers and
+/// parameter servers.
+pub const WORKER_OR_PS: Senders = Senders::Roles(&[WORKER_ROLE, PS_ROLE]);
 
 /// The certificate role of the chief (`TaskType::Chief`).
 const CHIEF_ROLE: &str = "chief";
 /// The certificate role of a worker (`TaskType::Worker`).
 const WORKER_ROLE: &str = "worker";
+/// The certificate role of a parameter server (`TaskType::Ps`).
+const PS_ROLE: &str = "ps";
 
 /// The actor name of the parameter server on its node.
 pub const PS_ACTOR: &str = "ps";
@@ -364,11 +369,14 @@ impl RemoteMessage for Shutdown {
     type Reply = ();
 }
 
-/// From a worker incarnation that got a preemption notice (SIGTERM), to the chief: it is about
-/// to go. The chief answers whether it may leave at once ([`LeaveAnswer::Go`]: its incarnation
-/// is fenced and its closure handed back, to run elsewhere now rather than after the failure
-/// detector's budget) or must keep serving through its grace ([`LeaveAnswer::Stay`]: the
-/// chief is stopping too, and its preemption checkpoint needs the workers to finish its steps).
+/// From a worker or parameter-server incarnation that got a preemption notice (SIGTERM), to
+/// the chief: it is about to go. The chief answers whether it may leave ([`LeaveAnswer::Go`])
+/// or must keep serving through its grace ([`LeaveAnswer::Stay`]: the chief is stopping too,
+/// and its own preemption checkpoint needs the workers to finish its steps and the servers to
+/// be read). A worker is answered at once: its incarnation is fenced and its closure handed
+/// back, to run elsewhere now rather than after the failure detector's budget. A parameter
+/// server is answered once the chief has taken a checkpoint cut with dispatch held, so that
+/// its restore runs nothing again (`crate::roles::coordinator::machine::preempt`).
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Leaving {
     /// The leaving incarnation.
@@ -386,7 +394,7 @@ pub enum LeaveAnswer {
 
 impl RemoteMessage for Leaving {
     const TAG: &'static str = "coordinator.leaving";
-    const SENDERS: Senders = WORKER;
+    const SENDERS: Senders = WORKER_OR_PS;
     type Reply = LeaveAnswer;
 }
 

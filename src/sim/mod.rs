@@ -22,10 +22,12 @@
 //! - **Processes**: a parameter server or worker is killed (its supervisor restarts it as a
 //!   new incarnation after `restart_delay`; a server comes back empty), paused and resumed
 //!   (messages to it wait; a pause past the detection budget is a false death, and the
-//!   incarnation is then retired and restarted), or given a preemption notice: a server
-//!   keeps serving for `preemption_grace`, then exits and is restarted; a worker tells the
-//!   chief (`Leaving`), whose machine fences it and runs its closures elsewhere at once, and
-//!   exits as soon as the answer comes (unanswered, it serves through its grace too).
+//!   incarnation is then retired and restarted), or given a preemption notice: it tells the
+//!   chief (`Leaving`) and exits as soon as it is let go (unanswered, it serves through
+//!   `preemption_grace`, then exits); either way it is restarted. The chief's machine lets a
+//!   worker go at once (fenced, its closures run elsewhere) and a server once it has taken a
+//!   preemption cut (written to the simulated storage apart from the program's checkpoints,
+//!   read back, and marked after a write's time), so that its restore runs nothing again.
 //! - **The chief**: killed (coordinator and program together), its state is gone; after
 //!   `restart_delay` a new incarnation starts as the real one does: its program reads the
 //!   newest checkpoint that verifies and a fresh coordinator's machine runs the start

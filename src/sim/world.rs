@@ -146,6 +146,17 @@ enum Event {
         generation: u64,
         cut: u64,
     },
+    /// The preemption grace of incarnation `epoch` of `node` is over: it exits if it still runs.
+    GraceOver {
+        node: Node,
+        epoch: u64,
+    },
+    /// The chief (incarnation `chief`) finished writing the preemption cut read as `ticket`.
+    PreemptionCutWritten {
+        chief: u64,
+        ticket: u64,
+        result: Result<(), String>,
+    },
     /// The workers' failure detectors: chief incarnation `epoch` has been silent since it was
     /// killed for the detection budget.
     ChiefSilent {
@@ -189,6 +200,11 @@ enum Msg {
     /// the chief's answer.
     Leaving {
         worker: u32,
+        epoch: u64,
+    },
+    /// A parameter server's preemption notice to the chief (the same message).
+    PsLeaving {
+        ps: u32,
         epoch: u64,
     },
     LeaveAnswer(LeaveAnswer),
@@ -424,9 +440,9 @@ struct Chief {
     saves: u32,
     /// Restores at start-up that failed (each one restarts the chief).
     startup_failures: u32,
-    /// Per server, the snapshot its newest shard read for the save under way returned, with
-    /// the read's attempt (the harness's record of what the saved state holds, PS-1).
-    read: BTreeMap<u32, (u32, usize)>,
+    /// Per read of a cut and server, the snapshot its newest shard read returned, with the
+    /// read's attempt (the harness's record of what the saved state holds, PS-1).
+    read: BTreeMap<(CutTicket, u32), (u32, usize)>,
 }
 
 enum ChiefPhase {
@@ -468,6 +484,9 @@ struct Stored {
     positions: BTreeMap<u32, u64>,
     /// The closures committed at the cut (the end-to-end check after a chief restart).
     committed: BTreeSet<u64>,
+    /// A parameter server's preemption cut: only the recovery's loader reads it (it lives
+    /// apart from the program's checkpoints, which a new chief starts from).
+    preemption: bool,
     /// The chief program's progress: closures scheduled and batches run.
     scheduled: u64,
     batches: u64,
@@ -856,6 +875,12 @@ impl<'a> World<'a> {
                 let msg = Msg::LeaveAnswer(answer);
                 self.send(Node::Chief, Node::Worker(worker), epoch, msg);
             }
+            (Node::Chief, Msg::PsLeaving { ps, epoch }) => {
+                let now = self.instant();
+                if let Some(answer) = self.coord.handle_ps_leaving(now, ps, epoch, false) {
+                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
+                }
+            }
             (Node::Ps(ps), msg) => self.ps_receive(ps, msg),
             (Node::Worker(w), msg) => self.worker_receive(w, msg),
             _ => {}
@@ -867,6 +892,8 @@ impl<'a> World<'a> {
     fn ps_receive(&mut self, ps: u32, msg: Msg) {
         let node = Node::Ps(ps);
         match msg {
+            // Let go after its preemption notice: it exits now and is restarted.
+            Msg::LeaveAnswer(LeaveAnswer::Go) => self.kill(node),
             Msg::Push { run, push, blobs } => {
                 let PushOrigin { worker, epoch, .. } = push.origin;
                 let result = self.apply_push(ps, &push, &blobs);
@@ -1541,9 +1568,13 @@ impl<'a> World<'a> {
             } => {
                 let result = match resp {
                     Ok(Resp::Snapshot(id)) => {
-                        let newest = self.chief.read.get(&ps).is_none_or(|(a, _)| *a <= attempt);
+                        let newest = self
+                            .chief
+                            .read
+                            .get(&(ticket, ps))
+                            .is_none_or(|(a, _)| *a <= attempt);
                         if newest {
-                            self.chief.read.insert(ps, (attempt, id));
+                            self.chief.read.insert((ticket, ps), (attempt, id));
                         }
                         Ok(self.snapshots[id].read.clone())
                     }
@@ -1733,6 +1764,12 @@ impl<'a> World<'a> {
                     self.call(node, epoch, kind, req, bound);
                 }
                 SchedulerAction::CutRead { ticket, result } => self.cut_read(ticket, result),
+                SchedulerAction::WritePreemptionCut {
+                    ticket, reading, ..
+                } => self.write_preemption_cut(ticket, *reading),
+                SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
+                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
+                }
                 SchedulerAction::ProbeServer { ticket, ps } => {
                     let node = Node::Ps(ps);
                     let epoch = self.state(node).1;
@@ -1889,18 +1926,30 @@ impl<'a> World<'a> {
                 }
                 FaultEvent::Preempt(node) => {
                     if self.state(node).0 != ProcState::Down {
-                        // A server keeps serving through its grace; a worker tells the chief,
-                        // which lets it go at once (or, unanswered, it serves on as well).
-                        if let Node::Worker(i) = node {
-                            let now = self.instant();
-                            let worker = &mut self.workers[i as usize];
-                            worker.machine.handle_preemption_notice(now);
-                            let (epoch, chief) = (worker.epoch, self.chief_epoch);
-                            let msg = Msg::Leaving { worker: i, epoch };
-                            self.send(node, Node::Chief, chief, msg);
+                        // Every task tells the chief: a worker is let go at once, a server once
+                        // the chief took its cut; unanswered, either serves through its grace.
+                        let chief = self.chief_epoch;
+                        match node {
+                            Node::Worker(i) => {
+                                let now = self.instant();
+                                let worker = &mut self.workers[i as usize];
+                                worker.machine.handle_preemption_notice(now);
+                                let epoch = worker.epoch;
+                                let msg = Msg::Leaving { worker: i, epoch };
+                                self.send(node, Node::Chief, chief, msg);
+                            }
+                            Node::Ps(ps) => {
+                                let epoch = self.state(node).1;
+                                let msg = Msg::PsLeaving { ps, epoch };
+                                self.send(node, Node::Chief, chief, msg);
+                            }
+                            Node::Chief => {}
                         }
+                        // The incarnation noticed exits at the end of its grace (not a newer
+                        // one, if it left and was restarted already).
                         let at = self.now + self.config.preemption_grace;
-                        self.at(at, Event::Inject(FaultEvent::Kill(node)));
+                        let epoch = self.state(node).1;
+                        self.at(at, Event::GraceOver { node, epoch });
                     }
                 }
             },
@@ -1938,6 +1987,23 @@ impl<'a> World<'a> {
                 }
             }
             Event::Loaded { generation, cut } => self.load(generation, cut),
+            Event::GraceOver { node, epoch } => {
+                if self.state(node).1 == epoch {
+                    self.kill(node);
+                }
+            }
+            Event::PreemptionCutWritten {
+                chief,
+                ticket,
+                result,
+            } => {
+                // A chief that died meanwhile took its coordinator (and the cut) with it.
+                if chief == self.chief_epoch && self.chief_state == ProcState::Up {
+                    let now = self.instant();
+                    self.coord
+                        .handle_preemption_cut_written(now, CutTicket(ticket), result);
+                }
+            }
             Event::ChiefSilent { epoch } => self.chief_silent(epoch),
             Event::Computed { worker, epoch, run } => self.computed(worker, epoch, run),
         }
@@ -2071,7 +2137,6 @@ impl<'a> World<'a> {
                 // As the real save: the coordinator reads the cut (waiting out recoveries and
                 // servers that cannot be read for now, within SAVE_WAIT_MAX).
                 let step = self.storage.len() as u64;
-                self.chief.read.clear();
                 match self.coord.handle_read_cut(now, step) {
                     Ok(ticket) => self.chief.phase = ChiefPhase::Saving { ticket },
                     Err(e) => self.ended = Some(Err(e)),
@@ -2094,8 +2159,12 @@ impl<'a> World<'a> {
     /// afresh only if no server has applied anything (their ids and values would otherwise be
     /// reused or lost).
     fn start_from_checkpoint(&mut self) {
-        let newest = (0..self.storage.len())
+        let candidates: Vec<usize> = (0..self.storage.len())
             .rev()
+            .filter(|stored| !self.storage[*stored].preemption)
+            .collect();
+        let newest = candidates
+            .into_iter()
             .find_map(|stored| Some((stored, self.read_stored(stored)?)));
         let (stored, checkpoint) = match newest {
             Some((stored, checkpoint)) => (Some(stored), Some(checkpoint)),
@@ -2120,18 +2189,7 @@ impl<'a> World<'a> {
         }
         match result {
             Ok(reading) => {
-                let read = std::mem::take(&mut self.chief.read);
-                let effective: Option<Vec<Vec<u64>>> = (0..self.config.num_ps)
-                    .map(|ps| {
-                        read.get(&ps)
-                            .map(|(_, id)| self.snapshots[*id].effective.clone())
-                    })
-                    .collect();
-                let Some(effective) = effective else {
-                    self.violate(
-                        "CKPT-1",
-                        "a cut was read without reading every server".into(),
-                    );
+                let Some(effective) = self.take_read(ticket) else {
                     return;
                 };
                 match reading.into_checkpoint() {
@@ -2145,6 +2203,69 @@ impl<'a> World<'a> {
             }
             Err(e) => self.ended = Some(Err(e)),
         }
+    }
+
+    /// Per server, the closures whose effect its state held when read `ticket` read it; the
+    /// harness's records of that read (and of older ones, given up) are dropped. `None`, a
+    /// violation, if a server was not read.
+    fn take_read(&mut self, ticket: CutTicket) -> Option<Vec<Vec<u64>>> {
+        let read: BTreeMap<u32, usize> = self
+            .chief
+            .read
+            .iter()
+            .filter(|((t, _), _)| *t == ticket)
+            .map(|((_, ps), (_, id))| (*ps, *id))
+            .collect();
+        self.chief.read.retain(|(t, _), _| *t > ticket);
+        let effective: Option<Vec<Vec<u64>>> = (0..self.config.num_ps)
+            .map(|ps| {
+                read.get(&ps)
+                    .map(|id| self.snapshots[*id].effective.clone())
+            })
+            .collect();
+        if effective.is_none() {
+            self.violate(
+                "CKPT-1",
+                "a cut was read without reading every server".into(),
+            );
+        }
+        effective
+    }
+
+    /// The coordinator read a parameter server's preemption cut: write it as the real shell
+    /// does (the real encoder, into the simulated storage, read back), apart from the program's
+    /// checkpoints; the coordinator hears that it is durable after a write's time.
+    fn write_preemption_cut(&mut self, ticket: CutTicket, reading: CutReading) {
+        let Some(effective) = self.take_read(ticket) else {
+            return;
+        };
+        let result = reading.into_checkpoint().and_then(|mut checkpoint| {
+            // The simulated storage names a checkpoint by its index.
+            checkpoint.step = self.storage.len() as u64;
+            let stored = self.storage.len();
+            let positions = checkpoint.dataset_positions.clone();
+            let encoded = encode_checkpoint_at(&checkpoint, self.now.as_millis() as u64)
+                .map_err(|e| e.to_string())?;
+            self.storage.push(Stored {
+                files: encoded.into_iter().collect(),
+                saved: checkpoint,
+                effective,
+                positions,
+                committed: self.committed_ids(),
+                scheduled: self.chief.scheduled,
+                batches: self.chief.batches,
+                preemption: true,
+            });
+            self.read_stored(stored)
+                .map(|_| ())
+                .ok_or_else(|| "the preemption cut does not verify".to_string())
+        });
+        let event = Event::PreemptionCutWritten {
+            chief: self.chief_epoch,
+            ticket: ticket.0,
+            result,
+        };
+        self.at(self.now + LOAD_DELAY, event);
     }
 
     /// The chief's start ended: the program goes on from the checkpoint's step (or from the
@@ -2299,6 +2420,7 @@ impl<'a> World<'a> {
             committed,
             scheduled: self.chief.scheduled,
             batches: self.chief.batches,
+            preemption: false,
         });
         if fault == Some(StorageFault::CrashAfterPublish) {
             // The chief dies once the checkpoint is durable, before it becomes the cut: the
@@ -2453,7 +2575,8 @@ fn new_coordinator(config: &SimConfig) -> Scheduler {
         ..SchedulerConfig::default()
     })
     .with_servers(config.num_ps)
-    .with_workers(config.num_workers);
+    .with_workers(config.num_workers)
+    .with_checkpoint_dir(Some(std::path::PathBuf::from("sim-checkpoints")));
     coord.handle_configure(SetupWorker {
         num_workers: config.num_workers,
         layouts: layouts(config.num_ps),

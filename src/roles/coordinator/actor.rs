@@ -21,6 +21,9 @@
 //! - Elastic workers (the machine's `membership`): a worker's [`Joining`] gives the address a
 //!   worker past the cluster spec is dialled at (its index is its certificate's); a
 //!   [`Draining`] call is answered when the machine ends the drain.
+//! - Preemption notices ([`Leaving`]) from workers are answered at once; a parameter server's
+//!   is answered when the machine has taken its preemption cut, which this shell builds and
+//!   writes off the actor's thread (copying tensors here would stall the node's heartbeats).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -70,6 +73,8 @@ pub struct CoordinatorActor {
     joined: BTreeMap<u32, (NodeId, PeerAddr)>,
     /// Draining incarnations waiting for the machine to end their drain.
     drain_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<()>>>,
+    /// Parameter servers waiting for the answer to their preemption notice, by (index, epoch).
+    leave_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<LeaveAnswer>>>,
     timer: Option<SpawnHandle>,
 }
 
@@ -107,6 +112,7 @@ impl CoordinatorActor {
             cut_waiters: BTreeMap::new(),
             joined: BTreeMap::new(),
             drain_waiters: BTreeMap::new(),
+            leave_waiters: BTreeMap::new(),
             timer: None,
         }
     }
@@ -211,6 +217,18 @@ impl CoordinatorActor {
                         let _ = waiter.send(());
                     }
                 }
+                SchedulerAction::WritePreemptionCut {
+                    ticket,
+                    cut,
+                    root,
+                    leaving,
+                    reading,
+                } => self.write_preemption_cut(ctx, ticket, cut, root, leaving, *reading),
+                SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
+                    for waiter in self.leave_waiters.remove(&(ps, epoch)).unwrap_or_default() {
+                        let _ = waiter.send(answer);
+                    }
+                }
             }
         }
         self.answer_fetches();
@@ -244,6 +262,45 @@ impl CoordinatorActor {
             report(act, outcome);
             act.drive(ctx);
         }));
+    }
+
+    /// Builds the checkpoint of a preemption cut and writes it under `root` (blocking: off the
+    /// actor), then tells the machine. Logs what was saved, for whoever reads why a server left.
+    fn write_preemption_cut(
+        &mut self,
+        ctx: &mut Context<Self>,
+        ticket: CutTicket,
+        cut: ClosureId,
+        root: PathBuf,
+        leaving: Vec<u32>,
+        reading: CutReading,
+    ) {
+        let servers = leaving
+            .iter()
+            .map(|ps| format!("ps/{ps}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let work = tokio::task::spawn_blocking(move || write_cut_checkpoint(&root, reading));
+        self.spawn_reported(ctx, work, move |act, outcome| {
+            let result = match outcome {
+                Ok(Ok(saved)) => {
+                    tracing::warn!(
+                        "preemption notice from {servers}: checkpoint of the cut at closure {} written \
+                         to {} ({:.1} MB in {} ms, dispatch held meanwhile); {servers} may \
+                         leave, and its restore runs no closure again",
+                        cut.0,
+                        saved.dir.display(),
+                        saved.bytes as f64 / 1e6,
+                        saved.took.as_millis(),
+                    );
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(format!("the writing task failed: {e}")),
+            };
+            act.scheduler
+                .handle_preemption_cut_written(Instant::now(), ticket, result);
+        });
     }
 
     /// Worker `worker` and where to dial it, if the cluster spec names it or it joined.
@@ -1011,16 +1068,46 @@ impl Actor for CoordinatorActor {
 }
 
 impl Handler<Remote<Leaving>> for CoordinatorActor {
-    type Result = MessageResult<Remote<Leaving>>;
+    type Result = ResponseFuture<LeaveAnswer>;
 
-    /// A worker got a preemption notice: the machine decides whether it goes now (its
-    /// closures run elsewhere at once) or stays (this chief is stopping too).
+    /// A worker or parameter server got a preemption notice: the machine decides whether it
+    /// goes now (a worker's closures run elsewhere at once), after a cut (a parameter server),
+    /// or stays (this chief is stopping too).
     fn handle(&mut self, msg: Remote<Leaving>, ctx: &mut Context<Self>) -> Self::Result {
-        let Some(worker) = self.worker_index(&msg.from.node) else {
-            return MessageResult(LeaveAnswer::Go);
-        };
         let epoch = msg.from.epoch.0;
         let stopping = crate::process::preemption_requested();
+        if let Some(ps) = self.ps_index(&msg.from.node) {
+            let answer = self
+                .scheduler
+                .handle_ps_leaving(Instant::now(), ps, epoch, stopping);
+            let rx = match answer {
+                Some(answer) => {
+                    if answer == LeaveAnswer::Go {
+                        tracing::warn!(
+                            "ps/{ps} (epoch {epoch}) got a preemption notice and leaves now, \
+                             with no cut taken for it"
+                        );
+                    }
+                    self.drive(ctx);
+                    return Box::pin(async move { answer });
+                }
+                None => {
+                    tracing::warn!(
+                        "ps/{ps} (epoch {epoch}) got a preemption notice: holding dispatch to \
+                         take a checkpoint cut before it leaves"
+                    );
+                    let (tx, rx) = oneshot::channel();
+                    self.leave_waiters.entry((ps, epoch)).or_default().push(tx);
+                    rx
+                }
+            };
+            self.drive(ctx);
+            // Dropped unanswered (the actor stopped): the server goes as if told to.
+            return Box::pin(async move { rx.await.unwrap_or(LeaveAnswer::Go) });
+        }
+        let Some(worker) = self.worker_index(&msg.from.node) else {
+            return Box::pin(async { LeaveAnswer::Go });
+        };
         let answer = self
             .scheduler
             .handle_worker_leaving(Instant::now(), worker, epoch, stopping);
@@ -1031,7 +1118,7 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
             );
         }
         self.drive(ctx);
-        MessageResult(answer)
+        Box::pin(async move { answer })
     }
 }
 
@@ -1114,6 +1201,61 @@ impl Handler<Remote<Draining>> for CoordinatorActor {
             let _ = rx.await;
         })
     }
+}
+
+/// The chief got a stop request (its own preemption notice): a parameter server's
+/// preemption cut under way is given up and its servers stay, to serve the program's own
+/// checkpoint (see [`Scheduler::handle_chief_stopping`]).
+pub struct ChiefStopping;
+
+impl Message for ChiefStopping {
+    type Result = ();
+}
+
+impl Handler<ChiefStopping> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: ChiefStopping, ctx: &mut Context<Self>) {
+        self.scheduler.handle_chief_stopping(Instant::now());
+        self.drive(ctx);
+    }
+}
+
+/// What writing a preemption cut's checkpoint produced.
+struct SavedCut {
+    dir: PathBuf,
+    bytes: u64,
+    took: Duration,
+}
+
+/// Builds the checkpoint of `reading` and saves it durably under `root` (keeping the newest
+/// two: CKPT-1, an older one goes only once the new one verifies). Blocking.
+fn write_cut_checkpoint(root: &std::path::Path, reading: CutReading) -> Result<SavedCut, String> {
+    use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
+    let started = Instant::now();
+    let checkpoint = reading.into_checkpoint()?;
+    let policy = CheckpointPolicy {
+        keep_last: 2,
+        ..Default::default()
+    };
+    let mut manager = CheckpointManager::new(root, policy, started).map_err(|e| e.to_string())?;
+    let dir = manager
+        .save(&checkpoint, Instant::now())
+        .map_err(|e| format!("writing the preemption cut under {}: {e}", root.display()))?;
+    let bytes = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    Ok(SavedCut {
+        dir,
+        bytes,
+        took: started.elapsed(),
+    })
 }
 
 struct PeerChanged(PeerEvent);

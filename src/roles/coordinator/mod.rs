@@ -23,7 +23,7 @@ mod restore;
 
 pub(crate) use restore::shard_restores;
 
-pub use actor::{CoordinatorActor, JoinedWorkers};
+pub use actor::{ChiefStopping, CoordinatorActor, JoinedWorkers};
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec, SAVE_WAIT_MAX};
 pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
@@ -33,5 +33,5 @@ pub use machine::{
     CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, DrainDisposition, Ledger,
     LedgerState, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
     Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
-    WorkerDial, WorkerEpoch,
+    WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

@@ -124,6 +124,13 @@ pub struct ControlCounters {
     pub setups_outdated: u64,
     /// Worker incarnations that left after a preemption notice (handed back their closures).
     pub workers_left: u64,
+    /// Parameter-server incarnations that left after a preemption notice.
+    pub servers_left: u64,
+    /// Preemption cuts taken and marked (each server that left with one restores with nothing
+    /// to run again).
+    pub preemption_cuts: u64,
+    /// Preemption cuts given up (the servers left without one).
+    pub preemption_cuts_given_up: u64,
 }
 
 /// A configuration sent to live workers, waiting for their answers.

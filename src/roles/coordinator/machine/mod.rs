@@ -32,6 +32,9 @@ mod control_tests;
 pub mod membership;
 #[cfg(test)]
 mod membership_tests;
+pub mod preempt;
+#[cfg(test)]
+mod preempt_tests;
 pub mod recovery;
 #[cfg(test)]
 mod recovery_tests;
@@ -55,6 +58,8 @@ pub use control::{
 };
 use control::{PendingConfigure, PendingPositions};
 pub use membership::DrainDisposition;
+use preempt::PsPreemption;
+pub use preempt::{PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
 use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
@@ -388,6 +393,31 @@ pub enum SchedulerAction {
         /// The drained incarnation.
         epoch: WorkerEpoch,
     },
+    /// A parameter server's preemption cut was read ([`preempt`]): build its checkpoint and
+    /// write it under `root` (blocking work: off the actor's thread), then answer with
+    /// [`Scheduler::handle_preemption_cut_written`].
+    WritePreemptionCut {
+        /// The read.
+        ticket: CutTicket,
+        /// The cut (the checkpoint's ledger records it as its next closure id).
+        cut: ClosureId,
+        /// Where to write it ([`PREEMPTION_CUTS_DIR`] under the checkpoint directory).
+        root: PathBuf,
+        /// The servers that gave notice, for the log.
+        leaving: Vec<u32>,
+        /// What was read.
+        reading: Box<CutReading>,
+    },
+    /// Answer parameter server `ps`'s preemption notice from incarnation `epoch` (see
+    /// [`Scheduler::handle_ps_leaving`]).
+    AnswerPsLeaving {
+        /// The server.
+        ps: u32,
+        /// The incarnation that gave notice.
+        epoch: u64,
+        /// The answer.
+        answer: crate::roles::protocol::LeaveAnswer,
+    },
 }
 
 /// What a dial of a parameter server found ([`SchedulerAction::DialPs`]).
@@ -497,7 +527,13 @@ pub enum ScheduleError {
 ///     ([`SchedulerAction::SnapshotShard`], answered with `handle_shard_read`, and
 ///     [`SchedulerAction::AskPositions`], answered with `handle_positions`), ended by
 ///     [`SchedulerAction::CutRead`]; once the checkpoint is durable,
-///     `handle_mark_cut(cut, root, generation)` makes it the cut.
+///     `handle_mark_cut(cut, root, generation)` makes it the cut;
+/// 16. preemption notices (see [`preempt`]): `handle_worker_leaving` answers a worker at once;
+///     `handle_ps_leaving` answers a server at once or later with
+///     [`SchedulerAction::AnswerPsLeaving`], after the preemption cut asked for with
+///     [`SchedulerAction::WritePreemptionCut`] is reported with
+///     `handle_preemption_cut_written`; `handle_chief_stopping` when the chief's own notice
+///     comes.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -562,8 +598,17 @@ pub struct Scheduler {
     creates: BTreeMap<CreateTicket, PendingCreate>,
     /// The chief's start, while its probes are out.
     start: Option<PendingStart>,
-    /// A save's read under way.
-    cut_read: Option<PendingCutRead>,
+    /// Reads of a cut: the first is under way, the others wait for it.
+    cut_reads: VecDeque<PendingCutRead>,
+    /// A parameter server's preemption cut under way: dispatch is held while it lasts.
+    preemption: Option<PsPreemption>,
+    /// Where the program's last save (or the checkpoint restored at start-up) lives.
+    saves_root: Option<PathBuf>,
+    /// The configured checkpoint directory, for preemption cuts before the program's first
+    /// save.
+    checkpoint_dir: Option<PathBuf>,
+    /// The chief got its own stop request: servers that give notice stay.
+    stopping: bool,
     /// Outcomes of remote effects no decision depends on.
     control: ControlCounters,
     /// Workers that joined or were drained (elastic workers).
@@ -688,10 +733,21 @@ impl Scheduler {
             collections: BTreeMap::new(),
             creates: BTreeMap::new(),
             start: None,
-            cut_read: None,
+            cut_reads: VecDeque::new(),
+            preemption: None,
+            saves_root: None,
+            checkpoint_dir: None,
+            stopping: false,
             control: ControlCounters::default(),
             membership: membership::Membership::default(),
         }
+    }
+
+    /// The job's checkpoint directory, where preemption cuts go before the program's first
+    /// save ([`preempt`]).
+    pub fn with_checkpoint_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.checkpoint_dir = dir;
+        self
     }
 
     /// The cluster has `num_servers` parameter servers, indexed from 0: each is dialled
@@ -1088,6 +1144,14 @@ impl Scheduler {
     /// generation). A recovery that only holds dispatch does not refuse it: the servers were
     /// read before it, and the restore it leads to then rolls back to this newer cut.
     pub fn mark_cut(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), String> {
+        self.mark_cut_at(cut, root.clone())?;
+        // The program's checkpoints live here: preemption cuts go beside them.
+        self.saves_root = Some(root);
+        Ok(())
+    }
+
+    /// [`Self::mark_cut`] for any checkpoint (the program's, or a preemption cut).
+    fn mark_cut_at(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), String> {
         if cut.0 > self.next_id {
             return Err(format!(
                 "cut {} is beyond the next closure id {}",
@@ -1193,6 +1257,7 @@ impl Scheduler {
                         self.watermark_sent = next_id;
                         // The variables are at this checkpoint now: a recovery rolls back
                         // to it until the next save.
+                        self.saves_root = Some(root.clone());
                         self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
                         Some(step)
                     }),
@@ -1438,6 +1503,7 @@ impl Scheduler {
             recovery,
             self.cut_read_deadline(),
             self.start_deadline(),
+            self.preemption_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -1450,6 +1516,7 @@ impl Scheduler {
     /// chief's start could not reach are probed again.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.advance_cut_read(now);
+        self.advance_preemption(now);
         self.probe_again(now);
         if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring()) {
             if now >= r.since + self.config.ps_restart_wait_max {
@@ -1486,6 +1553,19 @@ impl Scheduler {
     /// True when nothing is queued or in flight (`join` may return).
     pub fn is_idle(&self) -> bool {
         self.ledger.pending == 0
+    }
+
+    /// Closures on workers now.
+    fn in_flight_count(&self) -> usize {
+        self.workers.values().map(|w| w.in_flight.len()).sum()
+    }
+
+    /// Where in the queue the first closure is that was dispatched before (its effect may be
+    /// partly on the servers already), if any.
+    fn first_retry(&self) -> Option<usize> {
+        self.queue
+            .iter()
+            .position(|id| self.closures.get(id).is_some_and(|c| c.attempts > 0))
     }
 
     /// The first failure since the last call (what `join` raises); clears it so the
@@ -1541,11 +1621,25 @@ impl Scheduler {
     fn dispatch(&mut self, now: Instant) {
         self.advance_recovery();
         self.advance_drains();
+        self.advance_preemption(now);
         loop {
-            // Dispatch is held while a parameter server is being recovered.
+            // Dispatch is held while a parameter server is being recovered; while a preemption
+            // cut is taken only closures that ran before go out (see `preempt`).
             if self.queue.is_empty() || self.recovery.is_some() {
                 break;
             }
+            let position = if self.preemption_holds() {
+                match self
+                    .preemption_drains()
+                    .then(|| self.first_retry())
+                    .flatten()
+                {
+                    Some(position) => position,
+                    None => break,
+                }
+            } else {
+                0
+            };
             let free = self
                 .workers
                 .iter()
@@ -1557,7 +1651,7 @@ impl Scheduler {
                 .min_by_key(|(i, w)| (w.in_flight.len(), **i))
                 .map(|(i, w)| (*i, w.epoch));
             let Some((worker, epoch)) = free else { break };
-            let Some(id) = self.queue.pop_front() else {
+            let Some(id) = self.queue.remove(position) else {
                 break;
             };
             let attempts_max = self.config.attempts_max;

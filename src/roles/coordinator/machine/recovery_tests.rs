@@ -17,7 +17,7 @@ fn drain(s: &mut Scheduler) -> Vec<SchedulerAction> {
 }
 
 /// A checkpoint at `step`, cut at closure `cut`, with worker 0's dataset `ids` at `position`.
-fn checkpoint(step: u64, cut: u64, position: u64) -> Arc<Checkpoint> {
+pub(super) fn checkpoint(step: u64, cut: u64, position: u64) -> Arc<Checkpoint> {
     let mut ckpt = Checkpoint::new(step, 2);
     ckpt.ledger.next_closure_id = cut;
     ckpt.ledger.counts.scheduled = cut;
@@ -28,7 +28,7 @@ fn checkpoint(step: u64, cut: u64, position: u64) -> Arc<Checkpoint> {
 
 /// Where a restore call goes, to answer it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
+pub(super) enum Step {
     Begin,
     Load,
     Shards,
@@ -68,7 +68,7 @@ fn answer(call: &RestoreCall, ckpt: &Arc<Checkpoint>, fault: Option<CallFault>) 
 
 /// Answers every restore call as it comes out, `fail(step, target)` deciding a fault, until
 /// no call is left; returns every other action, and the calls seen in order.
-fn drive_restore(
+pub(super) fn drive_restore(
     s: &mut Scheduler,
     ckpt: &Arc<Checkpoint>,
     mut fail: impl FnMut(Step, u32) -> Option<CallFault>,
@@ -95,7 +95,7 @@ fn drive_restore(
     }
 }
 
-fn dispatched(actions: &[SchedulerAction]) -> Vec<(u32, ClosureId, u32)> {
+pub(super) fn dispatched(actions: &[SchedulerAction]) -> Vec<(u32, ClosureId, u32)> {
     actions
         .iter()
         .filter_map(|a| match a {

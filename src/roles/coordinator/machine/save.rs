@@ -22,7 +22,10 @@
 //!    on the caller's thread) with the restore generation it was read in (the mark is refused
 //!    if a restore began since), or why no checkpoint can be taken.
 //!
-//! One read at a time. Pure: no IO, no clock; `now` is passed in.
+//! The same read serves a parameter server's preemption cut ([`super::preempt`]), which waits
+//! for the closures that ran rather than for nothing pending, and ends with the cut to write
+//! instead. One read at a time: a save asked for during a preemption cut's read begins after
+//! it. Pure: no IO, no clock; `now` is passed in.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -31,7 +34,7 @@ use bytes::Bytes;
 
 use super::control::{CutState, LedgerState};
 use super::recovery::{CallFault, WorkerPositions, DATASET_POSITIONS_KEY};
-use super::{PositionsTicket, Scheduler, SchedulerAction};
+use super::{ClosureId, PositionsTicket, Scheduler, SchedulerAction};
 use crate::checkpoint::{self, Checkpoint, TensorBytes};
 use crate::layout::Layout;
 use crate::roles::protocol::{blob, bytes_to_f32, ShardState};
@@ -85,10 +88,24 @@ pub struct CutReading {
     pub ledger: LedgerState,
 }
 
-/// A save's read under way.
+/// Why a cut is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CutPurpose {
+    /// The program's save ([`Scheduler::handle_read_cut`]): read once nothing is pending, at
+    /// the next closure id; ends with [`SchedulerAction::CutRead`].
+    Save,
+    /// A parameter server's preemption notice ([`super::preempt`]): read once every closure
+    /// that ever ran is finished, while no other starts, at the first closure not finished;
+    /// new work queued meanwhile does not disturb it (none of it runs). Ends with
+    /// [`SchedulerAction::WritePreemptionCut`], or with the preemption given up.
+    Preemption,
+}
+
+/// A cut's read, under way or waiting for the one before it.
 #[derive(Debug)]
 pub(super) struct PendingCutRead {
-    ticket: CutTicket,
+    pub(super) ticket: CutTicket,
+    pub(super) purpose: CutPurpose,
     step: u64,
     started: Instant,
     /// Attempts begun so far; answers name the attempt they belong to.
@@ -118,15 +135,30 @@ enum CutPhase {
 impl Scheduler {
     /// Reads a consistent cut of every parameter server for a checkpoint at `step` (see the
     /// module doc); [`SchedulerAction::CutRead`] with the returned ticket tells how it ended.
-    /// Refused while another read is under way.
+    /// Refused while another save's read is under way; one behind a parameter server's
+    /// preemption cut begins once that one ended.
     pub fn handle_read_cut(&mut self, now: Instant, step: u64) -> Result<CutTicket, String> {
-        if self.cut_read.is_some() {
+        if self.cut_reads.iter().any(|r| r.purpose == CutPurpose::Save) {
             return Err("a checkpoint is being read already".into());
         }
+        let ticket = self.queue_cut_read(now, step, CutPurpose::Save);
+        self.advance_cut_read(now);
+        Ok(ticket)
+    }
+
+    /// Queues a read of a cut for `purpose`; it begins when the reads before it ended (the
+    /// caller advances the reads once it is ready for the outcome).
+    pub(super) fn queue_cut_read(
+        &mut self,
+        now: Instant,
+        step: u64,
+        purpose: CutPurpose,
+    ) -> CutTicket {
         let ticket = CutTicket(self.next_ticket);
         self.next_ticket += 1;
-        self.cut_read = Some(PendingCutRead {
+        self.cut_reads.push_back(PendingCutRead {
             ticket,
+            purpose,
             step,
             started: now,
             attempt: 0,
@@ -134,8 +166,19 @@ impl Scheduler {
             backoff: SAVE_RETRY_BACKOFF_MIN,
             phase: CutPhase::Waiting { until: now },
         });
-        self.advance_cut_read(now);
-        Ok(ticket)
+        ticket
+    }
+
+    /// Whether the cut state moved from `before` in a way that would mix two cuts for a read
+    /// of `purpose`: a recovery or a restore for either; new work only for a save (a
+    /// preemption's read holds dispatch, so new work does not run before it is taken).
+    fn cut_disturbed(purpose: CutPurpose, before: &CutState, now: &CutState) -> bool {
+        match purpose {
+            CutPurpose::Save => before != now,
+            CutPurpose::Preemption => {
+                before.generation != now.generation || before.holding != now.holding
+            }
+        }
     }
 
     /// Server `ps`'s answer to the [`SchedulerAction::SnapshotShard`] of shard `shard`, sent
@@ -151,8 +194,8 @@ impl Scheduler {
     ) {
         let cut_state = self.cut_state();
         let Some(read) = self
-            .cut_read
-            .as_mut()
+            .cut_reads
+            .front_mut()
             .filter(|r| r.ticket == ticket && r.attempt == attempt)
         else {
             return;
@@ -188,12 +231,15 @@ impl Scheduler {
                 read.backoff = (read.backoff * 2).min(SAVE_RETRY_BACKOFF_MAX);
             }
             Err(CallFault::Refused(reason)) => {
-                if *before == cut_state {
+                if !Self::cut_disturbed(read.purpose, before, &cut_state) {
                     let step = read.step;
-                    self.end_cut_read(Err(format!(
-                        "no checkpoint taken at step {step}: ps/{ps} refused to read shard \
+                    self.end_cut_read(
+                        now,
+                        format!(
+                            "no checkpoint taken at step {step}: ps/{ps} refused to read shard \
                          {shard:?}, and reading again would not help: {reason}"
-                    )));
+                        ),
+                    );
                 } else {
                     let detail = format!("ps/{ps} refused a read ({reason})");
                     self.disturb_cut_read(now, &detail);
@@ -217,7 +263,7 @@ impl Scheduler {
                     ..
                 },
             ..
-        }) = self.cut_read.as_mut()
+        }) = self.cut_reads.front_mut()
         else {
             return;
         };
@@ -230,7 +276,7 @@ impl Scheduler {
 
     /// When the read under way must be advanced, if it waits.
     pub(super) fn cut_read_deadline(&self) -> Option<Instant> {
-        match &self.cut_read.as_ref()?.phase {
+        match &self.cut_reads.front()?.phase {
             CutPhase::Waiting { until } => Some(*until),
             CutPhase::Reading { .. } => None,
         }
@@ -238,7 +284,7 @@ impl Scheduler {
 
     /// Begins an attempt if the read waits and its time came (part of `handle_timeout`).
     pub(super) fn advance_cut_read(&mut self, now: Instant) {
-        let Some(read) = self.cut_read.as_ref() else {
+        let Some(read) = self.cut_reads.front() else {
             return;
         };
         let CutPhase::Waiting { until } = read.phase else {
@@ -247,22 +293,35 @@ impl Scheduler {
         if now < until {
             return;
         }
+        let purpose = read.purpose;
         if now.saturating_duration_since(read.started) > SAVE_WAIT_MAX {
             let step = read.step;
-            self.end_cut_read(Err(format!(
+            self.end_cut_read(
+                now,
+                format!(
                 "the parameter servers could not be read undisturbed within {SAVE_WAIT_MAX:?}: \
                  no checkpoint taken at step {step}"
-            )));
+            ),
+            );
             return;
         }
-        if let Some(error) = &self.first_error {
+        if let Some(error) = self
+            .first_error
+            .as_ref()
+            .filter(|_| purpose == CutPurpose::Save)
+        {
             let error = format!("the job failed while a checkpoint was read: {error}");
-            self.end_cut_read(Err(error));
+            self.end_cut_read(now, error);
             return;
         }
-        if !self.is_idle() || self.is_holding() {
+        let ready = match purpose {
+            CutPurpose::Save => self.is_idle() && !self.is_holding(),
+            // Only closures that ran before still go out: they are waited for.
+            CutPurpose::Preemption => self.preemption_drained() && !self.is_holding(),
+        };
+        if !ready {
             // A recovery holds dispatch or runs closures again: it is bounded; read after it.
-            if let Some(read) = self.cut_read.as_mut() {
+            if let Some(read) = self.cut_reads.front_mut() {
                 read.phase = CutPhase::Waiting {
                     until: now + SAVE_RETRY_BACKOFF_MIN,
                 };
@@ -272,7 +331,7 @@ impl Scheduler {
         let positions = match self.collect_positions() {
             Ok(ticket) => ticket,
             Err(e) => {
-                self.end_cut_read(Err(e));
+                self.end_cut_read(now, e);
                 return;
             }
         };
@@ -283,7 +342,7 @@ impl Scheduler {
             .iter()
             .flat_map(|l| (0..l.shards.len()).map(move |i| (l.shards[i].ps, l.shard_name(i))))
             .collect();
-        let read = self.cut_read.as_mut().expect("checked above");
+        let read = self.cut_reads.front_mut().expect("checked above");
         read.attempt += 1;
         for (ps, shard) in &shards {
             self.actions.push_back(SchedulerAction::SnapshotShard {
@@ -307,7 +366,7 @@ impl Scheduler {
     /// Ends the attempt once every shard and the positions are in.
     fn complete_cut_read(&mut self, now: Instant) {
         let cut_state = self.cut_state();
-        let Some(read) = self.cut_read.as_ref() else {
+        let Some(read) = self.cut_reads.front() else {
             return;
         };
         let CutPhase::Reading {
@@ -322,18 +381,18 @@ impl Scheduler {
         if !waiting.is_empty() {
             return;
         }
-        if *before != cut_state {
+        if Self::cut_disturbed(read.purpose, before, &cut_state) {
             self.disturb_cut_read(now, "a parameter-server recovery or new work came");
             return;
         }
-        let read = self.cut_read.take().expect("checked above");
+        let read = self.cut_reads.pop_front().expect("checked above");
         let CutPhase::Reading {
             reads, collected, ..
         } = read.phase
         else {
             unreachable!("matched above");
         };
-        let reading = CutReading {
+        let mut reading = CutReading {
             step: read.step,
             generation: cut_state.generation,
             num_servers: self.num_servers,
@@ -342,24 +401,40 @@ impl Scheduler {
             positions: collected.unwrap_or_default(),
             ledger: self.ledger_state(),
         };
-        self.actions.push_back(SchedulerAction::CutRead {
-            ticket: read.ticket,
-            result: Ok(reading),
-        });
+        match read.purpose {
+            CutPurpose::Save => self.actions.push_back(SchedulerAction::CutRead {
+                ticket: read.ticket,
+                result: Ok(reading),
+            }),
+            CutPurpose::Preemption => {
+                // Nothing ran since the read began: every closure below the first one not
+                // finished is finished, and none from it on has run (dispatch is held).
+                let cut = self.unfinished.first().map_or(self.next_id, |c| c.0);
+                reading.ledger.next_closure_id = cut;
+                // Named by its cut: unique, and growing from one preemption to the next.
+                reading.step = cut;
+                self.preemption_cut_read(read.ticket, ClosureId(cut), reading);
+            }
+        }
+        // The next read in line may begin.
+        self.advance_cut_read(now);
     }
 
     /// The attempt was disturbed: begin again at once, or give up past the bound.
     fn disturb_cut_read(&mut self, now: Instant, why: &str) {
-        let Some(read) = self.cut_read.as_mut() else {
+        let Some(read) = self.cut_reads.front_mut() else {
             return;
         };
         read.disturbed += 1;
         if read.disturbed >= SAVE_ATTEMPTS_MAX {
             let step = read.step;
-            self.end_cut_read(Err(format!(
+            self.end_cut_read(
+                now,
+                format!(
                 "the checkpoint at step {step} was disturbed by parameter-server recoveries or \
                  new work {SAVE_ATTEMPTS_MAX} times; last: {why}"
-            )));
+            ),
+            );
             return;
         }
         tracing::warn!(
@@ -370,13 +445,39 @@ impl Scheduler {
         self.advance_cut_read(now);
     }
 
-    fn end_cut_read(&mut self, result: Result<CutReading, String>) {
-        if let Some(read) = self.cut_read.take() {
-            self.actions.push_back(SchedulerAction::CutRead {
+    /// Ends the read under way, which could not be taken (`reason`); the next in line may begin.
+    pub(super) fn end_cut_read(&mut self, now: Instant, reason: String) {
+        let Some(read) = self.cut_reads.pop_front() else {
+            return;
+        };
+        match read.purpose {
+            CutPurpose::Save => self.actions.push_back(SchedulerAction::CutRead {
                 ticket: read.ticket,
-                result,
-            });
+                result: Err(reason),
+            }),
+            CutPurpose::Preemption => self.preemption_cut_failed(now, read.ticket, reason),
         }
+        self.advance_cut_read(now);
+    }
+
+    /// Begins read `ticket` now if it is first in line and waits for its first attempt (its
+    /// condition, polled otherwise, is known to hold now).
+    pub(super) fn begin_cut_read_now(&mut self, now: Instant, ticket: CutTicket) {
+        let Some(read) = self.cut_reads.front_mut() else {
+            return;
+        };
+        if read.ticket == ticket && read.attempt == 0 {
+            if let CutPhase::Waiting { until } = &mut read.phase {
+                *until = now;
+                self.advance_cut_read(now);
+            }
+        }
+    }
+
+    /// Drops the read `ticket` (under way or waiting) without an answer: its purpose is gone.
+    pub(super) fn drop_cut_read(&mut self, now: Instant, ticket: CutTicket) {
+        self.cut_reads.retain(|r| r.ticket != ticket);
+        self.advance_cut_read(now);
     }
 }
 

@@ -1,0 +1,324 @@
+//! A parameter server's preemption notice, as the coordinator machine handles it: take a
+//! checkpoint cut at once, so that when the server goes its restore rolls nothing back.
+//!
+//! A server that gets SIGTERM tells the chief ([`crate::roles::protocol::Leaving`]) and waits
+//! for the answer within its grace. In the order the machine drives it
+//! ([`Scheduler::handle_ps_leaving`]):
+//! 1. **Draining**: no closure that never ran starts (new work may still be scheduled and
+//!    waits in the queue); the closures in flight finish, and those queued again after an
+//!    attempt (a lost worker, an unreachable server: their effect may be partly on the servers
+//!    already) still go out until they finish, so that every closure that ever ran is finished;
+//! 2. **Reading**: then a cut is read as a save's is ([`super::save`], purpose
+//!    [`CutPurpose::Preemption`]): every shard, the workers' positions; its cut is the first
+//!    closure not finished: every closure below it is finished, and none from it on ever ran
+//!    (closures are first dispatched in id order), so the servers hold exactly the effects of
+//!    the closures below it;
+//! 3. **Writing**: [`SchedulerAction::WritePreemptionCut`]: the shell builds the checkpoint and
+//!    writes it under [`PREEMPTION_CUTS_DIR`] beside the program's checkpoints, off the actor,
+//!    and answers with [`Scheduler::handle_preemption_cut_written`];
+//! 4. **Gone**: the checkpoint is marked as the cut, every server that gave notice is answered
+//!    [`LeaveAnswer::Go`] ([`SchedulerAction::AnswerPsLeaving`]) and counted lost at once: a
+//!    recovery holds dispatch until its new incarnation is up and restores every server from
+//!    the cut just taken, with nothing committed since (0 closures run again).
+//!
+//! A notice that comes while a cut is being taken joins it (every server that gave notice
+//! before the cut was read leaves with it). The preemption is given up, and every server
+//! that gave notice is answered [`LeaveAnswer::Go`] at once (its loss is then recovered from
+//! the last cut, as any other), when: no checkpoint directory is known; a recovery began
+//! before the cut was read (a server was lost: it holds dispatch itself and restores from the
+//! last cut); the cut could not be read or written; or it took longer than
+//! [`PREEMPTION_CUT_MAX`]. A chief that is stopping too answers [`LeaveAnswer::Stay`], also to
+//! the servers whose cut it was taking when its own notice came
+//! ([`Scheduler::handle_chief_stopping`]): its program's own checkpoint needs the servers.
+//!
+//! Pure: no IO, no clock; `now` is passed in.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::save::{CutPurpose, CutReading, CutTicket};
+use super::{ClosureId, Scheduler, SchedulerAction};
+use crate::roles::protocol::LeaveAnswer;
+
+/// The directory, under the program's checkpoint directory, where preemption cuts are
+/// written. The program's checkpoint manager ignores it (only `ckpt-<step>` directories are
+/// checkpoints to restore at start-up): a preemption cut is taken mid-epoch, at no step of the
+/// program, and serves only the recovery that follows it.
+pub const PREEMPTION_CUTS_DIR: &str = "preemption-cuts";
+
+/// Longest a preemption cut may hold dispatch, from the first notice: past it the cut is given
+/// up and the servers leave without it. A server's grace bounds its own wait anyway.
+pub const PREEMPTION_CUT_MAX: Duration = Duration::from_secs(60);
+
+/// A parameter-server preemption under way.
+#[derive(Debug)]
+pub(super) struct PsPreemption {
+    /// Servers that gave notice, by index, with the incarnation that did.
+    leaving: BTreeMap<u32, u64>,
+    since: Instant,
+    root: PathBuf,
+    phase: PreemptPhase,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PreemptPhase {
+    /// Waiting for the closures in flight, then the cut's read.
+    Reading(CutTicket),
+    /// The cut is being written by the shell.
+    Writing { ticket: CutTicket, cut: ClosureId },
+}
+
+impl Scheduler {
+    /// Incarnation `epoch` of parameter server `ps` got a preemption notice and is about to
+    /// go (see the module doc). `Some` is the answer now; `None`: the answer comes as
+    /// [`SchedulerAction::AnswerPsLeaving`] once the cut is taken (or given up). `stopping`:
+    /// the chief is stopping too.
+    pub fn handle_ps_leaving(
+        &mut self,
+        now: Instant,
+        ps: u32,
+        epoch: u64,
+        stopping: bool,
+    ) -> Option<LeaveAnswer> {
+        if stopping || self.stopping {
+            return Some(LeaveAnswer::Stay);
+        }
+        let live = self
+            .servers
+            .get(&ps)
+            .is_some_and(|e| e.epoch == epoch && e.alive && !e.dead);
+        if !live {
+            // Not the incarnation serving (older, declared dead already): nothing to save.
+            return Some(LeaveAnswer::Go);
+        }
+        if let Some(preemption) = self.preemption.as_mut() {
+            // One cut serves every server that gave notice before it is marked: once read, it
+            // holds this server's state too, since nothing ran after its read.
+            preemption.leaving.insert(ps, epoch);
+            return None;
+        }
+        let Some(root) = self.preemption_root() else {
+            tracing::warn!(
+                "ps/{ps} (epoch {epoch}) got a preemption notice, but no checkpoint directory \
+                 is known: it leaves now, and its loss is recovered from the last checkpoint"
+            );
+            return self.leave_now(now, ps, epoch);
+        };
+        if self.is_holding() {
+            // A recovery holds dispatch already and will restore every server.
+            return self.leave_now(now, ps, epoch);
+        }
+        let ticket = self.queue_cut_read(now, 0, CutPurpose::Preemption);
+        self.preemption = Some(PsPreemption {
+            leaving: BTreeMap::from([(ps, epoch)]),
+            since: now,
+            root,
+            phase: PreemptPhase::Reading(ticket),
+        });
+        // With nothing to drain the read begins (and may end) at once.
+        self.advance_preemption(now);
+        self.advance_cut_read(now);
+        None
+    }
+
+    /// The shell wrote the preemption cut read as `ticket` (`Ok`), or could not (why). Written,
+    /// it becomes the cut (unless a restore began since, CKPT-1) and every server that gave
+    /// notice leaves; either way dispatch is no longer held for it.
+    pub fn handle_preemption_cut_written(
+        &mut self,
+        now: Instant,
+        ticket: CutTicket,
+        result: Result<(), String>,
+    ) {
+        let Some(preemption) = self.preemption.as_ref() else {
+            return;
+        };
+        let PreemptPhase::Writing { ticket: t, cut } = preemption.phase else {
+            return;
+        };
+        if t != ticket {
+            return;
+        }
+        let root = preemption.root.clone();
+        let marked = result.and_then(|()| {
+            if self.is_restoring() {
+                return Err("a parameter-server restore began meanwhile".into());
+            }
+            self.mark_cut_at(cut, root)
+        });
+        match marked {
+            Ok(()) => {
+                self.control.preemption_cuts += 1;
+                self.end_preemption(now);
+            }
+            Err(reason) => self.give_up_preemption(now, &reason),
+        }
+    }
+
+    /// The chief is stopping (its own preemption notice): a preemption cut under way is given
+    /// up and every server that gave notice is answered [`LeaveAnswer::Stay`] (the program's
+    /// own checkpoint needs them); later notices are answered `Stay` at once.
+    pub fn handle_chief_stopping(&mut self, now: Instant) {
+        self.stopping = true;
+        let Some(preemption) = self.preemption.take() else {
+            return;
+        };
+        if let PreemptPhase::Reading(ticket) = preemption.phase {
+            self.drop_cut_read(now, ticket);
+        }
+        for (ps, epoch) in preemption.leaving {
+            self.actions.push_back(SchedulerAction::AnswerPsLeaving {
+                ps,
+                epoch,
+                answer: LeaveAnswer::Stay,
+            });
+        }
+        self.dispatch(now);
+    }
+
+    /// Whether dispatch is held for a preemption cut (closures that ran before may still go
+    /// out while it drains).
+    pub(super) fn preemption_holds(&self) -> bool {
+        self.preemption.is_some()
+    }
+
+    /// Whether the preemption under way still drains (its cut is not read yet).
+    pub(super) fn preemption_drains(&self) -> bool {
+        self.preemption
+            .as_ref()
+            .is_some_and(|p| matches!(p.phase, PreemptPhase::Reading(_)))
+    }
+
+    /// Whether a preemption cut may be read now: nothing in flight and nothing queued that
+    /// ran before.
+    pub(super) fn preemption_drained(&self) -> bool {
+        self.in_flight_count() == 0 && self.first_retry().is_none()
+    }
+
+    /// When the preemption under way must be given up.
+    pub(super) fn preemption_deadline(&self) -> Option<Instant> {
+        self.preemption
+            .as_ref()
+            .map(|p| p.since + PREEMPTION_CUT_MAX)
+    }
+
+    /// Gives the preemption up when a recovery began before its cut was read, or when it
+    /// took too long (part of every dispatch and `handle_timeout`).
+    pub(super) fn advance_preemption(&mut self, now: Instant) {
+        let Some(preemption) = self.preemption.as_ref() else {
+            return;
+        };
+        if now >= preemption.since + PREEMPTION_CUT_MAX {
+            let reason = format!("the cut was not taken within {PREEMPTION_CUT_MAX:?}");
+            self.give_up_preemption(now, &reason);
+            return;
+        }
+        let PreemptPhase::Reading(ticket) = preemption.phase else {
+            return;
+        };
+        if self.is_holding() {
+            self.give_up_preemption(
+                now,
+                "a parameter server was lost first; its recovery restores every server",
+            );
+        } else if self.preemption_drained() {
+            // Drained: read now rather than at the read's next poll.
+            self.begin_cut_read_now(now, ticket);
+        }
+    }
+
+    /// The preemption cut was read: the shell writes it.
+    pub(super) fn preemption_cut_read(
+        &mut self,
+        ticket: CutTicket,
+        cut: ClosureId,
+        reading: CutReading,
+    ) {
+        let Some(preemption) = self.preemption.as_mut() else {
+            return;
+        };
+        if preemption.phase != PreemptPhase::Reading(ticket) {
+            return;
+        }
+        preemption.phase = PreemptPhase::Writing { ticket, cut };
+        let leaving = preemption.leaving.keys().copied().collect();
+        self.actions.push_back(SchedulerAction::WritePreemptionCut {
+            ticket,
+            cut,
+            root: preemption.root.clone(),
+            leaving,
+            reading: Box::new(reading),
+        });
+    }
+
+    /// The preemption cut's read could not be taken.
+    pub(super) fn preemption_cut_failed(
+        &mut self,
+        now: Instant,
+        ticket: CutTicket,
+        reason: String,
+    ) {
+        if self
+            .preemption
+            .as_ref()
+            .is_some_and(|p| p.phase == PreemptPhase::Reading(ticket))
+        {
+            self.give_up_preemption(now, &reason);
+        }
+    }
+
+    /// Where preemption cuts go: beside the program's last save, else the configured
+    /// checkpoint directory.
+    fn preemption_root(&self) -> Option<PathBuf> {
+        self.saves_root
+            .as_ref()
+            .or(self.checkpoint_dir.as_ref())
+            .map(|root| root.join(PREEMPTION_CUTS_DIR))
+    }
+
+    /// Answers `Go` to a notice now: the incarnation counts as lost at once.
+    fn leave_now(&mut self, now: Instant, ps: u32, epoch: u64) -> Option<LeaveAnswer> {
+        self.control.servers_left += 1;
+        self.handle_ps_lost(now, ps, epoch);
+        Some(LeaveAnswer::Go)
+    }
+
+    fn give_up_preemption(&mut self, now: Instant, reason: &str) {
+        if let Some(preemption) = self.preemption.as_ref() {
+            tracing::warn!(
+                "preemption of {}: no cut taken ({reason}); the servers leave now and their \
+                 loss is recovered from the last checkpoint",
+                preemption
+                    .leaving
+                    .keys()
+                    .map(|ps| format!("ps/{ps}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            self.control.preemption_cuts_given_up += 1;
+        }
+        self.end_preemption(now);
+    }
+
+    /// Answers every server that gave notice `Go`, counts each lost, and lets dispatch go on
+    /// (a recovery holds it again at once for the servers lost).
+    fn end_preemption(&mut self, now: Instant) {
+        let Some(preemption) = self.preemption.take() else {
+            return;
+        };
+        if let PreemptPhase::Reading(ticket) = preemption.phase {
+            self.drop_cut_read(now, ticket);
+        }
+        for (ps, epoch) in preemption.leaving {
+            self.actions.push_back(SchedulerAction::AnswerPsLeaving {
+                ps,
+                epoch,
+                answer: LeaveAnswer::Go,
+            });
+            self.control.servers_left += 1;
+            self.handle_ps_lost(now, ps, epoch);
+        }
+        self.dispatch(now);
+    }
+}
