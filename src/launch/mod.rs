@@ -269,6 +269,9 @@ struct Supervised {
     spawns: u32,
     /// Drained (scaled down): never restarted, whatever its exit.
     drained: bool,
+    /// Scaled up again while its drained process was still leaving: started again (as a new
+    /// incarnation, which joins the job) once that process has exited.
+    start_after_drain: bool,
 }
 
 impl Launcher {
@@ -319,6 +322,7 @@ impl Launcher {
                         incarnation: 0,
                         spawns: 0,
                         drained: false,
+                        start_after_drain: false,
                     };
                     (t, supervised)
                 })
@@ -388,14 +392,21 @@ impl Launcher {
                     incarnation: 0,
                     spawns: 0,
                     drained: false,
+                    start_after_drain: false,
                 });
-                entry.drained = false;
+                let was_drained = std::mem::replace(&mut entry.drained, false);
                 entry.restart_at = None;
                 if entry.child.is_none() {
                     eprintln!("[launcher] scaling up: starting {task}");
                     if let Err(e) = self.spawn(task) {
                         eprintln!("[launcher] cannot start {task}: {e}");
                     }
+                } else if was_drained {
+                    eprintln!(
+                        "[launcher] scaling up: {task} is still draining; it starts again once \
+                         it has left"
+                    );
+                    entry.start_after_drain = true;
                 }
             }
         }
@@ -409,6 +420,7 @@ impl Launcher {
                 continue;
             };
             entry.drained = true;
+            entry.start_after_drain = false;
             entry.restart_at = None;
             if let Some(child) = entry.child.as_ref() {
                 eprintln!("[launcher] scaling down: draining {task} (SIGUSR1)");
@@ -524,6 +536,15 @@ impl Launcher {
             });
         }
         let code = exit_code(status);
+        if std::mem::take(&mut entry.start_after_drain) {
+            eprintln!(
+                "[launcher] {task} (incarnation {}) drained: {}; starting it again, as scaled up",
+                entry.incarnation,
+                describe(status)
+            );
+            self.spawn(task)?;
+            return Ok(None);
+        }
         if entry.drained {
             eprintln!(
                 "[launcher] {task} (incarnation {}) drained: {}; not restarted",
