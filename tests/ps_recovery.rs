@@ -262,6 +262,10 @@ fn a_preempted_ps_leaves_after_a_cut_and_its_restore_runs_nothing_again() {
         ledger["rolled_back"], 0,
         "the restore was from the preemption cut: {report}"
     );
+    // Nothing was in flight at the cut, and after the restore the workers call ps/1's new
+    // incarnation at once (the chief names it with each closure), not its predecessor's
+    // connection until that idles out.
+    assert_eq!(ledger["redispatched"], 0, "{report}");
     let exits = run.exits();
     let first = exits
         .iter()

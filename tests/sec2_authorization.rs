@@ -604,6 +604,7 @@ fn sec2_worker_run_closure_from_a_worker_is_refused() {
             generation: 0,
             function: "step".into(),
             args: Vec::new(),
+            servers: Vec::new(),
         };
         worker_refuses(run, Some("run")).await
     });

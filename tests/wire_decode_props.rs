@@ -483,13 +483,14 @@ decode_props! {
         .prop_map(|(closure, generation)| FinishedBelow { closure, generation });
     snapshot: Snapshot = text().prop_map(|name| Snapshot { name });
     ps_stats: PsStats = Just(PsStats);
-    run_closure: RunClosure = (any::<u64>(), any::<u32>(), any::<u64>(), text(), vec(any::<u8>(), 0..32))
-        .prop_map(|(closure, attempt, generation, function, args)| RunClosure {
+    run_closure: RunClosure = (any::<u64>(), any::<u32>(), any::<u64>(), text(), vec(any::<u8>(), 0..32), vec(any::<u64>(), 0..4))
+        .prop_map(|(closure, attempt, generation, function, args, servers)| RunClosure {
             closure,
             attempt,
             generation,
             function,
             args,
+            servers,
         });
     retire: Retire = any::<u64>().prop_map(|epoch| Retire { epoch });
     shutdown: Shutdown = Just(Shutdown);

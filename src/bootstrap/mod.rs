@@ -236,6 +236,18 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
         register_with_chief(&gateway, &node, register_wait, None)?;
+        // The workers too: those that called this server's predecessor (killed, its
+        // connections left open) would otherwise wait for them to idle out before their
+        // closures fail and the chief's recovery can restore this incarnation.
+        for worker in 0..node.cluster.cluster.num_tasks(TaskType::Worker) as u32 {
+            say_hello(
+                &gateway,
+                &node,
+                TaskId::new(TaskType::Worker, worker),
+                node.detection_budget,
+                None,
+            )?;
+        }
         // The chief answers once it has taken a checkpoint cut with dispatch held (or gave up
         // on one): leaving then loses nothing. Asked within most of the grace, so that a
         // server not answered still serves the chief to its end.
@@ -649,18 +661,38 @@ fn register_with_chief(
     wait: Duration,
     joining: Option<Joining>,
 ) -> Result<(), RoleFailure> {
-    let chief_task = TaskId::new(TaskType::Chief, 0);
-    let addr = peer_addr(node, chief_task).map_err(|e| RoleFailure::Config(e.to_string()))?;
-    let chief = peer(chief_task);
+    say_hello(
+        gateway,
+        node,
+        TaskId::new(TaskType::Chief, 0),
+        wait,
+        joining,
+    )
+}
+
+/// Says hello to `task` as this process starts, trying again within `wait` while it is not
+/// reachable: a peer that knew this node's previous incarnation learns at once that it is
+/// gone (its link to it is closed, and calls pending on it fail now rather than when the
+/// connection idles out). With `joining` (a worker's hello to the chief), the hello is
+/// followed by the worker's [`Joining`] (see [`register_with_chief`]).
+fn say_hello(
+    gateway: &Gateway,
+    node: &NodeConfig,
+    task: TaskId,
+    wait: Duration,
+    joining: Option<Joining>,
+) -> Result<(), RoleFailure> {
+    let addr = peer_addr(node, task).map_err(|e| RoleFailure::Config(e.to_string()))?;
+    let target = peer(task);
     let gateway = gateway.clone();
     let pause = node.detection_budget / 4;
     actix::spawn(async move {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            match gateway.connect(addr.clone(), &chief).await {
+            match gateway.connect(addr.clone(), &target).await {
                 Ok(incarnation) => {
                     let Some(joining) = &joining else {
-                        tracing::info!("registered with {incarnation}");
+                        tracing::info!("said hello to {incarnation}");
                         return;
                     };
                     let reference = gateway.remote_ref::<Joining>(incarnation, COORDINATOR_ACTOR);
@@ -686,11 +718,11 @@ fn register_with_chief(
                         Err(e) => tracing::debug!("chief did not take the registration yet: {e}"),
                     }
                 }
-                // Told by the chief that this incarnation is outdated: `exit_when_outdated`.
+                // Told by the peer that this incarnation is outdated: `exit_when_outdated`.
                 Err(cohort_actors::RemoteError::Outdated { .. }) => return,
                 Err(e) if certificate_refused(&e) => {
                     eprintln!(
-                        "error: bad config: certs_dir: the TLS handshake with the chief ({addr}) \
+                        "error: bad config: certs_dir: the TLS handshake with {task} ({addr}) \
                          failed on a certificate: {e}; every node's certificate must be signed \
                          by the cluster CA whose ca.pem is in its certs directory (SEC-1)"
                     );
@@ -698,10 +730,10 @@ fn register_with_chief(
                     return;
                 }
                 Err(e) if tokio::time::Instant::now() >= deadline => {
-                    tracing::info!("could not register with the chief (it will dial us): {e}");
+                    tracing::info!("could not say hello to {task} (it will dial us): {e}");
                     return;
                 }
-                Err(e) => tracing::debug!("chief not reachable yet: {e}"),
+                Err(e) => tracing::debug!("{task} not reachable yet: {e}"),
             }
             tokio::time::sleep(pause).await;
         }

@@ -3,6 +3,7 @@
 //! exit codes (0 success, 1 training error, 2 bad config or usage — DESIGN §7).
 
 mod bench;
+mod bench_recovery;
 mod certs;
 mod chaos;
 
@@ -116,7 +117,7 @@ struct ScaleArgs {
 /// Flags of `cohort bench`.
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// What to benchmark: `ps`.
+    /// What to benchmark: `ps` (throughput) or `recovery` (what each failure costs).
     target: String,
     /// Timed steps per workload (after warm-up).
     #[arg(long, default_value_t = 1000)]
@@ -127,6 +128,9 @@ struct BenchArgs {
     /// Workloads to run (comma-separated: dense, sparse, goodput).
     #[arg(long, default_value = "dense,sparse,goodput")]
     workloads: String,
+    /// `recovery`: seed of the spot scenario's preemption schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 /// What `cohort chaos` runs.
@@ -223,6 +227,9 @@ pub fn run() -> ExitCode {
                 )
             })
             .map_err(|e| CliError::Usage(e.to_string())),
+        Command::Bench(args) if args.target == "recovery" => {
+            bench_recovery::run(args.steps, args.seed)
+        }
         Command::Bench(args) => bench::run(&args.target, args.steps, args.warmup, &args.workloads),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
         Command::Role(args) => match builtin_job(&args.job) {

@@ -657,6 +657,7 @@ impl Launcher {
         if let Some(err) = child.stderr.take() {
             forward_lines(err, prefix, true, None);
         }
+        write_pid_file(&self.config.run_dir, task, child.id(), entry.incarnation);
         entry.child = Some(child);
         Ok(())
     }
@@ -720,6 +721,34 @@ impl Launcher {
 impl Drop for Launcher {
     fn drop(&mut self) {
         self.stop_all();
+    }
+}
+
+/// The file where the launcher records the process of `task`: `<run_dir>/pids/<role>-<index>.pid`.
+pub fn pid_file(run_dir: &std::path::Path, task: TaskId) -> PathBuf {
+    run_dir
+        .join("pids")
+        .join(format!("{}-{}.pid", task.task_type, task.index))
+}
+
+/// Records the process `pid` running incarnation `incarnation` of `task` ([`pid_file`]:
+/// `"<pid> <incarnation>"`), replaced at every restart, so that an operator (or a chaos or
+/// recovery benchmark) can signal a task. Best effort: a failure is logged.
+fn write_pid_file(run_dir: &std::path::Path, task: TaskId, pid: u32, incarnation: u64) {
+    let path = pid_file(run_dir, task);
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            let tmp = path.with_extension("pid.tmp");
+            std::fs::write(&tmp, format!("{pid} {incarnation}\n"))?;
+            std::fs::rename(&tmp, &path)
+        });
+    if let Err(e) = written {
+        eprintln!(
+            "[launcher] cannot record {task}'s pid in {}: {e}",
+            path.display()
+        );
     }
 }
 

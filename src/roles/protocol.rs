@@ -281,6 +281,11 @@ pub struct RunClosure {
     pub function: String,
     /// Its encoded arguments.
     pub args: Vec<u8>,
+    /// Per parameter server (by index), the incarnation the chief knows serving (0: none
+    /// known): the worker's calls go to it, or to a newer one, never to an older one whose
+    /// connection has not idled out yet (a server restored under a new incarnation is reached
+    /// at once).
+    pub servers: Vec<u64>,
 }
 
 impl RemoteMessage for RunClosure {

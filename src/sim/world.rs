@@ -1079,6 +1079,8 @@ impl<'a> World<'a> {
                         generation,
                         function: "step".into(),
                         args: Vec::new(),
+                        // The simulated worker reaches servers by index, not incarnation.
+                        servers: Vec::new(),
                     };
                     worker.waiting.push_back((call, Job::Run(run, chief)));
                     self.next_step(w);

@@ -7,7 +7,8 @@
 //! - goodput: no compute; each closure pulls and pushes a 4 MiB variable split over the
 //!   parameter servers, measuring push+pull goodput through the whole PS path.
 //!
-//! The chief writes its measurements as JSON to the file named by `COHORT_BENCH_REPORT`.
+//! The chief writes its measurements as JSON to the file named by `COHORT_BENCH_REPORT`. The
+//! same job runs the recovery benchmark's workload ([`super::recovery`]).
 
 use std::time::Instant;
 
@@ -64,6 +65,7 @@ pub fn bench_program() -> Program {
         .step("dense_step", dense_step)
         .step("sparse_step", sparse_step)
         .step("goodput_step", goodput_step)
+        .step(super::recovery::STEP, super::recovery::step)
         .chief(run_chief)
 }
 
@@ -168,6 +170,9 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
     let workload = std::env::var("COHORT_BENCH_WORKLOAD").unwrap_or_else(|_| "dense".into());
     let steps = env("COHORT_BENCH_STEPS", 300);
     let warmup = env("COHORT_BENCH_WARMUP", 30);
+    if workload == "recovery" {
+        return super::recovery::run_chief(coordinator, steps);
+    }
     let (function, batch, bytes_per_step) = match workload.as_str() {
         "dense" => {
             // As TensorFlow's guide sets up ParameterServerStrategy: variables of 256 KiB and

@@ -52,7 +52,7 @@ pub struct DemoConfig {
 
 impl DemoConfig {
     /// Defaults, overridden by `COHORT_DEMO_DIGITS_EPOCHS`, `COHORT_DEMO_CTR_EPOCHS` and
-    /// `COHORT_DEMO_STEPS_PER_EPOCH`.
+    /// `COHORT_DEMO_STEPS_PER_EPOCH` (the embedding's rows: [`ctr_config`]).
     pub fn from_env() -> Self {
         let number = |key: &str, default: usize| {
             std::env::var(key)
@@ -69,6 +69,19 @@ impl DemoConfig {
             checkpoint_dir: None,
         }
     }
+}
+
+/// The CTR workload's shape: the default 1,000,000-row vocabulary, or `COHORT_DEMO_CTR_VOCAB`
+/// rows (read on every process, like [`DemoConfig::from_env`]): a small table keeps each
+/// checkpoint small where a test runs the demo many times.
+pub fn ctr_config() -> CtrConfig {
+    let default = CtrConfig::default();
+    let vocab = std::env::var("COHORT_DEMO_CTR_VOCAB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default.vocab);
+    CtrConfig { vocab, ..default }
 }
 
 /// How often the demo checkpoints during training (checked at the end of each epoch).
@@ -126,7 +139,7 @@ fn digits_dataset(ctx: &crate::data::InputContext) -> Result<Dataset, DataError>
 }
 
 fn clicks_dataset(ctx: &crate::data::InputContext) -> Result<Dataset, DataError> {
-    let config = CtrConfig::default();
+    let config = ctr_config();
     // Each worker reads its own stream of the planted model's clicks.
     let seed = 1000 + ctx.input_pipeline_id as u64;
     let spec = vec![
@@ -167,7 +180,7 @@ fn digits_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepE
 }
 
 fn ctr_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
-    let config = CtrConfig::default();
+    let config = ctr_config();
     let batch = ctx.next("clicks")?;
     let ids: Vec<u64> = batch[0]
         .to_vec1::<i64>()?
@@ -233,7 +246,7 @@ fn run_chief(
     for spec in models::digits_params(0) {
         coordinator.create_variable(to_variable(spec))?;
     }
-    let ctr = CtrConfig::default();
+    let ctr = ctr_config();
     let embedding = models::ctr_embedding_param(&ctr, CTR_DIM, 11);
     let layout = coordinator.create_variable(
         to_variable(embedding.clone()).partitioned(Partitioner::FixedShards { num_shards: 2 }),

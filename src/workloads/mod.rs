@@ -6,3 +6,4 @@ pub mod ctr;
 pub mod demo;
 pub mod digits;
 pub mod models;
+pub mod recovery;

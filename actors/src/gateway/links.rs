@@ -86,6 +86,18 @@ impl Inner {
         self: &Arc<Self>,
         node: &NodeId,
     ) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
+        self.link_to_at_least(node, 0).await
+    }
+
+    /// [`Self::link_to`], where a link to an incarnation older than `epoch` counts as outdated
+    /// and the node is dialed afresh: whoever names incarnation `epoch` knows that it exists,
+    /// so the old one is gone even if its connection has not idled out yet (a process that
+    /// exits without closing its connections leaves them open until then).
+    pub(super) async fn link_to_at_least(
+        self: &Arc<Self>,
+        node: &NodeId,
+        epoch: u64,
+    ) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
         let (existing, addr) = {
             let state = lock(&self.state);
             (
@@ -101,7 +113,8 @@ impl Inner {
                 .as_ref()
                 .and_then(PeerAddr::last_resolved)
                 .is_none_or(|a| a == link.conn.remote_address());
-            if link.conn.close_reason().is_none() && same_place {
+            let outdated = link.incarnation.epoch.0 < epoch;
+            if link.conn.close_reason().is_none() && same_place && !outdated {
                 return Ok((link.conn, link.incarnation));
             }
         }

@@ -252,6 +252,15 @@ impl Gateway {
         self.inner.registry.remove_actor(actor);
     }
 
+    /// Records where `node` is, without dialing: a later call to one of its incarnations
+    /// (through [`Self::remote_ref`]) dials it there when no live link exists, or when the
+    /// link goes to an older incarnation than the one called.
+    pub fn set_address(&self, node: &NodeId, addr: impl Into<PeerAddr>) {
+        lock(&self.inner.state)
+            .addrs
+            .insert(node.clone(), addr.into());
+    }
+
     /// Dials `node` at `addr` (unless a live connection exists), exchanges hellos, and returns the
     /// peer's current incarnation. A name in `addr` is resolved again on this and every later
     /// dial of `node` ([`PeerAddr`]); one that does not resolve fails as

@@ -139,7 +139,8 @@ impl<M: RemoteMessage> RemoteRef<M> {
     ) -> Result<(Frame, Connection), RemoteError> {
         let inner = &self.gateway.inner;
         let peer = &self.target.node;
-        let (conn, current) = inner.link_to(peer).await?;
+        // A reference to a newer incarnation than the link's dials it afresh.
+        let (conn, current) = inner.link_to_at_least(peer, self.target.epoch.0).await?;
         if current.epoch != self.target.epoch {
             return Err(RemoteError::Stale {
                 peer: peer.clone(),

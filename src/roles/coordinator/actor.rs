@@ -130,12 +130,16 @@ impl CoordinatorActor {
                     function,
                     args,
                 } => {
+                    let servers = (0..self.servers.len() as u32)
+                        .map(|ps| self.scheduler.ps_epoch(ps).map_or(0, |(epoch, _)| epoch))
+                        .collect();
                     let msg = RunClosure {
                         closure: closure.0,
                         attempt,
                         generation,
                         function,
                         args,
+                        servers,
                     };
                     self.dispatch(ctx, worker, epoch, msg);
                 }

@@ -318,6 +318,7 @@ impl Compute {
 
     /// Carries out a closure's steps as the machine decides them: compute, push, reply.
     fn run(&mut self, run: RunClosure, from_chief: u64) -> Result<Vec<u8>, RunClosureError> {
+        self.client.expect_incarnations(&run.servers);
         let mut action = lock(&self.machine).handle_start(Instant::now(), &run, from_chief);
         loop {
             action = match action {
@@ -409,6 +410,7 @@ mod tests {
                 generation: 0,
                 function: "step".into(),
                 args: Vec::new(),
+                servers: Vec::new(),
             },
             blobs: Vec::new(),
         }

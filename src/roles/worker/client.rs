@@ -23,15 +23,35 @@ pub struct PsClient {
     gateway: Gateway,
     runtime: Handle,
     servers: Vec<(NodeId, PeerAddr)>,
+    /// Per server, the newest incarnation the chief named serving (0: none named).
+    expected: Vec<u64>,
 }
 
 impl PsClient {
     /// A client over the parameter servers `servers` (index = PS task index).
     pub fn new(gateway: Gateway, runtime: Handle, servers: Vec<(NodeId, PeerAddr)>) -> Self {
+        // A call to an incarnation the chief named dials it where the cluster places it.
+        for (node, addr) in &servers {
+            gateway.set_address(node, addr.clone());
+        }
         Self {
             gateway,
             runtime,
             servers,
+            expected: Vec::new(),
+        }
+    }
+
+    /// The chief named these incarnations serving (per server index, 0 for none known), with
+    /// a closure to run: calls go to them (or newer ones). A server restored under a new
+    /// incarnation is then dialed at once, rather than called on its predecessor's connection
+    /// until that idles out.
+    pub fn expect_incarnations(&mut self, epochs: &[u64]) {
+        if self.expected.len() < epochs.len() {
+            self.expected.resize(epochs.len(), 0);
+        }
+        for (known, named) in self.expected.iter_mut().zip(epochs) {
+            *known = (*known).max(*named);
         }
     }
 
@@ -158,7 +178,7 @@ impl PsClient {
                     .servers
                     .get(*ps as usize)
                     .ok_or_else(|| StepError::Ps(format!("no parameter server {ps}")))?;
-                Ok(self.reference::<M>(node))
+                Ok(self.reference::<M>(*ps, node))
             })
             .collect::<Result<Vec<_>, StepError>>()?;
         let gateway = self.gateway.clone();
@@ -210,15 +230,20 @@ impl PsClient {
         }
     }
 
-    /// A reference to the PS actor on `node` if the gateway already knows its live incarnation.
-    fn reference<M: RemoteMessage>(&self, node: &NodeId) -> Option<RemoteRef<M>> {
-        let (epoch, alive) = self.gateway.peer_status(node)?;
-        alive.then(|| {
-            self.gateway.remote_ref(
-                cohort_actors::Incarnation::new(node.clone(), epoch),
-                PS_ACTOR,
-            )
-        })
+    /// A reference to the PS actor of server `ps` on `node`: the live incarnation the gateway
+    /// knows, unless the chief named a newer one (then that one, dialed afresh); `None` when
+    /// neither is known (the caller dials).
+    fn reference<M: RemoteMessage>(&self, ps: u32, node: &NodeId) -> Option<RemoteRef<M>> {
+        let expected = self.expected.get(ps as usize).copied().unwrap_or(0);
+        let epoch = match self.gateway.peer_status(node) {
+            Some((epoch, alive)) if epoch.0 >= expected => alive.then_some(epoch)?,
+            _ if expected > 0 => cohort_actors::Epoch(expected),
+            _ => return None,
+        };
+        Some(self.gateway.remote_ref(
+            cohort_actors::Incarnation::new(node.clone(), epoch),
+            PS_ACTOR,
+        ))
     }
 }
 

@@ -686,6 +686,7 @@ mod tests {
             generation: 3,
             function: "train".into(),
             args: Vec::new(),
+            servers: Vec::new(),
         }
     }
 

@@ -1,0 +1,202 @@
+//! The recovery benchmark's job (`cohort bench recovery`): steady parameter-server training
+//! whose chief records, for every closure it commits in order, when it committed, which worker
+//! incarnation ran it and the ledger's recovery counts. The benchmark injects faults into the
+//! running job and reads those records to time each recovery (see `crate::cli`'s bench).
+//!
+//! Each step pulls a 256 KiB variable split over the parameter servers, pushes a gradient to
+//! it and computes for [`STEP_COMPUTE`]; the chief keeps [`AHEAD`] closures scheduled, fetches
+//! them in order (a lost closure stalls the stream until it is re-run, as a training loop that
+//! consumes every step's result does) and saves a checkpoint every [`SAVE_EVERY`], as a job
+//! that wants to lose little does.
+
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
+use crate::launch::INCARNATION_ENV;
+use crate::program::{ClusterCoordinator, CoordinatorError, StepContext, StepError, VariableSpec};
+use crate::variable::Partitioner;
+
+/// The step function's name.
+pub const STEP: &str = "recovery_step";
+/// Environment variable naming the file the chief appends one [`Commit`] line to per closure.
+pub const EVENTS_ENV: &str = "COHORT_BENCH_EVENTS";
+/// Closures kept scheduled ahead of the one fetched.
+pub const AHEAD: usize = 4;
+/// Simulated computation per step.
+pub const STEP_COMPUTE: Duration = Duration::from_millis(5);
+/// Checkpoint cadence.
+pub const SAVE_EVERY: Duration = Duration::from_secs(2);
+const VARIABLE: &str = "recovery/w";
+/// Elements of the trained variable (256 KiB of f32).
+const FLOATS: usize = 1 << 16;
+
+/// One committed closure, as the chief recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Commit {
+    /// When it was fetched, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Its position in the stream.
+    pub step: u64,
+    /// The worker that ran it.
+    pub worker: u32,
+    /// That worker's incarnation.
+    pub incarnation: u64,
+    /// The ledger's re-dispatches, closures rolled back and parameter-server restores then.
+    pub redispatched: u64,
+    /// See `redispatched`.
+    pub rolled_back: u64,
+    /// See `redispatched`.
+    pub ps_restores: u64,
+}
+
+impl Commit {
+    /// The record as one line.
+    pub fn to_line(&self) -> String {
+        format!(
+            "{} {} {} {} {} {} {}",
+            self.at_ms,
+            self.step,
+            self.worker,
+            self.incarnation,
+            self.redispatched,
+            self.rolled_back,
+            self.ps_restores
+        )
+    }
+
+    /// Reads a line written by [`Self::to_line`]; `None` if it is not one (a line cut short
+    /// while it is written).
+    pub fn parse(line: &str) -> Option<Self> {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [at_ms, step, worker, incarnation, redispatched, rolled_back, ps_restores] = f[..]
+        else {
+            return None;
+        };
+        Some(Self {
+            at_ms,
+            step,
+            worker: u32::try_from(worker).ok()?,
+            incarnation,
+            redispatched,
+            rolled_back,
+            ps_restores,
+        })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The step: pull, push, compute; returns which worker incarnation ran it.
+pub fn step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
+    let w = ctx.pull(VARIABLE)?;
+    ctx.push_dense(VARIABLE, vec![1e-6; w.len()])?;
+    std::thread::sleep(STEP_COMPUTE);
+    let incarnation = std::env::var(INCARNATION_ENV).unwrap_or_default();
+    Ok(format!("{} {incarnation}", ctx.worker_index()).into_bytes())
+}
+
+/// The chief: `steps` closures in order, a checkpoint every [`SAVE_EVERY`], one record per
+/// commit appended to the file named by [`EVENTS_ENV`].
+pub fn run_chief(
+    coordinator: &mut ClusterCoordinator,
+    steps: usize,
+) -> Result<(), CoordinatorError> {
+    let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
+    let events_path = std::env::var(EVENTS_ENV)
+        .map_err(|_| CoordinatorError::Other(format!("{EVENTS_ENV} is not set")))?;
+    let mut events = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&events_path)
+        .map_err(|e| other(&format!("{events_path}: {e}")))?;
+    let dir = coordinator
+        .checkpoint_dir()
+        .ok_or_else(|| CoordinatorError::Other("no checkpoint_dir configured".into()))?;
+    coordinator.create_variable(VariableSpec::zeros(VARIABLE, vec![FLOATS]).partitioned(
+        Partitioner::FixedShards {
+            num_shards: coordinator.num_ps() as usize,
+        },
+    ))?;
+    coordinator.wait_for_workers(coordinator.num_workers() as usize, Duration::from_secs(60))?;
+    let policy = CheckpointPolicy {
+        save_every_steps: None,
+        save_every: None,
+        keep_last: 2,
+    };
+    let mut manager = CheckpointManager::new(dir, policy, Instant::now())
+        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+    coordinator.save_checkpoint(&mut manager, 0)?;
+    let mut last_save = Instant::now();
+    let mut ahead = std::collections::VecDeque::new();
+    let (mut scheduled, mut committed) = (0usize, 0u64);
+    loop {
+        // When a save is due, nothing more is scheduled until what is ahead has drained: a
+        // checkpoint is taken with nothing pending.
+        let save_due = last_save.elapsed() >= SAVE_EVERY;
+        while !save_due && scheduled < steps && ahead.len() < AHEAD {
+            ahead.push_back(coordinator.schedule(STEP, Vec::new())?);
+            scheduled += 1;
+        }
+        let Some(value) = ahead.pop_front() else {
+            if save_due && scheduled < steps {
+                coordinator.join()?;
+                coordinator.save_checkpoint(&mut manager, committed)?;
+                last_save = Instant::now();
+                continue;
+            }
+            break;
+        };
+        let ran = coordinator.fetch(&value)?;
+        committed += 1;
+        let ran = String::from_utf8_lossy(&ran).to_string();
+        let mut fields = ran
+            .split_whitespace()
+            .map(|f| f.parse::<u64>().unwrap_or(0));
+        let ledger = coordinator.ledger()?;
+        let commit = Commit {
+            at_ms: unix_ms(),
+            step: committed,
+            worker: fields.next().unwrap_or(0) as u32,
+            incarnation: fields.next().unwrap_or(0),
+            redispatched: ledger.redispatched,
+            rolled_back: ledger.rolled_back,
+            ps_restores: ledger.ps_restores,
+        };
+        writeln!(events, "{}", commit.to_line()).map_err(|e| other(&e))?;
+    }
+    coordinator.join()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_reads_back_as_written_and_a_torn_line_is_skipped() {
+        let commit = Commit {
+            at_ms: 1_800_000_000_123,
+            step: 42,
+            worker: 1,
+            incarnation: 1_800_000_000_000,
+            redispatched: 2,
+            rolled_back: 7,
+            ps_restores: 1,
+        };
+        assert_eq!(Commit::parse(&commit.to_line()), Some(commit));
+        let line = commit.to_line();
+        assert_eq!(Commit::parse(&line[..line.len() - 4]), None);
+        assert_eq!(Commit::parse("1 2 x 4 5 6 7"), None);
+        assert_eq!(Commit::parse(""), None);
+    }
+}
