@@ -111,9 +111,6 @@ fn a_worker_started_10s_late_joins_and_the_job_finishes() {
 }
 
 #[test]
-#[ignore = "the chief's variable creation does not wait for an unreachable parameter server: \
-            it fails at once (\"ps/1 did not create ...: does not resolve\") and the chief \
-            exits 1, a permanent failure; only the start's probe retries within ps_restart_wait"]
 fn a_parameter_server_started_10s_late_joins_and_the_job_finishes() {
     started_10s_late("ps-1");
 }

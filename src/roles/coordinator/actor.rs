@@ -724,7 +724,7 @@ impl CoordinatorActor {
         };
         self.spawn_reported(ctx, call, move |act, result| {
             act.scheduler
-                .handle_shard_created(ticket, ps, shard, result);
+                .handle_shard_created(Instant::now(), ticket, ps, shard, result);
         });
     }
 
@@ -1494,7 +1494,7 @@ impl Handler<CreateShards> for CoordinatorActor {
     fn handle(&mut self, msg: CreateShards, ctx: &mut Context<Self>) -> Self::Result {
         let asked = self
             .scheduler
-            .handle_create_variable(&msg.layout, msg.inits);
+            .handle_create_variable(Instant::now(), &msg.layout, msg.inits);
         let rx = wait_for_ticket(&mut self.create_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)

@@ -517,7 +517,7 @@ pub enum ScheduleError {
 ///     outcome of the other remote effects;
 /// 13. `handle_reconfigure(now, setup, layouts)` sets every live worker up again, answered by
 ///     [`SchedulerAction::ConfigureFinished`];
-/// 14. parameter servers (see [`servers`]): `handle_create_variable(layout, inits)` creates a
+/// 14. parameter servers (see [`servers`]): `handle_create_variable(now, layout, inits)` creates a
 ///     variable's shards ([`SchedulerAction::CreateShard`], each answered with
 ///     `handle_shard_created`), ended by [`SchedulerAction::VariableCreated`];
 ///     `handle_start(now, checkpoint, root)` is the chief's start: it probes every server
@@ -1504,6 +1504,7 @@ impl Scheduler {
             self.cut_read_deadline(),
             self.start_deadline(),
             self.preemption_deadline(),
+            self.create_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -1517,6 +1518,7 @@ impl Scheduler {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.advance_cut_read(now);
         self.advance_preemption(now);
+        self.create_again(now);
         self.probe_again(now);
         if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring()) {
             if now >= r.since + self.config.ps_restart_wait_max {

@@ -370,7 +370,9 @@ fn a_malformed_shard_answer_fails_the_read_naming_the_shard() {
 fn a_variable_is_created_on_every_shard_and_reports_the_first_failure() {
     let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(2);
     let inits = vec![InitSpec::Zeros, InitSpec::Constant(1.5)];
-    let ticket = s.handle_create_variable(&two_shards(), inits).unwrap();
+    let ticket = s
+        .handle_create_variable(Instant::now(), &two_shards(), inits)
+        .unwrap();
     let created: Vec<(u32, usize, String, Vec<u64>, InitSpec)> = drain(&mut s)
         .into_iter()
         .filter_map(|a| match a {
@@ -388,10 +390,10 @@ fn a_variable_is_created_on_every_shard_and_reports_the_first_failure() {
         ]
     );
     let refused = CallFault::Refused("shape mismatch".into());
-    s.handle_shard_created(ticket, 1, 1, Err(refused));
+    s.handle_shard_created(Instant::now(), ticket, 1, 1, Err(refused));
     assert!(drain(&mut s).is_empty(), "shard 0 has not answered");
-    s.handle_shard_created(ticket, 1, 1, Ok(()));
-    s.handle_shard_created(ticket, 0, 0, Ok(()));
+    s.handle_shard_created(Instant::now(), ticket, 1, 1, Ok(()));
+    s.handle_shard_created(Instant::now(), ticket, 0, 0, Ok(()));
     let ended = drain(&mut s);
     let [SchedulerAction::VariableCreated {
         ticket: t,
@@ -404,24 +406,72 @@ fn a_variable_is_created_on_every_shard_and_reports_the_first_failure() {
     assert!(e.contains("ps/1") && e.contains("shape mismatch"), "{e}");
 }
 
+/// A server not reachable yet (not started, its name not resolving yet) is asked again after
+/// a pause until it answers; past `ps_restart_wait` the creation fails naming it.
+#[test]
+fn a_shard_on_a_server_not_up_yet_is_created_once_it_answers_within_the_wait() {
+    let t = Instant::now();
+    let config = SchedulerConfig {
+        ps_restart_wait_max: Duration::from_secs(10),
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(config.clone()).with_servers(2);
+    let ticket = s
+        .handle_create_variable(t, &two_shards(), vec![InitSpec::Zeros; 2])
+        .unwrap();
+    drain(&mut s);
+    s.handle_shard_created(t, ticket, 0, 0, Ok(()));
+    let unreachable = || Err(CallFault::Unreachable("does not resolve".into()));
+    s.handle_shard_created(t, ticket, 1, 1, unreachable());
+    assert!(drain(&mut s).is_empty(), "not failed: asked again later");
+    let again = s.poll_timeout().expect("a pause before asking again");
+    s.handle_timeout(again);
+    let resent: Vec<usize> = drain(&mut s)
+        .into_iter()
+        .filter_map(|a| match a {
+            SchedulerAction::CreateShard { shard, .. } => Some(shard),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resent, vec![1]);
+    s.handle_shard_created(again, ticket, 1, 1, Ok(()));
+    assert!(matches!(
+        drain(&mut s).as_slice(),
+        [SchedulerAction::VariableCreated { result: Ok(()), .. }]
+    ));
+
+    let mut s = Scheduler::new(config).with_servers(2);
+    let ticket = s
+        .handle_create_variable(t, &two_shards(), vec![InitSpec::Zeros; 2])
+        .unwrap();
+    drain(&mut s);
+    s.handle_shard_created(t, ticket, 0, 0, Ok(()));
+    s.handle_shard_created(t + Duration::from_secs(11), ticket, 1, 1, unreachable());
+    let ended = drain(&mut s);
+    let [SchedulerAction::VariableCreated { result: Err(e), .. }] = ended.as_slice() else {
+        panic!("{ended:?}");
+    };
+    assert!(e.contains("ps/1") && e.contains("does not resolve"), "{e}");
+}
+
 /// A variable created twice, one whose initial values do not match its shards, or one placed
 /// on a server the cluster does not have is refused before anything is sent.
 #[test]
 fn a_bad_variable_creation_is_refused_before_anything_is_sent() {
     let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(1);
     let err = s
-        .handle_create_variable(&two_shards(), vec![InitSpec::Zeros; 2])
+        .handle_create_variable(Instant::now(), &two_shards(), vec![InitSpec::Zeros; 2])
         .unwrap_err();
     assert!(err.contains("ps/1"), "{err}");
     let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(2);
     let err = s
-        .handle_create_variable(&two_shards(), vec![InitSpec::Zeros])
+        .handle_create_variable(Instant::now(), &two_shards(), vec![InitSpec::Zeros])
         .unwrap_err();
     assert!(err.contains("2 shards"), "{err}");
-    s.handle_create_variable(&two_shards(), vec![InitSpec::Zeros; 2])
+    s.handle_create_variable(Instant::now(), &two_shards(), vec![InitSpec::Zeros; 2])
         .unwrap();
     let err = s
-        .handle_create_variable(&two_shards(), vec![InitSpec::Zeros; 2])
+        .handle_create_variable(Instant::now(), &two_shards(), vec![InitSpec::Zeros; 2])
         .unwrap_err();
     assert!(err.contains("twice"), "{err}");
 }

@@ -4,9 +4,12 @@
 //!
 //! Creating a variable ([`Scheduler::handle_create_variable`]):
 //! 1. one [`SchedulerAction::CreateShard`] per shard, to the server the layout places it on;
-//! 2. each answered with [`Scheduler::handle_shard_created`];
+//! 2. each answered with [`Scheduler::handle_shard_created`]; a server not reachable (not
+//!    started yet, restarting, its name not resolving yet) is asked again after
+//!    [`START_PROBE_BACKOFF`], within `ps_restart_wait` of the request (creating a shard is
+//!    idempotent on the server), a refusal fails the creation at once;
 //! 3. [`SchedulerAction::VariableCreated`] once every shard answered: `Ok`, or the first
-//!    failure (the program hears it; nothing is retried, as the old blocking call did not).
+//!    failure (the program hears it).
 //!
 //! The chief's start ([`Scheduler::handle_start`]):
 //! 1. one [`SchedulerAction::ProbeServer`] per server, each answered with
@@ -43,8 +46,13 @@ pub struct CreateTicket(pub u64);
 #[derive(Debug)]
 pub(super) struct PendingCreate {
     name: String,
+    since: Instant,
+    /// Per shard, its server and the request (sent again while it is not reachable).
+    requests: BTreeMap<usize, (u32, CreateVariable)>,
     /// Shard indexes not answered yet.
     waiting: BTreeSet<usize>,
+    /// Shards whose server could not be reached, and when to ask again.
+    again_at: BTreeMap<usize, Instant>,
     /// The first failure.
     failed: Option<String>,
 }
@@ -74,6 +82,7 @@ impl Scheduler {
     /// cluster does not have, or more than `REQUESTS_PENDING_MAX` creations under way.
     pub fn handle_create_variable(
         &mut self,
+        now: Instant,
         layout: &Layout,
         inits: Vec<InitSpec>,
     ) -> Result<CreateTicket, String> {
@@ -104,6 +113,7 @@ impl Scheduler {
         }
         let ticket = CreateTicket(self.next_ticket);
         self.next_ticket += 1;
+        let mut requests = BTreeMap::new();
         for (shard, (placed, init)) in layout.shards.iter().zip(inits).enumerate() {
             let msg = CreateVariable {
                 name: layout.shard_name(shard),
@@ -118,12 +128,16 @@ impl Scheduler {
                 ticket,
                 ps: placed.ps,
                 shard,
-                msg,
+                msg: msg.clone(),
             });
+            requests.insert(shard, (placed.ps, msg));
         }
         let pending = PendingCreate {
             name: name.clone(),
+            since: now,
+            requests,
             waiting: (0..layout.shards.len()).collect(),
+            again_at: BTreeMap::new(),
             failed: None,
         };
         self.creates.insert(ticket, pending);
@@ -131,27 +145,74 @@ impl Scheduler {
         Ok(ticket)
     }
 
-    /// The answer of server `ps` to the [`SchedulerAction::CreateShard`] of shard `shard`.
+    /// The answer of server `ps` to the [`SchedulerAction::CreateShard`] of shard `shard`: a
+    /// server not reachable is asked again after a pause, within `ps_restart_wait`.
     pub fn handle_shard_created(
         &mut self,
+        now: Instant,
         ticket: CreateTicket,
         ps: u32,
         shard: usize,
         result: Result<(), CallFault>,
     ) {
+        let wait = self.config.ps_restart_wait_max;
         let Some(pending) = self.creates.get_mut(&ticket) else {
             return;
         };
-        if !pending.waiting.remove(&shard) {
+        if !pending.waiting.contains(&shard) || pending.again_at.contains_key(&shard) {
             return;
         }
-        if let Err(fault) = result {
-            let name = &pending.name;
-            pending
-                .failed
-                .get_or_insert_with(|| format!("ps/{ps} did not create {name:?}: {fault}"));
+        match result {
+            Err(CallFault::Unreachable(reason)) if now < pending.since + wait => {
+                tracing::info!(
+                    "ps/{ps} not reachable to create {:?} yet ({reason}); asking again",
+                    pending.name
+                );
+                pending.again_at.insert(shard, now + START_PROBE_BACKOFF);
+                return;
+            }
+            Err(fault) => {
+                let name = &pending.name;
+                pending.failed.get_or_insert_with(|| {
+                    format!("ps/{ps} did not create {name:?} (within {wait:?}): {fault}")
+                });
+            }
+            Ok(()) => {}
         }
+        pending.waiting.remove(&shard);
         self.finish_create(ticket);
+    }
+
+    /// When a shard whose server could not be reached is asked again.
+    pub(super) fn create_deadline(&self) -> Option<Instant> {
+        self.creates
+            .values()
+            .flat_map(|p| p.again_at.values())
+            .min()
+            .copied()
+    }
+
+    /// Asks again for the shards whose pause is over (part of `handle_timeout`).
+    pub(super) fn create_again(&mut self, now: Instant) {
+        for (ticket, pending) in self.creates.iter_mut() {
+            let due: Vec<usize> = pending
+                .again_at
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(shard, _)| *shard)
+                .collect();
+            for shard in due {
+                pending.again_at.remove(&shard);
+                if let Some((ps, msg)) = pending.requests.get(&shard) {
+                    self.actions.push_back(SchedulerAction::CreateShard {
+                        ticket: *ticket,
+                        ps: *ps,
+                        shard,
+                        msg: msg.clone(),
+                    });
+                }
+            }
+        }
     }
 
     fn finish_create(&mut self, ticket: CreateTicket) {
