@@ -192,7 +192,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         (SCENARIO_ENV.to_string(), run.scenario.clone()),
     ]);
     let flags = cohort::bootstrap::LaunchFlags {
-        workers: 2,
+        workers: 2.into(),
         ps: 2,
         evaluators: 0,
         kill_worker_after: None,

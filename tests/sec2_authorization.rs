@@ -20,9 +20,9 @@ use bytes::Bytes;
 use cohort::optim::Optimizer;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
-    f32_blob, BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
-    LeaveAnswer, Leaving, Pull, Push, PushOrigin, PushOutcome, RestoreVariable, Retire,
-    RewindWorker, RollBack, RunClosure, SetupWorker, Shutdown, Snapshot, WireGradient,
+    f32_blob, BeginRestore, CreateVariable, DatasetPositions, Draining, FenceWorker, FinishedBelow,
+    InitSpec, Joining, LeaveAnswer, Leaving, Pull, Push, PushOrigin, PushOutcome, RestoreVariable,
+    Retire, RewindWorker, RollBack, RunClosure, SetupWorker, Shutdown, Snapshot, WireGradient,
     COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
 use cohort::roles::protocol::{PsStats, PsStatsReply};
@@ -633,6 +633,99 @@ fn sec2_worker_retire_from_a_worker_is_refused() {
 #[test]
 fn sec2_worker_shutdown_from_a_worker_is_refused() {
     run(async { worker_refuses(Shutdown, None).await });
+}
+
+// ---- coordinator: joining and draining from workers only ----
+
+/// A worker's [`Joining`] and [`Draining`] reach the coordinator only from a worker's
+/// certificate (whose index the coordinator takes as the worker's): a parameter server, an
+/// evaluator or another chief cannot make the coordinator dial an address or drop a member.
+#[test]
+fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
+    run(async {
+        let cluster = Cluster::new()?;
+        let heard = Arc::new(AtomicUsize::new(0));
+        let joins = heard.clone();
+        cluster.chief.register_fn::<Joining, _, _>(
+            COORDINATOR_ACTOR,
+            move |_: Remote<Joining>| {
+                joins.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, RefusedReason>(Ok(())) }
+            },
+        )?;
+        let drains = heard.clone();
+        cluster.chief.register_fn::<Draining, _, _>(
+            COORDINATOR_ACTOR,
+            move |_: Remote<Draining>| {
+                drains.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, RefusedReason>(()) }
+            },
+        )?;
+        let chief_node = NodeId::new("chief", 0);
+        let chief_addr = cluster.chief.local_addr()?;
+        let joining = Joining {
+            epoch: 1,
+            addr: "127.0.0.1:9".into(),
+        };
+        for role in ["ps", "evaluator", "chief"] {
+            let sender = start(&cluster.ca, &NodeId::new(role, 1), 1)?;
+            match Cluster::call(
+                &sender,
+                chief_addr,
+                &chief_node,
+                COORDINATOR_ACTOR,
+                &joining,
+                vec![],
+            )
+            .await
+            {
+                Err(RemoteError::Refused {
+                    reason: RefusedReason::SenderNotAllowed { tag, .. },
+                    ..
+                }) => assert_eq!(tag, Joining::TAG),
+                other => bail!("a {role}'s join was not refused: {other:?}"),
+            }
+            let drain = Draining { epoch: 1 };
+            match Cluster::call(
+                &sender,
+                chief_addr,
+                &chief_node,
+                COORDINATOR_ACTOR,
+                &drain,
+                vec![],
+            )
+            .await
+            {
+                Err(RemoteError::Refused {
+                    reason: RefusedReason::SenderNotAllowed { tag, .. },
+                    ..
+                }) => assert_eq!(tag, Draining::TAG),
+                other => bail!("a {role}'s drain was not refused: {other:?}"),
+            }
+        }
+        assert_eq!(heard.load(Ordering::SeqCst), 0);
+        let answer = Cluster::call(
+            &cluster.rogue,
+            chief_addr,
+            &chief_node,
+            COORDINATOR_ACTOR,
+            &joining,
+            vec![],
+        )
+        .await?;
+        assert_eq!(answer, Ok(()));
+        Cluster::call(
+            &cluster.rogue,
+            chief_addr,
+            &chief_node,
+            COORDINATOR_ACTOR,
+            &Draining { epoch: 1 },
+            vec![],
+        )
+        .await?;
+        assert_eq!(heard.load(Ordering::SeqCst), 2);
+        Ok(())
+    })
 }
 
 // ---- coordinator: preemption notices from workers and parameter servers only ----

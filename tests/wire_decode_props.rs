@@ -19,11 +19,12 @@ use cohort::layout::{Dtype, Layout, Shard};
 use cohort::optim::OptimError;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
-    BeginRestore, BlobError, CreateVariable, DatasetPositions, Element, FenceWorker, FinishedBelow,
-    InitProblem, InitSpec, LeaveAnswer, Leaving, PositionsError, PsRefusal, PsStats, PsStatsReply,
-    PsUnavailable, Pull, PullRows, Push, PushOrigin, PushOutcome, RestoreVariable, Retire,
-    RewindWorker, RollBack, RunClosure, RunClosureError, SetupError, SetupWorker, ShardState,
-    Shutdown, Snapshot, WireGradient, WorkerRefusal,
+    BeginRestore, BlobError, CreateVariable, DatasetPositions, Draining, Element, FenceWorker,
+    FinishedBelow, InitProblem, InitSpec, JoinRefusal, Joining, LeaveAnswer, Leaving,
+    PositionsError, PsRefusal, PsStats, PsStatsReply, PsUnavailable, Pull, PullRows, Push,
+    PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack, RunClosure,
+    RunClosureError, SetupError, SetupWorker, ShardState, Shutdown, Snapshot, WireGradient,
+    WorkerRefusal,
 };
 use cohort::roles::ps::PsError;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
@@ -494,6 +495,8 @@ decode_props! {
     retire: Retire = any::<u64>().prop_map(|epoch| Retire { epoch });
     shutdown: Shutdown = Just(Shutdown);
     leaving: Leaving = any::<u64>().prop_map(|epoch| Leaving { epoch });
+    joining: Joining = (any::<u64>(), text()).prop_map(|(epoch, addr)| Joining { epoch, addr });
+    draining: Draining = any::<u64>().prop_map(|epoch| Draining { epoch });
     setup: SetupWorker = setup_worker();
     layout_value: Layout = layout();
     dataset_positions: DatasetPositions = Just(DatasetPositions);
@@ -509,6 +512,12 @@ decode_props! {
     shard_state_result: Result<ShardState, PsRefusal> = refusal_result(shard_state());
     ps_stats_reply_value: PsStatsReply = ps_stats_reply();
     leave_answer: LeaveAnswer = prop_oneof![Just(LeaveAnswer::Go), Just(LeaveAnswer::Stay)];
+    join_result: Result<(), JoinRefusal> = prop_oneof![
+        Just(Ok(())),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(worker, workers_max)| Err(JoinRefusal::BeyondMax { worker, workers_max })),
+        (any::<u32>(), text()).prop_map(|(worker, addr)| Err(JoinRefusal::BadAddress { worker, addr })),
+    ];
     run_closure_result: Result<Vec<u8>, RunClosureError> = prop_oneof![
         vec(any::<u8>(), 0..32).prop_map(Ok),
         run_closure_error().prop_map(Err),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::cluster::{
     parse_duration_in, ConfigKey, DurationRange, TaskId, TaskType, DEFAULT_PREEMPTION_GRACE,
+    WORKERS_MAX_LIMIT,
 };
 use crate::launch::{self, LaunchConfig, LaunchOutcome, Launcher, RestartLimits};
 use crate::process::{
@@ -19,8 +20,8 @@ pub const DETECTION_BUDGET_ENV: &str = ConfigKey::DETECTION_BUDGET.env;
 /// Environment variable: how long pending work may wait with no live worker, e.g. `"60s"`.
 pub const WORKER_WAIT_ENV: &str = ConfigKey::WORKER_WAIT.env;
 
-/// `launch --workers N --ps M [--kill-worker-after DURATION] [--run-dir DIR]`: a local cluster
-/// of this same executable; `extra_args` go to every task.
+/// `launch --workers N|MIN:MAX --ps M [--kill-worker-after DURATION] [--run-dir DIR]`: a local
+/// cluster of this same executable; `extra_args` go to every task.
 pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
     use clap::Parser;
     let parsed = match LaunchArgs::try_parse_from(
@@ -42,9 +43,10 @@ pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
 /// Flags of `launch`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LaunchFlags {
-    /// Worker processes.
-    #[arg(long, default_value_t = 2)]
-    pub workers: u32,
+    /// Worker processes: N, or MIN:MAX to start MIN and allow up to MAX (elastic workers:
+    /// `cohort scale --run-dir DIR --workers N` grows or shrinks the job; give --run-dir).
+    #[arg(long, default_value = "2", value_parser = WorkerCount::parse)]
+    pub workers: WorkerCount,
     /// Parameter-server processes.
     #[arg(long, default_value_t = 2)]
     pub ps: u32,
@@ -69,6 +71,60 @@ fn detection_budget_range() -> DurationRange {
     ConfigKey::DETECTION_BUDGET
         .duration_range()
         .unwrap_or(KILL_AFTER_RANGE)
+}
+
+/// How many workers a launched job starts with, and the most it may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerCount {
+    /// Workers started.
+    pub min: u32,
+    /// The most workers the job may have (at least `min`).
+    pub max: u32,
+}
+
+impl WorkerCount {
+    /// `N` (a fixed number) or `MIN:MAX`, each from 1 to [`WORKERS_MAX_LIMIT`], MIN ≤ MAX.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let number = |part: &str| {
+            part.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=WORKERS_MAX_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    format!(
+                        "{text:?}: expected N or MIN:MAX, each a whole number from 1 to \
+                         {WORKERS_MAX_LIMIT}"
+                    )
+                })
+        };
+        let (min, max) = match text.split_once(':') {
+            Some((min, max)) => (number(min)?, number(max)?),
+            None => {
+                let n = number(text)?;
+                (n, n)
+            }
+        };
+        if min > max {
+            return Err(format!("{text:?}: MIN ({min}) is above MAX ({max})"));
+        }
+        Ok(Self { min, max })
+    }
+}
+
+impl From<u32> for WorkerCount {
+    fn from(n: u32) -> Self {
+        Self { min: n, max: n }
+    }
+}
+
+impl std::fmt::Display for WorkerCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}:{}", self.min, self.max)
+        }
+    }
 }
 
 #[derive(Debug, clap::Parser)]
@@ -102,10 +158,10 @@ pub fn launch_local(
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         env.push(("RAYON_NUM_THREADS".into(), "1".into()));
     }
-    let victim = TaskId::new(TaskType::Worker, u32::from(flags.workers > 1));
+    let victim = TaskId::new(TaskType::Worker, u32::from(flags.workers.min > 1));
     let stop_grace = launched_preemption_grace(&env) + STOP_GRACE_MARGIN;
     let config = LaunchConfig {
-        num_workers: flags.workers,
+        num_workers: flags.workers.min,
         num_ps: flags.ps,
         num_evaluators: flags.evaluators,
         program,
@@ -127,7 +183,7 @@ pub fn launch_local(
     if let Err(e) = stop_on_signals(&stop) {
         eprintln!("warning: cannot watch for Ctrl-C/SIGTERM: {e}");
     }
-    let mut launcher = match Launcher::start(config) {
+    let mut launcher = match Launcher::start_elastic(config, flags.workers.max) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
@@ -141,9 +197,16 @@ pub fn launch_local(
     eprintln!(
         "[launcher] started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
         flags.ps,
-        flags.workers,
+        flags.workers.min,
         run_dir.join("certs").display()
     );
+    if flags.workers.max > flags.workers.min {
+        eprintln!(
+            "[launcher] elastic: up to {} workers; `cohort scale --run-dir {} --workers N` grows or shrinks the job",
+            flags.workers.max,
+            run_dir.display()
+        );
+    }
     let outcome = launcher.supervise(&stop);
     drop(launcher);
     if flags.run_dir.is_none() {
@@ -188,3 +251,27 @@ const KILL_AFTER_RANGE: DurationRange =
     DurationRange::new(Duration::ZERO, Duration::from_secs(24 * 3600));
 /// What the launcher adds to the preemption grace before it SIGKILLs a stopping task.
 const STOP_GRACE_MARGIN: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_are_n_or_min_to_max_and_anything_else_is_refused_by_name() {
+        assert_eq!(WorkerCount::parse("3"), Ok(WorkerCount { min: 3, max: 3 }));
+        assert_eq!(
+            WorkerCount::parse("2:4"),
+            Ok(WorkerCount { min: 2, max: 4 })
+        );
+        assert_eq!(WorkerCount::parse("2:4").unwrap().to_string(), "2:4");
+        assert_eq!(WorkerCount::from(2).to_string(), "2");
+        assert_eq!(
+            WorkerCount::parse("4:2").unwrap_err(),
+            "\"4:2\": MIN (4) is above MAX (2)"
+        );
+        for bad in ["0", "0:2", "2:", ":2", "x", "1:10001", "-1"] {
+            let err = WorkerCount::parse(bad).unwrap_err();
+            assert!(err.contains("expected N or MIN:MAX"), "{bad}: {err}");
+        }
+    }
+}

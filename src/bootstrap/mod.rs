@@ -60,6 +60,14 @@
 //! (`DeathCause::Superseded`) instead of after the detection budget; its closure is
 //! re-dispatched, or the server restored, at once.
 //!
+//! Elastic workers: every worker, once connected, tells the chief it is one of the job's
+//! ([`Joining`], with the address it serves on); a worker the chief's cluster spec does not name
+//! joins the running job that way, and exits 2 if the chief refuses it (an index past
+//! `workers_max`) or if a certificate is refused at the TLS handshake (SEC-1: not signed by the
+//! cluster CA). SIGUSR1 drains a worker out of the job ([`Draining`]): the chief lets its
+//! closure finish and keeps its dataset positions, then the worker exits 0, which its
+//! supervisor does not restart.
+//!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill.
 //! - On the chief, it sets [`preemption_requested`] (also
 //!   `ClusterCoordinator::preemption_requested`); the chief's program is expected to stop
@@ -95,12 +103,13 @@ use crate::process::{
     TRAINING_ERROR_EXIT_CODE,
 };
 use crate::roles::coordinator::{
-    ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, Scheduler,
-    SchedulerConfig,
+    ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, JoinedWorkers,
+    Scheduler, SchedulerConfig,
 };
 use crate::roles::node::{peer, peer_addr, start_gateway, NodeConfig};
 use crate::roles::protocol::{
-    LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
+    Draining, Joining, LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR,
+    WORKER_ACTOR,
 };
 use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
 use crate::roles::registry::Program;
@@ -111,7 +120,7 @@ use crate::roles::worker::{
 mod local;
 
 pub use local::{
-    launch_from_args, launch_local, LaunchFlags, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
+    launch_from_args, launch_local, LaunchFlags, WorkerCount, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
 };
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,
@@ -226,7 +235,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node, register_wait)?;
+        register_with_chief(&gateway, &node, register_wait, None)?;
         // The workers too: those that called this server's predecessor (killed, its
         // connections left open) would otherwise wait for them to idle out before their
         // closures fail and the chief's recovery can restore this incarnation.
@@ -236,6 +245,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
                 &node,
                 TaskId::new(TaskType::Worker, worker),
                 node.detection_budget,
+                None,
             )?;
         }
         // The chief answers once it has taken a checkpoint cut with dispatch held (or gave up
@@ -315,7 +325,23 @@ fn run_worker(
         })
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node, register_wait)?;
+        // Every worker says it is one of the job's (elastic workers: one the chief's cluster
+        // spec does not name joins the running job this way).
+        let own_addr = crate::roles::node::peer_addr(&node, node.cluster.task)
+            .map_err(|e| RoleFailure::Config(e.to_string()))?
+            .to_string();
+        let joining = Joining {
+            epoch,
+            addr: own_addr,
+        };
+        register_with_chief(&gateway, &node, register_wait, Some(joining))?;
+        let draining = Arc::clone(&machine);
+        drain_on_signal(&gateway, epoch, move |answered| {
+            draining
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .handle_drained(Instant::now(), answered)
+        });
         let losing = Arc::clone(&machine);
         exit_when_chief_is_lost(&gateway, move |silent_for| {
             losing
@@ -447,6 +473,8 @@ fn run_chief(
     let servers = servers(node)?;
     let workers = peers_of(node, TaskType::Worker)?;
     let num_workers = workers.len() as u32;
+    // Elastic workers: the job's input pipelines, and the bound on a joiner's index.
+    let workers_max = config.workers_max;
     let system = System::new();
     let scheduler_config = SchedulerConfig {
         no_worker_wait_max: config.worker_wait,
@@ -472,7 +500,9 @@ fn run_chief(
         exit_when_outdated(&gateway);
         let actor = actix::Actor::start(CoordinatorActor::new(
             gateway.clone(),
-            Scheduler::new(scheduler_config).with_checkpoint_dir(checkpoint_dir),
+            Scheduler::new(scheduler_config)
+                .with_checkpoint_dir(checkpoint_dir)
+                .with_workers_max(workers_max),
             workers,
             actor_servers,
         ));
@@ -498,6 +528,7 @@ fn run_chief(
     let program_thread = std::thread::Builder::new()
         .name("chief-program".into())
         .spawn(move || {
+            let members = actor.clone();
             let mut coordinator = ClusterCoordinator::new(
                 actor,
                 runtime.clone(),
@@ -511,6 +542,15 @@ fn run_chief(
                 chief(&mut coordinator)
             }));
             if matches!(outcome, Ok(Ok(()))) && !preemption_requested() {
+                // Workers that joined the running job hear it too.
+                let mut peers = peers;
+                if let Ok(joined) = runtime.block_on(members.send(JoinedWorkers)) {
+                    peers.extend(
+                        joined
+                            .into_iter()
+                            .map(|(node, addr)| (node, addr, WORKER_ACTOR)),
+                    );
+                }
                 say_goodbye(&runtime, &gateway, peers);
             }
             program_finished.store(true, Ordering::SeqCst);
@@ -605,26 +645,42 @@ pub fn incarnation_epoch(explicit: Option<u64>, now: SystemTime) -> u64 {
 
 /// Dials the chief from a worker or parameter server that just started, retrying until it
 /// answers (at most `wait`: its `worker_wait` or `ps_restart_wait`, as long as the chief
-/// would wait for it; the chief also dials every task itself). The hello
+/// would wait for it; the chief also dials every task of its cluster spec itself). The hello
 /// tells the chief's gateway of this incarnation at once, which reports a predecessor still
 /// believed alive dead then (superseded), not after the detection budget.
+///
+/// A worker then says it is one of the job's (`joining`, [`Joining`]): the chief dials a
+/// worker its cluster spec does not name at the address given there (elastic workers).
+/// Permanent refusals end the process with [`BAD_CONFIG_EXIT_CODE`] and a message saying what
+/// is wrong: the chief refused this node's certificate at the TLS handshake, or it refused
+/// this node's own (SEC-1: a certificate not signed by the cluster CA), or the chief refused
+/// the worker's join (its index is past the job's `workers_max`).
 fn register_with_chief(
     gateway: &Gateway,
     node: &NodeConfig,
     wait: Duration,
+    joining: Option<Joining>,
 ) -> Result<(), RoleFailure> {
-    say_hello(gateway, node, TaskId::new(TaskType::Chief, 0), wait)
+    say_hello(
+        gateway,
+        node,
+        TaskId::new(TaskType::Chief, 0),
+        wait,
+        joining,
+    )
 }
 
 /// Says hello to `task` as this process starts, trying again within `wait` while it is not
 /// reachable: a peer that knew this node's previous incarnation learns at once that it is
 /// gone (its link to it is closed, and calls pending on it fail now rather than when the
-/// connection idles out).
+/// connection idles out). With `joining` (a worker's hello to the chief), the hello is
+/// followed by the worker's [`Joining`] (see [`register_with_chief`]).
 fn say_hello(
     gateway: &Gateway,
     node: &NodeConfig,
     task: TaskId,
     wait: Duration,
+    joining: Option<Joining>,
 ) -> Result<(), RoleFailure> {
     let addr = peer_addr(node, task).map_err(|e| RoleFailure::Config(e.to_string()))?;
     let target = peer(task);
@@ -635,11 +691,44 @@ fn say_hello(
         loop {
             match gateway.connect(addr.clone(), &target).await {
                 Ok(incarnation) => {
-                    tracing::info!("said hello to {incarnation}");
-                    return;
+                    let Some(joining) = &joining else {
+                        tracing::info!("said hello to {incarnation}");
+                        return;
+                    };
+                    let reference = gateway.remote_ref::<Joining>(incarnation, COORDINATOR_ACTOR);
+                    match reference.call(joining).await {
+                        Ok(Ok(())) => {
+                            tracing::info!(
+                                "registered with {} as one of its workers",
+                                reference.target()
+                            );
+                            return;
+                        }
+                        Ok(Err(refusal)) => {
+                            eprintln!(
+                                "error: bad config: the chief refused this worker: {refusal}"
+                            );
+                            System::current().stop_with_code(BAD_CONFIG_EXIT_CODE);
+                            return;
+                        }
+                        Err(e) if tokio::time::Instant::now() >= deadline => {
+                            tracing::info!("could not register with the chief: {e}");
+                            return;
+                        }
+                        Err(e) => tracing::debug!("chief did not take the registration yet: {e}"),
+                    }
                 }
                 // Told by the peer that this incarnation is outdated: `exit_when_outdated`.
                 Err(cohort_actors::RemoteError::Outdated { .. }) => return,
+                Err(e) if certificate_refused(&e) => {
+                    eprintln!(
+                        "error: bad config: certs_dir: the TLS handshake with {task} ({addr}) \
+                         failed on a certificate: {e}; every node's certificate must be signed \
+                         by the cluster CA whose ca.pem is in its certs directory (SEC-1)"
+                    );
+                    System::current().stop_with_code(BAD_CONFIG_EXIT_CODE);
+                    return;
+                }
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     tracing::info!("could not say hello to {task} (it will dial us): {e}");
                     return;
@@ -650,6 +739,66 @@ fn say_hello(
         }
     });
     Ok(())
+}
+
+/// Whether a dial failed because a certificate was refused at the TLS handshake (ours by the
+/// peer, or the peer's by us): permanent, unlike a peer not reachable yet or a name that
+/// answers as another node for a while.
+fn certificate_refused(error: &cohort_actors::RemoteError) -> bool {
+    matches!(
+        error,
+        cohort_actors::RemoteError::Refused {
+            reason: cohort_actors::RefusedReason::NotAuthenticated(reason),
+            ..
+        } if reason.starts_with("TLS handshake")
+    )
+}
+
+/// A worker asked to leave the job for good (SIGUSR1: the launcher's scale-down) tells the
+/// chief it is draining ([`Draining`]) and waits, at most [`DRAIN_WAIT_MAX`], for the chief
+/// to let its last closure finish and keep its dataset positions; then it exits as `decide`
+/// says (code 0, with whether the chief answered), which its supervisor does not restart.
+/// Without the chief's answer it leaves all the same: its closure, if any, is then run
+/// elsewhere once the chief notices it gone (PS-1 keeps its effect exactly once).
+fn drain_on_signal(
+    gateway: &Gateway,
+    epoch: u64,
+    decide: impl FnOnce(bool) -> Option<Exit> + 'static,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let gateway = gateway.clone();
+    // Watched from now on (not from the task's first poll): SIGUSR1's default action would
+    // kill the process.
+    let Ok(mut drain) = signal(SignalKind::user_defined1()) else {
+        tracing::warn!("cannot watch for SIGUSR1: this worker cannot be drained");
+        return;
+    };
+    actix::spawn(async move {
+        drain.recv().await;
+        eprintln!("[worker] drain requested (SIGUSR1): finishing the closure in flight, then leaving the job");
+        let chief = peer(TaskId::new(TaskType::Chief, 0));
+        let answered = match gateway.peer_status(&chief) {
+            Some((chief_epoch, true)) => {
+                let target = cohort_actors::Incarnation::new(chief, chief_epoch);
+                let reference = gateway.remote_ref::<Draining>(target, COORDINATOR_ACTOR);
+                match reference
+                    .call_within(&Draining { epoch }, DRAIN_WAIT_MAX)
+                    .await
+                {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("the chief did not answer this worker's drain: {e}");
+                        false
+                    }
+                }
+            }
+            _ => false,
+        };
+        if let Some(exit) = decide(answered) {
+            tracing::info!("{}", exit.reason);
+            System::current().stop_with_code(exit.code);
+        }
+    });
 }
 
 /// Ends this process with [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) when a peer
@@ -779,6 +928,9 @@ fn init_logging() {
         .try_init();
 }
 
+/// Bound on a draining worker's wait for the chief to let its closure finish: a step longer
+/// than this is handed back instead (run elsewhere once the worker is gone).
+const DRAIN_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Bound on a worker's wait for the chief's answer to its preemption notice (at most half its
 /// grace, so that serving on still fits in it).
 const LEAVE_ASK_MAX: Duration = Duration::from_secs(2);

@@ -40,7 +40,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
         }
         let report_path = dir.join(format!("{workload}.json"));
         let flags = LaunchFlags {
-            workers: 2,
+            workers: 2.into(),
             ps: 2,
             evaluators: 0,
             kill_worker_after: None,

@@ -134,7 +134,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
     let events = dir.join(format!("{slug}.events"));
     let run_dir = dir.join(format!("{slug}-run"));
     let flags = LaunchFlags {
-        workers: 2,
+        workers: 2.into(),
         ps: 2,
         evaluators: 0,
         kill_worker_after: None,

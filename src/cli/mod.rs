@@ -48,6 +48,12 @@ enum Command {
     /// Unlike `demo`, no worker is killed unless --kill-worker-after is given. Settings other
     /// than these flags reach the tasks through the environment (e.g. COHORT_CHECKPOINT_DIR).
     Launch(LaunchArgs),
+    /// Grow or shrink the workers of a job started with `launch --workers MIN:MAX --run-dir
+    /// DIR`: the launcher starts workers (each joins the running job, its datasets built
+    /// before it gets work) or drains the highest-indexed ones (each finishes its closure,
+    /// exits 0 and is not restarted). A number below 1 or above MAX is refused (exit 2) and
+    /// nothing changes.
+    Scale(ScaleArgs),
     /// Benchmarks: `bench ps` runs the dense, sparse and goodput parameter-server workloads,
     /// each on its own local cluster (1 chief, 2 PS, 2 workers, as processes), and prints
     /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's.
@@ -95,6 +101,17 @@ struct LaunchArgs {
     job: String,
     #[command(flatten)]
     launch: crate::bootstrap::LaunchFlags,
+}
+
+/// Flags of `cohort scale`.
+#[derive(Debug, clap::Args)]
+struct ScaleArgs {
+    /// The run directory the launcher was given (`launch --run-dir DIR`).
+    #[arg(long)]
+    run_dir: std::path::PathBuf,
+    /// How many workers the job runs from now on (1 to the launch's MAX).
+    #[arg(long)]
+    workers: u32,
 }
 
 /// Flags of `cohort bench`.
@@ -201,6 +218,15 @@ pub fn run() -> ExitCode {
                 ));
             }
         }
+        Command::Scale(args) => crate::launch::request_scale(&args.run_dir, args.workers)
+            .map(|()| {
+                println!(
+                    "asked the launcher in {} for {} worker(s)",
+                    args.run_dir.display(),
+                    args.workers
+                )
+            })
+            .map_err(|e| CliError::Usage(e.to_string())),
         Command::Bench(args) if args.target == "recovery" => {
             bench_recovery::run(args.steps, args.seed)
         }

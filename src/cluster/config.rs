@@ -23,6 +23,7 @@
 //! preemption_grace = "10s"
 //! eval_idle_timeout = "10m"     # evaluator: stop after this long with no new checkpoint
 //! eval_until_step = 1000         # evaluator: stop after evaluating a checkpoint at this step
+//! workers_max = 4                # the most workers (elastic: joiners up to worker/3)
 //! # incarnation = 7           # only to override the epoch the process derives
 //!
 //! [cluster]
@@ -158,6 +159,14 @@ impl ConfigKey {
         flag: "--eval-until-step",
         env: "COHORT_EVAL_UNTIL_STEP",
     };
+    /// The most workers a parameter-server job may have (elastic workers): the number of
+    /// input pipelines, and the bound on a joining worker's index (default: the workers the
+    /// cluster spec names).
+    pub const WORKERS_MAX: Self = Self {
+        file: "workers_max",
+        flag: "--workers-max",
+        env: "COHORT_WORKERS_MAX",
+    };
 
     /// The values a duration key accepts (`None` for a key that is not a duration). A value
     /// outside it is refused where it is read, naming the key, where it came from, the value
@@ -180,7 +189,7 @@ impl ConfigKey {
     }
 
     /// Every key.
-    pub const ALL: [ConfigKey; 14] = [
+    pub const ALL: [ConfigKey; 15] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -195,6 +204,7 @@ impl ConfigKey {
         Self::PREEMPTION_GRACE,
         Self::EVAL_IDLE_TIMEOUT,
         Self::EVAL_UNTIL_STEP,
+        Self::WORKERS_MAX,
     ];
 }
 
@@ -279,6 +289,9 @@ pub struct ConfigFlags {
     /// Evaluator: stop after evaluating a checkpoint at this step or later.
     #[arg(long)]
     pub eval_until_step: Option<String>,
+    /// The most workers the job may have (elastic workers; default: the cluster spec's).
+    #[arg(long)]
+    pub workers_max: Option<String>,
 }
 
 impl ConfigFlags {
@@ -340,6 +353,7 @@ impl ConfigFlags {
             "checkpoint_dir" => self.checkpoint_dir = Some(value.into()),
             "eval_idle_timeout" => self.eval_idle_timeout = Some(value),
             "eval_until_step" => self.eval_until_step = Some(value),
+            "workers_max" => self.workers_max = Some(value),
             _ => self.preemption_grace = Some(value),
         }
     }
@@ -360,6 +374,7 @@ impl ConfigFlags {
             "checkpoint_dir" => path(&self.checkpoint_dir),
             "eval_idle_timeout" => self.eval_idle_timeout.clone(),
             "eval_until_step" => self.eval_until_step.clone(),
+            "workers_max" => self.workers_max.clone(),
             _ => self.preemption_grace.clone(),
         }
     }
@@ -469,6 +484,9 @@ pub struct RoleConfig {
     pub eval_idle_timeout: Duration,
     /// Evaluator: stop after evaluating a checkpoint at this step or later (`None`: no limit).
     pub eval_until_step: Option<u64>,
+    /// The most workers the job may have: its input pipelines, and the bound on a joining
+    /// worker's index (at least the workers the cluster spec names).
+    pub workers_max: u32,
     origins: BTreeMap<&'static str, Origin>,
 }
 
@@ -603,6 +621,7 @@ struct Layer {
     preemption_grace: Option<Duration>,
     eval_idle_timeout: Option<Duration>,
     eval_until_step: Option<u64>,
+    workers_max: Option<u32>,
 }
 
 impl Layer {
@@ -622,6 +641,7 @@ impl Layer {
             preemption_grace: None,
             eval_idle_timeout: None,
             eval_until_step: None,
+            workers_max: None,
         }
     }
 
@@ -698,6 +718,20 @@ impl Layer {
                     .parse::<u64>()
                     .map_err(|_| bad(format!("{text:?} is not a step (a whole number ≥ 0)")))?;
                 self.eval_until_step = Some(step);
+            }
+            "workers_max" => {
+                let max = text
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=WORKERS_MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{text:?} is not a number of workers (a whole number from 1 to \
+                             {WORKERS_MAX_LIMIT})"
+                        ))
+                    })?;
+                self.workers_max = Some(max);
             }
             // cluster_file and config name files, which load_files has read already.
             _ => {
@@ -846,7 +880,10 @@ fn file_task(layer: &mut Layer, value: &toml::Value) -> Result<(), ConfigError> 
 /// A TOML value as the text `set_text` parses: integers for index and incarnation, strings
 /// for everything else.
 fn toml_text(key: ConfigKey, value: &toml::Value) -> Result<String, ClusterError> {
-    let wants_integer = matches!(key.file, "task.index" | "incarnation" | "eval_until_step");
+    let wants_integer = matches!(
+        key.file,
+        "task.index" | "incarnation" | "eval_until_step" | "workers_max"
+    );
     match value {
         toml::Value::Integer(i) if wants_integer => Ok(i.to_string()),
         toml::Value::String(s) if !wants_integer => Ok(s.clone()),
@@ -931,6 +968,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let preemption_grace = pick!(preemption_grace, "preemption_grace");
     let eval_idle_timeout = pick!(eval_idle_timeout, "eval_idle_timeout");
     let eval_until_step = pick!(eval_until_step, "eval_until_step");
+    let workers_max = pick!(workers_max, "workers_max");
 
     let missing = |key: &str, detail: &str| ConfigError {
         key: key.into(),
@@ -956,6 +994,29 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     })?;
     if certs_dir.is_none() && task_type != TaskType::Evaluator {
         return Err(missing("certs_dir", CERTS_DIR_MISSING));
+    }
+    let spec_workers = cluster.num_tasks(TaskType::Worker) as u32;
+    if let Some(max) = workers_max.filter(|max| *max < spec_workers) {
+        let origin = origins
+            .get("workers_max")
+            .cloned()
+            .unwrap_or(Origin::Default);
+        // Named as the layer that gave it spells it.
+        let spelled = match origin {
+            Origin::Flag => ConfigKey::WORKERS_MAX.flag,
+            Origin::Env => ConfigKey::WORKERS_MAX.env,
+            _ => ConfigKey::WORKERS_MAX.file,
+        };
+        return Err(ConfigError {
+            key: "workers_max".into(),
+            origin,
+            error: Box::new(ClusterError::BadValue {
+                key: spelled.into(),
+                detail: format!(
+                    "{max} is fewer than the {spec_workers} workers the cluster spec names"
+                ),
+            }),
+        });
     }
     let task = TaskId::new(task_type, task_index.unwrap_or(0));
     let cluster = ClusterConfig::new(cluster, task).map_err(|error| {
@@ -984,9 +1045,13 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         preemption_grace: preemption_grace.unwrap_or(DEFAULT_PREEMPTION_GRACE),
         eval_idle_timeout: eval_idle_timeout.unwrap_or(DEFAULT_EVAL_IDLE_TIMEOUT),
         eval_until_step,
+        workers_max: workers_max.unwrap_or(spec_workers).max(spec_workers),
         origins,
     })
 }
+
+/// The largest `workers_max` (as many as `cohort certs` issues per job).
+pub const WORKERS_MAX_LIMIT: u32 = 10_000;
 
 /// Range of `detection_budget` (see [`ConfigKey::duration_range`]).
 const DETECTION_BUDGET_RANGE: DurationRange =
@@ -1331,6 +1396,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.detection_budget, DEFAULT_DETECTION_BUDGET);
+    }
+
+    #[test]
+    fn workers_max_defaults_to_the_spec_and_is_never_below_it() {
+        let env = [("TF_CONFIG", TF), ("COHORT_CERTS", "/c")];
+        let config = resolve(&[], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.workers_max, 2, "the spec's workers");
+        let config = resolve(&["--workers-max", "5"], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.workers_max, 5);
+        let mut with_env = env.to_vec();
+        with_env.push(("COHORT_WORKERS_MAX", "1"));
+        let err = error(&[], &with_env, &ConfigFiles::default());
+        assert_eq!(err.key, "workers_max");
+        let text = err.to_string();
+        assert!(
+            text.contains("COHORT_WORKERS_MAX")
+                && text.contains("1 is fewer than the 2 workers the cluster spec names"),
+            "{text}"
+        );
+        for bad in ["0", "x", "10001", "-1"] {
+            let err = error(&["--workers-max", bad], &env, &ConfigFiles::default());
+            assert_eq!(err.key, "workers_max");
+            assert!(
+                err.to_string().contains(&format!(
+                    "--workers-max: {bad:?} is not a number of workers"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,18 @@
 //! What a child finds in its environment:
 //! - `TF_CONFIG`: the cluster and its own task (TensorFlow's format);
 //! - `COHORT_CERTS`: the directory with `ca.pem` and its `<role>-<index>.pem/.key`;
-//! - `COHORT_INCARNATION`: its incarnation epoch, larger after every restart (FENCE-1).
+//! - `COHORT_INCARNATION`: its incarnation epoch, larger after every restart (FENCE-1);
+//! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers).
+//!
+//! Elastic workers ([`Launcher::start_elastic`]): the job starts with `num_workers` workers
+//! and may have up to `workers_max`. Ports and certificates are made for all of them at the
+//! start; the chief's cluster spec names the first `num_workers` only, and a worker past them
+//! gets a spec naming it (the job's, its own address added), so that it joins the running job
+//! by telling the chief ([`crate::roles::protocol::Joining`]). A scale request
+//! ([`request_scale`], `cohort scale`: a file in the run directory, read every tick) starts
+//! the lowest free indices, or drains the highest running ones: SIGUSR1, after which the
+//! worker finishes its closure, the chief keeps its dataset positions, and it exits 0. A
+//! drained worker is never restarted, whatever its exit.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -149,6 +160,82 @@ pub enum LaunchError {
     },
 }
 
+/// The file in the run directory through which [`request_scale`] asks the launcher for a
+/// number of workers (read and removed every tick).
+pub const SCALE_REQUEST_FILE: &str = "scale.request";
+/// The file in the run directory where an elastic launcher says how many workers its job may
+/// have (`<min> <max>`), so that a scale request can be checked before it is made.
+pub const ELASTIC_FILE: &str = "elastic";
+
+/// Why a scale request was refused (nothing changed).
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleError {
+    /// The number of workers is outside what the job may have.
+    #[error("--workers {requested}: {reason}")]
+    OutOfRange {
+        /// The number asked for.
+        requested: u32,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The run directory has no running elastic launcher.
+    #[error("--run-dir {dir}: {reason}")]
+    NoLauncher {
+        /// The run directory.
+        dir: String,
+        /// What is missing.
+        reason: String,
+    },
+}
+
+/// Asks the launcher running in `run_dir` for `workers` workers: it starts or drains workers
+/// until that many run (see the module docs). Refused, with nothing changed, below 1 worker,
+/// above the job's `workers_max`, or when `run_dir` has no elastic launcher.
+pub fn request_scale(run_dir: &std::path::Path, workers: u32) -> Result<(), ScaleError> {
+    let out_of_range = |reason: String| ScaleError::OutOfRange {
+        requested: workers,
+        reason,
+    };
+    if workers < 1 {
+        return Err(out_of_range(
+            "a job needs at least 1 worker; to end it, stop the launcher (Ctrl-C or SIGTERM)"
+                .into(),
+        ));
+    }
+    let no_launcher = |reason: String| ScaleError::NoLauncher {
+        dir: run_dir.display().to_string(),
+        reason,
+    };
+    let state = run_dir.join(ELASTIC_FILE);
+    let text = std::fs::read_to_string(&state).map_err(|e| {
+        no_launcher(format!(
+            "no elastic launcher runs there ({}: {e}); start one with `cohort launch --workers \
+             MIN:MAX --run-dir DIR`",
+            state.display()
+        ))
+    })?;
+    let max = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|m| m.parse::<u32>().ok())
+        .ok_or_else(|| {
+            no_launcher(format!(
+                "{} is not `<min> <max>`: {text:?}",
+                state.display()
+            ))
+        })?;
+    if workers > max {
+        return Err(out_of_range(format!(
+            "the job may have at most {max} workers (launch --workers MIN:{max})"
+        )));
+    }
+    let request = run_dir.join(SCALE_REQUEST_FILE);
+    let tmp = run_dir.join(format!("{SCALE_REQUEST_FILE}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, workers.to_string())
+        .and_then(|()| std::fs::rename(&tmp, &request))
+        .map_err(|e| no_launcher(format!("writing {}: {e}", request.display())))
+}
+
 /// A running local cluster.
 ///
 /// Calling protocol:
@@ -158,6 +245,11 @@ pub enum LaunchError {
 pub struct Launcher {
     config: LaunchConfig,
     cluster: ClusterSpec,
+    /// The most workers the job may have (elastic workers).
+    workers_max: u32,
+    /// The cluster with every worker the job may have: what a worker past the initial ones
+    /// is started with.
+    full_cluster: ClusterSpec,
     certs_dir: PathBuf,
     tasks: BTreeMap<TaskId, Supervised>,
     started_at: Instant,
@@ -175,11 +267,23 @@ struct Supervised {
     incarnation: u64,
     /// Processes started for this task so far (the first is its only one to get failpoints).
     spawns: u32,
+    /// Drained (scaled down): never restarted, whatever its exit.
+    drained: bool,
+    /// Scaled up again while its drained process was still leaving: started again (as a new
+    /// incarnation, which joins the job) once that process has exited.
+    start_after_drain: bool,
 }
 
 impl Launcher {
     /// Generates an ephemeral CA, picks free ports and starts every task.
     pub fn start(config: LaunchConfig) -> Result<Self, LaunchError> {
+        let workers = config.num_workers;
+        Self::start_elastic(config, workers)
+    }
+
+    /// As [`Launcher::start`], for a job that may grow to `workers_max` workers (see the
+    /// module docs): [`Launcher::scale`] or a [`request_scale`] changes how many run.
+    pub fn start_elastic(config: LaunchConfig, workers_max: u32) -> Result<Self, LaunchError> {
         if config.num_workers == 0 {
             return Err(crate::cluster::ClusterError::BadValue {
                 key: "--workers".into(),
@@ -187,11 +291,22 @@ impl Launcher {
             }
             .into());
         }
-        let cluster = local_cluster(config.num_workers, config.num_ps, config.num_evaluators)?;
+        if workers_max < config.num_workers {
+            return Err(crate::cluster::ClusterError::BadValue {
+                key: "--workers".into(),
+                detail: format!(
+                    "the most workers ({workers_max}) is below the workers to start ({})",
+                    config.num_workers
+                ),
+            }
+            .into());
+        }
+        let full_cluster = local_cluster(workers_max, config.num_ps, config.num_evaluators)?;
+        let cluster = with_workers(&full_cluster, config.num_workers)?;
         let certs_dir = config.run_dir.join("certs");
         let ca =
             ClusterCa::generate("cohort-local").map_err(|e| LaunchError::Certs(e.to_string()))?;
-        for task in cluster.tasks() {
+        for task in full_cluster.tasks() {
             ca.issue(&node_id(task))
                 .and_then(|creds| creds.save(&certs_dir))
                 .map_err(|e| LaunchError::Certs(e.to_string()))?;
@@ -206,12 +321,16 @@ impl Launcher {
                         restart_at: None,
                         incarnation: 0,
                         spawns: 0,
+                        drained: false,
+                        start_after_drain: false,
                     };
                     (t, supervised)
                 })
                 .collect(),
             config,
             cluster,
+            workers_max,
+            full_cluster,
             certs_dir,
             started_at: Instant::now(),
             killed_once: false,
@@ -225,7 +344,112 @@ impl Launcher {
                 return Err(err);
             }
         }
+        if workers_max > launcher.config.num_workers {
+            let state = launcher.config.run_dir.join(ELASTIC_FILE);
+            let _ = std::fs::remove_file(launcher.config.run_dir.join(SCALE_REQUEST_FILE));
+            let text = format!("{} {workers_max}\n", launcher.config.num_workers);
+            if let Err(e) = std::fs::write(&state, text) {
+                launcher.stop_all();
+                return Err(LaunchError::Certs(format!("{}: {e}", state.display())));
+            }
+        }
         Ok(launcher)
+    }
+
+    /// Workers that run now or are to be restarted (not drained), by index.
+    pub fn active_workers(&self) -> Vec<u32> {
+        self.tasks
+            .iter()
+            .filter(|(t, e)| t.task_type == TaskType::Worker && !e.drained)
+            .map(|(t, _)| t.index)
+            .collect()
+    }
+
+    /// Runs `workers` workers from now on: starts the lowest indices not running (each joins
+    /// the running job), or drains the highest running ones (SIGUSR1: each finishes its
+    /// closure and exits 0, and is not restarted). Refused, with nothing changed, below 1 or
+    /// above the job's `workers_max`.
+    pub fn scale(&mut self, workers: u32) -> Result<(), ScaleError> {
+        if workers < 1 || workers > self.workers_max {
+            return Err(ScaleError::OutOfRange {
+                requested: workers,
+                reason: format!("the job may have 1 to {} workers", self.workers_max),
+            });
+        }
+        let active = self.active_workers();
+        let now = active.len() as u32;
+        if workers > now {
+            let free: Vec<u32> = (0..self.workers_max)
+                .filter(|i| !active.contains(i))
+                .take((workers - now) as usize)
+                .collect();
+            for index in free {
+                let task = TaskId::new(TaskType::Worker, index);
+                let entry = self.tasks.entry(task).or_insert_with(|| Supervised {
+                    child: None,
+                    policy: RestartPolicy::new(self.config.restart.clone()),
+                    restart_at: None,
+                    incarnation: 0,
+                    spawns: 0,
+                    drained: false,
+                    start_after_drain: false,
+                });
+                let was_drained = std::mem::replace(&mut entry.drained, false);
+                entry.restart_at = None;
+                if entry.child.is_none() {
+                    eprintln!("[launcher] scaling up: starting {task}");
+                    if let Err(e) = self.spawn(task) {
+                        eprintln!("[launcher] cannot start {task}: {e}");
+                    }
+                } else if was_drained {
+                    eprintln!(
+                        "[launcher] scaling up: {task} is still draining; it starts again once \
+                         it has left"
+                    );
+                    entry.start_after_drain = true;
+                }
+            }
+        }
+        for index in active
+            .iter()
+            .rev()
+            .take(now.saturating_sub(workers) as usize)
+        {
+            let task = TaskId::new(TaskType::Worker, *index);
+            let Some(entry) = self.tasks.get_mut(&task) else {
+                continue;
+            };
+            entry.drained = true;
+            entry.start_after_drain = false;
+            entry.restart_at = None;
+            if let Some(child) = entry.child.as_ref() {
+                eprintln!("[launcher] scaling down: draining {task} (SIGUSR1)");
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGUSR1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out a scale request left in the run directory ([`request_scale`]), if any.
+    fn take_scale_request(&mut self) {
+        if self.workers_max <= self.config.num_workers {
+            return;
+        }
+        let path = self.config.run_dir.join(SCALE_REQUEST_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let _ = std::fs::remove_file(&path);
+        match text.trim().parse::<u32>() {
+            Ok(workers) => match self.scale(workers) {
+                Ok(()) => eprintln!("[launcher] scale request: {workers} worker(s)"),
+                Err(e) => eprintln!("[launcher] scale request refused: {e}"),
+            },
+            Err(_) => eprintln!(
+                "[launcher] scale request refused: {} holds {text:?}, not a number of workers",
+                path.display()
+            ),
+        }
     }
 
     /// The cluster being run.
@@ -250,6 +474,8 @@ impl Launcher {
     pub fn supervise(&mut self, stop: &AtomicBool) -> Result<LaunchOutcome, LaunchError> {
         let outcome = self.supervise_loop(stop);
         let chief = self.stop_all();
+        // No launcher takes scale requests here any more.
+        let _ = std::fs::remove_file(self.config.run_dir.join(ELASTIC_FILE));
         match outcome {
             Ok(LaunchOutcome::Stopped { .. }) => Ok(LaunchOutcome::Stopped { chief }),
             other => other,
@@ -262,6 +488,7 @@ impl Launcher {
                 return Ok(LaunchOutcome::Stopped { chief: None });
             }
             let now = Instant::now();
+            self.take_scale_request();
             self.maybe_kill_once(now);
             let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
             for task in ids {
@@ -309,6 +536,23 @@ impl Launcher {
             });
         }
         let code = exit_code(status);
+        if std::mem::take(&mut entry.start_after_drain) {
+            eprintln!(
+                "[launcher] {task} (incarnation {}) drained: {}; starting it again, as scaled up",
+                entry.incarnation,
+                describe(status)
+            );
+            self.spawn(task)?;
+            return Ok(None);
+        }
+        if entry.drained {
+            eprintln!(
+                "[launcher] {task} (incarnation {}) drained: {}; not restarted",
+                entry.incarnation,
+                describe(status)
+            );
+            return Ok(None);
+        }
         match after_exit(task.task_type, code) {
             AfterExit::EndJob => return Ok(Some(code)),
             AfterExit::Finished => {
@@ -363,7 +607,15 @@ impl Launcher {
     }
 
     fn spawn(&mut self, task: TaskId) -> Result<(), LaunchError> {
-        let config = ClusterConfig::new(self.cluster.clone(), task)?;
+        // A worker past the initial ones is not in the chief's spec: it gets one naming it.
+        let spec = if task.task_type == TaskType::Worker
+            && task.index >= self.cluster.num_tasks(TaskType::Worker) as u32
+        {
+            self.full_cluster.clone()
+        } else {
+            self.cluster.clone()
+        };
+        let config = ClusterConfig::new(spec, task)?;
         let entry = self.tasks.get_mut(&task).expect("task is known");
         // Epochs grow across restarts and across launcher runs (wall-clock based), so a
         // relaunched task is always newer than anything fenced before (FENCE-1).
@@ -383,6 +635,7 @@ impl Launcher {
             .env(crate::cluster::TF_CONFIG_ENV, config.to_tf_config())
             .env(CERTS_ENV, &self.certs_dir)
             .env(INCARNATION_ENV, entry.incarnation.to_string())
+            .env(ConfigKey::WORKERS_MAX.env, self.workers_max.to_string())
             .envs(
                 self.config
                     .env
@@ -546,6 +799,21 @@ fn local_cluster(
     Ok(ClusterSpec::new(jobs)?)
 }
 
+/// `full` with only its first `workers` workers.
+fn with_workers(full: &ClusterSpec, workers: u32) -> Result<ClusterSpec, LaunchError> {
+    let mut jobs = BTreeMap::new();
+    for task in full.tasks() {
+        if task.task_type == TaskType::Worker && task.index >= workers {
+            continue;
+        }
+        let addr = full.address(task)?.to_string();
+        jobs.entry(task.task_type)
+            .or_insert_with(Vec::new)
+            .push(addr);
+    }
+    Ok(ClusterSpec::new(jobs)?)
+}
+
 fn forward_lines<R: Read + Send + 'static>(
     reader: R,
     prefix: String,
@@ -692,6 +960,31 @@ mod tests {
                 "chief exit {code}"
             );
         }
+    }
+
+    #[test]
+    fn a_scale_request_out_of_range_or_without_a_launcher_is_refused_and_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("cohort-scale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let request = dir.join(SCALE_REQUEST_FILE);
+        let err = request_scale(&dir, 0).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--workers 0: a job needs at least 1 worker"),
+            "{err}"
+        );
+        let err = request_scale(&dir, 2).unwrap_err().to_string();
+        assert!(err.contains("no elastic launcher runs there"), "{err}");
+        std::fs::write(dir.join(ELASTIC_FILE), "2 4\n").unwrap();
+        let err = request_scale(&dir, 5).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--workers 5: the job may have at most 4 workers (launch --workers MIN:4)"
+        );
+        assert!(!request.exists(), "nothing was asked");
+        request_scale(&dir, 4).unwrap();
+        assert_eq!(std::fs::read_to_string(&request).unwrap(), "4");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! error (1) stay below, as a restart would only fail again.
 
 /// Success: the job is done. A worker or parameter server exits with it after the chief's
-/// goodbye, and its supervisor does not restart it.
+/// goodbye (a worker also once drained out of the job), and its supervisor does not restart
+/// it.
 pub const JOB_DONE_EXIT_CODE: i32 = 0;
 /// Training failed: the chief's program returned an error or panicked, a role could not run.
 /// Permanent: a restart would fail the same way.

@@ -403,6 +403,66 @@ impl RemoteMessage for Leaving {
     type Reply = LeaveAnswer;
 }
 
+/// From a worker incarnation to the chief when it registers: it is a worker of this job and is
+/// dialled at `addr` (the `host:port` it serves on). A worker the cluster spec does not name
+/// joins the running job this way (elastic workers); for one the spec names it changes
+/// nothing. The chief takes the worker's index from its certificate (SEC-1), never from the
+/// message, and sets it up (its datasets built) before it gives it any work.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Joining {
+    /// The joining incarnation.
+    pub epoch: u64,
+    /// Where the chief dials it: `host:port`.
+    pub addr: String,
+}
+
+/// Why the chief refused a worker's [`Joining`]: a permanent error of the worker's
+/// configuration (it exits 2).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, thiserror::Error)]
+pub enum JoinRefusal {
+    /// Its index (from its certificate) is past the most workers the job may have.
+    #[error(
+        "worker/{worker} cannot join: the job has at most {workers_max} workers (workers_max), \
+         indexed from 0"
+    )]
+    BeyondMax {
+        /// The worker's index.
+        worker: u32,
+        /// The most workers the job may have.
+        workers_max: u32,
+    },
+    /// The address it gave is not `host:port`.
+    #[error("worker/{worker} cannot join: its address {addr:?} is not host:port")]
+    BadAddress {
+        /// The worker's index.
+        worker: u32,
+        /// The address given.
+        addr: String,
+    },
+}
+
+impl RemoteMessage for Joining {
+    const TAG: &'static str = "coordinator.joining";
+    const SENDERS: Senders = WORKER;
+    type Reply = Result<(), JoinRefusal>;
+}
+
+/// From a worker incarnation asked to leave the job for good (scaled down: the launcher's
+/// drain signal) to the chief. The chief gives it no new work, lets what it runs finish, keeps
+/// its dataset positions for its index, fences it and stops counting it as a member; it
+/// answers once all that is done, and the worker then exits 0 (not restarted).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Draining {
+    /// The draining incarnation.
+    pub epoch: u64,
+}
+
+impl RemoteMessage for Draining {
+    const TAG: &'static str = "coordinator.draining";
+    const SENDERS: Senders = WORKER;
+    type Reply = ();
+}
+
 /// Prepare a worker incarnation before any closure: the variable layouts and the per-worker
 /// datasets to (re)build. Sent to every new incarnation, so a restarted worker rebuilds its
 /// datasets before it runs anything.
@@ -821,6 +881,12 @@ mod tests {
         assert!(Push::SENDERS.allows("worker") && !Push::SENDERS.allows("chief"));
         assert!(Pull::SENDERS.allows("chief") && Pull::SENDERS.allows("worker"));
         assert!(!PullRows::SENDERS.allows("ps") && !PullRows::SENDERS.allows("evaluator"));
+        // Only a worker joins or drains (as itself: its index comes from its certificate).
+        for role in ["chief", "ps", "evaluator"] {
+            assert!(!Joining::SENDERS.allows(role), "{role}");
+            assert!(!Draining::SENDERS.allows(role), "{role}");
+        }
+        assert!(Joining::SENDERS.allows("worker") && Draining::SENDERS.allows("worker"));
     }
 
     #[test]

@@ -1785,6 +1785,9 @@ impl<'a> World<'a> {
                 // The program's wait for a configuration: the simulated chief configures once,
                 // before any worker is up.
                 SchedulerAction::ConfigureFinished { .. } => {}
+                // The simulated cluster's membership is fixed: no worker joins or drains.
+                SchedulerAction::AskDrainPositions { .. }
+                | SchedulerAction::DrainFinished { .. } => {}
             }
         }
     }

@@ -162,6 +162,8 @@ pub struct Run {
     pub scenario: String,
     pub env: Vec<(String, String)>,
     pub num_workers: u32,
+    /// The most workers the job may have (elastic workers); at least `num_workers`.
+    pub workers_max: u32,
     pub num_ps: u32,
     pub restart: RestartLimits,
     /// A task the launcher SIGKILLs once, this long after launch (none by default).
@@ -187,6 +189,7 @@ impl Run {
             scenario: scenario.into(),
             env,
             num_workers: 2,
+            workers_max: 2,
             num_ps: 2,
             restart: RestartLimits {
                 restarts_max: 3,
@@ -242,7 +245,9 @@ impl Run {
             stop_grace: Duration::from_secs(3),
             kill_once: self.kill_once,
         };
-        let mut launcher = Launcher::start(config).expect("start the local cluster");
+        let workers_max = self.workers_max.max(self.num_workers);
+        let mut launcher =
+            Launcher::start_elastic(config, workers_max).expect("start the local cluster");
         let code = match launcher
             .supervise(&AtomicBool::new(false))
             .expect("supervise the local cluster")

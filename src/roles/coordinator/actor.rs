@@ -18,6 +18,9 @@
 //! - The chief program's requests (start, create a variable, configure workers, read a cut for
 //!   a save, mark it) go to the machine and are answered when the machine ends them: the
 //!   program waits on a ticket, never on a remote call of its own.
+//! - Elastic workers (the machine's `membership`): a worker's [`Joining`] gives the address a
+//!   worker past the cluster spec is dialled at (its index is its certificate's); a
+//!   [`Draining`] call is answered when the machine ends the drain.
 //! - Preemption notices ([`Leaving`]) from workers are answered at once; a parameter server's
 //!   is answered when the machine has taken its preemption cut, which this shell builds and
 //!   writes off the actor's thread (copying tensors here would stall the node's heartbeats).
@@ -35,16 +38,16 @@ use tokio::sync::oneshot;
 use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateTicket,
-    CutReading, CutTicket, PositionsTicket, PsDial, RestoreTicket, ScheduleError, Scheduler,
-    SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
+    CutReading, CutTicket, DrainDisposition, PositionsTicket, PsDial, RestoreTicket, ScheduleError,
+    Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
 use crate::roles::protocol::{
-    BeginRestore, CreateVariable, DatasetPositions, FenceWorker, FinishedBelow, InitSpec,
-    LeaveAnswer, Leaving, PsStats, Retire, RewindWorker, RollBack, RunClosure, RunClosureError,
-    SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
+    BeginRestore, CreateVariable, DatasetPositions, Draining, FenceWorker, FinishedBelow, InitSpec,
+    JoinRefusal, Joining, LeaveAnswer, Leaving, PsStats, Retire, RewindWorker, RollBack,
+    RunClosure, RunClosureError, SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
 
 /// Who waits for one closure's value.
@@ -66,6 +69,10 @@ pub struct CoordinatorActor {
     cut_waiters: BTreeMap<CutTicket, oneshot::Sender<Result<CutReading, String>>>,
     /// Who waits for a configuration to reach every live worker, by ticket.
     configure_waiters: BTreeMap<ConfigureTicket, oneshot::Sender<Result<(), String>>>,
+    /// Workers past the cluster spec that joined, with where to dial them (by index).
+    joined: BTreeMap<u32, (NodeId, PeerAddr)>,
+    /// Draining incarnations waiting for the machine to end their drain.
+    drain_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<()>>>,
     /// Parameter servers waiting for the answer to their preemption notice, by (index, epoch).
     leave_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<LeaveAnswer>>>,
     timer: Option<SpawnHandle>,
@@ -83,7 +90,9 @@ impl CoordinatorActor {
             .with_servers(servers.len() as u32)
             .with_workers(workers.len() as u32);
         let setup = SetupWorker {
-            num_workers: workers.len() as u32,
+            // One input pipeline per worker the job may have: a worker that joins or leaves
+            // never changes what the others read.
+            num_workers: scheduler.workers_max(),
             layouts: Vec::new(),
             datasets: Vec::new(),
             // Stamped by the coordinator's machine when it hands the setup out.
@@ -101,6 +110,8 @@ impl CoordinatorActor {
             configure_waiters: BTreeMap::new(),
             create_waiters: BTreeMap::new(),
             cut_waiters: BTreeMap::new(),
+            joined: BTreeMap::new(),
+            drain_waiters: BTreeMap::new(),
             leave_waiters: BTreeMap::new(),
             timer: None,
         }
@@ -194,6 +205,22 @@ impl CoordinatorActor {
                         let _ = waiter.send(result);
                     }
                 }
+                SchedulerAction::AskDrainPositions { worker, epoch } => {
+                    self.ask_drain_positions(ctx, worker, epoch)
+                }
+                SchedulerAction::DrainFinished { worker, epoch } => {
+                    tracing::info!(
+                        "worker/{worker} (epoch {epoch}) drained: its closures finished and its \
+                         dataset positions are kept; it leaves the job"
+                    );
+                    for waiter in self
+                        .drain_waiters
+                        .remove(&(worker, epoch))
+                        .unwrap_or_default()
+                    {
+                        let _ = waiter.send(());
+                    }
+                }
                 SchedulerAction::WritePreemptionCut {
                     ticket,
                     cut,
@@ -280,11 +307,42 @@ impl CoordinatorActor {
         });
     }
 
-    /// Incarnation `epoch` of worker `worker`, if the cluster names that worker.
-    fn worker_incarnation(&self, worker: u32, epoch: u64) -> Option<Incarnation<NodeId>> {
+    /// Worker `worker` and where to dial it, if the cluster spec names it or it joined.
+    fn worker_peer(&self, worker: u32) -> Option<(NodeId, PeerAddr)> {
         self.workers
             .get(worker as usize)
-            .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
+            .or_else(|| self.joined.get(&worker))
+            .cloned()
+    }
+
+    /// Incarnation `epoch` of worker `worker`, if the cluster names that worker or it joined.
+    fn worker_incarnation(&self, worker: u32, epoch: u64) -> Option<Incarnation<NodeId>> {
+        self.worker_peer(worker)
+            .map(|(node, _)| Incarnation::new(node, Epoch(epoch)))
+    }
+
+    /// Asks a draining incarnation, which runs nothing now, where its datasets are.
+    fn ask_drain_positions(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
+        let reference = self.worker_incarnation(worker, epoch).map(|target| {
+            self.gateway
+                .remote_ref::<DatasetPositions>(target, WORKER_ACTOR)
+        });
+        let call = async move {
+            match reference {
+                Some(r) => worker_reply(r.call(&DatasetPositions).await),
+                None => Err(no_such_worker(worker)),
+            }
+        };
+        self.spawn_reported(ctx, call, move |act, result| {
+            if let Err(e) = &result {
+                tracing::warn!(
+                    "draining worker/{worker} (epoch {epoch}) did not report its dataset \
+                     positions: {e}; those of its last setup are kept"
+                );
+            }
+            act.scheduler
+                .handle_drain_positions(Instant::now(), worker, epoch, result);
+        });
     }
 
     fn dispatch(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64, msg: RunClosure) {
@@ -441,7 +499,7 @@ impl CoordinatorActor {
     /// Dials worker `worker` (connects, learning the incarnation that answers); one that
     /// answers as an incarnation this gateway declared dead is reported as such.
     fn dial_worker(&mut self, ctx: &mut Context<Self>, worker: u32) {
-        let Some((node, addr)) = self.workers.get(worker as usize).cloned() else {
+        let Some((node, addr)) = self.worker_peer(worker) else {
             self.scheduler
                 .handle_worker_dialled(Instant::now(), worker, WorkerDial::Unreachable);
             return;
@@ -513,7 +571,7 @@ impl CoordinatorActor {
 
     /// Tells the fenced incarnation `epoch` of `worker`, still alive, to retire.
     fn retire_worker(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
-        let Some((node, addr)) = self.workers.get(worker as usize).cloned() else {
+        let Some((node, addr)) = self.worker_peer(worker) else {
             self.scheduler
                 .handle_worker_retired(worker, epoch, Err(no_such_worker(worker)));
             return;
@@ -856,10 +914,7 @@ impl CoordinatorActor {
                     generation,
                     setup,
                 } => {
-                    let target = self
-                        .workers
-                        .get(worker as usize)
-                        .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)));
+                    let target = self.worker_incarnation(worker, epoch);
                     (
                         generation,
                         Box::pin(async move {
@@ -900,6 +955,12 @@ impl CoordinatorActor {
             .iter()
             .position(|(n, _)| n == node)
             .map(|i| i as u32)
+            .or_else(|| {
+                self.joined
+                    .iter()
+                    .find(|(_, (n, _))| n == node)
+                    .map(|(i, _)| *i)
+            })
     }
 }
 
@@ -986,6 +1047,17 @@ impl Actor for CoordinatorActor {
         {
             tracing::error!("the coordinator cannot hear workers' preemption notices: {e}");
         }
+        // Workers joining the job and leaving it for good (elastic workers).
+        if let Err(e) = self
+            .gateway
+            .register::<Joining>(COORDINATOR_ACTOR, ctx.address().recipient())
+            .and_then(|()| {
+                self.gateway
+                    .register::<Draining>(COORDINATOR_ACTOR, ctx.address().recipient())
+            })
+        {
+            tracing::error!("the coordinator cannot hear workers joining or draining: {e}");
+        }
         self.scheduler.handle_reconnect_tick();
         self.drive(ctx);
         ctx.run_interval(RECONNECT_INTERVAL, |act, ctx| {
@@ -1051,6 +1123,87 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
         }
         self.drive(ctx);
         Box::pin(async move { answer })
+    }
+}
+
+impl Handler<Remote<Joining>> for CoordinatorActor {
+    type Result = MessageResult<Remote<Joining>>;
+
+    /// A worker registers: the machine decides whether it belongs to the job (its index is
+    /// the one its certificate names, SEC-1); one past the cluster spec is dialled at the
+    /// address it gave.
+    fn handle(&mut self, msg: Remote<Joining>, ctx: &mut Context<Self>) -> Self::Result {
+        let node = msg.from.node.clone();
+        let worker = node.index;
+        let epoch = msg.from.epoch.0;
+        let spec_worker = (worker as usize) < self.workers.len();
+        if !spec_worker
+            && msg
+                .msg
+                .addr
+                .rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return MessageResult(Err(JoinRefusal::BadAddress {
+                worker,
+                addr: msg.msg.addr,
+            }));
+        }
+        let answer = self
+            .scheduler
+            .handle_worker_joining(Instant::now(), worker, epoch);
+        match &answer {
+            Ok(()) if !spec_worker => {
+                let known = self.joined.get(&worker).map(|(_, a)| a.to_string());
+                if known.as_deref() != Some(msg.msg.addr.as_str()) {
+                    tracing::info!(
+                        "worker/{worker} (epoch {epoch}) joins the job at {}",
+                        msg.msg.addr
+                    );
+                    self.joined
+                        .insert(worker, (node, PeerAddr::new(&msg.msg.addr)));
+                }
+            }
+            Ok(()) => {}
+            Err(refusal) => tracing::warn!("{refusal}"),
+        }
+        self.drive(ctx);
+        MessageResult(answer)
+    }
+}
+
+impl Handler<Remote<Draining>> for CoordinatorActor {
+    type Result = ResponseFuture<()>;
+
+    /// A worker leaves the job for good: answered once the machine has drained it.
+    fn handle(&mut self, msg: Remote<Draining>, ctx: &mut Context<Self>) -> Self::Result {
+        let (done, rx) = oneshot::channel();
+        let epoch = msg.from.epoch.0;
+        match self.worker_index(&msg.from.node) {
+            Some(worker) => {
+                tracing::info!("worker/{worker} (epoch {epoch}) is draining out of the job");
+                match self
+                    .scheduler
+                    .handle_worker_draining(Instant::now(), worker, epoch)
+                {
+                    DrainDisposition::Done => {
+                        let _ = done.send(());
+                    }
+                    DrainDisposition::Pending => self
+                        .drain_waiters
+                        .entry((worker, epoch))
+                        .or_default()
+                        .push(done),
+                }
+            }
+            None => {
+                let _ = done.send(());
+            }
+        }
+        self.drive(ctx);
+        Box::pin(async move {
+            let _ = rx.await;
+        })
     }
 }
 
@@ -1138,10 +1291,18 @@ impl Handler<PeerChanged> for CoordinatorActor {
                     .handle_ps_lost(Instant::now(), ps, incarnation.epoch.0);
                 self.drive(ctx);
             } else if let Some(worker) = self.worker_index(&incarnation.node) {
-                tracing::warn!(
-                    "worker/{worker} (epoch {}) declared dead: {cause:?}",
-                    incarnation.epoch.0
-                );
+                if self.scheduler.is_member(worker) {
+                    tracing::warn!(
+                        "worker/{worker} (epoch {}) declared dead: {cause:?}",
+                        incarnation.epoch.0
+                    );
+                } else {
+                    // Drained out of the job: its exit is expected.
+                    tracing::debug!(
+                        "worker/{worker} (epoch {}), drained, is gone: {cause:?}",
+                        incarnation.epoch.0
+                    );
+                }
                 self.scheduler
                     .handle_worker_lost(Instant::now(), worker, incarnation.epoch.0);
                 self.drive(ctx);
@@ -1239,6 +1400,30 @@ impl Handler<Status> for CoordinatorActor {
 
     fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.scheduler.status())
+    }
+}
+
+/// The workers past the cluster spec that are members of the job now (they joined and were
+/// not drained since), with where they are dialled: the chief's goodbye at the end of a job
+/// reaches them too.
+pub struct JoinedWorkers;
+
+impl Message for JoinedWorkers {
+    type Result = Vec<(NodeId, PeerAddr)>;
+}
+
+impl Handler<JoinedWorkers> for CoordinatorActor {
+    type Result = MessageResult<JoinedWorkers>;
+
+    fn handle(&mut self, _: JoinedWorkers, _: &mut Context<Self>) -> Self::Result {
+        let members = self.scheduler.members();
+        MessageResult(
+            self.joined
+                .iter()
+                .filter(|(worker, _)| members.contains(worker))
+                .map(|(_, peer)| peer.clone())
+                .collect(),
+        )
     }
 }
 

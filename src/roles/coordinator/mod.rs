@@ -7,7 +7,9 @@
 //!   `machine::recovery`) the ordered calls of every restore, at start-up or after a loss,
 //!   (in `machine::control`) dialling, setting up and retiring workers and configuring them,
 //!   (in `machine::servers`) creating variables and the chief's start (probe, then restore or
-//!   afresh), and (in `machine::save`) reading a consistent cut for a checkpoint;
+//!   afresh), (in `machine::save`) reading a consistent cut for a checkpoint, and (in
+//!   `machine::membership`) elastic workers: a worker joining the running job or drained
+//!   out of it;
 //! - `actor` carries the machine's actions out as remote calls and reports their outcomes;
 //! - `restore` is the restore's IO (sending a server's shards, reading a checkpoint);
 //! - `client` is the blocking [`ClusterCoordinator`] API over the actor: it forwards the
@@ -21,15 +23,15 @@ mod restore;
 
 pub(crate) use restore::shard_restores;
 
-pub use actor::{ChiefStopping, CoordinatorActor};
+pub use actor::{ChiefStopping, CoordinatorActor, JoinedWorkers};
 pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec, SAVE_WAIT_MAX};
 pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket, ControlCounters,
-    CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, Ledger, LedgerState,
-    PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler,
-    SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
-    WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, DrainDisposition, Ledger,
+    LedgerState, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
+    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
+    WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

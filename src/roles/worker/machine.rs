@@ -565,6 +565,23 @@ impl WorkerMachine {
         }
     }
 
+    /// Step 6: this worker was drained out of the job (scaled down): its last closure
+    /// finished and the chief kept its dataset positions (or the chief could not be asked):
+    /// exit with success, which its supervisor does not restart; the datasets close with it.
+    pub fn handle_drained(&mut self, _now: Instant, chief_answered: bool) -> Option<Exit> {
+        let reason = if chief_answered {
+            "drained: the chief let this worker's last closure finish and kept its dataset \
+             positions; leaving the job"
+        } else {
+            "drained without the chief's answer (its closure, if any, runs elsewhere); \
+             leaving the job"
+        };
+        self.decide(Exit {
+            code: JOB_DONE_EXIT_CODE,
+            reason: reason.into(),
+        })
+    }
+
     /// Step 6: the chief is gone or the preemption grace has passed: stop.
     pub fn handle_preemption_over(&mut self, _now: Instant) -> Option<Exit> {
         self.decide(Exit::preempted())

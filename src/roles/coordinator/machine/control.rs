@@ -161,7 +161,7 @@ impl Scheduler {
         if self.is_restoring() {
             return;
         }
-        for worker in 0..self.num_workers {
+        for worker in self.members() {
             if self.worker_epoch(worker).is_none() && self.worker_dials.insert(worker) {
                 self.actions
                     .push_back(SchedulerAction::DialWorker { worker });
@@ -218,7 +218,8 @@ impl Scheduler {
             self.control.setups_failed += 1;
             return SetUpDisposition::Failed;
         }
-        if version != self.setup_version || self.is_restoring() {
+        // A worker drained meanwhile is not a member any more (see `membership`).
+        if version != self.setup_version || self.is_restoring() || !self.is_member(worker) {
             self.control.setups_outdated += 1;
             return SetUpDisposition::Outdated;
         }

@@ -29,6 +29,9 @@
 pub mod control;
 #[cfg(test)]
 mod control_tests;
+pub mod membership;
+#[cfg(test)]
+mod membership_tests;
 pub mod preempt;
 #[cfg(test)]
 mod preempt_tests;
@@ -54,6 +57,7 @@ pub use control::{
     SetUpDisposition, WorkerDial,
 };
 use control::{PendingConfigure, PendingPositions};
+pub use membership::DrainDisposition;
 use preempt::PsPreemption;
 pub use preempt::{PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
 use recovery::{
@@ -373,6 +377,22 @@ pub enum SchedulerAction {
         /// The cut, or why not.
         result: Result<CutReading, String>,
     },
+    /// Ask the draining incarnation `epoch` of `worker`, which runs nothing now, where its
+    /// datasets are ([`crate::roles::protocol::DatasetPositions`]; see [`membership`]).
+    /// Answer with [`Scheduler::handle_drain_positions`].
+    AskDrainPositions {
+        /// The worker.
+        worker: u32,
+        /// The draining incarnation.
+        epoch: WorkerEpoch,
+    },
+    /// The drain of incarnation `epoch` of `worker` ended (see [`membership`]): it may go.
+    DrainFinished {
+        /// The worker.
+        worker: u32,
+        /// The drained incarnation.
+        epoch: WorkerEpoch,
+    },
     /// A parameter server's preemption cut was read ([`preempt`]): build its checkpoint and
     /// write it under `root` (blocking work: off the actor's thread), then answer with
     /// [`Scheduler::handle_preemption_cut_written`].
@@ -591,6 +611,8 @@ pub struct Scheduler {
     stopping: bool,
     /// Outcomes of remote effects no decision depends on.
     control: ControlCounters,
+    /// Workers that joined or were drained (elastic workers).
+    membership: membership::Membership,
 }
 
 /// A closure committed since the cut, kept to run it again after a rollback: its function,
@@ -717,6 +739,7 @@ impl Scheduler {
             checkpoint_dir: None,
             stopping: false,
             control: ControlCounters::default(),
+            membership: membership::Membership::default(),
         }
     }
 
@@ -1370,9 +1393,12 @@ impl Scheduler {
     }
 
     /// The program changed what workers are set up with (the setup's layouts are also what a
-    /// restore restores): setups handed out before are outdated.
+    /// restore restores): setups handed out before are outdated. Its number of input
+    /// pipelines is at least the most workers the job may have.
     pub fn handle_configure(&mut self, setup: SetupWorker) {
         self.setup = setup;
+        // One input pipeline per worker the job may have (see `membership`).
+        self.setup.num_workers = self.setup.num_workers.max(self.workers_max());
         self.setup_version += 1;
     }
 
@@ -1596,6 +1622,7 @@ impl Scheduler {
 
     fn dispatch(&mut self, now: Instant) {
         self.advance_recovery();
+        self.advance_drains();
         self.advance_preemption(now);
         loop {
             // Dispatch is held while a parameter server is being recovered; while a preemption
@@ -1618,7 +1645,11 @@ impl Scheduler {
             let free = self
                 .workers
                 .iter()
-                .filter(|(_, w)| w.alive && w.in_flight.len() < self.config.in_flight_per_worker)
+                .filter(|(i, w)| {
+                    w.alive
+                        && w.in_flight.len() < self.config.in_flight_per_worker
+                        && !self.is_draining(**i)
+                })
                 .min_by_key(|(i, w)| (w.in_flight.len(), **i))
                 .map(|(i, w)| (*i, w.epoch));
             let Some((worker, epoch)) = free else { break };
