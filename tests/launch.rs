@@ -219,6 +219,7 @@ fn config(dir: &Path, journal: &Path, env: &[(&str, &str)]) -> LaunchConfig {
         },
         stop_grace: Duration::from_secs(2),
         kill_once: None,
+        restart_chief: false,
     }
 }
 

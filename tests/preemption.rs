@@ -39,6 +39,12 @@ const WORKER_PID: &str = "worker.pid";
 const WORKER_STEPS_BEFORE_PREEMPTION: u64 = 5;
 /// Steps the job trains in the scenario where a worker is preempted alone.
 const STEPS_WITH_A_WORKER_PREEMPTED: u64 = 80;
+/// Steps the job trains in the scenario where the chief is frozen past the detection budget.
+const STEPS_WITH_CHIEF_FROZEN: u64 = 120;
+/// Steps between two checkpoints in that scenario.
+const CHECKPOINT_EVERY: u64 = 10;
+/// Step at which the chief offers itself to be frozen.
+const FREEZE_AT_STEP: u64 = 35;
 /// Steps this process's worker has run (in the worker processes).
 static WORKER_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -97,6 +103,24 @@ fn program() -> Program {
                     report["saved_step"] = serde_json::json!(step);
                     coordinator.save_checkpoint(&mut manager, step)?;
                     report["saved"] = variables(coordinator)?;
+                }
+                "chief-freeze" => {
+                    // A checkpoint every CHECKPOINT_EVERY steps; the first incarnation offers
+                    // itself to be frozen (its PID file) once a few are saved.
+                    while step < STEPS_WITH_CHIEF_FROZEN {
+                        let value = coordinator.schedule("fit", Vec::new())?;
+                        coordinator.fetch(&value)?;
+                        step += 1;
+                        if step % CHECKPOINT_EVERY == 0 {
+                            coordinator.save_checkpoint(&mut manager, step)?;
+                        }
+                        if step == FREEZE_AT_STEP {
+                            claim_pid_file(CHIEF_PID, "");
+                        }
+                    }
+                    report["final_step"] = serde_json::json!(step);
+                    report["ledger"] = serde_json::to_value(coordinator.ledger()?)
+                        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
                 }
                 "worker-leaves" => {
                     train(coordinator, &mut step, STEPS_WITH_A_WORKER_PREEMPTED)?;
@@ -295,6 +319,7 @@ fn the_launcher_stopped_by_sigterm_returns_143_and_the_chief_checkpoints_in_its_
         restart: run.restart.clone(),
         stop_grace: Duration::from_secs(15),
         kill_once: None,
+        restart_chief: false,
     };
     let mut launcher = cohort::launch::Launcher::start(config).unwrap();
     let outcome = launcher.supervise(&stop).unwrap();
@@ -389,5 +414,54 @@ fn a_worker_preempted_alone_leaves_at_once_and_the_job_finishes_whole() {
     assert_eq!(
         first.code, 143,
         "worker/1 was to leave at once after its notice, not serve on: {exits:?}"
+    );
+}
+
+/// A chief frozen past the detection budget (SIGSTOP, a paused VM) wakes to find itself
+/// declared dead: a parameter server refuses its incarnation, and it exits 171 (restart me)
+/// instead of failing the job. Its supervisor (the launcher here, restarting a chief as
+/// Kubernetes' ExitCode policy does) restarts it; the new incarnation restores its newest
+/// checkpoint over the live servers (rolling back what they applied past it) and trains to the
+/// end, with the ledger whole across the restart.
+#[test]
+fn a_chief_frozen_past_the_budget_restarts_and_the_job_finishes_from_its_checkpoint() {
+    let mut run = Run::new("chief-freeze", "chief-freeze", &[]);
+    run.restart_chief = true;
+    let pid_file = run.path(CHIEF_PID);
+    let freezer = beside(move |cancel| {
+        if let Some(pid) = wait_for_pid(&pid_file, &cancel) {
+            eprintln!("[test] SIGSTOP to the chief (pid {pid}) for 3 s, past its 1 s budget");
+            signal(pid, Signal::SIGSTOP);
+            ps_support::sleep_unless(&cancel, Duration::from_secs(3));
+            signal(pid, Signal::SIGCONT);
+        }
+    });
+    let root = run.path("ckpt").display().to_string();
+    let code = run.launch_code_with(&[("COHORT_CHECKPOINT_DIR", &root)]);
+    freezer.finish();
+    assert_eq!(code, 0, "the job failed; its log is above");
+    let report = run.report();
+    assert_eq!(report["final_step"], STEPS_WITH_CHIEF_FROZEN, "{report}");
+    let restored = report["restored_step"].as_u64().unwrap_or(0);
+    assert!(
+        restored >= CHECKPOINT_EVERY,
+        "the restarted chief resumed from a checkpoint: {report}"
+    );
+    let ledger = &report["ledger"];
+    assert_eq!(
+        ledger["scheduled"], ledger["committed"],
+        "LEDGER-1: {ledger}"
+    );
+    assert_eq!(ledger["committed"], STEPS_WITH_CHIEF_FROZEN, "{ledger}");
+    assert_eq!(ledger["pending"], 0, "{ledger}");
+    let exits = run.exits();
+    let first = exits
+        .iter()
+        .filter(|e| e.task == "chief/0")
+        .min_by_key(|e| e.incarnation)
+        .unwrap_or_else(|| panic!("the chief never exited: {exits:?}"));
+    assert_eq!(
+        first.code, 171,
+        "the woken chief was to ask for a restart: {exits:?}"
     );
 }

@@ -178,6 +178,8 @@ pub fn launch_local(
         // environment the children inherit), then a margin.
         stop_grace,
         kill_once: flags.kill_worker_after.map(|after| (victim, after)),
+        // As Kubernetes would: a chief that asks for a restart resumes from its checkpoint.
+        restart_chief: true,
     };
     let stop = Arc::new(AtomicBool::new(false));
     if let Err(e) = stop_on_signals(&stop) {

@@ -558,9 +558,15 @@ fn run_chief(
             outcome
         })
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
-    system
-        .run()
+    let code = system
+        .run_with_code()
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
+    if code != 0 {
+        // The node ended itself (a peer refused this incarnation as outdated: declared dead
+        // while it was frozen, say): restart me, as a newer incarnation that resumes from the
+        // last checkpoint.
+        return Ok(code);
+    }
     if !finished.load(Ordering::SeqCst) {
         // Stopped by the grace timer; the program thread dies with the process.
         return Ok(PREEMPTED_EXIT_CODE);
@@ -813,8 +819,9 @@ fn exit_when_outdated(gateway: &Gateway) {
             if let PeerEvent::Outdated { by, known } = event {
                 eprintln!(
                     "error: {by} refused this incarnation ({me}) as outdated: it knows {known} \
-                     of this node (the clock stepped back, or an incarnation was reused); \
-                     exiting {} to be restarted as a newer one",
+                     of this node (this process was declared dead, frozen past the detection \
+                     budget; or the clock stepped back); exiting {} to be restarted as a \
+                     newer one",
                     crate::process::RETIRED_EXIT_CODE
                 );
                 System::current().stop_with_code(crate::process::RETIRED_EXIT_CODE);

@@ -52,7 +52,7 @@ use nix::unistd::Pid;
 
 use crate::checkpoint::FAILPOINT_ENV;
 use crate::cluster::{ClusterConfig, ClusterSpec, ConfigKey, TaskId, TaskType};
-use crate::process::{restart_wanted, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE};
+use crate::process::{restart_wanted, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE};
 
 /// Environment variable naming the certificate directory of a launched task: the one its
 /// configuration reads ([`ConfigKey::CERTS_DIR`]).
@@ -87,6 +87,11 @@ pub struct LaunchConfig {
     pub restart: RestartLimits,
     /// How long children get between SIGTERM and SIGKILL when the job stops.
     pub stop_grace: Duration,
+    /// Restart a chief that exits asking for a restart (a code of 128 or more other than a
+    /// stop request's 130 or 143: cohort's 170–173, or a death by another signal), as
+    /// Kubernetes' `ExitCode` policy restarts the chief's pod: its program resumes from its
+    /// last checkpoint. Off, any exit of the chief ends the job with its code.
+    pub restart_chief: bool,
     /// Kill this task with SIGKILL once (the demo's midway failure): this long after launch,
     /// or as soon as the chief prints a line containing [`CHAOS_MARKER`], whichever is first.
     pub kill_once: Option<(TaskId, Duration)>,
@@ -553,7 +558,7 @@ impl Launcher {
             );
             return Ok(None);
         }
-        match after_exit(task.task_type, code) {
+        match after_exit(task.task_type, code, self.config.restart_chief) {
             AfterExit::EndJob => return Ok(Some(code)),
             AfterExit::Finished => {
                 eprintln!(
@@ -884,10 +889,15 @@ enum AfterExit {
 }
 
 /// The launcher's decision for a task of `task_type` that exited with `code` (128 + N after
-/// death by signal N, see [`exit_code`]).
-fn after_exit(task_type: TaskType, code: i32) -> AfterExit {
+/// death by signal N, see [`exit_code`]); `restart_chief`: see [`LaunchConfig::restart_chief`].
+fn after_exit(task_type: TaskType, code: i32, restart_chief: bool) -> AfterExit {
     if task_type == TaskType::Chief {
-        AfterExit::EndJob
+        let stopped = code == PREEMPTED_EXIT_CODE || code == 128 + Signal::SIGINT as i32;
+        if restart_chief && restart_wanted(code) && !stopped {
+            AfterExit::Restart
+        } else {
+            AfterExit::EndJob
+        }
     } else if code == JOB_DONE_EXIT_CODE {
         AfterExit::Finished
     } else if restart_wanted(code) {
@@ -946,17 +956,38 @@ mod tests {
         ];
         for task_type in [TaskType::Worker, TaskType::Ps, TaskType::Evaluator] {
             for (code, expected) in cases {
-                assert_eq!(
-                    after_exit(task_type, code),
-                    expected,
-                    "{task_type} exit {code}"
-                );
+                for restart_chief in [false, true] {
+                    assert_eq!(
+                        after_exit(task_type, code, restart_chief),
+                        expected,
+                        "{task_type} exit {code}"
+                    );
+                }
             }
         }
         for (code, _) in cases {
             assert_eq!(
-                after_exit(TaskType::Chief, code),
+                after_exit(TaskType::Chief, code, false),
                 EndJob,
+                "chief exit {code}"
+            );
+        }
+        // Restarting chiefs: every restart-me code but a stop request's.
+        for (code, expected) in [
+            (JOB_DONE_EXIT_CODE, EndJob),
+            (TRAINING_ERROR_EXIT_CODE, EndJob),
+            (BAD_CONFIG_EXIT_CODE, EndJob),
+            (PREEMPTED_EXIT_CODE, EndJob),
+            (128 + 2, EndJob),
+            (128 + 9, Restart),
+            (PANIC_EXIT_CODE, Restart),
+            (RETIRED_EXIT_CODE, Restart),
+            (PS_LOST_EXIT_CODE, Restart),
+            (FAILPOINT_EXIT_CODE, Restart),
+        ] {
+            assert_eq!(
+                after_exit(TaskType::Chief, code, true),
+                expected,
                 "chief exit {code}"
             );
         }

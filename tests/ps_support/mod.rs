@@ -168,6 +168,9 @@ pub struct Run {
     pub restart: RestartLimits,
     /// A task the launcher SIGKILLs once, this long after launch (none by default).
     pub kill_once: Option<(TaskId, Duration)>,
+    /// Restart a chief that asks for it (see `LaunchConfig::restart_chief`); off by default,
+    /// so that a test sees the chief's own exit code.
+    pub restart_chief: bool,
 }
 
 impl Run {
@@ -198,6 +201,7 @@ impl Run {
                 backoff_max: Duration::from_secs(1),
             },
             kill_once: None,
+            restart_chief: false,
         }
     }
 
@@ -244,6 +248,7 @@ impl Run {
             restart: self.restart.clone(),
             stop_grace: Duration::from_secs(3),
             kill_once: self.kill_once,
+            restart_chief: self.restart_chief,
         };
         let workers_max = self.workers_max.max(self.num_workers);
         let mut launcher =
