@@ -28,7 +28,7 @@
 use std::sync::Arc;
 
 pub use crate::roles::coordinator::{
-    ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec,
+    ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground, VariableSpec,
 };
 pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};

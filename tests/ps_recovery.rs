@@ -76,6 +76,7 @@ fn program() -> Program {
                     .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
             let mut report = serde_json::json!({});
             let mut scheduled = 0u64;
+            let mut in_background = None;
             for chunk in 0..CHUNKS {
                 let values = (0..CHUNK)
                     .map(|_| coordinator.schedule("count", Vec::new()))
@@ -103,9 +104,20 @@ fn program() -> Program {
                         _ => Ok(()),
                     };
                 }
-                if checkpointing {
+                if checkpointing && scenario() == "background" {
+                    // The previous save ends first: one in the background at a time.
+                    if let Some(pending) = in_background.take() {
+                        cohort::program::PendingSave::wait(pending, &mut manager)?;
+                    }
+                    in_background =
+                        Some(coordinator.save_checkpoint_in_background(&manager, scheduled)?);
+                } else if checkpointing {
                     coordinator.save_checkpoint(&mut manager, scheduled)?;
                 }
+            }
+            if let Some(pending) = in_background.take() {
+                let saved = cohort::program::PendingSave::wait(pending, &mut manager)?;
+                report["last_saved_step"] = serde_json::json!(saved.step);
             }
             report["scheduled"] = serde_json::json!(scheduled);
             report["a"] = serde_json::json!(value(coordinator, "a")?);
@@ -285,5 +297,38 @@ fn a_preempted_ps_leaves_after_a_cut_and_its_restore_runs_nothing_again() {
             .unwrap_or(false),
         "the preemption cut is under {}",
         cuts.display()
+    );
+}
+
+/// Checkpoints written in the background: training waits only for each cut to be read, and
+/// goes on while the checkpoint is written; a cut becomes the recovery's only once durable.
+/// ps/1 killed while closures run (and a save may still be writing): every effect is present
+/// exactly once, whichever checkpoint the recovery found marked.
+#[test]
+fn ps_1_a_killed_ps_is_restored_exactly_once_with_checkpoints_written_in_the_background() {
+    let run = Run::new("ps-recovery-background", "background", &[]);
+    let report = run.launch();
+    let ledger = &report["after"]["ledger"];
+    let scheduled = (CHUNK * CHUNKS) as f64;
+    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(ledger["balances"], true, "{report}");
+    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    assert!(ledger["ps_restores"].as_u64() >= Some(1), "{report}");
+    assert!(ledger["rolled_back"].as_u64() >= Some(1), "{report}");
+    assert_eq!(
+        report["last_saved_step"].as_f64(),
+        Some(scheduled),
+        "{report}"
+    );
+    let steps: Vec<u64> = list_checkpoints(&run.path("ckpt"))
+        .unwrap()
+        .iter()
+        .map(|e| e.step)
+        .collect();
+    assert_eq!(
+        steps.last().copied(),
+        Some(scheduled as u64),
+        "the last save in the background is on disk"
     );
 }

@@ -192,6 +192,15 @@ impl CheckpointManager {
         &self.policy
     }
 
+    /// Records a checkpoint of `step` saved under this root by another writer (a save in the
+    /// background), begun at `at`: the cadence ([`Self::should_save`]) counts from it.
+    pub fn record_saved(&mut self, step: u64, at: Instant) {
+        if self.last_saved_step.is_none_or(|last| step > last) {
+            self.last_saved_step = Some(step);
+            self.last_saved_at = Some(at);
+        }
+    }
+
     /// Step of the last checkpoint saved or restored by this manager.
     pub fn last_saved_step(&self) -> Option<u64> {
         self.last_saved_step

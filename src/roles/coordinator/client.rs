@@ -16,7 +16,7 @@ use super::actor::{
     Status,
 };
 pub use super::machine::SAVE_WAIT_MAX;
-use super::machine::{ClosureFailure, ClosureId, Ledger, ScheduleError};
+use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError};
 use crate::checkpoint::CheckpointManager;
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
@@ -330,21 +330,7 @@ impl ClusterCoordinator {
         manager: &mut CheckpointManager,
         step: u64,
     ) -> Result<PathBuf, CoordinatorError> {
-        self.join()?;
-        let rx = self.ask(ReadCut { step })?;
-        let read = self.wait_within(
-            rx,
-            "reading a checkpoint cut",
-            SAVE_WAIT_MAX + self.wait_max,
-        )?;
-        let reading = match read {
-            Ok(reading) => reading,
-            Err(e) => {
-                // A job that failed meanwhile says so first.
-                self.join()?;
-                return Err(CoordinatorError::Checkpoint(e));
-            }
-        };
+        let reading = self.read_cut(step)?;
         let generation = reading.generation;
         // Assembled here, on the program's thread: it copies every tensor.
         let ckpt = reading
@@ -363,6 +349,81 @@ impl ClusterCoordinator {
             Some(generation),
         );
         Ok(dir)
+    }
+
+    /// [`Self::save_checkpoint`] with the writing off the step path (as CheckFreq and
+    /// TensorFlow's async checkpointing do): training waits only for the cut to be read (the
+    /// servers snapshot their shards, nothing pending meanwhile); the checkpoint is then built,
+    /// written, read back (CKPT-1) and marked as the cut on a thread of its own while the
+    /// program schedules on. Until it is marked, a parameter-server recovery restores the
+    /// previous checkpoint (and runs again what committed since it), so nothing is lost if the
+    /// write fails or a server is lost meanwhile. [`PendingSave::wait`] ends it (and tells
+    /// `manager` it saved); one save in flight at a time is the caller's rule (each holds a
+    /// copy of every variable until it is written).
+    pub fn save_checkpoint_in_background(
+        &self,
+        manager: &CheckpointManager,
+        step: u64,
+    ) -> Result<PendingSave, CoordinatorError> {
+        let started = Instant::now();
+        let reading = self.read_cut(step)?;
+        let read_took = started.elapsed();
+        let root = manager.root().to_path_buf();
+        let policy = manager.policy().clone();
+        let actor = self.actor.clone();
+        let runtime = self.runtime.clone();
+        let writer = std::thread::Builder::new()
+            .name(format!("checkpoint-{step}"))
+            .spawn(move || -> Result<PathBuf, String> {
+                let generation = reading.generation;
+                let ckpt = reading.into_checkpoint()?;
+                let mut writer = CheckpointManager::new(&root, policy, Instant::now())
+                    .map_err(|e| e.to_string())?;
+                let dir = writer
+                    .save(&ckpt, Instant::now())
+                    .map_err(|e| e.to_string())?;
+                let marked = runtime.block_on(actor.send(MarkCut {
+                    cut: ClosureId(ckpt.ledger.next_closure_id),
+                    root,
+                    generation: Some(generation),
+                }));
+                match marked {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!("checkpoint {} not marked as the cut: {e}", dir.display())
+                    }
+                    Err(e) => {
+                        tracing::warn!("checkpoint {} not marked as the cut: {e}", dir.display())
+                    }
+                }
+                Ok(dir)
+            })
+            .map_err(|e| CoordinatorError::Checkpoint(format!("cannot start the writer: {e}")))?;
+        Ok(PendingSave {
+            step,
+            started,
+            read_took,
+            writer,
+        })
+    }
+
+    /// The consistent cut for a checkpoint at `step`, read once nothing is pending.
+    fn read_cut(&self, step: u64) -> Result<CutReading, CoordinatorError> {
+        self.join()?;
+        let rx = self.ask(ReadCut { step })?;
+        let read = self.wait_within(
+            rx,
+            "reading a checkpoint cut",
+            SAVE_WAIT_MAX + self.wait_max,
+        )?;
+        match read {
+            Ok(reading) => Ok(reading),
+            Err(e) => {
+                // A job that failed meanwhile says so first.
+                self.join()?;
+                Err(CoordinatorError::Checkpoint(e))
+            }
+        }
     }
 
     /// Tells the coordinator that the checkpoints under `root` hold the variables as they were
@@ -509,6 +570,62 @@ impl ClusterCoordinator {
             .block_on(async move { tokio::time::timeout(bound, rx).await })
             .map_err(|_| CoordinatorError::Timeout { what, bound })?
             .map_err(|_| CoordinatorError::Stopped)
+    }
+}
+
+/// A checkpoint being written off the program's thread
+/// ([`ClusterCoordinator::save_checkpoint_in_background`]).
+#[derive(Debug)]
+pub struct PendingSave {
+    step: u64,
+    started: Instant,
+    read_took: Duration,
+    writer: std::thread::JoinHandle<Result<PathBuf, String>>,
+}
+
+/// A checkpoint written in the background, and what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedInBackground {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its step.
+    pub step: u64,
+    /// How long training waited: the cut's read.
+    pub read_took: Duration,
+    /// From the read's start until it was durable, verified and marked.
+    pub total: Duration,
+}
+
+impl PendingSave {
+    /// Whether the writer is done (then [`Self::wait`] does not block).
+    pub fn is_finished(&self) -> bool {
+        self.writer.is_finished()
+    }
+
+    /// The checkpoint's step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Waits for the checkpoint to be written, verified and marked, and records it in
+    /// `manager` (its cadence counts from when this save began). An error says why it is not
+    /// a checkpoint (the previous one stays the cut).
+    pub fn wait(
+        self,
+        manager: &mut CheckpointManager,
+    ) -> Result<SavedInBackground, CoordinatorError> {
+        let dir = self
+            .writer
+            .join()
+            .map_err(|_| CoordinatorError::Checkpoint("the checkpoint writer panicked".into()))?
+            .map_err(CoordinatorError::Checkpoint)?;
+        manager.record_saved(self.step, self.started);
+        Ok(SavedInBackground {
+            dir,
+            step: self.step,
+            read_took: self.read_took,
+            total: self.started.elapsed(),
+        })
     }
 }
 

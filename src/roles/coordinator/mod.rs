@@ -24,7 +24,10 @@ mod restore;
 pub(crate) use restore::shard_restores;
 
 pub use actor::{ChiefStopping, CoordinatorActor, JoinedWorkers};
-pub use client::{ClusterCoordinator, CoordinatorError, RemoteValue, VariableSpec, SAVE_WAIT_MAX};
+pub use client::{
+    ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground,
+    VariableSpec, SAVE_WAIT_MAX,
+};
 pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };
