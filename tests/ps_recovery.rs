@@ -46,6 +46,10 @@ fn cluster_task() {
         if task.as_deref() == Some("ps/1") {
             ps_support::claim_pid_file(PS_PID_FILE, "ps/1");
         }
+        // Every task's first incarnation, for the rolling preemption.
+        if let Some(task) = task.filter(|t| !t.starts_with("chief")) {
+            ps_support::claim_pid_file(&first_pid_file(&task), &task);
+        }
     }
     ps_support::run_if_child(program);
 }
@@ -82,6 +86,12 @@ fn program() -> Program {
                     .map(|_| coordinator.schedule("count", Vec::new()))
                     .collect::<Result<Vec<_>, _>>()?;
                 scheduled += CHUNK as u64;
+                if scenario() == "rolling" && (1..=ROLLING.len()).contains(&chunk) {
+                    // One task preempted per chunk, each after the one before has come back.
+                    coordinator.fetch(&values[1])?;
+                    let task = ROLLING[chunk - 1];
+                    ps_support::signal(first_pid(task)?, Signal::SIGTERM);
+                }
                 if chunk == KILL_CHUNK {
                     // Some closures committed past the last checkpoint, others in flight or
                     // queued: now ps/1 dies.
@@ -89,6 +99,7 @@ fn program() -> Program {
                     match scenario().as_str() {
                         "freeze" => freeze_ps1()?,
                         "preempt" => ps_support::signal(ps1_pid()?, Signal::SIGTERM),
+                        "rolling" => {}
                         _ => kill_ps1()?,
                     }
                     report["killed_after"] = serde_json::json!(scheduled);
@@ -147,6 +158,22 @@ fn freeze_ps1() -> Result<(), CoordinatorError> {
         ps_support::signal(pid, Signal::SIGCONT);
     });
     Ok(())
+}
+
+/// The tasks preempted one after the other in the rolling scenario, one per chunk from the
+/// second on.
+const ROLLING: [&str; 4] = ["ps/0", "worker/0", "ps/1", "worker/1"];
+
+/// Where task `task`'s first incarnation records its PID.
+fn first_pid_file(task: &str) -> String {
+    format!("{}.first.pid", task.replace('/', "-"))
+}
+
+fn first_pid(task: &str) -> Result<u32, CoordinatorError> {
+    let path = child_dir().join(first_pid_file(task));
+    let never = std::sync::atomic::AtomicBool::new(false);
+    ps_support::wait_for_pid(&path, &never)
+        .ok_or_else(|| CoordinatorError::Other(format!("{task} wrote no PID file")))
 }
 
 fn ps1_pid() -> Result<u32, CoordinatorError> {
@@ -331,4 +358,38 @@ fn ps_1_a_killed_ps_is_restored_exactly_once_with_checkpoints_written_in_the_bac
         Some(scheduled as u64),
         "the last save in the background is on disk"
     );
+}
+
+/// A rolling preemption: SIGTERM to every parameter server and worker, one after the other
+/// while the job trains (each once the one before has come back). Each server's notice makes
+/// the chief take a cut before it goes, each worker hands its closure back and goes; every
+/// task leaves at once (143) and is restarted. The job finishes with every effect present
+/// exactly once and nothing run again. (The chief's own notice is
+/// `preemption::sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from_it`.)
+#[test]
+fn a_rolling_preemption_of_every_server_and_worker_loses_nothing_and_reruns_nothing() {
+    let run = Run::new(
+        "ps-recovery-rolling",
+        "rolling",
+        &[("COHORT_PREEMPTION_GRACE", "60s")],
+    );
+    let report = run.launch();
+    let ledger = &report["after"]["ledger"];
+    let scheduled = (CHUNK * CHUNKS) as f64;
+    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(ledger["balances"], true, "{report}");
+    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    assert_eq!(ledger["pending"], 0, "{report}");
+    assert_eq!(ledger["rolled_back"], 0, "{report}");
+    assert!(ledger["ps_restores"].as_u64() >= Some(2), "{report}");
+    let exits = run.exits();
+    for task in ROLLING {
+        let first = exits
+            .iter()
+            .filter(|e| e.task == task)
+            .min_by_key(|e| e.incarnation)
+            .unwrap_or_else(|| panic!("{task} never exited: {exits:?}"));
+        assert_eq!(first.code, 143, "{task} was to leave at once: {exits:?}");
+    }
 }
