@@ -133,3 +133,64 @@ fn a_process_whose_peers_and_own_name_do_not_resolve_yet_starts_and_serves_on_it
         "the role keeps running while its peers do not resolve"
     );
 }
+
+/// A chief whose parameter server's name never resolves: it keeps trying within
+/// `ps_restart_wait`, then fails with an error naming the server and the name that does not
+/// resolve (exit 1, a training error: the job cannot start), never a panic, never a hang.
+#[test]
+fn a_chief_whose_server_name_never_resolves_fails_naming_it_within_the_wait() {
+    let scratch = Scratch::new();
+    let certs = scratch.0.join("certs");
+    let ca = ClusterCa::generate("test").unwrap();
+    ca.issue(&NodeId::new("chief", 0))
+        .unwrap()
+        .save(&certs)
+        .unwrap();
+    let port = free_udp_port();
+    let tf_config = serde_json::json!({
+        "cluster": {
+            "chief": [format!("127.0.0.1:{port}")],
+            "worker": ["worker-0.never.invalid:2222"],
+            "ps": ["ps-0.never.invalid:2222"],
+        },
+        "task": {"type": "chief", "index": 0},
+    });
+    let stderr = std::fs::File::create(scratch.0.join("stderr")).unwrap();
+    let mut role = Role(
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args(["role", "--job", "demo"])
+            .env("TF_CONFIG", tf_config.to_string())
+            .env("COHORT_CERTS", &certs)
+            .env("COHORT_PS_RESTART_WAIT", "2s")
+            .env("COHORT_WORKER_WAIT", "2s")
+            .env("COHORT_CHECKPOINT_DIR", scratch.0.join("ckpt"))
+            .env_remove("COHORT_INCARNATION")
+            .env_remove("COHORT_CONFIG")
+            .current_dir(&scratch.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start cohort role"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = role.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the chief neither started nor failed within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = std::fs::read_to_string(scratch.0.join("stderr")).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("ps/0")
+            && log.contains("ps-0.never.invalid")
+            && log.contains("does not resolve"),
+        "the error names the server and its name: {log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+}
