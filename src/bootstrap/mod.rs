@@ -343,12 +343,23 @@ fn run_worker(
                 .handle_drained(Instant::now(), answered)
         });
         let losing = Arc::clone(&machine);
-        exit_when_chief_is_lost(&gateway, move |silent_for| {
-            losing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .handle_chief_lost(Instant::now(), silent_for)
-        });
+        let waiting = Arc::clone(&machine);
+        exit_when_chief_is_lost(
+            &gateway,
+            register_wait,
+            move |silent_for| {
+                losing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle_chief_lost(Instant::now(), silent_for)
+            },
+            move |waited| {
+                waiting
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle_chief_wait_over(Instant::now(), waited)
+            },
+        );
         let noticing = Arc::clone(&machine);
         let leaving = Arc::clone(&machine);
         serve_chief_then_stop(
@@ -432,29 +443,46 @@ fn exit_after_answering(system: System, code: i32) {
     });
 }
 
-/// A worker whose chief went silent past the detection budget exits as `decide` says (code
-/// [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE)) so that its supervisor restarts
-/// it as a new incarnation. The chief has fenced it meanwhile (FENCE-1): a worker that was
-/// frozen (SIGSTOP, a long pause) and woke up would otherwise idle until the job ends, refused
-/// by everyone.
-fn exit_when_chief_is_lost(gateway: &Gateway, decide: impl Fn(Duration) -> Option<Exit> + 'static) {
+/// A worker whose chief went silent past the detection budget: `lost` decides (a worker told
+/// to stop exits at once); otherwise it waits `wait` (its `worker_wait`) for a new chief
+/// incarnation to set it up, and then exits as `wait_over` says (code
+/// [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE), so that its supervisor restarts
+/// it as a new incarnation) if none did. A worker the chief fenced while the two could not
+/// hear each other is retired by the chief when it is dialled again (FENCE-1).
+fn exit_when_chief_is_lost(
+    gateway: &Gateway,
+    wait: Duration,
+    lost: impl Fn(Duration) -> Option<Exit> + 'static,
+    wait_over: impl Fn(Duration) -> Option<Exit> + Clone + 'static,
+) {
     let mut events = gateway.subscribe();
     let chief = peer(TaskId::new(TaskType::Chief, 0));
     actix::spawn(async move {
         while let Some(event) = events.recv().await {
-            if let PeerEvent::Dead {
+            let PeerEvent::Dead {
                 incarnation,
                 cause: DeathCause::Silent { silent_for },
             } = event
-            {
-                if incarnation.node == chief {
-                    if let Some(exit) = decide(silent_for) {
-                        tracing::warn!("{}", exit.reason);
-                        System::current().stop_with_code(exit.code);
-                    }
-                    return;
-                }
+            else {
+                continue;
+            };
+            if incarnation.node != chief {
+                continue;
             }
+            if let Some(exit) = lost(silent_for) {
+                tracing::warn!("{}", exit.reason);
+                System::current().stop_with_code(exit.code);
+                return;
+            }
+            // Waiting for a new chief incarnation to set this worker up, within `wait`.
+            let wait_over = wait_over.clone();
+            actix::spawn(async move {
+                tokio::time::sleep(wait).await;
+                if let Some(exit) = wait_over(wait) {
+                    tracing::warn!("{}", exit.reason);
+                    System::current().stop_with_code(exit.code);
+                }
+            });
         }
     });
 }

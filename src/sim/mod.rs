@@ -36,9 +36,12 @@
 //!   past it are rolled back, and ids resume above every one a server applied), then the
 //!   program goes on from that checkpoint's step. With no checkpoint that verifies the
 //!   machine starts afresh only if no server has applied anything, else the start fails
-//!   naming why. A failed start exits the chief again (at most 3 times). Servers keep their state while the chief is gone; workers
-//!   exit to be restarted once it has been silent for the detection budget
-//!   ([`crate::process::RETIRED_EXIT_CODE`], as `crate::bootstrap` does).
+//!   naming why. A failed start exits the chief again (at most 3 times). Servers keep their
+//!   state while the chief is gone; once it has been silent for the detection budget each
+//!   worker's machine waits for a new chief to set it up (the new coordinator dials it and
+//!   takes it back as it is), and exits to be restarted
+//!   ([`crate::process::RETIRED_EXIT_CODE`]) if none did within `ps_restart_wait` (standing
+//!   for its `worker_wait`), as `crate::bootstrap` does.
 //! - **Datasets**: each worker reads one dataset; each closure it runs reads one element (its
 //!   position goes up by one); the worker's machine plans every setup: a new incarnation's
 //!   setup and a rewind rebuild the dataset at the skip the message carries, a live worker's

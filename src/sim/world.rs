@@ -162,6 +162,11 @@ enum Event {
     ChiefSilent {
         epoch: u64,
     },
+    /// Worker incarnation `epoch` of `worker` has waited its bound for a new chief.
+    ChiefWaitOver {
+        worker: u32,
+        epoch: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -749,12 +754,27 @@ impl<'a> World<'a> {
     /// The workers' detectors saw chief incarnation `epoch` silent past the budget: if it is
     /// still the one that died, every worker exits to be restarted
     /// ([`crate::process::RETIRED_EXIT_CODE`], as `crate::bootstrap` does).
+    /// The workers' failure detectors declare chief incarnation `epoch` dead: each worker's
+    /// machine decides (it waits for a new chief to set it up, as the real one does, within
+    /// `ps_restart_wait` here, standing for its `worker_wait`).
     fn chief_silent(&mut self, epoch: u64) {
         if self.chief_epoch != epoch || self.chief_state != ProcState::Down {
             return;
         }
+        let now = self.instant();
         for w in 0..self.config.num_workers {
-            self.kill(Node::Worker(w));
+            let worker = &mut self.workers[w as usize];
+            if worker.state == ProcState::Down {
+                continue;
+            }
+            let budget = self.config.detection_budget;
+            if worker.machine.handle_chief_lost(now, budget).is_some() {
+                self.kill(Node::Worker(w));
+            } else {
+                let at = self.now + self.config.ps_restart_wait;
+                let epoch = worker.epoch;
+                self.at(at, Event::ChiefWaitOver { worker: w, epoch });
+            }
         }
     }
 
@@ -2007,6 +2027,17 @@ impl<'a> World<'a> {
                 }
             }
             Event::ChiefSilent { epoch } => self.chief_silent(epoch),
+            Event::ChiefWaitOver { worker, epoch } => {
+                let now = self.instant();
+                let waited = self.config.ps_restart_wait;
+                let w = &mut self.workers[worker as usize];
+                if w.epoch == epoch
+                    && w.state != ProcState::Down
+                    && w.machine.handle_chief_wait_over(now, waited).is_some()
+                {
+                    self.kill(Node::Worker(worker));
+                }
+            }
             Event::Computed { worker, epoch, run } => self.computed(worker, epoch, run),
         }
     }

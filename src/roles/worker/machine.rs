@@ -72,6 +72,9 @@ pub struct WorkerMachine {
     queued: usize,
     step: Option<Step>,
     preempted: bool,
+    /// The chief incarnation whose setup this worker took went silent (its failure detector
+    /// declared it dead): the worker waits for a newer one to set it up.
+    chief_lost: bool,
     exit: Option<Exit>,
 }
 
@@ -259,6 +262,7 @@ impl WorkerMachine {
             queued: 0,
             step: None,
             preempted: false,
+            chief_lost: false,
             exit: None,
         }
     }
@@ -309,6 +313,10 @@ impl WorkerMachine {
                 version: setup.version,
                 taken: taken.1,
             });
+        }
+        // A newer chief than the one lost took this worker back.
+        if self.setup_taken.is_none_or(|(chief, _)| from_chief > chief) {
+            self.chief_lost = false;
         }
         let rewind = rewind && self.setup_taken != Some(key);
         let num_workers = setup.num_workers;
@@ -524,22 +532,40 @@ impl WorkerMachine {
         self.decide(Exit::job_done())
     }
 
-    /// Step 6: the chief has been silent for `silent_for`, past the detection budget. It has
-    /// fenced this incarnation meanwhile (a worker frozen and woken would otherwise idle until
-    /// the job ends, refused by everyone): exit to be restarted as a new incarnation.
+    /// Step 6: the chief has been silent for `silent_for`, past the detection budget (this
+    /// worker was not frozen itself: its detector knows its own silence). A worker told to
+    /// stop exits now (the chief's exit is expected). Otherwise it keeps its incarnation and
+    /// waits for a new chief incarnation (restarted by its supervisor) to set it up: that
+    /// chief restores the servers from its checkpoint and takes this worker back as it is,
+    /// and closures of the lost chief are refused from then on (a new chief's setup orders
+    /// before them). [`Self::handle_chief_wait_over`] ends the wait.
     pub fn handle_chief_lost(&mut self, _now: Instant, silent_for: Duration) -> Option<Exit> {
-        let reason = if self.preempted {
-            // The job is ending (we were told to stop): the chief's exit is expected.
-            "the chief has exited: stopping".to_string()
-        } else {
-            format!(
-                "the chief has been silent for {silent_for:?}: exiting so this worker restarts \
-                 as a new incarnation"
-            )
-        };
+        if self.preempted {
+            return self.decide(Exit {
+                code: RETIRED_EXIT_CODE,
+                reason: "the chief has exited: stopping".into(),
+            });
+        }
+        tracing::warn!(
+            "the chief has been silent for {silent_for:?}: waiting for a new chief incarnation"
+        );
+        self.chief_lost = true;
+        None
+    }
+
+    /// Step 6: the wait for a new chief that began with [`Self::handle_chief_lost`] is over
+    /// (`waited`: the worker's `worker_wait`). If no newer chief set this worker up meanwhile,
+    /// exit to be restarted as a new incarnation, which registers with whichever chief comes.
+    pub fn handle_chief_wait_over(&mut self, _now: Instant, waited: Duration) -> Option<Exit> {
+        if !self.chief_lost {
+            return None;
+        }
         self.decide(Exit {
             code: RETIRED_EXIT_CODE,
-            reason,
+            reason: format!(
+                "no new chief set this worker up within {waited:?} of losing its chief: exiting \
+                 so that it restarts as a new incarnation"
+            ),
         })
     }
 
@@ -944,10 +970,24 @@ mod tests {
         let mut m = WorkerMachine::new(0, 1, 2);
         assert_eq!(m.handle_goodbye(now()).unwrap().code, JOB_DONE_EXIT_CODE);
 
-        let mut m = WorkerMachine::new(0, 1, 2);
-        let exit = m.handle_chief_lost(now(), Duration::from_secs(3)).unwrap();
+        // A lost chief is waited for: a newer chief's setup takes the worker back; with none
+        // within the wait, it exits to be restarted.
+        let mut m = ready(&[]);
+        assert_eq!(m.handle_chief_lost(now(), Duration::from_secs(3)), None);
+        let exit = m
+            .handle_chief_wait_over(now(), Duration::from_secs(60))
+            .unwrap();
         assert_eq!(exit.code, RETIRED_EXIT_CODE);
-        assert!(exit.reason.contains("silent"), "{}", exit.reason);
+        assert!(exit.reason.contains("no new chief"), "{}", exit.reason);
+        let mut m = ready(&[]);
+        assert_eq!(m.handle_chief_lost(now(), Duration::from_secs(3)), None);
+        let newer_chief = 2;
+        m.handle_setup(now(), &setup(&[]), true, newer_chief)
+            .unwrap();
+        assert_eq!(
+            m.handle_chief_wait_over(now(), Duration::from_secs(60)),
+            None
+        );
 
         let mut m = ready(&[]);
         m.handle_preemption_notice(now());
