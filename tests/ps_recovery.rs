@@ -138,6 +138,19 @@ fn program() -> Program {
         })
 }
 
+/// PS-1 and LEDGER-1 at the end of a run: every scheduled closure's effect is present exactly
+/// once on both servers (each counts the closures applied: -lr * -1 per closure), and the
+/// ledger balances with every closure committed. Returns the ledger.
+fn every_effect_once(report: &serde_json::Value) -> &serde_json::Value {
+    let ledger = &report["after"]["ledger"];
+    let scheduled = (CHUNK * CHUNKS) as f64;
+    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
+    assert_eq!(ledger["balances"], true, "{report}");
+    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    ledger
+}
+
 fn value(coordinator: &ClusterCoordinator, name: &str) -> Result<f32, CoordinatorError> {
     Ok(coordinator.read_variable(name)?[0])
 }
@@ -259,12 +272,7 @@ fn a_chief_that_gives_up_on_a_lost_ps_exits_asking_for_a_restart() {
 fn fence_1_a_ps_falsely_declared_dead_is_retired_restarted_and_restored() {
     let run = Run::new("ps-recovery-freeze", "freeze", &[]);
     let report = run.launch();
-    let ledger = &report["after"]["ledger"];
-    let scheduled = (CHUNK * CHUNKS) as f64;
-    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(ledger["balances"], true, "{report}");
-    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    let ledger = every_effect_once(&report);
     assert!(ledger["ps_restores"].as_u64() >= Some(1), "{report}");
     let retired = run
         .exits()
@@ -289,12 +297,7 @@ fn a_preempted_ps_leaves_after_a_cut_and_its_restore_runs_nothing_again() {
         &[("COHORT_PREEMPTION_GRACE", "60s")],
     );
     let report = run.launch();
-    let ledger = &report["after"]["ledger"];
-    let scheduled = (CHUNK * CHUNKS) as f64;
-    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(ledger["balances"], true, "{report}");
-    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    let ledger = every_effect_once(&report);
     assert_eq!(ledger["pending"], 0, "{report}");
     assert!(ledger["ps_restores"].as_u64() >= Some(1), "{report}");
     assert_eq!(
@@ -335,12 +338,8 @@ fn a_preempted_ps_leaves_after_a_cut_and_its_restore_runs_nothing_again() {
 fn ps_1_a_killed_ps_is_restored_exactly_once_with_checkpoints_written_in_the_background() {
     let run = Run::new("ps-recovery-background", "background", &[]);
     let report = run.launch();
-    let ledger = &report["after"]["ledger"];
+    let ledger = every_effect_once(&report);
     let scheduled = (CHUNK * CHUNKS) as f64;
-    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(ledger["balances"], true, "{report}");
-    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
     assert!(ledger["ps_restores"].as_u64() >= Some(1), "{report}");
     assert!(ledger["rolled_back"].as_u64() >= Some(1), "{report}");
     assert_eq!(
@@ -374,12 +373,7 @@ fn a_rolling_preemption_of_every_server_and_worker_loses_nothing_and_reruns_noth
         &[("COHORT_PREEMPTION_GRACE", "60s")],
     );
     let report = run.launch();
-    let ledger = &report["after"]["ledger"];
-    let scheduled = (CHUNK * CHUNKS) as f64;
-    assert_eq!(report["a"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(report["b"].as_f64(), Some(scheduled), "{report}");
-    assert_eq!(ledger["balances"], true, "{report}");
-    assert_eq!(ledger["committed"], ledger["scheduled"], "{report}");
+    let ledger = every_effect_once(&report);
     assert_eq!(ledger["pending"], 0, "{report}");
     assert_eq!(ledger["rolled_back"], 0, "{report}");
     assert!(ledger["ps_restores"].as_u64() >= Some(2), "{report}");

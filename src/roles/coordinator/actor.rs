@@ -321,18 +321,27 @@ impl CoordinatorActor {
             .map(|(node, _)| Incarnation::new(node, Epoch(epoch)))
     }
 
-    /// Asks a draining incarnation, which runs nothing now, where its datasets are.
-    fn ask_drain_positions(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
+    /// The call that asks incarnation `epoch` of `worker` where its datasets are.
+    fn positions_call(
+        &self,
+        worker: u32,
+        epoch: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<(String, u64)>, CallFault>> + 'static {
         let reference = self.worker_incarnation(worker, epoch).map(|target| {
             self.gateway
                 .remote_ref::<DatasetPositions>(target, WORKER_ACTOR)
         });
-        let call = async move {
+        async move {
             match reference {
                 Some(r) => worker_reply(r.call(&DatasetPositions).await),
                 None => Err(no_such_worker(worker)),
             }
-        };
+        }
+    }
+
+    /// Asks a draining incarnation, which runs nothing now, where its datasets are.
+    fn ask_drain_positions(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
+        let call = self.positions_call(worker, epoch);
         self.spawn_reported(ctx, call, move |act, result| {
             if let Err(e) = &result {
                 tracing::warn!(
@@ -626,16 +635,7 @@ impl CoordinatorActor {
         worker: u32,
         epoch: u64,
     ) {
-        let reference = self.worker_incarnation(worker, epoch).map(|target| {
-            self.gateway
-                .remote_ref::<DatasetPositions>(target, WORKER_ACTOR)
-        });
-        let call = async move {
-            match reference {
-                Some(r) => worker_reply(r.call(&DatasetPositions).await),
-                None => Err(no_such_worker(worker)),
-            }
-        };
+        let call = self.positions_call(worker, epoch);
         self.spawn_reported(ctx, call, move |act, result| {
             if let Err(e) = &result {
                 tracing::warn!(

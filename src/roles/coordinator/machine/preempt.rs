@@ -161,20 +161,7 @@ impl Scheduler {
     /// own checkpoint needs them); later notices are answered `Stay` at once.
     pub fn handle_chief_stopping(&mut self, now: Instant) {
         self.stopping = true;
-        let Some(preemption) = self.preemption.take() else {
-            return;
-        };
-        if let PreemptPhase::Reading(ticket) = preemption.phase {
-            self.drop_cut_read(now, ticket);
-        }
-        for (ps, epoch) in preemption.leaving {
-            self.actions.push_back(SchedulerAction::AnswerPsLeaving {
-                ps,
-                epoch,
-                answer: LeaveAnswer::Stay,
-            });
-        }
-        self.dispatch(now);
+        self.finish_preemption(now, LeaveAnswer::Stay);
     }
 
     /// Whether dispatch is held for a preemption cut (closures that ran before may still go
@@ -304,6 +291,13 @@ impl Scheduler {
     /// Answers every server that gave notice `Go`, counts each lost, and lets dispatch go on
     /// (a recovery holds it again at once for the servers lost).
     fn end_preemption(&mut self, now: Instant) {
+        self.finish_preemption(now, LeaveAnswer::Go);
+    }
+
+    /// Ends the preemption under way: its read (if still under way) is dropped, every server
+    /// that gave notice is answered `answer` (and, told to go, counted lost), and dispatch is
+    /// no longer held for it.
+    fn finish_preemption(&mut self, now: Instant, answer: LeaveAnswer) {
         let Some(preemption) = self.preemption.take() else {
             return;
         };
@@ -311,13 +305,12 @@ impl Scheduler {
             self.drop_cut_read(now, ticket);
         }
         for (ps, epoch) in preemption.leaving {
-            self.actions.push_back(SchedulerAction::AnswerPsLeaving {
-                ps,
-                epoch,
-                answer: LeaveAnswer::Go,
-            });
-            self.control.servers_left += 1;
-            self.handle_ps_lost(now, ps, epoch);
+            self.actions
+                .push_back(SchedulerAction::AnswerPsLeaving { ps, epoch, answer });
+            if answer == LeaveAnswer::Go {
+                self.control.servers_left += 1;
+                self.handle_ps_lost(now, ps, epoch);
+            }
         }
         self.dispatch(now);
     }
