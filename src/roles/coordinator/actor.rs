@@ -873,7 +873,7 @@ impl CoordinatorActor {
                         Box::pin(async move {
                             let result = match target {
                                 Some(target) => {
-                                    restore_shards(&gateway, target, ps, &layouts, &checkpoint.0)
+                                    restore_shards(&gateway, target, ps, layouts, checkpoint.0)
                                         .await
                                 }
                                 None => Err(no_such_server(ps)),

@@ -51,16 +51,22 @@ pub(crate) fn call_fault(error: RemoteError) -> CallFault {
 
 /// Restores every shard of `layouts` placed on server `ps` from `ckpt`, each call to the
 /// incarnation `target` (never a newer one, which would be empty). A checkpoint that does not
-/// fit the job (a missing tensor, another shape) is a refusal.
+/// fit the job (a missing tensor, another shape) is a refusal. The messages are built on a
+/// blocking thread: they copy every tensor of the server's shards (hundreds of megabytes for
+/// a large embedding), and the caller runs on the coordinator's actor, whose thread also
+/// serves the node's heartbeats.
 pub(crate) async fn restore_shards(
     gateway: &Gateway,
     target: Incarnation<NodeId>,
     ps: u32,
-    layouts: &[Layout],
-    ckpt: &Checkpoint,
+    layouts: Vec<Layout>,
+    ckpt: std::sync::Arc<Checkpoint>,
 ) -> Result<(), CallFault> {
     let reference = gateway.remote_ref::<RestoreVariable>(target, PS_ACTOR);
-    for (msg, blobs) in shard_restores(ps, layouts, ckpt)? {
+    let messages = tokio::task::spawn_blocking(move || shard_restores(ps, &layouts, &ckpt))
+        .await
+        .map_err(|e| CallFault::Refused(format!("building ps/{ps}'s restore failed: {e}")))??;
+    for (msg, blobs) in messages {
         reference
             .call_with_blobs(&msg, blobs)
             .await
