@@ -37,8 +37,13 @@ pub struct CertsArgs {
     #[arg(long, default_value = "cohort")]
     name: String,
     /// Overwrite certificates already in --out (by default existing files are never replaced).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "add")]
     force: bool,
+    /// Sign certificates only for the nodes of --cluster that --out has none for yet, with the
+    /// CA already there (its ca.pem and ca.key): the certificates of workers that will join a
+    /// running job (`workers_max`). Nothing already in --out is replaced.
+    #[arg(long)]
+    add: bool,
     /// Also write a Kubernetes Secret manifest called NAME to `<out>/NAME.secret.yaml`: ca.pem
     /// and every node's certificate and key (never ca.key), to mount as the certs directory
     /// (COHORT_CERTS) of every pod of the job.
@@ -56,6 +61,9 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
         Some(name) => Some(SecretTarget::new(name, args.namespace.as_deref())?),
         None => None,
     };
+    if args.add {
+        return add(&args, &nodes, secret.as_ref());
+    }
     if !args.force {
         let existing: Vec<String> = std::iter::once(CA_FILE.to_string())
             .chain(nodes.iter().map(|n| format!("{}.pem", n.file_stem())))
@@ -101,6 +109,62 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
         println!(
             "wrote the Kubernetes Secret {} to {} (every node's certificate and key, not \
              ca.key): `kubectl apply -f` it and mount it as the certs directory of every pod",
+            target.name,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--add`: the nodes of `nodes` without a certificate in --out get one signed by the CA
+/// there; with `secret`, the Secret is written again with every node's pair.
+fn add(args: &CertsArgs, nodes: &[NodeId], secret: Option<&SecretTarget>) -> Result<(), CliError> {
+    let read = |name: &str| {
+        std::fs::read_to_string(args.out.join(name)).map_err(|e| {
+            CliError::Usage(format!(
+                "--add signs with the CA in --out {}, but {name} cannot be read there: {e}",
+                args.out.display()
+            ))
+        })
+    };
+    let ca = ClusterCa::from_pem(&read(CA_FILE)?, &read("ca.key")?)
+        .map_err(|e| CliError::Usage(format!("--add: the CA in {}: {e}", args.out.display())))?;
+    let (have, missing): (Vec<&NodeId>, Vec<&NodeId>) = nodes
+        .iter()
+        .partition(|n| args.out.join(format!("{}.pem", n.file_stem())).exists());
+    let mut creds = Vec::new();
+    for node in &have {
+        creds.push(
+            NodeCredentials::load(&args.out, node)
+                .map_err(|e| CliError::Failed(format!("{node}: {e}")))?,
+        );
+    }
+    let added = missing
+        .iter()
+        .map(|node| {
+            ca.issue(node)
+                .map_err(|e| CliError::Failed(format!("{node}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    creds.extend(added.iter().cloned());
+    let manifest = secret
+        .map(|target| target.manifest(ca.cert_pem(), &creds))
+        .transpose()?;
+    for node in &added {
+        node.save(&args.out)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+    }
+    println!(
+        "signed {} new node certificate(s) in {} with its CA ({} already there, left as they were)",
+        added.len(),
+        args.out.display(),
+        have.len()
+    );
+    if let (Some(target), Some(manifest)) = (secret, manifest) {
+        let path = args.out.join(target.file_name());
+        write_secret_file(&path, &manifest)?;
+        println!(
+            "wrote the Kubernetes Secret {} to {} again, with every node's pair",
             target.name,
             path.display()
         );
@@ -283,6 +347,7 @@ mod tests {
             cluster: cluster.into(),
             name: "test".into(),
             force: false,
+            add: false,
             k8s_secret: secret.map(str::to_string),
             namespace: namespace.map(str::to_string),
         }
@@ -306,6 +371,60 @@ mod tests {
                 (key.to_string(), String::from_utf8(bytes).expect("text"))
             })
             .collect()
+    }
+
+    /// `--add` signs only the missing nodes with the CA already in --out, leaves every file
+    /// there as it was, and says what is wrong without a CA to sign with.
+    #[test]
+    fn add_signs_the_missing_nodes_with_the_ca_in_place_and_replaces_nothing() {
+        let dir = scratch("add");
+        run(args(&dir, "chief=1,ps=1,worker=2", None, None)).unwrap();
+        let before: Vec<(String, Vec<u8>)> = ["ca.pem", "ca.key", "worker-1.pem", "worker-1.key"]
+            .iter()
+            .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap()))
+            .collect();
+        let mut more = args(&dir, "chief=1,ps=1,worker=4", Some("job-certs"), None);
+        more.add = true;
+        run(more).unwrap();
+        for (file, bytes) in &before {
+            assert_eq!(
+                &std::fs::read(dir.join(file)).unwrap(),
+                bytes,
+                "{file} changed"
+            );
+        }
+        // A new worker's certificate and an old node's trust each other: one CA signed both
+        // (mutual TLS over real QUIC on 127.0.0.1).
+        let chief = NodeCredentials::load(&dir, &NodeId::new("chief", 0)).unwrap();
+        let joiner = NodeCredentials::load(&dir, &NodeId::new("worker", 3)).unwrap();
+        assert!(NodeCredentials::load(&dir, &NodeId::new("worker", 2)).is_ok());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            use cohort_transport::{Endpoint, TransportConfig};
+            let local = "127.0.0.1:0".parse().unwrap();
+            let server = Endpoint::bind(local, chief, TransportConfig::for_tests()).unwrap();
+            let client = Endpoint::bind(local, joiner, TransportConfig::for_tests()).unwrap();
+            let chief_id = NodeId::new("chief", 0);
+            let at = server.local_addr().unwrap();
+            let accepting = async { server.accept().await.map(|c| c.is_ok()) };
+            let (dialed, accepted) = tokio::join!(client.connect(at, &chief_id), accepting);
+            assert!(dialed.is_ok(), "{:?}", dialed.err());
+            assert_eq!(accepted, Some(true));
+        });
+        let manifest = std::fs::read_to_string(dir.join("job-certs.secret.yaml")).unwrap();
+        let keys: Vec<String> = secret_data(&manifest).into_iter().map(|(k, _)| k).collect();
+        assert!(keys.contains(&"worker-3.pem".to_string()), "{keys:?}");
+        assert!(keys.contains(&"chief-0.key".to_string()), "{keys:?}");
+        let none = scratch("add-no-ca");
+        let mut without = args(&none, "worker=1", None, None);
+        without.add = true;
+        let err = run(without).unwrap_err().to_string();
+        assert!(err.contains("--add") && err.contains("ca.pem"), "{err}");
+        assert!(!none.join("worker-0.pem").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
