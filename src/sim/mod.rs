@@ -29,7 +29,7 @@
 //!   preemption cut (written to the simulated storage apart from the program's checkpoints,
 //!   read back, and marked after a write's time), so that its restore runs nothing again.
 //! - **The chief**: killed (coordinator and program together), its state is gone; after
-//!   `restart_delay` a new incarnation starts as the real one does: its program reads the
+//!   `restart_delay` (every other time also after the detection budget, as a supervisor slow to reschedule it, so that the workers' wait for a new chief is driven too) a new incarnation starts as the real one does: its program reads the
 //!   newest checkpoint that verifies and a fresh coordinator's machine runs the start
 //!   (`Scheduler::handle_start`): it probes every server (incarnation, restore generation,
 //!   next free closure id) and restores them all from that checkpoint (servers that went on

@@ -722,7 +722,15 @@ impl<'a> World<'a> {
             Node::Chief => self.kill_chief(),
             Node::Ps(_) => {}
         }
-        let at = self.now + self.config.restart_delay;
+        // Every other chief comes back only after its workers' detectors declared it dead, so
+        // that their wait for a new chief is driven too (a supervisor slow to reschedule it).
+        let slow_chief = node == Node::Chief && self.chief_epoch % 2 == 1;
+        let delay = if slow_chief {
+            self.config.detection_budget + self.config.restart_delay
+        } else {
+            self.config.restart_delay
+        };
+        let at = self.now + delay;
         self.at(at, Event::Restart { node });
     }
 
@@ -751,12 +759,10 @@ impl<'a> World<'a> {
         self.chief.phase = ChiefPhase::Starting(self.now);
     }
 
-    /// The workers' detectors saw chief incarnation `epoch` silent past the budget: if it is
-    /// still the one that died, every worker exits to be restarted
-    /// ([`crate::process::RETIRED_EXIT_CODE`], as `crate::bootstrap` does).
-    /// The workers' failure detectors declare chief incarnation `epoch` dead: each worker's
-    /// machine decides (it waits for a new chief to set it up, as the real one does, within
-    /// `ps_restart_wait` here, standing for its `worker_wait`).
+    /// The workers' failure detectors declare chief incarnation `epoch` dead, if it is still
+    /// the one that died (not back yet): each worker's machine decides (it waits for a new
+    /// chief to set it up, as the real one does, within `ps_restart_wait` here, standing for
+    /// its `worker_wait`).
     fn chief_silent(&mut self, epoch: u64) {
         if self.chief_epoch != epoch || self.chief_state != ProcState::Down {
             return;

@@ -24,9 +24,10 @@
 //! A notice that comes while a cut is being taken joins it (every server that gave notice
 //! before the cut was read leaves with it). The preemption is given up, and every server
 //! that gave notice is answered [`LeaveAnswer::Go`] at once (its loss is then recovered from
-//! the last cut, as any other), when: no checkpoint directory is known; a recovery began
-//! before the cut was read (a server was lost: it holds dispatch itself and restores from the
-//! last cut); the cut could not be read or written; or it took longer than
+//! the last cut, as any other), when: no checkpoint directory is known; the chief's start is
+//! still probing the servers (their state may be a dead chief's, which its restore rolls
+//! back); a recovery began before the cut was read (a server was lost: it holds dispatch
+//! itself and restores from the last cut); the cut could not be read or written; or it took longer than
 //! [`PREEMPTION_CUT_MAX`]. A chief that is stopping too answers [`LeaveAnswer::Stay`], also to
 //! the servers whose cut it was taking when its own notice came
 //! ([`Scheduler::handle_chief_stopping`]): its program's own checkpoint needs the servers.
@@ -105,8 +106,10 @@ impl Scheduler {
             );
             return self.leave_now(now, ps, epoch);
         };
-        if self.is_holding() {
-            // A recovery holds dispatch already and will restore every server.
+        if self.is_holding() || self.start.is_some() {
+            // A recovery holds dispatch already and will restore every server; or the chief's
+            // start is still probing them: what they hold is not yet this chief's to cut
+            // (it may be a dead chief's work that the start's restore rolls back).
             return self.leave_now(now, ps, epoch);
         }
         let ticket = self.queue_cut_read(now, 0, CutPurpose::Preemption);

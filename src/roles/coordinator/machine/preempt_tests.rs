@@ -377,3 +377,26 @@ fn a_chief_that_stops_during_a_cut_keeps_its_servers() {
     assert_eq!(dispatched(&next).len(), 1, "dispatch is no longer held");
     assert_eq!(s.handle_ps_leaving(t, 0, 1, false), Some(LeaveAnswer::Stay));
 }
+
+/// A notice while the chief's start still probes the servers: what they hold may be a dead
+/// chief's work (its restore at start-up rolls it back), not a cut of this chief's: no cut is
+/// taken, the server leaves at once and counts as lost.
+#[test]
+fn a_notice_during_the_chiefs_start_takes_no_cut() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default())
+        .with_servers(2)
+        .with_checkpoint_dir(Some(ckpt_dir()));
+    for ps in 0..2 {
+        s.handle_ps_up(t, ps, 1);
+    }
+    s.handle_start(t, None, ckpt_dir()).unwrap();
+    drain(&mut s);
+    assert_eq!(s.handle_ps_leaving(t, 1, 1, false), Some(LeaveAnswer::Go));
+    let actions = drain(&mut s);
+    assert!(written(&actions).is_none());
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, SchedulerAction::SnapshotShard { .. })));
+    assert_eq!(s.ps_down(), vec![1]);
+}
