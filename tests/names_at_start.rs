@@ -37,6 +37,34 @@ impl Drop for Scratch {
 /// The role process, killed (by its own PID) when the test ends either way.
 struct Role(Child);
 
+impl Role {
+    /// `cohort role --job demo` from `tf_config` and `certs` (and `env`), with no incarnation
+    /// and no config file given, its stderr in `<scratch>/stderr`.
+    fn start(
+        scratch: &Scratch,
+        tf_config: &serde_json::Value,
+        certs: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let stderr = std::fs::File::create(scratch.0.join("stderr")).unwrap();
+        Role(
+            Command::new(env!("CARGO_BIN_EXE_cohort"))
+                .args(["role", "--job", "demo"])
+                .env("TF_CONFIG", tf_config.to_string())
+                .env("COHORT_CERTS", certs)
+                .envs(env.iter().copied())
+                .env_remove("COHORT_INCARNATION")
+                .env_remove("COHORT_CONFIG")
+                .current_dir(&scratch.0)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("start cohort role"),
+        )
+    }
+}
+
 impl Drop for Role {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -69,21 +97,7 @@ fn a_process_whose_peers_and_own_name_do_not_resolve_yet_starts_and_serves_on_it
         },
         "task": {"type": "ps", "index": 0},
     });
-    let stderr = std::fs::File::create(scratch.0.join("stderr")).unwrap();
-    let mut role = Role(
-        Command::new(env!("CARGO_BIN_EXE_cohort"))
-            .args(["role", "--job", "demo"])
-            .env("TF_CONFIG", tf_config.to_string())
-            .env("COHORT_CERTS", &certs)
-            .env_remove("COHORT_INCARNATION")
-            .env_remove("COHORT_CONFIG")
-            .current_dir(&scratch.0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start cohort role"),
-    );
+    let mut role = Role::start(&scratch, &tf_config, &certs, &[]);
     let started_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -155,23 +169,16 @@ fn a_chief_whose_server_name_never_resolves_fails_naming_it_within_the_wait() {
         },
         "task": {"type": "chief", "index": 0},
     });
-    let stderr = std::fs::File::create(scratch.0.join("stderr")).unwrap();
-    let mut role = Role(
-        Command::new(env!("CARGO_BIN_EXE_cohort"))
-            .args(["role", "--job", "demo"])
-            .env("TF_CONFIG", tf_config.to_string())
-            .env("COHORT_CERTS", &certs)
-            .env("COHORT_PS_RESTART_WAIT", "2s")
-            .env("COHORT_WORKER_WAIT", "2s")
-            .env("COHORT_CHECKPOINT_DIR", scratch.0.join("ckpt"))
-            .env_remove("COHORT_INCARNATION")
-            .env_remove("COHORT_CONFIG")
-            .current_dir(&scratch.0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start cohort role"),
+    let ckpt = scratch.0.join("ckpt").display().to_string();
+    let mut role = Role::start(
+        &scratch,
+        &tf_config,
+        &certs,
+        &[
+            ("COHORT_PS_RESTART_WAIT", "2s"),
+            ("COHORT_WORKER_WAIT", "2s"),
+            ("COHORT_CHECKPOINT_DIR", &ckpt),
+        ],
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {

@@ -85,40 +85,34 @@ fn invariants_hold_under_many_process_faults_on_3_ps_and_4_workers() {
     no_violation_in(&config, 1_000..1_100);
 }
 
-/// A server killed after a checkpoint is restored from it, the closures committed since run
-/// again, and the job ends with every effect present exactly once.
-#[test]
-fn a_killed_server_is_restored_and_the_job_ends_whole() {
+/// Runs the reference job with `fault` at 2.5 s on ps/1 and checks that it ends whole with the
+/// server restored; returns the ledger.
+fn with_one_server_fault(fault: impl FnOnce(u64, Node) -> Fault) -> crate::ledger::Ledger {
     let scenario = Scenario {
-        faults: vec![Fault::Kill {
-            at_ms: 2_500,
-            node: Node::Ps(1),
-        }],
+        faults: vec![fault(2_500, Node::Ps(1))],
         ..Scenario::fault_free(3)
     };
     let report = run_scenario(&SimConfig::default(), &scenario);
     assert!(report.violation.is_none(), "{:?}", report.violation);
     assert!(report.finished, "{:?}", report.failure);
     assert!(report.ledger.ps_restores >= 1, "{:?}", report.ledger);
-    assert!(report.ledger.rolled_back >= 1, "{:?}", report.ledger);
+    report.ledger
+}
+
+/// A server killed after a checkpoint is restored from it, the closures committed since run
+/// again, and the job ends with every effect present exactly once.
+#[test]
+fn a_killed_server_is_restored_and_the_job_ends_whole() {
+    let ledger = with_one_server_fault(|at_ms, node| Fault::Kill { at_ms, node });
+    assert!(ledger.rolled_back >= 1, "{ledger:?}");
 }
 
 /// A parameter server's preemption notice: the chief takes a cut with dispatch held before
 /// the server goes, so its restore runs nothing again (`rolled_back` stays 0).
 #[test]
 fn a_preempted_server_leaves_after_a_cut_and_nothing_runs_again() {
-    let scenario = Scenario {
-        faults: vec![Fault::Preempt {
-            at_ms: 2_500,
-            node: Node::Ps(1),
-        }],
-        ..Scenario::fault_free(3)
-    };
-    let report = run_scenario(&SimConfig::default(), &scenario);
-    assert!(report.violation.is_none(), "{:?}", report.violation);
-    assert!(report.finished, "{:?}", report.failure);
-    assert!(report.ledger.ps_restores >= 1, "{:?}", report.ledger);
-    assert_eq!(report.ledger.rolled_back, 0, "{:?}", report.ledger);
+    let ledger = with_one_server_fault(|at_ms, node| Fault::Preempt { at_ms, node });
+    assert_eq!(ledger.rolled_back, 0, "{ledger:?}");
 }
 
 /// Regression (seed 1099): a server preempted while a restarted chief's start still probed the
