@@ -369,6 +369,7 @@ fn setup() -> SetupWorker {
     SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
+        servers: Vec::new(),
         datasets: Vec::new(),
         version: 0,
     }
@@ -635,10 +636,10 @@ fn sec2_worker_shutdown_from_a_worker_is_refused() {
     run(async { worker_refuses(Shutdown, None).await });
 }
 
-// ---- coordinator: joining and draining from workers only ----
+// ---- coordinator: joining and draining from workers and parameter servers only ----
 
-/// A worker's [`Joining`] and [`Draining`] reach the coordinator only from a worker's
-/// certificate (whose index the coordinator takes as the worker's): a parameter server, an
+/// [`Joining`] and [`Draining`] reach the coordinator only from a worker's or a parameter
+/// server's certificate (whose role and index the coordinator takes as the sender's): an
 /// evaluator or another chief cannot make the coordinator dial an address or drop a member.
 #[test]
 fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
@@ -658,7 +659,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
             COORDINATOR_ACTOR,
             move |_: Remote<Draining>| {
                 drains.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, RefusedReason>(()) }
+                async { Ok::<_, RefusedReason>(Ok(())) }
             },
         )?;
         let chief_node = NodeId::new("chief", 0);
@@ -667,7 +668,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
             epoch: 1,
             addr: "127.0.0.1:9".into(),
         };
-        for role in ["ps", "evaluator", "chief"] {
+        for role in ["evaluator", "chief"] {
             let sender = start(&cluster.ca, &NodeId::new(role, 1), 1)?;
             match Cluster::call(
                 &sender,
@@ -714,7 +715,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
         )
         .await?;
         assert_eq!(answer, Ok(()));
-        Cluster::call(
+        let drained = Cluster::call(
             &cluster.rogue,
             chief_addr,
             &chief_node,
@@ -723,7 +724,31 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
             vec![],
         )
         .await?;
+        assert_eq!(drained, Ok(()));
         assert_eq!(heard.load(Ordering::SeqCst), 2);
+        // A parameter server joins and leaves the job the same way (elastic servers).
+        let server = start(&cluster.ca, &NodeId::new("ps", 2), 1)?;
+        let joined = Cluster::call(
+            &server,
+            chief_addr,
+            &chief_node,
+            COORDINATOR_ACTOR,
+            &joining,
+            vec![],
+        )
+        .await?;
+        assert_eq!(joined, Ok(()));
+        let drained = Cluster::call(
+            &server,
+            chief_addr,
+            &chief_node,
+            COORDINATOR_ACTOR,
+            &Draining { epoch: 1 },
+            vec![],
+        )
+        .await?;
+        assert_eq!(drained, Ok(()));
+        assert_eq!(heard.load(Ordering::SeqCst), 4);
         Ok(())
     })
 }

@@ -19,8 +19,8 @@ use cohort::layout::{Dtype, Layout, Shard};
 use cohort::optim::OptimError;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
-    BeginRestore, BlobError, CreateVariable, DatasetPositions, Draining, Element, FenceWorker,
-    FinishedBelow, InitProblem, InitSpec, JoinRefusal, Joining, LeaveAnswer, Leaving,
+    BeginRestore, BlobError, CreateVariable, DatasetPositions, DrainRefusal, Draining, Element,
+    FenceWorker, FinishedBelow, InitProblem, InitSpec, JoinRefusal, Joining, LeaveAnswer, Leaving,
     PositionsError, PsRefusal, PsStats, PsStatsReply, PsUnavailable, Pull, PullRows, Push,
     PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack, RunClosure,
     RunClosureError, SetupError, SetupWorker, ShardState, Shutdown, Snapshot, WireGradient,
@@ -273,13 +273,17 @@ fn setup_worker() -> impl Strategy<Value = SetupWorker> {
         vec(layout(), 0..3),
         vec((text(), any::<u64>()), 0..3),
         any::<u64>(),
+        vec((any::<u32>(), text()), 0..3),
     )
-        .prop_map(|(num_workers, layouts, datasets, version)| SetupWorker {
-            num_workers,
-            layouts,
-            datasets,
-            version,
-        })
+        .prop_map(
+            |(num_workers, layouts, datasets, version, servers)| SetupWorker {
+                num_workers,
+                layouts,
+                servers,
+                datasets,
+                version,
+            },
+        )
 }
 
 fn optim_error() -> impl Strategy<Value = OptimError> {
@@ -516,7 +520,16 @@ decode_props! {
         Just(Ok(())),
         (any::<u32>(), any::<u32>())
             .prop_map(|(worker, workers_max)| Err(JoinRefusal::BeyondMax { worker, workers_max })),
-        (any::<u32>(), text()).prop_map(|(worker, addr)| Err(JoinRefusal::BadAddress { worker, addr })),
+        (text(), text()).prop_map(|(task, addr)| Err(JoinRefusal::BadAddress { task, addr })),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(ps, servers_max)| Err(JoinRefusal::PsBeyondMax { ps, servers_max })),
+        any::<u32>().prop_map(|ps| Err(JoinRefusal::PsNoCheckpointDir { ps })),
+    ];
+    drain_result: Result<(), DrainRefusal> = prop_oneof![
+        Just(Ok(())),
+        any::<u32>().prop_map(|ps| Err(DrainRefusal::LastServer { ps })),
+        any::<u32>().prop_map(|ps| Err(DrainRefusal::NoCheckpointDir { ps })),
+        (any::<u32>(), text()).prop_map(|(ps, reason)| Err(DrainRefusal::Failed { ps, reason })),
     ];
     run_closure_result: Result<Vec<u8>, RunClosureError> = prop_oneof![
         vec(any::<u8>(), 0..32).prop_map(Ok),

@@ -104,12 +104,12 @@ use crate::process::{
 };
 use crate::roles::coordinator::{
     ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, JoinedWorkers,
-    Scheduler, SchedulerConfig,
+    Scheduler, SchedulerConfig, Topology,
 };
 use crate::roles::node::{peer, peer_addr, start_gateway, NodeConfig};
 use crate::roles::protocol::{
-    Draining, Joining, LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR, PS_ACTOR,
-    WORKER_ACTOR,
+    DrainRefusal, Draining, Joining, LeaveAnswer, Leaving, Retire, Shutdown, COORDINATOR_ACTOR,
+    PS_ACTOR, WORKER_ACTOR,
 };
 use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
 use crate::roles::registry::Program;
@@ -235,7 +235,35 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        register_with_chief(&gateway, &node, register_wait, None)?;
+        // A server the chief's cluster spec does not name joins the running job this way
+        // (elastic parameter servers); for one it names this changes nothing.
+        let own_addr = crate::roles::node::peer_addr(&node, node.cluster.task)
+            .map_err(|e| RoleFailure::Config(e.to_string()))?
+            .to_string();
+        let joining = Joining {
+            epoch,
+            addr: own_addr,
+        };
+        register_with_chief(&gateway, &node, register_wait, Some(joining))?;
+        drain_on_signal(&gateway, epoch, TaskType::Ps, |answer| match answer {
+            Some(Ok(())) => Some(Exit {
+                code: JOB_DONE_EXIT_CODE,
+                reason: "drained: the chief moved this server's variables onto the other \
+                         servers; leaving the job"
+                    .into(),
+            }),
+            Some(Err(refusal)) => {
+                eprintln!("[ps] not drained, serving on: {refusal}");
+                None
+            }
+            None => {
+                eprintln!(
+                    "[ps] not drained (the chief did not answer), serving on: leaving now \
+                     would lose the variables it holds"
+                );
+                None
+            }
+        });
         // The workers too: those that called this server's predecessor (killed, its
         // connections left open) would otherwise wait for them to idle out before their
         // closures fail and the chief's recovery can restore this incarnation.
@@ -336,11 +364,11 @@ fn run_worker(
         };
         register_with_chief(&gateway, &node, register_wait, Some(joining))?;
         let draining = Arc::clone(&machine);
-        drain_on_signal(&gateway, epoch, move |answered| {
+        drain_on_signal(&gateway, epoch, TaskType::Worker, move |answer| {
             draining
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .handle_drained(Instant::now(), answered)
+                .handle_drained(Instant::now(), matches!(answer, Some(Ok(()))))
         });
         let losing = Arc::clone(&machine);
         let waiting = Arc::clone(&machine);
@@ -579,6 +607,14 @@ fn run_chief(
                             .map(|(node, addr)| (node, addr, WORKER_ACTOR)),
                     );
                 }
+                // And servers that joined it.
+                if let Ok(topology) = runtime.block_on(members.send(Topology)) {
+                    for (node, addr) in topology.servers.into_values() {
+                        if !peers.iter().any(|(known, _, _)| *known == node) {
+                            peers.push((node, addr, PS_ACTOR));
+                        }
+                    }
+                }
                 say_goodbye(&runtime, &gateway, peers);
             }
             program_finished.store(true, Ordering::SeqCst);
@@ -733,15 +769,13 @@ fn say_hello(
                     match reference.call(joining).await {
                         Ok(Ok(())) => {
                             tracing::info!(
-                                "registered with {} as one of its workers",
+                                "registered with {} as one of its tasks",
                                 reference.target()
                             );
                             return;
                         }
                         Ok(Err(refusal)) => {
-                            eprintln!(
-                                "error: bad config: the chief refused this worker: {refusal}"
-                            );
+                            eprintln!("error: bad config: the chief refused this task: {refusal}");
                             System::current().stop_with_code(BAD_CONFIG_EXIT_CODE);
                             return;
                         }
@@ -788,49 +822,58 @@ fn certificate_refused(error: &cohort_actors::RemoteError) -> bool {
     )
 }
 
-/// A worker asked to leave the job for good (SIGUSR1: the launcher's scale-down) tells the
-/// chief it is draining ([`Draining`]) and waits, at most [`DRAIN_WAIT_MAX`], for the chief
-/// to let its last closure finish and keep its dataset positions; then it exits as `decide`
-/// says (code 0, with whether the chief answered), which its supervisor does not restart.
-/// Without the chief's answer it leaves all the same: its closure, if any, is then run
-/// elsewhere once the chief notices it gone (PS-1 keeps its effect exactly once).
+/// A worker or parameter server asked to leave the job for good (SIGUSR1: the launcher's or
+/// an operator's scale-down) tells the chief it is draining ([`Draining`]) and waits, at most
+/// [`DRAIN_WAIT_MAX`], for the chief's answer: a worker once its last closure finished and
+/// its dataset positions are kept, a server once its variables are on the other servers (a
+/// checkpoint cut, see the coordinator machine's `reshard`). Then `decide` says what to do
+/// with the answer (`None`: the chief did not answer): exit (code 0, which its supervisor does
+/// not restart), or stay. A worker leaves all the same without an answer (its closure, if any,
+/// runs elsewhere once the chief notices it gone, PS-1 keeps its effect exactly once); a
+/// server stays, since leaving would lose what it holds.
 fn drain_on_signal(
     gateway: &Gateway,
     epoch: u64,
-    decide: impl FnOnce(bool) -> Option<Exit> + 'static,
+    role: TaskType,
+    decide: impl Fn(Option<Result<(), DrainRefusal>>) -> Option<Exit> + 'static,
 ) {
     use tokio::signal::unix::{signal, SignalKind};
     let gateway = gateway.clone();
     // Watched from now on (not from the task's first poll): SIGUSR1's default action would
     // kill the process.
     let Ok(mut drain) = signal(SignalKind::user_defined1()) else {
-        tracing::warn!("cannot watch for SIGUSR1: this worker cannot be drained");
+        tracing::warn!("cannot watch for SIGUSR1: this {role} cannot be drained");
         return;
     };
     actix::spawn(async move {
-        drain.recv().await;
-        eprintln!("[worker] drain requested (SIGUSR1): finishing the closure in flight, then leaving the job");
-        let chief = peer(TaskId::new(TaskType::Chief, 0));
-        let answered = match gateway.peer_status(&chief) {
-            Some((chief_epoch, true)) => {
-                let target = cohort_actors::Incarnation::new(chief, chief_epoch);
-                let reference = gateway.remote_ref::<Draining>(target, COORDINATOR_ACTOR);
-                match reference
-                    .call_within(&Draining { epoch }, DRAIN_WAIT_MAX)
-                    .await
-                {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!("the chief did not answer this worker's drain: {e}");
-                        false
+        // A server told to stay may be asked again later.
+        while drain.recv().await.is_some() {
+            eprintln!(
+                "[{role}] drain requested (SIGUSR1): leaving the job once the chief lets it go"
+            );
+            let chief = peer(TaskId::new(TaskType::Chief, 0));
+            let answer = match gateway.peer_status(&chief) {
+                Some((chief_epoch, true)) => {
+                    let target = cohort_actors::Incarnation::new(chief, chief_epoch);
+                    let reference = gateway.remote_ref::<Draining>(target, COORDINATOR_ACTOR);
+                    match reference
+                        .call_within(&Draining { epoch }, DRAIN_WAIT_MAX)
+                        .await
+                    {
+                        Ok(answer) => Some(answer),
+                        Err(e) => {
+                            tracing::warn!("the chief did not answer this {role}'s drain: {e}");
+                            None
+                        }
                     }
                 }
+                _ => None,
+            };
+            if let Some(exit) = decide(answer) {
+                tracing::info!("{}", exit.reason);
+                System::current().stop_with_code(exit.code);
+                return;
             }
-            _ => false,
-        };
-        if let Some(exit) = decide(answered) {
-            tracing::info!("{}", exit.reason);
-            System::current().stop_with_code(exit.code);
         }
     });
 }

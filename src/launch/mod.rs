@@ -165,6 +165,18 @@ pub enum LaunchError {
     },
 }
 
+/// Writes `text` to `path`, readable by its owner only.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
 /// The file in the run directory through which [`request_scale`] asks the launcher for a
 /// number of workers (read and removed every tick).
 pub const SCALE_REQUEST_FILE: &str = "scale.request";
@@ -316,6 +328,11 @@ impl Launcher {
                 .and_then(|creds| creds.save(&certs_dir))
                 .map_err(|e| LaunchError::Certs(e.to_string()))?;
         }
+        // The CA's key stays beside them (the run directory is the launcher's own), so that
+        // `cohort certs --add --out <run_dir>/certs` can sign a node that joins the running
+        // job later (a parameter server added to it, say).
+        write_private(&certs_dir.join("ca.key"), ca.key_pem())
+            .map_err(|e| LaunchError::Certs(format!("writing ca.key: {e}")))?;
         let mut launcher = Self {
             tasks: cluster
                 .tasks()

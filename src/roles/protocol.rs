@@ -403,11 +403,13 @@ impl RemoteMessage for Leaving {
     type Reply = LeaveAnswer;
 }
 
-/// From a worker incarnation to the chief when it registers: it is a worker of this job and is
-/// dialled at `addr` (the `host:port` it serves on). A worker the cluster spec does not name
-/// joins the running job this way (elastic workers); for one the spec names it changes
-/// nothing. The chief takes the worker's index from its certificate (SEC-1), never from the
-/// message, and sets it up (its datasets built) before it gives it any work.
+/// From a worker or parameter-server incarnation to the chief when it registers: it is a task
+/// of this job and is dialled at `addr` (the `host:port` it serves on). A task the cluster
+/// spec does not name joins the running job this way (elastic workers and parameter
+/// servers); for one the spec names it changes nothing. The chief takes the task's role and
+/// index from its certificate (SEC-1), never from the message. A worker is set up (its
+/// datasets built) before it gets any work; a parameter server is given its share of the
+/// variables at the next checkpoint cut (the coordinator machine's `reshard`).
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Joining {
     /// The joining incarnation.
@@ -416,8 +418,8 @@ pub struct Joining {
     pub addr: String,
 }
 
-/// Why the chief refused a worker's [`Joining`]: a permanent error of the worker's
-/// configuration (it exits 2).
+/// Why the chief refused a task's [`Joining`]: a permanent error of the task's configuration
+/// (it exits 2).
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, thiserror::Error)]
 pub enum JoinRefusal {
     /// Its index (from its certificate) is past the most workers the job may have.
@@ -432,25 +434,52 @@ pub enum JoinRefusal {
         workers_max: u32,
     },
     /// The address it gave is not `host:port`.
-    #[error("worker/{worker} cannot join: its address {addr:?} is not host:port")]
+    #[error("{task} cannot join: its address {addr:?} is not host:port")]
     BadAddress {
-        /// The worker's index.
-        worker: u32,
+        /// The task, `role/index`.
+        task: String,
         /// The address given.
         addr: String,
     },
+    /// A parameter server's index past the most a job may have.
+    #[error(
+        "ps/{ps} cannot join: parameter servers are indexed below {servers_max} \
+         (SERVERS_MAX)"
+    )]
+    PsBeyondMax {
+        /// The server's index.
+        ps: u32,
+        /// The bound.
+        servers_max: u32,
+    },
+    /// A parameter server the cluster spec does not name cannot join a job that has no
+    /// checkpoint directory: its share of the variables is moved at a checkpoint cut.
+    #[error(
+        "ps/{ps} cannot join: the job has no checkpoint directory (checkpoint_dir) to take \
+         the cut that moves variables onto it"
+    )]
+    PsNoCheckpointDir {
+        /// The server's index.
+        ps: u32,
+    },
 }
+
+/// The most parameter servers a job may have (their indexes are below it): bounds what a
+/// joining server may ask for and every per-server list on the wire.
+pub const SERVERS_MAX: u32 = 1024;
 
 impl RemoteMessage for Joining {
     const TAG: &'static str = "coordinator.joining";
-    const SENDERS: Senders = WORKER;
+    const SENDERS: Senders = WORKER_OR_PS;
     type Reply = Result<(), JoinRefusal>;
 }
 
-/// From a worker incarnation asked to leave the job for good (scaled down: the launcher's
-/// drain signal) to the chief. The chief gives it no new work, lets what it runs finish, keeps
-/// its dataset positions for its index, fences it and stops counting it as a member; it
-/// answers once all that is done, and the worker then exits 0 (not restarted).
+/// From a worker or parameter-server incarnation asked to leave the job for good (scaled
+/// down: the drain signal, SIGUSR1) to the chief, which answers once the task may go; it then
+/// exits 0 (not restarted). A worker: the chief gives it no new work, lets what it runs
+/// finish, keeps its dataset positions for its index, fences it and stops counting it as a
+/// member. A parameter server: at a checkpoint cut its variables move onto the other servers
+/// (the coordinator machine's `reshard`), so nothing is lost and nothing runs again.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Draining {
     /// The draining incarnation.
@@ -459,8 +488,37 @@ pub struct Draining {
 
 impl RemoteMessage for Draining {
     const TAG: &'static str = "coordinator.draining";
-    const SENDERS: Senders = WORKER;
-    type Reply = ();
+    const SENDERS: Senders = WORKER_OR_PS;
+    type Reply = Result<(), DrainRefusal>;
+}
+
+/// Why the chief did not let a parameter server leave the job ([`Draining`]): it stays and
+/// keeps serving (a worker's drain is never refused).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, thiserror::Error)]
+pub enum DrainRefusal {
+    /// It is the job's only parameter server.
+    #[error("ps/{ps} is the job's only parameter server; it cannot leave")]
+    LastServer {
+        /// The server.
+        ps: u32,
+    },
+    /// The job has no checkpoint directory for the cut that moves its variables.
+    #[error(
+        "ps/{ps} cannot leave: the job has no checkpoint directory (checkpoint_dir) to take \
+         the cut that moves its variables onto the other servers"
+    )]
+    NoCheckpointDir {
+        /// The server.
+        ps: u32,
+    },
+    /// The cut or the move of its variables failed (why); the job goes on with it.
+    #[error("ps/{ps} cannot leave now: {reason}")]
+    Failed {
+        /// The server.
+        ps: u32,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Prepare a worker incarnation before any closure: the variable layouts and the per-worker
@@ -476,6 +534,9 @@ pub struct SetupWorker {
     /// Datasets to build: registered dataset function name and elements to skip first (a
     /// restored position).
     pub datasets: Vec<(String, u64)>,
+    /// Parameter servers that joined the job beyond its cluster spec, with the `host:port`
+    /// each serves on (the spec's servers are known from the worker's own cluster spec).
+    pub servers: Vec<(u32, String)>,
     /// The coordinator's setup version (`Scheduler::setup_version`), which grows whenever a
     /// setup handed out before becomes outdated (a restore, a new configuration). A worker
     /// ignores a setup older than one it has taken from the same chief incarnation: a request
@@ -881,12 +942,15 @@ mod tests {
         assert!(Push::SENDERS.allows("worker") && !Push::SENDERS.allows("chief"));
         assert!(Pull::SENDERS.allows("chief") && Pull::SENDERS.allows("worker"));
         assert!(!PullRows::SENDERS.allows("ps") && !PullRows::SENDERS.allows("evaluator"));
-        // Only a worker joins or drains (as itself: its index comes from its certificate).
-        for role in ["chief", "ps", "evaluator"] {
+        // Only a worker or a server joins or drains (as itself: its role and index come from
+        // its certificate).
+        for role in ["chief", "evaluator"] {
             assert!(!Joining::SENDERS.allows(role), "{role}");
             assert!(!Draining::SENDERS.allows(role), "{role}");
         }
-        assert!(Joining::SENDERS.allows("worker") && Draining::SENDERS.allows("worker"));
+        for role in ["worker", "ps"] {
+            assert!(Joining::SENDERS.allows(role) && Draining::SENDERS.allows(role));
+        }
     }
 
     #[test]

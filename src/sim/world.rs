@@ -1145,6 +1145,7 @@ impl<'a> World<'a> {
                     let setup = SetupWorker {
                         num_workers: self.config.num_workers,
                         layouts: layouts(self.config.num_ps),
+                        servers: Vec::new(),
                         datasets: vec![(DATASET.into(), skip)],
                         version,
                     };
@@ -1798,6 +1799,9 @@ impl<'a> World<'a> {
                 SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
                     self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
                 }
+                // The simulated servers never ask to leave the job (elastic servers are proven
+                // by the machine's tests and real processes).
+                SchedulerAction::AnswerPsDraining { .. } => {}
                 SchedulerAction::ProbeServer { ticket, ps } => {
                     let node = Node::Ps(ps);
                     let epoch = self.state(node).1;
@@ -2619,6 +2623,7 @@ fn new_coordinator(config: &SimConfig) -> Scheduler {
     coord.handle_configure(SetupWorker {
         num_workers: config.num_workers,
         layouts: layouts(config.num_ps),
+        servers: Vec::new(),
         datasets: vec![(DATASET.into(), 0)],
         version: 0,
     });

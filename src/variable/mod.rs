@@ -37,7 +37,7 @@ mod partition;
 mod placement;
 mod rows;
 
-pub use partition::{PartitionError, Partitioner, PsPlacer};
+pub use partition::{place_again, PartitionError, Partitioner, PsPlacer};
 pub use placement::{
     current_placement, CentralPlacement, DeclaredPlacement, LocalPlacement, MirroredPlacement,
     ParameterServerPlacement, Placement, PlacementScope, VariablePlacement, VariableRequest,

@@ -111,6 +111,51 @@ impl PsPlacer {
     }
 }
 
+/// The layouts of a running job's variables placed again onto the parameter servers
+/// `servers` (their indexes, in order; not empty) when servers join or leave the job
+/// (elastic parameter servers). Placement stays a pure function of the variables in creation
+/// order and the server set (DATA-1), as [`PsPlacer`]'s is:
+/// - a whole variable (one shard) stays whole, continuing the round-robin over `servers`;
+/// - a partitioned variable keeps its share of the servers: split in `k` shards over
+///   `old_servers` servers, it is split again in `ceil(k * servers.len() / old_servers)`
+///   shards (at most one per row), so a variable spread over every server stays spread
+///   over every server, each shard continuing the round-robin.
+///
+/// Rows keep their values whatever the new shards are: a restore copies rows by their
+/// ranges, whichever shards held them before.
+pub fn place_again(layouts: &[Layout], old_servers: usize, servers: &[u32]) -> Vec<Layout> {
+    let n = servers.len().max(1);
+    let old = old_servers.max(1);
+    let mut next = 0usize;
+    let mut take = || {
+        let ps = servers.get(next % n).copied().unwrap_or(0);
+        next += 1;
+        ps
+    };
+    layouts
+        .iter()
+        .map(|layout| {
+            let k = layout.shards.len();
+            let shards = if k <= 1 {
+                vec![Shard {
+                    ps: take(),
+                    rows: 0..layout.rows(),
+                }]
+            } else {
+                let wanted = (k * n).div_ceil(old);
+                split_rows(layout.rows(), wanted)
+                    .into_iter()
+                    .map(|rows| Shard { ps: take(), rows })
+                    .collect()
+            };
+            Layout {
+                shards,
+                ..layout.clone()
+            }
+        })
+        .collect()
+}
+
 /// Splits `rows` into `n` contiguous ranges; the first `rows % n` get one row more (TF's rule).
 fn split_rows(rows: usize, n: usize) -> Vec<Range<usize>> {
     let n = n.clamp(1, rows.max(1));
@@ -175,6 +220,36 @@ fn shards_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placed_again_whole_variables_continue_the_round_robin_and_spread_ones_stay_spread() {
+        let mut placer = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 2 }));
+        let spread = placer.place("emb", &[10, 4], Dtype::F32).unwrap();
+        let three = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 3 }))
+            .place("three", &[7, 2], Dtype::F32)
+            .unwrap();
+        let whole = Layout::unsharded("bias", Dtype::F32, vec![4], 1);
+        let layouts = [spread, three, whole];
+        // Onto servers 0, 1 and 3 (ps/2 left, ps/3 joined).
+        let again = place_again(&layouts, 2, &[0, 1, 3]);
+        for (before, after) in layouts.iter().zip(&again) {
+            after.validate().unwrap();
+            assert_eq!((&before.name, &before.shape), (&after.name, &after.shape));
+        }
+        let ps = |l: &Layout| l.shards.iter().map(|s| s.ps).collect::<Vec<_>>();
+        // Spread over both servers before: over all three now.
+        assert_eq!(ps(&again[0]), [0, 1, 3]);
+        assert_eq!(again[0].shards[0].rows, 0..4);
+        // 3 shards over 2 servers: ceil(3 * 3 / 2) = 5 shards now.
+        assert_eq!(ps(&again[1]), [0, 1, 3, 0, 1]);
+        assert_eq!(ps(&again[2]), [3]);
+        // Onto one server: everything there, a spread variable whole again.
+        let one = place_again(&layouts, 2, &[1]);
+        assert!(one.iter().all(|l| l.shards.iter().all(|s| s.ps == 1)));
+        assert_eq!(one[0].shards.len(), 1);
+        // The same inputs place the same way (DATA-1).
+        assert_eq!(place_again(&layouts, 2, &[0, 1, 3]), again);
+    }
 
     #[test]
     fn whole_variables_go_round_robin() {

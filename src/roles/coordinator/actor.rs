@@ -43,12 +43,17 @@ use super::machine::{
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
+use crate::cluster::TaskType;
 use crate::layout::Layout;
 use crate::roles::protocol::{
-    BeginRestore, CreateVariable, DatasetPositions, Draining, FenceWorker, FinishedBelow, InitSpec,
-    JoinRefusal, Joining, LeaveAnswer, Leaving, PsStats, Retire, RewindWorker, RollBack,
-    RunClosure, RunClosureError, SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
+    BeginRestore, CreateVariable, DatasetPositions, DrainRefusal, Draining, FenceWorker,
+    FinishedBelow, InitSpec, JoinRefusal, Joining, LeaveAnswer, Leaving, PsStats, Retire,
+    RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, Snapshot, COORDINATOR_ACTOR,
+    PS_ACTOR, WORKER_ACTOR,
 };
+
+/// A parameter server waiting to hear whether it may leave the job.
+type PsDrainWaiter = oneshot::Sender<Result<(), DrainRefusal>>;
 
 /// Who waits for one closure's value.
 type FetchWaiter = oneshot::Sender<Result<Vec<u8>, ClosureFailure>>;
@@ -58,7 +63,9 @@ pub struct CoordinatorActor {
     gateway: Gateway,
     scheduler: Scheduler,
     workers: Vec<(NodeId, PeerAddr)>,
-    servers: Vec<(NodeId, PeerAddr)>,
+    /// Every parameter server ever in the job, by index, with where to dial it: the cluster
+    /// spec's, and those that joined (the machine says which are in the job now).
+    servers: BTreeMap<u32, (NodeId, PeerAddr)>,
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
     /// Who waits for the chief's start (or a restore at start-up), by ticket.
@@ -75,6 +82,8 @@ pub struct CoordinatorActor {
     drain_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<()>>>,
     /// Parameter servers waiting for the answer to their preemption notice, by (index, epoch).
     leave_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<LeaveAnswer>>>,
+    /// Parameter servers waiting to leave the job for good, by (index, epoch).
+    ps_drain_waiters: BTreeMap<(u32, u64), Vec<PsDrainWaiter>>,
     timer: Option<SpawnHandle>,
 }
 
@@ -94,6 +103,7 @@ impl CoordinatorActor {
             // never changes what the others read.
             num_workers: scheduler.workers_max(),
             layouts: Vec::new(),
+            servers: Vec::new(),
             datasets: Vec::new(),
             // Stamped by the coordinator's machine when it hands the setup out.
             version: 0,
@@ -103,7 +113,7 @@ impl CoordinatorActor {
             gateway,
             scheduler,
             workers,
-            servers,
+            servers: (0..).zip(servers).collect(),
             join_waiters: Vec::new(),
             fetch_waiters: HashMap::new(),
             restore_waiters: BTreeMap::new(),
@@ -113,6 +123,7 @@ impl CoordinatorActor {
             joined: BTreeMap::new(),
             drain_waiters: BTreeMap::new(),
             leave_waiters: BTreeMap::new(),
+            ps_drain_waiters: BTreeMap::new(),
             timer: None,
         }
     }
@@ -130,7 +141,7 @@ impl CoordinatorActor {
                     function,
                     args,
                 } => {
-                    let servers = (0..self.servers.len() as u32)
+                    let servers = (0..self.scheduler.server_span())
                         .map(|ps| self.scheduler.ps_epoch(ps).map_or(0, |(epoch, _)| epoch))
                         .collect();
                     let msg = RunClosure {
@@ -233,6 +244,19 @@ impl CoordinatorActor {
                         let _ = waiter.send(answer);
                     }
                 }
+                SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
+                    match &result {
+                        Ok(()) => tracing::info!(
+                            "ps/{ps} (epoch {epoch}) left the job: its variables are on the \
+                             other servers"
+                        ),
+                        Err(refusal) => tracing::warn!("{refusal}"),
+                    }
+                    let waiters = self.ps_drain_waiters.remove(&(ps, epoch));
+                    for waiter in waiters.unwrap_or_default() {
+                        let _ = waiter.send(result.clone());
+                    }
+                }
             }
         }
         self.answer_fetches();
@@ -284,14 +308,26 @@ impl CoordinatorActor {
             .map(|ps| format!("ps/{ps}"))
             .collect::<Vec<_>>()
             .join(", ");
+        // A cut with no server leaving is for servers joining or leaving the job (reshard).
+        let why = if servers.is_empty() {
+            "servers joining or leaving the job".to_string()
+        } else {
+            format!("preemption notice from {servers}")
+        };
+        let then = if servers.is_empty() {
+            "the variables move onto the new set of servers, and their restore runs no closure \
+             again"
+                .to_string()
+        } else {
+            format!("{servers} may leave, and its restore runs no closure again")
+        };
         let work = tokio::task::spawn_blocking(move || write_cut_checkpoint(&root, reading));
         self.spawn_reported(ctx, work, move |act, outcome| {
             let result = match outcome {
                 Ok(Ok(saved)) => {
                     tracing::warn!(
-                        "preemption notice from {servers}: checkpoint of the cut at closure {} written \
-                         to {} ({:.1} MB in {} ms, dispatch held meanwhile); {servers} may \
-                         leave, and its restore runs no closure again",
+                        "{why}: checkpoint of the cut at closure {} written to {} ({:.1} MB \
+                         in {} ms, dispatch held meanwhile); {then}",
                         cut.0,
                         saved.dir.display(),
                         saved.bytes as f64 / 1e6,
@@ -429,8 +465,7 @@ impl CoordinatorActor {
         generation: u64,
     ) {
         let watermark = finished_below.0;
-        for (ps, (node, addr)) in self.servers.clone().into_iter().enumerate() {
-            let ps = ps as u32;
+        for (ps, (node, addr)) in self.servers_in_job() {
             let gateway = self.gateway.clone();
             let msg = FinishedBelow {
                 closure: watermark,
@@ -457,8 +492,7 @@ impl CoordinatorActor {
     /// replays every fence (FENCE-1).
     fn fence(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
         tracing::info!("fencing worker/{worker} epoch {epoch} on every parameter server (FENCE-1)");
-        for (ps, (node, addr)) in self.servers.clone().into_iter().enumerate() {
-            let ps = ps as u32;
+        for (ps, (node, addr)) in self.servers_in_job() {
             let gateway = self.gateway.clone();
             let msg = FenceWorker { worker, epoch };
             let send = async move {
@@ -652,15 +686,24 @@ impl CoordinatorActor {
     fn ps_index(&self, node: &NodeId) -> Option<u32> {
         self.servers
             .iter()
-            .position(|(n, _)| n == node)
-            .map(|i| i as u32)
+            .find(|(_, (n, _))| n == node)
+            .map(|(ps, _)| *ps)
+    }
+
+    /// The parameter servers of the job now, with where to dial each.
+    fn servers_in_job(&self) -> Vec<(u32, (NodeId, PeerAddr))> {
+        self.scheduler
+            .servers_in_job()
+            .into_iter()
+            .filter_map(|ps| self.servers.get(&ps).map(|peer| (ps, peer.clone())))
+            .collect()
     }
 
     /// Dials parameter server `ps` with a real call ([`PsStats`]): an answer proves that
     /// incarnation alive and tells its epoch; one from an incarnation this gateway declared
     /// dead (a false death) is reported as such. The machine decides what follows.
     fn dial_ps(&mut self, ctx: &mut Context<Self>, ps: u32) {
-        let Some((node, addr)) = self.servers.get(ps as usize).cloned() else {
+        let Some((node, addr)) = self.servers.get(&ps).cloned() else {
             self.scheduler
                 .handle_ps_dialled(Instant::now(), ps, PsDial::Unreachable);
             return;
@@ -709,7 +752,7 @@ impl CoordinatorActor {
         shard: usize,
         msg: CreateVariable,
     ) {
-        let server = self.servers.get(ps as usize).cloned();
+        let server = self.servers.get(&ps).cloned();
         let gateway = self.gateway.clone();
         let call = async move {
             let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
@@ -731,7 +774,7 @@ impl CoordinatorActor {
     /// Asks server `ps` which incarnation answers, its restore generation and the closure
     /// ids it has applied ([`PsStats`]), for the chief's start.
     fn probe_server(&mut self, ctx: &mut Context<Self>, ticket: RestoreTicket, ps: u32) {
-        let server = self.servers.get(ps as usize).cloned();
+        let server = self.servers.get(&ps).cloned();
         let gateway = self.gateway.clone();
         let call = async move {
             let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
@@ -764,7 +807,7 @@ impl CoordinatorActor {
         ps: u32,
         shard: String,
     ) {
-        let server = self.servers.get(ps as usize).cloned();
+        let server = self.servers.get(&ps).cloned();
         let gateway = self.gateway.clone();
         let name = shard.clone();
         let call = async move {
@@ -789,7 +832,7 @@ impl CoordinatorActor {
     /// Tells incarnation `epoch` of parameter server `ps`, declared dead but answering, to
     /// retire, so that its supervisor restarts it as a new incarnation (restored then).
     fn retire_ps(&mut self, ctx: &mut Context<Self>, ps: u32, epoch: u64) {
-        let Some((node, addr)) = self.servers.get(ps as usize).cloned() else {
+        let Some((node, addr)) = self.servers.get(&ps).cloned() else {
             self.scheduler
                 .handle_ps_retired(ps, epoch, Err(no_such_server(ps)));
             return;
@@ -814,7 +857,7 @@ impl CoordinatorActor {
         let gateway = self.gateway.clone();
         let server = |ps: u32, epoch: u64| {
             self.servers
-                .get(ps as usize)
+                .get(&ps)
                 .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
         };
         let (generation, work): (u64, futures::future::BoxFuture<'static, RestoreReport>) =
@@ -1129,15 +1172,21 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
 impl Handler<Remote<Joining>> for CoordinatorActor {
     type Result = MessageResult<Remote<Joining>>;
 
-    /// A worker registers: the machine decides whether it belongs to the job (its index is
-    /// the one its certificate names, SEC-1); one past the cluster spec is dialled at the
-    /// address it gave.
+    /// A worker or parameter server registers: the machine decides whether it belongs to the
+    /// job (its role and index are the ones its certificate names, SEC-1); one past the
+    /// cluster spec is dialled at the address it gave.
     fn handle(&mut self, msg: Remote<Joining>, ctx: &mut Context<Self>) -> Self::Result {
         let node = msg.from.node.clone();
-        let worker = node.index;
+        let index = node.index;
         let epoch = msg.from.epoch.0;
-        let spec_worker = (worker as usize) < self.workers.len();
-        if !spec_worker
+        let is_ps = node.role == TaskType::Ps.as_str();
+        let in_spec = if is_ps {
+            self.servers.contains_key(&index)
+                && !self.scheduler.joined_servers().contains_key(&index)
+        } else {
+            (index as usize) < self.workers.len()
+        };
+        if !in_spec
             && msg
                 .msg
                 .addr
@@ -1145,27 +1194,41 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
                 .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
         {
             return MessageResult(Err(JoinRefusal::BadAddress {
-                worker,
+                task: node.to_string(),
                 addr: msg.msg.addr,
             }));
         }
-        let answer = self
-            .scheduler
-            .handle_worker_joining(Instant::now(), worker, epoch);
-        match &answer {
-            Ok(()) if !spec_worker => {
-                let known = self.joined.get(&worker).map(|(_, a)| a.to_string());
+        let answer = if is_ps {
+            let answer = self.scheduler.handle_ps_joining(
+                Instant::now(),
+                index,
+                epoch,
+                msg.msg.addr.clone(),
+            );
+            if answer.is_ok() && !in_spec {
+                self.servers
+                    .insert(index, (node, PeerAddr::new(&msg.msg.addr)));
+            }
+            answer
+        } else {
+            let answer = self
+                .scheduler
+                .handle_worker_joining(Instant::now(), index, epoch);
+            if answer.is_ok() && !in_spec {
+                let known = self.joined.get(&index).map(|(_, a)| a.to_string());
                 if known.as_deref() != Some(msg.msg.addr.as_str()) {
                     tracing::info!(
-                        "worker/{worker} (epoch {epoch}) joins the job at {}",
+                        "worker/{index} (epoch {epoch}) joins the job at {}",
                         msg.msg.addr
                     );
                     self.joined
-                        .insert(worker, (node, PeerAddr::new(&msg.msg.addr)));
+                        .insert(index, (node, PeerAddr::new(&msg.msg.addr)));
                 }
             }
-            Ok(()) => {}
-            Err(refusal) => tracing::warn!("{refusal}"),
+            answer
+        };
+        if let Err(refusal) = &answer {
+            tracing::warn!("{refusal}");
         }
         self.drive(ctx);
         MessageResult(answer)
@@ -1173,12 +1236,40 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
 }
 
 impl Handler<Remote<Draining>> for CoordinatorActor {
-    type Result = ResponseFuture<()>;
+    type Result = ResponseFuture<Result<(), DrainRefusal>>;
 
-    /// A worker leaves the job for good: answered once the machine has drained it.
+    /// A worker or parameter server leaves the job for good: answered once the machine has
+    /// drained it (a worker) or moved its variables onto the other servers (a server).
     fn handle(&mut self, msg: Remote<Draining>, ctx: &mut Context<Self>) -> Self::Result {
-        let (done, rx) = oneshot::channel();
         let epoch = msg.from.epoch.0;
+        if let Some(ps) = self.ps_index(&msg.from.node) {
+            let (done, rx) = oneshot::channel();
+            tracing::info!("ps/{ps} (epoch {epoch}) asks to leave the job");
+            match self.scheduler.handle_ps_draining(Instant::now(), ps, epoch) {
+                Ok(true) => {
+                    let _ = done.send(Ok(()));
+                }
+                Ok(false) => self
+                    .ps_drain_waiters
+                    .entry((ps, epoch))
+                    .or_default()
+                    .push(done),
+                Err(refusal) => {
+                    tracing::warn!("{refusal}");
+                    let _ = done.send(Err(refusal));
+                }
+            }
+            self.drive(ctx);
+            return Box::pin(async move {
+                rx.await.unwrap_or_else(|_| {
+                    Err(DrainRefusal::Failed {
+                        ps,
+                        reason: "the coordinator stopped".into(),
+                    })
+                })
+            });
+        }
+        let (worker_done, worker_rx) = oneshot::channel();
         match self.worker_index(&msg.from.node) {
             Some(worker) => {
                 tracing::info!("worker/{worker} (epoch {epoch}) is draining out of the job");
@@ -1187,22 +1278,23 @@ impl Handler<Remote<Draining>> for CoordinatorActor {
                     .handle_worker_draining(Instant::now(), worker, epoch)
                 {
                     DrainDisposition::Done => {
-                        let _ = done.send(());
+                        let _ = worker_done.send(());
                     }
                     DrainDisposition::Pending => self
                         .drain_waiters
                         .entry((worker, epoch))
                         .or_default()
-                        .push(done),
+                        .push(worker_done),
                 }
             }
             None => {
-                let _ = done.send(());
+                let _ = worker_done.send(());
             }
         }
         self.drive(ctx);
         Box::pin(async move {
-            let _ = rx.await;
+            let _ = worker_rx.await;
+            Ok(())
         })
     }
 }
@@ -1400,6 +1492,35 @@ impl Handler<Status> for CoordinatorActor {
 
     fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.scheduler.status())
+    }
+}
+
+/// The job's parameter servers now and where their variables are: what the chief's program
+/// reads variables with (servers may have joined or left since it placed them, see the
+/// machine's `reshard`).
+pub struct Topology;
+
+/// The answer to [`Topology`].
+#[derive(Debug, Clone)]
+pub struct ServerTopology {
+    /// The parameter servers of the job, by index, with where to dial each.
+    pub servers: BTreeMap<u32, (NodeId, PeerAddr)>,
+    /// Every variable's layout, as placed now.
+    pub layouts: Vec<Layout>,
+}
+
+impl Message for Topology {
+    type Result = ServerTopology;
+}
+
+impl Handler<Topology> for CoordinatorActor {
+    type Result = MessageResult<Topology>;
+
+    fn handle(&mut self, _: Topology, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(ServerTopology {
+            servers: self.servers_in_job().into_iter().collect(),
+            layouts: self.scheduler.layouts().to_vec(),
+        })
     }
 }
 
@@ -1649,6 +1770,7 @@ mod tests {
             let setup = SetupWorker {
                 num_workers: 1,
                 layouts: Vec::new(),
+                servers: Vec::new(),
                 datasets: vec![("missing".into(), 0)],
                 version: 0,
             };
@@ -1810,6 +1932,7 @@ mod tests {
             let setup = SetupWorker {
                 num_workers: 1,
                 layouts: Vec::new(),
+                servers: Vec::new(),
                 datasets: vec![("ids".into(), 0)],
                 version: 0,
             };

@@ -12,9 +12,10 @@ use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
 use super::actor::{
-    Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule, Start,
-    Status,
+    Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule,
+    ServerTopology, Start, Status, Topology,
 };
+use super::machine::reshard::RESHARDING;
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError};
 use crate::checkpoint::CheckpointManager;
@@ -123,9 +124,13 @@ pub struct ClusterCoordinator {
     actor: Addr<CoordinatorActor>,
     runtime: Handle,
     gateway: Gateway,
+    /// The cluster spec's parameter servers (the job's servers now come from the actor:
+    /// [`Self::topology`]).
     servers: Vec<(NodeId, PeerAddr)>,
     num_workers: u32,
     placer: PsPlacer,
+    /// The servers `placer` places over (indexes).
+    placed_over: Vec<u32>,
     layouts: Vec<Layout>,
     datasets: Vec<(String, u64)>,
     wait_max: Duration,
@@ -141,6 +146,7 @@ impl ClusterCoordinator {
         wait_max: Duration,
     ) -> Self {
         let placer = PsPlacer::new(servers.len() as u32, None);
+        let placed_over = (0..servers.len() as u32).collect();
         Self {
             actor,
             runtime,
@@ -148,6 +154,7 @@ impl ClusterCoordinator {
             servers,
             num_workers,
             placer,
+            placed_over,
             layouts: Vec::new(),
             datasets: Vec::new(),
             wait_max,
@@ -159,9 +166,21 @@ impl ClusterCoordinator {
         self.num_workers
     }
 
-    /// Parameter servers in the cluster.
+    /// Parameter servers in the job now (the cluster spec's, changed by every server that
+    /// joined or left since).
     pub fn num_ps(&self) -> u32 {
-        self.servers.len() as u32
+        self.topology().servers.len() as u32
+    }
+
+    /// The job's parameter servers now, by index, and every variable's layout as placed now
+    /// (servers may have joined or left since a variable was created: the coordinator moved
+    /// its rows). With the coordinator stopped: the cluster spec's servers and the layouts as
+    /// created.
+    pub fn topology(&self) -> ServerTopology {
+        self.ask(Topology).unwrap_or_else(|_| ServerTopology {
+            servers: (0..).zip(self.servers.iter().cloned()).collect(),
+            layouts: self.layouts.clone(),
+        })
     }
 
     /// True once this process got SIGTERM (a preemption notice) or SIGINT. The program should
@@ -186,16 +205,30 @@ impl ClusterCoordinator {
                 detail: "created twice".into(),
             });
         }
-        let mut placer = PsPlacer::new(self.num_ps(), spec.partitioner);
+        // Placed over the job's servers now: their indexes, in order.
+        let servers: Vec<u32> = self.topology().servers.keys().copied().collect();
+        if servers != self.placed_over {
+            // Servers joined or left: whole variables continue the round-robin over the new
+            // set from where the variables created so far leave it.
+            self.placer = PsPlacer::new(servers.len() as u32, None);
+            for _ in 0..self.layouts.len() {
+                let _ = self.placer.place("_", &[1], Dtype::F32);
+            }
+            self.placed_over = servers.clone();
+        }
+        let mut placer = PsPlacer::new(servers.len() as u32, spec.partitioner);
         // Whole variables continue the coordinator-wide round-robin; partitioned ones start
         // their shards there too.
         for _ in 0..self.layouts.len() {
             let _ = placer.place("_", &[1], Dtype::F32);
         }
-        let layout = match spec.partitioner {
+        let mut layout = match spec.partitioner {
             None => self.placer.place(&spec.name, &spec.shape, Dtype::F32)?,
             Some(_) => placer.place(&spec.name, &spec.shape, Dtype::F32)?,
         };
+        for shard in &mut layout.shards {
+            shard.ps = servers[shard.ps as usize];
+        }
         let fan_in = spec.shape.first().copied().unwrap_or(1) as u64;
         let fan_out = spec.shape.iter().skip(1).product::<usize>() as u64;
         let inits = (0..layout.shards.len())
@@ -209,12 +242,23 @@ impl ClusterCoordinator {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let rx = self.ask(CreateShards {
-            layout: layout.clone(),
-            inits,
-        })?;
-        self.wait(rx, "creating a variable")?
-            .map_err(CoordinatorError::ParameterServer)?;
+        // Servers being resharded: created once they are (the coordinator refuses until then).
+        let deadline = Instant::now() + self.wait_max;
+        loop {
+            let rx = self.ask(CreateShards {
+                layout: layout.clone(),
+                inits: inits.clone(),
+            })?;
+            match self.wait(rx, "creating a variable")? {
+                Err(e) if e.contains(RESHARDING) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                result => {
+                    result.map_err(CoordinatorError::ParameterServer)?;
+                    break;
+                }
+            }
+        }
         self.layouts.push(layout.clone());
         self.configure_workers()?;
         Ok(layout)
@@ -283,32 +327,38 @@ impl ClusterCoordinator {
         Ok(())
     }
 
-    /// Every parameter server's counters, by PS index.
+    /// The counters of every parameter server in the job, in index order (the spec's
+    /// servers are indexed from 0; see [`Self::topology`] for a job whose servers changed).
     pub fn ps_stats(&self) -> Result<Vec<PsStatsReply>, CoordinatorError> {
-        (0..self.num_ps())
-            .map(|ps| self.call_ps(ps, PsStats))
+        let topology = self.topology();
+        topology
+            .servers
+            .keys()
+            .map(|ps| self.call_ps_in(&topology, *ps, PsStats))
             .collect()
     }
 
     /// Reads a variable's whole value (for evaluation on the chief).
     pub fn read_variable(&self, name: &str) -> Result<Vec<f32>, CoordinatorError> {
-        let layout = self.layout(name)?;
-        self.ps_client()
+        let topology = self.topology();
+        let layout = layout_in(&topology, name)?;
+        ps_client(self, &topology)
             .pull(layout)
             .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
     }
 
     /// Reads rows of a `[rows, width]` variable.
     pub fn read_rows(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, CoordinatorError> {
-        let layout = self.layout(name)?;
-        self.ps_client()
+        let topology = self.topology();
+        let layout = layout_in(&topology, name)?;
+        ps_client(self, &topology)
             .pull_rows(layout, ids)
             .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
     }
 
-    /// The layouts of every variable created so far.
-    pub fn layouts(&self) -> &[Layout] {
-        &self.layouts
+    /// The layouts of every variable created so far, as placed now.
+    pub fn layouts(&self) -> Vec<Layout> {
+        self.topology().layouts
     }
 
     /// Waits for in-flight work, then writes a checkpoint of every variable shard and its
@@ -470,28 +520,11 @@ impl ClusterCoordinator {
             .map_err(CoordinatorError::Checkpoint)
     }
 
-    fn layout(&self, name: &str) -> Result<&Layout, CoordinatorError> {
-        self.layouts
-            .iter()
-            .find(|l| l.name == name)
-            .ok_or_else(|| CoordinatorError::Variable {
-                name: name.into(),
-                detail: "no such variable".into(),
-            })
-    }
-
-    fn ps_client(&self) -> PsClient {
-        PsClient::new(
-            self.gateway.clone(),
-            self.runtime.clone(),
-            self.servers.clone(),
-        )
-    }
-
     fn configure_workers(&self) -> Result<(), CoordinatorError> {
         let setup = SetupWorker {
             num_workers: self.num_workers,
             layouts: self.layouts.clone(),
+            servers: Vec::new(),
             datasets: self.datasets.clone(),
             // Stamped by the coordinator's machine when it hands the setup out.
             version: 0,
@@ -501,44 +534,22 @@ impl ClusterCoordinator {
             .map_err(CoordinatorError::Other)
     }
 
-    fn call_ps<M: cohort_actors::RemoteMessage>(
+    fn call_ps_in<M: cohort_actors::RemoteMessage>(
         &self,
+        topology: &ServerTopology,
         ps: u32,
         msg: M,
     ) -> Result<M::Reply, CoordinatorError> {
-        self.call_ps_with_blobs(ps, msg, Vec::new())
-            .map(|(reply, _)| reply)
-    }
-
-    fn call_ps_with_blobs<M: cohort_actors::RemoteMessage>(
-        &self,
-        ps: u32,
-        msg: M,
-        blobs: Vec<bytes::Bytes>,
-    ) -> Result<(M::Reply, Vec<bytes::Bytes>), CoordinatorError> {
-        self.call_ps_with_blobs_raw(ps, msg, blobs)
-            .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
-    }
-
-    /// A call to parameter server `ps`, its failure as the gateway reports it.
-    fn call_ps_with_blobs_raw<M: cohort_actors::RemoteMessage>(
-        &self,
-        ps: u32,
-        msg: M,
-        blobs: Vec<bytes::Bytes>,
-    ) -> Result<(M::Reply, Vec<bytes::Bytes>), PsCallError> {
-        let (node, addr) = self
-            .servers
-            .get(ps as usize)
-            .cloned()
-            .ok_or(PsCallError::NoSuchServer(ps))?;
+        let (node, addr) = topology.servers.get(&ps).cloned().ok_or_else(|| {
+            CoordinatorError::ParameterServer(PsCallError::NoSuchServer(ps).to_string())
+        })?;
         let gateway = self.gateway.clone();
         self.runtime
             .block_on(async move {
                 let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await?;
-                r.call_with_blobs(&msg, blobs).await
+                r.call(&msg).await
             })
-            .map_err(PsCallError::Remote)
+            .map_err(|e| CoordinatorError::ParameterServer(PsCallError::Remote(e).to_string()))
     }
 
     fn ask<M>(&self, msg: M) -> Result<M::Result, CoordinatorError>
@@ -571,6 +582,34 @@ impl ClusterCoordinator {
             .map_err(|_| CoordinatorError::Timeout { what, bound })?
             .map_err(|_| CoordinatorError::Stopped)
     }
+}
+
+/// The layout of variable `name` in `topology`.
+fn layout_in<'a>(topology: &'a ServerTopology, name: &str) -> Result<&'a Layout, CoordinatorError> {
+    topology
+        .layouts
+        .iter()
+        .find(|l| l.name == name)
+        .ok_or_else(|| CoordinatorError::Variable {
+            name: name.into(),
+            detail: "no such variable".into(),
+        })
+}
+
+/// A client over the servers of `topology`.
+fn ps_client(coordinator: &ClusterCoordinator, topology: &ServerTopology) -> PsClient {
+    let mut client = PsClient::new(
+        coordinator.gateway.clone(),
+        coordinator.runtime.clone(),
+        Vec::new(),
+    );
+    client.know_servers(
+        topology
+            .servers
+            .iter()
+            .map(|(ps, peer)| (*ps, peer.clone())),
+    );
+    client
 }
 
 /// A checkpoint being written off the program's thread

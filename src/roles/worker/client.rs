@@ -12,6 +12,7 @@ use tokio::runtime::Handle;
 use super::StepError;
 use bytes::Bytes;
 
+use crate::cluster::{TaskId, TaskType};
 use crate::layout::Layout;
 use crate::roles::protocol::{
     blob, decode_f32_into, f32_view, u64_vec_blob, Pull, PullRows, Push, PS_ACTOR,
@@ -22,7 +23,9 @@ use crate::roles::push::{route_rows, PlannedPush, PushOutcome};
 pub struct PsClient {
     gateway: Gateway,
     runtime: Handle,
-    servers: Vec<(NodeId, PeerAddr)>,
+    /// Every server known, by index: the cluster spec's, and those that joined the job since
+    /// ([`Self::learn_servers`]).
+    servers: BTreeMap<u32, (NodeId, PeerAddr)>,
     /// Per server, the newest incarnation the chief named serving (0: none named).
     expected: Vec<u64>,
 }
@@ -37,7 +40,7 @@ impl PsClient {
         Self {
             gateway,
             runtime,
-            servers,
+            servers: (0..).zip(servers).collect(),
             expected: Vec::new(),
         }
     }
@@ -55,9 +58,27 @@ impl PsClient {
         }
     }
 
-    /// How many parameter servers the client knows (a layout may name only these).
-    pub fn num_servers(&self) -> usize {
-        self.servers.len()
+    /// Adds (or replaces) servers by index, with where to dial each.
+    pub fn know_servers(&mut self, servers: impl IntoIterator<Item = (u32, (NodeId, PeerAddr))>) {
+        for (ps, (node, addr)) in servers {
+            self.gateway.set_address(&node, addr.clone());
+            self.servers.insert(ps, (node, addr));
+        }
+    }
+
+    /// Parameter servers that joined the job past the cluster spec, with the `host:port` each
+    /// serves on (as the chief's setup names them): calls to them dial there.
+    pub fn learn_servers(&mut self, servers: &[(u32, String)]) {
+        for (ps, addr) in servers {
+            let known = self.servers.get(ps).map(|(_, a)| a.to_string());
+            if known.as_deref() == Some(addr.as_str()) {
+                continue;
+            }
+            let node = crate::roles::node::peer(TaskId::new(TaskType::Ps, *ps));
+            let addr = PeerAddr::new(addr);
+            self.gateway.set_address(&node, addr.clone());
+            self.servers.insert(*ps, (node, addr));
+        }
     }
 
     /// The whole value of a variable, gathered from its shards in row order.
@@ -176,7 +197,7 @@ impl PsClient {
             .map(|(ps, _, _)| {
                 let (node, _) = self
                     .servers
-                    .get(*ps as usize)
+                    .get(ps)
                     .ok_or_else(|| StepError::Ps(format!("no parameter server {ps}")))?;
                 Ok(self.reference::<M>(*ps, node))
             })
@@ -189,7 +210,7 @@ impl PsClient {
         let calls = self.runtime.spawn(async move {
             let futures = refs.into_iter().zip(calls).map(|(r, (ps, msg, blobs))| {
                 let gateway = gateway.clone();
-                let (node, addr) = servers[ps as usize].clone();
+                let (node, addr) = servers[&ps].clone();
                 async move {
                     let r = match r {
                         Some(r) => r,

@@ -66,6 +66,11 @@ pub struct WorkerMachine {
     set_up: bool,
     /// A setup being built: its workers and layouts, and its order key.
     building: Option<(u32, Layouts, SetupKey)>,
+    /// The servers past the cluster spec the setup being built names.
+    building_servers: Vec<(u32, String)>,
+    /// Parameter servers that joined the job past the cluster spec, with their addresses,
+    /// as the last setup taken named them.
+    joined_servers: Arc<Vec<(u32, String)>>,
     /// The newest setup taken: a setup ordered before it is refused as outdated.
     setup_taken: Option<SetupKey>,
     /// Jobs admitted and not finished.
@@ -258,6 +263,8 @@ impl WorkerMachine {
             positions: BTreeMap::new(),
             set_up: false,
             building: None,
+            building_servers: Vec::new(),
+            joined_servers: Arc::default(),
             setup_taken: None,
             queued: 0,
             step: None,
@@ -321,12 +328,19 @@ impl WorkerMachine {
         let rewind = rewind && self.setup_taken != Some(key);
         let num_workers = setup.num_workers;
         let datasets = &setup.datasets;
+        // Servers that joined the job are named with their addresses; a layout may place
+        // shards on them too.
+        let known_servers = setup
+            .servers
+            .iter()
+            .map(|(ps, _)| ps.saturating_add(1))
+            .fold(self.num_servers, u32::max);
         let planned = (|| {
             let layouts = &setup.layouts;
             for layout in layouts {
                 layout
                     .validate()
-                    .and_then(|()| layout.check_servers(self.num_servers as usize))
+                    .and_then(|()| layout.check_servers(known_servers as usize))
                     .map_err(|e| SetupError::Layouts(e.to_string()))?;
             }
             let datasets = datasets
@@ -365,6 +379,7 @@ impl WorkerMachine {
         match planned {
             Ok((plan, layouts)) => {
                 self.building = Some((num_workers, layouts, key));
+                self.building_servers = setup.servers.clone();
                 Ok(plan)
             }
             Err(e) => {
@@ -391,6 +406,7 @@ impl WorkerMachine {
         self.setup_taken = Some(key);
         self.num_workers = num_workers;
         self.layouts = Arc::new(layouts);
+        self.joined_servers = Arc::new(std::mem::take(&mut self.building_servers));
         self.positions = positions.into_iter().collect();
         self.set_up = true;
         Ok(())
@@ -613,6 +629,12 @@ impl WorkerMachine {
         self.decide(Exit::preempted())
     }
 
+    /// Parameter servers that joined the job past the cluster spec, with the `host:port` each
+    /// serves on, as the last setup taken named them.
+    pub fn joined_servers(&self) -> Arc<Vec<(u32, String)>> {
+        Arc::clone(&self.joined_servers)
+    }
+
     /// Every variable's layout, as the last setup gave them (what a step reads and pushes),
     /// shared: a step holds them while the machine goes on deciding.
     pub fn layouts(&self) -> Arc<Layouts> {
@@ -701,6 +723,7 @@ mod tests {
             num_workers: 2,
             version: VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             layouts,
+            servers: Vec::new(),
             datasets: datasets.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
         }
     }

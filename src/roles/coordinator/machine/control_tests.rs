@@ -17,6 +17,7 @@ pub(super) fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
     SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
+        servers: Vec::new(),
         datasets: datasets.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
         version: 0,
     }

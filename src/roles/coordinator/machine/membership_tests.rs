@@ -19,6 +19,7 @@ fn cluster(spec: u32, max: u32) -> Scheduler {
     s.handle_configure(SetupWorker {
         num_workers: spec,
         layouts: Vec::new(),
+        servers: Vec::new(),
         datasets: Vec::new(),
         version: 0,
     });

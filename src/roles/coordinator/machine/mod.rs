@@ -38,6 +38,9 @@ mod preempt_tests;
 pub mod recovery;
 #[cfg(test)]
 mod recovery_tests;
+pub mod reshard;
+#[cfg(test)]
+mod reshard_tests;
 pub mod save;
 #[cfg(test)]
 mod save_tests;
@@ -418,6 +421,16 @@ pub enum SchedulerAction {
         /// The answer.
         answer: crate::roles::protocol::LeaveAnswer,
     },
+    /// Answer parameter server `ps`'s request to leave the job from incarnation `epoch`
+    /// ([`Scheduler::handle_ps_draining`]): `Ok`, it may go (it exits 0); else it stays.
+    AnswerPsDraining {
+        /// The server.
+        ps: u32,
+        /// The incarnation that asked.
+        epoch: u64,
+        /// The answer.
+        result: Result<(), crate::roles::protocol::DrainRefusal>,
+    },
 }
 
 /// What a dial of a parameter server found ([`SchedulerAction::DialPs`]).
@@ -583,7 +596,13 @@ pub struct Scheduler {
     /// The next [`RestoreTicket`].
     next_ticket: u64,
     /// Parameter servers in the cluster (dialled while not known alive).
-    num_servers: u32,
+    /// The parameter servers of the job (their indexes): the cluster spec's at first, then
+    /// as servers join and leave ([`reshard`]).
+    server_set: BTreeSet<u32>,
+    /// How many servers the cluster spec names (indexes below it need no address).
+    num_spec_servers: u32,
+    /// Servers joining and leaving ([`reshard`]).
+    resharding: reshard::Resharding,
     /// Parameter servers with a dial under way (one at a time each).
     dialling: BTreeSet<u32>,
     /// Workers in the cluster (dialled while they have no live incarnation).
@@ -717,6 +736,7 @@ impl Scheduler {
             setup: SetupWorker {
                 num_workers: 0,
                 layouts: Vec::new(),
+                servers: Vec::new(),
                 datasets: Vec::new(),
                 // Stamped by the coordinator's machine when it hands the setup out.
                 version: 0,
@@ -725,7 +745,9 @@ impl Scheduler {
             setup_version: 0,
             watermark_sent: 0,
             next_ticket: 0,
-            num_servers: 0,
+            server_set: BTreeSet::new(),
+            num_spec_servers: 0,
+            resharding: reshard::Resharding::default(),
             dialling: BTreeSet::new(),
             num_workers: 0,
             worker_dials: BTreeSet::new(),
@@ -753,8 +775,21 @@ impl Scheduler {
     /// The cluster has `num_servers` parameter servers, indexed from 0: each is dialled
     /// ([`Self::handle_reconnect_tick`]) until it is known alive.
     pub fn with_servers(mut self, num_servers: u32) -> Self {
-        self.num_servers = num_servers;
+        self.server_set = (0..num_servers).collect();
+        self.num_spec_servers = num_servers;
         self
+    }
+
+    /// The parameter servers of the job now, by index (the cluster spec's, changed by every
+    /// server that joined or left since: [`reshard`]).
+    pub fn servers_in_job(&self) -> Vec<u32> {
+        self.server_set.iter().copied().collect()
+    }
+
+    /// One past the largest index of a server in the job: the length of every per-server list
+    /// indexed by server.
+    pub fn server_span(&self) -> u32 {
+        self.server_set.last().map_or(0, |ps| ps + 1)
     }
 
     /// Time to dial again (the shell calls this at a steady interval): emits
@@ -763,7 +798,7 @@ impl Scheduler {
     /// no live incarnation (see [`control`]).
     pub fn handle_reconnect_tick(&mut self) {
         self.dial_workers();
-        for ps in 0..self.num_servers {
+        for ps in self.server_set.clone() {
             let wanted = self.servers.get(&ps).is_none_or(|e| !e.alive);
             if wanted && self.dialling.insert(ps) {
                 self.actions.push_back(SchedulerAction::DialPs { ps });
@@ -920,6 +955,10 @@ impl Scheduler {
     /// starts (or goes on) for it; the same epoch after a worker reported the server
     /// unreachable clears the suspicion (never after the failure detector declared it dead).
     pub fn handle_ps_up(&mut self, now: Instant, ps: u32, epoch: u64) {
+        if self.outside_job(ps) {
+            // Not a server of the job (yet, or any more: see `reshard`).
+            return;
+        }
         let fresh = PsEntry {
             epoch,
             alive: true,
@@ -948,6 +987,9 @@ impl Scheduler {
     /// cut exists has lost its state (it restarted unnoticed, or its restore never finished):
     /// a recovery restores it. While a restore runs this is left to the restore's own outcome.
     pub fn handle_ps_answered(&mut self, now: Instant, ps: u32, epoch: u64, serving: bool) {
+        if self.outside_job(ps) {
+            return;
+        }
         let restoring = self.recovery.as_ref().is_some_and(Recovery::restoring);
         let known = self.servers.get(&ps).map(|e| (e.epoch, e.dead));
         if !serving
@@ -1077,6 +1119,7 @@ impl Scheduler {
         if !changed.is_empty() {
             self.recovery(now).state_lost = changed;
         }
+        self.reshard_restore_ended(Ok(()));
         self.dispatch(now);
         Ok(requeued)
     }
@@ -1291,7 +1334,8 @@ impl Scheduler {
     ) -> Result<RestoreTicket, String> {
         let ticket = RestoreTicket(self.next_ticket);
         self.next_ticket += 1;
-        self.restore_at_start(now, ticket, checkpoint, root, probes, num_servers)?;
+        let servers = (0..num_servers).collect();
+        self.restore_at_start(now, ticket, checkpoint, root, probes, &servers)?;
         Ok(ticket)
     }
 
@@ -1304,7 +1348,7 @@ impl Scheduler {
         checkpoint: std::sync::Arc<Checkpoint>,
         root: PathBuf,
         probes: &[ServerProbe],
-        num_servers: u32,
+        servers: &BTreeSet<u32>,
     ) -> Result<(), String> {
         if self.next_id != 0 || !self.closures.is_empty() {
             return Err("a checkpoint can only be restored before anything is scheduled".into());
@@ -1313,10 +1357,10 @@ impl Scheduler {
             return Err("a parameter-server recovery is under way".into());
         }
         let answered: BTreeSet<u32> = probes.iter().map(|p| p.ps).collect();
-        if let Some(missing) = (0..num_servers).find(|ps| !answered.contains(ps)) {
+        if let Some(missing) = servers.iter().find(|ps| !answered.contains(ps)) {
             return Err(format!("parameter server ps/{missing} did not answer"));
         }
-        if num_servers == 0 {
+        if servers.is_empty() {
             return Err("there is no parameter server to restore".into());
         }
         let saved = &checkpoint.ledger;
@@ -1395,7 +1439,17 @@ impl Scheduler {
     /// The program changed what workers are set up with (the setup's layouts are also what a
     /// restore restores): setups handed out before are outdated. Its number of input
     /// pipelines is at least the most workers the job may have.
-    pub fn handle_configure(&mut self, setup: SetupWorker) {
+    ///
+    /// Placement is the machine's: a variable it knows keeps the layout it has (servers may
+    /// have joined or left since the program placed it, [`reshard`]), and the servers past the
+    /// cluster spec are its own.
+    pub fn handle_configure(&mut self, mut setup: SetupWorker) {
+        for layout in &mut setup.layouts {
+            if let Some(known) = self.setup.layouts.iter().find(|l| l.name == layout.name) {
+                *layout = known.clone();
+            }
+        }
+        setup.servers = self.setup.servers.clone();
         self.setup = setup;
         // One input pipeline per worker the job may have (see `membership`).
         self.setup.num_workers = self.setup.num_workers.max(self.workers_max());
@@ -1408,6 +1462,11 @@ impl Scheduler {
         let mut setup = recovery::setup_with_positions(&self.setup, self.positions.get(&worker));
         setup.version = self.setup_version;
         setup
+    }
+
+    /// Every variable's layout, as placed now.
+    pub fn layouts(&self) -> &[crate::layout::Layout] {
+        &self.setup.layouts
     }
 
     /// Changes whenever a setup handed out before is outdated.
@@ -1624,6 +1683,7 @@ impl Scheduler {
         self.advance_recovery();
         self.advance_drains();
         self.advance_preemption(now);
+        self.advance_reshard(now);
         loop {
             // Dispatch is held while a parameter server is being recovered; while a preemption
             // cut is taken only closures that ran before go out (see `preempt`).
@@ -1874,6 +1934,7 @@ impl Scheduler {
         for server in lost.into_iter().chain([ps]) {
             self.lost_for_good.insert(server, reason.clone());
         }
+        self.reshard_restore_ended(Err(reason.clone()));
         while let Some(id) = self.queue.pop_front() {
             self.fail_unavailable(id, format!("parameter server ps/{ps} lost: {reason}"));
         }

@@ -1,5 +1,6 @@
 //! A parameter server's preemption notice, as the coordinator machine handles it: take a
 //! checkpoint cut at once, so that when the server goes its restore rolls nothing back.
+//! The same cut at once serves servers joining or leaving the job ([`super::reshard`]).
 //!
 //! A server that gets SIGTERM tells the chief ([`crate::roles::protocol::Leaving`]) and waits
 //! for the answer within its grace. In the order the machine drives it
@@ -112,9 +113,20 @@ impl Scheduler {
             // (it may be a dead chief's work that the start's restore rolls back).
             return self.leave_now(now, ps, epoch);
         }
+        self.begin_cut_at_once(now, root);
+        if let Some(preemption) = self.preemption.as_mut() {
+            preemption.leaving.insert(ps, epoch);
+        }
+        None
+    }
+
+    /// Begins a cut taken at once (see the module doc) to be written under `root`: for servers
+    /// that gave notice (added to it by the caller), or for servers joining or leaving the job
+    /// ([`super::reshard`]).
+    pub(super) fn begin_cut_at_once(&mut self, now: Instant, root: PathBuf) {
         let ticket = self.queue_cut_read(now, 0, CutPurpose::Preemption);
         self.preemption = Some(PsPreemption {
-            leaving: BTreeMap::from([(ps, epoch)]),
+            leaving: BTreeMap::new(),
             since: now,
             root,
             phase: PreemptPhase::Reading(ticket),
@@ -122,7 +134,6 @@ impl Scheduler {
         // With nothing to drain the read begins (and may end) at once.
         self.advance_preemption(now);
         self.advance_cut_read(now);
-        None
     }
 
     /// The shell wrote the preemption cut read as `ticket` (`Ok`), or could not (why). Written,
@@ -153,7 +164,7 @@ impl Scheduler {
         match marked {
             Ok(()) => {
                 self.control.preemption_cuts += 1;
-                self.end_preemption(now);
+                self.finish_preemption(now, LeaveAnswer::Go, true);
             }
             Err(reason) => self.give_up_preemption(now, &reason),
         }
@@ -164,7 +175,7 @@ impl Scheduler {
     /// own checkpoint needs them); later notices are answered `Stay` at once.
     pub fn handle_chief_stopping(&mut self, now: Instant) {
         self.stopping = true;
-        self.finish_preemption(now, LeaveAnswer::Stay);
+        self.finish_preemption(now, LeaveAnswer::Stay, false);
     }
 
     /// Whether dispatch is held for a preemption cut (closures that ran before may still go
@@ -260,7 +271,7 @@ impl Scheduler {
 
     /// Where preemption cuts go: beside the program's last save, else the configured
     /// checkpoint directory.
-    fn preemption_root(&self) -> Option<PathBuf> {
+    pub(super) fn preemption_root(&self) -> Option<PathBuf> {
         self.saves_root
             .as_ref()
             .or(self.checkpoint_dir.as_ref())
@@ -288,19 +299,14 @@ impl Scheduler {
             );
             self.control.preemption_cuts_given_up += 1;
         }
-        self.end_preemption(now);
+        self.finish_preemption(now, LeaveAnswer::Go, false);
     }
 
-    /// Answers every server that gave notice `Go`, counts each lost, and lets dispatch go on
-    /// (a recovery holds it again at once for the servers lost).
-    fn end_preemption(&mut self, now: Instant) {
-        self.finish_preemption(now, LeaveAnswer::Go);
-    }
-
-    /// Ends the preemption under way: its read (if still under way) is dropped, every server
-    /// that gave notice is answered `answer` (and, told to go, counted lost), and dispatch is
-    /// no longer held for it.
-    fn finish_preemption(&mut self, now: Instant, answer: LeaveAnswer) {
+    /// Ends the cut under way: its read (if still under way) is dropped, every server that
+    /// gave notice is answered `answer` (and, told to go, counted lost), servers joining or
+    /// leaving the job move if the cut was `taken` ([`super::reshard`]), and dispatch is no
+    /// longer held for it (a recovery holds it again at once for the servers lost or moved).
+    fn finish_preemption(&mut self, now: Instant, answer: LeaveAnswer, taken: bool) {
         let Some(preemption) = self.preemption.take() else {
             return;
         };
@@ -315,6 +321,7 @@ impl Scheduler {
                 self.handle_ps_lost(now, ps, epoch);
             }
         }
+        self.reshard_cut_ended(now, taken);
         self.dispatch(now);
     }
 }

@@ -13,14 +13,14 @@ use super::*;
 use crate::layout::{Dtype, Layout, Shard};
 use crate::roles::protocol::{f32_blob, LeaveAnswer, ShardState};
 
-fn ckpt_dir() -> PathBuf {
+pub(super) fn ckpt_dir() -> PathBuf {
     PathBuf::from("ckpt")
 }
 
 /// A scheduler over 2 servers (epoch 1, up) and 2 workers (epoch 1, up), variable `w` split
 /// over both servers, the program's first save marked at closure 0, and `n` closures
 /// scheduled: the first two are in flight.
-fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
+pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
     let t = Instant::now();
     let mut s = Scheduler::new(SchedulerConfig::default())
         .with_workers(2)
@@ -57,7 +57,10 @@ fn shard_answer() -> ShardRead {
 }
 
 /// Answers every shard read and positions request in `actions`; returns the rest.
-fn answer_reads(s: &mut Scheduler, actions: Vec<SchedulerAction>) -> Vec<SchedulerAction> {
+pub(super) fn answer_reads(
+    s: &mut Scheduler,
+    actions: Vec<SchedulerAction>,
+) -> Vec<SchedulerAction> {
     let t = Instant::now();
     let mut rest = Vec::new();
     for action in actions {
@@ -80,9 +83,9 @@ fn answer_reads(s: &mut Scheduler, actions: Vec<SchedulerAction>) -> Vec<Schedul
     rest
 }
 
-type Written = (CutTicket, ClosureId, PathBuf, Vec<u32>, Box<CutReading>);
+pub(super) type Written = (CutTicket, ClosureId, PathBuf, Vec<u32>, Box<CutReading>);
 
-fn written(actions: &[SchedulerAction]) -> Option<Written> {
+pub(super) fn written(actions: &[SchedulerAction]) -> Option<Written> {
     actions.iter().find_map(|a| match a {
         SchedulerAction::WritePreemptionCut {
             ticket,
@@ -112,7 +115,7 @@ fn answers(actions: &[SchedulerAction]) -> Vec<(u32, u64, LeaveAnswer)> {
 }
 
 /// Commits every closure dispatched in `actions`.
-fn commit_all(s: &mut Scheduler, actions: &[SchedulerAction]) {
+pub(super) fn commit_all(s: &mut Scheduler, actions: &[SchedulerAction]) {
     let t = Instant::now();
     for (worker, closure, attempt) in dispatched(actions) {
         s.handle_result(t, worker, 1, closure, attempt, Ok(vec![]));

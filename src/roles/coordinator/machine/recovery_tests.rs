@@ -36,7 +36,7 @@ pub(super) enum Step {
     Rewind,
 }
 
-fn step_of(call: &RestoreCall) -> (Step, u32, u64) {
+pub(super) fn step_of(call: &RestoreCall) -> (Step, u32, u64) {
     match call {
         RestoreCall::Begin { ps, generation, .. } => (Step::Begin, *ps, *generation),
         RestoreCall::Load { generation, .. } => (Step::Load, 0, *generation),
@@ -49,7 +49,11 @@ fn step_of(call: &RestoreCall) -> (Step, u32, u64) {
 }
 
 /// The successful answer to `call` (`fault` replaces the result of a server call).
-fn answer(call: &RestoreCall, ckpt: &Arc<Checkpoint>, fault: Option<CallFault>) -> RestoreReport {
+pub(super) fn answer(
+    call: &RestoreCall,
+    ckpt: &Arc<Checkpoint>,
+    fault: Option<CallFault>,
+) -> RestoreReport {
     let result = fault.map_or(Ok(()), Err);
     match call {
         RestoreCall::Begin { ps, .. } => RestoreReport::Begun { ps: *ps, result },
@@ -122,6 +126,7 @@ fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>
     let setup = SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
+        servers: Vec::new(),
         datasets: vec![("ids".into(), 0)],
         version: 0,
     };

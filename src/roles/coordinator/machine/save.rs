@@ -395,7 +395,7 @@ impl Scheduler {
         let mut reading = CutReading {
             step: read.step,
             generation: cut_state.generation,
-            num_servers: self.num_servers,
+            num_servers: self.server_span(),
             layouts: self.setup.layouts.clone(),
             reads,
             positions: collected.unwrap_or_default(),

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use super::control::REQUESTS_PENDING_MAX;
 use super::recovery::CallFault;
+use super::reshard::RESHARDING;
 use super::{RestoreTicket, Scheduler, SchedulerAction, ServerProbe};
 use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
@@ -99,11 +100,20 @@ impl Scheduler {
                 inits.len()
             ));
         }
-        if let Some(shard) = layout.shards.iter().find(|s| s.ps >= self.num_servers) {
+        if let Some(shard) = layout
+            .shards
+            .iter()
+            .find(|s| !self.server_set.contains(&s.ps))
+        {
             return Err(format!(
-                "variable {name:?} places a shard on ps/{}, but the cluster has {} parameter \
-                 servers",
-                shard.ps, self.num_servers
+                "variable {name:?} places a shard on ps/{}, but the job's parameter servers \
+                 are {:?}",
+                shard.ps, self.server_set
+            ));
+        }
+        if self.reshard_under_way() {
+            return Err(format!(
+                "{RESHARDING}: variable {name:?} is created once the servers are resharded"
             ));
         }
         if self.creates.len() >= REQUESTS_PENDING_MAX {
@@ -251,7 +261,7 @@ impl Scheduler {
         }
         let ticket = RestoreTicket(self.next_ticket);
         self.next_ticket += 1;
-        for ps in 0..self.num_servers {
+        for ps in self.server_set.clone() {
             self.actions
                 .push_back(SchedulerAction::ProbeServer { ticket, ps });
         }
@@ -261,7 +271,7 @@ impl Scheduler {
             root,
             since: now,
             probes: BTreeMap::new(),
-            out: (0..self.num_servers).collect(),
+            out: self.server_set.clone(),
             again_at: BTreeMap::new(),
         });
         self.finish_start(now);
@@ -338,7 +348,7 @@ impl Scheduler {
     }
 
     fn finish_start(&mut self, now: Instant) {
-        let all_answered = |s: &PendingStart| s.probes.len() as u32 >= self.num_servers;
+        let all_answered = |s: &PendingStart| s.probes.len() >= self.server_set.len();
         if !self.start.as_ref().is_some_and(all_answered) {
             return;
         }
@@ -367,9 +377,9 @@ impl Scheduler {
                 .push_back(SchedulerAction::RestoreFinished { ticket, result });
             return;
         };
-        let num_servers = self.num_servers;
+        let servers = self.server_set.clone();
         if let Err(e) =
-            self.restore_at_start(now, ticket, checkpoint, start.root, &probes, num_servers)
+            self.restore_at_start(now, ticket, checkpoint, start.root, &probes, &servers)
         {
             self.actions.push_back(SchedulerAction::RestoreFinished {
                 ticket,

@@ -1,0 +1,339 @@
+//! Elastic parameter servers: a server joining a running job, or leaving it for good, as the
+//! coordinator machine handles it: at a checkpoint cut, the variables move onto the new set
+//! of servers and nothing is lost or run again.
+//!
+//! The cluster spec names the servers the job starts with. A server it does not name joins
+//! by telling the chief ([`crate::roles::protocol::Joining`], with the address it serves on;
+//! its index comes from its certificate, SEC-1) and is accepted at once
+//! ([`Scheduler::handle_ps_joining`]); a server asked to leave for good (its drain signal)
+//! says so ([`crate::roles::protocol::Draining`], [`Scheduler::handle_ps_draining`]) and is
+//! answered once its variables are elsewhere ([`SchedulerAction::AnswerPsDraining`]).
+//!
+//! Changes wait until nothing else holds the servers (no start, recovery, preemption cut or
+//! variable creation under way); then, in order:
+//! 1. **Cut**: a checkpoint cut is taken at once, exactly as for a server's preemption notice
+//!    ([`super::preempt`]: dispatch held for new work, what ran before finishes, the cut is
+//!    read, written under [`super::PREEMPTION_CUTS_DIR`] and marked). Every server that
+//!    changes meanwhile joins this cut's changes or waits for the next;
+//! 2. **Move**: the job's servers become the new set, every variable is placed again onto it
+//!    ([`crate::variable::place_again`]: deterministic, DATA-1), what workers are set up with
+//!    changes (the new layouts, and where servers past the spec are dialled), and every server
+//!    of the new set counts as having lost its state: the recovery that follows restores each
+//!    from the cut just taken, row by row into its new shards ([`super::recovery`]), and
+//!    rewinds every worker with the new setup. Nothing was committed since the cut, so nothing
+//!    runs again (`rolled_back` stays 0);
+//! 3. **Done**: once the restore ended, every server that left is answered and exits 0 (its
+//!    supervisor does not restart it), and dispatch resumes.
+//!
+//! A cut that could not be taken (see [`super::preempt`] for when) leaves the servers as
+//! they were; the change is tried again, at most [`RESHARD_ATTEMPTS_MAX`] times, after which
+//! a leaving server is told it must stay ([`DrainRefusal::Failed`]) and a joining one is
+//! left out (it may join again). A join or leave needs a checkpoint directory (else it is
+//! refused at once), and the last server cannot leave.
+//!
+//! What a restarted chief knows: only its cluster spec's servers, restored from the last
+//! checkpoint onto them (the restore places variables again, M to M′). A server that joined
+//! must join again (it registers with every new chief); a spec server that left must be
+//! taken out of the spec given to the new chief.
+//!
+//! Pure: no IO, no clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use super::{PsEntry, Scheduler, SchedulerAction};
+use crate::roles::protocol::{DrainRefusal, JoinRefusal, SERVERS_MAX};
+use crate::variable::place_again;
+
+/// Cut attempts for one set of server changes before they are given up.
+pub const RESHARD_ATTEMPTS_MAX: u32 = 3;
+
+/// Why a variable creation is refused for now (the client tries again): its placement would
+/// be made for servers that are being changed.
+pub const RESHARDING: &str = "the job's parameter servers are being resharded";
+
+/// Servers joining and leaving, waiting for or under way at a cut.
+#[derive(Debug, Default, Clone)]
+pub(super) struct ServerChanges {
+    /// Servers joining, by index: the incarnation that asked and its address.
+    joining: BTreeMap<u32, (u64, String)>,
+    /// Servers leaving for good, by index, with the incarnation that asked.
+    leaving: BTreeMap<u32, u64>,
+    /// Cuts given up so far for these changes.
+    attempts: u32,
+}
+
+impl ServerChanges {
+    fn is_empty(&self) -> bool {
+        self.joining.is_empty() && self.leaving.is_empty()
+    }
+}
+
+/// The machine's elastic-server state.
+#[derive(Debug, Default)]
+pub(super) struct Resharding {
+    /// Changes asked for and not under way yet.
+    pending: ServerChanges,
+    /// Changes whose cut is being taken.
+    cutting: Option<ServerChanges>,
+    /// Changes applied, whose restore runs.
+    moving: Option<ServerChanges>,
+    /// Servers past the cluster spec that are in the job, with their addresses.
+    joined: BTreeMap<u32, String>,
+    /// Servers that left the job (and did not join again since).
+    left: BTreeSet<u32>,
+    /// Changes applied since the start.
+    pub(super) done: u64,
+}
+
+impl Scheduler {
+    /// Incarnation `epoch` of parameter server `ps` registers with address `addr` (already
+    /// checked to be `host:port`). A server of the job changes nothing; another joins the job
+    /// at the next cut (see the module doc). Refused past [`SERVERS_MAX`] or without a
+    /// checkpoint directory.
+    pub fn handle_ps_joining(
+        &mut self,
+        now: Instant,
+        ps: u32,
+        epoch: u64,
+        addr: String,
+    ) -> Result<(), JoinRefusal> {
+        if ps >= SERVERS_MAX {
+            return Err(JoinRefusal::PsBeyondMax {
+                ps,
+                servers_max: SERVERS_MAX,
+            });
+        }
+        if self.server_set.contains(&ps) && !self.resharding.pending.leaving.contains_key(&ps) {
+            return Ok(());
+        }
+        if self.preemption_root().is_none() {
+            return Err(JoinRefusal::PsNoCheckpointDir { ps });
+        }
+        let pending = &mut self.resharding.pending;
+        if pending.leaving.remove(&ps).is_some() {
+            // Asked to leave, and back before it did: it stays.
+            return Ok(());
+        }
+        let newer = pending
+            .joining
+            .get(&ps)
+            .is_none_or(|(known, _)| epoch >= *known);
+        if newer {
+            tracing::info!("ps/{ps} (epoch {epoch}) joins the job at {addr} at the next cut");
+            pending.joining.insert(ps, (epoch, addr));
+        }
+        self.dispatch(now);
+        Ok(())
+    }
+
+    /// Incarnation `epoch` of parameter server `ps` asks to leave the job for good. `Ok(true)`:
+    /// it may go now (it holds nothing of the job); `Ok(false)`: it may go once
+    /// [`SchedulerAction::AnswerPsDraining`] says so; refused when it is the last server or
+    /// the job has no checkpoint directory.
+    pub fn handle_ps_draining(
+        &mut self,
+        now: Instant,
+        ps: u32,
+        epoch: u64,
+    ) -> Result<bool, DrainRefusal> {
+        let has_root = self.preemption_root().is_some();
+        let pending = &mut self.resharding.pending;
+        if pending.joining.remove(&ps).is_some() || !self.server_set.contains(&ps) {
+            // Not in the job (or not yet): nothing of it to move.
+            return Ok(true);
+        }
+        let staying = self
+            .server_set
+            .iter()
+            .filter(|s| **s != ps && !pending.leaving.contains_key(s))
+            .count();
+        if staying == 0 {
+            return Err(DrainRefusal::LastServer { ps });
+        }
+        if !has_root {
+            return Err(DrainRefusal::NoCheckpointDir { ps });
+        }
+        tracing::info!("ps/{ps} (epoch {epoch}) leaves the job at the next cut");
+        pending.leaving.insert(ps, epoch);
+        self.dispatch(now);
+        Ok(false)
+    }
+
+    /// Servers past the cluster spec that are in the job, with their addresses.
+    pub fn joined_servers(&self) -> &BTreeMap<u32, String> {
+        &self.resharding.joined
+    }
+
+    /// Whether `ps` is known not to be a server of the job: it left, or its join has not
+    /// been carried out yet. What it says of itself (up, answering) changes nothing.
+    pub(super) fn outside_job(&self, ps: u32) -> bool {
+        let r = &self.resharding;
+        r.left.contains(&ps)
+            || (!self.server_set.contains(&ps)
+                && (r.pending.joining.contains_key(&ps)
+                    || r.cutting
+                        .as_ref()
+                        .is_some_and(|c| c.joining.contains_key(&ps))))
+    }
+
+    /// Whether servers are being changed (a cut for it, or the move after it, under way):
+    /// new variables wait.
+    pub(super) fn reshard_under_way(&self) -> bool {
+        self.resharding.cutting.is_some() || self.resharding.moving.is_some()
+    }
+
+    /// Starts the cut for the changes asked for, once nothing else holds the servers (part of
+    /// every dispatch).
+    pub(super) fn advance_reshard(&mut self, now: Instant) {
+        let r = &self.resharding;
+        if r.pending.is_empty() || r.cutting.is_some() || r.moving.is_some() {
+            return;
+        }
+        if self.preemption.is_some()
+            || self.recovery.is_some()
+            || self.start.is_some()
+            || !self.creates.is_empty()
+            || self.stopping
+        {
+            return;
+        }
+        let Some(root) = self.preemption_root() else {
+            return;
+        };
+        let changes = std::mem::take(&mut self.resharding.pending);
+        tracing::info!(
+            "taking a checkpoint cut to move the variables: {}",
+            describe(&changes)
+        );
+        self.resharding.cutting = Some(changes);
+        self.begin_cut_at_once(now, root);
+    }
+
+    /// The cut for the changes under way was taken and marked (`taken`), or given up.
+    pub(super) fn reshard_cut_ended(&mut self, now: Instant, taken: bool) {
+        let Some(mut changes) = self.resharding.cutting.take() else {
+            return;
+        };
+        if taken {
+            self.move_servers(now, changes);
+            return;
+        }
+        changes.attempts += 1;
+        if changes.attempts < RESHARD_ATTEMPTS_MAX {
+            // Tried again at the next dispatch, with any change asked for since.
+            let pending = &mut self.resharding.pending;
+            for (ps, join) in changes.joining {
+                pending.joining.entry(ps).or_insert(join);
+            }
+            for (ps, epoch) in changes.leaving {
+                pending.leaving.entry(ps).or_insert(epoch);
+            }
+            pending.attempts = pending.attempts.max(changes.attempts);
+            return;
+        }
+        tracing::error!(
+            "gave up moving the variables after {RESHARD_ATTEMPTS_MAX} cuts could not be \
+             taken: {}",
+            describe(&changes)
+        );
+        let reason = format!("no checkpoint cut could be taken in {RESHARD_ATTEMPTS_MAX} tries");
+        self.answer_leaving(changes.leaving, Err(reason));
+    }
+
+    /// The restore after a move ended (`Ok`), or the recovery failed (why): the servers that
+    /// left are answered.
+    pub(super) fn reshard_restore_ended(&mut self, result: Result<(), String>) {
+        let Some(changes) = self.resharding.moving.take() else {
+            return;
+        };
+        if result.is_ok() {
+            self.resharding.done += 1;
+            tracing::info!(
+                "the variables are on parameter servers {:?} now ({})",
+                self.server_set,
+                describe(&changes)
+            );
+        }
+        self.answer_leaving(changes.leaving, result);
+    }
+
+    /// Step 2 of the module doc: the new set, the variables placed again, and a restore of
+    /// every server from the cut just marked.
+    fn move_servers(&mut self, now: Instant, changes: ServerChanges) {
+        let before = self.server_set.len();
+        for ps in changes.leaving.keys() {
+            self.server_set.remove(ps);
+            self.servers.remove(ps);
+            self.resharding.joined.remove(ps);
+            self.resharding.left.insert(*ps);
+            if let Some(r) = self.recovery.as_mut() {
+                r.state_lost.remove(ps);
+            }
+        }
+        for (&ps, (epoch, addr)) in &changes.joining {
+            self.server_set.insert(ps);
+            self.resharding.left.remove(&ps);
+            let entry = self.servers.entry(ps).or_insert(PsEntry {
+                epoch: *epoch,
+                alive: true,
+                dead: false,
+            });
+            if *epoch > entry.epoch {
+                *entry = PsEntry {
+                    epoch: *epoch,
+                    alive: true,
+                    dead: false,
+                };
+            }
+            if ps >= self.num_spec_servers {
+                self.resharding.joined.insert(ps, addr.clone());
+            }
+        }
+        let servers: Vec<u32> = self.server_set.iter().copied().collect();
+        self.setup.layouts = place_again(&self.setup.layouts, before, &servers);
+        self.setup.servers = self
+            .resharding
+            .joined
+            .iter()
+            .map(|(ps, addr)| (*ps, addr.clone()))
+            .collect();
+        self.setup_version += 1;
+        // Every server of the new set gets its new shards from the cut: a restore.
+        self.recovery(now).state_lost.extend(servers);
+        self.resharding.moving = Some(changes);
+    }
+
+    fn answer_leaving(&mut self, leaving: BTreeMap<u32, u64>, result: Result<(), String>) {
+        for (ps, epoch) in leaving {
+            let result = result
+                .clone()
+                .map_err(|reason| DrainRefusal::Failed { ps, reason });
+            self.actions
+                .push_back(SchedulerAction::AnswerPsDraining { ps, epoch, result });
+        }
+    }
+}
+
+fn describe(changes: &ServerChanges) -> String {
+    let names = |ids: Vec<u32>| {
+        ids.iter()
+            .map(|ps| format!("ps/{ps}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut parts = Vec::new();
+    if !changes.joining.is_empty() {
+        parts.push(format!(
+            "{} joining",
+            names(changes.joining.keys().copied().collect())
+        ));
+    }
+    if !changes.leaving.is_empty() {
+        parts.push(format!(
+            "{} leaving",
+            names(changes.leaving.keys().copied().collect())
+        ));
+    }
+    parts.join("; ")
+}

@@ -1,0 +1,279 @@
+//! Parameter servers joining and leaving a running job, driven through the scheduler: the
+//! cut taken at once, the variables placed again onto the new set and every server restored
+//! from that cut with nothing run again, the leaving server let go only after the move, and
+//! every refusal (the last server, no checkpoint directory) and give-up (cuts that cannot be
+//! taken).
+
+use std::sync::Arc;
+
+use super::control_tests::drain;
+use super::preempt_tests::{answer_reads, ckpt_dir, commit_all, training, written};
+use super::recovery::RestoreCall;
+use super::recovery_tests::{answer, dispatched, step_of};
+use super::reshard::{RESHARDING, RESHARD_ATTEMPTS_MAX};
+use super::*;
+use crate::layout::{Dtype, Layout, Shard};
+use crate::roles::protocol::{DrainRefusal, InitSpec, JoinRefusal, SERVERS_MAX};
+
+/// What a restore carried out: per server, the layouts its shards call restored; per worker,
+/// the setup its rewind gave.
+#[derive(Debug, Default)]
+struct Restored {
+    shards: BTreeMap<u32, Vec<Layout>>,
+    rewinds: BTreeMap<u32, SetupWorker>,
+    others: Vec<SchedulerAction>,
+}
+
+/// Answers every restore call with success (the checkpoint `ckpt` loaded) until none is left.
+fn run_restore(s: &mut Scheduler, ckpt: &Arc<Checkpoint>) -> Restored {
+    let t = Instant::now();
+    let mut restored = Restored::default();
+    loop {
+        let actions = drain(s);
+        if actions.is_empty() {
+            return restored;
+        }
+        for action in actions {
+            match action {
+                SchedulerAction::Restore(call) => {
+                    match &call {
+                        RestoreCall::Shards { ps, layouts, .. } => {
+                            restored.shards.insert(*ps, layouts.clone());
+                        }
+                        RestoreCall::Rewind { worker, setup, .. } => {
+                            restored.rewinds.insert(*worker, setup.clone());
+                        }
+                        _ => {}
+                    }
+                    let (_, _, generation) = step_of(&call);
+                    s.handle_restore_report(t, generation, answer(&call, ckpt, None));
+                }
+                other => restored.others.push(other),
+            }
+        }
+    }
+}
+
+/// Takes the cut the scheduler asked for (answering its reads) and reports it written;
+/// returns the checkpoint it holds.
+fn take_cut(s: &mut Scheduler, actions: Vec<SchedulerAction>) -> Arc<Checkpoint> {
+    let t = Instant::now();
+    let rest = answer_reads(s, actions);
+    let (ticket, _, root, leaving, reading) = written(&rest).expect("a cut is written");
+    assert_eq!(root, ckpt_dir().join(PREEMPTION_CUTS_DIR));
+    assert!(leaving.is_empty(), "no server gave a preemption notice");
+    s.handle_preemption_cut_written(t, ticket, Ok(()));
+    Arc::new(reading.into_checkpoint().unwrap())
+}
+
+fn drain_answers(actions: &[SchedulerAction]) -> Vec<(u32, u64, Result<(), DrainRefusal>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
+                Some((*ps, *epoch, result.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn servers_of(layout: &Layout) -> Vec<u32> {
+    layout.shards.iter().map(|s| s.ps).collect()
+}
+
+/// A server past the spec joins: dispatch is held for new work while the closures in flight
+/// finish, a cut is taken at the first closure not finished, `w` (spread over both servers)
+/// is spread over all three, every server is restored from the cut with its new shards,
+/// every worker is rewound with the new layouts and the new server's address, nothing runs
+/// again, and dispatch resumes at the cut.
+#[test]
+fn a_server_joining_gets_its_share_at_a_cut_and_nothing_runs_again() {
+    let t = Instant::now();
+    let (mut s, ids) = training(6);
+    let first = drain(&mut s);
+    assert_eq!(dispatched(&first).len(), 2);
+    s.handle_ps_joining(t, 2, 7, "10.0.0.3:2222".into())
+        .unwrap();
+    commit_all(&mut s, &first);
+    let cutting = drain(&mut s);
+    assert!(dispatched(&cutting).is_empty(), "held for the cut");
+    let ckpt = take_cut(&mut s, cutting);
+    assert_eq!(ckpt.ledger.next_closure_id, ids[2].0);
+    assert_eq!(s.servers_in_job(), vec![0, 1, 2]);
+    let w = s.layouts()[0].clone();
+    assert_eq!(
+        servers_of(&w),
+        vec![0, 1, 2],
+        "spread over every server again"
+    );
+    w.validate().unwrap();
+    let restored = run_restore(&mut s, &ckpt);
+    assert_eq!(
+        restored.shards.keys().copied().collect::<Vec<_>>(),
+        vec![0, 1, 2],
+        "every server of the new set is restored, the new one too"
+    );
+    assert!(restored.shards.values().all(|l| l[0] == w));
+    for setup in restored.rewinds.values() {
+        assert_eq!(setup.layouts[0], w);
+        assert_eq!(setup.servers, vec![(2, "10.0.0.3:2222".to_string())]);
+    }
+    assert_eq!(restored.rewinds.len(), 2, "both workers rewound");
+    assert_eq!(s.ledger().rolled_back, 0, "nothing committed since the cut");
+    assert_eq!(
+        dispatched(&restored.others)
+            .iter()
+            .map(|(_, c, _)| *c)
+            .collect::<Vec<_>>(),
+        vec![ids[2], ids[3]],
+        "dispatch resumes at the cut"
+    );
+    // A new incarnation of a worker is set up with the new layouts and address too.
+    assert_eq!(s.setup_for(0).servers, vec![(2, "10.0.0.3:2222".into())]);
+    // Joining again (a hello to a new chief, a restart) changes nothing.
+    s.handle_ps_joining(t, 2, 8, "10.0.0.3:2222".into())
+        .unwrap();
+    assert!(written(&drain(&mut s)).is_none());
+}
+
+/// A server leaving waits for its answer until its variables are on the others; the last
+/// server cannot leave.
+#[test]
+fn a_server_leaving_is_let_go_once_its_variables_moved_and_the_last_one_stays() {
+    let t = Instant::now();
+    let (mut s, _) = training(0);
+    drain(&mut s);
+    assert_eq!(s.handle_ps_draining(t, 1, 1), Ok(false), "answered later");
+    let cutting = drain(&mut s);
+    assert!(drain_answers(&cutting).is_empty());
+    let ckpt = take_cut(&mut s, cutting);
+    assert_eq!(s.servers_in_job(), vec![0]);
+    assert_eq!(
+        servers_of(&s.layouts()[0]),
+        vec![0],
+        "whole on the one left"
+    );
+    let restored = run_restore(&mut s, &ckpt);
+    assert_eq!(restored.shards.keys().copied().collect::<Vec<_>>(), vec![0]);
+    assert_eq!(drain_answers(&restored.others), vec![(1, 1, Ok(()))]);
+    assert_eq!(s.ledger().rolled_back, 0);
+    // The one that left is no server of the job any more: its hellos change nothing.
+    s.handle_ps_up(t, 1, 2);
+    assert!(s.ps_down().is_empty());
+    assert!(!s.is_holding());
+    assert_eq!(
+        s.handle_ps_draining(t, 0, 1),
+        Err(DrainRefusal::LastServer { ps: 0 })
+    );
+    // A server not in the job may go at once.
+    assert_eq!(s.handle_ps_draining(t, 5, 1), Ok(true));
+}
+
+/// Without a checkpoint directory there is nowhere to take the cut: joins and leaves are
+/// refused at once, naming the setting; an index past the bound is refused too.
+#[test]
+fn without_a_checkpoint_directory_servers_can_neither_join_nor_leave() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(2);
+    assert_eq!(
+        s.handle_ps_joining(t, 2, 1, "h:1".into()),
+        Err(JoinRefusal::PsNoCheckpointDir { ps: 2 })
+    );
+    assert_eq!(
+        s.handle_ps_draining(t, 1, 1),
+        Err(DrainRefusal::NoCheckpointDir { ps: 1 })
+    );
+    assert!(DrainRefusal::NoCheckpointDir { ps: 1 }
+        .to_string()
+        .contains("checkpoint_dir"));
+    assert_eq!(
+        s.handle_ps_joining(t, SERVERS_MAX, 1, "h:1".into()),
+        Err(JoinRefusal::PsBeyondMax {
+            ps: SERVERS_MAX,
+            servers_max: SERVERS_MAX
+        })
+    );
+    // A server of the spec registering changes nothing.
+    assert_eq!(s.handle_ps_joining(t, 1, 1, "h:1".into()), Ok(()));
+    assert!(drain(&mut s).is_empty());
+}
+
+/// A cut that cannot be written leaves the servers as they were and is tried again; after
+/// the last try the leaving server is told it stays.
+#[test]
+fn cuts_that_cannot_be_taken_are_tried_again_then_the_server_stays() {
+    let t = Instant::now();
+    let (mut s, _) = training(0);
+    drain(&mut s);
+    assert_eq!(s.handle_ps_draining(t, 0, 1), Ok(false));
+    let mut actions = drain(&mut s);
+    for attempt in 1..=RESHARD_ATTEMPTS_MAX {
+        let rest = answer_reads(&mut s, actions);
+        let (ticket, ..) = written(&rest).expect("a cut is tried");
+        s.handle_preemption_cut_written(t, ticket, Err("disk full".into()));
+        actions = drain(&mut s);
+        assert_eq!(s.servers_in_job(), vec![0, 1], "nothing moved");
+        if attempt < RESHARD_ATTEMPTS_MAX {
+            assert!(drain_answers(&actions).is_empty(), "tried again");
+        }
+    }
+    let answers = drain_answers(&actions);
+    assert_eq!(answers.len(), 1);
+    assert!(matches!(
+        &answers[0],
+        (0, 1, Err(DrainRefusal::Failed { ps: 0, reason })) if reason.contains("cut")
+    ));
+    assert!(!s.is_holding());
+    assert_eq!(s.ledger().rolled_back, 0);
+}
+
+/// A variable is not created while servers are being moved (its placement would be for the
+/// old set): the program is told to try again, and its creation places over the new set.
+#[test]
+fn no_variable_is_created_while_servers_move() {
+    let t = Instant::now();
+    let (mut s, _) = training(0);
+    drain(&mut s);
+    s.handle_ps_joining(t, 2, 1, "h:2".into()).unwrap();
+    let cutting = drain(&mut s);
+    let layout = Layout::unsharded("v", Dtype::F32, vec![2], 0);
+    let err = s
+        .handle_create_variable(t, &layout, vec![InitSpec::Zeros])
+        .unwrap_err();
+    assert!(err.contains(RESHARDING), "{err}");
+    let ckpt = take_cut(&mut s, cutting);
+    run_restore(&mut s, &ckpt);
+    // Done: a shard on the new server is accepted; one on a server not in the job is not.
+    let on_new = Layout::unsharded("v", Dtype::F32, vec![2], 2);
+    s.handle_create_variable(t, &on_new, vec![InitSpec::Zeros])
+        .unwrap();
+    let elsewhere = Layout {
+        shards: vec![Shard { ps: 3, rows: 0..2 }],
+        ..Layout::unsharded("u", Dtype::F32, vec![2], 0)
+    };
+    assert!(s
+        .handle_create_variable(t, &elsewhere, vec![InitSpec::Zeros])
+        .unwrap_err()
+        .contains("ps/3"));
+}
+
+/// A server's state lost (it died) while a move is under way is restored with the others
+/// from the same cut: the move does not wait for its own recovery, and the leaving server is
+/// answered once the restore that covers the new set ended.
+#[test]
+fn a_server_lost_during_the_move_is_restored_from_the_same_cut() {
+    let t = Instant::now();
+    let (mut s, _) = training(0);
+    drain(&mut s);
+    s.handle_ps_joining(t, 2, 1, "h:2".into()).unwrap();
+    let cutting = drain(&mut s);
+    let ckpt = take_cut(&mut s, cutting);
+    // ps/0 dies before the restore's calls are answered; back as a new incarnation.
+    s.handle_ps_lost(t, 0, 1);
+    s.handle_ps_up(t, 0, 2);
+    let restored = run_restore(&mut s, &ckpt);
+    assert!(restored.shards.contains_key(&0) && restored.shards.contains_key(&2));
+    assert!(!s.is_holding(), "restored, dispatch goes on");
+    assert_eq!(s.ledger().rolled_back, 0);
+}

@@ -1,0 +1,302 @@
+//! Elastic parameter servers across real processes (real QUIC on 127.0.0.1): a job launched
+//! on 2 servers gets a third while it trains (a server the cluster spec does not name, started
+//! by hand from its own TF_CONFIG with a certificate signed by the job's CA, joins the running
+//! job), then loses ps/0 for good (SIGUSR1: it asks to leave, the chief moves its variables
+//! onto the others, and it exits 0 and is not restarted). Each change happens at a checkpoint
+//! cut: the job finishes with the ledger whole, nothing run again or handed back, every
+//! closure's push applied exactly once (each row of a variable spread over the servers counts
+//! every committed closure), and the variables spread over the servers in the job at the end.
+
+mod ps_support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cohort::data::Dataset;
+use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
+use cohort::variable::Partitioner;
+use nix::sys::signal::Signal;
+use ps_support::{child_dir, ledger_and_stats, write_report, Run, WAIT_MAX};
+
+/// Rows of the variable spread over every server.
+const ROWS: usize = 6;
+/// Closures kept scheduled ahead of the one being fetched.
+const AHEAD: usize = 4;
+/// Steps trained in each phase once its servers are in the job.
+const STEPS_PER_PHASE: usize = 30;
+/// Bound on the chief's wait for a phase's servers.
+const PHASE_WAIT_MAX: Duration = Duration::from_secs(60);
+/// Marker files the chief writes when it is ready for the next change.
+const GROW: &str = "grow";
+const SHRINK: &str = "shrink";
+/// The chief's TF_CONFIG, for the test to make the joining server's from.
+const TF_CONFIG_FILE: &str = "tf_config.json";
+
+/// Child mode: run this process's role of the test program.
+#[test]
+fn cluster_task() {
+    ps_support::run_if_child(program);
+}
+
+/// Every closure adds 1 to every row of `spread` (split over every server) and of `whole`
+/// (on one server), with SGD at learning rate 1.
+fn program() -> Program {
+    Program::new("ps-elastic-test")
+        .optimizer(cohort::optim::Optimizer::sgd(1.0))
+        .dataset("ids", |ctx| {
+            Ok(Dataset::range(0, 1_000_000, 1)
+                .shard(ctx.num_input_pipelines, ctx.input_pipeline_id))
+        })
+        .step("add", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+            ctx.next("ids")?;
+            ctx.push_dense("spread", vec![-1.0; ROWS])?;
+            ctx.push_dense("whole", vec![-1.0; 2])?;
+            std::thread::sleep(Duration::from_millis(10));
+            Ok(Vec::new())
+        })
+        .chief(|coordinator| {
+            coordinator.create_variable(
+                VariableSpec::zeros("spread", vec![ROWS])
+                    .partitioned(Partitioner::FixedShards { num_shards: 2 }),
+            )?;
+            coordinator.create_variable(VariableSpec::zeros("whole", vec![2]))?;
+            coordinator.create_per_worker_dataset("ids")?;
+            coordinator.wait_for_workers(2, Duration::from_secs(30))?;
+            let tf_config = std::env::var("TF_CONFIG").unwrap_or_default();
+            write(&child_dir().join(TF_CONFIG_FILE), tf_config.as_bytes())?;
+            let mut trainer = Trainer::default();
+            trainer.train(coordinator, STEPS_PER_PHASE)?;
+            marker(GROW)?;
+            let grown = trainer.train_until(coordinator, &[0, 1, 2])?;
+            trainer.train(coordinator, STEPS_PER_PHASE)?;
+            marker(SHRINK)?;
+            let shrunk = trainer.train_until(coordinator, &[1, 2])?;
+            trainer.train(coordinator, STEPS_PER_PHASE)?;
+            trainer.finish(coordinator, grown, shrunk)
+        })
+}
+
+#[derive(Default)]
+struct Trainer {
+    in_flight: std::collections::VecDeque<cohort::program::RemoteValue>,
+}
+
+impl Trainer {
+    fn train(
+        &mut self,
+        coordinator: &ClusterCoordinator,
+        steps: usize,
+    ) -> Result<(), CoordinatorError> {
+        for _ in 0..steps {
+            while self.in_flight.len() < AHEAD {
+                self.in_flight
+                    .push_back(coordinator.schedule("add", Vec::new())?);
+            }
+            let value = self.in_flight.pop_front().expect("scheduled above");
+            coordinator.fetch(&value)?;
+        }
+        Ok(())
+    }
+
+    /// Trains until the job's servers are `servers`, at most [`PHASE_WAIT_MAX`]; whether they
+    /// came to be.
+    fn train_until(
+        &mut self,
+        coordinator: &ClusterCoordinator,
+        servers: &[u32],
+    ) -> Result<bool, CoordinatorError> {
+        let deadline = Instant::now() + PHASE_WAIT_MAX;
+        while Instant::now() < deadline {
+            let now: Vec<u32> = coordinator.topology().servers.keys().copied().collect();
+            if now == servers {
+                return Ok(true);
+            }
+            self.train(coordinator, 1)?;
+        }
+        Ok(false)
+    }
+
+    fn finish(
+        mut self,
+        coordinator: &ClusterCoordinator,
+        grown: bool,
+        shrunk: bool,
+    ) -> Result<(), CoordinatorError> {
+        while let Some(value) = self.in_flight.pop_front() {
+            coordinator.fetch(&value)?;
+        }
+        coordinator.join()?;
+        let mut report = ledger_and_stats(coordinator)?;
+        report["grown"] = serde_json::json!(grown);
+        report["shrunk"] = serde_json::json!(shrunk);
+        report["spread"] = serde_json::json!(coordinator.read_variable("spread")?);
+        report["whole"] = serde_json::json!(coordinator.read_variable("whole")?);
+        report["servers"] =
+            serde_json::json!(coordinator.topology().servers.keys().collect::<Vec<_>>());
+        report["layouts"] = serde_json::to_value(coordinator.layouts())
+            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        write_report(&report)
+    }
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), CoordinatorError> {
+    ps_support::write_atomic(path, bytes).map_err(|e| CoordinatorError::Other(e.to_string()))
+}
+
+fn marker(name: &str) -> Result<(), CoordinatorError> {
+    write(&child_dir().join(name), b"1")
+}
+
+/// Waits (bounded) for a file the chief writes; false if it never came or `cancel` was set.
+fn wait_for_file(path: &Path, cancel: &std::sync::atomic::AtomicBool) -> bool {
+    let deadline = Instant::now() + WAIT_MAX * 2;
+    while Instant::now() < deadline && !cancel.load(std::sync::atomic::Ordering::SeqCst) {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Starts ps/2 by hand: the job's TF_CONFIG with its own address added, and a certificate
+/// signed by the job's CA (the launcher keeps the CA's key in its certificates directory).
+fn start_joining_server(dir: &Path, launch_dir: &Path, checkpoints: &Path) -> Child {
+    use cohort_transport::{ClusterCa, NodeId, CA_FILE};
+
+    let tf_text = std::fs::read_to_string(dir.join(TF_CONFIG_FILE)).expect("the TF_CONFIG");
+    let mut tf: serde_json::Value = serde_json::from_str(&tf_text).expect("TF_CONFIG is JSON");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let servers = tf["cluster"]["ps"].as_array_mut().expect("a ps list");
+    servers.push(serde_json::json!(format!("127.0.0.1:{port}")));
+    let index = servers.len() - 1;
+    assert_eq!(index, 2);
+    tf["task"] = serde_json::json!({ "type": "ps", "index": index });
+    let certs = launch_dir.join("certs");
+    let ca = ClusterCa::from_pem(
+        &std::fs::read_to_string(certs.join(CA_FILE)).unwrap(),
+        &std::fs::read_to_string(certs.join("ca.key")).expect("the launcher keeps ca.key"),
+    )
+    .unwrap();
+    ca.issue(&NodeId::new("ps", index as u32))
+        .unwrap()
+        .save(&certs)
+        .unwrap();
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "cluster_task", "--nocapture"])
+        .env(ps_support::CHILD_ENV, "1")
+        .env(ps_support::DIR_ENV, dir)
+        .env("TF_CONFIG", tf.to_string())
+        .env("COHORT_CERTS", &certs)
+        .env("COHORT_CHECKPOINT_DIR", checkpoints)
+        .env("COHORT_DETECTION_BUDGET", "3s")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start ps/2")
+}
+
+/// The joining server's exit code, waiting at most [`WAIT_MAX`] (killed past it).
+fn exit_code(mut child: Child) -> Option<i32> {
+    let deadline = Instant::now() + WAIT_MAX;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_server_joins_and_another_leaves_a_running_job_at_cuts_with_nothing_lost() {
+    let run = Run::new("ps-elastic", "elastic", &[]);
+    let dir = run.dir.clone();
+    let launch_dir = run.path("launch");
+    let checkpoints = run.path("checkpoints");
+    let (grow, shrink) = (run.path(GROW), run.path(SHRINK));
+    let joined = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let joiner = std::sync::Arc::clone(&joined);
+    let ckpt_dir = checkpoints.clone();
+    let changes = ps_support::beside(move |cancel| {
+        if !wait_for_file(&grow, &cancel) {
+            return;
+        }
+        eprintln!("[test] starting ps/2, which joins the running job");
+        *joiner.lock().unwrap() = Some(start_joining_server(&dir, &launch_dir, &ckpt_dir));
+        if !wait_for_file(&shrink, &cancel) {
+            return;
+        }
+        let pid_file = cohort::launch::pid_file(
+            &launch_dir,
+            cohort::cluster::TaskId::new(cohort::cluster::TaskType::Ps, 0),
+        );
+        let (pid, _) = ps_support::read_pid_file(&pid_file).expect("ps/0's pid file");
+        eprintln!("[test] asking ps/0 to leave the job (SIGUSR1)");
+        ps_support::signal(pid, Signal::SIGUSR1);
+    });
+    let checkpoints_env = checkpoints.display().to_string();
+    let (code, exits) = run.launch_with_exits(&[
+        ("COHORT_CHECKPOINT_DIR", checkpoints_env.as_str()),
+        ("COHORT_DETECTION_BUDGET", "3s"),
+    ]);
+    changes.finish();
+    let joined_code = joined.lock().unwrap().take().map(exit_code);
+    assert_eq!(code, 0, "the job failed; its log is above");
+    assert_eq!(
+        joined_code,
+        Some(Some(0)),
+        "ps/2 ran and exited 0 at the chief's goodbye"
+    );
+
+    let report = run.report();
+    assert_eq!(report["grown"], true, "ps/2 joined: {report}");
+    assert_eq!(report["shrunk"], true, "ps/0 left: {report}");
+    assert_eq!(report["servers"], serde_json::json!([1, 2]), "{report}");
+
+    // LEDGER-1: whole; the moves ran nothing again and handed nothing back.
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["scheduled"], ledger["committed"], "{ledger}");
+    assert_eq!(ledger["pending"], 0, "{ledger}");
+    assert_eq!(ledger["failed"], 0, "{ledger}");
+    assert_eq!(ledger["rolled_back"], 0, "{ledger}");
+    assert_eq!(ledger["redispatched"], 0, "{ledger}");
+    assert_eq!(ledger["ps_restores"], 2, "one restore per move: {ledger}");
+
+    // PS-1 across both moves: every row holds every committed closure's push exactly once.
+    let committed = ledger["committed"].as_u64().unwrap() as f64;
+    let spread: Vec<f64> = serde_json::from_value(report["spread"].clone()).unwrap();
+    assert_eq!(spread, vec![committed; ROWS], "{report}");
+    let whole: Vec<f64> = serde_json::from_value(report["whole"].clone()).unwrap();
+    assert_eq!(whole, vec![committed; 2], "{report}");
+
+    // The variables are on the servers in the job, spread over both, and ps/2 took pushes.
+    let layouts = report["layouts"].as_array().unwrap();
+    let spread_on: Vec<u64> = layouts[0]["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["ps"].as_u64().unwrap())
+        .collect();
+    assert_eq!(spread_on, [1, 2], "{report}");
+    let applied = ps_support::ps_counter(&report, "applied");
+    assert_eq!(applied.len(), 2, "{report}");
+    assert!(applied.iter().all(|n| *n > 0), "{applied:?}");
+
+    // ps/0 left with exit 0 and was not restarted.
+    let ps0: Vec<_> = exits
+        .iter()
+        .filter(|e| e.task.to_string() == "ps/0")
+        .collect();
+    assert_eq!(ps0.len(), 1, "{exits:?}");
+    assert_eq!(ps0[0].code, Some(0), "{exits:?}");
+}
