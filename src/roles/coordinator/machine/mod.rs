@@ -547,6 +547,10 @@ pub enum ScheduleError {
 ///     [`SchedulerAction::WritePreemptionCut`] is reported with
 ///     `handle_preemption_cut_written`; `handle_chief_stopping` when the chief's own notice
 ///     comes.
+/// 17. servers joining and leaving the job (see [`reshard`]): `handle_ps_joining` and
+///     `handle_ps_draining` (a leave answered at once or later with
+///     [`SchedulerAction::AnswerPsDraining`]); the cut goes through item 16's
+///     [`SchedulerAction::WritePreemptionCut`], the move through a restore.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
