@@ -104,21 +104,38 @@ impl Scheduler {
                 servers_max: SERVERS_MAX,
             });
         }
-        if self.server_set.contains(&ps) && !self.resharding.pending.leaving.contains_key(&ps) {
+        let leaving_now = self
+            .resharding
+            .cutting
+            .as_ref()
+            .is_some_and(|c| c.leaving.contains_key(&ps));
+        if self.server_set.contains(&ps)
+            && !self.resharding.pending.leaving.contains_key(&ps)
+            && !leaving_now
+        {
             return Ok(());
         }
         if self.preemption_root().is_none() {
             return Err(JoinRefusal::PsNoCheckpointDir { ps });
         }
         let pending = &mut self.resharding.pending;
-        if pending.leaving.remove(&ps).is_some() {
-            // Asked to leave, and back before it did: it stays.
+        if let Some(asked) = pending.leaving.remove(&ps) {
+            // Asked to leave, and registering again before it did (a new incarnation): it
+            // stays; the incarnation that asked is told so.
+            let reason = format!("ps/{ps} registered again (epoch {epoch}) and stays in the job");
+            self.answer_leaving(BTreeMap::from([(ps, asked)]), Err(reason));
             return Ok(());
         }
-        let newer = pending
-            .joining
-            .get(&ps)
-            .is_none_or(|(known, _)| epoch >= *known);
+        let joining_now = self
+            .resharding
+            .cutting
+            .as_ref()
+            .is_some_and(|c| c.joining.contains_key(&ps));
+        let newer = !joining_now
+            && pending
+                .joining
+                .get(&ps)
+                .is_none_or(|(known, _)| epoch >= *known);
         if newer {
             tracing::info!("ps/{ps} (epoch {epoch}) joins the job at {addr} at the next cut");
             pending.joining.insert(ps, (epoch, addr));
@@ -138,15 +155,29 @@ impl Scheduler {
         epoch: u64,
     ) -> Result<bool, DrainRefusal> {
         let has_root = self.preemption_root().is_some();
+        let joining_now = self
+            .resharding
+            .cutting
+            .as_ref()
+            .is_some_and(|c| c.joining.contains_key(&ps));
         let pending = &mut self.resharding.pending;
-        if pending.joining.remove(&ps).is_some() || !self.server_set.contains(&ps) {
-            // Not in the job (or not yet): nothing of it to move.
+        // A join asked for and not under way is called off.
+        pending.joining.remove(&ps);
+        if !self.server_set.contains(&ps) && !joining_now {
+            // Not in the job (nor about to be): nothing of it to move.
             return Ok(true);
         }
+        // Servers that stay whatever happens to the changes asked for (a join counts once
+        // done: its cut may fail).
+        let cutting = self.resharding.cutting.as_ref();
         let staying = self
             .server_set
             .iter()
-            .filter(|s| **s != ps && !pending.leaving.contains_key(s))
+            .filter(|s| {
+                **s != ps
+                    && !pending.leaving.contains_key(s)
+                    && !cutting.is_some_and(|c| c.leaving.contains_key(s))
+            })
             .count();
         if staying == 0 {
             return Err(DrainRefusal::LastServer { ps });
@@ -155,7 +186,7 @@ impl Scheduler {
             return Err(DrainRefusal::NoCheckpointDir { ps });
         }
         tracing::info!("ps/{ps} (epoch {epoch}) leaves the job at the next cut");
-        pending.leaving.insert(ps, epoch);
+        self.ask_leave(ps, epoch);
         self.dispatch(now);
         Ok(false)
     }
@@ -175,6 +206,12 @@ impl Scheduler {
                     || r.cutting
                         .as_ref()
                         .is_some_and(|c| c.joining.contains_key(&ps))))
+    }
+
+    /// Whether a join or leave was asked for and has not ended yet.
+    #[cfg(test)]
+    pub(super) fn server_changes_pending(&self) -> bool {
+        !self.resharding.pending.is_empty() || self.reshard_under_way()
     }
 
     /// Whether servers are being changed (a cut for it, or the move after it, under way):
@@ -223,13 +260,27 @@ impl Scheduler {
         if changes.attempts < RESHARD_ATTEMPTS_MAX {
             // Tried again at the next dispatch, with any change asked for since.
             let pending = &mut self.resharding.pending;
+            let mut out_now = BTreeMap::new();
             for (ps, join) in changes.joining {
-                pending.joining.entry(ps).or_insert(join);
-            }
-            for (ps, epoch) in changes.leaving {
-                pending.leaving.entry(ps).or_insert(epoch);
+                match pending.leaving.remove(&ps) {
+                    // Asked to leave while its join was under way: it never joined, and may
+                    // go now.
+                    Some(epoch) if !self.server_set.contains(&ps) => {
+                        out_now.insert(ps, epoch);
+                    }
+                    Some(epoch) => {
+                        pending.leaving.insert(ps, epoch);
+                    }
+                    None => {
+                        pending.joining.entry(ps).or_insert(join);
+                    }
+                }
             }
             pending.attempts = pending.attempts.max(changes.attempts);
+            for (ps, epoch) in changes.leaving {
+                self.ask_leave(ps, epoch);
+            }
+            self.answer_leaving(out_now, Ok(()));
             return;
         }
         tracing::error!(
@@ -302,6 +353,22 @@ impl Scheduler {
         // Every server of the new set gets its new shards from the cut: a restore.
         self.recovery(now).state_lost.extend(servers);
         self.resharding.moving = Some(changes);
+    }
+
+    /// Records incarnation `epoch` of `ps` leaving at the next cut; another incarnation's
+    /// request it replaces is answered (the older one is gone, or about to be).
+    fn ask_leave(&mut self, ps: u32, epoch: u64) {
+        let leaving = &mut self.resharding.pending.leaving;
+        let (kept, other) = match leaving.get(&ps).copied() {
+            Some(known) if known > epoch => (known, Some(epoch)),
+            Some(known) if known < epoch => (epoch, Some(known)),
+            _ => (epoch, None),
+        };
+        leaving.insert(ps, kept);
+        if let Some(other) = other {
+            let reason = format!("a newer incarnation of ps/{ps} (epoch {kept}) asked to leave");
+            self.answer_leaving(BTreeMap::from([(ps, other)]), Err(reason));
+        }
     }
 
     fn answer_leaving(&mut self, leaving: BTreeMap<u32, u64>, result: Result<(), String>) {
