@@ -217,7 +217,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
     ]);
     let flags = cohort::bootstrap::LaunchFlags {
         workers: 2.into(),
-        ps: 2,
+        ps: 2.into(),
         evaluators: 0,
         kill_worker_after: None,
         run_dir: Some(run.path("launch")),

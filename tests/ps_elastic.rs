@@ -65,13 +65,18 @@ fn program() -> Program {
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
             let tf_config = std::env::var("TF_CONFIG").unwrap_or_default();
             write(&child_dir().join(TF_CONFIG_FILE), tf_config.as_bytes())?;
+            // By hand: ps/2 joins, then ps/0 leaves. Through the launcher: 2 -> 3 -> 1.
+            let shrunk_to: &[u32] = match ps_support::scenario().as_str() {
+                "launcher" => &[0],
+                _ => &[1, 2],
+            };
             let mut trainer = Trainer::default();
             trainer.train(coordinator, STEPS_PER_PHASE)?;
             marker(GROW)?;
             let grown = trainer.train_until(coordinator, &[0, 1, 2])?;
             trainer.train(coordinator, STEPS_PER_PHASE)?;
             marker(SHRINK)?;
-            let shrunk = trainer.train_until(coordinator, &[1, 2])?;
+            let shrunk = trainer.train_until(coordinator, shrunk_to)?;
             trainer.train(coordinator, STEPS_PER_PHASE)?;
             trainer.finish(coordinator, grown, shrunk)
         })
@@ -299,4 +304,75 @@ fn a_server_joins_and_another_leaves_a_running_job_at_cuts_with_nothing_lost() {
         .collect();
     assert_eq!(ps0.len(), 1, "{exits:?}");
     assert_eq!(ps0[0].code, Some(0), "{exits:?}");
+}
+
+/// `cohort scale --ps`: the launcher starts ps/2 (it joins the running job), then drains
+/// ps/2 and ps/1 (each leaves once its variables moved, exits 0, and is not restarted).
+#[test]
+fn the_launcher_scales_servers_from_2_to_3_and_down_to_1_with_nothing_lost() {
+    let mut run = Run::new("ps-elastic-launcher", "launcher", &[]);
+    run.ps_max = 3;
+    let launch_dir = run.path("launch");
+    let checkpoints = run.path("checkpoints");
+    let (grow, shrink) = (run.path(GROW), run.path(SHRINK));
+    let refused = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&refused);
+    let scaler = ps_support::beside(move |cancel| {
+        if !wait_for_file(&grow, &cancel) {
+            return;
+        }
+        // Refused, nothing changed: below 1, above the maximum.
+        for servers in [0, 4] {
+            let err = cohort::launch::request_scale_servers(&launch_dir, servers).unwrap_err();
+            seen.lock().unwrap().push(err.to_string());
+        }
+        eprintln!("[test] scaling to 3 parameter servers");
+        cohort::launch::request_scale_servers(&launch_dir, 3).expect("a request for 3");
+        if !wait_for_file(&shrink, &cancel) {
+            return;
+        }
+        eprintln!("[test] scaling to 1 parameter server");
+        cohort::launch::request_scale_servers(&launch_dir, 1).expect("a request for 1");
+    });
+    let checkpoints_env = checkpoints.display().to_string();
+    let (code, exits) = run.launch_with_exits(&[
+        ("COHORT_CHECKPOINT_DIR", checkpoints_env.as_str()),
+        ("COHORT_DETECTION_BUDGET", "3s"),
+    ]);
+    scaler.finish();
+    assert_eq!(code, 0, "the job failed; its log is above");
+    let refused = refused.lock().unwrap().clone();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused[0].contains("--ps 0: a job needs at least 1 parameter server"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[1].contains("--ps 4: the job may have at most 3 parameter servers"),
+        "{refused:?}"
+    );
+
+    let report = run.report();
+    assert_eq!(report["grown"], true, "{report}");
+    assert_eq!(report["shrunk"], true, "{report}");
+    assert_eq!(report["servers"], serde_json::json!([0]), "{report}");
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["scheduled"], ledger["committed"], "{ledger}");
+    assert_eq!(ledger["failed"], 0, "{ledger}");
+    assert_eq!(ledger["rolled_back"], 0, "{ledger}");
+    assert_eq!(ledger["redispatched"], 0, "{ledger}");
+    let committed = ledger["committed"].as_u64().unwrap() as f64;
+    let spread: Vec<f64> = serde_json::from_value(report["spread"].clone()).unwrap();
+    assert_eq!(spread, vec![committed; ROWS], "{report}");
+    let whole: Vec<f64> = serde_json::from_value(report["whole"].clone()).unwrap();
+    assert_eq!(whole, vec![committed; 2], "{report}");
+    // The drained servers exited 0 once each and were not restarted.
+    for task in ["ps/1", "ps/2"] {
+        let seen: Vec<_> = exits
+            .iter()
+            .filter(|e| e.task.to_string() == task)
+            .collect();
+        assert_eq!(seen.len(), 1, "{task}: {exits:?}");
+        assert_eq!(seen[0].code, Some(0), "{task}: {exits:?}");
+    }
 }

@@ -20,7 +20,7 @@ pub const DETECTION_BUDGET_ENV: &str = ConfigKey::DETECTION_BUDGET.env;
 /// Environment variable: how long pending work may wait with no live worker, e.g. `"60s"`.
 pub const WORKER_WAIT_ENV: &str = ConfigKey::WORKER_WAIT.env;
 
-/// `launch --workers N|MIN:MAX --ps M [--kill-worker-after DURATION] [--run-dir DIR]`: a local
+/// `launch --workers N|MIN:MAX --ps N|MIN:MAX [--kill-worker-after DURATION] [--run-dir DIR]`: a local
 /// cluster of this same executable; `extra_args` go to every task.
 pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
     use clap::Parser;
@@ -47,9 +47,11 @@ pub struct LaunchFlags {
     /// `cohort scale --run-dir DIR --workers N` grows or shrinks the job; give --run-dir).
     #[arg(long, default_value = "2", value_parser = WorkerCount::parse)]
     pub workers: WorkerCount,
-    /// Parameter-server processes.
-    #[arg(long, default_value_t = 2)]
-    pub ps: u32,
+    /// Parameter-server processes: N, or MIN:MAX to start MIN and allow up to MAX (elastic
+    /// servers: `cohort scale --run-dir DIR --ps N` adds or removes servers, each at a
+    /// checkpoint cut; the job needs a checkpoint directory).
+    #[arg(long, default_value = "2", value_parser = WorkerCount::parse)]
+    pub ps: WorkerCount,
     /// Evaluator processes: each evaluates every new checkpoint with the program's evaluation
     /// function (the demo's reports held-out digits accuracy).
     #[arg(long, default_value_t = 0)]
@@ -73,7 +75,8 @@ fn detection_budget_range() -> DurationRange {
         .unwrap_or(KILL_AFTER_RANGE)
 }
 
-/// How many workers a launched job starts with, and the most it may have.
+/// How many workers (or parameter servers) a launched job starts with, and the most it may
+/// have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkerCount {
     /// Workers started.
@@ -162,7 +165,7 @@ pub fn launch_local(
     let stop_grace = launched_preemption_grace(&env) + STOP_GRACE_MARGIN;
     let config = LaunchConfig {
         num_workers: flags.workers.min,
-        num_ps: flags.ps,
+        num_ps: flags.ps.min,
         num_evaluators: flags.evaluators,
         program,
         args: task_args,
@@ -185,23 +188,31 @@ pub fn launch_local(
     if let Err(e) = stop_on_signals(&stop) {
         eprintln!("warning: cannot watch for Ctrl-C/SIGTERM: {e}");
     }
-    let mut launcher = match Launcher::start_elastic(config, flags.workers.max) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return if matches!(e, launch::LaunchError::Cluster(_)) {
-                BAD_CONFIG_EXIT_CODE
-            } else {
-                TRAINING_ERROR_EXIT_CODE
-            };
-        }
-    };
+    let mut launcher =
+        match Launcher::start_elastic_servers(config, flags.workers.max, flags.ps.max) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return if matches!(e, launch::LaunchError::Cluster(_)) {
+                    BAD_CONFIG_EXIT_CODE
+                } else {
+                    TRAINING_ERROR_EXIT_CODE
+                };
+            }
+        };
     eprintln!(
         "[launcher] started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
-        flags.ps,
+        flags.ps.min,
         flags.workers.min,
         run_dir.join("certs").display()
     );
+    if flags.ps.max > flags.ps.min {
+        eprintln!(
+            "[launcher] elastic: up to {} parameter servers; `cohort scale --run-dir {} --ps N` adds or removes servers (each at a checkpoint cut)",
+            flags.ps.max,
+            run_dir.display()
+        );
+    }
     if flags.workers.max > flags.workers.min {
         eprintln!(
             "[launcher] elastic: up to {} workers; `cohort scale --run-dir {} --workers N` grows or shrinks the job",

@@ -41,7 +41,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
         let report_path = dir.join(format!("{workload}.json"));
         let flags = LaunchFlags {
             workers: 2.into(),
-            ps: 2,
+            ps: 2.into(),
             evaluators: 0,
             kill_worker_after: None,
             run_dir: None,

@@ -135,7 +135,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
     let run_dir = dir.join(format!("{slug}-run"));
     let flags = LaunchFlags {
         workers: 2.into(),
-        ps: 2,
+        ps: 2.into(),
         evaluators: 0,
         kill_worker_after: None,
         run_dir: Some(run_dir.clone()),

@@ -110,8 +110,44 @@ struct ScaleArgs {
     #[arg(long)]
     run_dir: std::path::PathBuf,
     /// How many workers the job runs from now on (1 to the launch's MAX).
+    #[arg(long, required_unless_present = "ps")]
+    workers: Option<u32>,
+    /// How many parameter servers the job runs from now on (1 to the launch's `--ps` MAX):
+    /// each added one joins at a checkpoint cut, each removed one leaves once its variables
+    /// moved onto the others.
     #[arg(long)]
-    workers: u32,
+    ps: Option<u32>,
+}
+
+/// `cohort scale`: one request per role given, workers first; a refused request changes
+/// nothing (and stops before the next).
+fn scale(args: &ScaleArgs) -> Result<(), CliError> {
+    let dir = &args.run_dir;
+    let usage = |e: crate::launch::ScaleError| CliError::Usage(e.to_string());
+    if let Some(workers) = args.workers {
+        crate::launch::request_scale(dir, workers).map_err(usage)?;
+        println!(
+            "asked the launcher in {} for {workers} worker(s)",
+            dir.display()
+        );
+    }
+    if let Some(servers) = args.ps {
+        if args.workers.is_some() {
+            // The launcher reads one request per tick: let it take the first.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while dir.join(crate::launch::SCALE_REQUEST_FILE).exists()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        crate::launch::request_scale_servers(dir, servers).map_err(usage)?;
+        println!(
+            "asked the launcher in {} for {servers} parameter server(s)",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// Flags of `cohort bench`.
@@ -218,15 +254,7 @@ pub fn run() -> ExitCode {
                 ));
             }
         }
-        Command::Scale(args) => crate::launch::request_scale(&args.run_dir, args.workers)
-            .map(|()| {
-                println!(
-                    "asked the launcher in {} for {} worker(s)",
-                    args.run_dir.display(),
-                    args.workers
-                )
-            })
-            .map_err(|e| CliError::Usage(e.to_string())),
+        Command::Scale(args) => scale(&args),
         Command::Bench(args) if args.target == "recovery" => {
             bench_recovery::run(args.steps, args.seed)
         }

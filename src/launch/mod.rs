@@ -181,15 +181,18 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 /// number of workers (read and removed every tick).
 pub const SCALE_REQUEST_FILE: &str = "scale.request";
 /// The file in the run directory where an elastic launcher says how many workers its job may
-/// have (`<min> <max>`), so that a scale request can be checked before it is made.
+/// have (`<min> <max>`) and, on a second line, how many parameter servers (`ps <min> <max>`),
+/// so that a scale request can be checked before it is made.
 pub const ELASTIC_FILE: &str = "elastic";
 
 /// Why a scale request was refused (nothing changed).
 #[derive(Debug, thiserror::Error)]
 pub enum ScaleError {
-    /// The number of workers is outside what the job may have.
-    #[error("--workers {requested}: {reason}")]
+    /// The number of workers (or servers) is outside what the job may have.
+    #[error("{flag} {requested}: {reason}")]
     OutOfRange {
+        /// The flag: `--workers` or `--ps`.
+        flag: &'static str,
         /// The number asked for.
         requested: u32,
         /// Why it is refused.
@@ -209,15 +212,41 @@ pub enum ScaleError {
 /// until that many run (see the module docs). Refused, with nothing changed, below 1 worker,
 /// above the job's `workers_max`, or when `run_dir` has no elastic launcher.
 pub fn request_scale(run_dir: &std::path::Path, workers: u32) -> Result<(), ScaleError> {
+    request_scale_of(run_dir, TaskType::Worker, workers)
+}
+
+/// Asks the launcher running in `run_dir` for `servers` parameter servers: it starts the
+/// lowest free indices (each joins the running job at a checkpoint cut) or drains the highest
+/// running ones (SIGUSR1: each leaves once its variables moved onto the others). Refused, with
+/// nothing changed, below 1 server, above the job's `ps_max`, or when `run_dir` has no
+/// launcher whose servers are elastic.
+pub fn request_scale_servers(run_dir: &std::path::Path, servers: u32) -> Result<(), ScaleError> {
+    request_scale_of(run_dir, TaskType::Ps, servers)
+}
+
+/// The flag, the noun and the elastic file's line of a scaled role.
+fn scaled(role: TaskType) -> (&'static str, &'static str, usize) {
+    match role {
+        TaskType::Ps => ("--ps", "parameter server", 1),
+        _ => ("--workers", "worker", 0),
+    }
+}
+
+fn request_scale_of(
+    run_dir: &std::path::Path,
+    role: TaskType,
+    count: u32,
+) -> Result<(), ScaleError> {
+    let (flag, noun, line) = scaled(role);
     let out_of_range = |reason: String| ScaleError::OutOfRange {
-        requested: workers,
+        flag,
+        requested: count,
         reason,
     };
-    if workers < 1 {
-        return Err(out_of_range(
-            "a job needs at least 1 worker; to end it, stop the launcher (Ctrl-C or SIGTERM)"
-                .into(),
-        ));
+    if count < 1 {
+        return Err(out_of_range(format!(
+            "a job needs at least 1 {noun}; to end it, stop the launcher (Ctrl-C or SIGTERM)"
+        )));
     }
     let no_launcher = |reason: String| ScaleError::NoLauncher {
         dir: run_dir.display().to_string(),
@@ -226,29 +255,35 @@ pub fn request_scale(run_dir: &std::path::Path, workers: u32) -> Result<(), Scal
     let state = run_dir.join(ELASTIC_FILE);
     let text = std::fs::read_to_string(&state).map_err(|e| {
         no_launcher(format!(
-            "no elastic launcher runs there ({}: {e}); start one with `cohort launch --workers \
+            "no elastic launcher runs there ({}: {e}); start one with `cohort launch {flag} \
              MIN:MAX --run-dir DIR`",
             state.display()
         ))
     })?;
+    // Line 0: `<min> <max>` workers; line 1: `ps <min> <max>` servers.
     let max = text
-        .split_whitespace()
-        .nth(1)
+        .lines()
+        .nth(line)
+        .and_then(|l| l.split_whitespace().last())
         .and_then(|m| m.parse::<u32>().ok())
         .ok_or_else(|| {
             no_launcher(format!(
-                "{} is not `<min> <max>`: {text:?}",
+                "{} does not say how many {noun}s the job may have: {text:?}",
                 state.display()
             ))
         })?;
-    if workers > max {
+    if count > max {
         return Err(out_of_range(format!(
-            "the job may have at most {max} workers (launch --workers MIN:{max})"
+            "the job may have at most {max} {noun}s (launch {flag} MIN:{max})"
         )));
     }
     let request = run_dir.join(SCALE_REQUEST_FILE);
     let tmp = run_dir.join(format!("{SCALE_REQUEST_FILE}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, workers.to_string())
+    let text = match role {
+        TaskType::Ps => format!("ps {count}"),
+        _ => count.to_string(),
+    };
+    std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &request))
         .map_err(|e| no_launcher(format!("writing {}: {e}", request.display())))
 }
@@ -264,8 +299,10 @@ pub struct Launcher {
     cluster: ClusterSpec,
     /// The most workers the job may have (elastic workers).
     workers_max: u32,
-    /// The cluster with every worker the job may have: what a worker past the initial ones
-    /// is started with.
+    /// The most parameter servers the job may have (elastic servers).
+    ps_max: u32,
+    /// The cluster with every worker and server the job may have: what a task past the
+    /// initial ones is started with.
     full_cluster: ClusterSpec,
     certs_dir: PathBuf,
     tasks: BTreeMap<TaskId, Supervised>,
@@ -301,6 +338,28 @@ impl Launcher {
     /// As [`Launcher::start`], for a job that may grow to `workers_max` workers (see the
     /// module docs): [`Launcher::scale`] or a [`request_scale`] changes how many run.
     pub fn start_elastic(config: LaunchConfig, workers_max: u32) -> Result<Self, LaunchError> {
+        let servers = config.num_ps;
+        Self::start_elastic_servers(config, workers_max, servers)
+    }
+
+    /// As [`Launcher::start_elastic`], for a job that may also grow to `ps_max` parameter
+    /// servers: [`Launcher::scale_servers`] or a [`request_scale_servers`] changes how many
+    /// run (each joins or leaves the running job at a checkpoint cut).
+    pub fn start_elastic_servers(
+        config: LaunchConfig,
+        workers_max: u32,
+        ps_max: u32,
+    ) -> Result<Self, LaunchError> {
+        if ps_max < config.num_ps {
+            return Err(crate::cluster::ClusterError::BadValue {
+                key: "--ps".into(),
+                detail: format!(
+                    "MAX ({ps_max}) is below the {} servers to start",
+                    config.num_ps
+                ),
+            }
+            .into());
+        }
         if config.num_workers == 0 {
             return Err(crate::cluster::ClusterError::BadValue {
                 key: "--workers".into(),
@@ -318,8 +377,8 @@ impl Launcher {
             }
             .into());
         }
-        let full_cluster = local_cluster(workers_max, config.num_ps, config.num_evaluators)?;
-        let cluster = with_workers(&full_cluster, config.num_workers)?;
+        let full_cluster = local_cluster(workers_max, ps_max, config.num_evaluators)?;
+        let cluster = with_tasks(&full_cluster, config.num_workers, config.num_ps)?;
         let certs_dir = config.run_dir.join("certs");
         let ca =
             ClusterCa::generate("cohort-local").map_err(|e| LaunchError::Certs(e.to_string()))?;
@@ -352,6 +411,7 @@ impl Launcher {
             config,
             cluster,
             workers_max,
+            ps_max,
             full_cluster,
             certs_dir,
             started_at: Instant::now(),
@@ -366,10 +426,13 @@ impl Launcher {
                 return Err(err);
             }
         }
-        if workers_max > launcher.config.num_workers {
+        if launcher.is_elastic() {
             let state = launcher.config.run_dir.join(ELASTIC_FILE);
             let _ = std::fs::remove_file(launcher.config.run_dir.join(SCALE_REQUEST_FILE));
-            let text = format!("{} {workers_max}\n", launcher.config.num_workers);
+            let text = format!(
+                "{} {workers_max}\nps {} {ps_max}\n",
+                launcher.config.num_workers, launcher.config.num_ps
+            );
             if let Err(e) = std::fs::write(&state, text) {
                 launcher.stop_all();
                 return Err(LaunchError::Certs(format!("{}: {e}", state.display())));
@@ -378,11 +441,25 @@ impl Launcher {
         Ok(launcher)
     }
 
+    /// Whether workers or servers may be scaled.
+    fn is_elastic(&self) -> bool {
+        self.workers_max > self.config.num_workers || self.ps_max > self.config.num_ps
+    }
+
     /// Workers that run now or are to be restarted (not drained), by index.
     pub fn active_workers(&self) -> Vec<u32> {
+        self.active(TaskType::Worker)
+    }
+
+    /// Parameter servers that run now or are to be restarted (not drained), by index.
+    pub fn active_servers(&self) -> Vec<u32> {
+        self.active(TaskType::Ps)
+    }
+
+    fn active(&self, role: TaskType) -> Vec<u32> {
         self.tasks
             .iter()
-            .filter(|(t, e)| t.task_type == TaskType::Worker && !e.drained)
+            .filter(|(t, e)| t.task_type == role && !e.drained)
             .map(|(t, _)| t.index)
             .collect()
     }
@@ -392,21 +469,36 @@ impl Launcher {
     /// closure and exits 0, and is not restarted). Refused, with nothing changed, below 1 or
     /// above the job's `workers_max`.
     pub fn scale(&mut self, workers: u32) -> Result<(), ScaleError> {
-        if workers < 1 || workers > self.workers_max {
+        self.scale_role(TaskType::Worker, workers, self.workers_max)
+    }
+
+    /// Runs `servers` parameter servers from now on: starts the lowest indices not running
+    /// (each joins the running job, which moves its share of the variables onto it at a
+    /// checkpoint cut), or drains the highest running ones (SIGUSR1: each leaves once its
+    /// variables are on the others, exits 0, and is not restarted). Refused, with nothing
+    /// changed, below 1 or above the job's `ps_max`. The job needs a checkpoint directory.
+    pub fn scale_servers(&mut self, servers: u32) -> Result<(), ScaleError> {
+        self.scale_role(TaskType::Ps, servers, self.ps_max)
+    }
+
+    fn scale_role(&mut self, role: TaskType, count: u32, max: u32) -> Result<(), ScaleError> {
+        let (flag, noun, _) = scaled(role);
+        if count < 1 || count > max {
             return Err(ScaleError::OutOfRange {
-                requested: workers,
-                reason: format!("the job may have 1 to {} workers", self.workers_max),
+                flag,
+                requested: count,
+                reason: format!("the job may have 1 to {max} {noun}s"),
             });
         }
-        let active = self.active_workers();
+        let active = self.active(role);
         let now = active.len() as u32;
-        if workers > now {
-            let free: Vec<u32> = (0..self.workers_max)
+        if count > now {
+            let free: Vec<u32> = (0..max)
                 .filter(|i| !active.contains(i))
-                .take((workers - now) as usize)
+                .take((count - now) as usize)
                 .collect();
             for index in free {
-                let task = TaskId::new(TaskType::Worker, index);
+                let task = TaskId::new(role, index);
                 let entry = self.tasks.entry(task).or_insert_with(|| Supervised {
                     child: None,
                     policy: RestartPolicy::new(self.config.restart.clone()),
@@ -432,12 +524,8 @@ impl Launcher {
                 }
             }
         }
-        for index in active
-            .iter()
-            .rev()
-            .take(now.saturating_sub(workers) as usize)
-        {
-            let task = TaskId::new(TaskType::Worker, *index);
+        for index in active.iter().rev().take(now.saturating_sub(count) as usize) {
+            let task = TaskId::new(role, *index);
             let Some(entry) = self.tasks.get_mut(&task) else {
                 continue;
             };
@@ -454,7 +542,7 @@ impl Launcher {
 
     /// Carries out a scale request left in the run directory ([`request_scale`]), if any.
     fn take_scale_request(&mut self) {
-        if self.workers_max <= self.config.num_workers {
+        if !self.is_elastic() {
             return;
         }
         let path = self.config.run_dir.join(SCALE_REQUEST_FILE);
@@ -462,13 +550,25 @@ impl Launcher {
             return;
         };
         let _ = std::fs::remove_file(&path);
-        match text.trim().parse::<u32>() {
-            Ok(workers) => match self.scale(workers) {
-                Ok(()) => eprintln!("[launcher] scale request: {workers} worker(s)"),
-                Err(e) => eprintln!("[launcher] scale request refused: {e}"),
-            },
+        // `N` asks for N workers, `ps N` for N parameter servers.
+        let (role, number) = match text.trim().strip_prefix("ps ") {
+            Some(rest) => (TaskType::Ps, rest.trim()),
+            None => (TaskType::Worker, text.trim()),
+        };
+        let (_, noun, _) = scaled(role);
+        match number.parse::<u32>() {
+            Ok(count) => {
+                let scaled = match role {
+                    TaskType::Ps => self.scale_servers(count),
+                    _ => self.scale(count),
+                };
+                match scaled {
+                    Ok(()) => eprintln!("[launcher] scale request: {count} {noun}(s)"),
+                    Err(e) => eprintln!("[launcher] scale request refused: {e}"),
+                }
+            }
             Err(_) => eprintln!(
-                "[launcher] scale request refused: {} holds {text:?}, not a number of workers",
+                "[launcher] scale request refused: {} holds {text:?}, not a number of {noun}s",
                 path.display()
             ),
         }
@@ -629,11 +729,17 @@ impl Launcher {
     }
 
     fn spawn(&mut self, task: TaskId) -> Result<(), LaunchError> {
-        // A worker past the initial ones is not in the chief's spec: it gets one naming it.
-        let spec = if task.task_type == TaskType::Worker
-            && task.index >= self.cluster.num_tasks(TaskType::Worker) as u32
-        {
+        // A worker or server past the initial ones is not in the chief's spec: it gets one
+        // naming it. A (re)started chief's spec names the servers in the job now (servers
+        // scaled up joined the job, and those drained left it: its restore from the last
+        // checkpoint places the variables onto them).
+        let beyond_spec = matches!(task.task_type, TaskType::Worker | TaskType::Ps)
+            && task.index >= self.cluster.num_tasks(task.task_type) as u32;
+        let spec = if beyond_spec {
             self.full_cluster.clone()
+        } else if task.task_type == TaskType::Chief && self.ps_max > self.config.num_ps {
+            let servers = self.active_servers().len() as u32;
+            with_tasks(&self.full_cluster, self.config.num_workers, servers)?
         } else {
             self.cluster.clone()
         };
@@ -822,10 +928,16 @@ fn local_cluster(
 }
 
 /// `full` with only its first `workers` workers.
-fn with_workers(full: &ClusterSpec, workers: u32) -> Result<ClusterSpec, LaunchError> {
+/// `full` with its first `workers` workers and first `servers` parameter servers.
+fn with_tasks(full: &ClusterSpec, workers: u32, servers: u32) -> Result<ClusterSpec, LaunchError> {
     let mut jobs = BTreeMap::new();
     for task in full.tasks() {
-        if task.task_type == TaskType::Worker && task.index >= workers {
+        let kept = match task.task_type {
+            TaskType::Worker => task.index < workers,
+            TaskType::Ps => task.index < servers,
+            _ => true,
+        };
+        if !kept {
             continue;
         }
         let addr = full.address(task)?.to_string();

@@ -534,8 +534,8 @@ pub struct SetupWorker {
     /// Datasets to build: registered dataset function name and elements to skip first (a
     /// restored position).
     pub datasets: Vec<(String, u64)>,
-    /// Parameter servers that joined the job beyond its cluster spec, with the `host:port`
-    /// each serves on (the spec's servers are known from the worker's own cluster spec).
+    /// Every parameter server of the job now, with the `host:port` it serves on: servers may
+    /// have joined or left since the worker's own cluster spec was written.
     pub servers: Vec<(u32, String)>,
     /// The coordinator's setup version (`Scheduler::setup_version`), which grows whenever a
     /// setup handed out before becomes outdated (a restore, a new configuration). A worker

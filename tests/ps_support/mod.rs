@@ -165,6 +165,8 @@ pub struct Run {
     /// The most workers the job may have (elastic workers); at least `num_workers`.
     pub workers_max: u32,
     pub num_ps: u32,
+    /// The most parameter servers the job may have (elastic servers); at least `num_ps`.
+    pub ps_max: u32,
     pub restart: RestartLimits,
     /// A task the launcher SIGKILLs once, this long after launch (none by default).
     pub kill_once: Option<(TaskId, Duration)>,
@@ -194,6 +196,7 @@ impl Run {
             num_workers: 2,
             workers_max: 2,
             num_ps: 2,
+            ps_max: 2,
             restart: RestartLimits {
                 restarts_max: 3,
                 window: Duration::from_secs(60),
@@ -251,8 +254,9 @@ impl Run {
             restart_chief: self.restart_chief,
         };
         let workers_max = self.workers_max.max(self.num_workers);
-        let mut launcher =
-            Launcher::start_elastic(config, workers_max).expect("start the local cluster");
+        let ps_max = self.ps_max.max(self.num_ps);
+        let mut launcher = Launcher::start_elastic_servers(config, workers_max, ps_max)
+            .expect("start the local cluster");
         let code = match launcher
             .supervise(&AtomicBool::new(false))
             .expect("supervise the local cluster")

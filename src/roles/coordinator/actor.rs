@@ -95,8 +95,13 @@ impl CoordinatorActor {
         workers: Vec<(NodeId, PeerAddr)>,
         servers: Vec<(NodeId, PeerAddr)>,
     ) -> Self {
+        let addresses = (0..)
+            .zip(&servers)
+            .map(|(ps, (_, addr))| (ps, addr.to_string()))
+            .collect();
         let mut scheduler = scheduler
             .with_servers(servers.len() as u32)
+            .with_server_addresses(addresses)
             .with_workers(workers.len() as u32);
         let setup = SetupWorker {
             // One input pipeline per worker the job may have: a worker that joins or leaves
@@ -1181,8 +1186,7 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
         let epoch = msg.from.epoch.0;
         let is_ps = node.role == TaskType::Ps.as_str();
         let in_spec = if is_ps {
-            self.servers.contains_key(&index)
-                && !self.scheduler.joined_servers().contains_key(&index)
+            self.scheduler.is_spec_server(index)
         } else {
             (index as usize) < self.workers.len()
         };
@@ -1330,6 +1334,18 @@ fn write_cut_checkpoint(root: &std::path::Path, reading: CutReading) -> Result<S
     use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
     let started = Instant::now();
     let checkpoint = reading.into_checkpoint()?;
+    // A cut at the same closure as one written before (nothing finished or ran since: two
+    // changes in a row, say) holds the same rows: the one on disk serves.
+    let existing = root.join(crate::checkpoint::checkpoint_dir_name(checkpoint.step));
+    if let Ok(loaded) = crate::checkpoint::read_checkpoint(&existing) {
+        if loaded.checkpoint.ledger.next_closure_id == checkpoint.ledger.next_closure_id {
+            return Ok(SavedCut {
+                bytes: dir_bytes(&existing),
+                dir: existing,
+                took: started.elapsed(),
+            });
+        }
+    }
     let policy = CheckpointPolicy {
         keep_last: 2,
         ..Default::default()
@@ -1338,7 +1354,16 @@ fn write_cut_checkpoint(root: &std::path::Path, reading: CutReading) -> Result<S
     let dir = manager
         .save(&checkpoint, Instant::now())
         .map_err(|e| format!("writing the preemption cut under {}: {e}", root.display()))?;
-    let bytes = std::fs::read_dir(&dir)
+    Ok(SavedCut {
+        bytes: dir_bytes(&dir),
+        dir,
+        took: started.elapsed(),
+    })
+}
+
+/// The bytes of the files directly in `dir` (0 if it cannot be read).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
@@ -1346,12 +1371,7 @@ fn write_cut_checkpoint(root: &std::path::Path, reading: CutReading) -> Result<S
                 .map(|m| m.len())
                 .sum()
         })
-        .unwrap_or(0);
-    Ok(SavedCut {
-        dir,
-        bytes,
-        took: started.elapsed(),
-    })
+        .unwrap_or(0)
 }
 
 struct PeerChanged(PeerEvent);
@@ -1374,11 +1394,19 @@ impl Handler<PeerChanged> for CoordinatorActor {
         }
         if let PeerEvent::Dead { incarnation, cause } = msg.0 {
             if let Some(ps) = self.ps_index(&incarnation.node) {
-                tracing::warn!(
-                    "ps/{ps} (epoch {}) declared dead: {cause:?}; holding dispatch until it is \
-                     back and restored",
-                    incarnation.epoch.0
-                );
+                if self.scheduler.servers_in_job().contains(&ps) {
+                    tracing::warn!(
+                        "ps/{ps} (epoch {}) declared dead: {cause:?}; holding dispatch until it \
+                         is back and restored",
+                        incarnation.epoch.0
+                    );
+                } else {
+                    // Left the job: its exit is expected.
+                    tracing::debug!(
+                        "ps/{ps} (epoch {}), out of the job, is gone: {cause:?}",
+                        incarnation.epoch.0
+                    );
+                }
                 self.scheduler
                     .handle_ps_lost(Instant::now(), ps, incarnation.epoch.0);
                 self.drive(ctx);

@@ -319,8 +319,8 @@ impl Compute {
     /// Carries out a closure's steps as the machine decides them: compute, push, reply.
     fn run(&mut self, run: RunClosure, from_chief: u64) -> Result<Vec<u8>, RunClosureError> {
         self.client.expect_incarnations(&run.servers);
-        let joined = lock(&self.machine).joined_servers();
-        self.client.learn_servers(&joined);
+        let servers = lock(&self.machine).job_servers();
+        self.client.learn_servers(&servers);
         let mut action = lock(&self.machine).handle_start(Instant::now(), &run, from_chief);
         loop {
             action = match action {

@@ -66,8 +66,9 @@ impl PsClient {
         }
     }
 
-    /// Parameter servers that joined the job past the cluster spec, with the `host:port` each
-    /// serves on (as the chief's setup names them): calls to them dial there.
+    /// Every parameter server of the job with the `host:port` it serves on, as the chief's
+    /// setup names them (servers may have joined since this worker's cluster spec): calls to
+    /// them dial there.
     pub fn learn_servers(&mut self, servers: &[(u32, String)]) {
         for (ps, addr) in servers {
             let known = self.servers.get(ps).map(|(_, a)| a.to_string());

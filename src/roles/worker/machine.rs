@@ -66,11 +66,11 @@ pub struct WorkerMachine {
     set_up: bool,
     /// A setup being built: its workers and layouts, and its order key.
     building: Option<(u32, Layouts, SetupKey)>,
-    /// The servers past the cluster spec the setup being built names.
+    /// The servers (with addresses) the setup being built names.
     building_servers: Vec<(u32, String)>,
-    /// Parameter servers that joined the job past the cluster spec, with their addresses,
-    /// as the last setup taken named them.
-    joined_servers: Arc<Vec<(u32, String)>>,
+    /// Every parameter server of the job with its address, as the last setup taken named
+    /// them.
+    job_servers: Arc<Vec<(u32, String)>>,
     /// The newest setup taken: a setup ordered before it is refused as outdated.
     setup_taken: Option<SetupKey>,
     /// Jobs admitted and not finished.
@@ -264,7 +264,7 @@ impl WorkerMachine {
             set_up: false,
             building: None,
             building_servers: Vec::new(),
-            joined_servers: Arc::default(),
+            job_servers: Arc::default(),
             setup_taken: None,
             queued: 0,
             step: None,
@@ -328,8 +328,8 @@ impl WorkerMachine {
         let rewind = rewind && self.setup_taken != Some(key);
         let num_workers = setup.num_workers;
         let datasets = &setup.datasets;
-        // Servers that joined the job are named with their addresses; a layout may place
-        // shards on them too.
+        // Every server of the job is named with its address (some may have joined since this
+        // worker's cluster spec); a layout may place shards on any of them.
         let known_servers = setup
             .servers
             .iter()
@@ -406,7 +406,7 @@ impl WorkerMachine {
         self.setup_taken = Some(key);
         self.num_workers = num_workers;
         self.layouts = Arc::new(layouts);
-        self.joined_servers = Arc::new(std::mem::take(&mut self.building_servers));
+        self.job_servers = Arc::new(std::mem::take(&mut self.building_servers));
         self.positions = positions.into_iter().collect();
         self.set_up = true;
         Ok(())
@@ -629,10 +629,10 @@ impl WorkerMachine {
         self.decide(Exit::preempted())
     }
 
-    /// Parameter servers that joined the job past the cluster spec, with the `host:port` each
-    /// serves on, as the last setup taken named them.
-    pub fn joined_servers(&self) -> Arc<Vec<(u32, String)>> {
-        Arc::clone(&self.joined_servers)
+    /// Every parameter server of the job with the `host:port` it serves on, as the last setup
+    /// taken named them (servers may have joined since this worker's cluster spec).
+    pub fn job_servers(&self) -> Arc<Vec<(u32, String)>> {
+        Arc::clone(&self.job_servers)
     }
 
     /// Every variable's layout, as the last setup gave them (what a step reads and pushes),

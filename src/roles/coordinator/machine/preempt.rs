@@ -287,16 +287,23 @@ impl Scheduler {
 
     fn give_up_preemption(&mut self, now: Instant, reason: &str) {
         if let Some(preemption) = self.preemption.as_ref() {
-            tracing::warn!(
-                "preemption of {}: no cut taken ({reason}); the servers leave now and their \
-                 loss is recovered from the last checkpoint",
-                preemption
-                    .leaving
-                    .keys()
-                    .map(|ps| format!("ps/{ps}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            if preemption.leaving.is_empty() {
+                tracing::warn!(
+                    "no cut taken for the servers joining or leaving the job ({reason}); \
+                     nothing moved"
+                );
+            } else {
+                tracing::warn!(
+                    "preemption of {}: no cut taken ({reason}); the servers leave now and \
+                     their loss is recovered from the last checkpoint",
+                    preemption
+                        .leaving
+                        .keys()
+                        .map(|ps| format!("ps/{ps}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
             self.control.preemption_cuts_given_up += 1;
         }
         self.finish_preemption(now, LeaveAnswer::Go, false);

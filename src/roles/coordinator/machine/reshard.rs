@@ -78,8 +78,9 @@ pub(super) struct Resharding {
     cutting: Option<ServerChanges>,
     /// Changes applied, whose restore runs.
     moving: Option<ServerChanges>,
-    /// Servers past the cluster spec that are in the job, with their addresses.
-    joined: BTreeMap<u32, String>,
+    /// Where every server of the job serves (`host:port`): the cluster spec's as given
+    /// ([`Scheduler::with_server_addresses`]), and those that joined.
+    addresses: BTreeMap<u32, String>,
     /// Servers that left the job (and did not join again since).
     left: BTreeSet<u32>,
     /// Changes applied since the start.
@@ -191,9 +192,27 @@ impl Scheduler {
         Ok(false)
     }
 
-    /// Servers past the cluster spec that are in the job, with their addresses.
-    pub fn joined_servers(&self) -> &BTreeMap<u32, String> {
-        &self.resharding.joined
+    /// Where the cluster spec's servers serve (`host:port`): every setup names every server
+    /// of the job with its address, so that a worker whose own spec is older (started before
+    /// a server joined or left) reaches them all.
+    pub fn with_server_addresses(mut self, addresses: Vec<(u32, String)>) -> Self {
+        self.resharding.addresses = addresses.into_iter().collect();
+        self.setup.servers = self.addresses_in_job();
+        self
+    }
+
+    /// Whether the cluster spec names server `ps`.
+    pub fn is_spec_server(&self, ps: u32) -> bool {
+        ps < self.num_spec_servers
+    }
+
+    fn addresses_in_job(&self) -> Vec<(u32, String)> {
+        self.resharding
+            .addresses
+            .iter()
+            .filter(|(ps, _)| self.server_set.contains(ps))
+            .map(|(ps, addr)| (*ps, addr.clone()))
+            .collect()
     }
 
     /// Whether `ps` is known not to be a server of the job: it left, or its join has not
@@ -316,7 +335,7 @@ impl Scheduler {
         for ps in changes.leaving.keys() {
             self.server_set.remove(ps);
             self.servers.remove(ps);
-            self.resharding.joined.remove(ps);
+            self.resharding.addresses.remove(ps);
             self.resharding.left.insert(*ps);
             if let Some(r) = self.recovery.as_mut() {
                 r.state_lost.remove(ps);
@@ -337,18 +356,11 @@ impl Scheduler {
                     dead: false,
                 };
             }
-            if ps >= self.num_spec_servers {
-                self.resharding.joined.insert(ps, addr.clone());
-            }
+            self.resharding.addresses.insert(ps, addr.clone());
         }
         let servers: Vec<u32> = self.server_set.iter().copied().collect();
         self.setup.layouts = place_again(&self.setup.layouts, before, &servers);
-        self.setup.servers = self
-            .resharding
-            .joined
-            .iter()
-            .map(|(ps, addr)| (*ps, addr.clone()))
-            .collect();
+        self.setup.servers = self.addresses_in_job();
         self.setup_version += 1;
         // Every server of the new set gets its new shards from the cut: a restore.
         self.recovery(now).state_lost.extend(servers);
