@@ -60,7 +60,14 @@ fn ckpt_ls_show_verify_describe_a_real_checkpoint() {
     let text = cohort(&["ckpt", "ls", s(root.path())]);
     let text = ok(&text);
     println!("{text}");
-    for want in ["STEP", "ckpt-200", "ckpt-300", "complete", ".tmp-ckpt-400", "INCOMPLETE"] {
+    for want in [
+        "STEP",
+        "ckpt-200",
+        "ckpt-300",
+        "complete",
+        ".tmp-ckpt-400",
+        "INCOMPLETE",
+    ] {
         assert!(text.contains(want), "{want:?} missing:\n{text}");
     }
     let listed = json(&cohort(&["ckpt", "ls", s(root.path()), "--json"]));
@@ -134,13 +141,19 @@ fn ckpt_verify_names_the_file_at_fault() {
     let cases = [
         (&dirs[0], "ckpt-100/manifest.json: missing"),
         (&dirs[1], "ckpt-200/shard-1-of-2.safetensors: size mismatch"),
-        (&dirs[2], "ckpt-300/shard-1-of-2.safetensors: checksum mismatch"),
+        (
+            &dirs[2],
+            "ckpt-300/shard-1-of-2.safetensors: checksum mismatch",
+        ),
     ];
     for (dir, want) in cases {
         let out = cohort(&["ckpt", "verify", s(dir)]);
         out.expect_no_panic();
         assert_eq!(out.code, Some(1), "{out:?}");
-        assert!(out.stdout.contains(&format!("FAILED {}", dir.display())), "{out:?}");
+        assert!(
+            out.stdout.contains(&format!("FAILED {}", dir.display())),
+            "{out:?}"
+        );
         assert!(out.stdout.contains(want), "{want:?} missing: {out:?}");
         // The error names the file by its full path.
         let file = root.path().join(want.split(": ").next().unwrap());
@@ -158,7 +171,10 @@ fn ckpt_verify_names_the_file_at_fault() {
     // The root: every checkpoint checked, all three reported.
     let out = cohort(&["ckpt", "verify", s(root.path())]);
     assert_eq!(out.code, Some(1), "{out:?}");
-    assert!(out.stderr.contains("3 of 3 checkpoint(s) do not verify"), "{out:?}");
+    assert!(
+        out.stderr.contains("3 of 3 checkpoint(s) do not verify"),
+        "{out:?}"
+    );
 
     // ls says which are incomplete (a bit flip needs `verify`: ls reads no shard).
     let listed = cohort(&["ckpt", "ls", s(root.path())]);
@@ -185,7 +201,10 @@ fn ckpt_verify_names_the_file_at_fault() {
             .contains("ckpt-300/shard-1-of-2.safetensors: checksum mismatch"),
         "{out:?}"
     );
-    assert!(!target.exists(), "no file from a checkpoint that does not verify");
+    assert!(
+        !target.exists(),
+        "no file from a checkpoint that does not verify"
+    );
     let out = cohort(&["ckpt", "export", s(root.path()), "--out", s(&target)]);
     assert_eq!(out.code, Some(1), "no valid checkpoint to export: {out:?}");
     assert!(out.stderr.contains("no usable checkpoint"), "{out:?}");
