@@ -1274,6 +1274,45 @@ mod tests {
         assert_eq!(config.detection_budget, Duration::from_secs(7));
     }
 
+    /// The warm-start file and its name map, from any layer (relative paths in cohort.toml
+    /// relative to it); a map without a file is refused naming the key.
+    #[test]
+    fn warm_start_and_its_map() {
+        let certs = ("COHORT_CERTS", "/certs");
+        let config = resolve(
+            &[
+                "--warm-start",
+                "/m.safetensors",
+                "--warm-start-map",
+                "/names.toml",
+            ],
+            &[("TF_CONFIG", TF), certs],
+            &ConfigFiles::default(),
+        )
+        .unwrap();
+        assert_eq!(config.warm_start, Some(PathBuf::from("/m.safetensors")));
+        assert_eq!(config.warm_start_map, Some(PathBuf::from("/names.toml")));
+        let toml = "warm_start = \"m.safetensors\"\n";
+        let config = resolve(&[], &[("TF_CONFIG", TF), certs], &file(toml)).unwrap();
+        assert_eq!(config.warm_start, Some(PathBuf::from("conf/m.safetensors")));
+        assert_eq!(config.warm_start_map, None);
+        let err = error(
+            &[],
+            &[
+                ("TF_CONFIG", TF),
+                certs,
+                ("COHORT_WARM_START_MAP", "/n.toml"),
+            ],
+            &ConfigFiles::default(),
+        );
+        assert_eq!(err.key, "warm_start_map");
+        assert!(
+            err.to_string()
+                .contains("COHORT_WARM_START_MAP: a name map without a warm-start file"),
+            "{err}"
+        );
+    }
+
     /// Kubeflow's training operator names the chief `master`: every layer reads it as the
     /// chief (TF_CONFIG, a config file's tables, the environment), and the cluster it came
     /// from is still named when it is wrong.
