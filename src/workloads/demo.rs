@@ -11,6 +11,9 @@
 //! saying which checkpoint and step. On SIGTERM (or Ctrl-C) it stops scheduling, lets the steps
 //! in flight finish, saves a checkpoint and exits 143; passing the same `--checkpoint-dir`
 //! again resumes from it.
+//! With `--warm-start FILE.safetensors` (and `--warm-start-map`) and no checkpoint to resume,
+//! the variables start from that file instead of their initializers (see
+//! [`crate::checkpoint::WarmStart`]; the coordinator applies it as it creates them).
 //!
 //! Evaluator: a task of type `evaluator` (e.g. `cohort role --job demo --task-type evaluator
 //! --checkpoint-dir DIR` with the job's cluster) prints the digits classifier's held-out
