@@ -266,8 +266,12 @@ fn run_chief(
                 .display()
         ),
         None => println!(
-            "checkpoints go to {} (none there yet: starting from step 0)",
-            checkpoint_dir.display()
+            "checkpoints go to {} (none there yet: starting from step 0{})",
+            checkpoint_dir.display(),
+            coordinator
+                .warm_start_file()
+                .map(|file| format!(", variables from {} (warm start)", file.display()))
+                .unwrap_or_default()
         ),
     }
     let mut step = resumed.unwrap_or(0);

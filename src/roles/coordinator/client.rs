@@ -191,6 +191,11 @@ impl ClusterCoordinator {
         self.warm_start = Some(warm_start.map(Arc::new));
     }
 
+    /// The file the variables created so far started from (a warm start), if any.
+    pub fn warm_start_file(&self) -> Option<&std::path::Path> {
+        self.warm_start.as_ref()?.as_deref().map(WarmStart::file)
+    }
+
     /// The warm start in use: the one set, else the configured one (read once).
     fn warm_start(&mut self) -> Result<Option<Arc<WarmStart>>, CoordinatorError> {
         if let Some(set) = &self.warm_start {
