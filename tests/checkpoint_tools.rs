@@ -158,7 +158,7 @@ fn ckpt_verify_names_the_file_at_fault() {
         // The error names the file by its full path.
         let file = root.path().join(want.split(": ").next().unwrap());
         assert!(
-            out.stderr.contains(&format!("error: ")) && out.stderr.contains(s(&file)),
+            out.stderr.contains("error: ") && out.stderr.contains(s(&file)),
             "{} missing: {out:?}",
             file.display()
         );

@@ -104,7 +104,7 @@ pub enum CoordinatorError {
     Checkpoint(String),
     /// The warm start cannot be used (its file, its name map, or a variable it does not fit).
     #[error(transparent)]
-    WarmStart(#[from] WarmStartError),
+    WarmStart(Box<WarmStartError>),
     /// The coordinator actor is gone (the node is shutting down).
     #[error("coordinator stopped")]
     Stopped,
@@ -119,6 +119,12 @@ pub enum CoordinatorError {
     /// Any other failure of the chief's program.
     #[error("{0}")]
     Other(String),
+}
+
+impl From<WarmStartError> for CoordinatorError {
+    fn from(e: WarmStartError) -> Self {
+        CoordinatorError::WarmStart(Box::new(e))
+    }
 }
 
 /// The chief's handle on the cluster.
