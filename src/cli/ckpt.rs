@@ -562,7 +562,7 @@ mod tests {
     }
 
     #[test]
-    fn a_summary_that_is_complete_says_so() {
+    fn a_checkpoint_that_is_not_there_is_incomplete() {
         let s = summarize(Path::new("/nonexistent/ckpt-1"), Some(1));
         assert!(s.incomplete.is_some());
         assert_eq!(summary_json(&s)["complete"], false);
