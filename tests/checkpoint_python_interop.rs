@@ -5,14 +5,10 @@
 mod checkpoint_support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use checkpoint_support::{sample_checkpoint, TempRoot};
+use checkpoint_support::{run_python, sample_checkpoint, TempRoot};
 use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
-
-/// Bound on each Python run.
-const PYTHON_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[test]
 fn checkpoint_python_interop() {
@@ -64,41 +60,4 @@ fn checkpoint_python_interop() {
     let (ok, output) = run_python(&args).expect("python3 ran");
     assert!(!ok, "a wrong expected value must fail the check:\n{output}");
     assert!(output.contains("global_step: values differ"), "{output}");
-}
-
-/// Runs python3 with `args`, bounded in time; `None` if python3 cannot be started.
-fn run_python(args: &[&str]) -> Option<(bool, String)> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let out_path =
-        std::env::temp_dir().join(format!("cohort-python-out-{}-{nanos}", std::process::id()));
-    let spawned = std::fs::File::create(&out_path).and_then(|out| {
-        Command::new("python3")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-    });
-    let Ok(mut child) = spawned else {
-        let _ = std::fs::remove_file(&out_path);
-        return None;
-    };
-    let deadline = Instant::now() + PYTHON_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for python3") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = std::fs::remove_file(&out_path);
-            panic!("python3 {args:?} ran past {PYTHON_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    Some((status.success(), output))
 }

@@ -644,6 +644,8 @@ fn run_chief(
             );
             Ok(PS_LOST_EXIT_CODE)
         }
+        // Bad input (the warm-start file or its name map), found before training: exit 2.
+        Ok(Ok(Err(e @ CoordinatorError::WarmStart(_)))) => Err(RoleFailure::Config(e.to_string())),
         Ok(Ok(Err(e))) => Err(RoleFailure::Training(e.to_string())),
         Ok(Err(_)) | Err(_) => Err(RoleFailure::Training("the chief's program panicked".into())),
     };

@@ -18,18 +18,27 @@
 //!
 //! This module owns the on-disk format and its protocol; it knows nothing of the roles that
 //! produce or consume the content, and it never restores a partial or corrupt checkpoint.
+//! It also owns the ways in and out of the format: a summary of a checkpoint root
+//! (`inspect`), a checkpoint as one safetensors file of whole variables (`export`), and the
+//! initial values of a job's variables from another framework's safetensors file
+//! (`warm_start`).
 
 mod content;
+mod export;
 mod failpoint;
+mod inspect;
 mod manager;
 mod manifest;
 mod store;
 mod tensor;
+mod warm_start;
 
 pub use content::{
     shard_file_name, slot_tensor_name, Checkpoint, Ledger, ShardTensors, ValidationError,
 };
+pub use export::{export_safetensors, whole_tensors, ExportError, EXPORT_FORMAT};
 pub use failpoint::{FailAction, FailSite, FailpointHook, FAILPOINT_ENV, FAILPOINT_EXIT_CODE};
+pub use inspect::{is_checkpoint_dir, summarize, summarize_root, CheckpointSummary};
 pub use manager::{
     list_checkpoints, CheckpointEntry, CheckpointManager, CheckpointPolicy, ListError, PolicyError,
     RestoreOutcome, Skipped,
@@ -39,10 +48,12 @@ pub use manifest::{
     MANIFEST_FILE, MANIFEST_TRAILER_BYTES,
 };
 pub use store::{
-    checkpoint_dir_name, decode_checkpoint, encode_checkpoint, encode_checkpoint_at,
-    parse_checkpoint_dir_name, read_checkpoint, write_checkpoint, LoadError, LoadedCheckpoint,
-    SaveError, CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX,
+    checkpoint_dir_name, decode_checkpoint, decode_manifest, encode_checkpoint,
+    encode_checkpoint_at, parse_checkpoint_dir_name, read_checkpoint, read_manifest,
+    write_checkpoint, LoadError, LoadedCheckpoint, SaveError, CHECKPOINT_DIR_PREFIX,
+    TEMP_DIR_PREFIX,
 };
 pub use tensor::{TensorBytes, TensorError};
+pub use warm_start::{parse_name_map, WarmStart, WarmStartError};
 
 pub use crate::layout::{Dtype, SLOT_INFIX};

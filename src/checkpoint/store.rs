@@ -426,10 +426,7 @@ fn write_and_publish(
 /// framing, layout agreement): [`decode_checkpoint`] over the files on disk. Never panics on
 /// bad input.
 pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
-    let dir_label = dir.file_name().map_or_else(
-        || dir.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let dir_label = dir_label(dir);
     let read = |name: &str| {
         let file = file_label(&dir_label, name);
         // The manifest is read up to one byte over its limit (the decoder refuses it); a
@@ -457,31 +454,7 @@ pub fn decode_checkpoint(
     let label = |file: &str| file_label(dir_label, file);
     let manifest_label = label(MANIFEST_FILE);
 
-    let manifest_bytes = read(MANIFEST_FILE)?;
-    if manifest_bytes.len() as u64 > MANIFEST_BYTES_MAX {
-        return Err(LoadError::TooLarge {
-            file: manifest_label,
-            found: manifest_bytes.len() as u64,
-            max: MANIFEST_BYTES_MAX,
-        });
-    }
-    // CKPT-1: the checksum verifies before anything in the manifest is used.
-    let manifest =
-        Manifest::from_file_bytes(&manifest_bytes).map_err(|source| LoadError::Manifest {
-            file: manifest_label.clone(),
-            source,
-        })?;
-    if manifest.format != FORMAT_NAME || manifest.format_version != FORMAT_VERSION {
-        return Err(LoadError::UnsupportedFormat {
-            file: manifest_label,
-            found: manifest.format,
-            version: manifest.format_version,
-        });
-    }
-    check_manifest(&manifest, dir_label).map_err(|reason| LoadError::ManifestInvalid {
-        file: manifest_label.clone(),
-        reason,
-    })?;
+    let manifest = decode_manifest(dir_label, &read(MANIFEST_FILE)?)?;
 
     let num_ps = manifest.num_ps as usize;
     let mut shards = Vec::with_capacity(num_ps);
@@ -511,6 +484,58 @@ pub fn decode_checkpoint(
         manifest,
         checkpoint,
     })
+}
+
+/// Verifies and parses the bytes of a checkpoint's `manifest.json` as [`decode_checkpoint`]
+/// does before it reads any shard: its size, its own checksum (before anything in it is used),
+/// its format, and what it says about itself and its directory (`dir_label`, as there).
+pub fn decode_manifest(dir_label: &str, manifest_bytes: &[u8]) -> Result<Manifest, LoadError> {
+    let manifest_label = file_label(dir_label, MANIFEST_FILE);
+    if manifest_bytes.len() as u64 > MANIFEST_BYTES_MAX {
+        return Err(LoadError::TooLarge {
+            file: manifest_label,
+            found: manifest_bytes.len() as u64,
+            max: MANIFEST_BYTES_MAX,
+        });
+    }
+    // CKPT-1: the checksum verifies before anything in the manifest is used.
+    let manifest =
+        Manifest::from_file_bytes(manifest_bytes).map_err(|source| LoadError::Manifest {
+            file: manifest_label.clone(),
+            source,
+        })?;
+    if manifest.format != FORMAT_NAME || manifest.format_version != FORMAT_VERSION {
+        return Err(LoadError::UnsupportedFormat {
+            file: manifest_label,
+            found: manifest.format,
+            version: manifest.format_version,
+        });
+    }
+    check_manifest(&manifest, dir_label).map_err(|reason| LoadError::ManifestInvalid {
+        file: manifest_label.clone(),
+        reason,
+    })?;
+    Ok(manifest)
+}
+
+/// Reads and verifies only the manifest of the checkpoint in `dir` ([`decode_manifest`]); the
+/// shards are not read. Errors name the file as [`read_checkpoint`]'s do.
+pub fn read_manifest(dir: &Path) -> Result<Manifest, LoadError> {
+    let dir_label = dir_label(dir);
+    let bytes = read_file(
+        &dir.join(MANIFEST_FILE),
+        &file_label(&dir_label, MANIFEST_FILE),
+        Some(MANIFEST_BYTES_MAX + 1),
+    )?;
+    decode_manifest(&dir_label, &bytes)
+}
+
+/// How errors name a checkpoint directory: its last component.
+fn dir_label(dir: &Path) -> String {
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// How errors name a file of a checkpoint: `<dir_label>/<name>`.

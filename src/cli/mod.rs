@@ -6,6 +6,7 @@ mod bench;
 mod bench_recovery;
 mod certs;
 mod chaos;
+mod ckpt;
 
 use std::process::ExitCode;
 
@@ -63,6 +64,11 @@ enum Command {
     /// PS-1, LEDGER-1, FENCE-1, CKPT-1 and the end-to-end result after every event.
     #[command(subcommand)]
     Chaos(ChaosCommand),
+    /// Checkpoint tools: `ls` a checkpoint directory, `show` a checkpoint's variables and
+    /// ledger, `verify` its files against the manifest, `export` whole variables to one
+    /// safetensors file. Text by default, --json for machines.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
     /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
     /// environment, TF_CONFIG or cohort.toml, in that order.
     #[command(hide = true)]
@@ -91,6 +97,14 @@ struct DemoArgs {
     /// new directory under the system's temporary directory (kept after the run).
     #[arg(long)]
     checkpoint_dir: Option<std::path::PathBuf>,
+    /// Start the variables from this safetensors file (written by another framework, or by
+    /// `cohort ckpt export`) instead of their initializers, when there is no checkpoint to
+    /// resume. Shapes must match; optimizer state starts fresh.
+    #[arg(long)]
+    warm_start: Option<std::path::PathBuf>,
+    /// The name map of --warm-start: a TOML file of `"cohort name" = "name in the file"`.
+    #[arg(long, requires = "warm_start")]
+    warm_start_map: Option<std::path::PathBuf>,
 }
 
 /// Flags of `cohort launch`.
@@ -216,7 +230,7 @@ pub fn run() -> ExitCode {
                         .map_or(0, |d| d.as_millis())
                 )),
             };
-            let env = vec![
+            let mut env = vec![
                 (
                     "COHORT_DEMO_DIGITS_EPOCHS".to_string(),
                     args.digits_epochs.to_string(),
@@ -234,6 +248,17 @@ pub fn run() -> ExitCode {
                     launch.kill_worker_after.is_some().to_string(),
                 ),
             ];
+            let keys = [
+                crate::cluster::ConfigKey::WARM_START,
+                crate::cluster::ConfigKey::WARM_START_MAP,
+            ];
+            for (key, path) in keys.iter().zip([args.warm_start, args.warm_start_map]) {
+                if let Some(path) = path {
+                    // Absolute, as the checkpoint directory.
+                    let path = std::path::absolute(&path).unwrap_or(path);
+                    env.push((key.env.to_string(), path.display().to_string()));
+                }
+            }
             return exit(crate::bootstrap::launch_local(
                 &launch,
                 role_args("demo"),
@@ -260,6 +285,7 @@ pub fn run() -> ExitCode {
         }
         Command::Bench(args) => bench::run(&args.target, args.steps, args.warmup, &args.workloads),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
+        Command::Ckpt(command) => ckpt::run(command),
         Command::Role(args) => match builtin_job(&args.job) {
             Some(program) => {
                 return exit(crate::bootstrap::run_role(

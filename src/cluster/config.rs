@@ -16,6 +16,8 @@
 //! ```toml
 //! certs_dir = "certs"            # relative paths are relative to this file
 //! checkpoint_dir = "ckpt"
+//! # warm_start = "model.safetensors"  # chief: initial variable values from another framework
+//! # warm_start_map = "names.toml"     # cohort name = "name in the file"
 //! detection_budget = "3s"
 //! worker_wait = "60s"
 //! ps_restart_wait = "60s"        # hold for a lost parameter server to come back, restored
@@ -159,6 +161,19 @@ impl ConfigKey {
         flag: "--eval-until-step",
         env: "COHORT_EVAL_UNTIL_STEP",
     };
+    /// Chief: a safetensors file the job's variables start from when there is no checkpoint
+    /// to resume (`crate::checkpoint::WarmStart`).
+    pub const WARM_START: Self = Self {
+        file: "warm_start",
+        flag: "--warm-start",
+        env: "COHORT_WARM_START",
+    };
+    /// Chief: the name map of `warm_start`, a TOML table of `cohort name = "file name"`.
+    pub const WARM_START_MAP: Self = Self {
+        file: "warm_start_map",
+        flag: "--warm-start-map",
+        env: "COHORT_WARM_START_MAP",
+    };
     /// The most workers a parameter-server job may have (elastic workers): the number of
     /// input pipelines, and the bound on a joining worker's index (default: the workers the
     /// cluster spec names).
@@ -189,7 +204,7 @@ impl ConfigKey {
     }
 
     /// Every key.
-    pub const ALL: [ConfigKey; 15] = [
+    pub const ALL: [ConfigKey; 17] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -205,6 +220,8 @@ impl ConfigKey {
         Self::EVAL_IDLE_TIMEOUT,
         Self::EVAL_UNTIL_STEP,
         Self::WORKERS_MAX,
+        Self::WARM_START,
+        Self::WARM_START_MAP,
     ];
 }
 
@@ -292,6 +309,12 @@ pub struct ConfigFlags {
     /// The most workers the job may have (elastic workers; default: the cluster spec's).
     #[arg(long)]
     pub workers_max: Option<String>,
+    /// Chief: a safetensors file the variables start from when there is no checkpoint.
+    #[arg(long)]
+    pub warm_start: Option<PathBuf>,
+    /// Chief: the name map of --warm-start (TOML: cohort name = "name in the file").
+    #[arg(long)]
+    pub warm_start_map: Option<PathBuf>,
 }
 
 impl ConfigFlags {
@@ -354,6 +377,8 @@ impl ConfigFlags {
             "eval_idle_timeout" => self.eval_idle_timeout = Some(value),
             "eval_until_step" => self.eval_until_step = Some(value),
             "workers_max" => self.workers_max = Some(value),
+            "warm_start" => self.warm_start = Some(value.into()),
+            "warm_start_map" => self.warm_start_map = Some(value.into()),
             _ => self.preemption_grace = Some(value),
         }
     }
@@ -375,6 +400,8 @@ impl ConfigFlags {
             "eval_idle_timeout" => self.eval_idle_timeout.clone(),
             "eval_until_step" => self.eval_until_step.clone(),
             "workers_max" => self.workers_max.clone(),
+            "warm_start" => path(&self.warm_start),
+            "warm_start_map" => path(&self.warm_start_map),
             _ => self.preemption_grace.clone(),
         }
     }
@@ -487,6 +514,10 @@ pub struct RoleConfig {
     /// The most workers the job may have: its input pipelines, and the bound on a joining
     /// worker's index (at least the workers the cluster spec names).
     pub workers_max: u32,
+    /// Chief: the safetensors file variables start from when there is no checkpoint.
+    pub warm_start: Option<PathBuf>,
+    /// Chief: the name map of `warm_start`.
+    pub warm_start_map: Option<PathBuf>,
     origins: BTreeMap<&'static str, Origin>,
 }
 
@@ -622,6 +653,8 @@ struct Layer {
     eval_idle_timeout: Option<Duration>,
     eval_until_step: Option<u64>,
     workers_max: Option<u32>,
+    warm_start: Option<PathBuf>,
+    warm_start_map: Option<PathBuf>,
 }
 
 impl Layer {
@@ -642,6 +675,8 @@ impl Layer {
             eval_idle_timeout: None,
             eval_until_step: None,
             workers_max: None,
+            warm_start: None,
+            warm_start_map: None,
         }
     }
 
@@ -706,6 +741,8 @@ impl Layer {
             }
             "certs_dir" => self.certs_dir = Some(path()?),
             "checkpoint_dir" => self.checkpoint_dir = Some(path()?),
+            "warm_start" => self.warm_start = Some(path()?),
+            "warm_start_map" => self.warm_start_map = Some(path()?),
             "detection_budget" => self.detection_budget = Some(duration()?),
             "worker_wait" => self.worker_wait = Some(duration()?),
             "ps_restart_wait" => self.ps_restart_wait = Some(duration()?),
@@ -969,6 +1006,8 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let eval_idle_timeout = pick!(eval_idle_timeout, "eval_idle_timeout");
     let eval_until_step = pick!(eval_until_step, "eval_until_step");
     let workers_max = pick!(workers_max, "workers_max");
+    let warm_start = pick!(warm_start, "warm_start");
+    let warm_start_map = pick!(warm_start_map, "warm_start_map");
 
     let missing = |key: &str, detail: &str| ConfigError {
         key: key.into(),
@@ -1018,6 +1057,26 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
             }),
         });
     }
+    if warm_start_map.is_some() && warm_start.is_none() {
+        let origin = origins
+            .get("warm_start_map")
+            .cloned()
+            .unwrap_or(Origin::Default);
+        let spelled = match origin {
+            Origin::Flag => ConfigKey::WARM_START_MAP.flag,
+            Origin::Env => ConfigKey::WARM_START_MAP.env,
+            _ => ConfigKey::WARM_START_MAP.file,
+        };
+        return Err(ConfigError {
+            key: "warm_start_map".into(),
+            origin,
+            error: Box::new(ClusterError::BadValue {
+                key: spelled.into(),
+                detail: "a name map without a warm-start file: give warm_start (--warm-start,                          COHORT_WARM_START) too"
+                    .into(),
+            }),
+        });
+    }
     let task = TaskId::new(task_type, task_index.unwrap_or(0));
     let cluster = ClusterConfig::new(cluster, task).map_err(|error| {
         let key = if origins.contains_key("task.index") {
@@ -1046,6 +1105,8 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         eval_idle_timeout: eval_idle_timeout.unwrap_or(DEFAULT_EVAL_IDLE_TIMEOUT),
         eval_until_step,
         workers_max: workers_max.unwrap_or(spec_workers).max(spec_workers),
+        warm_start,
+        warm_start_map,
         origins,
     })
 }
@@ -1211,6 +1272,45 @@ mod tests {
         assert_eq!(config.origin("task.type"), &Origin::TfConfig);
         // Keys TF_CONFIG does not have still come from the file.
         assert_eq!(config.detection_budget, Duration::from_secs(7));
+    }
+
+    /// The warm-start file and its name map, from any layer (relative paths in cohort.toml
+    /// relative to it); a map without a file is refused naming the key.
+    #[test]
+    fn warm_start_and_its_map() {
+        let certs = ("COHORT_CERTS", "/certs");
+        let config = resolve(
+            &[
+                "--warm-start",
+                "/m.safetensors",
+                "--warm-start-map",
+                "/names.toml",
+            ],
+            &[("TF_CONFIG", TF), certs],
+            &ConfigFiles::default(),
+        )
+        .unwrap();
+        assert_eq!(config.warm_start, Some(PathBuf::from("/m.safetensors")));
+        assert_eq!(config.warm_start_map, Some(PathBuf::from("/names.toml")));
+        let toml = "warm_start = \"m.safetensors\"\n";
+        let config = resolve(&[], &[("TF_CONFIG", TF), certs], &file(toml)).unwrap();
+        assert_eq!(config.warm_start, Some(PathBuf::from("conf/m.safetensors")));
+        assert_eq!(config.warm_start_map, None);
+        let err = error(
+            &[],
+            &[
+                ("TF_CONFIG", TF),
+                certs,
+                ("COHORT_WARM_START_MAP", "/n.toml"),
+            ],
+            &ConfigFiles::default(),
+        );
+        assert_eq!(err.key, "warm_start_map");
+        assert!(
+            err.to_string()
+                .contains("COHORT_WARM_START_MAP: a name map without a warm-start file"),
+            "{err}"
+        );
     }
 
     /// Kubeflow's training operator names the chief `master`: every layer reads it as the

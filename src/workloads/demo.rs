@@ -11,6 +11,9 @@
 //! saying which checkpoint and step. On SIGTERM (or Ctrl-C) it stops scheduling, lets the steps
 //! in flight finish, saves a checkpoint and exits 143; passing the same `--checkpoint-dir`
 //! again resumes from it.
+//! With `--warm-start FILE.safetensors` (and `--warm-start-map`) and no checkpoint to resume,
+//! the variables start from that file instead of their initializers (see
+//! [`crate::checkpoint::WarmStart`]; the coordinator applies it as it creates them).
 //!
 //! Evaluator: a task of type `evaluator` (e.g. `cohort role --job demo --task-type evaluator
 //! --checkpoint-dir DIR` with the job's cluster) prints the digits classifier's held-out
@@ -263,8 +266,12 @@ fn run_chief(
                 .display()
         ),
         None => println!(
-            "checkpoints go to {} (none there yet: starting from step 0)",
-            checkpoint_dir.display()
+            "checkpoints go to {} (none there yet: starting from step 0{})",
+            checkpoint_dir.display(),
+            coordinator
+                .warm_start_file()
+                .map(|file| format!(", variables from {} (warm start)", file.display()))
+                .unwrap_or_default()
         ),
     }
     let mut step = resumed.unwrap_or(0);

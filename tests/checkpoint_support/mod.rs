@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use cohort::checkpoint::{
     slot_tensor_name, Checkpoint, Dtype, Ledger, TensorBytes, MANIFEST_CHECKSUM_FIELD,
@@ -189,4 +191,118 @@ pub fn edit_sealed_manifest(path: &Path, edit: impl FnOnce(&mut serde_json::Valu
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     edit(&mut manifest);
     std::fs::write(path, seal_manifest(&manifest)).unwrap();
+}
+
+/// Bound on each Python run.
+pub const PYTHON_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs python3 with `args`, bounded in time; `None` if python3 cannot be started.
+pub fn run_python(args: &[&str]) -> Option<(bool, String)> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let out_path =
+        std::env::temp_dir().join(format!("cohort-python-out-{}-{nanos}", std::process::id()));
+    let spawned = std::fs::File::create(&out_path).and_then(|out| {
+        Command::new("python3")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+    });
+    let Ok(mut child) = spawned else {
+        let _ = std::fs::remove_file(&out_path);
+        return None;
+    };
+    let deadline = Instant::now() + PYTHON_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for python3") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&out_path);
+            panic!("python3 {args:?} ran past {PYTHON_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    Some((status.success(), output))
+}
+
+/// Whether python3 has the `safetensors` and `numpy` packages; when not, says on stderr that
+/// `test` is SKIPPED and why.
+pub fn python_has_safetensors(test: &str) -> bool {
+    let probe = run_python(&["-c", "import safetensors, numpy"]);
+    if matches!(&probe, Some((true, _))) {
+        return true;
+    }
+    eprintln!(
+        "SKIPPED {test}: python3 with the `safetensors` and `numpy` packages is not available \
+         (pip install safetensors numpy): {probe:?}"
+    );
+    false
+}
+
+/// Bound on one `cohort` command.
+pub const COHORT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a `cohort` command did.
+#[derive(Debug)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// Fails the test if the process panicked.
+    pub fn expect_no_panic(&self) {
+        assert!(
+            !self.stderr.contains("panicked"),
+            "cohort panicked:\n{}",
+            self.stderr
+        );
+    }
+}
+
+/// Runs the `cohort` binary with `args`, bounded in time.
+pub fn cohort(args: &[&str]) -> Output {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let base = std::env::temp_dir().join(format!("cohort-cli-out-{}-{nanos}", std::process::id()));
+    let (out_path, err_path) = (base.with_extension("out"), base.with_extension("err"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("start cohort");
+    let deadline = Instant::now() + COHORT_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for cohort") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cohort {args:?} ran past {COHORT_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let _ = std::fs::remove_file(p);
+        text
+    };
+    Output {
+        code: status.code(),
+        stdout: read(&out_path),
+        stderr: read(&err_path),
+    }
 }

@@ -18,7 +18,7 @@ use super::actor::{
 use super::machine::reshard::RESHARDING;
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError};
-use crate::checkpoint::CheckpointManager;
+use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
 use crate::roles::protocol::{
@@ -103,6 +103,9 @@ pub enum CoordinatorError {
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The warm start cannot be used (its file, its name map, or a variable it does not fit).
+    #[error(transparent)]
+    WarmStart(Box<WarmStartError>),
     /// The coordinator actor is gone (the node is shutting down).
     #[error("coordinator stopped")]
     Stopped,
@@ -117,6 +120,12 @@ pub enum CoordinatorError {
     /// Any other failure of the chief's program.
     #[error("{0}")]
     Other(String),
+}
+
+impl From<WarmStartError> for CoordinatorError {
+    fn from(e: WarmStartError) -> Self {
+        CoordinatorError::WarmStart(Box::new(e))
+    }
 }
 
 /// The chief's handle on the cluster.
@@ -134,6 +143,9 @@ pub struct ClusterCoordinator {
     layouts: Vec<Layout>,
     datasets: Vec<(String, u64)>,
     wait_max: Duration,
+    /// Where variables start from when created (`None`: not read from the configuration yet;
+    /// `Some(None)`: no warm start).
+    warm_start: Option<Option<Arc<WarmStart>>>,
 }
 
 impl ClusterCoordinator {
@@ -158,6 +170,7 @@ impl ClusterCoordinator {
             layouts: Vec::new(),
             datasets: Vec::new(),
             wait_max,
+            warm_start: None,
         }
     }
 
@@ -196,8 +209,36 @@ impl ClusterCoordinator {
         crate::process::role_config().and_then(|config| config.checkpoint_dir.clone())
     }
 
+    /// Sets where variables created from now on start from, in place of their initializers
+    /// (`None`: their initializers). Without this call, the configured `warm_start` and
+    /// `warm_start_map` (`--warm-start`, `COHORT_WARM_START`, cohort.toml) are used.
+    pub fn set_warm_start(&mut self, warm_start: Option<WarmStart>) {
+        self.warm_start = Some(warm_start.map(Arc::new));
+    }
+
+    /// The file the variables created so far started from (a warm start), if any.
+    pub fn warm_start_file(&self) -> Option<&std::path::Path> {
+        self.warm_start.as_ref()?.as_deref().map(WarmStart::file)
+    }
+
+    /// The warm start in use: the one set, else the configured one (read once).
+    fn warm_start(&mut self) -> Result<Option<Arc<WarmStart>>, CoordinatorError> {
+        if let Some(set) = &self.warm_start {
+            return Ok(set.clone());
+        }
+        let loaded = configured_warm_start()?;
+        self.warm_start = Some(loaded.clone());
+        Ok(loaded)
+    }
+
     /// Creates a variable on the parameter servers (placed round-robin, or split by its
     /// partitioner) and tells every worker where it lives.
+    ///
+    /// With a warm start (see [`Self::set_warm_start`]) its values come from the warm-start
+    /// file instead of its initializer, each server given its rows; a variable the file has no
+    /// tensor for, or one of another shape, is an error naming the variable and the file, and
+    /// nothing is created. Optimizer state starts fresh either way. A checkpoint restored
+    /// afterwards ([`Self::restore_checkpoint`]) overrides these values.
     pub fn create_variable(&mut self, spec: VariableSpec) -> Result<Layout, CoordinatorError> {
         if self.layouts.iter().any(|l| l.name == spec.name) {
             return Err(CoordinatorError::Variable {
@@ -231,17 +272,24 @@ impl ClusterCoordinator {
         }
         let fan_in = spec.shape.first().copied().unwrap_or(1) as u64;
         let fan_out = spec.shape.iter().skip(1).product::<usize>() as u64;
-        let inits = (0..layout.shards.len())
-            .map(|i| {
-                shard_init(
-                    &spec.init,
-                    i as u64,
-                    fan_in,
-                    fan_out,
-                    &layout.shard_shape(i),
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let inits = match self.warm_start()? {
+            Some(warm) => warm
+                .shard_values(&layout)?
+                .into_iter()
+                .map(|values| InitSpec::Values(values.into_data()))
+                .collect(),
+            None => (0..layout.shards.len())
+                .map(|i| {
+                    shard_init(
+                        &spec.init,
+                        i as u64,
+                        fan_in,
+                        fan_out,
+                        &layout.shard_shape(i),
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         // Servers being resharded: created once they are (the coordinator refuses until then).
         let deadline = Instant::now() + self.wait_max;
         loop {
@@ -494,11 +542,22 @@ impl ClusterCoordinator {
 
     /// Restores every variable this coordinator created from the newest valid checkpoint, if
     /// there is one, and returns its step. Checkpoints that did not verify are logged with the
-    /// reason naming the file.
+    /// reason naming the file. With a warm start, first checks that its name map names only
+    /// variables created so far (call this once every variable exists, before training).
     pub fn restore_checkpoint(
         &self,
         manager: &mut CheckpointManager,
     ) -> Result<Option<u64>, CoordinatorError> {
+        let warm = match &self.warm_start {
+            Some(set) => set.clone(),
+            None => configured_warm_start()?,
+        };
+        if let Some(warm) = warm {
+            // A map entry for a variable the job never created is a typo to report before
+            // training starts, not to ignore.
+            let names: Vec<&str> = self.layouts.iter().map(|l| l.name.as_str()).collect();
+            warm.check_map_names(&names)?;
+        }
         let outcome = manager
             .restore_latest()
             .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
@@ -666,6 +725,17 @@ impl PendingSave {
             total: self.started.elapsed(),
         })
     }
+}
+
+/// The warm start the role's configuration names (`warm_start`, `warm_start_map`), read and
+/// checked; `None` when it names none.
+fn configured_warm_start() -> Result<Option<Arc<WarmStart>>, WarmStartError> {
+    let config = crate::process::role_config();
+    let Some(file) = config.and_then(|c| c.warm_start.as_deref()) else {
+        return Ok(None);
+    };
+    let map = config.and_then(|c| c.warm_start_map.as_deref());
+    Ok(Some(Arc::new(WarmStart::open(file, map)?)))
 }
 
 /// Why a call to a parameter server failed.
