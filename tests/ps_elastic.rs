@@ -27,6 +27,14 @@ const AHEAD: usize = 4;
 const STEPS_PER_PHASE: usize = 30;
 /// Bound on the chief's wait for a phase's servers.
 const PHASE_WAIT_MAX: Duration = Duration::from_secs(60);
+/// Steps of the job whose chief is killed after a server joined it.
+const RESTART_STEPS: u64 = 150;
+/// A checkpoint every this many steps there.
+const RESTART_SAVE_EVERY: u64 = 10;
+/// The first chief offers itself to be killed at this step (a checkpoint behind it).
+const KILL_CHIEF_AT: u64 = 75;
+/// The first chief's PID file.
+const CHIEF_PID: &str = "chief.pid";
 /// Marker files the chief writes when it is ready for the next change.
 const GROW: &str = "grow";
 const SHRINK: &str = "shrink";
@@ -65,6 +73,9 @@ fn program() -> Program {
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
             let tf_config = std::env::var("TF_CONFIG").unwrap_or_default();
             write(&child_dir().join(TF_CONFIG_FILE), tf_config.as_bytes())?;
+            if ps_support::scenario() == "chief-restart" {
+                return chief_restart(coordinator);
+            }
             // By hand: ps/2 joins, then ps/0 leaves. Through the launcher: 2 -> 3 -> 1.
             let shrunk_to: &[u32] = match ps_support::scenario().as_str() {
                 "launcher" => &[0],
@@ -80,6 +91,60 @@ fn program() -> Program {
             trainer.train(coordinator, STEPS_PER_PHASE)?;
             trainer.finish(coordinator, grown, shrunk)
         })
+}
+
+/// ps/2 joins by hand; once a checkpoint holds its share, the chief is killed. The restarted
+/// chief knows only its spec's two servers: it restores the checkpoint onto them, ps/2
+/// registers with it again and gets its share back at a cut, and the job finishes.
+fn chief_restart(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
+    use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
+    let dir = coordinator
+        .checkpoint_dir()
+        .ok_or_else(|| CoordinatorError::Other("no checkpoint_dir".into()))?;
+    let policy = CheckpointPolicy {
+        save_every_steps: None,
+        save_every: None,
+        keep_last: 3,
+    };
+    let mut manager = CheckpointManager::new(dir, policy, Instant::now())
+        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+    let restored = coordinator.restore_checkpoint(&mut manager)?;
+    let mut step = restored.unwrap_or(0);
+    if restored.is_none() {
+        let tf_config = std::env::var("TF_CONFIG").unwrap_or_default();
+        write(&child_dir().join(TF_CONFIG_FILE), tf_config.as_bytes())?;
+        marker(GROW)?;
+    }
+    // ps/2 is in the job (again, after a restart) before the chief trains on.
+    let deadline = Instant::now() + PHASE_WAIT_MAX;
+    let in_job = |c: &ClusterCoordinator| c.topology().servers.keys().copied().eq([0, 1, 2]);
+    while !in_job(coordinator) && Instant::now() < deadline {
+        let value = coordinator.schedule("add", Vec::new())?;
+        coordinator.fetch(&value)?;
+        step += 1;
+    }
+    let grown = in_job(coordinator);
+    while step < RESTART_STEPS {
+        let value = coordinator.schedule("add", Vec::new())?;
+        coordinator.fetch(&value)?;
+        step += 1;
+        if step % RESTART_SAVE_EVERY == 0 {
+            coordinator.save_checkpoint(&mut manager, step)?;
+            if restored.is_none() && step >= KILL_CHIEF_AT {
+                ps_support::claim_pid_file(CHIEF_PID, "");
+            }
+        }
+    }
+    coordinator.join()?;
+    let mut report = ledger_and_stats(coordinator)?;
+    report["restored_step"] = serde_json::json!(restored);
+    report["final_step"] = serde_json::json!(step);
+    report["grown"] = serde_json::json!(grown);
+    report["spread"] = serde_json::json!(coordinator.read_variable("spread")?);
+    report["whole"] = serde_json::json!(coordinator.read_variable("whole")?);
+    report["servers"] =
+        serde_json::json!(coordinator.topology().servers.keys().collect::<Vec<_>>());
+    write_report(&report)
 }
 
 #[derive(Default)]
@@ -375,4 +440,61 @@ fn the_launcher_scales_servers_from_2_to_3_and_down_to_1_with_nothing_lost() {
         assert_eq!(seen.len(), 1, "{task}: {exits:?}");
         assert_eq!(seen[0].code, Some(0), "{task}: {exits:?}");
     }
+}
+
+/// A chief SIGKILLed after a server joined by hand: the restarted chief (its spec names two
+/// servers) restores the last checkpoint onto them, the joined server registers with it again
+/// and gets its share back at a cut, and the job finishes with every row holding each of its
+/// steps exactly once.
+#[test]
+fn a_chief_killed_after_a_server_joined_resumes_and_the_server_joins_again() {
+    let mut run = Run::new("ps-elastic-chief", "chief-restart", &[]);
+    run.restart_chief = true;
+    let dir = run.dir.clone();
+    let launch_dir = run.path("launch");
+    let checkpoints = run.path("checkpoints");
+    let grow = run.path(GROW);
+    let chief_pid = run.path(CHIEF_PID);
+    let joined = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let joiner = std::sync::Arc::clone(&joined);
+    let ckpt_dir = checkpoints.clone();
+    let faults = ps_support::beside(move |cancel| {
+        if !wait_for_file(&grow, &cancel) {
+            return;
+        }
+        eprintln!("[test] starting ps/2, which joins the running job");
+        *joiner.lock().unwrap() = Some(start_joining_server(&dir, &launch_dir, &ckpt_dir));
+        let Some(pid) = ps_support::wait_for_pid(&chief_pid, &cancel) else {
+            return;
+        };
+        eprintln!("[test] killing the chief (SIGKILL)");
+        ps_support::signal(pid, Signal::SIGKILL);
+    });
+    let checkpoints_env = checkpoints.display().to_string();
+    let code = run.launch_code_with(&[
+        ("COHORT_CHECKPOINT_DIR", checkpoints_env.as_str()),
+        ("COHORT_DETECTION_BUDGET", "3s"),
+    ]);
+    faults.finish();
+    let joined_code = joined.lock().unwrap().take().map(exit_code);
+    assert_eq!(code, 0, "the job failed; its log is above");
+    assert_eq!(joined_code, Some(Some(0)), "ps/2 ran to the goodbye");
+    let report = run.report();
+    let restored = report["restored_step"]
+        .as_u64()
+        .expect("the chief restarted");
+    assert!(restored >= KILL_CHIEF_AT, "{report}");
+    assert_eq!(report["grown"], true, "ps/2 joined the new chief: {report}");
+    assert_eq!(report["servers"], serde_json::json!([0, 1, 2]), "{report}");
+    let steps = report["final_step"].as_u64().unwrap();
+    assert!(steps >= RESTART_STEPS, "{report}");
+    // Every step's push is in every row exactly once: what the checkpoint held, then each
+    // step the new chief ran.
+    let spread: Vec<f64> = serde_json::from_value(report["spread"].clone()).unwrap();
+    assert_eq!(spread, vec![steps as f64; ROWS], "{report}");
+    let whole: Vec<f64> = serde_json::from_value(report["whole"].clone()).unwrap();
+    assert_eq!(whole, vec![steps as f64; 2], "{report}");
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["scheduled"], ledger["committed"], "{ledger}");
+    assert_eq!(ledger["failed"], 0, "{ledger}");
 }

@@ -324,13 +324,6 @@ fn ps_error() -> impl Strategy<Value = PsError> {
     let dims = || vec(any::<usize>(), 0..3);
     prop_oneof![
         text().prop_map(PsError::UnknownVariable),
-        (text(), dims(), dims()).prop_map(|(name, existing, requested)| {
-            PsError::AlreadyExists {
-                name,
-                existing,
-                requested,
-            }
-        }),
         (text(), dims(), any::<usize>(), any::<usize>()).prop_map(
             |(name, shape, expected, got)| PsError::InitialValueLength {
                 name,

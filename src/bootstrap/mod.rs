@@ -244,7 +244,8 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             epoch,
             addr: own_addr,
         };
-        register_with_chief(&gateway, &node, register_wait, Some(joining))?;
+        register_with_chief(&gateway, &node, register_wait, Some(joining.clone()))?;
+        join_every_new_chief(&gateway, &node, register_wait, joining);
         drain_on_signal(&gateway, epoch, TaskType::Ps, |answer| match answer {
             Some(Ok(())) => Some(Exit {
                 code: JOB_DONE_EXIT_CODE,
@@ -362,7 +363,8 @@ fn run_worker(
             epoch,
             addr: own_addr,
         };
-        register_with_chief(&gateway, &node, register_wait, Some(joining))?;
+        register_with_chief(&gateway, &node, register_wait, Some(joining.clone()))?;
+        join_every_new_chief(&gateway, &node, register_wait, joining);
         let draining = Arc::clone(&machine);
         drain_on_signal(&gateway, epoch, TaskType::Worker, move |answer| {
             draining
@@ -740,6 +742,38 @@ fn register_with_chief(
         wait,
         joining,
     )
+}
+
+/// Says `joining` again to every newer chief incarnation (a chief restarted by its supervisor
+/// knows only its own cluster spec, and dials only the tasks it names): once the chief this
+/// node knew is declared dead, the node dials the chief's address until a new incarnation
+/// answers (within `wait`, as at its start) and registers with it, so that a worker or server
+/// that joined the running job is taken back at once. A task the new chief's spec names
+/// changes nothing there. A refusal is logged (the task serves on; its supervisor or
+/// operator decides).
+fn join_every_new_chief(gateway: &Gateway, node: &NodeConfig, wait: Duration, joining: Joining) {
+    let mut events = gateway.subscribe();
+    let chief_task = TaskId::new(TaskType::Chief, 0);
+    let chief = peer(chief_task);
+    let gateway = gateway.clone();
+    let node = node.clone();
+    actix::spawn(async move {
+        while let Some(event) = events.recv().await {
+            match event {
+                PeerEvent::Dead { incarnation, .. } if incarnation.node == chief => {
+                    tracing::info!(
+                        "{incarnation} is gone: registering with the next chief when it answers"
+                    );
+                    if let Err(RoleFailure::Config(e) | RoleFailure::Training(e)) =
+                        say_hello(&gateway, &node, chief_task, wait, Some(joining.clone()))
+                    {
+                        tracing::warn!("cannot register with a new chief: {e}");
+                    }
+                }
+                _ => continue,
+            }
+        }
+    });
 }
 
 /// Says hello to `task` as this process starts, trying again within `wait` while it is not

@@ -55,16 +55,6 @@ pub enum PsError {
     /// No variable of that name lives here.
     #[error("variable {0:?} does not exist on this parameter server")]
     UnknownVariable(String),
-    /// A variable of that name exists with another shape.
-    #[error("variable {name:?} already exists with shape {existing:?} (asked for {requested:?})")]
-    AlreadyExists {
-        /// The variable.
-        name: String,
-        /// Its shape.
-        existing: Vec<usize>,
-        /// The shape asked for.
-        requested: Vec<usize>,
-    },
     /// The initial value does not fill the shape.
     #[error("variable {name:?}: shape {shape:?} needs {expected} values, got {got}")]
     InitialValueLength {
@@ -230,23 +220,18 @@ impl ParameterStore {
     }
 
     /// Creates a variable shard with its initial value. Creating it again with the same shape
-    /// is a no-op (a re-sent create after a reconnect), with another shape an error.
+    /// is a no-op (a re-sent create after a reconnect). With another shape it replaces the
+    /// shard held: only a chief that restarted asks for that (a live coordinator never creates
+    /// a name twice), after servers joined or left the job and its variables were placed
+    /// again; what this server held is then restored from the chief's checkpoint before any
+    /// push, or the chief refuses to start over servers that trained (see the coordinator
+    /// machine's start).
     pub fn handle_create(
         &mut self,
         name: &str,
         shape: Vec<usize>,
         initial: Vec<f32>,
     ) -> Result<(), PsError> {
-        if let Some(existing) = self.variables.get(name) {
-            if existing.shape == shape {
-                return Ok(());
-            }
-            return Err(PsError::AlreadyExists {
-                name: name.into(),
-                existing: existing.shape.clone(),
-                requested: shape,
-            });
-        }
         let expected = shape.iter().product::<usize>();
         if initial.len() != expected {
             return Err(PsError::InitialValueLength {
@@ -255,6 +240,16 @@ impl ParameterStore {
                 expected,
                 got: initial.len(),
             });
+        }
+        if let Some(existing) = self.variables.get(name) {
+            if existing.shape == shape {
+                return Ok(());
+            }
+            tracing::warn!(
+                "variable {name:?} is created again with shape {shape:?} (held: {:?}): the \
+                 servers' placement changed; the shard held is replaced",
+                existing.shape
+            );
         }
         let slots = self.optimizer.new_slots(name, expected);
         self.variables.insert(
@@ -931,14 +926,13 @@ mod tests {
     }
 
     #[test]
-    fn create_is_idempotent_for_same_shape_only() {
+    fn create_is_idempotent_for_the_same_shape_and_replaces_another() {
         let mut ps = store();
         ps.handle_create("w", vec![2], vec![9.0, 9.0]).unwrap();
         assert_eq!(ps.pull("w").unwrap(), &[1.0, 1.0]);
-        assert!(matches!(
-            ps.handle_create("w", vec![3], vec![0.0; 3]),
-            Err(PsError::AlreadyExists { .. })
-        ));
+        // A restarted chief placing the variable again (servers joined or left).
+        ps.handle_create("w", vec![3], vec![5.0; 3]).unwrap();
+        assert_eq!(ps.pull("w").unwrap(), &[5.0; 3]);
         assert!(matches!(
             ps.handle_create("x", vec![2, 2], vec![0.0; 3]),
             Err(PsError::InitialValueLength { .. })
