@@ -465,3 +465,62 @@ fn a_chief_frozen_past_the_budget_restarts_and_the_job_finishes_from_its_checkpo
         "the woken chief was to ask for a restart: {exits:?}"
     );
 }
+
+/// The whole job stopped at once (its supervisor deleting every pod together: SIGTERM to
+/// every process within a moment, the chief last): servers and workers wait a moment before
+/// telling the chief, whose own notice comes meanwhile, so the chief keeps them all and writes its
+/// preemption checkpoint (no server leaves with a cut of its own, no worker hands back a
+/// closure nobody is left to run).
+#[test]
+fn a_whole_job_stopped_at_once_still_writes_the_chiefs_checkpoint() {
+    let mut run = Run::new("preempt-all", "preempt", &[]);
+    let root = run.path("ckpt");
+    run.env
+        .push(("COHORT_CHECKPOINT_DIR".into(), root.display().to_string()));
+    let pid_file = run.path(CHIEF_PID);
+    let pids_dir = run.path("launch").join("pids");
+    let preempter = beside(move |cancel| {
+        if wait_for_pid(&pid_file, &cancel).is_none() {
+            return;
+        }
+        let pid_of = |name: &str| ps_support::read_pid_file(&pids_dir.join(name)).map(|(p, _)| p);
+        // The chief's notice comes last, a moment after the others' (pods are not deleted in
+        // any order): the worst case for servers and workers that would leave at once.
+        let others: Vec<u32> = ["ps-0.pid", "ps-1.pid", "worker-0.pid", "worker-1.pid"]
+            .into_iter()
+            .filter_map(pid_of)
+            .collect();
+        let chief = pid_of("chief-0.pid").expect("the chief's pid file");
+        eprintln!("[test] SIGTERM to every task, the chief last: {others:?}, {chief}");
+        for pid in others {
+            signal(pid, Signal::SIGTERM);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        signal(chief, Signal::SIGTERM);
+    });
+    let (code, exits) = run.launch_with_exits(&[]);
+    preempter.finish();
+    assert_eq!(
+        code, 143,
+        "the chief was to checkpoint and exit 143; its log is above"
+    );
+    // No server or worker left before the chief: each was kept for its checkpoint (under a
+    // supervisor that does not restart them, one that left would be missing from it).
+    let before_chief: Vec<_> = exits
+        .iter()
+        .take_while(|e| e.task.to_string() != "chief/0")
+        .collect();
+    assert!(
+        before_chief.is_empty(),
+        "left before the chief: {before_chief:?}"
+    );
+    let report = run.report();
+    assert_eq!(report["stopped_by_sigterm"], true, "{report}");
+    let saved_step = report["saved_step"].as_u64().unwrap();
+    let on_disk: Vec<u64> = list_checkpoints(&root)
+        .unwrap()
+        .iter()
+        .map(|e| e.step)
+        .collect();
+    assert_eq!(on_disk, [saved_step], "the chief's checkpoint is on disk");
+}

@@ -282,6 +282,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         // server not answered still serves the chief to its end.
         let leave = LeaveAsk {
             epoch,
+            settle: LEAVE_SETTLE.min(grace / 8),
             bound: grace.mul_f64(PS_LEAVE_ASK_SHARE),
             decide: Box::new(|answer| {
                 (answer == LeaveAnswer::Go).then(|| Exit {
@@ -403,6 +404,9 @@ fn run_worker(
             },
             Some(LeaveAsk {
                 epoch,
+                // As a server's: a chief stopping at the same moment keeps its workers to
+                // finish its steps (it answers `Stay`); meanwhile the closure runs on.
+                settle: LEAVE_SETTLE.min(grace / 8),
                 bound: LEAVE_ASK_MAX.min(grace / 2),
                 decide: Box::new(move |answer| {
                     leaving
@@ -942,6 +946,10 @@ fn exit_when_outdated(gateway: &Gateway) {
 struct LeaveAsk {
     /// The leaving incarnation.
     epoch: u64,
+    /// How long to wait before asking: a notice that reaches the whole job at once (its
+    /// supervisor deleting every pod together) reaches the chief too within it, and a chief
+    /// that is stopping keeps its servers (it answers `Stay`) for its own checkpoint.
+    settle: Duration,
     /// How long to wait for the answer.
     bound: Duration,
     /// What the process makes of the answer: an exit now, or serve on.
@@ -969,10 +977,12 @@ fn serve_chief_then_stop(
         let deadline = tokio::time::Instant::now() + grace;
         if let Some(LeaveAsk {
             epoch,
+            settle,
             bound,
             decide,
         }) = leave
         {
+            tokio::time::sleep(settle).await;
             let answer = ask_to_leave(&gateway, &chief, epoch, bound).await;
             if let Some(exit) = answer.and_then(decide) {
                 tracing::info!("{}", exit.reason);
@@ -1048,6 +1058,12 @@ const DRAIN_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Bound on a worker's wait for the chief's answer to its preemption notice (at most half its
 /// grace, so that serving on still fits in it).
 const LEAVE_ASK_MAX: Duration = Duration::from_secs(2);
+/// How long a parameter server or worker given notice waits before telling the chief (at most
+/// an eighth of its grace): a whole job stopped at once (its supervisor deleting every pod
+/// together) has the chief's own notice arrive within it, so the chief keeps its servers and
+/// workers for its checkpoint rather than cutting them out (a server) or handing their
+/// closures back with no worker left to run them (a worker).
+const LEAVE_SETTLE: Duration = Duration::from_millis(500);
 /// Share of its grace a parameter server waits for the chief's preemption cut: the rest is
 /// for serving the chief (if it did not answer) and for exiting.
 const PS_LEAVE_ASK_SHARE: f64 = 0.75;
