@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use cohort::data::Dataset;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
 use cohort::variable::Partitioner;
-use ps_support::{child_dir, ledger_and_stats, scenario, write_report, Run, WAIT_MAX};
+use ps_support::{
+    child_dir, ledger_and_stats, marker, scenario, wait_for_file, write_report, Run, WAIT_MAX,
+};
 
 /// The most workers of the elastic job: its input pipelines.
 const WORKERS_MAX: u32 = 4;
@@ -188,23 +190,6 @@ impl Trainer {
         self.read.push((worker, element));
         Ok(())
     }
-}
-
-fn marker(name: &str) -> Result<(), CoordinatorError> {
-    ps_support::write_atomic(&child_dir().join(name), b"1")
-        .map_err(|e| CoordinatorError::Other(e.to_string()))
-}
-
-/// Waits (bounded) for a file the chief writes; false if it never came or `cancel` was set.
-fn wait_for_file(path: &Path, cancel: &std::sync::atomic::AtomicBool) -> bool {
-    let deadline = Instant::now() + WAIT_MAX * 2;
-    while Instant::now() < deadline && !cancel.load(std::sync::atomic::Ordering::SeqCst) {
-        if path.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
 }
 
 /// `cohort scale --run-dir DIR --workers N`: its exit code and what it printed.

@@ -17,7 +17,7 @@ use cohort::data::Dataset;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
 use cohort::variable::Partitioner;
 use nix::sys::signal::Signal;
-use ps_support::{child_dir, ledger_and_stats, write_report, Run, WAIT_MAX};
+use ps_support::{child_dir, ledger_and_stats, marker, wait_for_file, write_report, Run, WAIT_MAX};
 
 /// Rows of the variable spread over every server.
 const ROWS: usize = 6;
@@ -212,22 +212,6 @@ impl Trainer {
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), CoordinatorError> {
     ps_support::write_atomic(path, bytes).map_err(|e| CoordinatorError::Other(e.to_string()))
-}
-
-fn marker(name: &str) -> Result<(), CoordinatorError> {
-    write(&child_dir().join(name), b"1")
-}
-
-/// Waits (bounded) for a file the chief writes; false if it never came or `cancel` was set.
-fn wait_for_file(path: &Path, cancel: &std::sync::atomic::AtomicBool) -> bool {
-    let deadline = Instant::now() + WAIT_MAX * 2;
-    while Instant::now() < deadline && !cancel.load(std::sync::atomic::Ordering::SeqCst) {
-        if path.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
 }
 
 /// Starts ps/2 by hand: the job's TF_CONFIG with its own address added, and a certificate

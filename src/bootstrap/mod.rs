@@ -235,17 +235,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        // A server the chief's cluster spec does not name joins the running job this way
-        // (elastic parameter servers); for one it names this changes nothing.
-        let own_addr = crate::roles::node::peer_addr(&node, node.cluster.task)
-            .map_err(|e| RoleFailure::Config(e.to_string()))?
-            .to_string();
-        let joining = Joining {
-            epoch,
-            addr: own_addr,
-        };
-        register_with_chief(&gateway, &node, register_wait, Some(joining.clone()))?;
-        join_every_new_chief(&gateway, &node, register_wait, joining);
+        join_the_job(&gateway, &node, register_wait)?;
         drain_on_signal(&gateway, epoch, TaskType::Ps, |answer| match answer {
             Some(Ok(())) => Some(Exit {
                 code: JOB_DONE_EXIT_CODE,
@@ -355,17 +345,7 @@ fn run_worker(
         })
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
-        // Every worker says it is one of the job's (elastic workers: one the chief's cluster
-        // spec does not name joins the running job this way).
-        let own_addr = crate::roles::node::peer_addr(&node, node.cluster.task)
-            .map_err(|e| RoleFailure::Config(e.to_string()))?
-            .to_string();
-        let joining = Joining {
-            epoch,
-            addr: own_addr,
-        };
-        register_with_chief(&gateway, &node, register_wait, Some(joining.clone()))?;
-        join_every_new_chief(&gateway, &node, register_wait, joining);
+        join_the_job(&gateway, &node, register_wait)?;
         let draining = Arc::clone(&machine);
         drain_on_signal(&gateway, epoch, TaskType::Worker, move |answer| {
             draining
@@ -746,6 +726,23 @@ fn register_with_chief(
         wait,
         joining,
     )
+}
+
+/// A worker or parameter server says it is one of the job's ([`Joining`], with the address
+/// it serves on) to the chief it finds at its start and to every chief after it: one the
+/// chief's cluster spec does not name joins the running job this way (elastic workers and
+/// servers); for one it names this changes nothing.
+fn join_the_job(gateway: &Gateway, node: &NodeConfig, wait: Duration) -> Result<(), RoleFailure> {
+    let addr = crate::roles::node::peer_addr(node, node.cluster.task)
+        .map_err(|e| RoleFailure::Config(e.to_string()))?
+        .to_string();
+    let joining = Joining {
+        epoch: node.epoch,
+        addr,
+    };
+    register_with_chief(gateway, node, wait, Some(joining.clone()))?;
+    join_every_new_chief(gateway, node, wait, joining);
+    Ok(())
 }
 
 /// Says `joining` again to every newer chief incarnation (a chief restarted by its supervisor

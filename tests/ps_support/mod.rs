@@ -127,6 +127,25 @@ pub fn ledger_and_stats(
     }))
 }
 
+/// In the chief: writes the marker file `name` (the test waits for it with
+/// [`wait_for_file`] before its next move).
+pub fn marker(name: &str) -> Result<(), CoordinatorError> {
+    write_atomic(&child_dir().join(name), b"1").map_err(|e| CoordinatorError::Other(e.to_string()))
+}
+
+/// Waits (bounded by twice [`WAIT_MAX`]) for a file the chief writes; false if it never came
+/// or `cancel` was set.
+pub fn wait_for_file(path: &Path, cancel: &AtomicBool) -> bool {
+    let deadline = Instant::now() + WAIT_MAX * 2;
+    while Instant::now() < deadline && !cancel.load(Ordering::SeqCst) {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 /// Writes `bytes` to `path` through a temporary file and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
