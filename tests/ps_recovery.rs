@@ -90,7 +90,11 @@ fn program() -> Program {
                     // One task preempted per chunk, each after the one before has come back.
                     coordinator.fetch(&values[1])?;
                     let task = ROLLING[chunk - 1];
-                    ps_support::signal(first_pid(task)?, Signal::SIGTERM);
+                    let pid = first_pid(task)?;
+                    ps_support::signal(pid, Signal::SIGTERM);
+                    // It tells the chief after a moment (a whole job stopped at once has the
+                    // chief's notice arrive meanwhile); the chunk goes on once it has left.
+                    wait_until_gone(pid)?;
                 }
                 if chunk == KILL_CHUNK {
                     // Some closures committed past the last checkpoint, others in flight or
@@ -98,7 +102,11 @@ fn program() -> Program {
                     coordinator.fetch(&values[1])?;
                     match scenario().as_str() {
                         "freeze" => freeze_ps1()?,
-                        "preempt" => ps_support::signal(ps1_pid()?, Signal::SIGTERM),
+                        "preempt" => {
+                            let pid = ps1_pid()?;
+                            ps_support::signal(pid, Signal::SIGTERM);
+                            wait_until_gone(pid)?;
+                        }
                         "rolling" => {}
                         _ => kill_ps1()?,
                     }
@@ -176,6 +184,21 @@ fn freeze_ps1() -> Result<(), CoordinatorError> {
 /// The tasks preempted one after the other in the rolling scenario, one per chunk from the
 /// second on.
 const ROLLING: [&str; 4] = ["ps/0", "worker/0", "ps/1", "worker/1"];
+
+/// Waits (bounded) until process `pid` has exited.
+fn wait_until_gone(pid: u32) -> Result<(), CoordinatorError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        if Instant::now() >= deadline {
+            return Err(CoordinatorError::Other(format!(
+                "{pid} did not leave within 30 s"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
 
 /// Where task `task`'s first incarnation records its PID.
 fn first_pid_file(task: &str) -> String {
