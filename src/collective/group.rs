@@ -240,18 +240,27 @@ impl Mesh {
         if self.node() < &peer.node {
             return self.wait_for_join(&peer.node, epoch, deadline).await;
         }
-        let conn = self.dial(peer, epoch, deadline).await?;
         let join = Wire::Join {
             epoch,
             members: shared.nodes.clone(),
         };
         let frame = Frame::encode(&join, Vec::new(), shared.header_max)
             .map_err(|e| form_error(format!("encoding the join: {e}")))?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let reply = conn
-            .request_within(frame, left.max(Duration::from_millis(1)))
-            .await
-            .map_err(|e| form_error(format!("joining {}: {e}", peer.node)))?;
+        let mut fresh = false;
+        let (conn, reply) = loop {
+            let conn = self.dial(peer, epoch, deadline, fresh).await?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => break (conn, reply),
+                // A kept connection may have died unnoticed (this process was stopped past
+                // the idle timeout): dial once more before giving up.
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(e) => return Err(form_error(format!("joining {}: {e}", peer.node))),
+            }
+        };
         match reply.decode::<Reply>(shared.header_max) {
             Ok(Reply::Ack) => Ok(conn),
             Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
@@ -268,17 +277,20 @@ impl Mesh {
         }
     }
 
-    /// A live connection to `peer`: the mesh's own if it still lives, else a new one (retried
-    /// until `deadline`: the peer's process may not be listening yet).
+    /// A live connection to `peer`: the mesh's own if it still lives (and not `fresh`), else a
+    /// new one (retried until `deadline`: the peer's process may not be listening yet).
     async fn dial(
         &self,
         peer: &GroupMember,
         epoch: u64,
         deadline: Instant,
+        fresh: bool,
     ) -> Result<Connection, CollectiveError> {
-        if let Some(conn) = self.inner.lock().conns.get(&peer.node) {
-            if conn.close_reason().is_none() {
-                return Ok(conn.clone());
+        if !fresh {
+            if let Some(conn) = self.inner.lock().conns.get(&peer.node) {
+                if conn.close_reason().is_none() {
+                    return Ok(conn.clone());
+                }
             }
         }
         loop {
@@ -883,6 +895,15 @@ impl Shared {
                 node: peer.clone(),
                 epoch: self.epoch,
                 reason,
+            },
+            // Only a member going away drops a chunk unanswered (its process or group ends).
+            Err(LinkError::Rejected {
+                reason: RejectReason::NoResponse,
+                ..
+            }) => CollectiveError::MemberLost {
+                node: peer.clone(),
+                epoch: self.epoch,
+                reason: "it dropped our message unanswered (shutting down)".into(),
             },
             Err(e) => CollectiveError::Link {
                 node: peer.clone(),
