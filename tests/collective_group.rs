@@ -388,9 +388,9 @@ async fn expect_mismatch(c: &Cluster, what: &str, call: impl Fn(usize) -> bool) 
     .await;
     for (rank, out) in outs.into_iter().enumerate() {
         match out {
-            Err(CollectiveError::Mismatch { node, reporter, .. }) => {
+            Err(CollectiveError::Mismatch { node, calls, .. }) => {
                 assert!(
-                    node == NodeId::new("worker", 2) || reporter == NodeId::new("worker", 2),
+                    node == NodeId::new("worker", 2) || calls.contains("worker/2 called"),
                     "{what}, rank {rank}: the mismatch names worker/2"
                 );
             }

@@ -91,20 +91,14 @@ pub enum CollectiveError {
     },
     /// Members of a process group called different operations, or with tensors of different
     /// shapes or dtypes, as their `seq`-th call. Every member gets this error.
-    #[error("collective group epoch {epoch}, call {seq}: {node} called {got}, {reporter} called {expected}")]
+    #[error("collective call {seq}: {calls}")]
     Mismatch {
-        /// The group's membership epoch.
-        epoch: u64,
         /// The call (0-based count of this group's operations).
         seq: u64,
-        /// The member that found the disagreement.
-        reporter: NodeId,
-        /// What the reporter called.
-        expected: String,
-        /// The member whose call differs.
+        /// The member whose call differs from that of the member that found it.
         node: NodeId,
-        /// What that member called.
-        got: String,
+        /// What each of the two called, in words (both named).
+        calls: String,
     },
     /// A member's message of the current operation did not arrive within the group's
     /// operation timeout, though its connection lives (a member that does not call the

@@ -29,6 +29,9 @@
 //! - Every wait is bounded: forming by `form_timeout`, a peer's message by `op_timeout`, a
 //!   send by the link's window of `window` unanswered requests (a request is answered when the
 //!   receiving operation consumes it, so a receiver holds at most `window` chunks per peer).
+//!   A link's queue of chunks not yet sent holds at most one operation's chunks for that peer
+//!   (the operation produced them; an operation never waits on sending, only on receiving, so
+//!   that a ring of full windows cannot deadlock).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -864,13 +867,11 @@ impl Shared {
         if expected == got {
             (expected, got) = (format!("{ours:#}"), format!("{theirs:#}"));
         }
+        let (reporter, node) = (&self.nodes[self.rank], &self.nodes[rank]);
         CollectiveError::Mismatch {
-            epoch: self.epoch,
             seq,
-            reporter: self.nodes[self.rank].clone(),
-            expected,
-            node: self.nodes[rank].clone(),
-            got,
+            node: node.clone(),
+            calls: format!("{node} called {got}, {reporter} called {expected}"),
         }
     }
 
