@@ -9,7 +9,8 @@
 //! - [`layout`]: where the rows of a variable live (one type for placement, worker setup and
 //!   checkpoints).
 //! - [`variable`]: variables and their placement.
-//! - [`collective`]: all-reduce and barriers among replicas (in process).
+//! - [`collective`]: all-reduce and barriers among replicas (in process), and collectives
+//!   between processes over the transport (the process group).
 //! - [`nn`]: layers (`Dense`, `Embedding`), losses, the gradient tape.
 //! - [`optim`]: optimizers (dense and row-sparse), with their slots.
 //! - [`train`]: loss helpers, `fit` and Keras-style progress.

@@ -11,7 +11,7 @@ use crate::workloads::bench::BenchReport;
 pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result<(), CliError> {
     if target != "ps" {
         return Err(CliError::Usage(format!(
-            "bench: unknown target {target:?} (available: ps, recovery)"
+            "bench: unknown target {target:?} (available: ps, recovery, allreduce)"
         )));
     }
     let workloads: Vec<&str> = workloads
@@ -121,7 +121,7 @@ const BARE_SAMPLE_MESSAGES: usize = 512;
 /// Goodput of a bare quinn stream on 127.0.0.1 (2 MiB messages, median of 3 samples of 1 GiB
 /// after a warm-up), measured now so that it shares the machine's conditions with the cluster
 /// runs.
-fn bare_quinn_goodput() -> Result<f64, CliError> {
+pub(super) fn bare_quinn_goodput() -> Result<f64, CliError> {
     use cohort_transport::{baseline::BarePair, ClusterCa, NodeId, TransportConfig};
     let failed = |e: &dyn std::fmt::Display| CliError::Failed(format!("bare quinn baseline: {e}"));
     let runtime = tokio::runtime::Builder::new_multi_thread()

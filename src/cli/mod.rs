@@ -3,10 +3,12 @@
 //! exit codes (0 success, 1 training error, 2 bad config or usage — DESIGN §7).
 
 mod bench;
+mod bench_allreduce;
 mod bench_recovery;
 mod certs;
 mod chaos;
 mod ckpt;
+mod collective_member;
 
 use std::process::ExitCode;
 
@@ -57,7 +59,9 @@ enum Command {
     Scale(ScaleArgs),
     /// Benchmarks: `bench ps` runs the dense, sparse and goodput parameter-server workloads,
     /// each on its own local cluster (1 chief, 2 PS, 2 workers, as processes), and prints
-    /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's.
+    /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's; `bench
+    /// allreduce` prints the process group's all-reduce algbw and busbw (2 and 4 members, 1, 16
+    /// and 64 MiB) beside the bare QUIC ceiling.
     Bench(BenchArgs),
     /// Chaos testing: `chaos sim` runs the deterministic cluster simulator (the coordinator
     /// and parameter-server machines under simulated faults) over many seeds and checks
@@ -69,6 +73,9 @@ enum Command {
     /// safetensors file. Text by default, --json for machines.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
+    /// One member of a collective process group (used by the collective fault tests).
+    #[command(hide = true)]
+    CollectiveMember(collective_member::MemberArgs),
     /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
     /// environment, TF_CONFIG or cohort.toml, in that order.
     #[command(hide = true)]
@@ -167,7 +174,8 @@ fn scale(args: &ScaleArgs) -> Result<(), CliError> {
 /// Flags of `cohort bench`.
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// What to benchmark: `ps` (throughput) or `recovery` (what each failure costs).
+    /// What to benchmark: `ps` (throughput), `recovery` (what each failure costs) or
+    /// `allreduce` (the process group's collectives).
     target: String,
     /// Timed steps per workload (after warm-up).
     #[arg(long, default_value_t = 1000)]
@@ -283,6 +291,11 @@ pub fn run() -> ExitCode {
         Command::Bench(args) if args.target == "recovery" => {
             bench_recovery::run(args.steps, args.seed)
         }
+        Command::Bench(args) if args.target == "allreduce" => bench_allreduce::run(),
+        Command::CollectiveMember(args) => match collective_member::run(args) {
+            Ok(code) => return ExitCode::from(code),
+            Err(err) => Err(err),
+        },
         Command::Bench(args) => bench::run(&args.target, args.steps, args.warmup, &args.workloads),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
         Command::Ckpt(command) => ckpt::run(command),

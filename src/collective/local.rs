@@ -18,63 +18,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
 
+use super::CollectiveError;
 use crate::distribute::{divide_by, ReduceOp};
-
-/// Why a collective call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CollectiveError {
-    /// A round did not gather every member within the group's timeout.
-    #[error("collective round {round} timed out after {timeout_ms} ms waiting for replica(s) {missing:?}")]
-    Timeout {
-        /// The round (0-based count of collective calls) that timed out.
-        round: u64,
-        /// The group's timeout.
-        timeout_ms: u64,
-        /// The ranks that had not arrived.
-        missing: Vec<usize>,
-    },
-    /// A peer finished its step without joining this round, so the round can never complete.
-    #[error("collective round {round} cannot complete: replica {rank} left the step after {calls} collective call(s)")]
-    PeerLeft {
-        /// The round that cannot complete.
-        round: u64,
-        /// The member that left.
-        rank: usize,
-        /// How many collective calls that member made before leaving.
-        calls: u64,
-    },
-    /// Members of one round asked for different operations.
-    #[error("collective round {round}: replicas disagree on the operation ({first} vs {other})")]
-    OpMismatch {
-        /// The round.
-        round: u64,
-        /// The first operation seen in the round.
-        first: String,
-        /// A different operation asked for by another member.
-        other: String,
-    },
-    /// Members of one round contributed tensors of different shapes or dtypes.
-    #[error("collective round {round}: replica {rank} contributed {got}, expected {expected}")]
-    TensorMismatch {
-        /// The round.
-        round: u64,
-        /// The member whose tensor differs from replica 0's.
-        rank: usize,
-        /// Replica 0's shape and dtype.
-        expected: String,
-        /// This member's shape and dtype.
-        got: String,
-    },
-    /// The member already left the group and cannot take part in more rounds.
-    #[error("replica {rank} already left this step's collective group")]
-    AlreadyLeft {
-        /// The member.
-        rank: usize,
-    },
-    /// The reduction itself failed in the tensor library.
-    #[error("collective reduction failed: {0}")]
-    Tensor(String),
-}
 
 /// A group of `size` members that meet in rounds (see the module doc for the protocol).
 #[derive(Debug)]

@@ -1,17 +1,30 @@
-//! Collectives: all-reduce and barriers among the replicas of one step.
+//! Collectives: all-reduce, reduce-scatter, all-gather, broadcast and barriers among the
+//! members of a group.
 //!
-//! This module owns the in-process collective ([`LocalGroup`]): a rendezvous of the replica
-//! threads of one process, used by the local strategies' replica contexts. Later issues add the
-//! ring over transport and NCCL (feature `nccl`) beside it; they keep the same contract: every
-//! member calls the same collectives in the same order, a member that leaves or a peer that
-//! never arrives is an error within the group's timeout, never a hang.
+//! This module owns two groups with one contract: every member calls the same collectives in
+//! the same order, a member that leaves or a peer that never arrives is an error within the
+//! group's timeout, never a hang. [`LocalGroup`] is the in-process rendezvous of the replica
+//! threads of one process, used by the local strategies' replica contexts. [`ProcessGroup`]
+//! joins processes over cohort's transport (QUIC, mutual TLS): a ring for large tensors and a
+//! direct exchange for small ones, results bit-identical on every member (DATA-1), a
+//! membership epoch on every message (EPOCH-1), and typed errors for a lost member or members
+//! that disagree ([`CollectiveError`]). NCCL (feature `nccl`) comes later beside them.
 //!
 //! It also owns the calling thread's replica ([`CurrentReplica`]): which member of which group
 //! the thread is while a strategy runs a replica function on it. The strategies present it as
 //! their `ReplicaContext`; a variable reads it to choose its copy and aggregate its updates.
 
+mod element;
+mod error;
+mod group;
 mod local;
+mod ops;
 mod replica;
+mod wire;
 
-pub use local::{CollectiveError, LocalGroup, LocalMember};
+pub use element::{Element, Reduction};
+pub use error::CollectiveError;
+pub use group::{GroupConfig, GroupMember, Mesh, ProcessGroup};
+pub use local::{LocalGroup, LocalMember};
+pub use ops::plan_buckets;
 pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};

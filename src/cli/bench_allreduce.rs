@@ -1,0 +1,118 @@
+//! `cohort bench allreduce`: the process group's all-reduce on 127.0.0.1 beside the bare QUIC
+//! ceiling measured by the same program, with nccl-tests' definitions: algbw = bytes / time,
+//! busbw = algbw * 2(n-1)/n, and each row's busbw as a fraction of the ring's bound (the
+//! ceiling divided by the members: on one machine every member's bytes share its cores).
+
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, Tensor};
+use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
+
+use super::CliError;
+use crate::collective::{GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction};
+
+/// Runs the benchmark and prints its table.
+pub fn run() -> Result<(), CliError> {
+    let before = super::bench::bare_quinn_goodput()?;
+    let failed = |e: &dyn std::fmt::Display| CliError::Failed(format!("bench allreduce: {e}"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(&e))?;
+    let mut rows = Vec::new();
+    for members in MEMBERS {
+        let groups = runtime.block_on(form(members)).map_err(|e| failed(&e))?;
+        for mib in SIZES_MIB {
+            let seconds = runtime
+                .block_on(time_all_reduce(&groups, mib))
+                .map_err(|e| failed(&e))?;
+            rows.push((members, mib, seconds));
+        }
+    }
+    drop(runtime);
+    let after = super::bench::bare_quinn_goodput()?;
+    let ceiling = (before + after) / 2.0 * MIB / 1e9;
+    println!(
+        "\ncohort bench allreduce: f32 all-reduce (SUM) over QUIC, members as tasks on 127.0.0.1 \
+         ({} cores); bare QUIC ceiling (one stream, same program) {ceiling:.2} GB/s \
+         ({:.2} before, {:.2} after the runs)",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        before * MIB / 1e9,
+        after * MIB / 1e9
+    );
+    println!(
+        "{:>7} {:>8} {:>10} {:>12} {:>12} {:>14} {:>10}",
+        "members", "size", "time ms", "algbw GB/s", "busbw GB/s", "bound GB/s", "busbw/bound"
+    );
+    for (members, mib, seconds) in rows {
+        let n = members as f64;
+        let algbw = mib as f64 * MIB / seconds / 1e9;
+        let busbw = algbw * 2.0 * (n - 1.0) / n;
+        let bound = ceiling / n;
+        println!(
+            "{members:>7} {:>8} {:>10.2} {algbw:>12.3} {busbw:>12.3} {bound:>14.3} {:>10.2}",
+            format!("{mib} MiB"),
+            seconds * 1e3,
+            busbw / bound
+        );
+    }
+    println!("target: busbw/bound >= 0.70 at 64 MiB");
+    Ok(())
+}
+
+/// `n` members on their own endpoints in this process, formed at epoch 1.
+async fn form(n: u32) -> Result<Vec<ProcessGroup>, String> {
+    let ca = ClusterCa::generate("bench").map_err(|e| e.to_string())?;
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    for i in 0..n {
+        let node = NodeId::new("worker", i);
+        let creds = ca.issue(&node).map_err(|e| e.to_string())?;
+        let endpoint = Endpoint::bind(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            creds,
+            TransportConfig::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        let mesh = Mesh::new(endpoint, GroupConfig::default());
+        members.push(GroupMember {
+            node,
+            addr: mesh.local_addr().map_err(|e| e.to_string())?,
+        });
+        meshes.push(mesh);
+    }
+    let formed = futures::future::join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
+    formed
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
+}
+
+/// Mean seconds of one all-reduce of `mib` MiB on every member at once, after warm-up.
+async fn time_all_reduce(groups: &[ProcessGroup], mib: usize) -> Result<f64, String> {
+    let elements = mib * (1 << 20) / 4;
+    let tensor = Tensor::ones(elements, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
+    let iterations = (TIMED_BYTES / (mib << 20)).clamp(3, 20);
+    let mut timed = Duration::ZERO;
+    for i in 0..WARMUP + iterations {
+        let started = Instant::now();
+        let outs =
+            futures::future::join_all(groups.iter().map(|g| g.all_reduce(Reduction::Sum, &tensor)))
+                .await;
+        let elapsed = started.elapsed();
+        for out in outs {
+            out.map_err(|e| e.to_string())?;
+        }
+        if i >= WARMUP {
+            timed += elapsed;
+        }
+    }
+    Ok(timed.as_secs_f64() / iterations as f64)
+}
+
+const MEMBERS: [u32; 2] = [2, 4];
+const SIZES_MIB: [usize; 3] = [1, 16, 64];
+const WARMUP: usize = 2;
+/// Bytes all-reduced per row (at least 3 and at most 20 calls).
+const TIMED_BYTES: usize = 512 << 20;
+const MIB: f64 = 1024.0 * 1024.0;

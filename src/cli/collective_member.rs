@@ -1,0 +1,173 @@
+//! `cohort collective-member` (hidden): one member of a process group as its own process, for
+//! the fault tests of the collectives (a member SIGKILLed or SIGSTOPped mid-collective).
+//!
+//! It forms epoch 1 with the members given, then all-reduces a tensor round after round until
+//! its stdin closes, checking every result, and prints one line per event on stdout:
+//! `formed epoch=E rank=R members=[..]`, `ok epoch=E round=K`, `error epoch=E kind=K node=N
+//! detail=..`, `stopped`. When a member is lost it re-forms with the others at the next epoch
+//! and goes on; any other error ends it with exit code 3.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use cohort_transport::{Endpoint, NodeCredentials, NodeId, TransportConfig};
+
+use super::CliError;
+use crate::collective::{CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction};
+
+/// Flags of `cohort collective-member`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MemberArgs {
+    /// This member's node, `role/index`.
+    #[arg(long)]
+    node: String,
+    /// Directory with ca.pem and this node's certificate and key (`cohort certs` layout).
+    #[arg(long)]
+    certs: PathBuf,
+    /// UDP address to listen on.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Every member as `role/index=host:port`, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    members: Vec<String>,
+    /// Elements of the f32 tensor all-reduced each round.
+    #[arg(long, default_value_t = 1 << 20)]
+    elements: usize,
+    /// The transport's idle timeout: the detection budget of a lost member.
+    #[arg(long, default_value_t = 800)]
+    idle_timeout_ms: u64,
+}
+
+/// Runs the member (see the module doc).
+pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
+    let usage = |what: &str, e: &dyn std::fmt::Display| CliError::Usage(format!("{what}: {e}"));
+    let node: NodeId = args.node.parse().map_err(|e| usage("--node", &e))?;
+    let mut members = Vec::new();
+    for spec in &args.members {
+        let (name, addr) = spec.split_once('=').ok_or_else(|| {
+            CliError::Usage(format!("--members: {spec:?} is not role/index=host:port"))
+        })?;
+        members.push(GroupMember {
+            node: name.parse().map_err(|e| usage("--members", &e))?,
+            addr: addr.parse().map_err(|e| usage("--members", &e))?,
+        });
+    }
+    let creds = NodeCredentials::load(&args.certs, &node).map_err(|e| usage("--certs", &e))?;
+    let idle = Duration::from_millis(args.idle_timeout_ms.max(200));
+    let config = TransportConfig {
+        idle_timeout: idle,
+        keep_alive_interval: idle / 4,
+        ..TransportConfig::for_tests()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_reader = stop.clone();
+    // stdin closing is the test's "stop": no signal needed, and a test that dies stops us.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        stop_reader.store(true, Ordering::SeqCst);
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    runtime.block_on(async move {
+        let endpoint =
+            Endpoint::bind(args.listen, creds, config).map_err(|e| usage("--listen", &e))?;
+        let mesh = Mesh::new(endpoint, GroupConfig::default());
+        let mut group = match mesh.form(1, members).await {
+            Ok(group) => group,
+            Err(err) => {
+                report(1, &err);
+                return Ok(3);
+            }
+        };
+        formed(&group);
+        let mut round = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            match one_round(&group, &node, args.elements).await {
+                Ok(()) => {
+                    round += 1;
+                    println!("ok epoch={} round={round}", group.epoch());
+                }
+                Err(err) => {
+                    report(group.epoch(), &err);
+                    let CollectiveError::MemberLost { node: lost, .. } = &err else {
+                        return Ok(3);
+                    };
+                    let survivors: Vec<NodeId> = group
+                        .members()
+                        .iter()
+                        .filter(|n| *n != lost)
+                        .cloned()
+                        .collect();
+                    group = match group.reform(&survivors).await {
+                        Ok(group) => group,
+                        Err(err) => {
+                            report(group.epoch() + 1, &err);
+                            return Ok(3);
+                        }
+                    };
+                    formed(&group);
+                    round = 0;
+                }
+            }
+        }
+        println!("stopped");
+        Ok(0)
+    })
+}
+
+/// All-reduces `elements` small integers weighted by this node's index + 1 and checks the sum
+/// (exact in f32 whatever the order).
+async fn one_round(
+    group: &ProcessGroup,
+    node: &NodeId,
+    elements: usize,
+) -> Result<(), CollectiveError> {
+    let weight = (node.index + 1) as f32;
+    let values: Vec<f32> = (0..elements).map(|i| (i % 13) as f32 * weight).collect();
+    let tensor = Tensor::from_vec(values, elements, &Device::Cpu)
+        .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+    let out = group.all_reduce(Reduction::Sum, &tensor).await?;
+    let total: f32 = group.members().iter().map(|n| (n.index + 1) as f32).sum();
+    let out = out
+        .to_vec1::<f32>()
+        .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+    if let Some(i) = (0..elements).find(|&i| out[i] != (i % 13) as f32 * total) {
+        return Err(CollectiveError::Tensor(format!(
+            "wrong sum at {i}: {} where the members {:?} give {}",
+            out[i],
+            group.members(),
+            (i % 13) as f32 * total
+        )));
+    }
+    Ok(())
+}
+
+fn formed(group: &ProcessGroup) {
+    let members: Vec<String> = group.members().iter().map(ToString::to_string).collect();
+    println!(
+        "formed epoch={} rank={} members=[{}]",
+        group.epoch(),
+        group.rank(),
+        members.join(",")
+    );
+}
+
+fn report(epoch: u64, err: &CollectiveError) {
+    let (kind, node) = match err {
+        CollectiveError::MemberLost { node, .. } => ("member-lost", node.to_string()),
+        CollectiveError::EpochRefused { node, .. } => ("epoch-refused", node.to_string()),
+        CollectiveError::Mismatch { node, .. } => ("mismatch", node.to_string()),
+        CollectiveError::PeerTimeout { node, .. } => ("peer-timeout", node.to_string()),
+        CollectiveError::Link { node, .. } => ("link", node.to_string()),
+        CollectiveError::Form { .. } => ("form", String::new()),
+        _ => ("other", String::new()),
+    };
+    println!("error epoch={epoch} kind={kind} node={node} detail={err}");
+}

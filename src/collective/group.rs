@@ -1,0 +1,976 @@
+//! The process group: collectives between processes over cohort's transport (QUIC, mutual
+//! TLS).
+//!
+//! This module owns a node's collective endpoint ([`Mesh`]: it accepts the links of every
+//! group the node forms and routes each message to the group of its epoch), the forming of a
+//! group ([`Mesh::form`], [`ProcessGroup::reform`]), the per-link send windows and the inbox of
+//! a group, and the failure rules below. The algorithms over these live in `ops.rs`.
+//!
+//! Calling protocol, per member:
+//! 1. [`Mesh::new`] over an [`Endpoint`] of the node (its own port: collective traffic never
+//!    queues behind the control plane); the mesh accepts connections from then on.
+//! 2. [`Mesh::form`] with an epoch and the members (node and address); ranks follow the sorted
+//!    node ids. Every member must form the same epoch with the same members; the member with
+//!    the larger node id of each pair dials, the other accepts, and the link is ready once both
+//!    formed that epoch (a `Join` carries it).
+//! 3. Call the operations (`ops.rs`) in the same order on every member; the `k`-th call of
+//!    every member is one operation and must agree (operation, shape, dtype).
+//! 4. On any error the group is broken for good: every pending and later call fails with the
+//!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]).
+//!
+//! Failure rules:
+//! - A member is lost when its connection closes or stays silent past the transport's idle
+//!   timeout (the detection budget): every survivor's pending call fails with
+//!   [`CollectiveError::MemberLost`] (each survivor watches every link, and the first member to
+//!   see a failure sends it to all others as an `Abort`).
+//! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
+//!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
+//! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
+//! - Every wait is bounded: forming by `form_timeout`, a peer's message by `op_timeout`, a
+//!   send by the link's window of `window` unanswered requests (a request is answered when the
+//!   receiving operation consumes it, so a receiver holds at most `window` chunks per peer).
+//!   A link's queue of chunks not yet sent holds at most one operation's chunks for that peer
+//!   (the operation produced them; an operation never waits on sending, only on receiving, so
+//!   that a ring of full windows cannot deadlock).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cohort_transport::{
+    ConnectError, Connection, Endpoint, Frame, Incoming, LinkError, NodeId, RejectReason, Responder,
+};
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::wire::{Call, Reply, Wire};
+use super::CollectiveError;
+
+/// Settings of a process group; every member should use the same (a member whose chunking
+/// differs fails its first large call with [`CollectiveError::Mismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// Tensors up to this many bytes go by direct exchange (one message to each member);
+    /// larger ones by the ring.
+    pub small_bytes_max: usize,
+    /// The ring's chunk: a segment is cut into chunks of at most this many bytes, each sent as
+    /// soon as it is reduced, so that every link carries data at once.
+    pub chunk_bytes: usize,
+    /// Most unanswered chunks per link (the sender's window).
+    pub window: usize,
+    /// How long an operation waits for a peer's message whose connection still lives.
+    pub op_timeout: Duration,
+    /// How long forming a group waits for every member (dialing, and its `Join`).
+    pub form_timeout: Duration,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        Self {
+            small_bytes_max: 64 * 1024,
+            chunk_bytes: 1024 * 1024,
+            window: 8,
+            op_timeout: Duration::from_secs(60),
+            form_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl GroupConfig {
+    /// The defaults with waits short enough for tests on loopback.
+    pub fn for_tests() -> Self {
+        Self {
+            op_timeout: Duration::from_secs(20),
+            form_timeout: Duration::from_secs(10),
+            ..Self::default()
+        }
+    }
+}
+
+/// A member of a group to form: its node and where its mesh listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMember {
+    /// The member's node (its certificate names it).
+    pub node: NodeId,
+    /// The UDP address of its mesh's endpoint.
+    pub addr: SocketAddr,
+}
+
+/// A node's collective endpoint (see the module doc). Cheap to clone.
+#[derive(Clone)]
+pub struct Mesh {
+    inner: Arc<MeshInner>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("node", self.inner.endpoint.node())
+            .field("epoch", &self.inner.lock().epoch)
+            .finish()
+    }
+}
+
+impl Mesh {
+    /// Starts accepting links on `endpoint` (call inside a tokio runtime). The mesh takes over
+    /// the endpoint's accept loop.
+    pub fn new(endpoint: Endpoint, config: GroupConfig) -> Mesh {
+        let inner = Arc::new(MeshInner {
+            endpoint: endpoint.clone(),
+            config,
+            state: Mutex::new(MeshState::default()),
+            changed: Notify::new(),
+            acceptor: OnceLock::new(),
+        });
+        let weak = Arc::downgrade(&inner);
+        let acceptor = tokio::spawn(async move {
+            while let Some(accepted) = endpoint.accept().await {
+                // A refused peer was logged by the transport; the mesh goes on accepting.
+                let Ok(conn) = accepted else { continue };
+                let Some(mesh) = weak.upgrade() else { break };
+                mesh.adopt(conn);
+            }
+        });
+        let _ = inner.acceptor.set(acceptor);
+        Mesh { inner }
+    }
+
+    /// This node.
+    pub fn node(&self) -> &NodeId {
+        self.inner.endpoint.node()
+    }
+
+    /// The address peers dial.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.endpoint.local_addr()
+    }
+
+    /// The latest epoch formed here (0 before the first).
+    pub fn epoch(&self) -> u64 {
+        self.inner.lock().epoch
+    }
+
+    /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
+    /// `epoch` must be above every epoch formed here before (start at 1); forming it
+    /// supersedes the previous group of this node. Fails within `form_timeout` if a member
+    /// does not form the same epoch with the same members.
+    pub async fn form(
+        &self,
+        epoch: u64,
+        members: Vec<GroupMember>,
+    ) -> Result<ProcessGroup, CollectiveError> {
+        let form_error = |reason: String| CollectiveError::Form { epoch, reason };
+        let mut members = members;
+        members.sort_by(|a, b| a.node.cmp(&b.node));
+        if let Some(w) = members.windows(2).find(|w| w[0].node == w[1].node) {
+            return Err(form_error(format!("{} is listed twice", w[0].node)));
+        }
+        let me = self.node().clone();
+        let Some(rank) = members.iter().position(|m| m.node == me) else {
+            return Err(form_error(format!(
+                "this node {me} is not among the members"
+            )));
+        };
+        let shared = {
+            let mut state = self.inner.lock();
+            if epoch <= state.epoch {
+                return Err(form_error(format!(
+                    "epoch {epoch} is not above the epoch {} already formed here",
+                    state.epoch
+                )));
+            }
+            let shared = Arc::new(Shared::new(
+                epoch,
+                rank,
+                &members,
+                self.inner.config.clone(),
+                self.inner.endpoint.config().frame_bytes_max,
+            ));
+            state.epoch = epoch;
+            let old = std::mem::replace(&mut state.group, Arc::downgrade(&shared));
+            drop(state);
+            if let Some(old) = old.upgrade() {
+                old.fail(
+                    CollectiveError::Superseded {
+                        epoch: old.epoch,
+                        current: epoch,
+                    },
+                    false,
+                );
+            }
+            self.inner.changed.notify_waiters();
+            shared
+        };
+        let deadline = Instant::now() + self.inner.config.form_timeout;
+        let links = futures::future::join_all(
+            members
+                .iter()
+                .enumerate()
+                .filter(|(r, _)| *r != rank)
+                .map(|(_, m)| self.link(&shared, m, deadline)),
+        )
+        .await;
+        let mut conns = Vec::with_capacity(members.len());
+        for link in links {
+            match link {
+                Ok(conn) => conns.push(conn),
+                Err(err) => {
+                    shared.fail(err.clone(), false);
+                    return Err(err);
+                }
+            }
+        }
+        shared.start_links(&shared, conns);
+        Ok(ProcessGroup {
+            shared,
+            mesh: self.clone(),
+        })
+    }
+
+    /// One link of a group being formed: dial and join (larger node id) or wait for the
+    /// peer's join (smaller node id), within `deadline`.
+    async fn link(
+        &self,
+        shared: &Arc<Shared>,
+        peer: &GroupMember,
+        deadline: Instant,
+    ) -> Result<Connection, CollectiveError> {
+        let epoch = shared.epoch;
+        let form_error = |reason: String| CollectiveError::Form { epoch, reason };
+        if self.node() < &peer.node {
+            return self.wait_for_join(&peer.node, epoch, deadline).await;
+        }
+        let join = Wire::Join {
+            epoch,
+            members: shared.nodes.clone(),
+        };
+        let frame = Frame::encode(&join, Vec::new(), shared.header_max)
+            .map_err(|e| form_error(format!("encoding the join: {e}")))?;
+        let mut fresh = false;
+        let (conn, reply) = loop {
+            let conn = self.dial(peer, epoch, deadline, fresh).await?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => break (conn, reply),
+                // A kept connection may have died unnoticed (this process was stopped past
+                // the idle timeout): dial once more before giving up.
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(e) => return Err(form_error(format!("joining {}: {e}", peer.node))),
+            }
+        };
+        match reply.decode::<Reply>(shared.header_max) {
+            Ok(Reply::Ack) => Ok(conn),
+            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
+                node: peer.node.clone(),
+                epoch,
+                current,
+                detail,
+            }),
+            Ok(Reply::Broken(err)) => Err(err),
+            Err(e) => Err(form_error(format!(
+                "{}'s answer to the join: {e}",
+                peer.node
+            ))),
+        }
+    }
+
+    /// A live connection to `peer`: the mesh's own if it still lives (and not `fresh`), else a
+    /// new one (retried until `deadline`: the peer's process may not be listening yet).
+    async fn dial(
+        &self,
+        peer: &GroupMember,
+        epoch: u64,
+        deadline: Instant,
+        fresh: bool,
+    ) -> Result<Connection, CollectiveError> {
+        if !fresh {
+            if let Some(conn) = self.inner.lock().conns.get(&peer.node) {
+                if conn.close_reason().is_none() {
+                    return Ok(conn.clone());
+                }
+            }
+        }
+        loop {
+            match self.inner.endpoint.connect(peer.addr, &peer.node).await {
+                Ok(conn) => {
+                    self.inner.adopt(conn.clone());
+                    return Ok(conn);
+                }
+                Err(
+                    e @ (ConnectError::CertificateRejected { .. }
+                    | ConnectError::UnexpectedPeer { .. }
+                    | ConnectError::IdentityMismatch { .. }
+                    | ConnectError::ProtocolVersionMismatch { .. }),
+                ) => {
+                    return Err(CollectiveError::Form {
+                        epoch,
+                        reason: format!("dialing {} at {}: {e}", peer.node, peer.addr),
+                    })
+                }
+                Err(e) => {
+                    if Instant::now() + DIAL_RETRY >= deadline {
+                        return Err(CollectiveError::Form {
+                            epoch,
+                            reason: format!(
+                                "{} at {} not reachable within the form timeout: {e}",
+                                peer.node, peer.addr
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(DIAL_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn wait_for_join(
+        &self,
+        peer: &NodeId,
+        epoch: u64,
+        deadline: Instant,
+    ) -> Result<Connection, CollectiveError> {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.inner.lock();
+                if let Some(conn) = state.joined.remove(&(peer.clone(), epoch)) {
+                    return Ok(conn);
+                }
+                if state.epoch != epoch {
+                    return Err(CollectiveError::Superseded {
+                        epoch,
+                        current: state.epoch,
+                    });
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(CollectiveError::Form {
+                    epoch,
+                    reason: format!("{peer} did not join within the form timeout"),
+                });
+            }
+        }
+    }
+}
+
+/// A formed group of processes: its rank, members and epoch, and the operations (`ops.rs`).
+/// Cheap to clone; operations of one group run one at a time, in call order.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    pub(crate) shared: Arc<Shared>,
+    mesh: Mesh,
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("epoch", &self.shared.epoch)
+            .field("rank", &self.shared.rank)
+            .field("members", &self.shared.nodes)
+            .finish()
+    }
+}
+
+impl ProcessGroup {
+    /// This member's rank (its index in the sorted node ids).
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.shared.nodes.len()
+    }
+
+    /// The membership epoch.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    /// The members' nodes in rank order.
+    pub fn members(&self) -> &[NodeId] {
+        &self.shared.nodes
+    }
+
+    /// The error that broke this group, if one did.
+    pub fn broken(&self) -> Option<CollectiveError> {
+        self.shared.lock().broken.clone()
+    }
+
+    /// Forms the group of the next epoch with `survivors` (members of this group, this node
+    /// among them), at the addresses this group was formed with. Every survivor must call it
+    /// with the same survivors.
+    pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
+        let epoch = self.shared.epoch + 1;
+        let mut members = Vec::with_capacity(survivors.len());
+        for node in survivors {
+            let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
+                return Err(CollectiveError::Form {
+                    epoch,
+                    reason: format!("{node} is not a member of epoch {}", self.shared.epoch),
+                });
+            };
+            members.push(GroupMember {
+                node: node.clone(),
+                addr: self.shared.addrs[i],
+            });
+        }
+        self.mesh.form(epoch, members).await
+    }
+}
+
+struct MeshInner {
+    endpoint: Endpoint,
+    config: GroupConfig,
+    state: Mutex<MeshState>,
+    /// Signalled when an epoch is formed here or a peer joins one.
+    changed: Notify,
+    acceptor: OnceLock<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct MeshState {
+    /// The latest epoch formed here.
+    epoch: u64,
+    /// Its group, while someone holds it.
+    group: Weak<Shared>,
+    /// The latest connection with each peer, dialed or accepted.
+    conns: HashMap<NodeId, Connection>,
+    /// Links of the forming epoch whose dialer's join arrived, until `form` takes them.
+    joined: HashMap<(NodeId, u64), Connection>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for MeshInner {
+    fn drop(&mut self) {
+        if let Some(acceptor) = self.acceptor.get() {
+            acceptor.abort();
+        }
+        for reader in &self.lock().readers {
+            reader.abort();
+        }
+    }
+}
+
+impl MeshInner {
+    fn lock(&self) -> MutexGuard<'_, MeshState> {
+        // Every update below is a single assignment or insertion; a poisoned lock is safe.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves what `conn`'s peer sends, for every epoch, until the connection ends.
+    fn adopt(self: &Arc<Self>, conn: Connection) {
+        let weak = Arc::downgrade(self);
+        let reader_conn = conn.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(incoming) = reader_conn.accept_incoming().await {
+                let Some(mesh) = weak.upgrade() else { break };
+                if let Incoming::Request { frame, responder } = incoming {
+                    mesh.dispatch(&reader_conn, frame, responder);
+                }
+            }
+        });
+        let mut state = self.lock();
+        state.readers.retain(|r| !r.is_finished());
+        state.readers.push(reader);
+        state.conns.insert(conn.peer().clone(), conn);
+    }
+
+    fn dispatch(self: &Arc<Self>, conn: &Connection, frame: Frame, responder: Responder) {
+        let header_max = self.endpoint.config().frame_bytes_max;
+        let wire = match frame.decode::<Wire>(header_max) {
+            Ok(wire) => wire,
+            Err(error) => {
+                tracing::warn!(peer = %conn.peer(), %error, "refused a collective message that does not decode");
+                return responder.reject(RejectReason::Refused);
+            }
+        };
+        let peer = conn.peer().clone();
+        match wire {
+            Wire::Join { epoch, members } => {
+                let mesh = self.clone();
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    let reply = mesh.join(&conn, epoch, members).await;
+                    respond(responder, reply, header_max);
+                });
+            }
+            Wire::Data {
+                epoch,
+                seq,
+                tag,
+                call,
+            } => {
+                let group = self.lock().group.upgrade();
+                match group {
+                    Some(group) if group.epoch == epoch => {
+                        let blob = frame.blobs.into_iter().next().unwrap_or_default();
+                        group.deliver(&peer, seq, tag, call, blob, responder);
+                    }
+                    // EPOCH-1: a message of another epoch is never delivered.
+                    _ => respond(responder, self.refusal(epoch), header_max),
+                }
+            }
+            Wire::Abort { epoch, error } => {
+                let group = self.lock().group.upgrade();
+                if let Some(group) = group.filter(|g| g.epoch == epoch) {
+                    if group.nodes.contains(&peer) {
+                        group.fail(error, false);
+                    }
+                }
+                respond(responder, Reply::Ack, header_max);
+            }
+        }
+    }
+
+    /// The answer to a dialer's join of `epoch`: waits (at most `form_timeout`) for this node
+    /// to form it, then acks if it formed it with the same members.
+    async fn join(&self, conn: &Connection, epoch: u64, members: Vec<NodeId>) -> Reply {
+        let deadline = Instant::now() + self.config.form_timeout;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.lock();
+                if state.epoch >= epoch {
+                    let group = state.group.upgrade().filter(|g| g.epoch == epoch);
+                    return match group {
+                        Some(g) if g.nodes == members => {
+                            state
+                                .joined
+                                .insert((conn.peer().clone(), epoch), conn.clone());
+                            drop(state);
+                            self.changed.notify_waiters();
+                            Reply::Ack
+                        }
+                        Some(g) => Reply::Refused {
+                            current: epoch,
+                            detail: format!(" with members {:?}", g.nodes),
+                        },
+                        None => self.refusal_locked(&state, epoch),
+                    };
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                let state = self.lock();
+                return Reply::Refused {
+                    current: state.epoch,
+                    detail: format!(" and did not form epoch {epoch} within its form timeout"),
+                };
+            }
+        }
+    }
+
+    fn refusal(&self, epoch: u64) -> Reply {
+        let state = self.lock();
+        self.refusal_locked(&state, epoch)
+    }
+
+    fn refusal_locked(&self, state: &MeshState, epoch: u64) -> Reply {
+        Reply::Refused {
+            current: state.epoch,
+            detail: if state.epoch == epoch {
+                " (its group of that epoch is gone)".into()
+            } else {
+                String::new()
+            },
+        }
+    }
+}
+
+/// The state of one formed group, shared by its handles, its link tasks and the mesh.
+pub(crate) struct Shared {
+    pub(crate) epoch: u64,
+    pub(crate) rank: usize,
+    pub(crate) nodes: Vec<NodeId>,
+    addrs: Vec<SocketAddr>,
+    pub(crate) config: GroupConfig,
+    header_max: u32,
+    state: Mutex<GroupState>,
+    /// Signalled when a chunk arrives or the group breaks.
+    arrived: Notify,
+    links: OnceLock<Vec<Option<Link>>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The next operation's sequence number; held for the whole operation.
+    pub(crate) ops: tokio::sync::Mutex<u64>,
+}
+
+struct Link {
+    conn: Connection,
+    out: mpsc::UnboundedSender<Outgoing>,
+}
+
+struct Outgoing {
+    seq: u64,
+    tag: u64,
+    call: Call,
+    blob: Bytes,
+}
+
+#[derive(Default)]
+struct GroupState {
+    broken: Option<CollectiveError>,
+    /// Chunks delivered and not yet consumed, by (sender rank, seq, tag); at most `window`
+    /// per sender.
+    inbox: HashMap<(usize, u64, u64), Arrived>,
+}
+
+struct Arrived {
+    call: Call,
+    blob: Bytes,
+    responder: Responder,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            task.abort();
+        }
+    }
+}
+
+impl Shared {
+    fn new(
+        epoch: u64,
+        rank: usize,
+        members: &[GroupMember],
+        config: GroupConfig,
+        header_max: u32,
+    ) -> Self {
+        Self {
+            epoch,
+            rank,
+            nodes: members.iter().map(|m| m.node.clone()).collect(),
+            addrs: members.iter().map(|m| m.addr).collect(),
+            config,
+            header_max,
+            state: Mutex::new(GroupState::default()),
+            arrived: Notify::new(),
+            links: OnceLock::new(),
+            tasks: Mutex::new(Vec::new()),
+            ops: tokio::sync::Mutex::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GroupState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts each link's sender (window-bounded) and its loss watcher; `conns` are the
+    /// peers' connections in rank order, this member left out.
+    fn start_links(&self, this: &Arc<Shared>, conns: Vec<Connection>) {
+        let mut links = Vec::with_capacity(self.nodes.len());
+        let mut tasks = Vec::new();
+        let mut conns = conns.into_iter();
+        for rank in 0..self.nodes.len() {
+            if rank == self.rank {
+                links.push(None);
+                continue;
+            }
+            let Some(conn) = conns.next() else { break };
+            let (tx, rx) = mpsc::unbounded_channel();
+            tasks.push(tokio::spawn(send_loop(
+                Arc::downgrade(this),
+                conn.clone(),
+                rx,
+                self.config.window.max(1),
+            )));
+            let weak = Arc::downgrade(this);
+            let watched = conn.clone();
+            tasks.push(tokio::spawn(async move {
+                let reason = watched.closed().await;
+                if let Some(shared) = weak.upgrade() {
+                    shared.fail(
+                        CollectiveError::MemberLost {
+                            node: watched.peer().clone(),
+                            epoch: shared.epoch,
+                            reason: reason.to_string(),
+                        },
+                        true,
+                    );
+                }
+            }));
+            links.push(Some(Link { conn, out: tx }));
+        }
+        let _ = self.links.set(links);
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(tasks);
+    }
+
+    /// Queues a chunk for `to` (never waits: the link's sender applies the window).
+    pub(crate) fn send(&self, to: usize, seq: u64, tag: u64, call: &Call, blob: Bytes) {
+        if let Some(Some(link)) = self.links.get().and_then(|l| l.get(to)) {
+            // A closed queue means the group is broken; the caller learns it on its next wait.
+            let _ = link.out.send(Outgoing {
+                seq,
+                tag,
+                call: call.clone(),
+                blob,
+            });
+        }
+    }
+
+    /// Waits for the chunk `tag` of call `seq` from `from`, `bytes` long; answers its request.
+    pub(crate) async fn recv(
+        &self,
+        from: usize,
+        seq: u64,
+        tag: u64,
+        call: &Call,
+        bytes: usize,
+    ) -> Result<Bytes, CollectiveError> {
+        let deadline = Instant::now() + self.config.op_timeout;
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let found = {
+                let mut state = self.lock();
+                if let Some(err) = &state.broken {
+                    return Err(err.clone());
+                }
+                let other = state
+                    .inbox
+                    .iter()
+                    .find(|((_, s, _), a)| *s == seq && a.call != *call)
+                    .map(|((r, _, _), a)| (*r, a.call.clone()));
+                if let Some((rank, theirs)) = other {
+                    drop(state);
+                    return Err(self.fail(self.mismatch(seq, call, rank, &theirs), true));
+                }
+                state.inbox.remove(&(from, seq, tag))
+            };
+            if let Some(arrived) = found {
+                respond(arrived.responder, Reply::Ack, self.header_max);
+                if arrived.blob.len() != bytes {
+                    let err = CollectiveError::Link {
+                        node: self.nodes[from].clone(),
+                        epoch: self.epoch,
+                        reason: format!(
+                            "call {seq}: a chunk of {} bytes where {bytes} were due",
+                            arrived.blob.len()
+                        ),
+                    };
+                    return Err(self.fail(err, true));
+                }
+                return Ok(arrived.blob);
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                let err = CollectiveError::PeerTimeout {
+                    epoch: self.epoch,
+                    seq,
+                    node: self.nodes[from].clone(),
+                    timeout_ms: u64::try_from(self.config.op_timeout.as_millis())
+                        .unwrap_or(u64::MAX),
+                };
+                return Err(self.fail(err, true));
+            }
+        }
+    }
+
+    /// Breaks the group with `err` unless it is already broken (the first error wins and is
+    /// returned); answers every held chunk; with `propagate`, tells every member.
+    pub(crate) fn fail(&self, err: CollectiveError, propagate: bool) -> CollectiveError {
+        let held: Vec<Arrived> = {
+            let mut state = self.lock();
+            if let Some(first) = &state.broken {
+                return first.clone();
+            }
+            state.broken = Some(err.clone());
+            state.inbox.drain().map(|(_, a)| a).collect()
+        };
+        for arrived in held {
+            respond(
+                arrived.responder,
+                Reply::Broken(err.clone()),
+                self.header_max,
+            );
+        }
+        self.arrived.notify_waiters();
+        if propagate {
+            let abort = Wire::Abort {
+                epoch: self.epoch,
+                error: err.clone(),
+            };
+            if let Ok(frame) = Frame::encode(&abort, Vec::new(), self.header_max) {
+                for link in self.links.get().into_iter().flatten().flatten() {
+                    let (conn, frame) = (link.conn.clone(), frame.clone());
+                    // Best effort: a member that does not hear it finds the failure itself.
+                    tokio::spawn(async move {
+                        let _ = conn.request_within(frame, ABORT_TIMEOUT).await;
+                    });
+                }
+            }
+        }
+        err
+    }
+
+    fn deliver(
+        &self,
+        peer: &NodeId,
+        seq: u64,
+        tag: u64,
+        call: Call,
+        blob: Bytes,
+        responder: Responder,
+    ) {
+        let Some(from) = self.nodes.iter().position(|n| n == peer) else {
+            return respond(
+                responder,
+                Reply::Refused {
+                    current: self.epoch,
+                    detail: format!(" and {peer} is not a member of it"),
+                },
+                self.header_max,
+            );
+        };
+        let mut state = self.lock();
+        if let Some(err) = &state.broken {
+            let err = err.clone();
+            drop(state);
+            return respond(responder, Reply::Broken(err), self.header_max);
+        }
+        let arrived = Arrived {
+            call,
+            blob,
+            responder,
+        };
+        if let Some(old) = state.inbox.insert((from, seq, tag), arrived) {
+            drop(state);
+            // A sender never sends one chunk twice; the newer copy stands.
+            respond(old.responder, Reply::Ack, self.header_max);
+        } else {
+            drop(state);
+        }
+        self.arrived.notify_waiters();
+    }
+
+    pub(crate) fn mismatch(
+        &self,
+        seq: u64,
+        ours: &Call,
+        rank: usize,
+        theirs: &Call,
+    ) -> CollectiveError {
+        let (mut expected, mut got) = (ours.to_string(), theirs.to_string());
+        if expected == got {
+            (expected, got) = (format!("{ours:#}"), format!("{theirs:#}"));
+        }
+        let (reporter, node) = (&self.nodes[self.rank], &self.nodes[rank]);
+        CollectiveError::Mismatch {
+            seq,
+            node: node.clone(),
+            calls: format!("{node} called {got}, {reporter} called {expected}"),
+        }
+    }
+
+    fn on_reply(&self, peer: &NodeId, reply: Result<Frame, LinkError>) {
+        let err = match reply {
+            Ok(frame) => match frame.decode::<Reply>(self.header_max) {
+                Ok(Reply::Ack) => return,
+                Ok(Reply::Refused { current, detail }) => CollectiveError::EpochRefused {
+                    node: peer.clone(),
+                    epoch: self.epoch,
+                    current,
+                    detail,
+                },
+                Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
+                Err(e) => CollectiveError::Link {
+                    node: peer.clone(),
+                    epoch: self.epoch,
+                    reason: format!("its answer does not decode: {e}"),
+                },
+            },
+            Err(LinkError::ConnectionLost { reason, .. }) => CollectiveError::MemberLost {
+                node: peer.clone(),
+                epoch: self.epoch,
+                reason,
+            },
+            // Only a member going away drops a chunk unanswered (its process or group ends).
+            Err(LinkError::Rejected {
+                reason: RejectReason::NoResponse,
+                ..
+            }) => CollectiveError::MemberLost {
+                node: peer.clone(),
+                epoch: self.epoch,
+                reason: "it dropped our message unanswered (shutting down)".into(),
+            },
+            Err(e) => CollectiveError::Link {
+                node: peer.clone(),
+                epoch: self.epoch,
+                reason: e.to_string(),
+            },
+        };
+        self.fail(err, true);
+    }
+}
+
+/// Sends a link's queued chunks in order, at most `window` unanswered at once.
+async fn send_loop(
+    group: Weak<Shared>,
+    conn: Connection,
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+    window: usize,
+) {
+    let window = Arc::new(Semaphore::new(window));
+    while let Some(out) = queue.recv().await {
+        let Ok(permit) = window.clone().acquire_owned().await else {
+            break;
+        };
+        let Some(shared) = group.upgrade() else { break };
+        let data = Wire::Data {
+            epoch: shared.epoch,
+            seq: out.seq,
+            tag: out.tag,
+            call: out.call,
+        };
+        let frame = match Frame::encode(&data, vec![out.blob], shared.header_max) {
+            Ok(frame) => frame,
+            Err(e) => {
+                shared.fail(
+                    CollectiveError::Tensor(format!("encoding a chunk: {e}")),
+                    true,
+                );
+                break;
+            }
+        };
+        let timeout = shared.config.op_timeout;
+        drop(shared);
+        let (conn, group) = (conn.clone(), group.clone());
+        tokio::spawn(async move {
+            let reply = conn.request_within(frame, timeout).await;
+            drop(permit);
+            if let Some(shared) = group.upgrade() {
+                shared.on_reply(conn.peer(), reply);
+            }
+        });
+    }
+}
+
+fn respond(responder: Responder, reply: Reply, header_max: u32) {
+    match Frame::encode(&reply, Vec::new(), header_max) {
+        Ok(frame) => {
+            tokio::spawn(async move {
+                // A requester that is gone needs no answer.
+                let _ = responder.respond(frame).await;
+            });
+        }
+        Err(_) => responder.reject(RejectReason::ResponseFailed),
+    }
+}
+
+/// Pause between dials of a member that is not listening yet.
+const DIAL_RETRY: Duration = Duration::from_millis(100);
+/// Bound on telling a member that the group failed.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,0 +1,609 @@
+//! The operations of a [`ProcessGroup`]: all-reduce, reduce-scatter, all-gather, broadcast,
+//! and the bucketed all-reduce of many tensors.
+//!
+//! This module owns the algorithms and their determinism (DATA-1); the group (`group.rs`)
+//! moves the chunks. A tensor of `len` elements is cut into `n` segments (segment `k` holds
+//! elements `k*(len/n) + min(k, len%n)` onwards, `len/n` of them plus one for the first
+//! `len%n`), and each segment into chunks of at most `chunk_bytes`.
+//!
+//! - Reduction order: every element of segment `k` is reduced as
+//!   `((x[k+1] op x[k+2]) op ...) op x[k]` (ranks mod `n`), whatever the algorithm and the
+//!   timing, so the result is bit-identical on every member and from run to run. `Mean` is the
+//!   sum divided by `n` afterwards, on each member alike.
+//! - Large tensors (above `small_bytes_max`): a ring, reduce-scatter then all-gather. Every
+//!   member sends to the next rank and receives from the previous one at once; each chunk is
+//!   forwarded as soon as it is reduced, so all links carry data together and the steps
+//!   overlap. Broadcast is a pipelined chain from the root.
+//! - Small tensors (and zero-length ones): direct exchange, one message from each member to
+//!   each member (broadcast: from the root, and a "done" back to it).
+//!
+//! Every call carries its operation, dtype and shape; a member whose call differs makes every
+//! member fail with [`CollectiveError::Mismatch`].
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use candle_core::Tensor;
+
+use super::element::{bytes_tensor, reduce_assign, tensor_bytes, tensor_error, Element, Reduction};
+use super::group::{ProcessGroup, Shared};
+use super::wire::{tag, Call, CallOp, Phase};
+use super::CollectiveError;
+use crate::distribute::divide_by;
+
+impl ProcessGroup {
+    /// Reduces `tensor` element-wise with every member's; every member gets the result
+    /// (bit-identical on all). Integer tensors averaged by `Mean` come back as f64.
+    pub async fn all_reduce(
+        &self,
+        op: Reduction,
+        tensor: &Tensor,
+    ) -> Result<Tensor, CollectiveError> {
+        self.all_reduce_parts(op, tensor, 0).await
+    }
+
+    /// Reduces `tensor` like [`ProcessGroup::all_reduce`] and returns only this member's
+    /// segment of the flattened result (see the module doc for the segments; sizes that do not
+    /// divide by the group size give the first `len % n` members one more element).
+    pub async fn reduce_scatter(
+        &self,
+        op: Reduction,
+        tensor: &Tensor,
+    ) -> Result<Tensor, CollectiveError> {
+        let (element, data) = tensor_bytes(tensor)?;
+        let call = self.call(CallOp::ReduceScatter(op), element, tensor.dims(), 0);
+        let n = self.size();
+        let (guard, seq) = self.begin().await?;
+        let result = run(
+            &self.shared,
+            reduce_scatter(&self.shared, seq, &call, op, data),
+        )
+        .await;
+        drop(guard);
+        let bytes = result?;
+        let out = bytes_tensor(element, &[bytes.len() / element.size()], &bytes)?;
+        finish_mean(op, out, n)
+    }
+
+    /// Concatenates every member's `tensor` along the first dimension, in rank order (scalars
+    /// become a vector of `n`). Every member must pass the same shape.
+    pub async fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let (element, data) = tensor_bytes(tensor)?;
+        let call = self.call(CallOp::AllGather, element, tensor.dims(), 0);
+        let (guard, seq) = self.begin().await?;
+        let result = run(&self.shared, all_gather(&self.shared, seq, &call, data)).await;
+        drop(guard);
+        let bytes = result?;
+        let mut dims = tensor.dims().to_vec();
+        match dims.first_mut() {
+            Some(d0) => *d0 *= self.size(),
+            None => dims.push(self.size()),
+        }
+        bytes_tensor(element, &dims, &bytes)
+    }
+
+    /// The root's `tensor`, on every member. Every member passes a tensor of the root's shape
+    /// and dtype (its values are ignored).
+    pub async fn broadcast(&self, root: usize, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        if root >= self.size() {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "broadcast root {root} outside the group of {} members",
+                self.size()
+            )));
+        }
+        let (element, data) = tensor_bytes(tensor)?;
+        let root_op = CallOp::Broadcast { root: root as u32 };
+        let call = self.call(root_op, element, tensor.dims(), 0);
+        let (guard, seq) = self.begin().await?;
+        let result = run(
+            &self.shared,
+            broadcast(&self.shared, seq, &call, root, data),
+        )
+        .await;
+        drop(guard);
+        bytes_tensor(element, tensor.dims(), &result?)
+    }
+
+    /// All-reduces `tensors` fused into buckets: consecutive tensors of one dtype, each bucket
+    /// at most `bucket_bytes_max` (a larger tensor is a bucket of its own), one all-reduce per
+    /// bucket, split back into the tensors' shapes. Every member must pass the same list.
+    pub async fn all_reduce_bucketed(
+        &self,
+        op: Reduction,
+        tensors: &[Tensor],
+        bucket_bytes_max: usize,
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if bucket_bytes_max == 0 {
+            return Err(CollectiveError::InvalidArgument(
+                "bucket_bytes_max must be above 0".into(),
+            ));
+        }
+        let sizes = tensors
+            .iter()
+            .map(|t| {
+                Ok((
+                    Element::of(t.dtype())?,
+                    t.elem_count() * t.dtype().size_in_bytes(),
+                ))
+            })
+            .collect::<Result<Vec<_>, CollectiveError>>()?;
+        let mut out = Vec::with_capacity(tensors.len());
+        for bucket in plan_buckets(&sizes, bucket_bytes_max) {
+            let members = &tensors[bucket];
+            let flat = members
+                .iter()
+                .map(|t| t.flatten_all())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(tensor_error)?;
+            let fused = Tensor::cat(&flat, 0).map_err(tensor_error)?;
+            let parts = shapes_digest(members);
+            let reduced = self.all_reduce_parts(op, &fused, parts).await?;
+            let mut offset = 0;
+            for t in members {
+                let count = t.elem_count();
+                let part = reduced
+                    .narrow(0, offset, count)
+                    .and_then(|p| p.reshape(t.dims()))
+                    .map_err(tensor_error)?;
+                out.push(part);
+                offset += count;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn all_reduce_parts(
+        &self,
+        op: Reduction,
+        tensor: &Tensor,
+        parts: u64,
+    ) -> Result<Tensor, CollectiveError> {
+        let (element, data) = tensor_bytes(tensor)?;
+        let call = self.call(CallOp::AllReduce(op), element, tensor.dims(), parts);
+        let n = self.size();
+        let (guard, seq) = self.begin().await?;
+        let result = run(&self.shared, all_reduce(&self.shared, seq, &call, op, data)).await;
+        drop(guard);
+        let out = bytes_tensor(element, tensor.dims(), &result?)?;
+        finish_mean(op, out, n)
+    }
+
+    fn call(&self, op: CallOp, element: Element, dims: &[usize], parts: u64) -> Call {
+        let config = &self.shared.config;
+        Call {
+            op,
+            element,
+            dims: dims.iter().map(|&d| d as u64).collect(),
+            parts,
+            chunk_bytes: config.chunk_bytes as u64,
+            small_bytes_max: config.small_bytes_max as u64,
+        }
+    }
+
+    /// Takes the next sequence number, holding the group's operation lock.
+    async fn begin(&self) -> Result<(tokio::sync::MutexGuard<'_, u64>, u64), CollectiveError> {
+        let mut guard = self.shared.ops.lock().await;
+        let seq = *guard;
+        *guard += 1;
+        if let Some(err) = self.broken() {
+            return Err(err);
+        }
+        Ok((guard, seq))
+    }
+}
+
+/// The buckets of `tensors` (dtype and bytes of each, in order): ranges of consecutive
+/// tensors of one dtype whose bytes sum to at most `bucket_bytes_max`, a larger tensor alone.
+pub fn plan_buckets(tensors: &[(Element, usize)], bucket_bytes_max: usize) -> Vec<Range<usize>> {
+    let mut buckets = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, (element, size)) in tensors.iter().enumerate() {
+        let same_dtype = tensors[start].0 == *element;
+        if i > start && (!same_dtype || bytes + size > bucket_bytes_max) {
+            buckets.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < tensors.len() {
+        buckets.push(start..tensors.len());
+    }
+    buckets
+}
+
+/// Runs an algorithm; its error (or a tensor error) breaks the group for every member.
+async fn run(
+    shared: &Shared,
+    algorithm: impl std::future::Future<Output = Result<Vec<u8>, CollectiveError>>,
+) -> Result<Vec<u8>, CollectiveError> {
+    algorithm.await.map_err(|err| shared.fail(err, true))
+}
+
+async fn all_reduce(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    op: Reduction,
+    data: Bytes,
+) -> Result<Vec<u8>, CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    let es = call.element.size();
+    let len = data.len() / es;
+    if n == 1 {
+        return Ok(data.to_vec());
+    }
+    if data.len() <= g.config.small_bytes_max {
+        let all = exchange_all(g, seq, call, &data).await?;
+        let mut out = vec![0u8; data.len()];
+        for k in 0..n {
+            let seg = bytes_of(segment(len, n, k), es);
+            fold_segment(call.element, op, &mut out[seg.clone()], k, n, |j| {
+                &all[j][seg.clone()]
+            });
+        }
+        return Ok(out);
+    }
+    let mut out = vec![0u8; data.len()];
+    reduce_scatter_ring(g, seq, call, op, &data, Some(&mut out)).await?;
+    // All-gather: segment r went out at step 0 as soon as each chunk was final.
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    for s in 0..n - 1 {
+        let k = (r + 2 * n - s - 1) % n;
+        for (c, chunk) in chunks(segment(len, n, k), es, g.config.chunk_bytes).enumerate() {
+            let range = bytes_of(chunk, es);
+            let got = g
+                .recv(prev, seq, tag(Phase::AllGather, s, c), call, range.len())
+                .await?;
+            out[range].copy_from_slice(&got);
+            if s + 1 < n - 1 {
+                g.send(next, seq, tag(Phase::AllGather, s + 1, c), call, got);
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn reduce_scatter(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    op: Reduction,
+    data: Bytes,
+) -> Result<Vec<u8>, CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    let es = call.element.size();
+    let len = data.len() / es;
+    let mine = bytes_of(segment(len, n, r), es);
+    if n == 1 {
+        return Ok(data.to_vec());
+    }
+    if data.len() <= g.config.small_bytes_max {
+        // Each member sends each other member only that member's segment.
+        for j in (0..n).filter(|&j| j != r) {
+            let seg = bytes_of(segment(len, n, j), es);
+            g.send(j, seq, tag(Phase::Direct, 0, 0), call, data.slice(seg));
+        }
+        let mut parts: Vec<Bytes> = vec![Bytes::new(); n];
+        parts[r] = data.slice(mine.clone());
+        for (j, part) in parts.iter_mut().enumerate().filter(|(j, _)| *j != r) {
+            *part = g
+                .recv(j, seq, tag(Phase::Direct, 0, 0), call, mine.len())
+                .await?;
+        }
+        let mut out = vec![0u8; mine.len()];
+        fold_segment(call.element, op, &mut out, r, n, |j| &parts[j][..]);
+        return Ok(out);
+    }
+    reduce_scatter_ring(g, seq, call, op, &data, None).await
+}
+
+/// The ring's reduce-scatter. At step `s` member `r` sends segment `r-s-1` to `r+1` and
+/// receives segment `r-s-2` from `r-1`, adding its own; segment `r` is final at the last
+/// step. With `all_reduce_out`, each final chunk is written there and sent on as the
+/// all-gather's step 0; without, the final segment is returned.
+async fn reduce_scatter_ring(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    op: Reduction,
+    data: &Bytes,
+    mut all_reduce_out: Option<&mut Vec<u8>>,
+) -> Result<Vec<u8>, CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    let es = call.element.size();
+    let len = data.len() / es;
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    let first = (r + n - 1) % n;
+    for (c, chunk) in chunks(segment(len, n, first), es, g.config.chunk_bytes).enumerate() {
+        let range = bytes_of(chunk, es);
+        g.send(
+            next,
+            seq,
+            tag(Phase::ReduceScatter, 0, c),
+            call,
+            data.slice(range),
+        );
+    }
+    let mine = bytes_of(segment(len, n, r), es);
+    let mut own_segment = Vec::new();
+    if all_reduce_out.is_none() {
+        own_segment = vec![0u8; mine.len()];
+    }
+    for s in 0..n - 1 {
+        let k = (r + 2 * n - s - 2) % n;
+        for (c, chunk) in chunks(segment(len, n, k), es, g.config.chunk_bytes).enumerate() {
+            let range = bytes_of(chunk, es);
+            let partial = g
+                .recv(
+                    prev,
+                    seq,
+                    tag(Phase::ReduceScatter, s, c),
+                    call,
+                    range.len(),
+                )
+                .await?;
+            let mut acc = partial.to_vec();
+            reduce_assign(call.element, op, &mut acc, &data[range.clone()]);
+            if s + 1 < n - 1 {
+                g.send(
+                    next,
+                    seq,
+                    tag(Phase::ReduceScatter, s + 1, c),
+                    call,
+                    acc.into(),
+                );
+            } else if let Some(out) = all_reduce_out.as_deref_mut() {
+                out[range].copy_from_slice(&acc);
+                g.send(next, seq, tag(Phase::AllGather, 0, c), call, acc.into());
+            } else {
+                let at = range.start - mine.start;
+                own_segment[at..at + acc.len()].copy_from_slice(&acc);
+            }
+        }
+    }
+    Ok(own_segment)
+}
+
+async fn all_gather(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    data: Bytes,
+) -> Result<Vec<u8>, CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    let block = data.len();
+    let mut out = vec![0u8; block * n];
+    out[r * block..(r + 1) * block].copy_from_slice(&data);
+    if n == 1 {
+        return Ok(out);
+    }
+    if block <= g.config.small_bytes_max {
+        let all = exchange_all(g, seq, call, &data).await?;
+        for (j, part) in all.iter().enumerate() {
+            out[j * block..(j + 1) * block].copy_from_slice(part);
+        }
+        return Ok(out);
+    }
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    let cuts: Vec<Range<usize>> = chunks(0..block, 1, g.config.chunk_bytes).collect();
+    for (c, cut) in cuts.iter().enumerate() {
+        g.send(
+            next,
+            seq,
+            tag(Phase::AllGather, 0, c),
+            call,
+            data.slice(cut.clone()),
+        );
+    }
+    for s in 0..n - 1 {
+        let k = (r + 2 * n - s - 1) % n;
+        for (c, cut) in cuts.iter().enumerate() {
+            let got = g
+                .recv(prev, seq, tag(Phase::AllGather, s, c), call, cut.len())
+                .await?;
+            let at = k * block + cut.start;
+            out[at..at + cut.len()].copy_from_slice(&got);
+            if s + 1 < n - 1 {
+                g.send(next, seq, tag(Phase::AllGather, s + 1, c), call, got);
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn broadcast(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    root: usize,
+    data: Bytes,
+) -> Result<Vec<u8>, CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    if n == 1 {
+        return Ok(data.to_vec());
+    }
+    let done = tag(Phase::Broadcast, DONE_STEP, 0);
+    if data.len() <= g.config.small_bytes_max {
+        if r == root {
+            for j in (0..n).filter(|&j| j != r) {
+                g.send(j, seq, tag(Phase::Direct, 0, 0), call, data.clone());
+            }
+            // The members' "done" says each saw the root's call and agreed with it.
+            for j in (0..n).filter(|&j| j != r) {
+                g.recv(j, seq, done, call, 0).await?;
+            }
+            return Ok(data.to_vec());
+        }
+        let got = g
+            .recv(root, seq, tag(Phase::Direct, 0, 0), call, data.len())
+            .await?;
+        g.send(root, seq, done, call, Bytes::new());
+        return Ok(got.to_vec());
+    }
+    // A chain root, root+1, ..., root-1; the last tells the root it got everything.
+    let position = (r + n - root) % n;
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    let cuts: Vec<Range<usize>> = chunks(0..data.len(), 1, g.config.chunk_bytes).collect();
+    if position == 0 {
+        for (c, cut) in cuts.iter().enumerate() {
+            g.send(
+                next,
+                seq,
+                tag(Phase::Broadcast, 0, c),
+                call,
+                data.slice(cut.clone()),
+            );
+        }
+        g.recv(prev, seq, done, call, 0).await?;
+        return Ok(data.to_vec());
+    }
+    let mut out = vec![0u8; data.len()];
+    for (c, cut) in cuts.iter().enumerate() {
+        let got = g
+            .recv(prev, seq, tag(Phase::Broadcast, 0, c), call, cut.len())
+            .await?;
+        out[cut.clone()].copy_from_slice(&got);
+        if position < n - 1 {
+            g.send(next, seq, tag(Phase::Broadcast, 0, c), call, got);
+        }
+    }
+    if position == n - 1 {
+        g.send(root, seq, done, call, Bytes::new());
+    }
+    Ok(out)
+}
+
+/// Direct exchange: sends `data` to every member and returns every member's, in rank order.
+async fn exchange_all(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    data: &Bytes,
+) -> Result<Vec<Bytes>, CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    for j in (0..n).filter(|&j| j != r) {
+        g.send(j, seq, tag(Phase::Direct, 0, 0), call, data.clone());
+    }
+    let mut all = vec![Bytes::new(); n];
+    all[r] = data.clone();
+    for (j, slot) in all.iter_mut().enumerate().filter(|(j, _)| *j != r) {
+        *slot = g
+            .recv(j, seq, tag(Phase::Direct, 0, 0), call, data.len())
+            .await?;
+    }
+    Ok(all)
+}
+
+/// `out = ((x[k+1] op x[k+2]) op ...) op x[k]`, the order of segment `k` (module doc).
+fn fold_segment<'a>(
+    element: Element,
+    op: Reduction,
+    out: &mut [u8],
+    k: usize,
+    n: usize,
+    part: impl Fn(usize) -> &'a [u8],
+) {
+    out.copy_from_slice(part((k + 1) % n));
+    for i in 2..=n {
+        reduce_assign(element, op, out, part((k + i) % n));
+    }
+}
+
+fn finish_mean(op: Reduction, out: Tensor, n: usize) -> Result<Tensor, CollectiveError> {
+    match op {
+        Reduction::Mean => divide_by(&out, n as f64).map_err(tensor_error),
+        _ => Ok(out),
+    }
+}
+
+/// Segment `k` of `n` of `len` elements (module doc).
+pub(crate) fn segment(len: usize, n: usize, k: usize) -> Range<usize> {
+    let (base, extra) = (len / n, len % n);
+    let start = k * base + k.min(extra);
+    start..start + base + usize::from(k < extra)
+}
+
+/// `elements` cut into chunks of at most `chunk_bytes` (at least one element each); an empty
+/// range is one empty chunk, so that every step of the ring sends a message.
+fn chunks(
+    elements: Range<usize>,
+    element_size: usize,
+    chunk_bytes: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let per_chunk = (chunk_bytes / element_size).max(1);
+    let count = elements.len().div_ceil(per_chunk).max(1);
+    (0..count).map(move |i| {
+        let start = elements.start + i * per_chunk;
+        start..(start + per_chunk).min(elements.end).max(start)
+    })
+}
+
+fn bytes_of(elements: Range<usize>, element_size: usize) -> Range<usize> {
+    elements.start * element_size..elements.end * element_size
+}
+
+/// A digest of the shapes fused into a bucket (FNV-1a), so that members fusing different
+/// tensors of the same total size disagree visibly.
+fn shapes_digest(tensors: &[Tensor]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for t in tensors {
+        for &d in t.dims().iter().chain(std::iter::once(&usize::MAX)) {
+            for byte in (d as u64).to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    hash | 1
+}
+
+/// The step of the broadcast's "done" tag.
+const DONE_STEP: usize = 0xff_ffff;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_the_tensor_and_differ_by_at_most_one() {
+        for len in [0, 1, 2, 7, 10, 1001] {
+            for n in 1..=5 {
+                let segs: Vec<_> = (0..n).map(|k| segment(len, n, k)).collect();
+                assert_eq!(segs[0].start, 0);
+                assert_eq!(segs[n - 1].end, len);
+                for w in segs.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                    assert!(w[0].len() >= w[1].len() && w[0].len() - w[1].len() <= 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_are_bounded_and_an_empty_segment_is_one_empty_chunk() {
+        let cut: Vec<_> = chunks(10..21, 4, 16).collect();
+        assert_eq!(cut, vec![10..14, 14..18, 18..21]);
+        assert_eq!(chunks(5..5, 4, 16).collect::<Vec<_>>(), vec![5..5]);
+        assert_eq!(chunks(0..3, 8, 4).count(), 3);
+    }
+
+    #[test]
+    fn buckets_keep_order_dtype_and_limit() {
+        let f = Element::F32;
+        let plan = plan_buckets(
+            &[
+                (f, 40),
+                (f, 40),
+                (f, 40),
+                (Element::F64, 8),
+                (f, 200),
+                (f, 0),
+                (f, 10),
+            ],
+            100,
+        );
+        assert_eq!(plan, vec![0..2, 2..3, 3..4, 4..5, 5..7]);
+        assert!(plan_buckets(&[], 100).is_empty());
+    }
+}

@@ -1,0 +1,141 @@
+//! The messages of the process group, carried as transport requests (header: one bincode
+//! message below; blob 0: a tensor chunk as little-endian elements).
+//!
+//! ```text
+//!  Join  { epoch, members }              dialer -> acceptor, once per link and epoch
+//!  Data  { epoch, seq, tag, call } + blob   one chunk of the seq-th operation
+//!  Abort { epoch, error }                the first error a member saw, to every member
+//!  reply: Ack | Refused { current, detail } | Broken(error)
+//! ```
+//!
+//! Every message carries the membership epoch; a member refuses every message of another
+//! epoch (EPOCH-1). A `Data` request is answered when the receiving operation consumes it, so
+//! that a sender's window of unanswered requests bounds what waits in the receiver.
+
+use bincode::{Decode, Encode};
+use cohort_transport::NodeId;
+
+use super::element::{Element, Reduction};
+use super::CollectiveError;
+
+/// A process group message.
+#[derive(Debug, Clone, Encode, Decode)]
+pub(crate) enum Wire {
+    /// The dialer of a link asks the acceptor whether it formed `epoch` with `members`.
+    Join {
+        /// The epoch being formed.
+        epoch: u64,
+        /// Its members, in rank order.
+        members: Vec<NodeId>,
+    },
+    /// One chunk of the `seq`-th operation of the group of `epoch`; blob 0 holds the chunk.
+    Data {
+        /// The sender's epoch.
+        epoch: u64,
+        /// The operation's sequence number in the group.
+        seq: u64,
+        /// Which chunk of which step (see [`tag`]).
+        tag: u64,
+        /// The operation as the sender called it (checked against the receiver's).
+        call: Call,
+    },
+    /// The group of `epoch` failed at the sender with `error`; the receiver fails too.
+    Abort {
+        /// The epoch of the failed group.
+        epoch: u64,
+        /// The error, as the sender saw it.
+        error: CollectiveError,
+    },
+}
+
+/// The answer to a [`Wire`] request.
+#[derive(Debug, Clone, Encode, Decode)]
+pub(crate) enum Reply {
+    /// Taken.
+    Ack,
+    /// The receiver is at another epoch (or its group of this epoch has other members).
+    Refused {
+        /// The receiver's epoch.
+        current: u64,
+        /// Why, when the epochs are equal.
+        detail: String,
+    },
+    /// The receiver's group of this epoch already failed with this error.
+    Broken(CollectiveError),
+}
+
+/// An operation as one member called it: every member must call the same.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Call {
+    /// What operation.
+    pub(crate) op: CallOp,
+    /// The tensor's element type.
+    pub(crate) element: Element,
+    /// The tensor's shape.
+    pub(crate) dims: Vec<u64>,
+    /// For a fused bucket: a digest of the shapes fused into it (0 otherwise).
+    pub(crate) parts: u64,
+    /// The caller's [`GroupConfig::chunk_bytes`](super::GroupConfig::chunk_bytes): members
+    /// must cut chunks alike.
+    pub(crate) chunk_bytes: u64,
+    /// The caller's [`GroupConfig::small_bytes_max`](super::GroupConfig::small_bytes_max):
+    /// members must choose the algorithm alike.
+    pub(crate) small_bytes_max: u64,
+}
+
+/// The operations of a process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub(crate) enum CallOp {
+    /// All-reduce.
+    AllReduce(Reduction),
+    /// Reduce-scatter.
+    ReduceScatter(Reduction),
+    /// All-gather.
+    AllGather,
+    /// Broadcast from the member of this rank.
+    Broadcast {
+        /// The root's rank.
+        root: u32,
+    },
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.op {
+            CallOp::AllReduce(op) => write!(f, "all_reduce({op})")?,
+            CallOp::ReduceScatter(op) => write!(f, "reduce_scatter({op})")?,
+            CallOp::AllGather => f.write_str("all_gather")?,
+            CallOp::Broadcast { root } => write!(f, "broadcast(root {root})")?,
+        }
+        write!(f, " of {:?} {:?}", self.element, self.dims)?;
+        if self.parts != 0 {
+            write!(f, " (bucket {:016x})", self.parts)?;
+        }
+        if f.alternate() {
+            write!(
+                f,
+                " in chunks of {} B, direct up to {} B",
+                self.chunk_bytes, self.small_bytes_max
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The phases of an operation, the top bits of a tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Ring reduce-scatter.
+    ReduceScatter = 0,
+    /// Ring all-gather.
+    AllGather = 1,
+    /// Direct exchange (small tensors): one message from each member to each member.
+    Direct = 2,
+    /// Broadcast chain, and the last member's "done" back to the root.
+    Broadcast = 3,
+}
+
+/// A chunk's tag: its phase, the ring step and the chunk index in the segment.
+pub(crate) fn tag(phase: Phase, step: usize, chunk: usize) -> u64 {
+    ((phase as u64) << 56) | (((step as u64) & 0xff_ffff) << 32) | (chunk as u64 & 0xffff_ffff)
+}

@@ -1,0 +1,519 @@
+//! The process group over real QUIC on 127.0.0.1 (one endpoint per member, in this process):
+//! every operation against a reference computed here, with 2, 3 and 4 members, sizes that do
+//! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
+//! disagreeing members; a lost member; EPOCH-1.
+
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
+use cohort::collective::{
+    CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction,
+};
+use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
+use futures::future::join_all;
+
+/// Bound on any one scenario: a hang fails the test instead of stalling it.
+const SCENARIO_MAX: Duration = Duration::from_secs(60);
+
+struct Cluster {
+    endpoints: Vec<Endpoint>,
+    groups: Vec<ProcessGroup>,
+}
+
+/// `n` members (worker/0 .. worker/n-1), each on its own endpoint, formed at epoch 1.
+async fn cluster(n: u32, config: GroupConfig) -> Cluster {
+    let ca = ClusterCa::generate("collective-test").unwrap();
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 0..n {
+        let node = NodeId::new("worker", i);
+        let endpoint = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            ca.issue(&node).unwrap(),
+            TransportConfig::for_tests(),
+        )
+        .unwrap();
+        let mesh = Mesh::new(endpoint.clone(), config.clone());
+        members.push(GroupMember {
+            node,
+            addr: mesh.local_addr().unwrap(),
+        });
+        meshes.push(mesh);
+        endpoints.push(endpoint);
+    }
+    let groups = join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
+    Cluster {
+        endpoints,
+        groups: groups.into_iter().map(Result::unwrap).collect(),
+    }
+}
+
+/// Member `rank`'s input: `len` f32 with fractional bits, so that the order of a sum shows.
+fn input(rank: usize, len: usize, salt: u32) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let h = (i as u32 ^ (rank as u32 + 1).wrapping_mul(0x9e37_79b9) ^ salt)
+                .wrapping_mul(0x85eb_ca6b);
+            ((h >> 8) as f32 / (1 << 24) as f32 - 0.5) * 3.0 + (rank as f32) * 0.001
+        })
+        .collect()
+}
+
+/// The documented segments: `len/n` elements each, one more for the first `len%n`.
+fn segment(len: usize, n: usize, k: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (len / n, len % n);
+    let start = k * base + k.min(extra);
+    start..start + base + usize::from(k < extra)
+}
+
+/// The reference reduction, in the documented order: element of segment k is
+/// `((x[k+1] op x[k+2]) op ...) op x[k]`.
+fn reference(inputs: &[Vec<f32>], op: Reduction) -> Vec<f32> {
+    let n = inputs.len();
+    let len = inputs[0].len();
+    let f = |a: f32, b: f32| match op {
+        Reduction::Sum | Reduction::Mean => a + b,
+        Reduction::Max => {
+            if b > a {
+                b
+            } else {
+                a
+            }
+        }
+        Reduction::Min => {
+            if b < a {
+                b
+            } else {
+                a
+            }
+        }
+    };
+    let mut out = vec![0f32; len];
+    for k in 0..n {
+        for i in segment(len, n, k) {
+            let mut acc = inputs[(k + 1) % n][i];
+            for j in 2..=n {
+                acc = f(acc, inputs[(k + j) % n][i]);
+            }
+            out[i] = if op == Reduction::Mean {
+                acc / n as f32
+            } else {
+                acc
+            };
+        }
+    }
+    out
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+fn bits_of(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(SCENARIO_MAX, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {SCENARIO_MAX:?}"))
+}
+
+/// Small chunks, so that the ring runs many pipelined chunks on modest tensors.
+fn ring_config() -> GroupConfig {
+    GroupConfig {
+        small_bytes_max: 4096,
+        chunk_bytes: 4096,
+        window: 4,
+        ..GroupConfig::for_tests()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_matches_the_reference_with_2_3_and_4_members() {
+    for n in [2usize, 3, 4] {
+        let c = cluster(n as u32, ring_config()).await;
+        // 0: zero-length; 1, 7, 1001: direct (below 4 KiB) and uneven; 5003, 20011: ring,
+        // uneven segments and a last chunk shorter than the others.
+        for (salt, len) in [0usize, 1, 7, 1001, 5003, 20011].into_iter().enumerate() {
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, len, salt as u32)).collect();
+            let tensors: Vec<Tensor> = inputs
+                .iter()
+                .map(|v| Tensor::from_vec(v.clone(), len, &Device::Cpu).unwrap())
+                .collect();
+            let what = format!("{n} members, {len} elements");
+            for op in [
+                Reduction::Sum,
+                Reduction::Mean,
+                Reduction::Max,
+                Reduction::Min,
+            ] {
+                let outs = bounded(
+                    &what,
+                    join_all(
+                        c.groups
+                            .iter()
+                            .zip(&tensors)
+                            .map(|(g, t)| g.all_reduce(op, t)),
+                    ),
+                )
+                .await;
+                let expected = bits_of(&reference(&inputs, op));
+                for (rank, out) in outs.into_iter().enumerate() {
+                    let out = out.unwrap_or_else(|e| panic!("{what} all_reduce({op}): {e}"));
+                    assert_eq!(out.dims(), &[len]);
+                    assert_eq!(
+                        bits(&out),
+                        expected,
+                        "{what}, all_reduce({op}), rank {rank}"
+                    );
+                }
+            }
+            let outs = bounded(
+                &what,
+                join_all(
+                    c.groups
+                        .iter()
+                        .zip(&tensors)
+                        .map(|(g, t)| g.reduce_scatter(Reduction::Sum, t)),
+                ),
+            )
+            .await;
+            let sum = reference(&inputs, Reduction::Sum);
+            for (rank, out) in outs.into_iter().enumerate() {
+                let out = out.unwrap_or_else(|e| panic!("{what} reduce_scatter: {e}"));
+                assert_eq!(
+                    bits(&out),
+                    bits_of(&sum[segment(len, n, rank)]),
+                    "{what}, reduce_scatter, rank {rank}"
+                );
+            }
+            let outs = bounded(
+                &what,
+                join_all(c.groups.iter().zip(&tensors).map(|(g, t)| g.all_gather(t))),
+            )
+            .await;
+            let gathered: Vec<f32> = inputs.concat();
+            for (rank, out) in outs.into_iter().enumerate() {
+                let out = out.unwrap_or_else(|e| panic!("{what} all_gather: {e}"));
+                assert_eq!(out.dims(), &[len * n]);
+                assert_eq!(
+                    bits(&out),
+                    bits_of(&gathered),
+                    "{what}, all_gather, rank {rank}"
+                );
+            }
+            let root = n - 1;
+            let outs = bounded(
+                &what,
+                join_all(
+                    c.groups
+                        .iter()
+                        .zip(&tensors)
+                        .map(|(g, t)| g.broadcast(root, t)),
+                ),
+            )
+            .await;
+            for (rank, out) in outs.into_iter().enumerate() {
+                let out = out.unwrap_or_else(|e| panic!("{what} broadcast: {e}"));
+                assert_eq!(
+                    bits(&out),
+                    bits_of(&inputs[root]),
+                    "{what}, broadcast, rank {rank}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integer_and_f64_tensors_reduce_like_the_local_group() {
+    let c = cluster(3, GroupConfig::for_tests()).await;
+    let ints: Vec<Tensor> = (0..3i64)
+        .map(|r| Tensor::new(&[[r, 10 * r, -r], [7, 8, 9]], &Device::Cpu).unwrap())
+        .collect();
+    let sums = join_all(
+        c.groups
+            .iter()
+            .zip(&ints)
+            .map(|(g, t)| g.all_reduce(Reduction::Sum, t)),
+    )
+    .await;
+    let means = join_all(
+        c.groups
+            .iter()
+            .zip(&ints)
+            .map(|(g, t)| g.all_reduce(Reduction::Mean, t)),
+    )
+    .await;
+    for (sum, mean) in sums.into_iter().zip(means) {
+        let sum = sum.unwrap();
+        assert_eq!(sum.dtype(), DType::I64);
+        assert_eq!(
+            sum.to_vec2::<i64>().unwrap(),
+            vec![vec![3, 30, -3], vec![21, 24, 27]]
+        );
+        // As LocalGroup and TensorFlow: an integer mean is f64.
+        let mean = mean.unwrap();
+        assert_eq!(mean.dtype(), DType::F64);
+        assert_eq!(
+            mean.to_vec2::<f64>().unwrap(),
+            vec![vec![1.0, 10.0, -1.0], vec![7.0, 8.0, 9.0]]
+        );
+    }
+    let floats: Vec<Tensor> = (0..3)
+        .map(|r| Tensor::new(&[r as f64, -(r as f64)], &Device::Cpu).unwrap())
+        .collect();
+    let maxes = join_all(
+        c.groups
+            .iter()
+            .zip(&floats)
+            .map(|(g, t)| g.all_reduce(Reduction::Max, t)),
+    )
+    .await;
+    for max in maxes {
+        assert_eq!(max.unwrap().to_vec1::<f64>().unwrap(), vec![2.0, 0.0]);
+    }
+    // A scalar gathers into a vector of one element per member.
+    let scalars: Vec<Tensor> = (0..3u32)
+        .map(|r| Tensor::new(r, &Device::Cpu).unwrap())
+        .collect();
+    for out in join_all(c.groups.iter().zip(&scalars).map(|(g, t)| g.all_gather(t))).await {
+        assert_eq!(out.unwrap().to_vec1::<u32>().unwrap(), vec![0, 1, 2]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucketed_all_reduce_equals_one_all_reduce_per_tensor() {
+    let c = cluster(3, ring_config()).await;
+    let shapes: [&[usize]; 5] = [&[3, 5], &[2000], &[1], &[0], &[40, 30]];
+    let lists: Vec<Vec<Tensor>> = (0..3)
+        .map(|r| {
+            shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let len = s.iter().product();
+                    Tensor::from_vec(input(r, len, 100 + i as u32), *s, &Device::Cpu).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let fused = bounded(
+        "bucketed",
+        join_all(
+            c.groups
+                .iter()
+                .zip(&lists)
+                .map(|(g, l)| g.all_reduce_bucketed(Reduction::Mean, l, 8192)),
+        ),
+    )
+    .await;
+    for (rank, out) in fused.into_iter().enumerate() {
+        let out = out.unwrap();
+        assert_eq!(out.len(), shapes.len());
+        for (i, t) in out.iter().enumerate() {
+            assert_eq!(t.dims(), shapes[i], "rank {rank} tensor {i}");
+            let each: Vec<Vec<f32>> = lists
+                .iter()
+                .map(|l| l[i].flatten_all().unwrap().to_vec1::<f32>().unwrap())
+                .collect();
+            // A bucket's sum is close to the per-tensor sum (its segments differ), and exact
+            // across members.
+            let expected = reference(&each, Reduction::Mean);
+            let got = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (a, b) in got.iter().zip(&expected) {
+                assert!((a - b).abs() <= 1e-5, "rank {rank} tensor {i}: {a} vs {b}");
+            }
+        }
+    }
+    let again = join_all(
+        c.groups
+            .iter()
+            .zip(&lists)
+            .map(|(g, l)| g.all_reduce_bucketed(Reduction::Mean, l, 8192)),
+    )
+    .await;
+    let first: Vec<Vec<u32>> = again[0].as_ref().unwrap().iter().map(bits).collect();
+    for out in &again {
+        let these: Vec<Vec<u32>> = out.as_ref().unwrap().iter().map(bits).collect();
+        assert_eq!(these, first, "DATA-1: every member holds the same bits");
+    }
+}
+
+/// Runs one call per member where member 2 calls `odd` and the others `call`; every member
+/// must fail with a mismatch naming worker/2 (no hang).
+async fn expect_mismatch(c: &Cluster, what: &str, call: impl Fn(usize) -> bool) {
+    let outs = bounded(
+        what,
+        join_all(c.groups.iter().enumerate().map(|(rank, g)| {
+            let odd = call(rank);
+            async move {
+                let shape: &[usize] = if odd && what.contains("shape") {
+                    &[2, 9000]
+                } else {
+                    &[9000, 2]
+                };
+                let dtype = if odd && what.contains("dtype") {
+                    DType::F64
+                } else {
+                    DType::F32
+                };
+                let len = if what.contains("small") { 10 } else { 18000 };
+                let shape: Vec<usize> = if what.contains("small") {
+                    if odd && what.contains("shape") {
+                        vec![11]
+                    } else {
+                        vec![len]
+                    }
+                } else {
+                    shape.to_vec()
+                };
+                let t = Tensor::ones(shape, dtype, &Device::Cpu).unwrap();
+                if odd && what.contains("op") {
+                    g.all_gather(&t).await.map(|_| ())
+                } else {
+                    g.all_reduce(Reduction::Sum, &t).await.map(|_| ())
+                }
+            }
+        })),
+    )
+    .await;
+    for (rank, out) in outs.into_iter().enumerate() {
+        match out {
+            Err(CollectiveError::Mismatch { node, calls, .. }) => {
+                assert!(
+                    node == NodeId::new("worker", 2) || calls.contains("worker/2 called"),
+                    "{what}, rank {rank}: the mismatch names worker/2"
+                );
+            }
+            other => panic!("{what}, rank {rank}: expected a mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_disagree_all_fail_with_a_mismatch() {
+    for what in [
+        "small shape",
+        "small dtype",
+        "small op",
+        "ring shape",
+        "ring dtype",
+        "ring op",
+    ] {
+        let c = cluster(3, ring_config()).await;
+        expect_mismatch(&c, what, |rank| rank == 2).await;
+        // The group stays broken: the next call fails at once with the same error.
+        let t = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+        let err = c.groups[0]
+            .all_reduce(Reduction::Sum, &t)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CollectiveError::Mismatch { .. }),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch() {
+    let c = cluster(3, ring_config()).await;
+    let big = Tensor::ones(200_000, DType::F32, &Device::Cpu).unwrap();
+    // Members 0 and 1 start an all-reduce member 2 never joins; member 2's endpoint closes.
+    let pending = join_all(
+        c.groups[..2]
+            .iter()
+            .map(|g| g.all_reduce(Reduction::Sum, &big)),
+    );
+    let closer = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.endpoints[2].close();
+    };
+    let (outs, ()) = bounded("lost member", futures::future::join(pending, closer)).await;
+    for (rank, out) in outs.into_iter().enumerate() {
+        match out {
+            Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+                assert_eq!(node, NodeId::new("worker", 2), "rank {rank}")
+            }
+            other => panic!("rank {rank}: expected worker/2 lost, got {other:?}"),
+        }
+    }
+    let survivors = [NodeId::new("worker", 0), NodeId::new("worker", 1)];
+    let reformed = bounded(
+        "reform",
+        join_all(c.groups[..2].iter().map(|g| g.reform(&survivors))),
+    )
+    .await;
+    let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    let outs = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))).await;
+    for (g, out) in reformed.iter().zip(outs) {
+        assert_eq!(g.epoch(), 2);
+        assert_eq!(g.size(), 2);
+        let out = out.unwrap().to_vec1::<f32>().unwrap();
+        assert!(out.iter().all(|v| *v == 2.0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epoch_1_messages_are_refused_by_members_at_epoch_2_and_never_mixed_in() {
+    let c = cluster(3, ring_config()).await;
+    let survivors = [NodeId::new("worker", 0), NodeId::new("worker", 1)];
+    let reformed: Vec<ProcessGroup> = join_all(c.groups[..2].iter().map(|g| g.reform(&survivors)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // The superseded handles refuse to run.
+    let t = Tensor::ones(8, DType::F32, &Device::Cpu).unwrap();
+    let err = c.groups[0]
+        .all_reduce(Reduction::Sum, &t)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CollectiveError::Superseded {
+            epoch: 1,
+            current: 2
+        }
+    );
+    // Member 2, still at epoch 1 over live connections, sends its chunks: refused (EPOCH-1),
+    // while the epoch-2 members reduce only their own values.
+    let late = c.groups[2].all_reduce(Reduction::Sum, &t);
+    let current = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &t)));
+    let (late, current) = bounded("epochs", futures::future::join(late, current)).await;
+    match late {
+        Err(CollectiveError::EpochRefused {
+            epoch: 1,
+            current: 2,
+            ..
+        }) => {}
+        other => panic!("expected the epoch-1 message refused by an epoch-2 member, got {other:?}"),
+    }
+    for out in current {
+        assert_eq!(out.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 8]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forming_refuses_bad_membership_by_name() {
+    let c = cluster(2, GroupConfig::for_tests()).await;
+    let err = c.groups[0]
+        .reform(&[NodeId::new("worker", 0), NodeId::new("worker", 7)])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("worker/7"), "{err}");
+    let err = c.groups[0]
+        .broadcast(5, &Tensor::ones(1, DType::F32, &Device::Cpu).unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CollectiveError::InvalidArgument(_)), "{err}");
+}
