@@ -28,6 +28,10 @@
 //!   worker go at once (fenced, its closures run elsewhere) and a server once it has taken a
 //!   preemption cut (written to the simulated storage apart from the program's checkpoints,
 //!   read back, and marked after a write's time), so that its restore runs nothing again.
+//! - **Drains**: a worker is drained out of the job (scaled down): it tells the chief
+//!   (`Draining`) and runs on; the chief's machine gives it no new work, reads its positions
+//!   once its closure finished ([`crate::roles::coordinator::machine::membership`]), and lets
+//!   it go; it then exits and is never restarted. Worker 0 is never drained.
 //! - **The chief**: killed (coordinator and program together), its state is gone; after
 //!   `restart_delay` (every other time also after the detection budget, as a supervisor slow to reschedule it, so that the workers' wait for a new chief is driven too) a new incarnation starts as the real one does: its program reads the
 //!   newest checkpoint that verifies and a fresh coordinator's machine runs the start
@@ -181,6 +185,9 @@ pub struct FaultKinds {
     pub storage: bool,
     /// Kill the chief (coordinator and program); a new incarnation resumes the job.
     pub chief: bool,
+    /// Drain a worker out of the job for good (the scale-down: it finishes its closure, the
+    /// chief keeps its positions, it exits 0 and is not restarted).
+    pub drain: bool,
 }
 
 impl FaultKinds {
@@ -194,6 +201,7 @@ impl FaultKinds {
             net: true,
             storage: true,
             chief: true,
+            drain: true,
         }
     }
 
@@ -207,11 +215,12 @@ impl FaultKinds {
             net: false,
             storage: false,
             chief: false,
+            drain: false,
         }
     }
 
-    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage,chief`, or
-    /// `all`, or `none`).
+    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage,chief,drain`,
+    /// or `all`, or `none`).
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut kinds = Self::none();
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -225,10 +234,11 @@ impl FaultKinds {
                 "net" => kinds.net = true,
                 "storage" => kinds.storage = true,
                 "chief" => kinds.chief = true,
+                "drain" => kinds.drain = true,
                 other => {
                     return Err(format!(
                         "unknown fault kind {other:?} (expected kill, pause, partition, \
-                         preempt, net, storage, chief, all or none)"
+                         preempt, net, storage, chief, drain, all or none)"
                     ))
                 }
             }
@@ -294,6 +304,13 @@ pub enum Fault {
         at_ms: u64,
         /// The victim.
         node: Node,
+    },
+    /// Worker `worker` is drained out of the job at `at_ms` (scaled down; never restarted).
+    Drain {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+        /// The worker.
+        worker: u32,
     },
     /// The `save`-th checkpoint write (0-based) goes wrong.
     Storage {
@@ -443,6 +460,18 @@ impl Scenario {
                 }
             };
             faults.push(fault);
+        }
+        // Drains come from a stream of their own, so that every other draw of a seed stays
+        // what it was before drains existed (regression scenarios replay unchanged). Worker 0
+        // is never drained: the job keeps a worker.
+        if kinds.drain && config.num_workers >= 2 {
+            let mut drains = ChaCha8Rng::seed_from_u64(seed ^ DRAIN_STREAM);
+            if drains.gen_bool(0.3) {
+                faults.push(Fault::Drain {
+                    at_ms: drains.gen_range(0..horizon_ms),
+                    worker: drains.gen_range(1..config.num_workers),
+                });
+            }
         }
         Self { seed, net, faults }
     }
@@ -616,6 +645,7 @@ pub fn fault_kind(fault: &Fault) -> &'static str {
         Fault::Partition { one_way: false, .. } => "partition",
         Fault::Partition { one_way: true, .. } => "one-way partition",
         Fault::Preempt { .. } => "preempt",
+        Fault::Drain { .. } => "drain",
         Fault::Storage { .. } => "storage",
     }
 }
@@ -628,6 +658,8 @@ pub const SHRINK_RUNS_MAX: usize = 200;
 
 /// Keeps the scenario's draws apart from the network's (both come from the seed).
 const SCENARIO_STREAM: u64 = 0x5CE7_A210_0000_0001;
+/// The stream of a seed's drains (apart from its other draws).
+const DRAIN_STREAM: u64 = 0xD8A1_0000_0000_0002;
 
 #[cfg(test)]
 mod tests;

@@ -54,6 +54,8 @@ pub struct SimReport {
     pub sim_ms: u64,
     /// Chief incarnations that resumed the job from a checkpoint.
     pub chief_resumes: u64,
+    /// Workers drained out of the job (let go by the chief, never restarted).
+    pub drained: u64,
 }
 
 pub(super) struct World<'a> {
@@ -175,6 +177,7 @@ enum FaultEvent {
     Pause(Node, u64),
     Partition(Node, u64, bool),
     Preempt(Node),
+    Drain(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -213,6 +216,13 @@ enum Msg {
         epoch: u64,
     },
     LeaveAnswer(LeaveAnswer),
+    /// A worker's drain request to the chief ([`crate::roles::protocol::Draining`]), and the
+    /// chief's answer once it is drained.
+    Draining {
+        worker: u32,
+        epoch: u64,
+    },
+    Drained,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -335,6 +345,8 @@ struct WorkerProc {
     position: u64,
     /// Set up or rewound and nothing read since (DATA-1 checks its first read).
     fresh: bool,
+    /// Drained out of the job: down for good.
+    drained: bool,
 }
 
 /// A job for a worker's compute thread, as the real worker queues them (`WorkerJob`).
@@ -390,6 +402,10 @@ enum CallKind {
     },
     Positions {
         ticket: PositionsTicket,
+        worker: u32,
+        epoch: u64,
+    },
+    DrainPositions {
         worker: u32,
         epoch: u64,
     },
@@ -526,6 +542,7 @@ impl<'a> World<'a> {
                 waiting: Default::default(),
                 position: 0,
                 fresh: false,
+                drained: false,
             })
             .collect();
         let mut world = Self {
@@ -584,6 +601,7 @@ impl<'a> World<'a> {
                     one_way,
                 } => (at_ms, FaultEvent::Partition(node, for_ms, one_way)),
                 Fault::Preempt { at_ms, node } => (at_ms, FaultEvent::Preempt(node)),
+                Fault::Drain { at_ms, worker } => (at_ms, FaultEvent::Drain(worker)),
                 Fault::Storage { .. } => continue,
             };
             world.at(Duration::from_millis(at_ms), Event::Inject(event));
@@ -643,6 +661,7 @@ impl<'a> World<'a> {
             ledger: self.coord.ledger().clone(),
             sim_ms: self.now.as_millis() as u64,
             chief_resumes: self.chief_resumes,
+            drained: self.workers.iter().filter(|w| w.drained).count() as u64,
         }
     }
 
@@ -798,6 +817,10 @@ impl<'a> World<'a> {
             }
             Node::Worker(i) => {
                 let w = &mut self.workers[i as usize];
+                if w.drained {
+                    // Out of the job for good: its supervisor does not restart it.
+                    return;
+                }
                 w.epoch += 1;
                 w.state = ProcState::Up;
                 w.machine = WorkerMachine::new(i, w.epoch, self.config.num_ps);
@@ -900,6 +923,14 @@ impl<'a> World<'a> {
                 let answer = self.coord.handle_worker_leaving(now, worker, epoch, false);
                 let msg = Msg::LeaveAnswer(answer);
                 self.send(Node::Chief, Node::Worker(worker), epoch, msg);
+            }
+            (Node::Chief, Msg::Draining { worker, epoch }) => {
+                let now = self.instant();
+                if self.coord.handle_worker_draining(now, worker, epoch)
+                    == crate::roles::coordinator::DrainDisposition::Done
+                {
+                    self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
+                }
             }
             (Node::Chief, Msg::PsLeaving { ps, epoch }) => {
                 let now = self.instant();
@@ -1067,6 +1098,20 @@ impl<'a> World<'a> {
         let node = Node::Worker(w);
         let now = self.instant();
         match msg {
+            Msg::Drained => {
+                if self.workers[w as usize]
+                    .machine
+                    .handle_drained(now, true)
+                    .is_some()
+                {
+                    // It exits 0 and is not restarted: out of the job for good.
+                    self.set_state(node, ProcState::Down);
+                    let worker = &mut self.workers[w as usize];
+                    worker.run = None;
+                    worker.waiting.clear();
+                    worker.drained = true;
+                }
+            }
             Msg::LeaveAnswer(answer) => {
                 let exit = self.workers[w as usize]
                     .machine
@@ -1537,6 +1582,16 @@ impl<'a> World<'a> {
                 self.coord
                     .handle_positions(now, ticket, worker, epoch, result);
             }
+            CallKind::DrainPositions { worker, epoch } => {
+                let result = match resp {
+                    Ok(Resp::Positions(list)) => Ok(list),
+                    other => Err(call_result(other)
+                        .err()
+                        .unwrap_or_else(|| CallFault::Refused("unexpected answer".into()))),
+                };
+                self.coord
+                    .handle_drain_positions(now, worker, epoch, result);
+            }
             CallKind::RetireWorker { worker, epoch } => {
                 self.coord
                     .handle_worker_retired(worker, epoch, call_result(resp));
@@ -1816,8 +1871,14 @@ impl<'a> World<'a> {
                 // before any worker is up.
                 SchedulerAction::ConfigureFinished { .. } => {}
                 // The simulated cluster's membership is fixed: no worker joins or drains.
-                SchedulerAction::AskDrainPositions { .. }
-                | SchedulerAction::DrainFinished { .. } => {}
+                SchedulerAction::AskDrainPositions { worker, epoch } => {
+                    let bound = self.config.call_timeout;
+                    let kind = CallKind::DrainPositions { worker, epoch };
+                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
+                }
+                SchedulerAction::DrainFinished { worker, epoch } => {
+                    self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
+                }
             }
         }
     }
@@ -1955,6 +2016,15 @@ impl<'a> World<'a> {
                 FaultEvent::Partition(node, for_ms, one_way) => {
                     let until = self.now + Duration::from_millis(for_ms);
                     self.partitions.insert(node, (until, one_way));
+                }
+                FaultEvent::Drain(worker) => {
+                    let node = Node::Worker(worker);
+                    if self.state(node).0 != ProcState::Down {
+                        // SIGUSR1: it tells the chief and runs on until it is let go.
+                        let epoch = self.state(node).1;
+                        let chief = self.chief_epoch;
+                        self.send(node, Node::Chief, chief, Msg::Draining { worker, epoch });
+                    }
                 }
                 FaultEvent::Preempt(node) => {
                     if self.state(node).0 != ProcState::Down {
