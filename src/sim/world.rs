@@ -1098,19 +1098,18 @@ impl<'a> World<'a> {
         let node = Node::Worker(w);
         let now = self.instant();
         match msg {
-            Msg::Drained => {
+            Msg::Drained
                 if self.workers[w as usize]
                     .machine
                     .handle_drained(now, true)
-                    .is_some()
-                {
-                    // It exits 0 and is not restarted: out of the job for good.
-                    self.set_state(node, ProcState::Down);
-                    let worker = &mut self.workers[w as usize];
-                    worker.run = None;
-                    worker.waiting.clear();
-                    worker.drained = true;
-                }
+                    .is_some() =>
+            {
+                // It exits 0 and is not restarted: out of the job for good.
+                self.set_state(node, ProcState::Down);
+                let worker = &mut self.workers[w as usize];
+                worker.run = None;
+                worker.waiting.clear();
+                worker.drained = true;
             }
             Msg::LeaveAnswer(answer) => {
                 let exit = self.workers[w as usize]
