@@ -51,6 +51,10 @@ pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, 
 ///   `launch` or by the cluster manager), else `cohort.toml`; see [`crate::cluster::ConfigKey`].
 ///   A bad value anywhere refuses to start with exit code 2 and a message naming the key.
 ///
+/// `--help` (`-h`) and `--version` (`-V`) print the program's usage (every configuration
+/// flag, and `launch`) or its name and cohort's version, and return 0; arguments after `--`
+/// are the program's own and are not looked at.
+///
 /// On SIGTERM the chief's program sees `ClusterCoordinator::preemption_requested()` become
 /// true: it should save a checkpoint and return; the process then exits 143.
 pub fn main(program: Program) -> i32 {
@@ -67,11 +71,90 @@ pub fn main(program: Program) -> i32 {
     if args.first().map(String::as_str) == Some("launch") {
         return crate::bootstrap::launch_from_args(&args[1..], Vec::new());
     }
+    if let Some(answer) = help_or_version(&program, &args) {
+        println!("{answer}");
+        return 0;
+    }
     match crate::cluster::ConfigFlags::extract(&args) {
         Ok((flags, _program_args)) => crate::bootstrap::run_role(Arc::new(program), &flags),
         Err(e) => {
             eprintln!("error: bad config: {e}");
             2
         }
+    }
+}
+
+/// What `--help` or `--version` among `args` (before any `--`) prints, if either is there.
+fn help_or_version(program: &Program, args: &[String]) -> Option<String> {
+    use clap::{Args, CommandFactory};
+    let ours = args.iter().take_while(|a| a.as_str() != "--");
+    let mut asked = None;
+    for arg in ours {
+        match arg.as_str() {
+            "--help" | "-h" => {
+                asked = Some(true);
+                break;
+            }
+            "--version" | "-V" => asked = asked.or(Some(false)),
+            _ => {}
+        }
+    }
+    let version = format!("{} (cohort {})", program.name(), env!("CARGO_PKG_VERSION"));
+    if !asked? {
+        return Some(version);
+    }
+    let name = program.name().to_string();
+    let launch = crate::bootstrap::LaunchArgs::command()
+        .name("launch")
+        .render_help()
+        .to_string();
+    let mut command = crate::cluster::ConfigFlags::augment_args(clap::Command::new("program"))
+        .bin_name(name.clone())
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(format!(
+            "{version}: one process of a cohort job. With no flags its role comes from the \
+             environment (COHORT_TASK_TYPE, ...), TF_CONFIG or cohort.toml; `{name} launch` \
+             starts a local cluster of this program. Exit codes: 0 done, 1 training error, 2 \
+             bad config, 143 stopped, 170-173 restart me."
+        ))
+        .override_usage(format!(
+            "{name} [FLAGS] [-- PROGRAM ARGS]\n       {name} launch [LAUNCH FLAGS]"
+        ));
+    let help = command.render_help().to_string();
+    Some(format!("{help}\n`{name} launch`:\n{launch}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn help_lists_every_configuration_flag_and_launch_and_version_names_the_program() {
+        let program = Program::new("my-job");
+        let help = help_or_version(&program, &args(&["--help"])).unwrap();
+        for key in crate::cluster::ConfigKey::ALL {
+            assert!(
+                help.contains(key.flag),
+                "{} missing from:\n{help}",
+                key.flag
+            );
+        }
+        assert!(help.contains("my-job launch"), "{help}");
+        assert!(help.contains("--workers"), "launch's flags: {help}");
+        let version = help_or_version(&program, &args(&["-V"])).unwrap();
+        assert_eq!(
+            version,
+            format!("my-job (cohort {})", env!("CARGO_PKG_VERSION"))
+        );
+        // Neither: the role runs; after `--` the arguments are the program's own.
+        assert_eq!(
+            help_or_version(&program, &args(&["--task-type", "ps"])),
+            None
+        );
+        assert_eq!(help_or_version(&program, &args(&["--", "--help"])), None);
     }
 }

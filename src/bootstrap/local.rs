@@ -131,7 +131,7 @@ impl std::fmt::Display for WorkerCount {
 }
 
 #[derive(Debug, clap::Parser)]
-struct LaunchArgs {
+pub(crate) struct LaunchArgs {
     #[command(flatten)]
     flags: LaunchFlags,
 }

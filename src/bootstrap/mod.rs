@@ -119,6 +119,7 @@ use crate::roles::worker::{
 
 mod local;
 
+pub(crate) use local::LaunchArgs;
 pub use local::{
     launch_from_args, launch_local, LaunchFlags, WorkerCount, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
 };
