@@ -19,6 +19,7 @@
 //! - [`roles`]: the coordinator, parameter-server, worker and evaluator roles, and the
 //!   registry of a program's functions.
 //! - [`process`]: exit codes, stop signals and the role configuration of this process.
+//! - [`metrics`]: a role process's Prometheus metrics and the endpoint serving them (a leaf).
 //! - [`bootstrap`]: starting a process as a role, and the local launch of a whole cluster.
 //! - [`program`]: the user's entry point (`Program`, `main`).
 //!
@@ -37,6 +38,7 @@ pub mod distribute;
 pub mod launch;
 pub mod layout;
 pub mod ledger;
+pub mod metrics;
 pub mod nn;
 pub mod optim;
 pub mod process;

@@ -220,6 +220,7 @@ fn config(dir: &Path, journal: &Path, env: &[(&str, &str)]) -> LaunchConfig {
         stop_grace: Duration::from_secs(2),
         kill_once: None,
         restart_chief: false,
+        metrics: false,
     }
 }
 

@@ -222,6 +222,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         kill_worker_after: None,
         run_dir: Some(run.path("launch")),
         detection_budget: Duration::from_secs(1),
+        no_metrics: true,
     };
     let task_args = vec![
         "--exact".into(),
@@ -316,6 +317,7 @@ fn the_launcher_stopped_by_sigterm_returns_143_and_the_chief_checkpoints_in_its_
         ],
         env,
         run_dir: run.path("launch"),
+        metrics: false,
         restart: run.restart.clone(),
         stop_grace: Duration::from_secs(15),
         kill_once: None,

@@ -66,6 +66,10 @@ pub struct LaunchFlags {
     /// Failure-detection budget of every task.
     #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration_in("--detection-budget", s, detection_budget_range()))]
     pub detection_budget: Duration,
+    /// Serve no metrics (by default every task serves Prometheus metrics and /healthz on a
+    /// free loopback port, recorded in <run-dir>/metrics/<role>-<index>.addr).
+    #[arg(long)]
+    pub no_metrics: bool,
 }
 
 /// The range of `launch --detection-budget`: that of the key it sets in every task.
@@ -183,6 +187,7 @@ pub fn launch_local(
         kill_once: flags.kill_worker_after.map(|after| (victim, after)),
         // As Kubernetes would: a chief that asks for a restart resumes from its checkpoint.
         restart_chief: true,
+        metrics: !flags.no_metrics,
     };
     let stop = Arc::new(AtomicBool::new(false));
     if let Err(e) = stop_on_signals(&stop) {
@@ -219,6 +224,9 @@ pub fn launch_local(
             flags.workers.max,
             run_dir.display()
         );
+    }
+    for (task, addr) in launcher.metrics_addrs() {
+        eprintln!("[launcher] {task}: metrics on http://{addr}/metrics");
     }
     let outcome = launcher.supervise(&stop);
     drop(launcher);

@@ -118,6 +118,7 @@ use crate::roles::worker::{
 };
 
 mod local;
+mod metrics;
 
 pub(crate) use local::LaunchArgs;
 pub use local::{
@@ -168,14 +169,21 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     );
     let result = match (config.cluster.task.task_type, &config.certs_dir) {
         // The evaluator reads checkpoints only: no node, no certificates.
-        (TaskType::Evaluator, _) => crate::roles::evaluator::run_evaluator(&program, config)
-            .map_err(|e| {
+        (TaskType::Evaluator, _) => metrics::start(
+            config,
+            crate::metrics::Role::Evaluator,
+            incarnation_epoch(config.incarnation, SystemTime::now()),
+            None,
+        )
+        .and_then(|()| {
+            crate::roles::evaluator::run_evaluator(&program, config).map_err(|e| {
                 use crate::roles::evaluator::EvaluatorError;
                 match e {
                     EvaluatorError::Config(e) => RoleFailure::Config(e),
                     EvaluatorError::Failed(e) => RoleFailure::Training(e),
                 }
-            }),
+            })
+        }),
         // `load_role_config` requires it of every other role; kept as an error, not a panic.
         (_, None) => Err(RoleFailure::Config(format!(
             "bad config: certs_dir: {CERTS_DIR_MISSING}"
@@ -226,8 +234,15 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let store =
             ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
-        PsActor::start_with_failpoint(store, gateway.clone(), push_panic)
+        let ps = PsActor::start_with_failpoint(store, gateway.clone(), push_panic)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
+        metrics::count_detections(&gateway);
+        metrics::start(
+            config,
+            crate::metrics::Role::Ps,
+            epoch,
+            Some(metrics::ps_refresh(ps)),
+        )?;
         exit_on_goodbye(&gateway, PS_ACTOR, || Some(Exit::job_done()))
             .and_then(|()| {
                 exit_when_retired(&gateway, PS_ACTOR, move |retired| {
@@ -326,6 +341,8 @@ fn run_worker(
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         WorkerActor::start(jobs, Arc::clone(&machine), &gateway)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
+        metrics::count_detections(&gateway);
+        metrics::start(config, crate::metrics::Role::Worker, epoch, None)?;
         let decide = |f: fn(&mut WorkerMachine) -> Option<Exit>| {
             let machine = Arc::clone(&machine);
             move || f(&mut machine.lock().unwrap_or_else(PoisonError::into_inner))
@@ -549,6 +566,13 @@ fn run_chief(
             workers,
             actor_servers,
         ));
+        metrics::count_detections(&gateway);
+        metrics::start(
+            config,
+            crate::metrics::Role::Chief,
+            node.epoch,
+            Some(metrics::chief_refresh(actor.clone())),
+        )?;
         let stopping = actor.clone();
         on_stop_signal(move || async move {
             eprintln!(

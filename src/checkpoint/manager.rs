@@ -232,6 +232,7 @@ impl CheckpointManager {
     /// checkpoints beyond `keep_last` (never the one just saved). A failure of that removal is
     /// logged, not returned: the new checkpoint is already durable.
     pub fn save(&mut self, ckpt: &Checkpoint, now: Instant) -> Result<PathBuf, SaveError> {
+        let started = Instant::now();
         let dir = write_checkpoint(&self.root, ckpt, self.hook.as_ref())?;
         // CKPT-1: a checkpoint counts (and older ones may go) only once it reads back whole; a
         // torn or flipped file under it would otherwise leave no checkpoint to restore.
@@ -247,6 +248,21 @@ impl CheckpointManager {
         }
         self.last_saved_step = Some(ckpt.step);
         self.last_saved_at = Some(now);
+        // The metrics endpoint's save time and size (written and verified).
+        let metrics = crate::metrics::instruments();
+        metrics
+            .checkpoint_save_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let bytes: u64 = fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum();
+        metrics
+            .checkpoint_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         // Older checkpoints go only now that the new one is published, fsynced and verified.
         if failpoint::check(FailSite::BeforeRetention, self.hook.as_ref()) == FailAction::Crash {
             return Err(SaveError::InjectedCrash {

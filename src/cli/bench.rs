@@ -1,6 +1,11 @@
 //! `cohort bench ps`: runs each parameter-server workload on its own local cluster and prints
-//! the measurements side by side.
+//! the measurements side by side. Each workload runs twice in the same invocation: with
+//! metrics off, then with every task serving metrics and this process scraping all of them
+//! every [`SCRAPE_EVERY`] (much more often than Prometheus' default 15 s), so that the cost
+//! of metrics is read from two rows measured under the same conditions.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::CliError;
@@ -34,18 +39,20 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
     // The bare stream is measured right before and right after the goodput cluster run, so
     // that both figures of the ratio share the machine's conditions as closely as they can.
     let mut bare_samples = Vec::new();
-    for workload in workloads {
-        if workload == "goodput" {
+    for (workload, metrics) in workloads.iter().flat_map(|w| [(*w, false), (*w, true)]) {
+        if workload == "goodput" && !metrics {
             bare_samples.push(bare_quinn_goodput()?);
         }
-        let report_path = dir.join(format!("{workload}.json"));
+        let report_path = dir.join(format!("{workload}-{metrics}.json"));
+        let run_dir = dir.join(format!("{workload}-{metrics}-run"));
         let flags = LaunchFlags {
             workers: 2.into(),
             ps: 2.into(),
             evaluators: 0,
             kill_worker_after: None,
-            run_dir: None,
+            run_dir: Some(run_dir.clone()),
             detection_budget: Duration::from_secs(3),
+            no_metrics: !metrics,
         };
         let env = vec![
             ("COHORT_BENCH_WORKLOAD".to_string(), workload.to_string()),
@@ -56,11 +63,19 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
                 report_path.display().to_string(),
             ),
         ];
+        let done = Arc::new(AtomicBool::new(false));
+        let scraper = metrics.then(|| {
+            let done = Arc::clone(&done);
+            let run_dir = run_dir.clone();
+            std::thread::spawn(move || scrape_until(&run_dir, &done))
+        });
         let code = launch_local(
             &flags,
             vec!["role".into(), "--job".into(), "bench".into()],
             env,
         );
+        done.store(true, Ordering::SeqCst);
+        let scrapes = scraper.map_or(0, |s| s.join().unwrap_or(0));
         if code != 0 {
             return Err(CliError::Failed(format!(
                 "the {workload} benchmark's chief exited with code {code}"
@@ -70,32 +85,65 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
             .map_err(|e| CliError::Failed(format!("{}: {e}", report_path.display())))?;
         let report: BenchReport = serde_json::from_str(&text)
             .map_err(|e| CliError::Failed(format!("{}: {e}", report_path.display())))?;
-        reports.push(report);
-        if workload == "goodput" {
+        if metrics && scrapes == 0 {
+            return Err(CliError::Failed(format!(
+                "the {workload} benchmark with metrics on was never scraped"
+            )));
+        }
+        reports.push((report, metrics, scrapes));
+        if workload == "goodput" && metrics {
             bare_samples.push(bare_quinn_goodput()?);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     let goodput = reports
         .iter()
-        .find(|r| r.workload == "goodput")
-        .map(|r| r.ps_goodput_mib_s);
+        .find(|(r, metrics, _)| r.workload == "goodput" && !metrics)
+        .map(|(r, _, _)| r.ps_goodput_mib_s);
     let bare = (!bare_samples.is_empty())
         .then(|| bare_samples.iter().sum::<f64>() / bare_samples.len() as f64);
     println!("\ncohort bench ps: 1 chief + 2 PS + 2 workers as processes on 127.0.0.1, after {warmup} warm-up steps");
     println!(
-        "{:<8} {:>7} {:>10} {:>12} {:>14} {:>16}",
-        "workload", "steps", "steps/s", "examples/s", "PS MiB/step", "PS push+pull MiB/s"
+        "{:<8} {:>8} {:>7} {:>10} {:>12} {:>14} {:>16}",
+        "workload",
+        "metrics",
+        "steps",
+        "steps/s",
+        "examples/s",
+        "PS MiB/step",
+        "PS push+pull MiB/s"
     );
-    for r in &reports {
+    for (r, metrics, scrapes) in &reports {
+        let metrics = if *metrics {
+            format!("on/{scrapes}")
+        } else {
+            "off".to_string()
+        };
         println!(
-            "{:<8} {:>7} {:>10.1} {:>12.0} {:>14.2} {:>16.1}",
+            "{:<8} {:>8} {:>7} {:>10.1} {:>12.0} {:>14.2} {:>16.1}",
             r.workload,
+            metrics,
             r.steps,
             r.steps_per_s,
             r.examples_per_s,
             r.ps_bytes_per_step as f64 / (1024.0 * 1024.0),
             r.ps_goodput_mib_s
+        );
+    }
+    println!("(metrics on/N: every task served metrics, scraped N times in all, each task every {SCRAPE_EVERY:?})");
+    for (workload, off, on) in reports
+        .iter()
+        .filter(|(_, m, _)| !m)
+        .filter_map(|(off, _, _)| {
+            reports
+                .iter()
+                .find(|(r, m, _)| *m && r.workload == off.workload)
+                .map(|(on, _, _)| (&off.workload, off.steps_per_s, on.steps_per_s))
+        })
+    {
+        println!(
+            "{workload}: metrics on costs {:+.1}% of steps/s (target: less than 2%)",
+            (off - on) / off * 100.0
         );
     }
     if let (Some(ours), Some(base)) = (goodput, bare) {
@@ -108,6 +156,41 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
         );
     }
     Ok(())
+}
+
+/// How often the bench scrapes every task's metrics while metrics are on.
+const SCRAPE_EVERY: Duration = Duration::from_secs(1);
+
+/// Scrapes every task's `/metrics` (addresses from the run directory's `metrics/*.addr`)
+/// every [`SCRAPE_EVERY`] until `done`; returns how many scrapes answered 200.
+fn scrape_until(run_dir: &std::path::Path, done: &AtomicBool) -> u64 {
+    use std::io::{Read, Write};
+    let mut answered = 0;
+    while !done.load(Ordering::SeqCst) {
+        let addrs = std::fs::read_dir(run_dir.join("metrics"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|text| text.trim().parse::<std::net::SocketAddr>().ok());
+        for addr in addrs {
+            let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, SCRAPE_EVERY) else {
+                continue;
+            };
+            let _ = stream.set_read_timeout(Some(SCRAPE_EVERY * 5));
+            let mut text = String::new();
+            if stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
+                .and_then(|()| stream.read_to_string(&mut text))
+                .is_ok()
+                && text.starts_with("HTTP/1.1 200")
+            {
+                answered += 1;
+            }
+        }
+        std::thread::sleep(SCRAPE_EVERY);
+    }
+    answered
 }
 
 /// Message size of the bare stream: the size of one server's share of the goodput variable.

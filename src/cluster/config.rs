@@ -26,6 +26,7 @@
 //! eval_idle_timeout = "10m"     # evaluator: stop after this long with no new checkpoint
 //! eval_until_step = 1000         # evaluator: stop after evaluating a checkpoint at this step
 //! workers_max = 4                # the most workers (elastic: joiners up to worker/3)
+//! # metrics_addr = "0.0.0.0:9100" # serve Prometheus metrics and /healthz here (off by default)
 //! # incarnation = 7           # only to override the epoch the process derives
 //!
 //! [cluster]
@@ -54,6 +55,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -174,6 +176,13 @@ impl ConfigKey {
         flag: "--warm-start-map",
         env: "COHORT_WARM_START_MAP",
     };
+    /// Where this process serves Prometheus metrics (`/metrics`) and `/healthz`, as `ip:port`
+    /// (port 0: any free port); unset, no endpoint is served (`crate::metrics`).
+    pub const METRICS_ADDR: Self = Self {
+        file: "metrics_addr",
+        flag: "--metrics-addr",
+        env: "COHORT_METRICS_ADDR",
+    };
     /// The most workers a parameter-server job may have (elastic workers): the number of
     /// input pipelines, and the bound on a joining worker's index (default: the workers the
     /// cluster spec names).
@@ -204,7 +213,7 @@ impl ConfigKey {
     }
 
     /// Every key.
-    pub const ALL: [ConfigKey; 17] = [
+    pub const ALL: [ConfigKey; 18] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -222,6 +231,7 @@ impl ConfigKey {
         Self::WORKERS_MAX,
         Self::WARM_START,
         Self::WARM_START_MAP,
+        Self::METRICS_ADDR,
     ];
 }
 
@@ -315,6 +325,10 @@ pub struct ConfigFlags {
     /// Chief: the name map of --warm-start (TOML: cohort name = "name in the file").
     #[arg(long)]
     pub warm_start_map: Option<PathBuf>,
+    /// Serve Prometheus metrics and /healthz on this address, e.g. "127.0.0.1:9100" (port 0:
+    /// any free port; default: off).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
 }
 
 impl ConfigFlags {
@@ -379,6 +393,7 @@ impl ConfigFlags {
             "workers_max" => self.workers_max = Some(value),
             "warm_start" => self.warm_start = Some(value.into()),
             "warm_start_map" => self.warm_start_map = Some(value.into()),
+            "metrics_addr" => self.metrics_addr = Some(value),
             _ => self.preemption_grace = Some(value),
         }
     }
@@ -402,6 +417,7 @@ impl ConfigFlags {
             "workers_max" => self.workers_max.clone(),
             "warm_start" => path(&self.warm_start),
             "warm_start_map" => path(&self.warm_start_map),
+            "metrics_addr" => self.metrics_addr.clone(),
             _ => self.preemption_grace.clone(),
         }
     }
@@ -518,6 +534,8 @@ pub struct RoleConfig {
     pub warm_start: Option<PathBuf>,
     /// Chief: the name map of `warm_start`.
     pub warm_start_map: Option<PathBuf>,
+    /// Where to serve Prometheus metrics and `/healthz` (`None`: not served).
+    pub metrics_addr: Option<SocketAddr>,
     origins: BTreeMap<&'static str, Origin>,
 }
 
@@ -655,6 +673,7 @@ struct Layer {
     workers_max: Option<u32>,
     warm_start: Option<PathBuf>,
     warm_start_map: Option<PathBuf>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl Layer {
@@ -677,6 +696,7 @@ impl Layer {
             workers_max: None,
             warm_start: None,
             warm_start_map: None,
+            metrics_addr: None,
         }
     }
 
@@ -769,6 +789,15 @@ impl Layer {
                         ))
                     })?;
                 self.workers_max = Some(max);
+            }
+            "metrics_addr" => {
+                let addr = text.trim().parse::<SocketAddr>().map_err(|_| {
+                    bad(format!(
+                        "{text:?} is not an address to serve metrics on (ip:port, e.g. \
+                         127.0.0.1:9100, or port 0 for any free port)"
+                    ))
+                })?;
+                self.metrics_addr = Some(addr);
             }
             // cluster_file and config name files, which load_files has read already.
             _ => {
@@ -1008,6 +1037,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let workers_max = pick!(workers_max, "workers_max");
     let warm_start = pick!(warm_start, "warm_start");
     let warm_start_map = pick!(warm_start_map, "warm_start_map");
+    let metrics_addr = pick!(metrics_addr, "metrics_addr");
 
     let missing = |key: &str, detail: &str| ConfigError {
         key: key.into(),
@@ -1107,6 +1137,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         workers_max: workers_max.unwrap_or(spec_workers).max(spec_workers),
         warm_start,
         warm_start_map,
+        metrics_addr,
         origins,
     })
 }

@@ -24,7 +24,10 @@
 //! - `TF_CONFIG`: the cluster and its own task (TensorFlow's format);
 //! - `COHORT_CERTS`: the directory with `ca.pem` and its `<role>-<index>.pem/.key`;
 //! - `COHORT_INCARNATION`: its incarnation epoch, larger after every restart (FENCE-1);
-//! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers).
+//! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers);
+//! - `COHORT_METRICS_ADDR` when [`LaunchConfig::metrics`] is on: a loopback address of its own
+//!   (the same across its restarts) where it serves Prometheus metrics and `/healthz`; the
+//!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`).
 //!
 //! Elastic workers ([`Launcher::start_elastic`]): the job starts with `num_workers` workers
 //! and may have up to `workers_max`. Ports and certificates are made for all of them at the
@@ -95,6 +98,8 @@ pub struct LaunchConfig {
     /// Kill this task with SIGKILL once (the demo's midway failure): this long after launch,
     /// or as soon as the chief prints a line containing [`CHAOS_MARKER`], whichever is first.
     pub kill_once: Option<(TaskId, Duration)>,
+    /// Give every task a metrics endpoint on a free loopback port (see the module docs).
+    pub metrics: bool,
 }
 
 /// How a launched job ended.
@@ -137,6 +142,9 @@ pub enum LaunchError {
     /// Certificates could not be generated or written.
     #[error("certificates: {0}")]
     Certs(String),
+    /// A file of the run directory could not be written.
+    #[error("run directory: {0}")]
+    RunDir(String),
     /// No free loopback port could be found.
     #[error("no free port on 127.0.0.1: {0}")]
     Ports(std::io::Error),
@@ -312,6 +320,8 @@ pub struct Launcher {
     chaos_point: Arc<AtomicBool>,
     /// The last [`EXITS_KEPT_MAX`] exits seen while supervising, oldest first.
     exits: VecDeque<TaskExit>,
+    /// Where each task serves its metrics, when [`LaunchConfig::metrics`] is on.
+    metrics_addrs: BTreeMap<TaskId, std::net::SocketAddr>,
 }
 
 struct Supervised {
@@ -392,7 +402,13 @@ impl Launcher {
         // job later (a parameter server added to it, say).
         write_private(&certs_dir.join("ca.key"), ca.key_pem())
             .map_err(|e| LaunchError::Certs(format!("writing ca.key: {e}")))?;
+        let metrics_addrs = if config.metrics {
+            metrics_ports(&full_cluster, &config.run_dir)?
+        } else {
+            BTreeMap::new()
+        };
         let mut launcher = Self {
+            metrics_addrs,
             tasks: cluster
                 .tasks()
                 .map(|t| {
@@ -439,6 +455,11 @@ impl Launcher {
             }
         }
         Ok(launcher)
+    }
+
+    /// Where each task serves its metrics (empty unless [`LaunchConfig::metrics`] is on).
+    pub fn metrics_addrs(&self) -> &BTreeMap<TaskId, std::net::SocketAddr> {
+        &self.metrics_addrs
     }
 
     /// Whether workers or servers may be scaled.
@@ -771,6 +792,12 @@ impl Launcher {
                     .filter(|(k, _)| !(restart && k == FAILPOINT_ENV))
                     .map(|(k, v)| (k, v)),
             )
+            // After the job's environment: two tasks must never share an address.
+            .envs(
+                self.metrics_addrs
+                    .get(&task)
+                    .map(|addr| (ConfigKey::METRICS_ADDR.env, addr.to_string())),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -857,6 +884,40 @@ pub fn pid_file(run_dir: &std::path::Path, task: TaskId) -> PathBuf {
     run_dir
         .join("pids")
         .join(format!("{}-{}.pid", task.task_type, task.index))
+}
+
+/// The file where the launcher records where `task` serves its metrics (`ip:port` and a
+/// newline): `<run_dir>/metrics/<role>-<index>.addr`.
+pub fn metrics_addr_file(run_dir: &std::path::Path, task: TaskId) -> PathBuf {
+    run_dir
+        .join("metrics")
+        .join(format!("{}-{}.addr", task.task_type, task.index))
+}
+
+/// A free loopback TCP port for the metrics endpoint of every task of `cluster`, each recorded
+/// in its [`metrics_addr_file`]. The sockets are held until every port is chosen, so no two
+/// tasks get the same one.
+fn metrics_ports(
+    cluster: &ClusterSpec,
+    run_dir: &std::path::Path,
+) -> Result<BTreeMap<TaskId, std::net::SocketAddr>, LaunchError> {
+    let tasks: Vec<TaskId> = cluster.tasks().collect();
+    let sockets = tasks
+        .iter()
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(LaunchError::Ports)?;
+    let mut addrs = BTreeMap::new();
+    for (task, socket) in tasks.into_iter().zip(&sockets) {
+        let addr = socket.local_addr().map_err(LaunchError::Ports)?;
+        let path = metrics_addr_file(run_dir, task);
+        path.parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, format!("{addr}\n")))
+            .map_err(|e| LaunchError::RunDir(format!("{}: {e}", path.display())))?;
+        addrs.insert(task, addr);
+    }
+    Ok(addrs)
 }
 
 /// Records the process `pid` running incarnation `incarnation` of `task` ([`pid_file`]:

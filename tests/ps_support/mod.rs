@@ -192,6 +192,8 @@ pub struct Run {
     /// Restart a chief that asks for it (see `LaunchConfig::restart_chief`); off by default,
     /// so that a test sees the chief's own exit code.
     pub restart_chief: bool,
+    /// Give every task a metrics endpoint (`LaunchConfig::metrics`); off by default.
+    pub metrics: bool,
 }
 
 impl Run {
@@ -224,6 +226,7 @@ impl Run {
             },
             kill_once: None,
             restart_chief: false,
+            metrics: false,
         }
     }
 
@@ -271,6 +274,7 @@ impl Run {
             stop_grace: Duration::from_secs(3),
             kill_once: self.kill_once,
             restart_chief: self.restart_chief,
+            metrics: self.metrics,
         };
         let workers_max = self.workers_max.max(self.num_workers);
         let ps_max = self.ps_max.max(self.num_ps);

@@ -1523,6 +1523,22 @@ impl Handler<Status> for CoordinatorActor {
     }
 }
 
+/// The ledger and the counters of remote effects (preemption cuts among them), as the
+/// chief's metrics endpoint reads them at scrape time.
+pub struct Counters;
+
+impl Message for Counters {
+    type Result = (CoordinatorStatus, super::ControlCounters);
+}
+
+impl Handler<Counters> for CoordinatorActor {
+    type Result = MessageResult<Counters>;
+
+    fn handle(&mut self, _: Counters, _: &mut Context<Self>) -> Self::Result {
+        MessageResult((self.scheduler.status(), self.scheduler.control_counters()))
+    }
+}
+
 /// The job's parameter servers now and where their variables are: what the chief's program
 /// reads variables with (servers may have joined or left since it placed them, see the
 /// machine's `reshard`).

@@ -23,7 +23,9 @@ mod restore;
 
 pub(crate) use restore::shard_restores;
 
-pub use actor::{ChiefStopping, CoordinatorActor, JoinedWorkers, ServerTopology, Topology};
+pub use actor::{
+    ChiefStopping, CoordinatorActor, Counters, JoinedWorkers, ServerTopology, Topology,
+};
 pub use client::{
     ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground,
     VariableSpec, SAVE_WAIT_MAX,

@@ -296,7 +296,10 @@ impl Handler<WithBlobs<Pull>> for PsActor {
             .map(|name| self.store.pull_shared(name).map(f32_shared_blob))
             .collect::<Result<Vec<_>, _>>();
         MessageResult(match pulled {
-            Ok(blobs) => (Ok(()), blobs),
+            Ok(blobs) => {
+                count_pulled(&blobs);
+                (Ok(()), blobs)
+            }
             Err(e) => (Err(e.into()), Vec::new()),
         })
     }
@@ -316,7 +319,11 @@ impl Handler<WithBlobs<PullRows>> for PsActor {
             Ok::<_, PsRefusal>(self.store.pull_rows(&name, &ids)?)
         })();
         MessageResult(match rows {
-            Ok(rows) => (Ok(()), vec![f32_vec_blob(rows)]),
+            Ok(rows) => {
+                let blobs = vec![f32_vec_blob(rows)];
+                count_pulled(&blobs);
+                (Ok(()), blobs)
+            }
             Err(e) => (Err(e), Vec::new()),
         })
     }
@@ -340,6 +347,9 @@ impl Handler<Remote<Push>> for PsActor {
             blobs,
             from,
         } = msg;
+        crate::metrics::instruments()
+            .ps_pushed_bytes
+            .inc_by(blobs.iter().map(|b| b.len() as u64).sum());
         let result = (|| {
             let PushOrigin { worker, epoch, .. } = push.origin;
             // SEC-2: a worker pushes as itself. The origin PS-1 and FENCE-1 key on must be the
@@ -392,8 +402,38 @@ impl Handler<Remote<PsStats>> for PsActor {
     type Result = MessageResult<Remote<PsStats>>;
 
     fn handle(&mut self, _: Remote<PsStats>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats())
+    }
+}
+
+/// This server's counters, asked from its own process (the metrics endpoint): the same
+/// answer as [`PsStats`].
+#[derive(Debug, Clone, Copy)]
+pub struct LocalStats;
+
+impl Message for LocalStats {
+    type Result = PsStatsReply;
+}
+
+impl Handler<LocalStats> for PsActor {
+    type Result = MessageResult<LocalStats>;
+
+    fn handle(&mut self, _: LocalStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats())
+    }
+}
+
+/// Counts the tensor bytes of a pull's answer.
+fn count_pulled(blobs: &[Bytes]) {
+    crate::metrics::instruments()
+        .ps_pulled_bytes
+        .inc_by(blobs.iter().map(|b| b.len() as u64).sum());
+}
+
+impl PsActor {
+    fn stats(&self) -> PsStatsReply {
         let c = self.store.counters();
-        MessageResult(PsStatsReply {
+        PsStatsReply {
             applied: c.applied,
             rejected_duplicate: c.rejected_duplicate,
             // Stale pushes are refused either here (fenced by the coordinator) or by the
@@ -407,7 +447,7 @@ impl Handler<Remote<PsStats>> for PsActor {
             serving: self.serving.load(Ordering::Acquire),
             generation: self.store.generation().0,
             rejected_old_generation: c.rejected_old_generation,
-        })
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 mod actor;
 mod machine;
 
-pub use actor::{BadPushPanic, PsActor, PushPanic, PUSH_PANIC_SITE};
+pub use actor::{BadPushPanic, LocalStats, PsActor, PushPanic, PUSH_PANIC_SITE};
 pub use machine::{
     initial_values, Gradient, ParameterStore, PsCounters, PsError, PushOrigin, PushOutcome,
     StoredVariable, ELEMENTS_MAX,

@@ -338,6 +338,13 @@ impl Compute {
                     lock(&self.machine).handle_pushed(Instant::now(), pushed)
                 }
                 StepAction::Reply { result, timing } => {
+                    if let Some((computing, pushing)) = timing.filter(|_| result.is_ok()) {
+                        let metrics = crate::metrics::instruments();
+                        metrics.closures_run.inc();
+                        metrics
+                            .step_seconds
+                            .observe((computing + pushing).as_secs_f64());
+                    }
                     if let Some((computing, pushing)) = timing {
                         tracing::debug!(
                             "closure {} ({}): step {:.2} ms, push {:.2} ms",

@@ -203,6 +203,13 @@ impl PsClient {
                 Ok(self.reference::<M>(*ps, node))
             })
             .collect::<Result<Vec<_>, StepError>>()?;
+        let sent: u64 = calls
+            .iter()
+            .flat_map(|(_, _, blobs)| blobs.iter().map(|b| b.len() as u64))
+            .sum();
+        crate::metrics::instruments()
+            .worker_pushed_bytes
+            .inc_by(sent);
         let gateway = self.gateway.clone();
         let servers = self.servers.clone();
         // The calls run as a task of the node's runtime, next to the connection that carries
@@ -235,7 +242,12 @@ impl PsClient {
         let mut failed: Option<StepError> = None;
         for result in results {
             match result {
-                Ok(reply) => replies.push(reply),
+                Ok(reply) => {
+                    crate::metrics::instruments()
+                        .worker_pulled_bytes
+                        .inc_by(reply.1.iter().map(|b| b.len() as u64).sum());
+                    replies.push(reply)
+                }
                 Err(e) => {
                     let unavailable = matches!(e, StepError::PsUnavailable(_));
                     if failed.is_none()

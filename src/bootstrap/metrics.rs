@@ -1,0 +1,225 @@
+//! A role process's metrics endpoint (`metrics_addr`, [`crate::metrics`]): started once the
+//! role's actors run, with the hook that reads each role's own counters at scrape time (the
+//! coordinator's ledger and control counters, a parameter server's push counters), and the
+//! count of peers its gateway declares dead.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use actix::Addr;
+use cohort_actors::{Gateway, PeerEvent};
+
+use super::RoleFailure;
+use crate::cluster::RoleConfig;
+use crate::metrics::{instruments, serve, Exposition, Reading, Refresh, Role};
+use crate::roles::coordinator::{CoordinatorActor, Counters};
+use crate::roles::ps::{LocalStats, PsActor};
+
+/// Serves this process's metrics when `metrics_addr` is set; an address that cannot be
+/// served is a configuration error naming the key (exit 2).
+pub(super) fn start(
+    config: &RoleConfig,
+    role: Role,
+    incarnation: u64,
+    refresh: Option<Refresh>,
+) -> Result<(), RoleFailure> {
+    let Some(addr) = config.metrics_addr else {
+        return Ok(());
+    };
+    let index = config.cluster.task.index;
+    let exposition = Arc::new(Exposition::new(role, index, incarnation, refresh));
+    let server = serve(addr, exposition).map_err(|e| {
+        RoleFailure::Config(format!(
+            "bad config: {}: metrics_addr: cannot serve metrics on {addr}: {e}",
+            config.origin("metrics_addr")
+        ))
+    })?;
+    tracing::info!(
+        "{}: metrics on http://{}/metrics (health: /healthz)",
+        config.cluster.task,
+        server.addr
+    );
+    Ok(())
+}
+
+/// Counts every peer incarnation the gateway declares dead ([`PeerEvent::Dead`]).
+pub(super) fn count_detections(gateway: &Gateway) {
+    let mut events = gateway.subscribe();
+    actix::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if matches!(event, PeerEvent::Dead { .. }) {
+                instruments().detections.inc();
+            }
+        }
+    });
+}
+
+/// The chief's readings: the ledger (LEDGER-1), the control counters, and the rate of
+/// committed closures since the previous scrape.
+pub(super) fn chief_refresh(actor: Addr<CoordinatorActor>) -> Refresh {
+    let last: Arc<Mutex<Option<(Instant, u64)>>> = Arc::new(Mutex::new(None));
+    Arc::new(move || {
+        let actor = actor.clone();
+        let last = Arc::clone(&last);
+        Box::pin(async move {
+            let Ok((status, control)) = actor.send(Counters).await else {
+                return Vec::new();
+            };
+            let l = &status.ledger;
+            let now = Instant::now();
+            let rate = {
+                let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+                let rate = match *last {
+                    Some((then, committed)) if now > then => {
+                        l.committed.saturating_sub(committed) as f64
+                            / now.duration_since(then).as_secs_f64()
+                    }
+                    _ => 0.0,
+                };
+                *last = Some((now, l.committed));
+                rate
+            };
+            vec![
+                Reading::counter(
+                    "cohort_ledger_scheduled",
+                    "Closures ever scheduled (LEDGER-1)",
+                    l.scheduled,
+                ),
+                Reading::counter(
+                    "cohort_ledger_committed",
+                    "Closures that committed a value",
+                    l.committed,
+                ),
+                Reading::counter(
+                    "cohort_ledger_failed",
+                    "Closures that failed with their own error",
+                    l.failed,
+                ),
+                Reading::counter(
+                    "cohort_ledger_cancelled",
+                    "Closures cancelled because another failed",
+                    l.cancelled,
+                ),
+                Reading::counter(
+                    "cohort_ledger_unavailable",
+                    "Closures that could not run (no worker in time, attempts exhausted)",
+                    l.unavailable,
+                ),
+                Reading::counter(
+                    "cohort_ledger_redispatched",
+                    "Re-dispatches after the worker running the closure was lost",
+                    l.redispatched,
+                ),
+                Reading::counter(
+                    "cohort_ledger_rejected_stale",
+                    "Results rejected from a fenced incarnation or a superseded attempt",
+                    l.rejected_stale,
+                ),
+                Reading::counter(
+                    "cohort_ledger_rolled_back",
+                    "Committed closures queued again by a parameter-server recovery",
+                    l.rolled_back,
+                ),
+                Reading::gauge(
+                    "cohort_ledger_pending",
+                    "Closures queued or in flight now",
+                    l.pending as f64,
+                ),
+                Reading::counter(
+                    "cohort_ps_restores",
+                    "Parameter-server recoveries (every server restored from a checkpoint)",
+                    l.ps_restores,
+                ),
+                Reading::gauge(
+                    "cohort_live_workers",
+                    "Workers with a live incarnation",
+                    status.live_workers as f64,
+                ),
+                Reading::gauge(
+                    "cohort_steps_per_second",
+                    "Closures committed per second since the previous scrape",
+                    rate,
+                ),
+                Reading::counter(
+                    "cohort_preemption_cuts",
+                    "Checkpoint cuts taken for a parameter server's preemption notice",
+                    control.preemption_cuts,
+                ),
+                Reading::counter(
+                    "cohort_preemption_cuts_given_up",
+                    "Preemption cuts given up (the servers left without one)",
+                    control.preemption_cuts_given_up,
+                ),
+                Reading::counter(
+                    "cohort_workers_retired",
+                    "Fenced worker incarnations told to retire",
+                    control.workers_retired,
+                ),
+                Reading::counter(
+                    "cohort_servers_retired",
+                    "Parameter-server incarnations declared dead and told to retire",
+                    control.servers_retired,
+                ),
+                Reading::counter(
+                    "cohort_workers_left",
+                    "Worker incarnations that left after a preemption notice",
+                    control.workers_left,
+                ),
+                Reading::counter(
+                    "cohort_servers_left",
+                    "Parameter-server incarnations that left after a preemption notice",
+                    control.servers_left,
+                ),
+            ]
+        })
+    })
+}
+
+/// A parameter server's readings: its push counters ([`crate::roles::protocol::PsStats`]).
+pub(super) fn ps_refresh(actor: Addr<PsActor>) -> Refresh {
+    Arc::new(move || {
+        let actor = actor.clone();
+        Box::pin(async move {
+            let Ok(s) = actor.send(LocalStats).await else {
+                return Vec::new();
+            };
+            vec![
+                Reading::counter(
+                    "cohort_ps_pushes_applied",
+                    "Pushes applied (PS-1)",
+                    s.applied,
+                ),
+                Reading::counter(
+                    "cohort_ps_pushes_duplicate",
+                    "Pushes refused as duplicates of an applied closure (PS-1)",
+                    s.rejected_duplicate,
+                ),
+                Reading::counter(
+                    "cohort_ps_pushes_stale",
+                    "Pushes refused from fenced incarnations or older restore generations",
+                    s.rejected_stale,
+                ),
+                Reading::counter(
+                    "cohort_ps_pushes_non_finite",
+                    "Pushes skipped for non-finite gradients",
+                    s.skipped_non_finite,
+                ),
+                Reading::counter(
+                    "cohort_ps_pushes_invalid",
+                    "Pushes refused as invalid",
+                    s.rejected_invalid,
+                ),
+                Reading::gauge(
+                    "cohort_ps_generation",
+                    "The restore generation this server is at",
+                    s.generation as f64,
+                ),
+                Reading::gauge(
+                    "cohort_ps_serving",
+                    "1 while this server holds variables (0 before a restart is restored)",
+                    if s.serving { 1.0 } else { 0.0 },
+                ),
+            ]
+        })
+    })
+}

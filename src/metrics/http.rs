@@ -1,0 +1,182 @@
+//! The metrics endpoint: a small HTTP/1.1 server on its own thread and tokio runtime (so that
+//! a scrape never waits on, nor delays, the role's own runtime), answering `GET /metrics` and
+//! `GET /healthz`, one request per connection.
+//!
+//! Bounded everywhere: [`CONNECTIONS_MAX`] connections at once (more wait in the listen
+//! queue), [`REQUEST_BYTES_MAX`] of request head, [`REQUEST_TIMEOUT`] for a whole exchange.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use super::{Exposition, CONTENT_TYPE};
+
+/// Most connections served at once.
+pub const CONNECTIONS_MAX: usize = 16;
+/// Most bytes of a request's head (request line and headers); a longer one is answered 431.
+pub const REQUEST_BYTES_MAX: usize = 8 * 1024;
+/// Bound on one exchange: reading the request, reading the role's counters, writing the answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running metrics endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsServer {
+    /// Where it serves (the port chosen when the address asked for port 0).
+    pub addr: SocketAddr,
+}
+
+/// Binds `addr` and serves `exposition` there from a thread of its own, for the rest of the
+/// process. Fails only if the address cannot be bound or the thread not started.
+pub fn serve(addr: SocketAddr, exposition: Arc<Exposition>) -> io::Result<MetricsServer> {
+    let listener = StdListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!("metrics endpoint on {addr} not served: {e}");
+                        return;
+                    }
+                };
+                accept_loop(listener, exposition).await;
+            });
+        })?;
+    Ok(MetricsServer { addr })
+}
+
+async fn accept_loop(listener: TcpListener, exposition: Arc<Exposition>) {
+    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        // A slot first: past the bound, connections wait in the kernel's queue.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most often: wait rather than spin.
+                tracing::debug!("metrics endpoint: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let exposition = Arc::clone(&exposition);
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &exposition)).await;
+        });
+    }
+}
+
+/// Reads one request head and answers it.
+async fn answer(mut stream: TcpStream, exposition: &Exposition) -> io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    let complete = loop {
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            break true;
+        }
+        if head.len() > REQUEST_BYTES_MAX {
+            break false;
+        }
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break head.contains(&b'\n');
+        }
+        head.extend_from_slice(&chunk[..n]);
+    };
+    let (status, content_type, body) = if !complete {
+        (
+            "431 Request Header Fields Too Large",
+            "text/plain",
+            format!("request head longer than {REQUEST_BYTES_MAX} bytes\n"),
+        )
+    } else {
+        route(&head, exposition).await
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+async fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static str, String) {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+        return ("400 Bad Request", "text/plain", "bad request line\n".into());
+    };
+    if method != "GET" {
+        return (
+            "405 Method Not Allowed",
+            "text/plain",
+            format!("{method}: only GET is served\n"),
+        );
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    match path {
+        "/metrics" => ("200 OK", CONTENT_TYPE, exposition.render().await),
+        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+        _ => (
+            "404 Not Found",
+            "text/plain",
+            format!("{path}: not found (try /metrics or /healthz)\n"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Role;
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn get(addr: SocketAddr, request: &[u8]) -> String {
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        stream.write_all(request).expect("write");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).expect("read");
+        text
+    }
+
+    #[test]
+    fn it_serves_metrics_and_health_and_refuses_the_rest() {
+        let exposition = Arc::new(Exposition::new(Role::Worker, 3, 9, None));
+        let server = serve("127.0.0.1:0".parse().unwrap(), exposition).expect("serve");
+        let metrics = get(server.addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
+        assert!(
+            metrics.contains("cohort_incarnation{role=\"worker\",index=\"3\"} 9"),
+            "{metrics}"
+        );
+        let health = get(server.addr, b"GET /healthz HTTP/1.0\r\n\r\n");
+        assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+        let missing = get(server.addr, b"GET /nope HTTP/1.1\r\n\r\n");
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        let post = get(server.addr, b"POST /metrics HTTP/1.1\r\n\r\n");
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        let mut long = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+        long.extend(std::iter::repeat_n(b'a', REQUEST_BYTES_MAX + 10));
+        let refused = get(server.addr, &long);
+        assert!(refused.starts_with("HTTP/1.1 431"), "{refused}");
+    }
+}

@@ -1,0 +1,345 @@
+//! Prometheus metrics of a role process: what is counted, and the HTTP endpoint that serves it
+//! (`/metrics` in the Prometheus text format, `/healthz`), on the address of the
+//! `metrics_addr` key (off by default; `cohort launch` turns it on for every task).
+//!
+//! Two kinds of values, one registry:
+//! - [`Instruments`]: counters and histograms of things nothing else counts (closures run by a
+//!   worker, step time, bytes sent to and received from the parameter servers, peers declared
+//!   dead). They are process-wide atomics, always counted (an increment costs a few
+//!   nanoseconds), exposed only when the endpoint is on.
+//! - [`Reading`]s: counters that the roles keep already (the coordinator's ledger and control
+//!   counters, a parameter server's push counters), read at scrape time by the exposition's
+//!   refresh hook (given by the bootstrap, which knows the roles) rather than counted twice.
+//!
+//! A leaf module: it names no other part of cohort. The text is written by the
+//! `prometheus-client` crate; the server ([`serve`]) is a small, bounded HTTP/1.1 GET handler.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+mod http;
+
+pub use http::{serve, MetricsServer, CONNECTIONS_MAX, REQUEST_BYTES_MAX, REQUEST_TIMEOUT};
+
+/// Counters and histograms counted where things happen (see the module docs).
+#[derive(Debug)]
+pub struct Instruments {
+    /// Peers this process's gateway declared dead (silent past the detection budget, or
+    /// superseded by a newer incarnation).
+    pub detections: Counter,
+    /// Worker: closures run to the end (value computed and gradients pushed).
+    pub closures_run: Counter,
+    /// Worker: time of one closure, compute and push, in seconds.
+    pub step_seconds: Histogram,
+    /// Worker: tensor bytes received from parameter servers (pulls).
+    pub worker_pulled_bytes: Counter,
+    /// Worker: tensor bytes sent to parameter servers (pushes).
+    pub worker_pushed_bytes: Counter,
+    /// Parameter server: tensor bytes sent to workers in answer to pulls.
+    pub ps_pulled_bytes: Counter,
+    /// Parameter server: tensor bytes received in pushes.
+    pub ps_pushed_bytes: Counter,
+    /// Chief: checkpoints written, and the time each save took, in seconds.
+    pub checkpoint_save_seconds: Histogram,
+    /// Chief: the size of the newest checkpoint written, in bytes.
+    pub checkpoint_bytes: Gauge,
+}
+
+static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
+    detections: Counter::default(),
+    closures_run: Counter::default(),
+    // 100µs to ~100s.
+    step_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 21)),
+    worker_pulled_bytes: Counter::default(),
+    worker_pushed_bytes: Counter::default(),
+    ps_pulled_bytes: Counter::default(),
+    ps_pushed_bytes: Counter::default(),
+    // 1ms to ~500s.
+    checkpoint_save_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
+    checkpoint_bytes: Gauge::default(),
+});
+
+/// This process's instruments.
+pub fn instruments() -> &'static Instruments {
+    &INSTRUMENTS
+}
+
+/// Which role's metrics a process exposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The chief (coordinator).
+    Chief,
+    /// A worker.
+    Worker,
+    /// A parameter server.
+    Ps,
+    /// An evaluator.
+    Evaluator,
+}
+
+impl Role {
+    fn label(self) -> &'static str {
+        match self {
+            Role::Chief => "chief",
+            Role::Worker => "worker",
+            Role::Ps => "ps",
+            Role::Evaluator => "evaluator",
+        }
+    }
+}
+
+/// A value read at scrape time from a counter a role keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// The metric's name (a counter's without `_total`: the encoder adds it).
+    pub name: &'static str,
+    /// Its help text.
+    pub help: &'static str,
+    /// A counter (only grows) or a gauge.
+    pub kind: ReadingKind,
+}
+
+/// The kind and value of a [`Reading`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReadingKind {
+    /// A count that only grows.
+    Counter(u64),
+    /// A value that goes up and down.
+    Gauge(f64),
+}
+
+impl Reading {
+    /// A counter reading.
+    pub fn counter(name: &'static str, help: &'static str, value: u64) -> Self {
+        Self {
+            name,
+            help,
+            kind: ReadingKind::Counter(value),
+        }
+    }
+
+    /// A gauge reading.
+    pub fn gauge(name: &'static str, help: &'static str, value: f64) -> Self {
+        Self {
+            name,
+            help,
+            kind: ReadingKind::Gauge(value),
+        }
+    }
+}
+
+/// What a refresh hook returns: the readings of this scrape (none if the role did not
+/// answer in time).
+pub type ReadingsFuture = Pin<Box<dyn Future<Output = Vec<Reading>> + Send>>;
+/// Reads the role's own counters at scrape time.
+pub type Refresh = Arc<dyn Fn() -> ReadingsFuture + Send + Sync>;
+
+/// Bound on a refresh hook: a role that does not answer in time is scraped without its
+/// readings (the instruments still are).
+pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The readings of the last refresh, encoded by the registry.
+#[derive(Debug, Default)]
+struct Readings(Mutex<Vec<Reading>>);
+
+impl Collector for Readings {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let readings = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        for reading in readings.iter() {
+            match reading.kind {
+                ReadingKind::Counter(value) => {
+                    let counter = ConstCounter::new(value);
+                    let metric = encoder.encode_descriptor(
+                        reading.name,
+                        reading.help,
+                        None,
+                        counter.metric_type(),
+                    )?;
+                    counter.encode(metric)?;
+                }
+                ReadingKind::Gauge(value) => {
+                    let gauge = ConstGauge::new(value);
+                    let metric = encoder.encode_descriptor(
+                        reading.name,
+                        reading.help,
+                        None,
+                        gauge.metric_type(),
+                    )?;
+                    gauge.encode(metric)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One process's metrics: its registry, and the hook that reads its role's counters.
+pub struct Exposition {
+    registry: Registry,
+    readings: Arc<Readings>,
+    refresh: Option<Refresh>,
+    /// Serialises scrapes, so that the readings encoded are those of the same scrape.
+    scrape: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for Exposition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exposition").finish_non_exhaustive()
+    }
+}
+
+impl Exposition {
+    /// The metrics of `role` `index` running as incarnation `incarnation`: the instruments that
+    /// role counts, and `refresh` for the counters it keeps itself.
+    pub fn new(role: Role, index: u32, incarnation: u64, refresh: Option<Refresh>) -> Self {
+        let mut registry = Registry::default();
+        let m = instruments();
+        let labels = vec![
+            ("role".to_string(), role.label().to_string()),
+            ("index".to_string(), index.to_string()),
+        ];
+        let incarnations = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+        // Epochs are milliseconds since 1970: they fit an i64 for 290 million years.
+        incarnations
+            .get_or_create(&labels)
+            .set(i64::try_from(incarnation).unwrap_or(i64::MAX));
+        registry.register(
+            "cohort_incarnation",
+            "This process's incarnation epoch (FENCE-1), by role and index",
+            incarnations,
+        );
+        registry.register(
+            "cohort_detections",
+            "Peers this process declared dead (silent past the detection budget, or superseded)",
+            m.detections.clone(),
+        );
+        match role {
+            Role::Worker => {
+                registry.register(
+                    "cohort_worker_closures_run",
+                    "Closures this worker ran to the end (computed and pushed)",
+                    m.closures_run.clone(),
+                );
+                registry.register(
+                    "cohort_worker_step_seconds",
+                    "Time of one closure on this worker, compute and push",
+                    m.step_seconds.clone(),
+                );
+                registry.register(
+                    "cohort_worker_pulled_bytes",
+                    "Tensor bytes this worker received from parameter servers",
+                    m.worker_pulled_bytes.clone(),
+                );
+                registry.register(
+                    "cohort_worker_pushed_bytes",
+                    "Tensor bytes this worker sent to parameter servers",
+                    m.worker_pushed_bytes.clone(),
+                );
+            }
+            Role::Ps => {
+                registry.register(
+                    "cohort_ps_pulled_bytes",
+                    "Tensor bytes this parameter server sent in answer to pulls",
+                    m.ps_pulled_bytes.clone(),
+                );
+                registry.register(
+                    "cohort_ps_pushed_bytes",
+                    "Tensor bytes this parameter server received in pushes",
+                    m.ps_pushed_bytes.clone(),
+                );
+            }
+            Role::Chief => {
+                registry.register(
+                    "cohort_checkpoint_save_seconds",
+                    "Time of one checkpoint save by the chief",
+                    m.checkpoint_save_seconds.clone(),
+                );
+                registry.register(
+                    "cohort_checkpoint_bytes",
+                    "Size of the newest checkpoint the chief wrote",
+                    m.checkpoint_bytes.clone(),
+                );
+            }
+            Role::Evaluator => {}
+        }
+        let readings = Arc::new(Readings::default());
+        registry.register_collector(Box::new(Arc::clone(&readings)));
+        Self {
+            registry,
+            readings,
+            refresh,
+            scrape: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The metrics now, in the Prometheus text format: the role's counters are read first
+    /// (within [`REFRESH_TIMEOUT`]).
+    pub async fn render(&self) -> String {
+        let _one_at_a_time = self.scrape.lock().await;
+        if let Some(refresh) = &self.refresh {
+            let fresh = tokio::time::timeout(REFRESH_TIMEOUT, refresh())
+                .await
+                .unwrap_or_default();
+            *self
+                .readings
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = fresh;
+        }
+        let mut text = String::new();
+        // Writing into a String cannot fail; an error would be an encoder bug, answered as an
+        // empty page rather than a panic.
+        if prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry).is_err()
+        {
+            text.clear();
+        }
+        text
+    }
+}
+
+/// The `Content-Type` of [`Exposition::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn readings_and_instruments_are_encoded_with_their_types() {
+        let refresh: Refresh = Arc::new(|| {
+            Box::pin(async {
+                vec![
+                    Reading::counter("cohort_ledger_committed", "committed", 7),
+                    Reading::gauge("cohort_ledger_pending", "pending", 2.0),
+                ]
+            })
+        });
+        let exposition = Exposition::new(Role::Chief, 0, 42, Some(refresh));
+        let text = exposition.render().await;
+        assert!(
+            text.contains("# TYPE cohort_ledger_committed_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("cohort_ledger_committed_total 7\n"), "{text}");
+        assert!(text.contains("cohort_ledger_pending 2"), "{text}");
+        assert!(
+            text.contains("cohort_incarnation{role=\"chief\",index=\"0\"} 42"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE cohort_checkpoint_save_seconds histogram"),
+            "{text}"
+        );
+    }
+}
