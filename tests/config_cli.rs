@@ -252,3 +252,38 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// `COHORT_LOG_FORMAT=json`: every event a role reports is one JSON object per line, with its
+/// role, index and incarnation; an unknown format is refused naming the variable.
+#[test]
+fn json_logs_are_one_object_per_line_with_the_task_and_a_bad_format_is_refused() {
+    let dir = Scratch::new("json-logs");
+    // The role starts (its start is logged at info), then stops: no certificates there.
+    let out = run(cohort(&dir.0)
+        .args(["role", "--job", "demo", "--incarnation", "42"])
+        .env("TF_CONFIG", TF_CONFIG)
+        .env("RUST_LOG", "info")
+        .env("COHORT_LOG_FORMAT", "json"));
+    expect_no_panic(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let start = lines
+        .iter()
+        .find(|l| l["message"].as_str().is_some_and(|m| m.contains("ps/0 of")))
+        .unwrap_or_else(|| panic!("no JSON line for the role's start: {stderr}"));
+    assert_eq!(start["level"], "INFO", "{start}");
+    assert_eq!(start["role"], "ps", "{start}");
+    assert_eq!(start["index"], 0, "{start}");
+    assert_eq!(start["incarnation"], 42, "{start}");
+    assert!(start["ts_ms"].as_u64().is_some_and(|t| t > 0), "{start}");
+
+    let out = run(cohort(&dir.0)
+        .args(["role", "--job", "demo"])
+        .env("TF_CONFIG", TF_CONFIG)
+        .env("COHORT_LOG_FORMAT", "xml"));
+    expect_refused(&out, &["COHORT_LOG_FORMAT", "\"xml\"", "text or json"]);
+}

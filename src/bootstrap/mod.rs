@@ -118,6 +118,9 @@ use crate::roles::worker::{
 };
 
 mod local;
+mod logging;
+
+pub use logging::LOG_FORMAT_ENV;
 mod metrics;
 
 pub(crate) use local::LaunchArgs;
@@ -136,7 +139,10 @@ pub use local::{
 /// goes on afterwards.
 pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     cohort_actors::install_crash_hook(PANIC_EXIT_CODE);
-    init_logging();
+    if let Err(e) = logging::init() {
+        eprintln!("error: bad config: {e}");
+        return BAD_CONFIG_EXIT_CODE;
+    }
     // A setting that is present but not text is an error, not an unset value.
     if let Some(key) = non_unicode_setting() {
         eprintln!("error: bad config: {key}: the environment variable is not valid UTF-8");
@@ -160,6 +166,12 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         return BAD_CONFIG_EXIT_CODE;
     }
     let config = set_role_config(config);
+    let epoch = incarnation_epoch(config.incarnation, SystemTime::now());
+    logging::set_task(
+        config.cluster.task.task_type.as_str(),
+        config.cluster.task.index,
+        epoch,
+    );
     tracing::info!(
         "{} of {} (task from {}, cluster from {})",
         config.cluster.task,
@@ -169,21 +181,17 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     );
     let result = match (config.cluster.task.task_type, &config.certs_dir) {
         // The evaluator reads checkpoints only: no node, no certificates.
-        (TaskType::Evaluator, _) => metrics::start(
-            config,
-            crate::metrics::Role::Evaluator,
-            incarnation_epoch(config.incarnation, SystemTime::now()),
-            None,
-        )
-        .and_then(|()| {
-            crate::roles::evaluator::run_evaluator(&program, config).map_err(|e| {
-                use crate::roles::evaluator::EvaluatorError;
-                match e {
-                    EvaluatorError::Config(e) => RoleFailure::Config(e),
-                    EvaluatorError::Failed(e) => RoleFailure::Training(e),
-                }
+        (TaskType::Evaluator, _) => {
+            metrics::start(config, crate::metrics::Role::Evaluator, epoch, None).and_then(|()| {
+                crate::roles::evaluator::run_evaluator(&program, config).map_err(|e| {
+                    use crate::roles::evaluator::EvaluatorError;
+                    match e {
+                        EvaluatorError::Config(e) => RoleFailure::Config(e),
+                        EvaluatorError::Failed(e) => RoleFailure::Training(e),
+                    }
+                })
             })
-        }),
+        }
         // `load_role_config` requires it of every other role; kept as an error, not a panic.
         (_, None) => Err(RoleFailure::Config(format!(
             "bad config: certs_dir: {CERTS_DIR_MISSING}"
@@ -192,7 +200,7 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
             let node = NodeConfig {
                 cluster: config.cluster.clone(),
                 certs_dir: certs_dir.clone(),
-                epoch: incarnation_epoch(config.incarnation, SystemTime::now()),
+                epoch,
                 detection_budget: config.detection_budget,
             };
             match task_type {
@@ -1060,18 +1068,6 @@ fn non_unicode_setting() -> Option<&'static str> {
         .map(|key| key.env)
         .chain([crate::cluster::TF_CONFIG_ENV])
         .find(|key| matches!(std::env::var(key), Err(std::env::VarError::NotUnicode(_))))
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// Bound on a draining worker's wait for the chief to let its closure finish: a step longer
