@@ -20,6 +20,7 @@
 //!   registry of a program's functions.
 //! - [`process`]: exit codes, stop signals and the role configuration of this process.
 //! - [`metrics`]: a role process's Prometheus metrics and the endpoint serving them (a leaf).
+//! - [`summary`]: TensorBoard event files of scalar summaries (a leaf).
 //! - [`bootstrap`]: starting a process as a role, and the local launch of a whole cluster.
 //! - [`program`]: the user's entry point (`Program`, `main`).
 //!
@@ -46,6 +47,7 @@ pub mod program;
 pub mod roles;
 pub mod sim;
 pub mod strategy;
+pub mod summary;
 pub mod train;
 pub mod variable;
 pub mod workloads;

@@ -9,11 +9,13 @@
 //! ```
 //!
 //! Values are printed in full (Rust's shortest exact `f64` form), in the order the function
-//! returned them.
+//! returned them. The same metrics go, at the checkpoint's step, to a TensorBoard event file
+//! under `<checkpoint_dir>/logs/eval` ([`crate::summary`]; a failure to write it is a warning).
 //!
 //! What it does with the checkpoint directory (`checkpoint_dir`): it lists `ckpt-<step>`
 //! directories and reads them with [`read_checkpoint`], which verifies the manifest, sizes and
-//! checksums as restore does (CKPT-1). It never writes there and never removes anything (the
+//! checksums as restore does (CKPT-1). It writes nothing there but its summaries under
+//! `logs/eval` and never removes anything (the
 //! leftovers of crashed saves belong to the chief). A checkpoint that does not verify is
 //! skipped with a message naming the file, and not read again; the next newest one that is
 //! still newer than the last evaluated is tried instead.
@@ -24,7 +26,7 @@
 //!   [`crate::cluster::DEFAULT_EVAL_IDLE_TIMEOUT`]), counted from the start or from the last
 //!   checkpoint it read (evaluated or skipped);
 //! - with exit code 143 on SIGTERM or SIGINT, at once (an evaluation in progress is dropped:
-//!   nothing is lost, the evaluator writes nothing);
+//!   nothing is lost, the evaluator writes no checkpoint);
 //! - with exit code 1 when the evaluation function fails or panics;
 //! - with exit code 2 when the program registers no evaluation function or no
 //!   `checkpoint_dir` is configured.
@@ -342,6 +344,8 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
             .map(|s| format!(" or after step {s}"))
             .unwrap_or_default()
     );
+    let mut summaries =
+        crate::summary::JobSummaries::create(&crate::summary::logs_dir(&root, "eval"));
     let mut watch = Watch::new(watch_config, Instant::now());
     let mut listing_failed = false;
     loop {
@@ -371,6 +375,9 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
                 match outcome {
                     Outcome::Evaluated { step, metrics } => {
                         println!("[evaluator] step {step}: {}", format_metrics(&metrics));
+                        let scalars: Vec<(&str, f64)> =
+                            metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                        summaries.scalars(step, &scalars);
                         watch.handle_evaluated(entry.step, Instant::now());
                     }
                     Outcome::Corrupt(error) => {

@@ -15,6 +15,10 @@
 //! the variables start from that file instead of their initializers (see
 //! [`crate::checkpoint::WarmStart`]; the coordinator applies it as it creates them).
 //!
+//! TensorBoard: the chief writes each epoch's mean `loss`, `steps_per_second` and
+//! `ledger/committed` at the global step under `<checkpoint_dir>/logs/train`
+//! ([`crate::summary`]).
+//!
 //! Evaluator: a task of type `evaluator` (e.g. `cohort role --job demo --task-type evaluator
 //! --checkpoint-dir DIR` with the job's cluster) prints the digits classifier's held-out
 //! accuracy for every new checkpoint in `DIR` ([`crate::roles::evaluator`]).
@@ -34,6 +38,7 @@ use crate::program::{
     Program, SavedInBackground, StepContext, StepError, VariableSpec,
 };
 use crate::roles::protocol::{bytes_to_f32, f32_to_bytes};
+use crate::summary::{logs_dir, JobSummaries};
 use crate::train::{Progress, ProgressMode};
 use crate::variable::Partitioner;
 
@@ -243,6 +248,7 @@ fn run_chief(
     let mut checkpoints =
         CheckpointManager::new(&checkpoint_dir, policy, Instant::now()).map_err(|e| other(&e))?;
     let mut progress = Progress::stdout(ProgressMode::Auto);
+    let mut summaries = JobSummaries::create(&logs_dir(&checkpoint_dir, "train"));
 
     // Every variable of both workloads exists from the start, so that every checkpoint holds
     // all of them and any of them can be restored.
@@ -311,6 +317,7 @@ fn run_chief(
         coordinator,
         &mut progress,
         &mut checkpoints,
+        &mut summaries,
         &phase,
         &mut step,
         |coordinator, loss| {
@@ -363,6 +370,7 @@ fn run_chief(
         coordinator,
         &mut progress,
         &mut checkpoints,
+        &mut summaries,
         &phase,
         &mut step,
         |coordinator, loss| {
@@ -427,6 +435,13 @@ fn run_chief(
         checkpoint_dir.display(),
         saved.display()
     );
+    if let Some(events) = summaries.path() {
+        println!(
+            "  TensorBoard: {} (tensorboard --logdir {})",
+            events.display(),
+            checkpoint_dir.join("logs").display()
+        );
+    }
     if !ledger.balances() || ledger.committed != ledger.scheduled {
         return Err(CoordinatorError::Other(format!(
             "LEDGER-1 violated: {ledger:?}"
@@ -445,12 +460,15 @@ struct Phase {
 }
 
 /// Runs the epochs of `phase` that are not behind `step` (a resumed run starts mid-phase, even
-/// mid-epoch); `after_epoch` reports each finished epoch. Returns true when a stop was
-/// requested (the steps in flight have finished and `step` counts them).
+/// mid-epoch); `after_epoch` reports each finished epoch, as do the TensorBoard `summaries`
+/// (mean loss, steps per second, committed closures). Returns true when a stop was requested
+/// (the steps in flight have finished and `step` counts them).
+#[allow(clippy::too_many_arguments)]
 fn run_phase(
     coordinator: &ClusterCoordinator,
     progress: &mut Progress,
     checkpoints: &mut CheckpointManager,
+    summaries: &mut JobSummaries,
     phase: &Phase,
     step: &mut u64,
     mut after_epoch: impl FnMut(&ClusterCoordinator, f64) -> Result<(), CoordinatorError>,
@@ -471,6 +489,19 @@ fn run_phase(
             remaining,
         )?;
         *step += outcome.steps as u64;
+        if outcome.steps > 0 {
+            summaries.scalars(
+                *step,
+                &[
+                    ("loss", outcome.mean_loss),
+                    (
+                        "steps_per_second",
+                        outcome.steps as f64 / outcome.took.as_secs_f64().max(1e-9),
+                    ),
+                    ("ledger/committed", coordinator.ledger()?.committed as f64),
+                ],
+            );
+        }
         if outcome.stopped {
             if let Some(pending) = in_background.take() {
                 report_saved(pending.wait(checkpoints)?);
@@ -542,6 +573,7 @@ fn save_and_stop(
 struct EpochOutcome {
     mean_loss: f64,
     steps: usize,
+    took: std::time::Duration,
     stopped: bool,
 }
 
@@ -582,10 +614,12 @@ fn run_epoch(
     }
     coordinator.join()?;
     let mean_loss = total / done.max(1) as f64;
-    let _ = progress.end_epoch(done, mean_loss, started.elapsed());
+    let took = started.elapsed();
+    let _ = progress.end_epoch(done, mean_loss, took);
     Ok(EpochOutcome {
         mean_loss,
         steps: done,
+        took,
         stopped: done < steps,
     })
 }
