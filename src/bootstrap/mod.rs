@@ -894,7 +894,7 @@ fn certificate_refused(error: &cohort_actors::RemoteError) -> bool {
 
 /// A worker or parameter server asked to leave the job for good (SIGUSR1: the launcher's or
 /// an operator's scale-down) tells the chief it is draining ([`Draining`]) and waits, at most
-/// [`DRAIN_WAIT_MAX`], for the chief's answer: a worker once its last closure finished and
+/// [`drain_wait`], for the chief's answer: a worker once its last closure finished and
 /// its dataset positions are kept, a server once its variables are on the other servers (a
 /// checkpoint cut, see the coordinator machine's `reshard`). Then `decide` says what to do
 /// with the answer (`None`: the chief did not answer): exit (code 0, which its supervisor does
@@ -927,7 +927,7 @@ fn drain_on_signal(
                     let target = cohort_actors::Incarnation::new(chief, chief_epoch);
                     let reference = gateway.remote_ref::<Draining>(target, COORDINATOR_ACTOR);
                     match reference
-                        .call_within(&Draining { epoch }, DRAIN_WAIT_MAX)
+                        .call_within(&Draining { epoch }, drain_wait(role))
                         .await
                     {
                         Ok(answer) => Some(answer),
@@ -1073,6 +1073,18 @@ fn non_unicode_setting() -> Option<&'static str> {
 /// Bound on a draining worker's wait for the chief to let its closure finish: a step longer
 /// than this is handed back instead (run elsewhere once the worker is gone).
 const DRAIN_WAIT_MAX: Duration = Duration::from_secs(60);
+/// Bound on a draining parameter server's wait for the chief to move its variables: a cut
+/// (at most `PREEMPTION_CUT_MAX`, 60 s) and a restore of every server, which for a large
+/// model takes longer than a step.
+const PS_DRAIN_WAIT_MAX: Duration = Duration::from_secs(300);
+
+/// How long a task of `role` waits for the chief's answer to its drain.
+fn drain_wait(role: TaskType) -> Duration {
+    match role {
+        TaskType::Ps => PS_DRAIN_WAIT_MAX,
+        _ => DRAIN_WAIT_MAX,
+    }
+}
 /// Bound on a worker's wait for the chief's answer to its preemption notice (at most half its
 /// grace, so that serving on still fits in it).
 const LEAVE_ASK_MAX: Duration = Duration::from_secs(2);
