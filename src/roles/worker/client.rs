@@ -4,6 +4,7 @@
 //! call timeout).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cohort_actors::{Gateway, PeerAddr, RemoteMessage, RemoteRef};
 use cohort_transport::NodeId;
@@ -28,6 +29,8 @@ pub struct PsClient {
     servers: BTreeMap<u32, (NodeId, PeerAddr)>,
     /// Per server, the newest incarnation the chief named serving (0: none named).
     expected: Vec<u64>,
+    /// The server list [`Self::learn_servers`] took last.
+    learned: Option<Arc<Vec<(u32, String)>>>,
 }
 
 impl PsClient {
@@ -42,6 +45,7 @@ impl PsClient {
             runtime,
             servers: (0..).zip(servers).collect(),
             expected: Vec::new(),
+            learned: None,
         }
     }
 
@@ -69,8 +73,17 @@ impl PsClient {
     /// Every parameter server of the job with the `host:port` it serves on, as the chief's
     /// setup names them (servers may have joined since this worker's cluster spec): calls to
     /// them dial there.
-    pub fn learn_servers(&mut self, servers: &[(u32, String)]) {
-        for (ps, addr) in servers {
+    /// Called with every closure: a list already learned (the same setup's) costs nothing.
+    pub fn learn_servers(&mut self, servers: &Arc<Vec<(u32, String)>>) {
+        if self
+            .learned
+            .as_ref()
+            .is_some_and(|known| Arc::ptr_eq(known, servers))
+        {
+            return;
+        }
+        self.learned = Some(Arc::clone(servers));
+        for (ps, addr) in servers.iter() {
             let known = self.servers.get(ps).map(|(_, a)| a.to_string());
             if known.as_deref() == Some(addr.as_str()) {
                 continue;
