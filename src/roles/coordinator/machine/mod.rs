@@ -1012,6 +1012,13 @@ impl Scheduler {
     /// (a dead incarnation never comes back, FENCE-1). Dispatch is held until a new
     /// incarnation is up and every server is restored.
     pub fn handle_ps_lost(&mut self, now: Instant, ps: u32, epoch: u64) {
+        if self.outside_job(ps) {
+            // Not a server of the job: a join not carried out yet is called off.
+            if self.call_off_join(ps, epoch) {
+                self.dispatch(now);
+            }
+            return;
+        }
         match self.servers.get_mut(&ps) {
             Some(entry) if entry.epoch == epoch => {
                 entry.alive = false;

@@ -227,6 +227,30 @@ impl Scheduler {
                         .is_some_and(|c| c.joining.contains_key(&ps))))
     }
 
+    /// Incarnation `epoch` of `ps` was declared dead before its join was carried out: the
+    /// join is called off, so that the move does not wait on a server that is gone (a new
+    /// incarnation that registers joins again). Returns whether a join was called off.
+    pub(super) fn call_off_join(&mut self, ps: u32, epoch: u64) -> bool {
+        let r = &mut self.resharding;
+        let mut called_off = false;
+        for changes in [Some(&mut r.pending), r.cutting.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if changes.joining.get(&ps).is_some_and(|(e, _)| *e == epoch) {
+                changes.joining.remove(&ps);
+                called_off = true;
+            }
+        }
+        if called_off {
+            tracing::warn!(
+                "ps/{ps} (epoch {epoch}) died before its join was carried out: the join is \
+                 called off"
+            );
+        }
+        called_off
+    }
+
     /// Whether a join or leave was asked for and has not ended yet.
     #[cfg(test)]
     pub(super) fn server_changes_pending(&self) -> bool {
@@ -271,6 +295,10 @@ impl Scheduler {
         let Some(mut changes) = self.resharding.cutting.take() else {
             return;
         };
+        if taken && changes.is_empty() {
+            // Every change was called off while the cut was taken: nothing moves.
+            return;
+        }
         if taken {
             self.move_servers(now, changes);
             return;

@@ -389,6 +389,15 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
                     s.handle_ps_up(t, ps, ps_epochs[&ps]);
                     lost_state = true;
                 }
+                8 if rng.gen_bool(0.5) => {
+                    // A server outside the job (joining, or gone) dies; a new incarnation
+                    // may join later.
+                    let ps = rng.gen_range(2..4);
+                    if !s.servers_in_job().contains(&ps) {
+                        s.handle_ps_lost(t, ps, ps_epochs[&ps]);
+                        *ps_epochs.get_mut(&ps).unwrap() += 1;
+                    }
+                }
                 _ => {}
             }
             pump(
@@ -461,4 +470,47 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
             );
         }
     }
+}
+
+/// A joining server declared dead before its join was carried out is not waited on: the cut
+/// under way is taken, nothing moves and nothing is restored (an older incarnation's death
+/// changes nothing), and a new incarnation joins again as usual.
+#[test]
+fn a_server_that_dies_before_its_join_was_carried_out_is_not_waited_on() {
+    let t = Instant::now();
+    let (mut s, _) = training(6);
+    let mut in_flight = drain(&mut s);
+    for epoch in [7, 8] {
+        s.handle_ps_joining(t, 2, epoch, "10.0.0.3:2222".into())
+            .unwrap();
+        commit_all(&mut s, &in_flight);
+        let cutting = drain(&mut s);
+        s.handle_ps_lost(t, 2, epoch - 1);
+        assert!(s.server_changes_pending(), "an older incarnation's death");
+        s.handle_ps_lost(t, 2, epoch);
+        take_cut(&mut s, cutting);
+        assert_eq!(s.servers_in_job(), vec![0, 1]);
+        in_flight = drain(&mut s);
+        assert!(
+            !in_flight
+                .iter()
+                .any(|a| matches!(a, SchedulerAction::Restore(_))),
+            "no restore: nothing moved"
+        );
+        assert!(
+            !dispatched(&in_flight).is_empty(),
+            "dispatch resumes after the cut"
+        );
+        assert!(!s.server_changes_pending());
+        assert_eq!(s.ledger().rolled_back, 0);
+    }
+    // A third incarnation joins and is carried out as usual.
+    s.handle_ps_joining(t, 2, 9, "10.0.0.3:2222".into())
+        .unwrap();
+    commit_all(&mut s, &in_flight);
+    let cutting = drain(&mut s);
+    let ckpt = take_cut(&mut s, cutting);
+    assert_eq!(s.servers_in_job(), vec![0, 1, 2]);
+    run_restore(&mut s, &ckpt);
+    assert!(!s.server_changes_pending());
 }
