@@ -19,7 +19,8 @@ pub struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Fault kinds to draw from: comma-separated kill, pause, partition, preempt, net,
-    /// storage, chief (kill the chief), or all / none.
+    /// storage, chief (kill the chief), drain (a worker scaled down), reshard (servers
+    /// joining and leaving), or all / none.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Most faults in one schedule.

@@ -32,6 +32,14 @@
 //!   (`Draining`) and runs on; the chief's machine gives it no new work, reads its positions
 //!   once its closure finished ([`crate::roles::coordinator::machine::membership`]), and lets
 //!   it go; it then exits and is never restarted. Worker 0 is never drained.
+//! - **Elastic servers**: as the launcher scales servers, a server joins (the lowest index
+//!   not running starts empty and registers: `Joining`) or the highest running one asks to
+//!   leave for good (`Draining`); the chief's machine moves the variables at a cut
+//!   ([`crate::roles::coordinator::machine`]'s `reshard`: a cut, the variables placed again
+//!   onto the new set, every server restored from the cut with its new shards), and lets the
+//!   leaving one go, which exits and is not restarted. Every server registers again with each
+//!   new chief (and one still waiting to leave asks again); a restarted chief's spec names
+//!   the servers running then, and it places the variables over them.
 //! - **The chief**: killed (coordinator and program together), its state is gone; after
 //!   `restart_delay` (every other time also after the detection budget, as a supervisor slow to reschedule it, so that the workers' wait for a new chief is driven too) a new incarnation starts as the real one does: its program reads the
 //!   newest checkpoint that verifies and a fresh coordinator's machine runs the start
@@ -87,9 +95,12 @@
 //!   the newest restore of generation at most `g` restored (0 if none was restored yet, or
 //!   that checkpoint records none for it): a worker is never set up or rewound at positions
 //!   from before a restore;
-//! - end to end, when the job finishes: each server's effective closures are exactly the
-//!   committed ones, and its variables (and optimizer slots) equal a fault-free replay that
-//!   applies each of them once, in the order the server applied them. Across a chief
+//! - end to end, when the job finishes (its last join waits for the servers to settle, as
+//!   its final save would): every row of every variable, on whichever server holds it now,
+//!   holds the effect of exactly the committed closures, and its value (and optimizer slots)
+//!   equal a fault-free replay that applies each of them once, in the order the servers that
+//!   held the row applied them (tracked per row, since rows moved from different servers
+//!   keep their own orders). Across a chief
 //!   restart, "committed" is what the checkpoint it resumed from held committed plus what
 //!   the new incarnations committed: closures its predecessor committed after that
 //!   checkpoint were rolled back with the servers and scheduled again under new ids;
@@ -188,6 +199,8 @@ pub struct FaultKinds {
     /// Drain a worker out of the job for good (the scale-down: it finishes its closure, the
     /// chief keeps its positions, it exits 0 and is not restarted).
     pub drain: bool,
+    /// Parameter servers join and leave the running job (its variables move at a cut).
+    pub reshard: bool,
 }
 
 impl FaultKinds {
@@ -202,6 +215,7 @@ impl FaultKinds {
             storage: true,
             chief: true,
             drain: true,
+            reshard: true,
         }
     }
 
@@ -216,11 +230,12 @@ impl FaultKinds {
             storage: false,
             chief: false,
             drain: false,
+            reshard: false,
         }
     }
 
-    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage,chief,drain`,
-    /// or `all`, or `none`).
+    /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage,chief,drain,
+    /// reshard`, or `all`, or `none`).
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut kinds = Self::none();
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -235,10 +250,11 @@ impl FaultKinds {
                 "storage" => kinds.storage = true,
                 "chief" => kinds.chief = true,
                 "drain" => kinds.drain = true,
+                "reshard" => kinds.reshard = true,
                 other => {
                     return Err(format!(
                         "unknown fault kind {other:?} (expected kill, pause, partition, \
-                         preempt, net, storage, chief, drain, all or none)"
+                         preempt, net, storage, chief, drain, reshard, all or none)"
                     ))
                 }
             }
@@ -311,6 +327,21 @@ pub enum Fault {
         at_ms: u64,
         /// The worker.
         worker: u32,
+    },
+    /// A parameter server joins the running job at `at_ms` (scaled up, as the launcher does:
+    /// the lowest index not running starts and registers; the chief moves variables onto it
+    /// at a cut). Skipped while another server is leaving, or when [`EXTRA_SERVERS_MAX`]
+    /// servers beyond the spec run already.
+    PsJoin {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+    },
+    /// The highest-indexed running parameter server asks to leave the job for good at
+    /// `at_ms` (scaled down); it exits once the chief moved its variables elsewhere (or at
+    /// once, if it held none), and stays if the chief refuses (the last server).
+    PsLeave {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
     },
     /// The `save`-th checkpoint write (0-based) goes wrong.
     Storage {
@@ -415,10 +446,7 @@ impl Scenario {
                 choices.push(kind);
             }
         }
-        if choices.is_empty() {
-            return Self { seed, net, faults };
-        }
-        for _ in 0..count {
+        for _ in 0..if choices.is_empty() { 0 } else { count } {
             let at_ms = rng.gen_range(0..horizon_ms);
             let node = if rng.gen_bool(0.5) {
                 Node::Ps(rng.gen_range(0..config.num_ps.max(1)))
@@ -471,6 +499,20 @@ impl Scenario {
                     at_ms: drains.gen_range(0..horizon_ms),
                     worker: drains.gen_range(1..config.num_workers),
                 });
+            }
+        }
+        // Server joins and leaves: a stream of their own too.
+        if kinds.reshard {
+            let mut reshards = ChaCha8Rng::seed_from_u64(seed ^ RESHARD_STREAM);
+            if reshards.gen_bool(0.3) {
+                for _ in 0..reshards.gen_range(1..=3) {
+                    let at_ms = reshards.gen_range(0..horizon_ms);
+                    faults.push(if reshards.gen_bool(0.5) {
+                        Fault::PsJoin { at_ms }
+                    } else {
+                        Fault::PsLeave { at_ms }
+                    });
+                }
             }
         }
         Self { seed, net, faults }
@@ -646,6 +688,8 @@ pub fn fault_kind(fault: &Fault) -> &'static str {
         Fault::Partition { one_way: true, .. } => "one-way partition",
         Fault::Preempt { .. } => "preempt",
         Fault::Drain { .. } => "drain",
+        Fault::PsJoin { .. } => "ps join",
+        Fault::PsLeave { .. } => "ps leave",
         Fault::Storage { .. } => "storage",
     }
 }
@@ -660,6 +704,11 @@ pub const SHRINK_RUNS_MAX: usize = 200;
 const SCENARIO_STREAM: u64 = 0x5CE7_A210_0000_0001;
 /// The stream of a seed's drains (apart from its other draws).
 const DRAIN_STREAM: u64 = 0xD8A1_0000_0000_0002;
+/// The stream of a seed's server joins and leaves.
+const RESHARD_STREAM: u64 = 0x2E5A_4D00_0000_0003;
+
+/// Servers beyond the cluster spec that may join a simulated job.
+pub const EXTRA_SERVERS_MAX: u32 = 2;
 
 #[cfg(test)]
 mod tests;

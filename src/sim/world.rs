@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation};
+use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation, EXTRA_SERVERS_MAX};
 use crate::checkpoint::{
     checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, Checkpoint, LoadError,
 };
@@ -56,6 +56,10 @@ pub struct SimReport {
     pub chief_resumes: u64,
     /// Workers drained out of the job (let go by the chief, never restarted).
     pub drained: u64,
+    /// Parameter servers started to join the running job.
+    pub ps_joined: u64,
+    /// Parameter servers let go for good after their variables moved.
+    pub ps_left: u64,
 }
 
 pub(super) struct World<'a> {
@@ -97,6 +101,11 @@ pub(super) struct World<'a> {
     restoring: BTreeMap<usize, Arc<Checkpoint>>,
     /// Chief incarnations that resumed from a checkpoint.
     chief_resumes: u64,
+    /// Every set of layouts a message carried, by index (messages carry the index).
+    layout_sets: Vec<Vec<Layout>>,
+    /// Servers started to join, and let go for good.
+    ps_joined: u64,
+    ps_left: u64,
     violation: Option<Violation>,
     ended: Option<Result<(), String>>,
 }
@@ -178,6 +187,8 @@ enum FaultEvent {
     Partition(Node, u64, bool),
     Preempt(Node),
     Drain(u32),
+    PsJoin,
+    PsLeave,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -223,6 +234,21 @@ enum Msg {
         epoch: u64,
     },
     Drained,
+    /// A parameter server registers with the chief ([`crate::roles::protocol::Joining`]):
+    /// at every start and with every new chief.
+    PsJoining {
+        ps: u32,
+        epoch: u64,
+    },
+    /// A server asks to leave the job for good ([`crate::roles::protocol::Draining`]), and
+    /// the chief's answer: go (its variables are elsewhere), or stay.
+    PsDraining {
+        ps: u32,
+        epoch: u64,
+    },
+    PsDrainAnswer {
+        go: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -237,23 +263,26 @@ enum Req {
     /// A dial: whichever incarnation listens at the address answers with its epoch.
     Hello,
     /// Set a new incarnation up with the dataset starting at `skip` (setup `version`, from
-    /// chief incarnation `chief`).
+    /// chief incarnation `chief`, with the layouts of set `layouts`).
     SetUp {
         version: u64,
         chief: u64,
         skip: u64,
+        layouts: usize,
     },
     /// Rebuild the dataset at `skip`.
     Rewind {
         version: u64,
         chief: u64,
         skip: u64,
+        layouts: usize,
     },
     /// A new setup for a live worker, the dataset (if new to it) at `skip`.
     Configure {
         version: u64,
         chief: u64,
         skip: u64,
+        layouts: usize,
     },
     /// Where its datasets are.
     Positions,
@@ -273,6 +302,7 @@ enum Req {
     },
     Shards {
         stored: usize,
+        layouts: usize,
     },
     RollBack {
         below: u64,
@@ -324,11 +354,23 @@ struct PsProc {
     epoch: u64,
     state: ProcState,
     store: ParameterStore,
-    /// The closures whose effect this server's variables hold, in the order applied (PS-1).
-    effective: Vec<u64>,
-    /// Every closure id applied since the last restore, to check PS-1 against.
+    /// The rows of each variable it holds a shard of.
+    rows: BTreeMap<String, std::ops::Range<usize>>,
+    /// Per row it holds, the closures whose effect the row holds, in the order applied
+    /// (PS-1, and the end-to-end replay: rows moved from different servers keep their own
+    /// orders).
+    history: Histories,
+    /// Every closure id whose effect it holds, to check PS-1 against.
     effective_set: BTreeSet<u64>,
+    /// Not running and not restarted by its supervisor: not started yet (a server that may
+    /// join), or let go for good.
+    out: bool,
+    /// Asked to leave the job for good, and not answered yet.
+    leaving: bool,
 }
+
+/// Per (variable, row), the closures whose effect the row holds, in the order applied.
+type Histories = BTreeMap<(String, usize), Vec<u64>>;
 
 /// A worker process: its real machine ([`WorkerMachine`]), the simulator standing in for
 /// its actor and compute thread.
@@ -463,7 +505,7 @@ struct Chief {
     startup_failures: u32,
     /// Per read of a cut and server, the snapshot its newest shard read returned, with the
     /// read's attempt (the harness's record of what the saved state holds, PS-1).
-    read: BTreeMap<(CutTicket, u32), (u32, usize)>,
+    read: BTreeMap<(CutTicket, u32, String), (u32, usize)>,
 }
 
 enum ChiefPhase {
@@ -489,7 +531,10 @@ enum ChiefPhase {
 #[derive(Debug, Clone)]
 struct PsSnapshot {
     read: ShardRead,
-    effective: Vec<u64>,
+    /// The variable the shard is of.
+    shard: String,
+    /// The shard's rows, each with the closures whose effect it held.
+    rows: Vec<(usize, Vec<u64>)>,
 }
 
 /// A checkpoint in the simulated storage: its files as the real encoder wrote them (and the
@@ -499,8 +544,9 @@ struct Stored {
     files: BTreeMap<String, Vec<u8>>,
     /// The checkpoint as saved: a restore that reads this one must load exactly it (CKPT-1).
     saved: Checkpoint,
-    /// Per server, the closures whose effect its saved state holds (PS-1 after a restore).
-    effective: Vec<Vec<u64>>,
+    /// Per row of every variable, the closures whose effect its saved state holds (PS-1 and
+    /// the replay after a restore).
+    history: Histories,
     /// Per worker, its dataset's position (DATA-1).
     positions: BTreeMap<u32, u64>,
     /// The closures committed at the cut (the end-to-end check after a chief restart).
@@ -518,26 +564,40 @@ type Snapshots = Vec<PsSnapshot>;
 
 impl<'a> World<'a> {
     pub(super) fn new(config: &'a SimConfig, scenario: &'a Scenario) -> Self {
-        let servers = (0..config.num_ps)
+        let servers = (0..config.num_ps + EXTRA_SERVERS_MAX)
             .map(|ps| {
-                let mut store = new_store();
-                store
-                    .handle_create(&variable(ps), vec![WIDTH], initial(ps))
-                    .expect("a fresh store takes a new variable");
-                PsProc {
-                    epoch: 1,
-                    state: ProcState::Up,
-                    store,
-                    effective: Vec::new(),
+                let mut p = PsProc {
+                    epoch: 0,
+                    state: ProcState::Down,
+                    store: new_store(),
+                    rows: BTreeMap::new(),
+                    history: BTreeMap::new(),
                     effective_set: BTreeSet::new(),
+                    out: true,
+                    leaving: false,
+                };
+                if ps < config.num_ps {
+                    // The spec's servers start with the job, server `ps` holding all of
+                    // variable `ps`, as the chief program creates them.
+                    p.epoch = 1;
+                    p.state = ProcState::Up;
+                    p.out = false;
+                    p.store
+                        .handle_create(&variable(ps), vec![WIDTH], initial(ps))
+                        .expect("a fresh store takes a new variable");
+                    p.rows.insert(variable(ps), 0..WIDTH);
+                    for row in 0..WIDTH {
+                        p.history.insert((variable(ps), row), Vec::new());
+                    }
                 }
+                p
             })
             .collect();
         let workers = (0..config.num_workers)
             .map(|w| WorkerProc {
                 epoch: 1,
                 state: ProcState::Up,
-                machine: WorkerMachine::new(w, 1, config.num_ps),
+                machine: WorkerMachine::new(w, 1, config.num_ps + EXTRA_SERVERS_MAX),
                 run: None,
                 waiting: Default::default(),
                 position: 0,
@@ -556,7 +616,7 @@ impl<'a> World<'a> {
             events: 0,
             trace_hash: FNV_OFFSET,
             trace: Vec::new(),
-            coord: new_coordinator(config),
+            coord: new_coordinator(config, config.num_ps),
             chief_state: ProcState::Up,
             chief_epoch: 1,
             servers,
@@ -583,6 +643,9 @@ impl<'a> World<'a> {
             restored_from: BTreeMap::new(),
             restoring: BTreeMap::new(),
             chief_resumes: 0,
+            layout_sets: Vec::new(),
+            ps_joined: 0,
+            ps_left: 0,
             violation: None,
             ended: None,
         };
@@ -602,6 +665,8 @@ impl<'a> World<'a> {
                 } => (at_ms, FaultEvent::Partition(node, for_ms, one_way)),
                 Fault::Preempt { at_ms, node } => (at_ms, FaultEvent::Preempt(node)),
                 Fault::Drain { at_ms, worker } => (at_ms, FaultEvent::Drain(worker)),
+                Fault::PsJoin { at_ms } => (at_ms, FaultEvent::PsJoin),
+                Fault::PsLeave { at_ms } => (at_ms, FaultEvent::PsLeave),
                 Fault::Storage { .. } => continue,
             };
             world.at(Duration::from_millis(at_ms), Event::Inject(event));
@@ -662,6 +727,8 @@ impl<'a> World<'a> {
             sim_ms: self.now.as_millis() as u64,
             chief_resumes: self.chief_resumes,
             drained: self.workers.iter().filter(|w| w.drained).count() as u64,
+            ps_joined: self.ps_joined,
+            ps_left: self.ps_left,
         }
     }
 
@@ -770,12 +837,36 @@ impl<'a> World<'a> {
     /// A new chief incarnation starts as the real one does: a fresh coordinator, which probes
     /// every server and restores them from the newest checkpoint that verifies before its
     /// program goes on from that checkpoint's step.
+    ///
+    /// Its cluster spec names the servers running now (as the launcher gives a restarted
+    /// chief: they are `0..n`, joins taking the lowest free index and leaves the highest);
+    /// every running server registers with it again, and one waiting to leave asks again.
     fn restart_chief(&mut self) {
         self.chief_epoch += 1;
         self.chief_state = ProcState::Up;
-        self.coord = new_coordinator(self.config);
+        let servers = self.running_servers().len() as u32;
+        self.coord = new_coordinator(self.config, servers);
         self.committed_before.clear();
         self.chief.phase = ChiefPhase::Starting(self.now);
+        let chief = self.chief_epoch;
+        for ps in self.running_servers() {
+            let p = &self.servers[ps as usize];
+            let (epoch, leaving) = (p.epoch, p.leaving);
+            self.send(
+                Node::Ps(ps),
+                Node::Chief,
+                chief,
+                Msg::PsJoining { ps, epoch },
+            );
+            if leaving {
+                self.send(
+                    Node::Ps(ps),
+                    Node::Chief,
+                    chief,
+                    Msg::PsDraining { ps, epoch },
+                );
+            }
+        }
     }
 
     /// The workers' failure detectors declare chief incarnation `epoch` dead, if it is still
@@ -807,13 +898,11 @@ impl<'a> World<'a> {
         match node {
             Node::Chief => self.restart_chief(),
             Node::Ps(i) => {
-                let p = &mut self.servers[i as usize];
-                p.epoch += 1;
-                p.state = ProcState::Up;
-                // A new incarnation holds nothing until it is restored.
-                p.store = new_store();
-                p.effective.clear();
-                p.effective_set.clear();
+                if self.servers[i as usize].out {
+                    // Let go for good: its supervisor does not restart it.
+                    return;
+                }
+                self.start_server(i);
             }
             Node::Worker(i) => {
                 let w = &mut self.workers[i as usize];
@@ -823,13 +912,64 @@ impl<'a> World<'a> {
                 }
                 w.epoch += 1;
                 w.state = ProcState::Up;
-                w.machine = WorkerMachine::new(i, w.epoch, self.config.num_ps);
+                w.machine = WorkerMachine::new(i, w.epoch, self.config.num_ps + EXTRA_SERVERS_MAX);
                 w.run = None;
                 w.waiting.clear();
                 w.position = 0;
                 w.fresh = false;
             }
         }
+    }
+
+    /// Starts a new incarnation of server `ps`: it holds nothing until it is restored, and
+    /// registers with the chief ([`Msg::PsJoining`]), as every server does at its start.
+    fn start_server(&mut self, ps: u32) {
+        let p = &mut self.servers[ps as usize];
+        p.epoch += 1;
+        p.state = ProcState::Up;
+        p.out = false;
+        p.leaving = false;
+        p.store = new_store();
+        p.rows.clear();
+        p.history.clear();
+        p.effective_set.clear();
+        let epoch = p.epoch;
+        let chief = self.chief_epoch;
+        self.send(
+            Node::Ps(ps),
+            Node::Chief,
+            chief,
+            Msg::PsJoining { ps, epoch },
+        );
+    }
+
+    /// Server `ps` exits for good (let go after it left the job): nothing of it remains.
+    fn end_server(&mut self, ps: u32) {
+        let p = &mut self.servers[ps as usize];
+        p.state = ProcState::Down;
+        p.out = true;
+        p.leaving = false;
+        p.store = new_store();
+        p.rows.clear();
+        p.history.clear();
+        p.effective_set.clear();
+        self.ps_left += 1;
+    }
+
+    /// Servers running or to be restarted by their supervisors (not out), in index order.
+    fn running_servers(&self) -> Vec<u32> {
+        (0..self.servers.len() as u32)
+            .filter(|ps| !self.servers[*ps as usize].out)
+            .collect()
+    }
+
+    /// The index of `layouts` among the sets messages carry (added if new).
+    fn intern_layouts(&mut self, layouts: &[Layout]) -> usize {
+        if let Some(i) = self.layout_sets.iter().rposition(|l| l == layouts) {
+            return i;
+        }
+        self.layout_sets.push(layouts.to_vec());
+        self.layout_sets.len() - 1
     }
 
     fn partitioned(&self, node: Node, outgoing: bool) -> bool {
@@ -932,6 +1072,24 @@ impl<'a> World<'a> {
                     self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
                 }
             }
+            (Node::Chief, Msg::PsJoining { ps, epoch }) => {
+                // Refusals cannot happen here (the job has a checkpoint directory and few
+                // servers); a refused server would stay out and exit.
+                let now = self.instant();
+                let addr = format!("ps{ps}:2222");
+                let _ = self.coord.handle_ps_joining(now, ps, epoch, addr);
+            }
+            (Node::Chief, Msg::PsDraining { ps, epoch }) => {
+                let now = self.instant();
+                let go = match self.coord.handle_ps_draining(now, ps, epoch) {
+                    Ok(true) => Some(true),
+                    Ok(false) => None,
+                    Err(_) => Some(false),
+                };
+                if let Some(go) = go {
+                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::PsDrainAnswer { go });
+                }
+            }
             (Node::Chief, Msg::PsLeaving { ps, epoch }) => {
                 let now = self.instant();
                 if let Some(answer) = self.coord.handle_ps_leaving(now, ps, epoch, false) {
@@ -951,6 +1109,11 @@ impl<'a> World<'a> {
         match msg {
             // Let go after its preemption notice: it exits now and is restarted.
             Msg::LeaveAnswer(LeaveAnswer::Go) => self.kill(node),
+            // Let go after it asked to leave: it exits 0 and is not restarted.
+            Msg::PsDrainAnswer { go: true } if self.servers[ps as usize].leaving => {
+                self.end_server(ps)
+            }
+            Msg::PsDrainAnswer { .. } => self.servers[ps as usize].leaving = false,
             Msg::Push { run, push, blobs } => {
                 let PushOrigin { worker, epoch, .. } = push.origin;
                 let result = self.apply_push(ps, &push, &blobs);
@@ -1004,7 +1167,16 @@ impl<'a> World<'a> {
         let outcome = p.store.handle_push(origin, &gradients).ok()?;
         if outcome == PushOutcome::Applied {
             let closure = origin.closure.0;
-            if !p.effective_set.insert(closure) {
+            let again = !p.effective_set.insert(closure);
+            for (name, _) in &gradients {
+                for row in p.rows.get(name).cloned().unwrap_or_default() {
+                    p.history
+                        .entry((name.clone(), row))
+                        .or_default()
+                        .push(closure);
+                }
+            }
+            if again {
                 let detail = format!(
                     "ps/{ps} applied closure {closure} a second time (attempt {}, worker/{} \
                      epoch {})",
@@ -1012,7 +1184,6 @@ impl<'a> World<'a> {
                 );
                 self.violate("PS-1", detail);
             }
-            self.servers[ps as usize].effective.push(closure);
         }
         (outcome != PushOutcome::SkippedNonFinite).then_some(outcome)
     }
@@ -1039,28 +1210,39 @@ impl<'a> World<'a> {
                 p.store.handle_begin_restore(generation, &fences);
                 Resp::Done
             }
-            Req::Shards { stored } => {
-                let (Some(checkpoint), Some(effective)) = (
-                    self.restoring.get(&stored),
-                    self.storage
-                        .get(stored)
-                        .and_then(|s| s.effective.get(ps as usize)),
-                ) else {
+            Req::Shards { stored, layouts } => {
+                let (Some(checkpoint), Some(saved)) =
+                    (self.restoring.get(&stored), self.storage.get(stored))
+                else {
                     return Resp::Refused("no such checkpoint".into());
                 };
-                let effective = effective.clone();
-                let restores = match shard_restores(ps, &layouts(self.config.num_ps), checkpoint) {
+                let layouts = &self.layout_sets[layouts];
+                let restores = match shard_restores(ps, layouts, checkpoint) {
                     Ok(restores) => restores,
                     Err(e) => return Resp::Refused(e.to_string()),
                 };
+                // The rows it holds now, each with the closures the saved row held.
+                let mut rows = BTreeMap::new();
+                let mut history = BTreeMap::new();
+                for layout in layouts {
+                    for shard in layout.shards.iter().filter(|s| s.ps == ps) {
+                        rows.insert(layout.name.clone(), shard.rows.clone());
+                        for row in shard.rows.clone() {
+                            let key = (layout.name.clone(), row);
+                            let held = saved.history.get(&key).cloned().unwrap_or_default();
+                            history.insert(key, held);
+                        }
+                    }
+                }
                 let p = &mut self.servers[ps as usize];
                 for (msg, blobs) in restores {
                     if let Err(e) = restore_variable(&mut p.store, msg, &blobs) {
                         return Resp::Refused(e);
                     }
                 }
-                p.effective_set = effective.iter().copied().collect();
-                p.effective = effective;
+                p.effective_set = history.values().flatten().copied().collect();
+                p.rows = rows;
+                p.history = history;
                 Resp::Done
             }
             Req::RollBack { below, generation } => {
@@ -1076,9 +1258,20 @@ impl<'a> World<'a> {
                     Ok(read) => read,
                     Err(e) => return Resp::Refused(e.to_string()),
                 };
+                let rows = p
+                    .rows
+                    .get(&shard)
+                    .cloned()
+                    .unwrap_or_default()
+                    .map(|row| {
+                        let held = p.history.get(&(shard.clone(), row)).cloned();
+                        (row, held.unwrap_or_default())
+                    })
+                    .collect();
                 let snapshot = PsSnapshot {
                     read: ShardRead { state, blobs },
-                    effective: p.effective.clone(),
+                    shard,
+                    rows,
                 };
                 self.snapshots.push(snapshot);
                 Resp::Snapshot(self.snapshots.len() - 1)
@@ -1169,16 +1362,19 @@ impl<'a> World<'a> {
                     version,
                     chief,
                     skip,
+                    layouts,
                 }
                 | Req::Rewind {
                     version,
                     chief,
                     skip,
+                    layouts,
                 }
                 | Req::Configure {
                     version,
                     chief,
                     skip,
+                    layouts,
                 } => {
                     // A new incarnation is set up with a rewind (rebuilt from scratch), as the
                     // coordinator does, so that a setup a restore made outdated (built at old
@@ -1188,7 +1384,7 @@ impl<'a> World<'a> {
                     // What the message carries: the job's layouts, the dataset at `skip`.
                     let setup = SetupWorker {
                         num_workers: self.config.num_workers,
-                        layouts: layouts(self.config.num_ps),
+                        layouts: self.layout_sets[layouts].clone(),
                         servers: Vec::new(),
                         datasets: vec![(DATASET.into(), skip)],
                         version,
@@ -1654,10 +1850,11 @@ impl<'a> World<'a> {
                         let newest = self
                             .chief
                             .read
-                            .get(&(ticket, ps))
+                            .get(&(ticket, ps, shard.clone()))
                             .is_none_or(|(a, _)| *a <= attempt);
                         if newest {
-                            self.chief.read.insert((ticket, ps), (attempt, id));
+                            let key = (ticket, ps, shard.clone());
+                            self.chief.read.insert(key, (attempt, id));
                         }
                         Ok(self.snapshots[id].read.clone())
                     }
@@ -1723,7 +1920,7 @@ impl<'a> World<'a> {
                 SchedulerAction::Fence { worker, epoch } => {
                     let fenced = self.fenced.entry(worker).or_insert(epoch);
                     *fenced = (*fenced).max(epoch);
-                    for ps in 0..self.config.num_ps {
+                    for ps in self.coord.servers_in_job() {
                         let node = Node::Ps(ps);
                         let to_epoch = self.state(node).1;
                         let kind = CallKind::Fence { worker, epoch, ps };
@@ -1737,7 +1934,7 @@ impl<'a> World<'a> {
                     finished_below,
                     generation,
                 } => {
-                    for ps in 0..self.config.num_ps {
+                    for ps in self.coord.servers_in_job() {
                         let node = Node::Ps(ps);
                         let to_epoch = self.state(node).1;
                         let req = Req::Watermark {
@@ -1784,6 +1981,7 @@ impl<'a> World<'a> {
                         version,
                         chief: self.chief_epoch,
                         skip: skip_of(&setup),
+                        layouts: self.intern_layouts(&setup.layouts),
                     };
                     let bound = self.config.call_timeout;
                     self.call(Node::Worker(worker), epoch, kind, req, bound);
@@ -1809,6 +2007,7 @@ impl<'a> World<'a> {
                         version: setup.version,
                         chief: self.chief_epoch,
                         skip: skip_of(&setup),
+                        layouts: self.intern_layouts(&setup.layouts),
                     };
                     self.call(Node::Worker(worker), epoch, kind, req, bound);
                 }
@@ -1853,9 +2052,10 @@ impl<'a> World<'a> {
                 SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
                     self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
                 }
-                // The simulated servers never ask to leave the job (elastic servers are proven
-                // by the machine's tests and real processes).
-                SchedulerAction::AnswerPsDraining { .. } => {}
+                SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
+                    let go = result.is_ok();
+                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::PsDrainAnswer { go });
+                }
                 SchedulerAction::ProbeServer { ticket, ps } => {
                     let node = Node::Ps(ps);
                     let epoch = self.state(node).1;
@@ -1869,7 +2069,6 @@ impl<'a> World<'a> {
                 // The program's wait for a configuration: the simulated chief configures once,
                 // before any worker is up.
                 SchedulerAction::ConfigureFinished { .. } => {}
-                // The simulated cluster's membership is fixed: no worker joins or drains.
                 SchedulerAction::AskDrainPositions { worker, epoch } => {
                     let bound = self.config.call_timeout;
                     let kind = CallKind::DrainPositions { worker, epoch };
@@ -1915,8 +2114,9 @@ impl<'a> World<'a> {
                 epoch,
                 generation,
                 checkpoint,
-                ..
+                layouts,
             } => {
+                let layouts = self.intern_layouts(layouts);
                 let stored = checkpoint.0.step as usize;
                 self.restored_from.insert(*generation, stored);
                 self.restoring.insert(stored, Arc::clone(&checkpoint.0));
@@ -1924,7 +2124,13 @@ impl<'a> World<'a> {
                     generation: *generation,
                     call: call.clone(),
                 };
-                self.call(Node::Ps(*ps), *epoch, kind, Req::Shards { stored }, bound);
+                self.call(
+                    Node::Ps(*ps),
+                    *epoch,
+                    kind,
+                    Req::Shards { stored, layouts },
+                    bound,
+                );
             }
             RestoreCall::RollBack {
                 ps,
@@ -1952,6 +2158,7 @@ impl<'a> World<'a> {
                     version: setup.version,
                     chief: self.chief_epoch,
                     skip: skip_of(setup),
+                    layouts: self.intern_layouts(&setup.layouts),
                 };
                 let kind = CallKind::Restore {
                     generation: *generation,
@@ -2023,6 +2230,31 @@ impl<'a> World<'a> {
                         let epoch = self.state(node).1;
                         let chief = self.chief_epoch;
                         self.send(node, Node::Chief, chief, Msg::Draining { worker, epoch });
+                    }
+                }
+                FaultEvent::PsJoin => {
+                    // As the launcher scales up: the lowest index not running starts (none
+                    // while a server is leaving, so that the running ones stay `0..n`).
+                    let leaving = self.servers.iter().any(|p| p.leaving);
+                    let free =
+                        (0..self.servers.len() as u32).find(|ps| self.servers[*ps as usize].out);
+                    if let (false, Some(ps)) = (leaving, free) {
+                        self.ps_joined += 1;
+                        self.start_server(ps);
+                    }
+                }
+                FaultEvent::PsLeave => {
+                    // As the launcher scales down: the highest running server is asked to
+                    // leave (SIGUSR1), if it is up and no other is leaving.
+                    let leaving = self.servers.iter().any(|p| p.leaving);
+                    if let (false, Some(&ps)) = (leaving, self.running_servers().last()) {
+                        let node = Node::Ps(ps);
+                        if self.state(node).0 == ProcState::Up {
+                            let p = &mut self.servers[ps as usize];
+                            p.leaving = true;
+                            let (epoch, chief) = (p.epoch, self.chief_epoch);
+                            self.send(node, Node::Chief, chief, Msg::PsDraining { ps, epoch });
+                        }
                     }
                 }
                 FaultEvent::Preempt(node) => {
@@ -2142,7 +2374,9 @@ impl<'a> World<'a> {
     /// as a new incarnation is reported up.
     fn detect(&mut self) {
         let now = self.instant();
-        let nodes: Vec<Node> = (0..self.config.num_ps)
+        let nodes: Vec<Node> = self
+            .running_servers()
+            .into_iter()
             .map(Node::Ps)
             .chain((0..self.config.num_workers).map(Node::Worker))
             .collect();
@@ -2235,7 +2469,11 @@ impl<'a> World<'a> {
                     return;
                 }
                 if self.chief.scheduled >= self.config.closures {
-                    self.ended = Some(Ok(()));
+                    // As the program's final save would, the end waits for the servers to
+                    // settle: no restore, and no server joining or leaving, under way.
+                    if !self.coord.is_holding() && !self.coord.server_changes_pending() {
+                        self.ended = Some(Ok(()));
+                    }
                     return;
                 }
                 self.chief.phase =
@@ -2301,11 +2539,11 @@ impl<'a> World<'a> {
         }
         match result {
             Ok(reading) => {
-                let Some(effective) = self.take_read(ticket) else {
+                let Some(history) = self.take_read(ticket) else {
                     return;
                 };
                 match reading.into_checkpoint() {
-                    Ok(checkpoint) => self.save(checkpoint, effective),
+                    Ok(checkpoint) => self.save(checkpoint, history),
                     Err(e) => {
                         self.ended = Some(Err(e));
                         return;
@@ -2317,38 +2555,42 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Per server, the closures whose effect its state held when read `ticket` read it; the
-    /// harness's records of that read (and of older ones, given up) are dropped. `None`, a
-    /// violation, if a server was not read.
-    fn take_read(&mut self, ticket: CutTicket) -> Option<Vec<Vec<u64>>> {
-        let read: BTreeMap<u32, usize> = self
+    /// Per row of every variable, the closures whose effect it held when read `ticket` read
+    /// its shard; the harness's records of that read (and of older ones, given up) are
+    /// dropped. `None`, a violation, if a row was not read.
+    fn take_read(&mut self, ticket: CutTicket) -> Option<Histories> {
+        let read: Vec<usize> = self
             .chief
             .read
             .iter()
-            .filter(|((t, _), _)| *t == ticket)
-            .map(|((_, ps), (_, id))| (*ps, *id))
+            .filter(|((t, _, _), _)| *t == ticket)
+            .map(|(_, (_, id))| *id)
             .collect();
-        self.chief.read.retain(|(t, _), _| *t > ticket);
-        let effective: Option<Vec<Vec<u64>>> = (0..self.config.num_ps)
-            .map(|ps| {
-                read.get(&ps)
-                    .map(|id| self.snapshots[*id].effective.clone())
-            })
-            .collect();
-        if effective.is_none() {
+        self.chief.read.retain(|(t, _, _), _| *t > ticket);
+        let mut history = Histories::new();
+        for id in read {
+            let snapshot = &self.snapshots[id];
+            for (row, held) in &snapshot.rows {
+                history.insert((snapshot.shard.clone(), *row), held.clone());
+            }
+        }
+        let complete = (0..self.config.num_ps)
+            .all(|v| (0..WIDTH).all(|row| history.contains_key(&(variable(v), row))));
+        if !complete {
             self.violate(
                 "CKPT-1",
-                "a cut was read without reading every server".into(),
+                "a cut was read without reading every shard".into(),
             );
+            return None;
         }
-        effective
+        Some(history)
     }
 
     /// The coordinator read a parameter server's preemption cut: write it as the real shell
     /// does (the real encoder, into the simulated storage, read back), apart from the program's
     /// checkpoints; the coordinator hears that it is durable after a write's time.
     fn write_preemption_cut(&mut self, ticket: CutTicket, reading: CutReading) {
-        let Some(effective) = self.take_read(ticket) else {
+        let Some(history) = self.take_read(ticket) else {
             return;
         };
         let result = reading.into_checkpoint().and_then(|mut checkpoint| {
@@ -2361,7 +2603,7 @@ impl<'a> World<'a> {
             self.storage.push(Stored {
                 files: encoded.into_iter().collect(),
                 saved: checkpoint,
-                effective,
+                history,
                 positions,
                 committed: self.committed_ids(),
                 scheduled: self.chief.scheduled,
@@ -2401,7 +2643,7 @@ impl<'a> World<'a> {
             (Ok(None), None) => {
                 // Afresh: the simulated program creates no variable, so a server that lost
                 // its own (restarted before any checkpoint) cannot be trained.
-                if self.servers.iter().all(|s| s.store.serving()) {
+                if self.servers.iter().all(|s| s.out || s.store.serving()) {
                     self.chief.scheduled = 0;
                     self.chief.batches = 0;
                     self.chief.phase = ChiefPhase::Save;
@@ -2474,7 +2716,7 @@ impl<'a> World<'a> {
     /// place, so that a recovery restores the previous valid checkpoint and runs again
     /// everything committed since; its files stay in storage (as if the chief had crashed
     /// before removing them), and every restore must skip them.
-    fn save(&mut self, checkpoint: Checkpoint, effective: Vec<Vec<u64>>) {
+    fn save(&mut self, checkpoint: Checkpoint, history: Histories) {
         let cut = checkpoint.ledger.next_closure_id;
         let positions = checkpoint.dataset_positions.clone();
         let index = self.chief.saves;
@@ -2527,7 +2769,7 @@ impl<'a> World<'a> {
         self.storage.push(Stored {
             files,
             saved: checkpoint,
-            effective,
+            history,
             positions,
             committed,
             scheduled: self.chief.scheduled,
@@ -2596,8 +2838,9 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Every server's effective closures are exactly the committed ones, and its variable and
-    /// slots equal a fault-free replay of them in the order it applied them.
+    /// Every row of every variable holds the effect of exactly the committed closures, and
+    /// its value and slots equal a fault-free replay of them in the order its server (or the
+    /// servers it moved from) applied them.
     fn check_end_to_end(&mut self) {
         let committed = self.committed_ids();
         let ledger = self.coord.ledger().clone();
@@ -2612,86 +2855,109 @@ impl<'a> World<'a> {
             );
             return;
         }
-        for ps in 0..self.config.num_ps {
-            let p = &self.servers[ps as usize];
-            let effective: BTreeSet<u64> = p.effective.iter().copied().collect();
-            if effective != committed || effective.len() != p.effective.len() {
-                let missing: Vec<_> = committed.difference(&effective).take(5).collect();
-                let extra: Vec<_> = effective.difference(&committed).take(5).collect();
-                let detail = format!(
-                    "ps/{ps} holds the effect of {} closures ({} distinct) for {} committed; \
-                     missing {missing:?}, not committed {extra:?}",
-                    p.effective.len(),
-                    effective.len(),
-                    committed.len()
-                );
-                self.violate("END-TO-END", detail);
-                return;
-            }
-            let mut replay = new_store();
-            replay
-                .handle_create(&variable(ps), vec![WIDTH], initial(ps))
-                .expect("a fresh store takes a new variable");
-            for (n, closure) in p.effective.iter().enumerate() {
-                let origin = PushOrigin {
-                    worker: 0,
-                    epoch: 1,
-                    closure: ClosureId(*closure),
-                    attempt: 1,
-                    generation: 0,
-                };
-                let grad = [(variable(ps), Gradient::Dense(gradient(*closure).into()))];
-                if replay.handle_push(origin, &grad) != Ok(PushOutcome::Applied) {
-                    self.violate(
-                        "END-TO-END",
-                        format!("the replay of ps/{ps} refused push {n}"),
-                    );
-                    return;
-                }
-            }
-            let name = variable(ps);
-            let (Ok(live), Ok(expected)) = (p.store.variable(&name), replay.variable(&name)) else {
-                self.violate("END-TO-END", format!("ps/{ps} lost its variable"));
+        let mut replays: BTreeMap<(String, Vec<u64>), ParameterStore> = BTreeMap::new();
+        for layout in self.coord.layouts() {
+            let name = layout.name.clone();
+            let Some(v) = (0..self.config.num_ps).find(|v| variable(*v) == name) else {
+                self.violate("END-TO-END", format!("unknown variable {name}"));
                 return;
             };
-            let same = live
-                .values()
-                .iter()
-                .map(|v| v.to_bits())
-                .eq(expected.values().iter().map(|v| v.to_bits()))
-                && live.slots() == expected.slots()
-                && live.steps() == expected.steps();
-            if !same {
-                let detail = format!(
-                    "ps/{ps}'s variable differs from a fault-free replay of its {} closures: \
-                     {:?} (steps {}) against {:?} (steps {})",
-                    p.effective.len(),
-                    live.values(),
-                    live.steps(),
-                    expected.values(),
-                    expected.steps()
-                );
-                self.violate("END-TO-END", detail);
-                return;
+            for shard in &layout.shards {
+                let p = &self.servers[shard.ps as usize];
+                let Ok(live) = p.store.variable(&name) else {
+                    let detail = format!("ps/{} lost its shard of {name}", shard.ps);
+                    self.violate("END-TO-END", detail);
+                    return;
+                };
+                for row in shard.rows.clone() {
+                    let held = p.history.get(&(name.clone(), row)).cloned();
+                    let held = held.unwrap_or_default();
+                    let effective: BTreeSet<u64> = held.iter().copied().collect();
+                    if effective != committed || effective.len() != held.len() {
+                        let missing: Vec<_> = committed.difference(&effective).take(5).collect();
+                        let extra: Vec<_> = effective.difference(&committed).take(5).collect();
+                        let detail = format!(
+                            "row {row} of {name} on ps/{} holds the effect of {} closures ({} \
+                             distinct) for {} committed; missing {missing:?}, not committed \
+                             {extra:?}",
+                            shard.ps,
+                            held.len(),
+                            effective.len(),
+                            committed.len()
+                        );
+                        self.violate("END-TO-END", detail);
+                        return;
+                    }
+                    let replay = replays
+                        .entry((name.clone(), held.clone()))
+                        .or_insert_with(|| replay_variable(v, &held));
+                    let Ok(expected) = replay.variable(&name) else {
+                        self.violate("END-TO-END", format!("the replay of {name} failed"));
+                        return;
+                    };
+                    let at = row - shard.rows.start;
+                    let slot_rows = |slots: &Slots, i: usize| -> Vec<u32> {
+                        slots.iter().map(|(_, buf)| buf[i].to_bits()).collect()
+                    };
+                    let same = live.values()[at].to_bits() == expected.values()[row].to_bits()
+                        && slot_rows(live.slots(), at) == slot_rows(expected.slots(), row)
+                        && live.steps() == expected.steps();
+                    if !same {
+                        let detail = format!(
+                            "row {row} of {name} on ps/{} differs from a fault-free replay of its \
+                             {} closures: {} (steps {}) against {} (steps {})",
+                            shard.ps,
+                            held.len(),
+                            live.values()[at],
+                            live.steps(),
+                            expected.values()[row],
+                            expected.steps()
+                        );
+                        self.violate("END-TO-END", detail);
+                        return;
+                    }
+                }
             }
         }
     }
 }
 
+/// Variable `v` (all of it) after applying `closures` once each, in order, from its initial
+/// value: what a fault-free server would hold.
+fn replay_variable(v: u32, closures: &[u64]) -> ParameterStore {
+    let mut replay = new_store();
+    replay
+        .handle_create(&variable(v), vec![WIDTH], initial(v))
+        .expect("a fresh store takes a new variable");
+    for closure in closures {
+        let origin = PushOrigin {
+            worker: 0,
+            epoch: 1,
+            closure: ClosureId(*closure),
+            attempt: 1,
+            generation: 0,
+        };
+        let grad = [(variable(v), Gradient::Dense(gradient(*closure).into()))];
+        let applied = replay.handle_push(origin, &grad);
+        debug_assert_eq!(applied, Ok(PushOutcome::Applied));
+    }
+    replay
+}
+
 /// A chief incarnation's coordinator, configured as the chief program does: every worker
 /// reads one dataset.
-fn new_coordinator(config: &SimConfig) -> Scheduler {
+fn new_coordinator(config: &SimConfig, servers: u32) -> Scheduler {
     let mut coord = Scheduler::new(SchedulerConfig {
         ps_restart_wait_max: config.ps_restart_wait,
         no_worker_wait_max: config.ps_restart_wait,
         ..SchedulerConfig::default()
     })
-    .with_servers(config.num_ps)
+    .with_servers(servers)
     .with_workers(config.num_workers)
     .with_checkpoint_dir(Some(std::path::PathBuf::from("sim-checkpoints")));
     coord.handle_configure(SetupWorker {
         num_workers: config.num_workers,
-        layouts: layouts(config.num_ps),
+        layouts: layouts(config.num_ps, servers),
         servers: Vec::new(),
         datasets: vec![(DATASET.into(), 0)],
         version: 0,
@@ -2754,15 +3020,19 @@ fn new_store() -> ParameterStore {
     ParameterStore::new(Optimizer::adagrad(0.05)).expect("valid hyperparameters")
 }
 
-/// Every server's variable as the workers' setup names it: server `ps` holds all of
-/// [`variable`]`(ps)`.
-fn layouts(num_ps: u32) -> Vec<Layout> {
-    (0..num_ps)
-        .map(|ps| Layout {
-            name: variable(ps),
+/// The job's variables (one per server the spec first named) as a chief program with
+/// `servers` servers places them: variable `v` whole on server `v % servers` (with the spec's
+/// servers, server `ps` holds all of [`variable`]`(ps)`).
+fn layouts(variables: u32, servers: u32) -> Vec<Layout> {
+    (0..variables)
+        .map(|v| Layout {
+            name: variable(v),
             dtype: Dtype::F32,
             shape: vec![WIDTH],
-            shards: vec![Shard { ps, rows: 0..WIDTH }],
+            shards: vec![Shard {
+                ps: v % servers.max(1),
+                rows: 0..WIDTH,
+            }],
         })
         .collect()
 }

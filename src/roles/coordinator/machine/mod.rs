@@ -621,6 +621,9 @@ pub struct Scheduler {
     creates: BTreeMap<CreateTicket, PendingCreate>,
     /// The chief's start, while its probes are out.
     start: Option<PendingStart>,
+    /// The chief's start ended well (restored, or afresh): what the servers hold is this
+    /// coordinator's to account for (see [`Self::servers_accounted`]).
+    started: bool,
     /// Reads of a cut: the first is under way, the others wait for it.
     cut_reads: VecDeque<PendingCutRead>,
     /// A parameter server's preemption cut under way: dispatch is held while it lasts.
@@ -759,6 +762,7 @@ impl Scheduler {
             collections: BTreeMap::new(),
             creates: BTreeMap::new(),
             start: None,
+            started: false,
             cut_reads: VecDeque::new(),
             preemption: None,
             saves_root: None,
@@ -1307,6 +1311,7 @@ impl Scheduler {
             ) => {
                 let result = match end {
                     RunEnd::Done { step, .. } => self.resume(ledger, next_id).map(|()| {
+                        self.started = true;
                         self.resume_generation(generation);
                         self.watermark_sent = next_id;
                         // The variables are at this checkpoint now: a recovery rolls back
@@ -1494,6 +1499,14 @@ impl Scheduler {
     /// The last checkpoint cut, if any.
     pub fn cut(&self) -> Option<ClosureId> {
         self.cut
+    }
+
+    /// Whether what the servers hold is this coordinator's to account for: its start ended
+    /// (restored, or afresh), or it scheduled work without one (its program chose not to
+    /// restore). Before that, a restarted chief's servers may hold a dead chief's work that
+    /// the start's restore rolls back: no cut may be taken of it.
+    pub(super) fn servers_accounted(&self) -> bool {
+        self.started || self.next_id != 0
     }
 
     /// Whether dispatch is held for a parameter-server recovery.

@@ -18,8 +18,8 @@ pub(super) fn ckpt_dir() -> PathBuf {
 }
 
 /// A scheduler over 2 servers (epoch 1, up) and 2 workers (epoch 1, up), variable `w` split
-/// over both servers, the program's first save marked at closure 0, and `n` closures
-/// scheduled: the first two are in flight.
+/// over both servers, the chief started afresh, the program's first save marked at closure
+/// 0, and `n` closures scheduled: the first two are in flight.
 pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
     let t = Instant::now();
     let mut s = Scheduler::new(SchedulerConfig::default())
@@ -38,6 +38,26 @@ pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
     }
     bring_up(&mut s, 0, 1);
     bring_up(&mut s, 1, 1);
+    let ticket = s.handle_start(t, None, ckpt_dir()).unwrap();
+    for ps in 0..2 {
+        let probe = ServerProbe {
+            ps,
+            epoch: 1,
+            generation: 0,
+            next_free_closure_id: 0,
+        };
+        s.handle_server_probed(t, ticket, ps, Ok(probe));
+    }
+    let started = std::iter::from_fn(|| s.poll_action()).any(|a| {
+        matches!(
+            a,
+            SchedulerAction::RestoreFinished {
+                result: Ok(None),
+                ..
+            }
+        )
+    });
+    assert!(started, "the chief starts afresh");
     s.mark_cut(ClosureId(0), ckpt_dir()).unwrap();
     let ids = (0..n)
         .map(|i| s.handle_schedule(t, "step", vec![i]).unwrap())

@@ -10,7 +10,9 @@
 //! answered once its variables are elsewhere ([`SchedulerAction::AnswerPsDraining`]).
 //!
 //! Changes wait until nothing else holds the servers (no start, recovery, preemption cut or
-//! variable creation under way); then, in order:
+//! variable creation under way) and what they hold is this chief's (its start ended, or it
+//! scheduled work: a restarted chief's servers may hold a dead chief's work, which its start
+//! rolls back); then, in order:
 //! 1. **Cut**: a checkpoint cut is taken at once, exactly as for a server's preemption notice
 //!    ([`super::preempt`]: dispatch held for new work, what ran before finishes, the cut is
 //!    read, written under [`super::PREEMPTION_CUTS_DIR`] and marked). Every server that
@@ -252,8 +254,7 @@ impl Scheduler {
     }
 
     /// Whether a join or leave was asked for and has not ended yet.
-    #[cfg(test)]
-    pub(super) fn server_changes_pending(&self) -> bool {
+    pub fn server_changes_pending(&self) -> bool {
         !self.resharding.pending.is_empty() || self.reshard_under_way()
     }
 
@@ -273,6 +274,7 @@ impl Scheduler {
         if self.preemption.is_some()
             || self.recovery.is_some()
             || self.start.is_some()
+            || !self.servers_accounted()
             || !self.creates.is_empty()
             || self.stopping
         {

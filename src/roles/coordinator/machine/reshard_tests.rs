@@ -514,3 +514,45 @@ fn a_server_that_dies_before_its_join_was_carried_out_is_not_waited_on() {
     run_restore(&mut s, &ckpt);
     assert!(!s.server_changes_pending());
 }
+
+/// A restarted chief's servers may hold a dead chief's work until its start restored them
+/// (a cut of it would hold effects no ledger accounts for): a leave asked before the start
+/// ended waits for it, and is carried out after.
+#[test]
+fn a_leave_asked_of_a_restarted_chief_before_its_start_waits_for_the_start() {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default())
+        .with_workers(2)
+        .with_servers(2)
+        .with_checkpoint_dir(Some(ckpt_dir()));
+    let mut setup = super::control_tests::setup(&[("ids", 0)]);
+    setup.layouts = training(0).0.layouts().to_vec();
+    s.handle_configure(setup);
+    for ps in 0..2 {
+        s.handle_ps_up(t, ps, 1);
+    }
+    let reads = |actions: &[SchedulerAction]| {
+        actions
+            .iter()
+            .filter(|a| matches!(a, SchedulerAction::SnapshotShard { .. }))
+            .count()
+    };
+    assert_eq!(s.handle_ps_draining(t, 1, 1), Ok(false));
+    assert_eq!(reads(&drain(&mut s)), 0, "no cut before the start");
+    let ticket = s.handle_start(t, None, ckpt_dir()).unwrap();
+    assert_eq!(reads(&drain(&mut s)), 0, "nor during it");
+    for ps in 0..2 {
+        let probe = ServerProbe {
+            ps,
+            epoch: 1,
+            generation: 0,
+            next_free_closure_id: 0,
+        };
+        s.handle_server_probed(t, ticket, ps, Ok(probe));
+    }
+    assert!(
+        reads(&drain(&mut s)) > 0,
+        "the cut is read once the start ended"
+    );
+    assert!(s.server_changes_pending());
+}

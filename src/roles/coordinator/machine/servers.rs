@@ -373,8 +373,11 @@ impl Scheduler {
                 )),
                 None => Ok(None),
             };
+            self.started = result.is_ok();
             self.actions
                 .push_back(SchedulerAction::RestoreFinished { ticket, result });
+            // What waited for the start (servers joining or leaving) may go on.
+            self.dispatch(now);
             return;
         };
         let servers = self.server_set.clone();
