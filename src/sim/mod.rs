@@ -31,7 +31,9 @@
 //! - **Drains**: a worker is drained out of the job (scaled down): it tells the chief
 //!   (`Draining`) and runs on; the chief's machine gives it no new work, reads its positions
 //!   once its closure finished ([`crate::roles::coordinator::machine::membership`]), and lets
-//!   it go; it then exits and is never restarted. Worker 0 is never drained.
+//!   it go; it then exits and is not restarted, unless the job is scaled up again: then a new
+//!   incarnation registers (`Joining`) and is set up at the positions kept for its index.
+//!   Worker 0 is never drained.
 //! - **Elastic servers**: as the launcher scales servers, a server joins (the lowest index
 //!   not running starts empty and registers: `Joining`) or the highest running one asks to
 //!   leave for good (`Draining`); the chief's machine moves the variables at a cut
@@ -93,8 +95,9 @@
 //! - DATA-1: a worker's first read after a setup or a rewind, in a closure dispatched in
 //!   restore generation `g`, is at the position recorded for that worker by the checkpoint
 //!   the newest restore of generation at most `g` restored (0 if none was restored yet, or
-//!   that checkpoint records none for it): a worker is never set up or rewound at positions
-//!   from before a restore;
+//!   that checkpoint records none for it), or, for a worker drained since that restore, at
+//!   the position it was drained at: a worker is never set up or rewound at positions from
+//!   before a restore, nor does one that rejoins read again what it read before;
 //! - end to end, when the job finishes (its last join waits for the servers to settle, as
 //!   its final save would): every row of every variable, on whichever server holds it now,
 //!   holds the effect of exactly the committed closures, and its value (and optimizer slots)
@@ -196,8 +199,9 @@ pub struct FaultKinds {
     pub storage: bool,
     /// Kill the chief (coordinator and program); a new incarnation resumes the job.
     pub chief: bool,
-    /// Drain a worker out of the job for good (the scale-down: it finishes its closure, the
-    /// chief keeps its positions, it exits 0 and is not restarted).
+    /// Drain a worker out of the job (the scale-down: it finishes its closure, the chief
+    /// keeps its positions, it exits 0 and is not restarted), and sometimes start it again
+    /// (the scale-up: it joins and resumes at the kept positions).
     pub drain: bool,
     /// Parameter servers join and leave the running job (its variables move at a cut).
     pub reshard: bool,
@@ -323,6 +327,15 @@ pub enum Fault {
     },
     /// Worker `worker` is drained out of the job at `at_ms` (scaled down; never restarted).
     Drain {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+        /// The worker.
+        worker: u32,
+    },
+    /// Worker `worker`, if it was drained out of the job, joins it again at `at_ms` (scaled
+    /// up: its supervisor starts a new incarnation, which registers with the chief and is set
+    /// up at the positions kept for its index).
+    Rejoin {
         /// Simulated milliseconds from the start.
         at_ms: u64,
         /// The worker.
@@ -495,10 +508,14 @@ impl Scenario {
         if kinds.drain && config.num_workers >= 2 {
             let mut drains = ChaCha8Rng::seed_from_u64(seed ^ DRAIN_STREAM);
             if drains.gen_bool(0.3) {
-                faults.push(Fault::Drain {
-                    at_ms: drains.gen_range(0..horizon_ms),
-                    worker: drains.gen_range(1..config.num_workers),
-                });
+                let at_ms = drains.gen_range(0..horizon_ms);
+                let worker = drains.gen_range(1..config.num_workers);
+                faults.push(Fault::Drain { at_ms, worker });
+                // Scaled up again later, half the time.
+                if drains.gen_bool(0.5) {
+                    let at_ms = at_ms + drains.gen_range(100..horizon_ms);
+                    faults.push(Fault::Rejoin { at_ms, worker });
+                }
             }
         }
         // Server joins and leaves: a stream of their own too.
@@ -688,6 +705,7 @@ pub fn fault_kind(fault: &Fault) -> &'static str {
         Fault::Partition { one_way: true, .. } => "one-way partition",
         Fault::Preempt { .. } => "preempt",
         Fault::Drain { .. } => "drain",
+        Fault::Rejoin { .. } => "rejoin",
         Fault::PsJoin { .. } => "ps join",
         Fault::PsLeave { .. } => "ps leave",
         Fault::Storage { .. } => "storage",

@@ -202,10 +202,11 @@ fn rolling_preemptions_of_every_server_lose_nothing_over_seeds() {
     }
 }
 
-/// Workers drained out of the job (scaled down) at seeded times, alone or beside kills,
-/// preemptions and a chief restart, over many seeds: no invariant breaks, every job
-/// finishes, a drain hands nothing back and runs nothing twice, and a drained worker is never
-/// restarted.
+/// Workers drained out of the job (scaled down) at seeded times, some started again later
+/// (scaled up), alone or beside kills, preemptions and a chief restart, over many seeds: no
+/// invariant breaks, every job finishes, a drain hands nothing back and runs nothing twice, a
+/// drained worker is restarted only when it rejoins, and one that rejoins resumes where it was
+/// drained.
 #[test]
 fn workers_drained_at_seeded_times_lose_nothing_over_seeds() {
     use rand::{Rng, SeedableRng};
@@ -222,6 +223,11 @@ fn workers_drained_at_seeded_times_lose_nothing_over_seeds() {
             if rng.gen_bool(0.7) {
                 let at_ms = rng.gen_range(100..5_000);
                 faults.push(Fault::Drain { at_ms, worker });
+                // Scaled up again: it resumes where it was drained (DATA-1).
+                if rng.gen_bool(0.4) {
+                    let at_ms = at_ms + rng.gen_range(100..3_000);
+                    faults.push(Fault::Rejoin { at_ms, worker });
+                }
             }
         }
         let disturbed = rng.gen_bool(0.5);

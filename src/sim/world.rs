@@ -187,6 +187,7 @@ enum FaultEvent {
     Partition(Node, u64, bool),
     Preempt(Node),
     Drain(u32),
+    Rejoin(u32),
     PsJoin,
     PsLeave,
 }
@@ -234,6 +235,12 @@ enum Msg {
         epoch: u64,
     },
     Drained,
+    /// A drained worker's new incarnation registers with the chief
+    /// ([`crate::roles::protocol::Joining`]).
+    Joining {
+        worker: u32,
+        epoch: u64,
+    },
     /// A parameter server registers with the chief ([`crate::roles::protocol::Joining`]):
     /// at every start and with every new chief.
     PsJoining {
@@ -387,8 +394,14 @@ struct WorkerProc {
     position: u64,
     /// Set up or rewound and nothing read since (DATA-1 checks its first read).
     fresh: bool,
-    /// Drained out of the job: down for good.
+    /// Drained out of the job: down until the job is scaled up again.
     drained: bool,
+    /// Its position at the last answer to the chief's drain read, with the newest restore
+    /// generation then; kept once the drain finished (DATA-1 for a worker that rejoins).
+    drain_read: Option<(u64, u64)>,
+    /// The position the chief keeps for it since it was drained, with the newest restore
+    /// generation then.
+    kept: Option<(u64, u64)>,
 }
 
 /// A job for a worker's compute thread, as the real worker queues them (`WorkerJob`).
@@ -603,6 +616,8 @@ impl<'a> World<'a> {
                 position: 0,
                 fresh: false,
                 drained: false,
+                drain_read: None,
+                kept: None,
             })
             .collect();
         let mut world = Self {
@@ -665,6 +680,7 @@ impl<'a> World<'a> {
                 } => (at_ms, FaultEvent::Partition(node, for_ms, one_way)),
                 Fault::Preempt { at_ms, node } => (at_ms, FaultEvent::Preempt(node)),
                 Fault::Drain { at_ms, worker } => (at_ms, FaultEvent::Drain(worker)),
+                Fault::Rejoin { at_ms, worker } => (at_ms, FaultEvent::Rejoin(worker)),
                 Fault::PsJoin { at_ms } => (at_ms, FaultEvent::PsJoin),
                 Fault::PsLeave { at_ms } => (at_ms, FaultEvent::PsLeave),
                 Fault::Storage { .. } => continue,
@@ -1072,6 +1088,10 @@ impl<'a> World<'a> {
                     self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
                 }
             }
+            (Node::Chief, Msg::Joining { worker, epoch }) => {
+                let now = self.instant();
+                let _ = self.coord.handle_worker_joining(now, worker, epoch);
+            }
             (Node::Chief, Msg::PsJoining { ps, epoch }) => {
                 // Refusals cannot happen here (the job has a checkpoint directory and few
                 // servers); a refused server would stay out and exit.
@@ -1303,6 +1323,7 @@ impl<'a> World<'a> {
                 worker.run = None;
                 worker.waiting.clear();
                 worker.drained = true;
+                worker.kept = worker.drain_read;
             }
             Msg::LeaveAnswer(answer) => {
                 let exit = self.workers[w as usize]
@@ -1778,6 +1799,12 @@ impl<'a> World<'a> {
                     .handle_positions(now, ticket, worker, epoch, result);
             }
             CallKind::DrainPositions { worker, epoch } => {
+                if let Ok(Resp::Positions(list)) = &resp {
+                    let generation = self.restored_from.keys().next_back().copied();
+                    let position = list.iter().find(|(name, _)| name == DATASET);
+                    self.workers[worker as usize].drain_read =
+                        position.map(|(_, at)| (generation.unwrap_or(0), *at));
+                }
                 let result = match resp {
                     Ok(Resp::Positions(list)) => Ok(list),
                     other => Err(call_result(other)
@@ -2232,6 +2259,17 @@ impl<'a> World<'a> {
                         self.send(node, Node::Chief, chief, Msg::Draining { worker, epoch });
                     }
                 }
+                FaultEvent::Rejoin(worker) => {
+                    if self.workers[worker as usize].drained {
+                        // Its supervisor starts it again; it registers with the chief.
+                        self.workers[worker as usize].drained = false;
+                        self.restart(Node::Worker(worker));
+                        let epoch = self.workers[worker as usize].epoch;
+                        let chief = self.chief_epoch;
+                        let node = Node::Worker(worker);
+                        self.send(node, Node::Chief, chief, Msg::Joining { worker, epoch });
+                    }
+                }
                 FaultEvent::PsJoin => {
                     // As the launcher scales up: the lowest index not running starts (none
                     // while a server is leaving, so that the running ones stay `0..n`).
@@ -2676,16 +2714,22 @@ impl<'a> World<'a> {
     /// DATA-1: worker `w`'s first read since its setup or rewind, in a closure dispatched in
     /// restore generation `generation`, is at `read`.
     fn check_first_read(&mut self, w: u32, read: u64, generation: u64) {
-        let expected = self
-            .restored_from
-            .range(..=generation)
-            .next_back()
-            .and_then(|(_, stored)| self.storage[*stored].positions.get(&w).copied())
+        let restore = self.restored_from.range(..=generation).next_back();
+        // Drained since that restore: where it was drained.
+        let kept = self.workers[w as usize]
+            .kept
+            .filter(|(drained_in, _)| restore.is_none_or(|(g, _)| drained_in >= g))
+            .map(|(_, at)| at);
+        let expected = kept
+            .or_else(|| {
+                restore.and_then(|(_, stored)| self.storage[*stored].positions.get(&w).copied())
+            })
             .unwrap_or(0);
         if read != expected {
             let detail = format!(
                 "worker/{w} read element {read} first after its setup in generation \
-                 {generation}, where the restored checkpoint puts it at {expected}"
+                 {generation}, where the restored checkpoint (or its drain, since) puts it at \
+                 {expected}"
             );
             self.violate("DATA-1", detail);
         }
