@@ -56,7 +56,10 @@ impl Worker {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code().unwrap_or(-1);
             }
-            assert!(Instant::now() < deadline, "worker did not exit within {WAIT_MAX:?}");
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {WAIT_MAX:?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -103,8 +106,9 @@ impl Cluster {
         let (tx, lines) = mpsc::channel();
         let mut workers = Vec::new();
         for (i, ((job, index), (_, replicas))) in ids.iter().zip(tasks).enumerate() {
-            let tf_config =
-                format!(r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#);
+            let tf_config = format!(
+                r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#
+            );
             let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
                 .arg("mwms-member")
                 .arg("--certs")
@@ -195,14 +199,14 @@ fn assert_close(a: &DenseOutcome, b: &DenseOutcome, what: &str) {
         let vb = &b.variables[name];
         assert_eq!(va.len(), vb.len(), "{what}: {name}");
         for (k, (x, y)) in va.iter().zip(vb).enumerate() {
-            assert!(
-                (x - y).abs() <= 1e-5,
-                "{what}: {name}[{k}] is {x} vs {y}"
-            );
+            assert!((x - y).abs() <= 1e-5, "{what}: {name}[{k}] is {x} vs {y}");
         }
     }
     for (k, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
-        assert!((x - y).abs() <= 1e-5, "{what}: loss of step {k} is {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-5,
+            "{what}: loss of step {k} is {x} vs {y}"
+        );
     }
 }
 
@@ -212,8 +216,7 @@ fn two_workers_of_two_replicas_train_what_four_replicas_in_one_process_do() {
     let batch = GLOBAL_BATCH.to_string();
     let flags = ["--steps", steps.as_str(), "--global-batch", batch.as_str()];
     // In process: 4 mirrored replicas, and one replica, over the same global batches.
-    let mirrored =
-        dense_sync::train(&Mirrored::new(4).unwrap(), STEPS, GLOBAL_BATCH, 7).unwrap();
+    let mirrored = dense_sync::train(&Mirrored::new(4).unwrap(), STEPS, GLOBAL_BATCH, 7).unwrap();
     let single = dense_sync::train(&DefaultStrategy::new(), STEPS, GLOBAL_BATCH, 7).unwrap();
     assert_close(&mirrored, &single, "Mirrored(4) vs one replica");
     assert!(
@@ -255,7 +258,11 @@ fn a_worker_killed_mid_training_fails_every_survivor_naming_it() {
         "--idle-timeout-ms",
         "800",
     ];
-    let mut cluster = Cluster::start("kill", &[("worker", 1), ("worker", 1), ("worker", 1)], &flags);
+    let mut cluster = Cluster::start(
+        "kill",
+        &[("worker", 1), ("worker", 1), ("worker", 1)],
+        &flags,
+    );
     for i in 0..3 {
         cluster.wait_for(i, "step 3 ");
     }
@@ -281,8 +288,9 @@ fn bad_clusters_and_uneven_replicas_are_refused_by_key() {
     // Every worker must run as many replicas.
     let mut cluster = Cluster::start("uneven", &[("worker", 2), ("worker", 1)], &[]);
     for i in 0..2 {
-        assert_eq!(cluster.workers[i].wait_exit(), 2, "worker {i}");
+        let code = cluster.workers[i].wait_exit();
         let line = cluster.wait_for(i, "local_replicas");
+        assert_eq!(code, 2, "worker {i}: {line}");
         assert!(line.contains("every worker must run as many"), "{line}");
     }
 }
@@ -382,7 +390,11 @@ fn exercise(strategy: &MultiWorkerMirrored) -> anyhow::Result<Seen> {
         reduced_mean,
         gathered,
         pipeline: (ctx.num_input_pipelines, ctx.input_pipeline_id),
-        variable: variable.components().iter().flat_map(|c| c.to_vec1::<f32>().unwrap()).collect(),
+        variable: variable
+            .components()
+            .iter()
+            .flat_map(|c| c.to_vec1::<f32>().unwrap())
+            .collect(),
     })
 }
 
@@ -392,7 +404,10 @@ fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
     let ca = ClusterCa::generate("pair").unwrap();
     let mut addrs = Vec::new();
     for i in 0..2 {
-        ca.issue(&NodeId::new("worker", i)).unwrap().save(&dir).unwrap();
+        ca.issue(&NodeId::new("worker", i))
+            .unwrap()
+            .save(&dir)
+            .unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
     }

@@ -112,7 +112,8 @@ impl LocalMember {
     /// result is f64 (as TensorFlow's true division does).
     pub fn all_reduce(&self, op: ReduceOp, value: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.rendezvous(Contribution::Reduce(op, vec![value.clone()]))?;
-        out.pop().ok_or_else(|| CollectiveError::Tensor("a reduce round gave no tensor".into()))
+        out.pop()
+            .ok_or_else(|| CollectiveError::Tensor("a reduce round gave no tensor".into()))
     }
 
     /// Reduces each of `values` with the same-position value of every member, in one round
@@ -347,7 +348,10 @@ fn peer_left_before(state: &State, round: u64) -> Option<CollectiveError> {
         .iter()
         .enumerate()
         .find_map(|(rank, left)| match left {
-            Some(calls) if *calls <= round && slots.is_none_or(|s| s.get(rank).is_none_or(Option::is_none)) => {
+            Some(calls)
+                if *calls <= round
+                    && slots.is_none_or(|s| s.get(rank).is_none_or(Option::is_none)) =>
+            {
                 Some(CollectiveError::PeerLeft {
                     round,
                     rank,
@@ -434,8 +438,9 @@ fn sums(round: u64, slots: &mut [Option<Vec<Tensor>>]) -> Result<Vec<Tensor>, Co
 fn finish(op: ReduceOp, sum: &Tensor, replicas: usize) -> Result<Tensor, CollectiveError> {
     match op {
         ReduceOp::Sum => Ok(sum.clone()),
-        ReduceOp::Mean => divide_by(sum, replicas as f64)
-            .map_err(|e| CollectiveError::Tensor(e.to_string())),
+        ReduceOp::Mean => {
+            divide_by(sum, replicas as f64).map_err(|e| CollectiveError::Tensor(e.to_string()))
+        }
     }
 }
 

@@ -29,5 +29,5 @@ pub use error::CollectiveError;
 pub use group::{GroupConfig, GroupMember, Mesh, ProcessGroup};
 pub use local::{LocalGroup, LocalMember};
 pub use ops::plan_buckets;
-pub use span::ProcessSpan;
 pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};
+pub use span::ProcessSpan;

@@ -73,7 +73,8 @@ impl ProcessSpan {
 
     /// Sums each of `tensors` across the processes, fused into buckets.
     pub fn sum_many(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>, CollectiveError> {
-        let (group, tensors, bucket) = (self.group.clone(), tensors.to_vec(), self.bucket_bytes_max);
+        let (group, tensors, bucket) =
+            (self.group.clone(), tensors.to_vec(), self.bucket_bytes_max);
         self.block(async move {
             group
                 .all_reduce_bucketed(Reduction::Sum, &tensors, bucket)

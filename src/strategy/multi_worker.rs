@@ -23,7 +23,9 @@ use super::{
     ReduceOp, Strategy, StrategyError, StrategyId, DEFAULT_COLLECTIVE_TIMEOUT_MS,
 };
 use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
-use crate::collective::{CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan};
+use crate::collective::{
+    CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
+};
 use crate::data::{Dataset, DistributeOptions, DistributedDataset};
 use crate::variable::{
     MirroredPlacement, Placement, Variable, VariableError, VariablePlacement, VariableRequest,
@@ -145,7 +147,10 @@ impl MultiWorkerMirrored {
             ));
         }
         if config.local_replicas == 0 {
-            return Err(bad("local_replicas", "at least one replica per worker".into()));
+            return Err(bad(
+                "local_replicas",
+                "at least one replica per worker".into(),
+            ));
         }
         // Chief first, then workers: the group's ranks (sorted node ids) in TensorFlow's order.
         let mut members = Vec::new();
@@ -164,14 +169,11 @@ impl MultiWorkerMirrored {
                 });
             }
         }
-        let own_addr = own_addr.ok_or_else(|| bad("task", format!("{task} is not in the cluster")))?;
+        let own_addr =
+            own_addr.ok_or_else(|| bad("task", format!("{task} is not in the cluster")))?;
         let me = node_id(task);
-        let creds = NodeCredentials::load(&config.certs_dir, &me).map_err(|e| {
-            bad(
-                "certs_dir",
-                format!("{}: {e}", config.certs_dir.display()),
-            )
-        })?;
+        let creds = NodeCredentials::load(&config.certs_dir, &me)
+            .map_err(|e| bad("certs_dir", format!("{}: {e}", config.certs_dir.display())))?;
         let names: Vec<String> = (0..config.local_replicas)
             .map(|i| format!("cpu:{i}"))
             .collect();
@@ -181,15 +183,19 @@ impl MultiWorkerMirrored {
             .thread_name("cohort-mwms")
             .enable_all()
             .build()
-            .map_err(|e| bad("runtime", format!("cannot start the collective runtime: {e}")))?;
+            .map_err(|e| {
+                bad(
+                    "runtime",
+                    format!("cannot start the collective runtime: {e}"),
+                )
+            })?;
         let (transport, group_config) = (config.transport.clone(), config.group.clone());
         let formed = block_on(&runtime, async move {
-            let endpoint = Endpoint::bind(own_addr, creds, transport).map_err(|e| {
-                CollectiveError::Form {
+            let endpoint =
+                Endpoint::bind(own_addr, creds, transport).map_err(|e| CollectiveError::Form {
                     epoch: 1,
                     reason: format!("cannot listen on {own_addr}: {e}"),
-                }
-            })?;
+                })?;
             let mesh = Mesh::new(endpoint, group_config);
             let group = mesh.form(1, members).await?;
             Ok((mesh, group))
@@ -217,7 +223,7 @@ impl MultiWorkerMirrored {
         let (id, replicas) = match strategy {
             Ok(made) => made,
             Err(err) => {
-                runtime.shutdown_background();
+                shut_down(runtime, span.group());
                 return Err(err);
             }
         };
@@ -296,13 +302,27 @@ impl MultiWorkerMirrored {
 
 impl Drop for MultiWorkerMirrored {
     fn drop(&mut self) {
-        // Never blocks (a strategy may be dropped inside another runtime); a replica waiting
-        // on a group call gets `CollectiveError::Stopped`.
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+            shut_down(runtime, self.span.group());
         }
     }
 }
+
+/// Stops the collective runtime once this worker's last messages were taken: they may still
+/// be on their way to a worker finishing its last call (bounded by [`FLUSH_MAX`]). Never
+/// blocks longer (a strategy may be dropped inside another runtime); a replica still waiting
+/// on a group call gets `CollectiveError::Stopped`.
+fn shut_down(runtime: tokio::runtime::Runtime, group: &ProcessGroup) {
+    let group = group.clone();
+    let _ = block_on(&runtime, async move {
+        group.flush(FLUSH_MAX).await;
+        Ok(())
+    });
+    runtime.shutdown_background();
+}
+
+/// Bound on waiting, when the strategy is dropped, for this worker's last messages to be taken.
+const FLUSH_MAX: Duration = Duration::from_secs(5);
 
 impl Strategy for MultiWorkerMirrored {
     fn name(&self) -> &'static str {
@@ -465,11 +485,7 @@ fn check_same_replicas(span: &ProcessSpan, local: usize) -> Result<(), StrategyE
         .all_gather(&Tensor::new(&[local as i64], &Device::Cpu)?)?
         .to_vec1::<i64>()?;
     let members = span.group().members();
-    if let Some((w, n)) = counts
-        .iter()
-        .enumerate()
-        .find(|(_, n)| **n != local as i64)
-    {
+    if let Some((w, n)) = counts.iter().enumerate().find(|(_, n)| **n != local as i64) {
         return Err(StrategyError::Config {
             key: "local_replicas".into(),
             detail: format!(

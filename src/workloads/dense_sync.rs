@@ -89,8 +89,8 @@ pub fn train_with(
         Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
     };
     let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
-    let dist =
-        strategy.experimental_distribute_dataset(dataset(global_batch)?, DistributeOptions::default())?;
+    let dist = strategy
+        .experimental_distribute_dataset(dataset(global_batch)?, DistributeOptions::default())?;
     let replicas = strategy.num_replicas_in_sync();
     let mut iter = dist.iter();
     let mut step_losses = Vec::with_capacity(steps);
@@ -119,7 +119,12 @@ pub fn train_with(
     let variables = model
         .trainable_variables()
         .iter()
-        .map(|v| Ok((v.name().to_string(), v.read_value().flatten_all()?.to_vec1::<f32>()?)))
+        .map(|v| {
+            Ok((
+                v.name().to_string(),
+                v.read_value().flatten_all()?.to_vec1::<f32>()?,
+            ))
+        })
         .collect::<Result<BTreeMap<_, _>, TrainError>>()?;
     Ok(DenseOutcome {
         variables,
