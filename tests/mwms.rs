@@ -11,8 +11,9 @@
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
-//!   workers, one input pipeline per worker, and a variable created with a different initial
-//!   value on each worker starting from the first worker's.
+//!   workers, one input pipeline per worker (auto-sharded, or from a function), and a
+//!   variable created with a different initial value on each worker starting from the first
+//!   worker's.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -308,6 +309,7 @@ struct Seen {
     reduced_mean: f32,
     gathered: Vec<f32>,
     pipeline: (usize, usize),
+    from_function: (usize, usize, Vec<Vec<i64>>),
     variable: Vec<f32>,
 }
 
@@ -379,6 +381,25 @@ fn exercise(strategy: &MultiWorkerMirrored) -> anyhow::Result<Seen> {
         DistributeOptions::default(),
     )?;
     let ctx = dist.input_context();
+    // Each worker's function shards by its pipeline and batches per replica (4 per global
+    // batch of 4 replicas: 1 each); its replicas take the elements in turn.
+    let from_function = strategy.distribute_datasets_from_function(
+        |ctx| {
+            let per_replica = ctx.get_per_replica_batch_size(4)?;
+            Ok(Dataset::range(0, 8, 1)
+                .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+                .batch(per_replica, false))
+        },
+        DistributeOptions::default(),
+    )?;
+    let fctx = from_function.input_context();
+    let first = from_function
+        .iter()
+        .get_next()?
+        .values()
+        .iter()
+        .map(|e| e[0].to_vec1::<i64>())
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Seen {
         in_sync: strategy.num_replicas_in_sync(),
         local: strategy.local_replicas(),
@@ -390,6 +411,7 @@ fn exercise(strategy: &MultiWorkerMirrored) -> anyhow::Result<Seen> {
         reduced_mean,
         gathered,
         pipeline: (ctx.num_input_pipelines, ctx.input_pipeline_id),
+        from_function: (fctx.num_input_pipelines, fctx.input_pipeline_id, first),
         variable: variable
             .components()
             .iter()
@@ -442,6 +464,13 @@ fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
         assert_eq!(s.reduced_mean, 2.0, "worker {w}");
         assert_eq!(s.gathered, vec![0.0, 1.0, 2.0, 3.0, 4.0], "worker {w}");
         assert_eq!(s.pipeline, (2, w));
+        // Pipeline w holds w, w+2, w+4, ...: its two replicas take the first two.
+        let first = w as i64;
+        assert_eq!(
+            s.from_function,
+            (2, w, vec![vec![first], vec![first + 2]]),
+            "worker {w}"
+        );
         // Both local copies hold worker 0's initial value.
         assert_eq!(s.variable, vec![10.0, 1.0, 10.0, 1.0], "worker {w}");
     }

@@ -9,7 +9,8 @@
 //! direct exchange for small ones, results bit-identical on every member (DATA-1), a
 //! membership epoch on every message (EPOCH-1), and typed errors for a lost member or members
 //! that disagree ([`CollectiveError`]). A [`ProcessSpan`] joins the two: a local group whose
-//! rounds go on across processes (MultiWorkerMirrored). NCCL (feature `nccl`) comes later beside them.
+//! rounds go on across processes (MultiWorkerMirrored). NCCL (feature `nccl`) comes later
+//! beside them.
 //!
 //! It also owns the calling thread's replica ([`CurrentReplica`]): which member of which group
 //! the thread is while a strategy runs a replica function on it. The strategies present it as

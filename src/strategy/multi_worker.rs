@@ -135,7 +135,10 @@ impl MultiWorkerMirrored {
             if count > 0 {
                 return Err(bad(
                     &format!("cluster.{job}"),
-                    format!("MultiWorkerMirrored takes workers and an optional chief only, not {count} {job} task(s)"),
+                    format!(
+                        "MultiWorkerMirrored takes workers and an optional chief only, \
+                         not {count} {job} task(s)"
+                    ),
                 ));
             }
         }
