@@ -439,20 +439,17 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch() 
         c.endpoints[2].close();
     };
     let (outs, ()) = bounded("lost member", futures::future::join(pending, closer)).await;
-    // Every survivor fails with a lost member; the first to see it names worker/2. (A
-    // survivor whose chunk the other dropped as that one's operation ended may blame it
-    // instead: a known flaw of the abort's race, left to fix.)
-    let mut blamed = Vec::new();
+    // Every survivor names the member that was really lost, never another survivor.
     for (rank, out) in outs.into_iter().enumerate() {
         match out {
-            Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => blamed.push(node),
-            other => panic!("rank {rank}: expected a lost member, got {other:?}"),
+            Err(CollectiveError::MemberLost {
+                node,
+                epoch: 1,
+                reason,
+            }) => assert_eq!(node, NodeId::new("worker", 2), "rank {rank}: {reason}"),
+            other => panic!("rank {rank}: expected worker/2 lost, got {other:?}"),
         }
     }
-    assert!(
-        blamed.contains(&NodeId::new("worker", 2)),
-        "no survivor named worker/2: {blamed:?}"
-    );
     let survivors = [NodeId::new("worker", 0), NodeId::new("worker", 1)];
     let reformed = bounded(
         "reform",

@@ -9,6 +9,7 @@ mod certs;
 mod chaos;
 mod ckpt;
 mod collective_member;
+mod mwms_member;
 
 use std::process::ExitCode;
 
@@ -76,6 +77,9 @@ enum Command {
     /// One member of a collective process group (used by the collective fault tests).
     #[command(hide = true)]
     CollectiveMember(collective_member::MemberArgs),
+    /// One worker training under MultiWorkerMirrored (used by the multi-worker tests).
+    #[command(hide = true)]
+    MwmsMember(mwms_member::MwmsArgs),
     /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
     /// environment, TF_CONFIG or cohort.toml, in that order.
     #[command(hide = true)]
@@ -293,6 +297,10 @@ pub fn run() -> ExitCode {
         }
         Command::Bench(args) if args.target == "allreduce" => bench_allreduce::run(),
         Command::CollectiveMember(args) => match collective_member::run(args) {
+            Ok(code) => return ExitCode::from(code),
+            Err(err) => Err(err),
+        },
+        Command::MwmsMember(args) => match mwms_member::run(args) {
             Ok(code) => return ExitCode::from(code),
             Err(err) => Err(err),
         },

@@ -147,4 +147,12 @@ pub enum CollectiveError {
     /// The reduction itself failed in the tensor library.
     #[error("collective reduction failed: {0}")]
     Tensor(String),
+    /// This member stopped before the call ended: its endpoint was closed, or the runtime
+    /// driving the group stopped (its owner is shutting down). A peer told so takes this
+    /// member for lost.
+    #[error("collective group epoch {epoch}: this member stopped before the call ended")]
+    Stopped {
+        /// The group's membership epoch.
+        epoch: u64,
+    },
 }

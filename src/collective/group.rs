@@ -405,6 +405,29 @@ impl ProcessGroup {
         self.shared.lock().broken.clone()
     }
 
+    /// Waits, at most `within`, until every message this member sent was answered (its peers
+    /// took it) or the group broke; whether it got there. A member whose operation ended may
+    /// still have its last chunks on the way to a peer whose operation has not: a member about
+    /// to go away (its process exiting) flushes first, so that the peer is not left to take
+    /// it for lost.
+    pub async fn flush(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let idle = self
+                .shared
+                .unanswered
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 0;
+            if idle || self.broken().is_some() {
+                return idle;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(FLUSH_POLL).await;
+        }
+    }
+
     /// Forms the group of the next epoch with `survivors` (members of this group, this node
     /// among them), at the addresses this group was formed with. Every survivor must call it
     /// with the same survivors.
@@ -602,12 +625,19 @@ pub(crate) struct Shared {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The next operation's sequence number; held for the whole operation.
     pub(crate) ops: tokio::sync::Mutex<u64>,
+    /// Whether this member is still telling the others how the group broke (see
+    /// [`Shared::told`]).
+    telling: tokio::sync::watch::Sender<bool>,
+    unanswered: Unanswered,
 }
 
 struct Link {
     conn: Connection,
     out: mpsc::UnboundedSender<Outgoing>,
 }
+
+/// Chunks queued or sent to any peer and not yet answered (see [`ProcessGroup::flush`]).
+type Unanswered = Arc<std::sync::atomic::AtomicUsize>;
 
 struct Outgoing {
     seq: u64,
@@ -658,6 +688,8 @@ impl Shared {
             links: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
             ops: tokio::sync::Mutex::new(0),
+            telling: tokio::sync::watch::channel(false).0,
+            unanswered: Unanswered::default(),
         }
     }
 
@@ -683,12 +715,20 @@ impl Shared {
                 conn.clone(),
                 rx,
                 self.config.window.max(1),
+                self.unanswered.clone(),
             )));
             let weak = Arc::downgrade(this);
             let watched = conn.clone();
             tasks.push(tokio::spawn(async move {
                 let reason = watched.closed().await;
                 if let Some(shared) = weak.upgrade() {
+                    if watched.closed_locally() {
+                        // This member is going away (its endpoint closed), not the peer: it
+                        // blames no one, and its peers see its links close.
+                        let epoch = shared.epoch;
+                        shared.fail(CollectiveError::Stopped { epoch }, false);
+                        return;
+                    }
                     shared.fail(
                         CollectiveError::MemberLost {
                             node: watched.peer().clone(),
@@ -711,6 +751,8 @@ impl Shared {
     /// Queues a chunk for `to` (never waits: the link's sender applies the window).
     pub(crate) fn send(&self, to: usize, seq: u64, tag: u64, call: &Call, blob: Bytes) {
         if let Some(Some(link)) = self.links.get().and_then(|l| l.get(to)) {
+            self.unanswered
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             // A closed queue means the group is broken; the caller learns it on its next wait.
             let _ = link.out.send(Outgoing {
                 seq,
@@ -788,6 +830,10 @@ impl Shared {
                 return first.clone();
             }
             state.broken = Some(err.clone());
+            if propagate {
+                // Set before anyone can see the group broken, so that `told` waits for it.
+                self.telling.send_replace(true);
+            }
             state.inbox.drain().map(|(_, a)| a).collect()
         };
         for arrived in held {
@@ -803,17 +849,43 @@ impl Shared {
                 epoch: self.epoch,
                 error: err.clone(),
             };
-            if let Ok(frame) = Frame::encode(&abort, Vec::new(), self.header_max) {
-                for link in self.links.get().into_iter().flatten().flatten() {
+            let Ok(frame) = Frame::encode(&abort, Vec::new(), self.header_max) else {
+                self.telling.send_replace(false);
+                return err;
+            };
+            let sends: Vec<_> = self
+                .links
+                .get()
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|link| {
                     let (conn, frame) = (link.conn.clone(), frame.clone());
-                    // Best effort: a member that does not hear it finds the failure itself.
-                    tokio::spawn(async move {
+                    async move {
+                        // Best effort: a member that does not hear it finds the failure
+                        // itself.
                         let _ = conn.request_within(frame, ABORT_TIMEOUT).await;
-                    });
-                }
-            }
+                    }
+                })
+                .collect();
+            let telling = self.telling.clone();
+            tokio::spawn(async move {
+                futures::future::join_all(sends).await;
+                telling.send_replace(false);
+            });
         }
         err
+    }
+
+    /// Waits (at most [`ABORT_TIMEOUT`]) until every member heard this member's `Abort`, if it
+    /// sent one. An operation that failed returns only after this, so that whatever this
+    /// member does next (dropping the group, re-forming, exiting) cannot reach a survivor
+    /// before the failure's cause does: a survivor whose message this member drops as its
+    /// operation ends is already broken with the real cause, and never takes the drop for
+    /// this member's loss.
+    pub(crate) async fn told(&self) {
+        let mut telling = self.telling.subscribe();
+        let _ = tokio::time::timeout(ABORT_TIMEOUT, telling.wait_for(|busy| !*busy)).await;
     }
 
     fn deliver(
@@ -875,15 +947,31 @@ impl Shared {
         }
     }
 
-    fn on_reply(&self, peer: &NodeId, reply: Result<Frame, LinkError>) {
+    /// Takes a peer's answer to one of our chunks. A refusal that a live peer gives once its
+    /// own operation ended (it dropped the chunk unanswered, or its group of our epoch is gone
+    /// or superseded) may be the trace of a failure elsewhere whose `Abort` is still on its
+    /// way: the peer is blamed only if no such cause arrives within [`ABORT_TIMEOUT`], so that
+    /// every survivor names the member that was really lost.
+    async fn on_reply(&self, peer: &NodeId, reply: Result<Frame, LinkError>) {
         let err = match reply {
             Ok(frame) => match frame.decode::<Reply>(self.header_max) {
                 Ok(Reply::Ack) => return,
-                Ok(Reply::Refused { current, detail }) => CollectiveError::EpochRefused {
+                Ok(Reply::Refused { current, detail }) => {
+                    if current >= self.epoch {
+                        self.cause_within(ABORT_TIMEOUT).await;
+                    }
+                    CollectiveError::EpochRefused {
+                        node: peer.clone(),
+                        epoch: self.epoch,
+                        current,
+                        detail,
+                    }
+                }
+                // A peer that stopped (its own endpoint closed) is the member lost.
+                Ok(Reply::Broken(CollectiveError::Stopped { .. })) => CollectiveError::MemberLost {
                     node: peer.clone(),
                     epoch: self.epoch,
-                    current,
-                    detail,
+                    reason: "it stopped".into(),
                 },
                 Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
                 Err(e) => CollectiveError::Link {
@@ -892,20 +980,28 @@ impl Shared {
                     reason: format!("its answer does not decode: {e}"),
                 },
             },
+            Err(LinkError::ConnectionLost { .. }) if self.closed_locally(peer) => {
+                // This member is going away, not the peer (as the links' watchers judge).
+                return drop(self.fail(CollectiveError::Stopped { epoch: self.epoch }, false));
+            }
             Err(LinkError::ConnectionLost { reason, .. }) => CollectiveError::MemberLost {
                 node: peer.clone(),
                 epoch: self.epoch,
                 reason,
             },
-            // Only a member going away drops a chunk unanswered (its process or group ends).
+            // Only a member going away drops a chunk unanswered (its process or group ends),
+            // which a survivor does after an abort: wait for that abort's cause first.
             Err(LinkError::Rejected {
                 reason: RejectReason::NoResponse,
                 ..
-            }) => CollectiveError::MemberLost {
-                node: peer.clone(),
-                epoch: self.epoch,
-                reason: "it dropped our message unanswered (shutting down)".into(),
-            },
+            }) => {
+                self.cause_within(ABORT_TIMEOUT).await;
+                CollectiveError::MemberLost {
+                    node: peer.clone(),
+                    epoch: self.epoch,
+                    reason: "it dropped our message unanswered (shutting down)".into(),
+                }
+            }
             Err(e) => CollectiveError::Link {
                 node: peer.clone(),
                 epoch: self.epoch,
@@ -913,6 +1009,30 @@ impl Shared {
             },
         };
         self.fail(err, true);
+    }
+
+    /// Whether this side closed its link to `peer` (its endpoint is closing).
+    fn closed_locally(&self, peer: &NodeId) -> bool {
+        let rank = self.nodes.iter().position(|n| n == peer);
+        let link = rank.and_then(|r| self.links.get()?.get(r)?.as_ref());
+        link.is_some_and(|l| l.conn.closed_locally())
+    }
+
+    /// Waits at most `budget` for the group to break by another cause (an `Abort` from a
+    /// member, a link's loss seen here).
+    async fn cause_within(&self, budget: Duration) {
+        let deadline = Instant::now() + budget;
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if self.lock().broken.is_some() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return;
+            }
+        }
     }
 }
 
@@ -922,6 +1042,7 @@ async fn send_loop(
     conn: Connection,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     window: usize,
+    unanswered: Unanswered,
 ) {
     let window = Arc::new(Semaphore::new(window));
     while let Some(out) = queue.recv().await {
@@ -947,12 +1068,13 @@ async fn send_loop(
         };
         let timeout = shared.config.op_timeout;
         drop(shared);
-        let (conn, group) = (conn.clone(), group.clone());
+        let (conn, group, unanswered) = (conn.clone(), group.clone(), unanswered.clone());
         tokio::spawn(async move {
             let reply = conn.request_within(frame, timeout).await;
             drop(permit);
+            unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             if let Some(shared) = group.upgrade() {
-                shared.on_reply(conn.peer(), reply);
+                shared.on_reply(conn.peer(), reply).await;
             }
         });
     }
@@ -972,5 +1094,7 @@ fn respond(responder: Responder, reply: Reply, header_max: u32) {
 
 /// Pause between dials of a member that is not listening yet.
 const DIAL_RETRY: Duration = Duration::from_millis(100);
+/// How often [`ProcessGroup::flush`] looks again.
+const FLUSH_POLL: Duration = Duration::from_millis(5);
 /// Bound on telling a member that the group failed.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -10,6 +10,13 @@
 //! A round that is not complete within the group's timeout breaks the group: the waiting
 //! members and every later call get the error. A group serves one step; the strategies make a
 //! fresh one per `run`, so one broken step never poisons the next.
+//!
+//! A group made with [`LocalGroup::spanning`] also spans processes: once every local member
+//! arrived, the last one sums the members' values in process and hands the sum to the
+//! [`ProcessSpan`], which sums it across the processes (one group call per round) before every
+//! member gets the result; `Mean` divides by the replicas of every process. While the span's
+//! call runs, the local members wait without the local timeout (the process group bounds it).
+//! Members then number their replicas globally ([`LocalMember::replica_id`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
 
-use super::CollectiveError;
+use super::{CollectiveError, ProcessSpan};
 use crate::distribute::{divide_by, ReduceOp};
 
 /// A group of `size` members that meet in rounds (see the module doc for the protocol).
@@ -28,9 +35,20 @@ pub struct LocalGroup;
 impl LocalGroup {
     /// Makes the `size` members of a new group; a round waits at most `timeout` for all of them.
     pub fn create(size: usize, timeout: Duration) -> Vec<LocalMember> {
+        Self::build(size, timeout, None)
+    }
+
+    /// Makes the `size` members of a new group whose rounds go on across the processes of
+    /// `span` (see the module doc); every process must have `size` members.
+    pub fn spanning(size: usize, timeout: Duration, span: ProcessSpan) -> Vec<LocalMember> {
+        Self::build(size, timeout, Some(span))
+    }
+
+    fn build(size: usize, timeout: Duration, span: Option<ProcessSpan>) -> Vec<LocalMember> {
         let shared = Arc::new(Shared {
             size,
             timeout,
+            span,
             state: Mutex::new(State {
                 rounds: BTreeMap::new(),
                 left_after: vec![None; size],
@@ -67,13 +85,45 @@ impl LocalMember {
         self.shared.size
     }
 
+    /// This member's replica id across every process of the span (its rank without one).
+    pub fn replica_id(&self) -> usize {
+        match &self.shared.span {
+            Some(span) => span.first_replica() + self.rank,
+            None => self.rank,
+        }
+    }
+
+    /// Replicas in sync across every process of the span (the group size without one).
+    pub fn num_replicas(&self) -> usize {
+        match &self.shared.span {
+            Some(span) => span.total_replicas(),
+            None => self.shared.size,
+        }
+    }
+
+    /// The processes this group's rounds span, if any.
+    pub fn span(&self) -> Option<&ProcessSpan> {
+        self.shared.span.as_ref()
+    }
+
     /// Reduces `value` with every member's value of this round; every member gets the result.
     ///
     /// `Mean` divides the sum by the group size; integer tensors are averaged in f64 and the
     /// result is f64 (as TensorFlow's true division does).
     pub fn all_reduce(&self, op: ReduceOp, value: &Tensor) -> Result<Tensor, CollectiveError> {
-        self.rendezvous(Contribution::Reduce(op, value.clone()))
-            .map(|out| out.expect("a reduce round always yields a tensor"))
+        let mut out = self.rendezvous(Contribution::Reduce(op, vec![value.clone()]))?;
+        out.pop()
+            .ok_or_else(|| CollectiveError::Tensor("a reduce round gave no tensor".into()))
+    }
+
+    /// Reduces each of `values` with the same-position value of every member, in one round
+    /// (across processes: one bucketed call); every member gets the results in order.
+    pub fn all_reduce_many(
+        &self,
+        op: ReduceOp,
+        values: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        self.rendezvous(Contribution::Reduce(op, values.to_vec()))
     }
 
     /// Waits until every member reaches this barrier.
@@ -92,7 +142,7 @@ impl LocalMember {
         self.shared.changed.notify_all();
     }
 
-    fn rendezvous(&self, contribution: Contribution) -> Result<Option<Tensor>, CollectiveError> {
+    fn rendezvous(&self, contribution: Contribution) -> Result<Vec<Tensor>, CollectiveError> {
         let shared = &self.shared;
         let mut state = shared.lock();
         if state.left_after[self.rank].is_some() {
@@ -107,6 +157,7 @@ impl LocalMember {
             kind: contribution.kind(),
             slots: vec![None; size],
             arrived: 0,
+            spanning: false,
             result: None,
             taken: 0,
         });
@@ -120,11 +171,27 @@ impl LocalMember {
                 };
                 return Err(shared.break_group(&mut state, err));
             }
-            entry.slots[self.rank] = contribution.into_tensor();
+            entry.slots[self.rank] = contribution.into_tensors();
             entry.arrived += 1;
             if entry.arrived == size {
-                let result = combine(round, entry.kind, &mut entry.slots);
-                entry.result = Some(result);
+                let kind = entry.kind;
+                match &shared.span {
+                    None => {
+                        entry.result = Some(combine(round, kind, &mut entry.slots, size));
+                    }
+                    Some(span) => {
+                        // The span's call may take long: run it without the lock, the other
+                        // members waiting for its result (see the module doc).
+                        entry.spanning = true;
+                        let mut slots = std::mem::take(&mut entry.slots);
+                        drop(state);
+                        let result = combine_spanning(round, kind, &mut slots, span);
+                        state = shared.lock();
+                        if let Some(entry) = state.rounds.get_mut(&round) {
+                            entry.result = Some(result);
+                        }
+                    }
+                }
                 shared.changed.notify_all();
             }
         }
@@ -141,6 +208,16 @@ impl LocalMember {
             }
             if let Some(err) = &state.broken {
                 return Err(err.clone());
+            }
+            let spanning = state.rounds.get(&round).is_some_and(|r| r.spanning);
+            if spanning {
+                // Bounded by the process group; wake now and then to look again.
+                state = shared
+                    .changed
+                    .wait_timeout(state, SPAN_POLL)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+                continue;
             }
             if let Some(err) = peer_left_before(&state, round) {
                 return Err(shared.break_group(&mut state, err));
@@ -175,10 +252,14 @@ impl LocalMember {
     }
 }
 
+/// How often a member waiting for a span's call looks at its round again.
+const SPAN_POLL: Duration = Duration::from_millis(200);
+
 #[derive(Debug)]
 struct Shared {
     size: usize,
     timeout: Duration,
+    span: Option<ProcessSpan>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -210,42 +291,49 @@ struct State {
 #[derive(Debug)]
 struct Round {
     kind: RoundKind,
-    slots: Vec<Option<Tensor>>,
+    slots: Vec<Option<Vec<Tensor>>>,
     arrived: usize,
-    result: Option<Result<Option<Tensor>, CollectiveError>>,
+    /// Every member arrived and the span's call is under way.
+    spanning: bool,
+    result: Option<Result<Vec<Tensor>, CollectiveError>>,
     taken: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RoundKind {
-    Reduce(ReduceOp),
+    /// A reduction of this many tensors.
+    Reduce(ReduceOp, usize),
     Barrier,
 }
 
 impl std::fmt::Display for RoundKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let op = |op: &ReduceOp| match op {
+            ReduceOp::Sum => "SUM",
+            ReduceOp::Mean => "MEAN",
+        };
         match self {
-            RoundKind::Reduce(ReduceOp::Sum) => f.write_str("all_reduce(SUM)"),
-            RoundKind::Reduce(ReduceOp::Mean) => f.write_str("all_reduce(MEAN)"),
+            RoundKind::Reduce(o, 1) => write!(f, "all_reduce({})", op(o)),
+            RoundKind::Reduce(o, n) => write!(f, "all_reduce_many({}, {n} tensors)", op(o)),
             RoundKind::Barrier => f.write_str("barrier"),
         }
     }
 }
 
 enum Contribution {
-    Reduce(ReduceOp, Tensor),
+    Reduce(ReduceOp, Vec<Tensor>),
     Barrier,
 }
 
 impl Contribution {
     fn kind(&self) -> RoundKind {
         match self {
-            Contribution::Reduce(op, _) => RoundKind::Reduce(*op),
+            Contribution::Reduce(op, t) => RoundKind::Reduce(*op, t.len()),
             Contribution::Barrier => RoundKind::Barrier,
         }
     }
 
-    fn into_tensor(self) -> Option<Tensor> {
+    fn into_tensors(self) -> Option<Vec<Tensor>> {
         match self {
             Contribution::Reduce(_, t) => Some(t),
             Contribution::Barrier => None,
@@ -260,7 +348,10 @@ fn peer_left_before(state: &State, round: u64) -> Option<CollectiveError> {
         .iter()
         .enumerate()
         .find_map(|(rank, left)| match left {
-            Some(calls) if *calls <= round && slots.is_none_or(|s| s[rank].is_none()) => {
+            Some(calls)
+                if *calls <= round
+                    && slots.is_none_or(|s| s.get(rank).is_none_or(Option::is_none)) =>
+            {
                 Some(CollectiveError::PeerLeft {
                     round,
                     rank,
@@ -271,37 +362,86 @@ fn peer_left_before(state: &State, round: u64) -> Option<CollectiveError> {
         })
 }
 
+/// The round's result in process: each position's tensors summed in rank order, divided by
+/// `replicas` for `Mean`.
 fn combine(
     round: u64,
     kind: RoundKind,
-    slots: &mut [Option<Tensor>],
-) -> Result<Option<Tensor>, CollectiveError> {
+    slots: &mut [Option<Vec<Tensor>>],
+    replicas: usize,
+) -> Result<Vec<Tensor>, CollectiveError> {
     let op = match kind {
-        RoundKind::Barrier => return Ok(None),
-        RoundKind::Reduce(op) => op,
+        RoundKind::Barrier => return Ok(Vec::new()),
+        RoundKind::Reduce(op, _) => op,
     };
-    let tensors: Vec<Tensor> = slots.iter_mut().filter_map(Option::take).collect();
-    let first = &tensors[0];
-    for (rank, t) in tensors.iter().enumerate().skip(1) {
-        if t.dims() != first.dims() || t.dtype() != first.dtype() {
-            return Err(CollectiveError::TensorMismatch {
-                round,
-                rank,
-                expected: describe(first),
-                got: describe(t),
-            });
+    sums(round, slots)?
+        .iter()
+        .map(|sum| finish(op, sum, replicas))
+        .collect()
+}
+
+/// The round's result across the span's processes: the in-process sums, summed across the
+/// processes (one call), divided by every process's replicas for `Mean`.
+fn combine_spanning(
+    round: u64,
+    kind: RoundKind,
+    slots: &mut [Option<Vec<Tensor>>],
+    span: &ProcessSpan,
+) -> Result<Vec<Tensor>, CollectiveError> {
+    let op = match kind {
+        RoundKind::Barrier => return span.barrier().map(|()| Vec::new()),
+        RoundKind::Reduce(op, _) => op,
+    };
+    let local = sums(round, slots)?;
+    let across = match local.len() {
+        0 => Vec::new(),
+        1 => vec![span.sum(&local[0])?],
+        _ => span.sum_many(&local)?,
+    };
+    across
+        .iter()
+        .map(|sum| finish(op, sum, span.total_replicas()))
+        .collect()
+}
+
+/// Each position's tensors of every member, summed in rank order; members must agree on
+/// shapes and dtypes.
+fn sums(round: u64, slots: &mut [Option<Vec<Tensor>>]) -> Result<Vec<Tensor>, CollectiveError> {
+    let members: Vec<Vec<Tensor>> = slots.iter_mut().filter_map(Option::take).collect();
+    let Some(first) = members.first() else {
+        return Ok(Vec::new());
+    };
+    for (rank, tensors) in members.iter().enumerate().skip(1) {
+        for (t, f) in tensors.iter().zip(first) {
+            if t.dims() != f.dims() || t.dtype() != f.dtype() {
+                return Err(CollectiveError::TensorMismatch {
+                    round,
+                    rank,
+                    expected: describe(f),
+                    got: describe(t),
+                });
+            }
         }
     }
     let tensor_err = |e: candle_core::Error| CollectiveError::Tensor(e.to_string());
-    let mut sum = first.clone();
-    for t in &tensors[1..] {
-        sum = sum.add(t).map_err(tensor_err)?;
+    (0..first.len())
+        .map(|i| {
+            let mut sum = first[i].clone();
+            for tensors in &members[1..] {
+                sum = sum.add(&tensors[i]).map_err(tensor_err)?;
+            }
+            Ok(sum)
+        })
+        .collect()
+}
+
+fn finish(op: ReduceOp, sum: &Tensor, replicas: usize) -> Result<Tensor, CollectiveError> {
+    match op {
+        ReduceOp::Sum => Ok(sum.clone()),
+        ReduceOp::Mean => {
+            divide_by(sum, replicas as f64).map_err(|e| CollectiveError::Tensor(e.to_string()))
+        }
     }
-    let out = match op {
-        ReduceOp::Sum => sum,
-        ReduceOp::Mean => divide_by(&sum, tensors.len() as f64).map_err(tensor_err)?,
-    };
-    Ok(Some(out))
 }
 
 fn describe(t: &Tensor) -> String {

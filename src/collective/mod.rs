@@ -8,7 +8,9 @@
 //! joins processes over cohort's transport (QUIC, mutual TLS): a ring for large tensors and a
 //! direct exchange for small ones, results bit-identical on every member (DATA-1), a
 //! membership epoch on every message (EPOCH-1), and typed errors for a lost member or members
-//! that disagree ([`CollectiveError`]). NCCL (feature `nccl`) comes later beside them.
+//! that disagree ([`CollectiveError`]). A [`ProcessSpan`] joins the two: a local group whose
+//! rounds go on across processes (MultiWorkerMirrored). NCCL (feature `nccl`) comes later
+//! beside them.
 //!
 //! It also owns the calling thread's replica ([`CurrentReplica`]): which member of which group
 //! the thread is while a strategy runs a replica function on it. The strategies present it as
@@ -20,6 +22,7 @@ mod group;
 mod local;
 mod ops;
 mod replica;
+mod span;
 mod wire;
 
 pub use element::{Element, Reduction};
@@ -28,3 +31,4 @@ pub use group::{GroupConfig, GroupMember, Mesh, ProcessGroup};
 pub use local::{LocalGroup, LocalMember};
 pub use ops::plan_buckets;
 pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};
+pub use span::ProcessSpan;

@@ -186,6 +186,7 @@ impl ProcessGroup {
         let seq = *guard;
         *guard += 1;
         if let Some(err) = self.broken() {
+            self.shared.told().await;
             return Err(err);
         }
         Ok((guard, seq))
@@ -214,11 +215,19 @@ pub fn plan_buckets(tensors: &[(Element, usize)], bucket_bytes_max: usize) -> Ve
 }
 
 /// Runs an algorithm; its error (or a tensor error) breaks the group for every member.
+/// A failed call returns once the others heard why ([`Shared::told`]).
 async fn run(
     shared: &Shared,
     algorithm: impl std::future::Future<Output = Result<Vec<u8>, CollectiveError>>,
 ) -> Result<Vec<u8>, CollectiveError> {
-    algorithm.await.map_err(|err| shared.fail(err, true))
+    match algorithm.await {
+        Ok(bytes) => Ok(bytes),
+        Err(err) => {
+            let err = shared.fail(err, true);
+            shared.told().await;
+            Err(err)
+        }
+    }
 }
 
 async fn all_reduce(

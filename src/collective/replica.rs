@@ -29,14 +29,21 @@ impl CurrentReplica {
         }
     }
 
-    /// This replica's index, `0..num_replicas_in_sync`.
+    /// This replica's index, `0..num_replicas_in_sync` (across every process of a spanning
+    /// group).
     pub(crate) fn replica_id_in_sync_group(&self) -> usize {
-        self.member.rank()
+        self.member.replica_id()
     }
 
-    /// Number of replicas taking part in this step.
+    /// Number of replicas taking part in this step, in every process.
     pub(crate) fn num_replicas_in_sync(&self) -> usize {
-        self.member.size()
+        self.member.num_replicas()
+    }
+
+    /// This replica's index among this process's replicas: the component of a mirrored
+    /// variable it reads and writes.
+    pub(crate) fn local_replica(&self) -> usize {
+        self.member.rank()
     }
 
     /// The device this replica runs on.

@@ -38,9 +38,17 @@ impl ReplicaContext {
         self.replica.replica_id_in_sync_group()
     }
 
-    /// Number of replicas taking part in this step.
+    /// Number of replicas taking part in this step (in every worker, for a multi-worker
+    /// strategy).
     pub fn num_replicas_in_sync(&self) -> usize {
         self.replica.num_replicas_in_sync()
+    }
+
+    /// This replica's index among this process's replicas, `0..` the local replica count:
+    /// the copy of a mirrored variable it holds. Equal to
+    /// [`ReplicaContext::replica_id_in_sync_group`] in a single-process strategy.
+    pub fn local_replica_id(&self) -> usize {
+        self.replica.local_replica()
     }
 
     /// The device this replica runs on.
@@ -60,6 +68,18 @@ impl ReplicaContext {
     /// that never arrives makes them fail after the strategy's collective timeout.
     pub fn all_reduce(&self, op: ReduceOp, value: &Tensor) -> Result<Tensor, StrategyError> {
         Ok(self.replica.member().all_reduce(op, value)?)
+    }
+
+    /// Reduces each of `values` across every replica in one collective (TensorFlow's
+    /// `all_reduce` of a nested structure): every replica must pass the same number of
+    /// tensors, position by position of one shape and dtype. Across workers the list goes as
+    /// buckets of fused tensors (a few large calls, not one per tensor).
+    pub fn all_reduce_many(
+        &self,
+        op: ReduceOp,
+        values: &[Tensor],
+    ) -> Result<Vec<Tensor>, StrategyError> {
+        Ok(self.replica.member().all_reduce_many(op, values)?)
     }
 
     /// Waits until every replica of this step reaches this point.

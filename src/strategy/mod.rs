@@ -1,9 +1,11 @@
-//! Strategies: TensorFlow's `tf.distribute.Strategy` programming model inside one process.
+//! Strategies: TensorFlow's `tf.distribute.Strategy` programming model, in one process and
+//! across worker processes.
 //!
 //! This module owns the [`Strategy`] trait (object-safe) and its generic companion
 //! [`StrategyExt`] (`run`, `experimental_distribute_values_from_function`,
 //! `experimental_local_results`), the four local strategies ([`DefaultStrategy`],
-//! [`OneDevice`], [`Mirrored`], [`CentralStorage`]), per-replica values ([`PerReplica`]), the
+//! [`OneDevice`], [`Mirrored`], [`CentralStorage`]), the strategy across worker processes
+//! ([`MultiWorkerMirrored`]), per-replica values ([`PerReplica`]), the
 //! replica context seen inside `run` ([`ReplicaContext`]), and cross-replica [`reduce`]
 //! (`Strategy::reduce`). Collectives among replicas live in [`crate::collective`]; variables
 //! and their placement in [`crate::variable`]; datasets in [`crate::data`].
@@ -40,6 +42,7 @@ mod central_storage;
 mod context;
 mod default;
 mod mirrored;
+mod multi_worker;
 mod one_device;
 mod reduce;
 mod replicas;
@@ -53,6 +56,7 @@ pub use central_storage::CentralStorage;
 pub use context::{get_replica_context, in_cross_replica_context, ReplicaContext, ValueContext};
 pub use default::DefaultStrategy;
 pub use mirrored::Mirrored;
+pub use multi_worker::{MultiWorkerConfig, MultiWorkerMirrored, DEFAULT_BUCKET_BYTES_MAX};
 pub use one_device::OneDevice;
 pub use reduce::{gather_per_replica, reduce_per_replica};
 pub use replicas::{ReplicaFn, DEFAULT_COLLECTIVE_TIMEOUT_MS};
@@ -97,8 +101,15 @@ pub trait Strategy: Send + Sync + fmt::Debug {
     /// This strategy instance's process-unique id.
     fn id(&self) -> StrategyId;
 
-    /// Number of replicas whose results are aggregated each step.
+    /// Number of replicas whose results are aggregated each step (in every process).
     fn num_replicas_in_sync(&self) -> usize;
+
+    /// The replica ids (`replica_id_in_sync_group`) of this process's replicas: every replica
+    /// for a single-process strategy, this worker's share for a multi-worker one. Per-replica
+    /// values (`run`'s results, a distributed dataset's batches) hold one value for each.
+    fn local_replicas(&self) -> std::ops::Range<usize> {
+        0..self.num_replicas_in_sync()
+    }
 
     /// The device of each replica, in replica order.
     fn replica_devices(&self) -> Vec<DeviceSpec>;
@@ -162,7 +173,7 @@ pub trait Strategy: Send + Sync + fmt::Debug {
         value: &PerReplica<Tensor>,
         axis: Option<usize>,
     ) -> Result<Tensor, StrategyError> {
-        let expected = self.num_replicas_in_sync();
+        let expected = self.local_replicas().len();
         if value.num_replicas() != expected {
             return Err(StrategyError::ReplicaCountMismatch {
                 expected,
@@ -202,7 +213,7 @@ pub trait Strategy: Send + Sync + fmt::Debug {
     /// Concatenates the per-replica tensors along `axis` (TensorFlow's `Strategy.gather`):
     /// the other dimensions must agree; `axis` may differ (partial batches).
     fn gather(&self, value: &PerReplica<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
-        let expected = self.num_replicas_in_sync();
+        let expected = self.local_replicas().len();
         if value.num_replicas() != expected {
             return Err(StrategyError::ReplicaCountMismatch {
                 expected,
@@ -289,11 +300,11 @@ pub trait StrategyExt: Strategy {
         F: Fn(&ReplicaContext, A::Item) -> R + Send + Sync + 'static,
         R: Send + 'static,
     {
-        let items = args.split(self.num_replicas_in_sync())?;
+        let items = args.split(self.local_replicas().len())?;
         let slots: Arc<Vec<Mutex<Option<A::Item>>>> =
             Arc::new(items.into_iter().map(|i| Mutex::new(Some(i))).collect());
         let job: ReplicaFn = Arc::new(move |ctx: &ReplicaContext| {
-            let item = slots[ctx.replica_id_in_sync_group()]
+            let item = slots[ctx.local_replica_id()]
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
@@ -311,14 +322,15 @@ pub trait StrategyExt: Strategy {
         ))
     }
 
-    /// One value per replica, made by `f` from each replica's [`ValueContext`].
+    /// One value per replica of this process, made by `f` from each replica's
+    /// [`ValueContext`].
     fn experimental_distribute_values_from_function<T, F>(&self, mut f: F) -> PerReplica<T>
     where
         F: FnMut(&ValueContext) -> T,
     {
         let n = self.num_replicas_in_sync();
         PerReplica::new(
-            (0..n)
+            self.local_replicas()
                 .map(|replica| {
                     f(&ValueContext {
                         replica_id_in_sync_group: replica,
@@ -446,6 +458,15 @@ pub enum StrategyError {
     /// Distributing input failed.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A multi-worker strategy's configuration is wrong: `key` names what (a cluster entry,
+    /// the task, the certificate directory, the replica count).
+    #[error("{key}: {detail}")]
+    Config {
+        /// The configuration key at fault, e.g. `cluster.worker[1]` or `certs_dir`.
+        key: String,
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 /// A single process is one input pipeline.

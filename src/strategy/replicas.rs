@@ -19,7 +19,7 @@ use cohort_actors::contain_panic;
 
 use super::context::with_replica_context;
 use super::{get_replica_context, DeviceSpec, ReplicaContext, StrategyError, StrategyId};
-use crate::collective::LocalGroup;
+use crate::collective::{LocalGroup, ProcessSpan};
 
 /// A type-erased replica function: given its context, returns its boxed result.
 pub type ReplicaFn = Arc<dyn Fn(&ReplicaContext) -> Box<dyn Any + Send> + Send + Sync>;
@@ -31,6 +31,8 @@ pub(crate) struct Replicas {
     strategy_id: StrategyId,
     collective_timeout: Duration,
     threads: Option<ReplicaThreads>,
+    /// The processes every step's collectives span (MultiWorkerMirrored).
+    span: Option<ProcessSpan>,
 }
 
 impl Replicas {
@@ -41,6 +43,7 @@ impl Replicas {
             strategy_id,
             collective_timeout: Duration::from_millis(DEFAULT_COLLECTIVE_TIMEOUT_MS),
             threads: None,
+            span: None,
         }
     }
 
@@ -56,6 +59,7 @@ impl Replicas {
             strategy_id,
             collective_timeout,
             threads: Some(threads),
+            span: None,
         })
     }
 
@@ -67,12 +71,21 @@ impl Replicas {
         self.collective_timeout = timeout;
     }
 
+    /// Makes every step's collectives go on across the processes of `span`.
+    pub(crate) fn set_span(&mut self, span: ProcessSpan) {
+        self.span = Some(span);
+    }
+
     /// Runs `f` once per replica and gives the results in replica order.
     pub(crate) fn run(&self, f: ReplicaFn) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {
         if get_replica_context().is_some() {
             return Err(StrategyError::NestedRun);
         }
-        let members = LocalGroup::create(self.devices.len(), self.collective_timeout);
+        let (n, timeout) = (self.devices.len(), self.collective_timeout);
+        let members = match &self.span {
+            Some(span) => LocalGroup::spanning(n, timeout, span.clone()),
+            None => LocalGroup::create(n, timeout),
+        };
         let contexts: Vec<ReplicaContext> = members
             .into_iter()
             .zip(&self.devices)

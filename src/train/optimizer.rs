@@ -147,9 +147,7 @@ impl DistributedOptimizer {
         }
 
         let flat = sum_across_replicas(syncing, &pairs)?;
-        let replica = ctx
-            .as_ref()
-            .map_or(0, ReplicaContext::replica_id_in_sync_group);
+        let replica = ctx.as_ref().map_or(0, ReplicaContext::local_replica_id);
         let gradients = split_like(&flat, &pairs)?;
 
         if let Some(index) = crate::optim::first_non_finite(&flat) {
@@ -206,7 +204,7 @@ impl DistributedOptimizer {
         let result = match synced {
             Some(ctx) => {
                 let component = if var.is_mirrored() {
-                    ctx.replica_id_in_sync_group()
+                    ctx.local_replica_id()
                 } else {
                     0
                 };

@@ -177,7 +177,7 @@ impl Variable {
             return zeros.clone();
         }
         let component = match self.synced_ctx() {
-            Some(ctx) if self.is_mirrored() => ctx.replica_id_in_sync_group(),
+            Some(ctx) if self.is_mirrored() => ctx.local_replica(),
             _ => 0,
         };
         self.read_component(component)
@@ -286,7 +286,7 @@ impl Variable {
         ctx: &CurrentReplica,
         f: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
     ) -> Result<(), VariableError> {
-        let replica = ctx.replica_id_in_sync_group();
+        let replica = ctx.local_replica();
         if self.is_mirrored() {
             let mut guard = write(&self.inner.components[replica]);
             let next = f(&guard)?;
@@ -471,10 +471,10 @@ impl VariableBuilder {
             shape: &shape,
             dtype,
         };
-        let placement = match self
+        let policy = self
             .placement
-            .or_else(|| current_placement().map(|(_, p)| p))
-        {
+            .or_else(|| current_placement().map(|(_, p)| p));
+        let placement = match &policy {
             Some(policy) => policy.place(&request)?,
             None => Placement::Local {
                 device: DeviceSpec::cpu(0),
@@ -520,7 +520,7 @@ impl VariableBuilder {
                 .collect::<Result<Vec<_>, VariableError>>()?;
             (components, None)
         };
-        Ok(Variable {
+        let variable = Variable {
             inner: Arc::new(Inner {
                 id: VariableId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                 name: self.name,
@@ -532,7 +532,11 @@ impl VariableBuilder {
                 components,
                 placeholder,
             }),
-        })
+        };
+        if let Some(policy) = &policy {
+            policy.created(&variable)?;
+        }
+        Ok(variable)
     }
 }
 

@@ -25,6 +25,13 @@ use crate::layout::Layout;
 pub trait VariablePlacement: Send + Sync + fmt::Debug {
     /// The placement of the variable described by `request`.
     fn place(&self, request: &VariableRequest<'_>) -> Result<Placement, VariableError>;
+
+    /// Called once the variable this policy placed exists, before its creator gets it: a
+    /// policy whose copies span processes makes them start identical here (MultiWorkerMirrored
+    /// broadcasts the first worker's initial value). An error fails the creation.
+    fn created(&self, _variable: &super::Variable) -> Result<(), VariableError> {
+        Ok(())
+    }
 }
 
 /// What a placement policy knows about a variable being created.

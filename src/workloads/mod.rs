@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod ctr;
 pub mod demo;
+pub mod dense_sync;
 pub mod digits;
 pub mod models;
 pub mod recovery;

@@ -203,6 +203,15 @@ impl Connection {
             .map(|reason| self.lost_because(reason))
     }
 
+    /// Whether this side closed the connection (it, or its endpoint, was closed here), as
+    /// opposed to the peer closing it or the link failing.
+    pub fn closed_locally(&self) -> bool {
+        matches!(
+            self.inner.quinn.close_reason(),
+            Some(quinn::ConnectionError::LocallyClosed)
+        )
+    }
+
     /// Closes the connection now; pending calls on both sides fail with
     /// [`LinkError::ConnectionLost`].
     pub fn close(&self) {

@@ -1,0 +1,135 @@
+//! `cohort mwms-member` (hidden): one worker process training the dense workload
+//! (`workloads::dense_sync`) under MultiWorkerMirrored, for the multi-worker tests.
+//!
+//! The cluster and this worker's task come from `TF_CONFIG`. Each worker seeds its
+//! initializers differently (`7 + 1000 × rank`): only the strategy's broadcast of the first
+//! worker's values makes them start alike. It prints one line per event on stdout:
+//! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `done`, or `error kind=K
+//! node=N detail=..` (then exit code 3), and writes the final variables and losses as JSON to
+//! `--out`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::CliError;
+use crate::cluster::ClusterConfig;
+use crate::collective::{CollectiveError, GroupConfig};
+use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
+use crate::train::TrainError;
+use crate::variable::VariableError;
+use crate::workloads::dense_sync;
+
+/// Flags of `cohort mwms-member`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MwmsArgs {
+    /// Directory with ca.pem and this task's certificate and key (`cohort certs` layout).
+    #[arg(long)]
+    certs: PathBuf,
+    /// Local replicas of this worker.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Training steps (global batches).
+    #[arg(long, default_value_t = 8)]
+    steps: usize,
+    /// Examples per global batch, over every replica of every worker.
+    #[arg(long, default_value_t = 16)]
+    global_batch: usize,
+    /// Pause after each step (so that a test can act mid-training).
+    #[arg(long, default_value_t = 0)]
+    step_pause_ms: u64,
+    /// The transport's idle timeout: the detection budget of a lost worker.
+    #[arg(long, default_value_t = 3000)]
+    idle_timeout_ms: u64,
+    /// Where the final variables and losses go (JSON).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs the worker (see the module doc).
+pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
+    let cluster = ClusterConfig::from_env()
+        .map_err(|e| CliError::Usage(e.to_string()))?
+        .ok_or_else(|| CliError::Usage("TF_CONFIG: missing".into()))?;
+    let idle = Duration::from_millis(args.idle_timeout_ms.max(200));
+    let mut config =
+        MultiWorkerConfig::new(cluster, &args.certs).with_local_replicas(args.replicas);
+    config.transport.idle_timeout = idle;
+    config.transport.keep_alive_interval = idle / 4;
+    config.group = GroupConfig {
+        form_timeout: Duration::from_secs(30),
+        ..GroupConfig::default()
+    };
+    let strategy = match MultiWorkerMirrored::new(config) {
+        Ok(strategy) => strategy,
+        Err(StrategyError::Config { key, detail }) => {
+            return Err(CliError::Usage(format!("{key}: {detail}")))
+        }
+        Err(err) => {
+            report(&err.to_string(), collective_of_strategy(&err));
+            return Ok(3);
+        }
+    };
+    let group = strategy.process_group();
+    println!(
+        "formed epoch={} rank={} workers={} replicas={}",
+        group.epoch(),
+        group.rank(),
+        group.size(),
+        args.replicas
+    );
+    let seed = 7 + 1000 * strategy.worker_index() as u64;
+    let pause = Duration::from_millis(args.step_pause_ms);
+    let outcome = dense_sync::train_with(
+        &strategy,
+        args.steps,
+        args.global_batch,
+        seed,
+        &mut |step, loss| {
+            println!("step {step} loss={loss}");
+            std::thread::sleep(pause);
+        },
+    );
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            report(&err.to_string(), collective_of(&err));
+            return Ok(3);
+        }
+    };
+    if let Some(out) = &args.out {
+        let json = serde_json::to_string(&outcome).map_err(|e| CliError::Failed(e.to_string()))?;
+        std::fs::write(out, json)
+            .map_err(|e| CliError::Failed(format!("--out {}: {e}", out.display())))?;
+    }
+    println!("done");
+    Ok(0)
+}
+
+/// The collective error under a training error, if that is what it is.
+fn collective_of(err: &TrainError) -> Option<&CollectiveError> {
+    match err {
+        TrainError::Strategy(e) => collective_of_strategy(e),
+        TrainError::Variable(VariableError::Collective { source, .. }) => Some(source),
+        _ => None,
+    }
+}
+
+fn collective_of_strategy(err: &StrategyError) -> Option<&CollectiveError> {
+    match err {
+        StrategyError::Collective(e) => Some(e),
+        StrategyError::Variable(VariableError::Collective { source, .. }) => Some(source),
+        _ => None,
+    }
+}
+
+fn report(detail: &str, err: Option<&CollectiveError>) {
+    let (kind, node) = match err {
+        Some(CollectiveError::MemberLost { node, .. }) => ("member-lost", node.to_string()),
+        Some(CollectiveError::PeerTimeout { node, .. }) => ("peer-timeout", node.to_string()),
+        Some(CollectiveError::EpochRefused { node, .. }) => ("epoch-refused", node.to_string()),
+        Some(CollectiveError::Form { .. }) => ("form", String::new()),
+        Some(_) => ("collective", String::new()),
+        None => ("other", String::new()),
+    };
+    println!("error kind={kind} node={node} detail={detail}");
+}

@@ -1,0 +1,524 @@
+//! MultiWorkerMirrored: synchronous data parallelism across worker processes, each running
+//! several local replicas, variables mirrored on every replica of every worker.
+//!
+//! This module owns the strategy value ([`MultiWorkerMirrored`]), its configuration
+//! ([`MultiWorkerConfig`]) and the placement of its variables. The collectives it rests on live
+//! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
+//! epoch 1), and the local group of each step's replicas spanning it
+//! ([`crate::collective::ProcessSpan`]).
+
+use std::any::Any;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use cohort_transport::{Endpoint, NodeCredentials, TransportConfig};
+
+use super::replicas::{ReplicaFn, Replicas};
+use super::{
+    divide_by, parse_replica_devices, reduce_per_replica, DatasetFn, DeviceSpec, PerReplica,
+    ReduceOp, Strategy, StrategyError, StrategyId, DEFAULT_COLLECTIVE_TIMEOUT_MS,
+};
+use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
+use crate::collective::{
+    CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
+};
+use crate::data::{Dataset, DistributeOptions, DistributedDataset};
+use crate::variable::{
+    MirroredPlacement, Placement, Variable, VariableError, VariablePlacement, VariableRequest,
+};
+
+/// How a [`MultiWorkerMirrored`] is made: the cluster (workers and an optional chief, as
+/// TensorFlow's `TF_CONFIG` gives them) and this process's part in it.
+#[derive(Debug, Clone)]
+pub struct MultiWorkerConfig {
+    /// Every worker (and the chief, if any) with the UDP address its collective endpoint
+    /// listens on, and this process's task among them.
+    pub cluster: ClusterConfig,
+    /// Directory with `ca.pem` and this task's certificate and key (`cohort certs` layout).
+    pub certs_dir: PathBuf,
+    /// Replicas in this process, on threads (`cpu:0..N`); every worker must run as many.
+    pub local_replicas: usize,
+    /// The process group's settings (ring chunking, operation and forming timeouts).
+    pub group: GroupConfig,
+    /// The transport's settings: its idle timeout is the detection budget of a lost worker.
+    pub transport: TransportConfig,
+    /// Most bytes of one bucket when a list of tensors is all-reduced across workers.
+    pub bucket_bytes_max: usize,
+    /// How long a collective round among this process's replicas waits for all of them.
+    pub collective_timeout: Duration,
+}
+
+impl MultiWorkerConfig {
+    /// The defaults for `cluster`, with certificates from `certs_dir` and one local replica.
+    pub fn new(cluster: ClusterConfig, certs_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            cluster,
+            certs_dir: certs_dir.into(),
+            local_replicas: 1,
+            group: GroupConfig::default(),
+            transport: TransportConfig::default(),
+            bucket_bytes_max: DEFAULT_BUCKET_BYTES_MAX,
+            collective_timeout: Duration::from_millis(DEFAULT_COLLECTIVE_TIMEOUT_MS),
+        }
+    }
+
+    /// `local_replicas` replicas in this process.
+    pub fn with_local_replicas(mut self, local_replicas: usize) -> Self {
+        self.local_replicas = local_replicas;
+        self
+    }
+}
+
+/// The default bucket of a list all-reduced across workers.
+pub const DEFAULT_BUCKET_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// TensorFlow's `MultiWorkerMirroredStrategy`: every worker runs the same program; each runs
+/// `N` local replicas on threads (as [`Mirrored`](super::Mirrored) does), and the replicas of
+/// every worker are in sync (`num_replicas_in_sync` = workers × `N`).
+///
+/// - Making it forms the process group of every worker at epoch 1 over QUIC (mutual TLS with
+///   the certificates of `certs_dir`), bounded by the group's form timeout: every worker must
+///   make its strategy. Workers are ranked chief first, then workers by index (TensorFlow's
+///   order); a worker's replicas have the ids `rank × N .. rank × N + N`.
+/// - Variables created in [`Strategy::scope`] are mirrored on the local replicas, and start
+///   identical on every worker: right after its creation, each variable takes the first
+///   worker's (the chief's) initial value, broadcast to every worker. Every worker must create
+///   the same variables in the same order (as in TensorFlow).
+/// - `ctx.all_reduce(op, t)` inside [`run`](super::StrategyExt::run) sums the local replicas'
+///   values in process, then across the workers with one group call, and gives every replica
+///   the result, bit-identical on every worker; [`ReplicaContext::all_reduce_many`]
+///   (super::ReplicaContext::all_reduce_many) reduces a list in buckets. Variable aggregation
+///   and the optimizers' gradient sums go the same way.
+/// - [`Strategy::reduce`] reduces across every worker's replicas; `gather` concatenates them.
+/// - `experimental_distribute_dataset` auto-shards across workers (one input pipeline per
+///   worker, the worker's rank as its id) and rebatches each global batch into per-replica
+///   batches; `distribute_datasets_from_function` gets an `InputContext` with one pipeline per
+///   worker.
+///
+/// Failures: when a worker is lost (its process dies, or it goes silent past the transport's
+/// idle timeout), every survivor's pending collective fails with
+/// [`CollectiveError::MemberLost`] naming it, and `run` fails with
+/// [`StrategyError::Collective`] (this step and every later one: the group is broken for
+/// good; re-forming it with the survivors is the caller's next step).
+#[derive(Debug)]
+pub struct MultiWorkerMirrored {
+    id: StrategyId,
+    replicas: Replicas,
+    span: ProcessSpan,
+    task: TaskId,
+    /// Keeps the endpoint accepting while the strategy lives.
+    _mesh: Mesh,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl MultiWorkerMirrored {
+    /// Forms the group of every worker of `config.cluster` and starts this process's replicas
+    /// (see the type's doc). Fails with [`StrategyError::Config`] naming the key of a bad
+    /// cluster, task, certificate directory or replica count, and with
+    /// [`StrategyError::Collective`] when the group cannot be formed in time.
+    pub fn new(config: MultiWorkerConfig) -> Result<Self, StrategyError> {
+        let cluster = &config.cluster;
+        let bad = |key: &str, detail: String| StrategyError::Config {
+            key: key.to_string(),
+            detail,
+        };
+        cluster
+            .cluster
+            .require(StrategyKind::MultiWorkerMirrored)
+            .map_err(|e| bad("cluster", e.to_string()))?;
+        for job in [TaskType::Ps, TaskType::Evaluator] {
+            let count = cluster.cluster.num_tasks(job);
+            if count > 0 {
+                return Err(bad(
+                    &format!("cluster.{job}"),
+                    format!(
+                        "MultiWorkerMirrored takes workers and an optional chief only, \
+                         not {count} {job} task(s)"
+                    ),
+                ));
+            }
+        }
+        let task = cluster.task;
+        if !matches!(task.task_type, TaskType::Chief | TaskType::Worker) {
+            return Err(bad(
+                "task.type",
+                format!("{} is not a worker or the chief", task.task_type),
+            ));
+        }
+        if config.local_replicas == 0 {
+            return Err(bad(
+                "local_replicas",
+                "at least one replica per worker".into(),
+            ));
+        }
+        // Chief first, then workers: the group's ranks (sorted node ids) in TensorFlow's order.
+        let mut members = Vec::new();
+        let mut own_addr = None;
+        for job in [TaskType::Chief, TaskType::Worker] {
+            for (i, text) in cluster.cluster.addresses(job).iter().enumerate() {
+                let key = format!("cluster.{job}[{i}]");
+                let addr = resolve(text).map_err(|detail| bad(&key, detail))?;
+                let member = TaskId::new(job, i as u32);
+                if member == task {
+                    own_addr = Some(addr);
+                }
+                members.push(GroupMember {
+                    node: node_id(member),
+                    addr,
+                });
+            }
+        }
+        let own_addr =
+            own_addr.ok_or_else(|| bad("task", format!("{task} is not in the cluster")))?;
+        let me = node_id(task);
+        let creds = NodeCredentials::load(&config.certs_dir, &me)
+            .map_err(|e| bad("certs_dir", format!("{}: {e}", config.certs_dir.display())))?;
+        let names: Vec<String> = (0..config.local_replicas)
+            .map(|i| format!("cpu:{i}"))
+            .collect();
+        let devices = parse_replica_devices(&names)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cohort-mwms")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                bad(
+                    "runtime",
+                    format!("cannot start the collective runtime: {e}"),
+                )
+            })?;
+        let (transport, group_config) = (config.transport.clone(), config.group.clone());
+        let formed = block_on(&runtime, async move {
+            let endpoint =
+                Endpoint::bind(own_addr, creds, transport).map_err(|e| CollectiveError::Form {
+                    epoch: 1,
+                    reason: format!("cannot listen on {own_addr}: {e}"),
+                })?;
+            let mesh = Mesh::new(endpoint, group_config);
+            let group = mesh.form(1, members).await?;
+            Ok((mesh, group))
+        });
+        let (mesh, group) = match formed {
+            Ok(formed) => formed,
+            Err(err) => {
+                runtime.shutdown_background();
+                return Err(err.into());
+            }
+        };
+        let span = ProcessSpan::new(
+            group,
+            runtime.handle().clone(),
+            config.local_replicas,
+            config.bucket_bytes_max,
+        );
+        let strategy = (|| -> Result<_, StrategyError> {
+            check_same_replicas(&span, config.local_replicas)?;
+            let id = StrategyId::next();
+            let mut replicas = Replicas::threaded(devices, id, config.collective_timeout)?;
+            replicas.set_span(span.clone());
+            Ok((id, replicas))
+        })();
+        let (id, replicas) = match strategy {
+            Ok(made) => made,
+            Err(err) => {
+                shut_down(runtime, span.group());
+                return Err(err);
+            }
+        };
+        Ok(Self {
+            id,
+            replicas,
+            span,
+            task,
+            _mesh: mesh,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Reads the cluster from `TF_CONFIG` and makes the strategy with `local_replicas`
+    /// replicas here and the other settings' defaults.
+    pub fn from_env(
+        certs_dir: impl Into<PathBuf>,
+        local_replicas: usize,
+    ) -> Result<Self, StrategyError> {
+        let cluster = ClusterConfig::from_env()
+            .map_err(|e| StrategyError::Config {
+                key: crate::cluster::TF_CONFIG_ENV.into(),
+                detail: e.to_string(),
+            })?
+            .ok_or_else(|| StrategyError::Config {
+                key: crate::cluster::TF_CONFIG_ENV.into(),
+                detail: "unset: MultiWorkerMirrored needs the cluster".into(),
+            })?;
+        Self::new(MultiWorkerConfig::new(cluster, certs_dir).with_local_replicas(local_replicas))
+    }
+
+    /// This process's task.
+    pub fn task(&self) -> TaskId {
+        self.task
+    }
+
+    /// This worker's rank among the workers (the chief, if any, is 0): its input pipeline id.
+    pub fn worker_index(&self) -> usize {
+        self.span.group().rank()
+    }
+
+    /// Number of workers (the chief included).
+    pub fn num_workers(&self) -> usize {
+        self.span.group().size()
+    }
+
+    /// Whether this worker is the first (the chief, or worker 0 without one): the one that
+    /// writes checkpoints and summaries.
+    pub fn is_chief(&self) -> bool {
+        self.worker_index() == 0
+    }
+
+    /// The process group of the workers (its epoch, members, and the error that broke it).
+    pub fn process_group(&self) -> &ProcessGroup {
+        self.span.group()
+    }
+
+    fn broken(&self) -> Result<(), StrategyError> {
+        match self.span.group().broken() {
+            Some(err) => Err(StrategyError::Collective(err)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_local(&self, value: &PerReplica<Tensor>) -> Result<(), StrategyError> {
+        let expected = self.replicas.devices().len();
+        if value.num_replicas() != expected {
+            return Err(StrategyError::ReplicaCountMismatch {
+                expected,
+                got: value.num_replicas(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MultiWorkerMirrored {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            shut_down(runtime, self.span.group());
+        }
+    }
+}
+
+/// Stops the collective runtime once this worker's last messages were taken: they may still
+/// be on their way to a worker finishing its last call (bounded by [`FLUSH_MAX`]). Never
+/// blocks longer (a strategy may be dropped inside another runtime); a replica still waiting
+/// on a group call gets `CollectiveError::Stopped`.
+fn shut_down(runtime: tokio::runtime::Runtime, group: &ProcessGroup) {
+    let group = group.clone();
+    let _ = block_on(&runtime, async move {
+        group.flush(FLUSH_MAX).await;
+        Ok(())
+    });
+    runtime.shutdown_background();
+}
+
+/// Bound on waiting, when the strategy is dropped, for this worker's last messages to be taken.
+const FLUSH_MAX: Duration = Duration::from_secs(5);
+
+impl Strategy for MultiWorkerMirrored {
+    fn name(&self) -> &'static str {
+        "MultiWorkerMirroredStrategy"
+    }
+
+    fn id(&self) -> StrategyId {
+        self.id
+    }
+
+    fn num_replicas_in_sync(&self) -> usize {
+        self.span.total_replicas()
+    }
+
+    fn local_replicas(&self) -> Range<usize> {
+        let first = self.span.first_replica();
+        first..first + self.replicas.devices().len()
+    }
+
+    fn replica_devices(&self) -> Vec<DeviceSpec> {
+        self.replicas.devices().to_vec()
+    }
+
+    fn variable_placement(&self) -> Arc<dyn VariablePlacement> {
+        Arc::new(MultiWorkerPlacement {
+            local: MirroredPlacement {
+                strategy: self.id,
+                devices: self.replicas.devices().to_vec(),
+            },
+            span: self.span.clone(),
+        })
+    }
+
+    /// Runs the step on the local replicas. Fails with the group's error when the workers'
+    /// group is broken, before the step or by it, even if the replica function swallowed the
+    /// error of its collective.
+    fn run_replicas(&self, f: ReplicaFn) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {
+        self.broken()?;
+        let out = self.replicas.run(f);
+        self.broken()?;
+        out
+    }
+
+    /// Reduces across every replica of every worker: `Sum` adds them all; `Mean` divides by
+    /// the replicas in sync (without `axis`) or by the elements along `axis` of every worker
+    /// (partial batches count what they hold). The result is the same on every worker.
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        value: &PerReplica<Tensor>,
+        axis: Option<usize>,
+    ) -> Result<Tensor, StrategyError> {
+        self.check_local(value)?;
+        let local = reduce_per_replica(ReduceOp::Sum, value, axis)?;
+        let count = match axis {
+            None => self.replicas.devices().len(),
+            Some(axis) => value.values().iter().map(|t| t.dims()[axis]).sum(),
+        };
+        let count = Tensor::new(&[count as f64], &Device::Cpu)?;
+        let summed = self.span.sum_many(&[local, count])?;
+        match op {
+            ReduceOp::Sum => Ok(summed[0].clone()),
+            ReduceOp::Mean => {
+                let count = summed[1].to_vec1::<f64>()?[0];
+                Ok(divide_by(&summed[0], count)?)
+            }
+        }
+    }
+
+    /// Concatenates every replica's tensor of every worker along `axis`, in replica order;
+    /// workers may hold different lengths along `axis` (partial batches).
+    fn gather(&self, value: &PerReplica<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        self.check_local(value)?;
+        let local = super::gather_per_replica(value, axis)?;
+        // Along the first dimension, padded to the longest worker's length.
+        let front = local.transpose(0, axis)?.contiguous()?;
+        let len = front.dims()[0];
+        let lens = self
+            .span
+            .all_gather(&Tensor::new(&[len as i64], &Device::Cpu)?)?
+            .to_vec1::<i64>()?;
+        let longest = lens.iter().copied().max().unwrap_or(0) as usize;
+        let padded = if longest > len {
+            let mut pad_dims = front.dims().to_vec();
+            pad_dims[0] = longest - len;
+            let pad = Tensor::zeros(pad_dims, front.dtype(), front.device())?;
+            Tensor::cat(&[&front, &pad], 0)?
+        } else {
+            front
+        };
+        let all = self.span.all_gather(&padded)?;
+        let parts = lens
+            .iter()
+            .enumerate()
+            .map(|(w, &l)| all.narrow(0, w * longest, l as usize))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 0)?.transpose(0, axis)?.contiguous()?)
+    }
+
+    fn experimental_distribute_dataset(
+        &self,
+        dataset: Dataset,
+        options: DistributeOptions,
+    ) -> Result<DistributedDataset, StrategyError> {
+        Ok(DistributedDataset::from_dataset(
+            dataset,
+            options,
+            self.num_replicas_in_sync(),
+            self.num_workers(),
+            self.worker_index(),
+        )?)
+    }
+
+    fn distribute_datasets_from_boxed_function(
+        &self,
+        dataset_fn: Box<DatasetFn>,
+        options: DistributeOptions,
+    ) -> Result<DistributedDataset, StrategyError> {
+        Ok(DistributedDataset::from_function(
+            dataset_fn,
+            options,
+            self.num_replicas_in_sync(),
+            self.num_workers(),
+            self.worker_index(),
+        )?)
+    }
+}
+
+/// Mirrors a variable on the local replicas and makes every worker's copies start from the
+/// first worker's initial value (a broadcast right after creation).
+#[derive(Debug)]
+struct MultiWorkerPlacement {
+    local: MirroredPlacement,
+    span: ProcessSpan,
+}
+
+impl VariablePlacement for MultiWorkerPlacement {
+    fn place(&self, request: &VariableRequest<'_>) -> Result<Placement, VariableError> {
+        self.local.place(request)
+    }
+
+    fn created(&self, variable: &Variable) -> Result<(), VariableError> {
+        if !variable.has_local_copy() {
+            return Ok(());
+        }
+        let first = self
+            .span
+            .broadcast(0, &variable.try_read_value()?)
+            .map_err(|source| VariableError::Collective {
+                name: variable.name().to_string(),
+                source,
+            })?;
+        variable.assign(&first)
+    }
+}
+
+/// Fails naming a worker whose local replica count differs from this one's.
+fn check_same_replicas(span: &ProcessSpan, local: usize) -> Result<(), StrategyError> {
+    let counts = span
+        .all_gather(&Tensor::new(&[local as i64], &Device::Cpu)?)?
+        .to_vec1::<i64>()?;
+    let members = span.group().members();
+    if let Some((w, n)) = counts.iter().enumerate().find(|(_, n)| **n != local as i64) {
+        return Err(StrategyError::Config {
+            key: "local_replicas".into(),
+            detail: format!(
+                "{} runs {n} replica(s), {} runs {local}: every worker must run as many",
+                members[w],
+                members[span.group().rank()]
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The first address `text` (`host:port`) resolves to.
+fn resolve(text: &str) -> Result<SocketAddr, String> {
+    text.to_socket_addrs()
+        .map_err(|e| format!("{text:?} does not resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
+/// Runs `call` on `runtime` and waits for it on this thread (which may itself be inside
+/// another runtime).
+fn block_on<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    call: impl std::future::Future<Output = Result<T, CollectiveError>> + Send + 'static,
+) -> Result<T, CollectiveError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(call.await);
+    });
+    rx.recv()
+        .unwrap_or(Err(CollectiveError::Stopped { epoch: 1 }))
+}

@@ -1,0 +1,133 @@
+//! A small dense classifier trained for a fixed number of steps under any strategy, over the
+//! same fixed global batches: the workload showing that a strategy's replicas (in one process
+//! or across workers) compute what one process computes.
+//!
+//! The model is `FEATURES → HIDDEN (relu) → CLASSES`, trained with Adam on a deterministic
+//! dataset (no randomness but the initializers' seed) with the loss averaged over the global
+//! batch (`compute_average_loss`), so that the replicas' summed gradients are the gradient of
+//! the global batch whatever the number of replicas and workers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use crate::data::{Dataset, DistributeOptions};
+use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
+use crate::optim::Optimizer;
+use crate::strategy::{ReduceOp, Strategy, StrategyExt};
+use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
+
+/// Input features per example.
+pub const FEATURES: usize = 8;
+/// Hidden units.
+pub const HIDDEN: usize = 16;
+/// Classes.
+pub const CLASSES: usize = 3;
+/// Examples of the dataset (it repeats).
+pub const EXAMPLES: usize = 96;
+/// Adam's learning rate.
+pub const LEARNING_RATE: f32 = 0.01;
+
+/// What a run ends with: every trainable variable (flattened, by name) and each step's global
+/// loss.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DenseOutcome {
+    /// The variables after the last step, by name.
+    pub variables: BTreeMap<String, Vec<f32>>,
+    /// The global loss of each step (reduced across every replica).
+    pub losses: Vec<f32>,
+}
+
+/// The dataset: `EXAMPLES` examples of `FEATURES` features and an integer class, repeated,
+/// batched to `global_batch`.
+pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
+    let cpu = &Device::Cpu;
+    let x: Vec<f32> = (0..EXAMPLES * FEATURES)
+        .map(|i| ((i * 37 + 11) % 29) as f32 / 14.0 - 1.0)
+        .collect();
+    let y: Vec<i64> = (0..EXAMPLES)
+        .map(|i| ((i * 7 + i / 5) % CLASSES) as i64)
+        .collect();
+    Ok(Dataset::from_tensor_slices(vec![
+        Tensor::from_vec(x, (EXAMPLES, FEATURES), cpu)?,
+        Tensor::from_vec(y, EXAMPLES, cpu)?,
+    ])?
+    .repeat(None)
+    .batch(global_batch, false))
+}
+
+/// Trains the model under `strategy` for `steps` global batches of `global_batch` examples.
+/// `seed` seeds the initializers: under MultiWorkerMirrored each worker may pass its own, the
+/// strategy makes every worker start from the first worker's values.
+pub fn train(
+    strategy: &dyn Strategy,
+    steps: usize,
+    global_batch: usize,
+    seed: u64,
+) -> Result<DenseOutcome, TrainError> {
+    train_with(strategy, steps, global_batch, seed, &mut |_, _| {})
+}
+
+/// As [`train`], calling `after_step(step, global_loss)` after each step.
+pub fn train_with(
+    strategy: &dyn Strategy,
+    steps: usize,
+    global_batch: usize,
+    seed: u64,
+    after_step: &mut dyn FnMut(usize, f32),
+) -> Result<DenseOutcome, TrainError> {
+    let model = {
+        let _scope = strategy.try_scope()?;
+        let hidden = Dense::builder("hidden", FEATURES, HIDDEN)
+            .activation(Activation::Relu)
+            .kernel_initializer(Initializer::GlorotUniform { seed })
+            .build()?;
+        let logits = Dense::builder("logits", HIDDEN, CLASSES)
+            .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
+            .build()?;
+        Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
+    };
+    let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
+    let dist = strategy
+        .experimental_distribute_dataset(dataset(global_batch)?, DistributeOptions::default())?;
+    let replicas = strategy.num_replicas_in_sync();
+    let mut iter = dist.iter();
+    let mut step_losses = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let batch = iter.get_next()?;
+        let (model, optimizer) = (Arc::clone(&model), Arc::clone(&optimizer));
+        let out = strategy.run(
+            move |_ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+                let tape = GradientTape::new();
+                let logits = model.forward(&tape, &inputs[0])?;
+                let per_example = losses::sparse_softmax_cross_entropy(&logits, &inputs[1])?;
+                let loss = compute_average_loss(&per_example, Some(global_batch), replicas)?;
+                let vars = model.trainable_variables();
+                let grads = tape.gradient(&loss, &vars)?;
+                optimizer.apply_gradients(grads.into_iter().zip(vars))?;
+                Ok(loss)
+            },
+            batch,
+        )?;
+        let losses = out.transpose()?;
+        let loss = strategy.reduce(ReduceOp::Sum, &losses, None)?;
+        let loss = loss.to_scalar::<f32>()?;
+        after_step(step_losses.len(), loss);
+        step_losses.push(loss);
+    }
+    let variables = model
+        .trainable_variables()
+        .iter()
+        .map(|v| {
+            Ok((
+                v.name().to_string(),
+                v.read_value().flatten_all()?.to_vec1::<f32>()?,
+            ))
+        })
+        .collect::<Result<BTreeMap<_, _>, TrainError>>()?;
+    Ok(DenseOutcome {
+        variables,
+        losses: step_losses,
+    })
+}

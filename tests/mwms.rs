@@ -1,0 +1,477 @@
+//! MultiWorkerMirrored with real worker processes (`cohort mwms-member`) over QUIC on
+//! 127.0.0.1, training the dense workload (`workloads::dense_sync`).
+//!
+//! - 2 workers × 2 replicas, a chief and a worker × 2 replicas, and 1 worker × 4 replicas end
+//!   with the variables that 4 mirrored replicas and one replica in one process reach over the
+//!   same global batches (to 1e-5), every worker of a run holding the same bits. Each worker
+//!   seeds its initializers differently, so this also shows the first worker's initial values
+//!   broadcast to all.
+//! - A worker SIGKILLed mid-training: every survivor's step fails with `member-lost` naming it
+//!   (the transport's idle timeout, 800 ms here, detects it), and exits; nothing hangs.
+//! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
+//! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
+//!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
+//!   workers, one input pipeline per worker (auto-sharded, or from a function), and a
+//!   variable created with a different initial value on each worker starting from the first
+//!   worker's.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use cohort::cluster::ClusterConfig;
+use cohort::data::{Dataset, DistributeOptions};
+use cohort::strategy::{
+    DefaultStrategy, Mirrored, MultiWorkerConfig, MultiWorkerMirrored, ReduceOp, Strategy,
+    StrategyExt,
+};
+use cohort::variable::Variable;
+use cohort::workloads::dense_sync::{self, DenseOutcome};
+use cohort_transport::{ClusterCa, NodeId};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Bound on every wait for a worker's line or exit.
+const WAIT_MAX: Duration = Duration::from_secs(120);
+const STEPS: usize = 8;
+const GLOBAL_BATCH: usize = 16;
+
+/// One worker process; killed (by its own PID) when the test ends either way.
+struct Worker {
+    child: Child,
+}
+
+impl Worker {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Waits for the exit code, bounded.
+    fn wait_exit(&mut self) -> i32 {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {WAIT_MAX:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A cluster of worker processes and the lines they print.
+struct Cluster {
+    workers: Vec<Worker>,
+    lines: mpsc::Receiver<(usize, String)>,
+    seen: Vec<Vec<String>>,
+    dir: PathBuf,
+}
+
+impl Cluster {
+    /// Starts one process per entry of `tasks` (`("chief" | "worker", replicas)`), each with
+    /// `extra` flags.
+    fn start(name: &str, tasks: &[(&str, usize)], extra: &[&str]) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = ClusterCa::generate(name).unwrap();
+        let mut jobs: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut ids = Vec::new();
+        for &(job, _) in tasks {
+            let list = jobs.entry(job).or_default();
+            let index = list.len();
+            // Free ports: bound then released; the workers bind them right after.
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            list.push(socket.local_addr().unwrap().to_string());
+            ca.issue(&NodeId::new(job, index as u32))
+                .unwrap()
+                .save(&dir)
+                .unwrap();
+            ids.push((job.to_string(), index));
+        }
+        let cluster = serde_json::to_string(&jobs).unwrap();
+        let (tx, lines) = mpsc::channel();
+        let mut workers = Vec::new();
+        for (i, ((job, index), (_, replicas))) in ids.iter().zip(tasks).enumerate() {
+            let tf_config = format!(
+                r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#
+            );
+            let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+                .arg("mwms-member")
+                .arg("--certs")
+                .arg(&dir)
+                .args(["--replicas", &replicas.to_string()])
+                .arg("--out")
+                .arg(dir.join(format!("out-{i}.json")))
+                .args(extra)
+                .env("TF_CONFIG", tf_config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            for stream in [
+                Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+                Box::new(child.stderr.take().unwrap()),
+            ] {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                        if tx.send((i, line)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            workers.push(Worker { child });
+        }
+        Cluster {
+            workers,
+            lines,
+            seen: vec![Vec::new(); tasks.len()],
+            dir,
+        }
+    }
+
+    /// Waits until worker `i` prints a line containing `text`; returns it.
+    fn wait_for(&mut self, i: usize, text: &str) -> String {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            if let Some(line) = self.seen[i].iter().find(|l| l.contains(text)) {
+                return line.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((from, line)) => self.seen[from].push(line),
+                Err(_) => panic!(
+                    "worker {i} printed no {text:?} within {WAIT_MAX:?}; it printed {:#?}",
+                    self.seen[i]
+                ),
+            }
+        }
+    }
+
+    /// Waits for every worker to exit with 0 and reads what each wrote.
+    fn outcomes(&mut self) -> Vec<DenseOutcome> {
+        for i in 0..self.workers.len() {
+            self.wait_for(i, "done");
+            let code = self.workers[i].wait_exit();
+            assert_eq!(code, 0, "worker {i}: {:#?}", self.seen[i]);
+        }
+        (0..self.workers.len())
+            .map(|i| read_outcome(&self.dir.join(format!("out-{i}.json"))))
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.workers.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn read_outcome(path: &Path) -> DenseOutcome {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn assert_close(a: &DenseOutcome, b: &DenseOutcome, what: &str) {
+    assert_eq!(
+        a.variables.keys().collect::<Vec<_>>(),
+        b.variables.keys().collect::<Vec<_>>(),
+        "{what}"
+    );
+    for (name, va) in &a.variables {
+        let vb = &b.variables[name];
+        assert_eq!(va.len(), vb.len(), "{what}: {name}");
+        for (k, (x, y)) in va.iter().zip(vb).enumerate() {
+            assert!((x - y).abs() <= 1e-5, "{what}: {name}[{k}] is {x} vs {y}");
+        }
+    }
+    for (k, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5,
+            "{what}: loss of step {k} is {x} vs {y}"
+        );
+    }
+}
+
+#[test]
+fn two_workers_of_two_replicas_train_what_four_replicas_in_one_process_do() {
+    let steps = STEPS.to_string();
+    let batch = GLOBAL_BATCH.to_string();
+    let flags = ["--steps", steps.as_str(), "--global-batch", batch.as_str()];
+    // In process: 4 mirrored replicas, and one replica, over the same global batches.
+    let mirrored = dense_sync::train(&Mirrored::new(4).unwrap(), STEPS, GLOBAL_BATCH, 7).unwrap();
+    let single = dense_sync::train(&DefaultStrategy::new(), STEPS, GLOBAL_BATCH, 7).unwrap();
+    assert_close(&mirrored, &single, "Mirrored(4) vs one replica");
+    assert!(
+        single.losses.last().unwrap() < &single.losses[0],
+        "the loss falls: {:?}",
+        single.losses
+    );
+    for (name, tasks) in [
+        ("2x2", vec![("worker", 2), ("worker", 2)]),
+        ("chief", vec![("chief", 2), ("worker", 2)]),
+        ("1x4", vec![("worker", 4)]),
+    ] {
+        let mut cluster = Cluster::start(name, &tasks, &flags);
+        let workers = tasks.len().to_string();
+        for i in 0..tasks.len() {
+            let formed = cluster.wait_for(i, "formed");
+            assert!(
+                formed.contains("epoch=1") && formed.contains(&format!("workers={workers}")),
+                "{name}: {formed}"
+            );
+        }
+        let outs = cluster.outcomes();
+        // Every worker of a run holds the same bits.
+        for (i, out) in outs.iter().enumerate().skip(1) {
+            assert_eq!(out, &outs[0], "{name}: worker {i} differs from worker 0");
+        }
+        assert_close(&outs[0], &mirrored, &format!("{name} vs Mirrored(4)"));
+        assert_close(&outs[0], &single, &format!("{name} vs one replica"));
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_training_fails_every_survivor_naming_it() {
+    let flags = [
+        "--steps",
+        "100000",
+        "--step-pause-ms",
+        "20",
+        "--idle-timeout-ms",
+        "800",
+    ];
+    let mut cluster = Cluster::start(
+        "kill",
+        &[("worker", 1), ("worker", 1), ("worker", 1)],
+        &flags,
+    );
+    for i in 0..3 {
+        cluster.wait_for(i, "step 3 ");
+    }
+    kill(cluster.workers[2].pid(), Signal::SIGKILL).unwrap();
+    for i in 0..2 {
+        let line = cluster.wait_for(i, "error");
+        assert!(
+            line.contains("kind=member-lost") && line.contains("node=worker/2"),
+            "worker {i}: {line}"
+        );
+        assert_eq!(cluster.workers[i].wait_exit(), 3, "worker {i}");
+    }
+}
+
+#[test]
+fn bad_clusters_and_uneven_replicas_are_refused_by_key() {
+    // A parameter server has no place in a MultiWorkerMirrored cluster.
+    let mut cluster = Cluster::start("ps", &[("worker", 1), ("ps", 1)], &[]);
+    assert_eq!(cluster.workers[0].wait_exit(), 2);
+    let line = cluster.wait_for(0, "cluster.ps");
+    assert!(line.contains("workers and an optional chief"), "{line}");
+    drop(cluster);
+    // Every worker must run as many replicas.
+    let mut cluster = Cluster::start("uneven", &[("worker", 2), ("worker", 1)], &[]);
+    for i in 0..2 {
+        let code = cluster.workers[i].wait_exit();
+        let line = cluster.wait_for(i, "local_replicas");
+        assert_eq!(code, 2, "worker {i}: {line}");
+        assert!(line.contains("every worker must run as many"), "{line}");
+    }
+}
+
+/// What one worker of the in-process pair saw.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    in_sync: usize,
+    local: std::ops::Range<usize>,
+    ids: Vec<usize>,
+    summed: Vec<f32>,
+    many: Vec<Vec<f32>>,
+    mean: Vec<f32>,
+    reduced_sum: f32,
+    reduced_mean: f32,
+    gathered: Vec<f32>,
+    pipeline: (usize, usize),
+    from_function: (usize, usize, Vec<Vec<i64>>),
+    variable: Vec<f32>,
+}
+
+/// The collectives of one worker; both workers call the same ones in the same order.
+fn exercise(strategy: &MultiWorkerMirrored) -> anyhow::Result<Seen> {
+    let cpu = &Device::Cpu;
+    let variable = {
+        let _scope = strategy.scope();
+        // A different initial value on each worker: creation takes the first worker's.
+        let own = Tensor::new(&[strategy.worker_index() as f32 + 10.0, 1.0], cpu)?;
+        Variable::new("v", own)?
+    };
+    let ids = strategy.run(|ctx, ()| ctx.replica_id_in_sync_group(), ())?;
+    let summed = strategy
+        .run(
+            |ctx, ()| -> anyhow::Result<f32> {
+                let id = Tensor::new(ctx.replica_id_in_sync_group() as f32, &Device::Cpu)?;
+                Ok(ctx.all_reduce(ReduceOp::Sum, &id)?.to_scalar::<f32>()?)
+            },
+            (),
+        )?
+        .transpose()?;
+    let many = strategy
+        .run(
+            |ctx, ()| -> anyhow::Result<Vec<f32>> {
+                let id = ctx.replica_id_in_sync_group() as f32;
+                let cpu = &Device::Cpu;
+                let out = ctx.all_reduce_many(
+                    ReduceOp::Sum,
+                    &[Tensor::new(&[id, 1.0], cpu)?, Tensor::new(2.0 * id, cpu)?],
+                )?;
+                let mut flat = out[0].to_vec1::<f32>()?;
+                flat.push(out[1].to_scalar::<f32>()?);
+                Ok(flat)
+            },
+            (),
+        )?
+        .transpose()?;
+    let mean = strategy
+        .run(
+            |ctx, ()| -> anyhow::Result<f32> {
+                let id = Tensor::new(ctx.replica_id_in_sync_group() as f32, &Device::Cpu)?;
+                Ok(ctx.all_reduce(ReduceOp::Mean, &id)?.to_scalar::<f32>()?)
+            },
+            (),
+        )?
+        .transpose()?;
+    // Per-replica batches of uneven lengths: worker 0's replicas hold [0], [1]; worker 1's
+    // [2, 3], [4].
+    let batches = strategy.experimental_distribute_values_from_function(|ctx| {
+        let id = ctx.replica_id_in_sync_group;
+        let values: Vec<f32> = match id {
+            0 => vec![0.0],
+            1 => vec![1.0],
+            2 => vec![2.0, 3.0],
+            _ => vec![4.0],
+        };
+        Tensor::new(values.as_slice(), &Device::Cpu).unwrap()
+    });
+    let reduced_sum = strategy
+        .reduce(ReduceOp::Sum, &batches, Some(0))?
+        .to_scalar::<f32>()?;
+    let reduced_mean = strategy
+        .reduce(ReduceOp::Mean, &batches, Some(0))?
+        .to_scalar::<f32>()?;
+    let gathered = strategy.gather(&batches, 0)?.to_vec1::<f32>()?;
+    let dist = strategy.experimental_distribute_dataset(
+        Dataset::range(0, 16, 1).batch(8, false),
+        DistributeOptions::default(),
+    )?;
+    let ctx = dist.input_context();
+    // Each worker's function shards by its pipeline and batches per replica (4 per global
+    // batch of 4 replicas: 1 each); its replicas take the elements in turn.
+    let from_function = strategy.distribute_datasets_from_function(
+        |ctx| {
+            let per_replica = ctx.get_per_replica_batch_size(4)?;
+            Ok(Dataset::range(0, 8, 1)
+                .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+                .batch(per_replica, false))
+        },
+        DistributeOptions::default(),
+    )?;
+    let fctx = from_function.input_context();
+    let first = from_function
+        .iter()
+        .get_next()?
+        .values()
+        .iter()
+        .map(|e| e[0].to_vec1::<i64>())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Seen {
+        in_sync: strategy.num_replicas_in_sync(),
+        local: strategy.local_replicas(),
+        ids: ids.into_values(),
+        summed: summed.into_values(),
+        many: many.into_values(),
+        mean: mean.into_values(),
+        reduced_sum,
+        reduced_mean,
+        gathered,
+        pipeline: (ctx.num_input_pipelines, ctx.input_pipeline_id),
+        from_function: (fctx.num_input_pipelines, fctx.input_pipeline_id, first),
+        variable: variable
+            .components()
+            .iter()
+            .flat_map(|c| c.to_vec1::<f32>().unwrap())
+            .collect(),
+    })
+}
+
+#[test]
+fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-pair-{}", std::process::id()));
+    let ca = ClusterCa::generate("pair").unwrap();
+    let mut addrs = Vec::new();
+    for i in 0..2 {
+        ca.issue(&NodeId::new("worker", i))
+            .unwrap()
+            .save(&dir)
+            .unwrap();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
+    }
+    let threads: Vec<_> = (0..2)
+        .map(|i| {
+            let tf_config = format!(
+                r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {i}}}}}"#,
+                addrs.join(", ")
+            );
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let cluster = ClusterConfig::from_tf_config(&tf_config).unwrap();
+                let strategy = MultiWorkerMirrored::new(
+                    MultiWorkerConfig::new(cluster, dir).with_local_replicas(2),
+                )
+                .unwrap();
+                assert_eq!(strategy.worker_index(), i);
+                exercise(&strategy).unwrap()
+            })
+        })
+        .collect();
+    let seen: Vec<Seen> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    for (w, s) in seen.iter().enumerate() {
+        assert_eq!(s.in_sync, 4);
+        assert_eq!(s.local, 2 * w..2 * w + 2);
+        assert_eq!(s.ids, vec![2 * w, 2 * w + 1]);
+        assert_eq!(s.summed, vec![6.0; 2], "worker {w}");
+        assert_eq!(s.many, vec![vec![6.0, 4.0, 12.0]; 2], "worker {w}");
+        assert_eq!(s.mean, vec![1.5; 2], "worker {w}");
+        assert_eq!(s.reduced_sum, 10.0, "worker {w}");
+        assert_eq!(s.reduced_mean, 2.0, "worker {w}");
+        assert_eq!(s.gathered, vec![0.0, 1.0, 2.0, 3.0, 4.0], "worker {w}");
+        assert_eq!(s.pipeline, (2, w));
+        // Pipeline w holds w, w+2, w+4, ...: its two replicas take the first two.
+        let first = w as i64;
+        assert_eq!(
+            s.from_function,
+            (2, w, vec![vec![first], vec![first + 2]]),
+            "worker {w}"
+        );
+        // Both local copies hold worker 0's initial value.
+        assert_eq!(s.variable, vec![10.0, 1.0, 10.0, 1.0], "worker {w}");
+    }
+}
