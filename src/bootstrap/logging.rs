@@ -72,11 +72,12 @@ pub(crate) fn init() -> Result<(), String> {
     match format.trim() {
         "" | "text" => {
             use std::io::IsTerminal;
+            // Colours only on a terminal: the fields' styling follows `with_ansi`.
+            let ansi = std::io::stderr().is_terminal();
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(filter)
-                .event_format(TextLines {
-                    ansi: std::io::stderr().is_terminal(),
-                })
+                .with_ansi(ansi)
+                .event_format(TextLines { ansi })
                 .with_writer(std::io::stderr)
                 .try_init();
         }
