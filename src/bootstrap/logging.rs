@@ -3,8 +3,8 @@
 //! This module owns the format and the process's identity on every line: once the task is
 //! known ([`set_task`], or [`set_launcher`] for `launch`), each event carries its role, index
 //! and incarnation, whatever thread or actor reports it. Events that know the training step
-//! carry a `step` field. `RUST_LOG` filters as usual; by default cohort's own events from
-//! info up and other crates' warnings.
+//! carry a `step` field. `RUST_LOG` filters as usual; by default the `cohort` crate's events
+//! from info up and every other crate's warnings.
 //!
 //! A text line: `2026-11-25T23:50:01.123Z  INFO ps/0: restore generation 2 begins`
 //! (`launcher:` for the launcher; fields after the message as `step=300`).
@@ -27,9 +27,11 @@ use tracing_subscriber::registry::LookupSpan;
 /// Environment variable choosing the log format: `text` (default) or `json`.
 pub const LOG_FORMAT_ENV: &str = "COHORT_LOG_FORMAT";
 
-/// The default filter: cohort's own events from info (what a process reports), other crates'
-/// warnings.
-const DEFAULT_FILTER: &str = "warn,cohort=info";
+/// The default filter: the `cohort` crate's events from info (what a process reports), other
+/// crates' warnings. A directive matches every target it starts, so the runtime's and the
+/// transport's crates (`cohort_actors`, `cohort_transport`: their info is per-peer detail) are
+/// held back to warnings by name.
+const DEFAULT_FILTER: &str = "warn,cohort=info,cohort_actors=warn,cohort_transport=warn";
 
 /// Who this process is, stamped on every line once known.
 struct Task {

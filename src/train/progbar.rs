@@ -44,7 +44,7 @@ const REDRAW_INTERVAL: Duration = Duration::from_millis(50);
 enum Output {
     /// Written as text (the bar always is).
     Writer(Box<dyn Write + Send>),
-    /// Epoch lines as `tracing` events (info, with `epoch`, `epochs` and `step` fields).
+    /// Epoch lines as `tracing` events (info, with `epoch`, `epochs` and `steps`: the epoch's).
     Tracing,
 }
 
@@ -192,7 +192,7 @@ impl Progbar {
                 tracing::info!(
                     epoch = self.epoch,
                     epochs = self.epochs,
-                    step = steps,
+                    steps,
                     "Epoch {}/{}: {line}",
                     self.epoch,
                     self.epochs
