@@ -58,12 +58,17 @@ pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, 
 /// On SIGTERM the chief's program sees `ClusterCoordinator::preemption_requested()` become
 /// true: it should save a checkpoint and return; the process then exits 143.
 pub fn main(program: Program) -> i32 {
+    if let Err(e) = crate::bootstrap::init_logging() {
+        // No subscriber to report through.
+        eprintln!("error: bad config: {e}");
+        return 2;
+    }
     let mut args = Vec::new();
     for arg in std::env::args_os().skip(1) {
         match arg.into_string() {
             Ok(arg) => args.push(arg),
             Err(bad) => {
-                eprintln!("error: argument {bad:?} is not valid UTF-8");
+                tracing::error!("argument {bad:?} is not valid UTF-8");
                 return 2;
             }
         }
@@ -78,7 +83,7 @@ pub fn main(program: Program) -> i32 {
     match crate::cluster::ConfigFlags::extract(&args) {
         Ok((flags, _program_args)) => crate::bootstrap::run_role(Arc::new(program), &flags),
         Err(e) => {
-            eprintln!("error: bad config: {e}");
+            tracing::error!("bad config: {e}");
             2
         }
     }

@@ -281,6 +281,25 @@ fn json_logs_are_one_object_per_line_with_the_task_and_a_bad_format_is_refused()
     assert_eq!(start["incarnation"], 42, "{start}");
     assert!(start["ts_ms"].as_u64().is_some_and(|t| t > 0), "{start}");
 
+    // The default: text, cohort's events from info, the task named after the time and level.
+    let out = run(cohort(&dir.0)
+        .args(["role", "--job", "demo", "--incarnation", "42"])
+        .env("TF_CONFIG", TF_CONFIG)
+        .env_remove("COHORT_LOG_FORMAT")
+        .env_remove("RUST_LOG"));
+    expect_no_panic(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let start = stderr
+        .lines()
+        .find(|l| l.contains("ps/0 of"))
+        .unwrap_or_else(|| panic!("no text line for the role's start: {stderr}"));
+    let (time, rest) = start.split_once(' ').expect("time first");
+    assert!(time.ends_with('Z') && time.contains('T'), "{start}");
+    assert!(
+        rest.trim_start().starts_with("INFO ps/0: ps/0 of"),
+        "{start}"
+    );
+
     let out = run(cohort(&dir.0)
         .args(["role", "--job", "demo"])
         .env("TF_CONFIG", TF_CONFIG)

@@ -83,8 +83,8 @@ fn evaluates_each_new_checkpoint_skips_a_corrupt_one_and_stops_at_the_until_step
             ("COHORT_EVAL_IDLE_TIMEOUT", "60s"),
         ],
     );
-    let line = evaluator.wait_for_stdout("[evaluator] step 10:");
-    assert_eq!(line, expected_line(&first));
+    let line = evaluator.wait_for_stderr("evaluator/0: step 10:");
+    assert_eq!(report(&line), expected_line(&first));
 
     // CKPT-1: a newer checkpoint with a flipped byte in one shard appears (complete, by a
     // rename, as the manager publishes them); it must be skipped, naming the file.
@@ -103,14 +103,15 @@ fn evaluates_each_new_checkpoint_skips_a_corrupt_one_and_stops_at_the_until_step
     // A valid newer one is evaluated, and its step reaches eval_until_step: exit 0.
     let last = checkpoint(30);
     manager.save(&last, Instant::now()).unwrap();
-    let line = evaluator.wait_for_stdout("[evaluator] step 30:");
-    assert_eq!(line, expected_line(&last));
-    let (code, stdout, stderr) = evaluator.wait_for_exit();
+    let line = evaluator.wait_for_stderr("evaluator/0: step 30:");
+    assert_eq!(report(&line), expected_line(&last));
+    let (code, _, stderr) = evaluator.wait_for_exit();
     assert_eq!(code, Some(0), "stderr: {stderr}");
     assert!(stderr.contains("eval_until_step 30"), "stderr: {stderr}");
-    let evaluated: Vec<&str> = stdout
+    let evaluated: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.starts_with("[evaluator] step"))
+        .filter(|l| l.contains("evaluator/0: step "))
+        .map(report)
         .collect();
     assert_eq!(
         evaluated,
@@ -135,13 +136,14 @@ fn stops_when_idle_and_on_sigterm() {
             ("COHORT_EVAL_IDLE_TIMEOUT", "1s"),
         ],
     );
-    let (code, stdout, stderr) = evaluator.wait_for_exit();
+    let (code, _, stderr) = evaluator.wait_for_exit();
     assert_eq!(code, Some(0), "stderr: {stderr}");
     assert!(stderr.contains("no new checkpoint for"), "stderr: {stderr}");
     assert_eq!(
-        stdout
+        stderr
             .lines()
-            .filter(|l| l.starts_with("[evaluator]"))
+            .filter(|l| l.contains("evaluator/0: step "))
+            .map(report)
             .collect::<Vec<_>>(),
         [expected_line(&checkpoint(2))]
     );
@@ -155,7 +157,7 @@ fn stops_when_idle_and_on_sigterm() {
             scratch.0.join("absent").to_str().unwrap(),
         )],
     );
-    evaluator.wait_for_stderr("[evaluator] watching");
+    evaluator.wait_for_stderr("evaluator/0: watching");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(evaluator.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -163,6 +165,54 @@ fn stops_when_idle_and_on_sigterm() {
     .unwrap();
     let (code, _, stderr) = evaluator.wait_for_exit();
     assert_eq!(code, Some(143), "stderr: {stderr}");
+}
+
+/// With `COHORT_LOG_FORMAT=json` every line is one JSON object naming the task, and the
+/// evaluation's event carries the checkpoint's step as a field.
+#[test]
+fn json_logs_name_the_task_on_every_line_and_the_step_of_each_evaluation() {
+    let scratch = Scratch::new("json");
+    let root = scratch.0.join("ckpt");
+    manager_for(&root)
+        .save(&checkpoint(10), Instant::now())
+        .unwrap();
+    let mut evaluator = Evaluator::start(
+        &scratch.0,
+        "with-evaluator",
+        &[
+            ("COHORT_CHECKPOINT_DIR", root.to_str().unwrap()),
+            ("COHORT_EVAL_UNTIL_STEP", "10"),
+            ("COHORT_LOG_FORMAT", "json"),
+        ],
+    );
+    let (code, _, stderr) = evaluator.wait_for_exit();
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.len() >= 2,
+        "a start and an evaluation at least: {stderr}"
+    );
+    for line in &lines {
+        assert_eq!(line["role"], "evaluator", "{line}");
+        assert_eq!(line["index"], 0, "{line}");
+        assert!(
+            line["incarnation"].as_u64().is_some_and(|i| i > 0),
+            "{line}"
+        );
+    }
+    let evaluated = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("step 10: "))
+        })
+        .unwrap_or_else(|| panic!("no evaluation event: {stderr}"));
+    assert_eq!(evaluated["level"], "INFO", "{evaluated}");
+    assert_eq!(evaluated["step"], 10, "{evaluated}");
 }
 
 #[test]
@@ -239,15 +289,24 @@ fn expected_line(ckpt: &Checkpoint) -> String {
         .insert("b".into(), ckpt.tensor(1, "b").unwrap().clone());
     let vars = CheckpointVariables::from_checkpoint(&whole, "unused").unwrap();
     let values = metrics(&vars).unwrap();
+    // The log line's message, then its `step` field.
     format!(
-        "[evaluator] step {}: {}",
+        "evaluator/0: step {}: {} step={}",
         ckpt.step,
         values
             .iter()
             .map(|(name, value)| format!("{name}={value}"))
             .collect::<Vec<_>>()
-            .join(" ")
+            .join(" "),
+        ckpt.step
     )
+}
+
+/// What a text log line reports: the part after its time and level (`evaluator/0: step …`).
+fn report(line: &str) -> &str {
+    line.split_once(" INFO ")
+        .map_or(line, |(_, rest)| rest)
+        .trim_end()
 }
 
 fn manager_for(root: &Path) -> CheckpointManager {
@@ -300,16 +359,6 @@ impl Evaluator {
             seen_stdout: Vec::new(),
             seen_stderr: Vec::new(),
         }
-    }
-
-    /// The first stdout line (from the start) that starts with `prefix`.
-    fn wait_for_stdout(&mut self, prefix: &str) -> String {
-        wait_for_line(
-            &self.stdout,
-            &mut self.seen_stdout,
-            prefix,
-            &self.seen_stderr,
-        )
     }
 
     /// The first stderr line (from the start) that contains `needle`.
@@ -368,30 +417,6 @@ impl Drop for Evaluator {
             let _ = self.child.wait();
         }
     }
-}
-
-fn wait_for_line(
-    rx: &mpsc::Receiver<String>,
-    seen: &mut Vec<String>,
-    prefix: &str,
-    other: &[String],
-) -> String {
-    if let Some(line) = seen.iter().find(|l| l.starts_with(prefix)) {
-        return line.clone();
-    }
-    let deadline = Instant::now() + WAIT_MAX;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                seen.push(line.clone());
-                if line.starts_with(prefix) {
-                    return line;
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    panic!("no line starting with {prefix:?}; stdout: {seen:#?}; stderr so far: {other:#?}")
 }
 
 /// Every line still to come on `rx`, until its sender closes (bounded).

@@ -23,7 +23,7 @@ use cohort::program::{CoordinatorError, Program, StepContext, StepError};
 use cohort::roles::worker::PsModel;
 use cohort::strategy::{Mirrored, Strategy};
 use cohort::train::{
-    fit_with_options, DistributedOptimizer, FitOptions, Progress, ProgressMode, Supervised,
+    fit_with_options, DistributedOptimizer, FitOptions, Progbar, ProgbarMode, Supervised,
 };
 use cohort::variable::Partitioner;
 use ps_support::{ledger_and_stats, write_report, Run};
@@ -161,7 +161,7 @@ fn train_in_process(
     };
     let optimizer = Arc::new(DistributedOptimizer::new(optimizer()));
     let options = FitOptions {
-        progress: Progress::stdout(ProgressMode::Silent),
+        progress: Progbar::stderr(ProgbarMode::Silent),
         distribute: DistributeOptions::default(),
     };
     let history = fit_with_options(

@@ -159,21 +159,24 @@ fn the_demo_chief_and_evaluator_write_train_and_eval_events() {
         evaluator_command(&checkpoints).env("COHORT_EVAL_UNTIL_STEP", DEMO_STEPS.to_string()),
         Duration::from_secs(120),
     );
-    let said = String::from_utf8_lossy(&evaluator.stdout);
+    // Its reports are log lines on stderr: `… INFO evaluator/0: step 10: loss=… step=10`.
+    let said = String::from_utf8_lossy(&evaluator.stderr);
     assert!(
         evaluator.status.success(),
         "evaluator failed: {:?}\n{said}\n{}",
         evaluator.status,
-        String::from_utf8_lossy(&evaluator.stderr)
+        String::from_utf8_lossy(&evaluator.stdout)
     );
     let printed: Vec<serde_json::Value> = said
         .lines()
-        .filter_map(|line| line.strip_prefix("[evaluator] step "))
+        .filter_map(|line| line.split_once("evaluator/0: step ").map(|(_, rest)| rest))
         .flat_map(|rest| {
             let (step, metrics) = rest.split_once(": ").expect("step N: metrics");
             let step: u64 = step.parse().expect("step");
             metrics
                 .split(' ')
+                // The event's own `step` field, not a metric.
+                .filter(|kv| !kv.starts_with("step="))
                 .map(|kv| {
                     let (k, v) = kv.split_once('=').expect("name=value");
                     serde_json::json!([k, step, v.parse::<f64>().expect("value")])

@@ -11,7 +11,7 @@ use cohort::nn::{losses, Activation, Dense, Initializer, Sequential};
 use cohort::optim::Optimizer;
 use cohort::strategy::{Mirrored, Strategy};
 use cohort::train::{
-    fit_with_options, DistributedOptimizer, FitOptions, Progress, ProgressMode, Supervised,
+    fit_with_options, DistributedOptimizer, FitOptions, Progbar, ProgbarMode, Supervised,
 };
 
 const EXAMPLES: usize = 64;
@@ -76,7 +76,7 @@ fn train(data_seed: u64, init_seed: u64) -> Result<Vec<Vec<u32>>> {
     };
     let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(0.01)));
     let options = FitOptions {
-        progress: Progress::to_writer(Box::new(std::io::sink()), ProgressMode::Silent, false),
+        progress: Progbar::to_writer(Box::new(std::io::sink()), ProgbarMode::Silent, false),
         distribute: DistributeOptions::default(),
     };
     fit_with_options(

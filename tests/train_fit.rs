@@ -11,7 +11,8 @@ use cohort::nn::{losses, Dense, Initializer};
 use cohort::optim::Optimizer;
 use cohort::strategy::{Mirrored, Strategy};
 use cohort::train::{
-    fit_with_options, DistributedOptimizer, FitOptions, History, Progress, ProgressMode, Supervised,
+    fit_with_options, DistributedOptimizer, FitOptions, History, Progbar, ProgbarMode, Supervised,
+    BAR_WIDTH,
 };
 
 /// A writer the test can read back.
@@ -57,13 +58,13 @@ fn separable_of(n: usize) -> Result<Dataset> {
     .batch(10, false))
 }
 
-fn run(mode: ProgressMode, is_terminal: bool, epochs: usize) -> Result<(History, String)> {
+fn run(mode: ProgbarMode, is_terminal: bool, epochs: usize) -> Result<(History, String)> {
     run_on(separable()?, mode, is_terminal, epochs)
 }
 
 fn run_on(
     data: Dataset,
-    mode: ProgressMode,
+    mode: ProgbarMode,
     is_terminal: bool,
     epochs: usize,
 ) -> Result<(History, String)> {
@@ -81,7 +82,7 @@ fn run_on(
     let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::sgd(0.5)));
     let captured = Captured::default();
     let options = FitOptions {
-        progress: Progress::to_writer(Box::new(captured.clone()), mode, is_terminal),
+        progress: Progbar::to_writer(Box::new(captured.clone()), mode, is_terminal),
         distribute: DistributeOptions::default(),
     };
     let history = fit_with_options(&strategy, model, optimizer, data, epochs, options)?;
@@ -90,7 +91,7 @@ fn run_on(
 
 #[test]
 fn fit_returns_a_decreasing_loss_history() -> Result<()> {
-    let (history, _) = run(ProgressMode::Silent, false, 5)?;
+    let (history, _) = run(ProgbarMode::Silent, false, 5)?;
     assert_eq!(history.loss.len(), 5);
     assert_eq!(history.steps, vec![5; 5]);
     for pair in history.loss.windows(2) {
@@ -106,37 +107,42 @@ fn fit_returns_a_decreasing_loss_history() -> Result<()> {
 
 #[test]
 fn fit_prints_one_line_per_epoch_when_not_on_a_terminal() -> Result<()> {
-    let (history, text) = run(ProgressMode::Auto, false, 3)?;
+    let (history, text) = run(ProgbarMode::Auto, false, 3)?;
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text:?}");
+    // Keras 3, verbose=2: `Epoch 1/3`, then `5/5 - 0s - 12ms/step - loss: 0.6931`.
+    assert_eq!(lines.len(), 6, "{text:?}");
     assert!(!text.contains('\r'), "no redraws off a terminal: {text:?}");
-    for (k, line) in lines.iter().enumerate() {
-        let prefix = format!(
-            "Epoch {}/3 - 5 steps - loss: {:.4} - ",
-            k + 1,
-            history.loss[k]
-        );
-        assert!(
-            line.starts_with(&prefix),
-            "{line:?} does not start with {prefix:?}"
-        );
-        assert!(line.ends_with('s'), "{line:?}");
-        let secs = &line[prefix.len()..line.len() - 1];
-        secs.parse::<f64>()
+    for (k, pair) in lines.chunks(2).enumerate() {
+        assert_eq!(pair[0], format!("Epoch {}/3", k + 1), "{text:?}");
+        let line = pair[1];
+        let rest = line
+            .strip_prefix("5/5 - ")
+            .unwrap_or_else(|| panic!("{line:?}: no step count"));
+        let (secs, rest) = rest.split_once("s - ").expect("elapsed seconds");
+        secs.parse::<u64>()
             .unwrap_or_else(|e| panic!("{line:?}: seconds {secs:?}: {e}"));
+        let (per_step, loss) = rest.split_once("/step - loss: ").expect("time per step");
+        let number = per_step.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        assert!(
+            number.parse::<u64>().is_ok() && ["s", "ms", "us"].contains(&&per_step[number.len()..]),
+            "{line:?}: time per step {per_step:?}"
+        );
+        assert_eq!(loss, format!("{:.4}", history.loss[k]), "{line:?}");
     }
     Ok(())
 }
 
 #[test]
 fn fit_draws_a_bar_on_a_terminal() -> Result<()> {
-    let (_, text) = run(ProgressMode::Auto, true, 2)?;
+    let (history, text) = run(ProgbarMode::Auto, true, 2)?;
     assert!(text.starts_with("Epoch 1/2\n"), "{text:?}");
     assert!(text.contains("Epoch 2/2\n"), "{text:?}");
     assert!(text.contains('\r'), "bar is redrawn in place: {text:?}");
-    // Second epoch knows its step count: a full bar at the end.
+    // Each epoch ends as a full bar with its loss.
+    let full = format!("5/5 {} ", "━".repeat(BAR_WIDTH));
+    assert!(text.matches(&full).count() >= 2, "{text:?}");
     assert!(
-        text.contains(&format!("5/5 [{}]", "=".repeat(30))),
+        text.contains(&format!("/step - loss: {:.4}", history.loss[1])),
         "{text:?}"
     );
     Ok(())
@@ -145,7 +151,7 @@ fn fit_draws_a_bar_on_a_terminal() -> Result<()> {
 #[test]
 fn fit_handles_a_replica_with_an_empty_last_batch() -> Result<()> {
     // 41 examples: the last global batch of 1 gives replica 1 an empty batch.
-    let (history, _) = run_on(separable_of(41)?, ProgressMode::Silent, false, 3)?;
+    let (history, _) = run_on(separable_of(41)?, ProgbarMode::Silent, false, 3)?;
     assert_eq!(history.steps, vec![5; 3]);
     assert!(
         history.loss.iter().all(|l| l.is_finite()),

@@ -146,10 +146,16 @@ pub fn launch_local(
     task_args: Vec<String>,
     mut env: Vec<(String, String)>,
 ) -> i32 {
+    if let Err(e) = super::logging::init() {
+        // No subscriber to report through.
+        eprintln!("error: bad config: {e}");
+        return BAD_CONFIG_EXIT_CODE;
+    }
+    super::logging::set_launcher();
     let program = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("error: cannot find this executable to launch its tasks: {e}");
+            tracing::error!("cannot find this executable to launch its tasks: {e}");
             return TRAINING_ERROR_EXIT_CODE;
         }
     };
@@ -191,13 +197,13 @@ pub fn launch_local(
     };
     let stop = Arc::new(AtomicBool::new(false));
     if let Err(e) = stop_on_signals(&stop) {
-        eprintln!("warning: cannot watch for Ctrl-C/SIGTERM: {e}");
+        tracing::warn!("cannot watch for Ctrl-C/SIGTERM: {e}");
     }
     let mut launcher =
         match Launcher::start_elastic_servers(config, flags.workers.max, flags.ps.max) {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("error: {e}");
+                tracing::error!("{e}");
                 return if matches!(e, launch::LaunchError::Cluster(_)) {
                     BAD_CONFIG_EXIT_CODE
                 } else {
@@ -205,28 +211,28 @@ pub fn launch_local(
                 };
             }
         };
-    eprintln!(
-        "[launcher] started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
+    tracing::info!(
+        "started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
         flags.ps.min,
         flags.workers.min,
         run_dir.join("certs").display()
     );
     if flags.ps.max > flags.ps.min {
-        eprintln!(
-            "[launcher] elastic: up to {} parameter servers; `cohort scale --run-dir {} --ps N` adds or removes servers (each at a checkpoint cut)",
+        tracing::info!(
+            "elastic: up to {} parameter servers; `cohort scale --run-dir {} --ps N` adds or removes servers (each at a checkpoint cut)",
             flags.ps.max,
             run_dir.display()
         );
     }
     if flags.workers.max > flags.workers.min {
-        eprintln!(
-            "[launcher] elastic: up to {} workers; `cohort scale --run-dir {} --workers N` grows or shrinks the job",
+        tracing::info!(
+            "elastic: up to {} workers; `cohort scale --run-dir {} --workers N` grows or shrinks the job",
             flags.workers.max,
             run_dir.display()
         );
     }
     for (task, addr) in launcher.metrics_addrs() {
-        eprintln!("[launcher] {task}: metrics on http://{addr}/metrics");
+        tracing::info!("{task}: metrics on http://{addr}/metrics");
     }
     let outcome = launcher.supervise(&stop);
     drop(launcher);
@@ -239,7 +245,7 @@ pub fn launch_local(
         // checkpoint, anything else it returned); 143 when it had to be killed.
         Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(PREEMPTED_EXIT_CODE),
         Err(e) => {
-            eprintln!("error: {e}");
+            tracing::error!("{e}");
             TRAINING_ERROR_EXIT_CODE
         }
     }

@@ -1,10 +1,17 @@
-//! How a role process reports: `tracing` events on stderr, as text (the default) or, with
-//! `COHORT_LOG_FORMAT=json`, one JSON object per line carrying the task's role, index and
-//! incarnation, for a log collector. `RUST_LOG` filters as usual (default: warnings).
+//! How a cohort process reports: `tracing` events on stderr, one line each, as text (the
+//! default) or, with `COHORT_LOG_FORMAT=json`, one JSON object per line for a log collector.
+//! This module owns the format and the process's identity on every line: once the task is
+//! known ([`set_task`], or [`set_launcher`] for `launch`), each event carries its role, index
+//! and incarnation, whatever thread or actor reports it. Events that know the training step
+//! carry a `step` field. `RUST_LOG` filters as usual; by default the `cohort` crate's events
+//! from info up and every other crate's warnings.
+//!
+//! A text line: `2026-11-25T23:50:01.123Z  INFO ps/0: restore generation 2 begins`
+//! (`launcher:` for the launcher; fields after the message as `step=300`).
 //!
 //! A JSON line: `{"ts_ms": <unix ms>, "level": "INFO", "role": "ps", "index": 0,
-//! "incarnation": 1795…, "message": "…", <the event's other fields>}` (role, index and
-//! incarnation once the task is known, [`set_task`]).
+//! "incarnation": 1795…, "message": "…", <the event's other fields>}` (`role` alone for the
+//! launcher; none of the three before the task is known).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -13,22 +20,47 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime as WallClock};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// Environment variable choosing the log format: `text` (default) or `json`.
 pub const LOG_FORMAT_ENV: &str = "COHORT_LOG_FORMAT";
 
-/// The task this process runs, stamped on every JSON line once known.
-static TASK: OnceLock<(String, u32, u64)> = OnceLock::new();
+/// The default filter: the `cohort` crate's events from info (what a process reports), other
+/// crates' warnings. A directive matches every target it starts, so the runtime's and the
+/// transport's crates (`cohort_actors`, `cohort_transport`: their info is per-peer detail) are
+/// held back to warnings by name.
+const DEFAULT_FILTER: &str = "warn,cohort=info,cohort_actors=warn,cohort_transport=warn";
 
-/// Records the task (role, index, incarnation) for the JSON lines from now on.
+/// Who this process is, stamped on every line once known.
+struct Task {
+    role: String,
+    /// The task's index and incarnation (none for the launcher).
+    task: Option<(u32, u64)>,
+}
+
+static TASK: OnceLock<Task> = OnceLock::new();
+
+/// Records the task (role, index, incarnation) for every line from now on.
 pub(crate) fn set_task(role: &str, index: u32, incarnation: u64) {
-    let _ = TASK.set((role.to_string(), index, incarnation));
+    let _ = TASK.set(Task {
+        role: role.to_string(),
+        task: Some((index, incarnation)),
+    });
+}
+
+/// Records that this process is the launcher of a local cluster.
+pub(crate) fn set_launcher() {
+    let _ = TASK.set(Task {
+        role: "launcher".to_string(),
+        task: None,
+    });
 }
 
 /// Installs the subscriber in the format `COHORT_LOG_FORMAT` asks for; an unknown format is
-/// an error naming the variable (nothing is installed).
+/// an error naming the variable (nothing is installed). Once one is installed, later calls
+/// change nothing.
 pub(crate) fn init() -> Result<(), String> {
     let format = match std::env::var(LOG_FORMAT_ENV) {
         Ok(value) => value,
@@ -38,14 +70,16 @@ pub(crate) fn init() -> Result<(), String> {
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
     match format.trim() {
         "" | "text" => {
             use std::io::IsTerminal;
+            // Colours only on a terminal: the fields' styling follows `with_ansi`.
+            let ansi = std::io::stderr().is_terminal();
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(filter)
-                .with_target(false)
-                .with_ansi(std::io::stderr().is_terminal())
+                .with_ansi(ansi)
+                .event_format(TextLines { ansi })
                 .with_writer(std::io::stderr)
                 .try_init();
         }
@@ -85,14 +119,58 @@ where
             .map_or(0, |d| d.as_millis() as u64);
         line.insert("ts_ms".into(), ts_ms.into());
         line.insert("level".into(), event.metadata().level().to_string().into());
-        if let Some((role, index, incarnation)) = TASK.get() {
-            line.insert("role".into(), role.clone().into());
-            line.insert("index".into(), (*index).into());
-            line.insert("incarnation".into(), (*incarnation).into());
+        if let Some(task) = TASK.get() {
+            line.insert("role".into(), task.role.clone().into());
+            if let Some((index, incarnation)) = task.task {
+                line.insert("index".into(), index.into());
+                line.insert("incarnation".into(), incarnation.into());
+            }
         }
         event.record(&mut Fields(&mut line));
         let text = serde_json::Value::Object(line).to_string();
         writeln!(writer, "{text}")
+    }
+}
+
+/// A readable line per event: time, level, the task, the message and its fields.
+struct TextLines {
+    ansi: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for TextLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        WallClock.format_time(&mut writer)?;
+        let level = *event.metadata().level();
+        let colour = match level {
+            tracing::Level::ERROR => "\x1b[31m",
+            tracing::Level::WARN => "\x1b[33m",
+            tracing::Level::INFO => "\x1b[32m",
+            _ => "\x1b[34m",
+        };
+        if self.ansi {
+            write!(writer, " {colour}{level:>5}\x1b[0m ")?;
+        } else {
+            write!(writer, " {level:>5} ")?;
+        }
+        match TASK.get() {
+            Some(Task {
+                role,
+                task: Some((index, _)),
+            }) => write!(writer, "{role}/{index}: ")?,
+            Some(Task { role, task: None }) => write!(writer, "{role}: ")?,
+            None => {}
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
     }
 }
 

@@ -120,6 +120,7 @@ use crate::roles::worker::{
 mod local;
 mod logging;
 
+pub(crate) use logging::init as init_logging;
 pub use logging::LOG_FORMAT_ENV;
 mod metrics;
 
@@ -140,19 +141,20 @@ pub use local::{
 pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     cohort_actors::install_crash_hook(PANIC_EXIT_CODE);
     if let Err(e) = logging::init() {
+        // No subscriber to report through.
         eprintln!("error: bad config: {e}");
         return BAD_CONFIG_EXIT_CODE;
     }
     // A setting that is present but not text is an error, not an unset value.
     if let Some(key) = non_unicode_setting() {
-        eprintln!("error: bad config: {key}: the environment variable is not valid UTF-8");
+        tracing::error!("bad config: {key}: the environment variable is not valid UTF-8");
         return BAD_CONFIG_EXIT_CODE;
     }
     let env = |key: &str| std::env::var(key).ok();
     let config = match load_role_config(flags, &env) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("error: bad config: {e}");
+            tracing::error!("bad config: {e}");
             return BAD_CONFIG_EXIT_CODE;
         }
     };
@@ -162,7 +164,7 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         .require(StrategyKind::ParameterServer)
     {
         // The message starts with the key (`cluster`); say which layer the cluster came from.
-        eprintln!("error: bad config: {}: {e}", config.origin("cluster"));
+        tracing::error!("bad config: {}: {e}", config.origin("cluster"));
         return BAD_CONFIG_EXIT_CODE;
     }
     let config = set_role_config(config);
@@ -214,11 +216,11 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     match result {
         Ok(code) => code,
         Err(RoleFailure::Config(e)) => {
-            eprintln!("error: {e}");
+            tracing::error!("{e}");
             BAD_CONFIG_EXIT_CODE
         }
         Err(RoleFailure::Training(e)) => {
-            eprintln!("error: {e}");
+            tracing::error!("{e}");
             TRAINING_ERROR_EXIT_CODE
         }
     }
@@ -268,12 +270,12 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
                     .into(),
             }),
             Some(Err(refusal)) => {
-                eprintln!("[ps] not drained, serving on: {refusal}");
+                tracing::warn!("not drained, serving on: {refusal}");
                 None
             }
             None => {
-                eprintln!(
-                    "[ps] not drained (the chief did not answer), serving on: leaving now \
+                tracing::warn!(
+                    "not drained (the chief did not answer), serving on: leaving now \
                      would lose the variables it holds"
                 );
                 None
@@ -583,14 +585,14 @@ fn run_chief(
         )?;
         let stopping = actor.clone();
         on_stop_signal(move || async move {
-            eprintln!(
-                "[chief] stop requested (SIGTERM): the program may checkpoint for up to {}, then the process exits {PREEMPTED_EXIT_CODE}",
+            tracing::info!(
+                "stop requested (SIGTERM): the program may checkpoint for up to {}, then the process exits {PREEMPTED_EXIT_CODE}",
                 crate::cluster::format_duration(grace)
             );
             // A server's preemption cut under way gives way to the program's own checkpoint.
             stopping.do_send(crate::roles::coordinator::ChiefStopping);
             tokio::time::sleep(grace).await;
-            eprintln!("[chief] the program did not finish within the preemption grace; exiting without waiting for it");
+            tracing::warn!("the program did not finish within the preemption grace; exiting without waiting for it");
             System::current().stop();
         });
         Ok::<_, RoleFailure>((actor, gateway, Handle::current(), System::current()))
@@ -658,8 +660,8 @@ fn run_chief(
         Ok(Ok(Ok(()))) => Ok(JOB_DONE_EXIT_CODE),
         // Not the program's fault: a restarted chief resumes from its checkpoint (restart me).
         Ok(Ok(Err(e @ CoordinatorError::Closure(ClosureFailure::PsLost { .. })))) => {
-            eprintln!(
-                "error: {e}; exiting {PS_LOST_EXIT_CODE} so that a restarted chief resumes from the last checkpoint"
+            tracing::error!(
+                "{e}; exiting {PS_LOST_EXIT_CODE} so that a restarted chief resumes from the last checkpoint"
             );
             Ok(PS_LOST_EXIT_CODE)
         }
@@ -672,7 +674,7 @@ fn run_chief(
         // Preempted: the exit code says so whether or not the program managed to checkpoint;
         // a failure is still reported.
         if let Err(RoleFailure::Training(e) | RoleFailure::Config(e)) = outcome {
-            eprintln!("error: after the stop request: {e}");
+            tracing::error!("after the stop request: {e}");
         }
         return Ok(PREEMPTED_EXIT_CODE);
     }
@@ -845,7 +847,7 @@ fn say_hello(
                             return;
                         }
                         Ok(Err(refusal)) => {
-                            eprintln!("error: bad config: the chief refused this task: {refusal}");
+                            tracing::error!("bad config: the chief refused this task: {refusal}");
                             System::current().stop_with_code(BAD_CONFIG_EXIT_CODE);
                             return;
                         }
@@ -859,8 +861,8 @@ fn say_hello(
                 // Told by the peer that this incarnation is outdated: `exit_when_outdated`.
                 Err(cohort_actors::RemoteError::Outdated { .. }) => return,
                 Err(e) if certificate_refused(&e) => {
-                    eprintln!(
-                        "error: bad config: certs_dir: the TLS handshake with {task} ({addr}) \
+                    tracing::error!(
+                        "bad config: certs_dir: the TLS handshake with {task} ({addr}) \
                          failed on a certificate: {e}; every node's certificate must be signed \
                          by the cluster CA whose ca.pem is in its certs directory (SEC-1)"
                     );
@@ -918,9 +920,7 @@ fn drain_on_signal(
     actix::spawn(async move {
         // A server told to stay may be asked again later.
         while drain.recv().await.is_some() {
-            eprintln!(
-                "[{role}] drain requested (SIGUSR1): leaving the job once the chief lets it go"
-            );
+            tracing::info!("drain requested (SIGUSR1): leaving the job once the chief lets it go");
             let chief = peer(TaskId::new(TaskType::Chief, 0));
             let answer = match gateway.peer_status(&chief) {
                 Some((chief_epoch, true)) => {
@@ -958,8 +958,8 @@ fn exit_when_outdated(gateway: &Gateway) {
     actix::spawn(async move {
         while let Some(event) = events.recv().await {
             if let PeerEvent::Outdated { by, known } = event {
-                eprintln!(
-                    "error: {by} refused this incarnation ({me}) as outdated: it knows {known} \
+                tracing::error!(
+                    "{by} refused this incarnation ({me}) as outdated: it knows {known} \
                      of this node (this process was declared dead, frozen past the detection \
                      budget; or the clock stepped back); exiting {} to be restarted as a \
                      newer one",

@@ -532,13 +532,13 @@ impl Launcher {
                 let was_drained = std::mem::replace(&mut entry.drained, false);
                 entry.restart_at = None;
                 if entry.child.is_none() {
-                    eprintln!("[launcher] scaling up: starting {task}");
+                    tracing::info!("scaling up: starting {task}");
                     if let Err(e) = self.spawn(task) {
-                        eprintln!("[launcher] cannot start {task}: {e}");
+                        tracing::warn!("cannot start {task}: {e}");
                     }
                 } else if was_drained {
-                    eprintln!(
-                        "[launcher] scaling up: {task} is still draining; it starts again once \
+                    tracing::info!(
+                        "scaling up: {task} is still draining; it starts again once \
                          it has left"
                     );
                     entry.start_after_drain = true;
@@ -554,7 +554,7 @@ impl Launcher {
             entry.start_after_drain = false;
             entry.restart_at = None;
             if let Some(child) = entry.child.as_ref() {
-                eprintln!("[launcher] scaling down: draining {task} (SIGUSR1)");
+                tracing::info!("scaling down: draining {task} (SIGUSR1)");
                 let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGUSR1);
             }
         }
@@ -584,12 +584,12 @@ impl Launcher {
                     _ => self.scale(count),
                 };
                 match scaled {
-                    Ok(()) => eprintln!("[launcher] scale request: {count} {noun}(s)"),
-                    Err(e) => eprintln!("[launcher] scale request refused: {e}"),
+                    Ok(()) => tracing::info!("scale request: {count} {noun}(s)"),
+                    Err(e) => tracing::warn!("scale request refused: {e}"),
                 }
             }
-            Err(_) => eprintln!(
-                "[launcher] scale request refused: {} holds {text:?}, not a number of {noun}s",
+            Err(_) => tracing::warn!(
+                "scale request refused: {} holds {text:?}, not a number of {noun}s",
                 path.display()
             ),
         }
@@ -661,7 +661,7 @@ impl Launcher {
             Ok(Some(status)) => status,
             Ok(None) => return Ok(None),
             Err(err) => {
-                eprintln!("[launcher] cannot poll {task}: {err}");
+                tracing::warn!("cannot poll {task}: {err}");
                 return Ok(None);
             }
         };
@@ -680,8 +680,8 @@ impl Launcher {
         }
         let code = exit_code(status);
         if std::mem::take(&mut entry.start_after_drain) {
-            eprintln!(
-                "[launcher] {task} (incarnation {}) drained: {}; starting it again, as scaled up",
+            tracing::info!(
+                "{task} (incarnation {}) drained: {}; starting it again, as scaled up",
                 entry.incarnation,
                 describe(status)
             );
@@ -689,8 +689,8 @@ impl Launcher {
             return Ok(None);
         }
         if entry.drained {
-            eprintln!(
-                "[launcher] {task} (incarnation {}) drained: {}; not restarted",
+            tracing::info!(
+                "{task} (incarnation {}) drained: {}; not restarted",
                 entry.incarnation,
                 describe(status)
             );
@@ -699,19 +699,19 @@ impl Launcher {
         match after_exit(task.task_type, code, self.config.restart_chief) {
             AfterExit::EndJob => return Ok(Some(code)),
             AfterExit::Finished => {
-                eprintln!(
-                    "[launcher] {task} (incarnation {}) finished: the job is done",
+                tracing::info!(
+                    "{task} (incarnation {}) finished: the job is done",
                     entry.incarnation
                 );
                 return Ok(None);
             }
-            AfterExit::Restart => eprintln!(
-                "[launcher] {task} (incarnation {}) exited: {}",
+            AfterExit::Restart => tracing::info!(
+                "{task} (incarnation {}) exited: {}",
                 entry.incarnation,
                 describe(status)
             ),
-            AfterExit::RetryFailure => eprintln!(
-                "[launcher] {task} (incarnation {}) exited: {} (a permanent failure, which \
+            AfterExit::RetryFailure => tracing::info!(
+                "{task} (incarnation {}) exited: {} (a permanent failure, which \
                  Kubernetes' ExitCode restart policy would not retry; retried here within the \
                  restart budget)",
                 entry.incarnation,
@@ -720,9 +720,7 @@ impl Launcher {
         }
         match entry.policy.handle_failure(now) {
             RestartDecision::Restart { after, attempt } => {
-                eprintln!(
-                    "[launcher] restarting {task} in {after:?} (restart {attempt} in this window)"
-                );
+                tracing::info!("restarting {task} in {after:?} (restart {attempt} in this window)");
                 entry.restart_at = Some(now + after);
                 Ok(None)
             }
@@ -743,7 +741,7 @@ impl Launcher {
             return;
         }
         if let Some(pid) = self.pid(task) {
-            eprintln!("[launcher] chaos: SIGKILL {task} (pid {pid}) to show recovery");
+            tracing::info!("chaos: SIGKILL {task} (pid {pid}) to show recovery");
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
             self.killed_once = true;
         }
@@ -807,10 +805,11 @@ impl Launcher {
         let prefix = format!("[{task}]");
         let marker = (task.task_type == TaskType::Chief).then(|| Arc::clone(&self.chaos_point));
         if let Some(out) = child.stdout.take() {
-            forward_lines(out, prefix.clone(), false, marker);
+            forward_lines(out, prefix.clone(), false, marker.clone());
         }
+        // The chief reports through its log (stderr): the marker may come on either stream.
         if let Some(err) = child.stderr.take() {
-            forward_lines(err, prefix, true, None);
+            forward_lines(err, prefix, true, marker);
         }
         write_pid_file(&self.config.run_dir, task, child.id(), entry.incarnation);
         entry.child = Some(child);
@@ -934,10 +933,7 @@ fn write_pid_file(run_dir: &std::path::Path, task: TaskId, pid: u32, incarnation
             std::fs::rename(&tmp, &path)
         });
     if let Err(e) = written {
-        eprintln!(
-            "[launcher] cannot record {task}'s pid in {}: {e}",
-            path.display()
-        );
+        tracing::warn!("cannot record {task}'s pid in {}: {e}", path.display());
     }
 }
 

@@ -2,10 +2,11 @@
 //! but watches the checkpoint directory, and evaluates every newer valid checkpoint with the
 //! program's evaluation function ([`crate::program::Program::evaluator`]).
 //!
-//! For each checkpoint it evaluates, it prints one line on stdout:
+//! For each checkpoint it evaluates, it reports one log event (info, with a `step` field; see
+//! [`crate::bootstrap::LOG_FORMAT_ENV`] for the formats), in text:
 //!
 //! ```text
-//! [evaluator] step 200: accuracy=0.9583333333333334 loss=0.1234
+//! 2026-11-25T23:50:01.123Z  INFO evaluator/0: step 200: accuracy=0.9583333333333334 loss=0.1234 step=200
 //! ```
 //!
 //! Values are printed in full (Rust's shortest exact `f64` form), in the order the function
@@ -335,8 +336,8 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
         idle_timeout: config.eval_idle_timeout,
         until_step: config.eval_until_step,
     };
-    eprintln!(
-        "[evaluator] watching {} for checkpoints (stops after {} with none new{})",
+    tracing::info!(
+        "watching {} for checkpoints (stops after {} with none new{})",
         root.display(),
         format_duration(watch_config.idle_timeout),
         watch_config
@@ -350,7 +351,7 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
     let mut listing_failed = false;
     loop {
         if stop.load(Ordering::SeqCst) {
-            eprintln!("[evaluator] stop requested (SIGTERM): exiting");
+            tracing::info!("stop requested (SIGTERM): exiting");
             return Ok(crate::process::PREEMPTED_EXIT_CODE);
         }
         let entries = match list_checkpoints(&root) {
@@ -361,7 +362,7 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
             Err(e) => {
                 // Retried at the next poll; the idle timeout bounds how long.
                 if !listing_failed {
-                    eprintln!("[evaluator] {e}");
+                    tracing::warn!("{e}");
                 }
                 listing_failed = true;
                 Vec::new()
@@ -374,17 +375,14 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
                 };
                 match outcome {
                     Outcome::Evaluated { step, metrics } => {
-                        println!("[evaluator] step {step}: {}", format_metrics(&metrics));
+                        tracing::info!(step, "step {step}: {}", format_metrics(&metrics));
                         let scalars: Vec<(&str, f64)> =
                             metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
                         summaries.scalars(step, &scalars);
                         watch.handle_evaluated(entry.step, Instant::now());
                     }
                     Outcome::Corrupt(error) => {
-                        eprintln!(
-                            "[evaluator] skipped checkpoint {}: {error}",
-                            entry.dir.display()
-                        );
+                        tracing::warn!("skipped checkpoint {}: {error}", entry.dir.display());
                         watch.handle_corrupt(entry.step, Instant::now());
                     }
                     Outcome::Failed(message) => {
@@ -397,7 +395,7 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
             }
             WatchAction::Wait(wait) => sleep_unless_stopped(wait, &stop),
             WatchAction::Stop(reason) => {
-                eprintln!("[evaluator] {reason}: stopping");
+                tracing::info!("{reason}: stopping");
                 return Ok(0);
             }
         }

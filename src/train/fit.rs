@@ -2,12 +2,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::Tensor;
 
 use super::{
-    compute_average_loss, scale_regularization_loss, DistributedOptimizer, Progress, ProgressMode,
+    compute_average_loss, scale_regularization_loss, DistributedOptimizer, Progbar, ProgbarMode,
     TrainError,
 };
 use crate::data::{Dataset, DistributeOptions, Element};
@@ -122,7 +121,7 @@ pub struct History {
 #[derive(Debug)]
 pub struct FitOptions {
     /// Where and how progress is shown.
-    pub progress: Progress,
+    pub progress: Progbar,
     /// How the dataset is distributed over the replicas.
     pub distribute: DistributeOptions,
 }
@@ -130,15 +129,15 @@ pub struct FitOptions {
 impl Default for FitOptions {
     fn default() -> Self {
         Self {
-            progress: Progress::stdout(ProgressMode::Auto),
+            progress: Progbar::stderr(ProgbarMode::Auto),
             distribute: DistributeOptions::default(),
         }
     }
 }
 
 /// Trains `model` for `epochs` passes over `dataset` (batched to the global batch size) under
-/// `strategy`, printing Keras-style progress on standard output (a bar on a terminal, one line
-/// per epoch otherwise), and returns the loss history (Keras' `model.fit`).
+/// `strategy`, showing Keras 3's progress bar on standard error ([`Progbar`]: a bar on a
+/// terminal, one line per epoch otherwise), and returns the loss history (Keras' `model.fit`).
 ///
 /// Each step distributes the global batch over the replicas; each replica computes its
 /// per-example losses, averages them over the *global* batch ([`compute_average_loss`] with
@@ -225,7 +224,6 @@ where
     let mut steps_hint = None;
     for epoch in 1..=epochs {
         progress.begin_epoch(epoch, epochs, steps_hint)?;
-        let started = Instant::now();
         let mut steps = 0;
         let mut weighted_loss = 0.0_f64;
         let mut examples = 0_usize;
@@ -239,13 +237,13 @@ where
             steps += 1;
             weighted_loss += loss * global as f64;
             examples += global;
-            progress.step(steps, weighted_loss / examples as f64)?;
+            progress.update(steps, &[("loss", weighted_loss / examples as f64)])?;
         }
         if steps == 0 {
             return Err(TrainError::Fit("the dataset yielded no batches".to_owned()));
         }
         let loss = weighted_loss / examples as f64;
-        progress.end_epoch(steps, loss, started.elapsed())?;
+        progress.end_epoch(steps, &[("loss", loss)])?;
         history.loss.push(loss);
         history.steps.push(steps);
         steps_hint = Some(steps);

@@ -8,7 +8,7 @@
 //!   calling replica context (all-reduce SUM) and then applies the same update on every
 //!   replica with the kernels of [`crate::optim`], so mirrored variables stay equal;
 //! - [`fit`] runs that loop over a distributed dataset for some epochs, prints progress
-//!   ([`Progress`]) and returns the loss history.
+//!   ([`Progbar`]) and returns the loss history.
 //!
 //! It never creates threads of its own (replicas belong to the strategy) and never reads
 //! datasets except through the distributed iterator it is given.
@@ -32,11 +32,11 @@
 
 mod fit;
 mod optimizer;
-mod progress;
+mod progbar;
 
 pub use fit::{fit, fit_with_options, FitOptions, History, Model, Supervised};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
-pub use progress::{Progress, ProgressMode};
+pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
 
 use candle_core::{DType, Tensor};
 

@@ -39,7 +39,7 @@ use crate::program::{
 };
 use crate::roles::protocol::{bytes_to_f32, f32_to_bytes};
 use crate::summary::{logs_dir, JobSummaries};
-use crate::train::{Progress, ProgressMode};
+use crate::train::{Progbar, ProgbarMode};
 use crate::variable::Partitioner;
 
 /// How long each phase of the demo trains (read from the environment on every process).
@@ -225,7 +225,7 @@ fn run_chief(
 ) -> Result<(), CoordinatorError> {
     let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
     let started = Instant::now();
-    println!(
+    tracing::info!(
         "cohort demo: parameter-server training on {} workers and {} parameter servers (each its own process, talking QUIC with mutual TLS)",
         coordinator.num_workers(),
         coordinator.num_ps()
@@ -247,7 +247,7 @@ fn run_chief(
     };
     let mut checkpoints =
         CheckpointManager::new(&checkpoint_dir, policy, Instant::now()).map_err(|e| other(&e))?;
-    let mut progress = Progress::stdout(ProgressMode::Auto);
+    let mut progress = Progbar::stderr(ProgbarMode::Auto);
     let mut summaries = JobSummaries::create(&logs_dir(&checkpoint_dir, "train"));
 
     // Every variable of both workloads exists from the start, so that every checkpoint holds
@@ -265,13 +265,14 @@ fn run_chief(
     }
     let resumed = coordinator.restore_checkpoint(&mut checkpoints)?;
     match resumed {
-        Some(step) => println!(
+        Some(step) => tracing::info!(
+            step,
             "resumed from checkpoint {} at step {step}",
             checkpoint_dir
                 .join(crate::checkpoint::checkpoint_dir_name(step))
                 .display()
         ),
-        None => println!(
+        None => tracing::info!(
             "checkpoints go to {} (none there yet: starting from step 0{})",
             checkpoint_dir.display(),
             coordinator
@@ -285,7 +286,7 @@ fn run_chief(
     let ctr_steps = (config.ctr_epochs * config.ctr_steps_per_epoch) as u64;
 
     // Workload 1: digits.
-    println!("\n== 1/2: handwritten digits (1,797 8x8 images; 20% held out), MLP 64-64-10, Adagrad on the parameter servers");
+    tracing::info!("workload 1/2: handwritten digits (1,797 8x8 images; 20% held out), MLP 64-64-10, Adagrad on the parameter servers");
     coordinator.create_per_worker_dataset("digits")?;
     coordinator.wait_for_workers(
         coordinator.num_workers() as usize,
@@ -311,7 +312,10 @@ fn run_chief(
         steps_per_epoch: config.digits_steps_per_epoch,
     };
     if step >= digits_steps {
-        println!("  done before the checkpoint (step {step} >= {digits_steps})");
+        tracing::info!(
+            step,
+            "done before the checkpoint (step {step} >= {digits_steps})"
+        );
     }
     let preempted = run_phase(
         coordinator,
@@ -320,10 +324,11 @@ fn run_chief(
         &mut summaries,
         &phase,
         &mut step,
-        |coordinator, loss| {
+        |coordinator, loss, step| {
             let accuracy = digits_accuracy(coordinator)?;
-            println!(
-                "  train loss {loss:.4}  held-out accuracy {:.1}%",
+            tracing::info!(
+                step,
+                "train loss {loss:.4}, held-out accuracy {:.1}%",
                 accuracy * 100.0
             );
             Ok(())
@@ -335,17 +340,17 @@ fn run_chief(
     let accuracy = digits_accuracy(coordinator)?;
     if step == digits_steps && resumed != Some(step) {
         let saved = coordinator.save_checkpoint(&mut checkpoints, step)?;
-        println!("  checkpoint: {}", saved.display());
+        tracing::info!(step, "checkpoint: {}", saved.display());
     }
 
     // Workload 2: CTR with a partitioned embedding.
-    println!(
-        "\n== 2/2: click-through rate, {} x {CTR_DIM} embedding split over both parameter servers + linear head; \
+    tracing::info!(
+        "workload 2/2: click-through rate, {} x {CTR_DIM} embedding split over both parameter servers + linear head; \
          synthetic clicks from a planted model",
         ctr.vocab
     );
-    println!(
-        "  {}: {} shards: {}",
+    tracing::info!(
+        "{}: {} shards: {}",
         layout.name,
         layout.shards.len(),
         layout
@@ -358,7 +363,7 @@ fn run_chief(
     coordinator.create_per_worker_dataset("clicks")?;
     let held_out = CtrData::generate(&ctr, 99, 0, 20_000);
     let floor = held_out.loss_floor();
-    println!("  planted floor (best possible held-out log loss): {floor:.4}");
+    tracing::info!("planted floor (best possible held-out log loss): {floor:.4}");
     let phase = Phase {
         function: "ctr_step",
         first_step: digits_steps,
@@ -373,17 +378,21 @@ fn run_chief(
         &mut summaries,
         &phase,
         &mut step,
-        |coordinator, loss| {
+        |coordinator, loss, step| {
             let ctr_loss = ctr_held_out_loss(coordinator, &held_out, &embedding.name)?;
-            println!("  train loss {loss:.4}  held-out log loss {ctr_loss:.4} (floor {floor:.4}, gap {:+.4})", ctr_loss - floor);
+            tracing::info!(
+                step,
+                "train loss {loss:.4}, held-out log loss {ctr_loss:.4} (floor {floor:.4}, gap {:+.4})",
+                ctr_loss - floor
+            );
             ctr_epochs_done += 1;
             if ctr_epochs_done == config.ctr_epochs / 2
                 && std::env::var(CHAOS_ENV).as_deref() == Ok("true")
             {
                 // The launcher watches for this marker and SIGKILLs a worker now, so the
                 // failure lands midway through training on any machine speed.
-                println!(
-                    "  {} midway: the launcher now SIGKILLs a worker; watch its closure get re-dispatched",
+                tracing::info!(
+                    "{} midway: the launcher now SIGKILLs a worker; watch its closure get re-dispatched",
                     crate::launch::CHAOS_MARKER
                 );
             }
@@ -460,18 +469,18 @@ struct Phase {
 }
 
 /// Runs the epochs of `phase` that are not behind `step` (a resumed run starts mid-phase, even
-/// mid-epoch); `after_epoch` reports each finished epoch, as do the TensorBoard `summaries`
+/// mid-epoch); `after_epoch` reports each finished epoch (its mean loss, the step reached), as do the TensorBoard `summaries`
 /// (mean loss, steps per second, committed closures). Returns true when a stop was requested
 /// (the steps in flight have finished and `step` counts them).
 #[allow(clippy::too_many_arguments)]
 fn run_phase(
     coordinator: &ClusterCoordinator,
-    progress: &mut Progress,
+    progress: &mut Progbar,
     checkpoints: &mut CheckpointManager,
     summaries: &mut JobSummaries,
     phase: &Phase,
     step: &mut u64,
-    mut after_epoch: impl FnMut(&ClusterCoordinator, f64) -> Result<(), CoordinatorError>,
+    mut after_epoch: impl FnMut(&ClusterCoordinator, f64, u64) -> Result<(), CoordinatorError>,
 ) -> Result<bool, CoordinatorError> {
     let in_background = &mut None::<PendingSave>;
     for epoch in 1..=phase.epochs {
@@ -508,7 +517,7 @@ fn run_phase(
             }
             return Ok(true);
         }
-        after_epoch(coordinator, outcome.mean_loss)?;
+        after_epoch(coordinator, outcome.mean_loss, *step)?;
         // The phase's last epoch is saved at the phase's end (a second save of the same step
         // would be refused). One save in the background at a time: the one before ends first.
         if epoch < phase.epochs {
@@ -538,8 +547,9 @@ fn report_saved(saved: SavedInBackground) {
                 .sum()
         })
         .unwrap_or(0);
-    println!(
-        "  checkpoint at step {} (every {SAVE_EVERY:?}): {}, {:.1} MB; training waited {:.0} ms \
+    tracing::info!(
+        step = saved.step,
+        "checkpoint at step {} (every {SAVE_EVERY:?}): {}, {:.1} MB; training waited {:.0} ms \
          for the cut, written in the background in {:.0} ms",
         saved.step,
         saved.dir.display(),
@@ -558,12 +568,11 @@ fn save_and_stop(
     dir: &std::path::Path,
 ) -> Result<(), CoordinatorError> {
     let saved = coordinator.save_checkpoint(checkpoints, step)?;
-    println!(
-        "\n== stop requested: saved checkpoint {} at step {step}",
-        saved.display()
-    );
-    println!(
-        "  resume with: cohort demo --checkpoint-dir {}",
+    tracing::info!(
+        step,
+        "stop requested: saved checkpoint {} at step {step}; resume with: cohort demo \
+         --checkpoint-dir {}",
+        saved.display(),
         dir.display()
     );
     Ok(())
@@ -582,7 +591,7 @@ struct EpochOutcome {
 /// in flight.
 fn run_epoch(
     coordinator: &ClusterCoordinator,
-    progress: &mut Progress,
+    progress: &mut Progbar,
     function: &str,
     epoch: usize,
     epochs: usize,
@@ -610,12 +619,12 @@ fn run_epoch(
             .unwrap_or(f32::NAN);
         total += f64::from(loss);
         done += 1;
-        let _ = progress.step(done, total / done as f64);
+        let _ = progress.update(done, &[("loss", total / done as f64)]);
     }
     coordinator.join()?;
     let mean_loss = total / done.max(1) as f64;
     let took = started.elapsed();
-    let _ = progress.end_epoch(done, mean_loss, took);
+    let _ = progress.end_epoch(done, &[("loss", mean_loss)]);
     Ok(EpochOutcome {
         mean_loss,
         steps: done,
