@@ -94,6 +94,17 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
             report.events, report.sim_ms
         );
         println!("{scenario}");
+        let late = scenario
+            .faults
+            .iter()
+            .filter(|f| fault_time_ms(f).is_some_and(|at| at > report.sim_ms))
+            .count();
+        if late > 0 {
+            println!(
+                "note: {late} fault(s) fell after the simulated job ended (more --closures \
+                 make it longer)"
+            );
+        }
         return match (&report.violation, &report.failure) {
             (Some(v), _) => Err(CliError::Failed(format!("seed {seed}: {v}"))),
             (None, Some(f)) => {
@@ -222,5 +233,20 @@ pub fn run_plan(args: RunArgs) -> Result<(), CliError> {
             failed.join(", "),
             setup.out_dir.join("report.txt").display()
         )))
+    }
+}
+
+/// When a simulated fault is due (none for a storage fault, which hits a numbered save).
+fn fault_time_ms(fault: &sim::Fault) -> Option<u64> {
+    use sim::Fault;
+    match fault {
+        Fault::Kill { at_ms, .. }
+        | Fault::Pause { at_ms, .. }
+        | Fault::Partition { at_ms, .. }
+        | Fault::Preempt { at_ms, .. }
+        | Fault::Drain { at_ms, .. }
+        | Fault::PsJoin { at_ms }
+        | Fault::PsLeave { at_ms } => Some(*at_ms),
+        Fault::Storage { .. } => None,
     }
 }
