@@ -77,10 +77,13 @@ fn cohort(args: &[&str], envs: &[(&str, &str)]) -> Output {
 /// report's JSON.
 fn run_plan(name: &str) -> (Output, serde_json::Value, PathBuf) {
     let dir = temp_dir(name.trim_end_matches(".toml"));
+    run_plan_file(&plan(name), dir)
+}
+
+fn run_plan_file(plan: &Path, dir: PathBuf) -> (Output, serde_json::Value, PathBuf) {
     let run_dir = dir.join("run");
     let checkpoints = dir.join("ckpt");
     let out = dir.join("report");
-    let plan = plan(name);
     let output = cohort(
         &[
             "chaos",
@@ -231,6 +234,39 @@ fn deleting_every_checkpoint_before_a_server_dies_is_reported_as_a_violation() {
     assert_eq!(faults[1]["task"], "ps/0", "{why}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("violation: "), "{why}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A bit flipped in the newest checkpoint's shard just as a server dies: the servers roll back
+/// to the cut, that checkpoint, and only to it; it does not verify, so the chief fails the job
+/// ("no valid checkpoint cut"), and the runner reports a violation naming the flipped file.
+#[test]
+fn a_corrupted_newest_checkpoint_when_a_server_dies_is_reported_as_a_violation() {
+    let dir = temp_dir("corrupt");
+    let plan = dir.join("corrupt.toml");
+    std::fs::write(
+        &plan,
+        "seed = 21\n\
+         [[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"6s\"\nafter = \"first_checkpoint\"\n\
+         [[fault]]\nkind = \"kill\"\ntarget = \"ps:1\"\nat = \"6s\"\nafter = \"first_checkpoint\"\n",
+    )
+    .unwrap();
+    let (output, report, dir) = run_plan_file(&plan, dir);
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(1), "{why}");
+    assert_eq!(report["verdict"], "violation", "{why}");
+    assert_eq!(check(&report, "exit code")["status"], "failed", "{why}");
+    assert_eq!(
+        check(&report, "every closure committed once")["status"],
+        "failed",
+        "{why}"
+    );
+    assert_faults_applied(&report, &["corrupt_checkpoint", "kill"]);
+    let detail = report["timeline"]["faults"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("flipped bit") && detail.contains("shard-"),
+        "{detail}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

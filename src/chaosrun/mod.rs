@@ -122,12 +122,22 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
                         let ids = manifest.ledger.committed_ids.len() as u64;
                         // Each committed closure's id once: a closure committed twice would
                         // count twice but hold one id.
+                        // A checkpoint older than the job's end does not hold the closures
+                        // the chief scheduled after it (as its metrics last said).
+                        let seen = observed.samples.last().map_or(0, |s| s.scheduled as u64);
                         let good = l.balances()
                             && l.committed == l.scheduled
                             && ids == l.committed
                             && l.pending == 0
-                            && l.failed + l.cancelled + l.unavailable == 0;
+                            && l.failed + l.cancelled + l.unavailable == 0
+                            && seen <= l.scheduled;
                         ok &= good;
+                        if seen > l.scheduled {
+                            found.push(format!(
+                                "the chief's metrics last showed {seen} closures scheduled, more \
+                                 than the newest checkpoint holds"
+                            ));
+                        }
                         found.push(format!(
                             "newest checkpoint {} (step {}): {} scheduled, {} committed ({} \
                              distinct closure ids), {} pending, {} failed, {} cancelled, {} \
@@ -191,13 +201,18 @@ fn servers_check(observed: &Observed) -> Check {
     let committed = observed.summary.ledger.map_or(0, |l| l.committed);
     let idle: Vec<String> = servers
         .iter()
-        .filter(|(_, applied, _)| *applied == 0)
-        .map(|(ps, _, _)| format!("ps/{ps}"))
+        .filter(|s| s.applied == 0)
+        .map(|s| format!("ps/{}", s.ps))
         .collect();
     let ok = committed > 0 && idle.is_empty();
     let counts: Vec<String> = servers
         .iter()
-        .map(|(ps, applied, dup)| format!("ps/{ps}: {applied} applied, {dup} duplicates refused"))
+        .map(|s| {
+            format!(
+                "ps/{}: {} applied, {} duplicates refused",
+                s.ps, s.applied, s.duplicates
+            )
+        })
         .collect();
     let mut detail = format!("{committed} closures committed; {}", counts.join(", "));
     if !idle.is_empty() {

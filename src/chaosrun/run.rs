@@ -90,7 +90,18 @@ pub struct PrintedSummary {
     /// `ledger: N closures scheduled, N committed, ... N failed, N pending`.
     pub ledger: Option<PrintedLedger>,
     /// `ps/K: N pushes applied, N duplicates refused`, by server.
-    pub servers: Vec<(u32, u64, u64)>,
+    pub servers: Vec<PrintedServer>,
+}
+
+/// One server's counts as the chief printed them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct PrintedServer {
+    /// The server's index.
+    pub ps: u32,
+    /// Pushes applied.
+    pub applied: u64,
+    /// Pushes refused as duplicates (PS-1).
+    pub duplicates: u64,
 }
 
 /// The counts of the chief's printed ledger line.
@@ -349,9 +360,9 @@ fn scan_line(scan: &mut OutputScan, line: &str) {
             scan.summary.ledger = Some(ledger);
         }
     }
-    if let Some((ps, applied, duplicates)) = parse_printed_server(line) {
-        scan.summary.servers.retain(|(p, _, _)| *p != ps);
-        scan.summary.servers.push((ps, applied, duplicates));
+    if let Some(server) = parse_printed_server(line) {
+        scan.summary.servers.retain(|s| s.ps != server.ps);
+        scan.summary.servers.push(server);
         scan.summary.servers.sort_unstable();
     }
 }
@@ -384,12 +395,16 @@ fn parse_printed_ledger(text: &str) -> Option<PrintedLedger> {
     })
 }
 
-fn parse_printed_server(line: &str) -> Option<(u32, u64, u64)> {
+fn parse_printed_server(line: &str) -> Option<PrintedServer> {
     let (_, rest) = line.split_once("ps/")?;
     let (ps, rest) = rest.split_once(": ")?;
     let ps = ps.parse().ok()?;
     let n = numbers_before(rest, &["pushes applied", "duplicates refused"])?;
-    Some((ps, n[0], n[1]))
+    Some(PrintedServer {
+        ps,
+        applied: n[0],
+        duplicates: n[1],
+    })
 }
 
 /// Carries out one fault.
@@ -676,7 +691,14 @@ mod tests {
             ),
             (40, 39, 0, 1)
         );
-        assert_eq!(scan.summary.servers, vec![(1, 80, 3)]);
+        assert_eq!(
+            scan.summary.servers,
+            vec![PrintedServer {
+                ps: 1,
+                applied: 80,
+                duplicates: 3
+            }]
+        );
         assert_eq!(scan.panic_count, 1);
     }
 
