@@ -23,6 +23,8 @@
 //! - [`summary`]: TensorBoard event files of scalar summaries (a leaf).
 //! - [`bootstrap`]: starting a process as a role, and the local launch of a whole cluster.
 //! - [`program`]: the user's entry point (`Program`, `main`).
+//! - [`chaosrun`]: chaos plans (shared with the simulator, [`sim`]) applied to a real local job,
+//!   its invariants checked afterwards (`cohort chaos run`).
 //!
 //! The modules form a graph without cycles (the test `module_graph` keeps it so): shared
 //! vocabulary sits in leaves (`distribute`, `ledger`), process concerns low (`process`, used by
@@ -30,6 +32,7 @@
 //! user's `program`.
 
 pub mod bootstrap;
+pub mod chaosrun;
 pub mod checkpoint;
 pub mod cli;
 pub mod cluster;

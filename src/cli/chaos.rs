@@ -1,9 +1,15 @@
 //! `cohort chaos sim`: the deterministic cluster simulator ([`crate::sim`]) over many seeds,
-//! with a summary, and the failing seeds shrunk to scenarios a test can paste.
+//! with a summary, and the failing seeds shrunk to scenarios a test can paste; or over the
+//! one scenario of a plan file (`--plan`). `cohort chaos run`: the same plan against a real
+//! local job ([`crate::chaosrun`]).
 
-use std::time::Instant;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::CliError;
+use crate::chaosrun::{self, plan::Plan, run::RunSetup};
 use crate::sim::{self, FaultKinds, SimConfig};
 
 /// Flags of `cohort chaos sim`.
@@ -18,6 +24,11 @@ pub struct SimArgs {
     /// Run only this seed, and print its event trace.
     #[arg(long)]
     seed: Option<u64>,
+    /// Run the one scenario of this chaos plan (the file `chaos run` takes: its seed, and its
+    /// kill, pause and term faults at their times as simulated time), and print its trace.
+    /// Kinds the simulator cannot model (checkpoint files) are refused.
+    #[arg(long, conflicts_with = "seed")]
+    plan: Option<PathBuf>,
     /// Fault kinds to draw from: comma-separated kill, pause, partition, preempt, net,
     /// storage, chief (kill the chief), drain (a worker scaled down), reshard (servers
     /// joining and leaving), or all / none.
@@ -59,11 +70,21 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         closures: args.closures,
         faults_max: args.faults_max.min(64),
         kinds,
-        record_trace: args.seed.is_some(),
+        record_trace: args.seed.is_some() || args.plan.is_some(),
         ..SimConfig::default()
     };
-    if let Some(seed) = args.seed {
-        let scenario = sim::Scenario::draw(&config, seed);
+    let chosen = match (&args.plan, args.seed) {
+        (Some(path), _) => {
+            let plan = Plan::load(path).map_err(|e| CliError::Usage(e.to_string()))?;
+            let scenario = plan
+                .to_scenario(&config)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            Some((plan.seed, scenario))
+        }
+        (None, Some(seed)) => Some((seed, sim::Scenario::draw(&config, seed))),
+        (None, None) => None,
+    };
+    if let Some((seed, scenario)) = chosen {
         let report = sim::run_scenario(&config, &scenario);
         for line in &report.trace {
             println!("{line}");
@@ -73,6 +94,17 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
             report.events, report.sim_ms
         );
         println!("{scenario}");
+        let late = scenario
+            .faults
+            .iter()
+            .filter(|f| fault_time_ms(f).is_some_and(|at| at > report.sim_ms))
+            .count();
+        if late > 0 {
+            println!(
+                "note: {late} fault(s) fell after the simulated job ended (more --closures \
+                 make it longer)"
+            );
+        }
         return match (&report.violation, &report.failure) {
             (Some(v), _) => Err(CliError::Failed(format!("seed {seed}: {v}"))),
             (None, Some(f)) => {
@@ -129,4 +161,92 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         summary.violations.len(),
         summary.schedules
     )))
+}
+
+/// Flags of `cohort chaos run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The chaos plan (TOML: seed, expect_exit, [[fault]] tables).
+    #[arg(long)]
+    plan: PathBuf,
+    /// Where the report (report.txt, report.json) and the job's output (job.log) go.
+    /// Default: <run-dir>/chaos.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// End the job (SIGTERM to its launcher, SIGKILL to all after a grace) past this; the
+    /// exit code check then fails.
+    #[arg(long, default_value = "10m", value_parser = |s: &str| crate::cluster::parse_duration_in(
+        "--timeout", s, crate::cluster::DurationRange::new(Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600))
+    ).map_err(|e| e.to_string()))]
+    timeout: Duration,
+    /// The job's launch command, after `--` (e.g. `-- cohort demo --run-dir DIR
+    /// --checkpoint-dir DIR`). It must give --run-dir: the runner finds each task's process
+    /// there. Checkpoint faults need the job's --checkpoint-dir (or COHORT_CHECKPOINT_DIR).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Runs a job under a chaos plan; exit 1 when a check failed, 2 for bad usage.
+pub fn run_plan(args: RunArgs) -> Result<(), CliError> {
+    let plan = Plan::load(&args.plan).map_err(|e| CliError::Usage(e.to_string()))?;
+    chaosrun::check_targets(&plan, &args.command).map_err(CliError::Usage)?;
+    let (run_dir, checkpoint_dir) = chaosrun::job_dirs(&args.command);
+    let run_dir = run_dir.ok_or_else(|| {
+        CliError::Usage(
+            "the launch command gives no --run-dir: the runner finds each task's process in              <run-dir>/pids (e.g. `-- cohort demo --run-dir /tmp/job`)"
+                .into(),
+        )
+    })?;
+    if plan.touches_checkpoints() && checkpoint_dir.is_none() {
+        return Err(CliError::Usage(format!(
+            "{}: the plan acts on checkpoints, but the launch command gives no              --checkpoint-dir (nor is COHORT_CHECKPOINT_DIR set)",
+            plan.source.display()
+        )));
+    }
+    let setup = RunSetup {
+        command: args.command,
+        out_dir: args.out.unwrap_or_else(|| run_dir.join("chaos")),
+        run_dir,
+        checkpoint_dir,
+        timeout: args.timeout,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| CliError::Failed(format!("cannot handle signal {signal}: {e}")))?;
+    }
+    let observed = chaosrun::run::run_job(&plan, &setup, &stop).map_err(CliError::Usage)?;
+    let checks = chaosrun::check(&plan, &setup, &observed);
+    let passed =
+        chaosrun::write_report(&plan, &setup, &observed, &checks).map_err(CliError::Failed)?;
+    if passed {
+        println!("report: {}", setup.out_dir.join("report.txt").display());
+        Ok(())
+    } else {
+        let failed: Vec<&str> = checks
+            .iter()
+            .filter(|c| c.status == "failed")
+            .map(|c| c.name)
+            .collect();
+        Err(CliError::Failed(format!(
+            "violation: {} (report: {})",
+            failed.join(", "),
+            setup.out_dir.join("report.txt").display()
+        )))
+    }
+}
+
+/// When a simulated fault is due (none for a storage fault, which hits a numbered save).
+fn fault_time_ms(fault: &sim::Fault) -> Option<u64> {
+    use sim::Fault;
+    match fault {
+        Fault::Kill { at_ms, .. }
+        | Fault::Pause { at_ms, .. }
+        | Fault::Partition { at_ms, .. }
+        | Fault::Preempt { at_ms, .. }
+        | Fault::Drain { at_ms, .. }
+        | Fault::PsJoin { at_ms }
+        | Fault::PsLeave { at_ms } => Some(*at_ms),
+        Fault::Storage { .. } => None,
+    }
 }

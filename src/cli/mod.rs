@@ -66,7 +66,8 @@ enum Command {
     Bench(BenchArgs),
     /// Chaos testing: `chaos sim` runs the deterministic cluster simulator (the coordinator
     /// and parameter-server machines under simulated faults) over many seeds and checks
-    /// PS-1, LEDGER-1, FENCE-1, CKPT-1 and the end-to-end result after every event.
+    /// PS-1, LEDGER-1, FENCE-1, CKPT-1 and the end-to-end result after every event; `chaos
+    /// run --plan plan.toml -- <launch command>` applies a fault plan to a real local job.
     #[command(subcommand)]
     Chaos(ChaosCommand),
     /// Checkpoint tools: `ls` a checkpoint directory, `show` a checkpoint's variables and
@@ -202,6 +203,12 @@ enum ChaosCommand {
     /// print a summary: schedules, events, faults by kind, violations with their seeds (the
     /// first one shrunk to a scenario a test can paste). Exit 1 if an invariant broke.
     Sim(chaos::SimArgs),
+    /// Run a job's launch command under a seeded fault plan (kill, pause, term, delete or
+    /// corrupt a checkpoint, at seeded times), then check the job's invariants (exit code,
+    /// every closure committed once, servers applying pushes, no panic) and write
+    /// report.txt and report.json. Exit 0 when every check passed, 1 on a violation, 2 for
+    /// bad usage (the message names the plan file and key).
+    Run(chaos::RunArgs),
 }
 
 /// Flags of `cohort role`.
@@ -306,6 +313,7 @@ pub fn run() -> ExitCode {
         },
         Command::Bench(args) => bench::run(&args.target, args.steps, args.warmup, &args.workloads),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
+        Command::Chaos(ChaosCommand::Run(args)) => chaos::run_plan(args),
         Command::Ckpt(command) => ckpt::run(command),
         Command::Role(args) => match builtin_job(&args.job) {
             Some(program) => {

@@ -1,0 +1,696 @@
+//! The chaos plan: a TOML file of a seed and a list of faults, read once and checked before
+//! anything runs. The same plan drives a real local job ([`super::run`]) and the simulator
+//! ([`Plan::to_scenario`]).
+//!
+//! ```toml
+//! seed = 7
+//! expect_exit = 0            # the job's exit code when it survives (default 0)
+//!
+//! [[fault]]
+//! kind = "kill"              # kill | pause | term | delete_checkpoint | corrupt_checkpoint
+//! target = "worker:1"        # chief, ps:0, worker:1, or a role ("worker": index drawn from the seed)
+//! at = "6s"                  # after the job's start, or a range "4s..9s" drawn from the seed
+//! after = "first_checkpoint" # count `at` from the job's first checkpoint instead of its
+//!                            # start (default "start"; runner only, not the simulator)
+//!
+//! [[fault]]
+//! kind = "pause"
+//! target = "worker"
+//! at = "4s..9s"
+//! for = "2s"                 # pause only: SIGSTOP, then SIGCONT this much later
+//!
+//! [[fault]]
+//! kind = "delete_checkpoint"
+//! at = "8s"
+//! which = "all"              # checkpoint kinds: "newest" (default) or "all" (delete only)
+//! ```
+//!
+//! Every draw comes from one ChaCha stream seeded by `seed`, two draws per fault in file order
+//! (its time, then its choice of index, file and byte), so the same plan gives the same
+//! schedule whatever the job does.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::cluster::{format_duration, parse_duration_in, DurationRange, TaskType};
+use crate::sim::{Fault, NetSettings, Node, Scenario, SimConfig};
+
+/// The latest a fault may be planned (and the longest pause).
+pub const FAULT_TIME_MAX: Duration = Duration::from_secs(24 * 3600);
+/// Most faults in one plan.
+pub const FAULTS_MAX: usize = 256;
+
+/// What a fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// SIGKILL the target task.
+    Kill,
+    /// SIGSTOP the target task, and SIGCONT it `for` later.
+    Pause,
+    /// SIGTERM the target task: a preemption notice.
+    Term,
+    /// Delete the newest checkpoint (or all of them) under the job's checkpoint directory.
+    DeleteCheckpoint,
+    /// Flip one bit of one shard file of the newest checkpoint.
+    CorruptCheckpoint,
+}
+
+impl FaultKind {
+    /// Every kind, as plans spell them.
+    pub const ALL: [FaultKind; 5] = [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Term,
+        FaultKind::DeleteCheckpoint,
+        FaultKind::CorruptCheckpoint,
+    ];
+
+    /// The name in a plan.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Pause => "pause",
+            FaultKind::Term => "term",
+            FaultKind::DeleteCheckpoint => "delete_checkpoint",
+            FaultKind::CorruptCheckpoint => "corrupt_checkpoint",
+        }
+    }
+
+    /// Whether the fault hits a task (rather than the checkpoint directory).
+    pub fn hits_task(self) -> bool {
+        matches!(self, FaultKind::Kill | FaultKind::Pause | FaultKind::Term)
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The task a fault hits: one by index, or a role whose index the seed picks among the
+/// tasks of that role running when the fault is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    /// The role.
+    pub role: TaskType,
+    /// The index, when the plan names one.
+    pub index: Option<u32>,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{}:{i}", self.role),
+            None => write!(f, "{}", self.role),
+        }
+    }
+}
+
+/// Which checkpoints a checkpoint fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// The newest.
+    Newest,
+    /// Every one (delete only).
+    All,
+}
+
+/// When a fault is due, after the job's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// At this time.
+    Fixed(Duration),
+    /// Uniformly in this range (both ends included), drawn from the seed.
+    Range(Duration, Duration),
+}
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            At::Fixed(d) => f.write_str(&format_duration(*d)),
+            At::Range(a, b) => write!(f, "{}..{}", format_duration(*a), format_duration(*b)),
+        }
+    }
+}
+
+/// What a fault's time counts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum After {
+    /// The start of the launch command.
+    Start,
+    /// The moment the runner first sees a checkpoint in the job's checkpoint directory.
+    FirstCheckpoint,
+}
+
+impl After {
+    /// The name in a plan.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            After::Start => "start",
+            After::FirstCheckpoint => "first_checkpoint",
+        }
+    }
+}
+
+/// One fault as the plan gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultSpec {
+    /// What it does.
+    pub kind: FaultKind,
+    /// The task it hits (task kinds only).
+    pub target: Option<Target>,
+    /// When.
+    pub at: At,
+    /// What `at` counts from.
+    pub after: After,
+    /// How long a pause lasts.
+    pub pause_for: Option<Duration>,
+    /// Which checkpoints (checkpoint kinds only).
+    pub which: Which,
+}
+
+/// A fault with its time and choice drawn: what the runner applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    /// Its position in the plan (0-based).
+    pub index: usize,
+    /// The fault.
+    pub spec: FaultSpec,
+    /// When it is due.
+    pub at: Duration,
+    /// The draw that picks an index (a role target), a shard file and a byte.
+    pub pick: u64,
+}
+
+/// A parsed, checked plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The file it came from.
+    pub source: PathBuf,
+    /// The seed of every draw.
+    pub seed: u64,
+    /// The exit code the job must end with.
+    pub expect_exit: i32,
+    /// The faults, in file order.
+    pub faults: Vec<FaultSpec>,
+}
+
+/// Why a plan cannot be used; the message names the file and the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {detail}")]
+pub struct PlanError {
+    /// The plan file.
+    pub file: String,
+    /// What is wrong, starting with the key.
+    pub detail: String,
+}
+
+impl Plan {
+    /// Reads and checks the plan in `path`.
+    pub fn load(path: &Path) -> Result<Self, PlanError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PlanError {
+            file: path.display().to_string(),
+            detail: format!("cannot read the plan: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and checks `text`, the contents of `path` (named in errors).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, PlanError> {
+        let err = |detail: String| PlanError {
+            file: path.display().to_string(),
+            detail,
+        };
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
+            err(format!("not valid TOML{at}: {}", e.message().trim()))
+        })?;
+        for key in table.keys() {
+            if !["seed", "expect_exit", "fault"].contains(&key.as_str()) {
+                return Err(err(format!(
+                    "{key}: unknown key (a plan has seed, expect_exit and [[fault]] tables)"
+                )));
+            }
+        }
+        let seed = match table.get("seed") {
+            None => return Err(err("seed: missing (a number, e.g. seed = 7)".into())),
+            Some(toml::Value::Integer(n)) if *n >= 0 => *n as u64,
+            Some(v) => {
+                return Err(err(format!(
+                    "seed: {v} is not a number from 0 up (e.g. seed = 7)"
+                )))
+            }
+        };
+        let expect_exit = match table.get("expect_exit") {
+            None => 0,
+            Some(toml::Value::Integer(n)) if (0..=255).contains(n) => *n as i32,
+            Some(v) => {
+                return Err(err(format!(
+                    "expect_exit: {v} is not an exit code (0 to 255)"
+                )))
+            }
+        };
+        let faults = match table.get("fault") {
+            None => Vec::new(),
+            Some(toml::Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| parse_fault(i, item).map_err(err))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => {
+                return Err(err(
+                    "fault: must be an array of tables ([[fault]] sections)".into(),
+                ))
+            }
+        };
+        if faults.len() > FAULTS_MAX {
+            return Err(err(format!(
+                "fault: {} faults, at most {FAULTS_MAX}",
+                faults.len()
+            )));
+        }
+        Ok(Plan {
+            source: path.to_path_buf(),
+            seed,
+            expect_exit,
+            faults,
+        })
+    }
+
+    /// Whether some fault acts on checkpoints (the runner then needs the checkpoint
+    /// directory).
+    pub fn touches_checkpoints(&self) -> bool {
+        self.faults
+            .iter()
+            .any(|f| !f.kind.hits_task() || f.after == After::FirstCheckpoint)
+    }
+
+    /// The faults with their times and choices drawn from the seed: those counted from the
+    /// start first, each group earliest first (faults due at the same time in file order).
+    pub fn schedule(&self) -> Vec<Scheduled> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let mut out: Vec<Scheduled> = self
+            .faults
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                // Two draws per fault whatever its kind, so that editing one fault leaves the
+                // draws of the others as they were.
+                let time_draw: u64 = rng.gen();
+                let pick: u64 = rng.gen();
+                let at = match spec.at {
+                    At::Fixed(d) => d,
+                    At::Range(lo, hi) => {
+                        let (lo, hi) = (lo.as_millis() as u64, hi.as_millis() as u64);
+                        Duration::from_millis(lo + time_draw % (hi - lo + 1))
+                    }
+                };
+                Scheduled {
+                    index,
+                    spec: spec.clone(),
+                    at,
+                    pick,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| (s.spec.after, s.at, s.index));
+        out
+    }
+
+    /// The simulator's scenario for this plan: kill, pause and term (a preemption notice)
+    /// of the chief, a server or a worker, at the plan's times as simulated time, over a
+    /// reliable network seeded with the plan's seed. A role target picks its index among the
+    /// `config`'s tasks of that role. Faults the simulator cannot model are refused, named.
+    pub fn to_scenario(&self, config: &SimConfig) -> Result<Scenario, PlanError> {
+        let err = |detail: String| PlanError {
+            file: self.source.display().to_string(),
+            detail,
+        };
+        let mut faults = Vec::new();
+        for s in self.schedule() {
+            let key = format!("fault[{}]", s.index);
+            if s.spec.after != After::Start {
+                return Err(err(format!(
+                    "{key}.after: the simulator cannot count from {} (its checkpoints are not \
+                     at times the plan knows); give the time from the start",
+                    s.spec.after.as_str()
+                )));
+            }
+            let target = match s.spec.target {
+                Some(t) if s.spec.kind.hits_task() => t,
+                _ => {
+                    return Err(err(format!(
+                        "{key}.kind: the simulator cannot model {} at a time (its storage faults \
+                         hit a numbered save, not the files on disk); run this plan with \
+                         `cohort chaos run`",
+                        s.spec.kind
+                    )))
+                }
+            };
+            let count = match target.role {
+                TaskType::Chief => 1,
+                TaskType::Ps => config.num_ps,
+                TaskType::Worker => config.num_workers,
+                TaskType::Evaluator => {
+                    return Err(err(format!(
+                        "{key}.target: the simulator has no evaluator ({target})"
+                    )))
+                }
+            };
+            let index = match target.index {
+                Some(i) if i < count => i,
+                Some(i) => {
+                    return Err(err(format!(
+                        "{key}.target: {target} is not in the simulated job ({count} {} task(s), \
+                         index {i} out of range)",
+                        target.role
+                    )))
+                }
+                None => (s.pick % u64::from(count)) as u32,
+            };
+            let node = match target.role {
+                TaskType::Chief => Node::Chief,
+                TaskType::Ps => Node::Ps(index),
+                _ => Node::Worker(index),
+            };
+            let at_ms = s.at.as_millis() as u64;
+            faults.push(match s.spec.kind {
+                FaultKind::Kill => Fault::Kill { at_ms, node },
+                FaultKind::Term => Fault::Preempt { at_ms, node },
+                _ => Fault::Pause {
+                    at_ms,
+                    node,
+                    for_ms: s.spec.pause_for.unwrap_or_default().as_millis() as u64,
+                },
+            });
+        }
+        Ok(Scenario {
+            seed: self.seed,
+            net: NetSettings::reliable(),
+            faults,
+        })
+    }
+}
+
+fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
+    let key = format!("fault[{i}]");
+    let table = item
+        .as_table()
+        .ok_or_else(|| format!("{key}: must be a table ([[fault]])"))?;
+    for k in table.keys() {
+        if !["kind", "target", "at", "after", "for", "which"].contains(&k.as_str()) {
+            return Err(format!(
+                "{key}.{k}: unknown key (a fault has kind, target, at, after, for, which)"
+            ));
+        }
+    }
+    let string = |name: &str| string_key(table, &key, name);
+    let kind_text = string("kind")?.ok_or_else(|| format!("{key}.kind: missing"))?;
+    let kind = FaultKind::ALL
+        .into_iter()
+        .find(|k| k.as_str() == kind_text)
+        .ok_or_else(|| {
+            let partition = if ["partition", "loss"].contains(&kind_text) {
+                " (network faults between real processes are not supported: cohort has no hook \
+                 to inject datagram faults into a running task)"
+            } else {
+                ""
+            };
+            format!(
+                "{key}.kind: unknown kind {kind_text:?}{partition}; kinds: kill, pause, term, \
+                 delete_checkpoint, corrupt_checkpoint"
+            )
+        })?;
+    let target = match (string("target")?, kind.hits_task()) {
+        (Some(t), true) => Some(parse_target(&key, t)?),
+        (None, true) => {
+            return Err(format!(
+            "{key}.target: missing (a task such as \"worker:1\", \"ps:0\", \"chief\", or a role)"
+        ))
+        }
+        (Some(_), false) => {
+            return Err(format!(
+                "{key}.target: {kind} acts on the checkpoint directory, not on a task"
+            ))
+        }
+        (None, false) => None,
+    };
+    let at_text =
+        string("at")?.ok_or_else(|| format!("{key}.at: missing (e.g. \"6s\" or \"4s..9s\")"))?;
+    let at_range = DurationRange::new(Duration::ZERO, FAULT_TIME_MAX);
+    let duration = |text: &str| {
+        parse_duration_in(&format!("{key}.at"), text.trim(), at_range).map_err(|e| e.to_string())
+    };
+    let at = match at_text.split_once("..") {
+        Some((lo, hi)) => {
+            let (lo, hi) = (duration(lo)?, duration(hi)?);
+            if lo > hi {
+                return Err(format!("{key}.at: {at_text:?} ends before it starts"));
+            }
+            At::Range(lo, hi)
+        }
+        None => At::Fixed(duration(at_text)?),
+    };
+    let after = match string("after")? {
+        None | Some("start") => After::Start,
+        Some("first_checkpoint") => After::FirstCheckpoint,
+        Some(other) => {
+            return Err(format!(
+                "{key}.after: {other:?} is not \"start\" or \"first_checkpoint\""
+            ))
+        }
+    };
+    let pause_for = match (string("for")?, kind) {
+        (Some(text), FaultKind::Pause) => Some(
+            parse_duration_in(
+                &format!("{key}.for"),
+                text,
+                DurationRange::new(Duration::from_millis(1), FAULT_TIME_MAX),
+            )
+            .map_err(|e| e.to_string())?,
+        ),
+        (None, FaultKind::Pause) => {
+            return Err(format!(
+                "{key}.for: missing (how long the pause lasts, e.g. \"3s\")"
+            ))
+        }
+        (Some(_), _) => return Err(format!("{key}.for: only a pause lasts ({kind} does not)")),
+        (None, _) => None,
+    };
+    let which = match (string("which")?, kind) {
+        (None, _) => Which::Newest,
+        (Some("newest"), FaultKind::DeleteCheckpoint | FaultKind::CorruptCheckpoint) => {
+            Which::Newest
+        }
+        (Some("all"), FaultKind::DeleteCheckpoint) => Which::All,
+        (Some(w), FaultKind::DeleteCheckpoint) => {
+            return Err(format!("{key}.which: {w:?} is not \"newest\" or \"all\""))
+        }
+        (Some(w), FaultKind::CorruptCheckpoint) => {
+            return Err(format!(
+                "{key}.which: {w:?}: corrupt_checkpoint hits the newest checkpoint only"
+            ))
+        }
+        (Some(_), _) => {
+            return Err(format!(
+                "{key}.which: only checkpoint faults choose a checkpoint"
+            ))
+        }
+    };
+    Ok(FaultSpec {
+        kind,
+        target,
+        at,
+        after,
+        pause_for,
+        which,
+    })
+}
+
+/// The string at `name` in a fault's table, if any.
+fn string_key<'a>(
+    table: &'a toml::Table,
+    key: &str,
+    name: &str,
+) -> Result<Option<&'a str>, String> {
+    match table.get(name) {
+        None => Ok(None),
+        Some(toml::Value::String(s)) => Ok(Some(s.as_str())),
+        Some(v) => Err(format!("{key}.{name}: {v} is not a string")),
+    }
+}
+
+/// `chief`, `ps:0`, `worker/1`, or a role alone.
+fn parse_target(key: &str, text: &str) -> Result<Target, String> {
+    let bad = |why: &str| {
+        format!(
+            "{key}.target: {text:?} {why} (a task such as \"worker:1\", \"ps:0\", \"chief\", or \
+             a role: chief, ps, worker, evaluator)"
+        )
+    };
+    let (role_text, index_text) = match text.split_once([':', '/']) {
+        Some((r, i)) => (r, Some(i)),
+        None => (text, None),
+    };
+    let role: TaskType = role_text.parse().map_err(|()| bad("is not a task"))?;
+    let index = match index_text {
+        None => None,
+        Some(i) => Some(i.parse::<u32>().map_err(|_| bad("has no valid index"))?),
+    };
+    Ok(Target { role, index })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Plan, PlanError> {
+        Plan::parse(Path::new("plan.toml"), text)
+    }
+
+    #[test]
+    fn the_shipped_plans_parse_and_the_simulator_takes_the_start_timed_one() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/chaos");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("examples/chaos") {
+            let path = entry.expect("entry").path();
+            let plan = Plan::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!plan.faults.is_empty(), "{}", path.display());
+            assert_eq!(plan.schedule().len(), plan.faults.len());
+            names.push(path.file_name().unwrap().to_string_lossy().to_string());
+        }
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "delete-checkpoint-then-kill-ps.toml",
+                "kill-worker-and-ps.toml",
+                "term-ps-pause-worker.toml"
+            ]
+        );
+        let plan = Plan::load(&dir.join("term-ps-pause-worker.toml")).unwrap();
+        let scenario = plan.to_scenario(&SimConfig::default()).unwrap();
+        assert_eq!(scenario.faults.len(), 2);
+        assert!(matches!(
+            scenario.faults[0],
+            Fault::Preempt {
+                node: Node::Ps(1),
+                ..
+            }
+        ));
+        assert!(matches!(
+            scenario.faults[1],
+            Fault::Pause { for_ms: 2000, .. }
+        ));
+    }
+
+    #[test]
+    fn draws_are_seeded_and_within_their_ranges() {
+        let text = "seed = 9\n[[fault]]\nkind = \"kill\"\ntarget = \"worker\"\nat = \"4s..9s\"\n\
+                    [[fault]]\nkind = \"term\"\ntarget = \"ps:0\"\nat = \"1s\"\n";
+        let a = parse(text).unwrap().schedule();
+        let b = parse(text).unwrap().schedule();
+        assert_eq!(a, b);
+        // Earliest first.
+        assert_eq!(a[0].spec.kind, FaultKind::Term);
+        assert!(a[1].at >= Duration::from_secs(4) && a[1].at <= Duration::from_secs(9));
+        let other = parse(&text.replace("seed = 9", "seed = 10"))
+            .unwrap()
+            .schedule();
+        assert_ne!(a[1].pick, other[1].pick);
+    }
+
+    #[test]
+    fn bad_plans_are_refused_naming_the_file_and_the_key() {
+        let cases = [
+            ("[[fault]]\nkind = \"kill\"\n", "seed: missing"),
+            ("seed = \"x\"\n", "seed:"),
+            ("seed = 1\nspeed = 2\n", "speed: unknown key"),
+            ("seed = 1\nexpect_exit = 300\n", "expect_exit:"),
+            (
+                "seed = 1\n[[fault]]\nkind = \"explode\"\ntarget = \"chief\"\nat = \"1s\"\n",
+                "fault[0].kind: unknown kind \"explode\"",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"partition\"\ntarget = \"chief\"\nat = \"1s\"\n",
+                "no hook",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"gpu:1\"\nat = \"1s\"\n",
+                "fault[0].target: \"gpu:1\" is not a task",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"worker:x\"\nat = \"1s\"\n",
+                "fault[0].target",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"soon\"\n",
+                "fault[0].at",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"9s..2s\"\n",
+                "fault[0].at: \"9s..2s\" ends before it starts",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"pause\"\ntarget = \"chief\"\nat = \"1s\"\n",
+                "fault[0].for: missing",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nfor = \"1s\"\n",
+                "fault[0].for: only a pause lasts",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"delete_checkpoint\"\ntarget = \"chief\"\nat = \"1s\"\n",
+                "fault[0].target: delete_checkpoint acts on the checkpoint directory",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\nat = \"1s\"\n",
+                "fault[0].target: missing",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nafter = \"lunch\"\n",
+                "fault[0].after",
+            ),
+            ("seed = 1\n[[fault]\n", "not valid TOML"),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.starts_with("plan.toml: "), "{err}");
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_simulator_refuses_what_it_cannot_model() {
+        let config = SimConfig::default();
+        let refused = [
+            (
+                "seed = 1\n[[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"1s\"\n",
+                "cannot model corrupt_checkpoint",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"ps:9\"\nat = \"1s\"\n",
+                "ps:9 is not in the simulated job",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"ps\"\nat = \"1s\"\nafter = \"first_checkpoint\"\n",
+                "fault[0].after",
+            ),
+        ];
+        for (text, expected) in refused {
+            let err = parse(text).unwrap().to_scenario(&config).unwrap_err();
+            assert!(err.to_string().contains(expected), "{err}");
+        }
+    }
+}

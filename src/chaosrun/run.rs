@@ -1,0 +1,712 @@
+//! The runner: starts the job's launch command as a child in its own process group, applies
+//! the plan's faults at their times to the tasks the launcher records in its run directory
+//! (`<run_dir>/pids/<role>-<index>.pid`, [`crate::launch::pid_file`]), samples the chief's
+//! `/metrics` every second, and ends the job when it outlives `--timeout` or the runner gets
+//! Ctrl-C/SIGTERM (SIGTERM to the launcher, which stops its tasks in order; SIGKILL to the
+//! whole group after a grace).
+//!
+//! A signal only ever reaches a process of the job: the pid in a pid file must be in the job's
+//! process group (as `/proc` says), or the fault is recorded as not applied.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+use super::plan::{After, FaultKind, Plan, Scheduled, Which};
+use crate::checkpoint::list_checkpoints;
+use crate::cluster::{TaskId, TaskType};
+
+/// How often the runner looks at the job, its clock and its faults.
+const TICK: Duration = Duration::from_millis(20);
+/// How often the runner looks for the job's first checkpoint.
+const CHECKPOINT_LOOK: Duration = Duration::from_millis(100);
+/// How long the launcher has to stop its tasks after SIGTERM before the group is SIGKILLed.
+pub const STOP_GRACE: Duration = Duration::from_secs(60);
+/// Bound on one scrape of the chief's metrics.
+const SCRAPE_TIMEOUT: Duration = Duration::from_millis(800);
+/// Most panic lines kept for the report (all are counted).
+const PANICS_KEPT_MAX: usize = 20;
+
+/// What the runner needs besides the plan.
+#[derive(Debug, Clone)]
+pub struct RunSetup {
+    /// The launch command and its arguments.
+    pub command: Vec<String>,
+    /// The launcher's run directory (pid files, metrics addresses).
+    pub run_dir: PathBuf,
+    /// The job's checkpoint directory, when known.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Where the job's output is copied (`job.log`).
+    pub out_dir: PathBuf,
+    /// The job is ended past this.
+    pub timeout: Duration,
+}
+
+/// A fault as it was applied (or why it was not).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AppliedFault {
+    /// Seconds after the job's start.
+    pub t_s: f64,
+    /// The planned time, seconds.
+    pub planned_s: f64,
+    /// The kind.
+    pub kind: String,
+    /// The target as the plan gives it (empty for checkpoint faults).
+    pub target: String,
+    /// The task it hit (`worker/1`), when it hit one.
+    pub task: Option<String>,
+    /// The process signalled.
+    pub pid: Option<u32>,
+    /// Whether it was carried out.
+    pub applied: bool,
+    /// What was done, or why not.
+    pub detail: String,
+}
+
+/// One reading of the chief's metrics.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sample {
+    /// Seconds after the job's start.
+    pub t_s: f64,
+    /// `cohort_ledger_committed_total`.
+    pub committed: f64,
+    /// `cohort_ledger_scheduled_total`.
+    pub scheduled: f64,
+    /// Committed closures per second since the previous sample (0 after a chief restart).
+    pub steps_per_second: f64,
+}
+
+/// The chief's end-of-run summary as it printed it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PrintedSummary {
+    /// `ledger: N closures scheduled, N committed, ... N failed, N pending`.
+    pub ledger: Option<PrintedLedger>,
+    /// `ps/K: N pushes applied, N duplicates refused`, by server.
+    pub servers: Vec<PrintedServer>,
+}
+
+/// One server's counts as the chief printed them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct PrintedServer {
+    /// The server's index.
+    pub ps: u32,
+    /// Pushes applied.
+    pub applied: u64,
+    /// Pushes refused as duplicates (PS-1).
+    pub duplicates: u64,
+}
+
+/// The counts of the chief's printed ledger line.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct PrintedLedger {
+    /// Scheduled.
+    pub scheduled: u64,
+    /// Committed.
+    pub committed: u64,
+    /// Failed.
+    pub failed: u64,
+    /// Pending.
+    pub pending: u64,
+}
+
+/// Everything the run observed.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// The launch command's exit code (128 + the signal for a death by signal).
+    pub exit_code: Option<i32>,
+    /// Why the runner ended the job, if it did.
+    pub ended_by_runner: Option<String>,
+    /// Seconds the job ran.
+    pub duration_s: f64,
+    /// The faults, in the order they were due.
+    pub faults: Vec<AppliedFault>,
+    /// The chief's metrics, once a second.
+    pub samples: Vec<Sample>,
+    /// Panic lines (`[task] ... panicked at ...`), at most [`PANICS_KEPT_MAX`].
+    pub panics: Vec<String>,
+    /// How many panic lines there were.
+    pub panic_count: usize,
+    /// The chief's printed summary.
+    pub summary: PrintedSummary,
+}
+
+/// What reading the job's output collects.
+#[derive(Debug, Default)]
+struct OutputScan {
+    panics: Vec<String>,
+    panic_count: usize,
+    summary: PrintedSummary,
+}
+
+/// Runs the job under the plan; `stop` is set by Ctrl-C/SIGTERM. An error is a job that
+/// could not be started (bad usage).
+pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Observed, String> {
+    let program = setup
+        .command
+        .first()
+        .ok_or("no launch command given after `--`")?;
+    std::fs::create_dir_all(&setup.out_dir)
+        .map_err(|e| format!("--out {}: {e}", setup.out_dir.display()))?;
+    let log_path = setup.out_dir.join("job.log");
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| format!("cannot write {}: {e}", log_path.display()))?;
+    // Pid files of an earlier run in the same directory would name processes long gone.
+    let _ = std::fs::remove_dir_all(setup.run_dir.join("pids"));
+    let _ = std::fs::remove_dir_all(setup.run_dir.join("metrics"));
+    let mut child = Command::new(program)
+        .args(&setup.command[1..])
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the launch command {program:?}: {e}"))?;
+    let started = Instant::now();
+    let launcher = child.id();
+    let scan = Arc::new(Mutex::new(OutputScan::default()));
+    let log = Arc::new(Mutex::new(log));
+    let mut readers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        readers.push(read_output(out, false, Arc::clone(&scan), Arc::clone(&log)));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(read_output(err, true, Arc::clone(&scan), Arc::clone(&log)));
+    }
+
+    let mut observed = Observed::default();
+    let mut pending = plan.schedule();
+    let mut first_checkpoint: Option<Instant> = None;
+    let mut next_checkpoint_look = started;
+    let mut paused: Vec<(Instant, u32, String)> = Vec::new();
+    let mut next_sample = started;
+    let mut last_sample: Option<(Instant, f64)> = None;
+    let mut stopping: Option<Instant> = None;
+    let status = loop {
+        if let Some(status) = child.try_wait().ok().flatten() {
+            break Some(status);
+        }
+        let now = Instant::now();
+        if stopping.is_none() {
+            let why = if stop.load(Ordering::SeqCst) {
+                Some("the runner was interrupted (Ctrl-C or SIGTERM)".to_string())
+            } else if now.duration_since(started) > setup.timeout {
+                Some(format!(
+                    "the job outlived --timeout {}",
+                    crate::cluster::format_duration(setup.timeout)
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                eprintln!("[chaos] {why}: stopping the job");
+                resume_all(&mut paused);
+                let _ = kill(Pid::from_raw(launcher as i32), Signal::SIGTERM);
+                observed.ended_by_runner = Some(why);
+                stopping = Some(now);
+            }
+        } else if stopping.is_some_and(|at| now.duration_since(at) > STOP_GRACE) {
+            let _ = killpg(Pid::from_raw(launcher as i32), Signal::SIGKILL);
+            break child.wait().ok();
+        }
+        // Resume what a pause stopped, when its time comes.
+        paused.retain(|(until, pid, task)| {
+            if now >= *until {
+                let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGCONT);
+                eprintln!("[chaos] SIGCONT {task} (pid {pid})");
+                false
+            } else {
+                true
+            }
+        });
+        if first_checkpoint.is_none() && now >= next_checkpoint_look {
+            next_checkpoint_look = now + CHECKPOINT_LOOK;
+            if let Some(root) = &setup.checkpoint_dir {
+                if list_checkpoints(root).is_ok_and(|e| !e.is_empty()) {
+                    eprintln!(
+                        "[chaos] {:.2}s first checkpoint seen",
+                        now.duration_since(started).as_secs_f64()
+                    );
+                    first_checkpoint = Some(now);
+                }
+            }
+        }
+        while stopping.is_none() {
+            let due = pending.iter().position(|f| {
+                let base = match f.spec.after {
+                    After::Start => Some(started),
+                    After::FirstCheckpoint => first_checkpoint,
+                };
+                base.is_some_and(|base| now >= base + f.at)
+            });
+            let Some(position) = due else { break };
+            let fault = pending.remove(position);
+            let applied = apply(&fault, setup, launcher, started, &mut paused);
+            eprintln!(
+                "[chaos] {:.2}s {} {}: {}",
+                applied.t_s,
+                applied.kind,
+                applied.task.as_deref().unwrap_or(&applied.target),
+                applied.detail
+            );
+            observed.faults.push(applied);
+        }
+        if now >= next_sample {
+            next_sample = now + Duration::from_secs(1);
+            if let Some(sample) = scrape_chief(&setup.run_dir, started, &mut last_sample) {
+                observed.samples.push(sample);
+            }
+        }
+        std::thread::sleep(TICK);
+    };
+    resume_all(&mut paused);
+    observed.duration_s = started.elapsed().as_secs_f64();
+    observed.exit_code = status.map(exit_code);
+    // Faults never due before the job ended.
+    for fault in pending {
+        observed.faults.push(AppliedFault {
+            t_s: observed.duration_s,
+            planned_s: fault.at.as_secs_f64(),
+            kind: fault.spec.kind.to_string(),
+            target: fault
+                .spec
+                .target
+                .map_or_else(|| "checkpoints".to_string(), |t| t.to_string()),
+            task: None,
+            pid: None,
+            applied: false,
+            detail: match (fault.spec.after, first_checkpoint) {
+                (After::FirstCheckpoint, None) => {
+                    "not applied: the job ended before its first checkpoint".into()
+                }
+                _ => "not applied: the job had ended".into(),
+            },
+        });
+    }
+    // Tasks still running (the launcher died alone) are ended with it.
+    let _ = killpg(Pid::from_raw(launcher as i32), Signal::SIGKILL);
+    for reader in readers {
+        let _ = reader.join();
+    }
+    let scan = std::mem::take(&mut *scan.lock().unwrap_or_else(|p| p.into_inner()));
+    observed.panics = scan.panics;
+    observed.panic_count = scan.panic_count;
+    observed.summary = scan.summary;
+    Ok(observed)
+}
+
+/// A child's exit status as one code: its own, or 128 + N after death by signal N.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+fn resume_all(paused: &mut Vec<(Instant, u32, String)>) {
+    for (_, pid, _) in paused.drain(..) {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+    }
+}
+
+/// Copies a stream of the job's output to ours and to `job.log`, and scans it.
+fn read_output<R: Read + Send + 'static>(
+    reader: R,
+    to_stderr: bool,
+    scan: Arc<Mutex<OutputScan>>,
+    log: Arc<Mutex<std::fs::File>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(reader);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match (&mut reader).take(64 * 1024).read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']);
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "{line}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
+            if let Ok(mut file) = log.lock() {
+                let _ = writeln!(file, "{line}");
+            }
+            let mut scan = scan.lock().unwrap_or_else(|p| p.into_inner());
+            scan_line(&mut scan, line);
+        }
+    })
+}
+
+fn scan_line(scan: &mut OutputScan, line: &str) {
+    if line.contains("panicked at") {
+        scan.panic_count += 1;
+        if scan.panics.len() < PANICS_KEPT_MAX {
+            scan.panics.push(line.to_string());
+        }
+    }
+    if let Some(rest) = line.split_once("ledger: ").map(|(_, r)| r) {
+        if let Some(ledger) = parse_printed_ledger(rest) {
+            scan.summary.ledger = Some(ledger);
+        }
+    }
+    if let Some(server) = parse_printed_server(line) {
+        scan.summary.servers.retain(|s| s.ps != server.ps);
+        scan.summary.servers.push(server);
+        scan.summary.servers.sort_unstable();
+    }
+}
+
+/// The number before each of `labels` in a comma-separated list such as
+/// `12 closures scheduled, 12 committed`.
+fn numbers_before(text: &str, labels: &[&str]) -> Option<Vec<u64>> {
+    labels
+        .iter()
+        .map(|label| {
+            text.split(',').find_map(|part| {
+                let part = part.trim();
+                let (n, rest) = part.split_once(' ')?;
+                rest.starts_with(label).then(|| n.parse().ok()).flatten()
+            })
+        })
+        .collect()
+}
+
+fn parse_printed_ledger(text: &str) -> Option<PrintedLedger> {
+    let n = numbers_before(
+        text,
+        &["closures scheduled", "committed", "failed", "pending"],
+    )?;
+    Some(PrintedLedger {
+        scheduled: n[0],
+        committed: n[1],
+        failed: n[2],
+        pending: n[3],
+    })
+}
+
+fn parse_printed_server(line: &str) -> Option<PrintedServer> {
+    let (_, rest) = line.split_once("ps/")?;
+    let (ps, rest) = rest.split_once(": ")?;
+    let ps = ps.parse().ok()?;
+    let n = numbers_before(rest, &["pushes applied", "duplicates refused"])?;
+    Some(PrintedServer {
+        ps,
+        applied: n[0],
+        duplicates: n[1],
+    })
+}
+
+/// Carries out one fault.
+fn apply(
+    fault: &Scheduled,
+    setup: &RunSetup,
+    launcher: u32,
+    started: Instant,
+    paused: &mut Vec<(Instant, u32, String)>,
+) -> AppliedFault {
+    let mut out = AppliedFault {
+        t_s: started.elapsed().as_secs_f64(),
+        planned_s: fault.at.as_secs_f64(),
+        kind: fault.spec.kind.to_string(),
+        target: fault
+            .spec
+            .target
+            .map_or_else(|| "checkpoints".to_string(), |t| t.to_string()),
+        task: None,
+        pid: None,
+        applied: false,
+        detail: String::new(),
+    };
+    let result = match fault.spec.kind {
+        FaultKind::Kill | FaultKind::Pause | FaultKind::Term => {
+            signal_task(fault, setup, launcher, paused, &mut out)
+        }
+        FaultKind::DeleteCheckpoint => delete_checkpoint(fault, setup),
+        FaultKind::CorruptCheckpoint => corrupt_checkpoint(fault, setup),
+    };
+    match result {
+        Ok(detail) => {
+            out.applied = true;
+            out.detail = detail;
+        }
+        Err(why) => out.detail = format!("not applied: {why}"),
+    }
+    out
+}
+
+fn signal_task(
+    fault: &Scheduled,
+    setup: &RunSetup,
+    job_group: u32,
+    paused: &mut Vec<(Instant, u32, String)>,
+    out: &mut AppliedFault,
+) -> Result<String, String> {
+    let target = fault.spec.target.ok_or("no target")?;
+    let index = match target.index {
+        Some(i) => i,
+        None => {
+            let running = recorded_indices(&setup.run_dir, target.role);
+            if running.is_empty() {
+                return Err(format!(
+                    "no {} task is recorded in the run directory",
+                    target.role
+                ));
+            }
+            running[(fault.pick % running.len() as u64) as usize]
+        }
+    };
+    let task = TaskId::new(target.role, index);
+    out.task = Some(task.to_string());
+    let pid_path = crate::launch::pid_file(&setup.run_dir, task);
+    let text = std::fs::read_to_string(&pid_path)
+        .map_err(|e| format!("{task} has no pid file ({}: {e})", pid_path.display()))?;
+    let pid: u32 = text
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("{} holds no pid", pid_path.display()))?;
+    out.pid = Some(pid);
+    if group_of(pid) != Some(job_group) {
+        return Err(format!(
+            "{task} is not running (pid {pid} is not in the job's process group)"
+        ));
+    }
+    let signal = match fault.spec.kind {
+        FaultKind::Kill => Signal::SIGKILL,
+        FaultKind::Pause => Signal::SIGSTOP,
+        _ => Signal::SIGTERM,
+    };
+    kill(Pid::from_raw(pid as i32), signal).map_err(|e| format!("{signal} to pid {pid}: {e}"))?;
+    if fault.spec.kind == FaultKind::Pause {
+        let pause = fault.spec.pause_for.unwrap_or_default();
+        paused.push((Instant::now() + pause, pid, task.to_string()));
+        return Ok(format!(
+            "SIGSTOP pid {pid}, SIGCONT in {}",
+            crate::cluster::format_duration(pause)
+        ));
+    }
+    Ok(format!("{signal} pid {pid}"))
+}
+
+/// The indices of `role` with a pid file, ascending.
+fn recorded_indices(run_dir: &Path, role: TaskType) -> Vec<u32> {
+    let prefix = format!("{role}-");
+    let mut out: Vec<u32> = std::fs::read_dir(run_dir.join("pids"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_prefix(&prefix)?
+                .strip_suffix(".pid")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The process group of `pid`, from `/proc/<pid>/stat`.
+fn group_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(2)?.parse().ok()
+}
+
+fn checkpoint_root(setup: &RunSetup) -> Result<&Path, String> {
+    setup
+        .checkpoint_dir
+        .as_deref()
+        .ok_or_else(|| "the job's checkpoint directory is not known".to_string())
+}
+
+fn delete_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, String> {
+    let root = checkpoint_root(setup)?;
+    let entries = list_checkpoints(root).map_err(|e| e.to_string())?;
+    let chosen: Vec<_> = match fault.spec.which {
+        Which::All => entries.iter().collect(),
+        Which::Newest => entries.last().into_iter().collect(),
+    };
+    if chosen.is_empty() {
+        return Ok(format!("no checkpoint under {} to delete", root.display()));
+    }
+    let mut steps = Vec::new();
+    for entry in chosen {
+        std::fs::remove_dir_all(&entry.dir)
+            .map_err(|e| format!("cannot delete {}: {e}", entry.dir.display()))?;
+        steps.push(entry.step.to_string());
+    }
+    Ok(format!(
+        "deleted the checkpoint(s) of step {}",
+        steps.join(", ")
+    ))
+}
+
+fn corrupt_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, String> {
+    let root = checkpoint_root(setup)?;
+    let entries = list_checkpoints(root).map_err(|e| e.to_string())?;
+    let newest = entries
+        .last()
+        .ok_or_else(|| format!("no checkpoint under {}", root.display()))?;
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(&newest.dir)
+        .map_err(|e| format!("{}: {e}", newest.dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("shard-") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        return Err(format!("{} has no shard file", newest.dir.display()));
+    }
+    let file = &shards[(fault.pick % shards.len() as u64) as usize];
+    let mut handle = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let len = handle
+        .metadata()
+        .map_err(|e| format!("{}: {e}", file.display()))?
+        .len();
+    if len == 0 {
+        return Err(format!("{} is empty", file.display()));
+    }
+    // Another draw from the same number: the byte, and the bit within it.
+    let offset = (fault.pick / shards.len() as u64) % len;
+    let bit = 1u8 << ((fault.pick >> 56) % 8);
+    let mut byte = [0u8];
+    let io = |e: std::io::Error| format!("{}: {e}", file.display());
+    handle.seek(SeekFrom::Start(offset)).map_err(io)?;
+    handle.read_exact(&mut byte).map_err(io)?;
+    byte[0] ^= bit;
+    handle.seek(SeekFrom::Start(offset)).map_err(io)?;
+    handle.write_all(&byte).map_err(io)?;
+    handle.sync_all().map_err(io)?;
+    Ok(format!(
+        "flipped bit {} of byte {offset} of {}",
+        bit.trailing_zeros(),
+        file.display()
+    ))
+}
+
+/// One scrape of the chief's metrics, when it serves them.
+fn scrape_chief(
+    run_dir: &Path,
+    started: Instant,
+    last: &mut Option<(Instant, f64)>,
+) -> Option<Sample> {
+    let addr_file = crate::launch::metrics_addr_file(run_dir, TaskId::new(TaskType::Chief, 0));
+    let addr: SocketAddr = std::fs::read_to_string(addr_file)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let text = http_get(addr, "/metrics")?;
+    let committed = metric(&text, "cohort_ledger_committed_total")?;
+    let scheduled = metric(&text, "cohort_ledger_scheduled_total").unwrap_or(0.0);
+    let now = Instant::now();
+    let rate = match *last {
+        Some((at, before)) if committed >= before => {
+            (committed - before) / now.duration_since(at).as_secs_f64().max(1e-3)
+        }
+        _ => 0.0,
+    };
+    *last = Some((now, committed));
+    Some(Sample {
+        t_s: now.duration_since(started).as_secs_f64(),
+        committed,
+        scheduled,
+        steps_per_second: rate,
+    })
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT).ok()?;
+    stream.set_read_timeout(Some(SCRAPE_TIMEOUT)).ok()?;
+    stream.set_write_timeout(Some(SCRAPE_TIMEOUT)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut body = Vec::new();
+    stream.take(8 * 1024 * 1024).read_to_end(&mut body).ok()?;
+    let text = String::from_utf8_lossy(&body);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// The value of an unlabelled sample `name` in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let rest = if rest.starts_with('{') {
+            &rest[rest.find('}')? + 1..]
+        } else {
+            rest
+        };
+        rest.strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chiefs_printed_summary_is_read() {
+        let mut scan = OutputScan::default();
+        scan_line(&mut scan, "[chief/0]   ledger: 40 closures scheduled, 39 committed, 2 re-dispatched after a worker or parameter server was lost, 0 results rejected as stale, 0 failed, 1 pending");
+        scan_line(&mut scan, "[chief/0]   ps/1: 80 pushes applied, 3 duplicates refused (PS-1), 0 stale pushes refused (FENCE-1), 0 non-finite skipped");
+        scan_line(
+            &mut scan,
+            "[worker/1] thread 'main' panicked at src/x.rs:1:1:",
+        );
+        let ledger = scan.summary.ledger.expect("ledger line");
+        assert_eq!(
+            (
+                ledger.scheduled,
+                ledger.committed,
+                ledger.failed,
+                ledger.pending
+            ),
+            (40, 39, 0, 1)
+        );
+        assert_eq!(
+            scan.summary.servers,
+            vec![PrintedServer {
+                ps: 1,
+                applied: 80,
+                duplicates: 3
+            }]
+        );
+        assert_eq!(scan.panic_count, 1);
+    }
+
+    #[test]
+    fn a_metric_is_read_with_or_without_labels() {
+        let text = "# HELP x\ncohort_ledger_committed_total 12\ncohort_x{role=\"chief\"} 3.5\n";
+        assert_eq!(metric(text, "cohort_ledger_committed_total"), Some(12.0));
+        assert_eq!(metric(text, "cohort_x"), Some(3.5));
+        assert_eq!(metric(text, "cohort_ledger"), None);
+    }
+}

@@ -1,0 +1,401 @@
+//! `cohort chaos run` against the real demo (a chief, 2 parameter servers and 2 workers, each
+//! a process, QUIC on 127.0.0.1), with the plans shipped in `examples/chaos/`: the two the
+//! demo survives pass, the one that deletes every checkpoint before a server dies is reported
+//! as a violation; bad plans are refused before any job starts; and `chaos sim --plan` runs
+//! a shipped plan.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_cohort");
+
+/// The most one runner call may take here (its own --timeout is shorter).
+const RUN_BOUND: Duration = Duration::from_secs(420);
+
+fn plan(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/chaos")
+        .join(name)
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "cohort-chaos-run-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Runs `cohort` with `args` to its end, bounded by [`RUN_BOUND`] (then killed).
+fn cohort(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut child = Command::new(EXE)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cohort");
+    // Drain the pipes on threads so that a chatty child never blocks.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut buf);
+        buf
+    });
+    let err = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut err, &mut buf);
+        buf
+    });
+    let deadline = Instant::now() + RUN_BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// `chaos run` of a shipped plan over a small demo (1,800 closures, about 20 s on a busy
+/// 2-core machine); returns the runner's output and the
+/// report's JSON.
+fn run_plan(name: &str) -> (Output, serde_json::Value, PathBuf) {
+    let dir = temp_dir(name.trim_end_matches(".toml"));
+    run_plan_file(&plan(name), dir)
+}
+
+fn run_plan_file(plan: &Path, dir: PathBuf) -> (Output, serde_json::Value, PathBuf) {
+    let run_dir = dir.join("run");
+    let checkpoints = dir.join("ckpt");
+    let out = dir.join("report");
+    let output = cohort(
+        &[
+            "chaos",
+            "run",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--timeout",
+            "300s",
+            "--",
+            EXE,
+            "demo",
+            "--no-chaos",
+            "--digits-epochs",
+            "6",
+            "--ctr-epochs",
+            "6",
+            "--detection-budget",
+            "2s",
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "--checkpoint-dir",
+            checkpoints.to_str().unwrap(),
+        ],
+        &[
+            ("COHORT_DEMO_STEPS_PER_EPOCH", "100"),
+            ("COHORT_DEMO_CTR_VOCAB", "1000"),
+        ],
+    );
+    let report = std::fs::read(out.join("report.json")).unwrap_or_else(|e| {
+        panic!(
+            "no report.json ({e}):\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let report: serde_json::Value = serde_json::from_slice(&report).expect("report.json");
+    assert!(out.join("report.txt").is_file());
+    (output, report, dir)
+}
+
+fn describe(output: &Output, report: &serde_json::Value) -> String {
+    format!(
+        "exit {:?}\nreport: {}\nstderr tail: {}",
+        output.status.code(),
+        serde_json::to_string_pretty(&report["checks"]).unwrap_or_default(),
+        tail(&String::from_utf8_lossy(&output.stderr), 4000)
+    )
+}
+
+fn tail(text: &str, n: usize) -> &str {
+    let start = text.len().saturating_sub(n);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+fn check<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name:?}"))
+}
+
+/// Every fault applied, at or after its planned time.
+fn assert_faults_applied(report: &serde_json::Value, kinds: &[&str]) {
+    let faults = report["timeline"]["faults"].as_array().expect("faults");
+    let applied: Vec<&str> = faults
+        .iter()
+        .map(|f| {
+            assert_eq!(f["applied"], true, "{f}");
+            f["kind"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(applied, kinds);
+}
+
+#[test]
+fn the_demo_survives_a_worker_and_a_server_killed() {
+    let (output, report, dir) = run_plan("kill-worker-and-ps.toml");
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(0), "{why}");
+    assert_eq!(report["verdict"], "passed", "{why}");
+    assert_eq!(report["plan"]["seed"], 11);
+    assert_faults_applied(&report, &["kill", "kill"]);
+    let faults = report["timeline"]["faults"].as_array().unwrap();
+    assert_eq!(faults[0]["task"], "worker/1");
+    assert!(
+        faults[1]["task"]
+            .as_str()
+            .is_some_and(|t| t == "ps/0" || t == "ps/1"),
+        "{why}"
+    );
+    for name in [
+        "exit code",
+        "faults applied",
+        "every closure committed once",
+        "ps applied counts",
+        "no panic",
+    ] {
+        assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
+    }
+    // The chief's step rate was sampled from its metrics endpoint.
+    assert!(
+        !report["timeline"]["samples"].as_array().unwrap().is_empty(),
+        "{why}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_demo_survives_a_server_preempted_and_a_worker_paused() {
+    let (output, report, dir) = run_plan("term-ps-pause-worker.toml");
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(0), "{why}");
+    assert_eq!(report["verdict"], "passed", "{why}");
+    assert_faults_applied(&report, &["term", "pause"]);
+    assert_eq!(report["timeline"]["faults"][0]["task"], "ps/1", "{why}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn deleting_every_checkpoint_before_a_server_dies_is_reported_as_a_violation() {
+    let (output, report, dir) = run_plan("delete-checkpoint-then-kill-ps.toml");
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(1), "{why}");
+    assert_eq!(report["verdict"], "violation", "{why}");
+    // The job failed, as a server lost with no checkpoint makes it: the runner says so.
+    assert_eq!(check(&report, "exit code")["status"], "failed", "{why}");
+    assert_ne!(report["exit_code"], 0, "{why}");
+    assert_eq!(
+        check(&report, "every closure committed once")["status"],
+        "failed",
+        "{why}"
+    );
+    let faults = report["timeline"]["faults"].as_array().unwrap();
+    assert_eq!(faults[0]["kind"], "delete_checkpoint");
+    assert!(
+        faults[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("deleted the checkpoint")),
+        "{why}"
+    );
+    assert_eq!(faults[1]["task"], "ps/0", "{why}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("violation: "), "{why}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A bit flipped in the newest checkpoint's shard just as a server dies: the servers roll back
+/// to the cut, that checkpoint, and only to it; it does not verify, so the chief fails the job
+/// ("no valid checkpoint cut"), and the runner reports a violation naming the flipped file.
+#[test]
+fn a_corrupted_newest_checkpoint_when_a_server_dies_is_reported_as_a_violation() {
+    let dir = temp_dir("corrupt");
+    let plan = dir.join("corrupt.toml");
+    std::fs::write(
+        &plan,
+        "seed = 21\n\
+         [[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"6s\"\nafter = \"first_checkpoint\"\n\
+         [[fault]]\nkind = \"kill\"\ntarget = \"ps:1\"\nat = \"6s\"\nafter = \"first_checkpoint\"\n",
+    )
+    .unwrap();
+    let (output, report, dir) = run_plan_file(&plan, dir);
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(1), "{why}");
+    assert_eq!(report["verdict"], "violation", "{why}");
+    assert_eq!(check(&report, "exit code")["status"], "failed", "{why}");
+    assert_eq!(
+        check(&report, "every closure committed once")["status"],
+        "failed",
+        "{why}"
+    );
+    assert_faults_applied(&report, &["corrupt_checkpoint", "kill"]);
+    let detail = report["timeline"]["faults"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("flipped bit") && detail.contains("shard-"),
+        "{detail}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_plans_and_commands_are_refused_before_the_job_starts() {
+    let dir = temp_dir("bad");
+    let run_dir = dir.join("run");
+    let launch = [
+        EXE,
+        "demo",
+        "--no-chaos",
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ];
+    let cases: [(&str, &[&str], &[&str]); 5] = [
+        (
+            "seed = 1\n[[fault]]\nkind = \"explode\"\ntarget = \"chief\"\nat = \"1s\"\n",
+            &launch,
+            &["fault[0].kind", "explode"],
+        ),
+        (
+            "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"worker:1\"\nat = \"1s..\"\n",
+            &launch,
+            &["fault[0].at"],
+        ),
+        (
+            "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"worker:5\"\nat = \"1s\"\n",
+            &[
+                EXE,
+                "demo",
+                "--workers",
+                "2",
+                "--run-dir",
+                run_dir.to_str().unwrap(),
+            ],
+            &["fault[0].target", "worker:5"],
+        ),
+        (
+            "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\n",
+            &[EXE, "demo", "--no-chaos"],
+            &["--run-dir"],
+        ),
+        (
+            "seed = 1\n[[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"1s\"\n",
+            &launch,
+            &["--checkpoint-dir"],
+        ),
+    ];
+    for (i, (text, command, expected)) in cases.into_iter().enumerate() {
+        let plan = dir.join(format!("plan-{i}.toml"));
+        std::fs::write(&plan, text).unwrap();
+        let mut args = vec!["chaos", "run", "--plan", plan.to_str().unwrap(), "--"];
+        args.extend_from_slice(command);
+        let output = cohort(&args, &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "case {i}: {stderr}");
+        if i < 3 || i == 4 {
+            assert!(
+                stderr.contains(plan.to_str().unwrap()),
+                "case {i} should name the file: {stderr}"
+            );
+        }
+        for word in expected {
+            assert!(stderr.contains(word), "case {i}: {stderr:?} lacks {word:?}");
+        }
+        // Nothing started: the launcher would have made its run directory.
+        assert!(!run_dir.exists(), "case {i} started the job");
+    }
+    // A plan file that is not there.
+    let missing = dir.join("missing.toml");
+    let output = cohort(
+        &[
+            "chaos",
+            "run",
+            "--plan",
+            missing.to_str().unwrap(),
+            "--",
+            EXE,
+            "demo",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("missing.toml"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn chaos_sim_runs_a_shipped_plan_and_refuses_what_it_cannot_model() {
+    let shipped = plan("term-ps-pause-worker.toml");
+    let output = cohort(
+        &[
+            "chaos",
+            "sim",
+            "--plan",
+            shipped.to_str().unwrap(),
+            "--closures",
+            "1000",
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("seed 5:"), "{stdout}");
+    // The plan's faults, at the times drawn from its seed, happened in the simulated job.
+    assert!(stdout.contains("Inject(Preempt(Ps(1)))"), "{stdout}");
+    assert!(stdout.contains("Inject(Pause(Worker("), "{stdout}");
+    assert!(
+        !stdout.contains("after the simulated job ended"),
+        "{stdout}"
+    );
+
+    let violation = plan("delete-checkpoint-then-kill-ps.toml");
+    let output = cohort(
+        &["chaos", "sim", "--plan", violation.to_str().unwrap()],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("delete-checkpoint-then-kill-ps.toml")
+            && stderr.contains("cannot")
+            && stderr.contains("fault["),
+        "{stderr}"
+    );
+}
