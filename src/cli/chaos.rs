@@ -245,6 +245,7 @@ fn fault_time_ms(fault: &sim::Fault) -> Option<u64> {
         | Fault::Partition { at_ms, .. }
         | Fault::Preempt { at_ms, .. }
         | Fault::Drain { at_ms, .. }
+        | Fault::Rejoin { at_ms, .. }
         | Fault::PsJoin { at_ms }
         | Fault::PsLeave { at_ms } => Some(*at_ms),
         Fault::Storage { .. } => None,
