@@ -115,6 +115,17 @@ fn range(values: impl Iterator<Item = f64>, margin: f64) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+/// An axis label: whole numbers without decimals (steps), others with up to 4 decimals.
+fn tick(value: &f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else {
+        let text = format!("{value:.4}");
+        let text = text.trim_end_matches('0');
+        text.trim_end_matches('.').to_string()
+    }
+}
+
 /// Writes `chart` as a `width` x `height` PNG to `path` (replaced if it exists).
 pub fn write_png(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<(), PlotError> {
     if !(SIDE_MIN..=SIDE_MAX).contains(&width) || !(SIDE_MIN..=SIDE_MAX).contains(&height) {
@@ -164,6 +175,8 @@ fn draw(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<(), Strin
         .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
         .map_err(|e| e.to_string())?;
     ctx.configure_mesh()
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .x_desc(&chart.x_label)
         .y_desc(&chart.y_label)
         .label_style((FAMILY, text_size))
