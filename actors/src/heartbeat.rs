@@ -212,6 +212,11 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
         self.peers.get(peer).map(|s| (s.epoch, !s.dead))
     }
 
+    /// When `peer` was last heard from, if watched.
+    pub fn last_heard(&self, peer: &P) -> Option<Instant> {
+        self.peers.get(peer).map(|s| s.last_heard)
+    }
+
     /// Peers currently watched, dead or alive.
     pub fn peer_count(&self) -> usize {
         self.peers.len()

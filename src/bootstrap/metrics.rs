@@ -1,19 +1,24 @@
 //! A role process's metrics endpoint (`metrics_addr`, [`crate::metrics`]): started once the
 //! role's actors run, with the hook that reads each role's own counters at scrape time (the
 //! coordinator's ledger and control counters, a parameter server's push counters), and the
-//! count of peers its gateway declares dead.
+//! count of peers its gateway declares dead; on the chief, the status page's source (the
+//! cluster read from the coordinator actor, with what the program recorded: [`crate::status`]).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::Addr;
 use cohort_actors::{Gateway, PeerEvent};
 
 use super::RoleFailure;
 use crate::cluster::RoleConfig;
-use crate::metrics::{instruments, serve, Exposition, Reading, Refresh, Role};
-use crate::roles::coordinator::{CoordinatorActor, Counters};
+use crate::metrics::{
+    instruments, serve, Exposition, Reading, Refresh, Role, StatusFormat, StatusSource,
+};
+use crate::roles::coordinator::{CoordinatorActor, Counters, StatusView};
 use crate::roles::ps::{LocalStats, PsActor};
+use crate::status::{self, StatusReport};
 
 /// Serves this process's metrics when `metrics_addr` is set; an address that cannot be
 /// served is a configuration error naming the key (exit 2).
@@ -23,11 +28,26 @@ pub(super) fn start(
     incarnation: u64,
     refresh: Option<Refresh>,
 ) -> Result<(), RoleFailure> {
+    start_with_status(config, role, incarnation, refresh, None)
+}
+
+/// [`start`], serving the status page made by `status` too.
+pub(super) fn start_with_status(
+    config: &RoleConfig,
+    role: Role,
+    incarnation: u64,
+    refresh: Option<Refresh>,
+    status: Option<StatusSource>,
+) -> Result<(), RoleFailure> {
     let Some(addr) = config.metrics_addr else {
         return Ok(());
     };
     let index = config.cluster.task.index;
-    let exposition = Arc::new(Exposition::new(role, index, incarnation, refresh));
+    let mut exposition = Exposition::new(role, index, incarnation, refresh);
+    if let Some(status) = status {
+        exposition = exposition.with_status(status);
+    }
+    let exposition = Arc::new(exposition);
     let server = serve(addr, exposition).map_err(|e| {
         RoleFailure::Config(format!(
             "bad config: {}: metrics_addr: cannot serve metrics on {addr}: {e}",
@@ -40,6 +60,62 @@ pub(super) fn start(
         server.addr
     );
     Ok(())
+}
+
+/// How far back the status page's rate looks.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// Most samples of the committed count kept for the rate.
+const RATE_SAMPLES_MAX: usize = 256;
+
+/// The chief's status page (`/status`, `/status.json`) of job `job`: the cluster, ledger and
+/// cut read from the coordinator actor ([`StatusView`], answered from memory), the loss
+/// history and newest checkpoint the program recorded, and the rate of committed closures
+/// over the last [`RATE_WINDOW`] of requests.
+pub(super) fn chief_status(actor: Addr<CoordinatorActor>, job: String) -> StatusSource {
+    let samples: Arc<Mutex<VecDeque<(Instant, u64)>>> = Arc::default();
+    Arc::new(move |format| {
+        let (actor, samples, job) = (actor.clone(), Arc::clone(&samples), job.clone());
+        Box::pin(async move {
+            let view = actor.send(StatusView).await.ok()?;
+            let committed = view.ledger.committed;
+            let now = Instant::now();
+            let steps_per_second = {
+                let mut samples = samples.lock().unwrap_or_else(PoisonError::into_inner);
+                while samples.len() >= RATE_SAMPLES_MAX
+                    || (samples.len() > 1
+                        && samples
+                            .front()
+                            .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW))
+                {
+                    samples.pop_front();
+                }
+                samples.push_back((now, committed));
+                match samples.front() {
+                    Some((then, before)) if now > *then => {
+                        committed.saturating_sub(*before) as f64
+                            / now.duration_since(*then).as_secs_f64()
+                    }
+                    _ => 0.0,
+                }
+            };
+            let report = StatusReport {
+                job,
+                unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                step: committed,
+                steps_per_second,
+                checkpoint: status::newest_checkpoint(view.cut),
+                loss: status::loss_history(),
+                ledger: view.ledger,
+                tasks: view.tasks,
+            };
+            Some(match format {
+                StatusFormat::Json => report.to_json(),
+                StatusFormat::Html => status::html(&report),
+            })
+        })
+    })
 }
 
 /// Counts every peer incarnation the gateway declares dead ([`PeerEvent::Dead`]).

@@ -565,6 +565,7 @@ fn run_chief(
     let actor_servers = servers.clone();
     let grace = config.preemption_grace;
     let checkpoint_dir = config.checkpoint_dir.clone();
+    let job = program.name().to_string();
     let (actor, gateway, runtime, system_handle) = system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         exit_when_outdated(&gateway);
@@ -577,11 +578,12 @@ fn run_chief(
             actor_servers,
         ));
         metrics::count_detections(&gateway);
-        metrics::start(
+        metrics::start_with_status(
             config,
             crate::metrics::Role::Chief,
             node.epoch,
             Some(metrics::chief_refresh(actor.clone())),
+            Some(metrics::chief_status(actor.clone(), job)),
         )?;
         let stopping = actor.clone();
         on_stop_signal(move || async move {

@@ -198,6 +198,10 @@ impl CheckpointManager {
         if self.last_saved_step.is_none_or(|last| step > last) {
             self.last_saved_step = Some(step);
             self.last_saved_at = Some(at);
+            crate::status::record_checkpoint(
+                &self.root.join(store::checkpoint_dir_name(step)),
+                step,
+            );
         }
     }
 
@@ -263,6 +267,8 @@ impl CheckpointManager {
         metrics
             .checkpoint_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        // The status page's newest checkpoint.
+        crate::status::record_checkpoint(&dir, ckpt.step);
         // Older checkpoints go only now that the new one is published, fsynced and verified.
         if failpoint::check(FailSite::BeforeRetention, self.hook.as_ref()) == FailAction::Crash {
             return Err(SaveError::InjectedCrash {

@@ -1,6 +1,7 @@
 //! The metrics endpoint: a small HTTP/1.1 server on its own thread and tokio runtime (so that
 //! a scrape never waits on, nor delays, the role's own runtime), answering `GET /metrics` and
-//! `GET /healthz`, one request per connection.
+//! `GET /healthz` (and, on the chief, `GET /status` and `GET /status.json`), one request per
+//! connection.
 //!
 //! Bounded everywhere: [`CONNECTIONS_MAX`] connections at once (more wait in the listen
 //! queue), [`REQUEST_BYTES_MAX`] of request head, [`REQUEST_TIMEOUT`] for a whole exchange.
@@ -14,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::{Exposition, CONTENT_TYPE};
+use super::{Exposition, StatusFormat, CONTENT_TYPE};
 
 /// Most connections served at once.
 pub const CONNECTIONS_MAX: usize = 16;
@@ -133,6 +134,26 @@ async fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static 
     match path {
         "/metrics" => ("200 OK", CONTENT_TYPE, exposition.render().await),
         "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+        "/status" | "/status.json" => {
+            let (format, content_type) = if path == "/status" {
+                (StatusFormat::Html, "text/html; charset=utf-8")
+            } else {
+                (StatusFormat::Json, "application/json")
+            };
+            match exposition.status(format).await {
+                Some(Some(page)) => ("200 OK", content_type, page),
+                Some(None) => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    format!("{path}: the coordinator did not answer in time\n"),
+                ),
+                None => (
+                    "404 Not Found",
+                    "text/plain",
+                    format!("{path}: only the chief serves the status page\n"),
+                ),
+            }
+        }
         _ => (
             "404 Not Found",
             "text/plain",
@@ -172,11 +193,35 @@ mod tests {
         assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
         let missing = get(server.addr, b"GET /nope HTTP/1.1\r\n\r\n");
         assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        let status = get(server.addr, b"GET /status.json HTTP/1.1\r\n\r\n");
+        assert!(status.starts_with("HTTP/1.1 404"), "{status}");
+        assert!(status.contains("only the chief"), "{status}");
         let post = get(server.addr, b"POST /metrics HTTP/1.1\r\n\r\n");
         assert!(post.starts_with("HTTP/1.1 405"), "{post}");
         let mut long = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
         long.extend(std::iter::repeat_n(b'a', REQUEST_BYTES_MAX + 10));
         let refused = get(server.addr, &long);
         assert!(refused.starts_with("HTTP/1.1 431"), "{refused}");
+    }
+
+    #[test]
+    fn the_status_page_is_served_where_a_source_is_given() {
+        let status: super::super::StatusSource = Arc::new(|format| {
+            Box::pin(async move {
+                Some(match format {
+                    StatusFormat::Json => "{\"step\":1}".to_string(),
+                    StatusFormat::Html => "<html></html>".to_string(),
+                })
+            })
+        });
+        let exposition = Arc::new(Exposition::new(Role::Chief, 0, 1, None).with_status(status));
+        let server = serve("127.0.0.1:0".parse().unwrap(), exposition).expect("serve");
+        let json = get(server.addr, b"GET /status.json HTTP/1.1\r\n\r\n");
+        assert!(json.starts_with("HTTP/1.1 200 OK\r\n"), "{json}");
+        assert!(json.contains("Content-Type: application/json"), "{json}");
+        assert!(json.ends_with("{\"step\":1}"), "{json}");
+        let page = get(server.addr, b"GET /status?x=1 HTTP/1.1\r\n\r\n");
+        assert!(page.contains("Content-Type: text/html"), "{page}");
+        assert!(page.ends_with("<html></html>"), "{page}");
     }
 }

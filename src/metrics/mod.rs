@@ -11,6 +11,10 @@
 //!   counters, a parameter server's push counters), read at scrape time by the exposition's
 //!   refresh hook (given by the bootstrap, which knows the roles) rather than counted twice.
 //!
+//! The chief's endpoint also serves its status page (`/status`, `/status.json`) through a
+//! [`StatusSource`] hook given by the bootstrap ([`crate::status`] writes the page); other
+//! roles answer 404 there.
+//!
 //! A leaf module: it names no other part of cohort. The text is written by the
 //! `prometheus-client` crate; the server ([`serve`]) is a small, bounded HTTP/1.1 GET handler.
 
@@ -145,6 +149,20 @@ pub type ReadingsFuture = Pin<Box<dyn Future<Output = Vec<Reading>> + Send>>;
 /// Reads the role's own counters at scrape time.
 pub type Refresh = Arc<dyn Fn() -> ReadingsFuture + Send + Sync>;
 
+/// Which form of the status page is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusFormat {
+    /// `/status`: the HTML page.
+    Html,
+    /// `/status.json`: the same data as JSON.
+    Json,
+}
+
+/// What a status hook returns: the page's text (`None` if the role did not answer in time).
+pub type StatusFuture = Pin<Box<dyn Future<Output = Option<String>> + Send>>;
+/// Makes the status page at request time (the chief's only).
+pub type StatusSource = Arc<dyn Fn(StatusFormat) -> StatusFuture + Send + Sync>;
+
 /// Bound on a refresh hook: a role that does not answer in time is scraped without its
 /// readings (the instruments still are).
 pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -189,6 +207,7 @@ pub struct Exposition {
     registry: Registry,
     readings: Arc<Readings>,
     refresh: Option<Refresh>,
+    status: Option<StatusSource>,
     /// Serialises scrapes, so that the readings encoded are those of the same scrape.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -279,8 +298,27 @@ impl Exposition {
             registry,
             readings,
             refresh,
+            status: None,
             scrape: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Serves the status page made by `status` too (`/status`, `/status.json`).
+    pub fn with_status(mut self, status: StatusSource) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// The status page in `format` (within [`REFRESH_TIMEOUT`]): `None` when this role serves
+    /// none, `Some(None)` when it did not answer in time.
+    pub async fn status(&self, format: StatusFormat) -> Option<Option<String>> {
+        let status = self.status.as_ref()?;
+        Some(
+            tokio::time::timeout(REFRESH_TIMEOUT, status(format))
+                .await
+                .ok()
+                .flatten(),
+        )
     }
 
     /// The metrics now, in the Prometheus text format: the role's counters are read first

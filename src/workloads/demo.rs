@@ -364,6 +364,7 @@ fn run_chief(
     let held_out = CtrData::generate(&ctr, 99, 0, 20_000);
     let floor = held_out.loss_floor();
     tracing::info!("planted floor (best possible held-out log loss): {floor:.4}");
+    crate::status::record_marker(digits_steps, "ctr");
     let phase = Phase {
         function: "ctr_step",
         first_step: digits_steps,
@@ -408,6 +409,11 @@ fn run_chief(
     } else {
         coordinator.save_checkpoint(&mut checkpoints, step)?
     };
+    // The loss curve beside the checkpoints (the status page's history, drawn).
+    let loss_png = checkpoint_dir.join("loss.png");
+    if let Err(e) = crate::status::write_loss_png(&loss_png, "cohort demo: train loss per epoch") {
+        tracing::warn!("no loss curve: {e}");
+    }
 
     // Summary.
     let ledger = coordinator.ledger()?;
@@ -444,6 +450,9 @@ fn run_chief(
         checkpoint_dir.display(),
         saved.display()
     );
+    if loss_png.exists() {
+        println!("  loss curve: {}", loss_png.display());
+    }
     if let Some(events) = summaries.path() {
         println!(
             "  TensorBoard: {} (tensorboard --logdir {})",
@@ -451,6 +460,7 @@ fn run_chief(
             checkpoint_dir.join("logs").display()
         );
     }
+    hold_until_released();
     if !ledger.balances() || ledger.committed != ledger.scheduled {
         return Err(CoordinatorError::Other(format!(
             "LEDGER-1 violated: {ledger:?}"
@@ -458,6 +468,28 @@ fn run_chief(
     }
     Ok(())
 }
+
+/// Keeps the finished job up (its status page and metrics served) until the file named by
+/// [`HOLD_ENV`] exists, for at most [`HOLD_MAX`]: a look at the end state before it exits.
+fn hold_until_released() {
+    let Some(file) = std::env::var_os(HOLD_ENV) else {
+        return;
+    };
+    let file = std::path::PathBuf::from(file);
+    println!(
+        "  holding until {} exists (at most {HOLD_MAX:?})",
+        file.display()
+    );
+    let deadline = Instant::now() + HOLD_MAX;
+    while !file.exists() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A file whose creation lets a finished demo exit (see [`hold_until_released`]).
+pub const HOLD_ENV: &str = "COHORT_DEMO_HOLD_UNTIL";
+/// Longest a finished demo waits for [`HOLD_ENV`]'s file.
+const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// One workload's epochs: steps `first_step .. first_step + epochs * steps_per_epoch` of the
 /// job's global step count.
@@ -510,6 +542,7 @@ fn run_phase(
                     ("ledger/committed", coordinator.ledger()?.committed as f64),
                 ],
             );
+            crate::status::record_loss(*step, outcome.mean_loss);
         }
         if outcome.stopped {
             if let Some(pending) = in_background.take() {

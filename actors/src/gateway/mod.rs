@@ -324,6 +324,14 @@ impl Gateway {
         state.heartbeat.peer(node)
     }
 
+    /// How long `node` has been silent (nothing heard from it), if it is watched; and the
+    /// detector's timeout, past which a silent peer is declared dead.
+    pub fn peer_silence(&self, node: &NodeId) -> Option<(Duration, Duration)> {
+        let state = lock(&self.inner.state);
+        let heard = state.heartbeat.last_heard(node)?;
+        Some((heard.elapsed(), state.heartbeat.config().timeout))
+    }
+
     /// Counters of what this gateway refused so far.
     pub fn stats(&self) -> GatewayStats {
         use std::sync::atomic::Ordering::Relaxed;

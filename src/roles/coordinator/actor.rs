@@ -38,8 +38,9 @@ use tokio::sync::oneshot;
 use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateTicket,
-    CutReading, CutTicket, DrainDisposition, PositionsTicket, PsDial, RestoreTicket, ScheduleError,
-    Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, WorkerDial,
+    CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket, PsDial, RestoreTicket,
+    ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead,
+    WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -1536,6 +1537,78 @@ impl Handler<Counters> for CoordinatorActor {
 
     fn handle(&mut self, _: Counters, _: &mut Context<Self>) -> Self::Result {
         MessageResult((self.scheduler.status(), self.scheduler.control_counters()))
+    }
+}
+
+/// The cluster as the coordinator knows it, for the chief's status page: every task the
+/// machine knows of with where it is dialled, its newest incarnation, its liveness, and how
+/// long the failure detector has heard nothing from it; the ledger; the checkpoint cut.
+/// Answered from memory (no call goes out), bounded by the cluster's size.
+pub struct StatusView;
+
+/// The answer to [`StatusView`].
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    /// Tasks: the chief first, then parameter servers and workers by index.
+    pub tasks: Vec<crate::status::TaskStatus>,
+    /// The ledger (LEDGER-1).
+    pub ledger: crate::ledger::Ledger,
+    /// The cut of the newest checkpoint the machine restores from (a closure id), if any.
+    pub cut: Option<u64>,
+}
+
+impl Message for StatusView {
+    type Result = ClusterView;
+}
+
+impl Handler<StatusView> for CoordinatorActor {
+    type Result = MessageResult<StatusView>;
+
+    fn handle(&mut self, _: StatusView, _: &mut Context<Self>) -> Self::Result {
+        use crate::status::{TaskState, TaskStatus};
+        let own = self.gateway.incarnation();
+        let address = self
+            .gateway
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let mut tasks = vec![TaskStatus {
+            role: "chief".into(),
+            index: 0,
+            address,
+            incarnation: Some(own.epoch.0),
+            state: TaskState::Alive,
+            heartbeat_age_ms: None,
+        }];
+        let silence = |peer: Option<&(NodeId, PeerAddr)>| {
+            peer.and_then(|(node, _)| self.gateway.peer_silence(node))
+        };
+        let mut add = |role: &str, known: KnownTask, peer: Option<&(NodeId, PeerAddr)>| {
+            let heard = silence(peer);
+            tasks.push(TaskStatus {
+                role: role.into(),
+                index: known.index,
+                address: peer.map(|(_, addr)| addr.to_string()).unwrap_or_default(),
+                incarnation: known.epoch,
+                state: TaskState::of(known.liveness, heard),
+                heartbeat_age_ms: heard.map(|(age, _)| age.as_millis() as u64),
+            });
+        };
+        for known in self.scheduler.known_servers() {
+            add("ps", known, self.servers.get(&known.index));
+        }
+        for known in self.scheduler.known_workers() {
+            let peer = self
+                .workers
+                .get(known.index as usize)
+                .or_else(|| self.joined.get(&known.index));
+            add("worker", known, peer);
+        }
+        MessageResult(ClusterView {
+            tasks,
+            ledger: self.scheduler.ledger().clone(),
+            cut: self.scheduler.cut().map(|c| c.0),
+        })
     }
 }
 

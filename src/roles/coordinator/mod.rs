@@ -24,7 +24,8 @@ mod restore;
 pub(crate) use restore::shard_restores;
 
 pub use actor::{
-    ChiefStopping, CoordinatorActor, Counters, JoinedWorkers, ServerTopology, Topology,
+    ChiefStopping, ClusterView, CoordinatorActor, Counters, JoinedWorkers, ServerTopology,
+    StatusView, Topology,
 };
 pub use client::{
     ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground,
@@ -35,8 +36,8 @@ pub use machine::recovery::{
 };
 pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket, ControlCounters,
-    CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, DrainDisposition, Ledger,
-    LedgerState, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
+    CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, DrainDisposition, KnownTask,
+    Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
     Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
-    WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

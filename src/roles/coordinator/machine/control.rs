@@ -105,6 +105,32 @@ pub struct CoordinatorStatus {
     pub live_workers: usize,
 }
 
+/// What the machine knows of one task's incarnation (the status page's tasks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskLiveness {
+    /// No incarnation seen yet (or none since the machine started).
+    Waiting,
+    /// Its incarnation is up.
+    Alive,
+    /// Its incarnation was lost (declared dead or unreachable) and no newer one is up.
+    Dead,
+    /// A worker being drained: it gets no new work.
+    Draining,
+    /// Out of the job: a worker drained, a parameter server that left.
+    Retired,
+}
+
+/// One task as the machine knows it: index, newest incarnation seen, liveness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownTask {
+    /// The task index.
+    pub index: u32,
+    /// Its newest incarnation seen (epoch), if any.
+    pub epoch: Option<u64>,
+    /// What the machine makes of it.
+    pub liveness: TaskLiveness,
+}
+
 /// Outcomes of remote effects the machine takes no decision on, counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ControlCounters {
@@ -459,6 +485,70 @@ impl Scheduler {
             idle: self.is_idle(),
             live_workers: self.live_workers(),
         }
+    }
+
+    /// Every worker the machine knows of (the cluster spec's, those that joined, any seen),
+    /// in index order, with its liveness.
+    pub fn known_workers(&self) -> Vec<KnownTask> {
+        let indices: BTreeSet<u32> = self
+            .members()
+            .into_iter()
+            .chain(self.workers.keys().copied())
+            .chain(0..self.num_workers)
+            .collect();
+        indices
+            .into_iter()
+            .map(|index| {
+                let entry = self.workers.get(&index);
+                let liveness = if !self.is_member(index) {
+                    TaskLiveness::Retired
+                } else if self.is_draining(index) {
+                    TaskLiveness::Draining
+                } else {
+                    match entry {
+                        Some(w) if w.alive => TaskLiveness::Alive,
+                        Some(_) => TaskLiveness::Dead,
+                        None => TaskLiveness::Waiting,
+                    }
+                };
+                KnownTask {
+                    index,
+                    epoch: entry.map(|w| w.epoch),
+                    liveness,
+                }
+            })
+            .collect()
+    }
+
+    /// Every parameter server the machine knows of (those of the job now, and any seen
+    /// before), in index order, with its liveness.
+    pub fn known_servers(&self) -> Vec<KnownTask> {
+        let indices: BTreeSet<u32> = self
+            .server_set
+            .iter()
+            .chain(self.servers.keys())
+            .copied()
+            .collect();
+        indices
+            .into_iter()
+            .map(|index| {
+                let entry = self.servers.get(&index);
+                let liveness = if !self.server_set.contains(&index) {
+                    TaskLiveness::Retired
+                } else {
+                    match entry {
+                        Some(ps) if ps.alive && !ps.dead => TaskLiveness::Alive,
+                        Some(_) => TaskLiveness::Dead,
+                        None => TaskLiveness::Waiting,
+                    }
+                };
+                KnownTask {
+                    index,
+                    epoch: entry.map(|ps| ps.epoch),
+                    liveness,
+                }
+            })
+            .collect()
     }
 
     /// Outcomes of the remote effects the machine takes no decision on.

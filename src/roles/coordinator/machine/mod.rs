@@ -56,8 +56,8 @@ pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
 
 pub use control::{
-    ConfigureTicket, ControlCounters, CoordinatorStatus, CutState, LedgerState, PositionsTicket,
-    SetUpDisposition, WorkerDial,
+    ConfigureTicket, ControlCounters, CoordinatorStatus, CutState, KnownTask, LedgerState,
+    PositionsTicket, SetUpDisposition, TaskLiveness, WorkerDial,
 };
 use control::{PendingConfigure, PendingPositions};
 pub use membership::DrainDisposition;
