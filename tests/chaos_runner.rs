@@ -123,6 +123,14 @@ fn run_plan_file(plan: &Path, dir: PathBuf) -> (Output, serde_json::Value, PathB
     });
     let report: serde_json::Value = serde_json::from_slice(&report).expect("report.json");
     assert!(out.join("report.txt").is_file());
+    // The timeline picture: a PNG of the size drawn (its IHDR chunk).
+    let png = std::fs::read(out.join("timeline.png")).expect("timeline.png");
+    assert!(
+        png.len() > 24 && png.starts_with(b"\x89PNG\r\n\x1a\n") && &png[12..16] == b"IHDR",
+        "timeline.png is a PNG"
+    );
+    let side = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    assert_eq!((side(16), side(20)), (1200, 500));
     (output, report, dir)
 }
 

@@ -7,7 +7,8 @@
 //! failed; a closure committed twice would make committed exceed scheduled); every parameter
 //! server applying pushes (the per-server counts the chief prints); no panic in any task's
 //! output. `report.txt` and `report.json` (the plan, the timeline of faults and the chief's
-//! step rate, each check with its detail, the verdict) go to the output directory, beside
+//! step rate, each check with its detail, the verdict) and `timeline.png` (the step rate with
+//! each fault marked where it hit) go to the output directory, beside
 //! `job.log`.
 
 pub mod plan;
@@ -315,8 +316,51 @@ pub fn write_report(
     write("report.txt", text.as_bytes())?;
     let json_text = serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?;
     write("report.json", &json_text)?;
+    // The timeline as a picture: the step rate, each fault a vertical line where it hit. A
+    // drawing that fails loses nothing of the report: it is said, and the run goes on.
+    let timeline = timeline_chart(plan, observed);
+    let png = setup.out_dir.join("timeline.png");
+    if let Err(e) = crate::plot::write_png(&timeline, &png, 1200, 500) {
+        tracing::warn!("no timeline picture: {e}");
+    }
     print!("\n{text}");
     Ok(passed)
+}
+
+/// The chaos run's timeline as a chart: the chief's step rate over the run, and each fault
+/// carried out as a marker at the time it hit.
+pub fn timeline_chart(plan: &Plan, observed: &Observed) -> crate::plot::Chart {
+    use crate::plot::{Chart, Marker, Series};
+    let rate = observed
+        .samples
+        .iter()
+        .map(|s| (s.t_s, s.steps_per_second))
+        .collect();
+    let markers = observed
+        .faults
+        .iter()
+        .map(|f| Marker {
+            x: f.t_s,
+            label: format!("{} {}", f.kind, f.task.as_deref().unwrap_or(&f.target)),
+        })
+        .collect();
+    Chart {
+        title: format!(
+            "chaos run: {} (seed {})",
+            plan.source.file_name().map_or_else(
+                || plan.source.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            ),
+            plan.seed
+        ),
+        x_label: "seconds since the job started".into(),
+        y_label: "closures committed per second".into(),
+        series: vec![Series {
+            name: "step rate".into(),
+            points: rate,
+        }],
+        markers,
+    }
 }
 
 /// The value of `--flag VALUE` or `--flag=VALUE` in a command line.
