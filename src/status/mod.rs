@@ -31,13 +31,11 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex, PoisonError};
-use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::ledger::Ledger;
 use crate::plot::{Chart, Marker, PlotError, Series};
-use crate::roles::coordinator::TaskLiveness;
 
 /// Most loss points kept (the oldest are dropped first).
 pub const LOSS_HISTORY_MAX: usize = 1000;
@@ -61,23 +59,6 @@ pub enum TaskState {
     Draining,
     /// Out of the job.
     Retired,
-}
-
-impl TaskState {
-    /// The state of a task the machine sees as `liveness`, silent for `silence` (with the
-    /// detector's timeout) if the failure detector watches it.
-    pub fn of(liveness: TaskLiveness, silence: Option<(Duration, Duration)>) -> Self {
-        match liveness {
-            TaskLiveness::Waiting => TaskState::Waiting,
-            TaskLiveness::Alive => match silence {
-                Some((silent, timeout)) if silent > timeout / 2 => TaskState::Suspected,
-                _ => TaskState::Alive,
-            },
-            TaskLiveness::Dead => TaskState::Dead,
-            TaskLiveness::Draining => TaskState::Draining,
-            TaskLiveness::Retired => TaskState::Retired,
-        }
-    }
 }
 
 /// One task of the cluster.
@@ -321,17 +302,5 @@ mod tests {
         write_loss_png(&path, "loss").expect("drawn");
         assert!(std::fs::read(&path).unwrap().starts_with(b"\x89PNG"));
         let _ = std::fs::remove_file(&path);
-    }
-
-    #[test]
-    fn a_silent_live_task_is_suspected() {
-        let timeout = Duration::from_secs(3);
-        let of = |silent| TaskState::of(TaskLiveness::Alive, Some((silent, timeout)));
-        assert_eq!(of(Duration::from_millis(100)), TaskState::Alive);
-        assert_eq!(of(Duration::from_secs(2)), TaskState::Suspected);
-        assert_eq!(
-            TaskState::of(TaskLiveness::Dead, Some((Duration::ZERO, timeout))),
-            TaskState::Dead
-        );
     }
 }

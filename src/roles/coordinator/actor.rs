@@ -1557,6 +1557,27 @@ pub struct ClusterView {
     pub cut: Option<u64>,
 }
 
+/// The status page's state of a task the machine sees as `liveness`, silent for `silence`
+/// (with the failure detector's timeout) when the detector watches it: a live task silent for
+/// more than half the timeout is suspected.
+fn task_state(
+    liveness: super::machine::TaskLiveness,
+    silence: Option<(Duration, Duration)>,
+) -> crate::status::TaskState {
+    use super::machine::TaskLiveness;
+    use crate::status::TaskState;
+    match liveness {
+        TaskLiveness::Waiting => TaskState::Waiting,
+        TaskLiveness::Alive => match silence {
+            Some((silent, timeout)) if silent > timeout / 2 => TaskState::Suspected,
+            _ => TaskState::Alive,
+        },
+        TaskLiveness::Dead => TaskState::Dead,
+        TaskLiveness::Draining => TaskState::Draining,
+        TaskLiveness::Retired => TaskState::Retired,
+    }
+}
+
 impl Message for StatusView {
     type Result = ClusterView;
 }
@@ -1590,7 +1611,7 @@ impl Handler<StatusView> for CoordinatorActor {
                 index: known.index,
                 address: peer.map(|(_, addr)| addr.to_string()).unwrap_or_default(),
                 incarnation: known.epoch,
-                state: TaskState::of(known.liveness, heard),
+                state: task_state(known.liveness, heard),
                 heartbeat_age_ms: heard.map(|(age, _)| age.as_millis() as u64),
             });
         };
@@ -1798,6 +1819,22 @@ const WATERMARK_INTERVAL: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
+    use super::task_state;
+    use crate::roles::coordinator::TaskLiveness;
+    use crate::status::TaskState;
+
+    #[test]
+    fn a_silent_live_task_is_suspected() {
+        let timeout = Duration::from_secs(3);
+        let of = |silent| task_state(TaskLiveness::Alive, Some((silent, timeout)));
+        assert_eq!(of(Duration::from_millis(100)), TaskState::Alive);
+        assert_eq!(of(Duration::from_secs(2)), TaskState::Suspected);
+        assert_eq!(
+            task_state(TaskLiveness::Dead, Some((Duration::ZERO, timeout))),
+            TaskState::Dead
+        );
+    }
+
     use super::*;
     use crate::roles::coordinator::SchedulerConfig;
     use crate::roles::coordinator::{WorkerPositions, DATASET_POSITIONS_KEY};
