@@ -396,12 +396,12 @@ struct WorkerProc {
     fresh: bool,
     /// Drained out of the job: down until the job is scaled up again.
     drained: bool,
-    /// Its position at the last answer to the chief's drain read, with the newest restore
-    /// generation then; kept once the drain finished (DATA-1 for a worker that rejoins).
-    drain_read: Option<(u64, u64)>,
-    /// The position the chief keeps for it since it was drained, with the newest restore
-    /// generation then.
-    kept: Option<(u64, u64)>,
+    /// Its position at the last answer to the chief's drain read since the newest restore;
+    /// kept once the drain finished (DATA-1 for a worker that rejoins).
+    drain_read: Option<u64>,
+    /// The position the chief keeps for it since it was drained (none once a restore put
+    /// every worker at a checkpoint's positions).
+    kept: Option<u64>,
 }
 
 /// A job for a worker's compute thread, as the real worker queues them (`WorkerJob`).
@@ -1800,10 +1800,8 @@ impl<'a> World<'a> {
             }
             CallKind::DrainPositions { worker, epoch } => {
                 if let Ok(Resp::Positions(list)) = &resp {
-                    let generation = self.restored_from.keys().next_back().copied();
                     let position = list.iter().find(|(name, _)| name == DATASET);
-                    self.workers[worker as usize].drain_read =
-                        position.map(|(_, at)| (generation.unwrap_or(0), *at));
+                    self.workers[worker as usize].drain_read = position.map(|(_, at)| *at);
                 }
                 let result = match resp {
                     Ok(Resp::Positions(list)) => Ok(list),
@@ -2145,6 +2143,12 @@ impl<'a> World<'a> {
             } => {
                 let layouts = self.intern_layouts(layouts);
                 let stored = checkpoint.0.step as usize;
+                // A restore puts every worker at the checkpoint's positions: what a drain kept
+                // before it no longer holds (the checkpoint records it if it was taken after).
+                for worker in &mut self.workers {
+                    worker.kept = None;
+                    worker.drain_read = None;
+                }
                 self.restored_from.insert(*generation, stored);
                 self.restoring.insert(stored, Arc::clone(&checkpoint.0));
                 let kind = CallKind::Restore {
@@ -2715,11 +2719,9 @@ impl<'a> World<'a> {
     /// restore generation `generation`, is at `read`.
     fn check_first_read(&mut self, w: u32, read: u64, generation: u64) {
         let restore = self.restored_from.range(..=generation).next_back();
-        // Drained since that restore: where it was drained.
-        let kept = self.workers[w as usize]
-            .kept
-            .filter(|(drained_in, _)| restore.is_none_or(|(g, _)| drained_in >= g))
-            .map(|(_, at)| at);
+        // Drained since the newest restore (a restore clears what a drain kept): where it
+        // was drained.
+        let kept = self.workers[w as usize].kept;
         let expected = kept
             .or_else(|| {
                 restore.and_then(|(_, stored)| self.storage[*stored].positions.get(&w).copied())

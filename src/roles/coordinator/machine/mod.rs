@@ -624,6 +624,9 @@ pub struct Scheduler {
     /// The chief's start ended well (restored, or afresh): what the servers hold is this
     /// coordinator's to account for (see [`Self::servers_accounted`]).
     started: bool,
+    /// Servers' preemption notices that came before what they hold was this coordinator's
+    /// (before its start), by index with the incarnation: their cut waits for it.
+    notices_waiting: BTreeMap<u32, u64>,
     /// Reads of a cut: the first is under way, the others wait for it.
     cut_reads: VecDeque<PendingCutRead>,
     /// A parameter server's preemption cut under way: dispatch is held while it lasts.
@@ -763,6 +766,7 @@ impl Scheduler {
             creates: BTreeMap::new(),
             start: None,
             started: false,
+            notices_waiting: BTreeMap::new(),
             cut_reads: VecDeque::new(),
             preemption: None,
             saves_root: None,
@@ -1706,6 +1710,7 @@ impl Scheduler {
     fn dispatch(&mut self, now: Instant) {
         self.advance_recovery();
         self.advance_drains();
+        self.advance_waiting_notices(now);
         self.advance_preemption(now);
         self.advance_reshard(now);
         loop {

@@ -27,7 +27,8 @@
 //! that gave notice is answered [`LeaveAnswer::Go`] at once (its loss is then recovered from
 //! the last cut, as any other), when: no checkpoint directory is known; the chief's start is
 //! still probing the servers (their state may be a dead chief's, which its restore rolls
-//! back); a recovery began before the cut was read (a server was lost: it holds dispatch
+//! back); a notice that came before the start waits for it (and is taken once the start ended
+//! or work was scheduled, or leaves at once when the start begins); a recovery began before the cut was read (a server was lost: it holds dispatch
 //! itself and restores from the last cut); the cut could not be read or written; or it took longer than
 //! [`PREEMPTION_CUT_MAX`]. A chief that is stopping too answers [`LeaveAnswer::Stay`], also to
 //! the servers whose cut it was taking when its own notice came
@@ -113,6 +114,16 @@ impl Scheduler {
             // (it may be a dead chief's work that the start's restore rolls back).
             return self.leave_now(now, ps, epoch);
         }
+        if !self.servers_accounted() {
+            // Before the start (a restarted chief's servers may hold a dead chief's work):
+            // the cut waits for it, within the server's grace.
+            tracing::info!(
+                "ps/{ps} (epoch {epoch}) got a preemption notice before the chief's start: its \
+                 cut waits for the start"
+            );
+            self.notices_waiting.insert(ps, epoch);
+            return None;
+        }
         self.begin_cut_at_once(now, root);
         if let Some(preemption) = self.preemption.as_mut() {
             preemption.leaving.insert(ps, epoch);
@@ -175,7 +186,52 @@ impl Scheduler {
     /// own checkpoint needs them); later notices are answered `Stay` at once.
     pub fn handle_chief_stopping(&mut self, now: Instant) {
         self.stopping = true;
+        for (ps, epoch) in std::mem::take(&mut self.notices_waiting) {
+            let answer = LeaveAnswer::Stay;
+            self.actions
+                .push_back(SchedulerAction::AnswerPsLeaving { ps, epoch, answer });
+        }
         self.finish_preemption(now, LeaveAnswer::Stay, false);
+    }
+
+    /// Notices that waited for the chief's start (part of every dispatch): once a start runs
+    /// they leave at once (as a notice during the start does); once what the servers hold is
+    /// this chief's, one cut is taken for every live incarnation among them.
+    pub(super) fn advance_waiting_notices(&mut self, now: Instant) {
+        if self.notices_waiting.is_empty() || self.preemption.is_some() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.notices_waiting);
+        if self.start.is_some() || self.is_holding() {
+            for (ps, epoch) in waiting {
+                let answer = self.leave_now(now, ps, epoch).unwrap_or(LeaveAnswer::Go);
+                self.actions
+                    .push_back(SchedulerAction::AnswerPsLeaving { ps, epoch, answer });
+            }
+            return;
+        }
+        if !self.servers_accounted() {
+            self.notices_waiting = waiting;
+            return;
+        }
+        let live: BTreeMap<u32, u64> = waiting
+            .into_iter()
+            .filter(|(ps, epoch)| {
+                self.servers
+                    .get(ps)
+                    .is_some_and(|e| e.epoch == *epoch && e.alive && !e.dead)
+            })
+            .collect();
+        let Some(root) = self.preemption_root() else {
+            return;
+        };
+        if live.is_empty() {
+            return;
+        }
+        self.begin_cut_at_once(now, root);
+        if let Some(preemption) = self.preemption.as_mut() {
+            preemption.leaving.extend(live);
+        }
     }
 
     /// Whether dispatch is held for a preemption cut (closures that ran before may still go

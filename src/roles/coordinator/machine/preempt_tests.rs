@@ -272,6 +272,8 @@ fn a_notice_is_answered_at_once_when_no_cut_can_or_need_be_taken() {
         .with_servers(1)
         .with_checkpoint_dir(Some(PathBuf::from("dir")));
     configured.handle_ps_up(t, 0, 1);
+    // Work scheduled: what the server holds is this chief's to cut.
+    configured.handle_schedule(t, "step", vec![]).unwrap();
     assert_eq!(configured.handle_ps_leaving(t, 0, 1, false), None);
     let asked = drain(&mut configured);
     let rest = answer_reads(&mut configured, asked);
@@ -422,4 +424,43 @@ fn a_notice_during_the_chiefs_start_takes_no_cut() {
         .iter()
         .any(|a| matches!(a, SchedulerAction::SnapshotShard { .. })));
     assert_eq!(s.ps_down(), vec![1]);
+}
+
+/// A notice that comes before the chief's start (a restarted chief's servers may hold a dead
+/// chief's work) waits for it: no cut is read meanwhile. A start that begins lets it leave at
+/// once (as a notice during the start does); work scheduled without a start (the program
+/// chose not to restore) makes the servers' state this chief's, and the cut is read then.
+#[test]
+fn a_notice_before_the_chiefs_start_waits_for_it() {
+    let t = Instant::now();
+    let reads = |actions: &[SchedulerAction]| {
+        actions
+            .iter()
+            .filter(|a| matches!(a, SchedulerAction::SnapshotShard { .. }))
+            .count()
+    };
+    for start in [true, false] {
+        let mut s = Scheduler::new(SchedulerConfig::default())
+            .with_workers(2)
+            .with_servers(2)
+            .with_checkpoint_dir(Some(ckpt_dir()));
+        s.handle_configure(training(0).0.setup_for(0));
+        for ps in 0..2 {
+            s.handle_ps_up(t, ps, 1);
+        }
+        assert_eq!(s.handle_ps_leaving(t, 1, 1, false), None, "it waits");
+        assert_eq!(reads(&drain(&mut s)), 0, "no cut before the start");
+        if start {
+            s.handle_start(t, None, ckpt_dir()).unwrap();
+            let during = drain(&mut s);
+            assert_eq!(reads(&during), 0);
+            assert_eq!(answers(&during), vec![(1, 1, LeaveAnswer::Go)]);
+        } else {
+            s.handle_schedule(t, "step", vec![]).unwrap();
+            assert!(
+                reads(&drain(&mut s)) > 0,
+                "the cut is read once work is scheduled"
+            );
+        }
+    }
 }

@@ -274,6 +274,8 @@ impl Scheduler {
             out: self.server_set.clone(),
             again_at: BTreeMap::new(),
         });
+        // Notices that waited for the start leave now, as those during it do.
+        self.advance_waiting_notices(now);
         self.finish_start(now);
         Ok(ticket)
     }
