@@ -260,9 +260,20 @@ pub trait Strategy: Send + Sync + fmt::Debug {
             dataset,
             options,
             self.num_replicas_in_sync(),
-            LOCAL_INPUT_PIPELINES,
-            LOCAL_INPUT_PIPELINE_ID,
+            self.input_pipelines(),
+            self.input_pipeline_id(),
         )?)
+    }
+
+    /// How many input pipelines a distributed dataset has across the job: one per process
+    /// (worker) that runs this strategy; 1 for the strategies inside one process.
+    fn input_pipelines(&self) -> usize {
+        LOCAL_INPUT_PIPELINES
+    }
+
+    /// This process's input pipeline, below [`Strategy::input_pipelines`].
+    fn input_pipeline_id(&self) -> usize {
+        LOCAL_INPUT_PIPELINE_ID
     }
 
     /// The object-safe form of [`StrategyExt::distribute_datasets_from_function`].
@@ -275,8 +286,8 @@ pub trait Strategy: Send + Sync + fmt::Debug {
             dataset_fn,
             options,
             self.num_replicas_in_sync(),
-            LOCAL_INPUT_PIPELINES,
-            LOCAL_INPUT_PIPELINE_ID,
+            self.input_pipelines(),
+            self.input_pipeline_id(),
         )?)
     }
 }

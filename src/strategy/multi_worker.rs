@@ -19,14 +19,13 @@ use cohort_transport::{Endpoint, NodeCredentials, TransportConfig};
 
 use super::replicas::{ReplicaFn, Replicas};
 use super::{
-    divide_by, parse_replica_devices, reduce_per_replica, DatasetFn, DeviceSpec, PerReplica,
-    ReduceOp, Strategy, StrategyError, StrategyId, DEFAULT_COLLECTIVE_TIMEOUT_MS,
+    divide_by, parse_replica_devices, reduce_per_replica, DeviceSpec, PerReplica, ReduceOp,
+    Strategy, StrategyError, StrategyId, DEFAULT_COLLECTIVE_TIMEOUT_MS,
 };
 use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
 use crate::collective::{
     CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
 };
-use crate::data::{Dataset, DistributeOptions, DistributedDataset};
 use crate::variable::{
     MirroredPlacement, Placement, Variable, VariableError, VariablePlacement, VariableRequest,
 };
@@ -425,32 +424,12 @@ impl Strategy for MultiWorkerMirrored {
         Ok(Tensor::cat(&parts, 0)?.transpose(0, axis)?.contiguous()?)
     }
 
-    fn experimental_distribute_dataset(
-        &self,
-        dataset: Dataset,
-        options: DistributeOptions,
-    ) -> Result<DistributedDataset, StrategyError> {
-        Ok(DistributedDataset::from_dataset(
-            dataset,
-            options,
-            self.num_replicas_in_sync(),
-            self.num_workers(),
-            self.worker_index(),
-        )?)
+    fn input_pipelines(&self) -> usize {
+        self.num_workers()
     }
 
-    fn distribute_datasets_from_boxed_function(
-        &self,
-        dataset_fn: Box<DatasetFn>,
-        options: DistributeOptions,
-    ) -> Result<DistributedDataset, StrategyError> {
-        Ok(DistributedDataset::from_function(
-            dataset_fn,
-            options,
-            self.num_replicas_in_sync(),
-            self.num_workers(),
-            self.worker_index(),
-        )?)
+    fn input_pipeline_id(&self) -> usize {
+        self.worker_index()
     }
 }
 
