@@ -237,7 +237,7 @@ async fn all_reduce(
     op: Reduction,
     data: Bytes,
 ) -> Result<Vec<u8>, CollectiveError> {
-    let (n, r) = (g.nodes.len(), g.rank);
+    let n = g.nodes.len();
     let es = call.element.size();
     let len = data.len() / es;
     if n == 1 {
@@ -257,20 +257,13 @@ async fn all_reduce(
     let mut out = vec![0u8; data.len()];
     reduce_scatter_ring(g, seq, call, op, &data, Some(&mut out)).await?;
     // All-gather: segment r went out at step 0 as soon as each chunk was final.
-    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
-    for s in 0..n - 1 {
-        let k = (r + 2 * n - s - 1) % n;
-        for (c, chunk) in chunks(segment(len, n, k), es, g.config.chunk_bytes).enumerate() {
-            let range = bytes_of(chunk, es);
-            let got = g
-                .recv(prev, seq, tag(Phase::AllGather, s, c), call, range.len())
-                .await?;
-            out[range].copy_from_slice(&got);
-            if s + 1 < n - 1 {
-                g.send(next, seq, tag(Phase::AllGather, s + 1, c), call, got);
-            }
-        }
-    }
+    let chunk_bytes = g.config.chunk_bytes;
+    ring_gather_phase(g, seq, call, &mut out, |k| {
+        chunks(segment(len, n, k), es, chunk_bytes)
+            .map(|chunk| bytes_of(chunk, es))
+            .collect()
+    })
+    .await?;
     Ok(out)
 }
 
@@ -395,7 +388,7 @@ async fn all_gather(
         }
         return Ok(out);
     }
-    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    let next = (r + 1) % n;
     let cuts: Vec<Range<usize>> = chunks(0..block, 1, g.config.chunk_bytes).collect();
     for (c, cut) in cuts.iter().enumerate() {
         g.send(
@@ -406,20 +399,41 @@ async fn all_gather(
             data.slice(cut.clone()),
         );
     }
+    ring_gather_phase(g, seq, call, &mut out, |k| {
+        cuts.iter()
+            .map(|cut| k * block + cut.start..k * block + cut.end)
+            .collect()
+    })
+    .await?;
+    Ok(out)
+}
+
+/// The gathering phase of a ring, after each member sent its own segment's chunks at step 0:
+/// at step `s` a member receives segment `(rank - s - 1) mod n` from its predecessor, chunk by
+/// chunk (`chunks_of(k)`: where segment `k`'s chunks go in `out`, in order), writes each, and
+/// passes it on to its successor unless it is the last step.
+async fn ring_gather_phase(
+    g: &Shared,
+    seq: u64,
+    call: &Call,
+    out: &mut [u8],
+    chunks_of: impl Fn(usize) -> Vec<Range<usize>>,
+) -> Result<(), CollectiveError> {
+    let (n, r) = (g.nodes.len(), g.rank);
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
     for s in 0..n - 1 {
         let k = (r + 2 * n - s - 1) % n;
-        for (c, cut) in cuts.iter().enumerate() {
+        for (c, range) in chunks_of(k).into_iter().enumerate() {
             let got = g
-                .recv(prev, seq, tag(Phase::AllGather, s, c), call, cut.len())
+                .recv(prev, seq, tag(Phase::AllGather, s, c), call, range.len())
                 .await?;
-            let at = k * block + cut.start;
-            out[at..at + cut.len()].copy_from_slice(&got);
+            out[range].copy_from_slice(&got);
             if s + 1 < n - 1 {
                 g.send(next, seq, tag(Phase::AllGather, s + 1, c), call, got);
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 async fn broadcast(
