@@ -12,6 +12,7 @@ use ps_support::{fit_gradient, TARGET};
 use std::time::Duration;
 
 use cohort::cluster::{TaskId, TaskType};
+use cohort::launch::RestartLimits;
 use cohort::program::{CoordinatorError, Program, StepContext, StepError, VariableSpec};
 use cohort::variable::Partitioner;
 use ps_support::{ledger_and_stats, ps_counter, write_report, Run};
@@ -180,6 +181,38 @@ fn a_step_error_surfaces_at_join_cancels_the_queue_and_the_coordinator_stays_usa
     assert!(ledger["cancelled"].as_u64().unwrap() > 0, "{ledger}");
     assert_eq!(ledger["balances"], true);
     assert_eq!(report["after_error_fetch"], 4);
+}
+
+/// The launcher reaps a killed worker at once and reports its exit to the chief, which
+/// declares that incarnation dead and re-dispatches its closure then. Here neither the
+/// detection budget (300 s) nor a restart (none within 300 s) could tell the chief in the
+/// test's lifetime (nextest ends it after 180 s): the job finishes only through the report.
+#[test]
+fn a_killed_worker_is_known_dead_from_its_supervisors_report_not_its_silence() {
+    let mut run = Run::new("ps-reported", "train", &[("STEPS", "150")]);
+    run.kill_once = Some((
+        TaskId::new(TaskType::Worker, 1),
+        Duration::from_millis(2500),
+    ));
+    run.restart = RestartLimits {
+        restarts_max: 3,
+        window: Duration::from_secs(600),
+        backoff_base: Duration::from_secs(300),
+        backoff_max: Duration::from_secs(300),
+    };
+    let (code, exits) = run.launch_with_exits(&[("COHORT_DETECTION_BUDGET", "300s")]);
+    assert_eq!(code, 0, "the chief failed; its log is above");
+    assert!(
+        exits
+            .iter()
+            .any(|e| e.task == TaskId::new(TaskType::Worker, 1) && e.signal == Some(9)),
+        "worker/1 was killed: {exits:?}"
+    );
+    let report = run.report();
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["committed"], 150, "LEDGER-1: {ledger}");
+    assert_eq!(ledger["balances"], true);
+    assert_eq!(ps_counter(&report, "applied"), [150, 150], "{report}");
 }
 
 #[test]

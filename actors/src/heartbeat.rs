@@ -62,6 +62,9 @@ pub enum DeathCause {
     },
     /// A newer incarnation of the same node was heard from.
     Superseded,
+    /// Its supervisor reported that the process of this incarnation exited (the launcher
+    /// reaps its children at once): known before any silence budget runs out.
+    Reported,
 }
 
 /// What one call to [`HeartbeatMachine::handle_heartbeat`] made of the heartbeat.
@@ -157,6 +160,26 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
             incarnation: Incarnation::new(peer, epoch),
         });
         Heard::NewIncarnation
+    }
+
+    /// Declares `peer`'s incarnation `epoch` dead on outside evidence (its supervisor saw the
+    /// process exit): only when it is the live incarnation watched now. A report of an older
+    /// incarnation, of one already dead, or of one never heard from changes nothing (a late
+    /// report must never kill the incarnation that replaced it). Returns whether it was
+    /// declared dead; the [`HeartbeatEvent::PeerDead`] follows from [`poll_event`](Self::poll_event).
+    pub fn handle_reported_dead(&mut self, peer: &P, epoch: Epoch) -> bool {
+        let Some(state) = self.peers.get_mut(peer) else {
+            return false;
+        };
+        if state.dead || state.epoch != epoch {
+            return false;
+        }
+        state.dead = true;
+        self.events.push_back(HeartbeatEvent::PeerDead {
+            incarnation: Incarnation::new(peer.clone(), epoch),
+            cause: DeathCause::Reported,
+        });
+        true
     }
 
     /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work to do, or
@@ -298,6 +321,36 @@ mod tests {
         assert!(drain(&mut m)
             .iter()
             .any(|e| matches!(e, HeartbeatEvent::PeerDead { .. })));
+    }
+
+    #[test]
+    fn a_reported_exit_kills_only_the_live_incarnation_it_names() {
+        let t0 = Instant::now();
+        let mut m = machine();
+        m.handle_heartbeat(t0, "a", Epoch(2));
+        drain(&mut m);
+        // Reports of an older incarnation, of one never heard from, or of another peer.
+        assert!(!m.handle_reported_dead(&"a", Epoch(1)));
+        assert!(!m.handle_reported_dead(&"a", Epoch(3)));
+        assert!(!m.handle_reported_dead(&"b", Epoch(2)));
+        assert_eq!(drain(&mut m), vec![]);
+        assert_eq!(m.peer(&"a"), Some((Epoch(2), true)));
+        // The live one: dead at once, long before its silence budget.
+        assert!(m.handle_reported_dead(&"a", Epoch(2)));
+        assert_eq!(
+            drain(&mut m),
+            vec![HeartbeatEvent::PeerDead {
+                incarnation: Incarnation::new("a", Epoch(2)),
+                cause: DeathCause::Reported,
+            }]
+        );
+        assert_eq!(m.peer(&"a"), Some((Epoch(2), false)));
+        // Reported twice, or later found silent: declared dead once.
+        assert!(!m.handle_reported_dead(&"a", Epoch(2)));
+        m.handle_timeout(t0 + TIMEOUT * 2);
+        assert_eq!(drain(&mut m), vec![]);
+        // Its successor is admitted as ever.
+        assert_eq!(m.handle_heartbeat(t0, "a", Epoch(3)), Heard::NewIncarnation);
     }
 
     #[test]

@@ -578,6 +578,7 @@ fn run_chief(
             actor_servers,
         ));
         metrics::count_detections(&gateway);
+        hear_exit_reports(config, &gateway)?;
         metrics::start_with_status(
             config,
             crate::metrics::Role::Chief,
@@ -736,6 +737,46 @@ pub fn incarnation_epoch(explicit: Option<u64>, now: SystemTime) -> u64 {
         let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
         u64::try_from(since.as_millis()).unwrap_or(u64::MAX).max(1)
     })
+}
+
+/// Chief: when `supervisor_socket` is set, binds it and declares dead at once each task
+/// incarnation its supervisor reports exited ([`crate::process::ExitReports`]), as the
+/// silence budget would later. A socket that cannot be bound is a configuration error
+/// naming the key.
+fn hear_exit_reports(config: &RoleConfig, gateway: &Gateway) -> Result<(), RoleFailure> {
+    let Some(path) = &config.supervisor_socket else {
+        return Ok(());
+    };
+    let reports = crate::process::ExitReports::bind(path).map_err(|e| {
+        RoleFailure::Config(format!(
+            "bad config: {}: supervisor_socket: {e}",
+            config.origin("supervisor_socket")
+        ))
+    })?;
+    let gateway = gateway.clone();
+    tokio::spawn(async move {
+        while let Ok(report) = reports.next().await {
+            let incarnation = cohort_actors::Incarnation::new(
+                crate::cluster::node_id(report.task),
+                cohort_actors::Epoch(report.incarnation),
+            );
+            if gateway.report_dead(&incarnation) {
+                tracing::info!(
+                    "{} (epoch {}) exited, as its supervisor reports: declared dead now",
+                    report.task,
+                    report.incarnation
+                );
+            } else {
+                tracing::debug!(
+                    "{} (epoch {}) exited, as its supervisor reports (not the live incarnation: \
+                     nothing to do)",
+                    report.task,
+                    report.incarnation
+                );
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Dials the chief from a worker or parameter server that just started, retrying until it

@@ -285,7 +285,7 @@ fn measure(
                     .map(|c| c.at_ms.saturating_sub(restart))
             });
             Ok(format!(
-                "kill -> closure re-dispatched {} (the death known from the restart's hello); \
+                "kill -> closure re-dispatched {} (the death known from the launcher's exit report); \
                  restart -> serving {}; longest stall {:.2} s",
                 seconds(redispatch),
                 seconds(serving),

@@ -18,6 +18,7 @@
 //! checkpoint_dir = "ckpt"
 //! # warm_start = "model.safetensors"  # chief: initial variable values from another framework
 //! # warm_start_map = "names.toml"     # cohort name = "name in the file"
+//! # supervisor_socket = "/run/cohort/supervisor.sock" # chief: exits reported by the supervisor
 //! detection_budget = "3s"
 //! worker_wait = "60s"
 //! ps_restart_wait = "60s"        # hold for a lost parameter server to come back, restored
@@ -176,6 +177,14 @@ impl ConfigKey {
         flag: "--warm-start-map",
         env: "COHORT_WARM_START_MAP",
     };
+    /// Chief: a Unix datagram socket it binds, on which the process supervisor reports the
+    /// exits of the tasks it runs (`crate::process::ExitReports`), so a dead task is known at
+    /// once rather than after the detection budget. `cohort launch` sets it.
+    pub const SUPERVISOR_SOCKET: Self = Self {
+        file: "supervisor_socket",
+        flag: "--supervisor-socket",
+        env: "COHORT_SUPERVISOR_SOCKET",
+    };
     /// Where this process serves Prometheus metrics (`/metrics`) and `/healthz`, as `ip:port`
     /// (port 0: any free port); unset, no endpoint is served (`crate::metrics`).
     pub const METRICS_ADDR: Self = Self {
@@ -213,7 +222,7 @@ impl ConfigKey {
     }
 
     /// Every key.
-    pub const ALL: [ConfigKey; 18] = [
+    pub const ALL: [ConfigKey; 19] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -231,6 +240,7 @@ impl ConfigKey {
         Self::WORKERS_MAX,
         Self::WARM_START,
         Self::WARM_START_MAP,
+        Self::SUPERVISOR_SOCKET,
         Self::METRICS_ADDR,
     ];
 }
@@ -325,6 +335,9 @@ pub struct ConfigFlags {
     /// Chief: the name map of --warm-start (TOML: cohort name = "name in the file").
     #[arg(long)]
     pub warm_start_map: Option<PathBuf>,
+    /// Chief: bind this Unix datagram socket to hear the supervisor's reports of task exits.
+    #[arg(long)]
+    pub supervisor_socket: Option<PathBuf>,
     /// Serve Prometheus metrics and /healthz on this address, e.g. "127.0.0.1:9100" (port 0:
     /// any free port; default: off).
     #[arg(long)]
@@ -393,6 +406,7 @@ impl ConfigFlags {
             "workers_max" => self.workers_max = Some(value),
             "warm_start" => self.warm_start = Some(value.into()),
             "warm_start_map" => self.warm_start_map = Some(value.into()),
+            "supervisor_socket" => self.supervisor_socket = Some(value.into()),
             "metrics_addr" => self.metrics_addr = Some(value),
             _ => self.preemption_grace = Some(value),
         }
@@ -417,6 +431,7 @@ impl ConfigFlags {
             "workers_max" => self.workers_max.clone(),
             "warm_start" => path(&self.warm_start),
             "warm_start_map" => path(&self.warm_start_map),
+            "supervisor_socket" => path(&self.supervisor_socket),
             "metrics_addr" => self.metrics_addr.clone(),
             _ => self.preemption_grace.clone(),
         }
@@ -534,6 +549,8 @@ pub struct RoleConfig {
     pub warm_start: Option<PathBuf>,
     /// Chief: the name map of `warm_start`.
     pub warm_start_map: Option<PathBuf>,
+    /// Chief: the socket on which the supervisor reports task exits (`None`: none).
+    pub supervisor_socket: Option<PathBuf>,
     /// Where to serve Prometheus metrics and `/healthz` (`None`: not served).
     pub metrics_addr: Option<SocketAddr>,
     origins: BTreeMap<&'static str, Origin>,
@@ -673,6 +690,7 @@ struct Layer {
     workers_max: Option<u32>,
     warm_start: Option<PathBuf>,
     warm_start_map: Option<PathBuf>,
+    supervisor_socket: Option<PathBuf>,
     metrics_addr: Option<SocketAddr>,
 }
 
@@ -696,6 +714,7 @@ impl Layer {
             workers_max: None,
             warm_start: None,
             warm_start_map: None,
+            supervisor_socket: None,
             metrics_addr: None,
         }
     }
@@ -763,6 +782,7 @@ impl Layer {
             "checkpoint_dir" => self.checkpoint_dir = Some(path()?),
             "warm_start" => self.warm_start = Some(path()?),
             "warm_start_map" => self.warm_start_map = Some(path()?),
+            "supervisor_socket" => self.supervisor_socket = Some(path()?),
             "detection_budget" => self.detection_budget = Some(duration()?),
             "worker_wait" => self.worker_wait = Some(duration()?),
             "ps_restart_wait" => self.ps_restart_wait = Some(duration()?),
@@ -1037,6 +1057,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let workers_max = pick!(workers_max, "workers_max");
     let warm_start = pick!(warm_start, "warm_start");
     let warm_start_map = pick!(warm_start_map, "warm_start_map");
+    let supervisor_socket = pick!(supervisor_socket, "supervisor_socket");
     let metrics_addr = pick!(metrics_addr, "metrics_addr");
 
     let missing = |key: &str, detail: &str| ConfigError {
@@ -1137,6 +1158,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         workers_max: workers_max.unwrap_or(spec_workers).max(spec_workers),
         warm_start,
         warm_start_map,
+        supervisor_socket,
         metrics_addr,
         origins,
     })

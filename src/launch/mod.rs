@@ -27,7 +27,10 @@
 //! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers);
 //! - `COHORT_METRICS_ADDR` when [`LaunchConfig::metrics`] is on: a loopback address of its own
 //!   (the same across its restarts) where it serves Prometheus metrics and `/healthz`; the
-//!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`).
+//!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`);
+//! - the chief only: `COHORT_SUPERVISOR_SOCKET` ([`supervisor_socket_path`]), where it hears
+//!   the launcher's report of every other task's failed exit ([`crate::process::ExitReport`],
+//!   sent the moment the launcher reaps it), so that a dead task is known at once.
 //!
 //! Elastic workers ([`Launcher::start_elastic`]): the job starts with `num_workers` workers
 //! and may have up to `workers_max`. Ports and certificates are made for all of them at the
@@ -679,6 +682,9 @@ impl Launcher {
             });
         }
         let code = exit_code(status);
+        if code != 0 && task.task_type != TaskType::Chief {
+            report_exit(&self.config.run_dir, task, entry.incarnation);
+        }
         if std::mem::take(&mut entry.start_after_drain) {
             tracing::info!(
                 "{task} (incarnation {}) drained: {}; starting it again, as scaled up",
@@ -763,6 +769,9 @@ impl Launcher {
             self.cluster.clone()
         };
         let config = ClusterConfig::new(spec, task)?;
+        let supervisor_socket = (task.task_type == TaskType::Chief)
+            .then(|| self.supervisor_socket())
+            .flatten();
         let entry = self.tasks.get_mut(&task).expect("task is known");
         // Epochs grow across restarts and across launcher runs (wall-clock based), so a
         // relaunched task is always newer than anything fenced before (FENCE-1).
@@ -796,6 +805,7 @@ impl Launcher {
                     .get(&task)
                     .map(|addr| (ConfigKey::METRICS_ADDR.env, addr.to_string())),
             )
+            .envs(supervisor_socket.map(|path| (ConfigKey::SUPERVISOR_SOCKET.env, path)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -814,6 +824,14 @@ impl Launcher {
         write_pid_file(&self.config.run_dir, task, child.id(), entry.incarnation);
         entry.child = Some(child);
         Ok(())
+    }
+
+    /// The chief's [`ConfigKey::SUPERVISOR_SOCKET`], `<run_dir>/supervisor.sock`: `None`
+    /// where that path is too long for a Unix socket (the chief then learns of deaths from
+    /// new incarnations and silence only).
+    fn supervisor_socket(&self) -> Option<PathBuf> {
+        let path = supervisor_socket_path(&self.config.run_dir);
+        (path.as_os_str().len() <= crate::process::SOCKET_PATH_BYTES_MAX).then_some(path)
     }
 
     /// Stops every child: SIGTERM to the chief, and once it has exited (or after the grace)
@@ -883,6 +901,23 @@ pub fn pid_file(run_dir: &std::path::Path, task: TaskId) -> PathBuf {
     run_dir
         .join("pids")
         .join(format!("{}-{}.pid", task.task_type, task.index))
+}
+
+/// Where a launched chief hears the launcher's exit reports
+/// ([`crate::process::ExitReport`]).
+pub fn supervisor_socket_path(run_dir: &std::path::Path) -> PathBuf {
+    run_dir.join("supervisor.sock")
+}
+
+/// Tells the chief at once that `task`'s process of `incarnation` exited (a failure: it did
+/// not exit 0), so that it is declared dead now rather than after the detection budget. A
+/// chief not listening (starting, or restarting itself) misses it: nothing else depends on
+/// it.
+fn report_exit(run_dir: &std::path::Path, task: TaskId, incarnation: u64) {
+    let report = crate::process::ExitReport { task, incarnation };
+    if let Err(e) = crate::process::send_exit_report(&supervisor_socket_path(run_dir), &report) {
+        tracing::debug!("could not report {task}'s exit to the chief: {e}");
+    }
 }
 
 /// The file where the launcher records where `task` serves its metrics (`ip:port` and a

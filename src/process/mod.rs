@@ -28,10 +28,14 @@
 //! any other task that did not exit 0, the permanent failures too (within its restart budget,
 //! as `restartPolicy: OnFailure` would).
 //!
+//! A supervisor that saw a task's process exit may say so to the chief at once
+//! ([`ExitReport`], over the chief's `supervisor_socket`): the launcher does.
+//!
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill. Once it arrived,
 //! [`preemption_requested`] is true for the rest of the process's life.
 
 mod exit_codes;
+mod exit_report;
 mod signals;
 
 use std::sync::OnceLock;
@@ -42,6 +46,7 @@ pub use exit_codes::{
     restart_wanted, BAD_CONFIG_EXIT_CODE, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
     PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
 };
+pub use exit_report::{send_exit_report, ExitReport, ExitReports, SOCKET_PATH_BYTES_MAX};
 pub(crate) use signals::on_stop_signal;
 pub use signals::{preemption_requested, stop_on_signals};
 

@@ -64,7 +64,11 @@
 //!   lost, and the checkpoint records the positions it was last set up from, where its next
 //!   incarnation starts), in the manifest under `DATASET_POSITIONS_KEY`.
 //! - **Failure detection**: a node the coordinator has not heard from (dead, paused,
-//!   partitioned) for `detection_budget` is declared dead, as the gateway's heartbeats do.
+//!   partitioned) for `detection_budget` is declared dead, as the gateway's heartbeats do;
+//!   a new incarnation's hello declares its predecessor dead; and a process that exits is
+//!   reported by its supervisor (two times in three, within two restart delays, so that a
+//!   report may come after the new incarnation's hello): the live incarnation it names is
+//!   declared dead then, as the chief's gateway does with the launcher's reports.
 //! - **Checkpoint storage**: a save is the coordinator machine's read of a cut
 //!   (`Scheduler::handle_read_cut`: every shard read from the servers, waiting out those that
 //!   cannot be read and reading again when a recovery or new work came in between), which
@@ -724,6 +728,8 @@ const SCENARIO_STREAM: u64 = 0x5CE7_A210_0000_0001;
 const DRAIN_STREAM: u64 = 0xD8A1_0000_0000_0002;
 /// The stream of a seed's server joins and leaves.
 const RESHARD_STREAM: u64 = 0x2E5A_4D00_0000_0003;
+/// The stream of the supervisor's exit reports.
+const REPORT_STREAM: u64 = 0xE817_2E90_0000_0004;
 
 /// Servers beyond the cluster spec that may join a simulated job.
 pub const EXTRA_SERVERS_MAX: u32 = 2;

@@ -85,6 +85,41 @@ fn invariants_hold_under_many_process_faults_on_3_ps_and_4_workers() {
     no_violation_in(&config, 1_000..1_100);
 }
 
+/// The supervisor's exit reports (as the launcher sends them): a killed, retired or
+/// preempted worker or server is declared dead as soon as its report arrives; a report that
+/// comes after its successor's hello, or after the silence budget declared it dead, changes
+/// nothing. Over seeds of process faults nothing is lost, and both kinds of report occur.
+#[test]
+fn supervisor_exit_reports_early_or_late_lose_nothing_over_seeds() {
+    let config = SimConfig {
+        num_ps: 2,
+        num_workers: 3,
+        faults_max: 8,
+        kinds: FaultKinds {
+            net: false,
+            storage: false,
+            ..FaultKinds::all()
+        },
+        ..SimConfig::default()
+    };
+    let (mut reported, mut ignored) = (0, 0);
+    for seed in 3_000..3_200 {
+        let report = run_seed(&config, seed);
+        assert!(
+            report.violation.is_none(),
+            "seed {seed}: {:?}\n{}",
+            report.violation,
+            Scenario::draw(&config, seed)
+        );
+        reported += report.deaths_reported;
+        ignored += report.reports_ignored;
+    }
+    assert!(
+        reported > 50 && ignored > 10,
+        "deaths from reports {reported}, reports ignored {ignored}"
+    );
+}
+
 /// Runs the reference job with `fault` at 2.5 s on ps/1 and checks that it ends whole with the
 /// server restored; returns the ledger.
 fn with_one_server_fault(fault: impl FnOnce(u64, Node) -> Fault) -> crate::ledger::Ledger {

@@ -60,12 +60,20 @@ pub struct SimReport {
     pub ps_joined: u64,
     /// Parameter servers let go for good after their variables moved.
     pub ps_left: u64,
+    /// Incarnations declared dead from their supervisor's exit report.
+    pub deaths_reported: u64,
+    /// Exit reports that named an incarnation the chief no longer watched (replaced, or
+    /// declared dead already): nothing done.
+    pub reports_ignored: u64,
 }
 
 pub(super) struct World<'a> {
     config: &'a SimConfig,
     scenario: &'a Scenario,
     rng: ChaCha8Rng,
+    /// The supervisor's exit reports: whether one is sent, and when it arrives (a stream of
+    /// its own, so that the other draws of a seed do not move).
+    reports: ChaCha8Rng,
     base: Instant,
     now: Duration,
     seq: u64,
@@ -106,6 +114,8 @@ pub(super) struct World<'a> {
     /// Servers started to join, and let go for good.
     ps_joined: u64,
     ps_left: u64,
+    deaths_reported: u64,
+    reports_ignored: u64,
     violation: Option<Violation>,
     ended: Option<Result<(), String>>,
 }
@@ -176,6 +186,11 @@ enum Event {
     /// Worker incarnation `epoch` of `worker` has waited its bound for a new chief.
     ChiefWaitOver {
         worker: u32,
+        epoch: u64,
+    },
+    /// The supervisor's report that incarnation `epoch` of `node` exited reaches the chief.
+    ExitReported {
+        node: Node,
         epoch: u64,
     },
 }
@@ -624,6 +639,7 @@ impl<'a> World<'a> {
             config,
             scenario,
             rng: ChaCha8Rng::seed_from_u64(scenario.seed),
+            reports: ChaCha8Rng::seed_from_u64(scenario.seed ^ super::REPORT_STREAM),
             base: Instant::now(),
             now: Duration::ZERO,
             seq: 0,
@@ -661,6 +677,8 @@ impl<'a> World<'a> {
             layout_sets: Vec::new(),
             ps_joined: 0,
             ps_left: 0,
+            deaths_reported: 0,
+            reports_ignored: 0,
             violation: None,
             ended: None,
         };
@@ -745,6 +763,8 @@ impl<'a> World<'a> {
             drained: self.workers.iter().filter(|w| w.drained).count() as u64,
             ps_joined: self.ps_joined,
             ps_left: self.ps_left,
+            deaths_reported: self.deaths_reported,
+            reports_ignored: self.reports_ignored,
         }
     }
 
@@ -834,6 +854,22 @@ impl<'a> World<'a> {
         };
         let at = self.now + delay;
         self.at(at, Event::Restart { node });
+        self.report_exit(node);
+    }
+
+    /// The supervisor saw `node`'s process exit (a failure: every `kill` is one) and may
+    /// tell the chief ([`crate::process::ExitReport`]): two times in three, after up to two
+    /// restart delays, so that a report may also come after the new incarnation's hello
+    /// (which must not be declared dead by it) or not at all (a supervisor that does not
+    /// report, as Kubernetes).
+    fn report_exit(&mut self, node: Node) {
+        if node == Node::Chief || self.reports.gen_range(0..3) == 0 {
+            return;
+        }
+        let epoch = self.state(node).1;
+        let most = 2 * self.config.restart_delay.as_millis() as u64;
+        let after = Duration::from_millis(self.reports.gen_range(0..=most));
+        self.at(self.now + after, Event::ExitReported { node, epoch });
     }
 
     /// The chief process dies: its coordinator's state (closures, ledger, calls, what it
@@ -2380,6 +2416,7 @@ impl<'a> World<'a> {
                 }
             }
             Event::ChiefSilent { epoch } => self.chief_silent(epoch),
+            Event::ExitReported { node, epoch } => self.exit_reported(node, epoch),
             Event::ChiefWaitOver { worker, epoch } => {
                 let now = self.instant();
                 let waited = self.config.ps_restart_wait;
@@ -2481,6 +2518,40 @@ impl<'a> World<'a> {
             }
             self.fail_calls(node, seen);
         }
+    }
+
+    /// The supervisor's report that incarnation `epoch` of `node` exited: as the chief's
+    /// gateway does, only the live incarnation it watches now is declared dead (a report of
+    /// one replaced already, or never heard from, changes nothing). A chief that is down
+    /// hears nothing; a paused one hears it when it runs again.
+    fn exit_reported(&mut self, node: Node, epoch: u64) {
+        match self.chief_state {
+            ProcState::Up => {}
+            // The datagram waits in the socket until the chief runs again.
+            ProcState::Paused => {
+                let later = self.now + Duration::from_millis(100);
+                self.at(later, Event::ExitReported { node, epoch });
+                return;
+            }
+            ProcState::Down => return,
+        }
+        let Some(entry) = self
+            .detector
+            .get_mut(&node)
+            .filter(|e| e.seen == Some(epoch) && e.declared != Some(epoch))
+        else {
+            self.reports_ignored += 1;
+            return;
+        };
+        entry.declared = Some(epoch);
+        self.deaths_reported += 1;
+        let now = self.instant();
+        match node {
+            Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, epoch),
+            Node::Worker(w) => self.coord.handle_worker_lost(now, w, epoch),
+            Node::Chief => {}
+        }
+        self.fail_calls(node, epoch);
     }
 
     /// The chief program: schedule a batch, join it, every few batches save a checkpoint.

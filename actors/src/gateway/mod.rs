@@ -324,6 +324,26 @@ impl Gateway {
         state.heartbeat.peer(node)
     }
 
+    /// Outside evidence that `incarnation` is dead (its supervisor saw the process exit):
+    /// declared dead at once, fenced and reported to subscribers as
+    /// [`DeathCause::Reported`](crate::heartbeat::DeathCause::Reported), as a silence past
+    /// the budget would be. Only the live incarnation watched now is affected: a report of
+    /// an older one, or of one never heard from, is ignored. Returns whether it was declared
+    /// dead.
+    pub fn report_dead(&self, incarnation: &Incarnation<NodeId>) -> bool {
+        let declared = {
+            let mut state = lock(&self.inner.state);
+            state
+                .heartbeat
+                .handle_reported_dead(&incarnation.node, incarnation.epoch)
+        };
+        if declared {
+            // The heartbeat driver fences, disconnects and publishes it.
+            self.inner.wake.notify_one();
+        }
+        declared
+    }
+
     /// How long `node` has been silent (nothing heard from it), if it is watched; and the
     /// detector's timeout, past which a silent peer is declared dead.
     pub fn peer_silence(&self, node: &NodeId) -> Option<(Duration, Duration)> {
