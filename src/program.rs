@@ -45,7 +45,8 @@ pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, 
 ///   `--task-type`, `--task-index`, `--cluster-file`, `--config`, `--certs-dir`,
 ///   `--incarnation`, `--detection-budget`, `--worker-wait`, `--step-timeout`,
 ///   `--checkpoint-dir`, `--preemption-grace`, `--eval-idle-timeout`, `--eval-until-step`,
-///   `--workers-max`, `--warm-start`, `--warm-start-map` (taken out of the arguments; the others are left
+///   `--workers-max`, `--warm-start`, `--warm-start-map`, `--metrics-addr`, `--supervisor-socket`,
+///   `--replicas` (taken out of the arguments; the others are left
 ///   to the program),
 ///   else the environment (`COHORT_TASK_TYPE`, …, `COHORT_CERTS`), else `TF_CONFIG` (as set by
 ///   `launch` or by the cluster manager), else `cohort.toml`; see [`crate::cluster::ConfigKey`].

@@ -222,6 +222,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         kill_worker_after: None,
         run_dir: Some(run.path("launch")),
         detection_budget: Duration::from_secs(1),
+        replicas: 1,
         no_metrics: true,
     };
     let task_args = vec![

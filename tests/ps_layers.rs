@@ -240,6 +240,7 @@ fn train_step(
     let mut out = report.loss.to_le_bytes().to_vec();
     out.extend(table_rows.to_le_bytes());
     out.extend((report.examples as u32).to_le_bytes());
+    out.extend((report.replicas as u32).to_le_bytes());
     Ok(out)
 }
 
@@ -316,6 +317,7 @@ fn program() -> Program {
                         "loss": f32::from_le_bytes(word(0)),
                         "table_rows": u32::from_le_bytes(word(1)),
                         "examples": u32::from_le_bytes(word(2)),
+                        "replicas": u32::from_le_bytes(word(3)),
                     }));
                 }
                 let result = coordinator.schedule(eval, Vec::new())?;
@@ -341,6 +343,62 @@ fn program() -> Program {
 #[test]
 fn the_same_models_converge_on_a_parameter_server_cluster_with_row_sparse_table_pushes() {
     let report = Run::new("ps-layers", "train", &[]).launch();
+    assert_converged_whole(&report, 1);
+}
+
+/// Each worker runs every step on 2 local replicas (`replicas`): the batch is split, their
+/// gradients summed in the worker, one push (PS-1 unchanged); training converges as with 1.
+#[test]
+fn the_same_models_converge_with_two_replicas_in_each_worker() {
+    let report = Run::new("ps-layers-2r", "train", &[("COHORT_REPLICAS", "2")]).launch();
+    assert_converged_whole(&report, 2);
+}
+
+/// With one worker the servers apply the steps in order, so a run is deterministic: 2
+/// replicas per worker compute what 1 computes, step by step (to float rounding: the
+/// replicas' partial sums are added in another order).
+#[test]
+fn two_replicas_in_a_worker_compute_what_one_computes() {
+    let mut one = Run::new("ps-layers-1w1r", "train", &[]);
+    one.num_workers = 1;
+    let mut two = Run::new("ps-layers-1w2r", "train", &[("COHORT_REPLICAS", "2")]);
+    two.num_workers = 1;
+    let (one, two) = (one.launch(), two.launch());
+    for model in ["clf", "ctr"] {
+        let steps = |r: &serde_json::Value| -> Vec<(f64, u64)> {
+            r[model]["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| (s["loss"].as_f64().unwrap(), s["replicas"].as_u64().unwrap()))
+                .collect()
+        };
+        let (a, b) = (steps(&one), steps(&two));
+        assert_eq!(a.len(), b.len());
+        for (step, ((la, ra), (lb, rb))) in a.iter().zip(&b).enumerate() {
+            assert_eq!((*ra, *rb), (1, 2), "{model} step {step}");
+            assert!(
+                (la - lb).abs() <= 1e-4 * la.abs().max(1.0),
+                "{model} step {step}: loss {la} with 1 replica, {lb} with 2"
+            );
+        }
+    }
+    let table = |r: &serde_json::Value| -> Vec<f32> {
+        serde_json::from_value(r["table_at_end"].clone()).unwrap()
+    };
+    for (i, (a, b)) in table(&one).iter().zip(table(&two)).enumerate() {
+        assert!((a - b).abs() <= 1e-4, "table value {i}: {a} vs {b}");
+    }
+}
+
+/// Both models converged on the cluster, with row-sparse table pushes, every closure committed
+/// and applied once, each step run on `replicas` local replicas.
+fn assert_converged_whole(report: &serde_json::Value, replicas: u64) {
+    for model in ["clf", "ctr"] {
+        for step in report[model]["steps"].as_array().unwrap() {
+            assert_eq!(step["replicas"], replicas, "{model}: {step}");
+        }
+    }
 
     let clf = &report["clf"];
     let (loss, accuracy) = (
@@ -404,6 +462,6 @@ fn the_same_models_converge_on_a_parameter_server_cluster_with_row_sparse_table_
     assert_eq!(ledger["scheduled"], scheduled, "{ledger}");
     assert_eq!(ledger["committed"], scheduled, "{ledger}");
     assert_eq!(ledger["balances"], true);
-    let applied = ps_support::ps_counter(&report, "applied");
+    let applied = ps_support::ps_counter(report, "applied");
     assert_eq!(applied, [2 * STEPS as u64; 2], "applied per PS");
 }

@@ -66,10 +66,24 @@ pub struct LaunchFlags {
     /// Failure-detection budget of every task.
     #[arg(long, default_value = "3s", value_parser = |s: &str| parse_duration_in("--detection-budget", s, detection_budget_range()))]
     pub detection_budget: Duration,
+    /// Local replicas of every worker: each scheduled step runs on them (threads), their
+    /// gradients summed in the worker before its one push (sets `replicas` in every task).
+    #[arg(long, default_value_t = 1, value_parser = parse_replicas)]
+    pub replicas: u32,
     /// Serve no metrics (by default every task serves Prometheus metrics and /healthz on a
     /// free loopback port, recorded in <run-dir>/metrics/<role>-<index>.addr).
     #[arg(long)]
     pub no_metrics: bool,
+}
+
+/// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`].
+fn parse_replicas(text: &str) -> Result<u32, String> {
+    let limit = crate::cluster::REPLICAS_LIMIT;
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=limit).contains(n))
+        .ok_or_else(|| format!("{text:?} is not a number of replicas (1 to {limit})"))
 }
 
 /// The range of `launch --detection-budget`: that of the key it sets in every task.
@@ -166,6 +180,9 @@ pub fn launch_local(
         DETECTION_BUDGET_ENV.into(),
         crate::cluster::format_duration(flags.detection_budget),
     ));
+    if flags.replicas > 1 {
+        env.push((ConfigKey::REPLICAS.env.into(), flags.replicas.to_string()));
+    }
     // Every task shares this machine's cores: one compute thread per task beats several
     // tasks each spreading a matrix product over all cores and fighting for them.
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {

@@ -336,6 +336,7 @@ fn run_worker(
     let node = node.clone();
     let grace = config.preemption_grace;
     let register_wait = config.worker_wait;
+    let replicas = config.replicas as usize;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let num_servers = servers.len() as u32;
@@ -347,7 +348,7 @@ fn run_worker(
         let compute_machine = Arc::clone(&machine);
         std::thread::Builder::new()
             .name(format!("worker-{index}-compute"))
-            .spawn(move || run_worker_thread(program, compute_machine, client, queue))
+            .spawn(move || run_worker_thread(program, compute_machine, client, replicas, queue))
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         WorkerActor::start(jobs, Arc::clone(&machine), &gateway)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;

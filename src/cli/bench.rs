@@ -52,6 +52,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
             kill_worker_after: None,
             run_dir: Some(run_dir.clone()),
             detection_budget: Duration::from_secs(3),
+            replicas: 1,
             no_metrics: !metrics,
         };
         let env = vec![

@@ -140,6 +140,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
         kill_worker_after: None,
         run_dir: Some(run_dir.clone()),
         detection_budget: Duration::from_secs(3),
+        replicas: 1,
         no_metrics: true,
     };
     // The spot schedule needs a longer run to see several preemptions.

@@ -19,6 +19,7 @@
 //! # warm_start = "model.safetensors"  # chief: initial variable values from another framework
 //! # warm_start_map = "names.toml"     # cohort name = "name in the file"
 //! # supervisor_socket = "/run/cohort/supervisor.sock" # chief: exits reported by the supervisor
+//! # replicas = 2                # worker: each scheduled step runs on 2 local replicas
 //! detection_budget = "3s"
 //! worker_wait = "60s"
 //! ps_restart_wait = "60s"        # hold for a lost parameter server to come back, restored
@@ -177,6 +178,13 @@ impl ConfigKey {
         flag: "--warm-start-map",
         env: "COHORT_WARM_START_MAP",
     };
+    /// Worker: local replicas each scheduled step runs on (threads on CPU), whose gradients
+    /// are summed inside the worker before its one push (default 1).
+    pub const REPLICAS: Self = Self {
+        file: "replicas",
+        flag: "--replicas",
+        env: "COHORT_REPLICAS",
+    };
     /// Chief: a Unix datagram socket it binds, on which the process supervisor reports the
     /// exits of the tasks it runs (`crate::process::ExitReports`), so a dead task is known at
     /// once rather than after the detection budget. `cohort launch` sets it.
@@ -222,7 +230,7 @@ impl ConfigKey {
     }
 
     /// Every key.
-    pub const ALL: [ConfigKey; 19] = [
+    pub const ALL: [ConfigKey; 20] = [
         Self::TASK_TYPE,
         Self::TASK_INDEX,
         Self::CLUSTER_FILE,
@@ -241,6 +249,7 @@ impl ConfigKey {
         Self::WARM_START,
         Self::WARM_START_MAP,
         Self::SUPERVISOR_SOCKET,
+        Self::REPLICAS,
         Self::METRICS_ADDR,
     ];
 }
@@ -338,6 +347,9 @@ pub struct ConfigFlags {
     /// Chief: bind this Unix datagram socket to hear the supervisor's reports of task exits.
     #[arg(long)]
     pub supervisor_socket: Option<PathBuf>,
+    /// Worker: run each scheduled step on this many local replicas (default 1).
+    #[arg(long)]
+    pub replicas: Option<String>,
     /// Serve Prometheus metrics and /healthz on this address, e.g. "127.0.0.1:9100" (port 0:
     /// any free port; default: off).
     #[arg(long)]
@@ -407,6 +419,7 @@ impl ConfigFlags {
             "warm_start" => self.warm_start = Some(value.into()),
             "warm_start_map" => self.warm_start_map = Some(value.into()),
             "supervisor_socket" => self.supervisor_socket = Some(value.into()),
+            "replicas" => self.replicas = Some(value),
             "metrics_addr" => self.metrics_addr = Some(value),
             _ => self.preemption_grace = Some(value),
         }
@@ -432,6 +445,7 @@ impl ConfigFlags {
             "warm_start" => path(&self.warm_start),
             "warm_start_map" => path(&self.warm_start_map),
             "supervisor_socket" => path(&self.supervisor_socket),
+            "replicas" => self.replicas.clone(),
             "metrics_addr" => self.metrics_addr.clone(),
             _ => self.preemption_grace.clone(),
         }
@@ -551,6 +565,8 @@ pub struct RoleConfig {
     pub warm_start_map: Option<PathBuf>,
     /// Chief: the socket on which the supervisor reports task exits (`None`: none).
     pub supervisor_socket: Option<PathBuf>,
+    /// Worker: local replicas each scheduled step runs on (at least 1).
+    pub replicas: u32,
     /// Where to serve Prometheus metrics and `/healthz` (`None`: not served).
     pub metrics_addr: Option<SocketAddr>,
     origins: BTreeMap<&'static str, Origin>,
@@ -691,6 +707,7 @@ struct Layer {
     warm_start: Option<PathBuf>,
     warm_start_map: Option<PathBuf>,
     supervisor_socket: Option<PathBuf>,
+    replicas: Option<u32>,
     metrics_addr: Option<SocketAddr>,
 }
 
@@ -715,6 +732,7 @@ impl Layer {
             warm_start: None,
             warm_start_map: None,
             supervisor_socket: None,
+            replicas: None,
             metrics_addr: None,
         }
     }
@@ -809,6 +827,20 @@ impl Layer {
                         ))
                     })?;
                 self.workers_max = Some(max);
+            }
+            "replicas" => {
+                let replicas = text
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=REPLICAS_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{text:?} is not a number of replicas (a whole number from 1 to \
+                             {REPLICAS_LIMIT})"
+                        ))
+                    })?;
+                self.replicas = Some(replicas);
             }
             "metrics_addr" => {
                 let addr = text.trim().parse::<SocketAddr>().map_err(|_| {
@@ -968,7 +1000,7 @@ fn file_task(layer: &mut Layer, value: &toml::Value) -> Result<(), ConfigError> 
 fn toml_text(key: ConfigKey, value: &toml::Value) -> Result<String, ClusterError> {
     let wants_integer = matches!(
         key.file,
-        "task.index" | "incarnation" | "eval_until_step" | "workers_max"
+        "task.index" | "incarnation" | "eval_until_step" | "workers_max" | "replicas"
     );
     match value {
         toml::Value::Integer(i) if wants_integer => Ok(i.to_string()),
@@ -1058,6 +1090,7 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let warm_start = pick!(warm_start, "warm_start");
     let warm_start_map = pick!(warm_start_map, "warm_start_map");
     let supervisor_socket = pick!(supervisor_socket, "supervisor_socket");
+    let replicas = pick!(replicas, "replicas");
     let metrics_addr = pick!(metrics_addr, "metrics_addr");
 
     let missing = |key: &str, detail: &str| ConfigError {
@@ -1159,10 +1192,14 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         warm_start,
         warm_start_map,
         supervisor_socket,
+        replicas: replicas.unwrap_or(1),
         metrics_addr,
         origins,
     })
 }
+
+/// The most local replicas a worker may run.
+pub const REPLICAS_LIMIT: u32 = 256;
 
 /// The largest `workers_max` (as many as `cohort certs` issues per job).
 pub const WORKERS_MAX_LIMIT: u32 = 10_000;
@@ -1549,6 +1586,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.detection_budget, DEFAULT_DETECTION_BUDGET);
+    }
+
+    #[test]
+    fn replicas_default_to_one_and_a_bad_count_names_the_key() {
+        let env = [("TF_CONFIG", TF), ("COHORT_CERTS", "/c")];
+        let config = resolve(&[], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.replicas, 1);
+        let config = resolve(&["--replicas", "4"], &env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.replicas, 4);
+        let mut with_env = env.to_vec();
+        with_env.push(("COHORT_REPLICAS", "3"));
+        let config = resolve(&[], &with_env, &ConfigFiles::default()).unwrap();
+        assert_eq!(config.replicas, 3);
+        for bad in ["0", "x", "257", "-1"] {
+            let err = error(&["--replicas", bad], &env, &ConfigFiles::default());
+            assert_eq!(err.key, "replicas");
+            assert!(
+                err.to_string()
+                    .contains(&format!("--replicas: {bad:?} is not a number of replicas")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

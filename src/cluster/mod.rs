@@ -18,7 +18,7 @@ pub use config::{
     load_files, load_role_config, ps_restart_wait_for, resolve_config, ConfigError, ConfigFiles,
     ConfigFlags, ConfigKey, Origin, RoleConfig, CERTS_DIR_MISSING, DEFAULT_CONFIG_FILE,
     DEFAULT_DETECTION_BUDGET, DEFAULT_EVAL_IDLE_TIMEOUT, DEFAULT_PREEMPTION_GRACE,
-    DEFAULT_STEP_TIMEOUT, DEFAULT_WORKER_WAIT, WORKERS_MAX_LIMIT,
+    DEFAULT_STEP_TIMEOUT, DEFAULT_WORKER_WAIT, REPLICAS_LIMIT, WORKERS_MAX_LIMIT,
 };
 pub use duration::{format_duration, parse_duration, parse_duration_in, DurationRange};
 pub use spec::{node_id, ClusterSpec, StrategyKind, TaskId, TaskType};

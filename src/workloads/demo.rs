@@ -180,7 +180,15 @@ fn digits_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepE
         .map(|s| ctx.pull(&s.name))
         .collect::<Result<Vec<_>, _>>()?;
     let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
-    let out = models::digits_step(&views, &features, &labels)?;
+    let width = features.len() / labels.len().max(1);
+    // The batch shared by the worker's local replicas (`replicas`), their mean gradients
+    // combined into the one push.
+    let parts = ctx.on_replicas(labels.len(), |r| {
+        let features = &features[r.start * width..r.end * width];
+        Ok(models::digits_step(&views, features, &labels[r])?)
+    })?;
+    let out =
+        models::StepOutput::combine(parts.into_iter().map(|(r, out)| (r.len(), out)).collect());
     for (spec, grad) in specs.iter().zip(out.grads) {
         ctx.push_dense(&spec.name, grad)?;
     }
@@ -203,14 +211,20 @@ fn ctr_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepErro
         .iter()
         .map(|s| ctx.pull(&s.name))
         .collect::<Result<_, _>>()?;
-    let out = models::ctr_step(
-        &rows,
-        CTR_DIM,
-        &positions,
-        config.fields,
-        [&head[0], &head[1]],
-        &labels,
-    )?;
+    let fields = config.fields;
+    // Every replica reads the batch's rows; the rows its share does not touch get zero.
+    let parts = ctx.on_replicas(labels.len(), |r| {
+        Ok(models::ctr_step(
+            &rows,
+            CTR_DIM,
+            &positions[r.start * fields..r.end * fields],
+            fields,
+            [&head[0], &head[1]],
+            &labels[r],
+        )?)
+    })?;
+    let out =
+        models::StepOutput::combine(parts.into_iter().map(|(r, out)| (r.len(), out)).collect());
     let mut grads = out.grads.into_iter();
     ctx.push_rows(&embedding, unique, grads.next().unwrap_or_default())?;
     for (spec, grad) in models::ctr_head_params(CTR_DIM, 0).iter().zip(grads) {

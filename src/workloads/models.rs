@@ -22,12 +22,38 @@ pub struct ParamSpec {
 }
 
 /// Loss and gradients of one batch.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepOutput {
     /// Mean loss over the batch.
     pub loss: f32,
     /// One gradient per parameter given, in the same order and layout.
     pub grads: Vec<Vec<f32>>,
+}
+
+impl StepOutput {
+    /// The whole batch's mean loss and gradients from its replicas' (each the mean over its
+    /// share of `examples` examples, given with the share's size): each weighted by its share,
+    /// summed in replica order. One part is returned as it is.
+    pub fn combine(mut parts: Vec<(usize, StepOutput)>) -> StepOutput {
+        if parts.len() == 1 {
+            return parts.pop().map(|(_, out)| out).unwrap_or_default();
+        }
+        let examples: usize = parts.iter().map(|(n, _)| n).sum();
+        let mut total = StepOutput::default();
+        for (n, part) in parts {
+            let weight = n as f32 / examples.max(1) as f32;
+            total.loss += weight * part.loss;
+            if total.grads.is_empty() {
+                total.grads = part.grads.iter().map(|g| vec![0.0; g.len()]).collect();
+            }
+            for (sum, grad) in total.grads.iter_mut().zip(part.grads) {
+                for (s, g) in sum.iter_mut().zip(grad) {
+                    *s += weight * g;
+                }
+            }
+        }
+        total
+    }
 }
 
 /// Layer widths of the digits classifier: 64 → 64 (ReLU) → 10.
@@ -380,6 +406,42 @@ mod tests {
         let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
         let accuracy = digits_accuracy(&views, &test.features, &test.labels).unwrap();
         assert!(accuracy >= 0.95, "held-out accuracy {accuracy}");
+    }
+
+    /// What the demo's steps do with local replicas: each replica's mean over its share,
+    /// combined by share, is the whole batch's mean (to float rounding).
+    #[test]
+    fn replicas_shares_combine_to_the_whole_batchs_loss_and_gradients() {
+        let data = digits::Digits::load().unwrap();
+        let specs = digits_params(3);
+        let params: Vec<Vec<f32>> = specs.iter().map(init).collect();
+        let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+        let n = 37;
+        let features = &data.features[..n * digits::PIXELS];
+        let labels = &data.labels[..n];
+        let whole = digits_step(&views, features, labels).unwrap();
+        for replicas in [1, 2, 3, 5] {
+            let parts = crate::roles::worker::replica_ranges(n, replicas)
+                .into_iter()
+                .map(|r| {
+                    let f = &features[r.start * digits::PIXELS..r.end * digits::PIXELS];
+                    (r.len(), digits_step(&views, f, &labels[r]).unwrap())
+                })
+                .collect();
+            let combined = StepOutput::combine(parts);
+            assert!(
+                (combined.loss - whole.loss).abs() < 1e-5,
+                "{replicas} replicas"
+            );
+            for (a, b) in combined
+                .grads
+                .iter()
+                .flatten()
+                .zip(whole.grads.iter().flatten())
+            {
+                assert!((a - b).abs() < 1e-5, "{replicas} replicas: {a} vs {b}");
+            }
+        }
     }
 
     #[test]

@@ -188,12 +188,14 @@ pub fn run_worker_thread(
     program: Arc<Program>,
     machine: SharedMachine,
     client: PsClient,
+    replicas: usize,
     jobs: Receiver<WorkerJob>,
 ) {
     let mut compute = Compute {
         program,
         machine,
         client,
+        replicas: replicas.max(1),
         datasets: BTreeMap::new(),
     };
     while let Ok(job) = jobs.recv() {
@@ -221,6 +223,8 @@ struct Compute {
     program: Arc<Program>,
     machine: SharedMachine,
     client: PsClient,
+    /// Local replicas each step runs on (the `replicas` key).
+    replicas: usize,
     datasets: BTreeMap<String, WorkerDataset>,
 }
 
@@ -378,6 +382,7 @@ impl Compute {
             num_workers,
             closure: run.closure,
             client: &self.client,
+            replicas: self.replicas,
             layouts: &layouts,
             datasets: &mut self.datasets,
             pending: Vec::new(),
@@ -388,20 +393,12 @@ impl Compute {
             |panic| {
                 Err(StepError::Step(format!(
                     "step panicked: {}",
-                    panic_message(&panic)
+                    cohort_actors::panic_message(panic.as_ref())
                 )))
             },
         )?;
         Ok((value, std::mem::take(&mut ctx.pending)))
     }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 #[cfg(test)]

@@ -111,6 +111,25 @@ impl From<candle_core::Error> for StepError {
     }
 }
 
+/// How a batch of `examples` is shared by `replicas` local replicas: contiguous ranges in
+/// order, the first ones one example longer when it does not divide, never empty; one range
+/// (the whole batch, even an empty one) for one replica or fewer than two examples.
+pub fn replica_ranges(examples: usize, replicas: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = replicas.min(examples);
+    if parts < 2 {
+        return std::iter::once(0..examples).collect();
+    }
+    let (base, extra) = (examples / parts, examples % parts);
+    let mut start = 0;
+    (0..parts)
+        .map(|part| {
+            let len = base + usize::from(part < extra);
+            start += len;
+            start - len..start
+        })
+        .collect()
+}
+
 /// A per-worker dataset and how many elements this worker has read from it (counting the
 /// ones skipped to resume from a checkpoint).
 pub struct WorkerDataset {
@@ -125,6 +144,8 @@ pub struct StepContext<'a> {
     num_workers: u32,
     closure: u64,
     client: &'a PsClient,
+    /// Local replicas a step runs on (the worker's `replicas` key).
+    replicas: usize,
     layouts: &'a BTreeMap<String, Layout>,
     datasets: &'a mut BTreeMap<String, WorkerDataset>,
     /// The gradients recorded, sent when the step succeeds.
@@ -140,6 +161,51 @@ impl<'a> StepContext<'a> {
     /// Workers in the cluster.
     pub fn num_workers(&self) -> u32 {
         self.num_workers
+    }
+
+    /// Local replicas this worker runs each step on (its `replicas` key, at least 1):
+    /// [`PsModel::train_step`] splits a batch over them and pushes their summed gradients
+    /// once.
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    /// Runs `f` once per local replica, each on its share of a batch of `examples`: the
+    /// contiguous ranges of [`replica_ranges`], on threads (the calling one alone for one
+    /// replica). Returns each share with its result, in replica order, or the first
+    /// replica's error. A hand-written step sums what its replicas return before its one
+    /// push, as [`PsModel::train_step`] does for a model.
+    pub fn on_replicas<T: Send>(
+        &self,
+        examples: usize,
+        f: impl Fn(std::ops::Range<usize>) -> Result<T, StepError> + Sync,
+    ) -> Result<Vec<(std::ops::Range<usize>, T)>, StepError> {
+        let ranges = replica_ranges(examples, self.replicas);
+        if ranges.len() == 1 {
+            let range = ranges[0].clone();
+            return Ok(vec![(range.clone(), f(range)?)]);
+        }
+        let f = &f;
+        std::thread::scope(|scope| {
+            let replicas: Vec<_> = ranges
+                .iter()
+                .cloned()
+                .map(|range| scope.spawn(move || f(range)))
+                .collect();
+            ranges
+                .into_iter()
+                .zip(replicas)
+                .map(|(range, replica)| {
+                    let result = replica.join().map_err(|panic| {
+                        StepError::Step(format!(
+                            "a replica panicked: {}",
+                            cohort_actors::panic_message(panic.as_ref())
+                        ))
+                    })??;
+                    Ok((range, result))
+                })
+                .collect()
+        })
     }
 
     /// The closure being run.
@@ -215,5 +281,21 @@ impl<'a> StepContext<'a> {
             }
             None => Err(StepError::EndOfData(name.into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replica_ranges;
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // a list of one range is what is meant
+    fn a_batch_is_shared_by_replicas_in_contiguous_ranges_differing_by_at_most_one() {
+        assert_eq!(replica_ranges(10, 3), [0..4, 4..7, 7..10]);
+        assert_eq!(replica_ranges(4, 4), [0..1, 1..2, 2..3, 3..4]);
+        assert_eq!(replica_ranges(2, 8), [0..1, 1..2]);
+        assert_eq!(replica_ranges(10, 1), [0..10]);
+        assert_eq!(replica_ranges(1, 4), [0..1]);
+        assert_eq!(replica_ranges(0, 4), [0..0]);
     }
 }

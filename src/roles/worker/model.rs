@@ -87,6 +87,9 @@ pub struct TrainReport {
     pub loss: f32,
     /// Examples in the batch.
     pub examples: usize,
+    /// Local replicas the batch was split over (the worker's `replicas`, fewer for a batch
+    /// with fewer examples).
+    pub replicas: usize,
     /// The push recorded for each trainable variable, in the model's order.
     pub pushes: Vec<PushedGradient>,
 }
@@ -151,7 +154,18 @@ impl<M> PsModel<M> {
     where
         M: Sync,
     {
-        with_ps_tape(ctx, HashMap::new(), |tape| Ok(f(tape, &self.model)?))
+        let f = Mutex::new(Some(f));
+        let mut results = with_ps_tapes(ctx, HashMap::new(), 1, |_, tape| {
+            let f = f
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .ok_or_else(|| StepError::Step("the model computation ran twice".into()))?;
+            Ok(f(tape, &self.model)?)
+        })?;
+        results
+            .pop()
+            .ok_or_else(|| StepError::Step("the model computation gave no result".into()))
     }
 }
 
@@ -185,24 +199,45 @@ impl<M: Model> PsModel<M> {
             .cloned()
             .zip(ctx.pull_many(&names)?)
             .collect();
-        let (loss, examples, grads) = with_ps_tape(ctx, prefetched, |tape| {
+        // The batch split over the worker's local replicas (contiguous slices, the first
+        // ones one example larger when it does not divide): each replica differentiates its
+        // examples' share of the batch's mean loss, so their summed gradients are the whole
+        // batch's gradient, pushed once (PS-1 unchanged).
+        let slices = split_batch(batch, ctx.replicas())?;
+        let global_examples = match slices.len() {
+            1 => None,
+            _ => Some(batch[0].dims()[0]),
+        };
+        let per_replica = with_ps_tapes(ctx, prefetched, slices.len(), |replica, tape| {
+            let slice = &slices[replica];
             let per_example = self
                 .model
-                .per_example_loss(tape, batch)
+                .per_example_loss(tape, slice)
                 .map_err(|e| StepError::Step(format!("loss: {e}")))?;
             let examples = per_example.dims().first().copied().unwrap_or(1);
             // The batch's mean: a zero-example batch gives zero, not 0/0.
-            let mut loss = (per_example.sum_all()? / examples.max(1) as f64)?;
-            let regularization = self
-                .model
-                .regularization_losses(tape)
-                .map_err(|e| StepError::Step(format!("regularization losses: {e}")))?;
-            for r in regularization {
-                loss = (loss + r)?;
+            let divisor = global_examples.unwrap_or(examples).max(1);
+            let mut loss = (per_example.sum_all()? / divisor as f64)?;
+            // Regularization belongs to the step once, not once per replica.
+            if replica == 0 {
+                let regularization = self
+                    .model
+                    .regularization_losses(tape)
+                    .map_err(|e| StepError::Step(format!("regularization losses: {e}")))?;
+                for r in regularization {
+                    loss = (loss + r)?;
+                }
             }
             let grads = tape.sparse_gradient(&loss, &variables)?;
             Ok((loss.to_scalar::<f32>()?, examples, grads))
         })?;
+        let replicas = per_replica.len();
+        let loss = per_replica.iter().map(|(loss, _, _)| loss).sum();
+        let examples = per_replica.iter().map(|(_, examples, _)| examples).sum();
+        let grads = sum_replica_gradients(
+            &variables,
+            per_replica.into_iter().map(|(_, _, grads)| grads).collect(),
+        )?;
         let mut pushes = Vec::with_capacity(variables.len());
         for (variable, grad) in variables.iter().zip(grads) {
             let name = variable.name();
@@ -235,6 +270,7 @@ impl<M: Model> PsModel<M> {
         Ok(TrainReport {
             loss,
             examples,
+            replicas,
             pushes,
         })
     }
@@ -248,30 +284,151 @@ impl<M: fmt::Debug> fmt::Debug for PsModel<M> {
     }
 }
 
-/// Runs `compute` on a scoped helper thread with a tape whose source asks this thread, which
-/// holds the step context, for each pull. The tape owns its source (a tape has no lifetime),
-/// so the source is a channel to the context rather than a borrow of it. A whole read of a
-/// variable in `prefetched` is answered from it (once); any other read is a pull.
-fn with_ps_tape<T: Send>(
+/// The slices of `batch` for up to `replicas` local replicas: contiguous along the first
+/// dimension, sizes differing by at most one, never empty. One slice (the batch as it is)
+/// when there is one replica, fewer than two examples, or a tensor that cannot be split with
+/// the others (a scalar, or first dimensions that differ).
+fn split_batch(batch: &[Tensor], replicas: usize) -> Result<Vec<Vec<Tensor>>, StepError> {
+    let examples = batch.first().and_then(|t| t.dims().first().copied());
+    let splittable = examples.is_some_and(|n| {
+        batch
+            .iter()
+            .all(|t| t.rank() > 0 && t.dims().first() == Some(&n))
+    });
+    if !splittable {
+        return Ok(vec![batch.to_vec()]);
+    }
+    let ranges = super::replica_ranges(examples.unwrap_or(0), replicas);
+    if ranges.len() == 1 {
+        return Ok(vec![batch.to_vec()]);
+    }
+    ranges
+        .into_iter()
+        .map(|range| {
+            batch
+                .iter()
+                .map(|t| Ok(t.narrow(0, range.start, range.len())?))
+                .collect()
+        })
+        .collect()
+}
+
+/// Sums the replicas' gradients of each variable, in replica order (so the sum is the same on
+/// every run): dense ones added, rows merged by id (a row two replicas touched gets the sum of
+/// both, ids in ascending order). One replica's gradients are returned as they are.
+fn sum_replica_gradients(
+    variables: &[Variable],
+    mut replicas: Vec<Vec<Option<Gradient>>>,
+) -> Result<Vec<Option<Gradient>>, StepError> {
+    if replicas.len() == 1 {
+        return Ok(replicas.pop().unwrap_or_default());
+    }
+    let mut summed = Vec::with_capacity(variables.len());
+    for (i, variable) in variables.iter().enumerate() {
+        let parts: Vec<Gradient> = replicas
+            .iter_mut()
+            .filter_map(|grads| grads.get_mut(i).and_then(Option::take))
+            .collect();
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            summed.push(None);
+            continue;
+        };
+        let merged = match first {
+            Gradient::Dense(mut total) => {
+                for part in parts {
+                    let Gradient::Dense(g) = part else {
+                        return Err(mixed(variable));
+                    };
+                    total = (total + g)?;
+                }
+                Gradient::Dense(total)
+            }
+            Gradient::Rows { ids, values } => {
+                let width: usize = variable.shape().iter().skip(1).product::<usize>().max(1);
+                let mut rows: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+                let mut add = |ids: Vec<u64>, values: Tensor| -> Result<(), StepError> {
+                    let values = values.flatten_all()?.to_vec1::<f32>()?;
+                    for (id, row) in ids.into_iter().zip(values.chunks(width)) {
+                        let sum = rows.entry(id).or_insert_with(|| vec![0.0; width]);
+                        for (s, v) in sum.iter_mut().zip(row) {
+                            *s += v;
+                        }
+                    }
+                    Ok(())
+                };
+                add(ids, values)?;
+                for part in parts {
+                    let Gradient::Rows { ids, values } = part else {
+                        return Err(mixed(variable));
+                    };
+                    add(ids, values)?;
+                }
+                let ids: Vec<u64> = rows.keys().copied().collect();
+                let values: Vec<f32> = rows.into_values().flatten().collect();
+                let values = Tensor::from_vec(values, (ids.len(), width), &Device::Cpu)?;
+                Gradient::Rows { ids, values }
+            }
+        };
+        summed.push(Some(merged));
+    }
+    Ok(summed)
+}
+
+fn mixed(variable: &Variable) -> StepError {
+    StepError::Step(format!(
+        "replicas disagree on how variable {:?} was read (dense on one, by rows on another)",
+        variable.name()
+    ))
+}
+
+/// Runs `compute` for each of `replicas` local replicas on scoped helper threads, each with a
+/// tape whose source asks this thread, which holds the step context, for each pull; returns
+/// their results in replica order (the first replica's error if any failed). The tape owns
+/// its source (a tape has no lifetime), so the source is a channel to the context rather than
+/// a borrow of it. A whole read of a variable in `prefetched` is answered from it (once per
+/// replica); any other read is a pull.
+fn with_ps_tapes<T: Send>(
     ctx: &StepContext<'_>,
-    mut prefetched: HashMap<String, Vec<f32>>,
-    compute: impl FnOnce(&GradientTape) -> Result<T, StepError> + Send,
-) -> Result<T, StepError> {
+    prefetched: HashMap<String, Vec<f32>>,
+    replicas: usize,
+    compute: impl Fn(usize, &GradientTape) -> Result<T, StepError> + Sync,
+) -> Result<Vec<T>, StepError> {
+    let replicas = replicas.max(1);
+    // Each replica reads a prefetched variable once: copies for all but the last reader.
+    let mut prefetched: HashMap<String, (Vec<f32>, usize)> = prefetched
+        .into_iter()
+        .map(|(name, values)| (name, (values, replicas)))
+        .collect();
     std::thread::scope(|scope| {
         let (requests, served) = channel::<ReadRequest>();
-        let helper = scope.spawn(move || {
-            let source = ChannelSource {
-                requests: Mutex::new(requests),
-            };
-            let tape = GradientTape::with_source(Arc::new(source));
-            compute(&tape)
-            // The tape, and with it the last sender, drops here: the serving loop ends.
-        });
-        // Serve reads until the helper drops its source (finished, failed or panicked).
+        let compute = &compute;
+        let helpers: Vec<_> = (0..replicas)
+            .map(|replica| {
+                let requests = requests.clone();
+                scope.spawn(move || {
+                    let source = ChannelSource {
+                        requests: Mutex::new(requests),
+                    };
+                    let tape = GradientTape::with_source(Arc::new(source));
+                    compute(replica, &tape)
+                    // The tape, and with it this helper's sender, drops here.
+                })
+            })
+            .collect();
+        drop(requests);
+        // Serve reads until every helper dropped its source (finished, failed or panicked).
         while let Ok(request) = served.recv() {
             let pulled = match &request.rows {
-                None => match prefetched.remove(&request.variable) {
-                    Some(values) => Ok(values),
+                None => match prefetched.get_mut(&request.variable) {
+                    Some((values, readers)) if *readers > 1 => {
+                        *readers -= 1;
+                        Ok(values.clone())
+                    }
+                    Some(_) => Ok(prefetched
+                        .remove(&request.variable)
+                        .map(|(values, _)| values)
+                        .unwrap_or_default()),
                     None => ctx.pull(&request.variable),
                 },
                 Some(ids) => ctx.pull_rows(&request.variable, ids),
@@ -279,17 +436,16 @@ fn with_ps_tape<T: Send>(
             // The helper may have gone (a panic); then nobody waits for this reply.
             let _ = request.reply.send(pulled.map_err(|e| e.to_string()));
         }
-        match helper.join() {
-            Ok(result) => result,
-            Err(panic) => Err(StepError::Step(format!(
-                "model computation panicked: {}",
-                panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into())
-            ))),
-        }
+        helpers
+            .into_iter()
+            .map(|helper| match helper.join() {
+                Ok(result) => result,
+                Err(panic) => Err(StepError::Step(format!(
+                    "model computation panicked: {}",
+                    cohort_actors::panic_message(panic.as_ref())
+                ))),
+            })
+            .collect()
     })
 }
 
@@ -359,5 +515,93 @@ impl VariableSource for ChannelSource {
     fn read_rows(&self, variable: &Variable, ids: &[u64]) -> Result<Tensor, NnError> {
         let width = variable.shape().get(1).copied().unwrap_or(1);
         self.ask(variable, Some(ids.to_vec()), &[ids.len(), width])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(values: &[f32]) -> Tensor {
+        Tensor::from_vec(values.to_vec(), (values.len(), 1), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn a_batch_splits_into_contiguous_slices_that_differ_by_at_most_one() {
+        let x = column(&[0., 1., 2., 3., 4.]);
+        let y = Tensor::from_vec(vec![0i64, 1, 2, 3, 4], 5, &Device::Cpu).unwrap();
+        let slices = split_batch(&[x.clone(), y], 3).unwrap();
+        let sizes: Vec<usize> = slices.iter().map(|s| s[0].dims()[0]).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        let firsts: Vec<f32> = slices
+            .iter()
+            .map(|s| s[0].flatten_all().unwrap().to_vec1::<f32>().unwrap()[0])
+            .collect();
+        assert_eq!(firsts, [0., 2., 4.]);
+        assert_eq!(slices[2][1].to_vec1::<i64>().unwrap(), [4]);
+        // More replicas than examples: one example each; one replica, or a batch that cannot
+        // be split with its labels: the batch as it is.
+        assert_eq!(split_batch(std::slice::from_ref(&x), 8).unwrap().len(), 5);
+        assert_eq!(split_batch(std::slice::from_ref(&x), 1).unwrap().len(), 1);
+        let other = column(&[1., 2.]);
+        assert_eq!(split_batch(&[x, other], 2).unwrap().len(), 1);
+        let scalar = Tensor::new(3f32, &Device::Cpu).unwrap();
+        assert_eq!(split_batch(&[scalar], 2).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn replicas_gradients_sum_dense_and_merge_rows_by_id() {
+        let zeros =
+            |shape: &[usize]| Tensor::zeros(shape, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let dense = Variable::new("d", zeros(&[2])).unwrap();
+        let table = Variable::new("t", zeros(&[10, 2])).unwrap();
+        let rows = |ids: Vec<u64>, values: Vec<f32>| Gradient::Rows {
+            values: Tensor::from_vec(values, (ids.len(), 2), &Device::Cpu).unwrap(),
+            ids,
+        };
+        let dense_grad = |a: f32, b: f32| {
+            Gradient::Dense(Tensor::from_vec(vec![a, b], 2, &Device::Cpu).unwrap())
+        };
+        let summed = sum_replica_gradients(
+            &[dense.clone(), table.clone()],
+            vec![
+                vec![
+                    Some(dense_grad(1., 2.)),
+                    Some(rows(vec![7, 3], vec![1., 1., 2., 2.])),
+                ],
+                vec![
+                    Some(dense_grad(10., 20.)),
+                    Some(rows(vec![3], vec![5., 5.])),
+                ],
+            ],
+        )
+        .unwrap();
+        let Some(Gradient::Dense(d)) = &summed[0] else {
+            panic!("dense: {:?}", summed[0])
+        };
+        assert_eq!(d.to_vec1::<f32>().unwrap(), [11., 22.]);
+        let Some(Gradient::Rows { ids, values }) = &summed[1] else {
+            panic!("rows: {:?}", summed[1])
+        };
+        assert_eq!(ids, &[3, 7]);
+        assert_eq!(
+            values.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            [7., 7., 1., 1.]
+        );
+        // A variable no replica touched has no gradient; dense on one replica and rows on
+        // another is an error naming the variable.
+        let none =
+            sum_replica_gradients(std::slice::from_ref(&dense), vec![vec![None], vec![None]])
+                .unwrap();
+        assert!(none[0].is_none());
+        let err = sum_replica_gradients(
+            &[table],
+            vec![
+                vec![Some(dense_grad(1., 1.))],
+                vec![Some(rows(vec![1], vec![1., 1.]))],
+            ],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("\"t\""), "{err}");
     }
 }
