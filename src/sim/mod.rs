@@ -384,6 +384,10 @@ pub enum StorageFault {
     /// The chief dies once the checkpoint is published and durable, before it becomes the
     /// cut: a new chief incarnation resumes from it.
     CrashAfterPublish,
+    /// Published, read back and made the cut; then one bit of one of its files flips on disk
+    /// (rot, a bad sector, a chaos plan's `corrupt_checkpoint`): a later restore must skip it,
+    /// and a recovery rolls back to the cut before it.
+    RotAfterCut,
 }
 
 /// The network's behaviour for a whole run.
@@ -520,6 +524,16 @@ impl Scenario {
                     let at_ms = at_ms + drains.gen_range(100..horizon_ms);
                     faults.push(Fault::Rejoin { at_ms, worker });
                 }
+            }
+        }
+        // A cut's checkpoint damaged on disk after it verified: a stream of its own too.
+        if kinds.storage {
+            let mut rot = ChaCha8Rng::seed_from_u64(seed ^ ROT_STREAM);
+            if rot.gen_bool(0.3) {
+                faults.push(Fault::Storage {
+                    save: rot.gen_range(0..4),
+                    fault: StorageFault::RotAfterCut,
+                });
             }
         }
         // Server joins and leaves: a stream of their own too.
@@ -728,6 +742,8 @@ const SCENARIO_STREAM: u64 = 0x5CE7_A210_0000_0001;
 const DRAIN_STREAM: u64 = 0xD8A1_0000_0000_0002;
 /// The stream of a seed's server joins and leaves.
 const RESHARD_STREAM: u64 = 0x2E5A_4D00_0000_0003;
+/// The stream of checkpoints damaged after they became the cut.
+const ROT_STREAM: u64 = 0x207D_0000_0000_0005;
 /// The stream of the supervisor's exit reports.
 const REPORT_STREAM: u64 = 0xE817_2E90_0000_0004;
 

@@ -65,6 +65,9 @@ pub struct SimReport {
     /// Exit reports that named an incarnation the chief no longer watched (replaced, or
     /// declared dead already): nothing done.
     pub reports_ignored: u64,
+    /// Restores that found no checkpoint at their cut that verifies (damaged after it became
+    /// the cut): a recovery then rolls back to the cut before.
+    pub unreadable_cuts: u64,
 }
 
 pub(super) struct World<'a> {
@@ -116,6 +119,7 @@ pub(super) struct World<'a> {
     ps_left: u64,
     deaths_reported: u64,
     reports_ignored: u64,
+    unreadable_cuts: u64,
     violation: Option<Violation>,
     ended: Option<Result<(), String>>,
 }
@@ -679,6 +683,7 @@ impl<'a> World<'a> {
             ps_left: 0,
             deaths_reported: 0,
             reports_ignored: 0,
+            unreadable_cuts: 0,
             violation: None,
             ended: None,
         };
@@ -765,6 +770,7 @@ impl<'a> World<'a> {
             ps_left: self.ps_left,
             deaths_reported: self.deaths_reported,
             reports_ignored: self.reports_ignored,
+            unreadable_cuts: self.unreadable_cuts,
         }
     }
 
@@ -2249,6 +2255,7 @@ impl<'a> World<'a> {
                 _ => {}
             }
         }
+        self.unreadable_cuts += u64::from(found.is_none());
         let report = RestoreReport::Loaded { result: Ok(found) };
         let now = self.instant();
         self.coord.handle_restore_report(now, generation, report);
@@ -2880,7 +2887,7 @@ impl<'a> World<'a> {
                     }
                 }
             }
-            Some(StorageFault::CrashAfterPublish) | None => {}
+            Some(StorageFault::CrashAfterPublish | StorageFault::RotAfterCut) | None => {}
         }
         let committed = self.committed_ids();
         self.storage.push(Stored {
@@ -2903,7 +2910,18 @@ impl<'a> World<'a> {
             return; // it does not verify: the job goes on from the previous cut
         }
         let root = std::path::PathBuf::from("sim-checkpoints");
-        let _ = self.coord.mark_cut(ClosureId(cut), root);
+        let marked = self.coord.mark_cut(ClosureId(cut), root).is_ok();
+        if marked && fault == Some(StorageFault::RotAfterCut) {
+            // It verified and is the cut now; then a bit of one of its files flips on disk.
+            let files = &mut self.storage[stored].files;
+            let file = self.rng.gen_range(0..files.len());
+            if let Some(bytes) = files.values_mut().nth(file) {
+                if !bytes.is_empty() {
+                    let bit = self.rng.gen_range(0..bytes.len() * 8);
+                    bytes[bit / 8] ^= 1 << (bit % 8);
+                }
+            }
+        }
     }
 
     /// Reads stored checkpoint `stored` with the real decoder: `None` if it does not verify

@@ -901,11 +901,27 @@ impl CoordinatorActor {
                 } => (
                     generation,
                     Box::pin(async move {
+                        let shown = root.display().to_string();
                         let result = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
                             .await
                             .map_err(|e| format!("reading the checkpoint: {e}"))
                             .and_then(|loaded| loaded)
                             .map(|loaded| loaded.map(|c| CheckpointRef(Arc::new(c))));
+                        match &result {
+                            Ok(Some(c)) => tracing::info!(
+                                "restore generation {generation}: the checkpoint taken at \
+                                 closure {} (step {}) under {shown} is read",
+                                cut.0,
+                                c.0.step
+                            ),
+                            Ok(None) => tracing::warn!(
+                                "restore generation {generation}: no checkpoint taken at closure \
+                                 {} under {shown} verifies any more (lost or damaged on disk); \
+                                 rolling back to the cut before it, if one is kept",
+                                cut.0
+                            ),
+                            Err(_) => {}
+                        }
                         RestoreReport::Loaded { result }
                     }),
                 ),

@@ -18,6 +18,12 @@
 //! [`SchedulerConfig::rollback_retained_max`], the loss fails `join` with
 //! [`ClosureFailure::PsLost`] instead.
 //!
+//! The cut before the last one stays a fallback: the closures committed since it are kept
+//! too (while they fit in `rollback_retained_max`), so that a recovery whose checkpoint
+//! cannot be read any more (a file lost or bit-flipped on disk after the save verified it)
+//! rolls back to the older checkpoint instead of failing, and runs again everything
+//! committed since that one.
+//!
 //! The chief program's restore at start-up runs through the same sub-machine
 //! ([`Scheduler::handle_restore_at_start`]), and the machine also owns what every worker
 //! incarnation is set up with (layouts, datasets, the positions they resume at) and when the
@@ -577,6 +583,9 @@ pub struct Scheduler {
     since_cut: BTreeMap<ClosureId, Retained>,
     /// More closures committed since the cut than `rollback_retained_max`.
     retention_overflowed: bool,
+    /// The cut before the last one, while every closure committed since it is kept in
+    /// `since_cut`: a recovery rolls back to it when the last cut's checkpoint cannot be read.
+    fallback_cut: Option<KeptCut>,
     /// Parameter servers whose loss could not be recovered, and why.
     lost_for_good: BTreeMap<u32, String>,
     /// The restore generation: bumped when a restore is asked for (see [`SchedulerAction`]).
@@ -642,6 +651,17 @@ pub struct Scheduler {
     control: ControlCounters,
     /// Workers that joined or were drained (elastic workers).
     membership: membership::Membership,
+}
+
+/// A checkpoint cut kept as a fallback (`Scheduler::handle_cut_unreadable`).
+#[derive(Debug, Clone)]
+struct KeptCut {
+    /// The cut.
+    cut: ClosureId,
+    /// The cut its checkpoint records (see `Scheduler::cut_stored_at`).
+    stored_at: ClosureId,
+    /// Where that checkpoint lives.
+    root: PathBuf,
 }
 
 /// A closure committed since the cut, kept to run it again after a rollback: its function,
@@ -738,6 +758,7 @@ impl Scheduler {
             cut: None,
             since_cut: BTreeMap::new(),
             retention_overflowed: false,
+            fallback_cut: None,
             lost_for_good: BTreeMap::new(),
             generation: 0,
             fenced: BTreeMap::new(),
@@ -1092,7 +1113,9 @@ impl Scheduler {
         if !self.recovery.as_ref().is_some_and(Recovery::restoring) || self.cut != Some(cut) {
             return Err(format!("no restore at cut {} was asked for", cut.0));
         }
-        let replay = std::mem::take(&mut self.since_cut);
+        // What committed since the cut runs again; what committed between the fallback cut
+        // and this one stays kept for a later rollback to the fallback.
+        let replay = self.since_cut.split_off(&cut);
         let requeued = replay.len() as u64;
         let ids: BTreeSet<ClosureId> = replay.keys().copied().collect();
         self.finished.retain(|id| !ids.contains(id));
@@ -1234,13 +1257,57 @@ impl Scheduler {
     }
 
     /// The variables are at cut `cut` now, as the checkpoint under `root` that records cut
-    /// `stored_at` holds them.
+    /// `stored_at` holds them. The cut it replaces becomes the fallback if every closure
+    /// committed since it is kept.
     fn set_cut(&mut self, cut: ClosureId, stored_at: ClosureId, root: PathBuf) {
+        let replaced = match (self.cut, self.cut_stored_at, self.checkpoint_root.take()) {
+            (Some(old), Some(old_stored_at), Some(old_root)) if old < cut => Some(KeptCut {
+                cut: old,
+                stored_at: old_stored_at,
+                root: old_root,
+            }),
+            _ => None,
+        };
+        self.fallback_cut = replaced.filter(|_| !self.retention_overflowed);
         self.cut = Some(cut);
         self.cut_stored_at = Some(stored_at);
         self.checkpoint_root = Some(root);
-        self.since_cut.retain(|id, _| *id >= cut);
+        let kept_from = self.fallback_cut.as_ref().map_or(cut, |f| f.cut);
+        self.since_cut.retain(|id, _| *id >= kept_from);
+        if self.since_cut.len() > self.config.rollback_retained_max {
+            self.drop_fallback();
+        }
         self.retention_overflowed = self.since_cut.len() > self.config.rollback_retained_max;
+    }
+
+    /// Gives up the fallback cut (to keep within `rollback_retained_max`): only what
+    /// committed since the last cut stays kept.
+    fn drop_fallback(&mut self) {
+        if self.fallback_cut.take().is_some() {
+            if let Some(cut) = self.cut {
+                self.since_cut.retain(|id, _| *id >= cut);
+            }
+        }
+    }
+
+    /// The checkpoint of the last cut could not be read for a recovery: roll back to the
+    /// fallback cut instead (its checkpoint is read by a new restore, and everything committed
+    /// since it runs again), or fail the recovery if there is none.
+    fn handle_cut_unreadable(&mut self, now: Instant, reason: String) {
+        if !self.recovery.as_ref().is_some_and(Recovery::restoring) {
+            return;
+        }
+        let Some(fallback) = self.fallback_cut.take() else {
+            self.handle_restore_failed(now, reason);
+            return;
+        };
+        self.cut = Some(fallback.cut);
+        self.cut_stored_at = Some(fallback.stored_at);
+        self.checkpoint_root = Some(fallback.root);
+        if let Some(r) = self.recovery.as_mut() {
+            r.run = None;
+        }
+        self.advance_recovery();
     }
 
     /// The answer to one [`SchedulerAction::Restore`] call of restore `generation`. An answer
@@ -1303,6 +1370,9 @@ impl Scheduler {
             (Purpose::Recovery { .. }, RunEnd::Failed { reason }) => {
                 self.handle_restore_failed(now, reason)
             }
+            (Purpose::Recovery { .. }, RunEnd::Unreadable { reason }) => {
+                self.handle_cut_unreadable(now, reason)
+            }
             (
                 Purpose::Startup {
                     ticket,
@@ -1325,7 +1395,7 @@ impl Scheduler {
                         Some(step)
                     }),
                     RunEnd::Interrupted { ps, reason } => Err(format!("ps/{ps}: {reason}")),
-                    RunEnd::Failed { reason } => Err(reason),
+                    RunEnd::Failed { reason } | RunEnd::Unreadable { reason } => Err(reason),
                 };
                 self.end_startup_restore(now);
                 self.actions
@@ -1974,6 +2044,10 @@ impl Scheduler {
     fn retain_for_rollback(&mut self, id: ClosureId) {
         if self.cut.is_none_or(|cut| id < cut) {
             return;
+        }
+        if self.since_cut.len() >= self.config.rollback_retained_max {
+            // The fallback's closures go first: a rollback to the last cut must stay possible.
+            self.drop_fallback();
         }
         if self.since_cut.len() >= self.config.rollback_retained_max {
             self.retention_overflowed = true;

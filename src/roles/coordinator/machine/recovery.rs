@@ -196,6 +196,12 @@ pub enum RunEnd {
         /// Why.
         reason: String,
     },
+    /// No checkpoint taken at the cut verifies any more (lost or damaged on disk since it
+    /// was saved): a recovery may roll back to an older cut instead.
+    Unreadable {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Where the checkpoint of a run comes from.
@@ -331,7 +337,7 @@ impl RestoreRun {
                         CheckpointSource::AtCut { root, cut } => (root.display().to_string(), *cut),
                         CheckpointSource::Loaded(_) => (String::new(), self.finished_below),
                     };
-                    return self.end(RunEnd::Failed {
+                    return self.end(RunEnd::Unreadable {
                         reason: format!(
                             "no valid checkpoint cut at closure {} under {root}: the closures \
                              committed since cannot be run again",

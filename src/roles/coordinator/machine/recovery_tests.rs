@@ -214,6 +214,128 @@ fn a_refused_step_or_a_missing_checkpoint_fails_the_recovery() {
     }
 }
 
+/// Two workers, two servers, closures committed in three runs with a cut before the second
+/// and before the third (`runs[0]`, `runs[1]`, `runs[2]` closures), under `config`.
+fn committed_past_two_cuts(runs: [usize; 3], config: SchedulerConfig) -> Scheduler {
+    let t = Instant::now();
+    let mut s = Scheduler::new(config);
+    for w in 0..2 {
+        s.handle_worker_up(t, w, 1);
+        s.handle_ps_up(t, w, 1);
+    }
+    s.handle_configure(SetupWorker {
+        num_workers: 2,
+        layouts: Vec::new(),
+        servers: Vec::new(),
+        datasets: vec![("ids".into(), 0)],
+        version: 0,
+    });
+    for (i, n) in runs.into_iter().enumerate() {
+        if i > 0 {
+            s.mark_cut(ClosureId(s.next_closure_id()), root()).unwrap();
+        }
+        for _ in 0..n {
+            s.handle_schedule(t, "step", Vec::new()).unwrap();
+            super::tests::run_all(&mut s);
+        }
+    }
+    s
+}
+
+/// The last cut's checkpoint no longer verifies when a server is lost (damaged on disk after
+/// its save read it back): the recovery rolls back to the cut before it and runs again
+/// everything committed since that one, instead of failing the job.
+#[test]
+fn a_recovery_whose_checkpoint_cannot_be_read_rolls_back_to_the_cut_before() {
+    let t = Instant::now();
+    let mut s = committed_past_two_cuts([2, 3, 2], SchedulerConfig::default());
+    s.handle_ps_lost(t, 0, 1);
+    s.handle_ps_up(t, 0, 2);
+    let older = checkpoint(4, 2, 2);
+    let mut loads = Vec::new();
+    let mut others = Vec::new();
+    loop {
+        let actions = drain(&mut s);
+        if actions.is_empty() {
+            break;
+        }
+        for action in actions {
+            let SchedulerAction::Restore(call) = action else {
+                others.push(action);
+                continue;
+            };
+            let (_, _, generation) = step_of(&call);
+            let report = match &call {
+                RestoreCall::Load { cut, .. } => {
+                    loads.push(cut.0);
+                    // The newer checkpoint (cut 5) does not verify; the older one (cut 2) does.
+                    RestoreReport::Loaded {
+                        result: Ok((cut.0 == 2).then(|| CheckpointRef(Arc::clone(&older)))),
+                    }
+                }
+                _ => answer(&call, &older, None),
+            };
+            s.handle_restore_report(t, generation, report);
+        }
+    }
+    assert_eq!(loads, [5, 2], "the last cut, then the one before it");
+    assert!(s.take_error().is_none(), "the job goes on");
+    assert!(!s.is_holding());
+    assert_eq!(s.cut(), Some(ClosureId(2)));
+    let l = s.ledger().clone();
+    assert_eq!((l.ps_restores, l.rolled_back), (1, 5), "{l:?}");
+    assert!(l.balances(), "{l:?}");
+    assert_eq!((l.committed, l.pending), (2, 5), "{l:?}");
+    assert_eq!(
+        dispatched(&others).len(),
+        2,
+        "dispatch resumed on both workers"
+    );
+}
+
+/// Keeping what committed since the cut before the last one never costs a rollback to the
+/// last cut: past `rollback_retained_max` the fallback is given up first (its checkpoint can
+/// then no longer be rolled back to, and an unreadable last cut fails the recovery).
+#[test]
+fn the_fallback_cut_gives_way_to_the_retention_bound() {
+    let t = Instant::now();
+    let config = || SchedulerConfig {
+        rollback_retained_max: 3,
+        ..SchedulerConfig::default()
+    };
+    let mut s = committed_past_two_cuts([2, 2, 2], config());
+    s.handle_ps_lost(t, 0, 1);
+    s.handle_ps_up(t, 0, 2);
+    let ckpt = checkpoint(4, 4, 2);
+    let (_, seen) = drive_restore(&mut s, &ckpt, |_, _| None);
+    assert!(seen.iter().any(|(step, _, _)| *step == Step::Load));
+    assert!(s.take_error().is_none());
+    assert_eq!(
+        s.ledger().rolled_back,
+        2,
+        "only what committed since the last cut"
+    );
+    // The same job with an unreadable last cut has nothing to fall back to.
+    let mut s = committed_past_two_cuts([2, 2, 2], config());
+    s.handle_ps_lost(t, 1, 1);
+    s.handle_ps_up(t, 1, 2);
+    let mut calls = drain(&mut s);
+    let mut guard = 0;
+    while let Some(SchedulerAction::Restore(call)) = calls.pop() {
+        guard += 1;
+        assert!(guard < 100);
+        let (_, _, generation) = step_of(&call);
+        let report = match &call {
+            RestoreCall::Load { .. } => RestoreReport::Loaded { result: Ok(None) },
+            _ => answer(&call, &ckpt, None),
+        };
+        s.handle_restore_report(t, generation, report);
+        calls.extend(drain(&mut s));
+    }
+    let err = s.take_error().expect("the loss is raised").to_string();
+    assert!(err.contains("no valid checkpoint cut"), "{err}");
+}
+
 /// A worker that comes up while a restore runs is rewound with the others (the machine
 /// counts it live when the Rewind phase starts), at the checkpoint's positions; setups handed
 /// out before the restore ended are outdated, and a later incarnation starts there too.
