@@ -27,7 +27,13 @@
 //! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers);
 //! - `COHORT_METRICS_ADDR` when [`LaunchConfig::metrics`] is on: a loopback address of its own
 //!   (the same across its restarts) where it serves Prometheus metrics and `/healthz`; the
-//!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`).
+//!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`);
+//! - `COHORT_NET_FAULTS` when [`NET_FAULTS_DIR_ENV`] (`COHORT_NET_FAULTS_DIR`, in
+//!   [`LaunchConfig::env`] or inherited; `cohort chaos run` sets it) names a directory: its
+//!   own rules file there, [`net_rules_file`] (`<dir>/<role>-<index>.rules`, the same across
+//!   its restarts), under which its transport socket drops datagrams
+//!   (`cohort_chaos::rules`). The launcher records every task's transport address beside it
+//!   ([`net_addr_file`], `<dir>/<role>-<index>.addr`) so the rules can name peers.
 //!
 //! Elastic workers ([`Launcher::start_elastic`]): the job starts with `num_workers` workers
 //! and may have up to `workers_max`. Ports and certificates are made for all of them at the
@@ -322,6 +328,8 @@ pub struct Launcher {
     exits: VecDeque<TaskExit>,
     /// Where each task serves its metrics, when [`LaunchConfig::metrics`] is on.
     metrics_addrs: BTreeMap<TaskId, std::net::SocketAddr>,
+    /// The directory of the tasks' network fault rules, when [`NET_FAULTS_DIR_ENV`] names one.
+    net_faults_dir: Option<PathBuf>,
 }
 
 struct Supervised {
@@ -407,8 +415,13 @@ impl Launcher {
         } else {
             BTreeMap::new()
         };
+        let net_faults_dir = net_faults_dir(&config.env);
+        if let Some(dir) = &net_faults_dir {
+            record_net_addrs(&full_cluster, dir)?;
+        }
         let mut launcher = Self {
             metrics_addrs,
+            net_faults_dir,
             tasks: cluster
                 .tasks()
                 .map(|t| {
@@ -796,6 +809,12 @@ impl Launcher {
                     .get(&task)
                     .map(|addr| (ConfigKey::METRICS_ADDR.env, addr.to_string())),
             )
+            .envs(self.net_faults_dir.as_ref().map(|dir| {
+                (
+                    cohort_chaos::rules::NET_FAULTS_ENV,
+                    net_rules_file(dir, task).into_os_string(),
+                )
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -891,6 +910,45 @@ pub fn metrics_addr_file(run_dir: &std::path::Path, task: TaskId) -> PathBuf {
     run_dir
         .join("metrics")
         .join(format!("{}-{}.addr", task.task_type, task.index))
+}
+
+/// Environment variable naming the directory of the tasks' network fault rules (see the
+/// module docs); unset or empty, the tasks' sockets are the plain ones.
+pub const NET_FAULTS_DIR_ENV: &str = "COHORT_NET_FAULTS_DIR";
+
+/// The rules file of `task` in the network fault directory `dir`: `<dir>/<role>-<index>.rules`.
+pub fn net_rules_file(dir: &std::path::Path, task: TaskId) -> PathBuf {
+    dir.join(format!("{}-{}.rules", task.task_type, task.index))
+}
+
+/// Where the launcher records the transport address (`ip:port` and a newline) of `task` in
+/// the network fault directory `dir`: `<dir>/<role>-<index>.addr`.
+pub fn net_addr_file(dir: &std::path::Path, task: TaskId) -> PathBuf {
+    dir.join(format!("{}-{}.addr", task.task_type, task.index))
+}
+
+/// The network fault directory: [`NET_FAULTS_DIR_ENV`] from the job's environment `env`, else
+/// from this process's.
+fn net_faults_dir(env: &[(String, String)]) -> Option<PathBuf> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == NET_FAULTS_DIR_ENV)
+        .map(|(_, v)| std::ffi::OsString::from(v))
+        .or_else(|| std::env::var_os(NET_FAULTS_DIR_ENV))
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Records the transport address of every task of `cluster` in `dir` ([`net_addr_file`]).
+fn record_net_addrs(cluster: &ClusterSpec, dir: &std::path::Path) -> Result<(), LaunchError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LaunchError::RunDir(format!("{}: {e}", dir.display())))?;
+    for task in cluster.tasks() {
+        let path = net_addr_file(dir, task);
+        std::fs::write(&path, format!("{}\n", cluster.address(task)?))
+            .map_err(|e| LaunchError::RunDir(format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// A free loopback TCP port for the metrics endpoint of every task of `cluster`, each recorded

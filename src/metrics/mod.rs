@@ -54,6 +54,9 @@ pub struct Instruments {
     pub ps_pulled_bytes: Counter,
     /// Parameter server: tensor bytes received in pushes.
     pub ps_pushed_bytes: Counter,
+    /// Chief: time from a closure's dispatch to a worker to its commit, in seconds (the
+    /// attempt that committed: a re-dispatched closure counts from its last dispatch).
+    pub chief_step_seconds: Histogram,
     /// Chief: checkpoints written, and the time each save took, in seconds.
     pub checkpoint_save_seconds: Histogram,
     /// Chief: the size of the newest checkpoint written, in bytes.
@@ -69,6 +72,8 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     worker_pushed_bytes: Counter::default(),
     ps_pulled_bytes: Counter::default(),
     ps_pushed_bytes: Counter::default(),
+    // 100µs to ~100s, as the workers' step time.
+    chief_step_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 21)),
     // 1ms to ~500s.
     checkpoint_save_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
     checkpoint_bytes: Gauge::default(),
@@ -279,6 +284,11 @@ impl Exposition {
                 );
             }
             Role::Chief => {
+                registry.register(
+                    "cohort_chief_step_seconds",
+                    "Time from a closure's dispatch to a worker to its commit at the chief",
+                    m.chief_step_seconds.clone(),
+                );
                 registry.register(
                     "cohort_checkpoint_save_seconds",
                     "Time of one checkpoint save by the chief",
