@@ -318,6 +318,19 @@ fn the_demo_survives_a_worker_partitioned_from_the_chief() {
         faults[2]["t_s"].as_f64().unwrap(),
     );
     assert!(healed - lossy >= 2.0, "{why}");
+    // No server was restored and every demo closure pushes to both servers: each applied
+    // exactly one push per committed closure (a retry of the partitioned worker's closure is
+    // refused as a duplicate, not applied).
+    let ps = check(&report, "ps applied counts")["detail"]
+        .as_str()
+        .unwrap();
+    for server in ["ps/0", "ps/1"] {
+        assert!(
+            ps.contains(&format!("{server}: "))
+                && ps.matches("(one per committed closure)").count() == 2,
+            "{ps}"
+        );
+    }
     // The chief declared the worker lost (it fenced that incarnation on every server) and
     // dispatched what it ran again.
     let log = std::fs::read_to_string(dir.join("report/job.log")).expect("job.log");
