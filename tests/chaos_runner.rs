@@ -203,6 +203,11 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
         !report["timeline"]["samples"].as_array().unwrap().is_empty(),
         "{why}"
     );
+    // A plan without network faults leaves the tasks' sockets alone: no rules files, no
+    // faulty socket.
+    assert!(!dir.join("run/net").exists(), "{why}");
+    let log = std::fs::read_to_string(dir.join("report/job.log")).expect("job.log");
+    assert!(!log.contains("network faults"), "{why}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
