@@ -546,4 +546,41 @@ fn chaos_sim_runs_a_shipped_plan_and_refuses_what_it_cannot_model() {
             && stderr.contains("fault["),
         "{stderr}"
     );
+    // A task cut off from every other is the simulator's partition; loss between tasks for a
+    // while it cannot model.
+    let dir = temp_dir("sim-net");
+    let partition = dir.join("partition.toml");
+    std::fs::write(
+        &partition,
+        "seed = 4\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:1\"\nat = \"2s\"\nfor = \"3s\"\n",
+    )
+    .unwrap();
+    let output = cohort(
+        &[
+            "chaos",
+            "sim",
+            "--plan",
+            partition.to_str().unwrap(),
+            "--closures",
+            "1000",
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("Inject(Partition(Worker(1)"), "{stdout}");
+    let loss = dir.join("loss.toml");
+    std::fs::write(
+        &loss,
+        "seed = 4\n[[fault]]\nkind = \"loss\"\ntarget = \"worker:1\"\nprobability = 0.1\nat = \"2s\"\nfor = \"3s\"\n",
+    )
+    .unwrap();
+    let output = cohort(&["chaos", "sim", "--plan", loss.to_str().unwrap()], &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("loss.toml: fault[0].kind: the simulator cannot model loss"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
