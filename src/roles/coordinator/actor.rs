@@ -418,8 +418,7 @@ impl CoordinatorActor {
                         .handle_result(now, worker, epoch, closure, attempt, Ok(value));
                     if disposition == ResultDisposition::Committed {
                         crate::metrics::instruments()
-                            .chief_step_seconds
-                            .observe(now.duration_since(sent).as_secs_f64());
+                            .observe_chief_step(now.duration_since(sent));
                     }
                 }
                 Ok(Err(RunClosureError::Step(message))) => {
