@@ -244,6 +244,9 @@ fn the_chief_serves_a_status_page_that_matches_the_run() {
     let deadline = Instant::now() + WAIT_MAX;
     let mut reports = 0usize;
     let mut last: Option<serde_json::Value> = None;
+    // The first report read, and when: closures committed since, within the page's 10 s rate
+    // window, have a mean step time.
+    let mut first: Option<(Instant, u64)> = None;
     let report = loop {
         assert!(
             Instant::now() < deadline,
@@ -266,6 +269,20 @@ fn the_chief_serves_a_status_page_that_matches_the_run() {
             continue;
         };
         reports += 1;
+        let committed = u(&report["ledger"], "committed");
+        match first {
+            None => first = Some((Instant::now(), committed)),
+            Some((at, before))
+                if committed >= before + 2 && at.elapsed() < Duration::from_secs(8) =>
+            {
+                assert!(
+                    report["step_seconds"].as_f64().is_some_and(|t| t > 0.0),
+                    "{} closures committed since the first report, but no step time: {report}",
+                    committed - before
+                );
+            }
+            Some(_) => {}
+        }
         if let Some(before) = &last {
             for key in ["scheduled", "committed"] {
                 assert!(

@@ -4,7 +4,7 @@
 //! RNG state ([`FaultState::decide`]): no IO, no clock. The same seed and the same sequence of
 //! datagrams give the same decisions, so a failing chaos run can be replayed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +33,9 @@ pub struct FaultPlan {
     pub partitions: BTreeSet<(SocketAddr, SocketAddr)>,
     /// Addresses cut off from everyone.
     pub isolated: BTreeSet<SocketAddr>,
+    /// Loss probability between an address pair, either direction, where it exceeds `loss`
+    /// (keys ordered: the smaller address first).
+    pub pair_loss: BTreeMap<(SocketAddr, SocketAddr), f64>,
 }
 
 /// The fate of one datagram.
@@ -100,6 +103,7 @@ impl FaultPlan {
             reorder_hold: Duration::from_millis(5),
             partitions: BTreeSet::new(),
             isolated: BTreeSet::new(),
+            pair_loss: BTreeMap::new(),
         }
     }
 
@@ -108,6 +112,16 @@ impl FaultPlan {
         self.isolated.contains(&a)
             || self.isolated.contains(&b)
             || self.partitions.contains(&ordered(a, b))
+    }
+
+    /// The loss probability between `a` and `b`: the larger of `loss` and the pair's own.
+    pub fn loss_between(&self, a: SocketAddr, b: SocketAddr) -> f64 {
+        let pair = self
+            .pair_loss
+            .get(&ordered(a, b))
+            .copied()
+            .map_or(0.0, clamp);
+        clamp(self.loss).max(pair)
     }
 }
 
@@ -135,7 +149,7 @@ impl FaultState {
             self.stats.partitioned += 1;
             return Decision::Drop(DropCause::Partition);
         }
-        if loss_roll < clamp(self.plan.loss) {
+        if loss_roll < self.plan.loss_between(from, to) {
             self.stats.lost += 1;
             return Decision::Drop(DropCause::Loss);
         }
@@ -166,6 +180,15 @@ impl FaultState {
     /// Changes the plan, keeping the RNG stream going.
     pub fn plan_mut(&mut self) -> &mut FaultPlan {
         &mut self.plan
+    }
+
+    /// Puts `plan` in force: the RNG stream goes on under the same seed, and starts again
+    /// from `plan.seed` when the seed changed (so a plan's seed alone fixes its draws).
+    pub fn replace_plan(&mut self, plan: FaultPlan) {
+        if plan.seed != self.plan.seed {
+            self.rng = ChaCha8Rng::seed_from_u64(plan.seed);
+        }
+        self.plan = plan;
     }
 
     /// Decisions taken so far.
@@ -207,6 +230,18 @@ impl FaultControl {
         let mut state = self.lock();
         state.plan.partitions.clear();
         state.plan.isolated.clear();
+    }
+
+    /// Puts `plan` in force in every socket sharing this handle (see
+    /// [`FaultState::replace_plan`]).
+    pub fn replace_plan(&self, plan: FaultPlan) {
+        self.lock().replace_plan(plan);
+    }
+
+    /// Sets the loss probability between `a` and `b` (both directions), where it exceeds the
+    /// loss of every datagram.
+    pub fn set_pair_loss(&self, a: SocketAddr, b: SocketAddr, loss: f64) {
+        self.lock().plan.pair_loss.insert(ordered(a, b), loss);
     }
 
     /// Sets the loss probability.
@@ -373,6 +408,40 @@ mod tests {
             Decision::Deliver { .. }
         ));
         assert_eq!(control.stats().partitioned, 3);
+    }
+
+    #[test]
+    fn pair_loss_hits_only_its_pair_and_a_new_seed_restarts_the_draws() {
+        let control = FaultControl::new(FaultPlan::none(6));
+        control.set_pair_loss(addr(2), addr(1), 1.0);
+        for _ in 0..100 {
+            assert_eq!(
+                control.decide(addr(1), addr(2)),
+                Decision::Drop(DropCause::Loss)
+            );
+            assert!(matches!(
+                control.decide(addr(1), addr(3)),
+                Decision::Deliver { .. }
+            ));
+        }
+        let draws = |control: &FaultControl| {
+            (0..200)
+                .map(|_| control.decide(addr(1), addr(3)))
+                .collect::<Vec<_>>()
+        };
+        let lossy = FaultPlan {
+            loss: 0.5,
+            ..FaultPlan::none(8)
+        };
+        control.replace_plan(lossy.clone());
+        assert!(control.plan().pair_loss.is_empty());
+        let first = draws(&control);
+        control.replace_plan(FaultPlan::none(9));
+        control.replace_plan(lossy.clone());
+        assert_eq!(draws(&control), first);
+        // The same seed again: the stream goes on rather than repeating.
+        control.replace_plan(lossy);
+        assert_ne!(draws(&control), first);
     }
 
     #[test]

@@ -72,31 +72,39 @@ const RATE_SAMPLES_MAX: usize = 256;
 /// history and newest checkpoint the program recorded, and the rate of committed closures
 /// over the last [`RATE_WINDOW`] of requests.
 pub(super) fn chief_status(actor: Addr<CoordinatorActor>, job: String) -> StatusSource {
-    let samples: Arc<Mutex<VecDeque<(Instant, u64)>>> = Arc::default();
+    // (when, committed, (total step microseconds, steps)) per request.
+    type Sample = (Instant, u64, (u64, u64));
+    let samples: Arc<Mutex<VecDeque<Sample>>> = Arc::default();
     Arc::new(move |format| {
         let (actor, samples, job) = (actor.clone(), Arc::clone(&samples), job.clone());
         Box::pin(async move {
             let view = actor.send(StatusView).await.ok()?;
             let committed = view.ledger.committed;
             let now = Instant::now();
-            let steps_per_second = {
+            let steps = crate::metrics::instruments().chief_step_totals();
+            let (steps_per_second, step_seconds) = {
                 let mut samples = samples.lock().unwrap_or_else(PoisonError::into_inner);
                 while samples.len() >= RATE_SAMPLES_MAX
                     || (samples.len() > 1
                         && samples
                             .front()
-                            .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW))
+                            .is_some_and(|(t, _, _)| now.duration_since(*t) > RATE_WINDOW))
                 {
                     samples.pop_front();
                 }
-                samples.push_back((now, committed));
-                match samples.front() {
-                    Some((then, before)) if now > *then => {
+                samples.push_back((now, committed, steps));
+                let step_seconds = samples.front().and_then(|(_, _, (micros, count))| {
+                    let n = steps.1.checked_sub(*count).filter(|n| *n > 0)?;
+                    Some(steps.0.saturating_sub(*micros) as f64 / 1e6 / n as f64)
+                });
+                let rate = match samples.front() {
+                    Some((then, before, _)) if now > *then => {
                         committed.saturating_sub(*before) as f64
                             / now.duration_since(*then).as_secs_f64()
                     }
                     _ => 0.0,
-                }
+                };
+                (rate, step_seconds)
             };
             let report = StatusReport {
                 job,
@@ -105,6 +113,7 @@ pub(super) fn chief_status(actor: Addr<CoordinatorActor>, job: String) -> Status
                     .map_or(0, |d| d.as_millis() as u64),
                 step: committed,
                 steps_per_second,
+                step_seconds,
                 checkpoint: status::newest_checkpoint(view.cut),
                 loss: status::loss_history(),
                 ledger: view.ledger,

@@ -4,9 +4,10 @@
 //! This module owns the checks and the report: the exit code the plan expects; every fault
 //! carried out; every closure committed once, from the newest checkpoint's ledger and from
 //! the ledger line the chief prints at the end (committed == scheduled, nothing pending or
-//! failed; a closure committed twice would make committed exceed scheduled); every parameter
-//! server applying pushes (the per-server counts the chief prints); no panic in any task's
-//! output. `report.txt` and `report.json` (the plan, the timeline of faults and the chief's
+//! failed; a closure committed twice would make committed exceed scheduled); the parameter
+//! servers' applied pushes consistent with the committed closures ([`servers_check`]: each
+//! committed closure's push applied at most once on each server, duplicates refused rather
+//! than applied); no panic in any task's output. `report.txt` and `report.json` (the plan, the timeline of faults and the chief's
 //! step rate, each check with its detail, the verdict) and `timeline.png` (the step rate with
 //! each fault marked where it hit) go to the output directory, beside
 //! `job.log`.
@@ -80,7 +81,15 @@ pub fn check(plan: &Plan, setup: &RunSetup, observed: &Observed) -> Vec<Check> {
         },
     ));
     checks.push(ledger_check(setup.checkpoint_dir.as_deref(), observed));
-    checks.push(servers_check(observed));
+    let counts = setup
+        .checkpoint_dir
+        .as_deref()
+        .and_then(|root| list_checkpoints(root).ok()?.last().cloned())
+        .and_then(|newest| {
+            let manifest = read_manifest(&newest.dir).ok()?;
+            Some(ShardCounts::of(&newest.dir, &manifest))
+        });
+    checks.push(servers_check(&observed.summary, counts.as_ref()));
     checks.push(Check::new(
         "no panic",
         observed.panic_count == 0,
@@ -189,40 +198,144 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
     Check::new("every closure committed once", ok, found.join("; "))
 }
 
-/// Every server the chief reports applied pushes, and the job committed closures.
-fn servers_check(observed: &Observed) -> Check {
-    let servers = &observed.summary.servers;
-    if servers.is_empty() {
+/// What the parameter-server check reads from the newest checkpoint: the closures its ledger
+/// holds committed, and each variable shard's update count (the manifest's `steps/<shard>`,
+/// restored with the values after a server is lost, so it counts the pushes in effect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardCounts {
+    /// The checkpoint's directory.
+    pub source: String,
+    /// Closures committed at its cut.
+    pub committed: u64,
+    /// `(shard, updates applied)`, by shard name.
+    pub shards: Vec<(String, u64)>,
+}
+
+impl ShardCounts {
+    /// The counts of the checkpoint in `dir` whose manifest is `manifest`.
+    pub fn of(dir: &Path, manifest: &crate::checkpoint::Manifest) -> Self {
+        let shards = manifest
+            .extra
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, v)| Some((key.strip_prefix("steps/")?.to_string(), v.as_u64()?)))
+            .collect();
+        Self {
+            source: dir.display().to_string(),
+            committed: manifest.ledger.counts.committed,
+            shards,
+        }
+    }
+}
+
+/// The parameter servers' applied pushes against the committed closures (PS-1: a closure's
+/// update is applied at most once on each server; a retry of it is refused as a duplicate):
+///
+/// - from the chief's summary, each server applied pushes when closures committed, and, in a
+///   run with no parameter-server restore, at most one per committed closure (applied ≤
+///   committed; equal when every closure pushes to every server, as in the demo). A push
+///   applied twice makes a server's count exceed the closures. After a restore, the
+///   rolled-back closures apply once more, so the summary's counts are not bounded by the
+///   committed ones and the checkpoint's are checked instead;
+/// - from the newest checkpoint, no variable shard was updated more often than the closures
+///   committed at its cut (a push applied twice there counts twice).
+pub fn servers_check(summary: &run::PrintedSummary, counts: Option<&ShardCounts>) -> Check {
+    const NAME: &str = "ps applied counts";
+    let servers = &summary.servers;
+    if servers.is_empty() && counts.is_none_or(|c| c.shards.is_empty()) {
         return Check {
-            name: "ps applied counts",
+            name: NAME,
             status: "skipped",
-            detail: "the chief printed no per-server counts".into(),
+            detail: "the chief printed no per-server counts and no checkpoint holds update \
+                     counts"
+                .into(),
         };
     }
-    let committed = observed.summary.ledger.map_or(0, |l| l.committed);
-    let idle: Vec<String> = servers
-        .iter()
-        .filter(|s| s.applied == 0)
-        .map(|s| format!("ps/{}", s.ps))
-        .collect();
-    let ok = committed > 0 && idle.is_empty();
-    let counts: Vec<String> = servers
-        .iter()
-        .map(|s| {
-            format!(
-                "ps/{}: {} applied, {} duplicates refused",
+    let committed = summary.ledger.map(|l| l.committed);
+    let restores = summary.ps_restores.unwrap_or(0);
+    let mut problems = Vec::new();
+    let mut found = Vec::new();
+    if !servers.is_empty() {
+        let Some(committed) = committed else {
+            return Check::new(
+                NAME,
+                false,
+                "the chief printed per-server counts but no ledger line to check them against"
+                    .into(),
+            );
+        };
+        if committed == 0 {
+            problems.push("no closure committed".to_string());
+        }
+        for s in servers {
+            let relation = match s.applied.cmp(&committed) {
+                std::cmp::Ordering::Equal => " (one per committed closure)",
+                std::cmp::Ordering::Less => "",
+                std::cmp::Ordering::Greater if restores > 0 => " (closures rolled back ran again)",
+                std::cmp::Ordering::Greater => " (more than the committed closures)",
+            };
+            found.push(format!(
+                "ps/{}: {} applied{relation}, {} duplicates refused",
                 s.ps, s.applied, s.duplicates
-            )
-        })
-        .collect();
-    let mut detail = format!("{committed} closures committed; {}", counts.join(", "));
-    if !idle.is_empty() {
-        detail.push_str(&format!(
-            "; {} applied nothing while closures committed",
-            idle.join(", ")
-        ));
+            ));
+            if s.applied == 0 && committed > 0 {
+                problems.push(format!(
+                    "ps/{} applied nothing while closures committed",
+                    s.ps
+                ));
+            }
+            if s.applied > committed && restores == 0 {
+                problems.push(format!(
+                    "ps/{} applied {} pushes for {committed} committed closures with no \
+                     restore: some closure's push was applied more than once (PS-1)",
+                    s.ps, s.applied
+                ));
+            }
+        }
+        found.insert(
+            0,
+            format!(
+                "{committed} closures committed{}",
+                if restores > 0 {
+                    format!(", {restores} parameter-server restore(s)")
+                } else {
+                    String::new()
+                }
+            ),
+        );
     }
-    Check::new("ps applied counts", ok, detail)
+    if let Some(c) = counts.filter(|c| !c.shards.is_empty()) {
+        let over: Vec<String> = c
+            .shards
+            .iter()
+            .filter(|(_, n)| *n > c.committed)
+            .map(|(shard, n)| format!("{shard} updated {n} times"))
+            .collect();
+        let most = c.shards.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        found.push(format!(
+            "newest checkpoint {}: {} shards, at most {most} updates each, {} closures \
+             committed at its cut",
+            c.source,
+            c.shards.len(),
+            c.committed
+        ));
+        if !over.is_empty() {
+            problems.push(format!(
+                "in {}: {} for {} committed closures: a push was applied more than once (PS-1)",
+                c.source,
+                over.join(", "),
+                c.committed
+            ));
+        }
+    }
+    let ok = problems.is_empty();
+    let mut detail = found.join("; ");
+    if !ok {
+        detail.push_str("; VIOLATION: ");
+        detail.push_str(&problems.join("; "));
+    }
+    Check::new(NAME, ok, detail)
 }
 
 /// Writes `report.txt` and `report.json` into `setup.out_dir`; returns whether every check
@@ -244,7 +357,9 @@ pub fn write_report(
                 "target": f.target.map(|t| t.to_string()),
                 "at": f.at.to_string(),
                 "after": f.after.as_str(),
-                "for": f.pause_for.map(crate::cluster::format_duration),
+                "peer": f.peer.map(|t| t.to_string()),
+                "probability": f.probability,
+                "for": f.lasts.map(crate::cluster::format_duration),
                 "which": match f.which { plan::Which::All => "all", plan::Which::Newest => "newest" },
             })
         })
@@ -301,6 +416,20 @@ pub fn write_report(
             "  step rate: {} samples of the chief's metrics, peak {peak:.1} closures/s\n",
             observed.samples.len()
         ));
+        let times: Vec<f64> = observed
+            .samples
+            .iter()
+            .filter_map(|s| s.step_seconds)
+            .collect();
+        if let Some(slowest) = times.iter().copied().reduce(f64::max) {
+            let mean = times.iter().sum::<f64>() / times.len() as f64;
+            text.push_str(&format!(
+                "  step time (dispatch to commit): mean of the samples {:.1} ms, slowest \
+                 sample {:.1} ms\n",
+                mean * 1e3,
+                slowest * 1e3
+            ));
+        }
     } else {
         text.push_str("  step rate: the chief's metrics were never read\n");
     }
@@ -386,8 +515,12 @@ pub fn check_targets(plan: &Plan, command: &[String]) -> Result<(), String> {
         let max = v.rsplit(':').next()?;
         max.parse().ok()
     };
-    for (i, f) in plan.faults.iter().enumerate() {
-        let Some(target) = f.target else { continue };
+    let named = plan.faults.iter().enumerate().flat_map(|(i, f)| {
+        [("target", f.target), ("peer", f.peer)]
+            .into_iter()
+            .filter_map(move |(key, t)| Some((i, key, t?)))
+    });
+    for (i, key, target) in named {
         let limit = match target.role {
             TaskType::Chief => Some(1),
             TaskType::Worker => most("--workers"),
@@ -401,7 +534,7 @@ pub fn check_targets(plan: &Plan, command: &[String]) -> Result<(), String> {
             };
             if bad {
                 return Err(format!(
-                    "{}: fault[{i}].target: {target} is not a task of the job (it has {limit} {} \
+                    "{}: fault[{i}].{key}: {target} is not a task of the job (it has {limit} {} \
                      task(s))",
                     plan.source.display(),
                     target.role
@@ -423,4 +556,97 @@ pub fn job_dirs(command: &[String]) -> (Option<PathBuf>, Option<PathBuf>) {
             std::env::var_os(crate::cluster::ConfigKey::CHECKPOINT_DIR.env).map(PathBuf::from)
         });
     (run_dir, checkpoint_dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run::{PrintedLedger, PrintedServer, PrintedSummary};
+    use super::*;
+
+    fn summary(committed: u64, applied: [u64; 2], restores: Option<u64>) -> PrintedSummary {
+        PrintedSummary {
+            ledger: Some(PrintedLedger {
+                scheduled: committed,
+                committed,
+                ..PrintedLedger::default()
+            }),
+            servers: (0..2)
+                .map(|ps| PrintedServer {
+                    ps,
+                    applied: applied[ps as usize],
+                    duplicates: 3,
+                })
+                .collect(),
+            ps_restores: restores,
+            rolled_back: None,
+        }
+    }
+
+    fn counts(committed: u64, updates: &[u64]) -> ShardCounts {
+        ShardCounts {
+            source: "/ckpt/ckpt-40".into(),
+            committed,
+            shards: updates
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (format!("layer_{i}/kernel"), *n))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn consistent_counts_pass() {
+        let check = servers_check(
+            &summary(40, [40, 40], None),
+            Some(&counts(40, &[40, 25, 15])),
+        );
+        assert_eq!(check.status, "passed", "{}", check.detail);
+        assert!(
+            check
+                .detail
+                .contains("ps/0: 40 applied (one per committed closure), 3 duplicates refused"),
+            "{}",
+            check.detail
+        );
+        // After a restore the rolled-back closures apply again: the summary's counts may
+        // exceed the committed ones.
+        let check = servers_check(&summary(40, [52, 47], Some(1)), Some(&counts(40, &[40])));
+        assert_eq!(check.status, "passed", "{}", check.detail);
+    }
+
+    #[test]
+    fn a_push_applied_twice_fails_the_check() {
+        // One server applied one push more than there are closures, with no restore.
+        let check = servers_check(&summary(40, [40, 41], None), None);
+        assert_eq!(check.status, "failed", "{}", check.detail);
+        assert!(
+            check
+                .detail
+                .contains("ps/1 applied 41 pushes for 40 committed closures"),
+            "{}",
+            check.detail
+        );
+        // A shard of the newest checkpoint updated once more than the closures committed.
+        let check = servers_check(
+            &summary(40, [52, 47], Some(1)),
+            Some(&counts(40, &[40, 41])),
+        );
+        assert_eq!(check.status, "failed", "{}", check.detail);
+        assert!(
+            check
+                .detail
+                .contains("layer_1/kernel updated 41 times for 40 committed closures"),
+            "{}",
+            check.detail
+        );
+        // A server that applied nothing while closures committed.
+        let check = servers_check(&summary(40, [40, 0], None), None);
+        assert_eq!(check.status, "failed", "{}", check.detail);
+    }
+
+    #[test]
+    fn nothing_to_check_is_skipped() {
+        let check = servers_check(&PrintedSummary::default(), None);
+        assert_eq!(check.status, "skipped");
+    }
 }

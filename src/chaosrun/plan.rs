@@ -23,11 +23,26 @@
 //! kind = "delete_checkpoint"
 //! at = "8s"
 //! which = "all"              # checkpoint kinds: "newest" (default) or "all" (delete only)
+//!
+//! [[fault]]
+//! kind = "partition"         # nothing passes between target and peer, then healed
+//! target = "worker:0"
+//! peer = "chief"             # no peer: the target is cut off from every other task
+//! at = "3s"
+//! for = "5s"
+//!
+//! [[fault]]
+//! kind = "loss"              # each datagram between target and peer lost with this
+//! target = "ps:1"            # probability (no peer: between the target and every task)
+//! probability = 0.1
+//! at = "2s"
+//! for = "4s"
 //! ```
 //!
 //! Every draw comes from one ChaCha stream seeded by `seed`, two draws per fault in file order
 //! (its time, then its choice of index, file and byte), so the same plan gives the same
-//! schedule whatever the job does.
+//! schedule whatever the job does. A network fault's lost datagrams are drawn in each task's
+//! process from a seed derived from the plan's and the task's.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -57,16 +72,23 @@ pub enum FaultKind {
     DeleteCheckpoint,
     /// Flip one bit of one shard file of the newest checkpoint.
     CorruptCheckpoint,
+    /// Cut the target from its peer (or from every other task), `for` long.
+    Partition,
+    /// Lose datagrams between the target and its peer (or every other task) with a
+    /// probability, `for` long.
+    Loss,
 }
 
 impl FaultKind {
     /// Every kind, as plans spell them.
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Term,
         FaultKind::DeleteCheckpoint,
         FaultKind::CorruptCheckpoint,
+        FaultKind::Partition,
+        FaultKind::Loss,
     ];
 
     /// The name in a plan.
@@ -77,12 +99,30 @@ impl FaultKind {
             FaultKind::Term => "term",
             FaultKind::DeleteCheckpoint => "delete_checkpoint",
             FaultKind::CorruptCheckpoint => "corrupt_checkpoint",
+            FaultKind::Partition => "partition",
+            FaultKind::Loss => "loss",
         }
     }
 
     /// Whether the fault hits a task (rather than the checkpoint directory).
     pub fn hits_task(self) -> bool {
-        matches!(self, FaultKind::Kill | FaultKind::Pause | FaultKind::Term)
+        !matches!(
+            self,
+            FaultKind::DeleteCheckpoint | FaultKind::CorruptCheckpoint
+        )
+    }
+
+    /// Whether the fault acts on the network between tasks (their rules files).
+    pub fn is_network(self) -> bool {
+        matches!(self, FaultKind::Partition | FaultKind::Loss)
+    }
+
+    /// Whether the fault lasts `for` a while and is then undone.
+    pub fn lasts(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Pause | FaultKind::Partition | FaultKind::Loss
+        )
     }
 }
 
@@ -158,24 +198,28 @@ impl After {
 }
 
 /// One fault as the plan gives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FaultSpec {
     /// What it does.
     pub kind: FaultKind,
     /// The task it hits (task kinds only).
     pub target: Option<Target>,
+    /// The other end of a network fault (`None`: every other task).
+    pub peer: Option<Target>,
+    /// A loss's probability, from 0 to 1.
+    pub probability: Option<f64>,
     /// When.
     pub at: At,
     /// What `at` counts from.
     pub after: After,
-    /// How long a pause lasts.
-    pub pause_for: Option<Duration>,
+    /// How long a pause, partition or loss lasts.
+    pub lasts: Option<Duration>,
     /// Which checkpoints (checkpoint kinds only).
     pub which: Which,
 }
 
 /// A fault with its time and choice drawn: what the runner applies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Scheduled {
     /// Its position in the plan (0-based).
     pub index: usize,
@@ -188,7 +232,7 @@ pub struct Scheduled {
 }
 
 /// A parsed, checked plan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// The file it came from.
     pub source: PathBuf,
@@ -326,9 +370,12 @@ impl Plan {
     }
 
     /// The simulator's scenario for this plan: kill, pause and term (a preemption notice)
-    /// of the chief, a server or a worker, at the plan's times as simulated time, over a
-    /// reliable network seeded with the plan's seed. A role target picks its index among the
-    /// `config`'s tasks of that role. Faults the simulator cannot model are refused, named.
+    /// of the chief, a server or a worker, and a partition that cuts one of them off from
+    /// every other (no `peer`), at the plan's times as simulated time, over a reliable
+    /// network seeded with the plan's seed. A role target picks its index among the
+    /// `config`'s tasks of that role. Faults the simulator cannot model are refused, named:
+    /// checkpoint files, a partition between two given tasks (the simulator cuts a task off
+    /// from all), and loss (the simulator's loss is the network's for the whole run).
     pub fn to_scenario(&self, config: &SimConfig) -> Result<Scenario, PlanError> {
         let err = |detail: String| PlanError {
             file: self.source.display().to_string(),
@@ -342,6 +389,20 @@ impl Plan {
                     "{key}.after: the simulator cannot count from {} (its checkpoints are not \
                      at times the plan knows); give the time from the start",
                     s.spec.after.as_str()
+                )));
+            }
+            if s.spec.kind == FaultKind::Loss {
+                return Err(err(format!(
+                    "{key}.kind: the simulator cannot model loss between tasks for a while (its \
+                     network loses datagrams at one rate for the whole run); run this plan \
+                     with `cohort chaos run`"
+                )));
+            }
+            if let (FaultKind::Partition, Some(peer)) = (s.spec.kind, s.spec.peer) {
+                return Err(err(format!(
+                    "{key}.peer: the simulator cannot cut two tasks from each other only \
+                     ({peer}); it cuts a task off from every other: give no peer, or run this \
+                     plan with `cohort chaos run`"
                 )));
             }
             let target = match s.spec.target {
@@ -382,13 +443,20 @@ impl Plan {
                 _ => Node::Worker(index),
             };
             let at_ms = s.at.as_millis() as u64;
+            let for_ms = s.spec.lasts.unwrap_or_default().as_millis() as u64;
             faults.push(match s.spec.kind {
                 FaultKind::Kill => Fault::Kill { at_ms, node },
                 FaultKind::Term => Fault::Preempt { at_ms, node },
+                FaultKind::Partition => Fault::Partition {
+                    at_ms,
+                    node,
+                    for_ms,
+                    one_way: false,
+                },
                 _ => Fault::Pause {
                     at_ms,
                     node,
-                    for_ms: s.spec.pause_for.unwrap_or_default().as_millis() as u64,
+                    for_ms,
                 },
             });
         }
@@ -406,9 +474,21 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         .as_table()
         .ok_or_else(|| format!("{key}: must be a table ([[fault]])"))?;
     for k in table.keys() {
-        if !["kind", "target", "at", "after", "for", "which"].contains(&k.as_str()) {
+        if ![
+            "kind",
+            "target",
+            "peer",
+            "probability",
+            "at",
+            "after",
+            "for",
+            "which",
+        ]
+        .contains(&k.as_str())
+        {
             return Err(format!(
-                "{key}.{k}: unknown key (a fault has kind, target, at, after, for, which)"
+                "{key}.{k}: unknown key (a fault has kind, target, peer, probability, at, \
+                 after, for, which)"
             ));
         }
     }
@@ -418,15 +498,9 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         .into_iter()
         .find(|k| k.as_str() == kind_text)
         .ok_or_else(|| {
-            let partition = if ["partition", "loss"].contains(&kind_text) {
-                " (network faults between real processes are not supported: cohort has no hook \
-                 to inject datagram faults into a running task)"
-            } else {
-                ""
-            };
             format!(
-                "{key}.kind: unknown kind {kind_text:?}{partition}; kinds: kill, pause, term, \
-                 delete_checkpoint, corrupt_checkpoint"
+                "{key}.kind: unknown kind {kind_text:?}; kinds: kill, pause, term, \
+                 delete_checkpoint, corrupt_checkpoint, partition, loss"
             )
         })?;
     let target = match (string("target")?, kind.hits_task()) {
@@ -468,8 +542,8 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
             ))
         }
     };
-    let pause_for = match (string("for")?, kind) {
-        (Some(text), FaultKind::Pause) => Some(
+    let lasts = match (string("for")?, kind.lasts()) {
+        (Some(text), true) => Some(
             parse_duration_in(
                 &format!("{key}.for"),
                 text,
@@ -477,13 +551,64 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
             )
             .map_err(|e| e.to_string())?,
         ),
-        (None, FaultKind::Pause) => {
+        (None, true) => {
             return Err(format!(
-                "{key}.for: missing (how long the pause lasts, e.g. \"3s\")"
+                "{key}.for: missing (how long the {kind} lasts, e.g. \"3s\")"
             ))
         }
-        (Some(_), _) => return Err(format!("{key}.for: only a pause lasts ({kind} does not)")),
+        (Some(_), false) => {
+            return Err(format!(
+                "{key}.for: only a pause, partition or loss lasts ({kind} does not)"
+            ))
+        }
+        (None, false) => None,
+    };
+    let peer = match (string("peer")?, kind.is_network()) {
+        (Some(text), true) => Some(parse_target(&format!("{key}.peer"), text)?),
+        (Some(_), false) => {
+            return Err(format!(
+                "{key}.peer: only a partition or loss has a peer ({kind} does not)"
+            ))
+        }
         (None, _) => None,
+    };
+    if let (Some(t), Some(p)) = (target, peer) {
+        if t.role == p.role
+            && (t.index.is_some() && t.index == p.index || t.role == TaskType::Chief)
+        {
+            return Err(format!(
+                "{key}.peer: {p} is the target itself ({t}); name another task"
+            ));
+        }
+    }
+    let probability = match (table.get("probability"), kind) {
+        (None, FaultKind::Loss) => {
+            return Err(format!(
+                "{key}.probability: missing (each datagram's chance to be lost, from 0 to 1, \
+                 e.g. 0.1)"
+            ))
+        }
+        (None, _) => None,
+        (Some(v), FaultKind::Loss) => {
+            let p = match v {
+                toml::Value::Float(f) => Some(*f),
+                toml::Value::Integer(n) => Some(*n as f64),
+                _ => None,
+            };
+            match p {
+                Some(p) if (0.0..=1.0).contains(&p) => Some(p),
+                _ => {
+                    return Err(format!(
+                        "{key}.probability: {v} is not a probability from 0 to 1"
+                    ))
+                }
+            }
+        }
+        (Some(_), _) => {
+            return Err(format!(
+                "{key}.probability: only a loss has a probability ({kind} does not)"
+            ))
+        }
     };
     let which = match (string("which")?, kind) {
         (None, _) => Which::Newest,
@@ -508,9 +633,11 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
     Ok(FaultSpec {
         kind,
         target,
+        peer,
+        probability,
         at,
         after,
-        pause_for,
+        lasts,
         which,
     })
 }
@@ -528,11 +655,17 @@ fn string_key<'a>(
     }
 }
 
-/// `chief`, `ps:0`, `worker/1`, or a role alone.
+/// `chief`, `ps:0`, `worker/1`, or a role alone; `key` names the fault and its key
+/// (`fault[0].peer`), or the fault alone for its target.
 fn parse_target(key: &str, text: &str) -> Result<Target, String> {
+    let key = if key.contains('.') {
+        key.to_string()
+    } else {
+        format!("{key}.target")
+    };
     let bad = |why: &str| {
         format!(
-            "{key}.target: {text:?} {why} (a task such as \"worker:1\", \"ps:0\", \"chief\", or \
+            "{key}: {text:?} {why} (a task such as \"worker:1\", \"ps:0\", \"chief\", or \
              a role: chief, ps, worker, evaluator)"
         )
     };
@@ -573,6 +706,7 @@ mod tests {
             [
                 "delete-checkpoint-then-kill-ps.toml",
                 "kill-worker-and-ps.toml",
+                "partition-worker-from-chief.toml",
                 "term-ps-pause-worker.toml"
             ]
         );
@@ -621,7 +755,31 @@ mod tests {
             ),
             (
                 "seed = 1\n[[fault]]\nkind = \"partition\"\ntarget = \"chief\"\nat = \"1s\"\n",
-                "no hook",
+                "fault[0].for: missing (how long the partition lasts",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"loss\"\ntarget = \"ps:0\"\nat = \"1s\"\nfor = \"1s\"\n",
+                "fault[0].probability: missing",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"loss\"\ntarget = \"ps:0\"\nat = \"1s\"\nfor = \"1s\"\nprobability = 1.5\n",
+                "fault[0].probability: 1.5 is not a probability",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"ps:0\"\nat = \"1s\"\nprobability = 0.5\n",
+                "fault[0].probability: only a loss",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"ps:0\"\npeer = \"chief\"\nat = \"1s\"\n",
+                "fault[0].peer: only a partition or loss",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:1\"\npeer = \"worker:1\"\nat = \"1s\"\nfor = \"1s\"\n",
+                "fault[0].peer: worker:1 is the target itself",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:1\"\npeer = \"gpu\"\nat = \"1s\"\nfor = \"1s\"\n",
+                "fault[0].peer: \"gpu\" is not a task",
             ),
             (
                 "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"gpu:1\"\nat = \"1s\"\n",
@@ -645,7 +803,7 @@ mod tests {
             ),
             (
                 "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nfor = \"1s\"\n",
-                "fault[0].for: only a pause lasts",
+                "fault[0].for: only a pause, partition or loss lasts",
             ),
             (
                 "seed = 1\n[[fault]]\nkind = \"delete_checkpoint\"\ntarget = \"chief\"\nat = \"1s\"\n",
@@ -687,10 +845,32 @@ mod tests {
                 "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"ps\"\nat = \"1s\"\nafter = \"first_checkpoint\"\n",
                 "fault[0].after",
             ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"loss\"\ntarget = \"ps:0\"\nprobability = 0.2\nat = \"1s\"\nfor = \"2s\"\n",
+                "fault[0].kind: the simulator cannot model loss",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:0\"\npeer = \"chief\"\nat = \"1s\"\nfor = \"2s\"\n",
+                "fault[0].peer: the simulator cannot cut two tasks from each other only (chief)",
+            ),
         ];
         for (text, expected) in refused {
             let err = parse(text).unwrap().to_scenario(&config).unwrap_err();
             assert!(err.to_string().contains(expected), "{err}");
         }
+        // A task cut off from every other is the simulator's partition.
+        let plan = parse(
+            "seed = 4\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:1\"\nat = \"2s\"\nfor = \"3s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            plan.to_scenario(&config).unwrap().faults,
+            vec![Fault::Partition {
+                at_ms: 2000,
+                node: Node::Worker(1),
+                for_ms: 3000,
+                one_way: false
+            }]
+        );
     }
 }

@@ -1,13 +1,21 @@
 //! The runner: starts the job's launch command as a child in its own process group, applies
 //! the plan's faults at their times to the tasks the launcher records in its run directory
 //! (`<run_dir>/pids/<role>-<index>.pid`, [`crate::launch::pid_file`]), samples the chief's
-//! `/metrics` every second, and ends the job when it outlives `--timeout` or the runner gets
+//! `/metrics` every second (closures committed, and their step time from dispatch to commit), and ends the job when it outlives `--timeout` or the runner gets
 //! Ctrl-C/SIGTERM (SIGTERM to the launcher, which stops its tasks in order; SIGKILL to the
 //! whole group after a grace).
 //!
 //! A signal only ever reaches a process of the job: the pid in a pid file must be in the job's
 //! process group (as `/proc` says), or the fault is recorded as not applied.
+//!
+//! Network faults (partition, loss) go through files: for a plan that has any, the launch
+//! command gets `COHORT_NET_FAULTS_DIR=<run_dir>/net` ([`crate::launch::NET_FAULTS_DIR_ENV`]),
+//! so the launcher records every task's transport address there and starts each task under
+//! its own rules file (`cohort_chaos::rules`). When a network fault starts or ends, the
+//! runner rewrites every task's rules file with the faults in force ([`NetFaults`]); each
+//! task applies its file within a tenth of a second. A heal is in the timeline as `heal`.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -17,10 +25,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cohort_chaos::plan::FaultPlan;
+use cohort_chaos::rules::Rules;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use super::plan::{After, FaultKind, Plan, Scheduled, Which};
+use super::plan::{After, FaultKind, Plan, Scheduled, Target, Which};
 use crate::checkpoint::list_checkpoints;
 use crate::cluster::{TaskId, TaskType};
 
@@ -82,6 +92,9 @@ pub struct Sample {
     pub scheduled: f64,
     /// Committed closures per second since the previous sample (0 after a chief restart).
     pub steps_per_second: f64,
+    /// The mean time from dispatch to commit of the closures committed since the previous
+    /// sample (`cohort_chief_step_seconds`), when some were.
+    pub step_seconds: Option<f64>,
 }
 
 /// The chief's end-of-run summary as it printed it.
@@ -91,6 +104,10 @@ pub struct PrintedSummary {
     pub ledger: Option<PrintedLedger>,
     /// `ps/K: N pushes applied, N duplicates refused`, by server.
     pub servers: Vec<PrintedServer>,
+    /// `parameter-server recovery: N restore(s) ...` (printed only when there was one).
+    pub ps_restores: Option<u64>,
+    /// `... M committed closures rolled back and run again`.
+    pub rolled_back: Option<u64>,
 }
 
 /// One server's counts as the chief printed them.
@@ -111,6 +128,8 @@ pub struct PrintedLedger {
     pub scheduled: u64,
     /// Committed.
     pub committed: u64,
+    /// Re-dispatched after their worker (or a server) was lost, when the line says.
+    pub redispatched: Option<u64>,
     /// Failed.
     pub failed: u64,
     /// Pending.
@@ -161,7 +180,13 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
     // Pid files of an earlier run in the same directory would name processes long gone.
     let _ = std::fs::remove_dir_all(setup.run_dir.join("pids"));
     let _ = std::fs::remove_dir_all(setup.run_dir.join("metrics"));
-    let mut child = Command::new(program)
+    let mut network = NetFaults::new(&setup.run_dir, plan.seed);
+    let mut command = Command::new(program);
+    if plan.faults.iter().any(|f| f.kind.is_network()) {
+        let _ = std::fs::remove_dir_all(&network.dir);
+        command.env(crate::launch::NET_FAULTS_DIR_ENV, &network.dir);
+    }
+    let mut child = command
         .args(&setup.command[1..])
         .process_group(0)
         .stdin(Stdio::null())
@@ -187,7 +212,7 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
     let mut next_checkpoint_look = started;
     let mut paused: Vec<(Instant, u32, String)> = Vec::new();
     let mut next_sample = started;
-    let mut last_sample: Option<(Instant, f64)> = None;
+    let mut last_sample: Option<(Instant, f64, (f64, f64))> = None;
     let mut stopping: Option<Instant> = None;
     let status = loop {
         if let Some(status) = child.try_wait().ok().flatten() {
@@ -215,6 +240,14 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
         } else if stopping.is_some_and(|at| now.duration_since(at) > STOP_GRACE) {
             let _ = killpg(Pid::from_raw(launcher as i32), Signal::SIGKILL);
             break child.wait().ok();
+        }
+        // Lift the network faults whose time is over.
+        for healed in network.heal_due(now, started) {
+            eprintln!(
+                "[chaos] {:.2}s heal {}: {}",
+                healed.t_s, healed.target, healed.detail
+            );
+            observed.faults.push(healed);
         }
         // Resume what a pause stopped, when its time comes.
         paused.retain(|(until, pid, task)| {
@@ -248,7 +281,7 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
             });
             let Some(position) = due else { break };
             let fault = pending.remove(position);
-            let applied = apply(&fault, setup, launcher, started, &mut paused);
+            let applied = apply(&fault, setup, launcher, started, &mut paused, &mut network);
             eprintln!(
                 "[chaos] {:.2}s {} {}: {}",
                 applied.t_s,
@@ -360,6 +393,15 @@ fn scan_line(scan: &mut OutputScan, line: &str) {
             scan.summary.ledger = Some(ledger);
         }
     }
+    if let Some(rest) = line
+        .split_once("parameter-server recovery: ")
+        .map(|(_, r)| r)
+    {
+        if let Some(n) = numbers_before(rest, &["restore", "committed closures rolled back"]) {
+            scan.summary.ps_restores = Some(n[0]);
+            scan.summary.rolled_back = Some(n[1]);
+        }
+    }
     if let Some(server) = parse_printed_server(line) {
         scan.summary.servers.retain(|s| s.ps != server.ps);
         scan.summary.servers.push(server);
@@ -390,6 +432,7 @@ fn parse_printed_ledger(text: &str) -> Option<PrintedLedger> {
     Some(PrintedLedger {
         scheduled: n[0],
         committed: n[1],
+        redispatched: numbers_before(text, &["re-dispatched"]).map(|n| n[0]),
         failed: n[2],
         pending: n[3],
     })
@@ -414,6 +457,7 @@ fn apply(
     launcher: u32,
     started: Instant,
     paused: &mut Vec<(Instant, u32, String)>,
+    network: &mut NetFaults,
 ) -> AppliedFault {
     let mut out = AppliedFault {
         t_s: started.elapsed().as_secs_f64(),
@@ -434,6 +478,7 @@ fn apply(
         }
         FaultKind::DeleteCheckpoint => delete_checkpoint(fault, setup),
         FaultKind::CorruptCheckpoint => corrupt_checkpoint(fault, setup),
+        FaultKind::Partition | FaultKind::Loss => network.start(fault, setup, &mut out),
     };
     match result {
         Ok(detail) => {
@@ -453,20 +498,7 @@ fn signal_task(
     out: &mut AppliedFault,
 ) -> Result<String, String> {
     let target = fault.spec.target.ok_or("no target")?;
-    let index = match target.index {
-        Some(i) => i,
-        None => {
-            let running = recorded_indices(&setup.run_dir, target.role);
-            if running.is_empty() {
-                return Err(format!(
-                    "no {} task is recorded in the run directory",
-                    target.role
-                ));
-            }
-            running[(fault.pick % running.len() as u64) as usize]
-        }
-    };
-    let task = TaskId::new(target.role, index);
+    let task = resolve(target, fault.pick, &setup.run_dir)?;
     out.task = Some(task.to_string());
     let pid_path = crate::launch::pid_file(&setup.run_dir, task);
     let text = std::fs::read_to_string(&pid_path)
@@ -489,7 +521,7 @@ fn signal_task(
     };
     kill(Pid::from_raw(pid as i32), signal).map_err(|e| format!("{signal} to pid {pid}: {e}"))?;
     if fault.spec.kind == FaultKind::Pause {
-        let pause = fault.spec.pause_for.unwrap_or_default();
+        let pause = fault.spec.lasts.unwrap_or_default();
         paused.push((Instant::now() + pause, pid, task.to_string()));
         return Ok(format!(
             "SIGSTOP pid {pid}, SIGCONT in {}",
@@ -497,6 +529,235 @@ fn signal_task(
         ));
     }
     Ok(format!("{signal} pid {pid}"))
+}
+
+/// The task `target` names: its index, or one drawn by `pick` among the tasks of its role with
+/// a pid file.
+fn resolve(target: Target, pick: u64, run_dir: &Path) -> Result<TaskId, String> {
+    let index = match target.index {
+        Some(i) => i,
+        None => {
+            let running = recorded_indices(run_dir, target.role);
+            if running.is_empty() {
+                return Err(format!(
+                    "no {} task is recorded in the run directory",
+                    target.role
+                ));
+            }
+            running[(pick % running.len() as u64) as usize]
+        }
+    };
+    Ok(TaskId::new(target.role, index))
+}
+
+/// The network faults in force, and the tasks' rules files that say them (see the module
+/// docs).
+#[derive(Debug)]
+pub struct NetFaults {
+    /// `<run_dir>/net`: the launcher's address files and the tasks' rules files.
+    pub dir: PathBuf,
+    seed: u64,
+    active: Vec<ActiveNet>,
+}
+
+/// One network fault in force.
+#[derive(Debug, Clone)]
+struct ActiveNet {
+    kind: FaultKind,
+    task: TaskId,
+    /// The other end (`None`: every other task).
+    peer: Option<TaskId>,
+    probability: f64,
+    started: Instant,
+    until: Instant,
+    planned_end_s: f64,
+}
+
+impl ActiveNet {
+    fn describe(&self) -> String {
+        let peer = self
+            .peer
+            .map_or_else(|| "every other task".to_string(), |p| p.to_string());
+        match self.kind {
+            FaultKind::Loss => {
+                format!("loss {} between {} and {peer}", self.probability, self.task)
+            }
+            _ => format!("partition between {} and {peer}", self.task),
+        }
+    }
+}
+
+impl NetFaults {
+    /// No fault in force; files under `<run_dir>/net`; per-task seeds from `seed`.
+    pub fn new(run_dir: &Path, seed: u64) -> Self {
+        Self {
+            dir: run_dir.join("net"),
+            seed,
+            active: Vec::new(),
+        }
+    }
+
+    /// Starts a partition or loss: its tasks resolved, every rules file rewritten.
+    fn start(
+        &mut self,
+        fault: &Scheduled,
+        setup: &RunSetup,
+        out: &mut AppliedFault,
+    ) -> Result<String, String> {
+        let target = fault.spec.target.ok_or("no target")?;
+        let task = resolve(target, fault.pick, &setup.run_dir)?;
+        out.task = Some(task.to_string());
+        let peer = match fault.spec.peer {
+            None => None,
+            Some(peer) => {
+                let peer = resolve(peer, fault.pick.rotate_left(32), &setup.run_dir)?;
+                if peer == task {
+                    return Err(format!("the peer drawn is the target itself ({task})"));
+                }
+                Some(peer)
+            }
+        };
+        let addrs = self.addresses()?;
+        for t in std::iter::once(task).chain(peer) {
+            if !addrs.contains_key(&t) {
+                return Err(format!(
+                    "{t} has no transport address in {} (was the job started by `cohort \
+                     launch` or `cohort demo`?)",
+                    self.dir.display()
+                ));
+            }
+        }
+        let lasts = fault.spec.lasts.unwrap_or_default();
+        let now = Instant::now();
+        let active = ActiveNet {
+            kind: fault.spec.kind,
+            task,
+            peer,
+            probability: fault.spec.probability.unwrap_or(0.0),
+            started: now,
+            until: now + lasts,
+            planned_end_s: (fault.at + lasts).as_secs_f64(),
+        };
+        let what = active.describe();
+        self.active.push(active);
+        let written = self.write(&addrs)?;
+        Ok(format!(
+            "{what} for {} ({} rules files)",
+            crate::cluster::format_duration(lasts),
+            written
+        ))
+    }
+
+    /// Ends the faults whose time is over, rewriting the rules files; one `heal` entry each.
+    fn heal_due(&mut self, now: Instant, job_started: Instant) -> Vec<AppliedFault> {
+        let (over, kept): (Vec<ActiveNet>, Vec<ActiveNet>) = std::mem::take(&mut self.active)
+            .into_iter()
+            .partition(|a| now >= a.until);
+        self.active = kept;
+        if over.is_empty() {
+            return Vec::new();
+        }
+        let written = self.addresses().and_then(|addrs| self.write(&addrs));
+        over.into_iter()
+            .map(|a| AppliedFault {
+                t_s: now.duration_since(job_started).as_secs_f64(),
+                planned_s: a.planned_end_s,
+                kind: "heal".into(),
+                target: a.task.to_string(),
+                task: Some(a.task.to_string()),
+                pid: None,
+                applied: written.is_ok(),
+                detail: match &written {
+                    Ok(_) => format!(
+                        "lifted the {} after {:.1}s",
+                        a.describe(),
+                        now.duration_since(a.started).as_secs_f64()
+                    ),
+                    Err(e) => format!("not applied: {e}"),
+                },
+            })
+            .collect()
+    }
+
+    /// Every task's transport address, as the launcher recorded it.
+    fn addresses(&self) -> Result<BTreeMap<TaskId, SocketAddr>, String> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| format!("no transport addresses in {}: {e}", self.dir.display()))?;
+        let mut out = BTreeMap::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(stem) = name.strip_suffix(".addr") else {
+                continue;
+            };
+            let Some((role, index)) = stem.rsplit_once('-') else {
+                continue;
+            };
+            let (Ok(role), Ok(index)) = (role.parse::<TaskType>(), index.parse::<u32>()) else {
+                continue;
+            };
+            let path = entry.path();
+            let addr = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| t.trim().parse::<SocketAddr>().ok())
+                .ok_or_else(|| format!("{} holds no ip:port address", path.display()))?;
+            out.insert(TaskId::new(role, index), addr);
+        }
+        Ok(out)
+    }
+
+    /// Writes every task's rules file for the faults in force (each replaced whole, by a
+    /// rename, so a task never reads half a file); returns how many.
+    fn write(&self, addrs: &BTreeMap<TaskId, SocketAddr>) -> Result<usize, String> {
+        let mut plan = FaultPlan::none(0);
+        for a in &self.active {
+            let here = addrs[&a.task];
+            let peers: Vec<SocketAddr> = match a.peer {
+                Some(p) => vec![addrs[&p]],
+                None => addrs
+                    .iter()
+                    .filter(|(t, _)| **t != a.task)
+                    .map(|(_, addr)| *addr)
+                    .collect(),
+            };
+            for peer in peers {
+                let pair = if here <= peer {
+                    (here, peer)
+                } else {
+                    (peer, here)
+                };
+                match a.kind {
+                    FaultKind::Loss => {
+                        let p = plan.pair_loss.entry(pair).or_insert(0.0);
+                        *p = p.max(a.probability);
+                    }
+                    _ => {
+                        plan.partitions.insert(pair);
+                    }
+                }
+            }
+        }
+        for task in addrs.keys() {
+            plan.seed = task_seed(self.seed, *task);
+            let path = crate::launch::net_rules_file(&self.dir, *task);
+            let tmp = path.with_extension("rules.tmp");
+            std::fs::write(&tmp, Rules::render(&plan))
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        Ok(addrs.len())
+    }
+}
+
+/// The seed of `task`'s loss draws: the plan's, mixed with the task (splitmix64).
+fn task_seed(seed: u64, task: TaskId) -> u64 {
+    let role = TaskType::ALL
+        .iter()
+        .position(|r| *r == task.task_type)
+        .unwrap_or(0) as u64;
+    let mut z = seed ^ (role << 32 | u64::from(task.index)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The indices of `role` with a pid file, ascending.
@@ -608,7 +869,7 @@ fn corrupt_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, Str
 fn scrape_chief(
     run_dir: &Path,
     started: Instant,
-    last: &mut Option<(Instant, f64)>,
+    last: &mut Option<(Instant, f64, (f64, f64))>,
 ) -> Option<Sample> {
     let addr_file = crate::launch::metrics_addr_file(run_dir, TaskId::new(TaskType::Chief, 0));
     let addr: SocketAddr = std::fs::read_to_string(addr_file)
@@ -619,19 +880,25 @@ fn scrape_chief(
     let text = http_get(addr, "/metrics")?;
     let committed = metric(&text, "cohort_ledger_committed_total")?;
     let scheduled = metric(&text, "cohort_ledger_scheduled_total").unwrap_or(0.0);
+    let steps = (
+        metric(&text, "cohort_chief_step_seconds_sum").unwrap_or(0.0),
+        metric(&text, "cohort_chief_step_seconds_count").unwrap_or(0.0),
+    );
     let now = Instant::now();
-    let rate = match *last {
-        Some((at, before)) if committed >= before => {
-            (committed - before) / now.duration_since(at).as_secs_f64().max(1e-3)
-        }
-        _ => 0.0,
+    let (rate, step_seconds) = match *last {
+        Some((at, before, (sum, count))) if committed >= before => (
+            (committed - before) / now.duration_since(at).as_secs_f64().max(1e-3),
+            (steps.1 > count).then(|| (steps.0 - sum) / (steps.1 - count)),
+        ),
+        _ => (0.0, None),
     };
-    *last = Some((now, committed));
+    *last = Some((now, committed, steps));
     Some(Sample {
         t_s: now.duration_since(started).as_secs_f64(),
         committed,
         scheduled,
         steps_per_second: rate,
+        step_seconds,
     })
 }
 
@@ -681,6 +948,11 @@ mod tests {
             &mut scan,
             "[worker/1] thread 'main' panicked at src/x.rs:1:1:",
         );
+        scan_line(&mut scan, "[chief/0]   parameter-server recovery: 2 restore(s) from a checkpoint, 17 committed closures rolled back and run again");
+        assert_eq!(
+            (scan.summary.ps_restores, scan.summary.rolled_back),
+            (Some(2), Some(17))
+        );
         let ledger = scan.summary.ledger.expect("ledger line");
         assert_eq!(
             (
@@ -691,6 +963,7 @@ mod tests {
             ),
             (40, 39, 0, 1)
         );
+        assert_eq!(ledger.redispatched, Some(2));
         assert_eq!(
             scan.summary.servers,
             vec![PrintedServer {

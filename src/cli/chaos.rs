@@ -25,8 +25,9 @@ pub struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Run the one scenario of this chaos plan (the file `chaos run` takes: its seed, and its
-    /// kill, pause and term faults at their times as simulated time), and print its trace.
-    /// Kinds the simulator cannot model (checkpoint files) are refused.
+    /// kill, pause and term faults and its partitions of one task from all the others at
+    /// their times as simulated time), and print its trace. What the simulator cannot model
+    /// (checkpoint files, a partition between two given tasks, loss) is refused.
     #[arg(long, conflicts_with = "seed")]
     plan: Option<PathBuf>,
     /// Fault kinds to draw from: comma-separated kill, pause, partition, preempt, net,

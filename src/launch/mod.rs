@@ -30,7 +30,13 @@
 //!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`);
 //! - the chief only: `COHORT_SUPERVISOR_SOCKET` ([`supervisor_socket_path`]), where it hears
 //!   the launcher's report of every other task's failed exit ([`crate::process::ExitReport`],
-//!   sent the moment the launcher reaps it), so that a dead task is known at once.
+//!   sent the moment the launcher reaps it), so that a dead task is known at once;
+//! - `COHORT_NET_FAULTS` when [`NET_FAULTS_DIR_ENV`] (`COHORT_NET_FAULTS_DIR`, in
+//!   [`LaunchConfig::env`] or inherited; `cohort chaos run` sets it) names a directory: its
+//!   own rules file there, [`net_rules_file`] (`<dir>/<role>-<index>.rules`, the same across
+//!   its restarts), under which its transport socket drops datagrams
+//!   (`cohort_chaos::rules`). The launcher records every task's transport address beside it
+//!   ([`net_addr_file`], `<dir>/<role>-<index>.addr`) so the rules can name peers.
 //!
 //! Elastic workers ([`Launcher::start_elastic`]): the job starts with `num_workers` workers
 //! and may have up to `workers_max`. Ports and certificates are made for all of them at the
@@ -325,6 +331,8 @@ pub struct Launcher {
     exits: VecDeque<TaskExit>,
     /// Where each task serves its metrics, when [`LaunchConfig::metrics`] is on.
     metrics_addrs: BTreeMap<TaskId, std::net::SocketAddr>,
+    /// The directory of the tasks' network fault rules, when [`NET_FAULTS_DIR_ENV`] names one.
+    net_faults_dir: Option<PathBuf>,
 }
 
 struct Supervised {
@@ -410,8 +418,13 @@ impl Launcher {
         } else {
             BTreeMap::new()
         };
+        let net_faults_dir = net_faults_dir(&config.env);
+        if let Some(dir) = &net_faults_dir {
+            record_net_addrs(&full_cluster, dir)?;
+        }
         let mut launcher = Self {
             metrics_addrs,
+            net_faults_dir,
             tasks: cluster
                 .tasks()
                 .map(|t| {
@@ -806,6 +819,12 @@ impl Launcher {
                     .map(|addr| (ConfigKey::METRICS_ADDR.env, addr.to_string())),
             )
             .envs(supervisor_socket.map(|path| (ConfigKey::SUPERVISOR_SOCKET.env, path)))
+            .envs(self.net_faults_dir.as_ref().map(|dir| {
+                (
+                    cohort_chaos::rules::NET_FAULTS_ENV,
+                    net_rules_file(dir, task).into_os_string(),
+                )
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -926,6 +945,45 @@ pub fn metrics_addr_file(run_dir: &std::path::Path, task: TaskId) -> PathBuf {
     run_dir
         .join("metrics")
         .join(format!("{}-{}.addr", task.task_type, task.index))
+}
+
+/// Environment variable naming the directory of the tasks' network fault rules (see the
+/// module docs); unset or empty, the tasks' sockets are the plain ones.
+pub const NET_FAULTS_DIR_ENV: &str = "COHORT_NET_FAULTS_DIR";
+
+/// The rules file of `task` in the network fault directory `dir`: `<dir>/<role>-<index>.rules`.
+pub fn net_rules_file(dir: &std::path::Path, task: TaskId) -> PathBuf {
+    dir.join(format!("{}-{}.rules", task.task_type, task.index))
+}
+
+/// Where the launcher records the transport address (`ip:port` and a newline) of `task` in
+/// the network fault directory `dir`: `<dir>/<role>-<index>.addr`.
+pub fn net_addr_file(dir: &std::path::Path, task: TaskId) -> PathBuf {
+    dir.join(format!("{}-{}.addr", task.task_type, task.index))
+}
+
+/// The network fault directory: [`NET_FAULTS_DIR_ENV`] from the job's environment `env`, else
+/// from this process's.
+fn net_faults_dir(env: &[(String, String)]) -> Option<PathBuf> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == NET_FAULTS_DIR_ENV)
+        .map(|(_, v)| std::ffi::OsString::from(v))
+        .or_else(|| std::env::var_os(NET_FAULTS_DIR_ENV))
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Records the transport address of every task of `cluster` in `dir` ([`net_addr_file`]).
+fn record_net_addrs(cluster: &ClusterSpec, dir: &std::path::Path) -> Result<(), LaunchError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LaunchError::RunDir(format!("{}: {e}", dir.display())))?;
+    for task in cluster.tasks() {
+        let path = net_addr_file(dir, task);
+        std::fs::write(&path, format!("{}\n", cluster.address(task)?))
+            .map_err(|e| LaunchError::RunDir(format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// A free loopback TCP port for the metrics endpoint of every task of `cluster`, each recorded

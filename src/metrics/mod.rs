@@ -21,6 +21,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -54,6 +55,13 @@ pub struct Instruments {
     pub ps_pulled_bytes: Counter,
     /// Parameter server: tensor bytes received in pushes.
     pub ps_pushed_bytes: Counter,
+    /// Chief: time from a closure's dispatch to a worker to its commit, in seconds (the
+    /// attempt that committed: a re-dispatched closure counts from its last dispatch).
+    /// Observed through [`Instruments::observe_chief_step`].
+    pub chief_step_seconds: Histogram,
+    /// The same observations' total in microseconds and their count, readable (the
+    /// histogram's own are not): the status page's mean step time.
+    chief_step_totals: (AtomicU64, AtomicU64),
     /// Chief: checkpoints written, and the time each save took, in seconds.
     pub checkpoint_save_seconds: Histogram,
     /// Chief: the size of the newest checkpoint written, in bytes.
@@ -69,6 +77,9 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     worker_pushed_bytes: Counter::default(),
     ps_pulled_bytes: Counter::default(),
     ps_pushed_bytes: Counter::default(),
+    // 100µs to ~100s, as the workers' step time.
+    chief_step_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 21)),
+    chief_step_totals: (AtomicU64::new(0), AtomicU64::new(0)),
     // 1ms to ~500s.
     checkpoint_save_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
     checkpoint_bytes: Gauge::default(),
@@ -77,6 +88,26 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
 /// This process's instruments.
 pub fn instruments() -> &'static Instruments {
     &INSTRUMENTS
+}
+
+impl Instruments {
+    /// Chief: one closure committed `took` after its dispatch.
+    pub fn observe_chief_step(&self, took: Duration) {
+        self.chief_step_seconds.observe(took.as_secs_f64());
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.chief_step_totals
+            .0
+            .fetch_add(micros, Ordering::Relaxed);
+        self.chief_step_totals.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Chief: the total time (microseconds) and the count of the steps observed so far.
+    pub fn chief_step_totals(&self) -> (u64, u64) {
+        (
+            self.chief_step_totals.0.load(Ordering::Relaxed),
+            self.chief_step_totals.1.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// Which role's metrics a process exposes.
@@ -279,6 +310,11 @@ impl Exposition {
                 );
             }
             Role::Chief => {
+                registry.register(
+                    "cohort_chief_step_seconds",
+                    "Time from a closure's dispatch to a worker to its commit at the chief",
+                    m.chief_step_seconds.clone(),
+                );
                 registry.register(
                     "cohort_checkpoint_save_seconds",
                     "Time of one checkpoint save by the chief",

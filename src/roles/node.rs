@@ -1,5 +1,6 @@
 //! Bringing up one node of a cluster: its credentials, its QUIC endpoint on its port from the
-//! cluster spec, its actor gateway with its incarnation epoch, and where its peers are dialed
+//! cluster spec (under network fault rules when `COHORT_NET_FAULTS` names a file:
+//! `cohort_chaos::rules`), its actor gateway with its incarnation epoch, and where its peers are dialed
 //! ([`peer_addr`]: names resolved on every dial, never once at start-up). Every role starts
 //! here.
 
@@ -70,7 +71,14 @@ pub fn start_gateway(config: &NodeConfig) -> Result<Gateway, NodeError> {
     })?;
     let bind_addr = bind_addr(config, config.cluster.task)?;
     let transport = transport_config(config.detection_budget);
-    let endpoint = Endpoint::bind(bind_addr, creds, transport).map_err(|e| NodeError::Bind {
+    // Under `cohort chaos run` (COHORT_NET_FAULTS names a rules file) the socket drops what
+    // the runner's partitions and loss say; otherwise it is the plain socket, untouched.
+    let bound = match cohort_chaos::rules::socket_from_env(bind_addr, &transport) {
+        Ok(Some(socket)) => Endpoint::bind_with_socket(socket, creds, transport),
+        Ok(None) => Endpoint::bind(bind_addr, creds, transport),
+        Err(e) => Err(e.into()),
+    };
+    let endpoint = bound.map_err(|e| NodeError::Bind {
         addr: bind_addr,
         reason: e.to_string(),
     })?;

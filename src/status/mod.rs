@@ -16,6 +16,7 @@
 //!   "unix_ms": integer,                 // when the report was made
 //!   "step": integer,                    // closures committed (the ledger's count)
 //!   "steps_per_second": number,         // committed per second over the last ~10 s
+//!   "step_seconds": number|null,        // mean dispatch-to-commit time of those closures
 //!   "ledger": { "scheduled", "committed", "failed", "cancelled", "unavailable",
 //!               "redispatched", "rejected_stale", "pending", "rolled_back",
 //!               "ps_restores": integer },
@@ -109,6 +110,9 @@ pub struct StatusReport {
     pub step: u64,
     /// Closures committed per second, lately.
     pub steps_per_second: f64,
+    /// The mean time from dispatch to commit of the closures committed lately, in seconds
+    /// (`None` when none was).
+    pub step_seconds: Option<f64>,
     /// The ledger (LEDGER-1).
     pub ledger: Ledger,
     /// The cluster's tasks.
@@ -248,6 +252,7 @@ mod tests {
             unix_ms: 1,
             step: 3,
             steps_per_second: 1.5,
+            step_seconds: Some(0.02),
             ledger: Ledger::default(),
             tasks: vec![TaskStatus {
                 role: "worker".into(),

@@ -83,6 +83,15 @@ def main():
         "chief-0", "cohort_ps_restores_total",
         int(value(chief, "cohort_ps_restores_total", "chief-0")), ledger["ps_restores"],
     )
+    # One dispatch-to-commit time per commit (a closure rolled back commits again).
+    chief_types = scrapes["chief-0"][1]
+    if chief_types.get("cohort_chief_step_seconds") != "histogram":
+        fail("chief-0: cohort_chief_step_seconds is not a histogram")
+    if ledger["rolled_back"] == 0:
+        expect_equal(
+            "chief-0", "cohort_chief_step_seconds_count",
+            int(value(chief, "cohort_chief_step_seconds_count", "chief-0")), ledger["committed"],
+        )
 
     servers = [t for t in scrapes if t.startswith("ps-")]
     if len(servers) != len(expected["ps"]):

@@ -39,8 +39,8 @@ use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreRep
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateTicket,
     CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket, PsDial, RestoreTicket,
-    ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead,
-    WorkerDial,
+    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition,
+    ShardRead, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -408,12 +408,18 @@ impl CoordinatorActor {
         let reference = self.gateway.remote_ref::<RunClosure>(target, WORKER_ACTOR);
         let step_timeout = self.scheduler.config().step_timeout;
         let call = async move { reference.call_within(&msg, step_timeout).await };
+        let sent = Instant::now();
         self.spawn_reported(ctx, call, move |act, reply| {
             let now = Instant::now();
             match reply {
                 Ok(Ok(value)) => {
-                    act.scheduler
+                    let disposition = act
+                        .scheduler
                         .handle_result(now, worker, epoch, closure, attempt, Ok(value));
+                    if disposition == ResultDisposition::Committed {
+                        crate::metrics::instruments()
+                            .observe_chief_step(now.duration_since(sent));
+                    }
                 }
                 Ok(Err(RunClosureError::Step(message))) => {
                     act.scheduler
