@@ -328,6 +328,10 @@ pub enum WorkerRefusal {
     /// Its compute thread dropped the job without answering.
     #[error("worker compute thread dropped the job")]
     JobDropped,
+    /// A parameter server refused this incarnation's push as fenced (FENCE-1): the
+    /// incarnation exits to come back as a new one.
+    #[error("a parameter server refused this worker incarnation as fenced (FENCE-1)")]
+    Fenced,
     /// A closure reached it before any setup took effect.
     #[error("worker not set up")]
     NotSetUp,

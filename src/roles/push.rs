@@ -61,18 +61,22 @@ pub enum PushOutcome {
     Applied,
     /// The closure's update was applied before (PS-1): nothing changed.
     Duplicate,
-    /// From a fenced worker incarnation (FENCE-1), from an older restore generation, or sent
-    /// while a restore is under way (PS-1): nothing changed.
+    /// From an older restore generation, or sent while a restore is under way (PS-1):
+    /// nothing changed.
     Stale,
     /// A gradient held NaN or Inf and the policy is to skip: nothing changed, counted.
     SkippedNonFinite,
+    /// From a worker incarnation this server fenced (FENCE-1): nothing changed, and nothing
+    /// from that incarnation ever will; it should exit to come back as a new one (a chief
+    /// that restarted may not know the fence its predecessor set).
+    Fenced,
 }
 
 impl PushOutcome {
     /// Whether the closure's effect on that server is in place (applied now or before, or
     /// skipped by the server's policy): a push refused as stale is not.
     pub fn took_effect(self) -> bool {
-        !matches!(self, PushOutcome::Stale)
+        !matches!(self, PushOutcome::Stale | PushOutcome::Fenced)
     }
 }
 

@@ -25,7 +25,7 @@ use crate::roles::coordinator::{
 };
 use crate::roles::protocol::{
     bytes_to_f32, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure, RunClosureError,
-    SetupWorker,
+    SetupWorker, WorkerRefusal,
 };
 use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
@@ -1733,7 +1733,19 @@ impl<'a> World<'a> {
             }
         };
         let action = worker.machine.handle_pushed(now, pushed);
+        // A server refused it as fenced: it answers, then exits to come back as a new
+        // incarnation (its supervisor restarts it).
+        let fenced = matches!(
+            &action,
+            StepAction::Reply {
+                result: Err(RunClosureError::Refused(WorkerRefusal::Fenced)),
+                ..
+            }
+        );
         self.carry_out(w, run, action);
+        if fenced {
+            self.kill(Node::Worker(w));
+        }
     }
 
     // ---- the coordinator's shell -----------------------------------------------------------

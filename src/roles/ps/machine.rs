@@ -404,7 +404,7 @@ impl ParameterStore {
             .is_some_and(|fenced| origin.epoch <= *fenced)
         {
             self.counters.rejected_stale += 1;
-            return Ok(PushOutcome::Stale);
+            return Ok(PushOutcome::Fenced);
         }
         if self.restoring || origin.generation < self.generation {
             // PS-1: sent before the restore (or during it); its closure was settled by the
@@ -809,7 +809,7 @@ mod tests {
         let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 2.0].into()))];
         assert_eq!(
             ps.handle_push(origin(0, 1, 7, 1), &grads).unwrap(),
-            PushOutcome::Stale
+            PushOutcome::Fenced
         );
         assert_eq!(ps.pull("w").unwrap(), &[1.0, 1.0]);
         // The worker's next incarnation is accepted.
@@ -1094,7 +1094,7 @@ mod tests {
             assert_eq!(
                 ps.handle_push(origin_in(worker, epoch, 10, 2), &grads)
                     .unwrap(),
-                PushOutcome::Stale,
+                PushOutcome::Fenced,
                 "worker/{worker} epoch {epoch} is fenced"
             );
         }

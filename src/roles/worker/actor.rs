@@ -171,11 +171,33 @@ impl Handler<Remote<RunClosure>> for WorkerActor {
 
     fn handle(&mut self, msg: Remote<RunClosure>, _: &mut Context<Self>) -> Self::Result {
         let from_chief = msg.from.epoch.0;
-        self.submit(Request::Run, |reply| {
+        let answer = self.submit(Request::Run, |reply| {
             WorkerJob::Run(msg.msg, from_chief, reply)
+        });
+        let machine = Arc::clone(&self.machine);
+        Box::pin(async move {
+            let answer = answer.await;
+            if matches!(answer, Err(RunClosureError::Refused(WorkerRefusal::Fenced))) {
+                // A server fenced this incarnation (the machine decided to exit): the chief
+                // hears the refusal and runs the closure elsewhere, then the process ends.
+                let exit = lock(&machine).exit().cloned();
+                if let Some(exit) = exit {
+                    tracing::warn!("{}", exit.reason);
+                    let system = actix::System::current();
+                    actix::spawn(async move {
+                        tokio::time::sleep(FENCED_EXIT_LINGER).await;
+                        system.stop_with_code(exit.code);
+                    });
+                }
+            }
+            answer
         })
     }
 }
+
+/// How long a worker a server fenced lingers after answering the chief, so that the
+/// refusal reaches it before the process ends.
+const FENCED_EXIT_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A bounded job queue for [`run_worker_thread`].
 pub fn job_queue() -> (SyncSender<WorkerJob>, Receiver<WorkerJob>) {

@@ -242,6 +242,19 @@ impl Exit {
         }
     }
 
+    /// Parameter server `ps` refused incarnation `epoch`'s push as fenced (FENCE-1): exit to
+    /// be restarted as a new incarnation ([`RETIRED_EXIT_CODE`]), as when the chief retires
+    /// it (a chief that restarted may not know the fence its predecessor set).
+    pub fn fenced_by(ps: u32, epoch: u64) -> Self {
+        Exit {
+            code: RETIRED_EXIT_CODE,
+            reason: format!(
+                "ps/{ps} refused a push of this incarnation (epoch {epoch}) as fenced: \
+                 exiting so that it restarts as a new incarnation"
+            ),
+        }
+    }
+
     /// A stop was requested and the preemption grace is over ([`PREEMPTED_EXIT_CODE`]).
     pub fn preempted() -> Self {
         Exit {
@@ -508,6 +521,12 @@ impl WorkerMachine {
             Ok(outcomes) => outcomes,
             Err(e) => return self.fail(e),
         };
+        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| *o == PushOutcome::Fenced) {
+            // This incarnation is dead to the servers (FENCE-1): the closure runs elsewhere,
+            // and the process comes back as a new incarnation.
+            self.decide(Exit::fenced_by(*ps, self.epoch));
+            return self.reply(Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
+        }
         if let Some((ps, _)) = outcomes.iter().find(|(_, o)| !o.took_effect()) {
             return self.fail(StepError::PsUnavailable(PsUnavailable {
                 ps: *ps,
@@ -929,6 +948,27 @@ mod tests {
             matches!(result, Err(RunClosureError::PsUnavailable(ref u)) if u.ps == 1),
             "{result:?}"
         );
+    }
+
+    /// FENCE-1 across a chief restart: a server that fenced this incarnation refuses its
+    /// push as fenced (the new chief may not know that fence); the worker answers with a
+    /// refusal the chief treats as a lost worker (the closure runs elsewhere) and exits to
+    /// come back as a new incarnation.
+    #[test]
+    fn fence_1_a_push_refused_as_fenced_ends_the_incarnation() {
+        let mut m = ready(&[]);
+        started(&mut m, 1);
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        let action = m.handle_computed(now(), Ok((Vec::new(), gradients)), []);
+        assert!(matches!(action, StepAction::Push(_)));
+        let result = reply(m.handle_pushed(
+            now(),
+            Ok(vec![(0, PushOutcome::Applied), (1, PushOutcome::Fenced)]),
+        ));
+        assert_eq!(result, Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
+        let exit = m.exit().expect("it exits");
+        assert_eq!(exit.code, RETIRED_EXIT_CODE);
+        assert!(exit.reason.contains("ps/1"), "{}", exit.reason);
     }
 
     #[test]
