@@ -8,6 +8,9 @@
 //!   broadcast to all.
 //! - A worker SIGKILLed mid-training: every survivor's step fails with `member-lost` naming it
 //!   (the transport's idle timeout, 800 ms here, detects it), and exits; nothing hangs.
+//! - An application error on one worker's replica (`--fail-worker 1 --fail-step 3`): that
+//!   worker exits with its own error, every other one with `kind=application` naming it and
+//!   the message, before any worker's op timeout could end its wait.
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
@@ -275,6 +278,50 @@ fn a_worker_killed_mid_training_fails_every_survivor_naming_it() {
             "worker {i}: {line}"
         );
         assert_eq!(cluster.workers[i].wait_exit(), 3, "worker {i}");
+    }
+}
+
+#[test]
+fn an_application_error_on_one_worker_fails_every_worker_with_its_message() {
+    // Worker 1's first replica fails its step 3; the op timeout (60 s) is far off, so only
+    // the failing worker's abort can end the others' step with its message.
+    let flags = [
+        "--steps",
+        "100000",
+        "--step-pause-ms",
+        "20",
+        "--fail-worker",
+        "1",
+        "--fail-step",
+        "3",
+    ];
+    let mut cluster = Cluster::start(
+        "apperr",
+        &[("worker", 2), ("worker", 2), ("worker", 2)],
+        &flags,
+    );
+    for i in 0..3 {
+        let line = cluster.wait_for(i, "error");
+        assert!(
+            line.contains("injected failure at step 3"),
+            "worker {i}: {line}"
+        );
+        if i == 1 {
+            // Its own error, not the group's report of it.
+            assert!(line.contains("kind=other"), "worker {i}: {line}");
+        } else {
+            assert!(
+                line.contains("kind=application") && line.contains("node=worker/1"),
+                "worker {i}: {line}"
+            );
+        }
+        assert_eq!(cluster.workers[i].wait_exit(), 3, "worker {i}");
+        // No worker got past the failed step.
+        assert!(
+            !cluster.seen[i].iter().any(|l| l.starts_with("step 3 ")),
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
     }
 }
 

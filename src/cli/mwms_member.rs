@@ -6,7 +6,8 @@
 //! worker's values makes them start alike. It prints one line per event on stdout:
 //! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `done`, or `error kind=K
 //! node=N detail=..` (then exit code 3), and writes the final variables and losses as JSON to
-//! `--out`.
+//! `--out`. `--fail-worker W --fail-step K` makes worker W's first replica fail its step K
+//! with an application error.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,9 +16,8 @@ use super::CliError;
 use crate::cluster::ClusterConfig;
 use crate::collective::{CollectiveError, GroupConfig};
 use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
-use crate::train::TrainError;
 use crate::variable::VariableError;
-use crate::workloads::dense_sync;
+use crate::workloads::dense_sync::{self, collective_cause};
 
 /// Flags of `cohort mwms-member`.
 #[derive(Debug, clap::Args)]
@@ -43,6 +43,13 @@ pub(crate) struct MwmsArgs {
     /// Where the final variables and losses go (JSON).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The worker (its rank among the workers) whose first replica fails with an application
+    /// error at `--fail-step`.
+    #[arg(long, requires = "fail_step")]
+    fail_worker: Option<usize>,
+    /// The step at which `--fail-worker` fails.
+    #[arg(long, requires = "fail_worker")]
+    fail_step: Option<usize>,
 }
 
 /// Runs the worker (see the module doc).
@@ -79,20 +86,26 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     );
     let seed = 7 + 1000 * strategy.worker_index() as u64;
     let pause = Duration::from_millis(args.step_pause_ms);
-    let outcome = dense_sync::train_with(
-        &strategy,
-        args.steps,
-        args.global_batch,
-        seed,
-        &mut |step, loss| {
-            println!("step {step} loss={loss}");
-            std::thread::sleep(pause);
-        },
-    );
+    let outcome = {
+        let fail_at = args
+            .fail_step
+            .filter(|_| args.fail_worker == Some(strategy.worker_index()));
+        dense_sync::train_failing(
+            &strategy,
+            args.steps,
+            args.global_batch,
+            seed,
+            fail_at,
+            &mut |step, loss| {
+                println!("step {step} loss={loss}");
+                std::thread::sleep(pause);
+            },
+        )
+    };
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(err) => {
-            report(&err.to_string(), collective_of(&err));
+            report(&err.to_string(), collective_cause(&err));
             return Ok(3);
         }
     };
@@ -103,15 +116,6 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     }
     println!("done");
     Ok(0)
-}
-
-/// The collective error under a training error, if that is what it is.
-fn collective_of(err: &TrainError) -> Option<&CollectiveError> {
-    match err {
-        TrainError::Strategy(e) => collective_of_strategy(e),
-        TrainError::Variable(VariableError::Collective { source, .. }) => Some(source),
-        _ => None,
-    }
 }
 
 fn collective_of_strategy(err: &StrategyError) -> Option<&CollectiveError> {
@@ -128,6 +132,7 @@ fn report(detail: &str, err: Option<&CollectiveError>) {
         Some(CollectiveError::PeerTimeout { node, .. }) => ("peer-timeout", node.to_string()),
         Some(CollectiveError::EpochRefused { node, .. }) => ("epoch-refused", node.to_string()),
         Some(CollectiveError::Form { .. }) => ("form", String::new()),
+        Some(CollectiveError::Application { node, .. }) => ("application", node.to_string()),
         Some(_) => ("collective", String::new()),
         None => ("other", String::new()),
     };

@@ -428,6 +428,21 @@ impl ProcessGroup {
         }
     }
 
+    /// Fails this group with [`CollectiveError::Application`] naming this member and
+    /// `message` (its step failed in the application), tells every member (each one's pending
+    /// and later calls fail with it at once), and returns once they heard it (bounded by the
+    /// abort's timeout) or with the error that broke the group before.
+    pub async fn abort(&self, message: impl Into<String>) -> CollectiveError {
+        let err = CollectiveError::Application {
+            node: self.shared.nodes[self.shared.rank].clone(),
+            epoch: self.shared.epoch,
+            message: message.into(),
+        };
+        let err = self.shared.fail(err, true);
+        self.shared.told().await;
+        err
+    }
+
     /// Forms the group of the next epoch with `survivors` (members of this group, this node
     /// among them), at the addresses this group was formed with. Every survivor must call it
     /// with the same survivors.

@@ -333,6 +333,47 @@ pub trait StrategyExt: Strategy {
         ))
     }
 
+    /// Runs a fallible step `f` on every replica (as [`StrategyExt::run`]) and gives its
+    /// values, or the error of the first replica whose step failed (the others may fail
+    /// after it, in its collectives). A
+    /// replica's error is an application error of the step: under a multi-worker strategy
+    /// it aborts the step on every worker at once ([`ReplicaContext::abort_step`]), so that
+    /// the other workers' `run` fails with
+    /// [`CollectiveError::Application`](crate::collective::CollectiveError::Application)
+    /// naming this worker and the error's message, while this worker gets its own error.
+    fn try_run<F, A, T, E>(&self, f: F, args: A) -> Result<PerReplica<T>, E>
+    where
+        A: RunArgs,
+        F: Fn(&ReplicaContext, A::Item) -> Result<T, E> + Send + Sync + 'static,
+        T: Send + 'static,
+        E: fmt::Display + From<StrategyError> + Send + 'static,
+    {
+        // The replica's own error is kept aside: the strategy's own failure report (the group
+        // this worker aborted) must not hide it.
+        let failed: Arc<Mutex<Vec<(usize, E)>>> = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&failed);
+        let out = self.run(
+            move |ctx, item| match f(ctx, item) {
+                Ok(value) => Some(value),
+                Err(err) => {
+                    ctx.abort_step(&err.to_string());
+                    kept.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((ctx.local_replica_id(), err));
+                    None
+                }
+            },
+            args,
+        );
+        // The first to fail is the cause: its peers fail only after it left the step.
+        let failed = std::mem::take(&mut *failed.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some((_, err)) = failed.into_iter().next() {
+            return Err(err);
+        }
+        let values = out?.into_values();
+        Ok(PerReplica::new(values.into_iter().flatten().collect()))
+    }
+
     /// One value per replica of this process, made by `f` from each replica's
     /// [`ValueContext`].
     fn experimental_distribute_values_from_function<T, F>(&self, mut f: F) -> PerReplica<T>

@@ -102,7 +102,11 @@ pub const DEFAULT_BUCKET_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// idle timeout), every survivor's pending collective fails with
 /// [`CollectiveError::MemberLost`] naming it, and `run` fails with
 /// [`StrategyError::Collective`] (this step and every later one: the group is broken for
-/// good; re-forming it with the survivors is the caller's next step).
+/// good; re-forming it with the survivors is the caller's next step). A replica whose step
+/// fails in the application (it panics, or returns an error under
+/// [`StrategyExt::try_run`](super::StrategyExt::try_run)) aborts the group: every other
+/// worker's `run` fails at once with [`CollectiveError::Application`] naming the worker and
+/// the error's message, and that worker gets its own error.
 #[derive(Debug)]
 pub struct MultiWorkerMirrored {
     id: StrategyId,
@@ -364,6 +368,11 @@ impl Strategy for MultiWorkerMirrored {
     fn run_replicas(&self, f: ReplicaFn) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {
         self.broken()?;
         let out = self.replicas.run(f);
+        if let Err(own @ StrategyError::ReplicaPanicked { .. }) = out {
+            // This worker's own failure (it aborted the group with it): its error, not the
+            // group's report of it.
+            return Err(own);
+        }
         self.broken()?;
         out
     }

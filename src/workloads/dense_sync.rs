@@ -12,11 +12,14 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use crate::data::{Dataset, DistributeOptions};
+use crate::collective::CollectiveError;
+use crate::data::{Dataset, DistributeOptions, DistributedIterator};
+use crate::distribute::PerReplica;
 use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
 use crate::optim::Optimizer;
-use crate::strategy::{ReduceOp, Strategy, StrategyExt};
+use crate::strategy::{ReduceOp, Strategy, StrategyError, StrategyExt};
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
+use crate::variable::VariableError;
 
 /// Input features per example.
 pub const FEATURES: usize = 8;
@@ -42,6 +45,12 @@ pub struct DenseOutcome {
 /// The dataset: `EXAMPLES` examples of `FEATURES` features and an integer class, repeated,
 /// batched to `global_batch`.
 pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
+    dataset_from(0, global_batch)
+}
+
+/// The dataset from its `position`-th example on (counted over the repetitions), batched to
+/// `global_batch`.
+pub fn dataset_from(position: usize, global_batch: usize) -> Result<Dataset, TrainError> {
     let cpu = &Device::Cpu;
     let x: Vec<f32> = (0..EXAMPLES * FEATURES)
         .map(|i| ((i * 37 + 11) % 29) as f32 / 14.0 - 1.0)
@@ -49,12 +58,15 @@ pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
     let y: Vec<i64> = (0..EXAMPLES)
         .map(|i| ((i * 7 + i / 5) % CLASSES) as i64)
         .collect();
-    Ok(Dataset::from_tensor_slices(vec![
+    let examples = Dataset::from_tensor_slices(vec![
         Tensor::from_vec(x, (EXAMPLES, FEATURES), cpu)?,
         Tensor::from_vec(y, EXAMPLES, cpu)?,
     ])?
-    .repeat(None)
-    .batch(global_batch, false))
+    .repeat(None);
+    // Whole repetitions are skipped without reading them.
+    Ok(examples
+        .skip(position % EXAMPLES)
+        .batch(global_batch, false))
 }
 
 /// Trains the model under `strategy` for `steps` global batches of `global_batch` examples.
@@ -77,28 +89,93 @@ pub fn train_with(
     seed: u64,
     after_step: &mut dyn FnMut(usize, f32),
 ) -> Result<DenseOutcome, TrainError> {
-    let model = {
-        let _scope = strategy.try_scope()?;
-        let hidden = Dense::builder("hidden", FEATURES, HIDDEN)
-            .activation(Activation::Relu)
-            .kernel_initializer(Initializer::GlorotUniform { seed })
-            .build()?;
-        let logits = Dense::builder("logits", HIDDEN, CLASSES)
-            .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
-            .build()?;
-        Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
-    };
-    let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
-    let dist = strategy
-        .experimental_distribute_dataset(dataset(global_batch)?, DistributeOptions::default())?;
-    let replicas = strategy.num_replicas_in_sync();
-    let mut iter = dist.iter();
-    let mut step_losses = Vec::with_capacity(steps);
-    for _ in 0..steps {
+    train_failing(strategy, steps, global_batch, seed, None, after_step)
+}
+
+/// As [`train_with`]; with `fail_at = Some(k)`, the first local replica's step `k` returns an
+/// application error ("injected failure at step k") instead of computing: the fault that
+/// shows how a replica's error reaches every worker.
+pub fn train_failing(
+    strategy: &dyn Strategy,
+    steps: usize,
+    global_batch: usize,
+    seed: u64,
+    fail_at: Option<usize>,
+    after_step: &mut dyn FnMut(usize, f32),
+) -> Result<DenseOutcome, TrainError> {
+    let trainer = Trainer::build(strategy, seed)?;
+    let mut iter = input(strategy, 0, global_batch)?;
+    let mut losses = Vec::with_capacity(steps);
+    for step in 0..steps {
         let batch = iter.get_next()?;
-        let (model, optimizer) = (Arc::clone(&model), Arc::clone(&optimizer));
-        let out = strategy.run(
-            move |_ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+        let loss = trainer.step(strategy, batch, global_batch, fail_at == Some(step))?;
+        after_step(step, loss);
+        losses.push(loss);
+    }
+    trainer.outcome(losses)
+}
+
+/// The collective error under a training error, if that is what it is.
+pub fn collective_cause(err: &TrainError) -> Option<&CollectiveError> {
+    match err {
+        TrainError::Strategy(StrategyError::Collective(e))
+        | TrainError::Strategy(StrategyError::Variable(VariableError::Collective {
+            source: e,
+            ..
+        }))
+        | TrainError::Variable(VariableError::Collective { source: e, .. }) => Some(e),
+        _ => None,
+    }
+}
+
+/// The model and its optimizer, built under a strategy.
+struct Trainer {
+    model: Arc<Sequential>,
+    optimizer: Arc<DistributedOptimizer>,
+}
+
+impl Trainer {
+    fn build(strategy: &dyn Strategy, seed: u64) -> Result<Self, TrainError> {
+        let model = {
+            let _scope = strategy.try_scope()?;
+            let hidden = Dense::builder("hidden", FEATURES, HIDDEN)
+                .activation(Activation::Relu)
+                .kernel_initializer(Initializer::GlorotUniform { seed })
+                .build()?;
+            let logits = Dense::builder("logits", HIDDEN, CLASSES)
+                .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
+                .build()?;
+            Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
+        };
+        let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
+        Ok(Self { model, optimizer })
+    }
+
+    /// Updates the optimizer went through (applied or skipped).
+    fn optimizer_steps(&self) -> u64 {
+        self.optimizer.iterations() + self.optimizer.skipped_steps()
+    }
+
+    /// One step over `batch` (this process's per-replica batches of a global batch of
+    /// `global_batch`): its global loss. With `fail`, the first local replica returns an
+    /// application error instead.
+    fn step(
+        &self,
+        strategy: &dyn Strategy,
+        batch: PerReplica<Vec<Tensor>>,
+        global_batch: usize,
+        fail: bool,
+    ) -> Result<f32, TrainError> {
+        let replicas = strategy.num_replicas_in_sync();
+        let (model, optimizer) = (Arc::clone(&self.model), Arc::clone(&self.optimizer));
+        let step = self.optimizer_steps();
+        let losses = strategy.try_run(
+            move |ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+                if fail && ctx.local_replica_id() == 0 {
+                    return Err(TrainError::Tensor(candle_core::Error::Msg(format!(
+                        "injected failure at step {step}"
+                    ))));
+                }
                 let tape = GradientTape::new();
                 let logits = model.forward(&tape, &inputs[0])?;
                 let per_example = losses::sparse_softmax_cross_entropy(&logits, &inputs[1])?;
@@ -110,24 +187,36 @@ pub fn train_with(
             },
             batch,
         )?;
-        let losses = out.transpose()?;
         let loss = strategy.reduce(ReduceOp::Sum, &losses, None)?;
-        let loss = loss.to_scalar::<f32>()?;
-        after_step(step_losses.len(), loss);
-        step_losses.push(loss);
+        Ok(loss.to_scalar::<f32>()?)
     }
-    let variables = model
-        .trainable_variables()
-        .iter()
-        .map(|v| {
-            Ok((
-                v.name().to_string(),
-                v.read_value().flatten_all()?.to_vec1::<f32>()?,
-            ))
-        })
-        .collect::<Result<BTreeMap<_, _>, TrainError>>()?;
-    Ok(DenseOutcome {
-        variables,
-        losses: step_losses,
-    })
+
+    fn outcome(&self, losses: Vec<f32>) -> Result<DenseOutcome, TrainError> {
+        let variables = self
+            .model
+            .trainable_variables()
+            .iter()
+            .map(|v| {
+                Ok((
+                    v.name().to_string(),
+                    v.read_value().flatten_all()?.to_vec1::<f32>()?,
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, TrainError>>()?;
+        Ok(DenseOutcome { variables, losses })
+    }
+}
+
+/// This process's iterator over the dataset from `position`, batched to `global_batch`.
+fn input(
+    strategy: &dyn Strategy,
+    position: usize,
+    global_batch: usize,
+) -> Result<DistributedIterator, TrainError> {
+    Ok(strategy
+        .experimental_distribute_dataset(
+            dataset_from(position, global_batch)?,
+            DistributeOptions::default(),
+        )?
+        .iter())
 }
