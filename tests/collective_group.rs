@@ -1,7 +1,8 @@
 //! The process group over real QUIC on 127.0.0.1 (one endpoint per member, in this process):
 //! every operation against a reference computed here, with 2, 3 and 4 members, sizes that do
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
-//! disagreeing members; a lost member; a member's application abort; EPOCH-1.
+//! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
+//! a member's application abort; EPOCH-1.
 
 use std::time::Duration;
 
@@ -463,6 +464,56 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch() 
         assert_eq!(g.size(), 2);
         let out = out.unwrap().to_vec1::<f32>().unwrap();
         assert!(out.iter().all(|v| *v == 2.0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survivors_of_two_members_lost_at_once_agree_on_who_is_left_and_reform() {
+    let c = cluster(4, ring_config()).await;
+    let big = Tensor::ones(200_000, DType::F32, &Device::Cpu).unwrap();
+    let survivors = [&c.groups[0], &c.groups[2]];
+    let pending = join_all(survivors.iter().map(|g| g.all_reduce(Reduction::Sum, &big)));
+    let closer = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.endpoints[1].close();
+        c.endpoints[3].close();
+    };
+    let (outs, ()) = bounded("two lost", futures::future::join(pending, closer)).await;
+    for out in outs {
+        assert!(
+            matches!(out, Err(CollectiveError::MemberLost { .. })),
+            "{out:?}"
+        );
+    }
+    // Each survivor probes every member: both leave out the same two.
+    let alive = bounded(
+        "probe",
+        join_all(
+            survivors
+                .iter()
+                .map(|g| g.reachable(Duration::from_secs(2))),
+        ),
+    )
+    .await;
+    let expected = vec![NodeId::new("worker", 0), NodeId::new("worker", 2)];
+    for view in &alive {
+        assert_eq!(view, &expected);
+    }
+    let reformed = bounded(
+        "reform",
+        join_all(survivors.iter().zip(&alive).map(|(g, view)| g.reform(view))),
+    )
+    .await;
+    let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    let outs = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))).await;
+    for (g, out) in reformed.iter().zip(outs) {
+        assert_eq!((g.epoch(), g.size()), (2, 2));
+        assert!(out
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .all(|v| *v == 2.0));
     }
 }
 

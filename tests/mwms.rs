@@ -11,6 +11,10 @@
 //! - An application error on one worker's replica (`--fail-worker 1 --fail-step 3`): that
 //!   worker exits with its own error, every other one with `kind=application` naming it and
 //!   the message, before any worker's op timeout could end its wait.
+//! - Elastic (`--elastic`): 3 workers × 2 replicas lose one to SIGKILL, 4 × 1 lose two at
+//!   once; the survivors agree on the lost, the epoch (2) and the completed step, re-form,
+//!   finish the run with the same bits, and match a one-process replay whose global batch
+//!   shrinks at that step (to 1e-5).
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
@@ -323,6 +327,113 @@ fn an_application_error_on_one_worker_fails_every_worker_with_its_message() {
             cluster.seen[i]
         );
     }
+}
+
+/// `name`: `workers` workers of `replicas` replicas train elastically with a global batch of
+/// `per_replica` × every replica; the workers of `kill` are SIGKILLed at once mid-training;
+/// the survivors must re-form, finish, hold the same bits, and match a one-process replay
+/// with the global batch shrunk at the step they agreed on.
+fn elastic_case(name: &str, workers: usize, replicas: usize, kill: &[usize]) {
+    const STEPS: usize = 30;
+    let per_replica = 2;
+    let global = per_replica * replicas * workers;
+    let (steps, batch) = (STEPS.to_string(), global.to_string());
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+    ];
+    let tasks = vec![("worker", replicas); workers];
+    let mut cluster = Cluster::start(name, &tasks, &flags);
+    for i in 0..workers {
+        cluster.wait_for(i, "step 4 ");
+    }
+    for &k in kill {
+        kill_worker(&cluster, k);
+    }
+    let survivors: Vec<usize> = (0..workers).filter(|i| !kill.contains(i)).collect();
+    let mut agreed = None;
+    for &i in &survivors {
+        let line = cluster.wait_for(i, "recovered");
+        let lost: Vec<String> = kill.iter().map(|k| format!("worker/{k}")).collect();
+        assert!(
+            line.contains("epoch=2")
+                && line.contains(&format!("workers={}", survivors.len()))
+                && line.contains(&format!("lost={}", lost.join(","))),
+            "worker {i}: {line}"
+        );
+        let step = field(&line, "step");
+        assert_eq!(*agreed.get_or_insert(step), step, "worker {i}: {line}");
+        assert_eq!(
+            field(&line, "position"),
+            step * global,
+            "worker {i}: {line}"
+        );
+    }
+    let shrunk_at = agreed.unwrap();
+    assert!(shrunk_at >= 4 && shrunk_at < STEPS, "{shrunk_at}");
+    let mut outs = Vec::new();
+    for &i in &survivors {
+        cluster.wait_for(i, "done");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
+    }
+    for (k, out) in outs.iter().enumerate().skip(1) {
+        assert_eq!(
+            out.variables, outs[0].variables,
+            "{name}: survivor {k} holds other bits than survivor 0"
+        );
+    }
+    let after = per_replica * replicas * survivors.len();
+    let replay = dense_sync::train_schedule(
+        &DefaultStrategy::new(),
+        &[(shrunk_at, global), (STEPS - shrunk_at, after)],
+        7,
+    )
+    .unwrap();
+    assert_eq!(outs[0].losses.len(), STEPS, "{name}");
+    let missing = outs[0].losses.iter().filter(|l| l.is_nan()).count();
+    assert!(missing <= 1, "{name}: losses {:?}", outs[0].losses);
+    let mut known = outs[0].clone();
+    let mut reference = replay.clone();
+    let kept: Vec<usize> = (0..STEPS).filter(|&k| !known.losses[k].is_nan()).collect();
+    known.losses = kept.iter().map(|&k| known.losses[k]).collect();
+    reference.losses = kept.iter().map(|&k| reference.losses[k]).collect();
+    assert_close(&known, &reference, &format!("{name} vs the replay"));
+}
+
+fn kill_worker(cluster: &Cluster, k: usize) {
+    kill(cluster.workers[k].pid(), Signal::SIGKILL).unwrap();
+}
+
+/// The number after `key=` in `line`.
+fn field(line: &str, key: &str) -> usize {
+    let prefix = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+#[test]
+fn survivors_of_a_killed_worker_re_form_and_train_on_to_the_replayed_variables() {
+    elastic_case("elastic1", 3, 2, &[2]);
+}
+
+#[test]
+fn survivors_of_two_workers_killed_at_once_re_form_and_train_on() {
+    elastic_case("elastic2", 4, 1, &[1, 3]);
 }
 
 #[test]

@@ -4,10 +4,11 @@
 //! The cluster and this worker's task come from `TF_CONFIG`. Each worker seeds its
 //! initializers differently (`7 + 1000 × rank`): only the strategy's broadcast of the first
 //! worker's values makes them start alike. It prints one line per event on stdout:
-//! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `done`, or `error kind=K
-//! node=N detail=..` (then exit code 3), and writes the final variables and losses as JSON to
-//! `--out`. `--fail-worker W --fail-step K` makes worker W's first replica fail its step K
-//! with an application error.
+//! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `recovered epoch=E step=S
+//! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed), `done`, or
+//! `error kind=K node=N detail=..` (then exit code 3), and writes the final variables and
+//! losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
+//! fail its step K with an application error; `--elastic` trains with re-forming.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,9 +16,10 @@ use std::time::Duration;
 use super::CliError;
 use crate::cluster::ClusterConfig;
 use crate::collective::{CollectiveError, GroupConfig};
-use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
+use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy, StrategyError};
+use crate::train::TrainError;
 use crate::variable::VariableError;
-use crate::workloads::dense_sync::{self, collective_cause};
+use crate::workloads::dense_sync::{self, collective_cause, ElasticEvent};
 
 /// Flags of `cohort mwms-member`.
 #[derive(Debug, clap::Args)]
@@ -50,6 +52,13 @@ pub(crate) struct MwmsArgs {
     /// The step at which `--fail-worker` fails.
     #[arg(long, requires = "fail_worker")]
     fail_step: Option<usize>,
+    /// Train elastically: when a worker is lost, the survivors re-form and go on with the
+    /// global batch of the same per-replica batch over fewer replicas.
+    #[arg(long)]
+    elastic: bool,
+    /// Re-forming: how long a survivor waits for a member's answer to its probe.
+    #[arg(long, default_value_t = 2000)]
+    probe_timeout_ms: u64,
 }
 
 /// Runs the worker (see the module doc).
@@ -66,7 +75,8 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         form_timeout: Duration::from_secs(30),
         ..GroupConfig::default()
     };
-    let strategy = match MultiWorkerMirrored::new(config) {
+    config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
+    let mut strategy = match MultiWorkerMirrored::new(config) {
         Ok(strategy) => strategy,
         Err(StrategyError::Config { key, detail }) => {
             return Err(CliError::Usage(format!("{key}: {detail}")))
@@ -86,7 +96,43 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     );
     let seed = 7 + 1000 * strategy.worker_index() as u64;
     let pause = Duration::from_millis(args.step_pause_ms);
-    let outcome = {
+    let outcome = if args.elastic {
+        let replicas = strategy.num_replicas_in_sync();
+        if args.global_batch % replicas != 0 || args.global_batch == 0 {
+            return Err(CliError::Usage(format!(
+                "--global-batch: {} does not divide into {replicas} replicas (elastic runs \
+                 keep the per-replica batch)",
+                args.global_batch
+            )));
+        }
+        dense_sync::train_elastic(
+            &mut strategy,
+            args.steps,
+            args.global_batch / replicas,
+            seed,
+            &mut |event| match event {
+                ElasticEvent::Step { step, loss } => {
+                    println!("step {step} loss={loss}");
+                    std::thread::sleep(pause);
+                }
+                ElasticEvent::Recovered(r) => {
+                    let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+                    println!(
+                        "recovered epoch={} step={} position={} workers={} lost={} source={} \
+                         attempts={}",
+                        r.epoch,
+                        r.step,
+                        r.position,
+                        r.members.len(),
+                        lost.join(","),
+                        r.source,
+                        r.attempts
+                    );
+                }
+            },
+        )
+        .map(|(outcome, _)| outcome)
+    } else {
         let fail_at = args
             .fail_step
             .filter(|_| args.fail_worker == Some(strategy.worker_index()));
@@ -104,6 +150,10 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     };
     let outcome = match outcome {
         Ok(outcome) => outcome,
+        Err(TrainError::Strategy(StrategyError::Recovery { reason })) => {
+            println!("error kind=recovery node= detail={reason}");
+            return Ok(3);
+        }
         Err(err) => {
             report(&err.to_string(), collective_cause(&err));
             return Ok(3);

@@ -329,6 +329,31 @@ impl Mesh {
         }
     }
 
+    /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]).
+    async fn probe(&self, peer: &GroupMember, epoch: u64, deadline: Instant) -> bool {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let Ok(frame) = Frame::encode(&Wire::Probe { epoch }, Vec::new(), header_max) else {
+            return false;
+        };
+        let mut fresh = false;
+        loop {
+            let Ok(conn) = self.dial(peer, epoch, deadline, fresh).await else {
+                return false;
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => return matches!(reply.decode::<Reply>(header_max), Ok(Reply::Ack)),
+                // The kept connection may be the dead one of the lost member's old process, or
+                // a live member's that died unnoticed: dial once more.
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(_) => return false,
+            }
+        }
+    }
+
     async fn wait_for_join(
         &self,
         peer: &NodeId,
@@ -443,11 +468,40 @@ impl ProcessGroup {
         err
     }
 
-    /// Forms the group of the next epoch with `survivors` (members of this group, this node
-    /// among them), at the addresses this group was formed with. Every survivor must call it
-    /// with the same survivors.
+    /// The members of this group that are alive: this node, and each member that answers a
+    /// probe within `within` (dialed anew if its link is gone), in rank order. Survivors that
+    /// probe alike (the lost members dead, the others answering) get the same list, which is
+    /// what [`ProcessGroup::reform`] needs of every survivor.
+    pub async fn reachable(&self, within: Duration) -> Vec<NodeId> {
+        let deadline = Instant::now() + within;
+        let epoch = self.shared.epoch;
+        let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
+            let member = GroupMember {
+                node: node.clone(),
+                addr: self.shared.addrs[rank],
+            };
+            let me = rank == self.shared.rank;
+            async move {
+                let alive = me
+                    || tokio::time::timeout_at(deadline, self.mesh.probe(&member, epoch, deadline))
+                        .await
+                        .unwrap_or(false);
+                alive.then_some(member.node)
+            }
+        });
+        futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Forms the group of the next epoch of this node's mesh (one above the latest formed or
+    /// tried here: this group's epoch + 1, unless a re-forming attempt already took that one)
+    /// with `survivors` (members of this group, this node among them), at the addresses this
+    /// group was formed with. Every survivor must call it with the same survivors.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
-        let epoch = self.shared.epoch + 1;
+        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
         let mut members = Vec::with_capacity(survivors.len());
         for node in survivors {
             let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
@@ -557,6 +611,7 @@ impl MeshInner {
                     _ => respond(responder, self.refusal(epoch), header_max),
                 }
             }
+            Wire::Probe { .. } => respond(responder, Reply::Ack, header_max),
             Wire::Abort { epoch, error } => {
                 let group = self.lock().group.upgrade();
                 if let Some(group) = group.filter(|g| g.epoch == epoch) {

@@ -56,7 +56,10 @@ pub use central_storage::CentralStorage;
 pub use context::{get_replica_context, in_cross_replica_context, ReplicaContext, ValueContext};
 pub use default::DefaultStrategy;
 pub use mirrored::Mirrored;
-pub use multi_worker::{MultiWorkerConfig, MultiWorkerMirrored, DEFAULT_BUCKET_BYTES_MAX};
+pub use multi_worker::{
+    ElasticState, MultiWorkerConfig, MultiWorkerMirrored, Recovery, DEFAULT_BUCKET_BYTES_MAX,
+    DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
+};
 pub use one_device::OneDevice;
 pub use reduce::{gather_per_replica, reduce_per_replica};
 pub use replicas::{ReplicaFn, DEFAULT_COLLECTIVE_TIMEOUT_MS};
@@ -510,6 +513,13 @@ pub enum StrategyError {
     /// Distributing input failed.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A multi-worker group could not be re-formed with the survivors (the group broke by an
+    /// error re-forming cannot mend, or every bounded attempt failed): `reason` says which.
+    #[error("re-forming the workers' group: {reason}")]
+    Recovery {
+        /// Why, with the last attempt's error.
+        reason: String,
+    },
     /// A multi-worker strategy's configuration is wrong: `key` names what (a cluster entry,
     /// the task, the certificate directory, the replica count).
     #[error("{key}: {detail}")]

@@ -6,6 +6,10 @@
 //! dataset (no randomness but the initializers' seed) with the loss averaged over the global
 //! batch (`compute_average_loss`), so that the replicas' summed gradients are the gradient of
 //! the global batch whatever the number of replicas and workers.
+//!
+//! It also runs elastically under MultiWorkerMirrored ([`train_elastic`]: the survivors of a
+//! lost worker re-form and go on with a smaller global batch), and replays such a run in one
+//! process ([`train_schedule`]) to check it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,8 +20,10 @@ use crate::collective::CollectiveError;
 use crate::data::{Dataset, DistributeOptions, DistributedIterator};
 use crate::distribute::PerReplica;
 use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
-use crate::optim::Optimizer;
-use crate::strategy::{ReduceOp, Strategy, StrategyError, StrategyExt};
+use crate::optim::{Optimizer, OptimizerState};
+use crate::strategy::{
+    ElasticState, MultiWorkerMirrored, Recovery, ReduceOp, Strategy, StrategyError, StrategyExt,
+};
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
 use crate::variable::VariableError;
 
@@ -33,13 +39,29 @@ pub const EXAMPLES: usize = 96;
 pub const LEARNING_RATE: f32 = 0.01;
 
 /// What a run ends with: every trainable variable (flattened, by name) and each step's global
-/// loss.
+/// loss (NaN for a step of an elastic run whose loss reduction a failure cut; `null` in JSON).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DenseOutcome {
     /// The variables after the last step, by name.
     pub variables: BTreeMap<String, Vec<f32>>,
     /// The global loss of each step (reduced across every replica).
+    #[serde(with = "nan_as_null")]
     pub losses: Vec<f32>,
+}
+
+/// JSON has no NaN: a missing loss goes as `null`.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(losses: &[f32], s: S) -> Result<S::Ok, S::Error> {
+        let values: Vec<Option<f32>> = losses.iter().map(|l| (!l.is_nan()).then_some(*l)).collect();
+        values.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+        let values = Vec::<Option<f32>>::deserialize(d)?;
+        Ok(values.into_iter().map(|l| l.unwrap_or(f32::NAN)).collect())
+    }
 }
 
 /// The dataset: `EXAMPLES` examples of `FEATURES` features and an integer class, repeated,
@@ -49,7 +71,8 @@ pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
 }
 
 /// The dataset from its `position`-th example on (counted over the repetitions), batched to
-/// `global_batch`.
+/// `global_batch`: where training goes on after the global batch changed (elastic
+/// re-forming), so that every example is seen once in order whatever the batch sizes.
 pub fn dataset_from(position: usize, global_batch: usize) -> Result<Dataset, TrainError> {
     let cpu = &Device::Cpu;
     let x: Vec<f32> = (0..EXAMPLES * FEATURES)
@@ -113,6 +136,110 @@ pub fn train_failing(
         losses.push(loss);
     }
     trainer.outcome(losses)
+}
+
+/// Trains in segments of `(steps, global_batch)`, each going on with the examples where the
+/// previous one stopped: in one process, what an elastic run computes whose group shrank
+/// (or grew) between segments.
+pub fn train_schedule(
+    strategy: &dyn Strategy,
+    schedule: &[(usize, usize)],
+    seed: u64,
+) -> Result<DenseOutcome, TrainError> {
+    let trainer = Trainer::build(strategy, seed)?;
+    let (mut position, mut losses) = (0, Vec::new());
+    for &(steps, global_batch) in schedule {
+        let mut iter = input(strategy, position, global_batch)?;
+        for _ in 0..steps {
+            let batch = iter.get_next()?;
+            losses.push(trainer.step(strategy, batch, global_batch, false)?);
+        }
+        position += steps * global_batch;
+    }
+    trainer.outcome(losses)
+}
+
+/// What an elastic run reports as it goes.
+#[derive(Debug)]
+pub enum ElasticEvent<'a> {
+    /// A step completed with this global loss.
+    Step {
+        /// The step (0-based).
+        step: usize,
+        /// Its global loss.
+        loss: f32,
+    },
+    /// The group re-formed with the survivors; training goes on from `recovery.step`.
+    Recovered(&'a Recovery),
+}
+
+/// Trains for `steps` steps under MultiWorkerMirrored, elastically: when a step fails because
+/// a worker was lost, the survivors re-form ([`MultiWorkerMirrored::recover`]: they agree on
+/// the survivors, and take the variables, optimizer slots, step and input position of the
+/// survivor that completed the most steps) and go on from the agreed step with the global
+/// batch `per_replica_batch × num_replicas_in_sync` of the new group, from the agreed
+/// position of the input (so no example is skipped or seen twice).
+///
+/// The outcome's losses are by step; a step whose loss reduction was cut by the failure has
+/// NaN. A failure re-forming cannot mend (an application error, a failed recovery) ends the
+/// run with it.
+pub fn train_elastic(
+    strategy: &mut MultiWorkerMirrored,
+    steps: usize,
+    per_replica_batch: usize,
+    seed: u64,
+    on_event: &mut dyn FnMut(ElasticEvent<'_>),
+) -> Result<(DenseOutcome, Vec<Recovery>), TrainError> {
+    let trainer = Trainer::build(&*strategy, seed)?;
+    let variables = trainer.model.trainable_variables();
+    let (mut step, mut position) = (0usize, 0usize);
+    let mut losses: Vec<f32> = Vec::with_capacity(steps);
+    let mut recoveries = Vec::new();
+    'group: while step < steps {
+        let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
+        let mut iter = input(&*strategy, position, global_batch)?;
+        while step < steps {
+            let before = trainer.optimizer_steps();
+            let result = iter
+                .get_next()
+                .map_err(TrainError::from)
+                .and_then(|batch| trainer.step(&*strategy, batch, global_batch, false));
+            // A step counts once its update was applied here, even if the group broke right
+            // after (with a ring, some survivors may have applied it and others not).
+            if trainer.optimizer_steps() > before {
+                step += 1;
+                position += global_batch;
+            }
+            match result {
+                Ok(loss) => {
+                    losses.push(loss);
+                    on_event(ElasticEvent::Step {
+                        step: step - 1,
+                        loss,
+                    });
+                }
+                Err(err) => match collective_cause(&err) {
+                    Some(CollectiveError::Application { .. }) | None => return Err(err),
+                    Some(_) => {
+                        let mut state = ElasticState {
+                            step: step as u64,
+                            position: position as u64,
+                            variables: &variables,
+                            optimizer: Some(trainer.optimizer.as_ref() as &dyn OptimizerState),
+                        };
+                        let recovery = strategy.recover(&mut state)?;
+                        step = state.step as usize;
+                        position = state.position as usize;
+                        losses.resize(step, f32::NAN);
+                        on_event(ElasticEvent::Recovered(&recovery));
+                        recoveries.push(recovery);
+                        continue 'group;
+                    }
+                },
+            }
+        }
+    }
+    Ok((trainer.outcome(losses)?, recoveries))
 }
 
 /// The collective error under a training error, if that is what it is.
