@@ -496,6 +496,7 @@ async fn survivors_of_two_members_lost_at_once_agree_on_who_is_left_and_reform()
     )
     .await;
     let expected = vec![NodeId::new("worker", 0), NodeId::new("worker", 2)];
+    let alive: Vec<Vec<NodeId>> = alive.into_iter().map(Result::unwrap).collect();
     for view in &alive {
         assert_eq!(view, &expected);
     }

@@ -14,7 +14,8 @@
 //! - Elastic (`--elastic`): 3 workers × 2 replicas lose one to SIGKILL, 4 × 1 lose two at
 //!   once; the survivors agree on the lost, the epoch (2) and the completed step, re-form,
 //!   finish the run with the same bits, and match a one-process replay whose global batch
-//!   shrinks at that step (to 1e-5).
+//!   shrinks at that step (to 1e-5). A worker SIGSTOPped past the budget is left out; back
+//!   (SIGCONT), it learns the others re-formed without it and exits with a typed error.
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
@@ -434,6 +435,56 @@ fn survivors_of_a_killed_worker_re_form_and_train_on_to_the_replayed_variables()
 #[test]
 fn survivors_of_two_workers_killed_at_once_re_form_and_train_on() {
     elastic_case("elastic2", 4, 1, &[1, 3]);
+}
+
+#[test]
+fn a_worker_stopped_past_the_budget_is_left_out_and_refused_when_it_comes_back() {
+    let flags = [
+        "--elastic",
+        "--steps",
+        "100000",
+        "--global-batch",
+        "12",
+        "--step-pause-ms",
+        "40",
+        "--idle-timeout-ms",
+        "800",
+    ];
+    let mut cluster = Cluster::start(
+        "stopped",
+        &[("worker", 1), ("worker", 1), ("worker", 1)],
+        &flags,
+    );
+    for i in 0..3 {
+        cluster.wait_for(i, "step 3 ");
+    }
+    let late = cluster.workers[2].pid();
+    kill(late, Signal::SIGSTOP).unwrap();
+    for i in 0..2 {
+        let line = cluster.wait_for(i, "recovered");
+        assert!(
+            line.contains("epoch=2") && line.contains("lost=worker/2"),
+            "worker {i}: {line}"
+        );
+    }
+    kill(late, Signal::SIGCONT).unwrap();
+    // Back, it finds the others at epoch 2 without it: a typed error, no group of its own.
+    let line = cluster.wait_for(2, "error");
+    assert!(
+        line.contains("kind=recovery") && line.contains("left out") && line.contains("at epoch 2"),
+        "{line}"
+    );
+    assert_eq!(cluster.workers[2].wait_exit(), 3);
+    // The survivors trained on meanwhile, undisturbed.
+    for i in 0..2 {
+        let step = field(&cluster.wait_for(i, "recovered"), "step");
+        cluster.wait_for(i, &format!("step {} ", step + 5));
+        assert!(
+            !cluster.seen[i].iter().any(|l| l.starts_with("error")),
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+    }
 }
 
 #[test]

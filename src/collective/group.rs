@@ -329,27 +329,46 @@ impl Mesh {
         }
     }
 
-    /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]).
-    async fn probe(&self, peer: &GroupMember, epoch: u64, deadline: Instant) -> bool {
+    /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]): `Ok`
+    /// with whether it is alive, or its refusal if it re-formed a later epoch without us.
+    async fn probe(
+        &self,
+        peer: &GroupMember,
+        epoch: u64,
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let Ok(frame) = Frame::encode(&Wire::Probe { epoch }, Vec::new(), header_max) else {
-            return false;
+            return Ok(false);
         };
         let mut fresh = false;
         loop {
             let Ok(conn) = self.dial(peer, epoch, deadline, fresh).await else {
-                return false;
+                return Ok(false);
             };
             let left = deadline.saturating_duration_since(Instant::now());
             match conn
                 .request_within(frame.clone(), left.max(Duration::from_millis(1)))
                 .await
             {
-                Ok(reply) => return matches!(reply.decode::<Reply>(header_max), Ok(Reply::Ack)),
+                Ok(reply) => {
+                    return match reply.decode::<Reply>(header_max) {
+                        Ok(Reply::Ack) => Ok(true),
+                        Ok(Reply::Refused { current, detail }) => {
+                            Err(CollectiveError::EpochRefused {
+                                node: peer.node.clone(),
+                                epoch,
+                                current,
+                                detail,
+                            })
+                        }
+                        _ => Ok(false),
+                    }
+                }
                 // The kept connection may be the dead one of the lost member's old process, or
                 // a live member's that died unnoticed: dial once more.
                 Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
-                Err(_) => return false,
+                Err(_) => return Ok(false),
             }
         }
     }
@@ -471,8 +490,10 @@ impl ProcessGroup {
     /// The members of this group that are alive: this node, and each member that answers a
     /// probe within `within` (dialed anew if its link is gone), in rank order. Survivors that
     /// probe alike (the lost members dead, the others answering) get the same list, which is
-    /// what [`ProcessGroup::reform`] needs of every survivor.
-    pub async fn reachable(&self, within: Duration) -> Vec<NodeId> {
+    /// what [`ProcessGroup::reform`] needs of every survivor. Fails with
+    /// [`CollectiveError::EpochRefused`] when a member already formed a later epoch without
+    /// this node (this node is the late one: it was taken for lost).
+    pub async fn reachable(&self, within: Duration) -> Result<Vec<NodeId>, CollectiveError> {
         let deadline = Instant::now() + within;
         let epoch = self.shared.epoch;
         let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
@@ -482,18 +503,22 @@ impl ProcessGroup {
             };
             let me = rank == self.shared.rank;
             async move {
-                let alive = me
-                    || tokio::time::timeout_at(deadline, self.mesh.probe(&member, epoch, deadline))
-                        .await
-                        .unwrap_or(false);
-                alive.then_some(member.node)
+                if me {
+                    return Ok(Some(member.node));
+                }
+                let probe = self.mesh.probe(&member, epoch, deadline);
+                let alive = tokio::time::timeout_at(deadline, probe)
+                    .await
+                    .unwrap_or(Ok(false))?;
+                Ok(alive.then_some(member.node))
             }
         });
-        futures::future::join_all(probes)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        let answers = futures::future::join_all(probes).await;
+        let mut alive = Vec::with_capacity(answers.len());
+        for answer in answers {
+            alive.extend(answer?);
+        }
+        Ok(alive)
     }
 
     /// Forms the group of the next epoch of this node's mesh (one above the latest formed or
@@ -611,7 +636,25 @@ impl MeshInner {
                     _ => respond(responder, self.refusal(epoch), header_max),
                 }
             }
-            Wire::Probe { .. } => respond(responder, Reply::Ack, header_max),
+            Wire::Probe { epoch } => {
+                // A prober left out of a later live group learns it at once (it is the late
+                // member: the others re-formed without it).
+                let group = self.lock().group.upgrade();
+                let reply = match group {
+                    Some(g)
+                        if g.epoch > epoch
+                            && !g.nodes.contains(&peer)
+                            && g.lock().broken.is_none() =>
+                    {
+                        Reply::Refused {
+                            current: g.epoch,
+                            detail: format!(" and re-formed without {peer}"),
+                        }
+                    }
+                    _ => Reply::Ack,
+                };
+                respond(responder, reply, header_max)
+            }
             Wire::Abort { epoch, error } => {
                 let group = self.lock().group.upgrade();
                 if let Some(group) = group.filter(|g| g.epoch == epoch) {

@@ -322,7 +322,8 @@ impl MultiWorkerMirrored {
     /// 1. *Who survives*: this worker probes every member of the broken group
     ///    ([`ProcessGroup::reachable`]); the members that answer within `probe_timeout` (and
     ///    itself) are its survivors. Every survivor probes every member, so the dead ones
-    ///    (one, two, any number at once) are left out by all.
+    ///    (one, two, any number at once) are left out by all. A live member that does not
+    ///    answer in time (stopped, or starved) is left out too: the others go on without it.
     /// 2. *Agreeing on them*: the survivors form the next epoch with that list; forming
     ///    succeeds only where every member formed the same epoch with the same members (each
     ///    link's join compares the lists), so survivors whose views differ (a member died
@@ -340,7 +341,9 @@ impl MultiWorkerMirrored {
     /// attempt from the group reached so far; after `recover_attempts` attempts it fails with
     /// [`StrategyError::Recovery`] naming the last error. A group broken by an error that
     /// re-forming cannot mend ([`CollectiveError::Application`], mismatched calls, this
-    /// worker stopping) fails with [`StrategyError::Recovery`] at once.
+    /// worker stopping) fails with [`StrategyError::Recovery`] at once, and so does a worker
+    /// that was left out (it comes back, say from SIGSTOP, after the others re-formed
+    /// without it: a member's answer to its probe says so).
     pub fn recover(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
         let before = self.span.group().clone();
         let Some(cause) = before.broken() else {
@@ -361,10 +364,24 @@ impl MultiWorkerMirrored {
             let started = std::time::Instant::now();
             let group = self.span.group().clone();
             let probe = self.probe_timeout;
+            // Inner error: this worker was left out (a member re-formed without it).
             let formed = self.block(async move {
-                let alive = group.reachable(probe).await;
-                group.reform(&alive).await
+                let alive = match group.reachable(probe).await {
+                    Ok(alive) => alive,
+                    Err(left_out) => return Ok(Err(left_out)),
+                };
+                group.reform(&alive).await.map(Ok)
             });
+            let formed = match formed {
+                // No later attempt can bring it back: the others go on without it.
+                Ok(Err(left_out)) => {
+                    return Err(StrategyError::Recovery {
+                        reason: format!("this worker was left out: {left_out}"),
+                    })
+                }
+                Ok(Ok(group)) => Ok(group),
+                Err(err) => Err(err),
+            };
             match formed {
                 Ok(group) => {
                     self.install(group);
