@@ -8,8 +8,8 @@
 //!   broadcast to all.
 //! - A worker SIGKILLed mid-training: every survivor's step fails with `member-lost` naming it
 //!   (the transport's idle timeout, 800 ms here, detects it), and exits; nothing hangs.
-//! - An application error on one worker's replica (`--fail-worker 1 --fail-step 3`): that
-//!   worker exits with its own error, every other one with `kind=application` naming it and
+//! - An application error on one worker's replica (`--fail-worker 1 --fail-step 3`, an error
+//!   or a panic): that worker exits with its own error, every other one with `kind=application` naming it and
 //!   the message, before any worker's op timeout could end its wait.
 //! - Elastic (`--elastic`): 3 workers × 2 replicas lose one to SIGKILL, 4 × 1 lose two at
 //!   once; the survivors agree on the lost, the epoch (2) and the completed step, re-form,
@@ -288,9 +288,19 @@ fn a_worker_killed_mid_training_fails_every_survivor_naming_it() {
 
 #[test]
 fn an_application_error_on_one_worker_fails_every_worker_with_its_message() {
-    // Worker 1's first replica fails its step 3; the op timeout (60 s) is far off, so only
-    // the failing worker's abort can end the others' step with its message.
-    let flags = [
+    application_error_case("apperr", &[]);
+}
+
+#[test]
+fn a_panic_on_one_worker_fails_every_worker_with_its_message() {
+    application_error_case("apppanic", &["--fail-panics"]);
+}
+
+/// Worker 1's first replica fails its step 3 (an error, or a panic with `extra`); the op
+/// timeout (60 s) is far off, so only the failing worker's abort can end the others' step
+/// with its message.
+fn application_error_case(name: &str, extra: &[&str]) {
+    let mut flags = vec![
         "--steps",
         "100000",
         "--step-pause-ms",
@@ -300,11 +310,8 @@ fn an_application_error_on_one_worker_fails_every_worker_with_its_message() {
         "--fail-step",
         "3",
     ];
-    let mut cluster = Cluster::start(
-        "apperr",
-        &[("worker", 2), ("worker", 2), ("worker", 2)],
-        &flags,
-    );
+    flags.extend_from_slice(extra);
+    let mut cluster = Cluster::start(name, &[("worker", 2), ("worker", 2), ("worker", 2)], &flags);
     for i in 0..3 {
         let line = cluster.wait_for(i, "error");
         assert!(
@@ -378,7 +385,7 @@ fn elastic_case(name: &str, workers: usize, replicas: usize, kill: &[usize]) {
         );
     }
     let shrunk_at = agreed.unwrap();
-    assert!(shrunk_at >= 4 && shrunk_at < STEPS, "{shrunk_at}");
+    assert!((4..STEPS).contains(&shrunk_at), "{shrunk_at}");
     let mut outs = Vec::new();
     for &i in &survivors {
         cluster.wait_for(i, "done");

@@ -8,7 +8,8 @@
 //! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed), `done`, or
 //! `error kind=K node=N detail=..` (then exit code 3), and writes the final variables and
 //! losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
-//! fail its step K with an application error; `--elastic` trains with re-forming.
+//! fail its step K with an application error (`--fail-panics`: a panic); `--elastic` trains
+//! with re-forming.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,6 +53,9 @@ pub(crate) struct MwmsArgs {
     /// The step at which `--fail-worker` fails.
     #[arg(long, requires = "fail_worker")]
     fail_step: Option<usize>,
+    /// `--fail-worker`'s replica panics instead of returning an error.
+    #[arg(long, requires = "fail_worker")]
+    fail_panics: bool,
     /// Train elastically: when a worker is lost, the survivors re-form and go on with the
     /// global batch of the same per-replica batch over fewer replicas.
     #[arg(long)]
@@ -133,9 +137,15 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         )
         .map(|(outcome, _)| outcome)
     } else {
+        let fault = if args.fail_panics {
+            dense_sync::Fault::Panic
+        } else {
+            dense_sync::Fault::Error
+        };
         let fail_at = args
             .fail_step
-            .filter(|_| args.fail_worker == Some(strategy.worker_index()));
+            .filter(|_| args.fail_worker == Some(strategy.worker_index()))
+            .map(|step| (step, fault));
         dense_sync::train_failing(
             &strategy,
             args.steps,

@@ -338,10 +338,9 @@ pub trait StrategyExt: Strategy {
 
     /// Runs a fallible step `f` on every replica (as [`StrategyExt::run`]) and gives its
     /// values, or the error of the first replica whose step failed (the others may fail
-    /// after it, in its collectives). A
-    /// replica's error is an application error of the step: under a multi-worker strategy
-    /// it aborts the step on every worker at once ([`ReplicaContext::abort_step`]), so that
-    /// the other workers' `run` fails with
+    /// after it, in its collectives). A replica's error is an application error of the step:
+    /// under a multi-worker strategy it aborts the step on every worker at once
+    /// ([`ReplicaContext::abort_step`]), so that the other workers' `run` fails with
     /// [`CollectiveError::Application`](crate::collective::CollectiveError::Application)
     /// naming this worker and the error's message, while this worker gets its own error.
     fn try_run<F, A, T, E>(&self, f: F, args: A) -> Result<PerReplica<T>, E>
@@ -353,24 +352,26 @@ pub trait StrategyExt: Strategy {
     {
         // The replica's own error is kept aside: the strategy's own failure report (the group
         // this worker aborted) must not hide it.
-        let failed: Arc<Mutex<Vec<(usize, E)>>> = Arc::new(Mutex::new(Vec::new()));
+        let failed: Arc<Mutex<Vec<E>>> = Arc::new(Mutex::new(Vec::new()));
         let kept = Arc::clone(&failed);
         let out = self.run(
             move |ctx, item| match f(ctx, item) {
                 Ok(value) => Some(value),
                 Err(err) => {
                     ctx.abort_step(&err.to_string());
-                    kept.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((ctx.local_replica_id(), err));
+                    kept.lock().unwrap_or_else(|p| p.into_inner()).push(err);
                     None
                 }
             },
             args,
         );
-        // The first to fail is the cause: its peers fail only after it left the step.
+        // A panicking replica is the cause (its peers fail only after it left the step).
+        if let Err(panicked @ StrategyError::ReplicaPanicked { .. }) = out {
+            return Err(panicked.into());
+        }
+        // Else the first to fail is the cause, for the same reason.
         let failed = std::mem::take(&mut *failed.lock().unwrap_or_else(|p| p.into_inner()));
-        if let Some((_, err)) = failed.into_iter().next() {
+        if let Some(err) = failed.into_iter().next() {
             return Err(err);
         }
         let values = out?.into_values();

@@ -115,15 +115,24 @@ pub fn train_with(
     train_failing(strategy, steps, global_batch, seed, None, after_step)
 }
 
-/// As [`train_with`]; with `fail_at = Some(k)`, the first local replica's step `k` returns an
-/// application error ("injected failure at step k") instead of computing: the fault that
-/// shows how a replica's error reaches every worker.
+/// How an injected fault makes a replica's step fail ([`train_failing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The step returns an error ("injected failure at step k").
+    Error,
+    /// The step panics with that message.
+    Panic,
+}
+
+/// As [`train_with`]; with `fail_at = Some((k, fault))`, the first local replica's step `k`
+/// fails with `fault` instead of computing: the fault that shows how a replica's error
+/// reaches every worker.
 pub fn train_failing(
     strategy: &dyn Strategy,
     steps: usize,
     global_batch: usize,
     seed: u64,
-    fail_at: Option<usize>,
+    fail_at: Option<(usize, Fault)>,
     after_step: &mut dyn FnMut(usize, f32),
 ) -> Result<DenseOutcome, TrainError> {
     let trainer = Trainer::build(strategy, seed)?;
@@ -131,7 +140,8 @@ pub fn train_failing(
     let mut losses = Vec::with_capacity(steps);
     for step in 0..steps {
         let batch = iter.get_next()?;
-        let loss = trainer.step(strategy, batch, global_batch, fail_at == Some(step))?;
+        let fault = fail_at.filter(|(k, _)| *k == step).map(|(_, f)| f);
+        let loss = trainer.step(strategy, batch, global_batch, fault)?;
         after_step(step, loss);
         losses.push(loss);
     }
@@ -152,7 +162,7 @@ pub fn train_schedule(
         let mut iter = input(strategy, position, global_batch)?;
         for _ in 0..steps {
             let batch = iter.get_next()?;
-            losses.push(trainer.step(strategy, batch, global_batch, false)?);
+            losses.push(trainer.step(strategy, batch, global_batch, None)?);
         }
         position += steps * global_batch;
     }
@@ -203,7 +213,7 @@ pub fn train_elastic(
             let result = iter
                 .get_next()
                 .map_err(TrainError::from)
-                .and_then(|batch| trainer.step(&*strategy, batch, global_batch, false));
+                .and_then(|batch| trainer.step(&*strategy, batch, global_batch, None));
             // A step counts once its update was applied here, even if the group broke right
             // after (with a ring, some survivors may have applied it and others not).
             if trainer.optimizer_steps() > before {
@@ -284,24 +294,28 @@ impl Trainer {
     }
 
     /// One step over `batch` (this process's per-replica batches of a global batch of
-    /// `global_batch`): its global loss. With `fail`, the first local replica returns an
-    /// application error instead.
+    /// `global_batch`): its global loss. With a `fault`, the first local replica fails with
+    /// it instead.
     fn step(
         &self,
         strategy: &dyn Strategy,
         batch: PerReplica<Vec<Tensor>>,
         global_batch: usize,
-        fail: bool,
+        fault: Option<Fault>,
     ) -> Result<f32, TrainError> {
         let replicas = strategy.num_replicas_in_sync();
         let (model, optimizer) = (Arc::clone(&self.model), Arc::clone(&self.optimizer));
         let step = self.optimizer_steps();
         let losses = strategy.try_run(
             move |ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
-                if fail && ctx.local_replica_id() == 0 {
-                    return Err(TrainError::Tensor(candle_core::Error::Msg(format!(
-                        "injected failure at step {step}"
-                    ))));
+                if let Some(fault) = fault.filter(|_| ctx.local_replica_id() == 0) {
+                    let message = format!("injected failure at step {step}");
+                    match fault {
+                        Fault::Error => {
+                            return Err(TrainError::Tensor(candle_core::Error::Msg(message)))
+                        }
+                        Fault::Panic => panic!("{message}"),
+                    }
                 }
                 let tape = GradientTape::new();
                 let logits = model.forward(&tape, &inputs[0])?;
