@@ -16,13 +16,19 @@
 //! 3. Call the operations (`ops.rs`) in the same order on every member; the `k`-th call of
 //!    every member is one operation and must agree (operation, shape, dtype).
 //! 4. On any error the group is broken for good: every pending and later call fails with the
-//!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]).
+//!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]),
+//!    the survivors being the members that answer a probe ([`ProcessGroup::reachable`]).
 //!
 //! Failure rules:
 //! - A member is lost when its connection closes or stays silent past the transport's idle
 //!   timeout (the detection budget): every survivor's pending call fails with
 //!   [`CollectiveError::MemberLost`] (each survivor watches every link, and the first member to
 //!   see a failure sends it to all others as an `Abort`).
+//! - A member whose step failed in the application aborts the group
+//!   ([`ProcessGroup::abort`]): every member's pending and later calls fail with
+//!   [`CollectiveError::Application`] naming it and its message.
+//! - A probe is answered by any live mesh, except one whose live group of a later epoch left
+//!   the prober out: it refuses, so the late member learns it was taken for lost.
 //! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
 //!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
 //! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
