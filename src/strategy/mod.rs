@@ -341,8 +341,8 @@ pub trait StrategyExt: Strategy {
     /// after it, in its collectives). A replica's error is an application error of the step:
     /// under a multi-worker strategy it aborts the step on every worker at once
     /// ([`ReplicaContext::abort_step`]), so that the other workers' `run` fails with
-    /// [`CollectiveError::Application`]
-    /// naming this worker and the error's message, while this worker gets its own error.
+    /// [`CollectiveError::Application`] naming this worker and the error's message, while
+    /// this worker gets its own error.
     fn try_run<F, A, T, E>(&self, f: F, args: A) -> Result<PerReplica<T>, E>
     where
         A: RunArgs,
