@@ -63,6 +63,9 @@ pub(crate) struct MwmsArgs {
     /// Re-forming: how long a survivor waits for a member's answer to its probe.
     #[arg(long, default_value_t = 2000)]
     probe_timeout_ms: u64,
+    /// How long forming a group (at start, and each re-forming attempt) waits for every member.
+    #[arg(long, default_value_t = 30_000)]
+    form_timeout_ms: u64,
 }
 
 /// Runs the worker (see the module doc).
@@ -76,7 +79,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     config.transport.idle_timeout = idle;
     config.transport.keep_alive_interval = idle / 4;
     config.group = GroupConfig {
-        form_timeout: Duration::from_secs(30),
+        form_timeout: Duration::from_millis(args.form_timeout_ms.max(1)),
         ..GroupConfig::default()
     };
     config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
