@@ -1,7 +1,8 @@
 //! The process group over real QUIC on 127.0.0.1 (one endpoint per member, in this process):
 //! every operation against a reference computed here, with 2, 3 and 4 members, sizes that do
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
-//! disagreeing members; a lost member; EPOCH-1.
+//! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
+//! a member's application abort; EPOCH-1.
 
 use std::time::Duration;
 
@@ -464,6 +465,86 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch() 
         let out = out.unwrap().to_vec1::<f32>().unwrap();
         assert!(out.iter().all(|v| *v == 2.0));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survivors_of_two_members_lost_at_once_agree_on_who_is_left_and_reform() {
+    let c = cluster(4, ring_config()).await;
+    let big = Tensor::ones(200_000, DType::F32, &Device::Cpu).unwrap();
+    let survivors = [&c.groups[0], &c.groups[2]];
+    let pending = join_all(survivors.iter().map(|g| g.all_reduce(Reduction::Sum, &big)));
+    let closer = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.endpoints[1].close();
+        c.endpoints[3].close();
+    };
+    let (outs, ()) = bounded("two lost", futures::future::join(pending, closer)).await;
+    for out in outs {
+        assert!(
+            matches!(out, Err(CollectiveError::MemberLost { .. })),
+            "{out:?}"
+        );
+    }
+    // Each survivor probes every member: both leave out the same two.
+    let alive = bounded(
+        "probe",
+        join_all(
+            survivors
+                .iter()
+                .map(|g| g.reachable(Duration::from_secs(2))),
+        ),
+    )
+    .await;
+    let expected = vec![NodeId::new("worker", 0), NodeId::new("worker", 2)];
+    let alive: Vec<Vec<NodeId>> = alive.into_iter().map(Result::unwrap).collect();
+    for view in &alive {
+        assert_eq!(view, &expected);
+    }
+    let reformed = bounded(
+        "reform",
+        join_all(survivors.iter().zip(&alive).map(|(g, view)| g.reform(view))),
+    )
+    .await;
+    let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    let outs = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))).await;
+    for (g, out) in reformed.iter().zip(outs) {
+        assert_eq!((g.epoch(), g.size()), (2, 2));
+        assert!(out
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .all(|v| *v == 2.0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_aborts_fails_every_pending_call_with_its_message() {
+    let c = cluster(3, ring_config()).await;
+    let big = Tensor::ones(200_000, DType::F32, &Device::Cpu).unwrap();
+    // Members 0 and 2 wait in an all-reduce that member 1 gives up with an application error.
+    let pending = join_all(
+        [&c.groups[0], &c.groups[2]]
+            .into_iter()
+            .map(|g| g.all_reduce(Reduction::Sum, &big)),
+    );
+    let abort = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.groups[1].abort("loss is not finite").await
+    };
+    let (outs, own) = bounded("abort", futures::future::join(pending, abort)).await;
+    let expected = CollectiveError::Application {
+        node: NodeId::new("worker", 1),
+        epoch: 1,
+        message: "loss is not finite".into(),
+    };
+    assert_eq!(own, expected);
+    for out in outs {
+        assert_eq!(out.unwrap_err(), expected);
+    }
+    // And every later call of the group fails with it too.
+    let later = c.groups[0].all_reduce(Reduction::Sum, &big).await;
+    assert_eq!(later.unwrap_err(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

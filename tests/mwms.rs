@@ -8,6 +8,15 @@
 //!   broadcast to all.
 //! - A worker SIGKILLed mid-training: every survivor's step fails with `member-lost` naming it
 //!   (the transport's idle timeout, 800 ms here, detects it), and exits; nothing hangs.
+//! - An application error on one worker's replica (`--fail-worker 1 --fail-step 3`, an error
+//!   or a panic): that worker exits with its own error, every other one with `kind=application` naming it and
+//!   the message, before any worker's op timeout could end its wait.
+//! - Elastic (`--elastic`): 3 workers × 2 replicas lose one to SIGKILL, 4 × 1 lose two at
+//!   once; the survivors agree on the lost, the epoch (2) and the completed step, re-form,
+//!   finish the run with the same bits, and match a one-process replay whose global batch
+//!   shrinks at that step (to 1e-5); so do the survivors of a second worker killed while they
+//!   re-form (a later epoch if it cut an attempt short). A worker SIGSTOPped past the budget is left out; back
+//!   (SIGCONT), it learns the others re-formed without it and exits with a typed error.
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
@@ -275,6 +284,257 @@ fn a_worker_killed_mid_training_fails_every_survivor_naming_it() {
             "worker {i}: {line}"
         );
         assert_eq!(cluster.workers[i].wait_exit(), 3, "worker {i}");
+    }
+}
+
+#[test]
+fn an_application_error_on_one_worker_fails_every_worker_with_its_message() {
+    application_error_case("apperr", &[]);
+}
+
+#[test]
+fn a_panic_on_one_worker_fails_every_worker_with_its_message() {
+    application_error_case("apppanic", &["--fail-panics"]);
+}
+
+/// Worker 1's first replica fails its step 3 (an error, or a panic with `extra`); the op
+/// timeout (60 s) is far off, so only the failing worker's abort can end the others' step
+/// with its message.
+fn application_error_case(name: &str, extra: &[&str]) {
+    let mut flags = vec![
+        "--steps",
+        "100000",
+        "--step-pause-ms",
+        "20",
+        "--fail-worker",
+        "1",
+        "--fail-step",
+        "3",
+    ];
+    flags.extend_from_slice(extra);
+    let mut cluster = Cluster::start(name, &[("worker", 2), ("worker", 2), ("worker", 2)], &flags);
+    for i in 0..3 {
+        let line = cluster.wait_for(i, "error");
+        assert!(
+            line.contains("injected failure at step 3"),
+            "worker {i}: {line}"
+        );
+        if i == 1 {
+            // Its own error, not the group's report of it.
+            assert!(line.contains("kind=other"), "worker {i}: {line}");
+        } else {
+            assert!(
+                line.contains("kind=application") && line.contains("node=worker/1"),
+                "worker {i}: {line}"
+            );
+        }
+        assert_eq!(cluster.workers[i].wait_exit(), 3, "worker {i}");
+        // No worker got past the failed step.
+        assert!(
+            !cluster.seen[i].iter().any(|l| l.starts_with("step 3 ")),
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+    }
+}
+
+/// `name`: `workers` workers of `replicas` replicas train elastically with a global batch of
+/// `per_replica` × every replica; the workers of `kill` are SIGKILLed at once mid-training;
+/// the survivors must re-form, finish, hold the same bits, and match a one-process replay
+/// with the global batch shrunk at the step they agreed on.
+fn elastic_case(name: &str, workers: usize, replicas: usize, kill: &[usize]) {
+    elastic_case_with(name, workers, replicas, kill, Duration::ZERO);
+}
+
+/// As [`elastic_case`], the workers of `kill` killed `apart` one after the other.
+fn elastic_case_with(name: &str, workers: usize, replicas: usize, kill: &[usize], apart: Duration) {
+    const STEPS: usize = 30;
+    let per_replica = 2;
+    let global = per_replica * replicas * workers;
+    let (steps, batch) = (STEPS.to_string(), global.to_string());
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+    ];
+    let tasks = vec![("worker", replicas); workers];
+    let mut cluster = Cluster::start(name, &tasks, &flags);
+    for i in 0..workers {
+        cluster.wait_for(i, "step 4 ");
+    }
+    for (n, &k) in kill.iter().enumerate() {
+        if n > 0 {
+            std::thread::sleep(apart);
+        }
+        kill_worker(&cluster, k);
+    }
+    let survivors: Vec<usize> = (0..workers).filter(|i| !kill.contains(i)).collect();
+    let mut outs = Vec::new();
+    for &i in &survivors {
+        cluster.wait_for(i, "done");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
+    }
+    // Every survivor went through the same re-formings: (epoch, step, position, workers).
+    let recoveries = |i: usize| -> Vec<(usize, usize, usize, usize, String)> {
+        cluster.seen[i]
+            .iter()
+            .filter(|l| l.starts_with("recovered"))
+            .map(|l| {
+                let lost = l.split_whitespace().find_map(|w| w.strip_prefix("lost="));
+                let fields = ["epoch", "step", "position", "workers"].map(|k| field(l, k));
+                (
+                    fields[0],
+                    fields[1],
+                    fields[2],
+                    fields[3],
+                    lost.unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    let seen = recoveries(survivors[0]);
+    for &i in &survivors[1..] {
+        assert_eq!(
+            recoveries(i),
+            seen,
+            "{name}: worker {i} re-formed otherwise"
+        );
+    }
+    // Killed at once: one re-forming at epoch 2; apart, maybe more, or a later epoch where a
+    // second loss cut an attempt short. Either way every lost worker is left out, once.
+    eprintln!("{name}: re-formings (epoch, step, position, workers, lost): {seen:?}");
+    assert!(!seen.is_empty(), "{name}: no re-forming");
+    if apart.is_zero() {
+        assert_eq!((seen.len(), seen[0].0), (1, 2), "{name}: {seen:?}");
+    }
+    let mut lost: Vec<&str> = seen.iter().flat_map(|r| r.4.split(',')).collect();
+    lost.sort_unstable();
+    let mut expected: Vec<String> = kill.iter().map(|k| format!("worker/{k}")).collect();
+    expected.sort_unstable();
+    assert_eq!(lost, expected, "{name}: {seen:?}");
+    assert_eq!(seen.last().unwrap().3, survivors.len(), "{name}: {seen:?}");
+    // The replay: the global batch of each group from the step it re-formed at, the input
+    // going on where the previous group stopped.
+    let mut schedule = Vec::new();
+    let (mut from, mut batch, mut position) = (0, global, 0);
+    for &(_, step, at, group, _) in &seen {
+        assert!(step >= from && step >= 4, "{name}: {seen:?}");
+        position += (step - from) * batch;
+        assert_eq!(at, position, "{name}: {seen:?}");
+        schedule.push((step - from, batch));
+        (from, batch) = (step, per_replica * replicas * group);
+    }
+    assert!(from < STEPS, "{name}: {seen:?}");
+    schedule.push((STEPS - from, batch));
+    for (k, out) in outs.iter().enumerate().skip(1) {
+        assert_eq!(
+            out.variables, outs[0].variables,
+            "{name}: survivor {k} holds other bits than survivor 0"
+        );
+    }
+    let replay = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule, 7).unwrap();
+    assert_eq!(outs[0].losses.len(), STEPS, "{name}");
+    let missing = outs[0].losses.iter().filter(|l| l.is_nan()).count();
+    assert!(missing <= seen.len(), "{name}: losses {:?}", outs[0].losses);
+    let mut known = outs[0].clone();
+    let mut reference = replay.clone();
+    let kept: Vec<usize> = (0..STEPS).filter(|&k| !known.losses[k].is_nan()).collect();
+    known.losses = kept.iter().map(|&k| known.losses[k]).collect();
+    reference.losses = kept.iter().map(|&k| reference.losses[k]).collect();
+    assert_close(&known, &reference, &format!("{name} vs the replay"));
+}
+
+fn kill_worker(cluster: &Cluster, k: usize) {
+    kill(cluster.workers[k].pid(), Signal::SIGKILL).unwrap();
+}
+
+/// The number after `key=` in `line`.
+fn field(line: &str, key: &str) -> usize {
+    let prefix = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+#[test]
+fn survivors_of_a_killed_worker_re_form_and_train_on_to_the_replayed_variables() {
+    elastic_case("elastic1", 3, 2, &[2]);
+}
+
+#[test]
+fn survivors_of_two_workers_killed_at_once_re_form_and_train_on() {
+    elastic_case("elastic2", 4, 1, &[1, 3]);
+}
+
+#[test]
+fn a_second_worker_lost_while_the_survivors_re_form_is_left_out_too() {
+    // Killed about when the others have noticed the first loss and probe or form: wherever
+    // it lands, the survivors end at one agreed group, state and result.
+    elastic_case_with("elastic3", 4, 1, &[3, 2], Duration::from_millis(1200));
+}
+
+#[test]
+fn a_worker_stopped_past_the_budget_is_left_out_and_refused_when_it_comes_back() {
+    let flags = [
+        "--elastic",
+        "--steps",
+        "100000",
+        "--global-batch",
+        "12",
+        "--step-pause-ms",
+        "40",
+        "--idle-timeout-ms",
+        "800",
+    ];
+    let mut cluster = Cluster::start(
+        "stopped",
+        &[("worker", 1), ("worker", 1), ("worker", 1)],
+        &flags,
+    );
+    for i in 0..3 {
+        cluster.wait_for(i, "step 3 ");
+    }
+    let late = cluster.workers[2].pid();
+    kill(late, Signal::SIGSTOP).unwrap();
+    for i in 0..2 {
+        let line = cluster.wait_for(i, "recovered");
+        assert!(
+            line.contains("epoch=2") && line.contains("lost=worker/2"),
+            "worker {i}: {line}"
+        );
+    }
+    kill(late, Signal::SIGCONT).unwrap();
+    // Back, it finds the others at epoch 2 without it: a typed error, no group of its own.
+    let line = cluster.wait_for(2, "error");
+    assert!(
+        line.contains("kind=recovery") && line.contains("left out") && line.contains("at epoch 2"),
+        "{line}"
+    );
+    assert_eq!(cluster.workers[2].wait_exit(), 3);
+    // The survivors trained on meanwhile, undisturbed.
+    for i in 0..2 {
+        let step = field(&cluster.wait_for(i, "recovered"), "step");
+        cluster.wait_for(i, &format!("step {} ", step + 5));
+        assert!(
+            !cluster.seen[i].iter().any(|l| l.starts_with("error")),
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
     }
 }
 

@@ -4,9 +4,12 @@
 //! The cluster and this worker's task come from `TF_CONFIG`. Each worker seeds its
 //! initializers differently (`7 + 1000 × rank`): only the strategy's broadcast of the first
 //! worker's values makes them start alike. It prints one line per event on stdout:
-//! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `done`, or `error kind=K
-//! node=N detail=..` (then exit code 3), and writes the final variables and losses as JSON to
-//! `--out`.
+//! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `recovered epoch=E step=S
+//! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed), `done`, or
+//! `error kind=K node=N detail=..` (then exit code 3), and writes the final variables and
+//! losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
+//! fail its step K with an application error (`--fail-panics`: a panic); `--elastic` trains
+//! with re-forming.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,10 +17,10 @@ use std::time::Duration;
 use super::CliError;
 use crate::cluster::ClusterConfig;
 use crate::collective::{CollectiveError, GroupConfig};
-use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
+use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy, StrategyError};
 use crate::train::TrainError;
 use crate::variable::VariableError;
-use crate::workloads::dense_sync;
+use crate::workloads::dense_sync::{self, collective_cause, ElasticEvent};
 
 /// Flags of `cohort mwms-member`.
 #[derive(Debug, clap::Args)]
@@ -43,6 +46,26 @@ pub(crate) struct MwmsArgs {
     /// Where the final variables and losses go (JSON).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The worker (its rank among the workers) whose first replica fails with an application
+    /// error at `--fail-step`.
+    #[arg(long, requires = "fail_step")]
+    fail_worker: Option<usize>,
+    /// The step at which `--fail-worker` fails.
+    #[arg(long, requires = "fail_worker")]
+    fail_step: Option<usize>,
+    /// `--fail-worker`'s replica panics instead of returning an error.
+    #[arg(long, requires = "fail_worker")]
+    fail_panics: bool,
+    /// Train elastically: when a worker is lost, the survivors re-form and go on with the
+    /// global batch of the same per-replica batch over fewer replicas.
+    #[arg(long)]
+    elastic: bool,
+    /// Re-forming: how long a survivor waits for a member's answer to its probe.
+    #[arg(long, default_value_t = 2000)]
+    probe_timeout_ms: u64,
+    /// How long forming a group (at start, and each re-forming attempt) waits for every member.
+    #[arg(long, default_value_t = 30_000)]
+    form_timeout_ms: u64,
 }
 
 /// Runs the worker (see the module doc).
@@ -56,10 +79,11 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     config.transport.idle_timeout = idle;
     config.transport.keep_alive_interval = idle / 4;
     config.group = GroupConfig {
-        form_timeout: Duration::from_secs(30),
+        form_timeout: Duration::from_millis(args.form_timeout_ms.max(1)),
         ..GroupConfig::default()
     };
-    let strategy = match MultiWorkerMirrored::new(config) {
+    config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
+    let mut strategy = match MultiWorkerMirrored::new(config) {
         Ok(strategy) => strategy,
         Err(StrategyError::Config { key, detail }) => {
             return Err(CliError::Usage(format!("{key}: {detail}")))
@@ -79,20 +103,72 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     );
     let seed = 7 + 1000 * strategy.worker_index() as u64;
     let pause = Duration::from_millis(args.step_pause_ms);
-    let outcome = dense_sync::train_with(
-        &strategy,
-        args.steps,
-        args.global_batch,
-        seed,
-        &mut |step, loss| {
-            println!("step {step} loss={loss}");
-            std::thread::sleep(pause);
-        },
-    );
+    let outcome = if args.elastic {
+        let replicas = strategy.num_replicas_in_sync();
+        if args.global_batch % replicas != 0 || args.global_batch == 0 {
+            return Err(CliError::Usage(format!(
+                "--global-batch: {} does not divide into {replicas} replicas (elastic runs \
+                 keep the per-replica batch)",
+                args.global_batch
+            )));
+        }
+        dense_sync::train_elastic(
+            &mut strategy,
+            args.steps,
+            args.global_batch / replicas,
+            seed,
+            &mut |event| match event {
+                ElasticEvent::Step { step, loss } => {
+                    println!("step {step} loss={loss}");
+                    std::thread::sleep(pause);
+                }
+                ElasticEvent::Recovered(r) => {
+                    let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+                    println!(
+                        "recovered epoch={} step={} position={} workers={} lost={} source={} \
+                         attempts={}",
+                        r.epoch,
+                        r.step,
+                        r.position,
+                        r.members.len(),
+                        lost.join(","),
+                        r.source,
+                        r.attempts
+                    );
+                }
+            },
+        )
+        .map(|(outcome, _)| outcome)
+    } else {
+        let fault = if args.fail_panics {
+            dense_sync::Fault::Panic
+        } else {
+            dense_sync::Fault::Error
+        };
+        let fail_at = args
+            .fail_step
+            .filter(|_| args.fail_worker == Some(strategy.worker_index()))
+            .map(|step| (step, fault));
+        dense_sync::train_failing(
+            &strategy,
+            args.steps,
+            args.global_batch,
+            seed,
+            fail_at,
+            &mut |step, loss| {
+                println!("step {step} loss={loss}");
+                std::thread::sleep(pause);
+            },
+        )
+    };
     let outcome = match outcome {
         Ok(outcome) => outcome,
+        Err(TrainError::Strategy(StrategyError::Recovery { reason })) => {
+            println!("error kind=recovery node= detail={reason}");
+            return Ok(3);
+        }
         Err(err) => {
-            report(&err.to_string(), collective_of(&err));
+            report(&err.to_string(), collective_cause(&err));
             return Ok(3);
         }
     };
@@ -103,15 +179,6 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     }
     println!("done");
     Ok(0)
-}
-
-/// The collective error under a training error, if that is what it is.
-fn collective_of(err: &TrainError) -> Option<&CollectiveError> {
-    match err {
-        TrainError::Strategy(e) => collective_of_strategy(e),
-        TrainError::Variable(VariableError::Collective { source, .. }) => Some(source),
-        _ => None,
-    }
 }
 
 fn collective_of_strategy(err: &StrategyError) -> Option<&CollectiveError> {
@@ -128,6 +195,7 @@ fn report(detail: &str, err: Option<&CollectiveError>) {
         Some(CollectiveError::PeerTimeout { node, .. }) => ("peer-timeout", node.to_string()),
         Some(CollectiveError::EpochRefused { node, .. }) => ("epoch-refused", node.to_string()),
         Some(CollectiveError::Form { .. }) => ("form", String::new()),
+        Some(CollectiveError::Application { node, .. }) => ("application", node.to_string()),
         Some(_) => ("collective", String::new()),
         None => ("other", String::new()),
     };

@@ -116,6 +116,19 @@ pub enum CollectiveError {
         /// The group's operation timeout.
         timeout_ms: u64,
     },
+    /// A member's step failed in the application (its replica function returned an error or
+    /// panicked): the member aborted the group so that every member's pending and later call
+    /// fails at once with its message, instead of waiting for it until the operation timeout.
+    /// Not a lost member: re-forming does not recover from it.
+    #[error("collective group epoch {epoch}: the step failed on {node}: {message}")]
+    Application {
+        /// The member whose step failed.
+        node: NodeId,
+        /// The group's membership epoch.
+        epoch: u64,
+        /// The application's error, in words.
+        message: String,
+    },
     /// A link to a member failed other than by loss (a refused or malformed message).
     #[error("collective group epoch {epoch}: link to {node} failed: {reason}")]
     Link {

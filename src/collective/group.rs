@@ -16,13 +16,19 @@
 //! 3. Call the operations (`ops.rs`) in the same order on every member; the `k`-th call of
 //!    every member is one operation and must agree (operation, shape, dtype).
 //! 4. On any error the group is broken for good: every pending and later call fails with the
-//!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]).
+//!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]),
+//!    the survivors being the members that answer a probe ([`ProcessGroup::reachable`]).
 //!
 //! Failure rules:
 //! - A member is lost when its connection closes or stays silent past the transport's idle
 //!   timeout (the detection budget): every survivor's pending call fails with
 //!   [`CollectiveError::MemberLost`] (each survivor watches every link, and the first member to
 //!   see a failure sends it to all others as an `Abort`).
+//! - A member whose step failed in the application aborts the group
+//!   ([`ProcessGroup::abort`]): every member's pending and later calls fail with
+//!   [`CollectiveError::Application`] naming it and its message.
+//! - A probe is answered by any live mesh, except one whose live group of a later epoch left
+//!   the prober out: it refuses, so the late member learns it was taken for lost.
 //! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
 //!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
 //! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
@@ -329,6 +335,50 @@ impl Mesh {
         }
     }
 
+    /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]): `Ok`
+    /// with whether it is alive, or its refusal if it re-formed a later epoch without us.
+    async fn probe(
+        &self,
+        peer: &GroupMember,
+        epoch: u64,
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let Ok(frame) = Frame::encode(&Wire::Probe { epoch }, Vec::new(), header_max) else {
+            return Ok(false);
+        };
+        let mut fresh = false;
+        loop {
+            let Ok(conn) = self.dial(peer, epoch, deadline, fresh).await else {
+                return Ok(false);
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => {
+                    return match reply.decode::<Reply>(header_max) {
+                        Ok(Reply::Ack) => Ok(true),
+                        Ok(Reply::Refused { current, detail }) => {
+                            Err(CollectiveError::EpochRefused {
+                                node: peer.node.clone(),
+                                epoch,
+                                current,
+                                detail,
+                            })
+                        }
+                        _ => Ok(false),
+                    }
+                }
+                // The kept connection may be the dead one of the lost member's old process, or
+                // a live member's that died unnoticed: dial once more.
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+
     async fn wait_for_join(
         &self,
         peer: &NodeId,
@@ -428,11 +478,61 @@ impl ProcessGroup {
         }
     }
 
-    /// Forms the group of the next epoch with `survivors` (members of this group, this node
-    /// among them), at the addresses this group was formed with. Every survivor must call it
-    /// with the same survivors.
+    /// Fails this group with [`CollectiveError::Application`] naming this member and
+    /// `message` (its step failed in the application), tells every member (each one's pending
+    /// and later calls fail with it at once), and returns once they heard it (bounded by the
+    /// abort's timeout) or with the error that broke the group before.
+    pub async fn abort(&self, message: impl Into<String>) -> CollectiveError {
+        let err = CollectiveError::Application {
+            node: self.shared.nodes[self.shared.rank].clone(),
+            epoch: self.shared.epoch,
+            message: message.into(),
+        };
+        let err = self.shared.fail(err, true);
+        self.shared.told().await;
+        err
+    }
+
+    /// The members of this group that are alive: this node, and each member that answers a
+    /// probe within `within` (dialed anew if its link is gone), in rank order. Survivors that
+    /// probe alike (the lost members dead, the others answering) get the same list, which is
+    /// what [`ProcessGroup::reform`] needs of every survivor. Fails with
+    /// [`CollectiveError::EpochRefused`] when a member already formed a later epoch without
+    /// this node (this node is the late one: it was taken for lost).
+    pub async fn reachable(&self, within: Duration) -> Result<Vec<NodeId>, CollectiveError> {
+        let deadline = Instant::now() + within;
+        let epoch = self.shared.epoch;
+        let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
+            let member = GroupMember {
+                node: node.clone(),
+                addr: self.shared.addrs[rank],
+            };
+            let me = rank == self.shared.rank;
+            async move {
+                if me {
+                    return Ok(Some(member.node));
+                }
+                let probe = self.mesh.probe(&member, epoch, deadline);
+                let alive = tokio::time::timeout_at(deadline, probe)
+                    .await
+                    .unwrap_or(Ok(false))?;
+                Ok(alive.then_some(member.node))
+            }
+        });
+        let answers = futures::future::join_all(probes).await;
+        let mut alive = Vec::with_capacity(answers.len());
+        for answer in answers {
+            alive.extend(answer?);
+        }
+        Ok(alive)
+    }
+
+    /// Forms the group of the next epoch of this node's mesh (one above the latest formed or
+    /// tried here: this group's epoch + 1, unless a re-forming attempt already took that one)
+    /// with `survivors` (members of this group, this node among them), at the addresses this
+    /// group was formed with. Every survivor must call it with the same survivors.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
-        let epoch = self.shared.epoch + 1;
+        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
         let mut members = Vec::with_capacity(survivors.len());
         for node in survivors {
             let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
@@ -541,6 +641,25 @@ impl MeshInner {
                     // EPOCH-1: a message of another epoch is never delivered.
                     _ => respond(responder, self.refusal(epoch), header_max),
                 }
+            }
+            Wire::Probe { epoch } => {
+                // A prober left out of a later live group learns it at once (it is the late
+                // member: the others re-formed without it).
+                let group = self.lock().group.upgrade();
+                let reply = match group {
+                    Some(g)
+                        if g.epoch > epoch
+                            && !g.nodes.contains(&peer)
+                            && g.lock().broken.is_none() =>
+                    {
+                        Reply::Refused {
+                            current: g.epoch,
+                            detail: format!(" and re-formed without {peer}"),
+                        }
+                    }
+                    _ => Reply::Ack,
+                };
+                respond(responder, reply, header_max)
             }
             Wire::Abort { epoch, error } => {
                 let group = self.lock().group.upgrade();

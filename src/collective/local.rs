@@ -131,6 +131,16 @@ impl LocalMember {
         self.rendezvous(Contribution::Barrier).map(|_| ())
     }
 
+    /// Reports that this member's step failed in the application with `message`: across a
+    /// span, the process group is aborted with it so that every other process's pending call
+    /// fails at once ([`CollectiveError::Application`]) instead of waiting for this one until
+    /// its timeout. In process, nothing is needed: the peers fail when this member leaves.
+    pub fn abort_step(&self, message: &str) {
+        if let Some(span) = &self.shared.span {
+            span.abort(message);
+        }
+    }
+
     /// Marks this member done with the step (see the module doc); later calls fail.
     pub fn leave(&self) {
         let calls = self.next_round.load(Ordering::SeqCst);

@@ -7,10 +7,11 @@
 //! threads of one process, used by the local strategies' replica contexts. [`ProcessGroup`]
 //! joins processes over cohort's transport (QUIC, mutual TLS): a ring for large tensors and a
 //! direct exchange for small ones, results bit-identical on every member (DATA-1), a
-//! membership epoch on every message (EPOCH-1), and typed errors for a lost member or members
-//! that disagree ([`CollectiveError`]). A [`ProcessSpan`] joins the two: a local group whose
-//! rounds go on across processes (MultiWorkerMirrored). NCCL (feature `nccl`) comes later
-//! beside them.
+//! membership epoch on every message (EPOCH-1), typed errors for a lost member, members that
+//! disagree or a member's failed step ([`CollectiveError`]), and the probes by which the
+//! survivors of a lost member agree on whom to re-form with. A [`ProcessSpan`] joins the two:
+//! a local group whose rounds go on across processes (MultiWorkerMirrored). NCCL (feature
+//! `nccl`) comes later beside them.
 //!
 //! It also owns the calling thread's replica ([`CurrentReplica`]): which member of which group
 //! the thread is while a strategy runs a replica function on it. The strategies present it as

@@ -101,6 +101,15 @@ impl ProcessSpan {
         self.sum(&token).map(|_| ())
     }
 
+    /// Aborts the process group with this process's application error `message` (see
+    /// [`ProcessGroup::abort`]); returns the error the group is broken with.
+    pub fn abort(&self, message: &str) -> CollectiveError {
+        let (group, message) = (self.group.clone(), message.to_string());
+        match self.block(async move { Ok(group.abort(message).await) }) {
+            Ok(err) | Err(err) => err,
+        }
+    }
+
     /// Runs `call` on the span's runtime and waits for it on this thread.
     pub fn block<T: Send + 'static>(
         &self,

@@ -5,6 +5,7 @@
 //!  Join  { epoch, members }              dialer -> acceptor, once per link and epoch
 //!  Data  { epoch, seq, tag, call } + blob   one chunk of the seq-th operation
 //!  Abort { epoch, error }                the first error a member saw, to every member
+//!  Probe { epoch }                       is the receiver alive? (re-forming with survivors)
 //!  reply: Ack | Refused { current, detail } | Broken(error)
 //! ```
 //!
@@ -38,6 +39,12 @@ pub(crate) enum Wire {
         tag: u64,
         /// The operation as the sender called it (checked against the receiver's).
         call: Call,
+    },
+    /// Whether the receiver is alive, asked by a member of the group of `epoch` that is
+    /// re-forming it with the survivors; answered `Ack` by any live mesh.
+    Probe {
+        /// The epoch the sender is leaving.
+        epoch: u64,
     },
     /// The group of `epoch` failed at the sender with `error`; the receiver fails too.
     Abort {

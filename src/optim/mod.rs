@@ -42,12 +42,14 @@
 //! ```
 
 mod slots;
+mod state;
 
 use crate::variable::{row_id_map, RowIdMap};
 
 use serde::{Deserialize, Serialize};
 
 pub use slots::Slots;
+pub use state::OptimizerState;
 
 /// Which optimizer, with its hyperparameters. Plain data: it can travel to a parameter server
 /// and be stored in a checkpoint manifest.

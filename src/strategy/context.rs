@@ -87,6 +87,17 @@ impl ReplicaContext {
         Ok(self.replica.member().barrier()?)
     }
 
+    /// Tells every replica of this step that this replica's step failed with `message` (an
+    /// application error): under a multi-worker strategy every other worker's pending and
+    /// later collectives fail at once with
+    /// [`CollectiveError::Application`](crate::collective::CollectiveError::Application)
+    /// naming this worker and `message`.
+    /// [`StrategyExt::try_run`](super::StrategyExt::try_run) calls it for a replica function
+    /// that returns an error, and a panicking replica calls it too.
+    pub fn abort_step(&self, message: &str) {
+        self.replica.member().abort_step(message);
+    }
+
     /// Marks this replica done with its step's collectives.
     pub(crate) fn leave(&self) {
         self.replica.member().leave();

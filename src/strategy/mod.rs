@@ -56,7 +56,10 @@ pub use central_storage::CentralStorage;
 pub use context::{get_replica_context, in_cross_replica_context, ReplicaContext, ValueContext};
 pub use default::DefaultStrategy;
 pub use mirrored::Mirrored;
-pub use multi_worker::{MultiWorkerConfig, MultiWorkerMirrored, DEFAULT_BUCKET_BYTES_MAX};
+pub use multi_worker::{
+    ElasticState, MultiWorkerConfig, MultiWorkerMirrored, Recovery, DEFAULT_BUCKET_BYTES_MAX,
+    DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
+};
 pub use one_device::OneDevice;
 pub use reduce::{gather_per_replica, reduce_per_replica};
 pub use replicas::{ReplicaFn, DEFAULT_COLLECTIVE_TIMEOUT_MS};
@@ -333,6 +336,48 @@ pub trait StrategyExt: Strategy {
         ))
     }
 
+    /// Runs a fallible step `f` on every replica (as [`StrategyExt::run`]) and gives its
+    /// values, or the error of the first replica whose step failed (the others may fail
+    /// after it, in its collectives). A replica's error is an application error of the step:
+    /// under a multi-worker strategy it aborts the step on every worker at once
+    /// ([`ReplicaContext::abort_step`]), so that the other workers' `run` fails with
+    /// [`CollectiveError::Application`] naming this worker and the error's message, while
+    /// this worker gets its own error.
+    fn try_run<F, A, T, E>(&self, f: F, args: A) -> Result<PerReplica<T>, E>
+    where
+        A: RunArgs,
+        F: Fn(&ReplicaContext, A::Item) -> Result<T, E> + Send + Sync + 'static,
+        T: Send + 'static,
+        E: fmt::Display + From<StrategyError> + Send + 'static,
+    {
+        // The replica's own error is kept aside: the strategy's own failure report (the group
+        // this worker aborted) must not hide it.
+        let failed: Arc<Mutex<Vec<E>>> = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&failed);
+        let out = self.run(
+            move |ctx, item| match f(ctx, item) {
+                Ok(value) => Some(value),
+                Err(err) => {
+                    ctx.abort_step(&err.to_string());
+                    kept.lock().unwrap_or_else(|p| p.into_inner()).push(err);
+                    None
+                }
+            },
+            args,
+        );
+        // A panicking replica is the cause (its peers fail only after it left the step).
+        if let Err(panicked @ StrategyError::ReplicaPanicked { .. }) = out {
+            return Err(panicked.into());
+        }
+        // Else the first to fail is the cause, for the same reason.
+        let failed = std::mem::take(&mut *failed.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(err) = failed.into_iter().next() {
+            return Err(err);
+        }
+        let values = out?.into_values();
+        Ok(PerReplica::new(values.into_iter().flatten().collect()))
+    }
+
     /// One value per replica of this process, made by `f` from each replica's
     /// [`ValueContext`].
     fn experimental_distribute_values_from_function<T, F>(&self, mut f: F) -> PerReplica<T>
@@ -469,6 +514,13 @@ pub enum StrategyError {
     /// Distributing input failed.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A multi-worker group could not be re-formed with the survivors (the group broke by an
+    /// error re-forming cannot mend, or every bounded attempt failed): `reason` says which.
+    #[error("re-forming the workers' group: {reason}")]
+    Recovery {
+        /// Why, with the last attempt's error.
+        reason: String,
+    },
     /// A multi-worker strategy's configuration is wrong: `key` names what (a cluster entry,
     /// the task, the certificate directory, the replica count).
     #[error("{key}: {detail}")]

@@ -26,9 +26,11 @@ use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
 use crate::collective::{
     CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
 };
+use crate::optim::{OptimizerState, Slots};
 use crate::variable::{
     MirroredPlacement, Placement, Variable, VariableError, VariablePlacement, VariableRequest,
 };
+use cohort_transport::NodeId;
 
 /// How a [`MultiWorkerMirrored`] is made: the cluster (workers and an optional chief, as
 /// TensorFlow's `TF_CONFIG` gives them) and this process's part in it.
@@ -49,6 +51,11 @@ pub struct MultiWorkerConfig {
     pub bucket_bytes_max: usize,
     /// How long a collective round among this process's replicas waits for all of them.
     pub collective_timeout: Duration,
+    /// Re-forming after a lost worker ([`MultiWorkerMirrored::recover`]): how long a survivor
+    /// waits for each other member to answer its probe (a member that does not is left out).
+    pub probe_timeout: Duration,
+    /// Re-forming: attempts (probe, form, agree on the state) before giving up.
+    pub recover_attempts: usize,
 }
 
 impl MultiWorkerConfig {
@@ -62,6 +69,8 @@ impl MultiWorkerConfig {
             transport: TransportConfig::default(),
             bucket_bytes_max: DEFAULT_BUCKET_BYTES_MAX,
             collective_timeout: Duration::from_millis(DEFAULT_COLLECTIVE_TIMEOUT_MS),
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            recover_attempts: DEFAULT_RECOVER_ATTEMPTS,
         }
     }
 
@@ -74,6 +83,10 @@ impl MultiWorkerConfig {
 
 /// The default bucket of a list all-reduced across workers.
 pub const DEFAULT_BUCKET_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The default time a re-forming survivor waits for a member's answer to its probe.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The default number of re-forming attempts.
+pub const DEFAULT_RECOVER_ATTEMPTS: usize = 3;
 
 /// TensorFlow's `MultiWorkerMirroredStrategy`: every worker runs the same program; each runs
 /// `N` local replicas on threads (as [`Mirrored`](super::Mirrored) does), and the replicas of
@@ -101,14 +114,24 @@ pub const DEFAULT_BUCKET_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Failures: when a worker is lost (its process dies, or it goes silent past the transport's
 /// idle timeout), every survivor's pending collective fails with
 /// [`CollectiveError::MemberLost`] naming it, and `run` fails with
-/// [`StrategyError::Collective`] (this step and every later one: the group is broken for
-/// good; re-forming it with the survivors is the caller's next step).
+/// [`StrategyError::Collective`] (this step and every later one, until
+/// [`MultiWorkerMirrored::recover`] re-forms the group with the survivors and makes their
+/// training state identical: elastic training). A replica whose step fails in the
+/// application (it panics, or returns an error under
+/// [`StrategyExt::try_run`](super::StrategyExt::try_run)) aborts the group: every other
+/// worker's `run` fails at once with [`CollectiveError::Application`] naming the worker and
+/// the error's message, and that worker gets its own error.
 #[derive(Debug)]
 pub struct MultiWorkerMirrored {
     id: StrategyId,
     replicas: Replicas,
     span: ProcessSpan,
     task: TaskId,
+    local_replicas: usize,
+    bucket_bytes_max: usize,
+    probe_timeout: Duration,
+    form_timeout: Duration,
+    recover_attempts: usize,
     /// Keeps the endpoint accepting while the strategy lives.
     _mesh: Mesh,
     runtime: Option<tokio::runtime::Runtime>,
@@ -234,6 +257,11 @@ impl MultiWorkerMirrored {
             replicas,
             span,
             task,
+            local_replicas: config.local_replicas,
+            bucket_bytes_max: config.bucket_bytes_max,
+            probe_timeout: config.probe_timeout,
+            form_timeout: config.group.form_timeout,
+            recover_attempts: config.recover_attempts.max(1),
             _mesh: mesh,
             runtime: Some(runtime),
         })
@@ -281,6 +309,213 @@ impl MultiWorkerMirrored {
     /// The process group of the workers (its epoch, members, and the error that broke it).
     pub fn process_group(&self) -> &ProcessGroup {
         self.span.group()
+    }
+
+    /// Re-forms the workers' group with the survivors after a step failed because a worker
+    /// was lost (elastic training, as Horovod Elastic and torchft do: no checkpoint is read,
+    /// the survivors hold the model), and makes every survivor's training `state` identical.
+    /// Call it on every survivor, in cross-replica context, once `run` (or `reduce`) failed
+    /// with a collective error; then go on training from `state.step` and `state.position`
+    /// with the new [`Strategy::num_replicas_in_sync`] and input pipelines.
+    ///
+    /// Each attempt, bounded in time:
+    /// 1. *Who survives*: this worker probes every member of the broken group
+    ///    ([`ProcessGroup::reachable`]); the members that answer within `probe_timeout` (and
+    ///    itself) are its survivors. Every survivor probes every member, so the dead ones
+    ///    (one, two, any number at once) are left out by all. A live member that does not
+    ///    answer in time (stopped, or starved) is left out too: the others go on without it.
+    /// 2. *Agreeing on them*: the survivors form the next epoch with that list; forming
+    ///    succeeds only where every member formed the same epoch with the same members (each
+    ///    link's join compares the lists), so survivors whose views differ (a member died
+    ///    while being probed) all fail the attempt instead of splitting, and try again after
+    ///    the form timeout with a new probe at the next epoch. A member never mixes epochs: a
+    ///    late message of the old group is refused by its epoch.
+    /// 3. *Agreeing on the state*: the survivors gather their completed steps; the one with
+    ///    the highest (ties: the lowest rank) is the source, since with a ring one survivor
+    ///    may have applied a step's full all-reduce that another never got. Its step, input
+    ///    position, optimizer step count, every variable of `state` and every optimizer slot
+    ///    are broadcast to the others, which install them on every local replica: every
+    ///    survivor holds the same bits again.
+    ///
+    /// A failure during the attempt (another worker lost while re-forming) starts the next
+    /// attempt from the group reached so far; after `recover_attempts` attempts it fails with
+    /// [`StrategyError::Recovery`] naming the last error. A group broken by an error that
+    /// re-forming cannot mend ([`CollectiveError::Application`], mismatched calls, this
+    /// worker stopping) fails with [`StrategyError::Recovery`] at once, and so does a worker
+    /// that was left out (it comes back, say from SIGSTOP, after the others re-formed
+    /// without it: a member's answer to its probe says so).
+    pub fn recover(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
+        let before = self.span.group().clone();
+        let Some(cause) = before.broken() else {
+            return Err(StrategyError::Recovery {
+                reason: format!(
+                    "the group of epoch {} is not broken: there is nothing to recover from",
+                    before.epoch()
+                ),
+            });
+        };
+        if !recoverable(&cause) {
+            return Err(StrategyError::Recovery {
+                reason: format!("the group broke by an error re-forming cannot mend: {cause}"),
+            });
+        }
+        let mut last = cause.to_string();
+        for attempt in 1..=self.recover_attempts {
+            let started = std::time::Instant::now();
+            let group = self.span.group().clone();
+            let probe = self.probe_timeout;
+            // Inner error: this worker was left out (a member re-formed without it).
+            let formed = self.block(async move {
+                let alive = match group.reachable(probe).await {
+                    Ok(alive) => alive,
+                    Err(left_out) => return Ok(Err(left_out)),
+                };
+                group.reform(&alive).await.map(Ok)
+            });
+            let formed = match formed {
+                // No later attempt can bring it back: the others go on without it.
+                Ok(Err(left_out)) => {
+                    return Err(StrategyError::Recovery {
+                        reason: format!("this worker was left out: {left_out}"),
+                    })
+                }
+                Ok(Ok(group)) => Ok(group),
+                Err(err) => Err(err),
+            };
+            match formed {
+                Ok(group) => {
+                    self.install(group);
+                    match self.agree_state(state) {
+                        Ok(source) => {
+                            let group = self.span.group();
+                            return Ok(Recovery {
+                                epoch: group.epoch(),
+                                members: group.members().to_vec(),
+                                lost: before
+                                    .members()
+                                    .iter()
+                                    .filter(|n| !group.members().contains(n))
+                                    .cloned()
+                                    .collect(),
+                                cause,
+                                source,
+                                step: state.step,
+                                position: state.position,
+                                attempts: attempt,
+                            });
+                        }
+                        Err(err) => last = err.to_string(),
+                    }
+                }
+                Err(err) => {
+                    last = err.to_string();
+                    // Survivors whose attempt failed at different moments start the next one
+                    // about as far apart as they started this one.
+                    let next = started + self.form_timeout;
+                    std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+                }
+            }
+        }
+        Err(StrategyError::Recovery {
+            reason: format!(
+                "gave up after {} attempt(s); the last failed with: {last}",
+                self.recover_attempts
+            ),
+        })
+    }
+
+    /// Makes `group` the one every later step's collectives span.
+    fn install(&mut self, group: ProcessGroup) {
+        let Some(runtime) = &self.runtime else { return };
+        let span = ProcessSpan::new(
+            group,
+            runtime.handle().clone(),
+            self.local_replicas,
+            self.bucket_bytes_max,
+        );
+        self.replicas.set_span(span.clone());
+        self.span = span;
+    }
+
+    /// Step 3 of [`MultiWorkerMirrored::recover`] over the freshly formed group; returns the
+    /// source's node.
+    fn agree_state(&self, state: &mut ElasticState<'_>) -> Result<NodeId, StrategyError> {
+        let cpu = &Device::Cpu;
+        let span = &self.span;
+        let steps = span
+            .all_gather(&Tensor::new(&[state.step as i64], cpu)?)?
+            .to_vec1::<i64>()?;
+        let highest = steps.iter().copied().max().unwrap_or(0);
+        // The first of the highest: the lowest rank.
+        let source = steps.iter().position(|s| *s == highest).unwrap_or(0);
+        let iterations = state.optimizer.map_or(0, |o| o.steps());
+        let header = span
+            .broadcast(
+                source,
+                &Tensor::new(
+                    &[state.step as i64, state.position as i64, iterations as i64],
+                    cpu,
+                )?,
+            )?
+            .to_vec1::<i64>()?;
+        for variable in state.variables {
+            let value = span.broadcast(source, &variable.try_read_value()?)?;
+            variable.assign(&value)?;
+        }
+        if let Some(optimizer) = state.optimizer {
+            let names = optimizer.kernel().slot_names();
+            for variable in state.variables.iter().filter(|_| !names.is_empty()) {
+                let len: usize = variable.shape().iter().product();
+                let own = optimizer.export_slots(variable, 0);
+                // Whether the source has slots for it: if not, no survivor ever updated it.
+                let has = u8::from(own.is_some());
+                let has = span
+                    .broadcast(source, &Tensor::new(&[has], cpu)?)?
+                    .to_vec1::<u8>()?;
+                if has.first() != Some(&1) {
+                    continue;
+                }
+                let mut flat = Vec::with_capacity(len * names.len());
+                for name in names {
+                    match own.as_ref().and_then(|o| o.get(name)) {
+                        Some(buffer) => flat.extend_from_slice(buffer),
+                        None => flat.extend(std::iter::repeat_n(0.0f32, len)),
+                    }
+                }
+                let flat = Tensor::from_vec(flat, len * names.len(), cpu)?;
+                let got = span.broadcast(source, &flat)?.to_vec1::<f32>()?;
+                let named = names
+                    .iter()
+                    .enumerate()
+                    .map(|(k, name)| (*name, got[k * len..(k + 1) * len].to_vec()));
+                let skipped = own.as_ref().map_or(0, |o| o.skipped_non_finite());
+                let slots =
+                    Slots::restore(optimizer.kernel(), variable.name(), len, named, skipped)
+                        .map_err(|e| StrategyError::Recovery {
+                            reason: format!("the source's optimizer slots: {e}"),
+                        })?;
+                for component in 0..self.local_replicas {
+                    optimizer.import_slots(variable, component, slots.clone());
+                }
+            }
+            optimizer.set_steps(header[2].max(0) as u64, self.local_replicas);
+        }
+        state.step = header[0].max(0) as u64;
+        state.position = header[1].max(0) as u64;
+        Ok(span.group().members()[source].clone())
+    }
+
+    /// Runs `call` on the collective runtime and waits for it here.
+    fn block<T: Send + 'static>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, CollectiveError>> + Send + 'static,
+    ) -> Result<T, CollectiveError> {
+        match &self.runtime {
+            Some(runtime) => block_on(runtime, call),
+            None => Err(CollectiveError::Stopped {
+                epoch: self.span.group().epoch(),
+            }),
+        }
     }
 
     fn broken(&self) -> Result<(), StrategyError> {
@@ -364,6 +599,11 @@ impl Strategy for MultiWorkerMirrored {
     fn run_replicas(&self, f: ReplicaFn) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {
         self.broken()?;
         let out = self.replicas.run(f);
+        if let Err(own @ StrategyError::ReplicaPanicked { .. }) = out {
+            // This worker's own failure (it aborted the group with it): its error, not the
+            // group's report of it.
+            return Err(own);
+        }
         self.broken()?;
         out
     }
@@ -431,6 +671,61 @@ impl Strategy for MultiWorkerMirrored {
     fn input_pipeline_id(&self) -> usize {
         self.worker_index()
     }
+}
+
+/// What a training loop carries over a re-forming of the workers' group
+/// ([`MultiWorkerMirrored::recover`]): the survivor with the most completed steps gives its
+/// own to the others.
+#[derive(Debug)]
+pub struct ElasticState<'a> {
+    /// Steps this worker completed (its optimizer applied them); after recovery, the source's.
+    pub step: u64,
+    /// Examples of the (global, unsharded) input consumed by those steps; after recovery, the
+    /// source's. Training goes on from here: the input is rebuilt to start at this example
+    /// and batched to the new global batch, so that no example is skipped or seen twice.
+    pub position: u64,
+    /// The variables to make identical (every trainable and non-trainable variable of the
+    /// model), in the same order on every worker.
+    pub variables: &'a [Variable],
+    /// The optimizer whose slots and step count follow the variables (e.g. a
+    /// `train::DistributedOptimizer`).
+    pub optimizer: Option<&'a dyn OptimizerState>,
+}
+
+/// What [`MultiWorkerMirrored::recover`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    /// The new group's membership epoch.
+    pub epoch: u64,
+    /// Its members (the survivors), in rank order.
+    pub members: Vec<NodeId>,
+    /// The members of the broken group left out.
+    pub lost: Vec<NodeId>,
+    /// The error that broke the old group here.
+    pub cause: CollectiveError,
+    /// The survivor whose state every survivor took.
+    pub source: NodeId,
+    /// The agreed completed step: training goes on with the next.
+    pub step: u64,
+    /// The agreed input position (examples consumed).
+    pub position: u64,
+    /// Attempts it took.
+    pub attempts: usize,
+}
+
+/// Whether re-forming with the survivors can mend a group broken by `err`: a lost, silent or
+/// refusing member can be left out; a failed step, disagreeing calls or this worker stopping
+/// cannot.
+fn recoverable(err: &CollectiveError) -> bool {
+    matches!(
+        err,
+        CollectiveError::MemberLost { .. }
+            | CollectiveError::PeerTimeout { .. }
+            | CollectiveError::EpochRefused { .. }
+            | CollectiveError::Link { .. }
+            | CollectiveError::Superseded { .. }
+            | CollectiveError::Form { .. }
+    )
 }
 
 /// Mirrors a variable on the local replicas and makes every worker's copies start from the

@@ -213,10 +213,18 @@ fn replica_loop(rx: Receiver<Job>) {
 
 fn run_one(ctx: &ReplicaContext, f: &ReplicaFn) -> Outcome {
     // The replica's panic is its error (a value, even in a crash-only process).
-    let result = with_replica_context(ctx, || contain_panic(AssertUnwindSafe(|| f(ctx))));
+    let result = with_replica_context(ctx, || contain_panic(AssertUnwindSafe(|| f(ctx))))
+        .map_err(|payload| panic_message(payload.as_ref()));
+    if let Err(message) = &result {
+        // Other workers waiting for this step fail at once with the panic's message.
+        ctx.abort_step(&format!(
+            "replica {} panicked: {message}",
+            ctx.replica_id_in_sync_group()
+        ));
+    }
     // Peers still waiting in a collective this replica will never join fail at once.
     ctx.leave();
-    result.map_err(|payload| panic_message(payload.as_ref()))
+    result
 }
 
 fn collect(mut outcomes: Vec<(usize, Outcome)>) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {

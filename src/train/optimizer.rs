@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use candle_core::{DType, Tensor};
 
 use super::TrainError;
-use crate::optim::{NonFinitePolicy, OptimError, Optimizer, Slots, UpdateOutcome};
+use crate::optim::{NonFinitePolicy, OptimError, Optimizer, OptimizerState, Slots, UpdateOutcome};
 use crate::strategy::{get_replica_context, ReduceOp, ReplicaContext};
 use crate::variable::{Variable, VariableId};
 
@@ -255,6 +255,29 @@ impl DistributedOptimizer {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What elastic re-forming moves between workers (the slots of every copy, the step count).
+impl OptimizerState for DistributedOptimizer {
+    fn kernel(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    fn export_slots(&self, variable: &Variable, component: usize) -> Option<Slots> {
+        self.slots(variable, component)
+    }
+
+    fn import_slots(&self, variable: &Variable, component: usize, slots: Slots) {
+        self.restore_slots(variable, component, slots);
+    }
+
+    fn steps(&self) -> u64 {
+        self.iterations()
+    }
+
+    fn set_steps(&self, steps: u64, components: usize) {
+        self.set_iterations(steps, components);
     }
 }
 

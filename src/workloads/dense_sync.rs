@@ -6,17 +6,26 @@
 //! dataset (no randomness but the initializers' seed) with the loss averaged over the global
 //! batch (`compute_average_loss`), so that the replicas' summed gradients are the gradient of
 //! the global batch whatever the number of replicas and workers.
+//!
+//! It also runs elastically under MultiWorkerMirrored ([`train_elastic`]: the survivors of a
+//! lost worker re-form and go on with a smaller global batch), and replays such a run in one
+//! process ([`train_schedule`]) to check it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use crate::data::{Dataset, DistributeOptions};
+use crate::collective::CollectiveError;
+use crate::data::{Dataset, DistributeOptions, DistributedIterator};
+use crate::distribute::PerReplica;
 use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
-use crate::optim::Optimizer;
-use crate::strategy::{ReduceOp, Strategy, StrategyExt};
+use crate::optim::{Optimizer, OptimizerState};
+use crate::strategy::{
+    ElasticState, MultiWorkerMirrored, Recovery, ReduceOp, Strategy, StrategyError, StrategyExt,
+};
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
+use crate::variable::VariableError;
 
 /// Input features per example.
 pub const FEATURES: usize = 8;
@@ -30,18 +39,41 @@ pub const EXAMPLES: usize = 96;
 pub const LEARNING_RATE: f32 = 0.01;
 
 /// What a run ends with: every trainable variable (flattened, by name) and each step's global
-/// loss.
+/// loss (NaN for a step of an elastic run whose loss reduction a failure cut; `null` in JSON).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DenseOutcome {
     /// The variables after the last step, by name.
     pub variables: BTreeMap<String, Vec<f32>>,
     /// The global loss of each step (reduced across every replica).
+    #[serde(with = "nan_as_null")]
     pub losses: Vec<f32>,
+}
+
+/// JSON has no NaN: a missing loss goes as `null`.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(losses: &[f32], s: S) -> Result<S::Ok, S::Error> {
+        let values: Vec<Option<f32>> = losses.iter().map(|l| (!l.is_nan()).then_some(*l)).collect();
+        values.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+        let values = Vec::<Option<f32>>::deserialize(d)?;
+        Ok(values.into_iter().map(|l| l.unwrap_or(f32::NAN)).collect())
+    }
 }
 
 /// The dataset: `EXAMPLES` examples of `FEATURES` features and an integer class, repeated,
 /// batched to `global_batch`.
 pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
+    dataset_from(0, global_batch)
+}
+
+/// The dataset from its `position`-th example on (counted over the repetitions), batched to
+/// `global_batch`: where training goes on after the global batch changed (elastic
+/// re-forming), so that every example is seen once in order whatever the batch sizes.
+pub fn dataset_from(position: usize, global_batch: usize) -> Result<Dataset, TrainError> {
     let cpu = &Device::Cpu;
     let x: Vec<f32> = (0..EXAMPLES * FEATURES)
         .map(|i| ((i * 37 + 11) % 29) as f32 / 14.0 - 1.0)
@@ -49,12 +81,15 @@ pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
     let y: Vec<i64> = (0..EXAMPLES)
         .map(|i| ((i * 7 + i / 5) % CLASSES) as i64)
         .collect();
-    Ok(Dataset::from_tensor_slices(vec![
+    let examples = Dataset::from_tensor_slices(vec![
         Tensor::from_vec(x, (EXAMPLES, FEATURES), cpu)?,
         Tensor::from_vec(y, EXAMPLES, cpu)?,
     ])?
-    .repeat(None)
-    .batch(global_batch, false))
+    .repeat(None);
+    // Whole repetitions are skipped without reading them.
+    Ok(examples
+        .skip(position % EXAMPLES)
+        .batch(global_batch, false))
 }
 
 /// Trains the model under `strategy` for `steps` global batches of `global_batch` examples.
@@ -77,28 +112,211 @@ pub fn train_with(
     seed: u64,
     after_step: &mut dyn FnMut(usize, f32),
 ) -> Result<DenseOutcome, TrainError> {
-    let model = {
-        let _scope = strategy.try_scope()?;
-        let hidden = Dense::builder("hidden", FEATURES, HIDDEN)
-            .activation(Activation::Relu)
-            .kernel_initializer(Initializer::GlorotUniform { seed })
-            .build()?;
-        let logits = Dense::builder("logits", HIDDEN, CLASSES)
-            .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
-            .build()?;
-        Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
-    };
-    let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
-    let dist = strategy
-        .experimental_distribute_dataset(dataset(global_batch)?, DistributeOptions::default())?;
-    let replicas = strategy.num_replicas_in_sync();
-    let mut iter = dist.iter();
-    let mut step_losses = Vec::with_capacity(steps);
-    for _ in 0..steps {
+    train_failing(strategy, steps, global_batch, seed, None, after_step)
+}
+
+/// How an injected fault makes a replica's step fail ([`train_failing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The step returns an error ("injected failure at step k").
+    Error,
+    /// The step panics with that message.
+    Panic,
+}
+
+/// As [`train_with`]; with `fail_at = Some((k, fault))`, the first local replica's step `k`
+/// fails with `fault` instead of computing: the fault that shows how a replica's error
+/// reaches every worker.
+pub fn train_failing(
+    strategy: &dyn Strategy,
+    steps: usize,
+    global_batch: usize,
+    seed: u64,
+    fail_at: Option<(usize, Fault)>,
+    after_step: &mut dyn FnMut(usize, f32),
+) -> Result<DenseOutcome, TrainError> {
+    let trainer = Trainer::build(strategy, seed)?;
+    let mut iter = input(strategy, 0, global_batch)?;
+    let mut losses = Vec::with_capacity(steps);
+    for step in 0..steps {
         let batch = iter.get_next()?;
-        let (model, optimizer) = (Arc::clone(&model), Arc::clone(&optimizer));
-        let out = strategy.run(
-            move |_ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+        let fault = fail_at.filter(|(k, _)| *k == step).map(|(_, f)| f);
+        let loss = trainer.step(strategy, batch, global_batch, fault)?;
+        after_step(step, loss);
+        losses.push(loss);
+    }
+    trainer.outcome(losses)
+}
+
+/// Trains in segments of `(steps, global_batch)`, each going on with the examples where the
+/// previous one stopped: in one process, what an elastic run computes whose group shrank
+/// (or grew) between segments.
+pub fn train_schedule(
+    strategy: &dyn Strategy,
+    schedule: &[(usize, usize)],
+    seed: u64,
+) -> Result<DenseOutcome, TrainError> {
+    let trainer = Trainer::build(strategy, seed)?;
+    let (mut position, mut losses) = (0, Vec::new());
+    for &(steps, global_batch) in schedule {
+        let mut iter = input(strategy, position, global_batch)?;
+        for _ in 0..steps {
+            let batch = iter.get_next()?;
+            losses.push(trainer.step(strategy, batch, global_batch, None)?);
+        }
+        position += steps * global_batch;
+    }
+    trainer.outcome(losses)
+}
+
+/// What an elastic run reports as it goes.
+#[derive(Debug)]
+pub enum ElasticEvent<'a> {
+    /// A step completed with this global loss.
+    Step {
+        /// The step (0-based).
+        step: usize,
+        /// Its global loss.
+        loss: f32,
+    },
+    /// The group re-formed with the survivors; training goes on from `recovery.step`.
+    Recovered(&'a Recovery),
+}
+
+/// Trains for `steps` steps under MultiWorkerMirrored, elastically: when a step fails because
+/// a worker was lost, the survivors re-form ([`MultiWorkerMirrored::recover`]: they agree on
+/// the survivors, and take the variables, optimizer slots, step and input position of the
+/// survivor that completed the most steps) and go on from the agreed step with the global
+/// batch `per_replica_batch × num_replicas_in_sync` of the new group, from the agreed
+/// position of the input (so no example is skipped or seen twice).
+///
+/// The outcome's losses are by step; a step whose loss reduction was cut by the failure has
+/// NaN. A failure re-forming cannot mend (an application error, a failed recovery) ends the
+/// run with it.
+pub fn train_elastic(
+    strategy: &mut MultiWorkerMirrored,
+    steps: usize,
+    per_replica_batch: usize,
+    seed: u64,
+    on_event: &mut dyn FnMut(ElasticEvent<'_>),
+) -> Result<(DenseOutcome, Vec<Recovery>), TrainError> {
+    let trainer = Trainer::build(&*strategy, seed)?;
+    let variables = trainer.model.trainable_variables();
+    let (mut step, mut position) = (0usize, 0usize);
+    let mut losses: Vec<f32> = Vec::with_capacity(steps);
+    let mut recoveries = Vec::new();
+    'group: while step < steps {
+        let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
+        let mut iter = input(&*strategy, position, global_batch)?;
+        while step < steps {
+            let before = trainer.optimizer_steps();
+            let result = iter
+                .get_next()
+                .map_err(TrainError::from)
+                .and_then(|batch| trainer.step(&*strategy, batch, global_batch, None));
+            // A step counts once its update was applied here, even if the group broke right
+            // after (with a ring, some survivors may have applied it and others not).
+            if trainer.optimizer_steps() > before {
+                step += 1;
+                position += global_batch;
+            }
+            match result {
+                Ok(loss) => {
+                    losses.push(loss);
+                    on_event(ElasticEvent::Step {
+                        step: step - 1,
+                        loss,
+                    });
+                }
+                Err(err) => match collective_cause(&err) {
+                    Some(CollectiveError::Application { .. }) | None => return Err(err),
+                    Some(_) => {
+                        let mut state = ElasticState {
+                            step: step as u64,
+                            position: position as u64,
+                            variables: &variables,
+                            optimizer: Some(trainer.optimizer.as_ref() as &dyn OptimizerState),
+                        };
+                        let recovery = strategy.recover(&mut state)?;
+                        step = state.step as usize;
+                        position = state.position as usize;
+                        losses.resize(step, f32::NAN);
+                        on_event(ElasticEvent::Recovered(&recovery));
+                        recoveries.push(recovery);
+                        continue 'group;
+                    }
+                },
+            }
+        }
+    }
+    Ok((trainer.outcome(losses)?, recoveries))
+}
+
+/// The collective error under a training error, if that is what it is.
+pub fn collective_cause(err: &TrainError) -> Option<&CollectiveError> {
+    match err {
+        TrainError::Strategy(StrategyError::Collective(e))
+        | TrainError::Strategy(StrategyError::Variable(VariableError::Collective {
+            source: e,
+            ..
+        }))
+        | TrainError::Variable(VariableError::Collective { source: e, .. }) => Some(e),
+        _ => None,
+    }
+}
+
+/// The model and its optimizer, built under a strategy.
+struct Trainer {
+    model: Arc<Sequential>,
+    optimizer: Arc<DistributedOptimizer>,
+}
+
+impl Trainer {
+    fn build(strategy: &dyn Strategy, seed: u64) -> Result<Self, TrainError> {
+        let model = {
+            let _scope = strategy.try_scope()?;
+            let hidden = Dense::builder("hidden", FEATURES, HIDDEN)
+                .activation(Activation::Relu)
+                .kernel_initializer(Initializer::GlorotUniform { seed })
+                .build()?;
+            let logits = Dense::builder("logits", HIDDEN, CLASSES)
+                .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
+                .build()?;
+            Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
+        };
+        let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
+        Ok(Self { model, optimizer })
+    }
+
+    /// Updates the optimizer went through (applied or skipped).
+    fn optimizer_steps(&self) -> u64 {
+        self.optimizer.iterations() + self.optimizer.skipped_steps()
+    }
+
+    /// One step over `batch` (this process's per-replica batches of a global batch of
+    /// `global_batch`): its global loss. With a `fault`, the first local replica fails with
+    /// it instead.
+    fn step(
+        &self,
+        strategy: &dyn Strategy,
+        batch: PerReplica<Vec<Tensor>>,
+        global_batch: usize,
+        fault: Option<Fault>,
+    ) -> Result<f32, TrainError> {
+        let replicas = strategy.num_replicas_in_sync();
+        let (model, optimizer) = (Arc::clone(&self.model), Arc::clone(&self.optimizer));
+        let step = self.optimizer_steps();
+        let losses = strategy.try_run(
+            move |ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+                if let Some(fault) = fault.filter(|_| ctx.local_replica_id() == 0) {
+                    let message = format!("injected failure at step {step}");
+                    match fault {
+                        Fault::Error => {
+                            return Err(TrainError::Tensor(candle_core::Error::Msg(message)))
+                        }
+                        Fault::Panic => panic!("{message}"),
+                    }
+                }
                 let tape = GradientTape::new();
                 let logits = model.forward(&tape, &inputs[0])?;
                 let per_example = losses::sparse_softmax_cross_entropy(&logits, &inputs[1])?;
@@ -110,24 +328,36 @@ pub fn train_with(
             },
             batch,
         )?;
-        let losses = out.transpose()?;
         let loss = strategy.reduce(ReduceOp::Sum, &losses, None)?;
-        let loss = loss.to_scalar::<f32>()?;
-        after_step(step_losses.len(), loss);
-        step_losses.push(loss);
+        Ok(loss.to_scalar::<f32>()?)
     }
-    let variables = model
-        .trainable_variables()
-        .iter()
-        .map(|v| {
-            Ok((
-                v.name().to_string(),
-                v.read_value().flatten_all()?.to_vec1::<f32>()?,
-            ))
-        })
-        .collect::<Result<BTreeMap<_, _>, TrainError>>()?;
-    Ok(DenseOutcome {
-        variables,
-        losses: step_losses,
-    })
+
+    fn outcome(&self, losses: Vec<f32>) -> Result<DenseOutcome, TrainError> {
+        let variables = self
+            .model
+            .trainable_variables()
+            .iter()
+            .map(|v| {
+                Ok((
+                    v.name().to_string(),
+                    v.read_value().flatten_all()?.to_vec1::<f32>()?,
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, TrainError>>()?;
+        Ok(DenseOutcome { variables, losses })
+    }
+}
+
+/// This process's iterator over the dataset from `position`, batched to `global_batch`.
+fn input(
+    strategy: &dyn Strategy,
+    position: usize,
+    global_batch: usize,
+) -> Result<DistributedIterator, TrainError> {
+    Ok(strategy
+        .experimental_distribute_dataset(
+            dataset_from(position, global_batch)?,
+            DistributeOptions::default(),
+        )?
+        .iter())
 }
