@@ -288,6 +288,38 @@ fn a_corrupted_newest_checkpoint_when_a_server_dies_rolls_back_to_the_one_before
 /// the chief declares it dead and fences it, its closure is dispatched again, and the job
 /// finishes on the other worker with every check passing. Meanwhile a short loss between that
 /// worker and a server, healed.
+/// The same partition healed while the job runs: the worker and the chief, which declared
+/// each other dead, race to reach each other; whichever loses exits 171 and comes back as a
+/// new incarnation (a worker the servers fenced exits when its push is refused as fenced), and
+/// the job passes every check.
+#[test]
+fn a_partition_healed_while_the_job_runs_loses_nothing() {
+    let dir = temp_dir("healed");
+    let plan = dir.join("healed.toml");
+    std::fs::write(
+        &plan,
+        "seed = 17\n\
+         [[fault]]\nkind = \"partition\"\ntarget = \"worker:0\"\npeer = \"chief\"\n\
+         at = \"1s\"\nafter = \"first_checkpoint\"\nfor = \"5s\"\n",
+    )
+    .unwrap();
+    let (output, report, dir) = run_plan_file(&plan, dir);
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(0), "{why}");
+    assert_eq!(report["verdict"], "passed", "{why}");
+    for name in [
+        "exit code",
+        "faults applied",
+        "every closure committed once",
+        "ps applied counts",
+        "no panic",
+    ] {
+        assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
+    }
+    assert_faults_applied(&report, &["partition", "heal"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn the_demo_survives_a_worker_partitioned_from_the_chief() {
     let (output, report, dir) = run_plan("partition-worker-from-chief.toml");

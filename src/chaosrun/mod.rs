@@ -129,15 +129,15 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
                     }
                     Ok(manifest) => {
                         let l = &manifest.ledger.counts;
+                        // The ids the chief still kept (it forgets old ones, and a chief
+                        // that restarted keeps only its own): never more than the count.
                         let ids = manifest.ledger.committed_ids.len() as u64;
-                        // Each committed closure's id once: a closure committed twice would
-                        // count twice but hold one id.
                         // A checkpoint older than the job's end does not hold the closures
                         // the chief scheduled after it (as its metrics last said).
                         let seen = observed.samples.last().map_or(0, |s| s.scheduled as u64);
                         let good = l.balances()
                             && l.committed == l.scheduled
-                            && ids == l.committed
+                            && ids <= l.committed
                             && l.pending == 0
                             && l.failed + l.cancelled + l.unavailable == 0
                             && seen <= l.scheduled;
@@ -150,7 +150,7 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
                         }
                         found.push(format!(
                             "newest checkpoint {} (step {}): {} scheduled, {} committed ({} \
-                             distinct closure ids), {} pending, {} failed, {} cancelled, {} \
+                             closure ids kept), {} pending, {} failed, {} cancelled, {} \
                              unavailable{}",
                             newest.dir.display(),
                             newest.step,
@@ -253,7 +253,8 @@ pub fn servers_check(summary: &run::PrintedSummary, counts: Option<&ShardCounts>
         };
     }
     let committed = summary.ledger.map(|l| l.committed);
-    let restores = summary.ps_restores.unwrap_or(0);
+    // A chief that resumed from its checkpoint restored the servers there too.
+    let restores = summary.ps_restores.unwrap_or(0) + u64::from(summary.resumed);
     let mut problems = Vec::new();
     let mut found = Vec::new();
     if !servers.is_empty() {
@@ -579,6 +580,7 @@ mod tests {
                 .collect(),
             ps_restores: restores,
             rolled_back: None,
+            resumed: false,
         }
     }
 
@@ -619,6 +621,11 @@ mod tests {
         // One server applied one push more than there are closures, with no restore.
         let check = servers_check(&summary(40, [40, 41], None), None);
         assert_eq!(check.status, "failed", "{}", check.detail);
+        // The same counts after the chief resumed from its checkpoint (it restored the
+        // servers there): closures after it ran again.
+        let mut resumed = summary(40, [40, 41], None);
+        resumed.resumed = true;
+        assert_eq!(servers_check(&resumed, None).status, "passed");
         assert!(
             check
                 .detail

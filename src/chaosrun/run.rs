@@ -108,6 +108,10 @@ pub struct PrintedSummary {
     pub ps_restores: Option<u64>,
     /// `... M committed closures rolled back and run again`.
     pub rolled_back: Option<u64>,
+    /// `steps: N of T (this run: R)` with `R < N`: the chief that printed it resumed from a
+    /// checkpoint (it restarted), restoring the servers there, so closures after that
+    /// checkpoint were pushed again.
+    pub resumed: bool,
 }
 
 /// One server's counts as the chief printed them.
@@ -400,6 +404,18 @@ fn scan_line(scan: &mut OutputScan, line: &str) {
         if let Some(n) = numbers_before(rest, &["restore", "committed closures rolled back"]) {
             scan.summary.ps_restores = Some(n[0]);
             scan.summary.rolled_back = Some(n[1]);
+        }
+    }
+    if let Some(rest) = line.split_once("steps: ").map(|(_, r)| r) {
+        let step = rest
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok());
+        let this_run = rest
+            .split_once("(this run: ")
+            .and_then(|(_, r)| r.trim().trim_end_matches(')').parse::<u64>().ok());
+        if let (Some(step), Some(this_run)) = (step, this_run) {
+            scan.summary.resumed = this_run < step;
         }
     }
     if let Some(server) = parse_printed_server(line) {
@@ -949,6 +965,15 @@ mod tests {
             "[worker/1] thread 'main' panicked at src/x.rs:1:1:",
         );
         scan_line(&mut scan, "[chief/0]   parameter-server recovery: 2 restore(s) from a checkpoint, 17 committed closures rolled back and run again");
+        assert!(!scan.summary.resumed);
+        scan_line(
+            &mut scan,
+            "[chief/0]   steps: 3600 of 3600 (this run: 2400)",
+        );
+        assert!(
+            scan.summary.resumed,
+            "a chief that resumed from a checkpoint"
+        );
         assert_eq!(
             (scan.summary.ps_restores, scan.summary.rolled_back),
             (Some(2), Some(17))
