@@ -349,3 +349,34 @@ fn a_fenced_call_answered_by_a_newer_incarnation_leaves_the_links_working() {
         Ok(())
     });
 }
+
+/// A dial under way gives way to the peer's own hello: the chief dials a worker at an address
+/// where nothing will ever answer (a port its predecessor left closed stands for it), the
+/// worker's new incarnation dials the chief meanwhile, and the chief's dial returns that link
+/// instead of waiting out its timeout (`call_timeout` is 5 s here; the test allows 90 s, so
+/// only the hello can end the dial with the worker's incarnation).
+#[test]
+fn a_dial_under_way_gives_way_to_the_peers_own_hello() {
+    run(async {
+        let ca = ClusterCa::generate("test")?;
+        let (chief_id, worker_id) = (NodeId::new("chief", 0), NodeId::new("worker", 0));
+        let chief = start(ca.issue(&chief_id)?, 1, PATIENT)?;
+        let worker = start(ca.issue(&worker_id)?, 7, PATIENT)?;
+        // An address nobody listens on: a bound, never-read UDP socket holds the port.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let nowhere: SocketAddr = silent.local_addr()?;
+        let dialing = {
+            let chief = chief.clone();
+            let worker_id = worker_id.clone();
+            tokio::spawn(async move { chief.connect(nowhere, &worker_id).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        worker.connect(chief.local_addr()?, &chief_id).await?;
+        let linked = dialing
+            .await?
+            .map_err(|e| anyhow!("the dial failed: {e}"))?;
+        assert_eq!(linked, Incarnation::new(worker_id, Epoch(7)));
+        drop(silent);
+        Ok(())
+    });
+}

@@ -105,6 +105,7 @@ impl Inner {
                 state.addrs.get(node).cloned(),
             )
         };
+        let rejected = existing.as_ref().map(|link| link.incarnation.epoch.0);
         if let Some(link) = existing {
             // A live link to where the node is known to be is reused; a node known at a new
             // address (restarted elsewhere) is dialed afresh. A name not dialed yet is where
@@ -124,6 +125,48 @@ impl Inner {
                 reason: "not connected and no known address".to_string(),
             });
         };
+        // The dial races the peer: a new incarnation that says hello to this node while the
+        // dial waits (say on a port its predecessor left closed, where the dial's first packet
+        // was lost) links it at once, and the dial gives way to that link.
+        let dial = self.dial(node, addr);
+        tokio::pin!(dial);
+        loop {
+            let linked = self.linked.notified();
+            tokio::pin!(linked);
+            linked.as_mut().enable();
+            if let Some(link) = self.newer_live_link(node, rejected, epoch) {
+                return Ok(link);
+            }
+            tokio::select! {
+                result = &mut dial => return result,
+                () = &mut linked => {}
+            }
+        }
+    }
+
+    /// The live link to `node`, if it is to an incarnation of at least `epoch` and newer than
+    /// the one whose link a dial was started to replace (`rejected`).
+    fn newer_live_link(
+        &self,
+        node: &NodeId,
+        rejected: Option<u64>,
+        epoch: u64,
+    ) -> Option<(Connection, Incarnation<NodeId>)> {
+        let state = lock(&self.state);
+        let link = state.peers.get(node)?;
+        let at = link.incarnation.epoch.0;
+        let usable = link.conn.close_reason().is_none()
+            && at >= epoch
+            && rejected.is_none_or(|rejected| at > rejected);
+        usable.then(|| (link.conn.clone(), link.incarnation.clone()))
+    }
+
+    /// Dials `node` at `addr` and says hello: the link to the incarnation that answers.
+    async fn dial(
+        self: &Arc<Self>,
+        node: &NodeId,
+        addr: PeerAddr,
+    ) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
         // A name is looked up on every dial: a peer recreated elsewhere under the same name is
         // reached at its new address.
         let addr = resolve(&addr, node).await?;

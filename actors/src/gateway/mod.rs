@@ -169,6 +169,7 @@ impl Gateway {
             registry: Registry::new(config.registrations_max),
             subscribers: Mutex::new(Vec::new()),
             wake: Arc::new(Notify::new()),
+            linked: Notify::new(),
             tasks: Mutex::new(Vec::new()),
             next_conn_id: std::sync::atomic::AtomicU64::new(0),
             stale_rejected: std::sync::atomic::AtomicU64::new(0),

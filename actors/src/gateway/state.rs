@@ -26,6 +26,9 @@ pub(super) struct Inner {
     pub(super) registry: Registry,
     pub(super) subscribers: Mutex<Vec<mpsc::Sender<PeerEvent>>>,
     pub(super) wake: Arc<Notify>,
+    /// Signalled whenever a peer's link is set: a dial under way to that peer may find it
+    /// linked already (its new incarnation said hello first).
+    pub(super) linked: Notify,
     pub(super) tasks: Mutex<Vec<JoinHandle<()>>>,
     pub(super) next_conn_id: std::sync::atomic::AtomicU64,
     pub(super) stale_rejected: std::sync::atomic::AtomicU64,
@@ -212,6 +215,7 @@ impl Inner {
             },
         );
         drop(state);
+        self.linked.notify_waiters();
         if let Some(old) = replaced.filter(|old| old.incarnation.epoch < incarnation.epoch) {
             old.conn.close();
         }
