@@ -151,6 +151,19 @@ fn tail(text: &str, n: usize) -> &str {
     &text[start..]
 }
 
+/// Every check of the report passed.
+fn assert_every_check_passed(report: &serde_json::Value, why: &str) {
+    for name in [
+        "exit code",
+        "faults applied",
+        "every closure committed once",
+        "ps applied counts",
+        "no panic",
+    ] {
+        assert_eq!(check(report, name)["status"], "passed", "{name}: {why}");
+    }
+}
+
 fn check<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     report["checks"]
         .as_array()
@@ -189,15 +202,7 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
             .is_some_and(|t| t == "ps/0" || t == "ps/1"),
         "{why}"
     );
-    for name in [
-        "exit code",
-        "faults applied",
-        "every closure committed once",
-        "ps applied counts",
-        "no panic",
-    ] {
-        assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
-    }
+    assert_every_check_passed(&report, &why);
     // The chief's step rate was sampled from its metrics endpoint.
     assert!(
         !report["timeline"]["samples"].as_array().unwrap().is_empty(),
@@ -284,10 +289,6 @@ fn a_corrupted_newest_checkpoint_when_a_server_dies_rolls_back_to_the_one_before
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A worker cut off from the chief (and only from it) for longer than the detection budget:
-/// the chief declares it dead and fences it, its closure is dispatched again, and the job
-/// finishes on the other worker with every check passing. Meanwhile a short loss between that
-/// worker and a server, healed.
 /// The same partition healed while the job runs: the worker and the chief, which declared
 /// each other dead, race to reach each other; whichever loses exits 171 and comes back as a
 /// new incarnation (a worker the servers fenced exits when its push is refused as fenced), and
@@ -307,34 +308,22 @@ fn a_partition_healed_while_the_job_runs_loses_nothing() {
     let why = describe(&output, &report);
     assert_eq!(output.status.code(), Some(0), "{why}");
     assert_eq!(report["verdict"], "passed", "{why}");
-    for name in [
-        "exit code",
-        "faults applied",
-        "every closure committed once",
-        "ps applied counts",
-        "no panic",
-    ] {
-        assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
-    }
+    assert_every_check_passed(&report, &why);
     assert_faults_applied(&report, &["partition", "heal"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A worker cut off from the chief (and only from it) for longer than the detection budget:
+/// the chief declares it dead and fences it, its closure is dispatched again, and the job
+/// finishes on the other worker with every check passing. Meanwhile a short loss between that
+/// worker and a server, healed.
 #[test]
 fn the_demo_survives_a_worker_partitioned_from_the_chief() {
     let (output, report, dir) = run_plan("partition-worker-from-chief.toml");
     let why = describe(&output, &report);
     assert_eq!(output.status.code(), Some(0), "{why}");
     assert_eq!(report["verdict"], "passed", "{why}");
-    for name in [
-        "exit code",
-        "faults applied",
-        "every closure committed once",
-        "ps applied counts",
-        "no panic",
-    ] {
-        assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
-    }
+    assert_every_check_passed(&report, &why);
     // The partition outlives the job; the loss is healed.
     assert_faults_applied(&report, &["partition", "loss", "heal"]);
     let faults = report["timeline"]["faults"].as_array().unwrap();

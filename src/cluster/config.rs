@@ -815,32 +815,10 @@ impl Layer {
                 self.eval_until_step = Some(step);
             }
             "workers_max" => {
-                let max = text
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=WORKERS_MAX_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "{text:?} is not a number of workers (a whole number from 1 to \
-                             {WORKERS_MAX_LIMIT})"
-                        ))
-                    })?;
-                self.workers_max = Some(max);
+                self.workers_max = Some(count(text, "workers", WORKERS_MAX_LIMIT).map_err(bad)?)
             }
             "replicas" => {
-                let replicas = text
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=REPLICAS_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "{text:?} is not a number of replicas (a whole number from 1 to \
-                             {REPLICAS_LIMIT})"
-                        ))
-                    })?;
-                self.replicas = Some(replicas);
+                self.replicas = Some(count(text, "replicas", REPLICAS_LIMIT).map_err(bad)?)
             }
             "metrics_addr" => {
                 let addr = text.trim().parse::<SocketAddr>().map_err(|_| {
@@ -1196,6 +1174,17 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
         metrics_addr,
         origins,
     })
+}
+
+/// A count from 1 to `limit` of `what` (workers, replicas), or why `text` is not one.
+fn count(text: &str, what: &str, limit: u32) -> Result<u32, String> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=limit).contains(n))
+        .ok_or_else(|| {
+            format!("{text:?} is not a number of {what} (a whole number from 1 to {limit})")
+        })
 }
 
 /// The most local replicas a worker may run.
