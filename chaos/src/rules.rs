@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cohort_transport::socket::AsyncUdpSocket;
-use cohort_transport::TransportConfig;
+use cohort_transport::{BindError, Endpoint, NodeCredentials, TransportConfig};
 
 use crate::plan::{FaultControl, FaultPlan};
 use crate::socket::ChaosSocket;
@@ -250,6 +250,21 @@ pub fn socket_from_env(
     );
     watch(path, control);
     Ok(Some(socket as Arc<dyn AsyncUdpSocket>))
+}
+
+/// Binds a process's transport endpoint at `addr`: under the network fault rules of
+/// [`NET_FAULTS_ENV`] when it names a file ([`socket_from_env`]), else on the plain socket,
+/// untouched. Every endpoint a role or a collective member binds goes through here, so a
+/// chaos plan's partitions and loss reach all of a process's traffic.
+pub fn bind_endpoint(
+    addr: SocketAddr,
+    creds: NodeCredentials,
+    config: TransportConfig,
+) -> Result<Endpoint, BindError> {
+    match socket_from_env(addr, &config)? {
+        Some(socket) => Endpoint::bind_with_socket(socket, creds, config),
+        None => Endpoint::bind(addr, creds, config),
+    }
 }
 
 fn ordered(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig, PeerAddr};
-use cohort_transport::{Endpoint, NodeCredentials, NodeId, TransportConfig};
+use cohort_transport::{NodeCredentials, NodeId, TransportConfig};
 
 use crate::cluster::{node_id, ClusterConfig, TaskId};
 
@@ -73,11 +73,7 @@ pub fn start_gateway(config: &NodeConfig) -> Result<Gateway, NodeError> {
     let transport = transport_config(config.detection_budget);
     // Under `cohort chaos run` (COHORT_NET_FAULTS names a rules file) the socket drops what
     // the runner's partitions and loss say; otherwise it is the plain socket, untouched.
-    let bound = match cohort_chaos::rules::socket_from_env(bind_addr, &transport) {
-        Ok(Some(socket)) => Endpoint::bind_with_socket(socket, creds, transport),
-        Ok(None) => Endpoint::bind(bind_addr, creds, transport),
-        Err(e) => Err(e.into()),
-    };
+    let bound = cohort_chaos::rules::bind_endpoint(bind_addr, creds, transport);
     let endpoint = bound.map_err(|e| NodeError::Bind {
         addr: bind_addr,
         reason: e.to_string(),

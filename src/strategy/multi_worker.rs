@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
-use cohort_transport::{Endpoint, NodeCredentials, TransportConfig};
+use cohort_transport::{NodeCredentials, TransportConfig};
 
 use super::replicas::{ReplicaFn, Replicas};
 use super::{
@@ -215,16 +215,18 @@ impl MultiWorkerMirrored {
                 )
             })?;
         let (transport, group_config) = (config.transport.clone(), config.group.clone());
-        let formed = block_on(&runtime, async move {
-            let endpoint =
-                Endpoint::bind(own_addr, creds, transport).map_err(|e| CollectiveError::Form {
-                    epoch: 1,
-                    reason: format!("cannot listen on {own_addr}: {e}"),
-                })?;
-            let mesh = Mesh::new(endpoint, group_config);
-            let group = mesh.form(1, members).await?;
-            Ok((mesh, group))
-        });
+        let formed =
+            block_on(&runtime, async move {
+                // Under network fault rules (COHORT_NET_FAULTS) as every role's endpoint is.
+                let endpoint = cohort_chaos::rules::bind_endpoint(own_addr, creds, transport)
+                    .map_err(|e| CollectiveError::Form {
+                        epoch: 1,
+                        reason: format!("cannot listen on {own_addr}: {e}"),
+                    })?;
+                let mesh = Mesh::new(endpoint, group_config);
+                let group = mesh.form(1, members).await?;
+                Ok((mesh, group))
+            });
         let (mesh, group) = match formed {
             Ok(formed) => formed,
             Err(err) => {
