@@ -24,7 +24,7 @@ use crate::nn::Initializer;
 use crate::roles::protocol::{
     f32_to_bytes, InitSpec, PsStats, PsStatsReply, SetupWorker, PS_ACTOR,
 };
-use crate::roles::worker::PsClient;
+use crate::roles::worker::{PsClient, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
 
 /// A variable to create on the parameter servers.
@@ -388,20 +388,54 @@ impl ClusterCoordinator {
 
     /// Reads a variable's whole value (for evaluation on the chief).
     pub fn read_variable(&self, name: &str) -> Result<Vec<f32>, CoordinatorError> {
-        let topology = self.topology();
-        let layout = layout_in(&topology, name)?;
-        ps_client(self, &topology)
-            .pull(layout)
-            .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
+        self.read_from_servers(name, |client, layout| client.pull(layout))
     }
 
     /// Reads rows of a `[rows, width]` variable.
     pub fn read_rows(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, CoordinatorError> {
-        let topology = self.topology();
-        let layout = layout_in(&topology, name)?;
-        ps_client(self, &topology)
-            .pull_rows(layout, ids)
-            .map_err(|e| CoordinatorError::ParameterServer(e.to_string()))
+        self.read_from_servers(name, |client, layout| client.pull_rows(layout, ids))
+    }
+
+    /// Reads variable `name` from the servers with `read`. A server that cannot be read for
+    /// now (lost, restarting, not restored yet) makes the read wait for the recovery that
+    /// restores it and read again, as a save does: a program reading its variables while a
+    /// server is recovered gets the restored values, not an error. Bounded by the
+    /// coordinator's wait and [`READ_ATTEMPTS_MAX`] reads; any other failure is returned at
+    /// once.
+    fn read_from_servers<T>(
+        &self,
+        name: &str,
+        read: impl Fn(&PsClient, &Layout) -> Result<T, StepError>,
+    ) -> Result<T, CoordinatorError> {
+        let deadline = Instant::now() + self.wait_max;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let topology = self.topology();
+            let layout = layout_in(&topology, name)?;
+            match read(&ps_client(self, &topology), layout) {
+                Ok(value) => return Ok(value),
+                Err(StepError::PsUnavailable(unavailable))
+                    if attempts < READ_ATTEMPTS_MAX && Instant::now() < deadline =>
+                {
+                    tracing::debug!(
+                        "reading {name}: {unavailable}; waiting for its recovery to read again"
+                    );
+                    self.wait_for_recovery(deadline)?;
+                }
+                Err(e) => return Err(CoordinatorError::ParameterServer(e.to_string())),
+            }
+        }
+    }
+
+    /// Waits (polling) until no parameter-server recovery holds dispatch, or `deadline`.
+    /// A first short pause lets a loss that was just hit be noticed.
+    fn wait_for_recovery(&self, deadline: Instant) -> Result<(), CoordinatorError> {
+        std::thread::sleep(RECOVERY_POLL);
+        while Instant::now() < deadline && self.ask(Status)?.recovering {
+            std::thread::sleep(RECOVERY_POLL);
+        }
+        Ok(())
     }
 
     /// The layouts of every variable created so far, as placed now.
@@ -642,6 +676,12 @@ impl ClusterCoordinator {
             .map_err(|_| CoordinatorError::Stopped)
     }
 }
+
+/// Most reads of a variable ([`ClusterCoordinator::read_variable`]) when servers cannot be read
+/// for now: each waits for the recovery under way.
+const READ_ATTEMPTS_MAX: u32 = 5;
+/// How often a read waiting for a recovery asks whether it ended.
+const RECOVERY_POLL: Duration = Duration::from_millis(50);
 
 /// The layout of variable `name` in `topology`.
 fn layout_in<'a>(topology: &'a ServerTopology, name: &str) -> Result<&'a Layout, CoordinatorError> {

@@ -103,6 +103,9 @@ pub struct CoordinatorStatus {
     pub idle: bool,
     /// Workers with a live incarnation.
     pub live_workers: usize,
+    /// A parameter-server recovery holds dispatch (a server is lost, restarting or being
+    /// restored).
+    pub recovering: bool,
 }
 
 /// What the machine knows of one task's incarnation (the status page's tasks).
@@ -484,6 +487,7 @@ impl Scheduler {
             ledger: self.ledger.clone(),
             idle: self.is_idle(),
             live_workers: self.live_workers(),
+            recovering: self.is_holding(),
         }
     }
 
