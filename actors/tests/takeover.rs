@@ -350,17 +350,22 @@ fn a_fenced_call_answered_by_a_newer_incarnation_leaves_the_links_working() {
     });
 }
 
-/// A dial under way gives way to the peer's own hello: the chief dials a worker at an address
-/// where nothing will ever answer (a port its predecessor left closed stands for it), the
-/// worker's new incarnation dials the chief meanwhile, and the chief's dial returns that link
-/// instead of waiting out its timeout (`call_timeout` is 5 s here; the test allows 90 s, so
-/// only the hello can end the dial with the worker's incarnation).
+/// A dial to a node declared dead gives way to its successor's own hello: the chief knew
+/// worker incarnation 6, its supervisor reported it dead, and the chief dials the worker again
+/// at an address where nothing will ever answer (a port its predecessor left closed stands for
+/// it); the worker's new incarnation dials the chief meanwhile, and the chief's dial returns
+/// that link instead of waiting out its timeout (`call_timeout` is 5 s here; only the hello
+/// can end the dial with the worker's incarnation).
 #[test]
-fn a_dial_under_way_gives_way_to_the_peers_own_hello() {
+fn a_dial_to_a_dead_node_gives_way_to_its_successors_hello() {
     run(async {
         let ca = ClusterCa::generate("test")?;
         let (chief_id, worker_id) = (NodeId::new("chief", 0), NodeId::new("worker", 0));
         let chief = start(ca.issue(&chief_id)?, 1, PATIENT)?;
+        let old = start(ca.issue(&worker_id)?, 6, PATIENT)?;
+        chief.connect(old.local_addr()?, &worker_id).await?;
+        old.shutdown();
+        assert!(chief.report_dead(&Incarnation::new(worker_id.clone(), Epoch(6))));
         let worker = start(ca.issue(&worker_id)?, 7, PATIENT)?;
         // An address nobody listens on: a bound, never-read UDP socket holds the port.
         let silent = std::net::UdpSocket::bind("127.0.0.1:0")?;

@@ -98,14 +98,20 @@ impl Inner {
         node: &NodeId,
         epoch: u64,
     ) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
-        let (existing, addr) = {
+        let (existing, addr, dead) = {
             let state = lock(&self.state);
             (
                 state.peers.get(node).cloned(),
                 state.addrs.get(node).cloned(),
+                // The incarnation of the node this gateway declared dead, if the newest it
+                // knows is one.
+                state
+                    .fencing
+                    .current(node)
+                    .filter(|(_, fenced)| *fenced)
+                    .map(|(epoch, _)| epoch.0),
             )
         };
-        let rejected = existing.as_ref().map(|link| link.incarnation.epoch.0);
         if let Some(link) = existing {
             // A live link to where the node is known to be is reused; a node known at a new
             // address (restarted elsewhere) is dialed afresh. A name not dialed yet is where
@@ -125,16 +131,20 @@ impl Inner {
                 reason: "not connected and no known address".to_string(),
             });
         };
-        // The dial races the peer: a new incarnation that says hello to this node while the
-        // dial waits (say on a port its predecessor left closed, where the dial's first packet
-        // was lost) links it at once, and the dial gives way to that link.
+        // A dial to a node declared dead races its successor: a new incarnation that says
+        // hello to this node while the dial waits (on the port its predecessor left closed,
+        // where the dial's first packet was lost) links it at once, and the dial gives way to
+        // that link. First contacts dial as they are.
+        let Some(dead) = dead else {
+            return self.dial(node, addr).await;
+        };
         let dial = self.dial(node, addr);
         tokio::pin!(dial);
         loop {
             let linked = self.linked.notified();
             tokio::pin!(linked);
             linked.as_mut().enable();
-            if let Some(link) = self.newer_live_link(node, rejected, epoch) {
+            if let Some(link) = self.newer_live_link(node, dead, epoch) {
                 return Ok(link);
             }
             tokio::select! {
@@ -145,19 +155,17 @@ impl Inner {
     }
 
     /// The live link to `node`, if it is to an incarnation of at least `epoch` and newer than
-    /// the one whose link a dial was started to replace (`rejected`).
+    /// the one declared dead (`dead`).
     fn newer_live_link(
         &self,
         node: &NodeId,
-        rejected: Option<u64>,
+        dead: u64,
         epoch: u64,
     ) -> Option<(Connection, Incarnation<NodeId>)> {
         let state = lock(&self.state);
         let link = state.peers.get(node)?;
         let at = link.incarnation.epoch.0;
-        let usable = link.conn.close_reason().is_none()
-            && at >= epoch
-            && rejected.is_none_or(|rejected| at > rejected);
+        let usable = link.conn.close_reason().is_none() && at >= epoch && at > dead;
         usable.then(|| (link.conn.clone(), link.incarnation.clone()))
     }
 
