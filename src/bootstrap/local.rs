@@ -78,12 +78,7 @@ pub struct LaunchFlags {
 
 /// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`].
 fn parse_replicas(text: &str) -> Result<u32, String> {
-    let limit = crate::cluster::REPLICAS_LIMIT;
-    text.trim()
-        .parse::<u32>()
-        .ok()
-        .filter(|n| (1..=limit).contains(n))
-        .ok_or_else(|| format!("{text:?} is not a number of replicas (1 to {limit})"))
+    crate::cluster::parse_count(text, "replicas", crate::cluster::REPLICAS_LIMIT)
 }
 
 /// The range of `launch --detection-budget`: that of the key it sets in every task.

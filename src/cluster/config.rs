@@ -1176,8 +1176,9 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     })
 }
 
-/// A count from 1 to `limit` of `what` (workers, replicas), or why `text` is not one.
-fn count(text: &str, what: &str, limit: u32) -> Result<u32, String> {
+/// A count from 1 to `limit` of `what` (workers, replicas), or why `text` is not one (the
+/// configuration keys and `launch --replicas` read counts alike).
+pub(crate) fn count(text: &str, what: &str, limit: u32) -> Result<u32, String> {
     text.trim()
         .parse::<u32>()
         .ok()

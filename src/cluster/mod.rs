@@ -14,6 +14,7 @@ mod duration;
 mod spec;
 mod tf_config;
 
+pub(crate) use config::count as parse_count;
 pub use config::{
     load_files, load_role_config, ps_restart_wait_for, resolve_config, ConfigError, ConfigFiles,
     ConfigFlags, ConfigKey, Origin, RoleConfig, CERTS_DIR_MISSING, DEFAULT_CONFIG_FILE,
