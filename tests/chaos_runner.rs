@@ -266,8 +266,8 @@ fn a_corrupted_newest_checkpoint_when_a_server_dies_rolls_back_to_the_one_before
     std::fs::write(
         &plan,
         "seed = 21\n\
-         [[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"6s\"\nafter = \"first_checkpoint\"\n\
-         [[fault]]\nkind = \"kill\"\ntarget = \"ps:1\"\nat = \"6s\"\nafter = \"first_checkpoint\"\n",
+         [[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"1s\"\nafter = \"checkpoint:2\"\n\
+         [[fault]]\nkind = \"kill\"\ntarget = \"ps:1\"\nat = \"1s\"\nafter = \"checkpoint:2\"\n",
     )
     .unwrap();
     let (output, report, dir) = run_plan_file(&plan, dir);

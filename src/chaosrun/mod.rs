@@ -357,7 +357,7 @@ pub fn write_report(
                 "kind": f.kind.as_str(),
                 "target": f.target.map(|t| t.to_string()),
                 "at": f.at.to_string(),
-                "after": f.after.as_str(),
+                "after": f.after.to_string(),
                 "peer": f.peer.map(|t| t.to_string()),
                 "probability": f.probability,
                 "for": f.lasts.map(crate::cluster::format_duration),

@@ -11,7 +11,8 @@
 //! target = "worker:1"        # chief, ps:0, worker:1, or a role ("worker": index drawn from the seed)
 //! at = "6s"                  # after the job's start, or a range "4s..9s" drawn from the seed
 //! after = "first_checkpoint" # count `at` from the job's first checkpoint instead of its
-//!                            # start (default "start"; runner only, not the simulator)
+//!                            # start (default "start"; "checkpoint:N" counts from the Nth
+//!                            # checkpoint the runner sees; runner only, not the simulator)
 //!
 //! [[fault]]
 //! kind = "pause"
@@ -183,16 +184,37 @@ impl fmt::Display for At {
 pub enum After {
     /// The start of the launch command.
     Start,
-    /// The moment the runner first sees a checkpoint in the job's checkpoint directory.
-    FirstCheckpoint,
+    /// The moment the runner has seen this many distinct checkpoints (1 or more) in the job's
+    /// checkpoint directory: a fault that needs an older checkpoint to fall back on (a
+    /// corrupted newest one) waits for the second rather than for a time that a slow machine
+    /// may not reach.
+    Checkpoint(u32),
 }
 
+/// The most checkpoints a fault can wait for (`after = "checkpoint:N"`).
+pub const AFTER_CHECKPOINT_MAX: u32 = 1000;
+
 impl After {
-    /// The name in a plan.
-    pub fn as_str(self) -> &'static str {
+    /// The moment the runner first sees a checkpoint.
+    pub const FIRST_CHECKPOINT: After = After::Checkpoint(1);
+
+    /// How many checkpoints must have been seen before the fault's time starts counting
+    /// (0 for the start).
+    pub fn checkpoints(self) -> u32 {
         match self {
-            After::Start => "start",
-            After::FirstCheckpoint => "first_checkpoint",
+            After::Start => 0,
+            After::Checkpoint(n) => n,
+        }
+    }
+}
+
+impl fmt::Display for After {
+    /// The name in a plan.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            After::Start => f.write_str("start"),
+            After::Checkpoint(1) => f.write_str("first_checkpoint"),
+            After::Checkpoint(n) => write!(f, "checkpoint:{n}"),
         }
     }
 }
@@ -334,7 +356,7 @@ impl Plan {
     pub fn touches_checkpoints(&self) -> bool {
         self.faults
             .iter()
-            .any(|f| !f.kind.hits_task() || f.after == After::FirstCheckpoint)
+            .any(|f| !f.kind.hits_task() || f.after != After::Start)
     }
 
     /// The faults with their times and choices drawn from the seed: those counted from the
@@ -388,7 +410,7 @@ impl Plan {
                 return Err(err(format!(
                     "{key}.after: the simulator cannot count from {} (its checkpoints are not \
                      at times the plan knows); give the time from the start",
-                    s.spec.after.as_str()
+                    s.spec.after
                 )));
             }
             if s.spec.kind == FaultKind::Loss {
@@ -535,12 +557,16 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
     };
     let after = match string("after")? {
         None | Some("start") => After::Start,
-        Some("first_checkpoint") => After::FirstCheckpoint,
-        Some(other) => {
-            return Err(format!(
-                "{key}.after: {other:?} is not \"start\" or \"first_checkpoint\""
-            ))
-        }
+        Some("first_checkpoint") => After::FIRST_CHECKPOINT,
+        Some(other) => match other.strip_prefix("checkpoint:").map(str::parse::<u32>) {
+            Some(Ok(n)) if (1..=AFTER_CHECKPOINT_MAX).contains(&n) => After::Checkpoint(n),
+            _ => {
+                return Err(format!(
+                    "{key}.after: {other:?} is not \"start\", \"first_checkpoint\" or \
+                     \"checkpoint:N\" with N from 1 to {AFTER_CHECKPOINT_MAX}"
+                ))
+            }
+        },
     };
     let lasts = match (string("for")?, kind.lasts()) {
         (Some(text), true) => Some(
@@ -743,6 +769,25 @@ mod tests {
     }
 
     #[test]
+    fn faults_counted_from_a_later_checkpoint_come_after_those_from_an_earlier_one() {
+        let text = "seed = 3\n\
+                    [[fault]]\nkind = \"corrupt_checkpoint\"\nat = \"1s\"\nafter = \"checkpoint:2\"\n\
+                    [[fault]]\nkind = \"kill\"\ntarget = \"ps:0\"\nat = \"5s\"\nafter = \"first_checkpoint\"\n\
+                    [[fault]]\nkind = \"kill\"\ntarget = \"worker:0\"\nat = \"9s\"\n";
+        let plan = parse(text).unwrap();
+        assert!(plan.touches_checkpoints());
+        let order: Vec<After> = plan.schedule().iter().map(|s| s.spec.after).collect();
+        assert_eq!(
+            order,
+            [After::Start, After::FIRST_CHECKPOINT, After::Checkpoint(2)]
+        );
+        assert_eq!(After::Checkpoint(2).to_string(), "checkpoint:2");
+        assert_eq!(After::FIRST_CHECKPOINT.to_string(), "first_checkpoint");
+        let err = plan.to_scenario(&SimConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("cannot count from"), "{err}");
+    }
+
+    #[test]
     fn bad_plans_are_refused_naming_the_file_and_the_key() {
         let cases = [
             ("[[fault]]\nkind = \"kill\"\n", "seed: missing"),
@@ -816,6 +861,14 @@ mod tests {
             (
                 "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nafter = \"lunch\"\n",
                 "fault[0].after",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nafter = \"checkpoint:0\"\n",
+                "fault[0].after: \"checkpoint:0\" is not",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nafter = \"checkpoint:two\"\n",
+                "fault[0].after: \"checkpoint:two\" is not",
             ),
             ("seed = 1\n[[fault]\n", "not valid TOML"),
         ];

@@ -212,7 +212,15 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
 
     let mut observed = Observed::default();
     let mut pending = plan.schedule();
-    let mut first_checkpoint: Option<Instant> = None;
+    // When the runner saw the 1st, 2nd, ... distinct checkpoint, up to the most a fault
+    // waits for.
+    let checkpoints_awaited = pending
+        .iter()
+        .map(|f| f.spec.after.checkpoints())
+        .max()
+        .unwrap_or(0) as usize;
+    let mut checkpoints_seen: Vec<Instant> = Vec::new();
+    let mut checkpoint_names = std::collections::BTreeSet::new();
     let mut next_checkpoint_look = started;
     let mut paused: Vec<(Instant, u32, String)> = Vec::new();
     let mut next_sample = started;
@@ -263,15 +271,21 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
                 true
             }
         });
-        if first_checkpoint.is_none() && now >= next_checkpoint_look {
+        if checkpoints_seen.len() < checkpoints_awaited && now >= next_checkpoint_look {
             next_checkpoint_look = now + CHECKPOINT_LOOK;
             if let Some(root) = &setup.checkpoint_dir {
-                if list_checkpoints(root).is_ok_and(|e| !e.is_empty()) {
-                    eprintln!(
-                        "[chaos] {:.2}s first checkpoint seen",
-                        now.duration_since(started).as_secs_f64()
-                    );
-                    first_checkpoint = Some(now);
+                for entry in list_checkpoints(root).unwrap_or_default() {
+                    if checkpoints_seen.len() < checkpoints_awaited
+                        && checkpoint_names.insert(entry.step)
+                    {
+                        checkpoints_seen.push(now);
+                        eprintln!(
+                            "[chaos] {:.2}s checkpoint {} seen ({})",
+                            now.duration_since(started).as_secs_f64(),
+                            checkpoints_seen.len(),
+                            entry.dir.display()
+                        );
+                    }
                 }
             }
         }
@@ -279,7 +293,7 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
             let due = pending.iter().position(|f| {
                 let base = match f.spec.after {
                     After::Start => Some(started),
-                    After::FirstCheckpoint => first_checkpoint,
+                    After::Checkpoint(n) => checkpoints_seen.get(n as usize - 1).copied(),
                 };
                 base.is_some_and(|base| now >= base + f.at)
             });
@@ -319,10 +333,11 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
             task: None,
             pid: None,
             applied: false,
-            detail: match (fault.spec.after, first_checkpoint) {
-                (After::FirstCheckpoint, None) => {
-                    "not applied: the job ended before its first checkpoint".into()
-                }
+            detail: match fault.spec.after {
+                After::Checkpoint(n) if checkpoints_seen.len() < n as usize => format!(
+                    "not applied: the job ended after {} of the {n} checkpoint(s) it waited for",
+                    checkpoints_seen.len()
+                ),
                 _ => "not applied: the job had ended".into(),
             },
         });
