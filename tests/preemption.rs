@@ -45,6 +45,13 @@ const STEPS_WITH_CHIEF_FROZEN: u64 = 120;
 const CHECKPOINT_EVERY: u64 = 10;
 /// Step at which the chief offers itself to be frozen.
 const FREEZE_AT_STEP: u64 = 35;
+/// Notices worker 1 gets in the scenario where it is preempted again and again: more than the
+/// launcher's restart budget (3 a minute in these tests), which a preemption must not spend.
+const REPEATED_PREEMPTIONS: u32 = 6;
+/// The file the test writes once it has sent every one of those notices and worker 1 is back.
+const PREEMPTIONS_SENT: &str = "preemptions-sent";
+/// Steps the job trains after that.
+const STEPS_AFTER_PREEMPTIONS: u64 = 20;
 /// Steps this process's worker has run (in the worker processes).
 static WORKER_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -68,6 +75,17 @@ fn program() -> Program {
             let rows = ctx.pull_rows("table", &ids)?;
             ctx.push_rows("table", ids, rows.iter().map(|r| r - 0.5).collect())?;
             std::thread::sleep(Duration::from_millis(10));
+            if ctx.worker_index() == 1 && scenario() == "worker-preempted-often" {
+                let ran = WORKER_STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                if ran == WORKER_STEPS_BEFORE_PREEMPTION {
+                    // Each incarnation offers itself once, under the next free number.
+                    for n in 0..=REPEATED_PREEMPTIONS {
+                        if claim_pid_file(&format!("worker-{n}.pid"), "") {
+                            break;
+                        }
+                    }
+                }
+            }
             if ctx.worker_index() == 1 && scenario() == "worker-leaves" {
                 let ran = WORKER_STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 if ran == WORKER_STEPS_BEFORE_PREEMPTION {
@@ -124,6 +142,17 @@ fn program() -> Program {
                 }
                 "worker-leaves" => {
                     train(coordinator, &mut step, STEPS_WITH_A_WORKER_PREEMPTED)?;
+                    report["final_step"] = serde_json::json!(step);
+                    report["ledger"] = serde_json::to_value(coordinator.ledger()?)
+                        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+                }
+                "worker-preempted-often" => {
+                    // Trains until the test has sent its last notice, then a little more.
+                    let sent = ps_support::child_dir().join(PREEMPTIONS_SENT);
+                    while !sent.exists() && step < STEPS_MAX {
+                        train(coordinator, &mut step, 10)?;
+                    }
+                    train(coordinator, &mut step, STEPS_AFTER_PREEMPTIONS)?;
                     report["final_step"] = serde_json::json!(step);
                     report["ledger"] = serde_json::to_value(coordinator.ledger()?)
                         .map_err(|e| CoordinatorError::Other(e.to_string()))?;
@@ -417,6 +446,60 @@ fn a_worker_preempted_alone_leaves_at_once_and_the_job_finishes_whole() {
     assert_eq!(
         first.code, 143,
         "worker/1 was to leave at once after its notice, not serve on: {exits:?}"
+    );
+}
+
+/// A worker preempted twice as often as the launcher's restart budget allows crashes: each
+/// time it leaves at once (exit 143) and the launcher starts it again outside that budget (a
+/// preemption is not a crash); the job finishes with the ledger whole and nothing rolled back.
+#[test]
+fn a_worker_preempted_again_and_again_is_restarted_each_time_outside_the_restart_budget() {
+    let run = Run::new("preempt-often", "worker-preempted-often", &[]);
+    assert!(REPEATED_PREEMPTIONS > run.restart.restarts_max);
+    let dir = run.dir.clone();
+    let preempter = beside(move |cancel| {
+        for n in 0..REPEATED_PREEMPTIONS {
+            let Some(pid) = wait_for_pid(&dir.join(format!("worker-{n}.pid")), &cancel) else {
+                return;
+            };
+            eprintln!("[test] SIGTERM {} to worker/1 (pid {pid})", n + 1);
+            signal(pid, Signal::SIGTERM);
+        }
+        // The incarnation after the last notice is up and training.
+        let last = dir.join(format!("worker-{REPEATED_PREEMPTIONS}.pid"));
+        if wait_for_pid(&last, &cancel).is_some() {
+            let _ = std::fs::write(dir.join(PREEMPTIONS_SENT), b"");
+        }
+    });
+    let root = run.path("ckpt").display().to_string();
+    let code = run.launch_code_with(&[
+        ("COHORT_CHECKPOINT_DIR", &root),
+        ("COHORT_PREEMPTION_GRACE", "60s"),
+        ("COHORT_DETECTION_BUDGET", "30s"),
+    ]);
+    preempter.finish();
+    assert_eq!(code, 0, "the job failed; its log is above");
+    assert!(
+        run.path(PREEMPTIONS_SENT).exists(),
+        "worker/1 did not come back after every notice"
+    );
+    let report = run.report();
+    let ledger = &report["ledger"];
+    assert_eq!(
+        ledger["scheduled"], ledger["committed"],
+        "LEDGER-1: {ledger}"
+    );
+    assert_eq!(ledger["pending"], 0, "{ledger}");
+    assert_eq!(ledger["rolled_back"], 0, "{ledger}");
+    let exits = run.exits();
+    let preempted: Vec<&ps_support::Exit> = exits
+        .iter()
+        .filter(|e| e.task == "worker/1" && e.code == 143)
+        .collect();
+    assert_eq!(
+        preempted.len(),
+        REPEATED_PREEMPTIONS as usize,
+        "each notice ends one incarnation of worker/1: {exits:?}"
     );
 }
 

@@ -109,6 +109,16 @@ impl RestartPolicy {
         }
     }
 
+    /// The delay before starting again a child that left on a preemption notice (it saved or
+    /// handed back its work and exited as asked). A preemption is not a failure of the child:
+    /// it spends nothing of `restarts_max` and does not grow the backoff, so a long job on
+    /// spot machines, preempted far more often than any crash budget allows, is neither
+    /// escalated nor left waiting ever longer; the child comes back after `backoff_base`, as
+    /// after a first failure. Crashes around it are counted as before.
+    pub fn after_preemption(&self) -> Duration {
+        self.limits.backoff_base
+    }
+
     /// Restarts counted within the window ending at `now`.
     pub fn restarts_in_window(&self, now: Instant) -> u32 {
         let count = self
@@ -176,6 +186,36 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn preemptions_spend_no_budget_and_do_not_grow_the_backoff() {
+        let t0 = Instant::now();
+        let mut p = RestartPolicy::new(limits(2));
+        for _ in 0..50 {
+            assert_eq!(p.after_preemption(), ms(100));
+        }
+        assert_eq!(p.restarts_in_window(t0), 0);
+        // Crashes are counted as if no preemption had happened.
+        assert_eq!(
+            p.handle_failure(t0),
+            RestartDecision::Restart {
+                after: ms(100),
+                attempt: 1
+            }
+        );
+        assert_eq!(p.after_preemption(), ms(100));
+        assert_eq!(
+            p.handle_failure(t0 + ms(1)),
+            RestartDecision::Restart {
+                after: ms(200),
+                attempt: 2
+            }
+        );
+        assert!(matches!(
+            p.handle_failure(t0 + ms(2)),
+            RestartDecision::Escalate { .. }
+        ));
     }
 
     #[test]

@@ -724,6 +724,17 @@ impl Launcher {
                 );
                 return Ok(None);
             }
+            AfterExit::Preempted => {
+                let after = entry.policy.after_preemption();
+                tracing::info!(
+                    "{task} (incarnation {}) left on a preemption notice ({}): restarting it in \
+                     {after:?}, outside the restart budget",
+                    entry.incarnation,
+                    describe(status)
+                );
+                entry.restart_at = Some(now + after);
+                return Ok(None);
+            }
             AfterExit::Restart => tracing::info!(
                 "{task} (incarnation {}) exited: {}",
                 entry.incarnation,
@@ -1162,6 +1173,10 @@ enum AfterExit {
     /// A task other than the chief asked for a restart ([`restart_wanted`]): restarted as a
     /// new incarnation, within the restart budget.
     Restart,
+    /// A task other than the chief left on a preemption notice ([`PREEMPTED_EXIT_CODE`]):
+    /// restarted after the first backoff delay, outside the restart budget
+    /// ([`RestartPolicy::after_preemption`]).
+    Preempted,
     /// A task other than the chief failed permanently (1–127): restarted all the same, within
     /// the restart budget, as the launcher has always done (`restartPolicy: OnFailure`).
     RetryFailure,
@@ -1179,6 +1194,8 @@ fn after_exit(task_type: TaskType, code: i32, restart_chief: bool) -> AfterExit 
         }
     } else if code == JOB_DONE_EXIT_CODE {
         AfterExit::Finished
+    } else if code == PREEMPTED_EXIT_CODE {
+        AfterExit::Preempted
     } else if restart_wanted(code) {
         AfterExit::Restart
     } else {
@@ -1219,7 +1236,7 @@ mod tests {
     /// policy); the chief's exit ends the job.
     #[test]
     fn the_launcher_restarts_every_failure_of_a_task_other_than_the_chief() {
-        use AfterExit::{EndJob, Finished, Restart, RetryFailure};
+        use AfterExit::{EndJob, Finished, Preempted, Restart, RetryFailure};
         let cases = [
             (JOB_DONE_EXIT_CODE, Finished),
             (TRAINING_ERROR_EXIT_CODE, RetryFailure),
@@ -1227,7 +1244,7 @@ mod tests {
             (3, RetryFailure),
             (127, RetryFailure),
             (128 + 9, Restart),
-            (PREEMPTED_EXIT_CODE, Restart),
+            (PREEMPTED_EXIT_CODE, Preempted),
             (PANIC_EXIT_CODE, Restart),
             (RETIRED_EXIT_CODE, Restart),
             (PS_LOST_EXIT_CODE, Restart),

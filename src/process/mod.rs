@@ -26,7 +26,8 @@
 //!
 //! The local launcher ([`crate::launch`]) ends the job whenever the chief exits, and restarts
 //! any other task that did not exit 0, the permanent failures too (within its restart budget,
-//! as `restartPolicy: OnFailure` would).
+//! as `restartPolicy: OnFailure` would); a task that exits 143 left on a preemption notice and
+//! is restarted outside that budget, with no growing backoff.
 //!
 //! A supervisor that saw a task's process exit may say so to the chief at once
 //! ([`ExitReport`], over the chief's `supervisor_socket`): the launcher does.
