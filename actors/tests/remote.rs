@@ -177,6 +177,46 @@ async fn next_peer_event(
 
 // ---- scenarios in one process ----
 
+/// A dial whose caller stops waiting (its timeout fires, or it took another link) at any
+/// point, including just after the peer answered its hello and linked the connection: what
+/// the peer then sends on that connection is still served. The caller's wait is cut at every
+/// point of the dial in turn (100 µs apart), each time by a new incarnation of the dialer.
+#[test]
+fn a_dial_whose_caller_stopped_waiting_still_serves_what_the_peer_sends_on_it() {
+    run(Duration::from_secs(120), async {
+        let ca = ClusterCa::generate("test")?;
+        let (w, ps) = (node("worker", 0), node("ps", 0));
+        let server = start_gateway(ca.issue(&ps)?, 1)?;
+        let creds = ca.issue(&w)?;
+        let mut linked_before_the_cut = 0;
+        for i in 0..100u64 {
+            let worker = start_gateway(creds.clone(), 1 + i)?;
+            let _calc = serve_calc(&worker);
+            let cut = Duration::from_micros(100 * i);
+            let dial = tokio::time::timeout(cut, worker.connect(server.local_addr()?, &ps)).await;
+            if dial.is_ok() {
+                linked_before_the_cut += 1;
+            }
+            // The server calls the dialer back: over the link the dial's hello gave it, if it
+            // got that far, else over a dial of its own.
+            let add = server
+                .resolve::<Add>(worker.local_addr()?, &w, "calc")
+                .await
+                .map_err(|e| anyhow!("cut after {cut:?}: {e}"))?;
+            let i = i as i64;
+            let sum = add
+                .call(&Add { a: i, b: 1 })
+                .await
+                .map_err(|e| anyhow!("cut after {cut:?}: {e}"))?;
+            assert_eq!(sum, i + 1);
+            worker.shutdown();
+        }
+        // The sweep reached past a whole dial (else it proved nothing about the late cuts).
+        assert!(linked_before_the_cut > 0, "no dial finished within 10 ms");
+        Ok(())
+    });
+}
+
 #[test]
 fn request_response_and_one_way_between_two_gateways() {
     run(Duration::from_secs(20), async {

@@ -131,15 +131,15 @@ impl Inner {
                 reason: "not connected and no known address".to_string(),
             });
         };
+        let mut dial = self.dial_detached(node, addr);
         // A dial to a node declared dead races its successor: a new incarnation that says
         // hello to this node while the dial waits (on the port its predecessor left closed,
-        // where the dial's first packet was lost) links it at once, and the dial gives way to
-        // that link. First contacts dial as they are.
+        // where the dial's first packet was lost) links it at once, and the caller takes that
+        // link instead of waiting; the dial goes on by itself. First contacts wait for their
+        // dial.
         let Some(dead) = dead else {
-            return self.dial(node, addr).await;
+            return dial_result(node, (&mut dial).await);
         };
-        let dial = self.dial(node, addr);
-        tokio::pin!(dial);
         loop {
             let linked = self.linked.notified();
             tokio::pin!(linked);
@@ -148,10 +148,35 @@ impl Inner {
                 return Ok(link);
             }
             tokio::select! {
-                result = &mut dial => return result,
+                result = &mut dial => return dial_result(node, result),
                 () = &mut linked => {}
             }
         }
+    }
+
+    /// [`Self::dial`] in a task of its own, its outcome on the returned channel. Once the
+    /// peer has answered the dial's hello it holds a link over that connection and may send
+    /// requests on it at once; a dial dropped half-way (its caller timed out, or took a link
+    /// from the peer's own hello instead) would leave nothing here serving that connection,
+    /// and the peer's requests on it would be dropped unanswered. Run apart, every dial that
+    /// gets through its hello is served, whoever still waits for it. Bounded by the connect
+    /// and request timeouts; aborted with the gateway.
+    fn dial_detached(
+        self: &Arc<Self>,
+        node: &NodeId,
+        addr: PeerAddr,
+    ) -> tokio::sync::oneshot::Receiver<Result<(Connection, Incarnation<NodeId>), RemoteError>>
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let inner = Arc::clone(self);
+        let node = node.clone();
+        let task = tokio::spawn(async move {
+            let _ = tx.send(inner.dial(&node, addr).await);
+        });
+        let mut tasks = lock(&self.tasks);
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+        rx
     }
 
     /// The live link to `node`, if it is to an incarnation of at least `epoch` and newer than
@@ -311,6 +336,22 @@ impl Inner {
             }
         })
     }
+}
+
+/// What a detached dial to `node` came to; a dial stopped with its gateway is a lost peer.
+fn dial_result(
+    node: &NodeId,
+    outcome: Result<
+        Result<(Connection, Incarnation<NodeId>), RemoteError>,
+        tokio::sync::oneshot::error::RecvError,
+    >,
+) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
+    outcome.unwrap_or_else(|_| {
+        Err(RemoteError::PeerLost {
+            peer: node.clone(),
+            reason: "the gateway stopped while dialing".to_string(),
+        })
+    })
 }
 
 /// `addr` resolved now; a name that does not resolve (yet) is a peer not reachable for now.

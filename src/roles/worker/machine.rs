@@ -689,6 +689,18 @@ impl WorkerMachine {
         if self.exit.is_some() {
             return None;
         }
+        // After a notice, an incarnation the chief fenced or retired (it took the notice and
+        // runs this worker's closures elsewhere, and a push in flight meanwhile is refused)
+        // or whose chief went away leaves as preempted, not as a failure: its supervisor
+        // restarts it without counting a crash.
+        let exit = if self.preempted && exit.code == RETIRED_EXIT_CODE {
+            Exit {
+                code: PREEMPTED_EXIT_CODE,
+                reason: format!("preempted, and {}", exit.reason),
+            }
+        } else {
+            exit
+        };
         self.exit = Some(exit.clone());
         Some(exit)
     }
@@ -969,6 +981,23 @@ mod tests {
         let exit = m.exit().expect("it exits");
         assert_eq!(exit.code, RETIRED_EXIT_CODE);
         assert!(exit.reason.contains("ps/1"), "{}", exit.reason);
+
+        // The same refusal after a preemption notice (the chief fenced the worker on its
+        // notice while a push was in flight): it leaves as preempted.
+        let mut m = ready(&[]);
+        started(&mut m, 1);
+        m.handle_preemption_notice(now());
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        let _ = m.handle_computed(now(), Ok((Vec::new(), gradients)), []);
+        let result = reply(m.handle_pushed(now(), Ok(vec![(0, PushOutcome::Fenced)])));
+        assert_eq!(result, Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
+        let exit = m.exit().expect("it exits");
+        assert_eq!(exit.code, PREEMPTED_EXIT_CODE);
+        assert!(
+            exit.reason.starts_with("preempted, and ps/0"),
+            "{}",
+            exit.reason
+        );
     }
 
     #[test]
@@ -1059,11 +1088,15 @@ mod tests {
         assert_eq!(m.admit(now(), Request::Positions), Ok(()));
         let mut lost = WorkerMachine::new(0, 1, 2);
         lost.handle_preemption_notice(now());
-        assert!(lost
+        let exit = lost
             .handle_chief_lost(now(), Duration::from_secs(1))
-            .unwrap()
-            .reason
-            .contains("the chief has exited"));
+            .unwrap();
+        assert!(
+            exit.reason.contains("the chief has exited"),
+            "{}",
+            exit.reason
+        );
+        assert_eq!(exit.code, PREEMPTED_EXIT_CODE);
         // Told to stay (the chief stops too), it serves on; the grace's end stops it.
         assert_eq!(m.handle_leave_answer(now(), LeaveAnswer::Stay), None);
         assert_eq!(
