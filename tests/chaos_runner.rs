@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use cohort::checkpoint::list_checkpoints;
+
 const EXE: &str = env!("CARGO_BIN_EXE_cohort");
 
 /// The most one runner call may take here (its own --timeout is shorter).
@@ -285,6 +287,37 @@ fn a_corrupted_newest_checkpoint_when_a_server_dies_rolls_back_to_the_one_before
     assert!(
         detail.starts_with("flipped bit") && detail.contains("shard-"),
         "{detail}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The checkpoint disk full for a while: a real ENOSPC (the job's checkpoint directory is a
+/// tmpfs in a mount namespace of its own, which the runner fills, then frees). The saves due
+/// meanwhile fail and the job says so and trains on; the final save, if it comes while the disk
+/// is full, is tried again until it is freed; every check passes against the checkpoints
+/// written once it was.
+#[test]
+fn a_full_checkpoint_disk_for_a_while_costs_saves_not_the_job() {
+    if let Err(why) = cohort::chaosrun::disk::probe_namespaces() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (output, report, dir) = run_plan("disk-full.toml");
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(0), "{why}");
+    assert_eq!(report["verdict"], "passed", "{why}");
+    assert_faults_applied(&report, &["disk_full", "heal"]);
+    let filled = report["timeline"]["faults"][0]["detail"].as_str().unwrap();
+    assert!(filled.contains("No space left on device"), "{filled}");
+    let log = std::fs::read_to_string(dir.join("report/job.log")).expect("job.log");
+    assert!(
+        log.contains("not saved") && log.contains("No space left on device"),
+        "no save failed while the disk was full: {why}"
+    );
+    // The tmpfs's checkpoints were copied back where the job was told to write them.
+    assert!(
+        list_checkpoints(&dir.join("ckpt")).is_ok_and(|c| !c.is_empty()),
+        "{why}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -12,6 +12,7 @@
 //! each fault marked where it hit) go to the output directory, beside
 //! `job.log`.
 
+pub mod disk;
 pub mod plan;
 pub mod run;
 

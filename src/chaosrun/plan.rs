@@ -33,6 +33,12 @@
 //! for = "5s"
 //!
 //! [[fault]]
+//! kind = "disk_full"         # the checkpoint directory's filesystem full (ENOSPC), then freed
+//! at = "1s"                  # (the job runs over a tmpfs of `disk_size_mib`, default 256,
+//! after = "first_checkpoint" # in a mount namespace of its own)
+//! for = "10s"
+//!
+//! [[fault]]
 //! kind = "loss"              # each datagram between target and peer lost with this
 //! target = "ps:1"            # probability (no peer: between the target and every task)
 //! probability = 0.1
@@ -57,6 +63,13 @@ use crate::sim::{Fault, NetSettings, Node, Scenario, SimConfig};
 
 /// The latest a fault may be planned (and the longest pause).
 pub const FAULT_TIME_MAX: Duration = Duration::from_secs(24 * 3600);
+/// Size of the checkpoint filesystem a `disk_full` fault fills, unless the plan gives
+/// `disk_size_mib`: room for a demo's checkpoints many times over; filling it costs that much
+/// memory (a tmpfs) while the fault lasts.
+pub const DISK_SIZE_MIB_DEFAULT: u64 = 256;
+/// The largest `disk_size_mib`.
+pub const DISK_SIZE_MIB_MAX: u64 = 16 * 1024;
+
 /// Most faults in one plan.
 pub const FAULTS_MAX: usize = 256;
 
@@ -78,11 +91,14 @@ pub enum FaultKind {
     /// Lose datagrams between the target and its peer (or every other task) with a
     /// probability, `for` long.
     Loss,
+    /// Fill the filesystem of the job's checkpoint directory (a tmpfs of `disk_size_mib`
+    /// in the job's own mount namespace) so that every write fails with ENOSPC, `for` long.
+    DiskFull,
 }
 
 impl FaultKind {
     /// Every kind, as plans spell them.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Term,
@@ -90,6 +106,7 @@ impl FaultKind {
         FaultKind::CorruptCheckpoint,
         FaultKind::Partition,
         FaultKind::Loss,
+        FaultKind::DiskFull,
     ];
 
     /// The name in a plan.
@@ -102,6 +119,7 @@ impl FaultKind {
             FaultKind::CorruptCheckpoint => "corrupt_checkpoint",
             FaultKind::Partition => "partition",
             FaultKind::Loss => "loss",
+            FaultKind::DiskFull => "disk_full",
         }
     }
 
@@ -109,7 +127,7 @@ impl FaultKind {
     pub fn hits_task(self) -> bool {
         !matches!(
             self,
-            FaultKind::DeleteCheckpoint | FaultKind::CorruptCheckpoint
+            FaultKind::DeleteCheckpoint | FaultKind::CorruptCheckpoint | FaultKind::DiskFull
         )
     }
 
@@ -122,7 +140,7 @@ impl FaultKind {
     pub fn lasts(self) -> bool {
         matches!(
             self,
-            FaultKind::Pause | FaultKind::Partition | FaultKind::Loss
+            FaultKind::Pause | FaultKind::Partition | FaultKind::Loss | FaultKind::DiskFull
         )
     }
 }
@@ -262,6 +280,8 @@ pub struct Plan {
     pub seed: u64,
     /// The exit code the job must end with.
     pub expect_exit: i32,
+    /// Size of the job's checkpoint filesystem under a `disk_full` fault, MiB.
+    pub disk_size_mib: u64,
     /// The faults, in file order.
     pub faults: Vec<FaultSpec>,
 }
@@ -300,9 +320,10 @@ impl Plan {
             err(format!("not valid TOML{at}: {}", e.message().trim()))
         })?;
         for key in table.keys() {
-            if !["seed", "expect_exit", "fault"].contains(&key.as_str()) {
+            if !["seed", "expect_exit", "disk_size_mib", "fault"].contains(&key.as_str()) {
                 return Err(err(format!(
-                    "{key}: unknown key (a plan has seed, expect_exit and [[fault]] tables)"
+                    "{key}: unknown key (a plan has seed, expect_exit, disk_size_mib and \
+                     [[fault]] tables)"
                 )));
             }
         }
@@ -321,6 +342,17 @@ impl Plan {
             Some(v) => {
                 return Err(err(format!(
                     "expect_exit: {v} is not an exit code (0 to 255)"
+                )))
+            }
+        };
+        let disk_size_mib = match table.get("disk_size_mib") {
+            None => DISK_SIZE_MIB_DEFAULT,
+            Some(toml::Value::Integer(n)) if (1..=DISK_SIZE_MIB_MAX as i64).contains(n) => {
+                *n as u64
+            }
+            Some(v) => {
+                return Err(err(format!(
+                    "disk_size_mib: {v} is not a size from 1 to {DISK_SIZE_MIB_MAX} MiB"
                 )))
             }
         };
@@ -347,6 +379,7 @@ impl Plan {
             source: path.to_path_buf(),
             seed,
             expect_exit,
+            disk_size_mib,
             faults,
         })
     }
@@ -584,7 +617,7 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         }
         (Some(_), false) => {
             return Err(format!(
-                "{key}.for: only a pause, partition or loss lasts ({kind} does not)"
+                "{key}.for: only a pause, partition, loss or disk_full lasts ({kind} does not)"
             ))
         }
         (None, false) => None,
@@ -652,7 +685,8 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         }
         (Some(_), _) => {
             return Err(format!(
-                "{key}.which: only checkpoint faults choose a checkpoint"
+                "{key}.which: only delete_checkpoint and corrupt_checkpoint choose a \
+                 checkpoint ({kind} does not)"
             ))
         }
     };
@@ -731,6 +765,7 @@ mod tests {
             names,
             [
                 "delete-checkpoint-then-kill-ps.toml",
+                "disk-full.toml",
                 "kill-worker-and-ps.toml",
                 "partition-worker-from-chief.toml",
                 "term-ps-pause-worker.toml"
@@ -848,7 +883,7 @@ mod tests {
             ),
             (
                 "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nfor = \"1s\"\n",
-                "fault[0].for: only a pause, partition or loss lasts",
+                "fault[0].for: only a pause, partition, loss or disk_full lasts",
             ),
             (
                 "seed = 1\n[[fault]]\nkind = \"delete_checkpoint\"\ntarget = \"chief\"\nat = \"1s\"\n",
@@ -869,6 +904,18 @@ mod tests {
             (
                 "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"chief\"\nat = \"1s\"\nafter = \"checkpoint:two\"\n",
                 "fault[0].after: \"checkpoint:two\" is not",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"disk_full\"\nat = \"1s\"\n",
+                "fault[0].for: missing",
+            ),
+            (
+                "seed = 1\ndisk_size_mib = 0\n[[fault]]\nkind = \"disk_full\"\nat = \"1s\"\nfor = \"2s\"\n",
+                "disk_size_mib: 0 is not a size",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"disk_full\"\ntarget = \"ps:0\"\nat = \"1s\"\nfor = \"2s\"\n",
+                "fault[0].target: disk_full acts on the checkpoint directory",
             ),
             ("seed = 1\n[[fault]\n", "not valid TOML"),
         ];

@@ -30,6 +30,7 @@ use cohort_chaos::rules::Rules;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
+use super::disk::DiskFaults;
 use super::plan::{After, FaultKind, Plan, Scheduled, Target, Which};
 use crate::checkpoint::list_checkpoints;
 use crate::cluster::{TaskId, TaskType};
@@ -185,13 +186,28 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
     let _ = std::fs::remove_dir_all(setup.run_dir.join("pids"));
     let _ = std::fs::remove_dir_all(setup.run_dir.join("metrics"));
     let mut network = NetFaults::new(&setup.run_dir, plan.seed);
-    let mut command = Command::new(program);
+    let (mut command, mut disk) = if plan.faults.iter().any(|f| f.kind == FaultKind::DiskFull) {
+        let checkpoint_dir = setup.checkpoint_dir.as_ref().ok_or(
+            "disk_full: the job's checkpoint directory is not known (give --checkpoint-dir in \
+             the launch command)",
+        )?;
+        let checkpoint_dir = std::path::absolute(checkpoint_dir)
+            .map_err(|e| format!("disk_full: {}: {e}", checkpoint_dir.display()))?;
+        let real = std::path::absolute(setup.run_dir.join("chaos-disk"))
+            .map_err(|e| format!("disk_full: {}: {e}", setup.run_dir.display()))?;
+        let (command, disk) =
+            DiskFaults::wrap(&setup.command, &checkpoint_dir, &real, plan.disk_size_mib)?;
+        (command, Some(disk))
+    } else {
+        let mut command = Command::new(program);
+        command.args(&setup.command[1..]);
+        (command, None)
+    };
     if plan.faults.iter().any(|f| f.kind.is_network()) {
         let _ = std::fs::remove_dir_all(&network.dir);
         command.env(crate::launch::NET_FAULTS_DIR_ENV, &network.dir);
     }
     let mut child = command
-        .args(&setup.command[1..])
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -200,6 +216,18 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
         .map_err(|e| format!("cannot start the launch command {program:?}: {e}"))?;
     let started = Instant::now();
     let launcher = child.id();
+    // Under a disk_full fault the checkpoints the job writes are in its own namespace: the
+    // runner watches them, and deletes or corrupts them, there.
+    let live = match &mut disk {
+        Some(disk) => {
+            disk.started(launcher);
+            let mut live = setup.clone();
+            live.checkpoint_dir = Some(disk.job_view()?);
+            live
+        }
+        None => setup.clone(),
+    };
+    let setup = &live;
     let scan = Arc::new(Mutex::new(OutputScan::default()));
     let log = Arc::new(Mutex::new(log));
     let mut readers = Vec::new();
@@ -261,6 +289,24 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
             );
             observed.faults.push(healed);
         }
+        // Free a full disk whose time is over.
+        if let Some(freed) = disk.as_mut().and_then(|d| d.free_due(now)) {
+            eprintln!(
+                "[chaos] {:.2}s heal checkpoints: {}",
+                now.duration_since(started).as_secs_f64(),
+                freed.detail
+            );
+            observed.faults.push(AppliedFault {
+                t_s: now.duration_since(started).as_secs_f64(),
+                planned_s: freed.planned_s,
+                kind: "heal".into(),
+                target: "checkpoints".into(),
+                task: None,
+                pid: None,
+                applied: freed.freed,
+                detail: freed.detail,
+            });
+        }
         // Resume what a pause stopped, when its time comes.
         paused.retain(|(until, pid, task)| {
             if now >= *until {
@@ -299,7 +345,15 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
             });
             let Some(position) = due else { break };
             let fault = pending.remove(position);
-            let applied = apply(&fault, setup, launcher, started, &mut paused, &mut network);
+            let applied = apply(
+                &fault,
+                setup,
+                launcher,
+                started,
+                &mut paused,
+                &mut network,
+                &mut disk,
+            );
             eprintln!(
                 "[chaos] {:.2}s {} {}: {}",
                 applied.t_s,
@@ -489,6 +543,7 @@ fn apply(
     started: Instant,
     paused: &mut Vec<(Instant, u32, String)>,
     network: &mut NetFaults,
+    disk: &mut Option<DiskFaults>,
 ) -> AppliedFault {
     let mut out = AppliedFault {
         t_s: started.elapsed().as_secs_f64(),
@@ -510,6 +565,12 @@ fn apply(
         FaultKind::DeleteCheckpoint => delete_checkpoint(fault, setup),
         FaultKind::CorruptCheckpoint => corrupt_checkpoint(fault, setup),
         FaultKind::Partition | FaultKind::Loss => network.start(fault, setup, &mut out),
+        FaultKind::DiskFull => match (disk.as_mut(), fault.spec.lasts) {
+            (Some(disk), Some(lasts)) => {
+                disk.fill(Instant::now(), lasts, (fault.at + lasts).as_secs_f64())
+            }
+            _ => Err("the job does not run over a checkpoint filesystem of its own".into()),
+        },
     };
     match result {
         Ok(detail) => {

@@ -353,8 +353,16 @@ fn run_chief(
     }
     let accuracy = digits_accuracy(coordinator)?;
     if step == digits_steps && resumed != Some(step) {
-        let saved = coordinator.save_checkpoint(&mut checkpoints, step)?;
-        tracing::info!(step, "checkpoint: {}", saved.display());
+        match coordinator.save_checkpoint(&mut checkpoints, step) {
+            Ok(saved) => tracing::info!(step, "checkpoint: {}", saved.display()),
+            // Not the end of the job: the cadence tries again (as `finish_save` says).
+            Err(CoordinatorError::Checkpoint(e)) => tracing::warn!(
+                step,
+                "checkpoint at step {step} not saved: {e}; the previous checkpoint (if any) \
+                 stays the one a recovery restores, and training goes on"
+            ),
+            Err(e) => return Err(e),
+        }
     }
 
     // Workload 2: CTR with a partitioned embedding.
@@ -421,7 +429,7 @@ fn run_chief(
     let saved = if resumed == Some(step) {
         checkpoint_dir.join(crate::checkpoint::checkpoint_dir_name(step))
     } else {
-        coordinator.save_checkpoint(&mut checkpoints, step)?
+        save_final(coordinator, &mut checkpoints, step)?
     };
     // The loss curve beside the checkpoints (the status page's history, drawn).
     let loss_png = checkpoint_dir.join("loss.png");
@@ -560,7 +568,7 @@ fn run_phase(
         }
         if outcome.stopped {
             if let Some(pending) = in_background.take() {
-                report_saved(pending.wait(checkpoints)?);
+                finish_save(pending, checkpoints);
             }
             return Ok(true);
         }
@@ -569,7 +577,7 @@ fn run_phase(
         // would be refused). One save in the background at a time: the one before ends first.
         if epoch < phase.epochs {
             if let Some(pending) = in_background.take() {
-                report_saved(pending.wait(checkpoints)?);
+                finish_save(pending, checkpoints);
             }
             if checkpoints.should_save(*step, Instant::now()) {
                 *in_background =
@@ -578,9 +586,55 @@ fn run_phase(
         }
     }
     if let Some(pending) = in_background.take() {
-        report_saved(pending.wait(checkpoints)?);
+        finish_save(pending, checkpoints);
     }
     Ok(false)
+}
+
+/// Attempts at the last checkpoint, the trained model, before the job gives up on it.
+const FINAL_SAVE_ATTEMPTS: u32 = 10;
+/// The wait between two of them.
+const FINAL_SAVE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The checkpoint of the trained model at `step`: a failed write (a full disk, say) is tried
+/// again, [`FINAL_SAVE_ATTEMPTS`] times [`FINAL_SAVE_RETRY`] apart, as it may pass; then the
+/// job fails with the last error.
+fn save_final(
+    coordinator: &ClusterCoordinator,
+    checkpoints: &mut CheckpointManager,
+    step: u64,
+) -> Result<std::path::PathBuf, CoordinatorError> {
+    let mut attempt = 1;
+    loop {
+        match coordinator.save_checkpoint(checkpoints, step) {
+            Err(CoordinatorError::Checkpoint(e)) if attempt < FINAL_SAVE_ATTEMPTS => {
+                tracing::warn!(
+                    step,
+                    "the final checkpoint at step {step} not saved (attempt {attempt} of \
+                     {FINAL_SAVE_ATTEMPTS}): {e}; trying again in {FINAL_SAVE_RETRY:?}"
+                );
+                attempt += 1;
+                std::thread::sleep(FINAL_SAVE_RETRY);
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Waits for a save on the checkpoint cadence and says what it cost, or why it is not a
+/// checkpoint: a save that failed (a full disk, a write error, a checkpoint that did not read
+/// back) leaves the previous checkpoint as the cut and training goes on; the next epoch's end
+/// tries again, as the cadence is still due.
+fn finish_save(pending: PendingSave, checkpoints: &mut CheckpointManager) {
+    let step = pending.step();
+    match pending.wait(checkpoints) {
+        Ok(saved) => report_saved(saved),
+        Err(e) => tracing::warn!(
+            step,
+            "checkpoint at step {step} not saved: {e}; the previous checkpoint stays the one a \
+             recovery restores, and training goes on (the next epoch's end tries again)"
+        ),
+    }
 }
 
 /// What a save on the checkpoint cadence cost: the time training waited (the servers read)
