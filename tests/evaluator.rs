@@ -81,8 +81,16 @@ fn evaluates_each_new_checkpoint_skips_a_corrupt_one_and_stops_at_the_until_step
             ("COHORT_CHECKPOINT_DIR", root.to_str().unwrap()),
             ("COHORT_EVAL_UNTIL_STEP", "30"),
             ("COHORT_EVAL_IDLE_TIMEOUT", "60s"),
+            ("COHORT_METRICS_ADDR", "127.0.0.1:0"),
         ],
     );
+    let serving = evaluator.wait_for_stderr("/metrics (health");
+    let metrics_addr: std::net::SocketAddr = serving
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no metrics address in {serving:?}"));
     let line = evaluator.wait_for_stderr("evaluator/0: step 10:");
     assert_eq!(report(&line), expected_line(&first));
 
@@ -99,6 +107,19 @@ fn evaluates_each_new_checkpoint_skips_a_corrupt_one_and_stops_at_the_until_step
         skipped.contains(&format!("ckpt-20/{bad_file}")),
         "the message names the file: {skipped}"
     );
+    // Its metrics say as much: one evaluated (step 10, timed), one skipped.
+    let scraped = scrape(metrics_addr);
+    for expected in [
+        "cohort_evaluator_evaluations_total 1",
+        "cohort_evaluator_skipped_total 1",
+        "cohort_evaluator_step 10",
+        "cohort_evaluator_evaluation_seconds_count 1",
+    ] {
+        assert!(
+            scraped.lines().any(|l| l == expected),
+            "no {expected:?} in the evaluator's metrics:\n{scraped}"
+        );
+    }
 
     // A valid newer one is evaluated, and its step reaches eval_until_step: exit 0.
     let last = checkpoint(30);
@@ -323,6 +344,22 @@ fn flip_a_byte(path: &Path) {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(path, bytes).unwrap();
+}
+
+/// The body of `GET /metrics` at `addr` (bounded).
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("read timeout");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").expect("send the request");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read the answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
 }
 
 /// A running evaluator process whose stdout and stderr lines arrive on channels.

@@ -66,6 +66,14 @@ pub struct Instruments {
     pub checkpoint_save_seconds: Histogram,
     /// Chief: the size of the newest checkpoint written, in bytes.
     pub checkpoint_bytes: Gauge,
+    /// Evaluator: checkpoints evaluated.
+    pub evaluations: Counter,
+    /// Evaluator: checkpoints skipped because they did not verify.
+    pub evaluations_skipped: Counter,
+    /// Evaluator: time of one evaluation (reading the checkpoint included), in seconds.
+    pub evaluation_seconds: Histogram,
+    /// Evaluator: the step of the newest checkpoint evaluated (-1 before the first).
+    pub evaluated_step: Gauge,
 }
 
 static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
@@ -83,6 +91,15 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     // 1ms to ~500s.
     checkpoint_save_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
     checkpoint_bytes: Gauge::default(),
+    evaluations: Counter::default(),
+    evaluations_skipped: Counter::default(),
+    // 1ms to ~500s, as a checkpoint save.
+    evaluation_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
+    evaluated_step: {
+        let gauge = Gauge::default();
+        gauge.set(-1);
+        gauge
+    },
 });
 
 /// This process's instruments.
@@ -326,7 +343,28 @@ impl Exposition {
                     m.checkpoint_bytes.clone(),
                 );
             }
-            Role::Evaluator => {}
+            Role::Evaluator => {
+                registry.register(
+                    "cohort_evaluator_evaluations",
+                    "Checkpoints this evaluator evaluated",
+                    m.evaluations.clone(),
+                );
+                registry.register(
+                    "cohort_evaluator_skipped",
+                    "Checkpoints this evaluator skipped because they did not verify",
+                    m.evaluations_skipped.clone(),
+                );
+                registry.register(
+                    "cohort_evaluator_evaluation_seconds",
+                    "Time of one evaluation, reading the checkpoint included",
+                    m.evaluation_seconds.clone(),
+                );
+                registry.register(
+                    "cohort_evaluator_step",
+                    "Step of the newest checkpoint this evaluator evaluated (-1 before the first)",
+                    m.evaluated_step.clone(),
+                );
+            }
         }
         let readings = Arc::new(Readings::default());
         registry.register_collector(Box::new(Arc::clone(&readings)));

@@ -370,11 +370,20 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
         };
         match watch.handle_listing(&entries, Instant::now()) {
             WatchAction::Evaluate(entry) => {
+                let began = Instant::now();
                 let Some(outcome) = evaluate_in_thread(&entry.dir, &evaluate, &stop) else {
                     continue; // stopped: reported at the top of the loop
                 };
+                let instruments = crate::metrics::instruments();
                 match outcome {
                     Outcome::Evaluated { step, metrics } => {
+                        instruments.evaluations.inc();
+                        instruments
+                            .evaluation_seconds
+                            .observe(began.elapsed().as_secs_f64());
+                        instruments
+                            .evaluated_step
+                            .set(i64::try_from(step).unwrap_or(i64::MAX));
                         tracing::info!(step, "step {step}: {}", format_metrics(&metrics));
                         let scalars: Vec<(&str, f64)> =
                             metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -382,6 +391,7 @@ pub fn run_evaluator(program: &Program, config: &RoleConfig) -> Result<i32, Eval
                         watch.handle_evaluated(entry.step, Instant::now());
                     }
                     Outcome::Corrupt(error) => {
+                        instruments.evaluations_skipped.inc();
                         tracing::warn!("skipped checkpoint {}: {error}", entry.dir.display());
                         watch.handle_corrupt(entry.step, Instant::now());
                     }
