@@ -50,7 +50,19 @@ pub enum HeartbeatEvent<P> {
         /// The incarnation now alive.
         incarnation: Incarnation<P>,
     },
+    /// This live incarnation has been silent for [`SUSPECT_AFTER_INTERVALS`] intervals: look
+    /// for evidence that its process is gone (nothing listens at its address any more), and
+    /// report it with [`HeartbeatMachine::handle_refused`]. Asked again every
+    /// [`SUSPECT_AFTER_INTERVALS`] intervals while the silence lasts.
+    Probe {
+        /// The incarnation to look for.
+        incarnation: Incarnation<P>,
+    },
 }
+
+/// A live peer silent for this many heartbeat intervals is probed ([`HeartbeatEvent::Probe`]).
+/// Two: a single lost or late heartbeat is not worth a probe.
+pub const SUSPECT_AFTER_INTERVALS: u32 = 2;
 
 /// Why a peer incarnation was declared dead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +77,10 @@ pub enum DeathCause {
     /// Its supervisor reported that the process of this incarnation exited (the launcher
     /// reaps its children at once): known before any silence budget runs out.
     Reported,
+    /// Silent, and a probe of the address it was reached at was refused: no process listens
+    /// there any more (a frozen or partitioned process still holds its socket, so this is
+    /// never said of one).
+    Refused,
 }
 
 /// What one call to [`HeartbeatMachine::handle_heartbeat`] made of the heartbeat.
@@ -96,7 +112,7 @@ pub enum Heard {
 /// since it was last heard from, at the first `handle_timeout` at or after that instant; with
 /// timers armed as asked, that is within `timeout` plus timer slack. A dead incarnation stays
 /// dead: only a newer epoch of the peer brings it back. The event queue holds at most two events
-/// per watched peer between drains.
+/// per watched peer between drains (three with a probe).
 ///
 /// While a live peer is watched, `handle_timeout` is due at least every `interval`. When two
 /// calls are more than `timeout` apart, it was this process that did not run (SIGSTOP, a
@@ -134,6 +150,7 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
             last_heard: now,
             next_send: now + self.config.interval,
             dead: false,
+            probed: None,
         };
         let Some(state) = self.peers.get_mut(&peer) else {
             self.peers.insert(peer.clone(), fresh);
@@ -168,6 +185,23 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
     /// report must never kill the incarnation that replaced it). Returns whether it was
     /// declared dead; the [`HeartbeatEvent::PeerDead`] follows from [`poll_event`](Self::poll_event).
     pub fn handle_reported_dead(&mut self, peer: &P, epoch: Epoch) -> bool {
+        self.declare_dead(peer, epoch, DeathCause::Reported)
+    }
+
+    /// Declares `peer`'s incarnation `epoch` dead because a [`HeartbeatEvent::Probe`] of it
+    /// was refused (nothing listens where it was reached), under the same rule as
+    /// [`handle_reported_dead`](Self::handle_reported_dead): only the live incarnation watched
+    /// now, and only while it is still silent (a probe answered late, after the peer was heard
+    /// from again, changes nothing). Returns whether it was declared dead.
+    pub fn handle_refused(&mut self, now: Instant, peer: &P, epoch: Epoch) -> bool {
+        let interval = self.config.interval;
+        let still_silent = self.peers.get(peer).is_some_and(|s| {
+            now.saturating_duration_since(s.last_heard) >= interval * SUSPECT_AFTER_INTERVALS
+        });
+        still_silent && self.declare_dead(peer, epoch, DeathCause::Refused)
+    }
+
+    fn declare_dead(&mut self, peer: &P, epoch: Epoch, cause: DeathCause) -> bool {
         let Some(state) = self.peers.get_mut(peer) else {
             return false;
         };
@@ -177,7 +211,7 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
         state.dead = true;
         self.events.push_back(HeartbeatEvent::PeerDead {
             incarnation: Incarnation::new(peer.clone(), epoch),
-            cause: DeathCause::Reported,
+            cause,
         });
         true
     }
@@ -188,8 +222,23 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
         self.peers
             .values()
             .filter(|s| !s.dead)
-            .map(|s| s.next_send.min(s.last_heard + self.config.timeout))
+            .map(|s| {
+                s.next_send
+                    .min(s.last_heard + self.config.timeout)
+                    .min(self.next_probe(s))
+            })
             .min()
+    }
+
+    /// When `state`'s silence next asks for a probe: [`SUSPECT_AFTER_INTERVALS`] intervals
+    /// after it was last heard from, then as often again after each probe.
+    fn next_probe(&self, state: &PeerLiveness) -> Instant {
+        let every = self.config.interval * SUSPECT_AFTER_INTERVALS;
+        let suspect = state.last_heard + every;
+        match state.probed {
+            Some(at) if at >= suspect => at + every,
+            _ => suspect,
+        }
     }
 
     /// Declares dead every live peer silent for `timeout` or more, and asks for heartbeats to
@@ -204,6 +253,16 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
                 state.last_heard = state.last_heard.max(now);
             }
         }
+        let probes_due: Vec<P> = self
+            .peers
+            .iter()
+            .filter(|(_, s)| {
+                !s.dead
+                    && now.saturating_duration_since(s.last_heard) < self.config.timeout
+                    && now >= self.next_probe(s)
+            })
+            .map(|(peer, _)| peer.clone())
+            .collect();
         for (peer, state) in self.peers.iter_mut().filter(|(_, s)| !s.dead) {
             let silent_for = now.saturating_duration_since(state.last_heard);
             if silent_for >= self.config.timeout {
@@ -216,6 +275,14 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
                 state.next_send = now + self.config.interval;
                 self.events
                     .push_back(HeartbeatEvent::SendHeartbeat { peer: peer.clone() });
+            }
+        }
+        for peer in probes_due {
+            if let Some(state) = self.peers.get_mut(&peer) {
+                state.probed = Some(now);
+                self.events.push_back(HeartbeatEvent::Probe {
+                    incarnation: Incarnation::new(peer, state.epoch),
+                });
             }
         }
     }
@@ -252,6 +319,8 @@ struct PeerLiveness {
     last_heard: Instant,
     next_send: Instant,
     dead: bool,
+    /// When it was last asked to be probed.
+    probed: Option<Instant>,
 }
 
 #[cfg(test)]
@@ -353,6 +422,66 @@ mod tests {
         assert_eq!(m.handle_heartbeat(t0, "a", Epoch(3)), Heard::NewIncarnation);
     }
 
+    /// A live peer silent for two intervals is to be probed, again two intervals later while
+    /// the silence lasts, never once heard from again; a refused probe kills only the live,
+    /// still silent incarnation it names.
+    #[test]
+    fn a_silent_peer_is_probed_and_a_refused_probe_kills_only_the_live_silent_one() {
+        let t0 = Instant::now();
+        // A budget of ten intervals: room for two probes before it runs out.
+        let mut m = HeartbeatMachine::new(HeartbeatConfig {
+            interval: INTERVAL,
+            timeout: INTERVAL * 10,
+        });
+        m.handle_heartbeat(t0, "a", Epoch(2));
+        drain(&mut m);
+        let suspect = INTERVAL * SUSPECT_AFTER_INTERVALS;
+        let probes = |events: Vec<HeartbeatEvent<&'static str>>| {
+            events
+                .into_iter()
+                .filter(|e| matches!(e, HeartbeatEvent::Probe { .. }))
+                .count()
+        };
+        m.handle_timeout(t0 + suspect - ms(1));
+        assert_eq!(probes(drain(&mut m)), 0);
+        assert!(m.poll_timeout().is_some_and(|t| t <= t0 + suspect));
+        m.handle_timeout(t0 + suspect);
+        assert_eq!(
+            drain(&mut m)
+                .into_iter()
+                .filter(|e| matches!(e, HeartbeatEvent::Probe { .. }))
+                .collect::<Vec<_>>(),
+            vec![HeartbeatEvent::Probe {
+                incarnation: Incarnation::new("a", Epoch(2))
+            }]
+        );
+        // Not again before as long once more.
+        m.handle_timeout(t0 + suspect + ms(1));
+        assert_eq!(probes(drain(&mut m)), 0);
+        m.handle_timeout(t0 + suspect * 2);
+        assert_eq!(probes(drain(&mut m)), 1);
+        // Heard from: a late refusal changes nothing, and no probe is asked.
+        let heard = t0 + suspect * 2 + ms(1);
+        m.handle_heartbeat(heard, "a", Epoch(2));
+        assert!(!m.handle_refused(heard + ms(1), &"a", Epoch(2)));
+        m.handle_timeout(heard + suspect - ms(1));
+        assert_eq!(probes(drain(&mut m)), 0);
+        // Silent again: a refusal of another incarnation or peer changes nothing; of the live
+        // one, dead at once.
+        let later = heard + suspect;
+        assert!(!m.handle_refused(later, &"a", Epoch(1)));
+        assert!(!m.handle_refused(later, &"b", Epoch(2)));
+        assert!(m.handle_refused(later, &"a", Epoch(2)));
+        assert_eq!(
+            drain(&mut m),
+            vec![HeartbeatEvent::PeerDead {
+                incarnation: Incarnation::new("a", Epoch(2)),
+                cause: DeathCause::Refused,
+            }]
+        );
+        assert!(!m.handle_refused(later, &"a", Epoch(2)), "declared once");
+    }
+
     #[test]
     fn silent_peer_is_declared_dead_at_timeout_not_before() {
         let t0 = Instant::now();
@@ -360,9 +489,10 @@ mod tests {
         m.handle_heartbeat(t0, "a", Epoch(1));
         drain(&mut m);
         m.handle_timeout(t0 + TIMEOUT - ms(1));
-        assert!(drain(&mut m)
-            .iter()
-            .all(|e| matches!(e, HeartbeatEvent::SendHeartbeat { .. })));
+        assert!(drain(&mut m).iter().all(|e| matches!(
+            e,
+            HeartbeatEvent::SendHeartbeat { .. } | HeartbeatEvent::Probe { .. }
+        )));
         assert_eq!(m.peer(&"a"), Some((Epoch(1), true)));
         m.handle_timeout(t0 + TIMEOUT);
         assert_eq!(

@@ -385,3 +385,56 @@ fn a_dial_to_a_dead_node_gives_way_to_its_successors_hello() {
         Ok(())
     });
 }
+
+/// The first of `events` that declares a peer dead, within `within`.
+async fn next_death(
+    events: &mut mpsc::Receiver<PeerEvent>,
+    within: Duration,
+) -> anyhow::Result<(Incarnation<NodeId>, DeathCause)> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let event = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .map_err(|_| anyhow!("no peer declared dead within {within:?}"))?
+            .ok_or_else(|| anyhow!("events closed"))?;
+        if let PeerEvent::Dead { incarnation, cause } = event {
+            return Ok((incarnation, cause));
+        }
+    }
+}
+
+/// A peer SIGKILLed (no supervisor to report it, its connection left open) is known dead from
+/// a refused probe of its address a couple of heartbeat intervals into its silence, not after
+/// the detection budget (8 s here). A peer frozen instead (SIGSTOP) still holds its socket:
+/// its probes are never refused, and only its silence past the budget declares it dead.
+#[test]
+fn a_killed_peer_is_known_dead_from_a_refused_probe_and_a_frozen_one_only_from_its_silence() {
+    run(async {
+        let ca = ClusterCa::generate("test")?;
+        let dir = TempDir::new()?;
+        ca.issue(&child_node())?.save(&dir.0)?;
+        let parent = start(ca.issue(&parent_node())?, 1, PATIENT)?;
+        let mut events = parent.subscribe();
+        let addr = parent.local_addr()?;
+
+        let mut killed = Child::spawn(&dir.0, 20, addr)?;
+        assert_eq!(killed.next(Duration::from_secs(20)).await?, "connected");
+        killed.process.kill()?;
+        let (incarnation, cause) = next_death(&mut events, Duration::from_secs(20)).await?;
+        assert_eq!(incarnation, Incarnation::new(child_node(), Epoch(20)));
+        assert_eq!(cause, DeathCause::Refused, "known from its silence instead");
+
+        let mut frozen = Child::spawn(&dir.0, 21, addr)?;
+        assert_eq!(frozen.next(Duration::from_secs(20)).await?, "connected");
+        frozen.process.pause()?;
+        let (incarnation, cause) = next_death(&mut events, Duration::from_secs(30)).await?;
+        assert_eq!(incarnation, Incarnation::new(child_node(), Epoch(21)));
+        assert!(
+            matches!(cause, DeathCause::Silent { .. }),
+            "a frozen process holds its socket: {cause:?}"
+        );
+        frozen.process.resume()?;
+        frozen.process.kill()?;
+        Ok(())
+    });
+}

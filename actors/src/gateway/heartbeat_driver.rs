@@ -1,8 +1,12 @@
 //! The task that drives the gateway's heartbeat machine: it sleeps until the machine's next
 //! timeout (or until woken by a new incarnation), sends the heartbeats the machine asks for,
-//! and fences, disconnects and reports the peers it declares dead (FENCE-1).
+//! probes the peers it suspects, and fences, disconnects and reports the peers it declares
+//! dead (FENCE-1).
 
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use cohort_transport::Frame;
 use tokio::sync::Notify;
@@ -39,6 +43,7 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
         let now = now();
         let mut sends = Vec::new();
         let mut published = Vec::new();
+        let mut probes = Vec::new();
         {
             let mut state = lock(&inner.state);
             state.heartbeat.handle_timeout(now);
@@ -66,8 +71,43 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
                     HeartbeatEvent::PeerAlive { incarnation } => {
                         published.push(PeerEvent::Alive(incarnation));
                     }
+                    HeartbeatEvent::Probe { incarnation } => {
+                        // Where this incarnation was reached; a peer known only by a dial
+                        // not made yet has no address to probe.
+                        if let Some(link) = state
+                            .peers
+                            .get(&incarnation.node)
+                            .filter(|l| l.incarnation == incarnation)
+                        {
+                            probes.push((incarnation, link.conn.remote_address()));
+                        }
+                    }
                 }
             }
+        }
+        let wait = inner.config.heartbeat.interval;
+        for (incarnation, addr) in probes {
+            let inner = Arc::downgrade(&inner);
+            tokio::spawn(async move {
+                if !refused(addr, wait).await {
+                    return;
+                }
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let declared = lock(&inner.state).heartbeat.handle_refused(
+                    super::now(),
+                    &incarnation.node,
+                    incarnation.epoch,
+                );
+                if declared {
+                    tracing::info!(
+                        node = %inner.me, peer = %incarnation, %addr,
+                        "silent, and nothing listens where it was: declared dead"
+                    );
+                    inner.wake.notify_one();
+                }
+            });
         }
         for event in published {
             tracing::info!(node = %inner.me, ?event, "peer event");
@@ -90,4 +130,32 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
             }
         }
     }
+}
+
+/// Whether nothing listens at `addr` any more. A datagram sent there from a connected UDP
+/// socket draws an ICMP port unreachable when no socket is bound to that port, which the
+/// socket's next receive reports as a refused connection (QUIC's own socket is not connected,
+/// so quinn never sees it). A live QUIC endpoint drops the one-byte datagram (no QUIC packet
+/// is that short); a frozen process still holds its socket and a partitioned or vanished host
+/// answers nothing: all "not refused". Bounded by `wait`.
+async fn refused(addr: SocketAddr, wait: Duration) -> bool {
+    let local: SocketAddr = if addr.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let Ok(socket) = tokio::net::UdpSocket::bind(local).await else {
+        return false;
+    };
+    if socket.connect(addr).await.is_err() {
+        return false;
+    }
+    if let Err(e) = socket.send(&[0]).await {
+        return e.kind() == ErrorKind::ConnectionRefused;
+    }
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(wait, socket.recv(&mut buf)).await,
+        Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused
+    )
 }
