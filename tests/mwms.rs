@@ -22,6 +22,9 @@
 //!   cuts worker 0 off from the other two of 3, or worker 1 off from worker 0 of 2: the side
 //!   with the quorum re-forms, finishes and matches the replay; the other fails with "no
 //!   quorum" (exit 3), never re-forms, and completes no step beyond those the others agreed on.
+//!   A cut between worker 0 and worker 2 of 3 (both still hear worker 1: every view has a
+//!   quorum, and they differ) never makes two groups: one group per epoch at most, the
+//!   finishers (if any) are one group, every other worker fails with a typed error.
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
@@ -180,19 +183,27 @@ impl Cluster {
         }
     }
 
-    /// Cuts the workers of `cut` off from every other worker: a partition between each of
-    /// them and each of the rest, in the rules file (replaced at once: the workers see the new
-    /// file whole, within the watcher's poll interval).
+    /// Cuts the workers of `cut` off from every other worker (see [`Cluster::cut_links`]).
     fn partition(&self, cut: &[usize]) {
+        let pairs: Vec<(usize, usize)> = cut
+            .iter()
+            .flat_map(|&c| {
+                (0..self.addrs.len())
+                    .filter(|o| !cut.contains(o))
+                    .map(move |o| (c, o))
+            })
+            .collect();
+        self.cut_links(&pairs);
+    }
+
+    /// Cuts the link of each pair of workers: a partition between them in the rules file
+    /// (replaced at once: the workers see the new file whole, within the watcher's poll
+    /// interval).
+    fn cut_links(&self, pairs: &[(usize, usize)]) {
         let path = self.rules.as_ref().expect("started without network rules");
         let mut text = String::from("seed 1\n");
-        for &c in cut {
-            for other in (0..self.addrs.len()).filter(|o| !cut.contains(o)) {
-                text.push_str(&format!(
-                    "partition {} {}\n",
-                    self.addrs[c], self.addrs[other]
-                ));
-            }
+        for &(a, b) in pairs {
+            text.push_str(&format!("partition {} {}\n", self.addrs[a], self.addrs[b]));
         }
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text).unwrap();
@@ -610,6 +621,81 @@ fn a_worker_cut_off_from_the_other_two_stops_while_they_re_form_and_finish() {
 #[test]
 fn of_two_workers_split_by_a_partition_worker_0_goes_on_and_worker_1_stops() {
     elastic_case_with("cut2", 2, 1, &[1], Duration::ZERO, Loss::Partition);
+}
+
+#[test]
+fn a_cut_between_two_of_three_workers_never_makes_two_groups() {
+    // Worker 0 and worker 2 no longer hear each other; worker 1 hears both. Each view has a
+    // quorum (0: {0, 1}; 2: {1, 2}; 1: all three), so only forming's agreement on the list
+    // keeps them from splitting: whatever group forms, it is one, and no worker outside it
+    // trains on.
+    let flags = [
+        "--elastic",
+        "--steps",
+        "30",
+        "--global-batch",
+        "6",
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "3000",
+    ];
+    let tasks = [("worker", 1); 3];
+    let mut cluster = Cluster::start_with("cut-link", &tasks, &flags, true);
+    for i in 0..3 {
+        cluster.wait_for(i, "step 4 ");
+    }
+    cluster.cut_links(&[(0, 2)]);
+    let mut codes = Vec::new();
+    for i in 0..3 {
+        let code = cluster.workers[i].wait_exit();
+        // Its last line.
+        let end = if code == 0 { "done" } else { "error" };
+        cluster.wait_for(i, end);
+        codes.push(code);
+    }
+    // Each worker's re-formings as (epoch, workers, lost).
+    let groups: Vec<Vec<(usize, usize, String)>> = (0..3)
+        .map(|i| {
+            cluster.seen[i]
+                .iter()
+                .filter(|l| l.starts_with("recovered"))
+                .map(|l| {
+                    let lost = l.split_whitespace().find_map(|w| w.strip_prefix("lost="));
+                    (
+                        field(l, "epoch"),
+                        field(l, "workers"),
+                        lost.unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    eprintln!("exit codes {codes:?}, re-formings {groups:?}");
+    // One group per epoch: workers that re-formed at the same epoch did so with one list.
+    let all: Vec<&(usize, usize, String)> = groups.iter().flatten().collect();
+    for a in &all {
+        for b in &all {
+            assert!(a.0 != b.0 || a == b, "two groups at one epoch: {groups:?}");
+        }
+    }
+    // The finishers are one group: they went through the same re-formings, and it holds as
+    // many workers as finished. Every other worker failed with a typed error.
+    let finished: Vec<usize> = (0..3).filter(|&i| codes[i] == 0).collect();
+    if let Some(&first) = finished.first() {
+        for &i in &finished {
+            assert_eq!(groups[i], groups[first], "worker {i}: {groups:?}");
+        }
+        let last = groups[first].last().expect("finished without re-forming");
+        assert_eq!(last.1, finished.len(), "{groups:?}, finished: {finished:?}");
+    }
+    for i in (0..3).filter(|&i| codes[i] != 0) {
+        assert_eq!(codes[i], 3, "worker {i}: {:#?}", cluster.seen[i]);
+        let line = cluster.wait_for(i, "error");
+        assert!(line.contains("kind=recovery"), "worker {i}: {line}");
+    }
 }
 
 #[test]
