@@ -110,7 +110,7 @@ impl Cluster {
     }
 
     /// As [`Cluster::start`]; with `net_rules`, every worker binds its endpoint under one
-    /// network fault rules file (none in it yet: see [`Cluster::write_rules`]).
+    /// network fault rules file (none in it yet: see [`Cluster::cut_links`]).
     fn start_with(name: &str, tasks: &[(&str, usize)], extra: &[&str], net_rules: bool) -> Cluster {
         let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -405,9 +405,10 @@ fn elastic_case(name: &str, workers: usize, replicas: usize, kill: &[usize]) {
 enum Loss {
     /// SIGKILL.
     Kill,
-    /// Cut off from every other worker by a partition in the network rules file (at once):
-    /// alive, they must not go on as a group of their own. Each must fail with no quorum
-    /// and complete no step beyond those the others agreed on.
+    /// Cut off from every other worker by a partition in the network rules file (all at
+    /// once, the cut ones still hearing each other): alive, they must not go on as a group
+    /// of their own. Each must fail with no quorum and complete no step beyond those the
+    /// others agreed on.
     Partition,
 }
 
@@ -536,9 +537,16 @@ fn elastic_case_with(
     if how == Loss::Partition {
         // The first re-forming's step: what the others had completed when they lost it.
         let agreed = seen[0].1;
+        let mut side = kill.to_vec();
+        side.sort_unstable();
+        let side: Vec<String> = side.iter().map(|c| format!("worker/{c}")).collect();
         for &c in kill {
             let line = cluster.wait_for(c, "error");
-            let reached = format!("reached 1 of the {workers} members of epoch 1 (worker/{c})");
+            let reached = format!(
+                "reached {} of the {workers} members of epoch 1 ({})",
+                side.len(),
+                side.join(", ")
+            );
             assert!(
                 line.contains("kind=recovery")
                     && line.contains("no quorum")
