@@ -2,7 +2,9 @@
 //! several local replicas, variables mirrored on every replica of every worker.
 //!
 //! This module owns the strategy value ([`MultiWorkerMirrored`]), its configuration
-//! ([`MultiWorkerConfig`]) and the placement of its variables. The collectives it rests on live
+//! ([`MultiWorkerConfig`]), the placement of its variables, and re-forming after a lost
+//! worker ([`MultiWorkerMirrored::recover`]) with its quorum rule (`has_quorum`: the one place
+//! that decides which survivors may go on). The collectives it rests on live
 //! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
 //! epoch 1), and the local group of each step's replicas spanning it
 //! ([`crate::collective::ProcessSpan`]).
@@ -115,7 +117,8 @@ pub const DEFAULT_RECOVER_ATTEMPTS: usize = 3;
 /// idle timeout), every survivor's pending collective fails with
 /// [`CollectiveError::MemberLost`] naming it, and `run` fails with
 /// [`StrategyError::Collective`] (this step and every later one, until
-/// [`MultiWorkerMirrored::recover`] re-forms the group with the survivors and makes their
+/// [`MultiWorkerMirrored::recover`] re-forms the group with the survivors, if they are a
+/// quorum of it, and makes their
 /// training state identical: elastic training). A replica whose step fails in the
 /// application (it panics, or returns an error under
 /// [`StrategyExt::try_run`](super::StrategyExt::try_run)) aborts the group: every other
