@@ -17,6 +17,14 @@
 //!   shrinks at that step (to 1e-5); so do the survivors of a second worker killed while they
 //!   re-form (a later epoch if it cut an attempt short). A worker SIGSTOPped past the budget is left out; back
 //!   (SIGCONT), it learns the others re-formed without it and exits with a typed error.
+//! - Quorum: of 2 workers, worker 0 trains on alone once worker 1 is killed (half of the group
+//!   with the lowest rank). A partition in the network rules file (`COHORT_NET_FAULTS`) that
+//!   cuts worker 0 off from the other two of 3, or worker 1 off from worker 0 of 2: the side
+//!   with the quorum re-forms, finishes and matches the replay; the other fails with "no
+//!   quorum" (exit 3), never re-forms, and completes no step beyond those the others agreed on.
+//!   A cut between worker 0 and worker 2 of 3 (both still hear worker 1: every view has a
+//!   quorum, and they differ) never makes two groups: one group per epoch at most, the
+//!   finishers (if any) are one group, every other worker fails with a typed error.
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
@@ -88,24 +96,36 @@ struct Cluster {
     lines: mpsc::Receiver<(usize, String)>,
     seen: Vec<Vec<String>>,
     dir: PathBuf,
+    /// Each worker's collective endpoint address.
+    addrs: Vec<String>,
+    /// The network fault rules file every worker follows (`COHORT_NET_FAULTS`), if any.
+    rules: Option<PathBuf>,
 }
 
 impl Cluster {
     /// Starts one process per entry of `tasks` (`("chief" | "worker", replicas)`), each with
     /// `extra` flags.
     fn start(name: &str, tasks: &[(&str, usize)], extra: &[&str]) -> Cluster {
+        Self::start_with(name, tasks, extra, false)
+    }
+
+    /// As [`Cluster::start`]; with `net_rules`, every worker binds its endpoint under one
+    /// network fault rules file (none in it yet: see [`Cluster::cut_links`]).
+    fn start_with(name: &str, tasks: &[(&str, usize)], extra: &[&str], net_rules: bool) -> Cluster {
         let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let ca = ClusterCa::generate(name).unwrap();
         let mut jobs: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         let mut ids = Vec::new();
+        let mut addrs = Vec::new();
         for &(job, _) in tasks {
             let list = jobs.entry(job).or_default();
             let index = list.len();
             // Free ports: bound then released; the workers bind them right after.
             let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             list.push(socket.local_addr().unwrap().to_string());
+            addrs.push(socket.local_addr().unwrap().to_string());
             ca.issue(&NodeId::new(job, index as u32))
                 .unwrap()
                 .save(&dir)
@@ -113,13 +133,18 @@ impl Cluster {
             ids.push((job.to_string(), index));
         }
         let cluster = serde_json::to_string(&jobs).unwrap();
+        let rules = net_rules.then(|| dir.join("net-faults.rules"));
         let (tx, lines) = mpsc::channel();
         let mut workers = Vec::new();
         for (i, ((job, index), (_, replicas))) in ids.iter().zip(tasks).enumerate() {
             let tf_config = format!(
                 r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#
             );
-            let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+            let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
+            if let Some(rules) = &rules {
+                command.env("COHORT_NET_FAULTS", rules);
+            }
+            let mut child = command
                 .arg("mwms-member")
                 .arg("--certs")
                 .arg(&dir)
@@ -153,7 +178,36 @@ impl Cluster {
             lines,
             seen: vec![Vec::new(); tasks.len()],
             dir,
+            addrs,
+            rules,
         }
+    }
+
+    /// Cuts the workers of `cut` off from every other worker (see [`Cluster::cut_links`]).
+    fn partition(&self, cut: &[usize]) {
+        let pairs: Vec<(usize, usize)> = cut
+            .iter()
+            .flat_map(|&c| {
+                (0..self.addrs.len())
+                    .filter(|o| !cut.contains(o))
+                    .map(move |o| (c, o))
+            })
+            .collect();
+        self.cut_links(&pairs);
+    }
+
+    /// Cuts the link of each pair of workers: a partition between them in the rules file
+    /// (replaced at once: the workers see the new file whole, within the watcher's poll
+    /// interval).
+    fn cut_links(&self, pairs: &[(usize, usize)]) {
+        let path = self.rules.as_ref().expect("started without network rules");
+        let mut text = String::from("seed 1\n");
+        for &(a, b) in pairs {
+            text.push_str(&format!("partition {} {}\n", self.addrs[a], self.addrs[b]));
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
     }
 
     /// Waits until worker `i` prints a line containing `text`; returns it.
@@ -343,11 +397,30 @@ fn application_error_case(name: &str, extra: &[&str]) {
 /// the survivors must re-form, finish, hold the same bits, and match a one-process replay
 /// with the global batch shrunk at the step they agreed on.
 fn elastic_case(name: &str, workers: usize, replicas: usize, kill: &[usize]) {
-    elastic_case_with(name, workers, replicas, kill, Duration::ZERO);
+    elastic_case_with(name, workers, replicas, kill, Duration::ZERO, Loss::Kill);
 }
 
-/// As [`elastic_case`], the workers of `kill` killed `apart` one after the other.
-fn elastic_case_with(name: &str, workers: usize, replicas: usize, kill: &[usize], apart: Duration) {
+/// How the workers of an elastic case are lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// SIGKILL.
+    Kill,
+    /// Cut off from every other worker by a partition in the network rules file (all at
+    /// once, the cut ones still hearing each other): alive, they must not go on as a group
+    /// of their own. Each must fail with no quorum and complete no step beyond those the
+    /// others agreed on.
+    Partition,
+}
+
+/// As [`elastic_case`], the workers of `kill` lost by `how`, `apart` one after the other.
+fn elastic_case_with(
+    name: &str,
+    workers: usize,
+    replicas: usize,
+    kill: &[usize],
+    apart: Duration,
+    how: Loss,
+) {
     const STEPS: usize = 30;
     let per_replica = 2;
     let global = per_replica * replicas * workers;
@@ -366,15 +439,20 @@ fn elastic_case_with(name: &str, workers: usize, replicas: usize, kill: &[usize]
         "5000",
     ];
     let tasks = vec![("worker", replicas); workers];
-    let mut cluster = Cluster::start(name, &tasks, &flags);
+    let mut cluster = Cluster::start_with(name, &tasks, &flags, how == Loss::Partition);
     for i in 0..workers {
         cluster.wait_for(i, "step 4 ");
     }
-    for (n, &k) in kill.iter().enumerate() {
-        if n > 0 {
-            std::thread::sleep(apart);
+    match how {
+        Loss::Kill => {
+            for (n, &k) in kill.iter().enumerate() {
+                if n > 0 {
+                    std::thread::sleep(apart);
+                }
+                kill_worker(&cluster, k);
+            }
         }
-        kill_worker(&cluster, k);
+        Loss::Partition => cluster.partition(kill),
     }
     let survivors: Vec<usize> = (0..workers).filter(|i| !kill.contains(i)).collect();
     let mut outs = Vec::new();
@@ -456,6 +534,47 @@ fn elastic_case_with(name: &str, workers: usize, replicas: usize, kill: &[usize]
     known.losses = kept.iter().map(|&k| known.losses[k]).collect();
     reference.losses = kept.iter().map(|&k| reference.losses[k]).collect();
     assert_close(&known, &reference, &format!("{name} vs the replay"));
+    if how == Loss::Partition {
+        // The first re-forming's step: what the others had completed when they lost it.
+        let agreed = seen[0].1;
+        let mut side = kill.to_vec();
+        side.sort_unstable();
+        let side: Vec<String> = side.iter().map(|c| format!("worker/{c}")).collect();
+        for &c in kill {
+            let line = cluster.wait_for(c, "error");
+            let reached = format!(
+                "reached {} of the {workers} members of epoch 1 ({})",
+                side.len(),
+                side.join(", ")
+            );
+            assert!(
+                line.contains("kind=recovery")
+                    && line.contains("no quorum")
+                    && line.contains(&reached),
+                "{name}: worker {c}: {line}"
+            );
+            assert_eq!(cluster.workers[c].wait_exit(), 3, "{name}: worker {c}");
+            let lines = &cluster.seen[c];
+            assert!(
+                !lines
+                    .iter()
+                    .any(|l| l.starts_with("recovered") || l.starts_with("done")),
+                "{name}: worker {c} went on alone: {lines:#?}"
+            );
+            // Step lines count from 0: the step the others agreed on is the first they did
+            // not all complete, which a ring may have completed here (and no later one).
+            let last = lines
+                .iter()
+                .filter_map(|l| l.strip_prefix("step "))
+                .filter_map(|l| l.split_whitespace().next()?.parse::<usize>().ok())
+                .max();
+            assert!(
+                last.is_some_and(|k| k <= agreed),
+                "{name}: worker {c} completed steps after the cut (the others agreed on \
+                 {agreed}): {lines:#?}"
+            );
+        }
+    }
 }
 
 fn kill_worker(cluster: &Cluster, k: usize) {
@@ -485,7 +604,106 @@ fn survivors_of_two_workers_killed_at_once_re_form_and_train_on() {
 fn a_second_worker_lost_while_the_survivors_re_form_is_left_out_too() {
     // Killed about when the others have noticed the first loss and probe or form: wherever
     // it lands, the survivors end at one agreed group, state and result.
-    elastic_case_with("elastic3", 4, 1, &[3, 2], Duration::from_millis(1200));
+    elastic_case_with(
+        "elastic3",
+        4,
+        1,
+        &[3, 2],
+        Duration::from_millis(1200),
+        Loss::Kill,
+    );
+}
+
+#[test]
+fn of_two_workers_worker_0_trains_on_alone_when_worker_1_is_killed() {
+    // Exactly half of the group is left, and it holds the lowest rank: the tie-break.
+    elastic_case("pair-kill", 2, 1, &[1]);
+}
+
+#[test]
+fn a_worker_cut_off_from_the_other_two_stops_while_they_re_form_and_finish() {
+    // Worker 0, the lowest rank, alone against two: the majority goes on without it.
+    elastic_case_with("cut3", 3, 1, &[0], Duration::ZERO, Loss::Partition);
+}
+
+#[test]
+fn of_two_workers_split_by_a_partition_worker_0_goes_on_and_worker_1_stops() {
+    elastic_case_with("cut2", 2, 1, &[1], Duration::ZERO, Loss::Partition);
+}
+
+#[test]
+fn a_cut_between_two_of_three_workers_never_makes_two_groups() {
+    // Worker 0 and worker 2 no longer hear each other; worker 1 hears both. Each view has a
+    // quorum (0: {0, 1}; 2: {1, 2}; 1: all three), so only forming's agreement on the list
+    // keeps them from splitting: whatever group forms, it is one, and no worker outside it
+    // trains on.
+    let flags = [
+        "--elastic",
+        "--steps",
+        "30",
+        "--global-batch",
+        "6",
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "3000",
+    ];
+    let tasks = [("worker", 1); 3];
+    let mut cluster = Cluster::start_with("cut-link", &tasks, &flags, true);
+    for i in 0..3 {
+        cluster.wait_for(i, "step 4 ");
+    }
+    cluster.cut_links(&[(0, 2)]);
+    let mut codes = Vec::new();
+    for i in 0..3 {
+        let code = cluster.workers[i].wait_exit();
+        // Its last line.
+        let end = if code == 0 { "done" } else { "error" };
+        cluster.wait_for(i, end);
+        codes.push(code);
+    }
+    // Each worker's re-formings as (epoch, workers, lost).
+    let groups: Vec<Vec<(usize, usize, String)>> = (0..3)
+        .map(|i| {
+            cluster.seen[i]
+                .iter()
+                .filter(|l| l.starts_with("recovered"))
+                .map(|l| {
+                    let lost = l.split_whitespace().find_map(|w| w.strip_prefix("lost="));
+                    (
+                        field(l, "epoch"),
+                        field(l, "workers"),
+                        lost.unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    eprintln!("exit codes {codes:?}, re-formings {groups:?}");
+    // One group per epoch: workers that re-formed at the same epoch did so with one list.
+    let all: Vec<&(usize, usize, String)> = groups.iter().flatten().collect();
+    for a in &all {
+        for b in &all {
+            assert!(a.0 != b.0 || a == b, "two groups at one epoch: {groups:?}");
+        }
+    }
+    // The finishers are one group: they went through the same re-formings, and it holds as
+    // many workers as finished. Every other worker failed with a typed error.
+    let finished: Vec<usize> = (0..3).filter(|&i| codes[i] == 0).collect();
+    if let Some(&first) = finished.first() {
+        for &i in &finished {
+            assert_eq!(groups[i], groups[first], "worker {i}: {groups:?}");
+        }
+        let last = groups[first].last().expect("finished without re-forming");
+        assert_eq!(last.1, finished.len(), "{groups:?}, finished: {finished:?}");
+    }
+    for i in (0..3).filter(|&i| codes[i] != 0) {
+        assert_eq!(codes[i], 3, "worker {i}: {:#?}", cluster.seen[i]);
+        let line = cluster.wait_for(i, "error");
+        assert!(line.contains("kind=recovery"), "worker {i}: {line}");
+    }
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! several local replicas, variables mirrored on every replica of every worker.
 //!
 //! This module owns the strategy value ([`MultiWorkerMirrored`]), its configuration
-//! ([`MultiWorkerConfig`]) and the placement of its variables. The collectives it rests on live
+//! ([`MultiWorkerConfig`]), the placement of its variables, and re-forming after a lost
+//! worker ([`MultiWorkerMirrored::recover`]) with its quorum rule (`has_quorum`: the one place
+//! that decides which survivors may go on). The collectives it rests on live
 //! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
 //! epoch 1), and the local group of each step's replicas spanning it
 //! ([`crate::collective::ProcessSpan`]).
@@ -115,7 +117,8 @@ pub const DEFAULT_RECOVER_ATTEMPTS: usize = 3;
 /// idle timeout), every survivor's pending collective fails with
 /// [`CollectiveError::MemberLost`] naming it, and `run` fails with
 /// [`StrategyError::Collective`] (this step and every later one, until
-/// [`MultiWorkerMirrored::recover`] re-forms the group with the survivors and makes their
+/// [`MultiWorkerMirrored::recover`] re-forms the group with the survivors, if they are a
+/// quorum of it, and makes their
 /// training state identical: elastic training). A replica whose step fails in the
 /// application (it panics, or returns an error under
 /// [`StrategyExt::try_run`](super::StrategyExt::try_run)) aborts the group: every other
@@ -326,13 +329,27 @@ impl MultiWorkerMirrored {
     ///    itself) are its survivors. Every survivor probes every member, so the dead ones
     ///    (one, two, any number at once) are left out by all. A live member that does not
     ///    answer in time (stopped, or starved) is left out too: the others go on without it.
-    /// 2. *Agreeing on them*: the survivors form the next epoch with that list; forming
+    /// 2. *Quorum*: a survivor forms the next epoch only if its survivors are a quorum of the
+    ///    members of the group that broke (`has_quorum`: more than half of them, or exactly
+    ///    half with its lowest-ranked member, the chief or worker 0). Under a partition only
+    ///    one side can have one: a survivor on the other side does not train on alone; its
+    ///    attempt fails (another one follows, the partition may heal), and after
+    ///    `recover_attempts` attempts `recover` fails with [`StrategyError::Recovery`] saying
+    ///    "no quorum" and whom it reached: the process is to be restarted.
+    /// 3. *Agreeing on them*: the survivors form the next epoch with that list; forming
     ///    succeeds only where every member formed the same epoch with the same members (each
     ///    link's join compares the lists), so survivors whose views differ (a member died
     ///    while being probed) all fail the attempt instead of splitting, and try again after
     ///    the form timeout with a new probe at the next epoch. A member never mixes epochs: a
     ///    late message of the old group is refused by its epoch.
-    /// 3. *Agreeing on the state*: the survivors gather their completed steps; the one with
+    ///
+    ///    Each survivor decides the quorum on its own probes, and views may differ (under an
+    ///    asymmetric partition A hears B while B does not hear A): that is safe because any
+    ///    two lists that pass share a member of the broken group, and forming needs every
+    ///    member of the list to form that same list at that epoch; a member forms one group
+    ///    at a time (forming a later one supersedes the earlier, whose collectives then fail
+    ///    for want of it), so two groups never train side by side.
+    /// 4. *Agreeing on the state*: the survivors gather their completed steps; the one with
     ///    the highest (ties: the lowest rank) is the source, since with a ring one survivor
     ///    may have applied a step's full all-reduce that another never got. Its step, input
     ///    position, optimizer step count, every variable of `state` and every optimizer slot
@@ -362,28 +379,51 @@ impl MultiWorkerMirrored {
             });
         }
         let mut last = cause.to_string();
+        // Whether the last attempt ended for want of a quorum (the error then says so).
+        let mut no_quorum = false;
         for attempt in 1..=self.recover_attempts {
             let started = std::time::Instant::now();
             let group = self.span.group().clone();
             let probe = self.probe_timeout;
-            // Inner error: this worker was left out (a member re-formed without it).
+            // The quorum is always of the group that broke (the last one that trained), not
+            // of a group an earlier attempt formed here: a group formed at one member and
+            // failed at another would otherwise give them different measures.
+            let previous = before.members().to_vec();
+            // Inner error: why this worker forms nothing this attempt.
             let formed = self.block(async move {
                 let alive = match group.reachable(probe).await {
                     Ok(alive) => alive,
-                    Err(left_out) => return Ok(Err(left_out)),
+                    Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
                 };
+                if !has_quorum(&previous, &alive) {
+                    return Ok(Err(Unformed::NoQuorum(alive)));
+                }
                 group.reform(&alive).await.map(Ok)
             });
             let formed = match formed {
                 // No later attempt can bring it back: the others go on without it.
-                Ok(Err(left_out)) => {
+                Ok(Err(Unformed::LeftOut(left_out))) => {
                     return Err(StrategyError::Recovery {
                         reason: format!("this worker was left out: {left_out}"),
                     })
                 }
+                Ok(Err(Unformed::NoQuorum(reached))) => {
+                    last = no_quorum_detail(before.members(), before.epoch(), &reached);
+                    no_quorum = true;
+                    // The probes took about this long where the others are unreachable; where
+                    // they answered at once (and still too few), the next attempt waits as
+                    // long, so that the attempts span the probe timeout each.
+                    if attempt < self.recover_attempts {
+                        let next = started + self.probe_timeout;
+                        let left = next.saturating_duration_since(std::time::Instant::now());
+                        std::thread::sleep(left);
+                    }
+                    continue;
+                }
                 Ok(Ok(group)) => Ok(group),
                 Err(err) => Err(err),
             };
+            no_quorum = false;
             match formed {
                 Ok(group) => {
                     self.install(group);
@@ -418,12 +458,15 @@ impl MultiWorkerMirrored {
                 }
             }
         }
-        Err(StrategyError::Recovery {
-            reason: format!(
+        let reason = if no_quorum {
+            format!("{last} (after {} attempt(s))", self.recover_attempts)
+        } else {
+            format!(
                 "gave up after {} attempt(s); the last failed with: {last}",
                 self.recover_attempts
-            ),
-        })
+            )
+        };
+        Err(StrategyError::Recovery { reason })
     }
 
     /// Makes `group` the one every later step's collectives span.
@@ -715,6 +758,51 @@ pub struct Recovery {
     pub attempts: usize,
 }
 
+/// Why a re-forming attempt formed no group here.
+enum Unformed {
+    /// A member re-formed a later epoch without this worker: it was taken for lost.
+    LeftOut(CollectiveError),
+    /// The members this worker reached (itself among them) are no quorum.
+    NoQuorum(Vec<NodeId>),
+}
+
+/// The quorum rule of re-forming: whether the members of the previous epoch that `reached`
+/// holds (those that answered a survivor's probe, the survivor among them) may form the next
+/// epoch. They may if they are more than half of `previous`, or exactly half of it and hold
+/// its lowest-ranked member (`previous[0]`, `previous` being in rank order: the chief, or
+/// worker 0). So of two disjoint sets at most one passes (two majorities intersect; of two
+/// halves only one holds the lowest), and of a group split in two, exactly one side goes on:
+/// a 2-worker group survives the loss of worker 1 (worker 0 goes on alone) but not that of
+/// worker 0 (worker 1 stops). Nodes of `reached` outside `previous` do not count, nor does a
+/// node twice.
+pub(crate) fn has_quorum(previous: &[NodeId], reached: &[NodeId]) -> bool {
+    let Some(lowest) = previous.first() else {
+        return false;
+    };
+    let held = previous.iter().filter(|n| reached.contains(n)).count();
+    2 * held > previous.len() || (2 * held == previous.len() && reached.contains(lowest))
+}
+
+/// What a survivor without quorum says: whom of the broken group it reached, out of how many.
+fn no_quorum_detail(members: &[NodeId], epoch: u64, reached: &[NodeId]) -> String {
+    let held: Vec<String> = members
+        .iter()
+        .filter(|n| reached.contains(n))
+        .map(ToString::to_string)
+        .collect();
+    let lowest = members
+        .first()
+        .map_or_else(String::new, ToString::to_string);
+    format!(
+        "no quorum: this worker reached {} of the {} members of epoch {} ({}); re-forming \
+         needs more than half of them, or exactly half with {lowest}",
+        held.len(),
+        members.len(),
+        epoch,
+        held.join(", "),
+    )
+}
+
 /// Whether re-forming with the survivors can mend a group broken by `err`: a lost, silent or
 /// refusing member can be left out; a failed step, disagreeing calls or this worker stopping
 /// cannot.
@@ -797,4 +885,117 @@ fn block_on<T: Send + 'static>(
     });
     rx.recv()
         .unwrap_or(Err(CollectiveError::Stopped { epoch: 1 }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(n: u32) -> Vec<NodeId> {
+        (0..n).map(|i| NodeId::new("worker", i)).collect()
+    }
+
+    /// The members of `all` whose bit is set in `mask`.
+    fn subset(all: &[NodeId], mask: u32) -> Vec<NodeId> {
+        all.iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_strict_majority_has_quorum_and_a_minority_has_not() {
+        let five = workers(5);
+        assert!(has_quorum(&five, &five[2..]));
+        assert!(has_quorum(&five, &five));
+        assert!(!has_quorum(&five, &five[3..]));
+        assert!(
+            !has_quorum(&five, &five[..2]),
+            "the lowest does not make 2 of 5 enough"
+        );
+        let three = workers(3);
+        assert!(has_quorum(&three, &three[1..]), "2 of 3 without worker 0");
+        assert!(
+            !has_quorum(&three, &three[2..]),
+            "a worker cut off from the other two"
+        );
+    }
+
+    #[test]
+    fn exactly_half_has_quorum_only_with_the_lowest_ranked_member() {
+        let two = workers(2);
+        assert!(
+            has_quorum(&two, &two[..1]),
+            "worker 0 goes on without worker 1"
+        );
+        assert!(
+            !has_quorum(&two, &two[1..]),
+            "worker 1 stops without worker 0"
+        );
+        let four = workers(4);
+        let with_lowest = [four[0].clone(), four[3].clone()];
+        let without = [four[1].clone(), four[2].clone()];
+        assert!(has_quorum(&four, &with_lowest));
+        assert!(!has_quorum(&four, &without));
+        // The chief ranks first: it is the lowest.
+        let chief = vec![NodeId::new("chief", 0), NodeId::new("worker", 0)];
+        assert!(has_quorum(&chief, &chief[..1]));
+        assert!(!has_quorum(&chief, &chief[1..]));
+    }
+
+    #[test]
+    fn strangers_and_repeats_do_not_count() {
+        let three = workers(3);
+        let padded = [
+            three[2].clone(),
+            three[2].clone(),
+            NodeId::new("worker", 7),
+            NodeId::new("worker", 8),
+        ];
+        assert!(!has_quorum(&three, &padded));
+        assert!(
+            !has_quorum(&[], &three),
+            "an empty previous epoch has no quorum"
+        );
+    }
+
+    #[test]
+    fn two_disjoint_sets_never_both_have_quorum_and_a_split_leaves_exactly_one_side() {
+        for n in 1..=7u32 {
+            let all = workers(n);
+            for a in 0..(1u32 << n) {
+                let side = subset(&all, a);
+                let other = subset(&all, !a & ((1 << n) - 1));
+                // A clean split: exactly one side goes on.
+                assert_ne!(
+                    has_quorum(&all, &side),
+                    has_quorum(&all, &other),
+                    "{n} members split into {side:?} and {other:?}"
+                );
+                // Any set disjoint from this one (a subset of the rest): never both.
+                for b in 0..(1u32 << n) {
+                    if a & b == 0 && has_quorum(&all, &side) {
+                        let disjoint = subset(&all, b);
+                        assert!(
+                            !has_quorum(&all, &disjoint),
+                            "{n} members: {side:?} and {disjoint:?} both passed"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_no_quorum_detail_names_whom_it_reached_out_of_how_many() {
+        let three = workers(3);
+        let text = no_quorum_detail(&three, 1, &three[2..]);
+        assert!(
+            text.starts_with(
+                "no quorum: this worker reached 1 of the 3 members of epoch 1 (worker/2)"
+            ) && text.contains("exactly half with worker/0"),
+            "{text}"
+        );
+    }
 }
