@@ -111,6 +111,42 @@ fn replica_step(
     })
 }
 
+/// What a step computed, on every replica.
+struct StepOut {
+    /// Each replica's result.
+    outs: Vec<ReplicaOut>,
+    /// SUM over the replicas of their loss parts (`Strategy::reduce`).
+    reduced_loss: f32,
+    /// MEAN over the replicas of their example counts.
+    mean_examples: f32,
+}
+
+/// The step above the replicas, written once against `&dyn Strategy`: runs `replica_step` on
+/// every replica and reduces what they give back.
+fn distributed_step(
+    strategy: &dyn Strategy,
+    w: &Tensor,
+    batch: PerReplica<Vec<Tensor>>,
+) -> Result<StepOut, StrategyError> {
+    let outs = strategy
+        .run(replica_step, (w.clone(), batch))?
+        .transpose()?
+        .into_values();
+    let parts = PerReplica::new(outs.iter().map(|o| o.part.clone()).collect());
+    let reduced_loss = strategy.reduce(ReduceOp::Sum, &parts, None)?;
+    let counts = PerReplica::new(
+        outs.iter()
+            .map(|o| Tensor::new(o.examples, &Device::Cpu))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+    let mean_examples = strategy.reduce(ReduceOp::Mean, &counts, None)?;
+    Ok(StepOut {
+        outs,
+        reduced_loss: reduced_loss.to_scalar::<f32>()?,
+        mean_examples: mean_examples.to_scalar::<f32>()?,
+    })
+}
+
 #[test]
 fn cluster_task() {
     ps_support::run_if_child(program);
@@ -130,18 +166,11 @@ fn train_step(ctx: &mut StepContext<'_>, args: &[u8]) -> Result<Vec<u8>, StepErr
     let dataset = std::str::from_utf8(args).map_err(|e| StepError::Step(e.to_string()))?;
     let batch = ctx.next(dataset)?;
     let shares = strategy.distribute_batch(&batch)?;
-    let outs = strategy
-        .run(replica_step, (w.clone(), shares))?
-        .transpose()?;
-    let outs = outs.into_values();
-    let parts = PerReplica::new(outs.iter().map(|o| o.part.clone()).collect());
-    let reduced_loss = strategy.reduce(ReduceOp::Sum, &parts, None)?;
-    let counts = PerReplica::new(
-        outs.iter()
-            .map(|o| Tensor::new(o.examples, &Device::Cpu))
-            .collect::<Result<Vec<_>, _>>()?,
-    );
-    let mean_examples = strategy.reduce(ReduceOp::Mean, &counts, None)?;
+    let StepOut {
+        outs,
+        reduced_loss,
+        mean_examples,
+    } = distributed_step(&strategy, &w, shares)?;
     let wrong_count = strategy.reduce(ReduceOp::Sum, &PerReplica::new(vec![w.clone()]), None);
     // Every replica holds the all-reduced gradient: the worker pushes it once.
     ctx.push_dense(kernel.name(), outs[0].grad.clone())?;
@@ -153,9 +182,9 @@ fn train_step(ctx: &mut StepContext<'_>, args: &[u8]) -> Result<Vec<u8>, StepErr
         "loss": outs[0].loss,
         "grad": outs[0].grad,
         "replicas_agree": agree,
-        "reduced_loss": reduced_loss.to_scalar::<f32>()?,
+        "reduced_loss": reduced_loss,
         "examples": outs.iter().map(|o| o.examples).collect::<Vec<_>>(),
-        "mean_examples": mean_examples.to_scalar::<f32>()?,
+        "mean_examples": mean_examples,
         "wrong_count_refused": matches!(
             wrong_count,
             Err(StrategyError::ReplicaCountMismatch { expected: 2, got: 1 })
@@ -336,10 +365,14 @@ fn one_replica_function_computes_the_same_steps_under_mirrored_and_on_a_ps_clust
             &w.flatten_all()?.to_vec1::<f32>()?,
             &floats(&ps["w"]),
         );
-        let outs = strategy
-            .run(replica_step, (w.clone(), batch?))?
-            .transpose()?;
-        let out = &outs.values()[0];
+        let step = distributed_step(&strategy, &w, batch?)?;
+        let out = &step.outs[0];
+        assert_eq!(step.mean_examples, 3.5, "step {i}");
+        assert_close(
+            &format!("step {i} reduce(SUM)"),
+            &[step.reduced_loss],
+            &[ps["reduced_loss"].as_f64().unwrap() as f32],
+        );
         assert_close(
             &format!("step {i} loss"),
             &[out.loss],
