@@ -44,6 +44,7 @@ mod default;
 mod mirrored;
 mod multi_worker;
 mod one_device;
+mod parameter_server;
 mod reduce;
 mod replicas;
 
@@ -61,6 +62,7 @@ pub use multi_worker::{
     DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use one_device::OneDevice;
+pub use parameter_server::{ParameterServerStrategy, PerWorkerDataset};
 pub use reduce::{gather_per_replica, reduce_per_replica};
 pub use replicas::{ReplicaFn, DEFAULT_COLLECTIVE_TIMEOUT_MS};
 
@@ -521,6 +523,23 @@ pub enum StrategyError {
         /// Why, with the last attempt's error.
         reason: String,
     },
+    /// A strategy method that cannot be honoured where it was called: `side` is where
+    /// (`"coordinator"` or `"worker"`), `reason` says why and what to call instead (e.g. `run`
+    /// on the parameter-server coordinator, which runs no replicas).
+    #[error("{strategy}::{method} is not available on the {side}: {reason}")]
+    NotAvailable {
+        /// The strategy's name.
+        strategy: &'static str,
+        /// The method refused.
+        method: &'static str,
+        /// Where it was called.
+        side: &'static str,
+        /// Why, and what to use instead.
+        reason: String,
+    },
+    /// A call the parameter-server strategy makes on the chief's coordinator failed.
+    #[error(transparent)]
+    Coordinator(#[from] crate::roles::coordinator::CoordinatorError),
     /// A multi-worker strategy's configuration is wrong: `key` names what (a cluster entry,
     /// the task, the certificate directory, the replica count).
     #[error("{key}: {detail}")]
