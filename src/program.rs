@@ -31,6 +31,7 @@ pub use crate::roles::coordinator::{
     ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground, VariableSpec,
 };
 pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
+pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};
 pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, TrainReport};
 

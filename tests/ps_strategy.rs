@@ -14,10 +14,9 @@ use candle_core::{Device, Tensor, Var};
 use cohort::data::{DataError, Dataset, DistributeOptions};
 use cohort::nn::{Dense, Initializer, Layer, NnError};
 use cohort::optim::Optimizer;
-use cohort::program::{CoordinatorError, Program, StepContext, StepError};
+use cohort::program::{CoordinatorError, ParameterServerStrategy, Program, StepContext, StepError};
 use cohort::strategy::{
-    Mirrored, ParameterServerStrategy, PerReplica, ReduceOp, ReplicaContext, Strategy,
-    StrategyError, StrategyExt,
+    Mirrored, PerReplica, ReduceOp, ReplicaContext, Strategy, StrategyError, StrategyExt,
 };
 use cohort::variable::Partitioner;
 use ps_support::{ledger_and_stats, write_report, Run};

@@ -8,6 +8,7 @@
 pub mod coordinator;
 pub mod evaluator;
 pub mod node;
+pub mod parameter_server_strategy;
 pub mod protocol;
 pub mod ps;
 pub mod push;

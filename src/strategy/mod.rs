@@ -44,9 +44,8 @@ mod default;
 mod mirrored;
 mod multi_worker;
 mod one_device;
-mod parameter_server;
 mod reduce;
-mod replicas;
+pub(crate) mod replicas;
 
 pub use crate::distribute::{
     divide_by, DeviceError, DeviceKind, DeviceSpec, PerReplica, ReduceOp, StrategyId,
@@ -62,7 +61,6 @@ pub use multi_worker::{
     DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use one_device::OneDevice;
-pub use parameter_server::{ParameterServerStrategy, PerWorkerDataset};
 pub use reduce::{gather_per_replica, reduce_per_replica};
 pub use replicas::{ReplicaFn, DEFAULT_COLLECTIVE_TIMEOUT_MS};
 
@@ -537,9 +535,10 @@ pub enum StrategyError {
         /// Why, and what to use instead.
         reason: String,
     },
-    /// A call the parameter-server strategy makes on the chief's coordinator failed.
-    #[error(transparent)]
-    Coordinator(#[from] crate::roles::coordinator::CoordinatorError),
+    /// A call the parameter-server strategy makes on the chief's coordinator failed (its
+    /// message).
+    #[error("the coordinator: {0}")]
+    Coordinator(String),
     /// A multi-worker strategy's configuration is wrong: `key` names what (a cluster entry,
     /// the task, the certificate directory, the replica count).
     #[error("{key}: {detail}")]

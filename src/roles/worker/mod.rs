@@ -105,12 +105,6 @@ impl From<crate::nn::NnError> for StepError {
     }
 }
 
-impl From<crate::strategy::StrategyError> for StepError {
-    fn from(e: crate::strategy::StrategyError) -> Self {
-        StepError::Step(e.to_string())
-    }
-}
-
 impl From<candle_core::Error> for StepError {
     fn from(e: candle_core::Error) -> Self {
         StepError::Step(e.to_string())
@@ -215,7 +209,7 @@ impl<'a> StepContext<'a> {
     }
 
     /// Every variable the chief created, with its layout (for
-    /// [`crate::strategy::ParameterServerStrategy::in_step`]'s variable placement).
+    /// [`crate::program::ParameterServerStrategy::in_step`]'s variable placement).
     pub(crate) fn layouts(&self) -> impl Iterator<Item = &Layout> {
         self.layouts.values()
     }

@@ -1,6 +1,6 @@
 //! ParameterServerStrategy: the parameter-server training of [`crate::program`] seen as a
 //! [`Strategy`] value, so that replica functions written against `&dyn Strategy` and
-//! [`ReplicaContext`] run under it as under [`super::Mirrored`].
+//! [`ReplicaContext`] run under it as under [`crate::strategy::Mirrored`].
 //!
 //! This module owns the strategy value only; the training itself is the existing mechanism
 //! (no second path): the chief's [`ClusterCoordinator`] creates variables on the servers and
@@ -41,11 +41,6 @@ use std::time::Duration;
 
 use candle_core::Tensor;
 
-use super::replicas::{ReplicaFn, Replicas};
-use super::{
-    DatasetFn, DeviceSpec, PerReplica, Strategy, StrategyError, StrategyId,
-    DEFAULT_COLLECTIVE_TIMEOUT_MS,
-};
 use crate::data::{
     batch_sizes_for_pipeline, DataError, Dataset, DistributeOptions, DistributedDataset,
 };
@@ -53,6 +48,11 @@ use crate::layout::Layout;
 use crate::nn::WeightSpec;
 use crate::roles::coordinator::ClusterCoordinator;
 use crate::roles::worker::{PsModel, StepContext};
+use crate::strategy::replicas::Replicas;
+use crate::strategy::{
+    DatasetFn, DeviceSpec, PerReplica, ReplicaFn, Strategy, StrategyError, StrategyId,
+    DEFAULT_COLLECTIVE_TIMEOUT_MS,
+};
 use crate::variable::{
     DeclaredPlacement, ParameterServerPlacement, Partitioner, VariablePlacement,
 };
@@ -60,12 +60,13 @@ use crate::variable::{
 /// TensorFlow's `ParameterServerStrategy` over cohort's parameter-server training (see the
 /// module docs for its two sides and what `num_replicas_in_sync` counts).
 ///
-/// In a step, the same replica function as under [`super::Mirrored`]:
+/// In a step, the same replica function as under [`crate::strategy::Mirrored`]:
 ///
 /// ```no_run
 /// use candle_core::{Device, Tensor};
 /// use cohort::program::{Program, StepContext, VariableSpec};
-/// use cohort::strategy::{ParameterServerStrategy, ReduceOp, ReplicaContext, Strategy, StrategyExt};
+/// use cohort::program::ParameterServerStrategy;
+/// use cohort::strategy::{ReduceOp, ReplicaContext, Strategy, StrategyExt};
 ///
 /// // Written once: a replica's gradient of |w - 1|², summed over the replicas.
 /// fn replica_grad(ctx: &ReplicaContext, w: Tensor) -> Result<Tensor, cohort::strategy::StrategyError> {
@@ -428,6 +429,21 @@ impl Strategy for ParameterServerStrategy {
                 DATASET_ON_COORDINATOR,
             )),
         }
+    }
+}
+
+/// A coordinator call the strategy makes on the chief failed.
+impl From<crate::roles::coordinator::CoordinatorError> for StrategyError {
+    fn from(e: crate::roles::coordinator::CoordinatorError) -> Self {
+        StrategyError::Coordinator(e.to_string())
+    }
+}
+
+/// A strategy call that failed inside a scheduled step fails the step (`?` in a step
+/// function).
+impl From<StrategyError> for crate::roles::worker::StepError {
+    fn from(e: StrategyError) -> Self {
+        crate::roles::worker::StepError::Step(e.to_string())
     }
 }
 
