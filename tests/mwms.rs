@@ -312,6 +312,35 @@ fn two_workers_of_two_replicas_train_what_four_replicas_in_one_process_do() {
     }
 }
 
+/// The workload of `cohort bench mwms` (the MLP 784-256-256-10) trains across two worker
+/// processes (a chief and a worker, 2 replicas each): each times its steps and ends with a
+/// finite loss; a batch that does not split over the local replicas is refused.
+#[test]
+fn the_mwms_benchmark_workload_trains_across_processes() {
+    let flags = ["--bench-batch", "8", "--bench-warmup", "1", "--steps", "3"];
+    let mut cluster = Cluster::start("bench", &[("chief", 2), ("worker", 2)], &flags);
+    for i in 0..2 {
+        let line = cluster.wait_for(i, "bench ");
+        assert!(line.starts_with("bench steps=3 seconds="), "{line}");
+        let loss: f32 = line
+            .rsplit("loss=")
+            .next()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(f32::NAN);
+        assert!(loss.is_finite() && loss > 0.0, "{line}");
+        cluster.wait_for(i, "done");
+        assert_eq!(cluster.workers[i].wait_exit(), 0, "{:#?}", cluster.seen[i]);
+    }
+    let odd = ["--bench-batch", "7", "--steps", "1"];
+    let mut cluster = Cluster::start("bench-odd", &[("worker", 2)], &odd);
+    let line = cluster.wait_for(0, "error ");
+    assert!(
+        line.contains("does not split over 2 local replicas"),
+        "{line}"
+    );
+    assert_eq!(cluster.workers[0].wait_exit(), 3);
+}
+
 #[test]
 fn a_worker_killed_mid_training_fails_every_survivor_naming_it() {
     let flags = [

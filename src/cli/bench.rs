@@ -16,7 +16,7 @@ use crate::workloads::bench::BenchReport;
 pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result<(), CliError> {
     if target != "ps" {
         return Err(CliError::Usage(format!(
-            "bench: unknown target {target:?} (available: ps, recovery, allreduce)"
+            "bench: unknown target {target:?} (available: ps, recovery, allreduce, mwms)"
         )));
     }
     let workloads: Vec<&str> = workloads

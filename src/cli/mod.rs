@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_allreduce;
+mod bench_mwms;
 mod bench_recovery;
 mod certs;
 mod chaos;
@@ -62,7 +63,8 @@ enum Command {
     /// each on its own local cluster (1 chief, 2 PS, 2 workers, as processes), and prints
     /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's; `bench
     /// allreduce` prints the process group's all-reduce algbw and busbw (2 and 4 members, 1, 16
-    /// and 64 MiB) beside the bare QUIC ceiling.
+    /// and 64 MiB) beside the bare QUIC ceiling; `bench mwms` prints MultiWorkerMirrored's
+    /// steps/s on the MLP 784-256-256-10 with 2 and 3 worker processes beside TensorFlow's.
     Bench(BenchArgs),
     /// Chaos testing: `chaos sim` runs the deterministic cluster simulator (the coordinator
     /// and parameter-server machines under simulated faults) over many seeds and checks
@@ -179,8 +181,8 @@ fn scale(args: &ScaleArgs) -> Result<(), CliError> {
 /// Flags of `cohort bench`.
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// What to benchmark: `ps` (throughput), `recovery` (what each failure costs) or
-    /// `allreduce` (the process group's collectives).
+    /// What to benchmark: `ps` (throughput), `recovery` (what each failure costs),
+    /// `allreduce` (the process group's collectives) or `mwms` (MultiWorkerMirrored training).
     target: String,
     /// Timed steps per workload (after warm-up).
     #[arg(long, default_value_t = 1000)]
@@ -303,6 +305,7 @@ pub fn run() -> ExitCode {
             bench_recovery::run(args.steps, args.seed)
         }
         Command::Bench(args) if args.target == "allreduce" => bench_allreduce::run(),
+        Command::Bench(args) if args.target == "mwms" => bench_mwms::run(args.steps, args.warmup),
         Command::CollectiveMember(args) => match collective_member::run(args) {
             Ok(code) => return ExitCode::from(code),
             Err(err) => Err(err),

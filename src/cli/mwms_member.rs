@@ -9,7 +9,9 @@
 //! `error kind=K node=N detail=..` (then exit code 3), and writes the final variables and
 //! losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
 //! fail its step K with an application error (`--fail-panics`: a panic); `--elastic` trains
-//! with re-forming.
+//! with re-forming. `--bench-batch B` runs `cohort bench mwms`'s workload instead
+//! ([`crate::workloads::mwms_bench`]: the MLP 784-256-256-10 on B examples per worker,
+//! `--bench-warmup` steps, then `--steps` timed) and prints `bench steps=N seconds=S loss=L`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,6 +68,13 @@ pub(crate) struct MwmsArgs {
     /// How long forming a group (at start, and each re-forming attempt) waits for every member.
     #[arg(long, default_value_t = 30_000)]
     form_timeout_ms: u64,
+    /// Run the throughput workload of `cohort bench mwms` on this many examples per worker
+    /// and step (then `--steps` is the number of timed steps).
+    #[arg(long)]
+    bench_batch: Option<usize>,
+    /// Untimed steps before the timed ones (`--bench-batch`).
+    #[arg(long, default_value_t = 10)]
+    bench_warmup: usize,
 }
 
 /// Runs the worker (see the module doc).
@@ -102,6 +111,28 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         args.replicas
     );
     let seed = 7 + 1000 * strategy.worker_index() as u64;
+    if let Some(batch) = args.bench_batch {
+        return match crate::workloads::mwms_bench::run(
+            &strategy,
+            batch,
+            args.bench_warmup,
+            args.steps,
+            seed,
+        ) {
+            Ok(timed) => {
+                println!(
+                    "bench steps={} seconds={} loss={}",
+                    timed.steps, timed.seconds, timed.last_loss
+                );
+                println!("done");
+                Ok(0)
+            }
+            Err(err) => {
+                report(&err.to_string(), collective_cause(&err));
+                Ok(3)
+            }
+        };
+    }
     let pause = Duration::from_millis(args.step_pause_ms);
     let outcome = if args.elastic {
         let replicas = strategy.num_replicas_in_sync();

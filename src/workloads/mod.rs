@@ -7,4 +7,5 @@ pub mod demo;
 pub mod dense_sync;
 pub mod digits;
 pub mod models;
+pub mod mwms_bench;
 pub mod recovery;

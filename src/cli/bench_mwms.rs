@@ -1,0 +1,221 @@
+//! `cohort bench mwms`: MultiWorkerMirrored's training throughput with 2 and 3 worker
+//! processes on 127.0.0.1 ([`crate::workloads::mwms_bench`]: the dense MLP 784-256-256-10,
+//! 256 examples per worker and step), beside TensorFlow's MultiWorkerMirroredStrategy on the
+//! same model on this machine.
+//!
+//! Each worker is this binary's hidden `mwms-member --bench-batch 256`, with its own
+//! certificate from a CA made for the run and a `TF_CONFIG` naming every worker; the steps are
+//! synchronous, so a run's rate is its slowest worker's timed steps over their time.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cohort_transport::{ClusterCa, NodeId};
+
+use super::CliError;
+
+/// Examples per worker and step.
+const BATCH_PER_WORKER: usize = 256;
+/// Worker counts measured, with TensorFlow's steps/s for each on this machine.
+const RUNS: [(usize, f64); 2] = [(2, 85.5), (3, 49.2)];
+/// The target: this many times TensorFlow's rate.
+const TARGET_RATIO: f64 = 1.25;
+/// Bound on one run, warm-up and forming included.
+const RUN_MAX: Duration = Duration::from_secs(600);
+
+/// Runs the benchmark (`steps` timed steps, `warmup` before them) and prints its table.
+pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
+    if steps == 0 {
+        return Err(CliError::Usage("--steps: at least 1 timed step".into()));
+    }
+    let dir = std::env::temp_dir().join(format!("cohort-bench-mwms-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", dir.display())))?;
+    let mut rows = Vec::new();
+    for (workers, tensorflow) in RUNS {
+        let result = run_workers(&dir, workers, steps, warmup);
+        let rate = result?;
+        println!("{workers} workers: {rate:.1} steps/s");
+        rows.push((workers, rate, tensorflow));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "\ncohort bench mwms: MultiWorkerMirrored, dense MLP {}-{}-{}-{} (relu, SGD), {BATCH_PER_WORKER} \
+         examples per worker and step, 1 replica per worker, workers as processes on 127.0.0.1 \
+         ({} cores, split among the workers' compute threads); {warmup} warm-up steps, then \
+         {steps} timed",
+        crate::workloads::mwms_bench::FEATURES,
+        crate::workloads::mwms_bench::HIDDEN[0],
+        crate::workloads::mwms_bench::HIDDEN[1],
+        crate::workloads::mwms_bench::CLASSES,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
+    println!(
+        "{:<8} {:>12} {:>12} {:>8} {:>8}",
+        "workers", "steps/s", "TF steps/s", "ratio", "target"
+    );
+    for (workers, rate, tensorflow) in rows {
+        println!(
+            "{workers:<8} {rate:>12.1} {tensorflow:>12.1} {:>8.2} {:>8.2}",
+            rate / tensorflow,
+            TARGET_RATIO
+        );
+    }
+    Ok(())
+}
+
+/// One run of `workers` processes: its rate in steps per second.
+fn run_workers(dir: &Path, workers: usize, steps: usize, warmup: usize) -> Result<f64, CliError> {
+    let failed = |what: String| CliError::Failed(format!("bench mwms, {workers} workers: {what}"));
+    let certs = dir.join(format!("certs-{workers}"));
+    std::fs::create_dir_all(&certs).map_err(|e| failed(format!("{}: {e}", certs.display())))?;
+    let ca = ClusterCa::generate("bench-mwms").map_err(|e| failed(e.to_string()))?;
+    let mut addrs = Vec::new();
+    for index in 0..workers {
+        // A free port: bound, then released for the worker to bind right after.
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| failed(e.to_string()))?;
+        addrs.push(
+            socket
+                .local_addr()
+                .map_err(|e| failed(e.to_string()))?
+                .to_string(),
+        );
+        ca.issue(&NodeId::new("worker", index as u32))
+            .and_then(|creds| creds.save(&certs))
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    let cluster = serde_json::to_string(&BTreeMap::from([("worker", &addrs)]))
+        .map_err(|e| failed(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+    // The workers share this machine's cores, as `cohort launch`'s tasks do: each gets its
+    // share of compute threads (unless RAYON_NUM_THREADS says otherwise), rather than every
+    // worker spreading each matrix product over all cores and fighting for them (2.2 to 2.6
+    // times slower here).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads =
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| (cores / workers).max(1).to_string());
+    let (tx, lines) = mpsc::channel();
+    let mut children: Vec<Child> = Vec::new();
+    for index in 0..workers {
+        let tf_config =
+            format!(r#"{{"cluster": {cluster}, "task": {{"type": "worker", "index": {index}}}}}"#);
+        let spawned = Command::new(&exe)
+            .arg("mwms-member")
+            .arg("--certs")
+            .arg(&certs)
+            .args(["--bench-batch", &BATCH_PER_WORKER.to_string()])
+            .args(["--bench-warmup", &warmup.to_string()])
+            .args(["--steps", &steps.to_string()])
+            .env("TF_CONFIG", tf_config)
+            .env("RAYON_NUM_THREADS", &threads)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                stop(&mut children);
+                return Err(failed(format!("cannot start a worker: {e}")));
+            }
+        };
+        if let Some(stdout) = child.stdout.take() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send((index, line)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        children.push(child);
+    }
+    drop(tx);
+    let deadline = Instant::now() + RUN_MAX;
+    let mut timed: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
+    let outcome = loop {
+        if timed.len() == workers {
+            break Ok(());
+        }
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            break Err(failed(format!("no result within {RUN_MAX:?}")));
+        };
+        match lines.recv_timeout(left) {
+            Ok((index, line)) => {
+                if let Some(rest) = line.strip_prefix("bench ") {
+                    match parse_timed(rest) {
+                        Some(t) => {
+                            timed.insert(index, t);
+                        }
+                        None => break Err(failed(format!("worker {index} said {line:?}"))),
+                    }
+                } else if line.starts_with("error ") {
+                    break Err(failed(format!("worker {index}: {line}")));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                break Err(failed(format!("no result within {RUN_MAX:?}")))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break Err(failed(format!(
+                    "the workers exited with {} of {workers} results",
+                    timed.len()
+                )))
+            }
+        }
+    };
+    if outcome.is_err() {
+        stop(&mut children);
+    }
+    for child in &mut children {
+        let _ = child.wait();
+    }
+    outcome?;
+    let slowest = timed
+        .values()
+        .map(|&(steps, seconds)| seconds / steps.max(1) as f64)
+        .fold(0.0, f64::max);
+    Ok(1.0 / slowest)
+}
+
+/// `steps=N seconds=S loss=L`: the steps and their seconds.
+fn parse_timed(text: &str) -> Option<(usize, f64)> {
+    let field = |key: &str| {
+        text.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    };
+    let steps = field("steps")?.parse().ok()?;
+    let seconds: f64 = field("seconds")?.parse().ok()?;
+    let loss: f32 = field("loss")?.parse().ok()?;
+    (seconds > 0.0 && loss.is_finite()).then_some((steps, seconds))
+}
+
+/// Ends the workers of a failed run (this run's own children only).
+fn stop(children: &mut [Child]) {
+    for child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workers_result_line_is_read_and_a_broken_one_refused() {
+        assert_eq!(
+            parse_timed("steps=100 seconds=2.5 loss=2.1"),
+            Some((100, 2.5))
+        );
+        assert_eq!(parse_timed("steps=100 seconds=2.5 loss=NaN"), None);
+        assert_eq!(parse_timed("steps=x seconds=2.5 loss=1"), None);
+        assert_eq!(parse_timed("seconds=2.5 loss=1"), None);
+    }
+}
