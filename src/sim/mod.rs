@@ -68,7 +68,11 @@
 //!   a new incarnation's hello declares its predecessor dead; and a process that exits is
 //!   reported by its supervisor (two times in three, within two restart delays, so that a
 //!   report may come after the new incarnation's hello): the live incarnation it names is
-//!   declared dead then, as the chief's gateway does with the launcher's reports.
+//!   declared dead then, as the chief's gateway does with the launcher's reports. A node
+//!   silent for a third of the budget (two heartbeat intervals) whose process is down, not
+//!   yet restarted, with no partition between, is declared dead then too: the gateway's
+//!   probe of its address is refused (`DeathCause::Refused`); a paused or partitioned node
+//!   never is.
 //! - **Checkpoint storage**: a save is the coordinator machine's read of a cut
 //!   (`Scheduler::handle_read_cut`: every shard read from the servers, waiting out those that
 //!   cannot be read and reading again when a recovery or new work came in between), which

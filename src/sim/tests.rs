@@ -120,6 +120,39 @@ fn supervisor_exit_reports_early_or_late_lose_nothing_over_seeds() {
     );
 }
 
+/// A refused probe (the gateway probes a node silent for two heartbeat intervals; the probe
+/// is refused where nothing listens): a node whose process is down and not yet restarted,
+/// with no partition between, is declared dead then, before the silence budget; a paused or
+/// partitioned one never is. Over seeds of process and network faults nothing is lost, and
+/// such deaths occur. Restarts take 2 s here (a pod recreated by Kubernetes), longer than
+/// the probe's wait: with the launcher's quick restarts the successor's hello comes first.
+#[test]
+fn refused_probes_declare_down_nodes_dead_early_and_lose_nothing_over_seeds() {
+    let config = SimConfig {
+        num_ps: 2,
+        num_workers: 3,
+        faults_max: 8,
+        restart_delay: Duration::from_secs(2),
+        kinds: FaultKinds {
+            storage: false,
+            ..FaultKinds::all()
+        },
+        ..SimConfig::default()
+    };
+    let mut refused = 0;
+    for seed in 5_000..5_200 {
+        let report = run_seed(&config, seed);
+        assert!(
+            report.violation.is_none(),
+            "seed {seed}: {:?}\n{}",
+            report.violation,
+            Scenario::draw(&config, seed)
+        );
+        refused += report.deaths_refused;
+    }
+    assert!(refused > 20, "deaths from refused probes: {refused}");
+}
+
 /// A cut's checkpoint damaged on disk after it verified (`StorageFault::RotAfterCut`): a
 /// recovery that cannot read it rolls back to the cut before and runs again everything
 /// committed since; over seeds with server losses and damaged cuts nothing is lost and the

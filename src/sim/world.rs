@@ -65,6 +65,9 @@ pub struct SimReport {
     /// Exit reports that named an incarnation the chief no longer watched (replaced, or
     /// declared dead already): nothing done.
     pub reports_ignored: u64,
+    /// Incarnations declared dead because a probe of their address was refused (their process
+    /// was down, its successor not started yet, and no partition in between).
+    pub deaths_refused: u64,
     /// Restores that found no checkpoint at their cut that verifies (damaged after it became
     /// the cut): a recovery then rolls back to the cut before.
     pub unreadable_cuts: u64,
@@ -119,6 +122,7 @@ pub(super) struct World<'a> {
     ps_left: u64,
     deaths_reported: u64,
     reports_ignored: u64,
+    deaths_refused: u64,
     unreadable_cuts: u64,
     violation: Option<Violation>,
     ended: Option<Result<(), String>>,
@@ -682,6 +686,7 @@ impl<'a> World<'a> {
             ps_joined: 0,
             ps_left: 0,
             deaths_reported: 0,
+            deaths_refused: 0,
             reports_ignored: 0,
             unreadable_cuts: 0,
             violation: None,
@@ -770,6 +775,7 @@ impl<'a> World<'a> {
             ps_left: self.ps_left,
             deaths_reported: self.deaths_reported,
             reports_ignored: self.reports_ignored,
+            deaths_refused: self.deaths_refused,
             unreadable_cuts: self.unreadable_cuts,
         }
     }
@@ -2468,8 +2474,8 @@ impl<'a> World<'a> {
         self.program();
     }
 
-    /// The failure detector: a node unheard for the budget is declared dead; a server heard
-    /// as a new incarnation is reported up.
+    /// The failure detector: a node unheard for the budget is declared dead, or sooner where a
+    /// probe of its address is refused; a server heard as a new incarnation is reported up.
     fn detect(&mut self) {
         let now = self.instant();
         let nodes: Vec<Node> = self
@@ -2526,9 +2532,25 @@ impl<'a> World<'a> {
             }
             let since = *entry.unheard_since.get_or_insert(self.now);
             let Some(seen) = entry.seen else { continue };
-            if self.now < since + budget || entry.declared == Some(seen) {
+            if entry.declared == Some(seen) {
                 continue;
             }
+            // The gateway probes a peer silent for two heartbeat intervals; the probe is
+            // refused (ICMP port unreachable) only where nothing listens: the process is down
+            // and its successor not started, and no partition stands between them.
+            let refused = self.now >= since + budget / REFUSED_AFTER_BUDGET_DIVISOR
+                && self.state(node).0 == ProcState::Down
+                && !self.partitioned(node, true)
+                && !self.partitioned(node, false);
+            if self.now < since + budget && !refused {
+                continue;
+            }
+            if self.now < since + budget {
+                self.deaths_refused += 1;
+            }
+            let Some(entry) = self.detector.get_mut(&node) else {
+                continue;
+            };
             entry.declared = Some(seen);
             match node {
                 Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, seen),
@@ -3208,6 +3230,9 @@ const STEP_MS: (u64, u64) = (10, 60);
 const WIDTH: usize = 4;
 /// The coordinator's tick (its reconnect interval, and the detector's resolution).
 const TICK: Duration = Duration::from_millis(100);
+/// A silent node is probed after this fraction of the detection budget: two heartbeat
+/// intervals, with the default 500 ms interval and 3 s budget.
+const REFUSED_AFTER_BUDGET_DIVISOR: u32 = 3;
 /// How often the low watermark may go out.
 const WATERMARK_EVERY: Duration = Duration::from_secs(1);
 /// What one lost datagram costs a message (QUIC sends it again).
