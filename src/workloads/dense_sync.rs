@@ -252,6 +252,34 @@ pub fn train_elastic(
     Ok((trainer.outcome(losses)?, recoveries))
 }
 
+/// One replica's part of a classifier's training step, inside `run`: `model` on the
+/// features `inputs[0]`, sparse softmax cross-entropy against the classes `inputs[1]`
+/// averaged over the `global_batch` of all `replicas` (so that the replicas' summed gradients
+/// are the global batch's), and `optimizer`'s update (which all-reduces the gradients across
+/// the replicas). Returns this replica's share of the loss.
+pub fn replica_train_step(
+    model: &Sequential,
+    optimizer: &DistributedOptimizer,
+    inputs: &[Tensor],
+    global_batch: usize,
+    replicas: usize,
+) -> Result<Tensor, TrainError> {
+    let (Some(features), Some(classes)) = (inputs.first(), inputs.get(1)) else {
+        return Err(TrainError::Tensor(candle_core::Error::Msg(format!(
+            "a training batch is features and classes; got {} tensor(s)",
+            inputs.len()
+        ))));
+    };
+    let tape = GradientTape::new();
+    let logits = model.forward(&tape, features)?;
+    let per_example = losses::sparse_softmax_cross_entropy(&logits, classes)?;
+    let loss = compute_average_loss(&per_example, Some(global_batch), replicas)?;
+    let vars = model.trainable_variables();
+    let grads = tape.gradient(&loss, &vars)?;
+    optimizer.apply_gradients(grads.into_iter().zip(vars))?;
+    Ok(loss)
+}
+
 /// The collective error under a training error, if that is what it is.
 pub fn collective_cause(err: &TrainError) -> Option<&CollectiveError> {
     match err {
@@ -317,14 +345,7 @@ impl Trainer {
                         Fault::Panic => panic!("{message}"),
                     }
                 }
-                let tape = GradientTape::new();
-                let logits = model.forward(&tape, &inputs[0])?;
-                let per_example = losses::sparse_softmax_cross_entropy(&logits, &inputs[1])?;
-                let loss = compute_average_loss(&per_example, Some(global_batch), replicas)?;
-                let vars = model.trainable_variables();
-                let grads = tape.gradient(&loss, &vars)?;
-                optimizer.apply_gradients(grads.into_iter().zip(vars))?;
-                Ok(loss)
+                replica_train_step(&model, &optimizer, &inputs, global_batch, replicas)
             },
             batch,
         )?;

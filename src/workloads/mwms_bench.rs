@@ -9,11 +9,12 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
+use super::dense_sync::replica_train_step;
 use crate::distribute::PerReplica;
-use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
+use crate::nn::{Activation, Dense, Initializer, Sequential};
 use crate::optim::Optimizer;
 use crate::strategy::{ReduceOp, Strategy, StrategyExt};
-use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
+use crate::train::{DistributedOptimizer, TrainError};
 
 /// Input features (a 28×28 image).
 pub const FEATURES: usize = 784;
@@ -81,14 +82,7 @@ pub fn run(
         let (model, optimizer) = (Arc::clone(&model), Arc::clone(&optimizer));
         let losses = strategy.try_run(
             move |_ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
-                let tape = GradientTape::new();
-                let logits = model.forward(&tape, &inputs[0])?;
-                let per_example = losses::sparse_softmax_cross_entropy(&logits, &inputs[1])?;
-                let loss = compute_average_loss(&per_example, Some(global_batch), replicas)?;
-                let vars = model.trainable_variables();
-                let grads = tape.gradient(&loss, &vars)?;
-                optimizer.apply_gradients(grads.into_iter().zip(vars))?;
-                Ok(loss)
+                replica_train_step(&model, &optimizer, &inputs, global_batch, replicas)
             },
             batch,
         )?;
