@@ -35,7 +35,9 @@ set +e
 job=$!
 trap 'kill -TERM "$job" 2>/dev/null' TERM
 trap 'kill -INT "$job" 2>/dev/null' INT
-code=0
+wait "$job"
+code=$?
+# A trapped signal ends `wait` early (status above 128): wait again while the job runs.
 while kill -0 "$job" 2>/dev/null; do
   wait "$job"
   code=$?
