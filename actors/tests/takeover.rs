@@ -212,9 +212,10 @@ fn run(test: impl std::future::Future<Output = anyhow::Result<()>>) {
     });
 }
 
-/// The child is the chief, the parent a live task (worker/0). The chief is SIGKILLed (its
-/// connection stays open on the worker's side) and comes back as the same incarnation on a
-/// new connection, as a pod restarted with a fixed incarnation would: its hello takes the
+/// The child is the chief, the parent a live task (worker/0). The chief stops (SIGSTOP: its
+/// connection stays open on the worker's side, and its socket too, so no probe of it is
+/// refused and only a hello can tell the worker anything) and comes back as the same
+/// incarnation on a new connection, as a pod restarted with a fixed incarnation would: its hello takes the
 /// worker's link over, the worker's heartbeats go to it, and it sees the worker alive for
 /// several of its detection budgets instead of declaring it dead one budget after
 /// reconnecting (as it did while the heartbeats still went to the dead chief's connection).
@@ -232,7 +233,7 @@ fn a_restarted_chief_back_on_a_new_connection_takes_the_link_over_and_declares_n
         // Heartbeats flow to the first process: it sees the parent alive.
         let line = first.next(Duration::from_secs(20)).await?;
         assert!(line.starts_with("alive"), "first chief: {line}");
-        first.process.kill()?;
+        first.process.pause()?;
 
         let mut second = Child::spawn(&dir.0, 5, addr)?;
         assert_eq!(second.next(Duration::from_secs(20)).await?, "connected");
@@ -247,12 +248,14 @@ fn a_restarted_chief_back_on_a_new_connection_takes_the_link_over_and_declares_n
             "the parent hears the restarted process"
         );
         second.process.kill()?;
+        first.process.kill()?;
         Ok(())
     });
 }
 
 /// A newer incarnation's hello is evidence that the old one is dead: the parent reports the
-/// old one dead (superseded) at once, well inside its detection budget, and the new one
+/// old one (stopped, so that its socket refuses no probe and only the hello can tell) dead
+/// (superseded) at once, well inside its detection budget, and the new one
 /// alive; the newer process sees the parent alive. A process that then comes back with an
 /// older epoch is refused as outdated and told the epoch the parent knows.
 #[test]
@@ -267,21 +270,14 @@ fn a_newer_incarnation_supersedes_at_once_and_an_older_one_is_told_it_is_outdate
 
         let mut first = Child::spawn(&dir.0, 10, addr)?;
         assert_eq!(first.next(Duration::from_secs(20)).await?, "connected");
-        first.process.kill()?;
+        first.process.pause()?;
         let mut second = Child::spawn(&dir.0, 11, addr)?;
         assert_eq!(second.next(Duration::from_secs(20)).await?, "connected");
         let old = Incarnation::new(child_node(), Epoch(10));
-        let mut dead = None;
-        while dead.is_none() {
-            let event = tokio::time::timeout(Duration::from_secs(20), events.recv())
-                .await?
-                .ok_or_else(|| anyhow!("events closed"))?;
-            if let PeerEvent::Dead { incarnation, cause } = event {
-                dead = Some((incarnation, cause));
-            }
-        }
+        let dead = next_death(&mut events, Duration::from_secs(20)).await?;
         // Superseded, not silent: the parent's budget (8 s) had no part in it.
-        assert_eq!(dead, Some((old, DeathCause::Superseded)));
+        assert_eq!(dead, (old, DeathCause::Superseded));
+        first.process.kill()?;
         let line = second.next(Duration::from_secs(20)).await?;
         assert!(line.starts_with("alive"), "newer process: {line}");
 
