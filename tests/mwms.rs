@@ -100,6 +100,12 @@ struct Cluster {
     addrs: Vec<String>,
     /// The network fault rules file every worker follows (`COHORT_NET_FAULTS`), if any.
     rules: Option<PathBuf>,
+    /// Where each worker's output lines go.
+    tx: mpsc::Sender<(usize, String)>,
+    /// Each worker's `TF_CONFIG` and replicas.
+    specs: Vec<(String, usize)>,
+    /// The flags every worker gets.
+    extra: Vec<String>,
 }
 
 impl Cluster {
@@ -135,52 +141,81 @@ impl Cluster {
         let cluster = serde_json::to_string(&jobs).unwrap();
         let rules = net_rules.then(|| dir.join("net-faults.rules"));
         let (tx, lines) = mpsc::channel();
-        let mut workers = Vec::new();
-        for (i, ((job, index), (_, replicas))) in ids.iter().zip(tasks).enumerate() {
-            let tf_config = format!(
-                r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#
-            );
-            let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
-            if let Some(rules) = &rules {
-                command.env("COHORT_NET_FAULTS", rules);
-            }
-            let mut child = command
-                .arg("mwms-member")
-                .arg("--certs")
-                .arg(&dir)
-                .args(["--replicas", &replicas.to_string()])
-                .arg("--out")
-                .arg(dir.join(format!("out-{i}.json")))
-                .args(extra)
-                .env("TF_CONFIG", tf_config)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            for stream in [
-                Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-                Box::new(child.stderr.take().unwrap()),
-            ] {
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                        if tx.send((i, line)).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-            workers.push(Worker { child });
-        }
-        Cluster {
-            workers,
+        let specs = ids
+            .iter()
+            .zip(tasks)
+            .map(|((job, index), (_, replicas))| {
+                let tf_config = format!(
+                    r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#
+                );
+                (tf_config, *replicas)
+            })
+            .collect();
+        let mut cluster = Cluster {
+            workers: Vec::new(),
             lines,
+            tx,
             seen: vec![Vec::new(); tasks.len()],
             dir,
             addrs,
             rules,
+            specs,
+            extra: extra.iter().map(ToString::to_string).collect(),
+        };
+        for i in 0..tasks.len() {
+            let worker = cluster.spawn(i);
+            cluster.workers.push(worker);
         }
+        cluster
+    }
+
+    /// Starts worker `i`'s process (its task, replicas and flags as at the start).
+    fn spawn(&self, i: usize) -> Worker {
+        let (tf_config, replicas) = &self.specs[i];
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
+        if let Some(rules) = &self.rules {
+            command.env("COHORT_NET_FAULTS", rules);
+        }
+        let mut child = command
+            .arg("mwms-member")
+            .arg("--certs")
+            .arg(&self.dir)
+            .args(["--replicas", &replicas.to_string()])
+            .arg("--out")
+            .arg(self.dir.join(format!("out-{i}.json")))
+            .args(&self.extra)
+            .env("TF_CONFIG", tf_config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = self.tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if tx.send((i, line)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Worker { child }
+    }
+
+    /// Starts worker `i` again (its old process gone): a new process of the same task, its
+    /// replicas and flags, in a new slot (returned) so that its lines and output file are
+    /// not mixed with the old process's.
+    fn restart(&mut self, i: usize) -> usize {
+        let slot = self.specs.len();
+        self.specs.push(self.specs[i].clone());
+        self.seen.push(Vec::new());
+        let worker = self.spawn(slot);
+        self.workers.push(worker);
+        slot
     }
 
     /// Cuts the workers of `cut` off from every other worker (see [`Cluster::cut_links`]).
@@ -617,6 +652,156 @@ fn field(line: &str, key: &str) -> usize {
         .find_map(|w| w.strip_prefix(prefix.as_str()))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+/// A change of the group an elastic worker printed: `recovered` or `admitted`, with the
+/// epoch, the agreed step and position, and the workers of the new group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Change {
+    kind: String,
+    epoch: usize,
+    step: usize,
+    position: usize,
+    workers: usize,
+}
+
+/// The group changes worker `i` printed, in order.
+fn changes(cluster: &Cluster, i: usize) -> Vec<Change> {
+    cluster.seen[i]
+        .iter()
+        .filter(|l| l.starts_with("recovered") || l.starts_with("admitted"))
+        .map(|l| Change {
+            kind: l.split_whitespace().next().unwrap_or("").to_string(),
+            epoch: field(l, "epoch"),
+            step: field(l, "step"),
+            position: field(l, "position"),
+            workers: field(l, "workers"),
+        })
+        .collect()
+}
+
+/// A worker killed mid-training and started again (after `restart_after`) joins the live
+/// group: the survivors re-form without it, admit it at a step boundary, and all finish with
+/// the same bits, matching a one-process replay whose global batch shrinks and grows back
+/// at the steps they agreed on.
+fn rejoin_case(name: &str, workers: usize, killed: usize, restart_after: Duration) {
+    const STEPS: usize = 40;
+    let (replicas, per_replica) = (1, 2);
+    let global = per_replica * replicas * workers;
+    let (steps, batch) = (STEPS.to_string(), global.to_string());
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+    ];
+    let tasks = vec![("worker", replicas); workers];
+    let mut cluster = Cluster::start(name, &tasks, &flags);
+    for i in 0..workers {
+        cluster.wait_for(i, "step 4 ");
+    }
+    kill_worker(&cluster, killed);
+    assert_eq!(cluster.workers[killed].wait_exit(), -1, "{name}: killed");
+    std::thread::sleep(restart_after);
+    let joiner = cluster.restart(killed);
+    let admitted = cluster.wait_for(joiner, "admitted");
+    assert!(
+        admitted.contains(&format!("joined=worker/{killed}")),
+        "{name}: {admitted}"
+    );
+    let finishers: Vec<usize> = (0..workers)
+        .filter(|&i| i != killed)
+        .chain([joiner])
+        .collect();
+    let mut outs = Vec::new();
+    for &i in &finishers {
+        cluster.wait_for(i, "done");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "{name}: worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
+    }
+    let seen = changes(&cluster, finishers[0]);
+    eprintln!("{name}: group changes {seen:?}");
+    for &i in &finishers[1..workers - 1] {
+        assert_eq!(
+            changes(&cluster, i),
+            seen,
+            "{name}: survivor {i} changed otherwise"
+        );
+    }
+    // The survivors re-formed without the killed worker, then admitted it back.
+    let first_admission = seen
+        .iter()
+        .position(|c| c.kind == "admitted")
+        .unwrap_or_else(|| panic!("{name}: the survivors admitted nobody: {seen:?}"));
+    assert!(
+        seen[..first_admission]
+            .iter()
+            .any(|c| c.kind == "recovered" && c.workers == workers - 1),
+        "{name}: {seen:?}"
+    );
+    let last = seen.last().unwrap();
+    assert_eq!(
+        (last.kind.as_str(), last.workers),
+        ("admitted", workers),
+        "{name}: {seen:?}"
+    );
+    // The joiner's own admission is the survivors' last change, and it saw no other.
+    assert_eq!(changes(&cluster, joiner), vec![last.clone()], "{name}");
+    for (k, out) in outs.iter().enumerate().skip(1) {
+        assert_eq!(
+            out.variables, outs[0].variables,
+            "{name}: finisher {k} holds other bits than finisher 0"
+        );
+    }
+    // The replay: each group's global batch from the step it formed at.
+    let mut schedule = Vec::new();
+    let (mut from, mut batch, mut position) = (0, global, 0);
+    for change in &seen {
+        assert!(change.step >= from, "{name}: {seen:?}");
+        position += (change.step - from) * batch;
+        assert_eq!(change.position, position, "{name}: {seen:?}");
+        schedule.push((change.step - from, batch));
+        (from, batch) = (change.step, per_replica * replicas * change.workers);
+    }
+    schedule.push((STEPS - from, batch));
+    let replay = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule, 7).unwrap();
+    let mut known = outs[0].clone();
+    let mut reference = replay;
+    let kept: Vec<usize> = (0..STEPS).filter(|&k| !known.losses[k].is_nan()).collect();
+    known.losses = kept.iter().map(|&k| known.losses[k]).collect();
+    reference.losses = kept.iter().map(|&k| reference.losses[k]).collect();
+    assert_close(&known, &reference, &format!("{name} vs the replay"));
+    // The joiner computed the steps after it joined, with everyone.
+    let joined_losses = &outs[outs.len() - 1].losses;
+    assert!(
+        joined_losses[last.step..].iter().all(|l| !l.is_nan()),
+        "{name}: {joined_losses:?}"
+    );
+}
+
+#[test]
+fn a_killed_worker_started_again_at_once_rejoins_the_survivors() {
+    // Its new process asks to join before the others noticed the old one's death: that ask
+    // is the evidence that fails their group at once.
+    rejoin_case("rejoin-now", 3, 2, Duration::ZERO);
+}
+
+#[test]
+fn a_killed_leader_started_again_after_the_survivors_re_formed_rejoins_them() {
+    // Worker 0 (the leader) is lost: worker 1 leads the survivors, and admits it back.
+    rejoin_case("rejoin-late", 3, 0, Duration::from_secs(3));
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! initializers differently (`7 + 1000 × rank`): only the strategy's broadcast of the first
 //! worker's values makes them start alike. It prints one line per event on stdout:
 //! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `recovered epoch=E step=S
-//! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed), `done`, or
+//! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed),
+//! `admitted epoch=E step=S position=P workers=W joined=N,.. source=N` (workers joined: a
+//! process started while the others train joins them, and prints it too), `done`, or
 //! `error kind=K node=N detail=..` (then exit code 3), and writes the final variables and
 //! losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
 //! fail its step K with an application error (`--fail-panics`: a panic); `--elastic` trains
@@ -165,6 +167,18 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                         lost.join(","),
                         r.source,
                         r.attempts
+                    );
+                }
+                ElasticEvent::Admitted(a) => {
+                    let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
+                    println!(
+                        "admitted epoch={} step={} position={} workers={} joined={} source={}",
+                        a.epoch,
+                        a.step,
+                        a.position,
+                        a.members.len(),
+                        joined.join(","),
+                        a.source
                     );
                 }
             },

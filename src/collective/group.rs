@@ -19,6 +19,19 @@
 //!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]),
 //!    the survivors being the members that answer a probe ([`ProcessGroup::reachable`]).
 //!
+//! Joining a live group (a restarted or new process):
+//! 1. A starting process asks the others first ([`Mesh::enter`]): if none formed a group yet
+//!    (the job is starting), it forms epoch 1 with them; if one did, it is to join.
+//! 2. A joiner repeats its `Enter` to every member until it is admitted ([`Mesh::join_live`]);
+//!    each member keeps it as pending for a while. A member of the live group asking to enter
+//!    is a new incarnation: its old one is gone, and the group fails at once with
+//!    [`CollectiveError::MemberLost`] (the survivors re-form without it: a joiner answers
+//!    probes as no survivor).
+//! 3. At a step boundary the members agree on the joiners (their leader's pending ones, see
+//!    [`ProcessGroup::pending_joiners`]) and form the next epoch with them
+//!    ([`ProcessGroup::admit`]): the leader tells each joiner the epoch and members (`Admit`),
+//!    and every one forms it as in step 2 above.
+//!
 //! Failure rules:
 //! - A member is lost when its connection closes or stays silent past the transport's idle
 //!   timeout (the detection budget): every survivor's pending call fails with
@@ -159,6 +172,112 @@ impl Mesh {
         self.inner.lock().epoch
     }
 
+    /// How a starting process enters the job (see the module doc): asks each of `peers` (the
+    /// other members it knows of) whether it formed a group, telling where this mesh listens
+    /// (`own`). [`Entry::Join`] as soon as one did (a live job: this process is to be
+    /// admitted, [`Mesh::join_live`]); [`Entry::Start`] once every peer answered that it did
+    /// not, or after `within` (a peer not answering yet is taken to be starting too: forming
+    /// epoch 1 waits for it).
+    pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
+        let deadline = Instant::now() + within;
+        let mut asks: futures::stream::FuturesUnordered<_> = peers
+            .iter()
+            .map(|peer| self.ask_enter(peer, own, deadline))
+            .collect();
+        use futures::StreamExt;
+        while let Some(answer) = asks.next().await {
+            if let Some((_, true)) = answer {
+                return Entry::Join;
+            }
+        }
+        Entry::Start
+    }
+
+    /// Waits, at most `within`, to be admitted to the live group: tells every one of `peers`
+    /// that this process asks to join (again each [`ENTER_REPEAT`]: their pending entries
+    /// expire), and forms the epoch that the leader's `Admit` names with the members it names.
+    /// Meanwhile this mesh answers probes as no survivor of any group. Fails with
+    /// [`CollectiveError::Form`] if no admission was formed in time.
+    pub async fn join_live(
+        &self,
+        own: SocketAddr,
+        peers: &[GroupMember],
+        within: Duration,
+    ) -> Result<ProcessGroup, CollectiveError> {
+        let deadline = Instant::now() + within;
+        self.inner.lock().joining = true;
+        let mut last = String::from("no member admitted it");
+        let joined = loop {
+            let ask_by = (Instant::now() + ENTER_REPEAT).min(deadline);
+            futures::future::join_all(peers.iter().map(|p| self.ask_enter(p, own, ask_by))).await;
+            if let Some((epoch, members)) = self.wait_admission(ask_by).await {
+                match self.form(epoch, members).await {
+                    Ok(group) => break Ok(group),
+                    Err(err) => last = format!("forming the admitted epoch {epoch}: {err}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                break Err(CollectiveError::Form {
+                    epoch: self.epoch(),
+                    reason: format!(
+                        "not admitted to the live group within {within:?} (the members admit a \
+                         joiner at a step boundary): {last}"
+                    ),
+                });
+            }
+        };
+        let mut state = self.inner.lock();
+        state.joining = false;
+        state.admission = None;
+        joined
+    }
+
+    /// One `Enter` to `peer` by `deadline`: its latest epoch and whether it formed a group of
+    /// it, or `None` if it did not answer.
+    async fn ask_enter(
+        &self,
+        peer: &GroupMember,
+        own: SocketAddr,
+        deadline: Instant,
+    ) -> Option<(u64, bool)> {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let enter = Wire::Enter {
+            addr: own.to_string(),
+        };
+        let frame = Frame::encode(&enter, Vec::new(), header_max).ok()?;
+        let asked = async {
+            let conn = self.dial(peer, self.epoch(), deadline, false).await.ok()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = conn
+                .request_within(frame, left.max(Duration::from_millis(1)))
+                .await
+                .ok()?;
+            match reply.decode::<Reply>(header_max) {
+                Ok(Reply::Entered { epoch, formed }) => Some((epoch, formed)),
+                _ => None,
+            }
+        };
+        tokio::time::timeout_at(deadline, asked)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The admission this joining mesh received by `deadline`, if one came.
+    async fn wait_admission(&self, deadline: Instant) -> Option<(u64, Vec<GroupMember>)> {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(admission) = self.inner.lock().admission.take() {
+                return Some(admission);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.inner.lock().admission.take();
+            }
+        }
+    }
+
     /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
     /// `epoch` must be above every epoch formed here before (start at 1); forming it
     /// supersedes the previous group of this node. Fails within `form_timeout` if a member
@@ -279,6 +398,10 @@ impl Mesh {
                 detail,
             }),
             Ok(Reply::Broken(err)) => Err(err),
+            Ok(other @ (Reply::Joining | Reply::Entered { .. })) => Err(form_error(format!(
+                "{} answered the join with {other:?}",
+                peer.node
+            ))),
             Err(e) => Err(form_error(format!(
                 "{}'s answer to the join: {e}",
                 peer.node
@@ -377,6 +500,45 @@ impl Mesh {
                 Err(_) => return Ok(false),
             }
         }
+    }
+
+    /// Tells `joiner` it is admitted to form `epoch` with `members` (best effort, by
+    /// `deadline`: a joiner that does not hear it fails the forming at every member).
+    async fn tell_admitted(
+        &self,
+        joiner: &GroupMember,
+        epoch: u64,
+        members: &[GroupMember],
+        deadline: Instant,
+    ) {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let admit = Wire::Admit {
+            epoch,
+            members: members
+                .iter()
+                .map(|m| (m.node.clone(), m.addr.to_string()))
+                .collect(),
+        };
+        let Ok(frame) = Frame::encode(&admit, Vec::new(), header_max) else {
+            return;
+        };
+        let told = async {
+            let conn = self.dial(joiner, epoch, deadline, false).await.ok()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = conn
+                .request_within(frame, left.max(Duration::from_millis(1)))
+                .await
+                .ok()?;
+            match reply.decode::<Reply>(header_max) {
+                Ok(Reply::Ack) => Some(()),
+                Ok(other) => {
+                    tracing::warn!(joiner = %joiner.node, ?other, "a joiner refused its admission");
+                    None
+                }
+                Err(_) => None,
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, told).await;
     }
 
     async fn wait_for_join(
@@ -548,6 +710,74 @@ impl ProcessGroup {
         }
         self.mesh.form(epoch, members).await
     }
+
+    /// The processes that asked this member to be admitted (`Enter`) within the last
+    /// [`PENDING_FRESH`] and are not members of this group, in node order, with where they
+    /// listen. Only the leader's (rank 0's) count: the members agree on its list before
+    /// [`ProcessGroup::admit`].
+    pub fn pending_joiners(&self) -> Vec<GroupMember> {
+        let mut state = self.mesh.inner.lock();
+        let now = Instant::now();
+        state
+            .pending
+            .retain(|_, (_, asked)| now.duration_since(*asked) < PENDING_FRESH);
+        let mut joiners: Vec<GroupMember> = state
+            .pending
+            .iter()
+            .filter(|(node, _)| !self.shared.nodes.contains(node))
+            .map(|(node, (addr, _))| GroupMember {
+                node: node.clone(),
+                addr: *addr,
+            })
+            .collect();
+        joiners.sort_by(|a, b| a.node.cmp(&b.node));
+        joiners
+    }
+
+    /// Forms the next epoch (as [`ProcessGroup::reform`] numbers it) with every member of
+    /// this group and `joiners` (processes waiting in [`Mesh::join_live`]). Every member must
+    /// call it with the same joiners; the leader (rank 0) first tells each joiner the epoch and
+    /// members (`Admit`, each bounded by the form timeout), and forgets them as pending (a
+    /// joiner still waiting asks again). Fails as forming does: a joiner that does not form
+    /// it fails the attempt at every member, whose group of this epoch is then superseded
+    /// (re-form with the survivors, [`ProcessGroup::reachable`]).
+    pub async fn admit(&self, joiners: &[GroupMember]) -> Result<ProcessGroup, CollectiveError> {
+        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
+        let mut members: Vec<GroupMember> = self
+            .shared
+            .nodes
+            .iter()
+            .zip(&self.shared.addrs)
+            .map(|(node, addr)| GroupMember {
+                node: node.clone(),
+                addr: *addr,
+            })
+            .collect();
+        members.extend(joiners.iter().cloned());
+        if self.shared.rank == 0 {
+            {
+                let mut state = self.mesh.inner.lock();
+                for joiner in joiners {
+                    state.pending.remove(&joiner.node);
+                }
+            }
+            let deadline = Instant::now() + self.shared.config.form_timeout;
+            let told = joiners
+                .iter()
+                .map(|joiner| self.mesh.tell_admitted(joiner, epoch, &members, deadline));
+            futures::future::join_all(told).await;
+        }
+        self.mesh.form(epoch, members).await
+    }
+}
+
+/// How a starting process enters the job ([`Mesh::enter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// No member formed a group yet: form epoch 1 with them.
+    Start,
+    /// A member formed a group: wait to be admitted to it ([`Mesh::join_live`]).
+    Join,
 }
 
 struct MeshInner {
@@ -570,6 +800,13 @@ struct MeshState {
     /// Links of the forming epoch whose dialer's join arrived, until `form` takes them.
     joined: HashMap<(NodeId, u64), Connection>,
     readers: Vec<JoinHandle<()>>,
+    /// Whether this process waits to be admitted to a live group ([`Mesh::join_live`]): it
+    /// answers probes as no survivor.
+    joining: bool,
+    /// Processes that asked to be admitted (`Enter`): where they listen, when they last asked.
+    pending: HashMap<NodeId, (SocketAddr, Instant)>,
+    /// The admission this joining mesh received and has not formed yet: epoch and members.
+    admission: Option<(u64, Vec<GroupMember>)>,
 }
 
 impl Drop for MeshInner {
@@ -645,8 +882,13 @@ impl MeshInner {
             Wire::Probe { epoch } => {
                 // A prober left out of a later live group learns it at once (it is the late
                 // member: the others re-formed without it).
-                let group = self.lock().group.upgrade();
+                let (joining, group) = {
+                    let state = self.lock();
+                    (state.joining, state.group.upgrade())
+                };
                 let reply = match group {
+                    // A joiner is no survivor: the others re-form without it, then admit it.
+                    _ if joining => Reply::Joining,
                     Some(g)
                         if g.epoch > epoch
                             && !g.nodes.contains(&peer)
@@ -659,6 +901,14 @@ impl MeshInner {
                     }
                     _ => Reply::Ack,
                 };
+                respond(responder, reply, header_max)
+            }
+            Wire::Enter { addr } => {
+                let reply = self.entered(&peer, &addr);
+                respond(responder, reply, header_max)
+            }
+            Wire::Admit { epoch, members } => {
+                let reply = self.admitted(epoch, members);
                 respond(responder, reply, header_max)
             }
             Wire::Abort { epoch, error } => {
@@ -686,6 +936,15 @@ impl MeshInner {
                 if state.epoch >= epoch {
                     let group = state.group.upgrade().filter(|g| g.epoch == epoch);
                     return match group {
+                        // Its links are all up: a join of it again comes from a new
+                        // incarnation of the dialer (enter first, then be admitted).
+                        Some(g) if g.is_formed() => Reply::Refused {
+                            current: epoch,
+                            detail: format!(
+                                " (formed already: {} is to enter and be admitted)",
+                                conn.peer()
+                            ),
+                        },
                         Some(g) if g.nodes == members => {
                             state
                                 .joined
@@ -710,6 +969,81 @@ impl MeshInner {
                 };
             }
         }
+    }
+
+    /// The answer to a process's `Enter` (see [`Mesh::enter`]); keeps it as pending where a
+    /// group was formed here, and fails a live group of which it is a member (its old
+    /// incarnation is gone).
+    fn entered(&self, peer: &NodeId, addr: &str) -> Reply {
+        let mut state = self.lock();
+        let epoch = state.epoch;
+        if state.joining || epoch == 0 {
+            return Reply::Entered {
+                epoch,
+                formed: false,
+            };
+        }
+        let group = state.group.upgrade().filter(|g| g.epoch == epoch);
+        if let Some(g) = &group {
+            // The first group forming and waiting for it: the job is starting.
+            if epoch == 1 && !g.is_formed() && g.nodes.contains(peer) {
+                return Reply::Entered {
+                    epoch,
+                    formed: false,
+                };
+            }
+        }
+        let Ok(addr) = addr.parse::<SocketAddr>() else {
+            tracing::warn!(%peer, addr, "refused an enter whose address does not parse");
+            return Reply::Refused {
+                current: epoch,
+                detail: format!(" (the address {addr:?} does not parse)"),
+            };
+        };
+        state.pending.insert(peer.clone(), (addr, Instant::now()));
+        drop(state);
+        if let Some(g) = group.filter(|g| g.is_formed() && g.nodes.contains(peer)) {
+            g.fail(
+                CollectiveError::MemberLost {
+                    node: peer.clone(),
+                    epoch,
+                    reason: "a new process of it asks to join: the old one is gone".into(),
+                },
+                true,
+            );
+        }
+        Reply::Entered {
+            epoch,
+            formed: true,
+        }
+    }
+
+    /// The answer to the leader's `Admit`: taken if this mesh waits to be admitted and the
+    /// epoch is above every one formed here.
+    fn admitted(&self, epoch: u64, members: Vec<(NodeId, String)>) -> Reply {
+        let mut parsed = Vec::with_capacity(members.len());
+        for (node, addr) in members {
+            match addr.parse::<SocketAddr>() {
+                Ok(addr) => parsed.push(GroupMember { node, addr }),
+                Err(_) => {
+                    return Reply::Refused {
+                        current: self.lock().epoch,
+                        detail: format!(" (the address {addr:?} of {node} does not parse)"),
+                    }
+                }
+            }
+        }
+        let mut state = self.lock();
+        if !state.joining || epoch <= state.epoch {
+            return Reply::Refused {
+                current: state.epoch,
+                detail: " (not waiting to be admitted)".into(),
+            };
+        }
+        state.admission = Some((epoch, parsed));
+        drop(state);
+        self.changed.notify_waiters();
+        Reply::Ack
     }
 
     fn refusal(&self, epoch: u64) -> Reply {
@@ -814,6 +1148,11 @@ impl Shared {
 
     fn lock(&self) -> MutexGuard<'_, GroupState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether forming it completed here (every link up).
+    fn is_formed(&self) -> bool {
+        self.links.get().is_some()
     }
 
     /// Starts each link's sender (window-bounded) and its loss watcher; `conns` are the
@@ -1093,6 +1432,11 @@ impl Shared {
                     reason: "it stopped".into(),
                 },
                 Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
+                Ok(other @ (Reply::Joining | Reply::Entered { .. })) => CollectiveError::Link {
+                    node: peer.clone(),
+                    epoch: self.epoch,
+                    reason: format!("it answered a chunk with {other:?}"),
+                },
                 Err(e) => CollectiveError::Link {
                     node: peer.clone(),
                     epoch: self.epoch,
@@ -1213,6 +1557,11 @@ fn respond(responder: Responder, reply: Reply, header_max: u32) {
 
 /// Pause between dials of a member that is not listening yet.
 const DIAL_RETRY: Duration = Duration::from_millis(100);
+/// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
+pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
+/// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,
+/// so that a joiner that went away is not admitted (which would fail the admission).
+pub const PENDING_FRESH: Duration = Duration::from_secs(3);
 /// How often [`ProcessGroup::flush`] looks again.
 const FLUSH_POLL: Duration = Duration::from_millis(5);
 /// Bound on telling a member that the group failed.

@@ -28,7 +28,7 @@ mod wire;
 
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
-pub use group::{GroupConfig, GroupMember, Mesh, ProcessGroup};
+pub use group::{Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ENTER_REPEAT, PENDING_FRESH};
 pub use local::{LocalGroup, LocalMember};
 pub use ops::plan_buckets;
 pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};

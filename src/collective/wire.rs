@@ -6,7 +6,11 @@
 //!  Data  { epoch, seq, tag, call } + blob   one chunk of the seq-th operation
 //!  Abort { epoch, error }                the first error a member saw, to every member
 //!  Probe { epoch }                       is the receiver alive? (re-forming with survivors)
-//!  reply: Ack | Refused { current, detail } | Broken(error)
+//!  Enter { addr }                        a starting process asks whether a group lives
+//!                                        (and, if one does, to be admitted to it)
+//!  Admit { epoch, members }              the live group's leader -> an admitted joiner
+//!  reply: Ack | Refused { current, detail } | Broken(error) | Joining
+//!       | Entered { epoch, formed }      (to Enter)
 //! ```
 //!
 //! Every message carries the membership epoch; a member refuses every message of another
@@ -46,6 +50,21 @@ pub(crate) enum Wire {
         /// The epoch the sender is leaving.
         epoch: u64,
     },
+    /// A process starting its mesh asks whether the receiver's group lives; if one does,
+    /// the receiver keeps the sender as a pending joiner (for a while: the sender repeats it
+    /// until it is admitted), to be admitted at the group's next step boundary.
+    Enter {
+        /// Where the sender's mesh listens (`host:port`).
+        addr: String,
+    },
+    /// The live group's leader admits the receiver (a pending joiner): form `epoch` with
+    /// `members` (node, `host:port`), every current member and the admitted joiners.
+    Admit {
+        /// The epoch to form.
+        epoch: u64,
+        /// Its members and where their meshes listen.
+        members: Vec<(NodeId, String)>,
+    },
     /// The group of `epoch` failed at the sender with `error`; the receiver fails too.
     Abort {
         /// The epoch of the failed group.
@@ -69,6 +88,18 @@ pub(crate) enum Reply {
     },
     /// The receiver's group of this epoch already failed with this error.
     Broken(CollectiveError),
+    /// The answer to a probe from a process waiting to be admitted: it is no survivor of
+    /// any group (survivors re-form without it, and admit it afterwards).
+    Joining,
+    /// The answer to [`Wire::Enter`]: the receiver's latest epoch, and whether a group of
+    /// it was formed (it lives, or broke and is re-forming): then the sender is to join
+    /// rather than form the first epoch.
+    Entered {
+        /// The receiver's latest epoch (0: it formed none yet).
+        epoch: u64,
+        /// Whether that epoch's group was formed.
+        formed: bool,
+    },
 }
 
 /// An operation as one member called it: every member must call the same.

@@ -13,6 +13,7 @@ use std::any::Any;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use super::{
 };
 use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
 use crate::collective::{
-    CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
+    CollectiveError, Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
 };
 use crate::optim::{OptimizerState, Slots};
 use crate::variable::{
@@ -58,6 +59,13 @@ pub struct MultiWorkerConfig {
     pub probe_timeout: Duration,
     /// Re-forming: attempts (probe, form, agree on the state) before giving up.
     pub recover_attempts: usize,
+    /// Starting: how long this process waits for the other workers to say whether they formed
+    /// a group already (then it joins it) before it takes the job to be starting (then it
+    /// forms the first epoch with them).
+    pub enter_timeout: Duration,
+    /// Joining a live group: how long this process waits to be admitted (the members admit
+    /// joiners at a step boundary, [`MultiWorkerMirrored::admit`]).
+    pub join_timeout: Duration,
 }
 
 impl MultiWorkerConfig {
@@ -73,6 +81,8 @@ impl MultiWorkerConfig {
             collective_timeout: Duration::from_millis(DEFAULT_COLLECTIVE_TIMEOUT_MS),
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             recover_attempts: DEFAULT_RECOVER_ATTEMPTS,
+            enter_timeout: DEFAULT_ENTER_TIMEOUT,
+            join_timeout: DEFAULT_JOIN_TIMEOUT,
         }
     }
 
@@ -89,6 +99,10 @@ pub const DEFAULT_BUCKET_BYTES_MAX: usize = 4 * 1024 * 1024;
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The default number of re-forming attempts.
 pub const DEFAULT_RECOVER_ATTEMPTS: usize = 3;
+/// The default time a starting worker waits for the others to say whether a group lives.
+pub const DEFAULT_ENTER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default time a joining worker waits to be admitted.
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// TensorFlow's `MultiWorkerMirroredStrategy`: every worker runs the same program; each runs
 /// `N` local replicas on threads (as [`Mirrored`](super::Mirrored) does), and the replicas of
@@ -135,8 +149,12 @@ pub struct MultiWorkerMirrored {
     probe_timeout: Duration,
     form_timeout: Duration,
     recover_attempts: usize,
-    /// Keeps the endpoint accepting while the strategy lives.
+    /// Keeps this worker's collective endpoint accepting while the strategy lives.
     _mesh: Mesh,
+    /// Whether this worker joined a live group and has not received its training state yet
+    /// ([`MultiWorkerMirrored::admit`]); its variables skip the first worker's broadcast
+    /// meanwhile (the members are past it).
+    awaiting_state: Arc<AtomicBool>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -200,6 +218,7 @@ impl MultiWorkerMirrored {
         let own_addr =
             own_addr.ok_or_else(|| bad("task", format!("{task} is not in the cluster")))?;
         let me = node_id(task);
+        let peers: Vec<GroupMember> = members.iter().filter(|m| m.node != me).cloned().collect();
         let creds = NodeCredentials::load(&config.certs_dir, &me)
             .map_err(|e| bad("certs_dir", format!("{}: {e}", config.certs_dir.display())))?;
         let names: Vec<String> = (0..config.local_replicas)
@@ -218,6 +237,7 @@ impl MultiWorkerMirrored {
                 )
             })?;
         let (transport, group_config) = (config.transport.clone(), config.group.clone());
+        let (enter_timeout, join_timeout) = (config.enter_timeout, config.join_timeout);
         let formed =
             block_on(&runtime, async move {
                 // Under network fault rules (COHORT_NET_FAULTS) as every role's endpoint is.
@@ -227,7 +247,11 @@ impl MultiWorkerMirrored {
                         reason: format!("cannot listen on {own_addr}: {e}"),
                     })?;
                 let mesh = Mesh::new(endpoint, group_config);
-                let group = mesh.form(1, members).await?;
+                // A restarted (or added) worker finds the others training: it joins them.
+                let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
+                    Entry::Start => mesh.form(1, members).await?,
+                    Entry::Join => mesh.join_live(own_addr, &peers, join_timeout).await?,
+                };
                 Ok((mesh, group))
             });
         let (mesh, group) = match formed {
@@ -243,6 +267,8 @@ impl MultiWorkerMirrored {
             config.local_replicas,
             config.bucket_bytes_max,
         );
+        // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
+        let awaiting_state = Arc::new(AtomicBool::new(span.group().epoch() > 1));
         let strategy = (|| -> Result<_, StrategyError> {
             check_same_replicas(&span, config.local_replicas)?;
             let id = StrategyId::next();
@@ -268,6 +294,7 @@ impl MultiWorkerMirrored {
             form_timeout: config.group.form_timeout,
             recover_attempts: config.recover_attempts.max(1),
             _mesh: mesh,
+            awaiting_state,
             runtime: Some(runtime),
         })
     }
@@ -469,6 +496,115 @@ impl MultiWorkerMirrored {
         Err(StrategyError::Recovery { reason })
     }
 
+    /// Admits the workers waiting to join the live group, at a step boundary (a restarted
+    /// worker, or one added to the job: elastic training). Call it on every worker before each
+    /// step, in cross-replica context, with the training `state` as for
+    /// [`MultiWorkerMirrored::recover`]; `Ok(None)` where nobody waits (one small broadcast).
+    ///
+    /// - A worker made while the others were training (its strategy found a live group and
+    ///   was admitted to it when made) calls it first, after creating its model: it receives
+    ///   the step, input position, variables and optimizer state of the member with the most
+    ///   completed steps, and gets `Some`. Until then its `run` is refused.
+    /// - On the members: the leader (rank 0) offers the joiners that asked it, every member
+    ///   forms the next epoch with them ([`ProcessGroup::admit`]), and the state goes to them
+    ///   as `recover` sends it to survivors. Training goes on from the returned step with the
+    ///   new [`Strategy::num_replicas_in_sync`] and input pipelines (the global batch grows
+    ///   with the replicas; the input goes on from the agreed position).
+    ///
+    /// A failure (a joiner that went away before forming, a member lost meanwhile) fails it
+    /// with the collective error: the group of the attempt is broken, and
+    /// [`MultiWorkerMirrored::recover`] re-forms with the survivors as after a failed step.
+    pub fn admit(
+        &mut self,
+        state: &mut ElasticState<'_>,
+    ) -> Result<Option<Admission>, StrategyError> {
+        let me = node_id(self.task);
+        if self.awaiting_state.load(Ordering::SeqCst) {
+            let source = self.agree_state(state)?;
+            let group = self.span.group();
+            return Ok(Some(Admission {
+                epoch: group.epoch(),
+                members: group.members().to_vec(),
+                joined: vec![me],
+                source,
+                step: state.step,
+                position: state.position,
+            }));
+        }
+        self.broken()?;
+        let group = self.span.group().clone();
+        let cpu = &Device::Cpu;
+        // The leader's pending joiners, the same list on every member.
+        let offer = if group.rank() == 0 {
+            let joiners: Vec<(NodeId, String)> = group
+                .pending_joiners()
+                .into_iter()
+                .map(|j| (j.node, j.addr.to_string()))
+                .collect();
+            if joiners.is_empty() {
+                Vec::new()
+            } else {
+                bincode::encode_to_vec(&joiners, bincode::config::standard()).map_err(|e| {
+                    StrategyError::Recovery {
+                        reason: format!("encoding the joiners: {e}"),
+                    }
+                })?
+            }
+        } else {
+            Vec::new()
+        };
+        let len = self
+            .span
+            .broadcast(0, &Tensor::new(&[offer.len() as i64], cpu)?)?
+            .to_vec1::<i64>()?
+            .first()
+            .copied()
+            .unwrap_or(0);
+        if len <= 0 {
+            return Ok(None);
+        }
+        let len = len as usize;
+        let bytes = if offer.len() == len {
+            offer
+        } else {
+            vec![0u8; len]
+        };
+        let bytes = self
+            .span
+            .broadcast(0, &Tensor::from_vec(bytes, len, cpu)?)?
+            .to_vec1::<u8>()?;
+        let joiners = decode_joiners(&bytes)?;
+        let joined: Vec<NodeId> = joiners.iter().map(|j| j.node.clone()).collect();
+        let admitted = self.block(async move { group.admit(&joiners).await })?;
+        self.install(admitted);
+        check_same_replicas(&self.span, self.local_replicas)?;
+        let source = self.agree_state(state)?;
+        let group = self.span.group();
+        Ok(Some(Admission {
+            epoch: group.epoch(),
+            members: group.members().to_vec(),
+            joined,
+            source,
+            step: state.step,
+            position: state.position,
+        }))
+    }
+
+    /// Refuses `method` on a worker that joined a live group and has not received its state.
+    fn joined_without_state(&self, method: &'static str) -> Result<(), StrategyError> {
+        if self.awaiting_state.load(Ordering::SeqCst) {
+            return Err(StrategyError::NotAvailable {
+                strategy: "MultiWorkerMirroredStrategy",
+                method,
+                side: "worker",
+                reason: "this worker joined a live group and holds none of its training state \
+                         yet: call `admit` with the state first"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Makes `group` the one every later step's collectives span.
     fn install(&mut self, group: ProcessGroup) {
         let Some(runtime) = &self.runtime else { return };
@@ -547,6 +683,8 @@ impl MultiWorkerMirrored {
         }
         state.step = header[0].max(0) as u64;
         state.position = header[1].max(0) as u64;
+        // A joiner whose admission broke and that re-formed as a survivor holds it now too.
+        self.awaiting_state.store(false, Ordering::SeqCst);
         Ok(span.group().members()[source].clone())
     }
 
@@ -635,6 +773,7 @@ impl Strategy for MultiWorkerMirrored {
                 devices: self.replicas.devices().to_vec(),
             },
             span: self.span.clone(),
+            awaiting_state: self.awaiting_state.clone(),
         })
     }
 
@@ -642,6 +781,7 @@ impl Strategy for MultiWorkerMirrored {
     /// group is broken, before the step or by it, even if the replica function swallowed the
     /// error of its collective.
     fn run_replicas(&self, f: ReplicaFn) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {
+        self.joined_without_state("run")?;
         self.broken()?;
         let out = self.replicas.run(f);
         if let Err(own @ StrategyError::ReplicaPanicked { .. }) = out {
@@ -662,6 +802,7 @@ impl Strategy for MultiWorkerMirrored {
         value: &PerReplica<Tensor>,
         axis: Option<usize>,
     ) -> Result<Tensor, StrategyError> {
+        self.joined_without_state("reduce")?;
         self.check_local(value)?;
         let local = reduce_per_replica(ReduceOp::Sum, value, axis)?;
         let count = match axis {
@@ -682,6 +823,7 @@ impl Strategy for MultiWorkerMirrored {
     /// Concatenates every replica's tensor of every worker along `axis`, in replica order;
     /// workers may hold different lengths along `axis` (partial batches).
     fn gather(&self, value: &PerReplica<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        self.joined_without_state("gather")?;
         self.check_local(value)?;
         let local = super::gather_per_replica(value, axis)?;
         // Along the first dimension, padded to the longest worker's length.
@@ -758,6 +900,42 @@ pub struct Recovery {
     pub attempts: usize,
 }
 
+/// What [`MultiWorkerMirrored::admit`] did when it admitted workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The new group's membership epoch.
+    pub epoch: u64,
+    /// Its members, in rank order.
+    pub members: Vec<NodeId>,
+    /// The workers admitted (on a joiner: itself).
+    pub joined: Vec<NodeId>,
+    /// The member whose state every worker took.
+    pub source: NodeId,
+    /// The agreed completed step: training goes on with the next.
+    pub step: u64,
+    /// The agreed input position (examples consumed).
+    pub position: u64,
+}
+
+/// The joiners the leader offered (`(node, host:port)` pairs, bincode), as group members.
+fn decode_joiners(bytes: &[u8]) -> Result<Vec<GroupMember>, StrategyError> {
+    let bad = |detail: String| StrategyError::Recovery {
+        reason: format!("the leader's list of joiners: {detail}"),
+    };
+    let config = bincode::config::standard().with_limit::<{ 1 << 20 }>();
+    let (pairs, _): (Vec<(NodeId, String)>, usize) =
+        bincode::decode_from_slice(bytes, config).map_err(|e| bad(e.to_string()))?;
+    pairs
+        .into_iter()
+        .map(|(node, addr)| {
+            let addr = addr
+                .parse()
+                .map_err(|_| bad(format!("the address {addr:?} of {node} does not parse")))?;
+            Ok(GroupMember { node, addr })
+        })
+        .collect()
+}
+
 /// Why a re-forming attempt formed no group here.
 enum Unformed {
     /// A member re-formed a later epoch without this worker: it was taken for lost.
@@ -824,6 +1002,9 @@ fn recoverable(err: &CollectiveError) -> bool {
 struct MultiWorkerPlacement {
     local: MirroredPlacement,
     span: ProcessSpan,
+    /// Set while this worker joined a live group and waits for its state: then the members
+    /// are past creating their variables, and `admit` gives this worker their values.
+    awaiting_state: Arc<AtomicBool>,
 }
 
 impl VariablePlacement for MultiWorkerPlacement {
@@ -832,7 +1013,7 @@ impl VariablePlacement for MultiWorkerPlacement {
     }
 
     fn created(&self, variable: &Variable) -> Result<(), VariableError> {
-        if !variable.has_local_copy() {
+        if !variable.has_local_copy() || self.awaiting_state.load(Ordering::SeqCst) {
             return Ok(());
         }
         let first = self

@@ -22,7 +22,8 @@ use crate::distribute::PerReplica;
 use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
-    ElasticState, MultiWorkerMirrored, Recovery, ReduceOp, Strategy, StrategyError, StrategyExt,
+    Admission, ElasticState, MultiWorkerMirrored, Recovery, ReduceOp, Strategy, StrategyError,
+    StrategyExt,
 };
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
 use crate::variable::VariableError;
@@ -181,6 +182,9 @@ pub enum ElasticEvent<'a> {
     },
     /// The group re-formed with the survivors; training goes on from `recovery.step`.
     Recovered(&'a Recovery),
+    /// Workers were admitted to the group (on a joiner: itself); training goes on from
+    /// `admission.step`.
+    Admitted(&'a Admission),
 }
 
 /// Trains for `steps` steps under MultiWorkerMirrored, elastically: when a step fails because
@@ -188,11 +192,14 @@ pub enum ElasticEvent<'a> {
 /// the survivors, and take the variables, optimizer slots, step and input position of the
 /// survivor that completed the most steps) and go on from the agreed step with the global
 /// batch `per_replica_batch × num_replicas_in_sync` of the new group, from the agreed
-/// position of the input (so no example is skipped or seen twice).
+/// position of the input (so no example is skipped or seen twice). Before each step the
+/// workers admit those waiting to join ([`MultiWorkerMirrored::admit`]: a restarted or added
+/// worker), and the global batch grows with them; a worker that joined receives the state
+/// first.
 ///
 /// The outcome's losses are by step; a step whose loss reduction was cut by the failure has
-/// NaN. A failure re-forming cannot mend (an application error, a failed recovery) ends the
-/// run with it.
+/// NaN (on a joiner, so have the steps before it joined). A failure re-forming cannot mend
+/// (an application error, a failed recovery) ends the run with it.
 pub fn train_elastic(
     strategy: &mut MultiWorkerMirrored,
     steps: usize,
@@ -209,17 +216,37 @@ pub fn train_elastic(
         let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
         let mut iter = input(&*strategy, position, global_batch)?;
         while step < steps {
-            let before = trainer.optimizer_steps();
-            let result = iter
-                .get_next()
-                .map_err(TrainError::from)
-                .and_then(|batch| trainer.step(&*strategy, batch, global_batch, None));
-            // A step counts once its update was applied here, even if the group broke right
-            // after (with a ring, some survivors may have applied it and others not).
-            if trainer.optimizer_steps() > before {
-                step += 1;
-                position += global_batch;
-            }
+            let mut state = ElasticState {
+                step: step as u64,
+                position: position as u64,
+                variables: &variables,
+                optimizer: Some(trainer.optimizer.as_ref() as &dyn OptimizerState),
+            };
+            let result = match strategy.admit(&mut state) {
+                Ok(None) => {
+                    let before = trainer.optimizer_steps();
+                    let result = iter
+                        .get_next()
+                        .map_err(TrainError::from)
+                        .and_then(|batch| trainer.step(&*strategy, batch, global_batch, None));
+                    // A step counts once its update was applied here, even if the group broke
+                    // right after (with a ring, some survivors may have applied it and others
+                    // not).
+                    if trainer.optimizer_steps() > before {
+                        step += 1;
+                        position += global_batch;
+                    }
+                    result
+                }
+                Ok(Some(admission)) => {
+                    step = admission.step as usize;
+                    position = admission.position as usize;
+                    losses.resize(step, f32::NAN);
+                    on_event(ElasticEvent::Admitted(&admission));
+                    continue 'group;
+                }
+                Err(err) => Err(err.into()),
+            };
             match result {
                 Ok(loss) => {
                     losses.push(loss);
