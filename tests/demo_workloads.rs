@@ -2,6 +2,10 @@
 //! classifier to at least 95 % held-out accuracy, and the CTR model to within a stated margin
 //! of its planted floor. This runs the `cohort demo` binary itself (fewer steps than the demo's
 //! defaults) and reads the summary the chief prints.
+//!
+//! The MultiWorkerMirrored demo (`--strategy multi-worker-mirrored`): 3 worker processes
+//! train the digits classifier to at least 95 % while worker 1 is SIGKILLed midway; the
+//! survivors re-form at epoch 2 and admit worker 1's restarted process at epoch 3.
 
 use std::process::Command;
 use std::time::Duration;
@@ -59,6 +63,61 @@ fn digits_and_ctr_converge_on_a_two_ps_two_worker_cluster() {
     let scheduled: u64 = number_after(summary, "ledger: ").expect("ledger line");
     assert_eq!(committed, scheduled, "{summary}");
     assert!(summary.contains("0 duplicates refused"), "{summary}");
+}
+
+#[test]
+fn the_multi_worker_mirrored_demo_loses_a_worker_midway_re_forms_readmits_it_and_converges() {
+    let output = run_with_timeout(
+        Command::new(env!("CARGO_BIN_EXE_cohort")).args([
+            "demo",
+            "--strategy",
+            "multi-worker-mirrored",
+            "--digits-epochs",
+            "20",
+            "--no-metrics",
+        ]),
+        Duration::from_secs(300),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "demo failed: {:?}\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(
+        stderr.contains("chaos: SIGKILL worker/1"),
+        "no kill:\n{stderr}"
+    );
+    let summary = &stdout[stdout
+        .find("== summary")
+        .unwrap_or_else(|| panic!("no summary in:\n{stdout}"))..];
+    // The membership epochs: all three, the survivors without worker 1, all three again.
+    let epochs: Vec<&str> = summary
+        .lines()
+        .filter_map(|l| l.split_once("] ").map(|(_, rest)| rest.trim()))
+        .filter(|l| l.starts_with("epoch "))
+        .collect();
+    assert!(epochs.len() >= 3, "{summary}");
+    assert!(epochs[0].starts_with("epoch 1: 3 workers"), "{summary}");
+    assert!(
+        epochs[1].contains("2 workers") && epochs[1].contains("lost worker/1"),
+        "{summary}"
+    );
+    let last = epochs[epochs.len() - 1];
+    assert!(
+        last.contains("3 workers") && last.contains("admitted worker/1"),
+        "{summary}"
+    );
+    assert!(
+        stdout.contains("[worker/1] worker/1: received step"),
+        "the restarted worker did not say it received the state:\n{stdout}"
+    );
+    let accuracy: f64 = number_after(summary, "digits: held-out accuracy ").expect("accuracy line");
+    assert!(
+        accuracy >= 95.0,
+        "digits held-out accuracy {accuracy}%\n{stdout}"
+    );
 }
 
 /// The number that follows the first occurrence of `prefix` in `text` (digits and a dot).

@@ -83,6 +83,9 @@ enum Command {
     /// One worker training under MultiWorkerMirrored (used by the multi-worker tests).
     #[command(hide = true)]
     MwmsMember(mwms_member::MwmsArgs),
+    /// One task of `demo --strategy multi-worker-mirrored` (used by the launcher).
+    #[command(hide = true)]
+    MwmsDemoTask,
     /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
     /// environment, TF_CONFIG or cohort.toml, in that order.
     #[command(hide = true)]
@@ -95,9 +98,16 @@ enum Command {
 struct DemoArgs {
     #[command(flatten)]
     launch: crate::bootstrap::LaunchFlags,
-    /// Digits epochs (100 steps each).
-    #[arg(long, default_value_t = 8)]
-    digits_epochs: usize,
+    /// The strategy: `parameter-server` (the chief, --ps servers and --workers workers train
+    /// the digits classifier and a CTR model) or `multi-worker-mirrored` (the chief and
+    /// --workers workers, 3 in all by default, train the digits classifier synchronously,
+    /// elastically: a killed worker's group re-forms and its restarted process rejoins).
+    #[arg(long, value_enum, default_value_t = DemoStrategy::ParameterServer)]
+    strategy: DemoStrategy,
+    /// Digits epochs (parameter-server: 100 steps each, default 8; multi-worker-mirrored:
+    /// passes over the training split, default 30).
+    #[arg(long)]
+    digits_epochs: Option<usize>,
     /// CTR epochs (200 steps each).
     #[arg(long, default_value_t = 8)]
     ctr_epochs: usize,
@@ -119,6 +129,15 @@ struct DemoArgs {
     /// The name map of --warm-start: a TOML file of `"cohort name" = "name in the file"`.
     #[arg(long, requires = "warm_start")]
     warm_start_map: Option<std::path::PathBuf>,
+}
+
+/// The strategies `cohort demo` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DemoStrategy {
+    /// Parameter-server training driven by the chief's coordinator.
+    ParameterServer,
+    /// Synchronous training, the gradients all-reduced among the workers.
+    MultiWorkerMirrored,
 }
 
 /// Flags of `cohort launch`.
@@ -235,6 +254,33 @@ pub fn run() -> ExitCode {
     };
     let result = match cli.command {
         Command::Certs(args) => certs::run(args),
+        Command::Demo(args) if args.strategy == DemoStrategy::MultiWorkerMirrored => {
+            let mut launch = args.launch;
+            // The chief and the workers are the group; no parameter server.
+            launch.ps = crate::bootstrap::WorkerCount::from(0);
+            if !args.no_chaos && launch.kill_worker_after.is_none() {
+                // The chief marks the middle of training; this is the fallback.
+                launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
+            }
+            let env = vec![(
+                crate::workloads::mwms_demo::EPOCHS_ENV.to_string(),
+                args.digits_epochs
+                    .unwrap_or(crate::workloads::mwms_demo::DEFAULT_EPOCHS)
+                    .to_string(),
+            )];
+            return exit(crate::bootstrap::launch_local(
+                &launch,
+                vec!["mwms-demo-task".to_string()],
+                env,
+            ));
+        }
+        Command::MwmsDemoTask => match crate::workloads::mwms_demo::run_task() {
+            Ok(()) => return ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::from(err.exit_code());
+            }
+        },
         Command::Demo(args) => {
             let mut launch = args.launch;
             if !args.no_chaos && launch.kill_worker_after.is_none() {
@@ -254,7 +300,7 @@ pub fn run() -> ExitCode {
             let mut env = vec![
                 (
                     "COHORT_DEMO_DIGITS_EPOCHS".to_string(),
-                    args.digits_epochs.to_string(),
+                    args.digits_epochs.unwrap_or(8).to_string(),
                 ),
                 (
                     "COHORT_DEMO_CTR_EPOCHS".to_string(),

@@ -75,22 +75,73 @@ pub fn dataset(global_batch: usize) -> Result<Dataset, TrainError> {
 /// `global_batch`: where training goes on after the global batch changed (elastic
 /// re-forming), so that every example is seen once in order whatever the batch sizes.
 pub fn dataset_from(position: usize, global_batch: usize) -> Result<Dataset, TrainError> {
-    let cpu = &Device::Cpu;
-    let x: Vec<f32> = (0..EXAMPLES * FEATURES)
-        .map(|i| ((i * 37 + 11) % 29) as f32 / 14.0 - 1.0)
-        .collect();
-    let y: Vec<i64> = (0..EXAMPLES)
-        .map(|i| ((i * 7 + i / 5) % CLASSES) as i64)
-        .collect();
-    let examples = Dataset::from_tensor_slices(vec![
-        Tensor::from_vec(x, (EXAMPLES, FEATURES), cpu)?,
-        Tensor::from_vec(y, EXAMPLES, cpu)?,
-    ])?
-    .repeat(None);
-    // Whole repetitions are skipped without reading them.
-    Ok(examples
-        .skip(position % EXAMPLES)
-        .batch(global_batch, false))
+    DenseProblem::synthetic().dataset_from(position, global_batch)
+}
+
+/// What the dense classifier learns: its layer widths, Adam's learning rate, and the training
+/// examples (repeated, in order).
+#[derive(Debug, Clone)]
+pub struct DenseProblem {
+    /// Input features per example.
+    pub features: usize,
+    /// Hidden units.
+    pub hidden: usize,
+    /// Classes.
+    pub classes: usize,
+    /// Adam's learning rate.
+    pub learning_rate: f32,
+    /// The examples' features, `features` per example.
+    pub x: Vec<f32>,
+    /// Their classes.
+    pub y: Vec<i64>,
+}
+
+impl DenseProblem {
+    /// The deterministic `EXAMPLES × FEATURES` problem of this module's tests.
+    pub fn synthetic() -> Self {
+        Self {
+            features: FEATURES,
+            hidden: HIDDEN,
+            classes: CLASSES,
+            learning_rate: LEARNING_RATE,
+            x: (0..EXAMPLES * FEATURES)
+                .map(|i| ((i * 37 + 11) % 29) as f32 / 14.0 - 1.0)
+                .collect(),
+            y: (0..EXAMPLES)
+                .map(|i| ((i * 7 + i / 5) % CLASSES) as i64)
+                .collect(),
+        }
+    }
+
+    /// Examples in one repetition.
+    pub fn examples(&self) -> usize {
+        self.y.len()
+    }
+
+    /// The examples from the `position`-th on (counted over the repetitions), batched to
+    /// `global_batch`.
+    pub fn dataset_from(
+        &self,
+        position: usize,
+        global_batch: usize,
+    ) -> Result<Dataset, TrainError> {
+        let cpu = &Device::Cpu;
+        let n = self.examples();
+        if n == 0 || self.x.len() != n * self.features {
+            return Err(TrainError::Tensor(candle_core::Error::Msg(format!(
+                "a dense problem of {n} example(s) holds {} feature value(s), not {} per example",
+                self.x.len(),
+                self.features
+            ))));
+        }
+        let examples = Dataset::from_tensor_slices(vec![
+            Tensor::from_vec(self.x.clone(), (n, self.features), cpu)?,
+            Tensor::from_vec(self.y.clone(), n, cpu)?,
+        ])?
+        .repeat(None);
+        // Whole repetitions are skipped without reading them.
+        Ok(examples.skip(position % n).batch(global_batch, false))
+    }
 }
 
 /// Trains the model under `strategy` for `steps` global batches of `global_batch` examples.
@@ -136,8 +187,9 @@ pub fn train_failing(
     fail_at: Option<(usize, Fault)>,
     after_step: &mut dyn FnMut(usize, f32),
 ) -> Result<DenseOutcome, TrainError> {
-    let trainer = Trainer::build(strategy, seed)?;
-    let mut iter = input(strategy, 0, global_batch)?;
+    let problem = DenseProblem::synthetic();
+    let trainer = Trainer::build(strategy, &problem, seed)?;
+    let mut iter = input(strategy, &problem, 0, global_batch)?;
     let mut losses = Vec::with_capacity(steps);
     for step in 0..steps {
         let batch = iter.get_next()?;
@@ -157,10 +209,11 @@ pub fn train_schedule(
     schedule: &[(usize, usize)],
     seed: u64,
 ) -> Result<DenseOutcome, TrainError> {
-    let trainer = Trainer::build(strategy, seed)?;
+    let problem = DenseProblem::synthetic();
+    let trainer = Trainer::build(strategy, &problem, seed)?;
     let (mut position, mut losses) = (0, Vec::new());
     for &(steps, global_batch) in schedule {
-        let mut iter = input(strategy, position, global_batch)?;
+        let mut iter = input(strategy, &problem, position, global_batch)?;
         for _ in 0..steps {
             let batch = iter.get_next()?;
             losses.push(trainer.step(strategy, batch, global_batch, None)?);
@@ -207,14 +260,27 @@ pub fn train_elastic(
     seed: u64,
     on_event: &mut dyn FnMut(ElasticEvent<'_>),
 ) -> Result<(DenseOutcome, Vec<Recovery>), TrainError> {
-    let trainer = Trainer::build(&*strategy, seed)?;
+    let problem = DenseProblem::synthetic();
+    train_elastic_on(strategy, &problem, steps, per_replica_batch, seed, on_event)
+}
+
+/// As [`train_elastic`], on `problem`.
+pub fn train_elastic_on(
+    strategy: &mut MultiWorkerMirrored,
+    problem: &DenseProblem,
+    steps: usize,
+    per_replica_batch: usize,
+    seed: u64,
+    on_event: &mut dyn FnMut(ElasticEvent<'_>),
+) -> Result<(DenseOutcome, Vec<Recovery>), TrainError> {
+    let trainer = Trainer::build(&*strategy, problem, seed)?;
     let variables = trainer.model.trainable_variables();
     let (mut step, mut position) = (0usize, 0usize);
     let mut losses: Vec<f32> = Vec::with_capacity(steps);
     let mut recoveries = Vec::new();
     'group: while step < steps {
         let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
-        let mut iter = input(&*strategy, position, global_batch)?;
+        let mut iter = input(&*strategy, problem, position, global_batch)?;
         while step < steps {
             let mut state = ElasticState {
                 step: step as u64,
@@ -327,19 +393,25 @@ struct Trainer {
 }
 
 impl Trainer {
-    fn build(strategy: &dyn Strategy, seed: u64) -> Result<Self, TrainError> {
+    fn build(
+        strategy: &dyn Strategy,
+        problem: &DenseProblem,
+        seed: u64,
+    ) -> Result<Self, TrainError> {
         let model = {
             let _scope = strategy.try_scope()?;
-            let hidden = Dense::builder("hidden", FEATURES, HIDDEN)
+            let hidden = Dense::builder("hidden", problem.features, problem.hidden)
                 .activation(Activation::Relu)
                 .kernel_initializer(Initializer::GlorotUniform { seed })
                 .build()?;
-            let logits = Dense::builder("logits", HIDDEN, CLASSES)
+            let logits = Dense::builder("logits", problem.hidden, problem.classes)
                 .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
                 .build()?;
             Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
         };
-        let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(LEARNING_RATE)));
+        let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(
+            problem.learning_rate,
+        )));
         Ok(Self { model, optimizer })
     }
 
@@ -399,12 +471,13 @@ impl Trainer {
 /// This process's iterator over the dataset from `position`, batched to `global_batch`.
 fn input(
     strategy: &dyn Strategy,
+    problem: &DenseProblem,
     position: usize,
     global_batch: usize,
 ) -> Result<DistributedIterator, TrainError> {
     Ok(strategy
         .experimental_distribute_dataset(
-            dataset_from(position, global_batch)?,
+            problem.dataset_from(position, global_batch)?,
             DistributeOptions::default(),
         )?
         .iter())

@@ -8,4 +8,5 @@ pub mod dense_sync;
 pub mod digits;
 pub mod models;
 pub mod mwms_bench;
+pub mod mwms_demo;
 pub mod recovery;

@@ -1,0 +1,288 @@
+//! The MultiWorkerMirrored main job (`cohort demo --strategy multi-worker-mirrored`): the
+//! chief and the workers of a local cluster (3 in all by default, each its own process under
+//! the launcher) train the digits classifier synchronously, elastically, to at least 95 %
+//! held-out accuracy, while the launcher SIGKILLs a worker midway and restarts it.
+//!
+//! What a user sees, from the chief: one line per epoch (mean loss, steps/s, the membership
+//! epoch and its workers), each change of the group (the survivors re-forming without the
+//! killed worker at a new epoch, then admitting its new process at the next), and a summary
+//! with every membership epoch and the held-out accuracy. The run is
+//! [`dense_sync::train_elastic_on`] over the digits problem: no checkpoint is read on the way,
+//! the survivors hold the model and the restarted worker receives it from them.
+//!
+//! This module owns one task of that job ([`run_task`]): its settings from the environment
+//! the launcher gives every task, the printing, and the final evaluation.
+
+use std::time::{Duration, Instant};
+
+use super::dense_sync::{self, DenseProblem, ElasticEvent};
+use super::digits::{Digits, CLASSES, PIXELS};
+use super::models;
+use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey};
+use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy};
+
+/// Environment variable: training epochs (over the training split, at the starting global
+/// batch).
+pub const EPOCHS_ENV: &str = "COHORT_DEMO_DIGITS_EPOCHS";
+/// Default epochs.
+pub const DEFAULT_EPOCHS: usize = 30;
+/// Examples per replica and step.
+pub const PER_REPLICA_BATCH: usize = 32;
+/// Hidden units of the classifier (64 → 64 → 10, as the parameter-server demo's).
+pub const HIDDEN: usize = 64;
+/// Adam's learning rate.
+pub const LEARNING_RATE: f32 = 0.005;
+/// The held-out accuracy the job must reach.
+pub const TARGET_ACCURACY: f32 = 0.95;
+/// Fraction of the digits held out (the split's seed is fixed: every task holds the same).
+const HELD_OUT_FRACTION: f64 = 0.2;
+const SPLIT_SEED: u64 = 7;
+
+/// What a task of the job could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum MwmsDemoError {
+    /// A setting from the environment is wrong (its key says which).
+    #[error("bad config: {0}")]
+    Config(String),
+    /// Training failed (the group could not go on).
+    #[error("training failed: {0}")]
+    Training(String),
+    /// The classifier missed the accuracy target.
+    #[error("held-out accuracy {accuracy:.1}% is below the target of {target:.0}%")]
+    Accuracy {
+        /// Reached, in percent.
+        accuracy: f32,
+        /// Wanted, in percent.
+        target: f32,
+    },
+}
+
+impl MwmsDemoError {
+    /// The process exit code: 2 for a bad setting, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs this process's task of the job, from the environment the launcher gives it
+/// (`TF_CONFIG`, `COHORT_CERTS`, `COHORT_DETECTION_BUDGET`, `COHORT_REPLICAS`,
+/// [`EPOCHS_ENV`]); see the module doc.
+pub fn run_task() -> Result<(), MwmsDemoError> {
+    let started = Instant::now();
+    let config = task_config()?;
+    let epochs = match std::env::var(EPOCHS_ENV) {
+        Ok(text) => text
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=10_000).contains(n))
+            .ok_or_else(|| {
+                MwmsDemoError::Config(format!(
+                    "{EPOCHS_ENV}: {text:?} is not a whole number from 1 to 10000"
+                ))
+            })?,
+        Err(_) => DEFAULT_EPOCHS,
+    };
+    let digits = Digits::load().map_err(|e| MwmsDemoError::Config(e.to_string()))?;
+    let (train, held_out) = digits.split(HELD_OUT_FRACTION, SPLIT_SEED);
+    let problem = DenseProblem {
+        features: PIXELS,
+        hidden: HIDDEN,
+        classes: CLASSES,
+        learning_rate: LEARNING_RATE,
+        x: train.features,
+        y: train.labels,
+    };
+    let mut strategy =
+        MultiWorkerMirrored::new(config).map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    let chief = strategy.is_chief();
+    let me = strategy.task();
+    let group = strategy.process_group();
+    let joined_live = group.epoch() > 1;
+    let mut epochs_seen = vec![(group.epoch(), group.size(), 0usize, String::new())];
+    if chief {
+        println!(
+            "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}; digits: {} \
+             training and {} held-out examples, {PER_REPLICA_BATCH} per replica and step",
+            group.size(),
+            strategy.local_replicas().len(),
+            group.epoch(),
+            problem.examples(),
+            held_out.len()
+        );
+    } else if joined_live {
+        println!(
+            "{me}: found the group training; admitted at epoch {} ({} workers)",
+            group.epoch(),
+            group.size()
+        );
+    }
+    let steps_per_epoch = problem
+        .examples()
+        .div_ceil(PER_REPLICA_BATCH * strategy.num_replicas_in_sync());
+    let steps = epochs * steps_per_epoch;
+    let middle = steps / 2;
+    let mut epoch_losses = Vec::new();
+    let mut epoch_started = Instant::now();
+    let mut workers = group.size();
+    let mut group_epoch = group.epoch();
+    let seed = 11 + 1000 * strategy.worker_index() as u64;
+    let trained = dense_sync::train_elastic_on(
+        &mut strategy,
+        &problem,
+        steps,
+        PER_REPLICA_BATCH,
+        seed,
+        &mut |event| match event {
+            ElasticEvent::Step { step, loss } => {
+                epoch_losses.push(loss);
+                if chief && step + 1 == middle {
+                    // The launcher's chaos kill comes now (`launch --kill-worker-after`
+                    // is the fallback).
+                    println!(
+                        "{} midway at step {}",
+                        crate::launch::CHAOS_MARKER,
+                        step + 1
+                    );
+                }
+                if chief && (step + 1) % steps_per_epoch == 0 {
+                    let mean = epoch_losses.iter().sum::<f32>() / epoch_losses.len() as f32;
+                    let rate = epoch_losses.len() as f64 / epoch_started.elapsed().as_secs_f64();
+                    println!(
+                        "epoch {}/{epochs}: loss {mean:.4}, {rate:.0} steps/s, group epoch \
+                         {group_epoch} of {workers} workers",
+                        (step + 1) / steps_per_epoch
+                    );
+                    epoch_losses.clear();
+                    epoch_started = Instant::now();
+                }
+            }
+            ElasticEvent::Recovered(r) => {
+                workers = r.members.len();
+                group_epoch = r.epoch;
+                let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+                let what = format!("lost {}", lost.join(", "));
+                if chief {
+                    println!(
+                        "group re-formed: epoch {} with {} workers ({what}: {}); going on from \
+                         step {} with {} of their state, no checkpoint read",
+                        r.epoch, workers, r.cause, r.step, r.source
+                    );
+                }
+                epochs_seen.push((r.epoch, workers, r.step as usize, what));
+            }
+            ElasticEvent::Admitted(a) => {
+                workers = a.members.len();
+                group_epoch = a.epoch;
+                let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
+                let what = format!("admitted {}", joined.join(", "));
+                if chief {
+                    println!(
+                        "group grew: epoch {} with {} workers ({what}, sent the state of {}); \
+                         going on from step {}",
+                        a.epoch, workers, a.source, a.step
+                    );
+                } else if a.joined.contains(&crate::cluster::node_id(me)) {
+                    println!(
+                        "{me}: received step {}, the variables and the optimizer state from {}",
+                        a.step, a.source
+                    );
+                }
+                epochs_seen.push((a.epoch, workers, a.step as usize, what));
+            }
+        },
+    );
+    let (outcome, _) = trained.map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    if !chief {
+        return Ok(());
+    }
+    let params: Vec<&[f32]> = [
+        "hidden/kernel",
+        "hidden/bias",
+        "logits/kernel",
+        "logits/bias",
+    ]
+    .iter()
+    .map(|name| {
+        outcome
+            .variables
+            .get(*name)
+            .map(Vec::as_slice)
+            .ok_or_else(|| MwmsDemoError::Training(format!("no variable {name}")))
+    })
+    .collect::<Result<_, _>>()?;
+    let accuracy = models::mlp_accuracy(
+        &[PIXELS, HIDDEN, CLASSES],
+        &params,
+        &held_out.features,
+        &held_out.labels,
+    )
+    .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    println!("== summary ({:.1}s)", started.elapsed().as_secs_f64());
+    println!("  membership epochs:");
+    for (epoch, workers, step, what) in &epochs_seen {
+        if what.is_empty() {
+            println!("    epoch {epoch}: {workers} workers from step {step}");
+        } else {
+            println!("    epoch {epoch}: {workers} workers from step {step} ({what})");
+        }
+    }
+    let last_loss = outcome
+        .losses
+        .iter()
+        .rev()
+        .find(|l| !l.is_nan())
+        .copied()
+        .unwrap_or(f32::NAN);
+    println!("  steps: {steps}, last loss {last_loss:.4}");
+    println!(
+        "  digits: held-out accuracy {:.1}% (target >= {:.0}%)",
+        100.0 * accuracy,
+        100.0 * TARGET_ACCURACY
+    );
+    if accuracy < TARGET_ACCURACY {
+        return Err(MwmsDemoError::Accuracy {
+            accuracy: 100.0 * accuracy,
+            target: 100.0 * TARGET_ACCURACY,
+        });
+    }
+    Ok(())
+}
+
+/// The strategy's settings from the environment: the cluster (`TF_CONFIG`), certificates,
+/// replicas, and the detection budget as the transport's idle timeout.
+fn task_config() -> Result<MultiWorkerConfig, MwmsDemoError> {
+    let bad = |e: String| MwmsDemoError::Config(e);
+    let cluster = ClusterConfig::from_env()
+        .map_err(|e| bad(e.to_string()))?
+        .ok_or_else(|| bad(format!("{}: unset", crate::cluster::TF_CONFIG_ENV)))?;
+    let certs_key = ConfigKey::CERTS_DIR.env;
+    let certs = std::env::var_os(certs_key).ok_or_else(|| bad(format!("{certs_key}: unset")))?;
+    let replicas = match std::env::var(ConfigKey::REPLICAS.env) {
+        Ok(text) => crate::cluster::parse_count(
+            &text,
+            ConfigKey::REPLICAS.env,
+            crate::cluster::REPLICAS_LIMIT,
+        )
+        .map_err(bad)? as usize,
+        Err(_) => 1,
+    };
+    let budget = match std::env::var(ConfigKey::DETECTION_BUDGET.env) {
+        Ok(text) => {
+            let range = ConfigKey::DETECTION_BUDGET
+                .duration_range()
+                .ok_or_else(|| bad("the detection budget has no range".into()))?;
+            parse_duration_in(ConfigKey::DETECTION_BUDGET.env, &text, range)
+                .map_err(|e| bad(e.to_string()))?
+        }
+        Err(_) => Duration::from_secs(3),
+    };
+    let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
+    config.transport.idle_timeout = budget;
+    config.transport.keep_alive_interval = budget / 4;
+    config.probe_timeout = budget;
+    Ok(config)
+}
