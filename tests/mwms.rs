@@ -669,7 +669,9 @@ struct Change {
 fn changes(cluster: &Cluster, i: usize) -> Vec<Change> {
     cluster.seen[i]
         .iter()
-        .filter(|l| l.starts_with("recovered") || l.starts_with("admitted"))
+        .filter(|l| {
+            l.starts_with("recovered") || l.starts_with("admitted") || l.starts_with("departed")
+        })
         .map(|l| Change {
             kind: l.split_whitespace().next().unwrap_or("").to_string(),
             epoch: field(l, "epoch"),
@@ -802,6 +804,210 @@ fn a_killed_worker_started_again_at_once_rejoins_the_survivors() {
 fn a_killed_leader_started_again_after_the_survivors_re_formed_rejoins_them() {
     // Worker 0 (the leader) is lost: worker 1 leads the survivors, and admits it back.
     rejoin_case("rejoin-late", 3, 0, Duration::from_secs(3));
+}
+
+/// A worker sent SIGTERM (a preemption notice) mid-training: every worker agrees on one
+/// step, the chief saves its checkpoint, the preempted worker leaves (exit 143) and the
+/// others re-form without it at once and go on; started again, it is admitted back. All
+/// finish with the same bits, matching a one-process replay of the batch sizes they agreed
+/// on, and the checkpoint of the agreed step holds what training had reached there.
+fn preemption_case(name: &str, workers: usize, preempted: usize) {
+    const STEPS: usize = 40;
+    let per_replica = 2;
+    let global = per_replica * workers;
+    let (steps, batch) = (STEPS.to_string(), global.to_string());
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let checkpoints = dir.display().to_string();
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+        "--checkpoint-dir",
+        checkpoints.as_str(),
+    ];
+    let tasks = vec![("worker", 1); workers];
+    let mut cluster = Cluster::start(name, &tasks, &flags);
+    for i in 0..workers {
+        cluster.wait_for(i, "step 4 ");
+    }
+    kill(cluster.workers[preempted].pid(), Signal::SIGTERM).unwrap();
+    let departed = cluster.wait_for(preempted, "departed");
+    cluster.wait_for(preempted, "left");
+    assert_eq!(
+        cluster.workers[preempted].wait_exit(),
+        143,
+        "{name}: {:#?}",
+        cluster.seen[preempted]
+    );
+    assert!(
+        departed.contains(&format!("left=worker/{preempted}")) && departed.contains("saved=true"),
+        "{name}: {departed}"
+    );
+    let agreed = field(&departed, "step");
+    // The preempted worker completed exactly the agreed steps: none after its notice's step.
+    let last_step = cluster.seen[preempted]
+        .iter()
+        .filter_map(|l| l.strip_prefix("step "))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<usize>().ok())
+        .max();
+    assert_eq!(last_step, Some(agreed - 1), "{name}: {departed}");
+    let ckpt = dir.join(format!("ckpt-{agreed}"));
+    assert!(
+        ckpt.join("manifest.json").exists(),
+        "{name}: no {}",
+        ckpt.display()
+    );
+    let joiner = cluster.restart(preempted);
+    cluster.wait_for(joiner, "admitted");
+    let finishers: Vec<usize> = (0..workers)
+        .filter(|&i| i != preempted)
+        .chain([joiner])
+        .collect();
+    let mut outs = Vec::new();
+    for &i in &finishers {
+        cluster.wait_for(i, "done");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "{name}: worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
+    }
+    let seen = changes(&cluster, finishers[0]);
+    eprintln!("{name}: group changes {seen:?}");
+    for &i in &finishers[1..workers - 1] {
+        assert_eq!(
+            changes(&cluster, i),
+            seen,
+            "{name}: worker {i} changed otherwise"
+        );
+    }
+    assert_eq!(seen[0].kind, "departed", "{name}: {seen:?}");
+    assert_eq!(
+        (seen[0].epoch, seen[0].step, seen[0].workers),
+        (2, agreed, workers - 1)
+    );
+    assert!(
+        !seen.iter().any(|c| c.kind == "recovered"),
+        "{name}: a departure is no failure: {seen:?}"
+    );
+    for out in &outs[1..] {
+        assert_eq!(out.variables, outs[0].variables, "{name}");
+    }
+    let mut schedule = Vec::new();
+    let (mut from, mut batch, mut position) = (0, global, 0);
+    for change in &seen {
+        position += (change.step - from) * batch;
+        assert_eq!(change.position, position, "{name}: {seen:?}");
+        schedule.push((change.step - from, batch));
+        (from, batch) = (change.step, per_replica * change.workers);
+    }
+    schedule.push((STEPS - from, batch));
+    let replay = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule, 7).unwrap();
+    let mut known = outs[0].clone();
+    let mut reference = replay;
+    let kept: Vec<usize> = (0..STEPS).filter(|&k| !known.losses[k].is_nan()).collect();
+    known.losses = kept.iter().map(|&k| known.losses[k]).collect();
+    reference.losses = kept.iter().map(|&k| reference.losses[k]).collect();
+    assert_close(&known, &reference, &format!("{name} vs the replay"));
+    // The checkpoint holds the variables of the agreed step (the replay stopped there), its
+    // position, and the optimizer's slots.
+    let at_cut = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule[..1], 7).unwrap();
+    let loaded = cohort::checkpoint::read_checkpoint(&ckpt).unwrap();
+    assert_eq!(loaded.checkpoint.step, agreed as u64);
+    assert_eq!(
+        loaded.checkpoint.dataset_positions[&0],
+        (agreed * global) as u64
+    );
+    let tensors = cohort::checkpoint::whole_tensors(&loaded.checkpoint, true).unwrap();
+    for (name, expected) in &at_cut.variables {
+        let got = tensors[name.as_str()].to_f32().unwrap();
+        for (k, (x, y)) in got.iter().zip(expected).enumerate() {
+            assert!((x - y).abs() <= 1e-5, "{name}: checkpoint [{k}] {x} vs {y}");
+        }
+        assert!(
+            tensors
+                .keys()
+                .any(|t| t.starts_with(name.as_str()) && t != name),
+            "{name}: no slot"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_preempted_worker_leaves_at_an_agreed_step_after_the_chief_saves_and_comes_back() {
+    preemption_case("preempt-w2", 3, 2);
+}
+
+#[test]
+fn a_preempted_chief_saves_and_leaves_and_the_others_go_on() {
+    // Worker 0 ranks first: it is the one that saves, then it leaves; worker 1 leads on.
+    preemption_case("preempt-w0", 3, 0);
+}
+
+/// A job stopped whole (every worker SIGKILLed) and started again from its checkpoint
+/// directory: the chief restores the newest checkpoint, every worker takes it, and the run
+/// ends with the variables of a run never stopped.
+#[test]
+fn a_job_started_again_resumes_every_worker_from_the_chiefs_newest_checkpoint() {
+    const STEPS: usize = 30;
+    let workers = 2;
+    let global = 2 * workers;
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (steps, batch, checkpoints) = (
+        STEPS.to_string(),
+        global.to_string(),
+        dir.display().to_string(),
+    );
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--checkpoint-dir",
+        checkpoints.as_str(),
+        "--checkpoint-every",
+        "5",
+    ];
+    let tasks = vec![("worker", 1); workers];
+    let mut first = Cluster::start("resume-a", &tasks, &flags);
+    first.wait_for(0, "saved step=10 ");
+    for i in 0..workers {
+        kill_worker(&first, i);
+    }
+    drop(first);
+    let mut second = Cluster::start("resume-b", &tasks, &flags);
+    let restored = second.wait_for(0, "restored");
+    let from = field(&restored, "step");
+    assert!((10..STEPS).contains(&from), "{restored}");
+    let outs = second.outcomes();
+    assert_eq!(outs[0].variables, outs[1].variables);
+    // No step before the checkpoint was trained again: their losses are unknown here.
+    assert!(outs[0].losses[..from].iter().all(|l| l.is_nan()));
+    assert!(outs[0].losses[from..].iter().all(|l| !l.is_nan()));
+    let replay =
+        dense_sync::train_schedule(&DefaultStrategy::new(), &[(STEPS, global)], 7).unwrap();
+    let mut known = outs[0].clone();
+    let mut reference = replay;
+    known.losses = known.losses[from..].to_vec();
+    reference.losses = reference.losses[from..].to_vec();
+    assert_close(&known, &reference, "resumed vs a run never stopped");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

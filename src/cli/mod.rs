@@ -131,6 +131,21 @@ struct DemoArgs {
     warm_start_map: Option<std::path::PathBuf>,
 }
 
+/// The demo's checkpoint directory: the one given (made absolute, so that the tasks find it
+/// whatever their working directory), else a new one under the temporary directory.
+fn demo_checkpoint_dir(given: Option<std::path::PathBuf>) -> std::path::PathBuf {
+    match given {
+        Some(dir) => std::path::absolute(&dir).unwrap_or(dir),
+        None => std::env::temp_dir().join(format!(
+            "cohort-demo-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        )),
+    }
+}
+
 /// The strategies `cohort demo` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum DemoStrategy {
@@ -262,12 +277,19 @@ pub fn run() -> ExitCode {
                 // The chief marks the middle of training; this is the fallback.
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
             }
-            let env = vec![(
-                crate::workloads::mwms_demo::EPOCHS_ENV.to_string(),
-                args.digits_epochs
-                    .unwrap_or(crate::workloads::mwms_demo::DEFAULT_EPOCHS)
-                    .to_string(),
-            )];
+            let checkpoint_dir = demo_checkpoint_dir(args.checkpoint_dir);
+            let env = vec![
+                (
+                    crate::workloads::mwms_demo::EPOCHS_ENV.to_string(),
+                    args.digits_epochs
+                        .unwrap_or(crate::workloads::mwms_demo::DEFAULT_EPOCHS)
+                        .to_string(),
+                ),
+                (
+                    crate::cluster::ConfigKey::CHECKPOINT_DIR.env.to_string(),
+                    checkpoint_dir.display().to_string(),
+                ),
+            ];
             return exit(crate::bootstrap::launch_local(
                 &launch,
                 vec!["mwms-demo-task".to_string()],
@@ -286,17 +308,7 @@ pub fn run() -> ExitCode {
             if !args.no_chaos && launch.kill_worker_after.is_none() {
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(12));
             }
-            let checkpoint_dir = match args.checkpoint_dir {
-                // Absolute, so that the tasks find it whatever their working directory.
-                Some(dir) => std::path::absolute(&dir).unwrap_or(dir),
-                None => std::env::temp_dir().join(format!(
-                    "cohort-demo-{}-{}",
-                    std::process::id(),
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis())
-                )),
-            };
+            let checkpoint_dir = demo_checkpoint_dir(args.checkpoint_dir);
             let mut env = vec![
                 (
                     "COHORT_DEMO_DIGITS_EPOCHS".to_string(),

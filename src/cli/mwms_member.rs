@@ -7,9 +7,12 @@
 //! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `recovered epoch=E step=S
 //! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed),
 //! `admitted epoch=E step=S position=P workers=W joined=N,.. source=N` (workers joined: a
-//! process started while the others train joins them, and prints it too), `done`, or
-//! `error kind=K node=N detail=..` (then exit code 3), and writes the final variables and
-//! losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
+//! process started while the others train joins them, and prints it too), `departed epoch=E
+//! step=S position=P workers=W left=N,.. saved=B` (workers with a preemption notice left: a
+//! worker sent SIGTERM leaves at the next step boundary, prints `left` and exits 143),
+//! `saved step=S dir=D` (the chief saved a checkpoint, `--checkpoint-dir`), `restored step=S
+//! dir=D` (a fresh start resumed from one), `done`, or `error kind=K node=N detail=..` (then
+//! exit code 3), and writes the final variables and losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
 //! fail its step K with an application error (`--fail-panics`: a panic); `--elastic` trains
 //! with re-forming. `--bench-batch B` runs `cohort bench mwms`'s workload instead
 //! ([`crate::workloads::mwms_bench`]: the MLP 784-256-256-10 on B examples per worker,
@@ -25,6 +28,7 @@ use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy, Strategy
 use crate::train::TrainError;
 use crate::variable::VariableError;
 use crate::workloads::dense_sync::{self, collective_cause, ElasticEvent};
+use crate::workloads::state_checkpoint::StateCheckpoints;
 
 /// Flags of `cohort mwms-member`.
 #[derive(Debug, clap::Args)]
@@ -77,6 +81,14 @@ pub(crate) struct MwmsArgs {
     /// Untimed steps before the timed ones (`--bench-batch`).
     #[arg(long, default_value_t = 10)]
     bench_warmup: usize,
+    /// Elastic runs: the job's checkpoint directory (the chief saves there; a fresh start
+    /// resumes from its newest checkpoint).
+    #[arg(long, requires = "elastic")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Elastic runs with --checkpoint-dir: the chief saves every this many steps (and at every
+    /// departure; without it, only then).
+    #[arg(long, requires = "checkpoint_dir")]
+    checkpoint_every: Option<u64>,
 }
 
 /// Runs the worker (see the module doc).
@@ -145,11 +157,27 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 args.global_batch
             )));
         }
+        // SIGTERM is a preemption notice: this worker leaves at the next step boundary.
+        let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        crate::process::stop_on_signals(&notice)
+            .map_err(|e| CliError::Failed(format!("cannot watch for SIGTERM: {e}")))?;
+        let mut checkpoints = match &args.checkpoint_dir {
+            Some(dir) => Some(
+                StateCheckpoints::open(dir, args.checkpoint_every, 3)
+                    .map_err(|e| CliError::Usage(format!("--checkpoint-dir: {e}")))?,
+            ),
+            None => None,
+        };
+        let options = dense_sync::ElasticOptions {
+            notice: Some(&notice),
+            checkpoints: checkpoints.as_mut(),
+        };
         dense_sync::train_elastic(
             &mut strategy,
             args.steps,
             args.global_batch / replicas,
             seed,
+            options,
             &mut |event| match event {
                 ElasticEvent::Step { step, loss } => {
                     println!("step {step} loss={loss}");
@@ -169,6 +197,24 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                         r.attempts
                     );
                 }
+                ElasticEvent::Departed(d) => {
+                    let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
+                    println!(
+                        "departed epoch={} step={} position={} workers={} left={} saved={}",
+                        d.epoch,
+                        d.step,
+                        d.position,
+                        d.members.len(),
+                        left.join(","),
+                        d.saved
+                    );
+                }
+                ElasticEvent::Saved { step, dir } => {
+                    println!("saved step={step} dir={}", dir.display());
+                }
+                ElasticEvent::Restored { step, dir } => {
+                    println!("restored step={step} dir={}", dir.display());
+                }
                 ElasticEvent::Admitted(a) => {
                     let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                     println!(
@@ -183,7 +229,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 }
             },
         )
-        .map(|(outcome, _)| outcome)
+        .map(|run| (run.outcome, run.left.is_some()))
     } else {
         let fault = if args.fail_panics {
             dense_sync::Fault::Panic
@@ -205,8 +251,9 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 std::thread::sleep(pause);
             },
         )
+        .map(|outcome| (outcome, false))
     };
-    let outcome = match outcome {
+    let (outcome, left) = match outcome {
         Ok(outcome) => outcome,
         Err(TrainError::Strategy(StrategyError::Recovery { reason })) => {
             println!("error kind=recovery node= detail={reason}");
@@ -221,6 +268,11 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         let json = serde_json::to_string(&outcome).map_err(|e| CliError::Failed(e.to_string()))?;
         std::fs::write(out, json)
             .map_err(|e| CliError::Failed(format!("--out {}: {e}", out.display())))?;
+    }
+    if left {
+        // Preempted: it left the group at the agreed step.
+        println!("left");
+        return Ok(crate::process::PREEMPTED_EXIT_CODE as u8);
     }
     println!("done");
     Ok(0)

@@ -496,40 +496,53 @@ impl MultiWorkerMirrored {
         Err(StrategyError::Recovery { reason })
     }
 
-    /// Admits the workers waiting to join the live group, at a step boundary (a restarted
-    /// worker, or one added to the job: elastic training). Call it on every worker before each
-    /// step, in cross-replica context, with the training `state` as for
-    /// [`MultiWorkerMirrored::recover`]; `Ok(None)` where nobody waits (one small broadcast).
+    /// The membership changes of a step boundary (elastic training): call it on every worker
+    /// before each step, in cross-replica context, with the training `state` as for
+    /// [`MultiWorkerMirrored::recover`], whether this worker got a preemption notice
+    /// (`leaving`, e.g. SIGTERM), and how the chief saves a checkpoint of `state` (`save`,
+    /// called on the chief only, when a worker leaves). `Ok(None)` where nothing changes: one
+    /// small all-gather (every worker's notice, and the leader's count of joiners).
     ///
-    /// - A worker made while the others were training (its strategy found a live group and
-    ///   was admitted to it when made) calls it first, after creating its model: it receives
-    ///   the step, input position, variables and optimizer state of the member with the most
-    ///   completed steps, and gets `Some`. Until then its `run` is refused.
-    /// - On the members: the leader (rank 0) offers the joiners that asked it, every member
-    ///   forms the next epoch with them ([`ProcessGroup::admit`]), and the state goes to them
-    ///   as `recover` sends it to survivors. Training goes on from the returned step with the
-    ///   new [`Strategy::num_replicas_in_sync`] and input pipelines (the global batch grows
-    ///   with the replicas; the input goes on from the agreed position).
+    /// - **Preemption**: where any worker has a notice, every worker learns it at the same
+    ///   step (the all-gather): the chief (rank 0) saves the agreed step with `save`, and says
+    ///   whether it saved; then the leavers get [`GroupChange::Leaving`] (stop training and
+    ///   exit, e.g. with 143, within the notice's grace), and the others re-form without them at
+    ///   the next epoch, by agreement (no probe, no failure to detect), and get
+    ///   [`GroupChange::Departed`]. Every stayer holds the same state already. If the chief
+    ///   leaves, it saves first; if everyone leaves, the job stops at a checkpoint (as
+    ///   TensorFlow's `PreemptionCheckpointHandler` does).
+    /// - **Joining**: a worker made while the others were training (its strategy found a live
+    ///   group and was admitted to it when made) calls it first, after creating its model: it
+    ///   receives the step, input position, variables and optimizer state of the member with
+    ///   the most completed steps, and gets [`GroupChange::Admitted`]; until then its `run` is
+    ///   refused. On the members, the leader (rank 0) offers the joiners that asked it, every
+    ///   member forms the next epoch with them ([`ProcessGroup::admit`]), and the state goes to
+    ///   them as `recover` sends it to survivors.
     ///
-    /// A failure (a joiner that went away before forming, a member lost meanwhile) fails it
-    /// with the collective error: the group of the attempt is broken, and
-    /// [`MultiWorkerMirrored::recover`] re-forms with the survivors as after a failed step.
-    pub fn admit(
+    /// Training goes on from the returned step with the new
+    /// [`Strategy::num_replicas_in_sync`] and input pipelines (the global batch follows the
+    /// replicas; the input goes on from the agreed position). A failure (a joiner that went
+    /// away before forming, a member lost meanwhile) fails it with the collective error: the
+    /// group of the attempt is broken, and [`MultiWorkerMirrored::recover`] re-forms with the
+    /// survivors as after a failed step.
+    pub fn at_step_boundary(
         &mut self,
         state: &mut ElasticState<'_>,
-    ) -> Result<Option<Admission>, StrategyError> {
+        leaving: bool,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
         let me = node_id(self.task);
         if self.awaiting_state.load(Ordering::SeqCst) {
             let source = self.agree_state(state)?;
             let group = self.span.group();
-            return Ok(Some(Admission {
+            return Ok(Some(GroupChange::Admitted(Admission {
                 epoch: group.epoch(),
                 members: group.members().to_vec(),
                 joined: vec![me],
                 source,
                 step: state.step,
                 position: state.position,
-            }));
+            })));
         }
         self.broken()?;
         let group = self.span.group().clone();
@@ -553,13 +566,21 @@ impl MultiWorkerMirrored {
         } else {
             Vec::new()
         };
-        let len = self
+        // Every worker's notice and offer, in rank order.
+        let votes = self
             .span
-            .broadcast(0, &Tensor::new(&[offer.len() as i64], cpu)?)?
-            .to_vec1::<i64>()?
-            .first()
-            .copied()
-            .unwrap_or(0);
+            .all_gather(&Tensor::new(
+                &[i64::from(leaving), offer.len() as i64],
+                cpu,
+            )?)?
+            .to_vec1::<i64>()?;
+        let leavers: Vec<usize> = (0..group.size())
+            .filter(|r| votes.get(2 * r).is_some_and(|v| *v != 0))
+            .collect();
+        if !leavers.is_empty() {
+            return self.depart(state, &leavers, save).map(Some);
+        }
+        let len = votes.get(1).copied().unwrap_or(0);
         if len <= 0 {
             return Ok(None);
         }
@@ -580,14 +601,81 @@ impl MultiWorkerMirrored {
         check_same_replicas(&self.span, self.local_replicas)?;
         let source = self.agree_state(state)?;
         let group = self.span.group();
-        Ok(Some(Admission {
+        Ok(Some(GroupChange::Admitted(Admission {
             epoch: group.epoch(),
             members: group.members().to_vec(),
             joined,
             source,
             step: state.step,
             position: state.position,
-        }))
+        })))
+    }
+
+    /// Makes every worker's training `state` that of the worker with the most completed
+    /// steps (ties: the lowest rank), as re-forming does: call it on every worker together,
+    /// e.g. at a fresh start where the chief restored a checkpoint. Returns the source.
+    pub fn agree(&mut self, state: &mut ElasticState<'_>) -> Result<NodeId, StrategyError> {
+        self.broken()?;
+        self.agree_state(state)
+    }
+
+    /// The preemption part of [`MultiWorkerMirrored::at_step_boundary`]: the workers of
+    /// `leavers` (ranks) leave at this step.
+    fn depart(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        leavers: &[usize],
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+    ) -> Result<GroupChange, StrategyError> {
+        let group = self.span.group().clone();
+        let members = group.members().to_vec();
+        let left: Vec<NodeId> = leavers.iter().map(|&r| members[r].clone()).collect();
+        let stayers: Vec<NodeId> = members
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| !leavers.contains(r))
+            .map(|(_, n)| n.clone())
+            .collect();
+        // The chief saves the agreed step before anyone leaves, and says whether it did.
+        let saved_here = if group.rank() == 0 {
+            match save(state) {
+                Ok(()) => 1u8,
+                Err(error) => {
+                    tracing::warn!(%error, step = state.step, "the chief could not save the checkpoint of a departure");
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        let saved = self
+            .span
+            .broadcast(0, &Tensor::new(&[saved_here], &Device::Cpu)?)?
+            .to_vec1::<u8>()?
+            .first()
+            == Some(&1);
+        let mut departure = Departure {
+            epoch: group.epoch(),
+            members: stayers.clone(),
+            left,
+            step: state.step,
+            position: state.position,
+            saved,
+        };
+        if leavers.contains(&group.rank()) {
+            // Every message of this worker taken before it goes: the others must not take
+            // its leaving for a loss.
+            let flushed = group.clone();
+            let _ = self.block(async move {
+                flushed.flush(FLUSH_MAX).await;
+                Ok(())
+            });
+            return Ok(GroupChange::Leaving(departure));
+        }
+        let formed = self.block(async move { group.reform(&stayers).await })?;
+        self.install(formed);
+        departure.epoch = self.span.group().epoch();
+        Ok(GroupChange::Departed(departure))
     }
 
     /// Refuses `method` on a worker that joined a live group and has not received its state.
@@ -598,11 +686,17 @@ impl MultiWorkerMirrored {
                 method,
                 side: "worker",
                 reason: "this worker joined a live group and holds none of its training state \
-                         yet: call `admit` with the state first"
+                         yet: call `at_step_boundary` with the state first"
                     .into(),
             });
         }
         Ok(())
+    }
+
+    /// Whether this worker joined a live group and waits for its state (the first
+    /// [`MultiWorkerMirrored::at_step_boundary`] gives it).
+    pub fn awaits_state(&self) -> bool {
+        self.awaiting_state.load(Ordering::SeqCst)
     }
 
     /// Makes `group` the one every later step's collectives span.
@@ -900,7 +994,36 @@ pub struct Recovery {
     pub attempts: usize,
 }
 
-/// What [`MultiWorkerMirrored::admit`] did when it admitted workers.
+/// A change of the workers' group at a step boundary
+/// ([`MultiWorkerMirrored::at_step_boundary`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupChange {
+    /// Workers joined (on a joiner: itself, which received the state).
+    Admitted(Admission),
+    /// Workers with a preemption notice left at this step; the others re-formed without them.
+    Departed(Departure),
+    /// This worker had a preemption notice and leaves at this step: stop training.
+    Leaving(Departure),
+}
+
+/// What [`MultiWorkerMirrored::at_step_boundary`] did when workers left after a notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departure {
+    /// The group's epoch after it (a leaver: the epoch it left).
+    pub epoch: u64,
+    /// The workers that go on, in rank order (empty when every worker left).
+    pub members: Vec<NodeId>,
+    /// The workers that left.
+    pub left: Vec<NodeId>,
+    /// The step every worker agreed on (completed by all): the chief's checkpoint holds it.
+    pub step: u64,
+    /// The input position at that step.
+    pub position: u64,
+    /// Whether the chief saved the checkpoint of that step.
+    pub saved: bool,
+}
+
+/// What [`MultiWorkerMirrored::at_step_boundary`] did when it admitted workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
     /// The new group's membership epoch.

@@ -12,18 +12,20 @@
 //! process ([`train_schedule`]) to check it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
+use super::state_checkpoint::StateCheckpoints;
 use crate::collective::CollectiveError;
 use crate::data::{Dataset, DistributeOptions, DistributedIterator};
 use crate::distribute::PerReplica;
 use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
-    Admission, ElasticState, MultiWorkerMirrored, Recovery, ReduceOp, Strategy, StrategyError,
-    StrategyExt,
+    Admission, Departure, ElasticState, GroupChange, MultiWorkerMirrored, Recovery, ReduceOp,
+    Strategy, StrategyError, StrategyExt,
 };
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
 use crate::variable::VariableError;
@@ -238,6 +240,23 @@ pub enum ElasticEvent<'a> {
     /// Workers were admitted to the group (on a joiner: itself); training goes on from
     /// `admission.step`.
     Admitted(&'a Admission),
+    /// Workers left after a preemption notice (this one, if it is among `departure.left`:
+    /// then the run ends).
+    Departed(&'a Departure),
+    /// The chief saved a checkpoint of this step (completed steps) in `dir`.
+    Saved {
+        /// The step.
+        step: usize,
+        /// The checkpoint's directory.
+        dir: &'a std::path::Path,
+    },
+    /// A fresh start resumed from the checkpoint of this step, from the checkpoint root `dir`.
+    Restored {
+        /// The step.
+        step: usize,
+        /// The checkpoint root.
+        dir: &'a std::path::Path,
+    },
 }
 
 /// Trains for `steps` steps under MultiWorkerMirrored, elastically: when a step fails because
@@ -246,9 +265,9 @@ pub enum ElasticEvent<'a> {
 /// survivor that completed the most steps) and go on from the agreed step with the global
 /// batch `per_replica_batch × num_replicas_in_sync` of the new group, from the agreed
 /// position of the input (so no example is skipped or seen twice). Before each step the
-/// workers admit those waiting to join ([`MultiWorkerMirrored::admit`]: a restarted or added
-/// worker), and the global batch grows with them; a worker that joined receives the state
-/// first.
+/// workers handle the group's changes ([`MultiWorkerMirrored::at_step_boundary`]): they admit
+/// those waiting to join (a restarted or added worker; a worker that joined receives the state
+/// first), and let those with a preemption notice leave (see [`ElasticOptions`]).
 ///
 /// The outcome's losses are by step; a step whose loss reduction was cut by the failure has
 /// NaN (on a joiner, so have the steps before it joined). A failure re-forming cannot mend
@@ -258,10 +277,46 @@ pub fn train_elastic(
     steps: usize,
     per_replica_batch: usize,
     seed: u64,
+    options: ElasticOptions<'_>,
     on_event: &mut dyn FnMut(ElasticEvent<'_>),
-) -> Result<(DenseOutcome, Vec<Recovery>), TrainError> {
+) -> Result<ElasticRun, TrainError> {
     let problem = DenseProblem::synthetic();
-    train_elastic_on(strategy, &problem, steps, per_replica_batch, seed, on_event)
+    train_elastic_on(
+        strategy,
+        &problem,
+        steps,
+        per_replica_batch,
+        seed,
+        options,
+        on_event,
+    )
+}
+
+/// What an elastic run may do beyond training.
+#[derive(Debug, Default)]
+pub struct ElasticOptions<'a> {
+    /// This worker's preemption notice (e.g. set on SIGTERM by
+    /// [`crate::process::stop_on_signals`]): at the next step boundary every worker agrees on
+    /// that step, the chief saves a checkpoint of it (where `checkpoints` is given), and this
+    /// worker leaves (the run ends with [`ElasticRun::left`]) while the others go on.
+    pub notice: Option<&'a AtomicBool>,
+    /// The job's checkpoints: the chief saves on their schedule and at every departure; a
+    /// fresh start (every worker forming the first epoch) restores the newest on the chief and
+    /// gives it to every worker, training going on from its step. Every worker of a job must
+    /// be given checkpoints, or none.
+    pub checkpoints: Option<&'a mut StateCheckpoints>,
+}
+
+/// How an elastic run ended.
+#[derive(Debug)]
+pub struct ElasticRun {
+    /// The variables and losses.
+    pub outcome: DenseOutcome,
+    /// The re-formings after lost workers.
+    pub recoveries: Vec<Recovery>,
+    /// Where this worker left after its preemption notice (then the run stopped at that
+    /// step); `None` when it trained every step.
+    pub left: Option<Departure>,
 }
 
 /// As [`train_elastic`], on `problem`.
@@ -271,13 +326,47 @@ pub fn train_elastic_on(
     steps: usize,
     per_replica_batch: usize,
     seed: u64,
+    options: ElasticOptions<'_>,
     on_event: &mut dyn FnMut(ElasticEvent<'_>),
-) -> Result<(DenseOutcome, Vec<Recovery>), TrainError> {
+) -> Result<ElasticRun, TrainError> {
+    let ElasticOptions {
+        notice,
+        mut checkpoints,
+    } = options;
     let trainer = Trainer::build(&*strategy, problem, seed)?;
     let variables = trainer.model.trainable_variables();
+    let optimizer = Some(trainer.optimizer.as_ref() as &dyn OptimizerState);
     let (mut step, mut position) = (0usize, 0usize);
     let mut losses: Vec<f32> = Vec::with_capacity(steps);
     let mut recoveries = Vec::new();
+    let local_copies = strategy.local_replicas().len();
+    // A fresh start resumes from the chief's newest checkpoint, given to every worker (a
+    // joiner gets the live state at its first step boundary instead).
+    if !strategy.awaits_state() {
+        if let Some(checkpoints) = checkpoints.as_deref_mut() {
+            let mut state = ElasticState {
+                step: 0,
+                position: 0,
+                variables: &variables,
+                optimizer,
+            };
+            if strategy.is_chief() {
+                if let Some(restored) = checkpoints
+                    .restore_into(&mut state, local_copies)
+                    .map_err(checkpoint_error)?
+                {
+                    on_event(ElasticEvent::Restored {
+                        step: restored as usize,
+                        dir: checkpoints.root(),
+                    });
+                }
+            }
+            strategy.agree(&mut state)?;
+            step = state.step as usize;
+            position = state.position as usize;
+            losses.resize(step, f32::NAN);
+        }
+    }
     'group: while step < steps {
         let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
         let mut iter = input(&*strategy, problem, position, global_batch)?;
@@ -286,9 +375,24 @@ pub fn train_elastic_on(
                 step: step as u64,
                 position: position as u64,
                 variables: &variables,
-                optimizer: Some(trainer.optimizer.as_ref() as &dyn OptimizerState),
+                optimizer,
             };
-            let result = match strategy.admit(&mut state) {
+            let leaving = notice.is_some_and(|n| n.load(Ordering::SeqCst));
+            let mut saved_dir = None;
+            let mut save = |state: &ElasticState<'_>| -> Result<(), String> {
+                if let Some(checkpoints) = checkpoints.as_deref_mut() {
+                    saved_dir = Some(checkpoints.save(state)?);
+                }
+                Ok(())
+            };
+            let change = strategy.at_step_boundary(&mut state, leaving, &mut save);
+            if let Some(dir) = saved_dir {
+                on_event(ElasticEvent::Saved {
+                    step,
+                    dir: dir.as_path(),
+                });
+            }
+            let result = match change {
                 Ok(None) => {
                     let before = trainer.optimizer_steps();
                     let result = iter
@@ -304,12 +408,24 @@ pub fn train_elastic_on(
                     }
                     result
                 }
-                Ok(Some(admission)) => {
+                Ok(Some(GroupChange::Admitted(admission))) => {
                     step = admission.step as usize;
                     position = admission.position as usize;
                     losses.resize(step, f32::NAN);
                     on_event(ElasticEvent::Admitted(&admission));
                     continue 'group;
+                }
+                Ok(Some(GroupChange::Departed(departure))) => {
+                    on_event(ElasticEvent::Departed(&departure));
+                    continue 'group;
+                }
+                Ok(Some(GroupChange::Leaving(departure))) => {
+                    on_event(ElasticEvent::Departed(&departure));
+                    return Ok(ElasticRun {
+                        outcome: trainer.outcome(losses)?,
+                        recoveries,
+                        left: Some(departure),
+                    });
                 }
                 Err(err) => Err(err.into()),
             };
@@ -320,6 +436,23 @@ pub fn train_elastic_on(
                         step: step - 1,
                         loss,
                     });
+                    if strategy.is_chief() {
+                        if let Some(checkpoints) = checkpoints.as_deref_mut() {
+                            if checkpoints.should_save(step as u64) {
+                                let state = ElasticState {
+                                    step: step as u64,
+                                    position: position as u64,
+                                    variables: &variables,
+                                    optimizer,
+                                };
+                                let dir = checkpoints.save(&state).map_err(checkpoint_error)?;
+                                on_event(ElasticEvent::Saved {
+                                    step,
+                                    dir: dir.as_path(),
+                                });
+                            }
+                        }
+                    }
                 }
                 Err(err) => match collective_cause(&err) {
                     Some(CollectiveError::Application { .. }) | None => return Err(err),
@@ -328,7 +461,7 @@ pub fn train_elastic_on(
                             step: step as u64,
                             position: position as u64,
                             variables: &variables,
-                            optimizer: Some(trainer.optimizer.as_ref() as &dyn OptimizerState),
+                            optimizer,
                         };
                         let recovery = strategy.recover(&mut state)?;
                         step = state.step as usize;
@@ -342,7 +475,16 @@ pub fn train_elastic_on(
             }
         }
     }
-    Ok((trainer.outcome(losses)?, recoveries))
+    Ok(ElasticRun {
+        outcome: trainer.outcome(losses)?,
+        recoveries,
+        left: None,
+    })
+}
+
+/// A checkpoint that cannot be read or written, as a training error.
+fn checkpoint_error(detail: String) -> TrainError {
+    TrainError::Tensor(candle_core::Error::Msg(format!("checkpoint: {detail}")))
 }
 
 /// One replica's part of a classifier's training step, inside `run`: `model` on the

@@ -15,9 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::dense_sync::{self, DenseProblem, ElasticEvent};
+use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
 use super::digits::{Digits, CLASSES, PIXELS};
 use super::models;
+use super::state_checkpoint::StateCheckpoints;
 use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey};
 use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy};
 
@@ -34,6 +35,9 @@ pub const HIDDEN: usize = 64;
 pub const LEARNING_RATE: f32 = 0.005;
 /// The held-out accuracy the job must reach.
 pub const TARGET_ACCURACY: f32 = 0.95;
+/// The chief saves a checkpoint every this many epochs (and at every departure), where the
+/// job has a checkpoint directory.
+const CHECKPOINT_EVERY_EPOCHS: usize = 5;
 /// Fraction of the digits held out (the split's seed is fixed: every task holds the same).
 const HELD_OUT_FRACTION: f64 = 0.2;
 const SPLIT_SEED: u64 = 7;
@@ -47,6 +51,9 @@ pub enum MwmsDemoError {
     /// Training failed (the group could not go on).
     #[error("training failed: {0}")]
     Training(String),
+    /// This worker left after a preemption notice (SIGTERM).
+    #[error("preempted: left the group at a step boundary")]
+    Preempted,
     /// The classifier missed the accuracy target.
     #[error("held-out accuracy {accuracy:.1}% is below the target of {target:.0}%")]
     Accuracy {
@@ -58,10 +65,12 @@ pub enum MwmsDemoError {
 }
 
 impl MwmsDemoError {
-    /// The process exit code: 2 for a bad setting, 1 otherwise.
+    /// The process exit code: 2 for a bad setting, 143 after a preemption notice (restart
+    /// me), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) => 2,
+            Self::Preempted => crate::process::PREEMPTED_EXIT_CODE as u8,
             _ => 1,
         }
     }
@@ -130,12 +139,35 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let mut workers = group.size();
     let mut group_epoch = group.epoch();
     let seed = 11 + 1000 * strategy.worker_index() as u64;
+    // SIGTERM (the launcher's stop, or a preemption) is this worker's notice: it leaves at
+    // the next step boundary after the chief saved that step.
+    let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    crate::process::stop_on_signals(&notice)
+        .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGTERM: {e}")))?;
+    let mut checkpoints = match std::env::var_os(ConfigKey::CHECKPOINT_DIR.env) {
+        Some(dir) => Some(
+            StateCheckpoints::open(
+                std::path::Path::new(&dir),
+                Some((CHECKPOINT_EVERY_EPOCHS * steps_per_epoch) as u64),
+                3,
+            )
+            .map_err(|e| {
+                MwmsDemoError::Config(format!("{}: {e}", ConfigKey::CHECKPOINT_DIR.env))
+            })?,
+        ),
+        None => None,
+    };
+    let options = ElasticOptions {
+        notice: Some(&notice),
+        checkpoints: checkpoints.as_mut(),
+    };
     let trained = dense_sync::train_elastic_on(
         &mut strategy,
         &problem,
         steps,
         PER_REPLICA_BATCH,
         seed,
+        options,
         &mut |event| match event {
             ElasticEvent::Step { step, loss } => {
                 epoch_losses.push(loss);
@@ -174,6 +206,31 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 }
                 epochs_seen.push((r.epoch, workers, r.step as usize, what));
             }
+            ElasticEvent::Departed(d) => {
+                workers = d.members.len();
+                group_epoch = d.epoch;
+                let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
+                let what = format!("{} left after a preemption notice", left.join(", "));
+                if chief {
+                    println!(
+                        "group shrank at step {}: {what}; checkpoint {}; epoch {} with {} workers",
+                        d.step,
+                        if d.saved { "saved" } else { "NOT saved" },
+                        d.epoch,
+                        workers
+                    );
+                }
+                epochs_seen.push((d.epoch, workers, d.step as usize, what));
+            }
+            ElasticEvent::Saved { step, dir } => {
+                println!("saved checkpoint of step {step} in {}", dir.display());
+            }
+            ElasticEvent::Restored { step, dir } => {
+                println!(
+                    "resumed from the checkpoint of step {step} in {}",
+                    dir.display()
+                );
+            }
             ElasticEvent::Admitted(a) => {
                 workers = a.members.len();
                 group_epoch = a.epoch;
@@ -195,7 +252,12 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             }
         },
     );
-    let (outcome, _) = trained.map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    let run = trained.map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    if run.left.is_some() {
+        println!("{me}: left the group after its preemption notice");
+        return Err(MwmsDemoError::Preempted);
+    }
+    let outcome = run.outcome;
     if !chief {
         return Ok(());
     }

@@ -1,0 +1,199 @@
+//! Checkpoints of a synchronous job's training state ([`ElasticState`]: the step, the input
+//! position, every variable and the optimizer's slots and step count), in cohort's checkpoint
+//! format (`crate::checkpoint`: CKPT-1's atomic commit, retention, and restore of the newest
+//! checkpoint that verifies; `cohort ckpt` reads them).
+//!
+//! Under MultiWorkerMirrored every worker holds the whole state, so a checkpoint is one shard:
+//! every variable whole, its slots beside it (`<variable>/.OPTIMIZER_SLOT/<slot>`), the input
+//! position as dataset position 0, and the optimizer's step count in the manifest's `extra`.
+//! The chief writes them ([`StateCheckpoints::save`]); a job started again restores the
+//! newest ([`StateCheckpoints::restore_into`]) on the chief, which then gives it to every
+//! worker (`MultiWorkerMirrored::agree`).
+//!
+//! This module owns that mapping between the state and the format, and nothing of when to save.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+
+use crate::checkpoint::{
+    slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, TensorBytes,
+};
+use crate::layout::Layout;
+use crate::optim::Slots;
+use crate::strategy::ElasticState;
+
+/// The checkpoints of one job's training state under a root directory (see the module doc).
+#[derive(Debug)]
+pub struct StateCheckpoints {
+    manager: CheckpointManager,
+}
+
+/// A checkpoint's `extra` key holding the optimizer's step count.
+const OPTIMIZER_STEPS_KEY: &str = "optimizer_steps";
+
+impl StateCheckpoints {
+    /// Checkpoints under `root` (created if missing), a save due every `every_steps` steps
+    /// (never on a schedule with `None`: then only where asked, e.g. at a departure), the
+    /// newest `keep_last` kept.
+    pub fn open(root: &Path, every_steps: Option<u64>, keep_last: usize) -> Result<Self, String> {
+        let policy = CheckpointPolicy {
+            save_every_steps: every_steps,
+            save_every: None,
+            keep_last: keep_last.max(1),
+        };
+        let manager = CheckpointManager::new(root, policy, Instant::now())
+            .map_err(|e| format!("checkpoint directory {}: {e}", root.display()))?;
+        Ok(Self { manager })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        self.manager.root()
+    }
+
+    /// Whether a scheduled save is due at `step`.
+    pub fn should_save(&self, step: u64) -> bool {
+        self.manager.should_save(step, Instant::now())
+    }
+
+    /// The step of the last checkpoint saved or restored here.
+    pub fn last_saved_step(&self) -> Option<u64> {
+        self.manager.last_saved_step()
+    }
+
+    /// Saves `state` (see the module doc); its directory.
+    pub fn save(&mut self, state: &ElasticState<'_>) -> Result<PathBuf, String> {
+        let mut ckpt = Checkpoint::new(state.step, 1);
+        for variable in state.variables {
+            let name = variable.name().to_string();
+            let shape = variable.shape().to_vec();
+            let value = variable
+                .try_read_value()
+                .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
+                .map_err(|e| format!("reading {name}: {e}"))?;
+            let tensor =
+                TensorBytes::from_f32(shape.clone(), &value).map_err(|e| format!("{name}: {e}"))?;
+            ckpt.layout.push(Layout::unsharded(
+                name.clone(),
+                Dtype::F32,
+                shape.clone(),
+                0,
+            ));
+            ckpt.shards[0].tensors.insert(name.clone(), tensor);
+            let Some(optimizer) = state.optimizer else {
+                continue;
+            };
+            let Some(slots) = optimizer.export_slots(variable, 0) else {
+                continue;
+            };
+            for slot in optimizer.kernel().slot_names() {
+                if let Some(values) = slots.get(slot) {
+                    let tensor = TensorBytes::from_f32(shape.clone(), values)
+                        .map_err(|e| format!("{name} slot {slot}: {e}"))?;
+                    ckpt.shards[0]
+                        .tensors
+                        .insert(slot_tensor_name(&name, slot), tensor);
+                }
+            }
+        }
+        ckpt.dataset_positions.insert(0, state.position);
+        ckpt.extra = serde_json::json!({
+            OPTIMIZER_STEPS_KEY: state.optimizer.map_or(0, |o| o.steps()),
+        });
+        self.manager
+            .save(&ckpt, Instant::now())
+            .map_err(|e| format!("saving step {}: {e}", state.step))
+    }
+
+    /// Restores the newest checkpoint that verifies into `state` (variables on every local
+    /// copy, optimizer slots and step count, step and position); its step, or `None` where
+    /// there is none. A checkpoint of another model (a variable missing, another shape) is an
+    /// error naming it, found before any variable changes: restore before training, and fail
+    /// the task on an error.
+    pub fn restore_into(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        local_copies: usize,
+    ) -> Result<Option<u64>, String> {
+        let outcome = self
+            .manager
+            .restore_latest()
+            .map_err(|e| format!("{}: {e}", self.root().display()))?;
+        for skipped in &outcome.skipped {
+            tracing::warn!(dir = %skipped.dir.display(), error = %skipped.error, "skipped a checkpoint that does not verify");
+        }
+        let Some(loaded) = outcome.restored else {
+            return Ok(None);
+        };
+        let ckpt = &loaded.checkpoint;
+        let shard = ckpt
+            .shards
+            .first()
+            .ok_or_else(|| format!("{}: no shard", loaded.dir.display()))?;
+        let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>), String> {
+            let tensor = shard
+                .tensors
+                .get(name)
+                .ok_or_else(|| format!("{}: no tensor {name}", loaded.dir.display()))?;
+            let values = tensor
+                .to_f32()
+                .map_err(|e| format!("{}: {name}: {e}", loaded.dir.display()))?;
+            Ok((tensor.shape().to_vec(), values))
+        };
+        // Check every variable first: a mismatch changes nothing.
+        let mut values = Vec::with_capacity(state.variables.len());
+        for variable in state.variables {
+            let (shape, value) = read(variable.name())?;
+            if shape != variable.shape() {
+                return Err(format!(
+                    "{}: {} has shape {shape:?} there, {:?} here",
+                    loaded.dir.display(),
+                    variable.name(),
+                    variable.shape()
+                ));
+            }
+            values.push(value);
+        }
+        for (variable, value) in state.variables.iter().zip(values) {
+            let tensor = Tensor::from_vec(value, variable.shape(), &Device::Cpu)
+                .map_err(|e| format!("{}: {e}", variable.name()))?;
+            variable
+                .assign(&tensor)
+                .map_err(|e| format!("restoring {}: {e}", variable.name()))?;
+        }
+        if let Some(optimizer) = state.optimizer {
+            let names = optimizer.kernel().slot_names();
+            for variable in state.variables.iter().filter(|_| !names.is_empty()) {
+                let name = variable.name();
+                if !shard
+                    .tensors
+                    .contains_key(&slot_tensor_name(name, names[0]))
+                {
+                    // Never updated before the checkpoint.
+                    continue;
+                }
+                let mut named = Vec::with_capacity(names.len());
+                for slot in names {
+                    named.push((*slot, read(&slot_tensor_name(name, slot))?.1));
+                }
+                let len = variable.shape().iter().product();
+                let slots = Slots::restore(optimizer.kernel(), name, len, named, 0)
+                    .map_err(|e| format!("{}: {e}", loaded.dir.display()))?;
+                for component in 0..local_copies {
+                    optimizer.import_slots(variable, component, slots.clone());
+                }
+            }
+            let steps = ckpt
+                .extra
+                .get(OPTIMIZER_STEPS_KEY)
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(ckpt.step);
+            optimizer.set_steps(steps, local_copies);
+        }
+        state.step = ckpt.step;
+        state.position = ckpt.dataset_positions.get(&0).copied().unwrap_or(0);
+        Ok(Some(ckpt.step))
+    }
+}
