@@ -2,9 +2,11 @@
 //! several local replicas, variables mirrored on every replica of every worker.
 //!
 //! This module owns the strategy value ([`MultiWorkerMirrored`]), its configuration
-//! ([`MultiWorkerConfig`]), the placement of its variables, and re-forming after a lost
-//! worker ([`MultiWorkerMirrored::recover`]) with its quorum rule (`has_quorum`: the one place
-//! that decides which survivors may go on). The collectives it rests on live
+//! ([`MultiWorkerConfig`]), the placement of its variables, re-forming after a lost worker
+//! ([`MultiWorkerMirrored::recover`]) with its quorum rule (`has_quorum`: the one place that
+//! decides which survivors may go on), and the group's changes at a step boundary
+//! ([`MultiWorkerMirrored::at_step_boundary`]: workers admitted after they asked to join,
+//! workers leaving after a preemption notice once the chief saved). The collectives it rests on live
 //! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
 //! epoch 1), and the local group of each step's replicas spanning it
 //! ([`crate::collective::ProcessSpan`]).
