@@ -2,7 +2,8 @@
 //! every operation against a reference computed here, with 2, 3 and 4 members, sizes that do
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
 //! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
-//! a member's application abort; EPOCH-1.
+//! a member's application abort; EPOCH-1. The operations, disagreeing members, a lost member
+//! and an abort also over the plaintext data plane (TCP links set up over QUIC).
 
 use std::time::Duration;
 
@@ -129,18 +130,33 @@ async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T 
 
 /// Small chunks, so that the ring runs many pipelined chunks on modest tensors.
 fn ring_config() -> GroupConfig {
+    ring_config_with(false)
+}
+
+/// As [`ring_config`], over the plaintext data plane (TCP) or QUIC.
+fn ring_config_with(plaintext: bool) -> GroupConfig {
     GroupConfig {
         small_bytes_max: 4096,
         chunk_bytes: 4096,
         window: 4,
+        plaintext,
         ..GroupConfig::for_tests()
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_matches_the_reference_with_2_3_and_4_members() {
+    every_operation_matches_the_reference_with_2_3_and_4_members_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_matches_the_reference_with_2_3_and_4_members_over_the_plaintext_plane() {
+    every_operation_matches_the_reference_with_2_3_and_4_members_case(true).await;
+}
+
+async fn every_operation_matches_the_reference_with_2_3_and_4_members_case(plaintext: bool) {
     for n in [2usize, 3, 4] {
-        let c = cluster(n as u32, ring_config()).await;
+        let c = cluster(n as u32, ring_config_with(plaintext)).await;
         // 0: zero-length; 1, 7, 1001: direct (below 4 KiB) and uneven; 5003, 20011: ring,
         // uneven segments and a last chunk shorter than the others.
         for (salt, len) in [0usize, 1, 7, 1001, 5003, 20011].into_iter().enumerate() {
@@ -402,6 +418,15 @@ async fn expect_mismatch(c: &Cluster, what: &str, call: impl Fn(usize) -> bool) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_that_disagree_all_fail_with_a_mismatch() {
+    members_that_disagree_all_fail_with_a_mismatch_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_disagree_all_fail_with_a_mismatch_over_the_plaintext_plane() {
+    members_that_disagree_all_fail_with_a_mismatch_case(true).await;
+}
+
+async fn members_that_disagree_all_fail_with_a_mismatch_case(plaintext: bool) {
     for what in [
         "small shape",
         "small dtype",
@@ -410,7 +435,7 @@ async fn members_that_disagree_all_fail_with_a_mismatch() {
         "ring dtype",
         "ring op",
     ] {
-        let c = cluster(3, ring_config()).await;
+        let c = cluster(3, ring_config_with(plaintext)).await;
         expect_mismatch(&c, what, |rank| rank == 2).await;
         // The group stays broken: the next call fails at once with the same error.
         let t = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
@@ -427,7 +452,19 @@ async fn members_that_disagree_all_fail_with_a_mismatch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch() {
-    let c = cluster(3, ring_config()).await;
+    a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_over_the_plaintext_plane(
+) {
+    a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_case(true).await;
+}
+
+async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_case(
+    plaintext: bool,
+) {
+    let c = cluster(3, ring_config_with(plaintext)).await;
     let big = Tensor::ones(200_000, DType::F32, &Device::Cpu).unwrap();
     // Members 0 and 1 start an all-reduce member 2 never joins; member 2's endpoint closes.
     let pending = join_all(
@@ -520,7 +557,16 @@ async fn survivors_of_two_members_lost_at_once_agree_on_who_is_left_and_reform()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_aborts_fails_every_pending_call_with_its_message() {
-    let c = cluster(3, ring_config()).await;
+    a_member_that_aborts_fails_every_pending_call_with_its_message_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_aborts_fails_every_pending_call_with_its_message_over_the_plaintext_plane() {
+    a_member_that_aborts_fails_every_pending_call_with_its_message_case(true).await;
+}
+
+async fn a_member_that_aborts_fails_every_pending_call_with_its_message_case(plaintext: bool) {
+    let c = cluster(3, ring_config_with(plaintext)).await;
     let big = Tensor::ones(200_000, DType::F32, &Device::Cpu).unwrap();
     // Members 0 and 2 wait in an all-reduce that member 1 gives up with an application error.
     let pending = join_all(
@@ -600,4 +646,44 @@ async fn forming_refuses_bad_membership_by_name() {
         .await
         .unwrap_err();
     assert!(matches!(err, CollectiveError::InvalidArgument(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() {
+    let ca = ClusterCa::generate("collective-planes").unwrap();
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    for (i, plaintext) in [(0u32, false), (1, true)] {
+        let node = NodeId::new("worker", i);
+        let endpoint = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            ca.issue(&node).unwrap(),
+            TransportConfig::for_tests(),
+        )
+        .unwrap();
+        let config = GroupConfig {
+            plaintext,
+            form_timeout: Duration::from_secs(5),
+            ..GroupConfig::for_tests()
+        };
+        let mesh = Mesh::new(endpoint, config);
+        members.push(GroupMember {
+            node,
+            addr: mesh.local_addr().unwrap(),
+        });
+        meshes.push(mesh);
+    }
+    let formed = bounded(
+        "forming",
+        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
+    )
+    .await;
+    for (rank, result) in formed.into_iter().enumerate() {
+        let err = result.expect_err("forming across data planes must fail");
+        let text = err.to_string();
+        assert!(
+            text.contains("data plane") && text.contains("plaintext") && text.contains("QUIC"),
+            "rank {rank}: {text}"
+        );
+    }
 }

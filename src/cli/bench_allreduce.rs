@@ -2,6 +2,8 @@
 //! ceiling measured by the same program, with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2(n-1)/n, and each row's busbw as a fraction of the ring's bound (the
 //! ceiling divided by the members: on one machine every member's bytes share its cores).
+//! Then the same over the plaintext data plane (TCP links set up over QUIC), beside gloo's
+//! figures over TCP on this machine.
 
 use std::time::{Duration, Instant};
 
@@ -20,13 +22,18 @@ pub fn run() -> Result<(), CliError> {
         .build()
         .map_err(|e| failed(&e))?;
     let mut rows = Vec::new();
-    for members in MEMBERS {
-        let groups = runtime.block_on(form(members)).map_err(|e| failed(&e))?;
-        for mib in SIZES_MIB {
-            let seconds = runtime
-                .block_on(time_all_reduce(&groups, mib))
+    let mut plain_rows = Vec::new();
+    for (plaintext, out) in [(false, &mut rows), (true, &mut plain_rows)] {
+        for members in MEMBERS {
+            let groups = runtime
+                .block_on(form(members, plaintext))
                 .map_err(|e| failed(&e))?;
-            rows.push((members, mib, seconds));
+            for mib in SIZES_MIB {
+                let seconds = runtime
+                    .block_on(time_all_reduce(&groups, mib))
+                    .map_err(|e| failed(&e))?;
+                out.push((members, mib, seconds));
+            }
         }
     }
     drop(runtime);
@@ -57,11 +64,36 @@ pub fn run() -> Result<(), CliError> {
         );
     }
     println!("target: busbw/bound >= 0.70 at 64 MiB");
+    println!(
+        "\nplaintext data plane (GroupConfig::plaintext: TCP links set up over QUIC; trusted \
+         networks only), beside gloo over TCP measured on this machine at 64 MiB"
+    );
+    println!(
+        "{:>7} {:>8} {:>10} {:>12} {:>12} {:>18}",
+        "members", "size", "time ms", "algbw GB/s", "busbw GB/s", "gloo busbw GB/s"
+    );
+    for (members, mib, seconds) in plain_rows {
+        let n = members as f64;
+        let algbw = mib as f64 * MIB / seconds / 1e9;
+        let busbw = algbw * 2.0 * (n - 1.0) / n;
+        let gloo = match (members, mib) {
+            (2, 64) => "1.26-1.50",
+            (4, 64) => "0.73-0.85",
+            _ => "",
+        };
+        println!(
+            "{members:>7} {:>8} {:>10.2} {algbw:>12.3} {busbw:>12.3} {gloo:>18}",
+            format!("{mib} MiB"),
+            seconds * 1e3,
+        );
+    }
+    println!("target: busbw above gloo's at 64 MiB");
     Ok(())
 }
 
-/// `n` members on their own endpoints in this process, formed at epoch 1.
-async fn form(n: u32) -> Result<Vec<ProcessGroup>, String> {
+/// `n` members on their own endpoints in this process, formed at epoch 1 (over the
+/// plaintext data plane if `plaintext`).
+async fn form(n: u32, plaintext: bool) -> Result<Vec<ProcessGroup>, String> {
     let ca = ClusterCa::generate("bench").map_err(|e| e.to_string())?;
     let mut meshes = Vec::new();
     let mut members = Vec::new();
@@ -74,7 +106,11 @@ async fn form(n: u32) -> Result<Vec<ProcessGroup>, String> {
             TransportConfig::default(),
         )
         .map_err(|e| e.to_string())?;
-        let mesh = Mesh::new(endpoint, GroupConfig::default());
+        let config = GroupConfig {
+            plaintext,
+            ..GroupConfig::default()
+        };
+        let mesh = Mesh::new(endpoint, config);
         members.push(GroupMember {
             node,
             addr: mesh.local_addr().map_err(|e| e.to_string())?,

@@ -61,6 +61,7 @@ use bytes::Bytes;
 use cohort_transport::{
     ConnectError, Connection, Endpoint, Frame, Incoming, LinkError, NodeId, RejectReason, Responder,
 };
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -84,6 +85,11 @@ pub struct GroupConfig {
     pub op_timeout: Duration,
     /// How long forming a group waits for every member (dialing, and its `Join`).
     pub form_timeout: Duration,
+    /// The plaintext data plane (`plain.rs`): chunks over TCP between members authenticated
+    /// over QUIC when each link forms, for clusters inside a trusted network only (tensors
+    /// travel unencrypted). Off by default; every member must choose alike (a member whose
+    /// choice differs fails forming with [`CollectiveError::Form`] naming it).
+    pub plaintext: bool,
 }
 
 impl Default for GroupConfig {
@@ -94,6 +100,7 @@ impl Default for GroupConfig {
             window: 8,
             op_timeout: Duration::from_secs(60),
             form_timeout: Duration::from_secs(30),
+            plaintext: false,
         }
     }
 }
@@ -143,6 +150,7 @@ impl Mesh {
             state: Mutex::new(MeshState::default()),
             changed: Notify::new(),
             acceptor: OnceLock::new(),
+            plain: tokio::sync::OnceCell::new(),
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = tokio::spawn(async move {
@@ -299,6 +307,11 @@ impl Mesh {
                 "this node {me} is not among the members"
             )));
         };
+        if self.inner.config.plaintext {
+            self.inner.plain_listener().await.map_err(|e| {
+                form_error(format!("cannot listen for the plaintext data plane: {e}"))
+            })?;
+        }
         let shared = {
             let mut state = self.inner.lock();
             if epoch <= state.epoch {
@@ -362,15 +375,25 @@ impl Mesh {
         shared: &Arc<Shared>,
         peer: &GroupMember,
         deadline: Instant,
-    ) -> Result<Connection, CollectiveError> {
+    ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
         let epoch = shared.epoch;
         let form_error = |reason: String| CollectiveError::Form { epoch, reason };
         if self.node() < &peer.node {
             return self.wait_for_join(&peer.node, epoch, deadline).await;
         }
+        let plaintext = self.inner.config.plaintext;
+        let mismatch = |theirs: &str| {
+            form_error(format!(
+                "{} uses the {theirs} data plane, this member the {} one: every member must \
+                 choose alike (GroupConfig::plaintext)",
+                peer.node,
+                if plaintext { "plaintext" } else { "QUIC" }
+            ))
+        };
         let join = Wire::Join {
             epoch,
             members: shared.nodes.clone(),
+            plaintext,
         };
         let frame = Frame::encode(&join, Vec::new(), shared.header_max)
             .map_err(|e| form_error(format!("encoding the join: {e}")))?;
@@ -390,7 +413,18 @@ impl Mesh {
             }
         };
         match reply.decode::<Reply>(shared.header_max) {
-            Ok(Reply::Ack) => Ok(conn),
+            Ok(Reply::Ack) if plaintext => Err(mismatch("QUIC")),
+            Ok(Reply::Ack) => Ok((conn, None)),
+            Ok(Reply::AckPlain { .. }) if !plaintext => Err(mismatch("plaintext")),
+            Ok(Reply::AckPlain { port, token }) => {
+                let addr = SocketAddr::new(peer.addr.ip(), port);
+                let stream = super::plain::dial(addr, token, epoch, deadline)
+                    .await
+                    .map_err(|e| {
+                        form_error(format!("the TCP link to {} at {addr}: {e}", peer.node))
+                    })?;
+                Ok((conn, Some(stream)))
+            }
             Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
                 node: peer.node.clone(),
                 epoch,
@@ -546,15 +580,24 @@ impl Mesh {
         peer: &NodeId,
         epoch: u64,
         deadline: Instant,
-    ) -> Result<Connection, CollectiveError> {
+    ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
+        let key = (peer.clone(), epoch);
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             {
                 let mut state = self.inner.lock();
-                if let Some(conn) = state.joined.remove(&(peer.clone(), epoch)) {
-                    return Ok(conn);
+                // The plaintext plane's link is ready once its TCP connection said hello too.
+                let ready = state.joined.contains_key(&key)
+                    && (!self.inner.config.plaintext || state.plain_joined.contains_key(&key));
+                if ready {
+                    if let Some(conn) = state.joined.remove(&key) {
+                        return Ok((conn, state.plain_joined.remove(&key)));
+                    }
+                }
+                if let Some(reason) = state.refused_joins.remove(&key) {
+                    return Err(CollectiveError::Form { epoch, reason });
                 }
                 if state.epoch != epoch {
                     return Err(CollectiveError::Superseded {
@@ -787,6 +830,8 @@ struct MeshInner {
     /// Signalled when an epoch is formed here or a peer joins one.
     changed: Notify,
     acceptor: OnceLock<JoinHandle<()>>,
+    /// Plaintext plane: the port of this mesh's TCP listener and its accept loop, once bound.
+    plain: tokio::sync::OnceCell<(u16, JoinHandle<()>)>,
 }
 
 #[derive(Default)]
@@ -807,11 +852,21 @@ struct MeshState {
     pending: HashMap<NodeId, (SocketAddr, Instant)>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
     admission: Option<(u64, Vec<GroupMember>)>,
+    /// Plaintext plane: tokens this mesh issued in its answers to joins, by token: the
+    /// peer and epoch each one is for (each taken once).
+    plain_tokens: HashMap<super::plain::Token, (NodeId, u64)>,
+    /// Plaintext plane: TCP links whose hello arrived, until `form` takes them.
+    plain_joined: HashMap<(NodeId, u64), TcpStream>,
+    /// Joins refused for a reason that fails the forming here too (the data planes differ).
+    refused_joins: HashMap<(NodeId, u64), String>,
 }
 
 impl Drop for MeshInner {
     fn drop(&mut self) {
         if let Some(acceptor) = self.acceptor.get() {
+            acceptor.abort();
+        }
+        if let Some((_, acceptor)) = self.plain.get() {
             acceptor.abort();
         }
         for reader in &self.lock().readers {
@@ -824,6 +879,46 @@ impl MeshInner {
     fn lock(&self) -> MutexGuard<'_, MeshState> {
         // Every update below is a single assignment or insertion; a poisoned lock is safe.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The port of this mesh's plaintext-plane listener, bound (beside the QUIC endpoint's
+    /// address) and accepting on first use: each accepted connection that says a hello with a
+    /// token this mesh issued becomes that peer's link of that epoch; any other is closed.
+    async fn plain_listener(self: &Arc<Self>) -> std::io::Result<u16> {
+        let bound = self
+            .plain
+            .get_or_try_init(|| async {
+                let ip = self.endpoint.local_addr()?.ip();
+                let listener = super::plain::bind(ip).await?;
+                let port = listener.local_addr()?.port();
+                let weak = Arc::downgrade(self);
+                let acceptor = tokio::spawn(async move {
+                    while let Ok((mut stream, from)) = listener.accept().await {
+                        let weak = weak.clone();
+                        tokio::spawn(async move {
+                            let hello = super::plain::read_hello(&mut stream).await;
+                            let Some(mesh) = weak.upgrade() else { return };
+                            let Some((token, epoch)) = hello else {
+                                tracing::warn!(%from, "closed a plaintext-plane connection that sent no hello");
+                                return;
+                            };
+                            let _ = stream.set_nodelay(true);
+                            let mut state = mesh.lock();
+                            match state.plain_tokens.remove(&token) {
+                                Some((peer, issued)) if issued == epoch => {
+                                    state.plain_joined.insert((peer, epoch), stream);
+                                    drop(state);
+                                    mesh.changed.notify_waiters();
+                                }
+                                _ => tracing::warn!(%from, epoch, "closed a plaintext-plane connection whose token this member did not issue for that epoch"),
+                            }
+                        });
+                    }
+                });
+                Ok::<_, std::io::Error>((port, acceptor))
+            })
+            .await?;
+        Ok(bound.0)
     }
 
     /// Serves what `conn`'s peer sends, for every epoch, until the connection ends.
@@ -855,11 +950,15 @@ impl MeshInner {
         };
         let peer = conn.peer().clone();
         match wire {
-            Wire::Join { epoch, members } => {
+            Wire::Join {
+                epoch,
+                members,
+                plaintext,
+            } => {
                 let mesh = self.clone();
                 let conn = conn.clone();
                 tokio::spawn(async move {
-                    let reply = mesh.join(&conn, epoch, members).await;
+                    let reply = mesh.join(&conn, epoch, members, plaintext).await;
                     respond(responder, reply, header_max);
                 });
             }
@@ -925,8 +1024,32 @@ impl MeshInner {
 
     /// The answer to a dialer's join of `epoch`: waits (at most `form_timeout`) for this node
     /// to form it, then acks if it formed it with the same members.
-    async fn join(&self, conn: &Connection, epoch: u64, members: Vec<NodeId>) -> Reply {
+    async fn join(
+        &self,
+        conn: &Connection,
+        epoch: u64,
+        members: Vec<NodeId>,
+        plaintext: bool,
+    ) -> Reply {
         let deadline = Instant::now() + self.config.form_timeout;
+        if plaintext != self.config.plaintext {
+            let plane = |p: bool| if p { "plaintext" } else { "QUIC" };
+            let reason = format!(
+                "{} uses the {} data plane, this member the {} one: every member must choose \
+                 alike (GroupConfig::plaintext)",
+                conn.peer(),
+                plane(plaintext),
+                plane(self.config.plaintext)
+            );
+            self.lock()
+                .refused_joins
+                .insert((conn.peer().clone(), epoch), reason.clone());
+            self.changed.notify_waiters();
+            return Reply::Refused {
+                current: epoch,
+                detail: format!(": {reason}"),
+            };
+        }
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -946,12 +1069,19 @@ impl MeshInner {
                             ),
                         },
                         Some(g) if g.nodes == members => {
-                            state
-                                .joined
-                                .insert((conn.peer().clone(), epoch), conn.clone());
+                            let peer = conn.peer().clone();
+                            state.joined.insert((peer.clone(), epoch), conn.clone());
+                            let reply = match self.plain.get() {
+                                Some((port, _)) if self.config.plaintext => {
+                                    let token = super::plain::new_token();
+                                    state.plain_tokens.insert(token, (peer, epoch));
+                                    Reply::AckPlain { port: *port, token }
+                                }
+                                _ => Reply::Ack,
+                            };
                             drop(state);
                             self.changed.notify_waiters();
-                            Reply::Ack
+                            reply
                         }
                         Some(g) => Reply::Refused {
                             current: epoch,
@@ -1070,7 +1200,7 @@ pub(crate) struct Shared {
     pub(crate) nodes: Vec<NodeId>,
     addrs: Vec<SocketAddr>,
     pub(crate) config: GroupConfig,
-    header_max: u32,
+    pub(crate) header_max: u32,
     state: Mutex<GroupState>,
     /// Signalled when a chunk arrives or the group breaks.
     arrived: Notify,
@@ -1090,13 +1220,13 @@ struct Link {
 }
 
 /// Chunks queued or sent to any peer and not yet answered (see [`ProcessGroup::flush`]).
-type Unanswered = Arc<std::sync::atomic::AtomicUsize>;
+pub(crate) type Unanswered = Arc<std::sync::atomic::AtomicUsize>;
 
-struct Outgoing {
-    seq: u64,
-    tag: u64,
-    call: Call,
-    blob: Bytes,
+pub(crate) struct Outgoing {
+    pub(crate) seq: u64,
+    pub(crate) tag: u64,
+    pub(crate) call: Call,
+    pub(crate) blob: Bytes,
 }
 
 #[derive(Default)]
@@ -1110,7 +1240,24 @@ struct GroupState {
 struct Arrived {
     call: Call,
     blob: Bytes,
-    responder: Responder,
+    answer: Answer,
+}
+
+/// How a delivered chunk is answered once consumed (or the group broke): the QUIC request's
+/// response, or on the plaintext plane the sender's read credit given back.
+enum Answer {
+    Quic(Responder),
+    Plain(tokio::sync::OwnedSemaphorePermit),
+}
+
+impl Answer {
+    fn give(self, reply: Reply, header_max: u32) {
+        match self {
+            Answer::Quic(responder) => respond(responder, reply, header_max),
+            // The next chunk may be read; a sender learns of a failure from its `Abort`.
+            Answer::Plain(permit) => drop(permit),
+        }
+    }
 }
 
 impl Drop for Shared {
@@ -1156,8 +1303,9 @@ impl Shared {
     }
 
     /// Starts each link's sender (window-bounded) and its loss watcher; `conns` are the
-    /// peers' connections in rank order, this member left out.
-    fn start_links(&self, this: &Arc<Shared>, conns: Vec<Connection>) {
+    /// peers' connections in rank order, this member left out, each with its TCP stream on
+    /// the plaintext plane (then chunks go over it, and a reader takes the peer's).
+    fn start_links(&self, this: &Arc<Shared>, conns: Vec<(Connection, Option<TcpStream>)>) {
         let mut links = Vec::with_capacity(self.nodes.len());
         let mut tasks = Vec::new();
         let mut conns = conns.into_iter();
@@ -1166,15 +1314,37 @@ impl Shared {
                 links.push(None);
                 continue;
             }
-            let Some(conn) = conns.next() else { break };
+            let Some((conn, stream)) = conns.next() else {
+                break;
+            };
             let (tx, rx) = mpsc::unbounded_channel();
-            tasks.push(tokio::spawn(send_loop(
-                Arc::downgrade(this),
-                conn.clone(),
-                rx,
-                self.config.window.max(1),
-                self.unanswered.clone(),
-            )));
+            match stream {
+                Some(stream) => {
+                    let (reader, writer) = stream.into_split();
+                    let peer = self.nodes[rank].clone();
+                    tasks.push(tokio::spawn(super::plain::send_loop(
+                        Arc::downgrade(this),
+                        peer.clone(),
+                        writer,
+                        rx,
+                        self.unanswered.clone(),
+                    )));
+                    tasks.push(tokio::spawn(super::plain::read_loop(
+                        Arc::downgrade(this),
+                        rank,
+                        peer,
+                        reader,
+                        self.config.window.max(1),
+                    )));
+                }
+                None => tasks.push(tokio::spawn(send_loop(
+                    Arc::downgrade(this),
+                    conn.clone(),
+                    rx,
+                    self.config.window.max(1),
+                    self.unanswered.clone(),
+                ))),
+            }
             let weak = Arc::downgrade(this);
             let watched = conn.clone();
             tasks.push(tokio::spawn(async move {
@@ -1252,7 +1422,7 @@ impl Shared {
                 state.inbox.remove(&(from, seq, tag))
             };
             if let Some(arrived) = found {
-                respond(arrived.responder, Reply::Ack, self.header_max);
+                arrived.answer.give(Reply::Ack, self.header_max);
                 if arrived.blob.len() != bytes {
                     let err = CollectiveError::Link {
                         node: self.nodes[from].clone(),
@@ -1295,11 +1465,9 @@ impl Shared {
             state.inbox.drain().map(|(_, a)| a).collect()
         };
         for arrived in held {
-            respond(
-                arrived.responder,
-                Reply::Broken(err.clone()),
-                self.header_max,
-            );
+            arrived
+                .answer
+                .give(Reply::Broken(err.clone()), self.header_max);
         }
         self.arrived.notify_waiters();
         if propagate {
@@ -1365,21 +1533,36 @@ impl Shared {
                 self.header_max,
             );
         };
+        self.hold(from, seq, tag, call, blob, Answer::Quic(responder));
+    }
+
+    /// Takes a chunk of the plaintext plane from the member of rank `from`; `credit` is the
+    /// sender's read credit, given back when the chunk is consumed.
+    pub(crate) fn deliver_plain(
+        &self,
+        from: usize,
+        seq: u64,
+        tag: u64,
+        call: Call,
+        blob: Bytes,
+        credit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        self.hold(from, seq, tag, call, blob, Answer::Plain(credit));
+    }
+
+    /// Puts a delivered chunk in the inbox (answered at once if the group is broken).
+    fn hold(&self, from: usize, seq: u64, tag: u64, call: Call, blob: Bytes, answer: Answer) {
         let mut state = self.lock();
         if let Some(err) = &state.broken {
             let err = err.clone();
             drop(state);
-            return respond(responder, Reply::Broken(err), self.header_max);
+            return answer.give(Reply::Broken(err), self.header_max);
         }
-        let arrived = Arrived {
-            call,
-            blob,
-            responder,
-        };
+        let arrived = Arrived { call, blob, answer };
         if let Some(old) = state.inbox.insert((from, seq, tag), arrived) {
             drop(state);
             // A sender never sends one chunk twice; the newer copy stands.
-            respond(old.responder, Reply::Ack, self.header_max);
+            old.answer.give(Reply::Ack, self.header_max);
         } else {
             drop(state);
         }
@@ -1432,11 +1615,13 @@ impl Shared {
                     reason: "it stopped".into(),
                 },
                 Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
-                Ok(other @ (Reply::Joining | Reply::Entered { .. })) => CollectiveError::Link {
-                    node: peer.clone(),
-                    epoch: self.epoch,
-                    reason: format!("it answered a chunk with {other:?}"),
-                },
+                Ok(other @ (Reply::Joining | Reply::Entered { .. } | Reply::AckPlain { .. })) => {
+                    CollectiveError::Link {
+                        node: peer.clone(),
+                        epoch: self.epoch,
+                        reason: format!("it answered a chunk with {other:?}"),
+                    }
+                }
                 Err(e) => CollectiveError::Link {
                     node: peer.clone(),
                     epoch: self.epoch,

@@ -22,6 +22,7 @@ mod error;
 mod group;
 mod local;
 mod ops;
+mod plain;
 mod replica;
 mod span;
 mod wire;

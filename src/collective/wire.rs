@@ -2,14 +2,15 @@
 //! message below; blob 0: a tensor chunk as little-endian elements).
 //!
 //! ```text
-//!  Join  { epoch, members }              dialer -> acceptor, once per link and epoch
+//!  Join  { epoch, members, plaintext }   dialer -> acceptor, once per link and epoch
 //!  Data  { epoch, seq, tag, call } + blob   one chunk of the seq-th operation
 //!  Abort { epoch, error }                the first error a member saw, to every member
 //!  Probe { epoch }                       is the receiver alive? (re-forming with survivors)
 //!  Enter { addr }                        a starting process asks whether a group lives
 //!                                        (and, if one does, to be admitted to it)
 //!  Admit { epoch, members }              the live group's leader -> an admitted joiner
-//!  reply: Ack | Refused { current, detail } | Broken(error) | Joining
+//!  reply: Ack | AckPlain { port, token } (to Join, plaintext data plane)
+//!       | Refused { current, detail } | Broken(error) | Joining
 //!       | Entered { epoch, formed }      (to Enter)
 //! ```
 //!
@@ -32,6 +33,8 @@ pub(crate) enum Wire {
         epoch: u64,
         /// Its members, in rank order.
         members: Vec<NodeId>,
+        /// Whether the dialer's chunks go over the plaintext data plane (both ends must agree).
+        plaintext: bool,
     },
     /// One chunk of the `seq`-th operation of the group of `epoch`; blob 0 holds the chunk.
     Data {
@@ -88,6 +91,15 @@ pub(crate) enum Reply {
     },
     /// The receiver's group of this epoch already failed with this error.
     Broken(CollectiveError),
+    /// The acceptor's answer to a `Join` on the plaintext data plane: taken; connect to this
+    /// port of its address over TCP and say this token first (it binds the TCP link to this
+    /// peer and epoch: the token travels only over QUIC's mutual TLS).
+    AckPlain {
+        /// The acceptor's TCP listener port.
+        port: u16,
+        /// The link's one-time token.
+        token: u128,
+    },
     /// The answer to a probe from a process waiting to be admitted: it is no survivor of
     /// any group (survivors re-form without it, and admit it afterwards).
     Joining,
