@@ -323,12 +323,19 @@ fn two_workers_of_two_replicas_train_what_four_replicas_in_one_process_do() {
         "the loss falls: {:?}",
         single.losses
     );
-    for (name, tasks) in [
-        ("2x2", vec![("worker", 2), ("worker", 2)]),
-        ("chief", vec![("chief", 2), ("worker", 2)]),
-        ("1x4", vec![("worker", 4)]),
+    let plain_flags = [flags.as_slice(), &["--plaintext"]].concat();
+    for (name, tasks, flags) in [
+        ("2x2", vec![("worker", 2), ("worker", 2)], flags.as_slice()),
+        ("chief", vec![("chief", 2), ("worker", 2)], flags.as_slice()),
+        ("1x4", vec![("worker", 4)], flags.as_slice()),
+        // The same over the plaintext data plane (TCP): the same bits.
+        (
+            "2x2-tcp",
+            vec![("worker", 2), ("worker", 2)],
+            plain_flags.as_slice(),
+        ),
     ] {
-        let mut cluster = Cluster::start(name, &tasks, &flags);
+        let mut cluster = Cluster::start(name, &tasks, flags);
         let workers = tasks.len().to_string();
         for i in 0..tasks.len() {
             let formed = cluster.wait_for(i, "formed");
@@ -461,7 +468,15 @@ fn application_error_case(name: &str, extra: &[&str]) {
 /// the survivors must re-form, finish, hold the same bits, and match a one-process replay
 /// with the global batch shrunk at the step they agreed on.
 fn elastic_case(name: &str, workers: usize, replicas: usize, kill: &[usize]) {
-    elastic_case_with(name, workers, replicas, kill, Duration::ZERO, Loss::Kill);
+    elastic_case_with(
+        name,
+        workers,
+        replicas,
+        kill,
+        Duration::ZERO,
+        Loss::Kill,
+        &[],
+    );
 }
 
 /// How the workers of an elastic case are lost.
@@ -484,6 +499,7 @@ fn elastic_case_with(
     kill: &[usize],
     apart: Duration,
     how: Loss,
+    extra: &[&str],
 ) {
     const STEPS: usize = 30;
     let per_replica = 2;
@@ -502,6 +518,7 @@ fn elastic_case_with(
         "--form-timeout-ms",
         "5000",
     ];
+    let flags = [flags.as_slice(), extra].concat();
     let tasks = vec![("worker", replicas); workers];
     let mut cluster = Cluster::start_with(name, &tasks, &flags, how == Loss::Partition);
     for i in 0..workers {
@@ -1031,6 +1048,21 @@ fn a_second_worker_lost_while_the_survivors_re_form_is_left_out_too() {
         &[3, 2],
         Duration::from_millis(1200),
         Loss::Kill,
+        &[],
+    );
+}
+
+#[test]
+fn survivors_of_a_killed_worker_re_form_over_the_plaintext_plane() {
+    // The killed worker's TCP links end with its process: the survivors learn it from them.
+    elastic_case_with(
+        "elastic-tcp",
+        3,
+        1,
+        &[1],
+        Duration::ZERO,
+        Loss::Kill,
+        &["--plaintext"],
     );
 }
 
@@ -1043,12 +1075,12 @@ fn of_two_workers_worker_0_trains_on_alone_when_worker_1_is_killed() {
 #[test]
 fn a_worker_cut_off_from_the_other_two_stops_while_they_re_form_and_finish() {
     // Worker 0, the lowest rank, alone against two: the majority goes on without it.
-    elastic_case_with("cut3", 3, 1, &[0], Duration::ZERO, Loss::Partition);
+    elastic_case_with("cut3", 3, 1, &[0], Duration::ZERO, Loss::Partition, &[]);
 }
 
 #[test]
 fn of_two_workers_split_by_a_partition_worker_0_goes_on_and_worker_1_stops() {
-    elastic_case_with("cut2", 2, 1, &[1], Duration::ZERO, Loss::Partition);
+    elastic_case_with("cut2", 2, 1, &[1], Duration::ZERO, Loss::Partition, &[]);
 }
 
 #[test]

@@ -37,11 +37,13 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| CliError::Failed(format!("{}: {e}", dir.display())))?;
     let mut rows = Vec::new();
-    for (workers, tensorflow) in RUNS {
-        let result = run_workers(&dir, workers, steps, warmup);
-        let rate = result?;
-        println!("{workers} workers: {rate:.1} steps/s");
-        rows.push((workers, rate, tensorflow));
+    for plaintext in [false, true] {
+        for (workers, tensorflow) in RUNS {
+            let rate = run_workers(&dir, workers, steps, warmup, plaintext)?;
+            let plane = if plaintext { "plaintext (TCP)" } else { "QUIC" };
+            println!("{workers} workers over {plane}: {rate:.1} steps/s");
+            rows.push((workers, plane, rate, tensorflow));
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
@@ -56,12 +58,12 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
     println!(
-        "{:<8} {:>12} {:>12} {:>8} {:>8}",
-        "workers", "steps/s", "TF steps/s", "ratio", "target"
+        "{:<8} {:<16} {:>12} {:>12} {:>8} {:>8}",
+        "workers", "data plane", "steps/s", "TF steps/s", "ratio", "target"
     );
-    for (workers, rate, tensorflow) in rows {
+    for (workers, plane, rate, tensorflow) in rows {
         println!(
-            "{workers:<8} {rate:>12.1} {tensorflow:>12.1} {:>8.2} {:>8.2}",
+            "{workers:<8} {plane:<16} {rate:>12.1} {tensorflow:>12.1} {:>8.2} {:>8.2}",
             rate / tensorflow,
             TARGET_RATIO
         );
@@ -70,9 +72,15 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
 }
 
 /// One run of `workers` processes: its rate in steps per second.
-fn run_workers(dir: &Path, workers: usize, steps: usize, warmup: usize) -> Result<f64, CliError> {
+fn run_workers(
+    dir: &Path,
+    workers: usize,
+    steps: usize,
+    warmup: usize,
+    plaintext: bool,
+) -> Result<f64, CliError> {
     let failed = |what: String| CliError::Failed(format!("bench mwms, {workers} workers: {what}"));
-    let certs = dir.join(format!("certs-{workers}"));
+    let certs = dir.join(format!("certs-{workers}-{plaintext}"));
     std::fs::create_dir_all(&certs).map_err(|e| failed(format!("{}: {e}", certs.display())))?;
     let ca = ClusterCa::generate("bench-mwms").map_err(|e| failed(e.to_string()))?;
     let mut addrs = Vec::new();
@@ -106,6 +114,7 @@ fn run_workers(dir: &Path, workers: usize, steps: usize, warmup: usize) -> Resul
             format!(r#"{{"cluster": {cluster}, "task": {{"type": "worker", "index": {index}}}}}"#);
         let spawned = Command::new(&exe)
             .arg("mwms-member")
+            .args(plaintext.then_some("--plaintext"))
             .arg("--certs")
             .arg(&certs)
             .args(["--bench-batch", &BATCH_PER_WORKER.to_string()])

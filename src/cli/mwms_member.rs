@@ -78,6 +78,9 @@ pub(crate) struct MwmsArgs {
     /// and step (then `--steps` is the number of timed steps).
     #[arg(long)]
     bench_batch: Option<usize>,
+    /// Chunks over the plaintext data plane (TCP set up over QUIC) instead of QUIC.
+    #[arg(long)]
+    plaintext: bool,
     /// Untimed steps before the timed ones (`--bench-batch`).
     #[arg(long, default_value_t = 10)]
     bench_warmup: usize,
@@ -103,6 +106,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     config.transport.keep_alive_interval = idle / 4;
     config.group = GroupConfig {
         form_timeout: Duration::from_millis(args.form_timeout_ms.max(1)),
+        plaintext: args.plaintext,
         ..GroupConfig::default()
     };
     config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
