@@ -141,6 +141,27 @@ fn bench_runs_or_says_skipped_without_a_gpu() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The bootstrap, without a GPU (this process needs libnccl on LD_LIBRARY_PATH).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_gets_rank_0s_id_over_the_group() {
+    if let Err(e) = nccl_version() {
+        eprintln!("SKIPPED every_member_gets_rank_0s_id_over_the_group: {e}");
+        return;
+    }
+    let (_endpoints, groups) = group(3).await;
+    let ids = bounded("id exchange", join_all(groups.iter().map(NcclId::exchange))).await;
+    let ids: Vec<NcclId> = ids.into_iter().map(Result::unwrap).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    // A second exchange makes a new id.
+    let again = bounded("second exchange", NcclId::exchange(&groups[0]));
+    let others = join_all(groups[1..].iter().map(NcclId::exchange));
+    let (again, others) = futures::future::join(again, others).await;
+    assert_ne!(again.unwrap(), ids[0]);
+    assert!(others.into_iter().all(|o| o.is_ok()));
+}
+
+// ---------------------------------------------------------------------------------------
 // With a GPU.
 
 /// The number of GPUs, or None after saying why the test is skipped.

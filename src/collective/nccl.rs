@@ -401,6 +401,14 @@ fn context(ordinal: usize) -> Result<Arc<CudaContext>, NcclError> {
 #[derive(Clone, Copy)]
 pub struct NcclId(ncclUniqueId);
 
+impl PartialEq for NcclId {
+    fn eq(&self, other: &NcclId) -> bool {
+        self.0.internal == other.0.internal
+    }
+}
+
+impl Eq for NcclId {}
+
 impl std::fmt::Debug for NcclId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("NcclId(..)")
@@ -513,14 +521,18 @@ impl Shared {
     }
 
     /// Aborts the communicator (`ncclCommAbort`: pending work on it ends) and keeps `reason`
-    /// for every later call; the first reason wins.
+    /// for every later call; the first reason wins. Every call after this one is refused at
+    /// once: the abort itself runs on a thread of its own (it joins NCCL's threads, which may
+    /// take a while), never under the lock and never on the caller's thread.
     fn abort(&self, reason: String) -> NcclError {
-        let mut state = self.lock();
-        if let Some(comm) = state.comm.take() {
-            // SAFETY: the comm is live (taken out of the state under the lock, once).
-            unsafe { (self.api.comm_abort)(comm.0) };
+        let (comm, reason) = {
+            let mut state = self.lock();
+            let comm = state.comm.take();
+            (comm, state.aborted.get_or_insert(reason).clone())
+        };
+        if let Some(comm) = comm {
+            abort_in_background(self.api, comm);
         }
-        let reason = state.aborted.get_or_insert(reason).clone();
         self.aborted(reason)
     }
 
@@ -579,9 +591,27 @@ impl Drop for Shared {
         // Abort rather than finalize: finalizing waits for the peers, which may be gone.
         let comm = self.lock().comm.take();
         if let Some(comm) = comm {
-            // SAFETY: the last owner of a live comm.
-            unsafe { (self.api.comm_abort)(comm.0) };
+            abort_in_background(self.api, comm);
         }
+    }
+}
+
+/// `ncclCommAbort` on a thread of its own (the comm was taken out of its state: nothing else
+/// uses it any more).
+fn abort_in_background(api: &'static Api, comm: RawComm) {
+    let abort = move || {
+        let comm = comm;
+        // SAFETY: a live comm, owned by this thread alone.
+        let rc = unsafe { (api.comm_abort)(comm.0) };
+        if rc != NCCL_SUCCESS {
+            tracing::warn!("ncclCommAbort returned {rc}");
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("nccl-abort".into())
+        .spawn(abort)
+    {
+        tracing::warn!("NCCL abort thread not started, the communicator leaks: {e}");
     }
 }
 
