@@ -53,9 +53,10 @@ pub fn run(command: NcclCommand) -> Result<(), CliError> {
     }
 }
 
-/// Runs `cohort bench nccl`: the NCCL all-reduce (f32, SUM) over every visible GPU of this
-/// process (one rank per GPU), at 1, 16 and 64 MiB, with nccl-tests' definitions: algbw =
-/// bytes / time, busbw = algbw * 2(n-1)/n (0 with one GPU: nothing crosses a link).
+/// Runs `cohort bench nccl`: the NCCL all-reduce (f32, SUM, out of place) over every visible
+/// GPU of this process (one rank per GPU), at 1, 16 and 64 MiB, with nccl-tests' definitions:
+/// algbw = bytes / time, busbw = algbw * 2(n-1)/n (0 with one GPU: nothing crosses a link);
+/// then the same sizes as host tensors through the GPU and back.
 #[cfg(feature = "nccl")]
 pub fn bench() -> Result<(), CliError> {
     use std::time::{Duration, Instant};
@@ -94,22 +95,24 @@ pub fn bench() -> Result<(), CliError> {
         "{:>5} {:>8} {:>10} {:>12} {:>12}",
         "ranks", "size", "time us", "algbw GB/s", "busbw GB/s"
     );
+    let alloc = |stream: &std::sync::Arc<cudarc::driver::CudaStream>, elements: usize| {
+        stream
+            .alloc_zeros::<f32>(elements)
+            .map_err(|e| failed(&format!("device memory: {e:?}")))
+    };
     for mib in SIZES_MIB {
         let elements = mib * (1 << 20) / 4;
-        let mut bufs = Vec::with_capacity(n);
+        let (mut send, mut recv) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for stream in local.streams() {
-            bufs.push(
-                stream
-                    .alloc_zeros::<f32>(elements)
-                    .map_err(|e| failed(&format!("{e:?}")))?,
-            );
+            send.push(alloc(&stream, elements)?);
+            recv.push(alloc(&stream, elements)?);
         }
         runtime
-            .block_on(local.all_reduce_device(Reduction::Sum, &mut bufs, WARMUP))
+            .block_on(local.all_reduce_device(Reduction::Sum, &send, &mut recv, WARMUP))
             .map_err(|e| failed(&e))?;
         let started = Instant::now();
         runtime
-            .block_on(local.all_reduce_device(Reduction::Sum, &mut bufs, ITERATIONS))
+            .block_on(local.all_reduce_device(Reduction::Sum, &send, &mut recv, ITERATIONS))
             .map_err(|e| failed(&e))?;
         let seconds = started.elapsed().as_secs_f64() / ITERATIONS as f64;
         let algbw = (mib << 20) as f64 / seconds / 1e9;
@@ -118,6 +121,39 @@ pub fn bench() -> Result<(), CliError> {
             "{n:>5} {:>8} {:>10.1} {algbw:>12.2} {busbw:>12.2}",
             format!("{mib} MiB"),
             seconds * 1e6
+        );
+    }
+    // What a parameter-server push pays: host tensors in, through the GPU, back to the host.
+    println!(
+        "\nhost tensors through the GPU and back (NcclLocal::all_reduce: copy in, all-reduce, \
+         copy out; pageable host memory):"
+    );
+    println!(
+        "{:>5} {:>8} {:>10} {:>14}",
+        "ranks", "size", "time ms", "size/time GB/s"
+    );
+    for mib in SIZES_MIB {
+        let elements = mib * (1 << 20) / 4;
+        let tensor =
+            candle_core::Tensor::ones(elements, candle_core::DType::F32, &candle_core::Device::Cpu)
+                .map_err(|e| failed(&e))?;
+        let replicas = vec![vec![tensor]; n];
+        let bucket = (mib << 20).max(1);
+        runtime
+            .block_on(local.all_reduce(Reduction::Sum, &replicas, bucket))
+            .map_err(|e| failed(&e))?;
+        let started = Instant::now();
+        for _ in 0..HOST_ITERATIONS {
+            runtime
+                .block_on(local.all_reduce(Reduction::Sum, &replicas, bucket))
+                .map_err(|e| failed(&e))?;
+        }
+        let seconds = started.elapsed().as_secs_f64() / HOST_ITERATIONS as f64;
+        println!(
+            "{n:>5} {:>8} {:>10.2} {:>14.2}",
+            format!("{mib} MiB"),
+            seconds * 1e3,
+            (mib << 20) as f64 / seconds / 1e9
         );
     }
     Ok(())
@@ -130,3 +166,6 @@ const WARMUP: usize = 5;
 /// All-reduces timed per size, enqueued back to back and waited for once (as nccl-tests).
 #[cfg(feature = "nccl")]
 const ITERATIONS: usize = 50;
+/// Host round trips timed per size.
+#[cfg(feature = "nccl")]
+const HOST_ITERATIONS: usize = 5;

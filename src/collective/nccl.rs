@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 
 use super::{plan_buckets, CollectiveError, Element, ProcessGroup, Reduction};
@@ -655,21 +655,29 @@ impl Rank {
     fn enqueue<T: NcclElement>(
         &self,
         op: Reduction,
-        buf: &mut CudaSlice<T>,
+        send: Option<&CudaSlice<T>>,
+        recv: &mut CudaSlice<T>,
     ) -> Result<(), NcclError> {
         self.bind()?;
-        let len = buf.len();
+        let len = recv.len();
+        if send.is_some_and(|s| s.len() != len) {
+            return Err(NcclError::InvalidArgument(
+                "send and receive buffers differ in length".into(),
+            ));
+        }
         let stream = self.stream.cu_stream() as *mut c_void;
-        let (ptr, _written) = buf.device_ptr_mut(&self.stream);
-        let ptr = ptr as *mut c_void;
+        let (src, _read) = send.map(|s| s.device_ptr(&self.stream)).unzip();
+        let (dst, _written) = recv.device_ptr_mut(&self.stream);
+        let dst = dst as *mut c_void;
+        let src = src.map_or(dst as *const c_void, |p| p as *const c_void);
         self.shared.call("ncclAllReduce", |api, comm| {
-            // SAFETY: `ptr` holds `len` elements of T on this rank's device, alive until the
-            // stream's work is waited for (the caller's buffer outlives the wait); the stream
-            // belongs to the comm's device.
+            // SAFETY: `src` and `dst` hold `len` elements of T on this rank's device, alive
+            // until the stream's work is waited for (the caller's buffers outlive the wait);
+            // the stream belongs to the comm's device.
             unsafe {
                 (api.all_reduce)(
-                    ptr,
-                    ptr,
+                    src,
+                    dst,
                     len,
                     T::NCCL_DTYPE as c_int,
                     nccl_op(op) as c_int,
@@ -856,7 +864,7 @@ async fn reduce_bucket<T: NcclElement>(
     }
     let mut enqueued = Ok(());
     for (rank, buf) in ranks.iter().zip(bufs.iter_mut()) {
-        enqueued = enqueued.and_then(|()| rank.enqueue(op, buf));
+        enqueued = enqueued.and_then(|()| rank.enqueue(op, None, buf));
     }
     if grouped {
         // SAFETY: closes the group opened above.
@@ -1099,7 +1107,7 @@ impl NcclComm {
         buf: &mut CudaSlice<f32>,
     ) -> Result<(), NcclError> {
         self.refuse_if_broken()?;
-        self.rank.enqueue(op, buf)?;
+        self.rank.enqueue(op, None, buf)?;
         let live = self.live();
         wait_all(&[&self.rank], "all-reduce", self.timeout, &live).await
     }
@@ -1232,19 +1240,21 @@ impl NcclLocal {
         .await
     }
 
-    /// Enqueues `repeat` in-place all-reduces of every rank's device buffer (`bufs[r]` on
-    /// rank `r`'s stream), one NCCL group each, and waits for them all once (what a benchmark
-    /// times).
+    /// Enqueues `repeat` out-of-place all-reduces of every rank's device buffers (`send[r]`
+    /// into `recv[r]`, on rank `r`'s stream), one NCCL group each, and waits for them all once
+    /// (what a benchmark times).
     pub async fn all_reduce_device(
         &self,
         op: Reduction,
-        bufs: &mut [CudaSlice<f32>],
+        send: &[CudaSlice<f32>],
+        recv: &mut [CudaSlice<f32>],
         repeat: usize,
     ) -> Result<(), NcclError> {
-        if bufs.len() != self.ranks.len() {
+        if send.len() != self.ranks.len() || recv.len() != self.ranks.len() {
             return Err(NcclError::InvalidArgument(format!(
-                "{} buffers for {} GPUs",
-                bufs.len(),
+                "{} send and {} receive buffers for {} GPUs",
+                send.len(),
+                recv.len(),
                 self.ranks.len()
             )));
         }
@@ -1253,8 +1263,8 @@ impl NcclLocal {
             // SAFETY: no arguments; paired with the group end below.
             unsafe { (api.group_start)() };
             let mut enqueued = Ok(());
-            for (rank, buf) in self.ranks.iter().zip(bufs.iter_mut()) {
-                enqueued = enqueued.and_then(|()| rank.enqueue(op, buf));
+            for ((rank, s), r) in self.ranks.iter().zip(send).zip(recv.iter_mut()) {
+                enqueued = enqueued.and_then(|()| rank.enqueue(op, Some(s), r));
             }
             // SAFETY: closes the group opened above.
             let rc = unsafe { (api.group_end)() };
