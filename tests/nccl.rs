@@ -477,7 +477,7 @@ async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communic
     assert_matches(
         &out,
         &x,
-        &reference(&[x.clone()], Reduction::Max),
+        &reference(std::slice::from_ref(&x), Reduction::Max),
         "epoch 2",
     );
     // The old communicator still refuses.

@@ -84,7 +84,7 @@ pub fn bench() -> Result<(), CliError> {
         .map_err(|e| failed(&e))?;
     let n = devices.len();
     println!(
-        "\ncohort bench nccl: f32 all-reduce (SUM, in place) with NCCL {version}, {n} rank(s), \
+        "\ncohort bench nccl: f32 all-reduce (SUM, out of place) with NCCL {version}, {n} rank(s), \
          one per GPU in this process: {}",
         gpus.iter()
             .map(|g| format!("{}: {}", g.ordinal, g.name))
