@@ -1148,7 +1148,9 @@ fn watch(group: ProcessGroup, shared: Weak<Shared>) {
 // ---------------------------------------------------------------------------------------
 // Within one process.
 
-/// The replicas of one process on its GPUs, one rank per GPU (`ncclCommInitAll`).
+/// The replicas of one process on its GPUs, one rank per GPU (`ncclCommInitAll`). It has no
+/// process group and no epoch: its errors name epoch 0, and nothing but a failed call or a
+/// timeout aborts it.
 pub struct NcclLocal {
     ranks: Vec<Rank>,
     timeout: Duration,
