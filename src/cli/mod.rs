@@ -11,6 +11,7 @@ mod chaos;
 mod ckpt;
 mod collective_member;
 mod mwms_member;
+mod nccl;
 
 use std::process::ExitCode;
 
@@ -64,7 +65,9 @@ enum Command {
     /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's; `bench
     /// allreduce` prints the process group's all-reduce algbw and busbw (2 and 4 members, 1, 16
     /// and 64 MiB) beside the bare QUIC ceiling; `bench mwms` prints MultiWorkerMirrored's
-    /// steps/s on the MLP 784-256-256-10 with 2 and 3 worker processes beside TensorFlow's.
+    /// steps/s on the MLP 784-256-256-10 with 2 and 3 worker processes beside TensorFlow's;
+    /// `bench nccl` (feature `nccl`) prints the NCCL all-reduce's algbw and busbw on the
+    /// visible GPUs (1, 16 and 64 MiB), or "skipped: no GPU".
     Bench(BenchArgs),
     /// Chaos testing: `chaos sim` runs the deterministic cluster simulator (the coordinator
     /// and parameter-server machines under simulated faults) over many seeds and checks
@@ -77,6 +80,10 @@ enum Command {
     /// safetensors file. Text by default, --json for machines.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
+    /// NCCL (builds with the feature `nccl`): `nccl info` prints the NCCL version this process
+    /// loads and the GPUs it sees.
+    #[command(subcommand)]
+    Nccl(nccl::NcclCommand),
     /// One member of a collective process group (used by the collective fault tests).
     #[command(hide = true)]
     CollectiveMember(collective_member::MemberArgs),
@@ -216,7 +223,8 @@ fn scale(args: &ScaleArgs) -> Result<(), CliError> {
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
     /// What to benchmark: `ps` (throughput), `recovery` (what each failure costs),
-    /// `allreduce` (the process group's collectives) or `mwms` (MultiWorkerMirrored training).
+    /// `allreduce` (the process group's collectives), `mwms` (MultiWorkerMirrored training) or
+    /// `nccl` (the NCCL all-reduce on this machine's GPUs).
     target: String,
     /// Timed steps per workload (after warm-up).
     #[arg(long, default_value_t = 1000)]
@@ -364,6 +372,8 @@ pub fn run() -> ExitCode {
         }
         Command::Bench(args) if args.target == "allreduce" => bench_allreduce::run(),
         Command::Bench(args) if args.target == "mwms" => bench_mwms::run(args.steps, args.warmup),
+        Command::Bench(args) if args.target == "nccl" => nccl::bench(),
+        Command::Nccl(command) => nccl::run(command),
         Command::CollectiveMember(args) => match collective_member::run(args) {
             Ok(code) => return ExitCode::from(code),
             Err(err) => Err(err),

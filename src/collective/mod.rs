@@ -10,8 +10,10 @@
 //! membership epoch on every message (EPOCH-1), typed errors for a lost member, members that
 //! disagree or a member's failed step ([`CollectiveError`]), and the probes by which the
 //! survivors of a lost member agree on whom to re-form with. A [`ProcessSpan`] joins the two:
-//! a local group whose rounds go on across processes (MultiWorkerMirrored). NCCL (feature
-//! `nccl`) comes later beside them.
+//! a local group whose rounds go on across processes (MultiWorkerMirrored). With the feature
+//! `nccl`, [`NcclComm`] all-reduces on the GPUs: one communicator per epoch of a process group,
+//! bootstrapped over it and aborted when it breaks; [`NcclLocal`] does it for the GPUs of one
+//! process.
 //!
 //! It also owns the calling thread's replica ([`CurrentReplica`]): which member of which group
 //! the thread is while a strategy runs a replica function on it. The strategies present it as
@@ -21,6 +23,8 @@ mod element;
 mod error;
 mod group;
 mod local;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod ops;
 mod plain;
 mod replica;
@@ -31,6 +35,10 @@ pub use element::{Element, Reduction};
 pub use error::CollectiveError;
 pub use group::{Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ENTER_REPEAT, PENDING_FRESH};
 pub use local::{LocalGroup, LocalMember};
+#[cfg(feature = "nccl")]
+pub use nccl::{
+    nccl_version, visible_gpus, Gpu, NcclComm, NcclError, NcclId, NcclLocal, NcclVersion,
+};
 pub use ops::plan_buckets;
 pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};
 pub use span::ProcessSpan;

@@ -1,0 +1,530 @@
+//! NCCL inside a worker (feature `nccl`).
+//!
+//! Without a GPU: the `cohort nccl info` binary loads libnccl from the `nvidia-nccl-cu12`/`-cu13`
+//! Python wheel (LD_LIBRARY_PATH at its lib directory) and prints a real 2.x.y version; with no
+//! library on the path it fails with an error naming the library; `cohort bench nccl` says
+//! "skipped: no GPU". SKIPPED when the wheel is not installed (CI installs it).
+//!
+//! With a GPU (found at run time; else each test prints "skipped: no GPU"; this process needs
+//! libnccl on LD_LIBRARY_PATH): communicators bootstrapped over a real process group on
+//! 127.0.0.1 (1 rank, and 2 when there are 2 GPUs), all-reduce against a reference for every
+//! reduction, sizes that do not divide evenly, zero length and several buckets; the replicas
+//! of one process on every GPU; a broken group aborting a pending init, a pending all-reduce
+//! (2 GPUs) and the next call, and a new epoch needing a new communicator.
+#![cfg(feature = "nccl")]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
+use cohort::collective::{
+    nccl_version, visible_gpus, GroupConfig, GroupMember, Mesh, NcclComm, NcclError, NcclId,
+    NcclLocal, ProcessGroup, Reduction,
+};
+use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
+use futures::future::join_all;
+
+/// Bound on any one scenario: a hang fails the test instead of stalling it.
+const SCENARIO_MAX: Duration = Duration::from_secs(120);
+/// The communicators' bound on every wait.
+const NCCL_TIMEOUT: Duration = Duration::from_secs(60);
+const ALL_OPS: [Reduction; 4] = [
+    Reduction::Sum,
+    Reduction::Mean,
+    Reduction::Max,
+    Reduction::Min,
+];
+
+// ---------------------------------------------------------------------------------------
+// Loading, without a GPU.
+
+/// The lib directory of the installed nvidia-nccl wheel, or None (with why).
+fn wheel_lib_dir() -> Result<PathBuf, String> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia.nccl as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))",
+        ])
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if dir.join("libnccl.so.2").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!("{} has no libnccl.so.2", dir.display()))
+    }
+}
+
+fn cohort(args: &[&str], ld_library_path: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", ld_library_path)
+        .output()
+        .expect("run the cohort binary")
+}
+
+#[test]
+fn info_loads_nccl_from_the_python_wheel_without_a_gpu() {
+    let dir = match wheel_lib_dir() {
+        Ok(dir) => dir,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED info_loads_nccl_from_the_python_wheel_without_a_gpu: the nvidia-nccl \
+                 wheel is not installed (pip install nvidia-nccl-cu12): {why}"
+            );
+            return;
+        }
+    };
+    let out = cohort(&["nccl", "info"], &dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "nccl info failed: {stdout}\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("NCCL "))
+        .unwrap_or_else(|| panic!("no version line in: {stdout}"));
+    let version = line.split_whitespace().nth(1).unwrap();
+    let parts: Vec<u32> = version
+        .split('.')
+        .map(|p| p.parse().unwrap_or_else(|_| panic!("version {version:?}")))
+        .collect();
+    assert_eq!(parts.len(), 3, "version {version:?}");
+    assert_eq!(parts[0], 2, "NCCL major version in {line:?}");
+    assert!(parts[1] >= 10, "an NCCL older than 2.10 in {line:?}");
+    assert!(line.contains("libnccl.so.2"), "{line:?}");
+    assert!(stdout.contains("GPUs: "), "{stdout}");
+}
+
+#[test]
+fn info_without_the_library_names_it() {
+    let empty = std::env::temp_dir().join(format!("cohort-nccl-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = cohort(&["nccl", "info"], &empty);
+    let _ = std::fs::remove_dir(&empty);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        eprintln!(
+            "SKIPPED info_without_the_library_names_it: this machine has libnccl installed \
+             outside LD_LIBRARY_PATH"
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot load libnccl.so.2"), "{stderr}");
+    assert!(stderr.contains("LD_LIBRARY_PATH"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bench_runs_or_says_skipped_without_a_gpu() {
+    let Ok(dir) = wheel_lib_dir() else {
+        eprintln!("SKIPPED bench_runs_or_says_skipped_without_a_gpu: no nvidia-nccl wheel");
+        return;
+    };
+    let out = cohort(&["bench", "nccl"], &dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench nccl failed: {stdout}\n{stderr}"
+    );
+    if stdout.contains("skipped: no GPU") {
+        return;
+    }
+    for size in ["1 MiB", "16 MiB", "64 MiB"] {
+        assert!(stdout.contains(size), "no {size} row in: {stdout}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The bootstrap, without a GPU (this process needs libnccl on LD_LIBRARY_PATH).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_gets_rank_0s_id_over_the_group() {
+    if let Err(e) = nccl_version() {
+        eprintln!("SKIPPED every_member_gets_rank_0s_id_over_the_group: {e}");
+        return;
+    }
+    let (_endpoints, groups) = group(3).await;
+    let ids = bounded("id exchange", join_all(groups.iter().map(NcclId::exchange))).await;
+    let ids: Vec<NcclId> = ids.into_iter().map(Result::unwrap).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    // A second exchange makes a new id.
+    let again = bounded("second exchange", NcclId::exchange(&groups[0]));
+    let others = join_all(groups[1..].iter().map(NcclId::exchange));
+    let (again, others) = futures::future::join(again, others).await;
+    assert_ne!(again.unwrap(), ids[0]);
+    assert!(others.into_iter().all(|o| o.is_ok()));
+}
+
+// ---------------------------------------------------------------------------------------
+// With a GPU.
+
+/// The number of GPUs, or None after saying why the test is skipped.
+fn gpus(test: &str) -> Option<usize> {
+    match visible_gpus() {
+        Ok(g) if !g.is_empty() => {}
+        Ok(_) => {
+            eprintln!("{test}: skipped: no GPU");
+            return None;
+        }
+        Err(e) => {
+            eprintln!("{test}: skipped: no GPU ({e})");
+            return None;
+        }
+    }
+    if let Err(e) = nccl_version() {
+        eprintln!("{test}: skipped: {e}");
+        return None;
+    }
+    visible_gpus().ok().map(|g| g.len())
+}
+
+/// `n` members on their own endpoints, formed at epoch 1.
+async fn group(n: u32) -> (Vec<Endpoint>, Vec<ProcessGroup>) {
+    let ca = ClusterCa::generate("nccl-test").unwrap();
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 0..n {
+        let node = NodeId::new("worker", i);
+        let endpoint = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            ca.issue(&node).unwrap(),
+            TransportConfig::for_tests(),
+        )
+        .unwrap();
+        let mesh = Mesh::new(endpoint.clone(), GroupConfig::for_tests());
+        members.push(GroupMember {
+            node,
+            addr: mesh.local_addr().unwrap(),
+        });
+        meshes.push(mesh);
+        endpoints.push(endpoint);
+    }
+    let groups = join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
+    (endpoints, groups.into_iter().map(Result::unwrap).collect())
+}
+
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(SCENARIO_MAX, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {SCENARIO_MAX:?}"))
+}
+
+/// Rank `rank`'s gradients: f32 tensors of lengths that do not divide evenly, a zero-length
+/// one, a matrix, and an f64 one; values with fractional bits.
+fn gradients(rank: usize) -> Vec<Tensor> {
+    let value = |i: usize, salt: usize| {
+        let h = ((i * 2654435761) ^ ((rank + 1) * 40503) ^ salt) % 1000;
+        (h as f64 - 500.0) / 64.0 + rank as f64 * 0.25
+    };
+    let f32s = |len: usize, salt: usize| {
+        let v: Vec<f32> = (0..len).map(|i| value(i, salt) as f32).collect();
+        Tensor::from_vec(v, len, &Device::Cpu).unwrap()
+    };
+    let matrix: Vec<f32> = (0..3 * 7).map(|i| value(i, 9) as f32).collect();
+    let f64s: Vec<f64> = (0..1001).map(|i| value(i, 11)).collect();
+    vec![
+        f32s(7, 1),
+        f32s(0, 2),
+        f32s(100_003, 3),
+        Tensor::from_vec(matrix, (3, 7), &Device::Cpu).unwrap(),
+        f32s(1, 4),
+        Tensor::from_vec(f64s, 1001, &Device::Cpu).unwrap(),
+    ]
+}
+
+/// The reduction of every rank's tensors, in f64.
+fn reference(inputs: &[Vec<Tensor>], op: Reduction) -> Vec<Vec<f64>> {
+    (0..inputs[0].len())
+        .map(|t| {
+            let columns: Vec<Vec<f64>> = inputs
+                .iter()
+                .map(|r| {
+                    r[t].flatten_all()
+                        .unwrap()
+                        .to_dtype(DType::F64)
+                        .unwrap()
+                        .to_vec1::<f64>()
+                        .unwrap()
+                })
+                .collect();
+            (0..columns[0].len())
+                .map(|i| {
+                    let xs = columns.iter().map(|c| c[i]);
+                    match op {
+                        Reduction::Sum => xs.sum(),
+                        Reduction::Mean => xs.sum::<f64>() / inputs.len() as f64,
+                        Reduction::Max => xs.fold(f64::MIN, f64::max),
+                        Reduction::Min => xs.fold(f64::MAX, f64::min),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn assert_matches(got: &[Tensor], like: &[Tensor], want: &[Vec<f64>], what: &str) {
+    assert_eq!(got.len(), like.len(), "{what}: tensor count");
+    for (t, ((g, l), w)) in got.iter().zip(like).zip(want).enumerate() {
+        assert_eq!(g.dims(), l.dims(), "{what}: tensor {t} shape");
+        assert_eq!(g.dtype(), l.dtype(), "{what}: tensor {t} dtype");
+        let g = g
+            .flatten_all()
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{what}: tensor {t} element {i}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// Small buckets, so that the gradients span several.
+const BUCKET_BYTES: usize = 64 << 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn communicators_over_a_process_group_all_reduce_like_the_reference() {
+    let Some(n_gpus) = gpus("communicators_over_a_process_group_all_reduce_like_the_reference")
+    else {
+        return;
+    };
+    for n in [1usize, 2] {
+        if n > n_gpus {
+            eprintln!("{n} ranks: skipped: needs {n} GPUs, this machine has {n_gpus}");
+            continue;
+        }
+        let (_endpoints, groups) = group(n as u32).await;
+        let comms = bounded(
+            "communicator init",
+            join_all(
+                groups
+                    .iter()
+                    .enumerate()
+                    .map(|(r, g)| NcclComm::new(g, r, NCCL_TIMEOUT)),
+            ),
+        )
+        .await;
+        let comms: Vec<NcclComm> = comms.into_iter().map(Result::unwrap).collect();
+        for (r, c) in comms.iter().enumerate() {
+            assert_eq!((c.rank(), c.size(), c.epoch(), c.device()), (r, n, 1, r));
+        }
+        let inputs: Vec<Vec<Tensor>> = (0..n).map(gradients).collect();
+        for op in ALL_OPS {
+            let want = reference(&inputs, op);
+            let outs = bounded(
+                "all-reduce",
+                join_all(
+                    comms
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(c, x)| c.all_reduce(op, x, BUCKET_BYTES)),
+                ),
+            )
+            .await;
+            for (r, out) in outs.into_iter().enumerate() {
+                let out = out.unwrap();
+                assert_matches(
+                    &out,
+                    &inputs[r],
+                    &want,
+                    &format!("{n} ranks, {op}, rank {r}"),
+                );
+            }
+        }
+        // Every tensor zero-length: nothing moves, shapes come back.
+        let empty = vec![Tensor::zeros(0, DType::F32, &Device::Cpu).unwrap()];
+        let outs = bounded(
+            "empty all-reduce",
+            join_all(
+                comms
+                    .iter()
+                    .map(|c| c.all_reduce(Reduction::Sum, &empty, BUCKET_BYTES)),
+            ),
+        )
+        .await;
+        for out in outs {
+            assert_eq!(out.unwrap()[0].dims(), &[0]);
+        }
+        // Integers are refused with a typed error, before anything is sent.
+        let ints = vec![Tensor::zeros(4, DType::U32, &Device::Cpu).unwrap()];
+        let refused = comms[0]
+            .all_reduce(Reduction::Sum, &ints, BUCKET_BYTES)
+            .await;
+        assert!(
+            matches!(refused, Err(NcclError::InvalidArgument(_))),
+            "{refused:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_replicas_on_every_gpu_all_reduce_like_the_reference() {
+    let Some(n) = gpus("local_replicas_on_every_gpu_all_reduce_like_the_reference") else {
+        return;
+    };
+    let devices: Vec<usize> = (0..n).collect();
+    let local = NcclLocal::new(&devices, NCCL_TIMEOUT).unwrap();
+    assert_eq!(local.devices(), devices);
+    let inputs: Vec<Vec<Tensor>> = (0..n).map(gradients).collect();
+    for op in ALL_OPS {
+        let want = reference(&inputs, op);
+        let outs = bounded(
+            "local all-reduce",
+            local.all_reduce(op, &inputs, BUCKET_BYTES),
+        )
+        .await
+        .unwrap();
+        for (r, out) in outs.iter().enumerate() {
+            assert_matches(
+                out,
+                &inputs[r],
+                &want,
+                &format!("{n} local ranks, {op}, rank {r}"),
+            );
+        }
+    }
+    // Two ranks on one GPU are refused here, not by a hang in NCCL.
+    let refused = NcclLocal::new(&[0, 0], NCCL_TIMEOUT);
+    assert!(
+        matches!(refused, Err(NcclError::InvalidArgument(_))),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_group_aborts_a_pending_init() {
+    if gpus("a_broken_group_aborts_a_pending_init").is_none() {
+        return;
+    }
+    // Two members; rank 1 gets the id but never inits (its step failed): rank 0's init waits
+    // for it until the group breaks, then fails naming the epoch.
+    let (_endpoints, groups) = group(2).await;
+    let (g0, g1) = (groups[0].clone(), groups[1].clone());
+    let rank1 = async move {
+        NcclId::exchange(&g1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        g1.abort("worker 1 failed before its NCCL init").await;
+    };
+    let (init, ()) = bounded(
+        "aborted init",
+        futures::future::join(NcclComm::new(&g0, 0, NCCL_TIMEOUT), rank1),
+    )
+    .await;
+    match init {
+        Err(NcclError::Aborted { epoch: 1, reason }) => {
+            assert!(reason.contains("worker 1 failed"), "{reason}")
+        }
+        other => panic!("expected the init aborted at epoch 1, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communicator() {
+    if gpus("a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communicator").is_none()
+    {
+        return;
+    }
+    let (endpoints, groups) = group(1).await;
+    let g = &groups[0];
+    let comm = bounded("init", NcclComm::new(g, 0, NCCL_TIMEOUT))
+        .await
+        .unwrap();
+    let x = gradients(0);
+    bounded(
+        "all-reduce",
+        comm.all_reduce(Reduction::Sum, &x, BUCKET_BYTES),
+    )
+    .await
+    .unwrap();
+    g.abort("the step failed").await;
+    let refused = bounded(
+        "refused call",
+        comm.all_reduce(Reduction::Sum, &x, BUCKET_BYTES),
+    )
+    .await;
+    match refused {
+        Err(NcclError::Aborted { epoch: 1, reason }) => {
+            assert!(reason.contains("the step failed"), "{reason}")
+        }
+        other => panic!("expected the call refused at epoch 1, got {other:?}"),
+    }
+    assert!(comm.aborted().is_some());
+    // The group of the next epoch, and its own communicator.
+    let me = vec![NodeId::new("worker", 0)];
+    let g2 = bounded("reform", g.reform(&me)).await.unwrap();
+    assert_eq!(g2.epoch(), 2);
+    let comm2 = bounded("init at epoch 2", NcclComm::new(&g2, 0, NCCL_TIMEOUT))
+        .await
+        .unwrap();
+    assert_eq!(comm2.epoch(), 2);
+    let out = bounded(
+        "all-reduce at epoch 2",
+        comm2.all_reduce(Reduction::Max, &x, BUCKET_BYTES),
+    )
+    .await
+    .unwrap();
+    assert_matches(
+        &out,
+        &x,
+        &reference(std::slice::from_ref(&x), Reduction::Max),
+        "epoch 2",
+    );
+    // The old communicator still refuses.
+    assert!(matches!(
+        comm.all_reduce(Reduction::Sum, &x, BUCKET_BYTES).await,
+        Err(NcclError::Aborted { epoch: 1, .. })
+    ));
+    drop(endpoints);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_peer_aborts_a_pending_all_reduce() {
+    let Some(n_gpus) = gpus("a_lost_peer_aborts_a_pending_all_reduce") else {
+        return;
+    };
+    if n_gpus < 2 {
+        eprintln!("a_lost_peer_aborts_a_pending_all_reduce: skipped: needs 2 GPUs, this machine has {n_gpus}");
+        return;
+    }
+    let (endpoints, groups) = group(2).await;
+    let comms = bounded(
+        "init",
+        join_all(
+            groups
+                .iter()
+                .enumerate()
+                .map(|(r, g)| NcclComm::new(g, r, NCCL_TIMEOUT)),
+        ),
+    )
+    .await;
+    let mut comms: Vec<NcclComm> = comms.into_iter().map(Result::unwrap).collect();
+    let comm1 = comms.pop().unwrap();
+    let comm0 = comms.pop().unwrap();
+    // Rank 0 all-reduces; rank 1 never joins, its process goes away (its endpoint closes).
+    let x = gradients(0);
+    let lose = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(comm1);
+        endpoints[1].close();
+    };
+    let (pending, ()) = bounded(
+        "aborted all-reduce",
+        futures::future::join(comm0.all_reduce(Reduction::Sum, &x, BUCKET_BYTES), lose),
+    )
+    .await;
+    assert!(
+        matches!(pending, Err(NcclError::Aborted { epoch: 1, .. })),
+        "expected the pending all-reduce aborted at epoch 1, got {pending:?}"
+    );
+}
