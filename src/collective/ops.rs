@@ -346,7 +346,8 @@ async fn reduce_scatter_ring(
                     range.len(),
                 )
                 .await?;
-            let mut acc = partial.to_vec();
+            // The received buffer itself where this member holds it alone (no copy).
+            let mut acc = Vec::from(partial);
             reduce_assign(call.element, op, &mut acc, &data[range.clone()]);
             if s + 1 < n - 1 {
                 g.send(

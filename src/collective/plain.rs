@@ -221,8 +221,13 @@ async fn read_frame(reader: &mut OwnedReadHalf, frame_max: u64) -> Result<(Wire,
     if blob_len > frame_max {
         return Err(format!("a chunk of {blob_len} bytes (limit {frame_max})"));
     }
-    let mut blob = vec![0u8; blob_len as usize];
-    reader.read_exact(&mut blob).await.map_err(io)?;
+    // Read into spare capacity (no zeroing first): every pass over a chunk counts here.
+    let mut blob = bytes::BytesMut::with_capacity(blob_len as usize);
+    while blob.len() < blob_len as usize {
+        if reader.read_buf(&mut blob).await.map_err(io)? == 0 {
+            return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
     let frame = Frame {
         header: Bytes::from(header),
         blobs: Vec::new(),
@@ -230,5 +235,5 @@ async fn read_frame(reader: &mut OwnedReadHalf, frame_max: u64) -> Result<(Wire,
     let wire = frame
         .decode::<Wire>(frame_max as u32)
         .map_err(|e| format!("a chunk header that does not decode: {e}"))?;
-    Ok((wire, Bytes::from(blob)))
+    Ok((wire, blob.freeze()))
 }
