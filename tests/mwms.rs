@@ -106,6 +106,8 @@ struct Cluster {
     specs: Vec<(String, usize)>,
     /// The flags every worker gets.
     extra: Vec<String>,
+    /// The cluster's CA (a worker added later gets its certificate from it).
+    ca: ClusterCa,
 }
 
 impl Cluster {
@@ -161,6 +163,7 @@ impl Cluster {
             rules,
             specs,
             extra: extra.iter().map(ToString::to_string).collect(),
+            ca,
         };
         for i in 0..tasks.len() {
             let worker = cluster.spawn(i);
@@ -204,6 +207,32 @@ impl Cluster {
             });
         }
         Worker { child }
+    }
+
+    /// Starts a worker the others' cluster does not name (index `workers`, all-`"worker"`
+    /// clusters only): its own `TF_CONFIG` lists every worker and itself, on a new port. It
+    /// joins the live group. Returns its slot.
+    fn add_worker(&mut self) -> usize {
+        let index = self.addrs.len();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap().to_string();
+        drop(socket);
+        self.ca
+            .issue(&NodeId::new("worker", index as u32))
+            .unwrap()
+            .save(&self.dir)
+            .unwrap();
+        self.addrs.push(addr);
+        let cluster = serde_json::to_string(&BTreeMap::from([("worker", &self.addrs)])).unwrap();
+        let tf_config =
+            format!(r#"{{"cluster": {cluster}, "task": {{"type": "worker", "index": {index}}}}}"#);
+        let replicas = self.specs[0].1;
+        let slot = self.specs.len();
+        self.specs.push((tf_config, replicas));
+        self.seen.push(Vec::new());
+        let worker = self.spawn(slot);
+        self.workers.push(worker);
+        slot
     }
 
     /// Starts worker `i` again (its old process gone): a new process of the same task, its
@@ -808,6 +837,80 @@ fn rejoin_case(name: &str, workers: usize, killed: usize, restart_after: Duratio
         joined_losses[last.step..].iter().all(|l| !l.is_nan()),
         "{name}: {joined_losses:?}"
     );
+}
+
+/// A worker the job was not started with (the others' cluster does not name it) joins the
+/// live group at a step boundary: the global batch grows from there, every worker ends with
+/// the same bits, matching a one-process replay of the two batch sizes.
+#[test]
+fn a_worker_added_to_a_running_job_is_admitted_and_the_global_batch_grows() {
+    const STEPS: usize = 40;
+    let (workers, per_replica) = (2, 2);
+    let global = per_replica * workers;
+    let (steps, batch) = (STEPS.to_string(), global.to_string());
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+    ];
+    let mut cluster = Cluster::start("grow", &[("worker", 1), ("worker", 1)], &flags);
+    for i in 0..workers {
+        cluster.wait_for(i, "step 4 ");
+    }
+    // Its --global-batch (the starting one of 2 workers) divides over its admitted 3 replicas
+    // only by the per-replica batch: it is given the 3-worker batch.
+    let grown = (per_replica * 3).to_string();
+    cluster.extra = flags
+        .iter()
+        .map(|f| {
+            if *f == batch.as_str() {
+                grown.clone()
+            } else {
+                f.to_string()
+            }
+        })
+        .collect();
+    let added = cluster.add_worker();
+    let admitted = cluster.wait_for(added, "admitted");
+    assert!(
+        admitted.contains("joined=worker/2") && admitted.contains("workers=3"),
+        "{admitted}"
+    );
+    let mut outs = Vec::new();
+    for i in [0, 1, added] {
+        cluster.wait_for(i, "done");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
+    }
+    let seen = changes(&cluster, 0);
+    assert_eq!(changes(&cluster, 1), seen);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let grew = &seen[0];
+    assert_eq!(
+        (grew.kind.as_str(), grew.epoch, grew.workers),
+        ("admitted", 2, 3)
+    );
+    assert_eq!(changes(&cluster, added), seen);
+    for out in &outs[1..] {
+        assert_eq!(out.variables, outs[0].variables);
+    }
+    let schedule = [(grew.step, global), (STEPS - grew.step, per_replica * 3)];
+    assert_eq!(grew.position, grew.step * global);
+    let replay = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule, 7).unwrap();
+    assert_close(&outs[0], &replay, "grown vs the replay");
 }
 
 #[test]
