@@ -4,7 +4,7 @@ use std::fmt;
 
 use candle_core::{DType, Tensor};
 
-use super::{GradientTape, Initializer, NnError, WeightSpec};
+use super::{dense_kernel, GradientTape, Initializer, NnError, WeightSpec};
 use crate::variable::Variable;
 
 /// A differentiable function with trainable variables (Keras' `Layer`).
@@ -153,9 +153,18 @@ impl Layer for Dense {
         }
         let x = input.to_dtype(DType::F32)?;
         let kernel = tape.read(&self.kernel)?;
+        let bias = match &self.bias {
+            Some(bias) => Some(tape.read(bias)?),
+            None => None,
+        };
+        if let Some(bias) = &bias {
+            if let Some(y) = dense_kernel::dense(&x, &kernel, bias, self.activation)? {
+                return Ok(y);
+            }
+        }
         let mut y = x.matmul(&kernel)?;
-        if let Some(bias) = &self.bias {
-            y = y.broadcast_add(&tape.read(bias)?)?;
+        if let Some(bias) = &bias {
+            y = y.broadcast_add(bias)?;
         }
         self.activation.apply(&y)
     }

@@ -36,6 +36,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod dense_kernel;
 mod init;
 mod layers;
 pub mod losses;

@@ -387,3 +387,127 @@ fn placement_on_parameter_servers_refuses_unknown_or_reshaped_variables() {
     let err = Dense::builder("e", 3, 1).build().unwrap_err();
     assert!(err.to_string().contains("e/kernel"), "{err}");
 }
+
+/// The fused dense node against candle's generic ops (matmul, broadcast add, relu) on the
+/// same leaves: outputs and every gradient, for both activations, an input that is itself
+/// differentiable and one that is not (no gradient then), a transposed (strided) input, sizes
+/// that fit no kernel block, and an empty batch.
+#[test]
+fn fused_dense_node_matches_the_generic_ops() {
+    use candle_core::Var;
+
+    fn values(len: usize, salt: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i + salt) * 7919 + 13) % 2003) as f32 / 1001.5 - 1.0)
+            .collect()
+    }
+    for (batch, inputs, units) in [(5, 3, 7), (33, 70, 19), (256, 784, 20), (0, 4, 3)] {
+        for activation in [Activation::Linear, Activation::Relu] {
+            for (x_tracked, x_transposed) in [(false, false), (true, false), (false, true)] {
+                let case = format!(
+                    "{batch}x{inputs}x{units} {activation:?} tracked={x_tracked} transposed={x_transposed}"
+                );
+                let x_plain = if x_transposed {
+                    Tensor::from_vec(values(batch * inputs, 1), (inputs, batch), &Device::Cpu)
+                        .unwrap()
+                        .t()
+                        .unwrap()
+                } else {
+                    Tensor::from_vec(values(batch * inputs, 1), (batch, inputs), &Device::Cpu)
+                        .unwrap()
+                };
+                let x_var = Var::from_tensor(&x_plain).unwrap();
+                let kernel = Var::from_tensor(
+                    &Tensor::from_vec(values(inputs * units, 2), (inputs, units), &Device::Cpu)
+                        .unwrap(),
+                )
+                .unwrap();
+                let bias = Var::from_tensor(
+                    &Tensor::from_vec(values(units, 3), units, &Device::Cpu).unwrap(),
+                )
+                .unwrap();
+                let x = if x_tracked {
+                    x_var.as_tensor().clone()
+                } else {
+                    x_plain.clone()
+                };
+                let fused =
+                    dense_kernel::dense(&x, kernel.as_tensor(), bias.as_tensor(), activation)
+                        .unwrap()
+                        .expect("the fused node applies to f32 on the CPU");
+                let generic = activation
+                    .apply(
+                        &x.matmul(kernel.as_tensor())
+                            .unwrap()
+                            .broadcast_add(bias.as_tensor())
+                            .unwrap(),
+                    )
+                    .unwrap();
+                assert_eq!(fused.dims(), &[batch, units], "{case}");
+                close(
+                    &fused.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    &generic.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                );
+                // A loss whose gradient differs per output element.
+                let weights =
+                    Tensor::from_vec(values(batch * units, 4), (batch, units), &Device::Cpu)
+                        .unwrap();
+                let fused_grads = (fused * &weights)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let generic_grads = (generic * &weights)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                if batch == 0 {
+                    // candle's generic ops give no gradient for an empty batch; the node's
+                    // gradients, where it gives them, are zeros.
+                    for leaf in [kernel.as_tensor(), bias.as_tensor()] {
+                        if let Some(got) = fused_grads.get(leaf) {
+                            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                            assert!(got.iter().all(|g| *g == 0.0), "{case}: {got:?}");
+                        }
+                    }
+                    continue;
+                }
+                for leaf in [kernel.as_tensor(), bias.as_tensor()] {
+                    let got = fused_grads.get(leaf).expect(&case);
+                    let want = generic_grads.get(leaf).expect(&case);
+                    close(
+                        &got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        &want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    );
+                }
+                match fused_grads.get(x_var.as_tensor()) {
+                    Some(got) => {
+                        assert!(x_tracked, "{case}: a gradient for an input that needs none");
+                        let want = generic_grads.get(x_var.as_tensor()).unwrap();
+                        close(
+                            &got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                            &want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        );
+                    }
+                    None => assert!(!x_tracked, "{case}: no gradient for a differentiable input"),
+                }
+            }
+        }
+    }
+    // Outside its shapes the node declines and the generic ops run.
+    let x = Tensor::zeros((2, 3), candle_core::DType::F64, &Device::Cpu).unwrap();
+    let kernel = Tensor::zeros((3, 1), candle_core::DType::F64, &Device::Cpu).unwrap();
+    let bias = Tensor::zeros(1, candle_core::DType::F64, &Device::Cpu).unwrap();
+    assert!(dense_kernel::dense(&x, &kernel, &bias, Activation::Relu)
+        .unwrap()
+        .is_none());
+    let x = x.to_dtype(candle_core::DType::F32).unwrap();
+    let kernel = kernel.to_dtype(candle_core::DType::F32).unwrap();
+    let bias = bias.to_dtype(candle_core::DType::F32).unwrap();
+    assert!(dense_kernel::dense(&x, &kernel, &bias, Activation::Tanh)
+        .unwrap()
+        .is_none());
+}

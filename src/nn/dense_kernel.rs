@@ -1,0 +1,245 @@
+//! The dense layer's affine map as one autograd node on the CPU: `act(x · kernel + bias)` for
+//! f32 with a linear or relu activation, the shapes every MLP step spends its time in.
+//!
+//! Through candle's generic ops the same layer is three graph nodes (matmul, broadcast add,
+//! relu), and candle's matmul backward computes the gradient of both operands whether or not
+//! the left one needs it: for a model's first layer that is a `[batch, units] · [units,
+//! inputs]` product thrown away every step (a third of the backward pass of the MLP
+//! 784-256-256-10). [`dense`] makes one node instead. Its forward is candle's own gemm call
+//! (same kernel, same blocking, same threads: bit-identical products) followed by one pass
+//! that adds the bias and applies the activation; its backward masks the incoming gradient
+//! once, takes `xᵀ · dz` and the bias's column sums, and takes `dz · kernelᵀ` only when `x`
+//! is itself differentiable (it comes from a variable), as TensorFlow's graph pruning does.
+//!
+//! Anything else (another dtype or device, another activation, no bias) goes through the
+//! generic ops, which stay the reference this node is tested against.
+//!
+//! The one `unsafe` block is the gemm call (a raw-pointer API); the operands' extents are
+//! checked against their storages just before it.
+#![allow(unsafe_code)]
+
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Tensor};
+
+use super::Activation;
+
+/// `activation(x · kernel + bias)` as one differentiable node where [`applies`] holds, else
+/// `None` (the caller builds it from generic ops).
+pub(crate) fn dense(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: &Tensor,
+    activation: Activation,
+) -> candle_core::Result<Option<Tensor>> {
+    if !applies(x, kernel, bias, activation) {
+        return Ok(None);
+    }
+    let relu = activation == Activation::Relu;
+    x.apply_op3(kernel, bias, DenseNode { relu }).map(Some)
+}
+
+/// Whether the fused node computes this layer: f32 on the CPU, `x` `[batch, inputs]`,
+/// `kernel` `[inputs, units]`, `bias` `[units]`, a linear or relu activation.
+fn applies(x: &Tensor, kernel: &Tensor, bias: &Tensor, activation: Activation) -> bool {
+    let on_cpu = |t: &Tensor| matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32;
+    matches!(activation, Activation::Linear | Activation::Relu)
+        && on_cpu(x)
+        && on_cpu(kernel)
+        && on_cpu(bias)
+        && x.rank() == 2
+        && kernel.rank() == 2
+        && bias.rank() == 1
+        && x.dims()[1] == kernel.dims()[0]
+        && kernel.dims()[1] == bias.dims()[0]
+}
+
+/// The graph node: inputs `x`, `kernel`, `bias`; output `[batch, units]`.
+struct DenseNode {
+    relu: bool,
+}
+
+/// A 2-D operand as gemm reads it: its elements from `offset` with row and column strides.
+struct Operand<'a> {
+    data: &'a [f32],
+    offset: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> Operand<'a> {
+    /// The operand of `layout` over `storage`, after checking that every element it names
+    /// lies inside the storage (what makes the unchecked gemm read below sound).
+    fn new(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<Self> {
+        let CpuStorage::F32(data) = storage else {
+            candle_core::bail!("dense: expected an f32 storage");
+        };
+        let (dims, stride) = (layout.dims(), layout.stride());
+        let (rows, cols) = match dims {
+            [rows, cols] => (*rows, *cols),
+            [cols] => (1, *cols),
+            _ => candle_core::bail!("dense: expected a 1-D or 2-D operand, got {dims:?}"),
+        };
+        let (row_stride, col_stride) = match stride {
+            [r, c] => (*r, *c),
+            [c] => (0, *c),
+            _ => candle_core::bail!("dense: unexpected strides {stride:?}"),
+        };
+        let offset = layout.start_offset();
+        if rows > 0 && cols > 0 {
+            let last = offset + (rows - 1) * row_stride + (cols - 1) * col_stride;
+            if last >= data.len() {
+                candle_core::bail!(
+                    "dense: a {rows}x{cols} operand reaches element {last} of a storage of {}",
+                    data.len()
+                );
+            }
+        }
+        Ok(Self {
+            data,
+            offset,
+            row_stride,
+            col_stride,
+        })
+    }
+
+    fn at(&self, row: usize, col: usize) -> f32 {
+        self.data[self.offset + row * self.row_stride + col * self.col_stride]
+    }
+}
+
+impl CustomOp3 for DenseNode {
+    fn name(&self) -> &'static str {
+        "dense"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x_storage: &CpuStorage,
+        x_layout: &Layout,
+        kernel_storage: &CpuStorage,
+        kernel_layout: &Layout,
+        bias_storage: &CpuStorage,
+        bias_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = Operand::new(x_storage, x_layout)?;
+        let kernel = Operand::new(kernel_storage, kernel_layout)?;
+        let bias = Operand::new(bias_storage, bias_layout)?;
+        let (batch, inputs) = x_layout.shape().dims2()?;
+        let units = kernel_layout.shape().dims2()?.1;
+        let mut out = vec![0f32; batch * units];
+        if batch > 0 && units > 0 && inputs > 0 {
+            let threads = candle_core::utils::get_num_threads();
+            let parallelism = if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            };
+            // SAFETY: `out` holds `batch × units` elements written row-major (strides `units`,
+            // 1); `Operand::new` checked that the last element of `x` (`batch × inputs`) and of
+            // `kernel` (`inputs × units`) at their strides lies inside their storages, and gemm
+            // reads no other elements. The arguments are those of candle's own matmul
+            // (`dst = 0·dst + 1·lhs·rhs`), so the products are the same bits.
+            unsafe {
+                gemm::gemm(
+                    batch,
+                    units,
+                    inputs,
+                    out.as_mut_ptr(),
+                    1,
+                    units as isize,
+                    false,
+                    x.data.as_ptr().add(x.offset),
+                    x.col_stride as isize,
+                    x.row_stride as isize,
+                    kernel.data.as_ptr().add(kernel.offset),
+                    kernel.col_stride as isize,
+                    kernel.row_stride as isize,
+                    0f32,
+                    1f32,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                );
+            }
+        }
+        let bias_row: Vec<f32> = (0..units).map(|unit| bias.at(0, unit)).collect();
+        for row in out.chunks_exact_mut(units.max(1)) {
+            if self.relu {
+                for (value, b) in row.iter_mut().zip(&bias_row) {
+                    *value = (*value + b).max(0.0);
+                }
+            } else {
+                for (value, b) in row.iter_mut().zip(&bias_row) {
+                    *value += b;
+                }
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((batch, units))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        _bias: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // relu: the gradient passes where the output is positive (TensorFlow's ReluGrad).
+        let dz = if self.relu {
+            // Both contiguous (a no-op for what the graph hands back here).
+            grad.contiguous()?
+                .apply_op2_no_bwd(&out.contiguous()?, &ReluMask)?
+        } else {
+            grad.clone()
+        };
+        let kernel_grad = x.t()?.matmul(&dz)?;
+        let bias_grad = dz.sum(0)?;
+        let x_grad = if x.track_op() {
+            Some(dz.matmul(&kernel.t()?)?)
+        } else {
+            None
+        };
+        Ok((x_grad, Some(kernel_grad), Some(bias_grad)))
+    }
+}
+
+/// `grad` where `out > 0`, else 0, in one pass over contiguous operands.
+struct ReluMask;
+
+impl CustomOp2 for ReluMask {
+    fn name(&self) -> &'static str {
+        "relu-mask"
+    }
+
+    fn cpu_fwd(
+        &self,
+        grad_storage: &CpuStorage,
+        grad_layout: &Layout,
+        out_storage: &CpuStorage,
+        out_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(grad), CpuStorage::F32(out)) = (grad_storage, out_storage) else {
+            candle_core::bail!("relu-mask: expected f32 storages");
+        };
+        if grad_layout.shape() != out_layout.shape() {
+            candle_core::bail!(
+                "relu-mask: gradient {:?} and output {:?} differ in shape",
+                grad_layout.dims(),
+                out_layout.dims()
+            );
+        }
+        let (Some((g0, g1)), Some((o0, o1))) = (
+            grad_layout.contiguous_offsets(),
+            out_layout.contiguous_offsets(),
+        ) else {
+            candle_core::bail!("relu-mask: expected contiguous operands");
+        };
+        let masked: Vec<f32> = grad[g0..g1]
+            .iter()
+            .zip(&out[o0..o1])
+            .map(|(g, o)| if *o > 0.0 { *g } else { 0.0 })
+            .collect();
+        Ok((CpuStorage::F32(masked), grad_layout.shape().clone()))
+    }
+}
