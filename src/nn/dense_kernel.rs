@@ -20,7 +20,28 @@
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Tensor};
 
-use super::Activation;
+use super::{Activation, NnError};
+
+/// `activation(x · kernel + bias)`, differentiable: the fused node where it applies, else
+/// candle's generic ops. Every dense map of the crate goes through here (the [`super::Dense`]
+/// layer, the parameter-server workloads' MLPs).
+pub(crate) fn affine(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    activation: Activation,
+) -> Result<Tensor, NnError> {
+    if let Some(bias) = bias {
+        if let Some(y) = dense(x, kernel, bias, activation)? {
+            return Ok(y);
+        }
+    }
+    let mut y = x.matmul(kernel)?;
+    if let Some(bias) = bias {
+        y = y.broadcast_add(bias)?;
+    }
+    activation.apply(&y)
+}
 
 /// `activation(x · kernel + bias)` as one differentiable node where [`applies`] holds, else
 /// `None` (the caller builds it from generic ops).

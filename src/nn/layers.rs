@@ -157,16 +157,7 @@ impl Layer for Dense {
             Some(bias) => Some(tape.read(bias)?),
             None => None,
         };
-        if let Some(bias) = &bias {
-            if let Some(y) = dense_kernel::dense(&x, &kernel, bias, self.activation)? {
-                return Ok(y);
-            }
-        }
-        let mut y = x.matmul(&kernel)?;
-        if let Some(bias) = &bias {
-            y = y.broadcast_add(bias)?;
-        }
-        self.activation.apply(&y)
+        dense_kernel::affine(&x, &kernel, bias.as_ref(), self.activation)
     }
 
     fn trainable_variables(&self) -> Vec<Variable> {

@@ -43,6 +43,7 @@ pub mod losses;
 mod tape;
 mod weights;
 
+pub(crate) use dense_kernel::affine;
 pub use init::Initializer;
 pub use layers::{Activation, Dense, DenseBuilder, Embedding, Layer, Sequential};
 pub use tape::{Gradient, GradientTape, VariableSource};

@@ -6,7 +6,7 @@
 
 use candle_core::{Device, Tensor, Var, D};
 
-use crate::nn::{losses, Initializer, NnError};
+use crate::nn::{losses, Activation, Initializer, NnError};
 
 use super::{ctr, digits};
 
@@ -319,10 +319,12 @@ fn mlp_logits(layers: &[usize], params: &[Tensor], features: &[f32]) -> Result<T
     let mut x = Tensor::from_slice(features, (n, inputs), &Device::Cpu)?;
     let last = params.len() / 2;
     for (i, pair) in params.chunks(2).enumerate() {
-        x = x.matmul(&pair[0])?.broadcast_add(&pair[1])?;
-        if i + 1 < last {
-            x = x.relu()?;
-        }
+        let activation = if i + 1 < last {
+            Activation::Relu
+        } else {
+            Activation::Linear
+        };
+        x = crate::nn::affine(&x, &pair[0], pair.get(1), activation)?;
     }
     Ok(x)
 }
