@@ -25,7 +25,10 @@ use std::ops::Range;
 use bytes::Bytes;
 use candle_core::Tensor;
 
-use super::element::{bytes_tensor, reduce_assign, tensor_bytes, tensor_error, Element, Reduction};
+use super::element::{
+    bytes_tensor, reduce_assign, reduce_into, tensor_bytes, tensor_error, Element, Elements,
+    Reduction,
+};
 use super::group::{ProcessGroup, Shared};
 use super::wire::{tag, Call, CallOp, Phase};
 use super::CollectiveError;
@@ -50,7 +53,7 @@ impl ProcessGroup {
         op: Reduction,
         tensor: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
-        let (element, data) = tensor_bytes(tensor)?;
+        let (element, data) = Elements::of(tensor)?;
         let call = self.call(CallOp::ReduceScatter(op), element, tensor.dims(), 0);
         let n = self.size();
         let (guard, seq) = self.begin().await?;
@@ -158,13 +161,14 @@ impl ProcessGroup {
         tensor: &Tensor,
         parts: u64,
     ) -> Result<Tensor, CollectiveError> {
-        let (element, data) = tensor_bytes(tensor)?;
+        let (element, data) = Elements::of(tensor)?;
         let call = self.call(CallOp::AllReduce(op), element, tensor.dims(), parts);
         let n = self.size();
         let (guard, seq) = self.begin().await?;
         let result = run(&self.shared, all_reduce(&self.shared, seq, &call, op, data)).await;
         drop(guard);
-        let out = bytes_tensor(element, tensor.dims(), &result?)?;
+        // The tensor is built over the reduced buffer itself.
+        let out = result?.into_tensor(tensor.dims())?;
         finish_mean(op, out, n)
     }
 
@@ -216,12 +220,12 @@ pub fn plan_buckets(tensors: &[(Element, usize)], bucket_bytes_max: usize) -> Ve
 
 /// Runs an algorithm; its error (or a tensor error) breaks the group for every member.
 /// A failed call returns once the others heard why ([`Shared::told`]).
-async fn run(
+async fn run<T>(
     shared: &Shared,
-    algorithm: impl std::future::Future<Output = Result<Vec<u8>, CollectiveError>>,
-) -> Result<Vec<u8>, CollectiveError> {
+    algorithm: impl std::future::Future<Output = Result<T, CollectiveError>>,
+) -> Result<T, CollectiveError> {
     match algorithm.await {
-        Ok(bytes) => Ok(bytes),
+        Ok(out) => Ok(out),
         Err(err) => {
             let err = shared.fail(err, true);
             shared.told().await;
@@ -230,41 +234,41 @@ async fn run(
     }
 }
 
+/// The all-reduce, in place: `data` (this member's copy of its tensor) becomes the result.
 async fn all_reduce(
     g: &Shared,
     seq: u64,
     call: &Call,
     op: Reduction,
-    data: Bytes,
-) -> Result<Vec<u8>, CollectiveError> {
+    mut data: Elements,
+) -> Result<Elements, CollectiveError> {
     let n = g.nodes.len();
     let es = call.element.size();
-    let len = data.len() / es;
+    let len = data.bytes().len() / es;
     if n == 1 {
-        return Ok(data.to_vec());
+        return Ok(data);
     }
-    if data.len() <= g.config.small_bytes_max {
-        let all = exchange_all(g, seq, call, &data).await?;
-        let mut out = vec![0u8; data.len()];
+    if data.bytes().len() <= g.config.small_bytes_max {
+        let all = exchange_all(g, seq, call, &Bytes::copy_from_slice(data.bytes())).await?;
+        let out = data.bytes_mut();
         for k in 0..n {
             let seg = bytes_of(segment(len, n, k), es);
             fold_segment(call.element, op, &mut out[seg.clone()], k, n, |j| {
                 &all[j][seg.clone()]
             });
         }
-        return Ok(out);
+        return Ok(data);
     }
-    let mut out = vec![0u8; data.len()];
-    reduce_scatter_ring(g, seq, call, op, &data, Some(&mut out)).await?;
+    reduce_scatter_ring(g, seq, call, op, data.bytes_mut(), true).await?;
     // All-gather: segment r went out at step 0 as soon as each chunk was final.
     let chunk_bytes = g.config.chunk_bytes;
-    ring_gather_phase(g, seq, call, &mut out, |k| {
+    ring_gather_phase(g, seq, call, data.bytes_mut(), |k| {
         chunks(segment(len, n, k), es, chunk_bytes)
             .map(|chunk| bytes_of(chunk, es))
             .collect()
     })
     .await?;
-    Ok(out)
+    Ok(data)
 }
 
 async fn reduce_scatter(
@@ -272,17 +276,18 @@ async fn reduce_scatter(
     seq: u64,
     call: &Call,
     op: Reduction,
-    data: Bytes,
+    mut data: Elements,
 ) -> Result<Vec<u8>, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
-    let len = data.len() / es;
+    let len = data.bytes().len() / es;
     let mine = bytes_of(segment(len, n, r), es);
     if n == 1 {
-        return Ok(data.to_vec());
+        return Ok(data.bytes().to_vec());
     }
-    if data.len() <= g.config.small_bytes_max {
+    if data.bytes().len() <= g.config.small_bytes_max {
         // Each member sends each other member only that member's segment.
+        let data = Bytes::copy_from_slice(data.bytes());
         for j in (0..n).filter(|&j| j != r) {
             let seg = bytes_of(segment(len, n, j), es);
             g.send(j, seq, tag(Phase::Direct, 0, 0), call, data.slice(seg));
@@ -298,40 +303,37 @@ async fn reduce_scatter(
         fold_segment(call.element, op, &mut out, r, n, |j| &parts[j][..]);
         return Ok(out);
     }
-    reduce_scatter_ring(g, seq, call, op, &data, None).await
+    reduce_scatter_ring(g, seq, call, op, data.bytes_mut(), false).await?;
+    Ok(data.bytes()[mine].to_vec())
 }
 
-/// The ring's reduce-scatter. At step `s` member `r` sends segment `r-s-1` to `r+1` and
-/// receives segment `r-s-2` from `r-1`, adding its own; segment `r` is final at the last
-/// step. With `all_reduce_out`, each final chunk is written there and sent on as the
-/// all-gather's step 0; without, the final segment is returned.
+/// The ring's reduce-scatter, in place in `data` (this member's copy). At step `s` member `r`
+/// sends segment `r-s-1` to `r+1` and receives segment `r-s-2` from `r-1`, adding its own;
+/// segment `r` is final at the last step, and lands in `data`. With `then_gather`, each final
+/// chunk is also sent on at once as the all-gather's step 0.
 async fn reduce_scatter_ring(
     g: &Shared,
     seq: u64,
     call: &Call,
     op: Reduction,
-    data: &Bytes,
-    mut all_reduce_out: Option<&mut Vec<u8>>,
-) -> Result<Vec<u8>, CollectiveError> {
+    data: &mut [u8],
+    then_gather: bool,
+) -> Result<(), CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
     let len = data.len() / es;
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
     let first = (r + n - 1) % n;
     for (c, chunk) in chunks(segment(len, n, first), es, g.config.chunk_bytes).enumerate() {
+        // A copy: `data` is reduced in place below while this chunk may still be queued.
         let range = bytes_of(chunk, es);
         g.send(
             next,
             seq,
             tag(Phase::ReduceScatter, 0, c),
             call,
-            data.slice(range),
+            Bytes::copy_from_slice(&data[range]),
         );
-    }
-    let mine = bytes_of(segment(len, n, r), es);
-    let mut own_segment = Vec::new();
-    if all_reduce_out.is_none() {
-        own_segment = vec![0u8; mine.len()];
     }
     for s in 0..n - 1 {
         let k = (r + 2 * n - s - 2) % n;
@@ -346,10 +348,10 @@ async fn reduce_scatter_ring(
                     range.len(),
                 )
                 .await?;
-            // The received buffer itself where this member holds it alone (no copy).
-            let mut acc = Vec::from(partial);
-            reduce_assign(call.element, op, &mut acc, &data[range.clone()]);
             if s + 1 < n - 1 {
+                // The received buffer itself where this member holds it alone (no copy).
+                let mut acc = Vec::from(partial);
+                reduce_assign(call.element, op, &mut acc, &data[range]);
                 g.send(
                     next,
                     seq,
@@ -357,16 +359,22 @@ async fn reduce_scatter_ring(
                     call,
                     acc.into(),
                 );
-            } else if let Some(out) = all_reduce_out.as_deref_mut() {
-                out[range].copy_from_slice(&acc);
-                g.send(next, seq, tag(Phase::AllGather, 0, c), call, acc.into());
             } else {
-                let at = range.start - mine.start;
-                own_segment[at..at + acc.len()].copy_from_slice(&acc);
+                // The final chunk of this member's segment: `partial op own`, in place.
+                reduce_into(call.element, op, &partial, &mut data[range.clone()]);
+                if then_gather {
+                    g.send(
+                        next,
+                        seq,
+                        tag(Phase::AllGather, 0, c),
+                        call,
+                        Bytes::copy_from_slice(&data[range]),
+                    );
+                }
             }
         }
     }
-    Ok(own_segment)
+    Ok(())
 }
 
 async fn all_gather(
