@@ -35,6 +35,8 @@ const AHEAD: usize = 4;
 const CHIEF_PID: &str = "chief.pid";
 /// The PID file of worker 1, in the scenario where it is preempted alone.
 const WORKER_PID: &str = "worker.pid";
+/// The longest worker/1 holds its closure once it offered itself to be preempted.
+const HOLD_MAX: Duration = Duration::from_secs(20);
 /// Steps worker 1 runs before it offers itself to be preempted.
 const WORKER_STEPS_BEFORE_PREEMPTION: u64 = 5;
 /// Steps the job trains in the scenario where a worker is preempted alone.
@@ -89,8 +91,15 @@ fn program() -> Program {
             if ctx.worker_index() == 1 && scenario() == "worker-leaves" {
                 let ran = WORKER_STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 if ran == WORKER_STEPS_BEFORE_PREEMPTION {
-                    // Ready to be preempted: the test sends SIGTERM to this worker's PID.
-                    claim_pid_file(WORKER_PID, "");
+                    // Ready to be preempted: the test sends SIGTERM to this worker's PID. This
+                    // incarnation then holds its closure (bounded by HOLD_MAX) until it leaves:
+                    // the job cannot finish before the worker's notice has run its course
+                    // (the settle, the leave asked and granted), however fast the other steps
+                    // go. A worker that does not leave at once lets go after HOLD_MAX, the job
+                    // finishes with it still serving, and the exit code below says so.
+                    if claim_pid_file(WORKER_PID, "") {
+                        std::thread::sleep(HOLD_MAX);
+                    }
                 }
             }
             Ok(Vec::new())
