@@ -5,8 +5,10 @@
 //! reductions on such blobs. It never allocates by a length it did not check: every blob is
 //! checked against the element size before it is read.
 
+use std::ops::Range;
+
 use bytes::Bytes;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 
 use super::CollectiveError;
@@ -158,9 +160,91 @@ pub(crate) fn bytes_tensor(
     tensor.map_err(tensor_error)
 }
 
-/// A tensor's elements in a buffer of their own type (so aligned), seen as little-endian
-/// bytes: what an all-reduce reduces in place and hands back to candle without another copy
-/// (a 64 MiB all-reduce otherwise pays a zeroed output buffer and a copy into an aligned one).
+/// A collective's input as the algorithms read it, by byte ranges of its little-endian
+/// elements: the tensor's own storage where it is a contiguous CPU tensor on a little-endian
+/// machine (read in place under candle's read lock, taken anew for each range, so that no
+/// guard lives across an await), else a copy. Reading in place saves a pass over the whole
+/// tensor per call; each element is read once by an all-reduce, so a variable written while
+/// the call runs still gives every member the same result.
+pub(crate) enum Input {
+    Storage(Tensor),
+    Copy(Bytes),
+}
+
+impl Input {
+    /// The input of a collective over `tensor`.
+    pub(crate) fn of(tensor: &Tensor) -> Result<(Element, Self), CollectiveError> {
+        let element = Element::of(tensor.dtype())?;
+        let in_place = cfg!(target_endian = "little")
+            && matches!(tensor.device(), Device::Cpu)
+            && tensor.layout().contiguous_offsets().is_some();
+        if in_place {
+            return Ok((element, Input::Storage(tensor.clone())));
+        }
+        let (_, bytes) = tensor_bytes(tensor)?;
+        Ok((element, Input::Copy(bytes)))
+    }
+
+    /// Bytes of the whole input.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Input::Storage(tensor) => tensor.elem_count() * tensor.dtype().size_in_bytes(),
+            Input::Copy(bytes) => bytes.len(),
+        }
+    }
+
+    /// `f` of the input's bytes `range`.
+    pub(crate) fn read<R>(
+        &self,
+        range: Range<usize>,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, CollectiveError> {
+        let out_of_range = |len: usize| {
+            CollectiveError::Tensor(format!("bytes {range:?} of an input of {len} bytes"))
+        };
+        match self {
+            Input::Copy(bytes) => match bytes.get(range.clone()) {
+                Some(part) => Ok(f(part)),
+                None => Err(out_of_range(bytes.len())),
+            },
+            Input::Storage(tensor) => {
+                let (storage, layout) = tensor.storage_and_layout();
+                let bytes = match (&*storage, layout.contiguous_offsets()) {
+                    (Storage::Cpu(cpu), Some((start, end))) => cpu_bytes(cpu, start..end),
+                    _ => None,
+                };
+                let Some(bytes) = bytes else {
+                    return Err(CollectiveError::Tensor(
+                        "the input tensor is no longer a contiguous CPU tensor".into(),
+                    ));
+                };
+                match bytes.get(range.clone()) {
+                    Some(part) => Ok(f(part)),
+                    None => Err(out_of_range(bytes.len())),
+                }
+            }
+        }
+    }
+}
+
+/// The bytes of elements `elements` of a CPU storage of a supported dtype.
+fn cpu_bytes(cpu: &CpuStorage, elements: Range<usize>) -> Option<&[u8]> {
+    Some(match cpu {
+        CpuStorage::U8(v) => v.get(elements)?,
+        CpuStorage::U32(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::I16(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::I32(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::I64(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::BF16(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::F16(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::F32(v) => bytemuck::cast_slice(v.get(elements)?),
+        CpuStorage::F64(v) => bytemuck::cast_slice(v.get(elements)?),
+        _ => return None,
+    })
+}
+
+/// A result's elements in a buffer of their own type, put together from little-endian chunks
+/// in order (one pass, into fresh memory) and handed to candle without another copy.
 pub(crate) enum Elements {
     U8(Vec<u8>),
     U32(Vec<u32>),
@@ -173,105 +257,132 @@ pub(crate) enum Elements {
     F64(Vec<f64>),
 }
 
-/// `$body` with `$v` bound to the vector of whichever element type `$e` holds.
-macro_rules! with_vec {
-    ($e:expr, $v:ident => $body:expr) => {
-        match $e {
-            Elements::U8($v) => $body,
-            Elements::U32($v) => $body,
-            Elements::I16($v) => $body,
-            Elements::I32($v) => $body,
-            Elements::I64($v) => $body,
-            Elements::BF16($v) => $body,
-            Elements::F16($v) => $body,
-            Elements::F32($v) => $body,
-            Elements::F64($v) => $body,
-        }
-    };
-}
-
 impl Elements {
-    /// The elements of `tensor` in row-major order (one copy), little-endian in memory.
-    pub(crate) fn of(tensor: &Tensor) -> Result<(Element, Self), CollectiveError> {
-        let element = Element::of(tensor.dtype())?;
-        let flat = tensor.flatten_all().map_err(tensor_error)?;
-        let mut elements = match element {
-            Element::U8 => Elements::U8(flat.to_vec1().map_err(tensor_error)?),
-            Element::U32 => Elements::U32(flat.to_vec1().map_err(tensor_error)?),
-            Element::I16 => Elements::I16(flat.to_vec1().map_err(tensor_error)?),
-            Element::I32 => Elements::I32(flat.to_vec1().map_err(tensor_error)?),
-            Element::I64 => Elements::I64(flat.to_vec1().map_err(tensor_error)?),
-            Element::BF16 => Elements::BF16(flat.to_vec1().map_err(tensor_error)?),
-            Element::F16 => Elements::F16(flat.to_vec1().map_err(tensor_error)?),
-            Element::F32 => Elements::F32(flat.to_vec1().map_err(tensor_error)?),
-            Element::F64 => Elements::F64(flat.to_vec1().map_err(tensor_error)?),
-        };
-        elements.swap_if_big_endian();
-        Ok((element, elements))
+    /// The elements of `chunks` (little-endian `element`s, whole elements each), in order.
+    pub(crate) fn from_chunks(element: Element, chunks: &[Bytes]) -> Result<Self, CollectiveError> {
+        let size = element.size();
+        if let Some(bad) = chunks.iter().find(|c| c.len() % size != 0) {
+            return Err(CollectiveError::Tensor(format!(
+                "a chunk of {} bytes does not hold whole {element:?} elements",
+                bad.len()
+            )));
+        }
+        let count = chunks.iter().map(Bytes::len).sum::<usize>() / size;
+        Ok(match element {
+            Element::U8 => Elements::U8(gather_values(chunks, count)),
+            Element::U32 => Elements::U32(gather_values(chunks, count)),
+            Element::I16 => Elements::I16(gather_values(chunks, count)),
+            Element::I32 => Elements::I32(gather_values(chunks, count)),
+            Element::I64 => Elements::I64(gather_values(chunks, count)),
+            Element::BF16 => Elements::BF16(gather_values(chunks, count)),
+            Element::F16 => Elements::F16(gather_values(chunks, count)),
+            Element::F32 => Elements::F32(gather_values(chunks, count)),
+            Element::F64 => Elements::F64(gather_values(chunks, count)),
+        })
     }
 
-    /// The elements as little-endian bytes.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        with_vec!(self, v => bytemuck::cast_slice(v.as_slice()))
-    }
-
-    /// The elements as little-endian bytes, to reduce or overwrite in place.
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        with_vec!(self, v => bytemuck::cast_slice_mut(v.as_mut_slice()))
-    }
-
-    /// A CPU tensor of `dims` over the buffer itself (no copy on little-endian machines).
-    pub(crate) fn into_tensor(mut self, dims: &[usize]) -> Result<Tensor, CollectiveError> {
+    /// A CPU tensor of `dims` over the buffer itself.
+    pub(crate) fn into_tensor(self, dims: &[usize]) -> Result<Tensor, CollectiveError> {
         let count: usize = dims.iter().product();
-        let held = with_vec!(&self, v => v.len());
+        let device = &Device::Cpu;
+        let held = match &self {
+            Elements::U8(v) => v.len(),
+            Elements::U32(v) => v.len(),
+            Elements::I16(v) => v.len(),
+            Elements::I32(v) => v.len(),
+            Elements::I64(v) => v.len(),
+            Elements::BF16(v) => v.len(),
+            Elements::F16(v) => v.len(),
+            Elements::F32(v) => v.len(),
+            Elements::F64(v) => v.len(),
+        };
         if held != count {
             return Err(CollectiveError::Tensor(format!(
                 "{held} elements cannot have the shape {dims:?}"
             )));
         }
-        self.swap_if_big_endian();
-        with_vec!(self, v => Tensor::from_vec(v, dims, &Device::Cpu)).map_err(tensor_error)
-    }
-
-    /// Native order to little-endian and back (nothing on little-endian machines).
-    fn swap_if_big_endian(&mut self) {
-        if cfg!(target_endian = "big") {
-            let size = with_vec!(&*self, v => value_size(v.as_slice()));
-            for value in self.bytes_mut().chunks_exact_mut(size) {
-                value.reverse();
-            }
-        }
+        let tensor = match self {
+            Elements::U8(v) => Tensor::from_vec(v, dims, device),
+            Elements::U32(v) => Tensor::from_vec(v, dims, device),
+            Elements::I16(v) => Tensor::from_vec(v, dims, device),
+            Elements::I32(v) => Tensor::from_vec(v, dims, device),
+            Elements::I64(v) => Tensor::from_vec(v, dims, device),
+            Elements::BF16(v) => Tensor::from_vec(v, dims, device),
+            Elements::F16(v) => Tensor::from_vec(v, dims, device),
+            Elements::F32(v) => Tensor::from_vec(v, dims, device),
+            Elements::F64(v) => Tensor::from_vec(v, dims, device),
+        };
+        tensor.map_err(tensor_error)
     }
 }
 
-fn value_size<T>(_: &[T]) -> usize {
-    std::mem::size_of::<T>()
+/// `count` values from little-endian `chunks`, in order: a plain copy of each where it is
+/// aligned on a little-endian machine.
+fn gather_values<T: bytemuck::Pod>(chunks: &[Bytes], count: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(count);
+    for chunk in chunks {
+        match bytemuck::try_cast_slice::<u8, T>(chunk) {
+            Ok(values) if cfg!(target_endian = "little") => out.extend_from_slice(values),
+            _ => out.extend(
+                chunk
+                    .chunks_exact(std::mem::size_of::<T>())
+                    .map(read_le::<T>),
+            ),
+        }
+    }
+    out
+}
+
+/// `a (op) b`, element-wise over little-endian blobs of `element` of the same length, into
+/// a fresh blob (one pass: both read, the result written once).
+pub(crate) fn reduced(element: Element, op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
+    match element {
+        Element::U8 => reduced_typed::<u8>(op, a, b),
+        Element::U32 => reduced_typed::<u32>(op, a, b),
+        Element::I16 => reduced_typed::<i16>(op, a, b),
+        Element::I32 => reduced_typed::<i32>(op, a, b),
+        Element::I64 => reduced_typed::<i64>(op, a, b),
+        Element::BF16 => reduced_typed::<bf16>(op, a, b),
+        Element::F16 => reduced_typed::<f16>(op, a, b),
+        Element::F32 => reduced_typed::<f32>(op, a, b),
+        Element::F64 => reduced_typed::<f64>(op, a, b),
+    }
+}
+
+fn reduced_typed<T: Arith + Send + Sync>(op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
+    if cfg!(target_endian = "little") {
+        if let (Ok(a), Ok(b)) = (
+            bytemuck::try_cast_slice::<u8, T>(a),
+            bytemuck::try_cast_slice::<u8, T>(b),
+        ) {
+            // One loop per operation, so that each inlines and vectorizes.
+            let pairs = a.iter().zip(b);
+            let out: Vec<T> = match op {
+                Reduction::Sum | Reduction::Mean => pairs.map(|(x, y)| x.add(*y)).collect(),
+                Reduction::Max => pairs.map(|(x, y)| x.max(*y)).collect(),
+                Reduction::Min => pairs.map(|(x, y)| x.min(*y)).collect(),
+            };
+            return pod_bytes(out);
+        }
+    }
+    let mut out = a.to_vec();
+    assign_typed::<T>(op, &mut out, b);
+    Bytes::from(out)
 }
 
 /// `acc = acc (op) x`, element-wise over little-endian blobs of `element` of the
 /// same length. `Mean` reduces as `Sum`: the division happens once, after the whole reduction.
 pub(crate) fn reduce_assign(element: Element, op: Reduction, acc: &mut [u8], x: &[u8]) {
-    reduce_typed(element, op, acc, x, false);
-}
-
-/// `acc = x (op) acc`: [`reduce_assign`] with the operands the other way round, so that a
-/// result reduced into this member's own buffer keeps the group's reduction order (max and
-/// min of +0 and -0 depend on it).
-pub(crate) fn reduce_into(element: Element, op: Reduction, x: &[u8], acc: &mut [u8]) {
-    reduce_typed(element, op, acc, x, true);
-}
-
-fn reduce_typed(element: Element, op: Reduction, acc: &mut [u8], x: &[u8], x_first: bool) {
     match element {
-        Element::U8 => assign_typed::<u8>(op, acc, x, x_first),
-        Element::U32 => assign_typed::<u32>(op, acc, x, x_first),
-        Element::I16 => assign_typed::<i16>(op, acc, x, x_first),
-        Element::I32 => assign_typed::<i32>(op, acc, x, x_first),
-        Element::I64 => assign_typed::<i64>(op, acc, x, x_first),
-        Element::BF16 => assign_typed::<bf16>(op, acc, x, x_first),
-        Element::F16 => assign_typed::<f16>(op, acc, x, x_first),
-        Element::F32 => assign_typed::<f32>(op, acc, x, x_first),
-        Element::F64 => assign_typed::<f64>(op, acc, x, x_first),
+        Element::U8 => assign_typed::<u8>(op, acc, x),
+        Element::U32 => assign_typed::<u32>(op, acc, x),
+        Element::I16 => assign_typed::<i16>(op, acc, x),
+        Element::I32 => assign_typed::<i32>(op, acc, x),
+        Element::I64 => assign_typed::<i64>(op, acc, x),
+        Element::BF16 => assign_typed::<bf16>(op, acc, x),
+        Element::F16 => assign_typed::<f16>(op, acc, x),
+        Element::F32 => assign_typed::<f32>(op, acc, x),
+        Element::F64 => assign_typed::<f64>(op, acc, x),
     }
 }
 
@@ -313,24 +424,20 @@ macro_rules! float_arith {
 }
 float_arith!(f32, f64, f16, bf16);
 
-fn assign_typed<T: Arith>(op: Reduction, acc: &mut [u8], x: &[u8], x_first: bool) {
+fn assign_typed<T: Arith>(op: Reduction, acc: &mut [u8], x: &[u8]) {
     if cfg!(target_endian = "little") {
         if let (Ok(acc), Ok(x)) = (
             bytemuck::try_cast_slice_mut::<u8, T>(acc),
             bytemuck::try_cast_slice::<u8, T>(x),
         ) {
-            // One loop per operation and order, so that each inlines and vectorizes (a
-            // function pointer per element costs more than the memory it reads).
-            let pairs = acc.iter_mut().zip(x);
-            match (op, x_first) {
-                (Reduction::Sum | Reduction::Mean, false) => {
-                    pairs.for_each(|(a, b)| *a = a.add(*b))
+            // One loop per operation, so that each inlines and vectorizes (a function
+            // pointer per element costs more than the memory it reads).
+            match op {
+                Reduction::Sum | Reduction::Mean => {
+                    acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.add(*b))
                 }
-                (Reduction::Sum | Reduction::Mean, true) => pairs.for_each(|(a, b)| *a = b.add(*a)),
-                (Reduction::Max, false) => pairs.for_each(|(a, b)| *a = a.max(*b)),
-                (Reduction::Max, true) => pairs.for_each(|(a, b)| *a = b.max(*a)),
-                (Reduction::Min, false) => pairs.for_each(|(a, b)| *a = a.min(*b)),
-                (Reduction::Min, true) => pairs.for_each(|(a, b)| *a = b.min(*a)),
+                Reduction::Max => acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.max(*b)),
+                Reduction::Min => acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.min(*b)),
             }
             return;
         }
@@ -338,12 +445,7 @@ fn assign_typed<T: Arith>(op: Reduction, acc: &mut [u8], x: &[u8], x_first: bool
     let f = function::<T>(op);
     let size = std::mem::size_of::<T>();
     for (a, b) in acc.chunks_exact_mut(size).zip(x.chunks_exact(size)) {
-        let (a_value, b_value) = (read_le::<T>(a), read_le::<T>(b));
-        let r = if x_first {
-            f(b_value, a_value)
-        } else {
-            f(a_value, b_value)
-        };
+        let r = f(read_le::<T>(a), read_le::<T>(b));
         write_le(a, r);
     }
 }
@@ -437,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn elements_hold_every_dtype_as_bytes_and_become_the_tensor_again() {
+    fn an_input_reads_the_wire_bytes_and_chunks_become_the_tensor_again() {
         let t = Tensor::new(&[[1f32, 2.5], [3.0, 4.0], [5.0, 6.0]], &Device::Cpu).unwrap();
         for dtype in [
             DType::U8,
@@ -451,52 +553,66 @@ mod tests {
             DType::F64,
         ] {
             let t = t.to_dtype(dtype).unwrap();
-            let (element, mut elements) = Elements::of(&t).unwrap();
-            let (_, wire) = tensor_bytes(&t).unwrap();
-            assert_eq!(
-                elements.bytes(),
-                &wire[..],
-                "{dtype:?}: the same bytes as the wire's"
-            );
-            // Reduced in place through the byte view: x + x.
-            let copy = elements.bytes().to_vec();
-            reduce_assign(element, Reduction::Sum, elements.bytes_mut(), &copy);
-            let back = elements.into_tensor(&[3, 2]).unwrap();
-            assert_eq!(back.dtype(), dtype);
-            let want = (t.to_dtype(DType::F64).unwrap() * 2.0).unwrap();
-            let diff = (back.to_dtype(DType::F64).unwrap() - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            assert_eq!(diff, 0.0, "{dtype:?}");
+            // In place (contiguous) and copied (a transposed view) alike.
+            for input_of in [t.clone(), t.t().unwrap().contiguous().unwrap().t().unwrap()] {
+                let (element, input) = Input::of(&input_of).unwrap();
+                let (_, wire) = tensor_bytes(&input_of).unwrap();
+                assert_eq!(input.len(), wire.len(), "{dtype:?}");
+                let size = element.size();
+                let read = input.read(size..3 * size, <[u8]>::to_vec).unwrap();
+                assert_eq!(read, &wire[size..3 * size], "{dtype:?}");
+                assert!(input.read(0..wire.len() + 1, |_| ()).is_err());
+                // x + x, then back in three chunks cut at element boundaries.
+                let doubled = reduced(element, Reduction::Sum, &wire, &wire);
+                let chunks = [
+                    doubled.slice(..size),
+                    doubled.slice(size..4 * size),
+                    doubled.slice(4 * size..),
+                ];
+                let back = Elements::from_chunks(element, &chunks)
+                    .unwrap()
+                    .into_tensor(&[3, 2])
+                    .unwrap();
+                assert_eq!(back.dtype(), dtype);
+                let want = (input_of.to_dtype(DType::F64).unwrap() * 2.0).unwrap();
+                let diff = (back.to_dtype(DType::F64).unwrap() - want)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                assert_eq!(diff, 0.0, "{dtype:?}");
+            }
         }
-        let (_, elements) = Elements::of(&t).unwrap();
-        let err = elements.into_tensor(&[4, 2]).unwrap_err();
+        let (element, input) = Input::of(&t).unwrap();
+        let whole = input.read(0..input.len(), Bytes::copy_from_slice).unwrap();
+        let err = Elements::from_chunks(element, std::slice::from_ref(&whole))
+            .unwrap()
+            .into_tensor(&[4, 2])
+            .unwrap_err();
         assert!(err.to_string().contains("6 elements"), "{err}");
+        let err = Elements::from_chunks(element, &[whole.slice(..3)])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("whole"), "{err}");
     }
 
     #[test]
-    fn reduce_into_puts_the_other_operand_first() {
-        // max(+0, -0) is the first operand: the order is visible in the sign bit.
-        let plus = pod_bytes(vec![0f32, 1.0]);
-        let minus = pod_bytes(vec![-0f32, 2.0]);
-        for op in [Reduction::Sum, Reduction::Max, Reduction::Min] {
-            let mut first_then_acc = minus.to_vec();
-            reduce_into(Element::F32, op, &plus, &mut first_then_acc);
-            let mut acc_then_x = plus.to_vec();
-            reduce_assign(Element::F32, op, &mut acc_then_x, &minus);
-            assert_eq!(first_then_acc, acc_then_x, "{op}");
+    fn reduced_matches_reduce_assign_for_every_operation() {
+        let a = pod_bytes(vec![0f32, 1.0, f32::NAN, -3.0]);
+        let b = pod_bytes(vec![-0f32, 2.0, 1.0, 4.0]);
+        for op in [
+            Reduction::Sum,
+            Reduction::Mean,
+            Reduction::Max,
+            Reduction::Min,
+        ] {
+            let mut want = a.to_vec();
+            reduce_assign(Element::F32, op, &mut want, &b);
+            assert_eq!(&reduced(Element::F32, op, &a, &b)[..], &want[..], "{op}");
         }
-        let mut out = minus.to_vec();
-        reduce_into(Element::F32, Reduction::Max, &plus, &mut out);
-        assert_eq!(
-            bytemuck::cast_slice::<u8, f32>(&out)[0].to_bits(),
-            0f32.to_bits()
-        );
     }
 
     #[test]

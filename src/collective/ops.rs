@@ -26,7 +26,7 @@ use bytes::Bytes;
 use candle_core::Tensor;
 
 use super::element::{
-    bytes_tensor, reduce_assign, reduce_into, tensor_bytes, tensor_error, Element, Elements,
+    bytes_tensor, reduce_assign, reduced, tensor_bytes, tensor_error, Element, Elements, Input,
     Reduction,
 };
 use super::group::{ProcessGroup, Shared};
@@ -53,7 +53,7 @@ impl ProcessGroup {
         op: Reduction,
         tensor: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
-        let (element, data) = Elements::of(tensor)?;
+        let (element, data) = Input::of(tensor)?;
         let call = self.call(CallOp::ReduceScatter(op), element, tensor.dims(), 0);
         let n = self.size();
         let (guard, seq) = self.begin().await?;
@@ -161,13 +161,13 @@ impl ProcessGroup {
         tensor: &Tensor,
         parts: u64,
     ) -> Result<Tensor, CollectiveError> {
-        let (element, data) = Elements::of(tensor)?;
+        let (element, data) = Input::of(tensor)?;
         let call = self.call(CallOp::AllReduce(op), element, tensor.dims(), parts);
         let n = self.size();
         let (guard, seq) = self.begin().await?;
         let result = run(&self.shared, all_reduce(&self.shared, seq, &call, op, data)).await;
         drop(guard);
-        // The tensor is built over the reduced buffer itself.
+        // The tensor is built over the result's buffer itself.
         let out = result?.into_tensor(tensor.dims())?;
         finish_mean(op, out, n)
     }
@@ -234,41 +234,53 @@ async fn run<T>(
     }
 }
 
-/// The all-reduce, in place: `data` (this member's copy of its tensor) becomes the result.
+/// The all-reduce of `data` (this member's tensor): the reduced segments, put together.
 async fn all_reduce(
     g: &Shared,
     seq: u64,
     call: &Call,
     op: Reduction,
-    mut data: Elements,
+    data: Input,
 ) -> Result<Elements, CollectiveError> {
     let n = g.nodes.len();
     let es = call.element.size();
-    let len = data.bytes().len() / es;
+    let len = data.len() / es;
     if n == 1 {
-        return Ok(data);
+        let whole = data.read(0..data.len(), Bytes::copy_from_slice)?;
+        return Elements::from_chunks(call.element, &[whole]);
     }
-    if data.bytes().len() <= g.config.small_bytes_max {
-        let all = exchange_all(g, seq, call, &Bytes::copy_from_slice(data.bytes())).await?;
-        let out = data.bytes_mut();
+    if data.len() <= g.config.small_bytes_max {
+        let mine = data.read(0..data.len(), Bytes::copy_from_slice)?;
+        let all = exchange_all(g, seq, call, &mine).await?;
+        let mut out = vec![0u8; mine.len()];
         for k in 0..n {
             let seg = bytes_of(segment(len, n, k), es);
             fold_segment(call.element, op, &mut out[seg.clone()], k, n, |j| {
                 &all[j][seg.clone()]
             });
         }
-        return Ok(data);
+        return Elements::from_chunks(call.element, &[Bytes::from(out)]);
     }
-    reduce_scatter_ring(g, seq, call, op, data.bytes_mut(), true).await?;
-    // All-gather: segment r went out at step 0 as soon as each chunk was final.
+    // Every segment's final chunks, in order: this member's from the reduce-scatter, the
+    // others' from the all-gather (segment r went out at step 0 as soon as each chunk was
+    // final).
+    let mut segments: Vec<Vec<Bytes>> = vec![Vec::new(); n];
+    segments[g.rank] = reduce_scatter_ring(g, seq, call, op, &data, true).await?;
     let chunk_bytes = g.config.chunk_bytes;
-    ring_gather_phase(g, seq, call, data.bytes_mut(), |k| {
-        chunks(segment(len, n, k), es, chunk_bytes)
-            .map(|chunk| bytes_of(chunk, es))
-            .collect()
-    })
+    ring_gather_phase(
+        g,
+        seq,
+        call,
+        |k| {
+            chunks(segment(len, n, k), es, chunk_bytes)
+                .map(|chunk| bytes_of(chunk, es))
+                .collect()
+        },
+        |k, _, got| segments[k].push(got),
+    )
     .await?;
-    Ok(data)
+    let in_order: Vec<Bytes> = segments.into_iter().flatten().collect();
+    Elements::from_chunks(call.element, &in_order)
 }
 
 async fn reduce_scatter(
@@ -276,18 +288,18 @@ async fn reduce_scatter(
     seq: u64,
     call: &Call,
     op: Reduction,
-    mut data: Elements,
+    data: Input,
 ) -> Result<Vec<u8>, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
-    let len = data.bytes().len() / es;
+    let len = data.len() / es;
     let mine = bytes_of(segment(len, n, r), es);
     if n == 1 {
-        return Ok(data.bytes().to_vec());
+        return data.read(0..data.len(), <[u8]>::to_vec);
     }
-    if data.bytes().len() <= g.config.small_bytes_max {
+    if data.len() <= g.config.small_bytes_max {
         // Each member sends each other member only that member's segment.
-        let data = Bytes::copy_from_slice(data.bytes());
+        let data = data.read(0..data.len(), Bytes::copy_from_slice)?;
         for j in (0..n).filter(|&j| j != r) {
             let seg = bytes_of(segment(len, n, j), es);
             g.send(j, seq, tag(Phase::Direct, 0, 0), call, data.slice(seg));
@@ -303,38 +315,32 @@ async fn reduce_scatter(
         fold_segment(call.element, op, &mut out, r, n, |j| &parts[j][..]);
         return Ok(out);
     }
-    reduce_scatter_ring(g, seq, call, op, data.bytes_mut(), false).await?;
-    Ok(data.bytes()[mine].to_vec())
+    let own = reduce_scatter_ring(g, seq, call, op, &data, false).await?;
+    Ok(own.concat())
 }
 
-/// The ring's reduce-scatter, in place in `data` (this member's copy). At step `s` member `r`
-/// sends segment `r-s-1` to `r+1` and receives segment `r-s-2` from `r-1`, adding its own;
-/// segment `r` is final at the last step, and lands in `data`. With `then_gather`, each final
-/// chunk is also sent on at once as the all-gather's step 0.
+/// The ring's reduce-scatter of `data` (read where it lies, never written). At step `s`
+/// member `r` sends segment `r-s-1` to `r+1` and receives segment `r-s-2` from `r-1`, adding
+/// its own; segment `r` is final at the last step and is returned as its chunks. With
+/// `then_gather`, each final chunk is also sent on at once as the all-gather's step 0.
 async fn reduce_scatter_ring(
     g: &Shared,
     seq: u64,
     call: &Call,
     op: Reduction,
-    data: &mut [u8],
+    data: &Input,
     then_gather: bool,
-) -> Result<(), CollectiveError> {
+) -> Result<Vec<Bytes>, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
     let len = data.len() / es;
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
     let first = (r + n - 1) % n;
     for (c, chunk) in chunks(segment(len, n, first), es, g.config.chunk_bytes).enumerate() {
-        // A copy: `data` is reduced in place below while this chunk may still be queued.
-        let range = bytes_of(chunk, es);
-        g.send(
-            next,
-            seq,
-            tag(Phase::ReduceScatter, 0, c),
-            call,
-            Bytes::copy_from_slice(&data[range]),
-        );
+        let blob = data.read(bytes_of(chunk, es), Bytes::copy_from_slice)?;
+        g.send(next, seq, tag(Phase::ReduceScatter, 0, c), call, blob);
     }
+    let mut own = Vec::new();
     for s in 0..n - 1 {
         let k = (r + 2 * n - s - 2) % n;
         for (c, chunk) in chunks(segment(len, n, k), es, g.config.chunk_bytes).enumerate() {
@@ -348,33 +354,19 @@ async fn reduce_scatter_ring(
                     range.len(),
                 )
                 .await?;
+            // `partial op own`: the group's order (module doc).
+            let acc = data.read(range, |mine| reduced(call.element, op, &partial, mine))?;
             if s + 1 < n - 1 {
-                // The received buffer itself where this member holds it alone (no copy).
-                let mut acc = Vec::from(partial);
-                reduce_assign(call.element, op, &mut acc, &data[range]);
-                g.send(
-                    next,
-                    seq,
-                    tag(Phase::ReduceScatter, s + 1, c),
-                    call,
-                    acc.into(),
-                );
+                g.send(next, seq, tag(Phase::ReduceScatter, s + 1, c), call, acc);
             } else {
-                // The final chunk of this member's segment: `partial op own`, in place.
-                reduce_into(call.element, op, &partial, &mut data[range.clone()]);
                 if then_gather {
-                    g.send(
-                        next,
-                        seq,
-                        tag(Phase::AllGather, 0, c),
-                        call,
-                        Bytes::copy_from_slice(&data[range]),
-                    );
+                    g.send(next, seq, tag(Phase::AllGather, 0, c), call, acc.clone());
                 }
+                own.push(acc);
             }
         }
     }
-    Ok(())
+    Ok(own)
 }
 
 async fn all_gather(
@@ -408,25 +400,32 @@ async fn all_gather(
             data.slice(cut.clone()),
         );
     }
-    ring_gather_phase(g, seq, call, &mut out, |k| {
-        cuts.iter()
-            .map(|cut| k * block + cut.start..k * block + cut.end)
-            .collect()
-    })
+    ring_gather_phase(
+        g,
+        seq,
+        call,
+        |k| {
+            cuts.iter()
+                .map(|cut| k * block + cut.start..k * block + cut.end)
+                .collect()
+        },
+        |_, range, got| out[range].copy_from_slice(&got),
+    )
     .await?;
     Ok(out)
 }
 
 /// The gathering phase of a ring, after each member sent its own segment's chunks at step 0:
-/// at step `s` a member receives segment `(rank - s - 1) mod n` from its predecessor, chunk by
-/// chunk (`chunks_of(k)`: where segment `k`'s chunks go in `out`, in order), writes each, and
-/// passes it on to its successor unless it is the last step.
+/// at step `s` a member receives segment `k = (rank - s - 1) mod n` from its predecessor,
+/// chunk by chunk (`chunks_of(k)`: the byte ranges of segment `k`'s chunks, in order), hands
+/// each to `keep(k, range, chunk)`, and passes it on to its successor unless it is the last
+/// step.
 async fn ring_gather_phase(
     g: &Shared,
     seq: u64,
     call: &Call,
-    out: &mut [u8],
     chunks_of: impl Fn(usize) -> Vec<Range<usize>>,
+    mut keep: impl FnMut(usize, Range<usize>, Bytes),
 ) -> Result<(), CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
@@ -436,10 +435,16 @@ async fn ring_gather_phase(
             let got = g
                 .recv(prev, seq, tag(Phase::AllGather, s, c), call, range.len())
                 .await?;
-            out[range].copy_from_slice(&got);
             if s + 1 < n - 1 {
-                g.send(next, seq, tag(Phase::AllGather, s + 1, c), call, got);
+                g.send(
+                    next,
+                    seq,
+                    tag(Phase::AllGather, s + 1, c),
+                    call,
+                    got.clone(),
+                );
             }
+            keep(k, range, got);
         }
     }
     Ok(())
