@@ -243,8 +243,7 @@ fn cpu_bytes(cpu: &CpuStorage, elements: Range<usize>) -> Option<&[u8]> {
     })
 }
 
-/// A result's elements in a buffer of their own type, put together from little-endian chunks
-/// in order (one pass, into fresh memory) and handed to candle without another copy.
+/// A result's elements in a buffer of their own type, handed to candle without another copy.
 pub(crate) enum Elements {
     U8(Vec<u8>),
     U32(Vec<u32>),
@@ -257,80 +256,139 @@ pub(crate) enum Elements {
     F64(Vec<f64>),
 }
 
-impl Elements {
-    /// The elements of `chunks` (little-endian `element`s, whole elements each), in order.
-    pub(crate) fn from_chunks(element: Element, chunks: &[Bytes]) -> Result<Self, CollectiveError> {
-        let size = element.size();
-        if let Some(bad) = chunks.iter().find(|c| c.len() % size != 0) {
-            return Err(CollectiveError::Tensor(format!(
-                "a chunk of {} bytes does not hold whole {element:?} elements",
-                bad.len()
-            )));
+/// `$body` with `$v` bound to the vector of whichever element type `$e` holds.
+macro_rules! with_vec {
+    ($e:expr, $v:ident => $body:expr) => {
+        match $e {
+            Elements::U8($v) => $body,
+            Elements::U32($v) => $body,
+            Elements::I16($v) => $body,
+            Elements::I32($v) => $body,
+            Elements::I64($v) => $body,
+            Elements::BF16($v) => $body,
+            Elements::F16($v) => $body,
+            Elements::F32($v) => $body,
+            Elements::F64($v) => $body,
         }
-        let count = chunks.iter().map(Bytes::len).sum::<usize>() / size;
-        Ok(match element {
-            Element::U8 => Elements::U8(gather_values(chunks, count)),
-            Element::U32 => Elements::U32(gather_values(chunks, count)),
-            Element::I16 => Elements::I16(gather_values(chunks, count)),
-            Element::I32 => Elements::I32(gather_values(chunks, count)),
-            Element::I64 => Elements::I64(gather_values(chunks, count)),
-            Element::BF16 => Elements::BF16(gather_values(chunks, count)),
-            Element::F16 => Elements::F16(gather_values(chunks, count)),
-            Element::F32 => Elements::F32(gather_values(chunks, count)),
-            Element::F64 => Elements::F64(gather_values(chunks, count)),
-        })
+    };
+}
+
+impl Elements {
+    /// Room for `count` elements of `element`, none yet.
+    pub(crate) fn with_capacity(element: Element, count: usize) -> Self {
+        match element {
+            Element::U8 => Elements::U8(Vec::with_capacity(count)),
+            Element::U32 => Elements::U32(Vec::with_capacity(count)),
+            Element::I16 => Elements::I16(Vec::with_capacity(count)),
+            Element::I32 => Elements::I32(Vec::with_capacity(count)),
+            Element::I64 => Elements::I64(Vec::with_capacity(count)),
+            Element::BF16 => Elements::BF16(Vec::with_capacity(count)),
+            Element::F16 => Elements::F16(Vec::with_capacity(count)),
+            Element::F32 => Elements::F32(Vec::with_capacity(count)),
+            Element::F64 => Elements::F64(Vec::with_capacity(count)),
+        }
+    }
+
+    /// Appends the little-endian elements of `chunk` (whole elements).
+    pub(crate) fn extend_le(&mut self, chunk: &[u8]) -> Result<(), CollectiveError> {
+        with_vec!(self, v => extend_values(v, chunk))
+    }
+
+    /// The elements of `chunks` (little-endian, whole elements each), in order.
+    pub(crate) fn from_chunks(element: Element, chunks: &[Bytes]) -> Result<Self, CollectiveError> {
+        let count = chunks.iter().map(Bytes::len).sum::<usize>() / element.size();
+        let mut out = Self::with_capacity(element, count);
+        for chunk in chunks {
+            out.extend_le(chunk)?;
+        }
+        Ok(out)
     }
 
     /// A CPU tensor of `dims` over the buffer itself.
     pub(crate) fn into_tensor(self, dims: &[usize]) -> Result<Tensor, CollectiveError> {
         let count: usize = dims.iter().product();
         let device = &Device::Cpu;
-        let held = match &self {
-            Elements::U8(v) => v.len(),
-            Elements::U32(v) => v.len(),
-            Elements::I16(v) => v.len(),
-            Elements::I32(v) => v.len(),
-            Elements::I64(v) => v.len(),
-            Elements::BF16(v) => v.len(),
-            Elements::F16(v) => v.len(),
-            Elements::F32(v) => v.len(),
-            Elements::F64(v) => v.len(),
-        };
+        let held = with_vec!(&self, v => v.len());
         if held != count {
             return Err(CollectiveError::Tensor(format!(
                 "{held} elements cannot have the shape {dims:?}"
             )));
         }
-        let tensor = match self {
-            Elements::U8(v) => Tensor::from_vec(v, dims, device),
-            Elements::U32(v) => Tensor::from_vec(v, dims, device),
-            Elements::I16(v) => Tensor::from_vec(v, dims, device),
-            Elements::I32(v) => Tensor::from_vec(v, dims, device),
-            Elements::I64(v) => Tensor::from_vec(v, dims, device),
-            Elements::BF16(v) => Tensor::from_vec(v, dims, device),
-            Elements::F16(v) => Tensor::from_vec(v, dims, device),
-            Elements::F32(v) => Tensor::from_vec(v, dims, device),
-            Elements::F64(v) => Tensor::from_vec(v, dims, device),
-        };
-        tensor.map_err(tensor_error)
+        with_vec!(self, v => Tensor::from_vec(v, dims, device)).map_err(tensor_error)
     }
 }
 
-/// `count` values from little-endian `chunks`, in order: a plain copy of each where it is
-/// aligned on a little-endian machine.
-fn gather_values<T: bytemuck::Pod>(chunks: &[Bytes], count: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(count);
-    for chunk in chunks {
-        match bytemuck::try_cast_slice::<u8, T>(chunk) {
-            Ok(values) if cfg!(target_endian = "little") => out.extend_from_slice(values),
-            _ => out.extend(
-                chunk
-                    .chunks_exact(std::mem::size_of::<T>())
-                    .map(read_le::<T>),
-            ),
+/// Appends the little-endian values of `chunk`: a plain copy where it is aligned on a
+/// little-endian machine.
+fn extend_values<T: bytemuck::Pod>(out: &mut Vec<T>, chunk: &[u8]) -> Result<(), CollectiveError> {
+    let size = std::mem::size_of::<T>();
+    if chunk.len() % size != 0 {
+        return Err(CollectiveError::Tensor(format!(
+            "a chunk of {} bytes does not hold whole elements of {size} bytes",
+            chunk.len()
+        )));
+    }
+    match bytemuck::try_cast_slice::<u8, T>(chunk) {
+        Ok(values) if cfg!(target_endian = "little") => out.extend_from_slice(values),
+        _ => out.extend(chunk.chunks_exact(size).map(read_le::<T>)),
+    }
+    Ok(())
+}
+
+/// A result put together in order from chunks that arrive in any order: each chunk is
+/// copied once, when every byte before it is in (a chunk that comes early waits, shared, not
+/// copied). No buffer is zeroed first.
+pub(crate) struct Assembler {
+    out: Elements,
+    filled: usize,
+    total: usize,
+    early: std::collections::BTreeMap<usize, Bytes>,
+}
+
+impl Assembler {
+    /// A result of `count` elements of `element`.
+    pub(crate) fn new(element: Element, count: usize) -> Self {
+        Self {
+            out: Elements::with_capacity(element, count),
+            filled: 0,
+            total: count * element.size(),
+            early: std::collections::BTreeMap::new(),
         }
     }
-    out
+
+    /// The chunk of bytes from `at` of the result.
+    pub(crate) fn place(&mut self, at: usize, chunk: Bytes) -> Result<(), CollectiveError> {
+        if at < self.filled || at + chunk.len() > self.total || self.early.contains_key(&at) {
+            return Err(CollectiveError::Tensor(format!(
+                "a chunk of {} bytes at byte {at} of a result of {} bytes, {} of them in",
+                chunk.len(),
+                self.total,
+                self.filled
+            )));
+        }
+        if at > self.filled {
+            self.early.insert(at, chunk);
+            return Ok(());
+        }
+        self.out.extend_le(&chunk)?;
+        self.filled += chunk.len();
+        while let Some(next) = self.early.remove(&self.filled) {
+            self.out.extend_le(&next)?;
+            self.filled += next.len();
+        }
+        Ok(())
+    }
+
+    /// The result, once every byte is in.
+    pub(crate) fn finish(self) -> Result<Elements, CollectiveError> {
+        if self.filled != self.total {
+            return Err(CollectiveError::Tensor(format!(
+                "a result of {} bytes with only {} in",
+                self.total, self.filled
+            )));
+        }
+        Ok(self.out)
+    }
 }
 
 /// `a (op) b`, element-wise over little-endian blobs of `element` of the same length, into
@@ -597,6 +655,29 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("whole"), "{err}");
+    }
+
+    #[test]
+    fn an_assembler_puts_chunks_in_order_whatever_order_they_come_in() {
+        let values: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        let wire = pod_bytes(values.clone());
+        // Chunks of 3, 3 and 4 elements, placed last first.
+        let cuts = [(0, 12), (12, 24), (24, 40)];
+        let mut assembler = Assembler::new(Element::F32, 10);
+        for &(start, end) in cuts.iter().rev() {
+            assembler.place(start, wire.slice(start..end)).unwrap();
+        }
+        let out = assembler.finish().unwrap().into_tensor(&[10]).unwrap();
+        assert_eq!(out.to_vec1::<f32>().unwrap(), values);
+        // A chunk twice, one past the end, and a result not all in are errors.
+        let mut assembler = Assembler::new(Element::F32, 10);
+        assembler.place(12, wire.slice(12..24)).unwrap();
+        assert!(assembler.place(12, wire.slice(12..24)).is_err());
+        assert!(assembler.place(36, wire.slice(24..40)).is_err());
+        assembler.place(0, wire.slice(0..12)).unwrap();
+        assert!(assembler.place(0, wire.slice(0..12)).is_err());
+        let err = assembler.finish().err().unwrap();
+        assert!(err.to_string().contains("only 24 in"), "{err}");
     }
 
     #[test]

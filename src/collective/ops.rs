@@ -26,8 +26,8 @@ use bytes::Bytes;
 use candle_core::Tensor;
 
 use super::element::{
-    bytes_tensor, reduce_assign, reduced, tensor_bytes, tensor_error, Element, Elements, Input,
-    Reduction,
+    bytes_tensor, reduce_assign, reduced, tensor_bytes, tensor_error, Assembler, Element, Elements,
+    Input, Reduction,
 };
 use super::group::{ProcessGroup, Shared};
 use super::wire::{tag, Call, CallOp, Phase};
@@ -261,12 +261,16 @@ async fn all_reduce(
         }
         return Elements::from_chunks(call.element, &[Bytes::from(out)]);
     }
-    // Every segment's final chunks, in order: this member's from the reduce-scatter, the
-    // others' from the all-gather (segment r went out at step 0 as soon as each chunk was
-    // final).
-    let mut segments: Vec<Vec<Bytes>> = vec![Vec::new(); n];
-    segments[g.rank] = reduce_scatter_ring(g, seq, call, op, &data, true).await?;
+    // Each final chunk goes to its place as it is known: this member's segment from the
+    // reduce-scatter, the others' from the all-gather (segment r went out at step 0 as soon
+    // as each chunk was final).
+    let mut out = Assembler::new(call.element, len);
+    reduce_scatter_ring(g, seq, call, op, &data, true, |range, chunk| {
+        out.place(range.start, chunk.clone())
+    })
+    .await?;
     let chunk_bytes = g.config.chunk_bytes;
+    let mut placed = Ok(());
     ring_gather_phase(
         g,
         seq,
@@ -276,11 +280,15 @@ async fn all_reduce(
                 .map(|chunk| bytes_of(chunk, es))
                 .collect()
         },
-        |k, _, got| segments[k].push(got),
+        |_, range, got| {
+            if placed.is_ok() {
+                placed = out.place(range.start, got);
+            }
+        },
     )
     .await?;
-    let in_order: Vec<Bytes> = segments.into_iter().flatten().collect();
-    Elements::from_chunks(call.element, &in_order)
+    placed?;
+    out.finish()
 }
 
 async fn reduce_scatter(
@@ -315,14 +323,20 @@ async fn reduce_scatter(
         fold_segment(call.element, op, &mut out, r, n, |j| &parts[j][..]);
         return Ok(out);
     }
-    let own = reduce_scatter_ring(g, seq, call, op, &data, false).await?;
-    Ok(own.concat())
+    let mut own = Vec::with_capacity(mine.len());
+    reduce_scatter_ring(g, seq, call, op, &data, false, |_, chunk| {
+        own.extend_from_slice(chunk);
+        Ok(())
+    })
+    .await?;
+    Ok(own)
 }
 
 /// The ring's reduce-scatter of `data` (read where it lies, never written). At step `s`
 /// member `r` sends segment `r-s-1` to `r+1` and receives segment `r-s-2` from `r-1`, adding
-/// its own; segment `r` is final at the last step and is returned as its chunks. With
-/// `then_gather`, each final chunk is also sent on at once as the all-gather's step 0.
+/// its own; segment `r` is final at the last step, and each of its chunks goes to
+/// `on_final(its byte range in the tensor, the chunk)`, in order. With `then_gather`, each
+/// final chunk is also sent on at once as the all-gather's step 0.
 async fn reduce_scatter_ring(
     g: &Shared,
     seq: u64,
@@ -330,7 +344,8 @@ async fn reduce_scatter_ring(
     op: Reduction,
     data: &Input,
     then_gather: bool,
-) -> Result<Vec<Bytes>, CollectiveError> {
+    mut on_final: impl FnMut(Range<usize>, &Bytes) -> Result<(), CollectiveError>,
+) -> Result<(), CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
     let len = data.len() / es;
@@ -340,7 +355,6 @@ async fn reduce_scatter_ring(
         let blob = data.read(bytes_of(chunk, es), Bytes::copy_from_slice)?;
         g.send(next, seq, tag(Phase::ReduceScatter, 0, c), call, blob);
     }
-    let mut own = Vec::new();
     for s in 0..n - 1 {
         let k = (r + 2 * n - s - 2) % n;
         for (c, chunk) in chunks(segment(len, n, k), es, g.config.chunk_bytes).enumerate() {
@@ -355,18 +369,20 @@ async fn reduce_scatter_ring(
                 )
                 .await?;
             // `partial op own`: the group's order (module doc).
-            let acc = data.read(range, |mine| reduced(call.element, op, &partial, mine))?;
+            let acc = data.read(range.clone(), |mine| {
+                reduced(call.element, op, &partial, mine)
+            })?;
             if s + 1 < n - 1 {
                 g.send(next, seq, tag(Phase::ReduceScatter, s + 1, c), call, acc);
             } else {
                 if then_gather {
                     g.send(next, seq, tag(Phase::AllGather, 0, c), call, acc.clone());
                 }
-                own.push(acc);
+                on_final(range, &acc)?;
             }
         }
     }
-    Ok(own)
+    Ok(())
 }
 
 async fn all_gather(
