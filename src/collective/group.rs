@@ -1235,6 +1235,11 @@ struct GroupState {
     /// Chunks delivered and not yet consumed, by (sender rank, seq, tag); at most `window`
     /// per sender.
     inbox: HashMap<(usize, u64, u64), Arrived>,
+    /// Plaintext links whose peer closed them, by its rank, and how they ended. A closed link
+    /// is a lost member only once a call waits for a chunk from it that never came: a member
+    /// that finished its last call and went away may have closed its link before this member
+    /// took the chunks it had sent.
+    closed: HashMap<usize, String>,
 }
 
 struct Arrived {
@@ -1419,7 +1424,19 @@ impl Shared {
                     drop(state);
                     return Err(self.fail(self.mismatch(seq, call, rank, &theirs), true));
                 }
-                state.inbox.remove(&(from, seq, tag))
+                let found = state.inbox.remove(&(from, seq, tag));
+                if found.is_none() {
+                    if let Some(reason) = state.closed.get(&from).cloned() {
+                        drop(state);
+                        let err = CollectiveError::MemberLost {
+                            node: self.nodes[from].clone(),
+                            epoch: self.epoch,
+                            reason,
+                        };
+                        return Err(self.fail(err, true));
+                    }
+                }
+                found
             };
             if let Some(arrived) = found {
                 arrived.answer.give(Reply::Ack, self.header_max);
@@ -1534,6 +1551,20 @@ impl Shared {
             );
         };
         self.hold(from, seq, tag, call, blob, Answer::Quic(responder));
+    }
+
+    /// The plaintext link from the member of rank `from` ended (`reason`) after delivering
+    /// what it delivered: a call that waits for a chunk from it that is not in the inbox fails
+    /// with [`CollectiveError::MemberLost`] (see `GroupState::closed`).
+    pub(crate) fn plain_link_ended(&self, from: usize, reason: String) {
+        {
+            let mut state = self.lock();
+            if state.broken.is_some() {
+                return;
+            }
+            state.closed.insert(from, reason);
+        }
+        self.arrived.notify_waiters();
     }
 
     /// Takes a chunk of the plaintext plane from the member of rank `from`; `credit` is the

@@ -13,8 +13,11 @@
 //! `u64` blob length, the blob; both lengths bounded by the transport's frame limit. The
 //! receiver reads the next frame only while it holds fewer than the group's `window` unread
 //! chunks of that sender (TCP's own flow control then holds the sender back), which is what a
-//! request's late answer does on QUIC. Losing a link is losing the member
-//! ([`CollectiveError::MemberLost`]); control messages (`Abort`, probes) stay on QUIC.
+//! request's late answer does on QUIC. A malformed frame or a failed write loses the member at
+//! once ([`CollectiveError::MemberLost`]); a link the peer closed loses it when a call waits for
+//! a chunk from it that never came (a member that finished its last call and exited closes its
+//! links before its peers took every chunk it sent, as they are entitled to). Control messages
+//! (`Abort`, probes) stay on QUIC.
 //!
 //! This module owns the listener, the handshake and a link's two loops; the group's
 //! state machine stays in `group.rs`.
@@ -191,7 +194,11 @@ pub(crate) async fn read_loop(
                 );
                 return;
             }
-            Err(reason) => {
+            Err(ReadError::Ended(reason)) => {
+                shared.plain_link_ended(from, reason);
+                return;
+            }
+            Err(ReadError::Malformed(reason)) => {
                 shared.fail(
                     CollectiveError::MemberLost {
                         node: peer.clone(),
@@ -206,20 +213,34 @@ pub(crate) async fn read_loop(
     }
 }
 
+/// Why a link's next frame could not be read.
+enum ReadError {
+    /// The connection ended (closed or reset): the member is lost if a chunk it owed is
+    /// awaited (`Shared::plain_link_ended`).
+    Ended(String),
+    /// The peer sent something that is not a frame within the limits: lost at once.
+    Malformed(String),
+}
+
 /// One frame: its header decoded and its blob.
-async fn read_frame(reader: &mut OwnedReadHalf, frame_max: u64) -> Result<(Wire, Bytes), String> {
-    let io = |e: std::io::Error| format!("its TCP link ended: {e}");
+async fn read_frame(
+    reader: &mut OwnedReadHalf,
+    frame_max: u64,
+) -> Result<(Wire, Bytes), ReadError> {
+    let io = |e: std::io::Error| ReadError::Ended(format!("its TCP link ended: {e}"));
     let header_len = reader.read_u32_le().await.map_err(io)? as u64;
     if header_len > frame_max {
-        return Err(format!(
+        return Err(ReadError::Malformed(format!(
             "a chunk header of {header_len} bytes (limit {frame_max})"
-        ));
+        )));
     }
     let mut header = vec![0u8; header_len as usize];
     reader.read_exact(&mut header).await.map_err(io)?;
     let blob_len = reader.read_u64_le().await.map_err(io)?;
     if blob_len > frame_max {
-        return Err(format!("a chunk of {blob_len} bytes (limit {frame_max})"));
+        return Err(ReadError::Malformed(format!(
+            "a chunk of {blob_len} bytes (limit {frame_max})"
+        )));
     }
     // Read into spare capacity (no zeroing first): every pass over a chunk counts here.
     let mut blob = bytes::BytesMut::with_capacity(blob_len as usize);
@@ -234,6 +255,6 @@ async fn read_frame(reader: &mut OwnedReadHalf, frame_max: u64) -> Result<(Wire,
     };
     let wire = frame
         .decode::<Wire>(frame_max as u32)
-        .map_err(|e| format!("a chunk header that does not decode: {e}"))?;
+        .map_err(|e| ReadError::Malformed(format!("a chunk header that does not decode: {e}")))?;
     Ok((wire, blob.freeze()))
 }
