@@ -37,6 +37,14 @@ pub fn run() -> Result<(), CliError> {
         }
     }
     drop(runtime);
+    // The plaintext plane again with every member a process of its own, as gloo's figures are.
+    let mut process_rows = Vec::new();
+    for members in MEMBERS {
+        for mib in SIZES_MIB {
+            let seconds = time_member_processes(members, mib).map_err(|e| failed(&e))?;
+            process_rows.push((members, mib, seconds));
+        }
+    }
     let after = super::bench::bare_quinn_goodput()?;
     let ceiling = (before + after) / 2.0 * MIB / 1e9;
     println!(
@@ -66,13 +74,25 @@ pub fn run() -> Result<(), CliError> {
     println!("target: busbw/bound >= 0.70 at 64 MiB");
     println!(
         "\nplaintext data plane (GroupConfig::plaintext: TCP links set up over QUIC; trusted \
-         networks only), beside gloo over TCP measured on this machine at 64 MiB"
+         networks only), beside gloo over TCP measured on this machine at 64 MiB (processes)"
     );
+    print_plain_rows("members as tasks of one process", &plain_rows);
+    print_plain_rows(
+        "members as processes (cohort collective-member), as gloo's were",
+        &process_rows,
+    );
+    println!("target: busbw above gloo's at 64 MiB");
+    Ok(())
+}
+
+/// The plaintext plane's rows (members, MiB, seconds per all-reduce) beside gloo's figures.
+fn print_plain_rows(how: &str, rows: &[(u32, usize, f64)]) {
+    println!("{how}:");
     println!(
         "{:>7} {:>8} {:>10} {:>12} {:>12} {:>18}",
         "members", "size", "time ms", "algbw GB/s", "busbw GB/s", "gloo busbw GB/s"
     );
-    for (members, mib, seconds) in plain_rows {
+    for &(members, mib, seconds) in rows {
         let n = members as f64;
         let algbw = mib as f64 * MIB / seconds / 1e9;
         let busbw = algbw * 2.0 * (n - 1.0) / n;
@@ -87,9 +107,62 @@ pub fn run() -> Result<(), CliError> {
             seconds * 1e3,
         );
     }
-    println!("target: busbw above gloo's at 64 MiB");
-    Ok(())
 }
+
+/// Seconds of one plaintext all-reduce of `mib` MiB among `members` processes of this binary
+/// (`collective-member --bench-mib`): the slowest member's mean.
+fn time_member_processes(members: u32, mib: usize) -> Result<f64, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "cohort-bench-allreduce-{}-{members}-{mib}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addrs = super::bench_mwms::bench_nodes(&dir, members as usize)?;
+    let spec: Vec<String> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| format!("worker/{i}={addr}"))
+        .collect();
+    // A fresh process faults in its buffers' pages during its first calls: a longer warm-up
+    // and more timed calls than the tasks' (1 GiB of each: 16 calls at 64 MiB).
+    let rounds = (PROCESS_BYTES / (mib << 20)).clamp(3, 40);
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let timed = super::bench_mwms::run_bench_processes(
+        members as usize,
+        |index| {
+            let mut command = std::process::Command::new(&exe);
+            command
+                .arg("collective-member")
+                .args(["--node", &format!("worker/{index}")])
+                .arg("--certs")
+                .arg(&dir)
+                .args(["--listen", &addrs[index], "--members", &spec.join(",")])
+                .args(["--idle-timeout-ms", "10000", "--plaintext"])
+                .args(["--bench-mib", &mib.to_string()])
+                .args(["--bench-warmup", &rounds.to_string()])
+                .args(["--bench-rounds", &rounds.to_string()]);
+            command
+        },
+        |text| {
+            let field = |key: &str| {
+                text.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+            };
+            let rounds: usize = field("rounds")?.parse().ok()?;
+            let seconds: f64 = field("seconds")?.parse().ok()?;
+            (rounds > 0 && seconds > 0.0).then_some(seconds / rounds as f64)
+        },
+        PROCESS_RUN_MAX,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let timed = timed.map_err(|e| format!("{members} member processes, {mib} MiB: {e}"))?;
+    Ok(timed.values().copied().fold(0.0, f64::max))
+}
+
+/// Bytes all-reduced per member-process row, warm-up and timed each.
+const PROCESS_BYTES: usize = 1 << 30;
+/// Bound on one run of member processes, forming included.
+const PROCESS_RUN_MAX: Duration = Duration::from_secs(120);
 
 /// `n` members on their own endpoints in this process, formed at epoch 1 (over the
 /// plaintext data plane if `plaintext`).

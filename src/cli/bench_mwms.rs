@@ -81,22 +81,7 @@ fn run_workers(
 ) -> Result<f64, CliError> {
     let failed = |what: String| CliError::Failed(format!("bench mwms, {workers} workers: {what}"));
     let certs = dir.join(format!("certs-{workers}-{plaintext}"));
-    std::fs::create_dir_all(&certs).map_err(|e| failed(format!("{}: {e}", certs.display())))?;
-    let ca = ClusterCa::generate("bench-mwms").map_err(|e| failed(e.to_string()))?;
-    let mut addrs = Vec::new();
-    for index in 0..workers {
-        // A free port: bound, then released for the worker to bind right after.
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| failed(e.to_string()))?;
-        addrs.push(
-            socket
-                .local_addr()
-                .map_err(|e| failed(e.to_string()))?
-                .to_string(),
-        );
-        ca.issue(&NodeId::new("worker", index as u32))
-            .and_then(|creds| creds.save(&certs))
-            .map_err(|e| failed(e.to_string()))?;
-    }
+    let addrs = bench_nodes(&certs, workers).map_err(failed)?;
     let cluster = serde_json::to_string(&BTreeMap::from([("worker", &addrs)]))
         .map_err(|e| failed(e.to_string()))?;
     let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
@@ -107,21 +92,66 @@ fn run_workers(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads =
         std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| (cores / workers).max(1).to_string());
+    let timed = run_bench_processes(
+        workers,
+        |index| {
+            let tf_config = format!(
+                r#"{{"cluster": {cluster}, "task": {{"type": "worker", "index": {index}}}}}"#
+            );
+            let mut command = Command::new(&exe);
+            command
+                .arg("mwms-member")
+                .args(plaintext.then_some("--plaintext"))
+                .arg("--certs")
+                .arg(&certs)
+                .args(["--bench-batch", &BATCH_PER_WORKER.to_string()])
+                .args(["--bench-warmup", &warmup.to_string()])
+                .args(["--steps", &steps.to_string()])
+                .env("TF_CONFIG", tf_config)
+                .env("RAYON_NUM_THREADS", &threads);
+            command
+        },
+        parse_timed,
+        RUN_MAX,
+    )
+    .map_err(failed)?;
+    let slowest = timed
+        .values()
+        .map(|&(steps, seconds)| seconds / steps.max(1) as f64)
+        .fold(0.0, f64::max);
+    Ok(1.0 / slowest)
+}
+
+/// Certificates for `worker/0..count` under `certs` (a CA made for the run) and a free
+/// 127.0.0.1 port for each (bound, then released for the process to bind right after).
+pub(super) fn bench_nodes(certs: &Path, count: usize) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(certs).map_err(|e| format!("{}: {e}", certs.display()))?;
+    let ca = ClusterCa::generate("bench").map_err(|e| e.to_string())?;
+    let mut addrs = Vec::new();
+    for index in 0..count {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        addrs.push(socket.local_addr().map_err(|e| e.to_string())?.to_string());
+        ca.issue(&NodeId::new("worker", index as u32))
+            .and_then(|creds| creds.save(certs))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(addrs)
+}
+
+/// Starts `count` processes (`command(index)`, stdin closed, stdout read, stderr dropped) and
+/// waits, at most `bound`, until each printed a `bench ...` line that `parse` takes (the text
+/// after `bench `); a line starting `error `, a line `parse` refuses, or a process that exits
+/// without its line fails the run (and stops the others). Results by process index.
+pub(super) fn run_bench_processes<T>(
+    count: usize,
+    mut command: impl FnMut(usize) -> Command,
+    parse: impl Fn(&str) -> Option<T>,
+    bound: Duration,
+) -> Result<BTreeMap<usize, T>, String> {
     let (tx, lines) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
-    for index in 0..workers {
-        let tf_config =
-            format!(r#"{{"cluster": {cluster}, "task": {{"type": "worker", "index": {index}}}}}"#);
-        let spawned = Command::new(&exe)
-            .arg("mwms-member")
-            .args(plaintext.then_some("--plaintext"))
-            .arg("--certs")
-            .arg(&certs)
-            .args(["--bench-batch", &BATCH_PER_WORKER.to_string()])
-            .args(["--bench-warmup", &warmup.to_string()])
-            .args(["--steps", &steps.to_string()])
-            .env("TF_CONFIG", tf_config)
-            .env("RAYON_NUM_THREADS", &threads)
+    for index in 0..count {
+        let spawned = command(index)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -130,7 +160,7 @@ fn run_workers(
             Ok(child) => child,
             Err(e) => {
                 stop(&mut children);
-                return Err(failed(format!("cannot start a worker: {e}")));
+                return Err(format!("cannot start process {index}: {e}"));
             }
         };
         if let Some(stdout) = child.stdout.take() {
@@ -146,36 +176,36 @@ fn run_workers(
         children.push(child);
     }
     drop(tx);
-    let deadline = Instant::now() + RUN_MAX;
-    let mut timed: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
+    let deadline = Instant::now() + bound;
+    let mut results: BTreeMap<usize, T> = BTreeMap::new();
     let outcome = loop {
-        if timed.len() == workers {
+        if results.len() == count {
             break Ok(());
         }
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            break Err(failed(format!("no result within {RUN_MAX:?}")));
+            break Err(format!("no result within {bound:?}"));
         };
         match lines.recv_timeout(left) {
             Ok((index, line)) => {
                 if let Some(rest) = line.strip_prefix("bench ") {
-                    match parse_timed(rest) {
+                    match parse(rest) {
                         Some(t) => {
-                            timed.insert(index, t);
+                            results.insert(index, t);
                         }
-                        None => break Err(failed(format!("worker {index} said {line:?}"))),
+                        None => break Err(format!("process {index} said {line:?}")),
                     }
                 } else if line.starts_with("error ") {
-                    break Err(failed(format!("worker {index}: {line}")));
+                    break Err(format!("process {index}: {line}"));
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                break Err(failed(format!("no result within {RUN_MAX:?}")))
+                break Err(format!("no result within {bound:?}"))
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                break Err(failed(format!(
-                    "the workers exited with {} of {workers} results",
-                    timed.len()
-                )))
+                break Err(format!(
+                    "the processes exited with {} of {count} results",
+                    results.len()
+                ))
             }
         }
     };
@@ -185,12 +215,7 @@ fn run_workers(
     for child in &mut children {
         let _ = child.wait();
     }
-    outcome?;
-    let slowest = timed
-        .values()
-        .map(|&(steps, seconds)| seconds / steps.max(1) as f64)
-        .fold(0.0, f64::max);
-    Ok(1.0 / slowest)
+    outcome.map(|()| results)
 }
 
 /// `steps=N seconds=S loss=L`: the steps and their seconds.

@@ -5,7 +5,8 @@
 //! its stdin closes, checking every result, and prints one line per event on stdout:
 //! `formed epoch=E rank=R members=[..]`, `ok epoch=E round=K`, `error epoch=E kind=K node=N
 //! detail=..`, `stopped`. When a member is lost it re-forms with the others at the next epoch
-//! and goes on; any other error ends it with exit code 3.
+//! and goes on; any other error ends it with exit code 3. With `--bench-mib` it times
+//! all-reduces instead, for `cohort bench allreduce`'s members as processes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +41,21 @@ pub(crate) struct MemberArgs {
     /// The transport's idle timeout: the detection budget of a lost member.
     #[arg(long, default_value_t = 800)]
     idle_timeout_ms: u64,
+    /// The plaintext data plane (`GroupConfig::plaintext`).
+    #[arg(long)]
+    plaintext: bool,
+    /// Benchmark mode (`cohort bench allreduce`): after forming, all-reduce an f32 tensor of
+    /// this many MiB `--bench-warmup` times, then `--bench-rounds` times, print `bench
+    /// rounds=N seconds=S` and exit.
+    #[arg(long)]
+    bench_mib: Option<usize>,
+    /// Untimed all-reduces first in benchmark mode (a fresh process faults in its buffers'
+    /// pages during the first few).
+    #[arg(long, default_value_t = 2)]
+    bench_warmup: usize,
+    /// Timed all-reduces in benchmark mode.
+    #[arg(long, default_value_t = 10)]
+    bench_rounds: usize,
 }
 
 /// Runs the member (see the module doc).
@@ -78,7 +94,11 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
     runtime.block_on(async move {
         let endpoint =
             Endpoint::bind(args.listen, creds, config).map_err(|e| usage("--listen", &e))?;
-        let mesh = Mesh::new(endpoint, GroupConfig::default());
+        let config = GroupConfig {
+            plaintext: args.plaintext,
+            ..GroupConfig::default()
+        };
+        let mesh = Mesh::new(endpoint, config);
         let mut group = match mesh.form(1, members).await {
             Ok(group) => group,
             Err(err) => {
@@ -87,6 +107,20 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
             }
         };
         formed(&group);
+        if let Some(mib) = args.bench_mib {
+            return match time_all_reduce(&group, mib, args.bench_warmup, args.bench_rounds).await {
+                Ok(seconds) => {
+                    println!("bench rounds={} seconds={seconds}", args.bench_rounds);
+                    // Every chunk taken before this process goes (a peer may be finishing).
+                    group.flush(Duration::from_secs(5)).await;
+                    Ok(0)
+                }
+                Err(err) => {
+                    report(group.epoch(), &err);
+                    Ok(3)
+                }
+            };
+        }
         let mut round = 0u64;
         while !stop.load(Ordering::SeqCst) {
             match one_round(&group, &node, args.elements).await {
@@ -147,6 +181,41 @@ async fn one_round(
         )));
     }
     Ok(())
+}
+
+/// Seconds of `rounds` all-reduces of `mib` MiB of f32 ones (after `warmup` untimed ones),
+/// the last checked.
+async fn time_all_reduce(
+    group: &ProcessGroup,
+    mib: usize,
+    warmup: usize,
+    rounds: usize,
+) -> Result<f64, CollectiveError> {
+    let tensor = Tensor::ones((mib << 20) / 4, candle_core::DType::F32, &Device::Cpu)
+        .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+    for _ in 0..warmup {
+        group.all_reduce(Reduction::Sum, &tensor).await?;
+    }
+    let started = std::time::Instant::now();
+    let mut last = None;
+    for _ in 0..rounds {
+        last = Some(group.all_reduce(Reduction::Sum, &tensor).await?);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(out) = last {
+        let first = out
+            .flatten_all()
+            .and_then(|t| t.get(0))
+            .and_then(|v| v.to_scalar::<f32>())
+            .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+        if first != group.size() as f32 {
+            return Err(CollectiveError::Tensor(format!(
+                "the sum of {} ones came out {first}",
+                group.size()
+            )));
+        }
+    }
+    Ok(seconds)
 }
 
 fn formed(group: &ProcessGroup) {

@@ -33,10 +33,13 @@
 //!    and every one forms it as in step 2 above.
 //!
 //! Failure rules:
-//! - A member is lost when its connection closes or stays silent past the transport's idle
+//! - A member is lost when its connection fails or stays silent past the transport's idle
 //!   timeout (the detection budget): every survivor's pending call fails with
 //!   [`CollectiveError::MemberLost`] (each survivor watches every link, and the first member to
-//!   see a failure sends it to all others as an `Abort`).
+//!   see a failure sends it to all others as an `Abort`). A member that closes its links on
+//!   purpose (its process going away after its last call) is lost only to a call that waits
+//!   for a chunk from it that never came, so that a peer still taking its last chunks
+//!   finishes.
 //! - A member whose step failed in the application aborts the group
 //!   ([`ProcessGroup::abort`]): every member's pending and later calls fail with
 //!   [`CollectiveError::Application`] naming it and its message.
@@ -1235,10 +1238,10 @@ struct GroupState {
     /// Chunks delivered and not yet consumed, by (sender rank, seq, tag); at most `window`
     /// per sender.
     inbox: HashMap<(usize, u64, u64), Arrived>,
-    /// Plaintext links whose peer closed them, by its rank, and how they ended. A closed link
-    /// is a lost member only once a call waits for a chunk from it that never came: a member
-    /// that finished its last call and went away may have closed its link before this member
-    /// took the chunks it had sent.
+    /// Links the peer closed (its QUIC connection closed on purpose, or its plaintext TCP link
+    /// ended), by its rank, and how. A closed link is a lost member only once a call waits for
+    /// a chunk from it that never came: a member that finished its last call and went away may
+    /// have closed its links before this member took the chunks it had sent.
     closed: HashMap<usize, String>,
 }
 
@@ -1360,6 +1363,13 @@ impl Shared {
                         // blames no one, and its peers see its links close.
                         let epoch = shared.epoch;
                         shared.fail(CollectiveError::Stopped { epoch }, false);
+                        return;
+                    }
+                    if watched.closed_by_peer() {
+                        // The peer went away on purpose (its last call done, its process
+                        // ending): lost only if a call waits for a chunk from it that never
+                        // came (`GroupState::closed`).
+                        shared.link_ended(rank, reason.to_string());
                         return;
                     }
                     shared.fail(
@@ -1553,10 +1563,10 @@ impl Shared {
         self.hold(from, seq, tag, call, blob, Answer::Quic(responder));
     }
 
-    /// The plaintext link from the member of rank `from` ended (`reason`) after delivering
-    /// what it delivered: a call that waits for a chunk from it that is not in the inbox fails
-    /// with [`CollectiveError::MemberLost`] (see `GroupState::closed`).
-    pub(crate) fn plain_link_ended(&self, from: usize, reason: String) {
+    /// The peer of rank `from` closed its link (`reason`) after delivering what it delivered:
+    /// a call that waits for a chunk from it that is not in the inbox fails with
+    /// [`CollectiveError::MemberLost`] (see `GroupState::closed`).
+    pub(crate) fn link_ended(&self, from: usize, reason: String) {
         {
             let mut state = self.lock();
             if state.broken.is_some() {

@@ -195,7 +195,7 @@ pub(crate) async fn read_loop(
                 return;
             }
             Err(ReadError::Ended(reason)) => {
-                shared.plain_link_ended(from, reason);
+                shared.link_ended(from, reason);
                 return;
             }
             Err(ReadError::Malformed(reason)) => {
@@ -216,7 +216,7 @@ pub(crate) async fn read_loop(
 /// Why a link's next frame could not be read.
 enum ReadError {
     /// The connection ended (closed or reset): the member is lost if a chunk it owed is
-    /// awaited (`Shared::plain_link_ended`).
+    /// awaited (`Shared::link_ended`).
     Ended(String),
     /// The peer sent something that is not a frame within the limits: lost at once.
     Malformed(String),

@@ -212,6 +212,16 @@ impl Connection {
         )
     }
 
+    /// Whether the peer closed the connection on purpose (it closed the connection or its
+    /// endpoint: its process is going away), as opposed to this side closing it or the link
+    /// failing.
+    pub fn closed_by_peer(&self) -> bool {
+        matches!(
+            self.inner.quinn.close_reason(),
+            Some(quinn::ConnectionError::ApplicationClosed(_))
+        )
+    }
+
     /// Closes the connection now; pending calls on both sides fail with
     /// [`LinkError::ConnectionLost`].
     pub fn close(&self) {
