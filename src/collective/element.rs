@@ -113,21 +113,56 @@ impl Element {
     }
 }
 
+/// `$body` with the type `$t` bound to the Rust type of element `$e` (one place that maps
+/// each element type to its values).
+macro_rules! with_type {
+    ($e:expr, $t:ident => $body:expr) => {
+        match $e {
+            Element::U8 => {
+                type $t = u8;
+                $body
+            }
+            Element::U32 => {
+                type $t = u32;
+                $body
+            }
+            Element::I16 => {
+                type $t = i16;
+                $body
+            }
+            Element::I32 => {
+                type $t = i32;
+                $body
+            }
+            Element::I64 => {
+                type $t = i64;
+                $body
+            }
+            Element::BF16 => {
+                type $t = bf16;
+                $body
+            }
+            Element::F16 => {
+                type $t = f16;
+                $body
+            }
+            Element::F32 => {
+                type $t = f32;
+                $body
+            }
+            Element::F64 => {
+                type $t = f64;
+                $body
+            }
+        }
+    };
+}
+
 /// The elements of `tensor` in row-major order as little-endian bytes (one copy).
 pub(crate) fn tensor_bytes(tensor: &Tensor) -> Result<(Element, Bytes), CollectiveError> {
     let element = Element::of(tensor.dtype())?;
     let flat = tensor.flatten_all().map_err(tensor_error)?;
-    let bytes = match element {
-        Element::U8 => pod_bytes(flat.to_vec1::<u8>().map_err(tensor_error)?),
-        Element::U32 => pod_bytes(flat.to_vec1::<u32>().map_err(tensor_error)?),
-        Element::I16 => pod_bytes(flat.to_vec1::<i16>().map_err(tensor_error)?),
-        Element::I32 => pod_bytes(flat.to_vec1::<i32>().map_err(tensor_error)?),
-        Element::I64 => pod_bytes(flat.to_vec1::<i64>().map_err(tensor_error)?),
-        Element::BF16 => pod_bytes(flat.to_vec1::<bf16>().map_err(tensor_error)?),
-        Element::F16 => pod_bytes(flat.to_vec1::<f16>().map_err(tensor_error)?),
-        Element::F32 => pod_bytes(flat.to_vec1::<f32>().map_err(tensor_error)?),
-        Element::F64 => pod_bytes(flat.to_vec1::<f64>().map_err(tensor_error)?),
-    };
+    let bytes = with_type!(element, T => pod_bytes(flat.to_vec1::<T>().map_err(tensor_error)?));
     Ok((element, bytes))
 }
 
@@ -146,17 +181,7 @@ pub(crate) fn bytes_tensor(
         )));
     }
     let device = &Device::Cpu;
-    let tensor = match element {
-        Element::U8 => Tensor::from_vec(values::<u8>(bytes), dims, device),
-        Element::U32 => Tensor::from_vec(values::<u32>(bytes), dims, device),
-        Element::I16 => Tensor::from_vec(values::<i16>(bytes), dims, device),
-        Element::I32 => Tensor::from_vec(values::<i32>(bytes), dims, device),
-        Element::I64 => Tensor::from_vec(values::<i64>(bytes), dims, device),
-        Element::BF16 => Tensor::from_vec(values::<bf16>(bytes), dims, device),
-        Element::F16 => Tensor::from_vec(values::<f16>(bytes), dims, device),
-        Element::F32 => Tensor::from_vec(values::<f32>(bytes), dims, device),
-        Element::F64 => Tensor::from_vec(values::<f64>(bytes), dims, device),
-    };
+    let tensor = with_type!(element, T => Tensor::from_vec(values::<T>(bytes), dims, device));
     tensor.map_err(tensor_error)
 }
 
@@ -273,20 +298,31 @@ macro_rules! with_vec {
     };
 }
 
+macro_rules! elements_from {
+    ($($variant:ident($t:ty)),*) => {$(
+        impl From<Vec<$t>> for Elements {
+            fn from(values: Vec<$t>) -> Self {
+                Elements::$variant(values)
+            }
+        }
+    )*};
+}
+elements_from!(
+    U8(u8),
+    U32(u32),
+    I16(i16),
+    I32(i32),
+    I64(i64),
+    BF16(bf16),
+    F16(f16),
+    F32(f32),
+    F64(f64)
+);
+
 impl Elements {
     /// Room for `count` elements of `element`, none yet.
     pub(crate) fn with_capacity(element: Element, count: usize) -> Self {
-        match element {
-            Element::U8 => Elements::U8(Vec::with_capacity(count)),
-            Element::U32 => Elements::U32(Vec::with_capacity(count)),
-            Element::I16 => Elements::I16(Vec::with_capacity(count)),
-            Element::I32 => Elements::I32(Vec::with_capacity(count)),
-            Element::I64 => Elements::I64(Vec::with_capacity(count)),
-            Element::BF16 => Elements::BF16(Vec::with_capacity(count)),
-            Element::F16 => Elements::F16(Vec::with_capacity(count)),
-            Element::F32 => Elements::F32(Vec::with_capacity(count)),
-            Element::F64 => Elements::F64(Vec::with_capacity(count)),
-        }
+        with_type!(element, T => Elements::from(Vec::<T>::with_capacity(count)))
     }
 
     /// Appends the little-endian elements of `chunk` (whole elements).
@@ -394,17 +430,7 @@ impl Assembler {
 /// `a (op) b`, element-wise over little-endian blobs of `element` of the same length, into
 /// a fresh blob (one pass: both read, the result written once).
 pub(crate) fn reduced(element: Element, op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
-    match element {
-        Element::U8 => reduced_typed::<u8>(op, a, b),
-        Element::U32 => reduced_typed::<u32>(op, a, b),
-        Element::I16 => reduced_typed::<i16>(op, a, b),
-        Element::I32 => reduced_typed::<i32>(op, a, b),
-        Element::I64 => reduced_typed::<i64>(op, a, b),
-        Element::BF16 => reduced_typed::<bf16>(op, a, b),
-        Element::F16 => reduced_typed::<f16>(op, a, b),
-        Element::F32 => reduced_typed::<f32>(op, a, b),
-        Element::F64 => reduced_typed::<f64>(op, a, b),
-    }
+    with_type!(element, T => reduced_typed::<T>(op, a, b))
 }
 
 fn reduced_typed<T: Arith + Send + Sync>(op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
@@ -431,17 +457,7 @@ fn reduced_typed<T: Arith + Send + Sync>(op: Reduction, a: &[u8], b: &[u8]) -> B
 /// `acc = acc (op) x`, element-wise over little-endian blobs of `element` of the
 /// same length. `Mean` reduces as `Sum`: the division happens once, after the whole reduction.
 pub(crate) fn reduce_assign(element: Element, op: Reduction, acc: &mut [u8], x: &[u8]) {
-    match element {
-        Element::U8 => assign_typed::<u8>(op, acc, x),
-        Element::U32 => assign_typed::<u32>(op, acc, x),
-        Element::I16 => assign_typed::<i16>(op, acc, x),
-        Element::I32 => assign_typed::<i32>(op, acc, x),
-        Element::I64 => assign_typed::<i64>(op, acc, x),
-        Element::BF16 => assign_typed::<bf16>(op, acc, x),
-        Element::F16 => assign_typed::<f16>(op, acc, x),
-        Element::F32 => assign_typed::<f32>(op, acc, x),
-        Element::F64 => assign_typed::<f64>(op, acc, x),
-    }
+    with_type!(element, T => assign_typed::<T>(op, acc, x))
 }
 
 pub(crate) fn tensor_error(e: candle_core::Error) -> CollectiveError {
