@@ -331,8 +331,8 @@ impl Elements {
     }
 
     /// The elements of `chunks` (little-endian, whole elements each), in order.
-    pub(crate) fn from_chunks(element: Element, chunks: &[Bytes]) -> Result<Self, CollectiveError> {
-        let count = chunks.iter().map(Bytes::len).sum::<usize>() / element.size();
+    pub(crate) fn from_chunks(element: Element, chunks: &[&[u8]]) -> Result<Self, CollectiveError> {
+        let count = chunks.iter().map(|c| c.len()).sum::<usize>() / element.size();
         let mut out = Self::with_capacity(element, count);
         for chunk in chunks {
             out.extend_le(chunk)?;
@@ -639,9 +639,9 @@ mod tests {
                 // x + x, then back in three chunks cut at element boundaries.
                 let doubled = reduced(element, Reduction::Sum, &wire, &wire);
                 let chunks = [
-                    doubled.slice(..size),
-                    doubled.slice(size..4 * size),
-                    doubled.slice(4 * size..),
+                    &doubled[..size],
+                    &doubled[size..4 * size],
+                    &doubled[4 * size..],
                 ];
                 let back = Elements::from_chunks(element, &chunks)
                     .unwrap()
@@ -662,12 +662,12 @@ mod tests {
         }
         let (element, input) = Input::of(&t).unwrap();
         let whole = input.read(0..input.len(), Bytes::copy_from_slice).unwrap();
-        let err = Elements::from_chunks(element, std::slice::from_ref(&whole))
+        let err = Elements::from_chunks(element, &[&whole])
             .unwrap()
             .into_tensor(&[4, 2])
             .unwrap_err();
         assert!(err.to_string().contains("6 elements"), "{err}");
-        let err = Elements::from_chunks(element, &[whole.slice(..3)])
+        let err = Elements::from_chunks(element, &[&whole[..3]])
             .err()
             .unwrap();
         assert!(err.to_string().contains("whole"), "{err}");

@@ -246,8 +246,9 @@ async fn all_reduce(
     let es = call.element.size();
     let len = data.len() / es;
     if n == 1 {
-        let whole = data.read(0..data.len(), Bytes::copy_from_slice)?;
-        return Elements::from_chunks(call.element, &[whole]);
+        return data.read(0..data.len(), |whole| {
+            Elements::from_chunks(call.element, &[whole])
+        })?;
     }
     if data.len() <= g.config.small_bytes_max {
         let mine = data.read(0..data.len(), Bytes::copy_from_slice)?;
@@ -259,7 +260,7 @@ async fn all_reduce(
                 &all[j][seg.clone()]
             });
         }
-        return Elements::from_chunks(call.element, &[Bytes::from(out)]);
+        return Elements::from_chunks(call.element, &[&out]);
     }
     // Each final chunk goes to its place as it is known: this member's segment from the
     // reduce-scatter, the others' from the all-gather (segment r went out at step 0 as soon
@@ -270,7 +271,6 @@ async fn all_reduce(
     })
     .await?;
     let chunk_bytes = g.config.chunk_bytes;
-    let mut placed = Ok(());
     ring_gather_phase(
         g,
         seq,
@@ -280,14 +280,9 @@ async fn all_reduce(
                 .map(|chunk| bytes_of(chunk, es))
                 .collect()
         },
-        |_, range, got| {
-            if placed.is_ok() {
-                placed = out.place(range.start, got);
-            }
-        },
+        |_, range, got| out.place(range.start, got),
     )
     .await?;
-    placed?;
     out.finish()
 }
 
@@ -425,7 +420,10 @@ async fn all_gather(
                 .map(|cut| k * block + cut.start..k * block + cut.end)
                 .collect()
         },
-        |_, range, got| out[range].copy_from_slice(&got),
+        |_, range, got| {
+            out[range].copy_from_slice(&got);
+            Ok(())
+        },
     )
     .await?;
     Ok(out)
@@ -433,15 +431,15 @@ async fn all_gather(
 
 /// The gathering phase of a ring, after each member sent its own segment's chunks at step 0:
 /// at step `s` a member receives segment `k = (rank - s - 1) mod n` from its predecessor,
-/// chunk by chunk (`chunks_of(k)`: the byte ranges of segment `k`'s chunks, in order), hands
-/// each to `keep(k, range, chunk)`, and passes it on to its successor unless it is the last
-/// step.
+/// chunk by chunk (`chunks_of(k)`: the byte ranges of segment `k`'s chunks, in order), passes
+/// it on to its successor unless it is the last step, and hands it to `keep(k, range, chunk)`
+/// (whose error ends the call).
 async fn ring_gather_phase(
     g: &Shared,
     seq: u64,
     call: &Call,
     chunks_of: impl Fn(usize) -> Vec<Range<usize>>,
-    mut keep: impl FnMut(usize, Range<usize>, Bytes),
+    mut keep: impl FnMut(usize, Range<usize>, Bytes) -> Result<(), CollectiveError>,
 ) -> Result<(), CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
@@ -460,7 +458,7 @@ async fn ring_gather_phase(
                     got.clone(),
                 );
             }
-            keep(k, range, got);
+            keep(k, range, got)?;
         }
     }
     Ok(())
