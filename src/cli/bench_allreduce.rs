@@ -144,10 +144,7 @@ fn time_member_processes(members: u32, mib: usize) -> Result<f64, String> {
             command
         },
         |text| {
-            let field = |key: &str| {
-                text.split_whitespace()
-                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-            };
+            let field = |key| super::bench_mwms::bench_field(text, key);
             let rounds: usize = field("rounds")?.parse().ok()?;
             let seconds: f64 = field("seconds")?.parse().ok()?;
             (rounds > 0 && seconds > 0.0).then_some(seconds / rounds as f64)

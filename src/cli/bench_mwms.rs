@@ -220,14 +220,16 @@ pub(super) fn run_bench_processes<T>(
 
 /// `steps=N seconds=S loss=L`: the steps and their seconds.
 fn parse_timed(text: &str) -> Option<(usize, f64)> {
-    let field = |key: &str| {
-        text.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-    };
-    let steps = field("steps")?.parse().ok()?;
-    let seconds: f64 = field("seconds")?.parse().ok()?;
-    let loss: f32 = field("loss")?.parse().ok()?;
+    let steps = bench_field(text, "steps")?.parse().ok()?;
+    let seconds: f64 = bench_field(text, "seconds")?.parse().ok()?;
+    let loss: f32 = bench_field(text, "loss")?.parse().ok()?;
     (seconds > 0.0 && loss.is_finite()).then_some((steps, seconds))
+}
+
+/// The value of `key=value` among the space-separated fields of a process's `bench` line.
+pub(super) fn bench_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// Ends the workers of a failed run (this run's own children only).
