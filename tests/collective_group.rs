@@ -251,6 +251,75 @@ async fn every_operation_matches_the_reference_with_2_3_and_4_members_case(plain
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_element_type_goes_around_the_ring_like_the_reference() {
+    every_element_type_goes_around_the_ring_like_the_reference_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_element_type_goes_around_the_ring_like_the_reference_over_the_plaintext_plane() {
+    every_element_type_goes_around_the_ring_like_the_reference_case(true).await;
+}
+
+/// The ring's result is written in place, each element type through its own vector: small
+/// whole numbers (exact in every type, whatever the order) of 1- to 8-byte types, a length
+/// that divides neither by the members nor by the chunk.
+async fn every_element_type_goes_around_the_ring_like_the_reference_case(plaintext: bool) {
+    let c = cluster(3, ring_config_with(plaintext)).await;
+    let len = 5003;
+    let values: Vec<Vec<f64>> = (0..3)
+        .map(|rank| {
+            (0..len)
+                .map(|i| ((i * 7 + rank * 13) % 50) as f64)
+                .collect()
+        })
+        .collect();
+    for dtype in [
+        DType::U8,
+        DType::U32,
+        DType::I64,
+        DType::BF16,
+        DType::F16,
+        DType::F64,
+    ] {
+        let inputs: Vec<Tensor> = (0..3)
+            .map(|r| {
+                Tensor::from_vec(values[r].clone(), len, &Device::Cpu)
+                    .and_then(|t| t.to_dtype(dtype))
+                    .unwrap()
+            })
+            .collect();
+        for op in [Reduction::Sum, Reduction::Max, Reduction::Min] {
+            let want: Vec<f64> = (0..len)
+                .map(|i| {
+                    let column = values.iter().map(|v| v[i]);
+                    match op {
+                        Reduction::Max => column.fold(f64::MIN, f64::max),
+                        Reduction::Min => column.fold(f64::MAX, f64::min),
+                        _ => column.sum(),
+                    }
+                })
+                .collect();
+            let outs = bounded(
+                "ring of every type",
+                join_all(
+                    c.groups
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(g, t)| g.all_reduce(op, t)),
+                ),
+            )
+            .await;
+            for (rank, out) in outs.into_iter().enumerate() {
+                let out = out.unwrap_or_else(|e| panic!("{dtype:?} {op} rank {rank}: {e}"));
+                assert_eq!(out.dtype(), dtype);
+                let got = out.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
+                assert!(got == want, "{dtype:?} {op} rank {rank}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integer_and_f64_tensors_reduce_like_the_local_group() {
     let c = cluster(3, GroupConfig::for_tests()).await;
     let ints: Vec<Tensor> = (0..3i64)

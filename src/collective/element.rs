@@ -11,6 +11,7 @@ use bytes::Bytes;
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 
+use super::landing::{Filled, Writable};
 use super::CollectiveError;
 
 /// An element-wise reduction of a collective (TensorFlow's `ReduceOp` plus NCCL's max and min).
@@ -191,6 +192,7 @@ pub(crate) fn bytes_tensor(
 /// guard lives across an await), else a copy. Reading in place saves a pass over the whole
 /// tensor per call; each element is read once by an all-reduce, so a variable written while
 /// the call runs still gives every member the same result.
+#[derive(Clone)]
 pub(crate) enum Input {
     Storage(Tensor),
     Copy(Bytes),
@@ -325,6 +327,26 @@ impl Elements {
         with_type!(element, T => Elements::from(Vec::<T>::with_capacity(count)))
     }
 
+    /// Room for `count` elements of `element`, none yet; an error, not an abort, where that
+    /// much memory cannot be had.
+    pub(crate) fn try_with_capacity(
+        element: Element,
+        count: usize,
+    ) -> Result<Self, CollectiveError> {
+        with_type!(element, T => {
+            let mut values = Vec::<T>::new();
+            values.try_reserve_exact(count).map_err(|e| {
+                CollectiveError::Tensor(format!("a result of {count} elements of {element:?}: {e}"))
+            })?;
+            Ok(Elements::from(values))
+        })
+    }
+
+    /// The start of the buffer (for [`Landing`](super::landing::Landing), which writes it).
+    pub(crate) fn buffer_ptr(&mut self) -> *mut u8 {
+        with_vec!(self, v => v.as_mut_ptr().cast::<u8>())
+    }
+
     /// Appends the little-endian elements of `chunk` (whole elements).
     pub(crate) fn extend_le(&mut self, chunk: &[u8]) -> Result<(), CollectiveError> {
         with_vec!(self, v => extend_values(v, chunk))
@@ -371,62 +393,6 @@ fn extend_values<T: bytemuck::Pod>(out: &mut Vec<T>, chunk: &[u8]) -> Result<(),
     Ok(())
 }
 
-/// A result put together in order from chunks that arrive in any order: each chunk is
-/// copied once, when every byte before it is in (a chunk that comes early waits, shared, not
-/// copied). No buffer is zeroed first.
-pub(crate) struct Assembler {
-    out: Elements,
-    filled: usize,
-    total: usize,
-    early: std::collections::BTreeMap<usize, Bytes>,
-}
-
-impl Assembler {
-    /// A result of `count` elements of `element`.
-    pub(crate) fn new(element: Element, count: usize) -> Self {
-        Self {
-            out: Elements::with_capacity(element, count),
-            filled: 0,
-            total: count * element.size(),
-            early: std::collections::BTreeMap::new(),
-        }
-    }
-
-    /// The chunk of bytes from `at` of the result.
-    pub(crate) fn place(&mut self, at: usize, chunk: Bytes) -> Result<(), CollectiveError> {
-        if at < self.filled || at + chunk.len() > self.total || self.early.contains_key(&at) {
-            return Err(CollectiveError::Tensor(format!(
-                "a chunk of {} bytes at byte {at} of a result of {} bytes, {} of them in",
-                chunk.len(),
-                self.total,
-                self.filled
-            )));
-        }
-        if at > self.filled {
-            self.early.insert(at, chunk);
-            return Ok(());
-        }
-        self.out.extend_le(&chunk)?;
-        self.filled += chunk.len();
-        while let Some(next) = self.early.remove(&self.filled) {
-            self.out.extend_le(&next)?;
-            self.filled += next.len();
-        }
-        Ok(())
-    }
-
-    /// The result, once every byte is in.
-    pub(crate) fn finish(self) -> Result<Elements, CollectiveError> {
-        if self.filled != self.total {
-            return Err(CollectiveError::Tensor(format!(
-                "a result of {} bytes with only {} in",
-                self.total, self.filled
-            )));
-        }
-        Ok(self.out)
-    }
-}
-
 /// `a (op) b`, element-wise over little-endian blobs of `element` of the same length, into
 /// a fresh blob (one pass: both read, the result written once).
 pub(crate) fn reduced(element: Element, op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
@@ -452,6 +418,53 @@ fn reduced_typed<T: Arith + Send + Sync>(op: Reduction, a: &[u8], b: &[u8]) -> B
     let mut out = a.to_vec();
     assign_typed::<T>(op, &mut out, b);
     Bytes::from(out)
+}
+
+/// `a (op) b` as [`reduced`] computes it, written straight into `out`, a region of the
+/// result as long as each.
+pub(crate) fn reduce_into(
+    element: Element,
+    op: Reduction,
+    a: &[u8],
+    b: &[u8],
+    out: Writable,
+) -> Result<Filled, CollectiveError> {
+    if a.len() != b.len() || a.len() != out.len() {
+        return Err(CollectiveError::Tensor(format!(
+            "reducing {} bytes with {} into a region of {}",
+            a.len(),
+            b.len(),
+            out.len()
+        )));
+    }
+    with_type!(element, T => reduce_into_typed::<T>(op, a, b, out))
+}
+
+fn reduce_into_typed<T: Arith>(
+    op: Reduction,
+    a: &[u8],
+    b: &[u8],
+    out: Writable,
+) -> Result<Filled, CollectiveError> {
+    if cfg!(target_endian = "little") {
+        if let (Ok(a), Ok(b)) = (
+            bytemuck::try_cast_slice::<u8, T>(a),
+            bytemuck::try_cast_slice::<u8, T>(b),
+        ) {
+            // One loop per operation, so that each inlines and vectorizes.
+            let pairs = a.iter().zip(b);
+            return match op {
+                Reduction::Sum | Reduction::Mean => {
+                    out.fill_from_iter(pairs.map(|(x, y)| x.add(*y)))
+                }
+                Reduction::Max => out.fill_from_iter(pairs.map(|(x, y)| x.max(*y))),
+                Reduction::Min => out.fill_from_iter(pairs.map(|(x, y)| x.min(*y))),
+            };
+        }
+    }
+    let mut acc = a.to_vec();
+    assign_typed::<T>(op, &mut acc, b);
+    out.copy_from(&acc)
 }
 
 /// `acc = acc (op) x`, element-wise over little-endian blobs of `element` of the
@@ -674,29 +687,6 @@ mod tests {
     }
 
     #[test]
-    fn an_assembler_puts_chunks_in_order_whatever_order_they_come_in() {
-        let values: Vec<f32> = (0..10).map(|i| i as f32).collect();
-        let wire = pod_bytes(values.clone());
-        // Chunks of 3, 3 and 4 elements, placed last first.
-        let cuts = [(0, 12), (12, 24), (24, 40)];
-        let mut assembler = Assembler::new(Element::F32, 10);
-        for &(start, end) in cuts.iter().rev() {
-            assembler.place(start, wire.slice(start..end)).unwrap();
-        }
-        let out = assembler.finish().unwrap().into_tensor(&[10]).unwrap();
-        assert_eq!(out.to_vec1::<f32>().unwrap(), values);
-        // A chunk twice, one past the end, and a result not all in are errors.
-        let mut assembler = Assembler::new(Element::F32, 10);
-        assembler.place(12, wire.slice(12..24)).unwrap();
-        assert!(assembler.place(12, wire.slice(12..24)).is_err());
-        assert!(assembler.place(36, wire.slice(24..40)).is_err());
-        assembler.place(0, wire.slice(0..12)).unwrap();
-        assert!(assembler.place(0, wire.slice(0..12)).is_err());
-        let err = assembler.finish().err().unwrap();
-        assert!(err.to_string().contains("only 24 in"), "{err}");
-    }
-
-    #[test]
     fn reduced_matches_reduce_assign_for_every_operation() {
         let a = pod_bytes(vec![0f32, 1.0, f32::NAN, -3.0]);
         let b = pod_bytes(vec![-0f32, 2.0, 1.0, 4.0]);
@@ -709,6 +699,48 @@ mod tests {
             let mut want = a.to_vec();
             reduce_assign(Element::F32, op, &mut want, &b);
             assert_eq!(&reduced(Element::F32, op, &a, &b)[..], &want[..], "{op}");
+        }
+    }
+
+    #[test]
+    fn reduce_into_a_region_matches_reduce_assign_aligned_or_not() {
+        use super::super::landing::Landing;
+        let cases: [(Element, Vec<u8>, Vec<u8>); 3] = [
+            (
+                Element::F32,
+                pod_bytes(vec![0f32, 1.0, f32::NAN, -3.0]).to_vec(),
+                pod_bytes(vec![-0f32, 2.0, 1.0, 4.0]).to_vec(),
+            ),
+            (
+                Element::I64,
+                pod_bytes(vec![i64::MAX, -7, 3]).to_vec(),
+                pod_bytes(vec![1i64, 9, -3]).to_vec(),
+            ),
+            (
+                Element::BF16,
+                pod_bytes(vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]).to_vec(),
+                pod_bytes(vec![bf16::from_f32(0.25), bf16::from_f32(8.0)]).to_vec(),
+            ),
+        ];
+        for (element, a, b) in cases {
+            // The same values one byte off their alignment take the element-wise path.
+            let shifted = |v: &[u8]| -> Vec<u8> { [0u8].iter().chain(v).copied().collect() };
+            let (a_off, b_off) = (shifted(&a), shifted(&b));
+            for op in [Reduction::Sum, Reduction::Max, Reduction::Min] {
+                let mut want = a.clone();
+                reduce_assign(element, op, &mut want, &b);
+                for (x, y) in [(&a[..], &b[..]), (&a_off[1..], &b_off[1..])] {
+                    let count = a.len() / element.size();
+                    let landing = Landing::new(element, count).unwrap();
+                    let region = landing.claim(0..a.len()).unwrap();
+                    let filled = reduce_into(element, op, x, y, region).unwrap();
+                    assert_eq!(filled.bytes(), &want[..], "{element:?} {op}");
+                }
+            }
+            let landing = Landing::new(element, a.len() / element.size()).unwrap();
+            let region = landing.claim(0..a.len()).unwrap();
+            let short = reduce_into(element, Reduction::Sum, &a, &b[1..], region);
+            assert!(short.is_err(), "operands of different lengths are refused");
         }
     }
 

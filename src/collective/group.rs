@@ -69,6 +69,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::landing::{Blob, Writable};
 use super::wire::{Call, Reply, Wire};
 use super::CollectiveError;
 
@@ -1229,7 +1230,7 @@ pub(crate) struct Outgoing {
     pub(crate) seq: u64,
     pub(crate) tag: u64,
     pub(crate) call: Call,
-    pub(crate) blob: Bytes,
+    pub(crate) blob: Blob,
 }
 
 #[derive(Default)]
@@ -1243,11 +1244,14 @@ struct GroupState {
     /// a chunk from it that never came: a member that finished its last call and went away may
     /// have closed its links before this member took the chunks it had sent.
     closed: HashMap<usize, String>,
+    /// Regions of a call's result that chunks, by (sender rank, seq, tag), land in straight
+    /// from a plaintext link ([`Shared::expect_landing`]).
+    landings: HashMap<(usize, u64, u64), Writable>,
 }
 
 struct Arrived {
     call: Call,
-    blob: Bytes,
+    blob: Blob,
     answer: Answer,
 }
 
@@ -1270,9 +1274,7 @@ impl Answer {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            task.abort();
-        }
+        self.end_links();
     }
 }
 
@@ -1326,6 +1328,7 @@ impl Shared {
                 break;
             };
             let (tx, rx) = mpsc::unbounded_channel();
+            let chunks_on_tcp = stream.is_some();
             match stream {
                 Some(stream) => {
                     let (reader, writer) = stream.into_split();
@@ -1363,13 +1366,18 @@ impl Shared {
                         // blames no one, and its peers see its links close.
                         let epoch = shared.epoch;
                         shared.fail(CollectiveError::Stopped { epoch }, false);
+                        shared.end_links();
                         return;
                     }
                     if watched.closed_by_peer() {
                         // The peer went away on purpose (its last call done, its process
                         // ending): lost only if a call waits for a chunk from it that never
-                        // came (`GroupState::closed`).
-                        shared.link_ended(rank, reason.to_string());
+                        // came (`GroupState::closed`). On the plaintext plane its chunks come
+                        // over TCP, which may still hold some after QUIC closed: the TCP
+                        // link's own end (after its last byte) says so there.
+                        if !chunks_on_tcp {
+                            shared.link_ended(rank, reason.to_string());
+                        }
                         return;
                     }
                     shared.fail(
@@ -1391,8 +1399,16 @@ impl Shared {
             .extend(tasks);
     }
 
+    /// Stops every link's tasks: their TCP streams on the plaintext plane close, so that
+    /// peers see this member go (as they see its QUIC connections close).
+    fn end_links(&self) {
+        for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            task.abort();
+        }
+    }
+
     /// Queues a chunk for `to` (never waits: the link's sender applies the window).
-    pub(crate) fn send(&self, to: usize, seq: u64, tag: u64, call: &Call, blob: Bytes) {
+    pub(crate) fn send(&self, to: usize, seq: u64, tag: u64, call: &Call, blob: impl Into<Blob>) {
         if let Some(Some(link)) = self.links.get().and_then(|l| l.get(to)) {
             self.unanswered
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -1401,7 +1417,7 @@ impl Shared {
                 seq,
                 tag,
                 call: call.clone(),
-                blob,
+                blob: blob.into(),
             });
         }
     }
@@ -1415,6 +1431,21 @@ impl Shared {
         call: &Call,
         bytes: usize,
     ) -> Result<Bytes, CollectiveError> {
+        self.recv_blob(from, seq, tag, call, bytes)
+            .await?
+            .into_bytes()
+    }
+
+    /// [`Shared::recv`], the chunk where it is: in its own bytes, or already in its place in
+    /// the result if a region was expected for it ([`Shared::expect_landing`]).
+    pub(crate) async fn recv_blob(
+        &self,
+        from: usize,
+        seq: u64,
+        tag: u64,
+        call: &Call,
+        bytes: usize,
+    ) -> Result<Blob, CollectiveError> {
         let deadline = Instant::now() + self.config.op_timeout;
         loop {
             let arrived = self.arrived.notified();
@@ -1489,6 +1520,7 @@ impl Shared {
                 // Set before anyone can see the group broken, so that `told` waits for it.
                 self.telling.send_replace(true);
             }
+            state.landings.clear();
             state.inbox.drain().map(|(_, a)| a).collect()
         };
         for arrived in held {
@@ -1560,7 +1592,24 @@ impl Shared {
                 self.header_max,
             );
         };
-        self.hold(from, seq, tag, call, blob, Answer::Quic(responder));
+        self.hold(from, seq, tag, call, blob.into(), Answer::Quic(responder));
+    }
+
+    /// Lets chunk `tag` of call `seq` from `from` be received straight into `region` (on the
+    /// plaintext plane; a chunk that comes otherwise is copied there by whoever takes it
+    /// back with [`Shared::take_landing`]).
+    pub(crate) fn expect_landing(&self, from: usize, seq: u64, tag: u64, region: Writable) {
+        self.lock().landings.insert((from, seq, tag), region);
+    }
+
+    /// The region expected for chunk `tag` of call `seq` from `from`, if it is still free.
+    pub(crate) fn take_landing(&self, from: usize, seq: u64, tag: u64) -> Option<Writable> {
+        self.lock().landings.remove(&(from, seq, tag))
+    }
+
+    /// Forgets every region expected for call `seq` (the call is over).
+    pub(crate) fn clear_landings(&self, seq: u64) {
+        self.lock().landings.retain(|(_, s, _), _| *s != seq);
     }
 
     /// The peer of rank `from` closed its link (`reason`) after delivering what it delivered:
@@ -1585,14 +1634,14 @@ impl Shared {
         seq: u64,
         tag: u64,
         call: Call,
-        blob: Bytes,
+        blob: Blob,
         credit: tokio::sync::OwnedSemaphorePermit,
     ) {
         self.hold(from, seq, tag, call, blob, Answer::Plain(credit));
     }
 
     /// Puts a delivered chunk in the inbox (answered at once if the group is broken).
-    fn hold(&self, from: usize, seq: u64, tag: u64, call: Call, blob: Bytes, answer: Answer) {
+    fn hold(&self, from: usize, seq: u64, tag: u64, call: Call, blob: Blob, answer: Answer) {
         let mut state = self.lock();
         if let Some(err) = &state.broken {
             let err = err.clone();
@@ -1745,13 +1794,14 @@ async fn send_loop(
             tag: out.tag,
             call: out.call,
         };
-        let frame = match Frame::encode(&data, vec![out.blob], shared.header_max) {
+        let encoded = out.blob.into_bytes().and_then(|blob| {
+            Frame::encode(&data, vec![blob], shared.header_max)
+                .map_err(|e| CollectiveError::Tensor(format!("encoding a chunk: {e}")))
+        });
+        let frame = match encoded {
             Ok(frame) => frame,
-            Err(e) => {
-                shared.fail(
-                    CollectiveError::Tensor(format!("encoding a chunk: {e}")),
-                    true,
-                );
+            Err(err) => {
+                shared.fail(err, true);
                 break;
             }
         };

@@ -19,9 +19,11 @@
 //! the thread is while a strategy runs a replica function on it. The strategies present it as
 //! their `ReplicaContext`; a variable reads it to choose its copy and aggregate its updates.
 
+#[macro_use]
 mod element;
 mod error;
 mod group;
+mod landing;
 mod local;
 #[cfg(feature = "nccl")]
 mod nccl;

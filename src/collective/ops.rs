@@ -26,10 +26,11 @@ use bytes::Bytes;
 use candle_core::Tensor;
 
 use super::element::{
-    bytes_tensor, reduce_assign, reduced, tensor_bytes, tensor_error, Assembler, Element, Elements,
-    Input, Reduction,
+    bytes_tensor, reduce_assign, reduce_into, reduced, tensor_bytes, tensor_error, Element,
+    Elements, Input, Reduction,
 };
 use super::group::{ProcessGroup, Shared};
+use super::landing::{Blob, Landing};
 use super::wire::{tag, Call, CallOp, Phase};
 use super::CollectiveError;
 use crate::distribute::divide_by;
@@ -262,28 +263,62 @@ async fn all_reduce(
         }
         return Elements::from_chunks(call.element, &[&out]);
     }
-    // Each final chunk goes to its place as it is known: this member's segment from the
-    // reduce-scatter, the others' from the all-gather (segment r went out at step 0 as soon
-    // as each chunk was final).
-    let mut out = Assembler::new(call.element, len);
-    reduce_scatter_ring(g, seq, call, op, &data, true, |range, chunk| {
-        out.place(range.start, chunk.clone())
+    // The result is written where it stays: this member's segment reduced straight into it
+    // (and sent on from there as the all-gather's step 0), the others' segments received into
+    // it (on the plaintext plane straight from the link, else copied from the message).
+    let out = Landing::new(call.element, len)?;
+    let chunk_bytes = g.config.chunk_bytes;
+    let chunks_of = |k| -> Vec<Range<usize>> {
+        chunks(segment(len, n, k), es, chunk_bytes)
+            .map(|chunk| bytes_of(chunk, es))
+            .collect()
+    };
+    let prev = (g.rank + n - 1) % n;
+    let expected = ExpectedLandings { g, seq };
+    if g.config.plaintext {
+        for s in 0..n - 1 {
+            let k = (g.rank + 2 * n - s - 1) % n;
+            for (c, range) in chunks_of(k).into_iter().enumerate() {
+                g.expect_landing(prev, seq, tag(Phase::AllGather, s, c), out.claim(range)?);
+            }
+        }
+    }
+    reduce_scatter_ring(g, seq, call, op, &data, true, |range, partial, mine| {
+        reduce_into(call.element, op, partial, mine, out.claim(range)?).map(Blob::Landed)
     })
     .await?;
-    let chunk_bytes = g.config.chunk_bytes;
-    ring_gather_phase(
-        g,
-        seq,
-        call,
-        |k| {
-            chunks(segment(len, n, k), es, chunk_bytes)
-                .map(|chunk| bytes_of(chunk, es))
-                .collect()
-        },
-        |_, range, got| out.place(range.start, got),
-    )
+    ring_gather_phase(g, seq, call, chunks_of, |tag, range, got| {
+        if let Blob::Landed(filled) = &got {
+            if filled.range() == range {
+                return Ok(());
+            }
+        }
+        let region = match g.take_landing(prev, seq, tag) {
+            Some(region) => region,
+            None => out.claim(range)?,
+        };
+        got.read(|bytes| region.copy_from(bytes))?.map(drop)
+    })
     .await?;
-    out.finish()
+    drop(expected);
+    out.finish(LANDING_RELEASE_WAIT).await
+}
+
+/// How long an all-reduce's result waits for its last chunks to be written out to the next
+/// member (they are sent from the result itself) before it copies itself instead.
+const LANDING_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Forgets the regions a call expected chunks in, however the call ends (cancelled included),
+/// so that none outlives it.
+struct ExpectedLandings<'a> {
+    g: &'a Shared,
+    seq: u64,
+}
+
+impl Drop for ExpectedLandings<'_> {
+    fn drop(&mut self) {
+        self.g.clear_landings(self.seq);
+    }
 }
 
 async fn reduce_scatter(
@@ -319,19 +354,21 @@ async fn reduce_scatter(
         return Ok(out);
     }
     let mut own = Vec::with_capacity(mine.len());
-    reduce_scatter_ring(g, seq, call, op, &data, false, |_, chunk| {
-        own.extend_from_slice(chunk);
-        Ok(())
+    reduce_scatter_ring(g, seq, call, op, &data, false, |_, partial, mine| {
+        let chunk = reduced(call.element, op, partial, mine);
+        own.extend_from_slice(&chunk);
+        Ok(Blob::Bytes(chunk))
     })
     .await?;
     Ok(own)
 }
 
-/// The ring's reduce-scatter of `data` (read where it lies, never written). At step `s`
-/// member `r` sends segment `r-s-1` to `r+1` and receives segment `r-s-2` from `r-1`, adding
-/// its own; segment `r` is final at the last step, and each of its chunks goes to
-/// `on_final(its byte range in the tensor, the chunk)`, in order. With `then_gather`, each
-/// final chunk is also sent on at once as the all-gather's step 0.
+/// The ring's reduce-scatter of `data` (read where it lies, never written, and sent from
+/// there). At step `s` member `r` sends segment `r-s-1` to `r+1` and receives segment
+/// `r-s-2` from `r-1`, adding its own; segment `r` is final at the last step, and each of its
+/// chunks is `finish(its byte range in the tensor, the partial received, this member's own)`,
+/// which reduces the two (`partial op own`) wherever the caller keeps it, in order. With
+/// `then_gather`, each final chunk is also sent on at once as the all-gather's step 0.
 async fn reduce_scatter_ring(
     g: &Shared,
     seq: u64,
@@ -339,7 +376,7 @@ async fn reduce_scatter_ring(
     op: Reduction,
     data: &Input,
     then_gather: bool,
-    mut on_final: impl FnMut(Range<usize>, &Bytes) -> Result<(), CollectiveError>,
+    mut finish: impl FnMut(Range<usize>, &[u8], &[u8]) -> Result<Blob, CollectiveError>,
 ) -> Result<(), CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
@@ -347,7 +384,7 @@ async fn reduce_scatter_ring(
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
     let first = (r + n - 1) % n;
     for (c, chunk) in chunks(segment(len, n, first), es, g.config.chunk_bytes).enumerate() {
-        let blob = data.read(bytes_of(chunk, es), Bytes::copy_from_slice)?;
+        let blob = Blob::Input(data.clone(), bytes_of(chunk, es));
         g.send(next, seq, tag(Phase::ReduceScatter, 0, c), call, blob);
     }
     for s in 0..n - 1 {
@@ -364,16 +401,23 @@ async fn reduce_scatter_ring(
                 )
                 .await?;
             // `partial op own`: the group's order (module doc).
-            let acc = data.read(range.clone(), |mine| {
-                reduced(call.element, op, &partial, mine)
-            })?;
             if s + 1 < n - 1 {
+                let acc = data.read(range.clone(), |mine| match partial.try_into_mut() {
+                    // Into the partial's own buffer, just written and not shared: no fresh
+                    // memory to fault in or pull through the cache.
+                    Ok(mut acc) => {
+                        reduce_assign(call.element, op, &mut acc, mine);
+                        acc.freeze()
+                    }
+                    Err(partial) => reduced(call.element, op, &partial, mine),
+                })?;
                 g.send(next, seq, tag(Phase::ReduceScatter, s + 1, c), call, acc);
             } else {
+                let done =
+                    data.read(range.clone(), |mine| finish(range.clone(), &partial, mine))??;
                 if then_gather {
-                    g.send(next, seq, tag(Phase::AllGather, 0, c), call, acc.clone());
+                    g.send(next, seq, tag(Phase::AllGather, 0, c), call, done);
                 }
-                on_final(range, &acc)?;
             }
         }
     }
@@ -420,10 +464,7 @@ async fn all_gather(
                 .map(|cut| k * block + cut.start..k * block + cut.end)
                 .collect()
         },
-        |_, range, got| {
-            out[range].copy_from_slice(&got);
-            Ok(())
-        },
+        |_, range, got| got.read(|bytes| out[range].copy_from_slice(bytes)),
     )
     .await?;
     Ok(out)
@@ -432,23 +473,22 @@ async fn all_gather(
 /// The gathering phase of a ring, after each member sent its own segment's chunks at step 0:
 /// at step `s` a member receives segment `k = (rank - s - 1) mod n` from its predecessor,
 /// chunk by chunk (`chunks_of(k)`: the byte ranges of segment `k`'s chunks, in order), passes
-/// it on to its successor unless it is the last step, and hands it to `keep(k, range, chunk)`
-/// (whose error ends the call).
+/// it on to its successor unless it is the last step (from where it is), and hands it to
+/// `keep(its tag, range, chunk)` (whose error ends the call).
 async fn ring_gather_phase(
     g: &Shared,
     seq: u64,
     call: &Call,
     chunks_of: impl Fn(usize) -> Vec<Range<usize>>,
-    mut keep: impl FnMut(usize, Range<usize>, Bytes) -> Result<(), CollectiveError>,
+    mut keep: impl FnMut(u64, Range<usize>, Blob) -> Result<(), CollectiveError>,
 ) -> Result<(), CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
     for s in 0..n - 1 {
         let k = (r + 2 * n - s - 1) % n;
         for (c, range) in chunks_of(k).into_iter().enumerate() {
-            let got = g
-                .recv(prev, seq, tag(Phase::AllGather, s, c), call, range.len())
-                .await?;
+            let got_tag = tag(Phase::AllGather, s, c);
+            let got = g.recv_blob(prev, seq, got_tag, call, range.len()).await?;
             if s + 1 < n - 1 {
                 g.send(
                     next,
@@ -458,7 +498,7 @@ async fn ring_gather_phase(
                     got.clone(),
                 );
             }
-            keep(k, range, got)?;
+            keep(got_tag, range, got)?;
         }
     }
     Ok(())

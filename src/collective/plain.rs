@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use super::group::{Outgoing, Shared, Unanswered};
+use super::landing::{Blob, Writable};
 use super::wire::Wire;
 use super::CollectiveError;
 
@@ -126,12 +127,22 @@ pub(crate) async fn send_loop(
         prefix.extend_from_slice(&header);
         prefix.extend_from_slice(&(out.blob.len() as u64).to_le_bytes());
         let written = async {
-            writer.write_all(&prefix).await?;
-            writer.write_all(&out.blob).await
+            writer.write_all(&prefix).await.map_err(Unsent::Link)?;
+            match &out.blob {
+                Blob::Bytes(bytes) => writer.write_all(bytes).await.map_err(Unsent::Link),
+                in_place => write_in_place(&writer, in_place).await,
+            }
         }
         .await;
         unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        if let Err(e) = written {
+        drop(out.blob);
+        if let Err(Unsent::Blob(err)) = written {
+            if let Some(shared) = group.upgrade() {
+                shared.fail(err, true);
+            }
+            break;
+        }
+        if let Err(Unsent::Link(e)) = written {
             if let Some(shared) = group.upgrade() {
                 shared.fail(
                     CollectiveError::MemberLost {
@@ -145,6 +156,35 @@ pub(crate) async fn send_loop(
             break;
         }
     }
+}
+
+/// Why a chunk was not written.
+enum Unsent {
+    /// The link failed: the member is lost.
+    Link(std::io::Error),
+    /// The chunk's bytes could not be read where they lie (its input tensor changed).
+    Blob(CollectiveError),
+}
+
+/// Writes a payload from where it lies (a region of the result, a range of the input): each
+/// write takes what the socket accepts, the bytes borrowed only for that moment (an input
+/// tensor's read lock is not held across a wait).
+async fn write_in_place(writer: &OwnedWriteHalf, blob: &Blob) -> Result<(), Unsent> {
+    let len = blob.len();
+    let mut written = 0;
+    while written < len {
+        writer.writable().await.map_err(Unsent::Link)?;
+        let attempt = blob
+            .read(|bytes| writer.try_write(&bytes[written..]))
+            .map_err(Unsent::Blob)?;
+        match attempt {
+            Ok(0) => return Err(Unsent::Link(std::io::ErrorKind::WriteZero.into())),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Unsent::Link(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Reads one peer's chunks (`from` is its rank) into the group's inbox, at most `window`
@@ -165,7 +205,24 @@ pub(crate) async fn read_loop(
             Some(shared) => (shared.epoch, shared.header_max as u64),
             None => return,
         };
-        let read = read_frame(&mut reader, frame_max).await;
+        let read = read_frame(&mut reader, frame_max, |wire, blob_len| {
+            // A chunk whose place in the result is known is received straight into it.
+            let Wire::Data {
+                epoch: sent,
+                seq,
+                tag,
+                ..
+            } = wire
+            else {
+                return None;
+            };
+            let shared = group.upgrade()?;
+            let region = (*sent == epoch)
+                .then(|| shared.take_landing(from, *seq, *tag))
+                .flatten()?;
+            (region.len() as u64 == blob_len).then_some(region)
+        })
+        .await;
         let Some(shared) = group.upgrade() else {
             return;
         };
@@ -222,11 +279,13 @@ enum ReadError {
     Malformed(String),
 }
 
-/// One frame: its header decoded and its blob.
+/// One frame: its header decoded and its blob, received into the region `landing(header,
+/// blob length)` gives, or into bytes of its own.
 async fn read_frame(
     reader: &mut OwnedReadHalf,
     frame_max: u64,
-) -> Result<(Wire, Bytes), ReadError> {
+    landing: impl FnOnce(&Wire, u64) -> Option<Writable>,
+) -> Result<(Wire, Blob), ReadError> {
     let io = |e: std::io::Error| ReadError::Ended(format!("its TCP link ended: {e}"));
     let header_len = reader.read_u32_le().await.map_err(io)? as u64;
     if header_len > frame_max {
@@ -242,13 +301,6 @@ async fn read_frame(
             "a chunk of {blob_len} bytes (limit {frame_max})"
         )));
     }
-    // Read into spare capacity (no zeroing first): every pass over a chunk counts here.
-    let mut blob = bytes::BytesMut::with_capacity(blob_len as usize);
-    while blob.len() < blob_len as usize {
-        if reader.read_buf(&mut blob).await.map_err(io)? == 0 {
-            return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-    }
     let frame = Frame {
         header: Bytes::from(header),
         blobs: Vec::new(),
@@ -256,5 +308,16 @@ async fn read_frame(
     let wire = frame
         .decode::<Wire>(frame_max as u32)
         .map_err(|e| ReadError::Malformed(format!("a chunk header that does not decode: {e}")))?;
-    Ok((wire, blob.freeze()))
+    if let Some(region) = landing(&wire, blob_len) {
+        let filled = region.read_from(reader).await.map_err(io)?;
+        return Ok((wire, Blob::Landed(filled)));
+    }
+    // Read into spare capacity (no zeroing first): every pass over a chunk counts here.
+    let mut blob = bytes::BytesMut::with_capacity(blob_len as usize);
+    while blob.len() < blob_len as usize {
+        if reader.read_buf(&mut blob).await.map_err(io)? == 0 {
+            return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+    Ok((wire, Blob::Bytes(blob.freeze())))
 }
