@@ -45,9 +45,9 @@ pub(crate) struct Landing {
 }
 
 struct Inner {
-    /// The result's vector: capacity for every element, length 0 until [`Landing::finish`].
-    /// While regions are out it is touched only through `base` (never as a vector).
-    values: Elements,
+    /// The result's vector: capacity for every element, length 0 until [`Landing::finish`]
+    /// takes it. While regions are out it is touched only through `base` (never as a vector).
+    values: Mutex<Option<Elements>>,
     /// The vector's buffer.
     base: *mut u8,
     /// The buffer's length in bytes.
@@ -57,12 +57,16 @@ struct Inner {
     claimed: Mutex<BTreeMap<usize, usize>>,
     /// Bytes of the claimed regions written whole.
     filled: AtomicUsize,
+    /// Regions held ([`Writable`]s and [`Filled`]s alive): each counts itself out once it is
+    /// done with the buffer, before it tells `released`.
+    held: AtomicUsize,
     /// Told when a region is let go (see [`Landing::finish`]).
     released: Notify,
 }
 
-// SAFETY: `base` points into `values`' heap buffer, which lives as long as `Inner` and never
-// moves (the vector is never resized while `Inner` lives). Writes go only through a
+// SAFETY: `base` points into `values`' heap buffer, which never moves (the vector is never
+// resized) and lives as long as `Inner`, or, once `finish` took it, as long as the result (no
+// region is held any more by then, and none can be made). Writes go only through a
 // `Writable`, which owns its region exclusively (claims are disjoint); reads only through a
 // `Filled`, whose region is never written again. So no byte is written by two threads, nor
 // read while written.
@@ -78,12 +82,13 @@ impl Landing {
         let base = values.buffer_ptr();
         Ok(Self {
             inner: Arc::new(Inner {
-                values,
+                values: Mutex::new(Some(values)),
                 base,
                 bytes: count * element.size(),
                 element,
                 claimed: Mutex::new(BTreeMap::new()),
                 filled: AtomicUsize::new(0),
+                held: AtomicUsize::new(0),
                 released: Notify::new(),
             }),
         })
@@ -117,7 +122,7 @@ impl Landing {
             claimed.insert(range.start, range.end);
         }
         Ok(Writable {
-            inner: inner.clone(),
+            inner: Inner::hold(inner),
             range,
         })
     }
@@ -133,37 +138,52 @@ impl Landing {
                 self.inner.bytes
             )));
         }
+        let inner = self.inner;
         let deadline = tokio::time::Instant::now() + wait;
-        let mut inner = self.inner;
         loop {
-            match Arc::try_unwrap(inner) {
-                Ok(owned) => return Ok(owned.into_values()),
-                Err(shared) => inner = shared,
+            let released = inner.released.notified();
+            tokio::pin!(released);
+            // Registered before looking, so that a region let go from now on wakes it.
+            released.as_mut().enable();
+            if inner.held.load(Ordering::Acquire) == 0 {
+                return inner.take_values();
             }
-            if tokio::time::Instant::now() >= deadline {
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
                 // SAFETY: every byte was written (the filled regions are disjoint and cover
                 // the buffer), and what is still held only reads.
                 let whole = unsafe { std::slice::from_raw_parts(inner.base, inner.bytes) };
                 return Elements::from_chunks(inner.element, &[whole]);
             }
-            // A region's holder tells `released` just before it lets go: look again then
-            // (or soon, if that came before this wait began).
-            let _ = tokio::time::timeout(RELEASE_POLL, inner.released.notified()).await;
         }
     }
 }
 
-/// How long [`Landing::finish`] waits before looking again whether every region was let go.
-const RELEASE_POLL: Duration = Duration::from_millis(1);
-
 impl Inner {
-    fn into_values(mut self) -> Elements {
+    /// A new handle of a region: counted as held until it drops.
+    fn hold(inner: &Arc<Inner>) -> Arc<Inner> {
+        inner.held.fetch_add(1, Ordering::SeqCst);
+        inner.clone()
+    }
+
+    /// Counts a handle out (it no longer touches the buffer) and tells `finish`.
+    fn let_go(&self) {
+        self.held.fetch_sub(1, Ordering::Release);
+        self.released.notify_one();
+    }
+
+    /// The filled result, once no region is held.
+    fn take_values(&self) -> Result<Elements, CollectiveError> {
+        let taken = self.values.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(mut values) = taken else {
+            return Err(CollectiveError::Tensor("a result taken twice".into()));
+        };
         let count = self.bytes / self.element.size();
         // SAFETY: `finish` checked that the filled regions cover the buffer (disjoint, within
         // it, summing to its length), so its first `count` elements are initialized; every
-        // element type is plain data.
-        unsafe { with_vec!(&mut self.values, v => v.set_len(count)) };
-        self.values
+        // element type is plain data. No region is held, and none can be made any more
+        // (`finish` consumed the `Landing`), so nothing else touches the buffer from now on.
+        unsafe { with_vec!(&mut values, v => v.set_len(count)) };
+        Ok(values)
     }
 }
 
@@ -197,7 +217,7 @@ impl Writable {
             .filled
             .fetch_add(self.range.len(), Ordering::SeqCst);
         Filled {
-            inner: self.inner.clone(),
+            inner: Inner::hold(&self.inner),
             range: self.range.clone(),
         }
     }
@@ -278,12 +298,11 @@ impl Writable {
 
 impl Drop for Writable {
     fn drop(&mut self) {
-        self.inner.released.notify_one();
+        self.inner.let_go();
     }
 }
 
 /// A region written whole: read-only from now on, shared by whoever sends it.
-#[derive(Clone)]
 pub(crate) struct Filled {
     inner: Arc<Inner>,
     range: Range<usize>,
@@ -304,9 +323,18 @@ impl Filled {
     }
 }
 
+impl Clone for Filled {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Inner::hold(&self.inner),
+            range: self.range.clone(),
+        }
+    }
+}
+
 impl Drop for Filled {
     fn drop(&mut self) {
-        self.inner.released.notify_one();
+        self.inner.let_go();
     }
 }
 
