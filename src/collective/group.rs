@@ -1410,6 +1410,18 @@ impl Shared {
     /// Queues a chunk for `to` (never waits: the link's sender applies the window).
     pub(crate) fn send(&self, to: usize, seq: u64, tag: u64, call: &Call, blob: impl Into<Blob>) {
         if let Some(Some(link)) = self.links.get().and_then(|l| l.get(to)) {
+            let mut blob = blob.into();
+            if !self.config.plaintext && !matches!(blob, Blob::Bytes(_)) {
+                // QUIC takes bytes of their own: copied now, on the caller's thread, so that
+                // no queue holds the input or the result (which the call would wait for).
+                match blob.into_bytes() {
+                    Ok(bytes) => blob = Blob::Bytes(bytes),
+                    Err(err) => {
+                        self.fail(err, true);
+                        return;
+                    }
+                }
+            }
             self.unanswered
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             // A closed queue means the group is broken; the caller learns it on its next wait.
@@ -1417,7 +1429,7 @@ impl Shared {
                 seq,
                 tag,
                 call: call.clone(),
-                blob: blob.into(),
+                blob,
             });
         }
     }
