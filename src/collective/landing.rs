@@ -128,8 +128,8 @@ impl Landing {
     }
 
     /// The result as its element type's vector, once every byte was written. A region still
-    /// held (a send of a filled region not yet written out) is waited for, at most `wait`;
-    /// after that the filled bytes are copied out instead.
+    /// held (a send of a filled region not yet written out) is waited for, at most `wait`
+    /// (zero: not at all); after that the filled bytes are copied out instead.
     pub(crate) async fn finish(self, wait: Duration) -> Result<Elements, CollectiveError> {
         let filled = self.inner.filled.load(Ordering::SeqCst);
         if filled != self.inner.bytes {
@@ -473,7 +473,7 @@ mod tests {
             .unwrap()
             .copy_from(&floats(&[1.0, 2.0]))
             .unwrap();
-        let values = landing.finish(Duration::from_millis(5)).await.unwrap();
+        let values = landing.finish(Duration::ZERO).await.unwrap();
         assert_eq!(
             held.bytes(),
             &floats(&[1.0, 2.0])[..],

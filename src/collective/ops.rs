@@ -301,12 +301,27 @@ async fn all_reduce(
     })
     .await?;
     drop(expected);
-    out.finish(LANDING_RELEASE_WAIT).await
+    out.finish(release_wait(len * es)).await
 }
 
-/// How long an all-reduce's result waits for its last chunks to be written out to the next
-/// member (they are sent from the result itself) before it copies itself instead.
-const LANDING_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long an all-reduce's result of `bytes` waits for its last chunks to be written out to
+/// the next member (they are sent from the result itself) before it copies itself out
+/// instead: about as long as that copy would take, so that waiting never costs much more than
+/// copying; no wait at all where the copy takes less than a timer tick (a small result's
+/// last send can lag behind on a busy runtime).
+fn release_wait(bytes: usize) -> std::time::Duration {
+    let copy = std::time::Duration::from_secs_f64(bytes as f64 / COPY_BYTES_PER_SECOND);
+    if copy < std::time::Duration::from_millis(1) {
+        std::time::Duration::ZERO
+    } else {
+        copy.min(RELEASE_WAIT_MAX)
+    }
+}
+
+/// A copy's speed on the machines cohort runs on, roughly (memcpy of large buffers).
+const COPY_BYTES_PER_SECOND: f64 = 4e9;
+/// Bound on [`release_wait`].
+const RELEASE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Forgets the regions a call expected chunks in, however the call ends (cancelled included),
 /// so that none outlives it.
