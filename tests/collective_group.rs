@@ -573,6 +573,56 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_ca
     }
 }
 
+/// On the plaintext plane a member that finished its call and went away (flushed, endpoint
+/// closed, group dropped) has closed its QUIC connection before its peer read the chunks it
+/// left on their TCP link: the peer still takes them and finishes, the QUIC close telling
+/// nothing about them (only the TCP link's end does, after its last byte).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_gone_after_its_last_call_leaves_its_tcp_chunks_to_be_taken() {
+    let config = GroupConfig {
+        window: 1,
+        ..ring_config_with(true)
+    };
+    let c = cluster(2, config).await;
+    let len = 20_000;
+    let inputs: Vec<Tensor> = (0..2)
+        .map(|r| Tensor::from_vec(input(r, len, 7), len, &Device::Cpu).unwrap())
+        .collect();
+    let Cluster {
+        endpoints,
+        mut groups,
+    } = c;
+    let stays = groups.pop().unwrap();
+    let goes = groups.pop().unwrap();
+    // The member that stays starts first and is then left unpolled: its chunks for the other
+    // go out (the link's tasks send them), but it reads at most one chunk of the other's.
+    let staying = stays.reduce_scatter(Reduction::Sum, &inputs[1]);
+    tokio::pin!(staying);
+    assert!(futures::poll!(staying.as_mut()).is_pending());
+    // Reduce-scatter needs nothing the stayer has to read: the other finishes, flushes its
+    // chunks into TCP and goes away.
+    let gone = bounded(
+        "the leaver's call",
+        goes.reduce_scatter(Reduction::Sum, &inputs[0]),
+    )
+    .await
+    .unwrap();
+    assert!(
+        goes.flush(Duration::from_secs(10)).await,
+        "its chunks were written"
+    );
+    endpoints[0].close();
+    drop(goes);
+    // Long enough for the QUIC close to reach the stayer.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stayed = bounded("the stayer's call", staying)
+        .await
+        .unwrap_or_else(|e| panic!("the stayer lost the chunks left on TCP: {e}"));
+    let want = reference(&[input(0, len, 7), input(1, len, 7)], Reduction::Sum);
+    assert_eq!(bits(&gone), bits_of(&want[segment(len, 2, 0)]));
+    assert_eq!(bits(&stayed), bits_of(&want[segment(len, 2, 1)]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survivors_of_two_members_lost_at_once_agree_on_who_is_left_and_reform() {
     let c = cluster(4, ring_config()).await;
