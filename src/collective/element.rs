@@ -322,11 +322,6 @@ elements_from!(
 );
 
 impl Elements {
-    /// Room for `count` elements of `element`, none yet.
-    pub(crate) fn with_capacity(element: Element, count: usize) -> Self {
-        with_type!(element, T => Elements::from(Vec::<T>::with_capacity(count)))
-    }
-
     /// Room for `count` elements of `element`, none yet; an error, not an abort, where that
     /// much memory cannot be had.
     pub(crate) fn try_with_capacity(
@@ -355,7 +350,7 @@ impl Elements {
     /// The elements of `chunks` (little-endian, whole elements each), in order.
     pub(crate) fn from_chunks(element: Element, chunks: &[&[u8]]) -> Result<Self, CollectiveError> {
         let count = chunks.iter().map(|c| c.len()).sum::<usize>() / element.size();
-        let mut out = Self::with_capacity(element, count);
+        let mut out = Self::try_with_capacity(element, count)?;
         for chunk in chunks {
             out.extend_le(chunk)?;
         }

@@ -1663,7 +1663,8 @@ impl Shared {
         let arrived = Arrived { call, blob, answer };
         if let Some(old) = state.inbox.insert((from, seq, tag), arrived) {
             drop(state);
-            // A sender never sends one chunk twice; the newer copy stands.
+            // A sender never sends one chunk twice; the newer copy stands (if the older one
+            // was received into its region of the result, the call fails on the newer one).
             old.answer.give(Reply::Ack, self.header_max);
         } else {
             drop(state);

@@ -255,14 +255,18 @@ impl Writable {
             )));
         }
         let bytes = self.uninit();
-        // SAFETY: `MaybeUninit<T>` has no invalid bit patterns to break, and `align_to_mut`
-        // gives only the aligned middle; the region is exclusively ours.
-        let (head, out, tail) = unsafe { bytes.align_to_mut::<MaybeUninit<T>>() };
-        if !head.is_empty() || !tail.is_empty() || out.len() != wanted {
+        let start = bytes.as_mut_ptr();
+        if start.align_offset(std::mem::align_of::<T>()) != 0
+            || bytes.len() != wanted * std::mem::size_of::<T>()
+        {
             return Err(CollectiveError::Tensor(
                 "a region that is not aligned to its elements".into(),
             ));
         }
+        // SAFETY: the region is exclusively ours (see `uninit`), `start` is aligned for `T` and
+        // the region holds exactly `wanted` of them (both checked above); `MaybeUninit<T>`
+        // asks nothing of the bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(start.cast::<MaybeUninit<T>>(), wanted) };
         let mut written = 0;
         for (slot, value) in out.iter_mut().zip(values) {
             slot.write(value);
@@ -283,15 +287,26 @@ impl Writable {
         reader: &mut R,
     ) -> std::io::Result<Filled> {
         let len = self.len();
-        let mut buf = ReadBuf::uninit(self.uninit());
+        let region = self.uninit();
+        // An address, not a pointer, so that the future stays `Send`.
+        let start = region.as_ptr().addr();
+        let mut buf = ReadBuf::uninit(region);
         while buf.filled().len() < len {
             let before = buf.filled().len();
             std::future::poll_fn(|cx| Pin::new(&mut *reader).poll_read(cx, &mut buf)).await?;
+            // A reader may swap the `ReadBuf` for one of its own (safe code can): then what it
+            // reports filled is not this region.
+            if buf.filled().as_ptr().addr() != start || buf.capacity() != len {
+                return Err(std::io::Error::other(
+                    "the reader filled another buffer than the region",
+                ));
+            }
             if buf.filled().len() == before {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
         }
-        // `ReadBuf` vouches that its filled part, the whole region, was written.
+        // `ReadBuf` vouches that its filled part, the whole region (its pointer checked after
+        // every read), was written.
         Ok(self.into_filled())
     }
 }
@@ -446,6 +461,33 @@ mod tests {
             .unwrap()
             .fill_from_iter([1u64].into_iter());
         assert!(wrong_size.is_err());
+    }
+
+    /// A reader that fills a buffer of its own in place of the one it was given.
+    struct Swapper;
+
+    impl AsyncRead for Swapper {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let own: &'static mut [u8] = Box::leak(vec![7u8; buf.remaining()].into_boxed_slice());
+            *buf = ReadBuf::new(own);
+            buf.set_filled(buf.capacity());
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_swaps_the_buffer_fills_nothing() {
+        let landing = Landing::new(Element::F32, 2).unwrap();
+        let err = landing.claim(0..8).unwrap().read_from(&mut Swapper).await;
+        assert!(err.is_err());
+        let Err(err) = landing.finish(Duration::ZERO).await else {
+            panic!("a region the reader never wrote was taken as filled");
+        };
+        assert!(err.to_string().contains("only 0 in"), "{err}");
     }
 
     #[tokio::test]

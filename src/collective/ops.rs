@@ -324,7 +324,8 @@ const COPY_BYTES_PER_SECOND: f64 = 4e9;
 const RELEASE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Forgets the regions a call expected chunks in, however the call ends (cancelled included),
-/// so that none outlives it.
+/// so that no region waits for a chunk after it (a chunk already received into one stays in
+/// the inbox, as any delivered chunk does, until the group breaks or goes).
 struct ExpectedLandings<'a> {
     g: &'a Shared,
     seq: u64,
@@ -399,7 +400,15 @@ async fn reduce_scatter_ring(
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
     let first = (r + n - 1) % n;
     for (c, chunk) in chunks(segment(len, n, first), es, g.config.chunk_bytes).enumerate() {
-        let blob = Blob::Input(data.clone(), bytes_of(chunk, es));
+        let range = bytes_of(chunk, es);
+        // Sent from the input itself only where the call cannot end before it was written:
+        // with `then_gather` every chunk comes back inside a final one; a reduce-scatter's own
+        // result does not wait for it, and its caller may change the tensor once it returns.
+        let blob = if then_gather {
+            Blob::Input(data.clone(), range)
+        } else {
+            Blob::Bytes(data.read(range, Bytes::copy_from_slice)?)
+        };
         g.send(next, seq, tag(Phase::ReduceScatter, 0, c), call, blob);
     }
     for s in 0..n - 1 {
