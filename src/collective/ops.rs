@@ -14,6 +14,10 @@
 //!   member sends to the next rank and receives from the previous one at once; each chunk is
 //!   forwarded as soon as it is reduced, so all links carry data together and the steps
 //!   overlap. Broadcast is a pipelined chain from the root.
+//! - The ring all-reduce writes its result where it stays (`landing.rs`): this member's
+//!   segment reduced straight into it and sent on from there, the others' chunks received
+//!   into it (straight from the link on the plaintext plane), its own first chunks sent from
+//!   the input tensor itself; the result becomes the tensor's storage without another pass.
 //! - Small tensors (and zero-length ones): direct exchange, one message from each member to
 //!   each member (broadcast: from the root, and a "done" back to it).
 //!

@@ -13,7 +13,10 @@
 //! `u64` blob length, the blob; both lengths bounded by the transport's frame limit. The
 //! receiver reads the next frame only while it holds fewer than the group's `window` unread
 //! chunks of that sender (TCP's own flow control then holds the sender back), which is what a
-//! request's late answer does on QUIC. A malformed frame or a failed write loses the member at
+//! request's late answer does on QUIC. A chunk whose region of the result the call expects
+//! (an all-reduce's all-gather) is read straight into it, others into a buffer of their own;
+//! a chunk that lies in the caller's input or in the result is written from there
+//! (`landing.rs`). A malformed frame or a failed write loses the member at
 //! once ([`CollectiveError::MemberLost`]); a link the peer closed loses it when a call waits for
 //! a chunk from it that never came (a member that finished its last call and exited closes its
 //! links before its peers took every chunk it sent, as they are entitled to). Control messages
