@@ -391,28 +391,7 @@ fn extend_values<T: bytemuck::Pod>(out: &mut Vec<T>, chunk: &[u8]) -> Result<(),
 /// `a (op) b`, element-wise over little-endian blobs of `element` of the same length, into
 /// a fresh blob (one pass: both read, the result written once).
 pub(crate) fn reduced(element: Element, op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
-    with_type!(element, T => reduced_typed::<T>(op, a, b))
-}
-
-fn reduced_typed<T: Arith + Send + Sync>(op: Reduction, a: &[u8], b: &[u8]) -> Bytes {
-    if cfg!(target_endian = "little") {
-        if let (Ok(a), Ok(b)) = (
-            bytemuck::try_cast_slice::<u8, T>(a),
-            bytemuck::try_cast_slice::<u8, T>(b),
-        ) {
-            // One loop per operation, so that each inlines and vectorizes.
-            let pairs = a.iter().zip(b);
-            let out: Vec<T> = match op {
-                Reduction::Sum | Reduction::Mean => pairs.map(|(x, y)| x.add(*y)).collect(),
-                Reduction::Max => pairs.map(|(x, y)| x.max(*y)).collect(),
-                Reduction::Min => pairs.map(|(x, y)| x.min(*y)).collect(),
-            };
-            return pod_bytes(out);
-        }
-    }
-    let mut out = a.to_vec();
-    assign_typed::<T>(op, &mut out, b);
-    Bytes::from(out)
+    with_type!(element, T => reduce_pairs::<T, _>(op, a, b, Fresh))
 }
 
 /// `a (op) b` as [`reduced`] computes it, written straight into `out`, a region of the
@@ -432,15 +411,35 @@ pub(crate) fn reduce_into(
             out.len()
         )));
     }
-    with_type!(element, T => reduce_into_typed::<T>(op, a, b, out))
+    with_type!(element, T => reduce_pairs::<T, _>(op, a, b, out))
 }
 
-fn reduce_into_typed<T: Arith>(
-    op: Reduction,
-    a: &[u8],
-    b: &[u8],
-    out: Writable,
-) -> Result<Filled, CollectiveError> {
+/// Where the values of an element-wise reduction go, in order.
+trait Sink<T> {
+    type Out;
+    fn take(self, values: impl Iterator<Item = T>) -> Self::Out;
+}
+
+/// Into a fresh blob.
+struct Fresh;
+
+impl<T: bytemuck::Pod + Send + Sync> Sink<T> for Fresh {
+    type Out = Bytes;
+    fn take(self, values: impl Iterator<Item = T>) -> Bytes {
+        pod_bytes(values.collect())
+    }
+}
+
+/// Into a region of a result.
+impl<T: bytemuck::Pod> Sink<T> for Writable {
+    type Out = Result<Filled, CollectiveError>;
+    fn take(self, values: impl Iterator<Item = T>) -> Self::Out {
+        self.fill_from_iter(values)
+    }
+}
+
+/// `a (op) b` element by element (`partial op own`: the group's order), handed to `sink`.
+fn reduce_pairs<T: Arith, S: Sink<T>>(op: Reduction, a: &[u8], b: &[u8], sink: S) -> S::Out {
     if cfg!(target_endian = "little") {
         if let (Ok(a), Ok(b)) = (
             bytemuck::try_cast_slice::<u8, T>(a),
@@ -449,17 +448,20 @@ fn reduce_into_typed<T: Arith>(
             // One loop per operation, so that each inlines and vectorizes.
             let pairs = a.iter().zip(b);
             return match op {
-                Reduction::Sum | Reduction::Mean => {
-                    out.fill_from_iter(pairs.map(|(x, y)| x.add(*y)))
-                }
-                Reduction::Max => out.fill_from_iter(pairs.map(|(x, y)| x.max(*y))),
-                Reduction::Min => out.fill_from_iter(pairs.map(|(x, y)| x.min(*y))),
+                Reduction::Sum | Reduction::Mean => sink.take(pairs.map(|(x, y)| x.add(*y))),
+                Reduction::Max => sink.take(pairs.map(|(x, y)| x.max(*y))),
+                Reduction::Min => sink.take(pairs.map(|(x, y)| x.min(*y))),
             };
         }
     }
-    let mut acc = a.to_vec();
-    assign_typed::<T>(op, &mut acc, b);
-    out.copy_from(&acc)
+    // Unaligned blobs, or a big-endian machine: value by value.
+    let f = function::<T>(op);
+    let size = std::mem::size_of::<T>();
+    let values = a
+        .chunks_exact(size)
+        .zip(b.chunks_exact(size))
+        .map(|(x, y)| f(read_le::<T>(x), read_le::<T>(y)));
+    sink.take(values)
 }
 
 /// `acc = acc (op) x`, element-wise over little-endian blobs of `element` of the

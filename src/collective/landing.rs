@@ -10,7 +10,9 @@
 //!   into disjoint byte regions that are filled in any order: by reducing straight into one
 //!   ([`Writable::fill_from_iter`]), by a link's reader receiving a chunk straight into one
 //!   ([`Writable::read_from`]), or by a copy. Once every byte is in and no region is held, it
-//!   becomes the tensor's storage ([`Landing::finish`]), with no pass over the whole.
+//!   becomes the tensor's storage ([`Landing::finish`]), with no pass over the whole. Its
+//!   regions hold little-endian bytes, as the wire does (on a big-endian machine `finish`
+//!   turns each element around, the one pass it makes there).
 //! - A [`Blob`] is what a send or a receive carries: shared bytes, a filled region of a
 //!   landing, or a range of the caller's input tensor read where it lies. The plaintext plane
 //!   writes each from where it is; QUIC takes bytes (a copy for the last two).
@@ -183,6 +185,9 @@ impl Inner {
         // element type is plain data. No region is held, and none can be made any more
         // (`finish` consumed the `Landing`), so nothing else touches the buffer from now on.
         unsafe { with_vec!(&mut values, v => v.set_len(count)) };
+        if cfg!(target_endian = "big") {
+            with_vec!(&mut values, v => v.iter_mut().for_each(|x| bytemuck::bytes_of_mut(x).reverse()));
+        }
         Ok(values)
     }
 }
@@ -268,7 +273,11 @@ impl Writable {
         // asks nothing of the bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(start.cast::<MaybeUninit<T>>(), wanted) };
         let mut written = 0;
-        for (slot, value) in out.iter_mut().zip(values) {
+        for (slot, mut value) in out.iter_mut().zip(values) {
+            // The buffer holds little-endian bytes, as the wire does, until `finish`.
+            if cfg!(target_endian = "big") {
+                bytemuck::bytes_of_mut(&mut value).reverse();
+            }
             slot.write(value);
             written += 1;
         }
@@ -490,14 +499,20 @@ mod tests {
         assert!(err.to_string().contains("only 0 in"), "{err}");
     }
 
-    #[tokio::test]
-    async fn finish_waits_for_a_held_region_and_copies_after_the_wait() {
+    /// A result of [1, 2], whole, with its one region still held.
+    fn filled_and_held() -> (Landing, Filled) {
         let landing = Landing::new(Element::F32, 2).unwrap();
         let held = landing
             .claim(0..8)
             .unwrap()
             .copy_from(&floats(&[1.0, 2.0]))
             .unwrap();
+        (landing, held)
+    }
+
+    #[tokio::test]
+    async fn finish_waits_for_a_held_region_and_copies_after_the_wait() {
+        let (landing, held) = filled_and_held();
         let release = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             drop(held);
@@ -509,12 +524,7 @@ mod tests {
         );
         release.await.unwrap();
 
-        let landing = Landing::new(Element::F32, 2).unwrap();
-        let held = landing
-            .claim(0..8)
-            .unwrap()
-            .copy_from(&floats(&[1.0, 2.0]))
-            .unwrap();
+        let (landing, held) = filled_and_held();
         let values = landing.finish(Duration::ZERO).await.unwrap();
         assert_eq!(
             held.bytes(),
