@@ -260,9 +260,11 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_over_the_pla
     every_element_type_goes_around_the_ring_like_the_reference_case(true).await;
 }
 
-/// The ring's result is written in place, each element type through its own vector: small
+/// The ring's results are written in place, each element type through its own vector: small
 /// whole numbers (exact in every type, whatever the order) of 1- to 8-byte types, a length
-/// that divides neither by the members nor by the chunk.
+/// that divides neither by the members nor by the chunk; every ring operation, the
+/// all-gather's input not contiguous (a transposed matrix, read through a copy) and the
+/// broadcast's root in the middle of its chain.
 async fn every_element_type_goes_around_the_ring_like_the_reference_case(plaintext: bool) {
     let c = cluster(3, ring_config_with(plaintext)).await;
     let len = 5003;
@@ -315,6 +317,64 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_case(plainte
                 let got = out.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
                 assert!(got == want, "{dtype:?} {op} rank {rank}");
             }
+        }
+        let as_f64 = |t: &Tensor| {
+            t.flatten_all()
+                .and_then(|t| t.to_dtype(DType::F64))
+                .and_then(|t| t.to_vec1::<f64>())
+                .unwrap()
+        };
+        let sum: Vec<f64> = (0..len)
+            .map(|i| values.iter().map(|v| v[i]).sum())
+            .collect();
+        let outs = bounded(
+            "reduce-scatter of every type",
+            join_all(
+                c.groups
+                    .iter()
+                    .zip(&inputs)
+                    .map(|(g, t)| g.reduce_scatter(Reduction::Sum, t)),
+            ),
+        )
+        .await;
+        for (rank, out) in outs.into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("{dtype:?} reduce_scatter rank {rank}: {e}"));
+            assert_eq!(out.dtype(), dtype);
+            assert!(
+                as_f64(&out) == sum[segment(len, 3, rank)],
+                "{dtype:?} rank {rank}"
+            );
+        }
+        // Each member's block: the transpose of its first 5000 values as a 40 × 125 matrix.
+        let blocks: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| {
+                t.narrow(0, 0, 5000)
+                    .and_then(|t| t.reshape((40, 125)))
+                    .and_then(|t| t.t())
+                    .unwrap()
+            })
+            .collect();
+        let outs = bounded(
+            "all-gather of every type",
+            join_all(c.groups.iter().zip(&blocks).map(|(g, t)| g.all_gather(t))),
+        )
+        .await;
+        let gathered: Vec<f64> = blocks.iter().flat_map(as_f64).collect();
+        for (rank, out) in outs.into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("{dtype:?} all_gather rank {rank}: {e}"));
+            assert_eq!((out.dtype(), out.dims()), (dtype, &[3 * 125, 40][..]));
+            assert!(as_f64(&out) == gathered, "{dtype:?} all_gather rank {rank}");
+        }
+        let outs = bounded(
+            "broadcast of every type",
+            join_all(c.groups.iter().zip(&inputs).map(|(g, t)| g.broadcast(1, t))),
+        )
+        .await;
+        for (rank, out) in outs.into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("{dtype:?} broadcast rank {rank}: {e}"));
+            assert_eq!(out.dtype(), dtype);
+            assert!(as_f64(&out) == values[1], "{dtype:?} broadcast rank {rank}");
         }
     }
 }

@@ -167,25 +167,6 @@ pub(crate) fn tensor_bytes(tensor: &Tensor) -> Result<(Element, Bytes), Collecti
     Ok((element, bytes))
 }
 
-/// A CPU tensor of `dims` from little-endian `bytes` of `element` (checked: exactly as many
-/// bytes as the shape holds).
-pub(crate) fn bytes_tensor(
-    element: Element,
-    dims: &[usize],
-    bytes: &[u8],
-) -> Result<Tensor, CollectiveError> {
-    let count: usize = dims.iter().product();
-    if bytes.len() != count * element.size() {
-        return Err(CollectiveError::Tensor(format!(
-            "{} bytes cannot hold {count} {element:?} elements of shape {dims:?}",
-            bytes.len()
-        )));
-    }
-    let device = &Device::Cpu;
-    let tensor = with_type!(element, T => Tensor::from_vec(values::<T>(bytes), dims, device));
-    tensor.map_err(tensor_error)
-}
-
 /// A collective's input as the algorithms read it, by byte ranges of its little-endian
 /// elements: the tensor's own storage where it is a contiguous CPU tensor on a little-endian
 /// machine (read in place under candle's read lock, taken anew for each range, so that no
@@ -570,6 +551,7 @@ fn pod_bytes<T: bytemuck::Pod + Send + Sync>(mut values: Vec<T>) -> Bytes {
 }
 
 /// Little-endian `bytes` as values (one copy: the blob need not be aligned).
+#[cfg(test)]
 fn values<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
     if cfg!(target_endian = "little") {
         // A plain copy into aligned memory.
@@ -609,7 +591,9 @@ mod tests {
             let t = t.abs().unwrap().to_dtype(dtype).unwrap();
             let (element, bytes) = tensor_bytes(&t).unwrap();
             assert_eq!(bytes.len(), 4 * element.size());
-            let back = bytes_tensor(element, &[2, 2], &bytes).unwrap();
+            let back = Elements::from_chunks(element, &[&bytes])
+                .and_then(|e| e.into_tensor(&[2, 2]))
+                .unwrap();
             let diff = (back.to_dtype(DType::F64).unwrap() - t.to_dtype(DType::F64).unwrap())
                 .unwrap()
                 .abs()

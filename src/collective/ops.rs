@@ -14,10 +14,14 @@
 //!   member sends to the next rank and receives from the previous one at once; each chunk is
 //!   forwarded as soon as it is reduced, so all links carry data together and the steps
 //!   overlap. Broadcast is a pipelined chain from the root.
-//! - The ring all-reduce writes its result where it stays (`landing.rs`): this member's
-//!   segment reduced straight into it and sent on from there, the others' chunks received
+//! - The ring operations write their results where they stay (`landing.rs`): the all-reduce's
+//!   own segment reduced straight into it and sent on from there, the others' chunks received
 //!   into it (straight from the link on the plaintext plane), its own first chunks sent from
 //!   the input tensor itself; the result becomes the tensor's storage without another pass.
+//!   A reduce-scatter reduces its segment into its result alike, an all-gather copies its
+//!   own block into its result once and receives the others' there, a broadcast's members
+//!   receive the root's chunks there and pass them on from it (the root sends from its input
+//!   and returns its own tensor).
 //! - Small tensors (and zero-length ones): direct exchange, one message from each member to
 //!   each member (broadcast: from the root, and a "done" back to it).
 //!
@@ -30,8 +34,7 @@ use bytes::Bytes;
 use candle_core::Tensor;
 
 use super::element::{
-    bytes_tensor, reduce_assign, reduce_into, reduced, tensor_bytes, tensor_error, Element,
-    Elements, Input, Reduction,
+    reduce_assign, reduce_into, reduced, tensor_error, Element, Elements, Input, Reduction,
 };
 use super::group::{ProcessGroup, Shared};
 use super::landing::{Blob, Landing};
@@ -68,26 +71,24 @@ impl ProcessGroup {
         )
         .await;
         drop(guard);
-        let bytes = result?;
-        let out = bytes_tensor(element, &[bytes.len() / element.size()], &bytes)?;
-        finish_mean(op, out, n)
+        let count = segment(tensor.elem_count(), n, self.rank()).len();
+        finish_mean(op, result?.into_tensor(&[count])?, n)
     }
 
     /// Concatenates every member's `tensor` along the first dimension, in rank order (scalars
     /// become a vector of `n`). Every member must pass the same shape.
     pub async fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
-        let (element, data) = tensor_bytes(tensor)?;
+        let (element, data) = Input::of(tensor)?;
         let call = self.call(CallOp::AllGather, element, tensor.dims(), 0);
         let (guard, seq) = self.begin().await?;
         let result = run(&self.shared, all_gather(&self.shared, seq, &call, data)).await;
         drop(guard);
-        let bytes = result?;
         let mut dims = tensor.dims().to_vec();
         match dims.first_mut() {
             Some(d0) => *d0 *= self.size(),
             None => dims.push(self.size()),
         }
-        bytes_tensor(element, &dims, &bytes)
+        result?.into_tensor(&dims)
     }
 
     /// The root's `tensor`, on every member. Every member passes a tensor of the root's shape
@@ -99,7 +100,7 @@ impl ProcessGroup {
                 self.size()
             )));
         }
-        let (element, data) = tensor_bytes(tensor)?;
+        let (element, data) = Input::of(tensor)?;
         let root_op = CallOp::Broadcast { root: root as u32 };
         let call = self.call(root_op, element, tensor.dims(), 0);
         let (guard, seq) = self.begin().await?;
@@ -109,7 +110,11 @@ impl ProcessGroup {
         )
         .await;
         drop(guard);
-        bytes_tensor(element, tensor.dims(), &result?)
+        match result? {
+            Some(received) => received.into_tensor(tensor.dims()),
+            // The root's result is its own tensor, unchanged.
+            None => Ok(tensor.clone()),
+        }
     }
 
     /// All-reduces `tensors` fused into buckets: consecutive tensors of one dtype, each bucket
@@ -279,12 +284,10 @@ async fn all_reduce(
     };
     let prev = (g.rank + n - 1) % n;
     let expected = ExpectedLandings { g, seq };
-    if g.config.plaintext {
-        for s in 0..n - 1 {
-            let k = (g.rank + 2 * n - s - 1) % n;
-            for (c, range) in chunks_of(k).into_iter().enumerate() {
-                g.expect_landing(prev, seq, tag(Phase::AllGather, s, c), out.claim(range)?);
-            }
+    for s in 0..n - 1 {
+        let k = (g.rank + 2 * n - s - 1) % n;
+        for (c, range) in chunks_of(k).into_iter().enumerate() {
+            expect(g, &out, (prev, seq, tag(Phase::AllGather, s, c)), range)?;
         }
     }
     reduce_scatter_ring(g, seq, call, op, &data, true, |range, partial, mine| {
@@ -292,20 +295,47 @@ async fn all_reduce(
     })
     .await?;
     ring_gather_phase(g, seq, call, chunks_of, |tag, range, got| {
-        if let Blob::Landed(filled) = &got {
-            if filled.range() == range {
-                return Ok(());
-            }
-        }
-        let region = match g.take_landing(prev, seq, tag) {
-            Some(region) => region,
-            None => out.claim(range)?,
-        };
-        got.read(|bytes| region.copy_from(bytes))?.map(drop)
+        land(g, &out, (prev, seq, tag), range, got)
     })
     .await?;
     drop(expected);
     out.finish(release_wait(len * es)).await
+}
+
+/// Lets the result `out` expect chunk `tag` of call `seq` from `from` in its byte `range`
+/// (on the plaintext plane the chunk is then received straight into it).
+fn expect(
+    g: &Shared,
+    out: &Landing,
+    (from, seq, tag): (usize, u64, u64),
+    range: Range<usize>,
+) -> Result<(), CollectiveError> {
+    if g.config.plaintext {
+        g.expect_landing(from, seq, tag, out.claim(range)?);
+    }
+    Ok(())
+}
+
+/// Puts chunk `tag` of call `seq` from `from`, received as `got`, in its byte `range` of the
+/// result `out`: nothing to do if it was received there, else copied into the region the call
+/// expected it in (or claimed now).
+fn land(
+    g: &Shared,
+    out: &Landing,
+    (from, seq, tag): (usize, u64, u64),
+    range: Range<usize>,
+    got: Blob,
+) -> Result<(), CollectiveError> {
+    if let Blob::Landed(filled) = &got {
+        if filled.range() == range {
+            return Ok(());
+        }
+    }
+    let region = match g.take_landing(from, seq, tag) {
+        Some(region) => region,
+        None => out.claim(range)?,
+    };
+    got.read(|bytes| region.copy_from(bytes))?.map(drop)
 }
 
 /// How long an all-reduce's result of `bytes` waits for its last chunks to be written out to
@@ -347,13 +377,15 @@ async fn reduce_scatter(
     call: &Call,
     op: Reduction,
     data: Input,
-) -> Result<Vec<u8>, CollectiveError> {
+) -> Result<Elements, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     let es = call.element.size();
     let len = data.len() / es;
     let mine = bytes_of(segment(len, n, r), es);
     if n == 1 {
-        return data.read(0..data.len(), <[u8]>::to_vec);
+        return data.read(0..data.len(), |whole| {
+            Elements::from_chunks(call.element, &[whole])
+        })?;
     }
     if data.len() <= g.config.small_bytes_max {
         // Each member sends each other member only that member's segment.
@@ -371,16 +403,16 @@ async fn reduce_scatter(
         }
         let mut out = vec![0u8; mine.len()];
         fold_segment(call.element, op, &mut out, r, n, |j| &parts[j][..]);
-        return Ok(out);
+        return Elements::from_chunks(call.element, &[&out]);
     }
-    let mut own = Vec::with_capacity(mine.len());
-    reduce_scatter_ring(g, seq, call, op, &data, false, |_, partial, mine| {
-        let chunk = reduced(call.element, op, partial, mine);
-        own.extend_from_slice(&chunk);
-        Ok(Blob::Bytes(chunk))
+    // This member's segment is reduced straight into the result (nothing is sent from it).
+    let own = Landing::new(call.element, mine.len() / es)?;
+    reduce_scatter_ring(g, seq, call, op, &data, false, |range, partial, x| {
+        let region = own.claim(range.start - mine.start..range.end - mine.start)?;
+        reduce_into(call.element, op, partial, x, region).map(Blob::Landed)
     })
     .await?;
-    Ok(own)
+    own.finish(std::time::Duration::ZERO).await
 }
 
 /// The ring's reduce-scatter of `data` (read where it lies, never written, and sent from
@@ -452,50 +484,63 @@ async fn reduce_scatter_ring(
     Ok(())
 }
 
+/// The all-gather of `data` (this member's block): every member's block in rank order, in
+/// a result written where it stays, as the all-reduce's (module doc): this member's block
+/// copied into it once and sent on from there, the others' received into it.
 async fn all_gather(
     g: &Shared,
     seq: u64,
     call: &Call,
-    data: Bytes,
-) -> Result<Vec<u8>, CollectiveError> {
+    data: Input,
+) -> Result<Elements, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
+    let es = call.element.size();
     let block = data.len();
-    let mut out = vec![0u8; block * n];
-    out[r * block..(r + 1) * block].copy_from_slice(&data);
     if n == 1 {
-        return Ok(out);
+        return data.read(0..block, |whole| {
+            Elements::from_chunks(call.element, &[whole])
+        })?;
     }
     if block <= g.config.small_bytes_max {
-        let all = exchange_all(g, seq, call, &data).await?;
-        for (j, part) in all.iter().enumerate() {
-            out[j * block..(j + 1) * block].copy_from_slice(part);
-        }
-        return Ok(out);
+        let mine = data.read(0..block, Bytes::copy_from_slice)?;
+        let all = exchange_all(g, seq, call, &mine).await?;
+        let parts: Vec<&[u8]> = all.iter().map(|part| &part[..]).collect();
+        return Elements::from_chunks(call.element, &parts);
     }
-    let next = (r + 1) % n;
-    let cuts: Vec<Range<usize>> = chunks(0..block, 1, g.config.chunk_bytes).collect();
-    for (c, cut) in cuts.iter().enumerate() {
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    let out = Landing::new(call.element, block / es * n)?;
+    let cuts: Vec<Range<usize>> = chunks(0..block / es, es, g.config.chunk_bytes)
+        .map(|cut| bytes_of(cut, es))
+        .collect();
+    let chunks_of = |k: usize| -> Vec<Range<usize>> {
+        cuts.iter()
+            .map(|cut| k * block + cut.start..k * block + cut.end)
+            .collect()
+    };
+    let expected = ExpectedLandings { g, seq };
+    for s in 0..n - 1 {
+        let k = (r + 2 * n - s - 1) % n;
+        for (c, range) in chunks_of(k).into_iter().enumerate() {
+            expect(g, &out, (prev, seq, tag(Phase::AllGather, s, c)), range)?;
+        }
+    }
+    for (c, (cut, range)) in cuts.iter().zip(chunks_of(r)).enumerate() {
+        let region = out.claim(range)?;
+        let filled = data.read(cut.clone(), |bytes| region.copy_from(bytes))??;
         g.send(
             next,
             seq,
             tag(Phase::AllGather, 0, c),
             call,
-            data.slice(cut.clone()),
+            Blob::Landed(filled),
         );
     }
-    ring_gather_phase(
-        g,
-        seq,
-        call,
-        |k| {
-            cuts.iter()
-                .map(|cut| k * block + cut.start..k * block + cut.end)
-                .collect()
-        },
-        |_, range, got| got.read(|bytes| out[range].copy_from_slice(bytes)),
-    )
+    ring_gather_phase(g, seq, call, chunks_of, |tag, range, got| {
+        land(g, &out, (prev, seq, tag), range, got)
+    })
     .await?;
-    Ok(out)
+    drop(expected);
+    out.finish(release_wait(block * n)).await
 }
 
 /// The gathering phase of a ring, after each member sent its own segment's chunks at step 0:
@@ -532,20 +577,26 @@ async fn ring_gather_phase(
     Ok(())
 }
 
+/// The broadcast of the root's `data`: `None` on the root (its result is its own tensor),
+/// the root's values on every other member, received where they stay (as the all-reduce's
+/// result, module doc) and passed down the chain from there.
 async fn broadcast(
     g: &Shared,
     seq: u64,
     call: &Call,
     root: usize,
-    data: Bytes,
-) -> Result<Vec<u8>, CollectiveError> {
+    data: Input,
+) -> Result<Option<Elements>, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
     if n == 1 {
-        return Ok(data.to_vec());
+        return Ok(None);
     }
+    let es = call.element.size();
+    let len = data.len();
     let done = tag(Phase::Broadcast, DONE_STEP, 0);
-    if data.len() <= g.config.small_bytes_max {
+    if len <= g.config.small_bytes_max {
         if r == root {
+            let data = data.read(0..len, Bytes::copy_from_slice)?;
             for j in (0..n).filter(|&j| j != r) {
                 g.send(j, seq, tag(Phase::Direct, 0, 0), call, data.clone());
             }
@@ -553,45 +604,53 @@ async fn broadcast(
             for j in (0..n).filter(|&j| j != r) {
                 g.recv(j, seq, done, call, 0).await?;
             }
-            return Ok(data.to_vec());
+            return Ok(None);
         }
         let got = g
-            .recv(root, seq, tag(Phase::Direct, 0, 0), call, data.len())
+            .recv(root, seq, tag(Phase::Direct, 0, 0), call, len)
             .await?;
         g.send(root, seq, done, call, Bytes::new());
-        return Ok(got.to_vec());
+        return Elements::from_chunks(call.element, &[&got]).map(Some);
     }
     // A chain root, root+1, ..., root-1; the last tells the root it got everything.
     let position = (r + n - root) % n;
     let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
-    let cuts: Vec<Range<usize>> = chunks(0..data.len(), 1, g.config.chunk_bytes).collect();
+    let cuts: Vec<Range<usize>> = chunks(0..len / es, es, g.config.chunk_bytes)
+        .map(|cut| bytes_of(cut, es))
+        .collect();
     if position == 0 {
+        // Sent from the input itself: the root returns only once the last member has every
+        // chunk, so every send is written by then.
         for (c, cut) in cuts.iter().enumerate() {
-            g.send(
-                next,
-                seq,
-                tag(Phase::Broadcast, 0, c),
-                call,
-                data.slice(cut.clone()),
-            );
+            let blob = Blob::Input(data.clone(), cut.clone());
+            g.send(next, seq, tag(Phase::Broadcast, 0, c), call, blob);
         }
         g.recv(prev, seq, done, call, 0).await?;
-        return Ok(data.to_vec());
+        return Ok(None);
     }
-    let mut out = vec![0u8; data.len()];
+    let out = Landing::new(call.element, len / es)?;
+    let expected = ExpectedLandings { g, seq };
     for (c, cut) in cuts.iter().enumerate() {
-        let got = g
-            .recv(prev, seq, tag(Phase::Broadcast, 0, c), call, cut.len())
-            .await?;
-        out[cut.clone()].copy_from_slice(&got);
+        expect(
+            g,
+            &out,
+            (prev, seq, tag(Phase::Broadcast, 0, c)),
+            cut.clone(),
+        )?;
+    }
+    for (c, cut) in cuts.iter().enumerate() {
+        let got_tag = tag(Phase::Broadcast, 0, c);
+        let got = g.recv_blob(prev, seq, got_tag, call, cut.len()).await?;
         if position < n - 1 {
-            g.send(next, seq, tag(Phase::Broadcast, 0, c), call, got);
+            g.send(next, seq, got_tag, call, got.clone());
         }
+        land(g, &out, (prev, seq, got_tag), cut.clone(), got)?;
     }
     if position == n - 1 {
         g.send(root, seq, done, call, Bytes::new());
     }
-    Ok(out)
+    drop(expected);
+    out.finish(release_wait(len)).await.map(Some)
 }
 
 /// Direct exchange: sends `data` to every member and returns every member's, in rank order.
