@@ -379,6 +379,33 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_case(plainte
     }
 }
 
+/// The root's broadcast result is a value of its own: writing the root's variable in place
+/// afterwards (a candle `Var`) changes no member's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_result_does_not_follow_the_roots_variable() {
+    let c = cluster(2, ring_config()).await;
+    for len in [7, 20011] {
+        let values = input(0, len, 3);
+        let var = candle_core::Var::from_vec(values.clone(), len, &Device::Cpu).unwrap();
+        let other = Tensor::zeros(len, DType::F32, &Device::Cpu).unwrap();
+        let outs = bounded(
+            "broadcast",
+            join_all([
+                c.groups[0].broadcast(0, var.as_tensor()),
+                c.groups[1].broadcast(0, &other),
+            ]),
+        )
+        .await;
+        var.set(&Tensor::ones(len, DType::F32, &Device::Cpu).unwrap())
+            .unwrap();
+        for (rank, out) in outs.into_iter().enumerate() {
+            let out = out.unwrap();
+            assert!(!out.is_variable(), "rank {rank}");
+            assert_eq!(bits(&out), bits_of(&values), "{len} elements, rank {rank}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integer_and_f64_tensors_reduce_like_the_local_group() {
     let c = cluster(3, GroupConfig::for_tests()).await;

@@ -208,7 +208,12 @@ async fn form(n: u32, plaintext: bool) -> Result<Vec<ProcessGroup>, String> {
 /// Mean seconds of one all-reduce of `mib` MiB on every member at once, after warm-up.
 async fn time_all_reduce(groups: &[ProcessGroup], mib: usize) -> Result<f64, String> {
     let elements = mib * (1 << 20) / 4;
-    let tensor = Tensor::ones(elements, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
+    // A tensor of each member's own, as processes have (one shared input would be read from
+    // the cache by every member after the first).
+    let tensors = groups
+        .iter()
+        .map(|_| Tensor::ones(elements, DType::F32, &Device::Cpu).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
     let iterations = (TIMED_BYTES / (mib << 20)).clamp(3, 20);
     let mut timed = Duration::ZERO;
     for i in 0..WARMUP + iterations {
@@ -216,8 +221,8 @@ async fn time_all_reduce(groups: &[ProcessGroup], mib: usize) -> Result<f64, Str
         // Each member's call is a task of its own, so that members reduce and copy on the
         // runtime's threads side by side, as processes would (polled together in one future,
         // every member's share of the work ran on a single thread).
-        let calls = groups.iter().map(|g| {
-            let (group, tensor) = (g.clone(), tensor.clone());
+        let calls = groups.iter().zip(&tensors).map(|(g, t)| {
+            let (group, tensor) = (g.clone(), t.clone());
             tokio::spawn(async move { group.all_reduce(Reduction::Sum, &tensor).await })
         });
         let outs = futures::future::join_all(calls.collect::<Vec<_>>()).await;

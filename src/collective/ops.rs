@@ -21,7 +21,7 @@
 //!   A reduce-scatter reduces its segment into its result alike, an all-gather copies its
 //!   own block into its result once and receives the others' there, a broadcast's members
 //!   receive the root's chunks there and pass them on from it (the root sends from its input
-//!   and returns its own tensor).
+//!   and returns a copy of it).
 //! - Small tensors (and zero-length ones): direct exchange, one message from each member to
 //!   each member (broadcast: from the root, and a "done" back to it).
 //!
@@ -112,8 +112,9 @@ impl ProcessGroup {
         drop(guard);
         match result? {
             Some(received) => received.into_tensor(tensor.dims()),
-            // The root's result is its own tensor, unchanged.
-            None => Ok(tensor.clone()),
+            // The root's result is a copy of its own tensor, of no graph and sharing no
+            // storage (a candle `Var` is written in place), as the other members' results.
+            None => tensor.detach().copy().map_err(tensor_error),
         }
     }
 
@@ -577,7 +578,7 @@ async fn ring_gather_phase(
     Ok(())
 }
 
-/// The broadcast of the root's `data`: `None` on the root (its result is its own tensor),
+/// The broadcast of the root's `data`: `None` on the root (its result is a copy of its tensor),
 /// the root's values on every other member, received where they stay (as the all-reduce's
 /// result, module doc) and passed down the chain from there.
 async fn broadcast(
