@@ -1660,15 +1660,24 @@ impl Shared {
             drop(state);
             return answer.give(Reply::Broken(err), self.header_max);
         }
-        let arrived = Arrived { call, blob, answer };
-        if let Some(old) = state.inbox.insert((from, seq, tag), arrived) {
+        if state.inbox.contains_key(&(from, seq, tag)) {
             drop(state);
-            // A sender never sends one chunk twice; the newer copy stands (if the older one
-            // was received into its region of the result, the call fails on the newer one).
-            old.answer.give(Reply::Ack, self.header_max);
-        } else {
-            drop(state);
+            // A sender sends each chunk once (no layer below retries a chunk): a second copy
+            // is the sender's fault, named as such, not a confusion in the result.
+            let err = self.fail(
+                CollectiveError::Link {
+                    node: self.nodes[from].clone(),
+                    epoch: self.epoch,
+                    reason: format!("it sent chunk {tag:#x} of call {seq} twice"),
+                },
+                true,
+            );
+            return answer.give(Reply::Broken(err), self.header_max);
         }
+        state
+            .inbox
+            .insert((from, seq, tag), Arrived { call, blob, answer });
+        drop(state);
         self.arrived.notify_waiters();
     }
 
@@ -1855,3 +1864,76 @@ pub const PENDING_FRESH: Duration = Duration::from_secs(3);
 const FLUSH_POLL: Duration = Duration::from_millis(5);
 /// Bound on telling a member that the group failed.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_transport::{ClusterCa, TransportConfig};
+
+    /// Two members of epoch 1 over QUIC on loopback, with their endpoints.
+    async fn pair() -> (Vec<Endpoint>, Vec<ProcessGroup>) {
+        let ca = ClusterCa::generate("group-unit").unwrap();
+        let mut meshes = Vec::new();
+        let mut members = Vec::new();
+        let mut endpoints = Vec::new();
+        for i in 0..2 {
+            let node = NodeId::new("worker", i);
+            let endpoint = Endpoint::bind(
+                "127.0.0.1:0".parse().unwrap(),
+                ca.issue(&node).unwrap(),
+                TransportConfig::for_tests(),
+            )
+            .unwrap();
+            let mesh = Mesh::new(endpoint.clone(), GroupConfig::for_tests());
+            members.push(GroupMember {
+                node,
+                addr: mesh.local_addr().unwrap(),
+            });
+            meshes.push(mesh);
+            endpoints.push(endpoint);
+        }
+        let formed = futures::future::join_all(meshes.iter().map(|m| m.form(1, members.clone())));
+        let groups = tokio::time::timeout(Duration::from_secs(30), formed)
+            .await
+            .expect("formed in time");
+        (endpoints, groups.into_iter().map(Result::unwrap).collect())
+    }
+
+    /// A chunk that arrives twice while the first copy still waits to be taken (on the
+    /// plaintext plane the first may already lie in its region of the result) fails the group
+    /// with a link error naming the sender, for this member and the others alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chunk_sent_twice_fails_the_group_naming_its_sender() {
+        let (_endpoints, groups) = pair().await;
+        let shared = &groups[0].shared;
+        let call = Call {
+            op: super::super::wire::CallOp::AllGather,
+            element: super::super::element::Element::F32,
+            dims: vec![1],
+            parts: 0,
+            chunk_bytes: 1024,
+            small_bytes_max: 1024,
+        };
+        let credits = Arc::new(tokio::sync::Semaphore::new(2));
+        for _ in 0..2 {
+            let credit = credits.clone().try_acquire_owned().unwrap();
+            let blob = Blob::Bytes(Bytes::from_static(&[0; 4]));
+            shared.deliver_plain(1, 0, 7, call.clone(), blob, credit);
+        }
+        let expected = |err: &CollectiveError| {
+            matches!(err, CollectiveError::Link { node, epoch: 1, reason }
+                if *node == NodeId::new("worker", 1) && reason.contains("twice"))
+        };
+        let broken = groups[0].broken().expect("broken");
+        assert!(expected(&broken), "{broken}");
+        // Both copies' credits came back: the link's reader is not held up.
+        assert_eq!(credits.available_permits(), 2);
+        // The sender hears it too.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while groups[1].broken().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let told = groups[1].broken().expect("the other member was told");
+        assert!(expected(&told), "{told}");
+    }
+}
