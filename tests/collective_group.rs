@@ -262,11 +262,16 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_over_the_pla
 
 /// The ring's results are written in place, each element type through its own vector: small
 /// whole numbers (exact in every type, whatever the order) of 1- to 8-byte types, a length
-/// that divides neither by the members nor by the chunk; every ring operation, the
+/// that divides neither by the members nor by the chunk, a chunk that holds no whole number of
+/// most types' elements (cut at whole elements all the same); every ring operation, the
 /// all-gather's input not contiguous (a transposed matrix, read through a copy) and the
-/// broadcast's root in the middle of its chain.
+/// broadcast's root not rank 0 (its chain wraps around).
 async fn every_element_type_goes_around_the_ring_like_the_reference_case(plaintext: bool) {
-    let c = cluster(3, ring_config_with(plaintext)).await;
+    let config = GroupConfig {
+        chunk_bytes: 4094,
+        ..ring_config_with(plaintext)
+    };
+    let c = cluster(3, config).await;
     let len = 5003;
     let values: Vec<Vec<f64>> = (0..3)
         .map(|rank| {
@@ -278,6 +283,8 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_case(plainte
     for dtype in [
         DType::U8,
         DType::U32,
+        DType::I16,
+        DType::I32,
         DType::I64,
         DType::BF16,
         DType::F16,
@@ -376,6 +383,76 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_case(plainte
             assert_eq!(out.dtype(), dtype);
             assert!(as_f64(&out) == values[1], "{dtype:?} broadcast rank {rank}");
         }
+    }
+}
+
+/// A call its caller gives up (the future dropped, here by a timeout around it) takes its
+/// member out of the group at once, as a member that stops: its next call fails at once with
+/// `Stopped`, and the other's call fails with `MemberLost` naming it long before the operation
+/// timeout (its chunks would never come); both then form the next epoch together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_takes_its_member_out_until_the_next_epoch() {
+    a_call_given_up_takes_its_member_out_until_the_next_epoch_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_takes_its_member_out_until_the_next_epoch_over_the_plaintext_plane() {
+    a_call_given_up_takes_its_member_out_until_the_next_epoch_case(true).await;
+}
+
+async fn a_call_given_up_takes_its_member_out_until_the_next_epoch_case(plaintext: bool) {
+    let config = GroupConfig {
+        op_timeout: Duration::from_secs(120),
+        ..ring_config_with(plaintext)
+    };
+    let c = cluster(2, config).await;
+    let big = Tensor::ones(100_000, DType::F32, &Device::Cpu).unwrap();
+    // Member 0 calls alone: its call cannot end (member 1 has not called) and is given up.
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        c.groups[0].all_reduce(Reduction::Sum, &big),
+    )
+    .await;
+    assert!(given_up.is_err(), "the call ended alone: {given_up:?}");
+    let started = std::time::Instant::now();
+    let other = bounded(
+        "the other's call",
+        c.groups[1].all_reduce(Reduction::Sum, &big),
+    )
+    .await;
+    match other {
+        Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+            assert_eq!(node, NodeId::new("worker", 0));
+        }
+        other => panic!("the other member's call: {other:?}"),
+    }
+    // Not the operation timeout (120 s): the member that gave up was seen gone.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    let next = bounded(
+        "the next call",
+        c.groups[0].all_reduce(Reduction::Sum, &big),
+    )
+    .await;
+    assert!(
+        matches!(next, Err(CollectiveError::Stopped { epoch: 1 })),
+        "{next:?}"
+    );
+    let both = [NodeId::new("worker", 0), NodeId::new("worker", 1)];
+    let reformed = bounded("reform", join_all(c.groups.iter().map(|g| g.reform(&both)))).await;
+    let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    let outs = bounded(
+        "a call of the next epoch",
+        join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))),
+    )
+    .await;
+    for (g, out) in reformed.iter().zip(outs) {
+        assert_eq!((g.epoch(), g.size()), (2, 2));
+        let out = out.unwrap().to_vec1::<f32>().unwrap();
+        assert!(out.iter().all(|v| *v == 2.0));
     }
 }
 

@@ -160,9 +160,10 @@ pub enum CollectiveError {
     /// The reduction itself failed in the tensor library.
     #[error("collective reduction failed: {0}")]
     Tensor(String),
-    /// This member stopped before the call ended: its endpoint was closed, or the runtime
-    /// driving the group stopped (its owner is shutting down). A peer told so takes this
-    /// member for lost.
+    /// This member stopped before the call ended: its endpoint was closed, the runtime
+    /// driving the group stopped (its owner is shutting down), or a call of this group was
+    /// given up before it ended (its future dropped, as by a timeout around it). A peer told
+    /// so takes this member for lost; a group of a new epoch takes it back.
     #[error("collective group epoch {epoch}: this member stopped before the call ended")]
     Stopped {
         /// The group's membership epoch.

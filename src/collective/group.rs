@@ -1401,6 +1401,15 @@ impl Shared {
 
     /// Stops every link's tasks: their TCP streams on the plaintext plane close, so that
     /// peers see this member go (as they see its QUIC connections close).
+    /// This member gives up the group in the middle of a call (its caller dropped the call):
+    /// as a member that stops, it fails the group with [`CollectiveError::Stopped`] without
+    /// telling anyone (the peers take it for lost: a chunk of theirs held here is answered
+    /// with it, and its TCP links end) and ends its links. Needs no runtime: it runs in drops.
+    pub(crate) fn abandon(&self) {
+        self.fail(CollectiveError::Stopped { epoch: self.epoch }, false);
+        self.end_links();
+    }
+
     fn end_links(&self) {
         for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             task.abort();
@@ -1899,9 +1908,10 @@ mod tests {
         (endpoints, groups.into_iter().map(Result::unwrap).collect())
     }
 
-    /// A chunk that arrives twice while the first copy still waits to be taken (on the
-    /// plaintext plane the first may already lie in its region of the result) fails the group
-    /// with a link error naming the sender, for this member and the others alike.
+    /// A chunk that arrives twice while the first copy still waits to be taken fails the group
+    /// with a link error naming the sender, for this member and the others alike (the check
+    /// is on the inbox's key, whatever the chunk carries: on the plaintext plane the first copy
+    /// may lie in its region of the result, which the second would otherwise have claimed).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_chunk_sent_twice_fails_the_group_naming_its_sender() {
         let (_endpoints, groups) = pair().await;

@@ -20,8 +20,8 @@
 //!   the input tensor itself; the result becomes the tensor's storage without another pass.
 //!   A reduce-scatter reduces its segment into its result alike, an all-gather copies its
 //!   own block into its result once and receives the others' there, a broadcast's members
-//!   receive the root's chunks there and pass them on from it (the root sends from its input
-//!   and returns a copy of it).
+//!   receive the root's chunks there and pass them on from it (the root copies its tensor
+//!   into its own result once and sends from there).
 //! - Small tensors (and zero-length ones): direct exchange, one message from each member to
 //!   each member (broadcast: from the root, and a "done" back to it).
 //!
@@ -110,12 +110,7 @@ impl ProcessGroup {
         )
         .await;
         drop(guard);
-        match result? {
-            Some(received) => received.into_tensor(tensor.dims()),
-            // The root's result is a copy of its own tensor, of no graph and sharing no
-            // storage (a candle `Var` is written in place), as the other members' results.
-            None => tensor.detach().copy().map_err(tensor_error),
-        }
+        result?.into_tensor(tensor.dims())
     }
 
     /// All-reduces `tensors` fused into buckets: consecutive tensors of one dtype, each bucket
@@ -230,17 +225,40 @@ pub fn plan_buckets(tensors: &[(Element, usize)], bucket_bytes_max: usize) -> Ve
 }
 
 /// Runs an algorithm; its error (or a tensor error) breaks the group for every member.
-/// A failed call returns once the others heard why ([`Shared::told`]).
+/// A failed call returns once the others heard why ([`Shared::told`]). A call given up before
+/// its algorithm ended (its future dropped) takes this member out of the group
+/// ([`Shared::abandon`]): the others' calls would otherwise wait out the operation timeout for
+/// chunks that never come, and this member's next call would start one step out of line.
 async fn run<T>(
     shared: &Shared,
     algorithm: impl std::future::Future<Output = Result<T, CollectiveError>>,
 ) -> Result<T, CollectiveError> {
-    match algorithm.await {
+    let mut pending = Pending {
+        shared,
+        ended: false,
+    };
+    let outcome = algorithm.await;
+    pending.ended = true;
+    match outcome {
         Ok(out) => Ok(out),
         Err(err) => {
             let err = shared.fail(err, true);
             shared.told().await;
             Err(err)
+        }
+    }
+}
+
+/// A call whose algorithm has not ended: dropped so, it abandons the group.
+struct Pending<'a> {
+    shared: &'a Shared,
+    ended: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.shared.abandon();
         }
     }
 }
@@ -332,7 +350,8 @@ fn land(
             return Ok(());
         }
     }
-    let region = match g.take_landing(from, seq, tag) {
+    let expected = g.config.plaintext.then(|| g.take_landing(from, seq, tag));
+    let region = match expected.flatten() {
         Some(region) => region,
         None => out.claim(range)?,
     };
@@ -578,22 +597,26 @@ async fn ring_gather_phase(
     Ok(())
 }
 
-/// The broadcast of the root's `data`: `None` on the root (its result is a copy of its tensor),
-/// the root's values on every other member, received where they stay (as the all-reduce's
-/// result, module doc) and passed down the chain from there.
+/// The broadcast of the root's `data`: its values on every member, in a result written where
+/// it stays (as the all-reduce's, module doc). The root copies its tensor into its own result
+/// once, at the start (every member gets that snapshot; the result shares nothing with the
+/// input, which a candle `Var` may write in place) and sends each chunk from there; the
+/// others receive each chunk into their result and pass it down the chain from there.
 async fn broadcast(
     g: &Shared,
     seq: u64,
     call: &Call,
     root: usize,
     data: Input,
-) -> Result<Option<Elements>, CollectiveError> {
+) -> Result<Elements, CollectiveError> {
     let (n, r) = (g.nodes.len(), g.rank);
+    let len = data.len();
     if n == 1 {
-        return Ok(None);
+        return data.read(0..len, |whole| {
+            Elements::from_chunks(call.element, &[whole])
+        })?;
     }
     let es = call.element.size();
-    let len = data.len();
     let done = tag(Phase::Broadcast, DONE_STEP, 0);
     if len <= g.config.small_bytes_max {
         if r == root {
@@ -605,13 +628,13 @@ async fn broadcast(
             for j in (0..n).filter(|&j| j != r) {
                 g.recv(j, seq, done, call, 0).await?;
             }
-            return Ok(None);
+            return Elements::from_chunks(call.element, &[&data]);
         }
         let got = g
             .recv(root, seq, tag(Phase::Direct, 0, 0), call, len)
             .await?;
         g.send(root, seq, done, call, Bytes::new());
-        return Elements::from_chunks(call.element, &[&got]).map(Some);
+        return Elements::from_chunks(call.element, &[&got]);
     }
     // A chain root, root+1, ..., root-1; the last tells the root it got everything.
     let position = (r + n - root) % n;
@@ -619,17 +642,22 @@ async fn broadcast(
     let cuts: Vec<Range<usize>> = chunks(0..len / es, es, g.config.chunk_bytes)
         .map(|cut| bytes_of(cut, es))
         .collect();
+    let out = Landing::new(call.element, len / es)?;
     if position == 0 {
-        // Sent from the input itself: the root returns only once the last member has every
-        // chunk, so every send is written by then.
         for (c, cut) in cuts.iter().enumerate() {
-            let blob = Blob::Input(data.clone(), cut.clone());
-            g.send(next, seq, tag(Phase::Broadcast, 0, c), call, blob);
+            let region = out.claim(cut.clone())?;
+            let filled = data.read(cut.clone(), |bytes| region.copy_from(bytes))??;
+            g.send(
+                next,
+                seq,
+                tag(Phase::Broadcast, 0, c),
+                call,
+                Blob::Landed(filled),
+            );
         }
         g.recv(prev, seq, done, call, 0).await?;
-        return Ok(None);
+        return out.finish(release_wait(len)).await;
     }
-    let out = Landing::new(call.element, len / es)?;
     let expected = ExpectedLandings { g, seq };
     for (c, cut) in cuts.iter().enumerate() {
         expect(
@@ -651,7 +679,7 @@ async fn broadcast(
         g.send(root, seq, done, call, Bytes::new());
     }
     drop(expected);
-    out.finish(release_wait(len)).await.map(Some)
+    out.finish(release_wait(len)).await
 }
 
 /// Direct exchange: sends `data` to every member and returns every member's, in rank order.
