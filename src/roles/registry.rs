@@ -63,6 +63,12 @@ impl Program {
     }
 
     /// Registers a dataset function under `name` (for `create_per_worker_dataset`).
+    ///
+    /// Each worker calls it with an [`InputContext`] of one input pipeline per worker
+    /// (`num_input_pipelines` = the workers, `input_pipeline_id` = this worker's index) and
+    /// `num_replicas_in_sync` = the workers: an element is one worker's batch for one step,
+    /// which the step splits among the worker's local replicas (its `replicas` key), so
+    /// `get_per_replica_batch_size(global)` is that per-worker batch whatever the replicas.
     pub fn dataset(
         mut self,
         name: impl Into<String>,

@@ -318,6 +318,8 @@ impl Compute {
             .program
             .dataset_fn(function)
             .ok_or_else(|| SetupError::UnknownDataset(function.into()))?;
+        // One element per worker and step, split among the local replicas by the step
+        // (`StepContext::on_replicas`): in sync, per element, are the workers (`Program::dataset`).
         let context =
             InputContext::new(num_workers as usize, worker as usize, num_workers as usize);
         let dataset = build(&context).map_err(|e| SetupError::Build {
