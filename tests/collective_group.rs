@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use cohort::collective::{
-    CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction,
+    loopback_group, CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction,
 };
 use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
 use futures::future::join_all;
@@ -24,31 +24,10 @@ struct Cluster {
 
 /// `n` members (worker/0 .. worker/n-1), each on its own endpoint, formed at epoch 1.
 async fn cluster(n: u32, config: GroupConfig) -> Cluster {
-    let ca = ClusterCa::generate("collective-test").unwrap();
-    let mut meshes = Vec::new();
-    let mut members = Vec::new();
-    let mut endpoints = Vec::new();
-    for i in 0..n {
-        let node = NodeId::new("worker", i);
-        let endpoint = Endpoint::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            ca.issue(&node).unwrap(),
-            TransportConfig::for_tests(),
-        )
+    let (endpoints, groups) = loopback_group(n, TransportConfig::for_tests(), config)
+        .await
         .unwrap();
-        let mesh = Mesh::new(endpoint.clone(), config.clone());
-        members.push(GroupMember {
-            node,
-            addr: mesh.local_addr().unwrap(),
-        });
-        meshes.push(mesh);
-        endpoints.push(endpoint);
-    }
-    let groups = join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
-    Cluster {
-        endpoints,
-        groups: groups.into_iter().map(Result::unwrap).collect(),
-    }
+    Cluster { endpoints, groups }
 }
 
 /// Member `rank`'s input: `len` f32 with fractional bits, so that the order of a sum shows.

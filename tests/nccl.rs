@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use cohort::collective::{
-    nccl_version, visible_gpus, GroupConfig, GroupMember, Mesh, NcclComm, NcclError, NcclId,
+    loopback_group, nccl_version, visible_gpus, GroupConfig, NcclComm, NcclError, NcclId,
     NcclLocal, ProcessGroup, Reduction,
 };
-use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
+use cohort_transport::{Endpoint, NodeId, TransportConfig};
 use futures::future::join_all;
 
 /// Bound on any one scenario: a hang fails the test instead of stalling it.
@@ -186,28 +186,9 @@ fn gpus(test: &str) -> Option<usize> {
 
 /// `n` members on their own endpoints, formed at epoch 1.
 async fn group(n: u32) -> (Vec<Endpoint>, Vec<ProcessGroup>) {
-    let ca = ClusterCa::generate("nccl-test").unwrap();
-    let mut meshes = Vec::new();
-    let mut members = Vec::new();
-    let mut endpoints = Vec::new();
-    for i in 0..n {
-        let node = NodeId::new("worker", i);
-        let endpoint = Endpoint::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            ca.issue(&node).unwrap(),
-            TransportConfig::for_tests(),
-        )
-        .unwrap();
-        let mesh = Mesh::new(endpoint.clone(), GroupConfig::for_tests());
-        members.push(GroupMember {
-            node,
-            addr: mesh.local_addr().unwrap(),
-        });
-        meshes.push(mesh);
-        endpoints.push(endpoint);
-    }
-    let groups = join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
-    (endpoints, groups.into_iter().map(Result::unwrap).collect())
+    loopback_group(n, TransportConfig::for_tests(), GroupConfig::for_tests())
+        .await
+        .unwrap()
 }
 
 async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {

@@ -8,10 +8,10 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
+use cohort_transport::TransportConfig;
 
 use super::CliError;
-use crate::collective::{GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction};
+use crate::collective::{loopback_group, GroupConfig, ProcessGroup, Reduction};
 
 /// Runs the benchmark and prints its table.
 pub fn run() -> Result<(), CliError> {
@@ -175,34 +175,14 @@ const PROCESS_RUN_MAX: Duration = Duration::from_secs(120);
 /// `n` members on their own endpoints in this process, formed at epoch 1 (over the
 /// plaintext data plane if `plaintext`).
 async fn form(n: u32, plaintext: bool) -> Result<Vec<ProcessGroup>, String> {
-    let ca = ClusterCa::generate("bench").map_err(|e| e.to_string())?;
-    let mut meshes = Vec::new();
-    let mut members = Vec::new();
-    for i in 0..n {
-        let node = NodeId::new("worker", i);
-        let creds = ca.issue(&node).map_err(|e| e.to_string())?;
-        let endpoint = Endpoint::bind(
-            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            creds,
-            TransportConfig::default(),
-        )
+    let config = GroupConfig {
+        plaintext,
+        ..GroupConfig::default()
+    };
+    let (_, groups) = loopback_group(n, TransportConfig::default(), config)
+        .await
         .map_err(|e| e.to_string())?;
-        let config = GroupConfig {
-            plaintext,
-            ..GroupConfig::default()
-        };
-        let mesh = Mesh::new(endpoint, config);
-        members.push(GroupMember {
-            node,
-            addr: mesh.local_addr().map_err(|e| e.to_string())?,
-        });
-        meshes.push(mesh);
-    }
-    let formed = futures::future::join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
-    formed
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())
+    Ok(groups)
 }
 
 /// Mean seconds of one all-reduce of `mib` MiB on every member at once, after warm-up.

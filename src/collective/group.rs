@@ -48,6 +48,8 @@
 //! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
 //!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
 //! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
+//! - A member that gives up a call before it ends (drops its future) leaves the group as a
+//!   member that stops ([`CollectiveError::Stopped`] here, lost to the others; `ops.rs`).
 //! - Every wait is bounded: forming by `form_timeout`, a peer's message by `op_timeout`, a
 //!   send by the link's window of `window` unanswered requests (a request is answered when the
 //!   receiving operation consumes it, so a receiver holds at most `window` chunks per peer).
@@ -142,6 +144,45 @@ impl std::fmt::Debug for Mesh {
             .field("epoch", &self.inner.lock().epoch)
             .finish()
     }
+}
+
+/// `n` members `worker/0 .. worker/n-1` in this process, each on an endpoint of its own on
+/// 127.0.0.1 (certificates from a fresh cluster CA), formed at epoch 1 with `config`: for
+/// tests, benchmarks, and trying a model's collectives on one machine. Each member's endpoint
+/// (close one to make its member go away) and group, in rank order.
+pub async fn loopback_group(
+    n: u32,
+    transport: cohort_transport::TransportConfig,
+    config: GroupConfig,
+) -> Result<(Vec<Endpoint>, Vec<ProcessGroup>), CollectiveError> {
+    let form = |reason: String| CollectiveError::Form { epoch: 1, reason };
+    let ca = cohort_transport::ClusterCa::generate("loopback-group")
+        .map_err(|e| form(format!("a cluster CA: {e}")))?;
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 0..n {
+        let node = NodeId::new("worker", i);
+        let creds = ca
+            .issue(&node)
+            .map_err(|e| form(format!("a certificate for {node}: {e}")))?;
+        let endpoint = Endpoint::bind(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            creds,
+            transport.clone(),
+        )
+        .map_err(|e| form(format!("an endpoint for {node}: {e}")))?;
+        let mesh = Mesh::new(endpoint.clone(), config.clone());
+        let addr = mesh
+            .local_addr()
+            .map_err(|e| form(format!("the address of {node}: {e}")))?;
+        members.push(GroupMember { node, addr });
+        meshes.push(mesh);
+        endpoints.push(endpoint);
+    }
+    let formed = futures::future::join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
+    let groups = formed.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok((endpoints, groups))
 }
 
 impl Mesh {
@@ -1877,35 +1918,15 @@ const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_transport::{ClusterCa, TransportConfig};
+    use cohort_transport::TransportConfig;
 
     /// Two members of epoch 1 over QUIC on loopback, with their endpoints.
     async fn pair() -> (Vec<Endpoint>, Vec<ProcessGroup>) {
-        let ca = ClusterCa::generate("group-unit").unwrap();
-        let mut meshes = Vec::new();
-        let mut members = Vec::new();
-        let mut endpoints = Vec::new();
-        for i in 0..2 {
-            let node = NodeId::new("worker", i);
-            let endpoint = Endpoint::bind(
-                "127.0.0.1:0".parse().unwrap(),
-                ca.issue(&node).unwrap(),
-                TransportConfig::for_tests(),
-            )
-            .unwrap();
-            let mesh = Mesh::new(endpoint.clone(), GroupConfig::for_tests());
-            members.push(GroupMember {
-                node,
-                addr: mesh.local_addr().unwrap(),
-            });
-            meshes.push(mesh);
-            endpoints.push(endpoint);
-        }
-        let formed = futures::future::join_all(meshes.iter().map(|m| m.form(1, members.clone())));
-        let groups = tokio::time::timeout(Duration::from_secs(30), formed)
+        let formed = loopback_group(2, TransportConfig::for_tests(), GroupConfig::for_tests());
+        tokio::time::timeout(Duration::from_secs(30), formed)
             .await
-            .expect("formed in time");
-        (endpoints, groups.into_iter().map(Result::unwrap).collect())
+            .expect("formed in time")
+            .unwrap()
     }
 
     /// A chunk that arrives twice while the first copy still waits to be taken fails the group

@@ -35,7 +35,10 @@ mod wire;
 
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
-pub use group::{Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ENTER_REPEAT, PENDING_FRESH};
+pub use group::{
+    loopback_group, Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ENTER_REPEAT,
+    PENDING_FRESH,
+};
 pub use local::{LocalGroup, LocalMember};
 #[cfg(feature = "nccl")]
 pub use nccl::{
