@@ -1288,6 +1288,9 @@ struct GroupState {
     /// Regions of a call's result that chunks, by (sender rank, seq, tag), land in straight
     /// from a plaintext link ([`Shared::expect_landing`]).
     landings: HashMap<(usize, u64, u64), Writable>,
+    /// Calls below this seq ended here, each with every chunk sent to this member taken (every
+    /// algorithm takes all it is sent): a chunk of one of them is one too many.
+    ended_below: u64,
 }
 
 struct Arrived {
@@ -1669,6 +1672,14 @@ impl Shared {
         self.lock().landings.remove(&(from, seq, tag))
     }
 
+    /// Call `seq` ended here with its result: every chunk sent to this member for it was
+    /// taken, so a later one is a sender's fault ([`Shared::deliver_plain`] and the QUIC path
+    /// refuse it).
+    pub(crate) fn call_ended(&self, seq: u64) {
+        let mut state = self.lock();
+        state.ended_below = state.ended_below.max(seq + 1);
+    }
+
     /// Forgets every region expected for call `seq` (the call is over).
     pub(crate) fn clear_landings(&self, seq: u64) {
         self.lock().landings.retain(|(_, s, _), _| *s != seq);
@@ -1710,15 +1721,25 @@ impl Shared {
             drop(state);
             return answer.give(Reply::Broken(err), self.header_max);
         }
-        if state.inbox.contains_key(&(from, seq, tag)) {
+        // A sender sends each chunk once (no layer below retries a chunk): a second copy, or
+        // one of a call that ended here, is the sender's fault, named as such, not a
+        // confusion in a result nor a chunk held for good.
+        let fault = if state.inbox.contains_key(&(from, seq, tag)) {
+            Some(format!("it sent chunk {tag:#x} of call {seq} twice"))
+        } else if seq < state.ended_below {
+            Some(format!(
+                "it sent chunk {tag:#x} of call {seq} after that call ended here"
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = fault {
             drop(state);
-            // A sender sends each chunk once (no layer below retries a chunk): a second copy
-            // is the sender's fault, named as such, not a confusion in the result.
             let err = self.fail(
                 CollectiveError::Link {
                     node: self.nodes[from].clone(),
                     epoch: self.epoch,
-                    reason: format!("it sent chunk {tag:#x} of call {seq} twice"),
+                    reason,
                 },
                 true,
             );
@@ -1966,5 +1987,45 @@ mod tests {
         }
         let told = groups[1].broken().expect("the other member was told");
         assert!(expected(&told), "{told}");
+    }
+
+    /// A chunk of a call that ended here (every chunk it was sent taken) fails the group with a
+    /// link error naming the sender, instead of waiting in the inbox for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chunk_of_a_call_that_ended_fails_the_group_naming_its_sender() {
+        let (_endpoints, groups) = pair().await;
+        let t = candle_core::Tensor::ones(1000, candle_core::DType::F32, &candle_core::Device::Cpu)
+            .unwrap();
+        let sums = futures::future::join_all(
+            groups
+                .iter()
+                .map(|g| g.all_reduce(super::super::Reduction::Sum, &t)),
+        );
+        for sum in tokio::time::timeout(Duration::from_secs(30), sums)
+            .await
+            .expect("summed in time")
+        {
+            sum.unwrap();
+        }
+        assert!(groups[0].broken().is_none());
+        let call = Call {
+            op: super::super::wire::CallOp::AllReduce(super::super::Reduction::Sum),
+            element: super::super::element::Element::F32,
+            dims: vec![1000],
+            parts: 0,
+            chunk_bytes: 1024,
+            small_bytes_max: 1024,
+        };
+        let credits = Arc::new(tokio::sync::Semaphore::new(1));
+        let credit = credits.clone().try_acquire_owned().unwrap();
+        let blob = Blob::Bytes(Bytes::from_static(&[0; 4]));
+        groups[0].shared.deliver_plain(1, 0, 0, call, blob, credit);
+        let broken = groups[0].broken().expect("broken");
+        assert!(
+            matches!(&broken, CollectiveError::Link { node, reason, .. }
+                if *node == NodeId::new("worker", 1) && reason.contains("ended")),
+            "{broken}"
+        );
+        assert_eq!(credits.available_permits(), 1);
     }
 }

@@ -67,6 +67,7 @@ impl ProcessGroup {
         let (guard, seq) = self.begin().await?;
         let result = run(
             &self.shared,
+            seq,
             reduce_scatter(&self.shared, seq, &call, op, data),
         )
         .await;
@@ -81,7 +82,12 @@ impl ProcessGroup {
         let (element, data) = Input::of(tensor)?;
         let call = self.call(CallOp::AllGather, element, tensor.dims(), 0);
         let (guard, seq) = self.begin().await?;
-        let result = run(&self.shared, all_gather(&self.shared, seq, &call, data)).await;
+        let result = run(
+            &self.shared,
+            seq,
+            all_gather(&self.shared, seq, &call, data),
+        )
+        .await;
         drop(guard);
         let mut dims = tensor.dims().to_vec();
         match dims.first_mut() {
@@ -106,6 +112,7 @@ impl ProcessGroup {
         let (guard, seq) = self.begin().await?;
         let result = run(
             &self.shared,
+            seq,
             broadcast(&self.shared, seq, &call, root, data),
         )
         .await;
@@ -171,7 +178,12 @@ impl ProcessGroup {
         let call = self.call(CallOp::AllReduce(op), element, tensor.dims(), parts);
         let n = self.size();
         let (guard, seq) = self.begin().await?;
-        let result = run(&self.shared, all_reduce(&self.shared, seq, &call, op, data)).await;
+        let result = run(
+            &self.shared,
+            seq,
+            all_reduce(&self.shared, seq, &call, op, data),
+        )
+        .await;
         drop(guard);
         // The tensor is built over the result's buffer itself.
         let out = result?.into_tensor(tensor.dims())?;
@@ -224,13 +236,14 @@ pub fn plan_buckets(tensors: &[(Element, usize)], bucket_bytes_max: usize) -> Ve
     buckets
 }
 
-/// Runs an algorithm; its error (or a tensor error) breaks the group for every member.
+/// Runs call `seq`'s algorithm; its error (or a tensor error) breaks the group for every member.
 /// A failed call returns once the others heard why ([`Shared::told`]). A call given up before
 /// its algorithm ended (its future dropped) takes this member out of the group
 /// ([`Shared::abandon`]): the others' calls would otherwise wait out the operation timeout for
 /// chunks that never come, and this member's next call would start one step out of line.
 async fn run<T>(
     shared: &Shared,
+    seq: u64,
     algorithm: impl std::future::Future<Output = Result<T, CollectiveError>>,
 ) -> Result<T, CollectiveError> {
     let mut pending = Pending {
@@ -240,7 +253,10 @@ async fn run<T>(
     let outcome = algorithm.await;
     pending.ended = true;
     match outcome {
-        Ok(out) => Ok(out),
+        Ok(out) => {
+            shared.call_ended(seq);
+            Ok(out)
+        }
         Err(err) => {
             let err = shared.fail(err, true);
             shared.told().await;
