@@ -435,6 +435,96 @@ async fn a_call_given_up_takes_its_member_out_until_the_next_epoch_case(plaintex
     }
 }
 
+/// The others hear at once that a member gave up a call, even one that needs nothing more
+/// from it: here member 1 has member 0's chunk and waits for member 2's (member 2 never
+/// calls), and fails with `MemberLost` naming member 0, not after the operation timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_others_hear_at_once_that_a_member_gave_up_a_call() {
+    the_others_hear_at_once_that_a_member_gave_up_a_call_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_others_hear_at_once_that_a_member_gave_up_a_call_over_the_plaintext_plane() {
+    the_others_hear_at_once_that_a_member_gave_up_a_call_case(true).await;
+}
+
+async fn the_others_hear_at_once_that_a_member_gave_up_a_call_case(plaintext: bool) {
+    let config = GroupConfig {
+        op_timeout: Duration::from_secs(120),
+        ..ring_config_with(plaintext)
+    };
+    let c = cluster(3, config).await;
+    // Small: a direct exchange; member 0 takes member 1's chunk, then waits for member 2's.
+    let small = Tensor::ones(100, DType::F32, &Device::Cpu).unwrap();
+    let other = {
+        let (group, small) = (c.groups[1].clone(), small.clone());
+        tokio::spawn(async move { group.all_reduce(Reduction::Sum, &small).await })
+    };
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        c.groups[0].all_reduce(Reduction::Sum, &small),
+    )
+    .await;
+    assert!(given_up.is_err(), "the call ended: {given_up:?}");
+    let started = std::time::Instant::now();
+    match bounded("the other member's call", other).await.unwrap() {
+        Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+            assert_eq!(node, NodeId::new("worker", 0));
+        }
+        other => panic!("the other member's call: {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A call dropped on a thread where no runtime runs (its future polled on the runtime, then
+/// moved away and dropped) leaves the group the same way, without a panic: the chunk it held
+/// goes unanswered, which its sender takes for this member going away.
+#[test]
+fn a_call_dropped_where_no_runtime_runs_leaves_the_group_without_a_panic() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = runtime.block_on(cluster(3, ring_config()));
+    // Small: a direct exchange, every member sending to every other.
+    let small = Tensor::ones(100, DType::F32, &Device::Cpu).unwrap();
+    // Members 0 and 2 call, member 1 does not: neither call can end, and member 0 (taking
+    // the others' chunks in rank order) waits for member 1's, member 2's held unanswered.
+    let other = {
+        let (group, small) = (c.groups[2].clone(), small.clone());
+        runtime.spawn(async move { group.all_reduce(Reduction::Sum, &small).await })
+    };
+    let mut call = Box::pin(c.groups[0].all_reduce(Reduction::Sum, &small));
+    runtime.block_on(async {
+        // Long enough for member 2's chunk to wait in member 0's inbox.
+        let polled = tokio::time::timeout(Duration::from_millis(300), call.as_mut()).await;
+        assert!(polled.is_err(), "the call ended: {polled:?}");
+    });
+    std::thread::scope(|scope| {
+        scope.spawn(move || drop(call)).join().unwrap();
+    });
+    let next = runtime.block_on(c.groups[0].all_reduce(Reduction::Sum, &small));
+    assert!(
+        matches!(next, Err(CollectiveError::Stopped { epoch: 1 })),
+        "{next:?}"
+    );
+    let other = runtime
+        .block_on(bounded("the other member's call", other))
+        .unwrap();
+    match other {
+        Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+            assert_eq!(node, NodeId::new("worker", 0));
+        }
+        other => panic!("the other member's call: {other:?}"),
+    }
+    runtime.block_on(async move { drop(c) });
+}
+
 /// The root's broadcast result is a value of its own: writing the root's variable in place
 /// afterwards (a candle `Var`) changes no member's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

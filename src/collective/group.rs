@@ -1446,11 +1446,19 @@ impl Shared {
     /// Stops every link's tasks: their TCP streams on the plaintext plane close, so that
     /// peers see this member go (as they see its QUIC connections close).
     /// This member gives up the group in the middle of a call (its caller dropped the call):
-    /// as a member that stops, it fails the group with [`CollectiveError::Stopped`] without
-    /// telling anyone (the peers take it for lost: a chunk of theirs held here is answered
-    /// with it, and its TCP links end) and ends its links. Needs no runtime: it runs in drops.
+    /// as a member that stops, it fails the group here with [`CollectiveError::Stopped`], tells
+    /// the others it is lost ([`CollectiveError::MemberLost`] naming it: they need not wait
+    /// for its next chunk to find out), and ends its links. A chunk of theirs held here is
+    /// answered with `Stopped`, which they take for its loss too. Runs in drops: with no
+    /// runtime on this thread nothing is sent, and the others find out from the chunks that
+    /// go unanswered and the links that end.
     pub(crate) fn abandon(&self) {
-        self.fail(CollectiveError::Stopped { epoch: self.epoch }, false);
+        let gone = CollectiveError::MemberLost {
+            node: self.nodes[self.rank].clone(),
+            epoch: self.epoch,
+            reason: "it gave up a call before the call ended".into(),
+        };
+        self.break_with(CollectiveError::Stopped { epoch: self.epoch }, Some(gone));
         self.end_links();
     }
 
@@ -1575,13 +1583,20 @@ impl Shared {
     /// Breaks the group with `err` unless it is already broken (the first error wins and is
     /// returned); answers every held chunk; with `propagate`, tells every member.
     pub(crate) fn fail(&self, err: CollectiveError, propagate: bool) -> CollectiveError {
+        let told = propagate.then(|| err.clone());
+        self.break_with(err, told)
+    }
+
+    /// [`Shared::fail`], telling every member `told` (if any) where that differs from the
+    /// error here.
+    fn break_with(&self, err: CollectiveError, told: Option<CollectiveError>) -> CollectiveError {
         let held: Vec<Arrived> = {
             let mut state = self.lock();
             if let Some(first) = &state.broken {
                 return first.clone();
             }
             state.broken = Some(err.clone());
-            if propagate {
+            if told.is_some() {
                 // Set before anyone can see the group broken, so that `told` waits for it.
                 self.telling.send_replace(true);
             }
@@ -1594,37 +1609,49 @@ impl Shared {
                 .give(Reply::Broken(err.clone()), self.header_max);
         }
         self.arrived.notify_waiters();
-        if propagate {
-            let abort = Wire::Abort {
-                epoch: self.epoch,
-                error: err.clone(),
-            };
-            let Ok(frame) = Frame::encode(&abort, Vec::new(), self.header_max) else {
-                self.telling.send_replace(false);
-                return err;
-            };
-            let sends: Vec<_> = self
-                .links
-                .get()
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|link| {
-                    let (conn, frame) = (link.conn.clone(), frame.clone());
-                    async move {
-                        // Best effort: a member that does not hear it finds the failure
-                        // itself.
-                        let _ = conn.request_within(frame, ABORT_TIMEOUT).await;
-                    }
-                })
-                .collect();
-            let telling = self.telling.clone();
-            tokio::spawn(async move {
-                futures::future::join_all(sends).await;
-                telling.send_replace(false);
-            });
+        if let Some(told) = told {
+            self.tell(told);
         }
         err
+    }
+
+    /// Sends every member an `Abort` carrying `err`, on this thread's runtime (best effort:
+    /// a member that does not hear it finds the failure itself; with no runtime here, as when
+    /// a call is dropped where none runs, none is sent); [`Shared::told`] waits for it.
+    fn tell(&self, err: CollectiveError) {
+        let abort = Wire::Abort {
+            epoch: self.epoch,
+            error: err,
+        };
+        let Ok(frame) = Frame::encode(&abort, Vec::new(), self.header_max) else {
+            self.telling.send_replace(false);
+            return;
+        };
+        let sends: Vec<_> = self
+            .links
+            .get()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|link| {
+                let (conn, frame) = (link.conn.clone(), frame.clone());
+                async move {
+                    let _ = conn.request_within(frame, ABORT_TIMEOUT).await;
+                }
+            })
+            .collect();
+        let telling = self.telling.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    futures::future::join_all(sends).await;
+                    telling.send_replace(false);
+                });
+            }
+            Err(_) => {
+                telling.send_replace(false);
+            }
+        }
     }
 
     /// Waits (at most [`ABORT_TIMEOUT`]) until every member heard this member's `Abort`, if it
@@ -1914,12 +1941,17 @@ async fn send_loop(
 
 fn respond(responder: Responder, reply: Reply, header_max: u32) {
     match Frame::encode(&reply, Vec::new(), header_max) {
-        Ok(frame) => {
-            tokio::spawn(async move {
-                // A requester that is gone needs no answer.
-                let _ = responder.respond(frame).await;
-            });
-        }
+        Ok(frame) => match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    // A requester that is gone needs no answer.
+                    let _ = responder.respond(frame).await;
+                });
+            }
+            // No runtime on this thread (a call dropped where none runs, `ops::run`): the
+            // chunk goes unanswered, which its sender takes for this member going away.
+            Err(_) => drop(responder),
+        },
         Err(_) => responder.reject(RejectReason::ResponseFailed),
     }
 }
