@@ -481,8 +481,8 @@ async fn the_others_hear_at_once_that_a_member_gave_up_a_call_case(plaintext: bo
 }
 
 /// A call dropped on a thread where no runtime runs (its future polled on the runtime, then
-/// moved away and dropped) leaves the group the same way, without a panic: the chunk it held
-/// goes unanswered, which its sender takes for this member going away.
+/// moved away and dropped) leaves the group the same way, without a panic: the answer to the
+/// chunk it held and its `Abort` go out on the group's own runtime.
 #[test]
 fn a_call_dropped_where_no_runtime_runs_leaves_the_group_without_a_panic() {
     let runtime = tokio::runtime::Builder::new_multi_thread()

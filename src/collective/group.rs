@@ -1257,6 +1257,18 @@ pub(crate) struct Shared {
     /// [`Shared::told`]).
     telling: tokio::sync::watch::Sender<bool>,
     unanswered: Unanswered,
+    /// The runtime the group was formed on, which drives its links: answers and aborts sent
+    /// from any thread (a call dropped where no runtime runs) go out there.
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+/// Marks this member done telling the others how the group broke, when dropped.
+struct TellingDone(tokio::sync::watch::Sender<bool>);
+
+impl Drop for TellingDone {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
 }
 
 struct Link {
@@ -1307,9 +1319,10 @@ enum Answer {
 }
 
 impl Answer {
-    fn give(self, reply: Reply, header_max: u32) {
+    /// Gives the answer; a QUIC response is written on `runtime` (else this thread's).
+    fn give(self, reply: Reply, header_max: u32, runtime: Option<&tokio::runtime::Handle>) {
         match self {
-            Answer::Quic(responder) => respond(responder, reply, header_max),
+            Answer::Quic(responder) => respond_on(runtime, responder, reply, header_max),
             // The next chunk may be read; a sender learns of a failure from its `Abort`.
             Answer::Plain(permit) => drop(permit),
         }
@@ -1344,6 +1357,7 @@ impl Shared {
             ops: tokio::sync::Mutex::new(0),
             telling: tokio::sync::watch::channel(false).0,
             unanswered: Unanswered::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -1443,15 +1457,12 @@ impl Shared {
             .extend(tasks);
     }
 
-    /// Stops every link's tasks: their TCP streams on the plaintext plane close, so that
-    /// peers see this member go (as they see its QUIC connections close).
     /// This member gives up the group in the middle of a call (its caller dropped the call):
     /// as a member that stops, it fails the group here with [`CollectiveError::Stopped`], tells
     /// the others it is lost ([`CollectiveError::MemberLost`] naming it: they need not wait
     /// for its next chunk to find out), and ends its links. A chunk of theirs held here is
-    /// answered with `Stopped`, which they take for its loss too. Runs in drops: with no
-    /// runtime on this thread nothing is sent, and the others find out from the chunks that
-    /// go unanswered and the links that end.
+    /// answered with `Stopped`, which they take for its loss too. Runs in drops, on any
+    /// thread: the answers and the `Abort` go out on the group's own runtime.
     pub(crate) fn abandon(&self) {
         let gone = CollectiveError::MemberLost {
             node: self.nodes[self.rank].clone(),
@@ -1462,6 +1473,8 @@ impl Shared {
         self.end_links();
     }
 
+    /// Stops every link's tasks: their TCP streams on the plaintext plane close, so that
+    /// peers see this member go (as they see its QUIC connections close).
     fn end_links(&self) {
         for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             task.abort();
@@ -1553,7 +1566,9 @@ impl Shared {
                 found
             };
             if let Some(arrived) = found {
-                arrived.answer.give(Reply::Ack, self.header_max);
+                arrived
+                    .answer
+                    .give(Reply::Ack, self.header_max, self.runtime.as_ref());
                 if arrived.blob.len() != bytes {
                     let err = CollectiveError::Link {
                         node: self.nodes[from].clone(),
@@ -1604,9 +1619,11 @@ impl Shared {
             state.inbox.drain().map(|(_, a)| a).collect()
         };
         for arrived in held {
-            arrived
-                .answer
-                .give(Reply::Broken(err.clone()), self.header_max);
+            arrived.answer.give(
+                Reply::Broken(err.clone()),
+                self.header_max,
+                self.runtime.as_ref(),
+            );
         }
         self.arrived.notify_waiters();
         if let Some(told) = told {
@@ -1615,9 +1632,8 @@ impl Shared {
         err
     }
 
-    /// Sends every member an `Abort` carrying `err`, on this thread's runtime (best effort:
-    /// a member that does not hear it finds the failure itself; with no runtime here, as when
-    /// a call is dropped where none runs, none is sent); [`Shared::told`] waits for it.
+    /// Sends every member an `Abort` carrying `err`, on the group's runtime (best effort: a
+    /// member that does not hear it finds the failure itself); [`Shared::told`] waits for it.
     fn tell(&self, err: CollectiveError) {
         let abort = Wire::Abort {
             epoch: self.epoch,
@@ -1640,17 +1656,18 @@ impl Shared {
                 }
             })
             .collect();
-        let telling = self.telling.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
+        // Done telling when the sends end, or when the task is dropped unrun (its runtime
+        // shutting down): `told` never waits for a task that will not run.
+        let done = TellingDone(self.telling.clone());
+        let runtime = self.runtime.clone();
+        match runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) {
+            Some(runtime) => {
                 runtime.spawn(async move {
                     futures::future::join_all(sends).await;
-                    telling.send_replace(false);
+                    drop(done);
                 });
             }
-            Err(_) => {
-                telling.send_replace(false);
-            }
+            None => drop(done),
         }
     }
 
@@ -1746,7 +1763,7 @@ impl Shared {
         if let Some(err) = &state.broken {
             let err = err.clone();
             drop(state);
-            return answer.give(Reply::Broken(err), self.header_max);
+            return answer.give(Reply::Broken(err), self.header_max, self.runtime.as_ref());
         }
         // A sender sends each chunk once (no layer below retries a chunk): a second copy, or
         // one of a call that ended here, is the sender's fault, named as such, not a
@@ -1770,7 +1787,7 @@ impl Shared {
                 },
                 true,
             );
-            return answer.give(Reply::Broken(err), self.header_max);
+            return answer.give(Reply::Broken(err), self.header_max, self.runtime.as_ref());
         }
         state
             .inbox
@@ -1940,19 +1957,33 @@ async fn send_loop(
 }
 
 fn respond(responder: Responder, reply: Reply, header_max: u32) {
-    match Frame::encode(&reply, Vec::new(), header_max) {
-        Ok(frame) => match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    // A requester that is gone needs no answer.
-                    let _ = responder.respond(frame).await;
-                });
-            }
-            // No runtime on this thread (a call dropped where none runs, `ops::run`): the
-            // chunk goes unanswered, which its sender takes for this member going away.
-            Err(_) => drop(responder),
-        },
-        Err(_) => responder.reject(RejectReason::ResponseFailed),
+    respond_on(None, responder, reply, header_max);
+}
+
+/// Writes `reply` on `runtime`, else on this thread's; with neither (a call dropped where no
+/// runtime runs, of a group formed outside one) the request goes unanswered, which its sender
+/// takes for this member going away.
+fn respond_on(
+    runtime: Option<&tokio::runtime::Handle>,
+    responder: Responder,
+    reply: Reply,
+    header_max: u32,
+) {
+    let frame = match Frame::encode(&reply, Vec::new(), header_max) {
+        Ok(frame) => frame,
+        Err(_) => return responder.reject(RejectReason::ResponseFailed),
+    };
+    match runtime
+        .cloned()
+        .or_else(|| tokio::runtime::Handle::try_current().ok())
+    {
+        Some(runtime) => {
+            runtime.spawn(async move {
+                // A requester that is gone needs no answer.
+                let _ = responder.respond(frame).await;
+            });
+        }
+        None => drop(responder),
     }
 }
 
