@@ -2013,6 +2013,32 @@ mod tests {
             .unwrap()
     }
 
+    /// The description of an f32 call of `op` over a tensor of `dims`.
+    fn f32_call(op: super::super::wire::CallOp, dims: Vec<u64>) -> Call {
+        Call {
+            op,
+            element: super::super::element::Element::F32,
+            dims,
+            parts: 0,
+            chunk_bytes: 1024,
+            small_bytes_max: 1024,
+        }
+    }
+
+    /// Delivers a 4-byte chunk `tag` of call `seq` from rank 1 to `shared` as the plaintext
+    /// plane's reader would, with a read credit of `credits`.
+    fn deliver_from_rank_1(
+        shared: &Shared,
+        seq: u64,
+        tag: u64,
+        call: Call,
+        credits: &Arc<tokio::sync::Semaphore>,
+    ) {
+        let credit = credits.clone().try_acquire_owned().unwrap();
+        let blob = Blob::Bytes(Bytes::from_static(&[0; 4]));
+        shared.deliver_plain(1, seq, tag, call, blob, credit);
+    }
+
     /// A chunk that arrives twice while the first copy still waits to be taken fails the group
     /// with a link error naming the sender, for this member and the others alike (the check
     /// is on the inbox's key, whatever the chunk carries: on the plaintext plane the first copy
@@ -2021,19 +2047,10 @@ mod tests {
     async fn a_chunk_sent_twice_fails_the_group_naming_its_sender() {
         let (_endpoints, groups) = pair().await;
         let shared = &groups[0].shared;
-        let call = Call {
-            op: super::super::wire::CallOp::AllGather,
-            element: super::super::element::Element::F32,
-            dims: vec![1],
-            parts: 0,
-            chunk_bytes: 1024,
-            small_bytes_max: 1024,
-        };
+        let call = f32_call(super::super::wire::CallOp::AllGather, vec![1]);
         let credits = Arc::new(tokio::sync::Semaphore::new(2));
         for _ in 0..2 {
-            let credit = credits.clone().try_acquire_owned().unwrap();
-            let blob = Blob::Bytes(Bytes::from_static(&[0; 4]));
-            shared.deliver_plain(1, 0, 7, call.clone(), blob, credit);
+            deliver_from_rank_1(shared, 0, 7, call.clone(), &credits);
         }
         let expected = |err: &CollectiveError| {
             matches!(err, CollectiveError::Link { node, epoch: 1, reason }
@@ -2071,18 +2088,9 @@ mod tests {
             sum.unwrap();
         }
         assert!(groups[0].broken().is_none());
-        let call = Call {
-            op: super::super::wire::CallOp::AllReduce(super::super::Reduction::Sum),
-            element: super::super::element::Element::F32,
-            dims: vec![1000],
-            parts: 0,
-            chunk_bytes: 1024,
-            small_bytes_max: 1024,
-        };
+        let sum = super::super::wire::CallOp::AllReduce(super::super::Reduction::Sum);
         let credits = Arc::new(tokio::sync::Semaphore::new(1));
-        let credit = credits.clone().try_acquire_owned().unwrap();
-        let blob = Blob::Bytes(Bytes::from_static(&[0; 4]));
-        groups[0].shared.deliver_plain(1, 0, 0, call, blob, credit);
+        deliver_from_rank_1(&groups[0].shared, 0, 0, f32_call(sum, vec![1000]), &credits);
         let broken = groups[0].broken().expect("broken");
         assert!(
             matches!(&broken, CollectiveError::Link { node, reason, .. }
