@@ -56,6 +56,11 @@ struct Group {
 
 impl Group {
     fn start(n: u32, name: &str) -> Group {
+        Group::start_with(n, name, &[])
+    }
+
+    /// [`Group::start`], every member given `flags` too.
+    fn start_with(n: u32, name: &str, flags: &[&str]) -> Group {
         let dir = std::env::temp_dir().join(format!("cohort-{name}-{}", std::process::id()));
         let ca = ClusterCa::generate(name).unwrap();
         let nodes: Vec<NodeId> = (0..n).map(|i| NodeId::new("worker", i)).collect();
@@ -84,6 +89,7 @@ impl Group {
                 .arg(&dir)
                 .args(["--listen", &addrs[i], "--members", &spec.join(",")])
                 .args(["--elements", "1048576", "--idle-timeout-ms", "800"])
+                .args(flags)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -159,9 +165,29 @@ impl Drop for Group {
 
 #[test]
 fn a_member_sigkilled_mid_collective_fails_every_survivor_who_reform_and_go_on() {
-    let mut g = Group::start(3, "collective-kill");
+    sigkilled_mid_collective(Group::start(3, "collective-kill"), false);
+}
+
+/// The same on the plaintext plane, whose members (one host) pass their chunks through shared
+/// memory: the killed member's slots are no hang either, its TCP links' end tells.
+#[test]
+fn a_member_sigkilled_mid_collective_over_shared_memory_fails_every_survivor_who_go_on() {
+    sigkilled_mid_collective(
+        Group::start_with(3, "collective-kill-shm", &["--plaintext"]),
+        true,
+    );
+}
+
+/// Kills member 2 mid-collective; with `shared`, every member had passed chunks to its ring
+/// successor through shared memory before.
+fn sigkilled_mid_collective(mut g: Group, shared: bool) {
     for i in 0..3 {
-        g.wait_for(i, "ok epoch=1 round=2");
+        let line = g.wait_for(i, "ok epoch=1 round=2");
+        assert_eq!(
+            line.contains("shared-memory-peers=0"),
+            !shared,
+            "member {i}: {line}"
+        );
     }
     g.members[2].signal(Signal::SIGKILL);
     for i in 0..2 {
@@ -192,7 +218,21 @@ fn a_member_sigkilled_mid_collective_fails_every_survivor_who_reform_and_go_on()
 
 #[test]
 fn a_member_stopped_past_the_budget_is_refused_by_epoch_when_it_wakes() {
-    let mut g = Group::start(3, "collective-stop");
+    stopped_past_the_budget(Group::start(3, "collective-stop"));
+}
+
+/// The same on the plaintext plane with shared memory: what the late member writes into its
+/// slots when it wakes reaches no one (the survivors let go of its segment with epoch 1).
+#[test]
+fn a_member_stopped_past_the_budget_over_shared_memory_is_refused_by_epoch_when_it_wakes() {
+    stopped_past_the_budget(Group::start_with(
+        3,
+        "collective-stop-shm",
+        &["--plaintext"],
+    ));
+}
+
+fn stopped_past_the_budget(mut g: Group) {
     for i in 0..3 {
         g.wait_for(i, "ok epoch=1 round=2");
     }

@@ -3,7 +3,9 @@
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
 //! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
 //! a member's application abort; EPOCH-1. The operations, disagreeing members, a lost member
-//! and an abort also over the plaintext data plane (TCP links set up over QUIC).
+//! and an abort also over the plaintext data plane (TCP links set up over QUIC), whose members
+//! here pass their chunks through shared memory (all on one host); the operations also with
+//! that off (TCP alone), and with members that choose differently.
 
 use std::time::Duration;
 
@@ -133,9 +135,47 @@ async fn every_operation_matches_the_reference_with_2_3_and_4_members_over_the_p
     every_operation_matches_the_reference_with_2_3_and_4_members_case(true).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_matches_the_reference_with_2_3_and_4_members_over_tcp_alone() {
+    every_operation_matches_the_reference_with_2_3_and_4_members_with(tcp_alone()).await;
+}
+
+/// The plaintext plane with every chunk on TCP (no shared memory between members).
+fn tcp_alone() -> GroupConfig {
+    GroupConfig {
+        shared_memory: false,
+        ..ring_config_with(true)
+    }
+}
+
+/// Which peers each member passes chunks to through shared memory on the plaintext plane (one
+/// host, and the tests' chunks are worth a slot): those it sent chunks to, every other member
+/// where `every_peer` (a direct exchange ran) or else its ring successor; none otherwise.
+fn assert_shared_memory_links(groups: &[ProcessGroup], config: &GroupConfig, every_peer: bool) {
+    for g in groups {
+        let (n, rank) = (g.size(), g.rank());
+        let mut expected: Vec<NodeId> = g.members().to_vec();
+        expected.remove(rank);
+        let peers = g.shared_memory_peers();
+        if !(config.plaintext && config.shared_memory) {
+            assert!(peers.is_empty(), "rank {rank}: {peers:?}");
+        } else if every_peer {
+            assert_eq!(peers, expected, "rank {rank}");
+        } else {
+            let next = &g.members()[(rank + 1) % n];
+            assert!(peers.contains(next), "rank {rank}: {peers:?}");
+        }
+    }
+}
+
 async fn every_operation_matches_the_reference_with_2_3_and_4_members_case(plaintext: bool) {
+    every_operation_matches_the_reference_with_2_3_and_4_members_with(ring_config_with(plaintext))
+        .await;
+}
+
+async fn every_operation_matches_the_reference_with_2_3_and_4_members_with(config: GroupConfig) {
     for n in [2usize, 3, 4] {
-        let c = cluster(n as u32, ring_config_with(plaintext)).await;
+        let c = cluster(n as u32, config.clone()).await;
         // 0: zero-length; 1, 7, 1001: direct (below 4 KiB) and uneven; 5003, 20011: ring,
         // uneven segments and a last chunk shorter than the others.
         for (salt, len) in [0usize, 1, 7, 1001, 5003, 20011].into_iter().enumerate() {
@@ -226,6 +266,7 @@ async fn every_operation_matches_the_reference_with_2_3_and_4_members_case(plain
                 );
             }
         }
+        assert_shared_memory_links(&c.groups, &config, true);
     }
 }
 
@@ -246,11 +287,21 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_over_the_pla
 /// all-gather's input not contiguous (a transposed matrix, read through a copy) and the
 /// broadcast's root not rank 0 (its chain wraps around).
 async fn every_element_type_goes_around_the_ring_like_the_reference_case(plaintext: bool) {
+    every_element_type_goes_around_the_ring_like_the_reference_with(ring_config_with(plaintext))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_element_type_goes_around_the_ring_like_the_reference_over_tcp_alone() {
+    every_element_type_goes_around_the_ring_like_the_reference_with(tcp_alone()).await;
+}
+
+async fn every_element_type_goes_around_the_ring_like_the_reference_with(config: GroupConfig) {
     let config = GroupConfig {
         chunk_bytes: 4094,
-        ..ring_config_with(plaintext)
+        ..config
     };
-    let c = cluster(3, config).await;
+    let c = cluster(3, config.clone()).await;
     let len = 5003;
     let values: Vec<Vec<f64>> = (0..3)
         .map(|rank| {
@@ -363,6 +414,64 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_case(plainte
             assert!(as_f64(&out) == values[1], "{dtype:?} broadcast rank {rank}");
         }
     }
+    assert_shared_memory_links(&c.groups, &config, false);
+}
+
+/// Shared memory is chosen per link: a member that has it off gets every chunk over TCP and
+/// sends every chunk there, while the others still pass theirs through shared memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_shared_memory_gets_its_chunks_over_tcp_while_the_others_share() {
+    let ca = ClusterCa::generate("collective-shared-memory").unwrap();
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    for i in 0..3u32 {
+        let node = NodeId::new("worker", i);
+        let endpoint = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            ca.issue(&node).unwrap(),
+            TransportConfig::for_tests(),
+        )
+        .unwrap();
+        let config = GroupConfig {
+            shared_memory: i != 1,
+            ..ring_config_with(true)
+        };
+        let mesh = Mesh::new(endpoint, config);
+        members.push(GroupMember {
+            node,
+            addr: mesh.local_addr().unwrap(),
+        });
+        meshes.push(mesh);
+    }
+    let groups: Vec<ProcessGroup> = bounded(
+        "forming",
+        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
+    )
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    // Direct (every member to every other) and ring.
+    for len in [1001, 20011] {
+        let inputs: Vec<Vec<f32>> = (0..3).map(|r| input(r, len, 3)).collect();
+        let outs = bounded(
+            "all-reduce",
+            join_all(groups.iter().zip(&inputs).map(|(g, v)| {
+                let t = Tensor::from_vec(v.clone(), len, &Device::Cpu).unwrap();
+                async move { g.all_reduce(Reduction::Sum, &t).await }
+            })),
+        )
+        .await;
+        let expected = bits_of(&reference(&inputs, Reduction::Sum));
+        for (rank, out) in outs.into_iter().enumerate() {
+            assert_eq!(bits(&out.unwrap()), expected, "{len} elements, rank {rank}");
+        }
+    }
+    let peers = |rank: usize| groups[rank].shared_memory_peers();
+    assert_eq!(peers(0), vec![NodeId::new("worker", 2)]);
+    assert_eq!(peers(1), Vec::<NodeId>::new());
+    assert_eq!(peers(2), vec![NodeId::new("worker", 0)]);
+    drop(meshes);
 }
 
 /// A call its caller gives up (the future dropped, here by a timeout around it) takes its

@@ -3,7 +3,8 @@
 //! busbw = algbw * 2(n-1)/n, and each row's busbw as a fraction of the ring's bound (the
 //! ceiling divided by the members: on one machine every member's bytes share its cores).
 //! Then the same over the plaintext data plane (TCP links set up over QUIC), beside gloo's
-//! figures over TCP on this machine.
+//! figures over TCP on this machine: as tasks, and as processes twice, with every chunk on TCP
+//! and with chunks passed through shared memory (all members are on one host here).
 
 use std::time::{Duration, Instant};
 
@@ -37,18 +38,21 @@ pub fn run() -> Result<(), CliError> {
         }
     }
     drop(runtime);
-    // The plaintext plane again with every member a process of its own, as gloo's figures are.
-    let mut process_rows = Vec::new();
-    for members in MEMBERS {
-        for mib in SIZES_MIB {
-            // Fresh processes vary more from run to run than tasks (where the scheduler puts
-            // their threads on 2 cores): the median of a few runs.
-            let mut runs = (0..PROCESS_RUNS)
-                .map(|_| time_member_processes(members, mib))
-                .collect::<Result<Vec<f64>, String>>()
-                .map_err(|e| failed(&e))?;
-            runs.sort_by(f64::total_cmp);
-            process_rows.push((members, mib, runs[runs.len() / 2]));
+    // The plaintext plane again with every member a process of its own, as gloo's figures are:
+    // TCP alone, then with shared memory.
+    let mut process_rows = [Vec::new(), Vec::new()];
+    for (shared, out) in [false, true].into_iter().zip(&mut process_rows) {
+        for members in MEMBERS {
+            for mib in SIZES_MIB {
+                // Fresh processes vary more from run to run than tasks (where the scheduler
+                // puts their threads on 2 cores): the median of a few runs.
+                let mut runs = (0..PROCESS_RUNS)
+                    .map(|_| time_member_processes(members, mib, shared))
+                    .collect::<Result<Vec<f64>, String>>()
+                    .map_err(|e| failed(&e))?;
+                runs.sort_by(f64::total_cmp);
+                out.push((members, mib, runs[runs.len() / 2]));
+            }
         }
     }
     let after = super::bench::bare_quinn_goodput()?;
@@ -82,13 +86,24 @@ pub fn run() -> Result<(), CliError> {
         "\nplaintext data plane (GroupConfig::plaintext: TCP links set up over QUIC; trusted \
          networks only), beside gloo over TCP measured on this machine at 64 MiB (processes)"
     );
-    print_plain_rows("members as tasks of one process", &plain_rows);
+    print_plain_rows(
+        "members as tasks of one process (shared memory between them)",
+        &plain_rows,
+    );
+    let [tcp_rows, shared_rows] = &process_rows;
     print_plain_rows(
         &format!(
-            "members as processes (cohort collective-member), as gloo's were; median of \
-             {PROCESS_RUNS} runs"
+            "members as processes (cohort collective-member), as gloo's were, every chunk on \
+             TCP (GroupConfig::shared_memory off); median of {PROCESS_RUNS} runs"
         ),
-        &process_rows,
+        tcp_rows,
+    );
+    print_plain_rows(
+        &format!(
+            "members as processes, chunks passed through shared memory (GroupConfig::\
+             shared_memory, the default: members on one host); median of {PROCESS_RUNS} runs"
+        ),
+        shared_rows,
     );
     println!("target: busbw above gloo's at 64 MiB");
     Ok(())
@@ -119,10 +134,11 @@ fn print_plain_rows(how: &str, rows: &[(u32, usize, f64)]) {
 }
 
 /// Seconds of one plaintext all-reduce of `mib` MiB among `members` processes of this binary
-/// (`collective-member --bench-mib`): the slowest member's mean.
-fn time_member_processes(members: u32, mib: usize) -> Result<f64, String> {
+/// (`collective-member --bench-mib`), with or without shared memory between them: the slowest
+/// member's mean. An error if `shared` and a member passed nothing through shared memory.
+fn time_member_processes(members: u32, mib: usize, shared: bool) -> Result<f64, String> {
     let dir = std::env::temp_dir().join(format!(
-        "cohort-bench-allreduce-{}-{members}-{mib}",
+        "cohort-bench-allreduce-{}-{members}-{mib}-{shared}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
@@ -149,14 +165,18 @@ fn time_member_processes(members: u32, mib: usize) -> Result<f64, String> {
                 .args(["--idle-timeout-ms", "10000", "--plaintext"])
                 .args(["--bench-mib", &mib.to_string()])
                 .args(["--bench-warmup", &rounds.to_string()])
-                .args(["--bench-rounds", &rounds.to_string()]);
+                .args(["--bench-rounds", &rounds.to_string()])
+                .args((!shared).then_some("--no-shared-memory"));
             command
         },
         |text| {
             let field = |key| super::bench_mwms::bench_field(text, key);
             let rounds: usize = field("rounds")?.parse().ok()?;
             let seconds: f64 = field("seconds")?.parse().ok()?;
-            (rounds > 0 && seconds > 0.0).then_some(seconds / rounds as f64)
+            let sharing: usize = field("shared-memory-peers")?.parse().ok()?;
+            // A row of shared memory is one only if every member passed chunks through it.
+            (rounds > 0 && seconds > 0.0 && (sharing > 0) == shared)
+                .then_some(seconds / rounds as f64)
         },
         PROCESS_RUN_MAX,
     );

@@ -44,6 +44,10 @@ pub(crate) struct MemberArgs {
     /// The plaintext data plane (`GroupConfig::plaintext`).
     #[arg(long)]
     plaintext: bool,
+    /// On the plaintext plane, keep every chunk on TCP: no shared memory between members on
+    /// this host (`GroupConfig::shared_memory`).
+    #[arg(long)]
+    no_shared_memory: bool,
     /// Benchmark mode (`cohort bench allreduce`): after forming, all-reduce an f32 tensor of
     /// this many MiB `--bench-warmup` times, then `--bench-rounds` times, print `bench
     /// rounds=N seconds=S` and exit.
@@ -96,6 +100,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
             Endpoint::bind(args.listen, creds, config).map_err(|e| usage("--listen", &e))?;
         let config = GroupConfig {
             plaintext: args.plaintext,
+            shared_memory: !args.no_shared_memory,
             ..GroupConfig::default()
         };
         let mesh = Mesh::new(endpoint, config);
@@ -110,7 +115,11 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
         if let Some(mib) = args.bench_mib {
             return match time_all_reduce(&group, mib, args.bench_warmup, args.bench_rounds).await {
                 Ok(seconds) => {
-                    println!("bench rounds={} seconds={seconds}", args.bench_rounds);
+                    println!(
+                        "bench rounds={} seconds={seconds} shared-memory-peers={}",
+                        args.bench_rounds,
+                        group.shared_memory_peers().len()
+                    );
                     // Every chunk taken before this process goes (a peer may be finishing).
                     group.flush(Duration::from_secs(5)).await;
                     Ok(0)
@@ -126,7 +135,11 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
             match one_round(&group, &node, args.elements).await {
                 Ok(()) => {
                     round += 1;
-                    println!("ok epoch={} round={round}", group.epoch());
+                    println!(
+                        "ok epoch={} round={round} shared-memory-peers={}",
+                        group.epoch(),
+                        group.shared_memory_peers().len()
+                    );
                 }
                 Err(err) => {
                     report(group.epoch(), &err);

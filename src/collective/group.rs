@@ -96,6 +96,12 @@ pub struct GroupConfig {
     /// travel unencrypted). Off by default; every member must choose alike (a member whose
     /// choice differs fails forming with [`CollectiveError::Form`] naming it).
     pub plaintext: bool,
+    /// On the plaintext plane, members on one host pass large chunks through shared memory
+    /// (`/dev/shm`) instead of TCP: one copy in place of the kernel's two (`shm.rs`). Each
+    /// link falls back to TCP alone where the peer cannot map this member's segment (another
+    /// host or container, another user, a full `/dev/shm`) or has this off. On by default;
+    /// without `plaintext` it does nothing.
+    pub shared_memory: bool,
 }
 
 impl Default for GroupConfig {
@@ -107,6 +113,7 @@ impl Default for GroupConfig {
             op_timeout: Duration::from_secs(60),
             form_timeout: Duration::from_secs(30),
             plaintext: false,
+            shared_memory: true,
         }
     }
 }
@@ -700,6 +707,25 @@ impl ProcessGroup {
         &self.shared.nodes
     }
 
+    /// The peers this member passes chunks to through shared memory
+    /// ([`GroupConfig::shared_memory`]): those of the plaintext plane on this host that took
+    /// its segment, which happens with its first chunk worth a slot to each.
+    pub fn shared_memory_peers(&self) -> Vec<NodeId> {
+        let Some(links) = self.shared.links.get() else {
+            return Vec::new();
+        };
+        links
+            .iter()
+            .zip(&self.shared.nodes)
+            .filter(|(link, _)| {
+                link.as_ref()
+                    .and_then(|l| l.slots.as_ref())
+                    .is_some_and(|slots| slots.lending())
+            })
+            .map(|(_, node)| node.clone())
+            .collect()
+    }
+
     /// The error that broke this group, if one did.
     pub fn broken(&self) -> Option<CollectiveError> {
         self.shared.lock().broken.clone()
@@ -1274,6 +1300,8 @@ impl Drop for TellingDone {
 struct Link {
     conn: Connection,
     out: mpsc::UnboundedSender<Outgoing>,
+    /// The plaintext plane's shared-memory slots with this peer, on that plane.
+    slots: Option<Arc<super::plain::LinkSlots>>,
 }
 
 /// Chunks queued or sent to any peer and not yet answered (see [`ProcessGroup::flush`]).
@@ -1387,16 +1415,21 @@ impl Shared {
             };
             let (tx, rx) = mpsc::unbounded_channel();
             let chunks_on_tcp = stream.is_some();
+            let mut link_slots = None;
             match stream {
                 Some(stream) => {
                     let (reader, writer) = stream.into_split();
                     let peer = self.nodes[rank].clone();
+                    let (slots, replies) = super::plain::LinkSlots::new(&self.config);
+                    link_slots = Some(slots.clone());
                     tasks.push(tokio::spawn(super::plain::send_loop(
                         Arc::downgrade(this),
                         peer.clone(),
                         writer,
                         rx,
                         self.unanswered.clone(),
+                        slots.clone(),
+                        replies,
                     )));
                     tasks.push(tokio::spawn(super::plain::read_loop(
                         Arc::downgrade(this),
@@ -1404,6 +1437,7 @@ impl Shared {
                         peer,
                         reader,
                         self.config.window.max(1),
+                        slots,
                     )));
                 }
                 None => tasks.push(tokio::spawn(send_loop(
@@ -1448,7 +1482,11 @@ impl Shared {
                     );
                 }
             }));
-            links.push(Some(Link { conn, out: tx }));
+            links.push(Some(Link {
+                conn,
+                out: tx,
+                slots: link_slots,
+            }));
         }
         let _ = self.links.set(links);
         self.tasks

@@ -14,8 +14,9 @@
 //!   regions hold little-endian bytes, as the wire does (on a big-endian machine `finish`
 //!   turns each element around, the one pass it makes there).
 //! - A [`Blob`] is what a send or a receive carries: shared bytes, a filled region of a
-//!   landing, or a range of the caller's input tensor read where it lies. The plaintext plane
-//!   writes each from where it is; QUIC takes bytes (a copy for the last two).
+//!   landing, a range of the caller's input tensor read where it lies, or a slot of a peer's
+//!   shared-memory segment (`shm.rs`). The plaintext plane writes each from where it is; QUIC
+//!   takes bytes (a copy for the others).
 //!
 //! This module holds the collectives' only shared writes, and so their unsafe code. Its
 //! invariants: a region is claimed once ([`Landing::claim`] refuses any overlap with a region
@@ -39,6 +40,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Notify;
 
 use super::element::{Element, Elements, Input};
+use super::shm::Received;
 use super::CollectiveError;
 
 /// A result buffer filled region by region (module doc).
@@ -371,6 +373,9 @@ pub(crate) enum Blob {
     Landed(Filled),
     /// A byte range of this member's input tensor, read where it lies.
     Input(Input, Range<usize>),
+    /// A chunk in a slot of a peer's shared-memory segment, read where its sender put it
+    /// (`shm.rs`); the slot goes back when the last clone drops.
+    Slot(Arc<Received>),
 }
 
 impl Blob {
@@ -379,6 +384,7 @@ impl Blob {
             Blob::Bytes(bytes) => bytes.len(),
             Blob::Landed(filled) => filled.range.len(),
             Blob::Input(_, range) => range.len(),
+            Blob::Slot(received) => received.len(),
         }
     }
 
@@ -388,6 +394,7 @@ impl Blob {
             Blob::Bytes(bytes) => Ok(f(bytes)),
             Blob::Landed(filled) => Ok(f(filled.bytes())),
             Blob::Input(input, range) => input.read(range.clone(), f),
+            Blob::Slot(received) => Ok(f(received.bytes())),
         }
     }
 

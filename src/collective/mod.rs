@@ -30,6 +30,7 @@ mod nccl;
 mod ops;
 mod plain;
 mod replica;
+mod shm;
 mod span;
 mod wire;
 

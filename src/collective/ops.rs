@@ -487,8 +487,10 @@ async fn reduce_scatter_ring(
         let k = (r + 2 * n - s - 2) % n;
         for (c, chunk) in chunks(segment(len, n, k), es, g.config.chunk_bytes).enumerate() {
             let range = bytes_of(chunk, es);
+            // Where it came: in bytes of its own, or in a slot of the sender's shared memory,
+            // read from there (never copied out first).
             let partial = g
-                .recv(
+                .recv_blob(
                     prev,
                     seq,
                     tag(Phase::ReduceScatter, s, c),
@@ -498,19 +500,29 @@ async fn reduce_scatter_ring(
                 .await?;
             // `partial op own`: the group's order (module doc).
             if s + 1 < n - 1 {
-                let acc = data.read(range.clone(), |mine| match partial.try_into_mut() {
-                    // Into the partial's own buffer, just written and not shared: no fresh
-                    // memory to fault in or pull through the cache.
-                    Ok(mut acc) => {
-                        reduce_assign(call.element, op, &mut acc, mine);
-                        acc.freeze()
+                let acc = match partial {
+                    Blob::Bytes(partial) => {
+                        data.read(range.clone(), |mine| match partial.try_into_mut() {
+                            // Into the partial's own buffer, just written and not shared: no
+                            // fresh memory to fault in or pull through the cache.
+                            Ok(mut acc) => {
+                                reduce_assign(call.element, op, &mut acc, mine);
+                                acc.freeze()
+                            }
+                            Err(partial) => reduced(call.element, op, &partial, mine),
+                        })?
                     }
-                    Err(partial) => reduced(call.element, op, &partial, mine),
-                })?;
+                    elsewhere => elsewhere.read(|partial| {
+                        data.read(range.clone(), |mine| {
+                            reduced(call.element, op, partial, mine)
+                        })
+                    })??,
+                };
                 g.send(next, seq, tag(Phase::ReduceScatter, s + 1, c), call, acc);
             } else {
-                let done =
-                    data.read(range.clone(), |mine| finish(range.clone(), &partial, mine))??;
+                let done = partial.read(|partial| {
+                    data.read(range.clone(), |mine| finish(range.clone(), partial, mine))
+                })???;
                 if then_gather {
                     g.send(next, seq, tag(Phase::AllGather, 0, c), call, done);
                 }

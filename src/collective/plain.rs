@@ -26,7 +26,7 @@
 //! state machine stays in `group.rs`.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -39,13 +39,34 @@ use tokio::time::Instant;
 
 use super::group::{Outgoing, Shared, Unanswered};
 use super::landing::{Blob, Writable};
+use super::shm::{Borrower, Lender, Offer, Segment};
 use super::wire::Wire;
-use super::CollectiveError;
+use super::{CollectiveError, GroupConfig};
 
 /// Bytes a dialer sends first: the token (16) and the epoch (8), little-endian.
 const HELLO_BYTES: usize = 24;
 /// How long an accepted connection may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A link's first `u32` where it is not a chunk header's length: a control frame. A slot
+/// given back (`u32` slot).
+const CREDIT: u32 = u32::MAX;
+/// A segment offered (`u16` name length, the name, `u32` slots, `u64` slot bytes, `u128`
+/// probe).
+const OFFER: u32 = u32::MAX - 1;
+/// The answer to an offer (`u8`: 1 taken, 0 not).
+const ANSWER: u32 = u32::MAX - 2;
+/// Set in a chunk's blob length when its payload is in a slot; the slot's `u32` follows.
+const IN_SLOT: u64 = 1 << 63;
+/// The least payload that goes through shared memory, where slots are larger than four times
+/// this: a segment is made for a link only once a chunk this large goes over it, and smaller
+/// chunks cost little on TCP. With smaller slots (a small `chunk_bytes`), a quarter of a slot.
+const SLOT_MIN_BYTES: usize = 16 * 1024;
+/// The longest segment name a peer may offer.
+const NAME_MAX: usize = 64;
+/// How long a chunk waits for a free slot before it goes over TCP instead (a receiver that
+/// holds every slot while it waits for a later chunk never stalls the link for good).
+const SLOT_WAIT: Duration = Duration::from_millis(20);
 
 /// A token the acceptor issued to one peer for one epoch's link.
 pub(crate) type Token = u128;
@@ -98,16 +119,308 @@ pub(crate) async fn dial(
     }
 }
 
-/// Writes the chunks queued for one peer, in order; a write error loses the member.
+/// What one link's two loops share: the shared-memory slots each way, once the two ends set
+/// them up (`shm.rs`).
+pub(crate) struct LinkSlots {
+    /// Whether this member offers and takes segments ([`GroupConfig::shared_memory`]).
+    enabled: bool,
+    /// The slots of a segment this member makes, and their size.
+    slots: u32,
+    slot_bytes: usize,
+    /// This member's segment: not made yet, offered, lent from, or not to be (refused, or it
+    /// could not be made).
+    out: Mutex<Outward>,
+    /// Slots of the peer's segment to give back, and answers to its offer: the sender loop
+    /// writes them ahead of its next chunk.
+    credits: mpsc::UnboundedSender<u32>,
+    answers: mpsc::UnboundedSender<bool>,
+    /// Told when the peer gives a slot back.
+    freed: tokio::sync::Notify,
+}
+
+/// Where a chunk's payload goes.
+enum Lend {
+    /// After its header on TCP (small, or no segment to lend from).
+    Tcp,
+    /// Every slot is lent.
+    Full,
+    /// Copied into this slot.
+    Slot(u32),
+}
+
+enum Outward {
+    None,
+    Offered(Segment),
+    Lending(Arc<Lender>),
+    Off,
+}
+
+/// What a link's sender loop takes from its reader loop: slots to give back and answers.
+pub(crate) struct Replies {
+    credits: mpsc::UnboundedReceiver<u32>,
+    answers: mpsc::UnboundedReceiver<bool>,
+}
+
+impl Replies {
+    /// The next control frame to write: a slot given back, or an answer to an offer.
+    async fn next(&mut self) -> Option<Vec<u8>> {
+        tokio::select! {
+            biased;
+            Some(slot) = self.credits.recv() => {
+                let mut frame = CREDIT.to_le_bytes().to_vec();
+                frame.extend_from_slice(&slot.to_le_bytes());
+                Some(frame)
+            }
+            Some(taken) = self.answers.recv() => {
+                let mut frame = ANSWER.to_le_bytes().to_vec();
+                frame.push(u8::from(taken));
+                Some(frame)
+            }
+            else => None,
+        }
+    }
+}
+
+impl LinkSlots {
+    pub(crate) fn new(config: &GroupConfig) -> (Arc<Self>, Replies) {
+        let slot_bytes = config.chunk_bytes.max(config.small_bytes_max).max(1);
+        let slots = super::shm::slots_within(2 * config.window.max(1), slot_bytes);
+        let (credits, credits_rx) = mpsc::unbounded_channel();
+        let (answers, answers_rx) = mpsc::unbounded_channel();
+        let link = Arc::new(Self {
+            enabled: config.shared_memory && slots >= 2,
+            slots,
+            slot_bytes,
+            out: Mutex::new(Outward::None),
+            credits,
+            answers,
+            freed: tokio::sync::Notify::new(),
+        });
+        let replies = Replies {
+            credits: credits_rx,
+            answers: answers_rx,
+        };
+        (link, replies)
+    }
+
+    /// The least chunk worth a slot (see [`SLOT_MIN_BYTES`]; never empty).
+    fn slot_min(&self) -> usize {
+        SLOT_MIN_BYTES.min(self.slot_bytes / 4).max(1)
+    }
+
+    /// Whether the peer took this member's segment (chunks worth a slot go through it).
+    pub(crate) fn lending(&self) -> bool {
+        matches!(*self.out(), Outward::Lending(_))
+    }
+
+    fn out(&self) -> std::sync::MutexGuard<'_, Outward> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The offer frame to write before a chunk of `len` bytes, if this is the first chunk
+    /// worth a segment (made now; where it cannot be, the link stays on TCP).
+    fn offer_before(&self, len: usize) -> Option<Vec<u8>> {
+        if !self.enabled || len < self.slot_min() {
+            return None;
+        }
+        let mut out = self.out();
+        if !matches!(*out, Outward::None) {
+            return None;
+        }
+        let (segment, offer) = match Segment::create(self.slots, self.slot_bytes) {
+            Ok(made) => made,
+            Err(e) => {
+                tracing::debug!("no shared-memory segment for a plaintext link: {e}");
+                *out = Outward::Off;
+                return None;
+            }
+        };
+        *out = Outward::Offered(segment);
+        let mut frame = Vec::with_capacity(4 + 2 + offer.name.len() + 4 + 8 + 16);
+        frame.extend_from_slice(&OFFER.to_le_bytes());
+        frame.extend_from_slice(&(offer.name.len() as u16).to_le_bytes());
+        frame.extend_from_slice(offer.name.as_bytes());
+        frame.extend_from_slice(&offer.slots.to_le_bytes());
+        frame.extend_from_slice(&offer.slot_bytes.to_le_bytes());
+        frame.extend_from_slice(&offer.probe.to_le_bytes());
+        Some(frame)
+    }
+
+    /// The slot `blob` was copied into, if the peer took this member's segment, the chunk is
+    /// worth it and a slot is free.
+    fn lend(&self, blob: &Blob) -> Result<Lend, CollectiveError> {
+        if blob.len() < self.slot_min() {
+            return Ok(Lend::Tcp);
+        }
+        let lender = match &*self.out() {
+            Outward::Lending(lender) if blob.len() <= lender.segment().slot_bytes() => {
+                lender.clone()
+            }
+            _ => return Ok(Lend::Tcp),
+        };
+        let slot = blob.read(|bytes| lender.lend(bytes))?;
+        Ok(slot.map_or(Lend::Full, Lend::Slot))
+    }
+
+    /// The peer answered this member's offer.
+    fn answered(&self, taken: bool) -> Result<(), String> {
+        let mut out = self.out();
+        match std::mem::replace(&mut *out, Outward::Off) {
+            Outward::Offered(segment) if taken => {
+                segment.unlink();
+                *out = Outward::Lending(Arc::new(Lender::new(segment)));
+                Ok(())
+            }
+            // Refused: the segment goes (its memory with it).
+            Outward::Offered(_) => Ok(()),
+            other => {
+                *out = other;
+                Err("it answered an offer this member did not make".into())
+            }
+        }
+    }
+
+    /// The peer gave `slot` back.
+    fn give_back(&self, slot: u32) -> Result<(), String> {
+        match &*self.out() {
+            Outward::Lending(lender) => lender.give_back(slot)?,
+            _ => return Err(format!("it gave back slot {slot} of no segment it took")),
+        }
+        // A permit if no chunk waits now: the next to find the slots full looks again.
+        self.freed.notify_one();
+        Ok(())
+    }
+
+    /// Takes the peer's `offer` if this member can map its segment: the borrower to read its
+    /// slots from, or `None` (the answer, either way, goes back over the link).
+    fn take(&self, offer: &Offer) -> Option<Arc<Borrower>> {
+        let taken = if self.enabled {
+            match Segment::open(offer) {
+                Ok(segment) => Some(Borrower::new(segment, self.credits.clone())),
+                Err(e) => {
+                    tracing::debug!("a peer's shared-memory segment is not for this member: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let _ = self.answers.send(taken.is_some());
+        taken
+    }
+}
+
+/// Writes the chunks queued for one peer, in order, and ahead of them the slots and answers
+/// its reader loop has for the peer; a write error loses the member.
 pub(crate) async fn send_loop(
     group: Weak<Shared>,
     peer: NodeId,
     mut writer: OwnedWriteHalf,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     unanswered: Unanswered,
+    link: Arc<LinkSlots>,
+    mut replies: Replies,
 ) {
-    while let Some(out) = queue.recv().await {
-        let Some(shared) = group.upgrade() else { break };
+    let lost = |e: std::io::Error| {
+        if let Some(shared) = group.upgrade() {
+            shared.fail(
+                CollectiveError::MemberLost {
+                    node: peer.clone(),
+                    epoch: shared.epoch,
+                    reason: format!("its TCP link failed: {e}"),
+                },
+                true,
+            );
+        }
+    };
+    let mut sender = Sender {
+        writer: &mut writer,
+        link: &link,
+        replies: &mut replies,
+        peer: &peer,
+    };
+    loop {
+        tokio::select! {
+            biased;
+            Some(control) = sender.replies.next() => {
+                if !sender.write_control(&control).await {
+                    break;
+                }
+            }
+            out = queue.recv() => match out {
+                Some(out) => {
+                    if !sender.send_chunk(&group, &unanswered, out, &lost).await {
+                        break;
+                    }
+                }
+                None => break,
+            },
+        }
+    }
+}
+
+/// A link's writing side, as its sender loop runs it.
+struct Sender<'a> {
+    writer: &'a mut OwnedWriteHalf,
+    link: &'a LinkSlots,
+    replies: &'a mut Replies,
+    peer: &'a NodeId,
+}
+
+impl Sender<'_> {
+    /// Writes a control frame; `false` if the link ended.
+    async fn write_control(&mut self, control: &[u8]) -> bool {
+        if let Err(e) = self.writer.write_all(control).await {
+            // A slot given back or an answer to a peer that went away (its last call done,
+            // its process gone): it needs neither. Were it still there, it would see this
+            // link end (the writer drops with the loop) and lose this member only if it
+            // waits for a chunk from it (`Shared::link_ended`).
+            tracing::debug!(peer = %self.peer, "a plaintext link ended while giving back a slot: {e}");
+            return false;
+        }
+        true
+    }
+
+    /// Where `blob` goes: a slot as soon as one is free, waiting at most [`SLOT_WAIT`] (its
+    /// own control frames written meanwhile, so that two members waiting for each other's
+    /// slots give them back); after that, TCP. `None` if the link ended meanwhile.
+    async fn place(&mut self, blob: &Blob) -> Option<Result<Lend, CollectiveError>> {
+        let lent = self.link.lend(blob);
+        if !matches!(lent, Ok(Lend::Full)) {
+            return Some(lent);
+        }
+        let deadline = Instant::now() + SLOT_WAIT;
+        loop {
+            tokio::select! {
+                biased;
+                Some(control) = self.replies.next() => {
+                    if !self.write_control(&control).await {
+                        return None;
+                    }
+                }
+                () = self.link.freed.notified() => {
+                    let lent = self.link.lend(blob);
+                    if !matches!(lent, Ok(Lend::Full)) {
+                        return Some(lent);
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => return Some(Ok(Lend::Tcp)),
+            }
+        }
+    }
+
+    /// Writes one chunk: its header, and its payload after it or in a slot. `false` if the
+    /// link is done (the group went or broke, or the link ended).
+    async fn send_chunk(
+        &mut self,
+        group: &Weak<Shared>,
+        unanswered: &Unanswered,
+        out: Outgoing,
+        lost: &impl Fn(std::io::Error),
+    ) -> bool {
+        let Some(shared) = group.upgrade() else {
+            return false;
+        };
         let data = Wire::Data {
             epoch: shared.epoch,
             seq: out.seq,
@@ -121,42 +434,48 @@ pub(crate) async fn send_loop(
                     CollectiveError::Tensor(format!("encoding a chunk: {e}")),
                     true,
                 );
-                break;
+                return false;
             }
         };
         drop(shared);
-        let mut prefix = Vec::with_capacity(4 + header.len() + 8);
+        let len = out.blob.len();
+        let mut prefix = self.link.offer_before(len).unwrap_or_default();
+        let Some(lent) = self.place(&out.blob).await else {
+            return false;
+        };
         prefix.extend_from_slice(&(header.len() as u32).to_le_bytes());
         prefix.extend_from_slice(&header);
-        prefix.extend_from_slice(&(out.blob.len() as u64).to_le_bytes());
+        if let Ok(Lend::Slot(slot)) = lent {
+            prefix.extend_from_slice(&(len as u64 | IN_SLOT).to_le_bytes());
+            prefix.extend_from_slice(&slot.to_le_bytes());
+        } else {
+            prefix.extend_from_slice(&(len as u64).to_le_bytes());
+        }
+        let writer = &mut *self.writer;
         let written = async {
+            let lent = lent.map_err(Unsent::Blob)?;
             writer.write_all(&prefix).await.map_err(Unsent::Link)?;
-            match &out.blob {
-                Blob::Bytes(bytes) => writer.write_all(bytes).await.map_err(Unsent::Link),
-                in_place => write_in_place(&writer, in_place).await,
+            match (&out.blob, lent) {
+                (_, Lend::Slot(_)) => Ok(()),
+                (Blob::Bytes(bytes), _) => writer.write_all(bytes).await.map_err(Unsent::Link),
+                (in_place, _) => write_in_place(writer, in_place).await,
             }
         }
         .await;
         unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         drop(out.blob);
-        if let Err(Unsent::Blob(err)) = written {
-            if let Some(shared) = group.upgrade() {
-                shared.fail(err, true);
+        match written {
+            Ok(()) => true,
+            Err(Unsent::Blob(err)) => {
+                if let Some(shared) = group.upgrade() {
+                    shared.fail(err, true);
+                }
+                false
             }
-            break;
-        }
-        if let Err(Unsent::Link(e)) = written {
-            if let Some(shared) = group.upgrade() {
-                shared.fail(
-                    CollectiveError::MemberLost {
-                        node: peer.clone(),
-                        epoch: shared.epoch,
-                        reason: format!("its TCP link failed: {e}"),
-                    },
-                    true,
-                );
+            Err(Unsent::Link(e)) => {
+                lost(e);
+                false
             }
-            break;
         }
     }
 }
@@ -191,57 +510,83 @@ async fn write_in_place(writer: &OwnedWriteHalf, blob: &Blob) -> Result<(), Unse
 }
 
 /// Reads one peer's chunks (`from` is its rank) into the group's inbox, at most `window`
-/// unread at a time; the end of the stream or a malformed frame loses the member.
+/// unread at a time, and the control frames between them (slots given back, offers and
+/// answers: read whatever the window, so that the peer's credits never wait behind it); the
+/// end of the stream or a malformed frame loses the member.
 pub(crate) async fn read_loop(
     group: Weak<Shared>,
     from: usize,
     peer: NodeId,
     mut reader: OwnedReadHalf,
     window: usize,
+    link: Arc<LinkSlots>,
 ) {
     let credits = Arc::new(Semaphore::new(window.max(1)));
+    let mut borrower: Option<Arc<Borrower>> = None;
     loop {
-        let Ok(permit) = credits.clone().acquire_owned().await else {
-            return;
-        };
         let (epoch, frame_max) = match group.upgrade() {
             Some(shared) => (shared.epoch, shared.header_max as u64),
             None => return,
         };
-        let read = read_frame(&mut reader, frame_max, |wire, blob_len| {
-            // A chunk whose place in the result is known is received straight into it.
-            let Wire::Data {
-                epoch: sent,
-                seq,
-                tag,
-                ..
-            } = wire
-            else {
-                return None;
-            };
-            let shared = group.upgrade()?;
-            let region = (*sent == epoch)
-                .then(|| shared.take_landing(from, *seq, *tag))
-                .flatten()?;
-            (region.len() as u64 == blob_len).then_some(region)
-        })
-        .await;
+        let read = match reader.read_u32_le().await {
+            Err(e) => Err(ended(e)),
+            Ok(first @ (CREDIT | OFFER | ANSWER)) => {
+                match read_control(&mut reader, first, &link, &mut borrower).await {
+                    Ok(()) => continue,
+                    Err(e) => Err(e),
+                }
+            }
+            Ok(header_len) => {
+                let Ok(permit) = credits.clone().acquire_owned().await else {
+                    return;
+                };
+                read_frame(
+                    &mut reader,
+                    header_len as u64,
+                    frame_max,
+                    borrower.as_ref(),
+                    |wire, blob_len| {
+                        // A chunk whose place in the result is known is received straight
+                        // into it.
+                        let Wire::Data {
+                            epoch: sent,
+                            seq,
+                            tag,
+                            ..
+                        } = wire
+                        else {
+                            return None;
+                        };
+                        let shared = group.upgrade()?;
+                        let region = (*sent == epoch)
+                            .then(|| shared.take_landing(from, *seq, *tag))
+                            .flatten()?;
+                        (region.len() as u64 == blob_len).then_some(region)
+                    },
+                )
+                .await
+                .map(|read| (read, permit))
+            }
+        };
         let Some(shared) = group.upgrade() else {
             return;
         };
         match read {
             Ok((
-                Wire::Data {
-                    epoch: sent,
-                    seq,
-                    tag,
-                    call,
-                },
-                blob,
+                (
+                    Wire::Data {
+                        epoch: sent,
+                        seq,
+                        tag,
+                        call,
+                    },
+                    blob,
+                ),
+                permit,
             )) if sent == epoch => {
                 shared.deliver_plain(from, seq, tag, call, blob, permit);
             }
-            Ok((other, _)) => {
+            Ok(((other, _), _)) => {
                 shared.fail(
                     CollectiveError::Link {
                         node: peer.clone(),
@@ -273,6 +618,51 @@ pub(crate) async fn read_loop(
     }
 }
 
+fn ended(e: std::io::Error) -> ReadError {
+    ReadError::Ended(format!("its TCP link ended: {e}"))
+}
+
+/// Reads and applies the control frame that began with `first`.
+async fn read_control(
+    reader: &mut OwnedReadHalf,
+    first: u32,
+    link: &LinkSlots,
+    borrower: &mut Option<Arc<Borrower>>,
+) -> Result<(), ReadError> {
+    match first {
+        CREDIT => {
+            let slot = reader.read_u32_le().await.map_err(ended)?;
+            link.give_back(slot).map_err(ReadError::Malformed)
+        }
+        ANSWER => {
+            let taken = reader.read_u8().await.map_err(ended)?;
+            link.answered(taken == 1).map_err(ReadError::Malformed)
+        }
+        _ => {
+            let name_len = reader.read_u16_le().await.map_err(ended)? as usize;
+            if name_len > NAME_MAX {
+                return Err(ReadError::Malformed(format!(
+                    "a segment name of {name_len} bytes (limit {NAME_MAX})"
+                )));
+            }
+            let mut name = vec![0u8; name_len];
+            reader.read_exact(&mut name).await.map_err(ended)?;
+            let offer = Offer {
+                name: String::from_utf8(name)
+                    .map_err(|_| ReadError::Malformed("a segment name that is not UTF-8".into()))?,
+                slots: reader.read_u32_le().await.map_err(ended)?,
+                slot_bytes: reader.read_u64_le().await.map_err(ended)?,
+                probe: reader.read_u128_le().await.map_err(ended)?,
+            };
+            if borrower.is_some() {
+                return Err(ReadError::Malformed("it offered a second segment".into()));
+            }
+            *borrower = link.take(&offer);
+            Ok(())
+        }
+    }
+}
+
 /// Why a link's next frame could not be read.
 enum ReadError {
     /// The connection ended (closed or reset): the member is lost if a chunk it owed is
@@ -282,15 +672,17 @@ enum ReadError {
     Malformed(String),
 }
 
-/// One frame: its header decoded and its blob, received into the region `landing(header,
-/// blob length)` gives, or into bytes of its own.
+/// One chunk after its header's length: its header decoded and its blob, received into the
+/// region `landing(header, blob length)` gives, or into bytes of its own; a blob in a slot of
+/// the peer's segment (`borrowed`) is copied into that region, or stays where it is.
 async fn read_frame(
     reader: &mut OwnedReadHalf,
+    header_len: u64,
     frame_max: u64,
+    borrowed: Option<&Arc<Borrower>>,
     landing: impl FnOnce(&Wire, u64) -> Option<Writable>,
 ) -> Result<(Wire, Blob), ReadError> {
-    let io = |e: std::io::Error| ReadError::Ended(format!("its TCP link ended: {e}"));
-    let header_len = reader.read_u32_le().await.map_err(io)? as u64;
+    let io = ended;
     if header_len > frame_max {
         return Err(ReadError::Malformed(format!(
             "a chunk header of {header_len} bytes (limit {frame_max})"
@@ -299,6 +691,12 @@ async fn read_frame(
     let mut header = vec![0u8; header_len as usize];
     reader.read_exact(&mut header).await.map_err(io)?;
     let blob_len = reader.read_u64_le().await.map_err(io)?;
+    let slot = if blob_len & IN_SLOT != 0 {
+        Some(reader.read_u32_le().await.map_err(io)?)
+    } else {
+        None
+    };
+    let blob_len = blob_len & !IN_SLOT;
     if blob_len > frame_max {
         return Err(ReadError::Malformed(format!(
             "a chunk of {blob_len} bytes (limit {frame_max})"
@@ -311,6 +709,26 @@ async fn read_frame(
     let wire = frame
         .decode::<Wire>(frame_max as u32)
         .map_err(|e| ReadError::Malformed(format!("a chunk header that does not decode: {e}")))?;
+    if let Some(slot) = slot {
+        let Some(borrowed) = borrowed else {
+            return Err(ReadError::Malformed(format!(
+                "a chunk in slot {slot} of no segment this member took"
+            )));
+        };
+        let received = borrowed
+            .take(slot, blob_len)
+            .map_err(ReadError::Malformed)?;
+        // Copied into its place if it has one: the slot goes back at once.
+        let blob = match landing(&wire, blob_len) {
+            Some(region) => Blob::Landed(
+                region
+                    .copy_from(received.bytes())
+                    .map_err(|e| ReadError::Malformed(e.to_string()))?,
+            ),
+            None => Blob::Slot(Arc::new(received)),
+        };
+        return Ok((wire, blob));
+    }
     if let Some(region) = landing(&wire, blob_len) {
         let filled = region.read_from(reader).await.map_err(io)?;
         return Ok((wire, Blob::Landed(filled)));

@@ -1,0 +1,434 @@
+//! Shared-memory slots between two members of the plaintext plane that run on one host: a
+//! chunk's payload is copied once into a slot the sender owns, and the receiver reads it from
+//! there (into its place in the result, or reducing straight from it), instead of two copies
+//! through the kernel's TCP stack. The TCP link still carries every chunk's header, in order,
+//! and the slot's number: it wakes the receiver, keeps the order, and its end still tells that
+//! a member went away. Like the plane itself, for members that trust each other.
+//!
+//! A sender makes its segment when it first has a chunk worth a slot ([`Segment::create`]):
+//! a file of `/dev/shm` made afresh under a random name (mode 0600), every page reserved at
+//! once (a full tmpfs is then a refusal here, not a `SIGBUS` on a later write), a header with a
+//! random probe. It offers the name, the slot count and size, and the probe over the link; the
+//! receiver opens that file read-only ([`Segment::open`]): only a name of the form it makes,
+//! a regular file of exactly that size, carrying that probe. So a peer on another host, in
+//! another `/dev/shm` (a container), or of another user fails to open it, answers no, and the
+//! link goes on over TCP alone. Either side unlinks the file as soon as both have it mapped; a
+//! mapping lives on after its file is gone.
+//!
+//! A slot is the sender's to write until the receiver gives it back (a credit on the reverse
+//! direction of the link) once it no longer reads it: at once for a chunk copied into its
+//! place, when the chunk is consumed otherwise ([`Received`] dropped). A sender with no free
+//! slot sends that chunk over TCP instead; it never waits for one. A receiver refuses a slot
+//! number out of range or one it still holds, and a sender a credit for a slot it did not lend.
+//!
+//! The memory is shared with another process, which Rust's model does not see: the bytes of a
+//! slot are read only between the frame that lends it and the credit that returns it, during
+//! which a well-behaved sender does not touch it (the frame's write and read are system calls,
+//! after a fence on each side). A sender that writes a lent slot anyway can change what the
+//! receiver reads, as a peer on TCP can send anything: the plane trusts its members.
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex};
+
+use memmap2::{MmapOptions, MmapRaw};
+use tokio::sync::mpsc;
+
+/// Where segments are made: the host's shared-memory file system.
+const SHM_DIR: &str = "/dev/shm";
+/// The start of every segment's name (followed by 32 hex digits).
+const NAME_PREFIX: &str = "cohort-";
+/// A segment's header: magic (8), probe (16), padding to a cache line.
+const HEADER_BYTES: usize = 64;
+const MAGIC: [u8; 8] = *b"cohortsm";
+/// Bounds an offer must keep (a peer's offer is input), and so every segment made here.
+pub(crate) const SLOTS_MAX: u32 = 1024;
+pub(crate) const SEGMENT_BYTES_MAX: usize = 256 << 20;
+
+/// How many slots of `slot_bytes` a segment may have, at most `wanted` (0: none fit).
+pub(crate) fn slots_within(wanted: usize, slot_bytes: usize) -> u32 {
+    let fit = (SEGMENT_BYTES_MAX - HEADER_BYTES) / slot_bytes.max(1);
+    wanted.min(fit).min(SLOTS_MAX as usize) as u32
+}
+
+/// What a sender tells its receiver of its segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub(crate) name: String,
+    pub(crate) slots: u32,
+    pub(crate) slot_bytes: u64,
+    pub(crate) probe: u128,
+}
+
+/// A mapped segment: `slots` slots of `slot_bytes` after the header.
+pub(crate) struct Segment {
+    map: MmapRaw,
+    slots: u32,
+    slot_bytes: usize,
+    /// The file, while this side may still have to unlink it.
+    path: Mutex<Option<PathBuf>>,
+}
+
+// SAFETY: the mapping is plain memory; which bytes each side writes or reads when is the
+// slot protocol's (module doc), enforced by `Lent` and `Received`, which own their slots.
+unsafe impl Send for Segment {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Segment {}
+
+fn segment_bytes(slots: u32, slot_bytes: u64) -> Option<usize> {
+    let bytes = usize::try_from(slot_bytes)
+        .ok()?
+        .checked_mul(slots as usize)?
+        .checked_add(HEADER_BYTES)?;
+    (slots > 0 && slots <= SLOTS_MAX && slot_bytes > 0 && bytes <= SEGMENT_BYTES_MAX)
+        .then_some(bytes)
+}
+
+impl Segment {
+    /// A fresh segment of `slots` slots of `slot_bytes`, and its offer.
+    pub(crate) fn create(slots: u32, slot_bytes: usize) -> io::Result<(Segment, Offer)> {
+        let bytes = segment_bytes(slots, slot_bytes as u64)
+            .ok_or_else(|| io::Error::other(format!("{slots} slots of {slot_bytes} bytes")))?;
+        let probe = rand::random::<u128>();
+        let name = format!("{NAME_PREFIX}{:032x}", rand::random::<u128>());
+        let path = PathBuf::from(SHM_DIR).join(&name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)?;
+        let made = (|| {
+            // Every page now: a tmpfs that is full refuses here, instead of killing this
+            // process with SIGBUS when a slot is first written.
+            // SAFETY: a valid descriptor of a file this function just opened.
+            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+            let map = MmapOptions::new().len(bytes).map_raw(&file)?;
+            let mut header = [0u8; HEADER_BYTES];
+            header[..8].copy_from_slice(&MAGIC);
+            header[8..24].copy_from_slice(&probe.to_le_bytes());
+            // SAFETY: the mapping is at least `HEADER_BYTES` long, and nobody else has it yet.
+            unsafe {
+                std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_mut_ptr(), HEADER_BYTES)
+            };
+            Ok(map)
+        })();
+        let map = match made {
+            Ok(map) => map,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        let offer = Offer {
+            name,
+            slots,
+            slot_bytes: slot_bytes as u64,
+            probe,
+        };
+        let segment = Segment {
+            map,
+            slots,
+            slot_bytes,
+            path: Mutex::new(Some(path)),
+        };
+        Ok((segment, offer))
+    }
+
+    /// Maps a peer's segment read-only, after checking its name, type, size and probe, and
+    /// unlinks its file (module doc).
+    pub(crate) fn open(offer: &Offer) -> io::Result<Segment> {
+        let refused = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        let digits = offer.name.strip_prefix(NAME_PREFIX).unwrap_or("");
+        if digits.len() != 32 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(refused(format!("a segment named {:?}", offer.name)));
+        }
+        let bytes = segment_bytes(offer.slots, offer.slot_bytes).ok_or_else(|| {
+            refused(format!(
+                "a segment of {} slots of {} bytes",
+                offer.slots, offer.slot_bytes
+            ))
+        })?;
+        let path = PathBuf::from(SHM_DIR).join(&offer.name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)?;
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() || meta.len() != bytes as u64 {
+            return Err(refused(format!(
+                "{} is not a segment of {bytes} bytes",
+                path.display()
+            )));
+        }
+        let map = MmapOptions::new().len(bytes).map_raw_read_only(&file)?;
+        let mut header = [0u8; HEADER_BYTES];
+        // SAFETY: the mapping is `bytes` >= `HEADER_BYTES` long; its maker wrote the header
+        // before it offered the segment.
+        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), header.as_mut_ptr(), HEADER_BYTES) };
+        if header[..8] != MAGIC || header[8..24] != offer.probe.to_le_bytes() {
+            return Err(refused(format!(
+                "{} does not carry the probe offered",
+                path.display()
+            )));
+        }
+        // Both sides have it mapped now (its maker since before the offer): the name can go.
+        let _ = std::fs::remove_file(&path);
+        Ok(Segment {
+            map,
+            slots: offer.slots,
+            slot_bytes: offer.slot_bytes as usize,
+            path: Mutex::new(None),
+        })
+    }
+
+    /// Removes the file if this side still has to (the mapping stays).
+    pub(crate) fn unlink(&self) {
+        if let Some(path) = self.path.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        debug_assert!(slot < self.slots);
+        // SAFETY: `slot < slots`, so the slot lies within the mapping (its size was checked
+        // against `slots * slot_bytes + HEADER_BYTES` when it was made or opened).
+        unsafe {
+            self.map
+                .as_mut_ptr()
+                .add(HEADER_BYTES + slot as usize * self.slot_bytes)
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.unlink();
+    }
+}
+
+/// The sender's side: its segment and which slots are free.
+pub(crate) struct Lender {
+    segment: Segment,
+    /// Per slot: lent to the receiver (not yet given back).
+    lent: Mutex<Vec<bool>>,
+}
+
+impl Lender {
+    pub(crate) fn new(segment: Segment) -> Self {
+        let lent = Mutex::new(vec![false; segment.slots as usize]);
+        Self { segment, lent }
+    }
+
+    pub(crate) fn segment(&self) -> &Segment {
+        &self.segment
+    }
+
+    /// Copies `bytes` (at most a slot) into a free slot and lends it: its number, or `None`
+    /// if every slot is lent or the bytes do not fit.
+    pub(crate) fn lend(&self, bytes: &[u8]) -> Option<u32> {
+        if bytes.len() > self.segment.slot_bytes {
+            return None;
+        }
+        let slot = {
+            let mut lent = self.lent.lock().unwrap_or_else(|p| p.into_inner());
+            let free = lent.iter().position(|l| !l)?;
+            lent[free] = true;
+            free as u32
+        };
+        // SAFETY: the slot lies in the mapping and holds at least `bytes.len()`; it was free,
+        // so the receiver does not read it (it gave it back), and this side marked it lent
+        // under the lock, so no other writer here has it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.segment.slot_ptr(slot), bytes.len())
+        };
+        // The receiver reads it after the frame that names it, written after this.
+        fence(Ordering::SeqCst);
+        Some(slot)
+    }
+
+    /// The receiver gave `slot` back; an error if it was not lent.
+    pub(crate) fn give_back(&self, slot: u32) -> Result<(), String> {
+        let mut lent = self.lent.lock().unwrap_or_else(|p| p.into_inner());
+        match lent.get_mut(slot as usize) {
+            Some(was) if *was => {
+                *was = false;
+                Ok(())
+            }
+            Some(_) => Err(format!("it gave back slot {slot}, which it did not hold")),
+            None => Err(format!(
+                "it gave back slot {slot} of a segment of {}",
+                lent.len()
+            )),
+        }
+    }
+}
+
+/// The receiver's side: the peer's segment, and which of its slots this side still reads.
+pub(crate) struct Borrower {
+    segment: Segment,
+    held: Mutex<Vec<bool>>,
+    /// Gives a slot back (the link's sender writes the credit).
+    credits: mpsc::UnboundedSender<u32>,
+}
+
+impl Borrower {
+    pub(crate) fn new(segment: Segment, credits: mpsc::UnboundedSender<u32>) -> Arc<Self> {
+        let held = Mutex::new(vec![false; segment.slots as usize]);
+        Arc::new(Self {
+            segment,
+            held,
+            credits,
+        })
+    }
+
+    /// The chunk of `len` bytes the peer lent in `slot`; an error naming what is wrong if the
+    /// slot does not exist, does not hold `len`, or is still held here.
+    pub(crate) fn take(self: &Arc<Self>, slot: u32, len: u64) -> Result<Received, String> {
+        if slot >= self.segment.slots || len > self.segment.slot_bytes as u64 {
+            return Err(format!(
+                "a chunk of {len} bytes in slot {slot} of a segment of {} slots of {} bytes",
+                self.segment.slots, self.segment.slot_bytes
+            ));
+        }
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if std::mem::replace(&mut held[slot as usize], true) {
+                return Err(format!(
+                    "it lent slot {slot} again before this member gave it back"
+                ));
+            }
+        }
+        fence(Ordering::SeqCst);
+        Ok(Received {
+            borrower: self.clone(),
+            slot,
+            len: len as usize,
+        })
+    }
+}
+
+/// A chunk read where its sender lent it; the slot goes back when this drops.
+pub(crate) struct Received {
+    borrower: Arc<Borrower>,
+    slot: u32,
+    len: usize,
+}
+
+impl Received {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the slot lies within the mapping and holds `len` bytes (checked by `take`);
+        // it is this `Received`'s until it drops (`held`), and its sender does not write it
+        // while it is lent (module doc).
+        unsafe { std::slice::from_raw_parts(self.borrower.segment.slot_ptr(self.slot), self.len) }
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        let borrower = &self.borrower;
+        borrower.held.lock().unwrap_or_else(|p| p.into_inner())[self.slot as usize] = false;
+        // A link that ended takes no credits any more.
+        let _ = borrower.credits.send(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(
+        slots: u32,
+        slot_bytes: usize,
+    ) -> (Lender, Arc<Borrower>, mpsc::UnboundedReceiver<u32>) {
+        let (segment, offer) = Segment::create(slots, slot_bytes).unwrap();
+        let theirs = Segment::open(&offer).unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Lender::new(segment), Borrower::new(theirs, tx), rx)
+    }
+
+    #[test]
+    fn a_lent_chunk_reads_back_and_its_slot_returns_when_dropped() {
+        let (lender, borrower, mut credits) = pair(2, 16);
+        let a = lender.lend(b"hello").unwrap();
+        let b = lender.lend(&[7u8; 16]).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(lender.lend(b"x"), None, "every slot is lent");
+        assert_eq!(lender.lend(&[0u8; 17]), None, "larger than a slot");
+        let got = borrower.take(a, 5).unwrap();
+        assert_eq!(got.bytes(), b"hello");
+        assert!(borrower.take(a, 5).is_err(), "a slot held here lent again");
+        drop(got);
+        assert_eq!(credits.try_recv().unwrap(), a);
+        lender.give_back(a).unwrap();
+        assert!(lender.give_back(a).is_err(), "given back twice");
+        assert!(lender.give_back(9).is_err(), "no such slot");
+        assert_eq!(lender.lend(b"again").unwrap(), a);
+    }
+
+    #[test]
+    fn a_receiver_refuses_slots_and_lengths_outside_the_segment() {
+        let (_lender, borrower, _credits) = pair(2, 16);
+        assert!(borrower.take(2, 1).is_err());
+        assert!(borrower.take(0, 17).is_err());
+    }
+
+    #[test]
+    fn only_a_segment_as_offered_opens_and_its_file_goes_once_both_have_it() {
+        let (segment, offer) = Segment::create(1, 8).unwrap();
+        let path = PathBuf::from(SHM_DIR).join(&offer.name);
+        assert!(path.exists());
+        for wrong in [
+            Offer {
+                probe: offer.probe ^ 1,
+                ..offer.clone()
+            },
+            Offer {
+                slot_bytes: 16,
+                ..offer.clone()
+            },
+            Offer {
+                name: "../etc/passwd".into(),
+                ..offer.clone()
+            },
+            Offer {
+                slots: SLOTS_MAX + 1,
+                ..offer.clone()
+            },
+        ] {
+            assert!(Segment::open(&wrong).is_err(), "{wrong:?} opened");
+        }
+        assert!(
+            path.exists(),
+            "a refused offer leaves the file to its maker"
+        );
+        let _theirs = Segment::open(&offer).unwrap();
+        assert!(!path.exists(), "the opener unlinks it");
+        drop(segment);
+    }
+
+    #[test]
+    fn a_segment_never_opened_is_unlinked_by_its_maker() {
+        let (segment, offer) = Segment::create(1, 8).unwrap();
+        let path = PathBuf::from(SHM_DIR).join(&offer.name);
+        drop(segment);
+        assert!(!path.exists());
+    }
+}
