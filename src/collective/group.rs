@@ -1536,13 +1536,18 @@ impl Shared {
             }
             self.unanswered
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            // A closed queue means the group is broken; the caller learns it on its next wait.
-            let _ = link.out.send(Outgoing {
+            // A closed queue means the group is broken or the link ended; the caller learns it
+            // on its next wait.
+            let queued = link.out.send(Outgoing {
                 seq,
                 tag,
                 call: call.clone(),
                 blob,
             });
+            if queued.is_err() {
+                self.unanswered
+                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
         }
     }
 

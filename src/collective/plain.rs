@@ -9,18 +9,24 @@
 //! that, tensors travel unencrypted and unauthenticated: anyone who can read or inject TCP
 //! segments between the members can read or change them.
 //!
-//! A link's frames: `u32` header length, the header (a bincode `Wire::Data`, as on QUIC),
-//! `u64` blob length, the blob; both lengths bounded by the transport's frame limit. The
-//! receiver reads the next frame only while it holds fewer than the group's `window` unread
-//! chunks of that sender (TCP's own flow control then holds the sender back), which is what a
-//! request's late answer does on QUIC. A chunk whose region of the result the call expects
-//! (an all-reduce's all-gather) is read straight into it, others into a buffer of their own;
-//! a chunk that lies in the caller's input or in the result is written from there
-//! (`landing.rs`). A malformed frame or a failed write loses the member at
-//! once ([`CollectiveError::MemberLost`]); a link the peer closed loses it when a call waits for
-//! a chunk from it that never came (a member that finished its last call and exited closes its
-//! links before its peers took every chunk it sent, as they are entitled to). Control messages
-//! (`Abort`, probes) stay on QUIC.
+//! A link's chunk frames: `u32` header length, the header (a bincode `Wire::Data`, as on
+//! QUIC), `u64` blob length, the blob; both lengths bounded by the transport's frame limit.
+//! Between two members on one host the blob is in shared memory instead (`shm.rs`): the blob
+//! length carries [`IN_SLOT`] and a `u32` slot number follows in place of the blob. Between
+//! chunk frames, never inside one, a link carries the shared-memory control frames, whose first
+//! `u32` is one no header length can be: a segment offered ([`OFFER`]), the answer
+//! ([`ANSWER`]), a slot given back ([`CREDIT`]). The receiver reads the next chunk frame only
+//! while it holds fewer than the group's `window` unread chunks of that sender (TCP's own flow
+//! control then holds the sender back), which is what a request's late answer does on QUIC;
+//! control frames ahead of it are read whatever the window. A chunk whose region of the result
+//! the call expects (an all-reduce's all-gather) is read straight into it (or copied there from
+//! its slot), others into a buffer of their own (or left in their slot); a chunk that lies in
+//! the caller's input or in the result is written from there (`landing.rs`). A malformed frame
+//! or a failed write of a chunk loses the member at once ([`CollectiveError::MemberLost`]); a
+//! link the peer closed loses it when a call waits for a chunk from it that never came (a
+//! member that finished its last call and exited closes its links before its peers took every
+//! chunk it sent, as they are entitled to, and before it took their slots back). The group's
+//! control messages (`Abort`, probes) stay on QUIC.
 //!
 //! This module owns the listener, the handshake and a link's two loops; the group's
 //! state machine stays in `group.rs`.
@@ -184,7 +190,7 @@ impl Replies {
 impl LinkSlots {
     pub(crate) fn new(config: &GroupConfig) -> (Arc<Self>, Replies) {
         let slot_bytes = config.chunk_bytes.max(config.small_bytes_max).max(1);
-        let slots = super::shm::slots_within(2 * config.window.max(1), slot_bytes);
+        let slots = super::shm::slots_within(config.window.max(1).saturating_mul(2), slot_bytes);
         let (credits, credits_rx) = mpsc::unbounded_channel();
         let (answers, answers_rx) = mpsc::unbounded_channel();
         let link = Arc::new(Self {
@@ -357,6 +363,12 @@ pub(crate) async fn send_loop(
             },
         }
     }
+    // Whatever is still queued will not be sent: it counts as unanswered no longer (a flush
+    // does not wait for it), and the group's later sends find the queue closed.
+    queue.close();
+    while queue.try_recv().is_ok() {
+        unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A link's writing side, as its sender loop runs it.
@@ -441,6 +453,7 @@ impl Sender<'_> {
         let len = out.blob.len();
         let mut prefix = self.link.offer_before(len).unwrap_or_default();
         let Some(lent) = self.place(&out.blob).await else {
+            unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             return false;
         };
         prefix.extend_from_slice(&(header.len() as u32).to_le_bytes());
@@ -511,7 +524,8 @@ async fn write_in_place(writer: &OwnedWriteHalf, blob: &Blob) -> Result<(), Unse
 
 /// Reads one peer's chunks (`from` is its rank) into the group's inbox, at most `window`
 /// unread at a time, and the control frames between them (slots given back, offers and
-/// answers: read whatever the window, so that the peer's credits never wait behind it); the
+/// answers: read whatever the window, so that a credit waits behind a chunk frame only, at
+/// most until the sender gives up waiting for a slot); the
 /// end of the stream or a malformed frame loses the member.
 pub(crate) async fn read_loop(
     group: Weak<Shared>,

@@ -6,7 +6,9 @@
 //! a member went away. Like the plane itself, for members that trust each other.
 //!
 //! A sender makes its segment when it first has a chunk worth a slot ([`Segment::create`]):
-//! a file of `/dev/shm` made afresh under a random name (mode 0600), every page reserved at
+//! a file of `/dev/shm` made afresh under a name of its process id and a random part (mode
+//! 0600; files of processes gone, left by one killed before its peer opened its segment, are
+//! removed then), every page reserved at
 //! once (a full tmpfs is then a refusal here, not a `SIGBUS` on a later write), a header with a
 //! random probe. It offers the name, the slot count and size, and the probe over the link; the
 //! receiver opens that file read-only ([`Segment::open`]): only a name of the form it makes,
@@ -18,7 +20,7 @@
 //! A slot is the sender's to write until the receiver gives it back (a credit on the reverse
 //! direction of the link) once it no longer reads it: at once for a chunk copied into its
 //! place, when the chunk is consumed otherwise ([`Received`] dropped). A sender with no free
-//! slot sends that chunk over TCP instead; it never waits for one. A receiver refuses a slot
+//! slot waits a little for one, then sends that chunk over TCP instead (`plain.rs`). A receiver refuses a slot
 //! number out of range or one it still holds, and a sender a credit for a slot it did not lend.
 //!
 //! The memory is shared with another process, which Rust's model does not see: the bytes of a
@@ -41,7 +43,8 @@ use tokio::sync::mpsc;
 
 /// Where segments are made: the host's shared-memory file system.
 const SHM_DIR: &str = "/dev/shm";
-/// The start of every segment's name (followed by 32 hex digits).
+/// The start of every segment's name (followed by the maker's process id, `-` and 32 hex
+/// digits).
 const NAME_PREFIX: &str = "cohort-";
 /// A segment's header: magic (8), probe (16), padding to a cache line.
 const HEADER_BYTES: usize = 64;
@@ -54,6 +57,61 @@ pub(crate) const SEGMENT_BYTES_MAX: usize = 256 << 20;
 pub(crate) fn slots_within(wanted: usize, slot_bytes: usize) -> u32 {
     let fit = (SEGMENT_BYTES_MAX - HEADER_BYTES) / slot_bytes.max(1);
     wanted.min(fit).min(SLOTS_MAX as usize) as u32
+}
+
+/// The process id in a segment's name, if the name is one [`Segment::create`] makes.
+fn maker_of(name: &str) -> Option<u32> {
+    let (pid, digits) = name.strip_prefix(NAME_PREFIX)?.split_once('-')?;
+    let made_here = !pid.is_empty()
+        && pid.len() <= 10
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && digits.len() == 32
+        && digits.bytes().all(|b| b.is_ascii_hexdigit());
+    made_here.then(|| pid.parse().ok()).flatten()
+}
+
+/// Removes the segments whose maker is gone (a process killed between making its segment and
+/// its peer's opening it leaves the file behind). Best effort; a process id reused since is
+/// taken for the maker, and its files stay.
+fn remove_left_behind() {
+    let Ok(entries) = std::fs::read_dir(SHM_DIR) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(maker_of) else {
+            continue;
+        };
+        let Ok(pid) = i32::try_from(pid) else {
+            continue;
+        };
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Reserves every page of `file`'s first `bytes` now: a tmpfs that is full refuses here,
+/// instead of killing this process with SIGBUS when a slot is first written.
+#[cfg(target_os = "linux")]
+fn reserve(file: &std::fs::File, bytes: usize) -> io::Result<()> {
+    let len = libc::off_t::try_from(bytes).map_err(io::Error::other)?;
+    // SAFETY: a valid descriptor of an open file.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Elsewhere pages cannot be reserved up front: no segments are made there (links stay on TCP).
+#[cfg(not(target_os = "linux"))]
+fn reserve(_: &std::fs::File, _: usize) -> io::Result<()> {
+    Err(io::Error::other(
+        "shared-memory segments are made on Linux only",
+    ))
 }
 
 /// What a sender tells its receiver of its segment.
@@ -94,8 +152,13 @@ impl Segment {
     pub(crate) fn create(slots: u32, slot_bytes: usize) -> io::Result<(Segment, Offer)> {
         let bytes = segment_bytes(slots, slot_bytes as u64)
             .ok_or_else(|| io::Error::other(format!("{slots} slots of {slot_bytes} bytes")))?;
+        remove_left_behind();
         let probe = rand::random::<u128>();
-        let name = format!("{NAME_PREFIX}{:032x}", rand::random::<u128>());
+        let name = format!(
+            "{NAME_PREFIX}{}-{:032x}",
+            std::process::id(),
+            rand::random::<u128>()
+        );
         let path = PathBuf::from(SHM_DIR).join(&name);
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -105,13 +168,7 @@ impl Segment {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)?;
         let made = (|| {
-            // Every page now: a tmpfs that is full refuses here, instead of killing this
-            // process with SIGBUS when a slot is first written.
-            // SAFETY: a valid descriptor of a file this function just opened.
-            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
-            if rc != 0 {
-                return Err(io::Error::from_raw_os_error(rc));
-            }
+            reserve(&file, bytes)?;
             let map = MmapOptions::new().len(bytes).map_raw(&file)?;
             let mut header = [0u8; HEADER_BYTES];
             header[..8].copy_from_slice(&MAGIC);
@@ -148,8 +205,7 @@ impl Segment {
     /// unlinks its file (module doc).
     pub(crate) fn open(offer: &Offer) -> io::Result<Segment> {
         let refused = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
-        let digits = offer.name.strip_prefix(NAME_PREFIX).unwrap_or("");
-        if digits.len() != 32 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if maker_of(&offer.name).is_none() {
             return Err(refused(format!("a segment named {:?}", offer.name)));
         }
         let bytes = segment_bytes(offer.slots, offer.slot_bytes).ok_or_else(|| {
@@ -159,9 +215,10 @@ impl Segment {
             ))
         })?;
         let path = PathBuf::from(SHM_DIR).join(&offer.name);
+        // Not blocking: a FIFO of that name must not hold this thread before it is refused.
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(&path)?;
         let meta = file.metadata()?;
         if !meta.file_type().is_file() || meta.len() != bytes as u64 {
@@ -409,6 +466,10 @@ mod tests {
                 ..offer.clone()
             },
             Offer {
+                name: offer.name.replacen('-', "-../", 1),
+                ..offer.clone()
+            },
+            Offer {
                 slots: SLOTS_MAX + 1,
                 ..offer.clone()
             },
@@ -422,6 +483,28 @@ mod tests {
         let _theirs = Segment::open(&offer).unwrap();
         assert!(!path.exists(), "the opener unlinks it");
         drop(segment);
+    }
+
+    #[test]
+    fn a_segment_left_behind_by_a_process_gone_is_removed_by_the_next_maker() {
+        // A process that has exited (reaped): its id names no process now.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let left = PathBuf::from(SHM_DIR).join(format!("{NAME_PREFIX}{gone}-{:032x}", 7u128));
+        std::fs::write(&left, b"left behind").unwrap();
+        let alive = PathBuf::from(SHM_DIR).join(format!(
+            "{NAME_PREFIX}{}-{:032x}",
+            std::process::id(),
+            9u128
+        ));
+        std::fs::write(&alive, b"still in use").unwrap();
+        let (_segment, _offer) = Segment::create(1, 8).unwrap();
+        let (left_there, alive_there) = (left.exists(), alive.exists());
+        let _ = std::fs::remove_file(&left);
+        let _ = std::fs::remove_file(&alive);
+        assert!(!left_there, "a dead maker's segment stays");
+        assert!(alive_there, "a live maker's segment went");
     }
 
     #[test]
