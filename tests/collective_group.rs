@@ -32,6 +32,33 @@ async fn cluster(n: u32, config: GroupConfig) -> Cluster {
     Cluster { endpoints, groups }
 }
 
+/// One mesh per config (worker/0, worker/1, ...), each on its own endpoint, and the members
+/// to form a group of, unformed: for members whose configs differ.
+fn meshes_of(
+    name: &str,
+    configs: impl IntoIterator<Item = GroupConfig>,
+) -> (Vec<Mesh>, Vec<GroupMember>) {
+    let ca = ClusterCa::generate(name).unwrap();
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    for (i, config) in configs.into_iter().enumerate() {
+        let node = NodeId::new("worker", i as u32);
+        let endpoint = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            ca.issue(&node).unwrap(),
+            TransportConfig::for_tests(),
+        )
+        .unwrap();
+        let mesh = Mesh::new(endpoint, config);
+        members.push(GroupMember {
+            node,
+            addr: mesh.local_addr().unwrap(),
+        });
+        meshes.push(mesh);
+    }
+    (meshes, members)
+}
+
 /// Member `rank`'s input: `len` f32 with fractional bits, so that the order of a sum shows.
 fn input(rank: usize, len: usize, salt: u32) -> Vec<f32> {
     (0..len)
@@ -421,28 +448,13 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_with(config:
 /// sends every chunk there, while the others still pass theirs through shared memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_shared_memory_gets_its_chunks_over_tcp_while_the_others_share() {
-    let ca = ClusterCa::generate("collective-shared-memory").unwrap();
-    let mut meshes = Vec::new();
-    let mut members = Vec::new();
-    for i in 0..3u32 {
-        let node = NodeId::new("worker", i);
-        let endpoint = Endpoint::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            ca.issue(&node).unwrap(),
-            TransportConfig::for_tests(),
-        )
-        .unwrap();
-        let config = GroupConfig {
+    let (meshes, members) = meshes_of(
+        "collective-shared-memory",
+        (0..3).map(|i| GroupConfig {
             shared_memory: i != 1,
             ..ring_config_with(true)
-        };
-        let mesh = Mesh::new(endpoint, config);
-        members.push(GroupMember {
-            node,
-            addr: mesh.local_addr().unwrap(),
-        });
-        meshes.push(mesh);
-    }
+        }),
+    );
     let groups: Vec<ProcessGroup> = bounded(
         "forming",
         join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
@@ -1111,29 +1123,14 @@ async fn forming_refuses_bad_membership_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() {
-    let ca = ClusterCa::generate("collective-planes").unwrap();
-    let mut meshes = Vec::new();
-    let mut members = Vec::new();
-    for (i, plaintext) in [(0u32, false), (1, true)] {
-        let node = NodeId::new("worker", i);
-        let endpoint = Endpoint::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            ca.issue(&node).unwrap(),
-            TransportConfig::for_tests(),
-        )
-        .unwrap();
-        let config = GroupConfig {
+    let (meshes, members) = meshes_of(
+        "collective-planes",
+        [false, true].map(|plaintext| GroupConfig {
             plaintext,
             form_timeout: Duration::from_secs(5),
             ..GroupConfig::for_tests()
-        };
-        let mesh = Mesh::new(endpoint, config);
-        members.push(GroupMember {
-            node,
-            addr: mesh.local_addr().unwrap(),
-        });
-        meshes.push(mesh);
-    }
+        }),
+    );
     let formed = bounded(
         "forming",
         join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
