@@ -11,6 +11,13 @@
 //! reduction, sizes that do not divide evenly, zero length and several buckets; the replicas
 //! of one process on every GPU; a broken group aborting a pending init, a pending all-reduce
 //! (2 GPUs) and the next call, and a new epoch needing a new communicator.
+//!
+//! MultiWorkerMirrored on NCCL (`Communication::Nccl`): without its GPU (any machine: a GPU
+//! past every visible one) the strategy is refused by key, naming what is missing, before a
+//! group forms, and so is `cohort mwms-member --communication nccl:N`. With a GPU: workers (1,
+//! or 2 with 2 GPUs) train the dense workload summing their gradients with NCCL and end where
+//! the ring ends (to 1e-5), every worker with the same bits; with 2 GPUs, an application error
+//! on one worker fails the other with it.
 #![cfg(feature = "nccl")]
 
 use std::path::PathBuf;
@@ -18,11 +25,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
+use cohort::cluster::ClusterConfig;
 use cohort::collective::{
-    loopback_group, nccl_version, visible_gpus, GroupConfig, NcclComm, NcclError, NcclId,
-    NcclLocal, ProcessGroup, Reduction,
+    loopback_group, nccl_version, visible_gpus, CollectiveError, GroupConfig, NcclComm, NcclError,
+    NcclId, NcclLocal, ProcessGroup, ProcessSpan, Reduction,
 };
-use cohort_transport::{Endpoint, NodeId, TransportConfig};
+use cohort::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
+use cohort::workloads::dense_sync::{self, collective_cause, DenseOutcome, Fault};
+use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
 use futures::future::join_all;
 
 /// Bound on any one scenario: a hang fails the test instead of stalling it.
@@ -141,12 +151,55 @@ fn bench_runs_or_says_skipped_without_a_gpu() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The bootstrap, without a GPU (this process needs libnccl on LD_LIBRARY_PATH).
+// The bootstrap and a span's NCCL sums, without a GPU (libnccl loaded in this process).
+
+/// Set in a test run again by [`nccl_loaded_here`].
+const RERUN_ENV: &str = "COHORT_TEST_NCCL_RERUN";
+
+/// Whether this process loads libnccl, so that `test`'s body can run here. If it does not and
+/// the nvidia-nccl wheel is installed, runs `test` again in a child of this test binary with
+/// `LD_LIBRARY_PATH` at the wheel (the loader reads it only when a process starts), asserts
+/// that it ran and passed, and returns false; without the wheel, says SKIPPED.
+fn nccl_loaded_here(test: &str) -> bool {
+    let err = match nccl_version() {
+        Ok(_) => return true,
+        Err(e) => e,
+    };
+    assert!(
+        std::env::var_os(RERUN_ENV).is_none(),
+        "{test}: run again with the wheel on LD_LIBRARY_PATH, libnccl still does not load: {err}"
+    );
+    let dir = match wheel_lib_dir() {
+        Ok(dir) => dir,
+        Err(why) => {
+            eprintln!("SKIPPED {test}: {err}; and no nvidia-nccl wheel: {why}");
+            return false;
+        }
+    };
+    let mut path = std::ffi::OsString::from(&dir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("LD_LIBRARY_PATH", path)
+        .env(RERUN_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} with libnccl from {}:\n{stdout}\n{stderr}",
+        dir.display()
+    );
+    false
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_gets_rank_0s_id_over_the_group() {
-    if let Err(e) = nccl_version() {
-        eprintln!("SKIPPED every_member_gets_rank_0s_id_over_the_group: {e}");
+    if !nccl_loaded_here("every_member_gets_rank_0s_id_over_the_group") {
         return;
     }
     let (_endpoints, groups) = group(3).await;
@@ -159,6 +212,90 @@ async fn every_member_gets_rank_0s_id_over_the_group() {
     let (again, others) = futures::future::join(again, others).await;
     assert_ne!(again.unwrap(), ids[0]);
     assert!(others.into_iter().all(|o| o.is_ok()));
+}
+
+#[test]
+fn a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot() {
+    if !nccl_loaded_here("a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot") {
+        return;
+    }
+    // A GPU past every visible one: on any machine, every member's communicator fails to
+    // start (no driver, or no such device) after the id went round the group.
+    let device = visible_gpus().map_or(0, |g| g.len());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (endpoints, groups) = runtime.block_on(group(2));
+    let spans: Vec<ProcessSpan> = groups
+        .iter()
+        .map(|g| {
+            ProcessSpan::new(g.clone(), runtime.handle().clone(), 1, 1 << 20).with_nccl(
+                device,
+                NCCL_TIMEOUT,
+                Duration::from_secs(2),
+            )
+        })
+        .collect();
+    assert_eq!(spans[0].nccl_device(), Some(device));
+    let on_each = |call: fn(&ProcessSpan, usize) -> Result<Vec<Tensor>, CollectiveError>| {
+        let threads: Vec<_> = spans
+            .iter()
+            .enumerate()
+            .map(|(r, span)| {
+                let span = span.clone();
+                std::thread::spawn(move || call(&span, r))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect::<Vec<_>>()
+    };
+    // Integers and empty lists are the group's: no communicator is made for them.
+    for out in on_each(|span, r| {
+        let ints = Tensor::new(&[r as i64 + 1, 10], &Device::Cpu).unwrap();
+        let mut summed = span.sum_many(&[ints])?;
+        assert!(span.sum_many(&[])?.is_empty());
+        summed.push(span.sum(&Tensor::new(&[2u8], &Device::Cpu).unwrap())?);
+        Ok(summed)
+    }) {
+        let out = out.unwrap();
+        assert_eq!(out[0].to_vec1::<i64>().unwrap(), vec![3, 20]);
+        assert_eq!(out[1].to_vec1::<u8>().unwrap(), vec![4]);
+    }
+    // f32 goes to NCCL, whose communicator cannot start: every member fails with one
+    // application error naming NCCL and the device, and the group is broken.
+    let started = std::time::Instant::now();
+    let outs = on_each(|span, _| {
+        let x = Tensor::new(&[1.5f32, 2.5], &Device::Cpu).unwrap();
+        span.sum(&x).map(|t| vec![t])
+    });
+    assert!(started.elapsed() < SCENARIO_MAX, "{:?}", started.elapsed());
+    let errors: Vec<CollectiveError> = outs.into_iter().map(Result::unwrap_err).collect();
+    for (r, err) in errors.iter().enumerate() {
+        match err {
+            CollectiveError::Application { message, epoch, .. } => {
+                assert_eq!(*epoch, 1, "member {r}: {err}");
+                assert!(message.contains("NCCL"), "member {r}: {message}");
+                assert!(
+                    message.contains(&format!("device {device}")) || message.contains("libcuda"),
+                    "member {r}: {message}"
+                );
+            }
+            other => panic!("member {r}: expected an application error, got {other}"),
+        }
+        assert_eq!(groups[r].broken().as_ref(), Some(err), "member {r}");
+    }
+    assert_eq!(errors[0], errors[1]);
+    // And every later call fails with it, on the group's path too.
+    let token = Tensor::new(&[1u8], &Device::Cpu).unwrap();
+    assert_eq!(spans[0].sum(&token).unwrap_err(), errors[0]);
+    drop(spans);
+    drop(groups);
+    drop(endpoints);
+    runtime.shutdown_background();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -507,5 +644,171 @@ async fn a_lost_peer_aborts_a_pending_all_reduce() {
     assert!(
         matches!(pending, Err(NcclError::Aborted { epoch: 1, .. })),
         "expected the pending all-reduce aborted at epoch 1, got {pending:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// MultiWorkerMirrored on NCCL.
+
+/// `n` workers on free loopback ports, their certificates in a fresh directory: the
+/// directory and each worker's cluster.
+fn mwms_cluster(name: &str, n: usize) -> (PathBuf, Vec<ClusterConfig>) {
+    let dir = std::env::temp_dir().join(format!("cohort-nccl-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = ClusterCa::generate(name).unwrap();
+    let mut addrs = Vec::new();
+    for i in 0..n {
+        ca.issue(&NodeId::new("worker", i as u32))
+            .unwrap()
+            .save(&dir)
+            .unwrap();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
+    }
+    let clusters = (0..n)
+        .map(|i| {
+            ClusterConfig::from_tf_config(&format!(
+                r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {i}}}}}"#,
+                addrs.join(", ")
+            ))
+            .unwrap()
+        })
+        .collect();
+    (dir, clusters)
+}
+
+#[test]
+fn multi_worker_mirrored_on_nccl_without_its_gpu_is_refused_by_key() {
+    let (dir, clusters) = mwms_cluster("refused", 1);
+    let visible = visible_gpus().map_or(0, |g| g.len());
+    // GPUs past every visible one: refused on any machine, before a group forms.
+    for device in [visible, visible + 63] {
+        let mut config = MultiWorkerConfig::new(clusters[0].clone(), &dir);
+        config.communication = Communication::Nccl { device };
+        match MultiWorkerMirrored::new(config) {
+            Err(StrategyError::Config { key, detail }) => {
+                assert_eq!(key, "communication", "{detail}");
+                assert!(detail.starts_with(&format!("nccl:{device}: ")), "{detail}");
+                assert!(
+                    detail.contains("no GPU") || detail.contains("cannot load"),
+                    "{detail}"
+                );
+            }
+            other => panic!("nccl:{device}: expected a config error, got {other:?}"),
+        }
+    }
+    // The worker process says it and exits 2 (a usage error).
+    let tf_config =
+        r#"{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}"#;
+    let device = (visible + 63).to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["mwms-member", "--certs"])
+        .arg(&dir)
+        .args(["--communication", &format!("nccl:{device}")])
+        .env("TF_CONFIG", tf_config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("communication: nccl:{device}: ")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const MWMS_STEPS: usize = 8;
+const MWMS_GLOBAL_BATCH: usize = 16;
+
+/// `workers` worker threads, 2 replicas each, train the dense workload with the communication
+/// `of(worker)`; worker `fails` (if any) fails its step 3 with an application error. Each
+/// worker's outcome.
+fn train_workers(
+    name: &str,
+    workers: usize,
+    of: fn(usize) -> Communication,
+    fails: Option<usize>,
+) -> Vec<Result<DenseOutcome, String>> {
+    let (dir, clusters) = mwms_cluster(name, workers);
+    let threads: Vec<_> = clusters
+        .into_iter()
+        .enumerate()
+        .map(|(i, cluster)| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let mut config = MultiWorkerConfig::new(cluster, dir).with_local_replicas(2);
+                config.communication = of(i);
+                let strategy = MultiWorkerMirrored::new(config).map_err(|e| e.to_string())?;
+                assert_eq!(strategy.communication(), of(i));
+                let fail_at = (fails == Some(i)).then_some((3, Fault::Error));
+                dense_sync::train_failing(
+                    &strategy,
+                    MWMS_STEPS,
+                    MWMS_GLOBAL_BATCH,
+                    7 + 1000 * i as u64,
+                    fail_at,
+                    &mut |_, _| {},
+                )
+                .map_err(|e| match collective_cause(&e) {
+                    Some(CollectiveError::Application { node, message, .. }) => {
+                        format!("application node={node} message={message}")
+                    }
+                    _ => e.to_string(),
+                })
+            })
+        })
+        .collect();
+    let outs = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    outs
+}
+
+#[test]
+fn multi_worker_mirrored_sums_on_nccl_as_on_the_ring() {
+    let Some(n_gpus) = gpus("multi_worker_mirrored_sums_on_nccl_as_on_the_ring") else {
+        return;
+    };
+    let workers = n_gpus.min(2);
+    let ring = train_workers("ring", workers, |_| Communication::Ring, None);
+    let nccl = train_workers("nccl", workers, |i| Communication::Nccl { device: i }, None);
+    let ring: Vec<DenseOutcome> = ring.into_iter().map(Result::unwrap).collect();
+    let nccl: Vec<DenseOutcome> = nccl.into_iter().map(Result::unwrap).collect();
+    for (w, out) in nccl.iter().enumerate() {
+        assert_eq!(out.variables, nccl[0].variables, "worker {w}'s bits");
+        assert_eq!(out.losses.len(), MWMS_STEPS);
+        for (name, want) in &ring[0].variables {
+            let got = &out.variables[name];
+            for (k, (a, b)) in got.iter().zip(want).enumerate() {
+                assert!((a - b).abs() <= 1e-5, "worker {w}: {name}[{k}] {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_application_error_on_one_worker_fails_the_other_on_nccl() {
+    let Some(n_gpus) = gpus("an_application_error_on_one_worker_fails_the_other_on_nccl") else {
+        return;
+    };
+    if n_gpus < 2 {
+        eprintln!(
+            "an_application_error_on_one_worker_fails_the_other_on_nccl: skipped: needs 2 \
+             GPUs, this machine has {n_gpus}"
+        );
+        return;
+    }
+    let outs = train_workers(
+        "nccl-fail",
+        2,
+        |i| Communication::Nccl { device: i },
+        Some(1),
+    );
+    let own = outs[1].as_ref().unwrap_err();
+    assert!(own.contains("injected failure"), "{own}");
+    let other = outs[0].as_ref().unwrap_err();
+    assert!(
+        other.starts_with("application node=worker:1") && other.contains("injected failure"),
+        "{other}"
     );
 }

@@ -4,7 +4,8 @@
 //! The cluster and this worker's task come from `TF_CONFIG`. Each worker seeds its
 //! initializers differently (`7 + 1000 × rank`): only the strategy's broadcast of the first
 //! worker's values makes them start alike. It prints one line per event on stdout:
-//! `formed epoch=E rank=R workers=W replicas=N`, `step K loss=L`, `recovered epoch=E step=S
+//! `formed epoch=E rank=R workers=W replicas=N communication=C` (`ring`, or `nccl:GPU` with
+//! `--communication nccl`), `step K loss=L`, `recovered epoch=E step=S
 //! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed),
 //! `admitted epoch=E step=S position=P workers=W joined=N,.. source=N` (workers joined: a
 //! process started while the others train joins them, and prints it too), `departed epoch=E
@@ -24,7 +25,9 @@ use std::time::Duration;
 use super::CliError;
 use crate::cluster::ClusterConfig;
 use crate::collective::{CollectiveError, GroupConfig};
-use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy, StrategyError};
+use crate::strategy::{
+    Communication, MultiWorkerConfig, MultiWorkerMirrored, Strategy, StrategyError,
+};
 use crate::train::TrainError;
 use crate::variable::VariableError;
 use crate::workloads::dense_sync::{self, collective_cause, ElasticEvent};
@@ -81,6 +84,10 @@ pub(crate) struct MwmsArgs {
     /// Chunks over the plaintext data plane (TCP set up over QUIC) instead of QUIC.
     #[arg(long)]
     plaintext: bool,
+    /// What sums the gradients across the workers: `ring` (the group's collectives) or `nccl`
+    /// / `nccl:GPU` (NCCL on that GPU of this process; a build with the feature `nccl`).
+    #[arg(long, default_value = "ring")]
+    communication: Communication,
     /// Untimed steps before the timed ones (`--bench-batch`).
     #[arg(long, default_value_t = 10)]
     bench_warmup: usize,
@@ -110,6 +117,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         ..GroupConfig::default()
     };
     config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
+    config.communication = args.communication;
     let mut strategy = match MultiWorkerMirrored::new(config) {
         Ok(strategy) => strategy,
         Err(StrategyError::Config { key, detail }) => {
@@ -122,11 +130,12 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     };
     let group = strategy.process_group();
     println!(
-        "formed epoch={} rank={} workers={} replicas={}",
+        "formed epoch={} rank={} workers={} replicas={} communication={}",
         group.epoch(),
         group.rank(),
         group.size(),
-        args.replicas
+        args.replicas,
+        strategy.communication()
     );
     let seed = 7 + 1000 * strategy.worker_index() as u64;
     if let Some(batch) = args.bench_batch {

@@ -21,7 +21,9 @@
 //!   communicator. Every wait is bounded by the communicator's timeout.
 //! - Data: host tensors are fused per bucket ([`plan_buckets`]) into one device buffer, copied
 //!   to the GPU, all-reduced in place on the communicator's stream, and copied back to the
-//!   host, where a parameter-server push takes them.
+//!   host, where a parameter-server push takes them. MultiWorkerMirrored sums its gradients
+//!   this way with `Communication::Nccl` (`ProcessSpan::with_nccl`
+//!   makes one communicator per epoch of its span).
 
 // The NCCL entry points are C functions loaded at run time: calling them is unsafe, and each
 // call below says why its arguments are valid.
@@ -1001,28 +1003,7 @@ impl NcclComm {
         let stream = ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
         ctx.bind_to_thread()
             .map_err(|e| cuda("binding the context", e))?;
-        let mut comm: Comm = std::ptr::null_mut();
-        let mut config = Config::non_blocking();
-        // SAFETY: valid out-pointer and config; the id is the one every rank got; the
-        // device's context is current on this thread.
-        let rc = unsafe {
-            (api.init_rank_config)(
-                &mut comm,
-                group.size() as c_int,
-                id.0,
-                group.rank() as c_int,
-                &mut config,
-            )
-        };
-        if rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS {
-            let err = api.error("ncclCommInitRankConfig", Some(epoch), rc, comm);
-            if !comm.is_null() {
-                // SAFETY: the handle NCCL returned, never used elsewhere.
-                unsafe { (api.comm_abort)(comm) };
-            }
-            return Err(err);
-        }
-        let shared = Arc::new(Shared::new(api, epoch, comm));
+        let shared = Arc::new(start_init(api, epoch, group.size(), group.rank(), &id)?);
         watch(group.clone(), Arc::downgrade(&shared));
         let nccl = NcclComm {
             rank: Rank {
@@ -1119,6 +1100,34 @@ impl NcclComm {
             None => Ok(()),
         }
     }
+}
+
+/// Starts rank `rank`'s non-blocking init of the communicator of `id` (on the device whose
+/// context is current on this thread). Synchronous, so that no raw handle lives across an
+/// await: the caller's future stays `Send`.
+fn start_init(
+    api: &'static Api,
+    epoch: u64,
+    size: usize,
+    rank: usize,
+    id: &NcclId,
+) -> Result<Shared, NcclError> {
+    let mut comm: Comm = std::ptr::null_mut();
+    let mut config = Config::non_blocking();
+    // SAFETY: valid out-pointer and config; the id is the one every rank got; the caller made
+    // the device's context current on this thread.
+    let rc = unsafe {
+        (api.init_rank_config)(&mut comm, size as c_int, id.0, rank as c_int, &mut config)
+    };
+    if rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS {
+        let err = api.error("ncclCommInitRankConfig", Some(epoch), rc, comm);
+        if !comm.is_null() {
+            // SAFETY: the handle NCCL returned, never used elsewhere.
+            unsafe { (api.comm_abort)(comm) };
+        }
+        return Err(err);
+    }
+    Ok(Shared::new(api, epoch, comm))
 }
 
 /// Aborts the communicator as soon as `group` breaks; ends when the communicator is dropped.

@@ -57,9 +57,9 @@ pub use context::{get_replica_context, in_cross_replica_context, ReplicaContext,
 pub use default::DefaultStrategy;
 pub use mirrored::Mirrored;
 pub use multi_worker::{
-    Admission, Departure, ElasticState, GroupChange, MultiWorkerConfig, MultiWorkerMirrored,
-    Recovery, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT, DEFAULT_JOIN_TIMEOUT,
-    DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
+    Admission, Communication, Departure, ElasticState, GroupChange, MultiWorkerConfig,
+    MultiWorkerMirrored, Recovery, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT,
+    DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use one_device::OneDevice;
 pub use reduce::{gather_per_replica, reduce_per_replica};

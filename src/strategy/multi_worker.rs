@@ -9,7 +9,8 @@
 //! workers leaving after a preemption notice once the chief saved). The collectives it rests on live
 //! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
 //! epoch 1), and the local group of each step's replicas spanning it
-//! ([`crate::collective::ProcessSpan`]).
+//! ([`crate::collective::ProcessSpan`]), whose sums go over the group's ring or, with
+//! [`Communication::Nccl`], over NCCL on a GPU of each worker.
 
 use std::any::Any;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -68,6 +69,89 @@ pub struct MultiWorkerConfig {
     /// Joining a live group: how long this process waits to be admitted (the members admit
     /// joiners at a step boundary, [`MultiWorkerMirrored::admit`]).
     pub join_timeout: Duration,
+    /// What all-reduces the gradients across the workers: the group's ring (the default) or
+    /// NCCL on a GPU of this process.
+    pub communication: Communication,
+}
+
+/// What sums the workers' tensors across processes: TensorFlow's
+/// `CommunicationImplementation` (`RING`, `NCCL`). Every worker must choose alike.
+///
+/// Parses from `ring`, `nccl` (GPU 0) and `nccl:N` (GPU `N` of this process, as CUDA numbers
+/// the visible ones: give each worker on a host its own, or its own `CUDA_VISIBLE_DEVICES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Communication {
+    /// cohort's collectives over the process group: a ring for large tensors, a direct
+    /// exchange for small ones, over QUIC or the plaintext plane.
+    #[default]
+    Ring,
+    /// NCCL (feature `nccl`) on GPU `device`: f32 and f64 sums (gradients, `reduce`) are
+    /// copied to the GPU, all-reduced there and copied back; broadcasts, gathers and other
+    /// dtypes stay on the group. One communicator per membership epoch, bootstrapped over the
+    /// group and aborted when it breaks (`ProcessSpan::with_nccl`). Making the strategy
+    /// fails with [`StrategyError::Config`] (key `communication`) when this build has no
+    /// NCCL, libnccl or the CUDA driver cannot be loaded, or the GPU is not there.
+    Nccl {
+        /// The GPU's ordinal among this process's visible ones.
+        device: usize,
+    },
+}
+
+impl std::fmt::Display for Communication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Communication::Ring => write!(f, "ring"),
+            Communication::Nccl { device } => write!(f, "nccl:{device}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Communication {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{text:?}: expected \"ring\", \"nccl\" or \"nccl:GPU\"");
+        match text.split_once(':') {
+            None if text == "ring" => Ok(Communication::Ring),
+            None if text == "nccl" => Ok(Communication::Nccl { device: 0 }),
+            Some(("nccl", device)) => device
+                .parse()
+                .map(|device| Communication::Nccl { device })
+                .map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl Communication {
+    /// Whether this process can use it: for NCCL, a build with the feature, libnccl and the
+    /// CUDA driver loaded, and the GPU visible. The error says what is missing.
+    pub fn check(&self) -> Result<(), String> {
+        let Communication::Nccl { device } = *self else {
+            return Ok(());
+        };
+        #[cfg(not(feature = "nccl"))]
+        {
+            Err(format!(
+                "nccl:{device}: this build of cohort has no NCCL: build it with \
+                 `cargo build --features nccl`"
+            ))
+        }
+        #[cfg(feature = "nccl")]
+        {
+            let version =
+                crate::collective::nccl_version().map_err(|e| format!("nccl:{device}: {e}"))?;
+            let gpus = crate::collective::visible_gpus()
+                .map_err(|e| format!("nccl:{device}: no GPU ({e})"))?;
+            if device >= gpus.len() {
+                return Err(format!(
+                    "nccl:{device}: no GPU {device}: this process sees {} GPU(s) (NCCL {version})",
+                    gpus.len()
+                ));
+            }
+            Ok(())
+        }
+    }
 }
 
 impl MultiWorkerConfig {
@@ -85,6 +169,7 @@ impl MultiWorkerConfig {
             recover_attempts: DEFAULT_RECOVER_ATTEMPTS,
             enter_timeout: DEFAULT_ENTER_TIMEOUT,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
+            communication: Communication::Ring,
         }
     }
 
@@ -151,6 +236,13 @@ pub struct MultiWorkerMirrored {
     probe_timeout: Duration,
     form_timeout: Duration,
     recover_attempts: usize,
+    /// What sums across the workers; each re-formed group's span gets it too.
+    communication: Communication,
+    /// NCCL's bound on each wait (the group's operation timeout).
+    nccl_timeout: Duration,
+    /// How long a failed NCCL call waits for the group to report a lost member (the
+    /// transport's detection budget).
+    nccl_settle: Duration,
     /// Keeps this worker's collective endpoint accepting while the strategy lives.
     _mesh: Mesh,
     /// Whether this worker joined a live group and has not received its training state yet
@@ -200,6 +292,11 @@ impl MultiWorkerMirrored {
                 "at least one replica per worker".into(),
             ));
         }
+        // Before forming: a worker that cannot use its communication never joins the group.
+        config
+            .communication
+            .check()
+            .map_err(|detail| bad("communication", detail))?;
         // Chief first, then workers: the group's ranks (sorted node ids) in TensorFlow's order.
         let mut members = Vec::new();
         let mut own_addr = None;
@@ -263,11 +360,16 @@ impl MultiWorkerMirrored {
                 return Err(err.into());
             }
         };
-        let span = ProcessSpan::new(
+        let communication = config.communication;
+        let nccl_timeout = config.group.op_timeout;
+        // A lost member is detected within the idle timeout, after NCCL may have seen it.
+        let nccl_settle = config.transport.idle_timeout + Duration::from_millis(500);
+        let span = span_of(
             group,
-            runtime.handle().clone(),
+            &runtime,
             config.local_replicas,
             config.bucket_bytes_max,
+            (communication, nccl_timeout, nccl_settle),
         );
         // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
         let awaiting_state = Arc::new(AtomicBool::new(span.group().epoch() > 1));
@@ -295,6 +397,9 @@ impl MultiWorkerMirrored {
             probe_timeout: config.probe_timeout,
             form_timeout: config.group.form_timeout,
             recover_attempts: config.recover_attempts.max(1),
+            communication,
+            nccl_timeout,
+            nccl_settle,
             _mesh: mesh,
             awaiting_state,
             runtime: Some(runtime),
@@ -322,6 +427,11 @@ impl MultiWorkerMirrored {
     /// This process's task.
     pub fn task(&self) -> TaskId {
         self.task
+    }
+
+    /// What sums this worker's tensors across the workers.
+    pub fn communication(&self) -> Communication {
+        self.communication
     }
 
     /// This worker's rank among the workers (the chief, if any, is 0): its input pipeline id.
@@ -704,11 +814,12 @@ impl MultiWorkerMirrored {
     /// Makes `group` the one every later step's collectives span.
     fn install(&mut self, group: ProcessGroup) {
         let Some(runtime) = &self.runtime else { return };
-        let span = ProcessSpan::new(
+        let span = span_of(
             group,
-            runtime.handle().clone(),
+            runtime,
             self.local_replicas,
             self.bucket_bytes_max,
+            (self.communication, self.nccl_timeout, self.nccl_settle),
         );
         self.replicas.set_span(span.clone());
         self.span = span;
@@ -1181,6 +1292,31 @@ fn resolve(text: &str) -> Result<SocketAddr, String> {
 
 /// Runs `call` on `runtime` and waits for it on this thread (which may itself be inside
 /// another runtime).
+/// The span of `group`'s epoch, summing with `communication` (NCCL: with its timeout and
+/// settle bound, a new communicator for the epoch).
+fn span_of(
+    group: ProcessGroup,
+    runtime: &tokio::runtime::Runtime,
+    local_replicas: usize,
+    bucket_bytes_max: usize,
+    (communication, _nccl_timeout, _nccl_settle): (Communication, Duration, Duration),
+) -> ProcessSpan {
+    let span = ProcessSpan::new(
+        group,
+        runtime.handle().clone(),
+        local_replicas,
+        bucket_bytes_max,
+    );
+    match communication {
+        Communication::Ring => span,
+        // `Communication::check` refused it before the group formed.
+        #[cfg(not(feature = "nccl"))]
+        Communication::Nccl { .. } => span,
+        #[cfg(feature = "nccl")]
+        Communication::Nccl { device } => span.with_nccl(device, _nccl_timeout, _nccl_settle),
+    }
+}
+
 fn block_on<T: Send + 'static>(
     runtime: &tokio::runtime::Runtime,
     call: impl std::future::Future<Output = Result<T, CollectiveError>> + Send + 'static,
@@ -1291,6 +1427,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn communications_parse_from_their_names_and_print_back() {
+        for (text, want) in [
+            ("ring", Communication::Ring),
+            ("nccl", Communication::Nccl { device: 0 }),
+            ("nccl:3", Communication::Nccl { device: 3 }),
+        ] {
+            let got: Communication = text.parse().unwrap();
+            assert_eq!(got, want, "{text}");
+            assert_eq!(got.to_string().parse::<Communication>().unwrap(), want);
+        }
+        for bad in ["", "gloo", "ring:1", "nccl:", "nccl:-1", "nccl:x", "NCCL"] {
+            let err = bad.parse::<Communication>().unwrap_err();
+            assert!(err.contains("expected \"ring\""), "{bad}: {err}");
+        }
+        assert_eq!(Communication::default(), Communication::Ring);
+        assert_eq!(Communication::Ring.check(), Ok(()));
     }
 
     #[test]
