@@ -265,8 +265,10 @@ fn a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot() {
         assert_eq!(out[0].to_vec1::<i64>().unwrap(), vec![3, 20]);
         assert_eq!(out[1].to_vec1::<u8>().unwrap(), vec![4]);
     }
-    // f32 goes to NCCL, whose communicator cannot start: every member fails with one
-    // application error naming NCCL and the device, and the group is broken.
+    // f32 goes to NCCL, whose communicator cannot start: every member fails with an
+    // application error naming NCCL and the device, and the group is broken with it. (Here
+    // every member's init fails at once: each may report its own, as two workers whose steps
+    // fail together do.)
     let started = std::time::Instant::now();
     let outs = on_each(|span, _| {
         let x = Tensor::new(&[1.5f32, 2.5], &Device::Cpu).unwrap();
@@ -288,7 +290,6 @@ fn a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot() {
         }
         assert_eq!(groups[r].broken().as_ref(), Some(err), "member {r}");
     }
-    assert_eq!(errors[0], errors[1]);
     // And every later call fails with it, on the group's path too.
     let token = Tensor::new(&[1u8], &Device::Cpu).unwrap();
     assert_eq!(spans[0].sum(&token).unwrap_err(), errors[0]);
