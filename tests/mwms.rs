@@ -25,7 +25,8 @@
 //!   A cut between worker 0 and worker 2 of 3 (both still hear worker 1: every view has a
 //!   quorum, and they differ) never makes two groups: one group per epoch at most, the
 //!   finishers (if any) are one group, every other worker fails with a typed error.
-//! - A bad cluster or mismatched replica counts: exit code 2 naming the key.
+//! - A bad cluster or mismatched replica counts: exit code 2 naming the key; workers fusing
+//!   different buckets are refused by key too.
 //! - Two workers in one process (threads), 2 replicas each: global replica ids, all-reduce
 //!   (one tensor, a list, MEAN), `reduce` and `gather` of uneven per-replica batches across the
 //!   workers, one input pipeline per worker (auto-sharded, or from a function), and a
@@ -44,7 +45,7 @@ use cohort::cluster::ClusterConfig;
 use cohort::data::{Dataset, DistributeOptions};
 use cohort::strategy::{
     DefaultStrategy, Mirrored, MultiWorkerConfig, MultiWorkerMirrored, ReduceOp, Strategy,
-    StrategyExt,
+    StrategyError, StrategyExt,
 };
 use cohort::variable::Variable;
 use cohort::workloads::dense_sync::{self, DenseOutcome};
@@ -1453,10 +1454,14 @@ fn exercise(strategy: &MultiWorkerMirrored) -> anyhow::Result<Seen> {
     })
 }
 
-#[test]
-fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
-    let dir = std::env::temp_dir().join(format!("cohort-mwms-pair-{}", std::process::id()));
-    let ca = ClusterCa::generate("pair").unwrap();
+/// Runs `worker(i, config)` on a thread for each of two workers in this process (their
+/// certificates in a fresh directory, their endpoints on free loopback ports); their results.
+fn in_process_pair<T: Send + 'static>(
+    name: &str,
+    worker: fn(usize, MultiWorkerConfig) -> T,
+) -> Vec<T> {
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
+    let ca = ClusterCa::generate(name).unwrap();
     let mut addrs = Vec::new();
     for i in 0..2 {
         ca.issue(&NodeId::new("worker", i))
@@ -1475,17 +1480,46 @@ fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
             let dir = dir.clone();
             std::thread::spawn(move || {
                 let cluster = ClusterConfig::from_tf_config(&tf_config).unwrap();
-                let strategy = MultiWorkerMirrored::new(
-                    MultiWorkerConfig::new(cluster, dir).with_local_replicas(2),
-                )
-                .unwrap();
-                assert_eq!(strategy.worker_index(), i);
-                exercise(&strategy).unwrap()
+                worker(i, MultiWorkerConfig::new(cluster, dir))
             })
         })
         .collect();
-    let seen: Vec<Seen> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let out = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+#[test]
+fn workers_fusing_different_buckets_are_refused_by_key() {
+    let refused = in_process_pair("buckets", |i, mut config| {
+        config.bucket_bytes_max = 1 << (20 + i);
+        MultiWorkerMirrored::new(config).map(|_| ())
+    });
+    for (i, result) in refused.into_iter().enumerate() {
+        match result {
+            Err(StrategyError::Config { key, detail }) => {
+                assert_eq!(key, "bucket_bytes_max", "worker {i}: {detail}");
+                assert!(
+                    detail.contains("1048576") && detail.contains("2097152"),
+                    "{detail}"
+                );
+                assert!(
+                    detail.contains("every worker must choose alike"),
+                    "{detail}"
+                );
+            }
+            other => panic!("worker {i}: expected a config error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
+    let seen: Vec<Seen> = in_process_pair("pair", |i, config| {
+        let strategy = MultiWorkerMirrored::new(config.with_local_replicas(2)).unwrap();
+        assert_eq!(strategy.worker_index(), i);
+        exercise(&strategy).unwrap()
+    });
     for (w, s) in seen.iter().enumerate() {
         assert_eq!(s.in_sync, 4);
         assert_eq!(s.local, 2 * w..2 * w + 2);

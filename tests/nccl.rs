@@ -28,7 +28,7 @@ use candle_core::{DType, Device, Tensor};
 use cohort::cluster::ClusterConfig;
 use cohort::collective::{
     loopback_group, nccl_version, visible_gpus, CollectiveError, GroupConfig, NcclComm, NcclError,
-    NcclId, NcclLocal, ProcessGroup, ProcessSpan, Reduction,
+    NcclId, NcclLocal, NcclWaits, ProcessGroup, ProcessSpan, Reduction,
 };
 use cohort::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
 use cohort::workloads::dense_sync::{self, collective_cause, DenseOutcome, Fault};
@@ -233,8 +233,11 @@ fn a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot() {
         .map(|g| {
             ProcessSpan::new(g.clone(), runtime.handle().clone(), 1, 1 << 20).with_nccl(
                 device,
-                NCCL_TIMEOUT,
-                Duration::from_secs(2),
+                NcclWaits {
+                    timeout: NCCL_TIMEOUT,
+                    settle: Duration::from_secs(2),
+                    probe: Duration::from_secs(2),
+                },
             )
         })
         .collect();

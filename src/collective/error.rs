@@ -169,4 +169,16 @@ pub enum CollectiveError {
         /// The group's membership epoch.
         epoch: u64,
     },
+    /// The group's NCCL communicator failed without naming a member (NCCL's own wait timed
+    /// out, or it reported a remote error) while every member still answered a probe: the
+    /// group's links stand, the communicator does not. Re-forming makes a new one.
+    #[error("collective group epoch {epoch}: the NCCL communicator failed on {node}: {reason}")]
+    Communicator {
+        /// The member whose call saw it.
+        node: NodeId,
+        /// The group's membership epoch.
+        epoch: u64,
+        /// NCCL's error.
+        reason: String,
+    },
 }

@@ -754,6 +754,16 @@ impl ProcessGroup {
         }
     }
 
+    /// Breaks the group with `err` (the first failure wins: the group's error, if it broke
+    /// already) and tells every member; returns once they heard it, as a failed call does.
+    /// For a failure the group's own calls cannot see (the NCCL communicator beside it).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) async fn fail_with(&self, err: CollectiveError) -> CollectiveError {
+        let err = self.shared.fail(err, true);
+        self.shared.told().await;
+        err
+    }
+
     /// Fails this group with [`CollectiveError::Application`] naming this member and
     /// `message` (its step failed in the application), tells every member (each one's pending
     /// and later calls fail with it at once), and returns once they heard it (bounded by the

@@ -43,8 +43,8 @@ pub use group::{
 pub use local::{LocalGroup, LocalMember};
 #[cfg(feature = "nccl")]
 pub use nccl::{
-    nccl_version, visible_gpus, Gpu, NcclComm, NcclError, NcclId, NcclLocal, NcclVersion,
+    gpu_count, nccl_version, visible_gpus, Gpu, NcclComm, NcclError, NcclId, NcclLocal, NcclVersion,
 };
 pub use ops::plan_buckets;
 pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};
-pub use span::ProcessSpan;
+pub use span::{NcclWaits, ProcessSpan};

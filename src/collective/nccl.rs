@@ -104,6 +104,25 @@ pub enum NcclError {
     InvalidArgument(String),
 }
 
+impl NcclError {
+    /// Whether this member's own call raised it (a library or the driver, its arguments, an
+    /// NCCL call that returned an error): not a peer's failure seen through NCCL (an
+    /// asynchronous error, a wait that timed out, an aborted communicator).
+    pub fn raised_here(&self) -> bool {
+        match self {
+            NcclError::Load { .. } | NcclError::Cuda { .. } | NcclError::InvalidArgument(_) => true,
+            NcclError::Nccl { call, .. } => *call != ASYNC_CALL,
+            NcclError::Aborted { .. } | NcclError::Timeout { .. } | NcclError::Bootstrap { .. } => {
+                false
+            }
+        }
+    }
+}
+
+/// What an [`NcclError::Nccl`] names as its call when the communicator reported it
+/// asynchronously (`ncclCommGetAsyncError`): a failure of the collective, often a peer's.
+const ASYNC_CALL: &str = "(asynchronous)";
+
 fn epoch_suffix(epoch: Option<u64>) -> String {
     epoch.map_or_else(String::new, |e| {
         format!(" on the communicator of epoch {e}")
@@ -334,6 +353,17 @@ pub struct Gpu {
     pub ordinal: usize,
     /// Its name.
     pub name: String,
+}
+
+/// How many GPUs this process sees (`CUDA_VISIBLE_DEVICES` applies), without making a
+/// context on any (a GPU in exclusive-process mode may be another process's), or the error
+/// naming what failed (no CUDA driver is [`NcclError::Load`]).
+pub fn gpu_count() -> Result<usize, NcclError> {
+    guarded("cuDeviceGetCount", || {
+        CudaContext::device_count()
+            .map(|n| n.max(0) as usize)
+            .map_err(|e| cuda("counting devices", e))
+    })
 }
 
 /// The GPUs this process sees (`CUDA_VISIBLE_DEVICES` applies), or the error naming what
@@ -578,8 +608,7 @@ impl Shared {
                 let err = {
                     let s = self.lock();
                     let comm = s.comm.as_ref().map_or(std::ptr::null_mut(), |c| c.0);
-                    self.api
-                        .error("(asynchronous)", Some(self.epoch), code, comm)
+                    self.api.error(ASYNC_CALL, Some(self.epoch), code, comm)
                 };
                 self.abort(err.to_string());
                 Err(err)

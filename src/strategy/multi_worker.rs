@@ -30,7 +30,7 @@ use super::{
 };
 use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
 use crate::collective::{
-    CollectiveError, Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ProcessSpan,
+    CollectiveError, Entry, GroupConfig, GroupMember, Mesh, NcclWaits, ProcessGroup, ProcessSpan,
 };
 use crate::optim::{OptimizerState, Slots};
 use crate::variable::{
@@ -141,12 +141,13 @@ impl Communication {
         {
             let version =
                 crate::collective::nccl_version().map_err(|e| format!("nccl:{device}: {e}"))?;
-            let gpus = crate::collective::visible_gpus()
+            // Counted, not opened: another worker may hold its GPU in exclusive mode.
+            let gpus = crate::collective::gpu_count()
                 .map_err(|e| format!("nccl:{device}: no GPU ({e})"))?;
-            if device >= gpus.len() {
+            if device >= gpus {
                 return Err(format!(
-                    "nccl:{device}: no GPU {device}: this process sees {} GPU(s) (NCCL {version})",
-                    gpus.len()
+                    "nccl:{device}: no GPU {device}: this process sees {gpus} GPU(s) (NCCL \
+                     {version})"
                 ));
             }
             Ok(())
@@ -236,13 +237,9 @@ pub struct MultiWorkerMirrored {
     probe_timeout: Duration,
     form_timeout: Duration,
     recover_attempts: usize,
-    /// What sums across the workers; each re-formed group's span gets it too.
-    communication: Communication,
-    /// NCCL's bound on each wait (the group's operation timeout).
-    nccl_timeout: Duration,
-    /// How long a failed NCCL call waits for the group to report a lost member (the
-    /// transport's detection budget).
-    nccl_settle: Duration,
+    /// What sums across the workers, and the bounds of NCCL's calls; each re-formed group's
+    /// span gets them too.
+    communication: (Communication, NcclWaits),
     /// Keeps this worker's collective endpoint accepting while the strategy lives.
     _mesh: Mesh,
     /// Whether this worker joined a live group and has not received its training state yet
@@ -360,21 +357,31 @@ impl MultiWorkerMirrored {
                 return Err(err.into());
             }
         };
-        let communication = config.communication;
-        let nccl_timeout = config.group.op_timeout;
-        // A lost member is detected within the idle timeout, after NCCL may have seen it.
-        let nccl_settle = config.transport.idle_timeout + Duration::from_millis(500);
+        let communication = (
+            config.communication,
+            NcclWaits {
+                timeout: config.group.op_timeout,
+                // A lost member is detected within the idle timeout, after NCCL may have seen it.
+                settle: config.transport.idle_timeout + Duration::from_millis(500),
+                probe: config.probe_timeout,
+            },
+        );
         let span = span_of(
             group,
             &runtime,
             config.local_replicas,
             config.bucket_bytes_max,
-            (communication, nccl_timeout, nccl_settle),
+            communication,
         );
         // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
         let awaiting_state = Arc::new(AtomicBool::new(span.group().epoch() > 1));
         let strategy = (|| -> Result<_, StrategyError> {
-            check_same_replicas(&span, config.local_replicas)?;
+            check_same_settings(
+                &span,
+                config.local_replicas,
+                config.bucket_bytes_max,
+                config.communication,
+            )?;
             let id = StrategyId::next();
             let mut replicas = Replicas::threaded(devices, id, config.collective_timeout)?;
             replicas.set_span(span.clone());
@@ -398,8 +405,6 @@ impl MultiWorkerMirrored {
             form_timeout: config.group.form_timeout,
             recover_attempts: config.recover_attempts.max(1),
             communication,
-            nccl_timeout,
-            nccl_settle,
             _mesh: mesh,
             awaiting_state,
             runtime: Some(runtime),
@@ -431,7 +436,7 @@ impl MultiWorkerMirrored {
 
     /// What sums this worker's tensors across the workers.
     pub fn communication(&self) -> Communication {
-        self.communication
+        self.communication.0
     }
 
     /// This worker's rank among the workers (the chief, if any, is 0): its input pipeline id.
@@ -710,7 +715,12 @@ impl MultiWorkerMirrored {
         let joined: Vec<NodeId> = joiners.iter().map(|j| j.node.clone()).collect();
         let admitted = self.block(async move { group.admit(&joiners).await })?;
         self.install(admitted);
-        check_same_replicas(&self.span, self.local_replicas)?;
+        check_same_settings(
+            &self.span,
+            self.local_replicas,
+            self.bucket_bytes_max,
+            self.communication.0,
+        )?;
         let source = self.agree_state(state)?;
         let group = self.span.group();
         Ok(Some(GroupChange::Admitted(Admission {
@@ -819,10 +829,11 @@ impl MultiWorkerMirrored {
             runtime,
             self.local_replicas,
             self.bucket_bytes_max,
-            (self.communication, self.nccl_timeout, self.nccl_settle),
+            self.communication,
         );
         self.replicas.set_span(span.clone());
-        self.span = span;
+        // The old epoch's communicator goes now, not with the last clone of its span.
+        std::mem::replace(&mut self.span, span).close_nccl();
     }
 
     /// Step 3 of [`MultiWorkerMirrored::recover`] over the freshly formed group; returns the
@@ -1229,6 +1240,7 @@ fn recoverable(err: &CollectiveError) -> bool {
             | CollectiveError::Link { .. }
             | CollectiveError::Superseded { .. }
             | CollectiveError::Form { .. }
+            | CollectiveError::Communicator { .. }
     )
 }
 
@@ -1263,20 +1275,60 @@ impl VariablePlacement for MultiWorkerPlacement {
     }
 }
 
-/// Fails naming a worker whose local replica count differs from this one's.
-fn check_same_replicas(span: &ProcessSpan, local: usize) -> Result<(), StrategyError> {
-    let counts = span
-        .all_gather(&Tensor::new(&[local as i64], &Device::Cpu)?)?
+/// Fails naming a worker whose local replica count, bucket size or kind of communication
+/// differs from this one's (by the key of the setting): the group's calls and NCCL's need
+/// them alike.
+fn check_same_settings(
+    span: &ProcessSpan,
+    local: usize,
+    bucket_bytes_max: usize,
+    communication: Communication,
+) -> Result<(), StrategyError> {
+    // The kind of communication only: each worker names its own GPU.
+    let nccl = i64::from(matches!(communication, Communication::Nccl { .. }));
+    let mine = [local as i64, bucket_bytes_max as i64, nccl];
+    let all = span
+        .all_gather(&Tensor::new(&mine, &Device::Cpu)?)?
         .to_vec1::<i64>()?;
     let members = span.group().members();
-    if let Some((w, n)) = counts.iter().enumerate().find(|(_, n)| **n != local as i64) {
+    let me = &members[span.group().rank()];
+    for (w, theirs) in all.chunks(mine.len()).enumerate() {
+        let (key, detail) = if theirs[0] != mine[0] {
+            let n = theirs[0];
+            (
+                "local_replicas",
+                format!(
+                    "{} runs {n} replica(s), {me} runs {local}: every worker must run as many",
+                    members[w]
+                ),
+            )
+        } else if theirs[1] != mine[1] {
+            let b = theirs[1];
+            (
+                "bucket_bytes_max",
+                format!(
+                    "{} fuses buckets of {b} bytes, {me} of {bucket_bytes_max}: every worker \
+                     must choose alike",
+                    members[w]
+                ),
+            )
+        } else if theirs[2] != mine[2] {
+            let kind = |nccl: i64| if nccl == 1 { "NCCL" } else { "the ring" };
+            (
+                "communication",
+                format!(
+                    "{} sums with {}, {me} with {}: every worker must choose alike",
+                    members[w],
+                    kind(theirs[2]),
+                    kind(nccl)
+                ),
+            )
+        } else {
+            continue;
+        };
         return Err(StrategyError::Config {
-            key: "local_replicas".into(),
-            detail: format!(
-                "{} runs {n} replica(s), {} runs {local}: every worker must run as many",
-                members[w],
-                members[span.group().rank()]
-            ),
+            key: key.into(),
+            detail,
         });
     }
     Ok(())
@@ -1292,14 +1344,14 @@ fn resolve(text: &str) -> Result<SocketAddr, String> {
 
 /// Runs `call` on `runtime` and waits for it on this thread (which may itself be inside
 /// another runtime).
-/// The span of `group`'s epoch, summing with `communication` (NCCL: with its timeout and
-/// settle bound, a new communicator for the epoch).
+/// The span of `group`'s epoch, summing with `communication` (NCCL: within its waits, a new
+/// communicator for the epoch).
 fn span_of(
     group: ProcessGroup,
     runtime: &tokio::runtime::Runtime,
     local_replicas: usize,
     bucket_bytes_max: usize,
-    (communication, _nccl_timeout, _nccl_settle): (Communication, Duration, Duration),
+    (communication, _waits): (Communication, NcclWaits),
 ) -> ProcessSpan {
     let span = ProcessSpan::new(
         group,
@@ -1313,7 +1365,7 @@ fn span_of(
         #[cfg(not(feature = "nccl"))]
         Communication::Nccl { .. } => span,
         #[cfg(feature = "nccl")]
-        Communication::Nccl { device } => span.with_nccl(device, _nccl_timeout, _nccl_settle),
+        Communication::Nccl { device } => span.with_nccl(device, _waits),
     }
 }
 
