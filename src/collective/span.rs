@@ -401,6 +401,15 @@ mod tests {
             .unwrap()
     }
 
+    /// The error `group` broke with, waiting (bounded) for a peer's word to reach it.
+    async fn heard(group: &ProcessGroup) -> Option<CollectiveError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while group.broken().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        group.broken()
+    }
+
     fn timed_out(epoch: u64) -> NcclError {
         NcclError::Timeout {
             epoch,
@@ -429,11 +438,7 @@ mod tests {
             other => panic!("expected an application error, got {other}"),
         }
         // The other member hears it.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while groups[1].broken().is_none() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(groups[1].broken(), Some(got));
+        assert_eq!(heard(&groups[1]).await, Some(got));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,11 +461,7 @@ mod tests {
             }
             other => panic!("expected the communicator's failure, got {other}"),
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while groups[1].broken().is_none() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(groups[1].broken(), Some(got));
+        assert_eq!(heard(&groups[1]).await, Some(got));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
