@@ -187,8 +187,7 @@ fn digits_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepE
         let features = &features[r.start * width..r.end * width];
         Ok(models::digits_step(&views, features, &labels[r])?)
     })?;
-    let out =
-        models::StepOutput::combine(parts.into_iter().map(|(r, out)| (r.len(), out)).collect());
+    let out = models::StepOutput::combine(parts);
     for (spec, grad) in specs.iter().zip(out.grads) {
         ctx.push_dense(&spec.name, grad)?;
     }
@@ -223,8 +222,7 @@ fn ctr_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepErro
             &labels[r],
         )?)
     })?;
-    let out =
-        models::StepOutput::combine(parts.into_iter().map(|(r, out)| (r.len(), out)).collect());
+    let out = models::StepOutput::combine(parts);
     let mut grads = out.grads.into_iter();
     ctx.push_rows(&embedding, unique, grads.next().unwrap_or_default())?;
     for (spec, grad) in models::ctr_head_params(CTR_DIM, 0).iter().zip(grads) {

@@ -32,16 +32,17 @@ pub struct StepOutput {
 
 impl StepOutput {
     /// The whole batch's mean loss and gradients from its replicas' (each the mean over its
-    /// share of `examples` examples, given with the share's size): each weighted by its share,
-    /// summed in replica order. One part is returned as it is.
-    pub fn combine(mut parts: Vec<(usize, StepOutput)>) -> StepOutput {
+    /// share of the batch, given with the share's examples, as `StepContext::on_replicas`
+    /// returns them): each weighted by its share, summed in replica order. One part is
+    /// returned as it is.
+    pub fn combine(mut parts: Vec<(std::ops::Range<usize>, StepOutput)>) -> StepOutput {
         if parts.len() == 1 {
             return parts.pop().map(|(_, out)| out).unwrap_or_default();
         }
-        let examples: usize = parts.iter().map(|(n, _)| n).sum();
+        let examples: usize = parts.iter().map(|(share, _)| share.len()).sum();
         let mut total = StepOutput::default();
-        for (n, part) in parts {
-            let weight = n as f32 / examples.max(1) as f32;
+        for (share, part) in parts {
+            let weight = share.len() as f32 / examples.max(1) as f32;
             total.loss += weight * part.loss;
             if total.grads.is_empty() {
                 total.grads = part.grads.iter().map(|g| vec![0.0; g.len()]).collect();
@@ -427,7 +428,7 @@ mod tests {
                 .into_iter()
                 .map(|r| {
                     let f = &features[r.start * digits::PIXELS..r.end * digits::PIXELS];
-                    (r.len(), digits_step(&views, f, &labels[r]).unwrap())
+                    (r.clone(), digits_step(&views, f, &labels[r]).unwrap())
                 })
                 .collect();
             let combined = StepOutput::combine(parts);
