@@ -224,16 +224,23 @@ impl LinkSlots {
     }
 
     /// The offer frame to write before a chunk of `len` bytes, if this is the first chunk
-    /// worth a segment (made now; where it cannot be, the link stays on TCP).
-    fn offer_before(&self, len: usize) -> Option<Vec<u8>> {
-        if !self.enabled || len < self.slot_min() {
+    /// worth a segment (made now; where it cannot be, the link stays on TCP). Only the link's
+    /// sender calls it, once per chunk, so nothing else moves the offer on meanwhile.
+    async fn offer_before(&self, len: usize) -> Option<Vec<u8>> {
+        if !self.enabled || len < self.slot_min() || !matches!(*self.out(), Outward::None) {
             return None;
         }
+        // Reserving the segment's pages (up to its whole size) may take a while: off the
+        // runtime's threads, which carry every link's chunks.
+        let (slots, slot_bytes) = (self.slots, self.slot_bytes);
+        let made = tokio::task::spawn_blocking(move || Segment::create(slots, slot_bytes))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         let mut out = self.out();
         if !matches!(*out, Outward::None) {
             return None;
         }
-        let (segment, offer) = match Segment::create(self.slots, self.slot_bytes) {
+        let (segment, offer) = match made {
             Ok(made) => made,
             Err(e) => {
                 tracing::debug!("no shared-memory segment for a plaintext link: {e}");
@@ -451,7 +458,7 @@ impl Sender<'_> {
         };
         drop(shared);
         let len = out.blob.len();
-        let mut prefix = self.link.offer_before(len).unwrap_or_default();
+        let mut prefix = self.link.offer_before(len).await.unwrap_or_default();
         let Some(lent) = self.place(&out.blob).await else {
             unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             return false;
