@@ -445,45 +445,59 @@ async fn every_element_type_goes_around_the_ring_like_the_reference_with(config:
 }
 
 /// Shared memory is chosen per link: a member that has it off gets every chunk over TCP and
-/// sends every chunk there, while the others still pass theirs through shared memory.
+/// sends every chunk there, while the others still pass theirs through shared memory. With 4
+/// members, member 0's intermediate sums of the ring (their partials from member 3 in slots)
+/// go to member 1 over TCP, member 3's to member 0 through a slot. Each size runs twice: the
+/// second time every shared link was set up before the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_shared_memory_gets_its_chunks_over_tcp_while_the_others_share() {
-    let (meshes, members) = meshes_of(
-        "collective-shared-memory",
-        (0..3).map(|i| GroupConfig {
-            shared_memory: i != 1,
-            ..ring_config_with(true)
-        }),
-    );
-    let groups: Vec<ProcessGroup> = bounded(
-        "forming",
-        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
-    )
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
-    // Direct (every member to every other) and ring.
-    for len in [1001, 20011] {
-        let inputs: Vec<Vec<f32>> = (0..3).map(|r| input(r, len, 3)).collect();
-        let outs = bounded(
-            "all-reduce",
-            join_all(groups.iter().zip(&inputs).map(|(g, v)| {
-                let t = Tensor::from_vec(v.clone(), len, &Device::Cpu).unwrap();
-                async move { g.all_reduce(Reduction::Sum, &t).await }
-            })),
+    for n in [3, 4] {
+        let (meshes, members) = meshes_of(
+            &format!("collective-shared-memory-{n}"),
+            (0..n).map(|i| GroupConfig {
+                shared_memory: i != 1,
+                ..ring_config_with(true)
+            }),
+        );
+        let groups: Vec<ProcessGroup> = bounded(
+            "forming",
+            join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
         )
-        .await;
-        let expected = bits_of(&reference(&inputs, Reduction::Sum));
-        for (rank, out) in outs.into_iter().enumerate() {
-            assert_eq!(bits(&out.unwrap()), expected, "{len} elements, rank {rank}");
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+        // Direct (every member to every other) and ring.
+        for len in [1001, 20011, 1001, 20011] {
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, len, n as u32)).collect();
+            let outs = bounded(
+                "all-reduce",
+                join_all(groups.iter().zip(&inputs).map(|(g, v)| {
+                    let t = Tensor::from_vec(v.clone(), len, &Device::Cpu).unwrap();
+                    async move { g.all_reduce(Reduction::Sum, &t).await }
+                })),
+            )
+            .await;
+            let expected = bits_of(&reference(&inputs, Reduction::Sum));
+            for (rank, out) in outs.into_iter().enumerate() {
+                assert_eq!(
+                    bits(&out.unwrap()),
+                    expected,
+                    "{n} members, {len} elements, rank {rank}"
+                );
+            }
         }
+        // Every member but 1 passes chunks to every other member but 1 (the direct exchange
+        // reached them all).
+        for (rank, g) in groups.iter().enumerate() {
+            let want: Vec<NodeId> = (0..n)
+                .filter(|&o| rank != 1 && o != 1 && o != rank)
+                .map(|o| NodeId::new("worker", o as u32))
+                .collect();
+            assert_eq!(g.shared_memory_peers(), want, "{n} members, rank {rank}");
+        }
+        drop(meshes);
     }
-    let peers = |rank: usize| groups[rank].shared_memory_peers();
-    assert_eq!(peers(0), vec![NodeId::new("worker", 2)]);
-    assert_eq!(peers(1), Vec::<NodeId>::new());
-    assert_eq!(peers(2), vec![NodeId::new("worker", 0)]);
-    drop(meshes);
 }
 
 /// A call its caller gives up (the future dropped, here by a timeout around it) takes its

@@ -395,6 +395,42 @@ pub(crate) fn reduce_into(
     with_type!(element, T => reduce_pairs::<T, _>(op, a, b, out))
 }
 
+/// `a (op) b` as [`reduced`] computes it, written into `out` (as long as each: a slot of
+/// this member's shared memory, where the next member reads it).
+pub(crate) fn reduce_to(
+    element: Element,
+    op: Reduction,
+    a: &[u8],
+    b: &[u8],
+    out: &mut [u8],
+) -> Result<(), CollectiveError> {
+    if a.len() != b.len() || a.len() != out.len() {
+        return Err(CollectiveError::Tensor(format!(
+            "reducing {} bytes with {} into {}",
+            a.len(),
+            b.len(),
+            out.len()
+        )));
+    }
+    with_type!(element, T => match bytemuck::try_cast_slice_mut::<u8, T>(out) {
+        Ok(out) => {
+            let wanted = out.len();
+            let written = reduce_pairs::<T, _>(op, a, b, out);
+            if written != wanted {
+                return Err(CollectiveError::Tensor(format!(
+                    "{written} values for {wanted}"
+                )));
+            }
+            Ok(())
+        }
+        // Not aligned to the elements: computed aside, then copied.
+        Err(_) => {
+            out.copy_from_slice(&reduced(element, op, a, b));
+            Ok(())
+        }
+    })
+}
+
 /// Where the values of an element-wise reduction go, in order.
 trait Sink<T> {
     type Out;
@@ -408,6 +444,23 @@ impl<T: bytemuck::Pod + Send + Sync> Sink<T> for Fresh {
     type Out = Bytes;
     fn take(self, values: impl Iterator<Item = T>) -> Bytes {
         pod_bytes(values.collect())
+    }
+}
+
+/// Into memory that holds elements already (a slot): how many were written.
+impl<T: bytemuck::Pod> Sink<T> for &mut [T] {
+    type Out = usize;
+    fn take(self, values: impl Iterator<Item = T>) -> usize {
+        let mut written = 0;
+        for (out, mut value) in self.iter_mut().zip(values) {
+            // Little-endian bytes, as the wire carries them.
+            if cfg!(target_endian = "big") {
+                bytemuck::bytes_of_mut(&mut value).reverse();
+            }
+            *out = value;
+            written += 1;
+        }
+        written
     }
 }
 
@@ -723,6 +776,27 @@ mod tests {
             let short = reduce_into(element, Reduction::Sum, &a, &b[1..], region);
             assert!(short.is_err(), "operands of different lengths are refused");
         }
+    }
+
+    #[test]
+    fn reduce_to_memory_matches_reduce_assign_aligned_or_not() {
+        let a = pod_bytes(vec![0f64, 1.5, f64::NAN, -3.0]).to_vec();
+        let b = pod_bytes(vec![-0f64, 2.0, 1.0, 4.0]).to_vec();
+        for op in [Reduction::Sum, Reduction::Max, Reduction::Min] {
+            let mut want = a.clone();
+            reduce_assign(Element::F64, op, &mut want, &b);
+            // Out aligned to the elements, then one byte off (computed aside, then copied).
+            let mut memory = vec![0u64; a.len() / 8 + 1];
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut memory);
+            for shift in [0, 1] {
+                let out = &mut bytes[shift..shift + a.len()];
+                reduce_to(Element::F64, op, &a, &b, out).unwrap();
+                assert_eq!(out, &want[..], "{op}, {shift} byte(s) off");
+            }
+        }
+        let mut out = vec![0u8; a.len()];
+        assert!(reduce_to(Element::F64, Reduction::Sum, &a, &b[8..], &mut out).is_err());
+        assert!(reduce_to(Element::F64, Reduction::Sum, &a, &b, &mut out[8..]).is_err());
     }
 
     #[test]

@@ -376,6 +376,31 @@ pub(crate) enum Blob {
     /// A chunk in a slot of a peer's shared-memory segment, read where its sender put it
     /// (`shm.rs`); the slot goes back when the last clone drops.
     Slot(Arc<Received>),
+    /// An intermediate sum of the ring not computed yet: a partial sum in a slot, reduced with
+    /// this member's input where the sum goes (straight into a slot of this member's segment:
+    /// NCCL's reduce-copy), so that it is written once.
+    Sum(Box<PendingSum>),
+}
+
+/// `partial op` this member's input over `range` (see [`Blob::Sum`]). Only an all-reduce
+/// makes one: its call cannot end before every such sum was sent (each comes back inside a
+/// final chunk), so the input is read while the caller still waits.
+#[derive(Clone)]
+pub(crate) struct PendingSum {
+    pub(crate) element: Element,
+    pub(crate) op: super::Reduction,
+    pub(crate) partial: Arc<Received>,
+    pub(crate) mine: Input,
+    pub(crate) range: Range<usize>,
+}
+
+impl PendingSum {
+    fn compute(&self) -> Result<Bytes, CollectiveError> {
+        let partial = self.partial.bytes();
+        self.mine.read(self.range.clone(), |mine| {
+            super::element::reduced(self.element, self.op, partial, mine)
+        })
+    }
 }
 
 impl Blob {
@@ -385,23 +410,49 @@ impl Blob {
             Blob::Landed(filled) => filled.range.len(),
             Blob::Input(_, range) => range.len(),
             Blob::Slot(received) => received.len(),
+            Blob::Sum(sum) => sum.range.len(),
         }
     }
 
-    /// `f` of the payload's bytes (for an input, under the tensor's read lock).
+    /// `f` of the payload's bytes (for an input, under the tensor's read lock; a pending sum
+    /// is computed first, on each call: take [`Blob::into_bytes`] to keep it).
     pub(crate) fn read<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R, CollectiveError> {
         match self {
             Blob::Bytes(bytes) => Ok(f(bytes)),
             Blob::Landed(filled) => Ok(f(filled.bytes())),
             Blob::Input(input, range) => input.read(range.clone(), f),
             Blob::Slot(received) => Ok(f(received.bytes())),
+            Blob::Sum(sum) => Ok(f(&sum.compute()?)),
         }
     }
 
-    /// The payload as bytes of its own: shared if it is, copied if it is not.
+    /// Writes the payload into `out` (as long as it): a pending sum is reduced straight
+    /// into it, anything else copied.
+    pub(crate) fn write_to(&self, out: &mut [u8]) -> Result<(), CollectiveError> {
+        if let Blob::Sum(sum) = self {
+            let partial = sum.partial.bytes();
+            return sum.mine.read(sum.range.clone(), |mine| {
+                super::element::reduce_to(sum.element, sum.op, partial, mine, out)
+            })?;
+        }
+        self.read(|bytes| {
+            if bytes.len() != out.len() {
+                return Err(CollectiveError::Tensor(format!(
+                    "{} bytes into {}",
+                    bytes.len(),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(bytes);
+            Ok(())
+        })?
+    }
+
+    /// The payload as bytes of its own: shared if it is, copied (or computed) if it is not.
     pub(crate) fn into_bytes(self) -> Result<Bytes, CollectiveError> {
         match self {
             Blob::Bytes(bytes) => Ok(bytes),
+            Blob::Sum(sum) => sum.compute(),
             other => other.read(Bytes::copy_from_slice),
         }
     }

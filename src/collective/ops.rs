@@ -37,7 +37,7 @@ use super::element::{
     reduce_assign, reduce_into, reduced, tensor_error, Element, Elements, Input, Reduction,
 };
 use super::group::{ProcessGroup, Shared};
-use super::landing::{Blob, Landing};
+use super::landing::{Blob, Landing, PendingSum};
 use super::wire::{tag, Call, CallOp, Phase};
 use super::CollectiveError;
 use crate::distribute::divide_by;
@@ -501,8 +501,8 @@ async fn reduce_scatter_ring(
             // `partial op own`: the group's order (module doc).
             if s + 1 < n - 1 {
                 let acc = match partial {
-                    Blob::Bytes(partial) => {
-                        data.read(range.clone(), |mine| match partial.try_into_mut() {
+                    Blob::Bytes(partial) => Blob::Bytes(data.read(range.clone(), |mine| {
+                        match partial.try_into_mut() {
                             // Into the partial's own buffer, just written and not shared: no
                             // fresh memory to fault in or pull through the cache.
                             Ok(mut acc) => {
@@ -510,13 +510,23 @@ async fn reduce_scatter_ring(
                                 acc.freeze()
                             }
                             Err(partial) => reduced(call.element, op, &partial, mine),
-                        })?
-                    }
-                    elsewhere => elsewhere.read(|partial| {
+                        }
+                    })?),
+                    // In a slot of the previous member's shared memory: reduced where it goes
+                    // (into a slot of this member's, if the next member takes them), written
+                    // once. An all-reduce only, whose call outlasts the sending (PendingSum).
+                    Blob::Slot(partial) if then_gather => Blob::Sum(Box::new(PendingSum {
+                        element: call.element,
+                        op,
+                        partial,
+                        mine: data.clone(),
+                        range: range.clone(),
+                    })),
+                    elsewhere => Blob::Bytes(elsewhere.read(|partial| {
                         data.read(range.clone(), |mine| {
                             reduced(call.element, op, partial, mine)
                         })
-                    })??,
+                    })??),
                 };
                 g.send(next, seq, tag(Phase::ReduceScatter, s + 1, c), call, acc);
             } else {

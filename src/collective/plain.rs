@@ -21,7 +21,10 @@
 //! control frames ahead of it are read whatever the window. A chunk whose region of the result
 //! the call expects (an all-reduce's all-gather) is read straight into it (or copied there from
 //! its slot), others into a buffer of their own (or left in their slot); a chunk that lies in
-//! the caller's input or in the result is written from there (`landing.rs`). A malformed frame
+//! the caller's input or in the result is written from there (`landing.rs`), and an
+//! all-reduce's intermediate sum whose partial lies in a slot is reduced straight into the
+//! slot it goes in (`Blob::Sum`; computed aside first if no slot is free at once, so that a
+//! ring of members never each hold a predecessor's slot while waiting for one of their own). A malformed frame
 //! or a failed write of a chunk loses the member at once ([`CollectiveError::MemberLost`]); a
 //! link the peer closed loses it when a call waits for a chunk from it that never came (a
 //! member that finished its last call and exited closes its links before its peers took every
@@ -271,7 +274,7 @@ impl LinkSlots {
             }
             _ => return Ok(Lend::Tcp),
         };
-        let slot = blob.read(|bytes| lender.lend(bytes))?;
+        let slot = lender.lend_with(blob.len(), |out| blob.write_to(out))?;
         Ok(slot.map_or(Lend::Full, Lend::Slot))
     }
 
@@ -403,10 +406,20 @@ impl Sender<'_> {
     /// Where `blob` goes: a slot as soon as one is free, waiting at most [`SLOT_WAIT`] (its
     /// own control frames written meanwhile, so that two members waiting for each other's
     /// slots give them back); after that, TCP. `None` if the link ended meanwhile.
-    async fn place(&mut self, blob: &Blob) -> Option<Result<Lend, CollectiveError>> {
+    ///
+    /// A pending sum that finds no free slot is computed into bytes of its own first: it
+    /// holds a slot of the previous member's, and a ring of members each waiting for a slot
+    /// while holding the one its predecessor waits for would stall them all.
+    async fn place(&mut self, blob: &mut Blob) -> Option<Result<Lend, CollectiveError>> {
         let lent = self.link.lend(blob);
         if !matches!(lent, Ok(Lend::Full)) {
             return Some(lent);
+        }
+        if matches!(blob, Blob::Sum(_)) {
+            match std::mem::replace(blob, Blob::Bytes(Bytes::new())).into_bytes() {
+                Ok(bytes) => *blob = Blob::Bytes(bytes),
+                Err(e) => return Some(Err(e)),
+            }
         }
         let deadline = Instant::now() + SLOT_WAIT;
         loop {
@@ -459,10 +472,18 @@ impl Sender<'_> {
         drop(shared);
         let len = out.blob.len();
         let mut prefix = self.link.offer_before(len).await.unwrap_or_default();
-        let Some(lent) = self.place(&out.blob).await else {
+        let mut blob = out.blob;
+        let Some(mut lent) = self.place(&mut blob).await else {
             unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             return false;
         };
+        if !matches!(lent, Ok(Lend::Slot(_))) && matches!(blob, Blob::Sum(_)) {
+            // A pending sum that goes over TCP is computed once, not at every partial write.
+            match std::mem::replace(&mut blob, Blob::Bytes(Bytes::new())).into_bytes() {
+                Ok(bytes) => blob = Blob::Bytes(bytes),
+                Err(e) => lent = Err(e),
+            }
+        }
         prefix.extend_from_slice(&(header.len() as u32).to_le_bytes());
         prefix.extend_from_slice(&header);
         if let Ok(Lend::Slot(slot)) = lent {
@@ -475,7 +496,7 @@ impl Sender<'_> {
         let written = async {
             let lent = lent.map_err(Unsent::Blob)?;
             writer.write_all(&prefix).await.map_err(Unsent::Link)?;
-            match (&out.blob, lent) {
+            match (&blob, lent) {
                 (_, Lend::Slot(_)) => Ok(()),
                 (Blob::Bytes(bytes), _) => writer.write_all(bytes).await.map_err(Unsent::Link),
                 (in_place, _) => write_in_place(writer, in_place).await,
@@ -483,7 +504,7 @@ impl Sender<'_> {
         }
         .await;
         unanswered.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        drop(out.blob);
+        drop(blob);
         match written {
             Ok(()) => true,
             Err(Unsent::Blob(err)) => {

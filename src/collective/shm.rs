@@ -296,25 +296,44 @@ impl Lender {
 
     /// Copies `bytes` (at most a slot) into a free slot and lends it: its number, or `None`
     /// if every slot is lent or the bytes do not fit.
+    #[cfg(test)]
     pub(crate) fn lend(&self, bytes: &[u8]) -> Option<u32> {
-        if bytes.len() > self.segment.slot_bytes {
-            return None;
+        self.lend_with(bytes.len(), |slot| {
+            slot.copy_from_slice(bytes);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .unwrap_or_else(|never| match never {})
+    }
+
+    /// A free slot (its number), its first `len` bytes written by `fill`; `Ok(None)` if none is
+    /// free or `len` does not fit. A slot whose `fill` failed is free again.
+    pub(crate) fn lend_with<E>(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Option<u32>, E> {
+        if len > self.segment.slot_bytes {
+            return Ok(None);
         }
         let slot = {
             let mut lent = self.lent.lock().unwrap_or_else(|p| p.into_inner());
-            let free = lent.iter().position(|l| !l)?;
+            let Some(free) = lent.iter().position(|l| !l) else {
+                return Ok(None);
+            };
             lent[free] = true;
             free as u32
         };
-        // SAFETY: the slot lies in the mapping and holds at least `bytes.len()`; it was free,
-        // so the receiver does not read it (it gave it back), and this side marked it lent
-        // under the lock, so no other writer here has it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.segment.slot_ptr(slot), bytes.len())
-        };
+        // SAFETY: the slot lies in the mapping and holds at least `len` bytes; it was free, so
+        // the receiver does not read it (it gave it back), and this side marked it lent under
+        // the lock, so no other writer here has it: the slice aliases nothing while it lives.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.segment.slot_ptr(slot), len) };
+        if let Err(e) = fill(out) {
+            self.lent.lock().unwrap_or_else(|p| p.into_inner())[slot as usize] = false;
+            return Err(e);
+        }
         // The receiver reads it after the frame that names it, written after this.
         fence(Ordering::SeqCst);
-        Some(slot)
+        Ok(Some(slot))
     }
 
     /// The receiver gave `slot` back; an error if it was not lent.
