@@ -165,9 +165,9 @@ struct Api {
 /// The names tried, in order: the soname first (the only name the wheels ship).
 const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
 
-/// The config of a non-blocking communicator: the fields of NCCL 2.17's `ncclConfig_t`, which
-/// every later NCCL reads by the `size` and `version` given here (the rest keep their
-/// defaults).
+/// The config of a non-blocking communicator: the fields of NCCL 2.18's `ncclConfig_t` (the
+/// first to have `splitShare`), which every later NCCL reads by the `size` and `version`
+/// given here (the rest keep their defaults).
 #[repr(C)]
 struct Config {
     size: usize,
@@ -188,7 +188,7 @@ impl Config {
         Config {
             size: std::mem::size_of::<Config>(),
             magic: 0xcafe_beef,
-            version: 21700,
+            version: 21800,
             blocking: 0,
             cga_cluster_size: CONFIG_UNDEF_INT,
             min_ctas: CONFIG_UNDEF_INT,
@@ -697,6 +697,9 @@ impl Rank {
             ));
         }
         let stream = self.stream.cu_stream() as *mut c_void;
+        // The guards record their events when they drop, as this returns: before the
+        // non-blocking communicator has put the kernel on the stream. Every later use of these
+        // buffers is on this stream after `wait_all`, so nothing relies on those events.
         let (src, _read) = send.map(|s| s.device_ptr(&self.stream)).unzip();
         let (dst, _written) = recv.device_ptr_mut(&self.stream);
         let dst = dst as *mut c_void;
@@ -831,7 +834,8 @@ fn buckets(
                 t.dtype()
             )));
         }
-        described.push((element, t.elem_count()));
+        // `plan_buckets` weighs bytes.
+        described.push((element, t.elem_count() * t.dtype().size_in_bytes()));
     }
     Ok(plan_buckets(&described, bucket_bytes_max)
         .into_iter()
@@ -909,13 +913,23 @@ async fn reduce_bucket<T: NcclElement>(
             ));
         }
     }
-    if let Err(e) = enqueued {
-        for rank in ranks {
-            rank.shared.abort(e.to_string());
+    let waited = match enqueued {
+        Err(e) => {
+            for rank in ranks {
+                rank.shared.abort(e.to_string());
+            }
+            Err(e)
         }
+        Ok(()) => wait_all(ranks, "all-reduce", timeout, live).await,
+    };
+    if let Err(e) = waited {
+        // A non-blocking communicator puts the kernel on the stream from a thread of its own,
+        // which may still be at it until the abort joins it: freeing the buffers now (a free
+        // ordered on the stream) could free them under the kernel. They stay allocated: one
+        // bucket per failed communicator, which its group replaces.
+        std::mem::forget(bufs);
         return Err(e);
     }
-    wait_all(ranks, "all-reduce", timeout, live).await?;
     let mut outs = Vec::with_capacity(ranks.len());
     for ((rank, buf), tensors) in ranks.iter().zip(&bufs).zip(inputs) {
         let host = rank.download(buf)?;
@@ -1315,5 +1329,34 @@ impl NcclLocal {
         }
         let ranks: Vec<&Rank> = self.ranks.iter().collect();
         wait_all(&ranks, "all-reduce", self.timeout, &|| None).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_hold_at_most_their_bytes_and_split_by_dtype() {
+        let cpu = &Device::Cpu;
+        let f32s = |n: usize| Tensor::zeros(n, DType::F32, cpu).unwrap();
+        // 1000 f32 are 4000 bytes: two fit in 8000, a third does not.
+        let tensors = [
+            f32s(1000),
+            f32s(1000),
+            f32s(1000),
+            Tensor::zeros(10, DType::F64, cpu).unwrap(),
+            f32s(5000),
+        ];
+        let plan = buckets(&tensors, 8000).unwrap();
+        let ranges: Vec<Range<usize>> = plan.iter().map(|(_, r)| r.clone()).collect();
+        assert_eq!(ranges, vec![0..2, 2..3, 3..4, 4..5]);
+        let dtypes: Vec<DType> = plan.iter().map(|(d, _)| *d).collect();
+        assert_eq!(dtypes, [DType::F32, DType::F32, DType::F64, DType::F32]);
+        assert!(matches!(
+            buckets(&[Tensor::zeros(3, DType::U32, cpu).unwrap()], 8000),
+            Err(NcclError::InvalidArgument(_))
+        ));
+        assert!(buckets(&tensors, 0).is_err());
     }
 }
