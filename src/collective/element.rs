@@ -384,15 +384,20 @@ pub(crate) fn reduce_into(
     b: &[u8],
     out: Writable,
 ) -> Result<Filled, CollectiveError> {
-    if a.len() != b.len() || a.len() != out.len() {
+    same_lengths(a, b, out.len())?;
+    with_type!(element, T => reduce_pairs::<T, _>(op, a, b, out))
+}
+
+/// The operands of a reduction and where it goes must be as long as each other.
+fn same_lengths(a: &[u8], b: &[u8], out: usize) -> Result<(), CollectiveError> {
+    if a.len() != b.len() || a.len() != out {
         return Err(CollectiveError::Tensor(format!(
-            "reducing {} bytes with {} into a region of {}",
+            "reducing {} bytes with {} into {out}",
             a.len(),
-            b.len(),
-            out.len()
+            b.len()
         )));
     }
-    with_type!(element, T => reduce_pairs::<T, _>(op, a, b, out))
+    Ok(())
 }
 
 /// `a (op) b` as [`reduced`] computes it, written into `out` (as long as each: a slot of
@@ -404,14 +409,7 @@ pub(crate) fn reduce_to(
     b: &[u8],
     out: &mut [u8],
 ) -> Result<(), CollectiveError> {
-    if a.len() != b.len() || a.len() != out.len() {
-        return Err(CollectiveError::Tensor(format!(
-            "reducing {} bytes with {} into {}",
-            a.len(),
-            b.len(),
-            out.len()
-        )));
-    }
+    same_lengths(a, b, out.len())?;
     with_type!(element, T => match bytemuck::try_cast_slice_mut::<u8, T>(out) {
         Ok(out) => {
             let wanted = out.len();
