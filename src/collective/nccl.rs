@@ -568,10 +568,23 @@ impl Shared {
         self.aborted(reason)
     }
 
-    /// Runs one NCCL call on the live communicator, or refuses with why it was aborted.
+    /// Runs one NCCL call on the live communicator, or refuses with why it was aborted; a
+    /// failed call aborts the communicator.
     fn call(
         &self,
         name: &'static str,
+        f: impl FnOnce(&'static Api, Comm) -> NcclResult,
+    ) -> Result<NcclResult, NcclError> {
+        self.call_then(name, true, f)
+    }
+
+    /// [`Shared::call`]; inside an open NCCL group (`abort_on_failure` false) a failed call
+    /// leaves the abort to the caller, after the group ends: aborting a communicator the open
+    /// group still refers to would race its end.
+    fn call_then(
+        &self,
+        name: &'static str,
+        abort_on_failure: bool,
         f: impl FnOnce(&'static Api, Comm) -> NcclResult,
     ) -> Result<NcclResult, NcclError> {
         let state = self.lock();
@@ -586,7 +599,9 @@ impl Shared {
         let err = self.api.error(name, Some(self.epoch), rc, comm.0);
         drop(state);
         // A failed communicator cannot be used again; abort it so that the peers' calls end.
-        self.abort(err.to_string());
+        if abort_on_failure {
+            self.abort(err.to_string());
+        }
         Err(err)
     }
 
@@ -683,11 +698,14 @@ impl Rank {
     }
 
     /// Enqueues an in-place all-reduce of `buf` on the stream.
+    /// Inside an open NCCL group (`in_group`), a failure does not abort the communicator: the
+    /// caller aborts every rank once the group ended.
     fn enqueue<T: NcclElement>(
         &self,
         op: Reduction,
         send: Option<&CudaSlice<T>>,
         recv: &mut CudaSlice<T>,
+        in_group: bool,
     ) -> Result<(), NcclError> {
         self.bind()?;
         let len = recv.len();
@@ -704,22 +722,23 @@ impl Rank {
         let (dst, _written) = recv.device_ptr_mut(&self.stream);
         let dst = dst as *mut c_void;
         let src = src.map_or(dst as *const c_void, |p| p as *const c_void);
-        self.shared.call("ncclAllReduce", |api, comm| {
-            // SAFETY: `src` and `dst` hold `len` elements of T on this rank's device, alive
-            // until the stream's work is waited for (the caller's buffers outlive the wait);
-            // the stream belongs to the comm's device.
-            unsafe {
-                (api.all_reduce)(
-                    src,
-                    dst,
-                    len,
-                    T::NCCL_DTYPE as c_int,
-                    nccl_op(op) as c_int,
-                    comm,
-                    stream,
-                )
-            }
-        })?;
+        self.shared
+            .call_then("ncclAllReduce", !in_group, |api, comm| {
+                // SAFETY: `src` and `dst` hold `len` elements of T on this rank's device, alive
+                // until the stream's work is waited for (the caller's buffers outlive the wait);
+                // the stream belongs to the comm's device.
+                unsafe {
+                    (api.all_reduce)(
+                        src,
+                        dst,
+                        len,
+                        T::NCCL_DTYPE as c_int,
+                        nccl_op(op) as c_int,
+                        comm,
+                        stream,
+                    )
+                }
+            })?;
         Ok(())
     }
 
@@ -899,7 +918,7 @@ async fn reduce_bucket<T: NcclElement>(
     }
     let mut enqueued = Ok(());
     for (rank, buf) in ranks.iter().zip(bufs.iter_mut()) {
-        enqueued = enqueued.and_then(|()| rank.enqueue(op, None, buf));
+        enqueued = enqueued.and_then(|()| rank.enqueue(op, None, buf, grouped));
     }
     if grouped {
         // SAFETY: closes the group opened above.
@@ -1131,7 +1150,7 @@ impl NcclComm {
         buf: &mut CudaSlice<f32>,
     ) -> Result<(), NcclError> {
         self.refuse_if_broken()?;
-        self.rank.enqueue(op, None, buf)?;
+        self.rank.enqueue(op, None, buf, false)?;
         let live = self.live();
         wait_all(&[&self.rank], "all-reduce", self.timeout, &live).await
     }
@@ -1318,13 +1337,20 @@ impl NcclLocal {
             unsafe { (api.group_start)() };
             let mut enqueued = Ok(());
             for ((rank, s), r) in self.ranks.iter().zip(send).zip(recv.iter_mut()) {
-                enqueued = enqueued.and_then(|()| rank.enqueue(op, Some(s), r));
+                enqueued = enqueued.and_then(|()| rank.enqueue(op, Some(s), r, true));
             }
             // SAFETY: closes the group opened above.
             let rc = unsafe { (api.group_end)() };
-            enqueued?;
-            if rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS {
-                return Err(api.error("ncclGroupEnd", None, rc, std::ptr::null_mut()));
+            if enqueued.is_ok() && rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS {
+                enqueued = Err(api.error("ncclGroupEnd", None, rc, std::ptr::null_mut()));
+            }
+            if let Err(e) = enqueued {
+                // Every rank: those whose work was launched would otherwise spin until the
+                // timeout, waiting for the ones that failed.
+                for rank in &self.ranks {
+                    rank.shared.abort(e.to_string());
+                }
+                return Err(e);
             }
         }
         let ranks: Vec<&Rank> = self.ranks.iter().collect();
