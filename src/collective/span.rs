@@ -12,14 +12,16 @@
 //!
 //! The span's calls block the calling thread (a replica's thread, or the thread that creates
 //! a variable) until the group's call ends; the group bounds every wait (its operation
-//! timeout, the transport's idle timeout for a lost member), so they never hang. The call runs
+//! timeout, the transport's idle timeout for a lost member), and the span's [`NcclWaits`]
+//! bound NCCL's, so they never hang. The call runs
 //! as a task on the span's runtime and is awaited through a channel, so calling from inside
 //! another async runtime is no error either.
 //!
 //! With the feature `nccl`, a span made `ProcessSpan::with_nccl` sums f32 and f64 tensors
 //! on a GPU of this process with NCCL instead of the group's ring (TensorFlow's
 //! `CommunicationImplementation.NCCL`); everything else (broadcasts, gathers, barriers, other
-//! dtypes) stays on the group. The span is one membership epoch: its communicator is made at
+//! dtypes) stays on the group. NCCL gives every rank the same bits too (its algorithms reduce
+//! each element once and pass the result on). The span is one membership epoch: its communicator is made at
 //! its first NCCL sum, bootstrapped over the group (`NcclComm::new`; every member reaches
 //! that sum at the same point of its sequence of calls, as every collective does), and
 //! aborted when the group breaks; a re-formed group gets a new span and so a new
