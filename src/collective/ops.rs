@@ -789,15 +789,20 @@ fn bytes_of(elements: Range<usize>, element_size: usize) -> Range<usize> {
     elements.start * element_size..elements.end * element_size
 }
 
-/// A digest of the shapes fused into a bucket (FNV-1a), so that members fusing different
-/// tensors of the same total size disagree visibly.
-fn shapes_digest(tensors: &[Tensor]) -> u64 {
+/// A digest of the shapes and dtypes fused into a bucket (FNV-1a), so that members fusing
+/// different tensors of the same total size disagree visibly (the NCCL sums check it too,
+/// `span.rs`).
+pub(crate) fn shapes_digest(tensors: &[Tensor]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |bytes: &[u8]| {
+        for &byte in bytes {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
     for t in tensors {
+        mix(t.dtype().as_str().as_bytes());
         for &d in t.dims().iter().chain(std::iter::once(&usize::MAX)) {
-            for byte in (d as u64).to_le_bytes() {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            }
+            mix(&(d as u64).to_le_bytes());
         }
     }
     hash | 1

@@ -140,7 +140,11 @@ impl ProcessSpan {
     pub fn sum(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         #[cfg(feature = "nccl")]
         if let Some(gpu) = self.gpu_for(std::slice::from_ref(tensor)) {
-            let (group, tensors, bucket) = (self.group.clone(), vec![tensor.clone()], 0);
+            let (group, tensors, bucket) = (
+                self.group.clone(),
+                vec![tensor.clone()],
+                self.bucket_bytes_max,
+            );
             let mut summed = self.block(async move { gpu.sum(group, tensors, bucket).await })?;
             return summed
                 .pop()
@@ -255,21 +259,15 @@ const SETTLE_POLL: Duration = Duration::from_millis(20);
 #[cfg(feature = "nccl")]
 const FINGERPRINT_MASK: u64 = (1 << 52) - 1;
 
-/// What every member's call must agree on: the number of tensors, their elements, a hash of
-/// their shapes and dtypes, and the bucket size; each value below 2^52.
+/// What every member's call must agree on: the number of tensors, their elements, the
+/// group's digest of their shapes and dtypes, and the bucket size; each value below 2^52.
 #[cfg(feature = "nccl")]
 fn fingerprint(tensors: &[Tensor], bucket_bytes_max: usize) -> [u64; 4] {
-    use std::hash::{Hash, Hasher};
-    let mut shapes = std::collections::hash_map::DefaultHasher::new();
-    for t in tensors {
-        t.dims().hash(&mut shapes);
-        t.dtype().as_str().hash(&mut shapes);
-    }
     let elements: usize = tensors.iter().map(Tensor::elem_count).sum();
     [
         tensors.len() as u64,
         elements as u64,
-        shapes.finish(),
+        super::ops::shapes_digest(tensors),
         bucket_bytes_max as u64,
     ]
     .map(|v| v & FINGERPRINT_MASK)
@@ -277,13 +275,13 @@ fn fingerprint(tensors: &[Tensor], bucket_bytes_max: usize) -> [u64; 4] {
 
 #[cfg(feature = "nccl")]
 impl GpuSums {
-    /// Sums `tensors` (f32/f64, buckets of `bucket_bytes_max`; 0: one bucket for them all)
-    /// with every member's, making the communicator first if this epoch has none.
+    /// Sums `tensors` (f32/f64, buckets of at most `bucket` bytes) with every member's, making
+    /// the communicator first if this epoch has none.
     async fn sum(
         &self,
         group: ProcessGroup,
         tensors: Vec<Tensor>,
-        bucket_bytes_max: usize,
+        bucket: usize,
     ) -> Result<Vec<Tensor>, CollectiveError> {
         let mut held = self.comm.lock().await;
         let comm = match &mut *held {
@@ -295,15 +293,6 @@ impl GpuSums {
                     Err(err) => return Err(self.failure(&group, err).await),
                 }
             }
-        };
-        let bucket = if bucket_bytes_max == 0 {
-            tensors
-                .iter()
-                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
-                .sum::<usize>()
-                .max(1)
-        } else {
-            bucket_bytes_max
         };
         let mine = fingerprint(&tensors, bucket);
         // Max of the values and of their negatives: every member's equal iff max == -min.
