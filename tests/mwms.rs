@@ -1082,10 +1082,23 @@ fn a_preempted_chief_saves_and_leaves_and_the_others_go_on() {
 /// ends with the variables of a run never stopped.
 #[test]
 fn a_job_started_again_resumes_every_worker_from_the_chiefs_newest_checkpoint() {
+    resume_case("resume", None);
+}
+
+#[test]
+fn a_worker_lost_while_a_started_job_agrees_on_its_checkpoint_leaves_the_others_resuming() {
+    resume_case("resume-lost", Some(1));
+}
+
+/// 2 workers train with checkpoints and are killed after step 10; the job starts again from
+/// the chief's newest checkpoint, every worker resuming there. With `vanish`, it starts again
+/// with a third worker, and that worker SIGKILLs itself right after forming: the others lose
+/// it while the chief gives them the restored state, re-form, and still resume from it.
+fn resume_case(name: &str, vanish: Option<usize>) {
     const STEPS: usize = 30;
     let workers = 2;
     let global = 2 * workers;
-    let dir = std::env::temp_dir().join(format!("cohort-mwms-resume-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (steps, batch, checkpoints) = (
         STEPS.to_string(),
@@ -1106,17 +1119,58 @@ fn a_job_started_again_resumes_every_worker_from_the_chiefs_newest_checkpoint() 
         "5",
     ];
     let tasks = vec![("worker", 1); workers];
-    let mut first = Cluster::start("resume-a", &tasks, &flags);
+    let mut first = Cluster::start(&format!("{name}-a"), &tasks, &flags);
     first.wait_for(0, "saved step=10 ");
     for i in 0..workers {
         kill_worker(&first, i);
     }
     drop(first);
-    let mut second = Cluster::start("resume-b", &tasks, &flags);
-    let restored = second.wait_for(0, "restored");
-    let from = field(&restored, "step");
+    let outs = match vanish {
+        None => {
+            let mut second = Cluster::start(&format!("{name}-b"), &tasks, &flags);
+            let outs = second.outcomes();
+            (second.seen[0].clone(), outs)
+        }
+        Some(k) => {
+            // The same per-replica batch: the survivors' global batch is the first job's.
+            let (k_flag, three) = (k.to_string(), (2 * (workers + 1)).to_string());
+            let mut flags = flags.to_vec();
+            flags[4] = three.as_str();
+            flags.extend([
+                "--idle-timeout-ms",
+                "800",
+                "--vanish-worker",
+                k_flag.as_str(),
+            ]);
+            let tasks = vec![("worker", 1); workers + 1];
+            let mut second = Cluster::start(&format!("{name}-b"), &tasks, &flags);
+            let survivors: Vec<usize> = (0..=workers).filter(|&i| i != k).collect();
+            let mut outs = Vec::new();
+            for &i in &survivors {
+                second.wait_for(i, "done");
+                assert_eq!(
+                    second.workers[i].wait_exit(),
+                    0,
+                    "worker {i}: {:#?}",
+                    second.seen[i]
+                );
+                outs.push(read_outcome(&second.dir.join(format!("out-{i}.json"))));
+                let recovered = second.wait_for(i, "recovered");
+                assert!(
+                    recovered.contains(&format!("lost=worker/{k} ")),
+                    "{recovered}"
+                );
+            }
+            (second.seen[0].clone(), outs)
+        }
+    };
+    let (chief_lines, outs) = outs;
+    let restored = chief_lines
+        .iter()
+        .find(|l| l.starts_with("restored"))
+        .unwrap_or_else(|| panic!("{name}: worker 0 restored nothing: {chief_lines:#?}"));
+    let from = field(restored, "step");
     assert!((10..STEPS).contains(&from), "{restored}");
-    let outs = second.outcomes();
     assert_eq!(outs[0].variables, outs[1].variables);
     // No step before the checkpoint was trained again: their losses are unknown here.
     assert!(outs[0].losses[..from].iter().all(|l| l.is_nan()));
@@ -1127,7 +1181,11 @@ fn a_job_started_again_resumes_every_worker_from_the_chiefs_newest_checkpoint() 
     let mut reference = replay;
     known.losses = known.losses[from..].to_vec();
     reference.losses = reference.losses[from..].to_vec();
-    assert_close(&known, &reference, "resumed vs a run never stopped");
+    assert_close(
+        &known,
+        &reference,
+        &format!("{name}: resumed vs a run never stopped"),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1154,6 +1212,88 @@ fn a_second_worker_lost_while_the_survivors_re_form_is_left_out_too() {
         Loss::Kill,
         &[],
     );
+}
+
+/// Worker `vanish` of `workers` (of `replicas` each) SIGKILLs itself right after the group
+/// formed, before making its model: the others lose it while they compare settings,
+/// broadcast the first worker's initial variables or take the first step. That costs one
+/// re-forming at step 0, not the job: every survivor finishes with the same bits, and, where
+/// worker 0 survives (its initial values are the model's), with a run of the survivors'
+/// global batch from the start.
+fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize) {
+    const STEPS: usize = 12;
+    let per_replica = 2;
+    let global = per_replica * replicas * workers;
+    let (steps, batch, vanish_flag) = (STEPS.to_string(), global.to_string(), vanish.to_string());
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+        "--vanish-worker",
+        vanish_flag.as_str(),
+    ];
+    let tasks = vec![("worker", replicas); workers];
+    let mut cluster = Cluster::start(name, &tasks, &flags);
+    cluster.wait_for(vanish, "formed");
+    assert_ne!(
+        cluster.workers[vanish].wait_exit(),
+        0,
+        "{name}: worker {vanish} lived"
+    );
+    let survivors: Vec<usize> = (0..workers).filter(|&i| i != vanish).collect();
+    let mut outs = Vec::new();
+    for &i in &survivors {
+        cluster.wait_for(i, "done");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "{name}: worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        let recovered: Vec<&String> = cluster.seen[i]
+            .iter()
+            .filter(|l| l.starts_with("recovered"))
+            .collect();
+        let expected = format!(
+            "recovered epoch=2 step=0 position=0 workers={} lost=worker/{vanish} ",
+            survivors.len()
+        );
+        assert!(
+            recovered.len() == 1 && recovered[0].starts_with(&expected),
+            "{name}: worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
+    }
+    for (k, out) in outs.iter().enumerate().skip(1) {
+        assert_eq!(
+            out.variables, outs[0].variables,
+            "{name}: survivor {} holds other bits than survivor {}",
+            survivors[k], survivors[0]
+        );
+    }
+    assert_eq!(outs[0].losses.len(), STEPS, "{name}");
+    if vanish != 0 {
+        let schedule = [(STEPS, per_replica * replicas * survivors.len())];
+        let replay = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule, 7).unwrap();
+        assert_close(&outs[0], &replay, &format!("{name} vs the replay"));
+    }
+}
+
+#[test]
+fn a_worker_lost_before_the_first_step_costs_a_re_forming_not_the_job() {
+    setup_loss_case("setup-loss", 3, 2, 1);
+}
+
+#[test]
+fn the_first_worker_lost_before_the_first_step_leaves_the_others_one_model() {
+    setup_loss_case("setup-loss0", 3, 1, 0);
 }
 
 #[test]

@@ -67,6 +67,10 @@ pub(crate) struct MwmsArgs {
     /// `--fail-worker`'s replica panics instead of returning an error.
     #[arg(long, requires = "fail_worker")]
     fail_panics: bool,
+    /// The worker (its rank among the workers) that SIGKILLs itself right after the group
+    /// formed, before making its model: the others lose it while they set up.
+    #[arg(long)]
+    vanish_worker: Option<usize>,
     /// Train elastically: when a worker is lost, the survivors re-form and go on with the
     /// global batch of the same per-replica batch over fewer replicas.
     #[arg(long)]
@@ -137,6 +141,11 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         args.replicas,
         strategy.communication()
     );
+    if args.vanish_worker == Some(strategy.worker_index()) {
+        // As a SIGKILL from outside: no goodbye on any link.
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| CliError::Failed(format!("--vanish-worker: cannot raise SIGKILL: {e}")))?;
+    }
     let seed = 7 + 1000 * strategy.worker_index() as u64;
     if let Some(batch) = args.bench_batch {
         return match crate::workloads::mwms_bench::run(

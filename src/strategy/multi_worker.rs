@@ -203,7 +203,11 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// - Variables created in [`Strategy::scope`] are mirrored on the local replicas, and start
 ///   identical on every worker: right after its creation, each variable takes the first
 ///   worker's (the chief's) initial value, broadcast to every worker. Every worker must create
-///   the same variables in the same order (as in TensorFlow).
+///   the same variables in the same order (as in TensorFlow). A worker lost before that
+///   broadcast completes leaves the variable its own initial value and the group broken: the
+///   next call fails with the loss, and [`MultiWorkerMirrored::recover`] makes every
+///   survivor's state one survivor's (so does a loss while comparing settings, right after
+///   forming: making the strategy does not fail for it).
 /// - `ctx.all_reduce(op, t)` inside [`run`](super::StrategyExt::run) sums the local replicas'
 ///   values in process, then across the workers with one group call, and gives every replica
 ///   the result, bit-identical on every worker; [`ReplicaContext::all_reduce_many`]
@@ -376,11 +380,16 @@ impl MultiWorkerMirrored {
         // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
         let awaiting_state = Arc::new(AtomicBool::new(span.group().epoch() > 1));
         let strategy = (|| -> Result<_, StrategyError> {
-            check_same_settings(
-                &span,
-                config.local_replicas,
-                config.bucket_bytes_max,
-                config.communication,
+            // A worker lost right after forming breaks the group here: the training loop's
+            // first call fails with that loss and `recover` re-forms, then checks again.
+            unless_mendable(
+                check_same_settings(
+                    &span,
+                    config.local_replicas,
+                    config.bucket_bytes_max,
+                    config.communication,
+                ),
+                span.group(),
             )?;
             let id = StrategyId::next();
             let mut replicas = Replicas::threaded(devices, id, config.collective_timeout)?;
@@ -571,7 +580,17 @@ impl MultiWorkerMirrored {
             match formed {
                 Ok(group) => {
                     self.install(group);
-                    match self.agree_state(state) {
+                    // A group broken before its settings were compared (a worker lost right
+                    // after the first forming) is checked now; a mismatch is not mended by
+                    // another attempt.
+                    let agreed = check_same_settings(
+                        &self.span,
+                        self.local_replicas,
+                        self.bucket_bytes_max,
+                        self.communication.0,
+                    )
+                    .and_then(|()| self.agree_state(state));
+                    match agreed {
                         Ok(source) => {
                             let group = self.span.group();
                             return Ok(Recovery {
@@ -590,6 +609,7 @@ impl MultiWorkerMirrored {
                                 attempts: attempt,
                             });
                         }
+                        Err(err @ StrategyError::Config { .. }) => return Err(err),
                         Err(err) => last = err.to_string(),
                     }
                 }
@@ -1244,6 +1264,22 @@ fn recoverable(err: &CollectiveError) -> bool {
     )
 }
 
+/// `result` of a collective call made before training starts, or `Ok` where it failed because
+/// `group` broke by an error re-forming mends (a lost worker): the loop's next call then
+/// fails with it, and [`MultiWorkerMirrored::recover`] re-forms and settles the state. So a
+/// worker lost between forming and the first step costs a recovery, not the job.
+fn unless_mendable(
+    result: Result<(), StrategyError>,
+    group: &ProcessGroup,
+) -> Result<(), StrategyError> {
+    match result {
+        Err(StrategyError::Collective(_)) if group.broken().is_some_and(|c| recoverable(&c)) => {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// Mirrors a variable on the local replicas and makes every worker's copies start from the
 /// first worker's initial value (a broadcast right after creation).
 #[derive(Debug)]
@@ -1264,14 +1300,17 @@ impl VariablePlacement for MultiWorkerPlacement {
         if !variable.has_local_copy() || self.awaiting_state.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let first = self
-            .span
-            .broadcast(0, &variable.try_read_value()?)
-            .map_err(|source| VariableError::Collective {
+        match self.span.broadcast(0, &variable.try_read_value()?) {
+            Ok(first) => variable.assign(&first),
+            // A worker lost while the model is made: the variable keeps its own initial value
+            // for now. The group is broken, so the training loop's next call fails with that
+            // loss, and `recover` makes every survivor's variables those of one survivor.
+            Err(_) if self.span.group().broken().is_some_and(|c| recoverable(&c)) => Ok(()),
+            Err(source) => Err(VariableError::Collective {
                 name: variable.name().to_string(),
                 source,
-            })?;
-        variable.assign(&first)
+            }),
+        }
     }
 }
 

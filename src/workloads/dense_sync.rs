@@ -361,7 +361,18 @@ pub fn train_elastic_on(
                     });
                 }
             }
-            strategy.agree(&mut state)?;
+            // A worker lost meanwhile: the loop's first step boundary fails with that loss,
+            // and `recover` agrees on the state instead (the chief's restored step is the
+            // highest, unless the chief is the one lost).
+            if let Err(err) = strategy.agree(&mut state) {
+                let err = TrainError::from(err);
+                if matches!(
+                    collective_cause(&err),
+                    Some(CollectiveError::Application { .. }) | None
+                ) {
+                    return Err(err);
+                }
+            }
             step = state.step as usize;
             position = state.position as usize;
             losses.resize(step, f32::NAN);
