@@ -2,7 +2,8 @@
 //! every operation against a reference computed here, with 2, 3 and 4 members, sizes that do
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
 //! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
-//! a member's application abort; EPOCH-1. The operations, disagreeing members, a lost member
+//! a member's application abort; EPOCH-1; a member's new process that began forming the
+//! first epoch the others formed with its old one (no survivor: admitted later). The operations, disagreeing members, a lost member
 //! and an abort also over the plaintext data plane (TCP links set up over QUIC), whose members
 //! here pass their chunks through shared memory (all on one host); the operations also with
 //! that off (TCP alone), and with members that choose differently.
@@ -1157,5 +1158,143 @@ async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() 
             text.contains("data plane") && text.contains("plaintext") && text.contains("QUIC"),
             "rank {rank}: {text}"
         );
+    }
+}
+
+/// A member's new process that started forming epoch 1 after the others had formed it with
+/// its old process (the old one killed right after its links were up, the new one asking
+/// before the others' groups were whole): the survivors' probes find it alive but no survivor,
+/// so they re-form without it at once; its forming ends at their probe (not at its form
+/// timeout), and it enters as a joiner and is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_admitted_later() {
+    let config = GroupConfig::for_tests();
+    let ca = ClusterCa::generate("second-incarnation").unwrap();
+    let bind = |i: u32, addr: std::net::SocketAddr| {
+        Endpoint::bind(
+            addr,
+            ca.issue(&NodeId::new("worker", i)).unwrap(),
+            TransportConfig::for_tests(),
+        )
+    };
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut endpoints: Vec<Endpoint> = (0..3).map(|i| bind(i, any).unwrap()).collect();
+    let mut meshes: Vec<Mesh> = endpoints
+        .iter()
+        .map(|e| Mesh::new(e.clone(), config.clone()))
+        .collect();
+    let members: Vec<GroupMember> = meshes
+        .iter()
+        .map(|m| GroupMember {
+            node: m.node().clone(),
+            addr: m.local_addr().unwrap(),
+        })
+        .collect();
+    let formed = bounded(
+        "forming epoch 1",
+        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
+    )
+    .await;
+    let mut groups: Vec<ProcessGroup> = formed.into_iter().map(Result::unwrap).collect();
+    // worker/1's process dies; a new one binds its address and forms epoch 1 anew.
+    let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
+    old_endpoint.close();
+    drop((old, old_mesh, old_endpoint));
+    let (a, d) = (groups.remove(0), groups.remove(0));
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let broken = bounded(
+        "the loss",
+        join_all([&a, &d].map(|g| g.all_reduce(Reduction::Sum, &one))),
+    )
+    .await;
+    assert!(broken.iter().all(Result::is_err), "{broken:?}");
+    let addr = members[1].addr;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let endpoint = loop {
+        match bind(1, addr) {
+            Ok(endpoint) => break endpoint,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("binding worker/1's address again: {e}"),
+        }
+    };
+    let again = Mesh::new(endpoint, config.clone());
+    let forming = tokio::spawn({
+        let (again, members) = (again.clone(), members.clone());
+        async move { again.form(1, members).await }
+    });
+    // Its form has begun (the first epoch is set before any link).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while again.epoch() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new process never began forming"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The survivors probe: the new process answers, but as no survivor.
+    let alive = bounded(
+        "probe",
+        join_all([&a, &d].map(|g| g.reachable(Duration::from_secs(2)))),
+    )
+    .await;
+    let expected = vec![NodeId::new("worker", 0), NodeId::new("worker", 2)];
+    for view in alive {
+        assert_eq!(view.unwrap(), expected);
+    }
+    let started = std::time::Instant::now();
+    let failed = bounded("the new process's forming", forming).await.unwrap();
+    let err = failed.expect_err("the new process formed an epoch the others left");
+    assert!(
+        started.elapsed() < config.form_timeout / 2,
+        "its forming waited {:?} for the form timeout: {err}",
+        started.elapsed()
+    );
+    let reformed = bounded(
+        "re-forming",
+        join_all([&a, &d].map(|g| g.reform(&expected))),
+    )
+    .await;
+    let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    // It enters, finds a live group and waits to be admitted; the leader admits it.
+    let peers = [members[0].clone(), members[2].clone()];
+    let entry = bounded(
+        "entering",
+        again.enter(addr, &peers, Duration::from_secs(2)),
+    )
+    .await;
+    assert!(
+        matches!(entry, cohort::collective::Entry::Join),
+        "{entry:?}"
+    );
+    let joining = tokio::spawn({
+        let again = again.clone();
+        async move { again.join_live(addr, &peers, Duration::from_secs(20)).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let joiners = loop {
+        let joiners = reformed[0].pending_joiners();
+        if !joiners.is_empty() {
+            break joiners;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "it never asked to join"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let admitted = bounded(
+        "admitting",
+        join_all(reformed.iter().map(|g| g.admit(&joiners))),
+    )
+    .await;
+    let mut grown: Vec<ProcessGroup> = admitted.into_iter().map(Result::unwrap).collect();
+    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
+    for (g, sum) in grown.iter().zip(sums) {
+        assert_eq!((g.epoch(), g.size()), (3, 3));
+        assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);
     }
 }

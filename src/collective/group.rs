@@ -44,7 +44,10 @@
 //!   ([`ProcessGroup::abort`]): every member's pending and later calls fail with
 //!   [`CollectiveError::Application`] naming it and its message.
 //! - A probe is answered by any live mesh, except one whose live group of a later epoch left
-//!   the prober out: it refuses, so the late member learns it was taken for lost.
+//!   the prober out: it refuses, so the late member learns it was taken for lost. A joiner,
+//!   and a mesh that never formed a group (a new process of a member, forming the first
+//!   epoch that the others formed with its old process), answer as no survivor; the latter's
+//!   forming then fails at once, and its process enters again as a joiner.
 //! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
 //!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
 //! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
@@ -414,6 +417,10 @@ impl Mesh {
             }
         }
         shared.start_links(&shared, conns);
+        {
+            let mut state = self.inner.lock();
+            state.formed = state.formed.max(epoch);
+        }
         Ok(ProcessGroup {
             shared,
             mesh: self.clone(),
@@ -431,7 +438,7 @@ impl Mesh {
         let epoch = shared.epoch;
         let form_error = |reason: String| CollectiveError::Form { epoch, reason };
         if self.node() < &peer.node {
-            return self.wait_for_join(&peer.node, epoch, deadline).await;
+            return self.wait_for_join(shared, &peer.node, deadline).await;
         }
         let plaintext = self.inner.config.plaintext;
         let mismatch = |theirs: &str| {
@@ -629,10 +636,11 @@ impl Mesh {
 
     async fn wait_for_join(
         &self,
+        shared: &Shared,
         peer: &NodeId,
-        epoch: u64,
         deadline: Instant,
     ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
+        let epoch = shared.epoch;
         let key = (peer.clone(), epoch);
         loop {
             let changed = self.inner.changed.notified();
@@ -650,6 +658,10 @@ impl Mesh {
                 }
                 if let Some(reason) = state.refused_joins.remove(&key) {
                     return Err(CollectiveError::Form { epoch, reason });
+                }
+                // The forming failed meanwhile (a probe said the others formed without us).
+                if let Some(err) = shared.lock().broken.clone() {
+                    return Err(err);
                 }
                 if state.epoch != epoch {
                     return Err(CollectiveError::Superseded {
@@ -929,6 +941,9 @@ struct MeshState {
     /// Whether this process waits to be admitted to a live group ([`Mesh::join_live`]): it
     /// answers probes as no survivor.
     joining: bool,
+    /// The latest epoch whose group formed here (all its links up); 0 before the first. A
+    /// mesh that formed none answers probes as no survivor of any group.
+    formed: u64,
     /// Processes that asked to be admitted (`Enter`): where they listen, when they last asked.
     pending: HashMap<NodeId, (SocketAddr, Instant)>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
@@ -1062,13 +1077,37 @@ impl MeshInner {
             Wire::Probe { epoch } => {
                 // A prober left out of a later live group learns it at once (it is the late
                 // member: the others re-formed without it).
-                let (joining, group) = {
+                let (joining, formed, group) = {
                     let state = self.lock();
-                    (state.joining, state.group.upgrade())
+                    (state.joining, state.formed, state.group.upgrade())
                 };
                 let reply = match group {
                     // A joiner is no survivor: the others re-form without it, then admit it.
                     _ if joining => Reply::Joining,
+                    // A mesh that never formed a group is no survivor either: it is a new
+                    // process forming the first epoch, which the prober formed (with this
+                    // node's old process, lost since) and is re-forming. That forming can no
+                    // longer complete (the prober left it): it fails now, and the process
+                    // enters again as a joiner (`MultiWorkerMirrored::new`).
+                    group if formed == 0 => {
+                        let forming = group.filter(|g| {
+                            g.epoch <= epoch && !g.is_formed() && g.nodes.contains(&peer)
+                        });
+                        if let Some(g) = forming {
+                            g.fail(
+                                CollectiveError::Form {
+                                    epoch: g.epoch,
+                                    reason: format!(
+                                        "{peer} formed epoch {epoch} without this process and \
+                                         is re-forming it: enter and be admitted"
+                                    ),
+                                },
+                                false,
+                            );
+                            self.changed.notify_waiters();
+                        }
+                        Reply::Joining
+                    }
                     Some(g)
                         if g.epoch > epoch
                             && !g.nodes.contains(&peer)
@@ -1195,6 +1234,13 @@ impl MeshInner {
             };
         }
         let group = state.group.upgrade().filter(|g| g.epoch == epoch);
+        // Its first forming failed and is gone: no group lives here to admit anyone.
+        if group.is_none() && state.formed == 0 {
+            return Reply::Entered {
+                epoch,
+                formed: false,
+            };
+        }
         if let Some(g) = &group {
             // The first group forming and waiting for it: the job is starting.
             if epoch == 1 && !g.is_formed() && g.nodes.contains(peer) {

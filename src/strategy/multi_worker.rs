@@ -349,7 +349,15 @@ impl MultiWorkerMirrored {
                 let mesh = Mesh::new(endpoint, group_config);
                 // A restarted (or added) worker finds the others training: it joins them.
                 let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
-                    Entry::Start => mesh.form(1, members).await?,
+                    Entry::Start => match mesh.form(1, members).await {
+                        Ok(group) => group,
+                        // The others formed the first epoch without this process (with its
+                        // old one, lost since: this is a restart) while it formed: join them.
+                        Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
+                            Entry::Join => mesh.join_live(own_addr, &peers, join_timeout).await?,
+                            Entry::Start => return Err(err),
+                        },
+                    },
                     Entry::Join => mesh.join_live(own_addr, &peers, join_timeout).await?,
                 };
                 Ok((mesh, group))
