@@ -118,7 +118,7 @@ use crate::roles::worker::{
 };
 
 mod local;
-mod logging;
+pub(crate) mod logging;
 
 pub(crate) use logging::init as init_logging;
 pub use logging::LOG_FORMAT_ENV;

@@ -304,7 +304,10 @@ pub fn run() -> ExitCode {
                 env,
             ));
         }
-        Command::MwmsDemoTask => match crate::workloads::mwms_demo::run_task() {
+        Command::MwmsDemoTask => match crate::bootstrap::logging::init()
+            .map_err(crate::workloads::mwms_demo::MwmsDemoError::Config)
+            .and_then(|()| crate::workloads::mwms_demo::run_task())
+        {
             Ok(()) => return ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("error: {err}");

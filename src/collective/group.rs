@@ -383,6 +383,7 @@ impl Mesh {
                 self.inner.endpoint.config().frame_bytes_max,
             ));
             state.epoch = epoch;
+            state.linked.retain(|(_, e)| *e == epoch);
             let old = std::mem::replace(&mut state.group, Arc::downgrade(&shared));
             drop(state);
             if let Some(old) = old.upgrade() {
@@ -421,15 +422,33 @@ impl Mesh {
             let mut state = self.inner.lock();
             state.formed = state.formed.max(epoch);
         }
+        tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
         Ok(ProcessGroup {
             shared,
             mesh: self.clone(),
         })
     }
 
-    /// One link of a group being formed: dial and join (larger node id) or wait for the
-    /// peer's join (smaller node id), within `deadline`.
+    /// One link of a group being formed (see [`Mesh::link_once`]), recorded once it is up:
+    /// another process of that peer is then refused in this epoch (it is a new incarnation,
+    /// to enter and be admitted).
     async fn link(
+        &self,
+        shared: &Arc<Shared>,
+        peer: &GroupMember,
+        deadline: Instant,
+    ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
+        let linked = self.link_once(shared, peer, deadline).await?;
+        let mut state = self.inner.lock();
+        if state.epoch == shared.epoch {
+            state.linked.insert((peer.node.clone(), shared.epoch));
+        }
+        Ok(linked)
+    }
+
+    /// Dials and joins (larger node id) or waits for the peer's join (smaller node id),
+    /// within `deadline`.
+    async fn link_once(
         &self,
         shared: &Arc<Shared>,
         peer: &GroupMember,
@@ -652,7 +671,7 @@ impl Mesh {
                 let ready = state.joined.contains_key(&key)
                     && (!self.inner.config.plaintext || state.plain_joined.contains_key(&key));
                 if ready {
-                    if let Some(conn) = state.joined.remove(&key) {
+                    if let Some((conn, _)) = state.joined.remove(&key) {
                         return Ok((conn, state.plain_joined.remove(&key)));
                     }
                 }
@@ -936,7 +955,9 @@ struct MeshState {
     /// The latest connection with each peer, dialed or accepted.
     conns: HashMap<NodeId, Connection>,
     /// Links of the forming epoch whose dialer's join arrived, until `form` takes them.
-    joined: HashMap<(NodeId, u64), Connection>,
+    /// Each with when its join arrived: of two processes of one peer joining the same
+    /// epoch (its old one, killed while the job started, and its restart), the later wins.
+    joined: HashMap<(NodeId, u64), (Connection, Instant)>,
     readers: Vec<JoinHandle<()>>,
     /// Whether this process waits to be admitted to a live group ([`Mesh::join_live`]): it
     /// answers probes as no survivor.
@@ -944,6 +965,9 @@ struct MeshState {
     /// The latest epoch whose group formed here (all its links up); 0 before the first. A
     /// mesh that formed none answers probes as no survivor of any group.
     formed: u64,
+    /// The peers whose link of the forming (or last formed) epoch is up, by epoch: a join
+    /// or enter from another process of one of them is a new incarnation.
+    linked: std::collections::HashSet<(NodeId, u64)>,
     /// Processes that asked to be admitted (`Enter`): where they listen, when they last asked.
     pending: HashMap<NodeId, (SocketAddr, Instant)>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
@@ -1055,6 +1079,7 @@ impl MeshInner {
                 let conn = conn.clone();
                 tokio::spawn(async move {
                     let reply = mesh.join(&conn, epoch, members, plaintext).await;
+                    tracing::debug!(peer = %conn.peer(), epoch, ?reply, "answered a join");
                     respond(responder, reply, header_max);
                 });
             }
@@ -1120,10 +1145,12 @@ impl MeshInner {
                     }
                     _ => Reply::Ack,
                 };
+                tracing::debug!(%peer, epoch, ?reply, "answered a probe");
                 respond(responder, reply, header_max)
             }
             Wire::Enter { addr } => {
                 let reply = self.entered(&peer, &addr);
+                tracing::debug!(%peer, ?reply, "answered an enter");
                 respond(responder, reply, header_max)
             }
             Wire::Admit { epoch, members } => {
@@ -1151,7 +1178,8 @@ impl MeshInner {
         members: Vec<NodeId>,
         plaintext: bool,
     ) -> Reply {
-        let deadline = Instant::now() + self.config.form_timeout;
+        let arrived = Instant::now();
+        let deadline = arrived + self.config.form_timeout;
         if plaintext != self.config.plaintext {
             let plane = |p: bool| if p { "plaintext" } else { "QUIC" };
             let reason = format!(
@@ -1188,9 +1216,31 @@ impl MeshInner {
                                 conn.peer()
                             ),
                         },
+                        // Its link of this epoch is up already, with another process of it
+                        // (the one before a restart): this one is to enter and be admitted.
+                        Some(_) if state.linked.contains(&(conn.peer().clone(), epoch)) => {
+                            Reply::Refused {
+                                current: epoch,
+                                detail: format!(
+                                    " (linked already with another process of {}: this one \
+                                     is to enter and be admitted)",
+                                    conn.peer()
+                                ),
+                            }
+                        }
                         Some(g) if g.nodes == members => {
                             let peer = conn.peer().clone();
-                            state.joined.insert((peer.clone(), epoch), conn.clone());
+                            let key = (peer.clone(), epoch);
+                            if state.joined.get(&key).is_some_and(|(_, at)| *at > arrived) {
+                                return Reply::Refused {
+                                    current: epoch,
+                                    detail: format!(
+                                        " (a later process of {peer} joined it: this one is \
+                                         gone)"
+                                    ),
+                                };
+                            }
+                            state.joined.insert(key, (conn.clone(), arrived));
                             let reply = match self.plain.get() {
                                 Some((port, _)) if self.config.plaintext => {
                                     let token = super::plain::new_token();
@@ -1242,8 +1292,13 @@ impl MeshInner {
             };
         }
         if let Some(g) = &group {
-            // The first group forming and waiting for it: the job is starting.
-            if epoch == 1 && !g.is_formed() && g.nodes.contains(peer) {
+            // The first group forming and waiting for it: the job is starting (unless it
+            // linked with another process of it already: then this one is a restart).
+            if epoch == 1
+                && !g.is_formed()
+                && g.nodes.contains(peer)
+                && !state.linked.contains(&(peer.clone(), epoch))
+            {
                 return Reply::Entered {
                     epoch,
                     formed: false,

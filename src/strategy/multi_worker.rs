@@ -338,30 +338,37 @@ impl MultiWorkerMirrored {
             })?;
         let (transport, group_config) = (config.transport.clone(), config.group.clone());
         let (enter_timeout, join_timeout) = (config.enter_timeout, config.join_timeout);
-        let formed =
-            block_on(&runtime, async move {
-                // Under network fault rules (COHORT_NET_FAULTS) as every role's endpoint is.
-                let endpoint = cohort_chaos::rules::bind_endpoint(own_addr, creds, transport)
-                    .map_err(|e| CollectiveError::Form {
+        let formed = block_on(&runtime, async move {
+            // Under network fault rules (COHORT_NET_FAULTS) as every role's endpoint is.
+            let endpoint =
+                cohort_chaos::rules::bind_endpoint(own_addr, creds, transport).map_err(|e| {
+                    CollectiveError::Form {
                         epoch: 1,
                         reason: format!("cannot listen on {own_addr}: {e}"),
-                    })?;
-                let mesh = Mesh::new(endpoint, group_config);
-                // A restarted (or added) worker finds the others training: it joins them.
-                let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
-                    Entry::Start => match mesh.form(1, members).await {
-                        Ok(group) => group,
-                        // The others formed the first epoch without this process (with its
-                        // old one, lost since: this is a restart) while it formed: join them.
-                        Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
-                            Entry::Join => mesh.join_live(own_addr, &peers, join_timeout).await?,
-                            Entry::Start => return Err(err),
-                        },
+                    }
+                })?;
+            let mesh = Mesh::new(endpoint, group_config);
+            // A restarted (or added) worker finds the others training: it joins them.
+            let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
+                Entry::Start => match mesh.form(1, members).await {
+                    Ok(group) => group,
+                    // The others formed the first epoch without this process (with its
+                    // old one, lost since: this is a restart) while it formed: join them.
+                    Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
+                        Entry::Join => {
+                            tracing::info!(%err, "forming the first epoch failed and the others formed a group: joining it");
+                            mesh.join_live(own_addr, &peers, join_timeout).await?
+                        }
+                        Entry::Start => return Err(err),
                     },
-                    Entry::Join => mesh.join_live(own_addr, &peers, join_timeout).await?,
-                };
-                Ok((mesh, group))
-            });
+                },
+                Entry::Join => {
+                    tracing::info!("the others formed a group: joining it");
+                    mesh.join_live(own_addr, &peers, join_timeout).await?
+                }
+            };
+            Ok((mesh, group))
+        });
         let (mesh, group) = match formed {
             Ok(formed) => formed,
             Err(err) => {
