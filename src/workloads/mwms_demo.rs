@@ -111,7 +111,13 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let me = strategy.task();
     let group = strategy.process_group();
     let joined_live = group.epoch() > 1;
-    let mut epochs_seen = vec![(group.epoch(), group.size(), 0usize, String::new())];
+    // A process that joined the live group (a restart) sees the group from its admission on
+    // (the admission event records that epoch).
+    let mut epochs_seen = if joined_live {
+        Vec::new()
+    } else {
+        vec![(group.epoch(), group.size(), 0usize, String::new())]
+    };
     if chief {
         println!(
             "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}; digits: {} \
@@ -122,7 +128,8 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             problem.examples(),
             held_out.len()
         );
-    } else if joined_live {
+    }
+    if joined_live {
         println!(
             "{me}: found the group training; admitted at epoch {} ({} workers)",
             group.epoch(),
@@ -284,7 +291,11 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     )
     .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
     println!("== summary ({:.1}s)", started.elapsed().as_secs_f64());
-    println!("  membership epochs:");
+    if joined_live {
+        println!("  membership epochs (seen by this process of {me}, admitted after a restart; the epochs before were its previous process's):");
+    } else {
+        println!("  membership epochs:");
+    }
     for (epoch, workers, step, what) in &epochs_seen {
         if what.is_empty() {
             println!("    epoch {epoch}: {workers} workers from step {step}");
