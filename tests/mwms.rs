@@ -295,12 +295,20 @@ impl Cluster {
 
     /// Waits for every worker to exit with 0 and reads what each wrote.
     fn outcomes(&mut self) -> Vec<DenseOutcome> {
-        for i in 0..self.workers.len() {
+        let all: Vec<usize> = (0..self.workers.len()).collect();
+        self.finish(&all)
+    }
+
+    /// Waits for each worker of `slots` to say "done" and exit with 0; reads what each wrote,
+    /// in that order.
+    fn finish(&mut self, slots: &[usize]) -> Vec<DenseOutcome> {
+        for &i in slots {
             self.wait_for(i, "done");
             let code = self.workers[i].wait_exit();
             assert_eq!(code, 0, "worker {i}: {:#?}", self.seen[i]);
         }
-        (0..self.workers.len())
+        slots
+            .iter()
             .map(|i| read_outcome(&self.dir.join(format!("out-{i}.json"))))
             .collect()
     }
@@ -566,17 +574,7 @@ fn elastic_case_with(
         Loss::Partition => cluster.partition(kill),
     }
     let survivors: Vec<usize> = (0..workers).filter(|i| !kill.contains(i)).collect();
-    let mut outs = Vec::new();
-    for &i in &survivors {
-        cluster.wait_for(i, "done");
-        assert_eq!(
-            cluster.workers[i].wait_exit(),
-            0,
-            "worker {i}: {:#?}",
-            cluster.seen[i]
-        );
-        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
-    }
+    let outs = cluster.finish(&survivors);
     // Every survivor went through the same re-formings: (epoch, step, position, workers).
     let recoveries = |i: usize| -> Vec<(usize, usize, usize, usize, String)> {
         cluster.seen[i]
@@ -769,17 +767,7 @@ fn rejoin_case(name: &str, workers: usize, killed: usize, restart_after: Duratio
         .filter(|&i| i != killed)
         .chain([joiner])
         .collect();
-    let mut outs = Vec::new();
-    for &i in &finishers {
-        cluster.wait_for(i, "done");
-        assert_eq!(
-            cluster.workers[i].wait_exit(),
-            0,
-            "{name}: worker {i}: {:#?}",
-            cluster.seen[i]
-        );
-        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
-    }
+    let outs = cluster.finish(&finishers);
     let seen = changes(&cluster, finishers[0]);
     eprintln!("{name}: group changes {seen:?}");
     for &i in &finishers[1..workers - 1] {
@@ -885,17 +873,7 @@ fn a_worker_added_to_a_running_job_is_admitted_and_the_global_batch_grows() {
         admitted.contains("joined=worker/2") && admitted.contains("workers=3"),
         "{admitted}"
     );
-    let mut outs = Vec::new();
-    for i in [0, 1, added] {
-        cluster.wait_for(i, "done");
-        assert_eq!(
-            cluster.workers[i].wait_exit(),
-            0,
-            "worker {i}: {:#?}",
-            cluster.seen[i]
-        );
-        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
-    }
+    let outs = cluster.finish(&[0, 1, added]);
     let seen = changes(&cluster, 0);
     assert_eq!(changes(&cluster, 1), seen);
     assert_eq!(seen.len(), 1, "{seen:?}");
@@ -993,17 +971,7 @@ fn preemption_case(name: &str, workers: usize, preempted: usize) {
         .filter(|&i| i != preempted)
         .chain([joiner])
         .collect();
-    let mut outs = Vec::new();
-    for &i in &finishers {
-        cluster.wait_for(i, "done");
-        assert_eq!(
-            cluster.workers[i].wait_exit(),
-            0,
-            "{name}: worker {i}: {:#?}",
-            cluster.seen[i]
-        );
-        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
-    }
+    let outs = cluster.finish(&finishers);
     let seen = changes(&cluster, finishers[0]);
     eprintln!("{name}: group changes {seen:?}");
     for &i in &finishers[1..workers - 1] {
@@ -1145,16 +1113,8 @@ fn resume_case(name: &str, vanish: Option<usize>) {
             let tasks = vec![("worker", 1); workers + 1];
             let mut second = Cluster::start(&format!("{name}-b"), &tasks, &flags);
             let survivors: Vec<usize> = (0..=workers).filter(|&i| i != k).collect();
-            let mut outs = Vec::new();
+            let outs = second.finish(&survivors);
             for &i in &survivors {
-                second.wait_for(i, "done");
-                assert_eq!(
-                    second.workers[i].wait_exit(),
-                    0,
-                    "worker {i}: {:#?}",
-                    second.seen[i]
-                );
-                outs.push(read_outcome(&second.dir.join(format!("out-{i}.json"))));
                 let recovered = second.wait_for(i, "recovered");
                 assert!(
                     recovered.contains(&format!("lost=worker/{k} ")),
@@ -1247,15 +1207,8 @@ fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize) {
         "{name}: worker {vanish} lived"
     );
     let survivors: Vec<usize> = (0..workers).filter(|&i| i != vanish).collect();
-    let mut outs = Vec::new();
+    let outs = cluster.finish(&survivors);
     for &i in &survivors {
-        cluster.wait_for(i, "done");
-        assert_eq!(
-            cluster.workers[i].wait_exit(),
-            0,
-            "{name}: worker {i}: {:#?}",
-            cluster.seen[i]
-        );
         let recovered: Vec<&String> = cluster.seen[i]
             .iter()
             .filter(|l| l.starts_with("recovered"))
@@ -1269,7 +1222,6 @@ fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize) {
             "{name}: worker {i}: {:#?}",
             cluster.seen[i]
         );
-        outs.push(read_outcome(&cluster.dir.join(format!("out-{i}.json"))));
     }
     for (k, out) in outs.iter().enumerate().skip(1) {
         assert_eq!(
