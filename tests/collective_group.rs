@@ -3,7 +3,8 @@
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
 //! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
 //! a member's application abort; EPOCH-1; a member's new process that began forming the
-//! first epoch the others formed with its old one (no survivor: admitted later). The operations, disagreeing members, a lost member
+//! first epoch the others formed with its old one (no survivor: admitted later); two
+//! processes of a member joining one epoch (the later is linked). The operations, disagreeing members, a lost member
 //! and an abort also over the plaintext data plane (TCP links set up over QUIC), whose members
 //! here pass their chunks through shared memory (all on one host); the operations also with
 //! that off (TCP alone), and with members that choose differently.
@@ -1296,5 +1297,79 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     for (g, sum) in grown.iter().zip(sums) {
         assert_eq!((g.epoch(), g.size()), (3, 3));
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);
+    }
+}
+
+/// Two processes of one member joined the first epoch before the other member began forming
+/// it (the first killed after sending its join, the second its restart): the other member
+/// links with the later one, so the group they form works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_processes_of_a_member_joining_one_epoch_the_later_is_linked() {
+    // Far longer than a join takes to arrive over loopback, even on a busy machine.
+    const ARRIVE: Duration = Duration::from_secs(1);
+    let config = GroupConfig::for_tests();
+    let ca = ClusterCa::generate("two-joins").unwrap();
+    let bind = |i: u32, addr: std::net::SocketAddr| {
+        Endpoint::bind(
+            addr,
+            ca.issue(&NodeId::new("worker", i)).unwrap(),
+            TransportConfig::for_tests(),
+        )
+    };
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let accepting = Mesh::new(bind(0, any).unwrap(), config.clone());
+    let first_endpoint = bind(1, any).unwrap();
+    let first = Mesh::new(first_endpoint.clone(), config.clone());
+    let members = vec![
+        GroupMember {
+            node: accepting.node().clone(),
+            addr: accepting.local_addr().unwrap(),
+        },
+        GroupMember {
+            node: first.node().clone(),
+            addr: first.local_addr().unwrap(),
+        },
+    ];
+    // worker/1 dials worker/0, which waits to form before it answers the join.
+    let first_forming = tokio::spawn({
+        let (first, members) = (first.clone(), members.clone());
+        async move { first.form(1, members).await }
+    });
+    tokio::time::sleep(ARRIVE).await;
+    first_forming.abort();
+    first_endpoint.close();
+    drop((first, first_endpoint, first_forming));
+    let addr = members[1].addr;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let endpoint = loop {
+        match bind(1, addr) {
+            Ok(endpoint) => break endpoint,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("binding worker/1's address again: {e}"),
+        }
+    };
+    let again = Mesh::new(endpoint, config.clone());
+    let again_forming = tokio::spawn({
+        let (again, members) = (again.clone(), members.clone());
+        async move { again.form(1, members).await }
+    });
+    tokio::time::sleep(ARRIVE).await;
+    let formed = bounded("forming", accepting.form(1, members.clone()))
+        .await
+        .unwrap();
+    let joined = bounded("the later process's forming", again_forming)
+        .await
+        .unwrap()
+        .unwrap();
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let sums = bounded(
+        "a sum",
+        join_all([&formed, &joined].map(|g| g.all_reduce(Reduction::Sum, &one))),
+    )
+    .await;
+    for sum in sums {
+        assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 4]);
     }
 }

@@ -1231,7 +1231,10 @@ impl MeshInner {
                         Some(g) if g.nodes == members => {
                             let peer = conn.peer().clone();
                             let key = (peer.clone(), epoch);
-                            if state.joined.get(&key).is_some_and(|(_, at)| *at > arrived) {
+                            // A later process of it joined too, or this one is gone already.
+                            if state.joined.get(&key).is_some_and(|(_, at)| *at > arrived)
+                                || conn.close_reason().is_some()
+                            {
                                 return Reply::Refused {
                                     current: epoch,
                                     detail: format!(
