@@ -1162,6 +1162,34 @@ async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() 
     }
 }
 
+/// An endpoint of `worker/i` (a certificate from `ca`) bound at `addr`.
+fn bind_worker(
+    ca: &ClusterCa,
+    i: u32,
+    addr: std::net::SocketAddr,
+) -> Result<Endpoint, cohort_transport::BindError> {
+    Endpoint::bind(
+        addr,
+        ca.issue(&NodeId::new("worker", i)).unwrap(),
+        TransportConfig::for_tests(),
+    )
+}
+
+/// `worker/i`'s endpoint bound again at `addr`, the address of its closed one (a restarted
+/// process), retried until the old socket is released (at most 10 s).
+async fn rebind_worker(ca: &ClusterCa, i: u32, addr: std::net::SocketAddr) -> Endpoint {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match bind_worker(ca, i, addr) {
+            Ok(endpoint) => return endpoint,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("binding worker/{i}'s address again: {e}"),
+        }
+    }
+}
+
 /// A member's new process that started forming epoch 1 after the others had formed it with
 /// its old process (the old one killed right after its links were up, the new one asking
 /// before the others' groups were whole): the survivors' probes find it alive but no survivor,
@@ -1171,15 +1199,8 @@ async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() 
 async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_admitted_later() {
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("second-incarnation").unwrap();
-    let bind = |i: u32, addr: std::net::SocketAddr| {
-        Endpoint::bind(
-            addr,
-            ca.issue(&NodeId::new("worker", i)).unwrap(),
-            TransportConfig::for_tests(),
-        )
-    };
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut endpoints: Vec<Endpoint> = (0..3).map(|i| bind(i, any).unwrap()).collect();
+    let bind = |i: u32| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
     let mut meshes: Vec<Mesh> = endpoints
         .iter()
         .map(|e| Mesh::new(e.clone(), config.clone()))
@@ -1210,17 +1231,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     .await;
     assert!(broken.iter().all(Result::is_err), "{broken:?}");
     let addr = members[1].addr;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let endpoint = loop {
-        match bind(1, addr) {
-            Ok(endpoint) => break endpoint,
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("binding worker/1's address again: {e}"),
-        }
-    };
+    let endpoint = rebind_worker(&ca, 1, addr).await;
     let again = Mesh::new(endpoint, config.clone());
     let forming = tokio::spawn({
         let (again, members) = (again.clone(), members.clone());
@@ -1309,16 +1320,9 @@ async fn of_two_processes_of_a_member_joining_one_epoch_the_later_is_linked() {
     const ARRIVE: Duration = Duration::from_secs(1);
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("two-joins").unwrap();
-    let bind = |i: u32, addr: std::net::SocketAddr| {
-        Endpoint::bind(
-            addr,
-            ca.issue(&NodeId::new("worker", i)).unwrap(),
-            TransportConfig::for_tests(),
-        )
-    };
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let accepting = Mesh::new(bind(0, any).unwrap(), config.clone());
-    let first_endpoint = bind(1, any).unwrap();
+    let bind = |i: u32| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let accepting = Mesh::new(bind(0), config.clone());
+    let first_endpoint = bind(1);
     let first = Mesh::new(first_endpoint.clone(), config.clone());
     let members = vec![
         GroupMember {
@@ -1340,16 +1344,7 @@ async fn of_two_processes_of_a_member_joining_one_epoch_the_later_is_linked() {
     first_endpoint.close();
     drop((first, first_endpoint, first_forming));
     let addr = members[1].addr;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let endpoint = loop {
-        match bind(1, addr) {
-            Ok(endpoint) => break endpoint,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("binding worker/1's address again: {e}"),
-        }
-    };
+    let endpoint = rebind_worker(&ca, 1, addr).await;
     let again = Mesh::new(endpoint, config.clone());
     let again_forming = tokio::spawn({
         let (again, members) = (again.clone(), members.clone());

@@ -1279,6 +1279,11 @@ fn recoverable(err: &CollectiveError) -> bool {
     )
 }
 
+/// Whether `group` broke by an error re-forming mends (see [`recoverable`]).
+fn broken_mendably(group: &ProcessGroup) -> bool {
+    group.broken().is_some_and(|cause| recoverable(&cause))
+}
+
 /// `result` of a collective call made before training starts, or `Ok` where it failed because
 /// `group` broke by an error re-forming mends (a lost worker): the loop's next call then
 /// fails with it, and [`MultiWorkerMirrored::recover`] re-forms and settles the state. So a
@@ -1288,9 +1293,7 @@ fn unless_mendable(
     group: &ProcessGroup,
 ) -> Result<(), StrategyError> {
     match result {
-        Err(StrategyError::Collective(_)) if group.broken().is_some_and(|c| recoverable(&c)) => {
-            Ok(())
-        }
+        Err(StrategyError::Collective(_)) if broken_mendably(group) => Ok(()),
         other => other,
     }
 }
@@ -1320,7 +1323,7 @@ impl VariablePlacement for MultiWorkerPlacement {
             // A worker lost while the model is made: the variable keeps its own initial value
             // for now. The group is broken, so the training loop's next call fails with that
             // loss, and `recover` makes every survivor's variables those of one survivor.
-            Err(_) if self.span.group().broken().is_some_and(|c| recoverable(&c)) => Ok(()),
+            Err(_) if broken_mendably(self.span.group()) => Ok(()),
             Err(source) => Err(VariableError::Collective {
                 name: variable.name().to_string(),
                 source,
