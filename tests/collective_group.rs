@@ -3,11 +3,13 @@
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
 //! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
 //! a member's application abort; EPOCH-1; a member's new process that began forming the
-//! first epoch the others formed with its old one (no survivor: admitted later); two
-//! processes of a member joining one epoch (the later is linked). The operations, disagreeing members, a lost member
-//! and an abort also over the plaintext data plane (TCP links set up over QUIC), whose members
-//! here pass their chunks through shared memory (all on one host); the operations also with
-//! that off (TCP alone), and with members that choose differently.
+//! first epoch the others formed with its old one (no survivor: admitted later); a member
+//! lost while the first epoch formed, its link with one member up and with another not (both
+//! re-form together); two processes of a member joining one epoch (the later is linked). The
+//! operations, disagreeing members, a lost member and an abort also over the plaintext data
+//! plane (TCP links set up over QUIC), whose members here pass their chunks through shared
+//! memory (all on one host); the operations also with that off (TCP alone), and with members
+//! that choose differently.
 
 use std::time::Duration;
 
@@ -1367,4 +1369,113 @@ async fn of_two_processes_of_a_member_joining_one_epoch_the_later_is_linked() {
     for sum in sums {
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 4]);
     }
+}
+
+/// A member lost while the first epoch forms, after its link with one member is up and
+/// before its link with another is (the network between those two cut): the one that formed
+/// finds it lost and probes; the other, still forming, answers as a survivor and gets its
+/// group broken at once (not at its form timeout), so both re-form the next epoch together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming_together() {
+    let config = GroupConfig::for_tests();
+    let ca = ClusterCa::generate("cut-short").unwrap();
+    let transport = TransportConfig::for_tests();
+    let mut endpoints: Vec<Endpoint> = (0..2)
+        .map(|i| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap())
+        .collect();
+    // worker/2 reaches worker/0 only: its link with worker/1 never comes up.
+    let faults = cohort_chaos::plan::FaultControl::new(cohort_chaos::plan::FaultPlan::none(1));
+    let socket = cohort_chaos::socket::ChaosSocket::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        &transport,
+        faults.clone(),
+    )
+    .unwrap();
+    endpoints.push(
+        Endpoint::bind_with_socket(
+            socket,
+            ca.issue(&NodeId::new("worker", 2)).unwrap(),
+            transport,
+        )
+        .unwrap(),
+    );
+    let meshes: Vec<Mesh> = endpoints
+        .iter()
+        .map(|e| Mesh::new(e.clone(), config.clone()))
+        .collect();
+    let members: Vec<GroupMember> = meshes
+        .iter()
+        .map(|m| GroupMember {
+            node: m.node().clone(),
+            addr: m.local_addr().unwrap(),
+        })
+        .collect();
+    faults.partition(members[1].addr, members[2].addr);
+    let forming: Vec<_> = meshes
+        .iter()
+        .map(|m| {
+            let (m, members) = (m.clone(), members.clone());
+            tokio::spawn(async move { m.form(1, members).await })
+        })
+        .collect();
+    let mut forming = forming.into_iter();
+    let (first, second, lost) = (
+        forming.next().unwrap(),
+        forming.next().unwrap(),
+        forming.next().unwrap(),
+    );
+    let first = bounded("worker/0 forming", first).await.unwrap().unwrap();
+    // worker/2's process dies, its link with worker/1 never up.
+    lost.abort();
+    endpoints[2].close();
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let err = bounded("the loss", first.all_reduce(Reduction::Sum, &one))
+        .await
+        .expect_err("a sum with a lost member");
+    assert!(matches!(err, CollectiveError::MemberLost { .. }), "{err}");
+    let started = std::time::Instant::now();
+    let alive = bounded("worker/0's probe", first.reachable(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let expected = vec![NodeId::new("worker", 0), NodeId::new("worker", 1)];
+    assert_eq!(alive, expected, "worker/1, still forming, is a survivor");
+    let second = bounded("worker/1 forming", second)
+        .await
+        .unwrap()
+        .expect("worker/1 gets its group, broken, to re-form");
+    assert!(
+        started.elapsed() < config.form_timeout / 2,
+        "worker/1's forming waited {:?} for the form timeout",
+        started.elapsed()
+    );
+    let err = bounded("worker/1's call", second.all_reduce(Reduction::Sum, &one))
+        .await
+        .expect_err("a call on a group whose forming was cut short");
+    // worker/0's abort (the loss) or its probe (re-forming) broke it, whichever came first.
+    assert!(
+        matches!(
+            err,
+            CollectiveError::MemberLost { epoch: 1, .. } | CollectiveError::Form { epoch: 1, .. }
+        ),
+        "{err}"
+    );
+    let view = bounded("worker/1's probe", second.reachable(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert_eq!(view, expected);
+    let reformed = bounded(
+        "re-forming",
+        join_all([&first, &second].map(|g| g.reform(&expected))),
+    )
+    .await;
+    for sum in join_all(
+        reformed
+            .iter()
+            .map(|g| g.as_ref().unwrap().all_reduce(Reduction::Sum, &one)),
+    )
+    .await
+    {
+        assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 4]);
+    }
+    assert!(reformed.iter().all(|g| g.as_ref().unwrap().epoch() == 2));
 }

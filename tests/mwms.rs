@@ -17,6 +17,10 @@
 //!   shrinks at that step (to 1e-5); so do the survivors of a second worker killed while they
 //!   re-form (a later epoch if it cut an attempt short). A worker SIGSTOPped past the budget is left out; back
 //!   (SIGCONT), it learns the others re-formed without it and exits with a typed error.
+//! - A worker lost while the job starts costs one re-forming at step 0: one that vanishes
+//!   right after forming (worker 1 of 3 × 2 replicas, or worker 0, the broadcasts' root), and
+//!   one killed while the others still form epoch 1, its links with them cut (3 × 2 with one
+//!   of them still forming, 4 × 1 with two).
 //! - Quorum: of 2 workers, worker 0 trains on alone once worker 1 is killed (half of the group
 //!   with the lowest rank). A partition in the network rules file (`COHORT_NET_FAULTS`) that
 //!   cuts worker 0 off from the other two of 3, or worker 1 off from worker 0 of 2: the side
@@ -109,6 +113,9 @@ struct Cluster {
     extra: Vec<String>,
     /// The cluster's CA (a worker added later gets its certificate from it).
     ca: ClusterCa,
+    /// Every worker's `RUST_LOG`: none by default, so that what a worker prints is its
+    /// event lines and errors alone.
+    log: String,
 }
 
 impl Cluster {
@@ -121,6 +128,14 @@ impl Cluster {
     /// As [`Cluster::start`]; with `net_rules`, every worker binds its endpoint under one
     /// network fault rules file (none in it yet: see [`Cluster::cut_links`]).
     fn start_with(name: &str, tasks: &[(&str, usize)], extra: &[&str], net_rules: bool) -> Cluster {
+        let mut cluster = Self::prepare(name, tasks, extra, net_rules);
+        cluster.spawn_all();
+        cluster
+    }
+
+    /// As [`Cluster::start_with`], without starting the workers yet ([`Cluster::spawn_all`]):
+    /// so that network rules are in force from their first datagram.
+    fn prepare(name: &str, tasks: &[(&str, usize)], extra: &[&str], net_rules: bool) -> Cluster {
         let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -154,7 +169,7 @@ impl Cluster {
                 (tf_config, *replicas)
             })
             .collect();
-        let mut cluster = Cluster {
+        Cluster {
             workers: Vec::new(),
             lines,
             tx,
@@ -165,12 +180,16 @@ impl Cluster {
             specs,
             extra: extra.iter().map(ToString::to_string).collect(),
             ca,
-        };
-        for i in 0..tasks.len() {
-            let worker = cluster.spawn(i);
-            cluster.workers.push(worker);
+            log: "off".into(),
         }
-        cluster
+    }
+
+    /// Starts every worker of the cluster's tasks.
+    fn spawn_all(&mut self) {
+        for i in self.workers.len()..self.specs.len() {
+            let worker = self.spawn(i);
+            self.workers.push(worker);
+        }
     }
 
     /// Starts worker `i`'s process (its task, replicas and flags as at the start).
@@ -189,6 +208,7 @@ impl Cluster {
             .arg(self.dir.join(format!("out-{i}.json")))
             .args(&self.extra)
             .env("TF_CONFIG", tf_config)
+            .env("RUST_LOG", &self.log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1174,13 +1194,24 @@ fn a_second_worker_lost_while_the_survivors_re_form_is_left_out_too() {
     );
 }
 
-/// Worker `vanish` of `workers` (of `replicas` each) SIGKILLs itself right after the group
-/// formed, before making its model: the others lose it while they compare settings,
-/// broadcast the first worker's initial variables or take the first step. That costs one
-/// re-forming at step 0, not the job: every survivor finishes with the same bits, and, where
-/// worker 0 survives (its initial values are the model's), with a run of the survivors'
-/// global batch from the start.
-fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize) {
+/// How a worker is lost while the job starts ([`setup_loss_case`]).
+#[derive(Debug, Clone, Copy)]
+enum SetupLoss {
+    /// It SIGKILLs itself right after the group formed, before making its model
+    /// (`--vanish-worker`): the others lose it while they compare settings, broadcast the
+    /// first worker's initial variables or take the first step.
+    AfterForming,
+    /// Its links with the workers of `cut` never come up (a partition from its first
+    /// datagram), and it is SIGKILLed once worker 0 formed the group (their link up): the
+    /// workers of `cut` lose it while still forming.
+    WhileForming { cut: &'static [usize] },
+}
+
+/// Worker `vanish` of `workers` (of `replicas` each) is lost while the job starts (`how`).
+/// That costs one re-forming at step 0, not the job: every survivor finishes with the same
+/// bits, and, where worker 0 survives (its initial values are the model's), with a run of
+/// the survivors' global batch from the start.
+fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize, how: SetupLoss) {
     const STEPS: usize = 12;
     let per_replica = 2;
     let global = per_replica * replicas * workers;
@@ -1199,8 +1230,25 @@ fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize) {
         vanish_flag.as_str(),
     ];
     let tasks = vec![("worker", replicas); workers];
-    let mut cluster = Cluster::start(name, &tasks, &flags);
-    cluster.wait_for(vanish, "formed");
+    let mut cluster = match how {
+        SetupLoss::AfterForming => {
+            let mut cluster = Cluster::start(name, &tasks, &flags);
+            cluster.wait_for(vanish, "formed");
+            cluster
+        }
+        SetupLoss::WhileForming { cut } => {
+            // Never formed, it never vanishes by itself: it is killed.
+            let flags = &flags[..flags.len() - 2];
+            let mut cluster = Cluster::prepare(name, &tasks, flags, true);
+            let pairs: Vec<(usize, usize)> = cut.iter().map(|&c| (vanish, c)).collect();
+            cluster.cut_links(&pairs);
+            cluster.log = "warn,cohort::collective::group=debug".into();
+            cluster.spawn_all();
+            cluster.wait_for(0, "formed a group");
+            kill_worker(&cluster, vanish);
+            cluster
+        }
+    };
     assert_ne!(
         cluster.workers[vanish].wait_exit(),
         0,
@@ -1240,12 +1288,24 @@ fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize) {
 
 #[test]
 fn a_worker_lost_before_the_first_step_costs_a_re_forming_not_the_job() {
-    setup_loss_case("setup-loss", 3, 2, 1);
+    setup_loss_case("setup-loss", 3, 2, 1, SetupLoss::AfterForming);
 }
 
 #[test]
 fn the_first_worker_lost_before_the_first_step_leaves_the_others_one_model() {
-    setup_loss_case("setup-loss0", 3, 1, 0);
+    setup_loss_case("setup-loss0", 3, 1, 0, SetupLoss::AfterForming);
+}
+
+#[test]
+fn a_worker_lost_while_the_others_still_form_leaves_them_re_forming_together() {
+    let how = SetupLoss::WhileForming { cut: &[1] };
+    setup_loss_case("forming-loss", 3, 2, 2, how);
+}
+
+#[test]
+fn two_workers_cut_short_while_forming_re_form_with_the_one_that_formed() {
+    let how = SetupLoss::WhileForming { cut: &[1, 2] };
+    setup_loss_case("forming-loss4", 4, 1, 3, how);
 }
 
 #[test]

@@ -15,7 +15,8 @@
 //! dir=D` (a fresh start resumed from one), `done`, or `error kind=K node=N detail=..` (then
 //! exit code 3), and writes the final variables and losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
 //! fail its step K with an application error (`--fail-panics`: a panic); `--elastic` trains
-//! with re-forming. `--bench-batch B` runs `cohort bench mwms`'s workload instead
+//! with re-forming. Logs go to stderr as every role's do (`RUST_LOG`, `COHORT_LOG_FORMAT`).
+//! `--bench-batch B` runs `cohort bench mwms`'s workload instead
 //! ([`crate::workloads::mwms_bench`]: the MLP 784-256-256-10 on B examples per worker,
 //! `--bench-warmup` steps, then `--steps` timed) and prints `bench steps=N seconds=S loss=L`.
 
@@ -107,6 +108,7 @@ pub(crate) struct MwmsArgs {
 
 /// Runs the worker (see the module doc).
 pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
+    crate::bootstrap::logging::init().map_err(CliError::Usage)?;
     let cluster = ClusterConfig::from_env()
         .map_err(|e| CliError::Usage(e.to_string()))?
         .ok_or_else(|| CliError::Usage("TF_CONFIG: missing".into()))?;

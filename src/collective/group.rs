@@ -44,10 +44,13 @@
 //!   ([`ProcessGroup::abort`]): every member's pending and later calls fail with
 //!   [`CollectiveError::Application`] naming it and its message.
 //! - A probe is answered by any live mesh, except one whose live group of a later epoch left
-//!   the prober out: it refuses, so the late member learns it was taken for lost. A joiner,
-//!   and a mesh that never formed a group (a new process of a member, forming the first
-//!   epoch that the others formed with its old process), answer as no survivor; the latter's
-//!   forming then fails at once, and its process enters again as a joiner.
+//!   the prober out: it refuses, so the late member learns it was taken for lost. A joiner
+//!   answers as no survivor. So does a mesh still forming the first epoch whose link with the
+//!   prober is not up (a new process of a member, forming the epoch that the others formed
+//!   with its old process): its forming fails at once, and its process enters again as a
+//!   joiner. One whose link with the prober is up is a member whose links were not all up
+//!   when another member was lost: it answers as a survivor, and its forming ends with the
+//!   group broken ([`Mesh::form`]), so that it re-forms with the others.
 //! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
 //!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
 //! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
@@ -344,7 +347,11 @@ impl Mesh {
     /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
     /// `epoch` must be above every epoch formed here before (start at 1); forming it
     /// supersedes the previous group of this node. Fails within `form_timeout` if a member
-    /// does not form the same epoch with the same members.
+    /// does not form the same epoch with the same members. Returns the group already broken
+    /// (by [`CollectiveError::Form`]) where a member that formed it with this process re-forms
+    /// it before this process's links are all up (another member was lost meanwhile): every
+    /// call fails at once, and this member re-forms with the survivors as after any failed
+    /// call ([`ProcessGroup::reachable`], [`ProcessGroup::reform`]).
     pub async fn form(
         &self,
         epoch: u64,
@@ -384,6 +391,9 @@ impl Mesh {
             ));
             state.epoch = epoch;
             state.linked.retain(|(_, e)| *e == epoch);
+            // Joins of an earlier epoch whose forming failed here can no longer be taken.
+            state.joined.retain(|(_, e), _| *e >= epoch);
+            state.plain_joined.retain(|(_, e), _| *e >= epoch);
             let old = std::mem::replace(&mut state.group, Arc::downgrade(&shared));
             drop(state);
             if let Some(old) = old.upgrade() {
@@ -405,23 +415,29 @@ impl Mesh {
                 .enumerate()
                 .filter(|(r, _)| *r != rank)
                 .map(|(_, m)| self.link(&shared, m, deadline)),
-        )
-        .await;
-        let mut conns = Vec::with_capacity(members.len());
-        for link in links {
-            match link {
-                Ok(conn) => conns.push(conn),
-                Err(err) => {
-                    shared.fail(err.clone(), false);
-                    return Err(err);
+        );
+        // The forming ends when it breaks meanwhile (a probe cut it short, or told this
+        // process it is a new one), not when its last link gives up.
+        let links = tokio::select! {
+            links = links => links.into_iter().collect::<Result<Vec<_>, _>>(),
+            err = shared.until_broken() => Err(err),
+        };
+        let conns = match links {
+            Ok(conns) => conns,
+            Err(err) => {
+                let err = shared.fail(err, false);
+                if shared.lock().cut_short {
+                    tracing::info!(epoch, %err, "the first forming was cut short: this member re-forms with the others");
+                    return Ok(ProcessGroup {
+                        shared,
+                        mesh: self.clone(),
+                    });
                 }
+                return Err(err);
             }
-        }
+        };
         shared.start_links(&shared, conns);
-        {
-            let mut state = self.inner.lock();
-            state.formed = state.formed.max(epoch);
-        }
+        self.inner.lock().member = true;
         tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
         Ok(ProcessGroup {
             shared,
@@ -962,9 +978,11 @@ struct MeshState {
     /// Whether this process waits to be admitted to a live group ([`Mesh::join_live`]): it
     /// answers probes as no survivor.
     joining: bool,
-    /// The latest epoch whose group formed here (all its links up); 0 before the first. A
-    /// mesh that formed none answers probes as no survivor of any group.
-    formed: u64,
+    /// Whether this process is a member the others know: a group formed here (all its links
+    /// up), or a member that formed the first epoch with this process (their link up) is
+    /// re-forming it, which cut this process's forming short ([`Mesh::form`]). A mesh that is
+    /// no member answers probes as no survivor of any group.
+    member: bool,
     /// The peers whose link of the forming (or last formed) epoch is up, by epoch: a join
     /// or enter from another process of one of them is a new incarnation.
     linked: std::collections::HashSet<(NodeId, u64)>,
@@ -1102,36 +1120,63 @@ impl MeshInner {
             Wire::Probe { epoch } => {
                 // A prober left out of a later live group learns it at once (it is the late
                 // member: the others re-formed without it).
-                let (joining, formed, group) = {
+                let (joining, member, group, linked) = {
                     let state = self.lock();
-                    (state.joining, state.formed, state.group.upgrade())
+                    let key = (peer.clone(), epoch);
+                    // Its link with the prober of that epoch is up here (or the prober's join
+                    // was taken and the forming has not picked it up yet).
+                    let linked = state.linked.contains(&key) || state.joined.contains_key(&key);
+                    (state.joining, state.member, state.group.upgrade(), linked)
                 };
                 let reply = match group {
                     // A joiner is no survivor: the others re-form without it, then admit it.
                     _ if joining => Reply::Joining,
-                    // A mesh that never formed a group is no survivor either: it is a new
-                    // process forming the first epoch, which the prober formed (with this
-                    // node's old process, lost since) and is re-forming. That forming can no
-                    // longer complete (the prober left it): it fails now, and the process
-                    // enters again as a joiner (`MultiWorkerMirrored::new`).
-                    group if formed == 0 => {
+                    // A mesh that is no member yet is forming the first epoch, which the
+                    // prober formed (or was forming) and is re-forming: that forming can no
+                    // longer complete, and it ends now.
+                    group if !member => {
                         let forming = group.filter(|g| {
                             g.epoch <= epoch && !g.is_formed() && g.nodes.contains(&peer)
                         });
-                        if let Some(g) = forming {
-                            g.fail(
-                                CollectiveError::Form {
-                                    epoch: g.epoch,
+                        match forming {
+                            // The prober linked with this very process: it is a member whose
+                            // links were not all up when another member was lost. It survives,
+                            // and re-forms with the others (`Mesh::form` gives it the group,
+                            // broken by this).
+                            Some(g) if g.epoch == epoch && linked => {
+                                let err = CollectiveError::Form {
+                                    epoch,
                                     reason: format!(
-                                        "{peer} formed epoch {epoch} without this process and \
-                                         is re-forming it: enter and be admitted"
+                                        "{peer} formed epoch {epoch} with this process and lost \
+                                         a member before this process's links were all up: \
+                                         re-form with the survivors"
                                     ),
-                                },
-                                false,
-                            );
-                            self.changed.notify_waiters();
+                                };
+                                if self.cut_short(&g, err) {
+                                    Reply::Ack
+                                } else {
+                                    Reply::Joining
+                                }
+                            }
+                            // Not linked with it: a new process of this node, whose old one
+                            // the prober formed with (lost since). It is no survivor: it
+                            // enters again as a joiner (`MultiWorkerMirrored::new`).
+                            Some(g) => {
+                                g.fail(
+                                    CollectiveError::Form {
+                                        epoch: g.epoch,
+                                        reason: format!(
+                                            "{peer} formed epoch {epoch} without this process \
+                                             and is re-forming it: enter and be admitted"
+                                        ),
+                                    },
+                                    false,
+                                );
+                                self.changed.notify_waiters();
+                                Reply::Joining
+                            }
+                            None => Reply::Joining,
                         }
-                        Reply::Joining
                     }
                     Some(g)
                         if g.epoch > epoch
@@ -1159,9 +1204,13 @@ impl MeshInner {
             }
             Wire::Abort { epoch, error } => {
                 let group = self.lock().group.upgrade();
-                if let Some(group) = group.filter(|g| g.epoch == epoch) {
-                    if group.nodes.contains(&peer) {
+                if let Some(group) = group.filter(|g| g.epoch == epoch && g.nodes.contains(&peer)) {
+                    if group.is_formed() {
                         group.fail(error, false);
+                    } else {
+                        // Only a formed group tells its failures: the aborter formed this
+                        // epoch with this process, which was still forming it.
+                        self.cut_short(&group, error);
                     }
                 }
                 respond(responder, Reply::Ack, header_max);
@@ -1288,7 +1337,7 @@ impl MeshInner {
         }
         let group = state.group.upgrade().filter(|g| g.epoch == epoch);
         // Its first forming failed and is gone: no group lives here to admit anyone.
-        if group.is_none() && state.formed == 0 {
+        if group.is_none() && !state.member {
             return Reply::Entered {
                 epoch,
                 formed: false,
@@ -1361,6 +1410,18 @@ impl MeshInner {
         Reply::Ack
     }
 
+    /// Breaks `group`, still forming here, with `err` as one that a member formed with this
+    /// process and is re-forming ([`Shared::cut_short`]): this process is a member from now
+    /// on. Whether it did.
+    fn cut_short(&self, group: &Shared, err: CollectiveError) -> bool {
+        let cut = group.cut_short(err);
+        if cut {
+            self.lock().member = true;
+        }
+        self.changed.notify_waiters();
+        cut
+    }
+
     fn refusal(&self, epoch: u64) -> Reply {
         let state = self.lock();
         self.refusal_locked(&state, epoch)
@@ -1431,6 +1492,9 @@ pub(crate) struct Outgoing {
 #[derive(Default)]
 struct GroupState {
     broken: Option<CollectiveError>,
+    /// Whether a member that formed this group's epoch with this process is re-forming it
+    /// while this process still formed it ([`Shared::cut_short`]).
+    cut_short: bool,
     /// Chunks delivered and not yet consumed, by (sender rank, seq, tag); at most `window`
     /// per sender.
     inbox: HashMap<(usize, u64, u64), Arrived>,
@@ -1510,6 +1574,34 @@ impl Shared {
     /// Whether forming it completed here (every link up).
     fn is_formed(&self) -> bool {
         self.links.get().is_some()
+    }
+
+    /// Breaks this group, still forming here, with `err`, as one that a member formed and is
+    /// re-forming: [`Mesh::form`] then returns it broken, for this member to re-form with the
+    /// survivors. Whether it did (not if the forming had failed already).
+    fn cut_short(&self, err: CollectiveError) -> bool {
+        {
+            let mut state = self.lock();
+            if state.broken.is_some() {
+                return false;
+            }
+            state.cut_short = true;
+        }
+        self.fail(err, false);
+        true
+    }
+
+    /// The error that breaks this group, once it does.
+    async fn until_broken(&self) -> CollectiveError {
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if let Some(err) = self.lock().broken.clone() {
+                return err;
+            }
+            arrived.await;
+        }
     }
 
     /// Starts each link's sender (window-bounded) and its loss watcher; `conns` are the
