@@ -2,7 +2,8 @@
 //! a process, QUIC on 127.0.0.1), with the plans shipped in `examples/chaos/`: the two the
 //! demo survives pass, the one that deletes every checkpoint before a server dies is reported
 //! as a violation; bad plans are refused before any job starts; and `chaos sim --plan` runs
-//! a shipped plan.
+//! a shipped plan. The MultiWorkerMirrored demo under a kill and a preemption passes its own
+//! checks (one model, membership epochs going forward).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -83,39 +84,52 @@ fn run_plan(name: &str) -> (Output, serde_json::Value, PathBuf) {
 }
 
 fn run_plan_file(plan: &Path, dir: PathBuf) -> (Output, serde_json::Value, PathBuf) {
+    let demo = [
+        "--digits-epochs",
+        "6",
+        "--ctr-epochs",
+        "6",
+        "--detection-budget",
+        "2s",
+    ];
+    let envs = [
+        ("COHORT_DEMO_STEPS_PER_EPOCH", "100"),
+        ("COHORT_DEMO_CTR_VOCAB", "1000"),
+    ];
+    run_demo(plan, dir, &demo, &envs)
+}
+
+/// `chaos run` of `plan` over `cohort demo --no-chaos` with `demo` flags and `envs`, its run
+/// and checkpoint directories under `dir`.
+fn run_demo(
+    plan: &Path,
+    dir: PathBuf,
+    demo: &[&str],
+    envs: &[(&str, &str)],
+) -> (Output, serde_json::Value, PathBuf) {
     let run_dir = dir.join("run");
     let checkpoints = dir.join("ckpt");
     let out = dir.join("report");
-    let output = cohort(
-        &[
-            "chaos",
-            "run",
-            "--plan",
-            plan.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--timeout",
-            "300s",
-            "--",
-            EXE,
-            "demo",
-            "--no-chaos",
-            "--digits-epochs",
-            "6",
-            "--ctr-epochs",
-            "6",
-            "--detection-budget",
-            "2s",
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "--checkpoint-dir",
-            checkpoints.to_str().unwrap(),
-        ],
-        &[
-            ("COHORT_DEMO_STEPS_PER_EPOCH", "100"),
-            ("COHORT_DEMO_CTR_VOCAB", "1000"),
-        ],
-    );
+    let mut args = vec![
+        "chaos",
+        "run",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--timeout",
+        "300s",
+        "--",
+        EXE,
+        "demo",
+        "--no-chaos",
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--checkpoint-dir",
+        checkpoints.to_str().unwrap(),
+    ];
+    args.extend_from_slice(demo);
+    let output = cohort(&args, envs);
     let report = std::fs::read(out.join("report.json")).unwrap_or_else(|e| {
         panic!(
             "no report.json ({e}):\n{}\n{}",
@@ -215,6 +229,51 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
     assert!(!dir.join("run/net").exists(), "{why}");
     let log = std::fs::read_to_string(dir.join("report/job.log")).expect("job.log");
     assert!(!log.contains("network faults"), "{why}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The MultiWorkerMirrored demo under a worker killed and another preempted: the runner
+/// knows it for a synchronous job (no closures, no servers: those checks are skipped) and
+/// checks its own invariants: every member ends with one model, the epochs go forward.
+#[test]
+fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_model() {
+    let dir = temp_dir("mwms-kill-and-preempt");
+    let demo = [
+        "--strategy",
+        "multi-worker-mirrored",
+        "--digits-epochs",
+        "60",
+    ];
+    let plan = plan("mwms-kill-and-preempt.toml");
+    let (output, report, dir) = run_demo(&plan, dir, &demo, &[]);
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(0), "{why}");
+    assert_eq!(report["verdict"], "passed", "{why}");
+    assert_faults_applied(&report, &["kill", "term"]);
+    for name in [
+        "exit code",
+        "faults applied",
+        "one model",
+        "membership epochs",
+        "no panic",
+    ] {
+        assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
+    }
+    for name in ["every closure committed once", "ps applied counts"] {
+        assert_eq!(check(&report, name)["status"], "skipped", "{name}: {why}");
+    }
+    let one_model = check(&report, "one model")["detail"].as_str().unwrap();
+    assert!(one_model.starts_with("3 worker(s) ended at step"), "{why}");
+    // The kill and the preemption each changed the group; both workers came back.
+    let epochs = check(&report, "membership epochs")["detail"]
+        .as_str()
+        .unwrap();
+    assert!(epochs.matches(" workers from step ").count() >= 3, "{why}");
+    let last = epochs.rsplit(", ").next().unwrap();
+    assert!(
+        last.contains("(3 workers from step"),
+        "the last epoch has all 3: {why}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

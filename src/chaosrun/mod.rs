@@ -7,9 +7,14 @@
 //! failed; a closure committed twice would make committed exceed scheduled); the parameter
 //! servers' applied pushes consistent with the committed closures ([`servers_check`]: each
 //! committed closure's push applied at most once on each server, duplicates refused rather
-//! than applied); no panic in any task's output. `report.txt` and `report.json` (the plan, the timeline of faults and the chief's
-//! step rate, each check with its detail, the verdict) and `timeline.png` (the step rate with
-//! each fault marked where it hit) go to the output directory, beside
+//! than applied); no panic in any task's output. A MultiWorkerMirrored job (its chief says
+//! so as it starts) has no closures and no servers: for it those two are skipped, and its
+//! own are checked instead: every member ends with one model ([`one_model_check`]: each
+//! task's `final model: step S, digest D` line the same, from as many tasks as the last
+//! membership epoch has workers), and the chief's membership epochs only go forward
+//! ([`membership_check`]). `report.txt` and `report.json` (the plan, the timeline of faults
+//! and the chief's step rate, each check with its detail, the verdict) and `timeline.png`
+//! (the step rate with each fault marked where it hit) go to the output directory, beside
 //! `job.log`.
 
 pub mod disk;
@@ -42,6 +47,111 @@ impl Check {
             status: if ok { "passed" } else { "failed" },
             detail,
         }
+    }
+
+    fn skipped(name: &'static str, detail: String) -> Self {
+        Self {
+            name,
+            status: "skipped",
+            detail,
+        }
+    }
+}
+
+/// A MultiWorkerMirrored job's members end with one model (DATA-1): every task that printed
+/// its final model printed the same step and digest, and as many did as the last membership
+/// epoch has workers (none missing, none extra). Skipped where the plan expects the job to
+/// fail and no task finished.
+pub fn one_model_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
+    const NAME: &str = "one model";
+    if group.models.is_empty() {
+        let detail = "no task printed its final model".to_string();
+        return if plan.expect_exit == 0 {
+            Check::new(NAME, false, detail)
+        } else {
+            Check::skipped(NAME, format!("{detail} (the plan expects the job to fail)"))
+        };
+    }
+    let each: Vec<String> = group
+        .models
+        .iter()
+        .map(|(task, m)| format!("{task}: step {}, digest {}", m.step, m.digest))
+        .collect();
+    let first = group.models.values().next().expect("not empty");
+    if group.models.values().any(|m| m != first) {
+        return Check::new(
+            NAME,
+            false,
+            format!(
+                "the members ended with different models: {}",
+                each.join("; ")
+            ),
+        );
+    }
+    let finished = group.models.len() as u64;
+    if let Some(last) = group.epochs.last() {
+        if last.workers != finished {
+            return Check::new(
+                NAME,
+                false,
+                format!(
+                    "the last membership epoch ({}) has {} workers, but {finished} printed a \
+                     final model: {}",
+                    last.epoch,
+                    last.workers,
+                    each.join("; ")
+                ),
+            );
+        }
+    }
+    Check::new(
+        NAME,
+        true,
+        format!(
+            "{finished} worker(s) ended at step {} with one model (digest {})",
+            first.step, first.digest
+        ),
+    )
+}
+
+/// The chief's membership epochs only go forward: each later than the one before, trained
+/// from a step no earlier (a re-forming goes on from the last completed step, a joiner is
+/// admitted at a step boundary).
+pub fn membership_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
+    const NAME: &str = "membership epochs";
+    if group.epochs.is_empty() {
+        let detail = "the chief printed no membership epochs".to_string();
+        return if plan.expect_exit == 0 {
+            Check::new(NAME, false, detail)
+        } else {
+            Check::skipped(NAME, format!("{detail} (the plan expects the job to fail)"))
+        };
+    }
+    let listed: Vec<String> = group
+        .epochs
+        .iter()
+        .map(|e| {
+            format!(
+                "{} ({} workers from step {})",
+                e.epoch, e.workers, e.from_step
+            )
+        })
+        .collect();
+    let backwards = group
+        .epochs
+        .windows(2)
+        .find(|w| w[1].epoch <= w[0].epoch || w[1].from_step < w[0].from_step || w[1].workers == 0);
+    let detail = format!("epochs {}", listed.join(", "));
+    match backwards {
+        Some(w) => Check::new(
+            NAME,
+            false,
+            format!(
+                "epoch {} follows epoch {} without going forward: {detail}",
+                w[1].epoch, w[0].epoch
+            ),
+        ),
+        None => Check::new(NAME, true, detail),
     }
 }
 
@@ -81,16 +191,26 @@ pub fn check(plan: &Plan, setup: &RunSetup, observed: &Observed) -> Vec<Check> {
             missed.join("; ")
         },
     ));
-    checks.push(ledger_check(setup.checkpoint_dir.as_deref(), observed));
-    let counts = setup
-        .checkpoint_dir
-        .as_deref()
-        .and_then(|root| list_checkpoints(root).ok()?.last().cloned())
-        .and_then(|newest| {
-            let manifest = read_manifest(&newest.dir).ok()?;
-            Some(ShardCounts::of(&newest.dir, &manifest))
-        });
-    checks.push(servers_check(&observed.summary, counts.as_ref()));
+    let group = &observed.summary.group;
+    if group.is_collective() {
+        // Synchronous training has no closures and no servers: its invariant is one model.
+        let none = "a MultiWorkerMirrored job runs no closures and no parameter servers";
+        checks.push(Check::skipped("every closure committed once", none.into()));
+        checks.push(Check::skipped("ps applied counts", none.into()));
+        checks.push(one_model_check(plan, group));
+        checks.push(membership_check(plan, group));
+    } else {
+        checks.push(ledger_check(setup.checkpoint_dir.as_deref(), observed));
+        let counts = setup
+            .checkpoint_dir
+            .as_deref()
+            .and_then(|root| list_checkpoints(root).ok()?.last().cloned())
+            .and_then(|newest| {
+                let manifest = read_manifest(&newest.dir).ok()?;
+                Some(ShardCounts::of(&newest.dir, &manifest))
+            });
+        checks.push(servers_check(&observed.summary, counts.as_ref()));
+    }
     checks.push(Check::new(
         "no panic",
         observed.panic_count == 0,
@@ -245,13 +365,10 @@ pub fn servers_check(summary: &run::PrintedSummary, counts: Option<&ShardCounts>
     const NAME: &str = "ps applied counts";
     let servers = &summary.servers;
     if servers.is_empty() && counts.is_none_or(|c| c.shards.is_empty()) {
-        return Check {
-            name: NAME,
-            status: "skipped",
-            detail: "the chief printed no per-server counts and no checkpoint holds update \
-                     counts"
-                .into(),
-        };
+        return Check::skipped(
+            NAME,
+            "the chief printed no per-server counts and no checkpoint holds update counts".into(),
+        );
     }
     let committed = summary.ledger.map(|l| l.committed);
     // A chief that resumed from its checkpoint restored the servers there too.
@@ -582,6 +699,7 @@ mod tests {
             ps_restores: restores,
             rolled_back: None,
             resumed: false,
+            group: Default::default(),
         }
     }
 
@@ -656,5 +774,87 @@ mod tests {
     fn nothing_to_check_is_skipped() {
         let check = servers_check(&PrintedSummary::default(), None);
         assert_eq!(check.status, "skipped");
+    }
+
+    fn group(models: &[(&str, u64, &str)], workers: &[u64]) -> run::PrintedGroup {
+        run::PrintedGroup {
+            started: true,
+            models: models
+                .iter()
+                .map(|(task, step, digest)| {
+                    let model = run::PrintedModel {
+                        step: *step,
+                        digest: digest.to_string(),
+                    };
+                    (task.to_string(), model)
+                })
+                .collect(),
+            epochs: workers
+                .iter()
+                .enumerate()
+                .map(|(i, &workers)| run::PrintedEpoch {
+                    epoch: i as u64 + 1,
+                    workers,
+                    from_step: 10 * i as u64,
+                })
+                .collect(),
+        }
+    }
+
+    fn plan_expecting(exit: i32) -> Plan {
+        Plan::parse(
+            Path::new("p.toml"),
+            &format!("seed = 1\nexpect_exit = {exit}\n"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn members_with_one_model_pass_and_any_difference_fails() {
+        let ok = plan_expecting(0);
+        let same = group(
+            &[("chief/0", 450, "ab"), ("worker/0", 450, "ab")],
+            &[2, 1, 2],
+        );
+        assert_eq!(one_model_check(&ok, &same).status, "passed");
+        let bits = group(&[("chief/0", 450, "ab"), ("worker/0", 450, "ac")], &[2]);
+        let check = one_model_check(&ok, &bits);
+        assert_eq!(check.status, "failed");
+        assert!(
+            check.detail.contains("worker/0: step 450, digest ac"),
+            "{}",
+            check.detail
+        );
+        let steps = group(&[("chief/0", 450, "ab"), ("worker/0", 449, "ab")], &[2]);
+        assert_eq!(one_model_check(&ok, &steps).status, "failed");
+        // A member of the last epoch that never said how it ended.
+        let missing = group(&[("chief/0", 450, "ab"), ("worker/0", 450, "ab")], &[3]);
+        let check = one_model_check(&ok, &missing);
+        assert_eq!(check.status, "failed");
+        assert!(
+            check.detail.contains("has 3 workers, but 2"),
+            "{}",
+            check.detail
+        );
+        let none = group(&[], &[3]);
+        assert_eq!(one_model_check(&ok, &none).status, "failed");
+        assert_eq!(one_model_check(&plan_expecting(1), &none).status, "skipped");
+    }
+
+    #[test]
+    fn membership_epochs_must_go_forward() {
+        let ok = plan_expecting(0);
+        assert_eq!(
+            membership_check(&ok, &group(&[], &[3, 2, 3])).status,
+            "passed"
+        );
+        let mut back = group(&[], &[3, 2, 3]);
+        back.epochs[2].epoch = 2;
+        assert_eq!(membership_check(&ok, &back).status, "failed");
+        let mut earlier = group(&[], &[3, 2]);
+        earlier.epochs[1].from_step = 0;
+        earlier.epochs[0].from_step = 5;
+        assert_eq!(membership_check(&ok, &earlier).status, "failed");
+        assert_eq!(membership_check(&ok, &group(&[], &[])).status, "failed");
     }
 }

@@ -113,6 +113,46 @@ pub struct PrintedSummary {
     /// checkpoint (it restarted), restoring the servers there, so closures after that
     /// checkpoint were pushed again.
     pub resumed: bool,
+    /// What a MultiWorkerMirrored job's tasks printed (empty for a parameter-server job).
+    pub group: PrintedGroup,
+}
+
+/// A MultiWorkerMirrored job as its tasks printed it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PrintedGroup {
+    /// The chief said `MultiWorkerMirrored: ...` as it started.
+    pub started: bool,
+    /// `final model: step S, digest D`, by task (`worker/1`): each task's last.
+    pub models: BTreeMap<String, PrintedModel>,
+    /// The chief's `membership epochs:` list, in its order.
+    pub epochs: Vec<PrintedEpoch>,
+}
+
+impl PrintedGroup {
+    /// Whether the job is a MultiWorkerMirrored one.
+    pub fn is_collective(&self) -> bool {
+        self.started || !self.models.is_empty() || !self.epochs.is_empty()
+    }
+}
+
+/// A task's final model as it printed it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PrintedModel {
+    /// The steps it trained to.
+    pub step: u64,
+    /// Its variables' digest.
+    pub digest: String,
+}
+
+/// One membership epoch of the chief's summary: `epoch E: W workers from step S (...)`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PrintedEpoch {
+    /// The epoch.
+    pub epoch: u64,
+    /// Its workers.
+    pub workers: u64,
+    /// The step it trained from.
+    pub from_step: u64,
 }
 
 /// One server's counts as the chief printed them.
@@ -492,6 +532,52 @@ fn scan_line(scan: &mut OutputScan, line: &str) {
         scan.summary.servers.push(server);
         scan.summary.servers.sort_unstable();
     }
+    let (task, text) = task_and_text(line);
+    let group = &mut scan.summary.group;
+    if text.starts_with("MultiWorkerMirrored: ") {
+        group.started = true;
+    }
+    if let Some(model) = parse_printed_model(text) {
+        group.models.insert(task.to_string(), model);
+    }
+    if let Some(epoch) = parse_printed_epoch(text) {
+        group.epochs.push(epoch);
+    }
+}
+
+/// The task a launcher's output line comes from (`[worker/1] ...`; `job` without one) and
+/// the task's own text.
+fn task_and_text(line: &str) -> (&str, &str) {
+    line.strip_prefix('[')
+        .and_then(|rest| rest.split_once("] "))
+        .unwrap_or(("job", line))
+}
+
+/// `final model: step S, digest D`.
+fn parse_printed_model(text: &str) -> Option<PrintedModel> {
+    let rest = text.strip_prefix("final model: step ")?;
+    let (step, digest) = rest.split_once(", digest ")?;
+    let digest = digest.trim();
+    if digest.is_empty() || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(PrintedModel {
+        step: step.parse().ok()?,
+        digest: digest.to_string(),
+    })
+}
+
+/// `    epoch E: W workers from step S` (and what changed, in parentheses).
+fn parse_printed_epoch(text: &str) -> Option<PrintedEpoch> {
+    let rest = text.trim_start().strip_prefix("epoch ")?;
+    let (epoch, rest) = rest.split_once(": ")?;
+    let (workers, rest) = rest.split_once(" workers from step ")?;
+    let from_step = rest.split_whitespace().next()?;
+    Some(PrintedEpoch {
+        epoch: epoch.parse().ok()?,
+        workers: workers.parse().ok()?,
+        from_step: from_step.parse().ok()?,
+    })
 }
 
 /// The number before each of `labels` in a comma-separated list such as
@@ -1074,6 +1160,49 @@ mod tests {
             }]
         );
         assert_eq!(scan.panic_count, 1);
+    }
+
+    #[test]
+    fn a_multi_worker_mirrored_jobs_models_and_epochs_are_read() {
+        let mut scan = OutputScan::default();
+        assert!(!scan.summary.group.is_collective());
+        for line in [
+            "[chief/0] MultiWorkerMirrored: 3 workers × 1 replica(s), group epoch 1; digits: ...",
+            "[chief/0] epoch 1/30: loss 1.8631, 132 steps/s, group epoch 3 of 3 workers",
+            "[worker/1] final model: step 450, digest d42fbeb0f86b2b8d",
+            "[worker/1] final model: step 450, digest not-hex",
+            "[chief/0] final model: step 450, digest d42fbeb0f86b2b8d",
+            "[chief/0]   membership epochs:",
+            "[chief/0]     epoch 1: 3 workers from step 0",
+            "[chief/0]     epoch 2: 2 workers from step 12 (lost worker/1)",
+        ] {
+            scan_line(&mut scan, line);
+        }
+        let group = &scan.summary.group;
+        assert!(group.is_collective());
+        assert_eq!(group.models.len(), 2);
+        assert_eq!(
+            group.models["worker/1"],
+            PrintedModel {
+                step: 450,
+                digest: "d42fbeb0f86b2b8d".into()
+            }
+        );
+        assert_eq!(
+            group.epochs,
+            vec![
+                PrintedEpoch {
+                    epoch: 1,
+                    workers: 3,
+                    from_step: 0
+                },
+                PrintedEpoch {
+                    epoch: 2,
+                    workers: 2,
+                    from_step: 12
+                }
+            ]
+        );
     }
 
     #[test]

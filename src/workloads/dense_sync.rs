@@ -52,6 +52,25 @@ pub struct DenseOutcome {
     pub losses: Vec<f32>,
 }
 
+impl DenseOutcome {
+    /// The first 16 hex digits of a SHA-256 of the variables (each name and its f32 bits,
+    /// little-endian, in name order): two workers print the same only when they hold the
+    /// same model, bit for bit (DATA-1).
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for (name, values) in &self.variables {
+            hash.update((name.len() as u64).to_le_bytes());
+            hash.update(name.as_bytes());
+            hash.update((values.len() as u64).to_le_bytes());
+            for v in values {
+                hash.update(v.to_le_bytes());
+            }
+        }
+        hex::encode(&hash.finalize()[..8])
+    }
+}
+
 /// JSON has no NaN: a missing loss goes as `null`.
 mod nan_as_null {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -6,7 +6,11 @@
 //! What a user sees, from the chief: one line per epoch (mean loss, steps/s, the membership
 //! epoch and its workers), each change of the group (the survivors re-forming without the
 //! killed worker at a new epoch, then admitting its new process at the next), and a summary
-//! with every membership epoch and the held-out accuracy. The run is
+//! with every membership epoch and the held-out accuracy; from every task, its final model's
+//! digest (`final model: step S, digest D`, equal on every member: `cohort chaos run` compares
+//! them). The plan of steps follows the cluster's configuration, not the group's size at a
+//! process's start, so that a worker restarted while the group is smaller stops with the
+//! others. The run is
 //! [`dense_sync::train_elastic_on`] over the digits problem: no checkpoint is read on the way,
 //! the survivors hold the model and the restarted worker receives it from them.
 //!
@@ -19,7 +23,7 @@ use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
 use super::digits::{Digits, CLASSES, PIXELS};
 use super::models;
 use super::state_checkpoint::StateCheckpoints;
-use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey};
+use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey, TaskType};
 use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy};
 
 /// Environment variable: training epochs (over the training split, at the starting global
@@ -82,6 +86,11 @@ impl MwmsDemoError {
 pub fn run_task() -> Result<(), MwmsDemoError> {
     let started = Instant::now();
     let config = task_config()?;
+    // The plan of steps comes from the job's configuration, the same in every process: a
+    // worker restarted while the group is smaller must stop at the step the others stop at.
+    let spec = &config.cluster.cluster;
+    let planned_replicas = (spec.num_tasks(TaskType::Chief) + spec.num_tasks(TaskType::Worker))
+        * config.local_replicas;
     let epochs = match std::env::var(EPOCHS_ENV) {
         Ok(text) => text
             .trim()
@@ -138,7 +147,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     }
     let steps_per_epoch = problem
         .examples()
-        .div_ceil(PER_REPLICA_BATCH * strategy.num_replicas_in_sync());
+        .div_ceil(PER_REPLICA_BATCH * planned_replicas);
     let steps = epochs * steps_per_epoch;
     let middle = steps / 2;
     let mut epoch_losses = Vec::new();
@@ -265,6 +274,8 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         return Err(MwmsDemoError::Preempted);
     }
     let outcome = run.outcome;
+    // Every member's model, for a reader (`cohort chaos run`) to compare: one model.
+    println!("final model: step {steps}, digest {}", outcome.digest());
     if !chief {
         return Ok(());
     }
