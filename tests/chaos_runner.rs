@@ -274,6 +274,12 @@ fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_mode
         last.contains("(3 workers from step"),
         "the last epoch has all 3: {why}"
     );
+    // The chief's metrics endpoint served its group's step: the step rate was sampled.
+    let samples = report["timeline"]["samples"].as_array().unwrap();
+    assert!(
+        samples.iter().any(|s| s["committed"].as_f64() > Some(0.0)),
+        "{why}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -87,7 +87,8 @@ pub struct AppliedFault {
 pub struct Sample {
     /// Seconds after the job's start.
     pub t_s: f64,
-    /// `cohort_ledger_committed_total`.
+    /// `cohort_ledger_committed_total` (a MultiWorkerMirrored chief: `cohort_group_step`, its
+    /// group's completed steps, here and in `scheduled`).
     pub committed: f64,
     /// `cohort_ledger_scheduled_total`.
     pub scheduled: f64,
@@ -1056,12 +1057,29 @@ fn scrape_chief(
         .parse()
         .ok()?;
     let text = http_get(addr, "/metrics")?;
-    let committed = metric(&text, "cohort_ledger_committed_total")?;
-    let scheduled = metric(&text, "cohort_ledger_scheduled_total").unwrap_or(0.0);
-    let steps = (
-        metric(&text, "cohort_chief_step_seconds_sum").unwrap_or(0.0),
-        metric(&text, "cohort_chief_step_seconds_count").unwrap_or(0.0),
-    );
+    // A parameter-server job's chief counts committed closures; a MultiWorkerMirrored one's
+    // the steps its group completed.
+    let (committed, scheduled, steps) = match metric(&text, "cohort_ledger_committed_total") {
+        Some(committed) => (
+            committed,
+            metric(&text, "cohort_ledger_scheduled_total").unwrap_or(0.0),
+            (
+                metric(&text, "cohort_chief_step_seconds_sum").unwrap_or(0.0),
+                metric(&text, "cohort_chief_step_seconds_count").unwrap_or(0.0),
+            ),
+        ),
+        None => {
+            let step = metric(&text, "cohort_group_step")?;
+            (
+                step,
+                step,
+                (
+                    metric(&text, "cohort_group_step_seconds_sum").unwrap_or(0.0),
+                    metric(&text, "cohort_group_step_seconds_count").unwrap_or(0.0),
+                ),
+            )
+        }
+    };
     let now = Instant::now();
     let (rate, step_seconds) = match *last {
         Some((at, before, (sum, count))) if committed >= before => (

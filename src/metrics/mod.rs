@@ -74,6 +74,21 @@ pub struct Instruments {
     pub evaluation_seconds: Histogram,
     /// Evaluator: the step of the newest checkpoint evaluated (-1 before the first).
     pub evaluated_step: Gauge,
+    /// MultiWorkerMirrored worker: its group's membership epoch (0 before the first forms).
+    pub group_epoch: Gauge,
+    /// MultiWorkerMirrored worker: the workers of its group.
+    pub group_workers: Gauge,
+    /// MultiWorkerMirrored worker: the steps the group completed, as agreed at the last step
+    /// boundary or re-forming.
+    pub group_step: Gauge,
+    /// MultiWorkerMirrored worker: time from one step boundary to the next, in seconds.
+    pub group_step_seconds: Histogram,
+    /// MultiWorkerMirrored worker: re-formings after lost workers.
+    pub group_reformed: Counter,
+    /// MultiWorkerMirrored worker: workers admitted to its group (restarted or added).
+    pub group_admitted: Counter,
+    /// MultiWorkerMirrored worker: workers that left its group on a preemption notice.
+    pub group_departed: Counter,
 }
 
 static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
@@ -100,6 +115,14 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
         gauge.set(-1);
         gauge
     },
+    group_epoch: Gauge::default(),
+    group_workers: Gauge::default(),
+    group_step: Gauge::default(),
+    // 100µs to ~100s, as a worker's step time.
+    group_step_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 21)),
+    group_reformed: Counter::default(),
+    group_admitted: Counter::default(),
+    group_departed: Counter::default(),
 });
 
 /// This process's instruments.
@@ -270,27 +293,8 @@ impl Exposition {
     /// The metrics of `role` `index` running as incarnation `incarnation`: the instruments that
     /// role counts, and `refresh` for the counters it keeps itself.
     pub fn new(role: Role, index: u32, incarnation: u64, refresh: Option<Refresh>) -> Self {
-        let mut registry = Registry::default();
+        let mut registry = Self::registry_of(role, index, incarnation);
         let m = instruments();
-        let labels = vec![
-            ("role".to_string(), role.label().to_string()),
-            ("index".to_string(), index.to_string()),
-        ];
-        let incarnations = Family::<Vec<(String, String)>, Gauge<i64>>::default();
-        // Epochs are milliseconds since 1970: they fit an i64 for 290 million years.
-        incarnations
-            .get_or_create(&labels)
-            .set(i64::try_from(incarnation).unwrap_or(i64::MAX));
-        registry.register(
-            "cohort_incarnation",
-            "This process's incarnation epoch (FENCE-1), by role and index",
-            incarnations,
-        );
-        registry.register(
-            "cohort_detections",
-            "Peers this process declared dead (silent past the detection budget, or superseded)",
-            m.detections.clone(),
-        );
         match role {
             Role::Worker => {
                 registry.register(
@@ -366,6 +370,80 @@ impl Exposition {
                 );
             }
         }
+        Self::with_registry(registry, refresh)
+    }
+
+    /// The metrics of a MultiWorkerMirrored worker (`role`: the chief or a worker, `index`)
+    /// running as incarnation `incarnation`: its group's epoch, workers and step, the time
+    /// between step boundaries, and the re-formings, admissions and departures it saw.
+    pub fn for_group(role: Role, index: u32, incarnation: u64) -> Self {
+        let mut registry = Self::registry_of(role, index, incarnation);
+        let m = instruments();
+        registry.register(
+            "cohort_group_epoch",
+            "The membership epoch of this worker's group (0 before the first forms)",
+            m.group_epoch.clone(),
+        );
+        registry.register(
+            "cohort_group_workers",
+            "The workers of this worker's group",
+            m.group_workers.clone(),
+        );
+        registry.register(
+            "cohort_group_step",
+            "Steps the group completed, as agreed at the last step boundary or re-forming",
+            m.group_step.clone(),
+        );
+        registry.register(
+            "cohort_group_step_seconds",
+            "Time from one step boundary of this worker to the next",
+            m.group_step_seconds.clone(),
+        );
+        registry.register(
+            "cohort_group_reformed",
+            "Re-formings of this worker's group after lost workers",
+            m.group_reformed.clone(),
+        );
+        registry.register(
+            "cohort_group_admitted",
+            "Workers admitted to this worker's group (restarted or added)",
+            m.group_admitted.clone(),
+        );
+        registry.register(
+            "cohort_group_departed",
+            "Workers that left this worker's group on a preemption notice",
+            m.group_departed.clone(),
+        );
+        Self::with_registry(registry, None)
+    }
+
+    /// A registry with what every process exposes: its incarnation, by role and index, and
+    /// the peers it declared dead.
+    fn registry_of(role: Role, index: u32, incarnation: u64) -> Registry {
+        let mut registry = Registry::default();
+        let labels = vec![
+            ("role".to_string(), role.label().to_string()),
+            ("index".to_string(), index.to_string()),
+        ];
+        let incarnations = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+        // Epochs are milliseconds since 1970: they fit an i64 for 290 million years.
+        incarnations
+            .get_or_create(&labels)
+            .set(i64::try_from(incarnation).unwrap_or(i64::MAX));
+        registry.register(
+            "cohort_incarnation",
+            "This process's incarnation epoch (FENCE-1), by role and index",
+            incarnations,
+        );
+        registry.register(
+            "cohort_detections",
+            "Peers this process declared dead (silent past the detection budget, or superseded)",
+            instruments().detections.clone(),
+        );
+        registry
+    }
+
+    fn with_registry(mut registry: Registry, refresh: Option<Refresh>) -> Self {
         let readings = Arc::new(Readings::default());
         registry.register_collector(Box::new(Arc::clone(&readings)));
         Self {
@@ -453,5 +531,26 @@ mod tests {
             text.contains("# TYPE cohort_checkpoint_save_seconds histogram"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_multi_worker_mirrored_worker_exposes_its_group_not_the_parameter_servers() {
+        let m = instruments();
+        m.group_epoch.set(3);
+        m.group_workers.set(2);
+        let text = Exposition::for_group(Role::Worker, 1, 9).render().await;
+        assert!(text.contains("cohort_group_epoch 3\n"), "{text}");
+        assert!(text.contains("cohort_group_workers 2\n"), "{text}");
+        for name in [
+            "# TYPE cohort_group_step gauge",
+            "# TYPE cohort_group_step_seconds histogram",
+            "# TYPE cohort_group_reformed_total counter",
+            "# TYPE cohort_group_admitted_total counter",
+            "# TYPE cohort_group_departed_total counter",
+            "cohort_incarnation{role=\"worker\",index=\"1\"} 9",
+        ] {
+            assert!(text.contains(name), "{name}: {text}");
+        }
+        assert!(!text.contains("cohort_worker_closures_run"), "{text}");
     }
 }

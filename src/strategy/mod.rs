@@ -56,6 +56,7 @@ pub use central_storage::CentralStorage;
 pub use context::{get_replica_context, in_cross_replica_context, ReplicaContext, ValueContext};
 pub use default::DefaultStrategy;
 pub use mirrored::Mirrored;
+pub(crate) use multi_worker::metrics_addr_from_env;
 pub use multi_worker::{
     Admission, Communication, Departure, ElasticState, GroupChange, MultiWorkerConfig,
     MultiWorkerMirrored, Recovery, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT,

@@ -72,6 +72,10 @@ pub struct MultiWorkerConfig {
     /// What all-reduces the gradients across the workers: the group's ring (the default) or
     /// NCCL on a GPU of this process.
     pub communication: Communication,
+    /// Where to serve this worker's Prometheus metrics and `/healthz` (`metrics_addr`,
+    /// `COHORT_METRICS_ADDR`; `None`: not served): its group's epoch, workers and step, the
+    /// time between step boundaries, and the re-formings, admissions and departures.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// What sums the workers' tensors across processes: TensorFlow's
@@ -171,6 +175,7 @@ impl MultiWorkerConfig {
             enter_timeout: DEFAULT_ENTER_TIMEOUT,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             communication: Communication::Ring,
+            metrics_addr: None,
         }
     }
 
@@ -250,6 +255,9 @@ pub struct MultiWorkerMirrored {
     /// ([`MultiWorkerMirrored::admit`]); its variables skip the first worker's broadcast
     /// meanwhile (the members are past it).
     awaiting_state: Arc<AtomicBool>,
+    /// When this worker last reached a step boundary ([`MultiWorkerMirrored::at_step_boundary`]):
+    /// its metrics' step time.
+    last_boundary: Option<std::time::Instant>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -298,6 +306,9 @@ impl MultiWorkerMirrored {
             .communication
             .check()
             .map_err(|detail| bad("communication", detail))?;
+        if let Some(addr) = config.metrics_addr {
+            serve_metrics(addr, task).map_err(|detail| bad("metrics_addr", detail))?;
+        }
         // Chief first, then workers: the group's ranks (sorted node ids) in TensorFlow's order.
         let mut members = Vec::new();
         let mut own_addr = None;
@@ -376,6 +387,7 @@ impl MultiWorkerMirrored {
                 return Err(err.into());
             }
         };
+        record_group(&group);
         let communication = (
             config.communication,
             NcclWaits {
@@ -431,6 +443,7 @@ impl MultiWorkerMirrored {
             communication,
             _mesh: mesh,
             awaiting_state,
+            last_boundary: None,
             runtime: Some(runtime),
         })
     }
@@ -450,7 +463,10 @@ impl MultiWorkerMirrored {
                 key: crate::cluster::TF_CONFIG_ENV.into(),
                 detail: "unset: MultiWorkerMirrored needs the cluster".into(),
             })?;
-        Self::new(MultiWorkerConfig::new(cluster, certs_dir).with_local_replicas(local_replicas))
+        let mut config =
+            MultiWorkerConfig::new(cluster, certs_dir).with_local_replicas(local_replicas);
+        config.metrics_addr = metrics_addr_from_env()?;
+        Self::new(config)
     }
 
     /// This process's task.
@@ -608,6 +624,11 @@ impl MultiWorkerMirrored {
                     match agreed {
                         Ok(source) => {
                             let group = self.span.group();
+                            let m = crate::metrics::instruments();
+                            m.group_reformed.inc();
+                            // The lost members: peers this worker declared dead.
+                            m.detections
+                                .inc_by((before.size().saturating_sub(group.size())) as u64);
                             return Ok(Recovery {
                                 epoch: group.epoch(),
                                 members: group.members().to_vec(),
@@ -684,8 +705,10 @@ impl MultiWorkerMirrored {
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         let me = node_id(self.task);
+        self.boundary_reached(state.step);
         if self.awaiting_state.load(Ordering::SeqCst) {
             let source = self.agree_state(state)?;
+            crate::metrics::instruments().group_admitted.inc();
             let group = self.span.group();
             return Ok(Some(GroupChange::Admitted(Admission {
                 epoch: group.epoch(),
@@ -749,6 +772,9 @@ impl MultiWorkerMirrored {
         let joiners = decode_joiners(&bytes)?;
         let joined: Vec<NodeId> = joiners.iter().map(|j| j.node.clone()).collect();
         let admitted = self.block(async move { group.admit(&joiners).await })?;
+        crate::metrics::instruments()
+            .group_admitted
+            .inc_by(joined.len() as u64);
         self.install(admitted);
         check_same_settings(
             &self.span,
@@ -787,6 +813,9 @@ impl MultiWorkerMirrored {
         let group = self.span.group().clone();
         let members = group.members().to_vec();
         let left: Vec<NodeId> = leavers.iter().map(|&r| members[r].clone()).collect();
+        crate::metrics::instruments()
+            .group_departed
+            .inc_by(left.len() as u64);
         let stayers: Vec<NodeId> = members
             .iter()
             .enumerate()
@@ -857,7 +886,20 @@ impl MultiWorkerMirrored {
     }
 
     /// Makes `group` the one every later step's collectives span.
+    /// A step boundary at `step` completed steps, in this worker's metrics: the step, and the
+    /// time since the previous boundary.
+    fn boundary_reached(&mut self, step: u64) {
+        let m = crate::metrics::instruments();
+        m.group_step.set(i64::try_from(step).unwrap_or(i64::MAX));
+        let now = std::time::Instant::now();
+        if let Some(previous) = self.last_boundary.replace(now) {
+            m.group_step_seconds
+                .observe(now.duration_since(previous).as_secs_f64());
+        }
+    }
+
     fn install(&mut self, group: ProcessGroup) {
+        record_group(&group);
         let Some(runtime) = &self.runtime else { return };
         let span = span_of(
             group,
@@ -938,6 +980,9 @@ impl MultiWorkerMirrored {
         state.position = header[1].max(0) as u64;
         // A joiner whose admission broke and that re-formed as a survivor holds it now too.
         self.awaiting_state.store(false, Ordering::SeqCst);
+        crate::metrics::instruments()
+            .group_step
+            .set(i64::try_from(state.step).unwrap_or(i64::MAX));
         Ok(span.group().members()[source].clone())
     }
 
@@ -996,6 +1041,56 @@ fn shut_down(runtime: tokio::runtime::Runtime, group: &ProcessGroup) {
 
 /// Bound on waiting, when the strategy is dropped, for this worker's last messages to be taken.
 const FLUSH_MAX: Duration = Duration::from_secs(5);
+
+/// Serves this worker's metrics ([`Exposition::for_group`](crate::metrics::Exposition::for_group))
+/// on `addr` for the rest of the process; why not, if it cannot.
+fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
+    use crate::metrics::{serve, Exposition, Role};
+    let role = match task.task_type {
+        TaskType::Chief => Role::Chief,
+        _ => Role::Worker,
+    };
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let exposition = Arc::new(Exposition::for_group(role, task.index, incarnation));
+    let server =
+        serve(addr, exposition).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    tracing::info!(
+        "{task}: metrics on http://{}/metrics (health: /healthz)",
+        server.addr
+    );
+    Ok(())
+}
+
+/// `COHORT_METRICS_ADDR`, if set (`cohort launch` sets it for every task).
+pub(crate) fn metrics_addr_from_env() -> Result<Option<SocketAddr>, StrategyError> {
+    let key = crate::cluster::ConfigKey::METRICS_ADDR.env;
+    match std::env::var(key) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|e| StrategyError::Config {
+                key: key.into(),
+                detail: format!("{text:?} is not a socket address (host:port): {e}"),
+            }),
+        Err(std::env::VarError::NotUnicode(_)) => Err(StrategyError::Config {
+            key: key.into(),
+            detail: "not valid UTF-8".into(),
+        }),
+    }
+}
+
+/// The group's epoch and size, in this worker's metrics.
+fn record_group(group: &ProcessGroup) {
+    let m = crate::metrics::instruments();
+    m.group_epoch
+        .set(i64::try_from(group.epoch()).unwrap_or(i64::MAX));
+    m.group_workers.set(group.size() as i64);
+}
 
 impl Strategy for MultiWorkerMirrored {
     fn name(&self) -> &'static str {

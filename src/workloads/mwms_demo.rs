@@ -365,6 +365,8 @@ fn task_config() -> Result<MultiWorkerConfig, MwmsDemoError> {
         Err(_) => Duration::from_secs(3),
     };
     let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
+    config.metrics_addr =
+        crate::strategy::metrics_addr_from_env().map_err(|e| bad(e.to_string()))?;
     config.transport.idle_timeout = budget;
     config.transport.keep_alive_interval = budget / 4;
     config.probe_timeout = budget;
