@@ -767,6 +767,7 @@ mod tests {
                 "delete-checkpoint-then-kill-ps.toml",
                 "disk-full.toml",
                 "kill-worker-and-ps.toml",
+                "mwms-kill-and-preempt.toml",
                 "partition-worker-from-chief.toml",
                 "term-ps-pause-worker.toml"
             ]
