@@ -1177,6 +1177,22 @@ fn bind_worker(
     )
 }
 
+/// A mesh over each of `endpoints` with `config`, and the members they make, in order.
+fn meshes_over(endpoints: &[Endpoint], config: &GroupConfig) -> (Vec<Mesh>, Vec<GroupMember>) {
+    let meshes: Vec<Mesh> = endpoints
+        .iter()
+        .map(|e| Mesh::new(e.clone(), config.clone()))
+        .collect();
+    let members = meshes
+        .iter()
+        .map(|m| GroupMember {
+            node: m.node().clone(),
+            addr: m.local_addr().unwrap(),
+        })
+        .collect();
+    (meshes, members)
+}
+
 /// `worker/i`'s endpoint bound again at `addr`, the address of its closed one (a restarted
 /// process), retried until the old socket is released (at most 10 s).
 async fn rebind_worker(ca: &ClusterCa, i: u32, addr: std::net::SocketAddr) -> Endpoint {
@@ -1203,17 +1219,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     let ca = ClusterCa::generate("second-incarnation").unwrap();
     let bind = |i: u32| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
     let mut endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
-    let mut meshes: Vec<Mesh> = endpoints
-        .iter()
-        .map(|e| Mesh::new(e.clone(), config.clone()))
-        .collect();
-    let members: Vec<GroupMember> = meshes
-        .iter()
-        .map(|m| GroupMember {
-            node: m.node().clone(),
-            addr: m.local_addr().unwrap(),
-        })
-        .collect();
+    let (mut meshes, members) = meshes_over(&endpoints, &config);
     let formed = bounded(
         "forming epoch 1",
         join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
@@ -1399,17 +1405,7 @@ async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming
         )
         .unwrap(),
     );
-    let meshes: Vec<Mesh> = endpoints
-        .iter()
-        .map(|e| Mesh::new(e.clone(), config.clone()))
-        .collect();
-    let members: Vec<GroupMember> = meshes
-        .iter()
-        .map(|m| GroupMember {
-            node: m.node().clone(),
-            addr: m.local_addr().unwrap(),
-        })
-        .collect();
+    let (meshes, members) = meshes_over(&endpoints, &config);
     faults.partition(members[1].addr, members[2].addr);
     let forming: Vec<_> = meshes
         .iter()

@@ -56,6 +56,16 @@ impl Check {
             detail,
         }
     }
+
+    /// A check whose lines the job never printed (`detail` says which): failed where the plan
+    /// expects the job to succeed, skipped where it expects it to fail.
+    fn nothing_printed(name: &'static str, detail: &str, plan: &Plan) -> Self {
+        if plan.expect_exit == 0 {
+            Self::new(name, false, detail.into())
+        } else {
+            Self::skipped(name, format!("{detail} (the plan expects the job to fail)"))
+        }
+    }
 }
 
 /// A MultiWorkerMirrored job's members end with one model (DATA-1): every task that printed
@@ -65,12 +75,7 @@ impl Check {
 pub fn one_model_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
     const NAME: &str = "one model";
     if group.models.is_empty() {
-        let detail = "no task printed its final model".to_string();
-        return if plan.expect_exit == 0 {
-            Check::new(NAME, false, detail)
-        } else {
-            Check::skipped(NAME, format!("{detail} (the plan expects the job to fail)"))
-        };
+        return Check::nothing_printed(NAME, "no task printed its final model", plan);
     }
     let each: Vec<String> = group
         .models
@@ -120,12 +125,7 @@ pub fn one_model_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
 pub fn membership_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
     const NAME: &str = "membership epochs";
     if group.epochs.is_empty() {
-        let detail = "the chief printed no membership epochs".to_string();
-        return if plan.expect_exit == 0 {
-            Check::new(NAME, false, detail)
-        } else {
-            Check::skipped(NAME, format!("{detail} (the plan expects the job to fail)"))
-        };
+        return Check::nothing_printed(NAME, "the chief printed no membership epochs", plan);
     }
     let listed: Vec<String> = group
         .epochs
