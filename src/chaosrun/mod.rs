@@ -525,6 +525,12 @@ pub fn write_report(
             f.detail
         ));
     }
+    // A parameter-server chief counts committed closures; a MultiWorkerMirrored one, steps.
+    let (unit, step_time) = if observed.summary.group.is_collective() {
+        ("steps/s", "one step boundary to the next")
+    } else {
+        ("closures/s", "dispatch to commit")
+    };
     if let Some(peak) = observed
         .samples
         .iter()
@@ -532,7 +538,7 @@ pub fn write_report(
         .reduce(f64::max)
     {
         text.push_str(&format!(
-            "  step rate: {} samples of the chief's metrics, peak {peak:.1} closures/s\n",
+            "  step rate: {} samples of the chief's metrics, peak {peak:.1} {unit}\n",
             observed.samples.len()
         ));
         let times: Vec<f64> = observed
@@ -543,8 +549,8 @@ pub fn write_report(
         if let Some(slowest) = times.iter().copied().reduce(f64::max) {
             let mean = times.iter().sum::<f64>() / times.len() as f64;
             text.push_str(&format!(
-                "  step time (dispatch to commit): mean of the samples {:.1} ms, slowest \
-                 sample {:.1} ms\n",
+                "  step time ({step_time}): mean of the samples {:.1} ms, slowest sample \
+                 {:.1} ms\n",
                 mean * 1e3,
                 slowest * 1e3
             ));
