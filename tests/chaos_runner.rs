@@ -232,9 +232,10 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The MultiWorkerMirrored demo under a worker killed and another preempted: the runner
-/// knows it for a synchronous job (no closures, no servers: those checks are skipped) and
-/// checks its own invariants: every member ends with one model, the epochs go forward.
+/// The MultiWorkerMirrored demo under a worker killed and its chief preempted: the launcher
+/// restarts both (the chief as a peer: the others go on meanwhile), and the runner knows the
+/// job for a synchronous one (no closures, no servers: those checks are skipped) and checks
+/// its own invariants: every member ends with one model, the epochs go forward.
 #[test]
 fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_model() {
     let dir = temp_dir("mwms-kill-and-preempt");
@@ -264,11 +265,10 @@ fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_mode
     }
     let one_model = check(&report, "one model")["detail"].as_str().unwrap();
     assert!(one_model.starts_with("3 worker(s) ended at step"), "{why}");
-    // The kill and the preemption each changed the group; both workers came back.
+    // Both came back: the chief's restart lists the epochs from its admission on.
     let epochs = check(&report, "membership epochs")["detail"]
         .as_str()
         .unwrap();
-    assert!(epochs.matches(" workers from step ").count() >= 3, "{why}");
     let last = epochs.rsplit(", ").next().unwrap();
     assert!(
         last.contains("(3 workers from step"),

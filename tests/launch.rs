@@ -1,5 +1,6 @@
 //! The local launcher runs every task as its own process, restarts a task that dies with a
-//! newer incarnation, ends the job when the chief exits, and stops everything on request.
+//! newer incarnation, ends the job when the chief exits (a peer chief that was preempted is
+//! restarted instead, and the workers finishing end the job), and stops everything on request.
 //!
 //! The children are this test binary re-executed in "child mode" (see `child_task`).
 
@@ -15,8 +16,9 @@ use cohort::launch::{
 const CHILD_ENV: &str = "COHORT_LAUNCH_TEST_CHILD";
 
 /// Child mode: record "task incarnation" in the journal; the chief exits after a while with the
-/// code it was told, the others run until they are killed (or, with `TASKS_EXIT_0_MS`, exit 0
-/// after that long, as after the chief's goodbye).
+/// code it was told (a restarted chief, with `CHIEF_AGAIN_RUN_MS`, runs that long instead), the
+/// others run until they are killed (or, with `TASKS_EXIT_0_MS`, exit 0 after that long, as
+/// after the chief's goodbye).
 #[test]
 fn child_task() {
     let Ok(journal) = std::env::var(CHILD_ENV) else {
@@ -28,11 +30,19 @@ fn child_task() {
     let incarnation = std::env::var(INCARNATION_ENV).expect("incarnation set");
     let certs = PathBuf::from(std::env::var(CERTS_ENV).expect("certs dir set"));
     assert!(certs.join("ca.pem").is_file(), "launcher wrote the CA");
+    let restarted = std::fs::read_to_string(&journal).is_ok_and(|lines| {
+        lines
+            .lines()
+            .any(|l| l.starts_with(&format!("{} ", config.task)))
+    });
     let line = format!("{} {incarnation}\n", config.task);
     append(Path::new(&journal), &line);
     if config.task.task_type == TaskType::Chief {
-        let run_ms: u64 = std::env::var("CHIEF_RUN_MS")
+        let again = std::env::var("CHIEF_AGAIN_RUN_MS")
             .ok()
+            .filter(|_| restarted);
+        let run_ms: u64 = again
+            .or_else(|| std::env::var("CHIEF_RUN_MS").ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(1500);
         std::thread::sleep(Duration::from_millis(run_ms));
@@ -93,6 +103,49 @@ fn killed_worker_is_restarted_with_a_newer_incarnation_and_chief_exit_ends_the_j
         None,
         "children stopped"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer chief (MultiWorkerMirrored) that leaves on a preemption notice is restarted, the job
+/// going on; when every other task finishes while it is away, the job is done, its restart
+/// stopped. A coordinator chief's preemption ends the job.
+#[test]
+fn a_preempted_peer_chief_is_restarted_and_the_workers_finishing_end_the_job() {
+    let dir = temp_dir("peer-chief");
+    let journal = dir.join("journal");
+    let env = [
+        ("CHIEF_RUN_MS", "300"),
+        ("CHIEF_EXIT", "143"),
+        ("CHIEF_AGAIN_RUN_MS", "60000"),
+        ("TASKS_EXIT_0_MS", "2500"),
+    ];
+    let mut launch = config(&dir, &journal, &env);
+    launch.num_ps = 0;
+    launch.peer_chief = true;
+    let started = Instant::now();
+    let mut launcher = Launcher::start(launch).unwrap();
+    let outcome = launcher.supervise(&AtomicBool::new(false)).unwrap();
+    assert_eq!(outcome, LaunchOutcome::WorkersFinished);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the restart was stopped"
+    );
+    let lines = std::fs::read_to_string(&journal).unwrap();
+    assert_eq!(
+        lines.lines().filter(|l| l.starts_with("chief/0 ")).count(),
+        2,
+        "the preempted chief started again: {lines}"
+    );
+    assert_eq!(launcher.pid(TaskId::new(TaskType::Chief, 0)), None);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let dir = temp_dir("coordinator-chief");
+    let journal = dir.join("journal");
+    let mut launch = config(&dir, &journal, &env);
+    launch.num_ps = 0;
+    let mut launcher = Launcher::start(launch).unwrap();
+    let outcome = launcher.supervise(&AtomicBool::new(false)).unwrap();
+    assert_eq!(outcome, LaunchOutcome::ChiefExited(143));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -220,6 +273,7 @@ fn config(dir: &Path, journal: &Path, env: &[(&str, &str)]) -> LaunchConfig {
         stop_grace: Duration::from_secs(2),
         kill_once: None,
         restart_chief: false,
+        peer_chief: false,
         metrics: false,
     }
 }

@@ -262,6 +262,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         detection_budget: Duration::from_secs(1),
         replicas: 1,
         no_metrics: true,
+        peer_chief: false,
     };
     let task_args = vec![
         "--exact".into(),
@@ -361,6 +362,7 @@ fn the_launcher_stopped_by_sigterm_returns_143_and_the_chief_checkpoints_in_its_
         stop_grace: Duration::from_secs(15),
         kill_once: None,
         restart_chief: false,
+        peer_chief: false,
     };
     let mut launcher = cohort::launch::Launcher::start(config).unwrap();
     let outcome = launcher.supervise(&stop).unwrap();

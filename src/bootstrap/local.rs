@@ -74,6 +74,10 @@ pub struct LaunchFlags {
     /// free loopback port, recorded in <run-dir>/metrics/<role>-<index>.addr).
     #[arg(long)]
     pub no_metrics: bool,
+    /// The chief is a peer of the workers (a MultiWorkerMirrored job, which sets it): see
+    /// [`LaunchConfig::peer_chief`].
+    #[arg(skip)]
+    pub peer_chief: bool,
 }
 
 /// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`].
@@ -206,6 +210,7 @@ pub fn launch_local(
         // As Kubernetes would: a chief that asks for a restart resumes from its checkpoint.
         restart_chief: true,
         metrics: !flags.no_metrics,
+        peer_chief: flags.peer_chief,
     };
     let stop = Arc::new(AtomicBool::new(false));
     if let Err(e) = stop_on_signals(&stop) {
@@ -253,6 +258,7 @@ pub fn launch_local(
     }
     match outcome {
         Ok(LaunchOutcome::ChiefExited(code)) => code,
+        Ok(LaunchOutcome::WorkersFinished) => 0,
         // The chief's own code when it exited while stopping (143 after its preemption
         // checkpoint, anything else it returned); 143 when it had to be killed.
         Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(PREEMPTED_EXIT_CODE),

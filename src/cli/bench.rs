@@ -54,6 +54,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
             detection_budget: Duration::from_secs(3),
             replicas: 1,
             no_metrics: !metrics,
+            peer_chief: false,
         };
         let env = vec![
             ("COHORT_BENCH_WORKLOAD".to_string(), workload.to_string()),

@@ -142,6 +142,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
         detection_budget: Duration::from_secs(3),
         replicas: 1,
         no_metrics: true,
+        peer_chief: false,
     };
     // The spot schedule needs a longer run to see several preemptions.
     let steps = if scenario == Scenario::Spot {

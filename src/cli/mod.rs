@@ -281,6 +281,8 @@ pub fn run() -> ExitCode {
             let mut launch = args.launch;
             // The chief and the workers are the group; no parameter server.
             launch.ps = crate::bootstrap::WorkerCount::from(0);
+            // The chief is rank 0 of the group: preempted, it leaves and rejoins.
+            launch.peer_chief = true;
             if !args.no_chaos && launch.kill_worker_after.is_none() {
                 // The chief marks the middle of training; this is the fallback.
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));

@@ -5,7 +5,9 @@
 //! process per task (the same program, its role given through `TF_CONFIG`); restarting a task
 //! that dies, with backoff and a restart budget ([`RestartPolicy`] from `cohort-actors`);
 //! forwarding SIGINT/SIGTERM to every child; and streaming child output with a role prefix.
-//! It never looks inside training: the job ends when the chief exits. A task other than the
+//! It never looks inside training: the job ends when the chief exits (in a MultiWorkerMirrored
+//! job, whose chief is a peer, not when it leaves on a preemption notice:
+//! [`LaunchConfig::peer_chief`]). A task other than the
 //! chief that exits with code 0 has finished (the chief said the job is done) and is not
 //! restarted; any other exit, or death by a signal, is a failure and restarts it (`after_exit`):
 //! the exits that ask for a restart ([`restart_wanted`]: 128 and above, as Kubernetes'
@@ -104,6 +106,14 @@ pub struct LaunchConfig {
     /// Kubernetes' `ExitCode` policy restarts the chief's pod: its program resumes from its
     /// last checkpoint. Off, any exit of the chief ends the job with its code.
     pub restart_chief: bool,
+    /// The chief is one worker among peers (MultiWorkerMirrored: rank 0 of the group, which
+    /// goes on without it): a chief that left on a preemption notice (exit 143) while the
+    /// launcher is not stopping is restarted as a preempted worker is, and rejoins. If every
+    /// other task finishes (exit 0) while it is away, the job is done: a chief restarted
+    /// meanwhile is stopped, and the job ends with 0 ([`LaunchOutcome::WorkersFinished`]).
+    /// Off (a parameter-server job, whose chief is the coordinator), the chief's exit ends
+    /// the job.
+    pub peer_chief: bool,
     /// Kill this task with SIGKILL once (the demo's midway failure): this long after launch,
     /// or as soon as the chief prints a line containing [`CHAOS_MARKER`], whichever is first.
     pub kill_once: Option<(TaskId, Duration)>,
@@ -116,6 +126,9 @@ pub struct LaunchConfig {
 pub enum LaunchOutcome {
     /// The chief exited with this code (0 is success).
     ChiefExited(i32),
+    /// Every task other than the chief finished while the chief, a peer, was away after a
+    /// preemption ([`LaunchConfig::peer_chief`]): the job is done.
+    WorkersFinished,
     /// A stop was requested (Ctrl-C / SIGTERM); the children were stopped. `chief` is the
     /// code the chief exited with while stopping (143 after its preemption checkpoint, or
     /// whatever else it returned), `None` if it was killed by a signal or had already gone.
@@ -347,6 +360,10 @@ struct Supervised {
     /// Scaled up again while its drained process was still leaving: started again (as a new
     /// incarnation, which joins the job) once that process has exited.
     start_after_drain: bool,
+    /// Exited 0: finished with the job, not restarted.
+    finished: bool,
+    /// Its latest process left on a preemption notice, and no process of it finished since.
+    preempted: bool,
 }
 
 impl Launcher {
@@ -436,6 +453,8 @@ impl Launcher {
                         spawns: 0,
                         drained: false,
                         start_after_drain: false,
+                        finished: false,
+                        preempted: false,
                     };
                     (t, supervised)
                 })
@@ -544,6 +563,8 @@ impl Launcher {
                     spawns: 0,
                     drained: false,
                     start_after_drain: false,
+                    finished: false,
+                    preempted: false,
                 });
                 let was_drained = std::mem::replace(&mut entry.drained, false);
                 entry.restart_at = None;
@@ -655,8 +676,28 @@ impl Launcher {
                     return Ok(LaunchOutcome::ChiefExited(code));
                 }
             }
+            if self.finished_without_the_chief() {
+                tracing::info!(
+                    "every worker finished while the chief was away after its preemption: the \
+                     job is done"
+                );
+                return Ok(LaunchOutcome::WorkersFinished);
+            }
             std::thread::sleep(SUPERVISE_TICK);
         }
+    }
+
+    /// Whether a peer chief ([`LaunchConfig::peer_chief`]) is away after its preemption (down,
+    /// or a process started since that has not finished) while every other task finished.
+    fn finished_without_the_chief(&self) -> bool {
+        let chief = TaskId::new(TaskType::Chief, 0);
+        self.config.peer_chief
+            && self.tasks.get(&chief).is_some_and(|c| c.preempted)
+            && self
+                .tasks
+                .iter()
+                .filter(|(task, _)| task.task_type != TaskType::Chief)
+                .all(|(_, t)| t.finished || t.drained)
     }
 
     /// Looks at one task: reaps it if it exited, restarts it when its backoff has passed.
@@ -715,9 +756,16 @@ impl Launcher {
             );
             return Ok(None);
         }
-        match after_exit(task.task_type, code, self.config.restart_chief) {
+        match after_exit(
+            task.task_type,
+            code,
+            self.config.restart_chief,
+            self.config.peer_chief,
+        ) {
             AfterExit::EndJob => return Ok(Some(code)),
             AfterExit::Finished => {
+                entry.finished = true;
+                entry.preempted = false;
                 tracing::info!(
                     "{task} (incarnation {}) finished: the job is done",
                     entry.incarnation
@@ -725,6 +773,7 @@ impl Launcher {
                 return Ok(None);
             }
             AfterExit::Preempted => {
+                entry.preempted = true;
                 let after = entry.policy.after_preemption();
                 tracing::info!(
                     "{task} (incarnation {}) left on a preemption notice ({}): restarting it in \
@@ -1183,11 +1232,15 @@ enum AfterExit {
 }
 
 /// The launcher's decision for a task of `task_type` that exited with `code` (128 + N after
-/// death by signal N, see [`exit_code`]); `restart_chief`: see [`LaunchConfig::restart_chief`].
-fn after_exit(task_type: TaskType, code: i32, restart_chief: bool) -> AfterExit {
+/// death by signal N, see [`exit_code`]); `restart_chief` and `peer_chief`: see
+/// [`LaunchConfig::restart_chief`] and [`LaunchConfig::peer_chief`].
+fn after_exit(task_type: TaskType, code: i32, restart_chief: bool, peer_chief: bool) -> AfterExit {
     if task_type == TaskType::Chief {
         let stopped = code == PREEMPTED_EXIT_CODE || code == 128 + Signal::SIGINT as i32;
-        if restart_chief && restart_wanted(code) && !stopped {
+        if peer_chief && code == PREEMPTED_EXIT_CODE {
+            // The launcher is not stopping (it would not be looking): only the chief was.
+            AfterExit::Preempted
+        } else if restart_chief && restart_wanted(code) && !stopped {
             AfterExit::Restart
         } else {
             AfterExit::EndJob
@@ -1252,9 +1305,9 @@ mod tests {
         ];
         for task_type in [TaskType::Worker, TaskType::Ps, TaskType::Evaluator] {
             for (code, expected) in cases {
-                for restart_chief in [false, true] {
+                for (restart_chief, peer_chief) in [(false, false), (true, false), (true, true)] {
                     assert_eq!(
-                        after_exit(task_type, code, restart_chief),
+                        after_exit(task_type, code, restart_chief, peer_chief),
                         expected,
                         "{task_type} exit {code}"
                     );
@@ -1263,7 +1316,7 @@ mod tests {
         }
         for (code, _) in cases {
             assert_eq!(
-                after_exit(TaskType::Chief, code, false),
+                after_exit(TaskType::Chief, code, false, false),
                 EndJob,
                 "chief exit {code}"
             );
@@ -1282,9 +1335,21 @@ mod tests {
             (FAILPOINT_EXIT_CODE, Restart),
         ] {
             assert_eq!(
-                after_exit(TaskType::Chief, code, true),
+                after_exit(TaskType::Chief, code, true, false),
                 expected,
                 "chief exit {code}"
+            );
+            // A peer chief (MultiWorkerMirrored) that left on a preemption notice is restarted
+            // as a preempted worker is; every other exit of it is read alike.
+            let peer = if code == PREEMPTED_EXIT_CODE {
+                Preempted
+            } else {
+                expected
+            };
+            assert_eq!(
+                after_exit(TaskType::Chief, code, true, true),
+                peer,
+                "peer chief exit {code}"
             );
         }
     }

@@ -18,7 +18,8 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use crate::checkpoint::{
-    slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, TensorBytes,
+    slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, SaveError,
+    TensorBytes,
 };
 use crate::layout::Layout;
 use crate::optim::Slots;
@@ -63,7 +64,9 @@ impl StateCheckpoints {
         self.manager.last_saved_step()
     }
 
-    /// Saves `state` (see the module doc); its directory.
+    /// Saves `state` (see the module doc); its directory. Where a checkpoint of that step is
+    /// there already (a departure at a step the schedule saved), CKPT-1 keeps it and its
+    /// directory is returned.
     pub fn save(&mut self, state: &ElasticState<'_>) -> Result<PathBuf, String> {
         let mut ckpt = Checkpoint::new(state.step, 1);
         for variable in state.variables {
@@ -102,9 +105,13 @@ impl StateCheckpoints {
         ckpt.extra = serde_json::json!({
             OPTIMIZER_STEPS_KEY: state.optimizer.map_or(0, |o| o.steps()),
         });
-        self.manager
-            .save(&ckpt, Instant::now())
-            .map_err(|e| format!("saving step {}: {e}", state.step))
+        match self.manager.save(&ckpt, Instant::now()) {
+            Ok(dir) => Ok(dir),
+            // This step is saved already (a departure at a step the schedule saved): CKPT-1
+            // keeps that one, which holds this state.
+            Err(SaveError::AlreadyExists { dir, .. }) => Ok(dir),
+            Err(e) => Err(format!("saving step {}: {e}", state.step)),
+        }
     }
 
     /// Restores the newest checkpoint that verifies into `state` (variables on every local
@@ -195,5 +202,29 @@ impl StateCheckpoints {
         state.step = ckpt.step;
         state.position = ckpt.dataset_positions.get(&0).copied().unwrap_or(0);
         Ok(Some(ckpt.step))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saving_a_step_saved_already_keeps_that_checkpoint() {
+        let root =
+            std::env::temp_dir().join(format!("cohort-state-ckpt-twice-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut checkpoints = StateCheckpoints::open(&root, Some(5), 3).unwrap();
+        let state = ElasticState {
+            step: 5,
+            position: 40,
+            variables: &[],
+            optimizer: None,
+        };
+        let first = checkpoints.save(&state).unwrap();
+        let again = checkpoints.save(&state).expect("the step is saved already");
+        assert_eq!(again, first);
+        assert_eq!(checkpoints.last_saved_step(), Some(5));
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

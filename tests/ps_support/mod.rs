@@ -274,6 +274,7 @@ impl Run {
             stop_grace: Duration::from_secs(3),
             kill_once: self.kill_once,
             restart_chief: self.restart_chief,
+            peer_chief: false,
             metrics: self.metrics,
         };
         let workers_max = self.workers_max.max(self.num_workers);
@@ -286,6 +287,8 @@ impl Run {
         {
             LaunchOutcome::ChiefExited(code) => code,
             LaunchOutcome::Stopped { .. } => panic!("the launcher was stopped"),
+            // A parameter-server job's chief is no peer (`peer_chief` is off here).
+            LaunchOutcome::WorkersFinished => panic!("the workers finished without the chief"),
         };
         (code, launcher.exits().cloned().collect())
     }
