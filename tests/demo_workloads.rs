@@ -160,3 +160,43 @@ fn run_with_timeout(command: &mut Command, limit: Duration) -> std::process::Out
         }
     }
 }
+
+/// `--communication` belongs to the MultiWorkerMirrored demo, and NCCL there is refused at
+/// once, naming the flag and what is missing, where this machine cannot run it (no GPU, no
+/// libnccl, or a build without the feature), before any task starts.
+#[test]
+fn the_demos_communication_flag_is_refused_where_it_cannot_be_used() {
+    let run = |args: &[&str]| {
+        run_with_timeout(
+            Command::new(env!("CARGO_BIN_EXE_cohort")).args(args),
+            Duration::from_secs(60),
+        )
+    };
+    let output = run(&["demo", "--communication", "ring", "--no-metrics"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--communication: only with --strategy multi-worker-mirrored"),
+        "{stderr}"
+    );
+    let nccl = cohort::strategy::Communication::Nccl { device: 0 };
+    if nccl.check().is_ok() {
+        eprintln!("skipped: a GPU with NCCL is here, the NCCL demo would run");
+        return;
+    }
+    let output = run(&[
+        "demo",
+        "--strategy",
+        "multi-worker-mirrored",
+        "--communication",
+        "nccl",
+        "--no-metrics",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--communication: nccl:0: "), "{stderr}");
+    assert!(
+        !stderr.contains("launcher: started"),
+        "no task started: {stderr}"
+    );
+}

@@ -136,6 +136,12 @@ struct DemoArgs {
     /// The name map of --warm-start: a TOML file of `"cohort name" = "name in the file"`.
     #[arg(long, requires = "warm_start")]
     warm_start_map: Option<std::path::PathBuf>,
+    /// multi-worker-mirrored only: what sums the gradients across the tasks, `ring` (the
+    /// group's collectives, the default) or `nccl` (NCCL, each task on the GPU of its place
+    /// in the cluster: the chief GPU 0, worker i GPU i + 1; a build with the feature `nccl`,
+    /// libnccl, the CUDA driver and a GPU per task).
+    #[arg(long)]
+    communication: Option<crate::strategy::Communication>,
 }
 
 /// The demo's checkpoint directory: the one given (made absolute, so that the tasks find it
@@ -288,7 +294,21 @@ pub fn run() -> ExitCode {
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
             }
             let checkpoint_dir = demo_checkpoint_dir(args.checkpoint_dir);
+            let communication = args.communication.unwrap_or_default();
+            // Refused here, at once, rather than by every task in turn as the launcher
+            // restarts it. The tasks check their own GPU again.
+            if let crate::strategy::Communication::Nccl { .. } = communication {
+                let first = crate::strategy::Communication::Nccl { device: 0 };
+                if let Err(detail) = first.check() {
+                    eprintln!("error: --communication: {detail}");
+                    return ExitCode::from(2);
+                }
+            }
             let env = vec![
+                (
+                    crate::workloads::mwms_demo::COMMUNICATION_ENV.to_string(),
+                    communication.to_string(),
+                ),
                 (
                     crate::workloads::mwms_demo::EPOCHS_ENV.to_string(),
                     args.digits_epochs
@@ -316,6 +336,11 @@ pub fn run() -> ExitCode {
                 return ExitCode::from(err.exit_code());
             }
         },
+        Command::Demo(args) if args.communication.is_some() => Err(CliError::Usage(
+            "--communication: only with --strategy multi-worker-mirrored (the parameter-server \
+             demo's workers push their gradients to the servers)"
+                .into(),
+        )),
         Command::Demo(args) => {
             let mut launch = args.launch;
             if !args.no_chaos && launch.kill_worker_after.is_none() {

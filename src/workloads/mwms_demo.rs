@@ -24,11 +24,14 @@ use super::digits::{Digits, CLASSES, PIXELS};
 use super::models;
 use super::state_checkpoint::StateCheckpoints;
 use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey, TaskType};
-use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy};
+use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, Strategy};
 
 /// Environment variable: training epochs (over the training split, at the starting global
 /// batch).
 pub const EPOCHS_ENV: &str = "COHORT_DEMO_DIGITS_EPOCHS";
+/// What sums the gradients (`ring`, `nccl`): `cohort demo --communication`. With NCCL, each
+/// task takes the GPU of its place in the cluster (the chief 0, worker i the i-th after it).
+pub const COMMUNICATION_ENV: &str = "COHORT_DEMO_COMMUNICATION";
 /// Default epochs.
 pub const DEFAULT_EPOCHS: usize = 30;
 /// Examples per replica and step.
@@ -129,11 +132,13 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     };
     if chief {
         println!(
-            "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}; digits: {} \
-             training and {} held-out examples, {PER_REPLICA_BATCH} per replica and step",
+            "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}, summing over {}; \
+             digits: {} training and {} held-out examples, {PER_REPLICA_BATCH} per replica and \
+             step",
             group.size(),
             strategy.local_replicas().len(),
             group.epoch(),
+            strategy.communication(),
             problem.examples(),
             held_out.len()
         );
@@ -364,7 +369,26 @@ fn task_config() -> Result<MultiWorkerConfig, MwmsDemoError> {
         }
         Err(_) => Duration::from_secs(3),
     };
+    let communication = match std::env::var(COMMUNICATION_ENV) {
+        Ok(text) => match text
+            .parse::<Communication>()
+            .map_err(|e| bad(format!("{COMMUNICATION_ENV}: {e}")))?
+        {
+            // One GPU per task: NCCL takes one rank per GPU.
+            Communication::Nccl { .. } => {
+                let chiefs = cluster.cluster.num_tasks(TaskType::Chief);
+                let place = match cluster.task.task_type {
+                    TaskType::Chief => 0,
+                    _ => chiefs + cluster.task.index as usize,
+                };
+                Communication::Nccl { device: place }
+            }
+            Communication::Ring => Communication::Ring,
+        },
+        Err(_) => Communication::Ring,
+    };
     let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
+    config.communication = communication;
     config.metrics_addr =
         crate::strategy::metrics_addr_from_env().map_err(|e| bad(e.to_string()))?;
     config.transport.idle_timeout = budget;
