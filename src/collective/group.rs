@@ -348,10 +348,11 @@ impl Mesh {
     /// `epoch` must be above every epoch formed here before (start at 1); forming it
     /// supersedes the previous group of this node. Fails within `form_timeout` if a member
     /// does not form the same epoch with the same members. Returns the group already broken
-    /// (by [`CollectiveError::Form`]) where a member that formed it with this process re-forms
-    /// it before this process's links are all up (another member was lost meanwhile): every
-    /// call fails at once, and this member re-forms with the survivors as after any failed
-    /// call ([`ProcessGroup::reachable`], [`ProcessGroup::reform`]).
+    /// where a member that formed it with this process saw it fail before this process's
+    /// links were all up (another member was lost meanwhile: that member's abort, or its
+    /// probe as it re-forms, says so): every call fails at once, and this member re-forms
+    /// with the survivors as after any failed call ([`ProcessGroup::reachable`],
+    /// [`ProcessGroup::reform`]). A joiner's admission failing so is an error: it asks again.
     pub async fn form(
         &self,
         epoch: u64,
@@ -1203,10 +1204,15 @@ impl MeshInner {
                 respond(responder, reply, header_max)
             }
             Wire::Abort { epoch, error } => {
-                let group = self.lock().group.upgrade();
+                let (group, joining) = {
+                    let state = self.lock();
+                    (state.group.upgrade(), state.joining)
+                };
                 if let Some(group) = group.filter(|g| g.epoch == epoch && g.nodes.contains(&peer)) {
-                    if group.is_formed() {
+                    if group.is_formed() || joining {
+                        // A joiner's admission failing leaves it a joiner: it asks again.
                         group.fail(error, false);
+                        self.changed.notify_waiters();
                     } else {
                         // Only a formed group tells its failures: the aborter formed this
                         // epoch with this process, which was still forming it.
