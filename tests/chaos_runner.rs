@@ -238,19 +238,48 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
 /// its own invariants: every member ends with one model, the epochs go forward.
 #[test]
 fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_model() {
-    let dir = temp_dir("mwms-kill-and-preempt");
+    let report = mwms_plan_passes("mwms-kill-and-preempt.toml", &["kill", "term"]);
+    // Both came back: the chief's restart lists the epochs from its admission on.
+    let epochs = check(&report, "membership epochs")["detail"]
+        .as_str()
+        .unwrap();
+    let last = epochs.rsplit(", ").next().unwrap();
+    assert!(
+        last.contains("(3 workers from step"),
+        "the last epoch has all 3: {epochs}"
+    );
+    // The chief's metrics endpoint served its group's step: the step rate was sampled.
+    let samples = report["timeline"]["samples"].as_array().unwrap();
+    assert!(
+        samples.iter().any(|s| s["committed"].as_f64() > Some(0.0)),
+        "{samples:?}"
+    );
+}
+
+/// Two of the demo's three workers killed at once: the chief alone is no quorum and fails,
+/// the launcher restarts it (a peer chief), and the restarted workers, finding no live group
+/// to join, form the first epoch with it again: the job resumes from the chief's checkpoint.
+#[test]
+fn the_multi_worker_mirrored_demo_survives_two_of_three_workers_killed_by_starting_again() {
+    mwms_plan_passes("mwms-kill-two.toml", &["kill", "kill"]);
+}
+
+/// `chaos run` of a shipped plan over the MultiWorkerMirrored demo: every check it makes
+/// passed, the closure and server checks skipped, and 3 workers ended with one model. The
+/// report.
+fn mwms_plan_passes(name: &str, kinds: &[&str]) -> serde_json::Value {
+    let dir = temp_dir(name.trim_end_matches(".toml"));
     let demo = [
         "--strategy",
         "multi-worker-mirrored",
         "--digits-epochs",
         "60",
     ];
-    let plan = plan("mwms-kill-and-preempt.toml");
-    let (output, report, dir) = run_demo(&plan, dir, &demo, &[]);
+    let (output, report, dir) = run_demo(&plan(name), dir, &demo, &[]);
     let why = describe(&output, &report);
     assert_eq!(output.status.code(), Some(0), "{why}");
     assert_eq!(report["verdict"], "passed", "{why}");
-    assert_faults_applied(&report, &["kill", "term"]);
+    assert_faults_applied(&report, kinds);
     for name in [
         "exit code",
         "faults applied",
@@ -265,22 +294,8 @@ fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_mode
     }
     let one_model = check(&report, "one model")["detail"].as_str().unwrap();
     assert!(one_model.starts_with("3 worker(s) ended at step"), "{why}");
-    // Both came back: the chief's restart lists the epochs from its admission on.
-    let epochs = check(&report, "membership epochs")["detail"]
-        .as_str()
-        .unwrap();
-    let last = epochs.rsplit(", ").next().unwrap();
-    assert!(
-        last.contains("(3 workers from step"),
-        "the last epoch has all 3: {why}"
-    );
-    // The chief's metrics endpoint served its group's step: the step rate was sampled.
-    let samples = report["timeline"]["samples"].as_array().unwrap();
-    assert!(
-        samples.iter().any(|s| s["committed"].as_f64() > Some(0.0)),
-        "{why}"
-    );
     let _ = std::fs::remove_dir_all(dir);
+    report
 }
 
 #[test]

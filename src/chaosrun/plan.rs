@@ -768,6 +768,7 @@ mod tests {
                 "disk-full.toml",
                 "kill-worker-and-ps.toml",
                 "mwms-kill-and-preempt.toml",
+                "mwms-kill-two.toml",
                 "partition-worker-from-chief.toml",
                 "term-ps-pause-worker.toml"
             ]

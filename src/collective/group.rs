@@ -263,7 +263,9 @@ impl Mesh {
     /// that this process asks to join (again each [`ENTER_REPEAT`]: their pending entries
     /// expire), and forms the epoch that the leader's `Admit` names with the members it names.
     /// Meanwhile this mesh answers probes as no survivor of any group. Fails with
-    /// [`CollectiveError::Form`] if no admission was formed in time.
+    /// [`CollectiveError::Form`] if no admission was formed in time, or at once when every
+    /// one of `peers` answers that it has no live group (every worker lost its group: they
+    /// start again, forming epoch 1, [`Mesh::enter`]).
     pub async fn join_live(
         &self,
         own: SocketAddr,
@@ -275,7 +277,17 @@ impl Mesh {
         let mut last = String::from("no member admitted it");
         let joined = loop {
             let ask_by = (Instant::now() + ENTER_REPEAT).min(deadline);
-            futures::future::join_all(peers.iter().map(|p| self.ask_enter(p, own, ask_by))).await;
+            let answers =
+                futures::future::join_all(peers.iter().map(|p| self.ask_enter(p, own, ask_by)))
+                    .await;
+            if !answers.is_empty() && answers.iter().all(|a| matches!(a, Some((_, false)))) {
+                break Err(CollectiveError::Form {
+                    epoch: self.epoch(),
+                    reason: "no member has a live group to admit this process: every one \
+                             answered that it has none (the job is starting again)"
+                        .into(),
+                });
+            }
             if let Some((epoch, members)) = self.wait_admission(ask_by).await {
                 match self.form(epoch, members).await {
                     Ok(group) => break Ok(group),

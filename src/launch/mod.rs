@@ -107,12 +107,13 @@ pub struct LaunchConfig {
     /// last checkpoint. Off, any exit of the chief ends the job with its code.
     pub restart_chief: bool,
     /// The chief is one worker among peers (MultiWorkerMirrored: rank 0 of the group, which
-    /// goes on without it): a chief that left on a preemption notice (exit 143) while the
-    /// launcher is not stopping is restarted as a preempted worker is, and rejoins. If every
-    /// other task finishes (exit 0) while it is away, the job is done: a chief restarted
-    /// meanwhile is stopped, and the job ends with 0 ([`LaunchOutcome::WorkersFinished`]).
-    /// Off (a parameter-server job, whose chief is the coordinator), the chief's exit ends
-    /// the job.
+    /// goes on without it): a chief that exits other than with 0 while the launcher is not
+    /// stopping (preempted, killed, or failed, say for want of a quorum) is restarted as a
+    /// worker is (a preempted one outside the restart budget), and rejoins. If every other
+    /// task finishes (exit 0) while it is away, the job is done: a chief restarted meanwhile
+    /// is stopped, and the job ends with 0 ([`LaunchOutcome::WorkersFinished`]). Its exit
+    /// with 0 ends the job. Off (a parameter-server job, whose chief is the coordinator), the
+    /// chief's exit ends the job.
     pub peer_chief: bool,
     /// Kill this task with SIGKILL once (the demo's midway failure): this long after launch,
     /// or as soon as the chief prints a line containing [`CHAOS_MARKER`], whichever is first.
@@ -362,8 +363,8 @@ struct Supervised {
     start_after_drain: bool,
     /// Exited 0: finished with the job, not restarted.
     finished: bool,
-    /// Its latest process left on a preemption notice, and no process of it finished since.
-    preempted: bool,
+    /// Its latest process exited other than with 0, and no process of it finished since.
+    away: bool,
 }
 
 impl Launcher {
@@ -454,7 +455,7 @@ impl Launcher {
                         drained: false,
                         start_after_drain: false,
                         finished: false,
-                        preempted: false,
+                        away: false,
                     };
                     (t, supervised)
                 })
@@ -564,7 +565,7 @@ impl Launcher {
                     drained: false,
                     start_after_drain: false,
                     finished: false,
-                    preempted: false,
+                    away: false,
                 });
                 let was_drained = std::mem::replace(&mut entry.drained, false);
                 entry.restart_at = None;
@@ -687,12 +688,13 @@ impl Launcher {
         }
     }
 
-    /// Whether a peer chief ([`LaunchConfig::peer_chief`]) is away after its preemption (down,
-    /// or a process started since that has not finished) while every other task finished.
+    /// Whether a peer chief ([`LaunchConfig::peer_chief`]) is away (its latest process exited
+    /// other than with 0: it is down, or a process started since has not finished) while
+    /// every other task finished.
     fn finished_without_the_chief(&self) -> bool {
         let chief = TaskId::new(TaskType::Chief, 0);
         self.config.peer_chief
-            && self.tasks.get(&chief).is_some_and(|c| c.preempted)
+            && self.tasks.get(&chief).is_some_and(|c| c.away)
             && self
                 .tasks
                 .iter()
@@ -765,7 +767,7 @@ impl Launcher {
             AfterExit::EndJob => return Ok(Some(code)),
             AfterExit::Finished => {
                 entry.finished = true;
-                entry.preempted = false;
+                entry.away = false;
                 tracing::info!(
                     "{task} (incarnation {}) finished: the job is done",
                     entry.incarnation
@@ -773,7 +775,7 @@ impl Launcher {
                 return Ok(None);
             }
             AfterExit::Preempted => {
-                entry.preempted = true;
+                entry.away = true;
                 let after = entry.policy.after_preemption();
                 tracing::info!(
                     "{task} (incarnation {}) left on a preemption notice ({}): restarting it in \
@@ -784,18 +786,24 @@ impl Launcher {
                 entry.restart_at = Some(now + after);
                 return Ok(None);
             }
-            AfterExit::Restart => tracing::info!(
-                "{task} (incarnation {}) exited: {}",
-                entry.incarnation,
-                describe(status)
-            ),
-            AfterExit::RetryFailure => tracing::info!(
-                "{task} (incarnation {}) exited: {} (a permanent failure, which \
-                 Kubernetes' ExitCode restart policy would not retry; retried here within the \
-                 restart budget)",
-                entry.incarnation,
-                describe(status)
-            ),
+            AfterExit::Restart => {
+                entry.away = true;
+                tracing::info!(
+                    "{task} (incarnation {}) exited: {}",
+                    entry.incarnation,
+                    describe(status)
+                );
+            }
+            AfterExit::RetryFailure => {
+                entry.away = true;
+                tracing::info!(
+                    "{task} (incarnation {}) exited: {} (a permanent failure, which \
+                     Kubernetes' ExitCode restart policy would not retry; retried here within \
+                     the restart budget)",
+                    entry.incarnation,
+                    describe(status)
+                );
+            }
         }
         match entry.policy.handle_failure(now) {
             RestartDecision::Restart { after, attempt } => {
@@ -1235,12 +1243,11 @@ enum AfterExit {
 /// death by signal N, see [`exit_code`]); `restart_chief` and `peer_chief`: see
 /// [`LaunchConfig::restart_chief`] and [`LaunchConfig::peer_chief`].
 fn after_exit(task_type: TaskType, code: i32, restart_chief: bool, peer_chief: bool) -> AfterExit {
-    if task_type == TaskType::Chief {
+    // A peer chief's exits other than with 0 are read as a worker's: the launcher is not
+    // stopping (it would not be looking), so only the chief was.
+    if task_type == TaskType::Chief && (!peer_chief || code == JOB_DONE_EXIT_CODE) {
         let stopped = code == PREEMPTED_EXIT_CODE || code == 128 + Signal::SIGINT as i32;
-        if peer_chief && code == PREEMPTED_EXIT_CODE {
-            // The launcher is not stopping (it would not be looking): only the chief was.
-            AfterExit::Preempted
-        } else if restart_chief && restart_wanted(code) && !stopped {
+        if restart_chief && restart_wanted(code) && !stopped {
             AfterExit::Restart
         } else {
             AfterExit::EndJob
@@ -1339,10 +1346,12 @@ mod tests {
                 expected,
                 "chief exit {code}"
             );
-            // A peer chief (MultiWorkerMirrored) that left on a preemption notice is restarted
-            // as a preempted worker is; every other exit of it is read alike.
-            let peer = if code == PREEMPTED_EXIT_CODE {
-                Preempted
+        }
+        // A peer chief (MultiWorkerMirrored) is read as a worker, except that its exit with
+        // 0 ends the job.
+        for (code, expected) in cases {
+            let peer = if code == JOB_DONE_EXIT_CODE {
+                EndJob
             } else {
                 expected
             };

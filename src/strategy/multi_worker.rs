@@ -359,23 +359,43 @@ impl MultiWorkerMirrored {
                     }
                 })?;
             let mesh = Mesh::new(endpoint, group_config);
+            // Joins the live group; where none lives any more (every worker lost its group,
+            // and they start again), forms the first epoch with the others after all.
+            let join = |mesh: Mesh, members: Vec<GroupMember>| {
+                let peers = peers.clone();
+                async move {
+                    match mesh.join_live(own_addr, &peers, join_timeout).await {
+                        Ok(group) => Ok(group),
+                        Err(err) if mesh.epoch() == 0 => {
+                            match mesh.enter(own_addr, &peers, enter_timeout).await {
+                                Entry::Start => {
+                                    tracing::info!(%err, "no live group to join: forming the first epoch with the others");
+                                    mesh.form(1, members).await
+                                }
+                                Entry::Join => Err(err),
+                            }
+                        }
+                        Err(err) => Err(err),
+                    }
+                }
+            };
             // A restarted (or added) worker finds the others training: it joins them.
             let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
-                Entry::Start => match mesh.form(1, members).await {
+                Entry::Start => match mesh.form(1, members.clone()).await {
                     Ok(group) => group,
                     // The others formed the first epoch without this process (with its
                     // old one, lost since: this is a restart) while it formed: join them.
                     Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
                         Entry::Join => {
                             tracing::info!(%err, "forming the first epoch failed and the others formed a group: joining it");
-                            mesh.join_live(own_addr, &peers, join_timeout).await?
+                            join(mesh.clone(), members).await?
                         }
                         Entry::Start => return Err(err),
                     },
                 },
                 Entry::Join => {
                     tracing::info!("the others formed a group: joining it");
-                    mesh.join_live(own_addr, &peers, join_timeout).await?
+                    join(mesh.clone(), members).await?
                 }
             };
             Ok((mesh, group))
