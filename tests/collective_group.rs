@@ -1177,6 +1177,25 @@ fn bind_worker(
     )
 }
 
+/// worker/1's new process (its old one gone), at its address in `members`, forming epoch 1
+/// with them: its mesh, and the forming.
+async fn restart_forming(
+    ca: &ClusterCa,
+    config: &GroupConfig,
+    members: &[GroupMember],
+) -> (
+    Mesh,
+    tokio::task::JoinHandle<Result<ProcessGroup, CollectiveError>>,
+) {
+    let endpoint = rebind_worker(ca, 1, members[1].addr).await;
+    let again = Mesh::new(endpoint, config.clone());
+    let forming = tokio::spawn({
+        let (again, members) = (again.clone(), members.to_vec());
+        async move { again.form(1, members).await }
+    });
+    (again, forming)
+}
+
 /// A mesh over each of `endpoints` with `config`, and the members they make, in order.
 fn meshes_over(endpoints: &[Endpoint], config: &GroupConfig) -> (Vec<Mesh>, Vec<GroupMember>) {
     let meshes: Vec<Mesh> = endpoints
@@ -1239,12 +1258,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     .await;
     assert!(broken.iter().all(Result::is_err), "{broken:?}");
     let addr = members[1].addr;
-    let endpoint = rebind_worker(&ca, 1, addr).await;
-    let again = Mesh::new(endpoint, config.clone());
-    let forming = tokio::spawn({
-        let (again, members) = (again.clone(), members.clone());
-        async move { again.form(1, members).await }
-    });
+    let (again, forming) = restart_forming(&ca, &config, &members).await;
     // Its form has begun (the first epoch is set before any link).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while again.epoch() != 1 {
@@ -1351,13 +1365,7 @@ async fn of_two_processes_of_a_member_joining_one_epoch_the_later_is_linked() {
     first_forming.abort();
     first_endpoint.close();
     drop((first, first_endpoint, first_forming));
-    let addr = members[1].addr;
-    let endpoint = rebind_worker(&ca, 1, addr).await;
-    let again = Mesh::new(endpoint, config.clone());
-    let again_forming = tokio::spawn({
-        let (again, members) = (again.clone(), members.clone());
-        async move { again.form(1, members).await }
-    });
+    let (_again, again_forming) = restart_forming(&ca, &config, &members).await;
     tokio::time::sleep(ARRIVE).await;
     let formed = bounded("forming", accepting.form(1, members.clone()))
         .await

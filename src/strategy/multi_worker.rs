@@ -905,7 +905,6 @@ impl MultiWorkerMirrored {
         self.awaiting_state.load(Ordering::SeqCst)
     }
 
-    /// Makes `group` the one every later step's collectives span.
     /// A step boundary at `step` completed steps, in this worker's metrics: the step, and the
     /// time since the previous boundary.
     fn boundary_reached(&mut self, step: u64) {
@@ -918,6 +917,7 @@ impl MultiWorkerMirrored {
         }
     }
 
+    /// Makes `group` the one every later step's collectives span.
     fn install(&mut self, group: ProcessGroup) {
         record_group(&group);
         let Some(runtime) = &self.runtime else { return };
@@ -1070,9 +1070,11 @@ fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
         TaskType::Chief => Role::Chief,
         _ => Role::Worker,
     };
-    let incarnation = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    // The launcher's incarnation epoch for this task, as a role process reads it.
+    let given = std::env::var(crate::cluster::ConfigKey::INCARNATION.env)
+        .ok()
+        .and_then(|text| text.trim().parse().ok());
+    let incarnation = crate::bootstrap::incarnation_epoch(given, std::time::SystemTime::now());
     let exposition = Arc::new(Exposition::for_group(role, task.index, incarnation));
     let server =
         serve(addr, exposition).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
@@ -1095,7 +1097,10 @@ pub(crate) fn metrics_addr_from_env() -> Result<Option<SocketAddr>, StrategyErro
             .map(Some)
             .map_err(|e| StrategyError::Config {
                 key: key.into(),
-                detail: format!("{text:?} is not a socket address (host:port): {e}"),
+                detail: format!(
+                    "{text:?} is not an address to serve metrics on (ip:port, e.g. \
+                     127.0.0.1:9100, or port 0 for any free port): {e}"
+                ),
             }),
         Err(std::env::VarError::NotUnicode(_)) => Err(StrategyError::Config {
             key: key.into(),
