@@ -86,7 +86,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::System;
 use cohort_actors::{DeathCause, Gateway, PeerAddr, PeerEvent, RegisterError, Remote};
@@ -729,16 +729,9 @@ fn peers_of(
         .collect()
 }
 
-/// This process's incarnation epoch: `explicit` when a configuration layer gives one (a
-/// launcher does), else milliseconds since the Unix epoch at `now` (at least 1): larger than
-/// the epoch of any predecessor that started earlier (see the module docs for a clock that
-/// steps back).
-pub fn incarnation_epoch(explicit: Option<u64>, now: SystemTime) -> u64 {
-    explicit.unwrap_or_else(|| {
-        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-        u64::try_from(since.as_millis()).unwrap_or(u64::MAX).max(1)
-    })
-}
+// A process's incarnation epoch (here in `process`, below every role and strategy that
+// needs it).
+pub use crate::process::incarnation_epoch;
 
 /// Chief: when `supervisor_socket` is set, binds it and declares dead at once each task
 /// incarnation its supervisor reports exited ([`crate::process::ExitReports`]), as the
@@ -1155,6 +1148,7 @@ const JOIN_WAIT_MAX: Duration = Duration::from_secs(3600);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn an_explicit_incarnation_wins_and_else_the_clock_gives_one_that_grows() {

@@ -1074,7 +1074,7 @@ fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
     let given = std::env::var(crate::cluster::ConfigKey::INCARNATION.env)
         .ok()
         .and_then(|text| text.trim().parse().ok());
-    let incarnation = crate::bootstrap::incarnation_epoch(given, std::time::SystemTime::now());
+    let incarnation = crate::process::incarnation_epoch(given, std::time::SystemTime::now());
     let exposition = Arc::new(Exposition::for_group(role, task.index, incarnation));
     let server =
         serve(addr, exposition).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
