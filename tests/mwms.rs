@@ -1694,3 +1694,53 @@ fn replicas_ids_collectives_reduce_gather_and_inputs_span_two_workers() {
         assert_eq!(s.variable, vec![10.0, 1.0, 10.0, 1.0], "worker {w}");
     }
 }
+
+#[test]
+fn workers_whose_views_differ_for_a_while_re_form_soon_after_the_link_heals() {
+    // Workers 0 and 1 no longer hear each other for a while; 2 and 3 hear everyone. Every
+    // view holds a quorum and no two agree, so each re-forming attempt fails everywhere:
+    // at once (a member refusing a join whose list differs fails its own forming too), and
+    // the next attempt follows a probe timeout later, not a form timeout (a minute here).
+    // The group is whole again soon after the link heals.
+    let flags = [
+        "--elastic",
+        "--steps",
+        "40",
+        "--global-batch",
+        "8",
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--probe-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "60000",
+    ];
+    let tasks = [("worker", 1); 4];
+    let mut cluster = Cluster::start_with("views", &tasks, &flags, true);
+    for i in 0..4 {
+        cluster.wait_for(i, "step 4 ");
+    }
+    cluster.cut_links(&[(0, 1)]);
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.cut_links(&[]);
+    let healed = Instant::now();
+    for i in 0..4 {
+        let line = cluster.wait_for(i, "recovered");
+        assert!(line.contains("workers=4 lost= "), "worker {i}: {line}");
+    }
+    let waited = healed.elapsed();
+    assert!(
+        waited < Duration::from_secs(30),
+        "re-formed {waited:?} after the link healed: an attempt waited out the form timeout"
+    );
+    for i in 0..4 {
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            0,
+            "worker {i}: {:#?}",
+            cluster.seen[i]
+        );
+    }
+}

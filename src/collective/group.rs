@@ -422,7 +422,9 @@ impl Mesh {
             shared
         };
         let deadline = Instant::now() + self.inner.config.form_timeout;
-        let links = futures::future::join_all(
+        // The first link that fails fails the forming: the others' attempts (a dial of a
+        // stopped member, a join its peer holds) are dropped, not waited for.
+        let links = futures::future::try_join_all(
             members
                 .iter()
                 .enumerate()
@@ -432,7 +434,7 @@ impl Mesh {
         // The forming ends when it breaks meanwhile (a probe cut it short, or told this
         // process it is a new one), not when its last link gives up.
         let links = tokio::select! {
-            links = links => links.into_iter().collect::<Result<Vec<_>, _>>(),
+            links = links => links,
             err = shared.until_broken() => Err(err),
         };
         let conns = match links {
@@ -1323,10 +1325,28 @@ impl MeshInner {
                             self.changed.notify_waiters();
                             reply
                         }
-                        Some(g) => Reply::Refused {
-                            current: epoch,
-                            detail: format!(" with members {:?}", g.nodes),
-                        },
+                        Some(g) => {
+                            let reply = Reply::Refused {
+                                current: epoch,
+                                detail: format!(" with members {:?}", g.nodes),
+                            };
+                            // A member forms an epoch once, with one list: a member of this
+                            // forming that forms it with another list never joins it, so it
+                            // fails here now rather than at the form timeout (the dialer
+                            // fails on this refusal).
+                            if !g.is_formed() && g.nodes.contains(conn.peer()) {
+                                drop(state);
+                                let reason = format!(
+                                    "{} forms it with members {members:?}, this member with \
+                                     {:?}: the views differ",
+                                    conn.peer(),
+                                    g.nodes
+                                );
+                                g.fail(CollectiveError::Form { epoch, reason }, false);
+                                self.changed.notify_waiters();
+                            }
+                            reply
+                        }
                         None => self.refusal_locked(&state, epoch),
                     };
                 }

@@ -191,7 +191,7 @@ pub const DEFAULT_BUCKET_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// The default time a re-forming survivor waits for a member's answer to its probe.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The default number of re-forming attempts.
-pub const DEFAULT_RECOVER_ATTEMPTS: usize = 3;
+pub const DEFAULT_RECOVER_ATTEMPTS: usize = 6;
 /// The default time a starting worker waits for the others to say whether a group lives.
 pub const DEFAULT_ENTER_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default time a joining worker waits to be admitted.
@@ -244,7 +244,6 @@ pub struct MultiWorkerMirrored {
     local_replicas: usize,
     bucket_bytes_max: usize,
     probe_timeout: Duration,
-    form_timeout: Duration,
     recover_attempts: usize,
     /// What sums across the workers, and the bounds of NCCL's calls; each re-formed group's
     /// span gets them too.
@@ -458,7 +457,6 @@ impl MultiWorkerMirrored {
             local_replicas: config.local_replicas,
             bucket_bytes_max: config.bucket_bytes_max,
             probe_timeout: config.probe_timeout,
-            form_timeout: config.group.form_timeout,
             recover_attempts: config.recover_attempts.max(1),
             communication,
             _mesh: mesh,
@@ -543,8 +541,9 @@ impl MultiWorkerMirrored {
     /// 3. *Agreeing on them*: the survivors form the next epoch with that list; forming
     ///    succeeds only where every member formed the same epoch with the same members (each
     ///    link's join compares the lists), so survivors whose views differ (a member died
-    ///    while being probed) all fail the attempt instead of splitting, and try again after
-    ///    the form timeout with a new probe at the next epoch. A member never mixes epochs: a
+    ///    while being probed) all fail the attempt instead of splitting (a member refusing a
+    ///    join whose list differs from its own fails its forming too, at once), and try again,
+    ///    each attempt spanning at least the probe timeout, with a new probe at the next epoch. A member never mixes epochs: a
     ///    late message of the old group is refused by its epoch.
     ///
     ///    Each survivor decides the quorum on its own probes, and views may differ (under an
@@ -602,6 +601,11 @@ impl MultiWorkerMirrored {
                 if !has_quorum(&previous, &alive) {
                     return Ok(Err(Unformed::NoQuorum(alive)));
                 }
+                tracing::info!(
+                    attempt,
+                    ?alive,
+                    "re-forming: forming the next epoch with the members that answered"
+                );
                 group.reform(&alive).await.map(Ok)
             });
             let formed = match formed {
@@ -613,6 +617,7 @@ impl MultiWorkerMirrored {
                 }
                 Ok(Err(Unformed::NoQuorum(reached))) => {
                     last = no_quorum_detail(before.members(), before.epoch(), &reached);
+                    tracing::info!(attempt, "re-forming: {last}");
                     no_quorum = true;
                     // The probes took about this long where the others are unreachable; where
                     // they answered at once (and still too few), the next attempt waits as
@@ -666,14 +671,20 @@ impl MultiWorkerMirrored {
                             });
                         }
                         Err(err @ StrategyError::Config { .. }) => return Err(err),
-                        Err(err) => last = err.to_string(),
+                        Err(err) => {
+                            tracing::info!(attempt, %err, "re-forming: agreeing on the state failed");
+                            last = err.to_string();
+                        }
                     }
                 }
                 Err(err) => {
+                    tracing::info!(attempt, %err, "re-forming: forming the next epoch failed");
                     last = err.to_string();
-                    // Survivors whose attempt failed at different moments start the next one
-                    // about as far apart as they started this one.
-                    let next = started + self.form_timeout;
+                    // Each attempt spans at least the probe timeout, as one without a quorum
+                    // does: survivors whose attempt failed at different moments start the
+                    // next one about as far apart as they started this one, and forming
+                    // waits for the later ones (up to the form timeout).
+                    let next = started + self.probe_timeout;
                     std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
                 }
             }

@@ -217,7 +217,12 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 workers = r.members.len();
                 group_epoch = r.epoch;
                 let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
-                let what = format!("lost {}", lost.join(", "));
+                // A re-forming after a partition healed may lose no one.
+                let what = if lost.is_empty() {
+                    "no worker lost".to_string()
+                } else {
+                    format!("lost {}", lost.join(", "))
+                };
                 if chief {
                     println!(
                         "group re-formed: epoch {} with {} workers ({what}: {}); going on from \
