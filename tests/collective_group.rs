@@ -1483,3 +1483,71 @@ async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming
     }
     assert!(reformed.iter().all(|g| g.as_ref().unwrap().epoch() == 2));
 }
+
+/// A member whose list names peers that formed the epoch without it (their view of who is
+/// alive left it out, and they never dial it) learns so from them within seconds, not at
+/// the form timeout: it asks the peers whose joins it awaits whether they still form it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_the_others_left_out_of_their_list_fails_its_forming_at_once() {
+    let config = GroupConfig {
+        form_timeout: Duration::from_secs(40),
+        ..GroupConfig::for_tests()
+    };
+    let (meshes, members) = meshes_of("left-out-of-list", vec![config; 3]);
+    let started = std::time::Instant::now();
+    let (left_out, others) = bounded(
+        "forming with different lists",
+        futures::future::join(
+            meshes[0].form(1, members.clone()),
+            join_all(meshes[1..].iter().map(|m| m.form(1, members[1..].to_vec()))),
+        ),
+    )
+    .await;
+    for g in others {
+        assert_eq!(g.unwrap().size(), 2);
+    }
+    match left_out {
+        Err(err @ CollectiveError::EpochRefused { .. }) => {
+            assert!(err.to_string().contains("with members"), "{err}")
+        }
+        other => panic!("expected worker/0 refused by a member of the other list, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "worker/0 failed after {:?}: it waited out the form timeout",
+        started.elapsed()
+    );
+}
+
+/// A member lost while the survivors re-form (it answered their probes, then died) fails
+/// their forming within about the detection budget, not at the form timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lost_while_the_others_re_form_with_it_fails_their_forming_soon() {
+    let config = GroupConfig {
+        form_timeout: Duration::from_secs(40),
+        ..GroupConfig::for_tests()
+    };
+    let c = cluster(3, config).await;
+    let all: Vec<NodeId> = (0..3).map(|i| NodeId::new("worker", i)).collect();
+    c.endpoints[2].close();
+    let started = std::time::Instant::now();
+    let outs = bounded(
+        "re-forming with a lost member",
+        join_all(c.groups[..2].iter().map(|g| g.reform(&all))),
+    )
+    .await;
+    for (rank, out) in outs.into_iter().enumerate() {
+        match out {
+            Err(err) => assert!(
+                !err.to_string().contains("form timeout"),
+                "rank {rank}: {err}"
+            ),
+            Ok(g) => panic!("rank {rank}: formed {g:?} with a lost member"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the survivors failed after {:?}: they waited out the form timeout",
+        started.elapsed()
+    );
+}

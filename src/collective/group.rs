@@ -488,7 +488,7 @@ impl Mesh {
         let epoch = shared.epoch;
         let form_error = |reason: String| CollectiveError::Form { epoch, reason };
         if self.node() < &peer.node {
-            return self.wait_for_join(shared, &peer.node, deadline).await;
+            return self.wait_for_join(shared, peer, deadline).await;
         }
         let plaintext = self.inner.config.plaintext;
         let mismatch = |theirs: &str| {
@@ -568,6 +568,7 @@ impl Mesh {
                 }
             }
         }
+        let mut unreachable_since: Option<Instant> = None;
         loop {
             match self.inner.endpoint.connect(peer.addr, &peer.node).await {
                 Ok(conn) => {
@@ -586,7 +587,8 @@ impl Mesh {
                     })
                 }
                 Err(e) => {
-                    if Instant::now() + DIAL_RETRY >= deadline {
+                    let now = Instant::now();
+                    if now + DIAL_RETRY >= deadline {
                         return Err(CollectiveError::Form {
                             epoch,
                             reason: format!(
@@ -594,6 +596,21 @@ impl Mesh {
                                 peer.node, peer.addr
                             ),
                         });
+                    }
+                    let since = *unreachable_since.get_or_insert(now);
+                    if let Some(bound) = self.unreachable_max(epoch) {
+                        if now.duration_since(since) >= bound {
+                            return Err(CollectiveError::Form {
+                                epoch,
+                                reason: format!(
+                                    "{} at {} not reachable for {} while re-forming (lost \
+                                     meanwhile): {e}",
+                                    peer.node,
+                                    peer.addr,
+                                    crate::cluster::format_duration(bound)
+                                ),
+                            });
+                        }
                     }
                     tokio::time::sleep(DIAL_RETRY).await;
                 }
@@ -687,11 +704,14 @@ impl Mesh {
     async fn wait_for_join(
         &self,
         shared: &Shared,
-        peer: &NodeId,
+        peer: &GroupMember,
         deadline: Instant,
     ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
         let epoch = shared.epoch;
-        let key = (peer.clone(), epoch);
+        let key = (peer.node.clone(), epoch);
+        let mut next_ask = Instant::now() + STILL_FORMING_EVERY;
+        // Since when the peer has not answered whether it still forms this epoch.
+        let mut silent_since: Option<Instant> = None;
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
@@ -720,13 +740,89 @@ impl Mesh {
                     });
                 }
             }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            if tokio::time::timeout_at(next_ask.min(deadline), changed)
+                .await
+                .is_ok()
+            {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(CollectiveError::Form {
                     epoch,
-                    reason: format!("{peer} did not join within the form timeout"),
+                    reason: format!("{} did not join within the form timeout", peer.node),
                 });
             }
+            // A join that has not come yet may never come: the peer formed this epoch with
+            // other members (its view of the survivors differs, and it did not list this
+            // member), gave it up, or was lost. Ask, rather than wait out the form timeout.
+            next_ask = now + STILL_FORMING_EVERY;
+            if self.ask_still_forming(shared, peer).await? {
+                silent_since = None;
+            } else {
+                let since = *silent_since.get_or_insert(now);
+                if let Some(bound) = self.unreachable_max(epoch) {
+                    if now.duration_since(since) >= bound {
+                        return Err(CollectiveError::Form {
+                            epoch,
+                            reason: format!(
+                                "{} did not answer for {} while re-forming (lost meanwhile)",
+                                peer.node,
+                                crate::cluster::format_duration(bound)
+                            ),
+                        });
+                    }
+                }
+            }
         }
+    }
+
+    /// Whether `peer`, whose join this member awaits, still forms its epoch with the same
+    /// members (`Ok(true)`), or did not answer in time (`Ok(false)`); its refusal, or its
+    /// failed forming, as the error that fails this forming.
+    async fn ask_still_forming(
+        &self,
+        shared: &Shared,
+        peer: &GroupMember,
+    ) -> Result<bool, CollectiveError> {
+        let epoch = shared.epoch;
+        let ask = Wire::StillForming {
+            epoch,
+            members: shared.nodes.clone(),
+        };
+        let Ok(frame) = Frame::encode(&ask, Vec::new(), shared.header_max) else {
+            return Ok(false);
+        };
+        let by = Instant::now() + STILL_FORMING_EVERY;
+        let asked = async {
+            let conn = self.dial(peer, epoch, by, false).await.ok()?;
+            conn.request_within(frame, STILL_FORMING_EVERY).await.ok()
+        };
+        let Some(reply) = tokio::time::timeout_at(by, asked).await.ok().flatten() else {
+            return Ok(false);
+        };
+        match reply.decode::<Reply>(shared.header_max) {
+            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
+                node: peer.node.clone(),
+                epoch,
+                current,
+                detail,
+            }),
+            Ok(Reply::Broken(err)) => Err(CollectiveError::Form {
+                epoch,
+                reason: format!("{}'s forming of it failed: {err}", peer.node),
+            }),
+            Ok(_) => Ok(true),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// How long a peer may stay unreachable while this mesh forms `epoch`: unbounded (up to
+    /// the form timeout) for the first epoch, whose processes may still be starting; twice
+    /// the transport's idle timeout (the detection budget) for a later one, whose members
+    /// answered a probe just before (re-forming) or are live members (an admission).
+    fn unreachable_max(&self, epoch: u64) -> Option<Duration> {
+        (epoch > 1).then(|| self.inner.endpoint.config().idle_timeout * 2)
     }
 }
 
@@ -1217,6 +1313,10 @@ impl MeshInner {
                 let reply = self.admitted(epoch, members);
                 respond(responder, reply, header_max)
             }
+            Wire::StillForming { epoch, members } => {
+                let reply = self.still_forming(epoch, &members);
+                respond(responder, reply, header_max);
+            }
             Wire::Abort { epoch, error } => {
                 let (group, joining) = {
                     let state = self.lock();
@@ -1458,6 +1558,27 @@ impl MeshInner {
         }
         self.changed.notify_waiters();
         cut
+    }
+
+    /// The answer to [`Wire::StillForming`]: whether this mesh forms (or will form) `epoch`
+    /// with `members`.
+    fn still_forming(&self, epoch: u64, members: &[NodeId]) -> Reply {
+        let state = self.lock();
+        if state.epoch < epoch {
+            // Not there yet: its join may still come.
+            return Reply::Ack;
+        }
+        match state.group.upgrade().filter(|g| g.epoch == epoch) {
+            Some(g) if g.nodes != members => Reply::Refused {
+                current: epoch,
+                detail: format!(" with members {:?}", g.nodes),
+            },
+            Some(g) => match g.lock().broken.clone() {
+                Some(err) => Reply::Broken(err),
+                None => Reply::Ack,
+            },
+            None => self.refusal_locked(&state, epoch),
+        }
     }
 
     fn refusal(&self, epoch: u64) -> Reply {
@@ -2276,6 +2397,9 @@ fn respond_on(
 
 /// Pause between dials of a member that is not listening yet.
 const DIAL_RETRY: Duration = Duration::from_millis(100);
+/// How often a member still waiting for a peer's join asks whether the peer still forms that
+/// epoch ([`Wire::StillForming`]), and how long each ask may take.
+const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
 pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
 /// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,

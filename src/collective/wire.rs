@@ -75,6 +75,16 @@ pub(crate) enum Wire {
         /// The error, as the sender saw it.
         error: CollectiveError,
     },
+    /// An acceptor still waiting for the receiver's join of `epoch` asks whether the receiver
+    /// forms that epoch with `members`: `Ack` while it does (or has not reached that epoch
+    /// yet), else `Refused` (it is past that epoch, or forms it with other members) or
+    /// `Broken` (its forming of it failed). The join will then never come.
+    StillForming {
+        /// The epoch the sender forms.
+        epoch: u64,
+        /// Its members, in rank order.
+        members: Vec<NodeId>,
+    },
 }
 
 /// The answer to a [`Wire`] request.
