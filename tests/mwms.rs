@@ -1744,3 +1744,43 @@ fn workers_whose_views_differ_for_a_while_re_form_soon_after_the_link_heals() {
         );
     }
 }
+
+#[test]
+fn a_worker_without_quorum_whose_peers_came_back_as_new_processes_gives_up_at_once() {
+    // Workers 1 and 2 of 3 are killed and started again at once: their new processes wait
+    // to be admitted, and answer worker 0's probes so. Worker 0 alone is no quorum, and none
+    // can come back (the old processes are gone): it fails at once, saying so, instead of
+    // probing attempt after attempt (the job then starts again from its checkpoint).
+    let flags = [
+        "--elastic",
+        "--steps",
+        "100000",
+        "--global-batch",
+        "6",
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--probe-timeout-ms",
+        "1500",
+        "--form-timeout-ms",
+        "5000",
+    ];
+    let tasks = [("worker", 1); 3];
+    let mut cluster = Cluster::start_with("hopeless", &tasks, &flags, false);
+    for i in 0..3 {
+        cluster.wait_for(i, "step 4 ");
+    }
+    kill_worker(&cluster, 1);
+    kill_worker(&cluster, 2);
+    cluster.restart(1);
+    cluster.restart(2);
+    let line = cluster.wait_for(0, "error");
+    assert!(
+        line.contains("kind=recovery")
+            && line.contains("no quorum")
+            && line.contains("answered as a new process"),
+        "{line}"
+    );
+    assert_eq!(cluster.workers[0].wait_exit(), 3);
+}

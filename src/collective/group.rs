@@ -625,15 +625,15 @@ impl Mesh {
         peer: &GroupMember,
         epoch: u64,
         deadline: Instant,
-    ) -> Result<bool, CollectiveError> {
+    ) -> Result<ProbeAnswer, CollectiveError> {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let Ok(frame) = Frame::encode(&Wire::Probe { epoch }, Vec::new(), header_max) else {
-            return Ok(false);
+            return Ok(ProbeAnswer::Silent);
         };
         let mut fresh = false;
         loop {
             let Ok(conn) = self.dial(peer, epoch, deadline, fresh).await else {
-                return Ok(false);
+                return Ok(ProbeAnswer::Silent);
             };
             let left = deadline.saturating_duration_since(Instant::now());
             match conn
@@ -642,7 +642,8 @@ impl Mesh {
             {
                 Ok(reply) => {
                     return match reply.decode::<Reply>(header_max) {
-                        Ok(Reply::Ack) => Ok(true),
+                        Ok(Reply::Ack) => Ok(ProbeAnswer::Alive),
+                        Ok(Reply::Joining) => Ok(ProbeAnswer::Joining),
                         Ok(Reply::Refused { current, detail }) => {
                             Err(CollectiveError::EpochRefused {
                                 node: peer.node.clone(),
@@ -651,13 +652,13 @@ impl Mesh {
                                 detail,
                             })
                         }
-                        _ => Ok(false),
+                        _ => Ok(ProbeAnswer::Silent),
                     }
                 }
                 // The kept connection may be the dead one of the lost member's old process, or
                 // a live member's that died unnoticed: dial once more.
                 Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
-                Err(_) => return Ok(false),
+                Err(_) => return Ok(ProbeAnswer::Silent),
             }
         }
     }
@@ -826,6 +827,28 @@ impl Mesh {
     }
 }
 
+/// What a member's probes of its group found ([`ProcessGroup::probe_members`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Probed {
+    /// The members that answered as live members (this one among them), in rank order: the
+    /// survivors.
+    pub alive: Vec<NodeId>,
+    /// The members whose address answered with a new process of that member, waiting to be
+    /// admitted: its old process is gone, and it is no survivor.
+    pub joining: Vec<NodeId>,
+}
+
+/// One member's answer to a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProbeAnswer {
+    /// A live mesh that is no joiner.
+    Alive,
+    /// A new process of that member, waiting to be admitted.
+    Joining,
+    /// No answer in time.
+    Silent,
+}
+
 /// A formed group of processes: its rank, members and epoch, and the operations (`ops.rs`).
 /// Cheap to clone; operations of one group run one at a time, in call order.
 #[derive(Clone)]
@@ -944,6 +967,12 @@ impl ProcessGroup {
     /// [`CollectiveError::EpochRefused`] when a member already formed a later epoch without
     /// this node (this node is the late one: it was taken for lost).
     pub async fn reachable(&self, within: Duration) -> Result<Vec<NodeId>, CollectiveError> {
+        self.probe_members(within).await.map(|probed| probed.alive)
+    }
+
+    /// [`ProcessGroup::reachable`], telling also which of the members that did not answer as
+    /// survivors answered as new processes waiting to be admitted ([`Probed::joining`]).
+    pub async fn probe_members(&self, within: Duration) -> Result<Probed, CollectiveError> {
         let deadline = Instant::now() + within;
         let epoch = self.shared.epoch;
         let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
@@ -954,21 +983,25 @@ impl ProcessGroup {
             let me = rank == self.shared.rank;
             async move {
                 if me {
-                    return Ok(Some(member.node));
+                    return Ok((member.node, ProbeAnswer::Alive));
                 }
                 let probe = self.mesh.probe(&member, epoch, deadline);
-                let alive = tokio::time::timeout_at(deadline, probe)
+                let answer = tokio::time::timeout_at(deadline, probe)
                     .await
-                    .unwrap_or(Ok(false))?;
-                Ok(alive.then_some(member.node))
+                    .unwrap_or(Ok(ProbeAnswer::Silent))?;
+                Ok((member.node, answer))
             }
         });
         let answers = futures::future::join_all(probes).await;
-        let mut alive = Vec::with_capacity(answers.len());
+        let mut probed = Probed::default();
         for answer in answers {
-            alive.extend(answer?);
+            match answer? {
+                (node, ProbeAnswer::Alive) => probed.alive.push(node),
+                (node, ProbeAnswer::Joining) => probed.joining.push(node),
+                (_, ProbeAnswer::Silent) => {}
+            }
         }
-        Ok(alive)
+        Ok(probed)
     }
 
     /// Forms the group of the next epoch of this node's mesh (one above the latest formed or

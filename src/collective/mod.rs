@@ -37,7 +37,7 @@ mod wire;
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
 pub use group::{
-    loopback_group, Entry, GroupConfig, GroupMember, Mesh, ProcessGroup, ENTER_REPEAT,
+    loopback_group, Entry, GroupConfig, GroupMember, Mesh, Probed, ProcessGroup, ENTER_REPEAT,
     PENDING_FRESH,
 };
 pub use local::{LocalGroup, LocalMember};

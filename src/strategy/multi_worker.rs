@@ -537,7 +537,10 @@ impl MultiWorkerMirrored {
     ///    one side can have one: a survivor on the other side does not train on alone; its
     ///    attempt fails (another one follows, the partition may heal), and after
     ///    `recover_attempts` attempts `recover` fails with [`StrategyError::Recovery`] saying
-    ///    "no quorum" and whom it reached: the process is to be restarted.
+    ///    "no quorum" and whom it reached: the process is to be restarted. It fails so at
+    ///    once where every member it did not reach answered as a new process waiting to be
+    ///    admitted: their old processes are gone, so no survivor can come back (the job then
+    ///    starts again from its checkpoint, [`MultiWorkerMirrored::new`]).
     /// 3. *Agreeing on them*: the survivors form the next epoch with that list; forming
     ///    succeeds only where every member formed the same epoch with the same members (each
     ///    link's join compares the lists), so survivors whose views differ (a member died
@@ -594,12 +597,20 @@ impl MultiWorkerMirrored {
             let previous = before.members().to_vec();
             // Inner error: why this worker forms nothing this attempt.
             let formed = self.block(async move {
-                let alive = match group.reachable(probe).await {
-                    Ok(alive) => alive,
+                let (alive, joining) = match group.probe_members(probe).await {
+                    Ok(probed) => (probed.alive, probed.joining),
                     Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
                 };
                 if !has_quorum(&previous, &alive) {
-                    return Ok(Err(Unformed::NoQuorum(alive)));
+                    // Every member not reached is a new process waiting to be admitted: its
+                    // old process is gone, no survivor can come back, and waiting is vain.
+                    let hopeless = previous
+                        .iter()
+                        .all(|n| alive.contains(n) || joining.contains(n));
+                    return Ok(Err(Unformed::NoQuorum {
+                        reached: alive,
+                        hopeless,
+                    }));
                 }
                 tracing::info!(
                     attempt,
@@ -615,10 +626,19 @@ impl MultiWorkerMirrored {
                         reason: format!("this worker was left out: {left_out}"),
                     })
                 }
-                Ok(Err(Unformed::NoQuorum(reached))) => {
+                Ok(Err(Unformed::NoQuorum { reached, hopeless })) => {
                     last = no_quorum_detail(before.members(), before.epoch(), &reached);
                     tracing::info!(attempt, "re-forming: {last}");
                     no_quorum = true;
+                    if hopeless {
+                        return Err(StrategyError::Recovery {
+                            reason: format!(
+                                "{last}; every other member answered as a new process waiting \
+                                 to be admitted (its old one is gone), so none can come back \
+                                 (after {attempt} attempt(s))"
+                            ),
+                        });
+                    }
                     // The probes took about this long where the others are unreachable; where
                     // they answered at once (and still too few), the next attempt waits as
                     // long, so that the attempts span the probe timeout each.
@@ -1353,8 +1373,12 @@ fn decode_joiners(bytes: &[u8]) -> Result<Vec<GroupMember>, StrategyError> {
 enum Unformed {
     /// A member re-formed a later epoch without this worker: it was taken for lost.
     LeftOut(CollectiveError),
-    /// The members this worker reached (itself among them) are no quorum.
-    NoQuorum(Vec<NodeId>),
+    /// The members this worker reached (itself among them) are no quorum; `hopeless`: every
+    /// other member answered as a new process (none can come back).
+    NoQuorum {
+        reached: Vec<NodeId>,
+        hopeless: bool,
+    },
 }
 
 /// The quorum rule of re-forming: whether the members of the previous epoch that `reached`
