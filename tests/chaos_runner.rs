@@ -719,3 +719,41 @@ fn chaos_sim_runs_a_shipped_plan_and_refuses_what_it_cannot_model() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A kill due while its task is being restarted (the launcher has not started its next
+/// process yet) hits that next process, as soon as it is up, instead of being reported as
+/// not applied.
+#[test]
+fn a_kill_due_while_its_task_restarts_hits_the_next_process() {
+    let dir = temp_dir("kill-restarting");
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan_path = dir.join("plan.toml");
+    std::fs::write(
+        &plan_path,
+        "seed = 5\n\
+         [[fault]]\nkind = \"kill\"\ntarget = \"worker:1\"\nat = \"100ms\"\nafter = \"first_checkpoint\"\n\
+         [[fault]]\nkind = \"kill\"\ntarget = \"worker:1\"\nat = \"120ms\"\nafter = \"first_checkpoint\"\n",
+    )
+    .unwrap();
+    let demo = [
+        "--strategy",
+        "multi-worker-mirrored",
+        "--digits-epochs",
+        "60",
+    ];
+    let (output, report, dir) = run_demo(&plan_path, dir, &demo, &[]);
+    let why = describe(&output, &report);
+    assert_eq!(output.status.code(), Some(0), "{why}");
+    assert_eq!(report["verdict"], "passed", "{why}");
+    assert_faults_applied(&report, &["kill", "kill"]);
+    let faults = report["timeline"]["faults"].as_array().unwrap();
+    assert_ne!(faults[0]["pid"], faults[1]["pid"], "{why}");
+    assert!(
+        faults[1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("for the task's next process"),
+        "{why}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

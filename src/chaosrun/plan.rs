@@ -8,6 +8,8 @@
 //!
 //! [[fault]]
 //! kind = "kill"              # kill | pause | term | delete_checkpoint | corrupt_checkpoint
+//!                            # (a kill, pause or term due while its task is being restarted
+//!                            # hits the task's next process, waited for up to 10 s)
 //! target = "worker:1"        # chief, ps:0, worker:1, or a role ("worker": index drawn from the seed)
 //! at = "6s"                  # after the job's start, or a range "4s..9s" drawn from the seed
 //! after = "first_checkpoint" # count `at` from the job's first checkpoint instead of its

@@ -37,6 +37,9 @@ use crate::cluster::{TaskId, TaskType};
 
 /// How often the runner looks at the job, its clock and its faults.
 const TICK: Duration = Duration::from_millis(20);
+/// Most a kill, pause or term due while its task is being restarted waits for the task's next
+/// process (the launcher restarts a task within its backoff).
+pub const RESTART_WAIT_MAX: Duration = Duration::from_secs(10);
 /// How often the runner looks for the job's first checkpoint.
 const CHECKPOINT_LOOK: Duration = Duration::from_millis(100);
 /// How long the launcher has to stop its tasks after SIGTERM before the group is SIGKILLed.
@@ -295,6 +298,9 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
     let mut next_sample = started;
     let mut last_sample: Option<(Instant, f64, (f64, f64))> = None;
     let mut stopping: Option<Instant> = None;
+    // Signal faults due while their task was between processes: since when they wait.
+    let mut awaiting_restart: std::collections::HashMap<usize, Instant> =
+        std::collections::HashMap::new();
     let status = loop {
         if let Some(status) = child.try_wait().ok().flatten() {
             break Some(status);
@@ -376,17 +382,33 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
                 }
             }
         }
+        // Faults put back this tick: their task is being restarted.
+        let mut put_back: Vec<usize> = Vec::new();
         while stopping.is_none() {
             let due = pending.iter().position(|f| {
                 let base = match f.spec.after {
                     After::Start => Some(started),
                     After::Checkpoint(n) => checkpoints_seen.get(n as usize - 1).copied(),
                 };
-                base.is_some_and(|base| now >= base + f.at)
+                !put_back.contains(&f.index) && base.is_some_and(|base| now >= base + f.at)
             });
             let Some(position) = due else { break };
             let fault = pending.remove(position);
-            let applied = apply(
+            // A signal for a task between two processes (killed, the launcher restarting it)
+            // is for its next process: it waits for it, a while.
+            let signals = matches!(
+                fault.spec.kind,
+                FaultKind::Kill | FaultKind::Pause | FaultKind::Term
+            );
+            if signals && !task_running(&fault, setup, launcher) {
+                let since = *awaiting_restart.entry(fault.index).or_insert(now);
+                if now.duration_since(since) < RESTART_WAIT_MAX {
+                    put_back.push(fault.index);
+                    pending.insert(position, fault);
+                    continue;
+                }
+            }
+            let mut applied = apply(
                 &fault,
                 setup,
                 launcher,
@@ -395,6 +417,13 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
                 &mut network,
                 &mut disk,
             );
+            if let Some(since) = awaiting_restart.remove(&fault.index) {
+                applied.detail = format!(
+                    "{} (after waiting {:.2}s for the task's next process)",
+                    applied.detail,
+                    now.duration_since(since).as_secs_f64()
+                );
+            }
             eprintln!(
                 "[chaos] {:.2}s {} {}: {}",
                 applied.t_s,
@@ -669,6 +698,32 @@ fn apply(
     out
 }
 
+/// The task a signal fault hits and its current process, from the launcher's pid file.
+fn task_pid(fault: &Scheduled, setup: &RunSetup) -> Result<(TaskId, Result<u32, String>), String> {
+    let target = fault.spec.target.ok_or("no target")?;
+    let task = resolve(target, fault.pick, &setup.run_dir)?;
+    let pid_path = crate::launch::pid_file(&setup.run_dir, task);
+    let pid = std::fs::read_to_string(&pid_path)
+        .map_err(|e| format!("{task} has no pid file ({}: {e})", pid_path.display()))
+        .and_then(|text| {
+            text.split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| format!("{} holds no pid", pid_path.display()))
+        });
+    Ok((task, pid))
+}
+
+/// Whether the task a signal fault hits has a process in the job now (not while the launcher
+/// restarts it). A fault whose task cannot be named counts as running: it fails as it is.
+fn task_running(fault: &Scheduled, setup: &RunSetup, job_group: u32) -> bool {
+    match task_pid(fault, setup) {
+        Ok((_, Ok(pid))) => group_of(pid) == Some(job_group),
+        Ok((_, Err(_))) => false,
+        Err(_) => true,
+    }
+}
+
 fn signal_task(
     fault: &Scheduled,
     setup: &RunSetup,
@@ -676,17 +731,9 @@ fn signal_task(
     paused: &mut Vec<(Instant, u32, String)>,
     out: &mut AppliedFault,
 ) -> Result<String, String> {
-    let target = fault.spec.target.ok_or("no target")?;
-    let task = resolve(target, fault.pick, &setup.run_dir)?;
+    let (task, pid) = task_pid(fault, setup)?;
     out.task = Some(task.to_string());
-    let pid_path = crate::launch::pid_file(&setup.run_dir, task);
-    let text = std::fs::read_to_string(&pid_path)
-        .map_err(|e| format!("{task} has no pid file ({}: {e})", pid_path.display()))?;
-    let pid: u32 = text
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("{} holds no pid", pid_path.display()))?;
+    let pid = pid?;
     out.pid = Some(pid);
     if group_of(pid) != Some(job_group) {
         return Err(format!(

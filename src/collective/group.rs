@@ -12,7 +12,13 @@
 //! 2. [`Mesh::form`] with an epoch and the members (node and address); ranks follow the sorted
 //!    node ids. Every member must form the same epoch with the same members; the member with
 //!    the larger node id of each pair dials, the other accepts, and the link is ready once both
-//!    formed that epoch (a `Join` carries it).
+//!    formed that epoch (a `Join` carries it). A forming fails as soon as one link fails: an
+//!    acceptor refusing a join whose list differs from its own fails too (the dialer forms
+//!    that epoch with that list only), and an acceptor still waiting for a join asks the
+//!    dialer every second whether it still forms the epoch with the same members
+//!    (`StillForming`), failing on a refusal; in a re-forming (epoch > 1) a peer unreachable
+//!    for twice the idle timeout fails it too. So views that differ, or a member lost while
+//!    the others re-form, cost about the detection budget, not the form timeout.
 //! 3. Call the operations (`ops.rs`) in the same order on every member; the `k`-th call of
 //!    every member is one operation and must agree (operation, shape, dtype).
 //! 4. On any error the group is broken for good: every pending and later call fails with the
@@ -809,6 +815,10 @@ impl Mesh {
                 current,
                 detail,
             }),
+            // A first forming broken at the peer was cut short there (a member formed it and
+            // is re-forming): its probe decides whether this member survives or joins, so the
+            // answer is left to it.
+            Ok(Reply::Broken(_)) if epoch == 1 => Ok(true),
             Ok(Reply::Broken(err)) => Err(CollectiveError::Form {
                 epoch,
                 reason: format!("{}'s forming of it failed: {err}", peer.node),
