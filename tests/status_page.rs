@@ -409,3 +409,135 @@ fn the_chief_serves_a_status_page_that_matches_the_run() {
     assert_eq!(png_size(&loss_png), (1000, 600));
     std::fs::copy(&loss_png, out.join("loss.png")).unwrap();
 }
+
+/// Every MultiWorkerMirrored worker serves a status page too, its own view of the group: in
+/// `cohort demo --strategy multi-worker-mirrored` (a worker killed midway and restarted) the
+/// chief's `/status.json` shows the group's epoch and workers, every task, the membership
+/// changes (formed, the loss, the admission) as they happen, the step rate, the loss and the
+/// newest checkpoint, with no ledger; `/status` draws the membership table.
+#[test]
+fn a_multi_worker_mirrored_worker_serves_its_view_of_the_group() {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page-mwms");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let run_dir = out.join("run");
+    let demo_out = out.join("demo.out");
+    let child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args([
+            "demo",
+            "--strategy",
+            "multi-worker-mirrored",
+            "--digits-epochs",
+            "150",
+        ])
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .arg("--checkpoint-dir")
+        .arg(out.join("checkpoints"))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&demo_out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start cohort demo");
+    let mut demo = Demo {
+        child,
+        release: out.join("release"),
+    };
+    let said = || std::fs::read_to_string(&demo_out).unwrap_or_default();
+    let chief_file = cohort::launch::metrics_addr_file(&run_dir, TaskId::new(TaskType::Chief, 0));
+    assert!(wait_for(&chief_file), "no chief address file:\n{}", said());
+    let chief: SocketAddr = std::fs::read_to_string(&chief_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("an address");
+    let deadline = Instant::now() + WAIT_MAX;
+    let (mut rated, mut page_drawn) = (false, false);
+    let mut last: Option<serde_json::Value> = None;
+    // Until the chief's page shows the restarted worker admitted (or the job ends).
+    while Instant::now() < deadline && demo.child.try_wait().ok().flatten().is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+        let Some(report) = status_json(chief) else {
+            continue;
+        };
+        assert!(report["ledger"].is_null(), "{report}");
+        if report["group"].is_null() {
+            continue;
+        }
+        rated |= report["steps_per_second"].as_f64().unwrap_or(0.0) > 0.0;
+        if !page_drawn {
+            let (_, _, page) = get(chief, "/status");
+            assert!(page.contains("Membership epochs"), "{page}");
+            page_drawn = true;
+        }
+        let admitted = report["group"]["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["what"].as_str().unwrap().starts_with("admitted"));
+        last = Some(report);
+        if admitted {
+            break;
+        }
+    }
+    let report = last.unwrap_or_else(|| panic!("no status with a group:\n{}", said()));
+    assert!(
+        report["job"]
+            .as_str()
+            .unwrap()
+            .contains("MultiWorkerMirrored"),
+        "{report}"
+    );
+    let group = &report["group"];
+    assert_eq!(u(group, "workers"), 3, "{report}");
+    assert_eq!(u(group, "replicas_per_worker"), 1, "{report}");
+    assert_eq!(group["communication"], "ring", "{report}");
+    let changes: Vec<(u64, String)> = group["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (u(c, "epoch"), c["what"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(changes[0], (1, "formed".to_string()), "{report}");
+    assert!(
+        changes.iter().any(|(_, w)| w.starts_with("lost worker/"))
+            && changes
+                .iter()
+                .any(|(_, w)| w.starts_with("admitted worker/")),
+        "{report}\n{}",
+        said()
+    );
+    assert!(
+        changes.windows(2).all(|w| w[0].0 < w[1].0),
+        "epochs go forward: {report}"
+    );
+    assert_eq!(u(group, "epoch"), changes.last().unwrap().0, "{report}");
+    let tasks = report["tasks"].as_array().unwrap();
+    let roles: Vec<(String, u64, String)> = tasks
+        .iter()
+        .map(|t| {
+            (
+                t["role"].as_str().unwrap().to_string(),
+                u(t, "index"),
+                t["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [("chief", 0), ("worker", 0), ("worker", 1)]
+            .map(|(r, i)| (r.to_string(), i, "alive".to_string()))
+            .to_vec(),
+        "{report}"
+    );
+    assert!(u(&report, "step") > 0, "{report}");
+    assert!(rated, "no report had a step rate: {report}");
+    assert!(!report["loss"].as_array().unwrap().is_empty(), "{report}");
+    assert!(report["checkpoint"]["step"].as_u64().is_some(), "{report}");
+    let status = demo.wait(WAIT_MAX);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the demo: {status:?}\n{}",
+        said()
+    );
+}

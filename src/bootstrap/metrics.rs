@@ -4,9 +4,8 @@
 //! count of peers its gateway declares dead; on the chief, the status page's source (the
 //! cluster read from the coordinator actor, with what the program recorded: [`crate::status`]).
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::Addr;
 use cohort_actors::{Gateway, PeerEvent};
@@ -62,62 +61,33 @@ pub(super) fn start_with_status(
     Ok(())
 }
 
-/// How far back the status page's rate looks.
-const RATE_WINDOW: Duration = Duration::from_secs(10);
-/// Most samples of the committed count kept for the rate.
-const RATE_SAMPLES_MAX: usize = 256;
-
 /// The chief's status page (`/status`, `/status.json`) of job `job`: the cluster, ledger and
 /// cut read from the coordinator actor ([`StatusView`], answered from memory), the loss
 /// history and newest checkpoint the program recorded, and the rate of committed closures
-/// over the last [`RATE_WINDOW`] of requests.
+/// over the last [`status::RATE_WINDOW`] of requests.
 pub(super) fn chief_status(actor: Addr<CoordinatorActor>, job: String) -> StatusSource {
-    // (when, committed, (total step microseconds, steps)) per request.
-    type Sample = (Instant, u64, (u64, u64));
-    let samples: Arc<Mutex<VecDeque<Sample>>> = Arc::default();
+    let rate = Arc::new(Mutex::new(status::RateSampler::default()));
     Arc::new(move |format| {
-        let (actor, samples, job) = (actor.clone(), Arc::clone(&samples), job.clone());
+        let (actor, rate, job) = (actor.clone(), Arc::clone(&rate), job.clone());
         Box::pin(async move {
             let view = actor.send(StatusView).await.ok()?;
             let committed = view.ledger.committed;
-            let now = Instant::now();
-            let steps = crate::metrics::instruments().chief_step_totals();
-            let (steps_per_second, step_seconds) = {
-                let mut samples = samples.lock().unwrap_or_else(PoisonError::into_inner);
-                while samples.len() >= RATE_SAMPLES_MAX
-                    || (samples.len() > 1
-                        && samples
-                            .front()
-                            .is_some_and(|(t, _, _)| now.duration_since(*t) > RATE_WINDOW))
-                {
-                    samples.pop_front();
-                }
-                samples.push_back((now, committed, steps));
-                let step_seconds = samples.front().and_then(|(_, _, (micros, count))| {
-                    let n = steps.1.checked_sub(*count).filter(|n| *n > 0)?;
-                    Some(steps.0.saturating_sub(*micros) as f64 / 1e6 / n as f64)
-                });
-                let rate = match samples.front() {
-                    Some((then, before, _)) if now > *then => {
-                        committed.saturating_sub(*before) as f64
-                            / now.duration_since(*then).as_secs_f64()
-                    }
-                    _ => 0.0,
-                };
-                (rate, step_seconds)
-            };
+            let steps = crate::metrics::instruments().step_totals();
+            let (steps_per_second, step_seconds) = rate
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .sample(Instant::now(), committed, steps);
             let report = StatusReport {
                 job,
-                unix_ms: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
+                unix_ms: status::unix_ms_now(),
                 step: committed,
                 steps_per_second,
                 step_seconds,
                 checkpoint: status::newest_checkpoint(view.cut),
                 loss: status::loss_history(),
-                ledger: view.ledger,
+                ledger: Some(view.ledger),
                 tasks: view.tasks,
+                group: None,
             };
             Some(match format {
                 StatusFormat::Json => report.to_json(),

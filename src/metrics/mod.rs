@@ -59,9 +59,10 @@ pub struct Instruments {
     /// attempt that committed: a re-dispatched closure counts from its last dispatch).
     /// Observed through [`Instruments::observe_chief_step`].
     pub chief_step_seconds: Histogram,
-    /// The same observations' total in microseconds and their count, readable (the
-    /// histogram's own are not): the status page's mean step time.
-    chief_step_totals: (AtomicU64, AtomicU64),
+    /// The total in microseconds and the count of this process's step times (a chief's
+    /// closures, or a MultiWorkerMirrored worker's steps), readable (the histograms' own are
+    /// not): the status page's mean step time.
+    step_totals: (AtomicU64, AtomicU64),
     /// Chief: checkpoints written, and the time each save took, in seconds.
     pub checkpoint_save_seconds: Histogram,
     /// Chief: the size of the newest checkpoint written, in bytes.
@@ -102,7 +103,7 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     ps_pushed_bytes: Counter::default(),
     // 100µs to ~100s, as the workers' step time.
     chief_step_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 21)),
-    chief_step_totals: (AtomicU64::new(0), AtomicU64::new(0)),
+    step_totals: (AtomicU64::new(0), AtomicU64::new(0)),
     // 1ms to ~500s.
     checkpoint_save_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
     checkpoint_bytes: Gauge::default(),
@@ -134,18 +135,27 @@ impl Instruments {
     /// Chief: one closure committed `took` after its dispatch.
     pub fn observe_chief_step(&self, took: Duration) {
         self.chief_step_seconds.observe(took.as_secs_f64());
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.chief_step_totals
-            .0
-            .fetch_add(micros, Ordering::Relaxed);
-        self.chief_step_totals.1.fetch_add(1, Ordering::Relaxed);
+        self.add_step_total(took);
     }
 
-    /// Chief: the total time (microseconds) and the count of the steps observed so far.
-    pub fn chief_step_totals(&self) -> (u64, u64) {
+    /// MultiWorkerMirrored worker: one step took `took` (boundary to boundary).
+    pub fn observe_group_step(&self, took: Duration) {
+        self.group_step_seconds.observe(took.as_secs_f64());
+        self.add_step_total(took);
+    }
+
+    fn add_step_total(&self, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.step_totals.0.fetch_add(micros, Ordering::Relaxed);
+        self.step_totals.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The total time (microseconds) and the count of the steps observed so far (a chief's
+    /// closures, or a MultiWorkerMirrored worker's steps).
+    pub fn step_totals(&self) -> (u64, u64) {
         (
-            self.chief_step_totals.0.load(Ordering::Relaxed),
-            self.chief_step_totals.1.load(Ordering::Relaxed),
+            self.step_totals.0.load(Ordering::Relaxed),
+            self.step_totals.1.load(Ordering::Relaxed),
         )
     }
 }

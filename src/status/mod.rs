@@ -1,12 +1,15 @@
-//! The chief's status page: its schema ([`StatusReport`], served as `/status.json`), the page
-//! itself (`/status`: one HTML document with inline CSS and JS that draws the task table and
-//! the loss curve from the JSON and polls it again), and the process-wide records the chief's
-//! program feeds it: the loss history ([`record_loss`], a bounded ring of the newest
-//! [`LOSS_HISTORY_MAX`] points) and the newest checkpoint ([`record_checkpoint`]). At the end
-//! of a run the loss history is also drawn as a PNG ([`write_loss_png`]).
+//! The status page: its schema ([`StatusReport`], served as `/status.json`), the page itself
+//! (`/status`: one HTML document with inline CSS and JS that draws the task table, the
+//! membership epochs and the loss curve from the JSON and polls it again), and the
+//! process-wide records a program feeds it: the loss history ([`record_loss`], a bounded ring
+//! of the newest [`LOSS_HISTORY_MAX`] points), the newest checkpoint ([`record_checkpoint`])
+//! and, under MultiWorkerMirrored, the group ([`record_group`]). At the end of a run the loss
+//! history is also drawn as a PNG ([`write_loss_png`]).
 //!
-//! Served by the chief's metrics endpoint ([`crate::metrics`]); the cluster's part of a report
-//! (tasks, ledger, cut) is read from the coordinator actor by the bootstrap.
+//! Served by a metrics endpoint ([`crate::metrics`]): the parameter-server chief's, whose
+//! cluster part (tasks, ledger, cut) the bootstrap reads from the coordinator actor, and every
+//! MultiWorkerMirrored worker's, whose group part the strategy records (each worker's page is
+//! its own view of the group; `ledger` is null there).
 //!
 //! # `/status.json` schema
 //!
@@ -19,19 +22,24 @@
 //!   "step_seconds": number|null,        // mean dispatch-to-commit time of those closures
 //!   "ledger": { "scheduled", "committed", "failed", "cancelled", "unavailable",
 //!               "redispatched", "rejected_stale", "pending", "rolled_back",
-//!               "ps_restores": integer },
+//!               "ps_restores": integer } | null,       // null under MultiWorkerMirrored
 //!   "tasks": [ { "role": "chief"|"ps"|"worker", "index": integer, "address": string,
 //!                "incarnation": integer|null,
 //!                "state": "waiting"|"alive"|"suspected"|"dead"|"draining"|"retired",
 //!                "heartbeat_age_ms": integer|null } ],
 //!   "checkpoint": { "path": string, "step": integer, "cut": integer|null } | null,
-//!   "loss": [ { "step": integer, "loss": number|null } ]   // oldest first, at most 1000
+//!   "loss": [ { "step": integer, "loss": number|null } ],  // oldest first, at most 1000
+//!   "group": { "epoch", "workers", "replicas_per_worker": integer,  // MultiWorkerMirrored,
+//!              "communication": string,                              // else null
+//!              "changes": [ { "epoch", "workers", "from_step": integer,
+//!                             "what": string } ] } | null   // oldest first, at most 64
 //! }
 //! ```
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -113,14 +121,44 @@ pub struct StatusReport {
     /// The mean time from dispatch to commit of the closures committed lately, in seconds
     /// (`None` when none was).
     pub step_seconds: Option<f64>,
-    /// The ledger (LEDGER-1).
-    pub ledger: Ledger,
+    /// The ledger (LEDGER-1); `None` under MultiWorkerMirrored, which has none.
+    pub ledger: Option<Ledger>,
     /// The cluster's tasks.
     pub tasks: Vec<TaskStatus>,
     /// The newest checkpoint, if one was written.
     pub checkpoint: Option<CheckpointStatus>,
     /// The loss history, oldest first.
     pub loss: Vec<LossPoint>,
+    /// The workers' group, under MultiWorkerMirrored.
+    pub group: Option<GroupStatus>,
+}
+
+/// A MultiWorkerMirrored worker's view of its group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupStatus {
+    /// The membership epoch.
+    pub epoch: u64,
+    /// Workers in it.
+    pub workers: usize,
+    /// Replicas each worker runs.
+    pub replicas_per_worker: usize,
+    /// What sums the gradients across workers (`ring`, or `nccl:GPU`).
+    pub communication: String,
+    /// The membership changes this process saw, oldest first (at most [`MARKERS_MAX`]).
+    pub changes: Vec<GroupChange>,
+}
+
+/// One membership epoch as it began.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupChange {
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its workers.
+    pub workers: usize,
+    /// The step it trained from.
+    pub from_step: u64,
+    /// What made it: formed, lost ..., admitted ..., ... left.
+    pub what: String,
 }
 
 impl StatusReport {
@@ -131,12 +169,14 @@ impl StatusReport {
     }
 }
 
-/// What the chief's program recorded.
+/// What the program recorded.
 #[derive(Debug, Default)]
 struct Records {
     loss: VecDeque<LossPoint>,
     markers: VecDeque<Marker>,
     checkpoint: Option<(PathBuf, u64)>,
+    group: Option<GroupStatus>,
+    tasks: Vec<TaskStatus>,
 }
 
 static RECORDS: LazyLock<Mutex<Records>> = LazyLock::new(Mutex::default);
@@ -169,6 +209,90 @@ pub fn record_marker(step: u64, label: &str) {
 /// Records the newest checkpoint: its directory and the step it holds.
 pub fn record_checkpoint(path: &Path, step: u64) {
     records().checkpoint = Some((path.to_path_buf(), step));
+}
+
+/// Records the group of a MultiWorkerMirrored worker as it is now (its `changes` are kept
+/// from the records: add one with [`record_group_change`]) and the cluster's tasks as it sees
+/// them.
+pub fn record_group(mut group: GroupStatus, tasks: Vec<TaskStatus>) {
+    let mut records = records();
+    group.changes = records.group.take().map(|g| g.changes).unwrap_or_default();
+    records.group = Some(group);
+    records.tasks = tasks;
+}
+
+/// Adds a membership change to the recorded group (the newest [`MARKERS_MAX`] are kept).
+pub fn record_group_change(change: GroupChange) {
+    let mut records = records();
+    let group = records.group.get_or_insert_with(|| GroupStatus {
+        epoch: change.epoch,
+        workers: change.workers,
+        replicas_per_worker: 0,
+        communication: String::new(),
+        changes: Vec::new(),
+    });
+    if group.changes.len() == MARKERS_MAX {
+        group.changes.remove(0);
+    }
+    group.changes.push(change);
+}
+
+/// The recorded group and tasks, if a MultiWorkerMirrored worker recorded them.
+pub fn group_status() -> Option<(GroupStatus, Vec<TaskStatus>)> {
+    let records = records();
+    records
+        .group
+        .clone()
+        .map(|group| (group, records.tasks.clone()))
+}
+
+/// How far back the status page's rate looks.
+pub const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// Most samples of the step count kept for the rate.
+const RATE_SAMPLES_MAX: usize = 256;
+
+/// The status page's rate of steps and mean step time over the last [`RATE_WINDOW`] of
+/// requests: each request samples the step count and the step-time totals
+/// ([`crate::metrics::Instruments::step_totals`]).
+#[derive(Debug, Default)]
+pub struct RateSampler {
+    // (when, steps, (total step microseconds, steps timed)) per request.
+    samples: VecDeque<(Instant, u64, (u64, u64))>,
+}
+
+impl RateSampler {
+    /// Samples `steps` and `totals` at `now`: the steps per second since the oldest sample
+    /// kept, and the mean time of the steps timed since then (`None` when none was).
+    pub fn sample(&mut self, now: Instant, steps: u64, totals: (u64, u64)) -> (f64, Option<f64>) {
+        let samples = &mut self.samples;
+        while samples.len() >= RATE_SAMPLES_MAX
+            || (samples.len() > 1
+                && samples
+                    .front()
+                    .is_some_and(|(t, _, _)| now.duration_since(*t) > RATE_WINDOW))
+        {
+            samples.pop_front();
+        }
+        samples.push_back((now, steps, totals));
+        let step_seconds = samples.front().and_then(|(_, _, (micros, count))| {
+            let n = totals.1.checked_sub(*count).filter(|n| *n > 0)?;
+            Some(totals.0.saturating_sub(*micros) as f64 / 1e6 / n as f64)
+        });
+        let rate = match samples.front() {
+            Some((then, before, _)) if now > *then => {
+                steps.saturating_sub(*before) as f64 / now.duration_since(*then).as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        (rate, step_seconds)
+    }
+}
+
+/// Milliseconds since 1970, now.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The loss history, oldest first.
@@ -253,7 +377,7 @@ mod tests {
             step: 3,
             steps_per_second: 1.5,
             step_seconds: Some(0.02),
-            ledger: Ledger::default(),
+            ledger: Some(Ledger::default()),
             tasks: vec![TaskStatus {
                 role: "worker".into(),
                 index: 0,
@@ -263,6 +387,7 @@ mod tests {
                 heartbeat_age_ms: Some(2000),
             }],
             checkpoint: None,
+            group: None,
             loss: vec![
                 LossPoint { step: 1, loss: 2.0 },
                 LossPoint {
@@ -281,6 +406,53 @@ mod tests {
         assert_eq!(value["loss"][1]["loss"], serde_json::Value::Null);
         assert_eq!(value["ledger"]["committed"], 0);
         assert!(value["checkpoint"].is_null());
+    }
+
+    #[test]
+    fn the_rate_counts_steps_and_their_mean_time_over_the_window() {
+        let mut rate = RateSampler::default();
+        let t0 = Instant::now();
+        assert_eq!(rate.sample(t0, 100, (0, 0)), (0.0, None));
+        // 50 steps in 2 s, timed at 40 ms each.
+        let (per_second, mean) = rate.sample(t0 + Duration::from_secs(2), 150, (2_000_000, 50));
+        assert!((per_second - 25.0).abs() < 1e-9, "{per_second}");
+        assert!((mean.unwrap() - 0.04).abs() < 1e-9, "{mean:?}");
+        // Past the window the oldest samples go: the rate is that of the newer ones.
+        let later = t0 + RATE_WINDOW + Duration::from_secs(3);
+        let (per_second, _) = rate.sample(later, 150, (2_000_000, 50));
+        assert_eq!(per_second, 0.0);
+    }
+
+    #[test]
+    fn a_group_keeps_its_changes_when_recorded_again() {
+        let group = |epoch| GroupStatus {
+            epoch,
+            workers: 3,
+            replicas_per_worker: 2,
+            communication: "ring".into(),
+            changes: Vec::new(),
+        };
+        record_group(group(1), Vec::new());
+        for epoch in 1..=(MARKERS_MAX as u64 + 2) {
+            record_group_change(GroupChange {
+                epoch,
+                workers: 3,
+                from_step: epoch * 10,
+                what: "formed".into(),
+            });
+        }
+        record_group(group(7), Vec::new());
+        let (recorded, _) = group_status().expect("recorded");
+        assert_eq!(recorded.epoch, 7);
+        assert_eq!(recorded.changes.len(), MARKERS_MAX);
+        assert_eq!(recorded.changes[0].epoch, 3);
+        let mut report = report();
+        report.group = Some(recorded);
+        report.ledger = None;
+        let value: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert!(value["ledger"].is_null());
+        assert_eq!(value["group"]["changes"][0]["from_step"], 30);
+        assert_eq!(value["group"]["communication"], "ring");
     }
 
     #[test]

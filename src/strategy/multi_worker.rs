@@ -33,6 +33,7 @@ use crate::collective::{
     CollectiveError, Entry, GroupConfig, GroupMember, Mesh, NcclWaits, ProcessGroup, ProcessSpan,
 };
 use crate::optim::{OptimizerState, Slots};
+use crate::status::{GroupStatus, TaskState, TaskStatus};
 use crate::variable::{
     MirroredPlacement, Placement, Variable, VariableError, VariablePlacement, VariableRequest,
 };
@@ -257,6 +258,13 @@ pub struct MultiWorkerMirrored {
     /// When this worker last reached a step boundary ([`MultiWorkerMirrored::at_step_boundary`]):
     /// its metrics' step time.
     last_boundary: Option<std::time::Instant>,
+    /// The status page's view of the cluster: every chief and worker task (node, address, in
+    /// rank order) and what this worker makes of each.
+    status_tasks: Vec<(NodeId, String)>,
+    task_states: std::collections::BTreeMap<NodeId, TaskState>,
+    /// Whether the status page's membership changes hold one yet (the first epoch is noted
+    /// at the first step boundary, which knows its step).
+    change_noted: bool,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -449,7 +457,18 @@ impl MultiWorkerMirrored {
                 return Err(err);
             }
         };
-        Ok(Self {
+        let status_tasks: Vec<(NodeId, String)> = [TaskType::Chief, TaskType::Worker]
+            .into_iter()
+            .flat_map(|job| {
+                cluster
+                    .cluster
+                    .addresses(job)
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, addr)| (node_id(TaskId::new(job, i as u32)), addr.clone()))
+            })
+            .collect();
+        let strategy = Self {
             id,
             replicas,
             span,
@@ -462,8 +481,13 @@ impl MultiWorkerMirrored {
             _mesh: mesh,
             awaiting_state,
             last_boundary: None,
+            status_tasks,
+            task_states: std::collections::BTreeMap::new(),
+            change_noted: false,
             runtime: Some(runtime),
-        })
+        };
+        strategy.publish_status();
+        Ok(strategy)
     }
 
     /// Reads the cluster from `TF_CONFIG` and makes the strategy with `local_replicas`
@@ -570,6 +594,19 @@ impl MultiWorkerMirrored {
     /// that was left out (it comes back, say from SIGSTOP, after the others re-formed
     /// without it: a member's answer to its probe says so).
     pub fn recover(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
+        let recovery = self.re_form(state)?;
+        let lost: Vec<String> = recovery.lost.iter().map(ToString::to_string).collect();
+        let what = if lost.is_empty() {
+            "re-formed, no worker lost".to_string()
+        } else {
+            format!("lost {}", lost.join(", "))
+        };
+        self.note_change(recovery.step, &recovery.lost, TaskState::Dead, what);
+        Ok(recovery)
+    }
+
+    /// [`MultiWorkerMirrored::recover`] but for the status page.
+    fn re_form(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
         let before = self.span.group().clone();
         let Some(cause) = before.broken() else {
             return Err(StrategyError::Recovery {
@@ -750,6 +787,38 @@ impl MultiWorkerMirrored {
     /// group of the attempt is broken, and [`MultiWorkerMirrored::recover`] re-forms with the
     /// survivors as after a failed step.
     pub fn at_step_boundary(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        leaving: bool,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
+        if !self.change_noted && !self.awaiting_state.load(Ordering::SeqCst) {
+            self.note_change(state.step, &[], TaskState::Alive, "formed".into());
+        }
+        let change = self.boundary_change(state, leaving, save)?;
+        let names = |nodes: &[NodeId]| {
+            nodes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &change {
+            Some(GroupChange::Admitted(a)) => {
+                let what = format!("admitted {}", names(&a.joined));
+                self.note_change(a.step, &a.joined, TaskState::Alive, what);
+            }
+            Some(GroupChange::Departed(d) | GroupChange::Leaving(d)) => {
+                let what = format!("{} left after a preemption notice", names(&d.left));
+                self.note_change(d.step, &d.left, TaskState::Retired, what);
+            }
+            None => {}
+        }
+        Ok(change)
+    }
+
+    /// [`MultiWorkerMirrored::at_step_boundary`] but for the status page.
+    fn boundary_change(
         &mut self,
         state: &mut ElasticState<'_>,
         leaving: bool,
@@ -943,9 +1012,66 @@ impl MultiWorkerMirrored {
         m.group_step.set(i64::try_from(step).unwrap_or(i64::MAX));
         let now = std::time::Instant::now();
         if let Some(previous) = self.last_boundary.replace(now) {
-            m.group_step_seconds
-                .observe(now.duration_since(previous).as_secs_f64());
+            m.observe_group_step(now.duration_since(previous));
         }
+    }
+
+    /// A membership change for the status page: the current group's members are up, the
+    /// `changed` ones (lost, left, or admitted) are `state`, and the change is listed as
+    /// starting at `step`.
+    fn note_change(&mut self, step: u64, changed: &[NodeId], state: TaskState, what: String) {
+        let group = self.span.group();
+        for member in group.members() {
+            self.task_states.insert(member.clone(), TaskState::Alive);
+        }
+        for node in changed {
+            if state != TaskState::Alive || group.members().contains(node) {
+                self.task_states.insert(node.clone(), state);
+            }
+        }
+        crate::status::record_group_change(crate::status::GroupChange {
+            epoch: group.epoch(),
+            workers: group.size(),
+            from_step: step,
+            what,
+        });
+        self.change_noted = true;
+        self.publish_status();
+    }
+
+    /// Records the group as this worker sees it now, for its status page.
+    fn publish_status(&self) {
+        let group = self.span.group();
+        let tasks = self
+            .status_tasks
+            .iter()
+            .map(|(node, address)| {
+                let member = group.members().contains(node);
+                let state = match self.task_states.get(node) {
+                    _ if member => TaskState::Alive,
+                    Some(TaskState::Alive) | None => TaskState::Waiting,
+                    Some(state) => *state,
+                };
+                TaskStatus {
+                    role: node.role.clone(),
+                    index: node.index,
+                    address: address.clone(),
+                    incarnation: None,
+                    state,
+                    heartbeat_age_ms: None,
+                }
+            })
+            .collect();
+        crate::status::record_group(
+            GroupStatus {
+                epoch: group.epoch(),
+                workers: group.size(),
+                replicas_per_worker: self.local_replicas,
+                communication: self.communication.0.to_string(),
+                changes: Vec::new(),
+            },
+            tasks,
+        );
     }
 
     /// Makes `group` the one every later step's collectives span.
@@ -1096,7 +1222,8 @@ const FLUSH_MAX: Duration = Duration::from_secs(5);
 /// Serves this worker's metrics ([`Exposition::for_group`](crate::metrics::Exposition::for_group))
 /// on `addr` for the rest of the process; why not, if it cannot.
 fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
-    use crate::metrics::{serve, Exposition, Role};
+    use crate::metrics::{serve, Exposition, Role, StatusFormat};
+    use crate::status::{RateSampler, StatusReport};
     let role = match task.task_type {
         TaskType::Chief => Role::Chief,
         _ => Role::Worker,
@@ -1106,11 +1233,47 @@ fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
         .ok()
         .and_then(|text| text.trim().parse().ok());
     let incarnation = crate::process::incarnation_epoch(given, std::time::SystemTime::now());
-    let exposition = Arc::new(Exposition::for_group(role, task.index, incarnation));
+    // The status page: this worker's view of the group, the step and its rate, the loss and
+    // the newest checkpoint the program recorded.
+    let job = format!("MultiWorkerMirrored ({task})");
+    let rate = Arc::new(std::sync::Mutex::new(RateSampler::default()));
+    let status: crate::metrics::StatusSource = Arc::new(move |format| {
+        let (job, rate) = (job.clone(), Arc::clone(&rate));
+        Box::pin(async move {
+            let m = crate::metrics::instruments();
+            let step = u64::try_from(m.group_step.get()).unwrap_or(0);
+            let (steps_per_second, step_seconds) = rate
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .sample(std::time::Instant::now(), step, m.step_totals());
+            let (group, tasks) = match crate::status::group_status() {
+                Some((group, tasks)) => (Some(group), tasks),
+                None => (None, Vec::new()),
+            };
+            let report = StatusReport {
+                job,
+                unix_ms: crate::status::unix_ms_now(),
+                step,
+                steps_per_second,
+                step_seconds,
+                ledger: None,
+                tasks,
+                checkpoint: crate::status::newest_checkpoint(None),
+                loss: crate::status::loss_history(),
+                group,
+            };
+            Some(match format {
+                StatusFormat::Json => report.to_json(),
+                StatusFormat::Html => crate::status::html(&report),
+            })
+        })
+    });
+    let exposition =
+        Arc::new(Exposition::for_group(role, task.index, incarnation).with_status(status));
     let server =
         serve(addr, exposition).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
     tracing::info!(
-        "{task}: metrics on http://{}/metrics (health: /healthz)",
+        "{task}: metrics on http://{}/metrics (health: /healthz, status: /status)",
         server.addr
     );
     Ok(())

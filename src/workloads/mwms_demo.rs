@@ -192,6 +192,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         &mut |event| match event {
             ElasticEvent::Step { step, loss } => {
                 epoch_losses.push(loss);
+                crate::status::record_loss(step as u64, f64::from(loss));
                 if chief && step + 1 == middle {
                     // The launcher's chaos kill comes now (`launch --kill-worker-after`
                     // is the fallback).
