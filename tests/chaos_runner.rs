@@ -280,20 +280,31 @@ fn mwms_plan_passes(name: &str, kinds: &[&str]) -> serde_json::Value {
     assert_eq!(output.status.code(), Some(0), "{why}");
     assert_eq!(report["verdict"], "passed", "{why}");
     assert_faults_applied(&report, kinds);
-    for name in [
-        "exit code",
-        "faults applied",
-        "one model",
-        "membership epochs",
-        "no panic",
-    ] {
+    for name in ["exit code", "faults applied", "one model", "no panic"] {
         assert_eq!(check(&report, name)["status"], "passed", "{name}: {why}");
     }
     for name in ["every closure committed once", "ps applied counts"] {
         assert_eq!(check(&report, name)["status"], "skipped", "{name}: {why}");
     }
+    // A preempted chief is restarted and rejoins; where the others finish the job while it
+    // is away (a slow restart on a busy machine), the job ends 0 without it, as designed
+    // (`LaunchOutcome::WorkersFinished`): the chief prints no membership epochs, and one
+    // model counts the workers that finished.
+    let membership = check(&report, "membership epochs");
+    let chief_away = membership["status"] == "skipped"
+        && membership["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the chief did not finish");
+    if !chief_away {
+        assert_eq!(membership["status"], "passed", "membership epochs: {why}");
+    }
     let one_model = check(&report, "one model")["detail"].as_str().unwrap();
-    assert!(one_model.starts_with("3 worker(s) ended at step"), "{why}");
+    let finished = if chief_away { "2" } else { "3" };
+    assert!(
+        one_model.starts_with(&format!("{finished} worker(s) ended at step")),
+        "{why}"
+    );
     let _ = std::fs::remove_dir_all(dir);
     report
 }
