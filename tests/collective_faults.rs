@@ -67,14 +67,17 @@ impl Group {
         for node in &nodes {
             ca.issue(node).unwrap().save(&dir).unwrap();
         }
-        // Free ports: bound then released; the members bind them right after.
-        let addrs: Vec<String> = nodes
+        // Free ports: bound then released once all are picked (a port released at once
+        // could be picked twice); the members bind them right after.
+        let held: Vec<std::net::UdpSocket> = nodes
             .iter()
-            .map(|_| {
-                let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-                socket.local_addr().unwrap().to_string()
-            })
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
             .collect();
+        let addrs: Vec<String> = held
+            .iter()
+            .map(|socket| socket.local_addr().unwrap().to_string())
+            .collect();
+        drop(held);
         let spec: Vec<String> = nodes
             .iter()
             .zip(&addrs)

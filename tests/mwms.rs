@@ -143,19 +143,23 @@ impl Cluster {
         let mut jobs: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         let mut ids = Vec::new();
         let mut addrs = Vec::new();
+        // Free ports: bound then released once all are picked (a port released at once
+        // could be picked twice); the workers bind them right after.
+        let mut held = Vec::new();
         for &(job, _) in tasks {
             let list = jobs.entry(job).or_default();
             let index = list.len();
-            // Free ports: bound then released; the workers bind them right after.
             let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             list.push(socket.local_addr().unwrap().to_string());
             addrs.push(socket.local_addr().unwrap().to_string());
+            held.push(socket);
             ca.issue(&NodeId::new(job, index as u32))
                 .unwrap()
                 .save(&dir)
                 .unwrap();
             ids.push((job.to_string(), index));
         }
+        drop(held);
         let cluster = serde_json::to_string(&jobs).unwrap();
         let rules = net_rules.then(|| dir.join("net-faults.rules"));
         let (tx, lines) = mpsc::channel();
@@ -1615,6 +1619,8 @@ fn in_process_pair<T: Send + 'static>(
     let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
     let ca = ClusterCa::generate(name).unwrap();
     let mut addrs = Vec::new();
+    // Held until both are picked: a port released at once could be picked twice.
+    let mut held = Vec::new();
     for i in 0..2 {
         ca.issue(&NodeId::new("worker", i))
             .unwrap()
@@ -1622,7 +1628,9 @@ fn in_process_pair<T: Send + 'static>(
             .unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
+        held.push(socket);
     }
+    drop(held);
     let threads: Vec<_> = (0..2)
         .map(|i| {
             let tf_config = format!(

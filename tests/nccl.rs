@@ -661,6 +661,8 @@ fn mwms_cluster(name: &str, n: usize) -> (PathBuf, Vec<ClusterConfig>) {
     let _ = std::fs::remove_dir_all(&dir);
     let ca = ClusterCa::generate(name).unwrap();
     let mut addrs = Vec::new();
+    // Held until all are picked: a port released at once could be picked twice.
+    let mut held = Vec::new();
     for i in 0..n {
         ca.issue(&NodeId::new("worker", i as u32))
             .unwrap()
@@ -668,7 +670,9 @@ fn mwms_cluster(name: &str, n: usize) -> (PathBuf, Vec<ClusterConfig>) {
             .unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
+        held.push(socket);
     }
+    drop(held);
     let clusters = (0..n)
         .map(|i| {
             ClusterConfig::from_tf_config(&format!(
