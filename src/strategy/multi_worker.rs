@@ -605,7 +605,8 @@ impl MultiWorkerMirrored {
         Ok(recovery)
     }
 
-    /// [`MultiWorkerMirrored::recover`] but for the status page.
+    /// The body of [`MultiWorkerMirrored::recover`], which also records the change for the
+    /// status page.
     fn re_form(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
         let before = self.span.group().clone();
         let Some(cause) = before.broken() else {
@@ -817,7 +818,8 @@ impl MultiWorkerMirrored {
         Ok(change)
     }
 
-    /// [`MultiWorkerMirrored::at_step_boundary`] but for the status page.
+    /// The body of [`MultiWorkerMirrored::at_step_boundary`], which also records the change
+    /// for the status page.
     fn boundary_change(
         &mut self,
         state: &mut ElasticState<'_>,
