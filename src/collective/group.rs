@@ -604,19 +604,15 @@ impl Mesh {
                         });
                     }
                     let since = *unreachable_since.get_or_insert(now);
-                    if let Some(bound) = self.unreachable_max(epoch) {
-                        if now.duration_since(since) >= bound {
-                            return Err(CollectiveError::Form {
-                                epoch,
-                                reason: format!(
-                                    "{} at {} not reachable for {} while re-forming (lost \
-                                     meanwhile): {e}",
-                                    peer.node,
-                                    peer.addr,
-                                    crate::cluster::format_duration(bound)
-                                ),
-                            });
-                        }
+                    if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
+                        return Err(CollectiveError::Form {
+                            epoch,
+                            reason: format!(
+                                "{} at {} not reachable for {bound} while re-forming (lost \
+                                 meanwhile): {e}",
+                                peer.node, peer.addr,
+                            ),
+                        });
                     }
                     tokio::time::sleep(DIAL_RETRY).await;
                 }
@@ -768,17 +764,14 @@ impl Mesh {
                 silent_since = None;
             } else {
                 let since = *silent_since.get_or_insert(now);
-                if let Some(bound) = self.unreachable_max(epoch) {
-                    if now.duration_since(since) >= bound {
-                        return Err(CollectiveError::Form {
-                            epoch,
-                            reason: format!(
-                                "{} did not answer for {} while re-forming (lost meanwhile)",
-                                peer.node,
-                                crate::cluster::format_duration(bound)
-                            ),
-                        });
-                    }
+                if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
+                    return Err(CollectiveError::Form {
+                        epoch,
+                        reason: format!(
+                            "{} did not answer for {bound} while re-forming (lost meanwhile)",
+                            peer.node
+                        ),
+                    });
                 }
             }
         }
@@ -828,12 +821,15 @@ impl Mesh {
         }
     }
 
-    /// How long a peer may stay unreachable while this mesh forms `epoch`: unbounded (up to
-    /// the form timeout) for the first epoch, whose processes may still be starting; twice
-    /// the transport's idle timeout (the detection budget) for a later one, whose members
-    /// answered a probe just before (re-forming) or are live members (an admission).
-    fn unreachable_max(&self, epoch: u64) -> Option<Duration> {
-        (epoch > 1).then(|| self.inner.endpoint.config().idle_timeout * 2)
+    /// Whether a peer unreachable `since` is taken for lost `now` while this mesh forms
+    /// `epoch`: the bound it passed (as text), if so. None for the first epoch, whose
+    /// processes may still be starting (the form timeout bounds it); twice the transport's
+    /// idle timeout (the detection budget) for a later one, whose members answered a probe
+    /// just before (re-forming) or are live members (an admission).
+    fn lost_while_re_forming(&self, epoch: u64, since: Instant, now: Instant) -> Option<String> {
+        let bound = self.inner.endpoint.config().idle_timeout * 2;
+        (epoch > 1 && now.duration_since(since) >= bound)
+            .then(|| crate::cluster::format_duration(bound))
     }
 }
 
