@@ -5,11 +5,12 @@
 //! a member's application abort; EPOCH-1; a member's new process that began forming the
 //! first epoch the others formed with its old one (no survivor: admitted later); a member
 //! lost while the first epoch formed, its link with one member up and with another not (both
-//! re-form together); two processes of a member joining one epoch (the later is linked). The
-//! operations, disagreeing members, a lost member and an abort also over the plaintext data
-//! plane (TCP links set up over QUIC), whose members here pass their chunks through shared
-//! memory (all on one host); the operations also with that off (TCP alone), and with members
-//! that choose differently.
+//! re-form together); two processes of a member joining one epoch (the later is linked); a
+//! member that re-forms alone right after a call while the other leaves (its last messages of
+//! the call still reach the leaver). The operations, disagreeing members, a lost member, an
+//! abort and the member going on alone also over the plaintext data plane (TCP links set up
+//! over QUIC), whose members here pass their chunks through shared memory (all on one host);
+//! the operations also with that off (TCP alone), and with members that choose differently.
 
 use std::time::Duration;
 
@@ -942,6 +943,82 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_ca
         assert_eq!(g.size(), 2);
         let out = out.unwrap().to_vec1::<f32>().unwrap();
         assert!(out.iter().all(|v| *v == 2.0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_goes_on_alone_right_after_a_call_still_delivers_its_part_of_it() {
+    a_member_that_goes_on_alone_right_after_a_call_still_delivers_its_part_of_it_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_goes_on_alone_right_after_a_call_still_delivers_its_part_of_it_over_the_plaintext_plane(
+) {
+    a_member_that_goes_on_alone_right_after_a_call_still_delivers_its_part_of_it_case(true).await;
+}
+
+/// A preemption at a step boundary: the leaver (rank 0) broadcasts whether it saved, and the
+/// stayer, its part of the call done, re-forms alone at once and drops the old group. The
+/// stayer's last message of the call (the broadcast's "done", or the ring's last chunks) may
+/// still be queued then: superseding the group must not lose it, or the leaver waits for it
+/// until the operation timeout instead of leaving.
+async fn a_member_that_goes_on_alone_right_after_a_call_still_delivers_its_part_of_it_case(
+    plaintext: bool,
+) {
+    let len = 10_000;
+    let ops = [
+        "small broadcast",
+        "large broadcast",
+        "all-reduce",
+        "all-gather",
+    ];
+    for op in ops {
+        for round in 0..3 {
+            let Cluster {
+                endpoints: _endpoints,
+                mut groups,
+            } = cluster(2, ring_config_with(plaintext)).await;
+            let stays = groups.pop().unwrap();
+            let goes = groups.pop().unwrap();
+            // Well under the operation timeout (20 s): a lost message shows as a wait for it.
+            let within = Duration::from_secs(10);
+            let call = |g: ProcessGroup, rank: usize| async move {
+                let t = match op {
+                    "small broadcast" => Tensor::new(&[rank as u8], &Device::Cpu).unwrap(),
+                    _ => Tensor::from_vec(input(rank, len, 3), len, &Device::Cpu).unwrap(),
+                };
+                let out = match op {
+                    "small broadcast" | "large broadcast" => g.broadcast(0, &t).await,
+                    "all-reduce" => g.all_reduce(Reduction::Sum, &t).await,
+                    _ => g.all_gather(&t).await,
+                };
+                (g, out)
+            };
+            // The leaver flushes after its call, as a member about to go away does, and is
+            // kept until the end (its process would exit).
+            let leaving = async {
+                let (goes, out) = call(goes, 0).await;
+                goes.flush(within).await;
+                (goes, out)
+            };
+            let staying = async {
+                let (old, out) = call(stays, 1).await;
+                out.unwrap_or_else(|e| panic!("{op}: the stayer's call failed: {e}"));
+                let alone = old.reform(&[NodeId::new("worker", 1)]).await.unwrap();
+                drop(old);
+                alone
+            };
+            let ((_goes, left), alone) =
+                tokio::time::timeout(within, futures::future::join(leaving, staying))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "{op} (round {round}): the leaver's call did not end within {within:?}"
+                        )
+                    });
+            left.unwrap_or_else(|e| panic!("{op} (round {round}): the leaver's call failed: {e}"));
+            assert_eq!(alone.epoch(), 2);
+        }
     }
 }
 

@@ -24,6 +24,11 @@
 //! 4. On any error the group is broken for good: every pending and later call fails with the
 //!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]),
 //!    the survivors being the members that answer a probe ([`ProcessGroup::reachable`]).
+//! 5. A group is superseded by the next epoch's (re-formed or with joiners admitted), which
+//!    first waits until this member's messages of the group were taken: a call ends once it
+//!    has what it needs, its own last messages perhaps still queued for a peer whose call
+//!    has not ended (dropping a group drops its queues). A member going away flushes first
+//!    ([`ProcessGroup::flush`]) for the same reason.
 //!
 //! Joining a live group (a restarted or new process):
 //! 1. A starting process asks the others first ([`Mesh::enter`]): if none formed a group yet
@@ -1014,6 +1019,8 @@ impl ProcessGroup {
     /// tried here: this group's epoch + 1, unless a re-forming attempt already took that one)
     /// with `survivors` (members of this group, this node among them), at the addresses this
     /// group was formed with. Every survivor must call it with the same survivors.
+    /// This group's messages still on their way go first ([`ProcessGroup::flush`], bounded by
+    /// the form timeout), unless it is broken.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
         let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
         let mut members = Vec::with_capacity(survivors.len());
@@ -1029,6 +1036,7 @@ impl ProcessGroup {
                 addr: self.shared.addrs[i],
             });
         }
+        self.hand_over().await;
         self.mesh.form(epoch, members).await
     }
 
@@ -1061,7 +1069,8 @@ impl ProcessGroup {
     /// members (`Admit`, each bounded by the form timeout), and forgets them as pending (a
     /// joiner still waiting asks again). Fails as forming does: a joiner that does not form
     /// it fails the attempt at every member, whose group of this epoch is then superseded
-    /// (re-form with the survivors, [`ProcessGroup::reachable`]).
+    /// (re-form with the survivors, [`ProcessGroup::reachable`]). This group's messages still
+    /// on their way go first, as in [`ProcessGroup::reform`].
     pub async fn admit(&self, joiners: &[GroupMember]) -> Result<ProcessGroup, CollectiveError> {
         let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
         let mut members: Vec<GroupMember> = self
@@ -1088,7 +1097,23 @@ impl ProcessGroup {
                 .map(|joiner| self.mesh.tell_admitted(joiner, epoch, &members, deadline));
             futures::future::join_all(told).await;
         }
+        self.hand_over().await;
         self.mesh.form(epoch, members).await
+    }
+
+    /// Before the group of the next epoch supersedes this one: waits, at most the form
+    /// timeout, until every message this member sent was taken, unless the group broke. A
+    /// member's call ends once it has what it needs, while its own last messages (a
+    /// broadcast's "done" to the root, the ring's last chunks) may still be queued for a peer
+    /// whose call has not ended; the next epoch's group drops this one, and its links' queues
+    /// with it. A peer that goes away right after that call (a preempted member, which
+    /// leaves while the others re-form without it) would otherwise wait for them until the
+    /// operation timeout. The peers' calls need those messages, so in a group that is not
+    /// broken this is about one round trip.
+    async fn hand_over(&self) {
+        if self.broken().is_none() {
+            self.flush(self.shared.config.form_timeout).await;
+        }
     }
 }
 
