@@ -552,7 +552,8 @@ impl MultiWorkerMirrored {
     /// Each attempt, bounded in time:
     /// 1. *Who survives*: this worker probes every member of the broken group
     ///    ([`ProcessGroup::reachable`]); the members that answer within `probe_timeout` (and
-    ///    itself) are its survivors. Every survivor probes every member, so the dead ones
+    ///    itself) are its survivors (each attempt probes the members of the group that broke,
+    ///    not of a group an earlier attempt formed). Every survivor probes every member, so the dead ones
     ///    (one, two, any number at once) are left out by all. A live member that does not
     ///    answer in time (stopped, or starved) is left out too: the others go on without it.
     /// 2. *Quorum*: a survivor forms the next epoch only if its survivors are a quorum of the
@@ -561,10 +562,12 @@ impl MultiWorkerMirrored {
     ///    one side can have one: a survivor on the other side does not train on alone; its
     ///    attempt fails (another one follows, the partition may heal), and after
     ///    `recover_attempts` attempts `recover` fails with [`StrategyError::Recovery`] saying
-    ///    "no quorum" and whom it reached: the process is to be restarted. It fails so at
-    ///    once where every member it did not reach answered as a new process waiting to be
-    ///    admitted: their old processes are gone, so no survivor can come back (the job then
-    ///    starts again from its checkpoint, [`MultiWorkerMirrored::new`]).
+    ///    "no quorum" and whom it reached: the process is to be restarted. A member whose
+    ///    address answered the probe as a new process waiting to be admitted is not counted:
+    ///    its old process is gone and is on no side. So survivors whose lost peers all came
+    ///    back so go on, however few (a worker alone whose two peers were killed and
+    ///    restarted), from their own state, and admit the new processes at the next step
+    ///    boundary, instead of the job starting again from its checkpoint.
     /// 3. *Agreeing on them*: the survivors form the next epoch with that list; forming
     ///    succeeds only where every member formed the same epoch with the same members (each
     ///    link's join compares the lists), so survivors whose views differ (a member died
@@ -627,35 +630,32 @@ impl MultiWorkerMirrored {
         let mut no_quorum = false;
         for attempt in 1..=self.recover_attempts {
             let started = std::time::Instant::now();
-            let group = self.span.group().clone();
+            // Every attempt probes the members of the group that broke (the last one that
+            // trained) and measures the quorum on them, not on a group an earlier attempt
+            // formed here: a group formed at one member and failed at another would otherwise
+            // give them different measures.
+            let broken = before.clone();
             let probe = self.probe_timeout;
-            // The quorum is always of the group that broke (the last one that trained), not
-            // of a group an earlier attempt formed here: a group formed at one member and
-            // failed at another would otherwise give them different measures.
             let previous = before.members().to_vec();
             // Inner error: why this worker forms nothing this attempt.
             let formed = self.block(async move {
-                let (alive, joining) = match group.probe_members(probe).await {
+                let (alive, replaced) = match broken.probe_members(probe).await {
                     Ok(probed) => (probed.alive, probed.joining),
                     Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
                 };
-                if !has_quorum(&previous, &alive) {
-                    // Every member not reached is a new process waiting to be admitted: its
-                    // old process is gone, no survivor can come back, and waiting is vain.
-                    let hopeless = previous
-                        .iter()
-                        .all(|n| alive.contains(n) || joining.contains(n));
+                if !has_quorum(&previous, &replaced, &alive) {
                     return Ok(Err(Unformed::NoQuorum {
                         reached: alive,
-                        hopeless,
+                        replaced,
                     }));
                 }
                 tracing::info!(
                     attempt,
                     ?alive,
+                    ?replaced,
                     "re-forming: forming the next epoch with the members that answered"
                 );
-                group.reform(&alive).await.map(Ok)
+                broken.reform(&alive).await.map(Ok)
             });
             let formed = match formed {
                 // No later attempt can bring it back: the others go on without it.
@@ -664,19 +664,10 @@ impl MultiWorkerMirrored {
                         reason: format!("this worker was left out: {left_out}"),
                     })
                 }
-                Ok(Err(Unformed::NoQuorum { reached, hopeless })) => {
-                    last = no_quorum_detail(before.members(), before.epoch(), &reached);
+                Ok(Err(Unformed::NoQuorum { reached, replaced })) => {
+                    last = no_quorum_detail(before.members(), before.epoch(), &replaced, &reached);
                     tracing::info!(attempt, "re-forming: {last}");
                     no_quorum = true;
-                    if hopeless {
-                        return Err(StrategyError::Recovery {
-                            reason: format!(
-                                "{last}; every other member answered as a new process waiting \
-                                 to be admitted (its old one is gone), so none can come back \
-                                 (after {attempt} attempt(s))"
-                            ),
-                        });
-                    }
                     // The probes took about this long where the others are unreachable; where
                     // they answered at once (and still too few), the next attempt waits as
                     // long, so that the attempts span the probe timeout each.
@@ -1538,11 +1529,11 @@ fn decode_joiners(bytes: &[u8]) -> Result<Vec<GroupMember>, StrategyError> {
 enum Unformed {
     /// A member re-formed a later epoch without this worker: it was taken for lost.
     LeftOut(CollectiveError),
-    /// The members this worker reached (itself among them) are no quorum; `hopeless`: every
-    /// other member answered as a new process (none can come back).
+    /// The members this worker reached (itself among them) are no quorum of the members not
+    /// `replaced` (those answered as new processes).
     NoQuorum {
         reached: Vec<NodeId>,
-        hopeless: bool,
+        replaced: Vec<NodeId>,
     },
 }
 
@@ -1555,31 +1546,63 @@ enum Unformed {
 /// a 2-worker group survives the loss of worker 1 (worker 0 goes on alone) but not that of
 /// worker 0 (worker 1 stops). Nodes of `reached` outside `previous` do not count, nor does a
 /// node twice.
-pub(crate) fn has_quorum(previous: &[NodeId], reached: &[NodeId]) -> bool {
-    let Some(lowest) = previous.first() else {
+///
+/// Members of `previous` in `replaced` are not counted at all (nor is the lowest-ranked one
+/// taken among them): a probe of their address was answered by a new process waiting to be
+/// admitted, so their old process is gone and is on no side. Such knowledge only removes
+/// members that can be on no side, so two disjoint sets still never both pass, whatever each
+/// knows of who was replaced (the unit tests check every case up to 6 members); and survivors
+/// whose lost peers all came back as new processes go on, however few, to admit them at the
+/// next step boundary, instead of stopping for a quorum that can no longer be reached.
+pub(crate) fn has_quorum(previous: &[NodeId], replaced: &[NodeId], reached: &[NodeId]) -> bool {
+    let counted: Vec<&NodeId> = previous.iter().filter(|n| !replaced.contains(n)).collect();
+    let Some(lowest) = counted.first() else {
         return false;
     };
-    let held = previous.iter().filter(|n| reached.contains(n)).count();
-    2 * held > previous.len() || (2 * held == previous.len() && reached.contains(lowest))
+    let held = counted.iter().filter(|n| reached.contains(n)).count();
+    2 * held > counted.len() || (2 * held == counted.len() && reached.contains(lowest))
 }
 
-/// What a survivor without quorum says: whom of the broken group it reached, out of how many.
-fn no_quorum_detail(members: &[NodeId], epoch: u64, reached: &[NodeId]) -> String {
-    let held: Vec<String> = members
+/// What a survivor without quorum says: whom of the broken group it reached, out of how many
+/// counted (the `replaced` members, answered as new processes, are not).
+fn no_quorum_detail(
+    members: &[NodeId],
+    epoch: u64,
+    replaced: &[NodeId],
+    reached: &[NodeId],
+) -> String {
+    let names = |nodes: Vec<&NodeId>| {
+        nodes
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let counted: Vec<&NodeId> = members.iter().filter(|n| !replaced.contains(n)).collect();
+    let held: Vec<&NodeId> = counted
         .iter()
+        .copied()
         .filter(|n| reached.contains(n))
-        .map(ToString::to_string)
         .collect();
-    let lowest = members
+    let lowest = counted
         .first()
         .map_or_else(String::new, ToString::to_string);
+    let not_counted = if counted.len() == members.len() {
+        String::new()
+    } else {
+        let gone: Vec<&NodeId> = members.iter().filter(|n| replaced.contains(n)).collect();
+        format!(
+            " ({} not counted: answered as new processes, their old ones are gone)",
+            names(gone)
+        )
+    };
     format!(
-        "no quorum: this worker reached {} of the {} members of epoch {} ({}); re-forming \
-         needs more than half of them, or exactly half with {lowest}",
+        "no quorum: this worker reached {} of the {} members of epoch {}{not_counted} ({}); \
+         re-forming needs more than half of them, or exactly half with {lowest}",
         held.len(),
-        members.len(),
+        counted.len(),
         epoch,
-        held.join(", "),
+        names(held),
     )
 }
 
@@ -1778,17 +1801,20 @@ mod tests {
     #[test]
     fn a_strict_majority_has_quorum_and_a_minority_has_not() {
         let five = workers(5);
-        assert!(has_quorum(&five, &five[2..]));
-        assert!(has_quorum(&five, &five));
-        assert!(!has_quorum(&five, &five[3..]));
+        assert!(has_quorum(&five, &[], &five[2..]));
+        assert!(has_quorum(&five, &[], &five));
+        assert!(!has_quorum(&five, &[], &five[3..]));
         assert!(
-            !has_quorum(&five, &five[..2]),
+            !has_quorum(&five, &[], &five[..2]),
             "the lowest does not make 2 of 5 enough"
         );
         let three = workers(3);
-        assert!(has_quorum(&three, &three[1..]), "2 of 3 without worker 0");
         assert!(
-            !has_quorum(&three, &three[2..]),
+            has_quorum(&three, &[], &three[1..]),
+            "2 of 3 without worker 0"
+        );
+        assert!(
+            !has_quorum(&three, &[], &three[2..]),
             "a worker cut off from the other two"
         );
     }
@@ -1797,22 +1823,22 @@ mod tests {
     fn exactly_half_has_quorum_only_with_the_lowest_ranked_member() {
         let two = workers(2);
         assert!(
-            has_quorum(&two, &two[..1]),
+            has_quorum(&two, &[], &two[..1]),
             "worker 0 goes on without worker 1"
         );
         assert!(
-            !has_quorum(&two, &two[1..]),
+            !has_quorum(&two, &[], &two[1..]),
             "worker 1 stops without worker 0"
         );
         let four = workers(4);
         let with_lowest = [four[0].clone(), four[3].clone()];
         let without = [four[1].clone(), four[2].clone()];
-        assert!(has_quorum(&four, &with_lowest));
-        assert!(!has_quorum(&four, &without));
+        assert!(has_quorum(&four, &[], &with_lowest));
+        assert!(!has_quorum(&four, &[], &without));
         // The chief ranks first: it is the lowest.
         let chief = vec![NodeId::new("chief", 0), NodeId::new("worker", 0)];
-        assert!(has_quorum(&chief, &chief[..1]));
-        assert!(!has_quorum(&chief, &chief[1..]));
+        assert!(has_quorum(&chief, &[], &chief[..1]));
+        assert!(!has_quorum(&chief, &[], &chief[1..]));
     }
 
     #[test]
@@ -1824,9 +1850,9 @@ mod tests {
             NodeId::new("worker", 7),
             NodeId::new("worker", 8),
         ];
-        assert!(!has_quorum(&three, &padded));
+        assert!(!has_quorum(&three, &[], &padded));
         assert!(
-            !has_quorum(&[], &three),
+            !has_quorum(&[], &[], &three),
             "an empty previous epoch has no quorum"
         );
     }
@@ -1840,22 +1866,101 @@ mod tests {
                 let other = subset(&all, !a & ((1 << n) - 1));
                 // A clean split: exactly one side goes on.
                 assert_ne!(
-                    has_quorum(&all, &side),
-                    has_quorum(&all, &other),
+                    has_quorum(&all, &[], &side),
+                    has_quorum(&all, &[], &other),
                     "{n} members split into {side:?} and {other:?}"
                 );
                 // Any set disjoint from this one (a subset of the rest): never both.
                 for b in 0..(1u32 << n) {
-                    if a & b == 0 && has_quorum(&all, &side) {
+                    if a & b == 0 && has_quorum(&all, &[], &side) {
                         let disjoint = subset(&all, b);
                         assert!(
-                            !has_quorum(&all, &disjoint),
+                            !has_quorum(&all, &[], &disjoint),
                             "{n} members: {side:?} and {disjoint:?} both passed"
                         );
                     }
                 }
             }
         }
+    }
+
+    /// Every way `n` members can end up: each one dead (its address answering as a new
+    /// process), or alive on side 1, side 2 or neither; each side knowing any subset of the
+    /// dead as replaced. Two disjoint sides of live members never both pass, and a clean
+    /// split of the live members with both sides knowing every dead one leaves exactly one.
+    #[test]
+    fn members_replaced_by_new_processes_do_not_count_and_two_sides_still_never_both_pass() {
+        for n in 1..=6u32 {
+            let all = workers(n);
+            // Per member: 0..4 dead (which sides know it), 4 side 1, 5 side 2, 6 neither.
+            let cases = 7u64.pow(n);
+            for case in 0..cases {
+                let (mut one, mut two, mut knows_one, mut knows_two, mut dead) =
+                    (vec![], vec![], vec![], vec![], vec![]);
+                let mut c = case;
+                for node in &all {
+                    match c % 7 {
+                        k @ 0..=3 => {
+                            dead.push(node.clone());
+                            if k & 1 != 0 {
+                                knows_one.push(node.clone());
+                            }
+                            if k & 2 != 0 {
+                                knows_two.push(node.clone());
+                            }
+                        }
+                        4 => one.push(node.clone()),
+                        5 => two.push(node.clone()),
+                        _ => {}
+                    }
+                    c /= 7;
+                }
+                assert!(
+                    !(has_quorum(&all, &knows_one, &one) && has_quorum(&all, &knows_two, &two)),
+                    "{n} members, dead {dead:?}: {one:?} (knowing {knows_one:?}) and {two:?} \
+                     (knowing {knows_two:?}) both passed"
+                );
+                let split = one.len() + two.len() + dead.len() == all.len();
+                if split
+                    && knows_one == dead
+                    && knows_two == dead
+                    && !(one.is_empty() && two.is_empty())
+                {
+                    assert_ne!(
+                        has_quorum(&all, &dead, &one),
+                        has_quorum(&all, &dead, &two),
+                        "{n} members, dead {dead:?}, split into {one:?} and {two:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn survivors_whose_lost_peers_all_came_back_as_new_processes_go_on() {
+        let chief_and_three = [
+            NodeId::new("chief", 0),
+            NodeId::new("worker", 0),
+            NodeId::new("worker", 1),
+            NodeId::new("worker", 2),
+        ];
+        let [chief, w0, w1, w2] = chief_and_three.clone();
+        let (only_chief, only_w1) = ([chief.clone()], [w1.clone()]);
+        // Two of four without the chief: no quorum while the other two may be alive.
+        let survivors = [w0.clone(), w2];
+        assert!(!has_quorum(&chief_and_three, &[], &survivors));
+        // Worker 1 answered as a new process: two of the three others are a majority, and
+        // the chief alone is not.
+        assert!(has_quorum(&chief_and_three, &only_w1, &survivors));
+        assert!(!has_quorum(&chief_and_three, &only_w1, &only_chief));
+        // Both answered so: nobody else can go on.
+        let replaced = [chief.clone(), w1];
+        assert!(has_quorum(&chief_and_three, &replaced, &survivors));
+        // A worker alone whose every peer came back so goes on too.
+        let three = workers(3);
+        assert!(has_quorum(&three, &three[..2], &three[2..]));
+        // A replaced member answering as alive (it cannot) does not count either.
+        assert!(!has_quorum(&[chief, w0], &only_chief, &only_chief));
     }
 
     #[test]
@@ -1880,11 +1985,19 @@ mod tests {
     #[test]
     fn the_no_quorum_detail_names_whom_it_reached_out_of_how_many() {
         let three = workers(3);
-        let text = no_quorum_detail(&three, 1, &three[2..]);
+        let text = no_quorum_detail(&three, 1, &[], &three[2..]);
         assert!(
             text.starts_with(
                 "no quorum: this worker reached 1 of the 3 members of epoch 1 (worker/2)"
             ) && text.contains("exactly half with worker/0"),
+            "{text}"
+        );
+        let text = no_quorum_detail(&three, 2, &three[..1], &three[2..]);
+        assert!(
+            text.starts_with(
+                "no quorum: this worker reached 1 of the 2 members of epoch 2 (worker/0 not \
+                 counted: answered as new processes, their old ones are gone) (worker/2)"
+            ) && text.contains("exactly half with worker/1"),
             "{text}"
         );
     }
