@@ -7,7 +7,9 @@
 //! lost while the first epoch formed, its link with one member up and with another not (both
 //! re-form together); two processes of a member joining one epoch (the later is linked); a
 //! member that re-forms alone right after a call while the other leaves (its last messages of
-//! the call still reach the leaver). The operations, disagreeing members, a lost member, an
+//! the call still reach the leaver); an admission lost on a link cut between the leader
+//! and the joiner (told again once it heals; given up, the members' forming fails soon). The
+//! operations, disagreeing members, a lost member, an
 //! abort and the member going on alone also over the plaintext data plane (TCP links set up
 //! over QUIC), whose members here pass their chunks through shared memory (all on one host);
 //! the operations also with that off (TCP alone), and with members that choose differently.
@@ -1627,4 +1629,158 @@ async fn a_member_lost_while_the_others_re_form_with_it_fails_their_forming_soon
         "the survivors failed after {:?}: they waited out the form timeout",
         started.elapsed()
     );
+}
+
+/// A live group of worker/1 and worker/2 (leader: worker/1), and a joiner, worker/0, whose
+/// endpoint runs under fault rules (so that its link with the leader can be cut while its
+/// links with worker/2 stay up), asking to be admitted. Returns the group, the fault control,
+/// the joiner's and the leader's addresses, the joiner's pending join and the joiners the
+/// leader would offer.
+async fn live_group_and_a_joiner() -> (
+    Vec<ProcessGroup>,
+    cohort_chaos::plan::FaultControl,
+    (std::net::SocketAddr, std::net::SocketAddr),
+    tokio::task::JoinHandle<Result<ProcessGroup, CollectiveError>>,
+    Vec<GroupMember>,
+) {
+    let config = GroupConfig::for_tests();
+    let ca = ClusterCa::generate("admission").unwrap();
+    let transport = TransportConfig::for_tests();
+    let faults = cohort_chaos::plan::FaultControl::new(cohort_chaos::plan::FaultPlan::none(1));
+    let socket = cohort_chaos::socket::ChaosSocket::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        &transport,
+        faults.clone(),
+    )
+    .unwrap();
+    let joiner_endpoint = Endpoint::bind_with_socket(
+        socket,
+        ca.issue(&NodeId::new("worker", 0)).unwrap(),
+        transport,
+    )
+    .unwrap();
+    let endpoints: Vec<Endpoint> = (1..3)
+        .map(|i| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap())
+        .collect();
+    let (meshes, members) = meshes_over(&endpoints, &config);
+    let groups: Vec<ProcessGroup> = bounded(
+        "forming",
+        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
+    )
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    let joiner = Mesh::new(joiner_endpoint, config);
+    let addr = joiner.local_addr().unwrap();
+    let joining = tokio::spawn({
+        let peers = members.clone();
+        async move {
+            joiner
+                .join_live(addr, &peers, Duration::from_secs(40))
+                .await
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let joiners = loop {
+        let joiners = groups[0].pending_joiners();
+        if !joiners.is_empty() {
+            break joiners;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "it never asked to join"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    (groups, faults, (addr, members[0].addr), joining, joiners)
+}
+
+/// The leader's admission of a joiner is lost on a link cut between them (only between
+/// them): the leader tells it again once the link heals, and the joiner forms the epoch with
+/// the members, who were waiting for it. Before, the admission was sent once: the joiner
+/// never formed, and the members waited for it until their form timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_lost_on_a_cut_link_is_told_again_once_it_heals() {
+    let (groups, faults, (joiner, leader), joining, joiners) = live_group_and_a_joiner().await;
+    faults.partition(joiner, leader);
+    let admitting = tokio::spawn({
+        let (groups, joiners) = (groups.clone(), joiners.clone());
+        async move { join_all(groups.iter().map(|g| g.admit(&joiners))).await }
+    });
+    // Past the idle timeout (800 ms): the admission's link is lost; healed well within the
+    // leader's telling again (twice the idle timeout out of reach).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    faults.heal();
+    let healed = std::time::Instant::now();
+    let admitted = bounded("admitting", admitting).await.unwrap();
+    let mut grown: Vec<ProcessGroup> = admitted
+        .into_iter()
+        .map(|r| r.expect("the members admit the joiner once the link heals"))
+        .collect();
+    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    assert!(
+        healed.elapsed() < GroupConfig::for_tests().form_timeout / 2,
+        "admitted {:?} after the link healed",
+        healed.elapsed()
+    );
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
+    for (g, sum) in grown.iter().zip(sums) {
+        assert_eq!((g.epoch(), g.size()), (2, 3));
+        assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);
+    }
+}
+
+/// The link between the leader and a joiner stays cut: the leader gives up telling it, and
+/// every member's forming with it fails within a few idle timeouts (the joiner refuses the
+/// joins of an epoch no admission to which came), not at the form timeout. The members
+/// re-form by themselves; once the link heals, the joiner, still asking, is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_whose_joiner_never_got_its_admission_fail_that_forming_soon() {
+    let (groups, faults, (joiner, leader), joining, joiners) = live_group_and_a_joiner().await;
+    faults.partition(joiner, leader);
+    let started = std::time::Instant::now();
+    let admitted = bounded(
+        "admitting",
+        join_all(groups.iter().map(|g| g.admit(&joiners))),
+    )
+    .await;
+    for (rank, result) in admitted.into_iter().enumerate() {
+        let err = result.expect_err("no admission reached the joiner");
+        assert!(
+            started.elapsed() < GroupConfig::for_tests().form_timeout * 7 / 10,
+            "rank {rank} failed {:?} after the admission began: {err}",
+            started.elapsed()
+        );
+    }
+    let members = groups[0].members().to_vec();
+    let reformed: Vec<ProcessGroup> = bounded(
+        "re-forming",
+        join_all(groups.iter().map(|g| g.reform(&members))),
+    )
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    faults.heal();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let joiners = loop {
+        let joiners = reformed[0].pending_joiners();
+        if !joiners.is_empty() {
+            break joiners;
+        }
+        assert!(std::time::Instant::now() < deadline, "it never asked again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let admitted = bounded(
+        "admitting again",
+        join_all(reformed.iter().map(|g| g.admit(&joiners))),
+    )
+    .await;
+    let mut grown: Vec<ProcessGroup> = admitted.into_iter().map(Result::unwrap).collect();
+    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    for g in &grown {
+        assert_eq!(g.size(), 3);
+    }
 }

@@ -41,7 +41,11 @@
 //! 3. At a step boundary the members agree on the joiners (their leader's pending ones, see
 //!    [`ProcessGroup::pending_joiners`]) and form the next epoch with them
 //!    ([`ProcessGroup::admit`]): the leader tells each joiner the epoch and members (`Admit`),
-//!    and every one forms it as in step 2 above.
+//!    and every one forms it as in step 2 above. An admission lost on a link that died (cut
+//!    between the leader and the joiner alone) is told again over a new one while the joiner
+//!    was not out of reach for twice the idle timeout; a joiner asked about an epoch no
+//!    admission to which came within four idle timeouts refuses it, so the members fail that
+//!    forming then (and offer it again later) instead of at their form timeout.
 //!
 //! Failure rules:
 //! - A member is lost when its connection fails or stays silent past the transport's idle
@@ -318,6 +322,7 @@ impl Mesh {
         let mut state = self.inner.lock();
         state.joining = false;
         state.admission = None;
+        state.unadmitted.clear();
         joined
     }
 
@@ -581,6 +586,9 @@ impl Mesh {
         }
         let mut unreachable_since: Option<Instant> = None;
         loop {
+            // Unreachable since the first failed attempt began (it may take the connect
+            // timeout to fail).
+            let attempt_began = Instant::now();
             match self.inner.endpoint.connect(peer.addr, &peer.node).await {
                 Ok(conn) => {
                     self.inner.adopt(conn.clone());
@@ -608,7 +616,7 @@ impl Mesh {
                             ),
                         });
                     }
-                    let since = *unreachable_since.get_or_insert(now);
+                    let since = *unreachable_since.get_or_insert(attempt_began);
                     if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
                         return Err(CollectiveError::Form {
                             epoch,
@@ -691,19 +699,40 @@ impl Mesh {
             return;
         };
         let told = async {
-            let conn = self.dial(joiner, epoch, deadline, false).await.ok()?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            let reply = conn
-                .request_within(frame, left.max(Duration::from_millis(1)))
-                .await
-                .ok()?;
-            match reply.decode::<Reply>(header_max) {
-                Ok(Reply::Ack) => Some(()),
-                Ok(other) => {
-                    tracing::warn!(joiner = %joiner.node, ?other, "a joiner refused its admission");
-                    None
-                }
-                Err(_) => None,
+            // When the admission was first lost on the way (the link with the joiner cut).
+            let mut lost_since: Option<Instant> = None;
+            loop {
+                let fresh = lost_since.is_some();
+                let conn = self.dial(joiner, epoch, deadline, fresh).await.ok()?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                let reply = match conn
+                    .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                    .await
+                {
+                    Ok(reply) => reply,
+                    // Lost on a link that died (a partition between the leader and the joiner,
+                    // which the others may not have): told again over a new one, while the
+                    // joiner was not out of reach for long. Else the others would wait for it
+                    // until the form timeout, and it for an admission that never came.
+                    Err(LinkError::ConnectionLost { .. }) => {
+                        let now = Instant::now();
+                        let since = *lost_since.get_or_insert(now);
+                        if self.lost_while_re_forming(epoch, since, now).is_some() {
+                            return None;
+                        }
+                        tokio::time::sleep(DIAL_RETRY).await;
+                        continue;
+                    }
+                    Err(_) => return None,
+                };
+                return match reply.decode::<Reply>(header_max) {
+                    Ok(Reply::Ack) => Some(()),
+                    Ok(other) => {
+                        tracing::warn!(joiner = %joiner.node, ?other, "a joiner refused its admission");
+                        None
+                    }
+                    Err(_) => None,
+                };
             }
         };
         let _ = tokio::time::timeout_at(deadline, told).await;
@@ -1165,6 +1194,10 @@ struct MeshState {
     pending: HashMap<NodeId, (SocketAddr, Instant)>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
     admission: Option<(u64, Vec<GroupMember>)>,
+    /// A joining mesh: when a member first asked it about each epoch it was not admitted to
+    /// (a `Join` or `StillForming`), to refuse them once that admission is not coming
+    /// ([`MeshInner::unadmitted_for_long`]).
+    unadmitted: HashMap<u64, Instant>,
     /// Plaintext plane: tokens this mesh issued in its answers to joins, by token: the
     /// peer and epoch each one is for (each taken once).
     plain_tokens: HashMap<super::plain::Token, (NodeId, u64)>,
@@ -1514,8 +1547,14 @@ impl MeshInner {
                         None => self.refusal_locked(&state, epoch),
                     };
                 }
+                if self.unadmitted_for_long(&mut state, epoch) {
+                    return self.unadmitted_refusal(&state, epoch);
+                }
             }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            // Woken by a change here, or now and then to look again whether an admission is
+            // still to be expected.
+            let wake = deadline.min(Instant::now() + STILL_FORMING_EVERY);
+            if tokio::time::timeout_at(wake, changed).await.is_err() && wake >= deadline {
                 let state = self.lock();
                 return Reply::Refused {
                     current: state.epoch,
@@ -1627,8 +1666,11 @@ impl MeshInner {
     /// The answer to [`Wire::StillForming`]: whether this mesh forms (or will form) `epoch`
     /// with `members`.
     fn still_forming(&self, epoch: u64, members: &[NodeId]) -> Reply {
-        let state = self.lock();
+        let mut state = self.lock();
         if state.epoch < epoch {
+            if self.unadmitted_for_long(&mut state, epoch) {
+                return self.unadmitted_refusal(&state, epoch);
+            }
             // Not there yet: its join may still come.
             return Reply::Ack;
         }
@@ -1642,6 +1684,34 @@ impl MeshInner {
                 None => Reply::Ack,
             },
             None => self.refusal_locked(&state, epoch),
+        }
+    }
+
+    /// Whether this mesh, waiting to be admitted, has been asked about `epoch` (a member's
+    /// `Join` or `StillForming`) for a while without being admitted to it: the leader tells
+    /// the joiners before it forms, telling again a lost admission only while the joiner is
+    /// not out of reach for long ([`Mesh::tell_admitted`]), so it is not coming. The members
+    /// waiting for this joiner then fail that forming at this refusal instead of at their
+    /// form timeout, re-form, and offer it again at a later step boundary.
+    fn unadmitted_for_long(&self, state: &mut MeshState, epoch: u64) -> bool {
+        let admitted = state.admission.as_ref().is_some_and(|(e, _)| *e >= epoch);
+        if !state.joining || state.epoch >= epoch || admitted {
+            return false;
+        }
+        let now = Instant::now();
+        let latest = state.epoch;
+        state.unadmitted.retain(|e, _| *e > latest);
+        let first = *state.unadmitted.entry(epoch).or_insert(now);
+        now.duration_since(first) >= self.endpoint.config().idle_timeout * UNADMITTED_WAIT_IDLES
+    }
+
+    fn unadmitted_refusal(&self, state: &MeshState, epoch: u64) -> Reply {
+        Reply::Refused {
+            current: state.epoch,
+            detail: format!(
+                " (waiting to be admitted, and no admission to epoch {epoch} came: the leader \
+                 could not tell it)"
+            ),
         }
     }
 
@@ -2464,6 +2534,10 @@ const DIAL_RETRY: Duration = Duration::from_millis(100);
 /// How often a member still waiting for a peer's join asks whether the peer still forms that
 /// epoch ([`Wire::StillForming`]), and how long each ask may take.
 const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
+/// How long, in idle timeouts of the transport, a joiner asked about an epoch it was not
+/// admitted to still expects the admission ([`MeshInner::unadmitted_for_long`]): the leader
+/// finds the admission lost within about one, then tells it again for up to two more.
+const UNADMITTED_WAIT_IDLES: u32 = 4;
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
 pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
 /// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,
