@@ -41,11 +41,12 @@
 //! 3. At a step boundary the members agree on the joiners (their leader's pending ones, see
 //!    [`ProcessGroup::pending_joiners`]) and form the next epoch with them
 //!    ([`ProcessGroup::admit`]): the leader tells each joiner the epoch and members (`Admit`),
-//!    and every one forms it as in step 2 above. An admission lost on a link that died (cut
-//!    between the leader and the joiner alone) is told again over a new one while the joiner
-//!    was not out of reach for twice the idle timeout; a joiner asked about an epoch no
-//!    admission to which came within four idle timeouts refuses it, so the members fail that
-//!    forming then (and offer it again later) instead of at their form timeout.
+//!    then whether every joiner acked (a broadcast over the group), and only then every one
+//!    forms it as in step 2 above; where one could not be told (an admission lost on a link
+//!    that died is told again over a new one while the joiner was not out of reach for twice
+//!    the idle timeout), every member skips that epoch and goes on, and the joiners ask again.
+//!    A joiner refuses at once to form an epoch it was not admitted to: a member naming its
+//!    node meant its old process.
 //!
 //! Failure rules:
 //! - A member is lost when its connection fails or stays silent past the transport's idle
@@ -322,7 +323,6 @@ impl Mesh {
         let mut state = self.inner.lock();
         state.joining = false;
         state.admission = None;
-        state.unadmitted.clear();
         joined
     }
 
@@ -678,15 +678,17 @@ impl Mesh {
         }
     }
 
-    /// Tells `joiner` it is admitted to form `epoch` with `members` (best effort, by
-    /// `deadline`: a joiner that does not hear it fails the forming at every member).
+    /// Tells `joiner` it is admitted to form `epoch` with `members`, by `deadline`; whether
+    /// it acked. An admission lost on a link that died (cut between the leader and the joiner
+    /// alone) is told again over a new one, while the joiner was not out of reach for twice
+    /// the idle timeout.
     async fn tell_admitted(
         &self,
         joiner: &GroupMember,
         epoch: u64,
         members: &[GroupMember],
         deadline: Instant,
-    ) {
+    ) -> bool {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let admit = Wire::Admit {
             epoch,
@@ -696,7 +698,7 @@ impl Mesh {
                 .collect(),
         };
         let Ok(frame) = Frame::encode(&admit, Vec::new(), header_max) else {
-            return;
+            return false;
         };
         let told = async {
             // When the admission was first lost on the way (the link with the joiner cut).
@@ -712,8 +714,7 @@ impl Mesh {
                     Ok(reply) => reply,
                     // Lost on a link that died (a partition between the leader and the joiner,
                     // which the others may not have): told again over a new one, while the
-                    // joiner was not out of reach for long. Else the others would wait for it
-                    // until the form timeout, and it for an admission that never came.
+                    // joiner was not out of reach for long.
                     Err(LinkError::ConnectionLost { .. }) => {
                         let now = Instant::now();
                         let since = *lost_since.get_or_insert(now);
@@ -735,7 +736,16 @@ impl Mesh {
                 };
             }
         };
-        let _ = tokio::time::timeout_at(deadline, told).await;
+        matches!(tokio::time::timeout_at(deadline, told).await, Ok(Some(())))
+    }
+
+    /// Takes `epoch` as tried here without forming it (the members agreed to skip it): a join
+    /// of it, or a question whether this mesh still forms it, is refused from now on.
+    fn skip_epoch(&self, epoch: u64) {
+        let mut state = self.inner.lock();
+        state.epoch = state.epoch.max(epoch);
+        drop(state);
+        self.inner.changed.notify_waiters();
     }
 
     async fn wait_for_join(
@@ -1094,13 +1104,27 @@ impl ProcessGroup {
 
     /// Forms the next epoch (as [`ProcessGroup::reform`] numbers it) with every member of
     /// this group and `joiners` (processes waiting in [`Mesh::join_live`]). Every member must
-    /// call it with the same joiners; the leader (rank 0) first tells each joiner the epoch and
-    /// members (`Admit`, each bounded by the form timeout), and forgets them as pending (a
-    /// joiner still waiting asks again). Fails as forming does: a joiner that does not form
-    /// it fails the attempt at every member, whose group of this epoch is then superseded
-    /// (re-form with the survivors, [`ProcessGroup::reachable`]). This group's messages still
-    /// on their way go first, as in [`ProcessGroup::reform`].
-    pub async fn admit(&self, joiners: &[GroupMember]) -> Result<ProcessGroup, CollectiveError> {
+    /// call it with the same joiners. The leader (rank 0) first tells each joiner the epoch and
+    /// members (`Admit`, each bounded by the form timeout; one lost on a link that died is told
+    /// again over a new one while the joiner is not out of reach for long), and forgets them as
+    /// pending (a joiner still waiting asks again); then it tells the members, over this group,
+    /// whether every joiner acked. Only then do the members form the next epoch with them, so
+    /// that a joiner is asked to form an epoch only once admitted to it (it refuses any other
+    /// at once: a member's list naming its node then meant its old process).
+    ///
+    /// `Ok(None)` where the leader could not tell every joiner: no member forms that epoch (each
+    /// skips it: a joiner told nevertheless is refused at once and asks again), and this group
+    /// goes on unchanged. Fails as forming does: a joiner that does not form it fails the
+    /// attempt at every member, whose group of this epoch is then superseded (re-form with the
+    /// survivors, [`ProcessGroup::reachable`]), and as this group's calls do. This group's
+    /// messages still on their way go first, as in [`ProcessGroup::reform`].
+    pub async fn admit(
+        &self,
+        joiners: &[GroupMember],
+    ) -> Result<Option<ProcessGroup>, CollectiveError> {
+        if joiners.is_empty() {
+            return Ok(None);
+        }
         let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
         let mut members: Vec<GroupMember> = self
             .shared
@@ -1113,6 +1137,7 @@ impl ProcessGroup {
             })
             .collect();
         members.extend(joiners.iter().cloned());
+        let mut every_one_told = 0u8;
         if self.shared.rank == 0 {
             {
                 let mut state = self.mesh.inner.lock();
@@ -1124,10 +1149,28 @@ impl ProcessGroup {
             let told = joiners
                 .iter()
                 .map(|joiner| self.mesh.tell_admitted(joiner, epoch, &members, deadline));
-            futures::future::join_all(told).await;
+            let told = futures::future::join_all(told).await;
+            every_one_told = u8::from(told.iter().all(|t| *t));
+        }
+        let flag = candle_core::Tensor::new(&[every_one_told], &candle_core::Device::Cpu)
+            .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+        let told = self
+            .broadcast(0, &flag)
+            .await?
+            .to_vec1::<u8>()
+            .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+        if told.first() != Some(&1) {
+            if self.shared.rank == 0 {
+                tracing::info!(
+                    epoch,
+                    "not every joiner could be told its admission: skipping that epoch"
+                );
+            }
+            self.mesh.skip_epoch(epoch);
+            return Ok(None);
         }
         self.hand_over().await;
-        self.mesh.form(epoch, members).await
+        self.mesh.form(epoch, members).await.map(Some)
     }
 
     /// Before the group of the next epoch supersedes this one: waits, at most the form
@@ -1194,10 +1237,9 @@ struct MeshState {
     pending: HashMap<NodeId, (SocketAddr, Instant)>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
     admission: Option<(u64, Vec<GroupMember>)>,
-    /// A joining mesh: when a member first asked it about each epoch it was not admitted to
-    /// (a `Join` or `StillForming`), to refuse them once that admission is not coming
-    /// ([`MeshInner::unadmitted_for_long`]).
-    unadmitted: HashMap<u64, Instant>,
+    /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
+    /// a later one is refused ([`MeshInner::unadmitted`]).
+    admitted_epoch: u64,
     /// Plaintext plane: tokens this mesh issued in its answers to joins, by token: the
     /// peer and epoch each one is for (each taken once).
     plain_tokens: HashMap<super::plain::Token, (NodeId, u64)>,
@@ -1547,14 +1589,11 @@ impl MeshInner {
                         None => self.refusal_locked(&state, epoch),
                     };
                 }
-                if self.unadmitted_for_long(&mut state, epoch) {
-                    return self.unadmitted_refusal(&state, epoch);
+                if Self::unadmitted(&state, epoch) {
+                    return Self::unadmitted_refusal(&state, epoch);
                 }
             }
-            // Woken by a change here, or now and then to look again whether an admission is
-            // still to be expected.
-            let wake = deadline.min(Instant::now() + STILL_FORMING_EVERY);
-            if tokio::time::timeout_at(wake, changed).await.is_err() && wake >= deadline {
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 let state = self.lock();
                 return Reply::Refused {
                     current: state.epoch,
@@ -1646,6 +1685,7 @@ impl MeshInner {
             };
         }
         state.admission = Some((epoch, parsed));
+        state.admitted_epoch = state.admitted_epoch.max(epoch);
         drop(state);
         self.changed.notify_waiters();
         Reply::Ack
@@ -1666,10 +1706,10 @@ impl MeshInner {
     /// The answer to [`Wire::StillForming`]: whether this mesh forms (or will form) `epoch`
     /// with `members`.
     fn still_forming(&self, epoch: u64, members: &[NodeId]) -> Reply {
-        let mut state = self.lock();
+        let state = self.lock();
         if state.epoch < epoch {
-            if self.unadmitted_for_long(&mut state, epoch) {
-                return self.unadmitted_refusal(&state, epoch);
+            if Self::unadmitted(&state, epoch) {
+                return Self::unadmitted_refusal(&state, epoch);
             }
             // Not there yet: its join may still come.
             return Reply::Ack;
@@ -1687,30 +1727,22 @@ impl MeshInner {
         }
     }
 
-    /// Whether this mesh, waiting to be admitted, has been asked about `epoch` (a member's
-    /// `Join` or `StillForming`) for a while without being admitted to it: the leader tells
-    /// the joiners before it forms, telling again a lost admission only while the joiner is
-    /// not out of reach for long ([`Mesh::tell_admitted`]), so it is not coming. The members
-    /// waiting for this joiner then fail that forming at this refusal instead of at their
-    /// form timeout, re-form, and offer it again at a later step boundary.
-    fn unadmitted_for_long(&self, state: &mut MeshState, epoch: u64) -> bool {
-        let admitted = state.admission.as_ref().is_some_and(|(e, _)| *e >= epoch);
-        if !state.joining || state.epoch >= epoch || admitted {
-            return false;
-        }
-        let now = Instant::now();
-        let latest = state.epoch;
-        state.unadmitted.retain(|e, _| *e > latest);
-        let first = *state.unadmitted.entry(epoch).or_insert(now);
-        now.duration_since(first) >= self.endpoint.config().idle_timeout * UNADMITTED_WAIT_IDLES
+    /// Whether this mesh waits to be admitted and was not admitted to `epoch`: it never forms
+    /// it. The members form an epoch with a joiner only once the leader's admission reached it
+    /// ([`ProcessGroup::admit`]), so a member asking it about another (a `Join`, or whether it
+    /// still forms it) lists its node for its old process, lost since: refused at once, that
+    /// member's forming fails now rather than at its form timeout, and it re-forms (this
+    /// process answering its probe as a joiner).
+    fn unadmitted(state: &MeshState, epoch: u64) -> bool {
+        state.joining && state.epoch < epoch && state.admitted_epoch < epoch
     }
 
-    fn unadmitted_refusal(&self, state: &MeshState, epoch: u64) -> Reply {
+    fn unadmitted_refusal(state: &MeshState, epoch: u64) -> Reply {
         Reply::Refused {
             current: state.epoch,
             detail: format!(
-                " (waiting to be admitted, and no admission to epoch {epoch} came: the leader \
-                 could not tell it)"
+                " (a new process waiting to be admitted, not admitted to epoch {epoch}: its old \
+                 one is gone)"
             ),
         }
     }
@@ -2534,10 +2566,6 @@ const DIAL_RETRY: Duration = Duration::from_millis(100);
 /// How often a member still waiting for a peer's join asks whether the peer still forms that
 /// epoch ([`Wire::StillForming`]), and how long each ask may take.
 const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
-/// How long, in idle timeouts of the transport, a joiner asked about an epoch it was not
-/// admitted to still expects the admission ([`MeshInner::unadmitted_for_long`]): the leader
-/// finds the admission lost within about one, then tells it again for up to two more.
-const UNADMITTED_WAIT_IDLES: u32 = 4;
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
 pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
 /// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,

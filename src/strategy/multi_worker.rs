@@ -884,7 +884,11 @@ impl MultiWorkerMirrored {
             .to_vec1::<u8>()?;
         let joiners = decode_joiners(&bytes)?;
         let joined: Vec<NodeId> = joiners.iter().map(|j| j.node.clone()).collect();
-        let admitted = self.block(async move { group.admit(&joiners).await })?;
+        let Some(admitted) = self.block(async move { group.admit(&joiners).await })? else {
+            // The leader could not tell every joiner its admission: nobody formed the next
+            // epoch, the group goes on as it was, and the joiners ask again.
+            return Ok(None);
+        };
         crate::metrics::instruments()
             .group_admitted
             .inc_by(joined.len() as u64);
