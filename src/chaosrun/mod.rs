@@ -222,7 +222,18 @@ pub fn check(plan: &Plan, setup: &RunSetup, observed: &Observed) -> Vec<Check> {
                 let manifest = read_manifest(&newest.dir).ok()?;
                 Some(ShardCounts::of(&newest.dir, &manifest))
             });
-        checks.push(servers_check(&observed.summary, counts.as_ref()));
+        // Servers whose process a kill or a term hit: a restarted one counts anew.
+        let restarted: Vec<u32> = observed
+            .faults
+            .iter()
+            .filter(|f| f.applied && (f.kind == "kill" || f.kind == "term"))
+            .filter_map(|f| f.task.as_deref()?.strip_prefix("ps/")?.parse().ok())
+            .collect();
+        checks.push(servers_check(
+            &observed.summary,
+            counts.as_ref(),
+            &restarted,
+        ));
     }
     checks.push(Check::new(
         "no panic",
@@ -371,10 +382,16 @@ impl ShardCounts {
 ///   committed; equal when every closure pushes to every server, as in the demo). A push
 ///   applied twice makes a server's count exceed the closures. After a restore, the
 ///   rolled-back closures apply once more, so the summary's counts are not bounded by the
-///   committed ones and the checkpoint's are checked instead;
+///   committed ones and the checkpoint's are checked instead. A server in `restarted` (its
+///   process killed or terminated by the plan) may have applied nothing: the summary counts
+///   its latest process only, which may have started after the last closure;
 /// - from the newest checkpoint, no variable shard was updated more often than the closures
 ///   committed at its cut (a push applied twice there counts twice).
-pub fn servers_check(summary: &run::PrintedSummary, counts: Option<&ShardCounts>) -> Check {
+pub fn servers_check(
+    summary: &run::PrintedSummary,
+    counts: Option<&ShardCounts>,
+    restarted: &[u32],
+) -> Check {
     const NAME: &str = "ps applied counts";
     let servers = &summary.servers;
     if servers.is_empty() && counts.is_none_or(|c| c.shards.is_empty()) {
@@ -411,7 +428,7 @@ pub fn servers_check(summary: &run::PrintedSummary, counts: Option<&ShardCounts>
                 "ps/{}: {} applied{relation}, {} duplicates refused",
                 s.ps, s.applied, s.duplicates
             ));
-            if s.applied == 0 && committed > 0 {
+            if s.applied == 0 && committed > 0 && !restarted.contains(&s.ps) {
                 problems.push(format!(
                     "ps/{} applied nothing while closures committed",
                     s.ps
@@ -739,6 +756,7 @@ mod tests {
         let check = servers_check(
             &summary(40, [40, 40], None),
             Some(&counts(40, &[40, 25, 15])),
+            &[],
         );
         assert_eq!(check.status, "passed", "{}", check.detail);
         assert!(
@@ -750,20 +768,24 @@ mod tests {
         );
         // After a restore the rolled-back closures apply again: the summary's counts may
         // exceed the committed ones.
-        let check = servers_check(&summary(40, [52, 47], Some(1)), Some(&counts(40, &[40])));
+        let check = servers_check(
+            &summary(40, [52, 47], Some(1)),
+            Some(&counts(40, &[40])),
+            &[],
+        );
         assert_eq!(check.status, "passed", "{}", check.detail);
     }
 
     #[test]
     fn a_push_applied_twice_fails_the_check() {
         // One server applied one push more than there are closures, with no restore.
-        let check = servers_check(&summary(40, [40, 41], None), None);
+        let check = servers_check(&summary(40, [40, 41], None), None, &[]);
         assert_eq!(check.status, "failed", "{}", check.detail);
         // The same counts after the chief resumed from its checkpoint (it restored the
         // servers there): closures after it ran again.
         let mut resumed = summary(40, [40, 41], None);
         resumed.resumed = true;
-        assert_eq!(servers_check(&resumed, None).status, "passed");
+        assert_eq!(servers_check(&resumed, None, &[]).status, "passed");
         assert!(
             check
                 .detail
@@ -775,6 +797,7 @@ mod tests {
         let check = servers_check(
             &summary(40, [52, 47], Some(1)),
             Some(&counts(40, &[40, 41])),
+            &[],
         );
         assert_eq!(check.status, "failed", "{}", check.detail);
         assert!(
@@ -785,13 +808,19 @@ mod tests {
             check.detail
         );
         // A server that applied nothing while closures committed.
-        let check = servers_check(&summary(40, [40, 0], None), None);
+        let check = servers_check(&summary(40, [40, 0], None), None, &[]);
+        assert_eq!(check.status, "failed", "{}", check.detail);
+        // Unless the plan killed it: its restarted process (after the last closure) counts
+        // anew.
+        let check = servers_check(&summary(40, [40, 0], None), None, &[1]);
+        assert_eq!(check.status, "passed", "{}", check.detail);
+        let check = servers_check(&summary(40, [40, 0], None), None, &[0]);
         assert_eq!(check.status, "failed", "{}", check.detail);
     }
 
     #[test]
     fn nothing_to_check_is_skipped() {
-        let check = servers_check(&PrintedSummary::default(), None);
+        let check = servers_check(&PrintedSummary::default(), None, &[]);
         assert_eq!(check.status, "skipped");
     }
 

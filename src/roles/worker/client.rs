@@ -206,6 +206,11 @@ impl PsClient {
         &self,
         calls: Vec<(u32, M, Vec<Bytes>)>,
     ) -> Result<Vec<WithBlobs<M::Reply>>, StepError> {
+        for (ps, _, _) in &calls {
+            if let Some(reason) = self.cut_off(*ps) {
+                return Err(StepError::CutOff { ps: *ps, reason });
+            }
+        }
         let refs = calls
             .iter()
             .map(|(ps, _, _)| {
@@ -274,6 +279,21 @@ impl PsClient {
         match failed {
             Some(e) => Err(e),
             None => Ok(replies),
+        }
+    }
+
+    /// Why this worker cannot reach server `ps` any more, if its gateway declared dead the
+    /// very incarnation the chief names serving ([`StepError::CutOff`]).
+    fn cut_off(&self, ps: u32) -> Option<String> {
+        let named = self.expected.get(ps as usize).copied().filter(|e| *e > 0)?;
+        let (node, _) = self.servers.get(&ps)?;
+        match self.gateway.peer_status(node) {
+            Some((epoch, false)) if epoch.0 == named => Some(format!(
+                "this worker declared {node} ({epoch}) dead (silent past the detection budget), \
+                 while the chief names that incarnation serving: FENCE-1 keeps it out of this \
+                 incarnation for good"
+            )),
+            _ => None,
         }
     }
 
@@ -507,6 +527,45 @@ mod call_all_tests {
             settled.load(Ordering::SeqCst),
             "the push to ps/0 was still in flight when the failure was reported"
         );
+        let _ = stop.send(());
+        system.join().unwrap();
+    }
+
+    /// A server incarnation this worker's gateway declared dead (here by a report; in a run,
+    /// silent past the budget across a partition between the two alone) while the chief
+    /// still names it serving: the worker is cut off from it for good (FENCE-1), and says so
+    /// before sending anything, rather than failing as "unavailable" closure after closure
+    /// (the chief would retry it against a server it reaches, until it gave up on the job).
+    #[test]
+    fn a_server_incarnation_this_worker_declared_dead_while_the_chief_names_it_cuts_it_off() {
+        let settled = Arc::new(AtomicBool::new(false));
+        let (mut client, stop, system) = cluster(
+            Duration::ZERO,
+            PushOutcome::Applied,
+            Some(PushOutcome::Applied),
+            settled,
+        );
+        assert_eq!(
+            push_both(&client).unwrap(),
+            vec![(0, PushOutcome::Applied), (1, PushOutcome::Applied)]
+        );
+        let ps0 = cohort_actors::Incarnation::new(NodeId::new("ps", 0), cohort_actors::Epoch(1));
+        assert!(client.gateway.report_dead(&ps0));
+        // Unnamed by the chief, it is only unavailable (a restore may bring a newer one).
+        let err = push_both(&client).unwrap_err();
+        assert!(
+            matches!(err, StepError::PsUnavailable(ref u) if u.ps == 0),
+            "{err}"
+        );
+        // Named serving by the chief: cut off.
+        client.expect_incarnations(&[1, 1]);
+        let err = push_both(&client).unwrap_err();
+        match err {
+            StepError::CutOff { ps: 0, ref reason } => {
+                assert!(reason.contains("ps/0"), "{reason}")
+            }
+            other => panic!("expected cut off from ps/0, got {other}"),
+        }
         let _ = stop.send(());
         system.join().unwrap();
     }

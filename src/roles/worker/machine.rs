@@ -255,6 +255,18 @@ impl Exit {
         }
     }
 
+    /// Incarnation `epoch` is cut off from parameter server `ps` ([`StepError::CutOff`]):
+    /// exit to be restarted as a new incarnation ([`RETIRED_EXIT_CODE`]).
+    pub fn cut_off_from(ps: u32, epoch: u64, reason: &str) -> Self {
+        Exit {
+            code: RETIRED_EXIT_CODE,
+            reason: format!(
+                "this incarnation (epoch {epoch}) is cut off from ps/{ps} ({reason}): exiting so \
+                 that it restarts as a new incarnation"
+            ),
+        }
+    }
+
     /// A stop was requested and the preemption grace is over ([`PREEMPTED_EXIT_CODE`]).
     pub fn preempted() -> Self {
         Exit {
@@ -716,6 +728,12 @@ impl WorkerMachine {
             .as_ref()
             .map(|s| s.function.clone())
             .unwrap_or_default();
+        if let StepError::CutOff { ps, reason } = &error {
+            // As when a server refuses a push as fenced: the closure runs elsewhere, and the
+            // process comes back as a new incarnation.
+            self.decide(Exit::cut_off_from(*ps, self.epoch, reason));
+            return self.reply(Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
+        }
         self.reply(Err(match error {
             StepError::PsUnavailable(unavailable) => RunClosureError::PsUnavailable(unavailable),
             e => RunClosureError::Step(format!("{function}: {e}")),
@@ -960,6 +978,26 @@ mod tests {
             matches!(result, Err(RunClosureError::PsUnavailable(ref u)) if u.ps == 1),
             "{result:?}"
         );
+    }
+
+    /// A worker cut off from a server (its gateway declared the incarnation the chief names
+    /// dead) answers as a fenced worker does, and exits to come back as a new incarnation.
+    #[test]
+    fn a_worker_cut_off_from_a_server_ends_its_incarnation() {
+        let mut m = ready(&[]);
+        started(&mut m, 1);
+        let gradients = vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        let action = m.handle_computed(now(), Ok((Vec::new(), gradients)), []);
+        assert!(matches!(action, StepAction::Push(_)));
+        let cut = StepError::CutOff {
+            ps: 1,
+            reason: "declared dead here".into(),
+        };
+        let result = reply(m.handle_pushed(now(), Err(cut)));
+        assert_eq!(result, Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
+        let exit = m.exit().expect("it exits");
+        assert_eq!(exit.code, RETIRED_EXIT_CODE);
+        assert!(exit.reason.contains("cut off from ps/1"), "{}", exit.reason);
     }
 
     /// FENCE-1 across a chief restart: a server that fenced this incarnation refuses its

@@ -56,6 +56,18 @@ pub enum StepError {
     /// `?`.
     #[error(transparent)]
     PsUnavailable(#[from] crate::roles::protocol::PsUnavailable),
+    /// This worker's gateway declared dead the very incarnation of parameter server `ps` that
+    /// the chief names serving (it was silent here past the detection budget: a partition
+    /// between the two alone), and FENCE-1 keeps a declared-dead incarnation out for good: this
+    /// incarnation can no longer run closures. It exits to come back as a new one, which
+    /// reaches the server again; the chief runs the closure elsewhere.
+    #[error("cut off from parameter server {ps}: {reason}")]
+    CutOff {
+        /// The parameter server's index.
+        ps: u32,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 impl StepError {
