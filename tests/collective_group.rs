@@ -1244,6 +1244,42 @@ async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() 
     }
 }
 
+/// The joiners pending at `leader`, once there is one (bounded).
+async fn joiners_pending_at(leader: &ProcessGroup) -> Vec<GroupMember> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let joiners = leader.pending_joiners();
+        if !joiners.is_empty() {
+            return joiners;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no joiner asked the leader within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the leader of `groups` (rank 0) has the joiner of `joining` pending, admits it
+/// on every member, and returns the grown group's handles: the members' and the joiner's.
+async fn admit_the_joiner(
+    groups: &[ProcessGroup],
+    joining: tokio::task::JoinHandle<Result<ProcessGroup, CollectiveError>>,
+) -> Vec<ProcessGroup> {
+    let joiners = joiners_pending_at(&groups[0]).await;
+    let admitted = bounded(
+        "admitting",
+        join_all(groups.iter().map(|g| g.admit(&joiners))),
+    )
+    .await;
+    let mut grown: Vec<ProcessGroup> = admitted
+        .into_iter()
+        .map(|r| r.unwrap().expect("the leader told the joiner"))
+        .collect();
+    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    grown
+}
+
 /// An endpoint of `worker/i` (a certificate from `ca`) bound at `addr`.
 fn bind_worker(
     ca: &ClusterCa,
@@ -1387,28 +1423,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
         let again = again.clone();
         async move { again.join_live(addr, &peers, Duration::from_secs(20)).await }
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let joiners = loop {
-        let joiners = reformed[0].pending_joiners();
-        if !joiners.is_empty() {
-            break joiners;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "it never asked to join"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let admitted = bounded(
-        "admitting",
-        join_all(reformed.iter().map(|g| g.admit(&joiners))),
-    )
-    .await;
-    let mut grown: Vec<ProcessGroup> = admitted
-        .into_iter()
-        .map(|r| r.unwrap().expect("the joiner was told"))
-        .collect();
-    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    let grown = admit_the_joiner(&reformed, joining).await;
     let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
     for (g, sum) in grown.iter().zip(sums) {
         assert_eq!((g.epoch(), g.size()), (3, 3));
@@ -1685,18 +1700,7 @@ async fn live_group_and_a_joiner() -> (
                 .await
         }
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let joiners = loop {
-        let joiners = groups[0].pending_joiners();
-        if !joiners.is_empty() {
-            break joiners;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "it never asked to join"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let joiners = joiners_pending_at(&groups[0]).await;
     (groups, faults, (addr, members[0].addr), joining, joiners)
 }
 
@@ -1768,25 +1772,7 @@ async fn a_joiner_the_leader_cannot_tell_is_left_for_later_and_the_group_goes_on
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 4]);
     }
     faults.heal();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let joiners = loop {
-        let joiners = groups[0].pending_joiners();
-        if !joiners.is_empty() {
-            break joiners;
-        }
-        assert!(std::time::Instant::now() < deadline, "it never asked again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let admitted = bounded(
-        "admitting again",
-        join_all(groups.iter().map(|g| g.admit(&joiners))),
-    )
-    .await;
-    let mut grown: Vec<ProcessGroup> = admitted
-        .into_iter()
-        .map(|r| r.unwrap().expect("told once the link healed"))
-        .collect();
-    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    let grown = admit_the_joiner(&groups, joining).await;
     for g in &grown {
         assert_eq!(g.size(), 3);
         // Epoch 2 was skipped.
@@ -1866,25 +1852,7 @@ async fn a_new_process_refuses_at_once_an_epoch_its_old_one_was_taken_into() {
     .into_iter()
     .map(Result::unwrap)
     .collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let joiners = loop {
-        let joiners = reformed[0].pending_joiners();
-        if !joiners.is_empty() {
-            break joiners;
-        }
-        assert!(std::time::Instant::now() < deadline, "it never asked again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let admitted = bounded(
-        "admitting",
-        join_all(reformed.iter().map(|g| g.admit(&joiners))),
-    )
-    .await;
-    let mut grown: Vec<ProcessGroup> = admitted
-        .into_iter()
-        .map(|r| r.unwrap().expect("the joiner was told"))
-        .collect();
-    grown.push(bounded("joining", joining).await.unwrap().unwrap());
+    let grown = admit_the_joiner(&reformed, joining).await;
     let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
     for sum in join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await {
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);

@@ -553,9 +553,10 @@ impl MultiWorkerMirrored {
     /// 1. *Who survives*: this worker probes every member of the broken group
     ///    ([`ProcessGroup::reachable`]); the members that answer within `probe_timeout` (and
     ///    itself) are its survivors (each attempt probes the members of the group that broke,
-    ///    not of a group an earlier attempt formed). Every survivor probes every member, so the dead ones
-    ///    (one, two, any number at once) are left out by all. A live member that does not
-    ///    answer in time (stopped, or starved) is left out too: the others go on without it.
+    ///    not of a group an earlier attempt formed). Every survivor probes every member, so
+    ///    the dead ones (one, two, any number at once) are left out by all. A live member that
+    ///    does not answer in time (stopped, or starved) is left out too: the others go on
+    ///    without it.
     /// 2. *Quorum*: a survivor forms the next epoch only if its survivors are a quorum of the
     ///    members of the group that broke (`has_quorum`: more than half of them, or exactly
     ///    half with its lowest-ranked member, the chief or worker 0). Under a partition only
@@ -573,8 +574,9 @@ impl MultiWorkerMirrored {
     ///    link's join compares the lists), so survivors whose views differ (a member died
     ///    while being probed) all fail the attempt instead of splitting (a member refusing a
     ///    join whose list differs from its own fails its forming too, at once), and try again,
-    ///    each attempt spanning at least the probe timeout, with a new probe at the next epoch. A member never mixes epochs: a
-    ///    late message of the old group is refused by its epoch.
+    ///    each attempt spanning at least the probe timeout, with a new probe at the next
+    ///    epoch. A member never mixes epochs: a late message of the old group is refused by
+    ///    its epoch.
     ///
     ///    Each survivor decides the quorum on its own probes, and views may differ (under an
     ///    asymmetric partition A hears B while B does not hear A): that is safe because any
@@ -770,7 +772,8 @@ impl MultiWorkerMirrored {
     ///   the most completed steps, and gets [`GroupChange::Admitted`]; until then its `run` is
     ///   refused. On the members, the leader (rank 0) offers the joiners that asked it, every
     ///   member forms the next epoch with them ([`ProcessGroup::admit`]), and the state goes to
-    ///   them as `recover` sends it to survivors.
+    ///   them as `recover` sends it to survivors. Where the leader could not tell every joiner
+    ///   its admission, nothing changes (`Ok(None)`) and the joiners ask again.
     ///
     /// Training goes on from the returned step with the new
     /// [`Strategy::num_replicas_in_sync`] and input pipelines (the global batch follows the
