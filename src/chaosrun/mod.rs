@@ -222,11 +222,12 @@ pub fn check(plan: &Plan, setup: &RunSetup, observed: &Observed) -> Vec<Check> {
                 let manifest = read_manifest(&newest.dir).ok()?;
                 Some(ShardCounts::of(&newest.dir, &manifest))
             });
-        // Servers whose process a kill or a term hit: a restarted one counts anew.
+        // Servers a fault hit (killed, terminated, or paused or cut off past the detection
+        // budget, then fenced and restarted): a restarted one counts anew.
         let restarted: Vec<u32> = observed
             .faults
             .iter()
-            .filter(|f| f.applied && (f.kind == "kill" || f.kind == "term"))
+            .filter(|f| f.applied)
             .filter_map(|f| f.task.as_deref()?.strip_prefix("ps/")?.parse().ok())
             .collect();
         checks.push(servers_check(
@@ -382,9 +383,9 @@ impl ShardCounts {
 ///   committed; equal when every closure pushes to every server, as in the demo). A push
 ///   applied twice makes a server's count exceed the closures. After a restore, the
 ///   rolled-back closures apply once more, so the summary's counts are not bounded by the
-///   committed ones and the checkpoint's are checked instead. A server in `restarted` (its
-///   process killed or terminated by the plan) may have applied nothing: the summary counts
-///   its latest process only, which may have started after the last closure;
+///   committed ones and the checkpoint's are checked instead. A server in `restarted` (a
+///   fault of the plan hit it, which may have restarted it) may have applied nothing: the
+///   summary counts its latest process only, which may have started after the last closure;
 /// - from the newest checkpoint, no variable shard was updated more often than the closures
 ///   committed at its cut (a push applied twice there counts twice).
 pub fn servers_check(
@@ -810,7 +811,7 @@ mod tests {
         // A server that applied nothing while closures committed.
         let check = servers_check(&summary(40, [40, 0], None), None, &[]);
         assert_eq!(check.status, "failed", "{}", check.detail);
-        // Unless the plan killed it: its restarted process (after the last closure) counts
+        // Unless a fault hit it: its restarted process (after the last closure) counts
         // anew.
         let check = servers_check(&summary(40, [40, 0], None), None, &[1]);
         assert_eq!(check.status, "passed", "{}", check.detail);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use cohort_actors::{Gateway, PeerAddr, RemoteError};
+use cohort_actors::{Gateway, PeerAddr};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
@@ -377,13 +377,39 @@ impl ClusterCoordinator {
 
     /// The counters of every parameter server in the job, in index order (the spec's
     /// servers are indexed from 0; see [`Self::topology`] for a job whose servers changed).
+    ///
+    /// A server that cannot answer for now (lost, paused past the detection budget,
+    /// restarting, not restored yet) makes it wait for the recovery that restores it and ask
+    /// again, as [`Self::read_variable`] does (a job's summary must not fail for a server
+    /// that is being recovered); bounded by the coordinator's wait and
+    /// [`READ_ATTEMPTS_MAX`] rounds.
     pub fn ps_stats(&self) -> Result<Vec<PsStatsReply>, CoordinatorError> {
-        let topology = self.topology();
-        topology
-            .servers
-            .keys()
-            .map(|ps| self.call_ps_in(&topology, *ps, PsStats))
-            .collect()
+        let deadline = Instant::now() + self.wait_max;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let topology = self.topology();
+            let mut stats = Vec::with_capacity(topology.servers.len());
+            let mut unavailable = None;
+            for &ps in topology.servers.keys() {
+                match self.call_ps_in(&topology, ps, PsStats) {
+                    Ok(reply) => stats.push(reply),
+                    Err(StepError::PsUnavailable(u)) => {
+                        unavailable = Some(u);
+                        break;
+                    }
+                    Err(e) => return Err(CoordinatorError::ParameterServer(e.to_string())),
+                }
+            }
+            let Some(unavailable) = unavailable else {
+                return Ok(stats);
+            };
+            if attempts >= READ_ATTEMPTS_MAX || Instant::now() >= deadline {
+                return Err(CoordinatorError::ParameterServer(unavailable.to_string()));
+            }
+            tracing::debug!("server counts: {unavailable}; waiting for its recovery to ask again");
+            self.wait_for_recovery(deadline)?;
+        }
     }
 
     /// Reads a variable's whole value (for evaluation on the chief).
@@ -627,22 +653,25 @@ impl ClusterCoordinator {
             .map_err(CoordinatorError::Other)
     }
 
+    /// Calls server `ps` of `topology`; a failure as a step reads it (a server unreachable,
+    /// gone or restarting is [`StepError::PsUnavailable`]).
     fn call_ps_in<M: cohort_actors::RemoteMessage>(
         &self,
         topology: &ServerTopology,
         ps: u32,
         msg: M,
-    ) -> Result<M::Reply, CoordinatorError> {
-        let (node, addr) = topology.servers.get(&ps).cloned().ok_or_else(|| {
-            CoordinatorError::ParameterServer(PsCallError::NoSuchServer(ps).to_string())
-        })?;
+    ) -> Result<M::Reply, StepError> {
+        let (node, addr) =
+            topology.servers.get(&ps).cloned().ok_or_else(|| {
+                StepError::Ps(format!("no parameter server ps/{ps} in the cluster"))
+            })?;
         let gateway = self.gateway.clone();
         self.runtime
             .block_on(async move {
                 let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await?;
                 r.call(&msg).await
             })
-            .map_err(|e| CoordinatorError::ParameterServer(PsCallError::Remote(e).to_string()))
+            .map_err(|e| StepError::from_ps_call(ps, e))
     }
 
     fn ask<M>(&self, msg: M) -> Result<M::Result, CoordinatorError>
@@ -776,17 +805,6 @@ fn configured_warm_start() -> Result<Option<Arc<WarmStart>>, WarmStartError> {
     };
     let map = config.and_then(|c| c.warm_start_map.as_deref());
     Ok(Some(Arc::new(WarmStart::open(file, map)?)))
-}
-
-/// Why a call to a parameter server failed.
-#[derive(Debug, thiserror::Error)]
-enum PsCallError {
-    /// The cluster names no such server.
-    #[error("no parameter server ps/{0} in the cluster")]
-    NoSuchServer(u32),
-    /// The call failed.
-    #[error(transparent)]
-    Remote(RemoteError),
 }
 
 fn shard_init(
