@@ -378,38 +378,16 @@ impl ClusterCoordinator {
     /// The counters of every parameter server in the job, in index order (the spec's
     /// servers are indexed from 0; see [`Self::topology`] for a job whose servers changed).
     ///
-    /// A server that cannot answer for now (lost, paused past the detection budget,
-    /// restarting, not restored yet) makes it wait for the recovery that restores it and ask
-    /// again, as [`Self::read_variable`] does (a job's summary must not fail for a server
-    /// that is being recovered); bounded by the coordinator's wait and
-    /// [`READ_ATTEMPTS_MAX`] rounds.
+    /// Across recoveries, as [`Self::read_variable`] (see [`Self::across_recoveries`]): a
+    /// job's summary must not fail for a server that is being recovered.
     pub fn ps_stats(&self) -> Result<Vec<PsStatsReply>, CoordinatorError> {
-        let deadline = Instant::now() + self.wait_max;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let topology = self.topology();
-            let mut stats = Vec::with_capacity(topology.servers.len());
-            let mut unavailable = None;
-            for &ps in topology.servers.keys() {
-                match self.call_ps_in(&topology, ps, PsStats) {
-                    Ok(reply) => stats.push(reply),
-                    Err(StepError::PsUnavailable(u)) => {
-                        unavailable = Some(u);
-                        break;
-                    }
-                    Err(e) => return Err(CoordinatorError::ParameterServer(e.to_string())),
-                }
-            }
-            let Some(unavailable) = unavailable else {
-                return Ok(stats);
-            };
-            if attempts >= READ_ATTEMPTS_MAX || Instant::now() >= deadline {
-                return Err(CoordinatorError::ParameterServer(unavailable.to_string()));
-            }
-            tracing::debug!("server counts: {unavailable}; waiting for its recovery to ask again");
-            self.wait_for_recovery(deadline)?;
-        }
+        self.across_recoveries("asking the servers for their counts", |topology| {
+            Ok(topology
+                .servers
+                .keys()
+                .map(|ps| self.call_ps_in(topology, *ps, PsStats))
+                .collect())
+        })
     }
 
     /// Reads a variable's whole value (for evaluation on the chief).
@@ -422,31 +400,41 @@ impl ClusterCoordinator {
         self.read_from_servers(name, |client, layout| client.pull_rows(layout, ids))
     }
 
-    /// Reads variable `name` from the servers with `read`. A server that cannot be read for
-    /// now (lost, restarting, not restored yet) makes the read wait for the recovery that
-    /// restores it and read again, as a save does: a program reading its variables while a
-    /// server is recovered gets the restored values, not an error. Bounded by the
-    /// coordinator's wait and [`READ_ATTEMPTS_MAX`] reads; any other failure is returned at
-    /// once.
+    /// Reads variable `name` from the servers with `read`, across recoveries (see
+    /// [`Self::across_recoveries`]): a program reading its variables while a server is
+    /// recovered gets the restored values, not an error.
     fn read_from_servers<T>(
         &self,
         name: &str,
         read: impl Fn(&PsClient, &Layout) -> Result<T, StepError>,
     ) -> Result<T, CoordinatorError> {
+        self.across_recoveries(&format!("reading {name}"), |topology| {
+            let layout = layout_in(topology, name)?;
+            Ok(read(&ps_client(self, topology), layout))
+        })
+    }
+
+    /// Runs `call` over the current servers. Where a server cannot answer for now (lost,
+    /// paused past the detection budget, restarting, not restored yet:
+    /// [`StepError::PsUnavailable`]), waits for the recovery that restores it and runs it
+    /// again, as a save does. Bounded by the coordinator's wait and [`READ_ATTEMPTS_MAX`]
+    /// runs; any other failure is returned at once (`call`'s own error without running it
+    /// again). `what` names the work in the log.
+    fn across_recoveries<T>(
+        &self,
+        what: &str,
+        call: impl Fn(&ServerTopology) -> Result<Result<T, StepError>, CoordinatorError>,
+    ) -> Result<T, CoordinatorError> {
         let deadline = Instant::now() + self.wait_max;
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let topology = self.topology();
-            let layout = layout_in(&topology, name)?;
-            match read(&ps_client(self, &topology), layout) {
+            match call(&self.topology())? {
                 Ok(value) => return Ok(value),
                 Err(StepError::PsUnavailable(unavailable))
                     if attempts < READ_ATTEMPTS_MAX && Instant::now() < deadline =>
                 {
-                    tracing::debug!(
-                        "reading {name}: {unavailable}; waiting for its recovery to read again"
-                    );
+                    tracing::debug!("{what}: {unavailable}; waiting for its recovery to try again");
                     self.wait_for_recovery(deadline)?;
                 }
                 Err(e) => return Err(CoordinatorError::ParameterServer(e.to_string())),
