@@ -153,6 +153,9 @@ pub struct SimConfig {
     pub restart_delay: Duration,
     /// How long a preempted process keeps serving after its notice.
     pub preemption_grace: Duration,
+    /// Longest write of the program's checkpoint (and its read back): each takes a time
+    /// drawn up to it, during which the cut is read and not marked.
+    pub save_write_max: Duration,
     /// Bound on one remote call other than a closure's run.
     pub call_timeout: Duration,
     /// How long the coordinator waits for a lost server to be back (scheduler bound).
@@ -179,6 +182,7 @@ impl Default for SimConfig {
             detection_budget: Duration::from_secs(3),
             restart_delay: Duration::from_millis(500),
             preemption_grace: Duration::from_secs(2),
+            save_write_max: Duration::from_millis(500),
             call_timeout: Duration::from_secs(5),
             ps_restart_wait: Duration::from_secs(60),
             time_max: Duration::from_secs(30 * 60),

@@ -71,6 +71,9 @@ pub struct SimReport {
     /// Restores that found no checkpoint at their cut that verifies (damaged after it became
     /// the cut): a recovery then rolls back to the cut before.
     pub unreadable_cuts: u64,
+    /// Parameter servers killed while the program wrote a checkpoint whose cut was read and not
+    /// marked yet, with no cut before it (a recovery waits for that one).
+    pub ps_lost_before_first_cut: u64,
 }
 
 pub(super) struct World<'a> {
@@ -124,6 +127,7 @@ pub(super) struct World<'a> {
     reports_ignored: u64,
     deaths_refused: u64,
     unreadable_cuts: u64,
+    ps_lost_before_first_cut: u64,
     violation: Option<Violation>,
     ended: Option<Result<(), String>>,
 }
@@ -179,6 +183,10 @@ enum Event {
     GraceOver {
         node: Node,
         epoch: u64,
+    },
+    /// The chief (incarnation `chief`) finished writing its program's checkpoint.
+    SaveWritten {
+        chief: u64,
     },
     /// The chief (incarnation `chief`) finished writing the preemption cut read as `ticket`.
     PreemptionCutWritten {
@@ -553,6 +561,9 @@ enum ChiefPhase {
     Saving {
         ticket: CutTicket,
     },
+    /// The program writes the checkpoint of the cut read (and reads it back), as
+    /// `save_checkpoint` does before it marks the cut; a fault may come meanwhile.
+    Writing(Box<PendingWrite>),
     /// A new chief incarnation: start (probe every server, restore) at this time.
     Starting(Duration),
     /// The chief's start runs: restoring stored checkpoint `stored`, or afresh (`None`).
@@ -560,6 +571,16 @@ enum ChiefPhase {
         ticket: RestoreTicket,
         stored: Option<usize>,
     },
+}
+
+/// A checkpoint being written: the cut read, and the harness's records of it taken when it
+/// was read.
+struct PendingWrite {
+    checkpoint: Checkpoint,
+    history: Histories,
+    committed: BTreeSet<u64>,
+    scheduled: u64,
+    batches: u64,
 }
 
 /// A server's answer to a shard read for a save, and the closures whose effect its state held
@@ -689,6 +710,7 @@ impl<'a> World<'a> {
             deaths_refused: 0,
             reports_ignored: 0,
             unreadable_cuts: 0,
+            ps_lost_before_first_cut: 0,
             violation: None,
             ended: None,
         };
@@ -777,6 +799,7 @@ impl<'a> World<'a> {
             reports_ignored: self.reports_ignored,
             deaths_refused: self.deaths_refused,
             unreadable_cuts: self.unreadable_cuts,
+            ps_lost_before_first_cut: self.ps_lost_before_first_cut,
         }
     }
 
@@ -854,7 +877,12 @@ impl<'a> World<'a> {
                 w.waiting.clear();
             }
             Node::Chief => self.kill_chief(),
-            Node::Ps(_) => {}
+            Node::Ps(_) => {
+                let writing = matches!(self.chief.phase, ChiefPhase::Writing(_));
+                if writing && self.coord.cut().is_none() {
+                    self.ps_lost_before_first_cut += 1;
+                }
+            }
         }
         // Every other chief comes back only after its workers' detectors declared it dead, so
         // that their wait for a new chief is driven too (a supervisor slow to reschedule it).
@@ -2428,6 +2456,7 @@ impl<'a> World<'a> {
                     self.kill(node);
                 }
             }
+            Event::SaveWritten { chief } => self.save_written(chief),
             Event::PreemptionCutWritten {
                 chief,
                 ticket,
@@ -2646,7 +2675,7 @@ impl<'a> World<'a> {
                     Err(e) => self.ended = Some(Err(e)),
                 }
             }
-            ChiefPhase::Saving { .. } => {}
+            ChiefPhase::Saving { .. } | ChiefPhase::Writing(_) => {}
             ChiefPhase::Starting(at) => {
                 if self.now < *at {
                     return;
@@ -2696,17 +2725,44 @@ impl<'a> World<'a> {
                 let Some(history) = self.take_read(ticket) else {
                     return;
                 };
-                match reading.into_checkpoint() {
-                    Ok(checkpoint) => self.save(checkpoint, history),
+                let checkpoint = match reading.into_checkpoint() {
+                    Ok(checkpoint) => checkpoint,
                     Err(e) => {
                         self.ended = Some(Err(e));
                         return;
                     }
-                }
-                self.chief.phase = ChiefPhase::Schedule;
+                };
+                let write = PendingWrite {
+                    checkpoint,
+                    history,
+                    committed: self.committed_ids(),
+                    scheduled: self.chief.scheduled,
+                    batches: self.chief.batches,
+                };
+                self.chief.phase = ChiefPhase::Writing(Box::new(write));
+                // Writing and reading back takes a while (a large embedding's checkpoint takes
+                // seconds): faults that come meanwhile find the cut read and not yet marked.
+                let most = self.config.save_write_max.as_millis().max(1) as u64;
+                let took = Duration::from_millis(self.rng.gen_range(1..=most));
+                let chief = self.chief_epoch;
+                self.at(self.now + took, Event::SaveWritten { chief });
             }
             Err(e) => self.ended = Some(Err(e)),
         }
+    }
+
+    /// The chief's write of its checkpoint ended (if the incarnation that began it lives): it
+    /// is stored, and marked as the cut if it reads back whole; the program goes on.
+    fn save_written(&mut self, chief: u64) {
+        if chief != self.chief_epoch || self.chief_state != ProcState::Up {
+            return;
+        }
+        let ChiefPhase::Writing(write) =
+            std::mem::replace(&mut self.chief.phase, ChiefPhase::Schedule)
+        else {
+            return;
+        };
+        self.save(*write);
     }
 
     /// Per row of every variable, the closures whose effect it held when read `ticket` read
@@ -2874,7 +2930,14 @@ impl<'a> World<'a> {
     /// place, so that a recovery restores the previous valid checkpoint and runs again
     /// everything committed since; its files stay in storage (as if the chief had crashed
     /// before removing them), and every restore must skip them.
-    fn save(&mut self, checkpoint: Checkpoint, history: Histories) {
+    fn save(&mut self, write: PendingWrite) {
+        let PendingWrite {
+            checkpoint,
+            history,
+            committed,
+            scheduled,
+            batches,
+        } = write;
         let cut = checkpoint.ledger.next_closure_id;
         let positions = checkpoint.dataset_positions.clone();
         let index = self.chief.saves;
@@ -2898,8 +2961,12 @@ impl<'a> World<'a> {
         let mut files: BTreeMap<String, Vec<u8>> = encoded.into_iter().collect();
         match fault {
             // The write fails before the manifest is published: nothing is stored, and the
-            // job goes on from the previous cut.
-            Some(StorageFault::FullDisk) => return,
+            // job goes on from the previous cut (the program tells the coordinator).
+            Some(StorageFault::FullDisk) => {
+                self.coord
+                    .handle_cut_abandoned(ClosureId(cut), "no space left on device");
+                return;
+            }
             // The chief dies while it writes: nothing is published.
             Some(StorageFault::CrashBeforePublish) => {
                 self.kill(Node::Chief);
@@ -2923,15 +2990,14 @@ impl<'a> World<'a> {
             }
             Some(StorageFault::CrashAfterPublish | StorageFault::RotAfterCut) | None => {}
         }
-        let committed = self.committed_ids();
         self.storage.push(Stored {
             files,
             saved: checkpoint,
             history,
             positions,
             committed,
-            scheduled: self.chief.scheduled,
-            batches: self.chief.batches,
+            scheduled,
+            batches,
             preemption: false,
         });
         if fault == Some(StorageFault::CrashAfterPublish) {
@@ -2941,7 +3007,10 @@ impl<'a> World<'a> {
             return;
         }
         if self.read_stored(stored).is_none() {
-            return; // it does not verify: the job goes on from the previous cut
+            // It does not verify: the job goes on from the previous cut.
+            self.coord
+                .handle_cut_abandoned(ClosureId(cut), "it does not read back whole");
+            return;
         }
         let root = std::path::PathBuf::from("sim-checkpoints");
         let marked = self.coord.mark_cut(ClosureId(cut), root).is_ok();

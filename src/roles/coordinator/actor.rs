@@ -1825,9 +1825,35 @@ impl Message for MarkCut {
 impl Handler<MarkCut> for CoordinatorActor {
     type Result = Result<(), String>;
 
-    fn handle(&mut self, msg: MarkCut, _: &mut Context<Self>) -> Self::Result {
-        self.scheduler
-            .handle_mark_cut(msg.cut, msg.root, msg.generation)
+    fn handle(&mut self, msg: MarkCut, ctx: &mut Context<Self>) -> Self::Result {
+        let marked = self
+            .scheduler
+            .handle_mark_cut(msg.cut, msg.root, msg.generation);
+        // A recovery that waited for this checkpoint may restore from it now.
+        self.drive(ctx);
+        marked
+    }
+}
+
+/// The checkpoint of the cut `cut` could not be written, or did not read back whole: it never
+/// becomes the cut (see [`Scheduler::handle_cut_abandoned`]).
+pub struct AbandonCut {
+    /// The cut read for it.
+    pub cut: ClosureId,
+    /// Why it was not written.
+    pub reason: String,
+}
+
+impl Message for AbandonCut {
+    type Result = ();
+}
+
+impl Handler<AbandonCut> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AbandonCut, ctx: &mut Context<Self>) -> Self::Result {
+        self.scheduler.handle_cut_abandoned(msg.cut, &msg.reason);
+        self.drive(ctx);
     }
 }
 

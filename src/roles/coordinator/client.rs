@@ -12,7 +12,7 @@ use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
 use super::actor::{
-    Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule,
+    AbandonCut, Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule,
     ServerTopology, Start, Status, Topology,
 };
 use super::machine::reshard::RESHARDING;
@@ -478,22 +478,26 @@ impl ClusterCoordinator {
     ) -> Result<PathBuf, CoordinatorError> {
         let reading = self.read_cut(step)?;
         let generation = reading.generation;
+        let cut = reading.ledger.next_closure_id;
         // Assembled here, on the program's thread: it copies every tensor.
-        let ckpt = reading
-            .into_checkpoint()
-            .map_err(CoordinatorError::Checkpoint)?;
-        let dir = manager
-            .save(&ckpt, Instant::now())
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+        let written = reading.into_checkpoint().and_then(|ckpt| {
+            manager
+                .save(&ckpt, Instant::now())
+                .map_err(|e| e.to_string())
+        });
         // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
-        // error above and never becomes the cut, so recoveries go on restoring the previous
-        // one and its closures run again. Durable: a parameter-server recovery rolls every
-        // server back to this cut, unless a restore began since the servers were read.
-        self.mark_cut(
-            ckpt.ledger.next_closure_id,
-            manager.root(),
-            Some(generation),
-        );
+        // error here and never becomes the cut, so recoveries go on restoring the previous
+        // one and its closures run again (the coordinator hears it: a recovery may wait for
+        // this one as the first). Durable: a parameter-server recovery rolls every server back
+        // to this cut, unless a restore began since the servers were read.
+        let dir = written.map_err(|e| {
+            self.actor.do_send(AbandonCut {
+                cut: ClosureId(cut),
+                reason: e.clone(),
+            });
+            CoordinatorError::Checkpoint(e)
+        })?;
+        self.mark_cut(cut, manager.root(), Some(generation));
         Ok(dir)
     }
 
@@ -522,14 +526,22 @@ impl ClusterCoordinator {
             .name(format!("checkpoint-{step}"))
             .spawn(move || -> Result<PathBuf, String> {
                 let generation = reading.generation;
-                let ckpt = reading.into_checkpoint()?;
-                let mut writer = CheckpointManager::new(&root, policy, Instant::now())
-                    .map_err(|e| e.to_string())?;
-                let dir = writer
-                    .save(&ckpt, Instant::now())
-                    .map_err(|e| e.to_string())?;
+                let cut = ClosureId(reading.ledger.next_closure_id);
+                let written = reading.into_checkpoint().and_then(|ckpt| {
+                    let mut writer = CheckpointManager::new(&root, policy, Instant::now())
+                        .map_err(|e| e.to_string())?;
+                    writer
+                        .save(&ckpt, Instant::now())
+                        .map_err(|e| e.to_string())
+                });
+                let dir = written.inspect_err(|e| {
+                    actor.do_send(AbandonCut {
+                        cut,
+                        reason: e.clone(),
+                    })
+                })?;
                 let marked = runtime.block_on(actor.send(MarkCut {
-                    cut: ClosureId(ckpt.ledger.next_closure_id),
+                    cut,
                     root,
                     generation: Some(generation),
                 }));

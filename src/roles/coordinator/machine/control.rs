@@ -452,11 +452,13 @@ impl Scheduler {
         generation: Option<u64>,
     ) -> Result<(), String> {
         if let Some(generation) = generation.filter(|g| *g != self.generation) {
-            return Err(format!(
+            let refused = format!(
                 "a parameter-server restore began since the checkpoint was read (restore \
                  generation {generation}, now {})",
                 self.generation
-            ));
+            );
+            self.cut_write_ended(cut, Some(refused.clone()));
+            return Err(refused);
         }
         self.mark_cut(cut, root)
     }

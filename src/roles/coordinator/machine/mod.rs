@@ -546,7 +546,8 @@ pub enum ScheduleError {
 ///     ([`SchedulerAction::SnapshotShard`], answered with `handle_shard_read`, and
 ///     [`SchedulerAction::AskPositions`], answered with `handle_positions`), ended by
 ///     [`SchedulerAction::CutRead`]; once the checkpoint is durable,
-///     `handle_mark_cut(cut, root, generation)` makes it the cut;
+///     `handle_mark_cut(cut, root, generation)` makes it the cut, and a write that failed is
+///     reported with `handle_cut_abandoned(cut, reason)`;
 /// 16. preemption notices (see [`preempt`]): `handle_worker_leaving` answers a worker at once;
 ///     `handle_ps_leaving` answers a server at once or later with
 ///     [`SchedulerAction::AnswerPsLeaving`], after the preemption cut asked for with
@@ -598,6 +599,13 @@ pub struct Scheduler {
     /// finds it: the cut itself, except after a restore at start-up over servers that had
     /// gone on past the checkpoint (the cut is then above it: the ids between were burned).
     cut_stored_at: Option<ClosureId>,
+    /// The program's last save, read and not yet marked or abandoned: its checkpoint is being
+    /// written. A recovery with no cut yet waits for it ([`Self::advance_recovery`]), and the
+    /// closures committed meanwhile are kept to run again after a rollback to it.
+    cut_being_written: Option<save::CutBeingWritten>,
+    /// Why the program's last save that was read never became the cut, if it did not: a
+    /// recovery that cannot restore says so.
+    cut_write_failed: Option<String>,
     /// What every worker incarnation is set up with, before its positions are applied.
     setup: SetupWorker,
     /// Where each worker's datasets resume (the last restore's checkpoint).
@@ -764,6 +772,8 @@ impl Scheduler {
             fenced: BTreeMap::new(),
             checkpoint_root: None,
             cut_stored_at: None,
+            cut_being_written: None,
+            cut_write_failed: None,
             setup: SetupWorker {
                 num_workers: 0,
                 layouts: Vec::new(),
@@ -1026,7 +1036,7 @@ impl Scheduler {
         let restoring = self.recovery.as_ref().is_some_and(Recovery::restoring);
         let known = self.servers.get(&ps).map(|e| (e.epoch, e.dead));
         if !serving
-            && self.cut.is_some()
+            && self.rollback_floor().is_some()
             && !restoring
             && !self.lost_for_good.contains_key(&ps)
             && known.is_none_or(|(e, dead)| epoch > e || (epoch == e && !dead))
@@ -1229,10 +1239,13 @@ impl Scheduler {
     /// generation). A recovery that only holds dispatch does not refuse it: the servers were
     /// read before it, and the restore it leads to then rolls back to this newer cut.
     pub fn mark_cut(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), String> {
-        self.mark_cut_at(cut, root.clone())?;
-        // The program's checkpoints live here: preemption cuts go beside them.
-        self.saves_root = Some(root);
-        Ok(())
+        let marked = self.mark_cut_at(cut, root.clone());
+        if marked.is_ok() {
+            // The program's checkpoints live here: preemption cuts go beside them.
+            self.saves_root = Some(root);
+        }
+        self.cut_write_ended(cut, marked.as_ref().err().cloned());
+        marked
     }
 
     /// [`Self::mark_cut`] for any checkpoint (the program's, or a preemption cut).
@@ -1614,10 +1627,17 @@ impl Scheduler {
             .first()
             .copied()
             .unwrap_or(ClosureId(self.next_id));
-        match (&self.recovery, self.cut) {
+        match (&self.recovery, self.rollback_floor()) {
             (Some(_), Some(cut)) => watermark.min(cut),
             _ => watermark,
         }
+    }
+
+    /// The cut a recovery would roll back to: the last one, or else the first checkpoint,
+    /// read and being written now (a recovery waits for it to be marked). Closures committed
+    /// at or above it are kept to run again.
+    fn rollback_floor(&self) -> Option<ClosureId> {
+        self.cut.or_else(|| self.cut_being_written().map(|w| w.cut))
     }
 
     /// The restore generation: how many restores were asked for (plus where a restarted
@@ -1680,10 +1700,17 @@ impl Scheduler {
         if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring()) {
             if now >= r.since + self.config.ps_restart_wait_max {
                 let ps = self.recovering_ps().unwrap_or(0);
-                let reason = format!(
-                    "it was not back and restored within {:?} (ps_restart_wait)",
-                    self.config.ps_restart_wait_max
-                );
+                let reason = match (self.cut, self.cut_being_written()) {
+                    (None, Some(written)) => format!(
+                        "no checkpoint to restore it from: the first checkpoint (cut {}) was \
+                         read but not marked durable within {:?} (ps_restart_wait)",
+                        written.cut.0, self.config.ps_restart_wait_max
+                    ),
+                    _ => format!(
+                        "it was not back and restored within {:?} (ps_restart_wait)",
+                        self.config.ps_restart_wait_max
+                    ),
+                };
                 self.fail_recovery(ps, reason);
                 self.dispatch(now);
             }
@@ -1959,10 +1986,21 @@ impl Scheduler {
         }
         if let Some(&ps) = r.state_lost.first() {
             if self.cut.is_none() {
-                let reason = "no checkpoint to restore it from; save checkpoints \
-                              (ClusterCoordinator::save_checkpoint) so that a lost parameter \
-                              server can be restored"
-                    .to_string();
+                if self.cut_being_written().is_some() {
+                    // The first checkpoint was read before the loss and is being written: the
+                    // restore begins once it is marked (bounded by `ps_restart_wait_max`).
+                    return;
+                }
+                let reason = match &self.cut_write_failed {
+                    Some(why) => format!(
+                        "no checkpoint to restore it from: the first checkpoint was read but \
+                         never became the cut ({why})"
+                    ),
+                    None => "no checkpoint to restore it from; save checkpoints \
+                             (ClusterCoordinator::save_checkpoint) so that a lost parameter \
+                             server can be restored"
+                        .to_string(),
+                };
                 self.fail_recovery(ps, reason);
                 return;
             }
@@ -2042,7 +2080,7 @@ impl Scheduler {
     /// Keeps a committing closure's function and arguments if it commits at or above the cut,
     /// so that a rollback to the cut can run it again.
     fn retain_for_rollback(&mut self, id: ClosureId) {
-        if self.cut.is_none_or(|cut| id < cut) {
+        if self.rollback_floor().is_none_or(|cut| id < cut) {
             return;
         }
         if self.since_cut.len() >= self.config.rollback_retained_max {

@@ -654,3 +654,120 @@ fn servers_are_dialled_until_they_answer_and_a_declared_dead_one_is_retired() {
         vec![SchedulerAction::RetirePs { ps: 0, epoch: 1 }]
     );
 }
+
+/// Two workers and two servers (no variable: a read asks only the workers' positions) with
+/// `before` closures committed, then the program's first save read: the cut handed out to be
+/// written, none marked yet.
+fn first_cut_read(before: usize) -> (Scheduler, CutReading) {
+    let t = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    for w in 0..2 {
+        s.handle_worker_up(t, w, 1);
+        s.handle_ps_up(t, w, 1);
+    }
+    s.handle_configure(SetupWorker {
+        num_workers: 2,
+        layouts: Vec::new(),
+        servers: Vec::new(),
+        datasets: vec![("ids".into(), 0)],
+        version: 0,
+    });
+    for n in 0..before {
+        s.handle_schedule(t, "step", vec![n as u8]).unwrap();
+        super::tests::run_all(&mut s);
+    }
+    s.handle_read_cut(t, 1).unwrap();
+    let mut reading = None;
+    while reading.is_none() {
+        let actions = drain(&mut s);
+        assert!(!actions.is_empty(), "the read stalled");
+        for action in actions {
+            match action {
+                SchedulerAction::AskPositions {
+                    ticket,
+                    worker,
+                    epoch,
+                } => s.handle_positions(t, ticket, worker, epoch, Ok(vec![("ids".into(), 3)])),
+                SchedulerAction::CutRead { result, .. } => reading = Some(result.unwrap()),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(s.cut(), None);
+    (s, reading.unwrap())
+}
+
+/// Regression: a server lost after the first checkpoint was read, while it was written, failed
+/// the job at once with "no checkpoint to restore it from" (the cut is marked only once the
+/// checkpoint reads back whole). The recovery now waits for that mark and restores from it;
+/// what committed meanwhile (a save written in the background) runs again (LEDGER-1).
+#[test]
+fn a_server_lost_while_the_first_checkpoint_is_written_is_restored_from_it_once_marked() {
+    let t = Instant::now();
+    let (mut s, reading) = first_cut_read(2);
+    let cut = reading.ledger.next_closure_id;
+    let meanwhile = s.handle_schedule(t, "step", vec![9]).unwrap();
+    super::tests::run_all(&mut s);
+    s.handle_ps_lost(t, 1, 1);
+    s.handle_ps_up(t, 1, 2);
+    assert!(s.take_error().is_none(), "the recovery waits for the mark");
+    assert!(s.is_holding() && !s.is_restoring());
+    assert!(drain(&mut s).is_empty(), "nothing to restore from yet");
+    assert_eq!(
+        s.low_watermark(),
+        ClosureId(cut),
+        "what committed since the cut may run again"
+    );
+    s.handle_mark_cut(ClosureId(cut), root(), Some(reading.generation))
+        .unwrap();
+    let ckpt = checkpoint(1, cut, 3);
+    let (others, seen) = drive_restore(&mut s, &ckpt, |_, _| None);
+    assert!(!seen.is_empty(), "the restore runs from the marked cut");
+    assert_eq!(
+        dispatched(&others),
+        vec![(0, meanwhile, 2)],
+        "the closure committed while it was written runs again"
+    );
+    assert!(!s.is_holding());
+    let l = s.ledger();
+    assert_eq!((l.ps_restores, l.rolled_back), (1, 1));
+    assert!(l.balances(), "{l:?}");
+    assert!(s.take_error().is_none());
+}
+
+/// A first checkpoint that a recovery waits for and that is never marked fails the recovery
+/// naming why: its write failed (the shell abandons it), or it was not marked within
+/// `ps_restart_wait_max`.
+#[test]
+fn a_first_checkpoint_that_never_becomes_the_cut_fails_the_recovery_waiting_for_it() {
+    let t = Instant::now();
+    let (mut s, reading) = first_cut_read(1);
+    s.handle_ps_lost(t, 1, 1);
+    assert!(s.take_error().is_none());
+    s.handle_cut_abandoned(ClosureId(reading.ledger.next_closure_id), "disk full");
+    let err = s.take_error().expect("the loss is raised").to_string();
+    assert!(
+        err.contains("no checkpoint to restore it from") && err.contains("disk full"),
+        "{err}"
+    );
+    assert!(!s.is_holding());
+
+    let (mut s, _) = first_cut_read(1);
+    s.handle_ps_lost(t, 0, 1);
+    let deadline = s.poll_timeout().expect("the wait is bounded");
+    assert!(deadline <= t + s.config().ps_restart_wait_max + Duration::from_secs(1));
+    s.handle_timeout(deadline);
+    let err = s.take_error().expect("the loss is raised").to_string();
+    assert!(err.contains("not marked durable"), "{err}");
+
+    // Abandoned before any loss: a server lost later fails at once, as with no save, naming
+    // why there is no checkpoint.
+    let (mut s, reading) = first_cut_read(1);
+    s.handle_cut_abandoned(ClosureId(reading.ledger.next_closure_id), "torn");
+    s.handle_ps_lost(t, 0, 1);
+    let err = s.take_error().expect("failed at once").to_string();
+    assert!(
+        err.contains("no checkpoint to restore it from") && err.contains("torn"),
+        "{err}"
+    );
+}

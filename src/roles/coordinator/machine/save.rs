@@ -20,7 +20,12 @@
 //!    otherwise it is disturbed and begins again, at most [`SAVE_ATTEMPTS_MAX`] times;
 //! 5. [`SchedulerAction::CutRead`]: what was read ([`CutReading`], turned into the checkpoint
 //!    on the caller's thread) with the restore generation it was read in (the mark is refused
-//!    if a restore began since), or why no checkpoint can be taken.
+//!    if a restore began since), or why no checkpoint can be taken;
+//! 6. while the shell writes it, the cut is "being written": closures committed meanwhile are
+//!    kept to run again after a rollback to it, and a recovery with no earlier cut waits for
+//!    it (within `ps_restart_wait_max`) instead of failing for want of a checkpoint. The
+//!    shell ends it with [`Scheduler::handle_mark_cut`] once the checkpoint reads back whole,
+//!    or [`Scheduler::handle_cut_abandoned`] if it could not be written.
 //!
 //! The same read serves a parameter server's preemption cut ([`super::preempt`]), which waits
 //! for the closures that ran rather than for nothing pending, and ends with the cut to write
@@ -86,6 +91,18 @@ pub struct CutReading {
     pub positions: WorkerPositions,
     /// The ledger at the cut, with the ids a checkpoint keeps.
     pub ledger: LedgerState,
+}
+
+/// The program's save whose cut was read and handed out ([`SchedulerAction::CutRead`]), while
+/// its checkpoint is written: until [`Scheduler::handle_mark_cut`] or
+/// [`Scheduler::handle_cut_abandoned`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CutBeingWritten {
+    /// Its cut (the next closure id when it was read).
+    pub(super) cut: ClosureId,
+    /// The restore generation it was read in: a restore since makes it stale (its mark is
+    /// refused).
+    pub(super) generation: u64,
 }
 
 /// Why a cut is read.
@@ -402,10 +419,16 @@ impl Scheduler {
             ledger: self.ledger_state(),
         };
         match read.purpose {
-            CutPurpose::Save => self.actions.push_back(SchedulerAction::CutRead {
-                ticket: read.ticket,
-                result: Ok(reading),
-            }),
+            CutPurpose::Save => {
+                self.cut_being_written = Some(CutBeingWritten {
+                    cut: ClosureId(reading.ledger.next_closure_id),
+                    generation: reading.generation,
+                });
+                self.actions.push_back(SchedulerAction::CutRead {
+                    ticket: read.ticket,
+                    result: Ok(reading),
+                });
+            }
             CutPurpose::Preemption => {
                 // Nothing ran since the read began: every closure below the first one not
                 // finished is finished, and none from it on has run (dispatch is held).
@@ -472,6 +495,39 @@ impl Scheduler {
                 self.advance_cut_read(now);
             }
         }
+    }
+
+    /// The program's save of cut `cut` was not written, or did not read back whole (`reason`):
+    /// it never becomes the cut. A recovery that waited for it as the first checkpoint fails.
+    pub fn handle_cut_abandoned(&mut self, cut: ClosureId, reason: &str) {
+        self.cut_write_ended(cut, Some(reason.to_string()));
+    }
+
+    /// The shell is done with the save of cut `cut`: marked (`refused` is `None`), refused, or
+    /// abandoned. A recovery waiting for it moves on.
+    pub(super) fn cut_write_ended(&mut self, cut: ClosureId, refused: Option<String>) {
+        if self.cut_being_written.is_none_or(|w| w.cut != cut) {
+            return;
+        }
+        self.cut_being_written = None;
+        match refused {
+            None => self.cut_write_failed = None,
+            Some(why) => {
+                if self.cut.is_none() {
+                    // Kept for a rollback to it, which will never come.
+                    self.since_cut.clear();
+                    self.retention_overflowed = false;
+                }
+                self.cut_write_failed = Some(why);
+            }
+        }
+        self.advance_recovery();
+    }
+
+    /// The program's save being written, if one was read in the current restore generation.
+    pub(super) fn cut_being_written(&self) -> Option<CutBeingWritten> {
+        self.cut_being_written
+            .filter(|w| w.generation == self.generation)
     }
 
     /// Drops the read `ticket` (under way or waiting) without an answer: its purpose is gone.
