@@ -163,9 +163,10 @@ fn run_with_timeout(command: &mut Command, limit: Duration) -> std::process::Out
 
 /// `--communication` belongs to the MultiWorkerMirrored demo, and NCCL there is refused at
 /// once, naming the flag and what is missing, where this machine cannot run it (no GPU, no
-/// libnccl, or a build without the feature), before any task starts.
+/// libnccl, or a build without the feature), before any task starts; so are elastic
+/// `--workers MIN:MAX` and `--evaluators`, which its group cannot take.
 #[test]
-fn the_demos_communication_flag_is_refused_where_it_cannot_be_used() {
+fn the_demos_flags_are_refused_where_they_cannot_be_used() {
     let run = |args: &[&str]| {
         run_with_timeout(
             Command::new(env!("CARGO_BIN_EXE_cohort")).args(args),
@@ -179,6 +180,30 @@ fn the_demos_communication_flag_is_refused_where_it_cannot_be_used() {
         stderr.contains("--communication: only with --strategy multi-worker-mirrored"),
         "{stderr}"
     );
+    // What the group cannot take is refused too, before any task starts.
+    for (flags, expected) in [
+        (
+            ["--workers", "2:4"],
+            "--workers 2:4: a MultiWorkerMirrored job runs a fixed set",
+        ),
+        (
+            ["--evaluators", "1"],
+            "--evaluators 1: the MultiWorkerMirrored demo has no evaluator",
+        ),
+    ] {
+        let mut args = vec![
+            "demo",
+            "--strategy",
+            "multi-worker-mirrored",
+            "--no-metrics",
+        ];
+        args.extend(flags);
+        let output = run(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("launcher: started"), "{flags:?}: {stderr}");
+    }
     let nccl = cohort::strategy::Communication::Nccl { device: 0 };
     if nccl.check().is_ok() {
         eprintln!("skipped: a GPU with NCCL is here, the NCCL demo would run");

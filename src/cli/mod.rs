@@ -285,6 +285,12 @@ pub fn run() -> ExitCode {
         Command::Certs(args) => certs::run(args),
         Command::Demo(args) if args.strategy == DemoStrategy::MultiWorkerMirrored => {
             let mut launch = args.launch;
+            // Refused here, before any task starts: the launcher would start tasks the group
+            // cannot take, and restart each as it failed.
+            if let Err(detail) = mwms_launch_check(&launch) {
+                eprintln!("error: {detail}");
+                return ExitCode::from(2);
+            }
             // The chief and the workers are the group; no parameter server.
             launch.ps = crate::bootstrap::WorkerCount::from(0);
             // The chief is rank 0 of the group: preempted, it leaves and rejoins.
@@ -436,6 +442,29 @@ pub fn run() -> ExitCode {
             ExitCode::from(err.exit_code())
         }
     }
+}
+
+/// What a MultiWorkerMirrored job cannot be launched with: its group is every task of the
+/// cluster spec (a lost one is restarted and rejoins; none is added beyond it), and it has no
+/// evaluator (the chief evaluates the held-out digits at the end).
+fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags) -> Result<(), String> {
+    let workers = launch.workers;
+    if workers.min != workers.max {
+        return Err(format!(
+            "--workers {}:{}: a MultiWorkerMirrored job runs a fixed set of workers (its group \
+             is every task of the cluster; a lost worker is restarted and rejoins it): give one \
+             number",
+            workers.min, workers.max
+        ));
+    }
+    if launch.evaluators > 0 {
+        return Err(format!(
+            "--evaluators {}: the MultiWorkerMirrored demo has no evaluator (its chief \
+             evaluates the held-out digits once training ends)",
+            launch.evaluators
+        ));
+    }
+    Ok(())
 }
 
 fn role_args(job: &str) -> Vec<String> {

@@ -32,6 +32,24 @@ fn sim_1_a_seed_replays_the_identical_trace() {
     assert_ne!(a.trace_hash, c.trace_hash);
 }
 
+/// Runs `scenario` and checks that it broke no invariant and finished (the seed's scenario is
+/// printed otherwise, to paste into a regression test).
+fn run_whole(config: &SimConfig, scenario: &Scenario) -> SimReport {
+    let report = run_scenario(config, scenario);
+    let seed = scenario.seed;
+    assert!(
+        report.violation.is_none(),
+        "seed {seed}: {:?}\n{scenario}",
+        report.violation
+    );
+    assert!(
+        report.finished,
+        "seed {seed}: {:?}\n{scenario}",
+        report.failure
+    );
+    report
+}
+
 /// Runs `seeds` and fails naming every seed that broke an invariant, with the first one
 /// shrunk to a scenario to paste into a regression test.
 fn no_violation_in(config: &SimConfig, seeds: std::ops::Range<u64>) {
@@ -308,17 +326,7 @@ fn rolling_preemptions_of_every_server_lose_nothing_over_seeds() {
         let mut net = NetSettings::reliable();
         net.latency_max_us = rng.gen_range(500..5_000);
         let scenario = Scenario { seed, net, faults };
-        let report = run_scenario(&config, &scenario);
-        assert!(
-            report.violation.is_none(),
-            "seed {seed}: {:?}\n{scenario}",
-            report.violation
-        );
-        assert!(
-            report.finished,
-            "seed {seed}: {:?}\n{scenario}",
-            report.failure
-        );
+        let report = run_whole(&config, &scenario);
         assert_eq!(
             report.ledger.rolled_back, 0,
             "seed {seed}: {:?}\n{scenario}",
@@ -376,17 +384,7 @@ fn workers_drained_at_seeded_times_lose_nothing_over_seeds() {
         let mut net = NetSettings::reliable();
         net.latency_max_us = rng.gen_range(500..5_000);
         let scenario = Scenario { seed, net, faults };
-        let report = run_scenario(&config, &scenario);
-        assert!(
-            report.violation.is_none(),
-            "seed {seed}: {:?}\n{scenario}",
-            report.violation
-        );
-        assert!(
-            report.finished,
-            "seed {seed}: {:?}\n{scenario}",
-            report.failure
-        );
+        let report = run_whole(&config, &scenario);
         if !disturbed {
             assert_eq!(
                 (report.ledger.redispatched, report.ledger.rolled_back),
@@ -445,17 +443,7 @@ fn servers_joining_and_leaving_at_seeded_times_lose_nothing_over_seeds() {
         let mut net = NetSettings::reliable();
         net.latency_max_us = rng.gen_range(500..5_000);
         let scenario = Scenario { seed, net, faults };
-        let report = run_scenario(&config, &scenario);
-        assert!(
-            report.violation.is_none(),
-            "seed {seed}: {:?}\n{scenario}",
-            report.violation
-        );
-        assert!(
-            report.finished,
-            "seed {seed}: {:?}\n{scenario}",
-            report.failure
-        );
+        let report = run_whole(&config, &scenario);
         if !disturbed {
             assert_eq!(
                 report.ledger.rolled_back, 0,
@@ -488,17 +476,7 @@ fn a_server_lost_while_the_first_checkpoint_is_written_is_restored_from_it_over_
             net: NetSettings::reliable(),
             faults: vec![Fault::Kill { at_ms, node }],
         };
-        let report = run_scenario(&config, &scenario);
-        assert!(
-            report.violation.is_none(),
-            "seed {seed}: {:?}\n{scenario}",
-            report.violation
-        );
-        assert!(
-            report.finished,
-            "seed {seed}: {:?}\n{scenario}",
-            report.failure
-        );
+        let report = run_whole(&config, &scenario);
         assert_eq!(report.ledger.ps_restores, 1, "seed {seed}\n{scenario}");
         hit += report.ps_lost_before_first_cut;
     }

@@ -114,23 +114,30 @@ pub(super) fn dispatched(actions: &[SchedulerAction]) -> Vec<(u32, ClosureId, u3
         .collect()
 }
 
-/// Two workers, two servers, `before` closures committed before a cut at the next id, then
-/// `after` closures dispatched and committed: a loss now rolls those back.
-fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>) {
+/// Two workers and two servers up (incarnation 1 each), set up with dataset `ids` and no
+/// variable, under `config`.
+fn two_by_two(config: SchedulerConfig) -> Scheduler {
     let t = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut s = Scheduler::new(config);
     for w in 0..2 {
         s.handle_worker_up(t, w, 1);
         s.handle_ps_up(t, w, 1);
     }
-    let setup = SetupWorker {
+    s.handle_configure(SetupWorker {
         num_workers: 2,
         layouts: Vec::new(),
         servers: Vec::new(),
         datasets: vec![("ids".into(), 0)],
         version: 0,
-    };
-    s.handle_configure(setup);
+    });
+    s
+}
+
+/// Two workers, two servers, `before` closures committed before a cut at the next id, then
+/// `after` closures dispatched and committed: a loss now rolls those back.
+fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>) {
+    let t = Instant::now();
+    let mut s = two_by_two(SchedulerConfig::default());
     let mut ids = Vec::new();
     for n in 0..before + after {
         if n == before {
@@ -218,18 +225,7 @@ fn a_refused_step_or_a_missing_checkpoint_fails_the_recovery() {
 /// and before the third (`runs[0]`, `runs[1]`, `runs[2]` closures), under `config`.
 fn committed_past_two_cuts(runs: [usize; 3], config: SchedulerConfig) -> Scheduler {
     let t = Instant::now();
-    let mut s = Scheduler::new(config);
-    for w in 0..2 {
-        s.handle_worker_up(t, w, 1);
-        s.handle_ps_up(t, w, 1);
-    }
-    s.handle_configure(SetupWorker {
-        num_workers: 2,
-        layouts: Vec::new(),
-        servers: Vec::new(),
-        datasets: vec![("ids".into(), 0)],
-        version: 0,
-    });
+    let mut s = two_by_two(config);
     for (i, n) in runs.into_iter().enumerate() {
         if i > 0 {
             s.mark_cut(ClosureId(s.next_closure_id()), root()).unwrap();
@@ -660,18 +656,7 @@ fn servers_are_dialled_until_they_answer_and_a_declared_dead_one_is_retired() {
 /// written, none marked yet.
 fn first_cut_read(before: usize) -> (Scheduler, CutReading) {
     let t = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig::default());
-    for w in 0..2 {
-        s.handle_worker_up(t, w, 1);
-        s.handle_ps_up(t, w, 1);
-    }
-    s.handle_configure(SetupWorker {
-        num_workers: 2,
-        layouts: Vec::new(),
-        servers: Vec::new(),
-        datasets: vec![("ids".into(), 0)],
-        version: 0,
-    });
+    let mut s = two_by_two(SchedulerConfig::default());
     for n in 0..before {
         s.handle_schedule(t, "step", vec![n as u8]).unwrap();
         super::tests::run_all(&mut s);
