@@ -228,11 +228,14 @@ fn a_cut_damaged_after_it_verified_rolls_back_to_the_cut_before_over_seeds() {
     );
 }
 
-/// Runs the reference job with `fault` at 2.5 s on ps/1 and checks that it ends whole with the
-/// server restored; returns the ledger.
-fn with_one_server_fault(fault: impl FnOnce(u64, Node) -> Fault) -> crate::ledger::Ledger {
+/// Runs the reference job with `fault` at `at_ms` on ps/1 and checks that it ends whole with
+/// the server restored; returns the ledger.
+fn with_one_server_fault(
+    at_ms: u64,
+    fault: impl FnOnce(u64, Node) -> Fault,
+) -> crate::ledger::Ledger {
     let scenario = Scenario {
-        faults: vec![fault(2_500, Node::Ps(1))],
+        faults: vec![fault(at_ms, Node::Ps(1))],
         ..Scenario::fault_free(3)
     };
     let report = run_scenario(&SimConfig::default(), &scenario);
@@ -246,15 +249,20 @@ fn with_one_server_fault(fault: impl FnOnce(u64, Node) -> Fault) -> crate::ledge
 /// again, and the job ends with every effect present exactly once.
 #[test]
 fn a_killed_server_is_restored_and_the_job_ends_whole() {
-    let ledger = with_one_server_fault(|at_ms, node| Fault::Kill { at_ms, node });
-    assert!(ledger.rolled_back >= 1, "{ledger:?}");
+    // Whether anything committed since the last cut depends on where the kill falls (right
+    // after a save's mark, nothing did): at some of these times something did.
+    let rolled_back: Vec<u64> = (0..6)
+        .map(|i| with_one_server_fault(2_000 + 150 * i, |at_ms, node| Fault::Kill { at_ms, node }))
+        .map(|ledger| ledger.rolled_back)
+        .collect();
+    assert!(rolled_back.iter().any(|n| *n >= 1), "{rolled_back:?}");
 }
 
 /// A parameter server's preemption notice: the chief takes a cut with dispatch held before
 /// the server goes, so its restore runs nothing again (`rolled_back` stays 0).
 #[test]
 fn a_preempted_server_leaves_after_a_cut_and_nothing_runs_again() {
-    let ledger = with_one_server_fault(|at_ms, node| Fault::Preempt { at_ms, node });
+    let ledger = with_one_server_fault(2_500, |at_ms, node| Fault::Preempt { at_ms, node });
     assert_eq!(ledger.rolled_back, 0, "{ledger:?}");
 }
 

@@ -550,6 +550,9 @@ struct Chief {
     /// Per read of a cut and server, the snapshot its newest shard read returned, with the
     /// read's attempt (the harness's record of what the saved state holds, PS-1).
     read: BTreeMap<(CutTicket, u32, String), (u32, usize)>,
+    /// A save written in the background while the program schedules on
+    /// (`save_checkpoint_in_background`): the next save, and the job's end, wait for it.
+    background: Option<Box<PendingWrite>>,
 }
 
 enum ChiefPhase {
@@ -573,10 +576,11 @@ enum ChiefPhase {
     },
 }
 
-/// A checkpoint being written: the cut read, and the harness's records of it taken when it
-/// was read.
+/// A checkpoint being written: the cut read (in restore `generation`), and the harness's
+/// records of it taken when it was read.
 struct PendingWrite {
     checkpoint: Checkpoint,
+    generation: u64,
     history: Histories,
     committed: BTreeSet<u64>,
     scheduled: u64,
@@ -693,6 +697,7 @@ impl<'a> World<'a> {
                 saves: 0,
                 startup_failures: 0,
                 read: BTreeMap::new(),
+                background: None,
             },
             storage: Vec::new(),
             detector: BTreeMap::new(),
@@ -878,7 +883,8 @@ impl<'a> World<'a> {
             }
             Node::Chief => self.kill_chief(),
             Node::Ps(_) => {
-                let writing = matches!(self.chief.phase, ChiefPhase::Writing(_));
+                let writing = matches!(self.chief.phase, ChiefPhase::Writing(_))
+                    || self.chief.background.is_some();
                 if writing && self.coord.cut().is_none() {
                     self.ps_lost_before_first_cut += 1;
                 }
@@ -920,6 +926,8 @@ impl<'a> World<'a> {
         self.detector.clear();
         self.fenced.clear();
         self.chief.read.clear();
+        // A write in the background dies with its process.
+        self.chief.background = None;
         self.dispatched.clear();
         let epoch = self.chief_epoch;
         let at = self.now + self.config.detection_budget;
@@ -2653,8 +2661,10 @@ impl<'a> World<'a> {
                 }
                 if self.chief.scheduled >= self.config.closures {
                     // As the program's final save would, the end waits for the servers to
-                    // settle: no restore, and no server joining or leaving, under way.
-                    if !self.coord.is_holding() && !self.coord.server_changes_pending() {
+                    // settle (no restore, and no server joining or leaving, under way) and for
+                    // a save still written in the background.
+                    let settled = !self.coord.is_holding() && !self.coord.server_changes_pending();
+                    if settled && self.chief.background.is_none() {
                         self.ended = Some(Ok(()));
                     }
                     return;
@@ -2667,6 +2677,10 @@ impl<'a> World<'a> {
                     };
             }
             ChiefPhase::Save => {
+                // One save in the background at a time: the one before ends first.
+                if self.chief.background.is_some() {
+                    return;
+                }
                 // As the real save: the coordinator reads the cut (waiting out recoveries and
                 // servers that cannot be read for now, within SAVE_WAIT_MAX).
                 let step = self.storage.len() as u64;
@@ -2725,6 +2739,7 @@ impl<'a> World<'a> {
                 let Some(history) = self.take_read(ticket) else {
                     return;
                 };
+                let generation = reading.generation;
                 let checkpoint = match reading.into_checkpoint() {
                     Ok(checkpoint) => checkpoint,
                     Err(e) => {
@@ -2732,14 +2747,23 @@ impl<'a> World<'a> {
                         return;
                     }
                 };
-                let write = PendingWrite {
+                let write = Box::new(PendingWrite {
                     checkpoint,
+                    generation,
                     history,
                     committed: self.committed_ids(),
                     scheduled: self.chief.scheduled,
                     batches: self.chief.batches,
-                };
-                self.chief.phase = ChiefPhase::Writing(Box::new(write));
+                });
+                // As the demo, half the saves are written in the background while the program
+                // schedules on (closures commit between the cut's read and its mark); the
+                // others block the program until they are written.
+                if self.rng.gen_bool(0.5) {
+                    self.chief.background = Some(write);
+                    self.chief.phase = ChiefPhase::Schedule;
+                } else {
+                    self.chief.phase = ChiefPhase::Writing(write);
+                }
                 // Writing and reading back takes a while (a large embedding's checkpoint takes
                 // seconds): faults that come meanwhile find the cut read and not yet marked.
                 let most = self.config.save_write_max.as_millis().max(1) as u64;
@@ -2757,10 +2781,15 @@ impl<'a> World<'a> {
         if chief != self.chief_epoch || self.chief_state != ProcState::Up {
             return;
         }
-        let ChiefPhase::Writing(write) =
-            std::mem::replace(&mut self.chief.phase, ChiefPhase::Schedule)
-        else {
-            return;
+        let write = match std::mem::replace(&mut self.chief.phase, ChiefPhase::Schedule) {
+            ChiefPhase::Writing(write) => write,
+            phase => {
+                self.chief.phase = phase;
+                match self.chief.background.take() {
+                    Some(write) => write,
+                    None => return,
+                }
+            }
         };
         self.save(*write);
     }
@@ -2933,6 +2962,7 @@ impl<'a> World<'a> {
     fn save(&mut self, write: PendingWrite) {
         let PendingWrite {
             checkpoint,
+            generation,
             history,
             committed,
             scheduled,
@@ -3013,7 +3043,11 @@ impl<'a> World<'a> {
             return;
         }
         let root = std::path::PathBuf::from("sim-checkpoints");
-        let marked = self.coord.mark_cut(ClosureId(cut), root).is_ok();
+        // As the real shell: refused if a restore began since the servers were read.
+        let marked = self
+            .coord
+            .handle_mark_cut(ClosureId(cut), root, Some(generation))
+            .is_ok();
         if marked && fault == Some(StorageFault::RotAfterCut) {
             // It verified and is the cut now; then a bit of one of its files flips on disk.
             let files = &mut self.storage[stored].files;
