@@ -329,6 +329,21 @@ fn run_chief(
             "done before the checkpoint (step {step} >= {digits_steps})"
         );
     }
+    // A checkpoint before training, written while the first epoch runs: a parameter server
+    // lost before the cadence's first save is restored from it (with none, its loss would end
+    // the job: nothing to restore its variables from).
+    let mut in_background = None;
+    if resumed.is_none() {
+        match coordinator.save_checkpoint_in_background(&checkpoints, step) {
+            Ok(pending) => in_background = Some(pending),
+            Err(CoordinatorError::Checkpoint(e)) => tracing::warn!(
+                step,
+                "checkpoint before training not saved: {e}; a parameter server lost before the \
+                 first epoch's checkpoint cannot be restored"
+            ),
+            Err(e) => return Err(e),
+        }
+    }
     let preempted = run_phase(
         coordinator,
         &mut progress,
@@ -336,6 +351,7 @@ fn run_chief(
         &mut summaries,
         &phase,
         &mut step,
+        &mut in_background,
         |coordinator, loss, step| {
             let accuracy = digits_accuracy(coordinator)?;
             tracing::info!(
@@ -399,6 +415,7 @@ fn run_chief(
         &mut summaries,
         &phase,
         &mut step,
+        &mut None,
         |coordinator, loss, step| {
             let ctr_loss = ctr_held_out_loss(coordinator, &held_out, &embedding.name)?;
             tracing::info!(
@@ -522,8 +539,9 @@ struct Phase {
 
 /// Runs the epochs of `phase` that are not behind `step` (a resumed run starts mid-phase, even
 /// mid-epoch); `after_epoch` reports each finished epoch (its mean loss, the step reached), as do the TensorBoard `summaries`
-/// (mean loss, steps per second, committed closures). Returns true when a stop was requested
-/// (the steps in flight have finished and `step` counts them).
+/// (mean loss, steps per second, committed closures). `in_background` is the save being
+/// written, if one is: it ends before the next save begins, and by the phase's end. Returns
+/// true when a stop was requested (the steps in flight have finished and `step` counts them).
 #[allow(clippy::too_many_arguments)]
 fn run_phase(
     coordinator: &ClusterCoordinator,
@@ -532,9 +550,9 @@ fn run_phase(
     summaries: &mut JobSummaries,
     phase: &Phase,
     step: &mut u64,
+    in_background: &mut Option<PendingSave>,
     mut after_epoch: impl FnMut(&ClusterCoordinator, f64, u64) -> Result<(), CoordinatorError>,
 ) -> Result<bool, CoordinatorError> {
-    let in_background = &mut None::<PendingSave>;
     for epoch in 1..=phase.epochs {
         let epoch_end = phase.first_step + (epoch * phase.steps_per_epoch) as u64;
         if *step >= epoch_end {
@@ -572,12 +590,16 @@ fn run_phase(
         }
         after_epoch(coordinator, outcome.mean_loss, *step)?;
         // The phase's last epoch is saved at the phase's end (a second save of the same step
-        // would be refused). One save in the background at a time: the one before ends first.
+        // would be refused). One save in the background at a time: training waits for the one
+        // before only when the next is due (a save written meanwhile is just reported).
         if epoch < phase.epochs {
-            if let Some(pending) = in_background.take() {
+            let due =
+                |checkpoints: &CheckpointManager| checkpoints.should_save(*step, Instant::now());
+            if let Some(pending) = in_background.take_if(|p| p.is_finished() || due(checkpoints)) {
                 finish_save(pending, checkpoints);
             }
-            if checkpoints.should_save(*step, Instant::now()) {
+            // Due again once the one before is recorded (its start is the cadence's).
+            if in_background.is_none() && due(checkpoints) {
                 *in_background =
                     Some(coordinator.save_checkpoint_in_background(checkpoints, *step)?);
             }
@@ -648,7 +670,7 @@ fn report_saved(saved: SavedInBackground) {
         .unwrap_or(0);
     tracing::info!(
         step = saved.step,
-        "checkpoint at step {} (every {SAVE_EVERY:?}): {}, {:.1} MB; training waited {:.0} ms \
+        "checkpoint at step {}: {}, {:.1} MB; training waited {:.0} ms \
          for the cut, written in the background in {:.0} ms",
         saved.step,
         saved.dir.display(),
