@@ -16,7 +16,8 @@
 //! server the chief declared dead that wakes up is retired the same way, so that it comes back
 //! as a new incarnation the chief restores. The chief exits [`PS_LOST_EXIT_CODE`] (172) when its program failed because a
 //! parameter server was lost for good ([`ClosureFailure::PsLost`]): restarted, it resumes from
-//! its last checkpoint.
+//! its last checkpoint; and when a server was lost while its start restored the servers
+//! ([`CoordinatorError::ServerLostAtStart`]): restarted, it probes them and restores again.
 //!
 //! End of a job: when the chief's program returns successfully (and no stop was requested),
 //! the chief says goodbye ([`Shutdown`]) to every worker and parameter server, waiting at most
@@ -663,7 +664,11 @@ fn run_chief(
     let outcome = match program_thread.join() {
         Ok(Ok(Ok(()))) => Ok(JOB_DONE_EXIT_CODE),
         // Not the program's fault: a restarted chief resumes from its checkpoint (restart me).
-        Ok(Ok(Err(e @ CoordinatorError::Closure(ClosureFailure::PsLost { .. })))) => {
+        // So is a server lost while the start restored it: a restarted chief restores again.
+        Ok(Ok(Err(
+            e @ (CoordinatorError::Closure(ClosureFailure::PsLost { .. })
+            | CoordinatorError::ServerLostAtStart { .. }),
+        ))) => {
             tracing::error!(
                 "{e}; exiting {PS_LOST_EXIT_CODE} so that a restarted chief resumes from the last checkpoint"
             );

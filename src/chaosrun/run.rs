@@ -113,9 +113,9 @@ pub struct PrintedSummary {
     pub ps_restores: Option<u64>,
     /// `... M committed closures rolled back and run again`.
     pub rolled_back: Option<u64>,
-    /// `steps: N of T (this run: R)` with `R < N`: the chief that printed it resumed from a
-    /// checkpoint (it restarted), restoring the servers there, so closures after that
-    /// checkpoint were pushed again.
+    /// `steps: N of T (this run: R)` with `R < N`, or `(this run: R, resumed from step S)`:
+    /// the chief that printed it resumed from a checkpoint (it restarted), restoring the
+    /// servers there, so closures after that checkpoint were pushed again.
     pub resumed: bool,
     /// What a MultiWorkerMirrored job's tasks printed (empty for a parameter-server job).
     pub group: PrintedGroup,
@@ -550,11 +550,13 @@ fn scan_line(scan: &mut OutputScan, line: &str) {
             .split_whitespace()
             .next()
             .and_then(|n| n.parse::<u64>().ok());
-        let this_run = rest
-            .split_once("(this run: ")
-            .and_then(|(_, r)| r.trim().trim_end_matches(')').parse::<u64>().ok());
+        let this_run = rest.split_once("(this run: ").and_then(|(_, r)| {
+            let digits: String = r.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        });
         if let (Some(step), Some(this_run)) = (step, this_run) {
-            scan.summary.resumed = this_run < step;
+            // A chief that resumed from the checkpoint before training ran every step itself.
+            scan.summary.resumed = this_run < step || rest.contains("resumed from step");
         }
     }
     if let Some(server) = parse_printed_server(line) {
@@ -1200,6 +1202,15 @@ mod tests {
         assert!(
             scan.summary.resumed,
             "a chief that resumed from a checkpoint"
+        );
+        let mut at_start = OutputScan::default();
+        scan_line(
+            &mut at_start,
+            "[chief/0]   steps: 2400 of 2400 (this run: 2400, resumed from step 0)",
+        );
+        assert!(
+            at_start.summary.resumed,
+            "a chief that resumed from the checkpoint before training"
         );
         assert_eq!(
             (scan.summary.ps_restores, scan.summary.rolled_back),

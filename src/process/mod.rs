@@ -20,7 +20,7 @@
 //! | 143 | [`PREEMPTED_EXIT_CODE`] | stopped after SIGTERM/SIGINT (128 + SIGTERM) | restart me |
 //! | 170 | [`PANIC_EXIT_CODE`] | a panic (crash-only) | restart me, as a new incarnation |
 //! | 171 | [`RETIRED_EXIT_CODE`] | a worker lost its chief, or the chief retired this worker or parameter server incarnation, or a peer refused this incarnation as outdated (FENCE-1) | restart me, as a new incarnation |
-//! | 172 | [`PS_LOST_EXIT_CODE`] | the chief gave up on a parameter server that could not be recovered | restart me: the chief resumes from its checkpoint |
+//! | 172 | [`PS_LOST_EXIT_CODE`] | the chief gave up on a parameter server that could not be recovered, or one was lost while the chief's start restored the servers | restart me: the chief resumes from its checkpoint |
 //! | 173 | [`crate::checkpoint::FAILPOINT_EXIT_CODE`] | a checkpoint failpoint fired (tests only: a crash) | restart me |
 //! | 128 + N | — | killed by signal N (as a shell or Kubernetes reports it) | restart me |
 //!

@@ -21,7 +21,7 @@ use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
     shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, CutReading, CutTicket,
     Ledger, PositionsTicket, PsDial, RestoreCall, RestoreReport, RestoreTicket, ResultDisposition,
-    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, WorkerDial,
+    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, StartFailure, WorkerDial,
 };
 use crate::roles::protocol::{
     bytes_to_f32, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure, RunClosureError,
@@ -2863,7 +2863,11 @@ impl<'a> World<'a> {
 
     /// The chief's start ended: the program goes on from the checkpoint's step (or from the
     /// beginning, afresh), or the chief exits (its supervisor restarts it, and it tries again).
-    fn startup_restored(&mut self, ticket: RestoreTicket, result: Result<Option<u64>, String>) {
+    fn startup_restored(
+        &mut self,
+        ticket: RestoreTicket,
+        result: Result<Option<u64>, StartFailure>,
+    ) {
         let ChiefPhase::Restoring { ticket: t, stored } = self.chief.phase else {
             return;
         };

@@ -329,17 +329,17 @@ fn run_chief(
             "done before the checkpoint (step {step} >= {digits_steps})"
         );
     }
-    // A checkpoint before training, written while the first epoch runs: a parameter server
-    // lost before the cadence's first save is restored from it (with none, its loss would end
-    // the job: nothing to restore its variables from).
-    let mut in_background = None;
+    // A checkpoint before training, durable before the first step: a parameter server lost
+    // before the cadence's first save is restored from it, and a chief lost then resumes from
+    // it (with none, either loss would end the job once the servers have applied a step:
+    // nothing accounts for what they hold).
     if resumed.is_none() {
-        match coordinator.save_checkpoint_in_background(&checkpoints, step) {
-            Ok(pending) => in_background = Some(pending),
+        match coordinator.save_checkpoint(&mut checkpoints, step) {
+            Ok(saved) => tracing::info!(step, "checkpoint before training: {}", saved.display()),
             Err(CoordinatorError::Checkpoint(e)) => tracing::warn!(
                 step,
-                "checkpoint before training not saved: {e}; a parameter server lost before the \
-                 first epoch's checkpoint cannot be restored"
+                "checkpoint before training not saved: {e}; a parameter server or the chief \
+                 lost before the first epoch's checkpoint ends the job"
             ),
             Err(e) => return Err(e),
         }
@@ -351,7 +351,6 @@ fn run_chief(
         &mut summaries,
         &phase,
         &mut step,
-        &mut in_background,
         |coordinator, loss, step| {
             let accuracy = digits_accuracy(coordinator)?;
             tracing::info!(
@@ -415,7 +414,6 @@ fn run_chief(
         &mut summaries,
         &phase,
         &mut step,
-        &mut None,
         |coordinator, loss, step| {
             let ctr_loss = ctr_held_out_loss(coordinator, &held_out, &embedding.name)?;
             tracing::info!(
@@ -477,10 +475,15 @@ fn run_chief(
         accuracy * 100.0
     );
     println!("  ctr: held-out log loss {ctr_loss:.4}, planted floor {floor:.4}");
+    // The runner reads "resumed" (the servers were restored at the start, rolling back what
+    // a chief before this one had them apply).
     println!(
-        "  steps: {step} of {} (this run: {})",
+        "  steps: {step} of {} (this run: {}{})",
         digits_steps + ctr_steps,
-        step - resumed.unwrap_or(0)
+        step - resumed.unwrap_or(0),
+        resumed
+            .map(|from| format!(", resumed from step {from}"))
+            .unwrap_or_default()
     );
     println!(
         "  checkpoints: {} (newest {})",
@@ -539,9 +542,8 @@ struct Phase {
 
 /// Runs the epochs of `phase` that are not behind `step` (a resumed run starts mid-phase, even
 /// mid-epoch); `after_epoch` reports each finished epoch (its mean loss, the step reached), as do the TensorBoard `summaries`
-/// (mean loss, steps per second, committed closures). `in_background` is the save being
-/// written, if one is: it ends before the next save begins, and by the phase's end. Returns
-/// true when a stop was requested (the steps in flight have finished and `step` counts them).
+/// (mean loss, steps per second, committed closures). Returns true when a stop was requested
+/// (the steps in flight have finished and `step` counts them).
 #[allow(clippy::too_many_arguments)]
 fn run_phase(
     coordinator: &ClusterCoordinator,
@@ -550,9 +552,9 @@ fn run_phase(
     summaries: &mut JobSummaries,
     phase: &Phase,
     step: &mut u64,
-    in_background: &mut Option<PendingSave>,
     mut after_epoch: impl FnMut(&ClusterCoordinator, f64, u64) -> Result<(), CoordinatorError>,
 ) -> Result<bool, CoordinatorError> {
+    let in_background = &mut None::<PendingSave>;
     for epoch in 1..=phase.epochs {
         let epoch_end = phase.first_step + (epoch * phase.steps_per_epoch) as u64;
         if *step >= epoch_end {

@@ -40,7 +40,7 @@ use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateTicket,
     CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket, PsDial, RestoreTicket,
     ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition,
-    ShardRead, WorkerDial,
+    ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -70,7 +70,7 @@ pub struct CoordinatorActor {
     join_waiters: Vec<oneshot::Sender<Result<(), ClosureFailure>>>,
     fetch_waiters: HashMap<ClosureId, Vec<FetchWaiter>>,
     /// Who waits for the chief's start (or a restore at start-up), by ticket.
-    restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<Option<u64>, String>>>,
+    restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<Option<u64>, StartFailure>>>,
     /// Who waits for a variable's shards to be created, by ticket.
     create_waiters: BTreeMap<CreateTicket, oneshot::Sender<Result<(), String>>>,
     /// Who waits for a save's read, by ticket.
@@ -1062,10 +1062,10 @@ fn worker_reply<T, E: std::fmt::Display>(
 
 /// The program's wait for a request the machine took under a ticket (`asked`), answered when
 /// the machine ends it; a request the machine refused is answered at once with the refusal.
-fn wait_for_ticket<K: Ord, T>(
-    waiters: &mut BTreeMap<K, oneshot::Sender<Result<T, String>>>,
-    asked: Result<K, String>,
-) -> oneshot::Receiver<Result<T, String>> {
+fn wait_for_ticket<K: Ord, T, E>(
+    waiters: &mut BTreeMap<K, oneshot::Sender<Result<T, E>>>,
+    asked: Result<K, E>,
+) -> oneshot::Receiver<Result<T, E>> {
     let (done, rx) = oneshot::channel();
     match asked {
         Ok(ticket) => {
@@ -1740,7 +1740,7 @@ pub struct Start {
 }
 
 impl Message for Start {
-    type Result = oneshot::Receiver<Result<Option<u64>, String>>;
+    type Result = oneshot::Receiver<Result<Option<u64>, StartFailure>>;
 }
 
 impl Handler<Start> for CoordinatorActor {
@@ -1749,7 +1749,8 @@ impl Handler<Start> for CoordinatorActor {
     fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) -> Self::Result {
         let asked = self
             .scheduler
-            .handle_start(Instant::now(), msg.checkpoint, msg.root);
+            .handle_start(Instant::now(), msg.checkpoint, msg.root)
+            .map_err(StartFailure::Failed);
         let rx = wait_for_ticket(&mut self.restore_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)

@@ -17,7 +17,7 @@ use super::actor::{
 };
 use super::machine::reshard::RESHARDING;
 pub use super::machine::SAVE_WAIT_MAX;
-use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError};
+use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
 use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
@@ -103,6 +103,16 @@ pub enum CoordinatorError {
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A parameter server was lost while the chief's start restored the servers from the
+    /// checkpoint: they are in no known state. Not the program's fault: a restarted chief
+    /// probes them and restores again (the chief exits 172, restart me).
+    #[error("parameter server ps/{ps} was lost while the chief's start restored it: {reason}")]
+    ServerLostAtStart {
+        /// The server.
+        ps: u32,
+        /// What the restore's call to it got.
+        reason: String,
+    },
     /// The warm start cannot be used (its file, its name map, or a variable it does not fit).
     #[error(transparent)]
     WarmStart(Box<WarmStartError>),
@@ -636,7 +646,12 @@ impl ClusterCoordinator {
             root: manager.root().to_path_buf(),
         })?;
         self.wait(rx, "restoring the checkpoint")?
-            .map_err(CoordinatorError::Checkpoint)
+            .map_err(|failure| match failure {
+                StartFailure::ServerLost { ps, reason } => {
+                    CoordinatorError::ServerLostAtStart { ps, reason }
+                }
+                StartFailure::Failed(reason) => CoordinatorError::Checkpoint(reason),
+            })
     }
 
     fn configure_workers(&self) -> Result<(), CoordinatorError> {

@@ -39,5 +39,5 @@ pub use machine::{
     CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, DrainDisposition, KnownTask,
     Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
     Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
-    TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    StartFailure, TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

@@ -145,6 +145,25 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Why the chief's start ([`Scheduler::handle_start`]) or a restore at start-up did not end
+/// with the servers restored or started afresh.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartFailure {
+    /// A parameter server was lost while the start's restore ran (it was interrupted): the
+    /// servers are in no known state, and a restarted chief probes them and restores again.
+    #[error("parameter server ps/{ps} was lost while the chief's start restored it: {reason}")]
+    ServerLost {
+        /// The server.
+        ps: u32,
+        /// What the restore's call to it got.
+        reason: String,
+    },
+    /// Anything else: a server that refused a step or did not answer the probe within its
+    /// bound, a checkpoint that does not fit, no valid checkpoint over trained servers.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// An error from a closure, as its worker reported it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, thiserror::Error)]
 #[error("{function} (closure {}): {message}", closure.0)]
@@ -249,7 +268,7 @@ pub enum SchedulerAction {
         /// The ticket the request got.
         ticket: RestoreTicket,
         /// The step restored (`None`: started afresh), or why not.
-        result: Result<Option<u64>, String>,
+        result: Result<Option<u64>, StartFailure>,
     },
     /// Dial parameter server `ps` with a real call ([`crate::roles::protocol::PsStats`]): only
     /// an answer proves an incarnation alive. Answer with [`Scheduler::handle_ps_dialled`].
@@ -1397,18 +1416,25 @@ impl Scheduler {
                 end,
             ) => {
                 let result = match end {
-                    RunEnd::Done { step, .. } => self.resume(ledger, next_id).map(|()| {
-                        self.started = true;
-                        self.resume_generation(generation);
-                        self.watermark_sent = next_id;
-                        // The variables are at this checkpoint now: a recovery rolls back
-                        // to it until the next save.
-                        self.saves_root = Some(root.clone());
-                        self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
-                        Some(step)
-                    }),
-                    RunEnd::Interrupted { ps, reason } => Err(format!("ps/{ps}: {reason}")),
-                    RunEnd::Failed { reason } | RunEnd::Unreadable { reason } => Err(reason),
+                    RunEnd::Done { step, .. } => self
+                        .resume(ledger, next_id)
+                        .map_err(StartFailure::Failed)
+                        .map(|()| {
+                            self.started = true;
+                            self.resume_generation(generation);
+                            self.watermark_sent = next_id;
+                            // The variables are at this checkpoint now: a recovery rolls back
+                            // to it until the next save.
+                            self.saves_root = Some(root.clone());
+                            self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
+                            Some(step)
+                        }),
+                    RunEnd::Interrupted { ps, reason } => {
+                        Err(StartFailure::ServerLost { ps, reason })
+                    }
+                    RunEnd::Failed { reason } | RunEnd::Unreadable { reason } => {
+                        Err(StartFailure::Failed(reason))
+                    }
                 };
                 self.end_startup_restore(now);
                 self.actions

@@ -554,7 +554,7 @@ fn a_failed_restore_at_start_is_reported_and_bad_requests_are_refused() {
         _ => None,
     });
     assert!(
-        matches!(finished, Some(Err(e)) if e.contains("shape")),
+        matches!(finished, Some(Err(e)) if e.to_string().contains("shape")),
         "{others:?}"
     );
     assert!(!s.is_holding());
@@ -562,6 +562,41 @@ fn a_failed_restore_at_start_is_reported_and_bad_requests_are_refused() {
     assert!(s
         .handle_restore_at_start(t, ckpt, root(), &[probe(0), probe(1)], 2)
         .is_err());
+}
+
+/// A server lost while the start's restore runs (it cannot be reached at some step) ends the
+/// start as `ServerLost`, naming the server: not a failure of the checkpoint or the program,
+/// so the chief exits asking for a restart, and its next incarnation probes and restores again.
+#[test]
+fn a_server_lost_during_the_restore_at_start_ends_it_as_a_server_loss() {
+    let t = Instant::now();
+    let ckpt = checkpoint(9, 10, 0);
+    let probe = |ps| ServerProbe {
+        ps,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    };
+    for failing in [Step::Begin, Step::Shards, Step::RollBack] {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        let ticket = s
+            .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0), probe(1)], 2)
+            .unwrap();
+        let (others, _) = drive_restore(&mut s, &ckpt, |step, target| {
+            (step == failing && target == 1).then(|| CallFault::Unreachable("peer lost".into()))
+        });
+        let finished = others.iter().find_map(|a| match a {
+            SchedulerAction::RestoreFinished { ticket: t, result } if *t == ticket => {
+                Some(result.clone())
+            }
+            _ => None,
+        });
+        assert!(
+            matches!(&finished, Some(Err(StartFailure::ServerLost { ps: 1, .. }))),
+            "{failing:?}: {finished:?}"
+        );
+        assert!(!s.is_holding(), "{failing:?}");
+    }
 }
 
 /// Answers of another generation, duplicates, and answers for calls never made change

@@ -497,7 +497,9 @@ fn probes_sent(actions: &[SchedulerAction]) -> Vec<u32> {
 
 fn start_finished(actions: &[SchedulerAction]) -> Option<Result<Option<u64>, String>> {
     actions.iter().find_map(|a| match a {
-        SchedulerAction::RestoreFinished { result, .. } => Some(result.clone()),
+        SchedulerAction::RestoreFinished { result, .. } => {
+            Some(result.clone().map_err(|e| e.to_string()))
+        }
         _ => None,
     })
 }

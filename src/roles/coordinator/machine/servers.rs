@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use super::control::REQUESTS_PENDING_MAX;
 use super::recovery::CallFault;
 use super::reshard::RESHARDING;
-use super::{RestoreTicket, Scheduler, SchedulerAction, ServerProbe};
+use super::{RestoreTicket, Scheduler, SchedulerAction, ServerProbe, StartFailure};
 use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
 use crate::roles::protocol::{CreateVariable, InitSpec};
@@ -316,9 +316,9 @@ impl Scheduler {
             Err(fault) => fault.to_string(),
         };
         self.start = None;
-        let result = Err(format!(
+        let result = Err(StartFailure::Failed(format!(
             "parameter server ps/{ps} did not answer the chief's probe: {fault}"
-        ));
+        )));
         self.actions
             .push_back(SchedulerAction::RestoreFinished { ticket, result });
     }
@@ -362,7 +362,7 @@ impl Scheduler {
                 .iter()
                 .find(|p| p.next_free_closure_id > 0 || p.generation > 0)
             {
-                Some(p) => Err(format!(
+                Some(p) => Err(StartFailure::Failed(format!(
                     "no checkpoint under {} verifies, but ps/{} has applied closures (ids \
                      below {}, restore generation {}) under an earlier chief: starting afresh \
                      would reuse their closure ids and train on state no ledger accounts for. \
@@ -372,7 +372,7 @@ impl Scheduler {
                     p.ps,
                     p.next_free_closure_id,
                     p.generation
-                )),
+                ))),
                 None => Ok(None),
             };
             self.started = result.is_ok();
@@ -388,7 +388,7 @@ impl Scheduler {
         {
             self.actions.push_back(SchedulerAction::RestoreFinished {
                 ticket,
-                result: Err(e),
+                result: Err(StartFailure::Failed(e)),
             });
         }
     }
