@@ -120,6 +120,52 @@ fn the_multi_worker_mirrored_demo_loses_a_worker_midway_re_forms_readmits_it_and
     );
 }
 
+/// `cohort launch --job multi-worker-mirrored` runs the MultiWorkerMirrored demo's tasks with
+/// nothing killed: one membership epoch of every task, the same final model on each, and the
+/// accuracy target met (the settings reach the tasks through the environment).
+#[test]
+fn the_multi_worker_mirrored_job_launches_with_no_kill_and_converges() {
+    let output = run_with_timeout(
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args([
+                "launch",
+                "--job",
+                "multi-worker-mirrored",
+                "--workers",
+                "2",
+                "--no-metrics",
+            ])
+            .env("COHORT_DEMO_DIGITS_EPOCHS", "20"),
+        Duration::from_secs(300),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "launch failed: {:?}\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(!stderr.contains("SIGKILL"), "nothing is killed:\n{stderr}");
+    let summary = &stdout[stdout
+        .find("== summary")
+        .unwrap_or_else(|| panic!("no summary in:\n{stdout}"))..];
+    assert!(
+        summary.contains("epoch 1: 3 workers from step 0"),
+        "{summary}"
+    );
+    let digests: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("final model: ").map(|(_, d)| d.trim()))
+        .collect();
+    assert_eq!(digests.len(), 3, "one final model per task:\n{stdout}");
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    let accuracy: f64 = number_after(summary, "digits: held-out accuracy ").expect("accuracy line");
+    assert!(
+        accuracy >= 95.0,
+        "digits held-out accuracy {accuracy}%\n{stdout}"
+    );
+}
+
 /// The number that follows the first occurrence of `prefix` in `text` (digits and a dot).
 fn number_after<T: std::str::FromStr>(text: &str, prefix: &str) -> Option<T> {
     let start = text.find(prefix)? + prefix.len();
@@ -164,7 +210,8 @@ fn run_with_timeout(command: &mut Command, limit: Duration) -> std::process::Out
 /// `--communication` belongs to the MultiWorkerMirrored demo, and NCCL there is refused at
 /// once, naming the flag and what is missing, where this machine cannot run it (no GPU, no
 /// libnccl, or a build without the feature), before any task starts; so are elastic
-/// `--workers MIN:MAX` and `--evaluators`, which its group cannot take.
+/// `--workers MIN:MAX`, `--evaluators` and `--ps`, which its group cannot take (by the demo
+/// and by `launch --job multi-worker-mirrored` alike).
 #[test]
 fn the_demos_flags_are_refused_where_they_cannot_be_used() {
     let run = |args: &[&str]| {
@@ -180,7 +227,8 @@ fn the_demos_flags_are_refused_where_they_cannot_be_used() {
         stderr.contains("--communication: only with --strategy multi-worker-mirrored"),
         "{stderr}"
     );
-    // What the group cannot take is refused too, before any task starts.
+    // What the group cannot take is refused too, before any task starts, by the demo and by
+    // `launch --job multi-worker-mirrored` alike.
     for (flags, expected) in [
         (
             ["--workers", "2:4"],
@@ -190,6 +238,10 @@ fn the_demos_flags_are_refused_where_they_cannot_be_used() {
             ["--evaluators", "1"],
             "--evaluators 1: the MultiWorkerMirrored demo has no evaluator",
         ),
+        (
+            ["--ps", "2"],
+            "--ps 2: a MultiWorkerMirrored job has no parameter server",
+        ),
     ] {
         let mut args = vec![
             "demo",
@@ -197,6 +249,12 @@ fn the_demos_flags_are_refused_where_they_cannot_be_used() {
             "multi-worker-mirrored",
             "--no-metrics",
         ];
+        args.extend(flags);
+        let output = run(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+        let mut args = vec!["launch", "--job", "multi-worker-mirrored", "--no-metrics"];
         args.extend(flags);
         let output = run(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);

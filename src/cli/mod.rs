@@ -15,7 +15,8 @@ mod nccl;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// cohort: fault-tolerant distributed training — TensorFlow's tf.distribute model (strategies,
 /// distributed datasets, parameter-server training) on actors that talk over QUIC with mutual
@@ -171,7 +172,9 @@ enum DemoStrategy {
 /// Flags of `cohort launch`.
 #[derive(Debug, clap::Args)]
 struct LaunchArgs {
-    /// The built-in job to run (`demo`).
+    /// The built-in job to run: `demo` (the parameter-server demo's tasks) or
+    /// `multi-worker-mirrored` (the MultiWorkerMirrored demo's: the chief and --workers
+    /// workers, no parameter server).
     #[arg(long, default_value = "demo")]
     job: String,
     #[command(flatten)]
@@ -273,28 +276,34 @@ struct RoleArgs {
 
 /// Parses the process arguments and runs the command.
 pub fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(err) => {
             // clap prints help/version to stdout with exit 0 and usage errors with exit 2.
             let _ = err.print();
             return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
         }
     };
+    // Whether `--ps` was on the command line of a command that launches a job (a
+    // MultiWorkerMirrored job has no server to take it).
+    let ps_given = ["demo", "launch"]
+        .iter()
+        .filter_map(|name| matches.subcommand_matches(name))
+        .any(|sub| sub.value_source("ps") == Some(ValueSource::CommandLine));
     let result = match cli.command {
         Command::Certs(args) => certs::run(args),
         Command::Demo(args) if args.strategy == DemoStrategy::MultiWorkerMirrored => {
             let mut launch = args.launch;
             // Refused here, before any task starts: the launcher would start tasks the group
             // cannot take, and restart each as it failed.
-            if let Err(detail) = mwms_launch_check(&launch) {
+            if let Err(detail) = mwms_launch_check(&launch, ps_given) {
                 eprintln!("error: {detail}");
                 return ExitCode::from(2);
             }
-            // The chief and the workers are the group; no parameter server.
-            launch.ps = crate::bootstrap::WorkerCount::from(0);
-            // The chief is rank 0 of the group: preempted, it leaves and rejoins.
-            launch.peer_chief = true;
+            mwms_launch(&mut launch);
             if !args.no_chaos && launch.kill_worker_after.is_none() {
                 // The chief marks the middle of training; this is the fallback.
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
@@ -388,10 +397,25 @@ pub fn run() -> ExitCode {
                 env,
             ));
         }
+        Command::Launch(args) if args.job == MWMS_JOB => {
+            let mut launch = args.launch;
+            if let Err(detail) = mwms_launch_check(&launch, ps_given) {
+                eprintln!("error: {detail}");
+                return ExitCode::from(2);
+            }
+            mwms_launch(&mut launch);
+            // Its settings (COHORT_DEMO_DIGITS_EPOCHS, COHORT_DEMO_COMMUNICATION,
+            // COHORT_CHECKPOINT_DIR) reach the tasks through the environment.
+            return exit(crate::bootstrap::launch_local(
+                &launch,
+                vec!["mwms-demo-task".to_string()],
+                Vec::new(),
+            ));
+        }
         Command::Launch(args) => {
             if builtin_job(&args.job).is_none() {
                 Err(CliError::Usage(format!(
-                    "--job: unknown job {:?} (built-in jobs: demo)",
+                    "--job: unknown job {:?} (built-in jobs: demo, {MWMS_JOB})",
                     args.job
                 )))
             } else {
@@ -444,10 +468,21 @@ pub fn run() -> ExitCode {
     }
 }
 
+/// `cohort launch --job` of the MultiWorkerMirrored demo's tasks.
+const MWMS_JOB: &str = "multi-worker-mirrored";
+
 /// What a MultiWorkerMirrored job cannot be launched with: its group is every task of the
-/// cluster spec (a lost one is restarted and rejoins; none is added beyond it), and it has no
-/// evaluator (the chief evaluates the held-out digits at the end).
-fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags) -> Result<(), String> {
+/// cluster spec (a lost one is restarted and rejoins; none is added beyond it), it has no
+/// parameter server (`ps_given`: `--ps` was on the command line) and no evaluator (the chief
+/// evaluates the held-out digits at the end).
+fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags, ps_given: bool) -> Result<(), String> {
+    if ps_given {
+        return Err(format!(
+            "--ps {}: a MultiWorkerMirrored job has no parameter server (its workers all-reduce \
+             their gradients)",
+            launch.ps.min
+        ));
+    }
     let workers = launch.workers;
     if workers.min != workers.max {
         return Err(format!(
@@ -465,6 +500,14 @@ fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags) -> Result<(), Strin
         ));
     }
     Ok(())
+}
+
+/// A MultiWorkerMirrored job's launch: the chief and the workers are the group, with no
+/// parameter server; the chief is rank 0 of it, so preempted it leaves and rejoins as a worker
+/// does.
+fn mwms_launch(launch: &mut crate::bootstrap::LaunchFlags) {
+    launch.ps = crate::bootstrap::WorkerCount::from(0);
+    launch.peer_chief = true;
 }
 
 fn role_args(job: &str) -> Vec<String> {
