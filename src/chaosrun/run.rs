@@ -1007,11 +1007,18 @@ fn recorded_indices(run_dir: &Path, role: TaskType) -> Vec<u32> {
 }
 
 /// The process group of `pid`, from `/proc/<pid>/stat`.
+/// The process group of live process `pid`; `None` for a process that has exited, a zombie
+/// not reaped yet among them (killed a moment ago, its task about to be restarted: a signal
+/// for the task is for its next process).
 fn group_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
     let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(2)?.parse().ok()
+    let mut fields = after.split_whitespace();
+    if matches!(fields.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.nth(1)?.parse().ok()
 }
 
 fn checkpoint_root(setup: &RunSetup) -> Result<&Path, String> {
@@ -1183,6 +1190,41 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a task killed a moment ago stays a zombie until the launcher reaps it, and
+    /// a second kill due 20 ms later hit that zombie instead of waiting for the task's next
+    /// process. A zombie counts as gone.
+    #[test]
+    fn a_killed_process_not_reaped_yet_is_not_running() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let pid = child.id();
+        let own_group = group_of(std::process::id()).expect("this process has a group");
+        assert_eq!(
+            group_of(pid),
+            Some(own_group),
+            "a live child is in our group"
+        );
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL");
+        let zombie = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, s)| s.starts_with('Z'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !zombie(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            zombie(pid),
+            "the killed child is a zombie until it is reaped"
+        );
+        assert_eq!(group_of(pid), None);
+        child.wait().expect("reaped");
+    }
 
     #[test]
     fn the_chiefs_printed_summary_is_read() {

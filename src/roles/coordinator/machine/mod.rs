@@ -1284,6 +1284,15 @@ impl Scheduler {
         if self.is_restoring() {
             return Err("a parameter-server restore is under way".into());
         }
+        // A save written in the background can be overtaken by a newer cut (a parameter
+        // server's preemption cut taken meanwhile): going back to it would roll back past
+        // closures only the newer cut accounts for, which are no longer kept to run again.
+        if let Some(current) = self.cut.filter(|current| cut < *current) {
+            return Err(format!(
+                "cut {} is older than the current cut {}: a newer checkpoint was marked since",
+                cut.0, current.0
+            ));
+        }
         self.set_cut(cut, cut, root);
         Ok(())
     }

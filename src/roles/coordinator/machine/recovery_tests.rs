@@ -755,6 +755,25 @@ fn a_server_lost_while_the_first_checkpoint_is_written_is_restored_from_it_once_
     assert!(s.take_error().is_none());
 }
 
+/// A save overtaken by a newer cut (a server's preemption cut marked while it was written) is
+/// not marked when it ends: going back to it would roll back past closures that only the newer
+/// cut accounts for, no longer kept to run again. The newer cut stays.
+#[test]
+fn a_save_overtaken_by_a_newer_cut_is_not_marked() {
+    let (mut s, reading) = first_cut_read(2);
+    let older = reading.ledger.next_closure_id;
+    let t = Instant::now();
+    s.handle_schedule(t, "step", vec![7]).unwrap();
+    super::tests::run_all(&mut s);
+    let newer = ClosureId(s.next_closure_id());
+    s.mark_cut(newer, root()).unwrap();
+    let refused = s
+        .handle_mark_cut(ClosureId(older), root(), Some(reading.generation))
+        .unwrap_err();
+    assert!(refused.contains("older than the current cut"), "{refused}");
+    assert_eq!(s.cut(), Some(newer));
+}
+
 /// A first checkpoint that a recovery waits for and that is never marked fails the recovery
 /// naming why: its write failed (the shell abandons it), or it was not marked within
 /// `ps_restart_wait_max`.
