@@ -494,6 +494,42 @@ fn a_server_lost_while_the_first_checkpoint_is_written_is_restored_from_it_over_
     );
 }
 
+/// Regression (the simulator's failure detector): a worker restarted while partitioned, dialled
+/// by the chief once the partition healed, handed a closure and killed at once, was never
+/// declared dead: the detector kept watching the incarnation before it (already declared
+/// dead), so neither the silence nor the supervisor's exit report (for an incarnation it did
+/// not watch) counted, and the closure stayed in flight for good (LIVENESS, 1 seed of 10,000).
+/// A newer incarnation the coordinator dialled takes the node's link over, as a hello does.
+#[test]
+fn regression_a_dialled_incarnation_killed_at_once_is_declared_dead() {
+    let scenario = Scenario {
+        seed: 65007,
+        net: NetSettings {
+            latency_min_us: 100,
+            latency_max_us: 100,
+            loss: 0.001,
+            duplicate: 0.01,
+        },
+        faults: vec![
+            Fault::Kill {
+                at_ms: 2112,
+                node: Node::Worker(0),
+            },
+            Fault::Kill {
+                at_ms: 4584,
+                node: Node::Worker(0),
+            },
+            Fault::Partition {
+                at_ms: 1629,
+                node: Node::Worker(0),
+                for_ms: 2884,
+                one_way: false,
+            },
+        ],
+    };
+    run_whole(&SimConfig::default(), &scenario);
+}
+
 /// CKPT-1: a torn or bit-flipped checkpoint is never restored. With every save damaged, a
 /// server lost mid-job cannot be recovered: the job fails naming the missing checkpoint
 /// instead of restoring a damaged one (no damaged save ever becomes the cut).

@@ -2533,9 +2533,23 @@ impl<'a> World<'a> {
                 Node::Chief => None,
             };
             let entry = self.detector.entry(node).or_default();
-            if entry.seen.is_none() {
-                entry.seen = known;
+            // A newer incarnation the coordinator dialled takes the node's link over, as a
+            // hello on a new connection does: the gateway watches it from now on (silent, it
+            // is declared dead in its turn), and the older one's connection is gone.
+            if let Some(newer) = known.filter(|k| entry.seen.is_none_or(|seen| *k > seen)) {
+                let previous = entry.seen.replace(newer);
+                entry.unheard_since = None;
+                if let Some(old) = previous.filter(|old| entry.declared != Some(*old)) {
+                    entry.declared = Some(old);
+                    match node {
+                        Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, old),
+                        Node::Worker(w) => self.coord.handle_worker_lost(now, w, old),
+                        Node::Chief => {}
+                    }
+                    self.fail_calls(node, old);
+                }
             }
+            let entry = self.detector.entry(node).or_default();
             if heard {
                 entry.unheard_since = None;
                 let previous = entry.seen.replace(epoch);
