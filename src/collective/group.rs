@@ -259,7 +259,9 @@ impl Mesh {
     /// (`own`). [`Entry::Join`] as soon as one did (a live job: this process is to be
     /// admitted, [`Mesh::join_live`]); [`Entry::Start`] once every peer answered that it did
     /// not, or after `within` (a peer not answering yet is taken to be starting too: forming
-    /// epoch 1 waits for it).
+    /// epoch 1 waits for it). From an [`Entry::Join`] on this mesh waits to be admitted: its
+    /// `Enter` made it a pending joiner at the leader, whose `Admit` may come before
+    /// [`Mesh::join_live`] begins, and is kept for it.
     pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
         let deadline = Instant::now() + within;
         let mut asks: futures::stream::FuturesUnordered<_> = peers
@@ -269,6 +271,7 @@ impl Mesh {
         use futures::StreamExt;
         while let Some(answer) = asks.next().await {
             if let Some((_, true)) = answer {
+                self.inner.lock().joining = true;
                 return Entry::Join;
             }
         }
