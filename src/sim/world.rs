@@ -2541,12 +2541,7 @@ impl<'a> World<'a> {
                 entry.unheard_since = None;
                 if let Some(old) = previous.filter(|old| entry.declared != Some(*old)) {
                     entry.declared = Some(old);
-                    match node {
-                        Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, old),
-                        Node::Worker(w) => self.coord.handle_worker_lost(now, w, old),
-                        Node::Chief => {}
-                    }
-                    self.fail_calls(node, old);
+                    self.declare_dead(now, node, old);
                 }
             }
             let entry = self.detector.entry(node).or_default();
@@ -2558,26 +2553,12 @@ impl<'a> World<'a> {
                 }
                 // A new incarnation says hello: the old one's connection is gone, and with it
                 // every call to it (the gateway reports the old incarnation dead).
-                let old = previous.filter(|old| entry.declared != Some(*old));
-                if let Some(old) = old {
+                if let Some(old) = previous.filter(|old| entry.declared != Some(*old)) {
                     entry.declared = Some(old);
+                    self.declare_dead(now, node, old);
                 }
-                match node {
-                    Node::Ps(ps) => {
-                        if let Some(old) = old {
-                            self.coord.handle_ps_lost(now, ps, old);
-                        }
-                        self.coord.handle_ps_up(now, ps, epoch);
-                    }
-                    Node::Worker(w) => {
-                        if let Some(old) = old {
-                            self.coord.handle_worker_lost(now, w, old);
-                        }
-                    }
-                    Node::Chief => {}
-                }
-                if let Some(old) = old {
-                    self.fail_calls(node, old);
+                if let Node::Ps(ps) = node {
+                    self.coord.handle_ps_up(now, ps, epoch);
                 }
                 continue;
             }
@@ -2603,13 +2584,19 @@ impl<'a> World<'a> {
                 continue;
             };
             entry.declared = Some(seen);
-            match node {
-                Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, seen),
-                Node::Worker(w) => self.coord.handle_worker_lost(now, w, seen),
-                Node::Chief => {}
-            }
-            self.fail_calls(node, seen);
+            self.declare_dead(now, node, seen);
         }
+    }
+
+    /// The chief's gateway declared incarnation `epoch` of `node` dead: the coordinator hears
+    /// it, and every call to that incarnation fails.
+    fn declare_dead(&mut self, now: Instant, node: Node, epoch: u64) {
+        match node {
+            Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, epoch),
+            Node::Worker(w) => self.coord.handle_worker_lost(now, w, epoch),
+            Node::Chief => {}
+        }
+        self.fail_calls(node, epoch);
     }
 
     /// The supervisor's report that incarnation `epoch` of `node` exited: as the chief's
@@ -2638,12 +2625,7 @@ impl<'a> World<'a> {
         entry.declared = Some(epoch);
         self.deaths_reported += 1;
         let now = self.instant();
-        match node {
-            Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, epoch),
-            Node::Worker(w) => self.coord.handle_worker_lost(now, w, epoch),
-            Node::Chief => {}
-        }
-        self.fail_calls(node, epoch);
+        self.declare_dead(now, node, epoch);
     }
 
     /// The chief program: schedule a batch, join it, every few batches save a checkpoint.

@@ -526,18 +526,22 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
     assert!(!s.is_holding());
 }
 
+/// Server `ps`'s answer to the start's probe: incarnation 1, nothing applied yet.
+fn probe(ps: u32) -> ServerProbe {
+    ServerProbe {
+        ps,
+        epoch: 1,
+        generation: 0,
+        next_free_closure_id: 0,
+    }
+}
+
 /// A restore at start-up that a server cannot take ends with the reason, and leaves the
 /// scheduler usable; one asked for with a server missing, or after scheduling, is refused.
 #[test]
 fn a_failed_restore_at_start_is_reported_and_bad_requests_are_refused() {
     let t = Instant::now();
     let ckpt = checkpoint(9, 10, 0);
-    let probe = |ps| ServerProbe {
-        ps,
-        epoch: 1,
-        generation: 0,
-        next_free_closure_id: 0,
-    };
     let mut s = Scheduler::new(SchedulerConfig::default());
     let err = s
         .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0)], 2)
@@ -571,12 +575,6 @@ fn a_failed_restore_at_start_is_reported_and_bad_requests_are_refused() {
 fn a_server_lost_during_the_restore_at_start_ends_it_as_a_server_loss() {
     let t = Instant::now();
     let ckpt = checkpoint(9, 10, 0);
-    let probe = |ps| ServerProbe {
-        ps,
-        epoch: 1,
-        generation: 0,
-        next_free_closure_id: 0,
-    };
     for failing in [Step::Begin, Step::Shards, Step::RollBack] {
         let mut s = Scheduler::new(SchedulerConfig::default());
         let ticket = s
