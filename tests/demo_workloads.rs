@@ -166,6 +166,224 @@ fn the_multi_worker_mirrored_job_launches_with_no_kill_and_converges() {
     );
 }
 
+/// `cohort launch --job multi-worker-mirrored --workers 2:4 --run-dir DIR` is elastic:
+/// `cohort scale` to 4 starts workers 2 and 3 past the others' cluster spec, and each joins
+/// the group at a step boundary (receiving the state from a live member; the global batch
+/// grows); `cohort scale` back to 2 drains them (SIGUSR1): each leaves at an agreed step
+/// boundary without a checkpoint, exits 0 and is not restarted. The job then ends with one
+/// model on every task left and the accuracy target met.
+#[test]
+fn the_multi_worker_mirrored_job_grows_and_shrinks_with_cohort_scale() {
+    let run_dir = std::env::temp_dir().join(format!("cohort-mwms-scale-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let mut job = LiveRun::start(
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args([
+                "launch",
+                "--job",
+                "multi-worker-mirrored",
+                "--workers",
+                "2:4",
+                "--no-metrics",
+            ])
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .env("COHORT_DEMO_DIGITS_EPOCHS", MWMS_SCALE_EPOCHS),
+    );
+    // Training has begun (the chief's first epoch line) before the job grows.
+    job.wait_for(|l| l.starts_with("[chief/0] epoch 1/"));
+    scale(&run_dir, 4);
+    // Both added workers are in the group: the chief, workers 0 to 3.
+    let grew = job.wait_for(|l| l.contains("group grew") && l.contains("with 5 workers"));
+    assert!(grew.contains("going on from step"), "{grew}");
+    job.wait_for(|l| l.starts_with("[worker/2] worker/2: received step"));
+    job.wait_for(|l| l.starts_with("[worker/3] worker/3: received step"));
+    scale(&run_dir, 2);
+    let shrank = job.wait_for(|l| l.contains("group shrank") && l.contains("with 3 workers"));
+    assert!(shrank.contains("no checkpoint needed"), "{shrank}");
+    let (status, lines) = job.finish(Duration::from_secs(240));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let all = lines.join("\n");
+    assert!(status.success(), "launch failed: {status:?}\n{all}");
+    for worker in [2, 3] {
+        assert!(
+            all.contains(&format!(
+                "[worker/{worker}] worker/{worker}: drained: left the group"
+            )),
+            "worker/{worker} did not leave drained:\n{all}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("worker/{worker} (incarnation"))
+                    && l.contains("drained: exit code 0; not restarted")),
+            "worker/{worker} was restarted or not drained:\n{all}"
+        );
+    }
+    let summary = &all[all
+        .find("== summary")
+        .unwrap_or_else(|| panic!("no summary in:\n{all}"))..];
+    assert!(
+        summary.contains("epoch 1: 3 workers from step 0"),
+        "{summary}"
+    );
+    for worker in [2, 3] {
+        let name = format!("worker/{worker}");
+        assert!(
+            summary
+                .lines()
+                .any(|l| l.contains("admitted") && l.contains(&name)),
+            "{name} never admitted:\n{summary}"
+        );
+        assert!(
+            summary
+                .lines()
+                .any(|l| l.contains("drained (scaled down)") && l.contains(&name)),
+            "{name} never drained:\n{summary}"
+        );
+    }
+    let digests: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.split_once("final model: ").map(|(_, d)| d.trim()))
+        .collect();
+    assert_eq!(digests.len(), 3, "one final model per task left:\n{all}");
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    let accuracy: f64 = number_after(summary, "digits: held-out accuracy ").expect("accuracy line");
+    assert!(
+        accuracy >= 95.0,
+        "digits held-out accuracy {accuracy}%\n{all}"
+    );
+}
+
+/// Epochs of the scaled MultiWorkerMirrored job: long enough for both scale requests to be
+/// carried out while it trains, on a busy machine.
+const MWMS_SCALE_EPOCHS: &str = "200";
+
+/// `cohort scale --run-dir DIR --workers N`, which must succeed.
+fn scale(run_dir: &std::path::Path, workers: u32) {
+    let output = run_with_timeout(
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .arg("scale")
+            .arg("--run-dir")
+            .arg(run_dir)
+            .args(["--workers", &workers.to_string()]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        output.status.success(),
+        "scale to {workers}: {:?} {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A launcher whose output (stdout and stderr, line by line) is read while it runs; stopped
+/// (SIGTERM: it stops its cluster) if dropped before it ended.
+struct LiveRun {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl LiveRun {
+    /// How long one awaited line may take.
+    const LINE_WAIT: Duration = Duration::from_secs(120);
+
+    fn start(command: &mut Command) -> Self {
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        let err = child.stderr.take().unwrap();
+        for stream in [
+            Box::new(out) as Box<dyn std::io::Read + Send>,
+            Box::new(err),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stream)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line so far that `wanted` matches (the tasks' lines interleave: one may come
+    /// before another it follows), else the next; panics with what came after
+    /// [`Self::LINE_WAIT`] or once the output ended.
+    fn wait_for(&mut self, wanted: impl Fn(&str) -> bool) -> String {
+        if let Some(line) = self.seen.iter().find(|l| wanted(l)) {
+            return line.clone();
+        }
+        let deadline = std::time::Instant::now() + Self::LINE_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if wanted(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "the awaited line did not come; the output so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for the launcher's exit (at most `limit`) and the rest of its output.
+    fn finish(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>) {
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            while let Ok(line) = self.lines.try_recv() {
+                self.seen.push(line);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the job did not end within {limit:?}:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // The readers end with the pipes.
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+        (status, std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for LiveRun {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The number that follows the first occurrence of `prefix` in `text` (digits and a dot).
 fn number_after<T: std::str::FromStr>(text: &str, prefix: &str) -> Option<T> {
     let start = text.find(prefix)? + prefix.len();
@@ -209,9 +427,9 @@ fn run_with_timeout(command: &mut Command, limit: Duration) -> std::process::Out
 
 /// `--communication` belongs to the MultiWorkerMirrored demo, and NCCL there is refused at
 /// once, naming the flag and what is missing, where this machine cannot run it (no GPU, no
-/// libnccl, or a build without the feature), before any task starts; so are elastic
-/// `--workers MIN:MAX`, `--evaluators` and `--ps`, which its group cannot take (by the demo
-/// and by `launch --job multi-worker-mirrored` alike).
+/// libnccl, or a build without the feature), before any task starts; so are `--evaluators`
+/// and `--ps`, which its group cannot take (by the demo and by `launch --job
+/// multi-worker-mirrored` alike).
 #[test]
 fn the_demos_flags_are_refused_where_they_cannot_be_used() {
     let run = |args: &[&str]| {
@@ -230,10 +448,6 @@ fn the_demos_flags_are_refused_where_they_cannot_be_used() {
     // What the group cannot take is refused too, before any task starts, by the demo and by
     // `launch --job multi-worker-mirrored` alike.
     for (flags, expected) in [
-        (
-            ["--workers", "2:4"],
-            "--workers 2:4: a MultiWorkerMirrored job runs a fixed set",
-        ),
         (
             ["--evaluators", "1"],
             "--evaluators 1: the MultiWorkerMirrored demo has no evaluator",

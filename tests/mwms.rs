@@ -1069,6 +1069,99 @@ fn a_preempted_chief_saves_and_leaves_and_the_others_go_on() {
     preemption_case("preempt-w0", 3, 0);
 }
 
+/// A worker sent SIGUSR1 (drained: what `cohort scale` sends to scale a job down) leaves at
+/// an agreed step boundary for good: the chief writes no checkpoint for it (the others hold
+/// the state), it exits 0, and the others re-form without it by agreement (no failure to
+/// detect) and finish with the same bits, matching a one-process replay whose global batch
+/// shrinks at the agreed step.
+#[test]
+fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() {
+    const STEPS: usize = 40;
+    let (name, workers, drained, per_replica) = ("drain-w1", 3, 1, 2);
+    let global = per_replica * workers;
+    let (steps, batch) = (STEPS.to_string(), global.to_string());
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let checkpoints = dir.display().to_string();
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        batch.as_str(),
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+        "--checkpoint-dir",
+        checkpoints.as_str(),
+    ];
+    let tasks = vec![("worker", 1); workers];
+    let mut cluster = Cluster::start(name, &tasks, &flags);
+    for i in 0..workers {
+        cluster.wait_for(i, "step 4 ");
+    }
+    kill(cluster.workers[drained].pid(), Signal::SIGUSR1).unwrap();
+    let departed = cluster.wait_for(drained, "departed");
+    cluster.wait_for(drained, "left drained");
+    assert_eq!(
+        cluster.workers[drained].wait_exit(),
+        0,
+        "{name}: {:#?}",
+        cluster.seen[drained]
+    );
+    assert!(
+        departed.contains(&format!("left=worker/{drained} "))
+            && departed.contains(&format!("drained=worker/{drained} "))
+            && departed.contains("saved=false"),
+        "{name}: {departed}"
+    );
+    let agreed = field(&departed, "step");
+    let last_step = cluster.seen[drained]
+        .iter()
+        .filter_map(|l| l.strip_prefix("step "))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<usize>().ok())
+        .max();
+    assert_eq!(last_step, Some(agreed - 1), "{name}: {departed}");
+    let finishers: Vec<usize> = (0..workers).filter(|&i| i != drained).collect();
+    let outs = cluster.finish(&finishers);
+    let seen = changes(&cluster, finishers[0]);
+    assert_eq!(changes(&cluster, finishers[1]), seen, "{name}");
+    assert_eq!(seen.len(), 1, "{name}: {seen:?}");
+    assert_eq!(
+        (
+            seen[0].kind.as_str(),
+            seen[0].epoch,
+            seen[0].step,
+            seen[0].workers
+        ),
+        ("departed", 2, agreed, workers - 1),
+        "{name}"
+    );
+    assert_eq!(seen[0].position, agreed * global, "{name}");
+    assert_eq!(outs[1].variables, outs[0].variables, "{name}");
+    let schedule = [
+        (agreed, global),
+        (STEPS - agreed, per_replica * (workers - 1)),
+    ];
+    let replay = dense_sync::train_schedule(&DefaultStrategy::new(), &schedule, 7).unwrap();
+    assert_close(&outs[0], &replay, &format!("{name} vs the replay"));
+    // Nothing was saved: a drain needs no checkpoint.
+    let written: Vec<String> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("ckpt-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(written.is_empty(), "{name}: {written:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A job stopped whole (every worker SIGKILLed) and started again from its checkpoint
 /// directory: the chief restores the newest checkpoint, every worker takes it, and the run
 /// ends with the variables of a run never stopped.

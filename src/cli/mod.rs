@@ -303,7 +303,7 @@ pub fn run() -> ExitCode {
                 eprintln!("error: {detail}");
                 return ExitCode::from(2);
             }
-            mwms_launch(&mut launch);
+            let mut env = mwms_launch(&mut launch);
             if !args.no_chaos && launch.kill_worker_after.is_none() {
                 // The chief marks the middle of training; this is the fallback.
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
@@ -319,7 +319,7 @@ pub fn run() -> ExitCode {
                     return ExitCode::from(2);
                 }
             }
-            let env = vec![
+            env.extend([
                 (
                     crate::workloads::mwms_demo::COMMUNICATION_ENV.to_string(),
                     communication.to_string(),
@@ -334,7 +334,7 @@ pub fn run() -> ExitCode {
                     crate::cluster::ConfigKey::CHECKPOINT_DIR.env.to_string(),
                     checkpoint_dir.display().to_string(),
                 ),
-            ];
+            ]);
             return exit(crate::bootstrap::launch_local(
                 &launch,
                 vec!["mwms-demo-task".to_string()],
@@ -403,13 +403,13 @@ pub fn run() -> ExitCode {
                 eprintln!("error: {detail}");
                 return ExitCode::from(2);
             }
-            mwms_launch(&mut launch);
+            let env = mwms_launch(&mut launch);
             // Its settings (COHORT_DEMO_DIGITS_EPOCHS, COHORT_DEMO_COMMUNICATION,
             // COHORT_CHECKPOINT_DIR) reach the tasks through the environment.
             return exit(crate::bootstrap::launch_local(
                 &launch,
                 vec!["mwms-demo-task".to_string()],
-                Vec::new(),
+                env,
             ));
         }
         Command::Launch(args) => {
@@ -471,25 +471,17 @@ pub fn run() -> ExitCode {
 /// `cohort launch --job` of the MultiWorkerMirrored demo's tasks.
 const MWMS_JOB: &str = "multi-worker-mirrored";
 
-/// What a MultiWorkerMirrored job cannot be launched with: its group is every task of the
-/// cluster spec (a lost one is restarted and rejoins; none is added beyond it), it has no
-/// parameter server (`ps_given`: `--ps` was on the command line) and no evaluator (the chief
-/// evaluates the held-out digits at the end).
+/// What a MultiWorkerMirrored job cannot be launched with: it has no parameter server
+/// (`ps_given`: `--ps` was on the command line) and no evaluator (the chief evaluates the
+/// held-out digits at the end). `--workers MIN:MAX` is elastic, as for the parameter-server
+/// job: `cohort scale` adds workers (each joins the group at a step boundary) or drains them
+/// (each leaves at one, for good).
 fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags, ps_given: bool) -> Result<(), String> {
     if ps_given {
         return Err(format!(
             "--ps {}: a MultiWorkerMirrored job has no parameter server (its workers all-reduce \
              their gradients)",
             launch.ps.min
-        ));
-    }
-    let workers = launch.workers;
-    if workers.min != workers.max {
-        return Err(format!(
-            "--workers {}:{}: a MultiWorkerMirrored job runs a fixed set of workers (its group \
-             is every task of the cluster; a lost worker is restarted and rejoins it): give one \
-             number",
-            workers.min, workers.max
         ));
     }
     if launch.evaluators > 0 {
@@ -504,10 +496,16 @@ fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags, ps_given: bool) -> 
 
 /// A MultiWorkerMirrored job's launch: the chief and the workers are the group, with no
 /// parameter server; the chief is rank 0 of it, so preempted it leaves and rejoins as a worker
-/// does.
-fn mwms_launch(launch: &mut crate::bootstrap::LaunchFlags) {
+/// does. Returns the tasks' environment: the workers the job starts with (the chief and the
+/// first `--workers`), which sets the plan of steps in every task alike, those added later
+/// included.
+fn mwms_launch(launch: &mut crate::bootstrap::LaunchFlags) -> Vec<(String, String)> {
     launch.ps = crate::bootstrap::WorkerCount::from(0);
     launch.peer_chief = true;
+    vec![(
+        crate::workloads::mwms_demo::PLANNED_WORKERS_ENV.to_string(),
+        (launch.workers.min + 1).to_string(),
+    )]
 }
 
 fn role_args(job: &str) -> Vec<String> {

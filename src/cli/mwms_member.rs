@@ -9,8 +9,10 @@
 //! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed),
 //! `admitted epoch=E step=S position=P workers=W joined=N,.. source=N` (workers joined: a
 //! process started while the others train joins them, and prints it too), `departed epoch=E
-//! step=S position=P workers=W left=N,.. saved=B` (workers with a preemption notice left: a
-//! worker sent SIGTERM leaves at the next step boundary, prints `left` and exits 143),
+//! step=S position=P workers=W left=N,.. drained=N,.. saved=B` (workers with a notice left: a
+//! worker sent SIGTERM leaves at the next step boundary, prints `left` and exits 143; one sent
+//! SIGUSR1 is drained: it leaves the same way without the chief's save, prints `left drained`
+//! and exits 0),
 //! `saved step=S dir=D` (the chief saved a checkpoint, `--checkpoint-dir`), `restored step=S
 //! dir=D` (a fresh start resumed from one), `done`, or `error kind=K node=N detail=..` (then
 //! exit code 3), and writes the final variables and losses as JSON to `--out`. `--fail-worker W --fail-step K` makes worker W's first replica
@@ -185,6 +187,10 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         crate::process::stop_on_signals(&notice)
             .map_err(|e| CliError::Failed(format!("cannot watch for SIGTERM: {e}")))?;
+        // SIGUSR1 drains it: it leaves at the next step boundary for good, exit 0.
+        let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        crate::process::drain_on_signal(&drain)
+            .map_err(|e| CliError::Failed(format!("cannot watch for SIGUSR1: {e}")))?;
         let mut checkpoints = match &args.checkpoint_dir {
             Some(dir) => Some(
                 StateCheckpoints::open(dir, args.checkpoint_every, 3)
@@ -194,6 +200,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         };
         let options = dense_sync::ElasticOptions {
             notice: Some(&notice),
+            drain: Some(&drain),
             checkpoints: checkpoints.as_mut(),
         };
         dense_sync::train_elastic(
@@ -223,13 +230,16 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 }
                 ElasticEvent::Departed(d) => {
                     let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
+                    let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
                     println!(
-                        "departed epoch={} step={} position={} workers={} left={} saved={}",
+                        "departed epoch={} step={} position={} workers={} left={} drained={} \
+                         saved={}",
                         d.epoch,
                         d.step,
                         d.position,
                         d.members.len(),
                         left.join(","),
+                        drained.join(","),
                         d.saved
                     );
                 }
@@ -253,7 +263,14 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 }
             },
         )
-        .map(|run| (run.outcome, run.left.is_some()))
+        .map(|run| {
+            let left = match (&run.left, run.drained) {
+                (None, _) => Left::Stayed,
+                (Some(_), true) => Left::Drained,
+                (Some(_), false) => Left::Preempted,
+            };
+            (run.outcome, left)
+        })
     } else {
         let fault = if args.fail_panics {
             dense_sync::Fault::Panic
@@ -275,7 +292,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 std::thread::sleep(pause);
             },
         )
-        .map(|outcome| (outcome, false))
+        .map(|outcome| (outcome, Left::Stayed))
     };
     let (outcome, left) = match outcome {
         Ok(outcome) => outcome,
@@ -293,13 +310,28 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         std::fs::write(out, json)
             .map_err(|e| CliError::Failed(format!("--out {}: {e}", out.display())))?;
     }
-    if left {
-        // Preempted: it left the group at the agreed step.
-        println!("left");
-        return Ok(crate::process::PREEMPTED_EXIT_CODE as u8);
+    match left {
+        Left::Preempted => {
+            // It left the group at the agreed step; its supervisor may start it again.
+            println!("left");
+            return Ok(crate::process::PREEMPTED_EXIT_CODE as u8);
+        }
+        Left::Drained => {
+            // It left the group for good at the agreed step.
+            println!("left drained");
+            return Ok(crate::process::JOB_DONE_EXIT_CODE as u8);
+        }
+        Left::Stayed => {}
     }
     println!("done");
     Ok(0)
+}
+
+/// Whether and why an elastic member left the group before the last step.
+enum Left {
+    Stayed,
+    Preempted,
+    Drained,
 }
 
 fn collective_of_strategy(err: &StrategyError) -> Option<&CollectiveError> {

@@ -49,7 +49,7 @@ pub use exit_codes::{
 };
 pub use exit_report::{send_exit_report, ExitReport, ExitReports, SOCKET_PATH_BYTES_MAX};
 pub(crate) use signals::on_stop_signal;
-pub use signals::{preemption_requested, stop_on_signals};
+pub use signals::{drain_on_signal, preemption_requested, stop_on_signals};
 
 /// The configuration of the role this process runs, once the bootstrap
 /// ([`crate::bootstrap::run_role`]) has resolved it; `None` in any other process.

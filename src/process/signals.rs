@@ -1,4 +1,5 @@
-//! Stop requests: SIGTERM and SIGINT, which cohort reads as a preemption notice (DESIGN §5).
+//! Stop requests: SIGTERM and SIGINT, which cohort reads as a preemption notice (DESIGN §5),
+//! and SIGUSR1, a drain (leave the job for good: `cohort scale` down).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +14,14 @@ pub fn preemption_requested() -> bool {
 pub fn stop_on_signals(flag: &Arc<AtomicBool>) -> std::io::Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(flag))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(flag))?;
+    Ok(())
+}
+
+/// Sets `flag` when SIGUSR1 arrives (a drain: the launcher scaling the job down), for a
+/// process that polls for it (a MultiWorkerMirrored worker, at each step boundary). From this
+/// call on, SIGUSR1 no longer kills the process.
+pub fn drain_on_signal(flag: &Arc<AtomicBool>) -> std::io::Result<()> {
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(flag))?;
     Ok(())
 }
 

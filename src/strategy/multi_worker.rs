@@ -753,10 +753,11 @@ impl MultiWorkerMirrored {
 
     /// The membership changes of a step boundary (elastic training): call it on every worker
     /// before each step, in cross-replica context, with the training `state` as for
-    /// [`MultiWorkerMirrored::recover`], whether this worker got a preemption notice
-    /// (`leaving`, e.g. SIGTERM), and how the chief saves a checkpoint of `state` (`save`,
-    /// called on the chief only, when a worker leaves). `Ok(None)` where nothing changes: one
-    /// small all-gather (every worker's notice, and the leader's count of joiners).
+    /// [`MultiWorkerMirrored::recover`], whether this worker is to leave and why (`leaving`:
+    /// [`Leave::Preempted`] on a preemption notice, e.g. SIGTERM; [`Leave::Drained`] when it
+    /// is scaled down, e.g. SIGUSR1), and how the chief saves a checkpoint of `state` (`save`,
+    /// called on the chief only, when a preempted worker leaves). `Ok(None)` where nothing
+    /// changes: one small all-gather (every worker's notice, and the leader's count of joiners).
     ///
     /// - **Preemption**: where any worker has a notice, every worker learns it at the same
     ///   step (the all-gather): the chief (rank 0) saves the agreed step with `save`, and says
@@ -766,6 +767,9 @@ impl MultiWorkerMirrored {
     ///   [`GroupChange::Departed`]. Every stayer holds the same state already. If the chief
     ///   leaves, it saves first; if everyone leaves, the job stops at a checkpoint (as
     ///   TensorFlow's `PreemptionCheckpointHandler` does).
+    /// - **Drain**: the same agreement, without the checkpoint where every leaver was drained
+    ///   (it leaves for good, and the stayers hold the state): [`Departure::drained`] names
+    ///   them.
     /// - **Joining**: a worker made while the others were training (its strategy found a live
     ///   group and was admitted to it when made) calls it first, after creating its model: it
     ///   receives the step, input position, variables and optimizer state of the member with
@@ -784,7 +788,7 @@ impl MultiWorkerMirrored {
     pub fn at_step_boundary(
         &mut self,
         state: &mut ElasticState<'_>,
-        leaving: bool,
+        leaving: Option<Leave>,
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         if !self.change_noted && !self.awaiting_state.load(Ordering::SeqCst) {
@@ -804,7 +808,7 @@ impl MultiWorkerMirrored {
                 self.note_change(a.step, &a.joined, TaskState::Alive, what);
             }
             Some(GroupChange::Departed(d) | GroupChange::Leaving(d)) => {
-                let what = format!("{} left after a preemption notice", names(&d.left));
+                let what = d.describe();
                 self.note_change(d.step, &d.left, TaskState::Retired, what);
             }
             None => {}
@@ -817,7 +821,7 @@ impl MultiWorkerMirrored {
     fn boundary_change(
         &mut self,
         state: &mut ElasticState<'_>,
-        leaving: bool,
+        leaving: Option<Leave>,
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         let me = node_id(self.task);
@@ -861,12 +865,12 @@ impl MultiWorkerMirrored {
         let votes = self
             .span
             .all_gather(&Tensor::new(
-                &[i64::from(leaving), offer.len() as i64],
+                &[Leave::vote(leaving), offer.len() as i64],
                 cpu,
             )?)?
             .to_vec1::<i64>()?;
-        let leavers: Vec<usize> = (0..group.size())
-            .filter(|r| votes.get(2 * r).is_some_and(|v| *v != 0))
+        let leavers: Vec<(usize, Leave)> = (0..group.size())
+            .filter_map(|r| Some((r, Leave::of_vote(*votes.get(2 * r)?)?)))
             .collect();
         if !leavers.is_empty() {
             return self.depart(state, &leavers, save).map(Some);
@@ -922,28 +926,36 @@ impl MultiWorkerMirrored {
         self.agree_state(state)
     }
 
-    /// The preemption part of [`MultiWorkerMirrored::at_step_boundary`]: the workers of
-    /// `leavers` (ranks) leave at this step.
+    /// The leaving part of [`MultiWorkerMirrored::at_step_boundary`]: the workers of
+    /// `leavers` (ranks, and why each leaves) leave at this step.
     fn depart(
         &mut self,
         state: &mut ElasticState<'_>,
-        leavers: &[usize],
+        leavers: &[(usize, Leave)],
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
     ) -> Result<GroupChange, StrategyError> {
         let group = self.span.group().clone();
         let members = group.members().to_vec();
-        let left: Vec<NodeId> = leavers.iter().map(|&r| members[r].clone()).collect();
+        let left: Vec<NodeId> = leavers.iter().map(|&(r, _)| members[r].clone()).collect();
+        let drained: Vec<NodeId> = leavers
+            .iter()
+            .filter(|(_, why)| *why == Leave::Drained)
+            .map(|&(r, _)| members[r].clone())
+            .collect();
         crate::metrics::instruments()
             .group_departed
             .inc_by(left.len() as u64);
         let stayers: Vec<NodeId> = members
             .iter()
             .enumerate()
-            .filter(|(r, _)| !leavers.contains(r))
+            .filter(|(r, _)| !leavers.iter().any(|(l, _)| l == r))
             .map(|(_, n)| n.clone())
             .collect();
-        // The chief saves the agreed step before anyone leaves, and says whether it did.
-        let saved_here = if group.rank() == 0 {
+        // The chief saves the agreed step before anyone leaves, and says whether it did. Only
+        // a preemption needs it: a drained worker leaves for good, and the stayers hold the
+        // state (every worker knows both lists, so all skip the save together).
+        let preempted = drained.len() < left.len();
+        let saved_here = if group.rank() == 0 && preempted {
             match save(state) {
                 Ok(()) => 1u8,
                 Err(error) => {
@@ -964,11 +976,12 @@ impl MultiWorkerMirrored {
             epoch: group.epoch(),
             members: stayers.clone(),
             left,
+            drained,
             step: state.step,
             position: state.position,
             saved,
         };
-        if leavers.contains(&group.rank()) {
+        if leavers.iter().any(|&(r, _)| r == group.rank()) {
             // Every message of this worker taken before it goes: the others must not take
             // its leaving for a loss.
             let flushed = group.clone();
@@ -1473,10 +1486,44 @@ pub struct Recovery {
 pub enum GroupChange {
     /// Workers joined (on a joiner: itself, which received the state).
     Admitted(Admission),
-    /// Workers with a preemption notice left at this step; the others re-formed without them.
+    /// Workers with a notice (preempted or drained) left at this step; the others re-formed
+    /// without them.
     Departed(Departure),
-    /// This worker had a preemption notice and leaves at this step: stop training.
+    /// This worker had a notice and leaves at this step: stop training.
     Leaving(Departure),
+}
+
+/// Why a worker leaves the group at a step boundary
+/// ([`MultiWorkerMirrored::at_step_boundary`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// A preemption notice (SIGTERM): the chief saves the agreed step first, and the worker's
+    /// supervisor may start it again (it rejoins).
+    Preempted,
+    /// Scaled down for good (SIGUSR1, `cohort scale`): no checkpoint is needed, the stayers
+    /// hold the state.
+    Drained,
+}
+
+impl Leave {
+    /// This worker's notice in the step boundary's all-gather: 0 stays, 1 preempted, 2 drained.
+    fn vote(leaving: Option<Leave>) -> i64 {
+        match leaving {
+            None => 0,
+            Some(Leave::Preempted) => 1,
+            Some(Leave::Drained) => 2,
+        }
+    }
+
+    /// A worker's notice from its vote. Any other non-zero value (a newer peer's notice
+    /// this build does not know) is taken as a preemption: the worker leaves, after a save.
+    fn of_vote(vote: i64) -> Option<Leave> {
+        match vote {
+            0 => None,
+            2 => Some(Leave::Drained),
+            _ => Some(Leave::Preempted),
+        }
+    }
 }
 
 /// What [`MultiWorkerMirrored::at_step_boundary`] did when workers left after a notice.
@@ -1488,12 +1535,53 @@ pub struct Departure {
     pub members: Vec<NodeId>,
     /// The workers that left.
     pub left: Vec<NodeId>,
-    /// The step every worker agreed on (completed by all): the chief's checkpoint holds it.
+    /// Those of `left` that were drained (scaled down for good); the others were preempted.
+    pub drained: Vec<NodeId>,
+    /// The step every worker agreed on (completed by all): the chief's checkpoint holds it
+    /// where a worker was preempted.
     pub step: u64,
     /// The input position at that step.
     pub position: u64,
-    /// Whether the chief saved the checkpoint of that step.
+    /// Whether the chief saved the checkpoint of that step (never where every leaver was
+    /// drained: none is needed).
     pub saved: bool,
+}
+
+impl Departure {
+    /// Who left and why, e.g. "worker/2 left after a preemption notice; worker/3 drained".
+    pub fn describe(&self) -> String {
+        let names = |nodes: Vec<&NodeId>| {
+            nodes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let preempted: Vec<&NodeId> = self
+            .left
+            .iter()
+            .filter(|n| !self.drained.contains(n))
+            .collect();
+        let mut parts = Vec::new();
+        if !preempted.is_empty() {
+            parts.push(format!(
+                "{} left after a preemption notice",
+                names(preempted)
+            ));
+        }
+        if !self.drained.is_empty() {
+            parts.push(format!(
+                "{} drained (scaled down)",
+                names(self.drained.iter().collect())
+            ));
+        }
+        parts.join("; ")
+    }
+
+    /// Whether `node` was drained here (rather than preempted).
+    pub fn was_drained(&self, node: &NodeId) -> bool {
+        self.drained.contains(node)
+    }
 }
 
 /// What [`MultiWorkerMirrored::at_step_boundary`] did when it admitted workers.

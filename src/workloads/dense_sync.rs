@@ -24,8 +24,8 @@ use crate::distribute::PerReplica;
 use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
-    Admission, Departure, ElasticState, GroupChange, MultiWorkerMirrored, Recovery, ReduceOp,
-    Strategy, StrategyError, StrategyExt,
+    Admission, Departure, ElasticState, GroupChange, Leave, MultiWorkerMirrored, Recovery,
+    ReduceOp, Strategy, StrategyError, StrategyExt,
 };
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
 use crate::variable::VariableError;
@@ -286,7 +286,7 @@ pub enum ElasticEvent<'a> {
 /// position of the input (so no example is skipped or seen twice). Before each step the
 /// workers handle the group's changes ([`MultiWorkerMirrored::at_step_boundary`]): they admit
 /// those waiting to join (a restarted or added worker; a worker that joined receives the state
-/// first), and let those with a preemption notice leave (see [`ElasticOptions`]).
+/// first), and let those with a preemption notice or a drain leave (see [`ElasticOptions`]).
 ///
 /// The outcome's losses are by step; a step whose loss reduction was cut by the failure has
 /// NaN (on a joiner, so have the steps before it joined). A failure re-forming cannot mend
@@ -319,6 +319,12 @@ pub struct ElasticOptions<'a> {
     /// that step, the chief saves a checkpoint of it (where `checkpoints` is given), and this
     /// worker leaves (the run ends with [`ElasticRun::left`]) while the others go on.
     pub notice: Option<&'a AtomicBool>,
+    /// This worker's drain (scaled down for good, e.g. set on SIGUSR1 by
+    /// [`crate::process::drain_on_signal`]): it leaves at the next step boundary as after a
+    /// notice, without the checkpoint (the others hold the state), and the run ends with
+    /// [`ElasticRun::left`] and [`ElasticRun::drained`]. A notice set too makes it a
+    /// preemption.
+    pub drain: Option<&'a AtomicBool>,
     /// The job's checkpoints: the chief saves on their schedule and at every departure; a
     /// fresh start (every worker forming the first epoch) restores the newest on the chief and
     /// gives it to every worker, training going on from its step. Every worker of a job must
@@ -333,9 +339,11 @@ pub struct ElasticRun {
     pub outcome: DenseOutcome,
     /// The re-formings after lost workers.
     pub recoveries: Vec<Recovery>,
-    /// Where this worker left after its preemption notice (then the run stopped at that
-    /// step); `None` when it trained every step.
+    /// Where this worker left after its preemption notice or drain (then the run stopped at
+    /// that step); `None` when it trained every step.
     pub left: Option<Departure>,
+    /// Whether it left on a drain (for good: its supervisor should not start it again).
+    pub drained: bool,
 }
 
 /// As [`train_elastic`], on `problem`.
@@ -350,8 +358,10 @@ pub fn train_elastic_on(
 ) -> Result<ElasticRun, TrainError> {
     let ElasticOptions {
         notice,
+        drain,
         mut checkpoints,
     } = options;
+    let me = crate::cluster::node_id(strategy.task());
     let trainer = Trainer::build(&*strategy, problem, seed)?;
     let variables = trainer.model.trainable_variables();
     let optimizer = Some(trainer.optimizer.as_ref() as &dyn OptimizerState);
@@ -407,7 +417,13 @@ pub fn train_elastic_on(
                 variables: &variables,
                 optimizer,
             };
-            let leaving = notice.is_some_and(|n| n.load(Ordering::SeqCst));
+            let leaving = if notice.is_some_and(|n| n.load(Ordering::SeqCst)) {
+                Some(Leave::Preempted)
+            } else if drain.is_some_and(|n| n.load(Ordering::SeqCst)) {
+                Some(Leave::Drained)
+            } else {
+                None
+            };
             let mut saved_dir = None;
             let mut save = |state: &ElasticState<'_>| -> Result<(), String> {
                 if let Some(checkpoints) = checkpoints.as_deref_mut() {
@@ -454,6 +470,7 @@ pub fn train_elastic_on(
                     return Ok(ElasticRun {
                         outcome: trainer.outcome(losses)?,
                         recoveries,
+                        drained: departure.was_drained(&me),
                         left: Some(departure),
                     });
                 }
@@ -509,6 +526,7 @@ pub fn train_elastic_on(
         outcome: trainer.outcome(losses)?,
         recoveries,
         left: None,
+        drained: false,
     })
 }
 

@@ -8,9 +8,12 @@
 //! killed worker at a new epoch, then admitting its new process at the next), and a summary
 //! with every membership epoch and the held-out accuracy; from every task, its final model's
 //! digest (`final model: step S, digest D`, equal on every member: `cohort chaos run` compares
-//! them). The plan of steps follows the cluster's configuration, not the group's size at a
-//! process's start, so that a worker restarted while the group is smaller stops with the
-//! others. The run is
+//! them). The plan of steps follows the job's starting workers ([`PLANNED_WORKERS_ENV`], else
+//! the cluster's configuration), not the group's size at a process's start, so that a worker
+//! restarted while the group is smaller, or added while it runs, stops with the others.
+//! Elastic: a worker added while the job trains (`cohort scale` up) joins the group at a step
+//! boundary; one sent SIGUSR1 (`cohort scale` down) leaves at the next, for good, exit 0. The
+//! run is
 //! [`dense_sync::train_elastic_on`] over the digits problem: no checkpoint is read on the way,
 //! the survivors hold the model and the restarted worker receives it from them.
 //!
@@ -34,6 +37,11 @@ pub const EPOCHS_ENV: &str = "COHORT_DEMO_DIGITS_EPOCHS";
 pub const COMMUNICATION_ENV: &str = "COHORT_DEMO_COMMUNICATION";
 /// Default epochs.
 pub const DEFAULT_EPOCHS: usize = 30;
+/// Environment variable: the workers the job starts with, the chief included (the launcher
+/// sets it; every task of a job must see the same). The plan of steps follows it: a worker
+/// added beyond the others' cluster spec is given a spec naming more tasks. Unset, the tasks
+/// of the cluster spec count.
+pub const PLANNED_WORKERS_ENV: &str = "COHORT_DEMO_PLANNED_WORKERS";
 /// Examples per replica and step.
 pub const PER_REPLICA_BATCH: usize = 32;
 /// Hidden units of the classifier (64 → 64 → 10, as the parameter-server demo's).
@@ -61,6 +69,7 @@ pub enum MwmsDemoError {
     /// This worker left after a preemption notice (SIGTERM).
     #[error("preempted: left the group at a step boundary")]
     Preempted,
+
     /// The classifier missed the accuracy target.
     #[error("held-out accuracy {accuracy:.1}% is below the target of {target:.0}%")]
     Accuracy {
@@ -73,7 +82,7 @@ pub enum MwmsDemoError {
 
 impl MwmsDemoError {
     /// The process exit code: 2 for a bad setting, 143 after a preemption notice (restart
-    /// me), 1 otherwise.
+    /// me), 1 otherwise (a drained worker returns `Ok`: exit 0, do not restart me).
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) => 2,
@@ -92,8 +101,15 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     // The plan of steps comes from the job's configuration, the same in every process: a
     // worker restarted while the group is smaller must stop at the step the others stop at.
     let spec = &config.cluster.cluster;
-    let planned_replicas = (spec.num_tasks(TaskType::Chief) + spec.num_tasks(TaskType::Worker))
-        * config.local_replicas;
+    let planned_workers = match std::env::var(PLANNED_WORKERS_ENV) {
+        Ok(text) => {
+            crate::cluster::parse_count(&text, "workers", crate::cluster::WORKERS_MAX_LIMIT)
+                .map_err(|e| MwmsDemoError::Config(format!("{PLANNED_WORKERS_ENV}: {e}")))?
+                as usize
+        }
+        Err(_) => spec.num_tasks(TaskType::Chief) + spec.num_tasks(TaskType::Worker),
+    };
+    let planned_replicas = planned_workers * config.local_replicas;
     let epochs = match std::env::var(EPOCHS_ENV) {
         Ok(text) => text
             .trim()
@@ -165,6 +181,11 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::stop_on_signals(&notice)
         .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGTERM: {e}")))?;
+    // SIGUSR1 (the launcher scaling the job down) drains it: it leaves at the next step
+    // boundary, for good.
+    let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    crate::process::drain_on_signal(&drain)
+        .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGUSR1: {e}")))?;
     let mut checkpoints = match std::env::var_os(ConfigKey::CHECKPOINT_DIR.env) {
         Some(dir) => Some(
             StateCheckpoints::open(
@@ -180,6 +201,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     };
     let options = ElasticOptions {
         notice: Some(&notice),
+        drain: Some(&drain),
         checkpoints: checkpoints.as_mut(),
     };
     let trained = dense_sync::train_elastic_on(
@@ -236,15 +258,19 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Departed(d) => {
                 workers = d.members.len();
                 group_epoch = d.epoch;
-                let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
-                let what = format!("{} left after a preemption notice", left.join(", "));
+                let what = d.describe();
                 if chief {
+                    // Only a preemption needs the checkpoint: drained workers leave for good.
+                    let checkpoint = if d.saved {
+                        "checkpoint saved"
+                    } else if d.drained.len() == d.left.len() {
+                        "no checkpoint needed"
+                    } else {
+                        "checkpoint NOT saved"
+                    };
                     println!(
-                        "group shrank at step {}: {what}; checkpoint {}; epoch {} with {} workers",
-                        d.step,
-                        if d.saved { "saved" } else { "NOT saved" },
-                        d.epoch,
-                        workers
+                        "group shrank at step {}: {what}; {checkpoint}; epoch {} with {} workers",
+                        d.step, d.epoch, workers
                     );
                 }
                 epochs_seen.push((d.epoch, workers, d.step as usize, what));
@@ -280,6 +306,10 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         },
     );
     let run = trained.map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    if run.drained {
+        println!("{me}: drained: left the group for good");
+        return Ok(());
+    }
     if run.left.is_some() {
         println!("{me}: left the group after its preemption notice");
         return Err(MwmsDemoError::Preempted);

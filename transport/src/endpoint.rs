@@ -320,6 +320,10 @@ async fn accept_loop(
                         conn.close();
                     }
                 }
+                Err(error @ AcceptError::Abandoned { .. }) => {
+                    // The client's own choice: nothing to warn about, nothing to report.
+                    tracing::debug!(%error, "an incoming connection was given up by its client");
+                }
                 Err(error) => {
                     tracing::warn!(%error, "refused an incoming connection");
                     // Refusals are reported if there is room; they never block the loop.
@@ -347,19 +351,27 @@ async fn server_handshake(
             }
         };
         let hello = async {
-            let (send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+            let (send, mut recv) = conn.accept_bi().await.map_err(|error| {
+                // A client that closed its own connection gave up dialling: not a bad hello.
+                if closed_by_client(&error) {
+                    Err(error.to_string())
+                } else {
+                    Ok(error.to_string())
+                }
+            })?;
             let frame = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered())
                 .await
-                .map_err(|e: FrameError| e.to_string())?;
+                .map_err(|e: FrameError| Ok(e.to_string()))?;
             let hello = frame
                 .decode::<Hello>(HELLO_BYTES_MAX)
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((send, hello))
+                .map_err(|e| Ok(e.to_string()))?;
+            Ok::<_, Result<String, String>>((send, hello))
         }
         .await;
         let (mut send, hello) = match hello {
             Ok(ok) => ok,
-            Err(reason) => {
+            Err(Err(reason)) => return Err(AcceptError::Abandoned { addr, reason }),
+            Err(Ok(reason)) => {
                 conn.close(VarInt::from_u32(CLOSE_BAD_HELLO), b"bad hello");
                 return Err(match conn.close_reason() {
                     Some(ConnectionError::LocallyClosed) | None => {
@@ -569,6 +581,12 @@ fn accept_error(
     config: &TransportConfig,
     error: &ConnectionError,
 ) -> AcceptError {
+    if closed_by_client(error) {
+        return AcceptError::Abandoned {
+            addr,
+            reason: error.to_string(),
+        };
+    }
     match classify(error) {
         Failure::ProtocolVersion => AcceptError::ProtocolVersionMismatch {
             addr,
@@ -579,6 +597,22 @@ fn accept_error(
             addr,
             reason: error.to_string(),
         },
+    }
+}
+
+/// Whether the client closed the connection itself, as the application does when it gives up a
+/// dial (a normal application close, which during the TLS handshake travels as the transport
+/// error APPLICATION_ERROR without its code), rather than the connection failing, being
+/// refused, or the client refusing us (a close with another code).
+fn closed_by_client(error: &ConnectionError) -> bool {
+    match error {
+        ConnectionError::ApplicationClosed(close) => {
+            close.error_code == VarInt::from_u32(CLOSE_NORMAL)
+        }
+        ConnectionError::ConnectionClosed(close) => {
+            close.error_code == quinn::TransportErrorCode::APPLICATION_ERROR
+        }
+        _ => false,
     }
 }
 

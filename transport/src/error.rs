@@ -133,6 +133,16 @@ pub enum AcceptError {
         /// The timeout that expired.
         timeout_ms: u64,
     },
+    /// The client closed its own connection before the hello was done: it gave up dialling
+    /// (a dial that lost a race with the other side's, a probe that had its answer). Not a
+    /// refusal: nothing was wrong with the client.
+    #[error("{addr} closed its connection during the handshake: {reason}")]
+    Abandoned {
+        /// The client's address.
+        addr: SocketAddr,
+        /// quinn's description.
+        reason: String,
+    },
     /// The connection failed during the handshake for another reason.
     #[error("connection from {addr} failed during the handshake: {reason}")]
     ConnectionLost {
@@ -152,6 +162,7 @@ impl AcceptError {
             | Self::IdentityMismatch { addr, .. }
             | Self::BadHello { addr, .. }
             | Self::Timeout { addr, .. }
+            | Self::Abandoned { addr, .. }
             | Self::ConnectionLost { addr, .. } => *addr,
         }
     }
