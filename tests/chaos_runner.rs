@@ -264,17 +264,39 @@ fn the_multi_worker_mirrored_demo_survives_two_of_three_workers_killed_by_starti
     mwms_plan_passes("mwms-kill-two.toml", &["kill", "kill"]);
 }
 
+/// The MultiWorkerMirrored demo launched elastic (`--workers 2:4`) and scaled by the plan: to 4
+/// workers (both added ones join), worker 3 killed (restarted, admitted again), back to 2
+/// (both drained: they leave without a checkpoint and are not restarted). The 3 members left
+/// end with one model, and the group's epochs go forward through every change.
+#[test]
+fn the_multi_worker_mirrored_demo_is_scaled_up_hit_and_scaled_down_with_one_model() {
+    let report = mwms_plan_passes_with(
+        "mwms-scale-and-kill.toml",
+        &["scale", "kill", "scale"],
+        &["--workers", "2:4", "--digits-epochs", "150"],
+    );
+    let epochs = check(&report, "membership epochs")["detail"]
+        .as_str()
+        .unwrap();
+    let last = epochs.rsplit(", ").next().unwrap();
+    assert!(
+        last.contains("(3 workers from step"),
+        "the last epoch has the 3 left: {epochs}"
+    );
+}
+
 /// `chaos run` of a shipped plan over the MultiWorkerMirrored demo: every check it makes
 /// passed, the closure and server checks skipped, and 3 workers ended with one model. The
 /// report.
 fn mwms_plan_passes(name: &str, kinds: &[&str]) -> serde_json::Value {
+    mwms_plan_passes_with(name, kinds, &["--digits-epochs", "60"])
+}
+
+/// As [`mwms_plan_passes`], with more flags of the demo (`extra`).
+fn mwms_plan_passes_with(name: &str, kinds: &[&str], extra: &[&str]) -> serde_json::Value {
     let dir = temp_dir(name.trim_end_matches(".toml"));
-    let demo = [
-        "--strategy",
-        "multi-worker-mirrored",
-        "--digits-epochs",
-        "60",
-    ];
+    let mut demo = vec!["--strategy", "multi-worker-mirrored"];
+    demo.extend_from_slice(extra);
     let (output, report, dir) = run_demo(&plan(name), dir, &demo, &[]);
     let why = describe(&output, &report);
     assert_eq!(output.status.code(), Some(0), "{why}");

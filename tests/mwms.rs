@@ -1162,6 +1162,65 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every member gone while a restarted process waits to be admitted: worker 0 is killed and
+/// started again at once (its new process finds the group live and waits to be admitted)
+/// while workers 1 and 2 are preempted together (they re-form without worker 0, then both
+/// leave at one step, after the chief saves it: no group lives any more). Worker 1 started
+/// again finds no live group and forms the first epoch; the waiting worker 0 refuses that
+/// (it was not admitted to it) until it sees that no one has a live group, so worker 1
+/// tries again rather than failing, and once worker 2 is back all three start afresh from
+/// the checkpoint and finish with one model.
+#[test]
+fn a_fresh_start_refused_by_a_process_still_waiting_to_be_admitted_is_tried_again() {
+    const STEPS: usize = 60;
+    let name = "fresh-after-waiter";
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let checkpoints = dir.display().to_string();
+    let steps = STEPS.to_string();
+    let flags = [
+        "--elastic",
+        "--steps",
+        steps.as_str(),
+        "--global-batch",
+        "6",
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+        "--checkpoint-dir",
+        checkpoints.as_str(),
+    ];
+    let mut cluster = Cluster::start(name, &[("worker", 1); 3], &flags);
+    for i in 0..3 {
+        cluster.wait_for(i, "step 4 ");
+    }
+    kill(cluster.workers[0].pid(), Signal::SIGKILL).unwrap();
+    kill(cluster.workers[1].pid(), Signal::SIGTERM).unwrap();
+    kill(cluster.workers[2].pid(), Signal::SIGTERM).unwrap();
+    let waiter = cluster.restart(0);
+    for i in [1, 2] {
+        cluster.wait_for(i, "left");
+        assert_eq!(
+            cluster.workers[i].wait_exit(),
+            143,
+            "{:#?}",
+            cluster.seen[i]
+        );
+    }
+    let first = cluster.restart(1);
+    // Long enough for worker 1's fresh start to be refused by the waiting worker 0.
+    std::thread::sleep(Duration::from_millis(1500));
+    let last = cluster.restart(2);
+    let outs = cluster.finish(&[waiter, first, last]);
+    for out in &outs[1..] {
+        assert_eq!(out.variables, outs[0].variables);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A job stopped whole (every worker SIGKILLed) and started again from its checkpoint
 /// directory: the chief restores the newest checkpoint, every worker takes it, and the run
 /// ends with the variables of a run never stopped.

@@ -511,6 +511,7 @@ pub fn write_report(
                 "probability": f.probability,
                 "for": f.lasts.map(crate::cluster::format_duration),
                 "which": match f.which { plan::Which::All => "all", plan::Which::Newest => "newest" },
+                "scale": f.scale.map(|s| s.to_string()),
             })
         })
         .collect();

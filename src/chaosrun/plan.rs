@@ -41,6 +41,11 @@
 //! for = "10s"
 //!
 //! [[fault]]
+//! kind = "scale"             # ask the launcher for this many workers (or `ps = N`): it
+//! workers = 3                # starts or drains tasks (the job was launched with
+//! at = "5s"                  # `--workers MIN:MAX --run-dir`, or `--ps MIN:MAX`)
+//!
+//! [[fault]]
 //! kind = "loss"              # each datagram between target and peer lost with this
 //! target = "ps:1"            # probability (no peer: between the target and every task)
 //! probability = 0.1
@@ -96,11 +101,14 @@ pub enum FaultKind {
     /// Fill the filesystem of the job's checkpoint directory (a tmpfs of `disk_size_mib`
     /// in the job's own mount namespace) so that every write fails with ENOSPC, `for` long.
     DiskFull,
+    /// Ask the job's launcher for a number of workers or parameter servers (`cohort scale`):
+    /// it starts tasks, or drains the highest-indexed running ones.
+    Scale,
 }
 
 impl FaultKind {
     /// Every kind, as plans spell them.
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Term,
@@ -109,6 +117,7 @@ impl FaultKind {
         FaultKind::Partition,
         FaultKind::Loss,
         FaultKind::DiskFull,
+        FaultKind::Scale,
     ];
 
     /// The name in a plan.
@@ -122,12 +131,18 @@ impl FaultKind {
             FaultKind::Partition => "partition",
             FaultKind::Loss => "loss",
             FaultKind::DiskFull => "disk_full",
+            FaultKind::Scale => "scale",
         }
     }
 
-    /// Whether the fault hits a task (rather than the checkpoint directory).
+    /// Whether the fault hits a task (rather than the checkpoint directory, or the job's size).
     pub fn hits_task(self) -> bool {
-        !matches!(
+        !self.acts_on_checkpoints() && self != FaultKind::Scale
+    }
+
+    /// Whether the fault acts on the job's checkpoint directory.
+    pub fn acts_on_checkpoints(self) -> bool {
+        matches!(
             self,
             FaultKind::DeleteCheckpoint | FaultKind::CorruptCheckpoint | FaultKind::DiskFull
         )
@@ -179,6 +194,24 @@ pub enum Which {
     Newest,
     /// Every one (delete only).
     All,
+}
+
+/// What a `scale` fault asks the launcher for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleTo {
+    /// This many workers (`workers = N`).
+    Workers(u32),
+    /// This many parameter servers (`ps = N`).
+    Ps(u32),
+}
+
+impl fmt::Display for ScaleTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScaleTo::Workers(n) => write!(f, "workers={n}"),
+            ScaleTo::Ps(n) => write!(f, "ps={n}"),
+        }
+    }
 }
 
 /// When a fault is due, after the job's start.
@@ -258,6 +291,20 @@ pub struct FaultSpec {
     pub lasts: Option<Duration>,
     /// Which checkpoints (checkpoint kinds only).
     pub which: Which,
+    /// What a scale asks for (scale only).
+    pub scale: Option<ScaleTo>,
+}
+
+impl FaultSpec {
+    /// What the fault acts on, as reports name it: its target, the checkpoints, or the
+    /// size a scale asks for.
+    pub fn subject(&self) -> String {
+        match (self.target, self.scale) {
+            (Some(target), _) => target.to_string(),
+            (None, Some(scale)) => scale.to_string(),
+            (None, None) => "checkpoints".to_string(),
+        }
+    }
 }
 
 /// A fault with its time and choice drawn: what the runner applies.
@@ -391,7 +438,7 @@ impl Plan {
     pub fn touches_checkpoints(&self) -> bool {
         self.faults
             .iter()
-            .any(|f| !f.kind.hits_task() || f.after != After::Start)
+            .any(|f| f.kind.acts_on_checkpoints() || f.after != After::Start)
     }
 
     /// The faults with their times and choices drawn from the seed: those counted from the
@@ -430,7 +477,10 @@ impl Plan {
     /// of the chief, a server or a worker, and a partition that cuts one of them off from
     /// every other (no `peer`), at the plan's times as simulated time, over a reliable
     /// network seeded with the plan's seed. A role target picks its index among the
-    /// `config`'s tasks of that role. Faults the simulator cannot model are refused, named:
+    /// `config`'s tasks of that role. A scale becomes the simulator's drains and rejoins of
+    /// workers (down to the count: the highest running leave; up: the lowest drained come
+    /// back, within the simulated job's workers) or its servers joining and leaving. Faults
+    /// the simulator cannot model are refused, named:
     /// checkpoint files, a partition between two given tasks (the simulator cuts a task off
     /// from all), and loss (the simulator's loss is the network's for the whole run).
     pub fn to_scenario(&self, config: &SimConfig) -> Result<Scenario, PlanError> {
@@ -439,6 +489,9 @@ impl Plan {
             detail,
         };
         let mut faults = Vec::new();
+        // The workers and servers a scale leaves running, as the launcher would.
+        let mut workers: Vec<bool> = vec![true; config.num_workers as usize];
+        let mut servers = config.num_ps;
         for s in self.schedule() {
             let key = format!("fault[{}]", s.index);
             if s.spec.after != After::Start {
@@ -461,6 +514,54 @@ impl Plan {
                      ({peer}); it cuts a task off from every other: give no peer, or run this \
                      plan with `cohort chaos run`"
                 )));
+            }
+            let at_ms = s.at.as_millis() as u64;
+            match s.spec.scale {
+                Some(ScaleTo::Workers(n)) => {
+                    if n as usize > workers.len() {
+                        return Err(err(format!(
+                            "{key}.workers: {n} is more than the simulated job's {} workers \
+                             (the simulator adds none beyond them)",
+                            workers.len()
+                        )));
+                    }
+                    let running = workers.iter().filter(|r| **r).count() as u32;
+                    // The highest running ones leave; the lowest drained ones come back.
+                    let (mut leave, mut back) =
+                        (running.saturating_sub(n), n.saturating_sub(running));
+                    for (index, on) in workers.iter_mut().enumerate().rev() {
+                        if leave > 0 && *on {
+                            leave -= 1;
+                            *on = false;
+                            faults.push(Fault::Drain {
+                                at_ms,
+                                worker: index as u32,
+                            });
+                        }
+                    }
+                    for (index, on) in workers.iter_mut().enumerate() {
+                        if back > 0 && !*on {
+                            back -= 1;
+                            *on = true;
+                            faults.push(Fault::Rejoin {
+                                at_ms,
+                                worker: index as u32,
+                            });
+                        }
+                    }
+                    continue;
+                }
+                Some(ScaleTo::Ps(n)) => {
+                    for _ in n..servers {
+                        faults.push(Fault::PsLeave { at_ms });
+                    }
+                    for _ in servers..n {
+                        faults.push(Fault::PsJoin { at_ms });
+                    }
+                    servers = n;
+                    continue;
+                }
+                None => {}
             }
             let target = match s.spec.target {
                 Some(t) if s.spec.kind.hits_task() => t,
@@ -499,7 +600,6 @@ impl Plan {
                 TaskType::Ps => Node::Ps(index),
                 _ => Node::Worker(index),
             };
-            let at_ms = s.at.as_millis() as u64;
             let for_ms = s.spec.lasts.unwrap_or_default().as_millis() as u64;
             faults.push(match s.spec.kind {
                 FaultKind::Kill => Fault::Kill { at_ms, node },
@@ -540,12 +640,14 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
             "after",
             "for",
             "which",
+            "workers",
+            "ps",
         ]
         .contains(&k.as_str())
         {
             return Err(format!(
                 "{key}.{k}: unknown key (a fault has kind, target, peer, probability, at, \
-                 after, for, which)"
+                 after, for, which, workers, ps)"
             ));
         }
     }
@@ -555,9 +657,10 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         .into_iter()
         .find(|k| k.as_str() == kind_text)
         .ok_or_else(|| {
+            let kinds: Vec<&str> = FaultKind::ALL.iter().map(|k| k.as_str()).collect();
             format!(
-                "{key}.kind: unknown kind {kind_text:?}; kinds: kill, pause, term, \
-                 delete_checkpoint, corrupt_checkpoint, partition, loss"
+                "{key}.kind: unknown kind {kind_text:?}; kinds: {}",
+                kinds.join(", ")
             )
         })?;
     let target = match (string("target")?, kind.hits_task()) {
@@ -567,6 +670,12 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
             "{key}.target: missing (a task such as \"worker:1\", \"ps:0\", \"chief\", or a role)"
         ))
         }
+        (Some(_), false) if kind == FaultKind::Scale => {
+            return Err(format!(
+                "{key}.target: a scale asks the launcher for a number of tasks (workers = N \
+                 or ps = N), not for a task"
+            ))
+        }
         (Some(_), false) => {
             return Err(format!(
                 "{key}.target: {kind} acts on the checkpoint directory, not on a task"
@@ -574,6 +683,7 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         }
         (None, false) => None,
     };
+    let scale = parse_scale(table, &key, kind)?;
     let at_text =
         string("at")?.ok_or_else(|| format!("{key}.at: missing (e.g. \"6s\" or \"4s..9s\")"))?;
     let at_range = DurationRange::new(Duration::ZERO, FAULT_TIME_MAX);
@@ -701,7 +811,41 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         after,
         lasts,
         which,
+        scale,
     })
+}
+
+/// A scale fault's `workers = N` or `ps = N` (exactly one, from 1 up); refused on any other
+/// kind.
+fn parse_scale(table: &toml::Table, key: &str, kind: FaultKind) -> Result<Option<ScaleTo>, String> {
+    let count = |name: &str| -> Result<Option<u32>, String> {
+        match table.get(name) {
+            None => Ok(None),
+            Some(_) if kind != FaultKind::Scale => Err(format!(
+                "{key}.{name}: only a scale asks for a number of tasks ({kind} does not)"
+            )),
+            Some(toml::Value::Integer(n))
+                if (1..=i64::from(crate::cluster::WORKERS_MAX_LIMIT)).contains(n) =>
+            {
+                Ok(Some(*n as u32))
+            }
+            Some(v) => Err(format!(
+                "{key}.{name}: {v} is not a number of tasks from 1 to {}",
+                crate::cluster::WORKERS_MAX_LIMIT
+            )),
+        }
+    };
+    match (count("workers")?, count("ps")?) {
+        (Some(n), None) => Ok(Some(ScaleTo::Workers(n))),
+        (None, Some(n)) => Ok(Some(ScaleTo::Ps(n))),
+        (None, None) if kind == FaultKind::Scale => Err(format!(
+            "{key}.workers: missing (a scale asks for workers = N or ps = N)"
+        )),
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(format!(
+            "{key}.ps: a scale asks for workers or for servers, not both: give two faults"
+        )),
+    }
 }
 
 /// The string at `name` in a fault's table, if any.
@@ -771,6 +915,7 @@ mod tests {
                 "kill-worker-and-ps.toml",
                 "mwms-kill-and-preempt.toml",
                 "mwms-kill-two.toml",
+                "mwms-scale-and-kill.toml",
                 "partition-worker-from-chief.toml",
                 "term-ps-pause-worker.toml"
             ]
@@ -921,6 +1066,26 @@ mod tests {
                 "seed = 1\n[[fault]]\nkind = \"disk_full\"\ntarget = \"ps:0\"\nat = \"1s\"\nfor = \"2s\"\n",
                 "fault[0].target: disk_full acts on the checkpoint directory",
             ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"scale\"\nat = \"1s\"\n",
+                "fault[0].workers: missing (a scale asks for workers = N or ps = N)",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"scale\"\nworkers = 2\nps = 2\nat = \"1s\"\n",
+                "fault[0].ps: a scale asks for workers or for servers, not both",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"scale\"\nworkers = 0\nat = \"1s\"\n",
+                "fault[0].workers: 0 is not a number of tasks from 1 to",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"scale\"\ntarget = \"worker:1\"\nworkers = 2\nat = \"1s\"\n",
+                "fault[0].target: a scale asks the launcher for a number of tasks",
+            ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"kill\"\ntarget = \"worker:1\"\nworkers = 2\nat = \"1s\"\n",
+                "fault[0].workers: only a scale asks for a number of tasks (kill does not)",
+            ),
             ("seed = 1\n[[fault]\n", "not valid TOML"),
         ];
         for (text, expected) in cases {
@@ -957,11 +1122,46 @@ mod tests {
                 "seed = 1\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:0\"\npeer = \"chief\"\nat = \"1s\"\nfor = \"2s\"\n",
                 "fault[0].peer: the simulator cannot cut two tasks from each other only (chief)",
             ),
+            (
+                "seed = 1\n[[fault]]\nkind = \"scale\"\nworkers = 5\nat = \"1s\"\n",
+                "fault[0].workers: 5 is more than the simulated job's 3 workers",
+            ),
         ];
         for (text, expected) in refused {
             let err = parse(text).unwrap().to_scenario(&config).unwrap_err();
             assert!(err.to_string().contains(expected), "{err}");
         }
+        // Scales are the simulator's drains and rejoins (the highest running workers leave,
+        // the lowest drained come back) and its servers leaving and joining.
+        let plan = parse(
+            "seed = 4\n\
+             [[fault]]\nkind = \"scale\"\nworkers = 1\nat = \"1s\"\n\
+             [[fault]]\nkind = \"scale\"\nworkers = 2\nat = \"2s\"\n\
+             [[fault]]\nkind = \"scale\"\nps = 1\nat = \"3s\"\n\
+             [[fault]]\nkind = \"scale\"\nps = 3\nat = \"4s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            plan.to_scenario(&config).unwrap().faults,
+            vec![
+                Fault::Drain {
+                    at_ms: 1000,
+                    worker: 2
+                },
+                Fault::Drain {
+                    at_ms: 1000,
+                    worker: 1
+                },
+                Fault::Rejoin {
+                    at_ms: 2000,
+                    worker: 1
+                },
+                Fault::PsLeave { at_ms: 3000 },
+                Fault::PsJoin { at_ms: 4000 },
+                Fault::PsJoin { at_ms: 4000 },
+            ]
+        );
+        assert!(!plan.touches_checkpoints());
         // A task cut off from every other is the simulator's partition.
         let plan = parse(
             "seed = 4\n[[fault]]\nkind = \"partition\"\ntarget = \"worker:1\"\nat = \"2s\"\nfor = \"3s\"\n",

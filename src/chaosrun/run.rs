@@ -31,7 +31,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use super::disk::DiskFaults;
-use super::plan::{After, FaultKind, Plan, Scheduled, Target, Which};
+use super::plan::{After, FaultKind, Plan, ScaleTo, Scheduled, Target, Which};
 use crate::checkpoint::list_checkpoints;
 use crate::cluster::{TaskId, TaskType};
 
@@ -450,10 +450,7 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
             t_s: observed.duration_s,
             planned_s: fault.at.as_secs_f64(),
             kind: fault.spec.kind.to_string(),
-            target: fault
-                .spec
-                .target
-                .map_or_else(|| "checkpoints".to_string(), |t| t.to_string()),
+            target: fault.spec.subject(),
             task: None,
             pid: None,
             applied: false,
@@ -667,10 +664,7 @@ fn apply(
         t_s: started.elapsed().as_secs_f64(),
         planned_s: fault.at.as_secs_f64(),
         kind: fault.spec.kind.to_string(),
-        target: fault
-            .spec
-            .target
-            .map_or_else(|| "checkpoints".to_string(), |t| t.to_string()),
+        target: fault.spec.subject(),
         task: None,
         pid: None,
         applied: false,
@@ -689,6 +683,7 @@ fn apply(
             }
             _ => Err("the job does not run over a checkpoint filesystem of its own".into()),
         },
+        FaultKind::Scale => scale(fault, setup),
     };
     match result {
         Ok(detail) => {
@@ -698,6 +693,20 @@ fn apply(
         Err(why) => out.detail = format!("not applied: {why}"),
     }
     out
+}
+
+/// Asks the job's launcher for the scale fault's number of workers or servers, as `cohort
+/// scale` does (refused where the job was not launched elastic, or the number is out of its
+/// range).
+fn scale(fault: &Scheduled, setup: &RunSetup) -> Result<String, String> {
+    let asked = match fault.spec.scale {
+        Some(ScaleTo::Workers(n)) => crate::launch::request_scale(&setup.run_dir, n),
+        Some(ScaleTo::Ps(n)) => crate::launch::request_scale_servers(&setup.run_dir, n),
+        None => return Err("no number of tasks to ask for".into()),
+    };
+    asked
+        .map(|()| format!("asked the launcher for {}", fault.spec.subject()))
+        .map_err(|e| e.to_string())
 }
 
 /// The task a signal fault hits and its current process, from the launcher's pid file.

@@ -375,6 +375,24 @@ impl Mesh {
         }
     }
 
+    /// Forgets a first forming that failed, where no group was ever formed here and this mesh
+    /// does not wait to be admitted, so that [`Mesh::form`] can form epoch 1 again: a fresh
+    /// start refused by members still waiting to be admitted to a group that is gone (their
+    /// processes entered while it lived) is tried again once they see that no one has a live
+    /// group and start too. Meanwhile this mesh answers that it has none, and holds their
+    /// joins of epoch 1 for its next forming. Returns whether it forgot; `false` (nothing
+    /// changed) where a group of this mesh was formed, lives, or it waits to be admitted.
+    pub fn forget_failed_start(&self) -> bool {
+        let mut state = self.inner.lock();
+        if state.member || state.joining || state.epoch != 1 || state.group.upgrade().is_some() {
+            return false;
+        }
+        state.epoch = 0;
+        // Its links are of the failed attempt: the next one links anew.
+        state.linked.clear();
+        true
+    }
+
     /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
     /// `epoch` must be above every epoch formed here before (start at 1); forming it
     /// supersedes the previous group of this node. Fails within `form_timeout` if a member

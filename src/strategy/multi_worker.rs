@@ -366,6 +366,28 @@ impl MultiWorkerMirrored {
                     }
                 })?;
             let mesh = Mesh::new(endpoint, group_config);
+            // Forms the first epoch with the others (a fresh start). A member still waiting
+            // to be admitted to a group that is gone (its process entered while the group
+            // lived, and every member left or was lost since) refuses it until it sees that
+            // no one has a live group, and then forms it too: the refused attempt is
+            // forgotten and tried again, within the join timeout, this process answering
+            // meanwhile that it has no group (rather than exiting and being restarted, which
+            // a waiting member may never see).
+            let fresh_start = |mesh: Mesh, members: Vec<GroupMember>| async move {
+                let until = tokio::time::Instant::now() + join_timeout;
+                loop {
+                    match mesh.form(1, members.clone()).await {
+                        Err(err @ CollectiveError::EpochRefused { current: 0, .. })
+                            if tokio::time::Instant::now() < until
+                                && mesh.forget_failed_start() =>
+                        {
+                            tracing::info!(%err, "a member waits to be admitted to a group that is gone: forming the first epoch again once it starts too");
+                            tokio::time::sleep(FRESH_START_RETRY).await;
+                        }
+                        formed => return formed,
+                    }
+                }
+            };
             // Joins the live group; where none lives any more (every worker lost its group,
             // and they start again), forms the first epoch with the others after all.
             let join = |mesh: Mesh, members: Vec<GroupMember>| {
@@ -377,7 +399,7 @@ impl MultiWorkerMirrored {
                             match mesh.enter(own_addr, &peers, enter_timeout).await {
                                 Entry::Start => {
                                     tracing::info!(%err, "no live group to join: forming the first epoch with the others");
-                                    mesh.form(1, members).await
+                                    fresh_start(mesh, members).await
                                 }
                                 Entry::Join => Err(err),
                             }
@@ -388,7 +410,7 @@ impl MultiWorkerMirrored {
             };
             // A restarted (or added) worker finds the others training: it joins them.
             let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
-                Entry::Start => match mesh.form(1, members.clone()).await {
+                Entry::Start => match fresh_start(mesh.clone(), members.clone()).await {
                     Ok(group) => group,
                     // The others formed the first epoch without this process (with its
                     // old one, lost since: this is a restart) while it formed: join them.
@@ -1231,6 +1253,10 @@ fn shut_down(runtime: tokio::runtime::Runtime, group: &ProcessGroup) {
 
 /// Bound on waiting, when the strategy is dropped, for this worker's last messages to be taken.
 const FLUSH_MAX: Duration = Duration::from_secs(5);
+/// How long a fresh start refused by a member still waiting to be admitted waits before it
+/// forms the first epoch again (that member asks the others each second whether a group
+/// lives, and starts once none does).
+const FRESH_START_RETRY: Duration = Duration::from_millis(500);
 
 /// Serves this worker's metrics ([`Exposition::for_group`](crate::metrics::Exposition::for_group))
 /// on `addr` for the rest of the process; why not, if it cannot.
