@@ -567,20 +567,7 @@ fn elastic_case_with(
     let per_replica = 2;
     let global = per_replica * replicas * workers;
     let (steps, batch) = (STEPS.to_string(), global.to_string());
-    let flags = [
-        "--elastic",
-        "--steps",
-        steps.as_str(),
-        "--global-batch",
-        batch.as_str(),
-        "--step-pause-ms",
-        "60",
-        "--idle-timeout-ms",
-        "800",
-        "--form-timeout-ms",
-        "5000",
-    ];
-    let flags = [flags.as_slice(), extra].concat();
+    let flags = elastic_flags(&steps, &batch, extra);
     let tasks = vec![("worker", replicas); workers];
     let mut cluster = Cluster::start_with(name, &tasks, &flags, how == Loss::Partition);
     for i in 0..workers {
@@ -710,6 +697,26 @@ fn elastic_case_with(
     }
 }
 
+/// The flags of an elastic run of `steps` steps of `batch` examples (one step each 60 ms, the
+/// idle and form timeouts the elastic tests share), then `more`.
+fn elastic_flags<'a>(steps: &'a str, batch: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = vec![
+        "--elastic",
+        "--steps",
+        steps,
+        "--global-batch",
+        batch,
+        "--step-pause-ms",
+        "60",
+        "--idle-timeout-ms",
+        "800",
+        "--form-timeout-ms",
+        "5000",
+    ];
+    flags.extend_from_slice(more);
+    flags
+}
+
 fn kill_worker(cluster: &Cluster, k: usize) {
     kill(cluster.workers[k].pid(), Signal::SIGKILL).unwrap();
 }
@@ -760,19 +767,7 @@ fn rejoin_case(name: &str, workers: usize, killed: usize, restart_after: Duratio
     let (replicas, per_replica) = (1, 2);
     let global = per_replica * replicas * workers;
     let (steps, batch) = (STEPS.to_string(), global.to_string());
-    let flags = [
-        "--elastic",
-        "--steps",
-        steps.as_str(),
-        "--global-batch",
-        batch.as_str(),
-        "--step-pause-ms",
-        "60",
-        "--idle-timeout-ms",
-        "800",
-        "--form-timeout-ms",
-        "5000",
-    ];
+    let flags = elastic_flags(&steps, &batch, &[]);
     let tasks = vec![("worker", replicas); workers];
     let mut cluster = Cluster::start(name, &tasks, &flags);
     for i in 0..workers {
@@ -861,19 +856,7 @@ fn a_worker_added_to_a_running_job_is_admitted_and_the_global_batch_grows() {
     let (workers, per_replica) = (2, 2);
     let global = per_replica * workers;
     let (steps, batch) = (STEPS.to_string(), global.to_string());
-    let flags = [
-        "--elastic",
-        "--steps",
-        steps.as_str(),
-        "--global-batch",
-        batch.as_str(),
-        "--step-pause-ms",
-        "60",
-        "--idle-timeout-ms",
-        "800",
-        "--form-timeout-ms",
-        "5000",
-    ];
+    let flags = elastic_flags(&steps, &batch, &[]);
     let mut cluster = Cluster::start("grow", &[("worker", 1), ("worker", 1)], &flags);
     for i in 0..workers {
         cluster.wait_for(i, "step 4 ");
@@ -942,21 +925,7 @@ fn preemption_case(name: &str, workers: usize, preempted: usize) {
     let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let checkpoints = dir.display().to_string();
-    let flags = [
-        "--elastic",
-        "--steps",
-        steps.as_str(),
-        "--global-batch",
-        batch.as_str(),
-        "--step-pause-ms",
-        "60",
-        "--idle-timeout-ms",
-        "800",
-        "--form-timeout-ms",
-        "5000",
-        "--checkpoint-dir",
-        checkpoints.as_str(),
-    ];
+    let flags = elastic_flags(&steps, &batch, &["--checkpoint-dir", checkpoints.as_str()]);
     let tasks = vec![("worker", 1); workers];
     let mut cluster = Cluster::start(name, &tasks, &flags);
     for i in 0..workers {
@@ -1083,21 +1052,7 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
     let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let checkpoints = dir.display().to_string();
-    let flags = [
-        "--elastic",
-        "--steps",
-        steps.as_str(),
-        "--global-batch",
-        batch.as_str(),
-        "--step-pause-ms",
-        "60",
-        "--idle-timeout-ms",
-        "800",
-        "--form-timeout-ms",
-        "5000",
-        "--checkpoint-dir",
-        checkpoints.as_str(),
-    ];
+    let flags = elastic_flags(&steps, &batch, &["--checkpoint-dir", checkpoints.as_str()]);
     let tasks = vec![("worker", 1); workers];
     let mut cluster = Cluster::start(name, &tasks, &flags);
     for i in 0..workers {
@@ -1178,21 +1133,7 @@ fn a_fresh_start_refused_by_a_process_still_waiting_to_be_admitted_is_tried_agai
     let _ = std::fs::remove_dir_all(&dir);
     let checkpoints = dir.display().to_string();
     let steps = STEPS.to_string();
-    let flags = [
-        "--elastic",
-        "--steps",
-        steps.as_str(),
-        "--global-batch",
-        "6",
-        "--step-pause-ms",
-        "60",
-        "--idle-timeout-ms",
-        "800",
-        "--form-timeout-ms",
-        "5000",
-        "--checkpoint-dir",
-        checkpoints.as_str(),
-    ];
+    let flags = elastic_flags(&steps, "6", &["--checkpoint-dir", checkpoints.as_str()]);
     let mut cluster = Cluster::start(name, &[("worker", 1); 3], &flags);
     for i in 0..3 {
         cluster.wait_for(i, "step 4 ");

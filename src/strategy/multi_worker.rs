@@ -817,16 +817,9 @@ impl MultiWorkerMirrored {
             self.note_change(state.step, &[], TaskState::Alive, "formed".into());
         }
         let change = self.boundary_change(state, leaving, save)?;
-        let names = |nodes: &[NodeId]| {
-            nodes
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         match &change {
             Some(GroupChange::Admitted(a)) => {
-                let what = format!("admitted {}", names(&a.joined));
+                let what = format!("admitted {}", node_list(&a.joined));
                 self.note_change(a.step, &a.joined, TaskState::Alive, what);
             }
             Some(GroupChange::Departed(d) | GroupChange::Leaving(d)) => {
@@ -1576,13 +1569,6 @@ pub struct Departure {
 impl Departure {
     /// Who left and why, e.g. "worker/2 left after a preemption notice; worker/3 drained".
     pub fn describe(&self) -> String {
-        let names = |nodes: Vec<&NodeId>| {
-            nodes
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let preempted: Vec<&NodeId> = self
             .left
             .iter()
@@ -1592,13 +1578,13 @@ impl Departure {
         if !preempted.is_empty() {
             parts.push(format!(
                 "{} left after a preemption notice",
-                names(preempted)
+                node_list(preempted)
             ));
         }
         if !self.drained.is_empty() {
             parts.push(format!(
                 "{} drained (scaled down)",
-                names(self.drained.iter().collect())
+                node_list(&self.drained)
             ));
         }
         parts.join("; ")
@@ -1684,6 +1670,15 @@ pub(crate) fn has_quorum(previous: &[NodeId], replaced: &[NodeId], reached: &[No
     2 * held > counted.len() || (2 * held == counted.len() && reached.contains(lowest))
 }
 
+/// Nodes as a report names them: "worker/0, worker/2".
+fn node_list<'a>(nodes: impl IntoIterator<Item = &'a NodeId>) -> String {
+    nodes
+        .into_iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What a survivor without quorum says: whom of the broken group it reached, out of how many
 /// counted (the `replaced` members, answered as new processes, are not).
 fn no_quorum_detail(
@@ -1692,13 +1687,6 @@ fn no_quorum_detail(
     replaced: &[NodeId],
     reached: &[NodeId],
 ) -> String {
-    let names = |nodes: Vec<&NodeId>| {
-        nodes
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let counted: Vec<&NodeId> = members.iter().filter(|n| !replaced.contains(n)).collect();
     let held: Vec<&NodeId> = counted
         .iter()
@@ -1714,7 +1702,7 @@ fn no_quorum_detail(
         let gone: Vec<&NodeId> = members.iter().filter(|n| replaced.contains(n)).collect();
         format!(
             " ({} not counted: answered as new processes, their old ones are gone)",
-            names(gone)
+            node_list(gone)
         )
     };
     format!(
@@ -1723,7 +1711,7 @@ fn no_quorum_detail(
         held.len(),
         counted.len(),
         epoch,
-        names(held),
+        node_list(held),
     )
 }
 

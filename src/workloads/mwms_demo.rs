@@ -98,6 +98,13 @@ impl MwmsDemoError {
 pub fn run_task() -> Result<(), MwmsDemoError> {
     let started = Instant::now();
     let config = task_config()?;
+    // SIGUSR1 (the launcher scaling the job down) drains it: it leaves at the next step
+    // boundary, for good. Watched from the start: a drain while it still joins the group
+    // lets it finish joining and then leave, rather than killing it (a loss the others
+    // would have to detect).
+    let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    crate::process::drain_on_signal(&drain)
+        .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGUSR1: {e}")))?;
     // The plan of steps comes from the job's configuration, the same in every process: a
     // worker restarted while the group is smaller must stop at the step the others stop at.
     let spec = &config.cluster.cluster;
@@ -181,11 +188,6 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::stop_on_signals(&notice)
         .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGTERM: {e}")))?;
-    // SIGUSR1 (the launcher scaling the job down) drains it: it leaves at the next step
-    // boundary, for good.
-    let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    crate::process::drain_on_signal(&drain)
-        .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGUSR1: {e}")))?;
     let mut checkpoints = match std::env::var_os(ConfigKey::CHECKPOINT_DIR.env) {
         Some(dir) => Some(
             StateCheckpoints::open(
