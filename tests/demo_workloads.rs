@@ -220,6 +220,8 @@ fn the_multi_worker_mirrored_job_grows_and_shrinks_with_cohort_scale() {
             "worker/{worker} was restarted or not drained:\n{all}"
         );
     }
+    // One summary, from the group's first member at the end.
+    assert_eq!(all.matches("== summary").count(), 1, "{all}");
     let summary = &all[all
         .find("== summary")
         .unwrap_or_else(|| panic!("no summary in:\n{all}"))..];

@@ -3,10 +3,12 @@
 //! the launcher) train the digits classifier synchronously, elastically, to at least 95 %
 //! held-out accuracy, while the launcher SIGKILLs a worker midway and restarts it.
 //!
-//! What a user sees, from the chief: one line per epoch (mean loss, steps/s, the membership
-//! epoch and its workers), each change of the group (the survivors re-forming without the
-//! killed worker at a new epoch, then admitting its new process at the next), and a summary
-//! with every membership epoch and the held-out accuracy; from every task, its final model's
+//! What a user sees, from the chief (from the group's first member: while the chief is away,
+//! the lowest-ranked worker, and it again once admitted back): one line per epoch (mean loss,
+//! steps/s, the membership epoch and its workers), each change of the group (the survivors
+//! re-forming without the killed worker at a new epoch, then admitting its new process at the
+//! next), and, from the first member at the end only, a summary with every membership epoch
+//! it saw and the held-out accuracy; from every task, its final model's
 //! digest (`final model: step S, digest D`, equal on every member: `cohort chaos run` compares
 //! them). The plan of steps follows the job's starting workers ([`PLANNED_WORKERS_ENV`], else
 //! the cluster's configuration), not the group's size at a process's start, so that a worker
@@ -142,7 +144,10 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     };
     let mut strategy =
         MultiWorkerMirrored::new(config).map_err(|e| MwmsDemoError::Training(e.to_string()))?;
-    let chief = strategy.is_chief();
+    // The group's first member (the chief, or the lowest-ranked worker while the chief is
+    // away) reports for it: it changes as the group does, so it follows every change.
+    let mut leads = strategy.is_chief();
+    let me_node = crate::cluster::node_id(strategy.task());
     let me = strategy.task();
     let group = strategy.process_group();
     let joined_live = group.epoch() > 1;
@@ -153,7 +158,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     } else {
         vec![(group.epoch(), group.size(), 0usize, String::new())]
     };
-    if chief {
+    if leads {
         println!(
             "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}, summing over {}; \
              digits: {} training and {} held-out examples, {PER_REPLICA_BATCH} per replica and \
@@ -217,7 +222,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Step { step, loss } => {
                 epoch_losses.push(loss);
                 crate::status::record_loss(step as u64, f64::from(loss));
-                if chief && step + 1 == middle {
+                if leads && step + 1 == middle {
                     // The launcher's chaos kill comes now (`launch --kill-worker-after`
                     // is the fallback).
                     println!(
@@ -226,7 +231,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                         step + 1
                     );
                 }
-                if chief && (step + 1) % steps_per_epoch == 0 {
+                if leads && (step + 1) % steps_per_epoch == 0 {
                     let mean = epoch_losses.iter().sum::<f32>() / epoch_losses.len() as f32;
                     let rate = epoch_losses.len() as f64 / epoch_started.elapsed().as_secs_f64();
                     println!(
@@ -239,6 +244,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 }
             }
             ElasticEvent::Recovered(r) => {
+                leads = r.members.first() == Some(&me_node);
                 workers = r.members.len();
                 group_epoch = r.epoch;
                 let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
@@ -248,7 +254,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 } else {
                     format!("lost {}", lost.join(", "))
                 };
-                if chief {
+                if leads {
                     println!(
                         "group re-formed: epoch {} with {} workers ({what}: {}); going on from \
                          step {} with {} of their state, no checkpoint read",
@@ -258,10 +264,11 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 epochs_seen.push((r.epoch, workers, r.step as usize, what));
             }
             ElasticEvent::Departed(d) => {
+                leads = d.members.first() == Some(&me_node);
                 workers = d.members.len();
                 group_epoch = d.epoch;
                 let what = d.describe();
-                if chief {
+                if leads {
                     // Only a preemption needs the checkpoint: drained workers leave for good.
                     let checkpoint = if d.saved {
                         "checkpoint saved"
@@ -287,20 +294,22 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 );
             }
             ElasticEvent::Admitted(a) => {
+                leads = a.members.first() == Some(&me_node);
                 workers = a.members.len();
                 group_epoch = a.epoch;
                 let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                 let what = format!("admitted {}", joined.join(", "));
-                if chief {
+                if a.joined.contains(&me_node) {
+                    println!(
+                        "{me}: received step {}, the variables and the optimizer state from {}",
+                        a.step, a.source
+                    );
+                }
+                if leads {
                     println!(
                         "group grew: epoch {} with {} workers ({what}, sent the state of {}); \
                          going on from step {}",
                         a.epoch, workers, a.source, a.step
-                    );
-                } else if a.joined.contains(&crate::cluster::node_id(me)) {
-                    println!(
-                        "{me}: received step {}, the variables and the optimizer state from {}",
-                        a.step, a.source
                     );
                 }
                 epochs_seen.push((a.epoch, workers, a.step as usize, what));
@@ -319,7 +328,8 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let outcome = run.outcome;
     // Every member's model, for a reader (`cohort chaos run`) to compare: one model.
     println!("final model: step {steps}, digest {}", outcome.digest());
-    if !chief {
+    // One summary: from the group's first member at the end.
+    if !strategy.is_chief() {
         return Ok(());
     }
     let params: Vec<&[f32]> = [
