@@ -240,14 +240,7 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
 fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_model() {
     let report = mwms_plan_passes("mwms-kill-and-preempt.toml", &["kill", "term"]);
     // Both came back: the chief's restart lists the epochs from its admission on.
-    let epochs = check(&report, "membership epochs")["detail"]
-        .as_str()
-        .unwrap();
-    let last = epochs.rsplit(", ").next().unwrap();
-    assert!(
-        last.contains("(3 workers from step"),
-        "the last epoch has all 3: {epochs}"
-    );
+    assert_last_epoch_has(&report, 3);
     // The chief's metrics endpoint served its group's step: the step rate was sampled.
     let samples = report["timeline"]["samples"].as_array().unwrap();
     assert!(
@@ -275,13 +268,18 @@ fn the_multi_worker_mirrored_demo_is_scaled_up_hit_and_scaled_down_with_one_mode
         &["scale", "kill", "scale"],
         &["--workers", "2:4", "--digits-epochs", "150"],
     );
-    let epochs = check(&report, "membership epochs")["detail"]
+    assert_last_epoch_has(&report, 3);
+}
+
+/// The last membership epoch the report's check lists has `workers` workers.
+fn assert_last_epoch_has(report: &serde_json::Value, workers: usize) {
+    let epochs = check(report, "membership epochs")["detail"]
         .as_str()
         .unwrap();
     let last = epochs.rsplit(", ").next().unwrap();
     assert!(
-        last.contains("(3 workers from step"),
-        "the last epoch has the 3 left: {epochs}"
+        last.contains(&format!("({workers} workers from step")),
+        "the last epoch has {workers}: {epochs}"
     );
 }
 

@@ -153,17 +153,7 @@ fn the_multi_worker_mirrored_job_launches_with_no_kill_and_converges() {
         summary.contains("epoch 1: 3 workers from step 0"),
         "{summary}"
     );
-    let digests: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.split_once("final model: ").map(|(_, d)| d.trim()))
-        .collect();
-    assert_eq!(digests.len(), 3, "one final model per task:\n{stdout}");
-    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
-    let accuracy: f64 = number_after(summary, "digits: held-out accuracy ").expect("accuracy line");
-    assert!(
-        accuracy >= 95.0,
-        "digits held-out accuracy {accuracy}%\n{stdout}"
-    );
+    assert_one_model_and_accurate(&stdout, summary, 3);
 }
 
 /// `cohort launch --job multi-worker-mirrored --workers 2:4 --run-dir DIR` is elastic:
@@ -244,17 +234,7 @@ fn the_multi_worker_mirrored_job_grows_and_shrinks_with_cohort_scale() {
             "{name} never drained:\n{summary}"
         );
     }
-    let digests: Vec<&str> = lines
-        .iter()
-        .filter_map(|l| l.split_once("final model: ").map(|(_, d)| d.trim()))
-        .collect();
-    assert_eq!(digests.len(), 3, "one final model per task left:\n{all}");
-    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
-    let accuracy: f64 = number_after(summary, "digits: held-out accuracy ").expect("accuracy line");
-    assert!(
-        accuracy >= 95.0,
-        "digits held-out accuracy {accuracy}%\n{all}"
-    );
+    assert_one_model_and_accurate(&all, summary, 3);
 }
 
 /// Epochs of the scaled MultiWorkerMirrored job: long enough for both scale requests to be
@@ -384,6 +364,22 @@ impl Drop for LiveRun {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A MultiWorkerMirrored job's output: `tasks` tasks printed their final model, all the same
+/// one, and the chief's `summary` says the held-out accuracy reached 95 %.
+fn assert_one_model_and_accurate(output: &str, summary: &str, tasks: usize) {
+    let digests: Vec<&str> = output
+        .lines()
+        .filter_map(|l| l.split_once("final model: ").map(|(_, d)| d.trim()))
+        .collect();
+    assert_eq!(digests.len(), tasks, "one final model per task:\n{output}");
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    let accuracy: f64 = number_after(summary, "digits: held-out accuracy ").expect("accuracy line");
+    assert!(
+        accuracy >= 95.0,
+        "digits held-out accuracy {accuracy}%\n{output}"
+    );
 }
 
 /// The number that follows the first occurrence of `prefix` in `text` (digits and a dot).

@@ -697,6 +697,14 @@ fn elastic_case_with(
     }
 }
 
+/// A fresh checkpoint directory for the test `name`, and its path as a flag value.
+fn checkpoint_dir(name: &str) -> (PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = dir.display().to_string();
+    (dir, text)
+}
+
 /// The flags of an elastic run of `steps` steps of `batch` examples (one step each 60 ms, the
 /// idle and form timeouts the elastic tests share), then `more`.
 fn elastic_flags<'a>(steps: &'a str, batch: &'a str, more: &[&'a str]) -> Vec<&'a str> {
@@ -922,9 +930,7 @@ fn preemption_case(name: &str, workers: usize, preempted: usize) {
     let per_replica = 2;
     let global = per_replica * workers;
     let (steps, batch) = (STEPS.to_string(), global.to_string());
-    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let checkpoints = dir.display().to_string();
+    let (dir, checkpoints) = checkpoint_dir(name);
     let flags = elastic_flags(&steps, &batch, &["--checkpoint-dir", checkpoints.as_str()]);
     let tasks = vec![("worker", 1); workers];
     let mut cluster = Cluster::start(name, &tasks, &flags);
@@ -1049,9 +1055,7 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
     let (name, workers, drained, per_replica) = ("drain-w1", 3, 1, 2);
     let global = per_replica * workers;
     let (steps, batch) = (STEPS.to_string(), global.to_string());
-    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let checkpoints = dir.display().to_string();
+    let (dir, checkpoints) = checkpoint_dir(name);
     let flags = elastic_flags(&steps, &batch, &["--checkpoint-dir", checkpoints.as_str()]);
     let tasks = vec![("worker", 1); workers];
     let mut cluster = Cluster::start(name, &tasks, &flags);
@@ -1129,9 +1133,7 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
 fn a_fresh_start_refused_by_a_process_still_waiting_to_be_admitted_is_tried_again() {
     const STEPS: usize = 60;
     let name = "fresh-after-waiter";
-    let dir = std::env::temp_dir().join(format!("cohort-mwms-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let checkpoints = dir.display().to_string();
+    let (dir, checkpoints) = checkpoint_dir(name);
     let steps = STEPS.to_string();
     let flags = elastic_flags(&steps, "6", &["--checkpoint-dir", checkpoints.as_str()]);
     let mut cluster = Cluster::start(name, &[("worker", 1); 3], &flags);
