@@ -325,6 +325,16 @@ impl Cluster {
 
     /// Waits for each worker of `slots` to say "done" and exit with 0; reads what each wrote,
     /// in that order.
+    /// Sends worker `i` `signal` (SIGTERM: preempted; SIGUSR1: drained), waits for it to
+    /// print its departure and `left` and to exit with `code`; returns the departure line.
+    fn signal_to_leave(&mut self, i: usize, signal: Signal, left: &str, code: i32) -> String {
+        kill(self.workers[i].pid(), signal).unwrap();
+        let departed = self.wait_for(i, "departed");
+        self.wait_for(i, left);
+        assert_eq!(self.workers[i].wait_exit(), code, "{:#?}", self.seen[i]);
+        departed
+    }
+
     fn finish(&mut self, slots: &[usize]) -> Vec<DenseOutcome> {
         for &i in slots {
             self.wait_for(i, "done");
@@ -937,15 +947,7 @@ fn preemption_case(name: &str, workers: usize, preempted: usize) {
     for i in 0..workers {
         cluster.wait_for(i, "step 4 ");
     }
-    kill(cluster.workers[preempted].pid(), Signal::SIGTERM).unwrap();
-    let departed = cluster.wait_for(preempted, "departed");
-    cluster.wait_for(preempted, "left");
-    assert_eq!(
-        cluster.workers[preempted].wait_exit(),
-        143,
-        "{name}: {:#?}",
-        cluster.seen[preempted]
-    );
+    let departed = cluster.signal_to_leave(preempted, Signal::SIGTERM, "left", 143);
     assert!(
         departed.contains(&format!("left=worker/{preempted}")) && departed.contains("saved=true"),
         "{name}: {departed}"
@@ -1062,15 +1064,7 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
     for i in 0..workers {
         cluster.wait_for(i, "step 4 ");
     }
-    kill(cluster.workers[drained].pid(), Signal::SIGUSR1).unwrap();
-    let departed = cluster.wait_for(drained, "departed");
-    cluster.wait_for(drained, "left drained");
-    assert_eq!(
-        cluster.workers[drained].wait_exit(),
-        0,
-        "{name}: {:#?}",
-        cluster.seen[drained]
-    );
+    let departed = cluster.signal_to_leave(drained, Signal::SIGUSR1, "left drained", 0);
     assert!(
         departed.contains(&format!("left=worker/{drained} "))
             && departed.contains(&format!("drained=worker/{drained} "))
