@@ -1190,6 +1190,16 @@ impl ProcessGroup {
             self.mesh.skip_epoch(epoch);
             return Ok(None);
         }
+        {
+            let mut state = self.mesh.inner.lock();
+            let now = Instant::now();
+            state
+                .admitted_at
+                .retain(|_, at| now.duration_since(*at) < STALE_ENTER_WINDOW);
+            for joiner in joiners {
+                state.admitted_at.insert(joiner.node.clone(), now);
+            }
+        }
         self.hand_over().await;
         self.mesh.form(epoch, members).await.map(Some)
     }
@@ -1256,6 +1266,10 @@ struct MeshState {
     linked: std::collections::HashSet<(NodeId, u64)>,
     /// Processes that asked to be admitted (`Enter`): where they listen, when they last asked.
     pending: HashMap<NodeId, (SocketAddr, Instant)>,
+    /// Joiners this mesh formed an epoch with by admission, and when it began forming it: an
+    /// `Enter` of theirs in the next [`STALE_ENTER_WINDOW`] is one they sent before their
+    /// admission reached them, not a new process.
+    admitted_at: HashMap<NodeId, Instant>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
     admission: Option<(u64, Vec<GroupMember>)>,
     /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
@@ -1657,6 +1671,21 @@ impl MeshInner {
                     formed: false,
                 };
             }
+        }
+        // A joiner asks each ENTER_REPEAT until its admission reaches it: an ask sent just
+        // before, delivered after the group formed with it, is its own, not a new process's.
+        // (A new process this soon after its old one's admission is found by the old one's
+        // silence instead, within the idle timeout, and admitted at its next ask.)
+        let just_admitted = state
+            .admitted_at
+            .get(peer)
+            .is_some_and(|at| at.elapsed() < STALE_ENTER_WINDOW);
+        if just_admitted && group.as_ref().is_some_and(|g| g.nodes.contains(peer)) {
+            tracing::debug!(%peer, "an ask to join sent before its admission: ignored");
+            return Reply::Entered {
+                epoch,
+                formed: true,
+            };
         }
         let Ok(addr) = addr.parse::<SocketAddr>() else {
             tracing::warn!(%peer, addr, "refused an enter whose address does not parse");
@@ -2589,6 +2618,9 @@ const DIAL_RETRY: Duration = Duration::from_millis(100);
 const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
 pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
+/// How long after its admission a joiner's `Enter` is taken for one it sent before the
+/// admission reached it: its asks are bounded by [`ENTER_REPEAT`], then delivered.
+const STALE_ENTER_WINDOW: Duration = Duration::from_secs(2);
 /// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,
 /// so that a joiner that went away is not admitted (which would fail the admission).
 pub const PENDING_FRESH: Duration = Duration::from_secs(3);
