@@ -31,6 +31,12 @@
 //! the roles and the launcher), the roles below the bootstrap, and the bootstrap below the
 //! user's `program`.
 
+/// candle's tensors (`candle-core`), re-exported so that a model's version matches cohort's.
+pub use candle_core as candle;
+/// candle's layers and `VarBuilder` (`candle-nn`), re-exported so that a model's version
+/// matches cohort's: build models with [`nn::ModelVariables`] or [`train::ReplicatedModel`].
+pub use candle_nn;
+
 pub mod bootstrap;
 pub mod chaosrun;
 pub mod checkpoint;

@@ -19,6 +19,13 @@
 //! networking: the source and the pushes are the worker's bridge,
 //! `cohort::roles::worker::PsModel`.
 //!
+//! Models written for candle-nn build through [`ModelVariables`], a `VarBuilder` whose
+//! variables are a strategy's (each layer holds its replica's live copy, updated in place);
+//! [`Dropout`] draws its masks from the step's seeded randomness ([`with_step_randomness`]), the
+//! same under every strategy; [`layer_norm`] and [`rms_norm`] are candle-nn's normalizations
+//! with a backward pass. `crate::train::ReplicatedModel` builds such a model per replica and
+//! trains it.
+//!
 //! ```
 //! use candle_core::{Device, Tensor};
 //! use cohort::nn::{losses, Dense, GradientTape, Initializer, Layer};
@@ -40,13 +47,19 @@ mod dense_kernel;
 mod init;
 mod layers;
 pub mod losses;
+mod model_vars;
+mod random;
 mod tape;
+mod trainable;
 mod weights;
 
 pub(crate) use dense_kernel::affine;
 pub use init::Initializer;
 pub use layers::{Activation, Dense, DenseBuilder, Embedding, Layer, Sequential};
+pub use model_vars::{is_statistic, ModelVariables, STATISTICS};
+pub use random::{with_step_randomness, Dropout, StepRandomness};
 pub use tape::{Gradient, GradientTape, VariableSource};
+pub use trainable::{layer_norm, rms_norm, LayerNorm, RmsNorm};
 pub use weights::{declare, WeightAccess, WeightSpec};
 
 use candle_core::DType;
@@ -114,6 +127,16 @@ pub enum NnError {
         /// The variable.
         variable: String,
         /// Why.
+        reason: String,
+    },
+    /// A model asked for a variable differently from how it was created (another shape or
+    /// dtype, or a name no layer created): the model was built differently on two replicas
+    /// or workers, or differs from the one a checkpoint holds.
+    #[error("variable {variable:?}: {reason}")]
+    ModelMismatch {
+        /// The variable's name.
+        variable: String,
+        /// What differs.
         reason: String,
     },
     /// A layer's configuration is impossible (zero units, a negative regularization factor).

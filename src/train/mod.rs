@@ -7,6 +7,8 @@
 //! - [`DistributedOptimizer::apply_gradients`] sums gradients across the replicas of the
 //!   calling replica context (all-reduce SUM) and then applies the same update on every
 //!   replica with the kernels of [`crate::optim`], so mirrored variables stay equal;
+//! - [`ReplicatedModel`] builds a candle-nn model once per replica over the strategy's
+//!   variables and runs that step for it ([`ReplicatedModel::train_step`]);
 //! - [`fit`] runs that loop over a distributed dataset for some epochs, prints progress
 //!   ([`Progbar`]) and returns the loss history.
 //!
@@ -33,10 +35,12 @@
 mod fit;
 mod optimizer;
 mod progbar;
+mod replicated;
 
 pub use fit::{fit, fit_with_options, FitOptions, History, Model, Supervised};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
 pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
+pub use replicated::{ReplicatedModel, StepOutput, StepSpec};
 
 use candle_core::{DType, Tensor};
 

@@ -45,7 +45,7 @@ pub use placement::{
 pub use rows::{row_id_map, unique_rows, RowIdHasher, RowIdMap};
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use candle_core::{DType, Tensor};
@@ -291,15 +291,14 @@ impl Variable {
             let mut guard = write(&self.inner.components[replica]);
             let next = f(&guard)?;
             self.check(&next)?;
-            *guard = self.to_stored(&next)?;
-            return Ok(());
+            return self.store(&mut guard, &next);
         }
         let written = if replica == 0 {
             let mut guard = write(&self.inner.components[0]);
             f(&guard)
                 .map_err(VariableError::from)
-                .and_then(|next| self.check(&next).and_then(|()| self.to_stored(&next)))
-                .map(|next| *guard = next)
+                .and_then(|next| self.check(&next).map(|()| next))
+                .and_then(|next| self.store(&mut guard, &next))
         } else {
             Ok(())
         };
@@ -326,10 +325,80 @@ impl Variable {
     }
 
     fn read_component(&self, i: usize) -> Tensor {
-        self.inner.components[i]
+        let stored = self.inner.components[i]
             .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.is_live() {
+            // Updates write a live variable's storage in place: hand out a snapshot. A copy
+            // cannot fail on a stored CPU tensor; if it ever did, the shared value is still
+            // the right one to give.
+            return stored.copy().unwrap_or_else(|_| stored.clone());
+        }
+        stored.clone()
+    }
+
+    /// Copy `component`'s storage as a candle variable tensor that every later update of this
+    /// variable writes in place (TensorFlow's variable handle): what a candle-nn layer built
+    /// through [`crate::nn::ModelVariables`] holds, so that the layer sees each update without
+    /// being rebuilt.
+    ///
+    /// From the first call on, the variable is *live*: updates copy new values into the
+    /// existing storage instead of replacing it, and [`Variable::read_value`] gives a copy, so
+    /// that a value read earlier still stays a snapshot.
+    ///
+    /// ```
+    /// use candle_core::{Device, Tensor};
+    /// use cohort::variable::Variable;
+    ///
+    /// let w = Variable::new("w", Tensor::new(&[1f32, 2.], &Device::Cpu)?)?;
+    /// let live = w.live_component(0)?;
+    /// let before = w.read_value();
+    /// w.assign_add(&Tensor::new(&[1f32, 1.], &Device::Cpu)?)?;
+    /// assert_eq!(live.to_vec1::<f32>()?, [2., 3.]); // the held tensor sees the update
+    /// assert_eq!(before.to_vec1::<f32>()?, [1., 2.]); // an earlier read stays a snapshot
+    /// assert!(w.live_component(1).is_err()); // a plain variable has one copy
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn live_component(&self, component: usize) -> Result<Tensor, VariableError> {
+        self.local()?;
+        let slot =
+            self.inner
+                .components
+                .get(component)
+                .ok_or_else(|| VariableError::NoSuchComponent {
+                    name: self.inner.name.clone(),
+                    component,
+                    components: self.inner.components.len(),
+                })?;
+        let mut stored = write(slot);
+        if !stored.is_variable() {
+            // A non-trainable value is stored as a plain tensor; a live one needs storage
+            // that can be written in place (copied once, here).
+            *stored = candle_core::Var::from_tensor(&stored.detach())?.into_inner();
+        }
+        self.inner.live.store(true, Ordering::Release);
+        Ok(stored.clone())
+    }
+
+    /// Whether some copy was handed out by [`Variable::live_component`].
+    pub fn is_live(&self) -> bool {
+        self.inner.live.load(Ordering::Acquire)
+    }
+
+    /// Stores `value` (checked) into `slot`: in place for a live variable, so that the tensors
+    /// handed out keep seeing it; as a new stored value otherwise.
+    fn store(&self, slot: &mut Tensor, value: &Tensor) -> Result<(), VariableError> {
+        if self.is_live() && slot.is_variable() {
+            let live = candle_core::Var::from_tensor(slot)?;
+            let value = value.detach();
+            if live.set(&value).is_err() {
+                // `set` refuses a value that shares the live storage (a view of it): copy it.
+                live.set(&value.copy()?)?;
+            }
+            return Ok(());
+        }
+        *slot = self.to_stored(value)?;
+        Ok(())
     }
 
     /// Applies `f` to every component, all or none: nothing is written unless every new value
@@ -343,10 +412,10 @@ impl Variable {
         for g in guards.iter() {
             let value = f(g)?;
             self.check(&value)?;
-            next.push(self.to_stored(&value)?);
+            next.push(value);
         }
         for (g, value) in guards.iter_mut().zip(next) {
-            **g = value;
+            self.store(g, &value)?;
         }
         Ok(())
     }
@@ -530,6 +599,7 @@ impl VariableBuilder {
                 aggregation: self.aggregation,
                 placement,
                 components,
+                live: AtomicBool::new(false),
                 placeholder,
             }),
         };
@@ -639,6 +709,16 @@ pub enum VariableError {
         /// Where it is, in words.
         placement: String,
     },
+    /// A copy that does not exist was asked for.
+    #[error("variable {name:?} has {components} copies; there is no copy {component}")]
+    NoSuchComponent {
+        /// The variable.
+        name: String,
+        /// The copy asked for.
+        component: usize,
+        /// How many it has.
+        components: usize,
+    },
     /// The tensor computation of an update failed.
     #[error("tensor operation on a variable failed: {0}")]
     Tensor(#[from] candle_core::Error),
@@ -654,6 +734,9 @@ struct Inner {
     aggregation: VariableAggregation,
     placement: Placement,
     components: Vec<RwLock<Tensor>>,
+    /// Whether a copy's storage was handed out ([`Variable::live_component`]): updates are
+    /// then written in place.
+    live: AtomicBool,
     /// Zeros of the shape, for reads of a variable with no local copy.
     placeholder: Option<Tensor>,
 }
