@@ -17,7 +17,7 @@ use cohort::candle_nn::{self, Conv2d, Conv2dConfig, Embedding, Linear, VarBuilde
 use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError};
 use cohort::optim::Optimizer;
 use cohort::strategy::{
-    DefaultStrategy, Mirrored, MultiWorkerMirrored, ReduceOp, Strategy, StrategyExt,
+    CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, ReduceOp, Strategy, StrategyExt,
 };
 use cohort::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
 
@@ -194,26 +194,19 @@ fn a_candle_nn_model_trains_the_same_under_the_default_strategy_and_mirrored() {
         default_losses.last().unwrap() < default_losses.first().unwrap(),
         "the model does not learn: {default_losses:?}"
     );
-    for (step, (a, b)) in default_losses.iter().zip(&mirrored_losses).enumerate() {
-        assert!(
-            (a - b).abs() < 1e-5,
-            "step {step}: default loss {a}, mirrored {b}"
-        );
-    }
-    assert_eq!(default_vars.len(), mirrored_vars.len());
     assert!(default_vars.len() >= 16, "{} variables", default_vars.len());
-    for ((name, a), (other, b)) in default_vars.iter().zip(&mirrored_vars) {
-        assert_eq!(name, other);
-        let worst = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        assert!(
-            worst < 1e-5,
-            "{name}: default and mirrored differ by {worst}"
-        );
-    }
+    assert_same_run(
+        (&default_losses, &default_vars),
+        (&mirrored_losses, &mirrored_vars),
+        "mirrored",
+    );
+    // One copy of each variable on the host, updated once by replica 0 for both.
+    let (central_losses, central_vars) = train(&CentralStorage::new(2).unwrap());
+    assert_same_run(
+        (&default_losses, &default_vars),
+        (&central_losses, &central_vars),
+        "central storage",
+    );
 }
 
 #[test]
@@ -225,30 +218,40 @@ fn a_candle_nn_model_trains_the_same_under_multi_worker_mirrored() {
         train(&strategy)
     });
     for (worker, (losses, vars)) in workers.iter().enumerate() {
-        for (step, (a, b)) in default_losses.iter().zip(losses).enumerate() {
-            assert!(
-                (a - b).abs() < 1e-5,
-                "worker {worker}, step {step}: default loss {a}, multi-worker {b}"
-            );
-        }
-        assert_eq!(vars.len(), default_vars.len());
-        for ((name, a), (other, b)) in default_vars.iter().zip(vars) {
-            assert_eq!(name, other);
-            let worst = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                worst < 1e-5,
-                "worker {worker}, {name}: differs from the default strategy's by {worst}"
-            );
-        }
+        assert_same_run(
+            (&default_losses, &default_vars),
+            (losses, vars),
+            &format!("multi-worker (worker {worker})"),
+        );
     }
     assert_eq!(
         workers[0].1, workers[1].1,
         "the two workers end with different variables"
     );
+}
+
+/// The losses and variables of one run, as `train` gives them.
+type Run<'a> = (&'a [f32], &'a [(String, Vec<f32>)]);
+
+/// `other`'s losses and variables are the default strategy's, step by step and variable by
+/// variable (to 1e-5).
+fn assert_same_run(default: Run<'_>, other: Run<'_>, what: &str) {
+    for (step, (a, b)) in default.0.iter().zip(other.0).enumerate() {
+        assert!(
+            (a - b).abs() < 1e-5,
+            "step {step}: default loss {a}, {what} {b}"
+        );
+    }
+    assert_eq!(default.1.len(), other.1.len());
+    for ((name, a), (other_name, b)) in default.1.iter().zip(other.1) {
+        assert_eq!(name, other_name);
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{name}: default and {what} differ by {worst}");
+    }
 }
 
 #[test]
@@ -433,6 +436,20 @@ fn batch_norm_statistics_are_averaged_across_replicas() {
             "running mean {a} (one replica) vs {b} (two)"
         );
     }
+}
+
+/// Under CentralStorage every replica's batch normalization would update one shared copy of
+/// its statistics in its forward pass: refused at build, naming the statistic.
+#[test]
+fn batch_norm_under_central_storage_is_refused_naming_the_statistic() {
+    let strategy = CentralStorage::new(2).unwrap();
+    let err = ReplicatedModel::build(&strategy, 1, |vb| {
+        candle_nn::batch_norm(2, 1e-5, vb.pp("norm"))
+    })
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("norm.running_mean"), "{message}");
+    assert!(message.contains("CentralStorage"), "{message}");
 }
 
 /// Two replicas that build different models are refused before any step, naming the variable.

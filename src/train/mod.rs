@@ -129,6 +129,14 @@ pub enum TrainError {
         /// The variable.
         variable: String,
     },
+    /// A model built for one strategy was run by a replica of another (or of more replicas).
+    #[error("a replica (local index {replica}) of another strategy ran a model built for a strategy with {replicas} local replicas: build the model under the strategy that runs it")]
+    ForeignReplica {
+        /// The replica's local index.
+        replica: usize,
+        /// The model's copies.
+        replicas: usize,
+    },
     /// A dataset element without the components a model needs.
     #[error("a batch has {got} components, the model needs {needed}")]
     BatchComponents {

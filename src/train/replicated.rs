@@ -8,7 +8,7 @@ use candle_nn::VarBuilder;
 
 use super::{compute_average_loss, AppliedGradients, DistributedOptimizer, TrainError};
 use crate::nn::{with_step_randomness, ModelVariables, NnError, StepRandomness};
-use crate::strategy::{ReduceOp, ReplicaContext, Strategy};
+use crate::strategy::{ReduceOp, ReplicaContext, Strategy, StrategyId};
 use crate::variable::Variable;
 
 /// A model written for candle-nn (built from a `VarBuilder`), distributed by a strategy: its
@@ -57,6 +57,8 @@ use crate::variable::Variable;
 /// ```
 #[derive(Debug)]
 pub struct ReplicatedModel<M> {
+    /// The strategy it was built for: only its replicas run it.
+    strategy: StrategyId,
     variables: ModelVariables,
     replicas: Vec<M>,
     /// Per replica, the live tensor of each trainable variable (the order of
@@ -135,9 +137,24 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         }
         let trainable = variables.trainable_variables();
         let statistics = variables.non_trainable_variables();
+        if local > 1 {
+            if let Some(shared) = statistics.iter().find(|v| !v.is_mirrored()) {
+                // Each replica's layer would update one shared copy in its forward pass,
+                // concurrently with the others.
+                return Err(NnError::Config {
+                    layer: shared.name().to_owned(),
+                    reason: format!(
+                        "{} keeps one copy of this statistic for its {local} replicas, which batch normalization cannot update from each replica: use Mirrored or MultiWorkerMirrored",
+                        strategy.name()
+                    ),
+                }
+                .into());
+            }
+        }
         let trainable_live = live_tensors(&trainable, local)?;
         let statistics_live = live_tensors(&statistics, local)?;
         Ok(Self {
+            strategy: strategy.id(),
             variables,
             replicas,
             trainable_live,
@@ -163,9 +180,10 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         self.replicas.len()
     }
 
-    /// The copy of the replica running `ctx`.
-    pub fn replica(&self, ctx: &ReplicaContext) -> &M {
-        &self.replicas[self.local_index(ctx)]
+    /// The copy of the replica running `ctx`: an error for a replica of another strategy than
+    /// the one the model was built for.
+    pub fn replica(&self, ctx: &ReplicaContext) -> Result<&M, TrainError> {
+        Ok(&self.replicas[self.local_index(ctx)?])
     }
 
     /// Copy 0, for cross-replica use (evaluation, prediction, export).
@@ -181,7 +199,7 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         loss: &Tensor,
     ) -> Result<Vec<Tensor>, TrainError> {
         let store = loss.backward()?;
-        let live = &self.trainable_live[self.local_index(ctx)];
+        let live = &self.trainable_live[self.local_index(ctx)?];
         let mut missing = Vec::new();
         let gradients = live
             .iter()
@@ -203,9 +221,17 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         Ok(gradients)
     }
 
-    /// The index of `ctx`'s replica among the copies.
-    fn local_index(&self, ctx: &ReplicaContext) -> usize {
-        ctx.local_replica_id().min(self.replicas.len() - 1)
+    /// The index of `ctx`'s replica among the copies, if it is a replica of the model's
+    /// strategy.
+    fn local_index(&self, ctx: &ReplicaContext) -> Result<usize, TrainError> {
+        let index = ctx.local_replica_id();
+        if ctx.strategy_id() != self.strategy || index >= self.replicas.len() {
+            return Err(TrainError::ForeignReplica {
+                replica: index,
+                replicas: self.replicas.len(),
+            });
+        }
+        Ok(index)
     }
 
     /// One synchronous training step of this replica (see the type's calling protocol):
@@ -220,7 +246,7 @@ impl<M: Send + Sync> ReplicatedModel<M> {
     where
         F: FnOnce(&M) -> candle_core::Result<Tensor>,
     {
-        let model = self.replica(ctx);
+        let model = self.replica(ctx)?;
         let randomness = StepRandomness {
             seed: self.variables.seed(),
             step: spec.step,
@@ -249,7 +275,7 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         if ctx.num_replicas_in_sync() <= 1 || self.statistics.is_empty() {
             return Ok(());
         }
-        let own: Vec<Tensor> = self.statistics_live[self.local_index(ctx)]
+        let own: Vec<Tensor> = self.statistics_live[self.local_index(ctx)?]
             .iter()
             .map(|live| live.copy().map(|t| t.detach()))
             .collect::<Result<_, _>>()?;

@@ -293,6 +293,16 @@ impl Variable {
             self.check(&next)?;
             return self.store(&mut guard, &next);
         }
+        if self.is_live() {
+            // The shared copy is written in place: every replica must be done reading it (its
+            // forward pass) before replica 0 writes.
+            ctx.member()
+                .barrier()
+                .map_err(|source| VariableError::Collective {
+                    name: self.inner.name.clone(),
+                    source,
+                })?;
+        }
         let written = if replica == 0 {
             let mut guard = write(&self.inner.components[0]);
             f(&guard)
@@ -329,10 +339,17 @@ impl Variable {
             .read()
             .unwrap_or_else(|p| p.into_inner());
         if self.is_live() {
-            // Updates write a live variable's storage in place: hand out a snapshot. A copy
-            // cannot fail on a stored CPU tensor; if it ever did, the shared value is still
-            // the right one to give.
-            return stored.copy().unwrap_or_else(|_| stored.clone());
+            // Updates write a live variable's storage in place: hand out a snapshot, itself a
+            // candle variable for a trainable one (so that it can be differentiated against,
+            // as any read). A copy cannot fail on a stored CPU tensor; if it ever did, the
+            // shared value is still the right one to give.
+            let detached = stored.detach();
+            let snapshot = if self.inner.trainable && stored.is_variable() {
+                candle_core::Var::from_tensor(&detached).map(candle_core::Var::into_inner)
+            } else {
+                detached.copy()
+            };
+            return snapshot.unwrap_or_else(|_| stored.clone());
         }
         stored.clone()
     }
