@@ -17,9 +17,10 @@ use cohort::candle_nn::{self, Conv2d, Conv2dConfig, Embedding, Linear, VarBuilde
 use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError};
 use cohort::optim::Optimizer;
 use cohort::strategy::{
-    CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, ReduceOp, Strategy, StrategyExt,
+    CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, PerReplica, ReduceOp, Strategy,
+    StrategyExt,
 };
-use cohort::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
+use cohort::train::{DistributedOptimizer, ReplicatedModel, StepOutput, StepSpec, TrainError};
 
 const SEED: u64 = 11;
 const GLOBAL_BATCH: usize = 8;
@@ -157,10 +158,7 @@ fn train(strategy: &dyn Strategy) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
             .unwrap()
             .transpose()
             .unwrap();
-        let loss = strategy
-            .reduce(ReduceOp::Sum, &outputs.map(|o| o.loss.clone()), None)
-            .unwrap();
-        losses.push(loss.to_scalar::<f32>().unwrap());
+        losses.push(global_loss(strategy, &outputs));
     }
     let variables = model
         .variables()
@@ -228,6 +226,15 @@ fn a_candle_nn_model_trains_the_same_under_multi_worker_mirrored() {
         workers[0].1, workers[1].1,
         "the two workers end with different variables"
     );
+}
+
+/// The global batch's mean loss of one step: the replicas' scaled losses summed.
+fn global_loss(strategy: &dyn Strategy, outputs: &PerReplica<StepOutput>) -> f32 {
+    strategy
+        .reduce(ReduceOp::Sum, &outputs.map(|o| o.loss.clone()), None)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 /// The losses and variables of one run, as `train` gives them.
@@ -347,10 +354,7 @@ fn candle_nn_lstm_and_gru_train_under_mirrored() {
             .unwrap()
             .transpose()
             .unwrap();
-        let loss = strategy
-            .reduce(ReduceOp::Sum, &out.map(|o| o.loss.clone()), None)
-            .unwrap();
-        losses.push(loss.to_scalar::<f32>().unwrap());
+        losses.push(global_loss(&strategy, &out));
     }
     assert!(losses[3] < losses[0], "{losses:?}");
     for variable in model.variables().variables() {

@@ -296,12 +296,7 @@ impl Variable {
         if self.is_live() {
             // The shared copy is written in place: every replica must be done reading it (its
             // forward pass) before replica 0 writes.
-            ctx.member()
-                .barrier()
-                .map_err(|source| VariableError::Collective {
-                    name: self.inner.name.clone(),
-                    source,
-                })?;
+            self.barrier(ctx)?;
         }
         let written = if replica == 0 {
             let mut guard = write(&self.inner.components[0]);
@@ -313,13 +308,18 @@ impl Variable {
             Ok(())
         };
         // Every replica waits here even if replica 0 failed, so none is left waiting for it.
+        self.barrier(ctx)?;
+        written
+    }
+
+    /// Waits for every replica of `ctx`'s step, naming this variable if that fails.
+    fn barrier(&self, ctx: &CurrentReplica) -> Result<(), VariableError> {
         ctx.member()
             .barrier()
             .map_err(|source| VariableError::Collective {
                 name: self.inner.name.clone(),
                 source,
-            })?;
-        written
+            })
     }
 
     /// Refuses a variable that has no value here.
