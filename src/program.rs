@@ -1,25 +1,32 @@
 //! A user program: the functions every process of a job registers by name.
 //!
 //! As in TensorFlow, the same program runs in every process; the chief schedules a step by its
-//! registered name with encoded arguments, and the worker that runs it looks the name up here.
-//! Code never travels over the network.
+//! handle ([`Step`]) with a typed argument, and the worker that runs it looks the step up here
+//! and sends back its typed value. Code never travels over the network: only the argument and
+//! the value do.
 //!
 //! ```no_run
-//! use cohort::program::{Program, StepContext};
+//! use cohort::program::{Program, Step, StepContext, StepError};
+//!
+//! /// Takes a learning-rate scale, returns the squared norm of `w` before the update.
+//! static TRAIN_STEP: Step<f32, f32> = Step::new("train_step");
 //!
 //! let program = Program::new("my-job")
-//!     .step("train_step", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+//!     .step(&TRAIN_STEP, |ctx: &mut StepContext<'_>, scale: f32| {
 //!         let w = ctx.pull("w")?;
-//!         let grad: Vec<f32> = w.iter().map(|v| 2.0 * v).collect();
+//!         let grad: Vec<f32> = w.iter().map(|v| 2.0 * v * scale).collect();
 //!         ctx.push_dense("w", grad)?;
-//!         Ok(Vec::new())
+//!         Ok::<_, StepError>(w.iter().map(|v| v * v).sum())
 //!     })
 //!     .chief(|coordinator| {
 //!         coordinator.create_variable(cohort::program::VariableSpec::zeros("w", vec![4]))?;
-//!         for _ in 0..10 {
-//!             coordinator.schedule("train_step", Vec::new())?;
+//!         let values: Vec<_> = (0..10)
+//!             .map(|_| coordinator.schedule(&TRAIN_STEP, 1.0))
+//!             .collect::<Result<_, _>>()?;
+//!         for value in &values {
+//!             let norm: f32 = coordinator.fetch(value)?;
+//!             println!("{norm}");
 //!         }
-//!         coordinator.join()?;
 //!         Ok(())
 //!     });
 //! std::process::exit(cohort::program::main(program));
@@ -28,11 +35,13 @@
 use std::sync::Arc;
 
 pub use crate::roles::coordinator::{
-    ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground, VariableSpec,
+    ClusterCoordinator, CoordinatorError, Encoded, PendingSave, RemoteValue, SavedInBackground,
+    VariableSpec,
 };
 pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};
+pub use crate::roles::step::Step;
 pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, TrainReport};
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training

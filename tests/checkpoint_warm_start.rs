@@ -35,7 +35,7 @@ const LEARNING_RATE: f32 = 0.1;
 fn program() -> Program {
     Program::new("warm-start")
         .optimizer(cohort::optim::Optimizer::adam(LEARNING_RATE))
-        .step("nudge", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("nudge", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let b = ctx.pull("b")?;
             ctx.push_dense("b", vec![1.0; b.len()])?;
             Ok(Vec::new())
@@ -57,7 +57,7 @@ fn program() -> Program {
                 let saved = coordinator.save_checkpoint(&mut manager, 0)?;
                 coordinator.wait_for_workers(1, std::time::Duration::from_secs(30))?;
                 for _ in 0..STEPS {
-                    coordinator.schedule("nudge", Vec::new())?;
+                    coordinator.schedule_encoded("nudge", Vec::new())?;
                 }
                 coordinator.join()?;
                 Ok(serde_json::json!({

@@ -54,7 +54,7 @@ fn program() -> Program {
             Ok(Dataset::range(0, 1_000_000, 1)
                 .shard(ctx.num_input_pipelines, ctx.input_pipeline_id))
         })
-        .step("read", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("read", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let element = ctx.next("ids")?;
             let value = element[0].to_scalar::<i64>()?;
             ctx.push_dense("count", vec![-1.0, -1.0])?;
@@ -111,7 +111,7 @@ fn foreign(coordinator: &ClusterCoordinator) -> Result<(), CoordinatorError> {
 /// Schedules closures a few ahead and keeps what each returned.
 #[derive(Default)]
 struct Trainer {
-    in_flight: std::collections::VecDeque<cohort::program::RemoteValue>,
+    in_flight: std::collections::VecDeque<cohort::program::RemoteValue<cohort::program::Encoded>>,
     /// (worker, element) per committed closure.
     read: Vec<(u64, i64)>,
     max_live: usize,
@@ -121,10 +121,10 @@ impl Trainer {
     fn step(&mut self, coordinator: &ClusterCoordinator) -> Result<(), CoordinatorError> {
         while self.in_flight.len() < AHEAD {
             self.in_flight
-                .push_back(coordinator.schedule("read", Vec::new())?);
+                .push_back(coordinator.schedule_encoded("read", Vec::new())?);
         }
         let value = self.in_flight.pop_front().expect("scheduled above");
-        let bytes = coordinator.fetch(&value)?;
+        let bytes = coordinator.fetch_encoded(&value)?;
         let bad = || CoordinatorError::Other(format!("bad value {bytes:?}"));
         let worker = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| bad())?);
         let element = i64::from_le_bytes(bytes[8..].try_into().map_err(|_| bad())?);
@@ -184,7 +184,7 @@ impl Trainer {
         coordinator: &ClusterCoordinator,
     ) -> Result<(), CoordinatorError> {
         let value = self.in_flight.pop_front().expect("checked by the caller");
-        let bytes = coordinator.fetch(&value)?;
+        let bytes = coordinator.fetch_encoded(&value)?;
         let worker = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
         let element = i64::from_le_bytes(bytes[8..].try_into().unwrap_or_default());
         self.read.push((worker, element));

@@ -33,7 +33,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("metrics-test")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let w = ctx.pull("w")?;
             ctx.push_dense("w", fit_gradient(&w))?;
             Ok(Vec::new())
@@ -46,7 +46,7 @@ fn program() -> Program {
             coordinator
                 .wait_for_workers(coordinator.num_workers() as usize, Duration::from_secs(30))?;
             for _ in 0..STEPS {
-                coordinator.schedule("fit", Vec::new())?;
+                coordinator.schedule_encoded("fit", Vec::new())?;
             }
             coordinator.join()?;
             write_report(&ledger_and_stats(coordinator)?)?;

@@ -69,7 +69,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("preemption-test")
         .optimizer(cohort::optim::Optimizer::adagrad(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let w = ctx.pull("w")?;
             let grad = fit_gradient(&w);
             ctx.push_dense("w", grad)?;
@@ -135,8 +135,8 @@ fn program() -> Program {
                     // A checkpoint every CHECKPOINT_EVERY steps; the first incarnation offers
                     // itself to be frozen (its PID file) once a few are saved.
                     while step < STEPS_WITH_CHIEF_FROZEN {
-                        let value = coordinator.schedule("fit", Vec::new())?;
-                        coordinator.fetch(&value)?;
+                        let value = coordinator.schedule_encoded("fit", Vec::new())?;
+                        coordinator.fetch_encoded(&value)?;
                         step += 1;
                         if step % CHECKPOINT_EVERY == 0 {
                             coordinator.save_checkpoint(&mut manager, step)?;
@@ -170,7 +170,7 @@ fn program() -> Program {
                     // A program that never looks at the stop request: the process must end
                     // after the preemption grace anyway, without this report.
                     for _ in 0..STEPS_MAX {
-                        coordinator.schedule("fit", Vec::new())?;
+                        coordinator.schedule_encoded("fit", Vec::new())?;
                         claim_pid_file(CHIEF_PID, "");
                     }
                     coordinator.join()?;
@@ -198,13 +198,13 @@ fn train(
     loop {
         let stopping = coordinator.preemption_requested();
         while !stopping && scheduled < steps && in_flight.len() < AHEAD {
-            in_flight.push_back(coordinator.schedule("fit", Vec::new())?);
+            in_flight.push_back(coordinator.schedule_encoded("fit", Vec::new())?);
             scheduled += 1;
         }
         let Some(value) = in_flight.pop_front() else {
             break;
         };
-        coordinator.fetch(&value)?;
+        coordinator.fetch_encoded(&value)?;
         *step += 1;
         this_run += 1;
         if this_run == STEPS_BEFORE_PREEMPTION {

@@ -36,7 +36,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-all-workers-test")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             claim_pid_file(&format!("worker-{}.pid", ctx.worker_index()), "");
             let w = ctx.pull("w")?;
             std::thread::sleep(Duration::from_millis(40));
@@ -51,7 +51,7 @@ fn program() -> Program {
             )?;
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
             for _ in 0..STEPS {
-                coordinator.schedule("fit", Vec::new())?;
+                coordinator.schedule_encoded("fit", Vec::new())?;
             }
             let joined = coordinator.join();
             let join_returned_ms = unix_ms();

@@ -8,6 +8,10 @@
 //!   and nothing changes on any parameter server (the push is all or nothing).
 //! - A step that pushes a NaN gradient is skipped and counted by the default policy, and
 //!   training goes on.
+//! - Typed steps: a struct argument and value round-trip through a worker; a step the program
+//!   does not register is refused at `schedule` naming it; an argument that does not decode as
+//!   the step's type fails that closure naming the step; a value fetched as another type is
+//!   refused; training goes on after each.
 
 mod ps_support;
 
@@ -16,7 +20,9 @@ use ps_support::fit_gradient;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cohort::program::{ClusterCoordinator, CoordinatorError, Program, StepContext, VariableSpec};
+use cohort::program::{
+    ClusterCoordinator, CoordinatorError, Program, Step, StepContext, StepError, VariableSpec,
+};
 use cohort::variable::Partitioner;
 use ps_support::{ledger_and_stats, write_report, Run, CHILD_ENV};
 
@@ -26,34 +32,72 @@ fn cluster_task() {
     ps_support::run_if_child(program);
 }
 
-/// `fit` is a good step; `bad_shape` pushes a good row gradient for `table` and a 3-value
+/// A typed step's argument: how many gradient steps to take in it, and a tag it returns.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct FitArgs {
+    times: u32,
+    tag: String,
+}
+
+/// A typed step's value.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct FitReport {
+    tag: String,
+    worker: u32,
+    w_before: Vec<f32>,
+}
+
+/// Takes `times` gradient steps on `w` (summed into one push) and reports what it saw.
+static FIT_TYPED: Step<FitArgs, FitReport> = Step::new("fit_typed");
+/// The same registered step, fetched as another type.
+static FIT_MISREAD: Step<FitArgs, u8> = Step::new("fit_typed");
+/// Registered nowhere.
+static GHOST: Step<(), ()> = Step::new("ghost");
+
+/// `fit_typed` is [`FIT_TYPED`]; `fit` is a good step; `bad_shape` pushes a good row gradient for `table` and a 3-value
 /// gradient for the 4-value `w`; `bad_rows` pushes rows of the wrong width; `nan` pushes a
 /// gradient with a NaN in it.
 fn program() -> Program {
     Program::new("ps-bad-input-test")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let w = ctx.pull("w")?;
             let grad = fit_gradient(&w);
             ctx.push_dense("w", grad)?;
             ctx.push_rows("table", vec![1, 8], vec![1.0; 4])?;
             Ok(Vec::new())
         })
-        .step("bad_shape", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("bad_shape", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             ctx.push_rows("table", vec![1, 8], vec![1.0; 4])?;
             ctx.push_dense("w", vec![1.0; 3])?;
             Ok(Vec::new())
         })
-        .step("bad_rows", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("bad_rows", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             ctx.push_dense("w", vec![1.0; 4])?;
             ctx.push_rows("table", vec![1, 8], vec![1.0; 3])?;
             Ok(Vec::new())
         })
-        .step("nan", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("nan", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             ctx.push_dense("w", vec![1.0, f32::NAN, 1.0, 1.0])?;
             Ok(Vec::new())
         })
+        .step(&FIT_TYPED, |ctx: &mut StepContext<'_>, args: FitArgs| {
+            let w_before = ctx.pull("w")?;
+            let grad = fit_gradient(&w_before)
+                .into_iter()
+                .map(|g| g * args.times as f32)
+                .collect();
+            ctx.push_dense("w", grad)?;
+            Ok::<_, StepError>(FitReport {
+                tag: args.tag,
+                worker: ctx.worker_index(),
+                w_before,
+            })
+        })
         .chief(|coordinator| {
+            if ps_support::scenario() == "typed" {
+                return typed_steps(coordinator);
+            }
             coordinator.create_variable(
                 VariableSpec::zeros("w", vec![4])
                     .partitioned(Partitioner::FixedShards { num_shards: 2 }),
@@ -75,9 +119,54 @@ fn program() -> Program {
         })
 }
 
+/// The typed-step scenario's chief: every case's outcome into the report.
+fn typed_steps(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
+    coordinator.create_variable(VariableSpec::zeros("w", vec![4]))?;
+    coordinator.create_variable(VariableSpec::zeros("table", vec![10, 2]))?;
+    coordinator.wait_for_workers(1, Duration::from_secs(30))?;
+    let mut report = serde_json::json!({});
+    let args = FitArgs {
+        times: 2,
+        tag: "first".into(),
+    };
+    let value = coordinator.schedule(&FIT_TYPED, args)?;
+    let fetched: FitReport = coordinator.fetch(&value)?;
+    report["round_trip"] = serde_json::json!({
+        "tag": fetched.tag,
+        "worker": fetched.worker,
+        "w_before": fetched.w_before,
+    });
+    report["ghost_error"] = error_of(coordinator.schedule(&GHOST, ()).map(|_| ()));
+    // Bytes that are no `FitArgs`: a string length far past the bytes that follow.
+    let garbage =
+        coordinator.schedule_encoded(FIT_TYPED.name(), vec![0x02, 0xfc, 0xff, 0xff, 0xff, 0x0f])?;
+    report["garbage_error"] = error_of(coordinator.fetch_encoded(&garbage).map(|_| ()));
+    report["garbage_join"] = error_of(coordinator.join());
+    let misread = coordinator.schedule(
+        &FIT_MISREAD,
+        FitArgs {
+            times: 1,
+            tag: "misread".into(),
+        },
+    )?;
+    report["misread_error"] = error_of(coordinator.fetch(&misread).map(|_| ()));
+    for round in 0..5 {
+        coordinator.schedule(
+            &FIT_TYPED,
+            FitArgs {
+                times: 1,
+                tag: format!("round {round}"),
+            },
+        )?;
+    }
+    coordinator.join()?;
+    report["end"] = state(coordinator)?;
+    write_report(&report)
+}
+
 fn run(coordinator: &ClusterCoordinator, step: &str, times: usize) -> Result<(), CoordinatorError> {
     for _ in 0..times {
-        coordinator.schedule(step, Vec::new())?;
+        coordinator.schedule_encoded(step, Vec::new())?;
     }
     coordinator.join()
 }
@@ -161,6 +250,60 @@ fn duplicate_addresses_exit_2_naming_both_tasks_and_the_address() {
             && stderr.contains("127.0.0.1:5001"),
         "{stderr}"
     );
+}
+
+#[test]
+fn typed_steps_round_trip_and_an_unknown_step_or_undecodable_argument_or_value_is_named() {
+    let mut run = Run::new("ps-typed", "typed", &[]);
+    run.num_workers = 1;
+    let report = run.launch();
+    let trip = &report["round_trip"];
+    assert_eq!(trip["tag"], "first", "{report}");
+    assert_eq!(trip["worker"], 0, "{report}");
+    assert_eq!(
+        trip["w_before"],
+        serde_json::json!([0.0, 0.0, 0.0, 0.0]),
+        "{report}"
+    );
+
+    let ghost = report["ghost_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        ghost.contains("\"ghost\"") && ghost.contains("fit_typed"),
+        "names the step and what is registered: {ghost}"
+    );
+    let garbage = report["garbage_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        garbage.contains("\"fit_typed\"") && garbage.contains("argument does not decode"),
+        "{garbage}"
+    );
+    assert!(
+        report["garbage_join"].is_string(),
+        "join raises it: {report}"
+    );
+    let misread = report["misread_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        misread.contains("does not decode") && misread.contains("u8"),
+        "{misread}"
+    );
+
+    // Every good closure was applied once: 1 (times 2) + the misread one + 5 rounds ran, the
+    // garbage one failed; w moved toward its target.
+    let end = &report["end"];
+    assert_eq!(end["ledger"]["failed"], 1, "{report}");
+    assert_eq!(end["ledger"]["committed"], 7, "{report}");
+    let w: Vec<f32> = end["w"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|bits| f32::from_bits(bits.as_u64().unwrap() as u32))
+        .collect();
+    assert!(w.iter().all(|v| *v != 0.0), "{w:?}");
 }
 
 #[test]

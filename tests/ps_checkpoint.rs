@@ -44,7 +44,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-checkpoint-test")
         .optimizer(cohort::optim::Optimizer::adagrad(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let w = ctx.pull("w")?;
             let grad = fit_gradient(&w);
             ctx.push_dense("w", grad)?;
@@ -132,7 +132,7 @@ fn program() -> Program {
 
 fn train(coordinator: &ClusterCoordinator, steps: u64) -> Result<(), CoordinatorError> {
     for _ in 0..steps {
-        coordinator.schedule("fit", Vec::new())?;
+        coordinator.schedule_encoded("fit", Vec::new())?;
     }
     coordinator.join()
 }

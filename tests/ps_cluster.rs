@@ -29,7 +29,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-test")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
             let w = ctx.pull("w")?;
             let grad = fit_gradient(&w);
             ctx.push_dense("w", grad)?;
@@ -41,7 +41,7 @@ fn program() -> Program {
             }
             Ok(ctx.worker_index().to_le_bytes().to_vec())
         })
-        .step("fail", |_ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fail", |_ctx: &mut StepContext<'_>, _args: &[u8]| {
             Err(StepError::Step("bad batch: label 11 out of range".into()))
         })
         .chief(|coordinator| {
@@ -57,21 +57,21 @@ fn program() -> Program {
             match scenario.as_str() {
                 "error" => {
                     for _ in 0..3 {
-                        coordinator.schedule("fit", vec![1])?;
+                        coordinator.schedule_encoded("fit", vec![1])?;
                     }
-                    coordinator.schedule("fail", vec![])?;
+                    coordinator.schedule_encoded("fail", vec![])?;
                     for _ in 0..20 {
-                        coordinator.schedule("fit", vec![1])?;
+                        coordinator.schedule_encoded("fit", vec![1])?;
                     }
                     let err = coordinator
                         .join()
                         .expect_err("join reports the step's error");
                     report["join_error"] = serde_json::json!(err.to_string());
                     // The coordinator stays usable.
-                    let value = coordinator.schedule("fit", vec![])?;
+                    let value = coordinator.schedule_encoded("fit", vec![])?;
                     coordinator.join()?;
                     report["after_error_fetch"] =
-                        serde_json::json!(coordinator.fetch(&value)?.len());
+                        serde_json::json!(coordinator.fetch_encoded(&value)?.len());
                 }
                 _ => {
                     let steps: usize = std::env::var("STEPS")
@@ -80,12 +80,12 @@ fn program() -> Program {
                         .unwrap_or(60);
                     let mut values = Vec::new();
                     for _ in 0..steps {
-                        values.push(coordinator.schedule("fit", vec![1])?);
+                        values.push(coordinator.schedule_encoded("fit", vec![1])?);
                     }
                     coordinator.join()?;
                     let mut by_worker = [0u32; 8];
                     for v in &values {
-                        let bytes = coordinator.fetch(v)?;
+                        let bytes = coordinator.fetch_encoded(v)?;
                         let worker = u32::from_le_bytes(
                             bytes
                                 .try_into()

@@ -56,7 +56,7 @@ fn program() -> Program {
             Ok(Dataset::range(0, 1_000_000, 1)
                 .shard(ctx.num_input_pipelines, ctx.input_pipeline_id))
         })
-        .step("add", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("add", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             ctx.next("ids")?;
             ctx.push_dense("spread", vec![-1.0; ROWS])?;
             ctx.push_dense("whole", vec![-1.0; 2])?;
@@ -119,14 +119,14 @@ fn chief_restart(coordinator: &mut ClusterCoordinator) -> Result<(), Coordinator
     let deadline = Instant::now() + PHASE_WAIT_MAX;
     let in_job = |c: &ClusterCoordinator| c.topology().servers.keys().copied().eq([0, 1, 2]);
     while !in_job(coordinator) && Instant::now() < deadline {
-        let value = coordinator.schedule("add", Vec::new())?;
-        coordinator.fetch(&value)?;
+        let value = coordinator.schedule_encoded("add", Vec::new())?;
+        coordinator.fetch_encoded(&value)?;
         step += 1;
     }
     let grown = in_job(coordinator);
     while step < RESTART_STEPS {
-        let value = coordinator.schedule("add", Vec::new())?;
-        coordinator.fetch(&value)?;
+        let value = coordinator.schedule_encoded("add", Vec::new())?;
+        coordinator.fetch_encoded(&value)?;
         step += 1;
         if step % RESTART_SAVE_EVERY == 0 {
             coordinator.save_checkpoint(&mut manager, step)?;
@@ -149,7 +149,7 @@ fn chief_restart(coordinator: &mut ClusterCoordinator) -> Result<(), Coordinator
 
 #[derive(Default)]
 struct Trainer {
-    in_flight: std::collections::VecDeque<cohort::program::RemoteValue>,
+    in_flight: std::collections::VecDeque<cohort::program::RemoteValue<cohort::program::Encoded>>,
 }
 
 impl Trainer {
@@ -161,10 +161,10 @@ impl Trainer {
         for _ in 0..steps {
             while self.in_flight.len() < AHEAD {
                 self.in_flight
-                    .push_back(coordinator.schedule("add", Vec::new())?);
+                    .push_back(coordinator.schedule_encoded("add", Vec::new())?);
             }
             let value = self.in_flight.pop_front().expect("scheduled above");
-            coordinator.fetch(&value)?;
+            coordinator.fetch_encoded(&value)?;
         }
         Ok(())
     }
@@ -194,7 +194,7 @@ impl Trainer {
         shrunk: bool,
     ) -> Result<(), CoordinatorError> {
         while let Some(value) = self.in_flight.pop_front() {
-            coordinator.fetch(&value)?;
+            coordinator.fetch_encoded(&value)?;
         }
         coordinator.join()?;
         let mut report = ledger_and_stats(coordinator)?;

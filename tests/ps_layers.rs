@@ -262,16 +262,16 @@ fn program() -> Program {
         .dataset("clicks", |_ctx| {
             Ok(dataset(clicks())?.shuffle(CLICKS, 5).repeat(None))
         })
-        .step("clf", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("clf", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             train_step(ctx, classifier, "points")
         })
-        .step("ctr", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("ctr", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             train_step(ctx, click_model, "clicks")
         })
-        .step("eval_clf", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("eval_clf", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             eval_step(ctx, classifier, points())
         })
-        .step("eval_ctr", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("eval_ctr", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             eval_step(ctx, click_model, clicks())
         })
         .chief(|coordinator| {
@@ -299,12 +299,12 @@ fn program() -> Program {
             let mut report = serde_json::json!({});
             for (model, eval) in [("clf", "eval_clf"), ("ctr", "eval_ctr")] {
                 let values: Vec<_> = (0..STEPS)
-                    .map(|_| coordinator.schedule(model, Vec::new()))
+                    .map(|_| coordinator.schedule_encoded(model, Vec::new()))
                     .collect::<Result<_, _>>()?;
                 coordinator.join()?;
                 let mut steps = Vec::new();
                 for v in &values {
-                    let bytes = coordinator.fetch(v)?;
+                    let bytes = coordinator.fetch_encoded(v)?;
                     let word = |i: usize| {
                         [
                             bytes[4 * i],
@@ -320,9 +320,9 @@ fn program() -> Program {
                         "replicas": u32::from_le_bytes(word(3)),
                     }));
                 }
-                let result = coordinator.schedule(eval, Vec::new())?;
+                let result = coordinator.schedule_encoded(eval, Vec::new())?;
                 coordinator.join()?;
-                let bytes = coordinator.fetch(&result)?;
+                let bytes = coordinator.fetch_encoded(&result)?;
                 let loss = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
                 let accuracy = f32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
                 report[model] =

@@ -51,7 +51,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-panic-test")
         .optimizer(cohort::optim::Optimizer::sgd(1.0))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let pulled = ctx.pull_many(&["a", "b", "w"])?;
             let w = pulled
                 .into_iter()
@@ -81,7 +81,7 @@ fn program() -> Program {
             let mut scheduled = 0u64;
             for _ in 0..CHUNKS {
                 for _ in 0..CHUNK {
-                    coordinator.schedule("fit", Vec::new())?;
+                    coordinator.schedule_encoded("fit", Vec::new())?;
                 }
                 scheduled += CHUNK as u64;
                 coordinator.join()?;

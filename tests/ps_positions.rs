@@ -26,7 +26,7 @@ fn program() -> Program {
             Ok(Dataset::range(0, 1_000_000, 1)
                 .shard(ctx.num_input_pipelines, ctx.input_pipeline_id))
         })
-        .step("read", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("read", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let element = ctx.next("ids")?;
             let value = element[0].to_scalar::<i64>()?;
             Ok(value.to_le_bytes().to_vec())
@@ -47,12 +47,12 @@ fn program() -> Program {
             coordinator.create_per_worker_dataset("ids")?;
             coordinator.wait_for_workers(2, std::time::Duration::from_secs(30))?;
             let values = (0..STEPS)
-                .map(|_| coordinator.schedule("read", Vec::new()))
+                .map(|_| coordinator.schedule_encoded("read", Vec::new()))
                 .collect::<Result<Vec<_>, _>>()?;
             coordinator.join()?;
             let mut read = Vec::new();
             for v in &values {
-                let bytes = coordinator.fetch(v)?;
+                let bytes = coordinator.fetch_encoded(v)?;
                 read.push(i64::from_le_bytes(
                     bytes.try_into().map_err(|_| other(&"bad value"))?,
                 ));

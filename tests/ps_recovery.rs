@@ -59,7 +59,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-recovery-test")
         .optimizer(cohort::optim::Optimizer::sgd(1.0))
-        .step("count", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("count", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             ctx.pull_many(&["a", "b"])?;
             ctx.push_dense("a", vec![-1.0])?;
             ctx.push_dense("b", vec![-1.0])?;
@@ -83,12 +83,12 @@ fn program() -> Program {
             let mut in_background = None;
             for chunk in 0..CHUNKS {
                 let values = (0..CHUNK)
-                    .map(|_| coordinator.schedule("count", Vec::new()))
+                    .map(|_| coordinator.schedule_encoded("count", Vec::new()))
                     .collect::<Result<Vec<_>, _>>()?;
                 scheduled += CHUNK as u64;
                 if scenario() == "rolling" && (1..=ROLLING.len()).contains(&chunk) {
                     // One task preempted per chunk, each after the one before has come back.
-                    coordinator.fetch(&values[1])?;
+                    coordinator.fetch_encoded(&values[1])?;
                     let task = ROLLING[chunk - 1];
                     let pid = first_pid(task)?;
                     ps_support::signal(pid, Signal::SIGTERM);
@@ -99,7 +99,7 @@ fn program() -> Program {
                 if chunk == KILL_CHUNK {
                     // Some closures committed past the last checkpoint, others in flight or
                     // queued: now ps/1 dies.
-                    coordinator.fetch(&values[1])?;
+                    coordinator.fetch_encoded(&values[1])?;
                     match scenario().as_str() {
                         "freeze" => freeze_ps1()?,
                         "preempt" => {

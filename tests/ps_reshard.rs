@@ -43,7 +43,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-reshard-test")
         .optimizer(cohort::optim::Optimizer::adam(0.05))
-        .step("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
             let i = u64::from(args.first().copied().unwrap_or(0));
             // Row 7 (in emb's last shard on 2 servers) only every other step.
             let ids = if i % 2 == 0 {
@@ -121,7 +121,7 @@ fn train(
     steps: std::ops::Range<u64>,
 ) -> Result<(), CoordinatorError> {
     for i in steps {
-        coordinator.schedule("fit", vec![i as u8])?;
+        coordinator.schedule_encoded("fit", vec![i as u8])?;
     }
     coordinator.join()
 }

@@ -30,7 +30,7 @@ const SECOND: usize = 80;
 fn program() -> Program {
     Program::new("restart-anywhere")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let w = ctx.pull("w")?;
             ctx.push_dense("w", fit_gradient(&w))?;
             std::thread::sleep(Duration::from_millis(20));
@@ -44,12 +44,12 @@ fn program() -> Program {
             coordinator
                 .wait_for_workers(coordinator.num_workers() as usize, Duration::from_secs(30))?;
             for _ in 0..FIRST {
-                coordinator.schedule("fit", Vec::new())?;
+                coordinator.schedule_encoded("fit", Vec::new())?;
             }
             coordinator.join()?;
             println!("{CHAOS_MARKER} kill worker/1");
             for _ in 0..SECOND {
-                coordinator.schedule("fit", Vec::new())?;
+                coordinator.schedule_encoded("fit", Vec::new())?;
             }
             coordinator.join()?;
             let mut report = ledger_and_stats(coordinator)?;

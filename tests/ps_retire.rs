@@ -59,7 +59,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-retire-test")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
             let incarnation = std::env::var(cohort::launch::INCARNATION_ENV).unwrap_or_default();
             record_run(ctx.worker_index(), &incarnation, ctx.closure_id());
             let w = ctx.pull("w")?;
@@ -88,7 +88,7 @@ fn program() -> Program {
             )?;
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
             for i in 0..STEPS {
-                coordinator.schedule("fit", vec![u8::from(i == VICTIM)])?;
+                coordinator.schedule_encoded("fit", vec![u8::from(i == VICTIM)])?;
             }
             coordinator.join()?;
             let (_, victim) = read_pid_file(&child_dir().join(VICTIM_PID))
@@ -101,7 +101,7 @@ fn program() -> Program {
                     )));
                 }
                 for _ in 0..4 {
-                    coordinator.schedule("fit", vec![0])?;
+                    coordinator.schedule_encoded("fit", vec![0])?;
                 }
                 coordinator.join()?;
             }

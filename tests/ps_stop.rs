@@ -47,7 +47,7 @@ fn cluster_task() {
 fn program() -> Program {
     Program::new("ps-stop-test")
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
-        .step("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
+        .step_encoded("fit", |ctx: &mut StepContext<'_>, args: &[u8]| {
             let w = ctx.pull("w")?;
             if args.first() == Some(&1)
                 && claim_pid_file(VICTIM_PID, &ctx.worker_index().to_string())
@@ -75,10 +75,10 @@ fn program() -> Program {
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
             let mut values = Vec::new();
             for i in 0..STEPS {
-                values.push(coordinator.schedule("fit", vec![u8::from(i == VICTIM)])?);
+                values.push(coordinator.schedule_encoded("fit", vec![u8::from(i == VICTIM)])?);
             }
             coordinator.join()?;
-            let victim_ran_on = coordinator.fetch(&values[VICTIM])?;
+            let victim_ran_on = coordinator.fetch_encoded(&values[VICTIM])?;
             // Wait for the test to wake the frozen worker, then for its late push to arrive.
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             while !child_dir().join(CONTINUED).exists() {

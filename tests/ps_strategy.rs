@@ -216,7 +216,7 @@ fn program() -> Program {
     Program::new("ps-strategy")
         .optimizer(Optimizer::sgd(LEARNING_RATE))
         .dataset("data", |_ctx| dataset())
-        .step("train", train_step)
+        .step_encoded("train", train_step)
         .chief(|coordinator| {
             let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
             let strategy = ParameterServerStrategy::on_coordinator(coordinator).map_err(|e| other(&e))?;
@@ -260,8 +260,8 @@ fn program() -> Program {
             // One step at a time: with one worker the steps run in this order.
             let mut steps = Vec::with_capacity(STEPS);
             for _ in 0..STEPS {
-                let value = coordinator.schedule("train", data.name().as_bytes().to_vec())?;
-                let bytes = coordinator.fetch(&value)?;
+                let value = coordinator.schedule_encoded("train", data.name().as_bytes().to_vec())?;
+                let bytes = coordinator.fetch_encoded(&value)?;
                 steps.push(serde_json::from_slice::<Value>(&bytes).map_err(|e| other(&e))?);
             }
             coordinator.join()?;

@@ -542,6 +542,7 @@ fn run_chief(
             program.name()
         ))
     })?;
+    let step_names: Vec<String> = program.step_names().map(str::to_string).collect();
     let servers = servers(node)?;
     let workers = peers_of(node, TaskType::Worker)?;
     let num_workers = workers.len() as u32;
@@ -618,7 +619,8 @@ fn run_chief(
                 servers,
                 num_workers,
                 JOIN_WAIT_MAX,
-            );
+            )
+            .with_registered_steps(step_names.iter().map(String::as_str));
             // The user's program: its panic is a training error (exit 1), not a crash.
             let outcome = cohort_actors::contain_panic(std::panic::AssertUnwindSafe(|| {
                 chief(&mut coordinator)

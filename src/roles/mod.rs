@@ -13,6 +13,7 @@ pub mod protocol;
 pub mod ps;
 pub mod push;
 pub mod registry;
+pub mod step;
 #[cfg(test)]
 mod test_support;
 pub mod worker;

@@ -64,7 +64,7 @@ use crate::variable::{
 ///
 /// ```no_run
 /// use candle_core::{Device, Tensor};
-/// use cohort::program::{Program, StepContext, VariableSpec};
+/// use cohort::program::{Program, Step, StepContext, StepError, VariableSpec};
 /// use cohort::program::ParameterServerStrategy;
 /// use cohort::strategy::{ReduceOp, ReplicaContext, Strategy, StrategyExt};
 ///
@@ -74,18 +74,20 @@ use crate::variable::{
 ///     ctx.all_reduce(ReduceOp::Sum, &share)
 /// }
 ///
+/// static TRAIN: Step<(), ()> = Step::new("train");
+///
 /// let program = Program::new("ps-strategy")
-///     .step("train", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+///     .step(&TRAIN, |ctx: &mut StepContext<'_>, ()| {
 ///         let strategy = ParameterServerStrategy::in_step(ctx)?;
 ///         let w = Tensor::new(ctx.pull("w")?, &Device::Cpu)?;
 ///         let grads = strategy.run(replica_grad, w)?.transpose()?;
 ///         // Every replica holds the all-reduced gradient: the worker pushes it once.
 ///         ctx.push_dense("w", grads.values()[0].to_vec1::<f32>()?)?;
-///         Ok(Vec::new())
+///         Ok::<_, StepError>(())
 ///     })
 ///     .chief(|coordinator| {
 ///         coordinator.create_variable(VariableSpec::zeros("w", vec![4]))?;
-///         coordinator.schedule("train", Vec::new())?;
+///         coordinator.schedule(&TRAIN, ())?;
 ///         coordinator.join()
 ///     });
 /// std::process::exit(cohort::program::main(program));

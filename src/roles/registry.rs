@@ -10,8 +10,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
 use super::coordinator::{ClusterCoordinator, CoordinatorError};
 use super::evaluator::{CheckpointVariables, EvalError, Metrics};
+use super::step::{decode, encode, Step};
 use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};
 use crate::optim::Optimizer;
@@ -78,8 +82,47 @@ impl Program {
         self
     }
 
-    /// Registers a step function under `name` (for `schedule`).
-    pub fn step(
+    /// Registers `f` as the step `step` (for `ClusterCoordinator::schedule`): a worker runs it
+    /// with the argument the chief scheduled, decoded, and sends back its value, encoded. An
+    /// argument that does not decode as an `A` is the closure's error
+    /// ([`StepError::Arguments`], naming the step), as is a value that does not encode.
+    ///
+    /// ```
+    /// use cohort::program::{Program, Step, StepContext, StepError};
+    ///
+    /// static SCALE: Step<(f32, Vec<f32>), Vec<f32>> = Step::new("scale");
+    /// let program = Program::new("my-job").step(&SCALE, |_ctx: &mut StepContext<'_>, (by, xs)| {
+    ///     Ok::<_, StepError>(xs.into_iter().map(|x| x * by).collect())
+    /// });
+    /// assert!(program.step_fn("scale").is_some());
+    /// ```
+    pub fn step<A, R>(
+        self,
+        step: &Step<A, R>,
+        f: impl Fn(&mut StepContext<'_>, A) -> Result<R, StepError> + Send + Sync + 'static,
+    ) -> Self
+    where
+        A: DeserializeOwned + 'static,
+        R: Serialize + 'static,
+    {
+        let name = step.name();
+        self.step_encoded(name, move |ctx, bytes| {
+            let args = decode::<A>(bytes).map_err(|reason| StepError::Arguments {
+                step: name.into(),
+                reason,
+            })?;
+            let value = f(ctx, args)?;
+            encode(&value).map_err(|reason| StepError::Value {
+                step: name.into(),
+                reason,
+            })
+        })
+    }
+
+    /// Registers a step function under `name` that takes and returns its own bytes (for
+    /// `ClusterCoordinator::schedule_encoded`): the layer typed steps ([`Self::step`]) are
+    /// built on, for a program that encodes its values itself.
+    pub fn step_encoded(
         mut self,
         name: impl Into<String>,
         f: impl Fn(&mut StepContext<'_>, &[u8]) -> Result<Vec<u8>, StepError> + Send + Sync + 'static,
@@ -147,6 +190,11 @@ impl Program {
     /// The step function `name`.
     pub fn step_fn(&self, name: &str) -> Option<&StepFn> {
         self.steps.get(name)
+    }
+
+    /// The names of the registered steps, in order.
+    pub fn step_names(&self) -> impl Iterator<Item = &str> {
+        self.steps.keys().map(String::as_str)
     }
 
     /// The chief's loop.

@@ -62,10 +62,10 @@ pub fn bench_program() -> Program {
         .optimizer(Optimizer::sgd(0.01))
         .dataset("dense", dense_dataset)
         .dataset("sparse", sparse_dataset)
-        .step("dense_step", dense_step)
-        .step("sparse_step", sparse_step)
-        .step("goodput_step", goodput_step)
-        .step(super::recovery::STEP, super::recovery::step)
+        .step_encoded("dense_step", dense_step)
+        .step_encoded("sparse_step", sparse_step)
+        .step_encoded("goodput_step", goodput_step)
+        .step_encoded(super::recovery::STEP, super::recovery::step)
         .chief(run_chief)
 }
 
@@ -241,12 +241,12 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
         std::time::Duration::from_secs(60),
     )?;
     for _ in 0..warmup {
-        coordinator.schedule(function, Vec::new())?;
+        coordinator.schedule_encoded(function, Vec::new())?;
     }
     coordinator.join()?;
     let started = Instant::now();
     for _ in 0..steps {
-        coordinator.schedule(function, Vec::new())?;
+        coordinator.schedule_encoded(function, Vec::new())?;
     }
     coordinator.join()?;
     let seconds = started.elapsed().as_secs_f64();

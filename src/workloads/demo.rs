@@ -35,9 +35,8 @@ use crate::data::{DataError, Dataset};
 use crate::optim::Optimizer;
 use crate::program::{
     CheckpointVariables, ClusterCoordinator, CoordinatorError, EvalError, Metrics, PendingSave,
-    Program, SavedInBackground, StepContext, StepError, VariableSpec,
+    Program, SavedInBackground, Step, StepContext, StepError, VariableSpec,
 };
-use crate::roles::protocol::{bytes_to_f32, f32_to_bytes};
 use crate::summary::{logs_dir, JobSummaries};
 use crate::train::{Progbar, ProgbarMode};
 use crate::variable::Partitioner;
@@ -105,14 +104,19 @@ pub const CTR_BATCH: usize = 512;
 /// Embedding width of the CTR model.
 pub const CTR_DIM: usize = 16;
 
+/// One step of the digits classifier on this worker's next batch; its value is the batch's loss.
+pub static DIGITS_STEP: Step<(), f32> = Step::new("digits_step");
+/// One step of the CTR model on this worker's next batch; its value is the batch's loss.
+pub static CTR_STEP: Step<(), f32> = Step::new("ctr_step");
+
 /// The demo's program: datasets, steps and the chief's loop.
 pub fn demo_program() -> Program {
     Program::new("cohort-demo")
         .optimizer(Optimizer::adagrad(0.1))
         .dataset("digits", digits_dataset)
         .dataset("clicks", clicks_dataset)
-        .step("digits_step", digits_step)
-        .step("ctr_step", ctr_step)
+        .step(&DIGITS_STEP, digits_step)
+        .step(&CTR_STEP, ctr_step)
         .chief(|coordinator| run_chief(coordinator, &DemoConfig::from_env()))
         .evaluator(digits_evaluation)
 }
@@ -170,7 +174,7 @@ fn clicks_dataset(ctx: &crate::data::InputContext) -> Result<Dataset, DataError>
     )
 }
 
-fn digits_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
+fn digits_step(ctx: &mut StepContext<'_>, (): ()) -> Result<f32, StepError> {
     let batch = ctx.next("digits")?;
     let features = batch[0].flatten_all()?.to_vec1::<f32>()?;
     let labels = batch[1].to_vec1::<i64>()?;
@@ -191,10 +195,10 @@ fn digits_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepE
     for (spec, grad) in specs.iter().zip(out.grads) {
         ctx.push_dense(&spec.name, grad)?;
     }
-    Ok(f32_to_bytes(&[out.loss]))
+    Ok(out.loss)
 }
 
-fn ctr_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
+fn ctr_step(ctx: &mut StepContext<'_>, (): ()) -> Result<f32, StepError> {
     let config = ctr_config();
     let batch = ctx.next("clicks")?;
     let ids: Vec<u64> = batch[0]
@@ -228,7 +232,7 @@ fn ctr_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepErro
     for (spec, grad) in models::ctr_head_params(CTR_DIM, 0).iter().zip(grads) {
         ctx.push_dense(&spec.name, grad)?;
     }
-    Ok(f32_to_bytes(&[out.loss]))
+    Ok(out.loss)
 }
 
 fn run_chief(
@@ -318,7 +322,7 @@ fn run_chief(
             .map_err(|e| other(&e))
     };
     let phase = Phase {
-        function: "digits_step",
+        step: &DIGITS_STEP,
         first_step: 0,
         epochs: config.digits_epochs,
         steps_per_epoch: config.digits_steps_per_epoch,
@@ -401,7 +405,7 @@ fn run_chief(
     tracing::info!("planted floor (best possible held-out log loss): {floor:.4}");
     crate::status::record_marker(digits_steps, "ctr");
     let phase = Phase {
-        function: "ctr_step",
+        step: &CTR_STEP,
         first_step: digits_steps,
         epochs: config.ctr_epochs,
         steps_per_epoch: config.ctr_steps_per_epoch,
@@ -534,7 +538,7 @@ const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(300);
 /// One workload's epochs: steps `first_step .. first_step + epochs * steps_per_epoch` of the
 /// job's global step count.
 struct Phase {
-    function: &'static str,
+    step: &'static Step<(), f32>,
     first_step: u64,
     epochs: usize,
     steps_per_epoch: usize,
@@ -564,7 +568,7 @@ fn run_phase(
         let outcome = run_epoch(
             coordinator,
             progress,
-            phase.function,
+            phase.step,
             epoch,
             phase.epochs,
             remaining,
@@ -709,13 +713,13 @@ struct EpochOutcome {
     stopped: bool,
 }
 
-/// Runs up to `steps` closures of `function`, keeping a few per worker scheduled ahead, and
+/// Runs up to `steps` closures of `step`, keeping a few per worker scheduled ahead, and
 /// reports their mean loss. On a stop request it schedules nothing more and waits for what is
 /// in flight.
 fn run_epoch(
     coordinator: &ClusterCoordinator,
     progress: &mut Progbar,
-    function: &str,
+    step: &Step<(), f32>,
     epoch: usize,
     epochs: usize,
     steps: usize,
@@ -728,18 +732,13 @@ fn run_epoch(
     loop {
         let stopped = coordinator.preemption_requested();
         while !stopped && scheduled < steps && in_flight.len() < window {
-            in_flight.push_back(coordinator.schedule(function, Vec::new())?);
+            in_flight.push_back(coordinator.schedule(step, ())?);
             scheduled += 1;
         }
         let Some(value) = in_flight.pop_front() else {
             break;
         };
-        let bytes = coordinator.fetch(&value)?;
-        let loss = bytes_to_f32(&bytes, "loss")
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?
-            .first()
-            .copied()
-            .unwrap_or(f32::NAN);
+        let loss = coordinator.fetch(&value)?;
         total += f64::from(loss);
         done += 1;
         let _ = progress.update(done, &[("loss", total / done as f64)]);

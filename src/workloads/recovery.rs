@@ -209,7 +209,7 @@ fn train(
         // checkpoint is taken with nothing pending.
         let save_due = last_save.elapsed() >= SAVE_EVERY;
         while !save_due && scheduled < steps && ahead.len() < AHEAD {
-            ahead.push_back(coordinator.schedule(STEP, Vec::new())?);
+            ahead.push_back(coordinator.schedule_encoded(STEP, Vec::new())?);
             scheduled += 1;
         }
         let Some(value) = ahead.pop_front() else {
@@ -221,7 +221,7 @@ fn train(
             }
             break;
         };
-        let ran = coordinator.fetch(&value)?;
+        let ran = coordinator.fetch_encoded(&value)?;
         committed += 1;
         let ran = String::from_utf8_lossy(&ran).to_string();
         let mut fields = ran

@@ -2,6 +2,8 @@
 //! chief's training loop sees it. Its methods block the calling thread (the chief's program
 //! thread, never the node's runtime) and talk to the coordinator actor.
 
+use std::collections::BTreeSet;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +26,11 @@ use crate::nn::Initializer;
 use crate::roles::protocol::{
     f32_to_bytes, InitSpec, PsStats, PsStatsReply, SetupWorker, PS_ACTOR,
 };
+use crate::roles::step::{decode, encode, Step};
 use crate::roles::worker::{PsClient, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 /// A variable to create on the parameter servers.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,16 +68,59 @@ impl VariableSpec {
     }
 }
 
-/// A scheduled closure's future value (TensorFlow's `RemoteValue`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RemoteValue {
+/// A scheduled closure's future value (TensorFlow's `RemoteValue`): an `R` once the closure
+/// has run ([`ClusterCoordinator::fetch`]). A closure scheduled by name with its own bytes
+/// ([`ClusterCoordinator::schedule_encoded`]) is a `RemoteValue<Encoded>`, read with
+/// [`ClusterCoordinator::fetch_encoded`].
+pub struct RemoteValue<R> {
     id: ClosureId,
+    value: PhantomData<fn() -> R>,
 }
 
-impl RemoteValue {
+/// The value type of a closure scheduled with its own bytes: its value is bytes the program
+/// decodes itself ([`ClusterCoordinator::fetch_encoded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoded {}
+
+impl<R> RemoteValue<R> {
+    fn new(id: ClosureId) -> Self {
+        Self {
+            id,
+            value: PhantomData,
+        }
+    }
+
     /// The closure's id in the ledger.
     pub fn closure_id(&self) -> ClosureId {
         self.id
+    }
+}
+
+impl<R> Clone for RemoteValue<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for RemoteValue<R> {}
+
+impl<R> PartialEq for RemoteValue<R> {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl<R> Eq for RemoteValue<R> {}
+
+impl<R> std::hash::Hash for RemoteValue<R> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl<R> std::fmt::Debug for RemoteValue<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RemoteValue({})", self.id.0)
     }
 }
 
@@ -96,6 +144,31 @@ pub enum CoordinatorError {
         name: String,
         /// What is wrong.
         detail: String,
+    },
+    /// The program schedules a step it does not register: no worker could run it.
+    #[error("no step {step:?} is registered in this program (registered: {registered})")]
+    UnknownStep {
+        /// The step scheduled.
+        step: String,
+        /// The steps that are registered, comma-separated.
+        registered: String,
+    },
+    /// A step's argument could not be encoded.
+    #[error("step {step:?}: its argument does not encode: {reason}")]
+    Arguments {
+        /// The step.
+        step: String,
+        /// What the encoder found.
+        reason: String,
+    },
+    /// A closure's value does not decode as the type its step declares (the workers run
+    /// another build of the program than the chief).
+    #[error("closure {closure}: its value does not decode: {reason}")]
+    Value {
+        /// The closure.
+        closure: u64,
+        /// What the decoder found.
+        reason: String,
     },
     /// A parameter server refused a request or could not be reached.
     #[error("parameter server: {0}")]
@@ -156,6 +229,8 @@ pub struct ClusterCoordinator {
     /// Where variables start from when created (`None`: not read from the configuration yet;
     /// `Some(None)`: no warm start).
     warm_start: Option<Option<Arc<WarmStart>>>,
+    /// The steps the program registers (`None`: not known, anything may be scheduled).
+    registered_steps: Option<BTreeSet<String>>,
 }
 
 impl ClusterCoordinator {
@@ -181,6 +256,7 @@ impl ClusterCoordinator {
             datasets: Vec::new(),
             wait_max,
             warm_start: None,
+            registered_steps: None,
         }
     }
 
@@ -332,13 +408,72 @@ impl ClusterCoordinator {
         self.configure_workers()
     }
 
-    /// Queues `function(args)` on whichever worker is free.
-    pub fn schedule(&self, function: &str, args: Vec<u8>) -> Result<RemoteValue, CoordinatorError> {
-        let id = self.ask(Schedule {
+    /// Queues the step `step` with argument `args` on whichever worker is free (TensorFlow's
+    /// `schedule`); its value is an `R` ([`Self::fetch`]). A step this program does not
+    /// register is refused here, naming it ([`CoordinatorError::UnknownStep`]).
+    ///
+    /// ```no_run
+    /// use cohort::program::{Program, Step, StepContext, StepError};
+    ///
+    /// static SQUARE: Step<u64, u64> = Step::new("square");
+    /// let program = Program::new("my-job")
+    ///     .step(&SQUARE, |_ctx: &mut StepContext<'_>, x: u64| Ok::<_, StepError>(x * x))
+    ///     .chief(|coordinator| {
+    ///         let value = coordinator.schedule(&SQUARE, 7)?;
+    ///         assert_eq!(coordinator.fetch(&value)?, 49);
+    ///         Ok(())
+    ///     });
+    /// std::process::exit(cohort::program::main(program));
+    /// ```
+    pub fn schedule<A: Serialize, R>(
+        &self,
+        step: &Step<A, R>,
+        args: A,
+    ) -> Result<RemoteValue<R>, CoordinatorError> {
+        let bytes = encode(&args).map_err(|reason| CoordinatorError::Arguments {
+            step: step.name().into(),
+            reason,
+        })?;
+        Ok(RemoteValue::new(self.schedule_by_name(step.name(), bytes)?))
+    }
+
+    /// Queues the step registered as `function` with its own encoded `args` (a step
+    /// registered with `Program::step_encoded`); its value is bytes ([`Self::fetch_encoded`]).
+    pub fn schedule_encoded(
+        &self,
+        function: &str,
+        args: Vec<u8>,
+    ) -> Result<RemoteValue<Encoded>, CoordinatorError> {
+        Ok(RemoteValue::new(self.schedule_by_name(function, args)?))
+    }
+
+    fn schedule_by_name(
+        &self,
+        function: &str,
+        args: Vec<u8>,
+    ) -> Result<ClosureId, CoordinatorError> {
+        if let Some(registered) = &self.registered_steps {
+            if !registered.contains(function) {
+                return Err(CoordinatorError::UnknownStep {
+                    step: function.into(),
+                    registered: registered.iter().cloned().collect::<Vec<_>>().join(", "),
+                });
+            }
+        }
+        Ok(self.ask(Schedule {
             function: function.into(),
             args,
-        })??;
-        Ok(RemoteValue { id })
+        })??)
+    }
+
+    /// Only the steps `names` can be scheduled: the others are refused at `schedule`
+    /// instead of failing on a worker (the chief runs the same program as its workers).
+    pub(crate) fn with_registered_steps<'n>(
+        mut self,
+        names: impl Iterator<Item = &'n str>,
+    ) -> Self {
+        self.registered_steps = Some(names.map(str::to_string).collect());
+        self
     }
 
     /// Blocks until every scheduled closure has finished; raises the first error since the
@@ -354,8 +489,20 @@ impl ClusterCoordinator {
         Ok(self.ask(Status)?.idle)
     }
 
-    /// Blocks for a closure's encoded value, or its error.
-    pub fn fetch(&self, value: &RemoteValue) -> Result<Vec<u8>, CoordinatorError> {
+    /// Blocks for a closure's value, or its error (TensorFlow's `fetch`).
+    pub fn fetch<R: DeserializeOwned>(
+        &self,
+        value: &RemoteValue<R>,
+    ) -> Result<R, CoordinatorError> {
+        let bytes = self.fetch_encoded(value)?;
+        decode(&bytes).map_err(|reason| CoordinatorError::Value {
+            closure: value.id.0,
+            reason,
+        })
+    }
+
+    /// Blocks for a closure's value as the bytes its worker sent, or its error.
+    pub fn fetch_encoded<R>(&self, value: &RemoteValue<R>) -> Result<Vec<u8>, CoordinatorError> {
         let rx = self.ask(Fetch(value.id))?;
         self.wait(rx, "fetch")?.map_err(CoordinatorError::from)
     }

@@ -28,7 +28,7 @@ pub use actor::{
     StatusView, Topology,
 };
 pub use client::{
-    ClusterCoordinator, CoordinatorError, PendingSave, RemoteValue, SavedInBackground,
+    ClusterCoordinator, CoordinatorError, Encoded, PendingSave, RemoteValue, SavedInBackground,
     VariableSpec, SAVE_WAIT_MAX,
 };
 pub use machine::recovery::{

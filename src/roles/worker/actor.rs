@@ -393,9 +393,7 @@ impl Compute {
         let step = self
             .program
             .step_fn(&run.function)
-            .ok_or_else(|| {
-                StepError::Step(format!("no step function {:?} registered", run.function))
-            })?
+            .ok_or_else(|| StepError::UnknownStep(run.function.clone()))?
             .clone();
         let (layouts, worker, num_workers) = {
             let machine = lock(&self.machine);

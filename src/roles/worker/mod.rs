@@ -47,6 +47,25 @@ pub enum StepError {
     /// A parameter server refused a request or could not be reached.
     #[error("parameter server: {0}")]
     Ps(String),
+    /// The chief scheduled a step this program does not register.
+    #[error("no step {0:?} is registered in this program")]
+    UnknownStep(String),
+    /// The scheduled argument does not decode as the step's argument type.
+    #[error("step {step:?}: its argument does not decode: {reason}")]
+    Arguments {
+        /// The step.
+        step: String,
+        /// What the decoder found.
+        reason: String,
+    },
+    /// The step's value could not be encoded.
+    #[error("step {step:?}: its value does not encode: {reason}")]
+    Value {
+        /// The step.
+        step: String,
+        /// What the encoder found.
+        reason: String,
+    },
     /// Bad arguments or any other failure of the step itself.
     #[error("{0}")]
     Step(String),

@@ -46,7 +46,7 @@ use crate::variable::{ParameterServerPlacement, Partitioner, Variable};
 /// ```no_run
 /// use candle_core::Tensor;
 /// use cohort::nn::{declare, losses, Activation, Dense, Layer, NnError, Sequential};
-/// use cohort::program::{CoordinatorError, Program, PsModel, StepContext};
+/// use cohort::program::{CoordinatorError, Program, PsModel, Step, StepContext, StepError};
 /// use cohort::train::Supervised;
 ///
 /// // The model, written once: in process it is built under a strategy's scope and trained
@@ -58,19 +58,22 @@ use crate::variable::{ParameterServerPlacement, Partitioner, Variable};
 ///     Ok(Supervised::new(net, losses::binary_cross_entropy_from_logits))
 /// }
 ///
+/// /// One step on a fixed batch; its value is the batch's loss.
+/// static TRAIN: Step<(), f32> = Step::new("train");
+///
 /// let program = Program::new("bridge")
-///     .step("train", |ctx: &mut StepContext<'_>, _args: &[u8]| {
+///     .step(&TRAIN, |ctx: &mut StepContext<'_>, ()| {
 ///         let model = PsModel::build(ctx, model)?;
 ///         let x = Tensor::new(&[[1f32, 2.], [-1., -2.]], &candle_core::Device::Cpu)?;
 ///         let y = Tensor::new(&[[1f32], [0.]], &candle_core::Device::Cpu)?;
 ///         let report = model.train_step(ctx, &[x, y])?;
-///         Ok(report.loss.to_le_bytes().to_vec())
+///         Ok::<_, StepError>(report.loss)
 ///     })
 ///     .chief(|coordinator| {
 ///         let declared = declare(model).map_err(|e| CoordinatorError::Other(e.to_string()))?;
 ///         PsModel::create_variables(coordinator, &declared.network().weight_specs(), |_| None)?;
 ///         for _ in 0..100 {
-///             coordinator.schedule("train", Vec::new())?;
+///             coordinator.schedule(&TRAIN, ())?;
 ///         }
 ///         coordinator.join()
 ///     });
