@@ -42,7 +42,9 @@ pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};
 pub use crate::roles::step::Step;
-pub use crate::roles::worker::{PsModel, PushedGradient, StepContext, StepError, TrainReport};
+pub use crate::roles::worker::{
+    PsModel, PushedGradient, ServerModel, StepContext, StepError, TrainReport,
+};
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training
 /// error, 2 bad config or usage, 143 after a stop request/preemption). A role process is

@@ -7,8 +7,14 @@
 //! losses and the same variables (to 1e-5): the variables start from the same seeded values,
 //! dropout masks follow each example's row in the global batch, and the replicas' gradients sum
 //! to the global batch's.
+//!
+//! Under ParameterServerStrategy (2 servers × 2 workers of 2 local replicas, real processes)
+//! the same model, built by the same function, converges with its variables on the servers
+//! (`ServerModel`); a worker whose model asks for a variable the chief did not create, and a
+//! model with batch-norm statistics on the chief, are refused naming the variable.
 
 mod mwms_support;
+mod ps_support;
 
 use std::sync::Arc;
 
@@ -16,11 +22,15 @@ use cohort::candle::{DType, Device, Module, ModuleT, Tensor, D};
 use cohort::candle_nn::{self, Conv2d, Conv2dConfig, Embedding, Linear, VarBuilder};
 use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError};
 use cohort::optim::Optimizer;
+use cohort::program::{
+    ClusterCoordinator, CoordinatorError, Program, ServerModel, Step, StepContext, StepError,
+};
 use cohort::strategy::{
     CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, PerReplica, ReduceOp, Strategy,
     StrategyExt,
 };
 use cohort::train::{DistributedOptimizer, ReplicatedModel, StepOutput, StepSpec, TrainError};
+use cohort::variable::Partitioner;
 
 const SEED: u64 = 11;
 const GLOBAL_BATCH: usize = 8;
@@ -513,4 +523,113 @@ fn initial_values_are_seeded_by_name() {
     let _ = candle_nn::linear(4, 4, other_seed.var_builder(0).pp("a")).unwrap();
     assert_ne!(value(&first, "a.weight"), value(&other_seed, "a.weight"));
     assert_eq!(first.var_builder(0).dtype(), DType::F32);
+}
+
+/// Child mode: this process's role of the parameter-server program.
+#[test]
+fn cluster_task() {
+    ps_support::run_if_child(ps_program);
+}
+
+/// Global batches the parameter-server job cycles through.
+const PS_BATCHES: u64 = 4;
+/// Closures the parameter-server job runs.
+const PS_STEPS: u64 = 96;
+
+/// One step of [`Net`] on global batch `step % PS_BATCHES`; its value is the batch's loss.
+static PS_TRAIN: Step<u64, f32> = Step::new("train");
+/// A step whose model has a head of another shape than the chief created.
+static PS_WRONG_MODEL: Step<(), ()> = Step::new("wrong_model");
+
+fn ps_program() -> Program {
+    Program::new("candle-ps")
+        .optimizer(Optimizer::adam(0.01))
+        .step(&PS_TRAIN, |ctx: &mut StepContext<'_>, step: u64| {
+            let (images, ids, labels) = global_batch(step % PS_BATCHES);
+            let model = ServerModel::build(ctx, Net::new)?;
+            let report = model.train_step(ctx, &[images, ids, labels], SEED, |net, batch| {
+                net.per_example_loss(&batch[0], &batch[1], &batch[2])
+            })?;
+            assert_eq!(report.replicas, 2, "the worker's 2 local replicas");
+            Ok::<_, StepError>(report.loss)
+        })
+        .step(&PS_WRONG_MODEL, |ctx: &mut StepContext<'_>, ()| {
+            ServerModel::build(ctx, |vb| {
+                candle_nn::linear(WIDTH + 1, CLASSES, vb.pp("head"))
+            })?;
+            Ok::<_, StepError>(())
+        })
+        .chief(ps_chief)
+}
+
+fn ps_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
+    let mut report = serde_json::json!({});
+    let refused = ServerModel::create_variables(
+        coordinator,
+        SEED,
+        |vb| candle_nn::batch_norm(4, 1e-5, vb.pp("bn")),
+        |_, _| None,
+    );
+    report["batch_norm"] = serde_json::json!(refused.err().map(|e| e.to_string()));
+    // The embedding table split over both servers by rows.
+    let names = ServerModel::create_variables(coordinator, SEED, Net::new, |name, _| {
+        name.starts_with("embedding")
+            .then_some(Partitioner::FixedShards { num_shards: 2 })
+    })?;
+    report["variables"] = serde_json::json!(names);
+    coordinator.wait_for_workers(2, std::time::Duration::from_secs(30))?;
+    let values = (0..PS_STEPS)
+        .map(|step| coordinator.schedule(&PS_TRAIN, step))
+        .collect::<Result<Vec<_>, _>>()?;
+    let losses = values
+        .iter()
+        .map(|v| coordinator.fetch(v))
+        .collect::<Result<Vec<f32>, _>>()?;
+    coordinator.join()?;
+    report["losses"] = serde_json::json!(losses);
+    let wrong = coordinator.schedule(&PS_WRONG_MODEL, ())?;
+    report["wrong_model"] =
+        serde_json::json!(coordinator.fetch(&wrong).err().map(|e| e.to_string()));
+    let _ = coordinator.join();
+    report["ledger"] = ps_support::ledger_and_stats(coordinator)?["ledger"].clone();
+    ps_support::write_report(&report)
+}
+
+#[test]
+fn a_candle_nn_model_converges_under_parameter_server_strategy() {
+    let run = ps_support::Run::new("candle-ps", "", &[("COHORT_REPLICAS", "2")]);
+    let report = run.launch();
+    let names: Vec<String> = serde_json::from_value(report["variables"].clone()).unwrap();
+    let (_, default_vars) = train(&DefaultStrategy::new());
+    assert_eq!(
+        names,
+        default_vars
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect::<Vec<_>>(),
+        "the same variables as under the local strategies"
+    );
+    let losses: Vec<f32> = serde_json::from_value(report["losses"].clone()).unwrap();
+    let mean = |part: &[f32]| part.iter().sum::<f32>() / part.len() as f32;
+    let (first, last) = (mean(&losses[..8]), mean(&losses[losses.len() - 8..]));
+    assert!(
+        last < 0.5 * first,
+        "the loss fell from {first} to {last} only: {losses:?}"
+    );
+    assert_eq!(report["ledger"]["committed"], PS_STEPS, "{report}");
+
+    let bn = report["batch_norm"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        bn.contains("bn.running_mean") && bn.contains("statistics"),
+        "{bn}"
+    );
+    let wrong = report["wrong_model"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        wrong.contains("head.weight") && wrong.contains("[3, 9]"),
+        "{wrong}"
+    );
 }

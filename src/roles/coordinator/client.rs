@@ -43,6 +43,8 @@ pub struct VariableSpec {
     pub init: Initializer,
     /// How to split it over parameter servers (None: whole, round-robin).
     pub partitioner: Option<Partitioner>,
+    /// Its whole initial value, row-major, in place of `init` (a warm start still wins).
+    pub values: Option<Arc<[f32]>>,
 }
 
 impl VariableSpec {
@@ -58,6 +60,16 @@ impl VariableSpec {
             shape,
             init,
             partitioner: None,
+            values: None,
+        }
+    }
+
+    /// A variable starting from `values` (its whole value, row-major: as many as `shape`
+    /// holds, which `create_variable` checks).
+    pub fn from_values(name: impl Into<String>, shape: Vec<usize>, values: Vec<f32>) -> Self {
+        Self {
+            values: Some(values.into()),
+            ..Self::zeros(name, shape)
         }
     }
 
@@ -364,6 +376,30 @@ impl ClusterCoordinator {
                 .into_iter()
                 .map(|values| InitSpec::Values(values.into_data()))
                 .collect(),
+            None if spec.values.is_some() => {
+                let values = spec.values.as_deref().unwrap_or_default();
+                let expected: usize = spec.shape.iter().product();
+                if values.len() != expected {
+                    return Err(CoordinatorError::Variable {
+                        name: spec.name,
+                        detail: format!(
+                            "{} initial values for shape {:?} ({expected} values)",
+                            values.len(),
+                            spec.shape
+                        ),
+                    });
+                }
+                let row_len = layout.row_len();
+                layout
+                    .shards
+                    .iter()
+                    .map(|shard| {
+                        InitSpec::Values(f32_to_bytes(
+                            &values[shard.rows.start * row_len..shard.rows.end * row_len],
+                        ))
+                    })
+                    .collect()
+            }
             None => (0..layout.shards.len())
                 .map(|i| {
                     shard_init(

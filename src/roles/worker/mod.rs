@@ -12,6 +12,7 @@ mod actor;
 mod client;
 mod machine;
 mod model;
+mod server_model;
 
 use std::collections::BTreeMap;
 
@@ -26,6 +27,7 @@ pub use machine::{
     WorkerMachine, JOBS_MAX, SKIP_MAX,
 };
 pub use model::{PsModel, PushedGradient, TrainReport};
+pub use server_model::ServerModel;
 
 /// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
 /// `join`/`fetch` as that error, except [`StepError::PsUnavailable`], which is the server's
