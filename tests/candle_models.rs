@@ -2,8 +2,8 @@
 //! through the public API only: convolution, normalization, dropout, an embedding and
 //! self-attention, built from a `VarBuilder` whose variables are the strategy's.
 //!
-//! Under the default strategy, `Mirrored(2)` and MultiWorkerMirrored (two workers of two
-//! replicas each, threads of this process talking QUIC), the same global batches give the same
+//! Under the default strategy, `Mirrored(2)` and MultiWorkerMirrored (two worker processes of
+//! two replicas each, talking QUIC), the same global batches give the same
 //! losses and the same variables (to 1e-5): the variables start from the same seeded values,
 //! dropout masks follow each example's row in the global batch, and the replicas' gradients sum
 //! to the global batch's.
@@ -217,14 +217,21 @@ fn a_candle_nn_model_trains_the_same_under_the_default_strategy_and_mirrored() {
     );
 }
 
+/// A worker process of the MultiWorkerMirrored test: 2 local replicas of 4.
 #[test]
-fn a_candle_nn_model_trains_the_same_under_multi_worker_mirrored() {
-    let (default_losses, default_vars) = train(&DefaultStrategy::new());
-    let workers = mwms_support::in_process_pair("candle-model", |_, config| {
+fn mwms_worker_process() {
+    mwms_support::run_if_worker_process(|config| {
         let strategy = MultiWorkerMirrored::new(config.with_local_replicas(2)).unwrap();
         assert_eq!(strategy.num_replicas_in_sync(), 4);
         train(&strategy)
     });
+}
+
+#[test]
+fn a_candle_nn_model_trains_the_same_under_multi_worker_mirrored() {
+    let (default_losses, default_vars) = train(&DefaultStrategy::new());
+    let workers: Vec<(Vec<f32>, Vec<(String, Vec<f32>)>)> =
+        mwms_support::process_pair("candle-model", "mwms_worker_process");
     for (worker, (losses, vars)) in workers.iter().enumerate() {
         assert_same_run(
             (&default_losses, &default_vars),

@@ -1,9 +1,118 @@
-//! Shared harness of the MultiWorkerMirrored tests that run several workers inside the test
-//! process: each worker a thread with its own strategy, over real QUIC on loopback.
+//! Shared harness of the MultiWorkerMirrored tests that run several workers of a test's own
+//! code: each worker a thread of the test process ([`in_process_pair`]) or a process of the
+//! test binary re-executed ([`process_pair`]), with its own strategy, over real QUIC on
+//! loopback.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use cohort::cluster::ClusterConfig;
 use cohort::strategy::MultiWorkerConfig;
 use cohort_transport::{ClusterCa, NodeId};
+
+/// Set in a worker process of [`process_pair`]: the file its result goes to.
+pub const CHILD_OUT_ENV: &str = "COHORT_MWMS_TEST_OUT";
+/// Set in a worker process of [`process_pair`]: the certificates' directory.
+const CHILD_CERTS_ENV: &str = "COHORT_MWMS_TEST_CERTS";
+/// The most a worker process of [`process_pair`] may run.
+pub const PROCESS_WAIT_MAX: Duration = Duration::from_secs(120);
+
+/// Two workers' cluster: certificates in `dir`, endpoints on free loopback ports; each
+/// worker's `TF_CONFIG`.
+fn pair_cluster(name: &str, dir: &Path) -> Vec<String> {
+    let ca = ClusterCa::generate(name).unwrap();
+    let mut addrs = Vec::new();
+    // Held until both are picked: a port released at once could be picked twice.
+    let mut held = Vec::new();
+    for i in 0..2 {
+        ca.issue(&NodeId::new("worker", i))
+            .unwrap()
+            .save(dir)
+            .unwrap();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
+        held.push(socket);
+    }
+    drop(held);
+    (0..2)
+        .map(|i| {
+            format!(
+                r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {i}}}}}"#,
+                addrs.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// In a worker process of [`process_pair`]: runs `worker(config)` with this process's
+/// cluster and writes what it returns where the parent reads it, then exits. Elsewhere (the
+/// test itself): returns at once.
+pub fn run_if_worker_process<T: serde::Serialize>(worker: impl FnOnce(MultiWorkerConfig) -> T) {
+    let Ok(out) = std::env::var(CHILD_OUT_ENV) else {
+        return;
+    };
+    let cluster = ClusterConfig::from_env()
+        .expect("the worker's TF_CONFIG")
+        .expect("TF_CONFIG is set");
+    let certs = std::env::var(CHILD_CERTS_ENV).expect("the certificates' directory");
+    let result = worker(MultiWorkerConfig::new(cluster, certs));
+    std::fs::write(&out, serde_json::to_vec(&result).unwrap()).expect("write the result");
+    std::process::exit(0);
+}
+
+/// Runs two workers as processes of this test binary (`--exact child_test`, whose body calls
+/// [`run_if_worker_process`]), their certificates in a fresh directory; waits for both (at
+/// most [`PROCESS_WAIT_MAX`], then kills them) and returns what each wrote, in worker order.
+pub fn process_pair<T: serde::de::DeserializeOwned>(name: &str, child_test: &str) -> Vec<T> {
+    let dir = std::env::temp_dir().join(format!("cohort-mwms-proc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let outs: Vec<PathBuf> = (0..2)
+        .map(|i| dir.join(format!("worker-{i}.json")))
+        .collect();
+    let mut children: Vec<_> = pair_cluster(name, &dir)
+        .into_iter()
+        .zip(&outs)
+        .map(|(tf_config, out)| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", child_test, "--nocapture"])
+                .env("TF_CONFIG", tf_config)
+                .env(CHILD_OUT_ENV, out)
+                .env(CHILD_CERTS_ENV, &dir)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start a worker process")
+        })
+        .collect();
+    let deadline = Instant::now() + PROCESS_WAIT_MAX;
+    let mut codes = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (child, code) in children.iter_mut().zip(&mut codes) {
+            if code.is_none() {
+                *code = child.try_wait().unwrap().map(|status| status.code());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (child, code) in children.iter_mut().zip(&codes) {
+        if code.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    assert!(
+        codes.iter().all(|c| *c == Some(Some(0))),
+        "the worker processes ended with {codes:?} (None: still running after {PROCESS_WAIT_MAX:?}, killed); their logs are above"
+    );
+    let results = outs
+        .iter()
+        .map(|out| serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    results
+}
 
 /// Runs `worker(i, config)` on a thread for each of two workers in this process (their
 /// certificates in a fresh directory, their endpoints on free loopback ports); their results.
@@ -12,26 +121,11 @@ pub fn in_process_pair<T: Send + 'static>(
     worker: fn(usize, MultiWorkerConfig) -> T,
 ) -> Vec<T> {
     let dir = std::env::temp_dir().join(format!("cohort-mwms-{name}-{}", std::process::id()));
-    let ca = ClusterCa::generate(name).unwrap();
-    let mut addrs = Vec::new();
-    // Held until both are picked: a port released at once could be picked twice.
-    let mut held = Vec::new();
-    for i in 0..2 {
-        ca.issue(&NodeId::new("worker", i))
-            .unwrap()
-            .save(&dir)
-            .unwrap();
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        addrs.push(format!("\"{}\"", socket.local_addr().unwrap()));
-        held.push(socket);
-    }
-    drop(held);
-    let threads: Vec<_> = (0..2)
-        .map(|i| {
-            let tf_config = format!(
-                r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {i}}}}}"#,
-                addrs.join(", ")
-            );
+    let tf_configs = pair_cluster(name, &dir);
+    let threads: Vec<_> = tf_configs
+        .into_iter()
+        .enumerate()
+        .map(|(i, tf_config)| {
             let dir = dir.clone();
             std::thread::spawn(move || {
                 let cluster = ClusterConfig::from_tf_config(&tf_config).unwrap();
