@@ -143,6 +143,58 @@ fn element_spec_has_unknown_batch_dimension_per_replica() -> Result<()> {
 }
 
 #[test]
+fn an_even_split_with_drop_remainder_gives_a_static_per_replica_batch() -> Result<()> {
+    bounded(|| {
+        let ds = |global: usize, drop_remainder: bool| -> Result<Dataset> {
+            Ok(
+                Dataset::from_tensors(vec![Tensor::new(&[1f32, 2., 3.], &Device::Cpu)?])
+                    .repeat(Some(40))
+                    .batch(global, drop_remainder),
+            )
+        };
+        let outer = |dist: &DistributedDataset| -> Vec<Option<usize>> {
+            dist.element_spec()
+                .values()
+                .iter()
+                .map(|spec| spec[0].shape[0])
+                .collect()
+        };
+        // 2 pipelines × 2 replicas, global 8: 2 rows each, known before the first step, and
+        // every element has them.
+        for (pipeline, policy) in [(0, AutoShardPolicy::Auto), (1, AutoShardPolicy::Data)] {
+            let dist = DistributedDataset::from_dataset(
+                ds(8, true)?,
+                DistributeOptions::with_policy(policy),
+                4,
+                2,
+                pipeline,
+            )?;
+            assert_eq!(outer(&dist), [Some(2), Some(2)], "{policy:?}");
+            assert_eq!(dist.element_spec().values()[0][0].shape, [Some(2), Some(3)]);
+            for element in dist.iter().take(3) {
+                for replica in element?.values() {
+                    assert_eq!(replica[0].dims(), [2, 3]);
+                }
+            }
+        }
+        // Unknown where it is: an uneven split, or a last batch that may be partial.
+        let one = |global, drop_remainder| -> Result<Vec<Option<usize>>> {
+            Ok(outer(&DistributedDataset::from_dataset(
+                ds(global, drop_remainder)?,
+                DistributeOptions::default(),
+                2,
+                1,
+                0,
+            )?))
+        };
+        assert_eq!(one(7, true)?, [None, None]);
+        assert_eq!(one(8, false)?, [None, None]);
+        assert_eq!(one(8, true)?, [Some(4), Some(4)]);
+        Ok(())
+    })
+}
+
+#[test]
 fn partial_batch_of_6_of_global_8_splits_4_and_2() -> Result<()> {
     bounded(|| {
         let dist = distribute(Dataset::range(0, 14, 1).batch(8, false), 2)?;

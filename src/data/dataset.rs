@@ -407,8 +407,18 @@ impl Dataset {
     }
 
     /// Splits each batch into batches of the given sizes in turn (TF's `RebatchDatasetV2`).
+    ///
+    /// The pieces' batch dimension is static where it can be known: the input's is, and every
+    /// size is the same (a global batch that splits evenly, with `drop_remainder`), as in
+    /// TensorFlow.
     pub(crate) fn rebatch(self, batch_sizes: Vec<usize>) -> Dataset {
-        let spec = unknown_outer(&self.spec);
+        let even = batch_sizes
+            .first()
+            .filter(|first| batch_sizes.iter().all(|s| s == *first))
+            .copied();
+        let spec = split_outer(&self.spec, |outer| {
+            even.filter(|piece| batch_sizes.len() * piece == outer)
+        });
         Dataset::op(
             Node::Rebatch {
                 input: self,
@@ -420,8 +430,12 @@ impl Dataset {
 
     /// Splits each batch of `b` into `num_replicas` pieces of `ceil(b / num_replicas)`, the
     /// last ones smaller or empty (TF's legacy `RebatchDataset`).
+    ///
+    /// Static pieces where the input's batch is static and divides evenly.
     pub(crate) fn legacy_rebatch(self, num_replicas: usize) -> Dataset {
-        let spec = unknown_outer(&self.spec);
+        let spec = split_outer(&self.spec, |outer| {
+            (num_replicas > 0 && outer % num_replicas == 0).then(|| outer / num_replicas)
+        });
         Dataset::op(
             Node::LegacyRebatch {
                 input: self,
@@ -773,9 +787,14 @@ fn trace_map_spec(
         .collect()
 }
 
-fn unknown_outer(spec: &[TensorSpec]) -> Vec<TensorSpec> {
+/// `spec` with each component's batch dimension split: `piece(outer)` where the input's is
+/// static and gives a static piece, unknown otherwise.
+fn split_outer(spec: &[TensorSpec], piece: impl Fn(usize) -> Option<usize>) -> Vec<TensorSpec> {
     spec.iter()
-        .map(|s| s.with_outer_dim(None).unwrap_or_else(|| s.clone()))
+        .map(|s| {
+            let outer = s.shape.first().copied().flatten().and_then(&piece);
+            s.with_outer_dim(outer).unwrap_or_else(|| s.clone())
+        })
         .collect()
 }
 

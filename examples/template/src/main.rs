@@ -45,9 +45,13 @@ static TRAIN: Step<Batch, f32> = Step::new("train");
 
 /// Batch `step`'s inputs in [-1, 1)² and targets, the same wherever it runs.
 fn batch(step: u64) -> cohort::candle::Result<(Tensor, Tensor)> {
-    let mut state = step.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = step
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut next = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
     let x: Vec<f32> = (0..BATCH * 2).map(|_| next()).collect();

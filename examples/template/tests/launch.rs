@@ -20,5 +20,8 @@ fn the_template_trains_as_a_local_cluster() {
         .filter_map(|w| w.parse().ok())
         .collect();
     let (first, last) = (numbers[numbers.len() - 3], numbers[numbers.len() - 1]);
-    assert!(last < first / 4.0, "the error fell from {first} to {last} only: {line}");
+    assert!(
+        last < first / 4.0,
+        "the error fell from {first} to {last} only: {line}"
+    );
 }
