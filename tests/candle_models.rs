@@ -131,9 +131,12 @@ fn global_batch(step: u64) -> (Tensor, Tensor, Tensor) {
     )
 }
 
+/// Each step's global loss, and every variable's final value by name.
+type Trained = (Vec<f32>, Vec<(String, Vec<f32>)>);
+
 /// Trains `STEPS` steps of Adam under `strategy`, each global batch split evenly over its
 /// replicas; gives the global mean loss of each step and every variable's final value.
-fn train(strategy: &dyn Strategy) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+fn train(strategy: &dyn Strategy) -> Trained {
     let model = Arc::new(ReplicatedModel::build(strategy, SEED, Net::new).unwrap());
     let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(0.01)));
     let replicas = strategy.num_replicas_in_sync();
@@ -230,8 +233,7 @@ fn mwms_worker_process() {
 #[test]
 fn a_candle_nn_model_trains_the_same_under_multi_worker_mirrored() {
     let (default_losses, default_vars) = train(&DefaultStrategy::new());
-    let workers: Vec<(Vec<f32>, Vec<(String, Vec<f32>)>)> =
-        mwms_support::process_pair("candle-model", "mwms_worker_process");
+    let workers: Vec<Trained> = mwms_support::process_pair("candle-model", "mwms_worker_process");
     for (worker, (losses, vars)) in workers.iter().enumerate() {
         assert_same_run(
             (&default_losses, &default_vars),
