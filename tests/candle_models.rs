@@ -642,3 +642,50 @@ fn a_candle_nn_model_converges_under_parameter_server_strategy() {
         "{wrong}"
     );
 }
+
+#[test]
+fn a_model_built_differently_on_two_workers_is_refused_on_both_naming_the_variable() {
+    // Worker 1's head is wider: both say which variable, before any step.
+    let errors = mwms_support::in_process_pair("candle-reshaped", |i, config| {
+        let strategy = MultiWorkerMirrored::new(config).unwrap();
+        ReplicatedModel::build(&strategy, SEED, |vb| {
+            let hidden = candle_nn::linear(4, 8, vb.pp("hidden"))?;
+            let head = candle_nn::linear(8, 2 + i, vb.pp("head"))?;
+            Ok((hidden, head))
+        })
+        .err()
+        .map(|e| e.to_string())
+    });
+    for (worker, error) in errors.iter().enumerate() {
+        let error = error
+            .as_deref()
+            .unwrap_or_else(|| panic!("worker {worker} built a model that differs"));
+        assert!(
+            error.contains("head.weight") && error.contains("another shape"),
+            "worker {worker}: {error}"
+        );
+    }
+    // Worker 1's model has one layer more: worker 0 hears its model ends early, worker 1
+    // names the extra variable.
+    let errors = mwms_support::in_process_pair("candle-extra", |i, config| {
+        let strategy = MultiWorkerMirrored::new(config).unwrap();
+        ReplicatedModel::build(&strategy, SEED, |vb| {
+            let hidden = candle_nn::linear(4, 8, vb.pp("hidden"))?;
+            let extra = (i == 1)
+                .then(|| candle_nn::linear_no_bias(8, 8, vb.pp("extra")))
+                .transpose()?;
+            Ok((hidden, extra))
+        })
+        .err()
+        .map(|e| e.to_string())
+    });
+    let (first, second) = (
+        errors[0].as_deref().expect("worker 0 refused"),
+        errors[1].as_deref().expect("worker 1 refused"),
+    );
+    assert!(first.contains("creates more variables"), "{first}");
+    assert!(
+        second.contains("extra.weight") && second.contains("ends before it"),
+        "{second}"
+    );
+}

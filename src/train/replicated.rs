@@ -135,6 +135,11 @@ impl<M: Send + Sync> ReplicatedModel<M> {
             }
             replicas.push(model);
         }
+        // Every worker's model the same (MultiWorkerMirrored), before any step.
+        strategy
+            .variable_placement()
+            .model_built()
+            .map_err(NnError::from)?;
         let trainable = variables.trainable_variables();
         let statistics = variables.non_trainable_variables();
         if local > 1 {

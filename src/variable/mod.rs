@@ -717,6 +717,15 @@ pub enum VariableError {
         /// The collective's error.
         source: CollectiveError,
     },
+    /// Another worker's model created another variable at this point, or this one with
+    /// another shape or type (every worker must build the same model).
+    #[error("variable {name:?}: {detail}")]
+    DiffersAcrossWorkers {
+        /// The variable, as this worker's model creates it.
+        name: String,
+        /// What differs, and on which worker.
+        detail: String,
+    },
     /// The variable has no value in this process (it lives on parameter servers, or is only
     /// declared).
     #[error("variable {name:?} has no local copy ({placement}): read it through a tape with a variable source, and send gradients instead of updating it")]

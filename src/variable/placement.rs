@@ -32,6 +32,13 @@ pub trait VariablePlacement: Send + Sync + fmt::Debug {
     fn created(&self, _variable: &super::Variable) -> Result<(), VariableError> {
         Ok(())
     }
+
+    /// Called once a model's variables are all created (`ReplicatedModel::build`): a policy
+    /// whose copies span processes checks that every process's model created as many. An
+    /// error names what differs.
+    fn model_built(&self) -> Result<(), VariableError> {
+        Ok(())
+    }
 }
 
 /// What a placement policy knows about a variable being created.
