@@ -43,7 +43,7 @@ pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWo
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};
 pub use crate::roles::step::Step;
 pub use crate::roles::worker::{
-    PsModel, PushedGradient, ServerModel, StepContext, StepError, TrainReport,
+    PsModel, PushedGradient, RowRead, ServerModel, StepContext, StepError, TrainReport,
 };
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training

@@ -20,10 +20,11 @@ use std::sync::Arc;
 
 use cohort::candle::{DType, Device, Module, ModuleT, Tensor, D};
 use cohort::candle_nn::{self, Conv2d, Conv2dConfig, Embedding, Linear, VarBuilder};
-use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError};
+use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError, WeightAccess};
 use cohort::optim::Optimizer;
 use cohort::program::{
-    ClusterCoordinator, CoordinatorError, Program, ServerModel, Step, StepContext, StepError,
+    ClusterCoordinator, CoordinatorError, Program, RowRead, ServerModel, Step, StepContext,
+    StepError,
 };
 use cohort::strategy::{
     CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, PerReplica, ReduceOp, Strategy,
@@ -549,23 +550,55 @@ const PS_STEPS: u64 = 96;
 static PS_TRAIN: Step<u64, f32> = Step::new("train");
 /// A step whose model has a head of another shape than the chief created.
 static PS_WRONG_MODEL: Step<(), ()> = Step::new("wrong_model");
+/// A step whose batch reads a row past the table's end.
+static PS_BAD_ID: Step<(), ()> = Step::new("bad_id");
 
 fn ps_program() -> Program {
     Program::new("candle-ps")
         .optimizer(Optimizer::adam(0.01))
         .step(&PS_TRAIN, |ctx: &mut StepContext<'_>, step: u64| {
             let (images, ids, labels) = global_batch(step % PS_BATCHES);
-            let model = ServerModel::build(ctx, Net::new)?;
-            let report = model.train_step(ctx, &[images, ids, labels], SEED, |net, batch| {
-                net.per_example_loss(&batch[0], &batch[1], &batch[2])
-            })?;
+            // The embedding read by rows: only the batch's distinct ids are pulled and pushed.
+            let table = RowRead {
+                variable: "embedding.weight",
+                ids: &ids,
+            };
+            let (model, renumbered) = ServerModel::build_reading_rows(ctx, Net::new, &[table])?;
+            let report = model.train_step(
+                ctx,
+                &[images, renumbered[0].clone(), labels],
+                SEED,
+                |net, batch| net.per_example_loss(&batch[0], &batch[1], &batch[2]),
+            )?;
             assert_eq!(report.replicas, 2, "the worker's 2 local replicas");
+            let mut distinct = ids.flatten_all()?.to_vec1::<u32>()?;
+            distinct.sort_unstable();
+            distinct.dedup();
+            let pushed = report
+                .pushes
+                .iter()
+                .find(|p| p.variable == "embedding.weight")
+                .expect("the table got a gradient");
+            assert_eq!(
+                (pushed.access, pushed.rows, pushed.values),
+                (WeightAccess::Rows, distinct.len(), distinct.len() * WIDTH),
+                "the table is pushed by its batch's rows"
+            );
             Ok::<_, StepError>(report.loss)
         })
         .step(&PS_WRONG_MODEL, |ctx: &mut StepContext<'_>, ()| {
             ServerModel::build(ctx, |vb| {
                 candle_nn::linear(WIDTH + 1, CLASSES, vb.pp("head"))
             })?;
+            Ok::<_, StepError>(())
+        })
+        .step(&PS_BAD_ID, |ctx: &mut StepContext<'_>, ()| {
+            let ids = Tensor::new(&[1u32, VOCAB as u32], &Device::Cpu)?;
+            let table = RowRead {
+                variable: "embedding.weight",
+                ids: &ids,
+            };
+            ServerModel::build_reading_rows(ctx, Net::new, &[table])?;
             Ok::<_, StepError>(())
         })
         .chief(ps_chief)
@@ -599,6 +632,9 @@ fn ps_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError
     let wrong = coordinator.schedule(&PS_WRONG_MODEL, ())?;
     report["wrong_model"] =
         serde_json::json!(coordinator.fetch(&wrong).err().map(|e| e.to_string()));
+    let _ = coordinator.join();
+    let bad_id = coordinator.schedule(&PS_BAD_ID, ())?;
+    report["bad_id"] = serde_json::json!(coordinator.fetch(&bad_id).err().map(|e| e.to_string()));
     let _ = coordinator.join();
     report["ledger"] = ps_support::ledger_and_stats(coordinator)?["ledger"].clone();
     ps_support::write_report(&report)
@@ -640,6 +676,13 @@ fn a_candle_nn_model_converges_under_parameter_server_strategy() {
     assert!(
         wrong.contains("head.weight") && wrong.contains("[3, 9]"),
         "{wrong}"
+    );
+    let bad_id = report["bad_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        bad_id.contains("embedding.weight") && bad_id.contains(&format!("row {VOCAB}")),
+        "{bad_id}"
     );
 }
 

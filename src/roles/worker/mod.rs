@@ -27,7 +27,7 @@ pub use machine::{
     WorkerMachine, JOBS_MAX, SKIP_MAX,
 };
 pub use model::{PsModel, PushedGradient, TrainReport};
-pub use server_model::ServerModel;
+pub use server_model::{RowRead, ServerModel};
 
 /// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
 /// `join`/`fetch` as that error, except [`StepError::PsUnavailable`], which is the server's

@@ -10,10 +10,13 @@
 //! The pushes go when the step returns `Ok`, as every step's (PS-1), and the servers apply the
 //! program's optimizer.
 //!
-//! Limits, said where a user meets them: every variable is pulled and pushed whole (an
-//! embedding table too: candle-nn's `Embedding` differentiates into a dense gradient), and
-//! batch normalization's statistics cannot be kept on the servers (a server applies gradients,
-//! and statistics are not trained): a model with them is refused on the chief, naming them.
+//! A table the model reads by rows (candle-nn's `Embedding`) is read by rows when the step names
+//! it with the batch's ids ([`ServerModel::build_reading_rows`]): only the batch's distinct rows
+//! are pulled, the model gets a compact table of them (and the ids renumbered into it), and
+//! the rows' gradients are pushed as rows. Every other variable is pulled and pushed whole.
+//! Batch normalization's statistics cannot be kept on the servers (a server applies
+//! gradients, and statistics are not trained): a model with them is refused on the chief,
+//! naming them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -77,6 +80,19 @@ pub struct ServerModel<M> {
     model: M,
     /// The variables the model asked for, in the order it asked, with the tensors it holds.
     variables: Vec<(String, Var)>,
+    /// The tables read by rows: each one's distinct ids, ascending (its tensor holds those
+    /// rows in that order).
+    rows: HashMap<String, Vec<u64>>,
+}
+
+/// A table a step's model reads by rows, and the ids the step's batch reads from it (any
+/// shape, integer type).
+#[derive(Debug, Clone, Copy)]
+pub struct RowRead<'a> {
+    /// The table's variable (candle-nn's dotted name, e.g. `embedding.weight`).
+    pub variable: &'a str,
+    /// The ids the batch reads.
+    pub ids: &'a Tensor,
 }
 
 impl ServerModel<()> {
@@ -148,10 +164,69 @@ impl<M> ServerModel<M> {
         ctx: &StepContext<'_>,
         build: impl FnOnce(VarBuilder<'static>) -> candle_core::Result<M>,
     ) -> Result<Self, StepError> {
+        Ok(Self::build_reading_rows(ctx, build, &[])?.0)
+    }
+
+    /// As [`Self::build`], with the tables of `rows` read by rows: each gets only the batch's
+    /// distinct rows (pulled by id), as a compact table the model indexes with the renumbered
+    /// ids returned here (one tensor per entry of `rows`, the shape of its ids, `u32`): pass
+    /// those to the model in place of the ids. [`Self::train_step`] pushes those tables' rows.
+    /// An id past a table's end is refused, naming the table.
+    pub fn build_reading_rows(
+        ctx: &StepContext<'_>,
+        build: impl FnOnce(VarBuilder<'static>) -> candle_core::Result<M>,
+        rows: &[RowRead<'_>],
+    ) -> Result<(Self, Vec<Tensor>), StepError> {
+        let layouts: HashMap<String, Vec<usize>> = ctx
+            .layouts()
+            .map(|l| (l.name.clone(), l.shape.clone()))
+            .collect();
+        let mut distinct = HashMap::new();
+        let mut renumbered = Vec::with_capacity(rows.len());
+        for read in rows {
+            let table_rows = layouts
+                .get(read.variable)
+                .and_then(|shape| (shape.len() == 2).then_some(shape[0]))
+                .ok_or_else(|| {
+                    StepError::Step(format!(
+                        "variable {:?} is read by rows, but the parameter servers hold no table (2-D variable) of that name",
+                        read.variable
+                    ))
+                })?;
+            let ids: Vec<u64> = read
+                .ids
+                .flatten_all()?
+                .to_dtype(DType::I64)?
+                .to_vec1::<i64>()?
+                .into_iter()
+                .map(|id| u64::try_from(id).unwrap_or(u64::MAX))
+                .collect();
+            if let Some(bad) = ids.iter().find(|id| **id >= table_rows as u64) {
+                return Err(StepError::Step(format!(
+                    "variable {:?}: the batch reads row {}, but the table has {table_rows} rows",
+                    read.variable,
+                    if *bad == u64::MAX {
+                        "-1 (a negative id)".to_string()
+                    } else {
+                        bad.to_string()
+                    }
+                )));
+            }
+            let mut unique = ids.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            let position: Vec<u32> = ids
+                .iter()
+                .map(|id| unique.binary_search(id).unwrap_or(0) as u32)
+                .collect();
+            renumbered.push(Tensor::from_vec(position, read.ids.shape(), &Device::Cpu)?);
+            distinct.insert(read.variable.to_string(), unique);
+        }
         let backend = Arc::new(PulledBackend {
-            layouts: ctx
-                .layouts()
-                .map(|l| (l.name.clone(), l.shape.clone()))
+            layouts,
+            rows: distinct
+                .iter()
+                .map(|(name, ids)| (name.clone(), ids.len()))
                 .collect(),
             asked: Mutex::new(Vec::new()),
         });
@@ -162,13 +237,31 @@ impl<M> ServerModel<M> {
         );
         let model = build(vb).map_err(|e| StepError::Step(format!("building the model: {e}")))?;
         let variables = std::mem::take(&mut *lock(&backend.asked));
-        let names: Vec<&str> = variables.iter().map(|(n, _)| n.as_str()).collect();
-        for ((name, var), values) in variables.iter().zip(ctx.pull_many(&names)?) {
+        let set = |name: &str, var: &Var, values: Vec<f32>| -> Result<(), StepError> {
             let value = Tensor::from_vec(values, var.shape(), &Device::Cpu)?;
             var.set(&value)
-                .map_err(|e| StepError::Step(format!("variable {name:?}: {e}")))?;
+                .map_err(|e| StepError::Step(format!("variable {name:?}: {e}")))
+        };
+        let whole: Vec<&(String, Var)> = variables
+            .iter()
+            .filter(|(name, _)| !distinct.contains_key(name))
+            .collect();
+        let names: Vec<&str> = whole.iter().map(|(n, _)| n.as_str()).collect();
+        for ((name, var), values) in whole.iter().zip(ctx.pull_many(&names)?) {
+            set(name, var, values)?;
         }
-        Ok(Self { model, variables })
+        for (name, var) in variables.iter().filter(|(n, _)| distinct.contains_key(n)) {
+            set(name, var, ctx.pull_rows(name, &distinct[name])?)?;
+        }
+        distinct.retain(|name, _| variables.iter().any(|(n, _)| n == name));
+        Ok((
+            Self {
+                model,
+                variables,
+                rows: distinct,
+            },
+            renumbered,
+        ))
     }
 
     /// The model, holding this step's values.
@@ -250,13 +343,23 @@ impl<M> ServerModel<M> {
                 continue;
             };
             let values = grad.flatten_all()?.to_vec1::<f32>()?;
+            let (access, rows) = match self.rows.get(name) {
+                Some(ids) => (WeightAccess::Rows, ids.len()),
+                None => (
+                    WeightAccess::Dense,
+                    var.dims().first().copied().unwrap_or(1),
+                ),
+            };
             pushes.push(PushedGradient {
                 variable: name.clone(),
-                access: WeightAccess::Dense,
-                rows: var.dims().first().copied().unwrap_or(1),
+                access,
+                rows,
                 values: values.len(),
             });
-            ctx.push_dense(name, values)?;
+            match self.rows.get(name) {
+                Some(ids) => ctx.push_rows(name, ids.clone(), values)?,
+                None => ctx.push_dense(name, values)?,
+            }
         }
         Ok(TrainReport {
             loss,
@@ -281,6 +384,8 @@ impl<M: fmt::Debug> fmt::Debug for ServerModel<M> {
 struct PulledBackend {
     /// Every variable on the servers: its name and full shape.
     layouts: HashMap<String, Vec<usize>>,
+    /// The tables read by rows, with how many distinct rows this step reads of each.
+    rows: HashMap<String, usize>,
     /// What the model asked for, in order.
     asked: Mutex<Vec<(String, Var)>>,
 }
@@ -318,7 +423,13 @@ impl PulledBackend {
         if let Some((_, var)) = asked.iter().find(|(n, _)| n == name) {
             return Ok(var.as_tensor().clone());
         }
-        let var = Var::zeros(on_servers.as_slice(), DType::F32, &Device::Cpu)?;
+        // A table read by rows holds only the step's rows (the model indexes it with the
+        // renumbered ids); candle-nn does not check a tensor's shape against the one it asked.
+        let mut shape = on_servers.clone();
+        if let Some(rows) = self.rows.get(name) {
+            shape[0] = *rows;
+        }
+        let var = Var::zeros(shape.as_slice(), DType::F32, &Device::Cpu)?;
         asked.push((name.to_owned(), var.clone()));
         Ok(var.as_tensor().clone())
     }
@@ -377,6 +488,7 @@ mod tests {
             .collect();
         Arc::new(PulledBackend {
             layouts: shapes(&layouts),
+            rows: HashMap::new(),
             asked: Mutex::new(Vec::new()),
         })
     }
