@@ -71,7 +71,7 @@ pub struct LaunchFlags {
     #[arg(long, default_value_t = 1, value_parser = parse_replicas)]
     pub replicas: u32,
     /// Serve no metrics (by default every task serves Prometheus metrics and /healthz on a
-    /// free loopback port, recorded in <run-dir>/metrics/<role>-<index>.addr).
+    /// free loopback port, recorded in `<run-dir>/metrics/<role>-<index>.addr`).
     #[arg(long)]
     pub no_metrics: bool,
     /// The chief is a peer of the workers (a MultiWorkerMirrored job, which sets it): see

@@ -21,7 +21,7 @@
 //!
 //! End of a job: when the chief's program returns successfully (and no stop was requested),
 //! the chief says goodbye ([`Shutdown`]) to every worker and parameter server, waiting at most
-//! [`GOODBYE_WAIT`]; they exit 0 at once, which their supervisor does not restart, instead of
+//! `GOODBYE_WAIT`; they exit 0 at once, which their supervisor does not restart, instead of
 //! waiting out the detection budget to notice that the chief is gone. A chief that fails or
 //! is preempted says nothing: its successor may reconnect to the live roles.
 //!

@@ -198,7 +198,7 @@ pub struct Observed {
     pub faults: Vec<AppliedFault>,
     /// The chief's metrics, once a second.
     pub samples: Vec<Sample>,
-    /// Panic lines (`[task] ... panicked at ...`), at most [`PANICS_KEPT_MAX`].
+    /// Panic lines (`[task] ... panicked at ...`), at most `PANICS_KEPT_MAX`.
     pub panics: Vec<String>,
     /// How many panic lines there were.
     pub panic_count: usize,

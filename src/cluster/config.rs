@@ -298,7 +298,7 @@ pub struct ConfigFlags {
     /// This process's index in its job (default 0).
     #[arg(long)]
     pub task_index: Option<String>,
-    /// A file with the cluster: TF_CONFIG-style JSON, or a cohort.toml with a [cluster] table.
+    /// A file with the cluster: TF_CONFIG-style JSON, or a cohort.toml with a `[cluster]` table.
     #[arg(long)]
     pub cluster_file: Option<PathBuf>,
     /// The config file (default: ./cohort.toml if it exists).

@@ -15,7 +15,7 @@
 //! bootstrapped over it and aborted when it breaks; [`NcclLocal`] does it for the GPUs of one
 //! process.
 //!
-//! It also owns the calling thread's replica ([`CurrentReplica`]): which member of which group
+//! It also owns the calling thread's replica (`CurrentReplica`): which member of which group
 //! the thread is while a strategy runs a replica function on it. The strategies present it as
 //! their `ReplicaContext`; a variable reads it to choose its copy and aggregate its updates.
 

@@ -1,4 +1,5 @@
-//! Layers, losses and gradients over candle, with parameters held in [`Variable`]s.
+//! Layers, losses and gradients over candle, with parameters held in
+//! [`Variable`](crate::variable::Variable)s.
 //!
 //! This module owns the model-building pieces a training loop calls: layers that create and
 //! own their variables through the variable API ([`Dense`], [`Embedding`], stacked with

@@ -1,6 +1,7 @@
 //! ParameterServerStrategy: the parameter-server training of [`crate::program`] seen as a
 //! [`Strategy`] value, so that replica functions written against `&dyn Strategy` and
-//! [`ReplicaContext`] run under it as under [`crate::strategy::Mirrored`].
+//! [`ReplicaContext`](crate::strategy::ReplicaContext) run under it as under
+//! [`crate::strategy::Mirrored`].
 //!
 //! This module owns the strategy value only; the training itself is the existing mechanism
 //! (no second path): the chief's [`ClusterCoordinator`] creates variables on the servers and
@@ -11,10 +12,11 @@
 //!
 //! - **in a step** ([`ParameterServerStrategy::in_step`]): `run` runs the replica function on
 //!   the worker's local replicas (its `replicas` key) through the replica threads every local
-//!   strategy uses, [`ReplicaContext::all_reduce`] sums across them inside the worker, and
-//!   `reduce` reduces their per-replica values; the step then records its one push. Variables
-//!   created in `scope()` are the servers' variables (by the layouts the chief created), as
-//!   [`crate::roles::worker::PsModel::build`] places them.
+//!   strategy uses, [`ReplicaContext::all_reduce`](crate::strategy::ReplicaContext::all_reduce)
+//!   sums across them inside the worker, and `reduce` reduces their per-replica values; the
+//!   step then records its one push. Variables created in `scope()` are the servers' variables
+//!   (by the layouts the chief created), as [`crate::roles::worker::PsModel::build`] places
+//!   them.
 //! - **on the coordinator** ([`ParameterServerStrategy::on_coordinator`]): `scope()` declares
 //!   variables without drawing them ([`crate::variable::DeclaredPlacement`]), and
 //!   [`ParameterServerStrategy::create_variables`] creates declared weights on the servers

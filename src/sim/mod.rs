@@ -1,7 +1,9 @@
-//! A deterministic cluster simulator: the coordinator's machine ([`Scheduler`], with its
-//! restore and control sub-machines), the workers' machines
+//! A deterministic cluster simulator: the coordinator's machine
+//! ([`Scheduler`](crate::roles::coordinator::Scheduler), with its restore and control
+//! sub-machines), the workers' machines
 //! ([`WorkerMachine`](crate::roles::worker::WorkerMachine), with the real push planner) and
-//! the parameter servers' machines ([`ParameterStore`], with the real optimizer) of one job
+//! the parameter servers' machines
+//! ([`ParameterStore`](crate::roles::ps::ParameterStore), with the real optimizer) of one job
 //! run together on one thread, under a simulated clock, network, processes and checkpoint
 //! storage, all driven by one seed (SIM-1).
 //!
@@ -30,14 +32,14 @@
 //!   read back, and marked after a write's time), so that its restore runs nothing again.
 //! - **Drains**: a worker is drained out of the job (scaled down): it tells the chief
 //!   (`Draining`) and runs on; the chief's machine gives it no new work, reads its positions
-//!   once its closure finished ([`crate::roles::coordinator::machine::membership`]), and lets
+//!   once its closure finished (`crate::roles::coordinator::machine::membership`), and lets
 //!   it go; it then exits and is not restarted, unless the job is scaled up again: then a new
 //!   incarnation registers (`Joining`) and is set up at the positions kept for its index.
 //!   Worker 0 is never drained.
 //! - **Elastic servers**: as the launcher scales servers, a server joins (the lowest index
 //!   not running starts empty and registers: `Joining`) or the highest running one asks to
 //!   leave for good (`Draining`); the chief's machine moves the variables at a cut
-//!   ([`crate::roles::coordinator::machine`]'s `reshard`: a cut, the variables placed again
+//!   (`crate::roles::coordinator::machine`'s `reshard`: a cut, the variables placed again
 //!   onto the new set, every server restored from the cut with its new shards), and lets the
 //!   leaving one go, which exits and is not restarted. Every server registers again with each
 //!   new chief (and one still waiting to leave asks again); a restarted chief's spec names

@@ -6,7 +6,7 @@
 //! `experimental_local_results`), the four local strategies ([`DefaultStrategy`],
 //! [`OneDevice`], [`Mirrored`], [`CentralStorage`]), the strategy across worker processes
 //! ([`MultiWorkerMirrored`]), per-replica values ([`PerReplica`]), the
-//! replica context seen inside `run` ([`ReplicaContext`]), and cross-replica [`reduce`]
+//! replica context seen inside `run` ([`ReplicaContext`]), and cross-replica `reduce`
 //! (`Strategy::reduce`). Collectives among replicas live in [`crate::collective`]; variables
 //! and their placement in [`crate::variable`]; datasets in [`crate::data`].
 //!

@@ -68,7 +68,7 @@ pub struct MultiWorkerConfig {
     /// forms the first epoch with them).
     pub enter_timeout: Duration,
     /// Joining a live group: how long this process waits to be admitted (the members admit
-    /// joiners at a step boundary, [`MultiWorkerMirrored::admit`]).
+    /// joiners at a step boundary, [`MultiWorkerMirrored::at_step_boundary`]).
     pub join_timeout: Duration,
     /// What all-reduces the gradients across the workers: the group's ring (the default) or
     /// NCCL on a GPU of this process.
@@ -216,9 +216,9 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 ///   forming: making the strategy does not fail for it).
 /// - `ctx.all_reduce(op, t)` inside [`run`](super::StrategyExt::run) sums the local replicas'
 ///   values in process, then across the workers with one group call, and gives every replica
-///   the result, bit-identical on every worker; [`ReplicaContext::all_reduce_many`]
-///   (super::ReplicaContext::all_reduce_many) reduces a list in buckets. Variable aggregation
-///   and the optimizers' gradient sums go the same way.
+///   the result, bit-identical on every worker;
+///   [`ReplicaContext::all_reduce_many`](super::ReplicaContext::all_reduce_many) reduces a
+///   list in buckets. Variable aggregation and the optimizers' gradient sums go the same way.
 /// - [`Strategy::reduce`] reduces across every worker's replicas; `gather` concatenates them.
 /// - `experimental_distribute_dataset` auto-shards across workers (one input pipeline per
 ///   worker, the worker's rank as its id) and rebatches each global batch into per-replica
@@ -252,8 +252,8 @@ pub struct MultiWorkerMirrored {
     /// Keeps this worker's collective endpoint accepting while the strategy lives.
     _mesh: Mesh,
     /// Whether this worker joined a live group and has not received its training state yet
-    /// ([`MultiWorkerMirrored::admit`]); its variables skip the first worker's broadcast
-    /// meanwhile (the members are past it).
+    /// ([`MultiWorkerMirrored::at_step_boundary`]); its variables skip the first worker's
+    /// broadcast meanwhile (the members are past it).
     awaiting_state: Arc<AtomicBool>,
     /// When this worker last reached a step boundary ([`MultiWorkerMirrored::at_step_boundary`]):
     /// its metrics' step time.

@@ -530,7 +530,7 @@ fn hold_until_released() {
     }
 }
 
-/// A file whose creation lets a finished demo exit (see [`hold_until_released`]).
+/// A file whose creation lets a finished demo exit (see `hold_until_released`).
 pub const HOLD_ENV: &str = "COHORT_DEMO_HOLD_UNTIL";
 /// Longest a finished demo waits for [`HOLD_ENV`]'s file.
 const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(300);

@@ -1,6 +1,6 @@
 //! A bare quinn stream, for benchmarks to measure cohort against in the same run.
 //!
-//! Same QUIC flow-control windows, socket buffers and TLS 1.3 (ring) as an [`Endpoint`], but raw
+//! Same QUIC flow-control windows, socket buffers and TLS 1.3 (ring) as an [`Endpoint`](crate::Endpoint), but raw
 //! bytes on one stream per message: no framing, no identity hello, no client authentication,
 //! no limits and no message queue. Nothing in cohort's own paths uses it.
 

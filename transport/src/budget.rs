@@ -4,18 +4,18 @@
 //! or a request returns its response).
 //!
 //! What it owns: the two byte budgets every metered frame read draws on, the counters behind
-//! [`InFlightStats`], and [`InFlight`], what one frame holds. It never allocates anything.
+//! [`InFlightStats`], and `InFlight`, what one frame holds. It never allocates anything.
 //!
 //! Calling protocol, for each frame read:
-//! 1. [`ReceiveBudget::start`] gives an empty [`InFlight`].
-//! 2. Once the prefix is read and checked, [`InFlight::reserve`] takes the frame's declared
+//! 1. `ReceiveBudget::start` gives an empty `InFlight`.
+//! 2. Once the prefix is read and checked, `InFlight::reserve` takes the frame's declared
 //!    length (header plus blobs) from the connection's budget, then from the node's, waiting in
 //!    arrival order at most `in_flight_wait_timeout` in all; then it fails with
 //!    [`FrameError::OverBudget`]. A frame declaring more than a whole budget takes all of it,
 //!    so it still passes when it is alone.
-//! 3. The reader reports the bytes it keeps with [`InFlight::add`] / [`InFlight::sub`]; they
+//! 3. The reader reports the bytes it keeps with `InFlight::add` / `InFlight::sub`; they
 //!    follow what arrived, never the declared length ([`crate::frame`]).
-//! 4. Dropping the [`InFlight`] gives back both the reservation and the held bytes.
+//! 4. Dropping the `InFlight` gives back both the reservation and the held bytes.
 //!
 //! Budget is reserved by declared length rather than byte by byte as data arrives: two
 //! half-received frames that each wait for the other's bytes would otherwise stall until both

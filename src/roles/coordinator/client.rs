@@ -571,7 +571,7 @@ impl ClusterCoordinator {
     /// The counters of every parameter server in the job, in index order (the spec's
     /// servers are indexed from 0; see [`Self::topology`] for a job whose servers changed).
     ///
-    /// Across recoveries, as [`Self::read_variable`] (see [`Self::across_recoveries`]): a
+    /// Across recoveries, as [`Self::read_variable`] (see `Self::across_recoveries`): a
     /// job's summary must not fail for a server that is being recovered.
     pub fn ps_stats(&self) -> Result<Vec<PsStatsReply>, CoordinatorError> {
         self.across_recoveries("asking the servers for their counts", |topology| {

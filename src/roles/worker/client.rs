@@ -101,7 +101,7 @@ impl PsClient {
     }
 
     /// The whole values of several variables: one request per parameter server (more when
-    /// its shards add up to more than [`PULL_REPLY_BYTES_MAX`]), all at once, naming every
+    /// its shards add up to more than `PULL_REPLY_BYTES_MAX`), all at once, naming every
     /// shard it holds among them; each variable is assembled from the replies with one copy.
     pub fn pull_many(&self, layouts: &[&Layout]) -> Result<Vec<Vec<f32>>, StepError> {
         let (calls, wanted): (Vec<_>, Vec<_>) = plan_pulls(layouts, PULL_REPLY_BYTES_MAX)

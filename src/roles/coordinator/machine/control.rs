@@ -329,7 +329,7 @@ impl Scheduler {
     /// returned ticket comes once every one answered, so that no closure scheduled afterwards
     /// can overtake its setup; it carries the first refusal (the setup itself is wrong, and the
     /// program must hear it). A worker that refused or could not be reached is lost. Refused
-    /// with more than [`REQUESTS_PENDING_MAX`] configurations under way.
+    /// with more than `REQUESTS_PENDING_MAX` configurations under way.
     pub fn handle_reconfigure(
         &mut self,
         now: Instant,

@@ -258,7 +258,7 @@ pub enum SchedulerAction {
         /// The fenced incarnation (and every older one).
         epoch: WorkerEpoch,
     },
-    /// One call of a restore (see [`recovery`]): carry it out on the incarnation it names and
+    /// One call of a restore (see `recovery`): carry it out on the incarnation it names and
     /// answer with [`Scheduler::handle_restore_report`].
     Restore(RestoreCall),
     /// The chief's start ([`Scheduler::handle_start`]) or a restore asked for with
@@ -406,7 +406,7 @@ pub enum SchedulerAction {
         result: Result<CutReading, String>,
     },
     /// Ask the draining incarnation `epoch` of `worker`, which runs nothing now, where its
-    /// datasets are ([`crate::roles::protocol::DatasetPositions`]; see [`membership`]).
+    /// datasets are ([`crate::roles::protocol::DatasetPositions`]; see `membership`).
     /// Answer with [`Scheduler::handle_drain_positions`].
     AskDrainPositions {
         /// The worker.
@@ -414,14 +414,14 @@ pub enum SchedulerAction {
         /// The draining incarnation.
         epoch: WorkerEpoch,
     },
-    /// The drain of incarnation `epoch` of `worker` ended (see [`membership`]): it may go.
+    /// The drain of incarnation `epoch` of `worker` ended (see `membership`): it may go.
     DrainFinished {
         /// The worker.
         worker: u32,
         /// The drained incarnation.
         epoch: WorkerEpoch,
     },
-    /// A parameter server's preemption cut was read ([`preempt`]): build its checkpoint and
+    /// A parameter server's preemption cut was read (`preempt`): build its checkpoint and
     /// write it under `root` (blocking work: off the actor's thread), then answer with
     /// [`Scheduler::handle_preemption_cut_written`].
     WritePreemptionCut {
@@ -547,7 +547,7 @@ pub enum ScheduleError {
 ///     with; `setup_for(worker)` is what a new incarnation of `worker` gets, and
 ///     `setup_version()` changes whenever a setup handed out before becomes outdated (a
 ///     restore moved the positions, or a new configuration);
-/// 12. workers (see [`control`]): `handle_reconnect_tick()` at a steady interval also emits
+/// 12. workers (see `control`): `handle_reconnect_tick()` at a steady interval also emits
 ///     [`SchedulerAction::DialWorker`] for workers with no live incarnation; answer with
 ///     `handle_worker_dialled`, then `handle_worker_set_up` for the
 ///     [`SchedulerAction::SetUpWorker`] that may follow; `handle_worker_retired`,
@@ -555,25 +555,25 @@ pub enum ScheduleError {
 ///     outcome of the other remote effects;
 /// 13. `handle_reconfigure(now, setup, layouts)` sets every live worker up again, answered by
 ///     [`SchedulerAction::ConfigureFinished`];
-/// 14. parameter servers (see [`servers`]): `handle_create_variable(now, layout, inits)` creates a
+/// 14. parameter servers (see `servers`): `handle_create_variable(now, layout, inits)` creates a
 ///     variable's shards ([`SchedulerAction::CreateShard`], each answered with
 ///     `handle_shard_created`), ended by [`SchedulerAction::VariableCreated`];
 ///     `handle_start(now, checkpoint, root)` is the chief's start: it probes every server
 ///     ([`SchedulerAction::ProbeServer`], answered with `handle_server_probed`), then restores
 ///     or starts afresh, ended by [`SchedulerAction::RestoreFinished`];
-/// 15. saves (see [`save`]): `handle_read_cut(now, step)` reads a consistent cut
+/// 15. saves (see `save`): `handle_read_cut(now, step)` reads a consistent cut
 ///     ([`SchedulerAction::SnapshotShard`], answered with `handle_shard_read`, and
 ///     [`SchedulerAction::AskPositions`], answered with `handle_positions`), ended by
 ///     [`SchedulerAction::CutRead`]; once the checkpoint is durable,
 ///     `handle_mark_cut(cut, root, generation)` makes it the cut, and a write that failed is
 ///     reported with `handle_cut_abandoned(cut, reason)`;
-/// 16. preemption notices (see [`preempt`]): `handle_worker_leaving` answers a worker at once;
+/// 16. preemption notices (see `preempt`): `handle_worker_leaving` answers a worker at once;
 ///     `handle_ps_leaving` answers a server at once or later with
 ///     [`SchedulerAction::AnswerPsLeaving`], after the preemption cut asked for with
 ///     [`SchedulerAction::WritePreemptionCut`] is reported with
 ///     `handle_preemption_cut_written`; `handle_chief_stopping` when the chief's own notice
 ///     comes.
-/// 17. servers joining and leaving the job (see [`reshard`]): `handle_ps_joining` and
+/// 17. servers joining and leaving the job (see `reshard`): `handle_ps_joining` and
 ///     `handle_ps_draining` (a leave answered at once or later with
 ///     [`SchedulerAction::AnswerPsDraining`]); the cut goes through item 16's
 ///     [`SchedulerAction::WritePreemptionCut`], the move through a restore.
@@ -828,7 +828,7 @@ impl Scheduler {
     }
 
     /// The job's checkpoint directory, where preemption cuts go before the program's first
-    /// save ([`preempt`]).
+    /// save (`preempt`).
     pub fn with_checkpoint_dir(mut self, dir: Option<PathBuf>) -> Self {
         self.checkpoint_dir = dir;
         self
@@ -843,7 +843,7 @@ impl Scheduler {
     }
 
     /// The parameter servers of the job now, by index (the cluster spec's, changed by every
-    /// server that joined or left since: [`reshard`]).
+    /// server that joined or left since: `reshard`).
     pub fn servers_in_job(&self) -> Vec<u32> {
         self.server_set.iter().copied().collect()
     }
@@ -857,7 +857,7 @@ impl Scheduler {
     /// Time to dial again (the shell calls this at a steady interval): emits
     /// [`SchedulerAction::DialPs`] for every parameter server never seen or not reachable now
     /// that has no dial under way, and [`SchedulerAction::DialWorker`] for every worker with
-    /// no live incarnation (see [`control`]).
+    /// no live incarnation (see `control`).
     pub fn handle_reconnect_tick(&mut self) {
         self.dial_workers();
         for ps in self.server_set.clone() {
@@ -1579,7 +1579,7 @@ impl Scheduler {
     /// pipelines is at least the most workers the job may have.
     ///
     /// Placement is the machine's: a variable it knows keeps the layout it has (servers may
-    /// have joined or left since the program placed it, [`reshard`]), and the servers past the
+    /// have joined or left since the program placed it, `reshard`), and the servers past the
     /// cluster spec are its own.
     pub fn handle_configure(&mut self, mut setup: SetupWorker) {
         for layout in &mut setup.layouts {
