@@ -38,11 +38,13 @@ pub use candle_core as candle;
 pub use candle_nn;
 
 pub mod bootstrap;
-// Not part of the library API: the chaos runner (`cohort chaos run`), public for the `cohort` binary and the tests.
+// Not part of the library API: the chaos runner (`cohort chaos run`); public for the `cohort`
+// binary and the tests.
 #[doc(hidden)]
 pub mod chaosrun;
 pub mod checkpoint;
-// Not part of the library API: the `cohort` command line, public for the `cohort` binary and the tests.
+// Not part of the library API: the `cohort` command line; public for the `cohort`
+// binary and the tests.
 // Its doc comments are clap's `--help` text, where `<run-dir>` is a placeholder, not HTML.
 #[doc(hidden)]
 #[allow(rustdoc::invalid_html_tags)]
@@ -61,7 +63,8 @@ pub mod plot;
 pub mod process;
 pub mod program;
 pub mod roles;
-// Not part of the library API: the simulator (`cohort sim`), public for the `cohort` binary and the tests.
+// Not part of the library API: the simulator (`cohort sim`); public for the `cohort`
+// binary and the tests.
 #[doc(hidden)]
 pub mod sim;
 pub mod status;
@@ -69,6 +72,7 @@ pub mod strategy;
 pub mod summary;
 pub mod train;
 pub mod variable;
-// Not part of the library API: the built-in demo and benchmark workloads, public for the `cohort` binary and the tests.
+// Not part of the library API: the built-in demo and benchmark workloads; public for the `cohort`
+// binary and the tests.
 #[doc(hidden)]
 pub mod workloads;

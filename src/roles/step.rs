@@ -75,22 +75,63 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODED_MAX>()
 }
 
+/// Why a step's argument or value could not cross the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueCodecError {
+    /// The value could not be encoded (a serde `Serialize` error).
+    #[error("encoding a {type_name}: {reason}")]
+    Encode {
+        /// The value's type.
+        type_name: &'static str,
+        /// The encoder's error.
+        reason: String,
+    },
+    /// The bytes are no value of the expected type.
+    #[error("{reason} (expected a {expected})")]
+    Decode {
+        /// The type the bytes were read as.
+        expected: &'static str,
+        /// The decoder's error.
+        reason: String,
+    },
+    /// The bytes hold more than one value of the expected type: the two sides disagree on
+    /// the type.
+    #[error("{left_over} bytes left over after a {expected} ({read} bytes): the value is of another type")]
+    LeftOver {
+        /// The type the bytes were read as.
+        expected: &'static str,
+        /// Bytes that value took.
+        read: usize,
+        /// Bytes after it.
+        left_over: usize,
+    },
+}
+
 /// `value` encoded for the wire.
-pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
-    bincode::serde::encode_to_vec(value, config()).map_err(|e| e.to_string())
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, ValueCodecError> {
+    bincode::serde::encode_to_vec(value, config()).map_err(|e| ValueCodecError::Encode {
+        type_name: std::any::type_name::<T>(),
+        reason: e.to_string(),
+    })
 }
 
 /// A `T` decoded from `bytes`, which must hold exactly one (trailing bytes mean the two sides
 /// disagree on the type, and are refused rather than ignored).
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    let (value, read) = bincode::serde::decode_from_slice::<T, _>(bytes, config())
-        .map_err(|e| format!("{e} (expected {})", std::any::type_name::<T>()))?;
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ValueCodecError> {
+    let expected = std::any::type_name::<T>();
+    let (value, read) =
+        bincode::serde::decode_from_slice::<T, _>(bytes, config()).map_err(|e| {
+            ValueCodecError::Decode {
+                expected,
+                reason: e.to_string(),
+            }
+        })?;
     if read != bytes.len() {
-        return Err(format!(
-            "{} bytes left over after a {} ({read} bytes): the value is of another type",
-            bytes.len() - read,
-            std::any::type_name::<T>()
-        ));
+        return Err(ValueCodecError::LeftOver {
+            expected,
+            read,
+            left_over: bytes.len() - read,
+        });
     }
     Ok(value)
 }
@@ -115,10 +156,22 @@ mod tests {
         };
         let bytes = encode(&batch).unwrap();
         assert_eq!(decode::<Batch>(&bytes).unwrap(), batch);
-        let wrong = decode::<(u64, u64, u64, u64, u64, u64, u64, u64)>(&bytes).unwrap_err();
+        let wrong = decode::<(u64, u64, u64, u64, u64, u64, u64, u64)>(&bytes)
+            .unwrap_err()
+            .to_string();
         assert!(wrong.contains("(u64, u64"), "{wrong}");
         let left_over = decode::<u8>(&encode(&(1u8, 2u8)).unwrap()).unwrap_err();
-        assert!(left_over.contains("left over"), "{left_over}");
+        assert!(
+            matches!(
+                left_over,
+                ValueCodecError::LeftOver {
+                    read: 1,
+                    left_over: 1,
+                    ..
+                }
+            ),
+            "{left_over}"
+        );
         assert!(decode::<Batch>(&[]).is_err());
     }
 

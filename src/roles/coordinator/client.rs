@@ -26,7 +26,7 @@ use crate::nn::Initializer;
 use crate::roles::protocol::{
     f32_to_bytes, InitSpec, PsStats, PsStatsReply, SetupWorker, PS_ACTOR,
 };
-use crate::roles::step::{decode, encode, Step};
+use crate::roles::step::{decode, encode, Step, ValueCodecError};
 use crate::roles::worker::{PsClient, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
 use serde::de::DeserializeOwned;
@@ -171,7 +171,7 @@ pub enum CoordinatorError {
         /// The step.
         step: String,
         /// What the encoder found.
-        reason: String,
+        reason: ValueCodecError,
     },
     /// A closure's value does not decode as the type its step declares (the workers run
     /// another build of the program than the chief).
@@ -180,7 +180,7 @@ pub enum CoordinatorError {
         /// The closure.
         closure: u64,
         /// What the decoder found.
-        reason: String,
+        reason: ValueCodecError,
     },
     /// A parameter server refused a request or could not be reached.
     #[error("parameter server: {0}")]
@@ -338,6 +338,17 @@ impl ClusterCoordinator {
     /// nothing is created. Optimizer state starts fresh either way. A checkpoint restored
     /// afterwards ([`Self::restore_checkpoint`]) overrides these values.
     pub fn create_variable(&mut self, spec: VariableSpec) -> Result<Layout, CoordinatorError> {
+        let expected: usize = spec.shape.iter().product();
+        if let Some(values) = spec.values.as_deref().filter(|v| v.len() != expected) {
+            return Err(CoordinatorError::Variable {
+                name: spec.name,
+                detail: format!(
+                    "{} initial values for shape {:?} ({expected} values)",
+                    values.len(),
+                    spec.shape
+                ),
+            });
+        }
         if self.layouts.iter().any(|l| l.name == spec.name) {
             return Err(CoordinatorError::Variable {
                 name: spec.name,
@@ -376,41 +387,31 @@ impl ClusterCoordinator {
                 .into_iter()
                 .map(|values| InitSpec::Values(values.into_data()))
                 .collect(),
-            None if spec.values.is_some() => {
-                let values = spec.values.as_deref().unwrap_or_default();
-                let expected: usize = spec.shape.iter().product();
-                if values.len() != expected {
-                    return Err(CoordinatorError::Variable {
-                        name: spec.name,
-                        detail: format!(
-                            "{} initial values for shape {:?} ({expected} values)",
-                            values.len(),
-                            spec.shape
-                        ),
-                    });
+            None => match spec.values.as_deref() {
+                Some(values) => {
+                    let row_len = layout.row_len();
+                    layout
+                        .shards
+                        .iter()
+                        .map(|shard| {
+                            InitSpec::Values(f32_to_bytes(
+                                &values[shard.rows.start * row_len..shard.rows.end * row_len],
+                            ))
+                        })
+                        .collect()
                 }
-                let row_len = layout.row_len();
-                layout
-                    .shards
-                    .iter()
-                    .map(|shard| {
-                        InitSpec::Values(f32_to_bytes(
-                            &values[shard.rows.start * row_len..shard.rows.end * row_len],
-                        ))
+                None => (0..layout.shards.len())
+                    .map(|i| {
+                        shard_init(
+                            &spec.init,
+                            i as u64,
+                            fan_in,
+                            fan_out,
+                            &layout.shard_shape(i),
+                        )
                     })
-                    .collect()
-            }
-            None => (0..layout.shards.len())
-                .map(|i| {
-                    shard_init(
-                        &spec.init,
-                        i as u64,
-                        fan_in,
-                        fan_out,
-                        &layout.shard_shape(i),
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?,
+                    .collect::<Result<Vec<_>, _>>()?,
+            },
         };
         // Servers being resharded: created once they are (the coordinator refuses until then).
         let deadline = Instant::now() + self.wait_max;

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use crate::data::{DataError, DatasetIterator, Element};
 use crate::layout::Layout;
 use crate::roles::push::{Gradient, PushPlanError};
+use crate::roles::step::ValueCodecError;
 
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
 pub use client::PsClient;
@@ -58,7 +59,7 @@ pub enum StepError {
         /// The step.
         step: String,
         /// What the decoder found.
-        reason: String,
+        reason: ValueCodecError,
     },
     /// The step's value could not be encoded.
     #[error("step {step:?}: its value does not encode: {reason}")]
@@ -66,7 +67,7 @@ pub enum StepError {
         /// The step.
         step: String,
         /// What the encoder found.
-        reason: String,
+        reason: ValueCodecError,
     },
     /// Bad arguments or any other failure of the step itself.
     #[error("{0}")]

@@ -193,25 +193,20 @@ impl<M> ServerModel<M> {
                         read.variable
                     ))
                 })?;
-            let ids: Vec<u64> = read
+            let ids = read
                 .ids
                 .flatten_all()?
                 .to_dtype(DType::I64)?
-                .to_vec1::<i64>()?
-                .into_iter()
-                .map(|id| u64::try_from(id).unwrap_or(u64::MAX))
-                .collect();
-            if let Some(bad) = ids.iter().find(|id| **id >= table_rows as u64) {
+                .to_vec1::<i64>()?;
+            if let Some(bad) = ids.iter().find(|id| !(0..table_rows as i64).contains(*id)) {
                 return Err(StepError::Step(format!(
-                    "variable {:?}: the batch reads row {}, but the table has {table_rows} rows",
+                    "variable {:?}: the batch reads row {bad}, but the table has rows 0 to {}",
                     read.variable,
-                    if *bad == u64::MAX {
-                        "-1 (a negative id)".to_string()
-                    } else {
-                        bad.to_string()
-                    }
+                    table_rows.saturating_sub(1)
                 )));
             }
+            // In range, so not negative.
+            let ids: Vec<u64> = ids.into_iter().map(|id| id as u64).collect();
             let mut unique = ids.clone();
             unique.sort_unstable();
             unique.dedup();
