@@ -53,6 +53,7 @@ pub mod cluster;
 pub mod collective;
 pub mod data;
 pub mod distribute;
+pub mod keras;
 pub mod launch;
 pub mod layout;
 pub mod ledger;

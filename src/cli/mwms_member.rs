@@ -31,10 +31,10 @@ use crate::collective::{CollectiveError, GroupConfig};
 use crate::strategy::{
     Communication, MultiWorkerConfig, MultiWorkerMirrored, Strategy, StrategyError,
 };
+use crate::train::StateCheckpoints;
 use crate::train::TrainError;
 use crate::variable::VariableError;
 use crate::workloads::dense_sync::{self, collective_cause, ElasticEvent};
-use crate::workloads::state_checkpoint::StateCheckpoints;
 
 /// Flags of `cohort mwms-member`.
 #[derive(Debug, clap::Args)]

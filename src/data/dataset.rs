@@ -386,6 +386,19 @@ impl Dataset {
         Dataset::op(node, self.spec.clone())
     }
 
+    /// Makes every shuffle stage of this pipeline draw the order of pass `epoch` for the next
+    /// iterator built (a fresh pipeline draws pass 0, then 1, ...): resuming a run at a pass
+    /// gives that pass's order again (DATA-1).
+    pub(crate) fn set_epoch(&self, epoch: u64) {
+        let mut stage = Some(self);
+        while let Some(dataset) = stage {
+            if let Node::Shuffle { epochs, .. } = &*dataset.node {
+                epochs.store(epoch, Ordering::Relaxed);
+            }
+            stage = dataset.node.input();
+        }
+    }
+
     /// The static batch size of the outermost `batch`, looking through the operations that
     /// keep the batch dimension; `None` when it cannot be known (TF's `compute_batch_size`).
     pub(crate) fn static_batch_size(&self) -> Option<usize> {

@@ -438,6 +438,15 @@ impl DistributedDataset {
         Ok(it)
     }
 
+    /// A fresh iterator of pass `pass` over the data (the order a seeded shuffle draws for
+    /// that pass, as if `pass` iterators had been built before), moved forward by `steps`
+    /// steps: where a run that stopped `steps` steps into that pass resumes (DATA-1). An
+    /// error when the pass ends first.
+    pub fn iter_at_pass(&self, pass: u64, steps: u64) -> Result<DistributedIterator, DataError> {
+        self.pipeline.set_epoch(pass);
+        self.iter_at(IteratorPosition { steps, elements: 0 })
+    }
+
     /// The spec of what each local replica receives.
     pub fn element_spec(&self) -> PerReplica<Vec<TensorSpec>> {
         per_replica_spec(&self.spec, self.local_replicas)

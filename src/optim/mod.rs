@@ -1,5 +1,5 @@
 //! Optimizers as pure kernels over flat `f32` slices: SGD, momentum (optionally Nesterov),
-//! Adagrad and Adam, each with a dense update ([`Optimizer::apply_dense`]) and a row-sparse
+//! Adagrad, Adam and AdamW, each with a dense update ([`Optimizer::apply_dense`]) and a row-sparse
 //! update for embeddings ([`Optimizer::apply_rows`]).
 //!
 //! This module owns the update arithmetic, the per-variable optimizer state ([`Slots`]) and
@@ -20,7 +20,8 @@
 //!   Nesterov `p += momentum * velocity - lr * g`);
 //! - Adagrad: `accumulator += g²`, `p -= lr * g / (sqrt(accumulator) + epsilon)`;
 //! - Adam: `m += (g - m) * (1 - β1)`, `v += (g² - v) * (1 - β2)`,
-//!   `p -= lr * sqrt(1 - β2^t) / (1 - β1^t) * m / (sqrt(v) + epsilon)`.
+//!   `p -= lr * sqrt(1 - β2^t) / (1 - β1^t) * m / (sqrt(v) + epsilon)`;
+//! - AdamW: `p -= lr * weight_decay * p`, then Adam's step.
 //!
 //! The row-sparse update is *lazy*: only the rows named in the push change, including their
 //! slots (TensorFlow's sparse momentum/Adagrad kernels and LazyAdam behave this way). When a
@@ -89,6 +90,20 @@ pub enum OptimizerKind {
         beta_2: f32,
         /// Added to the root of the second moment (Keras: 1e-7).
         epsilon: f32,
+    },
+    /// Adam with decoupled weight decay (Keras' `AdamW`): before Adam's step each parameter
+    /// is multiplied by `1 - learning_rate * weight_decay`.
+    AdamW {
+        /// Step size.
+        learning_rate: f32,
+        /// Decay of the first moment, in `[0, 1)` (Keras: 0.9).
+        beta_1: f32,
+        /// Decay of the second moment, in `[0, 1)` (Keras: 0.999).
+        beta_2: f32,
+        /// Added to the root of the second moment (Keras: 1e-7).
+        epsilon: f32,
+        /// The decoupled weight decay (Keras: 0.004).
+        weight_decay: f32,
     },
 }
 
@@ -297,6 +312,37 @@ impl Optimizer {
         })
     }
 
+    /// AdamW with Keras' defaults (β1 0.9, β2 0.999, epsilon 1e-7) and `weight_decay`.
+    pub fn adamw(learning_rate: f32, weight_decay: f32) -> Self {
+        Self::new(OptimizerKind::AdamW {
+            learning_rate,
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-7,
+            weight_decay,
+        })
+    }
+
+    /// The same optimizer with another learning rate (a schedule's value at a step).
+    pub fn with_learning_rate(mut self, learning_rate: f32) -> Self {
+        match &mut self.kind {
+            OptimizerKind::Sgd { learning_rate: lr }
+            | OptimizerKind::Momentum {
+                learning_rate: lr, ..
+            }
+            | OptimizerKind::Adagrad {
+                learning_rate: lr, ..
+            }
+            | OptimizerKind::Adam {
+                learning_rate: lr, ..
+            }
+            | OptimizerKind::AdamW {
+                learning_rate: lr, ..
+            } => *lr = learning_rate,
+        }
+        self
+    }
+
     /// The same optimizer with another non-finite gradient policy.
     pub fn with_non_finite_policy(mut self, policy: NonFinitePolicy) -> Self {
         self.non_finite = policy;
@@ -319,7 +365,8 @@ impl Optimizer {
             OptimizerKind::Sgd { learning_rate }
             | OptimizerKind::Momentum { learning_rate, .. }
             | OptimizerKind::Adagrad { learning_rate, .. }
-            | OptimizerKind::Adam { learning_rate, .. } => learning_rate,
+            | OptimizerKind::Adam { learning_rate, .. }
+            | OptimizerKind::AdamW { learning_rate, .. } => learning_rate,
         }
     }
 
@@ -329,7 +376,7 @@ impl Optimizer {
             OptimizerKind::Sgd { .. } => &[],
             OptimizerKind::Momentum { .. } => &[SLOT_MOMENTUM],
             OptimizerKind::Adagrad { .. } => &[SLOT_ACCUMULATOR],
-            OptimizerKind::Adam { .. } => &[SLOT_M, SLOT_V],
+            OptimizerKind::Adam { .. } | OptimizerKind::AdamW { .. } => &[SLOT_M, SLOT_V],
         }
     }
 
@@ -367,6 +414,18 @@ impl Optimizer {
                 check_decay("beta_1", beta_1)?;
                 check_decay("beta_2", beta_2)?;
                 check_non_negative("epsilon", epsilon)
+            }
+            OptimizerKind::AdamW {
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+                ..
+            } => {
+                check_decay("beta_1", beta_1)?;
+                check_decay("beta_2", beta_2)?;
+                check_non_negative("epsilon", epsilon)?;
+                check_non_negative("weight_decay", weight_decay)
             }
         }
     }
@@ -578,20 +637,45 @@ impl Optimizer {
                 beta_1,
                 beta_2,
                 epsilon,
-            } => {
-                // Bias correction in f64: β^t for large t underflows gracefully to 0.
-                let t = step as f64;
-                let correction1 = 1.0 - f64::from(beta_1).powf(t);
-                let correction2 = 1.0 - f64::from(beta_2).powf(t);
-                let alpha = f64::from(learning_rate) * correction2.sqrt() / correction1;
-                Rule::Adam {
-                    alpha: alpha as f32,
-                    beta_1,
-                    beta_2,
-                    epsilon,
-                }
-            }
+            } => adam_rule(step, learning_rate, beta_1, beta_2, epsilon, 0.0),
+            OptimizerKind::AdamW {
+                learning_rate,
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } => adam_rule(
+                step,
+                learning_rate,
+                beta_1,
+                beta_2,
+                epsilon,
+                learning_rate * weight_decay,
+            ),
         }
+    }
+}
+
+/// Adam's rule at `step`; `decay` is AdamW's `learning_rate × weight_decay` (0 for Adam).
+fn adam_rule(
+    step: u64,
+    learning_rate: f32,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    decay: f32,
+) -> Rule {
+    // Bias correction in f64: β^t for large t underflows gracefully to 0.
+    let t = step as f64;
+    let correction1 = 1.0 - f64::from(beta_1).powf(t);
+    let correction2 = 1.0 - f64::from(beta_2).powf(t);
+    let alpha = f64::from(learning_rate) * correction2.sqrt() / correction1;
+    Rule::Adam {
+        alpha: alpha as f32,
+        beta_1,
+        beta_2,
+        epsilon,
+        decay,
     }
 }
 
@@ -624,6 +708,8 @@ enum Rule {
         beta_1: f32,
         beta_2: f32,
         epsilon: f32,
+        /// AdamW's decoupled decay per step (`lr × weight_decay`); 0 for Adam.
+        decay: f32,
     },
 }
 
@@ -681,6 +767,7 @@ impl Rule {
                 beta_1,
                 beta_2,
                 epsilon,
+                decay,
             } => {
                 let (m, v) = slots.buffer_pair_mut(SLOT_M, SLOT_V);
                 for (start, grad) in spans {
@@ -693,6 +780,7 @@ impl Rule {
                     {
                         *m += (g - *m) * (1.0 - beta_1);
                         *v += (g * g - *v) * (1.0 - beta_2);
+                        *p -= decay * *p;
                         *p -= alpha * *m / (v.sqrt() + epsilon);
                     }
                 }

@@ -387,3 +387,29 @@ fn restore_refuses_unknown_missing_and_short_slots() {
     ));
     assert!(err.to_string().contains("`m`"), "{err}");
 }
+
+#[test]
+fn adamw_decays_each_parameter_by_lr_times_weight_decay_before_adam() {
+    let adamw = Optimizer::adamw(0.1, 0.5);
+    let mut params = vec![2.0_f32, -4.0];
+    let mut slots = adamw.new_slots("w", 2);
+    // A zero gradient: Adam's step is zero, only the decay moves the parameters.
+    adamw
+        .apply_dense(&mut params, &[0.0, 0.0], &mut slots, 1)
+        .unwrap();
+    assert_eq!(params, [2.0 * 0.95, -4.0 * 0.95]);
+    // Rows: only the pushed row decays.
+    let mut table = vec![1.0_f32; 4];
+    let mut slots = adamw.new_slots("t", 4);
+    adamw
+        .apply_rows(&mut table, 2, &[1], &[0.0, 0.0], &mut slots, 1)
+        .unwrap();
+    assert_eq!(table, [1.0, 1.0, 0.95, 0.95]);
+    assert!(Optimizer::adamw(0.1, -1.0).validate().is_err());
+    assert_eq!(
+        Optimizer::adamw(0.1, 0.5)
+            .with_learning_rate(0.3)
+            .learning_rate(),
+        0.3
+    );
+}

@@ -36,11 +36,15 @@ mod fit;
 mod optimizer;
 mod progbar;
 mod replicated;
+mod schedule;
+mod state_checkpoint;
 
 pub use fit::{fit, fit_with_options, FitOptions, History, Model, Supervised};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
 pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
 pub use replicated::{ReplicatedModel, StepOutput, StepSpec};
+pub use schedule::{LearningRateSchedule, ScheduleError};
+pub use state_checkpoint::StateCheckpoints;
 
 use candle_core::{DType, Tensor};
 
@@ -89,6 +93,23 @@ pub fn scale_regularization_loss(
     }
     let total = loss.sum_all()?;
     Ok((total / num_replicas_in_sync as f64)?)
+}
+
+impl TrainError {
+    /// The collective failure under this error, if it is one (a lost or stalled peer, a
+    /// broken group): what re-forming a MultiWorkerMirrored group can mend, unless it is an
+    /// application error the peers agreed on.
+    pub fn collective_cause(&self) -> Option<&crate::collective::CollectiveError> {
+        match self {
+            TrainError::Strategy(StrategyError::Collective(e))
+            | TrainError::Strategy(StrategyError::Variable(VariableError::Collective {
+                source: e,
+                ..
+            }))
+            | TrainError::Variable(VariableError::Collective { source: e, .. }) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Why a training operation failed.
@@ -148,6 +169,9 @@ pub enum TrainError {
     /// `fit` was asked for zero epochs or given a dataset with no batches.
     #[error("fit: {0}")]
     Fit(String),
+    /// A learning-rate schedule that cannot give a rate.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
     /// An optimizer kernel refused an update.
     #[error(transparent)]
     Optim(#[from] OptimError),

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use candle_core::{DType, Tensor};
 
-use super::TrainError;
+use super::{LearningRateSchedule, TrainError};
 use crate::optim::{NonFinitePolicy, OptimError, Optimizer, OptimizerState, Slots, UpdateOutcome};
 use crate::strategy::{get_replica_context, ReduceOp, ReplicaContext};
 use crate::variable::{Variable, VariableId};
@@ -61,6 +61,8 @@ use crate::variable::{Variable, VariableId};
 #[derive(Debug)]
 pub struct DistributedOptimizer {
     optimizer: Optimizer,
+    /// Keras' `global_clipnorm`: the summed gradients are scaled down to this global norm.
+    global_clipnorm: Option<f32>,
     state: Mutex<State>,
 }
 
@@ -77,10 +79,63 @@ pub struct AppliedGradients {
 impl DistributedOptimizer {
     /// Wraps an optimizer kernel.
     pub fn new(optimizer: Optimizer) -> Self {
+        let schedule = LearningRateSchedule::Constant(optimizer.learning_rate());
         Self {
             optimizer,
-            state: Mutex::new(State::default()),
+            global_clipnorm: None,
+            state: Mutex::new(State {
+                slots: HashMap::new(),
+                iterations: HashMap::new(),
+                skipped_steps: 0,
+                schedule,
+            }),
         }
+    }
+
+    /// The same optimizer, its learning rate following `schedule` (of the update count)
+    /// rather than the kernel's constant. An invalid schedule is refused, naming what is wrong.
+    pub fn with_schedule(self, schedule: LearningRateSchedule) -> Result<Self, TrainError> {
+        schedule.validate()?;
+        self.lock().schedule = schedule;
+        Ok(self)
+    }
+
+    /// The same optimizer, clipping the gradients (summed across replicas) by their global
+    /// norm before each update (Keras' `global_clipnorm`): when the norm over every gradient
+    /// of the step exceeds `clipnorm`, all are scaled by `clipnorm / norm`.
+    pub fn with_global_clipnorm(mut self, clipnorm: f32) -> Result<Self, TrainError> {
+        if !(clipnorm.is_finite() && clipnorm > 0.0) {
+            return Err(OptimError::Hyperparameter {
+                name: "global_clipnorm".into(),
+                value: clipnorm,
+                reason: "must be finite and positive".into(),
+            }
+            .into());
+        }
+        self.global_clipnorm = Some(clipnorm);
+        Ok(self)
+    }
+
+    /// The learning rate the next update will use (the schedule at the current step count).
+    pub fn learning_rate(&self) -> f32 {
+        let state = self.lock();
+        let step = state.iterations.get(&0).copied().unwrap_or(0);
+        state.schedule.at(step)
+    }
+
+    /// Sets a constant learning rate from the next update on, replacing any schedule (what
+    /// Keras' `LearningRateScheduler` callback does between epochs). Call it between steps,
+    /// on every worker alike.
+    pub fn set_learning_rate(&self, learning_rate: f32) -> Result<(), TrainError> {
+        let schedule = LearningRateSchedule::Constant(learning_rate);
+        schedule.validate()?;
+        self.lock().schedule = schedule;
+        Ok(())
+    }
+
+    /// The learning-rate schedule in force.
+    pub fn schedule(&self) -> LearningRateSchedule {
+        self.lock().schedule.clone()
     }
 
     /// The kernel and its hyperparameters.
@@ -146,7 +201,7 @@ impl DistributedOptimizer {
             }
         }
 
-        let flat = sum_across_replicas(syncing, &pairs)?;
+        let mut flat = sum_across_replicas(syncing, &pairs)?;
         let replica = ctx.as_ref().map_or(0, ReplicaContext::local_replica_id);
         let gradients = split_like(&flat, &pairs)?;
 
@@ -173,18 +228,25 @@ impl DistributedOptimizer {
             }
         }
 
-        let step = {
+        let gradients = match self.global_clipnorm {
+            Some(clipnorm) if clip_by_global_norm(&mut flat, clipnorm) => {
+                split_like(&flat, &pairs)?
+            }
+            _ => gradients,
+        };
+        let (step, kernel) = {
             let mut state = self.lock();
-            let count = state.iterations.entry(replica).or_insert(0);
-            *count += 1;
-            *count
+            let done = state.iterations.get(&replica).copied().unwrap_or(0);
+            let rate = state.schedule.at(done);
+            state.iterations.insert(replica, done + 1);
+            (done + 1, self.optimizer.with_learning_rate(rate))
         };
         let mut offset = 0;
         for (grad, var) in &pairs {
             let len = grad.elem_count();
             let g = &flat[offset..offset + len];
             offset += len;
-            self.apply_one(ctx.as_ref(), var, g, step)?;
+            self.apply_one(&kernel, ctx.as_ref(), var, g, step)?;
         }
         Ok(AppliedGradients {
             gradients,
@@ -194,6 +256,7 @@ impl DistributedOptimizer {
 
     fn apply_one(
         &self,
+        kernel: &Optimizer,
         ctx: Option<&ReplicaContext>,
         var: &Variable,
         grad: &[f32],
@@ -209,14 +272,14 @@ impl DistributedOptimizer {
                     0
                 };
                 var.update_in_sync(|current| {
-                    self.kernel(var, component, current, grad, step, &refused)
+                    self.kernel(kernel, var, component, current, grad, step, &refused)
                 })
                 .map_err(TrainError::from)
             }
             None => {
                 // Cross-replica context (or a plain variable): compute once, assign to every copy.
                 let current = var.read_value();
-                self.kernel(var, 0, &current, grad, step, &refused)
+                self.kernel(kernel, var, 0, &current, grad, step, &refused)
                     .map_err(TrainError::from)
                     .and_then(|next| var.assign(&next).map_err(TrainError::from))
             }
@@ -229,8 +292,10 @@ impl DistributedOptimizer {
 
     /// Runs the kernel on `current`, recording a refusal in `refused` (candle's error type
     /// cannot carry it through `update_in_sync`).
+    #[allow(clippy::too_many_arguments)]
     fn kernel(
         &self,
+        kernel: &Optimizer,
         var: &Variable,
         component: usize,
         current: &Tensor,
@@ -244,7 +309,7 @@ impl DistributedOptimizer {
             .slots
             .entry((var.id(), component))
             .or_insert_with(|| self.optimizer.new_slots(var.name(), params.len()));
-        if let Err(e) = self.optimizer.apply_dense(&mut params, grad, slots, step) {
+        if let Err(e) = kernel.apply_dense(&mut params, grad, slots, step) {
             let message = e.to_string();
             *refused.borrow_mut() = Some(e);
             return Err(candle_core::Error::Msg(message));
@@ -255,6 +320,12 @@ impl DistributedOptimizer {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl From<Optimizer> for DistributedOptimizer {
+    fn from(optimizer: Optimizer) -> Self {
+        Self::new(optimizer)
     }
 }
 
@@ -281,13 +352,33 @@ impl OptimizerState for DistributedOptimizer {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     /// Keyed by variable and copy (replica index for mirrored variables, else 0).
     slots: HashMap<(VariableId, usize), Slots>,
     /// Steps applied, per replica (0 in cross-replica context).
     iterations: HashMap<usize, u64>,
     skipped_steps: u64,
+    /// The learning rate of each update, by the replica's step count.
+    schedule: LearningRateSchedule,
+}
+
+/// Scales `flat` so that its L2 norm is at most `clipnorm`; whether it changed anything. The
+/// norm is summed in f64 in a fixed order, so every replica scales its identical copy alike.
+fn clip_by_global_norm(flat: &mut [f32], clipnorm: f32) -> bool {
+    let norm = flat
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt();
+    if norm <= f64::from(clipnorm) {
+        return false;
+    }
+    let scale = (f64::from(clipnorm) / norm) as f32;
+    for g in flat.iter_mut() {
+        *g *= scale;
+    }
+    true
 }
 
 fn check_pair(grad: &Tensor, var: &Variable) -> Result<(), TrainError> {
@@ -357,4 +448,42 @@ fn variable_at(pairs: &[(Tensor, Variable)], index: usize) -> (&Variable, usize)
         start = end;
     }
     unreachable!("index {index} is inside the concatenated gradients")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::LearningRateSchedule;
+    use candle_core::Device;
+
+    #[test]
+    fn gradients_are_clipped_by_global_norm_and_the_rate_follows_the_schedule() {
+        let w = Variable::new("w", Tensor::new(&[0f32, 0.], &Device::Cpu).unwrap()).unwrap();
+        let schedule = LearningRateSchedule::PiecewiseConstant {
+            boundaries: vec![1],
+            values: vec![1.0, 0.5],
+        };
+        let opt = DistributedOptimizer::new(Optimizer::sgd(1.0))
+            .with_schedule(schedule)
+            .unwrap()
+            .with_global_clipnorm(1.0)
+            .unwrap();
+        // Norm 5, clipped to 1: the update is [0.6, 0.8] at rate 1.
+        let g = Tensor::new(&[3f32, 4.], &Device::Cpu).unwrap();
+        let applied = opt.apply_gradients([(g.clone(), w.clone())]).unwrap();
+        assert_eq!(applied.gradients[0].to_vec1::<f32>().unwrap(), [0.6, 0.8]);
+        assert_eq!(w.read_value().to_vec1::<f32>().unwrap(), [-0.6, -0.8]);
+        // The second update runs at 0.5.
+        assert_eq!(opt.learning_rate(), 0.5);
+        opt.apply_gradients([(g, w.clone())]).unwrap();
+        let v = w.read_value().to_vec1::<f32>().unwrap();
+        assert!(
+            (v[0] + 0.9).abs() < 1e-6 && (v[1] + 1.2).abs() < 1e-6,
+            "{v:?}"
+        );
+        // A small gradient is left alone; a constant rate replaces the schedule.
+        opt.set_learning_rate(0.25).unwrap();
+        assert_eq!(opt.schedule(), LearningRateSchedule::Constant(0.25));
+        assert!(opt.set_learning_rate(f32::NAN).is_err());
+    }
 }

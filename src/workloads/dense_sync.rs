@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::state_checkpoint::StateCheckpoints;
 use crate::collective::CollectiveError;
 use crate::data::{Dataset, DistributeOptions, DistributedIterator};
 use crate::distribute::PerReplica;
@@ -25,10 +24,10 @@ use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Seq
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
     Admission, Departure, ElasticState, GroupChange, Leave, MultiWorkerMirrored, Recovery,
-    ReduceOp, Strategy, StrategyError, StrategyExt,
+    ReduceOp, Strategy, StrategyExt,
 };
+use crate::train::StateCheckpoints;
 use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
-use crate::variable::VariableError;
 
 /// Input features per example.
 pub const FEATURES: usize = 8;
@@ -565,15 +564,7 @@ pub fn replica_train_step(
 
 /// The collective error under a training error, if that is what it is.
 pub fn collective_cause(err: &TrainError) -> Option<&CollectiveError> {
-    match err {
-        TrainError::Strategy(StrategyError::Collective(e))
-        | TrainError::Strategy(StrategyError::Variable(VariableError::Collective {
-            source: e,
-            ..
-        }))
-        | TrainError::Variable(VariableError::Collective { source: e, .. }) => Some(e),
-        _ => None,
-    }
+    err.collective_cause()
 }
 
 /// The model and its optimizer, built under a strategy.

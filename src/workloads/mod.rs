@@ -10,4 +10,3 @@ pub mod models;
 pub mod mwms_bench;
 pub mod mwms_demo;
 pub mod recovery;
-pub mod state_checkpoint;

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
 use super::digits::{Digits, CLASSES, PIXELS};
 use super::models;
-use super::state_checkpoint::StateCheckpoints;
 use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey, TaskType};
 use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, Strategy};
+use crate::train::StateCheckpoints;
 
 /// Environment variable: training epochs (over the training split, at the starting global
 /// batch).

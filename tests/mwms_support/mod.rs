@@ -22,12 +22,18 @@ pub const PROCESS_WAIT_MAX: Duration = Duration::from_secs(120);
 /// Two workers' cluster: certificates in `dir`, endpoints on free loopback ports; each
 /// worker's `TF_CONFIG`.
 fn pair_cluster(name: &str, dir: &Path) -> Vec<String> {
+    cluster_of(name, 2, dir)
+}
+
+/// `workers` workers' cluster: certificates in `dir`, endpoints on free loopback ports; each
+/// worker's `TF_CONFIG`.
+fn cluster_of(name: &str, workers: usize, dir: &Path) -> Vec<String> {
     let ca = ClusterCa::generate(name).unwrap();
     let mut addrs = Vec::new();
-    // Held until both are picked: a port released at once could be picked twice.
+    // Held until all are picked: a port released at once could be picked twice.
     let mut held = Vec::new();
-    for i in 0..2 {
-        ca.issue(&NodeId::new("worker", i))
+    for i in 0..workers {
+        ca.issue(&NodeId::new("worker", i as u32))
             .unwrap()
             .save(dir)
             .unwrap();
@@ -36,7 +42,7 @@ fn pair_cluster(name: &str, dir: &Path) -> Vec<String> {
         held.push(socket);
     }
     drop(held);
-    (0..2)
+    (0..workers)
         .map(|i| {
             format!(
                 r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {i}}}}}"#,
@@ -136,4 +142,121 @@ pub fn in_process_pair<T: Send + 'static>(
     let out = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let _ = std::fs::remove_dir_all(&dir);
     out
+}
+
+/// Worker processes of this test binary (`--exact child_test`, whose body calls
+/// [`run_if_worker_process`]) that a test can kill and start again: each is killed (by its own
+/// PID) when the group is dropped.
+pub struct WorkerProcesses {
+    dir: PathBuf,
+    child_test: String,
+    tf_configs: Vec<String>,
+    children: Vec<Option<std::process::Child>>,
+}
+
+impl WorkerProcesses {
+    /// Starts `workers` workers, their certificates in a fresh directory.
+    pub fn start(name: &str, workers: usize, child_test: &str) -> Self {
+        Self::start_with(name, workers, child_test, |_| {})
+    }
+
+    /// As [`WorkerProcesses::start`], calling `prepare(dir)` first (to leave files the
+    /// workers read).
+    pub fn start_with(
+        name: &str,
+        workers: usize,
+        child_test: &str,
+        prepare: impl FnOnce(&Path),
+    ) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("cohort-mwms-group-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tf_configs = cluster_of(name, workers, &dir);
+        prepare(&dir);
+        let mut group = Self {
+            dir,
+            child_test: child_test.to_owned(),
+            tf_configs,
+            children: (0..workers).map(|_| None).collect(),
+        };
+        for i in 0..workers {
+            group.spawn(i);
+        }
+        group
+    }
+
+    /// The directory of the certificates and results (worker `i` writes `worker-<i>.json`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Starts worker `i` (again).
+    pub fn spawn(&mut self, i: usize) {
+        let out = self.dir.join(format!("worker-{i}.json"));
+        let _ = std::fs::remove_file(&out);
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &self.child_test, "--nocapture"])
+            .env("TF_CONFIG", &self.tf_configs[i])
+            .env(CHILD_OUT_ENV, &out)
+            .env(CHILD_CERTS_ENV, &self.dir)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start a worker process");
+        self.children[i] = Some(child);
+    }
+
+    /// SIGKILLs worker `i` and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for every running worker (at most [`PROCESS_WAIT_MAX`]) and returns what each
+    /// wrote, in worker order; asserts that each exited with 0.
+    pub fn wait<T: serde::de::DeserializeOwned>(&mut self) -> Vec<T> {
+        let deadline = Instant::now() + PROCESS_WAIT_MAX;
+        let mut codes = vec![None; self.children.len()];
+        while Instant::now() < deadline {
+            for (child, code) in self.children.iter_mut().zip(&mut codes) {
+                if let (Some(c), None) = (child.as_mut(), code.as_ref()) {
+                    *code = c.try_wait().unwrap().map(|status| status.code());
+                }
+            }
+            let running = self
+                .children
+                .iter()
+                .zip(&codes)
+                .any(|(c, code)| c.is_some() && code.is_none());
+            if !running {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let unfinished: Vec<usize> = (0..codes.len()).filter(|&i| codes[i].is_none()).collect();
+        for i in unfinished {
+            self.kill(i);
+        }
+        assert!(
+            codes.iter().all(|c| *c == Some(Some(0))),
+            "the worker processes ended with {codes:?} (None: still running after {PROCESS_WAIT_MAX:?}, killed); their logs are above"
+        );
+        (0..self.children.len())
+            .map(|i| {
+                let out = self.dir.join(format!("worker-{i}.json"));
+                serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap()
+            })
+            .collect()
+    }
+}
+
+impl Drop for WorkerProcesses {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

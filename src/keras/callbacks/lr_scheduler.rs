@@ -1,0 +1,45 @@
+//! Setting the learning rate at the start of each epoch (Keras' `LearningRateScheduler`).
+
+use std::fmt;
+
+use super::{Callback, TrainingContext};
+use crate::keras::KerasError;
+
+/// The rate for an epoch (from 0), given the rate in force.
+type ScheduleFn = dyn Fn(usize, f32) -> f32 + Send;
+
+/// Sets the optimizer's learning rate to `schedule(epoch, current)` before each epoch; every
+/// worker computes the same rate (`fit` logs it as `learning_rate`).
+pub struct LearningRateScheduler {
+    schedule: Box<ScheduleFn>,
+}
+
+impl LearningRateScheduler {
+    /// A scheduler from `schedule(epoch, current_rate) -> rate`.
+    pub fn new<F>(schedule: F) -> Self
+    where
+        F: Fn(usize, f32) -> f32 + Send + 'static,
+    {
+        Self {
+            schedule: Box::new(schedule),
+        }
+    }
+}
+
+impl fmt::Debug for LearningRateScheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LearningRateScheduler")
+            .finish_non_exhaustive()
+    }
+}
+
+impl Callback for LearningRateScheduler {
+    fn on_epoch_begin(
+        &mut self,
+        epoch: usize,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        let rate = (self.schedule)(epoch, ctx.learning_rate());
+        ctx.set_learning_rate(rate)
+    }
+}

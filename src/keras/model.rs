@@ -1,0 +1,419 @@
+//! [`Model`]: a candle-nn network built under a strategy, with Keras' `compile`, `evaluate`,
+//! `predict`, `save` and `load` (`fit` is in `fit.rs`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{ModuleT, VarBuilder};
+
+use super::metrics::Metric;
+use super::{save, KerasError, Logs, Loss};
+use crate::data::{Dataset, DistributeOptions, Element};
+use crate::strategy::{
+    CentralStorage, DefaultStrategy, ElasticState, GroupChange, Leave, Mirrored,
+    MultiWorkerMirrored, OneDevice, PerReplica, Recovery, ReduceOp, Strategy, StrategyError,
+    StrategyExt,
+};
+use crate::train::{DistributedOptimizer, ReplicatedModel, TrainError};
+use crate::variable::Variable;
+
+/// The strategy a [`Model`] trains under, owned by it (Keras' `with strategy.scope():`). Made
+/// from any of cohort's synchronous strategies with `into()`.
+#[derive(Debug)]
+pub struct ModelStrategy(Held);
+
+#[derive(Debug)]
+enum Held {
+    /// One process: the default strategy, `OneDevice`, `Mirrored`, `CentralStorage`.
+    Local(Box<dyn Strategy>),
+    /// Several worker processes whose group re-forms when one is lost, joins or leaves.
+    MultiWorker(Box<MultiWorkerMirrored>),
+}
+
+macro_rules! local_strategy {
+    ($($strategy:ty),*) => {$(
+        impl From<$strategy> for ModelStrategy {
+            fn from(strategy: $strategy) -> Self {
+                ModelStrategy(Held::Local(Box::new(strategy)))
+            }
+        }
+    )*};
+}
+local_strategy!(DefaultStrategy, OneDevice, Mirrored, CentralStorage);
+
+impl From<MultiWorkerMirrored> for ModelStrategy {
+    fn from(strategy: MultiWorkerMirrored) -> Self {
+        ModelStrategy(Held::MultiWorker(Box::new(strategy)))
+    }
+}
+
+impl ModelStrategy {
+    /// The strategy.
+    pub fn strategy(&self) -> &dyn Strategy {
+        match &self.0 {
+            Held::Local(s) => s.as_ref(),
+            Held::MultiWorker(s) => s.as_ref(),
+        }
+    }
+
+    /// The MultiWorkerMirrored strategy, if it is one.
+    pub fn multi_worker(&mut self) -> Option<&mut MultiWorkerMirrored> {
+        match &mut self.0 {
+            Held::Local(_) => None,
+            Held::MultiWorker(s) => Some(s),
+        }
+    }
+
+    pub(crate) fn is_chief(&self) -> bool {
+        match &self.0 {
+            Held::Local(_) => true,
+            Held::MultiWorker(s) => s.is_chief(),
+        }
+    }
+
+    /// Whether this worker joined a running group and waits for the live state.
+    pub(crate) fn awaits_state(&self) -> bool {
+        match &self.0 {
+            Held::Local(_) => false,
+            Held::MultiWorker(s) => s.awaits_state(),
+        }
+    }
+
+    /// Makes every worker's state the most advanced one's (a fresh start after a restore).
+    pub(crate) fn agree(&mut self, state: &mut ElasticState<'_>) -> Result<(), StrategyError> {
+        match &mut self.0 {
+            Held::Local(_) => Ok(()),
+            Held::MultiWorker(s) => s.agree(state).map(|_| ()),
+        }
+    }
+
+    pub(crate) fn at_step_boundary(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        leaving: Option<Leave>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
+        match &mut self.0 {
+            Held::Local(_) => Ok(None),
+            Held::MultiWorker(s) => s.at_step_boundary(state, leaving, save),
+        }
+    }
+
+    /// Re-forms the group after `err`, where that can mend it: `None` where it cannot (one
+    /// process, or an error that is not a lost peer).
+    pub(crate) fn recover(
+        &mut self,
+        err: &TrainError,
+        state: &mut ElasticState<'_>,
+    ) -> Result<Option<Recovery>, StrategyError> {
+        let Held::MultiWorker(s) = &mut self.0 else {
+            return Ok(None);
+        };
+        match err.collective_cause() {
+            Some(crate::collective::CollectiveError::Application { .. }) | None => Ok(None),
+            Some(_) => s.recover(state).map(Some),
+        }
+    }
+}
+
+/// What `compile` set.
+pub(crate) struct Compiled {
+    pub(crate) optimizer: Arc<DistributedOptimizer>,
+    pub(crate) loss: Loss,
+    pub(crate) metrics: Arc<[Box<dyn Metric>]>,
+}
+
+/// A candle-nn network under a strategy, trained Keras' way (see the [module](super) docs).
+///
+/// The network is any type built from a `VarBuilder` that implements candle's `ModuleT`
+/// (every `Module` does): `forward_t(x, true)` in training, `forward_t(x, false)` in
+/// evaluation and prediction, so dropout and batch normalization behave as in Keras. Dataset
+/// elements are `(features, labels)` or `(features, labels, sample_weights)`, batched to the
+/// global batch; each step splits the global batch over every replica in sync.
+pub struct Model<N> {
+    strategy: ModelStrategy,
+    network: Arc<ReplicatedModel<N>>,
+    variables: Vec<Variable>,
+    pub(crate) compiled: Option<Compiled>,
+}
+
+impl<N: ModuleT + Send + Sync + 'static> Model<N> {
+    /// Builds the network under `strategy` (once per local replica over one set of
+    /// variables), its initial weights drawn from `seed` (the same on every worker and run).
+    pub fn new<S, F>(strategy: S, seed: u64, build: F) -> Result<Self, KerasError>
+    where
+        S: Into<ModelStrategy>,
+        F: Fn(VarBuilder<'static>) -> candle_core::Result<N>,
+    {
+        let strategy = strategy.into();
+        let network = Arc::new(ReplicatedModel::build(strategy.strategy(), seed, build)?);
+        let variables = network.variables().variables();
+        Ok(Self {
+            strategy,
+            network,
+            variables,
+            compiled: None,
+        })
+    }
+
+    /// Sets the optimizer (a kernel, or a [`DistributedOptimizer`] with a learning-rate
+    /// schedule or clipping), the loss and the metrics (Keras' `compile`). Compiling again
+    /// starts a new optimizer state.
+    pub fn compile(
+        &mut self,
+        optimizer: impl Into<DistributedOptimizer>,
+        loss: Loss,
+        metrics: Vec<Box<dyn Metric>>,
+    ) {
+        self.compiled = Some(Compiled {
+            optimizer: Arc::new(optimizer.into()),
+            loss,
+            metrics: metrics.into(),
+        });
+    }
+
+    /// The strategy it runs under.
+    pub fn strategy(&self) -> &dyn Strategy {
+        self.strategy.strategy()
+    }
+
+    pub(crate) fn model_strategy(&mut self) -> &mut ModelStrategy {
+        &mut self.strategy
+    }
+
+    /// The network of replica 0 (for cross-replica use: export, inspection).
+    pub fn network(&self) -> &N {
+        self.network.primary()
+    }
+
+    pub(crate) fn replicated(&self) -> &Arc<ReplicatedModel<N>> {
+        &self.network
+    }
+
+    /// Every variable (trainable weights and statistics), in creation order.
+    pub fn variables(&self) -> &[Variable] {
+        &self.variables
+    }
+
+    /// The optimizer `compile` set.
+    pub fn optimizer(&self) -> Option<&Arc<DistributedOptimizer>> {
+        self.compiled.as_ref().map(|c| &c.optimizer)
+    }
+
+    /// Writes every variable to a safetensors file at `path` (Keras' `save_weights`), by
+    /// name; Python's `safetensors` reads it.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), KerasError> {
+        save::save_variables(&self.variables, path.as_ref())
+    }
+
+    /// Sets every variable from a safetensors file `save` wrote: a tensor missing, of another
+    /// shape, or one the model does not have is refused, naming it, before anything changes.
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<(), KerasError> {
+        let path = path.as_ref();
+        let weights = save::load_file(path)?;
+        save::assign_weights(&self.variables, &weights, &path.display().to_string())
+    }
+
+    /// The loss and metrics over every batch of `data` (Keras' `evaluate`), reduced over every
+    /// replica of every worker: the same figures on every worker.
+    pub fn evaluate(&mut self, data: &Dataset) -> Result<Logs, KerasError> {
+        self.evaluate_steps(data, None)
+    }
+
+    /// [`Model::evaluate`] over at most `steps` batches.
+    pub fn evaluate_steps(
+        &mut self,
+        data: &Dataset,
+        steps: Option<usize>,
+    ) -> Result<Logs, KerasError> {
+        let compiled = self
+            .compiled
+            .as_ref()
+            .ok_or(KerasError::NotCompiled("evaluate"))?;
+        let strategy = self.strategy.strategy();
+        let distributed =
+            strategy.experimental_distribute_dataset(data.clone(), DistributeOptions::default())?;
+        let metrics = Arc::clone(&compiled.metrics);
+        let mut totals = vec![0.0f64; stats_len(&metrics)];
+        let mut iter = distributed.iter();
+        let mut done = 0;
+        while steps.is_none_or(|s| done < s) {
+            let Some(batch) = iter.get_next_as_optional()? else {
+                break;
+            };
+            let network = Arc::clone(&self.network);
+            let loss = compiled.loss.clone();
+            let metrics = Arc::clone(&metrics);
+            let per_replica = strategy.run(
+                move |ctx, element: Element| -> Result<Tensor, KerasError> {
+                    let (x, y, weights) = split_element(&element)?;
+                    let net = network.replica(ctx)?;
+                    let predictions = if x.dims().first() == Some(&0) {
+                        None
+                    } else {
+                        Some(net.forward_t(x, false)?)
+                    };
+                    batch_stats(&loss, &metrics, y, predictions.as_ref(), weights)
+                },
+                batch,
+            )?;
+            let summed = sum_stats(strategy, per_replica)?;
+            for (t, s) in totals.iter_mut().zip(summed) {
+                *t += s;
+            }
+            done += 1;
+        }
+        if done == 0 {
+            return Err(KerasError::Config(
+                "evaluate: the dataset yielded no batches".into(),
+            ));
+        }
+        Ok(logs_of(&metrics, &totals))
+    }
+
+    /// The network's outputs for the features (the first component) of every batch of
+    /// `data`, in order, concatenated along the first axis (Keras' `predict`). Under
+    /// MultiWorkerMirrored every worker gets every prediction.
+    pub fn predict(&self, data: &Dataset) -> Result<Tensor, KerasError> {
+        let strategy = self.strategy.strategy();
+        let distributed =
+            strategy.experimental_distribute_dataset(data.clone(), DistributeOptions::default())?;
+        let mut outputs = Vec::new();
+        for batch in &distributed {
+            let network = Arc::clone(&self.network);
+            let per_replica = strategy.run(
+                move |ctx, element: Element| -> Result<Tensor, KerasError> {
+                    let x = element
+                        .first()
+                        .ok_or(KerasError::BatchComponents { got: 0 })?;
+                    Ok(network.replica(ctx)?.forward_t(x, false)?)
+                },
+                batch?,
+            )?;
+            let values = per_replica
+                .into_values()
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?;
+            outputs.push(strategy.gather(&PerReplica::new(values), 0)?);
+        }
+        if outputs.is_empty() {
+            return Err(KerasError::Config(
+                "predict: the dataset yielded no batches".into(),
+            ));
+        }
+        Ok(Tensor::cat(&outputs, 0)?)
+    }
+}
+
+/// Features, labels and per-example weights (ones when the element has none) of a batch.
+pub(crate) fn split_element(element: &Element) -> Result<(&Tensor, &Tensor, Vec<f32>), KerasError> {
+    let [x, y, rest @ ..] = element.as_slice() else {
+        return Err(KerasError::BatchComponents { got: element.len() });
+    };
+    let batch = x.dims().first().copied().unwrap_or(0);
+    let weights = match rest.first() {
+        Some(w) => {
+            let w = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            if w.len() != batch {
+                return Err(KerasError::Config(format!(
+                    "sample weights hold {} values for a batch of {batch}: give one per example",
+                    w.len()
+                )));
+            }
+            w
+        }
+        None => vec![1.0; batch],
+    };
+    Ok((x, y, weights))
+}
+
+/// The statistics of one replica's batch: the weighted loss sum, the example count, then
+/// each metric's statistics; as an f64 tensor to be summed over replicas.
+pub(crate) fn batch_stats(
+    loss: &Loss,
+    metrics: &[Box<dyn Metric>],
+    labels: &Tensor,
+    predictions: Option<&Tensor>,
+    weights: Vec<f32>,
+) -> Result<Tensor, KerasError> {
+    let mut stats = Vec::with_capacity(stats_len(metrics));
+    match predictions {
+        None => stats.resize(stats_len(metrics), 0.0),
+        Some(predictions) => {
+            let per_example = loss.per_example(predictions, labels)?;
+            let per_example = per_example.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            let weighted: f64 = per_example
+                .iter()
+                .zip(&weights)
+                .map(|(l, w)| f64::from(*l) * f64::from(*w))
+                .sum();
+            stats.push(weighted);
+            stats.push(weights.len() as f64);
+            for metric in metrics {
+                let state = metric.batch_state(labels, predictions, &weights)?;
+                if state.len() != metric.state_len() {
+                    return Err(KerasError::Config(format!(
+                        "metric `{}` gave {} statistics, it declares {}",
+                        metric.name(),
+                        state.len(),
+                        metric.state_len()
+                    )));
+                }
+                stats.extend(state);
+            }
+        }
+    }
+    Ok(Tensor::new(stats, &Device::Cpu)?)
+}
+
+pub(crate) fn stats_len(metrics: &[Box<dyn Metric>]) -> usize {
+    2 + metrics.iter().map(|m| m.state_len()).sum::<usize>()
+}
+
+/// Every replica's statistics summed (over every worker, with one collective).
+pub(crate) fn sum_stats(
+    strategy: &dyn Strategy,
+    per_replica: PerReplica<Result<Tensor, KerasError>>,
+) -> Result<Vec<f64>, KerasError> {
+    let mut values = Vec::new();
+    let mut first_error = None;
+    for result in per_replica.into_values() {
+        match result {
+            Ok(v) => values.push(v),
+            Err(e) => {
+                // A replica that fails makes its peers' collectives fail: report the cause.
+                let peer_failure = matches!(&first_error, Some(KerasError::Train(t)) if t.collective_cause().is_some());
+                if first_error.is_none() || peer_failure {
+                    first_error = Some(e);
+                }
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let summed = strategy.reduce(ReduceOp::Sum, &PerReplica::new(values), None)?;
+    Ok(summed.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+/// `loss` and each metric's result from summed statistics.
+pub(crate) fn logs_of(metrics: &[Box<dyn Metric>], totals: &[f64]) -> Logs {
+    let mut logs = Logs::new();
+    let examples = totals[1];
+    logs.insert(
+        "loss",
+        if examples > 0.0 {
+            totals[0] / examples
+        } else {
+            f64::NAN
+        },
+    );
+    let mut offset = 2;
+    for metric in metrics {
+        let len = metric.state_len();
+        logs.insert(metric.name(), metric.result(&totals[offset..offset + len]));
+        offset += len;
+    }
+    logs
+}

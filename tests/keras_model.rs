@@ -1,0 +1,707 @@
+//! `cohort::keras::Model` through the public API: the same `fit` under the default strategy,
+//! `Mirrored` and MultiWorkerMirrored (worker processes over QUIC), evaluation, prediction,
+//! saving and loading, the callbacks, and `BackupAndRestore` resuming a SIGKILLed process at
+//! the exact step.
+
+mod mwms_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cohort::candle::{Device, Module, ModuleT, Tensor};
+use cohort::candle_nn::{self, Linear, VarBuilder};
+use cohort::data::Dataset;
+use cohort::keras::callbacks::{
+    BackupAndRestore, Callback, CsvLogger, EarlyStopping, LearningRateScheduler, ModelCheckpoint,
+    SaveFreq, TensorBoard, TrainingContext,
+};
+use cohort::keras::{metrics, Fit, History, KerasError, Logs, Loss, Model, ModelStrategy};
+use cohort::nn::{Dropout, LayerNorm};
+use cohort::optim::Optimizer;
+use cohort::strategy::{DefaultStrategy, Mirrored, MultiWorkerMirrored, Strategy};
+use cohort::train::{DistributedOptimizer, LearningRateSchedule};
+
+const FEATURES: usize = 8;
+const CLASSES: usize = 3;
+const EXAMPLES: usize = 384;
+const BATCH: usize = 32;
+
+/// A classifier with a hidden layer, layer normalization and dropout.
+struct Net {
+    hidden: Linear,
+    norm: LayerNorm,
+    dropout: Dropout,
+    out: Linear,
+}
+
+impl Net {
+    fn build(
+        hidden: usize,
+        dropout: f32,
+    ) -> impl Fn(VarBuilder<'static>) -> cohort::candle::Result<Net> {
+        move |vb| {
+            Ok(Net {
+                hidden: candle_nn::linear(FEATURES, hidden, vb.pp("hidden"))?,
+                norm: cohort::nn::layer_norm(hidden, 1e-5, vb.pp("norm"))?,
+                dropout: Dropout::new(dropout).map_err(cohort::candle::Error::wrap)?,
+                out: candle_nn::linear(hidden, CLASSES, vb.pp("out"))?,
+            })
+        }
+    }
+}
+
+impl ModuleT for Net {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> cohort::candle::Result<Tensor> {
+        let h = self.norm.forward(&self.hidden.forward(xs)?.relu()?)?;
+        self.out.forward(&self.dropout.forward_t(&h, train)?)
+    }
+}
+
+/// Three separable clusters: class `c` centred at `+2` on feature `c`, with seeded noise.
+fn blobs(examples: usize, seed: u64) -> (Tensor, Tensor) {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut noise = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    let mut x = Vec::with_capacity(examples * FEATURES);
+    let mut y = Vec::with_capacity(examples);
+    for i in 0..examples {
+        let class = i % CLASSES;
+        for f in 0..FEATURES {
+            x.push(if f == class { 2.0 } else { 0.0 } + 1.5 * noise());
+        }
+        y.push(class as u32);
+    }
+    (
+        Tensor::from_vec(x, (examples, FEATURES), &Device::Cpu).unwrap(),
+        Tensor::from_vec(y, examples, &Device::Cpu).unwrap(),
+    )
+}
+
+fn train_data() -> Dataset {
+    let (x, y) = blobs(EXAMPLES, 1);
+    Dataset::from_tensor_slices(vec![x, y])
+        .unwrap()
+        .shuffle(EXAMPLES, 42)
+        .batch(BATCH, true)
+}
+
+fn validation_data() -> Dataset {
+    let (x, y) = blobs(96, 2);
+    Dataset::from_tensor_slices(vec![x, y])
+        .unwrap()
+        .batch(BATCH, true)
+}
+
+fn compiled(strategy: impl Into<ModelStrategy>, hidden: usize, dropout: f32) -> Model<Net> {
+    let mut model = Model::new(strategy, 11, Net::build(hidden, dropout)).unwrap();
+    let optimizer = DistributedOptimizer::new(Optimizer::adamw(0.0, 0.01))
+        .with_schedule(LearningRateSchedule::cosine_decay(0.001, 60).with_warmup(0.02, 12))
+        .unwrap()
+        .with_global_clipnorm(5.0)
+        .unwrap();
+    model.compile(
+        optimizer,
+        Loss::sparse_categorical_crossentropy(),
+        vec![
+            Box::new(metrics::Accuracy::sparse_categorical()),
+            Box::new(metrics::TopKAccuracy::sparse(2)),
+        ],
+    );
+    model
+}
+
+/// Losses and validation accuracy per epoch, and every variable's values at the end.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Trained {
+    loss: Vec<f64>,
+    val_accuracy: Vec<f64>,
+    step: u64,
+    resumed_at: Option<u64>,
+    weights: Vec<(String, Vec<f32>)>,
+}
+
+fn trained(model: &Model<Net>, history: &History) -> Trained {
+    Trained {
+        loss: history.get("loss"),
+        val_accuracy: history
+            .get("val_accuracy")
+            .into_iter()
+            .filter(|v| !v.is_nan())
+            .collect(),
+        step: history.step,
+        resumed_at: history.resumed_at,
+        weights: model
+            .variables()
+            .iter()
+            .map(|v| {
+                let value = v
+                    .read_value()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                (v.name().to_owned(), value)
+            })
+            .collect(),
+    }
+}
+
+fn fit_five_epochs(strategy: impl Into<ModelStrategy>, dropout: f32) -> Trained {
+    let mut model = compiled(strategy, 16, dropout);
+    let history = model
+        .fit(
+            &train_data(),
+            Fit::epochs(5)
+                .validation_data(validation_data())
+                .verbose(false),
+        )
+        .unwrap();
+    trained(&model, &history)
+}
+
+fn assert_close(a: &Trained, b: &Trained, what: &str) {
+    assert_eq!(a.loss.len(), b.loss.len(), "{what}: epochs");
+    for (epoch, (x, y)) in a.loss.iter().zip(&b.loss).enumerate() {
+        assert!(
+            (x - y).abs() < 1e-5,
+            "{what}: epoch {epoch} loss {x} vs {y}"
+        );
+    }
+    assert_eq!(
+        a.val_accuracy, b.val_accuracy,
+        "{what}: validation accuracy"
+    );
+    for ((name, x), (_, y)) in a.weights.iter().zip(&b.weights) {
+        let worst = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{what}: {name} differs by {worst}");
+    }
+}
+
+#[test]
+fn fit_trains_the_same_under_the_default_strategy_and_mirrored() {
+    let default = fit_five_epochs(DefaultStrategy::new(), 0.1);
+    assert_eq!(default.step, 5 * (EXAMPLES / BATCH) as u64);
+    assert!(
+        default.loss[4] < default.loss[0] / 3.0,
+        "the loss did not fall: {:?}",
+        default.loss
+    );
+    assert!(
+        default.val_accuracy[4] > 0.9,
+        "validation accuracy {:?}",
+        default.val_accuracy
+    );
+    let mirrored = fit_five_epochs(Mirrored::new(2).unwrap(), 0.1);
+    assert_close(&default, &mirrored, "Mirrored(2)");
+}
+
+/// A worker process of the MultiWorkerMirrored test: 2 local replicas, 4 in sync.
+#[test]
+fn keras_mwms_worker_process() {
+    mwms_support::run_if_worker_process(|config| {
+        let strategy = MultiWorkerMirrored::new(config.with_local_replicas(2)).unwrap();
+        assert_eq!(strategy.num_replicas_in_sync(), 4);
+        fit_five_epochs(strategy, 0.0)
+    });
+}
+
+#[test]
+fn fit_trains_the_same_under_multi_worker_mirrored() {
+    // Without dropout: DATA sharding deals a global batch's slices to the workers in turn
+    // (worker 0's two replicas get slices 0 and 2), as TensorFlow does, so a slice meets
+    // another replica's dropout mask than under one replica.
+    let default = fit_five_epochs(DefaultStrategy::new(), 0.0);
+    let workers: Vec<Trained> =
+        mwms_support::process_pair("keras-fit", "keras_mwms_worker_process");
+    for (i, worker) in workers.iter().enumerate() {
+        assert_eq!(worker.step, default.step, "worker {i}'s steps");
+        assert_close(&default, worker, &format!("MultiWorkerMirrored worker {i}"));
+    }
+}
+
+#[test]
+fn evaluate_predict_save_and_load() {
+    let dir = scratch("save");
+    let mut model = compiled(DefaultStrategy::new(), 16, 0.0);
+    model
+        .fit(&train_data(), Fit::epochs(2).verbose(false))
+        .unwrap();
+    let logs = model.evaluate(&validation_data()).unwrap();
+    let predictions = model.predict(&validation_data()).unwrap();
+    assert_eq!(predictions.dims(), [96, CLASSES]);
+    let path = dir.join("weights.safetensors");
+    model.save(&path).unwrap();
+
+    // Another model of the same shape, other initial weights: the file makes it the same.
+    let mut other = Model::new(Mirrored::new(2).unwrap(), 99, Net::build(16, 0.0)).unwrap();
+    other.compile(
+        Optimizer::sgd(0.1),
+        Loss::sparse_categorical_crossentropy(),
+        vec![
+            Box::new(metrics::Accuracy::sparse_categorical()),
+            Box::new(metrics::TopKAccuracy::sparse(2)),
+        ],
+    );
+    other.load(&path).unwrap();
+    let again = other.evaluate(&validation_data()).unwrap();
+    assert!((logs.get("loss").unwrap() - again.get("loss").unwrap()).abs() < 1e-6);
+    assert_eq!(logs.get("accuracy"), again.get("accuracy"));
+    let predicted_again = other.predict(&validation_data()).unwrap();
+    let diff = (predictions - predicted_again)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-5);
+
+    // A model of another shape: refused, naming the variable and both shapes, and unchanged.
+    let mut wider = compiled(DefaultStrategy::new(), 24, 0.0);
+    let before = wider.evaluate(&validation_data()).unwrap();
+    let err = wider.load(&path).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, KerasError::Weights { .. }), "{err:?}");
+    assert!(
+        text.contains("hidden.weight") && text.contains("[16, 8]") && text.contains("[24, 8]"),
+        "{text}"
+    );
+    assert_eq!(wider.evaluate(&validation_data()).unwrap(), before);
+
+    // Not a safetensors file: named.
+    std::fs::write(dir.join("junk.safetensors"), b"not a tensor file").unwrap();
+    let err = other
+        .load(dir.join("junk.safetensors"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("junk.safetensors") && err.contains("safetensors"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let mut model = Model::new(DefaultStrategy::new(), 1, Net::build(4, 0.0)).unwrap();
+    let err = model.fit(&train_data(), Fit::epochs(1)).unwrap_err();
+    assert!(matches!(err, KerasError::NotCompiled("fit")), "{err:?}");
+    let mut model = compiled(DefaultStrategy::new(), 4, 0.0);
+    let err = model.fit(&train_data(), Fit::epochs(0)).unwrap_err();
+    assert!(err.to_string().contains("epochs"), "{err}");
+    let features_only = Dataset::from_tensor_slices(vec![blobs(64, 3).0])
+        .unwrap()
+        .batch(BATCH, true);
+    let err = model
+        .fit(&features_only, Fit::epochs(1).verbose(false))
+        .unwrap_err();
+    assert!(
+        matches!(err, KerasError::BatchComponents { got: 1 }),
+        "{err:?}"
+    );
+    // Labels past the classes: the loss names them.
+    let (x, _) = blobs(64, 3);
+    let bad_labels = Tensor::from_vec(vec![7u32; 64], 64, &Device::Cpu).unwrap();
+    let data = Dataset::from_tensor_slices(vec![x, bad_labels])
+        .unwrap()
+        .batch(BATCH, true);
+    let err = model
+        .fit(&data, Fit::epochs(1).verbose(false))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains('7') && err.contains("class"), "{err}");
+    let err = DistributedOptimizer::new(Optimizer::sgd(0.1))
+        .with_global_clipnorm(-1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("global_clipnorm"), "{err}");
+}
+
+/// Records what it saw, to check the callback protocol.
+#[derive(Default)]
+struct Recorder {
+    events: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Callback for Recorder {
+    fn on_train_begin(&mut self, _ctx: &mut TrainingContext<'_>) -> Result<(), KerasError> {
+        self.events.lock().unwrap().push("train_begin".into());
+        Ok(())
+    }
+    fn on_epoch_begin(
+        &mut self,
+        epoch: usize,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("epoch_begin {epoch} lr {}", ctx.learning_rate()));
+        Ok(())
+    }
+    fn on_epoch_end(
+        &mut self,
+        epoch: usize,
+        logs: &Logs,
+        _ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        assert!(
+            logs.get("val_loss").is_some() && logs.get("accuracy").is_some(),
+            "{logs}"
+        );
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("epoch_end {epoch}"));
+        Ok(())
+    }
+    fn on_train_end(
+        &mut self,
+        _logs: &Logs,
+        _ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        self.events.lock().unwrap().push("train_end".into());
+        Ok(())
+    }
+}
+
+#[test]
+fn callbacks_schedule_log_checkpoint_and_stop_early() {
+    let dir = scratch("callbacks");
+    let mut model = Model::new(DefaultStrategy::new(), 5, Net::build(16, 0.0)).unwrap();
+    model.compile(
+        Optimizer::adam(0.02),
+        Loss::sparse_categorical_crossentropy(),
+        vec![Box::new(metrics::Accuracy::sparse_categorical())],
+    );
+    let recorder = Recorder::default();
+    let events = std::sync::Arc::clone(&recorder.events);
+    // From epoch 2 the rate is zero: the validation loss stops improving, and with patience 1
+    // training stops after epoch 3.
+    let history = model
+        .fit(
+            &train_data(),
+            Fit::epochs(10)
+                .validation_data(validation_data())
+                .verbose(false)
+                .callback(LearningRateScheduler::new(|epoch, rate| {
+                    if epoch >= 2 {
+                        0.0
+                    } else {
+                        rate
+                    }
+                }))
+                .callback(EarlyStopping::new("val_loss").patience(1))
+                .callback(CsvLogger::new(dir.join("log.csv")))
+                .callback(TensorBoard::new(dir.join("tb")).update_freq_steps(4))
+                .callback(ModelCheckpoint::new(
+                    dir.join("ckpt-{epoch}.safetensors").display().to_string(),
+                ))
+                .callback(recorder),
+        )
+        .unwrap();
+    assert!(history.stopped_early);
+    assert_eq!(history.epochs.len(), 4, "{:?}", history.get("val_loss"));
+    assert_eq!(
+        history.get("learning_rate"),
+        [0.02f32 as f64, 0.02f32 as f64, 0.0, 0.0]
+    );
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.first().map(String::as_str), Some("train_begin"));
+    assert_eq!(events.last().map(String::as_str), Some("train_end"));
+    assert!(
+        events.contains(&"epoch_begin 2 lr 0".to_string()),
+        "{events:?}"
+    );
+    let csv = std::fs::read_to_string(dir.join("log.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 5, "{csv}");
+    assert!(
+        lines[0].starts_with("epoch,loss,accuracy,learning_rate,val_loss,val_accuracy"),
+        "{csv}"
+    );
+    assert!(lines[4].starts_with("3,"), "{csv}");
+    for epoch in 1..=4 {
+        assert!(dir.join(format!("ckpt-{epoch}.safetensors")).exists());
+    }
+    for sub in ["train", "validation"] {
+        let files: Vec<_> = std::fs::read_dir(dir.join("tb").join(sub))
+            .unwrap()
+            .collect();
+        assert!(!files.is_empty(), "no event file in tb/{sub}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fresh directory for a test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cohort-keras-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const BACKUP_CHILD_ENV: &str = "COHORT_KERAS_BACKUP_CHILD";
+const BACKUP_OUT_ENV: &str = "COHORT_KERAS_BACKUP_OUT";
+const STALL_AT_ENV: &str = "COHORT_KERAS_STALL_AT";
+
+/// Stalls the process at step `at` (after telling the parent), so that it is SIGKILLed there.
+struct StallAt {
+    at: u64,
+    marker: PathBuf,
+}
+
+impl Callback for StallAt {
+    fn on_train_batch_end(
+        &mut self,
+        step: u64,
+        _logs: &Logs,
+        _ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        if step == self.at {
+            std::fs::write(&self.marker, step.to_string()).unwrap();
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        Ok(())
+    }
+}
+
+/// Three epochs of 12 steps under Mirrored(2), backed up every 5 steps.
+fn fit_with_backup(backup: &Path, stall: Option<StallAt>) -> Trained {
+    let mut model = compiled(Mirrored::new(2).unwrap(), 16, 0.1);
+    let mut fit = Fit::epochs(3)
+        .verbose(false)
+        .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(5)));
+    if let Some(stall) = stall {
+        fit = fit.callback(stall);
+    }
+    let history = model.fit(&train_data(), fit).unwrap();
+    trained(&model, &history)
+}
+
+/// The process of the backup test (run by it, with the environment saying what to do).
+#[test]
+fn keras_backup_child_process() {
+    let Ok(backup) = std::env::var(BACKUP_CHILD_ENV) else {
+        return;
+    };
+    let out = PathBuf::from(std::env::var(BACKUP_OUT_ENV).unwrap());
+    let stall = std::env::var(STALL_AT_ENV).ok().map(|at| StallAt {
+        at: at.parse().unwrap(),
+        marker: out.with_extension("stalled"),
+    });
+    let result = fit_with_backup(Path::new(&backup), stall);
+    std::fs::write(&out, serde_json::to_vec(&result).unwrap()).unwrap();
+    std::process::exit(0);
+}
+
+fn start_child(backup: &Path, out: &Path, stall_at: Option<u64>) -> std::process::Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "keras_backup_child_process", "--nocapture"])
+        .env(BACKUP_CHILD_ENV, backup)
+        .env(BACKUP_OUT_ENV, out)
+        .stdin(Stdio::null());
+    if let Some(at) = stall_at {
+        command.env(STALL_AT_ENV, at.to_string());
+    }
+    command.spawn().expect("start the training process")
+}
+
+fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < deadline,
+            "{what} did not happen within {deadline:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
+    let dir = scratch("backup");
+    let backup = dir.join("backup");
+    let reference = fit_with_backup(&dir.join("reference-backup"), None);
+    assert_eq!(reference.step, 36);
+    assert_eq!(reference.resumed_at, None);
+    assert!(
+        !dir.join("reference-backup").exists(),
+        "the backup outlived a finished fit"
+    );
+
+    // SIGKILLed at step 18 (epoch 1, its 6th step); the newest backup is of step 15.
+    let out = dir.join("first.json");
+    let mut first = start_child(&backup, &out, Some(18));
+    let marker = out.with_extension("stalled");
+    wait_for("the stall at step 18", Duration::from_secs(60), || {
+        marker.exists()
+    });
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(backup.exists(), "no backup before the kill");
+
+    let out = dir.join("second.json");
+    let mut second = start_child(&backup, &out, None);
+    let mut status = None;
+    wait_for("the resumed run", Duration::from_secs(120), || {
+        status = second.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(
+        status.unwrap().success(),
+        "the resumed run failed (its log is above)"
+    );
+    let resumed: Trained = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(resumed.resumed_at, Some(15));
+    assert_eq!(resumed.step, 36, "the step count is exact");
+    // Same data order, same dropout masks, same optimizer state: the same bits.
+    assert_eq!(
+        resumed.weights, reference.weights,
+        "the resumed job ended elsewhere"
+    );
+    assert_eq!(resumed.loss.last(), reference.loss.last());
+    assert!(!backup.exists(), "the backup outlived a finished fit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Steps per epoch and epochs of the elastic test: 80 steps of a global batch of 48.
+const ELASTIC_STEPS_PER_EPOCH: usize = 20;
+const ELASTIC_EPOCHS: usize = 4;
+/// The step at which worker 2 stalls (to be SIGKILLed there) in its first life.
+const ELASTIC_KILL_AT: u64 = 15;
+
+/// Paces the elastic test's workers (so that a restarted worker joins before the end), writes
+/// each step to `step-<worker>` in the test's directory, and, where `stall-<worker>` is there
+/// (the first life of the worker to kill), stalls at [`ELASTIC_KILL_AT`].
+struct Pace {
+    dir: PathBuf,
+    worker: usize,
+}
+
+impl Callback for Pace {
+    fn on_train_batch_end(
+        &mut self,
+        step: u64,
+        _logs: &Logs,
+        _ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        std::fs::write(
+            self.dir.join(format!("step-{}", self.worker)),
+            step.to_string(),
+        )
+        .unwrap();
+        let stall = self.dir.join(format!("stall-{}", self.worker));
+        if step == ELASTIC_KILL_AT && std::fs::remove_file(&stall).is_ok() {
+            std::fs::write(self.dir.join(format!("stalled-{}", self.worker)), "").unwrap();
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        Ok(())
+    }
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ElasticTrained {
+    trained: Trained,
+    recoveries: usize,
+}
+
+/// A worker process of the elastic test: 1 replica, loss detected within about a second.
+#[test]
+fn keras_elastic_worker_process() {
+    mwms_support::run_if_worker_process(|mut config| {
+        config.transport.idle_timeout = Duration::from_millis(800);
+        config.transport.keep_alive_interval = Duration::from_millis(200);
+        config.group.form_timeout = Duration::from_secs(5);
+        let strategy = MultiWorkerMirrored::new(config).unwrap();
+        let worker = strategy.worker_index();
+        let out = PathBuf::from(std::env::var(mwms_support::CHILD_OUT_ENV).unwrap());
+        let dir = out.parent().unwrap().to_path_buf();
+        let (x, y) = blobs(EXAMPLES, 1);
+        let data = Dataset::from_tensor_slices(vec![x, y])
+            .unwrap()
+            .shuffle(EXAMPLES, 42)
+            .batch(48, true);
+        let mut model = compiled(strategy, 16, 0.1);
+        let history = model
+            .fit(
+                &data,
+                Fit::epochs(ELASTIC_EPOCHS)
+                    .steps_per_epoch(ELASTIC_STEPS_PER_EPOCH)
+                    .validation_data(validation_data())
+                    .verbose(false)
+                    .callback(Pace { dir, worker }),
+            )
+            .unwrap();
+        ElasticTrained {
+            trained: trained(&model, &history),
+            recoveries: history.recoveries,
+        }
+    });
+}
+
+fn read_step(dir: &Path, worker: usize) -> u64 {
+    std::fs::read_to_string(dir.join(format!("step-{worker}")))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Three workers `fit` under MultiWorkerMirrored; worker 2 is SIGKILLed mid-epoch, the other
+/// two re-form and go on, and worker 2 started again joins them: every worker ends at the
+/// exact step with the same bits, and the model still learns.
+#[test]
+fn fit_survives_a_sigkilled_worker_and_takes_it_back_when_it_restarts() {
+    let total = (ELASTIC_EPOCHS * ELASTIC_STEPS_PER_EPOCH) as u64;
+    let mut workers = mwms_support::WorkerProcesses::start_with(
+        "keras-elastic",
+        3,
+        "keras_elastic_worker_process",
+        |dir| std::fs::write(dir.join("stall-2"), "").unwrap(),
+    );
+    let dir = workers.dir().to_path_buf();
+    wait_for("worker 2's stall", Duration::from_secs(60), || {
+        dir.join("stalled-2").exists()
+    });
+    workers.kill(2);
+    // The survivors re-form and train on; then worker 2 comes back.
+    wait_for("the survivors' progress", Duration::from_secs(60), || {
+        read_step(&dir, 0) >= ELASTIC_KILL_AT + 5 && read_step(&dir, 1) >= ELASTIC_KILL_AT + 5
+    });
+    assert!(
+        read_step(&dir, 0) < total - 10,
+        "the survivors finished before the restart"
+    );
+    workers.spawn(2);
+    let results: Vec<ElasticTrained> = workers.wait();
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r.trained.step, total, "worker {i}'s step count");
+        assert_eq!(
+            r.trained.weights, results[0].trained.weights,
+            "worker {i} ends elsewhere"
+        );
+        let accuracy = r.trained.val_accuracy.last().copied().unwrap_or(f64::NAN);
+        assert!(
+            accuracy > 0.9,
+            "worker {i}: validation accuracy {:?}",
+            r.trained.val_accuracy
+        );
+    }
+    assert!(
+        results[0].recoveries >= 1 && results[1].recoveries >= 1,
+        "{:?}",
+        results.iter().map(|r| r.recoveries).collect::<Vec<_>>()
+    );
+}
