@@ -34,6 +34,7 @@
 
 use std::sync::Arc;
 
+pub use crate::bootstrap::{multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV};
 pub use crate::roles::coordinator::{
     ClusterCoordinator, CoordinatorError, Encoded, PendingSave, RemoteValue, SavedInBackground,
     VariableSpec,

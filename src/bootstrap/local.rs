@@ -150,7 +150,7 @@ impl std::fmt::Display for WorkerCount {
 #[derive(Debug, clap::Parser)]
 pub(crate) struct LaunchArgs {
     #[command(flatten)]
-    flags: LaunchFlags,
+    pub(crate) flags: LaunchFlags,
 }
 
 /// Runs a local cluster per `flags`; every task runs this executable with `task_args`.

@@ -120,6 +120,7 @@ use crate::roles::worker::{
 
 mod local;
 pub(crate) mod logging;
+mod multi_worker;
 
 pub(crate) use logging::init as init_logging;
 pub use logging::LOG_FORMAT_ENV;
@@ -128,6 +129,9 @@ mod metrics;
 pub(crate) use local::LaunchArgs;
 pub use local::{
     launch_from_args, launch_local, LaunchFlags, WorkerCount, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
+};
+pub use multi_worker::{
+    multi_worker_config_from_env, multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV,
 };
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,

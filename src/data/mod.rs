@@ -16,6 +16,7 @@
 //! prefetching runs on its own threads, bounded by the buffer sizes given.
 
 mod dataset;
+pub mod datasets;
 mod distribute;
 mod error;
 mod files;

@@ -246,7 +246,18 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                         .restore_into(&mut state, local_copies)
                         .map_err(|detail| KerasError::Backup { dir, detail })?;
                 }
-                self.model_strategy().agree(&mut state)?;
+                // A worker lost meanwhile: the first step boundary fails with that loss, and
+                // re-forming agrees on the state instead (the chief's restored step is the
+                // most advanced, unless the chief is the one lost).
+                if let Err(e) = self.model_strategy().agree(&mut state) {
+                    let err = TrainError::from(e);
+                    match err.collective_cause() {
+                        Some(crate::collective::CollectiveError::Application { .. }) | None => {
+                            return Err(err.into())
+                        }
+                        Some(_) => {}
+                    }
+                }
                 if state.step > 0 || state.position > 0 {
                     history.resumed_at = Some(state.step);
                     tracing::info!(step = state.step, "fit resumes from a backup");
@@ -347,12 +358,20 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                 match change {
                     Ok(None) => {}
                     Ok(Some(GroupChange::Admitted(admission))) => {
+                        tracing::info!(step = admission.step, joined = ?admission.joined, "fit admitted workers to the group");
                         step = admission.step;
                         cursor = Cursor::decode(admission.position);
                         resync!();
                         continue 'group;
                     }
-                    Ok(Some(GroupChange::Departed(_))) => continue 'group,
+                    Ok(Some(GroupChange::Departed(departure))) => {
+                        tracing::info!(
+                            step,
+                            "fit goes on after a departure: {}",
+                            departure.describe()
+                        );
+                        continue 'group;
+                    }
                     Ok(Some(GroupChange::Leaving(departure))) => {
                         history.left = Some(departure);
                         history.step = step;

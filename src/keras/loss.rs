@@ -21,11 +21,33 @@ pub struct Loss {
 
 impl Loss {
     /// Softmax cross-entropy with integer class labels on logits `[batch, classes]` (Keras'
-    /// `SparseCategoricalCrossentropy(from_logits=True)`).
+    /// `SparseCategoricalCrossentropy(from_logits=True)`); for sequences, logits
+    /// `[batch, positions..., classes]` against labels `[batch, positions...]`, an example's
+    /// loss the mean over its positions.
     pub fn sparse_categorical_crossentropy() -> Self {
         Self::custom(
             "sparse_categorical_crossentropy",
-            losses::sparse_softmax_cross_entropy,
+            |logits: &Tensor, labels: &Tensor| {
+                if logits.rank() <= 2 {
+                    return losses::sparse_softmax_cross_entropy(logits, labels);
+                }
+                let dims = logits.dims();
+                let (batch, classes) = (dims[0], dims[dims.len() - 1]);
+                let positions = logits.elem_count() / (batch * classes).max(1);
+                if labels.elem_count() != batch * positions || labels.dims().first() != Some(&batch)
+                {
+                    return Err(NnError::LossShape {
+                        loss: "sparse_categorical_crossentropy",
+                        predictions: dims.to_vec(),
+                        labels: labels.dims().to_vec(),
+                    });
+                }
+                let flat = losses::sparse_softmax_cross_entropy(
+                    &logits.reshape((batch * positions, classes))?,
+                    &labels.reshape(batch * positions)?,
+                )?;
+                Ok(flat.reshape((batch, positions))?.mean(1)?)
+            },
         )
     }
 

@@ -454,6 +454,58 @@ impl Metric for Auc {
     }
 }
 
+/// The exponential of the mean cross-entropy per token of a sequence model (Keras-NLP's
+/// `Perplexity(from_logits=True)`): logits `[batch, positions, vocabulary]` against integer
+/// labels `[batch, positions]`; an example's weight weighs each of its tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Perplexity;
+
+impl Metric for Perplexity {
+    fn name(&self) -> &str {
+        "perplexity"
+    }
+    fn state_len(&self) -> usize {
+        2
+    }
+    fn batch_state(
+        &self,
+        labels: &Tensor,
+        predictions: &Tensor,
+        weights: &[f32],
+    ) -> Result<Vec<f64>, NnError> {
+        let (batch, positions, vocabulary) = predictions.dims3().map_err(|_| NnError::Config {
+            layer: "perplexity".into(),
+            reason: format!(
+                "predictions of shape {:?}: perplexity needs [batch, positions, vocabulary]",
+                predictions.dims()
+            ),
+        })?;
+        check_len("perplexity", weights.len(), batch)?;
+        let flat = predictions.reshape((batch * positions, vocabulary))?;
+        let labels = labels
+            .reshape(batch * positions)
+            .map_err(|_| NnError::Config {
+                layer: "perplexity".into(),
+                reason: format!(
+                    "labels of shape {:?} for predictions {:?}: one label per position",
+                    labels.dims(),
+                    predictions.dims()
+                ),
+            })?;
+        let per_token = crate::nn::losses::sparse_softmax_cross_entropy(&flat, &labels)?;
+        let per_example = flat_f32(per_token.reshape((batch, positions))?.sum(1)?)?;
+        let (mut sum, mut tokens) = (0.0, 0.0);
+        for (loss, w) in per_example.iter().zip(weights) {
+            sum += f64::from(*loss) * f64::from(*w);
+            tokens += positions as f64 * f64::from(*w);
+        }
+        Ok(vec![sum, tokens])
+    }
+    fn result(&self, state: &[f64]) -> f64 {
+        ratio(state[0], state[1]).exp()
+    }
+}
+
 fn ratio(numerator: f64, denominator: f64) -> f64 {
     if denominator == 0.0 {
         f64::NAN
@@ -588,6 +640,19 @@ mod tests {
         assert!(
             (recall.result(&recall.batch_state(&l, &p, &ones).unwrap()) - 2.0 / 3.0).abs() < 1e-12
         );
+    }
+
+    #[test]
+    fn perplexity_of_uniform_logits_is_the_vocabulary() {
+        let logits = Tensor::zeros((2, 3, 5), DType::F32, &Device::Cpu).unwrap();
+        let labels = Tensor::zeros((2, 3), DType::U32, &Device::Cpu).unwrap();
+        let s = Perplexity
+            .batch_state(&labels, &logits, &[1.0, 1.0])
+            .unwrap();
+        assert!((Perplexity.result(&s) - 5.0).abs() < 1e-4);
+        assert!(Perplexity
+            .batch_state(&labels, &logits.flatten_from(1).unwrap(), &[1.0, 1.0])
+            .is_err());
     }
 
     #[test]

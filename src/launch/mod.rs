@@ -27,6 +27,8 @@
 //! - `COHORT_CERTS`: the directory with `ca.pem` and its `<role>-<index>.pem/.key`;
 //! - `COHORT_INCARNATION`: its incarnation epoch, larger after every restart (FENCE-1);
 //! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers);
+//! - `COHORT_RUN_DIR` ([`RUN_DIR_ENV`]): the run directory, where a task may ask the launcher
+//!   to scale the job ([`request_scale`]) as `cohort scale` does;
 //! - `COHORT_METRICS_ADDR` when [`LaunchConfig::metrics`] is on: a loopback address of its own
 //!   (the same across its restarts) where it serves Prometheus metrics and `/healthz`; the
 //!   launcher records it in [`metrics_addr_file`] (`<run_dir>/metrics/<role>-<index>.addr`);
@@ -68,6 +70,8 @@ use crate::checkpoint::FAILPOINT_ENV;
 use crate::cluster::{ClusterConfig, ClusterSpec, ConfigKey, TaskId, TaskType};
 use crate::process::{restart_wanted, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE};
 
+/// Environment variable naming a launched task's run directory (see the module docs).
+pub const RUN_DIR_ENV: &str = "COHORT_RUN_DIR";
 /// Environment variable naming the certificate directory of a launched task: the one its
 /// configuration reads ([`ConfigKey::CERTS_DIR`]).
 pub const CERTS_ENV: &str = ConfigKey::CERTS_DIR.env;
@@ -873,6 +877,7 @@ impl Launcher {
             .env(CERTS_ENV, &self.certs_dir)
             .env(INCARNATION_ENV, entry.incarnation.to_string())
             .env(ConfigKey::WORKERS_MAX.env, self.workers_max.to_string())
+            .env(RUN_DIR_ENV, &self.config.run_dir)
             .envs(
                 self.config
                     .env

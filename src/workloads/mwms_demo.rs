@@ -22,13 +22,13 @@
 //! This module owns one task of that job ([`run_task`]): its settings from the environment
 //! the launcher gives every task, the printing, and the final evaluation.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
 use super::digits::{Digits, CLASSES, PIXELS};
 use super::models;
-use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey, TaskType};
-use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, Strategy};
+use crate::cluster::{ConfigKey, TaskType};
+use crate::strategy::{MultiWorkerConfig, MultiWorkerMirrored, Strategy};
 use crate::train::StateCheckpoints;
 
 /// Environment variable: training epochs (over the training split, at the starting global
@@ -389,58 +389,8 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     Ok(())
 }
 
-/// The strategy's settings from the environment: the cluster (`TF_CONFIG`), certificates,
-/// replicas, and the detection budget as the transport's idle timeout.
+/// The strategy's settings from the environment (see
+/// [`crate::bootstrap::multi_worker_config_from_env`]).
 fn task_config() -> Result<MultiWorkerConfig, MwmsDemoError> {
-    let bad = |e: String| MwmsDemoError::Config(e);
-    let cluster = ClusterConfig::from_env()
-        .map_err(|e| bad(e.to_string()))?
-        .ok_or_else(|| bad(format!("{}: unset", crate::cluster::TF_CONFIG_ENV)))?;
-    let certs_key = ConfigKey::CERTS_DIR.env;
-    let certs = std::env::var_os(certs_key).ok_or_else(|| bad(format!("{certs_key}: unset")))?;
-    let replicas = match std::env::var(ConfigKey::REPLICAS.env) {
-        Ok(text) => crate::cluster::parse_count(
-            &text,
-            ConfigKey::REPLICAS.env,
-            crate::cluster::REPLICAS_LIMIT,
-        )
-        .map_err(bad)? as usize,
-        Err(_) => 1,
-    };
-    let budget = match std::env::var(ConfigKey::DETECTION_BUDGET.env) {
-        Ok(text) => {
-            let range = ConfigKey::DETECTION_BUDGET
-                .duration_range()
-                .ok_or_else(|| bad("the detection budget has no range".into()))?;
-            parse_duration_in(ConfigKey::DETECTION_BUDGET.env, &text, range)
-                .map_err(|e| bad(e.to_string()))?
-        }
-        Err(_) => Duration::from_secs(3),
-    };
-    let communication = match std::env::var(COMMUNICATION_ENV) {
-        Ok(text) => match text
-            .parse::<Communication>()
-            .map_err(|e| bad(format!("{COMMUNICATION_ENV}: {e}")))?
-        {
-            // One GPU per task: NCCL takes one rank per GPU.
-            Communication::Nccl { .. } => {
-                let chiefs = cluster.cluster.num_tasks(TaskType::Chief);
-                let place = match cluster.task.task_type {
-                    TaskType::Chief => 0,
-                    _ => chiefs + cluster.task.index as usize,
-                };
-                Communication::Nccl { device: place }
-            }
-            Communication::Ring => Communication::Ring,
-        },
-        Err(_) => Communication::Ring,
-    };
-    let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
-    config.communication = communication;
-    config.metrics_addr =
-        crate::strategy::metrics_addr_from_env().map_err(|e| bad(e.to_string()))?;
-    config.transport.idle_timeout = budget;
-    config.transport.keep_alive_interval = budget / 4;
-    config.probe_timeout = budget;
-    Ok(config)
+    crate::bootstrap::multi_worker_config_from_env(COMMUNICATION_ENV).map_err(MwmsDemoError::Config)
 }

@@ -1,7 +1,8 @@
 //! Callbacks: code the user's `fit` runs at the start and end of training, of each epoch and
 //! after each step (Keras' `keras.callbacks`), with the ones Keras ships: the progress bar,
 //! [`EarlyStopping`], [`LearningRateScheduler`], [`CsvLogger`], [`TensorBoard`],
-//! [`ModelCheckpoint`] and [`BackupAndRestore`].
+//! [`ModelCheckpoint`] and [`BackupAndRestore`]; and two of cohort's: [`PlotHistory`] (a PNG
+//! chart of the figures) and [`ScaleWorkers`] (a local cluster scaled on a schedule).
 //!
 //! Every worker of a job runs its callbacks with the same logs (the figures are reduced over
 //! every replica); the ones that write files write them on the chief only.
@@ -11,7 +12,9 @@ mod csv_logger;
 mod early_stopping;
 mod lr_scheduler;
 mod model_checkpoint;
+mod plot_history;
 mod progbar;
+mod scale_workers;
 mod tensorboard;
 
 pub use backup::{BackupAndRestore, SaveFreq};
@@ -19,7 +22,9 @@ pub use csv_logger::CsvLogger;
 pub use early_stopping::{EarlyStopping, Mode};
 pub use lr_scheduler::LearningRateScheduler;
 pub use model_checkpoint::ModelCheckpoint;
+pub use plot_history::PlotHistory;
 pub use progbar::ProgbarLogger;
+pub use scale_workers::ScaleWorkers;
 pub use tensorboard::TensorBoard;
 
 use std::path::Path;

@@ -1,0 +1,176 @@
+//! A MultiWorkerMirrored program's process entry: `launch` runs it as a local cluster (the
+//! chief and the workers are peers of one group, no parameter server), and each task builds
+//! its strategy from what the launcher (or Kubernetes) put in its environment.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey, TaskType};
+use crate::process::{BAD_CONFIG_EXIT_CODE, TRAINING_ERROR_EXIT_CODE};
+use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored};
+
+/// The environment variable that picks what all-reduces across the workers (`ring`, `nccl`,
+/// `nccl:N`) for [`multi_worker_main`]'s tasks.
+pub const COMMUNICATION_ENV: &str = "COHORT_COMMUNICATION";
+
+/// One task of a MultiWorkerMirrored program, as [`multi_worker_main`] gives it to the
+/// program.
+#[derive(Debug)]
+pub struct MultiWorkerTask {
+    /// The strategy, its group joined (or about to be formed with the other tasks).
+    pub strategy: MultiWorkerMirrored,
+    /// Set by SIGTERM or SIGINT: a preemption notice (give it to `Fit::preemption_notice`).
+    pub notice: Arc<AtomicBool>,
+    /// Set by SIGUSR1: a drain, the job scaled down (give it to `Fit::drain`).
+    pub drain: Arc<AtomicBool>,
+}
+
+/// The whole process of a MultiWorkerMirrored program (call it from `main` and exit with its
+/// code): with `launch` as the first argument it runs the program as a local cluster
+/// (`launch --workers N`: the chief and N workers, every flag of `cohort launch` but `--ps`,
+/// restarting a task that dies); otherwise it is one task: the strategy is made from
+/// `TF_CONFIG`, `COHORT_CERTS`, `COHORT_REPLICAS`, the detection budget and
+/// [`COMMUNICATION_ENV`], SIGTERM/SIGINT and SIGUSR1 are watched, and `run` trains.
+///
+/// Exit codes: 0 when `run` returns `Ok` (also after a drain: the supervisor does not restart
+/// it), 143 when it returns after a preemption notice (it is restarted and rejoins), 1 when it
+/// fails, 2 for bad configuration.
+pub fn multi_worker_main<F, E>(run: F) -> i32
+where
+    F: FnOnce(MultiWorkerTask) -> Result<(), E>,
+    E: std::fmt::Display,
+{
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("launch") {
+        return launch(&args[1..]);
+    }
+    if let Err(e) = super::logging::init() {
+        eprintln!("error: bad config: {e}");
+        return BAD_CONFIG_EXIT_CODE;
+    }
+    let config = match multi_worker_config_from_env(COMMUNICATION_ENV) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!("bad config: {e}");
+            return BAD_CONFIG_EXIT_CODE;
+        }
+    };
+    let notice = Arc::new(AtomicBool::new(false));
+    let drain = Arc::new(AtomicBool::new(false));
+    let watched = crate::process::stop_on_signals(&notice)
+        .and_then(|()| crate::process::drain_on_signal(&drain));
+    if let Err(e) = watched {
+        tracing::error!("cannot watch for signals: {e}");
+        return TRAINING_ERROR_EXIT_CODE;
+    }
+    let strategy = match MultiWorkerMirrored::new(config) {
+        Ok(strategy) => strategy,
+        Err(e) => {
+            tracing::error!("{e}");
+            return TRAINING_ERROR_EXIT_CODE;
+        }
+    };
+    let task = MultiWorkerTask {
+        strategy,
+        notice: Arc::clone(&notice),
+        drain: Arc::clone(&drain),
+    };
+    match run(task) {
+        Ok(()) if notice.load(Ordering::SeqCst) && !drain.load(Ordering::SeqCst) => {
+            crate::process::PREEMPTED_EXIT_CODE
+        }
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("error: {e}");
+            TRAINING_ERROR_EXIT_CODE
+        }
+    }
+}
+
+/// `launch` for a MultiWorkerMirrored program: the chief is a peer of the group, there is no
+/// parameter server.
+fn launch(args: &[String]) -> i32 {
+    use clap::Parser;
+    if args.iter().any(|a| a == "--ps" || a.starts_with("--ps=")) {
+        eprintln!(
+            "error: --ps: a MultiWorkerMirrored job has no parameter server (its workers \
+             all-reduce their gradients)"
+        );
+        return BAD_CONFIG_EXIT_CODE;
+    }
+    let parsed = match super::LaunchArgs::try_parse_from(
+        std::iter::once("launch".to_string()).chain(args.iter().cloned()),
+    ) {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                BAD_CONFIG_EXIT_CODE
+            } else {
+                0
+            };
+        }
+    };
+    let mut flags = parsed.flags;
+    flags.ps = super::WorkerCount::from(0);
+    flags.peer_chief = true;
+    super::launch_local(&flags, Vec::new(), Vec::new())
+}
+
+/// A MultiWorkerMirrored task's settings from its environment: the cluster (`TF_CONFIG`),
+/// certificates (`COHORT_CERTS`), replicas (`COHORT_REPLICAS`), the detection budget as the
+/// transport's idle timeout and the probe timeout, the metrics address, and the
+/// communication named by `communication_env` (NCCL on the GPU of the task's place in the
+/// cluster). An error names the variable at fault.
+pub fn multi_worker_config_from_env(communication_env: &str) -> Result<MultiWorkerConfig, String> {
+    let cluster = ClusterConfig::from_env()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{}: unset", crate::cluster::TF_CONFIG_ENV))?;
+    let certs_key = ConfigKey::CERTS_DIR.env;
+    let certs = std::env::var_os(certs_key).ok_or_else(|| format!("{certs_key}: unset"))?;
+    let replicas = match std::env::var(ConfigKey::REPLICAS.env) {
+        Ok(text) => crate::cluster::parse_count(
+            &text,
+            ConfigKey::REPLICAS.env,
+            crate::cluster::REPLICAS_LIMIT,
+        )? as usize,
+        Err(_) => 1,
+    };
+    let budget = match std::env::var(ConfigKey::DETECTION_BUDGET.env) {
+        Ok(text) => {
+            let range = ConfigKey::DETECTION_BUDGET
+                .duration_range()
+                .ok_or_else(|| "the detection budget has no range".to_string())?;
+            parse_duration_in(ConfigKey::DETECTION_BUDGET.env, &text, range)
+                .map_err(|e| e.to_string())?
+        }
+        Err(_) => Duration::from_secs(3),
+    };
+    let communication = match std::env::var(communication_env) {
+        Ok(text) => match text
+            .parse::<Communication>()
+            .map_err(|e| format!("{communication_env}: {e}"))?
+        {
+            // One GPU per task: NCCL takes one rank per GPU.
+            Communication::Nccl { .. } => {
+                let chiefs = cluster.cluster.num_tasks(TaskType::Chief);
+                let place = match cluster.task.task_type {
+                    TaskType::Chief => 0,
+                    _ => chiefs + cluster.task.index as usize,
+                };
+                Communication::Nccl { device: place }
+            }
+            Communication::Ring => Communication::Ring,
+        },
+        Err(_) => Communication::Ring,
+    };
+    let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
+    config.communication = communication;
+    config.metrics_addr = crate::strategy::metrics_addr_from_env().map_err(|e| e.to_string())?;
+    config.transport.idle_timeout = budget;
+    config.transport.keep_alive_interval = budget / 4;
+    config.probe_timeout = budget;
+    Ok(config)
+}
