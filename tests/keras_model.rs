@@ -642,6 +642,9 @@ fn keras_elastic_worker_process() {
                     .steps_per_epoch(ELASTIC_STEPS_PER_EPOCH)
                     .validation_data(validation_data())
                     .verbose(false)
+                    .callback(
+                        BackupAndRestore::new(dir.join("backup")).save_freq(SaveFreq::Steps(10)),
+                    )
                     .callback(Pace { dir, worker }),
             )
             .unwrap();
@@ -664,27 +667,39 @@ fn read_step(dir: &Path, worker: usize) -> u64 {
 /// exact step with the same bits, and the model still learns.
 #[test]
 fn fit_survives_a_sigkilled_worker_and_takes_it_back_when_it_restarts() {
+    elastic_case("keras-elastic", 2);
+}
+
+/// As above with the chief (worker 0, the group's rank 0 and the one that backs up) killed:
+/// the other two re-form under a new rank 0, and the restarted chief joins them.
+#[test]
+fn fit_survives_a_sigkilled_chief_and_takes_it_back_when_it_restarts() {
+    elastic_case("keras-elastic-chief", 0);
+}
+
+fn elastic_case(name: &str, victim: usize) {
     let total = (ELASTIC_EPOCHS * ELASTIC_STEPS_PER_EPOCH) as u64;
-    let mut workers = mwms_support::WorkerProcesses::start_with(
-        "keras-elastic",
-        3,
-        "keras_elastic_worker_process",
-        |dir| std::fs::write(dir.join("stall-2"), "").unwrap(),
-    );
+    let mut workers =
+        mwms_support::WorkerProcesses::start_with(name, 3, "keras_elastic_worker_process", |dir| {
+            std::fs::write(dir.join(format!("stall-{victim}")), "").unwrap()
+        });
     let dir = workers.dir().to_path_buf();
-    wait_for("worker 2's stall", Duration::from_secs(60), || {
-        dir.join("stalled-2").exists()
+    wait_for("the victim's stall", Duration::from_secs(60), || {
+        dir.join(format!("stalled-{victim}")).exists()
     });
-    workers.kill(2);
-    // The survivors re-form and train on; then worker 2 comes back.
+    workers.kill(victim);
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    // The survivors re-form and train on; then the victim comes back.
     wait_for("the survivors' progress", Duration::from_secs(60), || {
-        read_step(&dir, 0) >= ELASTIC_KILL_AT + 5 && read_step(&dir, 1) >= ELASTIC_KILL_AT + 5
+        survivors
+            .iter()
+            .all(|&i| read_step(&dir, i) >= ELASTIC_KILL_AT + 5)
     });
     assert!(
-        read_step(&dir, 0) < total - 10,
+        read_step(&dir, survivors[0]) < total - 10,
         "the survivors finished before the restart"
     );
-    workers.spawn(2);
+    workers.spawn(victim);
     let results: Vec<ElasticTrained> = workers.wait();
     for (i, r) in results.iter().enumerate() {
         assert_eq!(r.trained.step, total, "worker {i}'s step count");
@@ -700,8 +715,49 @@ fn fit_survives_a_sigkilled_worker_and_takes_it_back_when_it_restarts() {
         );
     }
     assert!(
-        results[0].recoveries >= 1 && results[1].recoveries >= 1,
+        survivors.iter().all(|&i| results[i].recoveries >= 1),
         "{:?}",
         results.iter().map(|r| r.recoveries).collect::<Vec<_>>()
     );
+    assert!(
+        !dir.join("backup").exists(),
+        "the backup outlived a finished fit"
+    );
+}
+
+/// A backup of another model (a layer of another width) is refused when `fit` would resume
+/// from it, naming the variable and both shapes, before any variable changes.
+#[test]
+fn a_backup_of_another_model_is_refused_naming_the_variable() {
+    let dir = scratch("backup-mismatch");
+    let backup = dir.join("backup");
+    let mut narrow = compiled(DefaultStrategy::new(), 16, 0.0);
+    narrow
+        .fit(
+            &train_data(),
+            Fit::epochs(1)
+                .verbose(false)
+                .callback(BackupAndRestore::new(&backup).delete_checkpoint(false)),
+        )
+        .unwrap();
+    assert!(backup.exists());
+    let mut wide = compiled(DefaultStrategy::new(), 24, 0.0);
+    let before = wide.evaluate(&validation_data()).unwrap();
+    let err = wide
+        .fit(
+            &train_data(),
+            Fit::epochs(2)
+                .verbose(false)
+                .callback(BackupAndRestore::new(&backup)),
+        )
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, KerasError::Backup { .. }), "{err:?}");
+    assert!(
+        text.contains("hidden.weight") && text.contains("[16, 8]") && text.contains("[24, 8]"),
+        "{text}"
+    );
+    assert_eq!(wide.evaluate(&validation_data()).unwrap(), before);
+    assert!(backup.exists(), "the refused backup was deleted");
+    let _ = std::fs::remove_dir_all(&dir);
 }

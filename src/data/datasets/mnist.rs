@@ -49,12 +49,12 @@ pub fn load_data() -> Result<Mnist, DataError> {
             .ok_or_else(|| DataError::invalid("mnist", format!("the archive has no {name}")))
     };
     Ok(Mnist {
-        train: split(file(FILES[0])?, file(FILES[1])?)?,
-        test: split(file(FILES[2])?, file(FILES[3])?)?,
+        train: parse_split(file(FILES[0])?, file(FILES[1])?)?,
+        test: parse_split(file(FILES[2])?, file(FILES[3])?)?,
     })
 }
 
-fn split(images: &[u8], labels: &[u8]) -> Result<Split, DataError> {
+pub(crate) fn parse_split(images: &[u8], labels: &[u8]) -> Result<Split, DataError> {
     let (image_dims, pixels) = idx(images, 0x0803)?;
     let (label_dims, digits) = idx(labels, 0x0801)?;
     let n = image_dims[0];
@@ -92,7 +92,8 @@ fn idx(bytes: &[u8], magic: u32) -> Result<(Vec<usize>, &[u8]), DataError> {
         })
         .collect::<Result<_, _>>()?;
     let data = &bytes[(rank + 1) * 4..];
-    if data.len() != dims.iter().product::<usize>() {
+    let expected = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if expected != Some(data.len()) {
         return Err(bad("its length does not match its header"));
     }
     Ok((dims, data))

@@ -150,3 +150,87 @@ pub(crate) fn untar_gz(
     }
     Ok(found)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A gzipped tar archive of `files`, each a ustar entry.
+    fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut tar = Vec::new();
+        for (name, data) in files {
+            let mut header = [0u8; 512];
+            header[..name.len()].copy_from_slice(name.as_bytes());
+            let size = format!("{:011o}\0", data.len());
+            header[124..136].copy_from_slice(size.as_bytes());
+            tar.extend_from_slice(&header);
+            tar.extend_from_slice(data);
+            tar.resize(tar.len().div_ceil(512) * 512, 0);
+        }
+        tar.extend_from_slice(&[0u8; 1024]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar).unwrap();
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn a_tar_gz_gives_the_files_asked_for() {
+        let archive = tar_gz(&[
+            ("package/a.txt", b"hello"),
+            ("package/data/b.bin", &[7u8; 700]),
+        ]);
+        let files = untar_gz(&archive, &["b.bin"]).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].1, vec![7u8; 700]);
+        let err = untar_gz(b"not gzip", &["b.bin"]).unwrap_err().to_string();
+        assert!(err.contains("gzip"), "{err}");
+    }
+
+    #[test]
+    fn a_download_that_does_not_match_its_checksum_is_refused_and_not_cached() {
+        let dir = std::env::temp_dir().join(format!("cohort-datasets-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("source.bin");
+        std::fs::write(&source, b"the data").unwrap();
+        let url = format!("file://{}", source.display());
+        let cache = dir.join("cache");
+        let wrong = "0".repeat(64);
+        let err = fetch_checked(&cache, "x.bin", &url, &wrong)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("SHA-256") && err.contains(&url), "{err}");
+        assert!(!cache.join("x.bin").exists());
+        // The right checksum: fetched, cached, then read from the cache.
+        let right = hex_sha256(b"the data");
+        assert_eq!(
+            fetch_checked(&cache, "x.bin", &url, &right).unwrap(),
+            b"the data"
+        );
+        std::fs::remove_file(&source).unwrap();
+        assert_eq!(
+            fetch_checked(&cache, "x.bin", &url, &right).unwrap(),
+            b"the data"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn mnist_idx_files_are_parsed_and_checked() {
+        let mut images = vec![0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 28, 0, 0, 0, 28];
+        images.extend(std::iter::repeat_n(255u8, 2 * 784));
+        let labels = vec![0, 0, 8, 1, 0, 0, 0, 2, 3, 9];
+        let split = mnist::parse_split(&images, &labels).unwrap();
+        assert_eq!(split.images.dims(), [2, 1, 28, 28]);
+        assert_eq!(split.labels.to_vec1::<u32>().unwrap(), [3, 9]);
+        let err = mnist::parse_split(&images[..100], &labels)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("length"), "{err}");
+        let err = mnist::parse_split(&labels, &labels)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("magic"), "{err}");
+    }
+}
