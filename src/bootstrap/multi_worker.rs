@@ -153,7 +153,9 @@ pub fn multi_worker_config_from_env(communication_env: &str) -> Result<MultiWork
             .parse::<Communication>()
             .map_err(|e| format!("{communication_env}: {e}"))?
         {
-            // One GPU per task: NCCL takes one rank per GPU.
+            // A device named (`nccl:N`) is taken as given.
+            explicit @ Communication::Nccl { .. } if text.trim() != "nccl" => explicit,
+            // Plain `nccl` on a machine of several tasks: one GPU per task, by its place.
             Communication::Nccl { .. } => {
                 let chiefs = cluster.cluster.num_tasks(TaskType::Chief);
                 let place = match cluster.task.task_type {

@@ -322,7 +322,11 @@ pub fn run() -> ExitCode {
             env.extend([
                 (
                     crate::workloads::mwms_demo::COMMUNICATION_ENV.to_string(),
-                    communication.to_string(),
+                    // Plain `nccl`: each task takes the GPU of its place in the cluster.
+                    match communication {
+                        crate::strategy::Communication::Nccl { .. } => "nccl".to_string(),
+                        ring => ring.to_string(),
+                    },
                 ),
                 (
                     crate::workloads::mwms_demo::EPOCHS_ENV.to_string(),

@@ -24,15 +24,15 @@ use crate::train::{StepSpec, TrainError};
 
 /// The arguments of [`Model::fit`] beyond the data (Keras' `fit(...)` keywords).
 pub struct Fit {
-    epochs: usize,
-    steps_per_epoch: Option<usize>,
-    validation_data: Option<Dataset>,
-    validation_steps: Option<usize>,
-    callbacks: Vec<Box<dyn Callback>>,
-    verbose: bool,
-    distribute: DistributeOptions,
-    notice: Option<Arc<AtomicBool>>,
-    drain: Option<Arc<AtomicBool>>,
+    pub(crate) epochs: usize,
+    pub(crate) steps_per_epoch: Option<usize>,
+    pub(crate) validation_data: Option<Dataset>,
+    pub(crate) validation_steps: Option<usize>,
+    pub(crate) callbacks: Vec<Box<dyn Callback>>,
+    pub(crate) verbose: bool,
+    pub(crate) distribute: DistributeOptions,
+    pub(crate) notice: Option<Arc<AtomicBool>>,
+    pub(crate) drain: Option<Arc<AtomicBool>>,
 }
 
 impl Fit {
@@ -162,9 +162,6 @@ impl Cursor {
     }
 }
 
-/// Repeated collective failures of one epoch's validation before `fit` gives up.
-const VALIDATION_ATTEMPTS: usize = 3;
-
 impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     /// Trains for `fit`'s epochs over `data` (Keras' `fit`): batches of `(features, labels)`
     /// or `(features, labels, sample_weights)` at the global batch size.
@@ -219,7 +216,8 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         let backup_index = callbacks.iter_mut().position(|c| c.as_backup().is_some());
         let variables = self.variables().to_vec();
         let network = Arc::clone(self.replicated());
-        let is_chief = self.model_strategy().is_chief();
+        // Rank 0 of the group now (it changes as the group re-forms): the one that writes.
+        let mut is_chief = self.model_strategy().is_chief();
         let local_copies = self.strategy().local_replicas().len();
         let mut history = History::default();
 
@@ -246,18 +244,9 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                         .restore_into(&mut state, local_copies)
                         .map_err(|detail| KerasError::Backup { dir, detail })?;
                 }
-                // A worker lost meanwhile: the first step boundary fails with that loss, and
-                // re-forming agrees on the state instead (the chief's restored step is the
-                // most advanced, unless the chief is the one lost).
-                if let Err(e) = self.model_strategy().agree(&mut state) {
-                    let err = TrainError::from(e);
-                    match err.collective_cause() {
-                        Some(crate::collective::CollectiveError::Application { .. }) | None => {
-                            return Err(err.into())
-                        }
-                        Some(_) => {}
-                    }
-                }
+                // A worker lost while the restored state is handed out leaves the others with
+                // part of it: fail, and let the job start again (restoring again).
+                self.model_strategy().agree(&mut state)?;
                 if state.step > 0 || state.position > 0 {
                     history.resumed_at = Some(state.step);
                     tracing::info!(step = state.step, "fit resumes from a backup");
@@ -315,13 +304,60 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                 step_in_epoch = within;
             }};
         }
+        // The end of an epoch: its logs with validation, the callbacks, the history, the
+        // epoch's backup.
+        macro_rules! finish_epoch {
+            () => {{
+                let logs = epoch_logs(&metrics, &totals, optimizer.learning_rate());
+                let logs = self.end_epoch(
+                    logs,
+                    validation_data.as_ref(),
+                    validation_steps,
+                    &mut step,
+                    &mut cursor,
+                    &variables,
+                    &optimizer,
+                    &mut history,
+                )?;
+                is_chief = self.model_strategy().is_chief();
+                let stop_asked = stop_training;
+                each_callback!(|cb, ctx| cb.on_epoch_end(epoch, &logs, &mut ctx));
+                stop_training |= stop_asked;
+                history.epochs.push(logs.clone());
+                history.epoch_numbers.push(epoch);
+                last_logs = logs;
+                self.backup_at_epoch_end(
+                    &mut callbacks,
+                    backup_index,
+                    is_chief,
+                    step,
+                    cursor,
+                    &variables,
+                    &optimizer,
+                )?;
+                epoch += 1;
+                step_in_epoch = 0;
+                epoch_open = false;
+            }};
+        }
         each_callback!(|cb, ctx| cb.on_train_begin(&mut ctx));
 
         'group: while epoch < epochs && !stop_training {
             let strategy = self.strategy();
             let distributed = strategy.experimental_distribute_dataset(data.clone(), distribute)?;
+            if distributed.applied_shard_policy() == Some(crate::data::AutoShardPolicy::File) {
+                // Each worker would end its pass when its own files do, and the workers'
+                // collectives would no longer pair.
+                return Err(KerasError::Config(
+                    "fit: the data is sharded by files over the workers, whose passes can then \
+                     end at different steps; give DistributeOptions::with_policy(AutoShardPolicy::Data) \
+                     (every worker reads every global batch and keeps its slices)"
+                        .into(),
+                ));
+            }
             let mut iter = distributed.iter_at_pass(cursor.pass, cursor.batches)?;
             while epoch < epochs && !stop_training {
+                is_chief = self.model_strategy().is_chief();
                 if !epoch_open {
                     totals.iter_mut().for_each(|t| *t = 0.0);
                     epoch_open = true;
@@ -402,33 +438,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     cursor = cursor.next_pass();
                     if steps_per_epoch.is_none() {
                         known_steps = Some(step_in_epoch);
-                        let logs = epoch_logs(&metrics, &totals, optimizer.learning_rate());
-                        let logs = self.end_epoch(
-                            logs,
-                            validation_data.as_ref(),
-                            validation_steps,
-                            &mut step,
-                            &mut cursor,
-                            &variables,
-                            &optimizer,
-                            &mut history,
-                        )?;
-                        each_callback!(|cb, ctx| cb.on_epoch_end(epoch, &logs, &mut ctx));
-                        history.epochs.push(logs.clone());
-                        history.epoch_numbers.push(epoch);
-                        last_logs = logs;
-                        self.backup_at_epoch_end(
-                            &mut callbacks,
-                            backup_index,
-                            is_chief,
-                            step,
-                            cursor,
-                            &variables,
-                            &optimizer,
-                        )?;
-                        epoch += 1;
-                        step_in_epoch = 0;
-                        epoch_open = false;
+                        finish_epoch!();
                     }
                     continue 'group;
                 };
@@ -483,34 +493,10 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                                 &optimizer,
                             )?;
                         }
-                        if steps_per_epoch == Some(step_in_epoch) {
-                            let logs = epoch_logs(&metrics, &totals, optimizer.learning_rate());
-                            let logs = self.end_epoch(
-                                logs,
-                                validation_data.as_ref(),
-                                validation_steps,
-                                &mut step,
-                                &mut cursor,
-                                &variables,
-                                &optimizer,
-                                &mut history,
-                            )?;
-                            each_callback!(|cb, ctx| cb.on_epoch_end(epoch, &logs, &mut ctx));
-                            history.epochs.push(logs.clone());
-                            history.epoch_numbers.push(epoch);
-                            last_logs = logs;
-                            self.backup_at_epoch_end(
-                                &mut callbacks,
-                                backup_index,
-                                is_chief,
-                                step,
-                                cursor,
-                                &variables,
-                                &optimizer,
-                            )?;
-                            epoch += 1;
-                            step_in_epoch = 0;
-                            epoch_open = false;
+                        // Keras ends the epoch, validation and callbacks included, when a
+                        // callback stops training in its middle.
+                        if steps_per_epoch == Some(step_in_epoch) || stop_training {
+                            finish_epoch!();
                         }
                     }
                     Err(KerasError::Train(err)) => {
@@ -551,6 +537,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         }
         history.step = step;
         history.stopped_early = stop_training;
+        is_chief = self.model_strategy().is_chief();
         let mut ctx = context!();
         for cb in callbacks.iter_mut() {
             cb.on_train_end(&last_logs, &mut ctx)?;
@@ -615,8 +602,8 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         }
     }
 
-    /// The epoch's logs with the validation's figures added (re-forming the group and
-    /// evaluating again if a worker is lost meanwhile).
+    /// The epoch's logs with the validation's figures added (without them when a worker was
+    /// lost meanwhile: the group re-forms).
     #[allow(clippy::too_many_arguments)]
     fn end_epoch(
         &mut self,
@@ -632,23 +619,27 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         let Some(validation) = validation else {
             return Ok(logs);
         };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.evaluate_steps(validation, validation_steps) {
-                Ok(val) => {
-                    logs.extend_prefixed("val_", &val);
-                    return Ok(logs);
-                }
-                Err(KerasError::Strategy(e)) if attempt < VALIDATION_ATTEMPTS => {
-                    self.recover_or_fail(e.into(), step, cursor, variables, optimizer, history)?;
-                }
-                Err(KerasError::Train(e)) if attempt < VALIDATION_ATTEMPTS => {
-                    self.recover_or_fail(e, step, cursor, variables, optimizer, history)?;
-                }
-                Err(e) => return Err(e),
+        match self.evaluate_steps(validation, validation_steps) {
+            Ok(val) => logs.extend_prefixed("val_", &val),
+            // A worker lost during validation: the group re-forms, and this epoch goes without
+            // validation figures. Evaluating again is not safe: a survivor that failed in the
+            // epoch's last step instead re-forms at the same agreed step and goes on with the
+            // next epoch's first step boundary, which this worker must meet.
+            Err(KerasError::Strategy(e)) => {
+                self.recover_or_fail(e.into(), step, cursor, variables, optimizer, history)?;
+                tracing::warn!(
+                    "a worker was lost during validation: this epoch has no validation figures"
+                );
             }
+            Err(KerasError::Train(e)) => {
+                self.recover_or_fail(e, step, cursor, variables, optimizer, history)?;
+                tracing::warn!(
+                    "a worker was lost during validation: this epoch has no validation figures"
+                );
+            }
+            Err(e) => return Err(e),
         }
+        Ok(logs)
     }
 
     fn backup_frequency(

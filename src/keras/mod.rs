@@ -2,7 +2,8 @@
 //! a [`Loss`] and [`metrics`]; [`Model::fit`] with epochs, steps per epoch, validation data and
 //! [`callbacks`]; [`Model::evaluate`], [`Model::predict`], [`Model::save`] and
 //! [`Model::load`]. The same code trains under the default strategy, `OneDevice`, `Mirrored`,
-//! `CentralStorage` and `MultiWorkerMirrored`.
+//! `CentralStorage` and `MultiWorkerMirrored`; under ParameterServerStrategy, [`PsFit`] runs
+//! `fit` from the chief's coordinator.
 //!
 //! ```
 //! use cohort::candle::{Device, Module, Tensor};
@@ -47,12 +48,14 @@ mod logs;
 mod loss;
 pub mod metrics;
 mod model;
+mod ps;
 mod save;
 
 pub use fit::{Fit, History};
 pub use logs::Logs;
 pub use loss::Loss;
 pub use model::{Model, ModelStrategy};
+pub use ps::PsFit;
 
 use std::path::{Path, PathBuf};
 
@@ -113,6 +116,9 @@ pub enum KerasError {
     /// A layer, loss or metric failed.
     #[error(transparent)]
     Nn(#[from] NnError),
+    /// The parameter-server cluster refused or failed an operation (`PsFit::fit`).
+    #[error(transparent)]
+    Cluster(#[from] crate::program::CoordinatorError),
     /// A strategy operation failed.
     #[error(transparent)]
     Strategy(#[from] StrategyError),

@@ -196,6 +196,41 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         &self.variables
     }
 
+    /// A table of the variables (name, shape, parameters) and the totals, trainable and not
+    /// (Keras' `model.summary()`).
+    pub fn summary(&self) -> String {
+        let width = self
+            .variables
+            .iter()
+            .map(|v| v.name().len())
+            .max()
+            .unwrap_or(8)
+            .max(8);
+        let mut out = format!(
+            "{:<width$}  {:<16}  {:>10}\n",
+            "variable", "shape", "params"
+        );
+        let (mut trainable, mut other) = (0usize, 0usize);
+        for v in &self.variables {
+            let params: usize = v.shape().iter().product();
+            if v.trainable() {
+                trainable += params;
+            } else {
+                other += params;
+            }
+            let shape = format!("{:?}", v.shape());
+            out.push_str(&format!(
+                "{:<width$}  {shape:<16}  {params:>10}\n",
+                v.name()
+            ));
+        }
+        out.push_str(&format!(
+            "total params: {}\ntrainable params: {trainable}\nnon-trainable params: {other}\n",
+            trainable + other
+        ));
+        out
+    }
+
     /// The optimizer `compile` set.
     pub fn optimizer(&self) -> Option<&Arc<DistributedOptimizer>> {
         self.compiled.as_ref().map(|c| &c.optimizer)
@@ -295,7 +330,27 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                 .into_values()
                 .into_iter()
                 .collect::<Result<Vec<_>, _>>()?;
-            outputs.push(strategy.gather(&PerReplica::new(values), 0)?);
+            let rows: Vec<Tensor> = values
+                .iter()
+                .map(|v| {
+                    Tensor::new(
+                        &[v.dims().first().copied().unwrap_or(0) as i64],
+                        &Device::Cpu,
+                    )
+                })
+                .collect::<Result<_, _>>()?;
+            let gathered = strategy.gather(&PerReplica::new(values), 0)?;
+            outputs.push(match distributed.applied_shard_policy() {
+                // DATA sharding deals a global batch's slices to the workers in turn (worker
+                // `w`'s replica `r` holds slice `w + r × workers`): put them back in order.
+                Some(crate::data::AutoShardPolicy::Data) => {
+                    let rows = strategy
+                        .gather(&PerReplica::new(rows), 0)?
+                        .to_vec1::<i64>()?;
+                    in_slice_order(&gathered, &rows, strategy.local_replicas().len())?
+                }
+                _ => gathered,
+            });
         }
         if outputs.is_empty() {
             return Err(KerasError::Config(
@@ -304,6 +359,27 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         }
         Ok(Tensor::cat(&outputs, 0)?)
     }
+}
+
+/// `gathered` (every replica's rows, worker after worker, `local` replicas each, `rows[g]`
+/// rows from replica `g`) with the slices in the order DATA sharding cut them from the global
+/// batch: slice `s` is on worker `s % workers`, replica `s / workers`.
+fn in_slice_order(gathered: &Tensor, rows: &[i64], local: usize) -> Result<Tensor, KerasError> {
+    let local = local.max(1);
+    let workers = rows.len() / local;
+    let mut starts = Vec::with_capacity(rows.len());
+    let mut at = 0usize;
+    for &n in rows {
+        starts.push(at);
+        at += n.max(0) as usize;
+    }
+    let pieces = (0..rows.len())
+        .map(|slice| {
+            let g = (slice % workers.max(1)) * local + slice / workers.max(1);
+            gathered.narrow(0, starts[g], rows[g].max(0) as usize)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Tensor::cat(&pieces, 0)?)
 }
 
 /// Features, labels and per-example weights (ones when the element has none) of a batch.

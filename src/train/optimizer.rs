@@ -237,9 +237,11 @@ impl DistributedOptimizer {
         let (step, kernel) = {
             let mut state = self.lock();
             let done = state.iterations.get(&replica).copied().unwrap_or(0);
-            let rate = state.schedule.at(done);
+            let kernel = self.optimizer.with_learning_rate(state.schedule.at(done));
+            // A rate the kernel refuses fails the step before it counts.
+            kernel.validate()?;
             state.iterations.insert(replica, done + 1);
-            (done + 1, self.optimizer.with_learning_rate(rate))
+            (done + 1, kernel)
         };
         let mut offset = 0;
         for (grad, var) in &pairs {
@@ -460,7 +462,7 @@ mod tests {
     fn gradients_are_clipped_by_global_norm_and_the_rate_follows_the_schedule() {
         let w = Variable::new("w", Tensor::new(&[0f32, 0.], &Device::Cpu).unwrap()).unwrap();
         let schedule = LearningRateSchedule::PiecewiseConstant {
-            boundaries: vec![1],
+            boundaries: vec![0],
             values: vec![1.0, 0.5],
         };
         let opt = DistributedOptimizer::new(Optimizer::sgd(1.0))

@@ -33,8 +33,10 @@ pub enum LearningRateSchedule {
         /// Whether the rate changes in steps rather than continuously.
         staircase: bool,
     },
-    /// `values[i]` while `step < boundaries[i]` (and `values[boundaries.len()]` after the
-    /// last): `values` has one more entry than `boundaries`, which increase.
+    /// `values[0]` while `step <= boundaries[0]`, `values[i]` while
+    /// `boundaries[i - 1] < step <= boundaries[i]`, and the last value after the last boundary
+    /// (Keras' `PiecewiseConstantDecay`): `values` has one more entry than `boundaries`, which
+    /// increase.
     PiecewiseConstant {
         /// The steps where the rate changes, increasing.
         boundaries: Vec<u64>,
@@ -116,6 +118,11 @@ impl LearningRateSchedule {
             } => {
                 rate("initial", *initial)?;
                 rate("decay_rate", *decay_rate)?;
+                if *decay_rate > 1.0 {
+                    return Err(ScheduleError(format!(
+                        "decay_rate = {decay_rate} grows the rate without bound: give at most 1"
+                    )));
+                }
                 if *decay_steps == 0 {
                     return Err(ScheduleError("decay_steps must be at least 1".into()));
                 }
@@ -169,7 +176,7 @@ impl LearningRateSchedule {
                 (f64::from(*initial) * f64::from(*decay_rate).powf(p)) as f32
             }
             Self::PiecewiseConstant { boundaries, values } => {
-                let index = boundaries.iter().take_while(|&&b| step >= b).count();
+                let index = boundaries.iter().take_while(|&&b| step > b).count();
                 values.get(index).or(values.last()).copied().unwrap_or(0.0)
             }
             Self::CosineDecay {
@@ -228,9 +235,16 @@ mod tests {
             values: vec![1.0, 0.5, 0.1],
         };
         assert_eq!(
-            [0, 9, 10, 19, 20, 1000].map(|s| piecewise.at(s)),
+            [0, 10, 11, 20, 21, 1000].map(|s| piecewise.at(s)),
             [1.0, 1.0, 0.5, 0.5, 0.1, 0.1]
         );
+        let growing = LearningRateSchedule::ExponentialDecay {
+            initial: 1.0,
+            decay_steps: 10,
+            decay_rate: 1.5,
+            staircase: false,
+        };
+        assert!(growing.validate().is_err());
     }
 
     #[test]

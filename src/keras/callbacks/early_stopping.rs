@@ -15,7 +15,12 @@ pub enum Mode {
 }
 
 /// Stops training once `monitor` has not improved by more than `min_delta` for `patience`
-/// epochs, optionally restoring the weights of the best epoch (Keras' `EarlyStopping`).
+/// epochs in a row (at least one), optionally restoring the weights of the best epoch
+/// (Keras' `EarlyStopping`).
+///
+/// Under MultiWorkerMirrored every worker must decide alike: monitor a validation figure
+/// (`val_...`, evaluated over every worker), not a training one, whose running figures a
+/// worker that joined or re-formed mid-epoch counts from then on.
 #[derive(Debug)]
 pub struct EarlyStopping {
     monitor: String,
@@ -119,12 +124,24 @@ impl Callback for EarlyStopping {
             return Ok(());
         }
         self.wait += 1;
-        if self.wait > self.patience {
+        if self.wait >= self.patience.max(1) {
             self.stopped_epoch = Some(epoch);
             ctx.stop_training();
-            if let Some(best) = &self.best_weights {
-                ctx.set_weights(best)?;
+            if let Some(best) = self.best_weights.take() {
+                ctx.set_weights(&best)?;
             }
+        }
+        Ok(())
+    }
+
+    fn on_train_end(
+        &mut self,
+        _logs: &Logs,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        // Training ran to its end: the best epoch's weights all the same (Keras 3).
+        if let Some(best) = self.best_weights.take() {
+            ctx.set_weights(&best)?;
         }
         Ok(())
     }

@@ -10,6 +10,12 @@ type ScheduleFn = dyn Fn(usize, f32) -> f32 + Send;
 
 /// Sets the optimizer's learning rate to `schedule(epoch, current)` before each epoch; every
 /// worker computes the same rate (`fit` logs it as `learning_rate`).
+///
+/// The rate set is not part of the state a backup or a re-forming group carries: a job that
+/// resumes, or a worker that joins, starts from the optimizer's own rate and runs the schedule
+/// for the epoch it is in. Under `BackupAndRestore` or elastic MultiWorkerMirrored, make the
+/// rate a function of the epoch alone (or use a `LearningRateSchedule` of the step, which
+/// always agrees).
 pub struct LearningRateScheduler {
     schedule: Box<ScheduleFn>,
 }

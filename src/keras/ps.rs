@@ -1,0 +1,414 @@
+//! Keras' `fit` under ParameterServerStrategy: the chief's coordinator schedules one closure
+//! per step on the workers, which read their own per-worker dataset, pull the model's
+//! variables, compute gradients over their local replicas and push them (PS-1: each closure's
+//! update applied once); validation runs as closures too. Code never travels: every process
+//! registers the same steps ([`PsFit::register`]) and the chief runs [`PsFit::fit`].
+//!
+//! Recovery is the coordinator's: a lost worker's closure runs on another, a lost parameter
+//! server is restored from the newest checkpoint and the closures committed since run again;
+//! with a [`BackupAndRestore`] the chief saves those checkpoints and a restarted chief resumes
+//! at the step of the newest one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use candle_nn::{ModuleT, VarBuilder};
+
+use super::callbacks::{BackupAndRestore, Callback, ProgbarLogger, SaveFreq, TrainingContext};
+use super::metrics::Metric;
+use super::model::{batch_stats, logs_of, split_element, stats_len};
+use super::{Fit, History, KerasError, Logs, Loss};
+use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
+use crate::optim::Optimizer;
+use crate::program::{ClusterCoordinator, Program, ServerModel, Step, StepContext, StepError};
+use crate::train::DistributedOptimizer;
+use crate::variable::Partitioner;
+
+/// A step of training: the global step it is; its statistics (loss, examples, metrics).
+static TRAIN: Step<u64, Vec<f64>> = Step::new("cohort.keras.train");
+/// A step of validation: its statistics.
+static EVALUATE: Step<(), Vec<f64>> = Step::new("cohort.keras.evaluate");
+
+type BuildFn<N> = dyn Fn(VarBuilder<'static>) -> candle_core::Result<N> + Send + Sync;
+type PartitionFn = dyn Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync;
+
+/// A candle-nn network trained by Keras' `fit` on a parameter-server cluster (see the
+/// module docs). The servers apply its optimizer, at its constant learning rate (the servers'
+/// kernels take no schedule: `LearningRateScheduler` and `LearningRateSchedule` do not reach
+/// them). Callbacks run on the chief, which holds no copy of the weights: `EarlyStopping`'s
+/// `restore_best_weights` and `ModelCheckpoint` have nothing to save there.
+///
+/// Calling protocol:
+/// 1. every process builds the same `PsFit` and calls [`PsFit::register`] on its `Program`,
+///    beside `Program::dataset` for the training (and validation) data: a function of the
+///    worker's input context giving that worker's batches, repeated for as long as training
+///    runs;
+/// 2. the chief's function calls [`PsFit::fit`] with the coordinator.
+pub struct PsFit<N> {
+    seed: u64,
+    optimizer: Optimizer,
+    build: Arc<BuildFn<N>>,
+    loss: Loss,
+    metrics: Arc<[Box<dyn Metric>]>,
+    train_data: String,
+    validation_data: Option<String>,
+    partitioner: Arc<PartitionFn>,
+}
+
+impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
+    /// A network built by `build` (initial weights drawn from `seed`, as `Model::new`
+    /// draws them), trained by the servers with `optimizer` on `loss`, reporting `metrics`,
+    /// on the per-worker dataset registered as `train_data`.
+    pub fn new<F>(
+        seed: u64,
+        build: F,
+        optimizer: Optimizer,
+        loss: Loss,
+        metrics: Vec<Box<dyn Metric>>,
+        train_data: &str,
+    ) -> Self
+    where
+        F: Fn(VarBuilder<'static>) -> candle_core::Result<N> + Send + Sync + 'static,
+    {
+        Self {
+            seed,
+            optimizer,
+            build: Arc::new(build),
+            loss,
+            metrics: metrics.into(),
+            train_data: train_data.to_owned(),
+            validation_data: None,
+            partitioner: Arc::new(|_, _| None),
+        }
+    }
+
+    /// Validates after each epoch on the per-worker dataset registered as `name`
+    /// (`Fit::validation_steps` batches; the figures are `val_<name>`).
+    pub fn validation_data(mut self, name: &str) -> Self {
+        self.validation_data = Some(name.to_owned());
+        self
+    }
+
+    /// How each variable is split over the servers (`None`: whole, placed round-robin), by
+    /// name and shape: an embedding table split by rows, say.
+    pub fn partitioner(
+        mut self,
+        partitioner: impl Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync + 'static,
+    ) -> Self {
+        self.partitioner = Arc::new(partitioner);
+        self
+    }
+
+    /// Registers the training and validation steps and the servers' optimizer on `program`
+    /// (every process).
+    pub fn register(self: &Arc<Self>, program: Program) -> Program {
+        let train = Arc::clone(self);
+        let evaluate = Arc::clone(self);
+        program
+            .optimizer(self.optimizer)
+            .step(&TRAIN, move |ctx: &mut StepContext<'_>, _step: u64| {
+                train.train_closure(ctx)
+            })
+            .step(&EVALUATE, move |ctx: &mut StepContext<'_>, ()| {
+                evaluate.evaluate_closure(ctx)
+            })
+    }
+
+    /// One training step on a worker: the next batch of its dataset, the gradients of its
+    /// replicas, one push per variable; the batch's statistics.
+    fn train_closure(&self, ctx: &mut StepContext<'_>) -> Result<Vec<f64>, StepError> {
+        let element = ctx.next(&self.train_data)?;
+        let model = ServerModel::build(ctx, |vb| (self.build)(vb))?;
+        let stats = Mutex::new(vec![0.0f64; stats_len(&self.metrics)]);
+        let step_error: Mutex<Option<String>> = Mutex::new(None);
+        model.train_step(ctx, &element, self.seed, |net, batch| {
+            let element = batch.to_vec();
+            let (x, y, weights) =
+                split_element(&element).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let predictions = net.forward_t(x, true)?;
+            let per_example = self
+                .loss
+                .per_example(&predictions, y)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            match batch_stats(
+                &self.loss,
+                &self.metrics,
+                y,
+                Some(&predictions.detach()),
+                weights.clone(),
+            ) {
+                Ok(replica) => {
+                    let replica = replica.to_vec1::<f64>()?;
+                    let mut total = stats.lock().unwrap_or_else(|p| p.into_inner());
+                    for (t, s) in total.iter_mut().zip(replica) {
+                        *t += s;
+                    }
+                }
+                Err(e) => {
+                    *step_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string())
+                }
+            }
+            let w = Tensor::new(weights.as_slice(), per_example.device())?;
+            per_example.to_dtype(DType::F32)? * w
+        })?;
+        if let Some(e) = step_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(StepError::Step(e));
+        }
+        Ok(stats.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// One validation step on a worker: the next batch of its validation dataset, the
+    /// network in inference mode; the batch's statistics.
+    fn evaluate_closure(&self, ctx: &mut StepContext<'_>) -> Result<Vec<f64>, StepError> {
+        let name = self
+            .validation_data
+            .as_deref()
+            .ok_or_else(|| StepError::Step("no validation dataset was given".into()))?;
+        let element = ctx.next(name)?;
+        let model = ServerModel::build(ctx, |vb| (self.build)(vb))?;
+        let (x, y, weights) =
+            split_element(&element).map_err(|e| StepError::Step(e.to_string()))?;
+        let predictions = model.model().forward_t(x, false)?;
+        let stats = batch_stats(&self.loss, &self.metrics, y, Some(&predictions), weights)
+            .map_err(|e| StepError::Step(e.to_string()))?;
+        Ok(stats.to_vec1::<f64>()?)
+    }
+
+    /// Trains on the cluster (Keras' `fit` with a `ParameterServerStrategy`): creates the
+    /// variables on the servers, resumes from the newest backup where a [`BackupAndRestore`]
+    /// has one, and runs `fit`'s epochs of `steps_per_epoch` closures (required: the data is
+    /// per worker and runs on), each epoch's validation, and the callbacks, on the chief.
+    pub fn fit(
+        &self,
+        coordinator: &mut ClusterCoordinator,
+        fit: Fit,
+    ) -> Result<History, KerasError> {
+        let Fit {
+            epochs,
+            steps_per_epoch,
+            validation_data,
+            validation_steps,
+            callbacks: user_callbacks,
+            verbose,
+            ..
+        } = fit;
+        let steps_per_epoch = steps_per_epoch.filter(|&n| n > 0).ok_or_else(|| {
+            KerasError::Config(
+                "fit under ParameterServerStrategy needs steps_per_epoch (each worker's data \
+                 runs on)"
+                    .into(),
+            )
+        })?;
+        if epochs == 0 {
+            return Err(KerasError::Config("fit: epochs must be at least 1".into()));
+        }
+        if validation_data.is_some() {
+            return Err(KerasError::Config(
+                "under ParameterServerStrategy the validation data is a registered dataset \
+                 function (code never travels): give PsFit::validation_data(name)"
+                    .into(),
+            ));
+        }
+        let validation_steps = match (&self.validation_data, validation_steps) {
+            (Some(_), Some(n)) if n > 0 => n,
+            (Some(_), _) => {
+                return Err(KerasError::Config(
+                    "fit under ParameterServerStrategy with validation needs validation_steps"
+                        .into(),
+                ))
+            }
+            (None, _) => 0,
+        };
+        let mut callbacks: Vec<Box<dyn Callback>> = Vec::with_capacity(user_callbacks.len() + 1);
+        if verbose {
+            callbacks.push(Box::new(ProgbarLogger::stderr()));
+        }
+        callbacks.extend(user_callbacks);
+        let backup_index = callbacks.iter_mut().position(|c| c.as_backup().is_some());
+
+        let build = Arc::clone(&self.build);
+        let partitioner = Arc::clone(&self.partitioner);
+        ServerModel::create_variables(
+            coordinator,
+            self.seed,
+            |vb| build(vb),
+            |n, s| partitioner(n, s),
+        )
+        .map_err(coordinator_error)?;
+        let mut manager = match backup_index.and_then(|i| callbacks[i].as_backup()) {
+            Some(backup) => Some(open_manager(backup)?),
+            None => None,
+        };
+        let mut history = History::default();
+        let mut step = 0u64;
+        if let Some(manager) = manager.as_mut() {
+            if let Some(restored) = coordinator
+                .restore_checkpoint(manager)
+                .map_err(coordinator_error)?
+            {
+                history.resumed_at = Some(restored);
+                step = restored;
+            }
+        }
+        coordinator
+            .create_per_worker_dataset(&self.train_data)
+            .map_err(coordinator_error)?;
+        if let Some(name) = &self.validation_data {
+            coordinator
+                .create_per_worker_dataset(name)
+                .map_err(coordinator_error)?;
+        }
+
+        // The servers apply the gradients; this one only tells callbacks the rate.
+        let optimizer = DistributedOptimizer::new(self.optimizer);
+        let started = Instant::now();
+        let mut stop_training = false;
+        let mut last_logs = Logs::new();
+        let mut epoch = (step / steps_per_epoch as u64) as usize;
+        macro_rules! context {
+            ($within:expr) => {
+                TrainingContext {
+                    optimizer: &optimizer,
+                    variables: &[],
+                    is_chief: true,
+                    stop_training,
+                    step,
+                    step_in_epoch: $within,
+                    epochs,
+                    steps_per_epoch: Some(steps_per_epoch),
+                }
+            };
+        }
+        macro_rules! each_callback {
+            ($within:expr, |$cb:ident, $ctx:ident| $body:expr) => {{
+                let mut $ctx = context!($within);
+                for $cb in callbacks.iter_mut() {
+                    $body?;
+                }
+                stop_training = $ctx.stop_training;
+            }};
+        }
+        each_callback!(0, |cb, ctx| cb.on_train_begin(&mut ctx));
+        while epoch < epochs && !stop_training {
+            let epoch_start = epoch as u64 * steps_per_epoch as u64;
+            let epoch_end = epoch_start + steps_per_epoch as u64;
+            each_callback!((step - epoch_start) as usize, |cb, ctx| cb
+                .on_epoch_begin(epoch, &mut ctx));
+            let mut totals = vec![0.0f64; stats_len(&self.metrics)];
+            while step < epoch_end && !stop_training {
+                // Up to the next backup (which needs every closure before it committed).
+                let chunk_end = match backup_every(&mut callbacks, backup_index) {
+                    Some(n) => epoch_end.min((step / n + 1) * n),
+                    None => epoch_end,
+                };
+                let values = (step..chunk_end)
+                    .map(|s| coordinator.schedule(&TRAIN, s))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(coordinator_error)?;
+                for value in &values {
+                    let stats = coordinator.fetch(value).map_err(coordinator_error)?;
+                    for (t, s) in totals.iter_mut().zip(stats) {
+                        *t += s;
+                    }
+                    step += 1;
+                    let logs = logs_of(&self.metrics, &totals);
+                    each_callback!((step - epoch_start) as usize, |cb, ctx| cb
+                        .on_train_batch_end(step, &logs, &mut ctx));
+                }
+                coordinator.join().map_err(coordinator_error)?;
+                if let (Some(manager), Some(_)) =
+                    (manager.as_mut(), backup_every(&mut callbacks, backup_index))
+                {
+                    if manager.should_save(step, Instant::now()) {
+                        coordinator
+                            .save_checkpoint(manager, step)
+                            .map_err(coordinator_error)?;
+                    }
+                }
+            }
+            let mut logs = logs_of(&self.metrics, &totals);
+            logs.insert("learning_rate", f64::from(optimizer.learning_rate()));
+            if validation_steps > 0 {
+                let values = (0..validation_steps)
+                    .map(|_| coordinator.schedule(&EVALUATE, ()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(coordinator_error)?;
+                let mut val = vec![0.0f64; stats_len(&self.metrics)];
+                for value in &values {
+                    for (t, s) in val
+                        .iter_mut()
+                        .zip(coordinator.fetch(value).map_err(coordinator_error)?)
+                    {
+                        *t += s;
+                    }
+                }
+                logs.extend_prefixed("val_", &logs_of(&self.metrics, &val));
+            }
+            each_callback!((step - epoch_start) as usize, |cb, ctx| cb
+                .on_epoch_end(epoch, &logs, &mut ctx));
+            history.epochs.push(logs.clone());
+            history.epoch_numbers.push(epoch);
+            last_logs = logs;
+            if let (Some(manager), Some(backup)) = (
+                manager.as_mut(),
+                backup_index.and_then(|i| callbacks[i].as_backup()),
+            ) {
+                if backup.frequency() == SaveFreq::Epoch {
+                    coordinator.join().map_err(coordinator_error)?;
+                    coordinator
+                        .save_checkpoint(manager, step)
+                        .map_err(coordinator_error)?;
+                }
+            }
+            epoch += 1;
+        }
+        coordinator.join().map_err(coordinator_error)?;
+        history.step = step;
+        history.stopped_early = stop_training;
+        let mut ctx = context!(0);
+        for cb in callbacks.iter_mut() {
+            cb.on_train_end(&last_logs, &mut ctx)?;
+        }
+        if let Some(backup) = backup_index.and_then(|i| callbacks[i].as_backup()) {
+            drop(manager);
+            backup.finish(true)?;
+        }
+        tracing::info!(
+            steps = step,
+            seconds = started.elapsed().as_secs_f64(),
+            "fit on the parameter servers ended"
+        );
+        Ok(history)
+    }
+}
+
+/// The cadence of step backups, if the backup saves by steps.
+fn backup_every(callbacks: &mut [Box<dyn Callback>], index: Option<usize>) -> Option<u64> {
+    match index
+        .and_then(|i| callbacks[i].as_backup())
+        .map(|b| b.frequency())
+    {
+        Some(SaveFreq::Steps(n)) => Some(n.max(1)),
+        _ => None,
+    }
+}
+
+fn open_manager(backup: &BackupAndRestore) -> Result<CheckpointManager, KerasError> {
+    let policy = CheckpointPolicy {
+        save_every_steps: match backup.frequency() {
+            SaveFreq::Steps(n) => Some(n.max(1)),
+            SaveFreq::Epoch => None,
+        },
+        save_every: None,
+        keep_last: 2,
+    };
+    CheckpointManager::new(backup.dir(), policy, Instant::now()).map_err(|e| KerasError::Backup {
+        dir: backup.dir().to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+fn coordinator_error(e: crate::program::CoordinatorError) -> KerasError {
+    KerasError::Cluster(e)
+}

@@ -1,0 +1,252 @@
+//! `keras::PsFit`: Keras' `fit` under ParameterServerStrategy, over real processes (a chief,
+//! 2 parameter servers and 2 workers on 127.0.0.1): a candle-nn classifier trains to its
+//! target with validation, every closure applied once, with a worker or a parameter server
+//! SIGKILLed midway.
+
+mod ps_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cohort::candle::{Device, Module, ModuleT, Tensor};
+use cohort::candle_nn::{self, Linear, VarBuilder};
+use cohort::cluster::{TaskId, TaskType};
+use cohort::data::{DataError, Dataset, InputContext};
+use cohort::keras::callbacks::{BackupAndRestore, SaveFreq};
+use cohort::keras::{metrics, Fit, Loss, PsFit};
+use cohort::nn::{layer_norm, LayerNorm};
+use cohort::optim::Optimizer;
+use cohort::program::{ClusterCoordinator, CoordinatorError, Program};
+use cohort::variable::Partitioner;
+use ps_support::{ledger_and_stats, ps_counter, write_report, Run};
+
+const FEATURES: usize = 8;
+const CLASSES: usize = 3;
+const STEPS_PER_EPOCH: usize = 30;
+const EPOCHS: usize = 3;
+const VALIDATION_STEPS: usize = 3;
+
+struct Net {
+    hidden: Linear,
+    norm: LayerNorm,
+    out: Linear,
+}
+
+fn net(vb: VarBuilder<'static>) -> cohort::candle::Result<Net> {
+    Ok(Net {
+        hidden: candle_nn::linear(FEATURES, 16, vb.pp("hidden"))?,
+        norm: layer_norm(16, 1e-5, vb.pp("norm"))?,
+        out: candle_nn::linear(16, CLASSES, vb.pp("out"))?,
+    })
+}
+
+impl ModuleT for Net {
+    fn forward_t(&self, xs: &Tensor, _train: bool) -> cohort::candle::Result<Tensor> {
+        let h = self.norm.forward(&self.hidden.forward(xs)?.relu()?)?;
+        self.out.forward(&h)
+    }
+}
+
+/// Three separable clusters (class `c` centred at +2 on feature `c`), seeded noise.
+fn blobs(examples: usize, seed: u64) -> Result<Dataset, DataError> {
+    let mut state = seed.wrapping_mul(6364136223846793005) | 1;
+    let mut noise = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    let mut x = Vec::with_capacity(examples * FEATURES);
+    let mut y = Vec::with_capacity(examples);
+    for i in 0..examples {
+        let class = i % CLASSES;
+        for f in 0..FEATURES {
+            x.push(if f == class { 2.0 } else { 0.0 } + 1.5 * noise());
+        }
+        y.push(class as u32);
+    }
+    Dataset::from_tensor_slices(vec![
+        Tensor::from_vec(x, (examples, FEATURES), &Device::Cpu)?,
+        Tensor::from_vec(y, examples, &Device::Cpu)?,
+    ])
+}
+
+/// Each worker's batches of 32, its own shard, repeated; slowed to 20 ms a batch so that a
+/// fault lands midway.
+fn train_data(ctx: &InputContext) -> Result<Dataset, DataError> {
+    let data = blobs(384, 1)?
+        .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        .shuffle(384, 7 + ctx.input_pipeline_id as u64)
+        .repeat(None)
+        .batch(32, true);
+    data.map(|element| {
+        std::thread::sleep(Duration::from_millis(20));
+        Ok(element)
+    })
+}
+
+fn validation_data(_ctx: &InputContext) -> Result<Dataset, DataError> {
+    Ok(blobs(96, 2)?.repeat(None).batch(32, true))
+}
+
+fn ps_fit() -> Arc<PsFit<Net>> {
+    Arc::new(
+        PsFit::new(
+            11,
+            net,
+            Optimizer::adam(0.02),
+            Loss::sparse_categorical_crossentropy(),
+            vec![Box::new(metrics::Accuracy::sparse_categorical())],
+            "train",
+        )
+        .validation_data("validation")
+        // The hidden layer's kernel split over both servers.
+        .partitioner(|name, _| {
+            (name == "hidden.weight").then_some(Partitioner::FixedShards { num_shards: 2 })
+        }),
+    )
+}
+
+fn program() -> Program {
+    let fit = ps_fit();
+    fit.register(
+        Program::new("keras-ps")
+            .dataset("train", train_data)
+            .dataset("validation", validation_data),
+    )
+    .chief(chief)
+}
+
+fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
+    let backup = ps_support::child_dir().join("backup");
+    let history = ps_fit()
+        .fit(
+            coordinator,
+            Fit::epochs(EPOCHS)
+                .steps_per_epoch(STEPS_PER_EPOCH)
+                .validation_steps(VALIDATION_STEPS)
+                .verbose(false)
+                .callback(
+                    BackupAndRestore::new(&backup)
+                        .save_freq(SaveFreq::Steps(10))
+                        .delete_checkpoint(false),
+                ),
+        )
+        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+    let mut report = ledger_and_stats(coordinator)?;
+    report["step"] = serde_json::json!(history.step);
+    report["resumed_at"] = serde_json::json!(history.resumed_at);
+    report["loss"] = serde_json::json!(history.get("loss"));
+    report["val_accuracy"] = serde_json::json!(history.get("val_accuracy"));
+    write_report(&report)
+}
+
+#[test]
+fn cluster_task() {
+    ps_support::run_if_child(program);
+}
+
+/// What every run must show: the exact step count, every training and validation closure
+/// committed once and applied once on each server, and a model that learnt.
+fn check(report: &serde_json::Value, what: &str) {
+    let total = (EPOCHS * STEPS_PER_EPOCH) as u64;
+    assert_eq!(report["step"], total, "{what}: {report}");
+    let closures = total + (EPOCHS * VALIDATION_STEPS) as u64;
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["committed"], closures, "{what}: LEDGER-1: {ledger}");
+    assert_eq!(ledger["balances"], true, "{what}: {ledger}");
+    let losses: Vec<f64> = serde_json::from_value(report["loss"].clone()).unwrap();
+    assert!(
+        losses.last().unwrap() < &losses[0],
+        "{what}: the loss did not fall: {losses:?}"
+    );
+    let accuracy: Vec<f64> = serde_json::from_value(report["val_accuracy"].clone()).unwrap();
+    assert!(
+        *accuracy.last().unwrap() > 0.9,
+        "{what}: validation accuracy {accuracy:?}"
+    );
+}
+
+#[test]
+fn fit_trains_a_candle_model_on_the_parameter_servers() {
+    let run = Run::new("keras-ps", "", &[]);
+    let report = run.launch();
+    check(&report, "fault-free");
+    // PS-1: every training closure pushed once to each server.
+    assert_eq!(
+        ps_counter(&report, "applied"),
+        [(EPOCHS * STEPS_PER_EPOCH) as u64; 2],
+        "{report}"
+    );
+}
+
+#[test]
+fn fit_goes_on_when_a_worker_is_killed_midway() {
+    let mut run = Run::new("keras-ps-worker", "", &[]);
+    run.kill_once = Some((
+        TaskId::new(TaskType::Worker, 1),
+        Duration::from_millis(1200),
+    ));
+    let (code, exits) = run.launch_with_exits(&[]);
+    assert_eq!(code, 0, "the chief failed; its log is above");
+    assert!(
+        exits
+            .iter()
+            .any(|e| e.task == TaskId::new(TaskType::Worker, 1) && e.signal == Some(9)),
+        "worker/1 was not killed: {exits:?}"
+    );
+    let report = run.report();
+    check(&report, "a worker killed");
+    assert_eq!(
+        ps_counter(&report, "applied"),
+        [(EPOCHS * STEPS_PER_EPOCH) as u64; 2],
+        "PS-1: {report}"
+    );
+}
+
+#[test]
+fn fit_goes_on_when_a_parameter_server_is_killed_midway() {
+    let mut run = Run::new("keras-ps-server", "", &[]);
+    run.kill_once = Some((TaskId::new(TaskType::Ps, 0), Duration::from_millis(1500)));
+    let (code, exits) = run.launch_with_exits(&[]);
+    assert_eq!(code, 0, "the chief failed; its log is above");
+    assert!(
+        exits
+            .iter()
+            .any(|e| e.task == TaskId::new(TaskType::Ps, 0) && e.signal == Some(9)),
+        "ps/0 was not killed: {exits:?}"
+    );
+    check(&run.report(), "a parameter server killed");
+}
+
+/// The chief SIGKILLed midway and restarted: it resumes from the newest backup at its step
+/// and runs exactly the steps left.
+#[test]
+fn a_restarted_chief_resumes_fit_from_its_backup() {
+    let mut run = Run::new("keras-ps-chief", "", &[]);
+    run.kill_once = Some((TaskId::new(TaskType::Chief, 0), Duration::from_millis(1500)));
+    run.restart_chief = true;
+    let (code, exits) = run.launch_with_exits(&[]);
+    assert_eq!(code, 0, "the chief failed; its log is above");
+    assert!(
+        exits
+            .iter()
+            .any(|e| e.task == TaskId::new(TaskType::Chief, 0) && e.signal == Some(9)),
+        "the chief was not killed: {exits:?}"
+    );
+    let report = run.report();
+    let resumed = report["resumed_at"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no resume: {report}"));
+    assert!(resumed > 0 && resumed % 10 == 0, "resumed at {resumed}");
+    assert_eq!(
+        report["step"],
+        (EPOCHS * STEPS_PER_EPOCH) as u64,
+        "{report}"
+    );
+    let accuracy: Vec<f64> = serde_json::from_value(report["val_accuracy"].clone()).unwrap();
+    assert!(
+        *accuracy.last().unwrap() > 0.9,
+        "validation accuracy {accuracy:?}"
+    );
+}
