@@ -61,6 +61,17 @@ fn a_bad_flag_or_environment_value_exits_2_naming_the_key() {
         .args(["role", "--job", "demo", "--detection-budget", "fast"])
         .env("TF_CONFIG", TF_CONFIG));
     expect_refused(&out, &["--detection-budget", "\"fast\" is not a duration"]);
+    // One fault at a time: a server or a worker killed, not both.
+    let out = run(cohort(&dir.0).args([
+        "launch",
+        "--kill-ps-after",
+        "5s",
+        "--kill-worker-after",
+        "5s",
+    ]));
+    expect_refused(&out, &["--kill-ps-after", "--kill-worker-after"]);
+    let out = run(cohort(&dir.0).args(["launch", "--kill-ps-after", "soon"]));
+    expect_refused(&out, &["--kill-ps-after", "\"soon\" is not a duration"]);
     let out = run(cohort(&dir.0)
         .args(["role", "--job", "demo", "--task-index", "4"])
         .env("TF_CONFIG", TF_CONFIG));

@@ -258,6 +258,7 @@ fn sigterm_to_the_chief_saves_a_checkpoint_exits_143_and_a_relaunch_resumes_from
         ps: 2.into(),
         evaluators: 0,
         kill_worker_after: None,
+        kill_ps_after: None,
         run_dir: Some(run.path("launch")),
         detection_budget: Duration::from_secs(1),
         replicas: 1,

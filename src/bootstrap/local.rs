@@ -60,6 +60,10 @@ pub struct LaunchFlags {
     /// (e.g. "20s").
     #[arg(long, value_parser = |s: &str| parse_duration_in("--kill-worker-after", s, KILL_AFTER_RANGE))]
     pub kill_worker_after: Option<Duration>,
+    /// SIGKILL parameter server 0 once, this long after launch, to show its restore from the
+    /// newest checkpoint (e.g. "20s"; not with --kill-worker-after).
+    #[arg(long, conflicts_with = "kill_worker_after", value_parser = |s: &str| parse_duration_in("--kill-ps-after", s, KILL_AFTER_RANGE))]
+    pub kill_ps_after: Option<Duration>,
     /// Directory for the run's certificates (default: a new temporary directory).
     #[arg(long)]
     pub run_dir: Option<std::path::PathBuf>,
@@ -206,7 +210,12 @@ pub fn launch_local(
         // Room for the chief's preemption checkpoint (its grace comes from the same
         // environment the children inherit), then a margin.
         stop_grace,
-        kill_once: flags.kill_worker_after.map(|after| (victim, after)),
+        kill_once: flags
+            .kill_worker_after
+            .map(|after| (victim, after))
+            .or(flags
+                .kill_ps_after
+                .map(|after| (TaskId::new(TaskType::Ps, 0), after))),
         // As Kubernetes would: a chief that asks for a restart resumes from its checkpoint.
         restart_chief: true,
         metrics: !flags.no_metrics,

@@ -114,6 +114,10 @@ fn launch(args: &[String]) -> i32 {
         }
     };
     let mut flags = parsed.flags;
+    if flags.kill_ps_after.is_some() {
+        eprintln!("error: --kill-ps-after: a MultiWorkerMirrored job has no parameter server");
+        return BAD_CONFIG_EXIT_CODE;
+    }
     flags.ps = super::WorkerCount::from(0);
     flags.peer_chief = true;
     super::launch_local(&flags, Vec::new(), Vec::new())

@@ -50,6 +50,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
             ps: 2.into(),
             evaluators: 0,
             kill_worker_after: None,
+            kill_ps_after: None,
             run_dir: Some(run_dir.clone()),
             detection_budget: Duration::from_secs(3),
             replicas: 1,

@@ -138,6 +138,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
         ps: 2.into(),
         evaluators: 0,
         kill_worker_after: None,
+        kill_ps_after: None,
         run_dir: Some(run_dir.clone()),
         detection_budget: Duration::from_secs(3),
         replicas: 1,
