@@ -1,10 +1,13 @@
 //! `keras::PsFit`: Keras' `fit` under ParameterServerStrategy, over real processes (a chief,
 //! 2 parameter servers and 2 workers on 127.0.0.1): a candle-nn classifier trains to its
-//! target with validation, every closure applied once, with a worker or a parameter server
-//! SIGKILLed midway.
+//! target with validation, every closure applied once, with a worker, a parameter server or
+//! the chief SIGKILLed midway. The fault is tied to progress, not to time: at step
+//! [`FAULT_AT`] the chief writes a marker and waits; the test kills the victim (whose PID it
+//! wrote at start) and then lets the chief go on.
 
 mod ps_support;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,19 +15,28 @@ use cohort::candle::{Device, Module, ModuleT, Tensor};
 use cohort::candle_nn::{self, Linear, VarBuilder};
 use cohort::cluster::{TaskId, TaskType};
 use cohort::data::{DataError, Dataset, InputContext};
-use cohort::keras::callbacks::{BackupAndRestore, SaveFreq};
-use cohort::keras::{metrics, Fit, Loss, PsFit};
+use cohort::keras::callbacks::{BackupAndRestore, Callback, SaveFreq, TrainingContext};
+use cohort::keras::{metrics, Fit, KerasError, Logs, Loss, PsFit};
 use cohort::nn::{layer_norm, LayerNorm};
 use cohort::optim::Optimizer;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program};
 use cohort::variable::Partitioner;
-use ps_support::{ledger_and_stats, ps_counter, write_report, Run};
+use nix::sys::signal::Signal;
+use ps_support::{
+    beside, ledger_and_stats, ps_counter, signal, wait_for_file, wait_for_pid, write_report, Run,
+};
 
 const FEATURES: usize = 8;
 const CLASSES: usize = 3;
 const STEPS_PER_EPOCH: usize = 30;
 const EPOCHS: usize = 3;
 const VALIDATION_STEPS: usize = 3;
+/// The step at which the scenario's victim (`worker`, `ps` or `chief`) is killed.
+const FAULT_AT: u64 = 30;
+/// In the run's directory: the victim's PID, the chief's marker, the test's answer.
+const VICTIM_PID: &str = "victim.pid";
+const MIDWAY: &str = "midway";
+const FAULT_DONE: &str = "fault-done";
 
 struct Net {
     hidden: Linear,
@@ -107,7 +119,53 @@ fn ps_fit() -> Arc<PsFit<Net>> {
     )
 }
 
+/// The task the scenario kills.
+fn victim() -> Option<TaskId> {
+    match ps_support::scenario().as_str() {
+        "worker" => Some(TaskId::new(TaskType::Worker, 1)),
+        "ps" => Some(TaskId::new(TaskType::Ps, 0)),
+        "chief" => Some(TaskId::new(TaskType::Chief, 0)),
+        _ => None,
+    }
+}
+
+/// At [`FAULT_AT`], once per run, the chief says so and waits for the test's fault.
+struct Midway;
+
+impl Callback for Midway {
+    fn on_train_batch_end(
+        &mut self,
+        step: u64,
+        _logs: &Logs,
+        _ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), KerasError> {
+        if step != FAULT_AT || victim().is_none() {
+            return Ok(());
+        }
+        let dir = ps_support::child_dir();
+        let first = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join("midway.claim"))
+            .is_ok();
+        if first {
+            let _ = ps_support::write_atomic(&dir.join(MIDWAY), b"1");
+            ps_support::wait_for_file(&dir.join(FAULT_DONE), &AtomicBool::new(false));
+        }
+        Ok(())
+    }
+}
+
 fn program() -> Program {
+    // The victim says who it is, for the test to kill it at the chief's marker.
+    let me = cohort::cluster::ClusterConfig::from_env()
+        .ok()
+        .flatten()
+        .map(|c| c.task);
+    if me.is_some() && me == victim() {
+        let pid = format!("{} victim", std::process::id());
+        let _ = ps_support::write_atomic(&ps_support::child_dir().join(VICTIM_PID), pid.as_bytes());
+    }
     let fit = ps_fit();
     fit.register(
         Program::new("keras-ps")
@@ -126,6 +184,7 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
                 .steps_per_epoch(STEPS_PER_EPOCH)
                 .validation_steps(VALIDATION_STEPS)
                 .verbose(false)
+                .callback(Midway)
                 .callback(
                     BackupAndRestore::new(&backup)
                         .save_freq(SaveFreq::Steps(10))
@@ -180,22 +239,43 @@ fn fit_trains_a_candle_model_on_the_parameter_servers() {
     );
 }
 
-#[test]
-fn fit_goes_on_when_a_worker_is_killed_midway() {
-    let mut run = Run::new("keras-ps-worker", "", &[]);
-    run.kill_once = Some((
-        TaskId::new(TaskType::Worker, 1),
-        Duration::from_millis(1200),
-    ));
+/// Runs the scenario killing `victim` at [`FAULT_AT`]; the chief's report.
+fn run_with_fault(
+    name: &str,
+    scenario: &str,
+    victim: TaskId,
+    restart_chief: bool,
+) -> serde_json::Value {
+    let mut run = Run::new(name, scenario, &[]);
+    run.restart_chief = restart_chief;
+    let dir = run.dir.clone();
+    let what = scenario.to_owned();
+    let fault = beside(move |cancel| {
+        if !wait_for_file(&dir.join(MIDWAY), &cancel) {
+            return;
+        }
+        if let Some(pid) = wait_for_pid(&dir.join(VICTIM_PID), &cancel) {
+            signal(pid, Signal::SIGKILL);
+            eprintln!("[test] SIGKILL {what} pid {pid} at step {FAULT_AT}");
+        }
+        let _ = std::fs::write(dir.join(FAULT_DONE), b"1");
+    });
     let (code, exits) = run.launch_with_exits(&[]);
+    fault.finish();
     assert_eq!(code, 0, "the chief failed; its log is above");
     assert!(
         exits
             .iter()
-            .any(|e| e.task == TaskId::new(TaskType::Worker, 1) && e.signal == Some(9)),
-        "worker/1 was not killed: {exits:?}"
+            .any(|e| e.task == victim && e.signal == Some(9)),
+        "{victim} was not killed: {exits:?}"
     );
-    let report = run.report();
+    run.report()
+}
+
+#[test]
+fn fit_goes_on_when_a_worker_is_killed_midway() {
+    let victim = TaskId::new(TaskType::Worker, 1);
+    let report = run_with_fault("keras-ps-worker", "worker", victim, false);
     check(&report, "a worker killed");
     assert_eq!(
         ps_counter(&report, "applied"),
@@ -206,39 +286,22 @@ fn fit_goes_on_when_a_worker_is_killed_midway() {
 
 #[test]
 fn fit_goes_on_when_a_parameter_server_is_killed_midway() {
-    let mut run = Run::new("keras-ps-server", "", &[]);
-    run.kill_once = Some((TaskId::new(TaskType::Ps, 0), Duration::from_millis(1500)));
-    let (code, exits) = run.launch_with_exits(&[]);
-    assert_eq!(code, 0, "the chief failed; its log is above");
-    assert!(
-        exits
-            .iter()
-            .any(|e| e.task == TaskId::new(TaskType::Ps, 0) && e.signal == Some(9)),
-        "ps/0 was not killed: {exits:?}"
-    );
-    check(&run.report(), "a parameter server killed");
+    let victim = TaskId::new(TaskType::Ps, 0);
+    let report = run_with_fault("keras-ps-server", "ps", victim, false);
+    check(&report, "a parameter server killed");
 }
 
 /// The chief SIGKILLed midway and restarted: it resumes from the newest backup at its step
 /// and runs exactly the steps left.
 #[test]
 fn a_restarted_chief_resumes_fit_from_its_backup() {
-    let mut run = Run::new("keras-ps-chief", "", &[]);
-    run.kill_once = Some((TaskId::new(TaskType::Chief, 0), Duration::from_millis(1500)));
-    run.restart_chief = true;
-    let (code, exits) = run.launch_with_exits(&[]);
-    assert_eq!(code, 0, "the chief failed; its log is above");
-    assert!(
-        exits
-            .iter()
-            .any(|e| e.task == TaskId::new(TaskType::Chief, 0) && e.signal == Some(9)),
-        "the chief was not killed: {exits:?}"
-    );
-    let report = run.report();
+    let victim = TaskId::new(TaskType::Chief, 0);
+    let report = run_with_fault("keras-ps-chief", "chief", victim, true);
     let resumed = report["resumed_at"]
         .as_u64()
         .unwrap_or_else(|| panic!("no resume: {report}"));
-    assert!(resumed > 0 && resumed % 10 == 0, "resumed at {resumed}");
+    // Killed inside step 30's callbacks, before that step's backup: the newest is step 20's.
+    assert_eq!(resumed, FAULT_AT - 10, "the newest backup (every 10 steps)");
     assert_eq!(
         report["step"],
         (EPOCHS * STEPS_PER_EPOCH) as u64,
