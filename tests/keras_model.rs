@@ -3,6 +3,7 @@
 //! saving and loading, the callbacks, and `BackupAndRestore` resuming a SIGKILLed process at
 //! the exact step.
 
+mod keras_support;
 mod mwms_support;
 
 use std::path::{Path, PathBuf};
@@ -22,8 +23,7 @@ use cohort::optim::Optimizer;
 use cohort::strategy::{DefaultStrategy, Mirrored, MultiWorkerMirrored, Strategy};
 use cohort::train::{DistributedOptimizer, LearningRateSchedule};
 
-const FEATURES: usize = 8;
-const CLASSES: usize = 3;
+use keras_support::{CLASSES, FEATURES};
 const EXAMPLES: usize = 384;
 const BATCH: usize = 32;
 
@@ -58,30 +58,8 @@ impl ModuleT for Net {
     }
 }
 
-/// Three separable clusters: class `c` centred at `+2` on feature `c`, with seeded noise.
 fn blobs(examples: usize, seed: u64) -> (Tensor, Tensor) {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut noise = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    };
-    let mut x = Vec::with_capacity(examples * FEATURES);
-    let mut y = Vec::with_capacity(examples);
-    for i in 0..examples {
-        let class = i % CLASSES;
-        for f in 0..FEATURES {
-            x.push(if f == class { 2.0 } else { 0.0 } + 1.5 * noise());
-        }
-        y.push(class as u32);
-    }
-    (
-        Tensor::from_vec(x, (examples, FEATURES), &Device::Cpu).unwrap(),
-        Tensor::from_vec(y, examples, &Device::Cpu).unwrap(),
-    )
+    keras_support::blobs(examples, seed).unwrap()
 }
 
 fn train_data() -> Dataset {

@@ -5,13 +5,14 @@
 //! [`FAULT_AT`] the chief writes a marker and waits; the test kills the victim (whose PID it
 //! wrote at start) and then lets the chief go on.
 
+mod keras_support;
 mod ps_support;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cohort::candle::{Device, Module, ModuleT, Tensor};
+use cohort::candle::{Module, ModuleT, Tensor};
 use cohort::candle_nn::{self, Linear, VarBuilder};
 use cohort::cluster::{TaskId, TaskType};
 use cohort::data::{DataError, Dataset, InputContext};
@@ -26,8 +27,7 @@ use ps_support::{
     beside, ledger_and_stats, ps_counter, signal, wait_for_file, wait_for_pid, write_report, Run,
 };
 
-const FEATURES: usize = 8;
-const CLASSES: usize = 3;
+use keras_support::{CLASSES, FEATURES};
 const STEPS_PER_EPOCH: usize = 30;
 const EPOCHS: usize = 3;
 const VALIDATION_STEPS: usize = 3;
@@ -59,28 +59,10 @@ impl ModuleT for Net {
     }
 }
 
-/// Three separable clusters (class `c` centred at +2 on feature `c`), seeded noise.
+/// The shared blobs as a dataset.
 fn blobs(examples: usize, seed: u64) -> Result<Dataset, DataError> {
-    let mut state = seed.wrapping_mul(6364136223846793005) | 1;
-    let mut noise = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    };
-    let mut x = Vec::with_capacity(examples * FEATURES);
-    let mut y = Vec::with_capacity(examples);
-    for i in 0..examples {
-        let class = i % CLASSES;
-        for f in 0..FEATURES {
-            x.push(if f == class { 2.0 } else { 0.0 } + 1.5 * noise());
-        }
-        y.push(class as u32);
-    }
-    Dataset::from_tensor_slices(vec![
-        Tensor::from_vec(x, (examples, FEATURES), &Device::Cpu)?,
-        Tensor::from_vec(y, examples, &Device::Cpu)?,
-    ])
+    let (x, y) = keras_support::blobs(examples, seed)?;
+    Dataset::from_tensor_slices(vec![x, y])
 }
 
 /// Each worker's batches of 32, its own shard, repeated; slowed to 20 ms a batch so that a

@@ -131,7 +131,8 @@ pub use local::{
     launch_from_args, launch_local, LaunchFlags, WorkerCount, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
 };
 pub use multi_worker::{
-    multi_worker_config_from_env, multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV,
+    multi_worker_config_from_env, multi_worker_main, MultiWorkerTask, TaskConfigError,
+    COMMUNICATION_ENV,
 };
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,

@@ -14,6 +14,27 @@ use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored};
 /// `nccl:N`) for [`multi_worker_main`]'s tasks.
 pub const COMMUNICATION_ENV: &str = "COHORT_COMMUNICATION";
 
+/// A MultiWorkerMirrored task's environment that cannot configure it: the variable, and what
+/// is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct TaskConfigError {
+    /// The environment variable at fault.
+    pub variable: String,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+impl std::fmt::Display for TaskConfigError {
+    /// `VARIABLE: detail`, or the detail alone where it names the variable already.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.detail.contains(&self.variable) {
+            f.write_str(&self.detail)
+        } else {
+            write!(f, "{}: {}", self.variable, self.detail)
+        }
+    }
+}
+
 /// One task of a MultiWorkerMirrored program, as [`multi_worker_main`] gives it to the
 /// program.
 #[derive(Debug)]
@@ -128,34 +149,42 @@ fn launch(args: &[String]) -> i32 {
 /// transport's idle timeout and the probe timeout, the metrics address, and the
 /// communication named by `communication_env` (NCCL on the GPU of the task's place in the
 /// cluster). An error names the variable at fault.
-pub fn multi_worker_config_from_env(communication_env: &str) -> Result<MultiWorkerConfig, String> {
+pub fn multi_worker_config_from_env(
+    communication_env: &str,
+) -> Result<MultiWorkerConfig, TaskConfigError> {
+    let bad = |variable: &str, detail: String| TaskConfigError {
+        variable: variable.to_owned(),
+        detail,
+    };
+    let tf_config = crate::cluster::TF_CONFIG_ENV;
     let cluster = ClusterConfig::from_env()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{}: unset", crate::cluster::TF_CONFIG_ENV))?;
+        .map_err(|e| bad(tf_config, e.to_string()))?
+        .ok_or_else(|| bad(tf_config, "unset".into()))?;
     let certs_key = ConfigKey::CERTS_DIR.env;
-    let certs = std::env::var_os(certs_key).ok_or_else(|| format!("{certs_key}: unset"))?;
+    let certs = std::env::var_os(certs_key).ok_or_else(|| bad(certs_key, "unset".into()))?;
     let replicas = match std::env::var(ConfigKey::REPLICAS.env) {
         Ok(text) => crate::cluster::parse_count(
             &text,
             ConfigKey::REPLICAS.env,
             crate::cluster::REPLICAS_LIMIT,
-        )? as usize,
+        )
+        .map_err(|e| bad(ConfigKey::REPLICAS.env, e))? as usize,
         Err(_) => 1,
     };
     let budget = match std::env::var(ConfigKey::DETECTION_BUDGET.env) {
         Ok(text) => {
             let range = ConfigKey::DETECTION_BUDGET
                 .duration_range()
-                .ok_or_else(|| "the detection budget has no range".to_string())?;
+                .ok_or_else(|| bad(ConfigKey::DETECTION_BUDGET.env, "has no range".into()))?;
             parse_duration_in(ConfigKey::DETECTION_BUDGET.env, &text, range)
-                .map_err(|e| e.to_string())?
+                .map_err(|e| bad(ConfigKey::DETECTION_BUDGET.env, e.to_string()))?
         }
         Err(_) => Duration::from_secs(3),
     };
     let communication = match std::env::var(communication_env) {
         Ok(text) => match text
             .parse::<Communication>()
-            .map_err(|e| format!("{communication_env}: {e}"))?
+            .map_err(|e| bad(communication_env, e))?
         {
             // A device named (`nccl:N`) is taken as given.
             explicit @ Communication::Nccl { .. } if text.trim() != "nccl" => explicit,
@@ -174,7 +203,8 @@ pub fn multi_worker_config_from_env(communication_env: &str) -> Result<MultiWork
     };
     let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
     config.communication = communication;
-    config.metrics_addr = crate::strategy::metrics_addr_from_env().map_err(|e| e.to_string())?;
+    config.metrics_addr = crate::strategy::metrics_addr_from_env()
+        .map_err(|e| bad(ConfigKey::METRICS_ADDR.env, e.to_string()))?;
     config.transport.idle_timeout = budget;
     config.transport.keep_alive_interval = budget / 4;
     config.probe_timeout = budget;

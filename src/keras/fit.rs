@@ -18,7 +18,7 @@ use candle_nn::ModuleT;
 use super::callbacks::{BackupAndRestore, Callback, ProgbarLogger, SaveFreq, TrainingContext};
 use super::model::{batch_stats, logs_of, split_element, stats_len, sum_stats};
 use super::{KerasError, Logs, Model};
-use crate::data::{Dataset, DistributeOptions, DistributedIterator, Element};
+use crate::data::{Dataset, DistributeOptions, Element};
 use crate::strategy::{Departure, ElasticState, GroupChange, Leave, StrategyExt};
 use crate::train::{StepSpec, TrainError};
 
@@ -326,10 +326,10 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                 history.epochs.push(logs.clone());
                 history.epoch_numbers.push(epoch);
                 last_logs = logs;
-                self.backup_at_epoch_end(
-                    &mut callbacks,
-                    backup_index,
+                back_up_if_due(
+                    backup_index.and_then(|i| callbacks[i].as_backup()),
                     is_chief,
+                    true,
                     step,
                     cursor,
                     &variables,
@@ -428,7 +428,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     }
                 }
 
-                let Some(batch) = next_batch(&mut iter)? else {
+                let Some(batch) = iter.get_next_as_optional()? else {
                     // The pass is over.
                     if cursor.batches == 0 {
                         return Err(KerasError::Config(
@@ -480,26 +480,23 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                         }
                         let logs = logs_of(&metrics, &totals);
                         each_callback!(|cb, ctx| cb.on_train_batch_end(step, &logs, &mut ctx));
-                        if let Some(SaveFreq::Steps(_)) =
-                            self.backup_frequency(&mut callbacks, backup_index)
-                        {
-                            self.backup_if_due(
-                                &mut callbacks,
-                                backup_index,
-                                is_chief,
-                                step,
-                                cursor,
-                                &variables,
-                                &optimizer,
-                            )?;
-                        }
+                        back_up_if_due(
+                            backup_index.and_then(|i| callbacks[i].as_backup()),
+                            is_chief,
+                            false,
+                            step,
+                            cursor,
+                            &variables,
+                            &optimizer,
+                        )?;
                         // Keras ends the epoch, validation and callbacks included, when a
                         // callback stops training in its middle.
                         if steps_per_epoch == Some(step_in_epoch) || stop_training {
                             finish_epoch!();
                         }
                     }
-                    Err(KerasError::Train(err)) => {
+                    Err(failed) => {
+                        let err = training_failure(failed)?;
                         if applied {
                             step += 1;
                             cursor.batches += 1;
@@ -515,23 +512,6 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                         resync!();
                         continue 'group;
                     }
-                    Err(KerasError::Strategy(err)) => {
-                        if applied {
-                            step += 1;
-                            cursor.batches += 1;
-                        }
-                        self.recover_or_fail(
-                            err.into(),
-                            &mut step,
-                            &mut cursor,
-                            &variables,
-                            &optimizer,
-                            &mut history,
-                        )?;
-                        resync!();
-                        continue 'group;
-                    }
-                    Err(other) => return Err(other),
                 }
             }
         }
@@ -625,72 +605,40 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
             // validation figures. Evaluating again is not safe: a survivor that failed in the
             // epoch's last step instead re-forms at the same agreed step and goes on with the
             // next epoch's first step boundary, which this worker must meet.
-            Err(KerasError::Strategy(e)) => {
-                self.recover_or_fail(e.into(), step, cursor, variables, optimizer, history)?;
+            Err(failed) => {
+                let err = training_failure(failed)?;
+                self.recover_or_fail(err, step, cursor, variables, optimizer, history)?;
                 tracing::warn!(
                     "a worker was lost during validation: this epoch has no validation figures"
                 );
             }
-            Err(KerasError::Train(e)) => {
-                self.recover_or_fail(e, step, cursor, variables, optimizer, history)?;
-                tracing::warn!(
-                    "a worker was lost during validation: this epoch has no validation figures"
-                );
-            }
-            Err(e) => return Err(e),
         }
         Ok(logs)
     }
+}
 
-    fn backup_frequency(
-        &self,
-        callbacks: &mut [Box<dyn Callback>],
-        index: Option<usize>,
-    ) -> Option<SaveFreq> {
-        index
-            .and_then(|i| callbacks[i].as_backup())
-            .map(|b| b.frequency())
+/// Backs the state up on the chief where `backup` is due: at an epoch's end for a backup by
+/// epochs, at a step boundary by its step cadence otherwise.
+fn back_up_if_due(
+    backup: Option<&mut BackupAndRestore>,
+    is_chief: bool,
+    at_epoch_end: bool,
+    step: u64,
+    cursor: Cursor,
+    variables: &[crate::variable::Variable],
+    optimizer: &Arc<crate::train::DistributedOptimizer>,
+) -> Result<(), KerasError> {
+    let Some(backup) = backup.filter(|_| is_chief) else {
+        return Ok(());
+    };
+    let due = match backup.frequency() {
+        SaveFreq::Epoch => at_epoch_end,
+        SaveFreq::Steps(_) => !at_epoch_end && backup.checkpoints()?.should_save(step),
+    };
+    if due {
+        save_backup(backup, step, cursor, variables, optimizer)?;
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn backup_if_due(
-        &self,
-        callbacks: &mut [Box<dyn Callback>],
-        index: Option<usize>,
-        is_chief: bool,
-        step: u64,
-        cursor: Cursor,
-        variables: &[crate::variable::Variable],
-        optimizer: &Arc<crate::train::DistributedOptimizer>,
-    ) -> Result<(), KerasError> {
-        let Some(backup) = index.and_then(|i| callbacks[i].as_backup()) else {
-            return Ok(());
-        };
-        if !is_chief || !backup.checkpoints()?.should_save(step) {
-            return Ok(());
-        }
-        save_backup(backup, step, cursor, variables, optimizer)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn backup_at_epoch_end(
-        &self,
-        callbacks: &mut [Box<dyn Callback>],
-        index: Option<usize>,
-        is_chief: bool,
-        step: u64,
-        cursor: Cursor,
-        variables: &[crate::variable::Variable],
-        optimizer: &Arc<crate::train::DistributedOptimizer>,
-    ) -> Result<(), KerasError> {
-        let Some(backup) = index.and_then(|i| callbacks[i].as_backup()) else {
-            return Ok(());
-        };
-        if !is_chief || backup.frequency() != SaveFreq::Epoch {
-            return Ok(());
-        }
-        save_backup(backup, step, cursor, variables, optimizer)
-    }
+    Ok(())
 }
 
 fn save_backup(
@@ -714,11 +662,14 @@ fn save_backup(
         .map_err(|detail| KerasError::Backup { dir, detail })
 }
 
-/// The next batch, or `None` at the end of the pass.
-fn next_batch(
-    iter: &mut DistributedIterator,
-) -> Result<Option<crate::strategy::PerReplica<Element>>, KerasError> {
-    Ok(iter.get_next_as_optional()?)
+/// A failed step's error as a training error, which re-forming may mend; any other error
+/// (a bad batch, a loss that refuses its labels) as it is, to end `fit`.
+fn training_failure(failed: KerasError) -> Result<TrainError, KerasError> {
+    match failed {
+        KerasError::Train(e) => Ok(e),
+        KerasError::Strategy(e) => Ok(e.into()),
+        other => Err(other),
+    }
 }
 
 /// The epoch's figures and the learning rate.

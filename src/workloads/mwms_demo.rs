@@ -392,5 +392,6 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
 /// The strategy's settings from the environment (see
 /// [`crate::bootstrap::multi_worker_config_from_env`]).
 fn task_config() -> Result<MultiWorkerConfig, MwmsDemoError> {
-    crate::bootstrap::multi_worker_config_from_env(COMMUNICATION_ENV).map_err(MwmsDemoError::Config)
+    crate::bootstrap::multi_worker_config_from_env(COMMUNICATION_ENV)
+        .map_err(|e| MwmsDemoError::Config(e.to_string()))
 }
