@@ -287,6 +287,7 @@ fn every_trainable_variable_gets_a_gradient_through_the_model() {
     let model = ReplicatedModel::build(&strategy, SEED, Net::new).unwrap();
     let before: Vec<Vec<f32>> = model
         .trainable_variables()
+        .unwrap()
         .iter()
         .map(|v| {
             v.read_value()
@@ -312,7 +313,7 @@ fn every_trainable_variable_gets_a_gradient_through_the_model() {
         .unwrap()
         .transpose()
         .unwrap();
-    for (variable, old) in model.trainable_variables().iter().zip(before) {
+    for (variable, old) in model.trainable_variables().unwrap().iter().zip(before) {
         let new = variable
             .read_value()
             .flatten_all()

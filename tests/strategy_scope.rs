@@ -238,19 +238,6 @@ fn scopes_nest_for_one_strategy_and_refuse_a_second() -> Result<()> {
 }
 
 #[test]
-fn variables_cannot_be_created_inside_a_replica_function() -> Result<()> {
-    let s = Mirrored::new(2)?;
-    let out = s.run(|_ctx, ()| Variable::new("late", t(&[0.])).map(|_| ()), ())?;
-    for r in out.into_values() {
-        assert!(matches!(
-            r,
-            Err(VariableError::CreatedInReplicaContext { .. })
-        ));
-    }
-    Ok(())
-}
-
-#[test]
 fn read_value_of_a_trainable_variable_can_be_differentiated() -> Result<()> {
     let s = Mirrored::new(2)?;
     let w = {

@@ -55,6 +55,7 @@ impl LocalGroup {
                 broken: None,
             }),
             changed: Condvar::new(),
+            exclusive: Mutex::new(()),
         });
         (0..size)
             .map(|rank| LocalMember {
@@ -139,6 +140,16 @@ impl LocalMember {
         if let Some(span) = &self.shared.span {
             span.abort(message);
         }
+    }
+
+    /// Holds off every other member of this group from work that must be done by one member
+    /// at a time for all of them (creating a variable inside `run`), until the guard drops.
+    /// Not a round: members that never ask are not waited for.
+    pub(crate) fn exclusive(&self) -> MutexGuard<'_, ()> {
+        self.shared
+            .exclusive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks this member done with the step (see the module doc); later calls fail.
@@ -272,6 +283,8 @@ struct Shared {
     span: Option<ProcessSpan>,
     state: Mutex<State>,
     changed: Condvar,
+    /// See [`LocalMember::exclusive`].
+    exclusive: Mutex<()>,
 }
 
 impl Shared {

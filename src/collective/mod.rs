@@ -46,5 +46,7 @@ pub use nccl::{
     gpu_count, nccl_version, visible_gpus, Gpu, NcclComm, NcclError, NcclId, NcclLocal, NcclVersion,
 };
 pub use ops::plan_buckets;
-pub(crate) use replica::{current_replica, in_replica, with_current_replica, CurrentReplica};
+pub(crate) use replica::{
+    current_replica, in_replica, outside_replica, with_current_replica, CurrentReplica,
+};
 pub use span::{NcclWaits, ProcessSpan};

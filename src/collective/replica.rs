@@ -76,6 +76,17 @@ pub(crate) fn in_replica() -> bool {
 /// Runs `f` with `replica` as the calling thread's replica, restoring the previous one after,
 /// even if `f` panics.
 pub(crate) fn with_current_replica<R>(replica: &CurrentReplica, f: impl FnOnce() -> R) -> R {
+    with_replica_slot(Some(replica.clone()), f)
+}
+
+/// Runs `f` in cross-replica context on the calling thread (no current replica), restoring
+/// the replica after, even if `f` panics: for work one replica does for all of them (creating
+/// a variable inside `run`).
+pub(crate) fn outside_replica<R>(f: impl FnOnce() -> R) -> R {
+    with_replica_slot(None, f)
+}
+
+fn with_replica_slot<R>(replica: Option<CurrentReplica>, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<CurrentReplica>);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -83,7 +94,7 @@ pub(crate) fn with_current_replica<R>(replica: &CurrentReplica, f: impl FnOnce()
             CURRENT.with(|c| *c.borrow_mut() = prev);
         }
     }
-    let prev = CURRENT.with(|c| c.borrow_mut().replace(replica.clone()));
+    let prev = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), replica));
     let _restore = Restore(prev);
     f()
 }

@@ -214,7 +214,9 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         }
         callbacks.extend(user_callbacks);
         let backup_index = callbacks.iter_mut().position(|c| c.as_backup().is_some());
-        let variables = self.variables().to_vec();
+        // A network built lazily creates its variables now, before anything counts on them.
+        self.build_if_unbuilt(data)?;
+        let variables = self.variables();
         let network = Arc::clone(self.replicated());
         // Rank 0 of the group now (it changes as the group re-forms): the one that writes.
         let mut is_chief = self.model_strategy().is_chief();

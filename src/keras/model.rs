@@ -134,7 +134,6 @@ pub(crate) struct Compiled {
 pub struct Model<N> {
     strategy: ModelStrategy,
     network: Arc<ReplicatedModel<N>>,
-    variables: Vec<Variable>,
     pub(crate) compiled: Option<Compiled>,
 }
 
@@ -148,13 +147,51 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     {
         let strategy = strategy.into();
         let network = Arc::new(ReplicatedModel::build(strategy.strategy(), seed, build)?);
-        let variables = network.variables().variables();
         Ok(Self {
             strategy,
             network,
-            variables,
             compiled: None,
         })
+    }
+
+    /// Runs the network once on `features` in every replica (Keras' `model.build`, or its
+    /// first call): a network whose layers create their variables on their first call creates
+    /// them now, by the strategy's policy (mirrored on every replica; under
+    /// MultiWorkerMirrored checked against every worker's and started from the first
+    /// worker's, so every worker must build). [`Model::fit`] builds an unbuilt model on its
+    /// first batch by itself; build first to restore weights or a backup into it.
+    pub fn build(&mut self, features: &Tensor) -> Result<(), KerasError> {
+        let network = Arc::clone(&self.network);
+        self.strategy
+            .strategy()
+            .run(
+                move |ctx, x: Tensor| -> Result<(), KerasError> {
+                    network.replica(ctx)?.forward_t(&x, false)?;
+                    Ok(())
+                },
+                features.clone(),
+            )?
+            .into_values()
+            .into_iter()
+            .collect()
+    }
+
+    /// Builds the network on the first example of `data` if it has no variables yet (a
+    /// network built lazily).
+    pub(crate) fn build_if_unbuilt(&mut self, data: &Dataset) -> Result<(), KerasError> {
+        if !self.network.variables().is_empty() {
+            return Ok(());
+        }
+        let first = data.iter().next().ok_or_else(|| {
+            KerasError::Config(
+                "the model has no variables yet, and the dataset to build it on is empty".into(),
+            )
+        })??;
+        let features = first
+            .first()
+            .ok_or(KerasError::BatchComponents { got: 0 })?;
+        let rows = features.dims().first().copied().unwrap_or(0).min(1);
+        self.build(&features.narrow(0, 0, rows)?)
     }
 
     /// Sets the optimizer (a kernel, or a [`DistributedOptimizer`] with a learning-rate
@@ -191,16 +228,18 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         &self.network
     }
 
-    /// Every variable (trainable weights and statistics), in creation order.
-    pub fn variables(&self) -> &[Variable] {
-        &self.variables
+    /// Every variable (trainable weights and statistics), in creation order: none yet for a
+    /// network that creates its variables on its first call, before [`Model::build`] or
+    /// [`Model::fit`].
+    pub fn variables(&self) -> Vec<Variable> {
+        self.network.variables().variables()
     }
 
     /// A table of the variables (name, shape, parameters) and the totals, trainable and not
     /// (Keras' `model.summary()`).
     pub fn summary(&self) -> String {
-        let width = self
-            .variables
+        let variables = self.variables();
+        let width = variables
             .iter()
             .map(|v| v.name().len())
             .max()
@@ -211,7 +250,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
             "variable", "shape", "params"
         );
         let (mut trainable, mut other) = (0usize, 0usize);
-        for v in &self.variables {
+        for v in &variables {
             let params: usize = v.shape().iter().product();
             if v.trainable() {
                 trainable += params;
@@ -239,7 +278,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     /// Writes every variable to a safetensors file at `path` (Keras' `save_weights`), by
     /// name; Python's `safetensors` reads it.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), KerasError> {
-        save::save_variables(&self.variables, path.as_ref())
+        save::save_variables(&self.variables(), path.as_ref())
     }
 
     /// Sets every variable from a safetensors file `save` wrote: a tensor missing, of another
@@ -247,7 +286,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<(), KerasError> {
         let path = path.as_ref();
         let weights = save::load_file(path)?;
-        save::assign_weights(&self.variables, &weights, &path.display().to_string())
+        save::assign_weights(&self.variables(), &weights, &path.display().to_string())
     }
 
     /// The loss and metrics over every batch of `data` (Keras' `evaluate`), reduced over every

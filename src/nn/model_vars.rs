@@ -19,8 +19,10 @@
 //! mean and variance) are not trained: they are aggregated with `MEAN` across replicas, as
 //! TensorFlow aggregates a moving statistic.
 //!
-//! This module never runs replicas and creates no variable inside one (a variable created by
-//! each replica separately would diverge): build models in cross-replica context.
+//! A model may also be built lazily, its layers asking for their variables on their first call
+//! inside `run`: the first replica to ask for a name creates the variable (for all of this
+//! process's replicas, by the strategy's policy) and the others get that one, so the replicas
+//! never hold diverging copies of their own.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -110,6 +112,17 @@ impl ModelVariables {
     /// Every variable, in creation order.
     pub fn variables(&self) -> Vec<Variable> {
         self.lock().variables.clone()
+    }
+
+    /// How many variables the model created so far.
+    pub fn len(&self) -> usize {
+        self.lock().variables.len()
+    }
+
+    /// Whether the model created no variable yet (a model built lazily, before its first
+    /// call).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The variables optimizers train, in creation order.

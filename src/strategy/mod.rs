@@ -75,7 +75,7 @@ use candle_core::Tensor;
 
 use crate::collective::CollectiveError;
 use crate::data::{DataError, Dataset, DistributeOptions, DistributedDataset, InputContext};
-use crate::variable::{PlacementScope, VariableError, VariablePlacement};
+use crate::variable::{with_replica_placement, PlacementScope, VariableError, VariablePlacement};
 
 /// A state and compute distribution policy over replicas (TensorFlow's `tf.distribute.Strategy`).
 ///
@@ -319,13 +319,17 @@ pub trait StrategyExt: Strategy {
         let items = args.split(self.local_replicas().len())?;
         let slots: Arc<Vec<Mutex<Option<A::Item>>>> =
             Arc::new(items.into_iter().map(|i| Mutex::new(Some(i))).collect());
+        // A variable created inside `f` follows this strategy's policy (TensorFlow's
+        // replica-context creation; see `VariableBuilder::build`).
+        let (owner, policy) = (self.id(), self.variable_placement());
         let job: ReplicaFn = Arc::new(move |ctx: &ReplicaContext| {
             let item = slots[ctx.local_replica_id()]
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
                 .expect("each replica of a step runs exactly once");
-            Box::new(f(ctx, item)) as Box<dyn Any + Send>
+            let out = with_replica_placement(owner, Arc::clone(&policy), || f(ctx, item));
+            Box::new(out) as Box<dyn Any + Send>
         });
         let outs = self.run_replicas(job)?;
         Ok(PerReplica::new(

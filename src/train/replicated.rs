@@ -2,6 +2,7 @@
 //! and the synchronous training step of TensorFlow's custom-training-loop guide.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -59,17 +60,61 @@ use crate::variable::Variable;
 pub struct ReplicatedModel<M> {
     /// The strategy it was built for: only its replicas run it.
     strategy: StrategyId,
+    strategy_name: &'static str,
     variables: ModelVariables,
     replicas: Vec<M>,
-    /// Per replica, the live tensor of each trainable variable (the order of
-    /// `ModelVariables::trainable_variables`): what its gradients are keyed by.
-    trainable_live: Vec<Vec<Tensor>>,
+    /// The variables as of the last time the set grew: a model built lazily (layers that
+    /// create their variables on their first call) adds them inside its first step.
+    lists: RwLock<Arc<VariableLists>>,
+    /// Whether variables without a gradient were reported (once per model).
+    warned_no_gradient: AtomicBool,
+}
+
+/// A model's variables split into what is trained and what is a statistic, with each local
+/// replica's live tensors of them.
+#[derive(Debug)]
+struct VariableLists {
+    /// How many variables the set had when these were taken.
+    taken_of: usize,
     trainable: Vec<Variable>,
+    /// Per replica, the live tensor of each trainable variable (the order of `trainable`):
+    /// what its gradients are keyed by.
+    trainable_live: Vec<Vec<Tensor>>,
     statistics: Vec<Variable>,
     /// Per replica, the live tensor of each statistic.
     statistics_live: Vec<Vec<Tensor>>,
-    /// Whether variables without a gradient were reported (once per model).
-    warned_no_gradient: AtomicBool,
+}
+
+impl VariableLists {
+    fn take(
+        variables: &ModelVariables,
+        local: usize,
+        strategy_name: &str,
+    ) -> Result<Self, TrainError> {
+        let all = variables.variables();
+        let (trainable, statistics): (Vec<Variable>, Vec<Variable>) =
+            all.iter().cloned().partition(Variable::trainable);
+        if local > 1 {
+            if let Some(shared) = statistics.iter().find(|v| !v.is_mirrored()) {
+                // Each replica's layer would update one shared copy in its forward pass,
+                // concurrently with the others.
+                return Err(NnError::Config {
+                    layer: shared.name().to_owned(),
+                    reason: format!(
+                        "{strategy_name} keeps one copy of this statistic for its {local} replicas, which batch normalization cannot update from each replica: use Mirrored or MultiWorkerMirrored"
+                    ),
+                }
+                .into());
+            }
+        }
+        Ok(Self {
+            taken_of: all.len(),
+            trainable_live: live_tensors(&trainable, local)?,
+            statistics_live: live_tensors(&statistics, local)?,
+            trainable,
+            statistics,
+        })
+    }
 }
 
 /// What one replica's [`ReplicatedModel::train_step`] needs besides the batch.
@@ -140,34 +185,35 @@ impl<M: Send + Sync> ReplicatedModel<M> {
             .variable_placement()
             .model_built()
             .map_err(NnError::from)?;
-        let trainable = variables.trainable_variables();
-        let statistics = variables.non_trainable_variables();
-        if local > 1 {
-            if let Some(shared) = statistics.iter().find(|v| !v.is_mirrored()) {
-                // Each replica's layer would update one shared copy in its forward pass,
-                // concurrently with the others.
-                return Err(NnError::Config {
-                    layer: shared.name().to_owned(),
-                    reason: format!(
-                        "{} keeps one copy of this statistic for its {local} replicas, which batch normalization cannot update from each replica: use Mirrored or MultiWorkerMirrored",
-                        strategy.name()
-                    ),
-                }
-                .into());
-            }
-        }
-        let trainable_live = live_tensors(&trainable, local)?;
-        let statistics_live = live_tensors(&statistics, local)?;
+        let lists = VariableLists::take(&variables, local, strategy.name())?;
         Ok(Self {
             strategy: strategy.id(),
+            strategy_name: strategy.name(),
             variables,
             replicas,
-            trainable_live,
-            trainable,
-            statistics,
-            statistics_live,
+            lists: RwLock::new(Arc::new(lists)),
             warned_no_gradient: AtomicBool::new(false),
         })
+    }
+
+    /// The variable lists, taken again if the model created variables since (a lazily built
+    /// model, inside its first step: every replica's forward pass has created all it uses by
+    /// the time it asks, so every replica gets the same lists).
+    fn lists(&self) -> Result<Arc<VariableLists>, TrainError> {
+        let now = self.variables.len();
+        let current = Arc::clone(&self.lists.read().unwrap_or_else(|p| p.into_inner()));
+        if current.taken_of == now {
+            return Ok(current);
+        }
+        let mut lists = self.lists.write().unwrap_or_else(|p| p.into_inner());
+        if lists.taken_of != self.variables.len() {
+            *lists = Arc::new(VariableLists::take(
+                &self.variables,
+                self.replicas.len(),
+                self.strategy_name,
+            )?);
+        }
+        Ok(Arc::clone(&lists))
     }
 
     /// The model's variables.
@@ -175,9 +221,10 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         &self.variables
     }
 
-    /// The variables optimizers train, in creation order.
-    pub fn trainable_variables(&self) -> &[Variable] {
-        &self.trainable
+    /// The variables optimizers train, in creation order (those created so far, for a model
+    /// built lazily).
+    pub fn trainable_variables(&self) -> Result<Vec<Variable>, TrainError> {
+        Ok(self.lists()?.trainable.clone())
     }
 
     /// The number of copies (local replicas).
@@ -203,12 +250,22 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         ctx: &ReplicaContext,
         loss: &Tensor,
     ) -> Result<Vec<Tensor>, TrainError> {
+        let lists = self.lists()?;
+        self.gradients_of(ctx, &lists, loss)
+    }
+
+    fn gradients_of(
+        &self,
+        ctx: &ReplicaContext,
+        lists: &VariableLists,
+        loss: &Tensor,
+    ) -> Result<Vec<Tensor>, TrainError> {
         let store = loss.backward()?;
-        let live = &self.trainable_live[self.local_index(ctx)?];
+        let live = &lists.trainable_live[self.local_index(ctx)?];
         let mut missing = Vec::new();
         let gradients = live
             .iter()
-            .zip(&self.trainable)
+            .zip(&lists.trainable)
             .map(|(tensor, variable)| match store.get(tensor) {
                 Some(g) => Ok(g.detach()),
                 None => {
@@ -263,10 +320,11 @@ impl<M: Send + Sync> ReplicatedModel<M> {
             spec.global_batch_size,
             ctx.num_replicas_in_sync(),
         )?;
-        let gradients = self.gradients(ctx, &loss)?;
-        let applied =
-            optimizer.apply_gradients(gradients.into_iter().zip(self.trainable.iter().cloned()))?;
-        self.average_statistics(ctx)?;
+        let lists = self.lists()?;
+        let gradients = self.gradients_of(ctx, &lists, &loss)?;
+        let applied = optimizer
+            .apply_gradients(gradients.into_iter().zip(lists.trainable.iter().cloned()))?;
+        self.average_statistics_of(ctx, &lists)?;
         Ok(StepOutput {
             loss: loss.detach(),
             applied,
@@ -277,15 +335,24 @@ impl<M: Send + Sync> ReplicatedModel<M> {
     /// replica's copy (TensorFlow's `MEAN` aggregation of a moving statistic): after it, the
     /// copies agree again. A collective: every replica calls it.
     pub fn average_statistics(&self, ctx: &ReplicaContext) -> Result<(), TrainError> {
-        if ctx.num_replicas_in_sync() <= 1 || self.statistics.is_empty() {
+        let lists = self.lists()?;
+        self.average_statistics_of(ctx, &lists)
+    }
+
+    fn average_statistics_of(
+        &self,
+        ctx: &ReplicaContext,
+        lists: &VariableLists,
+    ) -> Result<(), TrainError> {
+        if ctx.num_replicas_in_sync() <= 1 || lists.statistics.is_empty() {
             return Ok(());
         }
-        let own: Vec<Tensor> = self.statistics_live[self.local_index(ctx)?]
+        let own: Vec<Tensor> = lists.statistics_live[self.local_index(ctx)?]
             .iter()
             .map(|live| live.copy().map(|t| t.detach()))
             .collect::<Result<_, _>>()?;
         let means = ctx.all_reduce_many(ReduceOp::Mean, &own)?;
-        for (variable, mean) in self.statistics.iter().zip(means) {
+        for (variable, mean) in lists.statistics.iter().zip(means) {
             let mean = mean.to_dtype(variable.dtype())?;
             variable.update_in_sync(|_| Ok(mean.clone()))?;
         }

@@ -42,6 +42,7 @@ pub use placement::{
     current_placement, CentralPlacement, DeclaredPlacement, LocalPlacement, MirroredPlacement,
     ParameterServerPlacement, Placement, PlacementScope, VariablePlacement, VariableRequest,
 };
+pub(crate) use placement::{replica_placement, with_replica_placement};
 pub use rows::{row_id_map, unique_rows, RowIdHasher, RowIdMap};
 
 use std::fmt;
@@ -50,7 +51,7 @@ use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use candle_core::{DType, Tensor};
 
-use crate::collective::{current_replica, in_replica, CollectiveError, CurrentReplica};
+use crate::collective::{current_replica, outside_replica, CollectiveError, CurrentReplica};
 use crate::distribute::{DeviceError, DeviceSpec, ReduceOp};
 use crate::layout::Layout;
 
@@ -543,11 +544,64 @@ impl VariableBuilder {
     }
 
     /// Creates the variable; every component starts as a copy of the initial value.
+    ///
+    /// Inside `run` (replica context) the variable follows the policy of the strategy running
+    /// the replica, as in TensorFlow: one variable for all of this process's replicas
+    /// (mirrored under `Mirrored` and MultiWorkerMirrored, one copy under the default
+    /// strategy), every copy starting from the value of the replica that created it (under
+    /// MultiWorkerMirrored, the first worker's, after every worker checked it creates the same
+    /// variable). Create it once and share it between the replicas (a layer built on its first
+    /// call, [`crate::nn::ModelVariables`] by name): each call makes a new variable.
+    ///
+    /// ```
+    /// use std::sync::{Arc, OnceLock};
+    /// use candle_core::{Device, Tensor};
+    /// use cohort::strategy::{Mirrored, StrategyExt};
+    /// use cohort::variable::Variable;
+    ///
+    /// let strategy = Mirrored::new(2)?;
+    /// let lazy: Arc<OnceLock<Variable>> = Arc::new(OnceLock::new());
+    /// let layer = Arc::clone(&lazy);
+    /// strategy.run(
+    ///     move |_ctx, ()| {
+    ///         // The first replica to get here creates it, the other takes it.
+    ///         let w = layer.get_or_init(|| {
+    ///             Variable::new("w", Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap()).unwrap()
+    ///         });
+    ///         w.read_value().to_vec1::<f32>().unwrap()
+    ///     },
+    ///     (),
+    /// )?;
+    /// let w = lazy.get().unwrap();
+    /// assert!(w.is_mirrored());
+    /// assert_eq!(w.num_components(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn build(self) -> Result<Variable, VariableError> {
-        if in_replica() {
-            // A variable made by each replica separately would silently diverge.
-            return Err(VariableError::CreatedInReplicaContext { name: self.name });
-        }
+        let Some(replica) = current_replica() else {
+            let policy = self
+                .placement
+                .clone()
+                .or_else(|| current_placement().map(|(_, p)| p));
+            return self.build_placed(policy);
+        };
+        let policy = match (&self.placement, replica_placement()) {
+            (Some(policy), _) => Arc::clone(policy),
+            (None, Some((_, policy))) => policy,
+            // A replica function run without a strategy's `run` (no policy is known).
+            (None, None) => return Err(VariableError::CreatedInReplicaContext { name: self.name }),
+        };
+        // One replica creates at a time: under a policy spanning processes every worker then
+        // checks and broadcasts its new variables in the same order. The creation itself is
+        // cross-replica work done once for every replica of this process.
+        let _one_at_a_time = replica.member().exclusive();
+        outside_replica(|| self.build_placed(Some(policy)))
+    }
+
+    fn build_placed(
+        self,
+        policy: Option<Arc<dyn VariablePlacement>>,
+    ) -> Result<Variable, VariableError> {
         let (shape, dtype) = match &self.initial {
             Initial::Value(value) => (value.dims().to_vec(), value.dtype()),
             Initial::Deferred { shape, dtype, .. } => (shape.clone(), *dtype),
@@ -557,9 +611,6 @@ impl VariableBuilder {
             shape: &shape,
             dtype,
         };
-        let policy = self
-            .placement
-            .or_else(|| current_placement().map(|(_, p)| p));
         let placement = match &policy {
             Some(policy) => policy.place(&request)?,
             None => Placement::Local {
@@ -682,8 +733,9 @@ pub enum VariableError {
         /// The variable.
         name: String,
     },
-    /// A variable was created inside a replica function.
-    #[error("variable {name:?} was created inside a replica function; create variables in cross-replica context (under the strategy's scope, outside `run`)")]
+    /// A variable was created inside a replica function that no strategy's `run` started, so
+    /// no strategy's placement is known.
+    #[error("variable {name:?} was created inside a replica function not started by a strategy's `run` (no placement policy is known): create it inside `run`, or give it a placement, or create it under the strategy's scope outside `run`")]
     CreatedInReplicaContext {
         /// The variable.
         name: String,

@@ -317,6 +317,33 @@ pub fn current_placement() -> Option<(StrategyId, Arc<dyn VariablePlacement>)> {
     })
 }
 
+/// Runs `f` (a replica function of the strategy `owner`) with `policy` as the placement of
+/// variables it creates: inside `run`, a new variable follows the policy of the strategy
+/// running the replica, whatever scope the thread has (TensorFlow's replica-context
+/// creation). Restores the previous one after, even if `f` panics.
+pub(crate) fn with_replica_placement<R>(
+    owner: StrategyId,
+    policy: Arc<dyn VariablePlacement>,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore(Option<(StrategyId, Arc<dyn VariablePlacement>)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            REPLICA_POLICY.with(|slot| *slot.borrow_mut() = prev);
+        }
+    }
+    let prev = REPLICA_POLICY.with(|slot| slot.borrow_mut().replace((owner, policy)));
+    let _restore = Restore(prev);
+    f()
+}
+
+/// The placement policy of the strategy whose replica function runs on this thread, with its
+/// owner (see [`with_replica_placement`]).
+pub(crate) fn replica_placement() -> Option<(StrategyId, Arc<dyn VariablePlacement>)> {
+    REPLICA_POLICY.with(|slot| slot.borrow().clone())
+}
+
 struct Entry {
     owner: StrategyId,
     owner_name: &'static str,
@@ -325,4 +352,6 @@ struct Entry {
 
 thread_local! {
     static STACK: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    static REPLICA_POLICY: RefCell<Option<(StrategyId, Arc<dyn VariablePlacement>)>> =
+        const { RefCell::new(None) };
 }
