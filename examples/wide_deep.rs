@@ -122,7 +122,7 @@ fn spec() -> Arc<PsFit<WideDeep>> {
         PsFit::new(
             3,
             wide_deep,
-            Optimizer::adam(0.005),
+            Optimizer::adam(0.002),
             Loss::binary_crossentropy(),
             vec![
                 Box::new(metrics::Auc::new().from_logits()),
@@ -131,6 +131,8 @@ fn spec() -> Arc<PsFit<WideDeep>> {
             "train",
         )
         .validation_data("validation")
+        // Each closure pulls and pushes only the rows its batch touches.
+        .read_rows(&["wide.weight", "deep.weight"])
         .partitioner(|name, _| {
             (name.starts_with("wide") || name.starts_with("deep"))
                 .then_some(Partitioner::FixedShards { num_shards: 2 })

@@ -20,8 +20,11 @@ use super::metrics::Metric;
 use super::model::{batch_stats, logs_of, split_element, stats_len};
 use super::{Fit, History, KerasError, Logs, Loss};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
+use crate::data::Element;
 use crate::optim::Optimizer;
-use crate::program::{ClusterCoordinator, Program, ServerModel, Step, StepContext, StepError};
+use crate::program::{
+    ClusterCoordinator, Program, RowRead, ServerModel, Step, StepContext, StepError,
+};
 use crate::train::DistributedOptimizer;
 use crate::variable::Partitioner;
 
@@ -54,6 +57,8 @@ pub struct PsFit<N> {
     train_data: String,
     validation_data: Option<String>,
     partitioner: Arc<PartitionFn>,
+    /// Tables (2-D variables) read and pushed by the rows the batch's ids touch.
+    row_tables: Vec<String>,
 }
 
 impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
@@ -80,7 +85,19 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             train_data: train_data.to_owned(),
             validation_data: None,
             partitioner: Arc::new(|_, _| None),
+            row_tables: Vec::new(),
         }
+    }
+
+    /// Reads the embedding tables `tables` (candle-nn's names, `embedding.weight`) by rows:
+    /// each closure pulls only the rows its batch's ids touch and pushes only their
+    /// gradients, instead of the whole tables (TensorFlow's sparse embedding lookups on
+    /// parameter servers). The ids are the features (each element's first tensor), and every
+    /// table listed is indexed by them: the network gets them renumbered into the rows pulled.
+    /// An id past a table's end fails its closure, naming the table.
+    pub fn read_rows(mut self, tables: &[&str]) -> Self {
+        self.row_tables = tables.iter().map(|t| (*t).to_owned()).collect();
+        self
     }
 
     /// Validates after each epoch on the per-worker dataset registered as `name`
@@ -119,7 +136,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
     /// replicas, one push per variable; the batch's statistics.
     fn train_closure(&self, ctx: &mut StepContext<'_>) -> Result<Vec<f64>, StepError> {
         let element = ctx.next(&self.train_data)?;
-        let model = ServerModel::build(ctx, |vb| (self.build)(vb))?;
+        let (model, element) = self.model_for(ctx, element)?;
         let stats = Mutex::new(vec![0.0f64; stats_len(&self.metrics)]);
         let step_error: Mutex<Option<String>> = Mutex::new(None);
         model.train_step(ctx, &element, self.seed, |net, batch| {
@@ -158,6 +175,37 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         Ok(stats.into_inner().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// The network with the servers' values for `element`: the tables read by rows hold only
+    /// the rows its ids touch, and the ids (its first tensor) are renumbered into them.
+    fn model_for(
+        &self,
+        ctx: &StepContext<'_>,
+        mut element: Element,
+    ) -> Result<(ServerModel<N>, Element), StepError> {
+        if self.row_tables.is_empty() {
+            return Ok((ServerModel::build(ctx, |vb| (self.build)(vb))?, element));
+        }
+        let ids = element
+            .first()
+            .cloned()
+            .ok_or_else(|| StepError::Step("a batch with no tensors".into()))?;
+        let reads: Vec<RowRead<'_>> = self
+            .row_tables
+            .iter()
+            .map(|table| RowRead {
+                variable: table,
+                ids: &ids,
+            })
+            .collect();
+        let (model, renumbered) =
+            ServerModel::build_reading_rows(ctx, |vb| (self.build)(vb), &reads)?;
+        // Every table is indexed by the same ids, so they are renumbered alike.
+        if let Some(first) = renumbered.into_iter().next() {
+            element[0] = first;
+        }
+        Ok((model, element))
+    }
+
     /// One validation step on a worker: the next batch of its validation dataset, the
     /// network in inference mode; the batch's statistics.
     fn evaluate_closure(&self, ctx: &mut StepContext<'_>) -> Result<Vec<f64>, StepError> {
@@ -166,7 +214,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             .as_deref()
             .ok_or_else(|| StepError::Step("no validation dataset was given".into()))?;
         let element = ctx.next(name)?;
-        let model = ServerModel::build(ctx, |vb| (self.build)(vb))?;
+        let (model, element) = self.model_for(ctx, element)?;
         let (x, y, weights) =
             split_element(&element).map_err(|e| StepError::Step(e.to_string()))?;
         let predictions = model.model().forward_t(x, false)?;
