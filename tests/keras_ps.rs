@@ -21,6 +21,7 @@ use cohort::keras::{metrics, Fit, KerasError, Logs, Loss, PsFit};
 use cohort::nn::{layer_norm, LayerNorm};
 use cohort::optim::Optimizer;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program};
+use cohort::train::LearningRateSchedule;
 use cohort::variable::Partitioner;
 use nix::sys::signal::Signal;
 use ps_support::{
@@ -94,11 +95,18 @@ fn ps_fit() -> Arc<PsFit<Net>> {
             "train",
         )
         .validation_data("validation")
+        .learning_rate_schedule(schedule())
         // The hidden layer's kernel split over both servers.
         .partitioner(|name, _| {
             (name == "hidden.weight").then_some(Partitioner::FixedShards { num_shards: 2 })
         }),
     )
+}
+
+/// The servers' rate: a warm-up, then a cosine decay to zero at the last step.
+fn schedule() -> LearningRateSchedule {
+    LearningRateSchedule::cosine_decay(0.005, (EPOCHS * STEPS_PER_EPOCH - 10) as u64)
+        .with_warmup(0.03, 10)
 }
 
 /// The task the scenario kills.
@@ -182,6 +190,7 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
     report["resumed_at"] = serde_json::json!(history.resumed_at);
     report["loss"] = serde_json::json!(history.get("loss"));
     report["val_accuracy"] = serde_json::json!(history.get("val_accuracy"));
+    report["learning_rate"] = serde_json::json!(history.get("learning_rate"));
     write_report(&report)
 }
 
@@ -209,6 +218,18 @@ fn check(report: &serde_json::Value, what: &str) {
         *accuracy.last().unwrap() > 0.9,
         "{what}: validation accuracy {accuracy:?}"
     );
+    // Each epoch logs the servers' scheduled rate at its last step.
+    let rates: Vec<f64> = serde_json::from_value(report["learning_rate"].clone()).unwrap();
+    let epochs_logged = rates.len();
+    for (i, rate) in rates.iter().enumerate() {
+        let epoch = EPOCHS - epochs_logged + i;
+        let step = ((epoch + 1) * STEPS_PER_EPOCH) as u64;
+        assert!(
+            (rate - f64::from(schedule().at(step))).abs() < 1e-7,
+            "{what}: epoch {epoch} logs rate {rate}, the schedule gives {}",
+            schedule().at(step)
+        );
+    }
 }
 
 #[test]

@@ -240,6 +240,7 @@ enum RoleFailure {
 fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i32, RoleFailure> {
     let system = System::new();
     let optimizer = *program.ps_optimizer();
+    let schedule = program.ps_learning_rate_schedule().cloned();
     let epoch = node.epoch;
     let node = node.clone();
     let grace = config.preemption_grace;
@@ -248,8 +249,13 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let push_panic = PushPanic::from_env().map_err(|e| RoleFailure::Config(e.to_string()))?;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
-        let store =
+        let mut store =
             ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
+        if let Some(schedule) = schedule {
+            store = store
+                .with_schedule(schedule)
+                .map_err(|e| RoleFailure::Config(e.to_string()))?;
+        }
         let ps = PsActor::start_with_failpoint(store, gateway.clone(), push_panic)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         metrics::count_detections(&gateway);

@@ -21,7 +21,7 @@ use super::model::{batch_stats, logs_of, split_element, stats_len};
 use super::{Fit, History, KerasError, Logs, Loss};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::Element;
-use crate::optim::Optimizer;
+use crate::optim::{LearningRateSchedule, Optimizer};
 use crate::program::{
     ClusterCoordinator, Program, RowRead, ServerModel, Step, StepContext, StepError,
 };
@@ -37,9 +37,10 @@ type BuildFn<N> = dyn Fn(VarBuilder<'static>) -> candle_core::Result<N> + Send +
 type PartitionFn = dyn Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync;
 
 /// A candle-nn network trained by Keras' `fit` on a parameter-server cluster (see the
-/// module docs). The servers apply its optimizer, at its constant learning rate (the servers'
-/// kernels take no schedule: `LearningRateScheduler` and `LearningRateSchedule` do not reach
-/// them). Callbacks run on the chief, which holds no copy of the weights: `EarlyStopping`'s
+/// module docs). The servers apply its optimizer, at its constant learning rate or by a
+/// [`LearningRateSchedule`] of each variable's update count
+/// ([`PsFit::learning_rate_schedule`]); the `LearningRateScheduler` callback does not reach
+/// them. Callbacks run on the chief, which holds no copy of the weights: `EarlyStopping`'s
 /// `restore_best_weights` and `ModelCheckpoint` have nothing to save there.
 ///
 /// Calling protocol:
@@ -59,6 +60,7 @@ pub struct PsFit<N> {
     partitioner: Arc<PartitionFn>,
     /// Tables (2-D variables) read and pushed by the rows the batch's ids touch.
     row_tables: Vec<String>,
+    schedule: Option<LearningRateSchedule>,
 }
 
 impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
@@ -86,7 +88,16 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             validation_data: None,
             partitioner: Arc::new(|_, _| None),
             row_tables: Vec::new(),
+            schedule: None,
         }
+    }
+
+    /// The servers' learning rate follows `schedule` of each variable's update count (Keras'
+    /// warm-up, cosine or step decay), instead of the optimizer's constant rate; the logs'
+    /// `learning_rate` is its value at the step.
+    pub fn learning_rate_schedule(mut self, schedule: LearningRateSchedule) -> Self {
+        self.schedule = Some(schedule);
+        self
     }
 
     /// Reads the embedding tables `tables` (candle-nn's names, `embedding.weight`) by rows:
@@ -122,6 +133,10 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
     pub fn register(self: &Arc<Self>, program: Program) -> Program {
         let train = Arc::clone(self);
         let evaluate = Arc::clone(self);
+        let program = match &self.schedule {
+            Some(schedule) => program.learning_rate_schedule(schedule.clone()),
+            None => program,
+        };
         program
             .optimizer(self.optimizer)
             .step(&TRAIN, move |ctx: &mut StepContext<'_>, _step: u64| {
@@ -251,6 +266,11 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         if epochs == 0 {
             return Err(KerasError::Config("fit: epochs must be at least 1".into()));
         }
+        if let Some(schedule) = &self.schedule {
+            schedule
+                .validate()
+                .map_err(|e| KerasError::Config(e.to_string()))?;
+        }
         if validation_data.is_some() {
             return Err(KerasError::Config(
                 "under ParameterServerStrategy the validation data is a registered dataset \
@@ -376,7 +396,11 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                 }
             }
             let mut logs = logs_of(&self.metrics, &totals);
-            logs.insert("learning_rate", f64::from(optimizer.learning_rate()));
+            let rate = match &self.schedule {
+                Some(schedule) => schedule.at(step),
+                None => optimizer.learning_rate(),
+            };
+            logs.insert("learning_rate", f64::from(rate));
             if validation_steps > 0 {
                 let values = (0..validation_steps)
                     .map(|_| coordinator.schedule(&EVALUATE, ()))

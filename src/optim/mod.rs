@@ -2,8 +2,8 @@
 //! Adagrad, Adam and AdamW, each with a dense update ([`Optimizer::apply_dense`]) and a row-sparse
 //! update for embeddings ([`Optimizer::apply_rows`]).
 //!
-//! This module owns the update arithmetic, the per-variable optimizer state ([`Slots`]) and
-//! the gradient policy (non-finite gradients, length checks). It never does IO, never owns a
+//! This module owns the update arithmetic, the per-variable optimizer state ([`Slots`]), the
+//! learning rate as a function of the step ([`LearningRateSchedule`]) and the gradient policy (non-finite gradients, length checks). It never does IO, never owns a
 //! clock or a thread, and knows nothing of where a variable lives: the same kernel runs inside
 //! a replica's training loop and on a parameter server.
 //!
@@ -42,6 +42,7 @@
 //! assert_eq!(names, ["m", "v"]);
 //! ```
 
+mod schedule;
 mod slots;
 mod state;
 
@@ -49,6 +50,7 @@ use crate::variable::{row_id_map, RowIdMap};
 
 use serde::{Deserialize, Serialize};
 
+pub use schedule::{LearningRateSchedule, ScheduleError};
 pub use slots::Slots;
 pub use state::OptimizerState;
 

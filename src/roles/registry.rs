@@ -18,7 +18,7 @@ use super::evaluator::{CheckpointVariables, EvalError, Metrics};
 use super::step::{decode, encode, Step};
 use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};
-use crate::optim::Optimizer;
+use crate::optim::{LearningRateSchedule, Optimizer};
 
 /// Builds a worker's dataset for its input pipeline.
 pub type DatasetFn = Arc<dyn Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync>;
@@ -40,6 +40,7 @@ pub struct Program {
     chief: Option<ChiefFn>,
     evaluator: Option<EvalFn>,
     optimizer: Optimizer,
+    schedule: Option<LearningRateSchedule>,
 }
 
 impl fmt::Debug for Program {
@@ -63,6 +64,7 @@ impl Program {
             chief: None,
             evaluator: None,
             optimizer: Optimizer::sgd(0.01),
+            schedule: None,
         }
     }
 
@@ -172,9 +174,23 @@ impl Program {
         self
     }
 
+    /// The parameter servers' learning rate as a function of each variable's update count
+    /// (Keras' schedules: warm-up, cosine decay...), in place of the optimizer's constant
+    /// rate. Every process registers the same; a schedule that cannot give a rate fails the
+    /// servers' start, naming it.
+    pub fn learning_rate_schedule(mut self, schedule: LearningRateSchedule) -> Self {
+        self.schedule = Some(schedule);
+        self
+    }
+
     /// The parameter servers' optimizer.
     pub fn ps_optimizer(&self) -> &Optimizer {
         &self.optimizer
+    }
+
+    /// The parameter servers' learning-rate schedule, if any.
+    pub fn ps_learning_rate_schedule(&self) -> Option<&LearningRateSchedule> {
+        self.schedule.as_ref()
     }
 
     /// The program's name.

@@ -36,14 +36,13 @@ mod fit;
 mod optimizer;
 mod progbar;
 mod replicated;
-mod schedule;
 mod state_checkpoint;
 
+pub use crate::optim::{LearningRateSchedule, ScheduleError};
 pub use fit::{fit, fit_with_options, FitOptions, History, Model, Supervised};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
 pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
 pub use replicated::{ReplicatedModel, StepOutput, StepSpec};
-pub use schedule::{LearningRateSchedule, ScheduleError};
 pub use state_checkpoint::StateCheckpoints;
 
 use candle_core::{DType, Tensor};

@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use crate::nn::Initializer;
 use crate::optim::{
-    first_non_finite, NonFinitePolicy, OptimError, Optimizer, Screen, Slots, UpdateOutcome,
+    first_non_finite, LearningRateSchedule, NonFinitePolicy, OptimError, Optimizer, ScheduleError,
+    Screen, Slots, UpdateOutcome,
 };
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
 use crate::roles::protocol::{
@@ -52,6 +53,9 @@ pub struct PsCounters {
 /// server's replies, inside [`crate::roles::protocol::PsRefusal`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error, bincode::Encode, bincode::Decode)]
 pub enum PsError {
+    /// The learning-rate schedule cannot give a rate.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
     /// No variable of that name lives here.
     #[error("variable {0:?} does not exist on this parameter server")]
     UnknownVariable(String),
@@ -184,6 +188,9 @@ impl StoredVariable {
 #[derive(Debug)]
 pub struct ParameterStore {
     optimizer: Optimizer,
+    /// The learning rate as a function of each variable's update count, if not the
+    /// optimizer's constant one.
+    schedule: Option<LearningRateSchedule>,
     variables: BTreeMap<String, StoredVariable>,
     /// PS-1: closures at or above `finished_below` whose update took effect here.
     applied_closures: BTreeSet<ClosureId>,
@@ -208,6 +215,7 @@ impl ParameterStore {
         optimizer.validate()?;
         Ok(Self {
             optimizer,
+            schedule: None,
             variables: BTreeMap::new(),
             applied_closures: BTreeSet::new(),
             finished_below: ClosureId(0),
@@ -217,6 +225,28 @@ impl ParameterStore {
             restoring: false,
             counters: PsCounters::default(),
         })
+    }
+
+    /// The same store with the learning rate following `schedule` (Keras' schedules under
+    /// ParameterServerStrategy): update `n` of a variable (1-based, its step count, restored
+    /// with it from a checkpoint) uses the rate `schedule.at(n - 1)`, as Keras passes
+    /// `optimizer.iterations` before the update. Refused if the schedule cannot give a rate.
+    pub fn with_schedule(mut self, schedule: LearningRateSchedule) -> Result<Self, PsError> {
+        schedule.validate()?;
+        self.schedule = Some(schedule);
+        Ok(self)
+    }
+
+    /// `optimizer` for update `step` (1-based) of a variable under `schedule`.
+    fn optimizer_at(
+        optimizer: Optimizer,
+        schedule: Option<&LearningRateSchedule>,
+        step: u64,
+    ) -> Optimizer {
+        match schedule {
+            Some(schedule) => optimizer.with_learning_rate(schedule.at(step.saturating_sub(1))),
+            None => optimizer,
+        }
     }
 
     /// Creates a variable shard with its initial value. Creating it again with the same shape
@@ -449,9 +479,10 @@ impl ParameterStore {
             let var = self.variables.get_mut(name).expect("checked above");
             // Restores refuse u64::MAX, so a push always has a next step.
             let step = var.steps.saturating_add(1);
+            let optimizer = Self::optimizer_at(self.optimizer, self.schedule.as_ref(), step);
             let outcome = match gradient {
                 // Screened above, all gradients at once (all or nothing): not again here.
-                Gradient::Dense(values) => self.optimizer.apply_dense_with(
+                Gradient::Dense(values) => optimizer.apply_dense_with(
                     Arc::make_mut(&mut var.values).as_mut_slice(),
                     values,
                     &mut var.slots,
@@ -460,7 +491,7 @@ impl ParameterStore {
                 ),
                 Gradient::Rows { ids, values } => {
                     let width = var.shape[1];
-                    self.optimizer.apply_rows_with(
+                    optimizer.apply_rows_with(
                         Arc::make_mut(&mut var.values).as_mut_slice(),
                         width,
                         ids,
@@ -781,6 +812,57 @@ mod tests {
         ps.handle_create("w", vec![2], vec![1.0, 1.0]).unwrap();
         ps.handle_create("emb", vec![3, 2], vec![0.0; 6]).unwrap();
         ps
+    }
+
+    #[test]
+    fn a_schedule_sets_each_updates_rate_by_the_variables_step_count() {
+        // 1.0 for updates 1 and 2 (steps 0 and 1, up to the boundary), then 0.1.
+        let schedule = LearningRateSchedule::PiecewiseConstant {
+            boundaries: vec![1],
+            values: vec![1.0, 0.1],
+        };
+        let mut ps = ParameterStore::new(Optimizer::sgd(0.5))
+            .unwrap()
+            .with_schedule(schedule)
+            .unwrap();
+        ps.handle_create("w", vec![1], vec![0.0]).unwrap();
+        ps.handle_create("emb", vec![2, 1], vec![0.0; 2]).unwrap();
+        for closure in 1..=3 {
+            let grads = vec![
+                ("w".to_string(), Gradient::Dense(vec![1.0].into())),
+                (
+                    "emb".to_string(),
+                    Gradient::Rows {
+                        ids: vec![1].into(),
+                        values: vec![1.0].into(),
+                    },
+                ),
+            ];
+            ps.handle_push(origin(0, 1, closure, 1), &grads).unwrap();
+        }
+        let close =
+            |got: &[f32], want: &[f32]| got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6);
+        assert!(close(ps.pull("w").unwrap(), &[-2.1]), "{:?}", ps.pull("w"));
+        assert!(
+            close(ps.pull("emb").unwrap(), &[0.0, -2.1]),
+            "{:?}",
+            ps.pull("emb")
+        );
+        // A schedule that cannot give a rate is refused, naming why.
+        let growing = LearningRateSchedule::ExponentialDecay {
+            initial: 0.1,
+            decay_steps: 10,
+            decay_rate: 2.0,
+            staircase: false,
+        };
+        let refused = ParameterStore::new(Optimizer::sgd(0.5))
+            .unwrap()
+            .with_schedule(growing)
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("learning-rate schedule"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub enum LearningRateSchedule {
 }
 
 /// A schedule whose parameters cannot give a learning rate.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, bincode::Encode, bincode::Decode)]
 #[error("learning-rate schedule: {0}")]
 pub struct ScheduleError(String);
 
