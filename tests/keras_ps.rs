@@ -16,11 +16,14 @@ use cohort::candle::{Module, ModuleT, Tensor};
 use cohort::candle_nn::{self, Linear, VarBuilder};
 use cohort::cluster::{TaskId, TaskType};
 use cohort::data::{DataError, Dataset, InputContext};
-use cohort::keras::callbacks::{BackupAndRestore, Callback, SaveFreq, TrainingContext};
-use cohort::keras::{metrics, Fit, KerasError, Logs, Loss, PsFit};
+use cohort::keras::callbacks::{
+    BackupAndRestore, Callback, ModelCheckpoint, SaveFreq, TrainingContext,
+};
+use cohort::keras::{metrics, Fit, KerasError, Logs, Loss, Model, PsFit};
 use cohort::nn::{layer_norm, LayerNorm};
 use cohort::optim::Optimizer;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program};
+use cohort::strategy::DefaultStrategy;
 use cohort::train::LearningRateSchedule;
 use cohort::variable::Partitioner;
 use nix::sys::signal::Signal;
@@ -170,6 +173,7 @@ fn program() -> Program {
 
 fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
     let backup = ps_support::child_dir().join("backup");
+    let best = ps_support::child_dir().join("best.safetensors");
     let history = ps_fit()
         .fit(
             coordinator,
@@ -178,6 +182,9 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
                 .validation_steps(VALIDATION_STEPS)
                 .verbose(false)
                 .callback(Midway)
+                .callback(
+                    ModelCheckpoint::new(best.display().to_string()).save_best_only("val_accuracy"),
+                )
                 .callback(
                     BackupAndRestore::new(&backup)
                         .save_freq(SaveFreq::Steps(10))
@@ -191,7 +198,24 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
     report["loss"] = serde_json::json!(history.get("loss"));
     report["val_accuracy"] = serde_json::json!(history.get("val_accuracy"));
     report["learning_rate"] = serde_json::json!(history.get("learning_rate"));
+    report["saved_accuracy"] = serde_json::json!(
+        saved_accuracy(&best).map_err(|e| CoordinatorError::Other(e.to_string()))?
+    );
     write_report(&report)
+}
+
+/// The validation accuracy of the weights `ModelCheckpoint` saved on the chief, loaded into a
+/// model of one process.
+fn saved_accuracy(path: &std::path::Path) -> Result<f64, KerasError> {
+    let mut model = Model::new(DefaultStrategy::new(), 11, net)?;
+    model.compile(
+        Optimizer::sgd(0.0),
+        Loss::sparse_categorical_crossentropy(),
+        vec![Box::new(metrics::Accuracy::sparse_categorical())],
+    );
+    model.load(path)?;
+    let logs = model.evaluate(&blobs(96, 2)?.batch(32, true))?;
+    Ok(logs.get("accuracy").unwrap_or(f64::NAN))
 }
 
 #[test]
@@ -217,6 +241,12 @@ fn check(report: &serde_json::Value, what: &str) {
     assert!(
         *accuracy.last().unwrap() > 0.9,
         "{what}: validation accuracy {accuracy:?}"
+    );
+    // The chief's ModelCheckpoint saved the servers' weights of its best epoch.
+    let saved = report["saved_accuracy"].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        saved > 0.9,
+        "{what}: the saved weights' accuracy is {saved}"
     );
     // Each epoch logs the servers' scheduled rate at its last step.
     let rates: Vec<f64> = serde_json::from_value(report["learning_rate"].clone()).unwrap();

@@ -21,6 +21,7 @@ use super::model::{batch_stats, logs_of, split_element, stats_len};
 use super::{Fit, History, KerasError, Logs, Loss};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::Element;
+use crate::nn::ModelVariables;
 use crate::optim::{LearningRateSchedule, Optimizer};
 use crate::program::{
     ClusterCoordinator, Program, RowRead, ServerModel, Step, StepContext, StepError,
@@ -40,8 +41,10 @@ type PartitionFn = dyn Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync;
 /// module docs). The servers apply its optimizer, at its constant learning rate or by a
 /// [`LearningRateSchedule`] of each variable's update count
 /// ([`PsFit::learning_rate_schedule`]); the `LearningRateScheduler` callback does not reach
-/// them. Callbacks run on the chief, which holds no copy of the weights: `EarlyStopping`'s
-/// `restore_best_weights` and `ModelCheckpoint` have nothing to save there.
+/// them. Callbacks run on the chief, with a copy of the weights it reads from the servers at
+/// the end of each epoch (after its validation) and of training: `ModelCheckpoint` saves
+/// those, and a callback's `weights()` are those; the weights cannot be set from a callback
+/// (`EarlyStopping::restore_best_weights` is refused at the start).
 ///
 /// Calling protocol:
 /// 1. every process builds the same `PsFit` and calls [`PsFit::register`] on its `Program`,
@@ -304,6 +307,12 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             |n, s| partitioner(n, s),
         )
         .map_err(coordinator_error)?;
+        // The chief's copy of the weights, for the callbacks: read from the servers at each
+        // epoch's end.
+        let copy = ModelVariables::new(self.seed);
+        (self.build)(copy.var_builder(0))
+            .map_err(|e| KerasError::Config(format!("building the model: {e}")))?;
+        let weights = copy.variables();
         let mut manager = match backup_index.and_then(|i| callbacks[i].as_backup()) {
             Some(backup) => Some(open_manager(backup)?),
             None => None,
@@ -338,13 +347,14 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             ($within:expr) => {
                 TrainingContext {
                     optimizer: &optimizer,
-                    variables: &[],
+                    variables: &weights,
                     is_chief: true,
                     stop_training,
                     step,
                     step_in_epoch: $within,
                     epochs,
                     steps_per_epoch: Some(steps_per_epoch),
+                    weights_writable: false,
                 }
             };
         }
@@ -417,6 +427,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                 }
                 logs.extend_prefixed("val_", &logs_of(&self.metrics, &val));
             }
+            read_weights(coordinator, &weights)?;
             each_callback!((step - epoch_start) as usize, |cb, ctx| cb
                 .on_epoch_end(epoch, &logs, &mut ctx));
             history.epochs.push(logs.clone());
@@ -438,6 +449,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         coordinator.join().map_err(coordinator_error)?;
         history.step = step;
         history.stopped_early = stop_training;
+        read_weights(coordinator, &weights)?;
         let mut ctx = context!(0);
         for cb in callbacks.iter_mut() {
             cb.on_train_end(&last_logs, &mut ctx)?;
@@ -453,6 +465,23 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         );
         Ok(history)
     }
+}
+
+/// Sets the chief's copy `weights` to the servers' values (every closure scheduled before
+/// joined: a consistent cut).
+fn read_weights(
+    coordinator: &ClusterCoordinator,
+    weights: &[crate::variable::Variable],
+) -> Result<(), KerasError> {
+    coordinator.join().map_err(coordinator_error)?;
+    for variable in weights {
+        let values = coordinator
+            .read_variable(variable.name())
+            .map_err(coordinator_error)?;
+        let value = Tensor::from_vec(values, variable.shape(), &candle_core::Device::Cpu)?;
+        variable.assign(&value)?;
+    }
+    Ok(())
 }
 
 /// The cadence of step backups, if the backup saves by steps.

@@ -96,6 +96,9 @@ pub struct TrainingContext<'a> {
     pub(crate) step_in_epoch: usize,
     pub(crate) epochs: usize,
     pub(crate) steps_per_epoch: Option<usize>,
+    /// Whether [`TrainingContext::set_weights`] reaches the weights trained (not under
+    /// ParameterServerStrategy, where the chief holds a copy it reads from the servers).
+    pub(crate) weights_writable: bool,
 }
 
 impl TrainingContext<'_> {
@@ -144,14 +147,30 @@ impl TrainingContext<'_> {
         Ok(self.optimizer.set_learning_rate(learning_rate)?)
     }
 
-    /// The model's variables by name (trainable and statistics), as their values now.
+    /// The model's variables by name (trainable and statistics), as their values now (under
+    /// ParameterServerStrategy, as the chief last read them from the servers: at the end of
+    /// each epoch and of training).
     pub fn weights(&self) -> Result<Vec<(String, Tensor)>, KerasError> {
         save::read_weights(self.variables)
     }
 
+    /// Whether [`TrainingContext::set_weights`] can set the weights trained: not under
+    /// ParameterServerStrategy, whose variables the chief only reads.
+    pub fn can_set_weights(&self) -> bool {
+        self.weights_writable
+    }
+
     /// Sets every variable from `weights` (as [`TrainingContext::weights`] gave them): a name
-    /// missing or a shape that differs is refused before any variable changes.
+    /// missing or a shape that differs is refused before any variable changes, and so is
+    /// every call where [`TrainingContext::can_set_weights`] is false.
     pub fn set_weights(&mut self, weights: &[(String, Tensor)]) -> Result<(), KerasError> {
+        if !self.weights_writable {
+            return Err(KerasError::Config(
+                "the weights cannot be set from a callback under ParameterServerStrategy: they \
+                 live on the parameter servers, which the chief only reads"
+                    .into(),
+            ));
+        }
         save::assign_weights(self.variables, weights, "the weights given")
     }
 
