@@ -1653,13 +1653,15 @@ async fn a_member_lost_while_the_others_re_form_with_it_fails_their_forming_soon
 /// A live group of worker/1 and worker/2 (leader: worker/1), and a joiner, worker/0, whose
 /// endpoint runs under fault rules (so that its link with the leader can be cut while its
 /// links with worker/2 stay up), asking to be admitted. Returns the group, the fault control,
-/// the joiner's and the leader's addresses, the joiner's pending join and the joiners the
-/// leader would offer.
+/// the joiner's and the leader's addresses, the joiner's pending join, the joiners the
+/// leader would offer, the cluster's CA and the group's members.
 async fn live_group_and_a_joiner() -> (
     Vec<ProcessGroup>,
     cohort_chaos::plan::FaultControl,
     (std::net::SocketAddr, std::net::SocketAddr),
     tokio::task::JoinHandle<Result<ProcessGroup, CollectiveError>>,
+    Vec<GroupMember>,
+    ClusterCa,
     Vec<GroupMember>,
 ) {
     let config = GroupConfig::for_tests();
@@ -1701,7 +1703,16 @@ async fn live_group_and_a_joiner() -> (
         }
     });
     let joiners = joiners_pending_at(&groups[0]).await;
-    (groups, faults, (addr, members[0].addr), joining, joiners)
+    let leader = members[0].addr;
+    (
+        groups,
+        faults,
+        (addr, leader),
+        joining,
+        joiners,
+        ca,
+        members,
+    )
 }
 
 /// The leader's admission of a joiner is lost on a link cut between them (only between
@@ -1710,7 +1721,7 @@ async fn live_group_and_a_joiner() -> (
 /// never formed, and the members waited for it until their form timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_lost_on_a_cut_link_is_told_again_once_it_heals() {
-    let (groups, faults, (joiner, leader), joining, joiners) = live_group_and_a_joiner().await;
+    let (groups, faults, (joiner, leader), joining, joiners, ..) = live_group_and_a_joiner().await;
     faults.partition(joiner, leader);
     let admitting = tokio::spawn({
         let (groups, joiners) = (groups.clone(), joiners.clone());
@@ -1743,13 +1754,82 @@ async fn an_admission_lost_on_a_cut_link_is_told_again_once_it_heals() {
     }
 }
 
+/// Two joiners admitted to the same epoch, one of whom hears of its admission late (its link
+/// with the leader cut for a while, its link with the other joiner up): the other joiner,
+/// told at once, dials it to form the epoch before its admission arrives. It waits for its
+/// own admission instead of refusing the join as one meaning its old process, and all four
+/// form the epoch. Before, it refused at once: the other joiner's forming failed, the
+/// admission with it, and the survivors re-formed without both (seen in the chaos test of two
+/// workers killed at once, where the chief then trained alone to the end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_dialed_by_another_before_its_own_admission_arrives_waits_for_it() {
+    let (groups, faults, (late, leader), late_joining, _, ca, peers) =
+        live_group_and_a_joiner().await;
+    // The second joiner, worker/3: its node is above worker/0's, so it dials worker/0 when
+    // they form the epoch.
+    let endpoint = bind_worker(&ca, 3, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let second = Mesh::new(endpoint, GroupConfig::for_tests());
+    let second_addr = second.local_addr().unwrap();
+    let second_joining = tokio::spawn({
+        let peers = peers.clone();
+        async move {
+            second
+                .join_live(second_addr, &peers, Duration::from_secs(40))
+                .await
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let joiners = loop {
+        let joiners = groups[0].pending_joiners();
+        if joiners.len() == 2 {
+            break joiners;
+        }
+        assert!(std::time::Instant::now() < deadline, "both joiners ask");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // worker/0's admission is held up; worker/3's goes through at once.
+    faults.partition(late, leader);
+    let admitting = tokio::spawn({
+        let (groups, joiners) = (groups.clone(), joiners.clone());
+        async move { join_all(groups.iter().map(|g| g.admit(&joiners))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    faults.heal();
+    let admitted = bounded("admitting", admitting).await.unwrap();
+    let mut grown: Vec<ProcessGroup> = admitted
+        .into_iter()
+        .map(|r| {
+            r.expect("the members admit both joiners")
+                .expect("the leader told both")
+        })
+        .collect();
+    grown.push(
+        bounded("worker/0 joining", late_joining)
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    grown.push(
+        bounded("worker/3 joining", second_joining)
+            .await
+            .unwrap()
+            .expect("worker/0 waited for its admission instead of refusing worker/3's join"),
+    );
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
+    for (g, sum) in grown.iter().zip(sums) {
+        assert_eq!((g.epoch(), g.size()), (2, 4));
+        assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![4.0; 4]);
+    }
+}
+
 /// The link between the leader and a joiner stays cut: the leader gives up telling it,
 /// within a few idle timeouts, and says so to the members, who then skip that epoch and go
 /// on with the group as it was (nobody waits for the joiner until the form timeout); once
 /// the link heals, the joiner, still asking, is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_the_leader_cannot_tell_is_left_for_later_and_the_group_goes_on() {
-    let (groups, faults, (joiner, leader), joining, joiners) = live_group_and_a_joiner().await;
+    let (groups, faults, (joiner, leader), joining, joiners, ..) = live_group_and_a_joiner().await;
     faults.partition(joiner, leader);
     let started = std::time::Instant::now();
     let admitted = bounded(

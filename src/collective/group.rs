@@ -536,10 +536,15 @@ impl Mesh {
                 if plaintext { "plaintext" } else { "QUIC" }
             ))
         };
+        let by_admission = {
+            let state = self.inner.lock();
+            state.joining && state.admitted_epoch == epoch
+        };
         let join = Wire::Join {
             epoch,
             members: shared.nodes.clone(),
             plaintext,
+            by_admission,
         };
         let frame = Frame::encode(&join, Vec::new(), shared.header_max)
             .map_err(|e| form_error(format!("encoding the join: {e}")))?;
@@ -1377,11 +1382,14 @@ impl MeshInner {
                 epoch,
                 members,
                 plaintext,
+                by_admission,
             } => {
                 let mesh = self.clone();
                 let conn = conn.clone();
                 tokio::spawn(async move {
-                    let reply = mesh.join(&conn, epoch, members, plaintext).await;
+                    let reply = mesh
+                        .join(&conn, epoch, members, plaintext, by_admission)
+                        .await;
                     tracing::debug!(peer = %conn.peer(), epoch, ?reply, "answered a join");
                     respond(responder, reply, header_max);
                 });
@@ -1513,13 +1521,16 @@ impl MeshInner {
     }
 
     /// The answer to a dialer's join of `epoch`: waits (at most `form_timeout`) for this node
-    /// to form it, then acks if it formed it with the same members.
+    /// to form it, then acks if it formed it with the same members. A joiner not admitted to
+    /// `epoch` refuses at once, unless the dialer is a joiner admitted to it (`by_admission`):
+    /// its own admission is then on its way (see [`Wire::Join`]).
     async fn join(
         &self,
         conn: &Connection,
         epoch: u64,
         members: Vec<NodeId>,
         plaintext: bool,
+        by_admission: bool,
     ) -> Reply {
         let arrived = Instant::now();
         let deadline = arrived + self.config.form_timeout;
@@ -1624,7 +1635,7 @@ impl MeshInner {
                         None => self.refusal_locked(&state, epoch),
                     };
                 }
-                if Self::unadmitted(&state, epoch) {
+                if Self::unadmitted(&state, epoch) && !by_admission {
                     return Self::unadmitted_refusal(&state, epoch);
                 }
             }

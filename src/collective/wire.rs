@@ -35,6 +35,12 @@ pub(crate) enum Wire {
         members: Vec<NodeId>,
         /// Whether the dialer's chunks go over the plaintext data plane (both ends must agree).
         plaintext: bool,
+        /// Whether the dialer forms `epoch` as a joiner the leader admitted to it. The leader
+        /// tells every joiner of an epoch before any member forms it, but a joiner may hear
+        /// of its admission after another joiner dialed it: such a join is waited on (within
+        /// the form timeout) for the acceptor's own admission, where a survivor's join of an
+        /// epoch the acceptor was not admitted to means its old process and is refused at once.
+        by_admission: bool,
     },
     /// One chunk of the `seq`-th operation of the group of `epoch`; blob 0 holds the chunk.
     Data {
