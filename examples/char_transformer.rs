@@ -11,12 +11,12 @@
 //! 48 sequences of 64 characters throughout. Loss and perplexity go to TensorBoard
 //! (`$TMPDIR/cohort-char-transformer/tb`) and, at the end, to a PNG beside it.
 
-use cohort::candle::{Device, Module, ModuleT, Tensor, D};
+use cohort::candle::{Device, Module, ModuleT, Tensor};
 use cohort::candle_nn::{self, Embedding, Init, Linear, VarBuilder};
 use cohort::data::{datasets::gutenberg, Dataset};
 use cohort::keras::callbacks::{PlotHistory, ScaleWorkers, TensorBoard};
 use cohort::keras::{metrics, Fit, Loss, Model};
-use cohort::nn::{layer_norm, LayerNorm};
+use cohort::nn::{layer_norm, multi_head_attention, LayerNorm, MultiHeadAttention};
 use cohort::optim::Optimizer;
 use cohort::program::{multi_worker_main, MultiWorkerTask};
 use cohort::train::{DistributedOptimizer, LearningRateSchedule};
@@ -33,8 +33,7 @@ const SCALE_PLAN: [(u64, u32); 2] = [(400, 2), (1000, 1)];
 
 struct Block {
     norm1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
+    attention: MultiHeadAttention,
     norm2: LayerNorm,
     up: Linear,
     down: Linear,
@@ -46,7 +45,6 @@ struct Gpt {
     blocks: Vec<Block>,
     norm: LayerNorm,
     head: Linear,
-    mask: Tensor,
 }
 
 impl Gpt {
@@ -54,8 +52,7 @@ impl Gpt {
         let block = |vb: VarBuilder<'static>| -> cohort::candle::Result<Block> {
             Ok(Block {
                 norm1: layer_norm(WIDTH, 1e-5, vb.pp("norm1"))?,
-                qkv: candle_nn::linear(WIDTH, 3 * WIDTH, vb.pp("qkv"))?,
-                proj: candle_nn::linear(WIDTH, WIDTH, vb.pp("proj"))?,
+                attention: multi_head_attention(WIDTH, HEADS, vb.clone())?.causal(),
                 norm2: layer_norm(WIDTH, 1e-5, vb.pp("norm2"))?,
                 up: candle_nn::linear(WIDTH, 4 * WIDTH, vb.pp("up"))?,
                 down: candle_nn::linear(4 * WIDTH, WIDTH, vb.pp("down"))?,
@@ -65,15 +62,6 @@ impl Gpt {
             mean: 0.0,
             stdev: 0.02,
         };
-        let future: Vec<f32> = (0..CONTEXT * CONTEXT)
-            .map(|i| {
-                if i % CONTEXT > i / CONTEXT {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
         Ok(Self {
             tokens: candle_nn::embedding(vocabulary, WIDTH, vb.pp("tokens"))?,
             positions: vb.get_with_hints((CONTEXT, WIDTH), "positions", init)?,
@@ -82,27 +70,7 @@ impl Gpt {
                 .collect::<Result<_, _>>()?,
             norm: layer_norm(WIDTH, 1e-5, vb.pp("norm"))?,
             head: candle_nn::linear(WIDTH, vocabulary, vb.pp("head"))?,
-            mask: Tensor::from_vec(future, (CONTEXT, CONTEXT), &Device::Cpu)?,
         })
-    }
-
-    fn attention(&self, b: &Block, x: &Tensor) -> cohort::candle::Result<Tensor> {
-        let (batch, t, _) = x.dims3()?;
-        let heads = b
-            .qkv
-            .forward(x)?
-            .reshape((batch, t, 3, HEADS, WIDTH / HEADS))?
-            .permute((2, 0, 3, 1, 4))?;
-        let (q, k, v) = (
-            heads.get(0)?.contiguous()?,
-            heads.get(1)?.contiguous()?,
-            heads.get(2)?.contiguous()?,
-        );
-        let scores =
-            (q.matmul(&k.t()?)? / ((WIDTH / HEADS) as f64).sqrt())?.broadcast_add(&self.mask)?;
-        let mixed = candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(&v)?;
-        b.proj
-            .forward(&mixed.transpose(1, 2)?.reshape((batch, t, WIDTH))?)
     }
 }
 
@@ -110,10 +78,11 @@ impl ModuleT for Gpt {
     fn forward_t(&self, ids: &Tensor, _train: bool) -> cohort::candle::Result<Tensor> {
         let mut x = self.tokens.forward(ids)?.broadcast_add(&self.positions)?;
         for b in &self.blocks {
-            x = (&x + self.attention(b, &b.norm1.forward(&x)?)?)?;
-            x = (&x
-                + b.down
-                    .forward(&b.up.forward(&b.norm2.forward(&x)?)?.gelu()?)?)?;
+            x = (&x + b.attention.forward(&b.norm1.forward(&x)?)?)?;
+            let mlp = b
+                .down
+                .forward(&b.up.forward(&b.norm2.forward(&x)?)?.gelu()?)?;
+            x = (&x + mlp)?;
         }
         self.head.forward(&self.norm.forward(&x)?)
     }
@@ -122,18 +91,14 @@ impl ModuleT for Gpt {
 /// Sequences of `CONTEXT` characters and the same shifted by one.
 fn sequences(ids: &[u32]) -> Result<Dataset, Box<dyn std::error::Error>> {
     let n = (ids.len() - 1) / CONTEXT;
-    let x: Vec<u32> = (0..n)
-        .flat_map(|i| ids[i * CONTEXT..(i + 1) * CONTEXT].to_vec())
-        .collect();
-    let y: Vec<u32> = (0..n)
-        .flat_map(|i| ids[i * CONTEXT + 1..(i + 1) * CONTEXT + 1].to_vec())
-        .collect();
-    let cpu = &Device::Cpu;
-    let tensors = vec![
-        Tensor::from_vec(x, (n, CONTEXT), cpu)?,
-        Tensor::from_vec(y, (n, CONTEXT), cpu)?,
-    ];
-    Ok(Dataset::from_tensor_slices(tensors)?)
+    let window = |shift: usize| {
+        Tensor::from_vec(
+            ids[shift..shift + n * CONTEXT].to_vec(),
+            (n, CONTEXT),
+            &Device::Cpu,
+        )
+    };
+    Ok(Dataset::from_tensor_slices(vec![window(0)?, window(1)?])?)
 }
 
 fn train(task: MultiWorkerTask) -> Result<(), Box<dyn std::error::Error>> {

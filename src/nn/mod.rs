@@ -24,7 +24,8 @@
 //! variables are a strategy's (each layer holds its replica's live copy, updated in place);
 //! [`Dropout`] draws its masks from the step's seeded randomness ([`with_step_randomness`]), the
 //! same under every strategy; [`layer_norm`] and [`rms_norm`] are candle-nn's normalizations
-//! with a backward pass. `crate::train::ReplicatedModel` builds such a model per replica and
+//! with a backward pass, and [`multi_head_attention`] is the self-attention candle-nn lacks
+//! (Keras' `MultiHeadAttention`, with its causal mask), built from candle-nn's linear layers. `crate::train::ReplicatedModel` builds such a model per replica and
 //! trains it.
 //!
 //! ```
@@ -44,6 +45,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod attention;
 mod dense_kernel;
 mod init;
 mod layers;
@@ -54,6 +56,7 @@ mod tape;
 mod trainable;
 mod weights;
 
+pub use attention::{multi_head_attention, MultiHeadAttention};
 pub(crate) use dense_kernel::affine;
 pub use init::Initializer;
 pub use layers::{Activation, Dense, DenseBuilder, Embedding, Layer, Sequential};
