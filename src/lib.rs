@@ -23,8 +23,9 @@
 //! - [`summary`]: TensorBoard event files of scalar summaries (a leaf).
 //! - [`bootstrap`]: starting a process as a role, and the local launch of a whole cluster.
 //! - [`program`]: the user's entry point (`Program`, `main`).
-//! - [`chaosrun`]: chaos plans (shared with the simulator, [`sim`]) applied to a real local job,
-//!   its invariants checked afterwards (`cohort chaos run`).
+//! - `chaosrun`: chaos plans (shared with the simulator, `sim`) applied to a real local job,
+//!   its invariants checked afterwards (`cohort chaos run`); with `cli` and `workloads`, these
+//!   serve the `cohort` binary and are not part of the library API.
 //!
 //! The modules form a graph without cycles (the test `module_graph` keeps it so): shared
 //! vocabulary sits in leaves (`distribute`, `ledger`), process concerns low (`process`, used by
@@ -37,18 +38,43 @@ pub use candle_core as candle;
 /// matches cohort's: build models with [`nn::ModelVariables`] or [`train::ReplicatedModel`].
 pub use candle_nn;
 
+/// Declares modules that are not part of the library API: private, except to cohort's own
+/// tests and benches (the `internals` feature, which only cohort's dev-dependency on itself
+/// turns on).
+macro_rules! internal_modules {
+    ($($(#[$attr:meta])* $name:ident;)*) => {$(
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        $(#[$attr])*
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code)]
+        $(#[$attr])*
+        mod $name;
+    )*};
+}
+
+internal_modules! {
+    /// The chaos runner (`cohort chaos run`).
+    chaosrun;
+    /// The `cohort` command line. Its doc comments are clap's `--help` text, where
+    /// `<run-dir>` is a placeholder, not HTML.
+    #[allow(rustdoc::invalid_html_tags)]
+    cli;
+    /// The simulator (`cohort sim`).
+    sim;
+    /// The built-in demo and benchmark workloads.
+    workloads;
+}
+
+/// The `cohort` binary's `main`: its command line (not part of the library API).
+#[doc(hidden)]
+pub fn cli_main() -> std::process::ExitCode {
+    cli::run()
+}
+
 pub mod bootstrap;
-// Not part of the library API: the chaos runner (`cohort chaos run`); public for the `cohort`
-// binary and the tests.
-#[doc(hidden)]
-pub mod chaosrun;
 pub mod checkpoint;
-// Not part of the library API: the `cohort` command line; public for the `cohort`
-// binary and the tests.
-// Its doc comments are clap's `--help` text, where `<run-dir>` is a placeholder, not HTML.
-#[doc(hidden)]
-#[allow(rustdoc::invalid_html_tags)]
-pub mod cli;
 pub mod cluster;
 pub mod collective;
 pub mod data;
@@ -64,16 +90,8 @@ pub mod plot;
 pub mod process;
 pub mod program;
 pub mod roles;
-// Not part of the library API: the simulator (`cohort sim`); public for the `cohort`
-// binary and the tests.
-#[doc(hidden)]
-pub mod sim;
 pub mod status;
 pub mod strategy;
 pub mod summary;
 pub mod train;
 pub mod variable;
-// Not part of the library API: the built-in demo and benchmark workloads; public for the `cohort`
-// binary and the tests.
-#[doc(hidden)]
-pub mod workloads;

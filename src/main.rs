@@ -26,5 +26,5 @@ fn main() -> std::process::ExitCode {
             libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS)
         };
     }
-    cohort::cli::run()
+    cohort::cli_main()
 }
