@@ -24,7 +24,7 @@ use crate::data::Element;
 use crate::nn::ModelVariables;
 use crate::optim::{LearningRateSchedule, Optimizer};
 use crate::program::{
-    ClusterCoordinator, Program, RowRead, ServerModel, Step, StepContext, StepError,
+    ClusterCoordinator, DatasetHandle, Program, RowRead, ServerModel, Step, StepContext, StepError,
 };
 use crate::train::DistributedOptimizer;
 use crate::variable::Partitioner;
@@ -76,7 +76,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         optimizer: Optimizer,
         loss: Loss,
         metrics: Vec<Box<dyn Metric>>,
-        train_data: &str,
+        train_data: impl DatasetHandle,
     ) -> Self
     where
         F: Fn(VarBuilder<'static>) -> candle_core::Result<N> + Send + Sync + 'static,
@@ -87,7 +87,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             build: Arc::new(build),
             loss,
             metrics: metrics.into(),
-            train_data: train_data.to_owned(),
+            train_data: train_data.dataset_name().to_owned(),
             validation_data: None,
             partitioner: Arc::new(|_, _| None),
             row_tables: Vec::new(),
@@ -116,8 +116,8 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
 
     /// Validates after each epoch on the per-worker dataset registered as `name`
     /// (`Fit::validation_steps` batches; the figures are `val_<name>`).
-    pub fn validation_data(mut self, name: &str) -> Self {
-        self.validation_data = Some(name.to_owned());
+    pub fn validation_data(mut self, name: impl DatasetHandle) -> Self {
+        self.validation_data = Some(name.dataset_name().to_owned());
         self
     }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::coordinator::{ClusterCoordinator, CoordinatorError};
 use super::evaluator::{CheckpointVariables, EvalError, Metrics};
-use super::step::{decode, encode, Step};
+use super::step::{decode, encode, DatasetHandle, Step};
 use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};
 use crate::optim::{LearningRateSchedule, Optimizer};
@@ -75,12 +75,16 @@ impl Program {
     /// `num_replicas_in_sync` = the workers: an element is one worker's batch for one step,
     /// which the step splits among the worker's local replicas (its `replicas` key), so
     /// `get_per_replica_batch_size(global)` is that per-worker batch whatever the replicas.
+    ///
+    /// `name` is the function's name or its [`WorkerData`](crate::program::WorkerData)
+    /// handle, by which the chief creates the dataset and steps read it.
     pub fn dataset(
         mut self,
-        name: impl Into<String>,
+        name: impl DatasetHandle,
         f: impl Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync + 'static,
     ) -> Self {
-        self.datasets.insert(name.into(), Arc::new(f));
+        self.datasets
+            .insert(name.dataset_name().to_owned(), Arc::new(f));
         self
     }
 

@@ -5,7 +5,10 @@
 //! the handle is a name both sides agree on because they are the same program, and only the
 //! argument and the value cross the network, encoded here (bincode over serde).
 //!
-//! This module owns the handle and the encoding; the registry keeps the functions and the
+//! Per-worker datasets get the same kind of handle ([`WorkerData<T>`]): a registered name and
+//! the type a step reads each element as.
+//!
+//! This module owns the handles and the encoding; the registry keeps the functions and the
 //! coordinator the closures.
 //!
 //! ```
@@ -19,8 +22,11 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use candle_core::Tensor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+use crate::data::Element;
 
 /// A step function's handle: its registered name, with the type of its argument `A` and of
 /// its value `R` (any serde types). Declare it once, as a `static` or `const` both the
@@ -63,6 +69,144 @@ impl<A, R> fmt::Debug for Step<A, R> {
             std::any::type_name::<R>(),
             self.name
         )
+    }
+}
+
+/// A per-worker dataset's handle: the name its function is registered under
+/// ([`crate::program::Program::dataset`]), created on the workers by
+/// ([`crate::program::ClusterCoordinator::create_per_worker_dataset`]) and read by
+/// ([`crate::program::StepContext::next`]), with the type `T` a step reads each element as
+/// (a tensor, a tuple of tensors, or the element's tensors as they are: [`FromElement`]).
+/// Declare it once, as a `static` that the registration, the chief and the steps use.
+///
+/// ```
+/// use cohort::candle::Tensor;
+/// use cohort::program::WorkerData;
+///
+/// // Batches of features and labels.
+/// static TRAIN: WorkerData<(Tensor, Tensor)> = WorkerData::new("train");
+/// assert_eq!(TRAIN.name(), "train");
+/// ```
+pub struct WorkerData<T> {
+    name: &'static str,
+    types: PhantomData<fn() -> T>,
+}
+
+impl<T> WorkerData<T> {
+    /// The handle of the dataset function registered as `name`.
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            types: PhantomData,
+        }
+    }
+
+    /// The name the dataset function is registered and read by.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl<T> Clone for WorkerData<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for WorkerData<T> {}
+
+impl<T> fmt::Debug for WorkerData<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "WorkerData<{}>({:?})",
+            std::any::type_name::<T>(),
+            self.name
+        )
+    }
+}
+
+/// What a per-worker dataset's element (its tensors, in the order the dataset gives them)
+/// becomes when a step reads it through a [`WorkerData`] handle. An element of another
+/// structure is refused, saying what it holds.
+pub trait FromElement: Sized {
+    /// The element as `Self`, or why it is not one.
+    fn from_element(element: Element) -> Result<Self, String>;
+}
+
+impl FromElement for Element {
+    fn from_element(element: Element) -> Result<Self, String> {
+        Ok(element)
+    }
+}
+
+/// The element's tensors, `N` of them, or why not.
+fn exactly<const N: usize>(element: Element) -> Result<[Tensor; N], String> {
+    let got = element.len();
+    <[Tensor; N]>::try_from(element)
+        .map_err(|_| format!("the element holds {got} tensor(s), the handle reads {N}"))
+}
+
+impl FromElement for Tensor {
+    fn from_element(element: Element) -> Result<Self, String> {
+        let [t] = exactly::<1>(element)?;
+        Ok(t)
+    }
+}
+
+impl FromElement for (Tensor, Tensor) {
+    fn from_element(element: Element) -> Result<Self, String> {
+        let [a, b] = exactly::<2>(element)?;
+        Ok((a, b))
+    }
+}
+
+impl FromElement for (Tensor, Tensor, Tensor) {
+    fn from_element(element: Element) -> Result<Self, String> {
+        let [a, b, c] = exactly::<3>(element)?;
+        Ok((a, b, c))
+    }
+}
+
+/// What names a per-worker dataset where it is registered, created and read: its name (a read
+/// gives the element's tensors as they are) or a typed [`WorkerData`] handle (a read gives the
+/// element as its type).
+pub trait DatasetHandle {
+    /// What a read gives.
+    type Element;
+    /// The registered name.
+    fn dataset_name(&self) -> &str;
+    /// The element read, as [`DatasetHandle::Element`].
+    fn element(&self, element: Element) -> Result<Self::Element, String>;
+}
+
+impl DatasetHandle for &str {
+    type Element = Element;
+    fn dataset_name(&self) -> &str {
+        self
+    }
+    fn element(&self, element: Element) -> Result<Element, String> {
+        Ok(element)
+    }
+}
+
+impl DatasetHandle for &String {
+    type Element = Element;
+    fn dataset_name(&self) -> &str {
+        self
+    }
+    fn element(&self, element: Element) -> Result<Element, String> {
+        Ok(element)
+    }
+}
+
+impl<T: FromElement> DatasetHandle for &WorkerData<T> {
+    type Element = T;
+    fn dataset_name(&self) -> &str {
+        self.name
+    }
+    fn element(&self, element: Element) -> Result<T, String> {
+        T::from_element(element)
     }
 }
 
@@ -145,6 +289,27 @@ mod tests {
         ids: Vec<u64>,
         scale: f32,
         tag: Option<String>,
+    }
+
+    #[test]
+    fn a_typed_handle_reads_an_element_of_its_structure_and_refuses_another() {
+        static PAIRS: WorkerData<(Tensor, Tensor)> = WorkerData::new("pairs");
+        let t = |v: f32| Tensor::new(&[v], &candle_core::Device::Cpu).unwrap();
+        let (x, y) = (&PAIRS).element(vec![t(1.0), t(2.0)]).unwrap();
+        assert_eq!(
+            (x.to_vec1::<f32>().unwrap(), y.to_vec1::<f32>().unwrap()),
+            (vec![1.0], vec![2.0])
+        );
+        assert_eq!((&PAIRS).dataset_name(), "pairs");
+        let refused = (&PAIRS).element(vec![t(1.0), t(2.0), t(3.0)]).unwrap_err();
+        assert!(
+            refused.contains("3 tensor(s)") && refused.contains("reads 2"),
+            "{refused}"
+        );
+        // By name, the element's tensors as they are.
+        assert_eq!("pairs".element(vec![t(1.0)]).unwrap().len(), 1);
+        let one: WorkerData<Tensor> = WorkerData::new("one");
+        assert!((&one).element(Vec::new()).is_err());
     }
 
     #[test]

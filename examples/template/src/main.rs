@@ -3,13 +3,14 @@
 //!
 //!     cargo run --release -- launch --workers 2 --ps 1
 //!
-//! The model learns y = sin(x0) + x1² on batches each step generates from its argument (in a
-//! real job, read a per-worker dataset: `Program::dataset` and `StepContext::next`).
+//! The model learns y = sin(x0) + x1² from batches each worker reads from its own dataset
+//! (a per-worker dataset: every worker builds it from the same registered function).
 
 use cohort::candle::{Device, Module, Tensor};
 use cohort::candle_nn::{self, Linear, VarBuilder};
+use cohort::data::{DataError, Dataset, InputContext};
 use cohort::optim::Optimizer;
-use cohort::program::{Program, ServerModel, Step, StepContext, StepError};
+use cohort::program::{Program, ServerModel, Step, StepContext, StepError, WorkerData};
 
 const SEED: u64 = 42;
 const BATCH: usize = 64;
@@ -43,9 +44,21 @@ struct Batch {
 /// The step, registered once and scheduled by this handle.
 static TRAIN: Step<Batch, f32> = Step::new("train");
 
-/// Batch `step`'s inputs in [-1, 1)² and targets, the same wherever it runs.
-fn batch(step: u64) -> cohort::candle::Result<(Tensor, Tensor)> {
-    let mut state = step
+/// Each worker's batches of inputs and targets, registered, created and read by this handle.
+static SAMPLES: WorkerData<(Tensor, Tensor)> = WorkerData::new("samples");
+
+/// A worker's dataset: its own samples in [-1, 1)² with their targets, shuffled, in batches.
+fn samples(ctx: &InputContext) -> Result<Dataset, DataError> {
+    let (x, y) = draw(4096, ctx.input_pipeline_id as u64)?;
+    Ok(Dataset::from_tensor_slices(vec![x, y])?
+        .shuffle(4096, 7)
+        .repeat(None)
+        .batch(BATCH, true))
+}
+
+/// `n` inputs and targets from stream `seed`.
+fn draw(n: usize, seed: u64) -> cohort::candle::Result<(Tensor, Tensor)> {
+    let mut state = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
     let mut next = || {
@@ -54,19 +67,20 @@ fn batch(step: u64) -> cohort::candle::Result<(Tensor, Tensor)> {
             .wrapping_add(1442695040888963407);
         (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
-    let x: Vec<f32> = (0..BATCH * 2).map(|_| next()).collect();
+    let x: Vec<f32> = (0..n * 2).map(|_| next()).collect();
     let y: Vec<f32> = x.chunks(2).map(|p| p[0].sin() + p[1] * p[1]).collect();
     Ok((
-        Tensor::from_vec(x, (BATCH, 2), &Device::Cpu)?,
-        Tensor::from_vec(y, (BATCH, 1), &Device::Cpu)?,
+        Tensor::from_vec(x, (n, 2), &Device::Cpu)?,
+        Tensor::from_vec(y, (n, 1), &Device::Cpu)?,
     ))
 }
 
 fn main() {
     let program = Program::new("template")
         .optimizer(Optimizer::adam(0.01))
-        .step(&TRAIN, |ctx: &mut StepContext<'_>, args: Batch| {
-            let (x, y) = batch(args.step)?;
+        .dataset(&SAMPLES, samples)
+        .step(&TRAIN, |ctx: &mut StepContext<'_>, _args: Batch| {
+            let (x, y) = ctx.next(&SAMPLES)?;
             let model = ServerModel::build(ctx, Mlp::new)?;
             let report = model.train_step(ctx, &[x, y], SEED, |mlp, batch| {
                 (mlp.forward(&batch[0])? - &batch[1])?.sqr()?.flatten_all()
@@ -75,6 +89,7 @@ fn main() {
         })
         .chief(|coordinator| {
             ServerModel::create_variables(coordinator, SEED, Mlp::new, |_name, _shape| None)?;
+            coordinator.create_per_worker_dataset(&SAMPLES)?;
             let values = (0..STEPS)
                 .map(|step| coordinator.schedule(&TRAIN, Batch { step }))
                 .collect::<Result<Vec<_>, _>>()?;

@@ -26,7 +26,7 @@ use crate::nn::Initializer;
 use crate::roles::protocol::{
     f32_to_bytes, InitSpec, PsStats, PsStatsReply, SetupWorker, PS_ACTOR,
 };
-use crate::roles::step::{decode, encode, Step, ValueCodecError};
+use crate::roles::step::{decode, encode, DatasetHandle, Step, ValueCodecError};
 use crate::roles::worker::{PsClient, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
 use serde::de::DeserializeOwned;
@@ -435,10 +435,15 @@ impl ClusterCoordinator {
         Ok(layout)
     }
 
-    /// Every worker builds its own dataset from the registered function `function`
-    /// (`InputContext`: one input pipeline per worker); steps read it with
-    /// `StepContext::next(function)`. A restarted worker rebuilds it before running anything.
-    pub fn create_per_worker_dataset(&mut self, function: &str) -> Result<(), CoordinatorError> {
+    /// Every worker builds its own dataset from the registered function `function` (its
+    /// name, or its [`WorkerData`](crate::program::WorkerData) handle; `InputContext`: one
+    /// input pipeline per worker); steps read it with `StepContext::next` by the same. A
+    /// restarted worker rebuilds it before running anything.
+    pub fn create_per_worker_dataset(
+        &mut self,
+        function: impl DatasetHandle,
+    ) -> Result<(), CoordinatorError> {
+        let function = function.dataset_name();
         if !self.datasets.iter().any(|(f, _)| f == function) {
             self.datasets.push((function.to_string(), 0));
         }

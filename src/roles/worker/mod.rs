@@ -16,10 +16,10 @@ mod server_model;
 
 use std::collections::BTreeMap;
 
-use crate::data::{DataError, DatasetIterator, Element};
+use crate::data::{DataError, DatasetIterator};
 use crate::layout::Layout;
 use crate::roles::push::{Gradient, PushPlanError};
-use crate::roles::step::ValueCodecError;
+use crate::roles::step::{DatasetHandle, ValueCodecError};
 
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
 pub use client::PsClient;
@@ -41,6 +41,14 @@ pub enum StepError {
     /// The step named a dataset the chief did not create on this worker.
     #[error("unknown dataset {0:?}")]
     UnknownDataset(String),
+    /// A dataset's element is not what the step's handle reads it as.
+    #[error("dataset {dataset:?}: {reason}")]
+    Element {
+        /// The dataset.
+        dataset: String,
+        /// What the element holds, against what was asked.
+        reason: String,
+    },
     /// The worker's dataset is exhausted (TensorFlow's OutOfRangeError).
     #[error("dataset {0:?} is exhausted")]
     EndOfData(String),
@@ -308,19 +316,28 @@ impl<'a> StepContext<'a> {
         Ok(())
     }
 
-    /// The next element of this worker's dataset `name`.
-    pub fn next(&mut self, name: &str) -> Result<Element, StepError> {
-        let dataset = self
+    /// The next element of this worker's dataset `dataset`: by its registered name, the
+    /// element's tensors; by a [`WorkerData<T>`](crate::program::WorkerData) handle, a `T`
+    /// (an element of another structure is [`StepError::Element`], naming the dataset).
+    pub fn next<D: DatasetHandle>(&mut self, dataset: D) -> Result<D::Element, StepError> {
+        let name = dataset.dataset_name();
+        let data = self
             .datasets
             .get_mut(name)
             .ok_or_else(|| StepError::UnknownDataset(name.into()))?;
-        match dataset.iter.next() {
+        let element = match data.iter.next() {
             Some(element) => {
-                dataset.position += 1;
-                Ok(element?)
+                data.position += 1;
+                element?
             }
-            None => Err(StepError::EndOfData(name.into())),
-        }
+            None => return Err(StepError::EndOfData(name.into())),
+        };
+        dataset
+            .element(element)
+            .map_err(|reason| StepError::Element {
+                dataset: name.into(),
+                reason,
+            })
     }
 }
 
