@@ -17,7 +17,7 @@ use cohort::candle_nn::{self, Linear, VarBuilder};
 use cohort::cluster::{TaskId, TaskType};
 use cohort::data::{DataError, Dataset, InputContext};
 use cohort::keras::callbacks::{
-    BackupAndRestore, Callback, ModelCheckpoint, SaveFreq, TrainingContext,
+    BackupAndRestore, Callback, EarlyStopping, Mode, ModelCheckpoint, SaveFreq, TrainingContext,
 };
 use cohort::keras::{metrics, Fit, KerasError, Logs, Loss, Model, PsFit};
 use cohort::nn::{layer_norm, LayerNorm};
@@ -174,6 +174,7 @@ fn program() -> Program {
 fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
     let backup = ps_support::child_dir().join("backup");
     let best = ps_support::child_dir().join("best.safetensors");
+    let every = ps_support::child_dir().join("epoch-{epoch}.safetensors");
     let history = ps_fit()
         .fit(
             coordinator,
@@ -184,6 +185,15 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
                 .callback(Midway)
                 .callback(
                     ModelCheckpoint::new(best.display().to_string()).save_best_only("val_accuracy"),
+                )
+                .callback(ModelCheckpoint::new(every.display().to_string()))
+                // "Best" is the highest validation loss, so that restoring it changes the
+                // servers' weights: EarlyStopping writes it to them at the end.
+                .callback(
+                    EarlyStopping::new("val_loss")
+                        .mode(Mode::Max)
+                        .patience(EPOCHS)
+                        .restore_best_weights(true),
                 )
                 .callback(
                     BackupAndRestore::new(&backup)
@@ -201,7 +211,72 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
     report["saved_accuracy"] = serde_json::json!(
         saved_accuracy(&best).map_err(|e| CoordinatorError::Other(e.to_string()))?
     );
+    // The servers' weights now, against the files of the epoch EarlyStopping restored and of
+    // the last epoch.
+    let val_loss = history.get("val_loss");
+    let worst = (0..val_loss.len())
+        .max_by(|&a, &b| val_loss[a].total_cmp(&val_loss[b]).then(b.cmp(&a)))
+        .unwrap_or(0);
+    let file = |i: usize| {
+        let epoch = history.epoch_numbers[i] + 1;
+        std::path::PathBuf::from(
+            every
+                .display()
+                .to_string()
+                .replace("{epoch}", &epoch.to_string()),
+        )
+    };
+    let on_servers = servers_weights(coordinator)?;
+    let differs = |path: std::path::PathBuf| -> Result<f32, CoordinatorError> {
+        let saved = file_weights(&path).map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        Ok(largest_difference(&saved, &on_servers))
+    };
+    report["restored_vs_its_epoch"] = serde_json::json!(differs(file(worst))?);
+    report["restored_vs_last_epoch"] = serde_json::json!(differs(file(val_loss.len() - 1))?);
+    report["restored_is_last"] = serde_json::json!(worst == val_loss.len() - 1);
     write_report(&report)
+}
+
+/// Every variable's values in a weights file `ModelCheckpoint` wrote, by name.
+fn file_weights(path: &std::path::Path) -> Result<Vec<(String, Vec<f32>)>, KerasError> {
+    let mut model = Model::new(DefaultStrategy::new(), 11, net)?;
+    model.load(path)?;
+    model
+        .variables()
+        .iter()
+        .map(|v| {
+            Ok((
+                v.name().to_owned(),
+                v.read_value().flatten_all()?.to_vec1::<f32>()?,
+            ))
+        })
+        .collect()
+}
+
+/// Every variable's values on the servers, by name.
+fn servers_weights(
+    coordinator: &ClusterCoordinator,
+) -> Result<Vec<(String, Vec<f32>)>, CoordinatorError> {
+    coordinator
+        .layouts()
+        .iter()
+        .map(|l| Ok((l.name.clone(), coordinator.read_variable(&l.name)?)))
+        .collect()
+}
+
+/// The largest absolute difference between two sets of weights by name (infinite where a
+/// name or a length differs).
+fn largest_difference(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    a.iter()
+        .map(|(name, values)| match b.iter().find(|(n, _)| n == name) {
+            Some((_, other)) if other.len() == values.len() => values
+                .iter()
+                .zip(other)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max),
+            _ => f32::INFINITY,
+        })
+        .fold(0.0, f32::max)
 }
 
 /// The validation accuracy of the weights `ModelCheckpoint` saved on the chief, loaded into a
@@ -248,6 +323,15 @@ fn check(report: &serde_json::Value, what: &str) {
         saved > 0.9,
         "{what}: the saved weights' accuracy is {saved}"
     );
+    // EarlyStopping's restored epoch is on the servers, to the bit (and it is not the last
+    // epoch's, where the two differ).
+    assert_eq!(report["restored_vs_its_epoch"], 0.0, "{what}: {report}");
+    if report["restored_is_last"] == false {
+        assert!(
+            report["restored_vs_last_epoch"].as_f64().unwrap() > 0.0,
+            "{what}: the last epoch's weights are still on the servers: {report}"
+        );
+    }
     // Each epoch logs the servers' scheduled rate at its last step.
     let rates: Vec<f64> = serde_json::from_value(report["learning_rate"].clone()).unwrap();
     let epochs_logged = rates.len();

@@ -282,7 +282,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     step_in_epoch,
                     epochs,
                     steps_per_epoch: known_steps,
-                    weights_writable: true,
+                    weights_set: false,
                 }
             };
         }

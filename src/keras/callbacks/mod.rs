@@ -96,9 +96,9 @@ pub struct TrainingContext<'a> {
     pub(crate) step_in_epoch: usize,
     pub(crate) epochs: usize,
     pub(crate) steps_per_epoch: Option<usize>,
-    /// Whether [`TrainingContext::set_weights`] reaches the weights trained (not under
-    /// ParameterServerStrategy, where the chief holds a copy it reads from the servers).
-    pub(crate) weights_writable: bool,
+    /// Whether a callback set the weights ([`TrainingContext::set_weights`]): under
+    /// ParameterServerStrategy `fit` then writes the chief's copy to the servers.
+    pub(crate) weights_set: bool,
 }
 
 impl TrainingContext<'_> {
@@ -154,24 +154,14 @@ impl TrainingContext<'_> {
         save::read_weights(self.variables)
     }
 
-    /// Whether [`TrainingContext::set_weights`] can set the weights trained: not under
-    /// ParameterServerStrategy, whose variables the chief only reads.
-    pub fn can_set_weights(&self) -> bool {
-        self.weights_writable
-    }
-
     /// Sets every variable from `weights` (as [`TrainingContext::weights`] gave them): a name
-    /// missing or a shape that differs is refused before any variable changes, and so is
-    /// every call where [`TrainingContext::can_set_weights`] is false.
+    /// missing or a shape that differs is refused before any variable changes. Under
+    /// ParameterServerStrategy `fit` writes them to the servers once the callbacks of that
+    /// moment ran (after the closures in flight finished).
     pub fn set_weights(&mut self, weights: &[(String, Tensor)]) -> Result<(), KerasError> {
-        if !self.weights_writable {
-            return Err(KerasError::Config(
-                "the weights cannot be set from a callback under ParameterServerStrategy: they \
-                 live on the parameter servers, which the chief only reads"
-                    .into(),
-            ));
-        }
-        save::assign_weights(self.variables, weights, "the weights given")
+        save::assign_weights(self.variables, weights, "the weights given")?;
+        self.weights_set = true;
+        Ok(())
     }
 
     /// Writes the model's weights to a safetensors file at `path` (as `Model::save`).

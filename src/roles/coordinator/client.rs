@@ -24,8 +24,10 @@ use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
 use crate::roles::protocol::{
-    f32_to_bytes, InitSpec, PsStats, PsStatsReply, SetupWorker, PS_ACTOR,
+    f32_blob, f32_to_bytes, AssignVariable, InitSpec, PsRefusal, PsStats, PsStatsReply,
+    PsUnavailable, SetupWorker, PS_ACTOR,
 };
+use crate::roles::ps::PsError;
 use crate::roles::step::{decode, encode, DatasetHandle, Step, ValueCodecError};
 use crate::roles::worker::{PsClient, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
@@ -594,6 +596,52 @@ impl ClusterCoordinator {
         self.read_from_servers(name, |client, layout| client.pull(layout))
     }
 
+    /// Sets a variable's whole value on the servers (Keras' `set_weights` under
+    /// ParameterServerStrategy: `EarlyStopping`'s best weights, say), each shard on its
+    /// server, the optimizer slots and step counts kept. Call it with no closure in flight
+    /// (after [`Self::join`]): a closure running meanwhile would push against the old value.
+    /// A value of another length is refused before anything is sent, naming the variable; a
+    /// server being recovered is waited for (a shard it holds is set again after the restore,
+    /// which would roll it back).
+    pub fn assign_variable(&self, name: &str, values: &[f32]) -> Result<(), CoordinatorError> {
+        self.across_recoveries(&format!("assigning {name}"), |topology| {
+            let layout = layout_in(topology, name)?;
+            let expected: usize = layout.shape.iter().product();
+            if values.len() != expected {
+                return Err(CoordinatorError::Variable {
+                    name: name.into(),
+                    detail: format!(
+                        "it holds {expected} values (shape {:?}); the assignment gives {}",
+                        layout.shape,
+                        values.len()
+                    ),
+                });
+            }
+            let row_len = layout.row_len();
+            for (index, shard) in layout.shards.iter().enumerate() {
+                let part = &values[shard.rows.start * row_len..shard.rows.end * row_len];
+                let msg = AssignVariable {
+                    name: layout.shard_name(index),
+                };
+                match self.call_ps_with_blobs(topology, shard.ps, msg, vec![f32_blob(part)]) {
+                    Ok(Ok(())) => {}
+                    // Restarted and not restored yet, or restoring: wait for its recovery.
+                    Ok(Err(PsRefusal::Store(
+                        PsError::UnknownVariable(_) | PsError::AssignDuringRestore { .. },
+                    ))) => {
+                        return Ok(Err(StepError::PsUnavailable(PsUnavailable {
+                            ps: shard.ps,
+                            reason: format!("it cannot take {name} now"),
+                        })))
+                    }
+                    Ok(Err(refusal)) => return Ok(Err(StepError::Ps(refusal.to_string()))),
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+            Ok(Ok(()))
+        })
+    }
+
     /// Reads rows of a `[rows, width]` variable.
     pub fn read_rows(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, CoordinatorError> {
         self.read_from_servers(name, |client, layout| client.pull_rows(layout, ids))
@@ -875,6 +923,28 @@ impl ClusterCoordinator {
                 let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await?;
                 r.call(&msg).await
             })
+            .map_err(|e| StepError::from_ps_call(ps, e))
+    }
+
+    /// As [`Self::call_ps_in`], with `blobs` beside the message (its reply's left out).
+    fn call_ps_with_blobs<M: cohort_actors::RemoteMessage>(
+        &self,
+        topology: &ServerTopology,
+        ps: u32,
+        msg: M,
+        blobs: Vec<bytes::Bytes>,
+    ) -> Result<M::Reply, StepError> {
+        let (node, addr) =
+            topology.servers.get(&ps).cloned().ok_or_else(|| {
+                StepError::Ps(format!("no parameter server ps/{ps} in the cluster"))
+            })?;
+        let gateway = self.gateway.clone();
+        self.runtime
+            .block_on(async move {
+                let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await?;
+                r.call_with_blobs(&msg, blobs).await
+            })
+            .map(|(reply, _)| reply)
             .map_err(|e| StepError::from_ps_call(ps, e))
     }
 

@@ -26,9 +26,9 @@ use crate::checkpoint::FAILPOINT_ENV;
 use crate::optim::Slots;
 use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    blob, blob_u64, bytes_to_f32, f32_shared_blob, f32_vec_blob, BeginRestore, CreateVariable,
-    FenceWorker, FinishedBelow, PsRefusal, PsStats, PsStatsReply, Pull, PullRows, Push,
-    RestoreVariable, RollBack, Snapshot, PS_ACTOR,
+    blob, blob_u64, bytes_to_f32, f32_shared_blob, f32_vec_blob, AssignVariable, BeginRestore,
+    CreateVariable, FenceWorker, FinishedBelow, PsRefusal, PsStats, PsStatsReply, Pull, PullRows,
+    Push, RestoreVariable, RollBack, Snapshot, PS_ACTOR,
 };
 
 /// The parameter-server actor: owns the store.
@@ -114,6 +114,7 @@ impl PsActor {
         .start();
         gateway.register::<CreateVariable>(PS_ACTOR, addr.clone().recipient())?;
         gateway.register::<RestoreVariable>(PS_ACTOR, addr.clone().recipient())?;
+        gateway.register::<AssignVariable>(PS_ACTOR, addr.clone().recipient())?;
         register_with_blobs::<Pull>(&gateway, &addr, &serving)?;
         register_with_blobs::<PullRows>(&gateway, &addr, &serving)?;
         let push_addr = addr.clone();
@@ -273,6 +274,19 @@ impl Handler<Remote<RestoreVariable>> for PsActor {
                 .handle_restore(&name, shape, values, slots, steps)?)
         })();
         self.note_serving();
+        MessageResult(result)
+    }
+}
+
+impl Handler<Remote<AssignVariable>> for PsActor {
+    type Result = MessageResult<Remote<AssignVariable>>;
+
+    fn handle(&mut self, msg: Remote<AssignVariable>, _: &mut Context<Self>) -> Self::Result {
+        let name = msg.msg.name;
+        let result = (|| {
+            let values = bytes_to_f32(blob(&msg.blobs, 0, &name)?, &name)?;
+            Ok(self.store.handle_assign(&name, values)?)
+        })();
         MessageResult(result)
     }
 }

@@ -109,6 +109,22 @@ pub enum PsError {
         /// The variable.
         name: String,
     },
+    /// An assignment of a variable while a restore is under way (it would be rolled back).
+    #[error("variable {name:?}: a restore is under way; assign it once the restore is done")]
+    AssignDuringRestore {
+        /// The variable.
+        name: String,
+    },
+    /// An assignment whose value does not fill the variable.
+    #[error("variable {name:?} holds {expected} values, the assignment gives {got}")]
+    AssignLength {
+        /// The variable.
+        name: String,
+        /// Values it holds.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
     /// A restored step count that leaves no room for another update.
     #[error("variable {name:?}: restored step count {steps} is out of range")]
     BadStepCount {
@@ -372,6 +388,28 @@ impl ParameterStore {
     /// The whole value of a variable.
     pub fn pull(&self, name: &str) -> Result<&[f32], PsError> {
         self.variable(name).map(StoredVariable::values)
+    }
+
+    /// Sets a variable's values from the chief, its optimizer slots and step count kept
+    /// (Keras' `set_weights`): refused for an unknown variable, a value of another length, or
+    /// while a restore is under way (the roll-back would undo it); nothing changes then.
+    pub fn handle_assign(&mut self, name: &str, values: Vec<f32>) -> Result<(), PsError> {
+        if self.restoring {
+            return Err(PsError::AssignDuringRestore { name: name.into() });
+        }
+        let var = self
+            .variables
+            .get_mut(name)
+            .ok_or_else(|| PsError::UnknownVariable(name.into()))?;
+        if values.len() != var.values.len() {
+            return Err(PsError::AssignLength {
+                name: name.into(),
+                expected: var.values.len(),
+                got: values.len(),
+            });
+        }
+        var.values = Arc::new(values);
+        Ok(())
     }
 
     /// The whole value of a shard, shared rather than copied: what a pull reply sends.
@@ -812,6 +850,38 @@ mod tests {
         ps.handle_create("w", vec![2], vec![1.0, 1.0]).unwrap();
         ps.handle_create("emb", vec![3, 2], vec![0.0; 6]).unwrap();
         ps
+    }
+
+    #[test]
+    fn an_assignment_sets_the_values_and_keeps_slots_and_steps() {
+        let mut ps = ParameterStore::new(Optimizer::adam(0.1)).unwrap();
+        ps.handle_create("w", vec![2], vec![1.0, 1.0]).unwrap();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        ps.handle_push(origin(0, 1, 1, 1), &grads).unwrap();
+        let held = |ps: &ParameterStore| {
+            let (_, var) = ps.variables().find(|(name, _)| *name == "w").unwrap();
+            (format!("{:?}", var.slots), var.steps)
+        };
+        let before = held(&ps);
+        ps.handle_assign("w", vec![5.0, 6.0]).unwrap();
+        assert_eq!(ps.pull("w").unwrap(), &[5.0, 6.0]);
+        assert_eq!(held(&ps), before);
+        assert_eq!(before.1, 1);
+        // Refused, nothing changed: an unknown name, another length, a restore under way.
+        assert!(matches!(
+            ps.handle_assign("v", vec![0.0]),
+            Err(PsError::UnknownVariable(_))
+        ));
+        assert!(matches!(
+            ps.handle_assign("w", vec![0.0; 3]),
+            Err(PsError::AssignLength { expected: 2, got: 3, .. })
+        ));
+        ps.handle_begin_restore(1, &[]);
+        assert!(matches!(
+            ps.handle_assign("w", vec![0.0; 2]),
+            Err(PsError::AssignDuringRestore { .. })
+        ));
+        assert_eq!(ps.pull("w").unwrap(), &[5.0, 6.0]);
     }
 
     #[test]
