@@ -913,20 +913,11 @@ impl ClusterCoordinator {
         ps: u32,
         msg: M,
     ) -> Result<M::Reply, StepError> {
-        let (node, addr) =
-            topology.servers.get(&ps).cloned().ok_or_else(|| {
-                StepError::Ps(format!("no parameter server ps/{ps} in the cluster"))
-            })?;
-        let gateway = self.gateway.clone();
-        self.runtime
-            .block_on(async move {
-                let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await?;
-                r.call(&msg).await
-            })
-            .map_err(|e| StepError::from_ps_call(ps, e))
+        self.call_ps_with_blobs(topology, ps, msg, Vec::new())
     }
 
-    /// As [`Self::call_ps_in`], with `blobs` beside the message (its reply's left out).
+    /// Calls parameter server `ps` of `topology` with `msg` and `blobs` beside it (the
+    /// reply's blobs left out).
     fn call_ps_with_blobs<M: cohort_actors::RemoteMessage>(
         &self,
         topology: &ServerTopology,

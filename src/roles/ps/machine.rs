@@ -874,7 +874,11 @@ mod tests {
         ));
         assert!(matches!(
             ps.handle_assign("w", vec![0.0; 3]),
-            Err(PsError::AssignLength { expected: 2, got: 3, .. })
+            Err(PsError::AssignLength {
+                expected: 2,
+                got: 3,
+                ..
+            })
         ));
         ps.handle_begin_restore(1, &[]);
         assert!(matches!(
