@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cohort::candle::{Device, Module, ModuleT, Tensor, D};
 use cohort::candle_nn::{self, Linear, VarBuilder};
 use cohort::data::Dataset;
-use cohort::keras::{Fit, Loss, Model};
+use cohort::keras::{Fit, Loss, Model, ModelStrategy};
 use cohort::optim::Optimizer;
 use cohort::strategy::{
     CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, OneDevice, PerReplica,
@@ -403,5 +403,59 @@ fn keras_fit_builds_a_lazy_model_on_its_first_batch() {
             .map(|(p, q)| (p - q).abs())
             .fold(0f32, f32::max);
         assert!(worst < 1e-5, "the weights differ by {worst}");
+    }
+}
+
+/// The lazy network's weights after 2 epochs of `fit` under `strategy` (one global batch
+/// order, plain SGD).
+fn lazy_fit(strategy: ModelStrategy) -> Vec<Vec<f32>> {
+    let (x, y) = examples(96, 0);
+    let data = Dataset::from_tensor_slices(vec![x, y])
+        .unwrap()
+        .batch(GLOBAL_BATCH, true);
+    let mut model = Model::new(strategy, SEED, LazyNet::new).unwrap();
+    assert!(model.variables().is_empty());
+    model.compile(
+        Optimizer::sgd(0.1),
+        Loss::sparse_categorical_crossentropy(),
+        Vec::new(),
+    );
+    model.fit(&data, Fit::epochs(2).verbose(false)).unwrap();
+    model
+        .variables()
+        .iter()
+        .map(|v| {
+            v.read_value()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// `fit` of the lazy network under MultiWorkerMirrored (two workers of one replica, in one
+/// process): each builds it on its first batch, every worker's variables are checked against
+/// the others' and start from the first worker's, and both end with the same weights as one
+/// process training the same global batches.
+#[test]
+fn keras_fit_builds_a_lazy_model_on_every_worker() {
+    let reference = lazy_fit(DefaultStrategy::new().into());
+    let workers = mwms_support::in_process_pair("lazy-keras", |_, config| {
+        lazy_fit(MultiWorkerMirrored::new(config).unwrap().into())
+    });
+    for (worker, weights) in workers.iter().enumerate() {
+        assert_eq!(weights.len(), 4, "worker {worker}");
+        for (a, b) in reference.iter().zip(weights) {
+            let worst = a
+                .iter()
+                .zip(b)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst < 1e-5,
+                "worker {worker}: the weights differ by {worst}"
+            );
+        }
     }
 }

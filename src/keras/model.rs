@@ -154,26 +154,18 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         })
     }
 
-    /// Runs the network once on `features` in every replica (Keras' `model.build`, or its
-    /// first call): a network whose layers create their variables on their first call creates
-    /// them now, by the strategy's policy (mirrored on every replica; under
+    /// Runs the network once on `features` with each local replica's copy, in cross-replica
+    /// context (Keras' `model.build`): a network whose layers create their variables on their
+    /// first call creates them now, by the strategy's policy (mirrored on every replica; under
     /// MultiWorkerMirrored checked against every worker's and started from the first
-    /// worker's, so every worker must build). [`Model::fit`] builds an unbuilt model on its
-    /// first batch by itself; build first to restore weights or a backup into it.
+    /// worker's, so every worker must build, except one that joins a running group: it takes
+    /// the group's variables at its first step boundary). [`Model::fit`] builds an unbuilt
+    /// model on its first batch by itself; build first to load weights into it.
     pub fn build(&mut self, features: &Tensor) -> Result<(), KerasError> {
-        let network = Arc::clone(&self.network);
-        self.strategy
-            .strategy()
-            .run(
-                move |ctx, x: Tensor| -> Result<(), KerasError> {
-                    network.replica(ctx)?.forward_t(&x, false)?;
-                    Ok(())
-                },
-                features.clone(),
-            )?
-            .into_values()
-            .into_iter()
-            .collect()
+        for copy in self.network.copies() {
+            copy.forward_t(features, false)?;
+        }
+        Ok(())
     }
 
     /// Builds the network on the first example of `data` if it has no variables yet (a

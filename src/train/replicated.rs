@@ -243,6 +243,12 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         &self.replicas[0]
     }
 
+    /// Every local replica's copy, in replica order (for cross-replica use: building a lazy
+    /// model on each copy, say).
+    pub fn copies(&self) -> &[M] {
+        &self.replicas
+    }
+
     /// The gradients of the scalar `loss` (computed by the replica's copy) with respect to the
     /// trainable variables, in their order; zeros for a variable `loss` does not depend on.
     pub fn gradients(
