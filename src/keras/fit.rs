@@ -19,6 +19,7 @@ use super::callbacks::{BackupAndRestore, Callback, ProgbarLogger, SaveFreq, Trai
 use super::model::{batch_stats, logs_of, split_element, stats_len, sum_stats};
 use super::{KerasError, Logs, Model};
 use crate::data::{Dataset, DistributeOptions, Element};
+use crate::strategy::SaveStateError;
 use crate::strategy::{Departure, ElasticState, GroupChange, Leave, StrategyExt};
 use crate::train::{StepSpec, TrainError};
 
@@ -244,7 +245,10 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     backup
                         .checkpoints()?
                         .restore_into(&mut state, local_copies)
-                        .map_err(|detail| KerasError::Backup { dir, detail })?;
+                        .map_err(|source| KerasError::Backup {
+                            dir,
+                            source: Box::new(source),
+                        })?;
                 }
                 // A worker lost while the restored state is handed out leaves the others with
                 // part of it: fail, and let the job start again (restoring again).
@@ -382,12 +386,9 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                 };
                 let change = {
                     let mut backup = backup_index.and_then(|i| callbacks[i].as_backup());
-                    let mut save = |state: &ElasticState<'_>| -> Result<(), String> {
+                    let mut save = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
                         if let Some(backup) = backup.as_deref_mut() {
-                            backup
-                                .checkpoints()
-                                .map_err(|e| e.to_string())?
-                                .save(state)?;
+                            backup.checkpoints()?.save(state)?;
                         }
                         Ok(())
                     };
@@ -662,7 +663,10 @@ fn save_backup(
         .checkpoints()?
         .save(&state)
         .map(|_| ())
-        .map_err(|detail| KerasError::Backup { dir, detail })
+        .map_err(|source| KerasError::Backup {
+            dir,
+            source: Box::new(source),
+        })
 }
 
 /// A failed step's error as a training error, which re-forming may mend; any other error

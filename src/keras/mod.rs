@@ -90,12 +90,12 @@ pub enum KerasError {
         detail: String,
     },
     /// The backup of `BackupAndRestore` could not be written or read.
-    #[error("backup in {}: {detail}", dir.display())]
+    #[error("backup in {}: {source}", dir.display())]
     Backup {
         /// The backup directory.
         dir: PathBuf,
         /// What failed.
-        detail: String,
+        source: Box<crate::train::StateCheckpointError>,
     },
     /// A file could not be written or read.
     #[error("{}: cannot {action}: {source}", path.display())]

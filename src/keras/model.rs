@@ -10,6 +10,7 @@ use candle_nn::{ModuleT, VarBuilder};
 use super::metrics::Metric;
 use super::{save, KerasError, Logs, Loss};
 use crate::data::{Dataset, DistributeOptions, Element};
+use crate::strategy::SaveStateError;
 use crate::strategy::{
     CentralStorage, DefaultStrategy, ElasticState, GroupChange, Leave, Mirrored,
     MultiWorkerMirrored, OneDevice, PerReplica, Recovery, ReduceOp, Strategy, StrategyError,
@@ -92,7 +93,7 @@ impl ModelStrategy {
         &mut self,
         state: &mut ElasticState<'_>,
         leaving: Option<Leave>,
-        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         match &mut self.0 {
             Held::Local(_) => Ok(None),

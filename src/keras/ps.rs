@@ -26,7 +26,7 @@ use crate::optim::{LearningRateSchedule, Optimizer};
 use crate::program::{
     ClusterCoordinator, DatasetHandle, Program, RowRead, ServerModel, Step, StepContext, StepError,
 };
-use crate::train::DistributedOptimizer;
+use crate::train::{DistributedOptimizer, StateCheckpointError};
 use crate::variable::Partitioner;
 
 /// A step of training: the global step it is; its statistics (loss, examples, metrics).
@@ -531,9 +531,14 @@ fn open_manager(backup: &BackupAndRestore) -> Result<CheckpointManager, KerasErr
         save_every: None,
         keep_last: 2,
     };
-    CheckpointManager::new(backup.dir(), policy, Instant::now()).map_err(|e| KerasError::Backup {
-        dir: backup.dir().to_path_buf(),
-        detail: e.to_string(),
+    CheckpointManager::new(backup.dir(), policy, Instant::now()).map_err(|source| {
+        KerasError::Backup {
+            dir: backup.dir().to_path_buf(),
+            source: Box::new(StateCheckpointError::Policy {
+                dir: backup.dir().to_path_buf(),
+                source,
+            }),
+        }
     })
 }
 

@@ -59,7 +59,7 @@ pub use mirrored::Mirrored;
 pub(crate) use multi_worker::metrics_addr_from_env;
 pub use multi_worker::{
     Admission, Communication, Departure, ElasticState, GroupChange, Leave, MultiWorkerConfig,
-    MultiWorkerMirrored, Recovery, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT,
+    MultiWorkerMirrored, Recovery, SaveStateError, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT,
     DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use one_device::OneDevice;

@@ -811,7 +811,7 @@ impl MultiWorkerMirrored {
         &mut self,
         state: &mut ElasticState<'_>,
         leaving: Option<Leave>,
-        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         if !self.change_noted && !self.awaiting_state.load(Ordering::SeqCst) {
             self.note_change(state.step, &[], TaskState::Alive, "formed".into());
@@ -837,7 +837,7 @@ impl MultiWorkerMirrored {
         &mut self,
         state: &mut ElasticState<'_>,
         leaving: Option<Leave>,
-        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         let me = node_id(self.task);
         self.boundary_reached(state.step);
@@ -947,7 +947,7 @@ impl MultiWorkerMirrored {
         &mut self,
         state: &mut ElasticState<'_>,
         leavers: &[(usize, Leave)],
-        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), String>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<GroupChange, StrategyError> {
         let group = self.span.group().clone();
         let members = group.members().to_vec();
@@ -1458,6 +1458,11 @@ impl Strategy for MultiWorkerMirrored {
         self.worker_index()
     }
 }
+
+/// Why the save a departure asks of [`MultiWorkerMirrored::at_step_boundary`] failed: the
+/// caller's own error, kept whole (a [`crate::train::StateCheckpointError`], say). The chief
+/// logs it and the departing workers leave without that save.
+pub type SaveStateError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a training loop carries over a re-forming of the workers' group
 /// ([`MultiWorkerMirrored::recover`]): the survivor with the most completed steps gives its

@@ -43,7 +43,7 @@ pub use fit::{fit, fit_with_options, FitOptions, History, Model, Supervised};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
 pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
 pub use replicated::{ReplicatedModel, StepOutput, StepSpec};
-pub use state_checkpoint::StateCheckpoints;
+pub use state_checkpoint::{StateCheckpointError, StateCheckpoints};
 
 use candle_core::{DType, Tensor};
 
@@ -114,6 +114,9 @@ impl TrainError {
 /// Why a training operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
+    /// The training state's checkpoints could not be written or read.
+    #[error("checkpoint: {0}")]
+    Checkpoint(Box<StateCheckpointError>),
     /// A loss helper was told there are no replicas.
     #[error("num_replicas_in_sync must be at least 1")]
     ZeroReplicas,
@@ -192,4 +195,10 @@ pub enum TrainError {
     /// Writing progress failed.
     #[error("writing progress failed: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl From<StateCheckpointError> for TrainError {
+    fn from(e: StateCheckpointError) -> Self {
+        TrainError::Checkpoint(Box::new(e))
+    }
 }

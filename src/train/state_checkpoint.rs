@@ -18,12 +18,98 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use crate::checkpoint::{
-    slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, SaveError,
-    TensorBytes,
+    slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, ListError,
+    PolicyError, SaveError, TensorBytes, TensorError,
 };
 use crate::layout::Layout;
-use crate::optim::Slots;
+use crate::optim::{OptimError, Slots};
 use crate::strategy::ElasticState;
+use crate::variable::VariableError;
+
+/// Why the training state could not be saved to or restored from its checkpoints; each names
+/// the directory, the step or the variable.
+#[derive(Debug, thiserror::Error)]
+pub enum StateCheckpointError {
+    /// The checkpoint policy asked for is impossible (no checkpoint kept, a save every 0
+    /// steps).
+    #[error("checkpoint directory {}: {source}", dir.display())]
+    Policy {
+        /// The root directory.
+        dir: PathBuf,
+        /// What is wrong.
+        source: PolicyError,
+    },
+    /// The checkpoints under the root could not be listed.
+    #[error("checkpoint directory {}: {source}", dir.display())]
+    List {
+        /// The root directory.
+        dir: PathBuf,
+        /// What failed.
+        source: ListError,
+    },
+    /// Writing the checkpoint of a step failed.
+    #[error("saving step {step}: {source}")]
+    Save {
+        /// The step.
+        step: u64,
+        /// What failed.
+        source: SaveError,
+    },
+    /// A variable could not be read or set.
+    #[error("variable {name:?}: {source}")]
+    Variable {
+        /// The variable.
+        name: String,
+        /// What failed.
+        source: VariableError,
+    },
+    /// A tensor of the checkpoint (a variable or one of its optimizer slots) could not be
+    /// converted.
+    #[error("{name}: {source}")]
+    Tensor {
+        /// The tensor's name in the checkpoint.
+        name: String,
+        /// What failed.
+        source: TensorError,
+    },
+    /// The checkpoint lacks a tensor the model has.
+    #[error("{}: no tensor {name:?} (a checkpoint of another model?)", dir.display())]
+    MissingTensor {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+    /// The checkpoint holds no shard.
+    #[error("{}: the checkpoint holds no shard", dir.display())]
+    NoShard {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+    },
+    /// A variable has another shape in the checkpoint than in the model.
+    #[error("{}: {name} has shape {there:?} there, {here:?} here", dir.display())]
+    Shape {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// The variable.
+        name: String,
+        /// Its shape in the checkpoint.
+        there: Vec<usize>,
+        /// Its shape in the model.
+        here: Vec<usize>,
+    },
+    /// A variable's optimizer slots in the checkpoint do not fit the optimizer.
+    #[error("{}: {source}", dir.display())]
+    Slots {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// What does not fit.
+        source: OptimError,
+    },
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
 
 /// The checkpoints of one job's training state under a root directory (see the module doc).
 #[derive(Debug)]
@@ -38,14 +124,22 @@ impl StateCheckpoints {
     /// Checkpoints under `root` (created if missing), a save due every `every_steps` steps
     /// (never on a schedule with `None`: then only where asked, e.g. at a departure), the
     /// newest `keep_last` kept.
-    pub fn open(root: &Path, every_steps: Option<u64>, keep_last: usize) -> Result<Self, String> {
+    pub fn open(
+        root: &Path,
+        every_steps: Option<u64>,
+        keep_last: usize,
+    ) -> Result<Self, StateCheckpointError> {
         let policy = CheckpointPolicy {
             save_every_steps: every_steps,
             save_every: None,
             keep_last: keep_last.max(1),
         };
-        let manager = CheckpointManager::new(root, policy, Instant::now())
-            .map_err(|e| format!("checkpoint directory {}: {e}", root.display()))?;
+        let manager = CheckpointManager::new(root, policy, Instant::now()).map_err(|source| {
+            StateCheckpointError::Policy {
+                dir: root.to_path_buf(),
+                source,
+            }
+        })?;
         Ok(Self { manager })
     }
 
@@ -67,17 +161,25 @@ impl StateCheckpoints {
     /// Saves `state` (see the module doc); its directory. Where a checkpoint of that step is
     /// there already (a departure at a step the schedule saved), CKPT-1 keeps it and its
     /// directory is returned.
-    pub fn save(&mut self, state: &ElasticState<'_>) -> Result<PathBuf, String> {
+    pub fn save(&mut self, state: &ElasticState<'_>) -> Result<PathBuf, StateCheckpointError> {
         let mut ckpt = Checkpoint::new(state.step, 1);
         for variable in state.variables {
             let name = variable.name().to_string();
             let shape = variable.shape().to_vec();
             let value = variable
                 .try_read_value()
-                .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
-                .map_err(|e| format!("reading {name}: {e}"))?;
-            let tensor =
-                TensorBytes::from_f32(shape.clone(), &value).map_err(|e| format!("{name}: {e}"))?;
+                .map_err(|source| StateCheckpointError::Variable {
+                    name: name.clone(),
+                    source,
+                })?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let tensor = TensorBytes::from_f32(shape.clone(), &value).map_err(|source| {
+                StateCheckpointError::Tensor {
+                    name: name.clone(),
+                    source,
+                }
+            })?;
             ckpt.layout.push(Layout::unsharded(
                 name.clone(),
                 Dtype::F32,
@@ -93,8 +195,13 @@ impl StateCheckpoints {
             };
             for slot in optimizer.kernel().slot_names() {
                 if let Some(values) = slots.get(slot) {
-                    let tensor = TensorBytes::from_f32(shape.clone(), values)
-                        .map_err(|e| format!("{name} slot {slot}: {e}"))?;
+                    let tensor =
+                        TensorBytes::from_f32(shape.clone(), values).map_err(|source| {
+                            StateCheckpointError::Tensor {
+                                name: slot_tensor_name(&name, slot),
+                                source,
+                            }
+                        })?;
                     ckpt.shards[0]
                         .tensors
                         .insert(slot_tensor_name(&name, slot), tensor);
@@ -110,7 +217,10 @@ impl StateCheckpoints {
             // This step is saved already (a departure at a step the schedule saved): CKPT-1
             // keeps that one, which holds this state.
             Err(SaveError::AlreadyExists { dir, .. }) => Ok(dir),
-            Err(e) => Err(format!("saving step {}: {e}", state.step)),
+            Err(source) => Err(StateCheckpointError::Save {
+                step: state.step,
+                source,
+            }),
         }
     }
 
@@ -123,11 +233,12 @@ impl StateCheckpoints {
         &mut self,
         state: &mut ElasticState<'_>,
         local_copies: usize,
-    ) -> Result<Option<u64>, String> {
+    ) -> Result<Option<u64>, StateCheckpointError> {
+        let root = self.root().to_path_buf();
         let outcome = self
             .manager
             .restore_latest()
-            .map_err(|e| format!("{}: {e}", self.root().display()))?;
+            .map_err(|source| StateCheckpointError::List { dir: root, source })?;
         for skipped in &outcome.skipped {
             tracing::warn!(dir = %skipped.dir.display(), error = %skipped.error, "skipped a checkpoint that does not verify");
         }
@@ -135,18 +246,26 @@ impl StateCheckpoints {
             return Ok(None);
         };
         let ckpt = &loaded.checkpoint;
+        let dir = loaded.dir.clone();
         let shard = ckpt
             .shards
             .first()
-            .ok_or_else(|| format!("{}: no shard", loaded.dir.display()))?;
-        let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>), String> {
-            let tensor = shard
-                .tensors
-                .get(name)
-                .ok_or_else(|| format!("{}: no tensor {name}", loaded.dir.display()))?;
+            .ok_or_else(|| StateCheckpointError::NoShard { dir: dir.clone() })?;
+        let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>), StateCheckpointError> {
+            let tensor =
+                shard
+                    .tensors
+                    .get(name)
+                    .ok_or_else(|| StateCheckpointError::MissingTensor {
+                        dir: dir.clone(),
+                        name: name.to_owned(),
+                    })?;
             let values = tensor
                 .to_f32()
-                .map_err(|e| format!("{}: {name}: {e}", loaded.dir.display()))?;
+                .map_err(|source| StateCheckpointError::Tensor {
+                    name: name.to_owned(),
+                    source,
+                })?;
             Ok((tensor.shape().to_vec(), values))
         };
         // Check every variable first: a mismatch changes nothing.
@@ -154,21 +273,23 @@ impl StateCheckpoints {
         for variable in state.variables {
             let (shape, value) = read(variable.name())?;
             if shape != variable.shape() {
-                return Err(format!(
-                    "{}: {} has shape {shape:?} there, {:?} here",
-                    loaded.dir.display(),
-                    variable.name(),
-                    variable.shape()
-                ));
+                return Err(StateCheckpointError::Shape {
+                    dir: dir.clone(),
+                    name: variable.name().to_owned(),
+                    there: shape,
+                    here: variable.shape().to_vec(),
+                });
             }
             values.push(value);
         }
         for (variable, value) in state.variables.iter().zip(values) {
-            let tensor = Tensor::from_vec(value, variable.shape(), &Device::Cpu)
-                .map_err(|e| format!("{}: {e}", variable.name()))?;
+            let tensor = Tensor::from_vec(value, variable.shape(), &Device::Cpu)?;
             variable
                 .assign(&tensor)
-                .map_err(|e| format!("restoring {}: {e}", variable.name()))?;
+                .map_err(|source| StateCheckpointError::Variable {
+                    name: variable.name().to_owned(),
+                    source,
+                })?;
         }
         if let Some(optimizer) = state.optimizer {
             let names = optimizer.kernel().slot_names();
@@ -186,8 +307,13 @@ impl StateCheckpoints {
                     named.push((*slot, read(&slot_tensor_name(name, slot))?.1));
                 }
                 let len = variable.shape().iter().product();
-                let slots = Slots::restore(optimizer.kernel(), name, len, named, 0)
-                    .map_err(|e| format!("{}: {e}", loaded.dir.display()))?;
+                let slots =
+                    Slots::restore(optimizer.kernel(), name, len, named, 0).map_err(|source| {
+                        StateCheckpointError::Slots {
+                            dir: dir.clone(),
+                            source,
+                        }
+                    })?;
                 for component in 0..local_copies {
                     optimizer.import_slots(variable, component, slots.clone());
                 }

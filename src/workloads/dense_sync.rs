@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
+use crate::strategy::SaveStateError;
 use crate::collective::CollectiveError;
 use crate::data::{Dataset, DistributeOptions, DistributedIterator};
 use crate::distribute::PerReplica;
@@ -381,7 +382,7 @@ pub fn train_elastic_on(
             if strategy.is_chief() {
                 if let Some(restored) = checkpoints
                     .restore_into(&mut state, local_copies)
-                    .map_err(checkpoint_error)?
+                    ?
                 {
                     on_event(ElasticEvent::Restored {
                         step: restored as usize,
@@ -424,7 +425,7 @@ pub fn train_elastic_on(
                 None
             };
             let mut saved_dir = None;
-            let mut save = |state: &ElasticState<'_>| -> Result<(), String> {
+            let mut save = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
                 if let Some(checkpoints) = checkpoints.as_deref_mut() {
                     saved_dir = Some(checkpoints.save(state)?);
                 }
@@ -491,7 +492,7 @@ pub fn train_elastic_on(
                                     variables: &variables,
                                     optimizer,
                                 };
-                                let dir = checkpoints.save(&state).map_err(checkpoint_error)?;
+                                let dir = checkpoints.save(&state)?;
                                 on_event(ElasticEvent::Saved {
                                     step,
                                     dir: dir.as_path(),
@@ -529,10 +530,6 @@ pub fn train_elastic_on(
     })
 }
 
-/// A checkpoint that cannot be read or written, as a training error.
-fn checkpoint_error(detail: String) -> TrainError {
-    TrainError::Tensor(candle_core::Error::Msg(format!("checkpoint: {detail}")))
-}
 
 /// One replica's part of a classifier's training step, inside `run`: `model` on the
 /// features `inputs[0]`, sparse softmax cross-entropy against the classes `inputs[1]`

@@ -73,10 +73,10 @@ impl BackupAndRestore {
                 SaveFreq::Steps(n) => Some(n.max(1)),
                 SaveFreq::Epoch => None,
             };
-            let opened = StateCheckpoints::open(&self.dir, every, 2).map_err(|detail| {
+            let opened = StateCheckpoints::open(&self.dir, every, 2).map_err(|source| {
                 KerasError::Backup {
                     dir: self.dir.clone(),
-                    detail,
+                    source: Box::new(source),
                 }
             })?;
             self.checkpoints = Some(opened);
