@@ -77,8 +77,43 @@ fn validation_data() -> Dataset {
         .batch(BATCH, true)
 }
 
+/// A classifier whose layers create their variables on their first call (as Keras layers
+/// do): nothing exists until it is built.
+struct LazyNet {
+    vb: VarBuilder<'static>,
+    layers: std::sync::OnceLock<(Linear, Linear)>,
+}
+
+impl LazyNet {
+    fn new(vb: VarBuilder<'static>) -> cohort::candle::Result<Self> {
+        Ok(Self {
+            vb,
+            layers: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+impl ModuleT for LazyNet {
+    fn forward_t(&self, xs: &Tensor, _train: bool) -> cohort::candle::Result<Tensor> {
+        if self.layers.get().is_none() {
+            let width = xs.dim(1)?;
+            let built = (
+                candle_nn::linear(width, 16, self.vb.pp("hidden"))?,
+                candle_nn::linear(16, CLASSES, self.vb.pp("out"))?,
+            );
+            let _ = self.layers.set(built);
+        }
+        let (hidden, out) = self.layers.get().expect("built above");
+        out.forward(&hidden.forward(xs)?.relu()?)
+    }
+}
+
 fn compiled(strategy: impl Into<ModelStrategy>, hidden: usize, dropout: f32) -> Model<Net> {
-    let mut model = Model::new(strategy, 11, Net::build(hidden, dropout)).unwrap();
+    compile(Model::new(strategy, 11, Net::build(hidden, dropout)).unwrap())
+}
+
+/// `model` compiled as every test here compiles it.
+fn compile<N: ModuleT + Send + Sync + 'static>(mut model: Model<N>) -> Model<N> {
     let optimizer = DistributedOptimizer::new(Optimizer::adamw(0.0, 0.01))
         .with_schedule(LearningRateSchedule::cosine_decay(0.001, 60).with_warmup(0.02, 12))
         .unwrap()
@@ -107,7 +142,7 @@ struct Trained {
     predictions: Vec<f32>,
 }
 
-fn trained(model: &Model<Net>, history: &History) -> Trained {
+fn trained<N: ModuleT + Send + Sync + 'static>(model: &Model<N>, history: &History) -> Trained {
     Trained {
         loss: history.get("loss"),
         val_accuracy: history
@@ -641,25 +676,38 @@ fn keras_elastic_worker_process() {
             .unwrap()
             .shuffle(EXAMPLES, 42)
             .batch(48, true);
-        let mut model = compiled(strategy, 16, 0.1);
-        let history = model
-            .fit(
-                &data,
-                Fit::epochs(ELASTIC_EPOCHS)
-                    .steps_per_epoch(ELASTIC_STEPS_PER_EPOCH)
-                    .validation_data(validation_data())
-                    .verbose(false)
-                    .callback(
-                        BackupAndRestore::new(dir.join("backup")).save_freq(SaveFreq::Steps(10)),
-                    )
-                    .callback(Pace { dir, worker }),
-            )
-            .unwrap();
-        ElasticTrained {
-            trained: trained(&model, &history),
-            recoveries: history.recoveries,
+        // The lazy case: every worker builds its network on its first batch, the restarted
+        // one as it joins (it takes the group's variables at its first step boundary).
+        if dir.join("lazy").exists() {
+            let model = compile(Model::new(strategy, 11, LazyNet::new).unwrap());
+            return elastic_fit(model, &data, dir, worker);
         }
+        elastic_fit(compiled(strategy, 16, 0.1), &data, dir, worker)
     });
+}
+
+/// The elastic test's `fit` of `model` on `data` in a worker process.
+fn elastic_fit<N: ModuleT + Send + Sync + 'static>(
+    mut model: Model<N>,
+    data: &Dataset,
+    dir: PathBuf,
+    worker: usize,
+) -> ElasticTrained {
+    let history = model
+        .fit(
+            data,
+            Fit::epochs(ELASTIC_EPOCHS)
+                .steps_per_epoch(ELASTIC_STEPS_PER_EPOCH)
+                .validation_data(validation_data())
+                .verbose(false)
+                .callback(BackupAndRestore::new(dir.join("backup")).save_freq(SaveFreq::Steps(10)))
+                .callback(Pace { dir, worker }),
+        )
+        .unwrap();
+    ElasticTrained {
+        trained: trained(&model, &history),
+        recoveries: history.recoveries,
+    }
 }
 
 fn read_step(dir: &Path, worker: usize) -> u64 {
@@ -674,21 +722,32 @@ fn read_step(dir: &Path, worker: usize) -> u64 {
 /// exact step with the same bits, and the model still learns.
 #[test]
 fn fit_survives_a_sigkilled_worker_and_takes_it_back_when_it_restarts() {
-    elastic_case("keras-elastic", 2);
+    elastic_case("keras-elastic", 2, false);
+}
+
+/// As above with a network whose layers are built on their first call: every worker builds
+/// it on its first batch, and the restarted worker, joining the live group, builds its own
+/// before taking the group's variables.
+#[test]
+fn fit_builds_a_lazy_network_on_a_restarted_worker_that_joins() {
+    elastic_case("keras-elastic-lazy", 2, true);
 }
 
 /// As above with the chief (worker 0, the group's rank 0 and the one that backs up) killed:
 /// the other two re-form under a new rank 0, and the restarted chief joins them.
 #[test]
 fn fit_survives_a_sigkilled_chief_and_takes_it_back_when_it_restarts() {
-    elastic_case("keras-elastic-chief", 0);
+    elastic_case("keras-elastic-chief", 0, false);
 }
 
-fn elastic_case(name: &str, victim: usize) {
+fn elastic_case(name: &str, victim: usize, lazy: bool) {
     let total = (ELASTIC_EPOCHS * ELASTIC_STEPS_PER_EPOCH) as u64;
     let mut workers =
         mwms_support::WorkerProcesses::start_with(name, 3, "keras_elastic_worker_process", |dir| {
-            std::fs::write(dir.join(format!("stall-{victim}")), "").unwrap()
+            std::fs::write(dir.join(format!("stall-{victim}")), "").unwrap();
+            if lazy {
+                std::fs::write(dir.join("lazy"), "").unwrap();
+            }
         });
     let dir = workers.dir().to_path_buf();
     wait_for("the victim's stall", Duration::from_secs(60), || {
