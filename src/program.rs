@@ -42,7 +42,9 @@ pub use crate::roles::coordinator::{
 pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};
-pub use crate::roles::step::{DatasetHandle, FromElement, Step, ValueCodecError, WorkerData};
+pub use crate::roles::step::{
+    DatasetHandle, ElementError, FromElement, Step, ValueCodecError, WorkerData,
+};
 pub use crate::roles::worker::{
     PsModel, PushedGradient, RowRead, ServerModel, StepContext, StepError, TrainReport,
 };

@@ -126,43 +126,55 @@ impl<T> fmt::Debug for WorkerData<T> {
     }
 }
 
+/// Why a per-worker dataset's element is not what a typed handle reads it as.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ElementError {
+    /// The element holds another number of tensors than the handle's type.
+    #[error("the element holds {got} tensor(s), the handle reads {reads}")]
+    Tensors {
+        /// Tensors in the element.
+        got: usize,
+        /// Tensors the handle's type holds.
+        reads: usize,
+    },
+}
+
 /// What a per-worker dataset's element (its tensors, in the order the dataset gives them)
 /// becomes when a step reads it through a [`WorkerData`] handle. An element of another
 /// structure is refused, saying what it holds.
 pub trait FromElement: Sized {
     /// The element as `Self`, or why it is not one.
-    fn from_element(element: Element) -> Result<Self, String>;
+    fn from_element(element: Element) -> Result<Self, ElementError>;
 }
 
 impl FromElement for Element {
-    fn from_element(element: Element) -> Result<Self, String> {
+    fn from_element(element: Element) -> Result<Self, ElementError> {
         Ok(element)
     }
 }
 
 /// The element's tensors, `N` of them, or why not.
-fn exactly<const N: usize>(element: Element) -> Result<[Tensor; N], String> {
+fn exactly<const N: usize>(element: Element) -> Result<[Tensor; N], ElementError> {
     let got = element.len();
-    <[Tensor; N]>::try_from(element)
-        .map_err(|_| format!("the element holds {got} tensor(s), the handle reads {N}"))
+    <[Tensor; N]>::try_from(element).map_err(|_| ElementError::Tensors { got, reads: N })
 }
 
 impl FromElement for Tensor {
-    fn from_element(element: Element) -> Result<Self, String> {
+    fn from_element(element: Element) -> Result<Self, ElementError> {
         let [t] = exactly::<1>(element)?;
         Ok(t)
     }
 }
 
 impl FromElement for (Tensor, Tensor) {
-    fn from_element(element: Element) -> Result<Self, String> {
+    fn from_element(element: Element) -> Result<Self, ElementError> {
         let [a, b] = exactly::<2>(element)?;
         Ok((a, b))
     }
 }
 
 impl FromElement for (Tensor, Tensor, Tensor) {
-    fn from_element(element: Element) -> Result<Self, String> {
+    fn from_element(element: Element) -> Result<Self, ElementError> {
         let [a, b, c] = exactly::<3>(element)?;
         Ok((a, b, c))
     }
@@ -177,7 +189,7 @@ pub trait DatasetHandle {
     /// The registered name.
     fn dataset_name(&self) -> &str;
     /// The element read, as [`DatasetHandle::Element`].
-    fn element(&self, element: Element) -> Result<Self::Element, String>;
+    fn element(&self, element: Element) -> Result<Self::Element, ElementError>;
 }
 
 impl DatasetHandle for &str {
@@ -185,7 +197,7 @@ impl DatasetHandle for &str {
     fn dataset_name(&self) -> &str {
         self
     }
-    fn element(&self, element: Element) -> Result<Element, String> {
+    fn element(&self, element: Element) -> Result<Element, ElementError> {
         Ok(element)
     }
 }
@@ -195,7 +207,7 @@ impl DatasetHandle for &String {
     fn dataset_name(&self) -> &str {
         self
     }
-    fn element(&self, element: Element) -> Result<Element, String> {
+    fn element(&self, element: Element) -> Result<Element, ElementError> {
         Ok(element)
     }
 }
@@ -205,7 +217,7 @@ impl<T: FromElement> DatasetHandle for &WorkerData<T> {
     fn dataset_name(&self) -> &str {
         self.name
     }
-    fn element(&self, element: Element) -> Result<T, String> {
+    fn element(&self, element: Element) -> Result<T, ElementError> {
         T::from_element(element)
     }
 }
@@ -302,10 +314,8 @@ mod tests {
         );
         assert_eq!((&PAIRS).dataset_name(), "pairs");
         let refused = (&PAIRS).element(vec![t(1.0), t(2.0), t(3.0)]).unwrap_err();
-        assert!(
-            refused.contains("3 tensor(s)") && refused.contains("reads 2"),
-            "{refused}"
-        );
+        assert_eq!(refused, ElementError::Tensors { got: 3, reads: 2 });
+        assert!(refused.to_string().contains("3 tensor(s)"), "{refused}");
         // By name, the element's tensors as they are.
         assert_eq!("pairs".element(vec![t(1.0)]).unwrap().len(), 1);
         let one: WorkerData<Tensor> = WorkerData::new("one");

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use crate::data::{DataError, DatasetIterator};
 use crate::layout::Layout;
 use crate::roles::push::{Gradient, PushPlanError};
-use crate::roles::step::{DatasetHandle, ValueCodecError};
+use crate::roles::step::{DatasetHandle, ElementError, ValueCodecError};
 
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
 pub use client::PsClient;
@@ -47,7 +47,7 @@ pub enum StepError {
         /// The dataset.
         dataset: String,
         /// What the element holds, against what was asked.
-        reason: String,
+        reason: ElementError,
     },
     /// The worker's dataset is exhausted (TensorFlow's OutOfRangeError).
     #[error("dataset {0:?} is exhausted")]
