@@ -32,6 +32,7 @@
 //! std::process::exit(cohort::program::main(program));
 //! ```
 
+use crate::process::stdout::outln;
 use std::sync::Arc;
 
 pub use crate::bootstrap::{multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV};
@@ -74,6 +75,8 @@ pub use crate::roles::worker::{
 /// On SIGTERM the chief's program sees `ClusterCoordinator::preemption_requested()` become
 /// true: it should save a checkpoint and return; the process then exits 143.
 pub fn main(program: Program) -> i32 {
+    // First, before any thread starts (it sets the environment).
+    crate::process::follow_cpu_quota();
     if let Err(e) = crate::bootstrap::init_logging() {
         // No subscriber to report through.
         eprintln!("error: bad config: {e}");
@@ -93,7 +96,7 @@ pub fn main(program: Program) -> i32 {
         return crate::bootstrap::launch_from_args(&args[1..], Vec::new());
     }
     if let Some(answer) = help_or_version(&program, &args) {
-        println!("{answer}");
+        outln!("{answer}");
         return 0;
     }
     match crate::cluster::ConfigFlags::extract(&args) {

@@ -3,6 +3,7 @@
 //! `numpy`, and says plainly that it skipped otherwise (CI installs both).
 
 mod checkpoint_support;
+use checkpoint_support::skip::{self as skip_support, Part};
 
 use std::path::Path;
 use std::time::Instant;
@@ -14,9 +15,12 @@ use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
 fn checkpoint_python_interop() {
     let probe = run_python(&["-c", "import safetensors, numpy"]);
     if !matches!(&probe, Some((true, _))) {
-        eprintln!(
-            "SKIPPED checkpoint_python_interop: python3 with the `safetensors` and `numpy` \
-             packages is not available (pip install safetensors numpy): {probe:?}"
+        skip_support::skip(
+            Part::Python,
+            &format!(
+                "python3 with the `safetensors` and `numpy` packages is not available (pip \
+                 install safetensors numpy): {probe:?}"
+            ),
         );
         return;
     }

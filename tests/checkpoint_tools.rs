@@ -122,6 +122,39 @@ fn ckpt_ls_show_verify_describe_a_real_checkpoint() {
     assert_eq!(verified["checkpoints"][0]["step"], 300);
 }
 
+/// `cohort ckpt show --json DIR | head`: the reader closes the pipe before cohort writes. The
+/// command stops quietly with 141 (as a tool killed by SIGPIPE), never a panic.
+#[test]
+fn ckpt_commands_stop_quietly_when_their_reader_closes_the_pipe() {
+    let (root, dirs) = saved("ckpt-tools-pipe", &[100]);
+    for args in [
+        vec!["ckpt", "show", "--json", s(&dirs[0])],
+        vec!["ckpt", "show", s(&dirs[0])],
+        vec!["ckpt", "ls", s(root.path())],
+        vec!["ckpt", "verify", s(root.path())],
+    ] {
+        // The read end is closed before cohort starts, so its first write meets a closed pipe
+        // whatever the timing.
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run cohort");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(cohort::process::STDOUT_CLOSED_EXIT_CODE),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.trim().is_empty(), "{args:?} said: {stderr}");
+    }
+}
+
 #[test]
 fn ckpt_verify_names_the_file_at_fault() {
     let (root, dirs) = saved("ckpt-tools-bad", &[100, 200, 300]);
@@ -259,7 +292,7 @@ fn ckpt_export_joins_the_parts_and_python_reads_it() {
     let want: Vec<f32> = (0..40).map(|i| i as f32 * 0.25 + 300.0).collect();
     assert_eq!(values, want);
 
-    if !python_has_safetensors("ckpt_export_joins_the_parts_and_python_reads_it") {
+    if !python_has_safetensors() {
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_export.py");

@@ -114,7 +114,7 @@ fn s(path: &Path) -> &str {
 
 #[test]
 fn a_job_warm_starts_from_a_file_numpy_wrote() {
-    if !python_has_safetensors("a_job_warm_starts_from_a_file_numpy_wrote") {
+    if !python_has_safetensors() {
         return;
     }
     let scratch = TempRoot::new("warm-start-file");

@@ -317,3 +317,195 @@ fn json_logs_are_one_object_per_line_with_the_task_and_a_bad_format_is_refused()
         .env("COHORT_LOG_FORMAT", "xml"));
     expect_refused(&out, &["COHORT_LOG_FORMAT", "\"xml\"", "text or json"]);
 }
+
+/// `COHORT_LOG_FORMAT=json` under `launch`: the launcher's stderr is JSON lines, every one an
+/// object. The tasks' events carry the task (`task`, and `role`, `index` and `incarnation`),
+/// a MultiWorkerMirrored task's as a parameter-server role's do; the launcher's own say
+/// `"role": "launcher"`.
+#[test]
+fn json_logs_under_launch_are_one_object_per_line_naming_the_task() {
+    let dir = Scratch::new("json-launch");
+    for (job, args, env) in [
+        (
+            "multi-worker-mirrored",
+            vec!["launch", "--job", "multi-worker-mirrored", "--workers", "1"],
+            ("COHORT_DEMO_DIGITS_EPOCHS", "5"),
+        ),
+        (
+            "demo",
+            vec!["launch", "--job", "demo", "--workers", "1", "--ps", "1"],
+            ("COHORT_DEMO_DIGITS_EPOCHS", "5"),
+        ),
+    ] {
+        let (stdout_path, stderr_path) = (dir.0.join("stdout"), dir.0.join("stderr"));
+        let run_dir = dir.0.join(format!("run-{job}"));
+        let mut child = cohort(&dir.0)
+            .args(&args)
+            .args(["--no-metrics", "--run-dir"])
+            .arg(&run_dir)
+            .env("COHORT_LOG_FORMAT", "json")
+            // The tasks' debug events too: a MultiWorkerMirrored task logs little at info.
+            .env("RUST_LOG", "cohort=debug")
+            .env("COHORT_DEMO_CTR_EPOCHS", "3")
+            .env("COHORT_CHECKPOINT_DIR", dir.0.join(format!("ckpt-{job}")))
+            .env(env.0, env.1)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout_path).unwrap())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{job}: the job did not end within 180 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+        assert!(status.success(), "{job}: {status}\n{stderr}");
+        let events: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .filter(serde_json::Value::is_object)
+                    .unwrap_or_else(|| panic!("{job}: not a JSON object: {l:?}"))
+            })
+            .collect();
+        let from = |task: &str| -> Vec<&serde_json::Value> {
+            events.iter().filter(|e| e["task"] == task).collect()
+        };
+        for (task, role, index) in [("chief/0", "chief", 0), ("worker/0", "worker", 0)] {
+            let lines = from(task);
+            assert!(!lines.is_empty(), "{job}: no event of {task}:\n{stderr}");
+            for event in lines.iter().filter(|e| e.get("level").is_some()) {
+                assert_eq!(event["role"], role, "{job}: {event}");
+                assert_eq!(event["index"], index, "{job}: {event}");
+                assert!(event["incarnation"].as_u64().is_some(), "{job}: {event}");
+            }
+        }
+        assert!(
+            events
+                .iter()
+                .any(|e| e["role"] == "launcher" && e.get("task").is_none()),
+            "{job}: no event of the launcher's own:\n{stderr}"
+        );
+    }
+}
+
+/// A directory a command must create and cannot (under /proc, which takes no new entry even
+/// from root) is bad usage: exit 2 naming it, before anything starts.
+#[test]
+fn a_directory_that_cannot_be_created_exits_2_naming_it() {
+    let dir = Scratch::new("uncreatable");
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "certs",
+                "--out",
+                "/proc/cohort-nope/certs",
+                "--cluster",
+                "chief=1",
+            ],
+            "--out /proc/cohort-nope/certs",
+        ),
+        (
+            &[
+                "launch",
+                "--no-metrics",
+                "--run-dir",
+                "/proc/cohort-nope/run",
+            ],
+            "--run-dir /proc/cohort-nope/run",
+        ),
+        (
+            &[
+                "demo",
+                "--no-chaos",
+                "--no-metrics",
+                "--checkpoint-dir",
+                "/proc/cohort-nope/ckpt",
+            ],
+            "/proc/cohort-nope/ckpt",
+        ),
+        (
+            &[
+                "demo",
+                "--strategy",
+                "multi-worker-mirrored",
+                "--no-metrics",
+                "--checkpoint-dir",
+                "/proc/cohort-nope/ckpt",
+            ],
+            "/proc/cohort-nope/ckpt",
+        ),
+    ];
+    for (args, named) in cases {
+        let out = run(cohort(&dir.0).args(args));
+        expect_no_panic(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(named),
+            "{args:?} does not name {named}: {stderr}"
+        );
+        assert!(stderr.contains("cannot create it"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("launcher: started"), "{args:?}: {stderr}");
+    }
+}
+
+/// A role's compute threads follow the CPUs it may use (here its affinity, one CPU; a
+/// container's CPU quota counts the same way) unless RAYON_NUM_THREADS says otherwise, and its
+/// start-up line says which.
+#[test]
+fn compute_threads_follow_the_cpus_a_role_may_use() {
+    let dir = Scratch::new("threads");
+    let role = |taskset: bool, threads: Option<&str>| {
+        let mut command = if taskset {
+            let mut command = Command::new("taskset");
+            command.args(["-c", "0", env!("CARGO_BIN_EXE_cohort")]);
+            clean(&mut command, &dir.0);
+            command
+        } else {
+            cohort(&dir.0)
+        };
+        command
+            .args(["role", "--job", "demo", "--incarnation", "42"])
+            .env("TF_CONFIG", TF_CONFIG)
+            .env_remove("RAYON_NUM_THREADS")
+            .env_remove("CANDLE_NUM_THREADS")
+            .env_remove("COHORT_LOG_FORMAT");
+        if let Some(threads) = threads {
+            command.env("RAYON_NUM_THREADS", threads);
+        }
+        let out = run(&mut command);
+        expect_no_panic(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        stderr
+            .lines()
+            .find(|l| l.contains("ps/0 of"))
+            .unwrap_or_else(|| panic!("no start line: {stderr}"))
+            .to_string()
+    };
+    let pinned = role(true, None);
+    assert!(
+        pinned.contains("1 compute threads (the CPUs this process may use)"),
+        "{pinned}"
+    );
+    let given = role(true, Some("3"));
+    assert!(
+        given.contains("3 compute threads (RAYON_NUM_THREADS)"),
+        "{given}"
+    );
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let free = role(false, None);
+    assert!(
+        free.contains(&format!("{cpus} compute threads (the CPUs")),
+        "{free}"
+    );
+}

@@ -7,6 +7,8 @@
 //! train the digits classifier to at least 95 % while worker 1 is SIGKILLed midway; the
 //! survivors re-form at epoch 2 and admit worker 1's restarted process at epoch 3.
 
+mod skip_support;
+use skip_support::Part;
 use std::process::Command;
 use std::time::Duration;
 
@@ -33,6 +35,8 @@ fn digits_and_ctr_converge_on_a_two_ps_two_worker_cluster() {
             .arg(&checkpoints),
         Duration::from_secs(240),
     );
+    // A checkpoint directory the user named keeps its checkpoints.
+    let kept = checkpoint_dirs(&checkpoints);
     let _ = std::fs::remove_dir_all(&checkpoints);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -63,19 +67,40 @@ fn digits_and_ctr_converge_on_a_two_ps_two_worker_cluster() {
     let scheduled: u64 = number_after(summary, "ledger: ").expect("ledger line");
     assert_eq!(committed, scheduled, "{summary}");
     assert!(summary.contains("0 duplicates refused"), "{summary}");
+    assert!(
+        kept > 0,
+        "no checkpoint kept in --checkpoint-dir:\n{stderr}"
+    );
+    assert!(!stderr.contains("removed the run's"), "{stderr}");
+}
+
+/// The checkpoints (`ckpt-*` directories) directly under `dir`.
+fn checkpoint_dirs(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("ckpt-"))
+            .count()
+    })
 }
 
 #[test]
 fn the_multi_worker_mirrored_demo_loses_a_worker_midway_re_forms_readmits_it_and_converges() {
+    // The default checkpoint directory goes under TMPDIR: a fresh one, to find it.
+    let tmp = std::env::temp_dir().join(format!("cohort-demo-tmpdir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
     let output = run_with_timeout(
-        Command::new(env!("CARGO_BIN_EXE_cohort")).args([
-            "demo",
-            "--strategy",
-            "multi-worker-mirrored",
-            "--digits-epochs",
-            "20",
-            "--no-metrics",
-        ]),
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args([
+                "demo",
+                "--strategy",
+                "multi-worker-mirrored",
+                "--digits-epochs",
+                "20",
+                "--no-metrics",
+            ])
+            .env("TMPDIR", &tmp),
         Duration::from_secs(300),
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -85,6 +110,22 @@ fn the_multi_worker_mirrored_demo_loses_a_worker_midway_re_forms_readmits_it_and
         "demo failed: {:?}\n{stdout}\n{stderr}",
         output.status
     );
+    // A successful run removes the checkpoints of its default directory, and the directory
+    // with them when nothing else is in it, and says so.
+    let left: Vec<std::path::PathBuf> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("cohort-demo-")
+        })
+        .collect();
+    assert_eq!(left, Vec::<std::path::PathBuf>::new(), "left behind");
+    assert!(stderr.contains("removed the run's"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&tmp);
     assert!(
         stderr.contains("chaos: SIGKILL worker/1"),
         "no kill:\n{stderr}"
@@ -476,7 +517,10 @@ fn the_demos_flags_are_refused_where_they_cannot_be_used() {
     }
     let nccl = cohort::strategy::Communication::Nccl { device: 0 };
     if nccl.check().is_ok() {
-        eprintln!("skipped: a GPU with NCCL is here, the NCCL demo would run");
+        skip_support::skip(
+            Part::NoGpu,
+            "the refused NCCL demo: a GPU with NCCL is here, the demo would run",
+        );
         return;
     }
     let output = run(&[

@@ -274,6 +274,7 @@ fn config(dir: &Path, journal: &Path, env: &[(&str, &str)]) -> LaunchConfig {
         kill_once: None,
         restart_chief: false,
         peer_chief: false,
+        json_logs: false,
         metrics: false,
     }
 }

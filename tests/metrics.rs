@@ -6,6 +6,8 @@
 //! is refused at start, naming the key, with exit 2.
 
 mod ps_support;
+mod skip_support;
+use skip_support::Part;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -23,6 +25,8 @@ use ps_support::{fit_gradient, ledger_and_stats, write_report, Run, REPORT_FILE,
 const SCRAPED_FILE: &str = "scraped";
 /// Closures the chief runs.
 const STEPS: usize = 40;
+/// The file the rate test writes once its scrapers are done; the chief trains until then.
+const RATE_DONE_FILE: &str = "rate-done";
 
 /// Child mode: run this process's role of the test program.
 #[test]
@@ -45,6 +49,19 @@ fn program() -> Program {
             )?;
             coordinator
                 .wait_for_workers(coordinator.num_workers() as usize, Duration::from_secs(30))?;
+            if ps_support::scenario() == "rate" {
+                // Steady training while the test's two scrapers read the rate (bounded: the
+                // test may have failed already).
+                let done = ps_support::child_dir().join(RATE_DONE_FILE);
+                let deadline = Instant::now() + WAIT_MAX;
+                while !done.exists() && Instant::now() < deadline {
+                    for _ in 0..4 {
+                        coordinator.schedule_encoded("fit", Vec::new())?;
+                    }
+                    coordinator.join()?;
+                }
+                return Ok(());
+            }
             for _ in 0..STEPS {
                 coordinator.schedule_encoded("fit", Vec::new())?;
             }
@@ -179,10 +196,12 @@ fn every_role_serves_metrics_that_match_the_run() {
 
     let probe = python(&["-c", "import prometheus_client.parser"]);
     if !matches!(&probe, Some((true, _))) {
-        eprintln!(
-            "SKIPPED every_role_serves_metrics_that_match_the_run (the parse): python3 with \
-             the `prometheus_client` package is not available (pip install prometheus_client): \
-             {probe:?}"
+        skip_support::skip(
+            Part::Python,
+            &format!(
+                "the parse: python3 with the `prometheus_client` package is not available (pip \
+                 install prometheus_client): {probe:?}"
+            ),
         );
         return;
     }
@@ -263,4 +282,86 @@ fn a_bad_metrics_address_is_refused_naming_the_key() {
         "{addr}: {stderr}"
     );
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The value of the unlabelled-or-labelled sample `name` in a Prometheus text exposition.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+/// Two scrapers of the chief at different intervals (one every 20 ms, one every 700 ms) while
+/// it trains: `cohort_steps_per_second` is the chief's own rate over a window no scrape moves,
+/// so the slow scraper reads what the fast one read beside it (not the rate since the other's
+/// last scrape), and a training job's rate is above zero.
+#[test]
+fn two_scrapers_at_different_rates_read_the_same_step_rate() {
+    let mut run = Run::new("metrics-rate", "rate", &[]);
+    run.metrics = true;
+    let chief_addr =
+        cohort::launch::metrics_addr_file(&run.path("launch"), TaskId::new(TaskType::Chief, 0));
+    let done = run.path(RATE_DONE_FILE);
+    let readings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(bool, f64)>::new()));
+    let kept = std::sync::Arc::clone(&readings);
+    let scraper = ps_support::beside(move |cancel| {
+        let finish = || std::fs::write(&done, b"1").unwrap();
+        if !wait_for(&chief_addr) || cancel.load(Ordering::SeqCst) {
+            return finish();
+        }
+        let text = std::fs::read_to_string(&chief_addr).unwrap();
+        let addr: SocketAddr = text.trim().parse().expect("an address");
+        let rate = move || sample(&get(addr, "/metrics").1, "cohort_steps_per_second");
+        // Past the first ticks: the rate has a window to look at.
+        std::thread::sleep(Duration::from_millis(2500));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (fast_stop, fast_kept) = (std::sync::Arc::clone(&stop), std::sync::Arc::clone(&kept));
+        let fast = std::thread::spawn(move || {
+            while !fast_stop.load(Ordering::SeqCst) {
+                if let Some(value) = rate() {
+                    fast_kept.lock().unwrap().push((false, value));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(700));
+            if let Some(value) = rate() {
+                kept.lock().unwrap().push((true, value));
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        let _ = fast.join();
+        finish();
+    });
+    let code = run.launch_code();
+    scraper.finish();
+    assert_eq!(code, 0, "the chief failed; its log is above");
+    let readings = readings.lock().unwrap().clone();
+    let slow: Vec<usize> = (0..readings.len()).filter(|&i| readings[i].0).collect();
+    assert_eq!(slow.len(), 5, "the slow scraper's readings: {readings:?}");
+    // Each slow reading against the fast ones right before and right after it: the same value
+    // as one of them (the chief's sampler ticks once a second; a tick while the slow scrape was
+    // answered puts it with one side or the other).
+    let same = slow
+        .iter()
+        .filter(|&&i| {
+            let before = readings[..i].iter().rev().find(|(slow, _)| !slow);
+            let after = readings[i + 1..].iter().find(|(slow, _)| !slow);
+            [before, after]
+                .into_iter()
+                .flatten()
+                .any(|(_, fast)| *fast == readings[i].1)
+        })
+        .count();
+    assert!(same >= 4, "the scrapers disagree: {readings:?}");
+    assert!(
+        slow.iter().filter(|&&i| readings[i].1 > 0.0).count() >= 4,
+        "a training job's rate read as zero: {readings:?}"
+    );
 }

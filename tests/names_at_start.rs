@@ -3,6 +3,10 @@
 //! incarnation is given. It must not refuse to start (no exit 2): it binds its own port without
 //! resolving its own name, serves there, and runs as an incarnation it derived from the clock.
 //! The test reaches it over real QUIC on 127.0.0.1 at that port.
+//!
+//! Started by hand (no launcher), a worker or parameter server never waits for a chief
+//! forever: with no chief at all it exits 171 once its wait (`worker_wait` /
+//! `ps_restart_wait`) is over, and so it does when its chief is SIGKILLed and never comes back.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -200,4 +204,127 @@ fn a_chief_whose_server_name_never_resolves_fails_naming_it_within_the_wait() {
         "the error names the server and its name: {log}"
     );
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// The certificates of a chief, a worker and a parameter server, under `<scratch>/certs`.
+fn job_certs(scratch: &Scratch) -> std::path::PathBuf {
+    let certs = scratch.0.join("certs");
+    let ca = ClusterCa::generate("test").unwrap();
+    for (role, index) in [("chief", 0), ("worker", 0), ("ps", 0)] {
+        ca.issue(&NodeId::new(role, index))
+            .unwrap()
+            .save(&certs)
+            .unwrap();
+    }
+    certs
+}
+
+/// The `TF_CONFIG` of `task` in a job of a chief, a worker and a server on loopback `ports`.
+fn job_tf_config(ports: [u16; 3], task: &str) -> serde_json::Value {
+    serde_json::json!({
+        "cluster": {
+            "chief": [format!("127.0.0.1:{}", ports[0])],
+            "worker": [format!("127.0.0.1:{}", ports[1])],
+            "ps": [format!("127.0.0.1:{}", ports[2])],
+        },
+        "task": {"type": task, "index": 0},
+    })
+}
+
+/// Waits (at most `bound`) for `role` to exit; its status and stderr (`<dir>/stderr`).
+fn exit_within(
+    role: &mut Role,
+    dir: &Scratch,
+    bound: Duration,
+) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = role.0.try_wait().unwrap() {
+            let log = std::fs::read_to_string(dir.0.join("stderr")).unwrap_or_default();
+            return (status, log);
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(dir.0.join("stderr")).unwrap_or_default();
+            panic!("still running {bound:?} on; its stderr:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A worker and a parameter server whose chief never starts: each exits 171 (restart me) once
+/// its wait is over, saying why, instead of waiting forever.
+#[test]
+fn a_worker_and_a_server_whose_chief_never_starts_exit_171_after_their_wait() {
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
+    for (task, wait_key) in [
+        ("worker", "COHORT_WORKER_WAIT"),
+        ("ps", "COHORT_PS_RESTART_WAIT"),
+    ] {
+        let scratch = Scratch::new();
+        let certs = job_certs(&scratch);
+        let started = Instant::now();
+        let mut role = Role::start(
+            &scratch,
+            &job_tf_config(ports, task),
+            &certs,
+            &[(wait_key, "2s"), ("COHORT_DETECTION_BUDGET", "1s")],
+        );
+        let (status, log) = exit_within(&mut role, &scratch, Duration::from_secs(60));
+        assert_eq!(status.code(), Some(171), "{task}: {log}");
+        assert!(log.contains("no chief answered within 2s"), "{task}: {log}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "{task} left before its wait"
+        );
+        assert!(!log.contains("panicked"), "{log}");
+    }
+}
+
+/// A worker and a parameter server whose chief is SIGKILLed (its address then refuses
+/// connections) and never comes back: each waits its wait for a new chief, then exits 171.
+#[test]
+fn a_worker_and_a_server_whose_chief_is_killed_for_good_exit_171_after_their_wait() {
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
+    let dirs = [Scratch::new(), Scratch::new(), Scratch::new()];
+    let certs = job_certs(&dirs[0]);
+    let ckpt = dirs[0].0.join("ckpt").display().to_string();
+    let env = [
+        ("COHORT_WORKER_WAIT", "3s"),
+        ("COHORT_PS_RESTART_WAIT", "3s"),
+        ("COHORT_DETECTION_BUDGET", "1s"),
+        ("COHORT_CHECKPOINT_DIR", ckpt.as_str()),
+    ];
+    let mut ps = Role::start(&dirs[2], &job_tf_config(ports, "ps"), &certs, &env);
+    let mut worker = Role::start(&dirs[1], &job_tf_config(ports, "worker"), &certs, &env);
+    let mut chief = Role::start(&dirs[0], &job_tf_config(ports, "chief"), &certs, &env);
+    // Training: the worker registered with the chief and ran a step.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let log = std::fs::read_to_string(dirs[1].0.join("stderr")).unwrap_or_default();
+        if log.contains("registered with chief/0") {
+            break;
+        }
+        if let Ok(Some(status)) = chief.0.try_wait() {
+            let chief_log = std::fs::read_to_string(dirs[0].0.join("stderr")).unwrap_or_default();
+            panic!("the chief exited ({status}) before the worker registered:\n{chief_log}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker never registered with the chief:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    chief.0.kill().unwrap();
+    let _ = chief.0.wait();
+    let killed = Instant::now();
+    for (role, dir, task) in [(&mut worker, &dirs[1], "worker"), (&mut ps, &dirs[2], "ps")] {
+        let (status, log) = exit_within(role, dir, Duration::from_secs(60));
+        assert_eq!(status.code(), Some(171), "{task}: {log}");
+        assert!(log.contains("no new chief"), "{task}: {log}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    assert!(
+        killed.elapsed() >= Duration::from_secs(3),
+        "left before the wait"
+    );
 }

@@ -20,6 +20,8 @@
 //! on one worker fails the other with it.
 #![cfg(feature = "nccl")]
 
+mod skip_support;
+use skip_support::Part;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -82,9 +84,11 @@ fn info_loads_nccl_from_the_python_wheel_without_a_gpu() {
     let dir = match wheel_lib_dir() {
         Ok(dir) => dir,
         Err(why) => {
-            eprintln!(
-                "SKIPPED info_loads_nccl_from_the_python_wheel_without_a_gpu: the nvidia-nccl \
-                 wheel is not installed (pip install nvidia-nccl-cu12): {why}"
+            skip_support::skip(
+                Part::NcclWheel,
+                &format!(
+                    "the nvidia-nccl wheel is not installed (pip install nvidia-nccl-cu12): {why}"
+                ),
             );
             return;
         }
@@ -117,9 +121,9 @@ fn info_without_the_library_names_it() {
     let _ = std::fs::remove_dir(&empty);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
-        eprintln!(
-            "SKIPPED info_without_the_library_names_it: this machine has libnccl installed \
-             outside LD_LIBRARY_PATH"
+        skip_support::skip(
+            Part::NoSystemNccl,
+            "this machine has libnccl installed outside LD_LIBRARY_PATH",
         );
         return;
     }
@@ -132,7 +136,7 @@ fn info_without_the_library_names_it() {
 #[test]
 fn bench_runs_or_says_skipped_without_a_gpu() {
     let Ok(dir) = wheel_lib_dir() else {
-        eprintln!("SKIPPED bench_runs_or_says_skipped_without_a_gpu: no nvidia-nccl wheel");
+        skip_support::skip(Part::NcclWheel, "no nvidia-nccl wheel");
         return;
     };
     let out = cohort(&["bench", "nccl"], &dir);
@@ -172,7 +176,10 @@ fn nccl_loaded_here(test: &str) -> bool {
     let dir = match wheel_lib_dir() {
         Ok(dir) => dir,
         Err(why) => {
-            eprintln!("SKIPPED {test}: {err}; and no nvidia-nccl wheel: {why}");
+            skip_support::skip(
+                Part::NcclWheel,
+                &format!("{err}; and no nvidia-nccl wheel: {why}"),
+            );
             return false;
         }
     };
@@ -305,21 +312,21 @@ fn a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot() {
 // ---------------------------------------------------------------------------------------
 // With a GPU.
 
-/// The number of GPUs, or None after saying why the test is skipped.
-fn gpus(test: &str) -> Option<usize> {
+/// The number of GPUs, or None after recording why the running test is skipped.
+fn gpus() -> Option<usize> {
     match visible_gpus() {
         Ok(g) if !g.is_empty() => {}
         Ok(_) => {
-            eprintln!("{test}: skipped: no GPU");
+            skip_support::skip(Part::Gpu, "no GPU");
             return None;
         }
         Err(e) => {
-            eprintln!("{test}: skipped: no GPU ({e})");
+            skip_support::skip(Part::Gpu, &format!("no GPU ({e})"));
             return None;
         }
     }
     if let Err(e) = nccl_version() {
-        eprintln!("{test}: skipped: {e}");
+        skip_support::skip(Part::Gpu, &e.to_string());
         return None;
     }
     visible_gpus().ok().map(|g| g.len())
@@ -417,13 +424,15 @@ const BUCKET_BYTES: usize = 64 << 10;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn communicators_over_a_process_group_all_reduce_like_the_reference() {
-    let Some(n_gpus) = gpus("communicators_over_a_process_group_all_reduce_like_the_reference")
-    else {
+    let Some(n_gpus) = gpus() else {
         return;
     };
     for n in [1usize, 2] {
         if n > n_gpus {
-            eprintln!("{n} ranks: skipped: needs {n} GPUs, this machine has {n_gpus}");
+            skip_support::skip(
+                Part::Gpu,
+                &format!("its {n} ranks: needs {n} GPUs, this machine has {n_gpus}"),
+            );
             continue;
         }
         let (_endpoints, groups) = group(n as u32).await;
@@ -492,7 +501,7 @@ async fn communicators_over_a_process_group_all_reduce_like_the_reference() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_replicas_on_every_gpu_all_reduce_like_the_reference() {
-    let Some(n) = gpus("local_replicas_on_every_gpu_all_reduce_like_the_reference") else {
+    let Some(n) = gpus() else {
         return;
     };
     let devices: Vec<usize> = (0..n).collect();
@@ -526,7 +535,7 @@ async fn local_replicas_on_every_gpu_all_reduce_like_the_reference() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_group_aborts_a_pending_init() {
-    if gpus("a_broken_group_aborts_a_pending_init").is_none() {
+    if gpus().is_none() {
         return;
     }
     // Two members; rank 1 gets the id but never inits (its step failed): rank 0's init waits
@@ -553,8 +562,7 @@ async fn a_broken_group_aborts_a_pending_init() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communicator() {
-    if gpus("a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communicator").is_none()
-    {
+    if gpus().is_none() {
         return;
     }
     let (endpoints, groups) = group(1).await;
@@ -612,11 +620,14 @@ async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_peer_aborts_a_pending_all_reduce() {
-    let Some(n_gpus) = gpus("a_lost_peer_aborts_a_pending_all_reduce") else {
+    let Some(n_gpus) = gpus() else {
         return;
     };
     if n_gpus < 2 {
-        eprintln!("a_lost_peer_aborts_a_pending_all_reduce: skipped: needs 2 GPUs, this machine has {n_gpus}");
+        skip_support::skip(
+            Part::Gpu,
+            &format!("needs 2 GPUs, this machine has {n_gpus}"),
+        );
         return;
     }
     let (endpoints, groups) = group(2).await;
@@ -774,7 +785,7 @@ fn train_workers(
 
 #[test]
 fn multi_worker_mirrored_sums_on_nccl_as_on_the_ring() {
-    let Some(n_gpus) = gpus("multi_worker_mirrored_sums_on_nccl_as_on_the_ring") else {
+    let Some(n_gpus) = gpus() else {
         return;
     };
     let workers = n_gpus.min(2);
@@ -796,13 +807,13 @@ fn multi_worker_mirrored_sums_on_nccl_as_on_the_ring() {
 
 #[test]
 fn an_application_error_on_one_worker_fails_the_other_on_nccl() {
-    let Some(n_gpus) = gpus("an_application_error_on_one_worker_fails_the_other_on_nccl") else {
+    let Some(n_gpus) = gpus() else {
         return;
     };
     if n_gpus < 2 {
-        eprintln!(
-            "an_application_error_on_one_worker_fails_the_other_on_nccl: skipped: needs 2 \
-             GPUs, this machine has {n_gpus}"
+        skip_support::skip(
+            Part::Gpu,
+            &format!("needs 2 GPUs, this machine has {n_gpus}"),
         );
         return;
     }

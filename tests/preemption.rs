@@ -364,6 +364,7 @@ fn the_launcher_stopped_by_sigterm_returns_143_and_the_chief_checkpoints_in_its_
         kill_once: None,
         restart_chief: false,
         peer_chief: false,
+        json_logs: false,
     };
     let mut launcher = cohort::launch::Launcher::start(config).unwrap();
     let outcome = launcher.supervise(&stop).unwrap();

@@ -13,6 +13,8 @@
 //! very bits the chief reported (skipped with a note when python3 lacks safetensors/numpy).
 
 mod ps_support;
+mod skip_support;
+use skip_support::Part;
 
 use ps_support::fit_gradient;
 
@@ -279,9 +281,12 @@ fn checkpoint_dir(root: &Path, step: u64) -> std::path::PathBuf {
 fn python_check(dir: &Path, layouts: &[Layout], saved: &serde_json::Value) {
     let probe = run_python(&["-c", "import safetensors, numpy"]);
     if !matches!(&probe, Some((true, _))) {
-        eprintln!(
-            "SKIPPED the Python part of ps_checkpoint: python3 with the `safetensors` and `numpy` \
-             packages is not available (pip install safetensors numpy): {probe:?}"
+        skip_support::skip(
+            Part::Python,
+            &format!(
+                "the Python part: python3 with the `safetensors` and `numpy` packages is not \
+                 available (pip install safetensors numpy): {probe:?}"
+            ),
         );
         return;
     }

@@ -8,6 +8,8 @@
 //!
 //! Every wait is bounded; nothing asserts on timing.
 
+mod skip_support;
+use skip_support::Part;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -66,9 +68,12 @@ fn check(test: &str, args: &[&str]) -> Option<String> {
         .stderr(Stdio::null())
         .status();
     if !probe.is_ok_and(|s| s.success()) {
-        eprintln!(
-            "SKIPPED {test} (the read-back): python3 with the `tensorboard` package is not \
-             available (pip install tensorboard)"
+        skip_support::skip(
+            Part::Python,
+            &format!(
+                "{test}'s read-back: python3 with the `tensorboard` package is not available \
+                 (pip install tensorboard)"
+            ),
         );
         return None;
     }

@@ -40,17 +40,22 @@ pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
     launch_local(&parsed.flags, extra_args, Vec::new())
 }
 
+/// Workers a launch starts without `--workers`.
+pub const DEFAULT_WORKERS: &str = "2";
+/// Parameter servers a parameter-server launch starts without `--ps`.
+pub const DEFAULT_PS: &str = "2";
+
 /// Flags of `launch`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LaunchFlags {
     /// Worker processes: N, or MIN:MAX to start MIN and allow up to MAX (elastic workers:
     /// `cohort scale --run-dir DIR --workers N` grows or shrinks the job; give --run-dir).
-    #[arg(long, default_value = "2", value_parser = WorkerCount::parse)]
+    #[arg(long, default_value = DEFAULT_WORKERS, value_parser = WorkerCount::parse)]
     pub workers: WorkerCount,
     /// Parameter-server processes: N, or MIN:MAX to start MIN and allow up to MAX (elastic
     /// servers: `cohort scale --run-dir DIR --ps N` adds or removes servers, each at a
     /// checkpoint cut; the job needs a checkpoint directory).
-    #[arg(long, default_value = "2", value_parser = WorkerCount::parse)]
+    #[arg(long, default_value = DEFAULT_PS, value_parser = WorkerCount::parse)]
     pub ps: WorkerCount,
     /// Evaluator processes: each evaluates every new checkpoint with the program's evaluation
     /// function (the demo's reports held-out digits accuracy).
@@ -179,6 +184,26 @@ pub fn launch_local(
     let run_dir = flags.run_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("cohort-run-{}-{}", std::process::id(), unix_ms()))
     });
+    // A directory the job cannot have is bad configuration, said before any task starts.
+    let checkpoint_dir = env
+        .iter()
+        .find(|(key, _)| key == ConfigKey::CHECKPOINT_DIR.env)
+        .map(|(_, dir)| std::path::PathBuf::from(dir))
+        .or_else(|| std::env::var_os(ConfigKey::CHECKPOINT_DIR.env).map(Into::into));
+    let wanted = [
+        ("--run-dir", Some(&run_dir)),
+        ("checkpoint_dir", checkpoint_dir.as_ref()),
+    ];
+    for (what, dir) in wanted {
+        let Some(dir) = dir else { continue };
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            tracing::error!(
+                "bad config: {what} {}: cannot create it: {e}",
+                dir.display()
+            );
+            return BAD_CONFIG_EXIT_CODE;
+        }
+    }
     env.push((
         DETECTION_BUDGET_ENV.into(),
         crate::cluster::format_duration(flags.detection_budget),
@@ -188,8 +213,8 @@ pub fn launch_local(
     }
     // Every task shares this machine's cores: one compute thread per task beats several
     // tasks each spreading a matrix product over all cores and fighting for them.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        env.push(("RAYON_NUM_THREADS".into(), "1".into()));
+    if !crate::process::compute_threads_given() {
+        env.push((crate::process::COMPUTE_THREADS_ENV.into(), "1".into()));
     }
     let victim = TaskId::new(TaskType::Worker, u32::from(flags.workers.min > 1));
     let stop_grace = launched_preemption_grace(&env) + STOP_GRACE_MARGIN;
@@ -220,6 +245,7 @@ pub fn launch_local(
         restart_chief: true,
         metrics: !flags.no_metrics,
         peer_chief: flags.peer_chief,
+        json_logs: super::logging::json_format(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     if let Err(e) = stop_on_signals(&stop) {

@@ -58,6 +58,11 @@ pub(crate) fn set_launcher() {
     });
 }
 
+/// Whether `COHORT_LOG_FORMAT` asks for JSON lines (what the launcher's children then log).
+pub(crate) fn json_format() -> bool {
+    std::env::var(LOG_FORMAT_ENV).is_ok_and(|format| format.trim() == "json")
+}
+
 /// Installs the subscriber in the format `COHORT_LOG_FORMAT` asks for; an unknown format is
 /// an error naming the variable (nothing is installed). Once one is installed, later calls
 /// change nothing.

@@ -61,22 +61,47 @@ pub(super) fn start_with_status(
     Ok(())
 }
 
+/// The chief's rate of committed closures and mean step time over the last
+/// [`status::RATE_WINDOW`], sampled every [`status::RATE_TICK`] by a clock of its own (never by
+/// the requests that read it, so that every reader sees the same rate).
+pub(super) fn chief_rate(actor: Addr<CoordinatorActor>) -> Arc<Mutex<status::RateSampler>> {
+    let rate = Arc::new(Mutex::new(status::RateSampler::default()));
+    let sampler = Arc::clone(&rate);
+    actix::spawn(async move {
+        let mut tick = tokio::time::interval(status::RATE_TICK);
+        loop {
+            tick.tick().await;
+            // The actor stopped: the process is ending.
+            let Ok((counters, _)) = actor.send(Counters).await else {
+                return;
+            };
+            let steps = crate::metrics::instruments().step_totals();
+            sampler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .sample(Instant::now(), counters.ledger.committed, steps);
+        }
+    });
+    rate
+}
+
 /// The chief's status page (`/status`, `/status.json`) of job `job`: the cluster, ledger and
 /// cut read from the coordinator actor ([`StatusView`], answered from memory), the loss
-/// history and newest checkpoint the program recorded, and the rate of committed closures
-/// over the last [`status::RATE_WINDOW`] of requests.
-pub(super) fn chief_status(actor: Addr<CoordinatorActor>, job: String) -> StatusSource {
-    let rate = Arc::new(Mutex::new(status::RateSampler::default()));
+/// history and newest checkpoint the program recorded, and `rate` ([`chief_rate`]).
+pub(super) fn chief_status(
+    actor: Addr<CoordinatorActor>,
+    job: String,
+    rate: Arc<Mutex<status::RateSampler>>,
+) -> StatusSource {
     Arc::new(move |format| {
         let (actor, rate, job) = (actor.clone(), Arc::clone(&rate), job.clone());
         Box::pin(async move {
             let view = actor.send(StatusView).await.ok()?;
             let committed = view.ledger.committed;
-            let steps = crate::metrics::instruments().step_totals();
             let (steps_per_second, step_seconds) = rate
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .sample(Instant::now(), committed, steps);
+                .current();
             let report = StatusReport {
                 job,
                 unix_ms: status::unix_ms_now(),
@@ -109,31 +134,26 @@ pub(super) fn count_detections(gateway: &Gateway) {
     });
 }
 
-/// The chief's readings: the ledger (LEDGER-1), the control counters, and the rate of
-/// committed closures since the previous scrape.
-pub(super) fn chief_refresh(actor: Addr<CoordinatorActor>) -> Refresh {
-    let last: Arc<Mutex<Option<(Instant, u64)>>> = Arc::new(Mutex::new(None));
+/// The chief's readings: the ledger (LEDGER-1), the control counters, and `rate`
+/// ([`chief_rate`]: committed closures per second over a window no scrape moves; a dashboard
+/// may as well take `rate(cohort_ledger_committed[1m])`).
+pub(super) fn chief_refresh(
+    actor: Addr<CoordinatorActor>,
+    rate: Arc<Mutex<status::RateSampler>>,
+) -> Refresh {
     Arc::new(move || {
         let actor = actor.clone();
-        let last = Arc::clone(&last);
+        let rate = Arc::clone(&rate);
         Box::pin(async move {
             let Ok((status, control)) = actor.send(Counters).await else {
                 return Vec::new();
             };
             let l = &status.ledger;
-            let now = Instant::now();
-            let rate = {
-                let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-                let rate = match *last {
-                    Some((then, committed)) if now > then => {
-                        l.committed.saturating_sub(committed) as f64
-                            / now.duration_since(then).as_secs_f64()
-                    }
-                    _ => 0.0,
-                };
-                *last = Some((now, l.committed));
-                rate
-            };
+            let rate = rate
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .current()
+                .0;
             vec![
                 Reading::counter(
                     "cohort_ledger_scheduled",
@@ -192,7 +212,7 @@ pub(super) fn chief_refresh(actor: Addr<CoordinatorActor>) -> Refresh {
                 ),
                 Reading::gauge(
                     "cohort_steps_per_second",
-                    "Closures committed per second since the previous scrape",
+                    "Closures committed per second over the last 10 s (sampled every second)",
                     rate,
                 ),
                 Reading::counter(

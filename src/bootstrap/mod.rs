@@ -10,7 +10,7 @@
 //! a message naming the key; 143 after SIGTERM; [`PANIC_EXIT_CODE`] (170) after a panic. Every
 //! code that asks for a restart is 128 or more ([`crate::process::restart_wanted`], as
 //! Kubernetes' `restartPolicy: ExitCode` reads them). A worker also exits
-//! [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) (171) to be restarted as a new
+//! [`RETIRED_EXIT_CODE`] (171) to be restarted as a new
 //! incarnation: when its chief has gone silent past the detection budget, or when the chief
 //! retires it ([`Retire`]: the chief fenced that incarnation while it was alive). A parameter
 //! server the chief declared dead that wakes up is retired the same way, so that it comes back
@@ -47,7 +47,7 @@
 //! steps back further than that cannot break FENCE-1 either: a peer that knows the
 //! predecessor refuses the restarted process's hello as outdated, with the epoch it knows
 //! (`RemoteError::Outdated`); the process logs it and exits
-//! [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) (171) to be restarted, and is
+//! [`RETIRED_EXIT_CODE`] (171) to be restarted, and is
 //! admitted once its clock has passed that epoch, a wait no longer than the step itself. It is
 //! never admitted as, or mistaken for, the incarnation it replaces.
 //!
@@ -100,7 +100,7 @@ use crate::cluster::{
 };
 use crate::process::{
     on_stop_signal, preemption_requested, set_role_config, BAD_CONFIG_EXIT_CODE,
-    JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE, PS_LOST_EXIT_CODE,
+    JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE, PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE,
     TRAINING_ERROR_EXIT_CODE,
 };
 use crate::roles::coordinator::{
@@ -128,7 +128,8 @@ mod metrics;
 
 pub(crate) use local::LaunchArgs;
 pub use local::{
-    launch_from_args, launch_local, LaunchFlags, WorkerCount, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
+    launch_from_args, launch_local, LaunchFlags, WorkerCount, DEFAULT_PS, DEFAULT_WORKERS,
+    DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
 };
 pub use multi_worker::{
     multi_worker_config_from_env, multi_worker_main, MultiWorkerTask, TaskConfigError,
@@ -181,11 +182,12 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         epoch,
     );
     tracing::info!(
-        "{} of {} (task from {}, cluster from {})",
+        "{} of {} (task from {}, cluster from {}; {})",
         config.cluster.task,
         program.name(),
         config.origin("task.type"),
-        config.origin("cluster")
+        config.origin("cluster"),
+        crate::process::describe_compute_threads()
     );
     let result = match (config.cluster.task.task_type, &config.certs_dir) {
         // The evaluator reads checkpoints only: no node, no certificates.
@@ -274,6 +276,36 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
         join_the_job(&gateway, &node, register_wait)?;
+        // A server keeps its variables through a chief's restart (the new chief restores them
+        // from its checkpoint either way); with no chief for `ps_restart_wait` it exits.
+        exit_without_a_chief(
+            &gateway,
+            register_wait,
+            |cause| {
+                tracing::warn!(
+                    "the chief was declared dead ({cause:?}): waiting for a new chief incarnation"
+                );
+                None
+            },
+            |waited| {
+                Some(Exit {
+                    code: RETIRED_EXIT_CODE,
+                    reason: format!(
+                        "no new chief within {waited:?} of losing the chief: exiting so that \
+                         this server restarts as a new incarnation"
+                    ),
+                })
+            },
+            |waited| {
+                Some(Exit {
+                    code: RETIRED_EXIT_CODE,
+                    reason: format!(
+                        "no chief answered within {waited:?} of this server's start: exiting \
+                         so that it restarts as a new incarnation"
+                    ),
+                })
+            },
+        );
         drain_on_signal(&gateway, epoch, TaskType::Ps, |answer| match answer {
             Some(Ok(())) => Some(Exit {
                 code: JOB_DONE_EXIT_CODE,
@@ -396,20 +428,27 @@ fn run_worker(
         });
         let losing = Arc::clone(&machine);
         let waiting = Arc::clone(&machine);
-        exit_when_chief_is_lost(
+        let unanswered = Arc::clone(&machine);
+        exit_without_a_chief(
             &gateway,
             register_wait,
-            move |silent_for| {
+            move |cause| {
                 losing
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .handle_chief_lost(Instant::now(), silent_for)
+                    .handle_chief_lost(Instant::now(), cause)
             },
             move |waited| {
                 waiting
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .handle_chief_wait_over(Instant::now(), waited)
+            },
+            move |waited| {
+                unanswered
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle_no_chief(Instant::now(), waited)
             },
         );
         let noticing = Arc::clone(&machine);
@@ -468,7 +507,7 @@ fn exit_on_goodbye(
 
 /// Ends this worker or parameter server (`actor`) as `decide` says when the chief retires an
 /// incarnation ([`Retire`]): for its own,
-/// [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE). The chief fenced it, or
+/// [`RETIRED_EXIT_CODE`]. The chief fenced it, or
 /// declared it dead, while it was alive (FENCE-1), so it can do nothing useful any more, and
 /// its supervisor restarts it as a new incarnation that the chief takes back (a parameter
 /// server is then restored). A retirement of another incarnation is ignored. Only the chief
@@ -498,44 +537,70 @@ fn exit_after_answering(system: System, code: i32) {
     });
 }
 
-/// A worker whose chief went silent past the detection budget: `lost` decides (a worker told
-/// to stop exits at once); otherwise it waits `wait` (its `worker_wait`) for a new chief
-/// incarnation to set it up, and then exits as `wait_over` says (code
-/// [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE), so that its supervisor restarts
-/// it as a new incarnation) if none did. A worker the chief fenced while the two could not
-/// hear each other is retired by the chief when it is dialled again (FENCE-1).
-fn exit_when_chief_is_lost(
+/// A worker or parameter server without a chief: every wait for one is bounded, so that a
+/// task whose chief is gone for good (or never started) exits to its supervisor instead of
+/// waiting forever.
+///
+/// - Its chief incarnation declared dead (silent past the detection budget, its address
+///   refusing connections as after a SIGKILL, or its exit reported; not superseded by a newer
+///   one, which takes the task over): `lost` decides first (a worker told to stop exits at
+///   once). Otherwise the task waits `wait` (`worker_wait` / `ps_restart_wait`) for a new
+///   chief incarnation, and exits as `wait_over` says if none is alive by then.
+/// - No chief heard from at all within `wait` of the task's start: it exits as `never` says.
+///
+/// The exits are code [`RETIRED_EXIT_CODE`], so that the
+/// supervisor restarts the task as a new incarnation, which waits for a chief again. A worker
+/// the chief fenced while the two could not hear each other is retired by the chief when it is
+/// dialled again (FENCE-1).
+fn exit_without_a_chief(
     gateway: &Gateway,
     wait: Duration,
-    lost: impl Fn(Duration) -> Option<Exit> + 'static,
+    lost: impl Fn(DeathCause) -> Option<Exit> + 'static,
     wait_over: impl Fn(Duration) -> Option<Exit> + Clone + 'static,
+    never: impl FnOnce(Duration) -> Option<Exit> + 'static,
 ) {
-    let mut events = gateway.subscribe();
     let chief = peer(TaskId::new(TaskType::Chief, 0));
+    let stop = |exit: Exit| {
+        tracing::warn!("{}", exit.reason);
+        System::current().stop_with_code(exit.code);
+    };
+    {
+        let (gateway, chief) = (gateway.clone(), chief.clone());
+        actix::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if gateway.peer_status(&chief).is_none() {
+                if let Some(exit) = never(wait) {
+                    stop(exit);
+                }
+            }
+        });
+    }
+    let mut events = gateway.subscribe();
+    let gateway = gateway.clone();
     actix::spawn(async move {
         while let Some(event) = events.recv().await {
-            let PeerEvent::Dead {
-                incarnation,
-                cause: DeathCause::Silent { silent_for },
-            } = event
-            else {
+            let PeerEvent::Dead { incarnation, cause } = event else {
                 continue;
             };
-            if incarnation.node != chief {
+            if incarnation.node != chief || cause == DeathCause::Superseded {
                 continue;
             }
-            if let Some(exit) = lost(silent_for) {
-                tracing::warn!("{}", exit.reason);
-                System::current().stop_with_code(exit.code);
+            if let Some(exit) = lost(cause) {
+                stop(exit);
                 return;
             }
-            // Waiting for a new chief incarnation to set this worker up, within `wait`.
-            let wait_over = wait_over.clone();
+            // Waiting for a new chief incarnation to take this task back, within `wait`.
+            let (wait_over, gateway, chief) = (wait_over.clone(), gateway.clone(), chief.clone());
             actix::spawn(async move {
                 tokio::time::sleep(wait).await;
-                if let Some(exit) = wait_over(wait) {
-                    tracing::warn!("{}", exit.reason);
-                    System::current().stop_with_code(exit.code);
+                let newer_alive = matches!(
+                    gateway.peer_status(&chief),
+                    Some((epoch, true)) if epoch > incarnation.epoch
+                );
+                if !newer_alive {
+                    if let Some(exit) = wait_over(wait) {
+                        stop(exit);
+                    }
                 }
             });
         }
@@ -593,12 +658,13 @@ fn run_chief(
         ));
         metrics::count_detections(&gateway);
         hear_exit_reports(config, &gateway)?;
+        let rate = metrics::chief_rate(actor.clone());
         metrics::start_with_status(
             config,
             crate::metrics::Role::Chief,
             node.epoch,
-            Some(metrics::chief_refresh(actor.clone())),
-            Some(metrics::chief_status(actor.clone(), job)),
+            Some(metrics::chief_refresh(actor.clone(), Arc::clone(&rate))),
+            Some(metrics::chief_status(actor.clone(), job, rate)),
         )?;
         let stopping = actor.clone();
         on_stop_signal(move || async move {
@@ -1003,7 +1069,7 @@ fn drain_on_signal(
     });
 }
 
-/// Ends this process with [`RETIRED_EXIT_CODE`](crate::process::RETIRED_EXIT_CODE) when a peer
+/// Ends this process with [`RETIRED_EXIT_CODE`] when a peer
 /// refuses its incarnation as outdated (it knows an epoch of this node at least as new: the
 /// clock stepped back past a predecessor's epoch). No peer that knew the predecessor would
 /// ever admit this incarnation; restarted, the process derives a newer epoch.

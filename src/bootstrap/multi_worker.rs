@@ -62,6 +62,8 @@ where
     F: FnOnce(MultiWorkerTask) -> Result<(), E>,
     E: std::fmt::Display,
 {
+    // First, before any thread starts (it sets the environment).
+    crate::process::follow_cpu_quota();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("launch") {
         return launch(&args[1..]);
@@ -160,6 +162,21 @@ pub fn multi_worker_config_from_env(
     let cluster = ClusterConfig::from_env()
         .map_err(|e| bad(tf_config, e.to_string()))?
         .ok_or_else(|| bad(tf_config, "unset".into()))?;
+    // Every log line from here on names the task (its role, index and incarnation), as a
+    // parameter-server role's do; the incarnation is the launcher's, else the clock's.
+    let given = std::env::var(ConfigKey::INCARNATION.env)
+        .ok()
+        .and_then(|text| text.trim().parse().ok());
+    super::logging::set_task(
+        cluster.task.task_type.as_str(),
+        cluster.task.index,
+        crate::process::incarnation_epoch(given, std::time::SystemTime::now()),
+    );
+    tracing::info!(
+        "{}: {}",
+        cluster.task,
+        crate::process::describe_compute_threads()
+    );
     let certs_key = ConfigKey::CERTS_DIR.env;
     let certs = std::env::var_os(certs_key).ok_or_else(|| bad(certs_key, "unset".into()))?;
     let replicas = match std::env::var(ConfigKey::REPLICAS.env) {

@@ -21,6 +21,7 @@ pub mod disk;
 pub mod plan;
 pub mod run;
 
+use crate::process::stdout::outln;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -609,7 +610,7 @@ pub fn write_report(
     if let Err(e) = crate::plot::write_png(&timeline, &png, 1200, 500) {
         tracing::warn!("no timeline picture: {e}");
     }
-    print!("\n{text}");
+    outln!("\n{}", text.trim_end_matches('\n'));
     Ok(passed)
 }
 
@@ -663,12 +664,22 @@ pub fn flag_value(command: &[String], flag: &str) -> Option<String> {
     None
 }
 
-/// Refuses a plan whose targets the launch command's `--workers`, `--ps` and `--evaluators`
-/// (where it gives them) do not have, before the job starts.
+/// Refuses a plan whose targets the launch command's job does not have, before the job starts:
+/// its `--workers`, `--ps` and `--evaluators`, or the launcher's defaults where it does not
+/// give them (a MultiWorkerMirrored job, `--strategy`/`--job multi-worker-mirrored`, has no
+/// parameter server).
 pub fn check_targets(plan: &Plan, command: &[String]) -> Result<(), String> {
     use crate::cluster::TaskType;
+    let mirrored = command.iter().any(|arg| arg.ends_with("multi-worker-mirrored"));
     let most = |flag: &str| -> Option<u32> {
-        let v = flag_value(command, flag)?;
+        let given = flag_value(command, flag);
+        let v = match (given, flag) {
+            (Some(v), _) => v,
+            (None, "--workers") => crate::bootstrap::DEFAULT_WORKERS.to_string(),
+            (None, "--ps") if mirrored => "0".to_string(),
+            (None, "--ps") => crate::bootstrap::DEFAULT_PS.to_string(),
+            (None, _) => return None,
+        };
         let max = v.rsplit(':').next()?;
         max.parse().ok()
     };

@@ -4,6 +4,7 @@
 //! every [`SCRAPE_EVERY`] (much more often than Prometheus' default 15 s), so that the cost
 //! of metrics is read from two rows measured under the same conditions.
 
+use crate::process::stdout::outln;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,8 +106,8 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
         .map(|(r, _, _)| r.ps_goodput_mib_s);
     let bare = (!bare_samples.is_empty())
         .then(|| bare_samples.iter().sum::<f64>() / bare_samples.len() as f64);
-    println!("\ncohort bench ps: 1 chief + 2 PS + 2 workers as processes on 127.0.0.1, after {warmup} warm-up steps");
-    println!(
+    outln!("\ncohort bench ps: 1 chief + 2 PS + 2 workers as processes on 127.0.0.1, after {warmup} warm-up steps");
+    outln!(
         "{:<8} {:>8} {:>7} {:>10} {:>12} {:>14} {:>16}",
         "workload",
         "metrics",
@@ -122,7 +123,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
         } else {
             "off".to_string()
         };
-        println!(
+        outln!(
             "{:<8} {:>8} {:>7} {:>10.1} {:>12.0} {:>14.2} {:>16.1}",
             r.workload,
             metrics,
@@ -133,7 +134,7 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
             r.ps_goodput_mib_s
         );
     }
-    println!("(metrics on/N: every task served metrics, scraped N times in all, each task every {SCRAPE_EVERY:?})");
+    outln!("(metrics on/N: every task served metrics, scraped N times in all, each task every {SCRAPE_EVERY:?})");
     for (workload, off, on) in reports
         .iter()
         .filter(|(_, m, _)| !m)
@@ -144,13 +145,13 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
                 .map(|(on, _, _)| (&off.workload, off.steps_per_s, on.steps_per_s))
         })
     {
-        println!(
+        outln!(
             "{workload}: metrics on costs {:+.1}% of steps/s (target: less than 2%)",
             (off - on) / off * 100.0
         );
     }
     if let (Some(ours), Some(base)) = (goodput, bare) {
-        println!(
+        outln!(
             "\nPS push+pull goodput {ours:.1} MiB/s vs a bare quinn stream {base:.1} MiB/s in the same run \
              (2 MiB messages, 1 GiB samples; mean of {:.1} before and {:.1} after the cluster run): ratio {:.2} (target >= 0.85)",
             bare_samples[0],

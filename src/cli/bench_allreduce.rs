@@ -7,6 +7,7 @@
 //! members are on one host here). No peer (gloo) is measured here yet: that needs its
 //! comparison program in the repository, run in the same invocation.
 
+use crate::process::stdout::outln;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
@@ -58,7 +59,7 @@ pub fn run() -> Result<(), CliError> {
     }
     let after = super::bench::bare_quinn_goodput()?;
     let ceiling = (before + after) / 2.0 * MIB / 1e9;
-    println!(
+    outln!(
         "\ncohort bench allreduce: f32 all-reduce (SUM) over QUIC, members as tasks on 127.0.0.1 \
          ({} cores); bare QUIC ceiling (one stream, same program) {ceiling:.2} GB/s \
          ({:.2} before, {:.2} after the runs)",
@@ -66,7 +67,7 @@ pub fn run() -> Result<(), CliError> {
         before * MIB / 1e9,
         after * MIB / 1e9
     );
-    println!(
+    outln!(
         "{:>7} {:>8} {:>10} {:>12} {:>12} {:>14} {:>10}",
         "members", "size", "time ms", "algbw GB/s", "busbw GB/s", "bound GB/s", "busbw/bound"
     );
@@ -75,15 +76,15 @@ pub fn run() -> Result<(), CliError> {
         let algbw = mib as f64 * MIB / seconds / 1e9;
         let busbw = algbw * 2.0 * (n - 1.0) / n;
         let bound = ceiling / n;
-        println!(
+        outln!(
             "{members:>7} {:>8} {:>10.2} {algbw:>12.3} {busbw:>12.3} {bound:>14.3} {:>10.2}",
             format!("{mib} MiB"),
             seconds * 1e3,
             busbw / bound
         );
     }
-    println!("target: busbw/bound >= 0.70 at 64 MiB");
-    println!(
+    outln!("target: busbw/bound >= 0.70 at 64 MiB");
+    outln!(
         "\nplaintext data plane (GroupConfig::plaintext: TCP links set up over QUIC; trusted \
          networks only)"
     );
@@ -106,7 +107,7 @@ pub fn run() -> Result<(), CliError> {
         ),
         shared_rows,
     );
-    println!(
+    outln!(
         "peers: gloo is not measured in this run (no comparison program in the repository \
          yet), so no ratio is printed"
     );
@@ -115,8 +116,8 @@ pub fn run() -> Result<(), CliError> {
 
 /// The plaintext plane's rows (members, MiB, seconds per all-reduce).
 fn print_plain_rows(how: &str, rows: &[(u32, usize, f64)]) {
-    println!("{how}:");
-    println!(
+    outln!("{how}:");
+    outln!(
         "{:>7} {:>8} {:>10} {:>12} {:>12}",
         "members", "size", "time ms", "algbw GB/s", "busbw GB/s"
     );
@@ -124,7 +125,7 @@ fn print_plain_rows(how: &str, rows: &[(u32, usize, f64)]) {
         let n = members as f64;
         let algbw = mib as f64 * MIB / seconds / 1e9;
         let busbw = algbw * 2.0 * (n - 1.0) / n;
-        println!(
+        outln!(
             "{members:>7} {:>8} {:>10.2} {algbw:>12.3} {busbw:>12.3}",
             format!("{mib} MiB"),
             seconds * 1e3,

@@ -8,6 +8,7 @@
 //! certificate from a CA made for the run and a `TF_CONFIG` naming every worker; the steps are
 //! synchronous, so a run's rate is its slowest worker's timed steps over their time.
 
+use crate::process::stdout::outln;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -40,12 +41,12 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
         for workers in WORKER_COUNTS {
             let rate = run_workers(&dir, workers, steps, warmup, plaintext)?;
             let plane = if plaintext { "plaintext (TCP)" } else { "QUIC" };
-            println!("{workers} workers over {plane}: {rate:.1} steps/s");
+            outln!("{workers} workers over {plane}: {rate:.1} steps/s");
             rows.push((workers, plane, rate));
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!(
+    outln!(
         "\ncohort bench mwms: MultiWorkerMirrored, dense MLP {}-{}-{}-{} (relu, SGD), {BATCH_PER_WORKER} \
          examples per worker and step, 1 replica per worker, workers as processes on 127.0.0.1 \
          ({} cores, split among the workers' compute threads); {warmup} warm-up steps, then \
@@ -56,11 +57,11 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
         crate::workloads::mwms_bench::CLASSES,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
-    println!("{:<8} {:<16} {:>12}", "workers", "data plane", "steps/s");
+    outln!("{:<8} {:<16} {:>12}", "workers", "data plane", "steps/s");
     for (workers, plane, rate) in rows {
-        println!("{workers:<8} {plane:<16} {rate:>12.1}");
+        outln!("{workers:<8} {plane:<16} {rate:>12.1}");
     }
-    println!(
+    outln!(
         "peers: not measured in this run (no comparison program for TensorFlow's \
          MultiWorkerMirroredStrategy in the repository yet), so no ratio is printed"
     );
@@ -86,8 +87,10 @@ fn run_workers(
     // worker spreading each matrix product over all cores and fighting for them (2.2 to 2.6
     // times slower here).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads =
-        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| (cores / workers).max(1).to_string());
+    let threads = match std::env::var(crate::process::COMPUTE_THREADS_ENV) {
+        Ok(given) if crate::process::compute_threads_given() => given,
+        _ => (cores / workers).max(1).to_string(),
+    };
     let timed = run_bench_processes(
         workers,
         |index| {

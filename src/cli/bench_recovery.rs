@@ -11,6 +11,7 @@
 //!   mean [`SPOT_MEAN_INTERVAL`]) through a run four times as long: goodput as its steps per
 //!   second over the fault-free run's.
 
+use crate::process::stdout::outln;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -109,18 +110,18 @@ pub fn run(steps: usize, seed: u64) -> Result<(), CliError> {
         if scenario == Scenario::FaultFree {
             fault_free_rate = Some(rate(&run.commits));
         }
-        println!("{}: {}", scenario.name(), row);
+        outln!("{}: {}", scenario.name(), row);
         rows.push((scenario, row));
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!(
+    outln!(
         "\ncohort bench recovery: 1 chief + 2 PS + 2 workers as processes on 127.0.0.1, {steps} \
          steps per scenario, a checkpoint every 2 s, detection budget 3 s"
     );
     for (scenario, row) in rows {
-        println!("{:<15} {row}", scenario.name());
+        outln!("{:<15} {row}", scenario.name());
     }
-    println!(
+    outln!(
         "targets: worker restart -> serving <= 0.5 s; re-dispatch <= 0.2 s after the death is \
          known; PS SIGKILL -> resumed <= 1 s after the server is back; PS SIGTERM -> 0 \
          closures re-run; spot goodput >= 0.9 of fault-free"

@@ -15,6 +15,7 @@
 //!   no pod can mint an identity; what the job's pods share is the set of identities the job
 //!   already has, and the Secret (readable by the job's pods only) is that trust boundary.
 
+use crate::process::stdout::outln;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -92,12 +93,15 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
         .as_ref()
         .map(|target| target.manifest(ca.cert_pem(), &creds))
         .transpose()?;
+    std::fs::create_dir_all(&args.out).map_err(|e| {
+        CliError::Usage(format!("--out {}: cannot create it: {e}", args.out.display()))
+    })?;
     for node in &creds {
         node.save(&args.out)
             .map_err(|e| CliError::Failed(e.to_string()))?;
     }
     write_secret_file(&args.out.join("ca.key"), ca.key_pem())?;
-    println!(
+    outln!(
         "wrote a cluster CA and {} node certificate(s) to {}: ca.pem (share with every node), \
          ca.key (keep secret: it signs new nodes), and <role>-<index>.pem/.key per node",
         nodes.len(),
@@ -106,7 +110,7 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
     if let (Some(target), Some(manifest)) = (&secret, manifest) {
         let path = args.out.join(target.file_name());
         write_secret_file(&path, &manifest)?;
-        println!(
+        outln!(
             "wrote the Kubernetes Secret {} to {} (every node's certificate and key, not \
              ca.key): `kubectl apply -f` it and mount it as the certs directory of every pod",
             target.name,
@@ -154,7 +158,7 @@ fn add(args: &CertsArgs, nodes: &[NodeId], secret: Option<&SecretTarget>) -> Res
         node.save(&args.out)
             .map_err(|e| CliError::Failed(e.to_string()))?;
     }
-    println!(
+    outln!(
         "signed {} new node certificate(s) in {} with its CA ({} already there, left as they were)",
         added.len(),
         args.out.display(),
@@ -163,7 +167,7 @@ fn add(args: &CertsArgs, nodes: &[NodeId], secret: Option<&SecretTarget>) -> Res
     if let (Some(target), Some(manifest)) = (secret, manifest) {
         let path = args.out.join(target.file_name());
         write_secret_file(&path, &manifest)?;
-        println!(
+        outln!(
             "wrote the Kubernetes Secret {} to {} again, with every node's pair",
             target.name,
             path.display()

@@ -3,6 +3,7 @@
 //! one scenario of a plan file (`--plan`). `cohort chaos run`: the same plan against a real
 //! local job ([`crate::chaosrun`]).
 
+use crate::process::stdout::outln;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -88,20 +89,20 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
     if let Some((seed, scenario)) = chosen {
         let report = sim::run_scenario(&config, &scenario);
         for line in &report.trace {
-            println!("{line}");
+            outln!("{line}");
         }
-        println!(
+        outln!(
             "seed {seed}: {} events, {} ms simulated",
             report.events, report.sim_ms
         );
-        println!("{scenario}");
+        outln!("{scenario}");
         let late = scenario
             .faults
             .iter()
             .filter(|f| fault_time_ms(f).is_some_and(|at| at > report.sim_ms))
             .count();
         if late > 0 {
-            println!(
+            outln!(
                 "note: {late} fault(s) fell after the simulated job ended (more --closures \
                  make it longer)"
             );
@@ -109,54 +110,54 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         return match (&report.violation, &report.failure) {
             (Some(v), _) => Err(CliError::Failed(format!("seed {seed}: {v}"))),
             (None, Some(f)) => {
-                println!("the job failed (allowed): {f}");
+                outln!("the job failed (allowed): {f}");
                 Ok(())
             }
             (None, None) => {
-                println!("the job finished; every invariant held");
+                outln!("the job finished; every invariant held");
                 Ok(())
             }
         };
     }
     let last = args.first_seed.saturating_add(args.seeds);
-    println!(
+    outln!(
         "simulating seeds {}..{last}: {} ps, {} workers, {} closures, faults: {}",
         args.first_seed, args.ps, args.workers, args.closures, args.faults
     );
     let started = Instant::now();
     let summary = sim::run_seeds(&config, args.first_seed..last);
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
-    println!(
+    outln!(
         "{} schedules, {} events in {seconds:.2} s ({:.0} schedules/s, {:.0} events/s)",
         summary.schedules,
         summary.events,
         summary.schedules as f64 / seconds,
         summary.events as f64 / seconds
     );
-    println!(
+    outln!(
         "jobs finished: {}, failed with an error (allowed): {}",
         summary.finished, summary.failed
     );
     for (seed, error) in &summary.failures {
-        println!("  seed {seed} failed: {error}");
+        outln!("  seed {seed} failed: {error}");
     }
     let faults: Vec<String> = summary
         .faults
         .iter()
         .map(|(kind, n)| format!("{kind}: {n}"))
         .collect();
-    println!("faults injected: {}", faults.join(", "));
+    outln!("faults injected: {}", faults.join(", "));
     if summary.violations.is_empty() {
-        println!("violations: none");
+        outln!("violations: none");
         return Ok(());
     }
-    println!("violations: {}", summary.violations.len());
+    outln!("violations: {}", summary.violations.len());
     for (seed, violation) in summary.violations.iter().take(20) {
-        println!("  seed {seed}: {violation}");
+        outln!("  seed {seed}: {violation}");
     }
     let (seed, _) = &summary.violations[0];
     let shrunk = sim::shrink(&config, &sim::Scenario::draw(&config, *seed));
-    println!("seed {seed} shrunk to:\n{shrunk}");
+    outln!("seed {seed} shrunk to:\n{shrunk}");
     Err(CliError::Failed(format!(
         "{} of {} schedules broke an invariant (replay one with --seed)",
         summary.violations.len(),
@@ -194,13 +195,15 @@ pub fn run_plan(args: RunArgs) -> Result<(), CliError> {
     let (run_dir, checkpoint_dir) = chaosrun::job_dirs(&args.command);
     let run_dir = run_dir.ok_or_else(|| {
         CliError::Usage(
-            "the launch command gives no --run-dir: the runner finds each task's process in              <run-dir>/pids (e.g. `-- cohort demo --run-dir /tmp/job`)"
+            "the launch command gives no --run-dir: the runner finds each task's process in \
+             <run-dir>/pids (e.g. `-- cohort demo --run-dir /tmp/job`)"
                 .into(),
         )
     })?;
     if plan.touches_checkpoints() && checkpoint_dir.is_none() {
         return Err(CliError::Usage(format!(
-            "{}: the plan acts on checkpoints, but the launch command gives no              --checkpoint-dir (nor is COHORT_CHECKPOINT_DIR set)",
+            "{}: the plan acts on checkpoints, but the launch command gives no \
+             --checkpoint-dir (nor is COHORT_CHECKPOINT_DIR set)",
             plan.source.display()
         )));
     }
@@ -221,7 +224,7 @@ pub fn run_plan(args: RunArgs) -> Result<(), CliError> {
     let passed =
         chaosrun::write_report(&plan, &setup, &observed, &checks).map_err(CliError::Failed)?;
     if passed {
-        println!("report: {}", setup.out_dir.join("report.txt").display());
+        outln!("report: {}", setup.out_dir.join("report.txt").display());
         Ok(())
     } else {
         let failed: Vec<&str> = checks

@@ -11,6 +11,7 @@
 //! Exit codes: 0 success; 1 a checkpoint that does not verify or cannot be read (the message
 //! names the file); 2 bad usage (no such directory, no checkpoint in it).
 
+use crate::process::stdout::outln;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
@@ -101,9 +102,9 @@ fn ls(args: &LsArgs) -> Result<(), CliError> {
         print_json(&json!({ "dir": args.dir, "checkpoints": list }));
         return Ok(());
     }
-    println!("checkpoints in {}", args.dir.display());
+    outln!("checkpoints in {}", args.dir.display());
     if summaries.is_empty() {
-        println!("  none (no ckpt-<step> directory)");
+        outln!("  none (no ckpt-<step> directory)");
         return Ok(());
     }
     let rows: Vec<[String; 5]> = summaries
@@ -184,7 +185,7 @@ fn verify(args: &PathArgs) -> Result<(), CliError> {
                     let bytes: u64 = loaded.manifest.files.iter().map(|f| f.bytes).sum();
                     let tensors: usize =
                         loaded.manifest.files.iter().map(|f| f.tensors.len()).sum();
-                    println!(
+                    outln!(
                         "OK {} (step {}): manifest checksum, {} shard file(s) of {} with the \
                          sizes and SHA-256 it records, {tensors} tensors as the layout says",
                         dir.display(),
@@ -193,7 +194,7 @@ fn verify(args: &PathArgs) -> Result<(), CliError> {
                         human_bytes(bytes),
                     );
                 }
-                Err(e) => println!("FAILED {}: {e}", dir.display()),
+                Err(e) => outln!("FAILED {}: {e}", dir.display()),
             }
         }
     }
@@ -222,7 +223,7 @@ fn export(args: &ExportArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Failed(format!("{}: {e}", loaded.dir.display())))?;
     write_replacing(&args.out, &bytes)?;
     let slots: usize = loaded.manifest.slots.values().map(Vec::len).sum();
-    println!(
+    outln!(
         "exported {} (step {}) to {}: {} variable(s){}, {}",
         loaded.dir.display(),
         loaded.manifest.step,
@@ -344,8 +345,8 @@ fn name_of(dir: &Path) -> String {
 }
 
 fn print_manifest(dir: &Path, m: &Manifest) {
-    println!("checkpoint {}", dir.display());
-    println!(
+    outln!("checkpoint {}", dir.display());
+    outln!(
         "  step {}, saved {} UTC, format {} version {}, {} parameter server(s)",
         m.step,
         utc(m.created_unix_ms),
@@ -353,7 +354,7 @@ fn print_manifest(dir: &Path, m: &Manifest) {
         m.format_version,
         m.num_ps
     );
-    println!("\nvariables ({}):", m.layout.len());
+    outln!("\nvariables ({}):", m.layout.len());
     let rows: Vec<[String; 5]> = m
         .layout
         .iter()
@@ -388,7 +389,7 @@ fn print_manifest(dir: &Path, m: &Manifest) {
         &["  NAME", "DTYPE", "SHAPE", "OPTIMIZER SLOTS", "SHARDS"],
         &indent(rows),
     );
-    println!("\nshard files ({}):", m.files.len());
+    outln!("\nshard files ({}):", m.files.len());
     let rows: Vec<[String; 5]> = m
         .files
         .iter()
@@ -406,12 +407,12 @@ fn print_manifest(dir: &Path, m: &Manifest) {
         &["  FILE", "PS", "SIZE", "TENSORS", "CHECKSUM"],
         &indent(rows),
     );
-    println!("\nledger at the cut:");
+    outln!("\nledger at the cut:");
     if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&m.ledger) {
         let mut counts = Vec::new();
         for (key, value) in &fields {
             match value {
-                serde_json::Value::Array(ranges) => println!(
+                serde_json::Value::Array(ranges) => outln!(
                     "  {key}: {} id(s) {}",
                     count_ids(ranges),
                     serde_json::to_string(ranges).unwrap_or_default()
@@ -419,14 +420,14 @@ fn print_manifest(dir: &Path, m: &Manifest) {
                 other => counts.push(format!("{key} {other}")),
             }
         }
-        println!("  {}", counts.join(", "));
+        outln!("  {}", counts.join(", "));
     }
     let positions = m
         .dataset_positions
         .iter()
         .map(|(worker, n)| format!("worker {worker}: {n}"))
         .collect::<Vec<_>>();
-    println!(
+    outln!(
         "\ndataset positions (elements consumed): {}",
         if positions.is_empty() {
             "none".into()
@@ -469,7 +470,7 @@ fn summary_json(s: &CheckpointSummary) -> serde_json::Value {
 }
 
 fn print_json(value: &serde_json::Value) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
     );
@@ -495,7 +496,7 @@ fn print_table<const N: usize>(headers: &[&str; N], rows: &[[String; N]]) {
                 out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
             }
         }
-        println!("{}", out.trim_end());
+        outln!("{}", out.trim_end());
     };
     line(headers.to_vec());
     for row in rows {

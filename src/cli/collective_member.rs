@@ -8,6 +8,7 @@
 //! and goes on; any other error ends it with exit code 3. With `--bench-mib` it times
 //! all-reduces instead, for `cohort bench allreduce`'s members as processes.
 
+use crate::process::stdout::outln;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,7 +116,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
         if let Some(mib) = args.bench_mib {
             return match time_all_reduce(&group, mib, args.bench_warmup, args.bench_rounds).await {
                 Ok(seconds) => {
-                    println!(
+                    outln!(
                         "bench rounds={} seconds={seconds} shared-memory-peers={}",
                         args.bench_rounds,
                         group.shared_memory_peers().len()
@@ -135,7 +136,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
             match one_round(&group, &node, args.elements).await {
                 Ok(()) => {
                     round += 1;
-                    println!(
+                    outln!(
                         "ok epoch={} round={round} shared-memory-peers={}",
                         group.epoch(),
                         group.shared_memory_peers().len()
@@ -164,7 +165,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                 }
             }
         }
-        println!("stopped");
+        outln!("stopped");
         Ok(0)
     })
 }
@@ -233,7 +234,7 @@ async fn time_all_reduce(
 
 fn formed(group: &ProcessGroup) {
     let members: Vec<String> = group.members().iter().map(ToString::to_string).collect();
-    println!(
+    outln!(
         "formed epoch={} rank={} members=[{}]",
         group.epoch(),
         group.rank(),
@@ -251,5 +252,5 @@ fn report(epoch: u64, err: &CollectiveError) {
         CollectiveError::Form { .. } => ("form", String::new()),
         _ => ("other", String::new()),
     };
-    println!("error epoch={epoch} kind={kind} node={node} detail={err}");
+    outln!("error epoch={epoch} kind={kind} node={node} detail={err}");
 }

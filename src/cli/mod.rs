@@ -13,6 +13,7 @@ mod collective_member;
 mod mwms_member;
 mod nccl;
 
+use crate::process::stdout::outln;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
@@ -41,6 +42,7 @@ enum Command {
     /// them through COHORT_CERTS, --certs-dir or certs_dir in cohort.toml, and loads the pair
     /// of its own task, so that one directory (one Kubernetes Secret: --k8s-secret) serves
     /// every node.
+    #[command(after_help = "Example: cohort certs --out certs --cluster chief=1,worker=2,ps=2")]
     Certs(certs::CertsArgs),
     /// The main job: a local cluster (chief, 2 parameter servers, 2 workers, each a process)
     /// trains a digits classifier and a CTR model with a 1,000,000-row embedding, with a worker
@@ -48,42 +50,53 @@ enum Command {
     ///
     /// Ctrl-C or SIGTERM saves a checkpoint and exits 143; run again with the printed
     /// --checkpoint-dir to resume.
+    #[command(
+        after_help = "Example: cohort demo --strategy multi-worker-mirrored --workers 2 --run-dir /tmp/job"
+    )]
     Demo(DemoArgs),
     /// Start a local cluster of a built-in job as separate processes on 127.0.0.1, with an
     /// ephemeral CA; restarts tasks that die; Ctrl-C or SIGTERM stops everything (exit 143).
     ///
     /// Unlike `demo`, no worker is killed unless --kill-worker-after is given. Settings other
     /// than these flags reach the tasks through the environment (e.g. COHORT_CHECKPOINT_DIR).
+    #[command(
+        after_help = "Example: COHORT_CHECKPOINT_DIR=/tmp/ckpt cohort launch --workers 2:4 --ps 2 --run-dir /tmp/job"
+    )]
     Launch(LaunchArgs),
     /// Grow or shrink the workers of a job started with `launch --workers MIN:MAX --run-dir
     /// DIR`: the launcher starts workers (each joins the running job, its datasets built
     /// before it gets work) or drains the highest-indexed ones (each finishes its closure,
     /// exits 0 and is not restarted). A number below 1 or above MAX is refused (exit 2) and
-    /// nothing changes.
+    /// nothing changes. Requests made one after another are queued and carried out in order.
+    #[command(after_help = "Example: cohort scale --run-dir /tmp/job --workers 3 --ps 3")]
     Scale(ScaleArgs),
     /// Benchmarks: `bench ps` runs the dense, sparse and goodput parameter-server workloads,
     /// each on its own local cluster (1 chief, 2 PS, 2 workers, as processes), and prints
     /// steps/s, examples/s and PS push+pull goodput beside a bare quinn stream's; `bench
     /// allreduce` prints the process group's all-reduce algbw and busbw (2 and 4 members, 1, 16
     /// and 64 MiB) beside the bare QUIC ceiling; `bench mwms` prints MultiWorkerMirrored's
-    /// steps/s on the MLP 784-256-256-10 with 2 and 3 worker processes beside TensorFlow's;
+    /// steps/s on the MLP 784-256-256-10 with 2 and 3 worker processes;
     /// `bench nccl` (feature `nccl`) prints the NCCL all-reduce's algbw and busbw on the
     /// visible GPUs (1, 16 and 64 MiB), or "skipped: no GPU".
+    #[command(after_help = "Example: cohort bench ps --workloads dense,sparse")]
     Bench(BenchArgs),
     /// Chaos testing: `chaos sim` runs the deterministic cluster simulator (the coordinator
     /// and parameter-server machines under simulated faults) over many seeds and checks
     /// PS-1, LEDGER-1, FENCE-1, CKPT-1 and the end-to-end result after every event; `chaos
     /// run --plan plan.toml -- <launch command>` applies a fault plan to a real local job.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example: cohort chaos run --plan examples/chaos/kill-worker-and-ps.toml --out /tmp/report -- cohort demo --no-chaos --run-dir /tmp/job --checkpoint-dir /tmp/job/ckpt"
+    )]
     Chaos(ChaosCommand),
     /// Checkpoint tools: `ls` a checkpoint directory, `show` a checkpoint's variables and
     /// ledger, `verify` its files against the manifest, `export` whole variables to one
     /// safetensors file. Text by default, --json for machines.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example: cohort ckpt show --json /tmp/job/ckpt")]
     Ckpt(ckpt::CkptCommand),
     /// NCCL (builds with the feature `nccl`): `nccl info` prints the NCCL version this process
     /// loads and the GPUs it sees.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example: LD_LIBRARY_PATH=/path/to/nccl/lib cohort nccl info")]
     Nccl(nccl::NcclCommand),
     /// One member of a collective process group (used by the collective fault tests).
     #[command(hide = true)]
@@ -94,9 +107,13 @@ enum Command {
     /// One task of `demo --strategy multi-worker-mirrored` (used by the launcher).
     #[command(hide = true)]
     MwmsDemoTask,
-    /// Run one task of a built-in job (used by `launch`); its role comes from the flags, the
-    /// environment, TF_CONFIG or cohort.toml, in that order.
-    #[command(hide = true)]
+    /// Run one task of a built-in job: what `launch` starts, and what a Kubernetes manifest
+    /// runs in each pod (deploy/). Its role comes from the flags, the environment, TF_CONFIG
+    /// or cohort.toml, in that order; each flag's environment variable and cohort.toml key are
+    /// named in its help.
+    #[command(
+        after_help = "Example: TF_CONFIG='{\"cluster\": {\"chief\": [\"chief-0:2222\"], \"worker\": [\"worker-0:2222\"], \"ps\": [\"ps-0:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}' COHORT_CERTS=/etc/cohort/certs cohort role --job demo"
+    )]
     // Boxed: the configuration flags make it several times larger than the other commands.
     Role(Box<RoleArgs>),
 }
@@ -124,11 +141,16 @@ struct DemoArgs {
     /// --kill-worker-after), whichever comes first.
     #[arg(long)]
     no_chaos: bool,
-    /// Checkpoint directory. Give the directory of an earlier run to resume from its newest
-    /// valid checkpoint (e.g. after Ctrl-C/SIGTERM, which saves one and exits 143). Default: a
-    /// new directory under the system's temporary directory (kept after the run).
+    /// Checkpoint directory, kept after the run. Give the directory of an earlier run to
+    /// resume from its newest valid checkpoint (e.g. after Ctrl-C/SIGTERM, which saves one and
+    /// exits 143). Default: a new directory under the system's temporary directory, whose
+    /// checkpoints are removed when the job succeeds (a loss curve and TensorBoard logs stay)
+    /// unless --keep-checkpoints; kept, and named, when it does not.
     #[arg(long)]
     checkpoint_dir: Option<std::path::PathBuf>,
+    /// Keep the checkpoints of the default checkpoint directory after a successful run.
+    #[arg(long)]
+    keep_checkpoints: bool,
     /// Start the variables from this safetensors file (written by another framework, or by
     /// `cohort ckpt export`) instead of their initializers, when there is no checkpoint to
     /// resume. Shapes must match; optimizer state starts fresh.
@@ -147,9 +169,9 @@ struct DemoArgs {
 
 /// The demo's checkpoint directory: the one given (made absolute, so that the tasks find it
 /// whatever their working directory), else a new one under the temporary directory.
-fn demo_checkpoint_dir(given: Option<std::path::PathBuf>) -> std::path::PathBuf {
+fn demo_checkpoint_dir(given: &Option<std::path::PathBuf>) -> std::path::PathBuf {
     match given {
-        Some(dir) => std::path::absolute(&dir).unwrap_or(dir),
+        Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
         None => std::env::temp_dir().join(format!(
             "cohort-demo-{}-{}",
             std::process::id(),
@@ -158,6 +180,74 @@ fn demo_checkpoint_dir(given: Option<std::path::PathBuf>) -> std::path::PathBuf 
                 .map_or(0, |d| d.as_millis())
         )),
     }
+}
+
+/// After a demo run that exited with `code`: the checkpoints of the default (temporary)
+/// checkpoint directory `dir` are removed when the job succeeded and the user did not ask to
+/// keep them (`--keep-checkpoints`); a directory the user named (`--checkpoint-dir`), or a run
+/// that did not succeed (its checkpoints resume it), keeps them. Says which.
+fn finish_demo_checkpoints(named: bool, keep: bool, dir: &std::path::Path, code: i32) {
+    if named {
+        return;
+    }
+    if code != 0 || keep {
+        eprintln!(
+            "cohort demo: checkpoints kept in {} (resume with --checkpoint-dir {0})",
+            dir.display()
+        );
+        return;
+    }
+    let (removed, bytes) = remove_checkpoints(dir);
+    // Gone too when nothing else was written there; else its loss curve and logs stay.
+    let emptied = std::fs::remove_dir(dir).is_ok();
+    if removed > 0 {
+        eprintln!(
+            "cohort demo: removed the run's {removed} checkpoint(s) ({:.1} MB) from {}{} \
+             (--keep-checkpoints keeps them, --checkpoint-dir DIR writes them where you say)",
+            bytes as f64 / 1e6,
+            dir.display(),
+            if emptied {
+                ""
+            } else {
+                "; its loss curve and TensorBoard logs stay there"
+            }
+        );
+    }
+}
+
+/// Removes the checkpoints (and unfinished saves) directly under `dir`: how many, and their
+/// bytes. Anything else there stays; a failure to remove one is said and skipped.
+fn remove_checkpoints(dir: &std::path::Path) -> (usize, u64) {
+    use crate::checkpoint::{CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    let mut removed = (0, 0);
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || !(name.starts_with(CHECKPOINT_DIR_PREFIX) || name.starts_with(TEMP_DIR_PREFIX)) {
+            continue;
+        }
+        let bytes = dir_bytes(&entry.path());
+        match std::fs::remove_dir_all(entry.path()) {
+            Ok(()) => removed = (removed.0 + 1, removed.1 + bytes),
+            Err(e) => eprintln!("cohort demo: cannot remove {}: {e}", entry.path().display()),
+        }
+    }
+    removed
+}
+
+/// The bytes of the files under `dir` (one level of subdirectories: a checkpoint's layout).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| if m.is_dir() { 0 } else { m.len() })
+        .sum()
 }
 
 /// The strategies `cohort demo` runs.
@@ -197,30 +287,22 @@ struct ScaleArgs {
     ps: Option<u32>,
 }
 
-/// `cohort scale`: one request per role given, workers first; a refused request changes
-/// nothing (and stops before the next).
+/// `cohort scale`: one request per role given, workers first, queued for the launcher, which
+/// takes them in the order they were made; a refused request changes nothing (and stops
+/// before the next).
 fn scale(args: &ScaleArgs) -> Result<(), CliError> {
     let dir = &args.run_dir;
     let usage = |e: crate::launch::ScaleError| CliError::Usage(e.to_string());
     if let Some(workers) = args.workers {
         crate::launch::request_scale(dir, workers).map_err(usage)?;
-        println!(
+        outln!(
             "asked the launcher in {} for {workers} worker(s)",
             dir.display()
         );
     }
     if let Some(servers) = args.ps {
-        if args.workers.is_some() {
-            // The launcher reads one request per tick: let it take the first.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while dir.join(crate::launch::SCALE_REQUEST_FILE).exists()
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
         crate::launch::request_scale_servers(dir, servers).map_err(usage)?;
-        println!(
+        outln!(
             "asked the launcher in {} for {servers} parameter server(s)",
             dir.display()
         );
@@ -274,9 +356,35 @@ struct RoleArgs {
     config: crate::cluster::ConfigFlags,
 }
 
+/// `cohort role`'s help with each configuration flag's environment variable and cohort.toml
+/// key. Named in the help only, not given to clap as `env`: the configuration layers
+/// ([`crate::cluster::ConfigFlags`]) read the environment themselves, so that an error names
+/// the layer a value came from.
+fn with_config_sources(cli: clap::Command) -> clap::Command {
+    cli.mut_subcommand("role", |mut role| {
+        for key in crate::cluster::ConfigKey::ALL {
+            let long = key.flag.trim_start_matches("--");
+            let Some(id) = role
+                .get_arguments()
+                .find(|arg| arg.get_long() == Some(long))
+                .map(|arg| arg.get_id().clone())
+            else {
+                continue;
+            };
+            role = role.mut_arg(id, |arg| {
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                arg.help(format!("{help} [env: {}] [cohort.toml: {}]", key.env, key.file))
+            });
+        }
+        role
+    })
+}
+
 /// Parses the process arguments and runs the command.
 pub fn run() -> ExitCode {
-    let parsed = Cli::command()
+    // First, before any thread starts (it sets the environment).
+    crate::process::follow_cpu_quota();
+    let parsed = with_config_sources(Cli::command())
         .try_get_matches()
         .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
     let (cli, matches) = match parsed {
@@ -308,7 +416,7 @@ pub fn run() -> ExitCode {
                 // The chief marks the middle of training; this is the fallback.
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
             }
-            let checkpoint_dir = demo_checkpoint_dir(args.checkpoint_dir);
+            let checkpoint_dir = demo_checkpoint_dir(&args.checkpoint_dir);
             let communication = args.communication.unwrap_or_default();
             // Refused here, at once, rather than by every task in turn as the launcher
             // restarts it. The tasks check their own GPU again.
@@ -339,11 +447,15 @@ pub fn run() -> ExitCode {
                     checkpoint_dir.display().to_string(),
                 ),
             ]);
-            return exit(crate::bootstrap::launch_local(
-                &launch,
-                vec!["mwms-demo-task".to_string()],
-                env,
-            ));
+            let code =
+                crate::bootstrap::launch_local(&launch, vec!["mwms-demo-task".to_string()], env);
+            finish_demo_checkpoints(
+                args.checkpoint_dir.is_some(),
+                args.keep_checkpoints,
+                &checkpoint_dir,
+                code,
+            );
+            return exit(code);
         }
         Command::MwmsDemoTask => match crate::bootstrap::logging::init()
             .map_err(crate::workloads::mwms_demo::MwmsDemoError::Config)
@@ -365,7 +477,7 @@ pub fn run() -> ExitCode {
             if !args.no_chaos && launch.kill_worker_after.is_none() {
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(12));
             }
-            let checkpoint_dir = demo_checkpoint_dir(args.checkpoint_dir);
+            let checkpoint_dir = demo_checkpoint_dir(&args.checkpoint_dir);
             let mut env = vec![
                 (
                     "COHORT_DEMO_DIGITS_EPOCHS".to_string(),
@@ -388,18 +500,21 @@ pub fn run() -> ExitCode {
                 crate::cluster::ConfigKey::WARM_START,
                 crate::cluster::ConfigKey::WARM_START_MAP,
             ];
-            for (key, path) in keys.iter().zip([args.warm_start, args.warm_start_map]) {
+            for (key, path) in keys.iter().zip([&args.warm_start, &args.warm_start_map]) {
                 if let Some(path) = path {
                     // Absolute, as the checkpoint directory.
-                    let path = std::path::absolute(&path).unwrap_or(path);
+                    let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
                     env.push((key.env.to_string(), path.display().to_string()));
                 }
             }
-            return exit(crate::bootstrap::launch_local(
-                &launch,
-                role_args("demo"),
-                env,
-            ));
+            let code = crate::bootstrap::launch_local(&launch, role_args("demo"), env);
+            finish_demo_checkpoints(
+                args.checkpoint_dir.is_some(),
+                args.keep_checkpoints,
+                &checkpoint_dir,
+                code,
+            );
+            return exit(code);
         }
         Command::Launch(args) if args.job == MWMS_JOB => {
             let mut launch = args.launch;

@@ -22,6 +22,7 @@
 //! ([`crate::workloads::mwms_bench`]: the MLP 784-256-256-10 on B examples per worker,
 //! `--bench-warmup` steps, then `--steps` timed) and prints `bench steps=N seconds=S loss=L`.
 
+use crate::process::stdout::outln;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -137,7 +138,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         }
     };
     let group = strategy.process_group();
-    println!(
+    outln!(
         "formed epoch={} rank={} workers={} replicas={} communication={}",
         group.epoch(),
         group.rank(),
@@ -160,11 +161,11 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
             seed,
         ) {
             Ok(timed) => {
-                println!(
+                outln!(
                     "bench steps={} seconds={} loss={}",
                     timed.steps, timed.seconds, timed.last_loss
                 );
-                println!("done");
+                outln!("done");
                 Ok(0)
             }
             Err(err) => {
@@ -211,12 +212,12 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
             options,
             &mut |event| match event {
                 ElasticEvent::Step { step, loss } => {
-                    println!("step {step} loss={loss}");
+                    outln!("step {step} loss={loss}");
                     std::thread::sleep(pause);
                 }
                 ElasticEvent::Recovered(r) => {
                     let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
-                    println!(
+                    outln!(
                         "recovered epoch={} step={} position={} workers={} lost={} source={} \
                          attempts={}",
                         r.epoch,
@@ -231,7 +232,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 ElasticEvent::Departed(d) => {
                     let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
                     let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
-                    println!(
+                    outln!(
                         "departed epoch={} step={} position={} workers={} left={} drained={} \
                          saved={}",
                         d.epoch,
@@ -244,14 +245,14 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                     );
                 }
                 ElasticEvent::Saved { step, dir } => {
-                    println!("saved step={step} dir={}", dir.display());
+                    outln!("saved step={step} dir={}", dir.display());
                 }
                 ElasticEvent::Restored { step, dir } => {
-                    println!("restored step={step} dir={}", dir.display());
+                    outln!("restored step={step} dir={}", dir.display());
                 }
                 ElasticEvent::Admitted(a) => {
                     let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
-                    println!(
+                    outln!(
                         "admitted epoch={} step={} position={} workers={} joined={} source={}",
                         a.epoch,
                         a.step,
@@ -288,7 +289,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
             seed,
             fail_at,
             &mut |step, loss| {
-                println!("step {step} loss={loss}");
+                outln!("step {step} loss={loss}");
                 std::thread::sleep(pause);
             },
         )
@@ -297,7 +298,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     let (outcome, left) = match outcome {
         Ok(outcome) => outcome,
         Err(TrainError::Strategy(StrategyError::Recovery { reason })) => {
-            println!("error kind=recovery node= detail={reason}");
+            outln!("error kind=recovery node= detail={reason}");
             return Ok(3);
         }
         Err(err) => {
@@ -313,17 +314,17 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     match left {
         Left::Preempted => {
             // It left the group at the agreed step; its supervisor may start it again.
-            println!("left");
+            outln!("left");
             return Ok(crate::process::PREEMPTED_EXIT_CODE as u8);
         }
         Left::Drained => {
             // It left the group for good at the agreed step.
-            println!("left drained");
+            outln!("left drained");
             return Ok(crate::process::JOB_DONE_EXIT_CODE as u8);
         }
         Left::Stayed => {}
     }
-    println!("done");
+    outln!("done");
     Ok(0)
 }
 
@@ -352,5 +353,5 @@ fn report(detail: &str, err: Option<&CollectiveError>) {
         Some(_) => ("collective", String::new()),
         None => ("other", String::new()),
     };
-    println!("error kind={kind} node={node} detail={detail}");
+    outln!("error kind={kind} node={node} detail={detail}");
 }

@@ -2,6 +2,8 @@
 //! and the NCCL all-reduce's bandwidth on them (feature `nccl`; without it both say so and
 //! fail).
 
+#[cfg(feature = "nccl")]
+use crate::process::stdout::outln;
 use super::CliError;
 
 /// What `cohort nccl` runs.
@@ -38,15 +40,15 @@ pub fn run(command: NcclCommand) -> Result<(), CliError> {
         NcclCommand::Info => {
             let version = crate::collective::nccl_version()
                 .map_err(|e| CliError::Failed(format!("nccl info: {e}")))?;
-            println!("NCCL {version} ({})", version.library);
+            outln!("NCCL {version} ({})", version.library);
             match crate::collective::visible_gpus() {
                 Ok(gpus) => {
-                    println!("GPUs: {}", gpus.len());
+                    outln!("GPUs: {}", gpus.len());
                     for gpu in gpus {
-                        println!("  {}: {}", gpu.ordinal, gpu.name);
+                        outln!("  {}: {}", gpu.ordinal, gpu.name);
                     }
                 }
-                Err(e) => println!("GPUs: none ({e})"),
+                Err(e) => outln!("GPUs: none ({e})"),
             }
             Ok(())
         }
@@ -68,11 +70,11 @@ pub fn bench() -> Result<(), CliError> {
     let gpus = match crate::collective::visible_gpus() {
         Ok(gpus) if !gpus.is_empty() => gpus,
         Ok(_) => {
-            println!("cohort bench nccl: skipped: no GPU");
+            outln!("cohort bench nccl: skipped: no GPU");
             return Ok(());
         }
         Err(e) => {
-            println!("cohort bench nccl: skipped: no GPU ({e})");
+            outln!("cohort bench nccl: skipped: no GPU ({e})");
             return Ok(());
         }
     };
@@ -83,7 +85,7 @@ pub fn bench() -> Result<(), CliError> {
         .build()
         .map_err(|e| failed(&e))?;
     let n = devices.len();
-    println!(
+    outln!(
         "\ncohort bench nccl: f32 all-reduce (SUM, out of place) with NCCL {version}, {n} rank(s), \
          one per GPU in this process: {}",
         gpus.iter()
@@ -91,7 +93,7 @@ pub fn bench() -> Result<(), CliError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!(
+    outln!(
         "{:>5} {:>8} {:>10} {:>12} {:>12}",
         "ranks", "size", "time us", "algbw GB/s", "busbw GB/s"
     );
@@ -117,18 +119,18 @@ pub fn bench() -> Result<(), CliError> {
         let seconds = started.elapsed().as_secs_f64() / ITERATIONS as f64;
         let algbw = (mib << 20) as f64 / seconds / 1e9;
         let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
-        println!(
+        outln!(
             "{n:>5} {:>8} {:>10.1} {algbw:>12.2} {busbw:>12.2}",
             format!("{mib} MiB"),
             seconds * 1e6
         );
     }
     // What a parameter-server push pays: host tensors in, through the GPU, back to the host.
-    println!(
+    outln!(
         "\nhost tensors through the GPU and back (NcclLocal::all_reduce: copy in, all-reduce, \
          copy out; pageable host memory):"
     );
-    println!(
+    outln!(
         "{:>5} {:>8} {:>10} {:>14}",
         "ranks", "size", "time ms", "size/time GB/s"
     );
@@ -149,7 +151,7 @@ pub fn bench() -> Result<(), CliError> {
                 .map_err(|e| failed(&e))?;
         }
         let seconds = started.elapsed().as_secs_f64() / HOST_ITERATIONS as f64;
-        println!(
+        outln!(
             "{n:>5} {:>8} {:>10.2} {:>14.2}",
             format!("{mib} MiB"),
             seconds * 1e3,

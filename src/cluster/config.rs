@@ -313,14 +313,16 @@ pub struct ConfigFlags {
     /// Failure-detection budget, e.g. "3s".
     #[arg(long)]
     pub detection_budget: Option<String>,
-    /// How long pending work may wait with no live worker, e.g. "60s".
+    /// How long pending work may wait with no live worker, and a worker for a chief (one lost,
+    /// or none yet at its start; then it exits 171), e.g. "60s".
     #[arg(long)]
     pub worker_wait: Option<String>,
     /// How long one closure may run on a worker before it counts as hung, e.g. "30m".
     #[arg(long)]
     pub step_timeout: Option<String>,
-    /// How long the chief waits for a lost parameter server to come back and be restored,
-    /// e.g. "60s" (default: 20 detection budgets, at least 30s).
+    /// How long the chief waits for a lost parameter server to come back and be restored, and
+    /// a parameter server for a chief (then it exits 171), e.g. "60s" (default: 20 detection
+    /// budgets, at least 30s).
     #[arg(long)]
     pub ps_restart_wait: Option<String>,
     /// Where the chief's program keeps checkpoints.

@@ -47,7 +47,9 @@
 //! start; the chief's cluster spec names the first `num_workers` only, and a worker past them
 //! gets a spec naming it (the job's, its own address added), so that it joins the running job
 //! by telling the chief ([`crate::roles::protocol::Joining`]). A scale request
-//! ([`request_scale`], `cohort scale`: a file in the run directory, read every tick) starts
+//! ([`request_scale`], `cohort scale`: a file queued in the run directory's
+//! [`SCALE_REQUESTS_DIR`], taken in order every tick, so that two requests made at once are
+//! both carried out) starts
 //! the lowest free indices, or drains the highest running ones: SIGUSR1, after which the
 //! worker finishes its closure, the chief keeps its dataset positions, and it exits 0. A
 //! drained worker is never restarted, whatever its exit.
@@ -124,6 +126,11 @@ pub struct LaunchConfig {
     pub kill_once: Option<(TaskId, Duration)>,
     /// Give every task a metrics endpoint on a free loopback port (see the module docs).
     pub metrics: bool,
+    /// The tasks log JSON (`COHORT_LOG_FORMAT=json`): their log lines (stderr) are forwarded
+    /// as one JSON object per line with the task in a `task` field, not `[task] line`, so that
+    /// the launcher's stderr stays JSON lines. Their standard output (the program's own
+    /// prints) is forwarded as `[task] line` either way.
+    pub json_logs: bool,
 }
 
 /// How a launched job ended.
@@ -212,9 +219,13 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())
 }
 
-/// The file in the run directory through which [`request_scale`] asks the launcher for a
-/// number of workers (read and removed every tick).
-pub const SCALE_REQUEST_FILE: &str = "scale.request";
+/// The folder in the run directory where [`request_scale`] and [`request_scale_servers`]
+/// queue their requests, one file each, named so that they sort in the order they were made;
+/// the launcher takes them in that order (each read and removed) every tick.
+pub const SCALE_REQUESTS_DIR: &str = "scale.requests";
+/// Most scale requests waiting for the launcher; one more is refused (the launcher takes all
+/// waiting ones every tick, so a full queue means it is not taking them).
+pub const SCALE_REQUESTS_QUEUED_MAX: usize = 64;
 /// The file in the run directory where an elastic launcher says how many workers its job may
 /// have (`<min> <max>`) and, on a second line, how many parameter servers (`ps <min> <max>`),
 /// so that a scale request can be checked before it is made.
@@ -232,6 +243,15 @@ pub enum ScaleError {
         requested: u32,
         /// Why it is refused.
         reason: String,
+    },
+    /// The launcher has not taken the requests already queued
+    /// ([`SCALE_REQUESTS_QUEUED_MAX`]).
+    #[error("--run-dir {dir}: {queued} scale requests are waiting for the launcher, which is not taking them")]
+    QueueFull {
+        /// The run directory.
+        dir: String,
+        /// How many wait.
+        queued: usize,
     },
     /// The run directory has no running elastic launcher.
     #[error("--run-dir {dir}: {reason}")]
@@ -312,8 +332,25 @@ fn request_scale_of(
             "the job may have at most {max} {noun}s (launch {flag} MIN:{max})"
         )));
     }
-    let request = run_dir.join(SCALE_REQUEST_FILE);
-    let tmp = run_dir.join(format!("{SCALE_REQUEST_FILE}.tmp-{}", std::process::id()));
+    let queue = run_dir.join(SCALE_REQUESTS_DIR);
+    std::fs::create_dir_all(&queue)
+        .map_err(|e| no_launcher(format!("creating {}: {e}", queue.display())))?;
+    let queued = queued_scale_requests(&queue).len();
+    if queued >= SCALE_REQUESTS_QUEUED_MAX {
+        return Err(ScaleError::QueueFull {
+            dir: run_dir.display().to_string(),
+            queued,
+        });
+    }
+    // Named by the time it was made (zero-padded, so that names sort as times do) and this
+    // process (two requests in the same nanosecond); written beside the queue and renamed
+    // into it, so that the launcher never reads half a request.
+    let made = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = format!("{made:020}-{:010}", std::process::id());
+    let request = queue.join(&name);
+    let tmp = run_dir.join(format!("{SCALE_REQUESTS_DIR}.tmp-{name}"));
     let text = match role {
         TaskType::Ps => format!("ps {count}"),
         _ => count.to_string(),
@@ -321,6 +358,20 @@ fn request_scale_of(
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &request))
         .map_err(|e| no_launcher(format!("writing {}: {e}", request.display())))
+}
+
+/// The requests waiting in `queue` ([`SCALE_REQUESTS_DIR`]), oldest first.
+fn queued_scale_requests(queue: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(queue) else {
+        return Vec::new();
+    };
+    let mut requests: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.is_file())
+        .collect();
+    requests.sort();
+    requests
 }
 
 /// A running local cluster.
@@ -484,7 +535,8 @@ impl Launcher {
         }
         if launcher.is_elastic() {
             let state = launcher.config.run_dir.join(ELASTIC_FILE);
-            let _ = std::fs::remove_file(launcher.config.run_dir.join(SCALE_REQUEST_FILE));
+            // Requests left by an earlier launcher of this run directory are not this job's.
+            let _ = std::fs::remove_dir_all(launcher.config.run_dir.join(SCALE_REQUESTS_DIR));
             let text = format!(
                 "{} {workers_max}\nps {} {ps_max}\n",
                 launcher.config.num_workers, launcher.config.num_ps
@@ -603,16 +655,23 @@ impl Launcher {
         Ok(())
     }
 
-    /// Carries out a scale request left in the run directory ([`request_scale`]), if any.
-    fn take_scale_request(&mut self) {
+    /// Carries out the scale requests queued in the run directory ([`request_scale`]), oldest
+    /// first.
+    fn take_scale_requests(&mut self) {
         if !self.is_elastic() {
             return;
         }
-        let path = self.config.run_dir.join(SCALE_REQUEST_FILE);
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        for path in queued_scale_requests(&self.config.run_dir.join(SCALE_REQUESTS_DIR)) {
+            self.take_scale_request(&path);
+        }
+    }
+
+    /// Carries out the scale request in `path` and removes it.
+    fn take_scale_request(&mut self, path: &std::path::Path) {
+        let Ok(text) = std::fs::read_to_string(path) else {
             return;
         };
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path);
         // `N` asks for N workers, `ps N` for N parameter servers.
         let (role, number) = match text.trim().strip_prefix("ps ") {
             Some(rest) => (TaskType::Ps, rest.trim()),
@@ -673,7 +732,7 @@ impl Launcher {
                 return Ok(LaunchOutcome::Stopped { chief: None });
             }
             let now = Instant::now();
-            self.take_scale_request();
+            self.take_scale_requests();
             self.maybe_kill_once(now);
             let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
             for task in ids {
@@ -904,14 +963,18 @@ impl Launcher {
         let mut child = command
             .spawn()
             .map_err(|source| LaunchError::Spawn { task, source })?;
-        let prefix = format!("[{task}]");
         let marker = (task.task_type == TaskType::Chief).then(|| Arc::clone(&self.chaos_point));
         if let Some(out) = child.stdout.take() {
-            forward_lines(out, prefix.clone(), false, marker.clone());
+            forward_lines(out, task, Forward::Stdout, marker.clone());
         }
         // The chief reports through its log (stderr): the marker may come on either stream.
         if let Some(err) = child.stderr.take() {
-            forward_lines(err, prefix, true, marker);
+            let forward = if self.config.json_logs {
+                Forward::StderrJson
+            } else {
+                Forward::StderrText
+            };
+            forward_lines(err, task, forward, marker);
         }
         write_pid_file(&self.config.run_dir, task, child.id(), entry.incarnation);
         entry.child = Some(child);
@@ -1171,22 +1234,61 @@ fn with_tasks(full: &ClusterSpec, workers: u32, servers: u32) -> Result<ClusterS
     Ok(ClusterSpec::new(jobs)?)
 }
 
+/// Where a task's output goes (see [`forward_lines`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forward {
+    /// Standard output: `[task] line`.
+    Stdout,
+    /// Standard error, as text: `[task] line`.
+    StderrText,
+    /// Standard error, one JSON object per line ([`LaunchConfig::json_logs`]).
+    StderrJson,
+}
+
+/// Forwards every line of a task's output as `forward` says, on a thread of its own.
 fn forward_lines<R: Read + Send + 'static>(
     reader: R,
-    prefix: String,
-    to_stderr: bool,
+    task: TaskId,
+    forward: Forward,
     marker: Option<Arc<AtomicBool>>,
 ) {
+    let name = task.to_string();
     std::thread::spawn(move || {
         pump_lines(reader, marker.as_deref(), |line| {
             // A closed terminal must not kill the launcher: write errors are ignored.
-            if to_stderr {
-                let _ = writeln!(std::io::stderr().lock(), "{prefix} {line}");
-            } else {
-                let _ = writeln!(std::io::stdout().lock(), "{prefix} {line}");
-            }
+            let _ = match forward {
+                Forward::Stdout => writeln!(std::io::stdout().lock(), "[{name}] {line}"),
+                Forward::StderrText => writeln!(std::io::stderr().lock(), "[{name}] {line}"),
+                Forward::StderrJson => {
+                    writeln!(std::io::stderr().lock(), "{}", json_log_line(&name, line))
+                }
+            };
         });
     });
+}
+
+/// A task's log line as one JSON object with the task in a `task` field: the task's own
+/// JSON event with the field added, or any other line (a panic's message, a library's print)
+/// wrapped as `{"ts_ms", "task", "stream": "stderr", "message"}`.
+fn json_log_line(task: &str, line: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(serde_json::Value::Object(mut event)) => {
+            event.insert("task".into(), task.into());
+            serde_json::Value::Object(event).to_string()
+        }
+        _ => {
+            let ts_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            serde_json::json!({
+                "ts_ms": ts_ms,
+                "task": task,
+                "stream": "stderr",
+                "message": line,
+            })
+            .to_string()
+        }
+    }
 }
 
 /// Reads a child's output to its end and hands every line to `emit`, decoded lossily; a line
@@ -1373,7 +1475,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cohort-scale-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let request = dir.join(SCALE_REQUEST_FILE);
+        let queue = dir.join(SCALE_REQUESTS_DIR);
         let err = request_scale(&dir, 0).unwrap_err().to_string();
         assert!(
             err.starts_with("--workers 0: a job needs at least 1 worker"),
@@ -1381,15 +1483,45 @@ mod tests {
         );
         let err = request_scale(&dir, 2).unwrap_err().to_string();
         assert!(err.contains("no elastic launcher runs there"), "{err}");
-        std::fs::write(dir.join(ELASTIC_FILE), "2 4\n").unwrap();
+        std::fs::write(dir.join(ELASTIC_FILE), "2 4\nps 1 3\n").unwrap();
         let err = request_scale(&dir, 5).unwrap_err().to_string();
         assert_eq!(
             err,
             "--workers 5: the job may have at most 4 workers (launch --workers MIN:4)"
         );
-        assert!(!request.exists(), "nothing was asked");
+        let err = request_scale_servers(&dir, 4).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--ps 4: the job may have at most 3"),
+            "{err}"
+        );
+        assert!(
+            queued_scale_requests(&queue).is_empty(),
+            "nothing was asked"
+        );
+
+        // Requests made one after the other all wait, in the order they were made.
+        request_scale_servers(&dir, 3).unwrap();
         request_scale(&dir, 4).unwrap();
-        assert_eq!(std::fs::read_to_string(&request).unwrap(), "4");
+        request_scale(&dir, 2).unwrap();
+        let texts: Vec<String> = queued_scale_requests(&queue)
+            .iter()
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .collect();
+        assert_eq!(texts, ["ps 3", "4", "2"]);
+
+        // A launcher that takes none: the queue is bounded.
+        while queued_scale_requests(&queue).len() < SCALE_REQUESTS_QUEUED_MAX {
+            request_scale(&dir, 3).unwrap();
+        }
+        let err = request_scale(&dir, 3).unwrap_err();
+        assert!(
+            matches!(err, ScaleError::QueueFull { queued, .. } if queued == SCALE_REQUESTS_QUEUED_MAX),
+            "{err}"
+        );
+        assert_eq!(
+            queued_scale_requests(&queue).len(),
+            SCALE_REQUESTS_QUEUED_MAX
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,7 +1,9 @@
 //! PNG charts: line series against one x axis, with labelled vertical markers (the loss curve
 //! the demo's chief writes beside its checkpoints; a timeline of faults against step rate).
 //!
-//! Drawn with `plotters`' bitmap backend; text with a font compiled into the binary
+//! Drawn with `plotters`' bitmap backend into a pixel buffer, written by the `png` encoder (not
+//! plotters' own encoder, which brings the `image` crate and its JPEG decoder into the
+//! build); text with a font compiled into the binary
 //! (`assets/fonts/DejaVuSans-subset.ttf`, printable ASCII), so that no system font,
 //! fontconfig or freetype is needed. Points that are not finite are left out; an empty chart
 //! is drawn with unit axes and says "no data".
@@ -140,6 +142,21 @@ pub fn write_png(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<
 }
 
 fn draw(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<(), String> {
+    let mut pixels = vec![0u8; width as usize * height as usize * 3];
+    draw_pixels(chart, &mut pixels, width, height)?;
+    let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(|e| e.to_string())?;
+    writer
+        .write_image_data(&pixels)
+        .map_err(|e| e.to_string())?;
+    writer.finish().map_err(|e| e.to_string())
+}
+
+/// Draws `chart` into `pixels`, `width` x `height` RGB bytes, row by row.
+fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Result<(), String> {
     let finite: Vec<Vec<(f64, f64)>> = chart
         .series
         .iter()
@@ -163,7 +180,7 @@ fn draw(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<(), Strin
     );
     let (y_lo, y_hi) = range(finite.iter().flatten().map(|p| p.1), 0.05);
 
-    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    let root = BitMapBackend::with_buffer(pixels, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let title_size = (height / 25).clamp(10, 28);
     let text_size = (height / 40).clamp(8, 18);

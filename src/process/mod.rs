@@ -17,6 +17,7 @@
 //! | 0 | [`JOB_DONE_EXIT_CODE`] | success; a worker or parameter server after the chief's goodbye | done |
 //! | 1 | [`TRAINING_ERROR_EXIT_CODE`] | training failed (the chief's program returned an error or panicked; a role could not start) | permanent |
 //! | 2 | [`BAD_CONFIG_EXIT_CODE`] | bad config or usage, with a message naming the key | permanent |
+//! | 141 | [`STDOUT_CLOSED_EXIT_CODE`] | a command's reader closed its standard output (`cohort ckpt show DIR \| head`), as after SIGPIPE | not a role's code |
 //! | 143 | [`PREEMPTED_EXIT_CODE`] | stopped after SIGTERM/SIGINT (128 + SIGTERM) | restart me |
 //! | 170 | [`PANIC_EXIT_CODE`] | a panic (crash-only) | restart me, as a new incarnation |
 //! | 171 | [`RETIRED_EXIT_CODE`] | a worker lost its chief, or the chief retired this worker or parameter server incarnation, or a peer refused this incarnation as outdated (FENCE-1) | restart me, as a new incarnation |
@@ -35,14 +36,20 @@
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill. Once it arrived,
 //! [`preemption_requested`] is true for the rest of the process's life.
 
+mod compute_threads;
 mod exit_codes;
 mod exit_report;
 mod signals;
+pub(crate) mod stdout;
 
 use std::sync::OnceLock;
 
 use crate::cluster::RoleConfig;
 
+pub use compute_threads::{
+    compute_threads_given, describe_compute_threads, follow_cpu_quota, ComputeThreads,
+    COMPUTE_THREADS_ENV,
+};
 pub use exit_codes::{
     restart_wanted, BAD_CONFIG_EXIT_CODE, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
     PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
@@ -50,6 +57,7 @@ pub use exit_codes::{
 pub use exit_report::{send_exit_report, ExitReport, ExitReports, SOCKET_PATH_BYTES_MAX};
 pub(crate) use signals::on_stop_signal;
 pub use signals::{drain_on_signal, preemption_requested, stop_on_signals};
+pub use stdout::STDOUT_CLOSED_EXIT_CODE;
 
 /// The configuration of the role this process runs, once the bootstrap
 /// ([`crate::bootstrap::run_role`]) has resolved it; `None` in any other process.

@@ -984,7 +984,8 @@ impl<'a> World<'a> {
                 continue;
             }
             let budget = self.config.detection_budget;
-            if worker.machine.handle_chief_lost(now, budget).is_some() {
+            let cause = cohort_actors::DeathCause::Silent { silent_for: budget };
+            if worker.machine.handle_chief_lost(now, cause).is_some() {
                 self.kill(Node::Worker(w));
             } else {
                 let at = self.now + self.config.ps_restart_wait;

@@ -248,6 +248,8 @@ pub fn group_status() -> Option<(GroupStatus, Vec<TaskStatus>)> {
 
 /// How far back the status page's rate looks.
 pub const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// How often a sampler fed by a clock ([`RateSampler::current`]'s readers) takes a sample.
+pub const RATE_TICK: Duration = Duration::from_secs(1);
 /// Most samples of the step count kept for the rate.
 const RATE_SAMPLES_MAX: usize = 256;
 
@@ -274,15 +276,27 @@ impl RateSampler {
             samples.pop_front();
         }
         samples.push_back((now, steps, totals));
-        let step_seconds = samples.front().and_then(|(_, _, (micros, count))| {
-            let n = totals.1.checked_sub(*count).filter(|n| *n > 0)?;
-            Some(totals.0.saturating_sub(*micros) as f64 / 1e6 / n as f64)
-        });
-        let rate = match samples.front() {
-            Some((then, before, _)) if now > *then => {
-                steps.saturating_sub(*before) as f64 / now.duration_since(*then).as_secs_f64()
-            }
-            _ => 0.0,
+        self.current()
+    }
+
+    /// The steps per second and mean step time between the oldest and the newest sample kept,
+    /// changing nothing: a sampler fed by a clock every [`RATE_TICK`] gives every reader (two
+    /// Prometheus scrapers at different intervals, the status page) the same rate.
+    pub fn current(&self) -> (f64, Option<f64>) {
+        let (Some(&(then, before, (micros, count))), Some(&(now, steps, totals))) =
+            (self.samples.front(), self.samples.back())
+        else {
+            return (0.0, None);
+        };
+        let step_seconds = totals
+            .1
+            .checked_sub(count)
+            .filter(|n| *n > 0)
+            .map(|n| totals.0.saturating_sub(micros) as f64 / 1e6 / n as f64);
+        let rate = if now > then {
+            steps.saturating_sub(before) as f64 / now.duration_since(then).as_secs_f64()
+        } else {
+            0.0
         };
         (rate, step_seconds)
     }

@@ -10,6 +10,7 @@
 //! The chief writes its measurements as JSON to the file named by `COHORT_BENCH_REPORT`. The
 //! same job runs the recovery benchmark's workload ([`super::recovery`]).
 
+use crate::process::stdout::outln;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -259,7 +260,7 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
         ps_bytes_per_step: bytes_per_step,
         ps_goodput_mib_s: (bytes_per_step as f64 * steps as f64) / seconds / (1024.0 * 1024.0),
     };
-    println!(
+    outln!(
         "{workload}: {steps} steps in {seconds:.2}s: {:.1} steps/s, {:.0} examples/s, PS push+pull {:.1} MiB/s",
         report.steps_per_s, report.examples_per_s, report.ps_goodput_mib_s
     );

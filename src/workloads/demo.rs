@@ -23,6 +23,7 @@
 //! --checkpoint-dir DIR` with the job's cluster) prints the digits classifier's held-out
 //! accuracy for every new checkpoint in `DIR` ([`crate::roles::evaluator`]).
 
+use crate::process::stdout::outln;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -457,31 +458,31 @@ fn run_chief(
     // Summary.
     let ledger = coordinator.ledger()?;
     let stats = coordinator.ps_stats()?;
-    println!("\n== summary ({:.1}s)", started.elapsed().as_secs_f64());
-    println!(
+    outln!("\n== summary ({:.1}s)", started.elapsed().as_secs_f64());
+    outln!(
         "  ledger: {} closures scheduled, {} committed, {} re-dispatched after a worker or parameter server was lost, {} results rejected as stale, {} failed, {} pending",
         ledger.scheduled, ledger.committed, ledger.redispatched, ledger.rejected_stale, ledger.failed, ledger.pending
     );
     if ledger.ps_restores > 0 {
-        println!(
+        outln!(
             "  parameter-server recovery: {} restore(s) from a checkpoint, {} committed closures rolled back and run again",
             ledger.ps_restores, ledger.rolled_back
         );
     }
     for (ps, s) in stats.iter().enumerate() {
-        println!(
+        outln!(
             "  ps/{ps}: {} pushes applied, {} duplicates refused (PS-1), {} stale pushes refused (FENCE-1), {} non-finite skipped",
             s.applied, s.rejected_duplicate, s.rejected_stale, s.skipped_non_finite
         );
     }
-    println!(
+    outln!(
         "  digits: held-out accuracy {:.1}% (target >= 95%)",
         accuracy * 100.0
     );
-    println!("  ctr: held-out log loss {ctr_loss:.4}, planted floor {floor:.4}");
+    outln!("  ctr: held-out log loss {ctr_loss:.4}, planted floor {floor:.4}");
     // The runner reads "resumed" (the servers were restored at the start, rolling back what
     // a chief before this one had them apply).
-    println!(
+    outln!(
         "  steps: {step} of {} (this run: {}{})",
         digits_steps + ctr_steps,
         step - resumed.unwrap_or(0),
@@ -489,16 +490,16 @@ fn run_chief(
             .map(|from| format!(", resumed from step {from}"))
             .unwrap_or_default()
     );
-    println!(
+    outln!(
         "  checkpoints: {} (newest {})",
         checkpoint_dir.display(),
         saved.display()
     );
     if loss_png.exists() {
-        println!("  loss curve: {}", loss_png.display());
+        outln!("  loss curve: {}", loss_png.display());
     }
     if let Some(events) = summaries.path() {
-        println!(
+        outln!(
             "  TensorBoard: {} (tensorboard --logdir {})",
             events.display(),
             checkpoint_dir.join("logs").display()
@@ -520,7 +521,7 @@ fn hold_until_released() {
         return;
     };
     let file = std::path::PathBuf::from(file);
-    println!(
+    outln!(
         "  holding until {} exists (at most {HOLD_MAX:?})",
         file.display()
     );

@@ -22,6 +22,7 @@
 //! This module owns one task of that job ([`run_task`]): its settings from the environment
 //! the launcher gives every task, the printing, and the final evaluation.
 
+use crate::process::stdout::outln;
 use std::time::Instant;
 
 use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
@@ -159,7 +160,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         vec![(group.epoch(), group.size(), 0usize, String::new())]
     };
     if leads {
-        println!(
+        outln!(
             "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}, summing over {}; \
              digits: {} training and {} held-out examples, {PER_REPLICA_BATCH} per replica and \
              step",
@@ -172,7 +173,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         );
     }
     if joined_live {
-        println!(
+        outln!(
             "{me}: found the group training; admitted at epoch {} ({} workers)",
             group.epoch(),
             group.size()
@@ -225,7 +226,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 if leads && step + 1 == middle {
                     // The launcher's chaos kill comes now (`launch --kill-worker-after`
                     // is the fallback).
-                    println!(
+                    outln!(
                         "{} midway at step {}",
                         crate::launch::CHAOS_MARKER,
                         step + 1
@@ -234,7 +235,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 if leads && (step + 1) % steps_per_epoch == 0 {
                     let mean = epoch_losses.iter().sum::<f32>() / epoch_losses.len() as f32;
                     let rate = epoch_losses.len() as f64 / epoch_started.elapsed().as_secs_f64();
-                    println!(
+                    outln!(
                         "epoch {}/{epochs}: loss {mean:.4}, {rate:.0} steps/s, group epoch \
                          {group_epoch} of {workers} workers",
                         (step + 1) / steps_per_epoch
@@ -255,7 +256,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                     format!("lost {}", lost.join(", "))
                 };
                 if leads {
-                    println!(
+                    outln!(
                         "group re-formed: epoch {} with {} workers ({what}: {}); going on from \
                          step {} with {} of their state, no checkpoint read",
                         r.epoch, workers, r.cause, r.step, r.source
@@ -277,7 +278,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                     } else {
                         "checkpoint NOT saved"
                     };
-                    println!(
+                    outln!(
                         "group shrank at step {}: {what}; {checkpoint}; epoch {} with {} workers",
                         d.step, d.epoch, workers
                     );
@@ -285,10 +286,10 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 epochs_seen.push((d.epoch, workers, d.step as usize, what));
             }
             ElasticEvent::Saved { step, dir } => {
-                println!("saved checkpoint of step {step} in {}", dir.display());
+                outln!("saved checkpoint of step {step} in {}", dir.display());
             }
             ElasticEvent::Restored { step, dir } => {
-                println!(
+                outln!(
                     "resumed from the checkpoint of step {step} in {}",
                     dir.display()
                 );
@@ -300,13 +301,13 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                 let what = format!("admitted {}", joined.join(", "));
                 if a.joined.contains(&me_node) {
-                    println!(
+                    outln!(
                         "{me}: received step {}, the variables and the optimizer state from {}",
                         a.step, a.source
                     );
                 }
                 if leads {
-                    println!(
+                    outln!(
                         "group grew: epoch {} with {} workers ({what}, sent the state of {}); \
                          going on from step {}",
                         a.epoch, workers, a.source, a.step
@@ -318,16 +319,16 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     );
     let run = trained.map_err(|e| MwmsDemoError::Training(e.to_string()))?;
     if run.drained {
-        println!("{me}: drained: left the group for good");
+        outln!("{me}: drained: left the group for good");
         return Ok(());
     }
     if run.left.is_some() {
-        println!("{me}: left the group after its preemption notice");
+        outln!("{me}: left the group after its preemption notice");
         return Err(MwmsDemoError::Preempted);
     }
     let outcome = run.outcome;
     // Every member's model, for a reader (`cohort chaos run`) to compare: one model.
-    println!("final model: step {steps}, digest {}", outcome.digest());
+    outln!("final model: step {steps}, digest {}", outcome.digest());
     // One summary: from the group's first member at the end.
     if !strategy.is_chief() {
         return Ok(());
@@ -354,17 +355,17 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         &held_out.labels,
     )
     .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
-    println!("== summary ({:.1}s)", started.elapsed().as_secs_f64());
+    outln!("== summary ({:.1}s)", started.elapsed().as_secs_f64());
     if joined_live {
-        println!("  membership epochs (seen by this process of {me}, admitted after a restart; the epochs before were its previous process's):");
+        outln!("  membership epochs (seen by this process of {me}, admitted after a restart; the epochs before were its previous process's):");
     } else {
-        println!("  membership epochs:");
+        outln!("  membership epochs:");
     }
     for (epoch, workers, step, what) in &epochs_seen {
         if what.is_empty() {
-            println!("    epoch {epoch}: {workers} workers from step {step}");
+            outln!("    epoch {epoch}: {workers} workers from step {step}");
         } else {
-            println!("    epoch {epoch}: {workers} workers from step {step} ({what})");
+            outln!("    epoch {epoch}: {workers} workers from step {step} ({what})");
         }
     }
     let last_loss = outcome
@@ -374,8 +375,8 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         .find(|l| !l.is_nan())
         .copied()
         .unwrap_or(f32::NAN);
-    println!("  steps: {steps}, last loss {last_loss:.4}");
-    println!(
+    outln!("  steps: {steps}, last loss {last_loss:.4}");
+    outln!(
         "  digits: held-out accuracy {:.1}% (target >= {:.0}%)",
         100.0 * accuracy,
         100.0 * TARGET_ACCURACY

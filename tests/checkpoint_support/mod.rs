@@ -4,6 +4,10 @@
 
 #![allow(dead_code)]
 
+/// Skips, counted (`tests/skip_support`).
+#[path = "../skip_support/mod.rs"]
+pub mod skip;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -233,16 +237,19 @@ pub fn run_python(args: &[&str]) -> Option<(bool, String)> {
     Some((status.success(), output))
 }
 
-/// Whether python3 has the `safetensors` and `numpy` packages; when not, says on stderr that
-/// `test` is SKIPPED and why.
-pub fn python_has_safetensors(test: &str) -> bool {
+/// Whether python3 has the `safetensors` and `numpy` packages; when not, records that the
+/// running test skips its Python part (`skip_support`).
+pub fn python_has_safetensors() -> bool {
     let probe = run_python(&["-c", "import safetensors, numpy"]);
     if matches!(&probe, Some((true, _))) {
         return true;
     }
-    eprintln!(
-        "SKIPPED {test}: python3 with the `safetensors` and `numpy` packages is not available \
-         (pip install safetensors numpy): {probe:?}"
+    skip::skip(
+        skip::Part::Python,
+        &format!(
+            "its Python part: python3 with the `safetensors` and `numpy` packages is not \
+             available (pip install safetensors numpy): {probe:?}"
+        ),
     );
     false
 }

@@ -16,6 +16,9 @@
 
 pub mod kubelet;
 pub mod netns;
+/// Skips, counted (`tests/skip_support`).
+#[path = "../skip_support/mod.rs"]
+pub mod skip;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -79,9 +79,11 @@ impl Network {
         };
         // The first namespace tells whether this machine lets us make any.
         if let Err(e) = ip(&["netns", "add", &net.bridge_ns]) {
-            eprintln!(
-                "SKIPPED: network namespaces cannot be made here ({e}); these tests need root \
-                 and iproute2"
+            super::skip::skip(
+                super::skip::Part::Netns,
+                &format!(
+                    "network namespaces cannot be made here ({e}); it needs root and iproute2"
+                ),
             );
             return None;
         }

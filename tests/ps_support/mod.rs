@@ -275,6 +275,7 @@ impl Run {
             kill_once: self.kill_once,
             restart_chief: self.restart_chief,
             peer_chief: false,
+            json_logs: false,
             metrics: self.metrics,
         };
         let workers_max = self.workers_max.max(self.num_workers);

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cohort_actors::DeathCause;
+
 use crate::layout::Layout;
 use crate::process::{JOB_DONE_EXIT_CODE, PREEMPTED_EXIT_CODE, RETIRED_EXIT_CODE};
 use crate::roles::coordinator::ClosureId;
@@ -579,25 +581,50 @@ impl WorkerMachine {
         self.decide(Exit::job_done())
     }
 
-    /// Step 6: the chief has been silent for `silent_for`, past the detection budget (this
-    /// worker was not frozen itself: its detector knows its own silence). A worker told to
-    /// stop exits now (the chief's exit is expected). Otherwise it keeps its incarnation and
-    /// waits for a new chief incarnation (restarted by its supervisor) to set it up: that
-    /// chief restores the servers from its checkpoint and takes this worker back as it is,
-    /// and closures of the lost chief are refused from then on (a new chief's setup orders
-    /// before them). [`Self::handle_chief_wait_over`] ends the wait.
-    pub fn handle_chief_lost(&mut self, _now: Instant, silent_for: Duration) -> Option<Exit> {
+    /// Step 6: the chief incarnation was declared dead (`cause`: silent past the detection
+    /// budget, which this worker's detector tells from its own freeze; its address refusing
+    /// connections, as after a SIGKILL; its exit reported by its supervisor). One superseded
+    /// by a newer chief is not lost: that chief sets this worker up. A worker told to stop
+    /// exits now (the chief's exit is expected). Otherwise it keeps its incarnation and waits
+    /// for a new chief incarnation (restarted by its supervisor) to set it up: that chief
+    /// restores the servers from its checkpoint and takes this worker back as it is, and
+    /// closures of the lost chief are refused from then on (a new chief's setup orders before
+    /// them). [`Self::handle_chief_wait_over`] ends the wait.
+    pub fn handle_chief_lost(&mut self, _now: Instant, cause: DeathCause) -> Option<Exit> {
+        if cause == DeathCause::Superseded {
+            return None;
+        }
         if self.preempted {
             return self.decide(Exit {
                 code: RETIRED_EXIT_CODE,
                 reason: "the chief has exited: stopping".into(),
             });
         }
-        tracing::warn!(
-            "the chief has been silent for {silent_for:?}: waiting for a new chief incarnation"
-        );
+        let how = match cause {
+            DeathCause::Silent { silent_for } => format!("has been silent for {silent_for:?}"),
+            DeathCause::Refused => "is gone (its address refuses connections)".to_string(),
+            DeathCause::Reported => "has exited, as its supervisor reported".to_string(),
+            DeathCause::Superseded => "was superseded".to_string(),
+        };
+        tracing::warn!("the chief {how}: waiting for a new chief incarnation");
         self.chief_lost = true;
         None
+    }
+
+    /// Step 6: no chief has answered this worker within `waited` (its `worker_wait`) of its
+    /// start, so none set it up: it exits to be restarted as a new incarnation (code
+    /// [`RETIRED_EXIT_CODE`]) rather than wait for a chief that may never start.
+    pub fn handle_no_chief(&mut self, _now: Instant, waited: Duration) -> Option<Exit> {
+        if self.setup_taken.is_some() || self.building.is_some() {
+            return None;
+        }
+        self.decide(Exit {
+            code: RETIRED_EXIT_CODE,
+            reason: format!(
+                "no chief answered within {waited:?} of this worker's start: exiting so that it \
+                 restarts as a new incarnation"
+            ),
+        })
     }
 
     /// Step 6: the wait for a new chief that began with [`Self::handle_chief_lost`] is over
@@ -754,6 +781,13 @@ impl WorkerMachine {
 mod tests {
     use super::*;
     use crate::layout::{Dtype, Shard};
+
+    /// A chief declared dead after `secs` seconds of silence.
+    fn silent(secs: u64) -> DeathCause {
+        DeathCause::Silent {
+            silent_for: Duration::from_secs(secs),
+        }
+    }
 
     fn now() -> Instant {
         Instant::now()
@@ -1103,14 +1137,40 @@ mod tests {
         // A lost chief is waited for: a newer chief's setup takes the worker back; with none
         // within the wait, it exits to be restarted.
         let mut m = ready(&[]);
-        assert_eq!(m.handle_chief_lost(now(), Duration::from_secs(3)), None);
+        assert_eq!(m.handle_chief_lost(now(), silent(3)), None);
         let exit = m
             .handle_chief_wait_over(now(), Duration::from_secs(60))
             .unwrap();
         assert_eq!(exit.code, RETIRED_EXIT_CODE);
         assert!(exit.reason.contains("no new chief"), "{}", exit.reason);
+        // SIGKILLed (its address refuses) or its exit reported: lost the same way. Superseded
+        // by a newer chief: not lost.
+        for cause in [DeathCause::Refused, DeathCause::Reported] {
+            let mut m = ready(&[]);
+            assert_eq!(m.handle_chief_lost(now(), cause), None);
+            let exit = m.handle_chief_wait_over(now(), Duration::from_secs(60));
+            assert_eq!(exit.map(|e| e.code), Some(RETIRED_EXIT_CODE), "{cause:?}");
+        }
         let mut m = ready(&[]);
-        assert_eq!(m.handle_chief_lost(now(), Duration::from_secs(3)), None);
+        assert_eq!(m.handle_chief_lost(now(), DeathCause::Superseded), None);
+        assert_eq!(
+            m.handle_chief_wait_over(now(), Duration::from_secs(60)),
+            None
+        );
+        // No chief at all within the wait: exit to be restarted; once set up, never.
+        let mut fresh = WorkerMachine::new(0, 1, 2);
+        let exit = fresh
+            .handle_no_chief(now(), Duration::from_secs(3))
+            .unwrap();
+        assert_eq!(exit.code, RETIRED_EXIT_CODE);
+        assert!(exit.reason.contains("no chief answered"), "{}", exit.reason);
+        assert_eq!(
+            ready(&[]).handle_no_chief(now(), Duration::from_secs(3)),
+            None
+        );
+
+        let mut m = ready(&[]);
+        assert_eq!(m.handle_chief_lost(now(), silent(3)), None);
         let newer_chief = 2;
         m.handle_setup(now(), &setup(&[]), true, newer_chief)
             .unwrap();
@@ -1126,9 +1186,7 @@ mod tests {
         assert_eq!(m.admit(now(), Request::Positions), Ok(()));
         let mut lost = WorkerMachine::new(0, 1, 2);
         lost.handle_preemption_notice(now());
-        let exit = lost
-            .handle_chief_lost(now(), Duration::from_secs(1))
-            .unwrap();
+        let exit = lost.handle_chief_lost(now(), silent(1)).unwrap();
         assert!(
             exit.reason.contains("the chief has exited"),
             "{}",
