@@ -9,8 +9,9 @@
   or Master, a container named `tensorflow` with an image in every replica), plus each replica's
   pod template strictly against Kubernetes' own PodTemplate schema (the CRD's copy of the pod
   schema would let a misspelt field through: the API server prunes unknown fields silently).
-- cohort's own requirements of a pod that runs it: a UDP port (QUIC), and a termination grace
-  period above its preemption_grace, so that a preempted chief's checkpoint is written before the
+- cohort's own requirements of a pod that runs it: a UDP port (QUIC); metrics on, with liveness
+  and readiness probes of /healthz on the metrics port; CPU and memory requests equal to their
+  limits; and a termination grace period above its preemption_grace, so that a preempted chief's checkpoint is written before the
   kubelet's SIGKILL; and, for Indexed Jobs, that the cluster spec in the ConfigMap names exactly
   the stable host names of the Jobs' pods.
 """
@@ -162,11 +163,56 @@ def cohort_pod_errors(where, template, configs):
         except ValueError as e:
             errors.append(f"{here}: {e}")
             continue
+        errors += resource_errors(here, c.get("resources", {}))
+        errors += probe_errors(here, c, env, spec, configs)
         termination = spec.get("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_S)
         if termination <= grace:
             errors.append(f"{where}.spec.terminationGracePeriodSeconds: {termination}s is not "
                           f"above preemption_grace ({grace:g}s, {source}): the kubelet would "
                           "kill the process before its preemption checkpoint")
+    return errors
+
+
+def resource_errors(here, resources):
+    """Requests equal to limits for CPU and memory (Guaranteed QoS): a task is not throttled
+    below what the scheduler placed it for, and its compute threads follow its CPU limit."""
+    errors = []
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    for key in ("cpu", "memory"):
+        if key not in requests or key not in limits:
+            errors.append(f"{here}.resources: {key} needs both a request and a limit")
+        elif str(requests[key]) != str(limits[key]):
+            errors.append(f"{here}.resources: {key} request {requests[key]} is not its "
+                          f"limit {limits[key]}")
+    return errors
+
+
+def probe_errors(here, container, env, spec, configs):
+    """Metrics on, and liveness and readiness probes asking /healthz on the metrics port."""
+    addr = env.get("COHORT_METRICS_ADDR")
+    if addr is None:
+        for volume in spec.get("volumes", []):
+            name = volume.get("configMap", {}).get("name")
+            if name in configs:
+                try:
+                    addr = tomllib.loads(configs[name]).get("metrics_addr")
+                except tomllib.TOMLDecodeError:
+                    pass  # said by preemption_grace
+    if addr is None:
+        return [f"{here}: metrics are off (no COHORT_METRICS_ADDR, no metrics_addr in its "
+                "cohort.toml): no /healthz for the probes, no metrics"]
+    port = int(str(addr).rsplit(":", 1)[-1])
+    named = {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
+    errors = []
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = container.get(probe, {}).get("httpGet")
+        if get is None:
+            errors.append(f"{here}.{probe}: no httpGet of /healthz")
+            continue
+        target = named.get(get.get("port"), get.get("port"))
+        if get.get("path") != "/healthz" or target != port:
+            errors.append(f"{here}.{probe}: asks {get.get('path')} on port {target}, not "
+                          f"/healthz on the metrics port {port}")
     return errors
 
 

@@ -22,6 +22,8 @@ if [ "$#" -eq 0 ]; then
 fi
 status=0
 "$venv/bin/python" "$deploy/validate.py" "$@" || status=1
-echo "+ hadolint deploy/Dockerfile"
-"$venv/bin/hadolint" "$deploy/Dockerfile" || status=1
+for dockerfile in "$deploy/Dockerfile" "$deploy/program.Dockerfile"; do
+  echo "+ hadolint deploy/$(basename "$dockerfile")"
+  "$venv/bin/hadolint" "$dockerfile" || status=1
+done
 exit "$status"

@@ -163,3 +163,41 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// `--valid-days` bounds the node certificates (the CA's by `--ca-valid-days`); out of range,
+/// or longer than the CA's, is refused with exit 2 naming the flag, and nothing is written.
+#[test]
+fn certificate_validity_is_a_flag_with_bounds() {
+    let scratch = Scratch::new();
+    let out = scratch.0.join("certs");
+    let certs = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args(["certs", "--out"])
+            .arg(&out)
+            .args(["--cluster", "chief=1,worker=1"])
+            .args(extra)
+            .output()
+            .expect("run cohort certs")
+    };
+    for (extra, named) in [
+        (&["--valid-days", "0"][..], "--valid-days"),
+        (&["--valid-days", "40000"][..], "--valid-days"),
+        (
+            &["--valid-days", "400", "--ca-valid-days", "100"][..],
+            "--valid-days 400",
+        ),
+    ] {
+        let output = certs(extra);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(named), "{extra:?}: {stderr}");
+        assert!(!out.join("ca.pem").exists(), "{extra:?} wrote certificates");
+    }
+    let output = certs(&["--valid-days", "30"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(out.join("worker-0.pem").exists());
+}

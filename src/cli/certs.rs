@@ -50,9 +50,22 @@ pub struct CertsArgs {
     /// (COHORT_CERTS) of every pod of the job.
     #[arg(long, value_name = "NAME")]
     k8s_secret: Option<String>,
+    /// Days each node certificate is valid, from now (less an hour for clock skew). Renew
+    /// before then: `cohort certs --force` (or `--add` for new nodes) and restart the tasks
+    /// as they pick up the new files; an expired certificate is refused at the handshake.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36_500))]
+    pub valid_days: u32,
+    /// Days the CA certificate is valid (a new CA only; with --add the CA in --out is kept).
+    #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36_500))]
+    pub ca_valid_days: u32,
     /// The Secret's namespace (with --k8s-secret; default: the one it is applied to).
     #[arg(long, value_name = "NS", requires = "k8s_secret")]
     namespace: Option<String>,
+}
+
+/// `n` days.
+fn days(n: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::from(n) * 86_400)
 }
 
 /// Generates the CA and node certificates described by `args`.
@@ -79,11 +92,18 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
             )));
         }
     }
-    let ca = ClusterCa::generate(&args.name).map_err(|e| CliError::Failed(e.to_string()))?;
+    if args.valid_days > args.ca_valid_days {
+        return Err(CliError::Usage(format!(
+            "--valid-days {}: longer than the CA's --ca-valid-days {}",
+            args.valid_days, args.ca_valid_days
+        )));
+    }
+    let ca = ClusterCa::generate_valid_for(&args.name, days(args.ca_valid_days))
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     let creds = nodes
         .iter()
         .map(|node| {
-            ca.issue(node)
+            ca.issue_valid_for(node, days(args.valid_days))
                 .map_err(|e| CliError::Failed(format!("{node}: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -146,7 +166,7 @@ fn add(args: &CertsArgs, nodes: &[NodeId], secret: Option<&SecretTarget>) -> Res
     let added = missing
         .iter()
         .map(|node| {
-            ca.issue(node)
+            ca.issue_valid_for(node, days(args.valid_days))
                 .map_err(|e| CliError::Failed(format!("{node}: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -354,6 +374,8 @@ mod tests {
             add: false,
             k8s_secret: secret.map(str::to_string),
             namespace: namespace.map(str::to_string),
+            valid_days: 365,
+            ca_valid_days: 3650,
         }
     }
 

@@ -34,6 +34,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 mod http;
+mod process;
 
 pub use http::{serve, MetricsServer, CONNECTIONS_MAX, REQUEST_BYTES_MAX, REQUEST_TIMEOUT};
 
@@ -450,6 +451,19 @@ impl Exposition {
             "Peers this process declared dead (silent past the detection budget, or superseded)",
             instruments().detections.clone(),
         );
+        let build = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+        build
+            .get_or_create(&vec![
+                ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+                ("nccl".to_string(), cfg!(feature = "nccl").to_string()),
+            ])
+            .set(1);
+        registry.register(
+            "cohort_build_info",
+            "cohort's version and features in this binary (always 1)",
+            build,
+        );
+        registry.register_collector(Box::new(process::ProcessCollector));
         registry
     }
 

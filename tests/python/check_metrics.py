@@ -68,6 +68,21 @@ def main():
             fail(f"{task}: cohort_incarnation labelled {labels}")
         expect_equal(task, "cohort_incarnation", int(got), expected["incarnations"][task])
         value(samples, "cohort_detections_total", task)
+        build = samples.get("cohort_build_info", [])
+        if len(build) != 1 or build[0][1] != 1 or "version" not in build[0][0]:
+            fail(f"{task}: cohort_build_info is {build}")
+        # The standard process metrics, with values a live process has.
+        for name, least in [
+            ("process_cpu_seconds_total", 0),
+            ("process_start_time_seconds", 1e9),
+            ("process_resident_memory_bytes", 1),
+            ("process_threads", 1),
+            ("process_open_fds", 1),
+        ]:
+            got = value(samples, name, task)
+            if got < least:
+                fail(f"{task}: {name} = {got}, below {least}")
+        print(f"OK: {task} cohort_build_info and process_* metrics")
 
     chief, types = scrapes["chief-0"]
     if types.get("cohort_ledger_committed") != "counter":

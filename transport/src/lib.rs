@@ -88,7 +88,9 @@ pub use endpoint::Endpoint;
 pub use error::{AcceptError, BindError, ConnectError, LinkError, RejectReason};
 pub use frame::{Frame, FrameError, FrameLimits};
 pub use node::{NodeId, NodeIdError};
-pub use tls::{ClusterCa, NodeCredentials, TlsError, CA_FILE};
+pub use tls::{
+    ClusterCa, NodeCredentials, TlsError, CA_FILE, CA_VALIDITY_DEFAULT, NODE_VALIDITY_DEFAULT,
+};
 
 /// The wire protocol version, carried in ALPN as `cohort/<version>`. Bumped whenever an
 /// encoding changes, so that nodes of two versions fail the handshake instead of misreading

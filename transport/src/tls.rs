@@ -39,6 +39,9 @@ pub enum TlsError {
     /// A certificate does not name a valid node.
     #[error("certificate does not name a node: {0}")]
     NodeName(String),
+    /// The validity asked for cannot go in a certificate.
+    #[error("certificate validity: {0}")]
+    Validity(String),
     /// The node id cannot go in a certificate.
     #[error(transparent)]
     NodeId(#[from] NodeIdError),
@@ -71,11 +74,47 @@ impl std::fmt::Debug for ClusterCa {
     }
 }
 
+/// How long a CA certificate made by [`ClusterCa::generate`] is valid.
+pub const CA_VALIDITY_DEFAULT: std::time::Duration =
+    std::time::Duration::from_secs(10 * 365 * 86_400);
+/// How long a node certificate made by [`ClusterCa::issue`] is valid.
+pub const NODE_VALIDITY_DEFAULT: std::time::Duration = std::time::Duration::from_secs(365 * 86_400);
+/// How far before now a certificate's validity starts: a peer whose clock is behind this
+/// machine's (by up to this much) still accepts it.
+const CLOCK_SKEW_ALLOWED: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Sets `params` valid from a little before now (clock skew) for `validity`.
+fn set_validity(
+    params: &mut CertificateParams,
+    validity: std::time::Duration,
+) -> Result<(), TlsError> {
+    let now = time::OffsetDateTime::now_utc();
+    let skew = time::Duration::try_from(CLOCK_SKEW_ALLOWED)
+        .map_err(|e| TlsError::Validity(e.to_string()))?;
+    let span = time::Duration::try_from(validity).map_err(|e| TlsError::Validity(e.to_string()))?;
+    params.not_before = now - skew;
+    params.not_after = now
+        .checked_add(span)
+        .ok_or_else(|| TlsError::Validity(format!("{validity:?} from now is past year 9999")))?;
+    Ok(())
+}
+
 impl ClusterCa {
-    /// Generates a fresh CA for the cluster called `cluster_name`.
+    /// Generates a fresh CA for the cluster called `cluster_name`, valid for
+    /// [`CA_VALIDITY_DEFAULT`].
     pub fn generate(cluster_name: &str) -> Result<Self, TlsError> {
+        Self::generate_valid_for(cluster_name, CA_VALIDITY_DEFAULT)
+    }
+
+    /// Generates a fresh CA for the cluster called `cluster_name`, valid from now (less an
+    /// hour of clock skew) for `validity`.
+    pub fn generate_valid_for(
+        cluster_name: &str,
+        validity: std::time::Duration,
+    ) -> Result<Self, TlsError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
+        set_validity(&mut params, validity)?;
         let mut dn = DistinguishedName::new();
         dn.push(
             DnType::CommonName,
@@ -123,11 +162,25 @@ impl ClusterCa {
         &self.key_pem
     }
 
-    /// Issues a certificate and key for `node`, usable as both TLS server and client.
+    /// Issues a certificate and key for `node`, usable as both TLS server and client, valid
+    /// for [`NODE_VALIDITY_DEFAULT`].
     pub fn issue(&self, node: &NodeId) -> Result<NodeCredentials, TlsError> {
+        self.issue_valid_for(node, NODE_VALIDITY_DEFAULT)
+    }
+
+    /// Issues a certificate and key for `node`, valid from now (less an hour of clock skew)
+    /// for `validity`. A node presenting an expired certificate is refused at the handshake:
+    /// issue new ones before then (`cohort certs --force`, or `--add` for new nodes) and restart
+    /// the tasks as they pick them up.
+    pub fn issue_valid_for(
+        &self,
+        node: &NodeId,
+        validity: std::time::Duration,
+    ) -> Result<NodeCredentials, TlsError> {
         node.validate()?;
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
+        set_validity(&mut params, validity)?;
         params.subject_alt_names =
             vec![SanType::DnsName(node.dns_name().try_into().map_err(
                 |e: rcgen::Error| TlsError::NodeName(e.to_string()),
@@ -467,6 +520,40 @@ mod tests {
         let other = reloaded.issue(&NodeId::new("ps", 0)).unwrap();
         assert_eq!(other.ca_cert_pem, ca.cert_pem());
         assert!(rustls_server_config(&other, b"cohort/1".to_vec()).is_ok());
+    }
+
+    /// (not before, not after) of a PEM certificate, in seconds since 1970.
+    fn validity(pem: &str) -> (i64, i64) {
+        use x509_parser::prelude::{FromDer, X509Certificate};
+        let der = first_cert(pem, "cert").unwrap();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let v = cert.validity();
+        (v.not_before.timestamp(), v.not_after.timestamp())
+    }
+
+    #[test]
+    fn certificates_are_valid_for_a_bounded_time_from_a_little_before_now() {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let near = |got: i64, want: i64| (got - want).abs() <= 300;
+        let ca = ClusterCa::generate("test").unwrap();
+        let (from, to) = validity(ca.cert_pem());
+        assert!(near(from, now - 3600), "{from} vs {now}");
+        assert!(near(to, now + CA_VALIDITY_DEFAULT.as_secs() as i64), "{to}");
+        let node = ca.issue(&NodeId::new("worker", 0)).unwrap();
+        let (from, to) = validity(&node.cert_pem);
+        assert!(
+            near(from, now - 3600) && near(to, now + 365 * 86_400),
+            "{from} {to}"
+        );
+        let two_days = std::time::Duration::from_secs(2 * 86_400);
+        let short = ca.issue_valid_for(&NodeId::new("ps", 0), two_days).unwrap();
+        assert!(near(validity(&short.cert_pem).1, now + 2 * 86_400));
+        // Past what a certificate can say: a typed error, not a panic.
+        let forever = std::time::Duration::from_secs(u64::MAX / 4);
+        assert!(matches!(
+            ca.issue_valid_for(&NodeId::new("ps", 1), forever),
+            Err(TlsError::Validity(_))
+        ));
     }
 
     #[test]
