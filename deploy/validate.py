@@ -4,6 +4,10 @@
 - Core kinds (Service, ConfigMap, PersistentVolumeClaim, Job, ...) against the Kubernetes JSON
   schemas that the kubernetes-validate package bundles, in strict mode (an unknown field is an
   error), for each Kubernetes version in KUBERNETES_VERSIONS.
+- A Kubeflow Trainer v2 ClusterTrainingRuntime and TrainJob against their CRD schemas (schemas/,
+  v2.3.0), strictly; each replicated Job against Kubernetes' Job schema and cohort's pod needs;
+  and a TrainJob's COHORT_NUM_NODES against its numNodes, with the runtime's TF_CONFIG script
+  run for every node.
 - A PodMonitor against the Prometheus Operator's CRD schema (schemas/, v0.93.0), selecting
   cohort's pods and their `metrics` port.
 - A TFJob against the TFJob CRD's openAPIV3Schema (schemas/, from the Kubeflow training
@@ -31,6 +35,11 @@ import yaml
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]
 TFJOB_SCHEMA = Path(__file__).parent / "schemas" / "tfjob-v1.9.0.schema.json"
 PODMONITOR_SCHEMA = Path(__file__).parent / "schemas" / "podmonitor-v0.93.0.schema.json"
+TRAINER_SCHEMAS = {
+    "TrainJob": Path(__file__).parent / "schemas" / "trainjob-v2.3.0.schema.json",
+    "ClusterTrainingRuntime":
+        Path(__file__).parent / "schemas" / "clustertrainingruntime-v2.3.0.schema.json",
+}
 # The labels and the metrics port every cohort pod of the manifests carries, which a
 # PodMonitor must select.
 COHORT_POD_LABELS = {"app.kubernetes.io/name": "cohort", "app.kubernetes.io/instance": "cohort-demo"}
@@ -75,6 +84,7 @@ def main(paths):
         # Cross-object checks read fields the schemas require: only on valid objects.
         if not bad:
             errors += [f"{path}: {error}" for error in check_indexed_jobs(docs, configs)]
+            errors += [f"{path}: {error}" for error in check_trainjobs(docs)]
     for error in errors:
         print(f"FAIL {error}")
     print(f"{count} file(s), {len(errors)} error(s)")
@@ -88,6 +98,8 @@ def check(doc, configs):
         return check_tfjob(doc, configs)
     if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "PodMonitor":
         return check_podmonitor(doc)
+    if doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and doc["kind"] in TRAINER_SCHEMAS:
+        return check_trainer(doc, configs)
     errors = kubernetes_errors(doc)
     template = doc.get("spec", {}).get("template") if doc["kind"] == "Job" else None
     if template is not None and not errors:
@@ -240,6 +252,97 @@ def check_dashboard(path):
                 base = re.sub(r"_(total|bucket|count|sum)$", "", name)
                 if name not in exported and base not in exported:
                     errors.append(f"{where}: {name} is not a metric cohort exports")
+    return errors
+
+
+def crd_errors(doc, schema_path, kind):
+    """Against a CRD's openAPIV3Schema, with no field the schema does not name."""
+    schema = json.loads(schema_path.read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [
+        f"{kind} CRD schema: {'.'.join(str(p) for p in e.path)}: {e.message}"
+        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
+    ]
+    return errors + [f"{kind} CRD schema: {e}" for e in unknown_fields(doc, schema, "")]
+
+
+def check_trainer(doc, configs):
+    """A Kubeflow Trainer v2 TrainJob or ClusterTrainingRuntime: its CRD schema; for a
+    runtime, each replicated Job strictly against Kubernetes' Job schema and its pods against
+    cohort's needs."""
+    errors = crd_errors(doc, TRAINER_SCHEMAS[doc["kind"]], doc["kind"])
+    if errors or doc["kind"] != "ClusterTrainingRuntime":
+        return errors
+    jobs = doc["spec"].get("template", {}).get("spec", {}).get("replicatedJobs", [])
+    if not any(j.get("name") == "node" for j in jobs):
+        errors.append("spec.template.spec.replicatedJobs: no Job named node (Trainer sets "
+                      "the TrainJob's numNodes and env on it)")
+    for i, job in enumerate(jobs):
+        where = f"spec.template.spec.replicatedJobs[{i}]"
+        as_job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{doc['metadata']['name']}-{job.get('name', i)}"},
+            "spec": job.get("template", {}).get("spec", {}),
+        }
+        errors += [f"{where}.template: {e}" for e in kubernetes_errors(as_job)]
+        template = as_job["spec"].get("template", {})
+        errors += cohort_pod_errors(f"{where}.template.spec.template", template, configs)
+    return errors
+
+
+def check_trainjobs(docs):
+    """A TrainJob of a cohort runtime in the same file: COHORT_NUM_NODES is its numNodes, and
+    the runtime's script, run for every node (cohort replaced by printing what it would get),
+    gives each the TF_CONFIG of a chief and numNodes - 1 workers at the JobSet's pod names."""
+    runtimes = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ClusterTrainingRuntime"}
+    errors = []
+    for doc in docs:
+        if doc.get("kind") != "TrainJob":
+            continue
+        name = doc["metadata"]["name"]
+        runtime = runtimes.get(doc["spec"]["runtimeRef"]["name"])
+        if runtime is None:
+            continue
+        trainer = doc["spec"].get("trainer", {})
+        nodes = trainer.get("numNodes", runtime["spec"].get("mlPolicy", {}).get("numNodes", 1))
+        env = {e["name"]: e.get("value") for e in trainer.get("env", [])}
+        where = f"TrainJob/{name}"
+        if env.get("COHORT_NUM_NODES") != str(nodes):
+            errors.append(f"{where}: spec.trainer.env COHORT_NUM_NODES is "
+                          f"{env.get('COHORT_NUM_NODES')!r}, not numNodes {nodes}")
+            continue
+        if nodes < 2:
+            errors.append(f"{where}: numNodes {nodes}: the chief and at least one worker")
+            continue
+        job = [j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+               if j["name"] == "node"][0]
+        container = [c for c in job["template"]["spec"]["template"]["spec"]["containers"]
+                     if c["name"] == "node"][0]
+        command = container.get("command", [])
+        if command[:2] != ["/bin/sh", "-c"]:
+            continue
+        script = command[2].replace("exec /usr/local/bin/cohort", "printenv TF_CONFIG #")
+        hosts = [f"{name}-node-0-{i}.{name}:2222" for i in range(nodes)]
+        for i in range(nodes):
+            import subprocess
+            run = subprocess.run(
+                ["/bin/sh", "-c", script], capture_output=True, text=True, timeout=10,
+                env={"PATH": "/usr/bin:/bin", "COHORT_NUM_NODES": str(nodes),
+                     "COHORT_NODE_INDEX": str(i), "COHORT_JOBSET": name},
+            )
+            try:
+                tf_config = json.loads(run.stdout)
+            except json.JSONDecodeError:
+                errors.append(f"{where}: node {i}: the script printed no TF_CONFIG: "
+                              f"{run.stdout!r} {run.stderr!r}")
+                continue
+            want = {
+                "cluster": {"chief": hosts[:1], "worker": hosts[1:]},
+                "task": {"type": "chief" if i == 0 else "worker", "index": max(i - 1, 0)},
+            }
+            if tf_config != want:
+                errors.append(f"{where}: node {i}: TF_CONFIG {tf_config}, expected {want}")
     return errors
 
 
