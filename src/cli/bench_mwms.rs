@@ -1,8 +1,9 @@
 //! `cohort bench mwms`: MultiWorkerMirrored's training throughput with 2 and 3 worker
 //! processes on 127.0.0.1 ([`crate::workloads::mwms_bench`]: the dense MLP 784-256-256-10,
-//! 256 examples per worker and step). No peer is measured here yet (TensorFlow's
-//! MultiWorkerMirroredStrategy needs a comparison program in the repository, run in the same
-//! invocation), so the table holds cohort's own figures and no ratio.
+//! 256 examples per worker and step). With `--peers`, TensorFlow's MultiWorkerMirroredStrategy
+//! runs the same workload in the same invocation (`benches/peers/tf_mwms.py`, from the
+//! Python `benches/peers/setup.sh` makes) and the table gives the ratios of what was measured
+//! then; without it, or where the peer cannot run, the peer's column says "not measured".
 //!
 //! Each worker is this binary's hidden `mwms-member --bench-batch 256`, with its own
 //! certificate from a CA made for the run and a `TF_CONFIG` naming every worker; the steps are
@@ -28,7 +29,7 @@ const WORKER_COUNTS: [usize; 2] = [2, 3];
 const RUN_MAX: Duration = Duration::from_secs(600);
 
 /// Runs the benchmark (`steps` timed steps, `warmup` before them) and prints its table.
-pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
+pub fn run(steps: usize, warmup: usize, peers: Option<&Path>) -> Result<(), CliError> {
     if steps == 0 {
         return Err(CliError::Usage("--steps: at least 1 timed step".into()));
     }
@@ -45,6 +46,24 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
             rows.push((workers, plane, rate));
         }
     }
+    // The peer, on the same workload and machine, in this invocation.
+    let mut peer: BTreeMap<usize, Result<(f64, String), String>> = BTreeMap::new();
+    for workers in WORKER_COUNTS {
+        let measured = match peers {
+            None => Err("not asked for (--peers)".to_string()),
+            Some(python) => run_tensorflow(python, workers, steps, warmup),
+        };
+        match &measured {
+            Ok((rate, version)) => {
+                outln!("TensorFlow {version} MultiWorkerMirroredStrategy, {workers} workers: {rate:.1} steps/s")
+            }
+            Err(why) if peers.is_some() => {
+                outln!("TensorFlow MultiWorkerMirroredStrategy, {workers} workers: not measured: {why}")
+            }
+            Err(_) => {}
+        }
+        peer.insert(workers, measured);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     outln!(
         "\ncohort bench mwms: MultiWorkerMirrored, dense MLP {}-{}-{}-{} (relu, SGD), {BATCH_PER_WORKER} \
@@ -57,16 +76,114 @@ pub fn run(steps: usize, warmup: usize) -> Result<(), CliError> {
         crate::workloads::mwms_bench::CLASSES,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
-    outln!("{:<8} {:<16} {:>12}", "workers", "data plane", "steps/s");
-    for (workers, plane, rate) in rows {
-        outln!("{workers:<8} {plane:<16} {rate:>12.1}");
-    }
     outln!(
-        "peers: not measured in this run (no comparison program for TensorFlow's \
-         MultiWorkerMirroredStrategy in the repository yet), so no ratio is printed"
+        "{:<8} {:<16} {:>12} {:>16} {:>8}",
+        "workers", "data plane", "steps/s", "TF MWMS steps/s", "ratio"
     );
+    for (workers, plane, rate) in rows {
+        let (tf, ratio) = match peer.get(&workers) {
+            Some(Ok((tf, _))) if *tf > 0.0 => (format!("{tf:.1}"), format!("{:.2}x", rate / tf)),
+            _ => ("not measured".to_string(), "-".to_string()),
+        };
+        outln!("{workers:<8} {plane:<16} {rate:>12.1} {tf:>16} {ratio:>8}");
+    }
+    if peers.is_none() {
+        outln!(
+            "peers: not measured (--peers runs TensorFlow's MultiWorkerMirroredStrategy on \
+             this workload in the same run; bash benches/peers/setup.sh makes its Python)"
+        );
+    }
     Ok(())
 }
+
+/// Bound on the peer's run, its start included.
+const PEER_RUN_MAX: Duration = Duration::from_secs(900);
+
+/// TensorFlow's MultiWorkerMirroredStrategy on this workload with `workers` processes
+/// (`benches/peers/tf_mwms.py`, run by `python`): its steps per second and TensorFlow's
+/// version, or why it could not be measured.
+fn run_tensorflow(
+    python: &Path,
+    workers: usize,
+    steps: usize,
+    warmup: usize,
+) -> Result<(f64, String), String> {
+    let script = peer_script("tf_mwms.py")?;
+    if !python.exists() {
+        return Err(format!(
+            "{} does not exist (bash benches/peers/setup.sh makes it, or give --python)",
+            python.display()
+        ));
+    }
+    let mut child = Command::new(python)
+        .arg(&script)
+        .args(["--workers", &workers.to_string()])
+        .args(["--steps", &steps.to_string(), "--warmup", &warmup.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+            }
+            text
+        })
+    };
+    let out = read(stdout.map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let err = read(stderr.map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let deadline = Instant::now() + PEER_RUN_MAX;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("ran past {PEER_RUN_MAX:?}"));
+            }
+        }
+    };
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    if !status.success() {
+        let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+        return Err(format!("{status}: {tail}"));
+    }
+    parse_peer_line(&out)
+}
+
+/// The peer's result line: `{"steps_per_second": R, "version": V, ...}` (the last line).
+fn parse_peer_line(out: &str) -> Result<(f64, String), String> {
+    let line = out.lines().last().unwrap_or_default();
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("its output {line:?}: {e}"))?;
+    let rate = value["steps_per_second"]
+        .as_f64()
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .ok_or_else(|| format!("no steps_per_second in {line:?}"))?;
+    let version = value["version"].as_str().unwrap_or("?").to_string();
+    Ok((rate, version))
+}
+
+/// A peer program of `benches/peers/`: beside the binary's source tree when run from it, else
+/// in the working directory's `benches/peers/`.
+fn peer_script(name: &str) -> Result<std::path::PathBuf, String> {
+    let candidates = [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers").join(name),
+        Path::new("benches/peers").join(name),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .ok_or_else(|| format!("benches/peers/{name} not found (run from the repository)"))
+}
+
+
 
 /// One run of `workers` processes: its rate in steps per second.
 fn run_workers(
@@ -252,5 +369,23 @@ mod tests {
         assert_eq!(parse_timed("steps=100 seconds=2.5 loss=NaN"), None);
         assert_eq!(parse_timed("steps=x seconds=2.5 loss=1"), None);
         assert_eq!(parse_timed("seconds=2.5 loss=1"), None);
+    }
+
+    #[test]
+    fn a_peer_line_gives_its_rate_and_a_bad_one_says_why() {
+        let line = r#"{"peer": "tensorflow-mwms", "version": "2.15.1", "workers": 2, "steps_per_second": 151.7}"#;
+        assert_eq!(
+            parse_peer_line(&format!("noise\n{line}\n")),
+            Ok((151.7, "2.15.1".to_string()))
+        );
+        for bad in ["", "not json", r#"{"steps_per_second": 0}"#, r#"{"version": "1"}"#] {
+            assert!(parse_peer_line(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_python_is_not_measured_naming_it() {
+        let why = run_tensorflow(Path::new("/nonexistent/python"), 2, 1, 0).unwrap_err();
+        assert!(why.contains("/nonexistent/python"), "{why}");
     }
 }

@@ -329,6 +329,13 @@ struct BenchArgs {
     /// `recovery`: seed of the spot scenario's preemption schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// `mwms`: measure the peers in the same run (TensorFlow's MultiWorkerMirroredStrategy,
+    /// benches/peers/) and print the ratios; their Python comes from --python.
+    #[arg(long)]
+    peers: bool,
+    /// The Python that runs the peers (made by `bash benches/peers/setup.sh`).
+    #[arg(long, default_value = "target/peers-venv/bin/python")]
+    python: std::path::PathBuf,
 }
 
 /// What `cohort chaos` runs.
@@ -550,7 +557,11 @@ pub fn run() -> ExitCode {
             bench_recovery::run(args.steps, args.seed)
         }
         Command::Bench(args) if args.target == "allreduce" => bench_allreduce::run(),
-        Command::Bench(args) if args.target == "mwms" => bench_mwms::run(args.steps, args.warmup),
+        Command::Bench(args) if args.target == "mwms" => bench_mwms::run(
+            args.steps,
+            args.warmup,
+            args.peers.then_some(args.python.as_path()),
+        ),
         Command::Bench(args) if args.target == "nccl" => nccl::bench(),
         Command::Nccl(command) => nccl::run(command),
         Command::CollectiveMember(args) => match collective_member::run(args) {
