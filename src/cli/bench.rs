@@ -14,7 +14,13 @@ use crate::bootstrap::{launch_local, LaunchFlags};
 use crate::workloads::bench::BenchReport;
 
 /// Runs the benchmark `target` (`ps`).
-pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result<(), CliError> {
+pub fn run(
+    target: &str,
+    steps: usize,
+    warmup: usize,
+    workloads: &str,
+    peers: Option<&std::path::Path>,
+) -> Result<(), CliError> {
     if target != "ps" {
         return Err(CliError::Usage(format!(
             "bench: unknown target {target:?} (available: ps, recovery, allreduce, mwms)"
@@ -149,6 +155,33 @@ pub fn run(target: &str, steps: usize, warmup: usize, workloads: &str) -> Result
             "{workload}: metrics on costs {:+.1}% of steps/s (target: less than 2%)",
             (off - on) / off * 100.0
         );
+    }
+    // The peer of the dense workload, on the same machine, in this invocation.
+    if let Some(ours) = reports
+        .iter()
+        .find(|(r, metrics, _)| r.workload == "dense" && !metrics)
+        .map(|(r, _, _)| r.steps_per_s)
+    {
+        let measured = match peers {
+            None => Err("not asked for (--peers)".to_string()),
+            Some(python) => super::peers::run_peer(
+                python,
+                "tf_ps.py",
+                &[format!("--steps={steps}"), format!("--warmup={warmup}")],
+            ),
+        };
+        match measured {
+            Ok((theirs, version)) => outln!(
+                "\ndense: TensorFlow {version} ParameterServerStrategy (1 chief + 2 PS + 2 workers, \
+                 the same workload) {theirs:.1} steps/s in the same run; cohort {ours:.1}: ratio \
+                 {:.2}x",
+                ours / theirs
+            ),
+            Err(why) => outln!(
+                "\ndense: TensorFlow ParameterServerStrategy not measured: {why} (bash \
+                 benches/peers/setup.sh, then --peers)"
+            ),
+        }
     }
     if let (Some(ours), Some(base)) = (goodput, bare) {
         outln!(

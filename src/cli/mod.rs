@@ -12,6 +12,7 @@ mod ckpt;
 mod collective_member;
 mod mwms_member;
 mod nccl;
+mod peers;
 
 use crate::process::stdout::outln;
 use std::process::ExitCode;
@@ -329,7 +330,8 @@ struct BenchArgs {
     /// `recovery`: seed of the spot scenario's preemption schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// `mwms`: measure the peers in the same run (TensorFlow's MultiWorkerMirroredStrategy,
+    /// `ps` and `mwms`: measure the peers in the same run (TensorFlow's
+    /// ParameterServerStrategy on the dense workload, its MultiWorkerMirroredStrategy;
     /// benches/peers/) and print the ratios; their Python comes from --python.
     #[arg(long)]
     peers: bool,
@@ -572,7 +574,13 @@ pub fn run() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(err) => Err(err),
         },
-        Command::Bench(args) => bench::run(&args.target, args.steps, args.warmup, &args.workloads),
+        Command::Bench(args) => bench::run(
+            &args.target,
+            args.steps,
+            args.warmup,
+            &args.workloads,
+            args.peers.then_some(args.python.as_path()),
+        ),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos::run(args),
         Command::Chaos(ChaosCommand::Run(args)) => chaos::run_plan(args),
         Command::Ckpt(command) => ckpt::run(command),

@@ -1,0 +1,115 @@
+//! The peers `cohort bench ... --peers` measures in the same invocation: the programs of
+//! `benches/peers/` (TensorFlow's strategies on cohort's benchmark workloads), run by the
+//! Python `benches/peers/setup.sh` makes, each printing one JSON line with its
+//! `steps_per_second`. A peer that cannot run is "not measured", with the reason.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Bound on the peer's run, its start included.
+const PEER_RUN_MAX: Duration = Duration::from_secs(900);
+
+/// The peer program `script` of `benches/peers/` with `args`, run by `python`: its steps per
+/// second and its framework's version, or why it could not be measured.
+pub(super) fn run_peer(
+    python: &Path,
+    script: &str,
+    args: &[String],
+) -> Result<(f64, String), String> {
+    let script = peer_script(script)?;
+    if !python.exists() {
+        return Err(format!(
+            "{} does not exist (bash benches/peers/setup.sh makes it, or give --python)",
+            python.display()
+        ));
+    }
+    let mut child = Command::new(python)
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+            }
+            text
+        })
+    };
+    let out = read(stdout.map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let err = read(stderr.map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let deadline = Instant::now() + PEER_RUN_MAX;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("ran past {PEER_RUN_MAX:?}"));
+            }
+        }
+    };
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    if !status.success() {
+        let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+        return Err(format!("{status}: {tail}"));
+    }
+    parse_peer_line(&out)
+}
+
+/// The peer's result line: `{"steps_per_second": R, "version": V, ...}` (the last line).
+fn parse_peer_line(out: &str) -> Result<(f64, String), String> {
+    let line = out.lines().last().unwrap_or_default();
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("its output {line:?}: {e}"))?;
+    let rate = value["steps_per_second"]
+        .as_f64()
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .ok_or_else(|| format!("no steps_per_second in {line:?}"))?;
+    let version = value["version"].as_str().unwrap_or("?").to_string();
+    Ok((rate, version))
+}
+
+/// A peer program of `benches/peers/`: beside the binary's source tree when run from it, else
+/// in the working directory's `benches/peers/`.
+fn peer_script(name: &str) -> Result<std::path::PathBuf, String> {
+    let candidates = [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers").join(name),
+        Path::new("benches/peers").join(name),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .ok_or_else(|| format!("benches/peers/{name} not found (run from the repository)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_line_gives_its_rate_and_a_bad_one_says_why() {
+        let line = r#"{"peer": "tensorflow-mwms", "version": "2.15.1", "workers": 2, "steps_per_second": 151.7}"#;
+        assert_eq!(
+            parse_peer_line(&format!("noise\n{line}\n")),
+            Ok((151.7, "2.15.1".to_string()))
+        );
+        for bad in ["", "not json", r#"{"steps_per_second": 0}"#, r#"{"version": "1"}"#] {
+            assert!(parse_peer_line(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_python_is_not_measured_naming_it() {
+        let why = run_peer(Path::new("/nonexistent/python"), "tf_mwms.py", &[]).unwrap_err();
+        assert!(why.contains("/nonexistent/python"), "{why}");
+    }
+}
