@@ -20,25 +20,17 @@ worker fails.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-FEATURES, HIDDEN, CLASSES = 784, (256, 256), 10
+from workload import (CLASSES, FEATURES, free_ports, model_and_optimizer,
+                      per_example_loss)
+
 BATCH_PER_WORKER = 256
-LEARNING_RATE = 0.1
 RUN_MAX_S = 600
 
 
-def free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def launch(args):
@@ -94,14 +86,8 @@ def worker(args):
     workers = strategy.num_replicas_in_sync
     global_batch = BATCH_PER_WORKER * workers
     with strategy.scope():
-        model = tf.keras.Sequential([
-            tf.keras.layers.Dense(HIDDEN[0], activation="relu", input_shape=(FEATURES,)),
-            tf.keras.layers.Dense(HIDDEN[1], activation="relu"),
-            tf.keras.layers.Dense(CLASSES),
-        ])
-        optimizer = tf.keras.optimizers.SGD(LEARNING_RATE)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        model, optimizer = model_and_optimizer(tf)
+    loss_fn = per_example_loss(tf)
     x = tf.random.stateless_normal([BATCH_PER_WORKER, FEATURES], seed=[1, args.task])
     y = tf.random.stateless_uniform([BATCH_PER_WORKER], seed=[2, args.task], maxval=CLASSES,
                                     dtype=tf.int32)

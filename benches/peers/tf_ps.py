@@ -21,26 +21,18 @@ the others, and prints one JSON line: {"peer": "tensorflow-ps", "version": ...,
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-FEATURES, HIDDEN, CLASSES = 784, (256, 256), 10
+from workload import (CLASSES, FEATURES, free_ports, model_and_optimizer,
+                      per_example_loss)
+
 BATCH = 256
-LEARNING_RATE = 0.1
 SERVERS, WORKERS = 2, 2
 MIN_SHARD_BYTES = 256 << 10
 
 
-def free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def threads():
@@ -69,14 +61,8 @@ def chief(args):
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model = tf.keras.Sequential([
-            tf.keras.layers.Dense(HIDDEN[0], activation="relu", input_shape=(FEATURES,)),
-            tf.keras.layers.Dense(HIDDEN[1], activation="relu"),
-            tf.keras.layers.Dense(CLASSES),
-        ])
-        optimizer = tf.keras.optimizers.SGD(LEARNING_RATE)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        model, optimizer = model_and_optimizer(tf)
+    loss_fn = per_example_loss(tf)
 
     def dataset_fn(_input_context):
         x = tf.random.stateless_normal([BATCH * 4, FEATURES], seed=[1, 0])

@@ -183,6 +183,20 @@ fn demo_checkpoint_dir(given: &Option<std::path::PathBuf>) -> std::path::PathBuf
     }
 }
 
+/// Runs the demo's local cluster, then settles its checkpoints ([`finish_demo_checkpoints`]
+/// with `kept`: `--checkpoint-dir` given, `--keep-checkpoints`); exits with the chief's code.
+fn launch_demo(
+    launch: &crate::bootstrap::LaunchFlags,
+    task_args: Vec<String>,
+    env: Vec<(String, String)>,
+    kept: (bool, bool),
+    checkpoint_dir: &std::path::Path,
+) -> ExitCode {
+    let code = crate::bootstrap::launch_local(launch, task_args, env);
+    finish_demo_checkpoints(kept.0, kept.1, checkpoint_dir, code);
+    exit(code)
+}
+
 /// After a demo run that exited with `code`: the checkpoints of the default (temporary)
 /// checkpoint directory `dir` are removed when the job succeeded and the user did not ask to
 /// keep them (`--keep-checkpoints`); a directory the user named (`--checkpoint-dir`), or a run
@@ -456,15 +470,9 @@ pub fn run() -> ExitCode {
                     checkpoint_dir.display().to_string(),
                 ),
             ]);
-            let code =
-                crate::bootstrap::launch_local(&launch, vec!["mwms-demo-task".to_string()], env);
-            finish_demo_checkpoints(
-                args.checkpoint_dir.is_some(),
-                args.keep_checkpoints,
-                &checkpoint_dir,
-                code,
-            );
-            return exit(code);
+            let kept = (args.checkpoint_dir.is_some(), args.keep_checkpoints);
+            let task = vec!["mwms-demo-task".to_string()];
+            return launch_demo(&launch, task, env, kept, &checkpoint_dir);
         }
         Command::MwmsDemoTask => match crate::bootstrap::logging::init()
             .map_err(crate::workloads::mwms_demo::MwmsDemoError::Config)
@@ -516,14 +524,8 @@ pub fn run() -> ExitCode {
                     env.push((key.env.to_string(), path.display().to_string()));
                 }
             }
-            let code = crate::bootstrap::launch_local(&launch, role_args("demo"), env);
-            finish_demo_checkpoints(
-                args.checkpoint_dir.is_some(),
-                args.keep_checkpoints,
-                &checkpoint_dir,
-                code,
-            );
-            return exit(code);
+            let kept = (args.checkpoint_dir.is_some(), args.keep_checkpoints);
+            return launch_demo(&launch, role_args("demo"), env, kept, &checkpoint_dir);
         }
         Command::Launch(args) if args.job == MWMS_JOB => {
             let mut launch = args.launch;
