@@ -3,7 +3,8 @@
 //! target with validation, every closure applied once, with a worker, a parameter server or
 //! the chief SIGKILLed midway. The fault is tied to progress, not to time: at step
 //! [`FAULT_AT`] the chief writes a marker and waits; the test kills the victim (whose PID it
-//! wrote at start) and then lets the chief go on.
+//! wrote at start) and then lets the chief go on. With several steps per closure (Keras'
+//! `steps_per_execution`), a worker kills itself inside a closure, after its first update.
 
 mod keras_support;
 mod ps_support;
@@ -69,6 +70,13 @@ fn blobs(examples: usize, seed: u64) -> Result<Dataset, DataError> {
     Dataset::from_tensor_slices(vec![x, y])
 }
 
+/// Steps per closure in the scenario [`KILLED_INSIDE_A_CLOSURE`].
+const STEPS_PER_EXECUTION: u32 = 4;
+/// The scenario: closures of [`STEPS_PER_EXECUTION`] steps, and worker 1 SIGKILLs itself as it
+/// reads its 10th batch. Its closures are of 4 or 2 steps, so that batch is never a closure's
+/// first: the closure's first update has been applied.
+const KILLED_INSIDE_A_CLOSURE: &str = "killed-inside-a-closure";
+
 /// Each worker's batches of 32, its own shard, repeated; slowed to 20 ms a batch so that a
 /// fault lands midway.
 fn train_data(ctx: &InputContext) -> Result<Dataset, DataError> {
@@ -77,8 +85,23 @@ fn train_data(ctx: &InputContext) -> Result<Dataset, DataError> {
         .shuffle(384, 7 + ctx.input_pipeline_id as u64)
         .repeat(None)
         .batch(32, true);
-    data.map(|element| {
+    let kills_itself =
+        ps_support::scenario() == KILLED_INSIDE_A_CLOSURE && ctx.input_pipeline_id == 1;
+    let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    data.map(move |element| {
         std::thread::sleep(Duration::from_millis(20));
+        let count = read.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        // Once per run (the restarted process finds the claim).
+        if kills_itself
+            && count == 10
+            && std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(ps_support::child_dir().join("self-kill.claim"))
+                .is_ok()
+        {
+            signal(std::process::id(), Signal::SIGKILL);
+        }
         Ok(element)
     })
 }
@@ -98,6 +121,11 @@ fn ps_fit() -> Arc<PsFit<Net>> {
             "train",
         )
         .validation_data("validation")
+        .steps_per_execution(if ps_support::scenario() == KILLED_INSIDE_A_CLOSURE {
+            STEPS_PER_EXECUTION
+        } else {
+            1
+        })
         .learning_rate_schedule(schedule())
         // The hidden layer's kernel split over both servers.
         .partitioner(|name, _| {
@@ -301,9 +329,14 @@ fn cluster_task() {
 /// What every run must show: the exact step count, every training and validation closure
 /// committed once and applied once on each server, and a model that learnt.
 fn check(report: &serde_json::Value, what: &str) {
+    check_closures(report, what, (EPOCHS * STEPS_PER_EPOCH) as u64)
+}
+
+/// [`check`], where training ran in `training_closures` closures.
+fn check_closures(report: &serde_json::Value, what: &str, training_closures: u64) {
     let total = (EPOCHS * STEPS_PER_EPOCH) as u64;
     assert_eq!(report["step"], total, "{what}: {report}");
-    let closures = total + (EPOCHS * VALIDATION_STEPS) as u64;
+    let closures = training_closures + (EPOCHS * VALIDATION_STEPS) as u64;
     let ledger = &report["ledger"];
     assert_eq!(ledger["committed"], closures, "{what}: LEDGER-1: {ledger}");
     assert_eq!(ledger["balances"], true, "{what}: {ledger}");
@@ -401,6 +434,43 @@ fn fit_goes_on_when_a_worker_is_killed_midway() {
         ps_counter(&report, "applied"),
         [(EPOCHS * STEPS_PER_EPOCH) as u64; 2],
         "PS-1: {report}"
+    );
+}
+
+/// Closures of several steps (Keras' `steps_per_execution`), a worker SIGKILLed inside one
+/// after its first update: the closure runs again on the other worker, which has that update
+/// refused as a duplicate and applies the rest, so every step's update is applied exactly once
+/// on each server (PS-1) and the step count is exact.
+#[test]
+fn steps_per_execution_applies_each_step_once_when_a_worker_dies_inside_a_closure() {
+    let run = Run::new("keras-ps-spe", KILLED_INSIDE_A_CLOSURE, &[]);
+    let (code, exits) = run.launch_with_exits(&[]);
+    assert_eq!(code, 0, "the chief failed; its log is above");
+    let victim = TaskId::new(TaskType::Worker, 1);
+    assert!(
+        exits
+            .iter()
+            .any(|e| e.task == victim && e.signal == Some(9)),
+        "{victim} did not kill itself: {exits:?}"
+    );
+    let report = run.report();
+    // Backups every 10 steps cut each epoch's 30 steps into closures of 4, 4 and 2 steps.
+    let per_epoch = 3 * (10u64.div_ceil(u64::from(STEPS_PER_EXECUTION)));
+    check_closures(
+        &report,
+        "killed inside a closure",
+        EPOCHS as u64 * per_epoch,
+    );
+    assert_eq!(
+        ps_counter(&report, "applied"),
+        [(EPOCHS * STEPS_PER_EPOCH) as u64; 2],
+        "PS-1: one update per step on each server: {report}"
+    );
+    assert!(
+        ps_counter(&report, "rejected_duplicate")
+            .iter()
+            .all(|&d| d >= 1),
+        "the closure run again had its first update refused as applied already: {report}"
     );
 }
 

@@ -181,6 +181,7 @@ fn push_to(name: &str) -> Push {
             epoch: 1,
             closure: ClosureId(1),
             attempt: 0,
+            part: 0,
             generation: 0,
         },
         gradients: vec![(name.into(), WireGradient::Dense)],

@@ -231,6 +231,7 @@ impl Ps {
                 epoch,
                 closure: ClosureId(closure),
                 attempt: 0,
+                part: 0,
                 generation: 0,
             },
             gradients: vec![("w".into(), WireGradient::Dense)],

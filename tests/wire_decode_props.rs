@@ -470,6 +470,7 @@ decode_props! {
                 epoch,
                 closure: ClosureId(closure),
                 attempt,
+                part: attempt.wrapping_mul(3),
                 generation,
             },
             gradients,

@@ -1,7 +1,8 @@
 //! Keras' `fit` under ParameterServerStrategy: the chief's coordinator schedules one closure
-//! per step on the workers, which read their own per-worker dataset, pull the model's
-//! variables, compute gradients over their local replicas and push them (PS-1: each closure's
-//! update applied once); validation runs as closures too. Code never travels: every process
+//! per step (or per `steps_per_execution` steps) on the workers, which read their own
+//! per-worker dataset, pull the model's variables, compute gradients over their local replicas
+//! and push them (PS-1: each of a closure's updates applied once); validation runs as closures
+//! too. Code never travels: every process
 //! registers the same steps ([`PsFit::register`]) and the chief runs [`PsFit::fit`].
 //!
 //! Recovery is the coordinator's: a lost worker's closure runs on another, a lost parameter
@@ -29,8 +30,9 @@ use crate::program::{
 use crate::train::{DistributedOptimizer, StateCheckpointError};
 use crate::variable::Partitioner;
 
-/// A step of training: the global step it is; its statistics (loss, examples, metrics).
-static TRAIN: Step<u64, Vec<f64>> = Step::new("cohort.keras.train");
+/// A closure of training: the global step it starts at and how many steps it runs; their
+/// statistics (loss, examples, metrics), summed.
+static TRAIN: Step<(u64, u32), Vec<f64>> = Step::new("cohort.keras.train");
 /// A step of validation: its statistics.
 static EVALUATE: Step<(), Vec<f64>> = Step::new("cohort.keras.evaluate");
 
@@ -65,6 +67,7 @@ pub struct PsFit<N> {
     /// Tables (2-D variables) read and pushed by the rows the batch's ids touch.
     row_tables: Vec<String>,
     schedule: Option<LearningRateSchedule>,
+    steps_per_execution: u32,
 }
 
 impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
@@ -93,7 +96,19 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             partitioner: Arc::new(|_, _| None),
             row_tables: Vec::new(),
             schedule: None,
+            steps_per_execution: 1,
         }
+    }
+
+    /// Each closure runs `steps` training steps (Keras' `steps_per_execution`, at least 1):
+    /// fewer round trips between the chief and the workers per step. Every step applies its
+    /// own update before the next pulls (as each step's `apply_gradients` does in Keras), each
+    /// applied at most once however often the closure runs again after a failure (PS-1); the
+    /// callbacks' batch hooks run once per closure, at its last step, as in Keras. An epoch
+    /// or a step backup's cadence that `steps` does not divide ends a closure early.
+    pub fn steps_per_execution(mut self, steps: u32) -> Self {
+        self.steps_per_execution = steps.max(1);
+        self
     }
 
     /// The servers' learning rate follows `schedule` of each variable's update count (Keras'
@@ -143,16 +158,29 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         };
         program
             .optimizer(self.optimizer)
-            .step(&TRAIN, move |ctx: &mut StepContext<'_>, _step: u64| {
-                train.train_closure(ctx)
-            })
+            .step(
+                &TRAIN,
+                move |ctx: &mut StepContext<'_>, (_, steps): (u64, u32)| {
+                    let mut totals = vec![0.0f64; stats_len(&train.metrics)];
+                    for index in 0..steps.max(1) {
+                        if index > 0 {
+                            // The previous step's update, before this step pulls.
+                            ctx.apply_gradients()?;
+                        }
+                        for (t, s) in totals.iter_mut().zip(train.train_closure(ctx)?) {
+                            *t += s;
+                        }
+                    }
+                    Ok(totals)
+                },
+            )
             .step(&EVALUATE, move |ctx: &mut StepContext<'_>, ()| {
                 evaluate.evaluate_closure(ctx)
             })
     }
 
     /// One training step on a worker: the next batch of its dataset, the gradients of its
-    /// replicas, one push per variable; the batch's statistics.
+    /// replicas, recorded as one update; the batch's statistics.
     fn train_closure(&self, ctx: &mut StepContext<'_>) -> Result<Vec<f64>, StepError> {
         let element = ctx.next(&self.train_data)?;
         let (model, element) = self.model_for(ctx, element)?;
@@ -384,16 +412,23 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                     Some(n) => epoch_end.min((step / n + 1) * n),
                     None => epoch_end,
                 };
+                let per_closure = u64::from(self.steps_per_execution);
                 let values = (step..chunk_end)
-                    .map(|s| coordinator.schedule(&TRAIN, s))
+                    .step_by(per_closure as usize)
+                    .map(|s| {
+                        let steps = per_closure.min(chunk_end - s) as u32;
+                        coordinator
+                            .schedule(&TRAIN, (s, steps))
+                            .map(|value| (steps, value))
+                    })
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(coordinator_error)?;
-                for value in &values {
+                for (steps, value) in &values {
                     let stats = coordinator.fetch(value).map_err(coordinator_error)?;
                     for (t, s) in totals.iter_mut().zip(stats) {
                         *t += s;
                     }
-                    step += 1;
+                    step += u64::from(*steps);
                     let logs = logs_of(&self.metrics, &totals);
                     each_callback!((step - epoch_start) as usize, |cb, ctx| cb
                         .on_train_batch_end(step, &logs, &mut ctx));

@@ -20,8 +20,9 @@ use crate::optim::first_non_finite;
 use crate::roles::coordinator::{ClosureId, WorkerEpoch};
 use crate::roles::protocol::{blob, f32_vec_blob, f32_view, u64_vec_blob, u64_view, Push};
 
-/// Who sent a push, and for which attempt of which closure. PS-1 keys on the closure, FENCE-1
-/// on the worker incarnation, and a restore on the generation.
+/// Who sent a push, and for which attempt of which closure. PS-1 keys on the closure's update
+/// (the closure and the update's `part`), FENCE-1 on the worker incarnation, and a restore on
+/// the generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
 pub struct PushOrigin {
     /// The worker index.
@@ -32,6 +33,11 @@ pub struct PushOrigin {
     pub closure: ClosureId,
     /// The attempt of that closure.
     pub attempt: u32,
+    /// Which of the closure's updates this is: 0 for a closure that pushes once (at its
+    /// end); a closure of several steps (Keras' `steps_per_execution`) pushes part 0, 1, …
+    /// in order, each applied at most once (PS-1), so that an attempt run again after a
+    /// failure skips the updates an earlier attempt already applied.
+    pub part: u32,
     /// The coordinator's restore generation the closure was dispatched in
     /// ([`crate::roles::protocol::RunClosure::generation`]): a server refuses a push from an
     /// older generation as stale (PS-1 across a restore).
@@ -310,6 +316,7 @@ mod tests {
             epoch: 5,
             closure: ClosureId(11),
             attempt: 3,
+            part: 0,
             generation: 1,
         }
     }

@@ -3208,6 +3208,7 @@ fn replay_variable(v: u32, closures: &[u64]) -> ParameterStore {
             epoch: 1,
             closure: ClosureId(*closure),
             attempt: 1,
+            part: 0,
             generation: 0,
         };
         let grad = [(variable(v), Gradient::Dense(gradient(*closure).into()))];

@@ -2,8 +2,9 @@
 //! slots, and the rules that make an update take effect exactly once.
 //!
 //! Invariants kept here:
-//! - PS-1: each closure's update is applied at most once (keyed by closure id; a re-dispatched
-//!   attempt of a closure already applied is refused as a duplicate). The ids kept for this
+//! - PS-1: each closure's update is applied at most once (keyed by closure id and, for a
+//!   closure of several steps, the update's part; a re-dispatched attempt of a closure already
+//!   applied is refused as a duplicate). The ids kept for this
 //!   stay bounded: the coordinator's low watermark (`handle_finished_below`) says which
 //!   closures are finished for good; their ids are dropped and any push of theirs refused;
 //! - FENCE-1: a push from a worker incarnation the coordinator fenced changes nothing;
@@ -208,8 +209,8 @@ pub struct ParameterStore {
     /// optimizer's constant one.
     schedule: Option<LearningRateSchedule>,
     variables: BTreeMap<String, StoredVariable>,
-    /// PS-1: closures at or above `finished_below` whose update took effect here.
-    applied_closures: BTreeSet<ClosureId>,
+    /// PS-1: the updates (closure, part) at or above `finished_below` that took effect here.
+    applied_closures: BTreeSet<(ClosureId, u32)>,
     /// The coordinator's low watermark: every closure below it is finished for good, so a
     /// push of one of them can only be a late retry (PS-1 without keeping its id).
     finished_below: ClosureId,
@@ -481,7 +482,8 @@ impl ParameterStore {
             self.counters.rejected_old_generation += 1;
             return Ok(PushOutcome::Stale);
         }
-        if self.applied_closures.contains(&origin.closure) || origin.closure < self.finished_below {
+        let update = (origin.closure, origin.part);
+        if self.applied_closures.contains(&update) || origin.closure < self.finished_below {
             self.counters.rejected_duplicate += 1;
             return Ok(PushOutcome::Duplicate);
         }
@@ -498,7 +500,7 @@ impl ParameterStore {
             match self.optimizer.non_finite_policy() {
                 NonFinitePolicy::Skip => {
                     // The closure is consumed: a retry of it must not apply either (PS-1).
-                    self.applied_closures.insert(origin.closure);
+                    self.applied_closures.insert(update);
                     self.counters.skipped_non_finite += 1;
                     return Ok(PushOutcome::SkippedNonFinite);
                 }
@@ -557,7 +559,7 @@ impl ParameterStore {
                 }
             }
         }
-        self.applied_closures.insert(origin.closure);
+        self.applied_closures.insert(update);
         self.counters.applied += 1;
         Ok(PushOutcome::Applied)
     }
@@ -606,7 +608,7 @@ impl ParameterStore {
         let applied = self
             .applied_closures
             .last()
-            .map_or(0, |c| c.0.saturating_add(1));
+            .map_or(0, |(c, _)| c.0.saturating_add(1));
         applied
             .max(self.pruned_next_free)
             .max(self.finished_below.0)
@@ -623,9 +625,9 @@ impl ParameterStore {
             return;
         }
         self.finished_below = closure;
-        let kept = self.applied_closures.split_off(&closure);
+        let kept = self.applied_closures.split_off(&(closure, 0));
         let dropped = std::mem::replace(&mut self.applied_closures, kept);
-        if let Some(last) = dropped.last() {
+        if let Some((last, _)) = dropped.last() {
             self.pruned_next_free = self.pruned_next_free.max(last.0.saturating_add(1));
         }
     }
@@ -678,7 +680,8 @@ impl ParameterStore {
         self.finished_below
     }
 
-    /// How many closure ids are kept for PS-1 (those applied at or above the low watermark).
+    /// How many updates are kept for PS-1 (those applied at or above the low watermark: one
+    /// per closure, or one per part of a closure of several steps).
     pub fn applied_ids_held(&self) -> usize {
         self.applied_closures.len()
     }
@@ -841,6 +844,7 @@ mod tests {
             epoch,
             closure: ClosureId(closure),
             attempt,
+            part: 0,
             generation: 0,
         }
     }
@@ -850,6 +854,53 @@ mod tests {
         ps.handle_create("w", vec![2], vec![1.0, 1.0]).unwrap();
         ps.handle_create("emb", vec![3, 2], vec![0.0; 6]).unwrap();
         ps
+    }
+
+    /// PS-1 for a closure of several steps: each part applies once; an attempt run again
+    /// after a failure has the parts applied already refused and applies the rest; the
+    /// watermark drops every part of a finished closure, and the next free id is past it.
+    #[test]
+    fn each_part_of_a_closure_applies_once() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        let part = |worker, attempt, part| PushOrigin {
+            part,
+            ..origin(worker, 1, 7, attempt)
+        };
+        assert_eq!(
+            ps.handle_push(part(0, 1, 0), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        assert_eq!(
+            ps.handle_push(part(0, 1, 1), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        // Attempt 1 died after part 1; attempt 2 runs on worker 1.
+        assert_eq!(
+            ps.handle_push(part(1, 2, 0), &grads).unwrap(),
+            PushOutcome::Duplicate
+        );
+        assert_eq!(
+            ps.handle_push(part(1, 2, 1), &grads).unwrap(),
+            PushOutcome::Duplicate
+        );
+        assert_eq!(
+            ps.handle_push(part(1, 2, 2), &grads).unwrap(),
+            PushOutcome::Applied
+        );
+        assert_eq!(ps.counters().applied, 3);
+        assert_eq!(ps.counters().rejected_duplicate, 2);
+        // 1.0 - 3 × 0.5 × 1.0
+        assert_eq!(ps.pull("w").unwrap(), &[-0.5, -0.5]);
+        assert_eq!(ps.applied_ids_held(), 3);
+        assert_eq!(ps.next_free_closure_id(), 8);
+        ps.handle_finished_below(ClosureId(8), 0);
+        assert_eq!(ps.applied_ids_held(), 0);
+        assert_eq!(
+            ps.handle_push(part(0, 3, 3), &grads).unwrap(),
+            PushOutcome::Duplicate
+        );
+        assert_eq!(ps.next_free_closure_id(), 8);
     }
 
     #[test]

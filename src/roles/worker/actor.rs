@@ -408,6 +408,7 @@ impl Compute {
             layouts: &layouts,
             datasets: &mut self.datasets,
             pending: Vec::new(),
+            machine: &self.machine,
         };
         // A panicking step is that step's error, not the worker's death (nor a crash: see
         // `cohort_actors::contain_panic`).

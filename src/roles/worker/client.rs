@@ -501,6 +501,7 @@ mod call_all_tests {
             epoch: 1,
             closure: ClosureId(7),
             attempt: 1,
+            part: 0,
             generation: 0,
         };
         client.push(plan_push(&layouts, origin, gradients).unwrap())

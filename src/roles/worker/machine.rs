@@ -482,6 +482,7 @@ impl WorkerMachine {
                 epoch: self.epoch,
                 closure: ClosureId(run.closure),
                 attempt: run.attempt,
+                part: 0,
                 generation: run.generation,
             },
             function: run.function.clone(),
@@ -520,6 +521,55 @@ impl WorkerMachine {
             Ok(plan) => StepAction::Push(plan),
             Err(e) => self.fail(e.into()),
         }
+    }
+
+    /// Step 5, inside the step function: one of the closure's updates before its last (a
+    /// closure of several steps applies each step's gradients as it goes, Keras'
+    /// `steps_per_execution`), planned as [`Self::handle_computed`] plans the last, into one
+    /// push per server, as the closure's current part.
+    pub fn plan_update(
+        &self,
+        gradients: Vec<(String, Gradient<'static>)>,
+    ) -> Result<Vec<PlannedPush>, StepError> {
+        let step = self
+            .step
+            .as_ref()
+            .ok_or_else(|| StepError::Step("no closure is being computed".into()))?;
+        Ok(plan_push(&self.layouts, step.origin, gradients)?)
+    }
+
+    /// Step 5, inside the step function: the update planned by [`Self::plan_update`] settled
+    /// with `outcomes`. Once it took effect at every server (applied, or applied already by
+    /// an earlier attempt: PS-1), the closure's next update is the next part. A server that
+    /// refused it as fenced cuts this incarnation off (the step's error says so and the
+    /// process exits, FENCE-1); one that refused it as stale is that server's failure,
+    /// retryable, as for the last push.
+    pub fn handle_update_pushed(
+        &mut self,
+        _now: Instant,
+        outcomes: Result<Vec<(u32, PushOutcome)>, StepError>,
+    ) -> Result<(), StepError> {
+        let outcomes = outcomes?;
+        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| *o == PushOutcome::Fenced) {
+            return Err(StepError::CutOff {
+                ps: *ps,
+                reason: "it refused an update of this closure as fenced".into(),
+            });
+        }
+        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| !o.took_effect()) {
+            return Err(StepError::PsUnavailable(PsUnavailable {
+                ps: *ps,
+                reason: "an update of this closure was refused as stale (a parameter-server \
+                         restore began since the closure was dispatched)"
+                    .into(),
+            }));
+        }
+        let step = self
+            .step
+            .as_mut()
+            .ok_or_else(|| StepError::Step("no closure is being computed".into()))?;
+        step.origin.part = step.origin.part.saturating_add(1);
+        Ok(())
     }
 
     /// Step 5, once every push sent has settled: each server's outcome, or the calls'
@@ -959,6 +1009,41 @@ mod tests {
         assert_eq!(m.layouts().len(), 1);
     }
 
+    /// A closure of several steps: each update inside the step is planned as the closure's
+    /// current part and, once it took effect everywhere (applied, or applied already by an
+    /// earlier attempt), the next is the next part; the last push at the end is the last part.
+    /// A stale refusal fails the step as that server's failure; a fenced one cuts it off.
+    #[test]
+    fn updates_inside_a_step_are_the_closures_parts_in_order() {
+        let mut m = ready(&[("a", 0)]);
+        started(&mut m, 9);
+        let gradients = || vec![("w".to_string(), Gradient::Dense(vec![1.0; 4].into()))];
+        let plan = m.plan_update(gradients()).unwrap();
+        assert!(plan.iter().all(|p| p.push.origin.part == 0));
+        m.handle_update_pushed(
+            now(),
+            Ok(vec![(0, PushOutcome::Applied), (1, PushOutcome::Duplicate)]),
+        )
+        .unwrap();
+        assert_eq!(m.current_origin().map(|o| o.part), Some(1));
+        let stale = m.handle_update_pushed(now(), Ok(vec![(0, PushOutcome::Stale)]));
+        assert!(
+            matches!(stale, Err(StepError::PsUnavailable(_))),
+            "{stale:?}"
+        );
+        assert_eq!(m.current_origin().map(|o| o.part), Some(1));
+        let fenced = m.handle_update_pushed(now(), Ok(vec![(1, PushOutcome::Fenced)]));
+        assert!(
+            matches!(fenced, Err(StepError::CutOff { ps: 1, .. })),
+            "{fenced:?}"
+        );
+        let action = m.handle_computed(now(), Ok((Vec::new(), gradients())), []);
+        let StepAction::Push(plan) = action else {
+            panic!("expected pushes, got {action:?}");
+        };
+        assert!(plan.iter().all(|p| p.push.origin.part == 1));
+    }
+
     #[test]
     fn a_step_computes_pushes_one_message_per_server_then_replies_its_value() {
         let mut m = ready(&[("a", 0)]);
@@ -981,6 +1066,7 @@ mod tests {
                 epoch: 7,
                 closure: ClosureId(9),
                 attempt: 2,
+                part: 0,
                 generation: 3
             }
         );

@@ -190,8 +190,11 @@ pub struct StepContext<'a> {
     replicas: usize,
     layouts: &'a BTreeMap<String, Layout>,
     datasets: &'a mut BTreeMap<String, WorkerDataset>,
-    /// The gradients recorded, sent when the step succeeds.
+    /// The gradients recorded, sent when the step succeeds (or by
+    /// [`StepContext::apply_gradients`]).
     pending: Vec<(String, Gradient<'static>)>,
+    /// The worker's machine, which plans and settles the updates applied inside the step.
+    machine: &'a actor::SharedMachine,
 }
 
 impl<'a> StepContext<'a> {
@@ -261,6 +264,14 @@ impl<'a> StepContext<'a> {
         self.closure
     }
 
+    /// Which of the closure's updates the gradients recorded now will be: 0 until the first
+    /// [`StepContext::apply_gradients`], then 1, and so on.
+    pub fn update_part(&self) -> u32 {
+        actor::lock(self.machine)
+            .current_origin()
+            .map_or(0, |origin| origin.part)
+    }
+
     /// The layout of variable `name`.
     pub fn layout(&self, name: &str) -> Result<&Layout, StepError> {
         self.layouts
@@ -314,6 +325,23 @@ impl<'a> StepContext<'a> {
             },
         ));
         Ok(())
+    }
+
+    /// Applies the gradients recorded so far now, as one update of this closure, and starts
+    /// the next (Keras' `optimizer.apply_gradients` in each step of a closure running
+    /// `steps_per_execution` steps): the next steps pull the values it produced. Each of a
+    /// closure's updates is applied at most once (PS-1): an attempt run again after a failure
+    /// has the updates an earlier attempt applied refused as duplicates, and applies the rest.
+    /// What is recorded after the last call is the closure's last update, pushed when the step
+    /// function returns. Nothing recorded: nothing sent.
+    pub fn apply_gradients(&mut self) -> Result<(), StepError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let gradients = std::mem::take(&mut self.pending);
+        let plan = actor::lock(self.machine).plan_update(gradients)?;
+        let outcomes = self.client.push(plan);
+        actor::lock(self.machine).handle_update_pushed(std::time::Instant::now(), outcomes)
     }
 
     /// The next element of this worker's dataset `dataset`: by its registered name, the

@@ -294,7 +294,9 @@ impl<M> ServerModel<M> {
                 other.dims()
             )));
         }
-        let step = ctx.closure_id();
+        // Each update of a closure of several steps draws its own randomness; a closure's
+        // first (or only) update draws the closure's.
+        let step = ctx.closure_id() ^ (u64::from(ctx.update_part()) << 40);
         let vars: Vec<&Var> = self.variables.iter().map(|(_, v)| v).collect();
         let ranges = super::replica_ranges(examples, ctx.replicas());
         let per_replica = ctx.on_replicas(examples, |range| {
