@@ -11,12 +11,14 @@
 //! 48 sequences of 64 characters throughout. Loss and perplexity go to TensorBoard
 //! (`$TMPDIR/cohort-char-transformer/tb`) and, at the end, to a PNG beside it.
 
-use cohort::candle::{Device, Module, ModuleT, Tensor};
-use cohort::candle_nn::{self, Embedding, Init, Linear, VarBuilder};
-use cohort::data::{datasets::gutenberg, Dataset};
+use cohort::candle::{Module, ModuleT, Tensor};
+use cohort::candle_nn::{self, Linear, VarBuilder};
+use cohort::data::datasets::gutenberg;
+use cohort::data::text::{shifted_windows, CharVocabulary};
 use cohort::keras::callbacks::{PlotHistory, ScaleWorkers, TensorBoard};
 use cohort::keras::{metrics, Fit, Loss, Model};
-use cohort::nn::{layer_norm, multi_head_attention, LayerNorm, MultiHeadAttention};
+use cohort::nn::{layer_norm, token_and_position_embedding, transformer_decoder, LayerNorm};
+use cohort::nn::{TokenAndPositionEmbedding, TransformerDecoder};
 use cohort::optim::Optimizer;
 use cohort::program::{multi_worker_main, MultiWorkerTask};
 use cohort::train::{DistributedOptimizer, LearningRateSchedule};
@@ -31,42 +33,19 @@ const EPOCHS: usize = 10;
 /// Workers besides the chief asked for at a step: 2 (3 in the group) at 400, 1 at 1000.
 const SCALE_PLAN: [(u64, u32); 2] = [(400, 2), (1000, 1)];
 
-struct Block {
-    norm1: LayerNorm,
-    attention: MultiHeadAttention,
-    norm2: LayerNorm,
-    up: Linear,
-    down: Linear,
-}
-
 struct Gpt {
-    tokens: Embedding,
-    positions: Tensor,
-    blocks: Vec<Block>,
+    embed: TokenAndPositionEmbedding,
+    blocks: Vec<TransformerDecoder>,
     norm: LayerNorm,
     head: Linear,
 }
 
 impl Gpt {
     fn new(vocabulary: usize, vb: VarBuilder<'static>) -> cohort::candle::Result<Self> {
-        let block = |vb: VarBuilder<'static>| -> cohort::candle::Result<Block> {
-            Ok(Block {
-                norm1: layer_norm(WIDTH, 1e-5, vb.pp("norm1"))?,
-                attention: multi_head_attention(WIDTH, HEADS, vb.clone())?.causal(),
-                norm2: layer_norm(WIDTH, 1e-5, vb.pp("norm2"))?,
-                up: candle_nn::linear(WIDTH, 4 * WIDTH, vb.pp("up"))?,
-                down: candle_nn::linear(4 * WIDTH, WIDTH, vb.pp("down"))?,
-            })
-        };
-        let init = Init::Randn {
-            mean: 0.0,
-            stdev: 0.02,
-        };
         Ok(Self {
-            tokens: candle_nn::embedding(vocabulary, WIDTH, vb.pp("tokens"))?,
-            positions: vb.get_with_hints((CONTEXT, WIDTH), "positions", init)?,
+            embed: token_and_position_embedding(vocabulary, CONTEXT, WIDTH, vb.clone())?,
             blocks: (0..LAYERS)
-                .map(|i| block(vb.pp(format!("block{i}"))))
+                .map(|i| transformer_decoder(WIDTH, HEADS, 4 * WIDTH, vb.pp(format!("block{i}"))))
                 .collect::<Result<_, _>>()?,
             norm: layer_norm(WIDTH, 1e-5, vb.pp("norm"))?,
             head: candle_nn::linear(WIDTH, vocabulary, vb.pp("head"))?,
@@ -76,46 +55,24 @@ impl Gpt {
 
 impl ModuleT for Gpt {
     fn forward_t(&self, ids: &Tensor, _train: bool) -> cohort::candle::Result<Tensor> {
-        let mut x = self.tokens.forward(ids)?.broadcast_add(&self.positions)?;
-        for b in &self.blocks {
-            x = (&x + b.attention.forward(&b.norm1.forward(&x)?)?)?;
-            let mlp = b
-                .down
-                .forward(&b.up.forward(&b.norm2.forward(&x)?)?.gelu()?)?;
-            x = (&x + mlp)?;
+        let mut x = self.embed.forward(ids)?;
+        for block in &self.blocks {
+            x = block.forward(&x)?;
         }
         self.head.forward(&self.norm.forward(&x)?)
     }
 }
 
-/// Sequences of `CONTEXT` characters and the same shifted by one.
-fn sequences(ids: &[u32]) -> Result<Dataset, Box<dyn std::error::Error>> {
-    let n = (ids.len() - 1) / CONTEXT;
-    let window = |shift: usize| {
-        Tensor::from_vec(
-            ids[shift..shift + n * CONTEXT].to_vec(),
-            (n, CONTEXT),
-            &Device::Cpu,
-        )
-    };
-    Ok(Dataset::from_tensor_slices(vec![window(0)?, window(1)?])?)
-}
-
 fn train(task: MultiWorkerTask) -> Result<(), Box<dyn std::error::Error>> {
     let text = gutenberg::moby_dick()?;
-    let mut vocabulary: Vec<char> = text.chars().collect();
-    vocabulary.sort_unstable();
-    vocabulary.dedup();
-    let ids: Vec<u32> = text
-        .chars()
-        .map(|c| vocabulary.binary_search(&c).unwrap() as u32)
-        .collect();
+    let vocabulary = CharVocabulary::of(&text);
+    let ids = vocabulary.encode(&text)?;
     let split = ids.len() * 95 / 100;
-    let train = sequences(&ids[..split])?
+    let train = shifted_windows(&ids[..split], CONTEXT)?
         .shuffle(20_000, 3)
         .repeat(None)
         .batch(GLOBAL_BATCH, true);
-    let held_out = sequences(&ids[split..])?.batch(GLOBAL_BATCH, true);
+    let held_out = shifted_windows(&ids[split..], CONTEXT)?.batch(GLOBAL_BATCH, true);
 
     let chief = task.strategy.is_chief();
     let v = vocabulary.len();

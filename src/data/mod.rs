@@ -23,6 +23,8 @@ mod files;
 mod numpy;
 mod pipeline;
 mod spec;
+pub mod synthetic;
+pub mod text;
 
 pub use dataset::{Dataset, DatasetIterator, FilterFn, MapFn, PREFETCH_BUFFER_MAX};
 pub use distribute::{

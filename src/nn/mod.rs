@@ -25,7 +25,9 @@
 //! [`Dropout`] draws its masks from the step's seeded randomness ([`with_step_randomness`]), the
 //! same under every strategy; [`layer_norm`] and [`rms_norm`] are candle-nn's normalizations
 //! with a backward pass, and [`multi_head_attention`] is the self-attention candle-nn lacks
-//! (Keras' `MultiHeadAttention`, with its causal mask), built from candle-nn's linear layers. `crate::train::ReplicatedModel` builds such a model per replica and
+//! (Keras' `MultiHeadAttention`, with its causal mask), built from candle-nn's linear layers;
+//! [`transformer_decoder`] and [`token_and_position_embedding`] are KerasNLP's decoder block and
+//! input embedding built from those. `crate::train::ReplicatedModel` builds such a model per replica and
 //! trains it.
 //!
 //! ```
@@ -54,6 +56,7 @@ mod model_vars;
 mod random;
 mod tape;
 mod trainable;
+mod transformer;
 mod weights;
 
 pub use attention::{multi_head_attention, MultiHeadAttention};
@@ -64,6 +67,10 @@ pub use model_vars::{is_statistic, ModelVariables, STATISTICS};
 pub use random::{with_step_randomness, Dropout, StepRandomness};
 pub use tape::{Gradient, GradientTape, VariableSource};
 pub use trainable::{layer_norm, rms_norm, LayerNorm, RmsNorm};
+pub use transformer::{
+    token_and_position_embedding, transformer_decoder, TokenAndPositionEmbedding,
+    TransformerDecoder,
+};
 pub use weights::{declare, WeightAccess, WeightSpec};
 
 use candle_core::DType;
