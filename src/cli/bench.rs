@@ -162,25 +162,35 @@ pub fn run(
         .find(|(r, metrics, _)| r.workload == "dense" && !metrics)
         .map(|(r, _, _)| r.steps_per_s)
     {
-        let measured = match peers {
-            None => Err("not asked for (--peers)".to_string()),
-            Some(python) => super::peers::run_peer(
-                python,
+        for (what, program) in [
+            (
+                "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
                 "tf_ps.py",
-                &[format!("--steps={steps}"), format!("--warmup={warmup}")],
             ),
-        };
-        match measured {
-            Ok((theirs, version)) => outln!(
-                "\ndense: TensorFlow {version} ParameterServerStrategy (1 chief + 2 PS + 2 workers, \
-                 the same workload) {theirs:.1} steps/s in the same run; cohort {ours:.1}: ratio \
-                 {:.2}x",
-                ours / theirs
+            (
+                "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
+                "torch_ps.py",
             ),
-            Err(why) => outln!(
-                "\ndense: TensorFlow ParameterServerStrategy not measured: {why} (bash \
-                 benches/peers/setup.sh, then --peers)"
-            ),
+        ] {
+            let measured = match peers {
+                None => Err("not asked for (--peers)".to_string()),
+                Some(python) => super::peers::run_peer(
+                    python,
+                    program,
+                    &[format!("--steps={steps}"), format!("--warmup={warmup}")],
+                ),
+            };
+            match measured {
+                Ok((theirs, version)) => outln!(
+                    "\ndense: {what}, {version}, the same workload: {theirs:.1} steps/s in the \
+                     same run; cohort {ours:.1}: ratio {:.2}x",
+                    ours / theirs
+                ),
+                Err(why) => outln!(
+                    "\ndense: {what} not measured: {why} (bash benches/peers/setup.sh, then \
+                     --peers)"
+                ),
+            }
         }
     }
     if let (Some(ours), Some(base)) = (goodput, bare) {

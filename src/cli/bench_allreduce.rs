@@ -4,8 +4,9 @@
 //! ceiling divided by the members: on one machine every member's bytes share its cores).
 //! Then the same over the plaintext data plane (TCP links set up over QUIC): as tasks, and as
 //! processes twice, with every chunk on TCP and with chunks passed through shared memory (all
-//! members are on one host here). No peer (gloo) is measured here yet: that needs its
-//! comparison program in the repository, run in the same invocation.
+//! members are on one host here). With `--peers`, gloo's all-reduce (through
+//! torch.distributed, `benches/peers/gloo_allreduce.py`) runs with its members as processes in
+//! the same invocation, and the member-process rows get its busbw and the ratios.
 
 use crate::process::stdout::outln;
 use std::time::{Duration, Instant};
@@ -16,8 +17,9 @@ use cohort_transport::TransportConfig;
 use super::CliError;
 use crate::collective::{loopback_group, GroupConfig, ProcessGroup, Reduction};
 
-/// Runs the benchmark and prints its table.
-pub fn run() -> Result<(), CliError> {
+/// Runs the benchmark and prints its table; with `peers` (the Python that runs them), gloo's
+/// all-reduce beside the member-process rows.
+pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
     let before = super::bench::bare_quinn_goodput()?;
     let failed = |e: &dyn std::fmt::Display| CliError::Failed(format!("bench allreduce: {e}"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -57,6 +59,19 @@ pub fn run() -> Result<(), CliError> {
             }
         }
     }
+    // gloo, its members processes too, on the same sizes, in this invocation.
+    let gloo: Vec<Result<(f64, String), String>> = process_rows[0]
+        .iter()
+        .map(|&(members, mib, _)| match peers {
+            None => Err("not asked for (--peers)".to_string()),
+            Some(python) => super::peers::run_peer_figure(
+                python,
+                "gloo_allreduce.py",
+                &[format!("--members={members}"), format!("--mib={mib}")],
+                "seconds",
+            ),
+        })
+        .collect();
     let after = super::bench::bare_quinn_goodput()?;
     let ceiling = (before + after) / 2.0 * MIB / 1e9;
     outln!(
@@ -108,9 +123,49 @@ pub fn run() -> Result<(), CliError> {
         shared_rows,
     );
     outln!(
-        "peers: gloo is not measured in this run (no comparison program in the repository \
-         yet), so no ratio is printed"
+        "\ngloo (torch.distributed, members as processes on 127.0.0.1, TCP), measured in this \
+         run, against cohort's member processes above:"
     );
+    outln!(
+        "{:>7} {:>8} {:>16} {:>16} {:>12} {:>16} {:>12}",
+        "members",
+        "size",
+        "gloo busbw GB/s",
+        "cohort TCP GB/s",
+        "ratio",
+        "cohort shm GB/s",
+        "ratio"
+    );
+    for (((members, mib, tcp), (_, _, shared)), gloo) in
+        tcp_rows.iter().zip(shared_rows).zip(&gloo)
+    {
+        let busbw = |seconds: f64| {
+            let n = f64::from(*members);
+            *mib as f64 * MIB / seconds / 1e9 * 2.0 * (n - 1.0) / n
+        };
+        let (theirs, tcp_ratio, shared_ratio) = match gloo {
+            Ok((seconds, _)) => (
+                format!("{:.3}", busbw(*seconds)),
+                format!("{:.2}x", busbw(*tcp) / busbw(*seconds)),
+                format!("{:.2}x", busbw(*shared) / busbw(*seconds)),
+            ),
+            Err(_) => ("not measured".into(), "-".into(), "-".into()),
+        };
+        outln!(
+            "{members:>7} {:>8} {theirs:>16} {:>16.3} {tcp_ratio:>12} {:>16.3} {shared_ratio:>12}",
+            format!("{mib} MiB"),
+            busbw(*tcp),
+            busbw(*shared),
+        );
+    }
+    match gloo.iter().find_map(|g| g.as_ref().err()) {
+        Some(why) => outln!("gloo: not measured: {why} (bash benches/peers/setup.sh, then --peers)"),
+        None => {
+            if let Some(Ok((_, version))) = gloo.first() {
+                outln!("gloo: torch {version}");
+            }
+        }
+    }
     Ok(())
 }
 

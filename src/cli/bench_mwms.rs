@@ -1,9 +1,10 @@
 //! `cohort bench mwms`: MultiWorkerMirrored's training throughput with 2 and 3 worker
 //! processes on 127.0.0.1 ([`crate::workloads::mwms_bench`]: the dense MLP 784-256-256-10,
 //! 256 examples per worker and step). With `--peers`, TensorFlow's MultiWorkerMirroredStrategy
-//! runs the same workload in the same invocation (`benches/peers/tf_mwms.py`, from the
-//! Python `benches/peers/setup.sh` makes) and the table gives the ratios of what was measured
-//! then; without it, or where the peer cannot run, the peer's column says "not measured".
+//! and PyTorch's DistributedDataParallel run the same workload in the same invocation
+//! (`benches/peers/tf_mwms.py` and `torch_ddp.py`, from the Python `benches/peers/setup.sh`
+//! makes) and the table gives the ratios of what was measured then; without it, or where a
+//! peer cannot run, its column says "not measured".
 //!
 //! Each worker is this binary's hidden `mwms-member --bench-batch 256`, with its own
 //! certificate from a CA made for the run and a `TF_CONFIG` naming every worker; the steps are
@@ -27,6 +28,19 @@ const BATCH_PER_WORKER: usize = 256;
 const WORKER_COUNTS: [usize; 2] = [2, 3];
 /// Bound on one run, warm-up and forming included.
 const RUN_MAX: Duration = Duration::from_secs(600);
+/// The peers measured with `--peers`: their column's name, what they are, their program.
+const PEERS: [(&str, &str, &str); 2] = [
+    (
+        "TF MWMS",
+        "TensorFlow's MultiWorkerMirroredStrategy",
+        "tf_mwms.py",
+    ),
+    (
+        "PyTorch DDP",
+        "PyTorch's DistributedDataParallel (gloo)",
+        "torch_ddp.py",
+    ),
+];
 
 /// Runs the benchmark (`steps` timed steps, `warmup` before them) and prints its table.
 pub fn run(steps: usize, warmup: usize, peers: Option<&Path>) -> Result<(), CliError> {
@@ -46,31 +60,33 @@ pub fn run(steps: usize, warmup: usize, peers: Option<&Path>) -> Result<(), CliE
             rows.push((workers, plane, rate));
         }
     }
-    // The peer, on the same workload and machine, in this invocation.
-    let mut peer: BTreeMap<usize, Result<(f64, String), String>> = BTreeMap::new();
-    for workers in WORKER_COUNTS {
-        let measured = match peers {
-            None => Err("not asked for (--peers)".to_string()),
-            Some(python) => super::peers::run_peer(
-                python,
-                "tf_mwms.py",
-                &[
-                    format!("--workers={workers}"),
-                    format!("--steps={steps}"),
-                    format!("--warmup={warmup}"),
-                ],
-            ),
-        };
-        match &measured {
-            Ok((rate, version)) => {
-                outln!("TensorFlow {version} MultiWorkerMirroredStrategy, {workers} workers: {rate:.1} steps/s")
+    // The peers, on the same workload and machine, in this invocation.
+    let mut peer: BTreeMap<(usize, usize), Result<(f64, String), String>> = BTreeMap::new();
+    for (index, (_, what, program)) in PEERS.iter().enumerate() {
+        for workers in WORKER_COUNTS {
+            let measured = match peers {
+                None => Err("not asked for (--peers)".to_string()),
+                Some(python) => super::peers::run_peer(
+                    python,
+                    program,
+                    &[
+                        format!("--workers={workers}"),
+                        format!("--steps={steps}"),
+                        format!("--warmup={warmup}"),
+                    ],
+                ),
+            };
+            match &measured {
+                Ok((rate, version)) => {
+                    outln!("{what} ({version}), {workers} workers: {rate:.1} steps/s")
+                }
+                Err(why) if peers.is_some() => {
+                    outln!("{what}, {workers} workers: not measured: {why}")
+                }
+                Err(_) => {}
             }
-            Err(why) if peers.is_some() => {
-                outln!("TensorFlow MultiWorkerMirroredStrategy, {workers} workers: not measured: {why}")
-            }
-            Err(_) => {}
+            peer.insert((index, workers), measured);
         }
-        peer.insert(workers, measured);
     }
     let _ = std::fs::remove_dir_all(&dir);
     outln!(
@@ -84,21 +100,29 @@ pub fn run(steps: usize, warmup: usize, peers: Option<&Path>) -> Result<(), CliE
         crate::workloads::mwms_bench::CLASSES,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
-    outln!(
-        "{:<8} {:<16} {:>12} {:>16} {:>8}",
-        "workers", "data plane", "steps/s", "TF MWMS steps/s", "ratio"
-    );
+    let mut header = format!("{:<8} {:<16} {:>12}", "workers", "data plane", "steps/s");
+    for (name, _, _) in PEERS {
+        header.push_str(&format!(" {:>20} {:>8}", format!("{name} steps/s"), "ratio"));
+    }
+    outln!("{header}");
     for (workers, plane, rate) in rows {
-        let (tf, ratio) = match peer.get(&workers) {
-            Some(Ok((tf, _))) if *tf > 0.0 => (format!("{tf:.1}"), format!("{:.2}x", rate / tf)),
-            _ => ("not measured".to_string(), "-".to_string()),
-        };
-        outln!("{workers:<8} {plane:<16} {rate:>12.1} {tf:>16} {ratio:>8}");
+        let mut line = format!("{workers:<8} {plane:<16} {rate:>12.1}");
+        for index in 0..PEERS.len() {
+            let (theirs, ratio) = match peer.get(&(index, workers)) {
+                Some(Ok((theirs, _))) => {
+                    (format!("{theirs:.1}"), format!("{:.2}x", rate / theirs))
+                }
+                _ => ("not measured".to_string(), "-".to_string()),
+            };
+            line.push_str(&format!(" {theirs:>20} {ratio:>8}"));
+        }
+        outln!("{line}");
     }
     if peers.is_none() {
         outln!(
-            "peers: not measured (--peers runs TensorFlow's MultiWorkerMirroredStrategy on \
-             this workload in the same run; bash benches/peers/setup.sh makes its Python)"
+            "peers: not measured (--peers runs TensorFlow's MultiWorkerMirroredStrategy and \
+             PyTorch's DDP on this workload in the same run; bash benches/peers/setup.sh makes \
+             their Python)"
         );
     }
     Ok(())

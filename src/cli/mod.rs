@@ -344,8 +344,9 @@ struct BenchArgs {
     /// `recovery`: seed of the spot scenario's preemption schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// `ps` and `mwms`: measure the peers in the same run (TensorFlow's
-    /// ParameterServerStrategy on the dense workload, its MultiWorkerMirroredStrategy;
+    /// `ps`, `mwms` and `allreduce`: measure the peers in the same run (TensorFlow's
+    /// ParameterServerStrategy and a PyTorch RPC parameter server on the dense workload;
+    /// TensorFlow's MultiWorkerMirroredStrategy and PyTorch's DDP; gloo's all-reduce;
     /// benches/peers/) and print the ratios; their Python comes from --python.
     #[arg(long)]
     peers: bool,
@@ -560,7 +561,9 @@ pub fn run() -> ExitCode {
         Command::Bench(args) if args.target == "recovery" => {
             bench_recovery::run(args.steps, args.seed)
         }
-        Command::Bench(args) if args.target == "allreduce" => bench_allreduce::run(),
+        Command::Bench(args) if args.target == "allreduce" => {
+            bench_allreduce::run(args.peers.then_some(args.python.as_path()))
+        }
         Command::Bench(args) if args.target == "mwms" => bench_mwms::run(
             args.steps,
             args.warmup,

@@ -1,7 +1,9 @@
 //! The peers `cohort bench ... --peers` measures in the same invocation: the programs of
-//! `benches/peers/` (TensorFlow's strategies on cohort's benchmark workloads), run by the
-//! Python `benches/peers/setup.sh` makes, each printing one JSON line with its
-//! `steps_per_second`. A peer that cannot run is "not measured", with the reason.
+//! `benches/peers/` (TensorFlow's strategies, PyTorch's DDP and RPC parameter server, gloo's
+//! all-reduce, on cohort's benchmark workloads), run by the Python `benches/peers/setup.sh`
+//! makes, each printing one JSON line with its figure (`steps_per_second`, or `seconds` per
+//! all-reduce) and its framework's `version`. A peer that cannot run is "not measured", with
+//! the reason.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -16,6 +18,16 @@ pub(super) fn run_peer(
     python: &Path,
     script: &str,
     args: &[String],
+) -> Result<(f64, String), String> {
+    run_peer_figure(python, script, args, "steps_per_second")
+}
+
+/// [`run_peer`], for the figure `key` of the peer's line (a positive number).
+pub(super) fn run_peer_figure(
+    python: &Path,
+    script: &str,
+    args: &[String],
+    key: &str,
 ) -> Result<(f64, String), String> {
     let script = peer_script(script)?;
     if !python.exists() {
@@ -61,18 +73,18 @@ pub(super) fn run_peer(
         let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
         return Err(format!("{status}: {tail}"));
     }
-    parse_peer_line(&out)
+    parse_peer_line(&out, key)
 }
 
-/// The peer's result line: `{"steps_per_second": R, "version": V, ...}` (the last line).
-fn parse_peer_line(out: &str) -> Result<(f64, String), String> {
+/// The peer's result line: `{"<key>": R, "version": V, ...}` (the last line).
+fn parse_peer_line(out: &str, key: &str) -> Result<(f64, String), String> {
     let line = out.lines().last().unwrap_or_default();
     let value: serde_json::Value =
         serde_json::from_str(line).map_err(|e| format!("its output {line:?}: {e}"))?;
-    let rate = value["steps_per_second"]
+    let rate = value[key]
         .as_f64()
         .filter(|r| r.is_finite() && *r > 0.0)
-        .ok_or_else(|| format!("no steps_per_second in {line:?}"))?;
+        .ok_or_else(|| format!("no positive {key} in {line:?}"))?;
     let version = value["version"].as_str().unwrap_or("?").to_string();
     Ok((rate, version))
 }
@@ -99,12 +111,18 @@ mod tests {
     fn a_peer_line_gives_its_rate_and_a_bad_one_says_why() {
         let line = r#"{"peer": "tensorflow-mwms", "version": "2.15.1", "workers": 2, "steps_per_second": 151.7}"#;
         assert_eq!(
-            parse_peer_line(&format!("noise\n{line}\n")),
+            parse_peer_line(&format!("noise\n{line}\n"), "steps_per_second"),
             Ok((151.7, "2.15.1".to_string()))
         );
+        let gloo = r#"{"peer": "gloo", "version": "2.5.1", "members": 2, "mib": 64, "seconds": 0.09}"#;
+        assert_eq!(
+            parse_peer_line(gloo, "seconds"),
+            Ok((0.09, "2.5.1".to_string()))
+        );
         for bad in ["", "not json", r#"{"steps_per_second": 0}"#, r#"{"version": "1"}"#] {
-            assert!(parse_peer_line(bad).is_err(), "{bad:?}");
+            assert!(parse_peer_line(bad, "steps_per_second").is_err(), "{bad:?}");
         }
+        assert!(parse_peer_line(line, "seconds").is_err());
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub enum Part {
     NcclWheel,
     /// A GPU (or as many as a test needs).
     Gpu,
+    /// The peers' Python (`bash benches/peers/setup.sh`: TensorFlow and PyTorch), for the
+    /// check that the comparison programs run.
+    Peers,
     /// A machine without a GPU with NCCL: the check of what runs without one.
     NoGpu,
     /// A machine without libnccl outside `LD_LIBRARY_PATH`: the check of the message that
@@ -54,6 +57,7 @@ impl Part {
             Part::Unshare => "unshare",
             Part::NcclWheel => "nccl-wheel",
             Part::Gpu => "gpu",
+            Part::Peers => "peers",
             Part::NoGpu => "no-gpu",
             Part::NoSystemNccl => "no-system-nccl",
         }
