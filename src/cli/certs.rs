@@ -38,21 +38,28 @@ pub struct CertsArgs {
     #[arg(long, default_value = "cohort")]
     name: String,
     /// Overwrite certificates already in --out (by default existing files are never replaced).
-    #[arg(long, conflicts_with = "add")]
+    #[arg(long, conflicts_with_all = ["add", "renew"])]
     force: bool,
     /// Sign certificates only for the nodes of --cluster that --out has none for yet, with the
     /// CA already there (its ca.pem and ca.key): the certificates of workers that will join a
     /// running job (`workers_max`). Nothing already in --out is replaced.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "renew")]
     add: bool,
+    /// Sign a new certificate and key for every node of --cluster with the CA already in --out
+    /// (its ca.pem and ca.key), replacing theirs: certificate rotation. Running processes
+    /// reload their pair within 10 s for the handshakes that follow, without a restart
+    /// (connections already up keep theirs).
+    #[arg(long)]
+    renew: bool,
     /// Also write a Kubernetes Secret manifest called NAME to `<out>/NAME.secret.yaml`: ca.pem
     /// and every node's certificate and key (never ca.key), to mount as the certs directory
     /// (COHORT_CERTS) of every pod of the job.
     #[arg(long, value_name = "NAME")]
     k8s_secret: Option<String>,
     /// Days each node certificate is valid, from now (less an hour for clock skew). Renew
-    /// before then: `cohort certs --force` (or `--add` for new nodes) and restart the tasks
-    /// as they pick up the new files; an expired certificate is refused at the handshake.
+    /// before then: `cohort certs --renew` (same CA; running tasks reload the new files) or
+    /// `--force` (a new CA: restart the job); an expired certificate is refused at the
+    /// handshake.
     #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36_500))]
     pub valid_days: u32,
     /// Days the CA certificate is valid (a new CA only; with --add the CA in --out is kept).
@@ -75,8 +82,8 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
         Some(name) => Some(SecretTarget::new(name, args.namespace.as_deref())?),
         None => None,
     };
-    if args.add {
-        return add(&args, &nodes, secret.as_ref());
+    if args.add || args.renew {
+        return sign_with_existing_ca(&args, &nodes, secret.as_ref());
     }
     if !args.force {
         let existing: Vec<String> = std::iter::once(CA_FILE.to_string())
@@ -141,21 +148,27 @@ pub fn run(args: CertsArgs) -> Result<(), CliError> {
 }
 
 /// `--add`: the nodes of `nodes` without a certificate in --out get one signed by the CA
-/// there; with `secret`, the Secret is written again with every node's pair.
-fn add(args: &CertsArgs, nodes: &[NodeId], secret: Option<&SecretTarget>) -> Result<(), CliError> {
+/// there; `--renew`: every node of `nodes` gets a new one, replacing its pair. With `secret`,
+/// the Secret is written again with every node's pair.
+fn sign_with_existing_ca(
+    args: &CertsArgs,
+    nodes: &[NodeId],
+    secret: Option<&SecretTarget>,
+) -> Result<(), CliError> {
+    let flag = if args.renew { "--renew" } else { "--add" };
     let read = |name: &str| {
         std::fs::read_to_string(args.out.join(name)).map_err(|e| {
             CliError::Usage(format!(
-                "--add signs with the CA in --out {}, but {name} cannot be read there: {e}",
+                "{flag} signs with the CA in --out {}, but {name} cannot be read there: {e}",
                 args.out.display()
             ))
         })
     };
     let ca = ClusterCa::from_pem(&read(CA_FILE)?, &read("ca.key")?)
-        .map_err(|e| CliError::Usage(format!("--add: the CA in {}: {e}", args.out.display())))?;
-    let (have, missing): (Vec<&NodeId>, Vec<&NodeId>) = nodes
-        .iter()
-        .partition(|n| args.out.join(format!("{}.pem", n.file_stem())).exists());
+        .map_err(|e| CliError::Usage(format!("{flag}: the CA in {}: {e}", args.out.display())))?;
+    let (have, missing): (Vec<&NodeId>, Vec<&NodeId>) = nodes.iter().partition(|n| {
+        !args.renew && args.out.join(format!("{}.pem", n.file_stem())).exists()
+    });
     let mut creds = Vec::new();
     for node in &have {
         creds.push(
@@ -178,12 +191,21 @@ fn add(args: &CertsArgs, nodes: &[NodeId], secret: Option<&SecretTarget>) -> Res
         node.save(&args.out)
             .map_err(|e| CliError::Failed(e.to_string()))?;
     }
-    outln!(
-        "signed {} new node certificate(s) in {} with its CA ({} already there, left as they were)",
-        added.len(),
-        args.out.display(),
-        have.len()
-    );
+    if args.renew {
+        outln!(
+            "renewed {} node certificate(s) in {} with its CA: running tasks reload them within \
+             10 s for new connections",
+            added.len(),
+            args.out.display()
+        );
+    } else {
+        outln!(
+            "signed {} new node certificate(s) in {} with its CA ({} already there, left as they were)",
+            added.len(),
+            args.out.display(),
+            have.len()
+        );
+    }
     if let (Some(target), Some(manifest)) = (secret, manifest) {
         let path = args.out.join(target.file_name());
         write_secret_file(&path, &manifest)?;
@@ -372,6 +394,7 @@ mod tests {
             name: "test".into(),
             force: false,
             add: false,
+            renew: false,
             k8s_secret: secret.map(str::to_string),
             namespace: namespace.map(str::to_string),
             valid_days: 365,
@@ -450,6 +473,36 @@ mod tests {
         let err = run(without).unwrap_err().to_string();
         assert!(err.contains("--add") && err.contains("ca.pem"), "{err}");
         assert!(!none.join("worker-0.pem").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `--renew` replaces every node's pair with a new one signed by the CA in place (which
+    /// stays), so that a process reloading its files is still trusted by the others.
+    #[test]
+    fn renew_replaces_every_nodes_pair_and_keeps_the_ca() {
+        let dir = scratch("renew");
+        run(args(&dir, "chief=1,worker=2", None, None)).unwrap();
+        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+        let (ca, ca_key, cert, key) = (
+            read("ca.pem"),
+            read("ca.key"),
+            read("worker-1.pem"),
+            read("worker-1.key"),
+        );
+        let mut renew = args(&dir, "chief=1,worker=2", None, None);
+        renew.renew = true;
+        run(renew).unwrap();
+        assert_eq!(read("ca.pem"), ca);
+        assert_eq!(read("ca.key"), ca_key);
+        assert_ne!(read("worker-1.pem"), cert);
+        assert_ne!(read("worker-1.key"), key);
+        let renewed = NodeCredentials::load(&dir, &NodeId::new("worker", 1)).unwrap();
+        assert_eq!(renewed.ca_cert_pem.as_bytes(), ca.as_slice());
+        let none = scratch("renew-no-ca");
+        let mut without = args(&none, "worker=1", None, None);
+        without.renew = true;
+        let err = run(without).unwrap_err().to_string();
+        assert!(err.contains("--renew") && err.contains("ca.pem"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -78,6 +78,13 @@ pub fn start_gateway(config: &NodeConfig) -> Result<Gateway, NodeError> {
         addr: bind_addr,
         reason: e.to_string(),
     })?;
+    // Certificates rotated in the directory (a renewed Secret) serve the handshakes that
+    // follow, without a restart.
+    cohort_transport::reload::watch_credentials(
+        &endpoint,
+        config.certs_dir.clone(),
+        cohort_transport::reload::RELOAD_EVERY,
+    );
     let gateway_config = GatewayConfig {
         epoch: Epoch(config.epoch),
         heartbeat: HeartbeatConfig {

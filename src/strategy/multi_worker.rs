@@ -356,6 +356,7 @@ impl MultiWorkerMirrored {
             })?;
         let (transport, group_config) = (config.transport.clone(), config.group.clone());
         let (enter_timeout, join_timeout) = (config.enter_timeout, config.join_timeout);
+        let certs_dir = config.certs_dir.clone();
         let formed = block_on(&runtime, async move {
             // Under network fault rules (COHORT_NET_FAULTS) as every role's endpoint is.
             let endpoint =
@@ -365,6 +366,12 @@ impl MultiWorkerMirrored {
                         reason: format!("cannot listen on {own_addr}: {e}"),
                     }
                 })?;
+            // Certificates rotated in the directory serve the handshakes that follow.
+            cohort_transport::reload::watch_credentials(
+                &endpoint,
+                certs_dir,
+                cohort_transport::reload::RELOAD_EVERY,
+            );
             let mesh = Mesh::new(endpoint, group_config);
             // Forms the first epoch with the others (a fresh start). A member still waiting
             // to be admitted to a group that is gone (its process entered while the group

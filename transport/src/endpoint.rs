@@ -8,6 +8,10 @@
 //! 3. Loop on [`Endpoint::accept`]: each item is a verified [`Connection`] or the reason one
 //!    peer was refused; a refusal never stops the loop. `None` means the endpoint is closed.
 //! 4. [`Endpoint::close`] ends every connection; [`Endpoint::wait_idle`] lets the close flush.
+//!
+//! Credentials rotate without a restart: [`Endpoint::rotate_credentials`] (or the watch of a
+//! certificates directory, [`crate::reload`]) puts new ones in place for the handshakes that
+//! follow, in both directions; connections already up keep theirs.
 
 use std::io;
 use std::net::SocketAddr;
@@ -30,13 +34,13 @@ use crate::Frame;
 /// One node's QUIC endpoint, both client and server. Cheap to clone.
 #[derive(Clone)]
 pub struct Endpoint {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")
-            .field("node", &self.inner.creds.node)
+            .field("node", &self.inner.node)
             .field("addr", &self.inner.quinn.local_addr().ok())
             .finish()
     }
@@ -66,11 +70,7 @@ impl Endpoint {
         let node_budget = ByteBudget::new("node", config.node_in_flight_bytes_max);
         let config = Arc::new(config);
         let transport = Arc::new(quinn_transport(&config)?);
-        let server_tls = tls::rustls_server_config(&creds, config.alpn())?;
-        let server_crypto = quinn::crypto::rustls::QuicServerConfig::try_from(server_tls)
-            .map_err(|e| BindError::Config(e.to_string()))?;
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
-        server.transport_config(transport.clone());
+        let server = server_config(&creds, &config, transport.clone())?;
         let client = client_config(&creds.ca_cert_pem, Some(&creds), &config, transport.clone())
             .map_err(BindError::Tls)?;
 
@@ -91,10 +91,11 @@ impl Endpoint {
         Ok(Self {
             inner: Arc::new(Inner {
                 quinn,
-                creds,
+                node: creds.node.clone(),
+                creds: std::sync::RwLock::new(creds),
                 config,
                 transport,
-                client,
+                client: std::sync::RwLock::new(client),
                 accepted: Mutex::new(rx),
                 acceptor,
                 node_budget,
@@ -104,7 +105,43 @@ impl Endpoint {
 
     /// This node's identity.
     pub fn node(&self) -> &NodeId {
-        &self.inner.creds.node
+        &self.inner.node
+    }
+
+    /// Puts `creds` (a new certificate and key for this node, and the CA certificates to
+    /// trust) in place of the current ones for every handshake from now on: the certificate
+    /// this endpoint presents as server and as client, and the CAs it checks peers against.
+    /// Connections already up are not touched. Refused, changing nothing, if `creds` name
+    /// another node or do not make a valid TLS configuration. To rotate the cluster CA,
+    /// trust both CAs (both certificates in the CA file) until every node holds a certificate
+    /// of the new one.
+    pub fn rotate_credentials(&self, creds: NodeCredentials) -> Result<(), tls::TlsError> {
+        if creds.node != self.inner.node {
+            return Err(tls::TlsError::NodeName(format!(
+                "new credentials name {}, this endpoint is {}",
+                creds.node, self.inner.node
+            )));
+        }
+        let server = server_config(&creds, &self.inner.config, self.inner.transport.clone())
+            .map_err(|e| match e {
+                BindError::Tls(e) => e,
+                other => tls::TlsError::Config(other.to_string()),
+            })?;
+        let client = client_config(
+            &creds.ca_cert_pem,
+            Some(&creds),
+            &self.inner.config,
+            self.inner.transport.clone(),
+        )?;
+        self.inner.quinn.set_server_config(Some(server));
+        *write(&self.inner.client) = client;
+        *write(&self.inner.creds) = creds;
+        Ok(())
+    }
+
+    /// The credentials this endpoint presents and trusts now.
+    pub fn credentials(&self) -> NodeCredentials {
+        read(&self.inner.creds).clone()
     }
 
     /// The configuration every connection of this endpoint runs under.
@@ -131,13 +168,9 @@ impl Endpoint {
         addr: SocketAddr,
         expected_peer: &NodeId,
     ) -> Result<Connection, ConnectError> {
-        self.connect_inner(
-            addr,
-            expected_peer,
-            self.inner.client.clone(),
-            &self.inner.creds.node,
-        )
-        .await
+        let client = read(&self.inner.client).clone();
+        self.connect_inner(addr, expected_peer, client, &self.inner.node)
+            .await
     }
 
     /// Test path: dials presenting `client` (or no certificate) and claiming `claimed`, to
@@ -150,8 +183,9 @@ impl Endpoint {
         client: Option<&NodeCredentials>,
         claimed: &NodeId,
     ) -> Result<Connection, ConnectError> {
+        let ca_cert_pem = read(&self.inner.creds).ca_cert_pem.clone();
         let config = client_config(
-            &self.inner.creds.ca_cert_pem,
+            &ca_cert_pem,
             client,
             &self.inner.config,
             self.inner.transport.clone(),
@@ -274,12 +308,16 @@ struct HelloAck {
     node: NodeId,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     quinn: quinn::Endpoint,
-    creds: NodeCredentials,
+    /// This node: what every credentials put in place must name.
+    node: NodeId,
+    /// The credentials in place (rotated by [`Endpoint::rotate_credentials`]).
+    creds: std::sync::RwLock<NodeCredentials>,
     config: Arc<TransportConfig>,
     transport: Arc<quinn::TransportConfig>,
-    client: quinn::ClientConfig,
+    /// The client side of every dial from now on (rotated with `creds`).
+    client: std::sync::RwLock<quinn::ClientConfig>,
     accepted: Mutex<mpsc::Receiver<Result<Connection, AcceptError>>>,
     acceptor: tokio::task::JoinHandle<()>,
     node_budget: Arc<ByteBudget>,
@@ -434,6 +472,32 @@ async fn server_handshake(
             timeout_ms: duration_ms(config.connect_timeout),
         }),
     }
+}
+
+/// A lock's value for reading, even after a panic elsewhere (the value is replaced whole).
+fn read<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The server side of every handshake: `creds`' certificate, client certificates checked
+/// against its CAs.
+fn server_config(
+    creds: &NodeCredentials,
+    config: &TransportConfig,
+    transport: Arc<quinn::TransportConfig>,
+) -> Result<quinn::ServerConfig, BindError> {
+    let server_tls = tls::rustls_server_config(creds, config.alpn())?;
+    let server_crypto = quinn::crypto::rustls::QuicServerConfig::try_from(server_tls)
+        .map_err(|e| BindError::Config(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+    server.transport_config(transport);
+    Ok(server)
 }
 
 fn client_config(

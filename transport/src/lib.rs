@@ -76,6 +76,7 @@ pub mod endpoint;
 pub mod error;
 pub mod frame;
 pub mod node;
+pub mod reload;
 pub mod socket;
 pub mod tls;
 
@@ -96,5 +97,6 @@ pub use tls::{
 /// encoding changes, so that nodes of two versions fail the handshake instead of misreading
 /// each other (2: the gateway's typed refusal for a sender role SEC-2 does not allow; 3: a
 /// worker's setup carries the variable layouts typed, and the parameter servers' refusals are
-/// typed errors).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// typed errors; 4: a push names which of its closure's updates it is, for closures of several
+/// steps).
+pub const PROTOCOL_VERSION: u16 = 4;
