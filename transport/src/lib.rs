@@ -8,7 +8,7 @@
 //!   1.3, ring provider passed explicitly, never installed process-wide).
 //! - [`Endpoint`]: binds UDP (buffers sized by socket2), dials and accepts. Every connection is
 //!   mutually authenticated; there is no plaintext path. ALPN carries the protocol version
-//!   (`cohort/3`); a mismatch fails with "protocol version mismatch". After the handshake the
+//!   (`cohort/4`); a mismatch fails with "protocol version mismatch". After the handshake the
 //!   dialer claims its identity in a hello; the acceptor checks the claim equals the node its
 //!   certificate names and closes the connection otherwise (SEC-1).
 //! - [`Connection`]: request/response, one-way messages, incoming messages, loss detection
