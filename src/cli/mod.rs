@@ -51,18 +51,28 @@ enum Command {
     ///
     /// Ctrl-C or SIGTERM saves a checkpoint and exits 143; run again with the printed
     /// --checkpoint-dir to resume.
-    #[command(
-        after_help = "Example: cohort demo --strategy multi-worker-mirrored --workers 2 --run-dir /tmp/job"
-    )]
+    #[command(after_help = concat!(
+        "Environment: the flags have no environment variable of their own; every task the demo \
+         starts reads the variables `cohort role --help` lists (COHORT_LOG_FORMAT=json for JSON \
+         logs, one object per line, the task in a field; RAYON_NUM_THREADS for the compute threads), and the demo's \
+         tasks read COHORT_DEMO_DIGITS_EPOCHS, COHORT_DEMO_CTR_EPOCHS and \
+         COHORT_DEMO_COMMUNICATION, which the flags set for them.\n\n",
+        "Example: cohort demo --strategy multi-worker-mirrored --workers 2 --run-dir /tmp/job"
+    ))]
     Demo(DemoArgs),
     /// Start a local cluster of a built-in job as separate processes on 127.0.0.1, with an
     /// ephemeral CA; restarts tasks that die; Ctrl-C or SIGTERM stops everything (exit 143).
     ///
     /// Unlike `demo`, no worker is killed unless --kill-worker-after is given. Settings other
     /// than these flags reach the tasks through the environment (e.g. COHORT_CHECKPOINT_DIR).
-    #[command(
-        after_help = "Example: COHORT_CHECKPOINT_DIR=/tmp/ckpt cohort launch --workers 2:4 --ps 2 --run-dir /tmp/job"
-    )]
+    #[command(after_help = concat!(
+        "Environment: the flags have no environment variable of their own (--replicas and \
+         --detection-budget set COHORT_REPLICAS and COHORT_DETECTION_BUDGET for the tasks); \
+         every task reads the variables `cohort role --help` lists, from this process's \
+         environment: COHORT_CHECKPOINT_DIR, COHORT_LOG_FORMAT=json (one JSON object per line, \
+         the task in a field), RAYON_NUM_THREADS (compute threads), COHORT_WORKER_WAIT and the others.\n\n",
+        "Example: COHORT_CHECKPOINT_DIR=/tmp/ckpt cohort launch --workers 2:4 --ps 2 --run-dir /tmp/job"
+    ))]
     Launch(LaunchArgs),
     /// Grow or shrink the workers of a job started with `launch --workers MIN:MAX --run-dir
     /// DIR`: the launcher starts workers (each joins the running job, its datasets built
