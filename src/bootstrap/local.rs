@@ -181,9 +181,19 @@ pub fn launch_local(
             return TRAINING_ERROR_EXIT_CODE;
         }
     };
-    let run_dir = flags.run_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("cohort-run-{}-{}", std::process::id(), unix_ms()))
-    });
+    let run_dir = match flags.run_dir.clone() {
+        Some(dir) => dir,
+        None => match crate::process::new_temp_dir("cohort-run-") {
+            Ok(dir) => dir,
+            Err(e) => {
+                tracing::error!(
+                    "cannot make a run directory under {}: {e}",
+                    std::env::temp_dir().display()
+                );
+                return crate::process::BAD_CONFIG_EXIT_CODE;
+            }
+        },
+    };
     // A directory the job cannot have is bad configuration, said before any task starts.
     let checkpoint_dir = env
         .iter()
@@ -318,12 +328,6 @@ fn launched_preemption_grace(env: &[(String, String)]) -> Duration {
             parse_duration_in(key, &v, range).ok()
         })
         .unwrap_or(DEFAULT_PREEMPTION_GRACE)
-}
-
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 /// Range of `launch --kill-worker-after`: a demo's failure comes within a day of its start.

@@ -39,9 +39,8 @@ pub fn run(
             "--workloads: unknown workload {bad:?} (dense, sparse, goodput)"
         )));
     }
-    let dir = std::env::temp_dir().join(format!("cohort-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", dir.display())))?;
+    let dir = crate::process::new_temp_dir("cohort-bench-")
+        .map_err(|e| CliError::Failed(format!("a scratch directory: {e}")))?;
     let mut reports = Vec::new();
     // The bare stream is measured right before and right after the goodput cluster run, so
     // that both figures of the ratio share the machine's conditions as closely as they can.

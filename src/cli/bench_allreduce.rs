@@ -192,11 +192,8 @@ fn print_plain_rows(how: &str, rows: &[(u32, usize, f64)]) {
 /// (`collective-member --bench-mib`), with or without shared memory between them: the slowest
 /// member's mean. An error if `shared` and a member passed nothing through shared memory.
 fn time_member_processes(members: u32, mib: usize, shared: bool) -> Result<f64, String> {
-    let dir = std::env::temp_dir().join(format!(
-        "cohort-bench-allreduce-{}-{members}-{mib}-{shared}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::process::new_temp_dir("cohort-bench-allreduce-")
+        .map_err(|e| format!("a scratch directory: {e}"))?;
     let addrs = super::bench_mwms::bench_nodes(&dir, members as usize)?;
     let spec: Vec<String> = addrs
         .iter()

@@ -47,10 +47,8 @@ pub fn run(steps: usize, warmup: usize, peers: Option<&Path>) -> Result<(), CliE
     if steps == 0 {
         return Err(CliError::Usage("--steps: at least 1 timed step".into()));
     }
-    let dir = std::env::temp_dir().join(format!("cohort-bench-mwms-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", dir.display())))?;
+    let dir = crate::process::new_temp_dir("cohort-bench-mwms-")
+        .map_err(|e| CliError::Failed(format!("a scratch directory: {e}")))?;
     let mut rows = Vec::new();
     for plaintext in [false, true] {
         for workers in WORKER_COUNTS {

@@ -93,9 +93,8 @@ pub fn run(steps: usize, seed: u64) -> Result<(), CliError> {
             "--steps {steps}: the recovery benchmark needs at least 30 steps"
         )));
     }
-    let dir = std::env::temp_dir().join(format!("cohort-bench-recovery-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", dir.display())))?;
+    let dir = crate::process::new_temp_dir("cohort-bench-recovery-")
+        .map_err(|e| CliError::Failed(format!("a scratch directory: {e}")))?;
     let mut rows = Vec::new();
     let mut fault_free_rate = None;
     for scenario in [

@@ -180,16 +180,17 @@ struct DemoArgs {
 
 /// The demo's checkpoint directory: the one given (made absolute, so that the tasks find it
 /// whatever their working directory), else a new one under the temporary directory.
-fn demo_checkpoint_dir(given: &Option<std::path::PathBuf>) -> std::path::PathBuf {
+fn demo_checkpoint_dir(
+    given: &Option<std::path::PathBuf>,
+) -> Result<std::path::PathBuf, CliError> {
     match given {
-        Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
-        None => std::env::temp_dir().join(format!(
-            "cohort-demo-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-        )),
+        Some(dir) => Ok(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
+        None => crate::process::new_temp_dir("cohort-demo-").map_err(|e| {
+            CliError::Failed(format!(
+                "cannot make a checkpoint directory under {}: {e}",
+                std::env::temp_dir().display()
+            ))
+        }),
     }
 }
 
@@ -450,7 +451,13 @@ pub fn run() -> ExitCode {
                 // The chief marks the middle of training; this is the fallback.
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(60));
             }
-            let checkpoint_dir = demo_checkpoint_dir(&args.checkpoint_dir);
+            let checkpoint_dir = match demo_checkpoint_dir(&args.checkpoint_dir) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(e.exit_code());
+                }
+            };
             let communication = args.communication.unwrap_or_default();
             // Refused here, at once, rather than by every task in turn as the launcher
             // restarts it. The tasks check their own GPU again.
@@ -505,7 +512,13 @@ pub fn run() -> ExitCode {
             if !args.no_chaos && launch.kill_worker_after.is_none() {
                 launch.kill_worker_after = Some(std::time::Duration::from_secs(12));
             }
-            let checkpoint_dir = demo_checkpoint_dir(&args.checkpoint_dir);
+            let checkpoint_dir = match demo_checkpoint_dir(&args.checkpoint_dir) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(e.exit_code());
+                }
+            };
             let mut env = vec![
                 (
                     "COHORT_DEMO_DIGITS_EPOCHS".to_string(),

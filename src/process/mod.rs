@@ -41,6 +41,7 @@ mod exit_codes;
 mod exit_report;
 mod signals;
 pub(crate) mod stdout;
+mod temp_dir;
 
 use std::sync::OnceLock;
 
@@ -58,6 +59,7 @@ pub use exit_report::{send_exit_report, ExitReport, ExitReports, SOCKET_PATH_BYT
 pub(crate) use signals::on_stop_signal;
 pub use signals::{drain_on_signal, preemption_requested, stop_on_signals};
 pub use stdout::STDOUT_CLOSED_EXIT_CODE;
+pub use temp_dir::new_temp_dir;
 
 /// The configuration of the role this process runs, once the bootstrap
 /// ([`crate::bootstrap::run_role`]) has resolved it; `None` in any other process.

@@ -251,9 +251,10 @@ fn run_chief(
         .checkpoint_dir
         .clone()
         .or_else(|| coordinator.checkpoint_dir())
-        .unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("cohort-demo-{}-{}", std::process::id(), unix_ms()))
-        });
+        .map_or_else(
+            || crate::process::new_temp_dir("cohort-demo-").map_err(|e| other(&e)),
+            Ok,
+        )?;
     // On a cadence as well as at the end of each workload, so that a parameter server lost
     // late re-runs at most the closures since the last save (TensorFlow's `BackupAndRestore`
     // saves per epoch), checked at the end of every epoch.
@@ -781,12 +782,6 @@ fn ctr_held_out_loss(
 
 fn to_variable(spec: ParamSpec) -> VariableSpec {
     VariableSpec::new(spec.name, spec.shape, spec.init)
-}
-
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 /// Closures scheduled ahead per worker, so a worker never waits for the chief.
