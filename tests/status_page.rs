@@ -369,7 +369,11 @@ fn the_chief_serves_a_status_page_that_matches_the_run() {
     // The page itself, and no page on other roles.
     let (status, head, page) = get(chief, "/status");
     assert_eq!(status, "HTTP/1.1 200 OK", "{page}");
-    assert!(head.contains("Content-Type: text/html"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/html"),
+        "{head}"
+    );
     assert!(page.contains("<title>cohort-demo"), "{page}");
     let worker_file = cohort::launch::metrics_addr_file(&run_dir, TaskId::new(TaskType::Worker, 0));
     let worker: SocketAddr = std::fs::read_to_string(worker_file)

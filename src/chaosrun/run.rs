@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1164,19 +1164,7 @@ fn scrape_chief(
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT).ok()?;
-    stream.set_read_timeout(Some(SCRAPE_TIMEOUT)).ok()?;
-    stream.set_write_timeout(Some(SCRAPE_TIMEOUT)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = Vec::new();
-    stream.take(8 * 1024 * 1024).read_to_end(&mut body).ok()?;
-    let text = String::from_utf8_lossy(&body);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+    crate::metrics::http_get(addr, path, SCRAPE_TIMEOUT)
 }
 
 /// The value of an unlabelled sample `name` in a Prometheus text exposition.

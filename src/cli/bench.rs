@@ -210,7 +210,6 @@ const SCRAPE_EVERY: Duration = Duration::from_secs(1);
 /// Scrapes every task's `/metrics` (addresses from the run directory's `metrics/*.addr`)
 /// every [`SCRAPE_EVERY`] until `done`; returns how many scrapes answered 200.
 fn scrape_until(run_dir: &std::path::Path, done: &AtomicBool) -> u64 {
-    use std::io::{Read, Write};
     let mut answered = 0;
     while !done.load(Ordering::SeqCst) {
         let addrs = std::fs::read_dir(run_dir.join("metrics"))
@@ -220,17 +219,7 @@ fn scrape_until(run_dir: &std::path::Path, done: &AtomicBool) -> u64 {
             .filter_map(|e| std::fs::read_to_string(e.path()).ok())
             .filter_map(|text| text.trim().parse::<std::net::SocketAddr>().ok());
         for addr in addrs {
-            let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, SCRAPE_EVERY) else {
-                continue;
-            };
-            let _ = stream.set_read_timeout(Some(SCRAPE_EVERY * 5));
-            let mut text = String::new();
-            if stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
-                .and_then(|()| stream.read_to_string(&mut text))
-                .is_ok()
-                && text.starts_with("HTTP/1.1 200")
-            {
+            if crate::metrics::http_get(addr, "/metrics", SCRAPE_EVERY * 5).is_some() {
                 answered += 1;
             }
         }

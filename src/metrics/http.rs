@@ -1,18 +1,24 @@
-//! The metrics endpoint: a small HTTP/1.1 server on its own thread and tokio runtime (so that
-//! a scrape never waits on, nor delays, the role's own runtime), answering `GET /metrics` and
+//! The metrics endpoint: hyper's HTTP/1.1 server on its own thread and tokio runtime (so that a
+//! scrape never waits on, nor delays, the role's own runtime), answering `GET /metrics` and
 //! `GET /healthz` (and, on the chief, `GET /status` and `GET /status.json`), one request per
 //! connection.
 //!
 //! Bounded everywhere: [`CONNECTIONS_MAX`] connections at once (more wait in the listen
-//! queue), [`REQUEST_BYTES_MAX`] of request head, [`REQUEST_TIMEOUT`] for a whole exchange.
+//! queue), [`REQUEST_BYTES_MAX`] of request head (hyper answers 431 past it), [`REQUEST_TIMEOUT`]
+//! for a whole exchange.
 
+use std::convert::Infallible;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE as CONTENT_TYPE_HEADER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::{Exposition, StatusFormat, CONTENT_TYPE};
@@ -20,6 +26,7 @@ use super::{Exposition, StatusFormat, CONTENT_TYPE};
 /// Most connections served at once.
 pub const CONNECTIONS_MAX: usize = 16;
 /// Most bytes of a request's head (request line and headers); a longer one is answered 431.
+/// hyper's smallest read buffer.
 pub const REQUEST_BYTES_MAX: usize = 8 * 1024;
 /// Bound on one exchange: reading the request, reading the role's counters, writing the answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,64 +83,31 @@ async fn accept_loop(listener: TcpListener, exposition: Arc<Exposition>) {
         let exposition = Arc::clone(&exposition);
         tokio::spawn(async move {
             let _slot = slot;
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &exposition)).await;
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let exposition = Arc::clone(&exposition);
+                async move { Ok::<_, Infallible>(route(&request, &exposition).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .max_buf_size(REQUEST_BYTES_MAX)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, connection).await;
         });
     }
 }
 
-/// Reads one request head and answers it.
-async fn answer(mut stream: TcpStream, exposition: &Exposition) -> io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    let complete = loop {
-        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
-            break true;
-        }
-        if head.len() > REQUEST_BYTES_MAX {
-            break false;
-        }
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break head.contains(&b'\n');
-        }
-        head.extend_from_slice(&chunk[..n]);
-    };
-    let (status, content_type, body) = if !complete {
-        (
-            "431 Request Header Fields Too Large",
-            "text/plain",
-            format!("request head longer than {REQUEST_BYTES_MAX} bytes\n"),
-        )
-    } else {
-        route(&head, exposition).await
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-async fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static str, String) {
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
-        return ("400 Bad Request", "text/plain", "bad request line\n".into());
-    };
-    if method != "GET" {
-        return (
-            "405 Method Not Allowed",
-            "text/plain",
-            format!("{method}: only GET is served\n"),
+/// The answer to one request.
+async fn route(request: &Request<Incoming>, exposition: &Exposition) -> Response<Full<Bytes>> {
+    let path = request.uri().path();
+    if request.method() != Method::GET {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{}: only GET is served\n", request.method()),
         );
     }
-    let path = target.split('?').next().unwrap_or_default();
     match path {
-        "/metrics" => ("200 OK", CONTENT_TYPE, exposition.render().await),
-        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+        "/metrics" => answer(StatusCode::OK, CONTENT_TYPE, exposition.render().await),
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/status" | "/status.json" => {
             let (format, content_type) = if path == "/status" {
                 (StatusFormat::Html, "text/html; charset=utf-8")
@@ -141,25 +115,59 @@ async fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static 
                 (StatusFormat::Json, "application/json")
             };
             match exposition.status(format).await {
-                Some(Some(page)) => ("200 OK", content_type, page),
-                Some(None) => (
-                    "503 Service Unavailable",
-                    "text/plain",
+                Some(Some(page)) => answer(StatusCode::OK, content_type, page),
+                Some(None) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
                     format!("{path}: the coordinator did not answer in time\n"),
                 ),
-                None => (
-                    "404 Not Found",
-                    "text/plain",
+                None => text(
+                    StatusCode::NOT_FOUND,
                     format!("{path}: only the chief serves the status page\n"),
                 ),
             }
         }
-        _ => (
-            "404 Not Found",
-            "text/plain",
+        _ => text(
+            StatusCode::NOT_FOUND,
             format!("{path}: not found (try /metrics or /healthz)\n"),
         ),
     }
+}
+
+/// `GET http://{addr}{path}` within `timeout` (connecting included): the body of a 200 answer
+/// (at most [`GET_BODY_BYTES_MAX`]), or `None` for any other answer or failure. What cohort's
+/// own readers of this endpoint use (the benchmark's scrapes, the chaos runner's samples).
+pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent.get(format!("http://{addr}{path}")).call().ok()?;
+    if response.status() != 200 {
+        return None;
+    }
+    response
+        .body_mut()
+        .with_config()
+        .limit(GET_BODY_BYTES_MAX)
+        .read_to_string()
+        .ok()
+}
+
+/// The largest body [`get`] reads.
+pub const GET_BODY_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    answer(status, "text/plain", body)
+}
+
+fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE_HEADER, HeaderValue::from_static(content_type));
+    response
 }
 
 #[cfg(test)]
@@ -190,7 +198,7 @@ mod tests {
             "{metrics}"
         );
         let health = get(server.addr, b"GET /healthz HTTP/1.0\r\n\r\n");
-        assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+        assert!(health.starts_with("HTTP/1.0 200 OK\r\n"), "{health}");
         let missing = get(server.addr, b"GET /nope HTTP/1.1\r\n\r\n");
         assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
         let status = get(server.addr, b"GET /status.json HTTP/1.1\r\n\r\n");
@@ -218,10 +226,10 @@ mod tests {
         let server = serve("127.0.0.1:0".parse().unwrap(), exposition).expect("serve");
         let json = get(server.addr, b"GET /status.json HTTP/1.1\r\n\r\n");
         assert!(json.starts_with("HTTP/1.1 200 OK\r\n"), "{json}");
-        assert!(json.contains("Content-Type: application/json"), "{json}");
+        assert!(json.contains("content-type: application/json"), "{json}");
         assert!(json.ends_with("{\"step\":1}"), "{json}");
         let page = get(server.addr, b"GET /status?x=1 HTTP/1.1\r\n\r\n");
-        assert!(page.contains("Content-Type: text/html"), "{page}");
+        assert!(page.contains("content-type: text/html"), "{page}");
         assert!(page.ends_with("<html></html>"), "{page}");
     }
 }

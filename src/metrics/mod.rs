@@ -16,7 +16,7 @@
 //! roles answer 404 there.
 //!
 //! A leaf module: it names no other part of cohort. The text is written by the
-//! `prometheus-client` crate; the server ([`serve`]) is a small, bounded HTTP/1.1 GET handler.
+//! `prometheus-client` crate; the server ([`serve`]) is hyper's HTTP/1.1, bounded, GET only.
 
 use std::fmt;
 use std::future::Future;
@@ -36,7 +36,10 @@ use prometheus_client::registry::Registry;
 mod http;
 mod process;
 
-pub use http::{serve, MetricsServer, CONNECTIONS_MAX, REQUEST_BYTES_MAX, REQUEST_TIMEOUT};
+pub use http::{
+    get as http_get, serve, MetricsServer, CONNECTIONS_MAX, GET_BODY_BYTES_MAX, REQUEST_BYTES_MAX,
+    REQUEST_TIMEOUT,
+};
 
 /// Counters and histograms counted where things happen (see the module docs).
 #[derive(Debug)]
