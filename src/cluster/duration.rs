@@ -1,8 +1,9 @@
-//! Human durations in config: `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`, and the range
-//! each duration key accepts ([`DurationRange`]).
+//! Human durations in config: `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"` (the `humantime`
+//! crate's syntax: also `"1day"`, `"2h 30m"`, ...), and the range each duration key accepts
+//! ([`DurationRange`]).
 //!
-//! A duration is parsed exactly (whole milliseconds, no overflow) and then checked against its
-//! key's range, so that an absurd value (`"5124095576030h"`) is refused where it is read, with
+//! A duration is parsed exactly (whole milliseconds: a finer one is refused, no overflow) and
+//! then checked against its key's range, so that an absurd value (`"5124095576030h"`) is refused where it is read, with
 //! the key and the allowed range, instead of overflowing a deadline or a transport setting
 //! later on.
 
@@ -98,47 +99,27 @@ pub fn format_duration(duration: Duration) -> String {
 /// Why a text is not a number of milliseconds.
 enum Unparsed {
     /// Not a duration at all; says why.
-    Syntax(&'static str),
+    Syntax(String),
     /// A duration, but more milliseconds than any range allows.
     TooLarge,
 }
 
-/// The milliseconds `text` spells, exactly.
+/// The milliseconds `text` spells, exactly (`humantime`'s syntax; a unit is required).
 fn parse_ms(text: &str) -> Result<u128, Unparsed> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
-        return Err(Unparsed::Syntax("empty"));
+        return Err(Unparsed::Syntax("empty".into()));
     }
-    let mut total_ms: u128 = 0;
-    let mut rest = trimmed;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(Unparsed::Syntax("expected a number"));
-        }
-        // Only digits: the parse fails only past u128, which is out of any range.
-        let value: Option<u128> = rest[..digits].parse().ok();
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit_ms: u128 = match &rest[..unit_len] {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "" => return Err(Unparsed::Syntax("missing unit")),
-            _ => return Err(Unparsed::Syntax("unknown unit")),
-        };
-        rest = &rest[unit_len..];
-        total_ms = value
-            .and_then(|v| v.checked_mul(unit_ms))
-            .and_then(|ms| total_ms.checked_add(ms))
-            .ok_or(Unparsed::TooLarge)?;
+    let duration = humantime::parse_duration(trimmed).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => Unparsed::TooLarge,
+        other => Unparsed::Syntax(other.to_string()),
+    })?;
+    if duration.subsec_nanos() % 1_000_000 != 0 {
+        return Err(Unparsed::Syntax(
+            "finer than a millisecond, the finest a setting takes".into(),
+        ));
     }
-    Ok(total_ms)
+    Ok(duration.as_millis())
 }
 
 /// `d` in its largest whole unit (`"720h"`, `"90s"`, `"10ms"`), for messages.
