@@ -1700,7 +1700,7 @@ mod tests {
             ),
             (
                 &[],
-                &[("COHORT_WORKER_WAIT", "1 minute")],
+                &[("COHORT_WORKER_WAIT", "1 lightyear")],
                 "worker_wait",
                 "environment: COHORT_WORKER_WAIT:",
             ),
