@@ -67,7 +67,7 @@ fn every_peer_program_runs_and_prints_its_figure() {
         );
         return;
     }
-    let programs: [(&str, &[&str], &str); 5] = [
+    let programs: [(&str, &[&str], &str); 6] = [
         (
             "tf_mwms.py",
             &["--workers=2", "--steps=5", "--warmup=1"],
@@ -79,6 +79,11 @@ fn every_peer_program_runs_and_prints_its_figure() {
             "steps_per_second",
         ),
         ("tf_ps.py", &["--steps=5", "--warmup=1"], "steps_per_second"),
+        (
+            "tf_ps.py",
+            &["--workload=sparse", "--steps=5", "--warmup=1"],
+            "steps_per_second",
+        ),
         (
             "torch_ps.py",
             &["--steps=5", "--warmup=1"],

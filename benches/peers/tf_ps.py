@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""TensorFlow's ParameterServerStrategy on the dense workload of `cohort bench ps`, as the peer
-that command measures in the same run (`cohort bench ps --peers`).
+"""TensorFlow's ParameterServerStrategy on the dense and sparse workloads of `cohort bench ps`,
+as the peer that command measures in the same run (`cohort bench ps --peers`).
 
-The workload is cohort's (src/workloads/bench.rs, `dense`): an MLP 784-256-256-10 (relu, SGD
-at 0.1, softmax cross-entropy), batch 256 of synthetic examples per closure; 1 chief + 2
+The workloads are cohort's (src/workloads/bench.rs): `dense`, an MLP 784-256-256-10 (relu, SGD
+at 0.1, softmax cross-entropy), batch 256 of synthetic examples per closure; `sparse`, a
+1,000,000 x 16 embedding summed over 26 random ids per example and a logistic head (log loss),
+batch 512 (the embedding split over the servers, updated by rows); 1 chief + 2
 parameter servers + 2 workers as processes on 127.0.0.1 (gRPC); the variables of 256 KiB and
 more split over the servers (MinSizePartitioner, as cohort's bench does and TensorFlow's guide
 sets it up); the chief's ClusterCoordinator schedules one closure per step (a custom training
@@ -11,7 +13,7 @@ loop, as TensorFlow's parameter-server tutorial writes it). Every process gets o
 per core / processes for its kernels, at least 1 (cohort's tasks get one compute thread each
 here), and TensorFlow's default inter-op pool (one inter-op thread deadlocks a worker).
 
-    python3 tf_ps.py --steps 1000 --warmup 30
+    python3 tf_ps.py --workload dense --steps 1000 --warmup 30
 
 starts the servers and workers (each this script with --task), runs the chief itself, stops
 the others, and prints one JSON line: {"peer": "tensorflow-ps", "version": ...,
@@ -25,8 +27,9 @@ import subprocess
 import sys
 import time
 
-from workload import (CLASSES, FEATURES, free_ports, model_and_optimizer,
-                      per_example_loss)
+from workload import (CLASSES, FEATURES, SPARSE_BATCH, SPARSE_FIELDS, SPARSE_VOCAB,
+                      free_ports, model_and_optimizer, per_example_loss,
+                      sparse_model_and_optimizer)
 
 BATCH = 256
 SERVERS, WORKERS = 2, 2
@@ -60,14 +63,28 @@ def chief(args):
         min_shard_bytes=MIN_SHARD_BYTES, max_shards=SERVERS)
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    sparse = args.workload == "sparse"
+    batch_size = SPARSE_BATCH if sparse else BATCH
     with strategy.scope():
-        model, optimizer = model_and_optimizer(tf)
-    loss_fn = per_example_loss(tf)
+        model, optimizer = (sparse_model_and_optimizer if sparse else model_and_optimizer)(tf)
+    if sparse:
+        def loss_fn(labels, logits):
+            return tf.squeeze(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=logits), axis=1)
+    else:
+        loss_fn = per_example_loss(tf)
 
     def dataset_fn(_input_context):
-        x = tf.random.stateless_normal([BATCH * 4, FEATURES], seed=[1, 0])
-        y = tf.random.stateless_uniform([BATCH * 4], seed=[2, 0], maxval=CLASSES, dtype=tf.int32)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+        if sparse:
+            x = tf.random.stateless_uniform([batch_size * 4, SPARSE_FIELDS], seed=[1, 0],
+                                            maxval=SPARSE_VOCAB, dtype=tf.int64)
+            y = tf.cast(tf.random.stateless_uniform([batch_size * 4, 1], seed=[2, 0]) < 0.3,
+                        tf.float32)
+        else:
+            x = tf.random.stateless_normal([batch_size * 4, FEATURES], seed=[1, 0])
+            y = tf.random.stateless_uniform([batch_size * 4], seed=[2, 0], maxval=CLASSES,
+                                            dtype=tf.int32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch_size, drop_remainder=True)
 
     @tf.function
     def per_worker_dataset_fn():
@@ -81,7 +98,7 @@ def chief(args):
             x, y = batch
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
-                loss = tf.nn.compute_average_loss(loss_fn(y, logits), global_batch_size=BATCH)
+                loss = tf.nn.compute_average_loss(loss_fn(y, logits), global_batch_size=batch_size)
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
@@ -97,7 +114,7 @@ def chief(args):
     coordinator.join()
     took = time.perf_counter() - started
     print(json.dumps({"peer": "tensorflow-ps", "version": tf.__version__,
-                      "servers": SERVERS, "workers": WORKERS,
+                      "workload": args.workload, "servers": SERVERS, "workers": WORKERS,
                       "steps_per_second": args.steps / took}))
 
 
@@ -116,7 +133,8 @@ def launch(args):
                 env = dict(base, TF_CONFIG=json.dumps(
                     {"cluster": cluster, "task": {"type": task_type, "index": index}}))
                 children.append(subprocess.Popen(
-                    [sys.executable, __file__, "--task", f"{task_type}:{index}"], env=env,
+                    [sys.executable, __file__, "--task", f"{task_type}:{index}",
+                     "--workload", args.workload], env=env,
                     stdout=subprocess.DEVNULL, stderr=open(os.devnull, "w") if not os.environ.get("TF_PS_DEBUG") else None))
         os.environ.update(base)
         os.environ["TF_CONFIG"] = json.dumps(
@@ -136,6 +154,7 @@ def main():
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--task")
+    parser.add_argument("--workload", choices=["dense", "sparse"], default="dense")
     args = parser.parse_args()
     if args.steps < 1:
         sys.exit("tf_ps: --steps must be at least 1")

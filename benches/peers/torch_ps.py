@@ -202,6 +202,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rank", type=int)
     parser.add_argument("--port", type=int)
+    parser.add_argument("--workload", choices=["dense"], default="dense",
+                        help="the dense workload only (the sparse one has no PyTorch peer here)")
     args = parser.parse_args()
     if args.steps < 1:
         sys.exit("torch_ps: --steps must be at least 1")

@@ -1,11 +1,13 @@
-"""What the peer programs share: cohort's dense benchmark model (src/workloads: an MLP
-784-256-256-10 with relu, SGD at 0.1, softmax cross-entropy) in TensorFlow, and free ports on
-127.0.0.1 for their tasks."""
+"""What the peer programs share: cohort's benchmark models (src/workloads/bench.rs: the dense
+MLP 784-256-256-10 with relu, SGD at 0.1, softmax cross-entropy; the sparse model, a
+1,000,000 x 16 embedding summed over 26 ids per example and a logistic head, log loss) in
+TensorFlow, and free ports on 127.0.0.1 for their tasks."""
 
 import socket
 
 FEATURES, HIDDEN, CLASSES = 784, (256, 256), 10
 LEARNING_RATE = 0.1
+SPARSE_VOCAB, SPARSE_DIM, SPARSE_FIELDS, SPARSE_BATCH = 1_000_000, 16, 26, 512
 
 
 def free_ports(n):
@@ -33,3 +35,16 @@ def per_example_loss(tf):
     """Softmax cross-entropy per example (reduced by the caller over the global batch)."""
     return tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+
+def sparse_model_and_optimizer(tf):
+    """The sparse model (ids [batch, 26] -> a click logit [batch, 1]) and its SGD optimizer; call
+    it inside the strategy's scope. The embedding's gradient is row-sparse (IndexedSlices), so
+    the servers update only the rows a batch touched, as cohort's do."""
+    ids = tf.keras.Input((SPARSE_FIELDS,), dtype=tf.int64)
+    rows = tf.keras.layers.Embedding(
+        SPARSE_VOCAB, SPARSE_DIM,
+        embeddings_initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05))(ids)
+    pooled = tf.keras.layers.Lambda(lambda r: tf.reduce_sum(r, axis=1))(rows)
+    logit = tf.keras.layers.Dense(1)(pooled)
+    return tf.keras.Model(ids, logit), tf.keras.optimizers.SGD(LEARNING_RATE)

@@ -155,41 +155,55 @@ pub fn run(
             (off - on) / off * 100.0
         );
     }
-    // The peer of the dense workload, on the same machine, in this invocation.
-    if let Some(ours) = reports
-        .iter()
-        .find(|(r, metrics, _)| r.workload == "dense" && !metrics)
-        .map(|(r, _, _)| r.steps_per_s)
-    {
-        for (what, program) in [
-            (
-                "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
-                "tf_ps.py",
+    // The peers of the dense and sparse workloads, on the same machine, in this invocation.
+    let peer_programs: [(&str, &str, &str); 3] = [
+        (
+            "dense",
+            "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
+            "tf_ps.py",
+        ),
+        (
+            "dense",
+            "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
+            "torch_ps.py",
+        ),
+        (
+            "sparse",
+            "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers, the embedding \
+             split over the servers and updated by rows)",
+            "tf_ps.py",
+        ),
+    ];
+    for (workload, what, program) in peer_programs {
+        let Some(ours) = reports
+            .iter()
+            .find(|(r, metrics, _)| r.workload == workload && !metrics)
+            .map(|(r, _, _)| r.steps_per_s)
+        else {
+            continue;
+        };
+        let measured = match peers {
+            None => Err("not asked for (--peers)".to_string()),
+            Some(python) => super::peers::run_peer(
+                python,
+                program,
+                &[
+                    format!("--workload={workload}"),
+                    format!("--steps={steps}"),
+                    format!("--warmup={warmup}"),
+                ],
             ),
-            (
-                "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
-                "torch_ps.py",
+        };
+        match measured {
+            Ok((theirs, version)) => outln!(
+                "\n{workload}: {what}, {version}, the same workload: {theirs:.1} steps/s in the \
+                 same run; cohort {ours:.1}: ratio {:.2}x",
+                ours / theirs
             ),
-        ] {
-            let measured = match peers {
-                None => Err("not asked for (--peers)".to_string()),
-                Some(python) => super::peers::run_peer(
-                    python,
-                    program,
-                    &[format!("--steps={steps}"), format!("--warmup={warmup}")],
-                ),
-            };
-            match measured {
-                Ok((theirs, version)) => outln!(
-                    "\ndense: {what}, {version}, the same workload: {theirs:.1} steps/s in the \
-                     same run; cohort {ours:.1}: ratio {:.2}x",
-                    ours / theirs
-                ),
-                Err(why) => outln!(
-                    "\ndense: {what} not measured: {why} (bash benches/peers/setup.sh, then \
-                     --peers)"
-                ),
-            }
+            Err(why) => outln!(
+                "\n{workload}: {what} not measured: {why} (bash benches/peers/setup.sh, then \
+                 --peers)"
+            ),
         }
     }
     if let (Some(ours), Some(base)) = (goodput, bare) {
