@@ -16,12 +16,10 @@ the slowest member's mean seconds per call. Exit 1 with a message on stderr when
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 
-from workload import free_ports
+from workload import free_ports, run_children
 
 RUN_MAX_S = 120
 PROCESS_BYTES = 1 << 30
@@ -29,27 +27,11 @@ PROCESS_BYTES = 1 << 30
 
 def launch(args):
     (port,) = free_ports(1)
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rank", str(rank), "--members", str(args.members),
-             "--mib", str(args.mib), "--port", str(port)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(args.members)
-    ]
-    deadline = time.monotonic() + RUN_MAX_S
-    results = []
-    for rank, child in enumerate(children):
-        try:
-            out, err = child.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for c in children:
-                c.kill()
-            sys.exit(f"gloo_allreduce: member {rank} ran past {RUN_MAX_S}s")
-        if child.returncode != 0:
-            for c in children:
-                c.kill()
-            sys.exit(f"gloo_allreduce: member {rank} failed ({child.returncode}):\n{err[-4000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = run_children(
+        "gloo_allreduce",
+        [[__file__, "--rank", str(rank), "--members", str(args.members), "--mib", str(args.mib),
+          "--port", str(port)] for rank in range(args.members)],
+        RUN_MAX_S, "member")
     print(json.dumps({
         "peer": "gloo",
         "version": results[0]["version"],

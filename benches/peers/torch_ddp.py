@@ -19,11 +19,10 @@ worker fails.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-from workload import CLASSES, FEATURES, HIDDEN, LEARNING_RATE, free_ports
+from workload import CLASSES, FEATURES, HIDDEN, LEARNING_RATE, free_ports, run_children
 
 BATCH_PER_WORKER = 256
 RUN_MAX_S = 600
@@ -42,28 +41,12 @@ def torch_model(torch):
 def launch(args):
     (port,) = free_ports(1)
     threads = max(1, (os.cpu_count() or 1) // args.workers)
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rank", str(rank), "--workers", str(args.workers),
-             "--port", str(port), "--threads", str(threads), "--steps", str(args.steps),
-             "--warmup", str(args.warmup)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(args.workers)
-    ]
-    deadline = time.monotonic() + RUN_MAX_S
-    rates = []
-    for rank, child in enumerate(children):
-        try:
-            out, err = child.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for c in children:
-                c.kill()
-            sys.exit(f"torch_ddp: worker {rank} ran past {RUN_MAX_S}s")
-        if child.returncode != 0:
-            for c in children:
-                c.kill()
-            sys.exit(f"torch_ddp: worker {rank} failed ({child.returncode}):\n{err[-4000:]}")
-        rates.append(json.loads(out.strip().splitlines()[-1]))
+    rates = run_children(
+        "torch_ddp",
+        [[__file__, "--rank", str(rank), "--workers", str(args.workers), "--port", str(port),
+          "--threads", str(threads), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+         for rank in range(args.workers)],
+        RUN_MAX_S, "worker")
     print(json.dumps({
         "peer": "pytorch-ddp",
         "version": rates[0]["version"],

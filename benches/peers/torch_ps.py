@@ -23,12 +23,11 @@ a process fails.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
-from workload import CLASSES, FEATURES, HIDDEN, LEARNING_RATE, free_ports
+from workload import CLASSES, FEATURES, HIDDEN, LEARNING_RATE, free_ports, run_children
 
 BATCH = 256
 SERVERS, WORKERS = 2, 2
@@ -172,28 +171,12 @@ def run(rank, world, port, args):
 def launch(args):
     (port,) = free_ports(1)
     world = 1 + SERVERS + WORKERS
-    children = [
-        subprocess.Popen([sys.executable, __file__, "--rank", str(rank), "--port", str(port),
-                          "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(world)
-    ]
-    deadline = time.monotonic() + RUN_MAX_S
-    out = ""
-    for rank, child in enumerate(children):
-        try:
-            text, err = child.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for c in children:
-                c.kill()
-            sys.exit(f"torch_ps: process {rank} ran past {RUN_MAX_S}s")
-        if child.returncode != 0:
-            for c in children:
-                c.kill()
-            sys.exit(f"torch_ps: process {rank} failed ({child.returncode}):\n{err[-4000:]}")
-        if rank == 0:
-            out = text
-    print(out.strip().splitlines()[-1])
+    lines = run_children(
+        "torch_ps",
+        [[__file__, "--rank", str(rank), "--port", str(port), "--steps", str(args.steps),
+          "--warmup", str(args.warmup)] for rank in range(world)],
+        RUN_MAX_S)
+    print(json.dumps(lines[0]))
 
 
 def main():

@@ -4,10 +4,39 @@ MLP 784-256-256-10 with relu, SGD at 0.1, softmax cross-entropy; the sparse mode
 TensorFlow, and free ports on 127.0.0.1 for their tasks."""
 
 import socket
+import subprocess
+import sys
+import time
 
 FEATURES, HIDDEN, CLASSES = 784, (256, 256), 10
 LEARNING_RATE = 0.1
 SPARSE_VOCAB, SPARSE_DIM, SPARSE_FIELDS, SPARSE_BATCH = 1_000_000, 16, 26, 512
+
+
+def run_children(program, commands, limit_s, what="process"):
+    """Starts one child per command (each a list of arguments to this Python), waits for all of
+    them within `limit_s` seconds in all, and returns each one's last stdout line, parsed as
+    JSON. Exits with a message naming `program` and the child when one fails or runs past the
+    limit, after killing the others."""
+    import json
+
+    children = [subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for command in commands]
+    deadline = time.monotonic() + limit_s
+    lines = []
+    for index, child in enumerate(children):
+        try:
+            out, err = child.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for c in children:
+                c.kill()
+            sys.exit(f"{program}: {what} {index} ran past {limit_s}s")
+        if child.returncode != 0:
+            for c in children:
+                c.kill()
+            sys.exit(f"{program}: {what} {index} failed ({child.returncode}):\n{err[-4000:]}")
+        lines.append(json.loads(out.strip().splitlines()[-1]) if out.strip() else None)
+    return lines
 
 
 def free_ports(n):
