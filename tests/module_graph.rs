@@ -8,6 +8,9 @@
 //! `crate::{x, y}`, `$crate::x`, or a `super::` chain that climbs to the root) in any
 //! `src/**/*.rs`, comments and string literals left out, test code included. On a cycle the
 //! test prints it, with the file and line of each import that closes it.
+//!
+//! The pure machines (`machine.rs`, `machine/`) also name no async or actor runtime, no network
+//! and no clock in their production code: time is passed in.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -126,6 +129,83 @@ fn cycles_are_found_and_printed_with_their_imports() {
 }
 
 // ---- reading the sources ----
+
+/// The pure machines (the coordinator's `Scheduler`, the parameter server's and the worker's
+/// state machines): their production code takes time as an argument and does no I/O, so that
+/// the simulator and the tests drive them exactly as the actors do. What they must not name,
+/// with why.
+const MACHINE_FORBIDDEN: [(&str, &str); 7] = [
+    ("tokio", "an async runtime"),
+    ("actix", "an actor runtime"),
+    ("quinn", "the network"),
+    ("Instant::now", "a clock (time is passed in)"),
+    ("SystemTime::now", "a clock (time is passed in)"),
+    ("thread::sleep", "a wait"),
+    ("std::net", "the network"),
+];
+
+/// Whether `path` (under `src/`) is a machine's production source.
+fn is_machine(path: &str) -> bool {
+    (path.ends_with("/machine.rs") || path.contains("/machine/")) && !path.ends_with("_tests.rs")
+}
+
+/// What the machine sources name that they must not: `file:line: name (why)`, test modules
+/// (`#[cfg(test)]` and what follows it) left out.
+fn machine_violations(sources: &[Source]) -> Vec<String> {
+    let mut found = Vec::new();
+    for source in sources.iter().filter(|s| is_machine(&s.path)) {
+        let code = strip_comments_and_literals(&source.text);
+        let production = code.split("#[cfg(test)]").next().unwrap_or_default();
+        for (number, line) in production.lines().enumerate() {
+            for (name, why) in MACHINE_FORBIDDEN {
+                if line.contains(name) {
+                    found.push(format!(
+                        "src/{}:{}: {name} ({why})",
+                        source.path,
+                        number + 1
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_machines_name_no_runtime_network_or_clock() {
+    let sources = read_sources();
+    let machines = sources.iter().filter(|s| is_machine(&s.path)).count();
+    assert!(
+        machines >= 5,
+        "only {machines} machine sources found: the scan is broken"
+    );
+    let found = machine_violations(&sources);
+    assert!(
+        found.is_empty(),
+        "machines must stay pure:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_clock_read_in_a_machine_is_reported_and_one_in_its_tests_is_not() {
+    let sources = vec![
+        source(
+            "roles/ps/machine.rs",
+            "fn f() { let t = std::time::Instant::now(); }\n// Instant::now in a comment\n\
+             #[cfg(test)]\nmod tests { fn g() { std::time::Instant::now(); } }\n",
+        ),
+        source(
+            "roles/coordinator/machine/save_tests.rs",
+            "fn h() { tokio::spawn(x); }\n",
+        ),
+        source("roles/worker/actor.rs", "fn a() { tokio::spawn(x); }\n"),
+    ];
+    assert_eq!(
+        machine_violations(&sources),
+        ["src/roles/ps/machine.rs:1: Instant::now (a clock (time is passed in))"]
+    );
+}
 
 fn source(path: &str, text: &str) -> Source {
     Source {
