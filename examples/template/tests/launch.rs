@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+mod support;
+
 #[test]
 fn the_template_trains_as_a_local_cluster() {
     let output = Command::new(env!("CARGO_BIN_EXE_cohort-template"))
@@ -11,17 +13,5 @@ fn the_template_trains_as_a_local_cluster() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
-    let line = stdout
-        .lines()
-        .find(|l| l.contains("mean squared error"))
-        .unwrap_or_else(|| panic!("no result line:\n{stdout}\n{stderr}"));
-    let numbers: Vec<f32> = line
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let (first, last) = (numbers[numbers.len() - 3], numbers[numbers.len() - 1]);
-    assert!(
-        last < first / 4.0,
-        "the error fell from {first} to {last} only: {line}"
-    );
+    support::assert_the_model_learned(&stdout);
 }

@@ -15,6 +15,7 @@ mod kubelet;
 mod netns;
 #[path = "../../../tests/skip_support/mod.rs"]
 mod skip;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -107,19 +108,7 @@ fn the_template_trains_across_hosts_with_a_worker_killed() {
         "worker-1 was SIGKILLed once: {:?}",
         kubelet("worker-1").exits()
     );
-    let line = log
-        .lines()
-        .find(|l| l.contains("mean squared error"))
-        .unwrap_or_else(|| panic!("no result line:\n{log}"));
-    let numbers: Vec<f32> = line
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let (first, last) = (numbers[numbers.len() - 3], numbers[numbers.len() - 1]);
-    assert!(
-        last < first / 4.0,
-        "the error fell from {first} to {last} only: {line}"
-    );
+    support::assert_the_model_learned(&log);
     drop(kubelets);
     let _ = std::fs::remove_dir_all(&dir);
 }
