@@ -182,18 +182,15 @@ pub fn run(
         else {
             continue;
         };
-        let measured = match peers {
-            None => Err("not asked for (--peers)".to_string()),
-            Some(python) => super::peers::run_peer(
-                python,
-                program,
-                &[
-                    format!("--workload={workload}"),
-                    format!("--steps={steps}"),
-                    format!("--warmup={warmup}"),
-                ],
-            ),
-        };
+        let measured = super::peers::run_peer(
+            peers,
+            program,
+            &[
+                format!("--workload={workload}"),
+                format!("--steps={steps}"),
+                format!("--warmup={warmup}"),
+            ],
+        );
         match measured {
             Ok((theirs, version)) => outln!(
                 "\n{workload}: {what}, {version}, the same workload: {theirs:.1} steps/s in the \

@@ -60,16 +60,15 @@ pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
         }
     }
     // gloo, its members processes too, on the same sizes, in this invocation.
-    let gloo: Vec<Result<(f64, String), String>> = process_rows[0]
+    let gloo: Vec<_> = process_rows[0]
         .iter()
-        .map(|&(members, mib, _)| match peers {
-            None => Err("not asked for (--peers)".to_string()),
-            Some(python) => super::peers::run_peer_figure(
-                python,
+        .map(|&(members, mib, _)| {
+            super::peers::run_peer_figure(
+                peers,
                 "gloo_allreduce.py",
                 &[format!("--members={members}"), format!("--mib={mib}")],
                 "seconds",
-            ),
+            )
         })
         .collect();
     let after = super::bench::bare_quinn_goodput()?;

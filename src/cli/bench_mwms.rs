@@ -59,29 +59,25 @@ pub fn run(steps: usize, warmup: usize, peers: Option<&Path>) -> Result<(), CliE
         }
     }
     // The peers, on the same workload and machine, in this invocation.
-    let mut peer: BTreeMap<(usize, usize), Result<(f64, String), String>> = BTreeMap::new();
+    let mut peer: BTreeMap<(usize, usize), Result<(f64, String), super::peers::PeerError>> =
+        BTreeMap::new();
     for (index, (_, what, program)) in PEERS.iter().enumerate() {
         for workers in WORKER_COUNTS {
-            let measured = match peers {
-                None => Err("not asked for (--peers)".to_string()),
-                Some(python) => super::peers::run_peer(
-                    python,
-                    program,
-                    &[
-                        format!("--workers={workers}"),
-                        format!("--steps={steps}"),
-                        format!("--warmup={warmup}"),
-                    ],
-                ),
-            };
+            let measured = super::peers::run_peer(
+                peers,
+                program,
+                &[
+                    format!("--workers={workers}"),
+                    format!("--steps={steps}"),
+                    format!("--warmup={warmup}"),
+                ],
+            );
             match &measured {
                 Ok((rate, version)) => {
                     outln!("{what} ({version}), {workers} workers: {rate:.1} steps/s")
                 }
-                Err(why) if peers.is_some() => {
-                    outln!("{what}, {workers} workers: not measured: {why}")
-                }
-                Err(_) => {}
+                Err(super::peers::PeerError::NotAsked) => {}
+                Err(why) => outln!("{what}, {workers} workers: not measured: {why}"),
             }
             peer.insert((index, workers), measured);
         }

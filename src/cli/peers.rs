@@ -5,36 +5,76 @@
 //! all-reduce) and its framework's `version`. A peer that cannot run is "not measured", with
 //! the reason.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Bound on the peer's run, its start included.
 const PEER_RUN_MAX: Duration = Duration::from_secs(900);
 
-/// The peer program `script` of `benches/peers/` with `args`, run by `python`: its steps per
-/// second and its framework's version, or why it could not be measured.
+/// Why a peer was not measured: what its column says.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(super) enum PeerError {
+    /// The command was run without `--peers`.
+    #[error("not asked for (--peers)")]
+    NotAsked,
+    /// The peer program is not in `benches/peers/`.
+    #[error("benches/peers/{0} not found (run from the repository)")]
+    NoProgram(String),
+    /// The Python that runs the peers does not exist.
+    #[error("{} does not exist (bash benches/peers/setup.sh makes it, or give --python)", .0.display())]
+    NoPython(PathBuf),
+    /// The Python could not be started.
+    #[error("cannot start {}: {reason}", python.display())]
+    Start {
+        /// The Python.
+        python: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The peer ran past [`PEER_RUN_MAX`] and was killed.
+    #[error("ran past {0:?}")]
+    TimedOut(Duration),
+    /// The peer exited with an error; the last lines of its stderr.
+    #[error("{status}: {stderr_tail}")]
+    Failed {
+        /// How it exited.
+        status: String,
+        /// Its last stderr lines, joined by ` | `.
+        stderr_tail: String,
+    },
+    /// The peer's last line is not its result.
+    #[error("its output {line:?}: {reason}")]
+    BadOutput {
+        /// The line.
+        line: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// The peer program `script` of `benches/peers/` with `args`, run by `python` (`None`: the
+/// command was not asked to measure peers): its steps per second and its framework's version,
+/// or why it could not be measured.
 pub(super) fn run_peer(
-    python: &Path,
+    python: Option<&Path>,
     script: &str,
     args: &[String],
-) -> Result<(f64, String), String> {
+) -> Result<(f64, String), PeerError> {
     run_peer_figure(python, script, args, "steps_per_second")
 }
 
 /// [`run_peer`], for the figure `key` of the peer's line (a positive number).
 pub(super) fn run_peer_figure(
-    python: &Path,
+    python: Option<&Path>,
     script: &str,
     args: &[String],
     key: &str,
-) -> Result<(f64, String), String> {
+) -> Result<(f64, String), PeerError> {
+    let python = python.ok_or(PeerError::NotAsked)?;
     let script = peer_script(script)?;
     if !python.exists() {
-        return Err(format!(
-            "{} does not exist (bash benches/peers/setup.sh makes it, or give --python)",
-            python.display()
-        ));
+        return Err(PeerError::NoPython(python.to_path_buf()));
     }
     let mut child = Command::new(python)
         .arg(&script)
@@ -43,7 +83,10 @@ pub(super) fn run_peer_figure(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+        .map_err(|e| PeerError::Start {
+            python: python.to_path_buf(),
+            reason: e.to_string(),
+        })?;
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
         std::thread::spawn(move || {
@@ -64,34 +107,39 @@ pub(super) fn run_peer_figure(
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("ran past {PEER_RUN_MAX:?}"));
+                return Err(PeerError::TimedOut(PEER_RUN_MAX));
             }
         }
     };
     let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
     if !status.success() {
-        let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-        return Err(format!("{status}: {tail}"));
+        return Err(PeerError::Failed {
+            status: status.to_string(),
+            stderr_tail: err.lines().rev().take(3).collect::<Vec<_>>().join(" | "),
+        });
     }
     parse_peer_line(&out, key)
 }
 
 /// The peer's result line: `{"<key>": R, "version": V, ...}` (the last line).
-fn parse_peer_line(out: &str, key: &str) -> Result<(f64, String), String> {
+fn parse_peer_line(out: &str, key: &str) -> Result<(f64, String), PeerError> {
     let line = out.lines().last().unwrap_or_default();
-    let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("its output {line:?}: {e}"))?;
+    let bad = |reason: String| PeerError::BadOutput {
+        line: line.to_string(),
+        reason,
+    };
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
     let rate = value[key]
         .as_f64()
         .filter(|r| r.is_finite() && *r > 0.0)
-        .ok_or_else(|| format!("no positive {key} in {line:?}"))?;
+        .ok_or_else(|| bad(format!("no positive {key}")))?;
     let version = value["version"].as_str().unwrap_or("?").to_string();
     Ok((rate, version))
 }
 
 /// A peer program of `benches/peers/`: beside the binary's source tree when run from it, else
 /// in the working directory's `benches/peers/`.
-fn peer_script(name: &str) -> Result<std::path::PathBuf, String> {
+fn peer_script(name: &str) -> Result<PathBuf, PeerError> {
     let candidates = [
         Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers").join(name),
         Path::new("benches/peers").join(name),
@@ -100,7 +148,7 @@ fn peer_script(name: &str) -> Result<std::path::PathBuf, String> {
         .iter()
         .find(|p| p.exists())
         .cloned()
-        .ok_or_else(|| format!("benches/peers/{name} not found (run from the repository)"))
+        .ok_or_else(|| PeerError::NoProgram(name.to_string()))
 }
 
 #[cfg(test)]
@@ -127,7 +175,12 @@ mod tests {
 
     #[test]
     fn a_missing_python_is_not_measured_naming_it() {
-        let why = run_peer(Path::new("/nonexistent/python"), "tf_mwms.py", &[]).unwrap_err();
-        assert!(why.contains("/nonexistent/python"), "{why}");
+        let why = run_peer(Some(Path::new("/nonexistent/python")), "tf_mwms.py", &[]).unwrap_err();
+        assert_eq!(why, PeerError::NoPython("/nonexistent/python".into()));
+        assert!(why.to_string().contains("/nonexistent/python"), "{why}");
+        assert_eq!(
+            run_peer(None, "tf_mwms.py", &[]).unwrap_err(),
+            PeerError::NotAsked
+        );
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::endpoint::Endpoint;
-use crate::tls::{NodeCredentials, CA_FILE};
+use crate::tls::{NodeCredentials, TlsError, CA_FILE};
 
 /// How often a process checks its certificates directory by default.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(10);
@@ -60,15 +60,13 @@ pub fn watch_credentials(
 
 /// Loads the node's credentials from `dir` and puts them in place if they differ from the
 /// ones in place: whether they did, or why they could not be.
-pub fn reload(endpoint: &Endpoint, dir: &Path) -> Result<bool, String> {
-    let creds = NodeCredentials::load(dir, endpoint.node()).map_err(|e| e.to_string())?;
+pub fn reload(endpoint: &Endpoint, dir: &Path) -> Result<bool, TlsError> {
+    let creds = NodeCredentials::load(dir, endpoint.node())?;
     if creds == endpoint.credentials() {
         return Ok(false);
     }
-    endpoint
-        .rotate_credentials(creds)
-        .map(|()| true)
-        .map_err(|e| e.to_string())
+    endpoint.rotate_credentials(creds)?;
+    Ok(true)
 }
 
 fn stamp(dir: &Path, endpoint: &Endpoint) -> Stamp {
