@@ -549,20 +549,17 @@ impl WorkerMachine {
         _now: Instant,
         outcomes: Result<Vec<(u32, PushOutcome)>, StepError>,
     ) -> Result<(), StepError> {
-        let outcomes = outcomes?;
-        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| *o == PushOutcome::Fenced) {
-            return Err(StepError::CutOff {
-                ps: *ps,
-                reason: "it refused an update of this closure as fenced".into(),
-            });
-        }
-        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| !o.took_effect()) {
-            return Err(StepError::PsUnavailable(PsUnavailable {
-                ps: *ps,
-                reason: "an update of this closure was refused as stale (a parameter-server \
-                         restore began since the closure was dispatched)"
-                    .into(),
-            }));
+        match push_refusal(&outcomes?) {
+            Some(PushRefusal::Fenced(ps)) => {
+                // As for the last push: the incarnation is done for (the step fails with it).
+                self.decide(Exit::fenced_by(ps, self.epoch));
+                return Err(StepError::CutOff {
+                    ps,
+                    reason: "it refused an update of this closure as fenced".into(),
+                });
+            }
+            Some(PushRefusal::Stale(ps)) => return Err(stale_push(ps)),
+            None => {}
         }
         let step = self
             .step
@@ -585,19 +582,15 @@ impl WorkerMachine {
             Ok(outcomes) => outcomes,
             Err(e) => return self.fail(e),
         };
-        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| *o == PushOutcome::Fenced) {
-            // This incarnation is dead to the servers (FENCE-1): the closure runs elsewhere,
-            // and the process comes back as a new incarnation.
-            self.decide(Exit::fenced_by(*ps, self.epoch));
-            return self.reply(Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
-        }
-        if let Some((ps, _)) = outcomes.iter().find(|(_, o)| !o.took_effect()) {
-            return self.fail(StepError::PsUnavailable(PsUnavailable {
-                ps: *ps,
-                reason: "the push was refused as stale (a fenced incarnation, or a \
-                         parameter-server restore began since the closure was dispatched)"
-                    .into(),
-            }));
+        match push_refusal(&outcomes) {
+            Some(PushRefusal::Fenced(ps)) => {
+                // This incarnation is dead to the servers (FENCE-1): the closure runs
+                // elsewhere, and the process comes back as a new incarnation.
+                self.decide(Exit::fenced_by(ps, self.epoch));
+                return self.reply(Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
+            }
+            Some(PushRefusal::Stale(ps)) => return self.fail(stale_push(ps)),
+            None => {}
         }
         let Some(Step {
             started,
@@ -825,6 +818,36 @@ impl WorkerMachine {
             timing: None,
         }
     }
+}
+
+/// Why a push did not take effect at every server it went to.
+enum PushRefusal {
+    /// A server refused it as coming from a fenced incarnation (FENCE-1).
+    Fenced(u32),
+    /// A server refused it as stale: a restore began since the closure was dispatched.
+    Stale(u32),
+}
+
+/// The refusal among a push's settled `outcomes`, fenced ones first; `None` if it took effect
+/// everywhere (applied, or applied already by an earlier attempt: PS-1).
+fn push_refusal(outcomes: &[(u32, PushOutcome)]) -> Option<PushRefusal> {
+    if let Some((ps, _)) = outcomes.iter().find(|(_, o)| *o == PushOutcome::Fenced) {
+        return Some(PushRefusal::Fenced(*ps));
+    }
+    outcomes
+        .iter()
+        .find(|(_, o)| !o.took_effect())
+        .map(|(ps, _)| PushRefusal::Stale(*ps))
+}
+
+/// A push refused as stale by server `ps`: that server's failure, retryable.
+fn stale_push(ps: u32) -> StepError {
+    StepError::PsUnavailable(PsUnavailable {
+        ps,
+        reason: "the push was refused as stale (a fenced incarnation, or a parameter-server \
+                 restore began since the closure was dispatched)"
+            .into(),
+    })
 }
 
 #[cfg(test)]
