@@ -47,7 +47,7 @@ pub use crate::roles::step::{
     DatasetHandle, ElementError, FromElement, Step, ValueCodecError, WorkerData,
 };
 pub use crate::roles::worker::{
-    PsModel, PushedGradient, RowRead, ServerModel, StepContext, StepError, TrainReport,
+    PushedGradient, RowRead, ServerModel, StepContext, StepError, TrainReport, WeightAccess,
 };
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training

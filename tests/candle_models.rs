@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use cohort::candle::{DType, Device, Module, ModuleT, Tensor, D};
 use cohort::candle_nn::{self, Conv2d, Conv2dConfig, Embedding, Linear, VarBuilder};
-use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError, WeightAccess};
+use cohort::nn::{Dropout, LayerNorm, ModelVariables, NnError};
 use cohort::optim::Optimizer;
 use cohort::program::{
     ClusterCoordinator, CoordinatorError, Program, RowRead, ServerModel, Step, StepContext,
-    StepError,
+    StepError, WeightAccess,
 };
 use cohort::strategy::{
     CentralStorage, DefaultStrategy, Mirrored, MultiWorkerMirrored, PerReplica, ReduceOp, Strategy,

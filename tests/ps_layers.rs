@@ -1,7 +1,7 @@
-//! One model definition, two ways to train it: in process under `Mirrored` (with `fit`), and
-//! on a parameter-server cluster of real processes (1 chief, 2 PS, 2 workers over QUIC on
-//! 127.0.0.1) through the worker's bridge `PsModel`. Both converge, from the same builder
-//! functions ([`classifier`], [`click_model`]).
+//! One model definition, two ways to train it: in process under `Mirrored` (with
+//! `keras::Model::fit`), and on a parameter-server cluster of real processes (1 chief, 2 PS,
+//! 2 workers over QUIC on 127.0.0.1) with `ServerModel`. Both converge, from the same candle-nn
+//! model functions ([`classifier`], [`click_model`]).
 //!
 //! The click model's embedding table is split over both parameter servers; a step pulls only
 //! its batch's rows and pushes row gradients: the steps report how many rows they pushed, and
@@ -9,22 +9,18 @@
 
 mod ps_support;
 
-use std::sync::Arc;
-
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor};
-use cohort::data::{Dataset, DistributeOptions};
-use cohort::nn::{
-    declare, losses, Activation, Dense, Embedding, GradientTape, Initializer, Layer, NnError,
-    Sequential, WeightAccess,
-};
+use cohort::candle::{DType, Device, Module, Tensor};
+use cohort::candle_nn::{Embedding, Init, VarBuilder};
+use cohort::data::Dataset;
+use cohort::keras::{Fit, Loss, Model};
+use cohort::nn::{dense, losses, Activation, Dense, ModelVariables};
 use cohort::optim::Optimizer;
-use cohort::program::{CoordinatorError, Program, StepContext, StepError};
-use cohort::roles::worker::PsModel;
-use cohort::strategy::{Mirrored, Strategy};
-use cohort::train::{
-    fit_with_options, DistributedOptimizer, FitOptions, Progbar, ProgbarMode, Supervised,
+use cohort::program::{
+    CoordinatorError, Program, RowRead, ServerModel, Step, StepContext, StepError, WeightAccess,
 };
+use cohort::strategy::Mirrored;
+use cohort::train::DistributedOptimizer;
 use cohort::variable::Partitioner;
 use ps_support::{ledger_and_stats, write_report, Run};
 
@@ -38,51 +34,63 @@ const CLICKS: usize = 200;
 const BATCH: usize = 16;
 /// Steps the chief schedules per model.
 const STEPS: usize = 120;
+/// The seed of both models' initial values, in process and on the servers.
+const SEED: u64 = 1;
+/// The click model's table.
+const TABLE: &str = "ctr.emb.weight";
 
-type Model = Supervised<Sequential>;
-
-/// The classifier, written once: 2 → 8 (ReLU) → 1 logit.
-fn classifier() -> Result<Model, NnError> {
-    let net = Sequential::new("clf")
-        .push(
-            Dense::builder("clf/hidden", 2, 8)
-                .activation(Activation::Relu)
-                .kernel_initializer(Initializer::GlorotUniform { seed: 1 })
-                .build()?,
-        )
-        .push(
-            Dense::builder("clf/out", 8, 1)
-                .kernel_initializer(Initializer::GlorotUniform { seed: 2 })
-                .build()?,
-        );
-    Ok(Supervised::new(
-        net,
-        losses::binary_cross_entropy_from_logits,
-    ))
+/// The classifier: 2 → 8 (ReLU) → 1 logit.
+#[derive(Debug)]
+struct Classifier {
+    hidden: Dense,
+    out: Dense,
 }
 
-/// The click model, written once: an id's embedding row, then a 1-logit head.
-fn click_model() -> Result<Model, NnError> {
-    let net = Sequential::new("ctr")
-        .push(Embedding::new(
-            "ctr/emb",
-            TABLE_ROWS,
-            WIDTH,
-            Initializer::RandomUniform {
-                min: -0.05,
-                max: 0.05,
-                seed: 7,
-            },
-        )?)
-        .push(
-            Dense::builder("ctr/head", WIDTH, 1)
-                .kernel_initializer(Initializer::GlorotUniform { seed: 3 })
-                .build()?,
-        );
-    Ok(Supervised::new(
-        net,
-        losses::binary_cross_entropy_from_logits,
-    ))
+fn classifier(vb: VarBuilder<'static>) -> cohort::candle::Result<Classifier> {
+    Ok(Classifier {
+        hidden: dense(2, 8, Activation::Relu, vb.pp("clf.hidden"))?,
+        out: dense(8, 1, Activation::Linear, vb.pp("clf.out"))?,
+    })
+}
+
+impl Module for Classifier {
+    fn forward(&self, x: &Tensor) -> cohort::candle::Result<Tensor> {
+        self.out.forward(&self.hidden.forward(x)?)
+    }
+}
+
+/// The click model: an id's embedding row (Keras' uniform ±0.05 start), then a 1-logit head.
+#[derive(Debug)]
+struct ClickModel {
+    emb: Embedding,
+    head: Dense,
+}
+
+fn click_model(vb: VarBuilder<'static>) -> cohort::candle::Result<ClickModel> {
+    let table = vb.pp("ctr.emb").get_with_hints(
+        (TABLE_ROWS, WIDTH),
+        "weight",
+        Init::Uniform {
+            lo: -0.05,
+            up: 0.05,
+        },
+    )?;
+    Ok(ClickModel {
+        emb: Embedding::new(table, WIDTH),
+        head: dense(WIDTH, 1, Activation::Linear, vb.pp("ctr.head"))?,
+    })
+}
+
+impl Module for ClickModel {
+    fn forward(&self, ids: &Tensor) -> cohort::candle::Result<Tensor> {
+        self.head.forward(&self.emb.forward(ids)?)
+    }
+}
+
+/// Per-example binary cross-entropy of a model's logits.
+fn per_example(model: &impl Module, x: &Tensor, y: &Tensor) -> cohort::candle::Result<Tensor> {
+    losses::binary_cross_entropy_from_logits(&model.forward(x)?, y)
+        .map_err(cohort::candle::Error::wrap)
 }
 
 /// The optimizer both runs use (in process, and on the parameter servers).
@@ -127,16 +135,10 @@ fn dataset((x, y): (Tensor, Tensor)) -> Result<Dataset, cohort::data::DataError>
     Ok(Dataset::from_tensor_slices(vec![x, y])?.batch(BATCH, false))
 }
 
-/// Mean loss and accuracy of `model` on `(x, y)`, reading variables through `tape`.
-fn evaluate(
-    model: &Model,
-    tape: &GradientTape,
-    (x, y): &(Tensor, Tensor),
-) -> Result<(f32, f32), NnError> {
-    let logits = model.network().forward(tape, x)?;
-    let loss = losses::binary_cross_entropy_from_logits(&logits, y)?
-        .mean_all()?
-        .to_scalar::<f32>()?;
+/// Mean loss and accuracy of `model` on `(x, y)`.
+fn evaluate(model: &impl Module, (x, y): &(Tensor, Tensor)) -> cohort::candle::Result<(f32, f32)> {
+    let logits = model.forward(x)?;
+    let loss = per_example(model, x, y)?.mean_all()?.to_scalar::<f32>()?;
     let predicted = logits.ge(0f64)?.to_dtype(DType::F32)?;
     let right = predicted
         .eq(y)?
@@ -149,35 +151,23 @@ fn evaluate(
 // ---------------------------------------------------------------------------------------
 // In process, under Mirrored.
 
-fn train_in_process(
-    build: fn() -> Result<Model, NnError>,
+/// Trains `build`'s model under `Mirrored(2)` for `epochs` and returns its loss and accuracy
+/// on all of `data`, with the model.
+fn train_in_process<N: Module + Send + Sync + 'static>(
+    build: fn(VarBuilder<'static>) -> cohort::candle::Result<N>,
     data: (Tensor, Tensor),
     epochs: usize,
-) -> Result<(f32, f32, Arc<Model>)> {
-    let strategy = Mirrored::new(2)?;
-    let model = {
-        let _scope = strategy.scope();
-        Arc::new(build()?)
-    };
-    let optimizer = Arc::new(DistributedOptimizer::new(optimizer()));
-    let options = FitOptions {
-        progress: Progbar::stderr(ProgbarMode::Silent),
-        distribute: DistributeOptions::default(),
-    };
-    let history = fit_with_options(
-        &strategy,
-        Arc::clone(&model),
-        optimizer,
-        dataset(data.clone())?,
-        epochs,
-        options,
-    )?;
-    assert!(
-        history.loss.last() < history.loss.first(),
-        "{:?}",
-        history.loss
+) -> Result<(f32, f32, Model<N>)> {
+    let mut model = Model::new(Mirrored::new(2)?, SEED, build)?;
+    model.compile(
+        DistributedOptimizer::new(optimizer()),
+        Loss::binary_crossentropy(),
+        Vec::new(),
     );
-    let (loss, accuracy) = evaluate(&model, &GradientTape::new(), &data)?;
+    let history = model.fit(&dataset(data.clone())?, Fit::epochs(epochs).verbose(false))?;
+    let loss = history.get("loss");
+    assert!(loss.last() < loss.first(), "{loss:?}");
+    let (loss, accuracy) = evaluate(model.network(), &data)?;
     Ok((loss, accuracy, model))
 }
 
@@ -189,14 +179,23 @@ fn the_models_converge_in_process_under_mirrored() -> Result<()> {
         "classifier: loss {loss}, accuracy {accuracy}"
     );
 
-    let initial = click_model()?.network().trainable_variables()[0].read_value();
+    let initial = {
+        let variables = ModelVariables::new(SEED);
+        click_model(variables.var_builder(0))?;
+        variables.get(TABLE).expect("the table").read_value()
+    };
     let (loss, accuracy, model) = train_in_process(click_model, clicks(), 10)?;
     assert!(
         accuracy == 1.0 && loss < 0.2,
         "click model: loss {loss}, accuracy {accuracy}"
     );
     // Rows no batch used (odd ids) are untouched (their gradient is zero); used ones moved.
-    let table = model.network().trainable_variables()[0].read_value();
+    let table = model
+        .variables()
+        .into_iter()
+        .find(|v| v.name() == TABLE)
+        .expect("the table")
+        .read_value();
     let rows = |t: &Tensor| t.to_vec2::<f32>().unwrap();
     for (id, (end, start)) in rows(&table).iter().zip(rows(&initial)).enumerate() {
         assert_eq!(id % 2 == 1, *end == start, "row {id}");
@@ -205,54 +204,62 @@ fn the_models_converge_in_process_under_mirrored() -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
-// On a parameter-server cluster: the same builders, through `PsModel`.
+// On a parameter-server cluster: the same model functions, through `ServerModel`.
 
-/// Child mode: run this process's role of the test program.
-#[test]
-fn the_click_model_reads_its_head_whole_and_its_table_by_rows() -> Result<()> {
-    use cohort::train::Model as _;
-    let mut whole = click_model()?.whole_read_variables().unwrap_or_default();
-    whole.sort();
-    assert_eq!(whole, vec!["ctr/head/bias", "ctr/head/kernel"]);
-    Ok(())
+/// What a training step reports.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct StepReport {
+    loss: f32,
+    /// Rows pushed to the table (0 for a model without one).
+    table_rows: u32,
+    examples: u32,
+    replicas: u32,
 }
+
+static CLF: Step<(), StepReport> = Step::new("clf");
+static CTR: Step<(), StepReport> = Step::new("ctr");
+static EVAL_CLF: Step<(), (f32, f32)> = Step::new("eval_clf");
+static EVAL_CTR: Step<(), (f32, f32)> = Step::new("eval_ctr");
 
 #[test]
 fn cluster_task() {
     ps_support::run_if_child(program);
 }
 
-/// A step of `build` on its dataset: returns the loss (f32) and the rows pushed to the table
-/// of a row-read variable, or the dense rows (u32 each).
-fn train_step(
-    ctx: &mut StepContext<'_>,
-    build: fn() -> Result<Model, NnError>,
-    data: &str,
-) -> Result<Vec<u8>, StepError> {
-    let model = PsModel::build(ctx, build)?;
-    let batch = ctx.next(data)?;
-    let report = model.train_step(ctx, &batch)?;
+/// What a step's [`cohort::program::TrainReport`] says, for the report.
+fn step_report(report: cohort::program::TrainReport) -> StepReport {
     let table_rows = report
         .pushes
         .iter()
         .find(|p| p.access == WeightAccess::Rows)
         .map_or(0, |p| p.rows as u32);
-    let mut out = report.loss.to_le_bytes().to_vec();
-    out.extend(table_rows.to_le_bytes());
-    out.extend((report.examples as u32).to_le_bytes());
-    out.extend((report.replicas as u32).to_le_bytes());
-    Ok(out)
+    StepReport {
+        loss: report.loss,
+        table_rows,
+        examples: report.examples as u32,
+        replicas: report.replicas as u32,
+    }
 }
 
-/// Loss and accuracy of `build` on all of `data`, reading the servers' values.
-fn eval_step(
-    ctx: &mut StepContext<'_>,
-    build: fn() -> Result<Model, NnError>,
-    data: (Tensor, Tensor),
-) -> Result<Vec<u8>, StepError> {
-    let model = PsModel::build(ctx, build)?;
-    let (loss, accuracy) = model.run(ctx, |tape, m| evaluate(m, tape, &data))?;
-    Ok([loss.to_le_bytes(), accuracy.to_le_bytes()].concat())
+/// A step of the classifier: every variable read whole.
+fn clf_step(ctx: &mut StepContext<'_>) -> Result<StepReport, StepError> {
+    let batch = ctx.next("points")?;
+    let model = ServerModel::build(ctx, classifier)?;
+    let report = model.train_step(ctx, &batch, SEED, |m, b| per_example(m, &b[0], &b[1]))?;
+    Ok(step_report(report))
+}
+
+/// A step of the click model: its table read by the batch's rows.
+fn ctr_step(ctx: &mut StepContext<'_>) -> Result<StepReport, StepError> {
+    let batch = ctx.next("clicks")?;
+    let rows = RowRead {
+        variable: TABLE,
+        ids: &batch[0],
+    };
+    let (model, ids) = ServerModel::build_reading_rows(ctx, click_model, &[rows])?;
+    let batch = [ids[0].clone(), batch[1].clone()];
+    let report = model.train_step(ctx, &batch, SEED, |m, b| per_example(m, &b[0], &b[1]))?;
+    Ok(step_report(report))
 }
 
 fn program() -> Program {
@@ -262,33 +269,30 @@ fn program() -> Program {
         .dataset("clicks", |_ctx| {
             Ok(dataset(clicks())?.shuffle(CLICKS, 5).repeat(None))
         })
-        .step_encoded("clf", |ctx: &mut StepContext<'_>, _args: &[u8]| {
-            train_step(ctx, classifier, "points")
+        .step(&CLF, |ctx: &mut StepContext<'_>, ()| clf_step(ctx))
+        .step(&CTR, |ctx: &mut StepContext<'_>, ()| ctr_step(ctx))
+        .step(&EVAL_CLF, |ctx: &mut StepContext<'_>, ()| {
+            let model = ServerModel::build(ctx, classifier)?;
+            Ok::<_, StepError>(evaluate(model.model(), &points())?)
         })
-        .step_encoded("ctr", |ctx: &mut StepContext<'_>, _args: &[u8]| {
-            train_step(ctx, click_model, "clicks")
-        })
-        .step_encoded("eval_clf", |ctx: &mut StepContext<'_>, _args: &[u8]| {
-            eval_step(ctx, classifier, points())
-        })
-        .step_encoded("eval_ctr", |ctx: &mut StepContext<'_>, _args: &[u8]| {
-            eval_step(ctx, click_model, clicks())
+        .step(&EVAL_CTR, |ctx: &mut StepContext<'_>, ()| {
+            let (ids, y) = clicks();
+            let rows = RowRead {
+                variable: TABLE,
+                ids: &ids,
+            };
+            let (model, ids) = ServerModel::build_reading_rows(ctx, click_model, &[rows])?;
+            Ok::<_, StepError>(evaluate(model.model(), &(ids[0].clone(), y))?)
         })
         .chief(|coordinator| {
             let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
-            // The chief lists both models' variables without drawing them, and creates them on
-            // the servers; the table is split over both.
-            for build in [classifier as fn() -> Result<Model, NnError>, click_model] {
-                let specs = declare(build)
-                    .map_err(|e| other(&e))?
-                    .network()
-                    .weight_specs();
-                PsModel::create_variables(coordinator, &specs, |spec| {
-                    (spec.access == WeightAccess::Rows)
-                        .then_some(Partitioner::FixedShards { num_shards: 2 })
-                })?;
-            }
-            let table_at_start = coordinator.read_variable("ctr/emb/embeddings")?;
+            // The chief creates both models' variables on the servers; the table is split
+            // over both.
+            ServerModel::create_variables(coordinator, SEED, classifier, |_, _| None)?;
+            ServerModel::create_variables(coordinator, SEED, click_model, |name, _| {
+                (name == TABLE).then_some(Partitioner::FixedShards { num_shards: 2 })
+            })?;
+            let table_at_start = coordinator.read_variable(TABLE)?;
             coordinator.create_per_worker_dataset("points")?;
             coordinator.create_per_worker_dataset("clicks")?;
             coordinator.wait_for_workers(
@@ -297,40 +301,23 @@ fn program() -> Program {
             )?;
 
             let mut report = serde_json::json!({});
-            for (model, eval) in [("clf", "eval_clf"), ("ctr", "eval_ctr")] {
+            for (model, step, eval) in [("clf", &CLF, &EVAL_CLF), ("ctr", &CTR, &EVAL_CTR)] {
                 let values: Vec<_> = (0..STEPS)
-                    .map(|_| coordinator.schedule_encoded(model, Vec::new()))
+                    .map(|_| coordinator.schedule(step, ()))
                     .collect::<Result<_, _>>()?;
                 coordinator.join()?;
-                let mut steps = Vec::new();
-                for v in &values {
-                    let bytes = coordinator.fetch_encoded(v)?;
-                    let word = |i: usize| {
-                        [
-                            bytes[4 * i],
-                            bytes[4 * i + 1],
-                            bytes[4 * i + 2],
-                            bytes[4 * i + 3],
-                        ]
-                    };
-                    steps.push(serde_json::json!({
-                        "loss": f32::from_le_bytes(word(0)),
-                        "table_rows": u32::from_le_bytes(word(1)),
-                        "examples": u32::from_le_bytes(word(2)),
-                        "replicas": u32::from_le_bytes(word(3)),
-                    }));
-                }
-                let result = coordinator.schedule_encoded(eval, Vec::new())?;
+                let steps = values
+                    .iter()
+                    .map(|v| coordinator.fetch(v))
+                    .collect::<Result<Vec<StepReport>, _>>()?;
+                let result = coordinator.schedule(eval, ())?;
                 coordinator.join()?;
-                let bytes = coordinator.fetch_encoded(&result)?;
-                let loss = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-                let accuracy = f32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+                let (loss, accuracy) = coordinator.fetch(&result)?;
                 report[model] =
                     serde_json::json!({ "steps": steps, "loss": loss, "accuracy": accuracy });
             }
             report["table_at_start"] = serde_json::json!(table_at_start);
-            report["table_at_end"] =
-                serde_json::json!(coordinator.read_variable("ctr/emb/embeddings")?);
+            report["table_at_end"] = serde_json::json!(coordinator.read_variable(TABLE)?);
             report["layouts"] =
                 serde_json::to_value(coordinator.layouts()).map_err(|e| other(&e))?;
             let counters = ledger_and_stats(coordinator)?;
@@ -447,10 +434,7 @@ fn assert_converged_whole(report: &serde_json::Value, replicas: u64) {
     }
     // The table really is split over both servers (so row pushes were routed to each).
     let layouts = report["layouts"].as_array().unwrap();
-    let table = layouts
-        .iter()
-        .find(|l| l["name"] == "ctr/emb/embeddings")
-        .unwrap();
+    let table = layouts.iter().find(|l| l["name"] == TABLE).unwrap();
     assert_eq!(table["shards"].as_array().unwrap().len(), 2);
 
     // Every closure committed exactly once (LEDGER-1); each PS applied each training closure's

@@ -10,15 +10,15 @@
 mod ps_support;
 
 use anyhow::Result;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
+use cohort::candle_nn::{Init, VarBuilder};
 use cohort::data::{DataError, Dataset, DistributeOptions};
-use cohort::nn::{Dense, Initializer, Layer, NnError};
 use cohort::optim::Optimizer;
 use cohort::program::{CoordinatorError, ParameterServerStrategy, Program, StepContext, StepError};
 use cohort::strategy::{
     Mirrored, PerReplica, ReduceOp, ReplicaContext, Strategy, StrategyError, StrategyExt,
 };
-use cohort::variable::Partitioner;
+use cohort::variable::{Partitioner, Variable, VariableBuilder, VariableError};
 use ps_support::{ledger_and_stats, write_report, Run};
 use serde_json::{json, Value};
 
@@ -30,16 +30,33 @@ const EPOCHS: usize = 2;
 /// Steps the chief schedules: every batch of the data set once.
 const STEPS: usize = EPOCHS * EXAMPLES / BATCH;
 const LEARNING_RATE: f32 = 0.05;
-const KERNEL: &str = "lin/kernel";
+const KERNEL: &str = "lin.kernel";
+/// The seed of the kernel's initial value.
+const SEED: u64 = 3;
 /// How far the two runs may differ (float rounding: partial sums added in another order).
 const TOLERANCE: f32 = 1e-5;
 
-/// The model: one dense layer without bias, `[FEATURES] -> 1`.
-fn layer() -> Result<Dense, NnError> {
-    Dense::builder("lin", FEATURES, 1)
-        .use_bias(false)
-        .kernel_initializer(Initializer::GlorotUniform { seed: 3 })
-        .build()
+/// The model: one linear map without bias, `[FEATURES] -> 1`, its kernel `[FEATURES, 1]`
+/// (rows that can be split over two servers), Glorot-uniform.
+fn kernel(vb: VarBuilder<'static>) -> cohort::candle::Result<Tensor> {
+    let bound = (6.0 / (FEATURES + 1) as f64).sqrt();
+    vb.pp("lin").get_with_hints(
+        (FEATURES, 1),
+        "kernel",
+        Init::Uniform {
+            lo: -bound,
+            up: bound,
+        },
+    )
+}
+
+/// A variable named `KERNEL` created under the active scope (its value never drawn where the
+/// scope keeps no local copy).
+fn kernel_in_scope() -> Result<Variable, VariableError> {
+    VariableBuilder::deferred(KERNEL, vec![FEATURES, 1], DType::F32, |shape| {
+        Tensor::zeros(shape, DType::F32, &Device::Cpu)
+    })
+    .build()
 }
 
 /// A planted linear problem: `y = x·[1, -2, 0.5] + 0.3`.
@@ -154,14 +171,13 @@ fn cluster_task() {
 /// The registered step: the replica function under the step's strategy, one push.
 fn train_step(ctx: &mut StepContext<'_>, args: &[u8]) -> Result<Vec<u8>, StepError> {
     let strategy = ParameterServerStrategy::in_step(ctx)?;
-    // Variables built in the step's scope are the servers' variables.
-    let layer = {
+    // Variables created in the step's scope are the servers' variables.
+    let kernel = {
         let _scope = strategy.try_scope()?;
-        layer()?
+        kernel_in_scope().map_err(|e| StepError::Step(e.to_string()))?
     };
-    let kernel = layer.kernel();
     let placed_on_servers = kernel.ps_layout().is_some() && !kernel.has_local_copy();
-    let w = Tensor::from_vec(ctx.pull(kernel.name())?, kernel.shape(), &Device::Cpu)?;
+    let w = Tensor::from_vec(ctx.pull(KERNEL)?, (FEATURES, 1), &Device::Cpu)?;
     let dataset = std::str::from_utf8(args).map_err(|e| StepError::Step(e.to_string()))?;
     let batch = ctx.next(dataset)?;
     let shares = strategy.distribute_batch(&batch)?;
@@ -172,7 +188,7 @@ fn train_step(ctx: &mut StepContext<'_>, args: &[u8]) -> Result<Vec<u8>, StepErr
     } = distributed_step(&strategy, &w, shares)?;
     let wrong_count = strategy.reduce(ReduceOp::Sum, &PerReplica::new(vec![w.clone()]), None);
     // Every replica holds the all-reduced gradient: the worker pushes it once.
-    ctx.push_dense(kernel.name(), outs[0].grad.clone())?;
+    ctx.push_dense(KERNEL, outs[0].grad.clone())?;
     let agree = outs
         .iter()
         .all(|o| o.loss == outs[0].loss && o.grad == outs[0].grad);
@@ -237,16 +253,15 @@ fn program() -> Program {
                 ),
                 "distribute_datasets_from_function",
             );
-            // The scope declares the model's variables; the strategy creates them on the
-            // servers (split over two when there are two).
-            let (specs, declared_without_values) = {
+            // The scope declares variables without drawing them; the strategy creates the
+            // model's on the servers (split over two when there are two).
+            let declared_without_values = {
                 let _scope = strategy.try_scope().map_err(|e| other(&e))?;
-                let layer = layer().map_err(|e| other(&e))?;
-                (layer.weight_specs(), !layer.kernel().has_local_copy())
+                !kernel_in_scope().map_err(|e| other(&e))?.has_local_copy()
             };
             let split = coordinator.num_ps() > 1;
             strategy
-                .create_variables(coordinator, &specs, |_| {
+                .create_variables(coordinator, SEED, kernel, |_, _| {
                     split.then_some(Partitioner::FixedShards { num_shards: 2 })
                 })
                 .map_err(|e| other(&e))?;

@@ -7,15 +7,24 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
+use cohort::candle::{Device, Module, Tensor};
+use cohort::candle_nn::VarBuilder;
 use cohort::data::{Dataset, DistributeOptions};
-use cohort::nn::{losses, Dense, GradientTape, Initializer, Layer};
+use cohort::nn::{dense, losses, Activation, Dense, ModelVariables};
 use cohort::optim::Optimizer;
 use cohort::strategy::{Mirrored, OneDevice, ReduceOp, Strategy, StrategyExt};
 use cohort::train::{
-    compute_average_loss, scale_regularization_loss, DistributedOptimizer, TrainError,
+    compute_average_loss, scale_regularization_loss, DistributedOptimizer, ReplicatedModel,
+    TrainError,
 };
 
+/// The model: one unit, `dense.weight` and `dense.bias` (Keras' `Dense(1)`).
+fn layer(vb: VarBuilder<'static>) -> cohort::candle::Result<Dense> {
+    dense(1, 1, Activation::Linear, vb.pp("dense"))
+}
+
+/// The seed of the model's initial values.
+const SEED: u64 = 7;
 const GLOBAL_BATCH: usize = 10;
 const L2: f32 = 1e-4;
 /// Keras' SGD default learning rate.
@@ -32,15 +41,7 @@ struct Step {
 
 /// Runs the guide's loop under `strategy` over `dataset` and records every step.
 fn run_loop(strategy: &dyn Strategy, dataset: Dataset) -> Result<Vec<Step>> {
-    let model = {
-        let _scope = strategy.scope();
-        Arc::new(
-            Dense::builder("dense", 1, 1)
-                .kernel_initializer(Initializer::GlorotUniform { seed: 7 })
-                .kernel_l2(L2)
-                .build()?,
-        )
-    };
+    let model = Arc::new(ReplicatedModel::build(strategy, SEED, layer)?);
     let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::sgd(LEARNING_RATE)));
     let dist = strategy.experimental_distribute_dataset(dataset, DistributeOptions::default())?;
     let replicas = strategy.num_replicas_in_sync();
@@ -48,19 +49,18 @@ fn run_loop(strategy: &dyn Strategy, dataset: Dataset) -> Result<Vec<Step>> {
     for batch in &dist {
         let (step_model, optimizer) = (Arc::clone(&model), Arc::clone(&optimizer));
         let out = strategy.run(
-            move |_ctx, inputs: Vec<Tensor>| -> Result<(Tensor, Vec<Vec<f32>>), TrainError> {
+            move |ctx, inputs: Vec<Tensor>| -> Result<(Tensor, Vec<Vec<f32>>), TrainError> {
                 let (features, labels) = (&inputs[0], &inputs[1]);
-                let tape = GradientTape::new();
-                let model = &step_model;
-                let predictions = model.forward(&tape, features)?;
+                let layer = step_model.replica(ctx)?;
+                let predictions = layer.forward(features)?;
                 let per_example = losses::binary_cross_entropy_from_logits(&predictions, labels)?;
                 // Default global batch: replicas × local batch (no short batches here).
                 let mut loss = compute_average_loss(&per_example, None, replicas)?;
-                for reg in model.regularization_losses(&tape)? {
-                    loss = (loss + scale_regularization_loss(&reg, replicas)?)?;
-                }
-                let vars = model.trainable_variables();
-                let grads = tape.gradient(&loss, &vars)?;
+                // Keras' kernel_regularizer=L2(L2), scaled by the replicas in sync.
+                let reg = (layer.weight().sqr()?.sum_all()? * f64::from(L2))?;
+                loss = (loss + scale_regularization_loss(&reg, replicas)?)?;
+                let grads = step_model.gradients(ctx, &loss)?;
+                let vars = step_model.trainable_variables()?;
                 let applied = optimizer.apply_gradients(grads.into_iter().zip(vars))?;
                 let applied = applied
                     .gradients
@@ -82,7 +82,7 @@ fn run_loop(strategy: &dyn Strategy, dataset: Dataset) -> Result<Vec<Step>> {
             assert_eq!(other, &applied, "replicas applied different gradients");
         }
         let variables = model
-            .trainable_variables()
+            .trainable_variables()?
             .iter()
             .map(|v| {
                 let comps = v.components();
@@ -186,10 +186,16 @@ fn first_step_gradient_matches_the_hand_computed_value() -> Result<()> {
     // With kernel w, bias 0 and x = y = 1: d/dw mean BCE = sigmoid(w) - 1, plus 2·L2·w.
     let strategy = Mirrored::new(2)?;
     let steps = run_loop(&strategy, guide_dataset()?.take(1))?;
-    let w0 = Initializer::GlorotUniform { seed: 7 }
-        .init(&[1, 1])?
-        .flatten_all()?
-        .to_vec1::<f32>()?[0];
+    let w0 = {
+        let variables = ModelVariables::new(SEED);
+        layer(variables.var_builder(0))?;
+        variables
+            .get("dense.weight")
+            .expect("the weight")
+            .read_value()
+            .flatten_all()?
+            .to_vec1::<f32>()?[0]
+    };
     let sigmoid = 1.0 / (1.0 + (-w0).exp());
     let want_kernel = sigmoid - 1.0 + 2.0 * L2 * w0;
     let want_bias = sigmoid - 1.0;

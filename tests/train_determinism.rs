@@ -1,18 +1,15 @@
 //! DATA-1: with the same seed and no faults, training is reproducible — the same batches in
 //! the same order and bit-identical final variables — across two independent runs of a
-//! shuffled dataset on 2 mirrored replicas with seeded initializers.
-
-use std::sync::Arc;
+//! shuffled dataset on 2 mirrored replicas with seeded initial values.
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
+use cohort::candle::{Device, Module, Tensor};
 use cohort::data::{Dataset, DistributeOptions};
-use cohort::nn::{losses, Activation, Dense, Initializer, Sequential};
+use cohort::keras::{Fit, Loss, Model};
+use cohort::nn::{dense, Activation, Dense};
 use cohort::optim::Optimizer;
 use cohort::strategy::{Mirrored, Strategy};
-use cohort::train::{
-    fit_with_options, DistributedOptimizer, FitOptions, Progbar, ProgbarMode, Supervised,
-};
+use cohort::train::DistributedOptimizer;
 
 const EXAMPLES: usize = 64;
 
@@ -52,43 +49,35 @@ fn batches(seed: u64) -> Result<Vec<Vec<Vec<u32>>>> {
     Ok(out)
 }
 
-/// Trains a small softmax classifier for 3 epochs and returns its final variables' bits.
+/// The classifier: 3 → 8 (ReLU) → 3 logits.
+struct Mlp {
+    hidden: Dense,
+    logits: Dense,
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> cohort::candle::Result<Tensor> {
+        self.logits.forward(&self.hidden.forward(x)?)
+    }
+}
+
+/// Trains a small softmax classifier for 3 epochs (`keras::Model::fit`, AdamW) and returns
+/// its final variables' bits.
 fn train(data_seed: u64, init_seed: u64) -> Result<Vec<Vec<u32>>> {
-    let strategy = Mirrored::new(2)?;
-    let model = {
-        let _scope = strategy.scope();
-        let net = Sequential::new("mlp")
-            .push(
-                Dense::builder("hidden", 3, 8)
-                    .activation(Activation::Relu)
-                    .kernel_initializer(Initializer::GlorotUniform { seed: init_seed })
-                    .build()?,
-            )
-            .push(
-                Dense::builder("logits", 8, 3)
-                    .kernel_initializer(Initializer::GlorotUniform {
-                        seed: init_seed + 1,
-                    })
-                    .kernel_l2(1e-3)
-                    .build()?,
-            );
-        Arc::new(Supervised::new(net, losses::sparse_softmax_cross_entropy))
-    };
-    let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(0.01)));
-    let options = FitOptions {
-        progress: Progbar::to_writer(Box::new(std::io::sink()), ProgbarMode::Silent, false),
-        distribute: DistributeOptions::default(),
-    };
-    fit_with_options(
-        &strategy,
-        Arc::clone(&model),
-        optimizer,
-        dataset(data_seed)?,
-        3,
-        options,
-    )?;
+    let mut model = Model::new(Mirrored::new(2)?, init_seed, |vb| {
+        Ok(Mlp {
+            hidden: dense(3, 8, Activation::Relu, vb.pp("hidden"))?,
+            logits: dense(8, 3, Activation::Linear, vb.pp("logits"))?,
+        })
+    })?;
+    model.compile(
+        DistributedOptimizer::new(Optimizer::adamw(0.01, 1e-3)),
+        Loss::sparse_categorical_crossentropy(),
+        Vec::new(),
+    );
+    model.fit(&dataset(data_seed)?, Fit::epochs(3).verbose(false))?;
     let mut out = Vec::new();
-    for var in cohort::train::Model::trainable_variables(model.as_ref()) {
+    for var in model.variables() {
         let comps = var.components();
         let bits: Vec<u32> = comps[0]
             .flatten_all()?

@@ -20,17 +20,17 @@
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Tensor};
 
-use super::{Activation, NnError};
+use super::Activation;
 
-/// `activation(x · kernel + bias)`, differentiable: the fused node where it applies, else
-/// candle's generic ops. Every dense map of the crate goes through here (the [`super::Dense`]
-/// layer, the parameter-server workloads' MLPs).
+/// `activation(x · kernel + bias)` for a 2-D `x`, differentiable: the fused node where it
+/// applies, else candle's generic ops. Every dense map of the crate goes through here (the
+/// [`super::Dense`] layer, the parameter-server workloads' MLPs).
 pub(crate) fn affine(
     x: &Tensor,
     kernel: &Tensor,
     bias: Option<&Tensor>,
     activation: Activation,
-) -> Result<Tensor, NnError> {
+) -> candle_core::Result<Tensor> {
     if let Some(bias) = bias {
         if let Some(y) = dense(x, kernel, bias, activation)? {
             return Ok(y);

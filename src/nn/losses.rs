@@ -7,7 +7,6 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::layers::checked_indices;
 use super::NnError;
 
 /// Binary cross-entropy on logits, computed stably as
@@ -89,4 +88,25 @@ fn mean_last_axis(t: &Tensor) -> Result<Tensor, NnError> {
     }
     // Sum then scale: the same numbers as `mean`, and defined for empty batches.
     Ok((t.sum(D::Minus1)? / last as f64)?)
+}
+
+/// Flattens integer `indices` to a `u32` vector after checking each is in `0..limit`.
+fn checked_indices(indices: &Tensor, limit: usize, what: &'static str) -> Result<Tensor, NnError> {
+    let values: Vec<i64> = match indices.dtype() {
+        DType::U8 | DType::U32 | DType::I64 => indices
+            .flatten_all()?
+            .to_dtype(DType::I64)?
+            .to_vec1::<i64>()?,
+        dtype => return Err(NnError::IndexDType { what, dtype }),
+    };
+    let mut out = Vec::with_capacity(values.len());
+    for value in values {
+        if value < 0 || value as u64 >= limit as u64 {
+            return Err(NnError::IndexOutOfRange { what, value, limit });
+        }
+        // In range of u32: `limit` is at most u32::MAX for every caller.
+        out.push(value as u32);
+    }
+    let len = out.len();
+    Ok(Tensor::from_vec(out, len, indices.device())?)
 }

@@ -1,77 +1,66 @@
-//! Layers, losses and gradients over candle, with parameters held in
-//! [`Variable`](crate::variable::Variable)s.
+//! The layers cohort adds to candle-nn, its losses, and the `VarBuilder` whose variables are
+//! a strategy's.
 //!
-//! This module owns the model-building pieces a training loop calls: layers that create and
-//! own their variables through the variable API ([`Dense`], [`Embedding`], stacked with
-//! [`Sequential`]), seeded initializers ([`Initializer`]), per-example losses ([`losses`]), and
-//! the [`GradientTape`] that turns variable reads into candle autograd leaves so that
-//! `loss.backward()` yields one gradient per variable.
+//! There is one layer library: candle-nn. A model is built from a `VarBuilder` with
+//! candle-nn's constructors (`linear`, `conv2d`, `embedding`, `batch_norm`, `lstm`, ...) and
+//! this module's, which are candle-nn modules too:
+//! - [`dense`] and [`linear`]: Keras' `Dense` (candle-nn's `Linear` with an activation and
+//!   candle-nn's variable names), computed on the CPU by one fused graph node whose backward
+//!   skips the input's gradient when the input is data;
+//! - [`Dropout`], whose masks come from the step's seeded randomness
+//!   ([`with_step_randomness`]), the same under every strategy (DATA-1);
+//! - [`layer_norm`] and [`rms_norm`]: candle-nn's normalizations with a backward pass;
+//! - [`multi_head_attention`] (Keras' `MultiHeadAttention`, with its causal mask),
+//!   [`transformer_decoder`] and [`token_and_position_embedding`] (KerasNLP's decoder block
+//!   and input embedding), built from candle-nn's layers.
 //!
-//! A layer's variables are created where the layer is built: under a strategy's scope they
-//! are mirrored (or placed) by that strategy, outside they are plain. Reads made through a
-//! tape inside a replica function see that replica's copy. This module never updates
-//! variables; optimizers do ([`crate::train::DistributedOptimizer`]).
-//!
-//! The same layers run on a parameter-server cluster: each layer declares its variables
-//! ([`Layer::weight_specs`], listed without drawing values by [`declare`]), the chief creates
-//! them on the servers, and on a worker they are built with no local copy; a tape with a
-//! [`VariableSource`] then reads them (only the batch's rows of an [`Embedding`] table) and
-//! [`GradientTape::sparse_gradient`] gives row gradients for tables. This module does no
-//! networking: the source and the pushes are the worker's bridge,
-//! `cohort::roles::worker::PsModel`.
-//!
-//! Models written for candle-nn build through [`ModelVariables`], a `VarBuilder` whose
-//! variables are a strategy's (each layer holds its replica's live copy, updated in place);
-//! [`Dropout`] draws its masks from the step's seeded randomness ([`with_step_randomness`]), the
-//! same under every strategy; [`layer_norm`] and [`rms_norm`] are candle-nn's normalizations
-//! with a backward pass, and [`multi_head_attention`] is the self-attention candle-nn lacks
-//! (Keras' `MultiHeadAttention`, with its causal mask), built from candle-nn's linear layers;
-//! [`transformer_decoder`] and [`token_and_position_embedding`] are KerasNLP's decoder block and
-//! input embedding built from those. `crate::train::ReplicatedModel` builds such a model per replica and
-//! trains it.
+//! [`ModelVariables`] is the `VarBuilder` backend whose variables are a strategy's (each
+//! layer holds its replica's live copy, updated in place); `crate::train::ReplicatedModel`
+//! builds a model per replica over it, `crate::keras::Model` trains it under every strategy,
+//! and `ServerModel` (in `crate::program`) trains the same model on the parameter servers.
+//! [`losses`] gives per-example losses, [`Initializer`] the seeded initial values of
+//! variables created by name on the parameter servers. This module never updates variables;
+//! optimizers do ([`crate::train::DistributedOptimizer`]).
 //!
 //! ```
-//! use candle_core::{Device, Tensor};
-//! use cohort::nn::{losses, Dense, GradientTape, Initializer, Layer};
+//! use cohort::candle::{Device, Module, Tensor};
+//! use cohort::nn::{dense, losses, Activation, ModelVariables};
 //!
-//! let layer = Dense::builder("dense", 1, 1)
-//!     .kernel_initializer(Initializer::Constant(0.5))
-//!     .build()?;
+//! let variables = ModelVariables::new(1);
+//! let layer = dense(1, 1, Activation::Linear, variables.var_builder(0).pp("dense"))?;
 //! let x = Tensor::new(&[[1f32], [2.]], &Device::Cpu)?;
 //! let y = Tensor::new(&[[1f32], [0.]], &Device::Cpu)?;
-//! let tape = GradientTape::new();
-//! let per_example = losses::binary_cross_entropy_from_logits(&layer.forward(&tape, &x)?, &y)?;
+//! let per_example = losses::binary_cross_entropy_from_logits(&layer.forward(&x)?, &y)?;
 //! assert_eq!(per_example.dims(), &[2]);
-//! let grads = tape.gradient(&per_example.sum_all()?, &layer.trainable_variables())?;
-//! assert_eq!(grads.len(), 2); // kernel and bias
+//! let grads = per_example.sum_all()?.backward()?;
+//! // The weight and the bias each got a gradient.
+//! for variable in variables.trainable_variables() {
+//!     assert!(grads.get(&variable.live_component(0)?).is_some());
+//! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod attention;
+mod dense;
 mod dense_kernel;
 mod init;
-mod layers;
 pub mod losses;
 mod model_vars;
 mod random;
-mod tape;
 mod trainable;
 mod transformer;
-mod weights;
 
 pub use attention::{multi_head_attention, MultiHeadAttention};
+pub use dense::{dense, linear, Activation, Dense};
 pub(crate) use dense_kernel::affine;
 pub use init::Initializer;
-pub use layers::{Activation, Dense, DenseBuilder, Embedding, Layer, Sequential};
 pub use model_vars::{is_statistic, ModelVariables, STATISTICS};
 pub use random::{with_step_randomness, Dropout, StepRandomness};
-pub use tape::{Gradient, GradientTape, VariableSource};
 pub use trainable::{layer_norm, rms_norm, LayerNorm, RmsNorm};
 pub use transformer::{
     token_and_position_embedding, transformer_decoder, TokenAndPositionEmbedding,
     TransformerDecoder,
 };
-pub use weights::{declare, WeightAccess, WeightSpec};
 
 use candle_core::DType;
 
@@ -125,20 +114,6 @@ pub enum NnError {
         what: &'static str,
         /// Their dtype.
         dtype: DType,
-    },
-    /// A variable with no local copy was read through a tape without a variable source.
-    #[error("variable {variable:?} has no local copy and the tape has no variable source: on a parameter-server worker, run the model through the worker's bridge (`PsModel`)")]
-    NoSource {
-        /// The variable.
-        variable: String,
-    },
-    /// The variable source could not give a variable's value.
-    #[error("reading variable {variable:?} from its source failed: {reason}")]
-    Source {
-        /// The variable.
-        variable: String,
-        /// Why.
-        reason: String,
     },
     /// A model asked for a variable differently from how it was created (another shape or
     /// dtype, or a name no layer created): the model was built differently on two replicas

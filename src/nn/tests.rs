@@ -35,24 +35,27 @@ fn binary_cross_entropy_from_logits_matches_hand_values() {
 
 #[test]
 fn binary_cross_entropy_gradient_is_sigmoid_minus_label() {
-    let tape = GradientTape::new();
-    let dense = Dense::builder("d", 1, 1)
-        .kernel_initializer(Initializer::Constant(1.0))
-        .use_bias(false)
-        .build()
-        .unwrap();
+    use candle_core::Module;
+    let w = candle_core::Var::from_tensor(&t2(&[&[1.0]])).unwrap();
+    let layer = Dense::new(w.as_tensor().clone(), None, Activation::Linear);
     let x = t2(&[&[0.0], &[2.0], &[-3.0]]);
     let y = t2(&[&[1.0], &[0.0], &[1.0]]);
-    let logits = dense.forward(&tape, &x).unwrap();
+    let logits = layer.forward(&x).unwrap();
     let loss = losses::binary_cross_entropy_from_logits(&logits, &y)
         .unwrap()
         .sum_all()
         .unwrap();
-    let grads = tape.gradient(&loss, &dense.trainable_variables()).unwrap();
+    let grads = loss.backward().unwrap();
     // d/dw = Σ x·(σ(w·x) - y) with w = 1: 0·(-0.5) + 2·0.880797 + -3·(0.047426 - 1).
     let want = 2.0 * 0.880_797_1 + -3.0 * (0.047_425_87 - 1.0);
     close(
-        &grads[0].flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        &grads
+            .get(w.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap(),
         &[want],
     );
 }
@@ -96,73 +99,6 @@ fn mean_squared_error_averages_the_last_axis() {
 }
 
 #[test]
-fn embedding_gradient_lands_on_the_looked_up_rows() {
-    let emb = Embedding::new("emb", 4, 2, Initializer::Constant(0.5)).unwrap();
-    let tape = GradientTape::new();
-    let ids = Tensor::new(&[1u32, 1, 3], &Device::Cpu).unwrap();
-    let rows = emb.forward(&tape, &ids).unwrap();
-    assert_eq!(rows.dims(), &[3, 2]);
-    let grads = tape
-        .gradient(&rows.sum_all().unwrap(), &emb.trainable_variables())
-        .unwrap();
-    assert_eq!(
-        grads[0].to_vec2::<f32>().unwrap(),
-        [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0], [1.0, 1.0]]
-    );
-    let bad = Tensor::new(&[4i64], &Device::Cpu).unwrap();
-    let err = emb.forward(&tape, &bad).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            NnError::IndexOutOfRange {
-                value: 4,
-                limit: 4,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-}
-
-#[test]
-fn dense_checks_its_input_and_config() {
-    let dense = Dense::builder("d", 3, 2).build().unwrap();
-    let err = dense
-        .forward(&GradientTape::new(), &t2(&[&[1.0, 2.0]]))
-        .unwrap_err();
-    assert!(matches!(err, NnError::InputShape { .. }), "{err:?}");
-    assert!(err.to_string().contains("`d`"), "{err}");
-    assert!(matches!(
-        Dense::builder("z", 0, 2).build(),
-        Err(NnError::Config { .. })
-    ));
-    assert!(matches!(
-        Dense::builder("r", 1, 1).kernel_l2(-1.0).build(),
-        Err(NnError::Config { .. })
-    ));
-    assert_eq!(dense.kernel().name(), "d/kernel");
-    assert_eq!(dense.bias().unwrap().name(), "d/bias");
-}
-
-#[test]
-fn tape_gives_zeros_for_variables_it_did_not_read() {
-    let used = Dense::builder("used", 1, 1).build().unwrap();
-    let unused = Dense::builder("unused", 1, 1)
-        .use_bias(false)
-        .build()
-        .unwrap();
-    let tape = GradientTape::new();
-    let y = used
-        .forward(&tape, &t2(&[&[1.0]]))
-        .unwrap()
-        .sum_all()
-        .unwrap();
-    assert!(!tape.watches(unused.kernel()));
-    let grads = tape.gradient(&y, &[unused.kernel().clone()]).unwrap();
-    assert_eq!(grads[0].to_vec2::<f32>().unwrap(), [[0.0]]);
-}
-
-#[test]
 fn seeded_initializers_are_reproducible_and_in_range() {
     let a = Initializer::GlorotUniform { seed: 9 }
         .init(&[4, 3])
@@ -195,152 +131,21 @@ fn seeded_initializers_are_reproducible_and_in_range() {
     assert!((mean - 1.0).abs() < 0.02, "{mean}");
 }
 
-/// A source over in-memory tables that counts what it was asked for (the worker's view of
-/// parameter servers, without the network).
-#[derive(Debug, Default)]
-struct FakeSource {
-    values: std::collections::BTreeMap<String, Tensor>,
-    asked: std::sync::Mutex<Vec<(String, Option<Vec<u64>>)>>,
-}
-
-impl VariableSource for FakeSource {
-    fn read(&self, variable: &crate::variable::Variable) -> Result<Tensor, NnError> {
-        self.asked
-            .lock()
-            .unwrap()
-            .push((variable.name().to_string(), None));
-        Ok(self.values[variable.name()].clone())
-    }
-
-    fn read_rows(
-        &self,
-        variable: &crate::variable::Variable,
-        ids: &[u64],
-    ) -> Result<Tensor, NnError> {
-        self.asked
-            .lock()
-            .unwrap()
-            .push((variable.name().to_string(), Some(ids.to_vec())));
-        let at: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-        let at = Tensor::new(at.as_slice(), &Device::Cpu).unwrap();
-        Ok(self.values[variable.name()].embedding(&at)?)
-    }
-}
-
-/// Builds `build` with its variables on (fake) parameter servers, one shard on PS 0 each.
-fn on_ps<T>(specs_of: impl Fn() -> Result<T, NnError>, layer: impl Fn(&T) -> Vec<WeightSpec>) -> T {
-    use crate::layout::{Dtype, Layout, Shard};
-    use crate::variable::ParameterServerPlacement;
-    let specs = layer(&declare(&specs_of).unwrap());
-    let layouts = specs.iter().map(|s| Layout {
-        name: s.name.clone(),
-        dtype: Dtype::F32,
-        shape: s.shape.clone(),
-        shards: vec![Shard {
-            ps: 0,
-            rows: 0..s.shape[0],
-        }],
-    });
-    let _scope = ParameterServerPlacement::new(layouts).scope().unwrap();
-    specs_of().unwrap()
-}
-
-#[test]
-fn a_table_on_parameter_servers_fetches_only_the_batch_rows_and_gets_row_gradients() {
-    let build = || {
-        Ok(Sequential::new("m")
-            .push(Embedding::new("emb", 1000, 2, Initializer::Constant(0.0))?)
-            .push(
-                Dense::builder("head", 2, 1)
-                    .kernel_initializer(Initializer::Constant(1.0))
-                    .build()?,
-            ))
-    };
-    let remote = on_ps(build, |m: &Sequential| m.weight_specs());
-    let local = build().unwrap();
-    let vars = remote.trainable_variables();
-    assert!(vars
-        .iter()
-        .all(|v| !v.has_local_copy() && v.ps_layout().is_some()));
-    // The servers' values: row r of the table is [r, -r].
-    let table: Vec<f32> = (0..1000).flat_map(|r| [r as f32, -(r as f32)]).collect();
-    let table = Tensor::from_vec(table, (1000, 2), &Device::Cpu).unwrap();
-    local.trainable_variables()[0].assign(&table).unwrap();
-    let source = std::sync::Arc::new(FakeSource {
-        values: [
-            ("emb/embeddings".to_string(), table),
-            ("head/kernel".to_string(), t2(&[&[1.0], &[1.0]])),
-            (
-                "head/bias".to_string(),
-                Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu).unwrap(),
-            ),
-        ]
-        .into(),
-        asked: Default::default(),
-    });
-    let ids = Tensor::new(&[7i64, 3, 7, 999], &Device::Cpu).unwrap();
-    let tape = GradientTape::with_source(source.clone());
-    let out = remote.forward(&tape, &ids).unwrap();
-    let loss = out.sqr().unwrap().sum_all().unwrap();
-    let grads = tape.sparse_gradient(&loss, &vars).unwrap();
-    // Only the distinct ids travelled, in ascending order; dense variables whole.
-    let asked = source.asked.lock().unwrap().clone();
-    assert_eq!(asked[0], ("emb/embeddings".into(), Some(vec![3, 7, 999])));
-    assert_eq!(asked[1], ("head/kernel".into(), None));
-    let Some(Gradient::Rows {
-        ids: grad_ids,
-        values,
-    }) = &grads[0]
-    else {
-        panic!("table gradient is not row-sparse: {:?}", grads[0]);
-    };
-    assert_eq!(grad_ids, &[3, 7, 999]);
-    // The same numbers as the in-process (dense) computation, on those rows.
-    let local_tape = GradientTape::new();
-    let local_out = local.forward(&local_tape, &ids).unwrap();
-    close(
-        &out.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        &local_out.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-    );
-    let local_loss = local_out.sqr().unwrap().sum_all().unwrap();
-    let dense = local_tape
-        .gradient(&local_loss, &local.trainable_variables())
-        .unwrap();
-    let picked = dense[0]
-        .embedding(&Tensor::new(&[3u32, 7, 999], &Device::Cpu).unwrap())
-        .unwrap();
-    close(
-        &values.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        &picked.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-    );
-    let Some(Gradient::Dense(kernel)) = &grads[1] else {
-        panic!("kernel gradient is not dense");
-    };
-    close(
-        &kernel.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        &dense[1].flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-    );
-    // The dense form of the row gradient is the in-process gradient.
-    let tape = GradientTape::with_source(source);
-    let loss = remote
-        .forward(&tape, &ids)
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap();
-    let as_dense = tape.gradient(&loss, &vars).unwrap();
-    close(
-        &as_dense[0].flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        &dense[0].flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-    );
-}
-
+/// A variable declared (or placed on parameter servers) has no local copy: its initial value
+/// is never drawn, local reads and updates are refused naming it.
 #[test]
 fn a_variable_without_a_local_copy_is_never_drawn_and_refuses_local_use() {
+    use crate::variable::{DeclaredPlacement, VariableBuilder, VariableError};
+    let _scope = DeclaredPlacement.scope().unwrap();
     // 10^9 values would not fit in memory if drawn.
-    let emb = declare(|| Embedding::with_seed("big", 1_000_000_000, 1, 3)).unwrap();
-    let table = emb.table();
+    let table = VariableBuilder::deferred(
+        "big/embeddings",
+        vec![1_000_000_000, 1],
+        candle_core::DType::F32,
+        |_| panic!("a declared variable's value is never drawn"),
+    )
+    .build()
+    .unwrap();
     assert_eq!(table.num_components(), 0);
     assert_eq!(table.read_value().dims(), &[1_000_000_000, 1]);
     let err = table.try_read_value().unwrap_err();
@@ -348,44 +153,125 @@ fn a_variable_without_a_local_copy_is_never_drawn_and_refuses_local_use() {
     let delta = Tensor::zeros((1, 1), candle_core::DType::F32, &Device::Cpu).unwrap();
     assert!(matches!(
         table.assign_add(&delta),
-        Err(crate::variable::VariableError::NoLocalCopy { .. })
+        Err(VariableError::NoLocalCopy { .. })
     ));
-    // A tape without a source names the variable.
-    let err = emb
-        .forward(
-            &GradientTape::new(),
-            &Tensor::new(&[1u32], &Device::Cpu).unwrap(),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(&err, NnError::NoSource { variable } if variable == "big/embeddings"),
-        "{err}"
-    );
-    assert_eq!(
-        emb.weight_specs(),
-        [WeightSpec::new(
-            "big/embeddings",
-            vec![1_000_000_000, 1],
-            Initializer::RandomUniform {
-                min: -0.05,
-                max: 0.05,
-                seed: 3
-            }
-        )
-        .by_rows()]
-    );
 }
 
 #[test]
 fn placement_on_parameter_servers_refuses_unknown_or_reshaped_variables() {
     use crate::layout::{Dtype, Layout};
-    use crate::variable::ParameterServerPlacement;
-    let layout = Layout::unsharded("d/kernel", Dtype::F32, vec![3, 1], 1);
+    use crate::variable::{ParameterServerPlacement, VariableBuilder};
+    let layout = Layout::unsharded("d.weight", Dtype::F32, vec![1, 3], 1);
     let _scope = ParameterServerPlacement::new([layout]).scope().unwrap();
-    let err = Dense::builder("d", 2, 1).build().unwrap_err();
-    assert!(err.to_string().contains("shape [3, 1]"), "{err}");
-    let err = Dense::builder("e", 3, 1).build().unwrap_err();
-    assert!(err.to_string().contains("e/kernel"), "{err}");
+    let build = |name: &str, shape: Vec<usize>| {
+        VariableBuilder::deferred(name, shape, candle_core::DType::F32, |shape| {
+            Tensor::zeros(shape, candle_core::DType::F32, &Device::Cpu)
+        })
+        .build()
+    };
+    let placed = build("d.weight", vec![1, 3]).unwrap();
+    assert!(placed.ps_layout().is_some() && !placed.has_local_copy());
+    let err = build("d.weight", vec![1, 2]).unwrap_err();
+    assert!(err.to_string().contains("shape [1, 3]"), "{err}");
+    let err = build("e.weight", vec![1, 3]).unwrap_err();
+    assert!(err.to_string().contains("e.weight"), "{err}");
+}
+
+/// `linear` is candle-nn's `linear`: the same variable names, shapes and initial values, and
+/// the same outputs and gradients (the fused node against candle-nn's matmul and add), on 2-D
+/// and 3-D inputs.
+#[test]
+fn linear_is_candle_nns_linear_computed_by_the_fused_node() {
+    use candle_core::Module;
+    let ours_vars = ModelVariables::new(5);
+    let theirs_vars = ModelVariables::new(5);
+    let ours = linear(6, 4, ours_vars.var_builder(0).pp("proj")).unwrap();
+    let theirs = candle_nn::linear(6, 4, theirs_vars.var_builder(0).pp("proj")).unwrap();
+    assert_eq!(ours_vars.names(), ["proj.weight", "proj.bias"]);
+    assert_eq!(ours_vars.names(), theirs_vars.names());
+    for name in ours_vars.names() {
+        let a = ours_vars.get(&name).unwrap().read_value();
+        let b = theirs_vars.get(&name).unwrap().read_value();
+        assert_eq!(a.dims(), b.dims(), "{name}");
+        assert_eq!(
+            a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            "{name}"
+        );
+    }
+    for shape in [vec![5, 6], vec![2, 3, 6]] {
+        let len = shape.iter().product::<usize>();
+        let x = Tensor::from_vec(
+            (0..len)
+                .map(|i| (i % 7) as f32 / 3.0 - 1.0)
+                .collect::<Vec<_>>(),
+            shape.clone(),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let (y_ours, y_theirs) = (ours.forward(&x).unwrap(), theirs.forward(&x).unwrap());
+        assert_eq!(y_ours.dims(), y_theirs.dims(), "{shape:?}");
+        close(
+            &y_ours.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            &y_theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        let g_ours = y_ours.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let g_theirs = y_theirs
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for (a, b) in ours_vars
+            .trainable_variables()
+            .iter()
+            .zip(theirs_vars.trainable_variables())
+        {
+            let a = g_ours
+                .get(&a.live_component(0).unwrap())
+                .expect("a gradient");
+            let b = g_theirs
+                .get(&b.live_component(0).unwrap())
+                .expect("a gradient");
+            close(
+                &a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                &b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+        }
+    }
+    let err = ours
+        .forward(&Tensor::new(1f32, &Device::Cpu).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("scalar"), "{err}");
+}
+
+/// `dense` starts as Keras' `Dense`: a Glorot-uniform weight within its bound, a zero bias,
+/// and applies its activation.
+#[test]
+fn dense_has_keras_initializers_and_applies_its_activation() {
+    use candle_core::Module;
+    let vars = ModelVariables::new(3);
+    let layer = dense(4, 3, Activation::Relu, vars.var_builder(0).pp("d")).unwrap();
+    let weight = layer
+        .weight()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let bound = (6.0f32 / 7.0).sqrt();
+    assert!(weight.iter().all(|w| w.abs() <= bound), "{weight:?}");
+    assert!(weight.iter().any(|w| *w != 0.0));
+    let bias = layer.bias().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(bias, [0.0; 3]);
+    let y = layer
+        .forward(&Tensor::new(&[[1f32, -2., 3., -4.]], &Device::Cpu).unwrap())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(y.iter().all(|v| *v >= 0.0), "relu: {y:?}");
 }
 
 /// The fused dense node against candle's generic ops (matmul, broadcast add, relu) on the

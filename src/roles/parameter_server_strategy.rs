@@ -15,12 +15,13 @@
 //!   strategy uses, [`ReplicaContext::all_reduce`](crate::strategy::ReplicaContext::all_reduce)
 //!   sums across them inside the worker, and `reduce` reduces their per-replica values; the
 //!   step then records its one push. Variables created in `scope()` are the servers' variables
-//!   (by the layouts the chief created), as [`crate::roles::worker::PsModel::build`] places
-//!   them.
+//!   (by the layouts the chief created: no local copy, a step reads them with
+//!   `StepContext::pull`); a candle-nn model is built over the servers' values with
+//!   [`crate::roles::worker::ServerModel::build`].
 //! - **on the coordinator** ([`ParameterServerStrategy::on_coordinator`]): `scope()` declares
 //!   variables without drawing them ([`crate::variable::DeclaredPlacement`]), and
-//!   [`ParameterServerStrategy::create_variables`] creates declared weights on the servers
-//!   (`ClusterCoordinator::create_variable`);
+//!   [`ParameterServerStrategy::create_variables`] creates a candle-nn model's variables on
+//!   the servers (`ServerModel::create_variables`);
 //!   [`ParameterServerStrategy::distribute_datasets_from_registered_function`] is
 //!   `create_per_worker_dataset` (one input pipeline per worker). What cannot apply there
 //!   (`run`: the coordinator runs no replicas; a dataset or dataset function made on the
@@ -42,14 +43,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::Tensor;
+use candle_nn::VarBuilder;
 
 use crate::data::{
     batch_sizes_for_pipeline, DataError, Dataset, DistributeOptions, DistributedDataset,
 };
 use crate::layout::Layout;
-use crate::nn::WeightSpec;
 use crate::roles::coordinator::ClusterCoordinator;
-use crate::roles::worker::{PsModel, StepContext};
+use crate::roles::worker::{ServerModel, StepContext};
 use crate::strategy::replicas::Replicas;
 use crate::strategy::{
     DatasetFn, DeviceSpec, PerReplica, ReplicaFn, Strategy, StrategyError, StrategyId,
@@ -211,22 +212,28 @@ impl ParameterServerStrategy {
         matches!(self.side, Side::Coordinator)
     }
 
-    /// On the coordinator: creates the declared weights `specs` (listed with a model built
-    /// under [`Strategy::scope`], e.g. `Layer::weight_specs`) on the parameter servers, each
-    /// split by `partitioner(spec)` (None: whole, round-robin). What
-    /// [`PsModel::create_variables`] does; inside a step it is
-    /// [`StrategyError::NotAvailable`] (only the chief creates variables).
-    pub fn create_variables(
+    /// On the coordinator: creates the variables of the candle-nn model `build` makes on the
+    /// parameter servers, from `seed`, each split by `partitioner(name, shape)` (None: whole,
+    /// round-robin), and returns their names. What [`ServerModel::create_variables`] does;
+    /// inside a step it is [`StrategyError::NotAvailable`] (only the chief creates
+    /// variables).
+    pub fn create_variables<M>(
         &self,
         coordinator: &mut ClusterCoordinator,
-        specs: &[WeightSpec],
-        partitioner: impl Fn(&WeightSpec) -> Option<Partitioner>,
-    ) -> Result<Vec<Layout>, StrategyError> {
+        seed: u64,
+        build: impl FnOnce(VarBuilder<'static>) -> candle_core::Result<M>,
+        partitioner: impl Fn(&str, &[usize]) -> Option<Partitioner>,
+    ) -> Result<Vec<String>, StrategyError> {
         self.coordinator_only(
             "create_variables",
             "variables are created by the chief, before it schedules steps",
         )?;
-        Ok(PsModel::create_variables(coordinator, specs, partitioner)?)
+        Ok(ServerModel::create_variables(
+            coordinator,
+            seed,
+            build,
+            partitioner,
+        )?)
     }
 
     /// On the coordinator: every worker builds its own dataset with the dataset function

@@ -1,5 +1,5 @@
-//! The training loop: loss helpers, an optimizer that synchronizes gradients across
-//! replicas, `fit`, and Keras-style progress.
+//! The training step: loss helpers, an optimizer that synchronizes gradients across
+//! replicas, a candle-nn model per replica, and Keras-style progress.
 //!
 //! This module owns what TensorFlow's custom-training-loop guide asks of a user, in Rust:
 //! - [`compute_average_loss`] and [`scale_regularization_loss`] scale a replica's loss so that
@@ -9,8 +9,9 @@
 //!   replica with the kernels of [`crate::optim`], so mirrored variables stay equal;
 //! - [`ReplicatedModel`] builds a candle-nn model once per replica over the strategy's
 //!   variables and runs that step for it ([`ReplicatedModel::train_step`]);
-//! - [`fit`] runs that loop over a distributed dataset for some epochs, prints progress
-//!   ([`Progbar`]) and returns the loss history.
+//! - [`Progbar`] prints Keras 3's progress.
+//!
+//! The loop over epochs, with callbacks and recovery, is `crate::keras::Model::fit`.
 //!
 //! It never creates threads of its own (replicas belong to the strategy) and never reads
 //! datasets except through the distributed iterator it is given.
@@ -32,14 +33,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod fit;
 mod optimizer;
 mod progbar;
 mod replicated;
 mod state_checkpoint;
 
 pub use crate::optim::{LearningRateSchedule, ScheduleError};
-pub use fit::{fit, fit_with_options, FitOptions, History, Model, Supervised};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
 pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
 pub use replicated::{ReplicatedModel, StepOutput, StepSpec};
@@ -168,9 +167,6 @@ pub enum TrainError {
         /// Components the batch has.
         got: usize,
     },
-    /// `fit` was asked for zero epochs or given a dataset with no batches.
-    #[error("fit: {0}")]
-    Fit(String),
     /// A learning-rate schedule that cannot give a rate.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),

@@ -27,8 +27,8 @@
 //!
 //! A variable placed on parameter servers ([`Placement::ParameterServer`]) or only declared
 //! ([`Placement::Declared`]) has no local copy: [`Variable::try_read_value`] and every update
-//! refuse it with [`VariableError::NoLocalCopy`], and its initial value is never drawn. A tape
-//! with a variable source reads it ([`crate::nn::VariableSource`]).
+//! refuse it with [`VariableError::NoLocalCopy`], and its initial value is never drawn. A
+//! parameter-server step reads it with `StepContext::pull`.
 //!
 //! Values are candle tensors on the CPU. Element types are whatever candle holds (f32, f64,
 //! i64, i32, ...); TensorFlow's int32 may be given as i64.
@@ -780,7 +780,7 @@ pub enum VariableError {
     },
     /// The variable has no value in this process (it lives on parameter servers, or is only
     /// declared).
-    #[error("variable {name:?} has no local copy ({placement}): read it through a tape with a variable source, and send gradients instead of updating it")]
+    #[error("variable {name:?} has no local copy ({placement}): a parameter-server step pulls it (`StepContext::pull`) and pushes gradients instead of updating it")]
     NoLocalCopy {
         /// The variable.
         name: String,

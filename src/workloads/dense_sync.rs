@@ -15,20 +15,21 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Module, Tensor};
+use candle_nn::VarBuilder;
 
 use crate::strategy::SaveStateError;
 use crate::collective::CollectiveError;
 use crate::data::{Dataset, DistributeOptions, DistributedIterator};
 use crate::distribute::PerReplica;
-use crate::nn::{losses, Activation, Dense, GradientTape, Initializer, Layer, Sequential};
+use crate::nn::{dense, losses, Activation, Dense};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
     Admission, Departure, ElasticState, GroupChange, Leave, MultiWorkerMirrored, Recovery,
-    ReduceOp, Strategy, StrategyExt,
+    ReduceOp, ReplicaContext, Strategy, StrategyExt,
 };
 use crate::train::StateCheckpoints;
-use crate::train::{compute_average_loss, DistributedOptimizer, TrainError};
+use crate::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
 
 /// Input features per example.
 pub const FEATURES: usize = 8;
@@ -363,7 +364,7 @@ pub fn train_elastic_on(
     } = options;
     let me = crate::cluster::node_id(strategy.task());
     let trainer = Trainer::build(&*strategy, problem, seed)?;
-    let variables = trainer.model.trainable_variables();
+    let variables = trainer.model.trainable_variables()?;
     let optimizer = Some(trainer.optimizer.as_ref() as &dyn OptimizerState);
     let (mut step, mut position) = (0usize, 0usize);
     let mut losses: Vec<f32> = Vec::with_capacity(steps);
@@ -531,32 +532,67 @@ pub fn train_elastic_on(
 }
 
 
+/// A multilayer perceptron: relu [`Dense`] layers, then linear logits (cohort's candle-nn
+/// `Dense`, the fused node on the CPU).
+#[derive(Debug)]
+pub struct Mlp {
+    layers: Vec<Dense>,
+}
+
+impl Mlp {
+    /// The perceptron mapping `widths[0]` features through the hidden widths to
+    /// `widths.last()` logits; its variables are `hidden{i}.weight`/`.bias` and
+    /// `logits.weight`/`.bias`.
+    pub fn build(widths: &[usize], vb: VarBuilder<'_>) -> candle_core::Result<Self> {
+        let Some(last) = widths.len().checked_sub(1).filter(|l| *l > 0) else {
+            candle_core::bail!("a perceptron needs at least its inputs and outputs, got {widths:?}");
+        };
+        let layers = widths
+            .windows(2)
+            .enumerate()
+            .map(|(i, pair)| {
+                if i + 1 == last {
+                    dense(pair[0], pair[1], Activation::Linear, vb.pp("logits"))
+                } else {
+                    dense(pair[0], pair[1], Activation::Relu, vb.pp(format!("hidden{i}")))
+                }
+            })
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Self { layers })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.layers.iter().try_fold(x.clone(), |x, layer| layer.forward(&x))
+    }
+}
+
 /// One replica's part of a classifier's training step, inside `run`: `model` on the
 /// features `inputs[0]`, sparse softmax cross-entropy against the classes `inputs[1]`
-/// averaged over the `global_batch` of all `replicas` (so that the replicas' summed gradients
-/// are the global batch's), and `optimizer`'s update (which all-reduces the gradients across
-/// the replicas). Returns this replica's share of the loss.
+/// averaged over the `global_batch` (so that the replicas' summed gradients are the global
+/// batch's), and `optimizer`'s update (which all-reduces the gradients across the replicas).
+/// `step` seeds the step's randomness. Returns this replica's share of the loss.
 pub fn replica_train_step(
-    model: &Sequential,
+    ctx: &ReplicaContext,
+    model: &ReplicatedModel<Mlp>,
     optimizer: &DistributedOptimizer,
     inputs: &[Tensor],
     global_batch: usize,
-    replicas: usize,
+    step: u64,
 ) -> Result<Tensor, TrainError> {
     let (Some(features), Some(classes)) = (inputs.first(), inputs.get(1)) else {
-        return Err(TrainError::Tensor(candle_core::Error::Msg(format!(
-            "a training batch is features and classes; got {} tensor(s)",
-            inputs.len()
-        ))));
+        return Err(TrainError::BatchComponents {
+            needed: 2,
+            got: inputs.len(),
+        });
     };
-    let tape = GradientTape::new();
-    let logits = model.forward(&tape, features)?;
-    let per_example = losses::sparse_softmax_cross_entropy(&logits, classes)?;
-    let loss = compute_average_loss(&per_example, Some(global_batch), replicas)?;
-    let vars = model.trainable_variables();
-    let grads = tape.gradient(&loss, &vars)?;
-    optimizer.apply_gradients(grads.into_iter().zip(vars))?;
-    Ok(loss)
+    let spec = StepSpec::new(step).global_batch_size(global_batch);
+    let output = model.train_step(ctx, optimizer, spec, |mlp| {
+        losses::sparse_softmax_cross_entropy(&mlp.forward(features)?, classes)
+            .map_err(candle_core::Error::wrap)
+    })?;
+    Ok(output.loss)
 }
 
 /// The collective error under a training error, if that is what it is.
@@ -566,7 +602,7 @@ pub fn collective_cause(err: &TrainError) -> Option<&CollectiveError> {
 
 /// The model and its optimizer, built under a strategy.
 struct Trainer {
-    model: Arc<Sequential>,
+    model: Arc<ReplicatedModel<Mlp>>,
     optimizer: Arc<DistributedOptimizer>,
 }
 
@@ -576,17 +612,10 @@ impl Trainer {
         problem: &DenseProblem,
         seed: u64,
     ) -> Result<Self, TrainError> {
-        let model = {
-            let _scope = strategy.try_scope()?;
-            let hidden = Dense::builder("hidden", problem.features, problem.hidden)
-                .activation(Activation::Relu)
-                .kernel_initializer(Initializer::GlorotUniform { seed })
-                .build()?;
-            let logits = Dense::builder("logits", problem.hidden, problem.classes)
-                .kernel_initializer(Initializer::GlorotUniform { seed: seed + 1 })
-                .build()?;
-            Arc::new(Sequential::new("dense_sync").push(hidden).push(logits))
-        };
+        let widths = [problem.features, problem.hidden, problem.classes];
+        let model = Arc::new(ReplicatedModel::build(strategy, seed, |vb| {
+            Mlp::build(&widths, vb)
+        })?);
         let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::adam(
             problem.learning_rate,
         )));
@@ -608,7 +637,6 @@ impl Trainer {
         global_batch: usize,
         fault: Option<Fault>,
     ) -> Result<f32, TrainError> {
-        let replicas = strategy.num_replicas_in_sync();
         let (model, optimizer) = (Arc::clone(&self.model), Arc::clone(&self.optimizer));
         let step = self.optimizer_steps();
         let losses = strategy.try_run(
@@ -622,7 +650,7 @@ impl Trainer {
                         Fault::Panic => panic!("{message}"),
                     }
                 }
-                replica_train_step(&model, &optimizer, &inputs, global_batch, replicas)
+                replica_train_step(ctx, &model, &optimizer, &inputs, global_batch, step)
             },
             batch,
         )?;
@@ -633,7 +661,7 @@ impl Trainer {
     fn outcome(&self, losses: Vec<f32>) -> Result<DenseOutcome, TrainError> {
         let variables = self
             .model
-            .trainable_variables()
+            .trainable_variables()?
             .iter()
             .map(|v| {
                 Ok((

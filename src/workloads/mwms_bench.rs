@@ -9,12 +9,11 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use super::dense_sync::replica_train_step;
+use super::dense_sync::{replica_train_step, Mlp};
 use crate::distribute::PerReplica;
-use crate::nn::{Activation, Dense, Initializer, Sequential};
 use crate::optim::Optimizer;
 use crate::strategy::{ReduceOp, Strategy, StrategyExt};
-use crate::train::{DistributedOptimizer, TrainError};
+use crate::train::{DistributedOptimizer, ReplicatedModel, TrainError};
 
 /// Input features (a 28×28 image).
 pub const FEATURES: usize = 784;
@@ -54,35 +53,18 @@ pub fn run(
     let per_replica = per_worker_batch / local;
     let replicas = strategy.num_replicas_in_sync();
     let global_batch = per_replica * replicas;
-    let model = {
-        let _scope = strategy.try_scope()?;
-        let mut sequential = Sequential::new("mlp");
-        let mut inputs = FEATURES;
-        for (i, units) in HIDDEN.into_iter().enumerate() {
-            sequential = sequential.push(
-                Dense::builder(format!("hidden{i}"), inputs, units)
-                    .activation(Activation::Relu)
-                    .kernel_initializer(Initializer::GlorotUniform {
-                        seed: seed + i as u64,
-                    })
-                    .build()?,
-            );
-            inputs = units;
-        }
-        sequential = sequential.push(
-            Dense::builder("logits", inputs, CLASSES)
-                .kernel_initializer(Initializer::GlorotUniform { seed: seed + 10 })
-                .build()?,
-        );
-        Arc::new(sequential)
-    };
+    let widths = [FEATURES, HIDDEN[0], HIDDEN[1], CLASSES];
+    let model = Arc::new(ReplicatedModel::build(strategy, seed, |vb| {
+        Mlp::build(&widths, vb)
+    })?);
     let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::sgd(LEARNING_RATE)));
     let batch = synthetic_batches(strategy, per_replica)?;
     let step = |batch: PerReplica<Vec<Tensor>>| -> Result<f32, TrainError> {
         let (model, optimizer) = (Arc::clone(&model), Arc::clone(&optimizer));
+        let step = optimizer.iterations();
         let losses = strategy.try_run(
-            move |_ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
-                replica_train_step(&model, &optimizer, &inputs, global_batch, replicas)
+            move |ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+                replica_train_step(ctx, &model, &optimizer, &inputs, global_batch, step)
             },
             batch,
         )?;

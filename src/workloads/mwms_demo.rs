@@ -333,21 +333,29 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     if !strategy.is_chief() {
         return Ok(());
     }
-    let params: Vec<&[f32]> = [
-        "hidden/kernel",
-        "hidden/bias",
-        "logits/kernel",
-        "logits/bias",
-    ]
-    .iter()
-    .map(|name| {
+    // The MLP's layers hold candle-nn's `[units, inputs]` weights; the accuracy function takes
+    // `[inputs, units]` kernels.
+    let variable = |name: &str| {
         outcome
             .variables
-            .get(*name)
+            .get(name)
             .map(Vec::as_slice)
             .ok_or_else(|| MwmsDemoError::Training(format!("no variable {name}")))
-    })
-    .collect::<Result<_, _>>()?;
+    };
+    let kernel = |name: &str, inputs: usize, units: usize| -> Result<Vec<f32>, MwmsDemoError> {
+        let weight = variable(name)?;
+        Ok((0..inputs * units)
+            .map(|i| weight[(i % units) * inputs + i / units])
+            .collect())
+    };
+    let hidden = kernel("hidden0.weight", PIXELS, HIDDEN)?;
+    let logits = kernel("logits.weight", HIDDEN, CLASSES)?;
+    let params: Vec<&[f32]> = vec![
+        &hidden,
+        variable("hidden0.bias")?,
+        &logits,
+        variable("logits.bias")?,
+    ];
     let accuracy = models::mlp_accuracy(
         &[PIXELS, HIDDEN, CLASSES],
         &params,

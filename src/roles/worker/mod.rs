@@ -11,7 +11,6 @@
 mod actor;
 mod client;
 mod machine;
-mod model;
 mod server_model;
 
 use std::collections::BTreeMap;
@@ -27,8 +26,7 @@ pub use machine::{
     Computed, DatasetPlan, Exit, PositionsError, Request, SetupError, SetupPlan, StepAction,
     WorkerMachine, JOBS_MAX, SKIP_MAX,
 };
-pub use model::{PsModel, PushedGradient, TrainReport};
-pub use server_model::{RowRead, ServerModel};
+pub use server_model::{PushedGradient, RowRead, ServerModel, TrainReport, WeightAccess};
 
 /// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
 /// `join`/`fetch` as that error, except [`StepError::PsUnavailable`], which is the server's
@@ -209,7 +207,7 @@ impl<'a> StepContext<'a> {
     }
 
     /// Local replicas this worker runs each step on (its `replicas` key, at least 1):
-    /// [`PsModel::train_step`] splits a batch over them and pushes their summed gradients
+    /// [`ServerModel::train_step`] splits a batch over them and pushes their summed gradients
     /// once.
     pub fn replicas(&self) -> usize {
         self.replicas
@@ -219,7 +217,7 @@ impl<'a> StepContext<'a> {
     /// contiguous ranges of [`replica_ranges`], on threads (the calling one alone for one
     /// replica). Returns each share with its result, in replica order, or the first
     /// replica's error. A hand-written step sums what its replicas return before its one
-    /// push, as [`PsModel::train_step`] does for a model.
+    /// push, as [`ServerModel::train_step`] does for a model.
     pub fn on_replicas<T: Send>(
         &self,
         examples: usize,

@@ -26,10 +26,8 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
-use super::{PushedGradient, StepContext, StepError, TrainReport};
-use crate::nn::{
-    is_statistic, with_step_randomness, ModelVariables, NnError, StepRandomness, WeightAccess,
-};
+use super::{StepContext, StepError};
+use crate::nn::{is_statistic, with_step_randomness, ModelVariables, NnError, StepRandomness};
 use crate::roles::coordinator::{ClusterCoordinator, CoordinatorError, VariableSpec};
 use crate::variable::Partitioner;
 
@@ -93,6 +91,44 @@ pub struct RowRead<'a> {
     pub variable: &'a str,
     /// The ids the batch reads.
     pub ids: &'a Tensor,
+}
+
+/// What one [`ServerModel::train_step`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainReport {
+    /// The batch's mean loss (regularization included), before the update.
+    pub loss: f32,
+    /// Examples in the batch.
+    pub examples: usize,
+    /// Local replicas the batch was split over (the worker's `replicas`, fewer for a batch
+    /// with fewer examples).
+    pub replicas: usize,
+    /// The push recorded for each trainable variable, in the model's order.
+    pub pushes: Vec<PushedGradient>,
+}
+
+/// One variable's recorded gradient, in size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushedGradient {
+    /// The variable.
+    pub variable: String,
+    /// Dense (the whole variable) or rows.
+    pub access: WeightAccess,
+    /// Rows pushed (a dense push counts every row; a 1-D variable is one row).
+    pub rows: usize,
+    /// Values pushed.
+    pub values: usize,
+}
+
+/// How a step reads a variable, and so what its gradient looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightAccess {
+    /// Whole (kernels, biases): the gradient is dense.
+    #[default]
+    Dense,
+    /// By rows (embedding tables): a step needs only its batch's rows and its gradient is
+    /// row-sparse.
+    Rows,
 }
 
 impl ServerModel<()> {

@@ -1,19 +1,19 @@
-//! `fit` on a small separable problem: the loss history decreases epoch after epoch, and the
-//! progress is one line per epoch when the output is not a terminal (a bar when it is).
+//! `Model::fit` on a small separable problem: the loss history decreases epoch after epoch,
+//! and the progress is one line per epoch when the output is not a terminal (a bar when it
+//! is), as Keras 3 prints it.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
-use cohort::data::{Dataset, DistributeOptions};
-use cohort::nn::{losses, Dense, Initializer};
+use cohort::candle::{Device, Tensor};
+use cohort::data::Dataset;
+use cohort::keras::callbacks::ProgbarLogger;
+use cohort::keras::{Fit, History, Loss, Model};
+use cohort::nn::{dense, Activation};
 use cohort::optim::Optimizer;
-use cohort::strategy::{Mirrored, Strategy};
-use cohort::train::{
-    fit_with_options, DistributedOptimizer, FitOptions, History, Progbar, ProgbarMode, Supervised,
-    BAR_WIDTH,
-};
+use cohort::strategy::Mirrored;
+use cohort::train::{DistributedOptimizer, Progbar, ProgbarMode, BAR_WIDTH};
 
 /// A writer the test can read back.
 #[derive(Clone, Default)]
@@ -62,52 +62,50 @@ fn run(mode: ProgbarMode, is_terminal: bool, epochs: usize) -> Result<(History, 
     run_on(separable()?, mode, is_terminal, epochs)
 }
 
+/// `Model::fit` under `Mirrored(2)` of one `Dense` layer (logits) with binary cross-entropy,
+/// its progress written where the test reads it.
 fn run_on(
     data: Dataset,
     mode: ProgbarMode,
     is_terminal: bool,
     epochs: usize,
 ) -> Result<(History, String)> {
-    let strategy = Mirrored::new(2)?;
-    let model = {
-        let _scope = strategy.scope();
-        let dense = Dense::builder("classifier", 2, 1)
-            .kernel_initializer(Initializer::GlorotUniform { seed: 3 })
-            .build()?;
-        Arc::new(Supervised::new(
-            dense,
-            losses::binary_cross_entropy_from_logits,
-        ))
-    };
-    let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::sgd(0.5)));
+    let mut model = Model::new(Mirrored::new(2)?, 3, |vb| {
+        dense(2, 1, Activation::Linear, vb.pp("classifier"))
+    })?;
+    model.compile(
+        DistributedOptimizer::new(Optimizer::sgd(0.5)),
+        Loss::binary_crossentropy(),
+        Vec::new(),
+    );
     let captured = Captured::default();
-    let options = FitOptions {
-        progress: Progbar::to_writer(Box::new(captured.clone()), mode, is_terminal),
-        distribute: DistributeOptions::default(),
-    };
-    let history = fit_with_options(&strategy, model, optimizer, data, epochs, options)?;
+    let bar = Progbar::to_writer(Box::new(captured.clone()), mode, is_terminal);
+    let history = model.fit(
+        &data,
+        Fit::epochs(epochs)
+            .verbose(false)
+            .callback(ProgbarLogger::new(bar)),
+    )?;
     Ok((history, captured.text()))
 }
 
 #[test]
 fn fit_returns_a_decreasing_loss_history() -> Result<()> {
     let (history, _) = run(ProgbarMode::Silent, false, 5)?;
-    assert_eq!(history.loss.len(), 5);
-    assert_eq!(history.steps, vec![5; 5]);
-    for pair in history.loss.windows(2) {
-        assert!(pair[1] < pair[0], "loss did not fall: {:?}", history.loss);
+    let loss = history.get("loss");
+    assert_eq!(loss.len(), 5);
+    assert_eq!(history.step, 25);
+    for pair in loss.windows(2) {
+        assert!(pair[1] < pair[0], "loss did not fall: {:?}", loss);
     }
-    assert!(
-        history.loss[4] < 0.6 * history.loss[0],
-        "{:?}",
-        history.loss
-    );
+    assert!(loss[4] < 0.6 * loss[0], "{:?}", loss);
     Ok(())
 }
 
 #[test]
 fn fit_prints_one_line_per_epoch_when_not_on_a_terminal() -> Result<()> {
     let (history, text) = run(ProgbarMode::Auto, false, 3)?;
+    let loss = history.get("loss");
     let lines: Vec<&str> = text.lines().collect();
     // Keras 3, verbose=2: `Epoch 1/3`, then `5/5 - 0s - 12ms/step - loss: 0.6931`.
     assert_eq!(lines.len(), 6, "{text:?}");
@@ -121,13 +119,15 @@ fn fit_prints_one_line_per_epoch_when_not_on_a_terminal() -> Result<()> {
         let (secs, rest) = rest.split_once("s - ").expect("elapsed seconds");
         secs.parse::<u64>()
             .unwrap_or_else(|e| panic!("{line:?}: seconds {secs:?}: {e}"));
-        let (per_step, loss) = rest.split_once("/step - loss: ").expect("time per step");
+        let (per_step, printed) = rest.split_once("/step - loss: ").expect("time per step");
         let number = per_step.trim_end_matches(|c: char| c.is_ascii_alphabetic());
         assert!(
             number.parse::<u64>().is_ok() && ["s", "ms", "us"].contains(&&per_step[number.len()..]),
             "{line:?}: time per step {per_step:?}"
         );
-        assert_eq!(loss, format!("{:.4}", history.loss[k]), "{line:?}");
+        // The epoch's loss first, then the other logs (the learning rate).
+        let first = printed.split(" - ").next().unwrap_or_default();
+        assert_eq!(first, format!("{:.4}", loss[k]), "{line:?}");
     }
     Ok(())
 }
@@ -135,6 +135,7 @@ fn fit_prints_one_line_per_epoch_when_not_on_a_terminal() -> Result<()> {
 #[test]
 fn fit_draws_a_bar_on_a_terminal() -> Result<()> {
     let (history, text) = run(ProgbarMode::Auto, true, 2)?;
+    let loss = history.get("loss");
     assert!(text.starts_with("Epoch 1/2\n"), "{text:?}");
     assert!(text.contains("Epoch 2/2\n"), "{text:?}");
     assert!(text.contains('\r'), "bar is redrawn in place: {text:?}");
@@ -142,7 +143,7 @@ fn fit_draws_a_bar_on_a_terminal() -> Result<()> {
     let full = format!("5/5 {} ", "━".repeat(BAR_WIDTH));
     assert!(text.matches(&full).count() >= 2, "{text:?}");
     assert!(
-        text.contains(&format!("/step - loss: {:.4}", history.loss[1])),
+        text.contains(&format!("/step - loss: {:.4}", loss[1])),
         "{text:?}"
     );
     Ok(())
@@ -152,12 +153,9 @@ fn fit_draws_a_bar_on_a_terminal() -> Result<()> {
 fn fit_handles_a_replica_with_an_empty_last_batch() -> Result<()> {
     // 41 examples: the last global batch of 1 gives replica 1 an empty batch.
     let (history, _) = run_on(separable_of(41)?, ProgbarMode::Silent, false, 3)?;
-    assert_eq!(history.steps, vec![5; 3]);
-    assert!(
-        history.loss.iter().all(|l| l.is_finite()),
-        "{:?}",
-        history.loss
-    );
-    assert!(history.loss[2] < history.loss[0], "{:?}", history.loss);
+    let loss = history.get("loss");
+    assert_eq!(history.step, 15);
+    assert!(loss.iter().all(|l| l.is_finite()), "{:?}", loss);
+    assert!(loss[2] < loss[0], "{:?}", loss);
     Ok(())
 }
