@@ -42,8 +42,9 @@ type PartitionFn = dyn Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync;
 /// A candle-nn network trained by Keras' `fit` on a parameter-server cluster (see the
 /// module docs). The servers apply its optimizer, at its constant learning rate or by a
 /// [`LearningRateSchedule`] of each variable's update count
-/// ([`PsFit::learning_rate_schedule`]); the `LearningRateScheduler` callback does not reach
-/// them. Callbacks run on the chief, with a copy of the weights it reads from the servers at
+/// ([`PsFit::learning_rate_schedule`]); a callback that sets the rate (`LearningRateScheduler`)
+/// is refused with [`KerasError::LearningRateOnServers`] rather than changing nothing.
+/// Callbacks run on the chief, with a copy of the weights it reads from the servers at
 /// the end of each epoch (after its validation) and of training: `ModelCheckpoint` saves
 /// those, and a callback's `weights()` are those; weights a callback sets
 /// (`EarlyStopping::restore_best_weights`) are written to the servers once the closures in
@@ -384,6 +385,7 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                     epochs,
                     steps_per_epoch: Some(steps_per_epoch),
                     weights_set: false,
+                    optimizer_on_servers: true,
                 }
             };
         }

@@ -12,7 +12,7 @@
 use candle_core::{Module, Tensor};
 use candle_nn::{Init, VarBuilder};
 
-use super::dense_kernel;
+use super::dense_kernel::{self, KernelLayout};
 
 /// An element-wise (or last-axis) function applied after a layer's affine map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,21 +97,23 @@ impl Dense {
 
 impl Module for Dense {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let kernel = self.weight.t()?;
-        let bias = self.bias.as_ref();
+        let affine = |x: &Tensor| {
+            dense_kernel::affine(
+                x,
+                &self.weight,
+                KernelLayout::UnitsByInputs,
+                self.bias.as_ref(),
+                self.activation,
+            )
+        };
         match x.dims() {
-            [_, _] => dense_kernel::affine(x, &kernel, bias, self.activation),
+            [_, _] => affine(x),
             [] => candle_core::bail!("dense: expected an input with a feature axis, got a scalar"),
             [leading @ .., features] => {
                 // Every leading axis is a batch axis: one 2-D product over them all.
                 let rows = leading.iter().product::<usize>();
+                let y = affine(&x.reshape((rows, *features))?)?;
                 let mut shape = leading.to_vec();
-                let y = dense_kernel::affine(
-                    &x.reshape((rows, *features))?,
-                    &kernel,
-                    bias,
-                    self.activation,
-                )?;
                 shape.push(y.dim(1)?);
                 y.reshape(shape)
             }

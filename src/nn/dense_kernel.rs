@@ -11,6 +11,12 @@
 //! once, takes `xᵀ · dz` and the bias's column sums, and takes `dz · kernelᵀ` only when `x`
 //! is itself differentiable (it comes from a variable), as TensorFlow's graph pruning does.
 //!
+//! The matrix comes in either layout ([`KernelLayout`]): Keras' `[inputs, units]` kernel or
+//! candle-nn's `[units, inputs]` weight, read transposed in place by gemm's strides, with its
+//! gradient computed in that same layout (`dzᵀ · x`). Feeding the node `weight.t()` instead
+//! would add a transpose node whose backward sums a strided gradient: measured on `bench
+//! mwms`, about 10 % of the step.
+//!
 //! Anything else (another dtype or device, another activation, no bias) goes through the
 //! generic ops, which stay the reference this node is tested against.
 //!
@@ -22,60 +28,91 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Shape
 
 use super::Activation;
 
-/// `activation(x · kernel + bias)` for a 2-D `x`, differentiable: the fused node where it
-/// applies, else candle's generic ops. Every dense map of the crate goes through here (the
-/// [`super::Dense`] layer, the parameter-server workloads' MLPs).
+/// How a dense map's matrix is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelLayout {
+    /// `[inputs, units]`: Keras' `kernel`, `x · kernel` (the parameter-server workloads).
+    InputsByUnits,
+    /// `[units, inputs]`: candle-nn's `weight`, `x · weightᵀ` (`nn::Dense`). The node reads
+    /// it transposed in place and gives its gradient in this layout, so that no transpose
+    /// node (and no strided copy of the gradient) enters the graph.
+    UnitsByInputs,
+}
+
+/// `activation(x · K + bias)` for a 2-D `x`, where `K` is `matrix` read by `layout`,
+/// differentiable: the fused node where it applies, else candle's generic ops. Every dense
+/// map of the crate goes through here (the [`super::Dense`] layer, the parameter-server
+/// workloads' MLPs).
 pub(crate) fn affine(
     x: &Tensor,
-    kernel: &Tensor,
+    matrix: &Tensor,
+    layout: KernelLayout,
     bias: Option<&Tensor>,
     activation: Activation,
 ) -> candle_core::Result<Tensor> {
     if let Some(bias) = bias {
-        if let Some(y) = dense(x, kernel, bias, activation)? {
+        if let Some(y) = dense(x, matrix, layout, bias, activation)? {
             return Ok(y);
         }
     }
-    let mut y = x.matmul(kernel)?;
+    let mut y = match layout {
+        KernelLayout::InputsByUnits => x.matmul(matrix)?,
+        KernelLayout::UnitsByInputs => x.matmul(&matrix.t()?)?,
+    };
     if let Some(bias) = bias {
         y = y.broadcast_add(bias)?;
     }
     activation.apply(&y)
 }
 
-/// `activation(x · kernel + bias)` as one differentiable node where [`applies`] holds, else
+/// `activation(x · K + bias)` as one differentiable node where [`applies`] holds, else
 /// `None` (the caller builds it from generic ops).
 pub(crate) fn dense(
     x: &Tensor,
-    kernel: &Tensor,
+    matrix: &Tensor,
+    layout: KernelLayout,
     bias: &Tensor,
     activation: Activation,
 ) -> candle_core::Result<Option<Tensor>> {
-    if !applies(x, kernel, bias, activation) {
+    if !applies(x, matrix, layout, bias, activation) {
         return Ok(None);
     }
     let relu = activation == Activation::Relu;
-    x.apply_op3(kernel, bias, DenseNode { relu }).map(Some)
+    x.apply_op3(matrix, bias, DenseNode { relu, layout })
+        .map(Some)
 }
 
-/// Whether the fused node computes this layer: f32 on the CPU, `x` `[batch, inputs]`,
-/// `kernel` `[inputs, units]`, `bias` `[units]`, a linear or relu activation.
-fn applies(x: &Tensor, kernel: &Tensor, bias: &Tensor, activation: Activation) -> bool {
+/// Whether the fused node computes this layer: f32 on the CPU, `x` `[batch, inputs]`, the
+/// matrix `[inputs, units]` or `[units, inputs]` as `layout` says, `bias` `[units]`, a linear
+/// or relu activation.
+fn applies(
+    x: &Tensor,
+    matrix: &Tensor,
+    layout: KernelLayout,
+    bias: &Tensor,
+    activation: Activation,
+) -> bool {
     let on_cpu = |t: &Tensor| matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32;
+    let (inputs_axis, units_axis) = match layout {
+        KernelLayout::InputsByUnits => (0, 1),
+        KernelLayout::UnitsByInputs => (1, 0),
+    };
     matches!(activation, Activation::Linear | Activation::Relu)
         && on_cpu(x)
-        && on_cpu(kernel)
+        && on_cpu(matrix)
         && on_cpu(bias)
         && x.rank() == 2
-        && kernel.rank() == 2
+        && matrix.rank() == 2
         && bias.rank() == 1
-        && x.dims()[1] == kernel.dims()[0]
-        && kernel.dims()[1] == bias.dims()[0]
+        && x.dims()[1] == matrix.dims()[inputs_axis]
+        && matrix.dims()[units_axis] == bias.dims()[0]
 }
 
-/// The graph node: inputs `x`, `kernel`, `bias`; output `[batch, units]`.
+/// The graph node: inputs `x`, the matrix (read by `layout`), `bias`; output
+/// `[batch, units]`.
 struct DenseNode {
     relu: bool,
+    layout: KernelLayout,
 }
 
 /// A 2-D operand as gemm reads it: its elements from `offset` with row and column strides.
@@ -142,10 +179,17 @@ impl CustomOp3 for DenseNode {
         bias_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = Operand::new(x_storage, x_layout)?;
-        let kernel = Operand::new(kernel_storage, kernel_layout)?;
+        let mut kernel = Operand::new(kernel_storage, kernel_layout)?;
         let bias = Operand::new(bias_storage, bias_layout)?;
         let (batch, inputs) = x_layout.shape().dims2()?;
-        let units = kernel_layout.shape().dims2()?.1;
+        let units = match self.layout {
+            KernelLayout::InputsByUnits => kernel_layout.shape().dims2()?.1,
+            KernelLayout::UnitsByInputs => {
+                // `[units, inputs]` read as its transpose: the same elements, strides swapped.
+                std::mem::swap(&mut kernel.row_stride, &mut kernel.col_stride);
+                kernel_layout.shape().dims2()?.0
+            }
+        };
         let mut out = vec![0f32; batch * units];
         if batch > 0 && units > 0 && inputs > 0 {
             let threads = candle_core::utils::get_num_threads();
@@ -214,13 +258,18 @@ impl CustomOp3 for DenseNode {
         } else {
             grad.clone()
         };
-        let kernel_grad = x.t()?.matmul(&dz)?;
-        let bias_grad = dz.sum(0)?;
-        let x_grad = if x.track_op() {
-            Some(dz.matmul(&kernel.t()?)?)
-        } else {
-            None
+        // Each gradient in its operand's own layout.
+        let (kernel_grad, x_grad) = match self.layout {
+            KernelLayout::InputsByUnits => (
+                x.t()?.matmul(&dz)?,
+                x.track_op().then(|| dz.matmul(&kernel.t()?)).transpose()?,
+            ),
+            KernelLayout::UnitsByInputs => (
+                dz.t()?.matmul(x)?,
+                x.track_op().then(|| dz.matmul(kernel)).transpose()?,
+            ),
         };
+        let bias_grad = dz.sum(0)?;
         Ok((x_grad, Some(kernel_grad), Some(bias_grad)))
     }
 }

@@ -52,7 +52,7 @@ mod transformer;
 
 pub use attention::{multi_head_attention, MultiHeadAttention};
 pub use dense::{dense, linear, Activation, Dense};
-pub(crate) use dense_kernel::affine;
+pub(crate) use dense_kernel::{affine, KernelLayout};
 pub use init::Initializer;
 pub use model_vars::{is_statistic, ModelVariables, STATISTICS};
 pub use random::{with_step_randomness, Dropout, StepRandomness};

@@ -289,9 +289,16 @@ fn fused_dense_node_matches_the_generic_ops() {
     }
     for (batch, inputs, units) in [(5, 3, 7), (33, 70, 19), (256, 784, 20), (0, 4, 3)] {
         for activation in [Activation::Linear, Activation::Relu] {
-            for (x_tracked, x_transposed) in [(false, false), (true, false), (false, true)] {
+            for (x_tracked, x_transposed, layout) in [
+                (false, false, KernelLayout::InputsByUnits),
+                (true, false, KernelLayout::InputsByUnits),
+                (false, true, KernelLayout::InputsByUnits),
+                (false, false, KernelLayout::UnitsByInputs),
+                (true, false, KernelLayout::UnitsByInputs),
+                (false, true, KernelLayout::UnitsByInputs),
+            ] {
                 let case = format!(
-                    "{batch}x{inputs}x{units} {activation:?} tracked={x_tracked} transposed={x_transposed}"
+                    "{batch}x{inputs}x{units} {activation:?} tracked={x_tracked} transposed={x_transposed} {layout:?}"
                 );
                 let x_plain = if x_transposed {
                     Tensor::from_vec(values(batch * inputs, 1), (inputs, batch), &Device::Cpu)
@@ -303,9 +310,12 @@ fn fused_dense_node_matches_the_generic_ops() {
                         .unwrap()
                 };
                 let x_var = Var::from_tensor(&x_plain).unwrap();
+                let shape = match layout {
+                    KernelLayout::InputsByUnits => (inputs, units),
+                    KernelLayout::UnitsByInputs => (units, inputs),
+                };
                 let kernel = Var::from_tensor(
-                    &Tensor::from_vec(values(inputs * units, 2), (inputs, units), &Device::Cpu)
-                        .unwrap(),
+                    &Tensor::from_vec(values(inputs * units, 2), shape, &Device::Cpu).unwrap(),
                 )
                 .unwrap();
                 let bias = Var::from_tensor(
@@ -317,17 +327,21 @@ fn fused_dense_node_matches_the_generic_ops() {
                 } else {
                     x_plain.clone()
                 };
-                let fused =
-                    dense_kernel::dense(&x, kernel.as_tensor(), bias.as_tensor(), activation)
-                        .unwrap()
-                        .expect("the fused node applies to f32 on the CPU");
+                let fused = dense_kernel::dense(
+                    &x,
+                    kernel.as_tensor(),
+                    layout,
+                    bias.as_tensor(),
+                    activation,
+                )
+                .unwrap()
+                .expect("the fused node applies to f32 on the CPU");
+                let product = match layout {
+                    KernelLayout::InputsByUnits => x.matmul(kernel.as_tensor()),
+                    KernelLayout::UnitsByInputs => x.matmul(&kernel.as_tensor().t().unwrap()),
+                };
                 let generic = activation
-                    .apply(
-                        &x.matmul(kernel.as_tensor())
-                            .unwrap()
-                            .broadcast_add(bias.as_tensor())
-                            .unwrap(),
-                    )
+                    .apply(&product.unwrap().broadcast_add(bias.as_tensor()).unwrap())
                     .unwrap();
                 assert_eq!(fused.dims(), &[batch, units], "{case}");
                 close(
@@ -387,13 +401,18 @@ fn fused_dense_node_matches_the_generic_ops() {
     let x = Tensor::zeros((2, 3), candle_core::DType::F64, &Device::Cpu).unwrap();
     let kernel = Tensor::zeros((3, 1), candle_core::DType::F64, &Device::Cpu).unwrap();
     let bias = Tensor::zeros(1, candle_core::DType::F64, &Device::Cpu).unwrap();
-    assert!(dense_kernel::dense(&x, &kernel, &bias, Activation::Relu)
-        .unwrap()
-        .is_none());
+    let layout = KernelLayout::InputsByUnits;
+    assert!(
+        dense_kernel::dense(&x, &kernel, layout, &bias, Activation::Relu)
+            .unwrap()
+            .is_none()
+    );
     let x = x.to_dtype(candle_core::DType::F32).unwrap();
     let kernel = kernel.to_dtype(candle_core::DType::F32).unwrap();
     let bias = bias.to_dtype(candle_core::DType::F32).unwrap();
-    assert!(dense_kernel::dense(&x, &kernel, &bias, Activation::Tanh)
-        .unwrap()
-        .is_none());
+    assert!(
+        dense_kernel::dense(&x, &kernel, layout, &bias, Activation::Tanh)
+            .unwrap()
+            .is_none()
+    );
 }

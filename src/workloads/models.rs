@@ -6,7 +6,7 @@
 
 use candle_core::{Device, Tensor, Var, D};
 
-use crate::nn::{losses, Activation, Initializer, NnError};
+use crate::nn::{losses, Activation, Initializer, KernelLayout, NnError};
 
 use super::{ctr, digits};
 
@@ -325,7 +325,7 @@ fn mlp_logits(layers: &[usize], params: &[Tensor], features: &[f32]) -> Result<T
         } else {
             Activation::Linear
         };
-        x = crate::nn::affine(&x, &pair[0], pair.get(1), activation)?;
+        x = crate::nn::affine(&x, &pair[0], KernelLayout::InputsByUnits, pair.get(1), activation)?;
     }
     Ok(x)
 }

@@ -49,3 +49,48 @@ impl Callback for LearningRateScheduler {
         ctx.set_learning_rate(rate)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optim::Optimizer;
+    use crate::train::DistributedOptimizer;
+
+    fn context(optimizer: &DistributedOptimizer, on_servers: bool) -> TrainingContext<'_> {
+        TrainingContext {
+            optimizer,
+            variables: &[],
+            is_chief: true,
+            stop_training: false,
+            step: 0,
+            step_in_epoch: 0,
+            epochs: 3,
+            steps_per_epoch: Some(10),
+            weights_set: false,
+            optimizer_on_servers: on_servers,
+        }
+    }
+
+    #[test]
+    fn sets_the_rate_of_each_epoch_and_is_refused_where_the_servers_apply_the_optimizer() {
+        let optimizer = DistributedOptimizer::new(Optimizer::sgd(0.1));
+        let mut halve =
+            LearningRateScheduler::new(|epoch, rate| if epoch > 0 { rate / 2.0 } else { rate });
+        for epoch in 0..3 {
+            halve
+                .on_epoch_begin(epoch, &mut context(&optimizer, false))
+                .unwrap();
+        }
+        assert!((optimizer.learning_rate() - 0.025).abs() < 1e-7);
+        // Under ParameterServerStrategy the servers apply the optimizer: refused, not ignored.
+        let err = halve
+            .on_epoch_begin(1, &mut context(&optimizer, true))
+            .unwrap_err();
+        assert!(matches!(err, KerasError::LearningRateOnServers), "{err}");
+        assert!(
+            err.to_string().contains("PsFit::learning_rate_schedule"),
+            "{err}"
+        );
+        assert!((optimizer.learning_rate() - 0.025).abs() < 1e-7);
+    }
+}

@@ -99,6 +99,9 @@ pub struct TrainingContext<'a> {
     /// Whether a callback set the weights ([`TrainingContext::set_weights`]): under
     /// ParameterServerStrategy `fit` then writes the chief's copy to the servers.
     pub(crate) weights_set: bool,
+    /// Whether the parameter servers apply the optimizer (ParameterServerStrategy): then the
+    /// learning rate cannot be set from here.
+    pub(crate) optimizer_on_servers: bool,
 }
 
 impl TrainingContext<'_> {
@@ -143,7 +146,12 @@ impl TrainingContext<'_> {
     }
 
     /// Sets a constant learning rate from the next update on (every worker does the same).
+    /// Refused under ParameterServerStrategy ([`KerasError::LearningRateOnServers`]): the
+    /// servers apply the optimizer there, by `PsFit::learning_rate_schedule`.
     pub fn set_learning_rate(&mut self, learning_rate: f32) -> Result<(), KerasError> {
+        if self.optimizer_on_servers {
+            return Err(KerasError::LearningRateOnServers);
+        }
         Ok(self.optimizer.set_learning_rate(learning_rate)?)
     }
 
