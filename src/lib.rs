@@ -61,6 +61,8 @@ internal_modules! {
     /// `<run-dir>` is a placeholder, not HTML.
     #[allow(rustdoc::invalid_html_tags)]
     cli;
+    /// What a built-in job's tasks report at their end, as JSON, for the chaos runner.
+    run_report;
     /// The simulator (`cohort sim`).
     sim;
     /// The built-in demo and benchmark workloads.

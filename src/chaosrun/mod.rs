@@ -58,9 +58,9 @@ impl Check {
         }
     }
 
-    /// A check whose lines the job never printed (`detail` says which): failed where the plan
+    /// A check whose figures the job never reported (`detail` says which): failed where the plan
     /// expects the job to succeed, skipped where it expects it to fail.
-    fn nothing_printed(name: &'static str, detail: &str, plan: &Plan) -> Self {
+    fn nothing_reported(name: &'static str, detail: &str, plan: &Plan) -> Self {
         if plan.expect_exit == 0 {
             Self::new(name, false, detail.into())
         } else {
@@ -69,14 +69,14 @@ impl Check {
     }
 }
 
-/// A MultiWorkerMirrored job's members end with one model (DATA-1): every task that printed
-/// its final model printed the same step and digest, and as many did as the last membership
+/// A MultiWorkerMirrored job's members end with one model (DATA-1): every task that reported
+/// its final model reported the same step and digest, and as many did as the last membership
 /// epoch has workers (none missing, none extra). Skipped where the plan expects the job to
 /// fail and no task finished.
-pub fn one_model_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
+pub fn one_model_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
     const NAME: &str = "one model";
     if group.models.is_empty() {
-        return Check::nothing_printed(NAME, "no task printed its final model", plan);
+        return Check::nothing_reported(NAME, "no task reported its final model", plan);
     }
     let each: Vec<String> = group
         .models
@@ -101,7 +101,7 @@ pub fn one_model_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
                 NAME,
                 false,
                 format!(
-                    "the last membership epoch ({}) has {} workers, but {finished} printed a \
+                    "the last membership epoch ({}) has {} workers, but {finished} reported a \
                      final model: {}",
                     last.epoch,
                     last.workers,
@@ -123,10 +123,10 @@ pub fn one_model_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
 /// The chief's membership epochs only go forward: each later than the one before, trained
 /// from a step no earlier (a re-forming goes on from the last completed step, a joiner is
 /// admitted at a step boundary).
-pub fn membership_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
+pub fn membership_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
     const NAME: &str = "membership epochs";
     if group.epochs.is_empty() {
-        // The chief prints them as it ends: one away at the end (preempted, the workers
+        // The chief reports them as it ends: one away at the end (preempted, the workers
         // finishing without it) has none to print.
         let chief_finished = group.models.keys().any(|task| task.starts_with("chief/"));
         if !group.models.is_empty() && !chief_finished {
@@ -134,12 +134,12 @@ pub fn membership_check(plan: &Plan, group: &run::PrintedGroup) -> Check {
                 NAME,
                 format!(
                     "the chief did not finish (the job ended with {} worker(s) finishing \
-                     without it), so it printed no membership epochs",
+                     without it), so it reported no membership epochs",
                     group.models.len()
                 ),
             );
         }
-        return Check::nothing_printed(NAME, "the chief printed no membership epochs", plan);
+        return Check::nothing_reported(NAME, "the chief reported no membership epochs", plan);
     }
     let listed: Vec<String> = group
         .epochs
@@ -237,6 +237,16 @@ pub fn check(plan: &Plan, setup: &RunSetup, observed: &Observed) -> Vec<Check> {
             &restarted,
         ));
     }
+    if !observed.summary.unreadable.is_empty() {
+        checks.push(Check::new(
+            "run reports",
+            false,
+            format!(
+                "report(s) the runner could not read: {}",
+                observed.summary.unreadable.join("; ")
+            ),
+        ));
+    }
     checks.push(Check::new(
         "no panic",
         observed.panic_count == 0,
@@ -253,7 +263,7 @@ pub fn check(plan: &Plan, setup: &RunSetup, observed: &Observed) -> Vec<Check> {
     checks
 }
 
-/// Every closure committed once: the newest checkpoint's ledger and the chief's printed one.
+/// Every closure committed once: the newest checkpoint's ledger and the chief's reported one.
 fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
     let mut found = Vec::new();
     let mut ok = true;
@@ -320,12 +330,12 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
         }
     }
     match observed.summary.ledger {
-        None => found.push("summary: the chief printed no ledger line".into()),
+        None => found.push("report: the chief reported no ledger".into()),
         Some(l) => {
             let good = l.committed == l.scheduled && l.pending == 0 && l.failed == 0;
             ok &= good;
             found.push(format!(
-                "chief's summary: {} scheduled, {} committed, {} pending, {} failed{}",
+                "chief's report: {} scheduled, {} committed, {} pending, {} failed{}",
                 l.scheduled,
                 l.committed,
                 l.pending,
@@ -379,7 +389,7 @@ impl ShardCounts {
 /// The parameter servers' applied pushes against the committed closures (PS-1: a closure's
 /// update is applied at most once on each server; a retry of it is refused as a duplicate):
 ///
-/// - from the chief's summary, each server applied pushes when closures committed, and, in a
+/// - from the chief's report, each server applied pushes when closures committed, and, in a
 ///   run with no parameter-server restore, at most one per committed closure (applied ≤
 ///   committed; equal when every closure pushes to every server, as in the demo). A push
 ///   applied twice makes a server's count exceed the closures. After a restore, the
@@ -390,7 +400,7 @@ impl ShardCounts {
 /// - from the newest checkpoint, no variable shard was updated more often than the closures
 ///   committed at its cut (a push applied twice there counts twice).
 pub fn servers_check(
-    summary: &run::PrintedSummary,
+    summary: &run::ReportedSummary,
     counts: Option<&ShardCounts>,
     restarted: &[u32],
 ) -> Check {
@@ -399,7 +409,7 @@ pub fn servers_check(
     if servers.is_empty() && counts.is_none_or(|c| c.shards.is_empty()) {
         return Check::skipped(
             NAME,
-            "the chief printed no per-server counts and no checkpoint holds update counts".into(),
+            "the chief reported no per-server counts and no checkpoint holds update counts".into(),
         );
     }
     let committed = summary.ledger.map(|l| l.committed);
@@ -412,7 +422,7 @@ pub fn servers_check(
             return Check::new(
                 NAME,
                 false,
-                "the chief printed per-server counts but no ledger line to check them against"
+                "the chief reported per-server counts but no ledger to check them against"
                     .into(),
             );
         };
@@ -728,18 +738,19 @@ pub fn job_dirs(command: &[String]) -> (Option<PathBuf>, Option<PathBuf>) {
 
 #[cfg(test)]
 mod tests {
-    use super::run::{PrintedLedger, PrintedServer, PrintedSummary};
+    use super::run::ReportedSummary;
+    use crate::run_report::{LedgerCounts, ServerCounts};
     use super::*;
 
-    fn summary(committed: u64, applied: [u64; 2], restores: Option<u64>) -> PrintedSummary {
-        PrintedSummary {
-            ledger: Some(PrintedLedger {
+    fn summary(committed: u64, applied: [u64; 2], restores: Option<u64>) -> ReportedSummary {
+        ReportedSummary {
+            ledger: Some(LedgerCounts {
                 scheduled: committed,
                 committed,
-                ..PrintedLedger::default()
+                ..LedgerCounts::default()
             }),
             servers: (0..2)
-                .map(|ps| PrintedServer {
+                .map(|ps| ServerCounts {
                     ps,
                     applied: applied[ps as usize],
                     duplicates: 3,
@@ -749,6 +760,7 @@ mod tests {
             rolled_back: None,
             resumed: false,
             group: Default::default(),
+            unreadable: Vec::new(),
         }
     }
 
@@ -833,17 +845,17 @@ mod tests {
 
     #[test]
     fn nothing_to_check_is_skipped() {
-        let check = servers_check(&PrintedSummary::default(), None, &[]);
+        let check = servers_check(&ReportedSummary::default(), None, &[]);
         assert_eq!(check.status, "skipped");
     }
 
-    fn group(models: &[(&str, u64, &str)], workers: &[u64]) -> run::PrintedGroup {
-        run::PrintedGroup {
+    fn group(models: &[(&str, u64, &str)], workers: &[u64]) -> run::ReportedGroup {
+        run::ReportedGroup {
             started: true,
             models: models
                 .iter()
                 .map(|(task, step, digest)| {
-                    let model = run::PrintedModel {
+                    let model = crate::run_report::FinalModel {
                         step: *step,
                         digest: digest.to_string(),
                     };
@@ -853,7 +865,7 @@ mod tests {
             epochs: workers
                 .iter()
                 .enumerate()
-                .map(|(i, &workers)| run::PrintedEpoch {
+                .map(|(i, &workers)| crate::run_report::MembershipEpoch {
                     epoch: i as u64 + 1,
                     workers,
                     from_step: 10 * i as u64,

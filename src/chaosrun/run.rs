@@ -33,6 +33,10 @@ use nix::unistd::Pid;
 use super::disk::DiskFaults;
 use super::plan::{After, FaultKind, Plan, ScaleTo, Scheduled, Target, Which};
 use crate::checkpoint::list_checkpoints;
+use crate::run_report::{
+    read_reports, FinalModel, LedgerCounts, MembershipEpoch, RunReportError, ServerCounts,
+    TaskReport, RUN_REPORT_DIR_ENV,
+};
 use crate::cluster::{TaskId, TaskType};
 
 /// How often the runner looks at the job, its clock and its faults.
@@ -102,87 +106,75 @@ pub struct Sample {
     pub step_seconds: Option<f64>,
 }
 
-/// The chief's end-of-run summary as it printed it.
+/// What the job's tasks reported at their end (their run reports,
+/// [`crate::run_report`]), gathered.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct PrintedSummary {
-    /// `ledger: N closures scheduled, N committed, ... N failed, N pending`.
-    pub ledger: Option<PrintedLedger>,
-    /// `ps/K: N pushes applied, N duplicates refused`, by server.
-    pub servers: Vec<PrintedServer>,
-    /// `parameter-server recovery: N restore(s) ...` (printed only when there was one).
+pub struct ReportedSummary {
+    /// The parameter-server chief's ledger.
+    pub ledger: Option<LedgerCounts>,
+    /// The parameter-server chief's counts, by server.
+    pub servers: Vec<ServerCounts>,
+    /// Parameter-server restores from a checkpoint (reported only when there was one).
     pub ps_restores: Option<u64>,
-    /// `... M committed closures rolled back and run again`.
+    /// Committed closures those restores rolled back and ran again.
     pub rolled_back: Option<u64>,
-    /// `steps: N of T (this run: R)` with `R < N`, or `(this run: R, resumed from step S)`:
-    /// the chief that printed it resumed from a checkpoint (it restarted), restoring the
+    /// The chief that reported resumed from a checkpoint (it restarted), restoring the
     /// servers there, so closures after that checkpoint were pushed again.
     pub resumed: bool,
-    /// What a MultiWorkerMirrored job's tasks printed (empty for a parameter-server job).
-    pub group: PrintedGroup,
+    /// What a MultiWorkerMirrored job's tasks reported (empty for a parameter-server job).
+    pub group: ReportedGroup,
+    /// Report files that could not be read, each with why.
+    pub unreadable: Vec<String>,
 }
 
-/// A MultiWorkerMirrored job as its tasks printed it.
+impl ReportedSummary {
+    /// Gathers the tasks' `reports` (by task) and the errors met reading them.
+    pub fn gather(reports: &BTreeMap<String, TaskReport>, errors: &[RunReportError]) -> Self {
+        let mut summary = Self {
+            unreadable: errors.iter().map(ToString::to_string).collect(),
+            ..Self::default()
+        };
+        // The chief's figures; another task's only where the chief reported none.
+        let mut ordered: Vec<&TaskReport> = reports.values().collect();
+        ordered.sort_by_key(|r| !r.task.starts_with("chief/"));
+        for report in ordered {
+            if summary.ledger.is_none() && report.ledger.is_some() {
+                summary.ledger = report.ledger;
+                summary.servers = report.servers.clone();
+                summary.servers.sort_unstable();
+                summary.ps_restores = report.ps_restores;
+                summary.rolled_back = report.rolled_back;
+                summary.resumed = report.resumed;
+            }
+            let group = &mut summary.group;
+            group.started |= report.collective;
+            if let Some(model) = &report.final_model {
+                group.models.insert(report.task.clone(), model.clone());
+            }
+            if group.epochs.is_empty() {
+                group.epochs = report.membership_epochs.clone();
+            }
+        }
+        summary
+    }
+}
+
+/// A MultiWorkerMirrored job as its tasks reported it.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct PrintedGroup {
-    /// The chief said `MultiWorkerMirrored: ...` as it started.
+pub struct ReportedGroup {
+    /// A task reported the job as a MultiWorkerMirrored one as it started.
     pub started: bool,
-    /// `final model: step S, digest D`, by task (`worker/1`): each task's last.
-    pub models: BTreeMap<String, PrintedModel>,
-    /// The chief's `membership epochs:` list, in its order.
-    pub epochs: Vec<PrintedEpoch>,
+    /// Each task's final model, by task (`worker/1`): its latest process's.
+    pub models: BTreeMap<String, FinalModel>,
+    /// The chief's membership epochs, in its order.
+    pub epochs: Vec<MembershipEpoch>,
 }
 
-impl PrintedGroup {
+impl ReportedGroup {
     /// Whether the job is a MultiWorkerMirrored one.
     pub fn is_collective(&self) -> bool {
         self.started || !self.models.is_empty() || !self.epochs.is_empty()
     }
-}
-
-/// A task's final model as it printed it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct PrintedModel {
-    /// The steps it trained to.
-    pub step: u64,
-    /// Its variables' digest.
-    pub digest: String,
-}
-
-/// One membership epoch of the chief's summary: `epoch E: W workers from step S (...)`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct PrintedEpoch {
-    /// The epoch.
-    pub epoch: u64,
-    /// Its workers.
-    pub workers: u64,
-    /// The step it trained from.
-    pub from_step: u64,
-}
-
-/// One server's counts as the chief printed them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-pub struct PrintedServer {
-    /// The server's index.
-    pub ps: u32,
-    /// Pushes applied.
-    pub applied: u64,
-    /// Pushes refused as duplicates (PS-1).
-    pub duplicates: u64,
-}
-
-/// The counts of the chief's printed ledger line.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct PrintedLedger {
-    /// Scheduled.
-    pub scheduled: u64,
-    /// Committed.
-    pub committed: u64,
-    /// Re-dispatched after their worker (or a server) was lost, when the line says.
-    pub redispatched: Option<u64>,
-    /// Failed.
-    pub failed: u64,
-    /// Pending.
-    pub pending: u64,
 }
 
 /// Everything the run observed.
@@ -202,8 +194,8 @@ pub struct Observed {
     pub panics: Vec<String>,
     /// How many panic lines there were.
     pub panic_count: usize,
-    /// The chief's printed summary.
-    pub summary: PrintedSummary,
+    /// What the tasks reported at their end.
+    pub summary: ReportedSummary,
 }
 
 /// What reading the job's output collects.
@@ -211,7 +203,6 @@ pub struct Observed {
 struct OutputScan {
     panics: Vec<String>,
     panic_count: usize,
-    summary: PrintedSummary,
 }
 
 /// Runs the job under the plan; `stop` is set by Ctrl-C/SIGTERM. An error is a job that
@@ -247,6 +238,10 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
         command.args(&setup.command[1..]);
         (command, None)
     };
+    // Every task writes its run report here; an earlier run's would be read as this one's.
+    let report_dir = setup.out_dir.join("reports");
+    let _ = std::fs::remove_dir_all(&report_dir);
+    command.env(RUN_REPORT_DIR_ENV, &report_dir);
     if plan.faults.iter().any(|f| f.kind.is_network()) {
         let _ = std::fs::remove_dir_all(&network.dir);
         command.env(crate::launch::NET_FAULTS_DIR_ENV, &network.dir);
@@ -471,7 +466,8 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
     let scan = std::mem::take(&mut *scan.lock().unwrap_or_else(|p| p.into_inner()));
     observed.panics = scan.panics;
     observed.panic_count = scan.panic_count;
-    observed.summary = scan.summary;
+    let (reports, errors) = read_reports(&report_dir);
+    observed.summary = ReportedSummary::gather(&reports, &errors);
     Ok(observed)
 }
 
@@ -528,126 +524,6 @@ fn scan_line(scan: &mut OutputScan, line: &str) {
             scan.panics.push(line.to_string());
         }
     }
-    if let Some(rest) = line.split_once("ledger: ").map(|(_, r)| r) {
-        if let Some(ledger) = parse_printed_ledger(rest) {
-            scan.summary.ledger = Some(ledger);
-        }
-    }
-    if let Some(rest) = line
-        .split_once("parameter-server recovery: ")
-        .map(|(_, r)| r)
-    {
-        if let Some(n) = numbers_before(rest, &["restore", "committed closures rolled back"]) {
-            scan.summary.ps_restores = Some(n[0]);
-            scan.summary.rolled_back = Some(n[1]);
-        }
-    }
-    if let Some(rest) = line.split_once("steps: ").map(|(_, r)| r) {
-        let step = rest
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<u64>().ok());
-        let this_run = rest.split_once("(this run: ").and_then(|(_, r)| {
-            let digits: String = r.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse::<u64>().ok()
-        });
-        if let (Some(step), Some(this_run)) = (step, this_run) {
-            // A chief that resumed from the checkpoint before training ran every step itself.
-            scan.summary.resumed = this_run < step || rest.contains("resumed from step");
-        }
-    }
-    if let Some(server) = parse_printed_server(line) {
-        scan.summary.servers.retain(|s| s.ps != server.ps);
-        scan.summary.servers.push(server);
-        scan.summary.servers.sort_unstable();
-    }
-    let (task, text) = task_and_text(line);
-    let group = &mut scan.summary.group;
-    if text.starts_with("MultiWorkerMirrored: ") {
-        group.started = true;
-    }
-    if let Some(model) = parse_printed_model(text) {
-        group.models.insert(task.to_string(), model);
-    }
-    if let Some(epoch) = parse_printed_epoch(text) {
-        group.epochs.push(epoch);
-    }
-}
-
-/// The task a launcher's output line comes from (`[worker/1] ...`; `job` without one) and
-/// the task's own text.
-fn task_and_text(line: &str) -> (&str, &str) {
-    line.strip_prefix('[')
-        .and_then(|rest| rest.split_once("] "))
-        .unwrap_or(("job", line))
-}
-
-/// `final model: step S, digest D`.
-fn parse_printed_model(text: &str) -> Option<PrintedModel> {
-    let rest = text.strip_prefix("final model: step ")?;
-    let (step, digest) = rest.split_once(", digest ")?;
-    let digest = digest.trim();
-    if digest.is_empty() || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    Some(PrintedModel {
-        step: step.parse().ok()?,
-        digest: digest.to_string(),
-    })
-}
-
-/// `    epoch E: W workers from step S` (and what changed, in parentheses).
-fn parse_printed_epoch(text: &str) -> Option<PrintedEpoch> {
-    let rest = text.trim_start().strip_prefix("epoch ")?;
-    let (epoch, rest) = rest.split_once(": ")?;
-    let (workers, rest) = rest.split_once(" workers from step ")?;
-    let from_step = rest.split_whitespace().next()?;
-    Some(PrintedEpoch {
-        epoch: epoch.parse().ok()?,
-        workers: workers.parse().ok()?,
-        from_step: from_step.parse().ok()?,
-    })
-}
-
-/// The number before each of `labels` in a comma-separated list such as
-/// `12 closures scheduled, 12 committed`.
-fn numbers_before(text: &str, labels: &[&str]) -> Option<Vec<u64>> {
-    labels
-        .iter()
-        .map(|label| {
-            text.split(',').find_map(|part| {
-                let part = part.trim();
-                let (n, rest) = part.split_once(' ')?;
-                rest.starts_with(label).then(|| n.parse().ok()).flatten()
-            })
-        })
-        .collect()
-}
-
-fn parse_printed_ledger(text: &str) -> Option<PrintedLedger> {
-    let n = numbers_before(
-        text,
-        &["closures scheduled", "committed", "failed", "pending"],
-    )?;
-    Some(PrintedLedger {
-        scheduled: n[0],
-        committed: n[1],
-        redispatched: numbers_before(text, &["re-dispatched"]).map(|n| n[0]),
-        failed: n[2],
-        pending: n[3],
-    })
-}
-
-fn parse_printed_server(line: &str) -> Option<PrintedServer> {
-    let (_, rest) = line.split_once("ps/")?;
-    let (ps, rest) = rest.split_once(": ")?;
-    let ps = ps.parse().ok()?;
-    let n = numbers_before(rest, &["pushes applied", "duplicates refused"])?;
-    Some(PrintedServer {
-        ps,
-        applied: n[0],
-        duplicates: n[1],
-    })
 }
 
 /// Carries out one fault.
@@ -1224,100 +1100,110 @@ mod tests {
     }
 
     #[test]
-    fn the_chiefs_printed_summary_is_read() {
+    fn panic_lines_are_counted_from_the_output() {
         let mut scan = OutputScan::default();
-        scan_line(&mut scan, "[chief/0]   ledger: 40 closures scheduled, 39 committed, 2 re-dispatched after a worker or parameter server was lost, 0 results rejected as stale, 0 failed, 1 pending");
-        scan_line(&mut scan, "[chief/0]   ps/1: 80 pushes applied, 3 duplicates refused (PS-1), 0 stale pushes refused (FENCE-1), 0 non-finite skipped");
-        scan_line(
-            &mut scan,
-            "[worker/1] thread 'main' panicked at src/x.rs:1:1:",
-        );
-        scan_line(&mut scan, "[chief/0]   parameter-server recovery: 2 restore(s) from a checkpoint, 17 committed closures rolled back and run again");
-        assert!(!scan.summary.resumed);
-        scan_line(
-            &mut scan,
-            "[chief/0]   steps: 3600 of 3600 (this run: 2400)",
-        );
-        assert!(
-            scan.summary.resumed,
-            "a chief that resumed from a checkpoint"
-        );
-        let mut at_start = OutputScan::default();
-        scan_line(
-            &mut at_start,
-            "[chief/0]   steps: 2400 of 2400 (this run: 2400, resumed from step 0)",
-        );
-        assert!(
-            at_start.summary.resumed,
-            "a chief that resumed from the checkpoint before training"
-        );
-        assert_eq!(
-            (scan.summary.ps_restores, scan.summary.rolled_back),
-            (Some(2), Some(17))
-        );
-        let ledger = scan.summary.ledger.expect("ledger line");
-        assert_eq!(
-            (
-                ledger.scheduled,
-                ledger.committed,
-                ledger.failed,
-                ledger.pending
-            ),
-            (40, 39, 0, 1)
-        );
-        assert_eq!(ledger.redispatched, Some(2));
-        assert_eq!(
-            scan.summary.servers,
-            vec![PrintedServer {
-                ps: 1,
-                applied: 80,
-                duplicates: 3
-            }]
-        );
+        scan_line(&mut scan, "[worker/1] thread 'main' panicked at src/x.rs:1:1:");
+        scan_line(&mut scan, "[chief/0]   ledger: 40 closures scheduled");
         assert_eq!(scan.panic_count, 1);
+        assert_eq!(scan.panics.len(), 1);
     }
 
     #[test]
-    fn a_multi_worker_mirrored_jobs_models_and_epochs_are_read() {
-        let mut scan = OutputScan::default();
-        assert!(!scan.summary.group.is_collective());
-        for line in [
-            "[chief/0] MultiWorkerMirrored: 3 workers × 1 replica(s), group epoch 1; digits: ...",
-            "[chief/0] epoch 1/30: loss 1.8631, 132 steps/s, group epoch 3 of 3 workers",
-            "[worker/1] final model: step 450, digest d42fbeb0f86b2b8d",
-            "[worker/1] final model: step 450, digest not-hex",
-            "[chief/0] final model: step 450, digest d42fbeb0f86b2b8d",
-            "[chief/0]   membership epochs:",
-            "[chief/0]     epoch 1: 3 workers from step 0",
-            "[chief/0]     epoch 2: 2 workers from step 12 (lost worker/1)",
-        ] {
-            scan_line(&mut scan, line);
-        }
-        let group = &scan.summary.group;
-        assert!(group.is_collective());
-        assert_eq!(group.models.len(), 2);
+    fn a_parameter_server_chiefs_report_is_gathered() {
+        let mut reports = BTreeMap::new();
+        let chief = TaskReport {
+            ledger: Some(LedgerCounts {
+                scheduled: 40,
+                committed: 39,
+                redispatched: Some(2),
+                failed: 0,
+                pending: 1,
+            }),
+            servers: vec![
+                ServerCounts {
+                    ps: 1,
+                    applied: 80,
+                    duplicates: 3,
+                },
+                ServerCounts {
+                    ps: 0,
+                    applied: 79,
+                    duplicates: 0,
+                },
+            ],
+            ps_restores: Some(2),
+            rolled_back: Some(17),
+            resumed: true,
+            ..TaskReport::of("chief/0")
+        };
+        reports.insert(chief.task.clone(), chief.clone());
+        let summary = ReportedSummary::gather(&reports, &[]);
+        assert_eq!(summary.ledger, chief.ledger);
         assert_eq!(
-            group.models["worker/1"],
-            PrintedModel {
-                step: 450,
-                digest: "d42fbeb0f86b2b8d".into()
-            }
+            summary.servers.iter().map(|s| s.ps).collect::<Vec<_>>(),
+            [0, 1],
+            "by server"
         );
-        assert_eq!(
-            group.epochs,
-            vec![
-                PrintedEpoch {
+        assert_eq!((summary.ps_restores, summary.rolled_back), (Some(2), Some(17)));
+        assert!(summary.resumed);
+        assert!(!summary.group.is_collective());
+        assert!(summary.unreadable.is_empty());
+    }
+
+    #[test]
+    fn a_multi_worker_mirrored_jobs_models_and_epochs_are_gathered() {
+        let model = FinalModel {
+            step: 450,
+            digest: "d42fbeb0f86b2b8d".into(),
+        };
+        let started = TaskReport {
+            collective: true,
+            ..TaskReport::of("worker/2")
+        };
+        let worker = TaskReport {
+            collective: true,
+            final_model: Some(model.clone()),
+            ..TaskReport::of("worker/1")
+        };
+        let chief = TaskReport {
+            collective: true,
+            final_model: Some(model.clone()),
+            membership_epochs: vec![
+                MembershipEpoch {
                     epoch: 1,
                     workers: 3,
-                    from_step: 0
+                    from_step: 0,
                 },
-                PrintedEpoch {
+                MembershipEpoch {
                     epoch: 2,
                     workers: 2,
-                    from_step: 12
-                }
-            ]
-        );
+                    from_step: 12,
+                },
+            ],
+            ..TaskReport::of("chief/0")
+        };
+        let reports: BTreeMap<String, TaskReport> = [started, worker, chief.clone()]
+            .into_iter()
+            .map(|r| (r.task.clone(), r))
+            .collect();
+        let summary = ReportedSummary::gather(&reports, &[]);
+        let group = &summary.group;
+        assert!(group.is_collective());
+        assert_eq!(group.models.len(), 2, "worker/2 reported no model");
+        assert_eq!(group.models["worker/1"], model);
+        assert_eq!(group.epochs, chief.membership_epochs);
+        assert!(summary.ledger.is_none());
+        // A job that failed as it started is still known as a MultiWorkerMirrored one.
+        let only_started: BTreeMap<String, TaskReport> = [(
+            "chief/0".to_string(),
+            TaskReport {
+                collective: true,
+                ..TaskReport::of("chief/0")
+            },
+        )]
+        .into_iter()
+        .collect();
+        assert!(ReportedSummary::gather(&only_started, &[]).group.is_collective());
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! accuracy for every new checkpoint in `DIR` ([`crate::roles::evaluator`]).
 
 use crate::process::stdout::outln;
+use crate::run_report::{write_report, LedgerCounts, ServerCounts, TaskReport};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -496,6 +497,29 @@ fn run_chief(
         checkpoint_dir.display(),
         saved.display()
     );
+    // The same figures for `cohort chaos run`, as data.
+    write_report(&TaskReport {
+        ledger: Some(LedgerCounts {
+            scheduled: ledger.scheduled,
+            committed: ledger.committed,
+            redispatched: Some(ledger.redispatched),
+            failed: ledger.failed,
+            pending: ledger.pending,
+        }),
+        servers: stats
+            .iter()
+            .enumerate()
+            .map(|(ps, s)| ServerCounts {
+                ps: ps as u32,
+                applied: s.applied,
+                duplicates: s.rejected_duplicate,
+            })
+            .collect(),
+        ps_restores: (ledger.ps_restores > 0).then_some(ledger.ps_restores),
+        rolled_back: (ledger.ps_restores > 0).then_some(ledger.rolled_back),
+        resumed: resumed.is_some(),
+        ..TaskReport::of("chief/0")
+    });
     if loss_png.exists() {
         outln!("  loss curve: {}", loss_png.display());
     }

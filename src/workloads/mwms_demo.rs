@@ -23,6 +23,7 @@
 //! the launcher gives every task, the printing, and the final evaluation.
 
 use crate::process::stdout::outln;
+use crate::run_report::{write_report, FinalModel, MembershipEpoch, TaskReport};
 use std::time::Instant;
 
 use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
@@ -172,6 +173,13 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             held_out.len()
         );
     }
+    // What `cohort chaos run` reads of this task, as data: a MultiWorkerMirrored job from
+    // the start, then its final model (and the chief's membership epochs).
+    let mut report = TaskReport {
+        collective: true,
+        ..TaskReport::of(me.to_string())
+    };
+    write_report(&report);
     if joined_live {
         outln!(
             "{me}: found the group training; admitted at epoch {} ({} workers)",
@@ -329,6 +337,11 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let outcome = run.outcome;
     // Every member's model, for a reader (`cohort chaos run`) to compare: one model.
     outln!("final model: step {steps}, digest {}", outcome.digest());
+    report.final_model = Some(FinalModel {
+        step: steps as u64,
+        digest: outcome.digest(),
+    });
+    write_report(&report);
     // One summary: from the group's first member at the end.
     if !strategy.is_chief() {
         return Ok(());
@@ -376,6 +389,15 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             outln!("    epoch {epoch}: {workers} workers from step {step} ({what})");
         }
     }
+    report.membership_epochs = epochs_seen
+        .iter()
+        .map(|(epoch, workers, step, _)| MembershipEpoch {
+            epoch: *epoch,
+            workers: *workers as u64,
+            from_step: *step as u64,
+        })
+        .collect();
+    write_report(&report);
     let last_loss = outcome
         .losses
         .iter()

@@ -1,0 +1,279 @@
+//! The run report: what a task of a built-in job says about its end, as JSON, for the chaos
+//! runner to read (in place of scraping the summary it prints for people).
+//!
+//! `cohort chaos run` sets [`RUN_REPORT_DIR_ENV`] for the job it launches; every task whose
+//! program knows the report (the built-in demo workloads) writes `<dir>/<role>-<index>.json`
+//! (written whole, then renamed into place, so a reader never sees half a file), the
+//! latest process of a task replacing what an earlier one wrote. Without the variable nothing
+//! is written. The runner reads every file once the job has ended
+//! ([`read_reports`]); a file it cannot read is named in its result, not skipped silently.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The directory the tasks write their reports in (set by `cohort chaos run`).
+pub const RUN_REPORT_DIR_ENV: &str = "COHORT_RUN_REPORT_DIR";
+
+/// Reports larger than this are refused on reading (a task writes a few hundred bytes).
+const REPORT_BYTES_MAX: u64 = 1 << 20;
+
+/// What one task reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskReport {
+    /// The task (`chief/0`, `worker/1`).
+    pub task: String,
+    /// The job is a MultiWorkerMirrored one (written as it starts, so that a job that fails
+    /// early is still known as one).
+    #[serde(default)]
+    pub collective: bool,
+    /// A parameter-server chief's ledger at the end.
+    #[serde(default)]
+    pub ledger: Option<LedgerCounts>,
+    /// A parameter-server chief's per-server counts at the end, by server.
+    #[serde(default)]
+    pub servers: Vec<ServerCounts>,
+    /// Parameter-server restores from a checkpoint while the job ran, where there were any.
+    #[serde(default)]
+    pub ps_restores: Option<u64>,
+    /// Committed closures those restores rolled back (and ran again).
+    #[serde(default)]
+    pub rolled_back: Option<u64>,
+    /// The chief resumed from a checkpoint as it started (it restarted), restoring the servers
+    /// there, so closures after that checkpoint were pushed again.
+    #[serde(default)]
+    pub resumed: bool,
+    /// A MultiWorkerMirrored member's final model.
+    #[serde(default)]
+    pub final_model: Option<FinalModel>,
+    /// A MultiWorkerMirrored chief's membership epochs, in order.
+    #[serde(default)]
+    pub membership_epochs: Vec<MembershipEpoch>,
+}
+
+/// A parameter-server chief's ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerCounts {
+    /// Scheduled.
+    pub scheduled: u64,
+    /// Committed.
+    pub committed: u64,
+    /// Re-dispatched after their worker (or a server) was lost.
+    pub redispatched: Option<u64>,
+    /// Failed.
+    pub failed: u64,
+    /// Pending.
+    pub pending: u64,
+}
+
+/// One parameter server's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServerCounts {
+    /// The server's index.
+    pub ps: u32,
+    /// Pushes applied.
+    pub applied: u64,
+    /// Pushes refused as duplicates (PS-1).
+    pub duplicates: u64,
+}
+
+/// A member's final model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalModel {
+    /// The steps it trained to.
+    pub step: u64,
+    /// Its variables' digest (equal on every member: DATA-1).
+    pub digest: String,
+}
+
+/// One membership epoch of a MultiWorkerMirrored group, as its chief saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembershipEpoch {
+    /// The epoch.
+    pub epoch: u64,
+    /// Its workers.
+    pub workers: u64,
+    /// The step it trained from.
+    pub from_step: u64,
+}
+
+/// Why a report could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum RunReportError {
+    /// Reading, writing or listing failed.
+    #[error("run report {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file that is not a report.
+    #[error("run report {}: {detail}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+impl TaskReport {
+    /// An empty report of `task`.
+    pub fn of(task: impl Into<String>) -> Self {
+        Self {
+            task: task.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Writes the report where [`RUN_REPORT_DIR_ENV`] says, if it says; returns the file.
+    pub fn write_if_asked(&self) -> Result<Option<PathBuf>, RunReportError> {
+        match std::env::var_os(RUN_REPORT_DIR_ENV) {
+            Some(dir) if !dir.is_empty() => self.write_in(Path::new(&dir)).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Writes the report in `dir` as `<role>-<index>.json`, whole or not at all.
+    pub fn write_in(&self, dir: &Path) -> Result<PathBuf, RunReportError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RunReportError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let name: String = self
+            .task
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = dir.join(format!("{name}.json"));
+        let partial = dir.join(format!(".{name}.json.partial"));
+        let json = serde_json::to_vec_pretty(self).map_err(|e| RunReportError::Malformed {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        std::fs::write(&partial, json).map_err(io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(io(&path))?;
+        Ok(path)
+    }
+}
+
+/// Writes `report` if the job was asked for reports, logging (not failing on) an error: a
+/// report is for the chaos runner, and training does not stop for it.
+pub fn write_report(report: &TaskReport) {
+    if let Err(e) = report.write_if_asked() {
+        tracing::warn!("{e}");
+    }
+}
+
+/// Every task's report in `dir`, by task, and the files that could not be read (each with
+/// why). A directory that does not exist holds no report.
+pub fn read_reports(dir: &Path) -> (BTreeMap<String, TaskReport>, Vec<RunReportError>) {
+    let mut reports = BTreeMap::new();
+    let mut errors = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (reports, errors),
+        Err(source) => {
+            errors.push(RunReportError::Io {
+                path: dir.to_path_buf(),
+                source,
+            });
+            return (reports, errors);
+        }
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .collect();
+    paths.sort();
+    for path in paths {
+        match read_one(&path) {
+            Ok(report) => {
+                reports.insert(report.task.clone(), report);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    (reports, errors)
+}
+
+fn read_one(path: &Path) -> Result<TaskReport, RunReportError> {
+    let io = |source| RunReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > REPORT_BYTES_MAX {
+        return Err(RunReportError::Malformed {
+            path: path.to_path_buf(),
+            detail: format!("{len} bytes, more than a report's {REPORT_BYTES_MAX}"),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    let report: TaskReport =
+        serde_json::from_slice(&bytes).map_err(|e| RunReportError::Malformed {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+    if report.task.is_empty() {
+        return Err(RunReportError::Malformed {
+            path: path.to_path_buf(),
+            detail: "it names no task".into(),
+        });
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_read_back_as_written_and_a_bad_file_is_named() {
+        let dir = crate::process::new_temp_dir("run-report").unwrap();
+        let mut chief = TaskReport::of("chief/0");
+        chief.collective = true;
+        chief.final_model = Some(FinalModel {
+            step: 450,
+            digest: "d42fbeb0f86b2b8d".into(),
+        });
+        chief.membership_epochs = vec![MembershipEpoch {
+            epoch: 1,
+            workers: 3,
+            from_step: 0,
+        }];
+        let path = chief.write_in(dir.as_path()).unwrap();
+        assert_eq!(path.file_name().unwrap(), "chief-0.json");
+        let mut worker = TaskReport::of("worker/1");
+        worker.ledger = Some(LedgerCounts {
+            scheduled: 12,
+            committed: 12,
+            redispatched: Some(1),
+            failed: 0,
+            pending: 0,
+        });
+        worker.write_in(dir.as_path()).unwrap();
+        // A later process of the same task replaces the earlier one's report.
+        chief.final_model = Some(FinalModel {
+            step: 451,
+            digest: "00".into(),
+        });
+        chief.write_in(dir.as_path()).unwrap();
+        std::fs::write(dir.as_path().join("torn.json"), b"{\"task\": \"ps/0\", \"ledg").unwrap();
+        std::fs::write(dir.as_path().join(".x.json.partial"), b"{").unwrap();
+        let (reports, errors) = read_reports(dir.as_path());
+        assert_eq!(reports.len(), 2, "{reports:?}");
+        assert_eq!(reports["chief/0"], chief);
+        assert_eq!(reports["worker/1"], worker);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].to_string().contains("torn.json"), "{}", errors[0]);
+        // No directory: no reports, no error.
+        let (none, errors) = read_reports(&dir.as_path().join("absent"));
+        assert!(none.is_empty() && errors.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
