@@ -2,11 +2,11 @@
 //! ParameterServerStrategy, with Keras' `fit` driven by the chief's coordinator.
 //!
 //! ```sh
-//! cargo run --release --example wide_deep -- launch --workers 2 --ps 2 --kill-ps-after 8s
+//! cargo run --release --example wide_deep -- launch --workers 2 --ps 2 --kill-ps-after 60s
 //! ```
 //!
 //! runs a chief, 2 parameter servers and 2 workers as processes, SIGKILLs a parameter server
-//! 8 s in and restarts it: the coordinator restores it from the newest backup and runs the
+//! after epoch 3 of 5 (`ChaosPoint`; or 60 s in, if that comes first) and restarts it: the coordinator restores it from the newest backup and runs the
 //! closures since again, and training ends at the exact step. Both hashed tables (the wide
 //! part's weights and the deep part's embeddings) are split over the two servers. The data is
 //! synthetic clicks from a planted model (8 categorical fields, pairwise effects), so that the
@@ -18,7 +18,7 @@ use cohort::candle::{Module, ModuleT, Tensor};
 use cohort::candle_nn::{self, Embedding, Init, Linear, VarBuilder};
 use cohort::data::synthetic::ClickLog;
 use cohort::data::{DataError, Dataset, InputContext};
-use cohort::keras::callbacks::{BackupAndRestore, SaveFreq};
+use cohort::keras::callbacks::{BackupAndRestore, ChaosPoint, SaveFreq};
 use cohort::keras::{metrics, Fit, Loss, PsFit};
 use cohort::optim::Optimizer;
 use cohort::program::{ClusterCoordinator, CoordinatorError, Program};
@@ -111,7 +111,8 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
             Fit::epochs(5)
                 .steps_per_epoch(400)
                 .validation_steps(20)
-                .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(50))),
+                .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(50)))
+                .callback(ChaosPoint::after_epoch(3)),
         )
         .map_err(|e| CoordinatorError::Other(e.to_string()))?;
     println!(

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::Result;
 use cohort::candle::{Device, Tensor};
 use cohort::data::Dataset;
-use cohort::keras::callbacks::ProgbarLogger;
+use cohort::keras::callbacks::{ChaosPoint, ProgbarLogger};
 use cohort::keras::{Fit, History, Loss, Model};
 use cohort::nn::{dense, Activation};
 use cohort::optim::Optimizer;
@@ -157,5 +157,28 @@ fn fit_handles_a_replica_with_an_empty_last_batch() -> Result<()> {
     assert_eq!(history.step, 15);
     assert!(loss.iter().all(|l| l.is_finite()), "{:?}", loss);
     assert!(loss[2] < loss[0], "{:?}", loss);
+    Ok(())
+}
+
+/// `ChaosPoint` prints the launcher's chaos marker once, at the end of the epoch it names,
+/// with the step reached (what `launch --kill-*-after` acts on).
+#[test]
+fn a_chaos_point_marks_the_end_of_its_epoch_once() -> Result<()> {
+    let mut model = Model::new(Mirrored::new(2)?, 3, |vb| {
+        dense(2, 1, Activation::Linear, vb.pp("classifier"))
+    })?;
+    model.compile(
+        DistributedOptimizer::new(Optimizer::sgd(0.5)),
+        Loss::binary_crossentropy(),
+        Vec::new(),
+    );
+    let captured = Captured::default();
+    model.fit(
+        &separable()?,
+        Fit::epochs(3)
+            .verbose(false)
+            .callback(ChaosPoint::after_epoch(2).to_writer(Box::new(captured.clone()))),
+    )?;
+    assert_eq!(captured.text(), "[chaos-point] after epoch 2 (step 10)\n");
     Ok(())
 }

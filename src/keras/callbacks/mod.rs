@@ -2,12 +2,14 @@
 //! after each step (Keras' `keras.callbacks`), with the ones Keras ships: the progress bar,
 //! [`EarlyStopping`], [`LearningRateScheduler`], [`CsvLogger`], [`TensorBoard`],
 //! [`ModelCheckpoint`] and [`BackupAndRestore`]; and two of cohort's: [`PlotHistory`] (a PNG
-//! chart of the figures) and [`ScaleWorkers`] (a local cluster scaled on a schedule).
+//! chart of the figures), [`ScaleWorkers`] (a local cluster scaled on a schedule) and
+//! [`ChaosPoint`] (a local cluster's planned failure placed at an epoch's end).
 //!
 //! Every worker of a job runs its callbacks with the same logs (the figures are reduced over
 //! every replica); the ones that write files write them on the chief only.
 
 mod backup;
+mod chaos_point;
 mod csv_logger;
 mod early_stopping;
 mod lr_scheduler;
@@ -18,6 +20,7 @@ mod scale_workers;
 mod tensorboard;
 
 pub use backup::{BackupAndRestore, SaveFreq};
+pub use chaos_point::ChaosPoint;
 pub use csv_logger::CsvLogger;
 pub use early_stopping::{EarlyStopping, Mode};
 pub use lr_scheduler::LearningRateScheduler;

@@ -37,10 +37,10 @@ use tokio::sync::oneshot;
 
 use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateTicket,
-    CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket, PsDial, RestoreTicket,
-    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition,
-    ShardRead, StartFailure, WorkerDial,
+    ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateError,
+    CreateTicket, CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket, PsDial,
+    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe,
+    SetUpDisposition, ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -72,7 +72,7 @@ pub struct CoordinatorActor {
     /// Who waits for the chief's start (or a restore at start-up), by ticket.
     restore_waiters: BTreeMap<RestoreTicket, oneshot::Sender<Result<Option<u64>, StartFailure>>>,
     /// Who waits for a variable's shards to be created, by ticket.
-    create_waiters: BTreeMap<CreateTicket, oneshot::Sender<Result<(), String>>>,
+    create_waiters: BTreeMap<CreateTicket, oneshot::Sender<Result<(), CreateError>>>,
     /// Who waits for a save's read, by ticket.
     cut_waiters: BTreeMap<CutTicket, oneshot::Sender<Result<CutReading, String>>>,
     /// Who waits for a configuration to reach every live worker, by ticket.
@@ -1767,7 +1767,7 @@ pub struct CreateShards {
 }
 
 impl Message for CreateShards {
-    type Result = oneshot::Receiver<Result<(), String>>;
+    type Result = oneshot::Receiver<Result<(), CreateError>>;
 }
 
 impl Handler<CreateShards> for CoordinatorActor {

@@ -17,7 +17,7 @@ use super::actor::{
     AbandonCut, Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule,
     ServerTopology, Start, Status, Topology,
 };
-use super::machine::reshard::RESHARDING;
+use super::machine::CreateError;
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
 use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
@@ -187,6 +187,9 @@ pub enum CoordinatorError {
     /// A parameter server refused a request or could not be reached.
     #[error("parameter server: {0}")]
     ParameterServer(String),
+    /// A variable's creation was refused, or a server did not create its shard.
+    #[error("parameter server: {0}")]
+    CreateVariable(#[from] CreateError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
@@ -423,11 +426,11 @@ impl ClusterCoordinator {
                 inits: inits.clone(),
             })?;
             match self.wait(rx, "creating a variable")? {
-                Err(e) if e.contains(RESHARDING) && Instant::now() < deadline => {
+                Err(CreateError::Resharding { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 result => {
-                    result.map_err(CoordinatorError::ParameterServer)?;
+                    result?;
                     break;
                 }
             }

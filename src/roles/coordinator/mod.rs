@@ -36,8 +36,9 @@ pub use machine::recovery::{
 };
 pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket, ControlCounters,
-    CoordinatorStatus, CreateTicket, CutReading, CutState, CutTicket, DrainDisposition, KnownTask,
-    Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
-    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
-    StartFailure, TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    CoordinatorStatus, CreateError, CreateTicket, CutReading, CutState, CutTicket,
+    DrainDisposition, KnownTask, Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket,
+    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
+    SetUpDisposition, ShardRead, StartFailure, TaskLiveness, WorkerDial, WorkerEpoch,
+    PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

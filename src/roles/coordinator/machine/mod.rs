@@ -75,7 +75,7 @@ use recovery::{
 };
 use save::PendingCutRead;
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
-pub use servers::CreateTicket;
+pub use servers::{CreateError, CreateTicket};
 use servers::{PendingCreate, PendingStart};
 
 /// Identifies a scheduled closure for its whole life, across re-dispatches.
@@ -374,7 +374,7 @@ pub enum SchedulerAction {
         /// The ticket the request got.
         ticket: CreateTicket,
         /// The first failure, if any.
-        result: Result<(), String>,
+        result: Result<(), CreateError>,
     },
     /// Ask server `ps` ([`crate::roles::protocol::PsStats`]) which incarnation answers, its
     /// restore generation and the closure ids it has applied, for the chief's start. Answer

@@ -39,6 +39,64 @@ use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
 use crate::roles::protocol::{CreateVariable, InitSpec};
 
+/// Why a variable's creation was refused, or failed on a server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CreateError {
+    /// A variable of that name exists, or is being created.
+    #[error("variable {name:?} is created twice")]
+    Twice {
+        /// The variable.
+        name: String,
+    },
+    /// The initial values do not match the layout's shards.
+    #[error("variable {name:?} has {shards} shards but {inits} initial values")]
+    InitsMismatch {
+        /// The variable.
+        name: String,
+        /// Shards in its layout.
+        shards: usize,
+        /// Initial values given.
+        inits: usize,
+    },
+    /// A shard is placed on a server the job does not have.
+    #[error(
+        "variable {name:?} places a shard on ps/{ps}, but the job's parameter servers are {servers:?}"
+    )]
+    UnknownServer {
+        /// The variable.
+        name: String,
+        /// The server named.
+        ps: u32,
+        /// The job's servers.
+        servers: Vec<u32>,
+    },
+    /// The job's servers are being resharded: the layout would be made for servers that are
+    /// changing. Refused for now; the client asks again.
+    #[error("{RESHARDING}: variable {name:?} is created once the servers are resharded")]
+    Resharding {
+        /// The variable.
+        name: String,
+    },
+    /// Too many creations are under way.
+    #[error("{max} variable creations are under way already")]
+    TooMany {
+        /// The limit.
+        max: usize,
+    },
+    /// A server did not create its shard.
+    #[error("ps/{ps} did not create {name:?} (within {wait:?}): {fault}")]
+    Server {
+        /// The server.
+        ps: u32,
+        /// The variable.
+        name: String,
+        /// How long an unreachable server was waited for.
+        wait: Duration,
+        /// What it answered, or why it could not be reached.
+        fault: String,
+    },
+}
+
 /// Names a variable's creation asked for with [`Scheduler::handle_create_variable`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CreateTicket(pub u64);
@@ -55,7 +113,7 @@ pub(super) struct PendingCreate {
     /// Shards whose server could not be reached, and when to ask again.
     again_at: BTreeMap<usize, Instant>,
     /// The first failure.
-    failed: Option<String>,
+    failed: Option<CreateError>,
 }
 
 /// The chief's start, waiting for every server's probe.
@@ -86,40 +144,38 @@ impl Scheduler {
         now: Instant,
         layout: &Layout,
         inits: Vec<InitSpec>,
-    ) -> Result<CreateTicket, String> {
+    ) -> Result<CreateTicket, CreateError> {
         let name = &layout.name;
         if self.setup.layouts.iter().any(|l| &l.name == name)
             || self.creates.values().any(|c| &c.name == name)
         {
-            return Err(format!("variable {name:?} is created twice"));
+            return Err(CreateError::Twice { name: name.clone() });
         }
         if inits.len() != layout.shards.len() {
-            return Err(format!(
-                "variable {name:?} has {} shards but {} initial values",
-                layout.shards.len(),
-                inits.len()
-            ));
+            return Err(CreateError::InitsMismatch {
+                name: name.clone(),
+                shards: layout.shards.len(),
+                inits: inits.len(),
+            });
         }
         if let Some(shard) = layout
             .shards
             .iter()
             .find(|s| !self.server_set.contains(&s.ps))
         {
-            return Err(format!(
-                "variable {name:?} places a shard on ps/{}, but the job's parameter servers \
-                 are {:?}",
-                shard.ps, self.server_set
-            ));
+            return Err(CreateError::UnknownServer {
+                name: name.clone(),
+                ps: shard.ps,
+                servers: self.server_set.iter().copied().collect(),
+            });
         }
         if self.reshard_under_way() {
-            return Err(format!(
-                "{RESHARDING}: variable {name:?} is created once the servers are resharded"
-            ));
+            return Err(CreateError::Resharding { name: name.clone() });
         }
         if self.creates.len() >= REQUESTS_PENDING_MAX {
-            return Err(format!(
-                "{REQUESTS_PENDING_MAX} variable creations are under way already"
-            ));
+            return Err(CreateError::TooMany {
+                max: REQUESTS_PENDING_MAX,
+            });
         }
         let ticket = CreateTicket(self.next_ticket);
         self.next_ticket += 1;
@@ -183,8 +239,11 @@ impl Scheduler {
             }
             Err(fault) => {
                 let name = &pending.name;
-                pending.failed.get_or_insert_with(|| {
-                    format!("ps/{ps} did not create {name:?} (within {wait:?}): {fault}")
+                pending.failed.get_or_insert_with(|| CreateError::Server {
+                    ps,
+                    name: name.clone(),
+                    wait,
+                    fault: fault.to_string(),
                 });
             }
             Ok(()) => {}
