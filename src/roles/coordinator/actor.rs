@@ -37,10 +37,10 @@ use tokio::sync::oneshot;
 
 use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, ConfigureTicket, CoordinatorStatus, CreateError,
-    CreateTicket, CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket, PsDial,
-    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe,
-    SetUpDisposition, ShardRead, StartFailure, WorkerDial,
+    ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket, CoordinatorStatus,
+    CreateError, CreateTicket, CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket,
+    PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction,
+    ServerProbe, SetUpDisposition, ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -76,7 +76,7 @@ pub struct CoordinatorActor {
     /// Who waits for a save's read, by ticket.
     cut_waiters: BTreeMap<CutTicket, oneshot::Sender<Result<CutReading, String>>>,
     /// Who waits for a configuration to reach every live worker, by ticket.
-    configure_waiters: BTreeMap<ConfigureTicket, oneshot::Sender<Result<(), String>>>,
+    configure_waiters: BTreeMap<ConfigureTicket, oneshot::Sender<Result<(), ConfigureError>>>,
     /// Workers past the cluster spec that joined, with where to dial them (by index).
     joined: BTreeMap<u32, (NodeId, PeerAddr)>,
     /// Draining incarnations waiting for the machine to end their drain.
@@ -1714,7 +1714,7 @@ impl Handler<JoinedWorkers> for CoordinatorActor {
 pub struct Configure(pub SetupWorker);
 
 impl Message for Configure {
-    type Result = oneshot::Receiver<Result<(), String>>;
+    type Result = oneshot::Receiver<Result<(), ConfigureError>>;
 }
 
 impl Handler<Configure> for CoordinatorActor {
@@ -1979,7 +1979,10 @@ mod tests {
             };
             let rx = actor.send(Configure(setup)).await.unwrap();
             let err = rx.await.unwrap().unwrap_err();
-            assert!(err.contains("worker/0") && err.contains("missing"), "{err}");
+            assert!(
+                matches!(&err, ConfigureError::Refused { worker: 0, reason } if reason.contains("missing")),
+                "{err}"
+            );
         });
     }
     /// A save survives a worker fault: a worker that cannot report its dataset positions is

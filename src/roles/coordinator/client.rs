@@ -17,9 +17,9 @@ use super::actor::{
     AbandonCut, Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule,
     ServerTopology, Start, Status, Topology,
 };
-use super::machine::CreateError;
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
+use super::machine::{ConfigureError, CreateError};
 use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
@@ -187,6 +187,9 @@ pub enum CoordinatorError {
     /// A parameter server refused a request or could not be reached.
     #[error("parameter server: {0}")]
     ParameterServer(String),
+    /// Setting the workers up again failed (a worker refused its setup).
+    #[error(transparent)]
+    Configure(#[from] ConfigureError),
     /// A variable's creation was refused, or a server did not create its shard.
     #[error("parameter server: {0}")]
     CreateVariable(#[from] CreateError),
@@ -904,8 +907,7 @@ impl ClusterCoordinator {
             version: 0,
         };
         let rx = self.ask(Configure(setup))?;
-        self.wait(rx, "configuring workers")?
-            .map_err(CoordinatorError::Other)
+        Ok(self.wait(rx, "configuring workers")??)
     }
 
     /// Calls server `ps` of `topology`; a failure as a step reads it (a server unreachable,

@@ -35,8 +35,8 @@ pub use machine::recovery::{
     CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
-    ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureTicket, ControlCounters,
-    CoordinatorStatus, CreateError, CreateTicket, CutReading, CutState, CutTicket,
+    ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket,
+    ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReading, CutState, CutTicket,
     DrainDisposition, KnownTask, Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket,
     ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
     SetUpDisposition, ShardRead, StartFailure, TaskLiveness, WorkerDial, WorkerEpoch,

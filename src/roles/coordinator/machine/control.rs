@@ -162,11 +162,31 @@ pub struct ControlCounters {
     pub preemption_cuts_given_up: u64,
 }
 
+/// Why setting the workers up again failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigureError {
+    /// Too many configurations are under way.
+    #[error("{max} worker configurations are under way already")]
+    TooMany {
+        /// The limit.
+        max: usize,
+    },
+    /// A worker refused its setup (the setup itself is wrong: a dataset function it does not
+    /// register, say); that worker is lost.
+    #[error("worker/{worker} refused its setup: {reason}")]
+    Refused {
+        /// The worker.
+        worker: u32,
+        /// What it said.
+        reason: String,
+    },
+}
+
 /// A configuration sent to live workers, waiting for their answers.
 #[derive(Debug, Default)]
 pub(super) struct PendingConfigure {
     waiting: BTreeSet<(u32, WorkerEpoch)>,
-    refused: Option<String>,
+    refused: Option<ConfigureError>,
 }
 
 /// A collection of dataset positions, waiting for the live workers' answers.
@@ -334,11 +354,11 @@ impl Scheduler {
         &mut self,
         now: Instant,
         setup: SetupWorker,
-    ) -> Result<ConfigureTicket, String> {
+    ) -> Result<ConfigureTicket, ConfigureError> {
         if self.configures.len() >= REQUESTS_PENDING_MAX {
-            return Err(format!(
-                "{REQUESTS_PENDING_MAX} worker configurations are under way already"
-            ));
+            return Err(ConfigureError::TooMany {
+                max: REQUESTS_PENDING_MAX,
+            });
         }
         self.handle_configure(setup);
         let ticket = ConfigureTicket(self.next_ticket);
@@ -381,7 +401,10 @@ impl Scheduler {
             if let CallFault::Refused(reason) = &fault {
                 pending
                     .refused
-                    .get_or_insert_with(|| format!("worker/{worker} refused its setup: {reason}"));
+                    .get_or_insert_with(|| ConfigureError::Refused {
+                        worker,
+                        reason: reason.clone(),
+                    });
             }
             self.handle_worker_lost(now, worker, epoch);
         }

@@ -359,7 +359,10 @@ fn a_configuration_waits_for_every_live_worker_and_reports_the_first_refusal() {
             },
             SchedulerAction::ConfigureFinished {
                 ticket,
-                result: Err("worker/1 refused its setup: no dataset function \"missing\"".into()),
+                result: Err(ConfigureError::Refused {
+                    worker: 1,
+                    reason: "no dataset function \"missing\"".into()
+                }),
             },
         ]
     );

@@ -61,6 +61,7 @@ use crate::cluster::{ps_restart_wait_for, DEFAULT_DETECTION_BUDGET, DEFAULT_STEP
 pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
 
+pub use control::ConfigureError;
 pub use control::{
     ConfigureTicket, ControlCounters, CoordinatorStatus, CutState, KnownTask, LedgerState,
     PositionsTicket, SetUpDisposition, TaskLiveness, WorkerDial,
@@ -343,7 +344,7 @@ pub enum SchedulerAction {
         /// The ticket the request got.
         ticket: ConfigureTicket,
         /// The first refusal, if any.
-        result: Result<(), String>,
+        result: Result<(), ConfigureError>,
     },
     /// Ask the live incarnation `epoch` of `worker` where its datasets are
     /// ([`crate::roles::protocol::DatasetPositions`]) for collection `ticket`. Answer with
