@@ -19,7 +19,7 @@ use crate::checkpoint::{
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::{Optimizer, Slots};
 use crate::roles::coordinator::{
-    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, CutReading, CutTicket,
+    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, CutReadError, CutReading, CutTicket,
     Ledger, PositionsTicket, PsDial, RestoreCall, RestoreReport, RestoreTicket, ResultDisposition,
     Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, StartFailure, WorkerDial,
 };
@@ -2683,7 +2683,7 @@ impl<'a> World<'a> {
                 let step = self.storage.len() as u64;
                 match self.coord.handle_read_cut(now, step) {
                     Ok(ticket) => self.chief.phase = ChiefPhase::Saving { ticket },
-                    Err(e) => self.ended = Some(Err(e)),
+                    Err(e) => self.ended = Some(Err(e.to_string())),
                 }
             }
             ChiefPhase::Saving { .. } | ChiefPhase::Writing(_) => {}
@@ -2724,7 +2724,7 @@ impl<'a> World<'a> {
 
     /// The coordinator's read of a cut for the chief's save ended: save it, or the program
     /// fails as the real one does when `save_checkpoint` raises.
-    fn cut_read(&mut self, ticket: CutTicket, result: Result<CutReading, String>) {
+    fn cut_read(&mut self, ticket: CutTicket, result: Result<CutReading, CutReadError>) {
         let ChiefPhase::Saving { ticket: awaited } = self.chief.phase else {
             return;
         };
@@ -2768,7 +2768,7 @@ impl<'a> World<'a> {
                 let chief = self.chief_epoch;
                 self.at(self.now + took, Event::SaveWritten { chief });
             }
-            Err(e) => self.ended = Some(Err(e)),
+            Err(e) => self.ended = Some(Err(e.to_string())),
         }
     }
 

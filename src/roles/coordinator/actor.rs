@@ -38,9 +38,9 @@ use tokio::sync::oneshot;
 use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket, CoordinatorStatus,
-    CreateError, CreateTicket, CutReading, CutTicket, DrainDisposition, KnownTask, PositionsTicket,
-    PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction,
-    ServerProbe, SetUpDisposition, ShardRead, StartFailure, WorkerDial,
+    CreateError, CreateTicket, CutReadError, CutReading, CutTicket, DrainDisposition, KnownTask,
+    PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler,
+    SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -74,7 +74,7 @@ pub struct CoordinatorActor {
     /// Who waits for a variable's shards to be created, by ticket.
     create_waiters: BTreeMap<CreateTicket, oneshot::Sender<Result<(), CreateError>>>,
     /// Who waits for a save's read, by ticket.
-    cut_waiters: BTreeMap<CutTicket, oneshot::Sender<Result<CutReading, String>>>,
+    cut_waiters: BTreeMap<CutTicket, oneshot::Sender<Result<CutReading, CutReadError>>>,
     /// Who waits for a configuration to reach every live worker, by ticket.
     configure_waiters: BTreeMap<ConfigureTicket, oneshot::Sender<Result<(), ConfigureError>>>,
     /// Workers past the cluster spec that joined, with where to dial them (by index).
@@ -1792,7 +1792,7 @@ pub struct ReadCut {
 }
 
 impl Message for ReadCut {
-    type Result = oneshot::Receiver<Result<CutReading, String>>;
+    type Result = oneshot::Receiver<Result<CutReading, CutReadError>>;
 }
 
 impl Handler<ReadCut> for CoordinatorActor {

@@ -19,7 +19,7 @@ use super::actor::{
 };
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
-use super::machine::{ConfigureError, CreateError};
+use super::machine::{ConfigureError, CreateError, CutReadError};
 use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
@@ -196,6 +196,9 @@ pub enum CoordinatorError {
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// No consistent cut of the servers could be read for a checkpoint.
+    #[error("checkpoint: {0}")]
+    CutRead(#[from] CutReadError),
     /// A parameter server was lost while the chief's start restored the servers from the
     /// checkpoint: they are in no known state. Not the program's fault: a restarted chief
     /// probes them and restores again (the chief exits 172, restart me).
@@ -832,7 +835,7 @@ impl ClusterCoordinator {
             Err(e) => {
                 // A job that failed meanwhile says so first.
                 self.join()?;
-                Err(CoordinatorError::Checkpoint(e))
+                Err(CoordinatorError::CutRead(e))
             }
         }
     }

@@ -36,9 +36,9 @@ pub use machine::recovery::{
 };
 pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket,
-    ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReading, CutState, CutTicket,
-    DrainDisposition, KnownTask, Ledger, LedgerState, PositionsTicket, PsDial, RestoreTicket,
-    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
-    SetUpDisposition, ShardRead, StartFailure, TaskLiveness, WorkerDial, WorkerEpoch,
+    ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReadError, CutReading,
+    CutState, CutTicket, DrainDisposition, KnownTask, Ledger, LedgerState, PositionsTicket, PsDial,
+    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig,
+    ServerProbe, SetUpDisposition, ShardRead, StartFailure, TaskLiveness, WorkerDial, WorkerEpoch,
     PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::recovery::{CallFault, WorkerPositions};
-use super::{ClosureId, Ledger, Scheduler, SchedulerAction, WorkerEpoch};
+use super::{ClosureId, CutReadError, Ledger, Scheduler, SchedulerAction, WorkerEpoch};
 use crate::roles::protocol::{LeaveAnswer, SetupWorker};
 
 /// What a dial of a worker found ([`SchedulerAction::DialWorker`]).
@@ -415,11 +415,11 @@ impl Scheduler {
     /// ([`SchedulerAction::AskPositions`]); the read gets them once every one answered (see
     /// [`super::save`]). Refused with more than [`REQUESTS_PENDING_MAX`] collections under way
     /// (those of reads given up still count until their answers come, each bounded in time).
-    pub(super) fn collect_positions(&mut self) -> Result<PositionsTicket, String> {
+    pub(super) fn collect_positions(&mut self) -> Result<PositionsTicket, CutReadError> {
         if self.collections.len() >= REQUESTS_PENDING_MAX {
-            return Err(format!(
-                "{REQUESTS_PENDING_MAX} collections of dataset positions are under way already"
-            ));
+            return Err(CutReadError::PositionsBusy {
+                max: REQUESTS_PENDING_MAX,
+            });
         }
         let ticket = PositionsTicket(self.next_ticket);
         self.next_ticket += 1;

@@ -74,6 +74,7 @@ use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
 };
+pub use save::CutReadError;
 use save::PendingCutRead;
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
 pub use servers::{CreateError, CreateTicket};
@@ -404,7 +405,7 @@ pub enum SchedulerAction {
         /// The ticket the request got.
         ticket: CutTicket,
         /// The cut, or why not.
-        result: Result<CutReading, String>,
+        result: Result<CutReading, CutReadError>,
     },
     /// Ask the draining incarnation `epoch` of `worker`, which runs nothing now, where its
     /// datasets are ([`crate::roles::protocol::DatasetPositions`]; see `membership`).

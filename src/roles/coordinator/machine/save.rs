@@ -44,6 +44,65 @@ use crate::checkpoint::{self, Checkpoint, TensorBytes};
 use crate::layout::Layout;
 use crate::roles::protocol::{blob, bytes_to_f32, ShardState};
 
+/// Why no checkpoint cut was read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CutReadError {
+    /// Another read is under way.
+    #[error("a checkpoint is being read already")]
+    Busy,
+    /// Too many collections of the workers' dataset positions are under way.
+    #[error("{max} collections of dataset positions are under way already")]
+    PositionsBusy {
+        /// The limit.
+        max: usize,
+    },
+    /// A server refused to read a shard, and reading again would not help.
+    #[error(
+        "no checkpoint taken at step {step}: ps/{ps} refused to read shard {shard:?}, and \
+         reading again would not help: {reason}"
+    )]
+    ServerRefused {
+        /// The checkpoint's step.
+        step: u64,
+        /// The server.
+        ps: u32,
+        /// The shard.
+        shard: String,
+        /// What it said.
+        reason: String,
+    },
+    /// The servers could not be read without a recovery or new work in between, in time.
+    #[error(
+        "the parameter servers could not be read undisturbed within {waited:?}: no checkpoint \
+         taken at step {step}"
+    )]
+    NotUndisturbed {
+        /// The checkpoint's step.
+        step: u64,
+        /// How long it was tried.
+        waited: Duration,
+    },
+    /// The job failed while the cut was read.
+    #[error("the job failed while a checkpoint was read: {error}")]
+    JobFailed {
+        /// The job's failure.
+        error: String,
+    },
+    /// Every attempt was disturbed by recoveries or new work.
+    #[error(
+        "the checkpoint at step {step} was disturbed by parameter-server recoveries or new work \
+         {attempts} times; last: {last}"
+    )]
+    Disturbed {
+        /// The checkpoint's step.
+        step: u64,
+        /// Attempts made.
+        attempts: u32,
+        /// What disturbed the last.
+        last: String,
+    },
+}
+
 /// Times a save's read is begun again because a parameter-server recovery or new work came
 /// while the servers were read (CKPT-1).
 pub const SAVE_ATTEMPTS_MAX: u32 = 5;
@@ -154,9 +213,9 @@ impl Scheduler {
     /// module doc); [`SchedulerAction::CutRead`] with the returned ticket tells how it ended.
     /// Refused while another save's read is under way; one behind a parameter server's
     /// preemption cut begins once that one ended.
-    pub fn handle_read_cut(&mut self, now: Instant, step: u64) -> Result<CutTicket, String> {
+    pub fn handle_read_cut(&mut self, now: Instant, step: u64) -> Result<CutTicket, CutReadError> {
         if self.cut_reads.iter().any(|r| r.purpose == CutPurpose::Save) {
-            return Err("a checkpoint is being read already".into());
+            return Err(CutReadError::Busy);
         }
         let ticket = self.queue_cut_read(now, step, CutPurpose::Save);
         self.advance_cut_read(now);
@@ -252,10 +311,12 @@ impl Scheduler {
                     let step = read.step;
                     self.end_cut_read(
                         now,
-                        format!(
-                            "no checkpoint taken at step {step}: ps/{ps} refused to read shard \
-                         {shard:?}, and reading again would not help: {reason}"
-                        ),
+                        CutReadError::ServerRefused {
+                            step,
+                            ps,
+                            shard: shard.to_string(),
+                            reason: reason.to_string(),
+                        },
                     );
                 } else {
                     let detail = format!("ps/{ps} refused a read ({reason})");
@@ -315,10 +376,10 @@ impl Scheduler {
             let step = read.step;
             self.end_cut_read(
                 now,
-                format!(
-                "the parameter servers could not be read undisturbed within {SAVE_WAIT_MAX:?}: \
-                 no checkpoint taken at step {step}"
-            ),
+                CutReadError::NotUndisturbed {
+                    step,
+                    waited: SAVE_WAIT_MAX,
+                },
             );
             return;
         }
@@ -327,7 +388,9 @@ impl Scheduler {
             .as_ref()
             .filter(|_| purpose == CutPurpose::Save)
         {
-            let error = format!("the job failed while a checkpoint was read: {error}");
+            let error = CutReadError::JobFailed {
+                error: error.to_string(),
+            };
             self.end_cut_read(now, error);
             return;
         }
@@ -453,10 +516,11 @@ impl Scheduler {
             let step = read.step;
             self.end_cut_read(
                 now,
-                format!(
-                "the checkpoint at step {step} was disturbed by parameter-server recoveries or \
-                 new work {SAVE_ATTEMPTS_MAX} times; last: {why}"
-            ),
+                CutReadError::Disturbed {
+                    step,
+                    attempts: SAVE_ATTEMPTS_MAX,
+                    last: why.to_string(),
+                },
             );
             return;
         }
@@ -469,7 +533,7 @@ impl Scheduler {
     }
 
     /// Ends the read under way, which could not be taken (`reason`); the next in line may begin.
-    pub(super) fn end_cut_read(&mut self, now: Instant, reason: String) {
+    pub(super) fn end_cut_read(&mut self, now: Instant, reason: CutReadError) {
         let Some(read) = self.cut_reads.pop_front() else {
             return;
         };
@@ -478,7 +542,9 @@ impl Scheduler {
                 ticket: read.ticket,
                 result: Err(reason),
             }),
-            CutPurpose::Preemption => self.preemption_cut_failed(now, read.ticket, reason),
+            CutPurpose::Preemption => {
+                self.preemption_cut_failed(now, read.ticket, reason.to_string())
+            }
         }
         self.advance_cut_read(now);
     }

@@ -67,7 +67,7 @@ fn asked_positions(actions: &[SchedulerAction]) -> Vec<(PositionsTicket, u32, u6
         .collect()
 }
 
-fn cut_read(actions: &[SchedulerAction]) -> Option<Result<CutReading, String>> {
+fn cut_read(actions: &[SchedulerAction]) -> Option<Result<CutReading, CutReadError>> {
     actions.iter().find_map(|a| match a {
         SchedulerAction::CutRead { result, .. } => Some(result.clone()),
         _ => None,
@@ -191,7 +191,11 @@ fn a_refusal_with_nothing_in_between_fails_the_read_at_once() {
     s.handle_shard_read(t, ticket, 1, 1, "w/part_1", Err(refused));
     let err = cut_read(&drain(&mut s)).unwrap().unwrap_err();
     assert!(
-        err.contains("ps/1") && err.contains("w/part_1") && err.contains("no variable"),
+        matches!(
+            &err,
+            CutReadError::ServerRefused { ps: 1, shard, reason, .. }
+                if shard == "w/part_1" && reason.contains("no variable")
+        ),
         "{err}"
     );
     assert!(
@@ -337,13 +341,16 @@ fn a_read_that_waits_past_its_bound_fails() {
     let mut s = started();
     let ticket = s.handle_read_cut(t, 1).unwrap();
     drain(&mut s);
-    assert!(s.handle_read_cut(t, 2).unwrap_err().contains("already"));
+    assert_eq!(s.handle_read_cut(t, 2).unwrap_err(), CutReadError::Busy);
     let gone = CallFault::Unreachable("gone".into());
     s.handle_shard_read(t, ticket, 1, 0, "w/part_0", Err(gone));
     drain(&mut s);
     s.handle_timeout(t + SAVE_WAIT_MAX + Duration::from_secs(1));
     let err = cut_read(&drain(&mut s)).unwrap().unwrap_err();
-    assert!(err.contains("could not be read undisturbed"), "{err}");
+    assert!(
+        matches!(err, CutReadError::NotUndisturbed { step: 1, .. }),
+        "{err}"
+    );
 }
 
 /// A malformed answer (a blob missing for a slot it names) fails the checkpoint's assembly,
