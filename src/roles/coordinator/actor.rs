@@ -39,8 +39,8 @@ use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreRep
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket, CoordinatorStatus,
     CreateError, CreateTicket, CutReadError, CutReading, CutTicket, DrainDisposition, KnownTask,
-    PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler,
-    SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, StartFailure, WorkerDial,
+    MarkCutError, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
+    Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -1820,11 +1820,11 @@ pub struct MarkCut {
 }
 
 impl Message for MarkCut {
-    type Result = Result<(), String>;
+    type Result = Result<(), MarkCutError>;
 }
 
 impl Handler<MarkCut> for CoordinatorActor {
-    type Result = Result<(), String>;
+    type Result = Result<(), MarkCutError>;
 
     fn handle(&mut self, msg: MarkCut, ctx: &mut Context<Self>) -> Self::Result {
         let marked = self

@@ -28,7 +28,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::recovery::{CallFault, WorkerPositions};
-use super::{ClosureId, CutReadError, Ledger, Scheduler, SchedulerAction, WorkerEpoch};
+use super::{
+    ClosureId, CutReadError, Ledger, MarkCutError, Scheduler, SchedulerAction, WorkerEpoch,
+};
 use crate::roles::protocol::{LeaveAnswer, SetupWorker};
 
 /// What a dial of a worker found ([`SchedulerAction::DialWorker`]).
@@ -473,14 +475,13 @@ impl Scheduler {
         cut: ClosureId,
         root: PathBuf,
         generation: Option<u64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), MarkCutError> {
         if let Some(generation) = generation.filter(|g| *g != self.generation) {
-            let refused = format!(
-                "a parameter-server restore began since the checkpoint was read (restore \
-                 generation {generation}, now {})",
-                self.generation
-            );
-            self.cut_write_ended(cut, Some(refused.clone()));
+            let refused = MarkCutError::RestoreSince {
+                read_in: generation,
+                now: self.generation,
+            };
+            self.cut_write_ended(cut, Some(refused.to_string()));
             return Err(refused);
         }
         self.mark_cut(cut, root)

@@ -401,7 +401,7 @@ fn ckpt_1_a_cut_read_before_a_restore_is_refused() {
     let err = s
         .handle_mark_cut(ClosureId(5), PathBuf::from("ckpt"), Some(before.generation))
         .unwrap_err();
-    assert!(err.contains("restore began"), "{err}");
+    assert!(matches!(err, MarkCutError::RestoreSince { .. }), "{err}");
     let now = s.cut_state();
     s.handle_mark_cut(ClosureId(5), PathBuf::from("ckpt"), Some(now.generation))
         .unwrap();

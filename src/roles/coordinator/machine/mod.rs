@@ -513,6 +513,51 @@ pub enum ResultDisposition {
     PsUnavailable,
 }
 
+/// Why a checkpoint's cut was not marked (the previous cut stays; CKPT-1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MarkCutError {
+    /// The cut is past the closure ids given out.
+    #[error("cut {cut} is beyond the next closure id {next}")]
+    BeyondNextId {
+        /// The cut.
+        cut: u64,
+        /// The next closure id.
+        next: u64,
+    },
+    /// Closures below the cut are unfinished.
+    #[error(
+        "closures below the cut {cut} are still pending: a checkpoint cut needs nothing pending"
+    )]
+    Pending {
+        /// The cut.
+        cut: u64,
+    },
+    /// A parameter-server restore is under way.
+    #[error("a parameter-server restore is under way")]
+    Restoring,
+    /// A restore began after the checkpoint was read: it is from before it.
+    #[error(
+        "a parameter-server restore began since the checkpoint was read (restore generation \
+         {read_in}, now {now})"
+    )]
+    RestoreSince {
+        /// The generation the checkpoint was read in.
+        read_in: u64,
+        /// The generation now.
+        now: u64,
+    },
+    /// A newer checkpoint was marked since.
+    #[error(
+        "cut {cut} is older than the current cut {current}: a newer checkpoint was marked since"
+    )]
+    Older {
+        /// The cut.
+        cut: u64,
+        /// The current cut.
+        current: u64,
+    },
+}
+
 /// Why `schedule` refused a closure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {
@@ -1259,41 +1304,38 @@ impl Scheduler {
     /// restore mixes two cuts; the shell also refuses a cut read before the current restore
     /// generation). A recovery that only holds dispatch does not refuse it: the servers were
     /// read before it, and the restore it leads to then rolls back to this newer cut.
-    pub fn mark_cut(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), String> {
+    pub fn mark_cut(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), MarkCutError> {
         let marked = self.mark_cut_at(cut, root.clone());
         if marked.is_ok() {
             // The program's checkpoints live here: preemption cuts go beside them.
             self.saves_root = Some(root);
         }
-        self.cut_write_ended(cut, marked.as_ref().err().cloned());
+        self.cut_write_ended(cut, marked.as_ref().err().map(ToString::to_string));
         marked
     }
 
     /// [`Self::mark_cut`] for any checkpoint (the program's, or a preemption cut).
-    fn mark_cut_at(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), String> {
+    fn mark_cut_at(&mut self, cut: ClosureId, root: PathBuf) -> Result<(), MarkCutError> {
         if cut.0 > self.next_id {
-            return Err(format!(
-                "cut {} is beyond the next closure id {}",
-                cut.0, self.next_id
-            ));
+            return Err(MarkCutError::BeyondNextId {
+                cut: cut.0,
+                next: self.next_id,
+            });
         }
         if self.unfinished.first().is_some_and(|first| *first < cut) {
-            return Err(format!(
-                "closures below the cut {} are still pending: a checkpoint cut needs nothing pending",
-                cut.0
-            ));
+            return Err(MarkCutError::Pending { cut: cut.0 });
         }
         if self.is_restoring() {
-            return Err("a parameter-server restore is under way".into());
+            return Err(MarkCutError::Restoring);
         }
         // A save written in the background can be overtaken by a newer cut (a parameter
         // server's preemption cut taken meanwhile): going back to it would roll back past
         // closures only the newer cut accounts for, which are no longer kept to run again.
         if let Some(current) = self.cut.filter(|current| cut < *current) {
-            return Err(format!(
-                "cut {} is older than the current cut {}: a newer checkpoint was marked since",
-                cut.0, current.0
-            ));
+            return Err(MarkCutError::Older {
+                cut: cut.0,
+                current: current.0,
+            });
         }
         self.set_cut(cut, cut, root);
         Ok(())

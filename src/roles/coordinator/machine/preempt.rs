@@ -170,7 +170,7 @@ impl Scheduler {
             if self.is_restoring() {
                 return Err("a parameter-server restore began meanwhile".into());
             }
-            self.mark_cut_at(cut, root)
+            self.mark_cut_at(cut, root).map_err(|e| e.to_string())
         });
         match marked {
             Ok(()) => {
