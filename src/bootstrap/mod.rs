@@ -840,13 +840,13 @@ fn hear_exit_reports(config: &RoleConfig, gateway: &Gateway) -> Result<(), RoleF
             );
             if gateway.report_dead(&incarnation) {
                 tracing::info!(
-                    "{} (epoch {}) exited, as its supervisor reports: declared dead now",
+                    "{} (incarnation {}) exited, as its supervisor reports: declared dead now",
                     report.task,
                     report.incarnation
                 );
             } else {
                 tracing::debug!(
-                    "{} (epoch {}) exited, as its supervisor reports (not the live incarnation: \
+                    "{} (incarnation {}) exited, as its supervisor reports (not the live incarnation: \
                      nothing to do)",
                     report.task,
                     report.incarnation

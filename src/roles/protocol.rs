@@ -607,7 +607,7 @@ pub enum PsRefusal {
     },
     /// A push that names another worker or incarnation than the authenticated sender (SEC-2).
     #[error(
-        "push names worker/{worker} epoch {epoch} but comes from {from} epoch {from_epoch} \
+        "push names worker/{worker} incarnation {epoch} but comes from {from} incarnation {from_epoch} \
          (SEC-2: a worker pushes only as itself)"
     )]
     NotTheSender {

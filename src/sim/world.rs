@@ -2327,7 +2327,7 @@ impl<'a> World<'a> {
         for call in lost {
             self.on_reply(
                 call,
-                Err(format!("{node} (epoch {epoch}): connection lost")),
+                Err(format!("{node} (incarnation {epoch}): connection lost")),
             );
         }
     }

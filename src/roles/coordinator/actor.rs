@@ -227,7 +227,7 @@ impl CoordinatorActor {
                 }
                 SchedulerAction::DrainFinished { worker, epoch } => {
                     tracing::info!(
-                        "worker/{worker} (epoch {epoch}) drained: its closures finished and its \
+                        "worker/{worker} (incarnation {epoch}) drained: its closures finished and its \
                          dataset positions are kept; it leaves the job"
                     );
                     for waiter in self
@@ -253,7 +253,7 @@ impl CoordinatorActor {
                 SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
                     match &result {
                         Ok(()) => tracing::info!(
-                            "ps/{ps} (epoch {epoch}) left the job: its variables are on the \
+                            "ps/{ps} (incarnation {epoch}) left the job: its variables are on the \
                              other servers"
                         ),
                         Err(refusal) => tracing::warn!("{refusal}"),
@@ -387,7 +387,7 @@ impl CoordinatorActor {
         self.spawn_reported(ctx, call, move |act, result| {
             if let Err(e) = &result {
                 tracing::warn!(
-                    "draining worker/{worker} (epoch {epoch}) did not report its dataset \
+                    "draining worker/{worker} (incarnation {epoch}) did not report its dataset \
                      positions: {e}; those of its last setup are kept"
                 );
             }
@@ -427,7 +427,7 @@ impl CoordinatorActor {
                 }
                 Ok(Err(RunClosureError::Refused(refusal))) => {
                     tracing::warn!(
-                        "worker/{worker} (epoch {epoch}) could not run closure {}: {refusal}; \
+                        "worker/{worker} (incarnation {epoch}) could not run closure {}: {refusal}; \
                          running it elsewhere and retiring that incarnation",
                         closure.0
                     );
@@ -452,14 +452,14 @@ impl CoordinatorActor {
                 Err(RemoteError::Timeout { .. }) => {
                     tracing::warn!(
                         "closure {} ran past the step timeout ({step_timeout:?}) on worker/{worker} \
-                         (epoch {epoch}): running it elsewhere and retiring that incarnation",
+                         (incarnation {epoch}): running it elsewhere and retiring that incarnation",
                         closure.0
                     );
                     act.scheduler.handle_worker_lost(now, worker, epoch);
                 }
                 Err(err) => {
                     tracing::warn!(
-                        "worker/{worker} (epoch {epoch}) lost while running closure {}: {err}",
+                        "worker/{worker} (incarnation {epoch}) lost while running closure {}: {err}",
                         closure.0
                     );
                     act.scheduler.handle_worker_lost(now, worker, epoch);
@@ -503,7 +503,9 @@ impl CoordinatorActor {
     /// is reported. A server that misses it is down, and the restore that brings it back
     /// replays every fence (FENCE-1).
     fn fence(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
-        tracing::info!("fencing worker/{worker} epoch {epoch} on every parameter server (FENCE-1)");
+        tracing::info!(
+            "fencing worker/{worker} incarnation {epoch} on every parameter server (FENCE-1)"
+        );
         for (ps, (node, addr)) in self.servers_in_job() {
             let gateway = self.gateway.clone();
             let msg = FenceWorker { worker, epoch };
@@ -611,13 +613,13 @@ impl CoordinatorActor {
                 .scheduler
                 .handle_worker_set_up(now, worker, epoch, version, result)
             {
-                SetUpDisposition::Up => tracing::info!("worker/{worker} up (epoch {epoch})"),
+                SetUpDisposition::Up => tracing::info!("worker/{worker} up (incarnation {epoch})"),
                 SetUpDisposition::Outdated => tracing::debug!(
-                    "worker/{worker} (epoch {epoch}) was set up from an outdated setup; \
+                    "worker/{worker} (incarnation {epoch}) was set up from an outdated setup; \
                      setting it up again"
                 ),
                 SetUpDisposition::Failed => tracing::debug!(
-                    "setting up worker/{worker} (epoch {epoch}): {}",
+                    "setting up worker/{worker} (incarnation {epoch}): {}",
                     failure.map(|f| f.to_string()).unwrap_or_default()
                 ),
             }
@@ -637,7 +639,7 @@ impl CoordinatorActor {
         self.spawn_reported(ctx, call, move |act, result| {
             match &result {
                 Ok(()) => tracing::info!(
-                    "worker/{worker} (epoch {epoch}) was fenced but is alive: retired it, so \
+                    "worker/{worker} (incarnation {epoch}) was fenced but is alive: retired it, so \
                      that it restarts as a new incarnation"
                 ),
                 Err(e) => tracing::debug!("retiring worker/{worker}: {e}"),
@@ -666,7 +668,7 @@ impl CoordinatorActor {
         };
         self.spawn_reported(ctx, call, move |act, result| {
             if let Err(e) = &result {
-                tracing::warn!("setting up worker/{worker} (epoch {epoch}): {e}");
+                tracing::warn!("setting up worker/{worker} (incarnation {epoch}): {e}");
             }
             act.scheduler
                 .handle_reconfigured(Instant::now(), ticket, worker, epoch, result);
@@ -685,7 +687,7 @@ impl CoordinatorActor {
         self.spawn_reported(ctx, call, move |act, result| {
             if let Err(e) = &result {
                 tracing::warn!(
-                    "worker/{worker} (epoch {epoch}) did not report its dataset positions for \
+                    "worker/{worker} (incarnation {epoch}) did not report its dataset positions for \
                      the checkpoint: {e}; it is restarted from its last setup's positions, \
                      which the checkpoint records"
                 );
@@ -855,7 +857,7 @@ impl CoordinatorActor {
         self.spawn_reported(ctx, call, move |act, result| {
             match &result {
                 Ok(()) => tracing::warn!(
-                    "ps/{ps} (epoch {epoch}) was declared dead but is alive: retired it, so \
+                    "ps/{ps} (incarnation {epoch}) was declared dead but is alive: retired it, so \
                      that it restarts as a new incarnation"
                 ),
                 Err(e) => tracing::debug!("retiring ps/{ps}: {e}"),
@@ -881,7 +883,7 @@ impl CoordinatorActor {
                     fences,
                 } => {
                     tracing::warn!(
-                        "restore generation {generation}: ps/{ps} (epoch {epoch}) is restored \
+                        "restore generation {generation}: ps/{ps} (incarnation {epoch}) is restored \
                          from a checkpoint with every other server"
                     );
                     let target = server(ps, epoch);
@@ -1089,7 +1091,7 @@ async fn retire(
     gateway
         .call_fenced::<Retire>(addr, &fenced, actor, &Retire { epoch })
         .await
-        .map_err(|e| CallFault::Unreachable(format!("retiring fenced epoch {epoch}: {e}")))
+        .map_err(|e| CallFault::Unreachable(format!("retiring fenced incarnation {epoch}: {e}")))
 }
 
 impl Actor for CoordinatorActor {
@@ -1159,7 +1161,7 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
                 Some(answer) => {
                     if answer == LeaveAnswer::Go {
                         tracing::warn!(
-                            "ps/{ps} (epoch {epoch}) got a preemption notice and leaves now, \
+                            "ps/{ps} (incarnation {epoch}) got a preemption notice and leaves now, \
                              with no cut taken for it"
                         );
                     }
@@ -1168,7 +1170,7 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
                 }
                 None => {
                     tracing::warn!(
-                        "ps/{ps} (epoch {epoch}) got a preemption notice: holding dispatch to \
+                        "ps/{ps} (incarnation {epoch}) got a preemption notice: holding dispatch to \
                          take a checkpoint cut before it leaves"
                     );
                     let (tx, rx) = oneshot::channel();
@@ -1188,7 +1190,7 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
             .handle_worker_leaving(Instant::now(), worker, epoch, stopping);
         if answer == LeaveAnswer::Go {
             tracing::warn!(
-                "worker/{worker} (epoch {epoch}) got a preemption notice and leaves: its \
+                "worker/{worker} (incarnation {epoch}) got a preemption notice and leaves: its \
                  closures run elsewhere now"
             );
         }
@@ -1245,7 +1247,7 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
                 let known = self.joined.get(&index).map(|(_, a)| a.to_string());
                 if known.as_deref() != Some(msg.msg.addr.as_str()) {
                     tracing::info!(
-                        "worker/{index} (epoch {epoch}) joins the job at {}",
+                        "worker/{index} (incarnation {epoch}) joins the job at {}",
                         msg.msg.addr
                     );
                     self.joined
@@ -1271,7 +1273,7 @@ impl Handler<Remote<Draining>> for CoordinatorActor {
         let epoch = msg.from.epoch.0;
         if let Some(ps) = self.ps_index(&msg.from.node) {
             let (done, rx) = oneshot::channel();
-            tracing::info!("ps/{ps} (epoch {epoch}) asks to leave the job");
+            tracing::info!("ps/{ps} (incarnation {epoch}) asks to leave the job");
             match self.scheduler.handle_ps_draining(Instant::now(), ps, epoch) {
                 Ok(true) => {
                     let _ = done.send(Ok(()));
@@ -1299,7 +1301,7 @@ impl Handler<Remote<Draining>> for CoordinatorActor {
         let (worker_done, worker_rx) = oneshot::channel();
         match self.worker_index(&msg.from.node) {
             Some(worker) => {
-                tracing::info!("worker/{worker} (epoch {epoch}) is draining out of the job");
+                tracing::info!("worker/{worker} (incarnation {epoch}) is draining out of the job");
                 match self
                     .scheduler
                     .handle_worker_draining(Instant::now(), worker, epoch)
@@ -1419,14 +1421,14 @@ impl Handler<PeerChanged> for CoordinatorActor {
             if let Some(ps) = self.ps_index(&incarnation.node) {
                 if self.scheduler.servers_in_job().contains(&ps) {
                     tracing::warn!(
-                        "ps/{ps} (epoch {}) declared dead: {cause:?}; holding dispatch until it \
+                        "ps/{ps} (incarnation {}) declared dead: {cause:?}; holding dispatch until it \
                          is back and restored",
                         incarnation.epoch.0
                     );
                 } else {
                     // Left the job: its exit is expected.
                     tracing::debug!(
-                        "ps/{ps} (epoch {}), out of the job, is gone: {cause:?}",
+                        "ps/{ps} (incarnation {}), out of the job, is gone: {cause:?}",
                         incarnation.epoch.0
                     );
                 }
@@ -1436,13 +1438,13 @@ impl Handler<PeerChanged> for CoordinatorActor {
             } else if let Some(worker) = self.worker_index(&incarnation.node) {
                 if self.scheduler.is_member(worker) {
                     tracing::warn!(
-                        "worker/{worker} (epoch {}) declared dead: {cause:?}",
+                        "worker/{worker} (incarnation {}) declared dead: {cause:?}",
                         incarnation.epoch.0
                     );
                 } else {
                     // Drained out of the job: its exit is expected.
                     tracing::debug!(
-                        "worker/{worker} (epoch {}), drained, is gone: {cause:?}",
+                        "worker/{worker} (incarnation {}), drained, is gone: {cause:?}",
                         incarnation.epoch.0
                     );
                 }
@@ -1451,7 +1453,7 @@ impl Handler<PeerChanged> for CoordinatorActor {
                 self.drive(ctx);
             } else {
                 tracing::warn!(
-                    "{} (epoch {}) declared dead: {cause:?}",
+                    "{} (incarnation {}) declared dead: {cause:?}",
                     incarnation.node,
                     incarnation.epoch.0
                 );

@@ -1302,7 +1302,7 @@ mod tests {
                 ps.handle_push(origin_in(worker, epoch, 10, 2), &grads)
                     .unwrap(),
                 PushOutcome::Fenced,
-                "worker/{worker} epoch {epoch} is fenced"
+                "worker/{worker} incarnation {epoch} is fenced"
             );
         }
         assert_eq!(

@@ -230,7 +230,7 @@ impl Exit {
         Exit {
             code: RETIRED_EXIT_CODE,
             reason: format!(
-                "the chief fenced this incarnation (epoch {epoch}) while it was alive: \
+                "the chief fenced this incarnation ({epoch}) while it was alive: \
                  exiting so that it restarts as a new incarnation"
             ),
         }
@@ -251,7 +251,7 @@ impl Exit {
         Exit {
             code: RETIRED_EXIT_CODE,
             reason: format!(
-                "ps/{ps} refused a push of this incarnation (epoch {epoch}) as fenced: \
+                "ps/{ps} refused a push of this incarnation ({epoch}) as fenced: \
                  exiting so that it restarts as a new incarnation"
             ),
         }
@@ -263,7 +263,7 @@ impl Exit {
         Exit {
             code: RETIRED_EXIT_CODE,
             reason: format!(
-                "this incarnation (epoch {epoch}) is cut off from ps/{ps} ({reason}): exiting so \
+                "this incarnation ({epoch}) is cut off from ps/{ps} ({reason}): exiting so \
                  that it restarts as a new incarnation"
             ),
         }
@@ -1235,7 +1235,7 @@ mod tests {
         assert_eq!(m.handle_retire(now(), 3), None);
         let exit = m.handle_retire(now(), 4).unwrap();
         assert_eq!(exit.code, RETIRED_EXIT_CODE);
-        assert!(exit.reason.contains("epoch 4"), "{}", exit.reason);
+        assert!(exit.reason.contains("incarnation (4)"), "{}", exit.reason);
         assert_eq!(m.handle_goodbye(now()), None);
         // Retired: a closure is refused, at admission and at the compute thread alike.
         assert_eq!(m.admit(now(), Request::Run), Err(WorkerRefusal::Retired));

@@ -103,7 +103,7 @@ impl Scheduler {
         }
         let Some(root) = self.preemption_root() else {
             tracing::warn!(
-                "ps/{ps} (epoch {epoch}) got a preemption notice, but no checkpoint directory \
+                "ps/{ps} (incarnation {epoch}) got a preemption notice, but no checkpoint directory \
                  is known: it leaves now, and its loss is recovered from the last checkpoint"
             );
             return self.leave_now(now, ps, epoch);
@@ -118,7 +118,7 @@ impl Scheduler {
             // Before the start (a restarted chief's servers may hold a dead chief's work):
             // the cut waits for it, within the server's grace.
             tracing::info!(
-                "ps/{ps} (epoch {epoch}) got a preemption notice before the chief's start: its \
+                "ps/{ps} (incarnation {epoch}) got a preemption notice before the chief's start: its \
                  cut waits for the start"
             );
             self.notices_waiting.insert(ps, epoch);

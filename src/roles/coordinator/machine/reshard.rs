@@ -125,7 +125,8 @@ impl Scheduler {
         if let Some(asked) = pending.leaving.remove(&ps) {
             // Asked to leave, and registering again before it did (a new incarnation): it
             // stays; the incarnation that asked is told so.
-            let reason = format!("ps/{ps} registered again (epoch {epoch}) and stays in the job");
+            let reason =
+                format!("ps/{ps} registered again as incarnation {epoch} and stays in the job");
             self.answer_leaving(BTreeMap::from([(ps, asked)]), Err(reason));
             return Ok(());
         }
@@ -140,7 +141,7 @@ impl Scheduler {
                 .get(&ps)
                 .is_none_or(|(known, _)| epoch >= *known);
         if newer {
-            tracing::info!("ps/{ps} (epoch {epoch}) joins the job at {addr} at the next cut");
+            tracing::info!("ps/{ps} (incarnation {epoch}) joins the job at {addr} at the next cut");
             pending.joining.insert(ps, (epoch, addr));
         }
         self.dispatch(now);
@@ -188,7 +189,7 @@ impl Scheduler {
         if !has_root {
             return Err(DrainRefusal::NoCheckpointDir { ps });
         }
-        tracing::info!("ps/{ps} (epoch {epoch}) leaves the job at the next cut");
+        tracing::info!("ps/{ps} (incarnation {epoch}) leaves the job at the next cut");
         self.ask_leave(ps, epoch);
         self.dispatch(now);
         Ok(false)
@@ -246,7 +247,7 @@ impl Scheduler {
         }
         if called_off {
             tracing::warn!(
-                "ps/{ps} (epoch {epoch}) died before its join was carried out: the join is \
+                "ps/{ps} (incarnation {epoch}) died before its join was carried out: the join is \
                  called off"
             );
         }
@@ -408,7 +409,7 @@ impl Scheduler {
         };
         leaving.insert(ps, kept);
         if let Some(other) = other {
-            let reason = format!("a newer incarnation of ps/{ps} (epoch {kept}) asked to leave");
+            let reason = format!("a newer incarnation of ps/{ps} ({kept}) asked to leave");
             self.answer_leaving(BTreeMap::from([(ps, other)]), Err(reason));
         }
     }
