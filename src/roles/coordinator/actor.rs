@@ -1751,8 +1751,7 @@ impl Handler<Start> for CoordinatorActor {
     fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) -> Self::Result {
         let asked = self
             .scheduler
-            .handle_start(Instant::now(), msg.checkpoint, msg.root)
-            .map_err(StartFailure::Failed);
+            .handle_start(Instant::now(), msg.checkpoint, msg.root);
         let rx = wait_for_ticket(&mut self.restore_waiters, asked);
         self.drive(ctx);
         MessageResult(rx)

@@ -196,6 +196,9 @@ pub enum CoordinatorError {
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The chief's start (probing the servers, restoring a checkpoint) failed.
+    #[error("checkpoint: {0}")]
+    Start(StartFailure),
     /// No consistent cut of the servers could be read for a checkpoint.
     #[error("checkpoint: {0}")]
     CutRead(#[from] CutReadError),
@@ -896,7 +899,7 @@ impl ClusterCoordinator {
                 StartFailure::ServerLost { ps, reason } => {
                     CoordinatorError::ServerLostAtStart { ps, reason }
                 }
-                StartFailure::Failed(reason) => CoordinatorError::Checkpoint(reason),
+                other => CoordinatorError::Start(other),
             })
     }
 

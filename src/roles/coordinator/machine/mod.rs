@@ -160,6 +160,24 @@ pub enum StartFailure {
         /// What the restore's call to it got.
         reason: String,
     },
+    /// The start (or a restore at start) came after closures were scheduled.
+    #[error("the chief starts (or restores) before anything is scheduled")]
+    AfterScheduling,
+    /// The chief's start is under way already.
+    #[error("the chief's start is under way already")]
+    StartUnderWay,
+    /// A parameter-server recovery is under way.
+    #[error("a parameter-server recovery is under way")]
+    RecoveryUnderWay,
+    /// A server did not answer the start's probe.
+    #[error("parameter server ps/{ps} did not answer")]
+    ServerMissing {
+        /// The server.
+        ps: u32,
+    },
+    /// The job has no parameter server to restore.
+    #[error("there is no parameter server to restore")]
+    NoServers,
     /// Anything else: a server that refused a step or did not answer the probe within its
     /// bound, a checkpoint that does not fit, no valid checkpoint over trained servers.
     #[error("{0}")]
@@ -1513,7 +1531,7 @@ impl Scheduler {
         root: PathBuf,
         probes: &[ServerProbe],
         num_servers: u32,
-    ) -> Result<RestoreTicket, String> {
+    ) -> Result<RestoreTicket, StartFailure> {
         let ticket = RestoreTicket(self.next_ticket);
         self.next_ticket += 1;
         let servers = (0..num_servers).collect();
@@ -1531,19 +1549,19 @@ impl Scheduler {
         root: PathBuf,
         probes: &[ServerProbe],
         servers: &BTreeSet<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StartFailure> {
         if self.next_id != 0 || !self.closures.is_empty() {
-            return Err("a checkpoint can only be restored before anything is scheduled".into());
+            return Err(StartFailure::AfterScheduling);
         }
         if self.recovery.is_some() {
-            return Err("a parameter-server recovery is under way".into());
+            return Err(StartFailure::RecoveryUnderWay);
         }
         let answered: BTreeSet<u32> = probes.iter().map(|p| p.ps).collect();
-        if let Some(missing) = servers.iter().find(|ps| !answered.contains(ps)) {
-            return Err(format!("parameter server ps/{missing} did not answer"));
+        if let Some(&missing) = servers.iter().find(|ps| !answered.contains(ps)) {
+            return Err(StartFailure::ServerMissing { ps: missing });
         }
         if servers.is_empty() {
-            return Err("there is no parameter server to restore".into());
+            return Err(StartFailure::NoServers);
         }
         let saved = &checkpoint.ledger;
         let saved_cut = saved.next_closure_id;

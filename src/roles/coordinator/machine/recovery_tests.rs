@@ -546,7 +546,7 @@ fn a_failed_restore_at_start_is_reported_and_bad_requests_are_refused() {
     let err = s
         .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0)], 2)
         .unwrap_err();
-    assert!(err.contains("ps/1"), "{err}");
+    assert_eq!(err, StartFailure::ServerMissing { ps: 1 });
     let ticket = s
         .handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0), probe(1)], 2)
         .unwrap();

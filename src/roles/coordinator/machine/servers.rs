@@ -308,15 +308,15 @@ impl Scheduler {
         now: Instant,
         checkpoint: Option<Arc<Checkpoint>>,
         root: PathBuf,
-    ) -> Result<RestoreTicket, String> {
+    ) -> Result<RestoreTicket, StartFailure> {
         if self.next_id != 0 || !self.closures.is_empty() {
-            return Err("the chief starts (or restores) before anything is scheduled".into());
+            return Err(StartFailure::AfterScheduling);
         }
         if self.start.is_some() {
-            return Err("the chief's start is under way already".into());
+            return Err(StartFailure::StartUnderWay);
         }
         if self.recovery.is_some() {
-            return Err("a parameter-server recovery is under way".into());
+            return Err(StartFailure::RecoveryUnderWay);
         }
         let ticket = RestoreTicket(self.next_ticket);
         self.next_ticket += 1;
@@ -447,7 +447,7 @@ impl Scheduler {
         {
             self.actions.push_back(SchedulerAction::RestoreFinished {
                 ticket,
-                result: Err(StartFailure::Failed(e)),
+                result: Err(e),
             });
         }
     }
