@@ -178,6 +178,9 @@ pub enum StartFailure {
     /// The job has no parameter server to restore.
     #[error("there is no parameter server to restore")]
     NoServers,
+    /// The checkpoint's ledger does not balance with nothing pending (LEDGER-1).
+    #[error("restored ledger does not balance with nothing pending: {0:?}")]
+    LedgerUnbalanced(Ledger),
     /// Anything else: a server that refused a step or did not answer the probe within its
     /// bound, a checkpoint that does not fit, no valid checkpoint over trained servers.
     #[error("{0}")]
@@ -1487,19 +1490,16 @@ impl Scheduler {
                 end,
             ) => {
                 let result = match end {
-                    RunEnd::Done { step, .. } => self
-                        .resume(ledger, next_id)
-                        .map_err(StartFailure::Failed)
-                        .map(|()| {
-                            self.started = true;
-                            self.resume_generation(generation);
-                            self.watermark_sent = next_id;
-                            // The variables are at this checkpoint now: a recovery rolls back
-                            // to it until the next save.
-                            self.saves_root = Some(root.clone());
-                            self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
-                            Some(step)
-                        }),
+                    RunEnd::Done { step, .. } => self.resume(ledger, next_id).map(|()| {
+                        self.started = true;
+                        self.resume_generation(generation);
+                        self.watermark_sent = next_id;
+                        // The variables are at this checkpoint now: a recovery rolls back
+                        // to it until the next save.
+                        self.saves_root = Some(root.clone());
+                        self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
+                        Some(step)
+                    }),
                     RunEnd::Interrupted { ps, reason } => {
                         Err(StartFailure::ServerLost { ps, reason })
                     }
@@ -2016,14 +2016,12 @@ impl Scheduler {
     /// Continues the ledger and closure ids of an earlier coordinator (restored from a
     /// checkpoint taken with nothing pending), so counts carry on and no closure id is reused
     /// (PS-1 keys on closure ids). Refused once this scheduler has scheduled anything.
-    pub fn resume(&mut self, ledger: Ledger, next_id: u64) -> Result<(), String> {
+    pub fn resume(&mut self, ledger: Ledger, next_id: u64) -> Result<(), StartFailure> {
         if self.next_id != 0 || !self.closures.is_empty() {
-            return Err("the ledger can only be restored before anything is scheduled".into());
+            return Err(StartFailure::AfterScheduling);
         }
         if ledger.pending != 0 || !ledger.balances() {
-            return Err(format!(
-                "restored ledger does not balance with nothing pending: {ledger:?}"
-            ));
+            return Err(StartFailure::LedgerUnbalanced(ledger));
         }
         self.ledger = ledger;
         self.next_id = next_id;
@@ -2441,17 +2439,19 @@ mod tests {
         s.handle_result(t, 0, 1, id, 1, Ok(vec![]));
         assert_eq!((s.ledger().scheduled, s.ledger().committed), (11, 10));
         assert!(s.ledger().balances());
-        assert!(
-            s.resume(Ledger::default(), 0).is_err(),
+        assert_eq!(
+            s.resume(Ledger::default(), 0),
+            Err(StartFailure::AfterScheduling),
             "only before scheduling"
         );
         let unbalanced = Ledger {
             scheduled: 3,
             ..Default::default()
         };
-        assert!(Scheduler::new(SchedulerConfig::default())
-            .resume(unbalanced, 3)
-            .is_err());
+        assert!(matches!(
+            Scheduler::new(SchedulerConfig::default()).resume(unbalanced, 3),
+            Err(StartFailure::LedgerUnbalanced(_))
+        ));
     }
 
     #[test]
