@@ -62,14 +62,9 @@ fn run(mode: ProgbarMode, is_terminal: bool, epochs: usize) -> Result<(History, 
     run_on(separable()?, mode, is_terminal, epochs)
 }
 
-/// `Model::fit` under `Mirrored(2)` of one `Dense` layer (logits) with binary cross-entropy,
-/// its progress written where the test reads it.
-fn run_on(
-    data: Dataset,
-    mode: ProgbarMode,
-    is_terminal: bool,
-    epochs: usize,
-) -> Result<(History, String)> {
+/// One `Dense` layer (logits) under `Mirrored(2)`, compiled with SGD and binary
+/// cross-entropy.
+fn classifier() -> Result<Model<cohort::nn::Dense>> {
     let mut model = Model::new(Mirrored::new(2)?, 3, |vb| {
         dense(2, 1, Activation::Linear, vb.pp("classifier"))
     })?;
@@ -78,6 +73,17 @@ fn run_on(
         Loss::binary_crossentropy(),
         Vec::new(),
     );
+    Ok(model)
+}
+
+/// `Model::fit` of the [`classifier`] on `data`, its progress written where the test reads it.
+fn run_on(
+    data: Dataset,
+    mode: ProgbarMode,
+    is_terminal: bool,
+    epochs: usize,
+) -> Result<(History, String)> {
+    let mut model = classifier()?;
     let captured = Captured::default();
     let bar = Progbar::to_writer(Box::new(captured.clone()), mode, is_terminal);
     let history = model.fit(
@@ -164,14 +170,7 @@ fn fit_handles_a_replica_with_an_empty_last_batch() -> Result<()> {
 /// with the step reached (what `launch --kill-*-after` acts on).
 #[test]
 fn a_chaos_point_marks_the_end_of_its_epoch_once() -> Result<()> {
-    let mut model = Model::new(Mirrored::new(2)?, 3, |vb| {
-        dense(2, 1, Activation::Linear, vb.pp("classifier"))
-    })?;
-    model.compile(
-        DistributedOptimizer::new(Optimizer::sgd(0.5)),
-        Loss::binary_crossentropy(),
-        Vec::new(),
-    );
+    let mut model = classifier()?;
     let captured = Captured::default();
     model.fit(
         &separable()?,
