@@ -473,11 +473,11 @@ fn ident_before(chars: &[char], i: usize) -> bool {
     i > 0 && is_ident(chars[i - 1])
 }
 
-/// The top-level modules named by paths from the crate root in `code` (a file whose module
-/// is `depth` below the root), with their line numbers.
-fn root_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
+/// Where paths begin in `code`: each `crate` (or `$crate`) and each first `super` of a path,
+/// as its line, whether it is `crate`, and the position after the word; with the characters.
+fn path_heads(code: &str) -> (Vec<char>, Vec<(usize, bool, usize)>) {
     let chars: Vec<char> = code.chars().collect();
-    let mut found = Vec::new();
+    let mut heads = Vec::new();
     let mut i = 0;
     while i < chars.len() {
         if !is_ident(chars[i]) || ident_before(&chars, i) {
@@ -486,20 +486,39 @@ fn root_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
         }
         let (word, after) = read_ident(&chars, i);
         let preceded_by_path = i >= 2 && chars[i - 1] == ':' && chars[i - 2] == ':';
-        let at_root = match word.as_str() {
-            "crate" if !preceded_by_path || (i >= 3 && chars[i - 3] == '$') => Some(after),
-            "super" if !preceded_by_path => climb_supers(&chars, after, depth),
-            _ => None,
-        };
-        if let Some(rest) = at_root {
-            if let Some(rest) = skip_path_sep(&chars, rest) {
-                let line = 1 + chars[..i].iter().filter(|&&c| c == '\n').count();
-                for target in first_segments(&chars, rest) {
-                    found.push((line, target));
-                }
+        let is_crate = match word.as_str() {
+            "crate" => !preceded_by_path || (i >= 3 && chars[i - 3] == '$'),
+            "super" => false,
+            _ => {
+                i = after;
+                continue;
             }
+        };
+        if is_crate || !preceded_by_path {
+            let line = 1 + chars[..i].iter().filter(|&&c| c == '\n').count();
+            heads.push((line, is_crate, after));
         }
         i = after;
+    }
+    (chars, heads)
+}
+
+/// The top-level modules named by paths from the crate root in `code` (a file whose module
+/// is `depth` below the root), with their line numbers.
+fn root_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
+    let (chars, heads) = path_heads(code);
+    let mut found = Vec::new();
+    for (line, is_crate, after) in heads {
+        let at_root = if is_crate {
+            Some(after)
+        } else {
+            climb_supers(&chars, after, depth)
+        };
+        if let Some(rest) = at_root.and_then(|at| skip_path_sep(&chars, at)) {
+            for target in first_segments(&chars, rest) {
+                found.push((line, target));
+            }
+        }
     }
     found
 }
@@ -608,34 +627,25 @@ fn inner_module_of(path: &str) -> Option<(String, String, usize)> {
 /// The sibling modules of folder `top` that `code` (a file of `top`, `depth` below the root)
 /// names: `crate::top::x` and a `super::` chain that climbs to `top` then names `x`.
 fn folder_paths(code: &str, top: &str, depth: usize) -> Vec<(usize, String)> {
-    let chars: Vec<char> = code.chars().collect();
+    let (chars, heads) = path_heads(code);
     let mut found = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        if !is_ident(chars[i]) || ident_before(&chars, i) {
-            i += 1;
-            continue;
-        }
-        let (word, after) = read_ident(&chars, i);
-        let preceded_by_path = i >= 2 && chars[i - 1] == ':' && chars[i - 2] == ':';
-        let in_folder = match word.as_str() {
-            "crate" if !preceded_by_path => skip_path_sep(&chars, after).and_then(|rest| {
+    for (line, is_crate, after) in heads {
+        let in_folder = if is_crate {
+            skip_path_sep(&chars, after).and_then(|rest| {
                 let (first, end) = read_ident(&chars, rest);
                 (first == top).then(|| skip_path_sep(&chars, end)).flatten()
-            }),
+            })
+        } else if depth >= 2 {
             // `depth - 1` supers reach the folder from a file `depth` below the root.
-            "super" if !preceded_by_path && depth >= 2 => {
-                climb_supers(&chars, after, depth - 1).and_then(|at| skip_path_sep(&chars, at))
-            }
-            _ => None,
+            climb_supers(&chars, after, depth - 1).and_then(|at| skip_path_sep(&chars, at))
+        } else {
+            None
         };
         if let Some(rest) = in_folder {
-            let line = 1 + chars[..i].iter().filter(|&&c| c == '\n').count();
             for target in first_segments(&chars, rest) {
                 found.push((line, target));
             }
         }
-        i = after;
     }
     found
 }
