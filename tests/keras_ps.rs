@@ -38,6 +38,18 @@ const EPOCHS: usize = 3;
 const VALIDATION_STEPS: usize = 3;
 /// The step at which the scenario's victim (`worker`, `ps` or `chief`) is killed.
 const FAULT_AT: u64 = 30;
+/// The step at which the scenario `rate` kills its parameter server: inside the second epoch,
+/// the first at the rate the `LearningRateScheduler` set.
+const RATE_FAULT_AT: u64 = 45;
+
+/// The step at which this run's victim is killed.
+fn fault_at() -> u64 {
+    if ps_support::scenario() == "rate" {
+        RATE_FAULT_AT
+    } else {
+        FAULT_AT
+    }
+}
 /// In the run's directory: the victim's PID, the chief's marker, the test's answer.
 const VICTIM_PID: &str = "victim.pid";
 const MIDWAY: &str = "midway";
@@ -144,13 +156,13 @@ fn schedule() -> LearningRateSchedule {
 fn victim() -> Option<TaskId> {
     match ps_support::scenario().as_str() {
         "worker" => Some(TaskId::new(TaskType::Worker, 1)),
-        "ps" => Some(TaskId::new(TaskType::Ps, 0)),
+        "ps" | "rate" => Some(TaskId::new(TaskType::Ps, 0)),
         "chief" => Some(TaskId::new(TaskType::Chief, 0)),
         _ => None,
     }
 }
 
-/// At [`FAULT_AT`], once per run, the chief says so and waits for the test's fault.
+/// At [`fault_at`], once per run, the chief says so and waits for the test's fault.
 struct Midway;
 
 impl Callback for Midway {
@@ -160,7 +172,7 @@ impl Callback for Midway {
         _logs: &Logs,
         _ctx: &mut TrainingContext<'_>,
     ) -> Result<(), KerasError> {
-        if step != FAULT_AT || victim().is_none() {
+        if step != fault_at() || victim().is_none() {
             return Ok(());
         }
         let dir = ps_support::child_dir();
@@ -178,9 +190,6 @@ impl Callback for Midway {
 }
 
 fn program() -> Program {
-    if ps_support::scenario() == "rows" {
-        return rows::program();
-    }
     // The victim says who it is, for the test to kill it at the chief's marker.
     let me = cohort::cluster::ClusterConfig::from_env()
         .ok()
@@ -189,6 +198,11 @@ fn program() -> Program {
     if me.is_some() && me == victim() {
         let pid = format!("{} victim", std::process::id());
         let _ = ps_support::write_atomic(&ps_support::child_dir().join(VICTIM_PID), pid.as_bytes());
+    }
+    match ps_support::scenario().as_str() {
+        "rows" => return rows::program(),
+        "rate" => return rate::program(),
+        _ => {}
     }
     let fit = ps_fit();
     fit.register(
@@ -409,7 +423,7 @@ fn run_with_fault(
         }
         if let Some(pid) = wait_for_pid(&dir.join(VICTIM_PID), &cancel) {
             signal(pid, Signal::SIGKILL);
-            eprintln!("[test] SIGKILL {what} pid {pid} at step {FAULT_AT}");
+            eprintln!("[test] SIGKILL {what} pid {pid} at its fault step");
         }
         let _ = std::fs::write(dir.join(FAULT_DONE), b"1");
     });
@@ -663,5 +677,118 @@ fn fit_reads_and_pushes_only_the_rows_of_a_table_its_batches_touch() {
     assert_ne!(
         rows::rows_of(&report, "trained", rows::SEEN),
         rows::rows_of(&report, "initial", rows::SEEN)
+    );
+}
+
+/// `LearningRateScheduler` under ParameterServerStrategy: the chief sets the rate between
+/// epochs and the servers apply each closure at the rate it was scheduled with, also after a
+/// server is lost and restored from a backup and the closures since run again.
+mod rate {
+    use super::*;
+    use cohort::keras::callbacks::LearningRateScheduler;
+    use cohort::nn::ModelVariables;
+
+    /// The optimizer's own rate, that of the first epoch; the scheduler sets 0 after it.
+    pub const FIRST_RATE: f32 = 0.05;
+
+    fn ps_fit() -> Arc<PsFit<Net>> {
+        Arc::new(PsFit::new(
+            11,
+            net,
+            Optimizer::sgd(FIRST_RATE),
+            Loss::sparse_categorical_crossentropy(),
+            vec![Box::new(metrics::Accuracy::sparse_categorical())],
+            "train",
+        ))
+    }
+
+    pub fn program() -> Program {
+        ps_fit()
+            .register(Program::new("keras-ps-rate").dataset("train", train_data))
+            .chief(chief)
+    }
+
+    fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
+        let every = ps_support::child_dir().join("epoch-{epoch}.safetensors");
+        let history = ps_fit()
+            .fit(
+                coordinator,
+                Fit::epochs(EPOCHS)
+                    .steps_per_epoch(STEPS_PER_EPOCH)
+                    .verbose(false)
+                    .callback(LearningRateScheduler::new(|epoch, rate| {
+                        if epoch == 0 {
+                            rate
+                        } else {
+                            0.0
+                        }
+                    }))
+                    .callback(Midway)
+                    .callback(ModelCheckpoint::new(every.display().to_string()))
+                    .callback(
+                        BackupAndRestore::new(ps_support::child_dir().join("backup"))
+                            .save_freq(SaveFreq::Steps(10))
+                            .delete_checkpoint(false),
+                    ),
+            )
+            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        let epoch_file = |epoch: usize| {
+            std::path::PathBuf::from(
+                every
+                    .display()
+                    .to_string()
+                    .replace("{epoch}", &epoch.to_string()),
+            )
+        };
+        let on_servers = servers_weights(coordinator)?;
+        let differs = |epoch: usize| -> Result<f32, CoordinatorError> {
+            let saved = file_weights(&epoch_file(epoch))
+                .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            Ok(largest_difference(&saved, &on_servers))
+        };
+        let initial = ModelVariables::new(11);
+        net(initial.var_builder(0)).map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        let drawn: Vec<(String, Vec<f32>)> = initial
+            .variables()
+            .iter()
+            .map(|v| {
+                let values = v.read_value().flatten_all()?.to_vec1::<f32>()?;
+                Ok((v.name().to_owned(), values))
+            })
+            .collect::<Result<_, cohort::candle::Error>>()
+            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        let mut report = ledger_and_stats(coordinator)?;
+        report["step"] = serde_json::json!(history.step);
+        report["learning_rate"] = serde_json::json!(history.get("learning_rate"));
+        report["loss"] = serde_json::json!(history.get("loss"));
+        report["servers_vs_epoch_1"] = serde_json::json!(differs(1)?);
+        report["servers_vs_drawn"] = serde_json::json!(largest_difference(&drawn, &on_servers));
+        write_report(&report)
+    }
+}
+
+/// The first epoch at the optimizer's rate, the next two at 0 (`LearningRateScheduler`),
+/// ps/0 SIGKILLed inside the second: restored from the step-40 backup, the closures since run
+/// again at the rate they were scheduled with, so the servers end with the first epoch's
+/// weights to the bit, and every closure committed once.
+#[test]
+fn a_learning_rate_scheduler_sets_the_servers_rate_through_a_server_restore() {
+    let victim = TaskId::new(TaskType::Ps, 0);
+    let report = run_with_fault("keras-ps-rate", "rate", victim, false);
+    let total = (EPOCHS * STEPS_PER_EPOCH) as u64;
+    assert_eq!(report["step"], total, "{report}");
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["committed"], total, "LEDGER-1: {ledger}");
+    assert_eq!(ledger["balances"], true, "{ledger}");
+    assert!(ledger["ps_restores"].as_u64() >= Some(1), "{ledger}");
+    let rates: Vec<f64> = serde_json::from_value(report["learning_rate"].clone()).unwrap();
+    assert_eq!(rates, [f64::from(rate::FIRST_RATE), 0.0, 0.0], "{report}");
+    assert!(
+        report["servers_vs_drawn"].as_f64().unwrap() > 0.0,
+        "the first epoch trained nothing: {report}"
+    );
+    assert_eq!(
+        report["servers_vs_epoch_1"], 0.0,
+        "an update after the first epoch was applied at a rate other than 0: {report}"
     );
 }

@@ -183,6 +183,7 @@ fn push_to(name: &str) -> Push {
             attempt: 0,
             part: 0,
             generation: 0,
+            learning_rate: None,
         },
         gradients: vec![(name.into(), WireGradient::Dense)],
     }

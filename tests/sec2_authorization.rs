@@ -233,6 +233,7 @@ impl Ps {
                 attempt: 0,
                 part: 0,
                 generation: 0,
+                learning_rate: None,
             },
             gradients: vec![("w".into(), WireGradient::Dense)],
         };
@@ -607,6 +608,7 @@ fn sec2_worker_run_closure_from_a_worker_is_refused() {
             function: "step".into(),
             args: Vec::new(),
             servers: Vec::new(),
+            learning_rate: None,
         };
         worker_refuses(run, Some("run")).await
     });

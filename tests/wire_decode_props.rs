@@ -20,11 +20,11 @@ use cohort::optim::OptimError;
 use cohort::roles::coordinator::ClosureId;
 use cohort::roles::protocol::{
     BeginRestore, BlobError, CreateVariable, DatasetPositions, DrainRefusal, Draining, Element,
-    FenceWorker, FinishedBelow, InitProblem, InitSpec, JoinRefusal, Joining, LeaveAnswer, Leaving,
-    PositionsError, PsRefusal, PsStats, PsStatsReply, PsUnavailable, Pull, PullRows, Push,
-    PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack, RunClosure,
-    RunClosureError, SetupError, SetupWorker, ShardState, Shutdown, Snapshot, WireGradient,
-    WorkerRefusal,
+    FenceWorker, FinishedBelow, InitProblem, InitSpec, JoinRefusal, Joining, LearningRate,
+    LeaveAnswer, Leaving, PositionsError, PsRefusal, PsStats, PsStatsReply, PsUnavailable, Pull,
+    PullRows, Push, PushOrigin, PushOutcome, RestoreVariable, Retire, RewindWorker, RollBack,
+    RunClosure, RunClosureError, SetupError, SetupWorker, ShardState, Shutdown, Snapshot,
+    WireGradient, WorkerRefusal,
 };
 use cohort::roles::ps::PsError;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
@@ -156,6 +156,10 @@ fn init_spec() -> impl Strategy<Value = InitSpec> {
 
 fn shape() -> impl Strategy<Value = Vec<u64>> {
     vec(any::<u64>(), 0..4)
+}
+
+fn learning_rate() -> impl Strategy<Value = Option<LearningRate>> {
+    proptest::option::of(float()).prop_map(|rate| rate.and_then(LearningRate::new))
 }
 
 fn wire_gradient() -> impl Strategy<Value = WireGradient> {
@@ -463,8 +467,9 @@ decode_props! {
         any::<u32>(),
         any::<u64>(),
         vec((text(), wire_gradient()), 0..4),
+        learning_rate(),
     )
-        .prop_map(|(worker, epoch, closure, attempt, generation, gradients)| Push {
+        .prop_map(|(worker, epoch, closure, attempt, generation, gradients, learning_rate)| Push {
             origin: PushOrigin {
                 worker,
                 epoch,
@@ -472,6 +477,7 @@ decode_props! {
                 attempt,
                 part: attempt.wrapping_mul(3),
                 generation,
+                learning_rate,
             },
             gradients,
         });
@@ -481,14 +487,15 @@ decode_props! {
         .prop_map(|(closure, generation)| FinishedBelow { closure, generation });
     snapshot: Snapshot = text().prop_map(|name| Snapshot { name });
     ps_stats: PsStats = Just(PsStats);
-    run_closure: RunClosure = (any::<u64>(), any::<u32>(), any::<u64>(), text(), vec(any::<u8>(), 0..32), vec(any::<u64>(), 0..4))
-        .prop_map(|(closure, attempt, generation, function, args, servers)| RunClosure {
+    run_closure: RunClosure = (any::<u64>(), any::<u32>(), any::<u64>(), text(), vec(any::<u8>(), 0..32), vec(any::<u64>(), 0..4), learning_rate())
+        .prop_map(|(closure, attempt, generation, function, args, servers, learning_rate)| RunClosure {
             closure,
             attempt,
             generation,
             function,
             args,
             servers,
+            learning_rate,
         });
     retire: Retire = any::<u64>().prop_map(|epoch| Retire { epoch });
     shutdown: Shutdown = Just(Shutdown);

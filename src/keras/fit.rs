@@ -287,7 +287,6 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     epochs,
                     steps_per_epoch: known_steps,
                     weights_set: false,
-                    optimizer_on_servers: false,
                 }
             };
         }

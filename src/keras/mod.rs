@@ -75,10 +75,6 @@ pub enum KerasError {
     /// An argument of `fit`, `evaluate` or `predict` that cannot work.
     #[error("{0}")]
     Config(String),
-    /// A callback set the learning rate under ParameterServerStrategy, where the servers
-    /// apply the optimizer with the rate or schedule the job started with.
-    #[error("a callback cannot set the learning rate under ParameterServerStrategy: the parameter servers apply the optimizer; give PsFit::learning_rate_schedule a schedule by step instead of the LearningRateScheduler callback")]
-    LearningRateOnServers,
     /// A dataset element without the components the model needs.
     #[error("a batch has {got} components; the model needs (features, labels) and optionally sample weights")]
     BatchComponents {

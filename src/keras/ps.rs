@@ -42,8 +42,9 @@ type PartitionFn = dyn Fn(&str, &[usize]) -> Option<Partitioner> + Send + Sync;
 /// A candle-nn network trained by Keras' `fit` on a parameter-server cluster (see the
 /// module docs). The servers apply its optimizer, at its constant learning rate or by a
 /// [`LearningRateSchedule`] of each variable's update count
-/// ([`PsFit::learning_rate_schedule`]); a callback that sets the rate (`LearningRateScheduler`)
-/// is refused with [`KerasError::LearningRateOnServers`] rather than changing nothing.
+/// ([`PsFit::learning_rate_schedule`]), until a callback sets a rate
+/// (`LearningRateScheduler`): the closures scheduled after that carry it, and the servers
+/// apply their updates at it on every attempt (`ClusterCoordinator::set_learning_rate`).
 /// Callbacks run on the chief, with a copy of the weights it reads from the servers at
 /// the end of each epoch (after its validation) and of training: `ModelCheckpoint` saves
 /// those, and a callback's `weights()` are those; weights a callback sets
@@ -367,14 +368,20 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                 .map_err(coordinator_error)?;
         }
 
-        // The servers apply the gradients; this one only tells callbacks the rate.
-        let optimizer = DistributedOptimizer::new(self.optimizer);
+        // The servers apply the gradients; this one tells callbacks the rate (its count kept
+        // at the step) and takes the rate a callback sets, for the coordinator.
+        let mut optimizer = DistributedOptimizer::new(self.optimizer);
+        if let Some(schedule) = &self.schedule {
+            optimizer = optimizer.with_schedule(schedule.clone())?;
+        }
+        let mut rate_on_servers = optimizer.schedule();
         let started = Instant::now();
         let mut stop_training = false;
         let mut last_logs = Logs::new();
         let mut epoch = (step / steps_per_epoch as u64) as usize;
         macro_rules! context {
-            ($within:expr) => {
+            ($within:expr) => {{
+                optimizer.set_iterations(step, 1);
                 TrainingContext {
                     optimizer: &optimizer,
                     variables: &weights,
@@ -385,9 +392,8 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                     epochs,
                     steps_per_epoch: Some(steps_per_epoch),
                     weights_set: false,
-                    optimizer_on_servers: true,
                 }
-            };
+            }};
         }
         macro_rules! each_callback {
             ($within:expr, |$cb:ident, $ctx:ident| $body:expr) => {{
@@ -398,6 +404,13 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                 stop_training = $ctx.stop_training;
                 if $ctx.weights_set {
                     write_weights(coordinator, &weights)?;
+                }
+                // A rate a callback set: the closures scheduled from now on carry it.
+                if optimizer.schedule() != rate_on_servers {
+                    rate_on_servers = optimizer.schedule();
+                    coordinator
+                        .set_learning_rate(optimizer.learning_rate())
+                        .map_err(coordinator_error)?;
                 }
             }};
         }
@@ -447,11 +460,10 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                 }
             }
             let mut logs = logs_of(&self.metrics, &totals);
-            let rate = match &self.schedule {
-                Some(schedule) => schedule.at(step),
-                None => optimizer.learning_rate(),
-            };
-            logs.insert("learning_rate", f64::from(rate));
+            // The rate in force at the epoch's end (the schedule's at the step, or the rate a
+            // callback set), as Keras logs it.
+            optimizer.set_iterations(step, 1);
+            logs.insert("learning_rate", f64::from(optimizer.learning_rate()));
             if validation_steps > 0 {
                 let values = (0..validation_steps)
                     .map(|_| coordinator.schedule(&EVALUATE, ()))

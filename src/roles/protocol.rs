@@ -13,7 +13,7 @@ use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::{RemoteMessage, Senders};
 
-pub use super::push::{PushOrigin, PushOutcome};
+pub use super::push::{LearningRate, PushOrigin, PushOutcome};
 pub use super::worker::{PositionsError, SetupError};
 use crate::layout::Layout;
 use crate::optim::OptimError;
@@ -301,6 +301,9 @@ pub struct RunClosure {
     /// connection has not idled out yet (a server restored under a new incarnation is reached
     /// at once).
     pub servers: Vec<u64>,
+    /// The rate the chief scheduled the closure with, which its pushes carry
+    /// ([`crate::roles::push::PushOrigin::learning_rate`]); `None`: the servers' own.
+    pub learning_rate: Option<LearningRate>,
 }
 
 impl RemoteMessage for RunClosure {

@@ -1,5 +1,6 @@
 //! The vocabulary of a push, shared by the worker, the wire protocol, the parameter server and
-//! the simulator: who sent it and for which closure attempt ([`PushOrigin`]), what it carries
+//! the simulator: who sent it, for which closure attempt and at which learning rate
+//! ([`PushOrigin`], [`LearningRate`]), what it carries
 //! ([`Gradient`]), what became of it at a server ([`PushOutcome`]); and the pure planning of a
 //! closure's gradients into one [`Push`] message per parameter server ([`plan_push`]).
 //!
@@ -42,6 +43,30 @@ pub struct PushOrigin {
     /// ([`crate::roles::protocol::RunClosure::generation`]): a server refuses a push from an
     /// older generation as stale (PS-1 across a restore).
     pub generation: u64,
+    /// The learning rate the chief scheduled the closure with
+    /// ([`crate::program::ClusterCoordinator::set_learning_rate`]), which the server applies
+    /// its update at; `None`: the server's own rate (its optimizer's, or its schedule's at the
+    /// variable's step). A closure run again after a restore carries the same rate.
+    pub learning_rate: Option<LearningRate>,
+}
+
+/// A learning rate as it travels with a closure and its pushes: an `f32` kept as its bits, so
+/// that the messages that carry it stay `Eq`, `Ord` and `Hash`. Only finite, non-negative
+/// rates are made ([`LearningRate::new`]); one decoded from the wire is checked again by the
+/// server's optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
+pub struct LearningRate(u32);
+
+impl LearningRate {
+    /// `rate`, if it is finite and non-negative (what every optimizer accepts).
+    pub fn new(rate: f32) -> Option<Self> {
+        (rate.is_finite() && rate >= 0.0).then(|| Self(rate.to_bits()))
+    }
+
+    /// The rate.
+    pub fn get(self) -> f32 {
+        f32::from_bits(self.0)
+    }
 }
 
 /// One variable's gradient: borrowed from a received message where it can be (a push of
@@ -318,6 +343,7 @@ mod tests {
             attempt: 3,
             part: 0,
             generation: 1,
+            learning_rate: None,
         }
     }
 

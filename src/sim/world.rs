@@ -1450,6 +1450,7 @@ impl<'a> World<'a> {
                         args: Vec::new(),
                         // The simulated worker reaches servers by index, not incarnation.
                         servers: Vec::new(),
+                        learning_rate: None,
                     };
                     worker.waiting.push_back((call, Job::Run(run, chief)));
                     self.next_step(w);
@@ -3210,6 +3211,7 @@ fn replay_variable(v: u32, closures: &[u64]) -> ParameterStore {
             attempt: 1,
             part: 0,
             generation: 0,
+            learning_rate: None,
         };
         let grad = [(variable(v), Gradient::Dense(gradient(*closure).into()))];
         let applied = replay.handle_push(origin, &grad);

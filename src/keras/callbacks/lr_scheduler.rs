@@ -9,7 +9,10 @@ use crate::keras::KerasError;
 type ScheduleFn = dyn Fn(usize, f32) -> f32 + Send;
 
 /// Sets the optimizer's learning rate to `schedule(epoch, current)` before each epoch; every
-/// worker computes the same rate (`fit` logs it as `learning_rate`).
+/// worker computes the same rate (`fit` logs it as `learning_rate`). Under
+/// ParameterServerStrategy the chief computes it and the servers apply each closure's updates
+/// at the rate in force when it was scheduled, on every attempt
+/// ([`TrainingContext::set_learning_rate`]).
 ///
 /// The rate set is not part of the state a backup or a re-forming group carries: a job that
 /// resumes, or a worker that joins, starts from the optimizer's own rate and runs the schedule
@@ -56,7 +59,7 @@ mod tests {
     use crate::optim::Optimizer;
     use crate::train::DistributedOptimizer;
 
-    fn context(optimizer: &DistributedOptimizer, on_servers: bool) -> TrainingContext<'_> {
+    fn context(optimizer: &DistributedOptimizer) -> TrainingContext<'_> {
         TrainingContext {
             optimizer,
             variables: &[],
@@ -67,30 +70,27 @@ mod tests {
             epochs: 3,
             steps_per_epoch: Some(10),
             weights_set: false,
-            optimizer_on_servers: on_servers,
         }
     }
 
     #[test]
-    fn sets_the_rate_of_each_epoch_and_is_refused_where_the_servers_apply_the_optimizer() {
+    fn sets_the_rate_of_each_epoch_and_refuses_a_rate_no_optimizer_takes() {
         let optimizer = DistributedOptimizer::new(Optimizer::sgd(0.1));
         let mut halve =
             LearningRateScheduler::new(|epoch, rate| if epoch > 0 { rate / 2.0 } else { rate });
         for epoch in 0..3 {
             halve
-                .on_epoch_begin(epoch, &mut context(&optimizer, false))
+                .on_epoch_begin(epoch, &mut context(&optimizer))
                 .unwrap();
         }
         assert!((optimizer.learning_rate() - 0.025).abs() < 1e-7);
-        // Under ParameterServerStrategy the servers apply the optimizer: refused, not ignored.
-        let err = halve
-            .on_epoch_begin(1, &mut context(&optimizer, true))
+        // A rate no optimizer takes is refused, naming it, and the rate in force stays.
+        let mut broken = LearningRateScheduler::new(|_, _| f32::NAN);
+        let err = broken
+            .on_epoch_begin(3, &mut context(&optimizer))
             .unwrap_err();
-        assert!(matches!(err, KerasError::LearningRateOnServers), "{err}");
-        assert!(
-            err.to_string().contains("PsFit::learning_rate_schedule"),
-            "{err}"
-        );
+        assert!(matches!(err, KerasError::Train(_)), "{err}");
+        assert!(err.to_string().contains("NaN"), "{err}");
         assert!((optimizer.learning_rate() - 0.025).abs() < 1e-7);
     }
 }

@@ -102,9 +102,6 @@ pub struct TrainingContext<'a> {
     /// Whether a callback set the weights ([`TrainingContext::set_weights`]): under
     /// ParameterServerStrategy `fit` then writes the chief's copy to the servers.
     pub(crate) weights_set: bool,
-    /// Whether the parameter servers apply the optimizer (ParameterServerStrategy): then the
-    /// learning rate cannot be set from here.
-    pub(crate) optimizer_on_servers: bool,
 }
 
 impl TrainingContext<'_> {
@@ -148,13 +145,13 @@ impl TrainingContext<'_> {
         self.optimizer.learning_rate()
     }
 
-    /// Sets a constant learning rate from the next update on (every worker does the same).
-    /// Refused under ParameterServerStrategy ([`KerasError::LearningRateOnServers`]): the
-    /// servers apply the optimizer there, by `PsFit::learning_rate_schedule`.
+    /// Sets a constant learning rate from the next update on, replacing any schedule (every
+    /// worker does the same). Under ParameterServerStrategy `fit` hands it to the coordinator
+    /// once the callbacks of that moment ran: the closures scheduled from then on carry it
+    /// and the servers apply their updates at it (`ClusterCoordinator::set_learning_rate`),
+    /// so a rate set at an epoch's beginning governs exactly that epoch's steps, whatever
+    /// fails. A rate that is not finite and non-negative is refused, changing nothing.
     pub fn set_learning_rate(&mut self, learning_rate: f32) -> Result<(), KerasError> {
-        if self.optimizer_on_servers {
-            return Err(KerasError::LearningRateOnServers);
-        }
         Ok(self.optimizer.set_learning_rate(learning_rate)?)
     }
 

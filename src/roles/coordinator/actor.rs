@@ -48,9 +48,9 @@ use crate::cluster::TaskType;
 use crate::layout::Layout;
 use crate::roles::protocol::{
     BeginRestore, CreateVariable, DatasetPositions, DrainRefusal, Draining, FenceWorker,
-    FinishedBelow, InitSpec, JoinRefusal, Joining, LeaveAnswer, Leaving, PsStats, Retire,
-    RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, Snapshot, COORDINATOR_ACTOR,
-    PS_ACTOR, WORKER_ACTOR,
+    FinishedBelow, InitSpec, JoinRefusal, Joining, LearningRate, LeaveAnswer, Leaving, PsStats,
+    Retire, RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, Snapshot,
+    COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
 
 /// A parameter server waiting to hear whether it may leave the job.
@@ -146,6 +146,7 @@ impl CoordinatorActor {
                     generation,
                     function,
                     args,
+                    learning_rate,
                 } => {
                     let servers = (0..self.scheduler.server_span())
                         .map(|ps| self.scheduler.ps_epoch(ps).map_or(0, |(epoch, _)| epoch))
@@ -157,6 +158,7 @@ impl CoordinatorActor {
                         function,
                         args,
                         servers,
+                        learning_rate,
                     };
                     self.dispatch(ctx, worker, epoch, msg);
                 }
@@ -1483,6 +1485,22 @@ impl Handler<Schedule> for CoordinatorActor {
             .handle_schedule(Instant::now(), &msg.function, msg.args)?;
         self.drive(ctx);
         Ok(id)
+    }
+}
+
+/// The learning rate the closures scheduled from now on carry (`None`: the servers' own);
+/// see [`Scheduler::handle_set_learning_rate`].
+pub struct SetLearningRate(pub Option<LearningRate>);
+
+impl Message for SetLearningRate {
+    type Result = ();
+}
+
+impl Handler<SetLearningRate> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetLearningRate, _: &mut Context<Self>) {
+        self.scheduler.handle_set_learning_rate(msg.0);
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::runtime::Handle;
 
 use super::actor::{
     AbandonCut, Configure, CoordinatorActor, CreateShards, Fetch, Join, MarkCut, ReadCut, Schedule,
-    ServerTopology, Start, Status, Topology,
+    ServerTopology, SetLearningRate, Start, Status, Topology,
 };
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
@@ -24,8 +24,8 @@ use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
 use crate::roles::protocol::{
-    f32_blob, f32_to_bytes, AssignVariable, InitSpec, PsRefusal, PsStats, PsStatsReply,
-    PsUnavailable, SetupWorker, PS_ACTOR,
+    f32_blob, f32_to_bytes, AssignVariable, InitSpec, LearningRate, PsRefusal, PsStats,
+    PsStatsReply, PsUnavailable, SetupWorker, PS_ACTOR,
 };
 use crate::roles::ps::PsError;
 use crate::roles::step::{decode, encode, DatasetHandle, Step, ValueCodecError};
@@ -218,6 +218,10 @@ pub enum CoordinatorError {
     /// The coordinator actor is gone (the node is shutting down).
     #[error("coordinator stopped")]
     Stopped,
+    /// A learning rate that is not finite and non-negative
+    /// ([`ClusterCoordinator::set_learning_rate`]).
+    #[error("learning rate {0} refused: it must be finite and non-negative")]
+    LearningRate(f32),
     /// Waited past the bound.
     #[error("{what} did not finish within {bound:?}")]
     Timeout {
@@ -538,6 +542,18 @@ impl ClusterCoordinator {
     pub fn join(&self) -> Result<(), CoordinatorError> {
         let rx = self.ask(Join)?;
         self.wait(rx, "join")?.map_err(CoordinatorError::from)
+    }
+
+    /// Sets the learning rate the parameter servers apply the closures scheduled from now on
+    /// at, in place of their optimizer's rate or schedule (what Keras' `LearningRateScheduler`
+    /// does under ParameterServerStrategy, between epochs). The rate travels with each closure
+    /// and its pushes: a closure run again after a worker or a server was lost applies at the
+    /// rate it was scheduled with, and a restarted server needs to be told nothing. The
+    /// closures already scheduled keep theirs. Refused, changing nothing, if `rate` is not
+    /// finite and non-negative.
+    pub fn set_learning_rate(&self, rate: f32) -> Result<(), CoordinatorError> {
+        let rate = LearningRate::new(rate).ok_or(CoordinatorError::LearningRate(rate))?;
+        self.ask(SetLearningRate(Some(rate)))
     }
 
     /// True when nothing is queued or in flight.

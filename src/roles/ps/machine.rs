@@ -461,7 +461,8 @@ impl ParameterStore {
     }
 
     /// Applies one closure's gradients, all or nothing, at most once (PS-1), never from a
-    /// fenced incarnation (FENCE-1).
+    /// fenced incarnation (FENCE-1), at the closure's learning rate where the chief set one
+    /// ([`PushOrigin::learning_rate`]; it replaces the schedule), else at the server's own.
     pub fn handle_push(
         &mut self,
         origin: PushOrigin,
@@ -491,6 +492,19 @@ impl ParameterStore {
             self.counters.rejected_invalid += 1;
             return Err(err);
         }
+        // The closure's rate (ClusterCoordinator::set_learning_rate), checked as the
+        // optimizer's own is: a rate decoded from the wire may be anything.
+        let scheduled_optimizer = match origin.learning_rate {
+            Some(rate) => {
+                let optimizer = self.optimizer.with_learning_rate(rate.get());
+                if let Err(err) = optimizer.validate() {
+                    self.counters.rejected_invalid += 1;
+                    return Err(err.into());
+                }
+                Some(optimizer)
+            }
+            None => None,
+        };
         let first_non_finite = gradients.iter().find_map(|(name, g)| match g {
             Gradient::Dense(values) | Gradient::Rows { values, .. } => {
                 first_non_finite(values).map(|index| (name, index, values[index]))
@@ -519,7 +533,9 @@ impl ParameterStore {
             let var = self.variables.get_mut(name).expect("checked above");
             // Restores refuse u64::MAX, so a push always has a next step.
             let step = var.steps.saturating_add(1);
-            let optimizer = Self::optimizer_at(self.optimizer, self.schedule.as_ref(), step);
+            let optimizer = scheduled_optimizer.unwrap_or_else(|| {
+                Self::optimizer_at(self.optimizer, self.schedule.as_ref(), step)
+            });
             let outcome = match gradient {
                 // Screened above, all gradients at once (all or nothing): not again here.
                 Gradient::Dense(values) => optimizer.apply_dense_with(
@@ -837,6 +853,7 @@ pub const ELEMENTS_MAX: usize = 1 << 30;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::roles::push::LearningRate;
 
     fn origin(worker: u32, epoch: u64, closure: u64, attempt: u32) -> PushOrigin {
         PushOrigin {
@@ -846,6 +863,7 @@ mod tests {
             attempt,
             part: 0,
             generation: 0,
+            learning_rate: None,
         }
     }
 
@@ -937,6 +955,41 @@ mod tests {
             Err(PsError::AssignDuringRestore { .. })
         ));
         assert_eq!(ps.pull("w").unwrap(), &[5.0, 6.0]);
+    }
+
+    /// A closure's rate (the chief's `set_learning_rate`) replaces the server's schedule for
+    /// its update; a push without one goes back to the schedule, which counted every update.
+    #[test]
+    fn a_closures_learning_rate_replaces_the_servers_own() {
+        let schedule = LearningRateSchedule::PiecewiseConstant {
+            boundaries: vec![1],
+            values: vec![1.0, 0.1],
+        };
+        let mut ps = ParameterStore::new(Optimizer::sgd(0.5))
+            .unwrap()
+            .with_schedule(schedule)
+            .unwrap();
+        ps.handle_create("w", vec![1], vec![0.0]).unwrap();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0].into()))];
+        let at = |closure, rate: Option<f32>| PushOrigin {
+            learning_rate: rate.and_then(LearningRate::new),
+            ..origin(0, 1, closure, 1)
+        };
+        // Update 1 at the closure's 0.25, update 2 at 0 (nothing moves), update 3 at the
+        // schedule's rate for step 3 (0.1).
+        ps.handle_push(at(1, Some(0.25)), &grads).unwrap();
+        assert_eq!(ps.pull("w").unwrap(), &[-0.25]);
+        ps.handle_push(at(2, Some(0.0)), &grads).unwrap();
+        assert_eq!(ps.pull("w").unwrap(), &[-0.25]);
+        ps.handle_push(at(3, None), &grads).unwrap();
+        assert!(
+            (ps.pull("w").unwrap()[0] + 0.35).abs() < 1e-6,
+            "{:?}",
+            ps.pull("w")
+        );
+        assert_eq!(ps.counters().applied, 3);
+        assert!(LearningRate::new(f32::NAN).is_none());
+        assert!(LearningRate::new(-1.0).is_none());
     }
 
     #[test]

@@ -440,6 +440,7 @@ mod tests {
                 function: "step".into(),
                 args: Vec::new(),
                 servers: Vec::new(),
+                learning_rate: None,
             },
             blobs: Vec::new(),
         }

@@ -503,6 +503,7 @@ mod call_all_tests {
             attempt: 1,
             part: 0,
             generation: 0,
+            learning_rate: None,
         };
         client.push(plan_push(&layouts, origin, gradients).unwrap())
     }

@@ -484,6 +484,7 @@ impl WorkerMachine {
                 attempt: run.attempt,
                 part: 0,
                 generation: run.generation,
+                learning_rate: run.learning_rate,
             },
             function: run.function.clone(),
             started: now,
@@ -854,6 +855,7 @@ fn stale_push(ps: u32) -> StepError {
 mod tests {
     use super::*;
     use crate::layout::{Dtype, Shard};
+    use crate::roles::push::LearningRate;
 
     /// A chief declared dead after `secs` seconds of silence.
     fn silent(secs: u64) -> DeathCause {
@@ -892,6 +894,7 @@ mod tests {
             function: "train".into(),
             args: Vec::new(),
             servers: Vec::new(),
+            learning_rate: LearningRate::new(0.5),
         }
     }
 
@@ -1090,7 +1093,8 @@ mod tests {
                 closure: ClosureId(9),
                 attempt: 2,
                 part: 0,
-                generation: 3
+                generation: 3,
+                learning_rate: LearningRate::new(0.5),
             }
         );
         let action = m.handle_pushed(

@@ -60,6 +60,7 @@ use crate::checkpoint::Checkpoint;
 use crate::cluster::{ps_restart_wait_for, DEFAULT_DETECTION_BUDGET, DEFAULT_STEP_TIMEOUT};
 pub use crate::ledger::Ledger;
 use crate::roles::protocol::SetupWorker;
+use crate::roles::push::LearningRate;
 
 pub use control::ConfigureError;
 pub use control::{
@@ -270,6 +271,9 @@ pub enum SchedulerAction {
         function: String,
         /// Encoded arguments.
         args: Vec<u8>,
+        /// The learning rate in force when it was scheduled
+        /// ([`Scheduler::handle_set_learning_rate`]): the same on every attempt.
+        learning_rate: Option<LearningRate>,
     },
     /// A worker incarnation is gone: nothing it sends may change state any more (FENCE-1).
     /// The shell tells every parameter server ([`crate::roles::protocol::FenceWorker`]),
@@ -661,6 +665,9 @@ pub struct Scheduler {
     /// Closures queued or in flight (`ledger.pending` of them), for the low watermark.
     unfinished: BTreeSet<ClosureId>,
     next_id: u64,
+    /// The learning rate the closures scheduled from now on carry (`None`: the servers'
+    /// own), as Keras' `LearningRateScheduler` sets it between epochs.
+    learning_rate: Option<LearningRate>,
     /// Parameter servers by index: their newest incarnation and whether it is reachable.
     servers: BTreeMap<u32, PsEntry>,
     /// A parameter-server recovery under way: dispatch is held while it lasts.
@@ -759,9 +766,16 @@ struct KeptCut {
     root: PathBuf,
 }
 
-/// A closure committed since the cut, kept to run it again after a rollback: its function,
-/// arguments and the attempts it has had (attempt numbers never restart).
-type Retained = (String, Vec<u8>, u32);
+/// A closure committed since the cut, kept to run it again after a rollback.
+#[derive(Debug)]
+struct Retained {
+    function: String,
+    args: Vec<u8>,
+    /// The attempts it has had (attempt numbers never restart).
+    attempts: u32,
+    /// Its rate: run again, it applies at the rate it was scheduled with.
+    learning_rate: Option<LearningRate>,
+}
 
 #[derive(Debug)]
 struct PsEntry {
@@ -824,6 +838,7 @@ struct Closure {
     args: Vec<u8>,
     state: ClosureState,
     attempts: u32,
+    learning_rate: Option<LearningRate>,
 }
 
 #[derive(Debug)]
@@ -848,6 +863,7 @@ impl Scheduler {
             finished: VecDeque::new(),
             unfinished: BTreeSet::new(),
             next_id: 0,
+            learning_rate: None,
             servers: BTreeMap::new(),
             recovery: None,
             cut: None,
@@ -969,6 +985,7 @@ impl Scheduler {
                 args,
                 state: ClosureState::Queued,
                 attempts: 0,
+                learning_rate: self.learning_rate,
             },
         );
         self.queue.push_back(id);
@@ -977,6 +994,15 @@ impl Scheduler {
         self.ledger.pending += 1;
         self.dispatch(now);
         Ok(id)
+    }
+
+    /// The closures scheduled from now on carry `rate` (`None`: the servers' own rate, their
+    /// optimizer's or schedule's), and each applies its updates at it on every attempt,
+    /// including a run again after a restore. Those scheduled before keep theirs, so a
+    /// rate set between two epochs (Keras' `LearningRateScheduler`) changes exactly the
+    /// steps after it, whatever fails.
+    pub fn handle_set_learning_rate(&mut self, rate: Option<LearningRate>) {
+        self.learning_rate = rate;
     }
 
     /// A worker incarnation is up. A newer epoch of a known worker supersedes the old one: the
@@ -1216,7 +1242,7 @@ impl Scheduler {
         let requeued = replay.len() as u64;
         let ids: BTreeSet<ClosureId> = replay.keys().copied().collect();
         self.finished.retain(|id| !ids.contains(id));
-        for (id, (function, args, attempts)) in replay.into_iter().rev() {
+        for (id, retained) in replay.into_iter().rev() {
             match self.closures.get_mut(&id) {
                 Some(c) => {
                     assert!(
@@ -1224,17 +1250,18 @@ impl Scheduler {
                         "LEDGER-1: a closure kept for rollback is committed"
                     );
                     c.state = ClosureState::Queued;
-                    c.args = args;
+                    c.args = retained.args;
                 }
                 // Committed, then forgotten (finished_retained_max): known again.
                 None => {
                     self.closures.insert(
                         id,
                         Closure {
-                            function,
-                            args,
+                            function: retained.function,
+                            args: retained.args,
                             state: ClosureState::Queued,
-                            attempts,
+                            attempts: retained.attempts,
+                            learning_rate: retained.learning_rate,
                         },
                     );
                 }
@@ -1963,6 +1990,7 @@ impl Scheduler {
                 generation: self.generation,
                 function: closure.function.clone(),
                 args: closure.args.clone(),
+                learning_rate: closure.learning_rate,
             });
             self.workers
                 .get_mut(&worker)
@@ -2187,9 +2215,13 @@ impl Scheduler {
             return;
         }
         if let Some(c) = self.closures.get_mut(&id) {
-            let args = std::mem::take(&mut c.args);
-            self.since_cut
-                .insert(id, (c.function.clone(), args, c.attempts));
+            let retained = Retained {
+                function: c.function.clone(),
+                args: std::mem::take(&mut c.args),
+                attempts: c.attempts,
+                learning_rate: c.learning_rate,
+            };
+            self.since_cut.insert(id, retained);
         }
     }
 
@@ -2798,6 +2830,80 @@ mod tests {
         assert_eq!(restores(&drain(&mut s)), vec![ids[1]]);
         assert_eq!(s.handle_restored(t, ids[1]), Ok(1));
         assert_eq!(dispatched(&drain(&mut s)), vec![(0, ids[1], 2)]);
+    }
+
+    /// The learning rate each dispatch carries, by closure, in order.
+    fn dispatched_rates(actions: &[SchedulerAction]) -> Vec<(ClosureId, Option<f32>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                SchedulerAction::Dispatch {
+                    closure,
+                    learning_rate,
+                    ..
+                } => Some((*closure, learning_rate.map(LearningRate::get))),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A rate is stamped on the closures scheduled after it is set and stays theirs: on a
+    /// retry after their worker is lost and on a run again after a restore, whatever the rate
+    /// in force by then.
+    #[test]
+    fn a_closure_keeps_the_learning_rate_it_was_scheduled_with_through_retries_and_restores() {
+        let t = Instant::now();
+        let (mut s, mut ids) = with_cut(1, 1);
+        s.handle_set_learning_rate(LearningRate::new(0.5));
+        ids.push(s.handle_schedule(t, "step", vec![]).unwrap());
+        s.handle_set_learning_rate(LearningRate::new(0.0));
+        ids.push(s.handle_schedule(t, "step", vec![]).unwrap());
+        assert_eq!(
+            dispatched_rates(&drain(&mut s)),
+            vec![(ids[1], None), (ids[2], Some(0.5))]
+        );
+        // worker/1 dies with ids[2] in flight: its retry keeps 0.5, not the 0 now in force.
+        s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
+        assert_eq!(dispatched_rates(&drain(&mut s)), vec![(ids[3], Some(0.0))]);
+        s.handle_worker_lost(t, 1, 1);
+        s.handle_result(t, 0, 1, ids[3], 1, Ok(vec![]));
+        assert_eq!(dispatched_rates(&drain(&mut s)), vec![(ids[2], Some(0.5))]);
+        s.handle_result(t, 0, 1, ids[2], 2, Ok(vec![]));
+        // ps/0 is lost: everything since the cut runs again, each at its own rate.
+        s.handle_set_learning_rate(LearningRate::new(0.25));
+        s.handle_ps_lost(t, 0, 1);
+        s.handle_ps_up(t, 0, 2);
+        assert_eq!(restores(&drain(&mut s)), vec![ids[1]]);
+        assert_eq!(s.handle_restored(t, ids[1]), Ok(3));
+        let mut again = Vec::new();
+        run_all_rates(&mut s, &mut again);
+        again.sort_by_key(|(id, _)| *id);
+        assert_eq!(
+            again,
+            vec![(ids[1], None), (ids[2], Some(0.5)), (ids[3], Some(0.0))]
+        );
+        assert!(s.is_idle() && s.take_error().is_none());
+    }
+
+    /// Commits every dispatch until `s` is idle, adding the rates dispatched to `seen`.
+    fn run_all_rates(s: &mut Scheduler, seen: &mut Vec<(ClosureId, Option<f32>)>) {
+        let t = Instant::now();
+        for _ in 0..8 {
+            for a in drain(s) {
+                if let SchedulerAction::Dispatch {
+                    worker,
+                    epoch,
+                    closure,
+                    attempt,
+                    learning_rate,
+                    ..
+                } = a
+                {
+                    seen.push((closure, learning_rate.map(LearningRate::get)));
+                    s.handle_result(t, worker, epoch, closure, attempt, Ok(vec![]));
+                }
+            }
+        }
     }
 
     #[test]
