@@ -15,8 +15,12 @@
 //! [`StatusSource`] hook given by the bootstrap ([`crate::status`] writes the page); other
 //! roles answer 404 there.
 //!
-//! A leaf module: it names no other part of cohort. The text is written by the
-//! `prometheus-client` crate; the server ([`serve`]) is hyper's HTTP/1.1, bounded, GET only.
+//! A MultiWorkerMirrored worker's endpoint, its group's metrics and its status page are made
+//! here too (`group_status`), from plain values the strategy gives.
+//!
+//! Nearly a leaf module: the only other part of cohort it names is [`crate::status`] (a leaf
+//! itself), for that status page. The text is written by the `prometheus-client` crate; the
+//! server ([`serve`]) is hyper's HTTP/1.1, bounded, GET only.
 
 use std::fmt;
 use std::future::Future;
@@ -33,8 +37,11 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod group_status;
 mod http;
 mod process;
+
+pub(crate) use group_status::{addr_from_env, publish_group_status, record_group, serve_group};
 
 pub use http::{
     get as http_get, serve, MetricsServer, CONNECTIONS_MAX, GET_BODY_BYTES_MAX, REQUEST_BYTES_MAX,

@@ -1,0 +1,828 @@
+//! The elastic membership of a [`MultiWorkerMirrored`]: re-forming after a lost worker
+//! ([`MultiWorkerMirrored::recover`]), the group's changes at a step boundary
+//! ([`MultiWorkerMirrored::at_step_boundary`]: workers admitted after they asked to join,
+//! workers leaving after a notice), agreeing on the training state, the status page's record
+//! of each change, and what they report ([`ElasticState`], [`Recovery`], [`GroupChange`],
+//! [`Departure`], [`Admission`]).
+
+use std::sync::atomic::Ordering;
+
+use candle_core::{Device, Tensor};
+use cohort_transport::NodeId;
+
+use super::config::check_same_settings;
+use super::quorum::{has_quorum, no_quorum_detail, node_list};
+use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
+use crate::cluster::node_id;
+use crate::collective::{CollectiveError, GroupMember, ProcessGroup};
+use crate::optim::{OptimizerState, Slots};
+use crate::status::TaskState;
+use crate::strategy::StrategyError;
+use crate::variable::Variable;
+
+impl MultiWorkerMirrored {
+    /// Re-forms the workers' group with the survivors after a step failed because a worker
+    /// was lost (elastic training, as Horovod Elastic and torchft do: no checkpoint is read,
+    /// the survivors hold the model), and makes every survivor's training `state` identical.
+    /// Call it on every survivor, in cross-replica context, once `run` (or `reduce`) failed
+    /// with a collective error; then go on training from `state.step` and `state.position`
+    /// with the new
+    /// [`Strategy::num_replicas_in_sync`](crate::strategy::Strategy::num_replicas_in_sync)
+    /// and input pipelines.
+    ///
+    /// Each attempt, bounded in time:
+    /// 1. *Who survives*: this worker probes every member of the broken group
+    ///    ([`ProcessGroup::reachable`]); the members that answer within `probe_timeout` (and
+    ///    itself) are its survivors (each attempt probes the members of the group that broke,
+    ///    not of a group an earlier attempt formed). Every survivor probes every member, so
+    ///    the dead ones (one, two, any number at once) are left out by all. A live member that
+    ///    does not answer in time (stopped, or starved) is left out too: the others go on
+    ///    without it.
+    /// 2. *Quorum*: a survivor forms the next epoch only if its survivors are a quorum of the
+    ///    members of the group that broke (`has_quorum`: more than half of them, or exactly
+    ///    half with its lowest-ranked member, the chief or worker 0). Under a partition only
+    ///    one side can have one: a survivor on the other side does not train on alone; its
+    ///    attempt fails (another one follows, the partition may heal), and after
+    ///    `recover_attempts` attempts `recover` fails with [`StrategyError::Recovery`] saying
+    ///    "no quorum" and whom it reached: the process is to be restarted. A member whose
+    ///    address answered the probe as a new process waiting to be admitted is not counted:
+    ///    its old process is gone and is on no side. So survivors whose lost peers all came
+    ///    back so go on, however few (a worker alone whose two peers were killed and
+    ///    restarted), from their own state, and admit the new processes at the next step
+    ///    boundary, instead of the job starting again from its checkpoint.
+    /// 3. *Agreeing on them*: the survivors form the next epoch with that list; forming
+    ///    succeeds only where every member formed the same epoch with the same members (each
+    ///    link's join compares the lists), so survivors whose views differ (a member died
+    ///    while being probed) all fail the attempt instead of splitting (a member refusing a
+    ///    join whose list differs from its own fails its forming too, at once), and try again,
+    ///    each attempt spanning at least the probe timeout, with a new probe at the next
+    ///    epoch. A member never mixes epochs: a late message of the old group is refused by
+    ///    its epoch.
+    ///
+    ///    Each survivor decides the quorum on its own probes, and views may differ (under an
+    ///    asymmetric partition A hears B while B does not hear A): that is safe because any
+    ///    two lists that pass share a member of the broken group, and forming needs every
+    ///    member of the list to form that same list at that epoch; a member forms one group
+    ///    at a time (forming a later one supersedes the earlier, whose collectives then fail
+    ///    for want of it), so two groups never train side by side.
+    /// 4. *Agreeing on the state*: the survivors gather their completed steps; the one with
+    ///    the highest (ties: the lowest rank) is the source, since with a ring one survivor
+    ///    may have applied a step's full all-reduce that another never got. Its step, input
+    ///    position, optimizer step count, every variable of `state` and every optimizer slot
+    ///    are broadcast to the others, which install them on every local replica: every
+    ///    survivor holds the same bits again.
+    ///
+    /// A failure during the attempt (another worker lost while re-forming) starts the next
+    /// attempt from the group reached so far; after `recover_attempts` attempts it fails with
+    /// [`StrategyError::Recovery`] naming the last error. A group broken by an error that
+    /// re-forming cannot mend ([`CollectiveError::Application`], mismatched calls, this
+    /// worker stopping) fails with [`StrategyError::Recovery`] at once, and so does a worker
+    /// that was left out (it comes back, say from SIGSTOP, after the others re-formed
+    /// without it: a member's answer to its probe says so).
+    pub fn recover(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
+        let recovery = self.re_form(state)?;
+        let lost: Vec<String> = recovery.lost.iter().map(ToString::to_string).collect();
+        let what = if lost.is_empty() {
+            "re-formed, no worker lost".to_string()
+        } else {
+            format!("lost {}", lost.join(", "))
+        };
+        self.note_change(recovery.step, &recovery.lost, TaskState::Dead, what);
+        Ok(recovery)
+    }
+
+    /// The body of [`MultiWorkerMirrored::recover`], which also records the change for the
+    /// status page.
+    fn re_form(&mut self, state: &mut ElasticState<'_>) -> Result<Recovery, StrategyError> {
+        let before = self.span.group().clone();
+        let Some(cause) = before.broken() else {
+            return Err(StrategyError::Recovery {
+                reason: format!(
+                    "the group of epoch {} is not broken: there is nothing to recover from",
+                    before.epoch()
+                ),
+            });
+        };
+        if !recoverable(&cause) {
+            return Err(StrategyError::Recovery {
+                reason: format!("the group broke by an error re-forming cannot mend: {cause}"),
+            });
+        }
+        let mut last = cause.to_string();
+        // Whether the last attempt ended for want of a quorum (the error then says so).
+        let mut no_quorum = false;
+        for attempt in 1..=self.recover_attempts {
+            let started = std::time::Instant::now();
+            // Every attempt probes the members of the group that broke (the last one that
+            // trained) and measures the quorum on them, not on a group an earlier attempt
+            // formed here: a group formed at one member and failed at another would otherwise
+            // give them different measures.
+            let broken = before.clone();
+            let probe = self.probe_timeout;
+            let previous = before.members().to_vec();
+            // Inner error: why this worker forms nothing this attempt.
+            let formed = self.block(async move {
+                let (alive, replaced) = match broken.probe_members(probe).await {
+                    Ok(probed) => (probed.alive, probed.joining),
+                    Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
+                };
+                if !has_quorum(&previous, &replaced, &alive) {
+                    return Ok(Err(Unformed::NoQuorum {
+                        reached: alive,
+                        replaced,
+                    }));
+                }
+                tracing::info!(
+                    attempt,
+                    ?alive,
+                    ?replaced,
+                    "re-forming: forming the next epoch with the members that answered"
+                );
+                broken.reform(&alive).await.map(Ok)
+            });
+            let formed = match formed {
+                // No later attempt can bring it back: the others go on without it.
+                Ok(Err(Unformed::LeftOut(left_out))) => {
+                    return Err(StrategyError::Recovery {
+                        reason: format!("this worker was left out: {left_out}"),
+                    })
+                }
+                Ok(Err(Unformed::NoQuorum { reached, replaced })) => {
+                    last = no_quorum_detail(before.members(), before.epoch(), &replaced, &reached);
+                    tracing::info!(attempt, "re-forming: {last}");
+                    no_quorum = true;
+                    // The probes took about this long where the others are unreachable; where
+                    // they answered at once (and still too few), the next attempt waits as
+                    // long, so that the attempts span the probe timeout each.
+                    if attempt < self.recover_attempts {
+                        let next = started + self.probe_timeout;
+                        let left = next.saturating_duration_since(std::time::Instant::now());
+                        std::thread::sleep(left);
+                    }
+                    continue;
+                }
+                Ok(Ok(group)) => Ok(group),
+                Err(err) => Err(err),
+            };
+            no_quorum = false;
+            match formed {
+                Ok(group) => {
+                    self.install(group);
+                    // A group broken before its settings were compared (a worker lost right
+                    // after the first forming) is checked now; a mismatch is not mended by
+                    // another attempt.
+                    let agreed = check_same_settings(
+                        &self.span,
+                        self.local_replicas,
+                        self.bucket_bytes_max,
+                        self.communication.0,
+                    )
+                    .and_then(|()| self.agree_state(state));
+                    match agreed {
+                        Ok(source) => {
+                            let group = self.span.group();
+                            let m = crate::metrics::instruments();
+                            m.group_reformed.inc();
+                            // The lost members: peers this worker declared dead.
+                            m.detections
+                                .inc_by((before.size().saturating_sub(group.size())) as u64);
+                            return Ok(Recovery {
+                                epoch: group.epoch(),
+                                members: group.members().to_vec(),
+                                lost: before
+                                    .members()
+                                    .iter()
+                                    .filter(|n| !group.members().contains(n))
+                                    .cloned()
+                                    .collect(),
+                                cause,
+                                source,
+                                step: state.step,
+                                position: state.position,
+                                attempts: attempt,
+                            });
+                        }
+                        Err(err @ StrategyError::Config { .. }) => return Err(err),
+                        Err(err) => {
+                            tracing::info!(attempt, %err, "re-forming: agreeing on the state failed");
+                            last = err.to_string();
+                        }
+                    }
+                }
+                Err(err) => {
+                    tracing::info!(attempt, %err, "re-forming: forming the next epoch failed");
+                    last = err.to_string();
+                    // Each attempt spans at least the probe timeout, as one without a quorum
+                    // does: survivors whose attempt failed at different moments start the
+                    // next one about as far apart as they started this one, and forming
+                    // waits for the later ones (up to the form timeout).
+                    let next = started + self.probe_timeout;
+                    std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+                }
+            }
+        }
+        let reason = if no_quorum {
+            format!("{last} (after {} attempt(s))", self.recover_attempts)
+        } else {
+            format!(
+                "gave up after {} attempt(s); the last failed with: {last}",
+                self.recover_attempts
+            )
+        };
+        Err(StrategyError::Recovery { reason })
+    }
+
+    /// The membership changes of a step boundary (elastic training): call it on every worker
+    /// before each step, in cross-replica context, with the training `state` as for
+    /// [`MultiWorkerMirrored::recover`], whether this worker is to leave and why (`leaving`:
+    /// [`Leave::Preempted`] on a preemption notice, e.g. SIGTERM; [`Leave::Drained`] when it
+    /// is scaled down, e.g. SIGUSR1), and how the chief saves a checkpoint of `state` (`save`,
+    /// called on the chief only, when a preempted worker leaves). `Ok(None)` where nothing
+    /// changes: one small all-gather (every worker's notice, and the leader's count of joiners).
+    ///
+    /// - **Preemption**: where any worker has a notice, every worker learns it at the same
+    ///   step (the all-gather): the chief (rank 0) saves the agreed step with `save`, and says
+    ///   whether it saved; then the leavers get [`GroupChange::Leaving`] (stop training and
+    ///   exit, e.g. with 143, within the notice's grace), and the others re-form without them at
+    ///   the next epoch, by agreement (no probe, no failure to detect), and get
+    ///   [`GroupChange::Departed`]. Every stayer holds the same state already. If the chief
+    ///   leaves, it saves first; if everyone leaves, the job stops at a checkpoint (as
+    ///   TensorFlow's `PreemptionCheckpointHandler` does).
+    /// - **Drain**: the same agreement, without the checkpoint where every leaver was drained
+    ///   (it leaves for good, and the stayers hold the state): [`Departure::drained`] names
+    ///   them.
+    /// - **Joining**: a worker made while the others were training (its strategy found a live
+    ///   group and was admitted to it when made) calls it first, after creating its model: it
+    ///   receives the step, input position, variables and optimizer state of the member with
+    ///   the most completed steps, and gets [`GroupChange::Admitted`]; until then its `run` is
+    ///   refused. On the members, the leader (rank 0) offers the joiners that asked it, every
+    ///   member forms the next epoch with them ([`ProcessGroup::admit`]), and the state goes to
+    ///   them as `recover` sends it to survivors. Where the leader could not tell every joiner
+    ///   its admission, nothing changes (`Ok(None)`) and the joiners ask again.
+    ///
+    /// Training goes on from the returned step with the new
+    /// [`Strategy::num_replicas_in_sync`](crate::strategy::Strategy::num_replicas_in_sync)
+    /// and input pipelines (the global batch follows the
+    /// replicas; the input goes on from the agreed position). A failure (a joiner that went
+    /// away before forming, a member lost meanwhile) fails it with the collective error: the
+    /// group of the attempt is broken, and [`MultiWorkerMirrored::recover`] re-forms with the
+    /// survivors as after a failed step.
+    pub fn at_step_boundary(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        leaving: Option<Leave>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
+        if !self.change_noted && !self.awaiting_state.load(Ordering::SeqCst) {
+            self.note_change(state.step, &[], TaskState::Alive, "formed".into());
+        }
+        let change = self.boundary_change(state, leaving, save)?;
+        match &change {
+            Some(GroupChange::Admitted(a)) => {
+                let what = format!("admitted {}", node_list(&a.joined));
+                self.note_change(a.step, &a.joined, TaskState::Alive, what);
+            }
+            Some(GroupChange::Departed(d) | GroupChange::Leaving(d)) => {
+                let what = d.describe();
+                self.note_change(d.step, &d.left, TaskState::Retired, what);
+            }
+            None => {}
+        }
+        Ok(change)
+    }
+
+    /// The body of [`MultiWorkerMirrored::at_step_boundary`], which also records the change
+    /// for the status page.
+    fn boundary_change(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        leaving: Option<Leave>,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
+        let me = node_id(self.task);
+        self.boundary_reached(state.step);
+        if self.awaiting_state.load(Ordering::SeqCst) {
+            let source = self.agree_state(state)?;
+            crate::metrics::instruments().group_admitted.inc();
+            let group = self.span.group();
+            return Ok(Some(GroupChange::Admitted(Admission {
+                epoch: group.epoch(),
+                members: group.members().to_vec(),
+                joined: vec![me],
+                source,
+                step: state.step,
+                position: state.position,
+            })));
+        }
+        self.broken()?;
+        let group = self.span.group().clone();
+        let cpu = &Device::Cpu;
+        // The leader's pending joiners, the same list on every member.
+        let offer = if group.rank() == 0 {
+            let joiners: Vec<(NodeId, String)> = group
+                .pending_joiners()
+                .into_iter()
+                .map(|j| (j.node, j.addr.to_string()))
+                .collect();
+            if joiners.is_empty() {
+                Vec::new()
+            } else {
+                bincode::encode_to_vec(&joiners, bincode::config::standard()).map_err(|e| {
+                    StrategyError::Recovery {
+                        reason: format!("encoding the joiners: {e}"),
+                    }
+                })?
+            }
+        } else {
+            Vec::new()
+        };
+        // Every worker's notice and offer, in rank order.
+        let votes = self
+            .span
+            .all_gather(&Tensor::new(
+                &[Leave::vote(leaving), offer.len() as i64],
+                cpu,
+            )?)?
+            .to_vec1::<i64>()?;
+        let leavers: Vec<(usize, Leave)> = (0..group.size())
+            .filter_map(|r| Some((r, Leave::of_vote(*votes.get(2 * r)?)?)))
+            .collect();
+        if !leavers.is_empty() {
+            return self.depart(state, &leavers, save).map(Some);
+        }
+        let len = votes.get(1).copied().unwrap_or(0);
+        if len <= 0 {
+            return Ok(None);
+        }
+        let len = len as usize;
+        let bytes = if offer.len() == len {
+            offer
+        } else {
+            vec![0u8; len]
+        };
+        let bytes = self
+            .span
+            .broadcast(0, &Tensor::from_vec(bytes, len, cpu)?)?
+            .to_vec1::<u8>()?;
+        let joiners = decode_joiners(&bytes)?;
+        let joined: Vec<NodeId> = joiners.iter().map(|j| j.node.clone()).collect();
+        let Some(admitted) = self.block(async move { group.admit(&joiners).await })? else {
+            // The leader could not tell every joiner its admission: nobody formed the next
+            // epoch, the group goes on as it was, and the joiners ask again.
+            return Ok(None);
+        };
+        crate::metrics::instruments()
+            .group_admitted
+            .inc_by(joined.len() as u64);
+        self.install(admitted);
+        check_same_settings(
+            &self.span,
+            self.local_replicas,
+            self.bucket_bytes_max,
+            self.communication.0,
+        )?;
+        let source = self.agree_state(state)?;
+        let group = self.span.group();
+        Ok(Some(GroupChange::Admitted(Admission {
+            epoch: group.epoch(),
+            members: group.members().to_vec(),
+            joined,
+            source,
+            step: state.step,
+            position: state.position,
+        })))
+    }
+
+    /// Makes every worker's training `state` that of the worker with the most completed
+    /// steps (ties: the lowest rank), as re-forming does: call it on every worker together,
+    /// e.g. at a fresh start where the chief restored a checkpoint. Returns the source.
+    pub fn agree(&mut self, state: &mut ElasticState<'_>) -> Result<NodeId, StrategyError> {
+        self.broken()?;
+        self.agree_state(state)
+    }
+
+    /// The leaving part of [`MultiWorkerMirrored::at_step_boundary`]: the workers of
+    /// `leavers` (ranks, and why each leaves) leave at this step.
+    fn depart(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        leavers: &[(usize, Leave)],
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
+    ) -> Result<GroupChange, StrategyError> {
+        let group = self.span.group().clone();
+        let members = group.members().to_vec();
+        let left: Vec<NodeId> = leavers.iter().map(|&(r, _)| members[r].clone()).collect();
+        let drained: Vec<NodeId> = leavers
+            .iter()
+            .filter(|(_, why)| *why == Leave::Drained)
+            .map(|&(r, _)| members[r].clone())
+            .collect();
+        crate::metrics::instruments()
+            .group_departed
+            .inc_by(left.len() as u64);
+        let stayers: Vec<NodeId> = members
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| !leavers.iter().any(|(l, _)| l == r))
+            .map(|(_, n)| n.clone())
+            .collect();
+        // The chief saves the agreed step before anyone leaves, and says whether it did. Only
+        // a preemption needs it: a drained worker leaves for good, and the stayers hold the
+        // state (every worker knows both lists, so all skip the save together).
+        let preempted = drained.len() < left.len();
+        let saved_here = if group.rank() == 0 && preempted {
+            match save(state) {
+                Ok(()) => 1u8,
+                Err(error) => {
+                    tracing::warn!(%error, step = state.step, "the chief could not save the checkpoint of a departure");
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        let saved = self
+            .span
+            .broadcast(0, &Tensor::new(&[saved_here], &Device::Cpu)?)?
+            .to_vec1::<u8>()?
+            .first()
+            == Some(&1);
+        let mut departure = Departure {
+            epoch: group.epoch(),
+            members: stayers.clone(),
+            left,
+            drained,
+            step: state.step,
+            position: state.position,
+            saved,
+        };
+        if leavers.iter().any(|&(r, _)| r == group.rank()) {
+            // Every message of this worker taken before it goes: the others must not take
+            // its leaving for a loss.
+            let flushed = group.clone();
+            let _ = self.block(async move {
+                flushed.flush(FLUSH_MAX).await;
+                Ok(())
+            });
+            return Ok(GroupChange::Leaving(departure));
+        }
+        let formed = self.block(async move { group.reform(&stayers).await })?;
+        self.install(formed);
+        departure.epoch = self.span.group().epoch();
+        Ok(GroupChange::Departed(departure))
+    }
+
+    /// Whether this worker joined a live group and waits for its state (the first
+    /// [`MultiWorkerMirrored::at_step_boundary`] gives it).
+    pub fn awaits_state(&self) -> bool {
+        self.awaiting_state.load(Ordering::SeqCst)
+    }
+
+    /// A step boundary at `step` completed steps, in this worker's metrics: the step, and the
+    /// time since the previous boundary.
+    fn boundary_reached(&mut self, step: u64) {
+        let m = crate::metrics::instruments();
+        m.group_step.set(i64::try_from(step).unwrap_or(i64::MAX));
+        let now = std::time::Instant::now();
+        if let Some(previous) = self.last_boundary.replace(now) {
+            m.observe_group_step(now.duration_since(previous));
+        }
+    }
+
+    /// A membership change for the status page: the current group's members are up, the
+    /// `changed` ones (lost, left, or admitted) are `state`, and the change is listed as
+    /// starting at `step`.
+    fn note_change(&mut self, step: u64, changed: &[NodeId], state: TaskState, what: String) {
+        let group = self.span.group();
+        for member in group.members() {
+            self.task_states.insert(member.clone(), TaskState::Alive);
+        }
+        for node in changed {
+            if state != TaskState::Alive || group.members().contains(node) {
+                self.task_states.insert(node.clone(), state);
+            }
+        }
+        crate::status::record_group_change(crate::status::GroupChange {
+            epoch: group.epoch(),
+            workers: group.size(),
+            from_step: step,
+            what,
+        });
+        self.change_noted = true;
+        self.publish_status();
+    }
+
+    /// Makes `group` the one every later step's collectives span.
+    fn install(&mut self, group: ProcessGroup) {
+        crate::metrics::record_group(group.epoch(), group.size());
+        let Some(runtime) = &self.runtime else { return };
+        let span = span_of(
+            group,
+            runtime,
+            self.local_replicas,
+            self.bucket_bytes_max,
+            self.communication,
+        );
+        self.replicas.set_span(span.clone());
+        // The old epoch's communicator goes now, not with the last clone of its span.
+        std::mem::replace(&mut self.span, span).close_nccl();
+    }
+
+    /// Step 3 of [`MultiWorkerMirrored::recover`] over the freshly formed group; returns the
+    /// source's node.
+    fn agree_state(&self, state: &mut ElasticState<'_>) -> Result<NodeId, StrategyError> {
+        let cpu = &Device::Cpu;
+        let span = &self.span;
+        let steps = span
+            .all_gather(&Tensor::new(&[state.step as i64], cpu)?)?
+            .to_vec1::<i64>()?;
+        let highest = steps.iter().copied().max().unwrap_or(0);
+        // The first of the highest: the lowest rank.
+        let source = steps.iter().position(|s| *s == highest).unwrap_or(0);
+        let iterations = state.optimizer.map_or(0, |o| o.steps());
+        let header = span
+            .broadcast(
+                source,
+                &Tensor::new(
+                    &[state.step as i64, state.position as i64, iterations as i64],
+                    cpu,
+                )?,
+            )?
+            .to_vec1::<i64>()?;
+        for variable in state.variables {
+            let value = span.broadcast(source, &variable.try_read_value()?)?;
+            variable.assign(&value)?;
+        }
+        if let Some(optimizer) = state.optimizer {
+            let names = optimizer.kernel().slot_names();
+            for variable in state.variables.iter().filter(|_| !names.is_empty()) {
+                let len: usize = variable.shape().iter().product();
+                let own = optimizer.export_slots(variable, 0);
+                // Whether the source has slots for it: if not, no survivor ever updated it.
+                let has = u8::from(own.is_some());
+                let has = span
+                    .broadcast(source, &Tensor::new(&[has], cpu)?)?
+                    .to_vec1::<u8>()?;
+                if has.first() != Some(&1) {
+                    continue;
+                }
+                let mut flat = Vec::with_capacity(len * names.len());
+                for name in names {
+                    match own.as_ref().and_then(|o| o.get(name)) {
+                        Some(buffer) => flat.extend_from_slice(buffer),
+                        None => flat.extend(std::iter::repeat_n(0.0f32, len)),
+                    }
+                }
+                let flat = Tensor::from_vec(flat, len * names.len(), cpu)?;
+                let got = span.broadcast(source, &flat)?.to_vec1::<f32>()?;
+                let named = names
+                    .iter()
+                    .enumerate()
+                    .map(|(k, name)| (*name, got[k * len..(k + 1) * len].to_vec()));
+                let skipped = own.as_ref().map_or(0, |o| o.skipped_non_finite());
+                let slots =
+                    Slots::restore(optimizer.kernel(), variable.name(), len, named, skipped)
+                        .map_err(|e| StrategyError::Recovery {
+                            reason: format!("the source's optimizer slots: {e}"),
+                        })?;
+                for component in 0..self.local_replicas {
+                    optimizer.import_slots(variable, component, slots.clone());
+                }
+            }
+            optimizer.set_steps(header[2].max(0) as u64, self.local_replicas);
+        }
+        state.step = header[0].max(0) as u64;
+        state.position = header[1].max(0) as u64;
+        // A joiner whose admission broke and that re-formed as a survivor holds it now too.
+        self.awaiting_state.store(false, Ordering::SeqCst);
+        crate::metrics::instruments()
+            .group_step
+            .set(i64::try_from(state.step).unwrap_or(i64::MAX));
+        Ok(span.group().members()[source].clone())
+    }
+}
+
+/// Why the save a departure asks of [`MultiWorkerMirrored::at_step_boundary`] failed: the
+/// caller's own error, kept whole (a [`crate::train::StateCheckpointError`], say). The chief
+/// logs it and the departing workers leave without that save.
+pub type SaveStateError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a training loop carries over a re-forming of the workers' group
+/// ([`MultiWorkerMirrored::recover`]): the survivor with the most completed steps gives its
+/// own to the others.
+#[derive(Debug)]
+pub struct ElasticState<'a> {
+    /// Steps this worker completed (its optimizer applied them); after recovery, the source's.
+    pub step: u64,
+    /// Examples of the (global, unsharded) input consumed by those steps; after recovery, the
+    /// source's. Training goes on from here: the input is rebuilt to start at this example
+    /// and batched to the new global batch, so that no example is skipped or seen twice.
+    pub position: u64,
+    /// The variables to make identical (every trainable and non-trainable variable of the
+    /// model), in the same order on every worker.
+    pub variables: &'a [Variable],
+    /// The optimizer whose slots and step count follow the variables (e.g. a
+    /// `train::DistributedOptimizer`).
+    pub optimizer: Option<&'a dyn OptimizerState>,
+}
+
+/// What [`MultiWorkerMirrored::recover`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    /// The new group's membership epoch.
+    pub epoch: u64,
+    /// Its members (the survivors), in rank order.
+    pub members: Vec<NodeId>,
+    /// The members of the broken group left out.
+    pub lost: Vec<NodeId>,
+    /// The error that broke the old group here.
+    pub cause: CollectiveError,
+    /// The survivor whose state every survivor took.
+    pub source: NodeId,
+    /// The agreed completed step: training goes on with the next.
+    pub step: u64,
+    /// The agreed input position (examples consumed).
+    pub position: u64,
+    /// Attempts it took.
+    pub attempts: usize,
+}
+
+/// A change of the workers' group at a step boundary
+/// ([`MultiWorkerMirrored::at_step_boundary`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupChange {
+    /// Workers joined (on a joiner: itself, which received the state).
+    Admitted(Admission),
+    /// Workers with a notice (preempted or drained) left at this step; the others re-formed
+    /// without them.
+    Departed(Departure),
+    /// This worker had a notice and leaves at this step: stop training.
+    Leaving(Departure),
+}
+
+/// Why a worker leaves the group at a step boundary
+/// ([`MultiWorkerMirrored::at_step_boundary`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// A preemption notice (SIGTERM): the chief saves the agreed step first, and the worker's
+    /// supervisor may start it again (it rejoins).
+    Preempted,
+    /// Scaled down for good (SIGUSR1, `cohort scale`): no checkpoint is needed, the stayers
+    /// hold the state.
+    Drained,
+}
+
+impl Leave {
+    /// This worker's notice in the step boundary's all-gather: 0 stays, 1 preempted, 2 drained.
+    fn vote(leaving: Option<Leave>) -> i64 {
+        match leaving {
+            None => 0,
+            Some(Leave::Preempted) => 1,
+            Some(Leave::Drained) => 2,
+        }
+    }
+
+    /// A worker's notice from its vote. Any other non-zero value (a newer peer's notice
+    /// this build does not know) is taken as a preemption: the worker leaves, after a save.
+    fn of_vote(vote: i64) -> Option<Leave> {
+        match vote {
+            0 => None,
+            2 => Some(Leave::Drained),
+            _ => Some(Leave::Preempted),
+        }
+    }
+}
+
+/// What [`MultiWorkerMirrored::at_step_boundary`] did when workers left after a notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departure {
+    /// The group's epoch after it (a leaver: the epoch it left).
+    pub epoch: u64,
+    /// The workers that go on, in rank order (empty when every worker left).
+    pub members: Vec<NodeId>,
+    /// The workers that left.
+    pub left: Vec<NodeId>,
+    /// Those of `left` that were drained (scaled down for good); the others were preempted.
+    pub drained: Vec<NodeId>,
+    /// The step every worker agreed on (completed by all): the chief's checkpoint holds it
+    /// where a worker was preempted.
+    pub step: u64,
+    /// The input position at that step.
+    pub position: u64,
+    /// Whether the chief saved the checkpoint of that step (never where every leaver was
+    /// drained: none is needed).
+    pub saved: bool,
+}
+
+impl Departure {
+    /// Who left and why, e.g. "worker/2 left after a preemption notice; worker/3 drained".
+    pub fn describe(&self) -> String {
+        let preempted: Vec<&NodeId> = self
+            .left
+            .iter()
+            .filter(|n| !self.drained.contains(n))
+            .collect();
+        let mut parts = Vec::new();
+        if !preempted.is_empty() {
+            parts.push(format!(
+                "{} left after a preemption notice",
+                node_list(preempted)
+            ));
+        }
+        if !self.drained.is_empty() {
+            parts.push(format!(
+                "{} drained (scaled down)",
+                node_list(&self.drained)
+            ));
+        }
+        parts.join("; ")
+    }
+
+    /// Whether `node` was drained here (rather than preempted).
+    pub fn was_drained(&self, node: &NodeId) -> bool {
+        self.drained.contains(node)
+    }
+}
+
+/// What [`MultiWorkerMirrored::at_step_boundary`] did when it admitted workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The new group's membership epoch.
+    pub epoch: u64,
+    /// Its members, in rank order.
+    pub members: Vec<NodeId>,
+    /// The workers admitted (on a joiner: itself).
+    pub joined: Vec<NodeId>,
+    /// The member whose state every worker took.
+    pub source: NodeId,
+    /// The agreed completed step: training goes on with the next.
+    pub step: u64,
+    /// The agreed input position (examples consumed).
+    pub position: u64,
+}
+
+/// The joiners the leader offered (`(node, host:port)` pairs, bincode), as group members.
+fn decode_joiners(bytes: &[u8]) -> Result<Vec<GroupMember>, StrategyError> {
+    let bad = |detail: String| StrategyError::Recovery {
+        reason: format!("the leader's list of joiners: {detail}"),
+    };
+    let config = bincode::config::standard().with_limit::<{ 1 << 20 }>();
+    let (pairs, _): (Vec<(NodeId, String)>, usize) =
+        bincode::decode_from_slice(bytes, config).map_err(|e| bad(e.to_string()))?;
+    pairs
+        .into_iter()
+        .map(|(node, addr)| {
+            let addr = addr
+                .parse()
+                .map_err(|_| bad(format!("the address {addr:?} of {node} does not parse")))?;
+            Ok(GroupMember { node, addr })
+        })
+        .collect()
+}
+
+/// Why a re-forming attempt formed no group here.
+enum Unformed {
+    /// A member re-formed a later epoch without this worker: it was taken for lost.
+    LeftOut(CollectiveError),
+    /// The members this worker reached (itself among them) are no quorum of the members not
+    /// `replaced` (those answered as new processes).
+    NoQuorum {
+        reached: Vec<NodeId>,
+        replaced: Vec<NodeId>,
+    },
+}
+
+/// Whether re-forming with the survivors can mend a group broken by `err`: a lost, silent or
+/// refusing member can be left out; a failed step, disagreeing calls or this worker stopping
+/// cannot.
+fn recoverable(err: &CollectiveError) -> bool {
+    matches!(
+        err,
+        CollectiveError::MemberLost { .. }
+            | CollectiveError::PeerTimeout { .. }
+            | CollectiveError::EpochRefused { .. }
+            | CollectiveError::Link { .. }
+            | CollectiveError::Superseded { .. }
+            | CollectiveError::Form { .. }
+            | CollectiveError::Communicator { .. }
+    )
+}
+
+/// Whether `group` broke by an error re-forming mends (see [`recoverable`]).
+pub(super) fn broken_mendably(group: &ProcessGroup) -> bool {
+    group.broken().is_some_and(|cause| recoverable(&cause))
+}
+
+/// `result` of a collective call made before training starts, or `Ok` where it failed because
+/// `group` broke by an error re-forming mends (a lost worker): the loop's next call then
+/// fails with it, and [`MultiWorkerMirrored::recover`] re-forms and settles the state. So a
+/// worker lost between forming and the first step costs a recovery, not the job.
+pub(super) fn unless_mendable(
+    result: Result<(), StrategyError>,
+    group: &ProcessGroup,
+) -> Result<(), StrategyError> {
+    match result {
+        Err(StrategyError::Collective(_)) if broken_mendably(group) => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,793 @@
+//! MultiWorkerMirrored: synchronous data parallelism across worker processes, each running
+//! several local replicas, variables mirrored on every replica of every worker.
+//!
+//! This module owns the strategy value ([`MultiWorkerMirrored`]), its configuration
+//! ([`MultiWorkerConfig`]), the placement of its variables, re-forming after a lost worker
+//! ([`MultiWorkerMirrored::recover`]) with its quorum rule (`has_quorum`: the one place that
+//! decides which survivors may go on), and the group's changes at a step boundary
+//! ([`MultiWorkerMirrored::at_step_boundary`]: workers admitted after they asked to join,
+//! workers leaving after a preemption notice once the chief saved). The collectives it rests on live
+//! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
+//! epoch 1), and the local group of each step's replicas spanning it
+//! ([`crate::collective::ProcessSpan`]), whose sums go over the group's ring or, with
+//! [`Communication::Nccl`], over NCCL on a GPU of each worker.
+//!
+//! The files of this folder, one concern each:
+//! - `mod.rs` (here): the strategy value: making it (forming or joining the group of every
+//!   worker and starting the local replicas), its accessors, the [`Strategy`] calls across the
+//!   workers, and stopping it;
+//! - `config`: its configuration ([`MultiWorkerConfig`], [`Communication`], the defaults), and
+//!   the check that every worker of a group chose the same settings;
+//! - `elastic`: the group's changes: re-forming after a lost worker, admissions and departures
+//!   at a step boundary, agreeing on the training state, the status page's record of each
+//!   change, and what they report ([`ElasticState`], [`Recovery`], [`GroupChange`], ...);
+//! - `quorum`: the quorum rule of re-forming, and what a survivor without quorum says;
+//! - `placement`: where the variables live (mirrored on the local replicas, starting from the
+//!   first worker's initial value, the same model on every worker).
+//!
+//! The metrics endpoint and status page a worker serves are [`crate::metrics`]'s
+//! (`metrics::group_status`), given plain values from here.
+
+use std::any::Any;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use cohort_transport::{NodeCredentials, NodeId};
+
+use super::replicas::{ReplicaFn, Replicas};
+use super::{
+    divide_by, parse_replica_devices, reduce_per_replica, DeviceSpec, PerReplica, ReduceOp,
+    Strategy, StrategyError, StrategyId,
+};
+use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
+use crate::collective::{
+    CollectiveError, Entry, GroupMember, Mesh, NcclWaits, ProcessGroup, ProcessSpan,
+};
+use crate::status::TaskState;
+use crate::variable::{MirroredPlacement, VariablePlacement};
+
+mod config;
+mod elastic;
+mod placement;
+mod quorum;
+
+pub(crate) use self::config::metrics_addr_from_env;
+pub use self::config::{
+    Communication, MultiWorkerConfig, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT,
+    DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
+};
+pub use self::elastic::{
+    Admission, Departure, ElasticState, GroupChange, Leave, Recovery, SaveStateError,
+};
+
+use self::config::check_same_settings;
+use self::elastic::unless_mendable;
+use self::placement::MultiWorkerPlacement;
+
+/// TensorFlow's `MultiWorkerMirroredStrategy`: every worker runs the same program; each runs
+/// `N` local replicas on threads (as [`Mirrored`](super::Mirrored) does), and the replicas of
+/// every worker are in sync (`num_replicas_in_sync` = workers × `N`).
+///
+/// - Making it forms the process group of every worker at epoch 1 over QUIC (mutual TLS with
+///   the certificates of `certs_dir`), bounded by the group's form timeout: every worker must
+///   make its strategy. Workers are ranked chief first, then workers by index (TensorFlow's
+///   order); a worker's replicas have the ids `rank × N .. rank × N + N`.
+/// - Variables created in [`Strategy::scope`] are mirrored on the local replicas, and start
+///   identical on every worker: right after its creation, each variable takes the first
+///   worker's (the chief's) initial value, broadcast to every worker. Every worker must create
+///   the same variables in the same order (as in TensorFlow). A worker lost before that
+///   broadcast completes leaves the variable its own initial value and the group broken: the
+///   next call fails with the loss, and [`MultiWorkerMirrored::recover`] makes every
+///   survivor's state one survivor's (so does a loss while comparing settings, right after
+///   forming: making the strategy does not fail for it).
+/// - `ctx.all_reduce(op, t)` inside [`run`](super::StrategyExt::run) sums the local replicas'
+///   values in process, then across the workers with one group call, and gives every replica
+///   the result, bit-identical on every worker;
+///   [`ReplicaContext::all_reduce_many`](super::ReplicaContext::all_reduce_many) reduces a
+///   list in buckets. Variable aggregation and the optimizers' gradient sums go the same way.
+/// - [`Strategy::reduce`] reduces across every worker's replicas; `gather` concatenates them.
+/// - `experimental_distribute_dataset` auto-shards across workers (one input pipeline per
+///   worker, the worker's rank as its id) and rebatches each global batch into per-replica
+///   batches; `distribute_datasets_from_function` gets an `InputContext` with one pipeline per
+///   worker.
+///
+/// Failures: when a worker is lost (its process dies, or it goes silent past the transport's
+/// idle timeout), every survivor's pending collective fails with
+/// [`CollectiveError::MemberLost`] naming it, and `run` fails with
+/// [`StrategyError::Collective`] (this step and every later one, until
+/// [`MultiWorkerMirrored::recover`] re-forms the group with the survivors, if they are a
+/// quorum of it, and makes their
+/// training state identical: elastic training). A replica whose step fails in the
+/// application (it panics, or returns an error under
+/// [`StrategyExt::try_run`](super::StrategyExt::try_run)) aborts the group: every other
+/// worker's `run` fails at once with [`CollectiveError::Application`] naming the worker and
+/// the error's message, and that worker gets its own error.
+#[derive(Debug)]
+pub struct MultiWorkerMirrored {
+    id: StrategyId,
+    replicas: Replicas,
+    span: ProcessSpan,
+    task: TaskId,
+    local_replicas: usize,
+    bucket_bytes_max: usize,
+    probe_timeout: Duration,
+    recover_attempts: usize,
+    /// What sums across the workers, and the bounds of NCCL's calls; each re-formed group's
+    /// span gets them too.
+    communication: (Communication, NcclWaits),
+    /// Keeps this worker's collective endpoint accepting while the strategy lives.
+    _mesh: Mesh,
+    /// Whether this worker joined a live group and has not received its training state yet
+    /// ([`MultiWorkerMirrored::at_step_boundary`]); its variables skip the first worker's
+    /// broadcast meanwhile (the members are past it).
+    awaiting_state: Arc<AtomicBool>,
+    /// When this worker last reached a step boundary ([`MultiWorkerMirrored::at_step_boundary`]):
+    /// its metrics' step time.
+    last_boundary: Option<std::time::Instant>,
+    /// The status page's view of the cluster: every chief and worker task (node, address, in
+    /// rank order) and what this worker makes of each.
+    status_tasks: Vec<(NodeId, String)>,
+    task_states: std::collections::BTreeMap<NodeId, TaskState>,
+    /// Whether the status page's membership changes hold one yet (the first epoch is noted
+    /// at the first step boundary, which knows its step).
+    change_noted: bool,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl MultiWorkerMirrored {
+    /// Forms the group of every worker of `config.cluster` and starts this process's replicas
+    /// (see the type's doc). Fails with [`StrategyError::Config`] naming the key of a bad
+    /// cluster, task, certificate directory or replica count, and with
+    /// [`StrategyError::Collective`] when the group cannot be formed in time.
+    pub fn new(config: MultiWorkerConfig) -> Result<Self, StrategyError> {
+        let task = check_config(&config)?;
+        if let Some(addr) = config.metrics_addr {
+            serve_metrics(addr, task).map_err(|detail| bad("metrics_addr", detail))?;
+        }
+        let (members, own_addr) = cluster_members(&config.cluster, task)?;
+        let me = node_id(task);
+        let peers: Vec<GroupMember> = members.iter().filter(|m| m.node != me).cloned().collect();
+        let creds = NodeCredentials::load(&config.certs_dir, &me)
+            .map_err(|e| bad("certs_dir", format!("{}: {e}", config.certs_dir.display())))?;
+        let names: Vec<String> = (0..config.local_replicas)
+            .map(|i| format!("cpu:{i}"))
+            .collect();
+        let devices = parse_replica_devices(&names)?;
+        let runtime = collective_runtime()?;
+        let formed = form_or_join(&runtime, &config, own_addr, creds, members, peers);
+        let (mesh, group) = match formed {
+            Ok(formed) => formed,
+            Err(err) => {
+                runtime.shutdown_background();
+                return Err(err.into());
+            }
+        };
+        crate::metrics::record_group(group.epoch(), group.size());
+        let communication = communication_of(&config);
+        let span = span_of(
+            group,
+            &runtime,
+            config.local_replicas,
+            config.bucket_bytes_max,
+            communication,
+        );
+        // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
+        let awaiting_state = Arc::new(AtomicBool::new(span.group().epoch() > 1));
+        let (id, replicas) = match start_replicas(&config, &span, devices) {
+            Ok(made) => made,
+            Err(err) => {
+                shut_down(runtime, span.group());
+                return Err(err);
+            }
+        };
+        let status_tasks = status_tasks(&config.cluster);
+        let strategy = Self {
+            id,
+            replicas,
+            span,
+            task,
+            local_replicas: config.local_replicas,
+            bucket_bytes_max: config.bucket_bytes_max,
+            probe_timeout: config.probe_timeout,
+            recover_attempts: config.recover_attempts.max(1),
+            communication,
+            _mesh: mesh,
+            awaiting_state,
+            last_boundary: None,
+            status_tasks,
+            task_states: std::collections::BTreeMap::new(),
+            change_noted: false,
+            runtime: Some(runtime),
+        };
+        strategy.publish_status();
+        Ok(strategy)
+    }
+
+    /// Reads the cluster from `TF_CONFIG` and makes the strategy with `local_replicas`
+    /// replicas here and the other settings' defaults.
+    pub fn from_env(
+        certs_dir: impl Into<PathBuf>,
+        local_replicas: usize,
+    ) -> Result<Self, StrategyError> {
+        let cluster = ClusterConfig::from_env()
+            .map_err(|e| StrategyError::Config {
+                key: crate::cluster::TF_CONFIG_ENV.into(),
+                detail: e.to_string(),
+            })?
+            .ok_or_else(|| StrategyError::Config {
+                key: crate::cluster::TF_CONFIG_ENV.into(),
+                detail: "unset: MultiWorkerMirrored needs the cluster".into(),
+            })?;
+        let mut config =
+            MultiWorkerConfig::new(cluster, certs_dir).with_local_replicas(local_replicas);
+        config.metrics_addr = metrics_addr_from_env()?;
+        Self::new(config)
+    }
+
+    /// This process's task.
+    pub fn task(&self) -> TaskId {
+        self.task
+    }
+
+    /// What sums this worker's tensors across the workers.
+    pub fn communication(&self) -> Communication {
+        self.communication.0
+    }
+
+    /// This worker's rank among the workers (the chief, if any, is 0): its input pipeline id.
+    pub fn worker_index(&self) -> usize {
+        self.span.group().rank()
+    }
+
+    /// Number of workers (the chief included).
+    pub fn num_workers(&self) -> usize {
+        self.span.group().size()
+    }
+
+    /// Whether this worker is the first (the chief, or worker 0 without one): the one that
+    /// writes checkpoints and summaries.
+    pub fn is_chief(&self) -> bool {
+        self.worker_index() == 0
+    }
+
+    /// The process group of the workers (its epoch, members, and the error that broke it).
+    pub fn process_group(&self) -> &ProcessGroup {
+        self.span.group()
+    }
+
+    /// Refuses `method` on a worker that joined a live group and has not received its state.
+    fn joined_without_state(&self, method: &'static str) -> Result<(), StrategyError> {
+        if self.awaiting_state.load(Ordering::SeqCst) {
+            return Err(StrategyError::NotAvailable {
+                strategy: "MultiWorkerMirroredStrategy",
+                method,
+                side: "worker",
+                reason: "this worker joined a live group and holds none of its training state \
+                         yet: call `at_step_boundary` with the state first"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Records the group as this worker sees it now, for its status page.
+    fn publish_status(&self) {
+        let group = self.span.group();
+        crate::metrics::publish_group_status(
+            group.epoch(),
+            group.size(),
+            group.members(),
+            &self.status_tasks,
+            &self.task_states,
+            self.local_replicas,
+            self.communication.0.to_string(),
+        );
+    }
+
+    /// Runs `call` on the collective runtime and waits for it here.
+    fn block<T: Send + 'static>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, CollectiveError>> + Send + 'static,
+    ) -> Result<T, CollectiveError> {
+        match &self.runtime {
+            Some(runtime) => block_on(runtime, call),
+            None => Err(CollectiveError::Stopped {
+                epoch: self.span.group().epoch(),
+            }),
+        }
+    }
+
+    fn broken(&self) -> Result<(), StrategyError> {
+        match self.span.group().broken() {
+            Some(err) => Err(StrategyError::Collective(err)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_local(&self, value: &PerReplica<Tensor>) -> Result<(), StrategyError> {
+        let expected = self.replicas.devices().len();
+        if value.num_replicas() != expected {
+            return Err(StrategyError::ReplicaCountMismatch {
+                expected,
+                got: value.num_replicas(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MultiWorkerMirrored {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            shut_down(runtime, self.span.group());
+        }
+    }
+}
+
+/// Stops the collective runtime once this worker's last messages were taken: they may still
+/// be on their way to a worker finishing its last call (bounded by [`FLUSH_MAX`]). Never
+/// blocks longer (a strategy may be dropped inside another runtime); a replica still waiting
+/// on a group call gets `CollectiveError::Stopped`.
+fn shut_down(runtime: tokio::runtime::Runtime, group: &ProcessGroup) {
+    let group = group.clone();
+    let _ = block_on(&runtime, async move {
+        group.flush(FLUSH_MAX).await;
+        Ok(())
+    });
+    runtime.shutdown_background();
+}
+
+/// Bound on waiting, when the strategy is dropped, for this worker's last messages to be taken.
+const FLUSH_MAX: Duration = Duration::from_secs(5);
+/// How long a fresh start refused by a member still waiting to be admitted waits before it
+/// forms the first epoch again (that member asks the others each second whether a group
+/// lives, and starts once none does).
+const FRESH_START_RETRY: Duration = Duration::from_millis(500);
+
+/// A configuration error naming `key`.
+fn bad(key: &str, detail: String) -> StrategyError {
+    StrategyError::Config {
+        key: key.to_string(),
+        detail,
+    }
+}
+
+/// Refuses what this strategy cannot run, before anything starts: a cluster with parameter
+/// servers or evaluators, a task that is neither a worker nor the chief, no local replica, or
+/// a communication this process cannot use. Returns this process's task.
+fn check_config(config: &MultiWorkerConfig) -> Result<TaskId, StrategyError> {
+    let cluster = &config.cluster;
+    cluster
+        .cluster
+        .require(StrategyKind::MultiWorkerMirrored)
+        .map_err(|e| bad("cluster", e.to_string()))?;
+    for job in [TaskType::Ps, TaskType::Evaluator] {
+        let count = cluster.cluster.num_tasks(job);
+        if count > 0 {
+            return Err(bad(
+                &format!("cluster.{job}"),
+                format!(
+                    "MultiWorkerMirrored takes workers and an optional chief only, \
+                     not {count} {job} task(s)"
+                ),
+            ));
+        }
+    }
+    let task = cluster.task;
+    if !matches!(task.task_type, TaskType::Chief | TaskType::Worker) {
+        return Err(bad(
+            "task.type",
+            format!("{} is not a worker or the chief", task.task_type),
+        ));
+    }
+    if config.local_replicas == 0 {
+        return Err(bad(
+            "local_replicas",
+            "at least one replica per worker".into(),
+        ));
+    }
+    // Before forming: a worker that cannot use its communication never joins the group.
+    config
+        .communication
+        .check()
+        .map_err(|detail| bad("communication", detail))?;
+    Ok(task)
+}
+
+/// Serves this worker's metrics and status page ([`crate::metrics::serve_group`]) on `addr`
+/// for the rest of the process, as `task` of its launcher's incarnation; why not, if it
+/// cannot.
+fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
+    use crate::metrics::Role;
+    let role = match task.task_type {
+        TaskType::Chief => Role::Chief,
+        _ => Role::Worker,
+    };
+    // The launcher's incarnation epoch for this task, as a role process reads it.
+    let given = std::env::var(crate::cluster::ConfigKey::INCARNATION.env)
+        .ok()
+        .and_then(|text| text.trim().parse().ok());
+    let incarnation = crate::process::incarnation_epoch(given, std::time::SystemTime::now());
+    let server =
+        crate::metrics::serve_group(addr, role, task.index, incarnation, &task.to_string())?;
+    tracing::info!(
+        "{task}: metrics on http://{}/metrics (health: /healthz, status: /status)",
+        server.addr
+    );
+    Ok(())
+}
+
+/// Every chief and worker of `cluster` as a member of the group, in rank order, and the
+/// address `task` listens on.
+fn cluster_members(
+    cluster: &ClusterConfig,
+    task: TaskId,
+) -> Result<(Vec<GroupMember>, SocketAddr), StrategyError> {
+    // Chief first, then workers: the group's ranks (sorted node ids) in TensorFlow's order.
+    let mut members = Vec::new();
+    let mut own_addr = None;
+    for job in [TaskType::Chief, TaskType::Worker] {
+        for (i, text) in cluster.cluster.addresses(job).iter().enumerate() {
+            let key = format!("cluster.{job}[{i}]");
+            let addr = resolve(text).map_err(|detail| bad(&key, detail))?;
+            let member = TaskId::new(job, i as u32);
+            if member == task {
+                own_addr = Some(addr);
+            }
+            members.push(GroupMember {
+                node: node_id(member),
+                addr,
+            });
+        }
+    }
+    let own_addr = own_addr.ok_or_else(|| bad("task", format!("{task} is not in the cluster")))?;
+    Ok((members, own_addr))
+}
+
+/// The first address `text` (`host:port`) resolves to.
+fn resolve(text: &str) -> Result<SocketAddr, String> {
+    text.to_socket_addrs()
+        .map_err(|e| format!("{text:?} does not resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
+/// Starts the runtime of this worker's collectives (two threads).
+fn collective_runtime() -> Result<tokio::runtime::Runtime, StrategyError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("cohort-mwms")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            bad(
+                "runtime",
+                format!("cannot start the collective runtime: {e}"),
+            )
+        })
+}
+
+/// Makes this worker's collective endpoint on `runtime` (listening on `own_addr` with
+/// `creds`) and with it enters the group of `members` (`peers`: the others, see
+/// [`enter_group`]). Fails with the collective error when it cannot, in time.
+fn form_or_join(
+    runtime: &tokio::runtime::Runtime,
+    config: &MultiWorkerConfig,
+    own_addr: SocketAddr,
+    creds: NodeCredentials,
+    members: Vec<GroupMember>,
+    peers: Vec<GroupMember>,
+) -> Result<(Mesh, ProcessGroup), CollectiveError> {
+    let (transport, group_config) = (config.transport.clone(), config.group.clone());
+    let (enter_timeout, join_timeout) = (config.enter_timeout, config.join_timeout);
+    let certs_dir = config.certs_dir.clone();
+    block_on(runtime, async move {
+        // Under network fault rules (COHORT_NET_FAULTS) as every role's endpoint is.
+        let endpoint =
+            cohort_chaos::rules::bind_endpoint(own_addr, creds, transport).map_err(|e| {
+                CollectiveError::Form {
+                    epoch: 1,
+                    reason: format!("cannot listen on {own_addr}: {e}"),
+                }
+            })?;
+        // Certificates rotated in the directory serve the handshakes that follow.
+        cohort_transport::reload::watch_credentials(
+            &endpoint,
+            certs_dir,
+            cohort_transport::reload::RELOAD_EVERY,
+        );
+        let mesh = Mesh::new(endpoint, group_config);
+        let group =
+            enter_group(&mesh, own_addr, peers, members, enter_timeout, join_timeout).await?;
+        Ok((mesh, group))
+    })
+}
+
+/// Enters the group of `members` through `mesh` (this worker's endpoint, on `own_addr`):
+/// forms the first epoch with the others (`peers`) where they start too, or joins the group
+/// they formed already, as their answers within `enter_timeout` say; `join_timeout` bounds
+/// the wait to be admitted.
+async fn enter_group(
+    mesh: &Mesh,
+    own_addr: SocketAddr,
+    peers: Vec<GroupMember>,
+    members: Vec<GroupMember>,
+    enter_timeout: Duration,
+    join_timeout: Duration,
+) -> Result<ProcessGroup, CollectiveError> {
+    // Forms the first epoch with the others (a fresh start). A member still waiting
+    // to be admitted to a group that is gone (its process entered while the group
+    // lived, and every member left or was lost since) refuses it until it sees that
+    // no one has a live group, and then forms it too: the refused attempt is
+    // forgotten and tried again, within the join timeout, this process answering
+    // meanwhile that it has no group (rather than exiting and being restarted, which
+    // a waiting member may never see).
+    let fresh_start = |mesh: Mesh, members: Vec<GroupMember>| async move {
+        let until = tokio::time::Instant::now() + join_timeout;
+        loop {
+            match mesh.form(1, members.clone()).await {
+                Err(err @ CollectiveError::EpochRefused { current: 0, .. })
+                    if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
+                {
+                    tracing::info!(%err, "a member waits to be admitted to a group that is gone: forming the first epoch again once it starts too");
+                    tokio::time::sleep(FRESH_START_RETRY).await;
+                }
+                formed => return formed,
+            }
+        }
+    };
+    // Joins the live group; where none lives any more (every worker lost its group,
+    // and they start again), forms the first epoch with the others after all.
+    let join = |mesh: Mesh, members: Vec<GroupMember>| {
+        let peers = peers.clone();
+        async move {
+            match mesh.join_live(own_addr, &peers, join_timeout).await {
+                Ok(group) => Ok(group),
+                Err(err) if mesh.epoch() == 0 => {
+                    match mesh.enter(own_addr, &peers, enter_timeout).await {
+                        Entry::Start => {
+                            tracing::info!(%err, "no live group to join: forming the first epoch with the others");
+                            fresh_start(mesh, members).await
+                        }
+                        Entry::Join => Err(err),
+                    }
+                }
+                Err(err) => Err(err),
+            }
+        }
+    };
+    // A restarted (or added) worker finds the others training: it joins them.
+    let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
+        Entry::Start => match fresh_start(mesh.clone(), members.clone()).await {
+            Ok(group) => group,
+            // The others formed the first epoch without this process (with its
+            // old one, lost since: this is a restart) while it formed: join them.
+            Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
+                Entry::Join => {
+                    tracing::info!(%err, "forming the first epoch failed and the others formed a group: joining it");
+                    join(mesh.clone(), members).await?
+                }
+                Entry::Start => return Err(err),
+            },
+        },
+        Entry::Join => {
+            tracing::info!("the others formed a group: joining it");
+            join(mesh.clone(), members).await?
+        }
+    };
+    Ok(group)
+}
+
+/// What sums across the workers, with the bounds of NCCL's calls (each re-formed group's
+/// span gets them too).
+fn communication_of(config: &MultiWorkerConfig) -> (Communication, NcclWaits) {
+    (
+        config.communication,
+        NcclWaits {
+            timeout: config.group.op_timeout,
+            // A lost member is detected within the idle timeout, after NCCL may have seen it.
+            settle: config.transport.idle_timeout + Duration::from_millis(500),
+            probe: config.probe_timeout,
+        },
+    )
+}
+
+/// Checks that every worker of `span`'s group runs the same settings, then starts this
+/// process's replicas on `devices`, spanning the group.
+fn start_replicas(
+    config: &MultiWorkerConfig,
+    span: &ProcessSpan,
+    devices: Vec<DeviceSpec>,
+) -> Result<(StrategyId, Replicas), StrategyError> {
+    // A worker lost right after forming breaks the group here: the training loop's
+    // first call fails with that loss and `recover` re-forms, then checks again.
+    unless_mendable(
+        check_same_settings(
+            span,
+            config.local_replicas,
+            config.bucket_bytes_max,
+            config.communication,
+        ),
+        span.group(),
+    )?;
+    let id = StrategyId::next();
+    let mut replicas = Replicas::threaded(devices, id, config.collective_timeout)?;
+    replicas.set_span(span.clone());
+    Ok((id, replicas))
+}
+
+/// The status page's view of `cluster`: every chief and worker task (node, address), in rank
+/// order.
+fn status_tasks(cluster: &ClusterConfig) -> Vec<(NodeId, String)> {
+    [TaskType::Chief, TaskType::Worker]
+        .into_iter()
+        .flat_map(|job| {
+            cluster
+                .cluster
+                .addresses(job)
+                .iter()
+                .enumerate()
+                .map(move |(i, addr)| (node_id(TaskId::new(job, i as u32)), addr.clone()))
+        })
+        .collect()
+}
+
+/// The span of `group`'s epoch, summing with `communication` (NCCL: within its waits, a new
+/// communicator for the epoch).
+fn span_of(
+    group: ProcessGroup,
+    runtime: &tokio::runtime::Runtime,
+    local_replicas: usize,
+    bucket_bytes_max: usize,
+    (communication, _waits): (Communication, NcclWaits),
+) -> ProcessSpan {
+    let span = ProcessSpan::new(
+        group,
+        runtime.handle().clone(),
+        local_replicas,
+        bucket_bytes_max,
+    );
+    match communication {
+        Communication::Ring => span,
+        // `Communication::check` refused it before the group formed.
+        #[cfg(not(feature = "nccl"))]
+        Communication::Nccl { .. } => span,
+        #[cfg(feature = "nccl")]
+        Communication::Nccl { device } => span.with_nccl(device, _waits),
+    }
+}
+
+/// Runs `call` on `runtime` and waits for it on this thread (which may itself be inside
+/// another runtime).
+fn block_on<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    call: impl std::future::Future<Output = Result<T, CollectiveError>> + Send + 'static,
+) -> Result<T, CollectiveError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(call.await);
+    });
+    rx.recv()
+        .unwrap_or(Err(CollectiveError::Stopped { epoch: 1 }))
+}
+
+impl Strategy for MultiWorkerMirrored {
+    fn name(&self) -> &'static str {
+        "MultiWorkerMirroredStrategy"
+    }
+
+    fn id(&self) -> StrategyId {
+        self.id
+    }
+
+    fn num_replicas_in_sync(&self) -> usize {
+        self.span.total_replicas()
+    }
+
+    fn local_replicas(&self) -> Range<usize> {
+        let first = self.span.first_replica();
+        first..first + self.replicas.devices().len()
+    }
+
+    fn replica_devices(&self) -> Vec<DeviceSpec> {
+        self.replicas.devices().to_vec()
+    }
+
+    fn variable_placement(&self) -> Arc<dyn VariablePlacement> {
+        Arc::new(MultiWorkerPlacement {
+            local: MirroredPlacement {
+                strategy: self.id,
+                devices: self.replicas.devices().to_vec(),
+            },
+            span: self.span.clone(),
+            awaiting_state: self.awaiting_state.clone(),
+        })
+    }
+
+    /// Runs the step on the local replicas. Fails with the group's error when the workers'
+    /// group is broken, before the step or by it, even if the replica function swallowed the
+    /// error of its collective.
+    fn run_replicas(&self, f: ReplicaFn) -> Result<Vec<Box<dyn Any + Send>>, StrategyError> {
+        self.joined_without_state("run")?;
+        self.broken()?;
+        let out = self.replicas.run(f);
+        if let Err(own @ StrategyError::ReplicaPanicked { .. }) = out {
+            // This worker's own failure (it aborted the group with it): its error, not the
+            // group's report of it.
+            return Err(own);
+        }
+        self.broken()?;
+        out
+    }
+
+    /// Reduces across every replica of every worker: `Sum` adds them all; `Mean` divides by
+    /// the replicas in sync (without `axis`) or by the elements along `axis` of every worker
+    /// (partial batches count what they hold). The result is the same on every worker.
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        value: &PerReplica<Tensor>,
+        axis: Option<usize>,
+    ) -> Result<Tensor, StrategyError> {
+        self.joined_without_state("reduce")?;
+        self.check_local(value)?;
+        let local = reduce_per_replica(ReduceOp::Sum, value, axis)?;
+        let count = match axis {
+            None => self.replicas.devices().len(),
+            Some(axis) => value.values().iter().map(|t| t.dims()[axis]).sum(),
+        };
+        let count = Tensor::new(&[count as f64], &Device::Cpu)?;
+        let summed = self.span.sum_many(&[local, count])?;
+        match op {
+            ReduceOp::Sum => Ok(summed[0].clone()),
+            ReduceOp::Mean => {
+                let count = summed[1].to_vec1::<f64>()?[0];
+                Ok(divide_by(&summed[0], count)?)
+            }
+        }
+    }
+
+    /// Concatenates every replica's tensor of every worker along `axis`, in replica order;
+    /// workers may hold different lengths along `axis` (partial batches).
+    fn gather(&self, value: &PerReplica<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        self.joined_without_state("gather")?;
+        self.check_local(value)?;
+        let local = super::gather_per_replica(value, axis)?;
+        // Along the first dimension, padded to the longest worker's length.
+        let front = local.transpose(0, axis)?.contiguous()?;
+        let len = front.dims()[0];
+        let lens = self
+            .span
+            .all_gather(&Tensor::new(&[len as i64], &Device::Cpu)?)?
+            .to_vec1::<i64>()?;
+        let longest = lens.iter().copied().max().unwrap_or(0) as usize;
+        let padded = if longest > len {
+            let mut pad_dims = front.dims().to_vec();
+            pad_dims[0] = longest - len;
+            let pad = Tensor::zeros(pad_dims, front.dtype(), front.device())?;
+            Tensor::cat(&[&front, &pad], 0)?
+        } else {
+            front
+        };
+        let all = self.span.all_gather(&padded)?;
+        let parts = lens
+            .iter()
+            .enumerate()
+            .map(|(w, &l)| all.narrow(0, w * longest, l as usize))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 0)?.transpose(0, axis)?.contiguous()?)
+    }
+
+    fn input_pipelines(&self) -> usize {
+        self.num_workers()
+    }
+
+    fn input_pipeline_id(&self) -> usize {
+        self.worker_index()
+    }
+}
