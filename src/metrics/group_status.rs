@@ -8,13 +8,40 @@
 //! type, so that `metrics` stays below them.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{AddrParseError, SocketAddr};
 use std::sync::Arc;
 
 use cohort_transport::NodeId;
 
 use super::{serve, Exposition, MetricsServer, Role, StatusFormat};
 use crate::status::{GroupStatus, RateSampler, StatusReport, TaskState, TaskStatus};
+
+/// Why a worker's metrics endpoint could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GroupEndpointError {
+    /// The listener could not be bound.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Serve {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why binding failed.
+        source: std::io::Error,
+    },
+    /// The address variable does not parse.
+    #[error(
+        "{text:?} is not an address to serve metrics on (ip:port, e.g. 127.0.0.1:9100, or \
+         port 0 for any free port): {source}"
+    )]
+    Addr {
+        /// The variable's text.
+        text: String,
+        /// Why it does not parse.
+        source: AddrParseError,
+    },
+    /// The address variable is not valid UTF-8.
+    #[error("not valid UTF-8")]
+    NotUnicode,
+}
 
 /// Serves a worker's metrics ([`Exposition::for_group`] of `role`, `index` and
 /// `incarnation`) on `addr` for the rest of the process, with the status page of `task` (its
@@ -25,7 +52,7 @@ pub(crate) fn serve_group(
     index: u32,
     incarnation: u64,
     task: &str,
-) -> Result<MetricsServer, String> {
+) -> Result<MetricsServer, GroupEndpointError> {
     // The status page: this worker's view of the group, the step and its rate, the loss and
     // the newest checkpoint the program recorded.
     let job = format!("MultiWorkerMirrored ({task})");
@@ -62,23 +89,22 @@ pub(crate) fn serve_group(
         })
     });
     let exposition = Arc::new(Exposition::for_group(role, index, incarnation).with_status(status));
-    serve(addr, exposition).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))
+    serve(addr, exposition).map_err(|source| GroupEndpointError::Serve { addr, source })
 }
 
 /// The address to serve metrics on from the environment variable `key`
 /// (`COHORT_METRICS_ADDR`, which `cohort launch` sets for every task), if set; why not, if
 /// it does not parse.
-pub(crate) fn addr_from_env(key: &str) -> Result<Option<SocketAddr>, String> {
+pub(crate) fn addr_from_env(key: &str) -> Result<Option<SocketAddr>, GroupEndpointError> {
     match std::env::var(key) {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Ok(text) if text.trim().is_empty() => Ok(None),
-        Ok(text) => text.trim().parse().map(Some).map_err(|e| {
-            format!(
-                "{text:?} is not an address to serve metrics on (ip:port, e.g. \
-                 127.0.0.1:9100, or port 0 for any free port): {e}"
-            )
-        }),
-        Err(std::env::VarError::NotUnicode(_)) => Err("not valid UTF-8".into()),
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|source| GroupEndpointError::Addr { text, source }),
+        Err(std::env::VarError::NotUnicode(_)) => Err(GroupEndpointError::NotUnicode),
     }
 }
 

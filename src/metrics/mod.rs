@@ -41,7 +41,9 @@ mod group_status;
 mod http;
 mod process;
 
-pub(crate) use group_status::{addr_from_env, publish_group_status, record_group, serve_group};
+pub(crate) use group_status::{
+    addr_from_env, publish_group_status, record_group, serve_group, GroupEndpointError,
+};
 
 pub use http::{
     get as http_get, serve, MetricsServer, CONNECTIONS_MAX, GET_BODY_BYTES_MAX, REQUEST_BYTES_MAX,

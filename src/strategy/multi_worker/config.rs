@@ -239,9 +239,9 @@ pub(super) fn check_same_settings(
 /// not parse is a [`StrategyError::Config`] naming the variable.
 pub(crate) fn metrics_addr_from_env() -> Result<Option<SocketAddr>, StrategyError> {
     let key = crate::cluster::ConfigKey::METRICS_ADDR.env;
-    crate::metrics::addr_from_env(key).map_err(|detail| StrategyError::Config {
+    crate::metrics::addr_from_env(key).map_err(|e| StrategyError::Config {
         key: key.into(),
-        detail,
+        detail: e.to_string(),
     })
 }
 

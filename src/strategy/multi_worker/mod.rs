@@ -147,7 +147,7 @@ impl MultiWorkerMirrored {
     pub fn new(config: MultiWorkerConfig) -> Result<Self, StrategyError> {
         let task = check_config(&config)?;
         if let Some(addr) = config.metrics_addr {
-            serve_metrics(addr, task).map_err(|detail| bad("metrics_addr", detail))?;
+            serve_metrics(addr, task).map_err(|e| bad("metrics_addr", e.to_string()))?;
         }
         let (members, own_addr) = cluster_members(&config.cluster, task)?;
         let me = node_id(task);
@@ -402,7 +402,7 @@ fn check_config(config: &MultiWorkerConfig) -> Result<TaskId, StrategyError> {
 /// Serves this worker's metrics and status page ([`crate::metrics::serve_group`]) on `addr`
 /// for the rest of the process, as `task` of its launcher's incarnation; why not, if it
 /// cannot.
-fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), String> {
+fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), crate::metrics::GroupEndpointError> {
     use crate::metrics::Role;
     let role = match task.task_type {
         TaskType::Chief => Role::Chief,
