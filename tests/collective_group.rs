@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use cohort::collective::{
-    loopback_group, CollectiveError, GroupConfig, GroupMember, Mesh, ProcessGroup, Reduction,
+    loopback_group, CollectiveError, GroupConfig, GroupMember, Joiner, Mesh, ProcessGroup,
+    Reduction,
 };
 use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
 use futures::future::join_all;
@@ -1245,7 +1246,7 @@ async fn members_on_different_data_planes_both_fail_forming_naming_the_planes() 
 }
 
 /// The joiners pending at `leader`, once there is one (bounded).
-async fn joiners_pending_at(leader: &ProcessGroup) -> Vec<GroupMember> {
+async fn joiners_pending_at(leader: &ProcessGroup) -> Vec<Joiner> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let joiners = leader.pending_joiners();
@@ -1660,7 +1661,7 @@ async fn live_group_and_a_joiner() -> (
     cohort_chaos::plan::FaultControl,
     (std::net::SocketAddr, std::net::SocketAddr),
     tokio::task::JoinHandle<Result<ProcessGroup, CollectiveError>>,
-    Vec<GroupMember>,
+    Vec<Joiner>,
     ClusterCa,
     Vec<GroupMember>,
 ) {

@@ -34,8 +34,11 @@
 //! 1. A starting process asks the others first ([`Mesh::enter`]): if none formed a group yet
 //!    (the job is starting), it forms epoch 1 with them; if one did, it is to join.
 //! 2. A joiner repeats its `Enter` to every member until it is admitted ([`Mesh::join_live`]);
-//!    each member keeps it as pending for a while. A member of the live group asking to enter
-//!    is a new incarnation: its old one is gone, and the group fails at once with
+//!    each member keeps it as pending for a while. Every `Enter` and `Join` carries the
+//!    sender's process [`Incarnation`], and each member knows the process of each peer it
+//!    formed its group with: a member of the live group asking to enter from another process
+//!    is a new incarnation (an ask of the same process is one it sent before its admission
+//!    reached it, and is ignored): its old one is gone, and the group fails at once with
 //!    [`CollectiveError::MemberLost`] (the survivors re-form without it: a joiner answers
 //!    probes as no survivor).
 //! 3. At a step boundary the members agree on the joiners (their leader's pending ones, see
@@ -94,8 +97,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::landing::{Blob, Writable};
-use super::wire::{Call, Reply, Wire};
+use super::wire::{Call, PlainLink, Reply, Wire};
 use super::CollectiveError;
+use crate::process::Incarnation;
 
 /// Settings of a process group; every member should use the same (a member whose chunking
 /// differs fails its first large call with [`CollectiveError::Mismatch`]).
@@ -160,6 +164,17 @@ pub struct GroupMember {
     pub addr: SocketAddr,
 }
 
+/// A process waiting to be admitted to the live group ([`ProcessGroup::pending_joiners`],
+/// [`ProcessGroup::admit`]): the member it is to be, and which process of that node asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joiner {
+    /// Its node and where its mesh listens.
+    pub member: GroupMember,
+    /// The process that asked: every member records it on admitting it, so that this
+    /// process's asks still on their way are not taken for a new one's.
+    pub incarnation: Incarnation,
+}
+
 /// A node's collective endpoint (see the module doc). Cheap to clone.
 #[derive(Clone)]
 pub struct Mesh {
@@ -220,6 +235,7 @@ impl Mesh {
     pub fn new(endpoint: Endpoint, config: GroupConfig) -> Mesh {
         let inner = Arc::new(MeshInner {
             endpoint: endpoint.clone(),
+            incarnation: Incarnation::random(),
             config,
             state: Mutex::new(MeshState::default()),
             changed: Notify::new(),
@@ -242,6 +258,11 @@ impl Mesh {
     /// This node.
     pub fn node(&self) -> &NodeId {
         self.inner.endpoint.node()
+    }
+
+    /// This process's incarnation as its membership messages carry it: each mesh is a new one.
+    pub fn incarnation(&self) -> Incarnation {
+        self.inner.incarnation
     }
 
     /// The address peers dial.
@@ -340,6 +361,7 @@ impl Mesh {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let enter = Wire::Enter {
             addr: own.to_string(),
+            incarnation: self.inner.incarnation,
         };
         let frame = Frame::encode(&enter, Vec::new(), header_max).ok()?;
         let asked = async {
@@ -506,22 +528,23 @@ impl Mesh {
         peer: &GroupMember,
         deadline: Instant,
     ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
-        let linked = self.link_once(shared, peer, deadline).await?;
+        let (conn, plain, incarnation) = self.link_once(shared, peer, deadline).await?;
         let mut state = self.inner.lock();
         if state.epoch == shared.epoch {
             state.linked.insert((peer.node.clone(), shared.epoch));
+            state.processes.insert(peer.node.clone(), incarnation);
         }
-        Ok(linked)
+        Ok((conn, plain))
     }
 
     /// Dials and joins (larger node id) or waits for the peer's join (smaller node id),
-    /// within `deadline`.
+    /// within `deadline`; the link, and which process of the peer is at its other end.
     async fn link_once(
         &self,
         shared: &Arc<Shared>,
         peer: &GroupMember,
         deadline: Instant,
-    ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
+    ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
         let epoch = shared.epoch;
         let form_error = |reason: String| CollectiveError::Form { epoch, reason };
         if self.node() < &peer.node {
@@ -545,6 +568,7 @@ impl Mesh {
             members: shared.nodes.clone(),
             plaintext,
             by_admission,
+            incarnation: self.inner.incarnation,
         };
         let frame = Frame::encode(&join, Vec::new(), shared.header_max)
             .map_err(|e| form_error(format!("encoding the join: {e}")))?;
@@ -564,17 +588,23 @@ impl Mesh {
             }
         };
         match reply.decode::<Reply>(shared.header_max) {
-            Ok(Reply::Ack) if plaintext => Err(mismatch("QUIC")),
-            Ok(Reply::Ack) => Ok((conn, None)),
-            Ok(Reply::AckPlain { .. }) if !plaintext => Err(mismatch("plaintext")),
-            Ok(Reply::AckPlain { port, token }) => {
+            Ok(Reply::Joined {
+                incarnation,
+                plain: None,
+            }) if !plaintext => Ok((conn, None, incarnation)),
+            Ok(Reply::Joined { plain: None, .. }) => Err(mismatch("QUIC")),
+            Ok(Reply::Joined { plain: Some(_), .. }) if !plaintext => Err(mismatch("plaintext")),
+            Ok(Reply::Joined {
+                incarnation,
+                plain: Some(PlainLink { port, token }),
+            }) => {
                 let addr = SocketAddr::new(peer.addr.ip(), port);
                 let stream = super::plain::dial(addr, token, epoch, deadline)
                     .await
                     .map_err(|e| {
                         form_error(format!("the TCP link to {} at {addr}: {e}", peer.node))
                     })?;
-                Ok((conn, Some(stream)))
+                Ok((conn, Some(stream), incarnation))
             }
             Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
                 node: peer.node.clone(),
@@ -583,10 +613,9 @@ impl Mesh {
                 detail,
             }),
             Ok(Reply::Broken(err)) => Err(err),
-            Ok(other @ (Reply::Joining | Reply::Entered { .. })) => Err(form_error(format!(
-                "{} answered the join with {other:?}",
-                peer.node
-            ))),
+            Ok(other @ (Reply::Ack | Reply::Joining | Reply::Entered { .. })) => Err(form_error(
+                format!("{} answered the join with {other:?}", peer.node),
+            )),
             Err(e) => Err(form_error(format!(
                 "{}'s answer to the join: {e}",
                 peer.node
@@ -779,7 +808,7 @@ impl Mesh {
         shared: &Shared,
         peer: &GroupMember,
         deadline: Instant,
-    ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
+    ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
         let epoch = shared.epoch;
         let key = (peer.node.clone(), epoch);
         let mut next_ask = Instant::now() + STILL_FORMING_EVERY;
@@ -795,8 +824,8 @@ impl Mesh {
                 let ready = state.joined.contains_key(&key)
                     && (!self.inner.config.plaintext || state.plain_joined.contains_key(&key));
                 if ready {
-                    if let Some((conn, _)) = state.joined.remove(&key) {
-                        return Ok((conn, state.plain_joined.remove(&key)));
+                    if let Some((conn, _, incarnation)) = state.joined.remove(&key) {
+                        return Ok((conn, state.plain_joined.remove(&key), incarnation));
                     }
                 }
                 if let Some(reason) = state.refused_joins.remove(&key) {
@@ -1109,22 +1138,25 @@ impl ProcessGroup {
     /// [`PENDING_FRESH`] and are not members of this group, in node order, with where they
     /// listen. Only the leader's (rank 0's) count: the members agree on its list before
     /// [`ProcessGroup::admit`].
-    pub fn pending_joiners(&self) -> Vec<GroupMember> {
+    pub fn pending_joiners(&self) -> Vec<Joiner> {
         let mut state = self.mesh.inner.lock();
         let now = Instant::now();
         state
             .pending
-            .retain(|_, (_, asked)| now.duration_since(*asked) < PENDING_FRESH);
-        let mut joiners: Vec<GroupMember> = state
+            .retain(|_, pending| now.duration_since(pending.asked) < PENDING_FRESH);
+        let mut joiners: Vec<Joiner> = state
             .pending
             .iter()
             .filter(|(node, _)| !self.shared.nodes.contains(node))
-            .map(|(node, (addr, _))| GroupMember {
-                node: node.clone(),
-                addr: *addr,
+            .map(|(node, pending)| Joiner {
+                member: GroupMember {
+                    node: node.clone(),
+                    addr: pending.addr,
+                },
+                incarnation: pending.incarnation,
             })
             .collect();
-        joiners.sort_by(|a, b| a.node.cmp(&b.node));
+        joiners.sort_by(|a, b| a.member.node.cmp(&b.member.node));
         joiners
     }
 
@@ -1144,10 +1176,7 @@ impl ProcessGroup {
     /// attempt at every member, whose group of this epoch is then superseded (re-form with the
     /// survivors, [`ProcessGroup::reachable`]), and as this group's calls do. This group's
     /// messages still on their way go first, as in [`ProcessGroup::reform`].
-    pub async fn admit(
-        &self,
-        joiners: &[GroupMember],
-    ) -> Result<Option<ProcessGroup>, CollectiveError> {
+    pub async fn admit(&self, joiners: &[Joiner]) -> Result<Option<ProcessGroup>, CollectiveError> {
         if joiners.is_empty() {
             return Ok(None);
         }
@@ -1162,19 +1191,20 @@ impl ProcessGroup {
                 addr: *addr,
             })
             .collect();
-        members.extend(joiners.iter().cloned());
+        members.extend(joiners.iter().map(|j| j.member.clone()));
         let mut every_one_told = 0u8;
         if self.shared.rank == 0 {
             {
                 let mut state = self.mesh.inner.lock();
                 for joiner in joiners {
-                    state.pending.remove(&joiner.node);
+                    state.pending.remove(&joiner.member.node);
                 }
             }
             let deadline = Instant::now() + self.shared.config.form_timeout;
-            let told = joiners
-                .iter()
-                .map(|joiner| self.mesh.tell_admitted(joiner, epoch, &members, deadline));
+            let told = joiners.iter().map(|joiner| {
+                self.mesh
+                    .tell_admitted(&joiner.member, epoch, &members, deadline)
+            });
             let told = futures::future::join_all(told).await;
             every_one_told = u8::from(told.iter().all(|t| *t));
         }
@@ -1196,13 +1226,12 @@ impl ProcessGroup {
             return Ok(None);
         }
         {
+            // The admitted processes' asks still on their way are theirs, not new ones'.
             let mut state = self.mesh.inner.lock();
-            let now = Instant::now();
-            state
-                .admitted_at
-                .retain(|_, at| now.duration_since(*at) < STALE_ENTER_WINDOW);
             for joiner in joiners {
-                state.admitted_at.insert(joiner.node.clone(), now);
+                state
+                    .processes
+                    .insert(joiner.member.node.clone(), joiner.incarnation);
             }
         }
         self.hand_over().await;
@@ -1236,6 +1265,8 @@ pub enum Entry {
 
 struct MeshInner {
     endpoint: Endpoint,
+    /// This process, as its `Enter` and `Join` name it.
+    incarnation: Incarnation,
     config: GroupConfig,
     state: Mutex<MeshState>,
     /// Signalled when an epoch is formed here or a peer joins one.
@@ -1256,7 +1287,7 @@ struct MeshState {
     /// Links of the forming epoch whose dialer's join arrived, until `form` takes them.
     /// Each with when its join arrived: of two processes of one peer joining the same
     /// epoch (its old one, killed while the job started, and its restart), the later wins.
-    joined: HashMap<(NodeId, u64), (Connection, Instant)>,
+    joined: HashMap<(NodeId, u64), (Connection, Instant, Incarnation)>,
     readers: Vec<JoinHandle<()>>,
     /// Whether this process waits to be admitted to a live group ([`Mesh::join_live`]): it
     /// answers probes as no survivor.
@@ -1269,12 +1300,12 @@ struct MeshState {
     /// The peers whose link of the forming (or last formed) epoch is up, by epoch: a join
     /// or enter from another process of one of them is a new incarnation.
     linked: std::collections::HashSet<(NodeId, u64)>,
-    /// Processes that asked to be admitted (`Enter`): where they listen, when they last asked.
-    pending: HashMap<NodeId, (SocketAddr, Instant)>,
-    /// Joiners this mesh formed an epoch with by admission, and when it began forming it: an
-    /// `Enter` of theirs in the next [`STALE_ENTER_WINDOW`] is one they sent before their
-    /// admission reached them, not a new process.
-    admitted_at: HashMap<NodeId, Instant>,
+    /// Processes that asked to be admitted (`Enter`), by node.
+    pending: HashMap<NodeId, Pending>,
+    /// The process of each peer this mesh last linked with (its join, or its answer to ours)
+    /// or admitted: an `Enter` from that process is one it sent before it formed the group
+    /// with this mesh (stale); one from another process of a member is its restart.
+    processes: HashMap<NodeId, Incarnation>,
     /// The admission this joining mesh received and has not formed yet: epoch and members.
     admission: Option<(u64, Vec<GroupMember>)>,
     /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
@@ -1287,6 +1318,16 @@ struct MeshState {
     plain_joined: HashMap<(NodeId, u64), TcpStream>,
     /// Joins refused for a reason that fails the forming here too (the data planes differ).
     refused_joins: HashMap<(NodeId, u64), String>,
+}
+
+/// A process that asked to be admitted ([`MeshState::pending`]).
+struct Pending {
+    /// Where it listens.
+    addr: SocketAddr,
+    /// Which process of its node asked.
+    incarnation: Incarnation,
+    /// When it last asked.
+    asked: Instant,
 }
 
 impl Drop for MeshInner {
@@ -1383,12 +1424,13 @@ impl MeshInner {
                 members,
                 plaintext,
                 by_admission,
+                incarnation,
             } => {
                 let mesh = self.clone();
                 let conn = conn.clone();
                 tokio::spawn(async move {
                     let reply = mesh
-                        .join(&conn, epoch, members, plaintext, by_admission)
+                        .join(&conn, epoch, members, plaintext, by_admission, incarnation)
                         .await;
                     tracing::debug!(peer = %conn.peer(), epoch, ?reply, "answered a join");
                     respond(responder, reply, header_max);
@@ -1486,8 +1528,8 @@ impl MeshInner {
                 tracing::debug!(%peer, epoch, ?reply, "answered a probe");
                 respond(responder, reply, header_max)
             }
-            Wire::Enter { addr } => {
-                let reply = self.entered(&peer, &addr);
+            Wire::Enter { addr, incarnation } => {
+                let reply = self.entered(&peer, &addr, incarnation);
                 tracing::debug!(%peer, ?reply, "answered an enter");
                 respond(responder, reply, header_max)
             }
@@ -1531,6 +1573,7 @@ impl MeshInner {
         members: Vec<NodeId>,
         plaintext: bool,
         by_admission: bool,
+        incarnation: Incarnation,
     ) -> Reply {
         let arrived = Instant::now();
         let deadline = arrived + self.config.form_timeout;
@@ -1586,7 +1629,10 @@ impl MeshInner {
                             let peer = conn.peer().clone();
                             let key = (peer.clone(), epoch);
                             // A later process of it joined too, or this one is gone already.
-                            if state.joined.get(&key).is_some_and(|(_, at)| *at > arrived)
+                            if state
+                                .joined
+                                .get(&key)
+                                .is_some_and(|(_, at, _)| *at > arrived)
                                 || conn.close_reason().is_some()
                             {
                                 return Reply::Refused {
@@ -1597,14 +1643,20 @@ impl MeshInner {
                                     ),
                                 };
                             }
-                            state.joined.insert(key, (conn.clone(), arrived));
-                            let reply = match self.plain.get() {
+                            state
+                                .joined
+                                .insert(key, (conn.clone(), arrived, incarnation));
+                            let plain = match self.plain.get() {
                                 Some((port, _)) if self.config.plaintext => {
                                     let token = super::plain::new_token();
                                     state.plain_tokens.insert(token, (peer, epoch));
-                                    Reply::AckPlain { port: *port, token }
+                                    Some(PlainLink { port: *port, token })
                                 }
-                                _ => Reply::Ack,
+                                _ => None,
+                            };
+                            let reply = Reply::Joined {
+                                incarnation: self.incarnation,
+                                plain,
                             };
                             drop(state);
                             self.changed.notify_waiters();
@@ -1651,8 +1703,9 @@ impl MeshInner {
 
     /// The answer to a process's `Enter` (see [`Mesh::enter`]); keeps it as pending where a
     /// group was formed here, and fails a live group of which it is a member (its old
-    /// incarnation is gone).
-    fn entered(&self, peer: &NodeId, addr: &str) -> Reply {
+    /// incarnation is gone). An ask from the very process this mesh formed its group with (or
+    /// admitted to it) is one it sent before then, delivered late: ignored.
+    fn entered(&self, peer: &NodeId, addr: &str, incarnation: Incarnation) -> Reply {
         let mut state = self.lock();
         let epoch = state.epoch;
         if state.joining || epoch == 0 {
@@ -1669,13 +1722,14 @@ impl MeshInner {
                 formed: false,
             };
         }
+        let same_process = state.processes.get(peer) == Some(&incarnation);
         if let Some(g) = &group {
             // The first group forming and waiting for it: the job is starting (unless it
             // linked with another process of it already: then this one is a restart).
             if epoch == 1
                 && !g.is_formed()
                 && g.nodes.contains(peer)
-                && !state.linked.contains(&(peer.clone(), epoch))
+                && (same_process || !state.linked.contains(&(peer.clone(), epoch)))
             {
                 return Reply::Entered {
                     epoch,
@@ -1683,16 +1737,8 @@ impl MeshInner {
                 };
             }
         }
-        // A joiner asks each ENTER_REPEAT until its admission reaches it: an ask sent just
-        // before, delivered after the group formed with it, is its own, not a new process's.
-        // (A new process this soon after its old one's admission is found by the old one's
-        // silence instead, within the idle timeout, and admitted at its next ask.)
-        let just_admitted = state
-            .admitted_at
-            .get(peer)
-            .is_some_and(|at| at.elapsed() < STALE_ENTER_WINDOW);
-        if just_admitted && group.as_ref().is_some_and(|g| g.nodes.contains(peer)) {
-            tracing::debug!(%peer, "an ask to join sent before its admission: ignored");
+        if same_process && group.as_ref().is_some_and(|g| g.nodes.contains(peer)) {
+            tracing::debug!(%peer, %incarnation, "an ask to join from a process already a member: sent before it formed this group, ignored");
             return Reply::Entered {
                 epoch,
                 formed: true,
@@ -1705,14 +1751,23 @@ impl MeshInner {
                 detail: format!(" (the address {addr:?} does not parse)"),
             };
         };
-        state.pending.insert(peer.clone(), (addr, Instant::now()));
+        state.pending.insert(
+            peer.clone(),
+            Pending {
+                addr,
+                incarnation,
+                asked: Instant::now(),
+            },
+        );
         drop(state);
         if let Some(g) = group.filter(|g| g.is_formed() && g.nodes.contains(peer)) {
             g.fail(
                 CollectiveError::MemberLost {
                     node: peer.clone(),
                     epoch,
-                    reason: "a new process of it asks to join: the old one is gone".into(),
+                    reason: format!(
+                        "a new process of it ({incarnation}) asks to join: the old one is gone"
+                    ),
                 },
                 true,
             );
@@ -2477,7 +2532,7 @@ impl Shared {
                     reason: "it stopped".into(),
                 },
                 Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
-                Ok(other @ (Reply::Joining | Reply::Entered { .. } | Reply::AckPlain { .. })) => {
+                Ok(other @ (Reply::Joining | Reply::Entered { .. } | Reply::Joined { .. })) => {
                     CollectiveError::Link {
                         node: peer.clone(),
                         epoch: self.epoch,
@@ -2629,9 +2684,6 @@ const DIAL_RETRY: Duration = Duration::from_millis(100);
 const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
 pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
-/// How long after its admission a joiner's `Enter` is taken for one it sent before the
-/// admission reached it: its asks are bounded by [`ENTER_REPEAT`], then delivered.
-const STALE_ENTER_WINDOW: Duration = Duration::from_secs(2);
 /// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,
 /// so that a joiner that went away is not admitted (which would fail the admission).
 pub const PENDING_FRESH: Duration = Duration::from_secs(3);
@@ -2739,5 +2791,61 @@ mod tests {
             "{broken}"
         );
         assert_eq!(credits.available_permits(), 1);
+    }
+
+    /// A member knows which process of each peer it formed its group with: an ask to join
+    /// from that very process (sent before it formed the group, delivered however late) is
+    /// ignored and the group goes on; one from another process of that peer is its restart,
+    /// which fails the group at once and leaves the new process pending.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_restart() {
+        let (_endpoints, groups) = pair().await;
+        let peer = NodeId::new("worker", 1);
+        let addr = groups[1].mesh.local_addr().unwrap().to_string();
+        let own = groups[1].mesh.incarnation();
+        let inner = &groups[0].mesh.inner;
+        assert_eq!(inner.lock().processes.get(&peer), Some(&own));
+        // Later than any time window would have allowed.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let reply = inner.entered(&peer, &addr, own);
+        assert!(
+            matches!(
+                reply,
+                Reply::Entered {
+                    epoch: 1,
+                    formed: true
+                }
+            ),
+            "{reply:?}"
+        );
+        assert!(groups[0].broken().is_none(), "a stale ask broke the group");
+        assert!(!inner.lock().pending.contains_key(&peer));
+
+        let restarted = Incarnation::random();
+        let reply = inner.entered(&peer, &addr, restarted);
+        assert!(
+            matches!(
+                reply,
+                Reply::Entered {
+                    epoch: 1,
+                    formed: true
+                }
+            ),
+            "{reply:?}"
+        );
+        let broken = groups[0]
+            .broken()
+            .expect("a new process of a member breaks the group");
+        assert!(
+            matches!(&broken, CollectiveError::MemberLost { node, epoch: 1, reason }
+                if *node == peer && reason.contains(&restarted.to_string())),
+            "{broken}"
+        );
+        let state = inner.lock();
+        let pending = state
+            .pending
+            .get(&peer)
+            .expect("the new process is pending");
+        assert_eq!(pending.incarnation, restarted);
     }
 }

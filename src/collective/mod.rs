@@ -37,8 +37,8 @@ mod wire;
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
 pub use group::{
-    loopback_group, Entry, GroupConfig, GroupMember, Mesh, Probed, ProcessGroup, ENTER_REPEAT,
-    PENDING_FRESH,
+    loopback_group, Entry, GroupConfig, GroupMember, Joiner, Mesh, Probed, ProcessGroup,
+    ENTER_REPEAT, PENDING_FRESH,
 };
 pub use local::{LocalGroup, LocalMember};
 #[cfg(feature = "nccl")]

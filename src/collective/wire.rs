@@ -2,20 +2,25 @@
 //! message below; blob 0: a tensor chunk as little-endian elements).
 //!
 //! ```text
-//!  Join  { epoch, members, plaintext }   dialer -> acceptor, once per link and epoch
+//!  Join  { epoch, members, plaintext, by_admission, incarnation }
+//!                                        dialer -> acceptor, once per link and epoch
 //!  Data  { epoch, seq, tag, call } + blob   one chunk of the seq-th operation
 //!  Abort { epoch, error }                the first error a member saw, to every member
 //!  Probe { epoch }                       is the receiver alive? (re-forming with survivors)
-//!  Enter { addr }                        a starting process asks whether a group lives
+//!  Enter { addr, incarnation }           a starting process asks whether a group lives
 //!                                        (and, if one does, to be admitted to it)
 //!  Admit { epoch, members }              the live group's leader -> an admitted joiner
-//!  reply: Ack | AckPlain { port, token } (to Join, plaintext data plane)
+//!  StillForming { epoch, members }       does the receiver still form this epoch?
+//!  reply: Ack | Joined { incarnation, plain } (to Join)
 //!       | Refused { current, detail } | Broken(error) | Joining
 //!       | Entered { epoch, formed }      (to Enter)
 //! ```
 //!
 //! Every message carries the membership epoch; a member refuses every message of another
-//! epoch (EPOCH-1). A `Data` request is answered when the receiving operation consumes it, so
+//! epoch (EPOCH-1). `Enter` and `Join` carry the sender's process [`Incarnation`], and the
+//! answer to a join the acceptor's: a member knows which process of each peer it formed its
+//! group with, so an ask from another one is a new process (its old one is gone), and a late
+//! ask of the same one is stale. A `Data` request is answered when the receiving operation consumes it, so
 //! that a sender's window of unanswered requests bounds what waits in the receiver.
 
 use bincode::{Decode, Encode};
@@ -23,6 +28,7 @@ use cohort_transport::NodeId;
 
 use super::element::{Element, Reduction};
 use super::CollectiveError;
+use crate::process::Incarnation;
 
 /// A process group message.
 #[derive(Debug, Clone, Encode, Decode)]
@@ -41,6 +47,8 @@ pub(crate) enum Wire {
         /// the form timeout) for the acceptor's own admission, where a survivor's join of an
         /// epoch the acceptor was not admitted to means its old process and is refused at once.
         by_admission: bool,
+        /// The dialer's process.
+        incarnation: Incarnation,
     },
     /// One chunk of the `seq`-th operation of the group of `epoch`; blob 0 holds the chunk.
     Data {
@@ -65,6 +73,10 @@ pub(crate) enum Wire {
     Enter {
         /// Where the sender's mesh listens (`host:port`).
         addr: String,
+        /// The sender's process: a member of the live group that formed it with this very
+        /// process takes the ask for one sent before its admission reached it (stale), and
+        /// one from any other process of a member for that member's restart.
+        incarnation: Incarnation,
     },
     /// The live group's leader admits the receiver (a pending joiner): form `epoch` with
     /// `members` (node, `host:port`), every current member and the admitted joiners.
@@ -107,14 +119,15 @@ pub(crate) enum Reply {
     },
     /// The receiver's group of this epoch already failed with this error.
     Broken(CollectiveError),
-    /// The acceptor's answer to a `Join` on the plaintext data plane: taken; connect to this
-    /// port of its address over TCP and say this token first (it binds the TCP link to this
-    /// peer and epoch: the token travels only over QUIC's mutual TLS).
-    AckPlain {
-        /// The acceptor's TCP listener port.
-        port: u16,
-        /// The link's one-time token.
-        token: u128,
+    /// The acceptor's answer to a taken `Join`: its process, and on the plaintext data plane
+    /// where to finish the link.
+    Joined {
+        /// The acceptor's process.
+        incarnation: Incarnation,
+        /// Plaintext plane: connect to this port of the acceptor's address over TCP and say
+        /// this token first (it binds the TCP link to this peer and epoch: the token travels
+        /// only over QUIC's mutual TLS). `None` on the QUIC data plane.
+        plain: Option<PlainLink>,
     },
     /// The answer to a probe from a process waiting to be admitted: it is no survivor of
     /// any group (survivors re-form without it, and admit it afterwards).
@@ -128,6 +141,15 @@ pub(crate) enum Reply {
         /// Whether that epoch's group was formed.
         formed: bool,
     },
+}
+
+/// Where the dialer of a plaintext link connects its TCP stream ([`Reply::Joined`]).
+#[derive(Debug, Clone, Copy, Encode, Decode)]
+pub(crate) struct PlainLink {
+    /// The acceptor's TCP listener port.
+    pub(crate) port: u16,
+    /// The link's one-time token.
+    pub(crate) token: u128,
 }
 
 /// An operation as one member called it: every member must call the same.

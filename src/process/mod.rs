@@ -39,6 +39,7 @@
 mod compute_threads;
 mod exit_codes;
 mod exit_report;
+mod incarnation;
 mod signals;
 pub(crate) mod stdout;
 mod temp_dir;
@@ -56,6 +57,7 @@ pub use exit_codes::{
     PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
 };
 pub use exit_report::{send_exit_report, ExitReport, ExitReports, SOCKET_PATH_BYTES_MAX};
+pub use incarnation::Incarnation;
 pub(crate) use signals::on_stop_signal;
 pub use signals::{drain_on_signal, preemption_requested, stop_on_signals};
 pub use stdout::STDOUT_CLOSED_EXIT_CODE;

@@ -8,7 +8,7 @@
 //!   1.3, ring provider passed explicitly, never installed process-wide).
 //! - [`Endpoint`]: binds UDP (buffers sized by socket2), dials and accepts. Every connection is
 //!   mutually authenticated; there is no plaintext path. ALPN carries the protocol version
-//!   (`cohort/5`); a mismatch fails with "protocol version mismatch". After the handshake the
+//!   (`cohort/6`); a mismatch fails with "protocol version mismatch". After the handshake the
 //!   dialer claims its identity in a hello; the acceptor checks the claim equals the node its
 //!   certificate names and closes the connection otherwise (SEC-1).
 //! - [`Connection`]: request/response, one-way messages, incoming messages, loss detection
@@ -99,4 +99,4 @@ pub use tls::{
 /// worker's setup carries the variable layouts typed, and the parameter servers' refusals are
 /// typed errors; 4: a push names which of its closure's updates it is, for closures of several
 /// steps; 5: a closure and its pushes carry the learning rate the chief scheduled it with).
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;

@@ -14,8 +14,9 @@ use super::config::check_same_settings;
 use super::quorum::{has_quorum, no_quorum_detail, node_list};
 use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
 use crate::cluster::node_id;
-use crate::collective::{CollectiveError, GroupMember, ProcessGroup};
+use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup};
 use crate::optim::{OptimizerState, Slots};
+use crate::process::Incarnation;
 use crate::status::TaskState;
 use crate::strategy::StrategyError;
 use crate::variable::Variable;
@@ -319,10 +320,16 @@ impl MultiWorkerMirrored {
         let cpu = &Device::Cpu;
         // The leader's pending joiners, the same list on every member.
         let offer = if group.rank() == 0 {
-            let joiners: Vec<(NodeId, String)> = group
+            let joiners: Vec<(NodeId, String, u64)> = group
                 .pending_joiners()
                 .into_iter()
-                .map(|j| (j.node, j.addr.to_string()))
+                .map(|j| {
+                    (
+                        j.member.node,
+                        j.member.addr.to_string(),
+                        j.incarnation.raw(),
+                    )
+                })
                 .collect();
             if joiners.is_empty() {
                 Vec::new()
@@ -365,7 +372,7 @@ impl MultiWorkerMirrored {
             .broadcast(0, &Tensor::from_vec(bytes, len, cpu)?)?
             .to_vec1::<u8>()?;
         let joiners = decode_joiners(&bytes)?;
-        let joined: Vec<NodeId> = joiners.iter().map(|j| j.node.clone()).collect();
+        let joined: Vec<NodeId> = joiners.iter().map(|j| j.member.node.clone()).collect();
         let Some(admitted) = self.block(async move { group.admit(&joiners).await })? else {
             // The leader could not tell every joiner its admission: nobody formed the next
             // epoch, the group goes on as it was, and the joiners ask again.
@@ -761,21 +768,24 @@ pub struct Admission {
     pub position: u64,
 }
 
-/// The joiners the leader offered (`(node, host:port)` pairs, bincode), as group members.
-fn decode_joiners(bytes: &[u8]) -> Result<Vec<GroupMember>, StrategyError> {
+/// The joiners the leader offered (`(node, host:port, incarnation)` triples, bincode).
+fn decode_joiners(bytes: &[u8]) -> Result<Vec<Joiner>, StrategyError> {
     let bad = |detail: String| StrategyError::Recovery {
         reason: format!("the leader's list of joiners: {detail}"),
     };
     let config = bincode::config::standard().with_limit::<{ 1 << 20 }>();
-    let (pairs, _): (Vec<(NodeId, String)>, usize) =
+    let (triples, _): (Vec<(NodeId, String, u64)>, usize) =
         bincode::decode_from_slice(bytes, config).map_err(|e| bad(e.to_string()))?;
-    pairs
+    triples
         .into_iter()
-        .map(|(node, addr)| {
+        .map(|(node, addr, incarnation)| {
             let addr = addr
                 .parse()
                 .map_err(|_| bad(format!("the address {addr:?} of {node} does not parse")))?;
-            Ok(GroupMember { node, addr })
+            Ok(Joiner {
+                member: GroupMember { node, addr },
+                incarnation: Incarnation::from_raw(incarnation),
+            })
         })
         .collect()
 }
