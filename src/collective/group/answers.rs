@@ -1,0 +1,323 @@
+//! The mesh's answers to membership messages: a join of an epoch, an ask to enter (`Enter`),
+//! an admission, whether it still forms an epoch, and the refusals of another epoch.
+
+use super::*;
+
+impl MeshInner {
+    /// The answer to a dialer's join of `epoch`: waits (at most `form_timeout`) for this node
+    /// to form it, then acks if it formed it with the same members. A joiner not admitted to
+    /// `epoch` refuses at once, unless the dialer is a joiner admitted to it (`by_admission`):
+    /// its own admission is then on its way (see [`Wire::Join`]).
+    pub(super) async fn join(
+        &self,
+        conn: &Connection,
+        epoch: u64,
+        members: Vec<NodeId>,
+        plaintext: bool,
+        by_admission: bool,
+        incarnation: Incarnation,
+    ) -> Reply {
+        let arrived = Instant::now();
+        let deadline = arrived + self.config.form_timeout;
+        if plaintext != self.config.plaintext {
+            let plane = |p: bool| if p { "plaintext" } else { "QUIC" };
+            let reason = format!(
+                "{} uses the {} data plane, this member the {} one: every member must choose \
+                 alike (GroupConfig::plaintext)",
+                conn.peer(),
+                plane(plaintext),
+                plane(self.config.plaintext)
+            );
+            self.lock()
+                .refused_joins
+                .insert((conn.peer().clone(), epoch), reason.clone());
+            self.changed.notify_waiters();
+            return Reply::Refused {
+                current: epoch,
+                detail: format!(": {reason}"),
+            };
+        }
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.lock();
+                if state.epoch >= epoch {
+                    let group = state.group.upgrade().filter(|g| g.epoch == epoch);
+                    return match group {
+                        // Its links are all up: a join of it again comes from a new
+                        // incarnation of the dialer (enter first, then be admitted).
+                        Some(g) if g.is_formed() => Reply::Refused {
+                            current: epoch,
+                            detail: format!(
+                                " (formed already: {} is to enter and be admitted)",
+                                conn.peer()
+                            ),
+                        },
+                        // Its link of this epoch is up already, with another process of it
+                        // (the one before a restart): this one is to enter and be admitted.
+                        Some(_) if state.linked.contains(&(conn.peer().clone(), epoch)) => {
+                            Reply::Refused {
+                                current: epoch,
+                                detail: format!(
+                                    " (linked already with another process of {}: this one \
+                                     is to enter and be admitted)",
+                                    conn.peer()
+                                ),
+                            }
+                        }
+                        Some(g) if g.nodes == members => {
+                            let peer = conn.peer().clone();
+                            let key = (peer.clone(), epoch);
+                            // A later process of it joined too, or this one is gone already.
+                            if state
+                                .joined
+                                .get(&key)
+                                .is_some_and(|(_, at, _)| *at > arrived)
+                                || conn.close_reason().is_some()
+                            {
+                                return Reply::Refused {
+                                    current: epoch,
+                                    detail: format!(
+                                        " (a later process of {peer} joined it: this one is \
+                                         gone)"
+                                    ),
+                                };
+                            }
+                            state
+                                .joined
+                                .insert(key, (conn.clone(), arrived, incarnation));
+                            let plain = match self.plain.get() {
+                                Some((port, _)) if self.config.plaintext => {
+                                    let token = crate::collective::plain::new_token();
+                                    state.plain_tokens.insert(token, (peer, epoch));
+                                    Some(PlainLink { port: *port, token })
+                                }
+                                _ => None,
+                            };
+                            let reply = Reply::Joined {
+                                incarnation: self.incarnation,
+                                plain,
+                            };
+                            drop(state);
+                            self.changed.notify_waiters();
+                            reply
+                        }
+                        Some(g) => {
+                            let reply = Reply::Refused {
+                                current: epoch,
+                                detail: format!(" with members {:?}", g.nodes),
+                            };
+                            // A member forms an epoch once, with one list: a member of this
+                            // forming that forms it with another list never joins it, so it
+                            // fails here now rather than at the form timeout (the dialer
+                            // fails on this refusal).
+                            if !g.is_formed() && g.nodes.contains(conn.peer()) {
+                                drop(state);
+                                let reason = format!(
+                                    "{} forms it with members {members:?}, this member with \
+                                     {:?}: the views differ",
+                                    conn.peer(),
+                                    g.nodes
+                                );
+                                g.fail(CollectiveError::Form { epoch, reason }, false);
+                                self.changed.notify_waiters();
+                            }
+                            reply
+                        }
+                        None => self.refusal_locked(&state, epoch),
+                    };
+                }
+                if Self::unadmitted(&state, epoch) && !by_admission {
+                    return Self::unadmitted_refusal(&state, epoch);
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                let state = self.lock();
+                return Reply::Refused {
+                    current: state.epoch,
+                    detail: format!(" and did not form epoch {epoch} within its form timeout"),
+                };
+            }
+        }
+    }
+
+    /// The answer to a process's `Enter` (see [`Mesh::enter`]); keeps it as pending where a
+    /// group was formed here, and fails a live group of which it is a member (its old
+    /// incarnation is gone). An ask from the very process this mesh formed its group with (or
+    /// admitted to it) is one it sent before then, delivered late: ignored.
+    pub(super) fn entered(&self, peer: &NodeId, addr: &str, incarnation: Incarnation) -> Reply {
+        let mut state = self.lock();
+        let epoch = state.epoch;
+        if state.joining || epoch == 0 {
+            return Reply::Entered {
+                epoch,
+                formed: false,
+            };
+        }
+        let group = state.group.upgrade().filter(|g| g.epoch == epoch);
+        // Its first forming failed and is gone: no group lives here to admit anyone.
+        if group.is_none() && !state.member {
+            return Reply::Entered {
+                epoch,
+                formed: false,
+            };
+        }
+        let same_process = state.processes.get(peer) == Some(&incarnation);
+        if let Some(g) = &group {
+            // The first group forming and waiting for it: the job is starting (unless it
+            // linked with another process of it already: then this one is a restart).
+            if epoch == 1
+                && !g.is_formed()
+                && g.nodes.contains(peer)
+                && (same_process || !state.linked.contains(&(peer.clone(), epoch)))
+            {
+                return Reply::Entered {
+                    epoch,
+                    formed: false,
+                };
+            }
+        }
+        if same_process && group.as_ref().is_some_and(|g| g.nodes.contains(peer)) {
+            tracing::debug!(%peer, %incarnation, "an ask to join from a process already a member: sent before it formed this group, ignored");
+            return Reply::Entered {
+                epoch,
+                formed: true,
+            };
+        }
+        let Ok(addr) = addr.parse::<SocketAddr>() else {
+            tracing::warn!(%peer, addr, "refused an enter whose address does not parse");
+            return Reply::Refused {
+                current: epoch,
+                detail: format!(" (the address {addr:?} does not parse)"),
+            };
+        };
+        state.pending.insert(
+            peer.clone(),
+            Pending {
+                addr,
+                incarnation,
+                asked: Instant::now(),
+            },
+        );
+        drop(state);
+        if let Some(g) = group.filter(|g| g.is_formed() && g.nodes.contains(peer)) {
+            g.fail(
+                CollectiveError::MemberLost {
+                    node: peer.clone(),
+                    epoch,
+                    reason: format!(
+                        "a new process of it ({incarnation}) asks to join: the old one is gone"
+                    ),
+                },
+                true,
+            );
+        }
+        Reply::Entered {
+            epoch,
+            formed: true,
+        }
+    }
+
+    /// The answer to the leader's `Admit`: taken if this mesh waits to be admitted and the
+    /// epoch is above every one formed here.
+    pub(super) fn admitted(&self, epoch: u64, members: Vec<(NodeId, String)>) -> Reply {
+        let mut parsed = Vec::with_capacity(members.len());
+        for (node, addr) in members {
+            match addr.parse::<SocketAddr>() {
+                Ok(addr) => parsed.push(GroupMember { node, addr }),
+                Err(_) => {
+                    return Reply::Refused {
+                        current: self.lock().epoch,
+                        detail: format!(" (the address {addr:?} of {node} does not parse)"),
+                    }
+                }
+            }
+        }
+        let mut state = self.lock();
+        if !state.joining || epoch <= state.epoch {
+            return Reply::Refused {
+                current: state.epoch,
+                detail: " (not waiting to be admitted)".into(),
+            };
+        }
+        state.admission = Some((epoch, parsed));
+        state.admitted_epoch = state.admitted_epoch.max(epoch);
+        drop(state);
+        self.changed.notify_waiters();
+        Reply::Ack
+    }
+
+    /// Breaks `group`, still forming here, with `err` as one that a member formed with this
+    /// process and is re-forming ([`Shared::cut_short`]): this process is a member from now
+    /// on. Whether it did.
+    pub(super) fn cut_short(&self, group: &Shared, err: CollectiveError) -> bool {
+        let cut = group.cut_short(err);
+        if cut {
+            self.lock().member = true;
+        }
+        self.changed.notify_waiters();
+        cut
+    }
+
+    /// The answer to [`Wire::StillForming`]: whether this mesh forms (or will form) `epoch`
+    /// with `members`.
+    pub(super) fn still_forming(&self, epoch: u64, members: &[NodeId]) -> Reply {
+        let state = self.lock();
+        if state.epoch < epoch {
+            if Self::unadmitted(&state, epoch) {
+                return Self::unadmitted_refusal(&state, epoch);
+            }
+            // Not there yet: its join may still come.
+            return Reply::Ack;
+        }
+        match state.group.upgrade().filter(|g| g.epoch == epoch) {
+            Some(g) if g.nodes != members => Reply::Refused {
+                current: epoch,
+                detail: format!(" with members {:?}", g.nodes),
+            },
+            Some(g) => match g.lock().broken.clone() {
+                Some(err) => Reply::Broken(err),
+                None => Reply::Ack,
+            },
+            None => self.refusal_locked(&state, epoch),
+        }
+    }
+
+    /// Whether this mesh waits to be admitted and was not admitted to `epoch`: it never forms
+    /// it. The members form an epoch with a joiner only once the leader's admission reached it
+    /// ([`ProcessGroup::admit`]), so a member asking it about another (a `Join`, or whether it
+    /// still forms it) lists its node for its old process, lost since: refused at once, that
+    /// member's forming fails now rather than at its form timeout, and it re-forms (this
+    /// process answering its probe as a joiner).
+    pub(super) fn unadmitted(state: &MeshState, epoch: u64) -> bool {
+        state.joining && state.epoch < epoch && state.admitted_epoch < epoch
+    }
+
+    pub(super) fn unadmitted_refusal(state: &MeshState, epoch: u64) -> Reply {
+        Reply::Refused {
+            current: state.epoch,
+            detail: format!(
+                " (a new process waiting to be admitted, not admitted to epoch {epoch}: its old \
+                 one is gone)"
+            ),
+        }
+    }
+
+    pub(super) fn refusal(&self, epoch: u64) -> Reply {
+        let state = self.lock();
+        self.refusal_locked(&state, epoch)
+    }
+
+    pub(super) fn refusal_locked(&self, state: &MeshState, epoch: u64) -> Reply {
+        Reply::Refused {
+            current: state.epoch,
+            detail: if state.epoch == epoch {
+                " (its group of that epoch is gone)".into()
+            } else {
+                String::new()
+            },
+        }
+    }
+}

@@ -1,0 +1,528 @@
+//! Forming a group of an epoch ([`Mesh::form`]): one link per pair of members (the larger
+//! node id dials and joins, the other waits for its join), probes of the survivors, and the
+//! leader telling an admitted joiner its epoch.
+
+use super::*;
+
+impl Mesh {
+    /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
+    /// `epoch` must be above every epoch formed here before (start at 1); forming it
+    /// supersedes the previous group of this node. Fails within `form_timeout` if a member
+    /// does not form the same epoch with the same members. Returns the group already broken
+    /// where a member that formed it with this process saw it fail before this process's
+    /// links were all up (another member was lost meanwhile: that member's abort, or its
+    /// probe as it re-forms, says so): every call fails at once, and this member re-forms
+    /// with the survivors as after any failed call ([`ProcessGroup::reachable`],
+    /// [`ProcessGroup::reform`]). A joiner's admission failing so is an error: it asks again.
+    pub async fn form(
+        &self,
+        epoch: u64,
+        members: Vec<GroupMember>,
+    ) -> Result<ProcessGroup, CollectiveError> {
+        let form_error = |reason: String| CollectiveError::Form { epoch, reason };
+        let mut members = members;
+        members.sort_by(|a, b| a.node.cmp(&b.node));
+        if let Some(w) = members.windows(2).find(|w| w[0].node == w[1].node) {
+            return Err(form_error(format!("{} is listed twice", w[0].node)));
+        }
+        let me = self.node().clone();
+        let Some(rank) = members.iter().position(|m| m.node == me) else {
+            return Err(form_error(format!(
+                "this node {me} is not among the members"
+            )));
+        };
+        if self.inner.config.plaintext {
+            self.inner.plain_listener().await.map_err(|e| {
+                form_error(format!("cannot listen for the plaintext data plane: {e}"))
+            })?;
+        }
+        let shared = {
+            let mut state = self.inner.lock();
+            if epoch <= state.epoch {
+                return Err(form_error(format!(
+                    "epoch {epoch} is not above the epoch {} already formed here",
+                    state.epoch
+                )));
+            }
+            let shared = Arc::new(Shared::new(
+                epoch,
+                rank,
+                &members,
+                self.inner.config.clone(),
+                self.inner.endpoint.config().frame_bytes_max,
+            ));
+            state.epoch = epoch;
+            state.linked.retain(|(_, e)| *e == epoch);
+            // Joins of an earlier epoch whose forming failed here can no longer be taken.
+            state.joined.retain(|(_, e), _| *e >= epoch);
+            state.plain_joined.retain(|(_, e), _| *e >= epoch);
+            let old = std::mem::replace(&mut state.group, Arc::downgrade(&shared));
+            drop(state);
+            if let Some(old) = old.upgrade() {
+                old.fail(
+                    CollectiveError::Superseded {
+                        epoch: old.epoch,
+                        current: epoch,
+                    },
+                    false,
+                );
+            }
+            self.inner.changed.notify_waiters();
+            shared
+        };
+        let deadline = Instant::now() + self.inner.config.form_timeout;
+        // The first link that fails fails the forming: the others' attempts (a dial of a
+        // stopped member, a join its peer holds) are dropped, not waited for.
+        let links = futures::future::try_join_all(
+            members
+                .iter()
+                .enumerate()
+                .filter(|(r, _)| *r != rank)
+                .map(|(_, m)| self.link(&shared, m, deadline)),
+        );
+        // The forming ends when it breaks meanwhile (a probe cut it short, or told this
+        // process it is a new one), not when its last link gives up.
+        let links = tokio::select! {
+            links = links => links,
+            err = shared.until_broken() => Err(err),
+        };
+        let conns = match links {
+            Ok(conns) => conns,
+            Err(err) => {
+                let err = shared.fail(err, false);
+                if shared.lock().cut_short {
+                    tracing::info!(epoch, %err, "the first forming was cut short: this member re-forms with the others");
+                    return Ok(ProcessGroup {
+                        shared,
+                        mesh: self.clone(),
+                    });
+                }
+                return Err(err);
+            }
+        };
+        shared.start_links(&shared, conns);
+        self.inner.lock().member = true;
+        tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
+        Ok(ProcessGroup {
+            shared,
+            mesh: self.clone(),
+        })
+    }
+
+    /// One link of a group being formed (see [`Mesh::link_once`]), recorded once it is up:
+    /// another process of that peer is then refused in this epoch (it is a new incarnation,
+    /// to enter and be admitted).
+    pub(super) async fn link(
+        &self,
+        shared: &Arc<Shared>,
+        peer: &GroupMember,
+        deadline: Instant,
+    ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
+        let (conn, plain, incarnation) = self.link_once(shared, peer, deadline).await?;
+        let mut state = self.inner.lock();
+        if state.epoch == shared.epoch {
+            state.linked.insert((peer.node.clone(), shared.epoch));
+            state.processes.insert(peer.node.clone(), incarnation);
+        }
+        Ok((conn, plain))
+    }
+
+    /// Dials and joins (larger node id) or waits for the peer's join (smaller node id),
+    /// within `deadline`; the link, and which process of the peer is at its other end.
+    pub(super) async fn link_once(
+        &self,
+        shared: &Arc<Shared>,
+        peer: &GroupMember,
+        deadline: Instant,
+    ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
+        let epoch = shared.epoch;
+        let form_error = |reason: String| CollectiveError::Form { epoch, reason };
+        if self.node() < &peer.node {
+            return self.wait_for_join(shared, peer, deadline).await;
+        }
+        let plaintext = self.inner.config.plaintext;
+        let mismatch = |theirs: &str| {
+            form_error(format!(
+                "{} uses the {theirs} data plane, this member the {} one: every member must \
+                 choose alike (GroupConfig::plaintext)",
+                peer.node,
+                if plaintext { "plaintext" } else { "QUIC" }
+            ))
+        };
+        let by_admission = {
+            let state = self.inner.lock();
+            state.joining && state.admitted_epoch == epoch
+        };
+        let join = Wire::Join {
+            epoch,
+            members: shared.nodes.clone(),
+            plaintext,
+            by_admission,
+            incarnation: self.inner.incarnation,
+        };
+        let frame = Frame::encode(&join, Vec::new(), shared.header_max)
+            .map_err(|e| form_error(format!("encoding the join: {e}")))?;
+        let mut fresh = false;
+        let (conn, reply) = loop {
+            let conn = self.dial(peer, epoch, deadline, fresh).await?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => break (conn, reply),
+                // A kept connection may have died unnoticed (this process was stopped past
+                // the idle timeout): dial once more before giving up.
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(e) => return Err(form_error(format!("joining {}: {e}", peer.node))),
+            }
+        };
+        match reply.decode::<Reply>(shared.header_max) {
+            Ok(Reply::Joined {
+                incarnation,
+                plain: None,
+            }) if !plaintext => Ok((conn, None, incarnation)),
+            Ok(Reply::Joined { plain: None, .. }) => Err(mismatch("QUIC")),
+            Ok(Reply::Joined { plain: Some(_), .. }) if !plaintext => Err(mismatch("plaintext")),
+            Ok(Reply::Joined {
+                incarnation,
+                plain: Some(PlainLink { port, token }),
+            }) => {
+                let addr = SocketAddr::new(peer.addr.ip(), port);
+                let stream = crate::collective::plain::dial(addr, token, epoch, deadline)
+                    .await
+                    .map_err(|e| {
+                        form_error(format!("the TCP link to {} at {addr}: {e}", peer.node))
+                    })?;
+                Ok((conn, Some(stream), incarnation))
+            }
+            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
+                node: peer.node.clone(),
+                epoch,
+                current,
+                detail,
+            }),
+            Ok(Reply::Broken(err)) => Err(err),
+            Ok(other @ (Reply::Ack | Reply::Joining | Reply::Entered { .. })) => Err(form_error(
+                format!("{} answered the join with {other:?}", peer.node),
+            )),
+            Err(e) => Err(form_error(format!(
+                "{}'s answer to the join: {e}",
+                peer.node
+            ))),
+        }
+    }
+
+    /// A live connection to `peer`: the mesh's own if it still lives (and not `fresh`), else a
+    /// new one (retried until `deadline`: the peer's process may not be listening yet).
+    pub(super) async fn dial(
+        &self,
+        peer: &GroupMember,
+        epoch: u64,
+        deadline: Instant,
+        fresh: bool,
+    ) -> Result<Connection, CollectiveError> {
+        if !fresh {
+            if let Some(conn) = self.inner.lock().conns.get(&peer.node) {
+                if conn.close_reason().is_none() {
+                    return Ok(conn.clone());
+                }
+            }
+        }
+        let mut unreachable_since: Option<Instant> = None;
+        loop {
+            // Unreachable since the first failed attempt began (it may take the connect
+            // timeout to fail).
+            let attempt_began = Instant::now();
+            match self.inner.endpoint.connect(peer.addr, &peer.node).await {
+                Ok(conn) => {
+                    self.inner.adopt(conn.clone());
+                    return Ok(conn);
+                }
+                Err(
+                    e @ (ConnectError::CertificateRejected { .. }
+                    | ConnectError::UnexpectedPeer { .. }
+                    | ConnectError::IdentityMismatch { .. }
+                    | ConnectError::ProtocolVersionMismatch { .. }),
+                ) => {
+                    return Err(CollectiveError::Form {
+                        epoch,
+                        reason: format!("dialing {} at {}: {e}", peer.node, peer.addr),
+                    })
+                }
+                Err(e) => {
+                    let now = Instant::now();
+                    if now + DIAL_RETRY >= deadline {
+                        return Err(CollectiveError::Form {
+                            epoch,
+                            reason: format!(
+                                "{} at {} not reachable within the form timeout: {e}",
+                                peer.node, peer.addr
+                            ),
+                        });
+                    }
+                    let since = *unreachable_since.get_or_insert(attempt_began);
+                    if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
+                        return Err(CollectiveError::Form {
+                            epoch,
+                            reason: format!(
+                                "{} at {} not reachable for {bound} while re-forming (lost \
+                                 meanwhile): {e}",
+                                peer.node, peer.addr,
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(DIAL_RETRY).await;
+                }
+            }
+        }
+    }
+
+    /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]): `Ok`
+    /// with whether it is alive, or its refusal if it re-formed a later epoch without us.
+    pub(super) async fn probe(
+        &self,
+        peer: &GroupMember,
+        epoch: u64,
+        deadline: Instant,
+    ) -> Result<ProbeAnswer, CollectiveError> {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let Ok(frame) = Frame::encode(&Wire::Probe { epoch }, Vec::new(), header_max) else {
+            return Ok(ProbeAnswer::Silent);
+        };
+        let mut fresh = false;
+        loop {
+            let Ok(conn) = self.dial(peer, epoch, deadline, fresh).await else {
+                return Ok(ProbeAnswer::Silent);
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => {
+                    return match reply.decode::<Reply>(header_max) {
+                        Ok(Reply::Ack) => Ok(ProbeAnswer::Alive),
+                        Ok(Reply::Joining) => Ok(ProbeAnswer::Joining),
+                        Ok(Reply::Refused { current, detail }) => {
+                            Err(CollectiveError::EpochRefused {
+                                node: peer.node.clone(),
+                                epoch,
+                                current,
+                                detail,
+                            })
+                        }
+                        _ => Ok(ProbeAnswer::Silent),
+                    }
+                }
+                // The kept connection may be the dead one of the lost member's old process, or
+                // a live member's that died unnoticed: dial once more.
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(_) => return Ok(ProbeAnswer::Silent),
+            }
+        }
+    }
+
+    /// Tells `joiner` it is admitted to form `epoch` with `members`, by `deadline`; whether
+    /// it acked. An admission lost on a link that died (cut between the leader and the joiner
+    /// alone) is told again over a new one, while the joiner was not out of reach for twice
+    /// the idle timeout.
+    pub(super) async fn tell_admitted(
+        &self,
+        joiner: &GroupMember,
+        epoch: u64,
+        members: &[GroupMember],
+        deadline: Instant,
+    ) -> bool {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let admit = Wire::Admit {
+            epoch,
+            members: members
+                .iter()
+                .map(|m| (m.node.clone(), m.addr.to_string()))
+                .collect(),
+        };
+        let Ok(frame) = Frame::encode(&admit, Vec::new(), header_max) else {
+            return false;
+        };
+        let told = async {
+            // When the admission was first lost on the way (the link with the joiner cut).
+            let mut lost_since: Option<Instant> = None;
+            loop {
+                let fresh = lost_since.is_some();
+                let conn = self.dial(joiner, epoch, deadline, fresh).await.ok()?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                let reply = match conn
+                    .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                    .await
+                {
+                    Ok(reply) => reply,
+                    // Lost on a link that died (a partition between the leader and the joiner,
+                    // which the others may not have): told again over a new one, while the
+                    // joiner was not out of reach for long.
+                    Err(LinkError::ConnectionLost { .. }) => {
+                        let now = Instant::now();
+                        let since = *lost_since.get_or_insert(now);
+                        if self.lost_while_re_forming(epoch, since, now).is_some() {
+                            return None;
+                        }
+                        tokio::time::sleep(DIAL_RETRY).await;
+                        continue;
+                    }
+                    Err(_) => return None,
+                };
+                return match reply.decode::<Reply>(header_max) {
+                    Ok(Reply::Ack) => Some(()),
+                    Ok(other) => {
+                        tracing::warn!(joiner = %joiner.node, ?other, "a joiner refused its admission");
+                        None
+                    }
+                    Err(_) => None,
+                };
+            }
+        };
+        matches!(tokio::time::timeout_at(deadline, told).await, Ok(Some(())))
+    }
+
+    /// Takes `epoch` as tried here without forming it (the members agreed to skip it): a join
+    /// of it, or a question whether this mesh still forms it, is refused from now on.
+    pub(super) fn skip_epoch(&self, epoch: u64) {
+        let mut state = self.inner.lock();
+        state.epoch = state.epoch.max(epoch);
+        drop(state);
+        self.inner.changed.notify_waiters();
+    }
+
+    pub(super) async fn wait_for_join(
+        &self,
+        shared: &Shared,
+        peer: &GroupMember,
+        deadline: Instant,
+    ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
+        let epoch = shared.epoch;
+        let key = (peer.node.clone(), epoch);
+        let mut next_ask = Instant::now() + STILL_FORMING_EVERY;
+        // Since when the peer has not answered whether it still forms this epoch.
+        let mut silent_since: Option<Instant> = None;
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.inner.lock();
+                // The plaintext plane's link is ready once its TCP connection said hello too.
+                let ready = state.joined.contains_key(&key)
+                    && (!self.inner.config.plaintext || state.plain_joined.contains_key(&key));
+                if ready {
+                    if let Some((conn, _, incarnation)) = state.joined.remove(&key) {
+                        return Ok((conn, state.plain_joined.remove(&key), incarnation));
+                    }
+                }
+                if let Some(reason) = state.refused_joins.remove(&key) {
+                    return Err(CollectiveError::Form { epoch, reason });
+                }
+                // The forming failed meanwhile (a probe said the others formed without us).
+                if let Some(err) = shared.lock().broken.clone() {
+                    return Err(err);
+                }
+                if state.epoch != epoch {
+                    return Err(CollectiveError::Superseded {
+                        epoch,
+                        current: state.epoch,
+                    });
+                }
+            }
+            if tokio::time::timeout_at(next_ask.min(deadline), changed)
+                .await
+                .is_ok()
+            {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CollectiveError::Form {
+                    epoch,
+                    reason: format!("{} did not join within the form timeout", peer.node),
+                });
+            }
+            // A join that has not come yet may never come: the peer formed this epoch with
+            // other members (its view of the survivors differs, and it did not list this
+            // member), gave it up, or was lost. Ask, rather than wait out the form timeout.
+            next_ask = now + STILL_FORMING_EVERY;
+            if self.ask_still_forming(shared, peer).await? {
+                silent_since = None;
+            } else {
+                let since = *silent_since.get_or_insert(now);
+                if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
+                    return Err(CollectiveError::Form {
+                        epoch,
+                        reason: format!(
+                            "{} did not answer for {bound} while re-forming (lost meanwhile)",
+                            peer.node
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Whether `peer`, whose join this member awaits, still forms its epoch with the same
+    /// members (`Ok(true)`), or did not answer in time (`Ok(false)`); its refusal, or its
+    /// failed forming, as the error that fails this forming.
+    pub(super) async fn ask_still_forming(
+        &self,
+        shared: &Shared,
+        peer: &GroupMember,
+    ) -> Result<bool, CollectiveError> {
+        let epoch = shared.epoch;
+        let ask = Wire::StillForming {
+            epoch,
+            members: shared.nodes.clone(),
+        };
+        let Ok(frame) = Frame::encode(&ask, Vec::new(), shared.header_max) else {
+            return Ok(false);
+        };
+        let by = Instant::now() + STILL_FORMING_EVERY;
+        let asked = async {
+            let conn = self.dial(peer, epoch, by, false).await.ok()?;
+            conn.request_within(frame, STILL_FORMING_EVERY).await.ok()
+        };
+        let Some(reply) = tokio::time::timeout_at(by, asked).await.ok().flatten() else {
+            return Ok(false);
+        };
+        match reply.decode::<Reply>(shared.header_max) {
+            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
+                node: peer.node.clone(),
+                epoch,
+                current,
+                detail,
+            }),
+            // A first forming broken at the peer was cut short there (a member formed it and
+            // is re-forming): its probe decides whether this member survives or joins, so the
+            // answer is left to it.
+            Ok(Reply::Broken(_)) if epoch == 1 => Ok(true),
+            Ok(Reply::Broken(err)) => Err(CollectiveError::Form {
+                epoch,
+                reason: format!("{}'s forming of it failed: {err}", peer.node),
+            }),
+            Ok(_) => Ok(true),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Whether a peer unreachable `since` is taken for lost `now` while this mesh forms
+    /// `epoch`: the bound it passed (as text), if so. None for the first epoch, whose
+    /// processes may still be starting (the form timeout bounds it); twice the transport's
+    /// idle timeout (the detection budget) for a later one, whose members answered a probe
+    /// just before (re-forming) or are live members (an admission).
+    pub(super) fn lost_while_re_forming(
+        &self,
+        epoch: u64,
+        since: Instant,
+        now: Instant,
+    ) -> Option<String> {
+        let bound = self.inner.endpoint.config().idle_timeout * 2;
+        (epoch > 1 && now.duration_since(since) >= bound)
+            .then(|| crate::cluster::format_duration(bound))
+    }
+}

@@ -1,0 +1,248 @@
+//! A node's collective endpoint ([`Mesh`]) and how a starting process enters the job: asks
+//! whether a group lives ([`Mesh::enter`]) and waits to be admitted to it ([`Mesh::join_live`]).
+
+use super::*;
+
+/// A node's collective endpoint (see the module doc). Cheap to clone.
+#[derive(Clone)]
+pub struct Mesh {
+    pub(super) inner: Arc<MeshInner>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("node", self.inner.endpoint.node())
+            .field("epoch", &self.inner.lock().epoch)
+            .finish()
+    }
+}
+
+/// `n` members `worker/0 .. worker/n-1` in this process, each on an endpoint of its own on
+/// 127.0.0.1 (certificates from a fresh cluster CA), formed at epoch 1 with `config`: for
+/// tests, benchmarks, and trying a model's collectives on one machine. Each member's endpoint
+/// (close one to make its member go away) and group, in rank order.
+pub async fn loopback_group(
+    n: u32,
+    transport: cohort_transport::TransportConfig,
+    config: GroupConfig,
+) -> Result<(Vec<Endpoint>, Vec<ProcessGroup>), CollectiveError> {
+    let form = |reason: String| CollectiveError::Form { epoch: 1, reason };
+    let ca = cohort_transport::ClusterCa::generate("loopback-group")
+        .map_err(|e| form(format!("a cluster CA: {e}")))?;
+    let mut meshes = Vec::new();
+    let mut members = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 0..n {
+        let node = NodeId::new("worker", i);
+        let creds = ca
+            .issue(&node)
+            .map_err(|e| form(format!("a certificate for {node}: {e}")))?;
+        let endpoint = Endpoint::bind(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            creds,
+            transport.clone(),
+        )
+        .map_err(|e| form(format!("an endpoint for {node}: {e}")))?;
+        let mesh = Mesh::new(endpoint.clone(), config.clone());
+        let addr = mesh
+            .local_addr()
+            .map_err(|e| form(format!("the address of {node}: {e}")))?;
+        members.push(GroupMember { node, addr });
+        meshes.push(mesh);
+        endpoints.push(endpoint);
+    }
+    let formed = futures::future::join_all(meshes.iter().map(|m| m.form(1, members.clone()))).await;
+    let groups = formed.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok((endpoints, groups))
+}
+
+impl Mesh {
+    /// Starts accepting links on `endpoint` (call inside a tokio runtime). The mesh takes over
+    /// the endpoint's accept loop.
+    pub fn new(endpoint: Endpoint, config: GroupConfig) -> Mesh {
+        let inner = Arc::new(MeshInner {
+            endpoint: endpoint.clone(),
+            incarnation: Incarnation::random(),
+            config,
+            state: Mutex::new(MeshState::default()),
+            changed: Notify::new(),
+            acceptor: OnceLock::new(),
+            plain: tokio::sync::OnceCell::new(),
+        });
+        let weak = Arc::downgrade(&inner);
+        let acceptor = tokio::spawn(async move {
+            while let Some(accepted) = endpoint.accept().await {
+                // A refused peer was logged by the transport; the mesh goes on accepting.
+                let Ok(conn) = accepted else { continue };
+                let Some(mesh) = weak.upgrade() else { break };
+                mesh.adopt(conn);
+            }
+        });
+        let _ = inner.acceptor.set(acceptor);
+        Mesh { inner }
+    }
+
+    /// This node.
+    pub fn node(&self) -> &NodeId {
+        self.inner.endpoint.node()
+    }
+
+    /// This process's incarnation as its membership messages carry it: each mesh is a new one.
+    pub fn incarnation(&self) -> Incarnation {
+        self.inner.incarnation
+    }
+
+    /// The address peers dial.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.endpoint.local_addr()
+    }
+
+    /// The latest epoch formed here (0 before the first).
+    pub fn epoch(&self) -> u64 {
+        self.inner.lock().epoch
+    }
+
+    /// How a starting process enters the job (see the module doc): asks each of `peers` (the
+    /// other members it knows of) whether it formed a group, telling where this mesh listens
+    /// (`own`). [`Entry::Join`] as soon as one did (a live job: this process is to be
+    /// admitted, [`Mesh::join_live`]); [`Entry::Start`] once every peer answered that it did
+    /// not, or after `within` (a peer not answering yet is taken to be starting too: forming
+    /// epoch 1 waits for it). From an [`Entry::Join`] on this mesh waits to be admitted: its
+    /// `Enter` made it a pending joiner at the leader, whose `Admit` may come before
+    /// [`Mesh::join_live`] begins, and is kept for it.
+    pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
+        let deadline = Instant::now() + within;
+        let mut asks: futures::stream::FuturesUnordered<_> = peers
+            .iter()
+            .map(|peer| self.ask_enter(peer, own, deadline))
+            .collect();
+        use futures::StreamExt;
+        while let Some(answer) = asks.next().await {
+            if let Some((_, true)) = answer {
+                self.inner.lock().joining = true;
+                return Entry::Join;
+            }
+        }
+        Entry::Start
+    }
+
+    /// Waits, at most `within`, to be admitted to the live group: tells every one of `peers`
+    /// that this process asks to join (again each [`ENTER_REPEAT`]: their pending entries
+    /// expire), and forms the epoch that the leader's `Admit` names with the members it names.
+    /// Meanwhile this mesh answers probes as no survivor of any group. Fails with
+    /// [`CollectiveError::Form`] if no admission was formed in time, or at once when every
+    /// one of `peers` answers that it has no live group (every worker lost its group: they
+    /// start again, forming epoch 1, [`Mesh::enter`]).
+    pub async fn join_live(
+        &self,
+        own: SocketAddr,
+        peers: &[GroupMember],
+        within: Duration,
+    ) -> Result<ProcessGroup, CollectiveError> {
+        let deadline = Instant::now() + within;
+        self.inner.lock().joining = true;
+        let mut last = String::from("no member admitted it");
+        let joined = loop {
+            let ask_by = (Instant::now() + ENTER_REPEAT).min(deadline);
+            let answers =
+                futures::future::join_all(peers.iter().map(|p| self.ask_enter(p, own, ask_by)))
+                    .await;
+            if !answers.is_empty() && answers.iter().all(|a| matches!(a, Some((_, false)))) {
+                break Err(CollectiveError::Form {
+                    epoch: self.epoch(),
+                    reason: "no member has a live group to admit this process: every one \
+                             answered that it has none (the job is starting again)"
+                        .into(),
+                });
+            }
+            if let Some((epoch, members)) = self.wait_admission(ask_by).await {
+                match self.form(epoch, members).await {
+                    Ok(group) => break Ok(group),
+                    Err(err) => last = format!("forming the admitted epoch {epoch}: {err}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                break Err(CollectiveError::Form {
+                    epoch: self.epoch(),
+                    reason: format!(
+                        "not admitted to the live group within {within:?} (the members admit a \
+                         joiner at a step boundary): {last}"
+                    ),
+                });
+            }
+        };
+        let mut state = self.inner.lock();
+        state.joining = false;
+        state.admission = None;
+        joined
+    }
+
+    /// One `Enter` to `peer` by `deadline`: its latest epoch and whether it formed a group of
+    /// it, or `None` if it did not answer.
+    pub(super) async fn ask_enter(
+        &self,
+        peer: &GroupMember,
+        own: SocketAddr,
+        deadline: Instant,
+    ) -> Option<(u64, bool)> {
+        let header_max = self.inner.endpoint.config().frame_bytes_max;
+        let enter = Wire::Enter {
+            addr: own.to_string(),
+            incarnation: self.inner.incarnation,
+        };
+        let frame = Frame::encode(&enter, Vec::new(), header_max).ok()?;
+        let asked = async {
+            let conn = self.dial(peer, self.epoch(), deadline, false).await.ok()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = conn
+                .request_within(frame, left.max(Duration::from_millis(1)))
+                .await
+                .ok()?;
+            match reply.decode::<Reply>(header_max) {
+                Ok(Reply::Entered { epoch, formed }) => Some((epoch, formed)),
+                _ => None,
+            }
+        };
+        tokio::time::timeout_at(deadline, asked)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The admission this joining mesh received by `deadline`, if one came.
+    pub(super) async fn wait_admission(
+        &self,
+        deadline: Instant,
+    ) -> Option<(u64, Vec<GroupMember>)> {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(admission) = self.inner.lock().admission.take() {
+                return Some(admission);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.inner.lock().admission.take();
+            }
+        }
+    }
+
+    /// Forgets a first forming that failed, where no group was ever formed here and this mesh
+    /// does not wait to be admitted, so that [`Mesh::form`] can form epoch 1 again: a fresh
+    /// start refused by members still waiting to be admitted to a group that is gone (their
+    /// processes entered while it lived) is tried again once they see that no one has a live
+    /// group and start too. Meanwhile this mesh answers that it has none, and holds their
+    /// joins of epoch 1 for its next forming. Returns whether it forgot; `false` (nothing
+    /// changed) where a group of this mesh was formed, lives, or it waits to be admitted.
+    pub fn forget_failed_start(&self) -> bool {
+        let mut state = self.inner.lock();
+        if state.member || state.joining || state.epoch != 1 || state.group.upgrade().is_some() {
+            return false;
+        }
+        state.epoch = 0;
+        // Its links are of the failed attempt: the next one links anew.
+        state.linked.clear();
+        true
+    }
+}

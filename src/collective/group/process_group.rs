@@ -1,0 +1,304 @@
+//! A formed group ([`ProcessGroup`]): its members, its re-forming with the survivors and its
+//! admission of joiners at the next epoch, and waiting until its messages were taken.
+
+use super::*;
+
+/// A formed group of processes: its rank, members and epoch, and the operations (`ops.rs`).
+/// Cheap to clone; operations of one group run one at a time, in call order.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    pub(crate) shared: Arc<Shared>,
+    pub(super) mesh: Mesh,
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("epoch", &self.shared.epoch)
+            .field("rank", &self.shared.rank)
+            .field("members", &self.shared.nodes)
+            .finish()
+    }
+}
+
+impl ProcessGroup {
+    /// This member's rank (its index in the sorted node ids).
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.shared.nodes.len()
+    }
+
+    /// The membership epoch.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    /// The members' nodes in rank order.
+    pub fn members(&self) -> &[NodeId] {
+        &self.shared.nodes
+    }
+
+    /// The peers this member passes chunks to through shared memory
+    /// ([`GroupConfig::shared_memory`]): those of the plaintext plane on this host that took
+    /// its segment, which happens with its first chunk worth a slot to each.
+    pub fn shared_memory_peers(&self) -> Vec<NodeId> {
+        let Some(links) = self.shared.links.get() else {
+            return Vec::new();
+        };
+        links
+            .iter()
+            .zip(&self.shared.nodes)
+            .filter(|(link, _)| {
+                link.as_ref()
+                    .and_then(|l| l.slots.as_ref())
+                    .is_some_and(|slots| slots.lending())
+            })
+            .map(|(_, node)| node.clone())
+            .collect()
+    }
+
+    /// The error that broke this group, if one did.
+    pub fn broken(&self) -> Option<CollectiveError> {
+        self.shared.lock().broken.clone()
+    }
+
+    /// Waits, at most `within`, until every message this member sent was answered (its peers
+    /// took it) or the group broke; whether it got there. A member whose operation ended may
+    /// still have its last chunks on the way to a peer whose operation has not: a member about
+    /// to go away (its process exiting) flushes first, so that the peer is not left to take
+    /// it for lost.
+    pub async fn flush(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let idle = self
+                .shared
+                .unanswered
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 0;
+            if idle || self.broken().is_some() {
+                return idle;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(FLUSH_POLL).await;
+        }
+    }
+
+    /// Breaks the group with `err` (the first failure wins: the group's error, if it broke
+    /// already) and tells every member; returns once they heard it, as a failed call does.
+    /// For a failure the group's own calls cannot see (the NCCL communicator beside it).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) async fn fail_with(&self, err: CollectiveError) -> CollectiveError {
+        let err = self.shared.fail(err, true);
+        self.shared.told().await;
+        err
+    }
+
+    /// Fails this group with [`CollectiveError::Application`] naming this member and
+    /// `message` (its step failed in the application), tells every member (each one's pending
+    /// and later calls fail with it at once), and returns once they heard it (bounded by the
+    /// abort's timeout) or with the error that broke the group before.
+    pub async fn abort(&self, message: impl Into<String>) -> CollectiveError {
+        let err = CollectiveError::Application {
+            node: self.shared.nodes[self.shared.rank].clone(),
+            epoch: self.shared.epoch,
+            message: message.into(),
+        };
+        let err = self.shared.fail(err, true);
+        self.shared.told().await;
+        err
+    }
+
+    /// The members of this group that are alive: this node, and each member that answers a
+    /// probe within `within` (dialed anew if its link is gone), in rank order. Survivors that
+    /// probe alike (the lost members dead, the others answering) get the same list, which is
+    /// what [`ProcessGroup::reform`] needs of every survivor. Fails with
+    /// [`CollectiveError::EpochRefused`] when a member already formed a later epoch without
+    /// this node (this node is the late one: it was taken for lost).
+    pub async fn reachable(&self, within: Duration) -> Result<Vec<NodeId>, CollectiveError> {
+        self.probe_members(within).await.map(|probed| probed.alive)
+    }
+
+    /// [`ProcessGroup::reachable`], telling also which of the members that did not answer as
+    /// survivors answered as new processes waiting to be admitted ([`Probed::joining`]).
+    pub async fn probe_members(&self, within: Duration) -> Result<Probed, CollectiveError> {
+        let deadline = Instant::now() + within;
+        let epoch = self.shared.epoch;
+        let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
+            let member = GroupMember {
+                node: node.clone(),
+                addr: self.shared.addrs[rank],
+            };
+            let me = rank == self.shared.rank;
+            async move {
+                if me {
+                    return Ok((member.node, ProbeAnswer::Alive));
+                }
+                let probe = self.mesh.probe(&member, epoch, deadline);
+                let answer = tokio::time::timeout_at(deadline, probe)
+                    .await
+                    .unwrap_or(Ok(ProbeAnswer::Silent))?;
+                Ok((member.node, answer))
+            }
+        });
+        let answers = futures::future::join_all(probes).await;
+        let mut probed = Probed::default();
+        for answer in answers {
+            match answer? {
+                (node, ProbeAnswer::Alive) => probed.alive.push(node),
+                (node, ProbeAnswer::Joining) => probed.joining.push(node),
+                (_, ProbeAnswer::Silent) => {}
+            }
+        }
+        Ok(probed)
+    }
+
+    /// Forms the group of the next epoch of this node's mesh (one above the latest formed or
+    /// tried here: this group's epoch + 1, unless a re-forming attempt already took that one)
+    /// with `survivors` (members of this group, this node among them), at the addresses this
+    /// group was formed with. Every survivor must call it with the same survivors.
+    /// This group's messages still on their way go first ([`ProcessGroup::flush`], bounded by
+    /// the form timeout), unless it is broken.
+    pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
+        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
+        let mut members = Vec::with_capacity(survivors.len());
+        for node in survivors {
+            let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
+                return Err(CollectiveError::Form {
+                    epoch,
+                    reason: format!("{node} is not a member of epoch {}", self.shared.epoch),
+                });
+            };
+            members.push(GroupMember {
+                node: node.clone(),
+                addr: self.shared.addrs[i],
+            });
+        }
+        self.hand_over().await;
+        self.mesh.form(epoch, members).await
+    }
+
+    /// The processes that asked this member to be admitted (`Enter`) within the last
+    /// [`PENDING_FRESH`] and are not members of this group, in node order, with where they
+    /// listen. Only the leader's (rank 0's) count: the members agree on its list before
+    /// [`ProcessGroup::admit`].
+    pub fn pending_joiners(&self) -> Vec<Joiner> {
+        let mut state = self.mesh.inner.lock();
+        let now = Instant::now();
+        state
+            .pending
+            .retain(|_, pending| now.duration_since(pending.asked) < PENDING_FRESH);
+        let mut joiners: Vec<Joiner> = state
+            .pending
+            .iter()
+            .filter(|(node, _)| !self.shared.nodes.contains(node))
+            .map(|(node, pending)| Joiner {
+                member: GroupMember {
+                    node: node.clone(),
+                    addr: pending.addr,
+                },
+                incarnation: pending.incarnation,
+            })
+            .collect();
+        joiners.sort_by(|a, b| a.member.node.cmp(&b.member.node));
+        joiners
+    }
+
+    /// Forms the next epoch (as [`ProcessGroup::reform`] numbers it) with every member of
+    /// this group and `joiners` (processes waiting in [`Mesh::join_live`]). Every member must
+    /// call it with the same joiners. The leader (rank 0) first tells each joiner the epoch and
+    /// members (`Admit`, each bounded by the form timeout; one lost on a link that died is told
+    /// again over a new one while the joiner is not out of reach for long), and forgets them as
+    /// pending (a joiner still waiting asks again); then it tells the members, over this group,
+    /// whether every joiner acked. Only then do the members form the next epoch with them, so
+    /// that a joiner is asked to form an epoch only once admitted to it (it refuses any other
+    /// at once: a member's list naming its node then meant its old process).
+    ///
+    /// `Ok(None)` where the leader could not tell every joiner: no member forms that epoch (each
+    /// skips it: a joiner told nevertheless is refused at once and asks again), and this group
+    /// goes on unchanged. Fails as forming does: a joiner that does not form it fails the
+    /// attempt at every member, whose group of this epoch is then superseded (re-form with the
+    /// survivors, [`ProcessGroup::reachable`]), and as this group's calls do. This group's
+    /// messages still on their way go first, as in [`ProcessGroup::reform`].
+    pub async fn admit(&self, joiners: &[Joiner]) -> Result<Option<ProcessGroup>, CollectiveError> {
+        if joiners.is_empty() {
+            return Ok(None);
+        }
+        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
+        let mut members: Vec<GroupMember> = self
+            .shared
+            .nodes
+            .iter()
+            .zip(&self.shared.addrs)
+            .map(|(node, addr)| GroupMember {
+                node: node.clone(),
+                addr: *addr,
+            })
+            .collect();
+        members.extend(joiners.iter().map(|j| j.member.clone()));
+        let mut every_one_told = 0u8;
+        if self.shared.rank == 0 {
+            {
+                let mut state = self.mesh.inner.lock();
+                for joiner in joiners {
+                    state.pending.remove(&joiner.member.node);
+                }
+            }
+            let deadline = Instant::now() + self.shared.config.form_timeout;
+            let told = joiners.iter().map(|joiner| {
+                self.mesh
+                    .tell_admitted(&joiner.member, epoch, &members, deadline)
+            });
+            let told = futures::future::join_all(told).await;
+            every_one_told = u8::from(told.iter().all(|t| *t));
+        }
+        let flag = candle_core::Tensor::new(&[every_one_told], &candle_core::Device::Cpu)
+            .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+        let told = self
+            .broadcast(0, &flag)
+            .await?
+            .to_vec1::<u8>()
+            .map_err(|e| CollectiveError::Tensor(e.to_string()))?;
+        if told.first() != Some(&1) {
+            if self.shared.rank == 0 {
+                tracing::info!(
+                    epoch,
+                    "not every joiner could be told its admission: skipping that epoch"
+                );
+            }
+            self.mesh.skip_epoch(epoch);
+            return Ok(None);
+        }
+        {
+            // The admitted processes' asks still on their way are theirs, not new ones'.
+            let mut state = self.mesh.inner.lock();
+            for joiner in joiners {
+                state
+                    .processes
+                    .insert(joiner.member.node.clone(), joiner.incarnation);
+            }
+        }
+        self.hand_over().await;
+        self.mesh.form(epoch, members).await.map(Some)
+    }
+
+    /// Before the group of the next epoch supersedes this one: waits, at most the form
+    /// timeout, until every message this member sent was taken, unless the group broke. A
+    /// member's call ends once it has what it needs, while its own last messages (a
+    /// broadcast's "done" to the root, the ring's last chunks) may still be queued for a peer
+    /// whose call has not ended; the next epoch's group drops this one, and its links' queues
+    /// with it. A peer that goes away right after that call (a preempted member, which
+    /// leaves while the others re-form without it) would otherwise wait for them until the
+    /// operation timeout. The peers' calls need those messages, so in a group that is not
+    /// broken this is about one round trip.
+    pub(super) async fn hand_over(&self) {
+        if self.broken().is_none() {
+            self.flush(self.shared.config.form_timeout).await;
+        }
+    }
+}
