@@ -19,8 +19,8 @@ pub(super) struct MeshInner {
 
 #[derive(Default)]
 pub(super) struct MeshState {
-    /// The latest epoch formed here.
-    pub(super) epoch: u64,
+    /// What this mesh knows of who is in its group, and the answers that follow from it.
+    pub(super) membership: Membership,
     /// Its group, while someone holds it.
     pub(super) group: Weak<Shared>,
     /// The latest connection with each peer, dialed or accepted.
@@ -30,28 +30,6 @@ pub(super) struct MeshState {
     /// epoch (its old one, killed while the job started, and its restart), the later wins.
     pub(super) joined: HashMap<(NodeId, u64), (Connection, Instant, Incarnation)>,
     pub(super) readers: Vec<JoinHandle<()>>,
-    /// Whether this process waits to be admitted to a live group ([`Mesh::join_live`]): it
-    /// answers probes as no survivor.
-    pub(super) joining: bool,
-    /// Whether this process is a member the others know: a group formed here (all its links
-    /// up), or a member that formed the first epoch with this process (their link up) is
-    /// re-forming it, which cut this process's forming short ([`Mesh::form`]). A mesh that is
-    /// no member answers probes as no survivor of any group.
-    pub(super) member: bool,
-    /// The peers whose link of the forming (or last formed) epoch is up, by epoch: a join
-    /// or enter from another process of one of them is a new incarnation.
-    pub(super) linked: std::collections::HashSet<(NodeId, u64)>,
-    /// Processes that asked to be admitted (`Enter`), by node.
-    pub(super) pending: HashMap<NodeId, Pending>,
-    /// The process of each peer this mesh last linked with (its join, or its answer to ours)
-    /// or admitted: an `Enter` from that process is one it sent before it formed the group
-    /// with this mesh (stale); one from another process of a member is its restart.
-    pub(super) processes: HashMap<NodeId, Incarnation>,
-    /// The admission this joining mesh received and has not formed yet: epoch and members.
-    pub(super) admission: Option<(u64, Vec<GroupMember>)>,
-    /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
-    /// a later one is refused ([`MeshInner::unadmitted`]).
-    pub(super) admitted_epoch: u64,
     /// Plaintext plane: tokens this mesh issued in its answers to joins, by token: the
     /// peer and epoch each one is for (each taken once).
     pub(super) plain_tokens: HashMap<crate::collective::plain::Token, (NodeId, u64)>,
@@ -59,16 +37,6 @@ pub(super) struct MeshState {
     pub(super) plain_joined: HashMap<(NodeId, u64), TcpStream>,
     /// Joins refused for a reason that fails the forming here too (the data planes differ).
     pub(super) refused_joins: HashMap<(NodeId, u64), String>,
-}
-
-/// A process that asked to be admitted ([`MeshState::pending`]).
-pub(super) struct Pending {
-    /// Where it listens.
-    pub(super) addr: SocketAddr,
-    /// Which process of its node asked.
-    pub(super) incarnation: Incarnation,
-    /// When it last asked.
-    pub(super) asked: Instant,
 }
 
 impl Drop for MeshInner {
@@ -199,78 +167,7 @@ impl MeshInner {
                 }
             }
             Wire::Probe { epoch } => {
-                // A prober left out of a later live group learns it at once (it is the late
-                // member: the others re-formed without it).
-                let (joining, member, group, linked) = {
-                    let state = self.lock();
-                    let key = (peer.clone(), epoch);
-                    // Its link with the prober of that epoch is up here (or the prober's join
-                    // was taken and the forming has not picked it up yet).
-                    let linked = state.linked.contains(&key) || state.joined.contains_key(&key);
-                    (state.joining, state.member, state.group.upgrade(), linked)
-                };
-                let reply = match group {
-                    // A joiner is no survivor: the others re-form without it, then admit it.
-                    _ if joining => Reply::Joining,
-                    // A mesh that is no member yet is forming the first epoch, which the
-                    // prober formed (or was forming) and is re-forming: that forming can no
-                    // longer complete, and it ends now.
-                    group if !member => {
-                        let forming = group.filter(|g| {
-                            g.epoch <= epoch && !g.is_formed() && g.nodes.contains(&peer)
-                        });
-                        match forming {
-                            // The prober linked with this very process: it is a member whose
-                            // links were not all up when another member was lost. It survives,
-                            // and re-forms with the others (`Mesh::form` gives it the group,
-                            // broken by this).
-                            Some(g) if g.epoch == epoch && linked => {
-                                let err = CollectiveError::Form {
-                                    epoch,
-                                    reason: format!(
-                                        "{peer} formed epoch {epoch} with this process and lost \
-                                         a member before this process's links were all up: \
-                                         re-form with the survivors"
-                                    ),
-                                };
-                                if self.cut_short(&g, err) {
-                                    Reply::Ack
-                                } else {
-                                    Reply::Joining
-                                }
-                            }
-                            // Not linked with it: a new process of this node, whose old one
-                            // the prober formed with (lost since). It is no survivor: it
-                            // enters again as a joiner (`MultiWorkerMirrored::new`).
-                            Some(g) => {
-                                g.fail(
-                                    CollectiveError::Form {
-                                        epoch: g.epoch,
-                                        reason: format!(
-                                            "{peer} formed epoch {epoch} without this process \
-                                             and is re-forming it: enter and be admitted"
-                                        ),
-                                    },
-                                    false,
-                                );
-                                self.changed.notify_waiters();
-                                Reply::Joining
-                            }
-                            None => Reply::Joining,
-                        }
-                    }
-                    Some(g)
-                        if g.epoch > epoch
-                            && !g.nodes.contains(&peer)
-                            && g.lock().broken.is_none() =>
-                    {
-                        Reply::Refused {
-                            current: g.epoch,
-                            detail: format!(" and re-formed without {peer}"),
-                        }
-                    }
-                    _ => Reply::Ack,
-                };
+                let reply = self.probed(&peer, epoch);
                 tracing::debug!(%peer, epoch, ?reply, "answered a probe");
                 respond(responder, reply, header_max)
             }
@@ -290,7 +187,7 @@ impl MeshInner {
             Wire::Abort { epoch, error } => {
                 let (group, joining) = {
                     let state = self.lock();
-                    (state.group.upgrade(), state.joining)
+                    (state.group.upgrade(), state.membership.joining)
                 };
                 if let Some(group) = group.filter(|g| g.epoch == epoch && g.nodes.contains(&peer)) {
                     if group.is_formed() || joining {

@@ -43,7 +43,7 @@ impl MeshInner {
             changed.as_mut().enable();
             {
                 let mut state = self.lock();
-                if state.epoch >= epoch {
+                if state.membership.epoch >= epoch {
                     let group = state.group.upgrade().filter(|g| g.epoch == epoch);
                     return match group {
                         // Its links are all up: a join of it again comes from a new
@@ -57,7 +57,12 @@ impl MeshInner {
                         },
                         // Its link of this epoch is up already, with another process of it
                         // (the one before a restart): this one is to enter and be admitted.
-                        Some(_) if state.linked.contains(&(conn.peer().clone(), epoch)) => {
+                        Some(_)
+                            if state
+                                .membership
+                                .linked
+                                .contains(&(conn.peer().clone(), epoch)) =>
+                        {
                             Reply::Refused {
                                 current: epoch,
                                 detail: format!(
@@ -136,87 +141,124 @@ impl MeshInner {
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 let state = self.lock();
                 return Reply::Refused {
-                    current: state.epoch,
+                    current: state.membership.epoch,
                     detail: format!(" and did not form epoch {epoch} within its form timeout"),
                 };
             }
         }
     }
 
-    /// The answer to a process's `Enter` (see [`Mesh::enter`]); keeps it as pending where a
-    /// group was formed here, and fails a live group of which it is a member (its old
-    /// incarnation is gone). An ask from the very process this mesh formed its group with (or
-    /// admitted to it) is one it sent before then, delivered late: ignored.
+    /// The answer to a process's `Enter` (see [`Mesh::enter`]), as the membership machine
+    /// decides it ([`Membership::handle_enter`]); fails a live group of which the asker is a
+    /// member when it is a new process of that member (its old incarnation is gone).
     pub(super) fn entered(&self, peer: &NodeId, addr: &str, incarnation: Incarnation) -> Reply {
         let mut state = self.lock();
-        let epoch = state.epoch;
-        if state.joining || epoch == 0 {
-            return Reply::Entered {
-                epoch,
-                formed: false,
-            };
-        }
-        let group = state.group.upgrade().filter(|g| g.epoch == epoch);
-        // Its first forming failed and is gone: no group lives here to admit anyone.
-        if group.is_none() && !state.member {
-            return Reply::Entered {
-                epoch,
-                formed: false,
-            };
-        }
-        let same_process = state.processes.get(peer) == Some(&incarnation);
-        if let Some(g) = &group {
-            // The first group forming and waiting for it: the job is starting (unless it
-            // linked with another process of it already: then this one is a restart).
-            if epoch == 1
-                && !g.is_formed()
-                && g.nodes.contains(peer)
-                && (same_process || !state.linked.contains(&(peer.clone(), epoch)))
-            {
-                return Reply::Entered {
-                    epoch,
-                    formed: false,
-                };
-            }
-        }
-        if same_process && group.as_ref().is_some_and(|g| g.nodes.contains(peer)) {
-            tracing::debug!(%peer, %incarnation, "an ask to join from a process already a member: sent before it formed this group, ignored");
-            return Reply::Entered {
-                epoch,
-                formed: true,
-            };
-        }
         let Ok(addr) = addr.parse::<SocketAddr>() else {
             tracing::warn!(%peer, addr, "refused an enter whose address does not parse");
             return Reply::Refused {
-                current: epoch,
+                current: state.membership.epoch,
                 detail: format!(" (the address {addr:?} does not parse)"),
             };
         };
-        state.pending.insert(
-            peer.clone(),
-            Pending {
-                addr,
-                incarnation,
-                asked: Instant::now(),
-            },
-        );
+        let group = state.group.upgrade();
+        let view = group.as_deref().map(Shared::view);
+        let now = Instant::now().into_std();
+        let answer = state
+            .membership
+            .handle_enter(peer, addr, incarnation, view, now);
         drop(state);
-        if let Some(g) = group.filter(|g| g.is_formed() && g.nodes.contains(peer)) {
-            g.fail(
-                CollectiveError::MemberLost {
-                    node: peer.clone(),
+        match answer {
+            EnterAnswer::NoGroup { epoch } => Reply::Entered {
+                epoch,
+                formed: false,
+            },
+            EnterAnswer::Stale { epoch } => {
+                tracing::debug!(%peer, %incarnation, "an ask to join from a process already a member: sent before it formed this group, ignored");
+                Reply::Entered {
+                    epoch,
+                    formed: true,
+                }
+            }
+            EnterAnswer::Pending { epoch, restarted } => {
+                if let Some(g) = group.filter(|_| restarted) {
+                    g.fail(
+                        CollectiveError::MemberLost {
+                            node: peer.clone(),
+                            epoch,
+                            reason: format!(
+                                "a new process of it ({incarnation}) asks to join: the old one \
+                                 is gone"
+                            ),
+                        },
+                        true,
+                    );
+                }
+                Reply::Entered {
+                    epoch,
+                    formed: true,
+                }
+            }
+        }
+    }
+
+    /// The answer to a probe by `peer`, a member of `epoch` re-forming it with the survivors,
+    /// as the membership machine decides it ([`Membership::handle_probe`]). A prober left out
+    /// of a later live group learns it at once (it is the late member: the others re-formed
+    /// without it).
+    pub(super) fn probed(&self, peer: &NodeId, epoch: u64) -> Reply {
+        let (answer, group) = {
+            let state = self.lock();
+            let key = (peer.clone(), epoch);
+            // Its link with the prober of that epoch is up here (or the prober's join was
+            // taken and the forming has not picked it up yet).
+            let linked = state.membership.linked.contains(&key) || state.joined.contains_key(&key);
+            let group = state.group.upgrade();
+            let view = group.as_deref().map(Shared::view);
+            (
+                state.membership.handle_probe(peer, epoch, view, linked),
+                group,
+            )
+        };
+        match (answer, group) {
+            (ProbeAnswerHere::Alive, _) => Reply::Ack,
+            (ProbeAnswerHere::LeftOut { current }, _) => Reply::Refused {
+                current,
+                detail: format!(" and re-formed without {peer}"),
+            },
+            // A member whose links were not all up when another member was lost: it
+            // survives, and re-forms with the others (`Mesh::form` gives it the group, broken
+            // by this).
+            (ProbeAnswerHere::CutShort, Some(g)) => {
+                let err = CollectiveError::Form {
                     epoch,
                     reason: format!(
-                        "a new process of it ({incarnation}) asks to join: the old one is gone"
+                        "{peer} formed epoch {epoch} with this process and lost a member before \
+                         this process's links were all up: re-form with the survivors"
                     ),
-                },
-                true,
-            );
-        }
-        Reply::Entered {
-            epoch,
-            formed: true,
+                };
+                if self.cut_short(&g, err) {
+                    Reply::Ack
+                } else {
+                    Reply::Joining
+                }
+            }
+            // A new process of this node, whose old one the prober formed with (lost since).
+            // It is no survivor: it enters again as a joiner (`MultiWorkerMirrored::new`).
+            (ProbeAnswerHere::EndForming, Some(g)) => {
+                g.fail(
+                    CollectiveError::Form {
+                        epoch: g.epoch,
+                        reason: format!(
+                            "{peer} formed epoch {epoch} without this process and is re-forming \
+                             it: enter and be admitted"
+                        ),
+                    },
+                    false,
+                );
+                self.changed.notify_waiters();
+                Reply::Joining
+            }
+            _ => Reply::Joining,
         }
     }
 
@@ -229,22 +271,19 @@ impl MeshInner {
                 Ok(addr) => parsed.push(GroupMember { node, addr }),
                 Err(_) => {
                     return Reply::Refused {
-                        current: self.lock().epoch,
+                        current: self.lock().membership.epoch,
                         detail: format!(" (the address {addr:?} of {node} does not parse)"),
                     }
                 }
             }
         }
-        let mut state = self.lock();
-        if !state.joining || epoch <= state.epoch {
+        let taken = self.lock().membership.handle_admit(epoch, parsed);
+        if let Err(current) = taken {
             return Reply::Refused {
-                current: state.epoch,
+                current,
                 detail: " (not waiting to be admitted)".into(),
             };
         }
-        state.admission = Some((epoch, parsed));
-        state.admitted_epoch = state.admitted_epoch.max(epoch);
-        drop(state);
         self.changed.notify_waiters();
         Reply::Ack
     }
@@ -255,7 +294,7 @@ impl MeshInner {
     pub(super) fn cut_short(&self, group: &Shared, err: CollectiveError) -> bool {
         let cut = group.cut_short(err);
         if cut {
-            self.lock().member = true;
+            self.lock().membership.member = true;
         }
         self.changed.notify_waiters();
         cut
@@ -265,7 +304,7 @@ impl MeshInner {
     /// with `members`.
     pub(super) fn still_forming(&self, epoch: u64, members: &[NodeId]) -> Reply {
         let state = self.lock();
-        if state.epoch < epoch {
+        if state.membership.epoch < epoch {
             if Self::unadmitted(&state, epoch) {
                 return Self::unadmitted_refusal(&state, epoch);
             }
@@ -285,19 +324,14 @@ impl MeshInner {
         }
     }
 
-    /// Whether this mesh waits to be admitted and was not admitted to `epoch`: it never forms
-    /// it. The members form an epoch with a joiner only once the leader's admission reached it
-    /// ([`ProcessGroup::admit`]), so a member asking it about another (a `Join`, or whether it
-    /// still forms it) lists its node for its old process, lost since: refused at once, that
-    /// member's forming fails now rather than at its form timeout, and it re-forms (this
-    /// process answering its probe as a joiner).
+    /// Whether this mesh never forms `epoch` ([`Membership::unadmitted`]).
     pub(super) fn unadmitted(state: &MeshState, epoch: u64) -> bool {
-        state.joining && state.epoch < epoch && state.admitted_epoch < epoch
+        state.membership.unadmitted(epoch)
     }
 
     pub(super) fn unadmitted_refusal(state: &MeshState, epoch: u64) -> Reply {
         Reply::Refused {
-            current: state.epoch,
+            current: state.membership.epoch,
             detail: format!(
                 " (a new process waiting to be admitted, not admitted to epoch {epoch}: its old \
                  one is gone)"
@@ -312,8 +346,8 @@ impl MeshInner {
 
     pub(super) fn refusal_locked(&self, state: &MeshState, epoch: u64) -> Reply {
         Reply::Refused {
-            current: state.epoch,
-            detail: if state.epoch == epoch {
+            current: state.membership.epoch,
+            detail: if state.membership.epoch == epoch {
                 " (its group of that epoch is gone)".into()
             } else {
                 String::new()

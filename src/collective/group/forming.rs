@@ -38,10 +38,9 @@ impl Mesh {
         }
         let shared = {
             let mut state = self.inner.lock();
-            if epoch <= state.epoch {
+            if let Err(latest) = state.membership.begin_forming(epoch) {
                 return Err(form_error(format!(
-                    "epoch {epoch} is not above the epoch {} already formed here",
-                    state.epoch
+                    "epoch {epoch} is not above the epoch {latest} already formed here"
                 )));
             }
             let shared = Arc::new(Shared::new(
@@ -51,8 +50,6 @@ impl Mesh {
                 self.inner.config.clone(),
                 self.inner.endpoint.config().frame_bytes_max,
             ));
-            state.epoch = epoch;
-            state.linked.retain(|(_, e)| *e == epoch);
             // Joins of an earlier epoch whose forming failed here can no longer be taken.
             state.joined.retain(|(_, e), _| *e >= epoch);
             state.plain_joined.retain(|(_, e), _| *e >= epoch);
@@ -101,7 +98,7 @@ impl Mesh {
             }
         };
         shared.start_links(&shared, conns);
-        self.inner.lock().member = true;
+        self.inner.lock().membership.member = true;
         tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
         Ok(ProcessGroup {
             shared,
@@ -119,11 +116,10 @@ impl Mesh {
         deadline: Instant,
     ) -> Result<(Connection, Option<TcpStream>), CollectiveError> {
         let (conn, plain, incarnation) = self.link_once(shared, peer, deadline).await?;
-        let mut state = self.inner.lock();
-        if state.epoch == shared.epoch {
-            state.linked.insert((peer.node.clone(), shared.epoch));
-            state.processes.insert(peer.node.clone(), incarnation);
-        }
+        self.inner
+            .lock()
+            .membership
+            .linked_with(&peer.node, shared.epoch, incarnation);
         Ok((conn, plain))
     }
 
@@ -151,7 +147,7 @@ impl Mesh {
         };
         let by_admission = {
             let state = self.inner.lock();
-            state.joining && state.admitted_epoch == epoch
+            state.membership.joining && state.membership.admitted_epoch == epoch
         };
         let join = Wire::Join {
             epoch,
@@ -387,9 +383,7 @@ impl Mesh {
     /// Takes `epoch` as tried here without forming it (the members agreed to skip it): a join
     /// of it, or a question whether this mesh still forms it, is refused from now on.
     pub(super) fn skip_epoch(&self, epoch: u64) {
-        let mut state = self.inner.lock();
-        state.epoch = state.epoch.max(epoch);
-        drop(state);
+        self.inner.lock().membership.skip(epoch);
         self.inner.changed.notify_waiters();
     }
 
@@ -425,10 +419,10 @@ impl Mesh {
                 if let Some(err) = shared.lock().broken.clone() {
                     return Err(err);
                 }
-                if state.epoch != epoch {
+                if state.membership.epoch != epoch {
                     return Err(CollectiveError::Superseded {
                         epoch,
-                        current: state.epoch,
+                        current: state.membership.epoch,
                     });
                 }
             }

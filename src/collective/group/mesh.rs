@@ -13,7 +13,7 @@ impl std::fmt::Debug for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mesh")
             .field("node", self.inner.endpoint.node())
-            .field("epoch", &self.inner.lock().epoch)
+            .field("epoch", &self.inner.lock().membership.epoch)
             .finish()
     }
 }
@@ -100,7 +100,7 @@ impl Mesh {
 
     /// The latest epoch formed here (0 before the first).
     pub fn epoch(&self) -> u64 {
-        self.inner.lock().epoch
+        self.inner.lock().membership.epoch
     }
 
     /// How a starting process enters the job (see the module doc): asks each of `peers` (the
@@ -120,7 +120,7 @@ impl Mesh {
         use futures::StreamExt;
         while let Some(answer) = asks.next().await {
             if let Some((_, true)) = answer {
-                self.inner.lock().joining = true;
+                self.inner.lock().membership.joining = true;
                 return Entry::Join;
             }
         }
@@ -141,7 +141,7 @@ impl Mesh {
         within: Duration,
     ) -> Result<ProcessGroup, CollectiveError> {
         let deadline = Instant::now() + within;
-        self.inner.lock().joining = true;
+        self.inner.lock().membership.joining = true;
         let mut last = String::from("no member admitted it");
         let joined = loop {
             let ask_by = (Instant::now() + ENTER_REPEAT).min(deadline);
@@ -173,8 +173,8 @@ impl Mesh {
             }
         };
         let mut state = self.inner.lock();
-        state.joining = false;
-        state.admission = None;
+        state.membership.joining = false;
+        state.membership.admission = None;
         joined
     }
 
@@ -219,11 +219,11 @@ impl Mesh {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if let Some(admission) = self.inner.lock().admission.take() {
+            if let Some(admission) = self.inner.lock().membership.admission.take() {
                 return Some(admission);
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return self.inner.lock().admission.take();
+                return self.inner.lock().membership.admission.take();
             }
         }
     }
@@ -237,12 +237,9 @@ impl Mesh {
     /// changed) where a group of this mesh was formed, lives, or it waits to be admitted.
     pub fn forget_failed_start(&self) -> bool {
         let mut state = self.inner.lock();
-        if state.member || state.joining || state.epoch != 1 || state.group.upgrade().is_some() {
+        if state.group.upgrade().is_some() {
             return false;
         }
-        state.epoch = 0;
-        // Its links are of the failed attempt: the next one links anew.
-        state.linked.clear();
-        true
+        state.membership.forget_failed_start()
     }
 }

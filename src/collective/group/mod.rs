@@ -6,6 +6,15 @@
 //! group ([`Mesh::form`], [`ProcessGroup::reform`]), the per-link send windows and the inbox of
 //! a group, and the failure rules below. The algorithms over these live in `ops.rs`.
 //!
+//! The membership decisions that follow from what a mesh knows alone (its latest epoch,
+//! whether it is a member or waits to be admitted, which process of each peer it formed
+//! with, the pending joiners) are taken by a pure machine (`machine.rs`: the answers to an
+//! ask to enter, a probe and an admission); the rest of this module carries them out over the
+//! network. Its files: `mesh.rs` (the endpoint, entering a job), `forming.rs` (links, probes,
+//! telling an admission), `process_group.rs`, `acceptor.rs` (the mesh's state and routing),
+//! `answers.rs` (replies to membership messages), `shared.rs` (a formed group's links, inbox
+//! and breaking).
+//!
 //! Calling protocol, per member:
 //! 1. [`Mesh::new`] over an [`Endpoint`] of the node (its own port: collective traffic never
 //!    queues behind the control plane); the mesh accepts connections from then on.
@@ -104,13 +113,15 @@ use crate::process::Incarnation;
 mod acceptor;
 mod answers;
 mod forming;
+mod machine;
 mod mesh;
 mod process_group;
 mod shared;
 #[cfg(test)]
 mod tests;
 
-use acceptor::{MeshInner, MeshState, Pending};
+use acceptor::{MeshInner, MeshState};
+use machine::{EnterAnswer, GroupView, Membership, ProbeAnswerHere};
 pub use mesh::{loopback_group, Mesh};
 pub use process_group::ProcessGroup;
 use shared::respond;

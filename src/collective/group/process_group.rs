@@ -188,25 +188,12 @@ impl ProcessGroup {
     /// listen. Only the leader's (rank 0's) count: the members agree on its list before
     /// [`ProcessGroup::admit`].
     pub fn pending_joiners(&self) -> Vec<Joiner> {
-        let mut state = self.mesh.inner.lock();
-        let now = Instant::now();
-        state
-            .pending
-            .retain(|_, pending| now.duration_since(pending.asked) < PENDING_FRESH);
-        let mut joiners: Vec<Joiner> = state
-            .pending
-            .iter()
-            .filter(|(node, _)| !self.shared.nodes.contains(node))
-            .map(|(node, pending)| Joiner {
-                member: GroupMember {
-                    node: node.clone(),
-                    addr: pending.addr,
-                },
-                incarnation: pending.incarnation,
-            })
-            .collect();
-        joiners.sort_by(|a, b| a.member.node.cmp(&b.member.node));
-        joiners
+        let now = Instant::now().into_std();
+        self.mesh
+            .inner
+            .lock()
+            .membership
+            .pending_joiners(&self.shared.nodes, now, PENDING_FRESH)
     }
 
     /// Forms the next epoch (as [`ProcessGroup::reform`] numbers it) with every member of
@@ -243,12 +230,7 @@ impl ProcessGroup {
         members.extend(joiners.iter().map(|j| j.member.clone()));
         let mut every_one_told = 0u8;
         if self.shared.rank == 0 {
-            {
-                let mut state = self.mesh.inner.lock();
-                for joiner in joiners {
-                    state.pending.remove(&joiner.member.node);
-                }
-            }
+            self.mesh.inner.lock().membership.offered(joiners);
             let deadline = Instant::now() + self.shared.config.form_timeout;
             let told = joiners.iter().map(|joiner| {
                 self.mesh
@@ -274,15 +256,8 @@ impl ProcessGroup {
             self.mesh.skip_epoch(epoch);
             return Ok(None);
         }
-        {
-            // The admitted processes' asks still on their way are theirs, not new ones'.
-            let mut state = self.mesh.inner.lock();
-            for joiner in joiners {
-                state
-                    .processes
-                    .insert(joiner.member.node.clone(), joiner.incarnation);
-            }
-        }
+        // The admitted processes' asks still on their way are theirs, not new ones'.
+        self.mesh.inner.lock().membership.admitting(joiners);
         self.hand_over().await;
         self.mesh.form(epoch, members).await.map(Some)
     }

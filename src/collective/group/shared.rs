@@ -145,6 +145,16 @@ impl Shared {
         self.links.get().is_some()
     }
 
+    /// What the membership machine is told of this group ([`GroupView`]).
+    pub(super) fn view(&self) -> GroupView<'_> {
+        GroupView {
+            epoch: self.epoch,
+            nodes: &self.nodes,
+            formed: self.is_formed(),
+            broken: self.lock().broken.is_some(),
+        }
+    }
+
     /// Breaks this group, still forming here, with `err`, as one that a member formed and is
     /// re-forming: [`Mesh::form`] then returns it broken, for this member to re-form with the
     /// survivors. Whether it did (not if the forming had failed already).

@@ -108,7 +108,7 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
     let addr = groups[1].mesh.local_addr().unwrap().to_string();
     let own = groups[1].mesh.incarnation();
     let inner = &groups[0].mesh.inner;
-    assert_eq!(inner.lock().processes.get(&peer), Some(&own));
+    assert_eq!(inner.lock().membership.processes.get(&peer), Some(&own));
     // Later than any time window would have allowed.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let reply = inner.entered(&peer, &addr, own);
@@ -123,7 +123,7 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
         "{reply:?}"
     );
     assert!(groups[0].broken().is_none(), "a stale ask broke the group");
-    assert!(!inner.lock().pending.contains_key(&peer));
+    assert!(!inner.lock().membership.pending.contains_key(&peer));
 
     let restarted = Incarnation::random();
     let reply = inner.entered(&peer, &addr, restarted);
@@ -147,6 +147,7 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
     );
     let state = inner.lock();
     let pending = state
+        .membership
         .pending
         .get(&peer)
         .expect("the new process is pending");

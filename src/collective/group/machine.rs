@@ -1,0 +1,475 @@
+//! The membership machine of a mesh: what it knows of who is in its group (its latest epoch,
+//! whether it is a member or waits to be admitted, which process of each peer it formed with,
+//! the pending joiners, the admission it received), and every answer that follows from that
+//! alone: to an ask to enter, a probe, an admission, and whether it may ever form an epoch.
+//!
+//! Pure: it names no runtime, network or clock (time is passed in), so tests drive it exactly
+//! as the mesh does. The mesh keeps it under its lock, hands it a view of its latest group
+//! ([`GroupView`]) and carries out what it decides (failing or cutting short that group,
+//! replying, telling waiters).
+
+use core::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use cohort_transport::NodeId;
+
+use super::{GroupMember, Joiner};
+use crate::process::Incarnation;
+
+/// A mesh's membership state (see the module doc).
+#[derive(Debug, Default)]
+pub(super) struct Membership {
+    /// The latest epoch formed (or tried, or skipped) here.
+    pub(super) epoch: u64,
+    /// Whether this process waits to be admitted to a live group ([`super::Mesh::join_live`]):
+    /// it answers probes as no survivor.
+    pub(super) joining: bool,
+    /// Whether this process is a member the others know: a group formed here (all its links
+    /// up), or a member that formed the first epoch with this process (their link up) is
+    /// re-forming it, which cut this process's forming short ([`super::Mesh::form`]). A mesh
+    /// that is no member answers probes as no survivor of any group.
+    pub(super) member: bool,
+    /// The peers whose link of the forming (or last formed) epoch is up, by epoch.
+    pub(super) linked: HashSet<(NodeId, u64)>,
+    /// Processes that asked to be admitted (`Enter`), by node.
+    pub(super) pending: HashMap<NodeId, Pending>,
+    /// The process of each peer this mesh last linked with (its join, or its answer to ours)
+    /// or admitted: an `Enter` from that process is one it sent before it formed the group
+    /// with this mesh (stale); one from another process of a member is its restart.
+    pub(super) processes: HashMap<NodeId, Incarnation>,
+    /// The admission this joining mesh received and has not formed yet: epoch and members.
+    pub(super) admission: Option<(u64, Vec<GroupMember>)>,
+    /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
+    /// a later one is refused ([`Membership::unadmitted`]).
+    pub(super) admitted_epoch: u64,
+}
+
+/// A process that asked to be admitted ([`Membership::pending`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Pending {
+    /// Where it listens.
+    pub(super) addr: SocketAddr,
+    /// Which process of its node asked.
+    pub(super) incarnation: Incarnation,
+    /// When it last asked.
+    pub(super) asked: Instant,
+}
+
+/// What the machine is told of the mesh's latest group, while one lives.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GroupView<'a> {
+    /// Its epoch (not above [`Membership::epoch`]).
+    pub(super) epoch: u64,
+    /// Its members, in rank order.
+    pub(super) nodes: &'a [NodeId],
+    /// Whether all its links are up.
+    pub(super) formed: bool,
+    /// Whether it broke.
+    pub(super) broken: bool,
+}
+
+/// The answer to an ask to enter ([`Membership::handle_enter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum EnterAnswer {
+    /// No group lives here to admit anyone (none formed yet, this mesh itself waits to be
+    /// admitted, its first forming failed, or the job is starting and the asker is one of
+    /// the first epoch's members): the asker is to form the first epoch. `epoch`: this
+    /// mesh's latest.
+    NoGroup { epoch: u64 },
+    /// The asker is the very process this mesh formed its group with (or admitted): the ask
+    /// was sent before then and arrives late. Changes nothing.
+    Stale { epoch: u64 },
+    /// Kept as a pending joiner. `restarted`: the asker is a new process of a member of the
+    /// live, formed group, whose old process is then gone: the mesh fails that group.
+    Pending { epoch: u64, restarted: bool },
+}
+
+/// The answer to a member's probe ([`Membership::handle_probe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ProbeAnswerHere {
+    /// A live mesh: the prober may count it as a survivor.
+    Alive,
+    /// No survivor: a joiner, or a mesh that never was a member.
+    Joining,
+    /// This mesh's live group of epoch `current`, later than the prober's, left the prober
+    /// out: it was taken for lost.
+    LeftOut { current: u64 },
+    /// This mesh still forms the first epoch the prober formed with this very process (their
+    /// link is up), and the prober lost another member meanwhile and re-forms: this mesh
+    /// survives too. The mesh cuts its forming short (answering [`Self::Alive`] if that
+    /// worked, else [`Self::Joining`]).
+    CutShort,
+    /// This mesh forms an epoch the prober formed without this process (with its old one,
+    /// lost since): it is no survivor. The mesh ends that forming, and answers as a joiner.
+    EndForming,
+}
+
+impl Membership {
+    /// A process asks to be admitted (`Enter`) at `now`, from `addr`, as `incarnation`;
+    /// `group` is the mesh's group of its latest epoch, if it lives.
+    pub(super) fn handle_enter(
+        &mut self,
+        peer: &NodeId,
+        addr: SocketAddr,
+        incarnation: Incarnation,
+        group: Option<GroupView<'_>>,
+        now: Instant,
+    ) -> EnterAnswer {
+        let epoch = self.epoch;
+        if self.joining || epoch == 0 {
+            return EnterAnswer::NoGroup { epoch };
+        }
+        let group = group.filter(|g| g.epoch == epoch);
+        // Its first forming failed and is gone: no group lives here to admit anyone.
+        if group.is_none() && !self.member {
+            return EnterAnswer::NoGroup { epoch };
+        }
+        let same_process = self.processes.get(peer) == Some(&incarnation);
+        let in_group = group.is_some_and(|g| g.nodes.contains(peer));
+        if let Some(g) = group {
+            // The first group forming and waiting for it: the job is starting (unless it
+            // linked with another process of it already: then this one is a restart).
+            if epoch == 1
+                && !g.formed
+                && in_group
+                && (same_process || !self.linked.contains(&(peer.clone(), epoch)))
+            {
+                return EnterAnswer::NoGroup { epoch };
+            }
+        }
+        if same_process && in_group {
+            return EnterAnswer::Stale { epoch };
+        }
+        self.pending.insert(
+            peer.clone(),
+            Pending {
+                addr,
+                incarnation,
+                asked: now,
+            },
+        );
+        EnterAnswer::Pending {
+            epoch,
+            restarted: group.is_some_and(|g| g.formed) && in_group,
+        }
+    }
+
+    /// A member of `epoch` probes this mesh (re-forming with the survivors); `group` is the
+    /// mesh's latest group, if it lives (of any epoch), and `linked` whether this mesh's link
+    /// with the prober of `epoch` is up (or its join was taken).
+    pub(super) fn handle_probe(
+        &self,
+        peer: &NodeId,
+        epoch: u64,
+        group: Option<GroupView<'_>>,
+        linked: bool,
+    ) -> ProbeAnswerHere {
+        // A joiner is no survivor: the others re-form without it, then admit it.
+        if self.joining {
+            return ProbeAnswerHere::Joining;
+        }
+        if !self.member {
+            // No member yet: this mesh forms the first epoch, which the prober formed (or was
+            // forming) and is re-forming: that forming can no longer complete.
+            return match group.filter(|g| g.epoch <= epoch && !g.formed && g.nodes.contains(peer)) {
+                Some(g) if g.epoch == epoch && linked => ProbeAnswerHere::CutShort,
+                Some(_) => ProbeAnswerHere::EndForming,
+                None => ProbeAnswerHere::Joining,
+            };
+        }
+        match group {
+            Some(g) if g.epoch > epoch && !g.nodes.contains(peer) && !g.broken => {
+                ProbeAnswerHere::LeftOut { current: g.epoch }
+            }
+            _ => ProbeAnswerHere::Alive,
+        }
+    }
+
+    /// The leader admits this mesh to form `epoch` with `members`: taken (`Ok`) if it waits to
+    /// be admitted and `epoch` is above every one formed here; else `Err` with its epoch.
+    pub(super) fn handle_admit(
+        &mut self,
+        epoch: u64,
+        members: Vec<GroupMember>,
+    ) -> Result<(), u64> {
+        if !self.joining || epoch <= self.epoch {
+            return Err(self.epoch);
+        }
+        self.admission = Some((epoch, members));
+        self.admitted_epoch = self.admitted_epoch.max(epoch);
+        Ok(())
+    }
+
+    /// Whether this mesh waits to be admitted and was not admitted to `epoch`: it never forms
+    /// it. The members form an epoch with a joiner only once the leader's admission reached it
+    /// ([`super::ProcessGroup::admit`]), so a member asking it about another (a `Join`, or
+    /// whether it still forms it) lists its node for its old process, lost since: refused at
+    /// once, that member's forming fails now rather than at its form timeout, and it re-forms
+    /// (this process answering its probe as a joiner).
+    pub(super) fn unadmitted(&self, epoch: u64) -> bool {
+        self.joining && self.epoch < epoch && self.admitted_epoch < epoch
+    }
+
+    /// The processes that asked to be admitted within `fresh` before `now` and are not among
+    /// `members`, in node order; older asks are forgotten.
+    pub(super) fn pending_joiners(
+        &mut self,
+        members: &[NodeId],
+        now: Instant,
+        fresh: Duration,
+    ) -> Vec<Joiner> {
+        self.pending
+            .retain(|_, pending| now.saturating_duration_since(pending.asked) < fresh);
+        let mut joiners: Vec<Joiner> = self
+            .pending
+            .iter()
+            .filter(|(node, _)| !members.contains(node))
+            .map(|(node, pending)| Joiner {
+                member: GroupMember {
+                    node: node.clone(),
+                    addr: pending.addr,
+                },
+                incarnation: pending.incarnation,
+            })
+            .collect();
+        joiners.sort_by(|a, b| a.member.node.cmp(&b.member.node));
+        joiners
+    }
+
+    /// The leader is about to tell `joiners` their admission: they are no longer pending (a
+    /// joiner still waiting asks again).
+    pub(super) fn offered(&mut self, joiners: &[Joiner]) {
+        for joiner in joiners {
+            self.pending.remove(&joiner.member.node);
+        }
+    }
+
+    /// The members agreed to form the next epoch with `joiners`: their asks still on their
+    /// way are theirs, not new processes'.
+    pub(super) fn admitting(&mut self, joiners: &[Joiner]) {
+        for joiner in joiners {
+            self.processes
+                .insert(joiner.member.node.clone(), joiner.incarnation);
+        }
+    }
+
+    /// This mesh's link of `epoch` with `peer`, whose process is `incarnation`, is up.
+    pub(super) fn linked_with(&mut self, peer: &NodeId, epoch: u64, incarnation: Incarnation) {
+        if self.epoch == epoch {
+            self.linked.insert((peer.clone(), epoch));
+            self.processes.insert(peer.clone(), incarnation);
+        }
+    }
+
+    /// Begins forming `epoch` here: `Err` with the latest epoch if it is not above it (an
+    /// epoch is formed once).
+    pub(super) fn begin_forming(&mut self, epoch: u64) -> Result<(), u64> {
+        if epoch <= self.epoch {
+            return Err(self.epoch);
+        }
+        self.epoch = epoch;
+        self.linked.retain(|(_, e)| *e == epoch);
+        Ok(())
+    }
+
+    /// Forgets a first forming that failed (no group of this mesh lives), where no group was
+    /// ever formed here and this mesh does not wait to be admitted, so that the first epoch
+    /// can be formed again ([`super::Mesh::forget_failed_start`]). Whether it forgot.
+    pub(super) fn forget_failed_start(&mut self) -> bool {
+        if self.member || self.joining || self.epoch != 1 {
+            return false;
+        }
+        self.epoch = 0;
+        // Its links are of the failed attempt: the next one links anew.
+        self.linked.clear();
+        true
+    }
+
+    /// Takes `epoch` as tried here without forming it (the members agreed to skip it).
+    pub(super) fn skip(&mut self, epoch: u64) {
+        self.epoch = self.epoch.max(epoch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(i: u32) -> NodeId {
+        NodeId::new("worker", i)
+    }
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// A member of a formed group of `epoch` with worker/0..n, linked with each peer's
+    /// process `incarnations[i]`.
+    fn member_of(epoch: u64, incarnations: &[Incarnation]) -> (Membership, Vec<NodeId>) {
+        let nodes: Vec<NodeId> = (0..incarnations.len() as u32).map(node).collect();
+        let mut m = Membership::default();
+        m.begin_forming(epoch).unwrap();
+        for (n, inc) in nodes.iter().zip(incarnations).skip(1) {
+            m.linked_with(n, epoch, *inc);
+        }
+        m.member = true;
+        (m, nodes)
+    }
+
+    fn formed(epoch: u64, nodes: &[NodeId]) -> GroupView<'_> {
+        GroupView {
+            epoch,
+            nodes,
+            formed: true,
+            broken: false,
+        }
+    }
+
+    #[test]
+    fn an_enter_from_the_linked_process_is_stale_and_from_another_a_restart() {
+        let old = Incarnation::from_raw(1);
+        let (mut m, nodes) = member_of(3, &[Incarnation::from_raw(9), old]);
+        let now = Instant::now();
+        let late = now + Duration::from_secs(3600);
+        let answer = m.handle_enter(&node(1), addr(1), old, Some(formed(3, &nodes)), late);
+        assert_eq!(answer, EnterAnswer::Stale { epoch: 3 });
+        assert!(m.pending.is_empty());
+        let new = Incarnation::from_raw(2);
+        let answer = m.handle_enter(&node(1), addr(1), new, Some(formed(3, &nodes)), late);
+        assert_eq!(
+            answer,
+            EnterAnswer::Pending {
+                epoch: 3,
+                restarted: true
+            }
+        );
+        assert_eq!(m.pending[&node(1)].incarnation, new);
+    }
+
+    #[test]
+    fn an_admitted_joiners_late_ask_is_stale_once_the_members_agreed_to_admit_it() {
+        let (mut m, nodes) = member_of(2, &[Incarnation::from_raw(9), Incarnation::from_raw(1)]);
+        let joiner_process = Incarnation::from_raw(5);
+        let now = Instant::now();
+        let answer = m.handle_enter(
+            &node(2),
+            addr(2),
+            joiner_process,
+            Some(formed(2, &nodes)),
+            now,
+        );
+        assert_eq!(
+            answer,
+            EnterAnswer::Pending {
+                epoch: 2,
+                restarted: false
+            }
+        );
+        let joiners = m.pending_joiners(&nodes, now, Duration::from_secs(3));
+        assert_eq!(joiners.len(), 1);
+        m.offered(&joiners);
+        m.admitting(&joiners);
+        m.begin_forming(3).unwrap();
+        let grown: Vec<NodeId> = (0..3).map(node).collect();
+        let answer = m.handle_enter(
+            &node(2),
+            addr(2),
+            joiner_process,
+            Some(formed(3, &grown)),
+            now,
+        );
+        assert_eq!(answer, EnterAnswer::Stale { epoch: 3 });
+    }
+
+    #[test]
+    fn a_joiner_or_a_mesh_with_no_group_has_none_to_offer() {
+        let mut m = Membership::default();
+        let inc = Incarnation::from_raw(1);
+        let now = Instant::now();
+        assert_eq!(
+            m.handle_enter(&node(1), addr(1), inc, None, now),
+            EnterAnswer::NoGroup { epoch: 0 }
+        );
+        let (mut m, nodes) = member_of(2, &[inc, inc]);
+        m.joining = true;
+        assert_eq!(
+            m.handle_enter(&node(1), addr(1), inc, Some(formed(2, &nodes)), now),
+            EnterAnswer::NoGroup { epoch: 2 }
+        );
+    }
+
+    #[test]
+    fn pending_joiners_expire_and_exclude_members() {
+        let (mut m, nodes) = member_of(2, &[Incarnation::from_raw(1), Incarnation::from_raw(2)]);
+        let t0 = Instant::now();
+        m.handle_enter(
+            &node(3),
+            addr(3),
+            Incarnation::from_raw(3),
+            Some(formed(2, &nodes)),
+            t0,
+        );
+        m.handle_enter(
+            &node(2),
+            addr(2),
+            Incarnation::from_raw(4),
+            Some(formed(2, &nodes)),
+            t0,
+        );
+        let fresh = Duration::from_secs(3);
+        let offered = m.pending_joiners(&nodes, t0 + Duration::from_secs(1), fresh);
+        let offered: Vec<NodeId> = offered.into_iter().map(|j| j.member.node).collect();
+        assert_eq!(offered, vec![node(2), node(3)]);
+        assert!(m.pending_joiners(&nodes, t0 + fresh, fresh).is_empty());
+    }
+
+    #[test]
+    fn probes_are_answered_by_role() {
+        let (m, nodes) = member_of(2, &[Incarnation::from_raw(1), Incarnation::from_raw(2)]);
+        assert_eq!(
+            m.handle_probe(&node(1), 2, Some(formed(2, &nodes)), true),
+            ProbeAnswerHere::Alive
+        );
+        // A later live group without the prober: it was left out.
+        let (m, later) = member_of(4, &[Incarnation::from_raw(1)]);
+        assert_eq!(
+            m.handle_probe(&node(1), 3, Some(formed(4, &later)), false),
+            ProbeAnswerHere::LeftOut { current: 4 }
+        );
+        // Still forming the first epoch, linked with the prober: survives with it.
+        let mut first = Membership::default();
+        first.begin_forming(1).unwrap();
+        let forming = GroupView {
+            formed: false,
+            ..formed(1, &nodes)
+        };
+        assert_eq!(
+            first.handle_probe(&node(1), 1, Some(forming), true),
+            ProbeAnswerHere::CutShort
+        );
+        assert_eq!(
+            first.handle_probe(&node(1), 1, Some(forming), false),
+            ProbeAnswerHere::EndForming
+        );
+        first.joining = true;
+        assert_eq!(
+            first.handle_probe(&node(1), 1, Some(forming), true),
+            ProbeAnswerHere::Joining
+        );
+    }
+
+    #[test]
+    fn an_admission_is_taken_only_by_a_joiner_and_only_forward() {
+        let mut m = Membership::default();
+        assert_eq!(m.handle_admit(2, Vec::new()), Err(0));
+        m.joining = true;
+        m.begin_forming(1).unwrap();
+        assert_eq!(m.handle_admit(1, Vec::new()), Err(1));
+        assert!(m.unadmitted(3));
+        assert_eq!(m.handle_admit(3, Vec::new()), Ok(()));
+        assert!(!m.unadmitted(3));
+        assert!(m.unadmitted(4));
+        assert_eq!(m.admission.as_ref().map(|(e, _)| *e), Some(3));
+    }
+}
