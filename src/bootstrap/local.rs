@@ -113,17 +113,14 @@ pub struct WorkerCount {
 
 impl WorkerCount {
     /// `N` (a fixed number) or `MIN:MAX`, each from 1 to [`WORKERS_MAX_LIMIT`], MIN ≤ MAX.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, WorkerCountError> {
         let number = |part: &str| {
             part.trim()
                 .parse::<u32>()
                 .ok()
                 .filter(|n| (1..=WORKERS_MAX_LIMIT).contains(n))
-                .ok_or_else(|| {
-                    format!(
-                        "{text:?}: expected N or MIN:MAX, each a whole number from 1 to \
-                         {WORKERS_MAX_LIMIT}"
-                    )
+                .ok_or_else(|| WorkerCountError::NotACount {
+                    text: text.to_string(),
                 })
         };
         let (min, max) = match text.split_once(':') {
@@ -134,10 +131,35 @@ impl WorkerCount {
             }
         };
         if min > max {
-            return Err(format!("{text:?}: MIN ({min}) is above MAX ({max})"));
+            return Err(WorkerCountError::MinAboveMax {
+                text: text.to_string(),
+                min,
+                max,
+            });
         }
         Ok(Self { min, max })
     }
+}
+
+/// Why a `--workers` or `--ps` value is not a [`WorkerCount`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkerCountError {
+    /// Not `N` or `MIN:MAX` with each a whole number in range.
+    #[error("{text:?}: expected N or MIN:MAX, each a whole number from 1 to {WORKERS_MAX_LIMIT}")]
+    NotACount {
+        /// The value given.
+        text: String,
+    },
+    /// `MIN:MAX` with MIN above MAX.
+    #[error("{text:?}: MIN ({min}) is above MAX ({max})")]
+    MinAboveMax {
+        /// The value given.
+        text: String,
+        /// Its MIN.
+        min: u32,
+        /// Its MAX.
+        max: u32,
+    },
 }
 
 impl From<u32> for WorkerCount {
@@ -349,13 +371,26 @@ mod tests {
         );
         assert_eq!(WorkerCount::parse("2:4").unwrap().to_string(), "2:4");
         assert_eq!(WorkerCount::from(2).to_string(), "2");
+        let err = WorkerCount::parse("4:2").unwrap_err();
         assert_eq!(
-            WorkerCount::parse("4:2").unwrap_err(),
-            "\"4:2\": MIN (4) is above MAX (2)"
+            err,
+            WorkerCountError::MinAboveMax {
+                text: "4:2".into(),
+                min: 4,
+                max: 2
+            }
         );
+        assert_eq!(err.to_string(), "\"4:2\": MIN (4) is above MAX (2)");
         for bad in ["0", "0:2", "2:", ":2", "x", "1:10001", "-1"] {
             let err = WorkerCount::parse(bad).unwrap_err();
-            assert!(err.contains("expected N or MIN:MAX"), "{bad}: {err}");
+            assert!(
+                matches!(err, WorkerCountError::NotACount { .. }),
+                "{bad}: {err}"
+            );
+            assert!(
+                err.to_string().contains("expected N or MIN:MAX"),
+                "{bad}: {err}"
+            );
         }
     }
 }

@@ -66,13 +66,11 @@ pub(crate) fn json_format() -> bool {
 /// Installs the subscriber in the format `COHORT_LOG_FORMAT` asks for; an unknown format is
 /// an error naming the variable (nothing is installed). Once one is installed, later calls
 /// change nothing.
-pub(crate) fn init() -> Result<(), String> {
+pub(crate) fn init() -> Result<(), LogFormatError> {
     let format = match std::env::var(LOG_FORMAT_ENV) {
         Ok(value) => value,
         Err(std::env::VarError::NotPresent) => String::new(),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(format!("{LOG_FORMAT_ENV}: not valid UTF-8"))
-        }
+        Err(std::env::VarError::NotUnicode(_)) => return Err(LogFormatError::NotUnicode),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
@@ -96,12 +94,26 @@ pub(crate) fn init() -> Result<(), String> {
                 .try_init();
         }
         other => {
-            return Err(format!(
-                "{LOG_FORMAT_ENV}: {other:?} is not a log format (expected text or json)"
-            ))
+            return Err(LogFormatError::Unknown {
+                format: other.to_string(),
+            })
         }
     }
     Ok(())
+}
+
+/// Why [`init`] installed no subscriber: `COHORT_LOG_FORMAT` names no format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LogFormatError {
+    /// The variable is not valid UTF-8.
+    #[error("{LOG_FORMAT_ENV}: not valid UTF-8")]
+    NotUnicode,
+    /// The variable names a format other than `text` or `json`.
+    #[error("{LOG_FORMAT_ENV}: {format:?} is not a log format (expected text or json)")]
+    Unknown {
+        /// The variable's value, trimmed.
+        format: String,
+    },
 }
 
 /// One JSON object per event (see the module doc).

@@ -80,12 +80,11 @@ impl DiskFaults {
         checkpoint_dir: &Path,
         real_dir: &Path,
         size_mib: u64,
-    ) -> Result<(Command, DiskFaults), String> {
+    ) -> Result<(Command, DiskFaults), DiskFaultError> {
         if !checkpoint_dir.is_absolute() {
-            return Err(format!(
-                "disk_full: the checkpoint directory {} is not an absolute path",
-                checkpoint_dir.display()
-            ));
+            return Err(DiskFaultError::NotAbsolute {
+                dir: checkpoint_dir.to_path_buf(),
+            });
         }
         probe_namespaces()?;
         let mut wrapped = Command::new("unshare");
@@ -115,8 +114,8 @@ impl DiskFaults {
     }
 
     /// The checkpoint directory as the job sees it, from outside its namespace.
-    pub fn job_view(&self) -> Result<PathBuf, String> {
-        let pid = self.wrapper_pid.ok_or("the job has not started")?;
+    pub fn job_view(&self) -> Result<PathBuf, DiskFaultError> {
+        let pid = self.wrapper_pid.ok_or(DiskFaultError::NotStarted)?;
         let relative = self
             .checkpoint_dir
             .strip_prefix("/")
@@ -131,13 +130,16 @@ impl DiskFaults {
         now: Instant,
         lasts: Duration,
         planned_end_s: f64,
-    ) -> Result<String, String> {
+    ) -> Result<String, DiskFaultError> {
         let path = self.job_view()?.join(FILLER);
-        let mut file = std::fs::OpenOptions::new()
+        let mut file = match std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        {
+            Ok(file) => file,
+            Err(source) => return Err(DiskFaultError::CreateFiller { path, source }),
+        };
         let chunk = vec![0u8; FILL_CHUNK];
         let mut written: u64 = 0;
         let full = loop {
@@ -145,14 +147,11 @@ impl DiskFaults {
                 Ok(0) => break None,
                 Ok(n) => written += n as u64,
                 Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => break Some(e),
-                Err(e) => return Err(format!("writing {}: {e}", path.display())),
+                Err(source) => return Err(DiskFaultError::WriteFiller { path, source }),
             }
         };
         let Some(full) = full else {
-            return Err(format!(
-                "writing {} stopped without ENOSPC after {written} bytes",
-                path.display()
-            ));
+            return Err(DiskFaultError::NoEnospc { path, written });
         };
         self.filled_until = Some((now + lasts, planned_end_s));
         Ok(format!(
@@ -170,9 +169,11 @@ impl DiskFaults {
             return None;
         }
         self.filled_until = None;
-        let freed = self
-            .job_view()
-            .and_then(|view| std::fs::remove_file(view.join(FILLER)).map_err(|e| e.to_string()));
+        let freed = self.job_view().and_then(|view| {
+            let path = view.join(FILLER);
+            std::fs::remove_file(&path)
+                .map_err(|source| DiskFaultError::RemoveFiller { path, source })
+        });
         Some(Freed {
             planned_s,
             freed: freed.is_ok(),
@@ -186,7 +187,7 @@ impl DiskFaults {
 
 /// Whether this machine lets the runner make a mount namespace with a tmpfs in it: an error
 /// naming what failed otherwise.
-pub fn probe_namespaces() -> Result<(), String> {
+pub fn probe_namespaces() -> Result<(), DiskFaultError> {
     let mut probe = Command::new("unshare");
     probe.arg("--mount");
     if !nix::unistd::geteuid().is_root() {
@@ -200,14 +201,70 @@ pub fn probe_namespaces() -> Result<(), String> {
             "mount -t tmpfs -o size=1m cohort-chaos-probe /tmp",
         ])
         .output()
-        .map_err(|e| format!("disk_full needs util-linux's `unshare`: {e}"))?;
+        .map_err(DiskFaultError::NoUnshare)?;
     if output.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "disk_full needs a mount namespace with a tmpfs of its own, which this machine \
-             refuses: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
+        Err(DiskFaultError::NamespaceRefused {
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        })
     }
+}
+
+/// Why the disk-full fault cannot be set up or carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskFaultError {
+    /// The job's checkpoint directory was given relative.
+    #[error("disk_full: the checkpoint directory {} is not an absolute path", dir.display())]
+    NotAbsolute {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `unshare` could not be run.
+    #[error("disk_full needs util-linux's `unshare`: {0}")]
+    NoUnshare(#[source] std::io::Error),
+    /// This machine refuses a mount namespace with a tmpfs in it.
+    #[error(
+        "disk_full needs a mount namespace with a tmpfs of its own, which this machine \
+         refuses: {stderr}"
+    )]
+    NamespaceRefused {
+        /// What `unshare` said.
+        stderr: String,
+    },
+    /// The job (its wrapper) has not been started, so its namespace is not there yet.
+    #[error("the job has not started")]
+    NotStarted,
+    /// The filler file could not be created.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateFiller {
+        /// The filler file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// Writing the filler failed otherwise than with ENOSPC.
+    #[error("writing {}: {source}", path.display())]
+    WriteFiller {
+        /// The filler file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The filesystem took writes until they stopped, without ever being full.
+    #[error("writing {} stopped without ENOSPC after {written} bytes", path.display())]
+    NoEnospc {
+        /// The filler file.
+        path: PathBuf,
+        /// Bytes written.
+        written: u64,
+    },
+    /// The filler could not be deleted.
+    #[error("cannot delete {}: {source}", path.display())]
+    RemoveFiller {
+        /// The filler file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
 }

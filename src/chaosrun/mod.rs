@@ -506,7 +506,7 @@ pub fn write_report(
     setup: &RunSetup,
     observed: &Observed,
     checks: &[Check],
-) -> Result<bool, String> {
+) -> Result<bool, ReportError> {
     let passed = checks.iter().all(|c| c.status != "failed");
     let verdict = if passed { "passed" } else { "violation" };
     let faults: Vec<_> = plan
@@ -608,10 +608,13 @@ pub fn write_report(
     text.push_str(&format!("\nverdict: {verdict}\n"));
     let write = |name: &str, bytes: &[u8]| {
         let path = setup.out_dir.join(name);
-        std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        match std::fs::write(&path, bytes) {
+            Ok(()) => Ok(()),
+            Err(source) => Err(ReportError::Write { path, source }),
+        }
     };
     write("report.txt", text.as_bytes())?;
-    let json_text = serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?;
+    let json_text = serde_json::to_vec_pretty(&doc)?;
     write("report.json", &json_text)?;
     // The timeline as a picture: the step rate, each fault a vertical line where it hit. A
     // drawing that fails loses nothing of the report: it is said, and the run goes on.
@@ -622,6 +625,22 @@ pub fn write_report(
     }
     outln!("\n{}", text.trim_end_matches('\n'));
     Ok(passed)
+}
+
+/// Why the report was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A report file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The JSON report could not be encoded.
+    #[error("cannot encode report.json: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
 /// The chaos run's timeline as a chart: the chief's step rate over the run, and each fault
@@ -678,7 +697,7 @@ pub fn flag_value(command: &[String], flag: &str) -> Option<String> {
 /// its `--workers`, `--ps` and `--evaluators`, or the launcher's defaults where it does not
 /// give them (a MultiWorkerMirrored job, `--strategy`/`--job multi-worker-mirrored`, has no
 /// parameter server).
-pub fn check_targets(plan: &Plan, command: &[String]) -> Result<(), String> {
+pub fn check_targets(plan: &Plan, command: &[String]) -> Result<(), TargetError> {
     use crate::cluster::TaskType;
     let mirrored = command.iter().any(|arg| arg.ends_with("multi-worker-mirrored"));
     let most = |flag: &str| -> Option<u32> {
@@ -711,16 +730,41 @@ pub fn check_targets(plan: &Plan, command: &[String]) -> Result<(), String> {
                 None => limit == 0,
             };
             if bad {
-                return Err(format!(
-                    "{}: fault[{i}].{key}: {target} is not a task of the job (it has {limit} {} \
-                     task(s))",
-                    plan.source.display(),
-                    target.role
-                ));
+                return Err(TargetError::NotInJob {
+                    plan: plan.source.clone(),
+                    index: i,
+                    key,
+                    target,
+                    limit,
+                });
             }
         }
     }
     Ok(())
+}
+
+/// Why a plan does not fit the job its launch command starts ([`check_targets`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// A fault names a task the job does not have.
+    #[error(
+        "{}: fault[{index}].{key}: {target} is not a task of the job (it has {limit} {} \
+         task(s))",
+        plan.display(),
+        target.role
+    )]
+    NotInJob {
+        /// The plan file.
+        plan: PathBuf,
+        /// The fault's position in the plan.
+        index: usize,
+        /// `target` or `peer`.
+        key: &'static str,
+        /// The task named.
+        target: plan::Target,
+        /// The tasks of its role the job has.
+        limit: u32,
+    },
 }
 
 /// The run directory and checkpoint directory of a launch command: its `--run-dir` and

@@ -65,7 +65,9 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::cluster::{format_duration, parse_duration_in, DurationRange, TaskType};
+use crate::cluster::{
+    format_duration, parse_duration_in, ClusterError, DurationRange, TaskType, WORKERS_MAX_LIMIT,
+};
 use crate::sim::{Fault, NetSettings, Node, Scenario, SimConfig};
 
 /// The latest a fault may be planned (and the longest pause).
@@ -337,12 +339,401 @@ pub struct Plan {
 
 /// Why a plan cannot be used; the message names the file and the key.
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {detail}")]
+#[error("{file}: {problem}")]
 pub struct PlanError {
     /// The plan file.
     pub file: String,
     /// What is wrong, starting with the key.
-    pub detail: String,
+    #[source]
+    pub problem: PlanProblem,
+}
+
+/// What is wrong with a plan ([`PlanError`] names its file); each message starts with the key.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanProblem {
+    /// The file could not be read.
+    #[error("cannot read the plan: {0}")]
+    Read(#[source] std::io::Error),
+    /// The text is not TOML.
+    #[error("not valid TOML{}: {message}", line.map(|l| format!(" (line {l})")).unwrap_or_default())]
+    NotToml {
+        /// The line of the error, where the parser says.
+        line: Option<usize>,
+        /// The parser's message.
+        message: String,
+    },
+    /// A top-level key a plan does not have.
+    #[error(
+        "{key}: unknown key (a plan has seed, expect_exit, disk_size_mib and [[fault]] tables)"
+    )]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// No `seed`.
+    #[error("seed: missing (a number, e.g. seed = 7)")]
+    MissingSeed,
+    /// A `seed` that is not a number from 0 up.
+    #[error("seed: {value} is not a number from 0 up (e.g. seed = 7)")]
+    BadSeed {
+        /// The value given.
+        value: toml::Value,
+    },
+    /// An `expect_exit` that is not an exit code.
+    #[error("expect_exit: {value} is not an exit code (0 to 255)")]
+    BadExpectExit {
+        /// The value given.
+        value: toml::Value,
+    },
+    /// A `disk_size_mib` out of range.
+    #[error("disk_size_mib: {value} is not a size from 1 to {DISK_SIZE_MIB_MAX} MiB")]
+    BadDiskSize {
+        /// The value given.
+        value: toml::Value,
+    },
+    /// `fault` is not an array of tables.
+    #[error("fault: must be an array of tables ([[fault]] sections)")]
+    FaultsNotArray,
+    /// More than [`FAULTS_MAX`] faults.
+    #[error("fault: {count} faults, at most {FAULTS_MAX}")]
+    TooManyFaults {
+        /// Faults in the plan.
+        count: usize,
+    },
+    /// A fault is wrong.
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    /// The simulator cannot run the plan ([`Plan::to_scenario`]).
+    #[error(transparent)]
+    NotSimulable(#[from] NotSimulable),
+}
+
+/// What is wrong with one `[[fault]]` of a plan; each message starts with `fault[i].key`.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    /// The entry is not a table.
+    #[error("fault[{index}]: must be a table ([[fault]])")]
+    NotATable {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A key a fault does not have.
+    #[error(
+        "fault[{index}].{key}: unknown key (a fault has kind, target, peer, probability, at, \
+         after, for, which, workers, ps)"
+    )]
+    UnknownKey {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The key.
+        key: String,
+    },
+    /// A key that must be a string is not one.
+    #[error("fault[{index}].{key}: {value} is not a string")]
+    NotAString {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        value: toml::Value,
+    },
+    /// No `kind`.
+    #[error("fault[{index}].kind: missing")]
+    MissingKind {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A `kind` that is not one.
+    #[error("fault[{index}].kind: unknown kind {kind:?}; kinds: {}", kind_names())]
+    UnknownKind {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The kind given.
+        kind: String,
+    },
+    /// A fault on a task without a `target`.
+    #[error("fault[{index}].target: missing ({TASK_EXAMPLES})")]
+    MissingTarget {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A scale with a `target`.
+    #[error(
+        "fault[{index}].target: a scale asks the launcher for a number of tasks (workers = N \
+         or ps = N), not for a task"
+    )]
+    TargetOnScale {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A checkpoint fault with a `target`.
+    #[error("fault[{index}].target: {kind} acts on the checkpoint directory, not on a task")]
+    TargetOnCheckpoints {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A `target` or `peer` whose role is not one.
+    #[error("fault[{index}].{key}: {text:?} is not a task ({TASK_EXAMPLES}: {TASK_ROLES})")]
+    NotATask {
+        /// The fault's position in the plan.
+        index: usize,
+        /// `target` or `peer`.
+        key: &'static str,
+        /// The value given.
+        text: String,
+    },
+    /// A `target` or `peer` whose index is not a number.
+    #[error("fault[{index}].{key}: {text:?} has no valid index ({TASK_EXAMPLES}: {TASK_ROLES})")]
+    BadTaskIndex {
+        /// The fault's position in the plan.
+        index: usize,
+        /// `target` or `peer`.
+        key: &'static str,
+        /// The value given.
+        text: String,
+    },
+    /// No `at`.
+    #[error("fault[{index}].at: missing (e.g. \"6s\" or \"4s..9s\")")]
+    MissingAt {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// An `at` or `for` that is not a duration in range (the message names the key).
+    #[error(transparent)]
+    Duration(#[from] ClusterError),
+    /// An `at` range whose end is before its start.
+    #[error("fault[{index}].at: {text:?} ends before it starts")]
+    AtReversed {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The range given.
+        text: String,
+    },
+    /// An `after` that is not one.
+    #[error(
+        "fault[{index}].after: {text:?} is not \"start\", \"first_checkpoint\" or \
+         \"checkpoint:N\" with N from 1 to {AFTER_CHECKPOINT_MAX}"
+    )]
+    BadAfter {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The value given.
+        text: String,
+    },
+    /// A fault that lasts without a `for`.
+    #[error("fault[{index}].for: missing (how long the {kind} lasts, e.g. \"3s\")")]
+    MissingFor {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A `for` on a fault that does not last.
+    #[error(
+        "fault[{index}].for: only a pause, partition, loss or disk_full lasts ({kind} does not)"
+    )]
+    ForNotLasting {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A `peer` on a fault that is not a network fault.
+    #[error("fault[{index}].peer: only a partition or loss has a peer ({kind} does not)")]
+    PeerNotNetwork {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A `peer` that is the target itself.
+    #[error("fault[{index}].peer: {peer} is the target itself ({target}); name another task")]
+    PeerIsTarget {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The peer.
+        peer: Target,
+        /// The target.
+        target: Target,
+    },
+    /// A loss without a `probability`.
+    #[error(
+        "fault[{index}].probability: missing (each datagram's chance to be lost, from 0 to 1, \
+         e.g. 0.1)"
+    )]
+    MissingProbability {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A `probability` that is not one.
+    #[error("fault[{index}].probability: {value} is not a probability from 0 to 1")]
+    BadProbability {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The value given.
+        value: toml::Value,
+    },
+    /// A `probability` on a fault other than a loss.
+    #[error("fault[{index}].probability: only a loss has a probability ({kind} does not)")]
+    ProbabilityNotLoss {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A delete's `which` that is not one.
+    #[error("fault[{index}].which: {which:?} is not \"newest\" or \"all\"")]
+    BadWhich {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The value given.
+        which: String,
+    },
+    /// A corrupt's `which` other than `newest`.
+    #[error("fault[{index}].which: {which:?}: corrupt_checkpoint hits the newest checkpoint only")]
+    CorruptNewestOnly {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The value given.
+        which: String,
+    },
+    /// A `which` on a fault that chooses no checkpoint.
+    #[error(
+        "fault[{index}].which: only delete_checkpoint and corrupt_checkpoint choose a \
+         checkpoint ({kind} does not)"
+    )]
+    WhichNotCheckpoint {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// `workers` or `ps` on a fault other than a scale.
+    #[error("fault[{index}].{key}: only a scale asks for a number of tasks ({kind} does not)")]
+    CountNotScale {
+        /// The fault's position in the plan.
+        index: usize,
+        /// `workers` or `ps`.
+        key: &'static str,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A `workers` or `ps` that is not a number of tasks.
+    #[error(
+        "fault[{index}].{key}: {value} is not a number of tasks from 1 to {WORKERS_MAX_LIMIT}"
+    )]
+    BadCount {
+        /// The fault's position in the plan.
+        index: usize,
+        /// `workers` or `ps`.
+        key: &'static str,
+        /// The value given.
+        value: toml::Value,
+    },
+    /// A scale with neither `workers` nor `ps`.
+    #[error("fault[{index}].workers: missing (a scale asks for workers = N or ps = N)")]
+    MissingCount {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A scale with both `workers` and `ps`.
+    #[error(
+        "fault[{index}].ps: a scale asks for workers or for servers, not both: give two faults"
+    )]
+    BothCounts {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+}
+
+/// Why the simulator cannot run a plan ([`Plan::to_scenario`]); each message starts with
+/// `fault[i].key` and says what to do instead.
+#[derive(Debug, thiserror::Error)]
+pub enum NotSimulable {
+    /// A fault counted from a checkpoint.
+    #[error(
+        "fault[{index}].after: the simulator cannot count from {after} (its checkpoints are not \
+         at times the plan knows); give the time from the start"
+    )]
+    AfterCheckpoint {
+        /// The fault's position in the plan.
+        index: usize,
+        /// What it counts from.
+        after: After,
+    },
+    /// A loss.
+    #[error(
+        "fault[{index}].kind: the simulator cannot model loss between tasks for a while (its \
+         network loses datagrams at one rate for the whole run); run this plan with \
+         `cohort chaos run`"
+    )]
+    Loss {
+        /// The fault's position in the plan.
+        index: usize,
+    },
+    /// A partition between two given tasks.
+    #[error(
+        "fault[{index}].peer: the simulator cannot cut two tasks from each other only \
+         ({peer}); it cuts a task off from every other: give no peer, or run this plan with \
+         `cohort chaos run`"
+    )]
+    PartitionPeer {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The peer.
+        peer: Target,
+    },
+    /// A scale to more workers than the simulated job has.
+    #[error(
+        "fault[{index}].workers: {asked} is more than the simulated job's {workers} workers \
+         (the simulator adds none beyond them)"
+    )]
+    TooManyWorkers {
+        /// The fault's position in the plan.
+        index: usize,
+        /// Workers asked for.
+        asked: u32,
+        /// Workers the simulated job has.
+        workers: usize,
+    },
+    /// A fault that does not hit a task at a time (the checkpoint kinds).
+    #[error(
+        "fault[{index}].kind: the simulator cannot model {kind} at a time (its storage faults \
+         hit a numbered save, not the files on disk); run this plan with `cohort chaos run`"
+    )]
+    NotTimed {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+    /// A fault on an evaluator.
+    #[error("fault[{index}].target: the simulator has no evaluator ({target})")]
+    Evaluator {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The target.
+        target: Target,
+    },
+    /// A target beyond the simulated job's tasks of its role.
+    #[error(
+        "fault[{index}].target: {target} is not in the simulated job ({count} {} task(s), \
+         index {task_index} out of range)",
+        target.role
+    )]
+    TargetOutOfRange {
+        /// The fault's position in the plan.
+        index: usize,
+        /// The target.
+        target: Target,
+        /// The simulated job's tasks of its role.
+        count: u32,
+        /// The target's index.
+        task_index: u32,
+    },
 }
 
 impl Plan {
@@ -350,79 +741,61 @@ impl Plan {
     pub fn load(path: &Path) -> Result<Self, PlanError> {
         let text = std::fs::read_to_string(path).map_err(|e| PlanError {
             file: path.display().to_string(),
-            detail: format!("cannot read the plan: {e}"),
+            problem: PlanProblem::Read(e),
         })?;
         Self::parse(path, &text)
     }
 
     /// Parses and checks `text`, the contents of `path` (named in errors).
     pub fn parse(path: &Path, text: &str) -> Result<Self, PlanError> {
-        let err = |detail: String| PlanError {
+        let err = |problem: PlanProblem| PlanError {
             file: path.display().to_string(),
-            detail,
+            problem,
         };
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
             let line = e
                 .span()
                 .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
-            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-            err(format!("not valid TOML{at}: {}", e.message().trim()))
+            err(PlanProblem::NotToml {
+                line,
+                message: e.message().trim().to_string(),
+            })
         })?;
         for key in table.keys() {
             if !["seed", "expect_exit", "disk_size_mib", "fault"].contains(&key.as_str()) {
-                return Err(err(format!(
-                    "{key}: unknown key (a plan has seed, expect_exit, disk_size_mib and \
-                     [[fault]] tables)"
-                )));
+                return Err(err(PlanProblem::UnknownKey { key: key.clone() }));
             }
         }
         let seed = match table.get("seed") {
-            None => return Err(err("seed: missing (a number, e.g. seed = 7)".into())),
+            None => return Err(err(PlanProblem::MissingSeed)),
             Some(toml::Value::Integer(n)) if *n >= 0 => *n as u64,
-            Some(v) => {
-                return Err(err(format!(
-                    "seed: {v} is not a number from 0 up (e.g. seed = 7)"
-                )))
-            }
+            Some(v) => return Err(err(PlanProblem::BadSeed { value: v.clone() })),
         };
         let expect_exit = match table.get("expect_exit") {
             None => 0,
             Some(toml::Value::Integer(n)) if (0..=255).contains(n) => *n as i32,
-            Some(v) => {
-                return Err(err(format!(
-                    "expect_exit: {v} is not an exit code (0 to 255)"
-                )))
-            }
+            Some(v) => return Err(err(PlanProblem::BadExpectExit { value: v.clone() })),
         };
         let disk_size_mib = match table.get("disk_size_mib") {
             None => DISK_SIZE_MIB_DEFAULT,
             Some(toml::Value::Integer(n)) if (1..=DISK_SIZE_MIB_MAX as i64).contains(n) => {
                 *n as u64
             }
-            Some(v) => {
-                return Err(err(format!(
-                    "disk_size_mib: {v} is not a size from 1 to {DISK_SIZE_MIB_MAX} MiB"
-                )))
-            }
+            Some(v) => return Err(err(PlanProblem::BadDiskSize { value: v.clone() })),
         };
         let faults = match table.get("fault") {
             None => Vec::new(),
             Some(toml::Value::Array(items)) => items
                 .iter()
                 .enumerate()
-                .map(|(i, item)| parse_fault(i, item).map_err(err))
+                .map(|(i, item)| parse_fault(i, item).map_err(|e| err(e.into())))
                 .collect::<Result<Vec<_>, _>>()?,
-            Some(_) => {
-                return Err(err(
-                    "fault: must be an array of tables ([[fault]] sections)".into(),
-                ))
-            }
+            Some(_) => return Err(err(PlanProblem::FaultsNotArray)),
         };
         if faults.len() > FAULTS_MAX {
-            return Err(err(format!(
-                "fault: {} faults, at most {FAULTS_MAX}",
-                faults.len()
-            )));
+            return Err(err(PlanProblem::TooManyFaults {
+                count: faults.len(),
+            }));
         }
         Ok(Plan {
             source: path.to_path_buf(),
@@ -484,46 +857,37 @@ impl Plan {
     /// checkpoint files, a partition between two given tasks (the simulator cuts a task off
     /// from all), and loss (the simulator's loss is the network's for the whole run).
     pub fn to_scenario(&self, config: &SimConfig) -> Result<Scenario, PlanError> {
-        let err = |detail: String| PlanError {
+        let err = |refusal: NotSimulable| PlanError {
             file: self.source.display().to_string(),
-            detail,
+            problem: refusal.into(),
         };
         let mut faults = Vec::new();
         // The workers and servers a scale leaves running, as the launcher would.
         let mut workers: Vec<bool> = vec![true; config.num_workers as usize];
         let mut servers = config.num_ps;
         for s in self.schedule() {
-            let key = format!("fault[{}]", s.index);
+            let index = s.index;
             if s.spec.after != After::Start {
-                return Err(err(format!(
-                    "{key}.after: the simulator cannot count from {} (its checkpoints are not \
-                     at times the plan knows); give the time from the start",
-                    s.spec.after
-                )));
+                return Err(err(NotSimulable::AfterCheckpoint {
+                    index,
+                    after: s.spec.after,
+                }));
             }
             if s.spec.kind == FaultKind::Loss {
-                return Err(err(format!(
-                    "{key}.kind: the simulator cannot model loss between tasks for a while (its \
-                     network loses datagrams at one rate for the whole run); run this plan \
-                     with `cohort chaos run`"
-                )));
+                return Err(err(NotSimulable::Loss { index }));
             }
             if let (FaultKind::Partition, Some(peer)) = (s.spec.kind, s.spec.peer) {
-                return Err(err(format!(
-                    "{key}.peer: the simulator cannot cut two tasks from each other only \
-                     ({peer}); it cuts a task off from every other: give no peer, or run this \
-                     plan with `cohort chaos run`"
-                )));
+                return Err(err(NotSimulable::PartitionPeer { index, peer }));
             }
             let at_ms = s.at.as_millis() as u64;
             match s.spec.scale {
                 Some(ScaleTo::Workers(n)) => {
                     if n as usize > workers.len() {
-                        return Err(err(format!(
-                            "{key}.workers: {n} is more than the simulated job's {} workers \
-                             (the simulator adds none beyond them)",
-                            workers.len()
-                        )));
+                        return Err(err(NotSimulable::TooManyWorkers {
+                            index,
+                            asked: n,
+                            workers: workers.len(),
+                        }));
                     }
                     let running = workers.iter().filter(|r| **r).count() as u32;
                     // The highest running ones leave; the lowest drained ones come back.
@@ -566,39 +930,34 @@ impl Plan {
             let target = match s.spec.target {
                 Some(t) if s.spec.kind.hits_task() => t,
                 _ => {
-                    return Err(err(format!(
-                        "{key}.kind: the simulator cannot model {} at a time (its storage faults \
-                         hit a numbered save, not the files on disk); run this plan with \
-                         `cohort chaos run`",
-                        s.spec.kind
-                    )))
+                    return Err(err(NotSimulable::NotTimed {
+                        index,
+                        kind: s.spec.kind,
+                    }))
                 }
             };
             let count = match target.role {
                 TaskType::Chief => 1,
                 TaskType::Ps => config.num_ps,
                 TaskType::Worker => config.num_workers,
-                TaskType::Evaluator => {
-                    return Err(err(format!(
-                        "{key}.target: the simulator has no evaluator ({target})"
-                    )))
-                }
+                TaskType::Evaluator => return Err(err(NotSimulable::Evaluator { index, target })),
             };
-            let index = match target.index {
+            let task_index = match target.index {
                 Some(i) if i < count => i,
                 Some(i) => {
-                    return Err(err(format!(
-                        "{key}.target: {target} is not in the simulated job ({count} {} task(s), \
-                         index {i} out of range)",
-                        target.role
-                    )))
+                    return Err(err(NotSimulable::TargetOutOfRange {
+                        index,
+                        target,
+                        count,
+                        task_index: i,
+                    }))
                 }
                 None => (s.pick % u64::from(count)) as u32,
             };
             let node = match target.role {
                 TaskType::Chief => Node::Chief,
-                TaskType::Ps => Node::Ps(index),
-                _ => Node::Worker(index),
+                TaskType::Ps => Node::Ps(task_index),
+                _ => Node::Worker(task_index),
             };
             let for_ms = s.spec.lasts.unwrap_or_default().as_millis() as u64;
             faults.push(match s.spec.kind {
@@ -625,11 +984,8 @@ impl Plan {
     }
 }
 
-fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
-    let key = format!("fault[{i}]");
-    let table = item
-        .as_table()
-        .ok_or_else(|| format!("{key}: must be a table ([[fault]])"))?;
+fn parse_fault(index: usize, item: &toml::Value) -> Result<FaultSpec, FaultError> {
+    let table = item.as_table().ok_or(FaultError::NotATable { index })?;
     for k in table.keys() {
         if ![
             "kind",
@@ -645,56 +1001,43 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         ]
         .contains(&k.as_str())
         {
-            return Err(format!(
-                "{key}.{k}: unknown key (a fault has kind, target, peer, probability, at, \
-                 after, for, which, workers, ps)"
-            ));
+            return Err(FaultError::UnknownKey {
+                index,
+                key: k.clone(),
+            });
         }
     }
-    let string = |name: &str| string_key(table, &key, name);
-    let kind_text = string("kind")?.ok_or_else(|| format!("{key}.kind: missing"))?;
+    let string = |key: &'static str| string_key(table, index, key);
+    let kind_text = string("kind")?.ok_or(FaultError::MissingKind { index })?;
     let kind = FaultKind::ALL
         .into_iter()
         .find(|k| k.as_str() == kind_text)
-        .ok_or_else(|| {
-            let kinds: Vec<&str> = FaultKind::ALL.iter().map(|k| k.as_str()).collect();
-            format!(
-                "{key}.kind: unknown kind {kind_text:?}; kinds: {}",
-                kinds.join(", ")
-            )
+        .ok_or_else(|| FaultError::UnknownKind {
+            index,
+            kind: kind_text.to_string(),
         })?;
     let target = match (string("target")?, kind.hits_task()) {
-        (Some(t), true) => Some(parse_target(&key, t)?),
-        (None, true) => {
-            return Err(format!(
-            "{key}.target: missing (a task such as \"worker:1\", \"ps:0\", \"chief\", or a role)"
-        ))
-        }
+        (Some(t), true) => Some(parse_target(index, "target", t)?),
+        (None, true) => return Err(FaultError::MissingTarget { index }),
         (Some(_), false) if kind == FaultKind::Scale => {
-            return Err(format!(
-                "{key}.target: a scale asks the launcher for a number of tasks (workers = N \
-                 or ps = N), not for a task"
-            ))
+            return Err(FaultError::TargetOnScale { index })
         }
-        (Some(_), false) => {
-            return Err(format!(
-                "{key}.target: {kind} acts on the checkpoint directory, not on a task"
-            ))
-        }
+        (Some(_), false) => return Err(FaultError::TargetOnCheckpoints { index, kind }),
         (None, false) => None,
     };
-    let scale = parse_scale(table, &key, kind)?;
-    let at_text =
-        string("at")?.ok_or_else(|| format!("{key}.at: missing (e.g. \"6s\" or \"4s..9s\")"))?;
+    let scale = parse_scale(table, index, kind)?;
+    let at_text = string("at")?.ok_or(FaultError::MissingAt { index })?;
     let at_range = DurationRange::new(Duration::ZERO, FAULT_TIME_MAX);
-    let duration = |text: &str| {
-        parse_duration_in(&format!("{key}.at"), text.trim(), at_range).map_err(|e| e.to_string())
-    };
+    let duration =
+        |text: &str| parse_duration_in(&format!("fault[{index}].at"), text.trim(), at_range);
     let at = match at_text.split_once("..") {
         Some((lo, hi)) => {
             let (lo, hi) = (duration(lo)?, duration(hi)?);
             if lo > hi {
-                return Err(format!("{key}.at: {at_text:?} ends before it starts"));
+                return Err(FaultError::AtReversed {
+                    index,
+                    text: at_text.to_string(),
+                });
             }
             At::Range(lo, hi)
         }
@@ -706,59 +1049,41 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         Some(other) => match other.strip_prefix("checkpoint:").map(str::parse::<u32>) {
             Some(Ok(n)) if (1..=AFTER_CHECKPOINT_MAX).contains(&n) => After::Checkpoint(n),
             _ => {
-                return Err(format!(
-                    "{key}.after: {other:?} is not \"start\", \"first_checkpoint\" or \
-                     \"checkpoint:N\" with N from 1 to {AFTER_CHECKPOINT_MAX}"
-                ))
+                return Err(FaultError::BadAfter {
+                    index,
+                    text: other.to_string(),
+                })
             }
         },
     };
     let lasts = match (string("for")?, kind.lasts()) {
-        (Some(text), true) => Some(
-            parse_duration_in(
-                &format!("{key}.for"),
-                text,
-                DurationRange::new(Duration::from_millis(1), FAULT_TIME_MAX),
-            )
-            .map_err(|e| e.to_string())?,
-        ),
-        (None, true) => {
-            return Err(format!(
-                "{key}.for: missing (how long the {kind} lasts, e.g. \"3s\")"
-            ))
-        }
-        (Some(_), false) => {
-            return Err(format!(
-                "{key}.for: only a pause, partition, loss or disk_full lasts ({kind} does not)"
-            ))
-        }
+        (Some(text), true) => Some(parse_duration_in(
+            &format!("fault[{index}].for"),
+            text,
+            DurationRange::new(Duration::from_millis(1), FAULT_TIME_MAX),
+        )?),
+        (None, true) => return Err(FaultError::MissingFor { index, kind }),
+        (Some(_), false) => return Err(FaultError::ForNotLasting { index, kind }),
         (None, false) => None,
     };
     let peer = match (string("peer")?, kind.is_network()) {
-        (Some(text), true) => Some(parse_target(&format!("{key}.peer"), text)?),
-        (Some(_), false) => {
-            return Err(format!(
-                "{key}.peer: only a partition or loss has a peer ({kind} does not)"
-            ))
-        }
+        (Some(text), true) => Some(parse_target(index, "peer", text)?),
+        (Some(_), false) => return Err(FaultError::PeerNotNetwork { index, kind }),
         (None, _) => None,
     };
     if let (Some(t), Some(p)) = (target, peer) {
         if t.role == p.role
             && (t.index.is_some() && t.index == p.index || t.role == TaskType::Chief)
         {
-            return Err(format!(
-                "{key}.peer: {p} is the target itself ({t}); name another task"
-            ));
+            return Err(FaultError::PeerIsTarget {
+                index,
+                peer: p,
+                target: t,
+            });
         }
     }
     let probability = match (table.get("probability"), kind) {
-        (None, FaultKind::Loss) => {
-            return Err(format!(
-                "{key}.probability: missing (each datagram's chance to be lost, from 0 to 1, \
-                 e.g. 0.1)"
-            ))
-        }
+        (None, FaultKind::Loss) => return Err(FaultError::MissingProbability { index }),
         (None, _) => None,
         (Some(v), FaultKind::Loss) => {
             let p = match v {
@@ -769,17 +1094,14 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
             match p {
                 Some(p) if (0.0..=1.0).contains(&p) => Some(p),
                 _ => {
-                    return Err(format!(
-                        "{key}.probability: {v} is not a probability from 0 to 1"
-                    ))
+                    return Err(FaultError::BadProbability {
+                        index,
+                        value: v.clone(),
+                    })
                 }
             }
         }
-        (Some(_), _) => {
-            return Err(format!(
-                "{key}.probability: only a loss has a probability ({kind} does not)"
-            ))
-        }
+        (Some(_), _) => return Err(FaultError::ProbabilityNotLoss { index, kind }),
     };
     let which = match (string("which")?, kind) {
         (None, _) => Which::Newest,
@@ -788,19 +1110,18 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
         }
         (Some("all"), FaultKind::DeleteCheckpoint) => Which::All,
         (Some(w), FaultKind::DeleteCheckpoint) => {
-            return Err(format!("{key}.which: {w:?} is not \"newest\" or \"all\""))
+            return Err(FaultError::BadWhich {
+                index,
+                which: w.to_string(),
+            })
         }
         (Some(w), FaultKind::CorruptCheckpoint) => {
-            return Err(format!(
-                "{key}.which: {w:?}: corrupt_checkpoint hits the newest checkpoint only"
-            ))
+            return Err(FaultError::CorruptNewestOnly {
+                index,
+                which: w.to_string(),
+            })
         }
-        (Some(_), _) => {
-            return Err(format!(
-                "{key}.which: only delete_checkpoint and corrupt_checkpoint choose a \
-                 checkpoint ({kind} does not)"
-            ))
-        }
+        (Some(_), _) => return Err(FaultError::WhichNotCheckpoint { index, kind }),
     };
     Ok(FaultSpec {
         kind,
@@ -817,75 +1138,89 @@ fn parse_fault(i: usize, item: &toml::Value) -> Result<FaultSpec, String> {
 
 /// A scale fault's `workers = N` or `ps = N` (exactly one, from 1 up); refused on any other
 /// kind.
-fn parse_scale(table: &toml::Table, key: &str, kind: FaultKind) -> Result<Option<ScaleTo>, String> {
-    let count = |name: &str| -> Result<Option<u32>, String> {
-        match table.get(name) {
+fn parse_scale(
+    table: &toml::Table,
+    index: usize,
+    kind: FaultKind,
+) -> Result<Option<ScaleTo>, FaultError> {
+    let count = |key: &'static str| -> Result<Option<u32>, FaultError> {
+        match table.get(key) {
             None => Ok(None),
-            Some(_) if kind != FaultKind::Scale => Err(format!(
-                "{key}.{name}: only a scale asks for a number of tasks ({kind} does not)"
-            )),
-            Some(toml::Value::Integer(n))
-                if (1..=i64::from(crate::cluster::WORKERS_MAX_LIMIT)).contains(n) =>
-            {
+            Some(_) if kind != FaultKind::Scale => {
+                Err(FaultError::CountNotScale { index, key, kind })
+            }
+            Some(toml::Value::Integer(n)) if (1..=i64::from(WORKERS_MAX_LIMIT)).contains(n) => {
                 Ok(Some(*n as u32))
             }
-            Some(v) => Err(format!(
-                "{key}.{name}: {v} is not a number of tasks from 1 to {}",
-                crate::cluster::WORKERS_MAX_LIMIT
-            )),
+            Some(v) => Err(FaultError::BadCount {
+                index,
+                key,
+                value: v.clone(),
+            }),
         }
     };
     match (count("workers")?, count("ps")?) {
         (Some(n), None) => Ok(Some(ScaleTo::Workers(n))),
         (None, Some(n)) => Ok(Some(ScaleTo::Ps(n))),
-        (None, None) if kind == FaultKind::Scale => Err(format!(
-            "{key}.workers: missing (a scale asks for workers = N or ps = N)"
-        )),
+        (None, None) if kind == FaultKind::Scale => Err(FaultError::MissingCount { index }),
         (None, None) => Ok(None),
-        (Some(_), Some(_)) => Err(format!(
-            "{key}.ps: a scale asks for workers or for servers, not both: give two faults"
-        )),
+        (Some(_), Some(_)) => Err(FaultError::BothCounts { index }),
     }
 }
 
-/// The string at `name` in a fault's table, if any.
+/// The string at `key` in the table of fault `index`, if any.
 fn string_key<'a>(
     table: &'a toml::Table,
-    key: &str,
-    name: &str,
-) -> Result<Option<&'a str>, String> {
-    match table.get(name) {
+    index: usize,
+    key: &'static str,
+) -> Result<Option<&'a str>, FaultError> {
+    match table.get(key) {
         None => Ok(None),
         Some(toml::Value::String(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(format!("{key}.{name}: {v} is not a string")),
+        Some(v) => Err(FaultError::NotAString {
+            index,
+            key,
+            value: v.clone(),
+        }),
     }
 }
 
-/// `chief`, `ps:0`, `worker/1`, or a role alone; `key` names the fault and its key
-/// (`fault[0].peer`), or the fault alone for its target.
-fn parse_target(key: &str, text: &str) -> Result<Target, String> {
-    let key = if key.contains('.') {
-        key.to_string()
-    } else {
-        format!("{key}.target")
-    };
-    let bad = |why: &str| {
-        format!(
-            "{key}: {text:?} {why} (a task such as \"worker:1\", \"ps:0\", \"chief\", or \
-             a role: chief, ps, worker, evaluator)"
-        )
-    };
+/// `chief`, `ps:0`, `worker/1`, or a role alone, the `key` (`target` or `peer`) of fault
+/// `index`.
+fn parse_target(index: usize, key: &'static str, text: &str) -> Result<Target, FaultError> {
     let (role_text, index_text) = match text.split_once([':', '/']) {
         Some((r, i)) => (r, Some(i)),
         None => (text, None),
     };
-    let role: TaskType = role_text.parse().map_err(|()| bad("is not a task"))?;
-    let index = match index_text {
+    let role: TaskType = role_text.parse().map_err(|()| FaultError::NotATask {
+        index,
+        key,
+        text: text.to_string(),
+    })?;
+    let task_index = match index_text {
         None => None,
-        Some(i) => Some(i.parse::<u32>().map_err(|_| bad("has no valid index"))?),
+        Some(i) => Some(i.parse::<u32>().map_err(|_| FaultError::BadTaskIndex {
+            index,
+            key,
+            text: text.to_string(),
+        })?),
     };
-    Ok(Target { role, index })
+    Ok(Target {
+        role,
+        index: task_index,
+    })
 }
+
+/// Every fault kind's name, for the message of an unknown one.
+fn kind_names() -> String {
+    let kinds: Vec<&str> = FaultKind::ALL.iter().map(|k| k.as_str()).collect();
+    kinds.join(", ")
+}
+
+/// How a plan names a task, for the messages of a missing or bad one.
+const TASK_EXAMPLES: &str = "a task such as \"worker:1\", \"ps:0\", \"chief\", or a role";
+/// The roles a plan may name.
+const TASK_ROLES: &str = "chief, ps, worker, evaluator";
 
 #[cfg(test)]
 mod tests {

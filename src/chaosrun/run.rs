@@ -30,9 +30,10 @@ use cohort_chaos::rules::Rules;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use super::disk::DiskFaults;
+use super::disk::{DiskFaultError, DiskFaults};
 use super::plan::{After, FaultKind, Plan, ScaleTo, Scheduled, Target, Which};
-use crate::checkpoint::list_checkpoints;
+use crate::checkpoint::{list_checkpoints, ListError};
+use crate::launch::ScaleError;
 use crate::run_report::{
     read_reports, FinalModel, LedgerCounts, MembershipEpoch, RunReportError, ServerCounts,
     TaskReport, RUN_REPORT_DIR_ENV,
@@ -207,29 +208,43 @@ struct OutputScan {
 
 /// Runs the job under the plan; `stop` is set by Ctrl-C/SIGTERM. An error is a job that
 /// could not be started (bad usage).
-pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Observed, String> {
-    let program = setup
-        .command
-        .first()
-        .ok_or("no launch command given after `--`")?;
-    std::fs::create_dir_all(&setup.out_dir)
-        .map_err(|e| format!("--out {}: {e}", setup.out_dir.display()))?;
+pub fn run_job(
+    plan: &Plan,
+    setup: &RunSetup,
+    stop: &AtomicBool,
+) -> Result<Observed, ChaosRunError> {
+    let program = setup.command.first().ok_or(ChaosRunError::NoCommand)?;
+    std::fs::create_dir_all(&setup.out_dir).map_err(|source| ChaosRunError::OutDir {
+        dir: setup.out_dir.clone(),
+        source,
+    })?;
     let log_path = setup.out_dir.join("job.log");
-    let log = std::fs::File::create(&log_path)
-        .map_err(|e| format!("cannot write {}: {e}", log_path.display()))?;
+    let log = match std::fs::File::create(&log_path) {
+        Ok(log) => log,
+        Err(source) => {
+            return Err(ChaosRunError::CreateLog {
+                path: log_path,
+                source,
+            })
+        }
+    };
     // Pid files of an earlier run in the same directory would name processes long gone.
     let _ = std::fs::remove_dir_all(setup.run_dir.join("pids"));
     let _ = std::fs::remove_dir_all(setup.run_dir.join("metrics"));
     let mut network = NetFaults::new(&setup.run_dir, plan.seed);
     let (mut command, mut disk) = if plan.faults.iter().any(|f| f.kind == FaultKind::DiskFull) {
-        let checkpoint_dir = setup.checkpoint_dir.as_ref().ok_or(
-            "disk_full: the job's checkpoint directory is not known (give --checkpoint-dir in \
-             the launch command)",
-        )?;
-        let checkpoint_dir = std::path::absolute(checkpoint_dir)
-            .map_err(|e| format!("disk_full: {}: {e}", checkpoint_dir.display()))?;
-        let real = std::path::absolute(setup.run_dir.join("chaos-disk"))
-            .map_err(|e| format!("disk_full: {}: {e}", setup.run_dir.display()))?;
+        let checkpoint_dir = setup
+            .checkpoint_dir
+            .as_ref()
+            .ok_or(ChaosRunError::DiskFullNoCheckpointDir)?;
+        let absolute = |path: &Path| {
+            std::path::absolute(path).map_err(|source| ChaosRunError::DiskFullPath {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let checkpoint_dir = absolute(checkpoint_dir)?;
+        let real = absolute(&setup.run_dir.join("chaos-disk"))?;
         let (command, disk) =
             DiskFaults::wrap(&setup.command, &checkpoint_dir, &real, plan.disk_size_mib)?;
         (command, Some(disk))
@@ -252,7 +267,10 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start the launch command {program:?}: {e}"))?;
+        .map_err(|source| ChaosRunError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
     let started = Instant::now();
     let launcher = child.id();
     // Under a disk_full fault the checkpoints the job writes are in its own namespace: the
@@ -471,6 +489,195 @@ pub fn run_job(plan: &Plan, setup: &RunSetup, stop: &AtomicBool) -> Result<Obser
     Ok(observed)
 }
 
+/// Why a job could not be started under a plan (bad usage: nothing ran).
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosRunError {
+    /// Nothing after `--`.
+    #[error("no launch command given after `--`")]
+    NoCommand,
+    /// The output directory could not be made.
+    #[error("--out {}: {source}", dir.display())]
+    OutDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// `job.log` could not be created.
+    #[error("cannot write {}: {source}", path.display())]
+    CreateLog {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// A disk_full fault, but the launch command names no checkpoint directory.
+    #[error(
+        "disk_full: the job's checkpoint directory is not known (give --checkpoint-dir in the \
+         launch command)"
+    )]
+    DiskFullNoCheckpointDir,
+    /// A directory of the disk_full fault has no absolute path.
+    #[error("disk_full: {}: {source}", path.display())]
+    DiskFullPath {
+        /// The directory.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The job cannot run over a filesystem of its own (the disk_full fault).
+    #[error(transparent)]
+    Disk(#[from] DiskFaultError),
+    /// The launch command could not be started.
+    #[error("cannot start the launch command {program:?}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why not.
+        source: std::io::Error,
+    },
+}
+
+/// Why a fault was not carried out (the timeline says so; the run goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// A scale fault without a number of tasks (the plan's parser refuses one).
+    #[error("no number of tasks to ask for")]
+    NoScale,
+    /// The launcher refused the scale.
+    #[error(transparent)]
+    Scale(#[from] ScaleError),
+    /// A task fault without a target (the plan's parser refuses one).
+    #[error("no target")]
+    NoTarget,
+    /// A role target with no task of that role recorded.
+    #[error("no {role} task is recorded in the run directory")]
+    NoTaskRecorded {
+        /// The role.
+        role: TaskType,
+    },
+    /// The task's pid file cannot be read.
+    #[error("{task} has no pid file ({}: {source})", path.display())]
+    NoPidFile {
+        /// The task.
+        task: TaskId,
+        /// Its pid file.
+        path: PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
+    /// The task's pid file holds no pid.
+    #[error("{} holds no pid", path.display())]
+    NoPid {
+        /// The pid file.
+        path: PathBuf,
+    },
+    /// The pid recorded is not a process of the job.
+    #[error("{task} is not running (pid {pid} is not in the job's process group)")]
+    NotRunning {
+        /// The task.
+        task: TaskId,
+        /// The pid its file records.
+        pid: u32,
+    },
+    /// The signal could not be sent.
+    #[error("{signal} to pid {pid}: {source}")]
+    Signal {
+        /// The signal.
+        signal: Signal,
+        /// The process.
+        pid: u32,
+        /// Why not.
+        source: nix::errno::Errno,
+    },
+    /// The peer drawn for a network fault is its target.
+    #[error("the peer drawn is the target itself ({task})")]
+    PeerIsTarget {
+        /// The task.
+        task: TaskId,
+    },
+    /// A task has no transport address recorded.
+    #[error(
+        "{task} has no transport address in {} (was the job started by `cohort launch` or \
+         `cohort demo`?)",
+        dir.display()
+    )]
+    NoAddress {
+        /// The task.
+        task: TaskId,
+        /// Where the addresses are recorded.
+        dir: PathBuf,
+    },
+    /// The directory of transport addresses cannot be read.
+    #[error("no transport addresses in {}: {source}", dir.display())]
+    NoAddresses {
+        /// The directory.
+        dir: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// An address file holds no address.
+    #[error("{} holds no ip:port address", path.display())]
+    BadAddress {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A task's rules file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    WriteRules {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// A checkpoint fault, but the job's checkpoint directory is not known.
+    #[error("the job's checkpoint directory is not known")]
+    NoCheckpointDir,
+    /// The checkpoints cannot be listed.
+    #[error(transparent)]
+    ListCheckpoints(#[from] ListError),
+    /// A checkpoint could not be deleted.
+    #[error("cannot delete {}: {source}", dir.display())]
+    DeleteCheckpoint {
+        /// Its directory.
+        dir: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// No checkpoint to corrupt.
+    #[error("no checkpoint under {}", root.display())]
+    NoCheckpoint {
+        /// The checkpoint directory.
+        root: PathBuf,
+    },
+    /// A checkpoint's directory or shard file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Shard {
+        /// The directory or file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The newest checkpoint has no shard file.
+    #[error("{} has no shard file", dir.display())]
+    NoShard {
+        /// Its directory.
+        dir: PathBuf,
+    },
+    /// The shard file drawn is empty.
+    #[error("{} is empty", path.display())]
+    EmptyShard {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A disk_full fault, but the job was not started over a filesystem of its own.
+    #[error("the job does not run over a checkpoint filesystem of its own")]
+    NoCheckpointFilesystem,
+    /// The disk-full fault failed.
+    #[error(transparent)]
+    Disk(#[from] DiskFaultError),
+}
+
 /// A child's exit status as one code: its own, or 128 + N after death by signal N.
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -554,10 +761,10 @@ fn apply(
         FaultKind::CorruptCheckpoint => corrupt_checkpoint(fault, setup),
         FaultKind::Partition | FaultKind::Loss => network.start(fault, setup, &mut out),
         FaultKind::DiskFull => match (disk.as_mut(), fault.spec.lasts) {
-            (Some(disk), Some(lasts)) => {
-                disk.fill(Instant::now(), lasts, (fault.at + lasts).as_secs_f64())
-            }
-            _ => Err("the job does not run over a checkpoint filesystem of its own".into()),
+            (Some(disk), Some(lasts)) => disk
+                .fill(Instant::now(), lasts, (fault.at + lasts).as_secs_f64())
+                .map_err(ApplyError::from),
+            _ => Err(ApplyError::NoCheckpointFilesystem),
         },
         FaultKind::Scale => scale(fault, setup),
     };
@@ -574,30 +781,36 @@ fn apply(
 /// Asks the job's launcher for the scale fault's number of workers or servers, as `cohort
 /// scale` does (refused where the job was not launched elastic, or the number is out of its
 /// range).
-fn scale(fault: &Scheduled, setup: &RunSetup) -> Result<String, String> {
-    let asked = match fault.spec.scale {
-        Some(ScaleTo::Workers(n)) => crate::launch::request_scale(&setup.run_dir, n),
-        Some(ScaleTo::Ps(n)) => crate::launch::request_scale_servers(&setup.run_dir, n),
-        None => return Err("no number of tasks to ask for".into()),
+fn scale(fault: &Scheduled, setup: &RunSetup) -> Result<String, ApplyError> {
+    match fault.spec.scale {
+        Some(ScaleTo::Workers(n)) => crate::launch::request_scale(&setup.run_dir, n)?,
+        Some(ScaleTo::Ps(n)) => crate::launch::request_scale_servers(&setup.run_dir, n)?,
+        None => return Err(ApplyError::NoScale),
     };
-    asked
-        .map(|()| format!("asked the launcher for {}", fault.spec.subject()))
-        .map_err(|e| e.to_string())
+    Ok(format!("asked the launcher for {}", fault.spec.subject()))
 }
 
 /// The task a signal fault hits and its current process, from the launcher's pid file.
-fn task_pid(fault: &Scheduled, setup: &RunSetup) -> Result<(TaskId, Result<u32, String>), String> {
-    let target = fault.spec.target.ok_or("no target")?;
+/// The inner `Err` is a task named but without a process recorded (between two of them).
+fn task_pid(
+    fault: &Scheduled,
+    setup: &RunSetup,
+) -> Result<(TaskId, Result<u32, ApplyError>), ApplyError> {
+    let target = fault.spec.target.ok_or(ApplyError::NoTarget)?;
     let task = resolve(target, fault.pick, &setup.run_dir)?;
     let pid_path = crate::launch::pid_file(&setup.run_dir, task);
-    let pid = std::fs::read_to_string(&pid_path)
-        .map_err(|e| format!("{task} has no pid file ({}: {e})", pid_path.display()))
-        .and_then(|text| {
-            text.split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(|| format!("{} holds no pid", pid_path.display()))
-        });
+    let pid = match std::fs::read_to_string(&pid_path) {
+        Err(source) => Err(ApplyError::NoPidFile {
+            task,
+            path: pid_path,
+            source,
+        }),
+        Ok(text) => text
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or(ApplyError::NoPid { path: pid_path }),
+    };
     Ok((task, pid))
 }
 
@@ -617,22 +830,24 @@ fn signal_task(
     job_group: u32,
     paused: &mut Vec<(Instant, u32, String)>,
     out: &mut AppliedFault,
-) -> Result<String, String> {
+) -> Result<String, ApplyError> {
     let (task, pid) = task_pid(fault, setup)?;
     out.task = Some(task.to_string());
     let pid = pid?;
     out.pid = Some(pid);
     if group_of(pid) != Some(job_group) {
-        return Err(format!(
-            "{task} is not running (pid {pid} is not in the job's process group)"
-        ));
+        return Err(ApplyError::NotRunning { task, pid });
     }
     let signal = match fault.spec.kind {
         FaultKind::Kill => Signal::SIGKILL,
         FaultKind::Pause => Signal::SIGSTOP,
         _ => Signal::SIGTERM,
     };
-    kill(Pid::from_raw(pid as i32), signal).map_err(|e| format!("{signal} to pid {pid}: {e}"))?;
+    kill(Pid::from_raw(pid as i32), signal).map_err(|source| ApplyError::Signal {
+        signal,
+        pid,
+        source,
+    })?;
     if fault.spec.kind == FaultKind::Pause {
         let pause = fault.spec.lasts.unwrap_or_default();
         paused.push((Instant::now() + pause, pid, task.to_string()));
@@ -646,16 +861,13 @@ fn signal_task(
 
 /// The task `target` names: its index, or one drawn by `pick` among the tasks of its role with
 /// a pid file.
-fn resolve(target: Target, pick: u64, run_dir: &Path) -> Result<TaskId, String> {
+fn resolve(target: Target, pick: u64, run_dir: &Path) -> Result<TaskId, ApplyError> {
     let index = match target.index {
         Some(i) => i,
         None => {
             let running = recorded_indices(run_dir, target.role);
             if running.is_empty() {
-                return Err(format!(
-                    "no {} task is recorded in the run directory",
-                    target.role
-                ));
+                return Err(ApplyError::NoTaskRecorded { role: target.role });
             }
             running[(pick % running.len() as u64) as usize]
         }
@@ -716,8 +928,8 @@ impl NetFaults {
         fault: &Scheduled,
         setup: &RunSetup,
         out: &mut AppliedFault,
-    ) -> Result<String, String> {
-        let target = fault.spec.target.ok_or("no target")?;
+    ) -> Result<String, ApplyError> {
+        let target = fault.spec.target.ok_or(ApplyError::NoTarget)?;
         let task = resolve(target, fault.pick, &setup.run_dir)?;
         out.task = Some(task.to_string());
         let peer = match fault.spec.peer {
@@ -725,7 +937,7 @@ impl NetFaults {
             Some(peer) => {
                 let peer = resolve(peer, fault.pick.rotate_left(32), &setup.run_dir)?;
                 if peer == task {
-                    return Err(format!("the peer drawn is the target itself ({task})"));
+                    return Err(ApplyError::PeerIsTarget { task });
                 }
                 Some(peer)
             }
@@ -733,11 +945,7 @@ impl NetFaults {
         let addrs = self.addresses()?;
         for t in std::iter::once(task).chain(peer) {
             if !addrs.contains_key(&t) {
-                return Err(format!(
-                    "{t} has no transport address in {} (was the job started by `cohort \
-                     launch` or `cohort demo`?)",
-                    self.dir.display()
-                ));
+                return Err(self.no_address(t));
             }
         }
         let lasts = fault.spec.lasts.unwrap_or_default();
@@ -793,9 +1001,11 @@ impl NetFaults {
     }
 
     /// Every task's transport address, as the launcher recorded it.
-    fn addresses(&self) -> Result<BTreeMap<TaskId, SocketAddr>, String> {
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| format!("no transport addresses in {}: {e}", self.dir.display()))?;
+    fn addresses(&self) -> Result<BTreeMap<TaskId, SocketAddr>, ApplyError> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|source| ApplyError::NoAddresses {
+            dir: self.dir.clone(),
+            source,
+        })?;
         let mut out = BTreeMap::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -812,7 +1022,7 @@ impl NetFaults {
             let addr = std::fs::read_to_string(&path)
                 .ok()
                 .and_then(|t| t.trim().parse::<SocketAddr>().ok())
-                .ok_or_else(|| format!("{} holds no ip:port address", path.display()))?;
+                .ok_or(ApplyError::BadAddress { path })?;
             out.insert(TaskId::new(role, index), addr);
         }
         Ok(out)
@@ -820,12 +1030,18 @@ impl NetFaults {
 
     /// Writes every task's rules file for the faults in force (each replaced whole, by a
     /// rename, so a task never reads half a file); returns how many.
-    fn write(&self, addrs: &BTreeMap<TaskId, SocketAddr>) -> Result<usize, String> {
+    fn write(&self, addrs: &BTreeMap<TaskId, SocketAddr>) -> Result<usize, ApplyError> {
+        let address = |task: TaskId| {
+            addrs
+                .get(&task)
+                .copied()
+                .ok_or_else(|| self.no_address(task))
+        };
         let mut plan = FaultPlan::none(0);
         for a in &self.active {
-            let here = addrs[&a.task];
+            let here = address(a.task)?;
             let peers: Vec<SocketAddr> = match a.peer {
-                Some(p) => vec![addrs[&p]],
+                Some(p) => vec![address(p)?],
                 None => addrs
                     .iter()
                     .filter(|(t, _)| **t != a.task)
@@ -853,11 +1069,22 @@ impl NetFaults {
             plan.seed = task_seed(self.seed, *task);
             let path = crate::launch::net_rules_file(&self.dir, *task);
             let tmp = path.with_extension("rules.tmp");
-            std::fs::write(&tmp, Rules::render(&plan))
+            if let Err(source) = std::fs::write(&tmp, Rules::render(&plan))
                 .and_then(|()| std::fs::rename(&tmp, &path))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            {
+                return Err(ApplyError::WriteRules { path, source });
+            }
         }
         Ok(addrs.len())
+    }
+
+    /// `task` has no address in the launcher's files (an address file gone since the fault
+    /// started, or a job not started by the launcher).
+    fn no_address(&self, task: TaskId) -> ApplyError {
+        ApplyError::NoAddress {
+            task,
+            dir: self.dir.clone(),
+        }
     }
 }
 
@@ -906,16 +1133,16 @@ fn group_of(pid: u32) -> Option<u32> {
     fields.nth(1)?.parse().ok()
 }
 
-fn checkpoint_root(setup: &RunSetup) -> Result<&Path, String> {
+fn checkpoint_root(setup: &RunSetup) -> Result<&Path, ApplyError> {
     setup
         .checkpoint_dir
         .as_deref()
-        .ok_or_else(|| "the job's checkpoint directory is not known".to_string())
+        .ok_or(ApplyError::NoCheckpointDir)
 }
 
-fn delete_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, String> {
+fn delete_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, ApplyError> {
     let root = checkpoint_root(setup)?;
-    let entries = list_checkpoints(root).map_err(|e| e.to_string())?;
+    let entries = list_checkpoints(root)?;
     let chosen: Vec<_> = match fault.spec.which {
         Which::All => entries.iter().collect(),
         Which::Newest => entries.last().into_iter().collect(),
@@ -925,8 +1152,10 @@ fn delete_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, Stri
     }
     let mut steps = Vec::new();
     for entry in chosen {
-        std::fs::remove_dir_all(&entry.dir)
-            .map_err(|e| format!("cannot delete {}: {e}", entry.dir.display()))?;
+        std::fs::remove_dir_all(&entry.dir).map_err(|source| ApplyError::DeleteCheckpoint {
+            dir: entry.dir.clone(),
+            source,
+        })?;
         steps.push(entry.step.to_string());
     }
     Ok(format!(
@@ -935,14 +1164,18 @@ fn delete_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, Stri
     ))
 }
 
-fn corrupt_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, String> {
+fn corrupt_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, ApplyError> {
     let root = checkpoint_root(setup)?;
-    let entries = list_checkpoints(root).map_err(|e| e.to_string())?;
-    let newest = entries
-        .last()
-        .ok_or_else(|| format!("no checkpoint under {}", root.display()))?;
+    let entries = list_checkpoints(root)?;
+    let newest = entries.last().ok_or_else(|| ApplyError::NoCheckpoint {
+        root: root.to_path_buf(),
+    })?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ApplyError::Shard { path, source }
+    };
     let mut shards: Vec<PathBuf> = std::fs::read_dir(&newest.dir)
-        .map_err(|e| format!("{}: {e}", newest.dir.display()))?
+        .map_err(io(&newest.dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
@@ -952,32 +1185,30 @@ fn corrupt_checkpoint(fault: &Scheduled, setup: &RunSetup) -> Result<String, Str
         .collect();
     shards.sort();
     if shards.is_empty() {
-        return Err(format!("{} has no shard file", newest.dir.display()));
+        return Err(ApplyError::NoShard {
+            dir: newest.dir.clone(),
+        });
     }
     let file = &shards[(fault.pick % shards.len() as u64) as usize];
     let mut handle = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?;
-    let len = handle
-        .metadata()
-        .map_err(|e| format!("{}: {e}", file.display()))?
-        .len();
+        .map_err(io(file))?;
+    let len = handle.metadata().map_err(io(file))?.len();
     if len == 0 {
-        return Err(format!("{} is empty", file.display()));
+        return Err(ApplyError::EmptyShard { path: file.clone() });
     }
     // Another draw from the same number: the byte, and the bit within it.
     let offset = (fault.pick / shards.len() as u64) % len;
     let bit = 1u8 << ((fault.pick >> 56) % 8);
     let mut byte = [0u8];
-    let io = |e: std::io::Error| format!("{}: {e}", file.display());
-    handle.seek(SeekFrom::Start(offset)).map_err(io)?;
-    handle.read_exact(&mut byte).map_err(io)?;
+    handle.seek(SeekFrom::Start(offset)).map_err(io(file))?;
+    handle.read_exact(&mut byte).map_err(io(file))?;
     byte[0] ^= bit;
-    handle.seek(SeekFrom::Start(offset)).map_err(io)?;
-    handle.write_all(&byte).map_err(io)?;
-    handle.sync_all().map_err(io)?;
+    handle.seek(SeekFrom::Start(offset)).map_err(io(file))?;
+    handle.write_all(&byte).map_err(io(file))?;
+    handle.sync_all().map_err(io(file))?;
     Ok(format!(
         "flipped bit {} of byte {offset} of {}",
         bit.trailing_zeros(),

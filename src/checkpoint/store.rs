@@ -160,13 +160,15 @@ pub enum LoadError {
         /// Version found.
         version: u32,
     },
-    /// The manifest parses but contradicts itself or its directory.
+    /// The manifest parses but contradicts itself or its directory (or a shard file
+    /// contradicts the manifest).
     #[error("{file}: {reason}")]
     ManifestInvalid {
         /// The file.
         file: String,
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: ManifestInconsistency,
     },
     /// A shard's size differs from the manifest's (e.g. a truncated file).
     #[error("{file}: size mismatch (manifest says {expected} bytes, file has {found})")]
@@ -244,6 +246,67 @@ impl LoadError {
             | LoadError::Inconsistent { file, .. } => file,
         }
     }
+}
+
+/// What a manifest that parses says wrong about itself, its directory or its shard files
+/// ([`LoadError::ManifestInvalid`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestInconsistency {
+    /// The directory's name is for another step than the manifest's.
+    #[error("directory is for step {dir_step}, manifest says step {manifest_step}")]
+    StepMismatch {
+        /// The step in the directory's name.
+        dir_step: u64,
+        /// The manifest's step.
+        manifest_step: u64,
+    },
+    /// The manifest names no parameter server.
+    #[error("num_ps is 0")]
+    NoServers,
+    /// Not one shard file per parameter server.
+    #[error("{files} shard files listed for {num_ps} PS")]
+    FileCount {
+        /// Shard files listed.
+        files: usize,
+        /// Parameter servers.
+        num_ps: usize,
+    },
+    /// A file entry other than the one this build writes at its place.
+    #[error("file entry {index} is {name:?} for PS {ps}, expected {expected:?} for PS {index}")]
+    FileEntry {
+        /// The entry's place in the list (the server it must be for).
+        index: usize,
+        /// The file name it gives.
+        name: String,
+        /// The server it names.
+        ps: u32,
+        /// The file name expected at its place.
+        expected: String,
+    },
+    /// A file's checksum is not a SHA-256 in hex.
+    #[error("{name}: sha256 {sha256:?} is not 64 hex digits")]
+    BadSha256 {
+        /// The file.
+        name: String,
+        /// The checksum given.
+        sha256: String,
+    },
+    /// A shard file's metadata names another step than the manifest.
+    #[error("file says step {found}, manifest says {step}")]
+    ShardStep {
+        /// The step the file's metadata gives.
+        found: String,
+        /// The manifest's step.
+        step: u64,
+    },
+    /// A shard file holds other tensors than the manifest lists for it.
+    #[error("file holds tensors {found:?}, manifest lists {listed:?}")]
+    ShardTensors {
+        /// The tensors the file holds.
+        found: Vec<String>,
+        /// The tensors the manifest lists.
+        listed: Vec<String>,
+    },
 }
 
 /// Name of the directory of the checkpoint at `step`: `ckpt-<step>`.
@@ -675,39 +738,41 @@ fn open_for_read(path: &Path, file: &str) -> Result<File, LoadError> {
 }
 
 /// Checks what the manifest says about itself and its directory; `Err` is the reason.
-fn check_manifest(m: &Manifest, dir_label: &str) -> Result<(), String> {
+fn check_manifest(m: &Manifest, dir_label: &str) -> Result<(), ManifestInconsistency> {
     if let Some(step) = parse_checkpoint_dir_name(dir_label) {
         if step != m.step {
-            return Err(format!(
-                "directory is for step {step}, manifest says step {}",
-                m.step
-            ));
+            return Err(ManifestInconsistency::StepMismatch {
+                dir_step: step,
+                manifest_step: m.step,
+            });
         }
     }
     let num_ps = m.num_ps as usize;
     if num_ps == 0 {
-        return Err("num_ps is 0".into());
+        return Err(ManifestInconsistency::NoServers);
     }
     if m.files.len() != num_ps {
-        return Err(format!(
-            "{} shard files listed for {num_ps} PS",
-            m.files.len()
-        ));
+        return Err(ManifestInconsistency::FileCount {
+            files: m.files.len(),
+            num_ps,
+        });
     }
     for (ps, entry) in m.files.iter().enumerate() {
         // Only names this build writes: a manifest cannot point outside its directory.
         let expected = shard_file_name(ps, num_ps);
         if entry.ps as usize != ps || entry.name != expected {
-            return Err(format!(
-                "file entry {ps} is {:?} for PS {}, expected {expected:?} for PS {ps}",
-                entry.name, entry.ps
-            ));
+            return Err(ManifestInconsistency::FileEntry {
+                index: ps,
+                name: entry.name.clone(),
+                ps: entry.ps,
+                expected,
+            });
         }
         if entry.sha256.len() != 64 || !entry.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "{}: sha256 {:?} is not 64 hex digits",
-                entry.name, entry.sha256
-            ));
+            return Err(ManifestInconsistency::BadSha256 {
+                name: entry.name.clone(),
+                sha256: entry.sha256.clone(),
+            });
         }
     }
     Ok(())
@@ -749,15 +814,16 @@ fn parse_shard(
             file: file.to_string(),
             source,
         })?;
-    let invalid = |reason: String| LoadError::ManifestInvalid {
+    let invalid = |reason: ManifestInconsistency| LoadError::ManifestInvalid {
         file: file.to_string(),
         reason,
     };
     if let Some(found) = meta.metadata().as_ref().and_then(|m| m.get("step")) {
         if *found != step.to_string() {
-            return Err(invalid(format!(
-                "file says step {found}, manifest says {step}"
-            )));
+            return Err(invalid(ManifestInconsistency::ShardStep {
+                found: found.clone(),
+                step,
+            }));
         }
     }
     let mut tensors = BTreeMap::new();
@@ -778,11 +844,10 @@ fn parse_shard(
         tensors.insert(name.to_string(), tensor);
     }
     if !tensors.keys().eq(entry.tensors.iter()) {
-        return Err(invalid(format!(
-            "file holds tensors {:?}, manifest lists {:?}",
-            tensors.keys().collect::<Vec<_>>(),
-            entry.tensors
-        )));
+        return Err(invalid(ManifestInconsistency::ShardTensors {
+            found: tensors.keys().cloned().collect(),
+            listed: entry.tensors.clone(),
+        }));
     }
     Ok(ShardTensors { tensors })
 }

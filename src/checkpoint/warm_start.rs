@@ -19,36 +19,64 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::tensor::TensorBytes;
+use super::tensor::{TensorBytes, TensorError};
 use crate::layout::{Dtype, Layout};
 
 /// Why a warm start cannot be used. Every message names the file (and the variable where one
 /// is at fault).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum WarmStartError {
     /// The file (safetensors or name map) could not be read.
-    #[error("warm start: cannot read {}: {detail}", file.display())]
+    #[error("warm start: cannot read {}: {source}", file.display())]
     Io {
         /// The file.
         file: PathBuf,
         /// The OS error.
-        detail: String,
+        source: std::io::Error,
     },
     /// The safetensors file is not one.
-    #[error("warm start: {} is not a valid safetensors file: {detail}", file.display())]
+    #[error("warm start: {} is not a valid safetensors file: {source}", file.display())]
     NotSafetensors {
         /// The file.
         file: PathBuf,
         /// What safetensors said.
-        detail: String,
+        source: safetensors::SafeTensorError,
     },
-    /// The name map is not a TOML table of strings.
-    #[error("warm start: name map {}: {detail}", file.display())]
-    BadMap {
+    /// A shard's rows of a tensor do not make a tensor (its shape was checked against the
+    /// layout, so this is not expected).
+    #[error(
+        "warm start: {} is not a valid safetensors file: tensor {tensor:?}: {source}",
+        file.display()
+    )]
+    Rows {
+        /// The safetensors file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Why the rows are not a tensor.
+        source: TensorError,
+    },
+    /// The name map is not TOML.
+    #[error("warm start: name map {}: {source}", file.display())]
+    MapNotToml {
         /// The map file.
         file: PathBuf,
-        /// What is wrong.
-        detail: String,
+        /// What the TOML parser said.
+        source: toml::de::Error,
+    },
+    /// A name map entry that is not a non-empty string.
+    #[error(
+        "warm start: name map {}: {variable:?} must map to a tensor name (a non-empty string, \
+         e.g. \"{variable}\" = \"model.weight\"), got {value}",
+        file.display()
+    )]
+    MapValue {
+        /// The map file.
+        file: PathBuf,
+        /// The variable the entry is for.
+        variable: String,
+        /// The value it gives.
+        value: toml::Value,
     },
     /// The name map names a tensor the file does not hold.
     #[error(
@@ -159,15 +187,15 @@ impl WarmStart {
     /// Reads the safetensors `file` and the name map `map_file` (if any), and checks that the
     /// file is valid and that every name the map gives is in it.
     pub fn open(file: &Path, map_file: Option<&Path>) -> Result<Self, WarmStartError> {
-        let bytes = std::fs::read(file).map_err(|e| WarmStartError::Io {
+        let bytes = std::fs::read(file).map_err(|source| WarmStartError::Io {
             file: file.to_path_buf(),
-            detail: e.to_string(),
+            source,
         })?;
         let map = match map_file {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| WarmStartError::Io {
+                let text = std::fs::read_to_string(path).map_err(|source| WarmStartError::Io {
                     file: path.to_path_buf(),
-                    detail: e.to_string(),
+                    source,
                 })?;
                 parse_name_map(&text, path)?
             }
@@ -185,10 +213,10 @@ impl WarmStart {
         map: BTreeMap<String, String>,
     ) -> Result<Self, WarmStartError> {
         let names = {
-            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|source| {
                 WarmStartError::NotSafetensors {
                     file: file.to_path_buf(),
-                    detail: e.to_string(),
+                    source,
                 }
             })?;
             let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
@@ -232,9 +260,9 @@ impl WarmStart {
     pub fn shard_values(&self, layout: &Layout) -> Result<Vec<TensorBytes>, WarmStartError> {
         let variable = layout.name.clone();
         let tensor = self.tensor_name(&layout.name).to_string();
-        let not_safetensors = |e: safetensors::SafeTensorError| WarmStartError::NotSafetensors {
+        let not_safetensors = |source| WarmStartError::NotSafetensors {
             file: self.file.clone(),
-            detail: e.to_string(),
+            source,
         };
         let st = safetensors::SafeTensors::deserialize(&self.bytes).map_err(not_safetensors)?;
         let view = st.tensor(&tensor).map_err(|_| WarmStartError::NotInFile {
@@ -266,10 +294,11 @@ impl WarmStart {
             .map(|(i, shard)| {
                 let rows = &values[shard.rows.start * row_len..shard.rows.end * row_len];
                 // The shape was checked against the layout, so the lengths agree.
-                TensorBytes::from_f32(layout.shard_shape(i), rows).map_err(|e| {
-                    WarmStartError::NotSafetensors {
+                TensorBytes::from_f32(layout.shard_shape(i), rows).map_err(|source| {
+                    WarmStartError::Rows {
                         file: self.file.clone(),
-                        detail: format!("tensor {tensor:?}: {e}"),
+                        tensor: tensor.clone(),
+                        source,
                     }
                 })
             })
@@ -296,22 +325,19 @@ impl WarmStart {
 
 /// Parses a name map: a TOML table of `cohort name = "file name"`.
 pub fn parse_name_map(text: &str, file: &Path) -> Result<BTreeMap<String, String>, WarmStartError> {
-    let bad = |detail: String| WarmStartError::BadMap {
+    let table: toml::Table = text.parse().map_err(|source| WarmStartError::MapNotToml {
         file: file.to_path_buf(),
-        detail,
-    };
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        source,
+    })?;
     table
         .into_iter()
         .map(|(variable, value)| match value {
             toml::Value::String(tensor) if !tensor.is_empty() => Ok((variable, tensor)),
-            other => Err(bad(format!(
-                "{variable:?} must map to a tensor name (a non-empty string, e.g. \
-                 \"{variable}\" = \"model.weight\"), got {}",
-                other
-            ))),
+            value => Err(WarmStartError::MapValue {
+                file: file.to_path_buf(),
+                variable,
+                value,
+            }),
         })
         .collect()
 }
@@ -456,11 +482,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(map["dense/kernel"], "w");
-        let err = parse_name_map("w = 3\n", Path::new("map.toml"))
-            .unwrap_err()
-            .to_string();
+        let err = parse_name_map("w = 3\n", Path::new("map.toml")).unwrap_err();
+        assert!(
+            matches!(&err, WarmStartError::MapValue { variable, .. } if variable == "w"),
+            "{err}"
+        );
+        let err = err.to_string();
         assert!(err.contains("map.toml") && err.contains("\"w\""), "{err}");
-        assert!(parse_name_map("w = \n", Path::new("map.toml")).is_err());
+        assert!(matches!(
+            parse_name_map("w = \n", Path::new("map.toml")),
+            Err(WarmStartError::MapNotToml { .. })
+        ));
     }
 
     #[test]

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device, Tensor};
 use cohort_transport::TransportConfig;
 
+use super::bench_mwms::BenchRunError;
 use super::CliError;
-use crate::collective::{loopback_group, GroupConfig, ProcessGroup, Reduction};
+use crate::collective::{loopback_group, CollectiveError, GroupConfig, ProcessGroup, Reduction};
 
 /// Runs the benchmark and prints its table; with `peers` (the Python that runs them), gloo's
 /// all-reduce beside the member-process rows.
@@ -52,7 +53,7 @@ pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
                 // puts their threads on 2 cores): the median of a few runs.
                 let mut runs = (0..PROCESS_RUNS)
                     .map(|_| time_member_processes(members, mib, shared))
-                    .collect::<Result<Vec<f64>, String>>()
+                    .collect::<Result<Vec<f64>, _>>()
                     .map_err(|e| failed(&e))?;
                 runs.sort_by(f64::total_cmp);
                 out.push((members, mib, runs[runs.len() / 2]));
@@ -190,9 +191,13 @@ fn print_plain_rows(how: &str, rows: &[(u32, usize, f64)]) {
 /// Seconds of one plaintext all-reduce of `mib` MiB among `members` processes of this binary
 /// (`collective-member --bench-mib`), with or without shared memory between them: the slowest
 /// member's mean. An error if `shared` and a member passed nothing through shared memory.
-fn time_member_processes(members: u32, mib: usize, shared: bool) -> Result<f64, String> {
+fn time_member_processes(
+    members: u32,
+    mib: usize,
+    shared: bool,
+) -> Result<f64, AllReduceBenchError> {
     let dir = crate::process::new_temp_dir("cohort-bench-allreduce-")
-        .map_err(|e| format!("a scratch directory: {e}"))?;
+        .map_err(AllReduceBenchError::ScratchDir)?;
     let addrs = super::bench_mwms::bench_nodes(&dir, members as usize)?;
     let spec: Vec<String> = addrs
         .iter()
@@ -202,7 +207,7 @@ fn time_member_processes(members: u32, mib: usize, shared: bool) -> Result<f64, 
     // A fresh process faults in its buffers' pages during its first calls: a longer warm-up
     // and more timed calls than the tasks' (1 GiB of each: 16 calls at 64 MiB).
     let rounds = (PROCESS_BYTES / (mib << 20)).clamp(3, 40);
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(AllReduceBenchError::Executable)?;
     let timed = super::bench_mwms::run_bench_processes(
         members as usize,
         |index| {
@@ -232,7 +237,11 @@ fn time_member_processes(members: u32, mib: usize, shared: bool) -> Result<f64, 
         PROCESS_RUN_MAX,
     );
     let _ = std::fs::remove_dir_all(&dir);
-    let timed = timed.map_err(|e| format!("{members} member processes, {mib} MiB: {e}"))?;
+    let timed = timed.map_err(|source| AllReduceBenchError::MemberProcesses {
+        members,
+        mib,
+        source,
+    })?;
     Ok(timed.values().copied().fold(0.0, f64::max))
 }
 
@@ -245,25 +254,23 @@ const PROCESS_RUN_MAX: Duration = Duration::from_secs(120);
 
 /// `n` members on their own endpoints in this process, formed at epoch 1 (over the
 /// plaintext data plane if `plaintext`).
-async fn form(n: u32, plaintext: bool) -> Result<Vec<ProcessGroup>, String> {
+async fn form(n: u32, plaintext: bool) -> Result<Vec<ProcessGroup>, AllReduceBenchError> {
     let config = GroupConfig {
         plaintext,
         ..GroupConfig::default()
     };
-    let (_, groups) = loopback_group(n, TransportConfig::default(), config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (_, groups) = loopback_group(n, TransportConfig::default(), config).await?;
     Ok(groups)
 }
 
 /// Mean seconds of one all-reduce of `mib` MiB on every member at once, after warm-up.
-async fn time_all_reduce(groups: &[ProcessGroup], mib: usize) -> Result<f64, String> {
+async fn time_all_reduce(groups: &[ProcessGroup], mib: usize) -> Result<f64, AllReduceBenchError> {
     let elements = mib * (1 << 20) / 4;
     // A tensor of each member's own, as processes have (one shared input would be read from
     // the cache by every member after the first).
     let tensors = groups
         .iter()
-        .map(|_| Tensor::ones(elements, DType::F32, &Device::Cpu).map_err(|e| e.to_string()))
+        .map(|_| Tensor::ones(elements, DType::F32, &Device::Cpu))
         .collect::<Result<Vec<_>, _>>()?;
     let iterations = (TIMED_BYTES / (mib << 20)).clamp(3, 20);
     let mut timed = Duration::ZERO;
@@ -279,13 +286,46 @@ async fn time_all_reduce(groups: &[ProcessGroup], mib: usize) -> Result<f64, Str
         let outs = futures::future::join_all(calls.collect::<Vec<_>>()).await;
         let elapsed = started.elapsed();
         for out in outs {
-            out.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            out??;
         }
         if i >= WARMUP {
             timed += elapsed;
         }
     }
     Ok(timed.as_secs_f64() / iterations as f64)
+}
+
+/// Why a row of the benchmark could not be measured.
+#[derive(Debug, thiserror::Error)]
+enum AllReduceBenchError {
+    /// No scratch directory for the member processes' certificates.
+    #[error("a scratch directory: {0}")]
+    ScratchDir(#[source] std::io::Error),
+    /// This program's executable, which the member processes run, cannot be found.
+    #[error("cannot find this program's executable: {0}")]
+    Executable(#[source] std::io::Error),
+    /// The member processes' certificates or ports could not be made.
+    #[error(transparent)]
+    Nodes(#[from] BenchRunError),
+    /// A run of member processes failed.
+    #[error("{members} member processes, {mib} MiB: {source}")]
+    MemberProcesses {
+        /// Members run.
+        members: u32,
+        /// MiB all-reduced.
+        mib: usize,
+        /// What failed.
+        source: BenchRunError,
+    },
+    /// The in-process group could not form, or an all-reduce failed.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// A member's input tensor could not be made.
+    #[error(transparent)]
+    Tensor(#[from] candle_core::Error),
+    /// A member's all-reduce task panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
 }
 
 const MEMBERS: [u32; 2] = [2, 4];

@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cohort_transport::{ClusterCa, NodeId};
+use cohort_transport::{ClusterCa, NodeId, TlsError};
 
 use super::CliError;
 
@@ -130,12 +130,14 @@ fn run_workers(
     warmup: usize,
     plaintext: bool,
 ) -> Result<f64, CliError> {
-    let failed = |what: String| CliError::Failed(format!("bench mwms, {workers} workers: {what}"));
+    let failed = |what: &dyn std::fmt::Display| {
+        CliError::Failed(format!("bench mwms, {workers} workers: {what}"))
+    };
     let certs = dir.join(format!("certs-{workers}-{plaintext}"));
-    let addrs = bench_nodes(&certs, workers).map_err(failed)?;
-    let cluster = serde_json::to_string(&BTreeMap::from([("worker", &addrs)]))
-        .map_err(|e| failed(e.to_string()))?;
-    let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+    let addrs = bench_nodes(&certs, workers).map_err(|e| failed(&e))?;
+    let cluster =
+        serde_json::to_string(&BTreeMap::from([("worker", &addrs)])).map_err(|e| failed(&e))?;
+    let exe = std::env::current_exe().map_err(|e| failed(&e))?;
     // The workers share this machine's cores, as `cohort launch`'s tasks do: each gets its
     // share of compute threads (unless RAYON_NUM_THREADS says otherwise), rather than every
     // worker spreading each matrix product over all cores and fighting for them (2.2 to 2.6
@@ -167,7 +169,7 @@ fn run_workers(
         parse_timed,
         RUN_MAX,
     )
-    .map_err(failed)?;
+    .map_err(|e| failed(&e))?;
     let slowest = timed
         .values()
         .map(|&(steps, seconds)| seconds / steps.max(1) as f64)
@@ -177,18 +179,82 @@ fn run_workers(
 
 /// Certificates for `worker/0..count` under `certs` (a CA made for the run) and a free
 /// 127.0.0.1 port for each (bound, then released for the process to bind right after).
-pub(super) fn bench_nodes(certs: &Path, count: usize) -> Result<Vec<String>, String> {
-    std::fs::create_dir_all(certs).map_err(|e| format!("{}: {e}", certs.display()))?;
-    let ca = ClusterCa::generate("bench").map_err(|e| e.to_string())?;
+pub(super) fn bench_nodes(certs: &Path, count: usize) -> Result<Vec<String>, BenchRunError> {
+    std::fs::create_dir_all(certs).map_err(|source| BenchRunError::CertsDir {
+        dir: certs.to_path_buf(),
+        source,
+    })?;
+    let ca = ClusterCa::generate("bench")?;
     let mut addrs = Vec::new();
     for index in 0..count {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        addrs.push(socket.local_addr().map_err(|e| e.to_string())?.to_string());
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(BenchRunError::Port)?;
+        addrs.push(
+            socket
+                .local_addr()
+                .map_err(BenchRunError::Port)?
+                .to_string(),
+        );
         ca.issue(&NodeId::new("worker", index as u32))
-            .and_then(|creds| creds.save(certs))
-            .map_err(|e| e.to_string())?;
+            .and_then(|creds| creds.save(certs))?;
     }
     Ok(addrs)
+}
+
+/// Why a run of benchmark processes ([`bench_nodes`], [`run_bench_processes`]) failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BenchRunError {
+    /// The certificates directory could not be made.
+    #[error("{}: {source}", dir.display())]
+    CertsDir {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The run's CA or a process's certificate could not be made or saved.
+    #[error(transparent)]
+    Credentials(#[from] TlsError),
+    /// No free 127.0.0.1 port could be found for a process.
+    #[error("cannot find a free 127.0.0.1 port: {0}")]
+    Port(#[source] std::io::Error),
+    /// A process could not be started.
+    #[error("cannot start process {index}: {source}")]
+    Spawn {
+        /// The process's index.
+        index: usize,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// Not every process printed its result in time.
+    #[error("no result within {bound:?}")]
+    NoResult {
+        /// How long the run was waited for.
+        bound: Duration,
+    },
+    /// A process printed a result line that does not parse.
+    #[error("process {index} said {line:?}")]
+    BadResult {
+        /// The process's index.
+        index: usize,
+        /// The line.
+        line: String,
+    },
+    /// A process reported an error (a line starting `error `).
+    #[error("process {index}: {line}")]
+    Failed {
+        /// The process's index.
+        index: usize,
+        /// The line.
+        line: String,
+    },
+    /// The processes exited before each printed its result.
+    #[error("the processes exited with {results} of {count} results")]
+    Exited {
+        /// Results printed.
+        results: usize,
+        /// Processes run.
+        count: usize,
+    },
 }
 
 /// Starts `count` processes (`command(index)`, stdin closed, stdout read, stderr dropped) and
@@ -200,7 +266,7 @@ pub(super) fn run_bench_processes<T>(
     mut command: impl FnMut(usize) -> Command,
     parse: impl Fn(&str) -> Option<T>,
     bound: Duration,
-) -> Result<BTreeMap<usize, T>, String> {
+) -> Result<BTreeMap<usize, T>, BenchRunError> {
     let (tx, lines) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
     for index in 0..count {
@@ -211,9 +277,9 @@ pub(super) fn run_bench_processes<T>(
             .spawn();
         let mut child = match spawned {
             Ok(child) => child,
-            Err(e) => {
+            Err(source) => {
                 stop(&mut children);
-                return Err(format!("cannot start process {index}: {e}"));
+                return Err(BenchRunError::Spawn { index, source });
             }
         };
         if let Some(stdout) = child.stdout.take() {
@@ -236,7 +302,7 @@ pub(super) fn run_bench_processes<T>(
             break Ok(());
         }
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            break Err(format!("no result within {bound:?}"));
+            break Err(BenchRunError::NoResult { bound });
         };
         match lines.recv_timeout(left) {
             Ok((index, line)) => {
@@ -245,20 +311,18 @@ pub(super) fn run_bench_processes<T>(
                         Some(t) => {
                             results.insert(index, t);
                         }
-                        None => break Err(format!("process {index} said {line:?}")),
+                        None => break Err(BenchRunError::BadResult { index, line }),
                     }
                 } else if line.starts_with("error ") {
-                    break Err(format!("process {index}: {line}"));
+                    break Err(BenchRunError::Failed { index, line });
                 }
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                break Err(format!("no result within {bound:?}"))
-            }
+            Err(mpsc::RecvTimeoutError::Timeout) => break Err(BenchRunError::NoResult { bound }),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                break Err(format!(
-                    "the processes exited with {} of {count} results",
-                    results.len()
-                ))
+                break Err(BenchRunError::Exited {
+                    results: results.len(),
+                    count,
+                })
             }
         }
     };

@@ -179,7 +179,7 @@ pub struct RunArgs {
     /// exit code check then fails.
     #[arg(long, default_value = "10m", value_parser = |s: &str| crate::cluster::parse_duration_in(
         "--timeout", s, crate::cluster::DurationRange::new(Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600))
-    ).map_err(|e| e.to_string()))]
+    ))]
     timeout: Duration,
     /// The job's launch command, after `--` (e.g. `-- cohort demo --run-dir DIR
     /// --checkpoint-dir DIR`). It must give --run-dir: the runner finds each task's process
@@ -191,7 +191,7 @@ pub struct RunArgs {
 /// Runs a job under a chaos plan; exit 1 when a check failed, 2 for bad usage.
 pub fn run_plan(args: RunArgs) -> Result<(), CliError> {
     let plan = Plan::load(&args.plan).map_err(|e| CliError::Usage(e.to_string()))?;
-    chaosrun::check_targets(&plan, &args.command).map_err(CliError::Usage)?;
+    chaosrun::check_targets(&plan, &args.command).map_err(|e| CliError::Usage(e.to_string()))?;
     let (run_dir, checkpoint_dir) = chaosrun::job_dirs(&args.command);
     let run_dir = run_dir.ok_or_else(|| {
         CliError::Usage(
@@ -219,10 +219,11 @@ pub fn run_plan(args: RunArgs) -> Result<(), CliError> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .map_err(|e| CliError::Failed(format!("cannot handle signal {signal}: {e}")))?;
     }
-    let observed = chaosrun::run::run_job(&plan, &setup, &stop).map_err(CliError::Usage)?;
+    let observed =
+        chaosrun::run::run_job(&plan, &setup, &stop).map_err(|e| CliError::Usage(e.to_string()))?;
     let checks = chaosrun::check(&plan, &setup, &observed);
-    let passed =
-        chaosrun::write_report(&plan, &setup, &observed, &checks).map_err(CliError::Failed)?;
+    let passed = chaosrun::write_report(&plan, &setup, &observed, &checks)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     if passed {
         outln!("report: {}", setup.out_dir.join("report.txt").display());
         Ok(())

@@ -493,7 +493,7 @@ pub fn run() -> ExitCode {
             return launch_demo(&launch, task, env, kept, &checkpoint_dir);
         }
         Command::MwmsDemoTask => match crate::bootstrap::logging::init()
-            .map_err(crate::workloads::mwms_demo::MwmsDemoError::Config)
+            .map_err(|e| crate::workloads::mwms_demo::MwmsDemoError::Config(e.to_string()))
             .and_then(|()| crate::workloads::mwms_demo::run_task())
         {
             Ok(()) => return ExitCode::SUCCESS,
@@ -642,22 +642,43 @@ const MWMS_JOB: &str = "multi-worker-mirrored";
 /// held-out digits at the end). `--workers MIN:MAX` is elastic, as for the parameter-server
 /// job: `cohort scale` adds workers (each joins the group at a step boundary) or drains them
 /// (each leaves at one, for good).
-fn mwms_launch_check(launch: &crate::bootstrap::LaunchFlags, ps_given: bool) -> Result<(), String> {
+fn mwms_launch_check(
+    launch: &crate::bootstrap::LaunchFlags,
+    ps_given: bool,
+) -> Result<(), MwmsLaunchError> {
     if ps_given {
-        return Err(format!(
-            "--ps {}: a MultiWorkerMirrored job has no parameter server (its workers all-reduce \
-             their gradients)",
-            launch.ps.min
-        ));
+        return Err(MwmsLaunchError::ParameterServers { ps: launch.ps.min });
     }
     if launch.evaluators > 0 {
-        return Err(format!(
-            "--evaluators {}: the MultiWorkerMirrored demo has no evaluator (its chief \
-             evaluates the held-out digits once training ends)",
-            launch.evaluators
-        ));
+        return Err(MwmsLaunchError::Evaluators {
+            evaluators: launch.evaluators,
+        });
     }
     Ok(())
+}
+
+/// What a MultiWorkerMirrored job was launched with that it cannot have
+/// ([`mwms_launch_check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum MwmsLaunchError {
+    /// `--ps` was given.
+    #[error(
+        "--ps {ps}: a MultiWorkerMirrored job has no parameter server (its workers all-reduce \
+         their gradients)"
+    )]
+    ParameterServers {
+        /// The servers asked for.
+        ps: u32,
+    },
+    /// `--evaluators` was above 0.
+    #[error(
+        "--evaluators {evaluators}: the MultiWorkerMirrored demo has no evaluator (its chief \
+         evaluates the held-out digits once training ends)"
+    )]
+    Evaluators {
+        /// The evaluators asked for.
+        evaluators: u32,
+    },
 }
 
 /// A MultiWorkerMirrored job's launch: the chief and the workers are the group, with no

@@ -111,7 +111,7 @@ pub(crate) struct MwmsArgs {
 
 /// Runs the worker (see the module doc).
 pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
-    crate::bootstrap::logging::init().map_err(CliError::Usage)?;
+    crate::bootstrap::logging::init().map_err(|e| CliError::Usage(e.to_string()))?;
     let cluster = ClusterConfig::from_env()
         .map_err(|e| CliError::Usage(e.to_string()))?
         .ok_or_else(|| CliError::Usage("TF_CONFIG: missing".into()))?;

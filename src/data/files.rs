@@ -117,7 +117,7 @@ impl CsvFormat {
     }
 
     /// Parses one record (a line without its ending) into an element.
-    pub fn parse_record(&self, line: &str) -> Result<Element, String> {
+    pub fn parse_record(&self, line: &str) -> Result<Element, CsvRecordError> {
         let delimiter = char::from(self.delimiter);
         let mut fields = line.split(delimiter).map(str::trim);
         let mut element = Vec::with_capacity(self.components.len());
@@ -125,11 +125,12 @@ impl CsvFormat {
         let mut seen = 0usize;
         for component in &self.components {
             let n = component.fields().unwrap_or(usize::MAX);
-            let mut take = |seen: &mut usize| -> Result<&str, String> {
+            let mut take = |seen: &mut usize| -> Result<&str, CsvRecordError> {
                 *seen += 1;
-                fields
-                    .next()
-                    .ok_or_else(|| format!("{} field(s), expected {expected}", *seen - 1))
+                fields.next().ok_or(CsvRecordError::FieldCount {
+                    found: *seen - 1,
+                    expected,
+                })
             };
             let tensor = match component.dtype {
                 DType::F32 => {
@@ -150,14 +151,16 @@ impl CsvFormat {
                         .collect::<Result<Vec<_>, _>>()?;
                     Tensor::from_vec(v, component.shape.clone(), &Device::Cpu)
                 }
-                other => return Err(format!("unsupported dtype {other:?}")),
-            }
-            .map_err(|e| e.to_string())?;
+                other => return Err(CsvRecordError::UnsupportedDtype(other)),
+            }?;
             element.push(tensor);
         }
         let extra = fields.count();
         if extra > 0 {
-            return Err(format!("{} field(s), expected {expected}", seen + extra));
+            return Err(CsvRecordError::FieldCount {
+                found: seen + extra,
+                expected,
+            });
         }
         Ok(element)
     }
@@ -205,6 +208,43 @@ impl CsvFormat {
             .iter()
             .try_fold(0usize, |acc, c| acc.checked_add(c.fields()?))
     }
+}
+
+/// Why a CSV line is not a record of its [`CsvFormat`] ([`DataError::Parse`] carries it, with
+/// the file and the line).
+#[derive(Debug, thiserror::Error)]
+pub enum CsvRecordError {
+    /// The line has more or fewer fields than the format's components take.
+    #[error("{found} field(s), expected {expected}")]
+    FieldCount {
+        /// Fields found (up to the first one missing).
+        found: usize,
+        /// Fields the format takes.
+        expected: usize,
+    },
+    /// A field is not a number of its component's type.
+    #[error("field {field:?} is not a {type_name}")]
+    BadField {
+        /// The field, trimmed.
+        field: String,
+        /// The type it should be.
+        type_name: &'static str,
+    },
+    /// A component's dtype is not one CSV reads (`validate` refuses such a format).
+    #[error("unsupported dtype {0:?}")]
+    UnsupportedDtype(DType),
+    /// The values do not make a tensor of the component's shape.
+    #[error(transparent)]
+    Tensor(#[from] candle_core::Error),
+    /// The line is not UTF-8.
+    #[error("not UTF-8")]
+    NotUtf8,
+    /// The line is longer than the format's `line_bytes_max`.
+    #[error("line longer than line_bytes_max ({line_bytes_max} bytes); rest of file skipped")]
+    LineTooLong {
+        /// The limit.
+        line_bytes_max: usize,
+    },
 }
 
 /// Reads the records of a list of files, in order, lazily.
@@ -284,17 +324,17 @@ impl Iterator for CsvIter {
                 return Some(Err(DataError::Parse {
                     path: self.path(),
                     line: self.line,
-                    reason: format!(
-                        "line longer than line_bytes_max ({} bytes); rest of file skipped",
-                        self.format.line_bytes_max
-                    ),
+                    reason: CsvRecordError::LineTooLong {
+                        line_bytes_max: self.format.line_bytes_max,
+                    }
+                    .to_string(),
                 }));
             }
             if self.format.header && self.line == 1 {
                 continue;
             }
             let parsed = std::str::from_utf8(&self.buf)
-                .map_err(|_| "not UTF-8".to_string())
+                .map_err(|_| CsvRecordError::NotUtf8)
                 .and_then(|text| {
                     if text.trim().is_empty() {
                         Ok(None)
@@ -309,7 +349,7 @@ impl Iterator for CsvIter {
                     return Some(Err(DataError::Parse {
                         path: self.path(),
                         line: self.line,
-                        reason,
+                        reason: reason.to_string(),
                     }))
                 }
             }
@@ -317,10 +357,11 @@ impl Iterator for CsvIter {
     }
 }
 
-fn parse_field<T: std::str::FromStr>(field: &str) -> Result<T, String> {
-    field
-        .parse()
-        .map_err(|_| format!("field {field:?} is not a {}", std::any::type_name::<T>()))
+fn parse_field<T: std::str::FromStr>(field: &str) -> Result<T, CsvRecordError> {
+    field.parse().map_err(|_| CsvRecordError::BadField {
+        field: field.to_string(),
+        type_name: std::any::type_name::<T>(),
+    })
 }
 
 #[cfg(test)]
@@ -345,15 +386,35 @@ mod tests {
     #[test]
     fn wrong_field_counts_and_bad_numbers_are_errors() {
         let format = CsvFormat::scalars(&[DType::F32, DType::I64]);
-        assert!(format
-            .parse_record("1.0")
-            .unwrap_err()
-            .contains("expected 2"));
-        assert!(format
-            .parse_record("1.0,2,3")
-            .unwrap_err()
-            .contains("expected 2"));
-        assert!(format.parse_record("1.0,x").unwrap_err().contains("\"x\""));
+        let err = format.parse_record("1.0").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CsvRecordError::FieldCount {
+                    found: 1,
+                    expected: 2
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("expected 2"), "{err}");
+        let err = format.parse_record("1.0,2,3").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CsvRecordError::FieldCount {
+                    found: 3,
+                    expected: 2
+                }
+            ),
+            "{err}"
+        );
+        let err = format.parse_record("1.0,x").unwrap_err();
+        assert!(
+            matches!(&err, CsvRecordError::BadField { field, .. } if field == "x"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("\"x\""), "{err}");
         assert!(format.parse_record("1.0,2.5").is_err());
     }
 

@@ -265,17 +265,28 @@ impl From<Shard> for ShardRecord {
 }
 
 impl TryFrom<ShardRecord> for Shard {
-    type Error = String;
+    type Error = ShardRecordError;
 
-    fn try_from(record: ShardRecord) -> Result<Self, String> {
-        let row = |r: u64| {
-            usize::try_from(r).map_err(|_| format!("row {r} does not fit this machine's usize"))
-        };
+    fn try_from(record: ShardRecord) -> Result<Self, ShardRecordError> {
+        let row =
+            |row: u64| usize::try_from(row).map_err(|_| ShardRecordError::RowTooLarge { row });
         Ok(Self {
             ps: record.ps,
             rows: row(record.row_start)?..row(record.row_end)?,
         })
     }
+}
+
+/// Why a stored [`ShardRecord`] is not a [`Shard`] on this machine (serde reports it as the
+/// message of the manifest's parse error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ShardRecordError {
+    /// A row number beyond this machine's `usize`.
+    #[error("row {row} does not fit this machine's usize")]
+    RowTooLarge {
+        /// The row.
+        row: u64,
+    },
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::backend::DrawingBackend;
+use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
@@ -76,9 +78,27 @@ pub enum PlotError {
         /// The file.
         path: String,
         /// What failed.
-        reason: String,
+        #[source]
+        reason: DrawError,
     },
 }
+
+/// What failed while a chart was drawn or written ([`PlotError::Draw`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DrawError {
+    /// plotters could not draw into the pixel buffer (a font or layout error).
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// The file could not be created.
+    #[error(transparent)]
+    Create(#[from] std::io::Error),
+    /// The PNG encoder failed (writing the file, most often).
+    #[error(transparent)]
+    Encode(#[from] png::EncodingError),
+}
+
+/// What plotters' bitmap backend fails with.
+pub type RenderError = DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
 
 /// Line colours, in series order (then again).
 const PALETTE: [RGBColor; 6] = [
@@ -134,29 +154,27 @@ pub fn write_png(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<
         return Err(PlotError::Size { width, height });
     }
     register_fonts();
-    let fail = |reason: String| PlotError::Draw {
+    let fail = |reason: DrawError| PlotError::Draw {
         path: path.display().to_string(),
         reason,
     };
     draw(chart, path, width, height).map_err(fail)
 }
 
-fn draw(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<(), String> {
+fn draw(chart: &Chart, path: &Path, width: u32, height: u32) -> Result<(), DrawError> {
     let mut pixels = vec![0u8; width as usize * height as usize * 3];
     draw_pixels(chart, &mut pixels, width, height)?;
-    let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let file = std::fs::File::create(path)?;
     let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
-    let mut writer = encoder.write_header().map_err(|e| e.to_string())?;
-    writer
-        .write_image_data(&pixels)
-        .map_err(|e| e.to_string())?;
-    writer.finish().map_err(|e| e.to_string())
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(&pixels)?;
+    Ok(writer.finish()?)
 }
 
 /// Draws `chart` into `pixels`, `width` x `height` RGB bytes, row by row.
-fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Result<(), String> {
+fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Result<(), DrawError> {
     let finite: Vec<Vec<(f64, f64)>> = chart
         .series
         .iter()
@@ -181,7 +199,7 @@ fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Res
     let (y_lo, y_hi) = range(finite.iter().flatten().map(|p| p.1), 0.05);
 
     let root = BitMapBackend::with_buffer(pixels, (width, height)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    root.fill(&WHITE)?;
     let title_size = (height / 25).clamp(10, 28);
     let text_size = (height / 40).clamp(8, 18);
     let mut ctx = ChartBuilder::on(&root)
@@ -189,8 +207,7 @@ fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Res
         .margin(12)
         .x_label_area_size(text_size * 3)
         .y_label_area_size(text_size * 5)
-        .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
-        .map_err(|e| e.to_string())?;
+        .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)?;
     ctx.configure_mesh()
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
@@ -199,8 +216,7 @@ fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Res
         .label_style((FAMILY, text_size))
         .axis_desc_style((FAMILY, text_size))
         .light_line_style(RGBColor(235, 235, 235))
-        .draw()
-        .map_err(|e| e.to_string())?;
+        .draw()?;
 
     for (i, (series, points)) in chart.series.iter().zip(&finite).enumerate() {
         if points.is_empty() {
@@ -210,8 +226,7 @@ fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Res
         ctx.draw_series(LineSeries::new(
             points.iter().copied(),
             colour.stroke_width(2),
-        ))
-        .map_err(|e| e.to_string())?
+        ))?
         .label(series.name.clone())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
     }
@@ -220,32 +235,28 @@ fn draw_pixels(chart: &Chart, pixels: &mut [u8], width: u32, height: u32) -> Res
         ctx.draw_series(LineSeries::new(
             [(marker.x, y_lo), (marker.x, y_hi)],
             grey.stroke_width(1),
-        ))
-        .map_err(|e| e.to_string())?;
+        ))?;
         ctx.draw_series(std::iter::once(Text::new(
             format!(" {}", marker.label),
             (marker.x, y_hi),
             (FAMILY, text_size).into_font().color(&grey),
-        )))
-        .map_err(|e| e.to_string())?;
+        )))?;
     }
     if empty {
         ctx.draw_series(std::iter::once(Text::new(
             "no data",
             ((x_lo + x_hi) / 2.0, (y_lo + y_hi) / 2.0),
             (FAMILY, title_size).into_font().color(&grey),
-        )))
-        .map_err(|e| e.to_string())?;
+        )))?;
     } else if chart.series.iter().any(|s| !s.name.is_empty()) {
         ctx.configure_series_labels()
             .label_font((FAMILY, text_size))
             .background_style(WHITE.mix(0.8))
             .border_style(grey)
             .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| e.to_string())?;
+            .draw()?;
     }
-    root.present().map_err(|e| e.to_string())?;
+    root.present()?;
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::cluster::{TaskId, TaskType};
+use crate::cluster::{ClusterError, TaskId, TaskType};
 
 /// The longest report: a report past it is not one.
 const REPORT_BYTES_MAX: usize = 128;
@@ -45,37 +45,133 @@ impl ExitReport {
     }
 
     /// Reads a datagram; the error says what is wrong with it.
-    pub fn decode(datagram: &[u8]) -> Result<Self, String> {
+    pub fn decode(datagram: &[u8]) -> Result<Self, ExitReportError> {
         if datagram.len() > REPORT_BYTES_MAX {
-            return Err(format!(
-                "a report of {} bytes (at most {REPORT_BYTES_MAX})",
-                datagram.len()
-            ));
+            return Err(ExitReportError::TooLong {
+                bytes: datagram.len(),
+            });
         }
-        let text = std::str::from_utf8(datagram).map_err(|_| "a report that is not UTF-8")?;
+        let text = std::str::from_utf8(datagram).map_err(|_| ExitReportError::NotUtf8)?;
         let words: Vec<&str> = text.split_whitespace().collect();
         let [verb, task_type, index, incarnation] = words[..] else {
-            return Err(format!(
-                "{text:?} is not `exited <task type> <index> <incarnation>`"
-            ));
+            return Err(ExitReportError::NotAReport {
+                text: text.to_string(),
+            });
         };
         if verb != "exited" {
-            return Err(format!("{text:?}: unknown report {verb:?} (only `exited`)"));
+            return Err(ExitReportError::UnknownVerb {
+                text: text.to_string(),
+                verb: verb.to_string(),
+            });
         }
-        let task_type = TaskType::parse("task type", task_type).map_err(|e| e.to_string())?;
+        let task_type = TaskType::parse("task type", task_type)?;
         let index = index
             .parse::<u32>()
-            .map_err(|_| format!("{text:?}: {index:?} is not a task index"))?;
+            .map_err(|_| ExitReportError::BadIndex {
+                text: text.to_string(),
+                index: index.to_string(),
+            })?;
         let incarnation = incarnation
             .parse::<u64>()
             .ok()
             .filter(|&e| e > 0)
-            .ok_or_else(|| format!("{text:?}: {incarnation:?} is not an incarnation (≥ 1)"))?;
+            .ok_or_else(|| ExitReportError::BadIncarnation {
+                text: text.to_string(),
+                incarnation: incarnation.to_string(),
+            })?;
         Ok(Self {
             task: TaskId::new(task_type, index),
             incarnation,
         })
     }
+}
+
+/// Why a datagram is not an exit report.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExitReportError {
+    /// Longer than any report.
+    #[error("a report of {bytes} bytes (at most {REPORT_BYTES_MAX})")]
+    TooLong {
+        /// The datagram's length.
+        bytes: usize,
+    },
+    /// Not UTF-8 text.
+    #[error("a report that is not UTF-8")]
+    NotUtf8,
+    /// Not four words.
+    #[error("{text:?} is not `exited <task type> <index> <incarnation>`")]
+    NotAReport {
+        /// The datagram.
+        text: String,
+    },
+    /// A first word other than `exited`.
+    #[error("{text:?}: unknown report {verb:?} (only `exited`)")]
+    UnknownVerb {
+        /// The datagram.
+        text: String,
+        /// Its first word.
+        verb: String,
+    },
+    /// The task type is not one.
+    #[error(transparent)]
+    TaskType(#[from] ClusterError),
+    /// The task index is not a whole number.
+    #[error("{text:?}: {index:?} is not a task index")]
+    BadIndex {
+        /// The datagram.
+        text: String,
+        /// The index word.
+        index: String,
+    },
+    /// The incarnation is not a whole number from 1 up.
+    #[error("{text:?}: {incarnation:?} is not an incarnation (≥ 1)")]
+    BadIncarnation {
+        /// The datagram.
+        text: String,
+        /// The incarnation word.
+        incarnation: String,
+    },
+}
+
+/// Why [`ExitReports::bind`] could not listen at its path.
+#[derive(Debug, thiserror::Error)]
+pub enum ExitSocketError {
+    /// The path is longer than a Unix socket path may be.
+    #[error("{}: a Unix socket path may have at most {SOCKET_PATH_BYTES_MAX} bytes", path.display())]
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Something other than a socket is at the path.
+    #[error("{} exists and is not a socket (refusing to replace it)", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A predecessor's socket could not be removed.
+    #[error("{}: cannot replace the old socket: {source}", path.display())]
+    ReplaceOld {
+        /// The path.
+        path: PathBuf,
+        /// Why the removal failed.
+        source: io::Error,
+    },
+    /// The socket could not be bound.
+    #[error("{}: cannot bind: {source}", path.display())]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// Why binding failed.
+        source: io::Error,
+    },
+    /// The socket's permissions could not be set to owner-only.
+    #[error("{}: cannot make it owner-only: {source}", path.display())]
+    Permissions {
+        /// The path.
+        path: PathBuf,
+        /// Why setting them failed.
+        source: io::Error,
+    },
 }
 
 /// Sends `report` to the chief's socket at `socket`, without waiting: a chief that is not
@@ -98,29 +194,33 @@ pub struct ExitReports {
 impl ExitReports {
     /// Binds `path` (a socket left there by a predecessor is replaced; anything else there is
     /// refused), owner-only. Must be called inside a tokio runtime.
-    pub fn bind(path: &Path) -> Result<Self, String> {
+    pub fn bind(path: &Path) -> Result<Self, ExitSocketError> {
         use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let path_buf = || path.to_path_buf();
         if path.as_os_str().len() > SOCKET_PATH_BYTES_MAX {
-            return Err(format!(
-                "{}: a Unix socket path may have at most {SOCKET_PATH_BYTES_MAX} bytes",
-                path.display()
-            ));
+            return Err(ExitSocketError::PathTooLong { path: path_buf() });
         }
         match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
-                .map_err(|e| format!("{}: cannot replace the old socket: {e}", path.display()))?,
-            Ok(_) => {
-                return Err(format!(
-                    "{} exists and is not a socket (refusing to replace it)",
-                    path.display()
-                ))
+            Ok(meta) if meta.file_type().is_socket() => {
+                std::fs::remove_file(path).map_err(|source| ExitSocketError::ReplaceOld {
+                    path: path_buf(),
+                    source,
+                })?
             }
+            Ok(_) => return Err(ExitSocketError::NotASocket { path: path_buf() }),
             Err(_) => {}
         }
-        let socket = tokio::net::UnixDatagram::bind(path)
-            .map_err(|e| format!("{}: cannot bind: {e}", path.display()))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("{}: cannot make it owner-only: {e}", path.display()))?;
+        let socket =
+            tokio::net::UnixDatagram::bind(path).map_err(|source| ExitSocketError::Bind {
+                path: path_buf(),
+                source,
+            })?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
+            |source| ExitSocketError::Permissions {
+                path: path_buf(),
+                source,
+            },
+        )?;
         Ok(Self {
             socket,
             path: path.to_path_buf(),
@@ -176,13 +276,20 @@ mod tests {
             ("exited worker 1 0", "is not an incarnation"),
             ("exited worker 1 x", "is not an incarnation"),
         ] {
-            let err = ExitReport::decode(bad.as_bytes()).unwrap_err();
+            let err = ExitReport::decode(bad.as_bytes()).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
-        assert!(ExitReport::decode(&[0xff, 0xfe]).is_err());
-        assert!(ExitReport::decode(&[b'x'; 200])
-            .unwrap_err()
-            .contains("200 bytes"));
+        assert!(matches!(
+            ExitReport::decode(b"exited worker 1 0"),
+            Err(ExitReportError::BadIncarnation { .. })
+        ));
+        assert_eq!(
+            ExitReport::decode(&[0xff, 0xfe]),
+            Err(ExitReportError::NotUtf8)
+        );
+        let err = ExitReport::decode(&[b'x'; 200]).unwrap_err();
+        assert_eq!(err, ExitReportError::TooLong { bytes: 200 });
+        assert!(err.to_string().contains("200 bytes"));
     }
 
     #[tokio::test]
@@ -221,11 +328,13 @@ mod tests {
             .build()
             .unwrap();
         let err = rt.block_on(async { ExitReports::bind(&path).unwrap_err() });
-        assert!(err.contains("is not a socket"), "{err}");
+        assert!(matches!(err, ExitSocketError::NotASocket { .. }), "{err}");
+        assert!(err.to_string().contains("is not a socket"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"data");
         let long = dir.join("x".repeat(120));
         let err = rt.block_on(async { ExitReports::bind(&long).unwrap_err() });
-        assert!(err.contains("at most 107 bytes"), "{err}");
+        assert!(matches!(err, ExitSocketError::PathTooLong { .. }), "{err}");
+        assert!(err.to_string().contains("at most 107 bytes"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -241,8 +241,31 @@ impl Share {
     }
 }
 
+/// Why the budget settings of a [`TransportConfig`] are refused; each names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BudgetConfigError {
+    /// A budget is zero or above what a semaphore can count.
+    #[error("{key} {value} outside 1..={max}")]
+    OutOfRange {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest value a budget may have.
+        max: u64,
+    },
+    /// A connection's budget is above the node's, which every connection shares.
+    #[error("connection_in_flight_bytes_max {connection} above node_in_flight_bytes_max {node}")]
+    ConnectionAboveNode {
+        /// `connection_in_flight_bytes_max`.
+        connection: u64,
+        /// `node_in_flight_bytes_max`.
+        node: u64,
+    },
+}
+
 /// Checks the budget settings of `config`; the error names the key.
-pub(crate) fn check_config(config: &TransportConfig) -> Result<(), String> {
+pub(crate) fn check_config(config: &TransportConfig) -> Result<(), BudgetConfigError> {
     let max = Semaphore::MAX_PERMITS as u64;
     for (key, value) in [
         (
@@ -252,14 +275,14 @@ pub(crate) fn check_config(config: &TransportConfig) -> Result<(), String> {
         ("node_in_flight_bytes_max", config.node_in_flight_bytes_max),
     ] {
         if value == 0 || value > max {
-            return Err(format!("{key} {value} outside 1..={max}"));
+            return Err(BudgetConfigError::OutOfRange { key, value, max });
         }
     }
     if config.connection_in_flight_bytes_max > config.node_in_flight_bytes_max {
-        return Err(format!(
-            "connection_in_flight_bytes_max {} above node_in_flight_bytes_max {}",
-            config.connection_in_flight_bytes_max, config.node_in_flight_bytes_max
-        ));
+        return Err(BudgetConfigError::ConnectionAboveNode {
+            connection: config.connection_in_flight_bytes_max,
+            node: config.node_in_flight_bytes_max,
+        });
     }
     Ok(())
 }
@@ -376,13 +399,26 @@ mod tests {
             connection_in_flight_bytes_max: 0,
             ..TransportConfig::default()
         };
-        assert!(check_config(&config)
-            .unwrap_err()
-            .contains("connection_in_flight_bytes_max"));
+        let err = check_config(&config).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BudgetConfigError::OutOfRange {
+                    key: "connection_in_flight_bytes_max",
+                    value: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("connection_in_flight_bytes_max"));
         config.connection_in_flight_bytes_max = config.node_in_flight_bytes_max + 1;
-        assert!(check_config(&config)
-            .unwrap_err()
-            .contains("above node_in_flight_bytes_max"));
+        let err = check_config(&config).unwrap_err();
+        assert!(
+            matches!(err, BudgetConfigError::ConnectionAboveNode { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("above node_in_flight_bytes_max"));
         assert!(check_config(&TransportConfig::default()).is_ok());
     }
 }

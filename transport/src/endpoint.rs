@@ -22,6 +22,7 @@ use quinn::{ConnectionError, TokioRuntime, VarInt};
 use tokio::sync::{mpsc, Mutex, Semaphore};
 
 use crate::budget::{self, ByteBudget, InFlight, InFlightStats};
+use crate::codec::CodecError;
 use crate::config::TransportConfig;
 use crate::connection::{duration_ms, Connection};
 use crate::error::{AcceptError, BindError, ConnectError};
@@ -66,7 +67,7 @@ impl Endpoint {
         config: TransportConfig,
     ) -> Result<Self, BindError> {
         creds.node.validate().map_err(tls::TlsError::from)?;
-        budget::check_config(&config).map_err(BindError::Config)?;
+        budget::check_config(&config).map_err(|e| BindError::Config(e.to_string()))?;
         let node_budget = ByteBudget::new("node", config.node_in_flight_bytes_max);
         let config = Arc::new(config);
         let transport = Arc::new(quinn_transport(&config)?);
@@ -241,8 +242,10 @@ impl Endpoint {
             let conn = connecting
                 .await
                 .map_err(|e| connect_error(addr, claimed, config, &e))?;
-            let found = peer_node_id(&conn)
-                .map_err(|reason| ConnectError::CertificateRejected { addr, reason })?;
+            let found = peer_node_id(&conn).map_err(|e| ConnectError::CertificateRejected {
+                addr,
+                reason: e.to_string(),
+            })?;
             if &found != expected {
                 conn.close(VarInt::from_u32(CLOSE_UNEXPECTED_PEER), b"unexpected peer");
                 return Err(ConnectError::UnexpectedPeer {
@@ -256,17 +259,11 @@ impl Endpoint {
                 node: claimed.clone(),
             };
             let exchanged = async {
-                let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-                let frame = Frame::encode(&hello, Vec::new(), HELLO_BYTES_MAX)
-                    .map_err(|e| e.to_string())?;
-                write_frame(&mut send, &frame, &HELLO_LIMITS)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let ack = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                ack.decode::<HelloAck>(HELLO_BYTES_MAX)
-                    .map_err(|e| e.to_string())
+                let (mut send, mut recv) = conn.open_bi().await?;
+                let frame = Frame::encode(&hello, Vec::new(), HELLO_BYTES_MAX)?;
+                write_frame(&mut send, &frame, &HELLO_LIMITS).await?;
+                let ack = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered()).await?;
+                Ok::<_, HelloError>(ack.decode::<HelloAck>(HELLO_BYTES_MAX)?)
             }
             .await;
             match exchanged {
@@ -276,11 +273,14 @@ impl Endpoint {
                     config.clone(),
                     self.inner.node_budget.clone(),
                 )),
-                Err(reason) => Err(match conn.close_reason() {
+                Err(error) => Err(match conn.close_reason() {
                     Some(closed) => connect_error(addr, claimed, config, &closed),
                     None => {
                         conn.close(VarInt::from_u32(CLOSE_BAD_HELLO), b"bad hello ack");
-                        ConnectError::ConnectionLost { addr, reason }
+                        ConnectError::ConnectionLost {
+                            addr,
+                            reason: error.to_string(),
+                        }
                     }
                 }),
             }
@@ -383,38 +383,35 @@ async fn server_handshake(
         let conn = incoming.await.map_err(|e| accept_error(addr, config, &e))?;
         let certified = match peer_node_id(&conn) {
             Ok(id) => id,
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.to_string();
                 conn.close(VarInt::from_u32(CLOSE_BAD_CERTIFICATE), reason.as_bytes());
                 return Err(AcceptError::CertificateRejected { addr, reason });
             }
         };
         let hello = async {
-            let (send, mut recv) = conn.accept_bi().await.map_err(|error| {
-                // A client that closed its own connection gave up dialling: not a bad hello.
-                if closed_by_client(&error) {
-                    Err(error.to_string())
-                } else {
-                    Ok(error.to_string())
-                }
-            })?;
-            let frame = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered())
-                .await
-                .map_err(|e: FrameError| Ok(e.to_string()))?;
-            let hello = frame
-                .decode::<Hello>(HELLO_BYTES_MAX)
-                .map_err(|e| Ok(e.to_string()))?;
-            Ok::<_, Result<String, String>>((send, hello))
+            let (send, mut recv) = conn.accept_bi().await?;
+            let frame = read_frame(&mut recv, &HELLO_LIMITS, &mut InFlight::unmetered()).await?;
+            let hello = frame.decode::<Hello>(HELLO_BYTES_MAX)?;
+            Ok::<_, HelloError>((send, hello))
         }
         .await;
         let (mut send, hello) = match hello {
             Ok(ok) => ok,
-            Err(Err(reason)) => return Err(AcceptError::Abandoned { addr, reason }),
-            Err(Ok(reason)) => {
+            // A client that closed its own connection gave up dialling: not a bad hello.
+            Err(HelloError::Stream(error)) if closed_by_client(&error) => {
+                return Err(AcceptError::Abandoned {
+                    addr,
+                    reason: error.to_string(),
+                })
+            }
+            Err(error) => {
                 conn.close(VarInt::from_u32(CLOSE_BAD_HELLO), b"bad hello");
                 return Err(match conn.close_reason() {
-                    Some(ConnectionError::LocallyClosed) | None => {
-                        AcceptError::BadHello { addr, reason }
-                    }
+                    Some(ConnectionError::LocallyClosed) | None => AcceptError::BadHello {
+                        addr,
+                        reason: error.to_string(),
+                    },
                     Some(other) => AcceptError::ConnectionLost {
                         addr,
                         reason: other.to_string(),
@@ -561,18 +558,47 @@ pub(crate) fn quinn_endpoint_config(
     Ok(endpoint)
 }
 
+/// Why the node a peer's certificate names could not be read.
+#[derive(Debug, thiserror::Error)]
+enum PeerIdentityError {
+    /// The peer presented no certificate.
+    #[error("peer presented no certificate")]
+    NoCertificate,
+    /// quinn's peer identity is not the rustls certificate chain it should be.
+    #[error("unexpected peer identity type")]
+    UnexpectedIdentityType,
+    /// The peer's certificate chain is empty.
+    #[error("peer presented an empty certificate chain")]
+    EmptyChain,
+    /// The leaf certificate names no valid node.
+    #[error(transparent)]
+    NodeName(#[from] tls::TlsError),
+}
+
+/// Why the identity hello or its ack did not go through once the TLS handshake had.
+#[derive(Debug, thiserror::Error)]
+enum HelloError {
+    /// The hello's stream could not be opened or accepted: the connection failed or closed.
+    #[error(transparent)]
+    Stream(#[from] ConnectionError),
+    /// The hello's frame could not be written or read whole.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The hello did not encode or decode.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+}
+
 /// The node named by the peer's (already CA-verified) leaf certificate.
-fn peer_node_id(conn: &quinn::Connection) -> Result<NodeId, String> {
+fn peer_node_id(conn: &quinn::Connection) -> Result<NodeId, PeerIdentityError> {
     let identity = conn
         .peer_identity()
-        .ok_or_else(|| "peer presented no certificate".to_owned())?;
+        .ok_or(PeerIdentityError::NoCertificate)?;
     let certs = identity
         .downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
-        .map_err(|_| "unexpected peer identity type".to_owned())?;
-    let leaf = certs
-        .first()
-        .ok_or_else(|| "peer presented an empty certificate chain".to_owned())?;
-    tls::node_id_from_cert(leaf).map_err(|e| e.to_string())
+        .map_err(|_| PeerIdentityError::UnexpectedIdentityType)?;
+    let leaf = certs.first().ok_or(PeerIdentityError::EmptyChain)?;
+    Ok(tls::node_id_from_cert(leaf)?)
 }
 
 /// What went wrong, as seen from the QUIC close that ended a handshake.

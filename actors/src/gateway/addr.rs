@@ -84,15 +84,20 @@ impl PeerAddr {
 
     /// Resolves the address now, within [`RESOLVE_WAIT`](Self::RESOLVE_WAIT). IPv4 answers come
     /// first: a node binds `0.0.0.0` on its port when its own address is a name. `Err` says
-    /// why the name does not resolve (yet).
+    /// why the name does not resolve (yet), naming it.
     pub async fn resolve(&self) -> Result<SocketAddr, String> {
-        let Kind::Name {
-            host_port,
-            resolver,
-            last,
-        } = &self.0
-        else {
-            return self.last_resolved().ok_or_else(|| "no address".to_string());
+        self.resolve_now().await.map_err(|e| e.to_string())
+    }
+
+    /// [`resolve`](Self::resolve), with why not as a [`ResolveError`].
+    pub(crate) async fn resolve_now(&self) -> Result<SocketAddr, ResolveError> {
+        let (host_port, resolver, last) = match &self.0 {
+            Kind::Fixed(addr) => return Ok(*addr),
+            Kind::Name {
+                host_port,
+                resolver,
+                last,
+            } => (host_port, resolver, last),
         };
         let lookup = {
             let (host_port, resolver) = (Arc::clone(host_port), Arc::clone(resolver));
@@ -100,16 +105,53 @@ impl PeerAddr {
             tokio::task::spawn_blocking(move || resolver.lookup(&host_port))
         };
         let wait = Self::RESOLVE_WAIT;
+        let host_port = host_port.to_string();
         let addrs = match tokio::time::timeout(wait, lookup).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(format!("the name lookup failed: {e}")),
-            Err(_) => Err(format!("the name lookup did not answer within {wait:?}")),
-        }
-        .map_err(|e| format!("{host_port} does not resolve: {e}"))?;
-        let addr = pick(&addrs).ok_or_else(|| format!("{host_port} resolves to no address"))?;
+            Ok(Ok(Ok(addrs))) => addrs,
+            Ok(Ok(Err(reason))) => return Err(ResolveError::Refused { host_port, reason }),
+            Ok(Err(source)) => return Err(ResolveError::LookupFailed { host_port, source }),
+            Err(_) => return Err(ResolveError::TimedOut { host_port, wait }),
+        };
+        let addr = pick(&addrs).ok_or(ResolveError::NoAddress { host_port })?;
         *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
         Ok(addr)
     }
+}
+
+/// Why a peer's `host:port` name does not resolve (yet): a dial that fails for now.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ResolveError {
+    /// The resolver answered that the name has no address.
+    #[error("{host_port} does not resolve: {reason}")]
+    Refused {
+        /// The name.
+        host_port: String,
+        /// The resolver's reason.
+        reason: String,
+    },
+    /// The lookup's thread ended without an answer (it panicked, or the runtime is shutting
+    /// down).
+    #[error("{host_port} does not resolve: the name lookup failed: {source}")]
+    LookupFailed {
+        /// The name.
+        host_port: String,
+        /// How the lookup's thread ended.
+        source: tokio::task::JoinError,
+    },
+    /// The lookup did not answer within [`PeerAddr::RESOLVE_WAIT`].
+    #[error("{host_port} does not resolve: the name lookup did not answer within {wait:?}")]
+    TimedOut {
+        /// The name.
+        host_port: String,
+        /// How long the lookup was waited for.
+        wait: Duration,
+    },
+    /// The resolver answered with an empty list.
+    #[error("{host_port} resolves to no address")]
+    NoAddress {
+        /// The name.
+        host_port: String,
+    },
 }
 
 /// The first IPv4 address, else the first one.
@@ -195,6 +237,12 @@ mod tests {
         assert!(name.is_name());
         assert_eq!(name.to_string(), "ps-0.job:7001");
         // Not resolvable yet: an error naming the name, nothing cached.
+        let err = name.resolve_now().await.unwrap_err();
+        assert!(
+            matches!(&err, ResolveError::Refused { host_port, reason }
+                if host_port == "ps-0.job:7001" && reason == "no such host"),
+            "{err}"
+        );
         let err = name.resolve().await.unwrap_err();
         assert!(
             err.contains("ps-0.job:7001") && err.contains("no such host"),

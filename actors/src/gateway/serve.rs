@@ -7,6 +7,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use cohort_transport::codec::CodecError;
 use cohort_transport::{Endpoint, Frame, Incoming, NodeId, Responder};
 
 use super::dispatch::Dispatch;
@@ -22,7 +23,7 @@ impl Inner {
         self: &Arc<Self>,
         ctx: &ConnCtx,
         frame: Frame,
-    ) -> Result<Frame, String> {
+    ) -> Result<Frame, CodecError> {
         let header_max = self.endpoint.config().frame_bytes_max;
         let reply = match frame.decode::<WireMsg>(header_max) {
             Err(e) => WireReply::Refused(RefusedReason::BadMessage(e.to_string())),
@@ -58,8 +59,7 @@ impl Inner {
                                     let mut all = Vec::with_capacity(reply_blobs.len() + 1);
                                     all.push(reply_payload);
                                     all.extend(reply_blobs);
-                                    return Frame::encode(&WireReply::Reply, all, header_max)
-                                        .map_err(|e| e.to_string());
+                                    return Frame::encode(&WireReply::Reply, all, header_max);
                                 }
                                 Err(reason) => WireReply::Refused(reason),
                             }
@@ -72,7 +72,7 @@ impl Inner {
             ),
         };
         self.count_rejection(&reply);
-        Frame::encode(&reply, Vec::new(), header_max).map_err(|e| e.to_string())
+        Frame::encode(&reply, Vec::new(), header_max)
     }
 
     fn handle_one_way(self: &Arc<Self>, ctx: &ConnCtx, frame: Frame) {
@@ -90,13 +90,13 @@ impl Inner {
                     .check_envelope(ctx, &envelope)
                     .map_err(|r| {
                         self.count_rejection(&r);
-                        format!("{r:?}")
+                        OneWayDropped::Sender(r)
                     })
-                    .and_then(|()| split_payload(frame.blobs))
+                    .and_then(|()| split_payload(frame.blobs).map_err(OneWayDropped::NoPayload))
                     .and_then(|(payload, blobs)| {
                         let refused = |r: RefusedReason| {
                             self.count_rejection(&WireReply::Refused(r.clone()));
-                            r.to_string()
+                            OneWayDropped::Refused(r)
                         };
                         let handler = self.handler_for(ctx, &envelope).map_err(refused)?;
                         handler
@@ -109,7 +109,7 @@ impl Inner {
                             .map_err(refused)
                     });
                 if let Err(reason) = result {
-                    tracing::debug!(peer = %conn.peer(), reason, "one-way message dropped");
+                    tracing::debug!(peer = %conn.peer(), %reason, "one-way message dropped");
                 }
             }
             Ok(other) => {
@@ -130,14 +130,17 @@ impl Inner {
                 from.node
             )));
         }
-        if let Err(reason) = self.hear(&from) {
+        if let Err(stale) = self.hear_from(&from) {
             // The dialer is told which epoch of it we know, so that it can tell that its own
             // incarnation is outdated (and come back as a newer one).
             let known = lock(&self.state)
                 .fencing
                 .current(&from.node)
                 .map_or(from.epoch, |(epoch, _)| epoch);
-            return WireReply::Outdated { known, reason };
+            return WireReply::Outdated {
+                known,
+                reason: stale.to_string(),
+            };
         }
         if let Err(reason) = self.add_link(ctx, &from) {
             return WireReply::Refused(reason);
@@ -166,7 +169,8 @@ impl Inner {
                 )))
             }
         }
-        self.hear(from).map_err(WireReply::Stale)
+        self.hear_from(from)
+            .map_err(|stale| WireReply::Stale(stale.to_string()))
     }
 
     fn check_envelope(&self, ctx: &ConnCtx, envelope: &Envelope) -> Result<(), WireReply> {
@@ -287,6 +291,21 @@ async fn respond(inner: &Arc<Inner>, ctx: &ConnCtx, frame: Frame, responder: Res
             responder.reject(cohort_transport::RejectReason::ResponseFailed);
         }
     }
+}
+
+/// Why a one-way message was dropped (it has no reply to carry a refusal: it is logged).
+#[derive(Debug, thiserror::Error)]
+enum OneWayDropped {
+    /// Its sender or target incarnation was refused (SEC-1, FENCE-1): the reply a request
+    /// would have had.
+    #[error("{0:?}")]
+    Sender(WireReply),
+    /// Its frame carries no payload blob.
+    #[error("{0}")]
+    NoPayload(String),
+    /// The registry, SEC-2 or the handler refused it.
+    #[error("{0}")]
+    Refused(RefusedReason),
 }
 
 /// Longest a receiver keeps delivering one call, whatever its caller says it waits.

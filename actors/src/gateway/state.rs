@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use super::addr::PeerAddr;
 use super::registry::Registry;
 use super::{lock, now, GatewayConfig, PeerEvent, RefusedReason};
-use crate::fencing::{Admission, FencingTable, Incarnation};
+use crate::fencing::{Admission, FencingTable, Incarnation, Stale};
 use crate::heartbeat::{Heard, HeartbeatMachine};
 
 pub(super) struct Inner {
@@ -93,6 +93,21 @@ impl State {
     }
 }
 
+/// Why a peer's incarnation was not heard (FENCE-1): whatever it sent is dropped.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StaleSender {
+    /// The fencing table refused it: a newer incarnation of its node was seen, or it was
+    /// fenced.
+    #[error(transparent)]
+    Fenced(#[from] Stale),
+    /// The heartbeat machine declared it dead.
+    #[error("{from} was declared dead")]
+    DeclaredDead {
+        /// The incarnation heard from.
+        from: Incarnation<NodeId>,
+    },
+}
+
 #[derive(Clone)]
 pub(super) struct PeerLink {
     pub(super) conn: Connection,
@@ -149,14 +164,11 @@ impl Inner {
     }
 
     /// FENCE-1 gate for everything heard from a peer: admits `from` in the fencing table and
-    /// feeds the heartbeat machine. `Err` carries why it is stale.
-    pub(super) fn hear(&self, from: &Incarnation<NodeId>) -> Result<(), String> {
+    /// feeds the heartbeat machine. `Err` says why it is stale.
+    pub(super) fn hear_from(&self, from: &Incarnation<NodeId>) -> Result<(), StaleSender> {
         let now = now();
         let mut state = lock(&self.state);
-        let admission = state
-            .fencing
-            .admit(from)
-            .map_err(|stale| stale.to_string())?;
+        let admission = state.fencing.admit(from)?;
         if let Admission::Superseded { old } = &admission {
             if state
                 .peers
@@ -176,9 +188,15 @@ impl Inner {
             self.wake.notify_one();
         }
         match heard {
-            Heard::Stale => Err(format!("{from} was declared dead")),
+            Heard::Stale => Err(StaleSender::DeclaredDead { from: from.clone() }),
             Heard::Alive | Heard::NewIncarnation => Ok(()),
         }
+    }
+
+    /// [`hear_from`](Self::hear_from) with the reason in words, for `links.rs`, whose
+    /// `RemoteError::Stale` carries it as text.
+    pub(super) fn hear(&self, from: &Incarnation<NodeId>) -> Result<(), String> {
+        self.hear_from(from).map_err(|stale| stale.to_string())
     }
 
     /// Makes the connection of `ctx`, on which `incarnation` (already admitted by
