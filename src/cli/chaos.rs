@@ -110,7 +110,7 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         return match (&report.violation, &report.failure) {
             (Some(v), _) => Err(CliError::Failed(format!("seed {seed}: {v}"))),
             (None, Some(f)) => {
-                outln!("the job failed (allowed): {f}");
+                outln!("the job ended with an expected end ({}): {f}", f.kind());
                 Ok(())
             }
             (None, None) => {
@@ -135,9 +135,13 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         summary.events as f64 / seconds
     );
     outln!(
-        "jobs finished: {}, failed with an error (allowed): {}",
+        "jobs finished: {}, ended with an expected end (a fault beyond repair, its cause \
+         borne out by the scenario): {}",
         summary.finished, summary.failed
     );
+    for (kind, n) in &summary.ends {
+        outln!("  {kind}: {n}");
+    }
     for (seed, error) in &summary.failures {
         outln!("  seed {seed} failed: {error}");
     }

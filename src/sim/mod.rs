@@ -117,7 +117,10 @@
 //!   restart, "committed" is what the checkpoint it resumed from held committed plus what
 //!   the new incarnations committed: closures its predecessor committed after that
 //!   checkpoint were rolled back with the servers and scheduled again under new ids;
-//! - and the job ends (finished or failed with an error naming why) within `time_max`.
+//! - and the job ends within `time_max`: it finishes, or it ends with one of the documented
+//!   expected ends ([`ExpectedEnd`]: a fault beyond repair, such as a server lost before any
+//!   checkpoint became the cut), whose cause the scenario bears out; any other end is a
+//!   violation (`END`).
 //!
 //! # Seeds and replay
 //! [`run_seed`] draws a [`Scenario`] (the faults and the network's settings) from the seed
@@ -126,6 +129,7 @@
 //! that still fails, and [`Scenario`]'s `Display` prints it as Rust a test can paste.
 //! `cohort chaos sim --seeds N` runs many from the command line.
 
+mod outcome;
 mod world;
 
 use std::fmt;
@@ -134,6 +138,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+pub use outcome::ExpectedEnd;
 pub use world::SimReport;
 
 /// The job a simulation runs, and the bounds of its fault model.
@@ -682,14 +687,17 @@ pub struct Summary {
     pub events: u64,
     /// Jobs that finished every closure.
     pub finished: u64,
-    /// Jobs that failed with an error (allowed: e.g. a server lost past its bound).
+    /// Jobs that ended without finishing, with an expected end ([`ExpectedEnd`]: a fault
+    /// beyond repair, its cause borne out by the scenario).
     pub failed: u64,
+    /// Those, by kind ([`ExpectedEnd::kind`]).
+    pub ends: std::collections::BTreeMap<&'static str, u64>,
     /// Faults injected, by kind.
     pub faults: std::collections::BTreeMap<&'static str, u64>,
     /// Violations, with their seeds.
     pub violations: Vec<(u64, Violation)>,
-    /// The first [`FAILURES_KEPT`] jobs that failed, with their seeds and errors.
-    pub failures: Vec<(u64, String)>,
+    /// The first [`FAILURES_KEPT`] jobs that ended without finishing, with their seeds.
+    pub failures: Vec<(u64, ExpectedEnd)>,
 }
 
 /// Runs `seeds` one after the other and sums up what they found.
@@ -711,9 +719,11 @@ pub fn run_seeds(config: &SimConfig, seeds: impl IntoIterator<Item = u64>) -> Su
             (None, true) => summary.finished += 1,
             (None, false) => {
                 summary.failed += 1;
-                if summary.failures.len() < FAILURES_KEPT {
-                    let error = report.failure.unwrap_or_default();
-                    summary.failures.push((seed, error));
+                if let Some(end) = report.failure {
+                    *summary.ends.entry(end.kind()).or_default() += 1;
+                    if summary.failures.len() < FAILURES_KEPT {
+                        summary.failures.push((seed, end));
+                    }
                 }
             }
         }

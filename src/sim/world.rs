@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::outcome::{self, ExpectedEnd};
 use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation, EXTRA_SERVERS_MAX};
 use crate::checkpoint::{
     checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, Checkpoint, LoadError,
@@ -40,8 +41,9 @@ pub struct SimReport {
     pub events: u64,
     /// Every closure committed and the job ended without an error.
     pub finished: bool,
-    /// The error the job ended with, if it failed (allowed, when a fault is beyond repair).
-    pub failure: Option<String>,
+    /// How the job ended without finishing, if it did: an expected end, its cause borne out
+    /// by the scenario (any other end is a violation).
+    pub failure: Option<ExpectedEnd>,
     /// The first invariant broken, if any (the run stops there).
     pub violation: Option<Violation>,
     /// A hash of every event line, in order: equal for equal traces.
@@ -129,7 +131,8 @@ pub(super) struct World<'a> {
     unreadable_cuts: u64,
     ps_lost_before_first_cut: u64,
     violation: Option<Violation>,
-    ended: Option<Result<(), String>>,
+    /// How the job ended, once it did: finished, or an expected end ([`outcome`]).
+    ended: Option<Result<(), ExpectedEnd>>,
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -831,6 +834,15 @@ impl<'a> World<'a> {
         if self.config.record_trace {
             self.trace
                 .push(format!("{:>9.3}s {event:?}", self.now.as_secs_f64()));
+        }
+    }
+
+    /// The job ends without finishing: with an expected end whose cause the scenario bears
+    /// out, or else a violation (`END`): an error no documented end explains.
+    fn end_early(&mut self, end: Result<ExpectedEnd, String>) {
+        match end.and_then(|end| end.cause_holds(self.scenario).map(|()| end)) {
+            Ok(end) => self.ended = Some(Err(end)),
+            Err(detail) => self.violate("END", detail),
         }
     }
 
@@ -2654,7 +2666,7 @@ impl<'a> World<'a> {
                     return;
                 }
                 if let Some(error) = self.coord.take_error() {
-                    self.ended = Some(Err(error.to_string()));
+                    self.end_early(outcome::of_closure_failure(&error));
                     return;
                 }
                 if self.chief.scheduled >= self.config.closures {
@@ -2684,7 +2696,7 @@ impl<'a> World<'a> {
                 let step = self.storage.len() as u64;
                 match self.coord.handle_read_cut(now, step) {
                     Ok(ticket) => self.chief.phase = ChiefPhase::Saving { ticket },
-                    Err(e) => self.ended = Some(Err(e.to_string())),
+                    Err(e) => self.end_early(Err(format!("reading a cut: {e}"))),
                 }
             }
             ChiefPhase::Saving { .. } | ChiefPhase::Writing(_) => {}
@@ -2719,7 +2731,7 @@ impl<'a> World<'a> {
         let now = self.instant();
         match self.coord.handle_start(now, checkpoint, root) {
             Ok(ticket) => self.chief.phase = ChiefPhase::Restoring { ticket, stored },
-            Err(e) => self.ended = Some(Err(format!("the chief's start: {e}"))),
+            Err(e) => self.end_early(Err(format!("the chief's start: {e}"))),
         }
     }
 
@@ -2741,7 +2753,7 @@ impl<'a> World<'a> {
                 let checkpoint = match reading.into_checkpoint() {
                     Ok(checkpoint) => checkpoint,
                     Err(e) => {
-                        self.ended = Some(Err(e));
+                        self.end_early(Err(format!("the cut read does not make a checkpoint: {e}")));
                         return;
                     }
                 };
@@ -2769,7 +2781,7 @@ impl<'a> World<'a> {
                 let chief = self.chief_epoch;
                 self.at(self.now + took, Event::SaveWritten { chief });
             }
-            Err(e) => self.ended = Some(Err(e.to_string())),
+            Err(e) => self.end_early(outcome::of_cut_read(&e)),
         }
     }
 
@@ -2889,11 +2901,7 @@ impl<'a> World<'a> {
                     self.chief.batches = 0;
                     self.chief.phase = ChiefPhase::Save;
                 } else {
-                    self.ended = Some(Err(
-                        "the chief restarted with no checkpoint that verifies, and a parameter \
-                         server had lost its variables: no valid checkpoint to resume from"
-                            .into(),
-                    ));
+                    self.end_early(Ok(ExpectedEnd::ChiefWithoutCheckpoint));
                 }
             }
             (Ok(step), stored) => {
@@ -2904,9 +2912,7 @@ impl<'a> World<'a> {
             (Err(e), _) => {
                 self.chief.startup_failures += 1;
                 if self.chief.startup_failures > CHIEF_START_ATTEMPTS_MAX {
-                    self.ended = Some(Err(format!(
-                        "the chief could not start {CHIEF_START_ATTEMPTS_MAX} times; last: {e}"
-                    )));
+                    self.end_early(outcome::of_start_failure(&e, stored.is_some()));
                     return;
                 }
                 self.kill(Node::Chief);

@@ -38,7 +38,7 @@ pub use machine::{
     ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket,
     ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReadError, CutReading,
     CutState, CutTicket, DrainDisposition, KnownTask, Ledger, LedgerState, MarkCutError,
-    PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError, Scheduler,
-    SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead, StartFailure,
-    TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    PositionsTicket, PsDial, PsLossCause, RestoreTicket, ResultDisposition, ScheduleError,
+    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
+    StartFailure, TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

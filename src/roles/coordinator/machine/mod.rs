@@ -182,8 +182,28 @@ pub enum StartFailure {
     /// The checkpoint's ledger does not balance with nothing pending (LEDGER-1).
     #[error("restored ledger does not balance with nothing pending: {0:?}")]
     LedgerUnbalanced(Ledger),
+    /// No checkpoint was given (none under `root` verifies), but a server has applied
+    /// closures under an earlier chief: starting afresh would reuse their ids.
+    #[error(
+        "no checkpoint under {} verifies, but ps/{ps} has applied closures (ids below \
+         {next_free_closure_id}, restore generation {generation}) under an earlier chief: \
+         starting afresh would reuse their closure ids and train on state no ledger accounts \
+         for. Restart the parameter servers to start the job afresh, or give the checkpoint \
+         directory they were saved to",
+        root.display()
+    )]
+    TrainedWithoutCheckpoint {
+        /// Where the checkpoints were looked for.
+        root: std::path::PathBuf,
+        /// The server that has applied closures.
+        ps: u32,
+        /// Its next free closure id.
+        next_free_closure_id: u64,
+        /// Its restore generation.
+        generation: u64,
+    },
     /// Anything else: a server that refused a step or did not answer the probe within its
-    /// bound, a checkpoint that does not fit, no valid checkpoint over trained servers.
+    /// bound, a checkpoint that does not fit.
     #[error("{0}")]
     Failed(String),
 }
@@ -223,11 +243,72 @@ pub enum ClosureFailure {
     /// A parameter server lost its state and could not be restored (no checkpoint, it did
     /// not come back within the bound, the restore failed, or the closures committed since the
     /// last checkpoint could not all be kept to run again).
-    #[error("parameter server ps/{ps} was lost and cannot be recovered: {reason}")]
+    #[error("parameter server ps/{ps} was lost and cannot be recovered: {cause}")]
     PsLost {
         /// The parameter server's index.
         ps: u32,
         /// Why it cannot be recovered.
+        cause: PsLossCause,
+    },
+}
+
+/// Why a parameter server's loss could not be recovered ([`ClosureFailure::PsLost`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PsLossCause {
+    /// It lost its variables and no checkpoint was ever saved to restore them from.
+    #[error(
+        "no checkpoint to restore it from; save checkpoints \
+         (ClusterCoordinator::save_checkpoint) so that a lost parameter server can be restored"
+    )]
+    NoCheckpoint,
+    /// It lost its variables and the first checkpoint, read before, never became the cut.
+    #[error(
+        "no checkpoint to restore it from: the first checkpoint was read but never became the \
+         cut ({why})"
+    )]
+    FirstCheckpointNeverCut {
+        /// Why its write or read-back failed.
+        why: String,
+    },
+    /// It lost its variables and the first checkpoint, read before, was not marked durable
+    /// within the wait.
+    #[error(
+        "no checkpoint to restore it from: the first checkpoint (cut {cut}) was read but not \
+         marked durable within {wait:?} (ps_restart_wait)"
+    )]
+    FirstCheckpointNotMarked {
+        /// The cut of that checkpoint.
+        cut: u64,
+        /// The wait.
+        wait: Duration,
+    },
+    /// More closures committed since the last checkpoint than are kept to run again.
+    #[error(
+        "more than {retained_max} closures committed since the last checkpoint, too many to run \
+         again after the rollback; checkpoint more often or raise rollback_retained_max"
+    )]
+    RetentionOverflow {
+        /// `rollback_retained_max`.
+        retained_max: usize,
+    },
+    /// It was not back (answering, and restored where it lost its variables) within the wait.
+    #[error("it was not back and restored within {wait:?} (ps_restart_wait)")]
+    NotBack {
+        /// `ps_restart_wait`.
+        wait: Duration,
+    },
+    /// Its restore was interrupted (a server lost again meanwhile) too many times.
+    #[error("restoring was interrupted {attempts} times: {reason}")]
+    RestoreInterrupted {
+        /// How many times.
+        attempts: u32,
+        /// The last interruption.
+        reason: String,
+    },
+    /// Restoring it from the checkpoint failed.
+    #[error("restoring from the checkpoint failed: {reason}")]
+    RestoreFailed {
+        /// What failed.
         reason: String,
     },
 }
@@ -682,7 +763,7 @@ pub struct Scheduler {
     /// `since_cut`: a recovery rolls back to it when the last cut's checkpoint cannot be read.
     fallback_cut: Option<KeptCut>,
     /// Parameter servers whose loss could not be recovered, and why.
-    lost_for_good: BTreeMap<u32, String>,
+    lost_for_good: BTreeMap<u32, PsLossCause>,
     /// The restore generation: bumped when a restore is asked for (see [`SchedulerAction`]).
     generation: u64,
     /// FENCE-1: per worker, the newest fenced incarnation (replayed to restored servers).
@@ -1304,7 +1385,10 @@ impl Scheduler {
             let ps = ps.or_else(|| self.recovering_ps()).unwrap_or(0);
             self.fail_recovery(
                 ps,
-                format!("restoring was interrupted {RESTORE_ATTEMPTS_MAX} times: {reason}"),
+                PsLossCause::RestoreInterrupted {
+                    attempts: RESTORE_ATTEMPTS_MAX,
+                    reason,
+                },
             );
             self.dispatch(now);
             return;
@@ -1338,10 +1422,7 @@ impl Scheduler {
             return;
         }
         let ps = self.recovering_ps().unwrap_or(0);
-        self.fail_recovery(
-            ps,
-            format!("restoring from the checkpoint failed: {reason}"),
-        );
+        self.fail_recovery(ps, PsLossCause::RestoreFailed { reason });
         self.dispatch(now);
     }
 
@@ -1824,18 +1905,15 @@ impl Scheduler {
         if let Some(r) = self.recovery.as_ref().filter(|r| !r.restoring()) {
             if now >= r.since + self.config.ps_restart_wait_max {
                 let ps = self.recovering_ps().unwrap_or(0);
-                let reason = match (self.cut, self.cut_being_written()) {
-                    (None, Some(written)) => format!(
-                        "no checkpoint to restore it from: the first checkpoint (cut {}) was \
-                         read but not marked durable within {:?} (ps_restart_wait)",
-                        written.cut.0, self.config.ps_restart_wait_max
-                    ),
-                    _ => format!(
-                        "it was not back and restored within {:?} (ps_restart_wait)",
-                        self.config.ps_restart_wait_max
-                    ),
+                let wait = self.config.ps_restart_wait_max;
+                let cause = match (self.cut, self.cut_being_written()) {
+                    (None, Some(written)) => PsLossCause::FirstCheckpointNotMarked {
+                        cut: written.cut.0,
+                        wait,
+                    },
+                    _ => PsLossCause::NotBack { wait },
                 };
-                self.fail_recovery(ps, reason);
+                self.fail_recovery(ps, cause);
                 self.dispatch(now);
             }
         }
@@ -2114,27 +2192,18 @@ impl Scheduler {
                     // restore begins once it is marked (bounded by `ps_restart_wait_max`).
                     return;
                 }
-                let reason = match &self.cut_write_failed {
-                    Some(why) => format!(
-                        "no checkpoint to restore it from: the first checkpoint was read but \
-                         never became the cut ({why})"
-                    ),
-                    None => "no checkpoint to restore it from; save checkpoints \
-                             (ClusterCoordinator::save_checkpoint) so that a lost parameter \
-                             server can be restored"
-                        .to_string(),
+                let cause = match &self.cut_write_failed {
+                    Some(why) => PsLossCause::FirstCheckpointNeverCut { why: why.clone() },
+                    None => PsLossCause::NoCheckpoint,
                 };
-                self.fail_recovery(ps, reason);
+                self.fail_recovery(ps, cause);
                 return;
             }
             if self.retention_overflowed {
-                let reason = format!(
-                    "more than {} closures committed since the last checkpoint, too many to \
-                     run again after the rollback; checkpoint more often or raise \
-                     rollback_retained_max",
-                    self.config.rollback_retained_max
-                );
-                self.fail_recovery(ps, reason);
+                let cause = PsLossCause::RetentionOverflow {
+                    retained_max: self.config.rollback_retained_max,
+                };
+                self.fail_recovery(ps, cause);
                 return;
             }
         }
@@ -2179,20 +2248,21 @@ impl Scheduler {
     /// Ends a recovery that cannot succeed: `join` raises [`ClosureFailure::PsLost`] and what
     /// was queued fails as unavailable; closures the server's absence fails later fail too
     /// (never waiting), and the coordinator stays usable.
-    fn fail_recovery(&mut self, ps: u32, reason: String) {
+    fn fail_recovery(&mut self, ps: u32, cause: PsLossCause) {
         if self.first_error.is_none() {
             self.first_error = Some(ClosureFailure::PsLost {
                 ps,
-                reason: reason.clone(),
+                cause: cause.clone(),
             });
         }
+        let reason = cause.to_string();
         let lost = self
             .recovery
             .take()
             .map(|r| r.state_lost)
             .unwrap_or_default();
         for server in lost.into_iter().chain([ps]) {
-            self.lost_for_good.insert(server, reason.clone());
+            self.lost_for_good.insert(server, cause.clone());
         }
         self.reshard_restore_ended(Err(reason.clone()));
         while let Some(id) = self.queue.pop_front() {

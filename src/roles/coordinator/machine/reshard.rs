@@ -40,7 +40,7 @@
 //!
 //! Pure: no IO, no clock.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::{PsEntry, Scheduler, SchedulerAction};
@@ -83,8 +83,9 @@ pub(super) struct Resharding {
     /// Where every server of the job serves (`host:port`): the cluster spec's as given
     /// ([`Scheduler::with_server_addresses`]), and those that joined.
     addresses: BTreeMap<u32, String>,
-    /// Servers that left the job (and did not join again since).
-    left: BTreeSet<u32>,
+    /// Servers that left the job (and did not join again since), with the incarnation that
+    /// left.
+    left: BTreeMap<u32, u64>,
     /// Changes applied since the start.
     pub(super) done: u64,
 }
@@ -106,6 +107,15 @@ impl Scheduler {
                 ps,
                 servers_max: SERVERS_MAX,
             });
+        }
+        // A registration of the incarnation that asked to leave (or left), delivered after
+        // that ask (the network reorders; a server registers with each new chief and then asks
+        // again to leave): it changes nothing. Only a newer incarnation registering stays.
+        if self
+            .leaving_incarnation(ps)
+            .is_some_and(|asked| epoch <= asked)
+        {
+            return Ok(());
         }
         let leaving_now = self
             .resharding
@@ -168,7 +178,10 @@ impl Scheduler {
         // A join asked for and not under way is called off.
         pending.joining.remove(&ps);
         if !self.server_set.contains(&ps) && !joining_now {
-            // Not in the job (nor about to be): nothing of it to move.
+            // Not in the job (nor about to be): nothing of it to move. It goes now: a
+            // registration of this incarnation delivered later is no join.
+            let left = self.resharding.left.entry(ps).or_insert(epoch);
+            *left = (*left).max(epoch);
             return Ok(true);
         }
         // Servers that stay whatever happens to the changes asked for (a join counts once
@@ -218,16 +231,23 @@ impl Scheduler {
             .collect()
     }
 
-    /// Whether `ps` is known not to be a server of the job: it left, or its join has not
-    /// been carried out yet. What it says of itself (up, answering) changes nothing.
+    /// Whether `ps` is not a server of the job: it left, its join has not been carried out
+    /// yet, or it never asked to join (its registration is still on its way, or it asked to
+    /// leave before it arrived). What it says of itself (up, answering) changes nothing: a
+    /// server outside the job is never pinned by a restore or waited on.
+    /// (A machine given no cluster spec, [`Scheduler::with_servers`], learns its servers from
+    /// their hellos: there only a server that left or whose join waits is outside.)
     pub(super) fn outside_job(&self, ps: u32) -> bool {
         let r = &self.resharding;
-        r.left.contains(&ps)
-            || (!self.server_set.contains(&ps)
-                && (r.pending.joining.contains_key(&ps)
-                    || r.cutting
-                        .as_ref()
-                        .is_some_and(|c| c.joining.contains_key(&ps))))
+        if self.server_set.contains(&ps) {
+            return false;
+        }
+        self.num_spec_servers > 0
+            || r.left.contains_key(&ps)
+            || r.pending.joining.contains_key(&ps)
+            || r.cutting
+                .as_ref()
+                .is_some_and(|c| c.joining.contains_key(&ps))
     }
 
     /// Incarnation `epoch` of `ps` was declared dead before its join was carried out: the
@@ -252,6 +272,18 @@ impl Scheduler {
             );
         }
         called_off
+    }
+
+    /// The newest incarnation of `ps` that asked to leave (pending, at the cut, or moving) or
+    /// left the job.
+    fn leaving_incarnation(&self, ps: u32) -> Option<u64> {
+        let r = &self.resharding;
+        [Some(&r.pending), r.cutting.as_ref(), r.moving.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|changes| changes.leaving.get(&ps).copied())
+            .chain(r.left.get(&ps).copied())
+            .max()
     }
 
     /// Whether a join or leave was asked for and has not ended yet.
@@ -367,7 +399,9 @@ impl Scheduler {
             self.server_set.remove(ps);
             self.servers.remove(ps);
             self.resharding.addresses.remove(ps);
-            self.resharding.left.insert(*ps);
+            if let Some(epoch) = changes.leaving.get(ps) {
+                self.resharding.left.insert(*ps, *epoch);
+            }
             if let Some(r) = self.recovery.as_mut() {
                 r.state_lost.remove(ps);
             }

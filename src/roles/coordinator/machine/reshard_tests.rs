@@ -172,6 +172,58 @@ fn a_server_leaving_is_let_go_once_its_variables_moved_and_the_last_one_stays() 
     assert_eq!(s.handle_ps_draining(t, 5, 1), Ok(true));
 }
 
+/// Regression (found by the simulator once a job's end had to be explained by its faults):
+/// a server registers with each new chief and then asks again to leave; the network may
+/// deliver its ask to leave first. That incarnation's registration, arriving while its leave
+/// is under way or after it left, changes nothing: it used to be taken for a join, carried
+/// out at the next cut onto the server that had exited, and the job waited on it until
+/// `ps_restart_wait` failed it. A newer incarnation registering does join again.
+#[test]
+fn a_registration_delivered_after_the_same_incarnations_ask_to_leave_changes_nothing() {
+    let t = Instant::now();
+    let (mut s, _) = training(0);
+    drain(&mut s);
+    assert_eq!(s.handle_ps_draining(t, 1, 1), Ok(false));
+    let cutting = drain(&mut s);
+    // Its registration to this chief, sent before the ask, arrives while the cut is taken.
+    assert_eq!(s.handle_ps_joining(t, 1, 1, "127.0.0.1:1".into()), Ok(()));
+    let ckpt = take_cut(&mut s, cutting);
+    let restored = run_restore(&mut s, &ckpt);
+    assert_eq!(drain_answers(&restored.others), vec![(1, 1, Ok(()))]);
+    assert_eq!(s.servers_in_job(), vec![0]);
+    // And once more after it left: still nothing.
+    assert_eq!(s.handle_ps_joining(t, 1, 1, "127.0.0.1:1".into()), Ok(()));
+    assert!(
+        !s.server_changes_pending(),
+        "no join of the server that left"
+    );
+    assert!(drain(&mut s).is_empty());
+    // A new incarnation of it registering joins the job again.
+    assert_eq!(s.handle_ps_joining(t, 1, 2, "127.0.0.1:1".into()), Ok(()));
+    assert!(s.server_changes_pending());
+}
+
+/// The same for a server that asked to leave before its registration as a joiner arrived:
+/// not in the job, it may go at once, and its registration delivered late is no join.
+#[test]
+fn a_joiner_that_left_before_its_registration_arrived_does_not_join() {
+    let t = Instant::now();
+    let (mut s, _) = training(0);
+    drain(&mut s);
+    assert_eq!(
+        s.handle_ps_draining(t, 3, 1),
+        Ok(true),
+        "nothing of it to move"
+    );
+    assert_eq!(s.handle_ps_joining(t, 3, 1, "127.0.0.1:3".into()), Ok(()));
+    assert!(
+        !s.server_changes_pending(),
+        "no join of the server that left"
+    );
+    assert_eq!(s.handle_ps_joining(t, 3, 2, "127.0.0.1:3".into()), Ok(()));
+    assert!(s.server_changes_pending(), "a new incarnation joins");
+}
+
 /// Without a checkpoint directory there is nowhere to take the cut: joins and leaves are
 /// refused at once, naming the setting; an index past the bound is refused too.
 #[test]

@@ -39,7 +39,7 @@ use bytes::Bytes;
 
 use super::control::{CutState, LedgerState};
 use super::recovery::{CallFault, WorkerPositions, DATASET_POSITIONS_KEY};
-use super::{ClosureId, PositionsTicket, Scheduler, SchedulerAction};
+use super::{ClosureFailure, ClosureId, PositionsTicket, Scheduler, SchedulerAction};
 use crate::checkpoint::{self, Checkpoint, TensorBytes};
 use crate::layout::Layout;
 use crate::roles::protocol::{blob, bytes_to_f32, ShardState};
@@ -86,7 +86,7 @@ pub enum CutReadError {
     #[error("the job failed while a checkpoint was read: {error}")]
     JobFailed {
         /// The job's failure.
-        error: String,
+        error: ClosureFailure,
     },
     /// Every attempt was disturbed by recoveries or new work.
     #[error(
@@ -389,7 +389,7 @@ impl Scheduler {
             .filter(|_| purpose == CutPurpose::Save)
         {
             let error = CutReadError::JobFailed {
-                error: error.to_string(),
+                error: error.clone(),
             };
             self.end_cut_read(now, error);
             return;

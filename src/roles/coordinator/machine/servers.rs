@@ -421,17 +421,12 @@ impl Scheduler {
                 .iter()
                 .find(|p| p.next_free_closure_id > 0 || p.generation > 0)
             {
-                Some(p) => Err(StartFailure::Failed(format!(
-                    "no checkpoint under {} verifies, but ps/{} has applied closures (ids \
-                     below {}, restore generation {}) under an earlier chief: starting afresh \
-                     would reuse their closure ids and train on state no ledger accounts for. \
-                     Restart the parameter servers to start the job afresh, or give the \
-                     checkpoint directory they were saved to",
-                    start.root.display(),
-                    p.ps,
-                    p.next_free_closure_id,
-                    p.generation
-                ))),
+                Some(p) => Err(StartFailure::TrainedWithoutCheckpoint {
+                    root: start.root.clone(),
+                    ps: p.ps,
+                    next_free_closure_id: p.next_free_closure_id,
+                    generation: p.generation,
+                }),
                 None => Ok(None),
             };
             self.started = result.is_ok();

@@ -1,0 +1,199 @@
+//! How a simulated job may end without finishing: the documented list of expected ends, each
+//! a fault beyond repair with its cause, and the check of that cause against the scenario.
+//!
+//! A job that ends with an error the coordinator or the chief's program raised is classified
+//! here: an error of a kind in [`ExpectedEnd`] whose cause the scenario bears out (a server
+//! named as lost was hit by a fault; no checkpoint to resume from while storage faults or an
+//! early chief loss explain why) is an expected end; any other error, or an expected kind
+//! whose cause the scenario does not bear out, is a violation (`END`). So a bug that makes a
+//! job fail cannot hide among the jobs that fail for good reasons.
+
+use std::fmt;
+
+use super::{Fault, Node, Scenario, StorageFault};
+use crate::roles::coordinator::{ClosureFailure, CutReadError, PsLossCause, StartFailure};
+
+/// Why a simulated job may end without finishing (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpectedEnd {
+    /// Server `ps` lost its variables while no checkpoint had become the cut (none saved
+    /// yet, or the first one's write or read-back failed, or it was not marked in time):
+    /// nothing could restore it. Its cause: `ps` was hit by a fault (killed, preempted, or
+    /// paused or cut off past the detection budget, after which its process is refused and
+    /// restarts).
+    ServerLostBeforeFirstCut { ps: u32 },
+    /// Server `ps` was not back and restored within `ps_restart_wait`. Its cause: `ps` was
+    /// hit by a fault.
+    ServerNotBack { ps: u32 },
+    /// Restoring a lost server `ps` from the cut failed: the cut's checkpoint (and any
+    /// fallback) could not be read whole. Its cause: storage faults in the scenario.
+    RestoreFailed { ps: u32 },
+    /// Restoring a lost server `ps` was interrupted again and again by further losses. Its
+    /// cause: servers were hit by faults.
+    RestoreInterrupted { ps: u32 },
+    /// A new chief found no checkpoint that verifies, while the servers had trained (or one
+    /// had lost its variables): it cannot resume, and must not start afresh. Its cause: the
+    /// chief was lost (killed, preempted, paused or cut off, or crashed in a save), and
+    /// no stored checkpoint verified at its start.
+    ChiefWithoutCheckpoint,
+    /// A new chief's start could not restore the servers: server `ps` was lost or did not
+    /// answer at every attempt. Its cause: the chief was lost, and `ps` was hit by a fault.
+    ChiefStartInterrupted { ps: u32 },
+    /// A save could not read the servers undisturbed (no recovery, no new work in between)
+    /// within its wait, and the program's `save_checkpoint` raised. Its cause: a server was
+    /// hit by a fault.
+    SaveNotRead,
+}
+
+impl ExpectedEnd {
+    /// A short name of its kind, as summaries count them.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExpectedEnd::ServerLostBeforeFirstCut { .. } => "server lost before the first cut",
+            ExpectedEnd::ServerNotBack { .. } => "server not back in time",
+            ExpectedEnd::RestoreFailed { .. } => "restore failed (damaged checkpoints)",
+            ExpectedEnd::RestoreInterrupted { .. } => "restore interrupted by more losses",
+            ExpectedEnd::ChiefWithoutCheckpoint => "chief restarted with no checkpoint",
+            ExpectedEnd::ChiefStartInterrupted { .. } => "chief's start interrupted",
+            ExpectedEnd::SaveNotRead => "save could not read the servers",
+        }
+    }
+
+    /// Whether `scenario` bears out this end's cause: `Err` says what is missing.
+    pub(super) fn cause_holds(&self, scenario: &Scenario) -> Result<(), String> {
+        let hit = |node: Node| scenario.faults.iter().any(|f| hits(f, node));
+        let any_server_hit = scenario.faults.iter().any(|f| {
+            matches!(
+                fault_node(f),
+                Some(Node::Ps(_))
+            ) || matches!(f, Fault::PsJoin { .. } | Fault::PsLeave { .. })
+        });
+        let storage_faulted = scenario
+            .faults
+            .iter()
+            .any(|f| matches!(f, Fault::Storage { .. }));
+        let chief_lost = hit(Node::Chief)
+            || scenario.faults.iter().any(|f| {
+                matches!(
+                    f,
+                    Fault::Storage {
+                        fault: StorageFault::CrashBeforePublish | StorageFault::CrashAfterPublish,
+                        ..
+                    }
+                )
+            });
+        let ok = match self {
+            ExpectedEnd::ServerLostBeforeFirstCut { ps }
+            | ExpectedEnd::ServerNotBack { ps }
+            | ExpectedEnd::RestoreInterrupted { ps } => hit(Node::Ps(*ps)),
+            ExpectedEnd::RestoreFailed { .. } => storage_faulted,
+            ExpectedEnd::ChiefWithoutCheckpoint => chief_lost,
+            ExpectedEnd::ChiefStartInterrupted { ps } => chief_lost && hit(Node::Ps(*ps)),
+            ExpectedEnd::SaveNotRead => any_server_hit,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "the job ended with \"{self}\", but no fault of the scenario explains it"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for ExpectedEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExpectedEnd::ServerLostBeforeFirstCut { ps } => write!(
+                f,
+                "ps/{ps} lost its variables before any checkpoint became the cut"
+            ),
+            ExpectedEnd::ServerNotBack { ps } => {
+                write!(f, "ps/{ps} was not back and restored within ps_restart_wait")
+            }
+            ExpectedEnd::RestoreFailed { ps } => write!(
+                f,
+                "restoring ps/{ps} failed: no checkpoint at the cut (or before it) reads back whole"
+            ),
+            ExpectedEnd::RestoreInterrupted { ps } => {
+                write!(f, "restoring ps/{ps} was interrupted by further losses too often")
+            }
+            ExpectedEnd::ChiefWithoutCheckpoint => f.write_str(
+                "a new chief found no checkpoint that verifies over servers that trained or \
+                 lost their variables",
+            ),
+            ExpectedEnd::ChiefStartInterrupted { ps } => {
+                write!(f, "a new chief's start lost ps/{ps} at every attempt")
+            }
+            ExpectedEnd::SaveNotRead => {
+                f.write_str("a save could not read the servers undisturbed in time")
+            }
+        }
+    }
+}
+
+/// The expected end a job failure of the coordinator's is, or why it is none.
+pub(super) fn of_closure_failure(failure: &ClosureFailure) -> Result<ExpectedEnd, String> {
+    match failure {
+        ClosureFailure::PsLost { ps, cause } => {
+            let ps = *ps;
+            match cause {
+                PsLossCause::NoCheckpoint
+                | PsLossCause::FirstCheckpointNeverCut { .. }
+                | PsLossCause::FirstCheckpointNotMarked { .. } => {
+                    Ok(ExpectedEnd::ServerLostBeforeFirstCut { ps })
+                }
+                PsLossCause::NotBack { .. } => Ok(ExpectedEnd::ServerNotBack { ps }),
+                PsLossCause::RestoreFailed { .. } => Ok(ExpectedEnd::RestoreFailed { ps }),
+                PsLossCause::RestoreInterrupted { .. } => {
+                    Ok(ExpectedEnd::RestoreInterrupted { ps })
+                }
+                // The simulated job keeps far fewer closures than the bound.
+                PsLossCause::RetentionOverflow { .. } => Err(failure.to_string()),
+            }
+        }
+        other => Err(other.to_string()),
+    }
+}
+
+/// The expected end a failed read of a cut for a save is, or why it is none.
+pub(super) fn of_cut_read(error: &CutReadError) -> Result<ExpectedEnd, String> {
+    match error {
+        CutReadError::JobFailed { error } => of_closure_failure(error),
+        CutReadError::NotUndisturbed { .. } => Ok(ExpectedEnd::SaveNotRead),
+        other => Err(other.to_string()),
+    }
+}
+
+/// The expected end a chief's start that failed at every attempt is, or why it is none;
+/// `checkpoint_given`: whether the start was given a checkpoint that verifies.
+pub(super) fn of_start_failure(
+    failure: &StartFailure,
+    checkpoint_given: bool,
+) -> Result<ExpectedEnd, String> {
+    match failure {
+        StartFailure::TrainedWithoutCheckpoint { .. } if !checkpoint_given => {
+            Ok(ExpectedEnd::ChiefWithoutCheckpoint)
+        }
+        StartFailure::ServerLost { ps, .. } | StartFailure::ServerMissing { ps } => {
+            Ok(ExpectedEnd::ChiefStartInterrupted { ps: *ps })
+        }
+        other => Err(format!("the chief's start failed: {other}")),
+    }
+}
+
+/// Whether `fault` strikes `node` (a kill, pause, cut or preemption of it).
+fn hits(fault: &Fault, node: Node) -> bool {
+    fault_node(fault) == Some(node)
+}
+
+/// The node a kill, pause, partition or preemption strikes.
+fn fault_node(fault: &Fault) -> Option<Node> {
+    match fault {
+        Fault::Kill { node, .. }
+        | Fault::Pause { node, .. }
+        | Fault::Partition { node, .. }
+        | Fault::Preempt { node, .. } => Some(*node),
+        _ => None,
+    }
+}
