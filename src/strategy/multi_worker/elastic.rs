@@ -114,34 +114,14 @@ impl MultiWorkerMirrored {
         let mut no_quorum = false;
         for attempt in 1..=self.recover_attempts {
             let started = std::time::Instant::now();
-            // Every attempt probes the members of the group that broke (the last one that
-            // trained) and measures the quorum on them, not on a group an earlier attempt
-            // formed here: a group formed at one member and failed at another would otherwise
-            // give them different measures.
-            let broken = before.clone();
-            let probe = self.probe_timeout;
-            let previous = before.members().to_vec();
-            // Inner error: why this worker forms nothing this attempt.
-            let formed = self.block(async move {
-                let (alive, replaced) = match broken.probe_members(probe).await {
-                    Ok(probed) => (probed.alive, probed.joining),
-                    Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
-                };
-                if !has_quorum(&previous, &replaced, &alive) {
-                    return Ok(Err(Unformed::NoQuorum {
-                        reached: alive,
-                        replaced,
-                    }));
-                }
-                tracing::info!(
-                    attempt,
-                    ?alive,
-                    ?replaced,
-                    "re-forming: forming the next epoch with the members that answered"
-                );
-                broken.reform(&alive).await.map(Ok)
-            });
-            let formed = match formed {
+            // Each attempt spans at least the probe timeout: survivors whose attempt failed at
+            // different moments start the next one about as far apart as they started this
+            // one, and forming waits for the later ones (up to the form timeout).
+            let span_the_probe_timeout = || {
+                let next = started + self.probe_timeout;
+                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+            };
+            match self.probe_and_reform(&before, attempt) {
                 // No later attempt can bring it back: the others go on without it.
                 Ok(Err(Unformed::LeftOut(left_out))) => {
                     return Err(StrategyError::Recovery {
@@ -152,57 +132,15 @@ impl MultiWorkerMirrored {
                     last = no_quorum_detail(before.members(), before.epoch(), &replaced, &reached);
                     tracing::info!(attempt, "re-forming: {last}");
                     no_quorum = true;
-                    // The probes took about this long where the others are unreachable; where
-                    // they answered at once (and still too few), the next attempt waits as
-                    // long, so that the attempts span the probe timeout each.
                     if attempt < self.recover_attempts {
-                        let next = started + self.probe_timeout;
-                        let left = next.saturating_duration_since(std::time::Instant::now());
-                        std::thread::sleep(left);
+                        span_the_probe_timeout();
                     }
-                    continue;
                 }
-                Ok(Ok(group)) => Ok(group),
-                Err(err) => Err(err),
-            };
-            no_quorum = false;
-            match formed {
-                Ok(group) => {
-                    self.install(group);
-                    // A group broken before its settings were compared (a worker lost right
-                    // after the first forming) is checked now; a mismatch is not mended by
-                    // another attempt.
-                    let agreed = check_same_settings(
-                        &self.span,
-                        self.local_replicas,
-                        self.bucket_bytes_max,
-                        self.communication.0,
-                    )
-                    .and_then(|()| self.agree_state(state));
-                    match agreed {
-                        Ok(source) => {
-                            let group = self.span.group();
-                            let m = crate::metrics::instruments();
-                            m.group_reformed.inc();
-                            // The lost members: peers this worker declared dead.
-                            m.detections
-                                .inc_by((before.size().saturating_sub(group.size())) as u64);
-                            return Ok(Recovery {
-                                epoch: group.epoch(),
-                                members: group.members().to_vec(),
-                                lost: before
-                                    .members()
-                                    .iter()
-                                    .filter(|n| !group.members().contains(n))
-                                    .cloned()
-                                    .collect(),
-                                cause,
-                                source,
-                                step: state.step,
-                                position: state.position,
-                                attempts: attempt,
-                            });
-                        }
+                Ok(Ok(group)) => {
+                    no_quorum = false;
+                    match self.adopt_reformed(group, &before, state, &cause, attempt) {
+                        Ok(recovery) => return Ok(recovery),
+                        // A mismatch is not mended by another attempt.
                         Err(err @ StrategyError::Config { .. }) => return Err(err),
                         Err(err) => {
                             tracing::info!(attempt, %err, "re-forming: agreeing on the state failed");
@@ -211,14 +149,10 @@ impl MultiWorkerMirrored {
                     }
                 }
                 Err(err) => {
+                    no_quorum = false;
                     tracing::info!(attempt, %err, "re-forming: forming the next epoch failed");
                     last = err.to_string();
-                    // Each attempt spans at least the probe timeout, as one without a quorum
-                    // does: survivors whose attempt failed at different moments start the
-                    // next one about as far apart as they started this one, and forming
-                    // waits for the later ones (up to the form timeout).
-                    let next = started + self.probe_timeout;
-                    std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+                    span_the_probe_timeout();
                 }
             }
         }
@@ -231,6 +165,81 @@ impl MultiWorkerMirrored {
             )
         };
         Err(StrategyError::Recovery { reason })
+    }
+
+    /// One attempt of [`Self::re_form`]: probes the members of the group that broke (the
+    /// last one that trained, not a group an earlier attempt formed here: a group formed at
+    /// one member and failed at another would otherwise give them different measures),
+    /// measures the quorum on them, and forms the next epoch with those that answered.
+    fn probe_and_reform(
+        &self,
+        before: &ProcessGroup,
+        attempt: usize,
+    ) -> Result<Result<ProcessGroup, Unformed>, CollectiveError> {
+        let broken = before.clone();
+        let probe = self.probe_timeout;
+        let previous = before.members().to_vec();
+        self.block(async move {
+            let (alive, replaced) = match broken.probe_members(probe).await {
+                Ok(probed) => (probed.alive, probed.joining),
+                Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
+            };
+            if !has_quorum(&previous, &replaced, &alive) {
+                return Ok(Err(Unformed::NoQuorum {
+                    reached: alive,
+                    replaced,
+                }));
+            }
+            tracing::info!(
+                attempt,
+                ?alive,
+                ?replaced,
+                "re-forming: forming the next epoch with the members that answered"
+            );
+            broken.reform(&alive).await.map(Ok)
+        })
+    }
+
+    /// Trains on with `group`, re-formed from `before` (broken by `cause`) at `attempt`: the
+    /// settings compared (a group broken before they were, a worker lost right after the
+    /// first forming, is checked now) and the state agreed on.
+    fn adopt_reformed(
+        &mut self,
+        group: ProcessGroup,
+        before: &ProcessGroup,
+        state: &mut ElasticState<'_>,
+        cause: &CollectiveError,
+        attempt: usize,
+    ) -> Result<Recovery, StrategyError> {
+        self.install(group);
+        let source = check_same_settings(
+            &self.span,
+            self.local_replicas,
+            self.bucket_bytes_max,
+            self.communication.0,
+        )
+        .and_then(|()| self.agree_state(state))?;
+        let group = self.span.group();
+        let m = crate::metrics::instruments();
+        m.group_reformed.inc();
+        // The lost members: peers this worker declared dead.
+        m.detections
+            .inc_by((before.size().saturating_sub(group.size())) as u64);
+        Ok(Recovery {
+            epoch: group.epoch(),
+            members: group.members().to_vec(),
+            lost: before
+                .members()
+                .iter()
+                .filter(|n| !group.members().contains(n))
+                .cloned()
+                .collect(),
+            cause: cause.clone(),
+            source,
+            step: state.step,
+            position: state.position,
+            attempts: attempt,
+        })
     }
 
     /// The membership changes of a step boundary (elastic training): call it on every worker
