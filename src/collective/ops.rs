@@ -1,7 +1,7 @@
 //! The operations of a [`ProcessGroup`]: all-reduce, reduce-scatter, all-gather, broadcast,
 //! and the bucketed all-reduce of many tensors.
 //!
-//! This module owns the algorithms and their determinism (DATA-1); the group (`group.rs`)
+//! This module owns the algorithms and their determinism (DATA-1); the group (`group/`)
 //! moves the chunks. A tensor of `len` elements is cut into `n` segments (segment `k` holds
 //! elements `k*(len/n) + min(k, len%n)` onwards, `len/n` of them plus one for the first
 //! `len%n`), and each segment into chunks of at most `chunk_bytes`.
