@@ -37,105 +37,70 @@ impl MeshInner {
                 detail: format!(": {reason}"),
             };
         }
+        let peer = conn.peer().clone();
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             {
                 let mut state = self.lock();
-                if state.membership.epoch >= epoch {
-                    let group = state.group.upgrade().filter(|g| g.epoch == epoch);
-                    return match group {
-                        // Its links are all up: a join of it again comes from a new
-                        // incarnation of the dialer (enter first, then be admitted).
-                        Some(g) if g.is_formed() => Reply::Refused {
-                            current: epoch,
-                            detail: format!(
-                                " (formed already: {} is to enter and be admitted)",
-                                conn.peer()
-                            ),
-                        },
-                        // Its link of this epoch is up already, with another process of it
-                        // (the one before a restart): this one is to enter and be admitted.
-                        Some(_)
-                            if state
-                                .membership
-                                .linked
-                                .contains(&(conn.peer().clone(), epoch)) =>
-                        {
-                            Reply::Refused {
-                                current: epoch,
-                                detail: format!(
-                                    " (linked already with another process of {}: this one \
-                                     is to enter and be admitted)",
-                                    conn.peer()
-                                ),
+                let key = (peer.clone(), epoch);
+                let context = JoinContext {
+                    incarnation,
+                    by_admission,
+                    later_join: state
+                        .joined
+                        .get(&key)
+                        .is_some_and(|(_, at, _)| *at > arrived),
+                    closed: conn.close_reason().is_some(),
+                };
+                let group = state.group.upgrade();
+                let view = group.as_deref().map(Shared::view);
+                let answer = state
+                    .membership
+                    .handle_join(&peer, epoch, &members, view, context);
+                match answer {
+                    JoinAnswer::Wait => {}
+                    JoinAnswer::Take => {
+                        state
+                            .joined
+                            .insert(key, (conn.clone(), arrived, incarnation));
+                        let plain = match self.plain.get() {
+                            Some((port, _)) if self.config.plaintext => {
+                                let token = crate::collective::plain::new_token();
+                                state.plain_tokens.insert(token, (peer, epoch));
+                                Some(PlainLink { port: *port, token })
                             }
+                            _ => None,
+                        };
+                        drop(state);
+                        self.changed.notify_waiters();
+                        return Reply::Joined {
+                            incarnation: self.incarnation,
+                            plain,
+                        };
+                    }
+                    JoinAnswer::Refused { current, why } => {
+                        return Reply::Refused {
+                            current,
+                            detail: why.detail(&peer, epoch, current),
                         }
-                        Some(g) if g.nodes == members => {
-                            let peer = conn.peer().clone();
-                            let key = (peer.clone(), epoch);
-                            // A later process of it joined too, or this one is gone already.
-                            if state
-                                .joined
-                                .get(&key)
-                                .is_some_and(|(_, at, _)| *at > arrived)
-                                || conn.close_reason().is_some()
-                            {
-                                return Reply::Refused {
-                                    current: epoch,
-                                    detail: format!(
-                                        " (a later process of {peer} joined it: this one is \
-                                         gone)"
-                                    ),
-                                };
-                            }
-                            state
-                                .joined
-                                .insert(key, (conn.clone(), arrived, incarnation));
-                            let plain = match self.plain.get() {
-                                Some((port, _)) if self.config.plaintext => {
-                                    let token = crate::collective::plain::new_token();
-                                    state.plain_tokens.insert(token, (peer, epoch));
-                                    Some(PlainLink { port: *port, token })
-                                }
-                                _ => None,
-                            };
-                            let reply = Reply::Joined {
-                                incarnation: self.incarnation,
-                                plain,
-                            };
-                            drop(state);
+                    }
+                    JoinAnswer::ViewsDiffer { theirs, ours } => {
+                        drop(state);
+                        if let Some(g) = group {
+                            let reason = format!(
+                                "{peer} forms it with members {theirs:?}, this member with \
+                                 {ours:?}: the views differ"
+                            );
+                            g.fail(CollectiveError::Form { epoch, reason }, false);
                             self.changed.notify_waiters();
-                            reply
                         }
-                        Some(g) => {
-                            let reply = Reply::Refused {
-                                current: epoch,
-                                detail: format!(" with members {:?}", g.nodes),
-                            };
-                            // A member forms an epoch once, with one list: a member of this
-                            // forming that forms it with another list never joins it, so it
-                            // fails here now rather than at the form timeout (the dialer
-                            // fails on this refusal).
-                            if !g.is_formed() && g.nodes.contains(conn.peer()) {
-                                drop(state);
-                                let reason = format!(
-                                    "{} forms it with members {members:?}, this member with \
-                                     {:?}: the views differ",
-                                    conn.peer(),
-                                    g.nodes
-                                );
-                                g.fail(CollectiveError::Form { epoch, reason }, false);
-                                self.changed.notify_waiters();
-                            }
-                            reply
-                        }
-                        None => self.refusal_locked(&state, epoch),
-                    };
-                }
-                if Self::unadmitted(&state, epoch) && !by_admission {
-                    return Self::unadmitted_refusal(&state, epoch);
+                        return Reply::Refused {
+                            current: epoch,
+                            detail: JoinRefusal::OtherMembers(ours).detail(&peer, epoch, epoch),
+                        };
+                    }
                 }
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {

@@ -85,6 +85,89 @@ pub(super) enum EnterAnswer {
     Pending { epoch: u64, restarted: bool },
 }
 
+/// The answer to a dialer's join of an epoch ([`Membership::handle_join`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum JoinAnswer {
+    /// This mesh has not reached that epoch yet: wait for it (within the form timeout).
+    Wait,
+    /// Taken: the dialer's link of that epoch.
+    Take,
+    /// Refused (the dialer's forming fails on it); `current`: this mesh's latest epoch.
+    Refused { current: u64, why: JoinRefusal },
+    /// Refused, and this mesh's own forming of the epoch fails too: the dialer forms it with
+    /// other members (`theirs`) than this mesh (`ours`), and a member forms an epoch once,
+    /// with one list, so it never joins this one (failing now, not at the form timeout).
+    ViewsDiffer {
+        theirs: Vec<NodeId>,
+        ours: Vec<NodeId>,
+    },
+}
+
+/// Why a join is refused ([`JoinAnswer::Refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum JoinRefusal {
+    /// The group of that epoch is formed (all its links up): the dialer is a new process of a
+    /// member, to enter and be admitted.
+    FormedAlready,
+    /// The link with that peer of that epoch is up already, with another process of it (the
+    /// one before a restart): this one is to enter and be admitted.
+    LinkedWithAnotherProcess,
+    /// The link with that peer of that epoch is up already, with this very process: its join
+    /// came again (over a new connection); the link it had is the one the group holds.
+    LinkedAlready,
+    /// A later process of that peer joined that epoch too, or this one's connection is gone.
+    LaterProcessJoined,
+    /// This mesh forms that epoch with other members.
+    OtherMembers(Vec<NodeId>),
+    /// This mesh went past that epoch (or its group of it is gone).
+    Passed,
+    /// This mesh waits to be admitted and was not admitted to that epoch
+    /// ([`Membership::unadmitted`]).
+    Unadmitted,
+}
+
+impl JoinRefusal {
+    /// The refusal's detail as the dialer's error shows it (after "refused epoch E, at C").
+    pub(super) fn detail(&self, peer: &NodeId, epoch: u64, current: u64) -> String {
+        match self {
+            JoinRefusal::FormedAlready => {
+                format!(" (formed already: {peer} is to enter and be admitted)")
+            }
+            JoinRefusal::LinkedWithAnotherProcess => format!(
+                " (linked already with another process of {peer}: this one is to enter and be \
+                 admitted)"
+            ),
+            JoinRefusal::LinkedAlready => format!(
+                " (linked already with this process of {peer}, whose join came again: its \
+                 group re-forms)"
+            ),
+            JoinRefusal::LaterProcessJoined => {
+                format!(" (a later process of {peer} joined it: this one is gone)")
+            }
+            JoinRefusal::OtherMembers(ours) => format!(" with members {ours:?}"),
+            JoinRefusal::Passed if current == epoch => " (its group of that epoch is gone)".into(),
+            JoinRefusal::Passed => String::new(),
+            JoinRefusal::Unadmitted => format!(
+                " (a new process waiting to be admitted, not admitted to epoch {epoch}: its old \
+                 one is gone)"
+            ),
+        }
+    }
+}
+
+/// What the mesh knows of a join besides what it carries ([`Membership::handle_join`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct JoinContext {
+    /// The dialer's process.
+    pub(super) incarnation: Incarnation,
+    /// Whether the dialer forms the epoch as a joiner the leader admitted to it.
+    pub(super) by_admission: bool,
+    /// Whether a join of the same peer and epoch arrived after this one (a later process).
+    pub(super) later_join: bool,
+    /// Whether the connection this join came over is closed already.
+    pub(super) closed: bool,
+}
+
 /// The answer to a member's probe ([`Membership::handle_probe`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum ProbeAnswerHere {
@@ -153,6 +236,62 @@ impl Membership {
             epoch,
             restarted: group.is_some_and(|g| g.formed) && in_group,
         }
+    }
+
+    /// A dialer (`peer`) joins `epoch` with `members` (its list, in rank order); `group` is
+    /// the mesh's latest group, if it lives. Answered at once where this mesh reached that
+    /// epoch, or will never form it; else [`JoinAnswer::Wait`].
+    pub(super) fn handle_join(
+        &self,
+        peer: &NodeId,
+        epoch: u64,
+        members: &[NodeId],
+        group: Option<GroupView<'_>>,
+        context: JoinContext,
+    ) -> JoinAnswer {
+        if self.epoch < epoch {
+            if self.unadmitted(epoch) && !context.by_admission {
+                return JoinAnswer::Refused {
+                    current: self.epoch,
+                    why: JoinRefusal::Unadmitted,
+                };
+            }
+            return JoinAnswer::Wait;
+        }
+        let Some(g) = group.filter(|g| g.epoch == epoch) else {
+            return JoinAnswer::Refused {
+                current: self.epoch,
+                why: JoinRefusal::Passed,
+            };
+        };
+        // Refused by this mesh's group of that very epoch.
+        let refused = |why| JoinAnswer::Refused {
+            current: epoch,
+            why,
+        };
+        if g.formed {
+            return refused(JoinRefusal::FormedAlready);
+        }
+        if self.linked.contains(&(peer.clone(), epoch)) {
+            return refused(if self.processes.get(peer) == Some(&context.incarnation) {
+                JoinRefusal::LinkedAlready
+            } else {
+                JoinRefusal::LinkedWithAnotherProcess
+            });
+        }
+        if g.nodes != members {
+            if g.nodes.contains(peer) {
+                return JoinAnswer::ViewsDiffer {
+                    theirs: members.to_vec(),
+                    ours: g.nodes.to_vec(),
+                };
+            }
+            return refused(JoinRefusal::OtherMembers(g.nodes.to_vec()));
+        }
+        if context.later_join || context.closed {
+            return refused(JoinRefusal::LaterProcessJoined);
+        }
+        JoinAnswer::Take
     }
 
     /// A member of `epoch` probes this mesh (re-forming with the survivors); `group` is the
@@ -471,5 +610,88 @@ mod tests {
         assert!(!m.unadmitted(3));
         assert!(m.unadmitted(4));
         assert_eq!(m.admission.as_ref().map(|(e, _)| *e), Some(3));
+    }
+
+    fn join_context(incarnation: u64) -> JoinContext {
+        JoinContext {
+            incarnation: Incarnation::from_raw(incarnation),
+            by_admission: false,
+            later_join: false,
+            closed: false,
+        }
+    }
+
+    #[test]
+    fn joins_are_waited_for_taken_or_refused_by_what_this_mesh_formed() {
+        let nodes: Vec<NodeId> = (0..3).map(node).collect();
+        let mut m = Membership::default();
+        // Not there yet: wait (a member forms an epoch once all its links are up).
+        assert_eq!(
+            m.handle_join(&node(2), 1, &nodes, None, join_context(7)),
+            JoinAnswer::Wait
+        );
+        m.begin_forming(1).unwrap();
+        let forming = GroupView {
+            formed: false,
+            ..formed(1, &nodes)
+        };
+        assert_eq!(
+            m.handle_join(&node(2), 1, &nodes, Some(forming), join_context(7)),
+            JoinAnswer::Take
+        );
+        // Its link up: the same process's join again, and another process's.
+        m.linked_with(&node(2), 1, Incarnation::from_raw(7));
+        let refusal = |m: &Membership, inc| match m.handle_join(
+            &node(2),
+            1,
+            &nodes,
+            Some(forming),
+            join_context(inc),
+        ) {
+            JoinAnswer::Refused { why, .. } => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refusal(&m, 7), JoinRefusal::LinkedAlready);
+        assert_eq!(refusal(&m, 8), JoinRefusal::LinkedWithAnotherProcess);
+        // Another list from one of our members: both formings fail now.
+        let two = &nodes[..2];
+        assert_eq!(
+            m.handle_join(&node(1), 1, two, Some(forming), join_context(5)),
+            JoinAnswer::ViewsDiffer {
+                theirs: two.to_vec(),
+                ours: nodes.clone()
+            }
+        );
+        // Formed: any later join is a new process's.
+        assert_eq!(
+            m.handle_join(
+                &node(1),
+                1,
+                &nodes,
+                Some(formed(1, &nodes)),
+                join_context(5)
+            ),
+            JoinAnswer::Refused {
+                current: 1,
+                why: JoinRefusal::FormedAlready
+            }
+        );
+        // A joiner not admitted to a later epoch refuses it at once.
+        let mut joiner = Membership {
+            joining: true,
+            ..Membership::default()
+        };
+        assert_eq!(
+            joiner.handle_join(&node(0), 4, &nodes, None, join_context(1)),
+            JoinAnswer::Refused {
+                current: 0,
+                why: JoinRefusal::Unadmitted
+            }
+        );
+        joiner.handle_admit(4, Vec::new()).unwrap();
+        assert_eq!(
+            joiner.handle_join(&node(0), 4, &nodes, None, join_context(1)),
+            JoinAnswer::Wait
+        );
     }
 }

@@ -121,7 +121,9 @@ mod shared;
 mod tests;
 
 use acceptor::{MeshInner, MeshState};
-use machine::{EnterAnswer, GroupView, Membership, ProbeAnswerHere};
+use machine::{
+    EnterAnswer, GroupView, JoinAnswer, JoinContext, JoinRefusal, Membership, ProbeAnswerHere,
+};
 pub use mesh::{loopback_group, Mesh};
 pub use process_group::ProcessGroup;
 use shared::respond;
