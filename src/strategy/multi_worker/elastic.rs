@@ -329,26 +329,7 @@ impl MultiWorkerMirrored {
         let cpu = &Device::Cpu;
         // The leader's pending joiners, the same list on every member.
         let offer = if group.rank() == 0 {
-            let joiners: Vec<(NodeId, String, u64)> = group
-                .pending_joiners()
-                .into_iter()
-                .map(|j| {
-                    (
-                        j.member.node,
-                        j.member.addr.to_string(),
-                        j.incarnation.raw(),
-                    )
-                })
-                .collect();
-            if joiners.is_empty() {
-                Vec::new()
-            } else {
-                bincode::encode_to_vec(&joiners, bincode::config::standard()).map_err(|e| {
-                    StrategyError::Recovery {
-                        reason: format!("encoding the joiners: {e}"),
-                    }
-                })?
-            }
+            encode_joiners(&group.pending_joiners())?
         } else {
             Vec::new()
         };
@@ -777,7 +758,30 @@ pub struct Admission {
     pub position: u64,
 }
 
-/// The joiners the leader offered (`(node, host:port, incarnation)` triples, bincode).
+/// The joiners the leader offers, as `(node, host:port, incarnation)` triples (bincode); no
+/// bytes for none.
+fn encode_joiners(joiners: &[Joiner]) -> Result<Vec<u8>, StrategyError> {
+    if joiners.is_empty() {
+        return Ok(Vec::new());
+    }
+    let triples: Vec<(&NodeId, String, u64)> = joiners
+        .iter()
+        .map(|j| {
+            (
+                &j.member.node,
+                j.member.addr.to_string(),
+                j.incarnation.raw(),
+            )
+        })
+        .collect();
+    bincode::encode_to_vec(&triples, bincode::config::standard()).map_err(|e| {
+        StrategyError::Recovery {
+            reason: format!("encoding the joiners: {e}"),
+        }
+    })
+}
+
+/// The joiners the leader offered ([`encode_joiners`]).
 fn decode_joiners(bytes: &[u8]) -> Result<Vec<Joiner>, StrategyError> {
     let bad = |detail: String| StrategyError::Recovery {
         reason: format!("the leader's list of joiners: {detail}"),
@@ -843,5 +847,30 @@ pub(super) fn unless_mendable(
     match result {
         Err(StrategyError::Collective(_)) if broken_mendably(group) => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The leader's offer reaches every member as it was: nodes, addresses and the processes
+    /// that asked; no joiner is no bytes; bytes that do not decode are an error naming the list.
+    #[test]
+    fn the_leaders_offer_of_joiners_round_trips_and_garbage_is_refused() {
+        let joiners: Vec<Joiner> = (2..4)
+            .map(|i| Joiner {
+                member: GroupMember {
+                    node: NodeId::new("worker", i),
+                    addr: format!("127.0.0.1:{}", 4000 + i).parse().unwrap(),
+                },
+                incarnation: Incarnation::from_raw(0xfeed_0000 + u64::from(i)),
+            })
+            .collect();
+        let bytes = encode_joiners(&joiners).unwrap();
+        assert_eq!(decode_joiners(&bytes).unwrap(), joiners);
+        assert!(encode_joiners(&[]).unwrap().is_empty());
+        let err = decode_joiners(&[0xff, 0xff, 0xff]).unwrap_err();
+        assert!(err.to_string().contains("the leader's list of joiners"), "{err}");
     }
 }
