@@ -26,7 +26,7 @@ pub mod wire;
 pub use fencing::{Admission, Epoch, FencingTable, Incarnation, Stale};
 pub use gateway::{
     Gateway, GatewayConfig, GatewayStats, PeerAddr, PeerEvent, RefusedReason, RegisterError,
-    Remote, RemoteError, RemoteMessage, RemoteRef, Resolver, Senders, SystemResolver,
+    Remote, RemoteError, RemoteMessage, RemoteRef, ResolveError, Resolver, Senders, SystemResolver,
 };
 pub use heartbeat::{DeathCause, Heard, HeartbeatConfig, HeartbeatEvent, HeartbeatMachine};
 pub use restart::{RestartDecision, RestartLimits, RestartPolicy};

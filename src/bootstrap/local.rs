@@ -89,8 +89,9 @@ pub struct LaunchFlags {
     pub peer_chief: bool,
 }
 
-/// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`].
-fn parse_replicas(text: &str) -> Result<u32, String> {
+/// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`]; the error
+/// is the cluster module's count error (not nameable here: `cluster` does not re-export it).
+fn parse_replicas(text: &str) -> Result<u32, impl std::error::Error + Send + Sync + 'static> {
     crate::cluster::parse_count(text, "replicas", crate::cluster::REPLICAS_LIMIT)
 }
 

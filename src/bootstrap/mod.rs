@@ -128,8 +128,8 @@ mod metrics;
 
 pub(crate) use local::LaunchArgs;
 pub use local::{
-    launch_from_args, launch_local, LaunchFlags, WorkerCount, DEFAULT_PS, DEFAULT_WORKERS,
-    DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
+    launch_from_args, launch_local, LaunchFlags, WorkerCount, WorkerCountError, DEFAULT_PS,
+    DEFAULT_WORKERS, DETECTION_BUDGET_ENV, WORKER_WAIT_ENV,
 };
 pub use multi_worker::{
     multi_worker_config_from_env, multi_worker_main, MultiWorkerTask, TaskConfigError,
@@ -1009,9 +1009,9 @@ fn certificate_refused(error: &cohort_actors::RemoteError) -> bool {
     matches!(
         error,
         cohort_actors::RemoteError::Refused {
-            reason: cohort_actors::RefusedReason::NotAuthenticated(reason),
+            reason: cohort_actors::RefusedReason::CertificateRejected(_),
             ..
-        } if reason.starts_with("TLS handshake")
+        }
     )
 }
 

@@ -6,31 +6,70 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::{parse_duration_in, ClusterConfig, ConfigKey, TaskType};
+use crate::cluster::{parse_duration_in, ClusterConfig, ClusterError, ConfigKey, TaskType};
 use crate::process::{BAD_CONFIG_EXIT_CODE, TRAINING_ERROR_EXIT_CODE};
-use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored};
+use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
 
 /// The environment variable that picks what all-reduces across the workers (`ring`, `nccl`,
 /// `nccl:N`) for [`multi_worker_main`]'s tasks.
 pub const COMMUNICATION_ENV: &str = "COHORT_COMMUNICATION";
 
-/// A MultiWorkerMirrored task's environment that cannot configure it: the variable, and what
-/// is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct TaskConfigError {
-    /// The environment variable at fault.
-    pub variable: String,
-    /// What is wrong with it.
-    pub detail: String,
+/// A MultiWorkerMirrored task's environment that cannot configure it; every message names the
+/// environment variable at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskConfigError {
+    /// A variable the task needs is unset.
+    #[error("{variable}: unset")]
+    Unset {
+        /// The variable.
+        variable: &'static str,
+    },
+    /// `TF_CONFIG` does not describe a cluster that holds this task.
+    #[error("{}", TfConfigMessage(.0))]
+    Cluster(#[source] ClusterError),
+    /// `COHORT_REPLICAS` is not a count (the message names the variable).
+    #[error(transparent)]
+    Replicas(Box<dyn std::error::Error + Send + Sync>),
+    /// The detection budget's key has no range to check it against.
+    #[error("{variable}: has no range")]
+    NoBudgetRange {
+        /// The variable.
+        variable: &'static str,
+    },
+    /// The detection budget is not a duration in its range (the message names the variable).
+    #[error(transparent)]
+    DetectionBudget(ClusterError),
+    /// The communication named is not one there is.
+    #[error("{variable}: {detail}")]
+    Communication {
+        /// The variable.
+        variable: String,
+        /// What is wrong with its value (the strategy's parser says it in words).
+        detail: String,
+    },
+    /// The metrics address is not one to serve on (the message names the variable).
+    #[error(transparent)]
+    MetricsAddr(StrategyError),
 }
 
-impl std::fmt::Display for TaskConfigError {
-    /// `VARIABLE: detail`, or the detail alone where it names the variable already.
+/// A `TF_CONFIG` error as [`TaskConfigError::Cluster`] says it: the JSON parser's errors name
+/// the variable already (their source or key is spelled under `TF_CONFIG`), the cluster's own
+/// checks (an address, a task that is not in the cluster) do not, and get it in front.
+struct TfConfigMessage<'a>(&'a ClusterError);
+
+impl std::fmt::Display for TfConfigMessage<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.detail.contains(&self.variable) {
-            f.write_str(&self.detail)
-        } else {
-            write!(f, "{}: {}", self.variable, self.detail)
+        match self.0 {
+            ClusterError::Malformed { .. }
+            | ClusterError::UnknownTaskType { .. }
+            | ClusterError::MissingKey { .. }
+            | ClusterError::BadValue { .. } => write!(f, "{}", self.0),
+            ClusterError::BadAddress { .. }
+            | ClusterError::DuplicateAddress { .. }
+            | ClusterError::NoSuchTask { .. }
+            | ClusterError::MissingRole { .. } => {
+                write!(f, "{}: {}", crate::cluster::TF_CONFIG_ENV, self.0)
+            }
         }
     }
 }
@@ -154,14 +193,12 @@ fn launch(args: &[String]) -> i32 {
 pub fn multi_worker_config_from_env(
     communication_env: &str,
 ) -> Result<MultiWorkerConfig, TaskConfigError> {
-    let bad = |variable: &str, detail: String| TaskConfigError {
-        variable: variable.to_owned(),
-        detail,
-    };
     let tf_config = crate::cluster::TF_CONFIG_ENV;
     let cluster = ClusterConfig::from_env()
-        .map_err(|e| bad(tf_config, e.to_string()))?
-        .ok_or_else(|| bad(tf_config, "unset".into()))?;
+        .map_err(TaskConfigError::Cluster)?
+        .ok_or(TaskConfigError::Unset {
+            variable: tf_config,
+        })?;
     // Every log line from here on names the task (its role, index and incarnation), as a
     // parameter-server role's do; the incarnation is the launcher's, else the clock's.
     let given = std::env::var(ConfigKey::INCARNATION.env)
@@ -178,31 +215,37 @@ pub fn multi_worker_config_from_env(
         crate::process::describe_compute_threads()
     );
     let certs_key = ConfigKey::CERTS_DIR.env;
-    let certs = std::env::var_os(certs_key).ok_or_else(|| bad(certs_key, "unset".into()))?;
+    let certs = std::env::var_os(certs_key).ok_or(TaskConfigError::Unset {
+        variable: certs_key,
+    })?;
     let replicas = match std::env::var(ConfigKey::REPLICAS.env) {
         Ok(text) => crate::cluster::parse_count(
             &text,
             ConfigKey::REPLICAS.env,
             crate::cluster::REPLICAS_LIMIT,
         )
-        .map_err(|e| bad(ConfigKey::REPLICAS.env, e))? as usize,
+        .map_err(|e| TaskConfigError::Replicas(Box::new(e)))? as usize,
         Err(_) => 1,
     };
     let budget = match std::env::var(ConfigKey::DETECTION_BUDGET.env) {
         Ok(text) => {
-            let range = ConfigKey::DETECTION_BUDGET
-                .duration_range()
-                .ok_or_else(|| bad(ConfigKey::DETECTION_BUDGET.env, "has no range".into()))?;
+            let range = ConfigKey::DETECTION_BUDGET.duration_range().ok_or(
+                TaskConfigError::NoBudgetRange {
+                    variable: ConfigKey::DETECTION_BUDGET.env,
+                },
+            )?;
             parse_duration_in(ConfigKey::DETECTION_BUDGET.env, &text, range)
-                .map_err(|e| bad(ConfigKey::DETECTION_BUDGET.env, e.to_string()))?
+                .map_err(TaskConfigError::DetectionBudget)?
         }
         Err(_) => Duration::from_secs(3),
     };
     let communication = match std::env::var(communication_env) {
-        Ok(text) => match text
-            .parse::<Communication>()
-            .map_err(|e| bad(communication_env, e))?
-        {
+        Ok(text) => match text.parse::<Communication>().map_err(|detail| {
+            TaskConfigError::Communication {
+                variable: communication_env.to_owned(),
+                detail,
+            }
+        })? {
             // A device named (`nccl:N`) is taken as given.
             explicit @ Communication::Nccl { .. } if text.trim() != "nccl" => explicit,
             // Plain `nccl` on a machine of several tasks: one GPU per task, by its place.
@@ -220,10 +263,63 @@ pub fn multi_worker_config_from_env(
     };
     let mut config = MultiWorkerConfig::new(cluster, certs).with_local_replicas(replicas);
     config.communication = communication;
-    config.metrics_addr = crate::strategy::metrics_addr_from_env()
-        .map_err(|e| bad(ConfigKey::METRICS_ADDR.env, e.to_string()))?;
+    config.metrics_addr =
+        crate::strategy::metrics_addr_from_env().map_err(TaskConfigError::MetricsAddr)?;
     config.transport.idle_timeout = budget;
     config.transport.keep_alive_interval = budget / 4;
     config.probe_timeout = budget;
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every message names its variable once: a `TF_CONFIG` error the parser spelled under the
+    /// variable as it is, one of the cluster's own checks with the variable in front.
+    #[test]
+    fn a_task_config_error_names_its_variable_once() {
+        let cluster = |json: &str| {
+            let error = ClusterConfig::from_tf_config(json).unwrap_err();
+            TaskConfigError::Cluster(error).to_string()
+        };
+        assert!(cluster("{").starts_with("TF_CONFIG: malformed: "));
+        assert_eq!(
+            cluster(r#"{"cluster": {"worker": ["a:1"]}}"#),
+            "TF_CONFIG.task: missing"
+        );
+        assert_eq!(
+            cluster(r#"{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}"#),
+            "TF_CONFIG.task.index: expected a non-negative integer"
+        );
+        let missing =
+            cluster(r#"{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}"#);
+        assert!(missing.starts_with("TF_CONFIG: task: "), "{missing}");
+        let shared =
+            cluster(r#"{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker"}}"#);
+        assert!(
+            shared.starts_with("TF_CONFIG: cluster.worker[0] and "),
+            "{shared}"
+        );
+        assert_eq!(
+            TaskConfigError::Unset {
+                variable: "COHORT_CERTS"
+            }
+            .to_string(),
+            "COHORT_CERTS: unset"
+        );
+        let replicas = crate::cluster::parse_count("0", "COHORT_REPLICAS", 256).unwrap_err();
+        assert_eq!(
+            TaskConfigError::Replicas(Box::new(replicas)).to_string(),
+            "\"0\" is not a number of COHORT_REPLICAS (a whole number from 1 to 256)"
+        );
+        let communication = TaskConfigError::Communication {
+            variable: COMMUNICATION_ENV.into(),
+            detail: "\"gloo\": expected \"ring\", \"nccl\" or \"nccl:GPU\"".into(),
+        };
+        assert_eq!(
+            communication.to_string(),
+            "COHORT_COMMUNICATION: \"gloo\": expected \"ring\", \"nccl\" or \"nccl:GPU\""
+        );
+    }
 }

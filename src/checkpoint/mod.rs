@@ -50,8 +50,8 @@ pub use manifest::{
 pub use store::{
     checkpoint_dir_name, decode_checkpoint, decode_manifest, encode_checkpoint,
     encode_checkpoint_at, parse_checkpoint_dir_name, read_checkpoint, read_manifest,
-    write_checkpoint, LoadError, LoadedCheckpoint, SaveError, CHECKPOINT_DIR_PREFIX,
-    TEMP_DIR_PREFIX,
+    write_checkpoint, LoadError, LoadedCheckpoint, ManifestInconsistency, SaveError,
+    CHECKPOINT_DIR_PREFIX, TEMP_DIR_PREFIX,
 };
 pub use tensor::{TensorBytes, TensorError};
 pub use warm_start::{parse_name_map, WarmStart, WarmStartError};

@@ -817,10 +817,13 @@ impl Layer {
                 self.eval_until_step = Some(step);
             }
             "workers_max" => {
-                self.workers_max = Some(count(text, "workers", WORKERS_MAX_LIMIT).map_err(bad)?)
+                self.workers_max = Some(
+                    count(text, "workers", WORKERS_MAX_LIMIT).map_err(|e| bad(e.to_string()))?,
+                )
             }
             "replicas" => {
-                self.replicas = Some(count(text, "replicas", REPLICAS_LIMIT).map_err(bad)?)
+                self.replicas =
+                    Some(count(text, "replicas", REPLICAS_LIMIT).map_err(|e| bad(e.to_string()))?)
             }
             "metrics_addr" => {
                 let addr = text.trim().parse::<SocketAddr>().map_err(|_| {
@@ -843,7 +846,7 @@ impl Layer {
 fn tf_config_layer(text: &str) -> Result<Layer, ConfigError> {
     let mut layer = Layer::new(Origin::TfConfig);
     let (cluster, task) = parse_json_parts(TF_CONFIG_ENV, TF_CONFIG_ENV, text)
-        .map_err(|e| layer.error(key_of(&e), e))?;
+        .map_err(|e| layer.error(key_of(TF_CONFIG_ENV, &e), e))?;
     layer.cluster = Some(cluster);
     if let Some(task) = task {
         layer.task_type = Some(task.task_type);
@@ -860,7 +863,7 @@ fn cluster_file_layer(path: &Path, text: &str) -> Result<Layer, ConfigError> {
     let mut layer = if is_json {
         let mut layer = Layer::new(origin);
         let (cluster, task) =
-            parse_json_parts(&name, "", text).map_err(|e| layer.error(key_of(&e), e))?;
+            parse_json_parts(&name, "", text).map_err(|e| layer.error(key_of("", &e), e))?;
         layer.cluster = Some(cluster);
         if let Some(task) = task {
             layer.task_type = Some(task.task_type);
@@ -907,7 +910,7 @@ fn config_file_layer(path: &Path, text: &str) -> Result<Layer, ConfigError> {
     for (name, value) in &table {
         match name.as_str() {
             "cluster" => {
-                let spec = parse_toml_cluster(value).map_err(|e| layer.error(key_of(&e), e))?;
+                let spec = parse_toml_cluster(value).map_err(|e| layer.error(key_of("", &e), e))?;
                 layer.cluster = Some(spec);
             }
             "task" => file_task(&mut layer, value)?,
@@ -1010,21 +1013,30 @@ fn file_keys() -> String {
     keys.join(", ")
 }
 
-/// The canonical key a cluster/task parse error is about.
-fn key_of(error: &ClusterError) -> &'static str {
+/// The canonical key a cluster/task parse error is about, from the key it names as the parser
+/// spelled it under `prefix` (`TF_CONFIG`, or empty for a cluster file): the task's index
+/// (`<prefix>.task.index`), its type (`<prefix>.task`, `.type`, or a key under the task the
+/// parser does not know), or else the cluster.
+fn key_of(prefix: &str, error: &ClusterError) -> &'static str {
     let spelled = match error {
         ClusterError::UnknownTaskType { key, .. }
         | ClusterError::BadAddress { key, .. }
         | ClusterError::MissingKey { key }
         | ClusterError::BadValue { key, .. } => key.as_str(),
-        _ => "cluster",
+        _ => return "cluster",
     };
-    if spelled.contains("task.index") {
-        "task.index"
-    } else if spelled.contains("task") {
-        "task.type"
+    let under_prefix = if prefix.is_empty() {
+        Some(spelled)
     } else {
-        "cluster"
+        spelled
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('.'))
+    };
+    let mut path = under_prefix.into_iter().flat_map(|rest| rest.split('.'));
+    match (path.next(), path.next()) {
+        (Some("task"), Some("index")) => "task.index",
+        (Some("task"), _) => "task.type",
+        _ => "cluster",
     }
 }
 
@@ -1180,14 +1192,28 @@ fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
 
 /// A count from 1 to `limit` of `what` (workers, replicas), or why `text` is not one (the
 /// configuration keys and `launch --replicas` read counts alike).
-pub(crate) fn count(text: &str, what: &str, limit: u32) -> Result<u32, String> {
+pub(crate) fn count(text: &str, what: &'static str, limit: u32) -> Result<u32, CountError> {
     text.trim()
         .parse::<u32>()
         .ok()
         .filter(|n| (1..=limit).contains(n))
-        .ok_or_else(|| {
-            format!("{text:?} is not a number of {what} (a whole number from 1 to {limit})")
+        .ok_or_else(|| CountError {
+            text: text.to_string(),
+            what,
+            limit,
         })
+}
+
+/// A count (of workers, replicas) that is not a whole number from 1 to its limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a number of {what} (a whole number from 1 to {limit})")]
+pub struct CountError {
+    /// The text given.
+    pub text: String,
+    /// What it counts (`workers`, `replicas`, or the variable that gives the count).
+    pub what: &'static str,
+    /// The largest count allowed.
+    pub limit: u32,
 }
 
 /// The most local replicas a worker may run.
@@ -2048,5 +2074,46 @@ mod tests {
                 assert_eq!(got, end, "{}", key.flag);
             }
         }
+    }
+
+    /// A cluster or task error is filed under the key its path names, read segment by
+    /// segment under the layer's prefix (a job or an unknown key that merely starts with
+    /// "task" is the cluster's).
+    #[test]
+    fn a_parse_error_is_filed_under_the_task_key_its_path_names() {
+        let bad = |key: &str| ClusterError::BadValue {
+            key: key.into(),
+            detail: "bad".into(),
+        };
+        let cases = [
+            ("TF_CONFIG", "TF_CONFIG.task.index", "task.index"),
+            ("TF_CONFIG", "TF_CONFIG.task.type", "task.type"),
+            ("TF_CONFIG", "TF_CONFIG.task", "task.type"),
+            ("TF_CONFIG", "TF_CONFIG.task.extra", "task.type"),
+            ("TF_CONFIG", "TF_CONFIG.cluster.worker[0]", "cluster"),
+            ("TF_CONFIG", "TF_CONFIG.cluster.taskmaster", "cluster"),
+            ("TF_CONFIG", "TF_CONFIG.tasks", "cluster"),
+            ("", "task.index", "task.index"),
+            ("", "task", "task.type"),
+            ("", "cluster", "cluster"),
+        ];
+        for (prefix, key, want) in cases {
+            assert_eq!(key_of(prefix, &bad(key)), want, "{key} under {prefix:?}");
+        }
+        let shared = ClusterError::DuplicateAddress {
+            first: "cluster.worker[0]".into(),
+            second: "cluster.worker[1]".into(),
+            address: "a:1".into(),
+        };
+        assert_eq!(key_of("TF_CONFIG", &shared), "cluster");
+        let config = resolve(
+            &[],
+            &[(
+                "TF_CONFIG",
+                r#"{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}"#,
+            )],
+            &ConfigFiles::default(),
+        );
+        assert_eq!(config.unwrap_err().key, "task.index");
     }
 }

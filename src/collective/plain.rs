@@ -32,14 +32,14 @@
 //! control messages (`Abort`, probes) stay on QUIC.
 //!
 //! This module owns the listener, the handshake and a link's two loops; the group's
-//! state machine stays in `group.rs`.
+//! state machine stays in `group/`.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cohort_transport::{Frame, NodeId};
+use cohort_transport::{CodecError, Frame, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -48,7 +48,7 @@ use tokio::time::Instant;
 
 use super::group::{Outgoing, Shared, Unanswered};
 use super::landing::{Blob, Writable};
-use super::shm::{Borrower, Lender, Offer, Segment};
+use super::shm::{Borrower, Lender, Offer, Segment, SlotError};
 use super::wire::Wire;
 use super::{CollectiveError, GroupConfig};
 
@@ -279,7 +279,7 @@ impl LinkSlots {
     }
 
     /// The peer answered this member's offer.
-    fn answered(&self, taken: bool) -> Result<(), String> {
+    fn answered(&self, taken: bool) -> Result<(), MalformedFrame> {
         let mut out = self.out();
         match std::mem::replace(&mut *out, Outward::Off) {
             Outward::Offered(segment) if taken => {
@@ -291,16 +291,16 @@ impl LinkSlots {
             Outward::Offered(_) => Ok(()),
             other => {
                 *out = other;
-                Err("it answered an offer this member did not make".into())
+                Err(MalformedFrame::UnaskedAnswer)
             }
         }
     }
 
     /// The peer gave `slot` back.
-    fn give_back(&self, slot: u32) -> Result<(), String> {
+    fn give_back(&self, slot: u32) -> Result<(), MalformedFrame> {
         match &*self.out() {
             Outward::Lending(lender) => lender.give_back(slot)?,
-            _ => return Err(format!("it gave back slot {slot} of no segment it took")),
+            _ => return Err(MalformedFrame::CreditWithoutSegment { slot }),
         }
         // A permit if no chunk waits now: the next to find the slots full looks again.
         self.freed.notify_one();
@@ -641,16 +641,16 @@ pub(crate) async fn read_loop(
                 );
                 return;
             }
-            Err(ReadError::Ended(reason)) => {
-                shared.link_ended(from, reason);
+            Err(ended @ ReadError::Ended(_)) => {
+                shared.link_ended(from, ended.to_string());
                 return;
             }
-            Err(ReadError::Malformed(reason)) => {
+            Err(ReadError::Malformed(malformed)) => {
                 shared.fail(
                     CollectiveError::MemberLost {
                         node: peer.clone(),
                         epoch,
-                        reason,
+                        reason: malformed.to_string(),
                     },
                     true,
                 );
@@ -661,7 +661,7 @@ pub(crate) async fn read_loop(
 }
 
 fn ended(e: std::io::Error) -> ReadError {
-    ReadError::Ended(format!("its TCP link ended: {e}"))
+    ReadError::Ended(e)
 }
 
 /// Reads and applies the control frame that began with `first`.
@@ -674,30 +674,27 @@ async fn read_control(
     match first {
         CREDIT => {
             let slot = reader.read_u32_le().await.map_err(ended)?;
-            link.give_back(slot).map_err(ReadError::Malformed)
+            Ok(link.give_back(slot)?)
         }
         ANSWER => {
             let taken = reader.read_u8().await.map_err(ended)?;
-            link.answered(taken == 1).map_err(ReadError::Malformed)
+            Ok(link.answered(taken == 1)?)
         }
         _ => {
             let name_len = reader.read_u16_le().await.map_err(ended)? as usize;
             if name_len > NAME_MAX {
-                return Err(ReadError::Malformed(format!(
-                    "a segment name of {name_len} bytes (limit {NAME_MAX})"
-                )));
+                return Err(MalformedFrame::NameTooLong { len: name_len }.into());
             }
             let mut name = vec![0u8; name_len];
             reader.read_exact(&mut name).await.map_err(ended)?;
             let offer = Offer {
-                name: String::from_utf8(name)
-                    .map_err(|_| ReadError::Malformed("a segment name that is not UTF-8".into()))?,
+                name: String::from_utf8(name).map_err(|_| MalformedFrame::NameNotUtf8)?,
                 slots: reader.read_u32_le().await.map_err(ended)?,
                 slot_bytes: reader.read_u64_le().await.map_err(ended)?,
                 probe: reader.read_u128_le().await.map_err(ended)?,
             };
             if borrower.is_some() {
-                return Err(ReadError::Malformed("it offered a second segment".into()));
+                return Err(MalformedFrame::SecondOffer.into());
             }
             *borrower = link.take(&offer);
             Ok(())
@@ -706,12 +703,72 @@ async fn read_control(
 }
 
 /// Why a link's next frame could not be read.
+#[derive(Debug, thiserror::Error)]
 enum ReadError {
     /// The connection ended (closed or reset): the member is lost if a chunk it owed is
     /// awaited (`Shared::link_ended`).
-    Ended(String),
+    #[error("its TCP link ended: {0}")]
+    Ended(std::io::Error),
     /// The peer sent something that is not a frame within the limits: lost at once.
-    Malformed(String),
+    #[error(transparent)]
+    Malformed(#[from] MalformedFrame),
+}
+
+/// What a peer sent that is not a frame within the limits.
+#[derive(Debug, thiserror::Error)]
+enum MalformedFrame {
+    /// A segment offered under a name longer than [`NAME_MAX`].
+    #[error("a segment name of {len} bytes (limit {NAME_MAX})")]
+    NameTooLong {
+        /// The name's length.
+        len: usize,
+    },
+    /// A segment offered under a name that is not UTF-8.
+    #[error("a segment name that is not UTF-8")]
+    NameNotUtf8,
+    /// A second segment offered on the same link.
+    #[error("it offered a second segment")]
+    SecondOffer,
+    /// An answer to an offer this member did not make.
+    #[error("it answered an offer this member did not make")]
+    UnaskedAnswer,
+    /// A slot given back while this member lends none.
+    #[error("it gave back slot {slot} of no segment it took")]
+    CreditWithoutSegment {
+        /// The slot.
+        slot: u32,
+    },
+    /// A slot that does not fit the segment, or is not where the protocol has it.
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    /// A chunk header longer than a frame may be.
+    #[error("a chunk header of {len} bytes (limit {max})")]
+    HeaderTooLong {
+        /// The header's length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A chunk longer than a frame may be.
+    #[error("a chunk of {len} bytes (limit {max})")]
+    ChunkTooLong {
+        /// The chunk's length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A chunk header that does not decode.
+    #[error("a chunk header that does not decode: {0}")]
+    Undecodable(CodecError),
+    /// A chunk in a slot while this member took no segment of the peer's.
+    #[error("a chunk in slot {slot} of no segment this member took")]
+    SlotWithoutSegment {
+        /// The slot.
+        slot: u32,
+    },
+    /// A chunk in a slot that does not fit the region it lands in.
+    #[error("{0}")]
+    Landing(CollectiveError),
 }
 
 /// One chunk after its header's length: its header decoded and its blob, received into the
@@ -726,9 +783,11 @@ async fn read_frame(
 ) -> Result<(Wire, Blob), ReadError> {
     let io = ended;
     if header_len > frame_max {
-        return Err(ReadError::Malformed(format!(
-            "a chunk header of {header_len} bytes (limit {frame_max})"
-        )));
+        return Err(MalformedFrame::HeaderTooLong {
+            len: header_len,
+            max: frame_max,
+        }
+        .into());
     }
     let mut header = vec![0u8; header_len as usize];
     reader.read_exact(&mut header).await.map_err(io)?;
@@ -740,9 +799,11 @@ async fn read_frame(
     };
     let blob_len = blob_len & !IN_SLOT;
     if blob_len > frame_max {
-        return Err(ReadError::Malformed(format!(
-            "a chunk of {blob_len} bytes (limit {frame_max})"
-        )));
+        return Err(MalformedFrame::ChunkTooLong {
+            len: blob_len,
+            max: frame_max,
+        }
+        .into());
     }
     let frame = Frame {
         header: Bytes::from(header),
@@ -750,22 +811,20 @@ async fn read_frame(
     };
     let wire = frame
         .decode::<Wire>(frame_max as u32)
-        .map_err(|e| ReadError::Malformed(format!("a chunk header that does not decode: {e}")))?;
+        .map_err(MalformedFrame::Undecodable)?;
     if let Some(slot) = slot {
         let Some(borrowed) = borrowed else {
-            return Err(ReadError::Malformed(format!(
-                "a chunk in slot {slot} of no segment this member took"
-            )));
+            return Err(MalformedFrame::SlotWithoutSegment { slot }.into());
         };
         let received = borrowed
             .take(slot, blob_len)
-            .map_err(ReadError::Malformed)?;
+            .map_err(MalformedFrame::from)?;
         // Copied into its place if it has one: the slot goes back at once.
         let blob = match landing(&wire, blob_len) {
             Some(region) => Blob::Landed(
                 region
                     .copy_from(received.bytes())
-                    .map_err(|e| ReadError::Malformed(e.to_string()))?,
+                    .map_err(MalformedFrame::Landing)?,
             ),
             None => Blob::Slot(Arc::new(received)),
         };

@@ -337,18 +337,16 @@ impl Lender {
     }
 
     /// The receiver gave `slot` back; an error if it was not lent.
-    pub(crate) fn give_back(&self, slot: u32) -> Result<(), String> {
+    pub(crate) fn give_back(&self, slot: u32) -> Result<(), SlotError> {
         let mut lent = self.lent.lock().unwrap_or_else(|p| p.into_inner());
+        let slots = lent.len();
         match lent.get_mut(slot as usize) {
             Some(was) if *was => {
                 *was = false;
                 Ok(())
             }
-            Some(_) => Err(format!("it gave back slot {slot}, which it did not hold")),
-            None => Err(format!(
-                "it gave back slot {slot} of a segment of {}",
-                lent.len()
-            )),
+            Some(_) => Err(SlotError::NotLent { slot }),
+            None => Err(SlotError::GivenBackOutside { slot, slots }),
         }
     }
 }
@@ -373,19 +371,19 @@ impl Borrower {
 
     /// The chunk of `len` bytes the peer lent in `slot`; an error naming what is wrong if the
     /// slot does not exist, does not hold `len`, or is still held here.
-    pub(crate) fn take(self: &Arc<Self>, slot: u32, len: u64) -> Result<Received, String> {
+    pub(crate) fn take(self: &Arc<Self>, slot: u32, len: u64) -> Result<Received, SlotError> {
         if slot >= self.segment.slots || len > self.segment.slot_bytes as u64 {
-            return Err(format!(
-                "a chunk of {len} bytes in slot {slot} of a segment of {} slots of {} bytes",
-                self.segment.slots, self.segment.slot_bytes
-            ));
+            return Err(SlotError::ChunkOutside {
+                slot,
+                len,
+                slots: self.segment.slots,
+                slot_bytes: self.segment.slot_bytes,
+            });
         }
         {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             if std::mem::replace(&mut held[slot as usize], true) {
-                return Err(format!(
-                    "it lent slot {slot} again before this member gave it back"
-                ));
+                return Err(SlotError::LentAgain { slot });
             }
         }
         fence(Ordering::SeqCst);
@@ -395,6 +393,46 @@ impl Borrower {
             len: len as usize,
         })
     }
+}
+
+/// A slot named by the peer that does not fit the segment or what this side knows of it: the
+/// peer is not following the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SlotError {
+    /// The receiver gave back a slot the sender did not lend.
+    #[error("it gave back slot {slot}, which it did not hold")]
+    NotLent {
+        /// The slot.
+        slot: u32,
+    },
+    /// The receiver gave back a slot beyond the sender's segment.
+    #[error("it gave back slot {slot} of a segment of {slots}")]
+    GivenBackOutside {
+        /// The slot.
+        slot: u32,
+        /// The segment's slots.
+        slots: usize,
+    },
+    /// The sender lent a slot beyond its segment, or a chunk longer than a slot.
+    #[error(
+        "a chunk of {len} bytes in slot {slot} of a segment of {slots} slots of {slot_bytes} bytes"
+    )]
+    ChunkOutside {
+        /// The slot.
+        slot: u32,
+        /// The chunk's length.
+        len: u64,
+        /// The segment's slots.
+        slots: u32,
+        /// The bytes of one slot.
+        slot_bytes: usize,
+    },
+    /// The sender lent a slot the receiver had not given back yet.
+    #[error("it lent slot {slot} again before this member gave it back")]
+    LentAgain {
+        /// The slot.
+        slot: u32,
+    },
 }
 
 /// A chunk read where its sender lent it; the slot goes back when this drops.
@@ -450,20 +488,37 @@ mod tests {
         assert_eq!(lender.lend(&[0u8; 17]), None, "larger than a slot");
         let got = borrower.take(a, 5).unwrap();
         assert_eq!(got.bytes(), b"hello");
-        assert!(borrower.take(a, 5).is_err(), "a slot held here lent again");
+        assert!(
+            matches!(borrower.take(a, 5), Err(SlotError::LentAgain { slot }) if slot == a),
+            "a slot held here lent again"
+        );
         drop(got);
         assert_eq!(credits.try_recv().unwrap(), a);
         lender.give_back(a).unwrap();
-        assert!(lender.give_back(a).is_err(), "given back twice");
-        assert!(lender.give_back(9).is_err(), "no such slot");
+        assert_eq!(
+            lender.give_back(a),
+            Err(SlotError::NotLent { slot: a }),
+            "given back twice"
+        );
+        assert_eq!(
+            lender.give_back(9),
+            Err(SlotError::GivenBackOutside { slot: 9, slots: 2 }),
+            "no such slot"
+        );
         assert_eq!(lender.lend(b"again").unwrap(), a);
     }
 
     #[test]
     fn a_receiver_refuses_slots_and_lengths_outside_the_segment() {
         let (_lender, borrower, _credits) = pair(2, 16);
-        assert!(borrower.take(2, 1).is_err());
-        assert!(borrower.take(0, 17).is_err());
+        assert!(matches!(
+            borrower.take(2, 1),
+            Err(SlotError::ChunkOutside { slot: 2, .. })
+        ));
+        assert!(matches!(
+            borrower.take(0, 17),
+            Err(SlotError::ChunkOutside { len: 17, .. })
+        ));
     }
 
     #[test]

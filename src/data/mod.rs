@@ -32,6 +32,6 @@ pub use distribute::{
     DistributedIterator, InputContext, InputOptions, IteratorPosition,
 };
 pub use error::DataError;
-pub use files::{CsvComponent, CsvFormat};
+pub use files::{CsvComponent, CsvFormat, CsvRecordError};
 pub use numpy::{experimental_make_numpy_dataset, NdArray, NdData};
 pub use spec::{Element, TensorSpec};

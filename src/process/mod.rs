@@ -56,7 +56,10 @@ pub use exit_codes::{
     restart_wanted, BAD_CONFIG_EXIT_CODE, JOB_DONE_EXIT_CODE, PANIC_EXIT_CODE, PREEMPTED_EXIT_CODE,
     PS_LOST_EXIT_CODE, RETIRED_EXIT_CODE, TRAINING_ERROR_EXIT_CODE,
 };
-pub use exit_report::{send_exit_report, ExitReport, ExitReports, SOCKET_PATH_BYTES_MAX};
+pub use exit_report::{
+    send_exit_report, ExitReport, ExitReportError, ExitReports, ExitSocketError,
+    SOCKET_PATH_BYTES_MAX,
+};
 pub use incarnation::Incarnation;
 pub(crate) use signals::on_stop_signal;
 pub use signals::{drain_on_signal, preemption_requested, stop_on_signals};

@@ -259,7 +259,7 @@ impl FaultKinds {
 
     /// Parses a comma-separated list (`kill,pause,partition,preempt,net,storage,chief,drain,
     /// reshard`, or `all`, or `none`).
-    pub fn parse(list: &str) -> Result<Self, String> {
+    pub fn parse(list: &str) -> Result<Self, UnknownFaultKind> {
         let mut kinds = Self::none();
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             match word {
@@ -275,15 +275,25 @@ impl FaultKinds {
                 "drain" => kinds.drain = true,
                 "reshard" => kinds.reshard = true,
                 other => {
-                    return Err(format!(
-                        "unknown fault kind {other:?} (expected kill, pause, partition, \
-                         preempt, net, storage, chief, drain, reshard, all or none)"
-                    ))
+                    return Err(UnknownFaultKind {
+                        word: other.to_string(),
+                    })
                 }
             }
         }
         Ok(kinds)
     }
+}
+
+/// A word of a fault-kind list ([`FaultKinds::parse`]) that names no kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown fault kind {word:?} (expected kill, pause, partition, preempt, net, storage, chief, \
+     drain, reshard, all or none)"
+)]
+pub struct UnknownFaultKind {
+    /// The word.
+    pub word: String,
 }
 
 /// A process of the simulated job.

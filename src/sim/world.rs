@@ -18,17 +18,18 @@ use crate::checkpoint::{
     checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, Checkpoint, LoadError,
 };
 use crate::layout::{Dtype, Layout, Shard};
-use crate::optim::{Optimizer, Slots};
+use crate::optim::{OptimError, Optimizer, Slots};
 use crate::roles::coordinator::{
-    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, CutReadError, CutReading, CutTicket,
-    Ledger, PositionsTicket, PsDial, RestoreCall, RestoreReport, RestoreTicket, ResultDisposition,
-    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, ShardRead, StartFailure, WorkerDial,
+    shard_restores, CallFault, CheckpointRef, ClosureId, ConfigureTicket, CutReadError, CutReading,
+    CutTicket, CutWriteError, Ledger, PositionsTicket, PsDial, RestoreCall, RestoreReport,
+    RestoreTicket, ResultDisposition, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
+    ShardRead, StartFailure, WorkerDial,
 };
 use crate::roles::protocol::{
-    bytes_to_f32, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure, RunClosureError,
-    SetupWorker, WorkerRefusal,
+    bytes_to_f32, BlobError, LeaveAnswer, PsUnavailable, RestoreVariable, RunClosure,
+    RunClosureError, SetupWorker, WorkerRefusal,
 };
-use crate::roles::ps::{Gradient, ParameterStore, PushOrigin, PushOutcome};
+use crate::roles::ps::{Gradient, ParameterStore, PsError, PushOrigin, PushOutcome};
 use crate::roles::push::PlannedPush;
 use crate::roles::worker::{DatasetPlan, Request, StepAction, StepError, WorkerMachine};
 
@@ -130,6 +131,10 @@ pub(super) struct World<'a> {
     deaths_refused: u64,
     unreadable_cuts: u64,
     ps_lost_before_first_cut: u64,
+    /// How each preemption cut's write went, by the chief incarnation that wrote it and its
+    /// read's ticket, until the event that tells the coordinator comes (an event is hashed
+    /// into the trace; the error is not hashable).
+    cut_writes: BTreeMap<(u64, u64), Result<(), CutWriteError>>,
     violation: Option<Violation>,
     /// How the job ended, once it did: finished, or an expected end ([`outcome`]).
     ended: Option<Result<(), ExpectedEnd>>,
@@ -191,11 +196,11 @@ enum Event {
     SaveWritten {
         chief: u64,
     },
-    /// The chief (incarnation `chief`) finished writing the preemption cut read as `ticket`.
+    /// The chief (incarnation `chief`) finished writing the preemption cut read as `ticket`
+    /// (how it went waits in `World::cut_writes`).
     PreemptionCutWritten {
         chief: u64,
         ticket: u64,
-        result: Result<(), String>,
     },
     /// The workers' failure detectors: chief incarnation `epoch` has been silent since it was
     /// killed for the detection budget.
@@ -719,6 +724,7 @@ impl<'a> World<'a> {
             reports_ignored: 0,
             unreadable_cuts: 0,
             ps_lost_before_first_cut: 0,
+            cut_writes: BTreeMap::new(),
             violation: None,
             ended: None,
         };
@@ -1152,7 +1158,7 @@ impl<'a> World<'a> {
                 // The connection idled out: the call it carried (or answered) fails, as the
                 // gateway's does when its connection is lost.
                 if let Msg::Request { call, .. } | Msg::Reply { call, .. } = msg {
-                    self.on_reply(call, Err("connection lost (idle timeout)".into()));
+                    self.on_reply(call, Err(NoReply::IdledOut));
                 }
                 return;
             }
@@ -1354,7 +1360,7 @@ impl<'a> World<'a> {
                 let p = &mut self.servers[ps as usize];
                 for (msg, blobs) in restores {
                     if let Err(e) = restore_variable(&mut p.store, msg, &blobs) {
-                        return Resp::Refused(e);
+                        return Resp::Refused(e.to_string());
                     }
                 }
                 p.effective_set = history.values().flatten().copied().collect();
@@ -1815,7 +1821,7 @@ impl<'a> World<'a> {
     }
 
     /// A call's outcome: its reply, or why none came.
-    fn on_reply(&mut self, call: u64, resp: Result<Resp, String>) {
+    fn on_reply(&mut self, call: u64, resp: Result<Resp, NoReply>) {
         let Some(Call { kind, .. }) = self.calls.remove(&call) else {
             return; // answered already (a duplicate), or given up
         };
@@ -1968,7 +1974,7 @@ impl<'a> World<'a> {
                     RestoreCall::Rewind { worker, epoch, .. } => RestoreReport::Rewound {
                         worker,
                         epoch,
-                        result: fault(resp).map_err(|e| e.to_string()),
+                        result: fault(resp),
                     },
                     RestoreCall::Load { .. } => return,
                 };
@@ -2182,8 +2188,11 @@ impl<'a> World<'a> {
                 }
                 SchedulerAction::CutRead { ticket, result } => self.cut_read(ticket, result),
                 SchedulerAction::WritePreemptionCut {
-                    ticket, reading, ..
-                } => self.write_preemption_cut(ticket, *reading),
+                    ticket,
+                    root,
+                    reading,
+                    ..
+                } => self.write_preemption_cut(ticket, root, *reading),
                 SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
                     self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
                 }
@@ -2338,10 +2347,7 @@ impl<'a> World<'a> {
             .map(|(id, _)| *id)
             .collect();
         for call in lost {
-            self.on_reply(
-                call,
-                Err(format!("{node} (incarnation {epoch}): connection lost")),
-            );
+            self.on_reply(call, Err(NoReply::ConnectionLost { node, epoch }));
         }
     }
 
@@ -2452,7 +2458,7 @@ impl<'a> World<'a> {
                 sent,
                 msg,
             } => self.deliver(from, to, to_epoch, sent, *msg),
-            Event::CallTimeout { call } => self.on_reply(call, Err("no answer in time".into())),
+            Event::CallTimeout { call } => self.on_reply(call, Err(NoReply::NoAnswerInTime)),
             Event::PushTimeout {
                 worker,
                 epoch,
@@ -2479,13 +2485,12 @@ impl<'a> World<'a> {
                 }
             }
             Event::SaveWritten { chief } => self.save_written(chief),
-            Event::PreemptionCutWritten {
-                chief,
-                ticket,
-                result,
-            } => {
+            Event::PreemptionCutWritten { chief, ticket } => {
+                let result = self.cut_writes.remove(&(chief, ticket));
                 // A chief that died meanwhile took its coordinator (and the cut) with it.
-                if chief == self.chief_epoch && self.chief_state == ProcState::Up {
+                if let Some(result) = result
+                    .filter(|_| chief == self.chief_epoch && self.chief_state == ProcState::Up)
+                {
                     let now = self.instant();
                     self.coord
                         .handle_preemption_cut_written(now, CutTicket(ticket), result);
@@ -2753,7 +2758,9 @@ impl<'a> World<'a> {
                 let checkpoint = match reading.into_checkpoint() {
                     Ok(checkpoint) => checkpoint,
                     Err(e) => {
-                        self.end_early(Err(format!("the cut read does not make a checkpoint: {e}")));
+                        self.end_early(Err(format!(
+                            "the cut read does not make a checkpoint: {e}"
+                        )));
                         return;
                     }
                 };
@@ -2838,35 +2845,43 @@ impl<'a> World<'a> {
     /// The coordinator read a parameter server's preemption cut: write it as the real shell
     /// does (the real encoder, into the simulated storage, read back), apart from the program's
     /// checkpoints; the coordinator hears that it is durable after a write's time.
-    fn write_preemption_cut(&mut self, ticket: CutTicket, reading: CutReading) {
+    fn write_preemption_cut(
+        &mut self,
+        ticket: CutTicket,
+        root: std::path::PathBuf,
+        reading: CutReading,
+    ) {
         let Some(history) = self.take_read(ticket) else {
             return;
         };
-        let result = reading.into_checkpoint().and_then(|mut checkpoint| {
-            // The simulated storage names a checkpoint by its index.
-            checkpoint.step = self.storage.len() as u64;
-            let stored = self.storage.len();
-            let positions = checkpoint.dataset_positions.clone();
-            let encoded = encode_checkpoint_at(&checkpoint, self.now.as_millis() as u64)
-                .map_err(|e| e.to_string())?;
-            self.storage.push(Stored {
-                files: encoded.into_iter().collect(),
-                saved: checkpoint,
-                history,
-                positions,
-                committed: self.committed_ids(),
-                scheduled: self.chief.scheduled,
-                batches: self.chief.batches,
-                preemption: true,
+        let result = reading
+            .into_checkpoint()
+            .map_err(CutWriteError::from)
+            .and_then(|mut checkpoint| {
+                // The simulated storage names a checkpoint by its index.
+                checkpoint.step = self.storage.len() as u64;
+                let stored = self.storage.len();
+                let positions = checkpoint.dataset_positions.clone();
+                let encoded = encode_checkpoint_at(&checkpoint, self.now.as_millis() as u64)
+                    .map_err(|source| CutWriteError::Save { root, source })?;
+                self.storage.push(Stored {
+                    files: encoded.into_iter().collect(),
+                    saved: checkpoint,
+                    history,
+                    positions,
+                    committed: self.committed_ids(),
+                    scheduled: self.chief.scheduled,
+                    batches: self.chief.batches,
+                    preemption: true,
+                });
+                self.read_stored(stored)
+                    .map(|_| ())
+                    .ok_or(CutWriteError::Unverified)
             });
-            self.read_stored(stored)
-                .map(|_| ())
-                .ok_or_else(|| "the preemption cut does not verify".to_string())
-        });
+        self.cut_writes.insert((self.chief_epoch, ticket.0), result);
         let event = Event::PreemptionCutWritten {
             chief: self.chief_epoch,
             ticket: ticket.0,
-            result,
         };
         self.at(self.now + LOAD_DELAY, event);
     }
@@ -3261,14 +3276,58 @@ fn skip_of(setup: &SetupWorker) -> u64 {
 
 /// A call's outcome as the machine hears it: done, refused (the callee answered no), or
 /// unreachable (no answer, or the connection was lost).
-fn call_result(resp: Result<Resp, String>) -> Result<(), CallFault> {
+fn call_result(resp: Result<Resp, NoReply>) -> Result<(), CallFault> {
     match resp {
         Ok(Resp::Done) => Ok(()),
         Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
         Ok(Resp::Unavailable(e)) => Err(CallFault::Unreachable(e)),
         Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
-        Err(e) => Err(CallFault::Unreachable(e)),
+        Err(e) => Err(CallFault::Unreachable(e.to_string())),
     }
+}
+
+/// Why a call got no reply: its connection was lost, or the caller's bound passed (the
+/// gateway's `PeerLost` and `Timeout`, which the machine hears as unreachable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum NoReply {
+    /// A partition or a pause held the call past the detection budget: the connection idled
+    /// out.
+    #[error("connection lost (idle timeout)")]
+    IdledOut,
+    /// The callee's incarnation went down.
+    #[error("{node} (incarnation {epoch}): connection lost")]
+    ConnectionLost {
+        /// The callee.
+        node: Node,
+        /// Its incarnation.
+        epoch: u64,
+    },
+    /// The call's bound passed.
+    #[error("no answer in time")]
+    NoAnswerInTime,
+}
+
+/// Why a simulated server refuses a [`RestoreVariable`] (its answer carries the text, as the
+/// real server's does).
+#[derive(Debug, thiserror::Error)]
+enum RestoreRefusal {
+    /// A blob the message names is not there.
+    #[error("{what}: blob {index} missing")]
+    BlobMissing {
+        /// The buffer.
+        what: String,
+        /// Its index among the blobs.
+        index: usize,
+    },
+    /// A blob is not a whole number of f32 values.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    /// The slots do not fit the optimizer.
+    #[error(transparent)]
+    Slots(#[from] OptimError),
+    /// The store refused the restore.
+    #[error(transparent)]
+    Store(#[from] PsError),
 }
 
 /// Restores one variable into `store` from a [`RestoreVariable`] and its blobs (the values,
@@ -3277,24 +3336,22 @@ fn restore_variable(
     store: &mut ParameterStore,
     msg: RestoreVariable,
     blobs: &[bytes::Bytes],
-) -> Result<(), String> {
+) -> Result<(), RestoreRefusal> {
     let blob = |i: usize, what: &str| {
-        let bytes = blobs
-            .get(i)
-            .ok_or_else(|| format!("{what}: blob {i} missing"))?;
-        bytes_to_f32(bytes, what).map_err(|e| e.to_string())
+        let bytes = blobs.get(i).ok_or_else(|| RestoreRefusal::BlobMissing {
+            what: what.to_string(),
+            index: i,
+        })?;
+        Ok::<_, RestoreRefusal>(bytes_to_f32(bytes, what)?)
     };
     let values = blob(0, &msg.name)?;
     let mut buffers = Vec::with_capacity(msg.slots.len());
     for (i, slot) in msg.slots.iter().enumerate() {
         buffers.push((slot.clone(), blob(i + 1, &format!("{}/{slot}", msg.name))?));
     }
-    let slots = Slots::restore(store.optimizer(), &msg.name, values.len(), buffers, 0)
-        .map_err(|e| e.to_string())?;
+    let slots = Slots::restore(store.optimizer(), &msg.name, values.len(), buffers, 0)?;
     let shape = msg.shape.iter().map(|&d| d as usize).collect();
-    store
-        .handle_restore(&msg.name, shape, values, slots, msg.steps)
-        .map_err(|e| e.to_string())
+    Ok(store.handle_restore(&msg.name, shape, values, slots, msg.steps)?)
 }
 
 /// The optimizer every simulated server runs (with slots, so that restoring them matters).

@@ -249,6 +249,12 @@ pub enum RefusedReason {
         /// The role the sender's certificate names.
         role: String,
     },
+    /// SEC-1: the TLS handshake of a dial refused a certificate (ours by the peer, or the
+    /// peer's by us): permanent, unlike a peer not reachable yet. Made by the dialling gateway
+    /// from the transport's error (its text), never sent by a peer; last, so that the variants
+    /// before it keep their encoding.
+    #[error("not authenticated: {0}")]
+    CertificateRejected(String),
 }
 
 /// Why a registration failed.

@@ -216,11 +216,11 @@ impl Inner {
             }
         };
         // The acceptor's incarnation goes through the same fencing as any message.
-        if let Err(stale) = self.hear(&incarnation) {
+        if let Err(stale) = self.hear_from(&incarnation) {
             conn.close();
             return Err(RemoteError::Stale {
                 peer: node.clone(),
-                reason: stale,
+                reason: stale.to_string(),
             });
         }
         let ctx = self.conn_ctx(conn.clone(), Some(incarnation.clone()));
@@ -360,7 +360,7 @@ async fn resolve(addr: &PeerAddr, peer: &NodeId) -> Result<std::net::SocketAddr,
         .await
         .map_err(|reason| RemoteError::PeerLost {
             peer: peer.clone(),
-            reason,
+            reason: reason.to_string(),
         })
 }
 
@@ -407,8 +407,11 @@ fn connect_error(peer: &NodeId, error: ConnectError) -> RemoteError {
             peer: peer.clone(),
             reason: error.to_string(),
         },
-        ConnectError::CertificateRejected { .. }
-        | ConnectError::IdentityMismatch { .. }
+        ConnectError::CertificateRejected { .. } => RemoteError::Refused {
+            peer: peer.clone(),
+            reason: RefusedReason::CertificateRejected(error.to_string()),
+        },
+        ConnectError::IdentityMismatch { .. }
         | ConnectError::UnexpectedPeer { .. }
         | ConnectError::ProtocolVersionMismatch { .. } => RemoteError::Refused {
             peer: peer.clone(),

@@ -103,7 +103,7 @@ mod remote_ref;
 mod serve;
 mod state;
 
-pub use addr::{PeerAddr, Resolver, SystemResolver};
+pub use addr::{PeerAddr, ResolveError, Resolver, SystemResolver};
 pub use api::{
     GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote, RemoteError,
     RemoteMessage, Senders,
@@ -370,13 +370,18 @@ impl Gateway {
 }
 
 /// Splits a frame's blobs into the encoded payload (blob 0) and the raw blobs after it.
-fn split_payload(mut blobs: Vec<Bytes>) -> Result<(Bytes, Vec<Bytes>), String> {
+fn split_payload(mut blobs: Vec<Bytes>) -> Result<(Bytes, Vec<Bytes>), NoPayload> {
     if blobs.is_empty() {
-        return Err("no payload blob".to_string());
+        return Err(NoPayload);
     }
     let payload = blobs.remove(0);
     Ok((payload, blobs))
 }
+
+/// A frame that carries no payload blob (every message and reply has one: blob 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no payload blob")]
+struct NoPayload;
 
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()

@@ -178,7 +178,7 @@ pub(super) fn decode_reply<M: RemoteMessage>(
             let (payload, blobs) =
                 split_payload(reply.blobs).map_err(|reason| RemoteError::Codec {
                     peer: peer.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 })?;
             let value = codec::decode::<M::Reply>(&payload, inner.config.payload_bytes_max)
                 .map_err(|e| RemoteError::Codec {

@@ -12,7 +12,7 @@ use cohort_transport::{Endpoint, Frame, Incoming, NodeId, Responder};
 
 use super::dispatch::Dispatch;
 use super::state::{ConnCtx, Inner};
-use super::{lock, millis, split_payload, RefusedReason};
+use super::{lock, millis, split_payload, NoPayload, RefusedReason};
 use crate::fencing::Incarnation;
 use crate::wire::{Envelope, WireMsg, WireReply};
 
@@ -31,7 +31,9 @@ impl Inner {
             Ok(WireMsg::Call(envelope)) => match self.check_envelope(ctx, &envelope) {
                 Err(reply) => reply,
                 Ok(()) => match split_payload(frame.blobs) {
-                    Err(reason) => WireReply::Refused(RefusedReason::BadMessage(reason)),
+                    Err(reason) => {
+                        WireReply::Refused(RefusedReason::BadMessage(reason.to_string()))
+                    }
                     Ok((payload, blobs)) => match self.handler_for(ctx, &envelope) {
                         Err(reason) => WireReply::Refused(reason),
                         Ok(handler) => {
@@ -301,8 +303,8 @@ enum OneWayDropped {
     #[error("{0:?}")]
     Sender(WireReply),
     /// Its frame carries no payload blob.
-    #[error("{0}")]
-    NoPayload(String),
+    #[error(transparent)]
+    NoPayload(#[from] NoPayload),
     /// The registry, SEC-2 or the handler refused it.
     #[error("{0}")]
     Refused(RefusedReason),

@@ -1,7 +1,7 @@
 //! The state one gateway shares between its handle, its serving tasks and its heartbeat
 //! driver: the fencing table, the heartbeat machine, the link used to send to each peer, the
-//! handler registry and the counters. Owns `hear`, the FENCE-1 gate every message heard from a
-//! peer goes through, and the bookkeeping of links (one per peer: `add_link`,
+//! handler registry and the counters. Owns `hear_from`, the FENCE-1 gate every message heard
+//! from a peer goes through, and the bookkeeping of links (one per peer: `add_link`,
 //! `State::forget_conn`), served connections and subscribers. Does no IO of its own
 //! beyond closing connections it drops.
 
@@ -193,20 +193,14 @@ impl Inner {
         }
     }
 
-    /// [`hear_from`](Self::hear_from) with the reason in words, for `links.rs`, whose
-    /// `RemoteError::Stale` carries it as text.
-    pub(super) fn hear(&self, from: &Incarnation<NodeId>) -> Result<(), String> {
-        self.hear_from(from).map_err(|stale| stale.to_string())
-    }
-
     /// Makes the connection of `ctx`, on which `incarnation` (already admitted by
-    /// [`hear`](Self::hear)) just said hello, the one link used to send to its node: one link
-    /// per peer, and the newest hello takes it over at once. A newer incarnation's connection
-    /// replaces (and closes) the old one's; a new connection of the same incarnation (it
-    /// dialed again, or it restarted without a newer epoch) replaces the old link too, which
-    /// is left open for what is in flight on it but carries nothing new: heartbeats and calls
-    /// move to the connection the peer last said hello on, so a dead connection never keeps a
-    /// live peer looking silent.
+    /// [`hear_from`](Self::hear_from)) just said hello, the one link used to send to its node:
+    /// one link per peer, and the newest hello takes it over at once. A newer incarnation's
+    /// connection replaces (and closes) the old one's; a new connection of the same
+    /// incarnation (it dialed again, or it restarted without a newer epoch) replaces the old
+    /// link too, which is left open for what is in flight on it but carries nothing new:
+    /// heartbeats and calls move to the connection the peer last said hello on, so a dead
+    /// connection never keeps a live peer looking silent.
     pub(super) fn add_link(
         &self,
         ctx: &ConnCtx,
@@ -220,7 +214,7 @@ impl Inner {
                 }
                 None
             }
-            // `hear` refused anything older than the link's incarnation.
+            // `hear_from` refused anything older than the link's incarnation.
             Some(link) if link.incarnation.epoch > incarnation.epoch => return Ok(()),
             Some(link) => Some(link.clone()),
         };

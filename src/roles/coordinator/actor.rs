@@ -35,12 +35,13 @@ use cohort_actors::{Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, Remote, Re
 use cohort_transport::NodeId;
 use tokio::sync::oneshot;
 
-use super::machine::recovery::{CallFault, CheckpointRef, RestoreCall, RestoreReport};
+use super::machine::recovery::{CallFault, CheckpointRef, LoadFault, RestoreCall, RestoreReport};
 use super::machine::{
     ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket, CoordinatorStatus,
-    CreateError, CreateTicket, CutReadError, CutReading, CutTicket, DrainDisposition, KnownTask,
-    MarkCutError, PositionsTicket, PsDial, RestoreTicket, ResultDisposition, ScheduleError,
-    Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead, StartFailure, WorkerDial,
+    CreateError, CreateTicket, CutReadError, CutReading, CutTicket, CutWriteError,
+    DrainDisposition, KnownTask, MarkCutError, PositionsTicket, PsDial, RestoreTicket,
+    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition,
+    ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -344,7 +345,7 @@ impl CoordinatorActor {
                     Ok(())
                 }
                 Ok(Err(e)) => Err(e),
-                Err(e) => Err(format!("the writing task failed: {e}")),
+                Err(e) => Err(CutWriteError::WriterLost(Box::new(e))),
             };
             act.scheduler
                 .handle_preemption_cut_written(Instant::now(), ticket, result);
@@ -914,8 +915,8 @@ impl CoordinatorActor {
                         let shown = root.display().to_string();
                         let result = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
                             .await
-                            .map_err(|e| format!("reading the checkpoint: {e}"))
-                            .and_then(|loaded| loaded)
+                            .map_err(|e| LoadFault::ReaderLost(Box::new(e)))
+                            .and_then(|loaded| loaded.map_err(LoadFault::from))
                             .map(|loaded| loaded.map(|c| CheckpointRef(Arc::new(c))));
                         match &result {
                             Ok(Some(c)) => tracing::info!(
@@ -994,17 +995,13 @@ impl CoordinatorActor {
                         generation,
                         Box::pin(async move {
                             let result = match target {
-                                Some(target) => {
-                                    match gateway
+                                Some(target) => worker_reply(
+                                    gateway
                                         .remote_ref::<RewindWorker>(target, WORKER_ACTOR)
                                         .call(&RewindWorker { setup })
-                                        .await
-                                    {
-                                        Ok(reply) => reply.map_err(|e| e.to_string()),
-                                        Err(e) => Err(e.to_string()),
-                                    }
-                                }
-                                None => Err(format!("no worker {worker}")),
+                                        .await,
+                                ),
+                                None => Err(no_such_worker(worker)),
                             };
                             if let Err(e) = &result {
                                 tracing::warn!("rewinding worker/{worker}'s datasets: {e}");
@@ -1051,9 +1048,9 @@ fn no_such_worker(worker: u32) -> CallFault {
     CallFault::Refused(format!("no worker worker/{worker} in the cluster"))
 }
 
-/// A worker's answer to a call whose reply is `Result<T, String>`: its own refusal (the
-/// worker answered: the request itself is wrong) or a call that failed (it could not be
-/// reached, or answered too late).
+/// A worker's answer to a call whose reply carries the worker's own refusal (`Result<T, E>`):
+/// that refusal (the worker answered: the request itself is wrong) or a call that failed (it
+/// could not be reached, or answered too late).
 fn worker_reply<T, E: std::fmt::Display>(
     reply: Result<Result<T, E>, RemoteError>,
 ) -> Result<T, CallFault> {
@@ -1357,7 +1354,10 @@ struct SavedCut {
 
 /// Builds the checkpoint of `reading` and saves it durably under `root` (keeping the newest
 /// two: CKPT-1, an older one goes only once the new one verifies). Blocking.
-fn write_cut_checkpoint(root: &std::path::Path, reading: CutReading) -> Result<SavedCut, String> {
+fn write_cut_checkpoint(
+    root: &std::path::Path,
+    reading: CutReading,
+) -> Result<SavedCut, CutWriteError> {
     use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
     let started = Instant::now();
     let checkpoint = reading.into_checkpoint()?;
@@ -1377,10 +1377,13 @@ fn write_cut_checkpoint(root: &std::path::Path, reading: CutReading) -> Result<S
         keep_last: 2,
         ..Default::default()
     };
-    let mut manager = CheckpointManager::new(root, policy, started).map_err(|e| e.to_string())?;
+    let mut manager = CheckpointManager::new(root, policy, started)?;
     let dir = manager
         .save(&checkpoint, Instant::now())
-        .map_err(|e| format!("writing the preemption cut under {}: {e}", root.display()))?;
+        .map_err(|source| CutWriteError::Save {
+            root: root.to_path_buf(),
+            source,
+        })?;
     Ok(SavedCut {
         bytes: dir_bytes(&dir),
         dir,

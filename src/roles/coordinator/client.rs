@@ -18,9 +18,9 @@ use super::actor::{
     ServerTopology, SetLearningRate, Start, Status, Topology,
 };
 pub use super::machine::SAVE_WAIT_MAX;
+use super::machine::{CheckpointBuildError, ConfigureError, CreateError, CutReadError};
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
-use super::machine::{ConfigureError, CreateError, CutReadError};
-use crate::checkpoint::{CheckpointManager, WarmStart, WarmStartError};
+use crate::checkpoint::{CheckpointManager, PolicyError, SaveError, WarmStart, WarmStartError};
 use crate::layout::{Dtype, Layout};
 use crate::nn::Initializer;
 use crate::roles::protocol::{
@@ -755,11 +755,10 @@ impl ClusterCoordinator {
         let generation = reading.generation;
         let cut = reading.ledger.next_closure_id;
         // Assembled here, on the program's thread: it copies every tensor.
-        let written = reading.into_checkpoint().and_then(|ckpt| {
-            manager
-                .save(&ckpt, Instant::now())
-                .map_err(|e| e.to_string())
-        });
+        let written = reading
+            .into_checkpoint()
+            .map_err(SaveWriteError::from)
+            .and_then(|ckpt| Ok(manager.save(&ckpt, Instant::now())?));
         // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
         // error here and never becomes the cut, so recoveries go on restoring the previous
         // one and its closures run again (the coordinator hears it: a recovery may wait for
@@ -768,9 +767,9 @@ impl ClusterCoordinator {
         let dir = written.map_err(|e| {
             self.actor.do_send(AbandonCut {
                 cut: ClosureId(cut),
-                reason: e.clone(),
+                reason: e.to_string(),
             });
-            CoordinatorError::Checkpoint(e)
+            CoordinatorError::Checkpoint(e.to_string())
         })?;
         self.mark_cut(cut, manager.root(), Some(generation));
         Ok(dir)
@@ -799,20 +798,20 @@ impl ClusterCoordinator {
         let runtime = self.runtime.clone();
         let writer = std::thread::Builder::new()
             .name(format!("checkpoint-{step}"))
-            .spawn(move || -> Result<PathBuf, String> {
+            .spawn(move || -> Result<PathBuf, SaveWriteError> {
                 let generation = reading.generation;
                 let cut = ClosureId(reading.ledger.next_closure_id);
-                let written = reading.into_checkpoint().and_then(|ckpt| {
-                    let mut writer = CheckpointManager::new(&root, policy, Instant::now())
-                        .map_err(|e| e.to_string())?;
-                    writer
-                        .save(&ckpt, Instant::now())
-                        .map_err(|e| e.to_string())
-                });
+                let written = reading
+                    .into_checkpoint()
+                    .map_err(SaveWriteError::from)
+                    .and_then(|ckpt| {
+                        let mut writer = CheckpointManager::new(&root, policy, Instant::now())?;
+                        Ok(writer.save(&ckpt, Instant::now())?)
+                    });
                 let dir = written.inspect_err(|e| {
                     actor.do_send(AbandonCut {
                         cut,
-                        reason: e.clone(),
+                        reason: e.to_string(),
                     })
                 })?;
                 let marked = runtime.block_on(actor.send(MarkCut {
@@ -1039,7 +1038,22 @@ pub struct PendingSave {
     step: u64,
     started: Instant,
     read_took: Duration,
-    writer: std::thread::JoinHandle<Result<PathBuf, String>>,
+    writer: std::thread::JoinHandle<Result<PathBuf, SaveWriteError>>,
+}
+
+/// Why a checkpoint read at a cut was not written and verified: it never becomes the cut.
+/// [`CoordinatorError::Checkpoint`] carries it as text (callers match that variant).
+#[derive(Debug, thiserror::Error)]
+enum SaveWriteError {
+    /// The cut read does not make a checkpoint.
+    #[error(transparent)]
+    Build(#[from] CheckpointBuildError),
+    /// The checkpoint manager of the writer could not be made.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// Writing it, or reading it back whole (CKPT-1), failed.
+    #[error(transparent)]
+    Save(#[from] SaveError),
 }
 
 /// A checkpoint written in the background, and what it cost.
@@ -1077,7 +1091,7 @@ impl PendingSave {
             .writer
             .join()
             .map_err(|_| CoordinatorError::Checkpoint("the checkpoint writer panicked".into()))?
-            .map_err(CoordinatorError::Checkpoint)?;
+            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
         manager.record_saved(self.step, self.started);
         Ok(SavedInBackground {
             dir,

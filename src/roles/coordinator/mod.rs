@@ -32,13 +32,15 @@ pub use client::{
     VariableSpec, SAVE_WAIT_MAX,
 };
 pub use machine::recovery::{
-    CallFault, CheckpointRef, RestoreCall, RestoreReport, WorkerPositions, DATASET_POSITIONS_KEY,
+    CallFault, CheckpointRef, LoadFault, PositionsError, RestoreCall, RestoreReport,
+    WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
-    ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket,
-    ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReadError, CutReading,
-    CutState, CutTicket, DrainDisposition, KnownTask, Ledger, LedgerState, MarkCutError,
-    PositionsTicket, PsDial, PsLossCause, RestoreTicket, ResultDisposition, ScheduleError,
-    Scheduler, SchedulerAction, SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead,
-    StartFailure, TaskLiveness, WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    CheckpointBuildError, ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureError,
+    ConfigureTicket, ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReadError,
+    CutReading, CutState, CutTicket, CutWriteError, DrainDisposition, KnownTask, Ledger,
+    LedgerState, MalformedRead, MarkCutError, PositionsTicket, PsDial, PsLossCause, RestoreTicket,
+    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
+    SetUpDisposition, ShardRead, StartFailure, TaskLiveness, WorkerDial, WorkerEpoch,
+    PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

@@ -19,7 +19,7 @@ use cohort_actors::{Gateway, Incarnation, RefusedReason, RemoteError};
 use cohort_transport::NodeId;
 
 use super::machine::recovery::CallFault;
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::{self, Checkpoint, ListError};
 use crate::layout::{Dtype, Layout};
 use crate::roles::protocol::{RestoreVariable, PS_ACTOR};
 
@@ -89,8 +89,10 @@ pub(crate) fn shard_restores(
     layouts: &[Layout],
     ckpt: &Checkpoint,
 ) -> Result<Vec<(RestoreVariable, Vec<Bytes>)>, CallFault> {
-    let unfit =
-        |detail: String| CallFault::Refused(format!("checkpoint at step {}: {detail}", ckpt.step));
+    // The refusal crosses into the machine's `CallFault`, which carries it as text.
+    let unfit = |detail: UnfitVariable| {
+        CallFault::Refused(format!("checkpoint at step {}: {detail}", ckpt.step))
+    };
     let mut restores = Vec::new();
     for layout in layouts {
         if !layout.shards.iter().any(|s| s.ps == ps) {
@@ -114,6 +116,63 @@ pub(crate) fn shard_restores(
         }
     }
     Ok(restores)
+}
+
+/// Why a checkpoint does not fit a variable of the job (a restore refuses it, naming it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UnfitVariable {
+    /// The checkpoint has no variable of that name.
+    #[error("variable {name:?} is not in the checkpoint")]
+    NotSaved {
+        /// The variable.
+        name: String,
+    },
+    /// The checkpoint saved it with another dtype or full shape.
+    #[error(
+        "variable {name:?} was saved as {saved_dtype} {saved_shape:?}, this job's is {dtype} \
+         {shape:?}"
+    )]
+    SavedOtherwise {
+        /// The variable.
+        name: String,
+        /// Its dtype in the checkpoint.
+        saved_dtype: Dtype,
+        /// Its full shape in the checkpoint.
+        saved_shape: Vec<usize>,
+        /// Its dtype in the job.
+        dtype: Dtype,
+        /// Its full shape in the job.
+        shape: Vec<usize>,
+    },
+    /// A tensor of one of its saved shards (the values or a slot) is missing.
+    #[error("variable {name:?}: no tensor {tensor:?} on ps {ps}")]
+    NoTensor {
+        /// The variable.
+        name: String,
+        /// The tensor.
+        tensor: String,
+        /// The server whose shard file should hold it.
+        ps: usize,
+    },
+    /// A tensor of one of its saved shards is not its shard's F32 shape.
+    #[error(
+        "variable {name:?}: tensor {tensor:?} on ps {ps} is {dtype} {shape:?}, its shard is F32 \
+         {shard_shape:?}"
+    )]
+    TensorOtherwise {
+        /// The variable.
+        name: String,
+        /// The tensor.
+        tensor: String,
+        /// The server whose shard file holds it.
+        ps: usize,
+        /// Its dtype.
+        dtype: Dtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The shape of its shard.
+        shard_shape: Vec<usize>,
+    },
 }
 
 /// One variable as a checkpoint saved it (its layout there, the tensors of its shards, their
@@ -143,18 +202,21 @@ struct SavedVariable<'a> {
 impl<'a> SavedVariable<'a> {
     /// The checkpoint's record of the job's variable `job`, if it fits it (same full shape and
     /// dtype); otherwise why not, naming the variable.
-    fn find(ckpt: &'a Checkpoint, job: &Layout) -> Result<Self, String> {
+    fn find(ckpt: &'a Checkpoint, job: &Layout) -> Result<Self, UnfitVariable> {
         let name = &job.name;
         let layout = ckpt
             .layout
             .iter()
             .find(|l| &l.name == name)
-            .ok_or_else(|| format!("variable {name:?} is not in the checkpoint"))?;
+            .ok_or_else(|| UnfitVariable::NotSaved { name: name.clone() })?;
         if layout.shape != job.shape || layout.dtype != job.dtype {
-            return Err(format!(
-                "variable {name:?} was saved as {} {:?}, this job's is {} {:?}",
-                layout.dtype, layout.shape, job.dtype, job.shape
-            ));
+            return Err(UnfitVariable::SavedOtherwise {
+                name: name.clone(),
+                saved_dtype: layout.dtype,
+                saved_shape: layout.shape.clone(),
+                dtype: job.dtype,
+                shape: job.shape.clone(),
+            });
         }
         let mut slots = std::collections::BTreeSet::new();
         for (j, shard) in layout.shards.iter().enumerate() {
@@ -179,7 +241,11 @@ impl<'a> SavedVariable<'a> {
 
     /// The [`RestoreVariable`] and its blobs for shard `index` of `job` (this variable in the
     /// job's layout).
-    fn restore(&self, job: &Layout, index: usize) -> Result<(RestoreVariable, Vec<Bytes>), String> {
+    fn restore(
+        &self,
+        job: &Layout,
+        index: usize,
+    ) -> Result<(RestoreVariable, Vec<Bytes>), UnfitVariable> {
         let pieces = self.pieces(&job.shards[index].rows);
         let mut blobs = vec![self.gather(&pieces, None)?];
         for slot in &self.slots {
@@ -224,7 +290,7 @@ impl<'a> SavedVariable<'a> {
         &self,
         pieces: &[(usize, Range<usize>)],
         slot: Option<&str>,
-    ) -> Result<Bytes, String> {
+    ) -> Result<Bytes, UnfitVariable> {
         let mut bytes = Vec::new();
         for (j, rows) in pieces {
             let ps = self.layout.shards[*j].ps as usize;
@@ -233,21 +299,24 @@ impl<'a> SavedVariable<'a> {
                 None => part.clone(),
                 Some(slot) => checkpoint::slot_tensor_name(&part, slot),
             };
-            let tensor = self.ckpt.tensor(ps, &tensor_name).ok_or_else(|| {
-                format!(
-                    "variable {:?}: no tensor {tensor_name:?} on ps {ps}",
-                    self.layout.name
-                )
-            })?;
+            let tensor =
+                self.ckpt
+                    .tensor(ps, &tensor_name)
+                    .ok_or_else(|| UnfitVariable::NoTensor {
+                        name: self.layout.name.clone(),
+                        tensor: tensor_name.clone(),
+                        ps,
+                    })?;
             let shape = self.layout.shard_shape(*j);
             if tensor.dtype() != Dtype::F32 || tensor.shape() != shape.as_slice() {
-                return Err(format!(
-                    "variable {:?}: tensor {tensor_name:?} on ps {ps} is {} {:?}, its shard is \
-                     F32 {shape:?}",
-                    self.layout.name,
-                    tensor.dtype(),
-                    tensor.shape()
-                ));
+                return Err(UnfitVariable::TensorOtherwise {
+                    name: self.layout.name.clone(),
+                    tensor: tensor_name,
+                    ps,
+                    dtype: tensor.dtype(),
+                    shape: tensor.shape().to_vec(),
+                    shard_shape: shape,
+                });
             }
             // The shape matched, so every row is `row_len` f32 and the slice is in bounds.
             let row_bytes = self.layout.row_len() * Dtype::F32.size_bytes();
@@ -270,8 +339,8 @@ impl<'a> SavedVariable<'a> {
 /// ledger's next closure id), if any; every newer one it skipped is logged with the reason.
 /// Read only: it lists and reads, and removes nothing (a `.tmp-` directory may be a save in
 /// progress). Blocking file IO: run it off the actor's thread.
-pub(crate) fn load_at_cut(root: &Path, cut: u64) -> Result<Option<Checkpoint>, String> {
-    let entries = checkpoint::list_checkpoints(root).map_err(|e| e.to_string())?;
+pub(crate) fn load_at_cut(root: &Path, cut: u64) -> Result<Option<Checkpoint>, ListError> {
+    let entries = checkpoint::list_checkpoints(root)?;
     for entry in entries.into_iter().rev() {
         match checkpoint::read_checkpoint(&entry.dir) {
             Ok(loaded) if loaded.checkpoint.ledger.next_closure_id == cut => {

@@ -871,6 +871,9 @@ mod tests {
         assert_eq!(decode_joiners(&bytes).unwrap(), joiners);
         assert!(encode_joiners(&[]).unwrap().is_empty());
         let err = decode_joiners(&[0xff, 0xff, 0xff]).unwrap_err();
-        assert!(err.to_string().contains("the leader's list of joiners"), "{err}");
+        assert!(
+            err.to_string().contains("the leader's list of joiners"),
+            "{err}"
+        );
     }
 }

@@ -70,13 +70,13 @@ pub use control::{
 use control::{PendingConfigure, PendingPositions};
 pub use membership::DrainDisposition;
 use preempt::PsPreemption;
-pub use preempt::{PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
+pub use preempt::{CutWriteError, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
 use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
 };
-pub use save::CutReadError;
 use save::PendingCutRead;
+pub use save::{CheckpointBuildError, CutReadError, MalformedRead};
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
 pub use servers::{CreateError, CreateTicket};
 use servers::{PendingCreate, PendingStart};
@@ -1313,9 +1313,9 @@ impl Scheduler {
     /// the incarnation restored is not the one serving now: a new recovery starts at once and
     /// dispatch stays held. Returns how many were queued again; an error if no restore was
     /// asked for at that cut (nothing changes).
-    fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, String> {
+    fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, NoRestoreAsked> {
         if !self.recovery.as_ref().is_some_and(Recovery::restoring) || self.cut != Some(cut) {
-            return Err(format!("no restore at cut {} was asked for", cut.0));
+            return Err(NoRestoreAsked { cut: cut.0 });
         }
         // What committed since the cut runs again; what committed between the fallback cut
         // and this one stays kept for a later rollback to the fallback.
@@ -2264,7 +2264,7 @@ impl Scheduler {
         for server in lost.into_iter().chain([ps]) {
             self.lost_for_good.insert(server, cause.clone());
         }
-        self.reshard_restore_ended(Err(reason.clone()));
+        self.reshard_restore_ended(Err(cause.into()));
         while let Some(id) = self.queue.pop_front() {
             self.fail_unavailable(id, format!("parameter server ps/{ps} lost: {reason}"));
         }
@@ -2313,6 +2313,15 @@ impl Scheduler {
             self.ledger.cancelled += 1;
         }
     }
+}
+
+/// The end of a restore at a cut no restore was asked for (`Scheduler::handle_restored`):
+/// nothing changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no restore at cut {cut} was asked for")]
+struct NoRestoreAsked {
+    /// The cut named.
+    cut: u64,
 }
 
 /// Restores one parameter-server recovery may start before its loss counts as unrecoverable

@@ -40,8 +40,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::save::{CutPurpose, CutReading, CutTicket};
-use super::{ClosureId, Scheduler, SchedulerAction};
+use super::save::{CheckpointBuildError, CutPurpose, CutReadError, CutReading, CutTicket};
+use super::{ClosureId, MarkCutError, Scheduler, SchedulerAction};
+use crate::checkpoint::{PolicyError, SaveError};
 use crate::roles::protocol::LeaveAnswer;
 
 /// The directory, under the program's checkpoint directory, where preemption cuts are
@@ -53,6 +54,56 @@ pub const PREEMPTION_CUTS_DIR: &str = "preemption-cuts";
 /// Longest a preemption cut may hold dispatch, from the first notice: past it the cut is given
 /// up and the servers leave without it. A server's grace bounds its own wait anyway.
 pub const PREEMPTION_CUT_MAX: Duration = Duration::from_secs(60);
+
+/// Why the shell did not write a preemption cut's checkpoint (its answer to
+/// [`SchedulerAction::WritePreemptionCut`], [`Scheduler::handle_preemption_cut_written`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CutWriteError {
+    /// The cut read does not make a checkpoint.
+    #[error(transparent)]
+    Build(#[from] CheckpointBuildError),
+    /// The checkpoint manager for the preemption cuts could not be made.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// Writing the checkpoint (or reading it back whole, CKPT-1) failed.
+    #[error("writing the preemption cut under {}: {source}", root.display())]
+    Save {
+        /// The directory of the preemption cuts.
+        root: PathBuf,
+        /// What failed.
+        source: SaveError,
+    },
+    /// It was written, but does not read back whole.
+    #[error("the preemption cut does not verify")]
+    Unverified,
+    /// The writer (off the actor's thread) ended without an outcome: it panicked or was
+    /// cancelled.
+    #[error("the writing task failed: {0}")]
+    WriterLost(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Why a cut at once was given up (logged; the servers that gave notice leave without it).
+#[derive(Debug, thiserror::Error)]
+enum CutGivenUp {
+    /// Its read could not be taken.
+    #[error(transparent)]
+    NotRead(CutReadError),
+    /// The shell could not write it.
+    #[error(transparent)]
+    NotWritten(CutWriteError),
+    /// A restore began while it was written (CKPT-1: it would mix two cuts).
+    #[error("a parameter-server restore began meanwhile")]
+    RestoreBegan,
+    /// Written, but the machine refused it as the cut.
+    #[error(transparent)]
+    NotMarked(MarkCutError),
+    /// It was not taken within [`PREEMPTION_CUT_MAX`].
+    #[error("the cut was not taken within {0:?}")]
+    TooLong(Duration),
+    /// A server was lost before it was read.
+    #[error("a parameter server was lost first; its recovery restores every server")]
+    ServerLostFirst,
+}
 
 /// A parameter-server preemption under way.
 #[derive(Debug)]
@@ -154,7 +205,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         ticket: CutTicket,
-        result: Result<(), String>,
+        result: Result<(), CutWriteError>,
     ) {
         let Some(preemption) = self.preemption.as_ref() else {
             return;
@@ -166,18 +217,18 @@ impl Scheduler {
             return;
         }
         let root = preemption.root.clone();
-        let marked = result.and_then(|()| {
+        let marked = result.map_err(CutGivenUp::NotWritten).and_then(|()| {
             if self.is_restoring() {
-                return Err("a parameter-server restore began meanwhile".into());
+                return Err(CutGivenUp::RestoreBegan);
             }
-            self.mark_cut_at(cut, root).map_err(|e| e.to_string())
+            self.mark_cut_at(cut, root).map_err(CutGivenUp::NotMarked)
         });
         match marked {
             Ok(()) => {
                 self.control.preemption_cuts += 1;
                 self.finish_preemption(now, LeaveAnswer::Go, true);
             }
-            Err(reason) => self.give_up_preemption(now, &reason),
+            Err(reason) => self.give_up_preemption(now, reason),
         }
     }
 
@@ -267,18 +318,14 @@ impl Scheduler {
             return;
         };
         if now >= preemption.since + PREEMPTION_CUT_MAX {
-            let reason = format!("the cut was not taken within {PREEMPTION_CUT_MAX:?}");
-            self.give_up_preemption(now, &reason);
+            self.give_up_preemption(now, CutGivenUp::TooLong(PREEMPTION_CUT_MAX));
             return;
         }
         let PreemptPhase::Reading(ticket) = preemption.phase else {
             return;
         };
         if self.is_holding() {
-            self.give_up_preemption(
-                now,
-                "a parameter server was lost first; its recovery restores every server",
-            );
+            self.give_up_preemption(now, CutGivenUp::ServerLostFirst);
         } else if self.preemption_drained() {
             // Drained: read now rather than at the read's next poll.
             self.begin_cut_read_now(now, ticket);
@@ -314,14 +361,14 @@ impl Scheduler {
         &mut self,
         now: Instant,
         ticket: CutTicket,
-        reason: String,
+        reason: CutReadError,
     ) {
         if self
             .preemption
             .as_ref()
             .is_some_and(|p| p.phase == PreemptPhase::Reading(ticket))
         {
-            self.give_up_preemption(now, &reason);
+            self.give_up_preemption(now, CutGivenUp::NotRead(reason));
         }
     }
 
@@ -341,7 +388,7 @@ impl Scheduler {
         Some(LeaveAnswer::Go)
     }
 
-    fn give_up_preemption(&mut self, now: Instant, reason: &str) {
+    fn give_up_preemption(&mut self, now: Instant, reason: CutGivenUp) {
         if let Some(preemption) = self.preemption.as_ref() {
             if preemption.leaving.is_empty() {
                 tracing::warn!(

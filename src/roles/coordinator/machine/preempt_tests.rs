@@ -302,6 +302,19 @@ fn a_loss_before_the_cut_was_read_gives_the_cut_up() {
     assert_eq!(s.ps_down(), vec![0, 1]);
 }
 
+/// The shell's answer for a preemption cut that found no room on disk.
+pub(super) fn disk_full() -> CutWriteError {
+    let root = std::path::PathBuf::from("ckpt").join(PREEMPTION_CUTS_DIR);
+    CutWriteError::Save {
+        root: root.clone(),
+        source: crate::checkpoint::SaveError::Io {
+            op: "write",
+            path: root,
+            source: std::io::Error::other("no space left on device"),
+        },
+    }
+}
+
 /// A cut that could not be written is given up: the server leaves and its loss rolls back to
 /// the program's last checkpoint (the closures committed since run again).
 #[test]
@@ -314,7 +327,7 @@ fn a_failed_write_gives_the_cut_up_and_the_loss_rolls_back_to_the_last_checkpoin
     let asked = drain(&mut s);
     let rest = answer_reads(&mut s, asked);
     let (ticket, ..) = written(&rest).unwrap();
-    s.handle_preemption_cut_written(t, ticket, Err("disk full".into()));
+    s.handle_preemption_cut_written(t, ticket, Err(disk_full()));
     assert_eq!(answers(&drain(&mut s)), vec![(1, 1, LeaveAnswer::Go)]);
     assert_eq!(s.control_counters().preemption_cuts_given_up, 1);
     s.handle_ps_up(t, 1, 2);

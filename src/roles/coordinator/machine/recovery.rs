@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ClosureId, WorkerEpoch};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, ListError};
 use crate::layout::Layout;
 use crate::roles::protocol::SetupWorker;
 
@@ -129,8 +129,30 @@ pub enum CallFault {
     Refused(String),
 }
 
+/// Why the checkpoint of a restore could not be looked for ([`RestoreReport::Loaded`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadFault {
+    /// The checkpoint directory could not be listed.
+    #[error(transparent)]
+    Unlisted(#[from] ListError),
+    /// The reader (off the actor's thread) ended without an answer: it panicked or was
+    /// cancelled.
+    #[error("its reader failed: {0}")]
+    ReaderLost(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Why a checkpoint's dataset positions cannot be read (`dataset_positions`).
+#[derive(Debug, thiserror::Error)]
+#[error("step {step}: {DATASET_POSITIONS_KEY}: {source}")]
+pub struct PositionsError {
+    /// The checkpoint's step.
+    pub step: u64,
+    /// Why its entry does not decode.
+    pub source: serde_json::Error,
+}
+
 /// The answer to one [`RestoreCall`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum RestoreReport {
     /// Answer to [`RestoreCall::Begin`].
     Begun {
@@ -143,7 +165,7 @@ pub enum RestoreReport {
     /// at the cut, or why the directory could not be read.
     Loaded {
         /// What came of it.
-        result: Result<Option<CheckpointRef>, String>,
+        result: Result<Option<CheckpointRef>, LoadFault>,
     },
     /// Answer to [`RestoreCall::Shards`]. A checkpoint that does not fit the job (a missing
     /// tensor, another shape) is a [`CallFault::Refused`].
@@ -167,7 +189,7 @@ pub enum RestoreReport {
         /// The incarnation rewound.
         epoch: WorkerEpoch,
         /// What came of it.
-        result: Result<(), String>,
+        result: Result<(), CallFault>,
     },
 }
 
@@ -345,9 +367,9 @@ impl RestoreRun {
                         ),
                     });
                 }
-                Err(reason) => {
+                Err(fault) => {
                     return self.end(RunEnd::Failed {
-                        reason: format!("reading the checkpoint: {reason}"),
+                        reason: format!("reading the checkpoint: {fault}"),
                     })
                 }
             },
@@ -394,7 +416,11 @@ impl RestoreRun {
         }
         if next == Phase::Rewind {
             match self.checkpoint.as_ref().map(|c| dataset_positions(&c.0)) {
-                Some(Err(reason)) => return self.end(RunEnd::Failed { reason }),
+                Some(Err(e)) => {
+                    return self.end(RunEnd::Failed {
+                        reason: e.to_string(),
+                    })
+                }
                 Some(Ok(positions)) => self.positions = positions,
                 None => {}
             }
@@ -510,10 +536,12 @@ pub fn setup_with_positions(
 
 /// The per-worker, per-dataset positions a checkpoint keeps (none in a checkpoint without
 /// them: datasets start over), or why they cannot be read.
-pub fn dataset_positions(ckpt: &Checkpoint) -> Result<WorkerPositions, String> {
+pub fn dataset_positions(ckpt: &Checkpoint) -> Result<WorkerPositions, PositionsError> {
     match ckpt.extra.get(DATASET_POSITIONS_KEY) {
-        Some(value) => serde_json::from_value(value.clone())
-            .map_err(|e| format!("step {}: {DATASET_POSITIONS_KEY}: {e}", ckpt.step)),
+        Some(value) => serde_json::from_value(value.clone()).map_err(|source| PositionsError {
+            step: ckpt.step,
+            source,
+        }),
         None => Ok(WorkerPositions::new()),
     }
 }

@@ -65,7 +65,7 @@ pub(super) fn answer(
         RestoreCall::Rewind { worker, epoch, .. } => RestoreReport::Rewound {
             worker: *worker,
             epoch: *epoch,
-            result: result.map_err(|e| e.to_string()),
+            result,
         },
     }
 }

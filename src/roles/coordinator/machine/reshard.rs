@@ -43,7 +43,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{PsEntry, Scheduler, SchedulerAction};
+use super::{PsEntry, PsLossCause, Scheduler, SchedulerAction};
 use crate::roles::protocol::{DrainRefusal, JoinRefusal, SERVERS_MAX};
 use crate::variable::place_again;
 
@@ -55,6 +55,37 @@ pub const RESHARD_ATTEMPTS_MAX: u32 = 3;
 pub const RESHARDING: &str = "the job's parameter servers are being resharded";
 
 /// Servers joining and leaving, waiting for or under way at a cut.
+/// Why servers that asked to leave the job stay in it: the reason of their
+/// [`DrainRefusal::Failed`] answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum LeaveFailure {
+    /// The server registered again (as a newer incarnation) and stays.
+    #[error("ps/{ps} registered again as incarnation {epoch} and stays in the job")]
+    RegisteredAgain {
+        /// The server.
+        ps: u32,
+        /// The incarnation that registered.
+        epoch: u64,
+    },
+    /// No cut could be taken to move the variables.
+    #[error("no checkpoint cut could be taken in {tries} tries")]
+    NoCut {
+        /// Cuts tried ([`RESHARD_ATTEMPTS_MAX`]).
+        tries: u32,
+    },
+    /// A newer incarnation of the server asked to leave: its request is the one answered.
+    #[error("a newer incarnation of ps/{ps} ({newer}) asked to leave")]
+    NewerIncarnation {
+        /// The server.
+        ps: u32,
+        /// The newer incarnation.
+        newer: u64,
+    },
+    /// The recovery that restores the servers after the move failed.
+    #[error(transparent)]
+    RecoveryFailed(#[from] PsLossCause),
+}
+
 #[derive(Debug, Default, Clone)]
 pub(super) struct ServerChanges {
     /// Servers joining, by index: the incarnation that asked and its address.
@@ -135,8 +166,7 @@ impl Scheduler {
         if let Some(asked) = pending.leaving.remove(&ps) {
             // Asked to leave, and registering again before it did (a new incarnation): it
             // stays; the incarnation that asked is told so.
-            let reason =
-                format!("ps/{ps} registered again as incarnation {epoch} and stays in the job");
+            let reason = LeaveFailure::RegisteredAgain { ps, epoch };
             self.answer_leaving(BTreeMap::from([(ps, asked)]), Err(reason));
             return Ok(());
         }
@@ -370,13 +400,15 @@ impl Scheduler {
              taken: {}",
             describe(&changes)
         );
-        let reason = format!("no checkpoint cut could be taken in {RESHARD_ATTEMPTS_MAX} tries");
+        let reason = LeaveFailure::NoCut {
+            tries: RESHARD_ATTEMPTS_MAX,
+        };
         self.answer_leaving(changes.leaving, Err(reason));
     }
 
     /// The restore after a move ended (`Ok`), or the recovery failed (why): the servers that
     /// left are answered.
-    pub(super) fn reshard_restore_ended(&mut self, result: Result<(), String>) {
+    pub(super) fn reshard_restore_ended(&mut self, result: Result<(), LeaveFailure>) {
         let Some(changes) = self.resharding.moving.take() else {
             return;
         };
@@ -443,16 +475,21 @@ impl Scheduler {
         };
         leaving.insert(ps, kept);
         if let Some(other) = other {
-            let reason = format!("a newer incarnation of ps/{ps} ({kept}) asked to leave");
+            let reason = LeaveFailure::NewerIncarnation { ps, newer: kept };
             self.answer_leaving(BTreeMap::from([(ps, other)]), Err(reason));
         }
     }
 
-    fn answer_leaving(&mut self, leaving: BTreeMap<u32, u64>, result: Result<(), String>) {
+    fn answer_leaving(&mut self, leaving: BTreeMap<u32, u64>, result: Result<(), LeaveFailure>) {
         for (ps, epoch) in leaving {
-            let result = result
-                .clone()
-                .map_err(|reason| DrainRefusal::Failed { ps, reason });
+            // The answer crosses the wire: the reason goes as text.
+            let result = match &result {
+                Ok(()) => Ok(()),
+                Err(reason) => Err(DrainRefusal::Failed {
+                    ps,
+                    reason: reason.to_string(),
+                }),
+            };
             self.actions
                 .push_back(SchedulerAction::AnswerPsDraining { ps, epoch, result });
         }

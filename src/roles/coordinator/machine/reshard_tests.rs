@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::control_tests::drain;
-use super::preempt_tests::{answer_reads, ckpt_dir, commit_all, training, written};
+use super::preempt_tests::{answer_reads, ckpt_dir, commit_all, disk_full, training, written};
 use super::recovery::RestoreCall;
 use super::recovery_tests::{answer, dispatched, step_of};
 use super::reshard::RESHARD_ATTEMPTS_MAX;
@@ -265,7 +265,7 @@ fn cuts_that_cannot_be_taken_are_tried_again_then_the_server_stays() {
     for attempt in 1..=RESHARD_ATTEMPTS_MAX {
         let rest = answer_reads(&mut s, actions);
         let (ticket, ..) = written(&rest).expect("a cut is tried");
-        s.handle_preemption_cut_written(t, ticket, Err("disk full".into()));
+        s.handle_preemption_cut_written(t, ticket, Err(disk_full()));
         actions = drain(&mut s);
         assert_eq!(s.servers_in_job(), vec![0, 1], "nothing moved");
         if attempt < RESHARD_ATTEMPTS_MAX {
@@ -382,7 +382,7 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
                                 *ckpt = Some(Arc::new(reading.into_checkpoint().unwrap()));
                                 s.handle_preemption_cut_written(t, ticket, Ok(()));
                             } else {
-                                s.handle_preemption_cut_written(t, ticket, Err("full".into()));
+                                s.handle_preemption_cut_written(t, ticket, Err(disk_full()));
                             }
                         }
                         SchedulerAction::Restore(call) => {

@@ -40,9 +40,9 @@ use bytes::Bytes;
 use super::control::{CutState, LedgerState};
 use super::recovery::{CallFault, WorkerPositions, DATASET_POSITIONS_KEY};
 use super::{ClosureFailure, ClosureId, PositionsTicket, Scheduler, SchedulerAction};
-use crate::checkpoint::{self, Checkpoint, TensorBytes};
+use crate::checkpoint::{self, Checkpoint, TensorBytes, TensorError};
 use crate::layout::Layout;
-use crate::roles::protocol::{blob, bytes_to_f32, ShardState};
+use crate::roles::protocol::{blob, bytes_to_f32, BlobError, ShardState};
 
 /// Why no checkpoint cut was read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,6 +101,51 @@ pub enum CutReadError {
         /// What disturbed the last.
         last: String,
     },
+}
+
+/// Why a cut read does not make a checkpoint ([`CutReading::into_checkpoint`]): a server's
+/// answer that is not what it should be.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointBuildError {
+    /// A shard of the layouts has no answer among the reads.
+    #[error("shard {shard:?} was not read")]
+    ShardNotRead {
+        /// The shard.
+        shard: String,
+    },
+    /// A server answered a read whose blobs do not make the shard's tensors.
+    #[error("ps/{ps} answered a malformed read of {shard:?}: {source}")]
+    MalformedRead {
+        /// The server.
+        ps: u32,
+        /// The shard.
+        shard: String,
+        /// What is wrong with it.
+        source: MalformedRead,
+    },
+    /// A shard is placed on a server beyond the cut's servers.
+    #[error("shard {shard:?} is placed on unknown ps/{ps}")]
+    UnknownServer {
+        /// The shard.
+        shard: String,
+        /// The server.
+        ps: u32,
+    },
+    /// The workers' dataset positions do not encode.
+    #[error("{0}")]
+    Positions(#[source] serde_json::Error),
+}
+
+/// What is wrong with a server's answer to a shard's read
+/// ([`CheckpointBuildError::MalformedRead`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedRead {
+    /// A blob is missing or ragged.
+    #[error(transparent)]
+    Blob(BlobError),
+    /// The values do not make a tensor of the shard's shape.
+    #[error(transparent)]
+    Tensor(TensorError),
 }
 
 /// Times a save's read is begun again because a parameter-server recovery or new work came
@@ -542,9 +587,7 @@ impl Scheduler {
                 ticket: read.ticket,
                 result: Err(reason),
             }),
-            CutPurpose::Preemption => {
-                self.preemption_cut_failed(now, read.ticket, reason.to_string())
-            }
+            CutPurpose::Preemption => self.preemption_cut_failed(now, read.ticket, reason),
         }
         self.advance_cut_read(now);
     }
@@ -607,27 +650,37 @@ impl CutReading {
     /// The checkpoint of this cut: every shard with its optimizer slots and steps, every
     /// worker's dataset positions, and the ledger with its retained ids (whole, LEDGER-1 across
     /// restarts). A malformed answer (a blob missing or ragged) is an error naming the shard.
-    pub fn into_checkpoint(self) -> Result<Checkpoint, String> {
+    pub fn into_checkpoint(self) -> Result<Checkpoint, CheckpointBuildError> {
         let mut ckpt = Checkpoint::new(self.step, self.num_servers as usize);
         for layout in &self.layouts {
             ckpt.layout.push(layout.clone());
             for (i, shard) in layout.shards.iter().enumerate() {
                 let name = layout.shard_name(i);
-                let read = self
-                    .reads
-                    .get(&name)
-                    .ok_or_else(|| format!("shard {name:?} was not read"))?;
-                let malformed = |e: &dyn std::fmt::Display| {
-                    format!("ps/{} answered a malformed read of {name:?}: {e}", shard.ps)
+                let read =
+                    self.reads
+                        .get(&name)
+                        .ok_or_else(|| CheckpointBuildError::ShardNotRead {
+                            shard: name.clone(),
+                        })?;
+                let malformed = |source: MalformedRead| CheckpointBuildError::MalformedRead {
+                    ps: shard.ps,
+                    shard: name.clone(),
+                    source,
                 };
                 let shape: Vec<usize> = read.state.shape.iter().map(|&d| d as usize).collect();
-                let tensor = |index: usize| -> Result<TensorBytes, String> {
-                    let bytes = blob(&read.blobs, index, &name).map_err(|e| malformed(&e))?;
-                    let values = bytes_to_f32(bytes, "snapshot").map_err(|e| malformed(&e))?;
-                    TensorBytes::from_f32(shape.clone(), &values).map_err(|e| malformed(&e))
+                let tensor = |index: usize| -> Result<TensorBytes, CheckpointBuildError> {
+                    let bytes = blob(&read.blobs, index, &name)
+                        .map_err(|e| malformed(MalformedRead::Blob(e)))?;
+                    let values = bytes_to_f32(bytes, "snapshot")
+                        .map_err(|e| malformed(MalformedRead::Blob(e)))?;
+                    TensorBytes::from_f32(shape.clone(), &values)
+                        .map_err(|e| malformed(MalformedRead::Tensor(e)))
                 };
                 let shard_tensors = ckpt.shards.get_mut(shard.ps as usize).ok_or_else(|| {
-                    format!("shard {name:?} is placed on unknown ps/{}", shard.ps)
+                    CheckpointBuildError::UnknownServer {
+                        shard: name.clone(),
+                        ps: shard.ps,
+                    }
                 })?;
                 shard_tensors.tensors.insert(name.clone(), tensor(0)?);
                 for (slot_index, slot) in read.state.slots.iter().enumerate() {
@@ -644,7 +697,7 @@ impl CutReading {
                 .insert(*worker, datasets.values().sum());
         }
         ckpt.extra[DATASET_POSITIONS_KEY] =
-            serde_json::to_value(&self.positions).map_err(|e| e.to_string())?;
+            serde_json::to_value(&self.positions).map_err(CheckpointBuildError::Positions)?;
         let state = self.ledger;
         ckpt.ledger = checkpoint::Ledger {
             next_closure_id: state.next_closure_id,

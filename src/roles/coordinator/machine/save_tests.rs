@@ -368,7 +368,17 @@ fn a_malformed_shard_answer_fails_the_read_naming_the_shard() {
     s.handle_shard_read(t, ticket, 1, 1, "w/part_1", Ok(short));
     let reading = cut_read(&drain(&mut s)).unwrap().unwrap();
     let err = reading.into_checkpoint().unwrap_err();
-    assert!(err.contains("ps/1") && err.contains("w/part_1"), "{err}");
+    assert!(
+        matches!(
+            &err,
+            CheckpointBuildError::MalformedRead {
+                ps: 1,
+                shard,
+                source: MalformedRead::Blob(_),
+            } if shard == "w/part_1"
+        ),
+        "{err}"
+    );
 }
 
 /// A variable's shards are created on the servers the layout places them on, each with its
