@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::cluster::{parse_duration_in, ClusterConfig, ClusterError, ConfigKey, TaskType};
 use crate::process::{BAD_CONFIG_EXIT_CODE, TRAINING_ERROR_EXIT_CODE};
-use crate::strategy::{Communication, MultiWorkerConfig, MultiWorkerMirrored, StrategyError};
+use crate::strategy::{
+    Communication, CommunicationError, MultiWorkerConfig, MultiWorkerMirrored, StrategyError,
+};
 
 /// The environment variable that picks what all-reduces across the workers (`ring`, `nccl`,
 /// `nccl:N`) for [`multi_worker_main`]'s tasks.
@@ -44,8 +46,8 @@ pub enum TaskConfigError {
     Communication {
         /// The variable.
         variable: String,
-        /// What is wrong with its value (the strategy's parser says it in words).
-        detail: String,
+        /// What is wrong with its value.
+        detail: CommunicationError,
     },
     /// The metrics address is not one to serve on (the message names the variable).
     #[error(transparent)]
@@ -315,7 +317,9 @@ mod tests {
         );
         let communication = TaskConfigError::Communication {
             variable: COMMUNICATION_ENV.into(),
-            detail: "\"gloo\": expected \"ring\", \"nccl\" or \"nccl:GPU\"".into(),
+            detail: CommunicationError::Unknown {
+                text: "gloo".into(),
+            },
         };
         assert_eq!(
             communication.to_string(),

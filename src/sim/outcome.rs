@@ -63,10 +63,8 @@ impl ExpectedEnd {
     pub(super) fn cause_holds(&self, scenario: &Scenario) -> Result<(), String> {
         let hit = |node: Node| scenario.faults.iter().any(|f| hits(f, node));
         let any_server_hit = scenario.faults.iter().any(|f| {
-            matches!(
-                fault_node(f),
-                Some(Node::Ps(_))
-            ) || matches!(f, Fault::PsJoin { .. } | Fault::PsLeave { .. })
+            matches!(fault_node(f), Some(Node::Ps(_)))
+                || matches!(f, Fault::PsJoin { .. } | Fault::PsLeave { .. })
         });
         let storage_faulted = scenario
             .faults
@@ -109,14 +107,20 @@ impl fmt::Display for ExpectedEnd {
                 "ps/{ps} lost its variables before any checkpoint became the cut"
             ),
             ExpectedEnd::ServerNotBack { ps } => {
-                write!(f, "ps/{ps} was not back and restored within ps_restart_wait")
+                write!(
+                    f,
+                    "ps/{ps} was not back and restored within ps_restart_wait"
+                )
             }
             ExpectedEnd::RestoreFailed { ps } => write!(
                 f,
                 "restoring ps/{ps} failed: no checkpoint at the cut (or before it) reads back whole"
             ),
             ExpectedEnd::RestoreInterrupted { ps } => {
-                write!(f, "restoring ps/{ps} was interrupted by further losses too often")
+                write!(
+                    f,
+                    "restoring ps/{ps} was interrupted by further losses too often"
+                )
             }
             ExpectedEnd::ChiefWithoutCheckpoint => f.write_str(
                 "a new chief found no checkpoint that verifies over servers that trained or \
@@ -195,5 +199,88 @@ fn fault_node(fault: &Fault) -> Option<Node> {
         | Fault::Partition { node, .. }
         | Fault::Preempt { node, .. } => Some(*node),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An end is expected only where the scenario's faults explain it: the same end on a
+    /// fault-free run, or naming a server no fault touched, is a violation.
+    #[test]
+    fn an_end_is_expected_only_where_a_fault_of_the_scenario_explains_it() {
+        let quiet = Scenario::fault_free(1);
+        let server_killed = Scenario {
+            faults: vec![Fault::Kill {
+                at_ms: 10,
+                node: Node::Ps(1),
+            }],
+            ..Scenario::fault_free(1)
+        };
+        let chief_crashed_in_a_save = Scenario {
+            faults: vec![Fault::Storage {
+                save: 0,
+                fault: StorageFault::CrashBeforePublish,
+            }],
+            ..Scenario::fault_free(1)
+        };
+        for end in [
+            ExpectedEnd::ServerNotBack { ps: 1 },
+            ExpectedEnd::ServerLostBeforeFirstCut { ps: 1 },
+            ExpectedEnd::ChiefWithoutCheckpoint,
+            ExpectedEnd::RestoreFailed { ps: 1 },
+            ExpectedEnd::SaveNotRead,
+        ] {
+            let err = end.cause_holds(&quiet).unwrap_err();
+            assert!(err.contains(&end.to_string()), "{err}");
+        }
+        assert_eq!(
+            ExpectedEnd::ServerNotBack { ps: 1 }.cause_holds(&server_killed),
+            Ok(())
+        );
+        assert!(ExpectedEnd::ServerNotBack { ps: 0 }
+            .cause_holds(&server_killed)
+            .is_err());
+        assert_eq!(
+            ExpectedEnd::ChiefWithoutCheckpoint.cause_holds(&chief_crashed_in_a_save),
+            Ok(())
+        );
+        assert_eq!(
+            ExpectedEnd::RestoreFailed { ps: 0 }.cause_holds(&chief_crashed_in_a_save),
+            Ok(())
+        );
+    }
+
+    /// The coordinator's typed errors map onto the expected ends; an error with no expected
+    /// end (here a retention overflow, which the simulated job never reaches) is none.
+    #[test]
+    fn typed_errors_map_onto_expected_ends_and_others_are_violations() {
+        let lost = |cause| ClosureFailure::PsLost { ps: 2, cause };
+        assert_eq!(
+            of_closure_failure(&lost(PsLossCause::NoCheckpoint)),
+            Ok(ExpectedEnd::ServerLostBeforeFirstCut { ps: 2 })
+        );
+        assert_eq!(
+            of_closure_failure(&lost(PsLossCause::NotBack {
+                wait: std::time::Duration::from_secs(60)
+            })),
+            Ok(ExpectedEnd::ServerNotBack { ps: 2 })
+        );
+        assert!(
+            of_closure_failure(&lost(PsLossCause::RetentionOverflow { retained_max: 10 })).is_err()
+        );
+        let trained = StartFailure::TrainedWithoutCheckpoint {
+            root: "ckpt".into(),
+            ps: 0,
+            next_free_closure_id: 5,
+            generation: 0,
+        };
+        assert_eq!(
+            of_start_failure(&trained, false),
+            Ok(ExpectedEnd::ChiefWithoutCheckpoint)
+        );
+        // Refused although the start was given a checkpoint that verifies: a bug.
+        assert!(of_start_failure(&trained, true).is_err());
     }
 }

@@ -89,11 +89,60 @@ impl std::fmt::Display for Communication {
     }
 }
 
+/// Why a [`Communication`] cannot be had: its name does not parse, or this process cannot
+/// use it ([`Communication::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommunicationError {
+    /// The name is none of `ring`, `nccl`, `nccl:GPU`.
+    #[error("{text:?}: expected \"ring\", \"nccl\" or \"nccl:GPU\"")]
+    Unknown {
+        /// What was given.
+        text: String,
+    },
+    /// This build has no NCCL (the feature `nccl` is off).
+    #[error(
+        "nccl:{device}: this build of cohort has no NCCL: build it with `cargo build --features \
+         nccl`"
+    )]
+    NotBuilt {
+        /// The GPU asked for.
+        device: usize,
+    },
+    /// libnccl could not be loaded or answered with an error.
+    #[error("nccl:{device}: {detail}")]
+    NcclUnavailable {
+        /// The GPU asked for.
+        device: usize,
+        /// What NCCL's loader said.
+        detail: String,
+    },
+    /// The CUDA driver could not count the GPUs.
+    #[error("nccl:{device}: no GPU ({detail})")]
+    NoGpu {
+        /// The GPU asked for.
+        device: usize,
+        /// What the driver said.
+        detail: String,
+    },
+    /// The GPU asked for is not among the visible ones.
+    #[error("nccl:{device}: no GPU {device}: this process sees {gpus} GPU(s) (NCCL {version})")]
+    NoSuchGpu {
+        /// The GPU asked for.
+        device: usize,
+        /// How many this process sees.
+        gpus: usize,
+        /// The NCCL version loaded.
+        version: String,
+    },
+}
+
 impl std::str::FromStr for Communication {
-    type Err = String;
+    type Err = CommunicationError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{text:?}: expected \"ring\", \"nccl\" or \"nccl:GPU\"");
+        let bad = || CommunicationError::Unknown {
+            text: text.to_string(),
+        };
         match text.split_once(':') {
             None if text == "ring" => Ok(Communication::Ring),
             None if text == "nccl" => Ok(Communication::Nccl { device: 0 }),
@@ -109,29 +158,33 @@ impl std::str::FromStr for Communication {
 impl Communication {
     /// Whether this process can use it: for NCCL, a build with the feature, libnccl and the
     /// CUDA driver loaded, and the GPU visible. The error says what is missing.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CommunicationError> {
         let Communication::Nccl { device } = *self else {
             return Ok(());
         };
         #[cfg(not(feature = "nccl"))]
         {
-            Err(format!(
-                "nccl:{device}: this build of cohort has no NCCL: build it with \
-                 `cargo build --features nccl`"
-            ))
+            Err(CommunicationError::NotBuilt { device })
         }
         #[cfg(feature = "nccl")]
         {
-            let version =
-                crate::collective::nccl_version().map_err(|e| format!("nccl:{device}: {e}"))?;
+            let version = crate::collective::nccl_version().map_err(|e| {
+                CommunicationError::NcclUnavailable {
+                    device,
+                    detail: e.to_string(),
+                }
+            })?;
             // Counted, not opened: another worker may hold its GPU in exclusive mode.
-            let gpus = crate::collective::gpu_count()
-                .map_err(|e| format!("nccl:{device}: no GPU ({e})"))?;
+            let gpus = crate::collective::gpu_count().map_err(|e| CommunicationError::NoGpu {
+                device,
+                detail: e.to_string(),
+            })?;
             if device >= gpus {
-                return Err(format!(
-                    "nccl:{device}: no GPU {device}: this process sees {gpus} GPU(s) (NCCL \
-                     {version})"
-                ));
+                return Err(CommunicationError::NoSuchGpu {
+                    device,
+                    gpus,
+                    version: version.to_string(),
+                });
             }
             Ok(())
         }
@@ -262,7 +315,16 @@ mod tests {
         }
         for bad in ["", "gloo", "ring:1", "nccl:", "nccl:-1", "nccl:x", "NCCL"] {
             let err = bad.parse::<Communication>().unwrap_err();
-            assert!(err.contains("expected \"ring\""), "{bad}: {err}");
+            assert_eq!(
+                err,
+                CommunicationError::Unknown {
+                    text: bad.to_string()
+                }
+            );
+            assert!(
+                err.to_string().contains("expected \"ring\""),
+                "{bad}: {err}"
+            );
         }
         assert_eq!(Communication::default(), Communication::Ring);
         assert_eq!(Communication::Ring.check(), Ok(()));

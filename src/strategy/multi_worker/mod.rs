@@ -58,8 +58,8 @@ mod quorum;
 
 pub(crate) use self::config::metrics_addr_from_env;
 pub use self::config::{
-    Communication, MultiWorkerConfig, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT,
-    DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
+    Communication, CommunicationError, MultiWorkerConfig, DEFAULT_BUCKET_BYTES_MAX,
+    DEFAULT_ENTER_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use self::elastic::{
     Admission, Departure, ElasticState, GroupChange, Leave, Recovery, SaveStateError,
@@ -395,7 +395,7 @@ fn check_config(config: &MultiWorkerConfig) -> Result<TaskId, StrategyError> {
     config
         .communication
         .check()
-        .map_err(|detail| bad("communication", detail))?;
+        .map_err(|e| bad("communication", e.to_string()))?;
     Ok(task)
 }
 
