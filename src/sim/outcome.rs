@@ -11,7 +11,9 @@
 use std::fmt;
 
 use super::{Fault, Node, Scenario, StorageFault};
-use crate::roles::coordinator::{ClosureFailure, CutReadError, PsLossCause, StartFailure};
+use crate::roles::coordinator::{
+    CheckpointBuildError, ClosureFailure, CutReadError, PsLossCause, StartFailure,
+};
 
 /// Why a simulated job may end without finishing (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +47,26 @@ pub enum ExpectedEnd {
     SaveNotRead,
 }
 
+/// How a simulated job ended that no expected end accounts for: a violation (`END`).
+#[derive(Debug, thiserror::Error)]
+pub enum UnexpectedEnd {
+    /// An expected kind of end, but no fault of the scenario explains it.
+    #[error("the job ended with \"{0}\", but no fault of the scenario explains it")]
+    Unexplained(ExpectedEnd),
+    /// The coordinator failed the job with an error no expected end is.
+    #[error("{0}")]
+    Closure(ClosureFailure),
+    /// Reading a cut for a save failed for a reason no expected end is.
+    #[error("reading a cut: {0}")]
+    CutRead(CutReadError),
+    /// The chief's start failed for a reason no expected end is.
+    #[error("the chief's start failed: {0}")]
+    Start(StartFailure),
+    /// A cut read whole did not make a checkpoint.
+    #[error("the cut read does not make a checkpoint: {0}")]
+    Checkpoint(CheckpointBuildError),
+}
+
 impl ExpectedEnd {
     /// A short name of its kind, as summaries count them.
     pub fn kind(&self) -> &'static str {
@@ -60,7 +82,7 @@ impl ExpectedEnd {
     }
 
     /// Whether `scenario` bears out this end's cause: `Err` says what is missing.
-    pub(super) fn cause_holds(&self, scenario: &Scenario) -> Result<(), String> {
+    pub(super) fn cause_holds(&self, scenario: &Scenario) -> Result<(), UnexpectedEnd> {
         let hit = |node: Node| scenario.faults.iter().any(|f| hits(f, node));
         let any_server_hit = scenario.faults.iter().any(|f| {
             matches!(fault_node(f), Some(Node::Ps(_)))
@@ -92,9 +114,7 @@ impl ExpectedEnd {
         if ok {
             Ok(())
         } else {
-            Err(format!(
-                "the job ended with \"{self}\", but no fault of the scenario explains it"
-            ))
+            Err(UnexpectedEnd::Unexplained(self.clone()))
         }
     }
 }
@@ -137,7 +157,7 @@ impl fmt::Display for ExpectedEnd {
 }
 
 /// The expected end a job failure of the coordinator's is, or why it is none.
-pub(super) fn of_closure_failure(failure: &ClosureFailure) -> Result<ExpectedEnd, String> {
+pub(super) fn of_closure_failure(failure: &ClosureFailure) -> Result<ExpectedEnd, UnexpectedEnd> {
     match failure {
         ClosureFailure::PsLost { ps, cause } => {
             let ps = *ps;
@@ -153,19 +173,21 @@ pub(super) fn of_closure_failure(failure: &ClosureFailure) -> Result<ExpectedEnd
                     Ok(ExpectedEnd::RestoreInterrupted { ps })
                 }
                 // The simulated job keeps far fewer closures than the bound.
-                PsLossCause::RetentionOverflow { .. } => Err(failure.to_string()),
+                PsLossCause::RetentionOverflow { .. } => {
+                    Err(UnexpectedEnd::Closure(failure.clone()))
+                }
             }
         }
-        other => Err(other.to_string()),
+        other => Err(UnexpectedEnd::Closure(other.clone())),
     }
 }
 
 /// The expected end a failed read of a cut for a save is, or why it is none.
-pub(super) fn of_cut_read(error: &CutReadError) -> Result<ExpectedEnd, String> {
+pub(super) fn of_cut_read(error: &CutReadError) -> Result<ExpectedEnd, UnexpectedEnd> {
     match error {
         CutReadError::JobFailed { error } => of_closure_failure(error),
         CutReadError::NotUndisturbed { .. } => Ok(ExpectedEnd::SaveNotRead),
-        other => Err(other.to_string()),
+        other => Err(UnexpectedEnd::CutRead(other.clone())),
     }
 }
 
@@ -174,7 +196,7 @@ pub(super) fn of_cut_read(error: &CutReadError) -> Result<ExpectedEnd, String> {
 pub(super) fn of_start_failure(
     failure: &StartFailure,
     checkpoint_given: bool,
-) -> Result<ExpectedEnd, String> {
+) -> Result<ExpectedEnd, UnexpectedEnd> {
     match failure {
         StartFailure::TrainedWithoutCheckpoint { .. } if !checkpoint_given => {
             Ok(ExpectedEnd::ChiefWithoutCheckpoint)
@@ -182,7 +204,7 @@ pub(super) fn of_start_failure(
         StartFailure::ServerLost { ps, .. } | StartFailure::ServerMissing { ps } => {
             Ok(ExpectedEnd::ChiefStartInterrupted { ps: *ps })
         }
-        other => Err(format!("the chief's start failed: {other}")),
+        other => Err(UnexpectedEnd::Start(other.clone())),
     }
 }
 
@@ -233,23 +255,20 @@ mod tests {
             ExpectedEnd::SaveNotRead,
         ] {
             let err = end.cause_holds(&quiet).unwrap_err();
-            assert!(err.contains(&end.to_string()), "{err}");
+            assert!(err.to_string().contains(&end.to_string()), "{err}");
         }
-        assert_eq!(
-            ExpectedEnd::ServerNotBack { ps: 1 }.cause_holds(&server_killed),
-            Ok(())
-        );
+        assert!(ExpectedEnd::ServerNotBack { ps: 1 }
+            .cause_holds(&server_killed)
+            .is_ok());
         assert!(ExpectedEnd::ServerNotBack { ps: 0 }
             .cause_holds(&server_killed)
             .is_err());
-        assert_eq!(
-            ExpectedEnd::ChiefWithoutCheckpoint.cause_holds(&chief_crashed_in_a_save),
-            Ok(())
-        );
-        assert_eq!(
-            ExpectedEnd::RestoreFailed { ps: 0 }.cause_holds(&chief_crashed_in_a_save),
-            Ok(())
-        );
+        assert!(ExpectedEnd::ChiefWithoutCheckpoint
+            .cause_holds(&chief_crashed_in_a_save)
+            .is_ok());
+        assert!(ExpectedEnd::RestoreFailed { ps: 0 }
+            .cause_holds(&chief_crashed_in_a_save)
+            .is_ok());
     }
 
     /// The coordinator's typed errors map onto the expected ends; an error with no expected
@@ -258,14 +277,15 @@ mod tests {
     fn typed_errors_map_onto_expected_ends_and_others_are_violations() {
         let lost = |cause| ClosureFailure::PsLost { ps: 2, cause };
         assert_eq!(
-            of_closure_failure(&lost(PsLossCause::NoCheckpoint)),
-            Ok(ExpectedEnd::ServerLostBeforeFirstCut { ps: 2 })
+            of_closure_failure(&lost(PsLossCause::NoCheckpoint)).ok(),
+            Some(ExpectedEnd::ServerLostBeforeFirstCut { ps: 2 })
         );
         assert_eq!(
             of_closure_failure(&lost(PsLossCause::NotBack {
                 wait: std::time::Duration::from_secs(60)
-            })),
-            Ok(ExpectedEnd::ServerNotBack { ps: 2 })
+            }))
+            .ok(),
+            Some(ExpectedEnd::ServerNotBack { ps: 2 })
         );
         assert!(
             of_closure_failure(&lost(PsLossCause::RetentionOverflow { retained_max: 10 })).is_err()
@@ -277,8 +297,8 @@ mod tests {
             generation: 0,
         };
         assert_eq!(
-            of_start_failure(&trained, false),
-            Ok(ExpectedEnd::ChiefWithoutCheckpoint)
+            of_start_failure(&trained, false).ok(),
+            Some(ExpectedEnd::ChiefWithoutCheckpoint)
         );
         // Refused although the start was given a checkpoint that verifies: a bug.
         assert!(of_start_failure(&trained, true).is_err());

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::outcome::{self, ExpectedEnd};
+use super::outcome::{self, ExpectedEnd, UnexpectedEnd};
 use super::{Fault, Node, Scenario, SimConfig, StorageFault, Violation, EXTRA_SERVERS_MAX};
 use crate::checkpoint::{
     checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, Checkpoint, LoadError,
@@ -845,10 +845,10 @@ impl<'a> World<'a> {
 
     /// The job ends without finishing: with an expected end whose cause the scenario bears
     /// out, or else a violation (`END`): an error no documented end explains.
-    fn end_early(&mut self, end: Result<ExpectedEnd, String>) {
+    fn end_early(&mut self, end: Result<ExpectedEnd, UnexpectedEnd>) {
         match end.and_then(|end| end.cause_holds(self.scenario).map(|()| end)) {
             Ok(end) => self.ended = Some(Err(end)),
-            Err(detail) => self.violate("END", detail),
+            Err(unexpected) => self.violate("END", unexpected.to_string()),
         }
     }
 
@@ -2701,7 +2701,7 @@ impl<'a> World<'a> {
                 let step = self.storage.len() as u64;
                 match self.coord.handle_read_cut(now, step) {
                     Ok(ticket) => self.chief.phase = ChiefPhase::Saving { ticket },
-                    Err(e) => self.end_early(Err(format!("reading a cut: {e}"))),
+                    Err(e) => self.end_early(Err(UnexpectedEnd::CutRead(e))),
                 }
             }
             ChiefPhase::Saving { .. } | ChiefPhase::Writing(_) => {}
@@ -2736,7 +2736,7 @@ impl<'a> World<'a> {
         let now = self.instant();
         match self.coord.handle_start(now, checkpoint, root) {
             Ok(ticket) => self.chief.phase = ChiefPhase::Restoring { ticket, stored },
-            Err(e) => self.end_early(Err(format!("the chief's start: {e}"))),
+            Err(e) => self.end_early(Err(UnexpectedEnd::Start(e))),
         }
     }
 
@@ -2758,9 +2758,7 @@ impl<'a> World<'a> {
                 let checkpoint = match reading.into_checkpoint() {
                     Ok(checkpoint) => checkpoint,
                     Err(e) => {
-                        self.end_early(Err(format!(
-                            "the cut read does not make a checkpoint: {e}"
-                        )));
+                        self.end_early(Err(UnexpectedEnd::Checkpoint(e)));
                         return;
                     }
                 };

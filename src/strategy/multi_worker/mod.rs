@@ -434,7 +434,7 @@ fn cluster_members(
     for job in [TaskType::Chief, TaskType::Worker] {
         for (i, text) in cluster.cluster.addresses(job).iter().enumerate() {
             let key = format!("cluster.{job}[{i}]");
-            let addr = resolve(text).map_err(|detail| bad(&key, detail))?;
+            let addr = resolve(text).map_err(|e| bad(&key, e.to_string()))?;
             let member = TaskId::new(job, i as u32);
             if member == task {
                 own_addr = Some(addr);
@@ -449,12 +449,31 @@ fn cluster_members(
     Ok((members, own_addr))
 }
 
+/// Why a member's address (`host:port`) gives no socket address.
+#[derive(Debug, thiserror::Error)]
+enum AddrError {
+    /// The name does not resolve.
+    #[error("{text:?} does not resolve: {source}")]
+    DoesNotResolve {
+        text: String,
+        source: std::io::Error,
+    },
+    /// It resolves to no address.
+    #[error("{text:?} resolves to no address")]
+    NoAddress { text: String },
+}
+
 /// The first address `text` (`host:port`) resolves to.
-fn resolve(text: &str) -> Result<SocketAddr, String> {
+fn resolve(text: &str) -> Result<SocketAddr, AddrError> {
     text.to_socket_addrs()
-        .map_err(|e| format!("{text:?} does not resolve: {e}"))?
+        .map_err(|source| AddrError::DoesNotResolve {
+            text: text.to_string(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("{text:?} resolves to no address"))
+        .ok_or_else(|| AddrError::NoAddress {
+            text: text.to_string(),
+        })
 }
 
 /// Starts the runtime of this worker's collectives (two threads).
