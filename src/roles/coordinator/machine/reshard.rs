@@ -114,8 +114,9 @@ pub(super) struct Resharding {
     /// Where every server of the job serves (`host:port`): the cluster spec's as given
     /// ([`Scheduler::with_server_addresses`]), and those that joined.
     addresses: BTreeMap<u32, String>,
-    /// Servers that left the job (and did not join again since), with the incarnation that
-    /// left.
+    /// Servers that left the job, or asked to leave before their registration arrived and
+    /// went at once (and did not join again since), with the incarnation that left: a
+    /// registration of that incarnation delivered later is no join.
     left: BTreeMap<u32, u64>,
     /// Changes applied since the start.
     pub(super) done: u64,
