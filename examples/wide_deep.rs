@@ -114,7 +114,7 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
                 .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(50)))
                 .callback(ChaosPoint::after_epoch(3)),
         )
-        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        .map_err(CoordinatorError::other)?;
     println!(
         "wide_deep: held-out AUC {:.4}, accuracy {:.4} after {} steps (resumed at {:?})",
         history.get("val_auc").last().unwrap_or(&f64::NAN),

@@ -37,8 +37,8 @@ use std::sync::Arc;
 
 pub use crate::bootstrap::{multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV};
 pub use crate::roles::coordinator::{
-    ClusterCoordinator, CoordinatorError, CreateError, Encoded, PendingSave, RemoteValue,
-    SavedInBackground, VariableSpec,
+    CheckpointError, ClusterCoordinator, CoordinatorError, CreateError, Encoded, PendingSave,
+    RemoteValue, SavedInBackground, VariableSpec,
 };
 pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};

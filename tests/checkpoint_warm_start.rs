@@ -50,7 +50,7 @@ fn program() -> Program {
                 let dir = coordinator.checkpoint_dir().expect("COHORT_CHECKPOINT_DIR");
                 let policy = CheckpointPolicy::default();
                 let mut manager = CheckpointManager::new(dir, policy, std::time::Instant::now())
-                    .map_err(|e| cohort::program::CoordinatorError::Other(e.to_string()))?;
+                    .map_err(cohort::program::CoordinatorError::other)?;
                 let resumed = coordinator.restore_checkpoint(&mut manager)?;
                 let w0 = coordinator.read_variable("w")?;
                 let b0 = coordinator.read_variable("b")?;

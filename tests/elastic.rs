@@ -98,7 +98,7 @@ fn elastic(coordinator: &ClusterCoordinator) -> Result<(), CoordinatorError> {
 fn foreign(coordinator: &ClusterCoordinator) -> Result<(), CoordinatorError> {
     let tf_config = std::env::var("TF_CONFIG").unwrap_or_default();
     ps_support::write_atomic(&child_dir().join(TF_CONFIG_FILE), tf_config.as_bytes())
-        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        .map_err(CoordinatorError::other)?;
     let mut trainer = Trainer::default();
     let deadline = Instant::now() + PHASE_WAIT_MAX;
     while !child_dir().join(FOREIGN_DONE).exists() && Instant::now() < deadline {
@@ -125,7 +125,7 @@ impl Trainer {
         }
         let value = self.in_flight.pop_front().expect("scheduled above");
         let bytes = coordinator.fetch_encoded(&value)?;
-        let bad = || CoordinatorError::Other(format!("bad value {bytes:?}"));
+        let bad = || CoordinatorError::other(format!("bad value {bytes:?}"));
         let worker = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| bad())?);
         let element = i64::from_le_bytes(bytes[8..].try_into().map_err(|_| bad())?);
         self.read.push((worker, element));

@@ -243,16 +243,15 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
                         .delete_checkpoint(false),
                 ),
         )
-        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        .map_err(CoordinatorError::other)?;
     let mut report = ledger_and_stats(coordinator)?;
     report["step"] = serde_json::json!(history.step);
     report["resumed_at"] = serde_json::json!(history.resumed_at);
     report["loss"] = serde_json::json!(history.get("loss"));
     report["val_accuracy"] = serde_json::json!(history.get("val_accuracy"));
     report["learning_rate"] = serde_json::json!(history.get("learning_rate"));
-    report["saved_accuracy"] = serde_json::json!(
-        saved_accuracy(&best).map_err(|e| CoordinatorError::Other(e.to_string()))?
-    );
+    report["saved_accuracy"] =
+        serde_json::json!(saved_accuracy(&best).map_err(CoordinatorError::other)?);
     // The servers' weights now, against the files of the epoch EarlyStopping restored and of
     // the last epoch.
     let val_loss = history.get("val_loss");
@@ -270,7 +269,7 @@ fn chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
     };
     let on_servers = servers_weights(coordinator)?;
     let differs = |path: std::path::PathBuf| -> Result<f32, CoordinatorError> {
-        let saved = file_weights(&path).map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        let saved = file_weights(&path).map_err(CoordinatorError::other)?;
         Ok(largest_difference(&saved, &on_servers))
     };
     report["restored_vs_its_epoch"] = serde_json::json!(differs(file(worst))?);
@@ -626,16 +625,16 @@ mod rows {
                     .validation_steps(3)
                     .verbose(false),
             )
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            .map_err(CoordinatorError::other)?;
         let initial = ModelVariables::new(SEED);
-        bag(initial.var_builder(0)).map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        bag(initial.var_builder(0)).map_err(CoordinatorError::other)?;
         let drawn = initial
             .get("embedding.weight")
             .expect("the bag has a table")
             .read_value()
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            .map_err(CoordinatorError::other)?;
         let mut report = ledger_and_stats(coordinator)?;
         report["initial"] = serde_json::json!(drawn);
         report["trained"] = serde_json::json!(coordinator.read_variable("embedding.weight")?);
@@ -731,7 +730,7 @@ mod rate {
                             .delete_checkpoint(false),
                     ),
             )
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            .map_err(CoordinatorError::other)?;
         let epoch_file = |epoch: usize| {
             std::path::PathBuf::from(
                 every
@@ -742,12 +741,11 @@ mod rate {
         };
         let on_servers = servers_weights(coordinator)?;
         let differs = |epoch: usize| -> Result<f32, CoordinatorError> {
-            let saved = file_weights(&epoch_file(epoch))
-                .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            let saved = file_weights(&epoch_file(epoch)).map_err(CoordinatorError::other)?;
             Ok(largest_difference(&saved, &on_servers))
         };
         let initial = ModelVariables::new(11);
-        net(initial.var_builder(0)).map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        net(initial.var_builder(0)).map_err(CoordinatorError::other)?;
         let drawn: Vec<(String, Vec<f32>)> = initial
             .variables()
             .iter()
@@ -756,7 +754,7 @@ mod rate {
                 Ok((v.name().to_owned(), values))
             })
             .collect::<Result<_, cohort::candle::Error>>()
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            .map_err(CoordinatorError::other)?;
         let mut report = ledger_and_stats(coordinator)?;
         report["step"] = serde_json::json!(history.step);
         report["learning_rate"] = serde_json::json!(history.get("learning_rate"));

@@ -116,10 +116,10 @@ fn program() -> Program {
             coordinator.wait_for_workers(2, Duration::from_secs(30))?;
             let dir = coordinator
                 .checkpoint_dir()
-                .ok_or_else(|| CoordinatorError::Other("no checkpoint_dir configured".into()))?;
+                .ok_or_else(|| CoordinatorError::other("no checkpoint_dir configured"))?;
             let policy = CheckpointPolicy { save_every_steps: None, save_every: None, keep_last: 3 };
             let mut manager =
-                CheckpointManager::new(dir, policy, Instant::now()).map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+                CheckpointManager::new(dir, policy, Instant::now()).map_err(|e| CoordinatorError::Checkpoint(e.into()))?;
             let restored = coordinator.restore_checkpoint(&mut manager)?;
             let mut report = serde_json::json!({ "restored_step": restored, "restored": variables(coordinator)? });
             let mut step = restored.unwrap_or(0);
@@ -147,13 +147,13 @@ fn program() -> Program {
                     }
                     report["final_step"] = serde_json::json!(step);
                     report["ledger"] = serde_json::to_value(coordinator.ledger()?)
-                        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+                        .map_err(CoordinatorError::other)?;
                 }
                 "worker-leaves" => {
                     train(coordinator, &mut step, STEPS_WITH_A_WORKER_PREEMPTED)?;
                     report["final_step"] = serde_json::json!(step);
                     report["ledger"] = serde_json::to_value(coordinator.ledger()?)
-                        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+                        .map_err(CoordinatorError::other)?;
                 }
                 "worker-preempted-often" => {
                     // Trains until the test has sent its last notice, then a little more.
@@ -164,7 +164,7 @@ fn program() -> Program {
                     train(coordinator, &mut step, STEPS_AFTER_PREEMPTIONS)?;
                     report["final_step"] = serde_json::json!(step);
                     report["ledger"] = serde_json::to_value(coordinator.ledger()?)
-                        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+                        .map_err(CoordinatorError::other)?;
                 }
                 "ignore" => {
                     // A program that never looks at the stop request: the process must end
@@ -227,8 +227,7 @@ fn variables(coordinator: &ClusterCoordinator) -> Result<serde_json::Value, Coor
             .collect();
         out[name] = serde_json::json!(bits);
     }
-    out["ps"] = serde_json::to_value(coordinator.ps_stats()?)
-        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+    out["ps"] = serde_json::to_value(coordinator.ps_stats()?).map_err(CoordinatorError::other)?;
     Ok(out)
 }
 

@@ -77,9 +77,9 @@ fn program() -> Program {
             };
             let mut manager =
                 CheckpointManager::new(child_dir().join("ckpt"), policy, Instant::now())
-                    .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+                    .map_err(|e| CoordinatorError::Checkpoint(e.into()))?;
             let mut report = serde_json::json!({
-                "layouts": serde_json::to_value(coordinator.layouts()).map_err(other)?,
+                "layouts": serde_json::to_value(coordinator.layouts()).map_err(CoordinatorError::other)?,
             });
             // What restore would skip, and why (the coordinator logs the same).
             let outcome = CheckpointManager::new(
@@ -87,9 +87,9 @@ fn program() -> Program {
                 CheckpointPolicy::default(),
                 Instant::now(),
             )
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?
+            .map_err(|e| CoordinatorError::Checkpoint(e.into()))?
             .restore_latest()
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+            .map_err(|e| CoordinatorError::Checkpoint(e.into()))?;
             report["skipped"] = outcome
                 .skipped
                 .iter()
@@ -112,19 +112,19 @@ fn program() -> Program {
                         nix::unistd::Pid::this(),
                         nix::sys::signal::Signal::SIGKILL,
                     );
-                    Err(CoordinatorError::Other("still alive after SIGKILL".into()))
+                    Err(CoordinatorError::other("still alive after SIGKILL"))
                 }
                 "resume" => {
                     let step = restored
-                        .ok_or_else(|| CoordinatorError::Other("nothing to resume from".into()))?;
+                        .ok_or_else(|| CoordinatorError::other("nothing to resume from"))?;
                     train(coordinator, STEPS_PER_SAVE)?;
                     report["trained"] = variables(coordinator)?;
                     report["after_training"] = ledger_and_stats(coordinator)?;
                     write_report(&report)?;
                     // With COHORT_FAILPOINT=checkpoint.before_manifest this exits mid-save.
                     coordinator.save_checkpoint(&mut manager, step + STEPS_PER_SAVE)?;
-                    Err(CoordinatorError::Other(
-                        "the save was expected to crash".into(),
+                    Err(CoordinatorError::other(
+                        "the save was expected to crash",
                     ))
                 }
                 _ => write_report(&report),
@@ -151,10 +151,6 @@ fn variables(coordinator: &ClusterCoordinator) -> Result<serde_json::Value, Coor
         out[name] = serde_json::json!(bits);
     }
     Ok(out)
-}
-
-fn other(e: impl std::fmt::Display) -> CoordinatorError {
-    CoordinatorError::Other(e.to_string())
 }
 
 #[test]

@@ -89,7 +89,7 @@ fn program() -> Program {
                         let worker = u32::from_le_bytes(
                             bytes
                                 .try_into()
-                                .map_err(|_| CoordinatorError::Other("bad value".into()))?,
+                                .map_err(|_| CoordinatorError::other("bad value"))?,
                         );
                         by_worker[worker as usize] += 1;
                     }

@@ -100,14 +100,14 @@ fn chief_restart(coordinator: &mut ClusterCoordinator) -> Result<(), Coordinator
     use cohort::checkpoint::{CheckpointManager, CheckpointPolicy};
     let dir = coordinator
         .checkpoint_dir()
-        .ok_or_else(|| CoordinatorError::Other("no checkpoint_dir".into()))?;
+        .ok_or_else(|| CoordinatorError::other("no checkpoint_dir"))?;
     let policy = CheckpointPolicy {
         save_every_steps: None,
         save_every: None,
         keep_last: 3,
     };
     let mut manager = CheckpointManager::new(dir, policy, Instant::now())
-        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+        .map_err(|e| CoordinatorError::Checkpoint(e.into()))?;
     let restored = coordinator.restore_checkpoint(&mut manager)?;
     let mut step = restored.unwrap_or(0);
     if restored.is_none() {
@@ -204,14 +204,14 @@ impl Trainer {
         report["whole"] = serde_json::json!(coordinator.read_variable("whole")?);
         report["servers"] =
             serde_json::json!(coordinator.topology().servers.keys().collect::<Vec<_>>());
-        report["layouts"] = serde_json::to_value(coordinator.layouts())
-            .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+        report["layouts"] =
+            serde_json::to_value(coordinator.layouts()).map_err(CoordinatorError::other)?;
         write_report(&report)
     }
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), CoordinatorError> {
-    ps_support::write_atomic(path, bytes).map_err(|e| CoordinatorError::Other(e.to_string()))
+    ps_support::write_atomic(path, bytes).map_err(CoordinatorError::other)
 }
 
 /// Starts ps/2 by hand: the job's TF_CONFIG with its own address added, and a certificate

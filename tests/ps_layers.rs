@@ -285,7 +285,6 @@ fn program() -> Program {
             Ok::<_, StepError>(evaluate(model.model(), &(ids[0].clone(), y))?)
         })
         .chief(|coordinator| {
-            let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
             // The chief creates both models' variables on the servers; the table is split
             // over both.
             ServerModel::create_variables(coordinator, SEED, classifier, |_, _| None)?;
@@ -319,7 +318,7 @@ fn program() -> Program {
             report["table_at_start"] = serde_json::json!(table_at_start);
             report["table_at_end"] = serde_json::json!(coordinator.read_variable(TABLE)?);
             report["layouts"] =
-                serde_json::to_value(coordinator.layouts()).map_err(|e| other(&e))?;
+                serde_json::to_value(coordinator.layouts()).map_err(CoordinatorError::other)?;
             let counters = ledger_and_stats(coordinator)?;
             report["ledger"] = counters["ledger"].clone();
             report["ps"] = counters["ps"].clone();

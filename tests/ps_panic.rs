@@ -77,7 +77,7 @@ fn program() -> Program {
             };
             let mut manager =
                 CheckpointManager::new(child_dir().join("ckpt"), policy, Instant::now())
-                    .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+                    .map_err(|e| CoordinatorError::Checkpoint(e.into()))?;
             let mut scheduled = 0u64;
             for _ in 0..CHUNKS {
                 for _ in 0..CHUNK {

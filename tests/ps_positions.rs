@@ -32,7 +32,6 @@ fn program() -> Program {
             Ok(value.to_le_bytes().to_vec())
         })
         .chief(|coordinator| {
-            let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
             let policy = CheckpointPolicy {
                 save_every_steps: None,
                 save_every: None,
@@ -40,7 +39,7 @@ fn program() -> Program {
             };
             let mut manager =
                 CheckpointManager::new(child_dir().join("ckpt"), policy, std::time::Instant::now())
-                    .map_err(|e| other(&e))?;
+                    .map_err(CoordinatorError::other)?;
             coordinator.create_variable(VariableSpec::zeros("unused", vec![1]))?;
             // Restore before the datasets exist, so they are built at the restored positions.
             let resumed = coordinator.restore_checkpoint(&mut manager)?;
@@ -54,7 +53,9 @@ fn program() -> Program {
             for v in &values {
                 let bytes = coordinator.fetch_encoded(v)?;
                 read.push(i64::from_le_bytes(
-                    bytes.try_into().map_err(|_| other(&"bad value"))?,
+                    bytes
+                        .try_into()
+                        .map_err(|_| CoordinatorError::other("bad value"))?,
                 ));
             }
             if scenario() == "first" {

@@ -77,7 +77,7 @@ fn program() -> Program {
             };
             let mut manager =
                 CheckpointManager::new(child_dir().join("ckpt"), policy, Instant::now())
-                    .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+                    .map_err(|e| CoordinatorError::Checkpoint(e.into()))?;
             let mut report = serde_json::json!({});
             let mut scheduled = 0u64;
             let mut in_background = None;
@@ -191,7 +191,7 @@ fn wait_until_gone(pid: u32) -> Result<(), CoordinatorError> {
     let pid = nix::unistd::Pid::from_raw(pid as i32);
     while nix::sys::signal::kill(pid, None).is_ok() {
         if Instant::now() >= deadline {
-            return Err(CoordinatorError::Other(format!(
+            return Err(CoordinatorError::other(format!(
                 "{pid} did not leave within 30 s"
             )));
         }
@@ -209,14 +209,14 @@ fn first_pid(task: &str) -> Result<u32, CoordinatorError> {
     let path = child_dir().join(first_pid_file(task));
     let never = std::sync::atomic::AtomicBool::new(false);
     ps_support::wait_for_pid(&path, &never)
-        .ok_or_else(|| CoordinatorError::Other(format!("{task} wrote no PID file")))
+        .ok_or_else(|| CoordinatorError::other(format!("{task} wrote no PID file")))
 }
 
 fn ps1_pid() -> Result<u32, CoordinatorError> {
     let path = child_dir().join(PS_PID_FILE);
     let never = std::sync::atomic::AtomicBool::new(false);
     ps_support::wait_for_pid(&path, &never)
-        .ok_or_else(|| CoordinatorError::Other("ps/1 wrote no PID file".into()))
+        .ok_or_else(|| CoordinatorError::other("ps/1 wrote no PID file"))
 }
 
 #[test]

@@ -79,7 +79,7 @@ fn program() -> Program {
             let mut manager = manager_at(&child_dir().join("ckpt"))?;
             let restored = coordinator.restore_checkpoint(&mut manager)?;
             let mut report = serde_json::json!({
-                "layouts": serde_json::to_value(coordinator.layouts()).map_err(other)?,
+                "layouts": serde_json::to_value(coordinator.layouts()).map_err(CoordinatorError::other)?,
                 "restored_step": restored,
                 "restored": variables(coordinator)?,
             });
@@ -97,7 +97,7 @@ fn program() -> Program {
                     report["trained"] = variables(coordinator)?;
                 }
                 (scenario, restored) => {
-                    return Err(CoordinatorError::Other(format!(
+                    return Err(CoordinatorError::other(format!(
                         "scenario {scenario:?} with restored step {restored:?}"
                     )))
                 }
@@ -113,7 +113,7 @@ fn manager_at(root: &Path) -> Result<CheckpointManager, CoordinatorError> {
         keep_last: 3,
     };
     CheckpointManager::new(root, policy, Instant::now())
-        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))
+        .map_err(|e| CoordinatorError::Checkpoint(e.into()))
 }
 
 fn train(
@@ -138,10 +138,6 @@ fn variables(coordinator: &ClusterCoordinator) -> Result<serde_json::Value, Coor
         out[name] = serde_json::json!(bits);
     }
     Ok(out)
-}
-
-fn other(e: impl std::fmt::Display) -> CoordinatorError {
-    CoordinatorError::Other(e.to_string())
 }
 
 #[test]

@@ -92,11 +92,11 @@ fn program() -> Program {
             }
             coordinator.join()?;
             let (_, victim) = read_pid_file(&child_dir().join(VICTIM_PID))
-                .ok_or_else(|| CoordinatorError::Other("the victim never started".into()))?;
+                .ok_or_else(|| CoordinatorError::other("the victim never started"))?;
             let deadline = Instant::now() + REJOIN_WAIT_MAX;
             while !ran_again(&victim) {
                 if Instant::now() > deadline {
-                    return Err(CoordinatorError::Other(format!(
+                    return Err(CoordinatorError::other(format!(
                         "worker {victim} never came back as a new incarnation"
                     )));
                 }

@@ -83,8 +83,8 @@ fn program() -> Program {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             while !child_dir().join(CONTINUED).exists() {
                 if std::time::Instant::now() > deadline {
-                    return Err(CoordinatorError::Other(
-                        "the test never continued the stopped worker".into(),
+                    return Err(CoordinatorError::other(
+                        "the test never continued the stopped worker",
                     ));
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -104,7 +104,7 @@ fn program() -> Program {
             report["victim_ran_on"] = serde_json::json!(u32::from_le_bytes(
                 victim_ran_on
                     .try_into()
-                    .map_err(|_| CoordinatorError::Other("bad value".into()))?
+                    .map_err(|_| CoordinatorError::other("bad value"))?
             ));
             report["w"] = serde_json::json!(coordinator.read_variable("w")?);
             write_report(&report)

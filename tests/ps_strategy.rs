@@ -234,8 +234,7 @@ fn program() -> Program {
         .dataset("data", |_ctx| dataset())
         .step_encoded("train", train_step)
         .chief(|coordinator| {
-            let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
-            let strategy = ParameterServerStrategy::on_coordinator(coordinator).map_err(|e| other(&e))?;
+            let strategy = ParameterServerStrategy::on_coordinator(coordinator).map_err(CoordinatorError::other)?;
             // What cannot apply on the coordinator.
             let run = refusal(strategy.run(|_ctx, ()| (), ()), "run");
             let distribute = refusal(
@@ -256,18 +255,18 @@ fn program() -> Program {
             // The scope declares variables without drawing them; the strategy creates the
             // model's on the servers (split over two when there are two).
             let declared_without_values = {
-                let _scope = strategy.try_scope().map_err(|e| other(&e))?;
-                !kernel_in_scope().map_err(|e| other(&e))?.has_local_copy()
+                let _scope = strategy.try_scope().map_err(CoordinatorError::other)?;
+                !kernel_in_scope().map_err(CoordinatorError::other)?.has_local_copy()
             };
             let split = coordinator.num_ps() > 1;
             strategy
                 .create_variables(coordinator, SEED, kernel, |_, _| {
                     split.then_some(Partitioner::FixedShards { num_shards: 2 })
                 })
-                .map_err(|e| other(&e))?;
+                .map_err(CoordinatorError::other)?;
             let data = strategy
                 .distribute_datasets_from_registered_function(coordinator, "data")
-                .map_err(|e| other(&e))?;
+                .map_err(CoordinatorError::other)?;
             coordinator.wait_for_workers(
                 coordinator.num_workers() as usize,
                 std::time::Duration::from_secs(30),
@@ -277,7 +276,7 @@ fn program() -> Program {
             for _ in 0..STEPS {
                 let value = coordinator.schedule_encoded("train", data.name().as_bytes().to_vec())?;
                 let bytes = coordinator.fetch_encoded(&value)?;
-                steps.push(serde_json::from_slice::<Value>(&bytes).map_err(|e| other(&e))?);
+                steps.push(serde_json::from_slice::<Value>(&bytes).map_err(CoordinatorError::other)?);
             }
             coordinator.join()?;
             let mut report = json!({

@@ -25,8 +25,9 @@ pub mod wire;
 
 pub use fencing::{Admission, Epoch, FencingTable, Incarnation, Stale};
 pub use gateway::{
-    Gateway, GatewayConfig, GatewayStats, PeerAddr, PeerEvent, RefusedReason, RegisterError,
-    Remote, RemoteError, RemoteMessage, RemoteRef, ResolveError, Resolver, Senders, SystemResolver,
+    Gateway, GatewayConfig, GatewayStats, LookupError, PeerAddr, PeerEvent, RefusedReason,
+    RegisterError, Remote, RemoteError, RemoteMessage, RemoteRef, ResolveError, Resolver, Senders,
+    SystemResolver,
 };
 pub use heartbeat::{DeathCause, Heard, HeartbeatConfig, HeartbeatEvent, HeartbeatMachine};
 pub use restart::{RestartDecision, RestartLimits, RestartPolicy};

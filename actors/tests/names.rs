@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use bincode::{Decode, Encode};
 use cohort_actors::{
-    Epoch, Gateway, GatewayConfig, HeartbeatConfig, PeerAddr, RefusedReason, Remote, RemoteError,
-    RemoteMessage, Resolver, Senders,
+    Epoch, Gateway, GatewayConfig, HeartbeatConfig, LookupError, PeerAddr, RefusedReason, Remote,
+    RemoteError, RemoteMessage, Resolver, Senders,
 };
 use cohort_transport::{ClusterCa, Endpoint, NodeCredentials, NodeId, TransportConfig};
 
@@ -29,10 +29,10 @@ impl RemoteMessage for Ping {
 struct Names(Mutex<Option<SocketAddr>>);
 
 impl Resolver for Names {
-    fn lookup(&self, host_port: &str) -> Result<Vec<SocketAddr>, String> {
+    fn lookup(&self, _: &str) -> Result<Vec<SocketAddr>, LookupError> {
         match *self.0.lock().unwrap() {
             Some(addr) => Ok(vec![addr]),
-            None => Err(format!("{host_port}: Name or service not known")),
+            None => Err(LookupError::NoSuchHost),
         }
     }
 }

@@ -66,9 +66,9 @@ pub fn parse_duration_in(
     let total_ms = match parse_ms(text) {
         Ok(ms) => ms,
         Err(Unparsed::TooLarge) => return Err(out_of_range()),
-        Err(Unparsed::Syntax(detail)) => {
+        Err(Unparsed::Syntax(why)) => {
             return Err(bad(format!(
-                "{text:?} is not a duration ({detail}; e.g. \"30s\", \"500ms\", \"1m30s\")"
+                "{text:?} is not a duration ({why}; e.g. \"30s\", \"500ms\", \"1m30s\")"
             )))
         }
     };
@@ -98,26 +98,38 @@ pub fn format_duration(duration: Duration) -> String {
 
 /// Why a text is not a number of milliseconds.
 enum Unparsed {
-    /// Not a duration at all; says why.
-    Syntax(String),
+    /// Not a duration at all.
+    Syntax(NotADuration),
     /// A duration, but more milliseconds than any range allows.
     TooLarge,
+}
+
+/// Why a text is not a duration at all.
+#[derive(Debug, thiserror::Error)]
+enum NotADuration {
+    /// Nothing but blanks.
+    #[error("empty")]
+    Empty,
+    /// `humantime` refused it (a unit missing or unknown, a stray character).
+    #[error(transparent)]
+    Humantime(humantime::DurationError),
+    /// Finer than a whole millisecond.
+    #[error("finer than a millisecond, the finest a setting takes")]
+    SubMillisecond,
 }
 
 /// The milliseconds `text` spells, exactly (`humantime`'s syntax; a unit is required).
 fn parse_ms(text: &str) -> Result<u128, Unparsed> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
-        return Err(Unparsed::Syntax("empty".into()));
+        return Err(Unparsed::Syntax(NotADuration::Empty));
     }
     let duration = humantime::parse_duration(trimmed).map_err(|e| match e {
         humantime::DurationError::NumberOverflow => Unparsed::TooLarge,
-        other => Unparsed::Syntax(other.to_string()),
+        other => Unparsed::Syntax(NotADuration::Humantime(other)),
     })?;
     if duration.subsec_nanos() % 1_000_000 != 0 {
-        return Err(Unparsed::Syntax(
-            "finer than a millisecond, the finest a setting takes".into(),
-        ));
+        return Err(Unparsed::Syntax(NotADuration::SubMillisecond));
     }
     Ok(duration.as_millis())
 }

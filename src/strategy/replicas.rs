@@ -108,6 +108,7 @@ pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u64 = 60_000;
 const MAILBOX_JOBS_MAX: usize = 64;
 
 type Job = Box<dyn FnOnce() + Send>;
+/// A replica's value, or its panic's text: a panic payload has no type to keep ([`panic_message`]).
 type Outcome = Result<Box<dyn Any + Send>, String>;
 
 #[derive(Debug)]

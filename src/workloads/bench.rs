@@ -228,11 +228,7 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
             coordinator.create_variable(blob)?;
             ("goodput_step", 0, 2 * 4 * GOODPUT_FLOATS as u64)
         }
-        other => {
-            return Err(CoordinatorError::Other(format!(
-                "COHORT_BENCH_WORKLOAD: unknown workload {other:?} (dense, sparse, goodput)"
-            )))
-        }
+        _ => return Err(BenchError::UnknownWorkload(workload.clone()).into()),
     };
     if workload != "goodput" {
         coordinator.create_per_worker_dataset(&workload)?;
@@ -265,11 +261,36 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
         report.steps_per_s, report.examples_per_s, report.ps_goodput_mib_s
     );
     if let Ok(path) = std::env::var("COHORT_BENCH_REPORT") {
-        let json =
-            serde_json::to_string(&report).map_err(|e| CoordinatorError::Other(e.to_string()))?;
-        std::fs::write(&path, json).map_err(|e| CoordinatorError::Other(format!("{path}: {e}")))?;
+        let json = serde_json::to_string(&report).map_err(BenchError::Encode)?;
+        std::fs::write(&path, json).map_err(|source| BenchError::Write { path, source })?;
     }
     Ok(())
+}
+
+/// Why the benchmark's chief failed, apart from the coordinator's own errors (carried as
+/// [`CoordinatorError::Other`]).
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    /// `COHORT_BENCH_WORKLOAD` names no workload.
+    #[error("COHORT_BENCH_WORKLOAD: unknown workload {0:?} (dense, sparse, goodput)")]
+    UnknownWorkload(String),
+    /// The report could not be encoded.
+    #[error("encoding the report: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The report could not be written to `COHORT_BENCH_REPORT`.
+    #[error("{path}: {source}")]
+    Write {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl From<BenchError> for CoordinatorError {
+    fn from(e: BenchError) -> Self {
+        CoordinatorError::other(e)
+    }
 }
 
 fn dense_params() -> Vec<ParamSpec> {

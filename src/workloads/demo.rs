@@ -30,10 +30,12 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use super::ctr::{CtrConfig, CtrData};
-use super::digits::{Digits, PIXELS};
+use super::digits::{Digits, DigitsError, PIXELS};
 use super::models::{self, ParamSpec};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::{DataError, Dataset};
+use crate::ledger::Ledger;
+use crate::nn::NnError;
 use crate::optim::Optimizer;
 use crate::program::{
     CheckpointVariables, ClusterCoordinator, CoordinatorError, EvalError, Metrics, PendingSave,
@@ -241,7 +243,6 @@ fn run_chief(
     coordinator: &mut ClusterCoordinator,
     config: &DemoConfig,
 ) -> Result<(), CoordinatorError> {
-    let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
     let started = Instant::now();
     tracing::info!(
         "cohort demo: parameter-server training on {} workers and {} parameter servers (each its own process, talking QUIC with mutual TLS)",
@@ -253,7 +254,7 @@ fn run_chief(
         .clone()
         .or_else(|| coordinator.checkpoint_dir())
         .map_or_else(
-            || crate::process::new_temp_dir("cohort-demo-").map_err(|e| other(&e)),
+            || crate::process::new_temp_dir("cohort-demo-").map_err(DemoError::TempDir),
             Ok,
         )?;
     // On a cadence as well as at the end of each workload, so that a parameter server lost
@@ -264,8 +265,7 @@ fn run_chief(
         save_every: Some(SAVE_EVERY),
         keep_last: 2,
     };
-    let mut checkpoints =
-        CheckpointManager::new(&checkpoint_dir, policy, Instant::now()).map_err(|e| other(&e))?;
+    let mut checkpoints = CheckpointManager::new(&checkpoint_dir, policy, Instant::now())?;
     let mut progress = Progbar::stderr(ProgbarMode::Auto);
     let mut summaries = JobSummaries::create(&logs_dir(&checkpoint_dir, "train"));
 
@@ -312,7 +312,7 @@ fn run_chief(
         std::time::Duration::from_secs(60),
     )?;
     let (_, test) = Digits::load()
-        .map_err(|e| other(&e))?
+        .map_err(DemoError::from)?
         .split(HELD_OUT, SPLIT_SEED);
     let digits_accuracy = |coordinator: &ClusterCoordinator| -> Result<f64, CoordinatorError> {
         let params = models::digits_params(0)
@@ -322,7 +322,7 @@ fn run_chief(
         let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
         models::digits_accuracy(&views, &test.features, &test.labels)
             .map(f64::from)
-            .map_err(|e| other(&e))
+            .map_err(|e| DemoError::Evaluate(e).into())
     };
     let phase = Phase {
         step: &DIGITS_STEP,
@@ -532,9 +532,7 @@ fn run_chief(
     }
     hold_until_released();
     if !ledger.balances() || ledger.committed != ledger.scheduled {
-        return Err(CoordinatorError::Other(format!(
-            "LEDGER-1 violated: {ledger:?}"
-        )));
+        return Err(DemoError::Ledger(ledger).into());
     }
     Ok(())
 }
@@ -800,8 +798,32 @@ fn ctr_held_out_loss(
         [&head[0], &head[1]],
         &data.labels,
     )
-    .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+    .map_err(DemoError::Evaluate)?;
     Ok(f64::from(loss))
+}
+
+/// Why the demo's chief failed, apart from the coordinator's own errors (carried as
+/// [`CoordinatorError::Other`]).
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    /// No checkpoint directory is configured, and a temporary one could not be made.
+    #[error("cannot make a temporary checkpoint directory: {0}")]
+    TempDir(#[source] std::io::Error),
+    /// The digits data set could not be read.
+    #[error(transparent)]
+    Digits(#[from] DigitsError),
+    /// A model could not be evaluated on its held-out data.
+    #[error("held-out evaluation: {0}")]
+    Evaluate(#[source] NnError),
+    /// At the end, the ledger does not balance or not every scheduled closure committed.
+    #[error("LEDGER-1 violated: {0:?}")]
+    Ledger(Ledger),
+}
+
+impl From<DemoError> for CoordinatorError {
+    fn from(e: DemoError) -> Self {
+        CoordinatorError::other(e)
+    }
 }
 
 fn to_variable(spec: ParamSpec) -> VariableSpec {

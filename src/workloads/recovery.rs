@@ -147,17 +147,18 @@ pub fn run_chief(
     coordinator: &mut ClusterCoordinator,
     steps: usize,
 ) -> Result<(), CoordinatorError> {
-    let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
-    let events_path = std::env::var(EVENTS_ENV)
-        .map_err(|_| CoordinatorError::Other(format!("{EVENTS_ENV} is not set")))?;
+    let events_path = std::env::var(EVENTS_ENV).map_err(|_| RecoveryJobError::NoEventsFile)?;
     let mut events = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&events_path)
-        .map_err(|e| other(&format!("{events_path}: {e}")))?;
+        .map_err(|source| RecoveryJobError::Open {
+            path: events_path.clone().into(),
+            source,
+        })?;
     let dir = coordinator
         .checkpoint_dir()
-        .ok_or_else(|| CoordinatorError::Other("no checkpoint_dir configured".into()))?;
+        .ok_or(RecoveryJobError::NoCheckpointDir)?;
     coordinator.create_variable(VariableSpec::zeros(VARIABLE, vec![FLOATS]).partitioned(
         Partitioner::FixedShards {
             num_shards: coordinator.num_ps() as usize,
@@ -169,12 +170,15 @@ pub fn run_chief(
         save_every: None,
         keep_last: 2,
     };
-    let mut manager = CheckpointManager::new(dir, policy, Instant::now())
-        .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+    let mut manager = CheckpointManager::new(dir, policy, Instant::now())?;
     coordinator.save_checkpoint(&mut manager, 0)?;
     let coordinator: &ClusterCoordinator = coordinator;
-    let mut samples = std::fs::File::create(samples_path(std::path::Path::new(&events_path)))
-        .map_err(|e| other(&format!("{events_path}.ledger: {e}")))?;
+    let samples_file = samples_path(std::path::Path::new(&events_path));
+    let mut samples =
+        std::fs::File::create(&samples_file).map_err(|source| RecoveryJobError::Open {
+            path: samples_file,
+            source,
+        })?;
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -200,7 +204,6 @@ fn train(
     events: &mut std::fs::File,
     steps: usize,
 ) -> Result<(), CoordinatorError> {
-    let other = |e: &dyn std::fmt::Display| CoordinatorError::Other(e.to_string());
     let mut last_save = Instant::now();
     let mut ahead = std::collections::VecDeque::new();
     let (mut scheduled, mut committed) = (0usize, 0u64);
@@ -237,10 +240,39 @@ fn train(
             rolled_back: ledger.rolled_back,
             ps_restores: ledger.ps_restores,
         };
-        writeln!(events, "{}", commit.to_line()).map_err(|e| other(&e))?;
+        writeln!(events, "{}", commit.to_line()).map_err(RecoveryJobError::Record)?;
     }
     coordinator.join()?;
     Ok(())
+}
+
+/// Why the recovery benchmark's chief failed, apart from the coordinator's own errors (carried
+/// as [`CoordinatorError::Other`]).
+#[derive(Debug, thiserror::Error)]
+enum RecoveryJobError {
+    /// The benchmark did not name the file to record commits in.
+    #[error("{EVENTS_ENV} is not set")]
+    NoEventsFile,
+    /// The job has no checkpoint directory to save in.
+    #[error("no checkpoint_dir configured")]
+    NoCheckpointDir,
+    /// A file the chief records in could not be opened.
+    #[error("{}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A commit could not be recorded.
+    #[error("recording a commit: {0}")]
+    Record(#[source] std::io::Error),
+}
+
+impl From<RecoveryJobError> for CoordinatorError {
+    fn from(e: RecoveryJobError) -> Self {
+        CoordinatorError::other(e)
+    }
 }
 
 #[cfg(test)]

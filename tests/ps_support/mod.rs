@@ -106,7 +106,7 @@ pub fn write_report(report: &serde_json::Value) -> Result<(), CoordinatorError> 
         &child_dir().join(REPORT_FILE),
         report.to_string().as_bytes(),
     )
-    .map_err(|e| CoordinatorError::Other(e.to_string()))
+    .map_err(CoordinatorError::other)
 }
 
 /// The ledger and every PS's counters, as JSON for a report.
@@ -123,14 +123,14 @@ pub fn ledger_and_stats(
             "pending": ledger.pending, "balances": ledger.balances(),
             "rolled_back": ledger.rolled_back, "ps_restores": ledger.ps_restores,
         },
-        "ps": serde_json::to_value(&stats).map_err(|e| CoordinatorError::Other(e.to_string()))?,
+        "ps": serde_json::to_value(&stats).map_err(CoordinatorError::other)?,
     }))
 }
 
 /// In the chief: writes the marker file `name` (the test waits for it with
 /// [`wait_for_file`] before its next move).
 pub fn marker(name: &str) -> Result<(), CoordinatorError> {
-    write_atomic(&child_dir().join(name), b"1").map_err(|e| CoordinatorError::Other(e.to_string()))
+    write_atomic(&child_dir().join(name), b"1").map_err(CoordinatorError::other)
 }
 
 /// Waits (bounded by twice [`WAIT_MAX`]) for a file the chief writes; false if it never came

@@ -15,7 +15,19 @@ use std::time::Duration;
 /// not answer within [`PeerAddr::RESOLVE_WAIT`].
 pub trait Resolver: Send + Sync + 'static {
     /// The addresses `host:port` names now, best first; an error says why there are none.
-    fn lookup(&self, host_port: &str) -> Result<Vec<SocketAddr>, String>;
+    fn lookup(&self, host_port: &str) -> Result<Vec<SocketAddr>, LookupError>;
+}
+
+/// Why a [`Resolver`] has no address for a name.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The system resolver failed (`getaddrinfo`: an unknown name, no DNS server, a
+    /// malformed `host:port`).
+    #[error(transparent)]
+    System(#[from] std::io::Error),
+    /// The resolver knows no address for the name (not yet, or not any more).
+    #[error("no such host")]
+    NoSuchHost,
 }
 
 /// The system resolver (`getaddrinfo`: `/etc/hosts`, DNS).
@@ -23,11 +35,8 @@ pub trait Resolver: Send + Sync + 'static {
 pub struct SystemResolver;
 
 impl Resolver for SystemResolver {
-    fn lookup(&self, host_port: &str) -> Result<Vec<SocketAddr>, String> {
-        host_port
-            .to_socket_addrs()
-            .map(Iterator::collect)
-            .map_err(|e| e.to_string())
+    fn lookup(&self, host_port: &str) -> Result<Vec<SocketAddr>, LookupError> {
+        Ok(host_port.to_socket_addrs()?.collect())
     }
 }
 
@@ -122,7 +131,8 @@ pub enum ResolveError {
         /// The name.
         host_port: String,
         /// The resolver's reason.
-        reason: String,
+        #[source]
+        reason: LookupError,
     },
     /// The lookup's thread ended without an answer (it panicked, or the runtime is shutting
     /// down).
@@ -211,11 +221,11 @@ mod tests {
     struct Flip(AtomicBool, SocketAddr);
 
     impl Resolver for Flip {
-        fn lookup(&self, _: &str) -> Result<Vec<SocketAddr>, String> {
+        fn lookup(&self, _: &str) -> Result<Vec<SocketAddr>, LookupError> {
             if self.0.load(Ordering::SeqCst) {
                 Ok(vec!["[::1]:9".parse().unwrap(), self.1])
             } else {
-                Err("no such host".into())
+                Err(LookupError::NoSuchHost)
             }
         }
     }
@@ -237,8 +247,8 @@ mod tests {
         // Not resolvable yet: an error naming the name, nothing cached.
         let err = name.resolve().await.unwrap_err();
         assert!(
-            matches!(&err, ResolveError::Refused { host_port, reason }
-                if host_port == "ps-0.job:7001" && reason == "no such host"),
+            matches!(&err, ResolveError::Refused { host_port, reason: LookupError::NoSuchHost }
+                if host_port == "ps-0.job:7001"),
             "{err}"
         );
         assert_eq!(

@@ -103,7 +103,7 @@ mod remote_ref;
 mod serve;
 mod state;
 
-pub use addr::{PeerAddr, ResolveError, Resolver, SystemResolver};
+pub use addr::{LookupError, PeerAddr, ResolveError, Resolver, SystemResolver};
 pub use api::{
     GatewayConfig, GatewayStats, PeerEvent, RefusedReason, RegisterError, Remote, RemoteError,
     RemoteMessage, Senders,

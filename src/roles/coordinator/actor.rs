@@ -37,11 +37,11 @@ use tokio::sync::oneshot;
 
 use super::machine::recovery::{CallFault, CheckpointRef, LoadFault, RestoreCall, RestoreReport};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket, CoordinatorStatus,
-    CreateError, CreateTicket, CutReadError, CutReading, CutTicket, CutWriteError,
-    DrainDisposition, KnownTask, MarkCutError, PositionsTicket, PsDial, RestoreTicket,
-    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition,
-    ShardRead, StartFailure, WorkerDial,
+    ClosureFailure, ClosureId, ClosureOutcomeError, ClosureState, ConfigureError, ConfigureTicket,
+    CoordinatorStatus, CreateError, CreateTicket, CutReadError, CutReading, CutTicket,
+    CutWriteError, DrainDisposition, KnownTask, MarkCutError, PositionsTicket, PsDial,
+    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe,
+    SetUpDisposition, ShardRead, StartFailure, WorkerDial,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -425,8 +425,9 @@ impl CoordinatorActor {
                     }
                 }
                 Ok(Err(RunClosureError::Step(message))) => {
+                    let error = ClosureOutcomeError::Step(message);
                     act.scheduler
-                        .handle_result(now, worker, epoch, closure, attempt, Err(message));
+                        .handle_result(now, worker, epoch, closure, attempt, Err(error));
                 }
                 Ok(Err(RunClosureError::Refused(refusal))) => {
                     tracing::warn!(

@@ -20,9 +20,11 @@ use super::actor::{
 pub use super::machine::SAVE_WAIT_MAX;
 use super::machine::{CheckpointBuildError, ConfigureError, CreateError, CutReadError};
 use super::machine::{ClosureFailure, ClosureId, CutReading, Ledger, ScheduleError, StartFailure};
-use crate::checkpoint::{CheckpointManager, PolicyError, SaveError, WarmStart, WarmStartError};
+use crate::checkpoint::{
+    CheckpointManager, ListError, PolicyError, SaveError, WarmStart, WarmStartError,
+};
 use crate::layout::{Dtype, Layout};
-use crate::nn::Initializer;
+use crate::nn::{Initializer, NnError};
 use crate::roles::protocol::{
     f32_blob, f32_to_bytes, AssignVariable, InitSpec, LearningRate, PsRefusal, PsStats,
     PsStatsReply, PsUnavailable, SetupWorker, PS_ACTOR,
@@ -184,9 +186,10 @@ pub enum CoordinatorError {
         /// What the decoder found.
         reason: ValueCodecError,
     },
-    /// A parameter server refused a request or could not be reached.
+    /// A parameter server refused a read of the chief's, or could not be reached, past the
+    /// recoveries waited for ([`ClusterCoordinator::read_variable`] and the like).
     #[error("parameter server: {0}")]
-    ParameterServer(String),
+    ParameterServer(#[source] StepError),
     /// Setting the workers up again failed (a worker refused its setup).
     #[error(transparent)]
     Configure(#[from] ConfigureError),
@@ -195,7 +198,7 @@ pub enum CoordinatorError {
     CreateVariable(#[from] CreateError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[from] CheckpointError),
     /// The chief's start (probing the servers, restoring a checkpoint) failed.
     #[error("checkpoint: {0}")]
     Start(StartFailure),
@@ -230,15 +233,68 @@ pub enum CoordinatorError {
         /// The bound.
         bound: Duration,
     },
-    /// Any other failure of the chief's program.
+    /// A variable's initial value could not be drawn from its initializer.
+    #[error("variable {name:?}: drawing its initial value: {source}")]
+    InitialValue {
+        /// The variable.
+        name: String,
+        /// What the initializer hit (boxed: it is large).
+        source: Box<NnError>,
+    },
+    /// The model whose variables are created on the servers could not be built
+    /// ([`crate::program::ServerModel::create_variables`]).
+    #[error("building the model: {0}")]
+    Model(#[source] candle_core::Error),
+    /// Any other failure of the chief's program: its own error, whose type the library does
+    /// not know ([`CoordinatorError::other`]).
     #[error("{0}")]
-    Other(String),
+    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl CoordinatorError {
+    /// A failure of the chief's program itself ([`CoordinatorError::Other`]): `error` is kept
+    /// as it is (a caller may downcast it); a message (`&str`, `String`) is taken too.
+    pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        CoordinatorError::Other(error.into())
+    }
 }
 
 impl From<WarmStartError> for CoordinatorError {
     fn from(e: WarmStartError) -> Self {
         CoordinatorError::WarmStart(Box::new(e))
     }
+}
+
+/// A checkpoint manager the program makes with a policy it cannot run
+/// ([`CheckpointManager::new`]): `?` in the chief's program.
+impl From<PolicyError> for CoordinatorError {
+    fn from(e: PolicyError) -> Self {
+        CoordinatorError::Checkpoint(CheckpointError::Policy(e))
+    }
+}
+
+/// Why a checkpoint was not saved or restored ([`CoordinatorError::Checkpoint`]). A save that
+/// fails never becomes the cut: recoveries go on restoring the previous one.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The cut read does not make a checkpoint.
+    #[error(transparent)]
+    Build(#[from] CheckpointBuildError),
+    /// A checkpoint manager could not be made (its policy).
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// Writing it, or reading it back whole (CKPT-1), failed.
+    #[error(transparent)]
+    Save(#[from] SaveError),
+    /// The thread that writes a background save could not be started.
+    #[error("cannot start the writer: {0}")]
+    WriterSpawn(#[source] std::io::Error),
+    /// The thread that writes a background save panicked.
+    #[error("the checkpoint writer panicked")]
+    WriterPanicked,
+    /// The checkpoint root could not be listed to restore from it.
+    #[error(transparent)]
+    List(#[from] ListError),
 }
 
 /// The chief's handle on the cluster.
@@ -428,7 +484,11 @@ impl ClusterCoordinator {
                             &layout.shard_shape(i),
                         )
                     })
-                    .collect::<Result<Vec<_>, _>>()?,
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|source| CoordinatorError::InitialValue {
+                        name: spec.name.clone(),
+                        source: Box::new(source),
+                    })?,
             },
         };
         // Servers being resharded: created once they are (the coordinator refuses until then).
@@ -712,7 +772,7 @@ impl ClusterCoordinator {
                     tracing::debug!("{what}: {unavailable}; waiting for its recovery to try again");
                     self.wait_for_recovery(deadline)?;
                 }
-                Err(e) => return Err(CoordinatorError::ParameterServer(e.to_string())),
+                Err(e) => return Err(CoordinatorError::ParameterServer(e)),
             }
         }
     }
@@ -757,7 +817,7 @@ impl ClusterCoordinator {
         // Assembled here, on the program's thread: it copies every tensor.
         let written = reading
             .into_checkpoint()
-            .map_err(SaveWriteError::from)
+            .map_err(CheckpointError::from)
             .and_then(|ckpt| Ok(manager.save(&ckpt, Instant::now())?));
         // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
         // error here and never becomes the cut, so recoveries go on restoring the previous
@@ -769,7 +829,7 @@ impl ClusterCoordinator {
                 cut: ClosureId(cut),
                 reason: e.to_string(),
             });
-            CoordinatorError::Checkpoint(e.to_string())
+            CoordinatorError::Checkpoint(e)
         })?;
         self.mark_cut(cut, manager.root(), Some(generation));
         Ok(dir)
@@ -798,12 +858,12 @@ impl ClusterCoordinator {
         let runtime = self.runtime.clone();
         let writer = std::thread::Builder::new()
             .name(format!("checkpoint-{step}"))
-            .spawn(move || -> Result<PathBuf, SaveWriteError> {
+            .spawn(move || -> Result<PathBuf, CheckpointError> {
                 let generation = reading.generation;
                 let cut = ClosureId(reading.ledger.next_closure_id);
                 let written = reading
                     .into_checkpoint()
-                    .map_err(SaveWriteError::from)
+                    .map_err(CheckpointError::from)
                     .and_then(|ckpt| {
                         let mut writer = CheckpointManager::new(&root, policy, Instant::now())?;
                         Ok(writer.save(&ckpt, Instant::now())?)
@@ -830,7 +890,7 @@ impl ClusterCoordinator {
                 }
                 Ok(dir)
             })
-            .map_err(|e| CoordinatorError::Checkpoint(format!("cannot start the writer: {e}")))?;
+            .map_err(CheckpointError::WriterSpawn)?;
         Ok(PendingSave {
             step,
             started,
@@ -892,9 +952,7 @@ impl ClusterCoordinator {
             let names: Vec<&str> = self.layouts.iter().map(|l| l.name.as_str()).collect();
             warm.check_map_names(&names)?;
         }
-        let outcome = manager
-            .restore_latest()
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+        let outcome = manager.restore_latest().map_err(CheckpointError::from)?;
         for skipped in &outcome.skipped {
             tracing::warn!(
                 "skipped checkpoint {}: {}",
@@ -1038,22 +1096,7 @@ pub struct PendingSave {
     step: u64,
     started: Instant,
     read_took: Duration,
-    writer: std::thread::JoinHandle<Result<PathBuf, SaveWriteError>>,
-}
-
-/// Why a checkpoint read at a cut was not written and verified: it never becomes the cut.
-/// [`CoordinatorError::Checkpoint`] carries it as text (callers match that variant).
-#[derive(Debug, thiserror::Error)]
-enum SaveWriteError {
-    /// The cut read does not make a checkpoint.
-    #[error(transparent)]
-    Build(#[from] CheckpointBuildError),
-    /// The checkpoint manager of the writer could not be made.
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-    /// Writing it, or reading it back whole (CKPT-1), failed.
-    #[error(transparent)]
-    Save(#[from] SaveError),
+    writer: std::thread::JoinHandle<Result<PathBuf, CheckpointError>>,
 }
 
 /// A checkpoint written in the background, and what it cost.
@@ -1090,8 +1133,7 @@ impl PendingSave {
         let dir = self
             .writer
             .join()
-            .map_err(|_| CoordinatorError::Checkpoint("the checkpoint writer panicked".into()))?
-            .map_err(|e| CoordinatorError::Checkpoint(e.to_string()))?;
+            .map_err(|_| CheckpointError::WriterPanicked)??;
         manager.record_saved(self.step, self.started);
         Ok(SavedInBackground {
             dir,
@@ -1119,7 +1161,7 @@ fn shard_init(
     fan_in: u64,
     fan_out: u64,
     shape: &[usize],
-) -> Result<InitSpec, CoordinatorError> {
+) -> Result<InitSpec, NnError> {
     // Each shard draws from its own seed, so the layout and seeds fix every bit (DATA-1).
     Ok(match *init {
         Initializer::Zeros => InitSpec::Zeros,
@@ -1145,8 +1187,7 @@ fn shard_init(
             };
             let values = seeded
                 .init(shape)
-                .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
-                .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+                .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))?;
             InitSpec::Values(f32_to_bytes(&values))
         }
     })

@@ -28,19 +28,19 @@ pub use actor::{
     StatusView, Topology,
 };
 pub use client::{
-    ClusterCoordinator, CoordinatorError, Encoded, PendingSave, RemoteValue, SavedInBackground,
-    VariableSpec, SAVE_WAIT_MAX,
+    CheckpointError, ClusterCoordinator, CoordinatorError, Encoded, PendingSave, RemoteValue,
+    SavedInBackground, VariableSpec, SAVE_WAIT_MAX,
 };
 pub use machine::recovery::{
     CallFault, CheckpointRef, LoadFault, PositionsError, RestoreCall, RestoreReport,
     WorkerPositions, DATASET_POSITIONS_KEY,
 };
 pub use machine::{
-    CheckpointBuildError, ClosureError, ClosureFailure, ClosureId, ClosureState, ConfigureError,
-    ConfigureTicket, ControlCounters, CoordinatorStatus, CreateError, CreateTicket, CutReadError,
-    CutReading, CutState, CutTicket, CutWriteError, DrainDisposition, KnownTask, Ledger,
-    LedgerState, MalformedRead, MarkCutError, PositionsTicket, PsDial, PsLossCause, RestoreTicket,
-    ResultDisposition, ScheduleError, Scheduler, SchedulerAction, SchedulerConfig, ServerProbe,
-    SetUpDisposition, ShardRead, StartFailure, TaskLiveness, WorkerDial, WorkerEpoch,
-    PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    CheckpointBuildError, ClosureError, ClosureFailure, ClosureId, ClosureOutcomeError,
+    ClosureState, ConfigureError, ConfigureTicket, ControlCounters, CoordinatorStatus, CreateError,
+    CreateTicket, CutReadError, CutReading, CutState, CutTicket, CutWriteError, DrainDisposition,
+    KnownTask, Ledger, LedgerState, MalformedRead, MarkCutError, PositionsTicket, PsDial,
+    PsLossCause, RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction,
+    SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead, StartFailure, TaskLiveness,
+    WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

@@ -144,8 +144,7 @@ impl ServerModel<()> {
         partitioner: impl Fn(&str, &[usize]) -> Option<Partitioner>,
     ) -> Result<Vec<String>, CoordinatorError> {
         let vars = ModelVariables::new(seed);
-        build(vars.var_builder(0))
-            .map_err(|e| CoordinatorError::Other(format!("building the model: {e}")))?;
+        build(vars.var_builder(0)).map_err(CoordinatorError::Model)?;
         let variables = vars.variables();
         // Every variable checked before any is created: a refused model leaves no trace.
         for variable in &variables {

@@ -210,14 +210,25 @@ pub enum StartFailure {
 
 /// An error from a closure, as its worker reported it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, thiserror::Error)]
-#[error("{function} (closure {}): {message}", closure.0)]
+#[error("{function} (closure {}): {error}", closure.0)]
 pub struct ClosureError {
     /// The closure that failed.
     pub closure: ClosureId,
     /// The registered function name.
     pub function: String,
-    /// The error's message.
-    pub message: String,
+    /// What its worker reported.
+    pub error: ClosureOutcomeError,
+}
+
+/// How a closure's outcome, as a worker reports it, is a failure ([`Scheduler::handle_result`]):
+/// the closure's own, non-retryable. A worker that could not run the closure, or a server it
+/// could not reach, is another input (`handle_refused`, `handle_ps_unavailable`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, thiserror::Error)]
+pub enum ClosureOutcomeError {
+    /// The step function failed: its error as the worker rendered it, text because it crossed
+    /// the wire so (`RunClosureError::Step`); the coordinator decides nothing on it.
+    #[error("{0}")]
+    Step(String),
 }
 
 /// Why a closure did not produce a value.
@@ -1119,8 +1130,8 @@ impl Scheduler {
         self.dispatch(now);
     }
 
-    /// A worker reported a closure's outcome: `Ok(encoded value)` or `Err(message)` for a
-    /// non-retryable error of the function.
+    /// A worker reported a closure's outcome: `Ok(encoded value)`, or the non-retryable error
+    /// of the function.
     pub fn handle_result(
         &mut self,
         now: Instant,
@@ -1128,7 +1139,7 @@ impl Scheduler {
         epoch: WorkerEpoch,
         closure: ClosureId,
         attempt: u32,
-        outcome: Result<Vec<u8>, String>,
+        outcome: Result<Vec<u8>, ClosureOutcomeError>,
     ) -> ResultDisposition {
         if !self.is_current(worker, epoch, closure, attempt) {
             // FENCE-1: a fenced incarnation or superseded attempt changes nothing.
@@ -1145,12 +1156,12 @@ impl Scheduler {
                 self.ledger.committed += 1;
                 ResultDisposition::Committed
             }
-            Err(message) => {
+            Err(error) => {
                 let function = self.closures[&closure].function.clone();
                 let failure = ClosureFailure::Error(ClosureError {
                     closure,
                     function,
-                    message,
+                    error,
                 });
                 self.finish(closure, ClosureState::Failed(failure.clone()));
                 self.ledger.failed += 1;
@@ -2458,8 +2469,9 @@ mod tests {
         let a = s.handle_schedule(t, "step", vec![]).unwrap();
         let b = s.handle_schedule(t, "step", vec![]).unwrap();
         drain(&mut s);
+        let bad_input = Err(ClosureOutcomeError::Step("bad input".into()));
         assert_eq!(
-            s.handle_result(t, 0, 1, a, 1, Err("bad input".into())),
+            s.handle_result(t, 0, 1, a, 1, bad_input),
             ResultDisposition::Failed
         );
         assert_eq!(
@@ -2658,7 +2670,7 @@ mod tests {
                             s.handle_refused(t, w, e, c, a);
                         } else {
                             let outcome = if rng.gen_bool(0.05) {
-                                Err("boom".into())
+                                Err(ClosureOutcomeError::Step("boom".into()))
                             } else {
                                 Ok(vec![])
                             };
