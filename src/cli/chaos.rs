@@ -48,6 +48,11 @@ pub struct SimArgs {
     /// Closures the simulated chief schedules.
     #[arg(long, default_value_t = 200)]
     closures: u64,
+    /// Simulate MultiWorkerMirrored's membership instead (the collective's member machines
+    /// under kills, pauses, preemptions, drains, cuts, splits and slow links; `--workers` is
+    /// then the most workers a schedule draws, from 2 up).
+    #[arg(long, conflicts_with_all = ["plan", "seed"])]
+    membership: bool,
 }
 
 /// Runs the simulator as the flags say; a broken invariant is a failure (exit 1).
@@ -65,6 +70,9 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
              --closures at most 1000000"
                 .into(),
         ));
+    }
+    if args.membership {
+        return run_membership(&args);
     }
     let config = SimConfig {
         num_ps: args.ps,
@@ -259,4 +267,58 @@ fn fault_time_ms(fault: &sim::Fault) -> Option<u64> {
         | Fault::PsLeave { at_ms } => Some(*at_ms),
         Fault::Storage { .. } => None,
     }
+}
+
+/// `cohort chaos sim --membership`: the membership simulator over the seeds of `args`.
+fn run_membership(args: &SimArgs) -> Result<(), CliError> {
+    if !(2..=16).contains(&args.workers) {
+        return Err(CliError::Usage(
+            "--workers must be from 2 to 16 with --membership".into(),
+        ));
+    }
+    let config = sim::MembershipConfig {
+        workers_max: args.workers as usize,
+        faults_max: args.faults_max.min(64),
+        ..sim::MembershipConfig::default()
+    };
+    let last = args.first_seed.saturating_add(args.seeds);
+    outln!(
+        "simulating the membership of seeds {}..{last}: 2 to {} workers, {} steps, up to {} \
+         faults",
+        args.first_seed, config.workers_max, config.steps, config.faults_max
+    );
+    let started = Instant::now();
+    let summary = sim::run_membership_seeds(&config, args.first_seed..last);
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    outln!(
+        "{} schedules, {} events in {seconds:.2} s ({:.0} schedules/s, {:.0} events/s)",
+        summary.schedules,
+        summary.events,
+        summary.schedules as f64 / seconds,
+        summary.events as f64 / seconds
+    );
+    outln!(
+        "jobs finished: {} of {}; groups formed: {}",
+        summary.finished, summary.schedules, summary.groups_formed
+    );
+    let list = |map: &std::collections::BTreeMap<&'static str, u64>| {
+        map.iter()
+            .map(|(kind, n)| format!("{kind}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    outln!("process exits: {}", list(&summary.exits));
+    outln!("faults injected: {}", list(&summary.faults));
+    if summary.violations.is_empty() {
+        outln!("violations: none");
+        return Ok(());
+    }
+    outln!("violations: {}", summary.violations.len());
+    for (seed, v) in summary.violations.iter().take(20) {
+        outln!("  seed {seed}: {} at {:?}: {}", v.invariant, v.at, v.detail);
+    }
+    Err(CliError::Failed(format!(
+        "{} membership schedule(s) broke an invariant",
+        summary.violations.len()
+    )))
 }

@@ -36,8 +36,12 @@ mod wire;
 
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
+pub(crate) use group::{
+    has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+    FRESH_START_RETRY, INITIAL_DIGEST,
+};
 pub use group::{
-    loopback_group, Entry, GroupConfig, GroupMember, Joiner, Mesh, Probed, ProcessGroup,
+    loopback_group, Entry, GroupConfig, GroupMember, Joiner, Leave, Mesh, Probed, ProcessGroup,
     ENTER_REPEAT, PENDING_FRESH,
 };
 pub use local::{LocalGroup, LocalMember};

@@ -129,6 +129,7 @@
 //! that still fails, and [`Scenario`]'s `Display` prints it as Rust a test can paste.
 //! `cohort chaos sim --seeds N` runs many from the command line.
 
+mod membership;
 mod outcome;
 mod world;
 
@@ -138,6 +139,12 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+#[allow(unused_imports)] // the API of the membership simulator; the CLI uses a part
+pub use membership::{
+    run_membership_scenario, run_membership_seed, run_membership_seeds, MembershipConfig,
+    MembershipFault, MembershipFaultKind, MembershipReport, MembershipScenario, MembershipSummary,
+    MembershipViolation,
+};
 pub use outcome::ExpectedEnd;
 pub use world::SimReport;
 

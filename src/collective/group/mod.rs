@@ -121,6 +121,11 @@ mod shared;
 mod tests;
 
 use acceptor::{MeshInner, MeshState};
+pub use machine::Leave;
+pub(crate) use machine::{
+    has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+    INITIAL_DIGEST,
+};
 use machine::{
     EnterAnswer, GroupView, JoinAnswer, JoinContext, JoinRefusal, Membership, ProbeAnswerHere,
 };
@@ -239,6 +244,10 @@ const DIAL_RETRY: Duration = Duration::from_millis(100);
 /// How often a member still waiting for a peer's join asks whether the peer still forms that
 /// epoch ([`Wire::StillForming`]), and how long each ask may take.
 const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
+/// How long a fresh start refused by a member still waiting to be admitted waits before it
+/// forms the first epoch again (that member asks the others each second whether a group
+/// lives, and starts once none does).
+pub(crate) const FRESH_START_RETRY: Duration = Duration::from_millis(500);
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).
 pub const ENTER_REPEAT: Duration = Duration::from_secs(1);
 /// How long a member keeps a joiner as pending after its last `Enter`: a few of its repeats,

@@ -14,6 +14,7 @@ use super::config::check_same_settings;
 use super::quorum::{has_quorum, no_quorum_detail, node_list};
 use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
 use crate::cluster::node_id;
+pub use crate::collective::Leave;
 use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup};
 use crate::optim::{OptimizerState, Slots};
 use crate::process::Incarnation;
@@ -655,39 +656,6 @@ pub enum GroupChange {
     Departed(Departure),
     /// This worker had a notice and leaves at this step: stop training.
     Leaving(Departure),
-}
-
-/// Why a worker leaves the group at a step boundary
-/// ([`MultiWorkerMirrored::at_step_boundary`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leave {
-    /// A preemption notice (SIGTERM): the chief saves the agreed step first, and the worker's
-    /// supervisor may start it again (it rejoins).
-    Preempted,
-    /// Scaled down for good (SIGUSR1, `cohort scale`): no checkpoint is needed, the stayers
-    /// hold the state.
-    Drained,
-}
-
-impl Leave {
-    /// This worker's notice in the step boundary's all-gather: 0 stays, 1 preempted, 2 drained.
-    fn vote(leaving: Option<Leave>) -> i64 {
-        match leaving {
-            None => 0,
-            Some(Leave::Preempted) => 1,
-            Some(Leave::Drained) => 2,
-        }
-    }
-
-    /// A worker's notice from its vote. Any other non-zero value (a newer peer's notice
-    /// this build does not know) is taken as a preemption: the worker leaves, after a save.
-    fn of_vote(vote: i64) -> Option<Leave> {
-        match vote {
-            0 => None,
-            2 => Some(Leave::Drained),
-            _ => Some(Leave::Preempted),
-        }
-    }
 }
 
 /// What [`MultiWorkerMirrored::at_step_boundary`] did when workers left after a notice.

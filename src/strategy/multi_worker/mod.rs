@@ -344,11 +344,6 @@ fn shut_down(runtime: tokio::runtime::Runtime, group: &ProcessGroup) {
 
 /// Bound on waiting, when the strategy is dropped, for this worker's last messages to be taken.
 const FLUSH_MAX: Duration = Duration::from_secs(5);
-/// How long a fresh start refused by a member still waiting to be admitted waits before it
-/// forms the first epoch again (that member asks the others each second whether a group
-/// lives, and starts once none does).
-const FRESH_START_RETRY: Duration = Duration::from_millis(500);
-
 /// A configuration error naming `key`.
 fn bad(key: &str, detail: String) -> StrategyError {
     StrategyError::Config {
@@ -554,7 +549,7 @@ async fn enter_group(
                     if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
                 {
                     tracing::info!(%err, "a member waits to be admitted to a group that is gone: forming the first epoch again once it starts too");
-                    tokio::time::sleep(FRESH_START_RETRY).await;
+                    tokio::time::sleep(crate::collective::FRESH_START_RETRY).await;
                 }
                 formed => return formed,
             }

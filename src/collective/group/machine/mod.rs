@@ -17,6 +17,14 @@ use cohort_transport::NodeId;
 use super::{GroupMember, Joiner};
 use crate::process::Incarnation;
 
+mod member;
+mod quorum;
+
+pub(crate) use member::{
+    MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings, INITIAL_DIGEST,
+};
+pub(crate) use quorum::has_quorum;
+
 /// A mesh's membership state (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Membership {
@@ -428,6 +436,39 @@ impl Membership {
     /// Takes `epoch` as tried here without forming it (the members agreed to skip it).
     pub(super) fn skip(&mut self, epoch: u64) {
         self.epoch = self.epoch.max(epoch);
+    }
+}
+
+/// Why a worker leaves the group at a step boundary
+/// (`MultiWorkerMirrored::at_step_boundary`, and the member machine's boundary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// A preemption notice (SIGTERM): the chief saves the agreed step first, and the worker's
+    /// supervisor may start it again (it rejoins).
+    Preempted,
+    /// Scaled down for good (SIGUSR1, `cohort scale`): no checkpoint is needed, the stayers
+    /// hold the state.
+    Drained,
+}
+
+impl Leave {
+    /// This worker's notice in the step boundary's all-gather: 0 stays, 1 preempted, 2 drained.
+    pub(crate) fn vote(leaving: Option<Leave>) -> i64 {
+        match leaving {
+            None => 0,
+            Some(Leave::Preempted) => 1,
+            Some(Leave::Drained) => 2,
+        }
+    }
+
+    /// A worker's notice from its vote. Any other non-zero value (a newer peer's notice
+    /// this build does not know) is taken as a preemption: the worker leaves, after a save.
+    pub(crate) fn of_vote(vote: i64) -> Option<Leave> {
+        match vote {
+            0 => None,
+            2 => Some(Leave::Drained),
+            _ => Some(Leave::Preempted),
+        }
     }
 }
 

@@ -1,0 +1,1846 @@
+//! The member machine: the whole membership life of one worker process of a
+//! MultiWorkerMirrored job, as events in and actions out. It enters the job (forms the first
+//! epoch with the others, or waits to be admitted to their live group), forms each epoch (one
+//! link per pair: the larger node id joins, the other takes its join and asks whether it still
+//! forms the epoch), trains in a formed group (a vote at every step boundary: notices to
+//! leave and the leader's joiners; the all-reduce of every step; the state handed over from
+//! the member with the most steps), admits joiners (the leader tells each its admission, then
+//! every member whether all acked), lets members with a notice leave by agreement, and
+//! re-forms after a loss (probes, the quorum rule, the next epoch with the survivors). Every
+//! decision of what a mesh knows alone is the [`Membership`]'s; this machine sequences them.
+//!
+//! Pure: no runtime, network or clock. Time is passed in (`now`), messages come in through
+//! [`MemberMachine::handle_message`] and go out as [`MemberAction::Send`]; a message that
+//! could not be delivered (no process listens there, or the path is cut) comes back through
+//! [`MemberMachine::handle_undelivered`]; a link whose connection died (silent past the
+//! detection budget) through [`MemberMachine::handle_link_lost`]. The membership simulator
+//! (`sim::membership`) runs many of them over its network under faults and checks the
+//! issue's invariants after every event. The step's all-reduce is modelled by one number per
+//! member and step (its contribution) and the model by a digest, so that a simulated job
+//! shows whether every member applied every step once and holds the same model.
+
+use core::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use cohort_transport::NodeId;
+
+use super::super::{
+    DIAL_RETRY, ENTER_REPEAT, FRESH_START_RETRY, PENDING_FRESH, STILL_FORMING_EVERY,
+};
+use super::quorum::has_quorum;
+use super::{EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere};
+use crate::collective::{GroupMember, Joiner};
+use crate::process::Incarnation;
+
+/// The bounds a member machine works within (production takes them from the job's
+/// configuration; the simulator from its scenario).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MemberSettings {
+    /// How long forming an epoch waits for every member.
+    pub(crate) form_timeout: Duration,
+    /// How long a survivor waits for the answers to its probes.
+    pub(crate) probe_timeout: Duration,
+    /// The transport's detection budget (its idle timeout): a peer unreachable for twice
+    /// this while re-forming is taken for lost.
+    pub(crate) detection: Duration,
+    /// How long a collective waits for a peer's message.
+    pub(crate) op_timeout: Duration,
+    /// How long a starting process waits for the others' answers to its ask to enter.
+    pub(crate) enter_timeout: Duration,
+    /// How long a joiner waits to be admitted.
+    pub(crate) join_timeout: Duration,
+    /// Re-forming attempts before the process gives up (and its supervisor restarts it).
+    pub(crate) recover_attempts: usize,
+    /// The steps the job trains.
+    pub(crate) steps: u64,
+    /// How long a step's computation takes before its contribution goes out.
+    pub(crate) step_time: Duration,
+}
+
+/// A message between member machines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MemberMessage {
+    /// A starting (or waiting) process asks to be admitted; `addr`: where it listens.
+    Enter {
+        addr: SocketAddr,
+        incarnation: Incarnation,
+    },
+    /// The answer to `Enter`: the answerer's latest epoch and whether a group lives there.
+    Entered { epoch: u64, formed: bool },
+    /// A dialer joins `epoch`, formed with `members` (rank order).
+    Join {
+        epoch: u64,
+        members: Vec<NodeId>,
+        by_admission: bool,
+        incarnation: Incarnation,
+    },
+    /// The join was taken: the link of `epoch` is up, with this process of the acceptor.
+    Joined {
+        epoch: u64,
+        incarnation: Incarnation,
+    },
+    /// The join of `epoch` was refused; `current`: the acceptor's latest epoch.
+    JoinRefused { epoch: u64, current: u64 },
+    /// Whether the receiver still forms `epoch` with `members`.
+    StillForming { epoch: u64, members: Vec<NodeId> },
+    /// The answer to `StillForming`.
+    StillFormingAnswer { epoch: u64, answer: StillAnswer },
+    /// A survivor of `epoch` probes a member.
+    Probe { epoch: u64 },
+    /// The answer to `Probe`.
+    ProbeAnswer { epoch: u64, answer: ProbeReply },
+    /// The leader admits the receiver to form `epoch` with `members`.
+    Admit {
+        epoch: u64,
+        members: Vec<GroupMember>,
+    },
+    /// The answer to `Admit`.
+    AdmitAnswer { epoch: u64, taken: bool },
+    /// A member's part of collective `seq` of the group of `epoch`.
+    Piece { epoch: u64, seq: u64, piece: Piece },
+    /// A piece of `epoch` reached a member whose group is of another epoch (EPOCH-1).
+    PieceRefused { epoch: u64 },
+    /// A member of `epoch` saw the group fail.
+    Abort { epoch: u64 },
+}
+
+/// The answer to [`MemberMessage::StillForming`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StillAnswer {
+    /// Forms it (or will: its join may still come).
+    Yes,
+    /// Never will, or with other members; `current`: the answerer's latest epoch.
+    Refused { current: u64 },
+    /// Its forming of it broke.
+    Broken,
+}
+
+/// The answer to [`MemberMessage::Probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProbeReply {
+    /// A live member: a survivor.
+    Alive,
+    /// A new process waiting to be admitted (or no member): no survivor.
+    Joining,
+    /// Its live group of a later epoch left the prober out.
+    LeftOut,
+}
+
+/// A member's part of one collective of its group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// The step boundary's all-gather: the member's notice, and (the leader's) joiners.
+    Vote {
+        leaving: Option<Leave>,
+        offer: Vec<Joiner>,
+    },
+    /// The leader's broadcast: whether every joiner acked its admission.
+    Told(bool),
+    /// The state all-gather: the member's completed steps and model digest.
+    State { step: u64, digest: u64 },
+    /// The member's contribution to the all-reduce of `step`.
+    Contribution { step: u64, value: u64 },
+}
+
+/// What the machine asks its executor to do, or reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MemberAction {
+    /// Send `message` to `to`.
+    Send { to: NodeId, message: MemberMessage },
+    /// A group of `epoch` with `members` formed here.
+    Formed { epoch: u64, members: Vec<NodeId> },
+    /// Step `step` was applied in the group of `epoch` with `members`: the model went from
+    /// `parent` to `digest`.
+    Applied {
+        epoch: u64,
+        members: Vec<NodeId>,
+        step: u64,
+        parent: u64,
+        digest: u64,
+    },
+    /// The state of the member with the most steps was installed here.
+    Adopted { epoch: u64, step: u64, digest: u64 },
+    /// The job's last step was applied here: the process ends.
+    Finished { step: u64, digest: u64 },
+    /// The process exits (its supervisor may start it again).
+    Exit(MemberExit),
+}
+
+/// Why a member process exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MemberExit {
+    /// It left at a step boundary after a notice.
+    Left(Leave),
+    /// The others re-formed without it (it came back late).
+    LeftOut,
+    /// Re-forming failed every attempt (no quorum, or every forming failed).
+    RecoveryFailed { no_quorum: bool },
+    /// It could neither form the first epoch nor be admitted.
+    EntryFailed,
+}
+
+/// Why a group broke, as the machine records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Broke {
+    /// A member's link died, or a new process of it asked to enter.
+    MemberLost(NodeId),
+    /// A peer refused a join, a piece or a question of this epoch; `current`: its latest
+    /// epoch, where it said.
+    Refused { by: NodeId, current: Option<u64> },
+    /// A member saw it fail first.
+    Aborted(NodeId),
+    /// A peer's view of the members differs.
+    ViewsDiffer(NodeId),
+    /// A member formed it with this process and re-forms (this one survives).
+    CutShort,
+    /// A member formed it without this process: it is a new one, to be admitted.
+    EndForming,
+    /// Forming or a collective ran past its bound.
+    Timeout,
+    /// A peer stayed unreachable while re-forming.
+    Unreachable(NodeId),
+    /// The next epoch began forming here.
+    Superseded,
+}
+
+/// A group of this process (forming, formed, or broken).
+#[derive(Debug, Clone)]
+struct Group {
+    epoch: u64,
+    members: Vec<GroupMember>,
+    nodes: Vec<NodeId>,
+    rank: usize,
+    formed: bool,
+    broken: Option<Broke>,
+    cut_short: bool,
+    links: BTreeMap<NodeId, Link>,
+    /// Pieces received, by (collective, sender).
+    inbox: BTreeMap<(u64, NodeId), Piece>,
+    /// The next collective's number.
+    seq: u64,
+}
+
+impl Group {
+    fn view(&self) -> GroupView<'_> {
+        GroupView {
+            epoch: self.epoch,
+            nodes: &self.nodes,
+            formed: self.formed,
+            broken: self.broken.is_some(),
+        }
+    }
+}
+
+/// One link of a forming group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Link {
+    /// This member joins the peer: the join is on its way (`sent`), or waits until `retry`.
+    Dialing {
+        retry: Option<Instant>,
+        unreachable_since: Option<Instant>,
+    },
+    /// This member waits for the peer's join, asking at `next_ask` whether it still forms.
+    Waiting {
+        next_ask: Instant,
+        answered: bool,
+        silent_since: Option<Instant>,
+    },
+    Up,
+}
+
+/// What a forming is for: what follows it.
+#[derive(Debug, Clone)]
+enum Purpose {
+    /// The first epoch of a starting job; tried again until `until` where members waiting to
+    /// be admitted refuse it.
+    FreshStart { until: Instant },
+    /// The epoch a leader admitted this joiner to; it waits until `until` in all.
+    Admitted { until: Instant },
+    /// Re-forming with the survivors of `before`.
+    Recover {
+        before: Before,
+        attempt: usize,
+        started: Instant,
+    },
+    /// Admitting joiners to the group's members.
+    Admit,
+    /// The stayers going on after members left.
+    Depart { before: Before },
+}
+
+/// The members of a group that broke or changed (what recovery probes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Before {
+    epoch: u64,
+    members: Vec<GroupMember>,
+}
+
+/// How a starting process goes on after the others' answers to its ask to enter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EnterAfter {
+    /// Its first ask: form the first epoch, or join.
+    First,
+    /// Its forming of the first epoch failed: join if a group lives, else exit.
+    FailedStart,
+    /// It was not admitted: form the first epoch if no group lives, else exit.
+    FailedJoin,
+}
+
+/// A collective in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Round {
+    /// The state all-gather after a re-forming or an admission.
+    State,
+    /// The boundary vote.
+    Vote,
+    /// The leader tells the joiners (leader only, before the `Told` broadcast).
+    Telling {
+        epoch: u64,
+        joiners: Vec<Joiner>,
+        members: Vec<GroupMember>,
+        told: BTreeMap<NodeId, Option<bool>>,
+        retry: BTreeMap<NodeId, Instant>,
+        deadline: Instant,
+    },
+    /// The broadcast whether every joiner was told.
+    Told {
+        epoch: u64,
+        joiners: Vec<Joiner>,
+        members: Vec<GroupMember>,
+    },
+    /// The step's computation (until `ready`), then its all-reduce.
+    Step { ready: Instant },
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Not started yet.
+    Idle,
+    Entering {
+        after: EnterAfter,
+        answered: BTreeSet<NodeId>,
+        deadline: Instant,
+        resend: Instant,
+    },
+    Joining {
+        until: Instant,
+        next_ask: Instant,
+        no_group: BTreeSet<NodeId>,
+    },
+    /// Waiting before trying the first epoch again.
+    StartAgain {
+        at: Instant,
+        until: Instant,
+    },
+    Forming {
+        purpose: Purpose,
+        deadline: Instant,
+    },
+    Training {
+        round: Round,
+        /// The collective's number and when it began (its pieces are awaited since).
+        began: Instant,
+        seq: u64,
+        sent: bool,
+    },
+    Recovering {
+        before: Before,
+        attempt: usize,
+        started: Instant,
+        answers: BTreeMap<NodeId, Option<ProbeReply>>,
+        retry: BTreeMap<NodeId, Instant>,
+        deadline: Instant,
+    },
+    /// Waiting until `at` before re-forming attempt `attempt` (each spans the probe timeout).
+    RecoverLater {
+        before: Before,
+        attempt: usize,
+        at: Instant,
+    },
+    Ended,
+}
+
+/// A join answered "wait": held until this mesh reaches its epoch (or its bound passes).
+#[derive(Debug, Clone)]
+struct HeldJoin {
+    peer: NodeId,
+    epoch: u64,
+    members: Vec<NodeId>,
+    context: JoinContext,
+    until: Instant,
+}
+
+/// One worker process's membership machine (see the module doc).
+#[derive(Debug)]
+pub(crate) struct MemberMachine {
+    me: GroupMember,
+    incarnation: Incarnation,
+    /// Every worker of the job, this one among them (the first epoch's members).
+    workers: Vec<GroupMember>,
+    settings: MemberSettings,
+    membership: Membership,
+    group: Option<Group>,
+    phase: Phase,
+    held: Vec<HeldJoin>,
+    /// Completed steps and the model's digest.
+    step: u64,
+    digest: u64,
+    /// Whether this process's state is to be agreed on before its next step.
+    needs_state: bool,
+    /// The re-forming whose group agrees on the state now: a failure before that ends is
+    /// its next attempt (probing the same broken group), not a new recovery.
+    recovery: Option<(Before, usize, Instant)>,
+    notice: Option<Leave>,
+    actions: VecDeque<MemberAction>,
+}
+
+/// The digest of a model no step was applied to.
+pub(crate) const INITIAL_DIGEST: u64 = 0x5eed_0000_c0ff_ee00;
+
+/// The model after step `step`, whose all-reduced contributions summed to `sum`.
+pub(crate) fn apply_step(digest: u64, step: u64, sum: u64) -> u64 {
+    let mut x = digest ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ sum.rotate_left(17);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A member's contribution to step `step` (its shard's gradient, in the model).
+pub(crate) fn contribution(node: &NodeId, step: u64) -> u64 {
+    apply_step(u64::from(node.index), step, 1) % 1000
+}
+
+impl MemberMachine {
+    /// A new process of `me`, one of `workers`.
+    pub(crate) fn new(
+        me: GroupMember,
+        incarnation: Incarnation,
+        mut workers: Vec<GroupMember>,
+        settings: MemberSettings,
+    ) -> Self {
+        workers.sort_by(|a, b| a.node.cmp(&b.node));
+        Self {
+            me,
+            incarnation,
+            workers,
+            settings,
+            membership: Membership::default(),
+            group: None,
+            phase: Phase::Idle,
+            held: Vec::new(),
+            step: 0,
+            digest: INITIAL_DIGEST,
+            needs_state: false,
+            recovery: None,
+            notice: None,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The latest epoch formed or tried here.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.membership.epoch
+    }
+
+    /// Completed steps and the model's digest.
+    pub(crate) fn state(&self) -> (u64, u64) {
+        (self.step, self.digest)
+    }
+
+    /// A short name of the phase, for reports.
+    pub(crate) fn phase_name(&self) -> &'static str {
+        match &self.phase {
+            Phase::Idle => "idle",
+            Phase::Entering { .. } => "entering",
+            Phase::Joining { .. } => "joining",
+            Phase::StartAgain { .. } => "starting again",
+            Phase::Forming { .. } => "forming",
+            Phase::Training { .. } => "training",
+            Phase::Recovering { .. } | Phase::RecoverLater { .. } => "recovering",
+            Phase::Ended => "ended",
+        }
+    }
+
+    /// The next action, if any.
+    pub(crate) fn poll_action(&mut self) -> Option<MemberAction> {
+        self.actions.pop_front()
+    }
+
+    /// The process starts: it asks the others whether a group lives.
+    pub(crate) fn handle_start(&mut self, now: Instant) {
+        self.begin_entering(now, EnterAfter::First);
+        self.progress(now);
+    }
+
+    /// A notice to leave at the next step boundary.
+    pub(crate) fn handle_notice(&mut self, now: Instant, leave: Leave) {
+        self.notice = Some(leave);
+        self.progress(now);
+    }
+
+    /// Time passed: whatever is due now happens.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.progress(now);
+    }
+
+    /// The connection with `peer` died (silent past the detection budget, or closed).
+    pub(crate) fn handle_link_lost(&mut self, now: Instant, peer: &NodeId) {
+        if let Some(g) = &self.group {
+            let linked = g.links.get(peer) == Some(&Link::Up);
+            if g.nodes.contains(peer) && (g.formed || linked) {
+                self.break_group(now, Broke::MemberLost(peer.clone()));
+            }
+        }
+        self.progress(now);
+    }
+
+    /// `message`, sent to `to`, could not be delivered (nothing listens there, or the path
+    /// is cut): a dial that failed.
+    pub(crate) fn handle_undelivered(
+        &mut self,
+        now: Instant,
+        to: &NodeId,
+        message: &MemberMessage,
+    ) {
+        match (&mut self.phase, message) {
+            (Phase::Forming { .. }, MemberMessage::Join { epoch, .. }) => {
+                if let Some(g) = self.group.as_mut().filter(|g| g.epoch == *epoch) {
+                    if let Some(Link::Dialing {
+                        retry,
+                        unreachable_since,
+                    }) = g.links.get_mut(to)
+                    {
+                        unreachable_since.get_or_insert(now);
+                        *retry = Some(now + DIAL_RETRY);
+                    }
+                }
+            }
+            (Phase::Recovering { retry, answers, .. }, MemberMessage::Probe { .. })
+                if answers.get(to).is_some_and(Option::is_none) =>
+            {
+                retry.insert(to.clone(), now + DIAL_RETRY);
+            }
+            (
+                Phase::Training {
+                    round: Round::Telling { retry, told, .. },
+                    ..
+                },
+                MemberMessage::Admit { .. },
+            ) if told.get(to).is_some_and(Option::is_none) => {
+                retry.insert(to.clone(), now + DIAL_RETRY);
+            }
+            (Phase::Entering { resend, .. }, MemberMessage::Enter { .. }) => {
+                *resend = (*resend).min(now + DIAL_RETRY);
+            }
+            _ => {}
+        }
+        self.progress(now);
+    }
+
+    /// A message from `from`.
+    pub(crate) fn handle_message(&mut self, now: Instant, from: &NodeId, message: MemberMessage) {
+        if matches!(self.phase, Phase::Ended) {
+            return;
+        }
+        match message {
+            MemberMessage::Enter { addr, incarnation } => {
+                self.answer_enter(now, from, addr, incarnation)
+            }
+            MemberMessage::Entered { formed, .. } => self.entered(now, from, formed),
+            MemberMessage::Join {
+                epoch,
+                members,
+                by_admission,
+                incarnation,
+            } => {
+                let context = JoinContext {
+                    incarnation,
+                    by_admission,
+                    later_join: false,
+                    closed: false,
+                };
+                self.held.retain(|h| !(h.peer == *from && h.epoch == epoch));
+                self.held.push(HeldJoin {
+                    peer: from.clone(),
+                    epoch,
+                    members,
+                    context,
+                    until: now + self.settings.form_timeout,
+                });
+            }
+            MemberMessage::Joined { epoch, incarnation } => {
+                if let Some(g) = self.group.as_mut().filter(|g| g.epoch == epoch) {
+                    if matches!(g.links.get(from), Some(Link::Dialing { .. })) {
+                        g.links.insert(from.clone(), Link::Up);
+                        self.membership.linked_with(from, epoch, incarnation);
+                    }
+                }
+            }
+            MemberMessage::JoinRefused { epoch, current } => {
+                if self.forming_epoch() == Some(epoch) {
+                    let why = Broke::Refused {
+                        by: from.clone(),
+                        current: Some(current),
+                    };
+                    self.break_group(now, why);
+                }
+            }
+            MemberMessage::StillForming { epoch, members } => {
+                let answer = self.still_forming(epoch, &members);
+                self.send(from, MemberMessage::StillFormingAnswer { epoch, answer });
+            }
+            MemberMessage::StillFormingAnswer { epoch, answer } => {
+                self.still_forming_answered(now, from, epoch, answer)
+            }
+            MemberMessage::Probe { epoch } => self.answer_probe(now, from, epoch),
+            MemberMessage::ProbeAnswer { epoch, answer } => {
+                if let Phase::Recovering {
+                    before, answers, ..
+                } = &mut self.phase
+                {
+                    if before.epoch == epoch && answers.contains_key(from) {
+                        answers.insert(from.clone(), Some(answer));
+                    }
+                }
+            }
+            MemberMessage::Admit { epoch, members } => {
+                let taken = self.membership.handle_admit(epoch, members).is_ok();
+                self.send(from, MemberMessage::AdmitAnswer { epoch, taken });
+            }
+            MemberMessage::AdmitAnswer { epoch: e, taken } => {
+                if let Phase::Training {
+                    round: Round::Telling { epoch, told, .. },
+                    ..
+                } = &mut self.phase
+                {
+                    if *epoch == e && told.contains_key(from) {
+                        told.insert(from.clone(), Some(taken));
+                    }
+                }
+            }
+            MemberMessage::Piece { epoch, seq, piece } => {
+                match self.group.as_mut().filter(|g| g.epoch == epoch) {
+                    Some(g) => {
+                        g.inbox.insert((seq, from.clone()), piece);
+                    }
+                    None => self.send(from, MemberMessage::PieceRefused { epoch }),
+                }
+            }
+            MemberMessage::PieceRefused { epoch } => {
+                if self.group.as_ref().is_some_and(|g| g.epoch == epoch) {
+                    let why = Broke::Refused {
+                        by: from.clone(),
+                        current: None,
+                    };
+                    self.break_group(now, why);
+                }
+            }
+            MemberMessage::Abort { epoch } => {
+                if self.group.as_ref().is_some_and(|g| g.epoch == epoch) {
+                    self.break_group(now, Broke::Aborted(from.clone()));
+                }
+            }
+        }
+        self.progress(now);
+    }
+
+    /// The earliest moment something is due here without a message arriving.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let mut due: Vec<Instant> = self.held.iter().map(|h| h.until).collect();
+        match &self.phase {
+            Phase::Idle | Phase::Ended => {}
+            Phase::Entering {
+                deadline, resend, ..
+            } => due.extend([*deadline, *resend]),
+            Phase::Joining {
+                until, next_ask, ..
+            } => due.extend([*until, *next_ask]),
+            Phase::StartAgain { at, .. } => due.push(*at),
+            Phase::Forming { deadline, .. } => {
+                due.push(*deadline);
+                if let Some(g) = &self.group {
+                    for link in g.links.values() {
+                        match link {
+                            Link::Dialing {
+                                retry: Some(at), ..
+                            } => due.push(*at),
+                            Link::Waiting { next_ask, .. } => due.push(*next_ask),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            Phase::Training {
+                round, began, sent, ..
+            } => {
+                due.push(*began + self.settings.op_timeout);
+                match round {
+                    Round::Step { ready } if !sent => due.push(*ready),
+                    Round::Telling {
+                        retry, deadline, ..
+                    } => {
+                        due.push(*deadline);
+                        due.extend(retry.values().copied());
+                    }
+                    _ => {}
+                }
+            }
+            Phase::Recovering {
+                deadline, retry, ..
+            } => {
+                due.push(*deadline);
+                due.extend(retry.values().copied());
+            }
+            Phase::RecoverLater { at, .. } => due.push(*at),
+        }
+        due.into_iter().min()
+    }
+
+    fn send(&mut self, to: &NodeId, message: MemberMessage) {
+        self.actions.push_back(MemberAction::Send {
+            to: to.clone(),
+            message,
+        });
+    }
+
+    fn exit(&mut self, why: MemberExit) {
+        self.phase = Phase::Ended;
+        self.group = None;
+        self.held.clear();
+        self.actions.push_back(MemberAction::Exit(why));
+    }
+
+    fn peers(&self) -> Vec<GroupMember> {
+        self.workers
+            .iter()
+            .filter(|w| w.node != self.me.node)
+            .cloned()
+            .collect()
+    }
+
+    fn forming_epoch(&self) -> Option<u64> {
+        match (&self.phase, &self.group) {
+            (Phase::Forming { .. }, Some(g)) => Some(g.epoch),
+            _ => None,
+        }
+    }
+
+    // ---- Entering and joining ----
+
+    fn begin_entering(&mut self, now: Instant, after: EnterAfter) {
+        self.phase = Phase::Entering {
+            after,
+            answered: BTreeSet::new(),
+            deadline: now + self.settings.enter_timeout,
+            resend: now,
+        };
+    }
+
+    fn ask_enter_all(&mut self, skip: &BTreeSet<NodeId>) {
+        let enter = MemberMessage::Enter {
+            addr: self.me.addr,
+            incarnation: self.incarnation,
+        };
+        for peer in self.peers() {
+            if !skip.contains(&peer.node) {
+                self.send(&peer.node, enter.clone());
+            }
+        }
+    }
+
+    fn entered(&mut self, now: Instant, from: &NodeId, formed: bool) {
+        match &mut self.phase {
+            Phase::Entering {
+                after, answered, ..
+            } => {
+                answered.insert(from.clone());
+                if formed {
+                    let after = *after;
+                    self.membership.joining = true;
+                    match after {
+                        EnterAfter::First | EnterAfter::FailedStart => self.begin_joining(now),
+                        EnterAfter::FailedJoin => self.exit(MemberExit::EntryFailed),
+                    }
+                }
+            }
+            Phase::Joining { no_group, .. } => {
+                if formed {
+                    no_group.clear();
+                } else {
+                    no_group.insert(from.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl MemberMachine {
+    fn begin_joining(&mut self, now: Instant) {
+        self.membership.joining = true;
+        self.phase = Phase::Joining {
+            until: now + self.settings.join_timeout,
+            next_ask: now,
+            no_group: BTreeSet::new(),
+        };
+    }
+
+    /// Joining: asks every peer again each [`ENTER_REPEAT`], forms the epoch an admission
+    /// names, and gives up at its bound or when every peer answered that no group lives.
+    fn progress_joining(&mut self, now: Instant) {
+        let Phase::Joining {
+            until,
+            next_ask,
+            no_group,
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let until = *until;
+        let peers = self.workers.len() - 1;
+        if peers > 0 && no_group.len() == peers {
+            return self.not_admitted(now);
+        }
+        if let Some((epoch, members)) = self.membership.admission.take() {
+            return self.begin_forming(now, epoch, members, Purpose::Admitted { until });
+        }
+        if now >= until {
+            return self.not_admitted(now);
+        }
+        if now >= *next_ask {
+            *next_ask = now + ENTER_REPEAT;
+            no_group.clear();
+            self.ask_enter_all(&BTreeSet::new());
+        }
+    }
+
+    /// The joiner was not admitted: where no group was ever formed here, it asks whether the
+    /// others start again; else it exits.
+    fn not_admitted(&mut self, now: Instant) {
+        self.membership.joining = false;
+        self.membership.admission = None;
+        if self.membership.epoch == 0 {
+            self.begin_entering(now, EnterAfter::FailedJoin);
+        } else {
+            self.exit(MemberExit::EntryFailed);
+        }
+    }
+
+    fn progress_entering(&mut self, now: Instant) {
+        let Phase::Entering {
+            after,
+            answered,
+            deadline,
+            resend,
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let after = *after;
+        let all_answered = answered.len() + 1 >= self.workers.len();
+        if all_answered || now >= *deadline {
+            // Nobody has a live group: the job starts.
+            return match after {
+                EnterAfter::First | EnterAfter::FailedJoin => {
+                    let until = now + self.settings.join_timeout;
+                    self.start_first_epoch(now, until)
+                }
+                EnterAfter::FailedStart => self.exit(MemberExit::EntryFailed),
+            };
+        }
+        if now >= *resend {
+            *resend = now + Duration::from_millis(500);
+            let answered = answered.clone();
+            self.ask_enter_all(&answered);
+        }
+    }
+
+    fn start_first_epoch(&mut self, now: Instant, until: Instant) {
+        let members = self.workers.clone();
+        self.begin_forming(now, 1, members, Purpose::FreshStart { until });
+    }
+
+    // ---- Answers to the others ----
+
+    fn answer_enter(
+        &mut self,
+        now: Instant,
+        from: &NodeId,
+        addr: SocketAddr,
+        incarnation: Incarnation,
+    ) {
+        let view = self.group.as_ref().map(Group::view);
+        let answer = self
+            .membership
+            .handle_enter(from, addr, incarnation, view, now);
+        let (epoch, formed) = match answer {
+            EnterAnswer::NoGroup { epoch } => (epoch, false),
+            EnterAnswer::Stale { epoch } => (epoch, true),
+            EnterAnswer::Pending { epoch, restarted } => {
+                if restarted {
+                    self.break_group(now, Broke::MemberLost(from.clone()));
+                }
+                (epoch, true)
+            }
+        };
+        self.send(from, MemberMessage::Entered { epoch, formed });
+    }
+
+    /// Answers the held joins that can be answered now (this mesh reached their epoch, or
+    /// their bound passed).
+    fn answer_held_joins(&mut self, now: Instant) {
+        let held = std::mem::take(&mut self.held);
+        for join in held {
+            let view = self.group.as_ref().map(Group::view);
+            let answer = self.membership.handle_join(
+                &join.peer,
+                join.epoch,
+                &join.members,
+                view,
+                join.context,
+            );
+            let epoch = join.epoch;
+            match answer {
+                JoinAnswer::Wait if now < join.until => self.held.push(join),
+                JoinAnswer::Wait => {
+                    let current = self.membership.epoch;
+                    self.send(&join.peer, MemberMessage::JoinRefused { epoch, current });
+                }
+                JoinAnswer::Take => {
+                    if let Some(g) = self.group.as_mut() {
+                        g.links.insert(join.peer.clone(), Link::Up);
+                    }
+                    self.membership
+                        .linked_with(&join.peer, epoch, join.context.incarnation);
+                    let incarnation = self.incarnation;
+                    self.send(&join.peer, MemberMessage::Joined { epoch, incarnation });
+                }
+                JoinAnswer::Refused { current, .. } => {
+                    self.send(&join.peer, MemberMessage::JoinRefused { epoch, current });
+                }
+                JoinAnswer::ViewsDiffer { .. } => {
+                    self.break_group(now, Broke::ViewsDiffer(join.peer.clone()));
+                    self.send(
+                        &join.peer,
+                        MemberMessage::JoinRefused {
+                            epoch,
+                            current: epoch,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn still_forming(&self, epoch: u64, members: &[NodeId]) -> StillAnswer {
+        let current = self.membership.epoch;
+        if current < epoch {
+            if self.membership.unadmitted(epoch) {
+                return StillAnswer::Refused { current };
+            }
+            return StillAnswer::Yes;
+        }
+        match self.group.as_ref().filter(|g| g.epoch == epoch) {
+            Some(g) if g.nodes != members => StillAnswer::Refused { current },
+            Some(g) if g.broken.is_some() => StillAnswer::Broken,
+            Some(_) => StillAnswer::Yes,
+            None => StillAnswer::Refused { current },
+        }
+    }
+
+    fn still_forming_answered(
+        &mut self,
+        now: Instant,
+        from: &NodeId,
+        epoch: u64,
+        answer: StillAnswer,
+    ) {
+        if self.forming_epoch() != Some(epoch) {
+            return;
+        }
+        let refused = |current| Broke::Refused {
+            by: from.clone(),
+            current,
+        };
+        match answer {
+            StillAnswer::Refused { current } => self.break_group(now, refused(Some(current))),
+            // A first forming broken at the peer was cut short there: its probe decides.
+            StillAnswer::Broken if epoch > 1 => self.break_group(now, refused(None)),
+            StillAnswer::Broken | StillAnswer::Yes => {
+                if let Some(Link::Waiting {
+                    answered,
+                    silent_since,
+                    ..
+                }) = self.group.as_mut().and_then(|g| g.links.get_mut(from))
+                {
+                    *answered = true;
+                    *silent_since = None;
+                }
+            }
+        }
+    }
+
+    fn answer_probe(&mut self, now: Instant, from: &NodeId, epoch: u64) {
+        let linked = self.membership.linked.contains(&(from.clone(), epoch));
+        let view = self.group.as_ref().map(Group::view);
+        let answer = match self.membership.handle_probe(from, epoch, view, linked) {
+            ProbeAnswerHere::Alive => ProbeReply::Alive,
+            ProbeAnswerHere::Joining => ProbeReply::Joining,
+            ProbeAnswerHere::LeftOut { .. } => ProbeReply::LeftOut,
+            ProbeAnswerHere::CutShort => {
+                let cut = match self.group.as_mut() {
+                    Some(g) if g.broken.is_none() => {
+                        g.cut_short = true;
+                        true
+                    }
+                    _ => false,
+                };
+                if cut {
+                    self.membership.member = true;
+                    self.break_group(now, Broke::CutShort);
+                    ProbeReply::Alive
+                } else {
+                    ProbeReply::Joining
+                }
+            }
+            ProbeAnswerHere::EndForming => {
+                self.break_group(now, Broke::EndForming);
+                ProbeReply::Joining
+            }
+        };
+        self.send(from, MemberMessage::ProbeAnswer { epoch, answer });
+    }
+
+    /// Breaks this process's latest group (once): a formed one tells the others (`Abort`).
+    fn break_group(&mut self, _now: Instant, why: Broke) {
+        let Some(g) = self.group.as_mut() else {
+            return;
+        };
+        if g.broken.is_some() {
+            return;
+        }
+        // The first member to see a failure tells the others; a group superseded here, or
+        // aborted by another member, has nothing to tell.
+        let tell = g.formed && !matches!(why, Broke::Superseded | Broke::Aborted(_));
+        g.broken = Some(why);
+        if tell {
+            let epoch = g.epoch;
+            let others: Vec<NodeId> = g
+                .nodes
+                .iter()
+                .filter(|n| **n != self.me.node)
+                .cloned()
+                .collect();
+            for peer in others {
+                self.send(&peer, MemberMessage::Abort { epoch });
+            }
+        }
+    }
+
+    // ---- Forming ----
+
+    fn begin_forming(
+        &mut self,
+        now: Instant,
+        epoch: u64,
+        mut members: Vec<GroupMember>,
+        purpose: Purpose,
+    ) {
+        members.sort_by(|a, b| a.node.cmp(&b.node));
+        members.dedup_by(|a, b| a.node == b.node);
+        let Some(rank) = members.iter().position(|m| m.node == self.me.node) else {
+            let attempted = Before { epoch, members };
+            return self.forming_failed(now, purpose, None, attempted);
+        };
+        if self.membership.begin_forming(epoch).is_err() {
+            let attempted = Before { epoch, members };
+            return self.forming_failed(now, purpose, None, attempted);
+        }
+        if let Some(old) = &self.group {
+            if old.broken.is_none() && old.formed {
+                self.break_group(now, Broke::Superseded);
+            }
+        }
+        let nodes: Vec<NodeId> = members.iter().map(|m| m.node.clone()).collect();
+        let links = members
+            .iter()
+            .filter(|m| m.node != self.me.node)
+            .map(|m| {
+                let link = if self.me.node > m.node {
+                    Link::Dialing {
+                        retry: Some(now),
+                        unreachable_since: None,
+                    }
+                } else {
+                    Link::Waiting {
+                        next_ask: now + STILL_FORMING_EVERY,
+                        answered: true,
+                        silent_since: None,
+                    }
+                };
+                (m.node.clone(), link)
+            })
+            .collect();
+        self.group = Some(Group {
+            epoch,
+            members,
+            nodes,
+            rank,
+            formed: false,
+            broken: None,
+            cut_short: false,
+            links,
+            inbox: BTreeMap::new(),
+            seq: 0,
+        });
+        self.phase = Phase::Forming {
+            purpose,
+            deadline: now + self.settings.form_timeout,
+        };
+    }
+
+    /// Sends what forming owes its peers now, and ends it when every link is up, it broke,
+    /// or its bound passed.
+    fn progress_forming(&mut self, now: Instant) {
+        let Phase::Forming { deadline, .. } = &self.phase else {
+            return;
+        };
+        let deadline = *deadline;
+        let Some(g) = self.group.as_mut() else {
+            return;
+        };
+        if let Some(why) = g.broken.clone() {
+            return self.forming_ended(now, Some(why));
+        }
+        if g.links.values().all(|l| *l == Link::Up) {
+            g.formed = true;
+            self.membership.member = true;
+            return self.forming_ended(now, None);
+        }
+        if now >= deadline {
+            self.break_group(now, Broke::Timeout);
+            return self.forming_ended(now, Some(Broke::Timeout));
+        }
+        let epoch = g.epoch;
+        let nodes = g.nodes.clone();
+        let detection = self.settings.detection * 2;
+        let by_admission = self.membership.joining && self.membership.admitted_epoch == epoch;
+        let mut sends = Vec::new();
+        let mut lost = None;
+        for (peer, link) in g.links.iter_mut() {
+            match link {
+                Link::Dialing {
+                    retry,
+                    unreachable_since,
+                } => {
+                    if let Some(since) = unreachable_since {
+                        if epoch > 1 && now.duration_since(*since) >= detection {
+                            lost = Some(peer.clone());
+                        }
+                    }
+                    if retry.is_some_and(|at| now >= at) {
+                        *retry = None;
+                        sends.push((
+                            peer.clone(),
+                            MemberMessage::Join {
+                                epoch,
+                                members: nodes.clone(),
+                                by_admission,
+                                incarnation: self.incarnation,
+                            },
+                        ));
+                    }
+                }
+                Link::Waiting {
+                    next_ask,
+                    answered,
+                    silent_since,
+                } => {
+                    if now >= *next_ask {
+                        if !*answered {
+                            let since =
+                                *silent_since.get_or_insert(*next_ask - STILL_FORMING_EVERY);
+                            if epoch > 1 && now.duration_since(since) >= detection {
+                                lost = Some(peer.clone());
+                            }
+                        }
+                        *answered = false;
+                        *next_ask = now + STILL_FORMING_EVERY;
+                        sends.push((
+                            peer.clone(),
+                            MemberMessage::StillForming {
+                                epoch,
+                                members: nodes.clone(),
+                            },
+                        ));
+                    }
+                }
+                Link::Up => {}
+            }
+        }
+        if let Some(peer) = lost {
+            self.break_group(now, Broke::Unreachable(peer.clone()));
+            return self.forming_ended(now, Some(Broke::Unreachable(peer)));
+        }
+        for (peer, message) in sends {
+            self.send(&peer, message);
+        }
+    }
+
+    /// The forming ended: formed (`None`), or broken by `why`.
+    fn forming_ended(&mut self, now: Instant, why: Option<Broke>) {
+        let Phase::Forming { purpose, .. } = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return;
+        };
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        let (epoch, nodes) = (g.epoch, g.nodes.clone());
+        let cut_short = g.cut_short;
+        match why {
+            None => {
+                self.actions.push_back(MemberAction::Formed {
+                    epoch,
+                    members: nodes,
+                });
+                self.formed(now, purpose);
+            }
+            // A member formed it with this process and re-forms: survive with it.
+            Some(_) if cut_short && !matches!(purpose, Purpose::Admitted { .. }) => {
+                let before = self.before_of_group();
+                self.begin_recovering(now, before, 1, now);
+            }
+            Some(why) => {
+                // A failed forming's group is gone (nothing holds it); another member may
+                // have formed it, though (see `forming_failed`).
+                let attempted = self.before_of_group();
+                self.group = None;
+                self.forming_failed(now, purpose, Some(why), attempted);
+            }
+        }
+    }
+
+    fn before_of_group(&self) -> Before {
+        let g = self.group.as_ref().expect("a group to re-form from");
+        Before {
+            epoch: g.epoch,
+            members: g.members.clone(),
+        }
+    }
+
+    fn formed(&mut self, now: Instant, purpose: Purpose) {
+        match purpose {
+            Purpose::FreshStart { .. } => self.needs_state = false,
+            Purpose::Admitted { .. } => {
+                self.membership.joining = false;
+                self.membership.admission = None;
+                self.needs_state = true;
+            }
+            Purpose::Recover {
+                before,
+                attempt,
+                started,
+            } => {
+                self.needs_state = true;
+                self.recovery = Some((before, attempt, started));
+            }
+            Purpose::Admit => self.needs_state = true,
+            Purpose::Depart { .. } => self.needs_state = false,
+        }
+        self.begin_round(now, None);
+    }
+
+    /// The forming of `attempted` for `purpose` failed here (broken by `why`).
+    fn forming_failed(
+        &mut self,
+        now: Instant,
+        purpose: Purpose,
+        why: Option<Broke>,
+        attempted: Before,
+    ) {
+        match purpose {
+            Purpose::FreshStart { until } => {
+                // Members waiting to be admitted to a group that is gone refuse the first
+                // epoch until they see that nobody has one: try it again.
+                let refused_by_a_joiner = matches!(
+                    why,
+                    Some(Broke::Refused {
+                        current: Some(0),
+                        ..
+                    })
+                );
+                if refused_by_a_joiner && now < until && self.membership.forget_failed_start() {
+                    self.phase = Phase::StartAgain {
+                        at: now + FRESH_START_RETRY,
+                        until,
+                    };
+                } else {
+                    self.begin_entering(now, EnterAfter::FailedStart);
+                }
+            }
+            Purpose::Admitted { until } => {
+                self.phase = Phase::Joining {
+                    until,
+                    next_ask: now,
+                    no_group: BTreeSet::new(),
+                };
+            }
+            Purpose::Recover {
+                before,
+                attempt,
+                started,
+            } => self.next_attempt(now, before, attempt, started, false),
+            // Another member may have formed the admission's epoch (its links all up while
+            // this member's were not): it measures its quorum on that epoch's members from
+            // then on, so this member must too. Measured on its old group instead, a member
+            // cut off from it during the admission went on alone beside it (split brain,
+            // found by the membership simulator, seed 890 of its first sweep).
+            Purpose::Admit => self.begin_recovering(now, attempted, 1, now),
+            Purpose::Depart { before } => self.begin_recovering(now, before, 1, now),
+        }
+    }
+}
+
+impl MemberMachine {
+    /// Everything due at `now`, until nothing changes.
+    fn progress(&mut self, now: Instant) {
+        // Each pass moves the phase on at most one step; a bounded number always settles.
+        for _ in 0..32 {
+            let before = self.signature();
+            self.answer_held_joins(now);
+            match &self.phase {
+                Phase::Idle | Phase::Ended => {}
+                Phase::Entering { .. } => self.progress_entering(now),
+                Phase::Joining { .. } => self.progress_joining(now),
+                Phase::StartAgain { at, until } => {
+                    if now >= *at {
+                        let until = *until;
+                        self.start_first_epoch(now, until);
+                    }
+                }
+                Phase::Forming { .. } => self.progress_forming(now),
+                Phase::Training { .. } => self.progress_training(now),
+                Phase::Recovering { .. } => self.progress_recovering(now),
+                Phase::RecoverLater { at, .. } => {
+                    if now >= *at {
+                        if let Phase::RecoverLater {
+                            before, attempt, ..
+                        } = std::mem::replace(&mut self.phase, Phase::Idle)
+                        {
+                            self.begin_recovering(now, before, attempt, now);
+                        }
+                    }
+                }
+            }
+            if self.signature() == before {
+                return;
+            }
+        }
+    }
+
+    /// What `progress` watches for change.
+    fn signature(&self) -> (&'static str, u64, bool, bool, u64, usize, usize) {
+        let (formed, broken, seq) = self
+            .group
+            .as_ref()
+            .map_or((false, false, 0), |g| (g.formed, g.broken.is_some(), g.seq));
+        let links_up = self
+            .group
+            .as_ref()
+            .map_or(0, |g| g.links.values().filter(|l| **l == Link::Up).count());
+        (
+            self.phase_name(),
+            self.membership.epoch,
+            formed,
+            broken,
+            seq,
+            links_up,
+            self.actions.len(),
+        )
+    }
+
+    // ---- Training ----
+
+    /// Begins the next collective of a formed group.
+    fn begin_round(&mut self, now: Instant, round: Option<Round>) {
+        let round = round.unwrap_or(if self.needs_state {
+            Round::State
+        } else {
+            Round::Vote
+        });
+        let seq = self.group.as_ref().map_or(0, |g| g.seq);
+        self.phase = Phase::Training {
+            round,
+            began: now,
+            seq,
+            sent: false,
+        };
+    }
+
+    fn progress_training(&mut self, now: Instant) {
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        if g.broken.is_some() {
+            return self.group_failed(now);
+        }
+        let Phase::Training {
+            round,
+            began,
+            seq,
+            sent,
+        } = &self.phase
+        else {
+            return;
+        };
+        let (round, began, seq, sent) = (round.clone(), *began, *seq, *sent);
+        if now >= began + self.settings.op_timeout {
+            self.break_group(now, Broke::Timeout);
+            return self.group_failed(now);
+        }
+        match round {
+            Round::Step { ready } if now < ready => {}
+            Round::Telling { .. } => self.progress_telling(now),
+            _ => {
+                if !sent {
+                    self.send_piece(now, &round, seq);
+                }
+                if let Some(pieces) = self.pieces_of(&round, seq) {
+                    if let Some(g) = self.group.as_mut() {
+                        g.seq += 1;
+                        g.inbox.retain(|(s, _), _| *s > seq);
+                    }
+                    self.round_done(now, round, pieces);
+                }
+            }
+        }
+    }
+
+    /// Sends this member's piece of `round` (collective `seq`) to the others.
+    fn send_piece(&mut self, now: Instant, round: &Round, seq: u64) {
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        let (epoch, rank) = (g.epoch, g.rank);
+        let others: Vec<NodeId> = g
+            .nodes
+            .iter()
+            .filter(|n| **n != self.me.node)
+            .cloned()
+            .collect();
+        let nodes = g.nodes.clone();
+        let piece = match round {
+            Round::State => Some(Piece::State {
+                step: self.step,
+                digest: self.digest,
+            }),
+            Round::Vote => {
+                let offer = if rank == 0 {
+                    self.membership.pending_joiners(&nodes, now, PENDING_FRESH)
+                } else {
+                    Vec::new()
+                };
+                Some(Piece::Vote {
+                    leaving: self.notice,
+                    offer,
+                })
+            }
+            // A broadcast from the leader: the others send nothing.
+            Round::Told { .. } => None,
+            Round::Step { .. } => Some(Piece::Contribution {
+                step: self.step + 1,
+                value: contribution(&self.me.node, self.step + 1),
+            }),
+            Round::Telling { .. } => None,
+        };
+        if let Phase::Training { sent, .. } = &mut self.phase {
+            *sent = true;
+        }
+        let Some(piece) = piece else {
+            return;
+        };
+        self.own_piece(seq, piece.clone());
+        for peer in others {
+            self.send(
+                &peer,
+                MemberMessage::Piece {
+                    epoch,
+                    seq,
+                    piece: piece.clone(),
+                },
+            );
+        }
+    }
+
+    /// Keeps this member's own piece of collective `seq` beside the others'.
+    fn own_piece(&mut self, seq: u64, piece: Piece) {
+        let me = self.me.node.clone();
+        if let Some(g) = self.group.as_mut() {
+            g.inbox.insert((seq, me), piece);
+        }
+    }
+
+    /// Every member's piece of `round` (collective `seq`), in rank order, once all came (a
+    /// broadcast: the leader's alone).
+    fn pieces_of(&self, round: &Round, seq: u64) -> Option<Vec<Piece>> {
+        let g = self.group.as_ref()?;
+        let from: Vec<&NodeId> = match round {
+            Round::Told { .. } => vec![&g.nodes[0]],
+            _ => g.nodes.iter().collect(),
+        };
+        from.into_iter()
+            .map(|n| g.inbox.get(&(seq, n.clone())).cloned())
+            .collect()
+    }
+
+    /// A collective of the group ended with every member's `pieces`.
+    fn round_done(&mut self, now: Instant, round: Round, pieces: Vec<Piece>) {
+        match round {
+            Round::State => self.state_agreed(now, &pieces),
+            Round::Vote => self.voted(now, &pieces),
+            Round::Told {
+                epoch,
+                joiners,
+                members,
+            } => {
+                if pieces.first() == Some(&Piece::Told(true)) {
+                    self.membership.admitting(&joiners);
+                    self.begin_forming(now, epoch, members, Purpose::Admit);
+                } else {
+                    // Not every joiner could be told: nobody forms that epoch.
+                    self.membership.skip(epoch);
+                    self.begin_step(now);
+                }
+            }
+            Round::Step { .. } => self.stepped(now, &pieces),
+            Round::Telling { .. } => {}
+        }
+    }
+
+    fn state_agreed(&mut self, now: Instant, pieces: &[Piece]) {
+        let states = pieces.iter().filter_map(|p| match p {
+            Piece::State { step, digest } => Some((*step, *digest)),
+            _ => None,
+        });
+        // The most steps; ties go to the lowest rank (the first such).
+        let mut source = (self.step, self.digest);
+        let mut best: Option<(u64, u64)> = None;
+        for state in states {
+            if best.is_none_or(|b| state.0 > b.0) {
+                best = Some(state);
+            }
+        }
+        if let Some(best) = best {
+            source = best;
+        }
+        if source != (self.step, self.digest) {
+            (self.step, self.digest) = source;
+        }
+        let epoch = self.group.as_ref().map_or(0, |g| g.epoch);
+        self.actions.push_back(MemberAction::Adopted {
+            epoch,
+            step: self.step,
+            digest: self.digest,
+        });
+        self.needs_state = false;
+        self.recovery = None;
+        self.begin_round(now, Some(Round::Vote));
+    }
+
+    fn voted(&mut self, now: Instant, pieces: &[Piece]) {
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        // The boundary after the last step: every member of the group reached it with the
+        // same model, so each ends holding what the others hold. A member that applied the
+        // last step alone (from messages it held while the others re-formed without it)
+        // never gets here: it re-forms, and is left out or takes the others' state.
+        if self.step >= self.settings.steps {
+            self.actions.push_back(MemberAction::Finished {
+                step: self.step,
+                digest: self.digest,
+            });
+            self.phase = Phase::Ended;
+            return;
+        }
+        let mut leavers = Vec::new();
+        let mut offer = Vec::new();
+        for (rank, piece) in pieces.iter().enumerate() {
+            if let Piece::Vote {
+                leaving,
+                offer: theirs,
+            } = piece
+            {
+                if let Some(why) = leaving {
+                    leavers.push((g.nodes[rank].clone(), *why));
+                }
+                if rank == 0 {
+                    offer = theirs.clone();
+                }
+            }
+        }
+        let next = g.epoch.max(self.membership.epoch) + 1;
+        if let Some((_, why)) = leavers.iter().find(|(n, _)| *n == self.me.node) {
+            return self.exit(MemberExit::Left(*why));
+        }
+        if !leavers.is_empty() {
+            let stayers: Vec<GroupMember> = g
+                .members
+                .iter()
+                .filter(|m| !leavers.iter().any(|(n, _)| *n == m.node))
+                .cloned()
+                .collect();
+            let before = self.before_of_group();
+            return self.begin_forming(now, next, stayers, Purpose::Depart { before });
+        }
+        if offer.is_empty() {
+            return self.begin_step(now);
+        }
+        let mut members = g.members.clone();
+        members.extend(offer.iter().map(|j| j.member.clone()));
+        let round = if g.rank == 0 {
+            self.membership.offered(&offer);
+            Round::Telling {
+                epoch: next,
+                told: offer
+                    .iter()
+                    .map(|j| (j.member.node.clone(), None))
+                    .collect(),
+                retry: offer.iter().map(|j| (j.member.node.clone(), now)).collect(),
+                joiners: offer,
+                members,
+                deadline: now + self.settings.form_timeout,
+            }
+        } else {
+            Round::Told {
+                epoch: next,
+                joiners: offer,
+                members,
+            }
+        };
+        self.begin_round(now, Some(round));
+    }
+
+    /// The leader tells each joiner its admission, then broadcasts whether all acked.
+    fn progress_telling(&mut self, now: Instant) {
+        let Phase::Training {
+            round:
+                Round::Telling {
+                    epoch,
+                    joiners,
+                    members,
+                    told,
+                    retry,
+                    deadline,
+                },
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let epoch = *epoch;
+        let due: Vec<NodeId> = retry
+            .iter()
+            .filter(|(_, at)| now >= **at)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &due {
+            retry.remove(n);
+        }
+        let finished = told.values().all(Option::is_some) || now >= *deadline;
+        let all_told = told.values().all(|t| *t == Some(true));
+        let (joiners, members) = (joiners.clone(), members.clone());
+        let admit = MemberMessage::Admit {
+            epoch,
+            members: members.clone(),
+        };
+        for n in due {
+            self.send(&n, admit.clone());
+        }
+        if finished {
+            let seq = self.group.as_ref().map_or(0, |g| g.seq);
+            self.own_piece(seq, Piece::Told(all_told));
+            let round = Round::Told {
+                epoch,
+                joiners,
+                members,
+            };
+            if let Some(g) = self.group.as_ref() {
+                let others: Vec<NodeId> = g.nodes.iter().skip(1).cloned().collect();
+                let g_epoch = g.epoch;
+                for peer in others {
+                    self.send(
+                        &peer,
+                        MemberMessage::Piece {
+                            epoch: g_epoch,
+                            seq,
+                            piece: Piece::Told(all_told),
+                        },
+                    );
+                }
+            }
+            if let Phase::Training { round: r, sent, .. } = &mut self.phase {
+                *r = round;
+                *sent = true;
+            }
+        }
+    }
+
+    fn begin_step(&mut self, now: Instant) {
+        let ready = now + self.settings.step_time;
+        self.begin_round(now, Some(Round::Step { ready }));
+    }
+
+    fn stepped(&mut self, now: Instant, pieces: &[Piece]) {
+        let step = self.step + 1;
+        let mut sum = 0u64;
+        for piece in pieces {
+            match piece {
+                Piece::Contribution { step: s, value } if *s == step => {
+                    sum = sum.wrapping_add(*value)
+                }
+                // Members that disagree on the call: the group cannot go on.
+                _ => {
+                    self.break_group(now, Broke::Timeout);
+                    return self.group_failed(now);
+                }
+            }
+        }
+        let parent = self.digest;
+        self.digest = apply_step(parent, step, sum);
+        self.step = step;
+        let g = self.group.as_ref().expect("a group trains");
+        self.actions.push_back(MemberAction::Applied {
+            epoch: g.epoch,
+            members: g.nodes.clone(),
+            step,
+            parent,
+            digest: self.digest,
+        });
+        // After the last step, one more boundary closes the job (see `voted`).
+        self.begin_round(now, Some(Round::Vote));
+    }
+
+    /// The group this member trains in broke: re-form.
+    fn group_failed(&mut self, now: Instant) {
+        if let Some((before, attempt, started)) = self.recovery.take() {
+            return self.next_attempt(now, before, attempt, started, false);
+        }
+        let before = self.before_of_group();
+        self.begin_recovering(now, before, 1, now);
+    }
+
+    // ---- Re-forming ----
+
+    fn begin_recovering(&mut self, now: Instant, before: Before, attempt: usize, _: Instant) {
+        let others: Vec<NodeId> = before
+            .members
+            .iter()
+            .map(|m| m.node.clone())
+            .filter(|n| *n != self.me.node)
+            .collect();
+        self.phase = Phase::Recovering {
+            answers: others.iter().map(|n| (n.clone(), None)).collect(),
+            retry: others.iter().map(|n| (n.clone(), now)).collect(),
+            before,
+            attempt,
+            started: now,
+            deadline: now + self.settings.probe_timeout,
+        };
+    }
+
+    fn progress_recovering(&mut self, now: Instant) {
+        let Phase::Recovering {
+            before,
+            answers,
+            retry,
+            deadline,
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let epoch = before.epoch;
+        let due: Vec<NodeId> = retry
+            .iter()
+            .filter(|(_, at)| now >= **at)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &due {
+            retry.remove(n);
+        }
+        let done = answers.values().all(Option::is_some) || now >= *deadline;
+        for n in due {
+            self.send(&n, MemberMessage::Probe { epoch });
+        }
+        if !done {
+            return;
+        }
+        let Phase::Recovering {
+            before,
+            attempt,
+            started,
+            answers,
+            ..
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
+            return;
+        };
+        if answers.values().any(|a| *a == Some(ProbeReply::LeftOut)) {
+            return self.exit(MemberExit::LeftOut);
+        }
+        let alive: Vec<NodeId> = before
+            .members
+            .iter()
+            .map(|m| m.node.clone())
+            .filter(|n| *n == self.me.node || answers.get(n) == Some(&Some(ProbeReply::Alive)))
+            .collect();
+        let joining: Vec<NodeId> = answers
+            .iter()
+            .filter(|(_, a)| **a == Some(ProbeReply::Joining))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let previous: Vec<NodeId> = before.members.iter().map(|m| m.node.clone()).collect();
+        if !has_quorum(&previous, &joining, &alive) {
+            return self.next_attempt(now, before, attempt, started, true);
+        }
+        let next = before.epoch.max(self.membership.epoch) + 1;
+        let members: Vec<GroupMember> = before
+            .members
+            .iter()
+            .filter(|m| alive.contains(&m.node))
+            .cloned()
+            .collect();
+        self.begin_forming(
+            now,
+            next,
+            members,
+            Purpose::Recover {
+                before,
+                attempt,
+                started,
+            },
+        );
+    }
+
+    /// The re-forming attempt `attempt` (begun at `started`) failed: the next one begins a
+    /// probe timeout after it began, or the process gives up.
+    fn next_attempt(
+        &mut self,
+        now: Instant,
+        before: Before,
+        attempt: usize,
+        started: Instant,
+        no_quorum: bool,
+    ) {
+        if attempt >= self.settings.recover_attempts {
+            return self.exit(MemberExit::RecoveryFailed { no_quorum });
+        }
+        self.phase = Phase::RecoverLater {
+            before,
+            attempt: attempt + 1,
+            at: (started + self.settings.probe_timeout).max(now),
+        };
+    }
+}

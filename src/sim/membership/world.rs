@@ -1,0 +1,672 @@
+//! The membership simulator's world: the worker processes (each a member machine, or down),
+//! their supervisor, the network between them (delays, cuts, a dead or paused peer), the
+//! detection of a lost link, and the event queue that drives them all in virtual time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cohort_transport::NodeId;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::checks::Checks;
+use super::{MembershipConfig, MembershipFaultKind, MembershipScenario, MembershipViolation};
+use crate::collective::{
+    GroupMember, Leave, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+};
+use crate::process::Incarnation;
+
+/// What one membership run found.
+#[derive(Debug, Clone, Default)]
+pub struct MembershipReport {
+    /// Whether the job finished (a process applied the last step).
+    pub finished: bool,
+    /// The first invariant broken, if any.
+    pub violation: Option<MembershipViolation>,
+    /// Events processed.
+    pub events: u64,
+    /// Groups formed (at any process).
+    pub groups_formed: u64,
+    /// Process exits, by why.
+    pub exits: BTreeMap<&'static str, u64>,
+    /// Virtual time the run took.
+    pub took: Duration,
+}
+
+/// The bounds every worker runs with in the simulation (production's defaults, shortened as
+/// the tests shorten them).
+pub(super) fn settings(steps: u64) -> MemberSettings {
+    MemberSettings {
+        form_timeout: Duration::from_secs(10),
+        probe_timeout: Duration::from_secs(2),
+        detection: Duration::from_secs(2),
+        op_timeout: Duration::from_secs(20),
+        enter_timeout: Duration::from_secs(3),
+        join_timeout: Duration::from_secs(30),
+        recover_attempts: 3,
+        steps,
+        step_time: Duration::from_millis(150),
+    }
+}
+
+/// How long a preempted or drained worker has to leave before it is killed.
+const GRACE: Duration = Duration::from_secs(10);
+/// How long a dial to a peer that cannot be reached takes to fail.
+const DIAL_FAILS_AFTER: Duration = Duration::from_millis(50);
+/// Bound on events in one run (a livelock is a violation, not a hang).
+const EVENTS_MAX: u64 = 500_000;
+
+#[derive(Debug)]
+enum Event {
+    Start {
+        worker: usize,
+    },
+    Deliver {
+        to: usize,
+        life: u64,
+        from: usize,
+        message: MemberMessage,
+    },
+    Undelivered {
+        to: usize,
+        life: u64,
+        peer: usize,
+        message: MemberMessage,
+    },
+    Timer {
+        worker: usize,
+        life: u64,
+    },
+    LinkLost {
+        worker: usize,
+        life: u64,
+        peer: usize,
+    },
+    Fault(MembershipFaultKind),
+    Resume {
+        worker: usize,
+        life: u64,
+    },
+    KillIfStill {
+        worker: usize,
+        life: u64,
+    },
+    Heal {
+        cut: u64,
+    },
+    Fast {
+        worker: usize,
+    },
+}
+
+/// Whether a process runs, and how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Down {
+    /// Running (or paused).
+    No,
+    /// Gone; its supervisor starts it again.
+    Restarting,
+    /// Scaled down: started again only when added back.
+    Drained,
+    /// It finished the job.
+    Finished,
+}
+
+struct Proc {
+    node: NodeId,
+    addr: SocketAddr,
+    machine: Option<MemberMachine>,
+    /// Which process of this worker runs (each start is a new one).
+    life: u64,
+    down: Down,
+    paused_until: Option<Duration>,
+    /// Events that reached it while paused, in order.
+    deferred: Vec<Event>,
+    /// Extra delay of its outgoing messages (a slow link), until it heals.
+    slow: Duration,
+    /// Whether it was told to leave for good (a drain): not started again when killed.
+    draining: bool,
+    timer_at: Option<Duration>,
+}
+
+pub(super) struct World {
+    config: MembershipConfig,
+    scenario: MembershipScenario,
+    base: Instant,
+    now: Duration,
+    rng: ChaCha8Rng,
+    procs: Vec<Proc>,
+    queue: BTreeMap<(Duration, u64), Event>,
+    seq: u64,
+    /// Cut paths (unordered pairs), by cut id.
+    cuts: BTreeMap<u64, (BTreeSet<(usize, usize)>, Duration)>,
+    checks: Checks,
+    report: MembershipReport,
+    /// When the first process finished (the run ends a little after).
+    finished_at: Option<Duration>,
+}
+
+impl World {
+    pub(super) fn new(config: &MembershipConfig, scenario: &MembershipScenario) -> Self {
+        let procs = (0..scenario.workers)
+            .map(|i| Proc {
+                node: NodeId::new("worker", i as u32),
+                addr: SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000)),
+                machine: None,
+                life: 0,
+                down: Down::Restarting,
+                paused_until: None,
+                deferred: Vec::new(),
+                slow: Duration::ZERO,
+                draining: false,
+                timer_at: None,
+            })
+            .collect();
+        let mut world = Self {
+            config: config.clone(),
+            scenario: scenario.clone(),
+            base: Instant::now(),
+            now: Duration::ZERO,
+            rng: ChaCha8Rng::seed_from_u64(scenario.seed),
+            procs,
+            queue: BTreeMap::new(),
+            seq: 0,
+            cuts: BTreeMap::new(),
+            checks: Checks::default(),
+            report: MembershipReport::default(),
+            finished_at: None,
+        };
+        for worker in 0..scenario.workers {
+            // Processes start a little apart, as pods do.
+            let at = Duration::from_millis(world.rng.gen_range(0..1_500));
+            world.schedule(at, Event::Start { worker });
+        }
+        for fault in &scenario.faults {
+            world.schedule(fault.at, Event::Fault(fault.kind.clone()));
+        }
+        world
+    }
+
+    fn schedule(&mut self, at: Duration, event: Event) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), event);
+    }
+
+    fn instant(&self) -> Instant {
+        self.base + self.now
+    }
+
+    pub(super) fn run(mut self) -> MembershipReport {
+        let deadline =
+            self.scenario.faults_end().max(self.config.fault_window) + self.config.liveness_bound;
+        while let Some(((at, _), event)) = self.queue.pop_first() {
+            if at > deadline {
+                self.now = deadline;
+                break;
+            }
+            self.now = at;
+            self.report.events += 1;
+            if self.report.events > EVENTS_MAX {
+                self.report.violation = Some(MembershipViolation {
+                    invariant: "LIVENESS",
+                    detail: format!("more than {EVENTS_MAX} events: a livelock"),
+                    at: self.now,
+                });
+                break;
+            }
+            self.handle(event);
+            if let Some(v) = self.checks.take_violation() {
+                self.report.violation = Some(v);
+                break;
+            }
+            // The others of the finishing group end within a moment of the first.
+            if self
+                .finished_at
+                .is_some_and(|t| self.now > t + Duration::from_secs(5))
+            {
+                break;
+            }
+        }
+        self.report.took = self.now;
+        self.report.finished = self.finished_at.is_some();
+        if self.report.violation.is_none() {
+            if let Some(v) = self.checks.at_end(self.now) {
+                self.report.violation = Some(v);
+            } else if !self.report.finished {
+                let states: Vec<String> = self
+                    .procs
+                    .iter()
+                    .map(|p| match &p.machine {
+                        Some(m) => format!(
+                            "{} {} at epoch {}, step {}",
+                            p.node,
+                            m.phase_name(),
+                            m.epoch(),
+                            m.state().0
+                        ),
+                        None => format!("{} down ({:?})", p.node, p.down),
+                    })
+                    .collect();
+                self.report.violation = Some(MembershipViolation {
+                    invariant: "LIVENESS",
+                    detail: format!(
+                        "the job did not finish within {:?} of the last fault: {}",
+                        self.config.liveness_bound,
+                        states.join("; ")
+                    ),
+                    at: self.now,
+                });
+            }
+        }
+        self.report
+    }
+
+    fn running(&self, worker: usize) -> bool {
+        let p = &self.procs[worker];
+        p.down == Down::No && p.machine.is_some()
+    }
+
+    fn handle(&mut self, event: Event) {
+        // A paused process takes nothing until it resumes.
+        if let Some(worker) = Self::target(&event) {
+            let p = &mut self.procs[worker];
+            if p.paused_until.is_some() && !matches!(event, Event::Resume { .. }) {
+                p.deferred.push(event);
+                return;
+            }
+        }
+        match event {
+            Event::Start { worker } => self.start(worker),
+            Event::Deliver {
+                to,
+                life,
+                from,
+                message,
+            } => self.with_machine(to, life, |m, now| {
+                let from = NodeId::new("worker", from as u32);
+                m.handle_message(now, &from, message);
+            }),
+            Event::Undelivered {
+                to,
+                life,
+                peer,
+                message,
+            } => self.with_machine(to, life, |m, now| {
+                let peer = NodeId::new("worker", peer as u32);
+                m.handle_undelivered(now, &peer, &message);
+            }),
+            Event::Timer { worker, life } => {
+                if self.procs[worker].life == life {
+                    self.procs[worker].timer_at = None;
+                }
+                self.with_machine(worker, life, |m, now| m.handle_timeout(now));
+            }
+            Event::LinkLost { worker, life, peer } => self.with_machine(worker, life, |m, now| {
+                let peer = NodeId::new("worker", peer as u32);
+                m.handle_link_lost(now, &peer);
+            }),
+            Event::Fault(fault) => self.inject(fault),
+            Event::Resume { worker, life } => self.resume(worker, life),
+            Event::KillIfStill { worker, life } => {
+                if self.procs[worker].life == life && self.running(worker) {
+                    let draining = self.procs[worker].draining;
+                    self.kill(worker, !draining);
+                    if draining {
+                        self.procs[worker].down = Down::Drained;
+                    }
+                }
+            }
+            Event::Heal { cut } => {
+                self.cuts.remove(&cut);
+            }
+            Event::Fast { worker } => self.procs[worker].slow = Duration::ZERO,
+        }
+    }
+
+    /// The worker an event is for, where a pause holds it back.
+    fn target(event: &Event) -> Option<usize> {
+        match event {
+            Event::Deliver { to, .. } | Event::Undelivered { to, .. } => Some(*to),
+            Event::Timer { worker, .. } | Event::LinkLost { worker, .. } => Some(*worker),
+            _ => None,
+        }
+    }
+
+    /// Runs `f` on the machine of `worker` if its process `life` still runs, then carries
+    /// out what it asks.
+    fn with_machine(
+        &mut self,
+        worker: usize,
+        life: u64,
+        f: impl FnOnce(&mut MemberMachine, Instant),
+    ) {
+        if self.procs[worker].life != life || !self.running(worker) {
+            return;
+        }
+        let now = self.instant();
+        if let Some(m) = self.procs[worker].machine.as_mut() {
+            f(m, now);
+        }
+        self.after_step(worker);
+    }
+
+    fn start(&mut self, worker: usize) {
+        // A process of it runs already (its supervisor started it), or the job is over.
+        if self.finished_at.is_some()
+            || matches!(self.procs[worker].down, Down::No | Down::Finished)
+        {
+            return;
+        }
+        let workers: Vec<GroupMember> = self
+            .procs
+            .iter()
+            .map(|p| GroupMember {
+                node: p.node.clone(),
+                addr: p.addr,
+            })
+            .collect();
+        let p = &mut self.procs[worker];
+        p.life += 1;
+        p.down = Down::No;
+        p.paused_until = None;
+        p.deferred.clear();
+        p.timer_at = None;
+        p.draining = false;
+        let incarnation = Incarnation::from_raw(((worker as u64) << 32) | p.life);
+        let me = GroupMember {
+            node: p.node.clone(),
+            addr: p.addr,
+        };
+        let mut machine = MemberMachine::new(me, incarnation, workers, settings(self.config.steps));
+        machine.handle_start(self.base + self.now);
+        p.machine = Some(machine);
+        self.checks.started(worker, p.life);
+        self.after_step(worker);
+    }
+
+    /// Carries out what `worker`'s machine asks, checks the invariants, and sets its timer.
+    fn after_step(&mut self, worker: usize) {
+        while let Some(action) = self.procs[worker]
+            .machine
+            .as_mut()
+            .and_then(MemberMachine::poll_action)
+        {
+            self.carry_out(worker, action);
+        }
+        let life = self.procs[worker].life;
+        if let Some(m) = &self.procs[worker].machine {
+            self.checks.observe(worker, life, m, self.now);
+            if let Some(due) = m.poll_timeout() {
+                let at = due.saturating_duration_since(self.base).max(self.now);
+                let p = &self.procs[worker];
+                if p.timer_at.is_none_or(|t| at < t || t < self.now) {
+                    self.procs[worker].timer_at = Some(at);
+                    self.schedule(at, Event::Timer { worker, life });
+                }
+            }
+        }
+    }
+
+    fn carry_out(&mut self, worker: usize, action: MemberAction) {
+        let life = self.procs[worker].life;
+        match action {
+            MemberAction::Send { to, message } => {
+                let to = to.index as usize;
+                self.send(worker, to, message);
+            }
+            MemberAction::Formed { .. } => self.report.groups_formed += 1,
+            MemberAction::Applied {
+                epoch,
+                members,
+                step,
+                parent,
+                digest,
+            } => self
+                .checks
+                .applied(worker, life, epoch, members, step, parent, digest, self.now),
+            MemberAction::Adopted { step, digest, .. } => {
+                self.checks.adopted(worker, life, step, digest, self.now)
+            }
+            MemberAction::Finished { step, digest } => {
+                self.checks.finished(worker, step, digest, self.now);
+                self.finished_at.get_or_insert(self.now);
+                let p = &mut self.procs[worker];
+                p.down = Down::Finished;
+                p.machine = None;
+                self.lost_by_peers(worker);
+            }
+            MemberAction::Exit(why) => {
+                let name = match &why {
+                    MemberExit::Left(Leave::Preempted) => "left (preempted)",
+                    MemberExit::Left(Leave::Drained) => "left (drained)",
+                    MemberExit::LeftOut => "left out",
+                    MemberExit::RecoveryFailed { no_quorum: true } => "no quorum",
+                    MemberExit::RecoveryFailed { no_quorum: false } => "re-forming failed",
+                    MemberExit::EntryFailed => "entry failed",
+                };
+                *self.report.exits.entry(name).or_default() += 1;
+                let drained = why == MemberExit::Left(Leave::Drained);
+                self.kill(worker, !drained);
+                if drained {
+                    self.procs[worker].down = Down::Drained;
+                }
+            }
+        }
+    }
+
+    /// Whether the path between `a` and `b` is cut now; if so, when it heals.
+    fn cut_until(&self, a: usize, b: usize) -> Option<Duration> {
+        let pair = (a.min(b), a.max(b));
+        self.cuts
+            .values()
+            .filter(|(pairs, _)| pairs.contains(&pair))
+            .map(|(_, until)| *until)
+            .max()
+    }
+
+    fn send(&mut self, from: usize, to: usize, message: MemberMessage) {
+        let detection = settings(self.config.steps).detection;
+        let from_life = self.procs[from].life;
+        if to >= self.procs.len() || !self.running(to) {
+            let at = self.now + DIAL_FAILS_AFTER;
+            self.schedule(
+                at,
+                Event::Undelivered {
+                    to: from,
+                    life: from_life,
+                    peer: to,
+                    message,
+                },
+            );
+            return;
+        }
+        let delay = Duration::from_micros(self.rng.gen_range(200..8_000)) + self.procs[from].slow;
+        let mut at = self.now + delay;
+        if let Some(heals) = self.cut_until(from, to) {
+            // A connection outlives a cut shorter than the detection budget (its packets are
+            // sent again); a longer one fails the dial.
+            if heals <= self.now + detection {
+                at = heals + delay;
+            } else {
+                let at = self.now + DIAL_FAILS_AFTER;
+                self.schedule(
+                    at,
+                    Event::Undelivered {
+                        to: from,
+                        life: from_life,
+                        peer: to,
+                        message,
+                    },
+                );
+                return;
+            }
+        }
+        let life = self.procs[to].life;
+        self.schedule(
+            at,
+            Event::Deliver {
+                to,
+                life,
+                from,
+                message,
+            },
+        );
+    }
+
+    /// The peers of `worker` lose their link with it after the detection budget.
+    fn lost_by_peers(&mut self, worker: usize) {
+        let detection = settings(self.config.steps).detection;
+        for peer in 0..self.procs.len() {
+            if peer != worker && self.running(peer) {
+                let life = self.procs[peer].life;
+                self.schedule(
+                    self.now + detection,
+                    Event::LinkLost {
+                        worker: peer,
+                        life,
+                        peer: worker,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The process of `worker` dies; its supervisor starts it again (`restart`) after a
+    /// moment.
+    fn kill(&mut self, worker: usize, restart: bool) {
+        let p = &mut self.procs[worker];
+        if p.down != Down::No {
+            return;
+        }
+        p.machine = None;
+        p.paused_until = None;
+        p.deferred.clear();
+        p.down = Down::Restarting;
+        self.checks.stopped(worker);
+        self.lost_by_peers(worker);
+        if restart {
+            let after = Duration::from_millis(self.rng.gen_range(300..2_500));
+            self.schedule(self.now + after, Event::Start { worker });
+        }
+    }
+
+    fn resume(&mut self, worker: usize, life: u64) {
+        let p = &mut self.procs[worker];
+        if p.life != life || p.paused_until.is_none() {
+            return;
+        }
+        p.paused_until = None;
+        let deferred = std::mem::take(&mut p.deferred);
+        for event in deferred {
+            self.handle(event);
+        }
+        // Whatever came due while it was stopped happens now.
+        self.with_machine(worker, life, |m, now| m.handle_timeout(now));
+    }
+
+    fn inject(&mut self, fault: MembershipFaultKind) {
+        let detection = settings(self.config.steps).detection;
+        match fault {
+            MembershipFaultKind::Kill {
+                worker,
+                restart_after,
+            } => {
+                if self.running(worker) {
+                    self.kill(worker, false);
+                    self.schedule(self.now + restart_after, Event::Start { worker });
+                }
+            }
+            MembershipFaultKind::Pause { worker, lasting } => {
+                if !self.running(worker) || self.procs[worker].paused_until.is_some() {
+                    return;
+                }
+                let life = self.procs[worker].life;
+                self.procs[worker].paused_until = Some(self.now);
+                self.schedule(self.now + lasting, Event::Resume { worker, life });
+                if lasting > detection {
+                    // Silent past the budget: both ends lose the link.
+                    self.lost_by_peers(worker);
+                    for peer in 0..self.procs.len() {
+                        if peer != worker {
+                            self.schedule(
+                                self.now + detection,
+                                Event::LinkLost { worker, life, peer },
+                            );
+                        }
+                    }
+                }
+            }
+            MembershipFaultKind::Preempt { worker } => self.notice(worker, Leave::Preempted),
+            MembershipFaultKind::Drain { worker, add_after } => {
+                if self.running(worker) {
+                    self.notice(worker, Leave::Drained);
+                    // Scaled back up later: a new process of it is added.
+                    self.schedule(self.now + GRACE + add_after, Event::Start { worker });
+                }
+            }
+            MembershipFaultKind::Cut { a, b, lasting } => {
+                self.cut([(a, b)].into_iter().collect(), lasting)
+            }
+            MembershipFaultKind::Split { side, lasting } => {
+                let n = self.procs.len();
+                let pairs = side
+                    .iter()
+                    .flat_map(|&a| (0..n).filter(|b| !side.contains(b)).map(move |b| (a, b)))
+                    .collect();
+                self.cut(pairs, lasting)
+            }
+            MembershipFaultKind::Slow {
+                worker,
+                extra,
+                lasting,
+            } => {
+                self.procs[worker].slow = extra;
+                self.schedule(self.now + lasting, Event::Fast { worker });
+            }
+        }
+    }
+
+    fn notice(&mut self, worker: usize, leave: Leave) {
+        if !self.running(worker) {
+            return;
+        }
+        let life = self.procs[worker].life;
+        self.procs[worker].draining = leave == Leave::Drained;
+        self.with_machine(worker, life, |m, now| m.handle_notice(now, leave));
+        self.schedule(self.now + GRACE, Event::KillIfStill { worker, life });
+    }
+
+    /// Cuts the paths of `pairs` for `lasting`; ends of a path cut past the detection budget
+    /// lose their link.
+    fn cut(&mut self, pairs: BTreeSet<(usize, usize)>, lasting: Duration) {
+        let detection = settings(self.config.steps).detection;
+        let pairs: BTreeSet<(usize, usize)> = pairs
+            .into_iter()
+            .filter(|(a, b)| a != b)
+            .map(|(a, b)| (a.min(b), a.max(b)))
+            .collect();
+        if pairs.is_empty() {
+            return;
+        }
+        self.seq += 1;
+        let id = self.seq;
+        self.schedule(self.now + lasting, Event::Heal { cut: id });
+        if lasting > detection {
+            for &(a, b) in &pairs {
+                for (x, y) in [(a, b), (b, a)] {
+                    let life = self.procs[x].life;
+                    self.schedule(
+                        self.now + detection,
+                        Event::LinkLost {
+                            worker: x,
+                            life,
+                            peer: y,
+                        },
+                    );
+                }
+            }
+        }
+        self.cuts.insert(id, (pairs, self.now + lasting));
+    }
+}
