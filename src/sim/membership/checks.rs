@@ -170,7 +170,9 @@ impl Checks {
                     self.violate(
                         "SPLIT",
                         format!(
-                            "worker/{worker} applied step {step} on a branch of the model trained                              on from {first:?}, while another branch of the same model was                              trained on from {f:?} to {l:?}: two groups trained apart"
+                            "worker/{worker} applied step {step} on a branch of the model trained on \
+                             from {first:?}, while another branch of the same model was trained \
+                             on from {f:?} to {l:?}: two groups trained apart"
                         ),
                         at,
                     );

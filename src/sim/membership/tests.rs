@@ -55,7 +55,7 @@ fn a_killed_worker_comes_back_and_the_job_finishes() {
 #[test]
 fn a_fixed_range_of_seeds_finds_no_violation() {
     let config = MembershipConfig::default();
-    let summary = run_membership_seeds(&config, 0..200);
+    let summary = run_membership_seeds(&config, 0..1500);
     assert!(
         summary.violations.is_empty(),
         "{:?}",
@@ -89,21 +89,5 @@ fn a_member_cut_off_during_an_admission_does_not_train_on_beside_the_group() {
         kinds,
         ["kill", "slow", "cut"],
         "the draw changed: {scenario:?}"
-    );
-}
-
-#[test]
-#[ignore = "a long sweep: run by hand"]
-fn zz_sweep() {
-    let config = MembershipConfig::default();
-    let t = std::time::Instant::now();
-    let summary = run_membership_seeds(&config, 0..3000);
-    eprintln!(
-        "{:?} {:?} {:?} {} in {:?}",
-        summary.violations.iter().take(3).collect::<Vec<_>>(),
-        summary.exits,
-        summary.faults,
-        summary.finished,
-        t.elapsed()
     );
 }
