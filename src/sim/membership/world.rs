@@ -467,40 +467,18 @@ impl World {
 
     fn send(&mut self, from: usize, to: usize, message: MemberMessage) {
         let detection = settings(self.config.steps).detection;
-        let from_life = self.procs[from].life;
         if to >= self.procs.len() || !self.running(to) {
-            let at = self.now + DIAL_FAILS_AFTER;
-            self.schedule(
-                at,
-                Event::Undelivered {
-                    to: from,
-                    life: from_life,
-                    peer: to,
-                    message,
-                },
-            );
-            return;
+            return self.dial_failed(from, to, message);
         }
         let delay = Duration::from_micros(self.rng.gen_range(200..8_000)) + self.procs[from].slow;
         let mut at = self.now + delay;
         if let Some(heals) = self.cut_until(from, to) {
             // A connection outlives a cut shorter than the detection budget (its packets are
             // sent again); a longer one fails the dial.
-            if heals <= self.now + detection {
-                at = heals + delay;
-            } else {
-                let at = self.now + DIAL_FAILS_AFTER;
-                self.schedule(
-                    at,
-                    Event::Undelivered {
-                        to: from,
-                        life: from_life,
-                        peer: to,
-                        message,
-                    },
-                );
-                return;
+            if heals > self.now + detection {
+                return self.dial_failed(from, to, message);
             }
+            at = heals + delay;
         }
         let life = self.procs[to].life;
         self.schedule(
@@ -509,6 +487,21 @@ impl World {
                 to,
                 life,
                 from,
+                message,
+            },
+        );
+    }
+
+    /// `from`'s dial of `to` for `message` fails a moment from now (nothing listens there, or
+    /// the path is cut).
+    fn dial_failed(&mut self, from: usize, to: usize, message: MemberMessage) {
+        let life = self.procs[from].life;
+        self.schedule(
+            self.now + DIAL_FAILS_AFTER,
+            Event::Undelivered {
+                to: from,
+                life,
+                peer: to,
                 message,
             },
         );

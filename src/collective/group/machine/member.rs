@@ -235,7 +235,7 @@ impl Group {
 /// One link of a forming group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Link {
-    /// This member joins the peer: the join is on its way (`sent`), or waits until `retry`.
+    /// This member joins the peer: its join goes out at `retry` (none: it is on its way).
     Dialing {
         retry: Option<Instant>,
         unreachable_since: Option<Instant>,
@@ -489,7 +489,7 @@ impl MemberMachine {
         if let Some(g) = &self.group {
             let linked = g.links.get(peer) == Some(&Link::Up);
             if g.nodes.contains(peer) && (g.formed || linked) {
-                self.break_group(now, Broke::MemberLost(peer.clone()));
+                self.break_group(Broke::MemberLost(peer.clone()));
             }
         }
         self.progress(now);
@@ -583,7 +583,7 @@ impl MemberMachine {
                         by: from.clone(),
                         current: Some(current),
                     };
-                    self.break_group(now, why);
+                    self.break_group(why);
                 }
             }
             MemberMessage::StillForming { epoch, members } => {
@@ -591,9 +591,9 @@ impl MemberMachine {
                 self.send(from, MemberMessage::StillFormingAnswer { epoch, answer });
             }
             MemberMessage::StillFormingAnswer { epoch, answer } => {
-                self.still_forming_answered(now, from, epoch, answer)
+                self.still_forming_answered(from, epoch, answer)
             }
-            MemberMessage::Probe { epoch } => self.answer_probe(now, from, epoch),
+            MemberMessage::Probe { epoch } => self.answer_probe(from, epoch),
             MemberMessage::ProbeAnswer { epoch, answer } => {
                 if let Phase::Recovering {
                     before, answers, ..
@@ -633,12 +633,12 @@ impl MemberMachine {
                         by: from.clone(),
                         current: None,
                     };
-                    self.break_group(now, why);
+                    self.break_group(why);
                 }
             }
             MemberMessage::Abort { epoch } => {
                 if self.group.as_ref().is_some_and(|g| g.epoch == epoch) {
-                    self.break_group(now, Broke::Aborted(from.clone()));
+                    self.break_group(Broke::Aborted(from.clone()));
                 }
             }
         }
@@ -879,7 +879,7 @@ impl MemberMachine {
             EnterAnswer::Stale { epoch } => (epoch, true),
             EnterAnswer::Pending { epoch, restarted } => {
                 if restarted {
-                    self.break_group(now, Broke::MemberLost(from.clone()));
+                    self.break_group(Broke::MemberLost(from.clone()));
                 }
                 (epoch, true)
             }
@@ -920,7 +920,7 @@ impl MemberMachine {
                     self.send(&join.peer, MemberMessage::JoinRefused { epoch, current });
                 }
                 JoinAnswer::ViewsDiffer { .. } => {
-                    self.break_group(now, Broke::ViewsDiffer(join.peer.clone()));
+                    self.break_group(Broke::ViewsDiffer(join.peer.clone()));
                     self.send(
                         &join.peer,
                         MemberMessage::JoinRefused {
@@ -949,13 +949,7 @@ impl MemberMachine {
         }
     }
 
-    fn still_forming_answered(
-        &mut self,
-        now: Instant,
-        from: &NodeId,
-        epoch: u64,
-        answer: StillAnswer,
-    ) {
+    fn still_forming_answered(&mut self, from: &NodeId, epoch: u64, answer: StillAnswer) {
         if self.forming_epoch() != Some(epoch) {
             return;
         }
@@ -964,9 +958,9 @@ impl MemberMachine {
             current,
         };
         match answer {
-            StillAnswer::Refused { current } => self.break_group(now, refused(Some(current))),
+            StillAnswer::Refused { current } => self.break_group(refused(Some(current))),
             // A first forming broken at the peer was cut short there: its probe decides.
-            StillAnswer::Broken if epoch > 1 => self.break_group(now, refused(None)),
+            StillAnswer::Broken if epoch > 1 => self.break_group(refused(None)),
             StillAnswer::Broken | StillAnswer::Yes => {
                 if let Some(Link::Waiting {
                     answered,
@@ -981,7 +975,7 @@ impl MemberMachine {
         }
     }
 
-    fn answer_probe(&mut self, now: Instant, from: &NodeId, epoch: u64) {
+    fn answer_probe(&mut self, from: &NodeId, epoch: u64) {
         let linked = self.membership.linked.contains(&(from.clone(), epoch));
         let view = self.group.as_ref().map(Group::view);
         let answer = match self.membership.handle_probe(from, epoch, view, linked) {
@@ -998,14 +992,14 @@ impl MemberMachine {
                 };
                 if cut {
                     self.membership.member = true;
-                    self.break_group(now, Broke::CutShort);
+                    self.break_group(Broke::CutShort);
                     ProbeReply::Alive
                 } else {
                     ProbeReply::Joining
                 }
             }
             ProbeAnswerHere::EndForming => {
-                self.break_group(now, Broke::EndForming);
+                self.break_group(Broke::EndForming);
                 ProbeReply::Joining
             }
         };
@@ -1013,7 +1007,7 @@ impl MemberMachine {
     }
 
     /// Breaks this process's latest group (once): a formed one tells the others (`Abort`).
-    fn break_group(&mut self, _now: Instant, why: Broke) {
+    fn break_group(&mut self, why: Broke) {
         let Some(g) = self.group.as_mut() else {
             return;
         };
@@ -1059,7 +1053,7 @@ impl MemberMachine {
         }
         if let Some(old) = &self.group {
             if old.broken.is_none() && old.formed {
-                self.break_group(now, Broke::Superseded);
+                self.break_group(Broke::Superseded);
             }
         }
         let nodes: Vec<NodeId> = members.iter().map(|m| m.node.clone()).collect();
@@ -1119,7 +1113,7 @@ impl MemberMachine {
             return self.forming_ended(now, None);
         }
         if now >= deadline {
-            self.break_group(now, Broke::Timeout);
+            self.break_group(Broke::Timeout);
             return self.forming_ended(now, Some(Broke::Timeout));
         }
         let epoch = g.epoch;
@@ -1180,7 +1174,7 @@ impl MemberMachine {
             }
         }
         if let Some(peer) = lost {
-            self.break_group(now, Broke::Unreachable(peer.clone()));
+            self.break_group(Broke::Unreachable(peer.clone()));
             return self.forming_ended(now, Some(Broke::Unreachable(peer)));
         }
         for (peer, message) in sends {
@@ -1209,7 +1203,7 @@ impl MemberMachine {
             // A member formed it with this process and re-forms: survive with it.
             Some(_) if cut_short && !matches!(purpose, Purpose::Admitted { .. }) => {
                 let before = self.before_of_group();
-                self.begin_recovering(now, before, 1, now);
+                self.begin_recovering(now, before, 1);
             }
             Some(why) => {
                 // A failed forming's group is gone (nothing holds it); another member may
@@ -1296,8 +1290,8 @@ impl MemberMachine {
             // then on, so this member must too. Measured on its old group instead, a member
             // cut off from it during the admission went on alone beside it (split brain,
             // found by the membership simulator, seed 890 of its first sweep).
-            Purpose::Admit => self.begin_recovering(now, attempted, 1, now),
-            Purpose::Depart { before } => self.begin_recovering(now, before, 1, now),
+            Purpose::Admit => self.begin_recovering(now, attempted, 1),
+            Purpose::Depart { before } => self.begin_recovering(now, before, 1),
         }
     }
 }
@@ -1328,7 +1322,7 @@ impl MemberMachine {
                             before, attempt, ..
                         } = std::mem::replace(&mut self.phase, Phase::Idle)
                         {
-                            self.begin_recovering(now, before, attempt, now);
+                            self.begin_recovering(now, before, attempt);
                         }
                     }
                 }
@@ -1396,7 +1390,7 @@ impl MemberMachine {
         };
         let (round, began, seq, sent) = (round.clone(), *began, *seq, *sent);
         if now >= began + self.settings.op_timeout {
-            self.break_group(now, Broke::Timeout);
+            self.break_group(Broke::Timeout);
             return self.group_failed(now);
         }
         match round {
@@ -1523,18 +1517,15 @@ impl MemberMachine {
             Piece::State { step, digest } => Some((*step, *digest)),
             _ => None,
         });
-        // The most steps; ties go to the lowest rank (the first such).
-        let mut source = (self.step, self.digest);
-        let mut best: Option<(u64, u64)> = None;
+        // The most steps; ties go to the lowest rank (the first such: pieces are in rank
+        // order, this member's own among them).
+        let mut source: Option<(u64, u64)> = None;
         for state in states {
-            if best.is_none_or(|b| state.0 > b.0) {
-                best = Some(state);
+            if source.is_none_or(|b| state.0 > b.0) {
+                source = Some(state);
             }
         }
-        if let Some(best) = best {
-            source = best;
-        }
-        if source != (self.step, self.digest) {
+        if let Some(source) = source {
             (self.step, self.digest) = source;
         }
         let epoch = self.group.as_ref().map_or(0, |g| g.epoch);
@@ -1640,14 +1631,7 @@ impl MemberMachine {
             return;
         };
         let epoch = *epoch;
-        let due: Vec<NodeId> = retry
-            .iter()
-            .filter(|(_, at)| now >= **at)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in &due {
-            retry.remove(n);
-        }
+        let due = take_due(retry, now);
         let finished = told.values().all(Option::is_some) || now >= *deadline;
         let all_told = told.values().all(|t| *t == Some(true));
         let (joiners, members) = (joiners.clone(), members.clone());
@@ -1702,7 +1686,7 @@ impl MemberMachine {
                 }
                 // Members that disagree on the call: the group cannot go on.
                 _ => {
-                    self.break_group(now, Broke::Timeout);
+                    self.break_group(Broke::Timeout);
                     return self.group_failed(now);
                 }
             }
@@ -1728,12 +1712,12 @@ impl MemberMachine {
             return self.next_attempt(now, before, attempt, started, false);
         }
         let before = self.before_of_group();
-        self.begin_recovering(now, before, 1, now);
+        self.begin_recovering(now, before, 1);
     }
 
     // ---- Re-forming ----
 
-    fn begin_recovering(&mut self, now: Instant, before: Before, attempt: usize, _: Instant) {
+    fn begin_recovering(&mut self, now: Instant, before: Before, attempt: usize) {
         let others: Vec<NodeId> = before
             .members
             .iter()
@@ -1762,14 +1746,7 @@ impl MemberMachine {
             return;
         };
         let epoch = before.epoch;
-        let due: Vec<NodeId> = retry
-            .iter()
-            .filter(|(_, at)| now >= **at)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in &due {
-            retry.remove(n);
-        }
+        let due = take_due(retry, now);
         let done = answers.values().all(Option::is_some) || now >= *deadline;
         for n in due {
             self.send(&n, MemberMessage::Probe { epoch });
@@ -1843,4 +1820,17 @@ impl MemberMachine {
             at: (started + self.settings.probe_timeout).max(now),
         };
     }
+}
+
+/// The peers whose retry is due at `now`, taken out of `retry`.
+fn take_due(retry: &mut BTreeMap<NodeId, Instant>, now: Instant) -> Vec<NodeId> {
+    let due: Vec<NodeId> = retry
+        .iter()
+        .filter(|(_, at)| now >= **at)
+        .map(|(n, _)| n.clone())
+        .collect();
+    for n in &due {
+        retry.remove(n);
+    }
+    due
 }
