@@ -1939,3 +1939,70 @@ async fn a_new_process_refuses_at_once_an_epoch_its_old_one_was_taken_into() {
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);
     }
 }
+
+/// A link between a joiner and one member stays cut after the leader told the joiner its
+/// admission: the leader forms the admission's epoch (its links all up), the cut member and
+/// the joiner do not. The cut member still gets the admission's group, broken, naming every
+/// member of it, the joiner among them: re-forming measures its quorum on those members, as
+/// the leader, which formed them, does from then on. Both then re-form together, counting the
+/// joiner (still waiting, so a new process) as on no side. Before, the cut member got an
+/// error, measured on its old group, and could go on alone beside the admission's epoch (a
+/// split brain the membership simulator found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admissions_members() {
+    let (groups, faults, (joiner, _), joining, joiners, _, members) =
+        live_group_and_a_joiner().await;
+    faults.partition(joiner, members[1].addr);
+    let admitted = bounded(
+        "admitting",
+        join_all(groups.iter().map(|g| g.admit(&joiners))),
+    )
+    .await;
+    let attempted: Vec<ProcessGroup> = admitted
+        .into_iter()
+        .map(|r| {
+            r.expect("an admission's failed forming is no error")
+                .expect("the leader told the joiner")
+        })
+        .collect();
+    let everyone: Vec<NodeId> = (0..3).map(|i| NodeId::new("worker", i)).collect();
+    for g in &attempted {
+        assert_eq!(g.epoch(), 2);
+        assert_eq!(g.members(), &everyone[..]);
+    }
+    let cut = &attempted[1];
+    assert!(
+        cut.broken().is_some(),
+        "the member cut off from the joiner formed the admission's epoch"
+    );
+    // The leader's first call of the admission's epoch fails: the others did not form it.
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let leader = &attempted[0];
+    assert!(
+        bounded("the leader's call", leader.all_reduce(Reduction::Sum, &one))
+            .await
+            .is_err()
+    );
+    let within = Duration::from_secs(2);
+    let probed = bounded(
+        "probing",
+        join_all(attempted.iter().take(2).map(|g| g.probe_members(within))),
+    )
+    .await;
+    let survivors = &everyone[1..];
+    for (rank, probed) in probed.into_iter().enumerate() {
+        let probed = probed.unwrap();
+        assert_eq!(probed.alive, survivors, "rank {rank}");
+        assert!(!probed.joining.contains(&everyone[1]), "rank {rank}");
+    }
+    let reformed = bounded(
+        "re-forming",
+        join_all(attempted.iter().take(2).map(|g| g.reform(survivors))),
+    )
+    .await;
+    for g in reformed {
+        let g = g.expect("the two members re-form together");
+        assert_eq!((g.epoch(), g.members()), (3, survivors));
+    }
+    joining.abort();
+}

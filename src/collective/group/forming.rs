@@ -4,6 +4,15 @@
 
 use super::*;
 
+/// How a forming that began here ended ([`Mesh::try_form`]).
+pub(super) enum Attempt {
+    /// Every link is up: the group trains.
+    Formed(ProcessGroup),
+    /// A link failed, or the forming was broken meanwhile: the group of that epoch, broken
+    /// by the error (its calls fail at once), and the error.
+    Failed(ProcessGroup, CollectiveError),
+}
+
 impl Mesh {
     /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
     /// `epoch` must be above every epoch formed here before (start at 1); forming it
@@ -19,6 +28,26 @@ impl Mesh {
         epoch: u64,
         members: Vec<GroupMember>,
     ) -> Result<ProcessGroup, CollectiveError> {
+        match self.try_form(epoch, members).await? {
+            Attempt::Formed(group) => Ok(group),
+            Attempt::Failed(group, _) if group.shared.lock().cut_short => {
+                tracing::info!(
+                    epoch,
+                    "the first forming was cut short: this member re-forms with the others"
+                );
+                Ok(group)
+            }
+            Attempt::Failed(_, err) => Err(err),
+        }
+    }
+
+    /// [`Mesh::form`], telling a forming that failed once it had begun (its group, broken
+    /// by the error, superseding this node's previous one) from one refused before it began.
+    pub(super) async fn try_form(
+        &self,
+        epoch: u64,
+        members: Vec<GroupMember>,
+    ) -> Result<Attempt, CollectiveError> {
         let form_error = |reason: String| CollectiveError::Form { epoch, reason };
         let mut members = members;
         members.sort_by(|a, b| a.node.cmp(&b.node));
@@ -87,23 +116,20 @@ impl Mesh {
             Ok(conns) => conns,
             Err(err) => {
                 let err = shared.fail(err, false);
-                if shared.lock().cut_short {
-                    tracing::info!(epoch, %err, "the first forming was cut short: this member re-forms with the others");
-                    return Ok(ProcessGroup {
-                        shared,
-                        mesh: self.clone(),
-                    });
-                }
-                return Err(err);
+                let group = ProcessGroup {
+                    shared,
+                    mesh: self.clone(),
+                };
+                return Ok(Attempt::Failed(group, err));
             }
         };
         shared.start_links(&shared, conns);
         self.inner.lock().membership.member = true;
         tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
-        Ok(ProcessGroup {
+        Ok(Attempt::Formed(ProcessGroup {
             shared,
             mesh: self.clone(),
-        })
+        }))
     }
 
     /// One link of a group being formed (see [`Mesh::link_once`]), recorded once it is up:

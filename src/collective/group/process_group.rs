@@ -1,6 +1,7 @@
 //! A formed group ([`ProcessGroup`]): its members, its re-forming with the survivors and its
 //! admission of joiners at the next epoch, and waiting until its messages were taken.
 
+use super::forming::Attempt;
 use super::*;
 
 /// A formed group of processes: its rank, members and epoch, and the operations (`ops.rs`).
@@ -208,10 +209,15 @@ impl ProcessGroup {
     ///
     /// `Ok(None)` where the leader could not tell every joiner: no member forms that epoch (each
     /// skips it: a joiner told nevertheless is refused at once and asks again), and this group
-    /// goes on unchanged. Fails as forming does: a joiner that does not form it fails the
-    /// attempt at every member, whose group of this epoch is then superseded (re-form with the
-    /// survivors, [`ProcessGroup::reachable`]), and as this group's calls do. This group's
-    /// messages still on their way go first, as in [`ProcessGroup::reform`].
+    /// goes on unchanged. Where forming the admission's epoch fails here (a joiner that does
+    /// not form it, a link cut meanwhile), it returns that epoch's group all the same, broken:
+    /// its calls fail at once, and re-forming probes and measures the quorum on its members,
+    /// the joiners among them ([`ProcessGroup::probe_members`], [`ProcessGroup::reform`]).
+    /// Another member may have formed it (its links all up while this member's were not) and
+    /// measures on those members from then on; measured on this group instead, a member cut
+    /// off from a joiner during the admission could go on alone beside it (a split brain the
+    /// membership simulator found). Fails as this group's calls do. This group's messages
+    /// still on their way go first, as in [`ProcessGroup::reform`].
     pub async fn admit(&self, joiners: &[Joiner]) -> Result<Option<ProcessGroup>, CollectiveError> {
         if joiners.is_empty() {
             return Ok(None);
@@ -259,7 +265,13 @@ impl ProcessGroup {
         // The admitted processes' asks still on their way are theirs, not new ones'.
         self.mesh.inner.lock().membership.admitting(joiners);
         self.hand_over().await;
-        self.mesh.form(epoch, members).await.map(Some)
+        match self.mesh.try_form(epoch, members).await? {
+            Attempt::Formed(group) => Ok(Some(group)),
+            Attempt::Failed(group, err) => {
+                tracing::info!(epoch, %err, "forming the admission's epoch failed here: re-forming measures on its members");
+                Ok(Some(group))
+            }
+        }
     }
 
     /// Before the group of the next epoch supersedes this one: waits, at most the form

@@ -277,7 +277,9 @@ impl MultiWorkerMirrored {
     /// replicas; the input goes on from the agreed position). A failure (a joiner that went
     /// away before forming, a member lost meanwhile) fails it with the collective error: the
     /// group of the attempt is broken, and [`MultiWorkerMirrored::recover`] re-forms with the
-    /// survivors as after a failed step.
+    /// survivors as after a failed step. Where the admission's epoch failed to form here, that
+    /// epoch's group is the one installed, broken, so that `recover` measures its quorum on
+    /// the admission's members (the joiners among them), as a member that formed it does.
     pub fn at_step_boundary(
         &mut self,
         state: &mut ElasticState<'_>,
@@ -369,10 +371,13 @@ impl MultiWorkerMirrored {
             // epoch, the group goes on as it was, and the joiners ask again.
             return Ok(None);
         };
+        // Installed even where forming it failed here: `recover` then probes and measures
+        // its quorum on the admission's members, as the members that formed it do.
+        self.install(admitted);
+        self.broken()?;
         crate::metrics::instruments()
             .group_admitted
             .inc_by(joined.len() as u64);
-        self.install(admitted);
         check_same_settings(
             &self.span,
             self.local_replicas,
