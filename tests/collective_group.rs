@@ -2006,3 +2006,78 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
     }
     joining.abort();
 }
+
+/// A member that the later epochs left out (worker/0, say paused: the others re-formed
+/// without it), whose peer (worker/1) then died and came back, probes its old group. The
+/// peer's new process heard, when it asked to enter, that a member (worker/2) was in a group
+/// later than the prober's, one its old process may have been in: it answers as unsettled,
+/// so that the prober counts it as a member that did not answer, not as a replaced one. The
+/// group that left the prober out (worker/2, probing its own epoch) does count it as
+/// replaced. Before, both counted it out, and each could go on alone beside the other (a
+/// split brain the membership simulator found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest_epoch() {
+    let config = GroupConfig::for_tests();
+    let ca = ClusterCa::generate("replaced").unwrap();
+    let bind = |i: u32| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
+    let (mut meshes, members) = meshes_over(&endpoints, &config);
+    let formed = bounded(
+        "forming epoch 1",
+        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
+    )
+    .await;
+    let mut groups: Vec<ProcessGroup> = formed.into_iter().map(Result::unwrap).collect();
+    // worker/1 and worker/2 re-form without worker/0.
+    let later: Vec<NodeId> = members[1..].iter().map(|m| m.node.clone()).collect();
+    let reformed = bounded(
+        "re-forming without worker/0",
+        join_all(groups[1..].iter().map(|g| g.reform(&later))),
+    )
+    .await;
+    let mut reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    assert!(reformed.iter().all(|g| g.epoch() == 2));
+    // worker/1's process dies; a new one binds its address and asks to enter.
+    let old = (reformed.remove(0), groups.remove(1), meshes.remove(1));
+    let old_endpoint = endpoints.remove(1);
+    old_endpoint.close();
+    drop((old, old_endpoint));
+    let (stale, left_out_by) = (groups.remove(0), reformed.remove(0));
+    let addr = members[1].addr;
+    let again = Mesh::new(rebind_worker(&ca, 1, addr).await, config.clone());
+    let joining = tokio::spawn({
+        let (again, peers) = (again.clone(), members.clone());
+        async move { again.join_live(addr, &peers, Duration::from_secs(30)).await }
+    });
+    let restarted = NodeId::new("worker", 1);
+    // The group of the later epoch counts the new process out once it heard every peer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let probed = bounded(
+            "probing epoch 2",
+            left_out_by.probe_members(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+        if probed.joining == [restarted.clone()] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group of epoch 2 never counted worker/1's new process out: {probed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The member left out does not.
+    let probed = bounded(
+        "probing epoch 1",
+        stale.probe_members(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !probed.joining.contains(&restarted) && !probed.alive.contains(&restarted),
+        "the member left out counted worker/1's new process out: {probed:?}"
+    );
+    joining.abort();
+}

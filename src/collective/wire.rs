@@ -132,6 +132,10 @@ pub(crate) enum Reply {
     /// The answer to a probe from a process waiting to be admitted: it is no survivor of
     /// any group (survivors re-form without it, and admit it afterwards).
     Joining,
+    /// The answer to a probe from a process no survivor of any group that cannot tell yet
+    /// that its node's old process was a member of no group later than the prober's: the
+    /// prober counts it as a member that did not answer (see `Membership::no_survivor`).
+    Unsettled,
     /// The answer to [`Wire::Enter`]: the receiver's latest epoch, and whether a group of
     /// it was formed (it lives, or broke and is re-forming): then the sender is to join
     /// rather than form the first epoch.
@@ -140,6 +144,8 @@ pub(crate) enum Reply {
         epoch: u64,
         /// Whether that epoch's group was formed.
         formed: bool,
+        /// The latest epoch whose group the receiver was a member of (0: none).
+        member_of: u64,
     },
 }
 

@@ -131,17 +131,20 @@ impl MeshInner {
         let answer = state
             .membership
             .handle_enter(peer, addr, incarnation, view, now);
+        let member_of = state.membership.formed_epoch;
         drop(state);
         match answer {
             EnterAnswer::NoGroup { epoch } => Reply::Entered {
                 epoch,
                 formed: false,
+                member_of,
             },
             EnterAnswer::Stale { epoch } => {
                 tracing::debug!(%peer, %incarnation, "an ask to join from a process already a member: sent before it formed this group, ignored");
                 Reply::Entered {
                     epoch,
                     formed: true,
+                    member_of,
                 }
             }
             EnterAnswer::Pending { epoch, restarted } => {
@@ -161,6 +164,7 @@ impl MeshInner {
                 Reply::Entered {
                     epoch,
                     formed: true,
+                    member_of,
                 }
             }
         }
@@ -204,7 +208,7 @@ impl MeshInner {
                 if self.cut_short(&g, err) {
                     Reply::Ack
                 } else {
-                    Reply::Joining
+                    self.no_survivor(epoch)
                 }
             }
             // A new process of this node, whose old one the prober formed with (lost since).
@@ -221,9 +225,22 @@ impl MeshInner {
                     false,
                 );
                 self.changed.notify_waiters();
-                Reply::Joining
+                self.no_survivor(epoch)
             }
-            _ => Reply::Joining,
+            (ProbeAnswerHere::Joining, _) => Reply::Joining,
+            (ProbeAnswerHere::Unsettled, _) => Reply::Unsettled,
+            (ProbeAnswerHere::CutShort | ProbeAnswerHere::EndForming, None) => {
+                self.no_survivor(epoch)
+            }
+        }
+    }
+
+    /// How this process, no survivor, answers a prober of `epoch`
+    /// ([`Membership::no_survivor`]).
+    fn no_survivor(&self, epoch: u64) -> Reply {
+        match self.lock().membership.no_survivor(epoch) {
+            ProbeAnswerHere::Joining => Reply::Joining,
+            _ => Reply::Unsettled,
         }
     }
 
@@ -259,7 +276,7 @@ impl MeshInner {
     pub(super) fn cut_short(&self, group: &Shared, err: CollectiveError) -> bool {
         let cut = group.cut_short(err);
         if cut {
-            self.lock().membership.member = true;
+            self.lock().membership.formed(group.epoch);
         }
         self.changed.notify_waiters();
         cut

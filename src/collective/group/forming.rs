@@ -124,7 +124,7 @@ impl Mesh {
             }
         };
         shared.start_links(&shared, conns);
-        self.inner.lock().membership.member = true;
+        self.inner.lock().membership.formed(epoch);
         tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
         Ok(Attempt::Formed(ProcessGroup {
             shared,
@@ -225,9 +225,12 @@ impl Mesh {
                 detail,
             }),
             Ok(Reply::Broken(err)) => Err(err),
-            Ok(other @ (Reply::Ack | Reply::Joining | Reply::Entered { .. })) => Err(form_error(
-                format!("{} answered the join with {other:?}", peer.node),
-            )),
+            Ok(
+                other @ (Reply::Ack | Reply::Joining | Reply::Unsettled | Reply::Entered { .. }),
+            ) => Err(form_error(format!(
+                "{} answered the join with {other:?}",
+                peer.node
+            ))),
             Err(e) => Err(form_error(format!(
                 "{}'s answer to the join: {e}",
                 peer.node
@@ -326,6 +329,8 @@ impl Mesh {
                     return match reply.decode::<Reply>(header_max) {
                         Ok(Reply::Ack) => Ok(ProbeAnswer::Alive),
                         Ok(Reply::Joining) => Ok(ProbeAnswer::Joining),
+                        // No survivor, but not to be left out of the count either.
+                        Ok(Reply::Unsettled) => Ok(ProbeAnswer::Silent),
                         Ok(Reply::Refused { current, detail }) => {
                             Err(CollectiveError::EpochRefused {
                                 node: peer.node.clone(),
@@ -335,7 +340,7 @@ impl Mesh {
                             })
                         }
                         _ => Ok(ProbeAnswer::Silent),
-                    }
+                    };
                 }
                 // The kept connection may be the dead one of the lost member's old process, or
                 // a live member's that died unnoticed: dial once more.

@@ -113,6 +113,7 @@ impl Mesh {
     /// [`Mesh::join_live`] begins, and is kept for it.
     pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
         let deadline = Instant::now() + within;
+        self.hear_from(peers);
         let mut asks: futures::stream::FuturesUnordered<_> = peers
             .iter()
             .map(|peer| self.ask_enter(peer, own, deadline))
@@ -141,6 +142,7 @@ impl Mesh {
         within: Duration,
     ) -> Result<ProcessGroup, CollectiveError> {
         let deadline = Instant::now() + within;
+        self.hear_from(peers);
         self.inner.lock().membership.joining = true;
         let mut last = String::from("no member admitted it");
         let joined = loop {
@@ -178,6 +180,15 @@ impl Mesh {
         joined
     }
 
+    /// This process asks `peers` to enter: until each answered, it answers probes as no
+    /// survivor that cannot tell how far its node's old process went
+    /// ([`Membership::no_survivor`]).
+    fn hear_from(&self, peers: &[GroupMember]) {
+        let me = self.node();
+        let others = peers.iter().map(|p| p.node.clone()).filter(|n| n != me);
+        self.inner.lock().membership.hear_from(others.collect());
+    }
+
     /// One `Enter` to `peer` by `deadline`: its latest epoch and whether it formed a group of
     /// it, or `None` if it did not answer.
     pub(super) async fn ask_enter(
@@ -200,7 +211,17 @@ impl Mesh {
                 .await
                 .ok()?;
             match reply.decode::<Reply>(header_max) {
-                Ok(Reply::Entered { epoch, formed }) => Some((epoch, formed)),
+                Ok(Reply::Entered {
+                    epoch,
+                    formed,
+                    member_of,
+                }) => {
+                    self.inner
+                        .lock()
+                        .membership
+                        .heard_from(&peer.node, member_of);
+                    Some((epoch, formed))
+                }
                 _ => None,
             }
         };

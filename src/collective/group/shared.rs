@@ -686,13 +686,16 @@ impl Shared {
                     reason: "it stopped".into(),
                 },
                 Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
-                Ok(other @ (Reply::Joining | Reply::Entered { .. } | Reply::Joined { .. })) => {
-                    CollectiveError::Link {
-                        node: peer.clone(),
-                        epoch: self.epoch,
-                        reason: format!("it answered a chunk with {other:?}"),
-                    }
-                }
+                Ok(
+                    other @ (Reply::Joining
+                    | Reply::Unsettled
+                    | Reply::Entered { .. }
+                    | Reply::Joined { .. }),
+                ) => CollectiveError::Link {
+                    node: peer.clone(),
+                    epoch: self.epoch,
+                    reason: format!("it answered a chunk with {other:?}"),
+                },
                 Err(e) => CollectiveError::Link {
                     node: peer.clone(),
                     epoch: self.epoch,

@@ -117,7 +117,8 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
             reply,
             Reply::Entered {
                 epoch: 1,
-                formed: true
+                formed: true,
+                ..
             }
         ),
         "{reply:?}"
@@ -132,7 +133,8 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
             reply,
             Reply::Entered {
                 epoch: 1,
-                formed: true
+                formed: true,
+                ..
             }
         ),
         "{reply:?}"

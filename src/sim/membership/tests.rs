@@ -91,3 +91,72 @@ fn a_member_cut_off_during_an_admission_does_not_train_on_beside_the_group() {
         "the draw changed: {scenario:?}"
     );
 }
+
+/// The second split brain the membership simulator found (seed 1573 of a sweep of up to 6
+/// workers and 8 faults): worker/1, cut off, is left out of the later epochs of worker/0,
+/// which goes on alone and admits worker/2; worker/0 is then killed and comes back. Both
+/// worker/1 (measuring on its old group {0, 1}) and worker/2 (on {0, 2}) counted worker/0's
+/// new process out as replaced, and each went on: two groups trained apart. A new process
+/// is now counted out only by probers of an epoch no peer it heard from went beyond.
+#[test]
+fn a_member_left_out_does_not_count_out_a_peer_that_came_back_after_a_later_epoch() {
+    use std::time::Duration;
+    let config = MembershipConfig {
+        workers_max: 6,
+        faults_max: 8,
+        ..MembershipConfig::default()
+    };
+    let at = |ms: u64| Duration::from_millis(ms);
+    let fault = |ms: u64, kind: MembershipFaultKind| MembershipFault { at: at(ms), kind };
+    let scenario = MembershipScenario {
+        seed: 1573,
+        workers: 4,
+        faults: vec![
+            fault(
+                775,
+                MembershipFaultKind::Split {
+                    side: vec![1, 2, 3],
+                    lasting: at(5_255),
+                },
+            ),
+            fault(
+                5_329,
+                MembershipFaultKind::Drain {
+                    worker: 2,
+                    add_after: at(5_470),
+                },
+            ),
+            fault(
+                5_481,
+                MembershipFaultKind::Split {
+                    side: vec![0, 1],
+                    lasting: at(6_268),
+                },
+            ),
+            fault(5_543, MembershipFaultKind::Preempt { worker: 2 }),
+            fault(
+                12_109,
+                MembershipFaultKind::Split {
+                    side: vec![1, 3],
+                    lasting: at(6_260),
+                },
+            ),
+            fault(
+                16_568,
+                MembershipFaultKind::Kill {
+                    worker: 0,
+                    restart_after: at(2_571),
+                },
+            ),
+            fault(18_995, MembershipFaultKind::Preempt { worker: 0 }),
+        ],
+    };
+    assert_eq!(
+        scenario,
+        MembershipScenario::draw(&config, 1573),
+        "the draw changed"
+    );
+    let report = run_membership_scenario(&config, &scenario);
+    assert_eq!(report.violation, None);
+    assert!(report.finished, "{report:?}");
+}

@@ -48,7 +48,10 @@ impl MultiWorkerMirrored {
     ///    `recover_attempts` attempts `recover` fails with [`StrategyError::Recovery`] saying
     ///    "no quorum" and whom it reached: the process is to be restarted. A member whose
     ///    address answered the probe as a new process waiting to be admitted is not counted:
-    ///    its old process is gone and is on no side. So survivors whose lost peers all came
+    ///    its old process is gone and is on no side. A new process answers so only once
+    ///    every peer it asked to enter answered and none was a member of a group later than
+    ///    the prober's (its old process may have been in that group, which left the prober
+    ///    out); until then it counts as a member that did not answer. So survivors whose lost peers all came
     ///    back so go on, however few (a worker alone whose two peers were killed and
     ///    restarted), from their own state, and admit the new processes at the next step
     ///    boundary, instead of the job starting again from its checkpoint.

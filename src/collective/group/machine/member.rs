@@ -66,8 +66,13 @@ pub(crate) enum MemberMessage {
         addr: SocketAddr,
         incarnation: Incarnation,
     },
-    /// The answer to `Enter`: the answerer's latest epoch and whether a group lives there.
-    Entered { epoch: u64, formed: bool },
+    /// The answer to `Enter`: the answerer's latest epoch, whether a group lives there, and
+    /// the latest epoch whose group it was a member of.
+    Entered {
+        epoch: u64,
+        formed: bool,
+        member_of: u64,
+    },
     /// A dialer joins `epoch`, formed with `members` (rank order).
     Join {
         epoch: u64,
@@ -121,8 +126,12 @@ pub(crate) enum StillAnswer {
 pub(crate) enum ProbeReply {
     /// A live member: a survivor.
     Alive,
-    /// A new process waiting to be admitted (or no member): no survivor.
+    /// A new process waiting to be admitted (or no member): no survivor, on no side.
     Joining,
+    /// No survivor, but it cannot tell yet that its node's old process was on no side the
+    /// prober does not know of (`Membership::no_survivor`): counted as a member that did not
+    /// answer.
+    Unsettled,
     /// Its live group of a later epoch left the prober out.
     LeftOut,
 }
@@ -469,6 +478,8 @@ impl MemberMachine {
 
     /// The process starts: it asks the others whether a group lives.
     pub(crate) fn handle_start(&mut self, now: Instant) {
+        let peers = self.peers().into_iter().map(|p| p.node).collect();
+        self.membership.hear_from(peers);
         self.begin_entering(now, EnterAfter::First);
         self.progress(now);
     }
@@ -547,7 +558,12 @@ impl MemberMachine {
             MemberMessage::Enter { addr, incarnation } => {
                 self.answer_enter(now, from, addr, incarnation)
             }
-            MemberMessage::Entered { formed, .. } => self.entered(now, from, formed),
+            MemberMessage::Entered {
+                formed, member_of, ..
+            } => {
+                self.membership.heard_from(from, member_of);
+                self.entered(now, from, formed)
+            }
             MemberMessage::Join {
                 epoch,
                 members,
@@ -884,7 +900,15 @@ impl MemberMachine {
                 (epoch, true)
             }
         };
-        self.send(from, MemberMessage::Entered { epoch, formed });
+        let member_of = self.membership.formed_epoch;
+        self.send(
+            from,
+            MemberMessage::Entered {
+                epoch,
+                formed,
+                member_of,
+            },
+        );
     }
 
     /// Answers the held joins that can be answered now (this mesh reached their epoch, or
@@ -981,6 +1005,7 @@ impl MemberMachine {
         let answer = match self.membership.handle_probe(from, epoch, view, linked) {
             ProbeAnswerHere::Alive => ProbeReply::Alive,
             ProbeAnswerHere::Joining => ProbeReply::Joining,
+            ProbeAnswerHere::Unsettled => ProbeReply::Unsettled,
             ProbeAnswerHere::LeftOut { .. } => ProbeReply::LeftOut,
             ProbeAnswerHere::CutShort => {
                 let cut = match self.group.as_mut() {
@@ -991,19 +1016,27 @@ impl MemberMachine {
                     _ => false,
                 };
                 if cut {
-                    self.membership.member = true;
+                    self.membership.formed(epoch);
                     self.break_group(Broke::CutShort);
                     ProbeReply::Alive
                 } else {
-                    ProbeReply::Joining
+                    self.no_survivor(epoch)
                 }
             }
             ProbeAnswerHere::EndForming => {
                 self.break_group(Broke::EndForming);
-                ProbeReply::Joining
+                self.no_survivor(epoch)
             }
         };
         self.send(from, MemberMessage::ProbeAnswer { epoch, answer });
+    }
+
+    /// How this process, no survivor, answers a prober of `epoch` (`Membership::no_survivor`).
+    fn no_survivor(&self, epoch: u64) -> ProbeReply {
+        match self.membership.no_survivor(epoch) {
+            ProbeAnswerHere::Joining => ProbeReply::Joining,
+            _ => ProbeReply::Unsettled,
+        }
     }
 
     /// Breaks this process's latest group (once): a formed one tells the others (`Abort`).
@@ -1109,7 +1142,8 @@ impl MemberMachine {
         }
         if g.links.values().all(|l| *l == Link::Up) {
             g.formed = true;
-            self.membership.member = true;
+            let epoch = g.epoch;
+            self.membership.formed(epoch);
             return self.forming_ended(now, None);
         }
         if now >= deadline {

@@ -51,6 +51,15 @@ pub(super) struct Membership {
     /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
     /// a later one is refused ([`Membership::unadmitted`]).
     pub(super) admitted_epoch: u64,
+    /// The latest epoch whose group this process was a member of ([`Membership::formed`]):
+    /// its answers to `Enter` carry it, so that a new process learns how far its old one
+    /// may have gone.
+    pub(super) formed_epoch: u64,
+    /// The peers this process asks to enter ([`Membership::hear_from`]); until it is set,
+    /// this process cannot tell how far its node's old process went.
+    pub(super) to_hear: Option<Vec<NodeId>>,
+    /// The latest epoch each peer said it was a member of (its answers to `Enter`).
+    pub(super) heard: HashMap<NodeId, u64>,
 }
 
 /// A process that asked to be admitted ([`Membership::pending`]).
@@ -181,8 +190,14 @@ pub(super) struct JoinContext {
 pub(super) enum ProbeAnswerHere {
     /// A live mesh: the prober may count it as a survivor.
     Alive,
-    /// No survivor: a joiner, or a mesh that never was a member.
+    /// No survivor: a joiner, or a mesh that never was a member, whose node's old process
+    /// (if it had one) was a member of no group later than the prober's: the prober may leave
+    /// it out of its quorum's count ([`Membership::no_survivor`]).
     Joining,
+    /// No survivor, but this process cannot tell yet that its node's old process was a member
+    /// of no group later than the prober's (a peer has not answered its `Enter`, or one
+    /// answered a later epoch): the prober counts it as a member that did not answer.
+    Unsettled,
     /// This mesh's live group of epoch `current`, later than the prober's, left the prober
     /// out: it was taken for lost.
     LeftOut { current: u64 },
@@ -314,7 +329,7 @@ impl Membership {
     ) -> ProbeAnswerHere {
         // A joiner is no survivor: the others re-form without it, then admit it.
         if self.joining {
-            return ProbeAnswerHere::Joining;
+            return self.no_survivor(epoch);
         }
         if !self.member {
             // No member yet: this mesh forms the first epoch, which the prober formed (or was
@@ -322,7 +337,7 @@ impl Membership {
             return match group.filter(|g| g.epoch <= epoch && !g.formed && g.nodes.contains(peer)) {
                 Some(g) if g.epoch == epoch && linked => ProbeAnswerHere::CutShort,
                 Some(_) => ProbeAnswerHere::EndForming,
-                None => ProbeAnswerHere::Joining,
+                None => self.no_survivor(epoch),
             };
         }
         match group {
@@ -402,6 +417,51 @@ impl Membership {
     }
 
     /// This mesh's link of `epoch` with `peer`, whose process is `incarnation`, is up.
+    /// How this process, no survivor of any group, answers a prober of `epoch`:
+    /// [`ProbeAnswerHere::Joining`] only once every peer it asks to enter answered, and none
+    /// (nor this process) was a member of a group later than `epoch`; else
+    /// [`ProbeAnswerHere::Unsettled`].
+    ///
+    /// A prober leaves a member that answers as a joiner out of its quorum's count (its old
+    /// process is gone, on no side). That holds only if the old process was on no side the
+    /// prober does not know of: a member that later groups left out (paused, cut off), whose
+    /// peer then died and came back, would otherwise count the peer out, while the group that
+    /// left it out counted the same peer out too, and both would go on alone (a split brain
+    /// the membership simulator found). Any group its old process was a member of after the
+    /// prober's epoch has a live member that answers the new process's `Enter` with an epoch
+    /// above the prober's, unless every one of them is gone too.
+    pub(super) fn no_survivor(&self, epoch: u64) -> ProbeAnswerHere {
+        let Some(peers) = &self.to_hear else {
+            return ProbeAnswerHere::Unsettled;
+        };
+        let heard_all = peers.iter().all(|p| self.heard.contains_key(p));
+        let latest = self.heard.values().copied().max().unwrap_or(0);
+        if heard_all && latest.max(self.formed_epoch) <= epoch {
+            ProbeAnswerHere::Joining
+        } else {
+            ProbeAnswerHere::Unsettled
+        }
+    }
+
+    /// This process asks `peers` (not itself) to enter: until each answered, it cannot tell
+    /// how far its node's old process went ([`Membership::no_survivor`]).
+    pub(super) fn hear_from(&mut self, peers: Vec<NodeId>) {
+        self.to_hear = Some(peers);
+    }
+
+    /// `peer` answered this process's `Enter`: the latest epoch whose group it was a member of.
+    pub(super) fn heard_from(&mut self, peer: &NodeId, formed_epoch: u64) {
+        let latest = self.heard.entry(peer.clone()).or_default();
+        *latest = (*latest).max(formed_epoch);
+    }
+
+    /// This process is a member of the group of `epoch` (all its links up, or its forming cut
+    /// short by a member that formed it with this process).
+    pub(super) fn formed(&mut self, epoch: u64) {
+        self.member = true;
+        self.formed_epoch = self.formed_epoch.max(epoch);
+    }
+
     pub(super) fn linked_with(&mut self, peer: &NodeId, epoch: u64, incarnation: Incarnation) {
         if self.epoch == epoch {
             self.linked.insert((peer.clone(), epoch));
@@ -633,10 +693,54 @@ mod tests {
             ProbeAnswerHere::EndForming
         );
         first.joining = true;
+        first.hear_from(vec![node(1)]);
+        first.heard_from(&node(1), 1);
         assert_eq!(
             first.handle_probe(&node(1), 1, Some(forming), true),
             ProbeAnswerHere::Joining
         );
+    }
+
+    /// A process no survivor of any group is counted out of a prober's quorum (`Joining`)
+    /// only once every peer it asks to enter answered and none was a member of a group later
+    /// than the prober's epoch (its node's old process may have been in that group); until
+    /// then, or otherwise, it is unsettled: counted as a member that did not answer.
+    #[test]
+    fn a_new_process_is_counted_out_only_once_it_heard_every_peer_and_none_went_further() {
+        let mut joiner = Membership {
+            joining: true,
+            ..Membership::default()
+        };
+        // It has not said whom it asks: it cannot tell.
+        assert_eq!(joiner.no_survivor(5), ProbeAnswerHere::Unsettled);
+        joiner.hear_from(vec![node(0), node(2)]);
+        joiner.heard_from(&node(0), 3);
+        assert_eq!(
+            joiner.handle_probe(&node(0), 3, None, false),
+            ProbeAnswerHere::Unsettled,
+            "worker/2 has not answered"
+        );
+        joiner.heard_from(&node(2), 5);
+        // worker/2 was a member of epoch 5: a prober of epoch 3 is behind the old process.
+        assert_eq!(
+            joiner.handle_probe(&node(0), 3, None, false),
+            ProbeAnswerHere::Unsettled
+        );
+        assert_eq!(
+            joiner.handle_probe(&node(2), 5, None, false),
+            ProbeAnswerHere::Joining
+        );
+        // An earlier answer does not lower what it heard.
+        joiner.heard_from(&node(2), 1);
+        assert_eq!(joiner.no_survivor(4), ProbeAnswerHere::Unsettled);
+        // Its own membership counts too (a process that was a member and now waits).
+        let mut again = Membership::default();
+        again.formed(7);
+        again.joining = true;
+        again.hear_from(vec![node(0)]);
+        again.heard_from(&node(0), 6);
+        assert_eq!(again.no_survivor(6), ProbeAnswerHere::Unsettled);
+        assert_eq!(again.no_survivor(7), ProbeAnswerHere::Joining);
     }
 
     #[test]
