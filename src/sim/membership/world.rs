@@ -56,6 +56,10 @@ const GRACE: Duration = Duration::from_secs(10);
 const DIAL_FAILS_AFTER: Duration = Duration::from_millis(50);
 /// Bound on events in one run (a livelock is a violation, not a hang).
 const EVENTS_MAX: u64 = 500_000;
+/// The supervisor's budget, the launcher's (`cohort launch`): past this many failed
+/// processes of one worker within [`RESTART_WINDOW`] it gives up.
+const RESTARTS_MAX: usize = 5;
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 enum Event {
@@ -127,6 +131,8 @@ struct Proc {
     slow: Duration,
     /// Whether it was told to leave for good (a drain): not started again when killed.
     draining: bool,
+    /// When its processes exited with a failure, within the supervisor's window.
+    failures: Vec<Duration>,
     timer_at: Option<Duration>,
 }
 
@@ -160,6 +166,7 @@ impl World {
                 deferred: Vec::new(),
                 slow: Duration::ZERO,
                 draining: false,
+                failures: Vec::new(),
                 timer_at: None,
             })
             .collect();
@@ -218,6 +225,9 @@ impl World {
             self.handle(event);
             if let Some(v) = self.checks.take_violation() {
                 self.report.violation = Some(v);
+                break;
+            }
+            if self.report.violation.is_some() {
                 break;
             }
             // The others of the finishing group end within a moment of the first.
@@ -446,6 +456,9 @@ impl World {
                     MemberExit::EntryFailed => "entry failed",
                 };
                 *self.report.exits.entry(name).or_default() += 1;
+                if !matches!(why, MemberExit::Left(_)) && self.supervisor_gives_up(worker, name) {
+                    return;
+                }
                 let drained = why == MemberExit::Left(Leave::Drained);
                 self.kill(worker, !drained);
                 if drained {
@@ -527,6 +540,33 @@ impl World {
 
     /// The process of `worker` dies; its supervisor starts it again (`restart`) after a
     /// moment.
+    /// A process of `worker` exited with a failure (`why`): whether its supervisor gives up,
+    /// as the launcher does past [`RESTARTS_MAX`] failures within [`RESTART_WINDOW`] (the job
+    /// then ends with exit 1: a violation, since no fault ends a job so).
+    fn supervisor_gives_up(&mut self, worker: usize, why: &str) -> bool {
+        let now = self.now;
+        let failures = &mut self.procs[worker].failures;
+        failures.retain(|t| now.saturating_sub(*t) < RESTART_WINDOW);
+        failures.push(now);
+        if failures.len() <= RESTARTS_MAX {
+            return false;
+        }
+        let p = &mut self.procs[worker];
+        p.machine = None;
+        p.down = Down::Drained;
+        self.report.violation.get_or_insert(MembershipViolation {
+            invariant: "RESTARTS",
+            detail: format!(
+                "{} failed {} times within {RESTART_WINDOW:?} (the last: {why}): its supervisor \
+                 gives up, as the launcher does, and the job ends",
+                p.node,
+                RESTARTS_MAX + 1
+            ),
+            at: now,
+        });
+        true
+    }
+
     fn kill(&mut self, worker: usize, restart: bool) {
         let p = &mut self.procs[worker];
         if p.down != Down::No {
