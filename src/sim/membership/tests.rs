@@ -180,3 +180,31 @@ fn a_fresh_start_refused_by_a_waiting_process_is_tried_again() {
         assert!(report.finished, "seed {seed}: {report:?}");
     }
 }
+
+/// Found by the supervisor's budget (RESTARTS) once the simulator modelled it: a process
+/// waiting to be admitted had tried an epoch of its own (its first forming ended by a
+/// survivor's probe, seed 263; an admission it acked that never formed, seed 2909), so it
+/// refused a restarted peer's fresh start at that epoch rather than at 0; the peer took that
+/// for a live job, exited, and was restarted faster than the waiting process could see that
+/// no group lived, until its supervisor gave up. A fresh start refused at any epoch now asks
+/// again and tries again, and a waiting process that was never a member starts again as one
+/// that never formed.
+#[test]
+fn a_fresh_start_refused_by_a_process_that_tried_an_epoch_of_its_own_is_tried_again() {
+    for (workers_max, faults_max, seed) in [
+        (3, 5, 263),
+        (3, 5, 2909),
+        (4, 5, 1564),
+        (6, 8, 149),
+        (6, 8, 1279),
+    ] {
+        let config = MembershipConfig {
+            workers_max,
+            faults_max,
+            ..MembershipConfig::default()
+        };
+        let report = run_membership_seed(&config, seed);
+        assert_eq!(report.violation, None, "seed {seed}");
+        assert!(report.finished, "seed {seed}: {report:?}");
+    }
+}

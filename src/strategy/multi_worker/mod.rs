@@ -536,33 +536,43 @@ async fn enter_group(
 ) -> Result<ProcessGroup, CollectiveError> {
     // Forms the first epoch with the others (a fresh start). A member still waiting
     // to be admitted to a group that is gone (its process entered while the group
-    // lived, and every member left or was lost since) refuses it until it sees that
-    // no one has a live group, and then forms it too: the refused attempt is
-    // forgotten and tried again, within the join timeout, this process answering
-    // meanwhile that it has no group (rather than exiting and being restarted, which
-    // a waiting member may never see).
-    let fresh_start = |mesh: Mesh, members: Vec<GroupMember>| async move {
-        let until = tokio::time::Instant::now() + join_timeout;
-        loop {
-            match mesh.form(1, members.clone()).await {
-                Err(err @ CollectiveError::EpochRefused { current: 0, .. })
-                    if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
-                {
-                    tracing::info!(%err, "a member waits to be admitted to a group that is gone: forming the first epoch again once it starts too");
-                    tokio::time::sleep(crate::collective::FRESH_START_RETRY).await;
+    // lived, and every member left or was lost since; at whatever epoch it tried)
+    // refuses it until it sees that no one has a live group, and then forms it too:
+    // the refused attempt is forgotten, and after a moment this process asks again
+    // (joining where a group lives after all) and tries again where none does, within
+    // the join timeout, answering meanwhile that it has no group (rather than exiting
+    // and being restarted, which may happen faster than a waiting member can see it:
+    // the membership simulator found a supervisor's budget so run out).
+    let fresh_start = |mesh: Mesh, members: Vec<GroupMember>| {
+        let peers = peers.clone();
+        async move {
+            let until = tokio::time::Instant::now() + join_timeout;
+            loop {
+                match mesh.form(1, members.clone()).await {
+                    Err(err @ CollectiveError::EpochRefused { .. })
+                        if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
+                    {
+                        tracing::info!(%err, "the first epoch was refused: asking again whether a group lives, else forming it again");
+                        tokio::time::sleep(crate::collective::FRESH_START_RETRY).await;
+                        if let Entry::Join = mesh.enter(own_addr, &peers, enter_timeout).await {
+                            return mesh.join_live(own_addr, &peers, join_timeout).await;
+                        }
+                    }
+                    formed => return formed,
                 }
-                formed => return formed,
             }
         }
     };
     // Joins the live group; where none lives any more (every worker lost its group,
-    // and they start again), forms the first epoch with the others after all.
+    // and they start again), forms the first epoch with the others after all. A
+    // process whose only forming was a first epoch that failed is no member of any
+    // group: it starts again as one that never formed.
     let join = |mesh: Mesh, members: Vec<GroupMember>| {
         let peers = peers.clone();
         async move {
             match mesh.join_live(own_addr, &peers, join_timeout).await {
                 Ok(group) => Ok(group),
-                Err(err) if mesh.epoch() == 0 => {
+                Err(err) if mesh.epoch() == 0 || mesh.forget_failed_start() => {
                     match mesh.enter(own_addr, &peers, enter_timeout).await {
                         Entry::Start => {
                             tracing::info!(%err, "no live group to join: forming the first epoch with the others");

@@ -294,6 +294,10 @@ enum EnterAfter {
     FailedStart,
     /// It was not admitted: form the first epoch if no group lives, else exit.
     FailedJoin,
+    /// Its fresh start was refused by a process with no live group (one waiting to be
+    /// admitted to a group that is gone, or whose own first forming failed): join if a group
+    /// lives after all, else form the first epoch again, within `until`.
+    StartAgain { until: Instant },
 }
 
 /// A collective in progress.
@@ -775,7 +779,9 @@ impl MemberMachine {
                     let after = *after;
                     self.membership.joining = true;
                     match after {
-                        EnterAfter::First | EnterAfter::FailedStart => self.begin_joining(now),
+                        EnterAfter::First
+                        | EnterAfter::FailedStart
+                        | EnterAfter::StartAgain { .. } => self.begin_joining(now),
                         EnterAfter::FailedJoin => self.exit(MemberExit::EntryFailed),
                     }
                 }
@@ -836,7 +842,9 @@ impl MemberMachine {
     fn not_admitted(&mut self, now: Instant) {
         self.membership.joining = false;
         self.membership.admission = None;
-        if self.membership.epoch == 0 {
+        // A process whose only forming was a first epoch that failed is no member of any
+        // group: it starts again like one that never formed.
+        if self.membership.epoch == 0 || self.membership.forget_failed_start() {
             self.begin_entering(now, EnterAfter::FailedJoin);
         } else {
             self.exit(MemberExit::EntryFailed);
@@ -862,7 +870,12 @@ impl MemberMachine {
                     let until = now + self.settings.join_timeout;
                     self.start_first_epoch(now, until)
                 }
-                EnterAfter::FailedStart => self.exit(MemberExit::EntryFailed),
+                EnterAfter::StartAgain { until } if now < until => {
+                    self.start_first_epoch(now, until)
+                }
+                EnterAfter::FailedStart | EnterAfter::StartAgain { .. } => {
+                    self.exit(MemberExit::EntryFailed)
+                }
             };
         }
         if now >= *resend {
@@ -1289,16 +1302,15 @@ impl MemberMachine {
     ) {
         match purpose {
             Purpose::FreshStart { until } => {
-                // Members waiting to be admitted to a group that is gone refuse the first
-                // epoch until they see that nobody has one: try it again.
-                let refused_by_a_joiner = matches!(
-                    why,
-                    Some(Broke::Refused {
-                        current: Some(0),
-                        ..
-                    })
-                );
-                if refused_by_a_joiner && now < until && self.membership.forget_failed_start() {
+                // Members waiting to be admitted to a group that is gone (at whatever epoch
+                // they tried) refuse the first epoch until they see that nobody has one: ask
+                // again (join where a group lives after all), and try it again where nobody
+                // has one. Exiting instead, this process may be restarted again and again
+                // faster than the waiting member can see it (found by the membership
+                // simulator: the supervisor's budget ran out, seeds 263 and 2909 of sweeps
+                // of up to 3 workers).
+                let refused = matches!(why, Some(Broke::Refused { .. }));
+                if refused && now < until && self.membership.forget_failed_start() {
                     self.phase = Phase::StartAgain {
                         at: now + FRESH_START_RETRY,
                         until,
@@ -1344,7 +1356,7 @@ impl MemberMachine {
                 Phase::StartAgain { at, until } => {
                     if now >= *at {
                         let until = *until;
-                        self.start_first_epoch(now, until);
+                        self.begin_entering(now, EnterAfter::StartAgain { until });
                     }
                 }
                 Phase::Forming { .. } => self.progress_forming(now),
