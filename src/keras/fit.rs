@@ -349,7 +349,12 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         }
         each_callback!(|cb, ctx| cb.on_train_begin(&mut ctx));
 
-        'group: while epoch < epochs && !stop_training {
+        // Each pass of 'group trains with one group; the last boundary comes after the last
+        // step (the closing boundary): under MultiWorkerMirrored a worker that applied the
+        // last step while the others failed it (a ring delivers a step to some members and
+        // not to others) meets them there and gives them its state, instead of ending with a
+        // model they do not hold.
+        'group: loop {
             let strategy = self.strategy();
             let distributed = strategy.experimental_distribute_dataset(data.clone(), distribute)?;
             if distributed.applied_shard_policy() == Some(crate::data::AutoShardPolicy::File) {
@@ -362,10 +367,13 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                         .into(),
                 ));
             }
-            let mut iter = distributed.iter_at_pass(cursor.pass, cursor.batches)?;
-            while epoch < epochs && !stop_training {
+            // Made at the first step of this group (none where only the closing boundary is
+            // left).
+            let mut iter = None;
+            loop {
+                let finishing = epoch >= epochs || stop_training;
                 is_chief = self.model_strategy().is_chief();
-                if !epoch_open {
+                if !finishing && !epoch_open {
                     totals.iter_mut().for_each(|t| *t = 0.0);
                     epoch_open = true;
                     each_callback!(|cb, ctx| cb.on_epoch_begin(epoch, &mut ctx));
@@ -396,6 +404,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                         .at_step_boundary(&mut state, leaving, &mut save)
                 };
                 match change {
+                    Ok(None) if finishing => break 'group,
                     Ok(None) => {}
                     Ok(Some(GroupChange::Admitted(admission))) => {
                         tracing::info!(step = admission.step, joined = ?admission.joined, "fit admitted workers to the group");
@@ -432,6 +441,10 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     }
                 }
 
+                let iter = match &mut iter {
+                    Some(iter) => iter,
+                    None => iter.insert(distributed.iter_at_pass(cursor.pass, cursor.batches)?),
+                };
                 let Some(batch) = iter.get_next_as_optional()? else {
                     // The pass is over.
                     if cursor.batches == 0 {

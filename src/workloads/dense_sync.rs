@@ -408,10 +408,15 @@ pub fn train_elastic_on(
             losses.resize(step, f32::NAN);
         }
     }
-    'group: while step < steps {
+    // Each pass of 'group trains with one group; the last boundary comes after the last
+    // step (the closing boundary): a worker that applied the last step while the others
+    // failed it (a ring delivers a step to some members and not to others) meets them there
+    // and gives them its state, instead of ending with a model they do not hold.
+    'group: loop {
         let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
-        let mut iter = input(&*strategy, problem, position, global_batch)?;
-        while step < steps {
+        // Made at the first step of this group (none where only the closing boundary is left).
+        let mut iter = None;
+        loop {
             let mut state = ElasticState {
                 step: step as u64,
                 position: position as u64,
@@ -440,8 +445,13 @@ pub fn train_elastic_on(
                 });
             }
             let result = match change {
+                Ok(None) if step >= steps => break 'group,
                 Ok(None) => {
                     let before = trainer.optimizer_steps();
+                    let iter = match &mut iter {
+                        Some(iter) => iter,
+                        None => iter.insert(input(&*strategy, problem, position, global_batch)?),
+                    };
                     let result = iter
                         .get_next()
                         .map_err(TrainError::from)
