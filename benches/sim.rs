@@ -1,15 +1,23 @@
-//! Cluster-simulator throughput: simulated schedules and events per second on one thread, for
-//! the reference job (2 parameter servers, 3 workers, 200 closures) with every fault kind.
-//! `cargo bench --bench sim` (target: at least 500 schedules per second on one core).
+//! Simulator throughput: simulated schedules and events per second on one thread, for the
+//! cluster simulator's reference job (2 parameter servers, 3 workers, 200 closures) with every
+//! fault kind (target: at least 500 schedules per second on one core), and for the membership
+//! simulator (MultiWorkerMirrored's member machines, up to 4 workers and 5 faults of every
+//! kind, as `cohort chaos sim --membership` runs them). `cargo bench --bench sim`.
 //!
 //! Each schedule is a whole job from its seed: the scenario is drawn, the job runs to its end,
 //! and every invariant is checked after every event, as in `cohort chaos sim`.
 
 use std::time::{Duration, Instant};
 
-use cohort::sim::{run_seeds, SimConfig};
+use cohort::sim::{run_membership_seeds, run_seeds, MembershipConfig, SimConfig};
 
 fn main() {
+    cluster();
+    membership();
+}
+
+/// The cluster simulator's schedules per second.
+fn cluster() {
     let config = SimConfig::default();
     // Warm-up.
     let _ = run_seeds(&config, 0..20);
@@ -27,6 +35,33 @@ fn main() {
     println!(
         "sim: {} ps, {} workers, {} closures, all fault kinds, invariants checked after every event",
         config.num_ps, config.num_workers, config.closures
+    );
+    println!(
+        "{seeds} schedules, {events} events in {seconds:.2} s: {:.0} schedules/s, {:.0} events/s \
+         ({:.0} events per schedule); violations: {violations}",
+        seeds as f64 / seconds,
+        events as f64 / seconds,
+        events as f64 / seeds.max(1) as f64
+    );
+}
+
+/// The membership simulator's schedules per second.
+fn membership() {
+    let config = MembershipConfig::default();
+    let _ = run_membership_seeds(&config, 0..20);
+    let started = Instant::now();
+    let (mut seeds, mut events, mut violations) = (0u64, 0u64, 0usize);
+    while started.elapsed() < RUN {
+        let summary = run_membership_seeds(&config, seeds..seeds + BATCH);
+        seeds += BATCH;
+        events += summary.events;
+        violations += summary.violations.len();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "membership sim: up to {} workers, up to {} faults of every kind, invariants checked \
+         after every event",
+        config.workers_max, config.faults_max
     );
     println!(
         "{seeds} schedules, {events} events in {seconds:.2} s: {:.0} schedules/s, {:.0} events/s \

@@ -208,3 +208,23 @@ fn a_fresh_start_refused_by_a_process_that_tried_an_epoch_of_its_own_is_tried_ag
         assert!(report.finished, "seed {seed}: {report:?}");
     }
 }
+
+/// A bug the history fixed, re-introduced on a scratch build to see the simulator find it: a
+/// member took a late ask to enter (sent by a member's process before it formed the group
+/// with it) for that member's restart and broke its live group. The world checks that no
+/// live group breaks on an `Enter` of a process that runs as a member of it (RESTART); with
+/// the stale check removed, it found the bug at seed 545 (up to 3 workers) and seed 67 (up
+/// to 4). With it in, both finish.
+#[test]
+fn a_late_ask_to_enter_from_a_members_own_process_is_not_taken_for_a_restart() {
+    for (workers_max, seed) in [(3, 545), (4, 67)] {
+        let config = MembershipConfig {
+            workers_max,
+            faults_max: 5,
+            ..MembershipConfig::default()
+        };
+        let report = run_membership_seed(&config, seed);
+        assert_eq!(report.violation, None, "seed {seed}");
+        assert!(report.finished, "seed {seed}: {report:?}");
+    }
+}

@@ -293,10 +293,20 @@ impl World {
                 life,
                 from,
                 message,
-            } => self.with_machine(to, life, |m, now| {
-                let from = NodeId::new("worker", from as u32);
-                m.handle_message(now, &from, message);
-            }),
+            } => {
+                let live_before = self.procs[to].machine.as_ref().and_then(|m| m.live_group());
+                let enter_from = match &message {
+                    MemberMessage::Enter { incarnation, .. } => Some(*incarnation),
+                    _ => None,
+                };
+                self.with_machine(to, life, |m, now| {
+                    let from = NodeId::new("worker", from as u32);
+                    m.handle_message(now, &from, message);
+                });
+                if let (Some(epoch), Some(incarnation)) = (live_before, enter_from) {
+                    self.check_restart_taken(to, from, epoch, incarnation);
+                }
+            }
             Event::Undelivered {
                 to,
                 life,
@@ -332,6 +342,45 @@ impl World {
             }
             Event::Fast { worker } => self.procs[worker].slow = Duration::ZERO,
         }
+    }
+
+    /// `to`'s live group of `epoch` took an `Enter` of `from`'s process `incarnation`: if the
+    /// group broke on it while that very process runs as a member of the same group, a late
+    /// ask (sent before it formed the group) was taken for a new process (RESTART).
+    fn check_restart_taken(
+        &mut self,
+        to: usize,
+        from: usize,
+        epoch: u64,
+        incarnation: Incarnation,
+    ) {
+        let broke = self.procs[to]
+            .machine
+            .as_ref()
+            .is_some_and(|m| m.live_group().is_none());
+        let sender = &self.procs[from];
+        let same_process =
+            self.running(from) && incarnation == Self::incarnation(from, sender.life);
+        let member = sender
+            .machine
+            .as_ref()
+            .is_some_and(|m| m.live_group() == Some(epoch));
+        if broke && same_process && member {
+            self.report.violation.get_or_insert(MembershipViolation {
+                invariant: "RESTART",
+                detail: format!(
+                    "worker/{to}'s group of epoch {epoch} broke on a late ask to enter from \
+                     worker/{from}'s process {incarnation}, a live member of that group, taken \
+                     for a new process"
+                ),
+                at: self.now,
+            });
+        }
+    }
+
+    /// The incarnation of `worker`'s process `life`.
+    fn incarnation(worker: usize, life: u64) -> Incarnation {
+        Incarnation::from_raw(((worker as u64) << 32) | life)
     }
 
     /// The worker an event is for, where a pause holds it back.
@@ -383,7 +432,7 @@ impl World {
         p.deferred.clear();
         p.timer_at = None;
         p.draining = false;
-        let incarnation = Incarnation::from_raw(((worker as u64) << 32) | p.life);
+        let incarnation = Self::incarnation(worker, p.life);
         let me = GroupMember {
             node: p.node.clone(),
             addr: p.addr,

@@ -456,6 +456,15 @@ impl MemberMachine {
         self.membership.epoch
     }
 
+    /// The epoch of this process's latest group, if it formed and did not break: the group it
+    /// trains with.
+    pub(crate) fn live_group(&self) -> Option<u64> {
+        self.group
+            .as_ref()
+            .filter(|g| g.formed && g.broken.is_none())
+            .map(|g| g.epoch)
+    }
+
     /// Completed steps and the model's digest.
     pub(crate) fn state(&self) -> (u64, u64) {
         (self.step, self.digest)
