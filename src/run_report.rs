@@ -47,9 +47,10 @@ pub struct TaskReport {
     /// A MultiWorkerMirrored member's final model.
     #[serde(default)]
     pub final_model: Option<FinalModel>,
-    /// A MultiWorkerMirrored chief's membership epochs, in order.
-    #[serde(default)]
-    pub membership_epochs: Vec<MembershipEpoch>,
+    /// A MultiWorkerMirrored chief's group generations, in order (`membership_epochs` in
+    /// reports written before the rename).
+    #[serde(default, alias = "membership_epochs")]
+    pub group_generations: Vec<GroupGeneration>,
 }
 
 /// A parameter-server chief's ledger.
@@ -87,11 +88,13 @@ pub struct FinalModel {
     pub digest: String,
 }
 
-/// One membership epoch of a MultiWorkerMirrored group, as its chief saw it.
+/// One generation of a MultiWorkerMirrored group (one formation: its membership epoch), as
+/// its chief saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MembershipEpoch {
-    /// The epoch.
-    pub epoch: u64,
+pub struct GroupGeneration {
+    /// The generation (`epoch` in reports written before the rename).
+    #[serde(alias = "epoch")]
+    pub generation: u64,
     /// Its workers.
     pub workers: u64,
     /// The step it trained from.
@@ -232,6 +235,23 @@ fn read_one(path: &Path) -> Result<TaskReport, RunReportError> {
 mod tests {
     use super::*;
 
+    /// A report written before group generations were so named (`membership_epochs`, each
+    /// with an `epoch`) reads as one of today's.
+    #[test]
+    fn a_report_naming_membership_epochs_reads_as_group_generations() {
+        let old = r#"{"task": "chief/0", "collective": true,
+            "membership_epochs": [{"epoch": 2, "workers": 3, "from_step": 40}]}"#;
+        let report: TaskReport = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            report.group_generations,
+            vec![GroupGeneration {
+                generation: 2,
+                workers: 3,
+                from_step: 40
+            }]
+        );
+    }
+
     #[test]
     fn reports_read_back_as_written_and_a_bad_file_is_named() {
         let dir = crate::process::new_temp_dir("run-report").unwrap();
@@ -241,8 +261,8 @@ mod tests {
             step: 450,
             digest: "d42fbeb0f86b2b8d".into(),
         });
-        chief.membership_epochs = vec![MembershipEpoch {
-            epoch: 1,
+        chief.group_generations = vec![GroupGeneration {
+            generation: 1,
             workers: 3,
             from_step: 0,
         }];

@@ -3,7 +3,7 @@
 //! demo survives pass, the one that deletes every checkpoint before a server dies is reported
 //! as a violation; bad plans are refused before any job starts; and `chaos sim --plan` runs
 //! a shipped plan. The MultiWorkerMirrored demo under a kill and a preemption passes its own
-//! checks (one model, membership epochs going forward).
+//! checks (one model, group generations going forward).
 
 mod skip_support;
 use skip_support::Part;
@@ -242,7 +242,7 @@ fn the_demo_survives_a_worker_and_a_server_killed() {
 fn the_multi_worker_mirrored_demo_survives_a_kill_and_a_preemption_with_one_model() {
     let report = mwms_plan_passes("mwms-kill-and-preempt.toml", &["kill", "term"]);
     // Both came back: the chief's restart lists the epochs from its admission on.
-    assert_last_epoch_has(&report, 3);
+    assert_last_generation_has(&report, 3);
     // The chief's metrics endpoint served its group's step: the step rate was sampled.
     let samples = report["timeline"]["samples"].as_array().unwrap();
     assert!(
@@ -270,18 +270,18 @@ fn the_multi_worker_mirrored_demo_is_scaled_up_hit_and_scaled_down_with_one_mode
         &["scale", "kill", "scale"],
         &["--workers", "2:4", "--digits-epochs", "150"],
     );
-    assert_last_epoch_has(&report, 3);
+    assert_last_generation_has(&report, 3);
 }
 
-/// The last membership epoch the report's check lists has `workers` workers.
-fn assert_last_epoch_has(report: &serde_json::Value, workers: usize) {
-    let epochs = check(report, "membership epochs")["detail"]
+/// The last group generation the report's check lists has `workers` workers.
+fn assert_last_generation_has(report: &serde_json::Value, workers: usize) {
+    let epochs = check(report, "group generations")["detail"]
         .as_str()
         .unwrap();
     let last = epochs.rsplit(", ").next().unwrap();
     assert!(
         last.contains(&format!("({workers} workers from step")),
-        "the last epoch has {workers}: {epochs}"
+        "the last generation has {workers}: {epochs}"
     );
 }
 
@@ -310,16 +310,16 @@ fn mwms_plan_passes_with(name: &str, kinds: &[&str], extra: &[&str]) -> serde_js
     }
     // A preempted chief is restarted and rejoins; where the others finish the job while it
     // is away (a slow restart on a busy machine), the job ends 0 without it, as designed
-    // (`LaunchOutcome::WorkersFinished`): the chief prints no membership epochs, and one
+    // (`LaunchOutcome::WorkersFinished`): the chief reports no group generations, and one
     // model counts the workers that finished.
-    let membership = check(&report, "membership epochs");
+    let membership = check(&report, "group generations");
     let chief_away = membership["status"] == "skipped"
         && membership["detail"]
             .as_str()
             .unwrap()
             .contains("the chief did not finish");
     if !chief_away {
-        assert_eq!(membership["status"], "passed", "membership epochs: {why}");
+        assert_eq!(membership["status"], "passed", "group generations: {why}");
     }
     let one_model = check(&report, "one model")["detail"].as_str().unwrap();
     let finished = if chief_away { "2" } else { "3" };

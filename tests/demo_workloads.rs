@@ -133,14 +133,17 @@ fn the_multi_worker_mirrored_demo_loses_a_worker_midway_re_forms_readmits_it_and
     let summary = &stdout[stdout
         .find("== summary")
         .unwrap_or_else(|| panic!("no summary in:\n{stdout}"))..];
-    // The membership epochs: all three, the survivors without worker 1, all three again.
+    // The group's generations: all three, the survivors without worker 1, all three again.
     let epochs: Vec<&str> = summary
         .lines()
         .filter_map(|l| l.split_once("] ").map(|(_, rest)| rest.trim()))
-        .filter(|l| l.starts_with("epoch "))
+        .filter(|l| l.starts_with("generation "))
         .collect();
     assert!(epochs.len() >= 3, "{summary}");
-    assert!(epochs[0].starts_with("epoch 1: 3 workers"), "{summary}");
+    assert!(
+        epochs[0].starts_with("generation 1: 3 workers"),
+        "{summary}"
+    );
     assert!(
         epochs[1].contains("2 workers") && epochs[1].contains("lost worker/1"),
         "{summary}"
@@ -191,7 +194,7 @@ fn the_multi_worker_mirrored_job_launches_with_no_kill_and_converges() {
         .find("== summary")
         .unwrap_or_else(|| panic!("no summary in:\n{stdout}"))..];
     assert!(
-        summary.contains("epoch 1: 3 workers from step 0"),
+        summary.contains("generation 1: 3 workers from step 0"),
         "{summary}"
     );
     assert_one_model_and_accurate(&stdout, summary, 3);
@@ -257,7 +260,7 @@ fn the_multi_worker_mirrored_job_grows_and_shrinks_with_cohort_scale() {
         .find("== summary")
         .unwrap_or_else(|| panic!("no summary in:\n{all}"))..];
     assert!(
-        summary.contains("epoch 1: 3 workers from step 0"),
+        summary.contains("generation 1: 3 workers from step 0"),
         "{summary}"
     );
     for worker in [2, 3] {

@@ -492,7 +492,7 @@ fn a_multi_worker_mirrored_worker_serves_its_view_of_the_group() {
         rated |= report["steps_per_second"].as_f64().unwrap_or(0.0) > 0.0;
         if !page_drawn {
             let (_, _, page) = get(chief, "/status");
-            assert!(page.contains("Membership epochs"), "{page}");
+            assert!(page.contains("Group generations"), "{page}");
             page_drawn = true;
         }
         let admitted = report["group"]["changes"]
@@ -521,7 +521,7 @@ fn a_multi_worker_mirrored_worker_serves_its_view_of_the_group() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (u(c, "epoch"), c["what"].as_str().unwrap().to_string()))
+        .map(|c| (u(c, "generation"), c["what"].as_str().unwrap().to_string()))
         .collect();
     assert_eq!(changes[0], (1, "formed".to_string()), "{report}");
     assert!(
@@ -534,9 +534,13 @@ fn a_multi_worker_mirrored_worker_serves_its_view_of_the_group() {
     );
     assert!(
         changes.windows(2).all(|w| w[0].0 < w[1].0),
-        "epochs go forward: {report}"
+        "generations go forward: {report}"
     );
-    assert_eq!(u(group, "epoch"), changes.last().unwrap().0, "{report}");
+    assert_eq!(
+        u(group, "generation"),
+        changes.last().unwrap().0,
+        "{report}"
+    );
     let tasks = report["tasks"].as_array().unwrap();
     let roles: Vec<(String, u64, String)> = tasks
         .iter()

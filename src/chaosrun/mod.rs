@@ -11,7 +11,7 @@
 //! so as it starts) has no closures and no servers: for it those two are skipped, and its
 //! own are checked instead: every member ends with one model ([`one_model_check`]: each
 //! task's `final model: step S, digest D` line the same, from as many tasks as the last
-//! membership epoch has workers), and the chief's membership epochs only go forward
+//! group generation has workers), and the chief's group generations only go forward
 //! ([`membership_check`]). `report.txt` and `report.json` (the plan, the timeline of faults
 //! and the chief's step rate, each check with its detail, the verdict) and `timeline.png`
 //! (the step rate with each fault marked where it hit) go to the output directory, beside
@@ -70,8 +70,8 @@ impl Check {
 }
 
 /// A MultiWorkerMirrored job's members end with one model (DATA-1): every task that reported
-/// its final model reported the same step and digest, and as many did as the last membership
-/// epoch has workers (none missing, none extra). Skipped where the plan expects the job to
+/// its final model reported the same step and digest, and as many did as the last generation
+/// of the group has workers (none missing, none extra). Skipped where the plan expects the job to
 /// fail and no task finished.
 pub fn one_model_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
     const NAME: &str = "one model";
@@ -95,15 +95,15 @@ pub fn one_model_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
         );
     }
     let finished = group.models.len() as u64;
-    if let Some(last) = group.epochs.last() {
+    if let Some(last) = group.generations.last() {
         if last.workers != finished {
             return Check::new(
                 NAME,
                 false,
                 format!(
-                    "the last membership epoch ({}) has {} workers, but {finished} reported a \
+                    "the last group generation ({}) has {} workers, but {finished} reported a \
                      final model: {}",
-                    last.epoch,
+                    last.generation,
                     last.workers,
                     each.join("; ")
                 ),
@@ -120,12 +120,12 @@ pub fn one_model_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
     )
 }
 
-/// The chief's membership epochs only go forward: each later than the one before, trained
+/// The chief's group generations only go forward: each later than the one before, trained
 /// from a step no earlier (a re-forming goes on from the last completed step, a joiner is
 /// admitted at a step boundary).
 pub fn membership_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
-    const NAME: &str = "membership epochs";
-    if group.epochs.is_empty() {
+    const NAME: &str = "group generations";
+    if group.generations.is_empty() {
         // The chief reports them as it ends: one away at the end (preempted, the workers
         // finishing without it) has none to print.
         let chief_finished = group.models.keys().any(|task| task.starts_with("chief/"));
@@ -134,35 +134,35 @@ pub fn membership_check(plan: &Plan, group: &run::ReportedGroup) -> Check {
                 NAME,
                 format!(
                     "the chief did not finish (the job ended with {} worker(s) finishing \
-                     without it), so it reported no membership epochs",
+                     without it), so it reported no group generations",
                     group.models.len()
                 ),
             );
         }
-        return Check::nothing_reported(NAME, "the chief reported no membership epochs", plan);
+        return Check::nothing_reported(NAME, "the chief reported no group generations", plan);
     }
     let listed: Vec<String> = group
-        .epochs
+        .generations
         .iter()
         .map(|e| {
             format!(
                 "{} ({} workers from step {})",
-                e.epoch, e.workers, e.from_step
+                e.generation, e.workers, e.from_step
             )
         })
         .collect();
     let backwards = group
-        .epochs
+        .generations
         .windows(2)
-        .find(|w| w[1].epoch <= w[0].epoch || w[1].from_step < w[0].from_step || w[1].workers == 0);
-    let detail = format!("epochs {}", listed.join(", "));
+        .find(|w| w[1].generation <= w[0].generation || w[1].from_step < w[0].from_step || w[1].workers == 0);
+    let detail = format!("generations {}", listed.join(", "));
     match backwards {
         Some(w) => Check::new(
             NAME,
             false,
             format!(
-                "epoch {} follows epoch {} without going forward: {detail}",
-                w[1].epoch, w[0].epoch
+                "generation {} follows generation {} without going forward: {detail}",
+                w[1].generation, w[0].generation
             ),
         ),
         None => Check::new(NAME, true, detail),
@@ -906,11 +906,11 @@ mod tests {
                     (task.to_string(), model)
                 })
                 .collect(),
-            epochs: workers
+            generations: workers
                 .iter()
                 .enumerate()
-                .map(|(i, &workers)| crate::run_report::MembershipEpoch {
-                    epoch: i as u64 + 1,
+                .map(|(i, &workers)| crate::run_report::GroupGeneration {
+                    generation: i as u64 + 1,
                     workers,
                     from_step: 10 * i as u64,
                 })
@@ -944,7 +944,7 @@ mod tests {
         );
         let steps = group(&[("chief/0", 450, "ab"), ("worker/0", 449, "ab")], &[2]);
         assert_eq!(one_model_check(&ok, &steps).status, "failed");
-        // A member of the last epoch that never said how it ended.
+        // A member of the last generation that never said how it ended.
         let missing = group(&[("chief/0", 450, "ab"), ("worker/0", 450, "ab")], &[3]);
         let check = one_model_check(&ok, &missing);
         assert_eq!(check.status, "failed");
@@ -959,18 +959,18 @@ mod tests {
     }
 
     #[test]
-    fn membership_epochs_must_go_forward() {
+    fn group_generations_must_go_forward() {
         let ok = plan_expecting(0);
         assert_eq!(
             membership_check(&ok, &group(&[], &[3, 2, 3])).status,
             "passed"
         );
         let mut back = group(&[], &[3, 2, 3]);
-        back.epochs[2].epoch = 2;
+        back.generations[2].generation = 2;
         assert_eq!(membership_check(&ok, &back).status, "failed");
         let mut earlier = group(&[], &[3, 2]);
-        earlier.epochs[1].from_step = 0;
-        earlier.epochs[0].from_step = 5;
+        earlier.generations[1].from_step = 0;
+        earlier.generations[0].from_step = 5;
         assert_eq!(membership_check(&ok, &earlier).status, "failed");
         assert_eq!(membership_check(&ok, &group(&[], &[])).status, "failed");
         // The workers finished while the chief was away: nothing of it to check.

@@ -35,7 +35,7 @@ use super::plan::{After, FaultKind, Plan, ScaleTo, Scheduled, Target, Which};
 use crate::checkpoint::{list_checkpoints, ListError};
 use crate::launch::ScaleError;
 use crate::run_report::{
-    read_reports, FinalModel, LedgerCounts, MembershipEpoch, RunReportError, ServerCounts,
+    read_reports, FinalModel, LedgerCounts, GroupGeneration, RunReportError, ServerCounts,
     TaskReport, RUN_REPORT_DIR_ENV,
 };
 use crate::cluster::{TaskId, TaskType};
@@ -152,8 +152,8 @@ impl ReportedSummary {
             if let Some(model) = &report.final_model {
                 group.models.insert(report.task.clone(), model.clone());
             }
-            if group.epochs.is_empty() {
-                group.epochs = report.membership_epochs.clone();
+            if group.generations.is_empty() {
+                group.generations = report.group_generations.clone();
             }
         }
         summary
@@ -167,14 +167,14 @@ pub struct ReportedGroup {
     pub started: bool,
     /// Each task's final model, by task (`worker/1`): its latest process's.
     pub models: BTreeMap<String, FinalModel>,
-    /// The chief's membership epochs, in its order.
-    pub epochs: Vec<MembershipEpoch>,
+    /// The chief's group generations, in its order.
+    pub generations: Vec<GroupGeneration>,
 }
 
 impl ReportedGroup {
     /// Whether the job is a MultiWorkerMirrored one.
     pub fn is_collective(&self) -> bool {
-        self.started || !self.models.is_empty() || !self.epochs.is_empty()
+        self.started || !self.models.is_empty() || !self.generations.is_empty()
     }
 }
 
@@ -1399,14 +1399,14 @@ mod tests {
         let chief = TaskReport {
             collective: true,
             final_model: Some(model.clone()),
-            membership_epochs: vec![
-                MembershipEpoch {
-                    epoch: 1,
+            group_generations: vec![
+                GroupGeneration {
+                    generation: 1,
                     workers: 3,
                     from_step: 0,
                 },
-                MembershipEpoch {
-                    epoch: 2,
+                GroupGeneration {
+                    generation: 2,
                     workers: 2,
                     from_step: 12,
                 },
@@ -1422,7 +1422,7 @@ mod tests {
         assert!(group.is_collective());
         assert_eq!(group.models.len(), 2, "worker/2 reported no model");
         assert_eq!(group.models["worker/1"], model);
-        assert_eq!(group.epochs, chief.membership_epochs);
+        assert_eq!(group.generations, chief.group_generations);
         assert!(summary.ledger.is_none());
         // A job that failed as it started is still known as a MultiWorkerMirrored one.
         let only_started: BTreeMap<String, TaskReport> = [(

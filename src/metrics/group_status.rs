@@ -108,19 +108,20 @@ pub(crate) fn addr_from_env(key: &str) -> Result<Option<SocketAddr>, GroupEndpoi
     }
 }
 
-/// The group's epoch and size (`workers`), in this worker's metrics.
-pub(crate) fn record_group(epoch: u64, workers: usize) {
+/// The group's generation and size (`workers`), in this worker's metrics.
+pub(crate) fn record_group(generation: u64, workers: usize) {
     let m = crate::metrics::instruments();
-    m.group_epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+    m.group_generation
+        .set(i64::try_from(generation).unwrap_or(i64::MAX));
     m.group_workers.set(workers as i64);
 }
 
-/// Records the group as a worker sees it now, for its status page: the group of `epoch`
+/// Records the group as a worker sees it now, for its status page: the group of `generation`
 /// (`workers` of `replicas_per_worker` replicas, summing with `communication`) and each task
 /// of `tasks` (every chief and worker, node and address, in rank order): up where it is one of
 /// `members`, else as `states` has it (waiting where it has it up or not at all).
 pub(crate) fn publish_group_status(
-    epoch: u64,
+    generation: u64,
     workers: usize,
     members: &[NodeId],
     tasks: &[(NodeId, String)],
@@ -149,7 +150,7 @@ pub(crate) fn publish_group_status(
         .collect();
     crate::status::record_group(
         GroupStatus {
-            epoch,
+            generation,
             workers,
             replicas_per_worker,
             communication,

@@ -88,8 +88,8 @@ pub struct Instruments {
     pub evaluation_seconds: Histogram,
     /// Evaluator: the step of the newest checkpoint evaluated (-1 before the first).
     pub evaluated_step: Gauge,
-    /// MultiWorkerMirrored worker: its group's membership epoch (0 before the first forms).
-    pub group_epoch: Gauge,
+    /// MultiWorkerMirrored worker: its group's generation (one per formation; 0 before the first).
+    pub group_generation: Gauge,
     /// MultiWorkerMirrored worker: the workers of its group.
     pub group_workers: Gauge,
     /// MultiWorkerMirrored worker: the steps the group completed, as agreed at the last step
@@ -129,7 +129,7 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
         gauge.set(-1);
         gauge
     },
-    group_epoch: Gauge::default(),
+    group_generation: Gauge::default(),
     group_workers: Gauge::default(),
     group_step: Gauge::default(),
     // 100µs to ~100s, as a worker's step time.
@@ -403,9 +403,9 @@ impl Exposition {
         let mut registry = Self::registry_of(role, index, incarnation);
         let m = instruments();
         registry.register(
-            "cohort_group_epoch",
-            "The membership epoch of this worker's group (0 before the first forms)",
-            m.group_epoch.clone(),
+            "cohort_group_generation",
+            "The generation of this worker's group: one per formation, its membership epoch (0 before the first forms)",
+            m.group_generation.clone(),
         );
         registry.register(
             "cohort_group_workers",
@@ -455,7 +455,7 @@ impl Exposition {
             .set(i64::try_from(incarnation).unwrap_or(i64::MAX));
         registry.register(
             "cohort_incarnation",
-            "This process's incarnation epoch (FENCE-1), by role and index",
+            "This process's incarnation (FENCE-1), by role and index",
             incarnations,
         );
         registry.register(
@@ -572,10 +572,10 @@ mod tests {
     #[tokio::test]
     async fn a_multi_worker_mirrored_worker_exposes_its_group_not_the_parameter_servers() {
         let m = instruments();
-        m.group_epoch.set(3);
+        m.group_generation.set(3);
         m.group_workers.set(2);
         let text = Exposition::for_group(Role::Worker, 1, 9).render().await;
-        assert!(text.contains("cohort_group_epoch 3\n"), "{text}");
+        assert!(text.contains("cohort_group_generation 3\n"), "{text}");
         assert!(text.contains("cohort_group_workers 2\n"), "{text}");
         for name in [
             "# TYPE cohort_group_step gauge",

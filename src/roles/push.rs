@@ -18,7 +18,7 @@ use bytes::Bytes;
 
 use crate::layout::Layout;
 use crate::optim::first_non_finite;
-use crate::roles::coordinator::{ClosureId, WorkerEpoch};
+use crate::roles::coordinator::{ClosureId, WorkerIncarnation};
 use crate::roles::protocol::{blob, f32_vec_blob, f32_view, u64_vec_blob, u64_view, Push};
 
 /// Who sent a push, and for which attempt of which closure. PS-1 keys on the closure's update
@@ -29,7 +29,7 @@ pub struct PushOrigin {
     /// The worker index.
     pub worker: u32,
     /// The worker's incarnation.
-    pub epoch: WorkerEpoch,
+    pub epoch: WorkerIncarnation,
     /// The closure whose step produced the gradients.
     pub closure: ClosureId,
     /// The attempt of that closure.

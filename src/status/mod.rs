@@ -1,6 +1,6 @@
 //! The status page: its schema ([`StatusReport`], served as `/status.json`), the page itself
 //! (`/status`: one HTML document with inline CSS and JS that draws the task table, the
-//! membership epochs and the loss curve from the JSON and polls it again), and the
+//! group's generations and the loss curve from the JSON and polls it again), and the
 //! process-wide records a program feeds it: the loss history ([`record_loss`], a bounded ring
 //! of the newest [`LOSS_HISTORY_MAX`] points), the newest checkpoint ([`record_checkpoint`])
 //! and, under MultiWorkerMirrored, the group ([`record_group`]). At the end of a run the loss
@@ -29,9 +29,9 @@
 //!                "heartbeat_age_ms": integer|null } ],
 //!   "checkpoint": { "path": string, "step": integer, "cut": integer|null } | null,
 //!   "loss": [ { "step": integer, "loss": number|null } ],  // oldest first, at most 1000
-//!   "group": { "epoch", "workers", "replicas_per_worker": integer,  // MultiWorkerMirrored,
+//!   "group": { "generation", "workers", "replicas_per_worker": integer,  // MultiWorkerMirrored,
 //!              "communication": string,                              // else null
-//!              "changes": [ { "epoch", "workers", "from_step": integer,
+//!              "changes": [ { "generation", "workers", "from_step": integer,
 //!                             "what": string } ] } | null   // oldest first, at most 64
 //! }
 //! ```
@@ -136,8 +136,8 @@ pub struct StatusReport {
 /// A MultiWorkerMirrored worker's view of its group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GroupStatus {
-    /// The membership epoch.
-    pub epoch: u64,
+    /// The group's generation (its membership epoch: one per formation).
+    pub generation: u64,
     /// Workers in it.
     pub workers: usize,
     /// Replicas each worker runs.
@@ -148,11 +148,11 @@ pub struct GroupStatus {
     pub changes: Vec<GroupChange>,
 }
 
-/// One membership epoch as it began.
+/// One generation of the group as it began.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GroupChange {
-    /// Its epoch.
-    pub epoch: u64,
+    /// Its generation.
+    pub generation: u64,
     /// Its workers.
     pub workers: usize,
     /// The step it trained from.
@@ -225,7 +225,7 @@ pub fn record_group(mut group: GroupStatus, tasks: Vec<TaskStatus>) {
 pub fn record_group_change(change: GroupChange) {
     let mut records = records();
     let group = records.group.get_or_insert_with(|| GroupStatus {
-        epoch: change.epoch,
+        generation: change.generation,
         workers: change.workers,
         replicas_per_worker: 0,
         communication: String::new(),
@@ -439,27 +439,27 @@ mod tests {
 
     #[test]
     fn a_group_keeps_its_changes_when_recorded_again() {
-        let group = |epoch| GroupStatus {
-            epoch,
+        let group = |generation| GroupStatus {
+            generation,
             workers: 3,
             replicas_per_worker: 2,
             communication: "ring".into(),
             changes: Vec::new(),
         };
         record_group(group(1), Vec::new());
-        for epoch in 1..=(MARKERS_MAX as u64 + 2) {
+        for generation in 1..=(MARKERS_MAX as u64 + 2) {
             record_group_change(GroupChange {
-                epoch,
+                generation,
                 workers: 3,
-                from_step: epoch * 10,
+                from_step: generation * 10,
                 what: "formed".into(),
             });
         }
         record_group(group(7), Vec::new());
         let (recorded, _) = group_status().expect("recorded");
-        assert_eq!(recorded.epoch, 7);
+        assert_eq!(recorded.generation, 7);
         assert_eq!(recorded.changes.len(), MARKERS_MAX);
-        assert_eq!(recorded.changes[0].epoch, 3);
+        assert_eq!(recorded.changes[0].generation, 3);
         let mut report = report();
         report.group = Some(recorded);
         report.ledger = None;

@@ -23,7 +23,7 @@
 //! the launcher gives every task, the printing, and the final evaluation.
 
 use crate::process::stdout::outln;
-use crate::run_report::{write_report, FinalModel, MembershipEpoch, TaskReport};
+use crate::run_report::{write_report, FinalModel, GroupGeneration, TaskReport};
 use std::time::Instant;
 
 use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
@@ -162,7 +162,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     };
     if leads {
         outln!(
-            "MultiWorkerMirrored: {} workers × {} replica(s), group epoch {}, summing over {}; \
+            "MultiWorkerMirrored: {} workers × {} replica(s), group generation {}, summing over {}; \
              digits: {} training and {} held-out examples, {PER_REPLICA_BATCH} per replica and \
              step",
             group.size(),
@@ -174,7 +174,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         );
     }
     // What `cohort chaos run` reads of this task, as data: a MultiWorkerMirrored job from
-    // the start, then its final model (and the chief's membership epochs).
+    // the start, then its final model (and the chief's group generations).
     let mut report = TaskReport {
         collective: true,
         ..TaskReport::of(me.to_string())
@@ -182,7 +182,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     write_report(&report);
     if joined_live {
         outln!(
-            "{me}: found the group training; admitted at epoch {} ({} workers)",
+            "{me}: found the group training; admitted at generation {} ({} workers)",
             group.epoch(),
             group.size()
         );
@@ -195,7 +195,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let mut epoch_losses = Vec::new();
     let mut epoch_started = Instant::now();
     let mut workers = group.size();
-    let mut group_epoch = group.epoch();
+    let mut group_generation = group.epoch();
     let seed = 11 + 1000 * strategy.worker_index() as u64;
     // SIGTERM (the launcher's stop, or a preemption) is this worker's notice: it leaves at
     // the next step boundary after the chief saved that step.
@@ -244,8 +244,8 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                     let mean = epoch_losses.iter().sum::<f32>() / epoch_losses.len() as f32;
                     let rate = epoch_losses.len() as f64 / epoch_started.elapsed().as_secs_f64();
                     outln!(
-                        "epoch {}/{epochs}: loss {mean:.4}, {rate:.0} steps/s, group epoch \
-                         {group_epoch} of {workers} workers",
+                        "epoch {}/{epochs}: loss {mean:.4}, {rate:.0} steps/s, group \
+                         generation {group_generation} of {workers} workers",
                         (step + 1) / steps_per_epoch
                     );
                     epoch_losses.clear();
@@ -255,7 +255,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Recovered(r) => {
                 leads = r.members.first() == Some(&me_node);
                 workers = r.members.len();
-                group_epoch = r.epoch;
+                group_generation = r.epoch;
                 let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
                 // A re-forming after a partition healed may lose no one.
                 let what = if lost.is_empty() {
@@ -265,7 +265,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 };
                 if leads {
                     outln!(
-                        "group re-formed: epoch {} with {} workers ({what}: {}); going on from \
+                        "group re-formed: generation {} with {} workers ({what}: {}); going on from \
                          step {} with {} of their state, no checkpoint read",
                         r.epoch, workers, r.cause, r.step, r.source
                     );
@@ -275,7 +275,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Departed(d) => {
                 leads = d.members.first() == Some(&me_node);
                 workers = d.members.len();
-                group_epoch = d.epoch;
+                group_generation = d.epoch;
                 let what = d.describe();
                 if leads {
                     // Only a preemption needs the checkpoint: drained workers leave for good.
@@ -287,7 +287,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                         "checkpoint NOT saved"
                     };
                     outln!(
-                        "group shrank at step {}: {what}; {checkpoint}; epoch {} with {} workers",
+                        "group shrank at step {}: {what}; {checkpoint}; generation {} with {} workers",
                         d.step, d.epoch, workers
                     );
                 }
@@ -305,7 +305,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Admitted(a) => {
                 leads = a.members.first() == Some(&me_node);
                 workers = a.members.len();
-                group_epoch = a.epoch;
+                group_generation = a.epoch;
                 let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                 let what = format!("admitted {}", joined.join(", "));
                 if a.joined.contains(&me_node) {
@@ -316,7 +316,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                 }
                 if leads {
                     outln!(
-                        "group grew: epoch {} with {} workers ({what}, sent the state of {}); \
+                        "group grew: generation {} with {} workers ({what}, sent the state of {}); \
                          going on from step {}",
                         a.epoch, workers, a.source, a.step
                     );
@@ -378,21 +378,21 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
     outln!("== summary ({:.1}s)", started.elapsed().as_secs_f64());
     if joined_live {
-        outln!("  membership epochs (seen by this process of {me}, admitted after a restart; the epochs before were its previous process's):");
+        outln!("  group generations (seen by this process of {me}, admitted after a restart; the generations before were its previous process's):");
     } else {
-        outln!("  membership epochs:");
+        outln!("  group generations:");
     }
     for (epoch, workers, step, what) in &epochs_seen {
         if what.is_empty() {
-            outln!("    epoch {epoch}: {workers} workers from step {step}");
+            outln!("    generation {epoch}: {workers} workers from step {step}");
         } else {
-            outln!("    epoch {epoch}: {workers} workers from step {step} ({what})");
+            outln!("    generation {epoch}: {workers} workers from step {step} ({what})");
         }
     }
-    report.membership_epochs = epochs_seen
+    report.group_generations = epochs_seen
         .iter()
-        .map(|(epoch, workers, step, _)| MembershipEpoch {
-            epoch: *epoch,
+        .map(|(generation, workers, step, _)| GroupGeneration {
+            generation: *generation,
             workers: *workers as u64,
             from_step: *step as u64,
         })

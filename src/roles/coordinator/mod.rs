@@ -42,5 +42,5 @@ pub use machine::{
     KnownTask, Ledger, LedgerState, MalformedRead, MarkCutError, PositionsTicket, PsDial,
     PsLossCause, RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction,
     SchedulerConfig, ServerProbe, SetUpDisposition, ShardRead, StartFailure, TaskLiveness,
-    WorkerDial, WorkerEpoch, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
+    WorkerDial, WorkerIncarnation, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX,
 };

@@ -24,7 +24,7 @@ use crate::optim::{
     first_non_finite, LearningRateSchedule, NonFinitePolicy, OptimError, Optimizer, ScheduleError,
     Screen, Slots, UpdateOutcome,
 };
-use crate::roles::coordinator::{ClosureId, WorkerEpoch};
+use crate::roles::coordinator::{ClosureId, WorkerIncarnation};
 use crate::roles::protocol::{
     bytes_to_f32, f32_blob, InitProblem, InitSpec, PsRefusal, ShardState,
 };
@@ -217,7 +217,7 @@ pub struct ParameterStore {
     /// One past the highest id dropped from `applied_closures` (0 if none).
     pruned_next_free: u64,
     /// FENCE-1: per worker, the newest fenced incarnation.
-    fenced: BTreeMap<u32, WorkerEpoch>,
+    fenced: BTreeMap<u32, WorkerIncarnation>,
     /// The coordinator's restore generation this server is at.
     generation: u64,
     /// A restore of `generation` is under way: every push is refused until its roll-back.
@@ -381,7 +381,7 @@ impl ParameterStore {
     }
 
     /// FENCE-1: pushes from `worker` at `epoch` or older change nothing from now on.
-    pub fn handle_fence(&mut self, worker: u32, epoch: WorkerEpoch) {
+    pub fn handle_fence(&mut self, worker: u32, epoch: WorkerIncarnation) {
         let fenced = self.fenced.entry(worker).or_insert(epoch);
         *fenced = (*fenced).max(epoch);
     }
@@ -653,7 +653,7 @@ impl ParameterStore {
     /// generation after it (PS-1). `fences` (per worker, the newest fenced incarnation) are
     /// applied as by [`Self::handle_fence`]: a restarted server knows none (FENCE-1). Ignored
     /// if this server is at a newer generation already.
-    pub fn handle_begin_restore(&mut self, generation: u64, fences: &[(u32, WorkerEpoch)]) {
+    pub fn handle_begin_restore(&mut self, generation: u64, fences: &[(u32, WorkerIncarnation)]) {
         // A begin delivered again (the same generation) changes nothing: once the roll-back
         // re-opened the server, closing it again would refuse every push of the generation.
         if generation <= self.generation {

@@ -36,7 +36,7 @@ impl World<'_> {
             // The gateway knows every incarnation its node connected to (a dial's hello),
             // even one it has not heard a heartbeat from yet.
             let known = match node {
-                Node::Worker(w) => self.coord.worker_epoch(w),
+                Node::Worker(w) => self.coord.worker_incarnation(w),
                 Node::Ps(ps) => self.coord.ps_epoch(ps).map(|(epoch, _)| epoch),
                 Node::Chief => None,
             };

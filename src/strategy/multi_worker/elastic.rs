@@ -509,7 +509,7 @@ impl MultiWorkerMirrored {
             }
         }
         crate::status::record_group_change(crate::status::GroupChange {
-            epoch: group.epoch(),
+            generation: group.epoch(),
             workers: group.size(),
             from_step: step,
             what,

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use super::recovery::{CallFault, WorkerPositions};
 use super::{
-    ClosureId, CutReadError, Ledger, MarkCutError, Scheduler, SchedulerAction, WorkerEpoch,
+    ClosureId, CutReadError, Ledger, MarkCutError, Scheduler, SchedulerAction, WorkerIncarnation,
 };
 use crate::roles::protocol::{LeaveAnswer, SetupWorker};
 
@@ -39,13 +39,13 @@ pub enum WorkerDial {
     /// Incarnation `epoch` answered.
     Answered {
         /// The incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// It answered as incarnation `epoch`, which the failure detector declared dead (a false
     /// death: frozen past the budget, then woken).
     DeclaredDead {
         /// The incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// No answer (not up yet, unreachable): dialled again at the next tick.
     Unreachable,
@@ -187,14 +187,14 @@ pub enum ConfigureError {
 /// A configuration sent to live workers, waiting for their answers.
 #[derive(Debug, Default)]
 pub(super) struct PendingConfigure {
-    waiting: BTreeSet<(u32, WorkerEpoch)>,
+    waiting: BTreeSet<(u32, WorkerIncarnation)>,
     refused: Option<ConfigureError>,
 }
 
 /// A collection of dataset positions, waiting for the live workers' answers.
 #[derive(Debug, Default)]
 pub(super) struct PendingPositions {
-    waiting: BTreeSet<(u32, WorkerEpoch)>,
+    waiting: BTreeSet<(u32, WorkerIncarnation)>,
     answered: WorkerPositions,
 }
 
@@ -213,7 +213,7 @@ impl Scheduler {
             return;
         }
         for worker in self.members() {
-            if self.worker_epoch(worker).is_none() && self.worker_dials.insert(worker) {
+            if self.worker_incarnation(worker).is_none() && self.worker_dials.insert(worker) {
                 self.actions
                     .push_back(SchedulerAction::DialWorker { worker });
             }
@@ -228,7 +228,7 @@ impl Scheduler {
         if !self.worker_dials.contains(&worker) {
             return;
         }
-        let known = self.known_worker_epoch(worker);
+        let known = self.known_worker_incarnation(worker);
         match dial {
             WorkerDial::Answered { epoch } if known.is_none_or(|k| epoch > k) => {
                 if self.is_restoring() {
@@ -260,7 +260,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         version: u64,
         result: Result<(), CallFault>,
     ) -> SetUpDisposition {
@@ -282,7 +282,7 @@ impl Scheduler {
     pub fn handle_worker_retired(
         &mut self,
         _worker: u32,
-        _epoch: WorkerEpoch,
+        _epoch: WorkerIncarnation,
         result: Result<(), CallFault>,
     ) {
         match result {
@@ -305,7 +305,7 @@ impl Scheduler {
     pub fn handle_fence_sent(
         &mut self,
         _worker: u32,
-        _epoch: WorkerEpoch,
+        _epoch: WorkerIncarnation,
         _ps: u32,
         result: Result<(), CallFault>,
     ) {
@@ -332,13 +332,13 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         stopping: bool,
     ) -> LeaveAnswer {
         if stopping {
             return LeaveAnswer::Stay;
         }
-        if self.worker_epoch(worker) == Some(epoch) {
+        if self.worker_incarnation(worker) == Some(epoch) {
             self.control.workers_left += 1;
             self.handle_worker_lost(now, worker, epoch);
         }
@@ -390,7 +390,7 @@ impl Scheduler {
         now: Instant,
         ticket: ConfigureTicket,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         result: Result<(), CallFault>,
     ) {
         let Some(pending) = self.configures.get_mut(&ticket) else {
@@ -450,7 +450,7 @@ impl Scheduler {
         now: Instant,
         ticket: PositionsTicket,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         result: Result<Vec<(String, u64)>, CallFault>,
     ) {
         let Some(pending) = self.collections.get_mut(&ticket) else {
@@ -593,13 +593,13 @@ impl Scheduler {
 
     /// The newest incarnation of `worker` ever up or fenced: an answer from one not newer is
     /// a fenced incarnation still alive (FENCE-1).
-    fn known_worker_epoch(&self, worker: u32) -> Option<WorkerEpoch> {
+    fn known_worker_incarnation(&self, worker: u32) -> Option<WorkerIncarnation> {
         let up = self.workers.get(&worker).map(|w| w.epoch);
         let fenced = self.fenced.get(&worker).copied();
         up.max(fenced)
     }
 
-    fn live_incarnations(&self) -> Vec<(u32, WorkerEpoch)> {
+    fn live_incarnations(&self) -> Vec<(u32, WorkerIncarnation)> {
         self.workers
             .iter()
             .filter(|(_, w)| w.alive)

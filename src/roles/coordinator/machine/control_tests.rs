@@ -62,7 +62,7 @@ pub(super) fn bring_up(s: &mut Scheduler, worker: u32, epoch: u64) {
         s.handle_worker_set_up(t, worker, epoch, version, Ok(())),
         SetUpDisposition::Up
     );
-    assert_eq!(s.worker_epoch(worker), Some(epoch));
+    assert_eq!(s.worker_incarnation(worker), Some(epoch));
 }
 
 /// Every worker with no live incarnation is dialled, one dial (and its setup) at a time each;
@@ -87,7 +87,11 @@ fn workers_are_dialled_one_at_a_time_and_a_new_incarnation_is_set_up_then_up() {
         vec![1],
         "worker/0's setup is still under way"
     );
-    assert_eq!(s.worker_epoch(0), None, "not up before its setup answered");
+    assert_eq!(
+        s.worker_incarnation(0),
+        None,
+        "not up before its setup answered"
+    );
     let id = s.handle_schedule(t, "step", vec![]).unwrap();
     assert!(
         drain(&mut s).is_empty(),
@@ -153,7 +157,7 @@ fn fence_1_a_fenced_or_dead_declared_incarnation_that_answers_is_retired() {
     // A late dial answer for a worker not being dialled changes nothing.
     s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 9 });
     assert!(drain(&mut s).is_empty());
-    assert_eq!(s.worker_epoch(0), Some(3));
+    assert_eq!(s.worker_incarnation(0), Some(3));
 }
 
 /// A checkpoint at `cut` whose positions put worker 0's dataset `ids` at `position`.
@@ -250,7 +254,7 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
         s.handle_worker_set_up(t, 0, 1, version, Ok(())),
         SetUpDisposition::Outdated
     );
-    assert_eq!(s.worker_epoch(0), None);
+    assert_eq!(s.worker_incarnation(0), None);
     s.handle_reconnect_tick();
     let during = finish_restore(&mut s);
     assert!(
@@ -431,7 +435,7 @@ fn a_worker_leaving_after_a_notice_hands_its_closure_back_unless_the_chief_stops
     bring_up(&mut s, 1, 1);
     assert_eq!(s.handle_worker_leaving(t, 0, 1, true), LeaveAnswer::Stay);
     assert!(drain(&mut s).is_empty(), "staying changes nothing");
-    assert_eq!(s.worker_epoch(0), Some(1));
+    assert_eq!(s.worker_incarnation(0), Some(1));
     assert_eq!(s.handle_worker_leaving(t, 0, 1, false), LeaveAnswer::Go);
     let actions = drain(&mut s);
     assert!(

@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::recovery::CallFault;
-use super::{Scheduler, SchedulerAction, WorkerEpoch};
+use super::{Scheduler, SchedulerAction, WorkerIncarnation};
 use crate::roles::protocol::JoinRefusal;
 
 /// Who belongs to the job, beyond the workers of the cluster spec.
@@ -49,7 +49,7 @@ pub(super) struct Membership {
 #[derive(Debug, Clone, Copy)]
 struct Drain {
     /// The incarnation being drained.
-    epoch: WorkerEpoch,
+    epoch: WorkerIncarnation,
     /// Its positions were asked for in this restore generation (`None`: not asked yet).
     asked_in: Option<u64>,
     /// A new incarnation of the worker joined while it drained: it stays a member.
@@ -109,7 +109,7 @@ impl Scheduler {
         &mut self,
         _now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     ) -> Result<(), JoinRefusal> {
         let workers_max = self.workers_max();
         if worker >= workers_max {
@@ -139,9 +139,9 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     ) -> DrainDisposition {
-        let live = self.worker_epoch(worker);
+        let live = self.worker_incarnation(worker);
         if live.is_some_and(|live| live > epoch) {
             // An older incarnation: the newer one serves on and stays a member.
             return DrainDisposition::Done;
@@ -175,7 +175,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         result: Result<Vec<(String, u64)>, CallFault>,
     ) {
         let Some(drain) = self.membership.draining.get(&worker).copied() else {
@@ -194,7 +194,7 @@ impl Scheduler {
         if let Ok(list) = result {
             self.positions.insert(worker, list.into_iter().collect());
         }
-        if self.worker_epoch(worker) == Some(epoch) {
+        if self.worker_incarnation(worker) == Some(epoch) {
             // FENCE-1: nothing it sends may change state any more (it runs nothing now).
             self.lose_worker(worker);
         }
@@ -213,7 +213,7 @@ impl Scheduler {
             .map(|(w, d)| (*w, *d))
             .collect();
         for (worker, drain) in drains {
-            let live = self.worker_epoch(worker) == Some(drain.epoch);
+            let live = self.worker_incarnation(worker) == Some(drain.epoch);
             if !live {
                 self.end_drain(worker);
                 continue;

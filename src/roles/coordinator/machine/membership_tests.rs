@@ -207,7 +207,7 @@ fn a_drain_from_an_older_incarnation_leaves_the_newer_one_a_member() {
     drain(&mut s);
     assert_eq!(s.handle_worker_draining(now, 1, 1), DrainDisposition::Done);
     assert!(s.is_member(1));
-    assert_eq!(s.worker_epoch(1), Some(2));
+    assert_eq!(s.worker_incarnation(1), Some(2));
     assert!(drain(&mut s).is_empty());
 }
 
@@ -343,7 +343,7 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                 }
                 3 if faults => {
                     let w = rng.gen_range(0..MAX);
-                    if let Some(epoch) = s.worker_epoch(w) {
+                    if let Some(epoch) = s.worker_incarnation(w) {
                         if s.handle_worker_draining(t, w, epoch) == DrainDisposition::Pending {
                             draining.insert(w, epoch);
                         }
@@ -351,7 +351,7 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                 }
                 4 if faults => {
                     let w = rng.gen_range(0..MAX);
-                    if let Some(epoch) = s.worker_epoch(w) {
+                    if let Some(epoch) = s.worker_incarnation(w) {
                         s.handle_worker_lost(t, w, epoch);
                     }
                 }
@@ -432,7 +432,7 @@ fn ledger_1_holds_over_random_joins_and_drains() {
             }
             // Results of fenced incarnations are refused: drop them, as a real worker's
             // call would fail or be refused.
-            in_flight.retain(|(w, e, ..)| s.worker_epoch(*w) == Some(*e));
+            in_flight.retain(|(w, e, ..)| s.worker_incarnation(*w) == Some(*e));
             assert!(s.ledger().balances(), "seed {seed}: {:?}", s.ledger());
         }
         // Quiet: a member comes up, and everything still pending finishes.
@@ -481,7 +481,7 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                     _ => {}
                 }
             }
-            in_flight.retain(|(w, e, ..)| s.worker_epoch(*w) == Some(*e));
+            in_flight.retain(|(w, e, ..)| s.worker_incarnation(*w) == Some(*e));
         }
         assert!(s.is_idle(), "seed {seed}: {:?}", s.ledger());
         let ledger = s.ledger();

@@ -98,8 +98,8 @@ use servers::{PendingCreate, PendingStart};
 )]
 pub struct ClosureId(pub u64);
 
-/// The incarnation of a worker process (FENCE-1): a restarted worker has a larger epoch.
-pub type WorkerEpoch = u64;
+/// The incarnation of a worker process (FENCE-1): a restarted worker has a larger one.
+pub type WorkerIncarnation = u64;
 
 /// How the coordinator schedules; every count is bounded.
 #[derive(Debug, Clone)]
@@ -334,7 +334,7 @@ pub enum ClosureState {
         /// The worker's index.
         worker: u32,
         /// The worker's incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         /// Which attempt (1 for the first dispatch).
         attempt: u32,
     },
@@ -352,7 +352,7 @@ pub enum SchedulerAction {
         /// Target worker index.
         worker: u32,
         /// Target worker incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         /// The closure.
         closure: ClosureId,
         /// Attempt number (1 for the first dispatch).
@@ -375,7 +375,7 @@ pub enum SchedulerAction {
         /// The worker index.
         worker: u32,
         /// The fenced incarnation (and every older one).
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// One call of a restore (see `recovery`): carry it out on the incarnation it names and
     /// answer with [`Scheduler::handle_restore_report`].
@@ -428,7 +428,7 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// The incarnation that answered the dial.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         /// What it is set up with.
         setup: SetupWorker,
         /// The setup version it was made from.
@@ -441,7 +441,7 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// The fenced incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// Send the live incarnation `epoch` of `worker` its new setup
     /// ([`crate::roles::protocol::SetupWorker`]) for configuration `ticket`. Answer with
@@ -452,7 +452,7 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// Its live incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         /// What it is set up with now.
         setup: SetupWorker,
     },
@@ -473,7 +473,7 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// Its live incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// Create shard `shard` of a variable on server `ps` (the message says its name, shape
     /// and initial value). Answer with [`Scheduler::handle_shard_created`].
@@ -531,14 +531,14 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// The draining incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// The drain of incarnation `epoch` of `worker` ended (see `membership`): it may go.
     DrainFinished {
         /// The worker.
         worker: u32,
         /// The drained incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
     },
     /// A parameter server's preemption cut was read (`preempt`): build its checkpoint and
     /// write it under `root` (blocking work: off the actor's thread), then answer with
@@ -778,7 +778,7 @@ pub struct Scheduler {
     /// The restore generation: bumped when a restore is asked for (see [`SchedulerAction`]).
     generation: u64,
     /// FENCE-1: per worker, the newest fenced incarnation (replayed to restored servers).
-    fenced: BTreeMap<u32, WorkerEpoch>,
+    fenced: BTreeMap<u32, WorkerIncarnation>,
     /// Where the checkpoint of the last cut lives: a recovery restores from there.
     checkpoint_root: Option<PathBuf>,
     /// The cut that checkpoint records (its ledger's next closure id), by which a recovery
@@ -935,7 +935,7 @@ struct Closure {
 
 #[derive(Debug)]
 struct WorkerEntry {
-    epoch: WorkerEpoch,
+    epoch: WorkerIncarnation,
     alive: bool,
     in_flight: Vec<ClosureId>,
 }
@@ -1100,7 +1100,7 @@ impl Scheduler {
     /// A worker incarnation is up. A newer epoch of a known worker supersedes the old one: the
     /// old incarnation is fenced and its in-flight closures re-dispatched. An epoch not newer
     /// than one already seen is ignored: a fenced incarnation never comes back (FENCE-1).
-    pub fn handle_worker_up(&mut self, now: Instant, worker: u32, epoch: WorkerEpoch) {
+    pub fn handle_worker_up(&mut self, now: Instant, worker: u32, epoch: WorkerIncarnation) {
         if let Some(entry) = self.workers.get(&worker) {
             if epoch <= entry.epoch {
                 return;
@@ -1122,7 +1122,7 @@ impl Scheduler {
 
     /// The failure detector declared a worker incarnation dead: fence it and re-dispatch what
     /// it was running (at-least-once execution; PS-1 keeps the effect exactly once).
-    pub fn handle_worker_lost(&mut self, now: Instant, worker: u32, epoch: WorkerEpoch) {
+    pub fn handle_worker_lost(&mut self, now: Instant, worker: u32, epoch: WorkerIncarnation) {
         match self.workers.get(&worker) {
             Some(entry) if entry.alive && entry.epoch == epoch => self.lose_worker(worker),
             _ => return,
@@ -1136,7 +1136,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
         outcome: Result<Vec<u8>, ClosureOutcomeError>,
@@ -1185,7 +1185,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
     ) -> ResultDisposition {
@@ -1287,7 +1287,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
         ps: u32,
@@ -1542,7 +1542,7 @@ impl Scheduler {
     /// the checkpoint's ledger; either way workers whose datasets could not be rewound are
     /// lost, and setups handed out before are outdated.
     pub fn handle_restore_report(&mut self, now: Instant, generation: u64, report: RestoreReport) {
-        let live: Vec<(u32, WorkerEpoch)> = self
+        let live: Vec<(u32, WorkerIncarnation)> = self
             .workers
             .iter()
             .filter(|(_, w)| w.alive)
@@ -1989,7 +1989,7 @@ impl Scheduler {
     }
 
     /// The live incarnation of `worker`, if any.
-    pub fn worker_epoch(&self, worker: u32) -> Option<WorkerEpoch> {
+    pub fn worker_incarnation(&self, worker: u32) -> Option<WorkerIncarnation> {
         self.workers
             .get(&worker)
             .filter(|w| w.alive)
@@ -2155,7 +2155,7 @@ impl Scheduler {
     fn is_current(
         &self,
         worker: u32,
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
     ) -> bool {
@@ -2453,12 +2453,12 @@ mod tests {
         // An older epoch announcing itself later is ignored.
         s.handle_worker_up(t, 0, 1);
         assert!(drain(&mut s).is_empty());
-        assert_eq!(s.worker_epoch(0), Some(2));
+        assert_eq!(s.worker_incarnation(0), Some(2));
         // FENCE-1: a lost incarnation that wakes up (SIGCONT) is not taken back.
         s.handle_worker_lost(t, 0, 2);
         drain(&mut s);
         s.handle_worker_up(t, 0, 2);
-        assert_eq!(s.worker_epoch(0), None);
+        assert_eq!(s.worker_incarnation(0), None);
     }
 
     #[test]
@@ -2747,7 +2747,7 @@ mod tests {
             }]
         );
         assert_eq!(s.state(ids[0]), Some(&ClosureState::Queued));
-        assert_eq!(s.worker_epoch(0), None);
+        assert_eq!(s.worker_incarnation(0), None);
         assert_eq!(s.take_error(), None, "a refusal is not the closure's error");
         // FENCE-1: the fenced incarnation's late refusal or result changes nothing.
         assert_eq!(
@@ -3156,7 +3156,12 @@ mod tests {
     }
 
     /// The restore asked for: (cut, generation, pinned servers, fences).
-    type RestoreAsked = (ClosureId, u64, Vec<(u32, u64)>, Vec<(u32, WorkerEpoch)>);
+    type RestoreAsked = (
+        ClosureId,
+        u64,
+        Vec<(u32, u64)>,
+        Vec<(u32, WorkerIncarnation)>,
+    );
 
     /// The restore a batch of actions started, from its first calls (a Begin per server and
     /// the checkpoint's Load).

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{ClosureId, WorkerEpoch};
+use super::{ClosureId, WorkerIncarnation};
 use crate::checkpoint::{Checkpoint, ListError};
 use crate::layout::Layout;
 use crate::roles::protocol::SetupWorker;
@@ -64,7 +64,7 @@ pub enum RestoreCall {
         /// The restore generation that starts.
         generation: u64,
         /// Per worker, the newest fenced incarnation.
-        fences: Vec<(u32, WorkerEpoch)>,
+        fences: Vec<(u32, WorkerIncarnation)>,
     },
     /// Read the newest checkpoint under `root` that verifies and was taken at `cut`
     /// (blocking file IO: off the actor's thread). Answer [`RestoreReport::Loaded`].
@@ -108,7 +108,7 @@ pub enum RestoreCall {
         /// The worker.
         worker: u32,
         /// Its live incarnation.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         /// The restore generation.
         generation: u64,
         /// Its setup, with the checkpoint's positions as skips.
@@ -187,7 +187,7 @@ pub enum RestoreReport {
         /// The worker.
         worker: u32,
         /// The incarnation rewound.
-        epoch: WorkerEpoch,
+        epoch: WorkerIncarnation,
         /// What came of it.
         result: Result<(), CallFault>,
     },
@@ -204,7 +204,7 @@ pub enum RunEnd {
         /// The positions every worker's datasets are at now.
         positions: WorkerPositions,
         /// Workers whose datasets could not be rewound: lose them.
-        lost_workers: Vec<(u32, WorkerEpoch)>,
+        lost_workers: Vec<(u32, WorkerIncarnation)>,
     },
     /// Server `ps` could not be reached as its pinned incarnation.
     Interrupted {
@@ -251,7 +251,7 @@ pub enum CheckpointSource {
 pub struct RestoreRun {
     generation: u64,
     servers: BTreeMap<u32, u64>,
-    fences: Vec<(u32, WorkerEpoch)>,
+    fences: Vec<(u32, WorkerIncarnation)>,
     finished_below: ClosureId,
     source: CheckpointSource,
     layouts: Vec<Layout>,
@@ -263,8 +263,8 @@ pub struct RestoreRun {
     checkpoint: Option<CheckpointRef>,
     positions: WorkerPositions,
     /// Per worker, the incarnation its rewind went to.
-    rewinding: BTreeMap<u32, WorkerEpoch>,
-    lost_workers: Vec<(u32, WorkerEpoch)>,
+    rewinding: BTreeMap<u32, WorkerIncarnation>,
+    lost_workers: Vec<(u32, WorkerIncarnation)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,7 +280,7 @@ enum Phase {
 #[derive(Debug, Clone, Copy)]
 pub struct RewindTargets<'a> {
     /// The live worker incarnations.
-    pub workers: &'a [(u32, WorkerEpoch)],
+    pub workers: &'a [(u32, WorkerIncarnation)],
     /// The setup every worker gets, before the checkpoint's positions are applied.
     pub setup: &'a SetupWorker,
 }
@@ -291,7 +291,7 @@ impl RestoreRun {
     pub fn start(
         generation: u64,
         servers: BTreeMap<u32, u64>,
-        fences: Vec<(u32, WorkerEpoch)>,
+        fences: Vec<(u32, WorkerIncarnation)>,
         finished_below: ClosureId,
         source: CheckpointSource,
         layouts: Vec<Layout>,
