@@ -252,7 +252,7 @@ fn stopped_past_the_budget(mut g: Group) {
     // The late member finds its links gone, tries a group with a survivor at epoch 2 and is
     // refused: the survivor's epoch 2 was formed without it.
     let refused = g.wait_for(2, "kind=epoch-refused");
-    assert!(refused.contains("it is at epoch 2"), "{refused}");
+    assert!(refused.contains("it is at generation 2"), "{refused}");
     assert_eq!(g.exit_code(2), 3, "{:?}", g.seen[2]);
     // The survivors went on at epoch 2 throughout, their sums never mixing the late member in.
     for i in 0..2 {

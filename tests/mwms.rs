@@ -674,7 +674,7 @@ fn elastic_case_with(
         for &c in kill {
             let line = cluster.wait_for(c, "error");
             let reached = format!(
-                "reached {} of the {workers} members of epoch 1 ({})",
+                "reached {} of the {workers} members of generation 1 ({})",
                 side.len(),
                 side.join(", ")
             );
@@ -1542,7 +1542,9 @@ fn a_worker_stopped_past_the_budget_is_left_out_and_refused_when_it_comes_back()
     // Back, it finds the others at epoch 2 without it: a typed error, no group of its own.
     let line = cluster.wait_for(2, "error");
     assert!(
-        line.contains("kind=recovery") && line.contains("left out") && line.contains("at epoch 2"),
+        line.contains("kind=recovery")
+            && line.contains("left out")
+            && line.contains("at generation 2"),
         "{line}"
     );
     assert_eq!(cluster.workers[2].wait_exit(), 3);

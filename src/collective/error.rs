@@ -59,7 +59,7 @@ pub enum CollectiveError {
     /// A member of a process group was lost (its connection closed, or went silent past the
     /// transport's idle timeout, the detection budget): every pending and later operation of
     /// this group fails; re-form the group with the survivors at a new epoch.
-    #[error("collective group epoch {epoch}: member {node} lost ({reason})")]
+    #[error("collective group generation {epoch}: member {node} lost ({reason})")]
     MemberLost {
         /// The member that was lost.
         node: NodeId,
@@ -70,7 +70,7 @@ pub enum CollectiveError {
     },
     /// A member refused a message of this group's epoch: it belongs to another epoch (the
     /// survivors re-formed without us, or we are at a later epoch than the sender). EPOCH-1.
-    #[error("collective group epoch {epoch}: {node} refused our message, it is at epoch {current}{detail}")]
+    #[error("collective group generation {epoch}: {node} refused our message, it is at generation {current}{detail}")]
     EpochRefused {
         /// The member that refused.
         node: NodeId,
@@ -82,7 +82,7 @@ pub enum CollectiveError {
         detail: String,
     },
     /// This group was replaced by one of a later epoch in the same process.
-    #[error("collective group epoch {epoch} was superseded by epoch {current}")]
+    #[error("collective group generation {epoch} was superseded by generation {current}")]
     Superseded {
         /// This group's epoch.
         epoch: u64,
@@ -120,7 +120,7 @@ pub enum CollectiveError {
     /// panicked): the member aborted the group so that every member's pending and later call
     /// fails at once with its message, instead of waiting for it until the operation timeout.
     /// Not a lost member: re-forming does not recover from it.
-    #[error("collective group epoch {epoch}: the step failed on {node}: {message}")]
+    #[error("collective group generation {epoch}: the step failed on {node}: {message}")]
     Application {
         /// The member whose step failed.
         node: NodeId,
@@ -130,7 +130,7 @@ pub enum CollectiveError {
         message: String,
     },
     /// A link to a member failed other than by loss (a refused or malformed message).
-    #[error("collective group epoch {epoch}: link to {node} failed: {reason}")]
+    #[error("collective group generation {epoch}: link to {node} failed: {reason}")]
     Link {
         /// The member.
         node: NodeId,
@@ -141,7 +141,7 @@ pub enum CollectiveError {
     },
     /// The group could not be formed (bad membership, a member unreachable within the
     /// formation timeout, an epoch not above the one already formed here).
-    #[error("collective group epoch {epoch}: cannot form: {reason}")]
+    #[error("collective group generation {epoch}: cannot form: {reason}")]
     Form {
         /// The epoch being formed.
         epoch: u64,
@@ -164,7 +164,7 @@ pub enum CollectiveError {
     /// driving the group stopped (its owner is shutting down), or a call of this group was
     /// given up before it ended (its future dropped, as by a timeout around it). A peer told
     /// so takes this member for lost; a group of a new epoch takes it back.
-    #[error("collective group epoch {epoch}: this member stopped before the call ended")]
+    #[error("collective group generation {epoch}: this member stopped before the call ended")]
     Stopped {
         /// The group's membership epoch.
         epoch: u64,
@@ -172,7 +172,9 @@ pub enum CollectiveError {
     /// The group's NCCL communicator failed without naming a member (NCCL's own wait timed
     /// out, or it reported a remote error) while every member still answered a probe: the
     /// group's links stand, the communicator does not. Re-forming makes a new one.
-    #[error("collective group epoch {epoch}: the NCCL communicator failed on {node}: {reason}")]
+    #[error(
+        "collective group generation {epoch}: the NCCL communicator failed on {node}: {reason}"
+    )]
     Communicator {
         /// The member whose call saw it.
         node: NodeId,

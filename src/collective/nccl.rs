@@ -73,7 +73,7 @@ pub enum NcclError {
     },
     /// The communicator was aborted (its group broke, or an earlier call failed): every
     /// pending and later call fails with this error. Re-form the group and make a new one.
-    #[error("NCCL communicator of epoch {epoch} aborted: {reason}")]
+    #[error("NCCL communicator of group generation {epoch} aborted: {reason}")]
     Aborted {
         /// The communicator's membership epoch.
         epoch: u64,
@@ -81,7 +81,7 @@ pub enum NcclError {
         reason: String,
     },
     /// A wait passed the communicator's timeout (the communicator is aborted).
-    #[error("NCCL communicator of epoch {epoch}: {what} did not finish within {timeout_ms} ms")]
+    #[error("NCCL communicator of group generation {epoch}: {what} did not finish within {timeout_ms} ms")]
     Timeout {
         /// The communicator's membership epoch.
         epoch: u64,
@@ -91,7 +91,7 @@ pub enum NcclError {
         timeout_ms: u64,
     },
     /// The group's broadcast of the unique id failed.
-    #[error("NCCL bootstrap over the group of epoch {epoch}: {source}")]
+    #[error("NCCL bootstrap over the group of generation {epoch}: {source}")]
     Bootstrap {
         /// The group's epoch.
         epoch: u64,
@@ -125,7 +125,7 @@ const ASYNC_CALL: &str = "(asynchronous)";
 
 fn epoch_suffix(epoch: Option<u64>) -> String {
     epoch.map_or_else(String::new, |e| {
-        format!(" on the communicator of epoch {e}")
+        format!(" on the communicator of group generation {e}")
     })
 }
 

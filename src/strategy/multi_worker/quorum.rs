@@ -41,7 +41,7 @@ pub(super) fn no_quorum_detail(
         )
     };
     format!(
-        "no quorum: this worker reached {} of the {} members of epoch {}{not_counted} ({}); \
+        "no quorum: this worker reached {} of the {} members of generation {}{not_counted} ({}); \
          re-forming needs more than half of them, or exactly half with {lowest}",
         held.len(),
         counted.len(),
@@ -64,14 +64,14 @@ mod tests {
         let text = no_quorum_detail(&three, 1, &[], &three[2..]);
         assert!(
             text.starts_with(
-                "no quorum: this worker reached 1 of the 3 members of epoch 1 (worker/2)"
+                "no quorum: this worker reached 1 of the 3 members of generation 1 (worker/2)"
             ) && text.contains("exactly half with worker/0"),
             "{text}"
         );
         let text = no_quorum_detail(&three, 2, &three[..1], &three[2..]);
         assert!(
             text.starts_with(
-                "no quorum: this worker reached 1 of the 2 members of epoch 2 (worker/0 not \
+                "no quorum: this worker reached 1 of the 2 members of generation 2 (worker/0 not \
                  counted: answered as new processes, their old ones are gone) (worker/2)"
             ) && text.contains("exactly half with worker/1"),
             "{text}"
