@@ -88,7 +88,7 @@ impl MeshInner {
                                     drop(state);
                                     mesh.changed.notify_waiters();
                                 }
-                                _ => tracing::warn!(%from, epoch, "closed a plaintext-plane connection whose token this member did not issue for that epoch"),
+                                _ => tracing::warn!(%from, generation = epoch, "closed a plaintext-plane connection whose token this member did not issue for that generation"),
                             }
                         });
                     }
@@ -146,7 +146,7 @@ impl MeshInner {
                     let reply = mesh
                         .join(&conn, epoch, members, plaintext, by_admission, incarnation)
                         .await;
-                    tracing::debug!(peer = %conn.peer(), epoch, ?reply, "answered a join");
+                    tracing::debug!(peer = %conn.peer(), generation = epoch, ?reply, "answered a join");
                     respond(responder, reply, header_max);
                 });
             }
@@ -168,7 +168,7 @@ impl MeshInner {
             }
             Wire::Probe { epoch } => {
                 let reply = self.probed(&peer, epoch);
-                tracing::debug!(%peer, epoch, ?reply, "answered a probe");
+                tracing::debug!(%peer, generation = epoch, ?reply, "answered a probe");
                 respond(responder, reply, header_max)
             }
             Wire::Enter { addr, incarnation } => {

@@ -32,7 +32,7 @@ impl Mesh {
             Attempt::Formed(group) => Ok(group),
             Attempt::Failed(group, _) if group.shared.lock().cut_short => {
                 tracing::info!(
-                    epoch,
+                    generation = epoch,
                     "the first forming was cut short: this member re-forms with the others"
                 );
                 Ok(group)
@@ -125,7 +125,7 @@ impl Mesh {
         };
         shared.start_links(&shared, conns);
         self.inner.lock().membership.formed(epoch);
-        tracing::debug!(epoch, rank, members = ?shared.nodes, "formed a group");
+        tracing::debug!(generation = epoch, rank, members = ?shared.nodes, "formed a group");
         Ok(Attempt::Formed(ProcessGroup {
             shared,
             mesh: self.clone(),

@@ -255,8 +255,8 @@ impl ProcessGroup {
         if told.first() != Some(&1) {
             if self.shared.rank == 0 {
                 tracing::info!(
-                    epoch,
-                    "not every joiner could be told its admission: skipping that epoch"
+                    generation = epoch,
+                    "not every joiner could be told its admission: skipping that generation"
                 );
             }
             self.mesh.skip_epoch(epoch);
@@ -268,7 +268,7 @@ impl ProcessGroup {
         match self.mesh.try_form(epoch, members).await? {
             Attempt::Formed(group) => Ok(Some(group)),
             Attempt::Failed(group, err) => {
-                tracing::info!(epoch, %err, "forming the admission's epoch failed here: re-forming measures on its members");
+                tracing::info!(generation = epoch, %err, "forming the admission's generation failed here: re-forming measures on its members");
                 Ok(Some(group))
             }
         }

@@ -154,7 +154,7 @@ impl MultiWorkerMirrored {
                 }
                 Err(err) => {
                     no_quorum = false;
-                    tracing::info!(attempt, %err, "re-forming: forming the next epoch failed");
+                    tracing::info!(attempt, %err, "re-forming: forming the next generation failed");
                     last = err.to_string();
                     span_the_probe_timeout();
                 }
@@ -198,7 +198,7 @@ impl MultiWorkerMirrored {
                 attempt,
                 ?alive,
                 ?replaced,
-                "re-forming: forming the next epoch with the members that answered"
+                "re-forming: forming the next generation with the members that answered"
             );
             broken.reform(&alive).await.map(Ok)
         })

@@ -552,7 +552,7 @@ async fn enter_group(
                     Err(err @ CollectiveError::EpochRefused { .. })
                         if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
                     {
-                        tracing::info!(%err, "the first epoch was refused: asking again whether a group lives, else forming it again");
+                        tracing::info!(%err, "the first generation was refused: asking again whether a group lives, else forming it again");
                         tokio::time::sleep(crate::collective::FRESH_START_RETRY).await;
                         if let Entry::Join = mesh.enter(own_addr, &peers, enter_timeout).await {
                             return mesh.join_live(own_addr, &peers, join_timeout).await;
@@ -575,7 +575,7 @@ async fn enter_group(
                 Err(err) if mesh.epoch() == 0 || mesh.forget_failed_start() => {
                     match mesh.enter(own_addr, &peers, enter_timeout).await {
                         Entry::Start => {
-                            tracing::info!(%err, "no live group to join: forming the first epoch with the others");
+                            tracing::info!(%err, "no live group to join: forming the first generation with the others");
                             fresh_start(mesh, members).await
                         }
                         Entry::Join => Err(err),
@@ -593,7 +593,7 @@ async fn enter_group(
             // old one, lost since: this is a restart) while it formed: join them.
             Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
                 Entry::Join => {
-                    tracing::info!(%err, "forming the first epoch failed and the others formed a group: joining it");
+                    tracing::info!(%err, "forming the first generation failed and the others formed a group: joining it");
                     join(mesh.clone(), members).await?
                 }
                 Entry::Start => return Err(err),
