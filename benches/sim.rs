@@ -12,57 +12,46 @@ use std::time::{Duration, Instant};
 use cohort::sim::{run_membership_seeds, run_seeds, MembershipConfig, SimConfig};
 
 fn main() {
-    cluster();
-    membership();
-}
-
-/// The cluster simulator's schedules per second.
-fn cluster() {
     let config = SimConfig::default();
-    // Warm-up.
-    let _ = run_seeds(&config, 0..20);
-    let started = Instant::now();
-    let mut seeds = 0u64;
-    let mut events = 0u64;
-    let mut violations = 0usize;
-    while started.elapsed() < RUN {
-        let summary = run_seeds(&config, seeds..seeds + BATCH);
-        seeds += BATCH;
-        events += summary.events;
-        violations += summary.violations.len();
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "sim: {} ps, {} workers, {} closures, all fault kinds, invariants checked after every event",
-        config.num_ps, config.num_workers, config.closures
+    measure(
+        &format!(
+            "sim: {} ps, {} workers, {} closures, all fault kinds, invariants checked after every \
+             event",
+            config.num_ps, config.num_workers, config.closures
+        ),
+        |seeds| {
+            let summary = run_seeds(&config, seeds);
+            (summary.events, summary.violations.len())
+        },
     );
-    println!(
-        "{seeds} schedules, {events} events in {seconds:.2} s: {:.0} schedules/s, {:.0} events/s \
-         ({:.0} events per schedule); violations: {violations}",
-        seeds as f64 / seconds,
-        events as f64 / seconds,
-        events as f64 / seeds.max(1) as f64
+    let config = MembershipConfig::default();
+    measure(
+        &format!(
+            "membership sim: up to {} workers, up to {} faults of every kind, invariants checked \
+             after every event",
+            config.workers_max, config.faults_max
+        ),
+        |seeds| {
+            let summary = run_membership_seeds(&config, seeds);
+            (summary.events, summary.violations.len())
+        },
     );
 }
 
-/// The membership simulator's schedules per second.
-fn membership() {
-    let config = MembershipConfig::default();
-    let _ = run_membership_seeds(&config, 0..20);
+/// Runs `run` (seeds in, events and violations out) on batches of seeds for [`RUN`] after a
+/// warm-up, and prints `what` and the rates.
+fn measure(what: &str, run: impl Fn(std::ops::Range<u64>) -> (u64, usize)) {
+    let _ = run(0..20);
     let started = Instant::now();
     let (mut seeds, mut events, mut violations) = (0u64, 0u64, 0usize);
     while started.elapsed() < RUN {
-        let summary = run_membership_seeds(&config, seeds..seeds + BATCH);
+        let (e, v) = run(seeds..seeds + BATCH);
         seeds += BATCH;
-        events += summary.events;
-        violations += summary.violations.len();
+        events += e;
+        violations += v;
     }
     let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "membership sim: up to {} workers, up to {} faults of every kind, invariants checked \
-         after every event",
-        config.workers_max, config.faults_max
-    );
+    println!("{what}");
     println!(
         "{seeds} schedules, {events} events in {seconds:.2} s: {:.0} schedules/s, {:.0} events/s \
          ({:.0} events per schedule); violations: {violations}",

@@ -1313,6 +1313,29 @@ async fn restart_forming(
     (again, forming)
 }
 
+/// worker/0, 1 and 2 (certificates from `ca`), each on its own endpoint, formed at epoch 1:
+/// their endpoints, meshes, members and groups, in order.
+async fn three_formed(
+    ca: &ClusterCa,
+    config: &GroupConfig,
+) -> (
+    Vec<Endpoint>,
+    Vec<Mesh>,
+    Vec<GroupMember>,
+    Vec<ProcessGroup>,
+) {
+    let bind = |i: u32| bind_worker(ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
+    let (meshes, members) = meshes_over(&endpoints, config);
+    let formed = bounded(
+        "forming epoch 1",
+        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
+    )
+    .await;
+    let groups = formed.into_iter().map(Result::unwrap).collect();
+    (endpoints, meshes, members, groups)
+}
+
 /// A mesh over each of `endpoints` with `config`, and the members they make, in order.
 fn meshes_over(endpoints: &[Endpoint], config: &GroupConfig) -> (Vec<Mesh>, Vec<GroupMember>) {
     let meshes: Vec<Mesh> = endpoints
@@ -1353,15 +1376,7 @@ async fn rebind_worker(ca: &ClusterCa, i: u32, addr: std::net::SocketAddr) -> En
 async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_admitted_later() {
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("second-incarnation").unwrap();
-    let bind = |i: u32| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let mut endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
-    let (mut meshes, members) = meshes_over(&endpoints, &config);
-    let formed = bounded(
-        "forming epoch 1",
-        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
-    )
-    .await;
-    let mut groups: Vec<ProcessGroup> = formed.into_iter().map(Result::unwrap).collect();
+    let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;
     // worker/1's process dies; a new one binds its address and forms epoch 1 anew.
     let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
     old_endpoint.close();
@@ -2019,15 +2034,7 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
 async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest_epoch() {
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("replaced").unwrap();
-    let bind = |i: u32| bind_worker(&ca, i, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let mut endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
-    let (mut meshes, members) = meshes_over(&endpoints, &config);
-    let formed = bounded(
-        "forming epoch 1",
-        join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
-    )
-    .await;
-    let mut groups: Vec<ProcessGroup> = formed.into_iter().map(Result::unwrap).collect();
+    let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;
     // worker/1 and worker/2 re-form without worker/0.
     let later: Vec<NodeId> = members[1..].iter().map(|m| m.node.clone()).collect();
     let reformed = bounded(

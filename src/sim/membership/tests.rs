@@ -169,16 +169,7 @@ fn a_member_left_out_does_not_count_out_a_peer_that_came_back_after_a_later_epoc
 /// with the fix both finish.
 #[test]
 fn a_fresh_start_refused_by_a_waiting_process_is_tried_again() {
-    for (workers_max, seed) in [(3, 78), (4, 169)] {
-        let config = MembershipConfig {
-            workers_max,
-            faults_max: 5,
-            ..MembershipConfig::default()
-        };
-        let report = run_membership_seed(&config, seed);
-        assert_eq!(report.violation, None, "seed {seed}");
-        assert!(report.finished, "seed {seed}: {report:?}");
-    }
+    every_seed_finishes(&[(3, 5, 78), (4, 5, 169)]);
 }
 
 /// Found by the supervisor's budget (RESTARTS) once the simulator modelled it: a process
@@ -191,22 +182,13 @@ fn a_fresh_start_refused_by_a_waiting_process_is_tried_again() {
 /// that never formed.
 #[test]
 fn a_fresh_start_refused_by_a_process_that_tried_an_epoch_of_its_own_is_tried_again() {
-    for (workers_max, faults_max, seed) in [
+    every_seed_finishes(&[
         (3, 5, 263),
         (3, 5, 2909),
         (4, 5, 1564),
         (6, 8, 149),
         (6, 8, 1279),
-    ] {
-        let config = MembershipConfig {
-            workers_max,
-            faults_max,
-            ..MembershipConfig::default()
-        };
-        let report = run_membership_seed(&config, seed);
-        assert_eq!(report.violation, None, "seed {seed}");
-        assert!(report.finished, "seed {seed}: {report:?}");
-    }
+    ]);
 }
 
 /// A bug the history fixed, re-introduced on a scratch build to see the simulator find it: a
@@ -217,10 +199,15 @@ fn a_fresh_start_refused_by_a_process_that_tried_an_epoch_of_its_own_is_tried_ag
 /// to 4). With it in, both finish.
 #[test]
 fn a_late_ask_to_enter_from_a_members_own_process_is_not_taken_for_a_restart() {
-    for (workers_max, seed) in [(3, 545), (4, 67)] {
+    every_seed_finishes(&[(3, 5, 545), (4, 5, 67)]);
+}
+
+/// Each `(workers_max, faults_max, seed)` runs to the end of its job with no violation.
+fn every_seed_finishes(cases: &[(usize, usize, u64)]) {
+    for &(workers_max, faults_max, seed) in cases {
         let config = MembershipConfig {
             workers_max,
-            faults_max: 5,
+            faults_max,
             ..MembershipConfig::default()
         };
         let report = run_membership_seed(&config, seed);
