@@ -52,10 +52,42 @@ fn a_killed_worker_comes_back_and_the_job_finishes() {
     assert!(report.groups_formed >= 3 * 2, "{report:?}");
 }
 
+/// CI's fixed ranges (about 5,600 schedules with every fault kind, split so that they run
+/// side by side): up to 4 workers and 5 faults, up to 3 workers, and up to 6 workers with 8
+/// faults.
 #[test]
 fn a_fixed_range_of_seeds_finds_no_violation() {
-    let config = MembershipConfig::default();
-    let summary = run_membership_seeds(&config, 0..1500);
+    fixed_range_is_clean(MembershipConfig::default(), 0..1500);
+}
+
+#[test]
+fn a_second_fixed_range_of_seeds_finds_no_violation() {
+    fixed_range_is_clean(MembershipConfig::default(), 1500..3000);
+}
+
+#[test]
+fn a_fixed_range_of_seeds_of_up_to_3_workers_finds_no_violation() {
+    let config = MembershipConfig {
+        workers_max: 3,
+        ..MembershipConfig::default()
+    };
+    fixed_range_is_clean(config, 0..2000);
+}
+
+#[test]
+fn a_fixed_range_of_seeds_of_up_to_6_workers_and_8_faults_finds_no_violation() {
+    let config = MembershipConfig {
+        workers_max: 6,
+        faults_max: 8,
+        ..MembershipConfig::default()
+    };
+    fixed_range_is_clean(config, 0..600);
+}
+
+/// Every seed of `seeds` under `config` finishes its job with no violation, and every fault
+/// kind was drawn.
+fn fixed_range_is_clean(config: MembershipConfig, seeds: std::ops::Range<u64>) {
+    let summary = run_membership_seeds(&config, seeds);
     assert!(
         summary.violations.is_empty(),
         "{:?}",
@@ -66,6 +98,7 @@ fn a_fixed_range_of_seeds_finds_no_violation() {
         assert!(summary.faults.contains_key(kind), "no {kind} drawn");
     }
 }
+
 /// The first bug the membership simulator found (seed 890 of its first sweep, 4 workers, up
 /// to 5 faults): two workers; worker/0 is killed and its new process is admitted while the
 /// path between the two is cut. worker/0 formed the admission's epoch (worker/1's join had
