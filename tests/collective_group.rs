@@ -573,7 +573,7 @@ async fn a_call_given_up_takes_its_member_out_until_the_next_epoch_case(plaintex
     )
     .await;
     for (g, out) in reformed.iter().zip(outs) {
-        assert_eq!((g.epoch(), g.size()), (2, 2));
+        assert_eq!((g.generation(), g.size()), (2, 2));
         let out = out.unwrap().to_vec1::<f32>().unwrap();
         assert!(out.iter().all(|v| *v == 2.0));
     }
@@ -943,7 +943,7 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_ca
     let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
     let outs = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))).await;
     for (g, out) in reformed.iter().zip(outs) {
-        assert_eq!(g.epoch(), 2);
+        assert_eq!(g.generation(), 2);
         assert_eq!(g.size(), 2);
         let out = out.unwrap().to_vec1::<f32>().unwrap();
         assert!(out.iter().all(|v| *v == 2.0));
@@ -1021,7 +1021,7 @@ async fn a_member_that_goes_on_alone_right_after_a_call_still_delivers_its_part_
                         )
                     });
             left.unwrap_or_else(|e| panic!("{op} (round {round}): the leaver's call failed: {e}"));
-            assert_eq!(alone.epoch(), 2);
+            assert_eq!(alone.generation(), 2);
         }
     }
 }
@@ -1117,7 +1117,7 @@ async fn survivors_of_two_members_lost_at_once_agree_on_who_is_left_and_reform()
     let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
     let outs = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))).await;
     for (g, out) in reformed.iter().zip(outs) {
-        assert_eq!((g.epoch(), g.size()), (2, 2));
+        assert_eq!((g.generation(), g.size()), (2, 2));
         assert!(out
             .unwrap()
             .to_vec1::<f32>()
@@ -1393,7 +1393,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     let (again, forming) = restart_forming(&ca, &config, &members).await;
     // Its form has begun (the first epoch is set before any link).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while again.epoch() != 1 {
+    while again.generation() != 1 {
         assert!(
             std::time::Instant::now() < deadline,
             "the new process never began forming"
@@ -1442,7 +1442,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     let grown = admit_the_joiner(&reformed, joining).await;
     let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
     for (g, sum) in grown.iter().zip(sums) {
-        assert_eq!((g.epoch(), g.size()), (3, 3));
+        assert_eq!((g.generation(), g.size()), (3, 3));
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);
     }
 }
@@ -1595,7 +1595,9 @@ async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming
     {
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 4]);
     }
-    assert!(reformed.iter().all(|g| g.as_ref().unwrap().epoch() == 2));
+    assert!(reformed
+        .iter()
+        .all(|g| g.as_ref().unwrap().generation() == 2));
 }
 
 /// A member whose list names peers that formed the epoch without it (their view of who is
@@ -1765,7 +1767,7 @@ async fn an_admission_lost_on_a_cut_link_is_told_again_once_it_heals() {
     let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
     let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
     for (g, sum) in grown.iter().zip(sums) {
-        assert_eq!((g.epoch(), g.size()), (2, 3));
+        assert_eq!((g.generation(), g.size()), (2, 3));
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![3.0; 4]);
     }
 }
@@ -1834,7 +1836,7 @@ async fn a_joiner_dialed_by_another_before_its_own_admission_arrives_waits_for_i
     let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
     let sums = join_all(grown.iter().map(|g| g.all_reduce(Reduction::Sum, &one))).await;
     for (g, sum) in grown.iter().zip(sums) {
-        assert_eq!((g.epoch(), g.size()), (2, 4));
+        assert_eq!((g.generation(), g.size()), (2, 4));
         assert_eq!(sum.unwrap().to_vec1::<f32>().unwrap(), vec![4.0; 4]);
     }
 }
@@ -1872,7 +1874,7 @@ async fn a_joiner_the_leader_cannot_tell_is_left_for_later_and_the_group_goes_on
     for g in &grown {
         assert_eq!(g.size(), 3);
         // Epoch 2 was skipped.
-        assert_eq!(g.epoch(), 3);
+        assert_eq!(g.generation(), 3);
     }
 }
 
@@ -1982,7 +1984,7 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
         .collect();
     let everyone: Vec<NodeId> = (0..3).map(|i| NodeId::new("worker", i)).collect();
     for g in &attempted {
-        assert_eq!(g.epoch(), 2);
+        assert_eq!(g.generation(), 2);
         assert_eq!(g.members(), &everyone[..]);
     }
     let cut = &attempted[1];
@@ -2017,7 +2019,7 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
     .await;
     for g in reformed {
         let g = g.expect("the two members re-form together");
-        assert_eq!((g.epoch(), g.members()), (3, survivors));
+        assert_eq!((g.generation(), g.members()), (3, survivors));
     }
     joining.abort();
 }
@@ -2043,7 +2045,7 @@ async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest
     )
     .await;
     let mut reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
-    assert!(reformed.iter().all(|g| g.epoch() == 2));
+    assert!(reformed.iter().all(|g| g.generation() == 2));
     // worker/1's process dies; a new one binds its address and asks to enter.
     let old = (reformed.remove(0), groups.remove(1), meshes.remove(1));
     let old_endpoint = endpoints.remove(1);

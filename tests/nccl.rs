@@ -448,7 +448,10 @@ async fn communicators_over_a_process_group_all_reduce_like_the_reference() {
         .await;
         let comms: Vec<NcclComm> = comms.into_iter().map(Result::unwrap).collect();
         for (r, c) in comms.iter().enumerate() {
-            assert_eq!((c.rank(), c.size(), c.epoch(), c.device()), (r, n, 1, r));
+            assert_eq!(
+                (c.rank(), c.size(), c.generation(), c.device()),
+                (r, n, 1, r)
+            );
         }
         let inputs: Vec<Vec<Tensor>> = (0..n).map(gradients).collect();
         for op in ALL_OPS {
@@ -593,11 +596,11 @@ async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communic
     // The group of the next epoch, and its own communicator.
     let me = vec![NodeId::new("worker", 0)];
     let g2 = bounded("reform", g.reform(&me)).await.unwrap();
-    assert_eq!(g2.epoch(), 2);
+    assert_eq!(g2.generation(), 2);
     let comm2 = bounded("init at epoch 2", NcclComm::new(&g2, 0, NCCL_TIMEOUT))
         .await
         .unwrap();
-    assert_eq!(comm2.epoch(), 2);
+    assert_eq!(comm2.generation(), 2);
     let out = bounded(
         "all-reduce at epoch 2",
         comm2.all_reduce(Reduction::Max, &x, BUCKET_BYTES),

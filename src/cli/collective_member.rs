@@ -126,7 +126,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                     Ok(0)
                 }
                 Err(err) => {
-                    report(group.epoch(), &err);
+                    report(group.generation(), &err);
                     Ok(3)
                 }
             };
@@ -138,12 +138,12 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                     round += 1;
                     outln!(
                         "ok epoch={} round={round} shared-memory-peers={}",
-                        group.epoch(),
+                        group.generation(),
                         group.shared_memory_peers().len()
                     );
                 }
                 Err(err) => {
-                    report(group.epoch(), &err);
+                    report(group.generation(), &err);
                     let CollectiveError::MemberLost { node: lost, .. } = &err else {
                         return Ok(3);
                     };
@@ -156,7 +156,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                     group = match group.reform(&survivors).await {
                         Ok(group) => group,
                         Err(err) => {
-                            report(group.epoch() + 1, &err);
+                            report(group.generation() + 1, &err);
                             return Ok(3);
                         }
                     };
@@ -236,7 +236,7 @@ fn formed(group: &ProcessGroup) {
     let members: Vec<String> = group.members().iter().map(ToString::to_string).collect();
     outln!(
         "formed epoch={} rank={} members=[{}]",
-        group.epoch(),
+        group.generation(),
         group.rank(),
         members.join(",")
     );

@@ -140,7 +140,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     let group = strategy.process_group();
     outln!(
         "formed epoch={} rank={} workers={} replicas={} communication={}",
-        group.epoch(),
+        group.generation(),
         group.rank(),
         group.size(),
         args.replicas,
@@ -220,7 +220,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                     outln!(
                         "recovered epoch={} step={} position={} workers={} lost={} source={} \
                          attempts={}",
-                        r.epoch,
+                        r.generation,
                         r.step,
                         r.position,
                         r.members.len(),
@@ -235,7 +235,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                     outln!(
                         "departed epoch={} step={} position={} workers={} left={} drained={} \
                          saved={}",
-                        d.epoch,
+                        d.generation,
                         d.step,
                         d.position,
                         d.members.len(),
@@ -254,7 +254,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                     let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                     outln!(
                         "admitted epoch={} step={} position={} workers={} joined={} source={}",
-                        a.epoch,
+                        a.generation,
                         a.step,
                         a.position,
                         a.members.len(),

@@ -467,7 +467,7 @@ impl NcclId {
     /// QUIC. Every member calls it (it is one collective call of the group). A rank 0 that
     /// cannot make one still broadcasts, so that every member fails with an error, not a wait.
     pub async fn exchange(group: &ProcessGroup) -> Result<NcclId, NcclError> {
-        let epoch = group.epoch();
+        let epoch = group.generation();
         let mut message = vec![0u8; ID_MESSAGE];
         let mine = if group.rank() == 0 {
             let made = NcclId::new();
@@ -1009,7 +1009,7 @@ pub struct NcclComm {
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclComm")
-            .field("epoch", &self.epoch())
+            .field("epoch", &self.generation())
             .field("rank", &self.group.rank())
             .field("size", &self.group.size())
             .field("device", &self.rank.ctx.ordinal())
@@ -1053,7 +1053,7 @@ impl NcclComm {
         device: usize,
         timeout: Duration,
     ) -> Result<NcclComm, NcclError> {
-        let epoch = group.epoch();
+        let epoch = group.generation();
         if let Some(e) = group.broken() {
             return Err(NcclError::Aborted {
                 epoch,
@@ -1087,8 +1087,8 @@ impl NcclComm {
         || self.group.broken().map(|e| e.to_string())
     }
 
-    /// The membership epoch this communicator belongs to.
-    pub fn epoch(&self) -> u64 {
+    /// The generation of the group this communicator belongs to.
+    pub fn generation(&self) -> u64 {
         self.rank.shared.epoch
     }
 
@@ -1195,7 +1195,7 @@ fn start_init(
 /// Aborts the communicator as soon as `group` breaks; ends when the communicator is dropped.
 fn watch(group: ProcessGroup, shared: Weak<Shared>) {
     let spawned = std::thread::Builder::new()
-        .name(format!("nccl-watch-{}", group.epoch()))
+        .name(format!("nccl-watch-{}", group.generation()))
         .spawn(move || loop {
             let Some(shared) = shared.upgrade() else {
                 return;

@@ -223,7 +223,7 @@ impl ProcessSpan {
         // dropped the task (it is shutting down).
         rx.recv().unwrap_or_else(|_| {
             Err(CollectiveError::Stopped {
-                epoch: self.group.epoch(),
+                epoch: self.group.generation(),
             })
         })
     }
@@ -346,7 +346,7 @@ impl GpuSums {
                 return broken;
             }
         }
-        let epoch = group.epoch();
+        let epoch = group.generation();
         let verdict = match group.reachable(self.waits.probe).await {
             Ok(reached) => match group.members().iter().find(|m| !reached.contains(m)) {
                 Some(lost) => CollectiveError::MemberLost {

@@ -152,13 +152,13 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let me_node = crate::cluster::node_id(strategy.task());
     let me = strategy.task();
     let group = strategy.process_group();
-    let joined_live = group.epoch() > 1;
+    let joined_live = group.generation() > 1;
     // A process that joined the live group (a restart) sees the group from its admission on
     // (the admission event records that epoch).
     let mut epochs_seen = if joined_live {
         Vec::new()
     } else {
-        vec![(group.epoch(), group.size(), 0usize, String::new())]
+        vec![(group.generation(), group.size(), 0usize, String::new())]
     };
     if leads {
         outln!(
@@ -167,7 +167,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
              step",
             group.size(),
             strategy.local_replicas().len(),
-            group.epoch(),
+            group.generation(),
             strategy.communication(),
             problem.examples(),
             held_out.len()
@@ -183,7 +183,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     if joined_live {
         outln!(
             "{me}: found the group training; admitted at generation {} ({} workers)",
-            group.epoch(),
+            group.generation(),
             group.size()
         );
     }
@@ -195,7 +195,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let mut epoch_losses = Vec::new();
     let mut epoch_started = Instant::now();
     let mut workers = group.size();
-    let mut group_generation = group.epoch();
+    let mut group_generation = group.generation();
     let seed = 11 + 1000 * strategy.worker_index() as u64;
     // SIGTERM (the launcher's stop, or a preemption) is this worker's notice: it leaves at
     // the next step boundary after the chief saved that step.
@@ -255,7 +255,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Recovered(r) => {
                 leads = r.members.first() == Some(&me_node);
                 workers = r.members.len();
-                group_generation = r.epoch;
+                group_generation = r.generation;
                 let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
                 // A re-forming after a partition healed may lose no one.
                 let what = if lost.is_empty() {
@@ -267,15 +267,15 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                     outln!(
                         "group re-formed: generation {} with {} workers ({what}: {}); going on from \
                          step {} with {} of their state, no checkpoint read",
-                        r.epoch, workers, r.cause, r.step, r.source
+                        r.generation, workers, r.cause, r.step, r.source
                     );
                 }
-                epochs_seen.push((r.epoch, workers, r.step as usize, what));
+                epochs_seen.push((r.generation, workers, r.step as usize, what));
             }
             ElasticEvent::Departed(d) => {
                 leads = d.members.first() == Some(&me_node);
                 workers = d.members.len();
-                group_generation = d.epoch;
+                group_generation = d.generation;
                 let what = d.describe();
                 if leads {
                     // Only a preemption needs the checkpoint: drained workers leave for good.
@@ -288,10 +288,10 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                     };
                     outln!(
                         "group shrank at step {}: {what}; {checkpoint}; generation {} with {} workers",
-                        d.step, d.epoch, workers
+                        d.step, d.generation, workers
                     );
                 }
-                epochs_seen.push((d.epoch, workers, d.step as usize, what));
+                epochs_seen.push((d.generation, workers, d.step as usize, what));
             }
             ElasticEvent::Saved { step, dir } => {
                 outln!("saved checkpoint of step {step} in {}", dir.display());
@@ -305,7 +305,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             ElasticEvent::Admitted(a) => {
                 leads = a.members.first() == Some(&me_node);
                 workers = a.members.len();
-                group_generation = a.epoch;
+                group_generation = a.generation;
                 let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                 let what = format!("admitted {}", joined.join(", "));
                 if a.joined.contains(&me_node) {
@@ -318,10 +318,10 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
                     outln!(
                         "group grew: generation {} with {} workers ({what}, sent the state of {}); \
                          going on from step {}",
-                        a.epoch, workers, a.source, a.step
+                        a.generation, workers, a.source, a.step
                     );
                 }
-                epochs_seen.push((a.epoch, workers, a.step as usize, what));
+                epochs_seen.push((a.generation, workers, a.step as usize, what));
             }
         },
     );

@@ -98,8 +98,8 @@ impl Mesh {
         self.inner.endpoint.local_addr()
     }
 
-    /// The latest epoch formed here (0 before the first).
-    pub fn epoch(&self) -> u64 {
+    /// The latest generation formed (or tried) here (0 before the first).
+    pub fn generation(&self) -> u64 {
         self.inner.lock().membership.epoch
     }
 
@@ -152,7 +152,7 @@ impl Mesh {
                     .await;
             if !answers.is_empty() && answers.iter().all(|a| matches!(a, Some((_, false)))) {
                 break Err(CollectiveError::Form {
-                    epoch: self.epoch(),
+                    epoch: self.generation(),
                     reason: "no member has a live group to admit this process: every one \
                              answered that it has none (the job is starting again)"
                         .into(),
@@ -166,7 +166,7 @@ impl Mesh {
             }
             if Instant::now() >= deadline {
                 break Err(CollectiveError::Form {
-                    epoch: self.epoch(),
+                    epoch: self.generation(),
                     reason: format!(
                         "not admitted to the live group within {within:?} (the members admit a \
                          joiner at a step boundary): {last}"
@@ -204,7 +204,10 @@ impl Mesh {
         };
         let frame = Frame::encode(&enter, Vec::new(), header_max).ok()?;
         let asked = async {
-            let conn = self.dial(peer, self.epoch(), deadline, false).await.ok()?;
+            let conn = self
+                .dial(peer, self.generation(), deadline, false)
+                .await
+                .ok()?;
             let left = deadline.saturating_duration_since(Instant::now());
             let reply = conn
                 .request_within(frame, left.max(Duration::from_millis(1)))

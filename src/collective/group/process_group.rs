@@ -33,8 +33,8 @@ impl ProcessGroup {
         self.shared.nodes.len()
     }
 
-    /// The membership epoch.
-    pub fn epoch(&self) -> u64 {
+    /// The group's generation (its membership epoch: one per formation).
+    pub fn generation(&self) -> u64 {
         self.shared.epoch
     }
 
@@ -166,7 +166,7 @@ impl ProcessGroup {
     /// This group's messages still on their way go first ([`ProcessGroup::flush`], bounded by
     /// the form timeout), unless it is broken.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
-        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
+        let epoch = self.shared.epoch.max(self.mesh.generation()) + 1;
         let mut members = Vec::with_capacity(survivors.len());
         for node in survivors {
             let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
@@ -222,7 +222,7 @@ impl ProcessGroup {
         if joiners.is_empty() {
             return Ok(None);
         }
-        let epoch = self.shared.epoch.max(self.mesh.epoch()) + 1;
+        let epoch = self.shared.epoch.max(self.mesh.generation()) + 1;
         let mut members: Vec<GroupMember> = self
             .shared
             .nodes

@@ -79,7 +79,7 @@ impl Checks {
         let Some(p) = self.procs.get_mut(&worker).filter(|p| p.life == life) else {
             return;
         };
-        let epoch = m.epoch();
+        let epoch = m.generation();
         let before = p.epoch;
         p.epoch = epoch;
         if epoch < before && !(before == 1 && epoch == 0) {

@@ -252,7 +252,7 @@ impl World {
                             "{} {} at epoch {}, step {}",
                             p.node,
                             m.phase_name(),
-                            m.epoch(),
+                            m.generation(),
                             m.state().0
                         ),
                         None => format!("{} down ({:?})", p.node, p.down),

@@ -104,7 +104,7 @@ impl MultiWorkerMirrored {
             return Err(StrategyError::Recovery {
                 reason: format!(
                     "the group of epoch {} is not broken: there is nothing to recover from",
-                    before.epoch()
+                    before.generation()
                 ),
             });
         };
@@ -133,7 +133,12 @@ impl MultiWorkerMirrored {
                     })
                 }
                 Ok(Err(Unformed::NoQuorum { reached, replaced })) => {
-                    last = no_quorum_detail(before.members(), before.epoch(), &replaced, &reached);
+                    last = no_quorum_detail(
+                        before.members(),
+                        before.generation(),
+                        &replaced,
+                        &reached,
+                    );
                     tracing::info!(attempt, "re-forming: {last}");
                     no_quorum = true;
                     if attempt < self.recover_attempts {
@@ -230,7 +235,7 @@ impl MultiWorkerMirrored {
         m.detections
             .inc_by((before.size().saturating_sub(group.size())) as u64);
         Ok(Recovery {
-            epoch: group.epoch(),
+            generation: group.generation(),
             members: group.members().to_vec(),
             lost: before
                 .members()
@@ -322,7 +327,7 @@ impl MultiWorkerMirrored {
             crate::metrics::instruments().group_admitted.inc();
             let group = self.span.group();
             return Ok(Some(GroupChange::Admitted(Admission {
-                epoch: group.epoch(),
+                generation: group.generation(),
                 members: group.members().to_vec(),
                 joined: vec![me],
                 source,
@@ -390,7 +395,7 @@ impl MultiWorkerMirrored {
         let source = self.agree_state(state)?;
         let group = self.span.group();
         Ok(Some(GroupChange::Admitted(Admission {
-            epoch: group.epoch(),
+            generation: group.generation(),
             members: group.members().to_vec(),
             joined,
             source,
@@ -454,7 +459,7 @@ impl MultiWorkerMirrored {
             .first()
             == Some(&1);
         let mut departure = Departure {
-            epoch: group.epoch(),
+            generation: group.generation(),
             members: stayers.clone(),
             left,
             drained,
@@ -474,7 +479,7 @@ impl MultiWorkerMirrored {
         }
         let formed = self.block(async move { group.reform(&stayers).await })?;
         self.install(formed);
-        departure.epoch = self.span.group().epoch();
+        departure.generation = self.span.group().generation();
         Ok(GroupChange::Departed(departure))
     }
 
@@ -509,7 +514,7 @@ impl MultiWorkerMirrored {
             }
         }
         crate::status::record_group_change(crate::status::GroupChange {
-            generation: group.epoch(),
+            generation: group.generation(),
             workers: group.size(),
             from_step: step,
             what,
@@ -520,7 +525,7 @@ impl MultiWorkerMirrored {
 
     /// Makes `group` the one every later step's collectives span.
     fn install(&mut self, group: ProcessGroup) {
-        crate::metrics::record_group(group.epoch(), group.size());
+        crate::metrics::record_group(group.generation(), group.size());
         let Some(runtime) = &self.runtime else { return };
         let span = span_of(
             group,
@@ -635,8 +640,8 @@ pub struct ElasticState<'a> {
 /// What [`MultiWorkerMirrored::recover`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recovery {
-    /// The new group's membership epoch.
-    pub epoch: u64,
+    /// The new group's generation.
+    pub generation: u64,
     /// Its members (the survivors), in rank order.
     pub members: Vec<NodeId>,
     /// The members of the broken group left out.
@@ -669,8 +674,8 @@ pub enum GroupChange {
 /// What [`MultiWorkerMirrored::at_step_boundary`] did when workers left after a notice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Departure {
-    /// The group's epoch after it (a leaver: the epoch it left).
-    pub epoch: u64,
+    /// The group's generation after it (a leaver: the generation it left).
+    pub generation: u64,
     /// The workers that go on, in rank order (empty when every worker left).
     pub members: Vec<NodeId>,
     /// The workers that left.
@@ -720,8 +725,8 @@ impl Departure {
 /// What [`MultiWorkerMirrored::at_step_boundary`] did when it admitted workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
-    /// The new group's membership epoch.
-    pub epoch: u64,
+    /// The new group's generation.
+    pub generation: u64,
     /// Its members, in rank order.
     pub members: Vec<NodeId>,
     /// The workers admitted (on a joiner: itself).

@@ -167,7 +167,7 @@ impl MultiWorkerMirrored {
                 return Err(err.into());
             }
         };
-        crate::metrics::record_group(group.epoch(), group.size());
+        crate::metrics::record_group(group.generation(), group.size());
         let communication = communication_of(&config);
         let span = span_of(
             group,
@@ -177,7 +177,7 @@ impl MultiWorkerMirrored {
             communication,
         );
         // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
-        let awaiting_state = Arc::new(AtomicBool::new(span.group().epoch() > 1));
+        let awaiting_state = Arc::new(AtomicBool::new(span.group().generation() > 1));
         let (id, replicas) = match start_replicas(&config, &span, devices) {
             Ok(made) => made,
             Err(err) => {
@@ -279,7 +279,7 @@ impl MultiWorkerMirrored {
     fn publish_status(&self) {
         let group = self.span.group();
         crate::metrics::publish_group_status(
-            group.epoch(),
+            group.generation(),
             group.size(),
             group.members(),
             &self.status_tasks,
@@ -297,7 +297,7 @@ impl MultiWorkerMirrored {
         match &self.runtime {
             Some(runtime) => block_on(runtime, call),
             None => Err(CollectiveError::Stopped {
-                epoch: self.span.group().epoch(),
+                epoch: self.span.group().generation(),
             }),
         }
     }
@@ -572,7 +572,7 @@ async fn enter_group(
         async move {
             match mesh.join_live(own_addr, &peers, join_timeout).await {
                 Ok(group) => Ok(group),
-                Err(err) if mesh.epoch() == 0 || mesh.forget_failed_start() => {
+                Err(err) if mesh.generation() == 0 || mesh.forget_failed_start() => {
                     match mesh.enter(own_addr, &peers, enter_timeout).await {
                         Entry::Start => {
                             tracing::info!(%err, "no live group to join: forming the first generation with the others");

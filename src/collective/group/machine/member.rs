@@ -451,8 +451,8 @@ impl MemberMachine {
         }
     }
 
-    /// The latest epoch formed or tried here.
-    pub(crate) fn epoch(&self) -> u64 {
+    /// The latest generation formed or tried here.
+    pub(crate) fn generation(&self) -> u64 {
         self.membership.epoch
     }
 
