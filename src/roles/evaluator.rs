@@ -79,15 +79,15 @@ pub enum EvalError {
         /// What is wrong.
         source: TensorError,
     },
-    /// Any other failure of the evaluation function.
+    /// Any other failure of the evaluation function: its error, kept as the source.
     #[error("{0}")]
-    Other(String),
+    Other(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl EvalError {
-    /// An [`EvalError::Other`] with `error`'s message.
-    pub fn other(error: impl fmt::Display) -> Self {
-        Self::Other(error.to_string())
+    /// An [`EvalError::Other`] carrying `error`.
+    pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Other(error.into())
     }
 }
 

@@ -446,7 +446,7 @@ impl Strategy for ParameterServerStrategy {
 /// A coordinator call the strategy makes on the chief failed.
 impl From<crate::roles::coordinator::CoordinatorError> for StrategyError {
     fn from(e: crate::roles::coordinator::CoordinatorError) -> Self {
-        StrategyError::Coordinator(e.to_string())
+        StrategyError::Coordinator(Box::new(e))
     }
 }
 

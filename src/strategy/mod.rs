@@ -541,10 +541,10 @@ pub enum StrategyError {
         /// Why, and what to use instead.
         reason: String,
     },
-    /// A call the parameter-server strategy makes on the chief's coordinator failed (its
-    /// message).
+    /// A call the parameter-server strategy makes on the chief's coordinator failed: the
+    /// coordinator's error (`roles::coordinator::CoordinatorError`), kept as the source.
     #[error("the coordinator: {0}")]
-    Coordinator(String),
+    Coordinator(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A multi-worker strategy's configuration is wrong: `key` names what (a cluster entry,
     /// the task, the certificate directory, the replica count).
     #[error("{key}: {detail}")]
