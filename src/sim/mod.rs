@@ -634,9 +634,11 @@ pub fn run_seed(config: &SimConfig, seed: u64) -> SimReport {
     run_scenario(config, &Scenario::draw(config, seed))
 }
 
-/// Runs `scenario` to its end (or its first violation).
+/// Runs `scenario` to its end (or its first violation). The production code it drives (the
+/// coordinator's machine and executor) logs for operators; here nothing is logged.
 pub fn run_scenario(config: &SimConfig, scenario: &Scenario) -> SimReport {
-    world::World::new(config, scenario).run()
+    let quiet = tracing::subscriber::NoSubscriber::default();
+    tracing::subscriber::with_default(quiet, || world::World::new(config, scenario).run())
 }
 
 /// A shorter scenario that still breaks an invariant (the first fault removal, then the

@@ -1,7 +1,9 @@
-//! The coordinator's actix shell: owns the [`Scheduler`] machine and carries out the actions
-//! it drains, each a remote call bounded in time whose outcome goes back to the machine as a
-//! `handle_*` event. The machine decides (whom to dial, set up, retire, fence, restore, ask
-//! for positions, and in what order); this shell does IO and nothing else.
+//! The coordinator's actix shell: owns the [`Scheduler`] machine and runs the coordinator's
+//! one [`executor`] on the actions it drains: each becomes remote calls bounded in time, which
+//! this shell moves over QUIC, and whose outcomes the executor hands back to the machine as
+//! `handle_*` events (the simulator runs the same executor over its simulated network). The
+//! machine decides (whom to dial, set up, retire, fence, restore, ask for positions, and in
+//! what order); this shell does IO and nothing else.
 //!
 //! - A closure's run is bounded by the scheduler's `step_timeout`, not by the gateway's call
 //!   timeout: a long step is never cut while its worker heartbeats. Every other call is
@@ -33,15 +35,16 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use cohort_actors::{Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, Remote, RemoteError};
 use cohort_transport::NodeId;
+use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
-use super::machine::recovery::{CallFault, CheckpointRef, LoadFault, RestoreCall, RestoreReport};
+use super::executor::{self, Answer, Call, Delivered, Effect, Reply, Request};
+use super::machine::recovery::{CallFault, CheckpointRef, LoadFault};
 use super::machine::{
-    ClosureFailure, ClosureId, ClosureOutcomeError, ClosureState, ConfigureError, ConfigureTicket,
-    CoordinatorStatus, CreateError, CreateTicket, CutReadError, CutReading, CutTicket,
-    CutWriteError, DrainDisposition, KnownTask, MarkCutError, PositionsTicket, PsDial,
-    RestoreTicket, ResultDisposition, ScheduleError, Scheduler, SchedulerAction, ServerProbe,
-    SetUpDisposition, ShardRead, StartFailure, WorkerDial,
+    ClosureFailure, ClosureId, ClosureState, ConfigureError, ConfigureTicket, CoordinatorStatus,
+    CreateError, CreateTicket, CutReadError, CutReading, CutTicket, CutWriteError,
+    DrainDisposition, KnownTask, MarkCutError, RestoreTicket, ScheduleError, Scheduler,
+    ServerProbe, ShardRead, StartFailure,
 };
 use super::restore::{call_fault, load_at_cut, restore_shards};
 use crate::checkpoint::Checkpoint;
@@ -50,8 +53,8 @@ use crate::layout::Layout;
 use crate::roles::protocol::{
     BeginRestore, CreateVariable, DatasetPositions, DrainRefusal, Draining, FenceWorker,
     FinishedBelow, InitSpec, JoinRefusal, Joining, LearningRate, LeaveAnswer, Leaving, PsStats,
-    Retire, RewindWorker, RollBack, RunClosure, RunClosureError, SetupWorker, Snapshot,
-    COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
+    Retire, RewindWorker, RollBack, RunClosure, SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR,
+    WORKER_ACTOR,
 };
 
 /// A parameter server waiting to hear whether it may leave the job.
@@ -135,136 +138,18 @@ impl CoordinatorActor {
         }
     }
 
-    /// Carries out the scheduler's actions, answers waiters, re-arms the timer.
+    /// Carries out the scheduler's actions (the [`executor`]'s plan of each), answers
+    /// waiters, re-arms the timer.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         while let Some(action) = self.scheduler.poll_action() {
-            match action {
-                SchedulerAction::Dispatch {
-                    worker,
-                    epoch,
-                    closure,
-                    attempt,
-                    generation,
-                    function,
-                    args,
-                    learning_rate,
-                } => {
-                    let servers = (0..self.scheduler.server_span())
-                        .map(|ps| self.scheduler.ps_epoch(ps).map_or(0, |(epoch, _)| epoch))
-                        .collect();
-                    let msg = RunClosure {
-                        closure: closure.0,
-                        attempt,
-                        generation,
-                        function,
-                        args,
-                        servers,
-                        learning_rate,
-                    };
-                    self.dispatch(ctx, worker, epoch, msg);
-                }
-                SchedulerAction::Fence { worker, epoch } => self.fence(ctx, worker, epoch),
-                SchedulerAction::Restore(call) => self.restore_call(ctx, call),
-                SchedulerAction::RestoreFinished { ticket, result } => {
-                    if let Some(waiter) = self.restore_waiters.remove(&ticket) {
-                        let _ = waiter.send(result);
-                    }
-                }
-                SchedulerAction::Watermark {
-                    finished_below,
-                    generation,
-                } => self.send_watermark(ctx, finished_below, generation),
-                SchedulerAction::DialPs { ps } => self.dial_ps(ctx, ps),
-                SchedulerAction::RetirePs { ps, epoch } => self.retire_ps(ctx, ps, epoch),
-                SchedulerAction::DialWorker { worker } => self.dial_worker(ctx, worker),
-                SchedulerAction::SetUpWorker {
-                    worker,
-                    epoch,
-                    setup,
-                    version,
-                } => self.set_up_worker(ctx, worker, epoch, setup, version),
-                SchedulerAction::RetireWorker { worker, epoch } => {
-                    self.retire_worker(ctx, worker, epoch)
-                }
-                SchedulerAction::Reconfigure {
-                    ticket,
-                    worker,
-                    epoch,
-                    setup,
-                } => self.reconfigure(ctx, ticket, worker, epoch, setup),
-                SchedulerAction::ConfigureFinished { ticket, result } => {
-                    if let Some(waiter) = self.configure_waiters.remove(&ticket) {
-                        let _ = waiter.send(result);
-                    }
-                }
-                SchedulerAction::AskPositions {
-                    ticket,
-                    worker,
-                    epoch,
-                } => self.ask_positions(ctx, ticket, worker, epoch),
-                SchedulerAction::CreateShard {
-                    ticket,
-                    ps,
-                    shard,
-                    msg,
-                } => self.create_shard(ctx, ticket, ps, shard, msg),
-                SchedulerAction::VariableCreated { ticket, result } => {
-                    if let Some(waiter) = self.create_waiters.remove(&ticket) {
-                        let _ = waiter.send(result);
-                    }
-                }
-                SchedulerAction::ProbeServer { ticket, ps } => self.probe_server(ctx, ticket, ps),
-                SchedulerAction::SnapshotShard {
-                    ticket,
-                    attempt,
-                    ps,
-                    shard,
-                } => self.snapshot_shard(ctx, ticket, attempt, ps, shard),
-                SchedulerAction::CutRead { ticket, result } => {
-                    if let Some(waiter) = self.cut_waiters.remove(&ticket) {
-                        let _ = waiter.send(result);
-                    }
-                }
-                SchedulerAction::AskDrainPositions { worker, epoch } => {
-                    self.ask_drain_positions(ctx, worker, epoch)
-                }
-                SchedulerAction::DrainFinished { worker, epoch } => {
-                    tracing::info!(
-                        "worker/{worker} (incarnation {epoch}) drained: its closures finished and its \
-                         dataset positions are kept; it leaves the job"
-                    );
-                    for waiter in self
-                        .drain_waiters
-                        .remove(&(worker, epoch))
-                        .unwrap_or_default()
-                    {
-                        let _ = waiter.send(());
-                    }
-                }
-                SchedulerAction::WritePreemptionCut {
-                    ticket,
-                    cut,
-                    root,
-                    leaving,
-                    reading,
-                } => self.write_preemption_cut(ctx, ticket, cut, root, leaving, *reading),
-                SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
-                    for waiter in self.leave_waiters.remove(&(ps, epoch)).unwrap_or_default() {
-                        let _ = waiter.send(answer);
-                    }
-                }
-                SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
-                    match &result {
-                        Ok(()) => tracing::info!(
-                            "ps/{ps} (incarnation {epoch}) left the job: its variables are on the \
-                             other servers"
-                        ),
-                        Err(refusal) => tracing::warn!("{refusal}"),
-                    }
-                    let waiters = self.ps_drain_waiters.remove(&(ps, epoch));
-                    for waiter in waiters.unwrap_or_default() {
-                        let _ = waiter.send(result.clone());
-                    }
+            for effect in executor::plan(&self.scheduler, Instant::now(), action) {
+                match effect {
+                    Effect::Call(call) => self.call(ctx, call),
+                    Effect::Answer(answer) => self.answer(answer),
+                    // The servers refuse the fenced incarnation's pushes once told (the
+                    // fence's calls), and the machine its results: a call to it in flight
+                    // ends as it ends.
+                    Effect::Fenced { .. } => {}
                 }
             }
         }
@@ -287,69 +172,286 @@ impl CoordinatorActor {
         }
     }
 
-    /// Runs `work` off the actor and hands its outcome to `report` (which tells the machine)
-    /// on the actor, then drives the machine.
-    fn spawn_reported<T: 'static>(
-        &mut self,
-        ctx: &mut Context<Self>,
-        work: impl std::future::Future<Output = T> + 'static,
-        report: impl FnOnce(&mut Self, T) + 'static,
-    ) {
-        ctx.spawn(work.into_actor(self).map(move |outcome, act, ctx| {
-            report(act, outcome);
+    /// Sends one call off the actor; its outcome goes back to the machine through the
+    /// executor's [`executor::deliver`], then the machine is driven.
+    fn call(&mut self, ctx: &mut Context<Self>, call: Call) {
+        let Call {
+            request,
+            bound,
+            route,
+        } = call;
+        let outcome = self.outcome_of(request, bound);
+        ctx.spawn(outcome.into_actor(self).map(move |outcome, act, ctx| {
+            let delivered = executor::deliver(&mut act.scheduler, Instant::now(), route, outcome);
+            if let Delivered::Committed { took, .. } = delivered {
+                crate::metrics::instruments().observe_chief_step(took);
+            }
             act.drive(ctx);
         }));
     }
 
-    /// Builds the checkpoint of a preemption cut and writes it under `root` (blocking: off the
-    /// actor), then tells the machine. Logs what was saved, for whoever reads why a server left.
-    fn write_preemption_cut(
-        &mut self,
-        ctx: &mut Context<Self>,
-        ticket: CutTicket,
-        cut: ClosureId,
-        root: PathBuf,
-        leaving: Vec<u32>,
-        reading: CutReading,
-    ) {
-        let servers = leaving
-            .iter()
-            .map(|ps| format!("ps/{ps}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        // A cut with no server leaving is for servers joining or leaving the job (reshard).
-        let why = if servers.is_empty() {
-            "servers joining or leaving the job".to_string()
-        } else {
-            format!("preemption notice from {servers}")
-        };
-        let then = if servers.is_empty() {
-            "the variables move onto the new set of servers, and their restore runs no closure \
-             again"
-                .to_string()
-        } else {
-            format!("{servers} may leave, and its restore runs no closure again")
-        };
-        let work = tokio::task::spawn_blocking(move || write_cut_checkpoint(&root, reading));
-        self.spawn_reported(ctx, work, move |act, outcome| {
-            let result = match outcome {
-                Ok(Ok(saved)) => {
-                    tracing::warn!(
-                        "{why}: checkpoint of the cut at closure {} written to {} ({:.1} MB \
-                         in {} ms, dispatch held meanwhile); {then}",
-                        cut.0,
-                        saved.dir.display(),
-                        saved.bytes as f64 / 1e6,
-                        saved.took.as_millis(),
-                    );
-                    Ok(())
+    /// Tells whoever waits for a request the machine ended.
+    fn answer(&mut self, answer: Answer) {
+        match answer {
+            Answer::Started { ticket, result } => {
+                if let Some(waiter) = self.restore_waiters.remove(&ticket) {
+                    let _ = waiter.send(result);
                 }
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(CutWriteError::WriterLost(Box::new(e))),
-            };
-            act.scheduler
-                .handle_preemption_cut_written(Instant::now(), ticket, result);
-        });
+            }
+            Answer::Configured { ticket, result } => {
+                if let Some(waiter) = self.configure_waiters.remove(&ticket) {
+                    let _ = waiter.send(result);
+                }
+            }
+            Answer::VariableCreated { ticket, result } => {
+                if let Some(waiter) = self.create_waiters.remove(&ticket) {
+                    let _ = waiter.send(result);
+                }
+            }
+            Answer::CutRead { ticket, result } => {
+                if let Some(waiter) = self.cut_waiters.remove(&ticket) {
+                    let _ = waiter.send(result);
+                }
+            }
+            Answer::Drained { worker, epoch } => {
+                for waiter in self
+                    .drain_waiters
+                    .remove(&(worker, epoch))
+                    .unwrap_or_default()
+                {
+                    let _ = waiter.send(());
+                }
+            }
+            Answer::PsLeaving { ps, epoch, answer } => {
+                for waiter in self.leave_waiters.remove(&(ps, epoch)).unwrap_or_default() {
+                    let _ = waiter.send(answer);
+                }
+            }
+            Answer::PsDraining { ps, epoch, result } => {
+                let waiters = self.ps_drain_waiters.remove(&(ps, epoch));
+                for waiter in waiters.unwrap_or_default() {
+                    let _ = waiter.send(result.clone());
+                }
+            }
+        }
+    }
+
+    /// The work that carries `request` out over the gateway (or, for the checkpoint
+    /// storage, on a blocking thread), and what came of it. A remote reference is made from
+    /// the incarnation the request names, so that it never reaches a newer one (FENCE-1).
+    ///
+    /// Longer than most functions here on purpose: one arm per [`Request`], each how that
+    /// request travels, kept whole so that the shell's IO reads in one place.
+    fn outcome_of(&self, request: Request, bound: Option<Duration>) -> BoxFuture<'static, Outcome> {
+        let gateway = self.gateway.clone();
+        let worker_at = |worker: u32, epoch: u64| {
+            self.worker_incarnation(worker, epoch)
+                .ok_or_else(|| no_such_worker(worker))
+        };
+        let server = |ps: u32| {
+            self.servers
+                .get(&ps)
+                .cloned()
+                .ok_or_else(|| no_such_server(ps))
+        };
+        let server_at = |ps: u32, epoch: u64| {
+            self.servers
+                .get(&ps)
+                .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
+                .ok_or_else(|| no_such_server(ps))
+        };
+        match request {
+            Request::Run { worker, epoch, msg } => {
+                let target = worker_at(worker, epoch);
+                Box::pin(async move {
+                    let r = gateway.remote_ref::<RunClosure>(target?, WORKER_ACTOR);
+                    let reply = match bound {
+                        Some(bound) => r.call_within(&msg, bound).await,
+                        None => r.call(&msg).await,
+                    };
+                    // Whatever kept the answer from coming, the worker is lost for this
+                    // closure: it runs elsewhere.
+                    reply
+                        .map(Reply::Ran)
+                        .map_err(|e| CallFault::Unreachable(e.to_string()))
+                })
+            }
+            Request::DialWorker { worker } => {
+                let peer = self.worker_peer(worker);
+                Box::pin(async move {
+                    let (node, addr) = peer.ok_or_else(|| no_such_worker(worker))?;
+                    match gateway.connect(addr, &node).await {
+                        Ok(incarnation) => Ok(Reply::Worker {
+                            epoch: incarnation.epoch.0,
+                        }),
+                        Err(e) => declared_dead(&gateway, &node, e),
+                    }
+                })
+            }
+            Request::Rewind {
+                worker,
+                epoch,
+                setup,
+            } => {
+                let target = worker_at(worker, epoch);
+                Box::pin(async move {
+                    let r = gateway.remote_ref::<RewindWorker>(target?, WORKER_ACTOR);
+                    worker_reply(r.call(&RewindWorker { setup }).await).map(|()| Reply::Done)
+                })
+            }
+            Request::Configure {
+                worker,
+                epoch,
+                setup,
+            } => {
+                let target = worker_at(worker, epoch);
+                Box::pin(async move {
+                    let r = gateway.remote_ref::<SetupWorker>(target?, WORKER_ACTOR);
+                    worker_reply(r.call(&setup).await).map(|()| Reply::Done)
+                })
+            }
+            Request::Positions { worker, epoch } => {
+                let target = worker_at(worker, epoch);
+                Box::pin(async move {
+                    let r = gateway.remote_ref::<DatasetPositions>(target?, WORKER_ACTOR);
+                    worker_reply(r.call(&DatasetPositions).await).map(Reply::Positions)
+                })
+            }
+            Request::RetireWorker { worker, epoch } => {
+                let peer = self.worker_peer(worker);
+                Box::pin(async move {
+                    let (node, addr) = peer.ok_or_else(|| no_such_worker(worker))?;
+                    let fenced = Incarnation::new(node, Epoch(epoch));
+                    retire(&gateway, addr, fenced, WORKER_ACTOR)
+                        .await
+                        .map(|()| Reply::Done)
+                })
+            }
+            Request::Stats { ps } => {
+                let server = server(ps);
+                Box::pin(async move {
+                    let (node, addr) = server?;
+                    let r = match gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await {
+                        Ok(r) => r,
+                        Err(e) => return declared_dead(&gateway, &node, e),
+                    };
+                    let stats = r.call(&PsStats).await.map_err(call_fault)?;
+                    Ok(Reply::Server {
+                        probe: ServerProbe {
+                            ps,
+                            epoch: r.target().epoch.0,
+                            generation: stats.generation,
+                            next_free_closure_id: stats.next_free_closure_id,
+                        },
+                        serving: stats.serving,
+                    })
+                })
+            }
+            Request::RetirePs { ps, epoch } => {
+                let server = server(ps);
+                Box::pin(async move {
+                    let (node, addr) = server?;
+                    let fenced = Incarnation::new(node, Epoch(epoch));
+                    retire(&gateway, addr, fenced, PS_ACTOR)
+                        .await
+                        .map(|()| Reply::Done)
+                })
+            }
+            Request::Fence { ps, msg } => {
+                let server = server(ps);
+                Box::pin(async move {
+                    let (node, addr) = server?;
+                    let r = gateway.resolve::<FenceWorker>(addr, &node, PS_ACTOR).await;
+                    r.map_err(call_fault)?
+                        .call(&msg)
+                        .await
+                        .map_err(call_fault)?;
+                    Ok(Reply::Done)
+                })
+            }
+            Request::Watermark { ps, msg } => {
+                let server = server(ps);
+                Box::pin(async move {
+                    let (node, addr) = server?;
+                    let r = gateway
+                        .resolve::<FinishedBelow>(addr, &node, PS_ACTOR)
+                        .await;
+                    r.map_err(call_fault)?
+                        .call(&msg)
+                        .await
+                        .map_err(call_fault)?;
+                    Ok(Reply::Done)
+                })
+            }
+            Request::BeginRestore { ps, epoch, msg } => {
+                let target = server_at(ps, epoch);
+                Box::pin(async move {
+                    let r = gateway.remote_ref::<BeginRestore>(target?, PS_ACTOR);
+                    r.call(&msg).await.map_err(call_fault)?;
+                    Ok(Reply::Done)
+                })
+            }
+            Request::RestoreShards {
+                ps,
+                epoch,
+                checkpoint,
+                layouts,
+            } => {
+                let target = server_at(ps, epoch);
+                Box::pin(async move {
+                    restore_shards(&gateway, target?, ps, layouts, checkpoint.0).await?;
+                    Ok(Reply::Done)
+                })
+            }
+            Request::RollBack { ps, epoch, msg } => {
+                let target = server_at(ps, epoch);
+                Box::pin(async move {
+                    let r = gateway.remote_ref::<RollBack>(target?, PS_ACTOR);
+                    r.call(&msg).await.map_err(call_fault)?;
+                    Ok(Reply::Done)
+                })
+            }
+            Request::Create { ps, msg } => {
+                let server = server(ps);
+                Box::pin(async move {
+                    let (node, addr) = server?;
+                    let r = gateway
+                        .resolve::<CreateVariable>(addr, &node, PS_ACTOR)
+                        .await;
+                    r.map_err(call_fault)?
+                        .call(&msg)
+                        .await
+                        .map_err(call_fault)?
+                        .map_err(|refusal| CallFault::Refused(refusal.to_string()))?;
+                    Ok(Reply::Done)
+                })
+            }
+            Request::Snapshot { ps, msg } => {
+                let server = server(ps);
+                Box::pin(async move {
+                    let (node, addr) = server?;
+                    let r = gateway.resolve::<Snapshot>(addr, &node, PS_ACTOR).await;
+                    let (state, blobs) = r
+                        .map_err(call_fault)?
+                        .call_with_blobs(&msg, Vec::new())
+                        .await
+                        .map_err(call_fault)?;
+                    let state = state.map_err(|refusal| CallFault::Refused(refusal.to_string()))?;
+                    Ok(Reply::Shard(ShardRead { state, blobs }))
+                })
+            }
+            Request::Load {
+                generation,
+                root,
+                cut,
+            } => Box::pin(load_checkpoint(generation, root, cut)),
+            Request::WriteCut {
+                cut,
+                root,
+                leaving,
+                reading,
+            } => Box::pin(write_preemption_cut(cut, root, leaving, *reading)),
+        }
     }
 
     /// Worker `worker` and where to dial it, if the cluster spec names it or it joined.
@@ -364,169 +466,6 @@ impl CoordinatorActor {
     fn worker_incarnation(&self, worker: u32, epoch: u64) -> Option<Incarnation<NodeId>> {
         self.worker_peer(worker)
             .map(|(node, _)| Incarnation::new(node, Epoch(epoch)))
-    }
-
-    /// The call that asks incarnation `epoch` of `worker` where its datasets are.
-    fn positions_call(
-        &self,
-        worker: u32,
-        epoch: u64,
-    ) -> impl std::future::Future<Output = Result<Vec<(String, u64)>, CallFault>> + 'static {
-        let reference = self.worker_incarnation(worker, epoch).map(|target| {
-            self.gateway
-                .remote_ref::<DatasetPositions>(target, WORKER_ACTOR)
-        });
-        async move {
-            match reference {
-                Some(r) => worker_reply(r.call(&DatasetPositions).await),
-                None => Err(no_such_worker(worker)),
-            }
-        }
-    }
-
-    /// Asks a draining incarnation, which runs nothing now, where its datasets are.
-    fn ask_drain_positions(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
-        let call = self.positions_call(worker, epoch);
-        self.spawn_reported(ctx, call, move |act, result| {
-            if let Err(e) = &result {
-                tracing::warn!(
-                    "draining worker/{worker} (incarnation {epoch}) did not report its dataset \
-                     positions: {e}; those of its last setup are kept"
-                );
-            }
-            act.scheduler
-                .handle_drain_positions(Instant::now(), worker, epoch, result);
-        });
-    }
-
-    fn dispatch(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64, msg: RunClosure) {
-        let closure = ClosureId(msg.closure);
-        let attempt = msg.attempt;
-        let Some(target) = self.worker_incarnation(worker, epoch) else {
-            // A bug in the machine's inputs: it only knows the cluster's workers.
-            self.scheduler
-                .handle_worker_lost(Instant::now(), worker, epoch);
-            return;
-        };
-        let reference = self.gateway.remote_ref::<RunClosure>(target, WORKER_ACTOR);
-        let step_timeout = self.scheduler.config().step_timeout;
-        let call = async move { reference.call_within(&msg, step_timeout).await };
-        let sent = Instant::now();
-        self.spawn_reported(ctx, call, move |act, reply| {
-            let now = Instant::now();
-            match reply {
-                Ok(Ok(value)) => {
-                    let disposition = act
-                        .scheduler
-                        .handle_result(now, worker, epoch, closure, attempt, Ok(value));
-                    if disposition == ResultDisposition::Committed {
-                        crate::metrics::instruments()
-                            .observe_chief_step(now.duration_since(sent));
-                    }
-                }
-                Ok(Err(RunClosureError::Step(message))) => {
-                    let error = ClosureOutcomeError::Step(message);
-                    act.scheduler
-                        .handle_result(now, worker, epoch, closure, attempt, Err(error));
-                }
-                Ok(Err(RunClosureError::Refused(refusal))) => {
-                    tracing::warn!(
-                        "worker/{worker} (incarnation {epoch}) could not run closure {}: {refusal}; \
-                         running it elsewhere and retiring that incarnation",
-                        closure.0
-                    );
-                    act.scheduler
-                        .handle_refused(now, worker, epoch, closure, attempt);
-                }
-                Ok(Err(RunClosureError::PsUnavailable(unavailable))) => {
-                    tracing::warn!(
-                        "worker/{worker} could not run closure {}: {unavailable}; holding \
-                         dispatch until the parameter server is back",
-                        closure.0
-                    );
-                    act.scheduler.handle_ps_unavailable(
-                        now,
-                        worker,
-                        epoch,
-                        closure,
-                        attempt,
-                        unavailable.ps,
-                    );
-                }
-                Err(RemoteError::Timeout { .. }) => {
-                    tracing::warn!(
-                        "closure {} ran past the step timeout ({step_timeout:?}) on worker/{worker} \
-                         (incarnation {epoch}): running it elsewhere and retiring that incarnation",
-                        closure.0
-                    );
-                    act.scheduler.handle_worker_lost(now, worker, epoch);
-                }
-                Err(err) => {
-                    tracing::warn!(
-                        "worker/{worker} (incarnation {epoch}) lost while running closure {}: {err}",
-                        closure.0
-                    );
-                    act.scheduler.handle_worker_lost(now, worker, epoch);
-                }
-            }
-        });
-    }
-
-    /// Sends the low watermark the machine emitted to every parameter server; each answer is
-    /// reported. A server that misses one gets the next.
-    fn send_watermark(
-        &mut self,
-        ctx: &mut Context<Self>,
-        finished_below: ClosureId,
-        generation: u64,
-    ) {
-        let watermark = finished_below.0;
-        for (ps, (node, addr)) in self.servers_in_job() {
-            let gateway = self.gateway.clone();
-            let msg = FinishedBelow {
-                closure: watermark,
-                generation,
-            };
-            let send = async move {
-                let r = gateway
-                    .resolve::<FinishedBelow>(addr, &node, PS_ACTOR)
-                    .await?;
-                r.call(&msg).await
-            };
-            self.spawn_reported(ctx, send, move |act, sent| {
-                if let Err(e) = &sent {
-                    tracing::debug!("low watermark {watermark} to ps/{ps}: {e}");
-                }
-                act.scheduler
-                    .handle_watermark_sent(ps, sent.map_err(call_fault));
-            });
-        }
-    }
-
-    /// Tells every parameter server that `worker`'s incarnation `epoch` is fenced; each answer
-    /// is reported. A server that misses it is down, and the restore that brings it back
-    /// replays every fence (FENCE-1).
-    fn fence(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
-        tracing::info!(
-            "fencing worker/{worker} incarnation {epoch} on every parameter server (FENCE-1)"
-        );
-        for (ps, (node, addr)) in self.servers_in_job() {
-            let gateway = self.gateway.clone();
-            let msg = FenceWorker { worker, epoch };
-            let send = async move {
-                let r = gateway
-                    .resolve::<FenceWorker>(addr, &node, PS_ACTOR)
-                    .await?;
-                r.call(&msg).await
-            };
-            self.spawn_reported(ctx, send, move |act, sent| {
-                if let Err(e) = &sent {
-                    tracing::warn!("fencing worker/{worker} on ps/{ps}: {e}");
-                }
-                act.scheduler
-                    .handle_fence_sent(worker, epoch, ps, sent.map_err(call_fault));
-            });
-        }
     }
 
     fn answer_fetches(&mut self) {
@@ -557,150 +496,6 @@ impl CoordinatorActor {
         }
     }
 
-    /// Dials worker `worker` (connects, learning the incarnation that answers); one that
-    /// answers as an incarnation this gateway declared dead is reported as such.
-    fn dial_worker(&mut self, ctx: &mut Context<Self>, worker: u32) {
-        let Some((node, addr)) = self.worker_peer(worker) else {
-            self.scheduler
-                .handle_worker_dialled(Instant::now(), worker, WorkerDial::Unreachable);
-            return;
-        };
-        let gateway = self.gateway.clone();
-        let dial = async move {
-            match gateway.connect(addr, &node).await {
-                Ok(incarnation) => WorkerDial::Answered {
-                    epoch: incarnation.epoch.0,
-                },
-                Err(RemoteError::Stale { reason, .. }) => match gateway.peer_status(&node) {
-                    Some((epoch, false)) => WorkerDial::DeclaredDead { epoch: epoch.0 },
-                    _ => {
-                        tracing::debug!("worker/{worker} not reachable yet: {reason}");
-                        WorkerDial::Unreachable
-                    }
-                },
-                Err(e) => {
-                    tracing::debug!("worker/{worker} not reachable yet: {e}");
-                    WorkerDial::Unreachable
-                }
-            }
-        };
-        self.spawn_reported(ctx, dial, move |act, outcome| {
-            act.scheduler
-                .handle_worker_dialled(Instant::now(), worker, outcome);
-        });
-    }
-
-    /// Sets a new incarnation up from scratch ([`RewindWorker`]): a setup that a restore made
-    /// outdated may have built its datasets at old positions already.
-    fn set_up_worker(
-        &mut self,
-        ctx: &mut Context<Self>,
-        worker: u32,
-        epoch: u64,
-        setup: SetupWorker,
-        version: u64,
-    ) {
-        let reference = self.worker_incarnation(worker, epoch).map(|target| {
-            self.gateway
-                .remote_ref::<RewindWorker>(target, WORKER_ACTOR)
-        });
-        let call = async move {
-            match reference {
-                Some(r) => worker_reply(r.call(&RewindWorker { setup }).await),
-                None => Err(no_such_worker(worker)),
-            }
-        };
-        self.spawn_reported(ctx, call, move |act, result| {
-            let failure = result.as_ref().err().cloned();
-            let now = Instant::now();
-            match act
-                .scheduler
-                .handle_worker_set_up(now, worker, epoch, version, result)
-            {
-                SetUpDisposition::Up => tracing::info!("worker/{worker} up (incarnation {epoch})"),
-                SetUpDisposition::Outdated => tracing::debug!(
-                    "worker/{worker} (incarnation {epoch}) was set up from an outdated setup; \
-                     setting it up again"
-                ),
-                SetUpDisposition::Failed => tracing::debug!(
-                    "setting up worker/{worker} (incarnation {epoch}): {}",
-                    failure.map(|f| f.to_string()).unwrap_or_default()
-                ),
-            }
-        });
-    }
-
-    /// Tells the fenced incarnation `epoch` of `worker`, still alive, to retire.
-    fn retire_worker(&mut self, ctx: &mut Context<Self>, worker: u32, epoch: u64) {
-        let Some((node, addr)) = self.worker_peer(worker) else {
-            self.scheduler
-                .handle_worker_retired(worker, epoch, Err(no_such_worker(worker)));
-            return;
-        };
-        let gateway = self.gateway.clone();
-        let fenced = Incarnation::new(node, Epoch(epoch));
-        let call = async move { retire(&gateway, addr, fenced, WORKER_ACTOR).await };
-        self.spawn_reported(ctx, call, move |act, result| {
-            match &result {
-                Ok(()) => tracing::info!(
-                    "worker/{worker} (incarnation {epoch}) was fenced but is alive: retired it, so \
-                     that it restarts as a new incarnation"
-                ),
-                Err(e) => tracing::debug!("retiring worker/{worker}: {e}"),
-            }
-            act.scheduler.handle_worker_retired(worker, epoch, result);
-        });
-    }
-
-    /// Sends a live incarnation its new setup ([`SetupWorker`]).
-    fn reconfigure(
-        &mut self,
-        ctx: &mut Context<Self>,
-        ticket: ConfigureTicket,
-        worker: u32,
-        epoch: u64,
-        setup: SetupWorker,
-    ) {
-        let reference = self
-            .worker_incarnation(worker, epoch)
-            .map(|target| self.gateway.remote_ref::<SetupWorker>(target, WORKER_ACTOR));
-        let call = async move {
-            match reference {
-                Some(r) => worker_reply(r.call(&setup).await),
-                None => Err(no_such_worker(worker)),
-            }
-        };
-        self.spawn_reported(ctx, call, move |act, result| {
-            if let Err(e) = &result {
-                tracing::warn!("setting up worker/{worker} (incarnation {epoch}): {e}");
-            }
-            act.scheduler
-                .handle_reconfigured(Instant::now(), ticket, worker, epoch, result);
-        });
-    }
-
-    /// Asks a live incarnation where its datasets are ([`DatasetPositions`]).
-    fn ask_positions(
-        &mut self,
-        ctx: &mut Context<Self>,
-        ticket: PositionsTicket,
-        worker: u32,
-        epoch: u64,
-    ) {
-        let call = self.positions_call(worker, epoch);
-        self.spawn_reported(ctx, call, move |act, result| {
-            if let Err(e) = &result {
-                tracing::warn!(
-                    "worker/{worker} (incarnation {epoch}) did not report its dataset positions for \
-                     the checkpoint: {e}; it is restarted from its last setup's positions, \
-                     which the checkpoint records"
-                );
-            }
-            act.scheduler
-                .handle_positions(Instant::now(), ticket, worker, epoch, result);
-        });
-    }
-
     fn ps_index(&self, node: &NodeId) -> Option<u32> {
         self.servers
             .iter()
@@ -715,312 +510,6 @@ impl CoordinatorActor {
             .into_iter()
             .filter_map(|ps| self.servers.get(&ps).map(|peer| (ps, peer.clone())))
             .collect()
-    }
-
-    /// Dials parameter server `ps` with a real call ([`PsStats`]): an answer proves that
-    /// incarnation alive and tells its epoch; one from an incarnation this gateway declared
-    /// dead (a false death) is reported as such. The machine decides what follows.
-    fn dial_ps(&mut self, ctx: &mut Context<Self>, ps: u32) {
-        let Some((node, addr)) = self.servers.get(&ps).cloned() else {
-            self.scheduler
-                .handle_ps_dialled(Instant::now(), ps, PsDial::Unreachable);
-            return;
-        };
-        let gateway = self.gateway.clone();
-        let dial = async move {
-            let r = match gateway.resolve::<PsStats>(addr, &node, PS_ACTOR).await {
-                Ok(r) => r,
-                Err(RemoteError::Stale { reason, .. }) => {
-                    return match gateway.peer_status(&node) {
-                        Some((epoch, false)) => PsDial::DeclaredDead { epoch: epoch.0 },
-                        _ => {
-                            tracing::debug!("ps/{ps} not reachable yet: {reason}");
-                            PsDial::Unreachable
-                        }
-                    };
-                }
-                Err(e) => {
-                    tracing::debug!("ps/{ps} not reachable yet: {e}");
-                    return PsDial::Unreachable;
-                }
-            };
-            match r.call(&PsStats).await {
-                Ok(stats) => PsDial::Answered {
-                    epoch: r.target().epoch.0,
-                    serving: stats.serving,
-                },
-                Err(e) => {
-                    tracing::debug!("ps/{ps} not reachable yet: {e}");
-                    PsDial::Unreachable
-                }
-            }
-        };
-        self.spawn_reported(ctx, dial, move |act, outcome| {
-            act.scheduler.handle_ps_dialled(Instant::now(), ps, outcome);
-        });
-    }
-
-    /// Creates one shard of a variable on server `ps` ([`CreateVariable`]), on whichever
-    /// incarnation answers at its address.
-    fn create_shard(
-        &mut self,
-        ctx: &mut Context<Self>,
-        ticket: CreateTicket,
-        ps: u32,
-        shard: usize,
-        msg: CreateVariable,
-    ) {
-        let server = self.servers.get(&ps).cloned();
-        let gateway = self.gateway.clone();
-        let call = async move {
-            let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
-            let r = gateway
-                .resolve::<CreateVariable>(addr, &node, PS_ACTOR)
-                .await
-                .map_err(call_fault)?;
-            r.call(&msg)
-                .await
-                .map_err(call_fault)?
-                .map_err(|refusal| CallFault::Refused(refusal.to_string()))
-        };
-        self.spawn_reported(ctx, call, move |act, result| {
-            act.scheduler
-                .handle_shard_created(Instant::now(), ticket, ps, shard, result);
-        });
-    }
-
-    /// Asks server `ps` which incarnation answers, its restore generation and the closure
-    /// ids it has applied ([`PsStats`]), for the chief's start.
-    fn probe_server(&mut self, ctx: &mut Context<Self>, ticket: RestoreTicket, ps: u32) {
-        let server = self.servers.get(&ps).cloned();
-        let gateway = self.gateway.clone();
-        let call = async move {
-            let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
-            let r = gateway
-                .resolve::<PsStats>(addr, &node, PS_ACTOR)
-                .await
-                .map_err(call_fault)?;
-            let stats = r.call(&PsStats).await.map_err(call_fault)?;
-            Ok(ServerProbe {
-                ps,
-                epoch: r.target().epoch.0,
-                generation: stats.generation,
-                next_free_closure_id: stats.next_free_closure_id,
-            })
-        };
-        self.spawn_reported(ctx, call, move |act, result| {
-            act.scheduler
-                .handle_server_probed(Instant::now(), ticket, ps, result);
-        });
-    }
-
-    /// Reads one shard of server `ps` ([`Snapshot`]) for a save's read, on whichever
-    /// incarnation answers at its address (the machine tells a read across a restore by the
-    /// cut state).
-    fn snapshot_shard(
-        &mut self,
-        ctx: &mut Context<Self>,
-        ticket: CutTicket,
-        attempt: u32,
-        ps: u32,
-        shard: String,
-    ) {
-        let server = self.servers.get(&ps).cloned();
-        let gateway = self.gateway.clone();
-        let name = shard.clone();
-        let call = async move {
-            let (node, addr) = server.ok_or_else(|| no_such_server(ps))?;
-            let r = gateway
-                .resolve::<Snapshot>(addr, &node, PS_ACTOR)
-                .await
-                .map_err(call_fault)?;
-            let (state, blobs) = r
-                .call_with_blobs(&Snapshot { name }, Vec::new())
-                .await
-                .map_err(call_fault)?;
-            let state = state.map_err(|refusal| CallFault::Refused(refusal.to_string()))?;
-            Ok(ShardRead { state, blobs })
-        };
-        self.spawn_reported(ctx, call, move |act, result| {
-            act.scheduler
-                .handle_shard_read(Instant::now(), ticket, attempt, ps, &shard, result);
-        });
-    }
-
-    /// Tells incarnation `epoch` of parameter server `ps`, declared dead but answering, to
-    /// retire, so that its supervisor restarts it as a new incarnation (restored then).
-    fn retire_ps(&mut self, ctx: &mut Context<Self>, ps: u32, epoch: u64) {
-        let Some((node, addr)) = self.servers.get(&ps).cloned() else {
-            self.scheduler
-                .handle_ps_retired(ps, epoch, Err(no_such_server(ps)));
-            return;
-        };
-        let gateway = self.gateway.clone();
-        let fenced = Incarnation::new(node, Epoch(epoch));
-        let call = async move { retire(&gateway, addr, fenced, PS_ACTOR).await };
-        self.spawn_reported(ctx, call, move |act, result| {
-            match &result {
-                Ok(()) => tracing::warn!(
-                    "ps/{ps} (incarnation {epoch}) was declared dead but is alive: retired it, so \
-                     that it restarts as a new incarnation"
-                ),
-                Err(e) => tracing::debug!("retiring ps/{ps}: {e}"),
-            }
-            act.scheduler.handle_ps_retired(ps, epoch, result);
-        });
-    }
-    /// Carries out one call of a restore on the incarnation it names; its outcome goes back to
-    /// the machine as a [`RestoreReport`] of the call's generation.
-    fn restore_call(&mut self, ctx: &mut Context<Self>, call: RestoreCall) {
-        let gateway = self.gateway.clone();
-        let server = |ps: u32, epoch: u64| {
-            self.servers
-                .get(&ps)
-                .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
-        };
-        let (generation, work): (u64, futures::future::BoxFuture<'static, RestoreReport>) =
-            match call {
-                RestoreCall::Begin {
-                    ps,
-                    epoch,
-                    generation,
-                    fences,
-                } => {
-                    tracing::warn!(
-                        "restore generation {generation}: ps/{ps} (incarnation {epoch}) is restored \
-                         from a checkpoint with every other server"
-                    );
-                    let target = server(ps, epoch);
-                    (
-                        generation,
-                        Box::pin(async move {
-                            let result = match target {
-                                Some(target) => gateway
-                                    .remote_ref::<BeginRestore>(target, PS_ACTOR)
-                                    .call(&BeginRestore { generation, fences })
-                                    .await
-                                    .map_err(call_fault),
-                                None => Err(no_such_server(ps)),
-                            };
-                            RestoreReport::Begun { ps, result }
-                        }),
-                    )
-                }
-                RestoreCall::Load {
-                    generation,
-                    root,
-                    cut,
-                } => (
-                    generation,
-                    Box::pin(async move {
-                        let shown = root.display().to_string();
-                        let result = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
-                            .await
-                            .map_err(|e| LoadFault::ReaderLost(Box::new(e)))
-                            .and_then(|loaded| loaded.map_err(LoadFault::from))
-                            .map(|loaded| loaded.map(|c| CheckpointRef(Arc::new(c))));
-                        match &result {
-                            Ok(Some(c)) => tracing::info!(
-                                "restore generation {generation}: the checkpoint taken at \
-                                 closure {} (step {}) under {shown} is read",
-                                cut.0,
-                                c.0.step
-                            ),
-                            Ok(None) => tracing::warn!(
-                                "restore generation {generation}: no checkpoint taken at closure \
-                                 {} under {shown} verifies any more (lost or damaged on disk); \
-                                 rolling back to the cut before it, if one is kept",
-                                cut.0
-                            ),
-                            Err(_) => {}
-                        }
-                        RestoreReport::Loaded { result }
-                    }),
-                ),
-                RestoreCall::Shards {
-                    ps,
-                    epoch,
-                    generation,
-                    checkpoint,
-                    layouts,
-                } => {
-                    let target = server(ps, epoch);
-                    (
-                        generation,
-                        Box::pin(async move {
-                            let result = match target {
-                                Some(target) => {
-                                    restore_shards(&gateway, target, ps, layouts, checkpoint.0)
-                                        .await
-                                }
-                                None => Err(no_such_server(ps)),
-                            };
-                            RestoreReport::ShardsRestored { ps, result }
-                        }),
-                    )
-                }
-                RestoreCall::RollBack {
-                    ps,
-                    epoch,
-                    generation,
-                    finished_below,
-                } => {
-                    let target = server(ps, epoch);
-                    (
-                        generation,
-                        Box::pin(async move {
-                            let msg = RollBack {
-                                finished_below: finished_below.0,
-                                generation,
-                            };
-                            let result = match target {
-                                Some(target) => gateway
-                                    .remote_ref::<RollBack>(target, PS_ACTOR)
-                                    .call(&msg)
-                                    .await
-                                    .map_err(call_fault),
-                                None => Err(no_such_server(ps)),
-                            };
-                            RestoreReport::RolledBack { ps, result }
-                        }),
-                    )
-                }
-                RestoreCall::Rewind {
-                    worker,
-                    epoch,
-                    generation,
-                    setup,
-                } => {
-                    let target = self.worker_incarnation(worker, epoch);
-                    (
-                        generation,
-                        Box::pin(async move {
-                            let result = match target {
-                                Some(target) => worker_reply(
-                                    gateway
-                                        .remote_ref::<RewindWorker>(target, WORKER_ACTOR)
-                                        .call(&RewindWorker { setup })
-                                        .await,
-                                ),
-                                None => Err(no_such_worker(worker)),
-                            };
-                            if let Err(e) = &result {
-                                tracing::warn!("rewinding worker/{worker}'s datasets: {e}");
-                            }
-                            RestoreReport::Rewound {
-                                worker,
-                                epoch,
-                                result,
-                            }
-                        }),
-                    )
-                }
-            };
-        ctx.spawn(work.into_actor(self).map(move |report, act, ctx| {
-            act.scheduler
-                .handle_restore_report(Instant::now(), generation, report);
-            act.drive(ctx);
-        }));
     }
 
     fn worker_index(&self, node: &NodeId) -> Option<u32> {
@@ -1092,6 +581,93 @@ async fn retire(
         .call_fenced::<Retire>(addr, &fenced, actor, &Retire { epoch })
         .await
         .map_err(|e| CallFault::Unreachable(format!("retiring fenced incarnation {epoch}: {e}")))
+}
+
+/// What came of a call: the answer, or why none came.
+type Outcome = Result<Reply, CallFault>;
+
+/// A connection to `node` that failed with `error`: an incarnation the gateway declared dead
+/// that answered (a false death: frozen past the budget, then woken) is reported as such,
+/// anything else as the call's fault.
+fn declared_dead(gateway: &Gateway, node: &NodeId, error: RemoteError) -> Outcome {
+    if let RemoteError::Stale { .. } = &error {
+        if let Some((epoch, false)) = gateway.peer_status(node) {
+            return Ok(Reply::DeclaredDead { epoch: epoch.0 });
+        }
+    }
+    Err(call_fault(error))
+}
+
+/// Reads the checkpoint taken at closure `cut` under `root` (blocking: off the actor).
+async fn load_checkpoint(generation: u64, root: PathBuf, cut: ClosureId) -> Outcome {
+    let shown = root.display().to_string();
+    let result = tokio::task::spawn_blocking(move || load_at_cut(&root, cut.0))
+        .await
+        .map_err(|e| LoadFault::ReaderLost(Box::new(e)))
+        .and_then(|loaded| loaded.map_err(LoadFault::from))
+        .map(|loaded| loaded.map(|c| CheckpointRef(Arc::new(c))));
+    match &result {
+        Ok(Some(c)) => tracing::info!(
+            "restore generation {generation}: the checkpoint taken at closure {} (step {}) under \
+             {shown} is read",
+            cut.0,
+            c.0.step
+        ),
+        Ok(None) => tracing::warn!(
+            "restore generation {generation}: no checkpoint taken at closure {} under {shown} \
+             verifies any more (lost or damaged on disk); rolling back to the cut before it, if \
+             one is kept",
+            cut.0
+        ),
+        Err(_) => {}
+    }
+    Ok(Reply::Loaded(result))
+}
+
+/// Builds the checkpoint of a preemption cut and writes it under `root` (blocking: off the
+/// actor). Logs what was saved, for whoever reads why a server left.
+async fn write_preemption_cut(
+    cut: ClosureId,
+    root: PathBuf,
+    leaving: Vec<u32>,
+    reading: CutReading,
+) -> Outcome {
+    let servers = leaving
+        .iter()
+        .map(|ps| format!("ps/{ps}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // A cut with no server leaving is for servers joining or leaving the job (reshard).
+    let (why, then) = if servers.is_empty() {
+        (
+            "servers joining or leaving the job".to_string(),
+            "the variables move onto the new set of servers, and their restore runs no closure \
+             again"
+                .to_string(),
+        )
+    } else {
+        (
+            format!("preemption notice from {servers}"),
+            format!("{servers} may leave, and its restore runs no closure again"),
+        )
+    };
+    let written = tokio::task::spawn_blocking(move || write_cut_checkpoint(&root, reading)).await;
+    let result = match written {
+        Ok(Ok(saved)) => {
+            tracing::warn!(
+                "{why}: checkpoint of the cut at closure {} written to {} ({:.1} MB in {} ms, \
+                 dispatch held meanwhile); {then}",
+                cut.0,
+                saved.dir.display(),
+                saved.bytes as f64 / 1e6,
+                saved.took.as_millis(),
+            );
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(CutWriteError::WriterLost(Box::new(e))),
+    };
+    Ok(Reply::CutWritten(result))
 }
 
 impl Actor for CoordinatorActor {
@@ -1910,7 +1486,7 @@ mod tests {
     use super::*;
     use crate::roles::coordinator::SchedulerConfig;
     use crate::roles::coordinator::{WorkerPositions, DATASET_POSITIONS_KEY};
-    use crate::roles::protocol::{PositionsError, SetupError, WorkerRefusal};
+    use crate::roles::protocol::{PositionsError, RunClosureError, SetupError, WorkerRefusal};
     use cohort_actors::{RefusedReason, Remote};
     use cohort_transport::ClusterCa;
 

@@ -10,7 +10,11 @@
 //!   afresh), (in `machine::save`) reading a consistent cut for a checkpoint, and (in
 //!   `machine::membership`) elastic workers: a worker joining the running job or drained
 //!   out of it;
-//! - `actor` carries the machine's actions out as remote calls and reports their outcomes;
+//! - `executor` is the one executor of the machine's actions, which the actor and the
+//!   simulator both run: what each action asks of the world (calls, answers, fences), and
+//!   where each call's outcome goes in the machine;
+//! - `actor` moves the executor's calls over QUIC (and the checkpoint storage's work onto
+//!   blocking threads) and answers the program's waits;
 //! - `restore` is the restore's IO (sending a server's shards, reading a checkpoint);
 //! - `client` is the blocking [`ClusterCoordinator`] API over the actor: it forwards the
 //!   program's requests to the machine and waits for their end; it writes the checkpoints the
@@ -18,6 +22,7 @@
 
 mod actor;
 mod client;
+pub(crate) mod executor;
 mod machine;
 mod restore;
 

@@ -12,8 +12,9 @@
 //!   and the faults the scenario injects into them;
 //! - `server` and `worker`: the parameter servers' and workers' real machines, the simulator
 //!   standing in for their actors (and the worker's compute thread);
-//! - `shell`: the coordinator's shell: calls out, their replies, the `SchedulerAction`s carried
-//!   out;
+//! - `shell`: the coordinator's shell: the coordinator's one executor (the actor's too) run
+//!   over the simulated network, its calls sent and their replies read as the gateway reads
+//!   them;
 //! - `detector`: the chief's failure detector and the supervisors' exit reports;
 //! - `chief`: the chief program (schedule, join, save, start from a checkpoint);
 //! - `storage`: the simulated checkpoint storage, its faults and its verified reads;
@@ -48,6 +49,7 @@ use super::outcome::{ExpectedEnd, UnexpectedEnd};
 use super::{Node, Scenario, SimConfig, Violation, EXTRA_SERVERS_MAX};
 use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
+use crate::roles::coordinator::executor::{Reply, Route};
 use crate::roles::coordinator::{CutTicket, CutWriteError, Scheduler};
 
 use chief::{Chief, ChiefPhase};
@@ -406,9 +408,10 @@ impl<'a> World<'a> {
                 if let Some(result) = result
                     .filter(|_| chief == self.chief_epoch && self.chief_state == ProcState::Up)
                 {
-                    let now = self.instant();
-                    self.coord
-                        .handle_preemption_cut_written(now, CutTicket(ticket), result);
+                    let route = Route::CutWritten {
+                        ticket: CutTicket(ticket),
+                    };
+                    self.hand_to_machine(route, Ok(Reply::CutWritten(result)));
                 }
             }
             Event::ChiefSilent { epoch } => self.chief_silent(epoch),

@@ -1,96 +1,32 @@
 //! The coordinator's shell: what the coordinator actor does around its machine
-//! ([`Scheduler`](crate::roles::coordinator::Scheduler)). It carries out every
-//! [`SchedulerAction`] (calls to workers and servers, each bounded in time, and answers), turns
-//! each call's reply (or why none came) into the machine's `handle_*` input, hands the
-//! messages that reach the chief to the machine, and runs the coordinator's periodic work. It
-//! decides nothing itself.
+//! ([`Scheduler`](crate::roles::coordinator::Scheduler)), over the simulated network. Every
+//! [`SchedulerAction`](crate::roles::coordinator::SchedulerAction) is carried out by the
+//! coordinator's one executor ([`executor::plan`], [`executor::deliver`]), which the actor
+//! runs too; this shell only moves the executor's calls as simulated messages, reads their
+//! answers back as the gateway would, hands the messages that reach the chief to the machine,
+//! and runs the coordinator's periodic work. It decides nothing itself; it keeps the harness's
+//! records (FENCE-1, PS-1, what each save read) as calls go out and answers come in.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::super::Node;
 use super::job::{skip_of, DATASET};
 use super::network::{Msg, Req, Resp, RunResult};
 use super::storage::LOAD_DELAY;
 use super::{Event, ProcState, World};
-use crate::roles::coordinator::{
-    CallFault, ClosureId, ConfigureTicket, CutTicket, PositionsTicket, PsDial, RestoreCall,
-    RestoreReport, RestoreTicket, ResultDisposition, SchedulerAction, ServerProbe, WorkerDial,
+use crate::roles::coordinator::executor::{
+    self, Answer, Delivered, Effect, Reply, Request, Route, Target,
 };
-use crate::roles::protocol::SetupWorker;
+use crate::roles::coordinator::{CallFault, ServerProbe};
+use crate::roles::protocol::{PsUnavailable, RunClosureError, SetupWorker};
 
-/// A coordinator call in flight: to which incarnation of which node, and what it is for.
+/// A coordinator call in flight: to which incarnation of which node, and where its answer
+/// goes in the machine.
 pub(super) struct Call {
     pub(super) to: Node,
     pub(super) epoch: u64,
-    pub(super) kind: CallKind,
-}
-
-/// What a call is for: where its reply goes in the machine.
-#[derive(Debug, Clone)]
-pub(super) enum CallKind {
-    Run {
-        worker: u32,
-        epoch: u64,
-        closure: u64,
-        attempt: u32,
-    },
-    Dial {
-        worker: u32,
-    },
-    SetUp {
-        worker: u32,
-        epoch: u64,
-        version: u64,
-    },
-    Reconfigure {
-        ticket: ConfigureTicket,
-        worker: u32,
-        epoch: u64,
-    },
-    Positions {
-        ticket: PositionsTicket,
-        worker: u32,
-        epoch: u64,
-    },
-    DrainPositions {
-        worker: u32,
-        epoch: u64,
-    },
-    Probe {
-        ps: u32,
-    },
-    RetireWorker {
-        worker: u32,
-        epoch: u64,
-    },
-    RetirePs {
-        ps: u32,
-        epoch: u64,
-    },
-    Fence {
-        worker: u32,
-        epoch: u64,
-        ps: u32,
-    },
-    Watermark {
-        ps: u32,
-    },
-    Restore {
-        generation: u64,
-        call: RestoreCall,
-    },
-    Snapshot {
-        ticket: CutTicket,
-        attempt: u32,
-        ps: u32,
-        shard: String,
-    },
-    /// A new chief incarnation probes a server before restoring.
-    StartProbe {
-        ticket: RestoreTicket,
-        ps: u32,
-    },
+    pub(super) route: Route,
 }
 
 /// Why a call got no reply: its connection was lost, or the caller's bound passed (the
@@ -185,209 +121,79 @@ impl World<'_> {
         }
     }
 
-    /// A call's outcome: its reply, or why none came.
+    /// A call's outcome: its reply, or why none came, read as the gateway reads it and handed
+    /// to the executor.
     pub(super) fn on_reply(&mut self, call: u64, resp: Result<Resp, NoReply>) {
-        let Some(Call { kind, .. }) = self.calls.remove(&call) else {
+        let Some(Call { to, route, .. }) = self.calls.remove(&call) else {
             return; // answered already (a duplicate), or given up
         };
+        let outcome = self.reply_of(to, &route, resp);
+        self.hand_to_machine(route, outcome);
+    }
+
+    /// Hands an outcome to the executor; FENCE-1: a result from an incarnation fenced must
+    /// not commit.
+    pub(super) fn hand_to_machine(&mut self, route: Route, outcome: Result<Reply, CallFault>) {
         let now = self.instant();
-        match kind {
-            CallKind::Run {
-                worker,
-                epoch,
-                closure,
-                attempt,
-            } => self.run_replied(now, worker, epoch, closure, attempt, resp),
-            CallKind::Dial { worker } => {
-                let dial = self.worker_dial(worker, resp);
-                self.coord.handle_worker_dialled(now, worker, dial);
-            }
-            CallKind::SetUp {
-                worker,
-                epoch,
-                version,
-            } => {
-                let result = call_result(resp);
-                self.coord
-                    .handle_worker_set_up(now, worker, epoch, version, result);
-            }
-            CallKind::Reconfigure {
-                ticket,
-                worker,
-                epoch,
-            } => {
-                let result = call_result(resp);
-                self.coord
-                    .handle_reconfigured(now, ticket, worker, epoch, result);
-            }
-            CallKind::Positions {
-                ticket,
-                worker,
-                epoch,
-            } => {
-                let result = positions_of(resp);
-                self.coord
-                    .handle_positions(now, ticket, worker, epoch, result);
-            }
-            CallKind::DrainPositions { worker, epoch } => {
-                if let Ok(Resp::Positions(list)) = &resp {
-                    let position = list.iter().find(|(name, _)| name == DATASET);
-                    self.workers[worker as usize].drain_read = position.map(|(_, at)| *at);
-                }
-                let result = positions_of(resp);
-                self.coord
-                    .handle_drain_positions(now, worker, epoch, result);
-            }
-            CallKind::RetireWorker { worker, epoch } => {
-                self.coord
-                    .handle_worker_retired(worker, epoch, call_result(resp));
-            }
-            CallKind::RetirePs { ps, epoch } => {
-                self.coord.handle_ps_retired(ps, epoch, call_result(resp));
-            }
-            CallKind::Fence { worker, epoch, ps } => {
-                self.coord
-                    .handle_fence_sent(worker, epoch, ps, call_result(resp));
-            }
-            CallKind::Watermark { ps } => {
-                self.coord.handle_watermark_sent(ps, call_result(resp));
-            }
-            CallKind::Probe { ps } => {
-                let dial = self.ps_dial(ps, resp);
-                self.coord.handle_ps_dialled(now, ps, dial);
-            }
-            CallKind::Restore { generation, call } => {
-                if let Some(report) = restore_report(call, resp) {
-                    self.coord.handle_restore_report(now, generation, report);
-                }
-            }
-            CallKind::Snapshot {
-                ticket,
-                attempt,
-                ps,
-                shard,
-            } => self.shard_read(now, ticket, attempt, ps, shard, resp),
-            CallKind::StartProbe { ticket, ps } => {
-                let result = start_probe(ps, resp);
-                self.coord.handle_server_probed(now, ticket, ps, result);
+        let delivered = executor::deliver(&mut self.coord, now, route, outcome);
+        if let Delivered::Committed {
+            worker,
+            epoch,
+            closure,
+            ..
+        } = delivered
+        {
+            if self.fenced.get(&worker).is_some_and(|f| epoch <= *f) {
+                self.violate(
+                    "FENCE-1",
+                    format!(
+                        "closure {} committed from fenced worker/{worker} epoch {epoch}",
+                        closure.0
+                    ),
+                );
             }
         }
     }
 
-    /// Carries out what the scheduler asks, until it asks nothing more.
-    ///
-    /// Longer than most functions here on purpose: a flat table with one arm per
-    /// [`SchedulerAction`], each a call or one of the helpers below, kept whole so that what
-    /// the shell does for every action reads in one place (as the coordinator actor's does).
+    /// Carries out what the scheduler asks, until it asks nothing more: the executor's plan
+    /// of each action.
     pub(super) fn drive(&mut self) {
         while let Some(action) = self.coord.poll_action() {
-            match action {
-                SchedulerAction::Dispatch {
-                    worker,
-                    epoch,
-                    closure,
-                    attempt,
-                    generation,
-                    ..
-                } => self.dispatch(worker, epoch, closure, attempt, generation),
-                SchedulerAction::Fence { worker, epoch } => self.fence(worker, epoch),
-                SchedulerAction::Watermark {
-                    finished_below,
-                    generation,
-                } => self.send_watermark(finished_below, generation),
-                SchedulerAction::Restore(call) => self.restore_call(call),
-                SchedulerAction::DialPs { ps } => {
-                    let node = Node::Ps(ps);
-                    let epoch = self.state(node).1;
-                    let bound = self.config.call_timeout;
-                    self.call(node, epoch, CallKind::Probe { ps }, Req::Probe, bound);
-                }
-                SchedulerAction::RetirePs { ps, epoch } => {
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::RetirePs { ps, epoch };
-                    self.call(Node::Ps(ps), epoch, kind, Req::Retire, bound);
-                }
-                SchedulerAction::RestoreFinished { ticket, result } => {
-                    self.startup_restored(ticket, result)
-                }
-                SchedulerAction::DialWorker { worker } => {
-                    let node = Node::Worker(worker);
-                    let epoch = self.state(node).1;
-                    let bound = self.config.call_timeout;
-                    self.call(node, epoch, CallKind::Dial { worker }, Req::Hello, bound);
-                }
-                SchedulerAction::SetUpWorker {
-                    worker,
-                    epoch,
-                    version,
-                    setup,
-                } => self.set_up_worker(worker, epoch, version, &setup),
-                SchedulerAction::RetireWorker { worker, epoch } => {
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::RetireWorker { worker, epoch };
-                    self.call(Node::Worker(worker), epoch, kind, Req::Retire, bound);
-                }
-                SchedulerAction::Reconfigure {
-                    ticket,
-                    worker,
-                    epoch,
-                    setup,
-                } => self.reconfigure(ticket, worker, epoch, &setup),
-                SchedulerAction::AskPositions {
-                    ticket,
-                    worker,
-                    epoch,
-                } => {
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::Positions {
-                        ticket,
-                        worker,
-                        epoch,
-                    };
-                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
-                }
-                SchedulerAction::SnapshotShard {
-                    ticket,
-                    attempt,
-                    ps,
-                    shard,
-                } => self.snapshot_shard(ticket, attempt, ps, shard),
-                SchedulerAction::CutRead { ticket, result } => self.cut_read(ticket, result),
-                SchedulerAction::WritePreemptionCut {
-                    ticket,
-                    root,
-                    reading,
-                    ..
-                } => self.write_preemption_cut(ticket, root, *reading),
-                SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
-                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
-                }
-                SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
-                    let go = result.is_ok();
-                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::PsDrainAnswer { go });
-                }
-                SchedulerAction::ProbeServer { ticket, ps } => {
-                    let node = Node::Ps(ps);
-                    let epoch = self.state(node).1;
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::StartProbe { ticket, ps };
-                    self.call(node, epoch, kind, Req::Probe, bound);
-                }
-                // The simulated job's variables exist from the servers' first start, as a
-                // chief program creates them before anything else; it creates none later.
-                SchedulerAction::CreateShard { .. } | SchedulerAction::VariableCreated { .. } => {}
-                // The program's wait for a configuration: the simulated chief configures once,
-                // before any worker is up.
-                SchedulerAction::ConfigureFinished { .. } => {}
-                SchedulerAction::AskDrainPositions { worker, epoch } => {
-                    let bound = self.config.call_timeout;
-                    let kind = CallKind::DrainPositions { worker, epoch };
-                    self.call(Node::Worker(worker), epoch, kind, Req::Positions, bound);
-                }
-                SchedulerAction::DrainFinished { worker, epoch } => {
-                    self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
+            let now = self.instant();
+            for effect in executor::plan(&self.coord, now, action) {
+                match effect {
+                    Effect::Call(call) => self.call(call),
+                    Effect::Answer(answer) => self.answer(answer),
+                    Effect::Fenced { worker, epoch } => {
+                        let fenced = self.fenced.entry(worker).or_insert(epoch);
+                        *fenced = (*fenced).max(epoch);
+                        // Dropping the connection: calls to that incarnation fail now.
+                        self.fail_calls(Node::Worker(worker), epoch);
+                    }
                 }
             }
+        }
+    }
+
+    /// Tells whoever waits for a request the machine ended: the chief program, or a task's
+    /// process (as a message).
+    fn answer(&mut self, answer: Answer) {
+        match answer {
+            Answer::Started { ticket, result } => self.startup_restored(ticket, result),
+            Answer::CutRead { ticket, result } => self.cut_read(ticket, result),
+            Answer::Drained { worker, epoch } => {
+                self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
+            }
+            Answer::PsLeaving { ps, epoch, answer } => {
+                self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
+            }
+            Answer::PsDraining { ps, epoch, result } => {
+                let go = result.is_ok();
+                self.send(Node::Chief, Node::Ps(ps), epoch, Msg::PsDrainAnswer { go });
+            }
+            // The program's wait for a configuration: the simulated chief configures once,
+            // before any worker is up; and it creates no variable (below).
+            Answer::Configured { .. } | Answer::VariableCreated { .. } => {}
         }
     }
 
@@ -404,54 +210,110 @@ impl World<'_> {
         }
     }
 
-    /// Calls incarnation `epoch` of `to` with `req`; its reply (or none within `bound`) comes
-    /// back to [`World::on_reply`] as `kind` says.
-    fn call(&mut self, to: Node, epoch: u64, kind: CallKind, req: Req, bound: Duration) {
+    /// Sends one of the executor's calls as a simulated request to the incarnation it names
+    /// (or the one up now, for a call to whichever answers at the address); its reply (or
+    /// none within the call's bound) comes back to [`World::on_reply`]. The checkpoint
+    /// storage's work is done on the simulated storage after a delay.
+    fn call(&mut self, call: executor::Call) {
+        let executor::Call {
+            request,
+            bound,
+            route,
+        } = call;
+        let bound = bound.unwrap_or(self.config.call_timeout);
+        let (to, epoch) = match request.target() {
+            Target::Worker { worker, epoch } => {
+                let node = Node::Worker(worker);
+                (node, epoch.unwrap_or_else(|| self.state(node).1))
+            }
+            Target::Ps { ps, epoch } => {
+                let node = Node::Ps(ps);
+                (node, epoch.unwrap_or_else(|| self.state(node).1))
+            }
+            Target::Storage => (Node::Chief, self.chief_epoch),
+        };
+        let Some(req) = self.request_of(request, &route) else {
+            return;
+        };
         let call = self.next_call;
         self.next_call += 1;
-        self.calls.insert(call, Call { to, epoch, kind });
+        self.calls.insert(call, Call { to, epoch, route });
         self.send(Node::Chief, to, epoch, Msg::Request { call, req });
         self.at(self.now + bound, Event::CallTimeout { call });
     }
 
-    /// Carries out one call of the restore machine (the load is no call: the checkpoint is
-    /// read from the simulated storage after a delay).
-    fn restore_call(&mut self, call: RestoreCall) {
-        let bound = self.config.call_timeout;
-        match &call {
-            RestoreCall::Begin {
-                ps,
-                epoch,
-                generation,
-                fences,
-            } => {
-                let req = Req::Begin {
-                    generation: *generation,
-                    fences: fences.clone(),
-                };
-                let kind = CallKind::Restore {
-                    generation: *generation,
-                    call: call.clone(),
-                };
-                self.call(Node::Ps(*ps), *epoch, kind, req, bound);
+    /// The simulated message that carries `request` (the harness notes what it checks as it
+    /// goes out), or `None` where nothing goes over the network: the storage's work, done
+    /// here, and a variable's creation, which the simulated job never asks for.
+    fn request_of(&mut self, request: Request, route: &Route) -> Option<Req> {
+        let setup_req = |world: &mut Self, setup: &SetupWorker| {
+            (
+                world.chief_epoch,
+                skip_of(setup),
+                world.intern_layouts(&setup.layouts),
+            )
+        };
+        let req = match request {
+            Request::Run { msg, .. } => {
+                // PS-1 across chief restarts, checked as an id is given out the first time.
+                if self.dispatched.insert(msg.closure) {
+                    self.check_fresh_id(msg.closure);
+                }
+                Req::Run {
+                    closure: msg.closure,
+                    attempt: msg.attempt,
+                    generation: msg.generation,
+                    chief: self.chief_epoch,
+                }
             }
-            RestoreCall::Load {
-                generation, cut, ..
-            } => {
-                let event = Event::Loaded {
-                    generation: *generation,
-                    cut: cut.0,
-                };
-                self.at(self.now + LOAD_DELAY, event);
+            Request::DialWorker { .. } => Req::Hello,
+            Request::Rewind { setup, .. } => {
+                let (chief, skip, layouts) = setup_req(self, &setup);
+                match route {
+                    Route::SetUp { version, .. } => Req::SetUp {
+                        version: *version,
+                        chief,
+                        skip,
+                        layouts,
+                    },
+                    _ => Req::Rewind {
+                        version: setup.version,
+                        chief,
+                        skip,
+                        layouts,
+                    },
+                }
             }
-            RestoreCall::Shards {
-                ps,
-                epoch,
-                generation,
+            Request::Configure { setup, .. } => {
+                let (chief, skip, layouts) = setup_req(self, &setup);
+                Req::Configure {
+                    version: setup.version,
+                    chief,
+                    skip,
+                    layouts,
+                }
+            }
+            Request::Positions { .. } => Req::Positions,
+            Request::RetireWorker { .. } | Request::RetirePs { .. } => Req::Retire,
+            Request::Stats { .. } => Req::Probe,
+            Request::Fence { msg, .. } => Req::Fence {
+                worker: msg.worker,
+                epoch: msg.epoch,
+            },
+            Request::Watermark { msg, .. } => Req::Watermark {
+                below: msg.closure,
+                generation: msg.generation,
+            },
+            Request::BeginRestore { msg, .. } => Req::Begin {
+                generation: msg.generation,
+                fences: msg.fences,
+            },
+            Request::RestoreShards {
                 checkpoint,
                 layouts,
+                ..
             } => {
-                let layouts = self.intern_layouts(layouts);
+                let layouts = self.intern_layouts(&layouts);
                 let stored = checkpoint.0.step as usize;
                 // A restore puts every worker at the checkpoint's positions: what a drain kept
                 // before it no longer holds (the checkpoint records it if it was taken after).
@@ -459,359 +321,127 @@ impl World<'_> {
                     worker.kept = None;
                     worker.drain_read = None;
                 }
-                self.restored_from.insert(*generation, stored);
+                if let Route::Restore { generation, .. } = route {
+                    self.restored_from.insert(*generation, stored);
+                }
                 self.restoring.insert(stored, Arc::clone(&checkpoint.0));
-                let kind = CallKind::Restore {
-                    generation: *generation,
-                    call: call.clone(),
-                };
-                self.call(
-                    Node::Ps(*ps),
-                    *epoch,
-                    kind,
-                    Req::Shards { stored, layouts },
-                    bound,
-                );
+                Req::Shards { stored, layouts }
             }
-            RestoreCall::RollBack {
-                ps,
-                epoch,
-                generation,
-                finished_below,
+            Request::RollBack { msg, .. } => Req::RollBack {
+                below: msg.finished_below,
+                generation: msg.generation,
+            },
+            Request::Snapshot { msg, .. } => Req::Snapshot { shard: msg.name },
+            // The simulated job's variables exist from the servers' first start, as a chief
+            // program creates them before anything else; it creates none later.
+            Request::Create { .. } => return None,
+            // The checkpoint is read from the simulated storage after a delay.
+            Request::Load {
+                generation, cut, ..
             } => {
-                let req = Req::RollBack {
-                    below: finished_below.0,
-                    generation: *generation,
+                let event = Event::Loaded {
+                    generation,
+                    cut: cut.0,
                 };
-                let kind = CallKind::Restore {
-                    generation: *generation,
-                    call: call.clone(),
-                };
-                self.call(Node::Ps(*ps), *epoch, kind, req, bound);
+                self.at(self.now + LOAD_DELAY, event);
+                return None;
             }
-            RestoreCall::Rewind {
-                worker,
-                epoch,
-                generation,
-                setup,
-            } => {
-                let req = Req::Rewind {
-                    version: setup.version,
-                    chief: self.chief_epoch,
-                    skip: skip_of(setup),
-                    layouts: self.intern_layouts(&setup.layouts),
-                };
-                let kind = CallKind::Restore {
-                    generation: *generation,
-                    call: call.clone(),
-                };
-                self.call(Node::Worker(*worker), *epoch, kind, req, bound);
+            Request::WriteCut { root, reading, .. } => {
+                if let Route::CutWritten { ticket } = route {
+                    self.write_preemption_cut(*ticket, root, *reading);
+                }
+                return None;
             }
-        }
+        };
+        Some(req)
     }
 
-    /// Worker `w`'s answer to closure call `closure` (attempt `attempt`, to incarnation
-    /// `epoch`) goes to the machine; FENCE-1: a result from an incarnation fenced must not
-    /// commit.
-    fn run_replied(
+    /// What a simulated answer from `to` is as the gateway reads it: a refusal, a connection
+    /// lost or an answer not in time are [`CallFault`]s, and an incarnation the chief's
+    /// detector declared dead answers as such (the gateway refuses it as stale). The harness
+    /// notes what each save read and what a draining worker reported.
+    fn reply_of(
         &mut self,
-        now: Instant,
-        worker: u32,
-        epoch: u64,
-        closure: u64,
-        attempt: u32,
+        to: Node,
+        route: &Route,
         resp: Result<Resp, NoReply>,
-    ) {
-        let id = ClosureId(closure);
-        match resp {
-            Ok(Resp::Run(RunResult::Committed)) => {
-                let disposition = self.coord.handle_result(
-                    now,
-                    worker,
+    ) -> Result<Reply, CallFault> {
+        let resp = resp.map_err(|no_reply| CallFault::Unreachable(no_reply.to_string()))?;
+        let declared = |world: &Self, epoch: u64| {
+            world.detector.get(&to).and_then(|d| d.declared) == Some(epoch)
+        };
+        let reply = match resp {
+            Resp::Done => Reply::Done,
+            Resp::Refused(e) => return Err(CallFault::Refused(e)),
+            Resp::Unavailable(e) => return Err(CallFault::Unreachable(e)),
+            Resp::Run(RunResult::Committed) => {
+                // The simulated step's value is its closure id.
+                let value = match route {
+                    Route::Run { closure, .. } => closure.0.to_le_bytes().to_vec(),
+                    _ => Vec::new(),
+                };
+                Reply::Ran(Ok(value))
+            }
+            Resp::Run(RunResult::PsUnavailable(ps)) => {
+                let unavailable = PsUnavailable {
+                    ps,
+                    reason: "not serving".into(),
+                };
+                Reply::Ran(Err(RunClosureError::PsUnavailable(unavailable)))
+            }
+            Resp::Run(RunResult::Failed(error)) => Reply::Ran(Err(RunClosureError::Step(error))),
+            Resp::Hello { epoch } if declared(self, epoch) => Reply::DeclaredDead { epoch },
+            Resp::Hello { epoch } => Reply::Worker { epoch },
+            Resp::Probe { epoch, .. } if declared(self, epoch) => Reply::DeclaredDead { epoch },
+            Resp::Probe {
+                epoch,
+                serving,
+                generation,
+                next_free,
+            } => {
+                let ps = match to {
+                    Node::Ps(ps) => ps,
+                    _ => 0,
+                };
+                let probe = ServerProbe {
+                    ps,
                     epoch,
-                    id,
+                    generation,
+                    next_free_closure_id: next_free,
+                };
+                Reply::Server { probe, serving }
+            }
+            Resp::Positions(list) => {
+                if let Route::DrainPositions { worker, .. } = route {
+                    let position = list.iter().find(|(name, _)| name == DATASET);
+                    self.workers[*worker as usize].drain_read = position.map(|(_, at)| *at);
+                }
+                Reply::Positions(list)
+            }
+            Resp::Snapshot(id) => {
+                // PS-1: the harness keeps the newest attempt's snapshot of each (read,
+                // server, shard).
+                if let Route::Snapshot {
+                    ticket,
                     attempt,
-                    Ok(closure.to_le_bytes().to_vec()),
-                );
-                if disposition == ResultDisposition::Committed
-                    && self.fenced.get(&worker).is_some_and(|f| epoch <= *f)
+                    ps,
+                    shard,
+                } = route
                 {
-                    self.violate(
-                        "FENCE-1",
-                        format!(
-                            "closure {closure} committed from fenced worker/{worker} epoch {epoch}"
-                        ),
-                    );
+                    let key = (*ticket, *ps, shard.clone());
+                    let newest = self
+                        .chief
+                        .read
+                        .get(&key)
+                        .is_none_or(|(a, _)| *a <= *attempt);
+                    if newest {
+                        self.chief.read.insert(key, (*attempt, id));
+                    }
                 }
+                Reply::Shard(self.snapshots[id].read.clone())
             }
-            Ok(Resp::Run(RunResult::PsUnavailable(ps))) => {
-                self.coord
-                    .handle_ps_unavailable(now, worker, epoch, id, attempt, ps);
-            }
-            Ok(Resp::Run(RunResult::Failed(error))) => {
-                let error = crate::roles::coordinator::ClosureOutcomeError::Step(error);
-                self.coord
-                    .handle_result(now, worker, epoch, id, attempt, Err(error));
-            }
-            Ok(Resp::Refused(_)) => {
-                self.coord.handle_refused(now, worker, epoch, id, attempt);
-            }
-            Ok(_) | Err(_) => self.coord.handle_worker_lost(now, worker, epoch),
-        }
-    }
-
-    /// What a dial of worker `worker` found: the incarnation that answered (one the
-    /// detector declared dead already is reported so), or nothing.
-    fn worker_dial(&self, worker: u32, resp: Result<Resp, NoReply>) -> WorkerDial {
-        match resp {
-            Ok(Resp::Hello { epoch }) => {
-                let node = Node::Worker(worker);
-                let declared = self.detector.get(&node).and_then(|d| d.declared);
-                if declared == Some(epoch) {
-                    WorkerDial::DeclaredDead { epoch }
-                } else {
-                    WorkerDial::Answered { epoch }
-                }
-            }
-            _ => WorkerDial::Unreachable,
-        }
-    }
-
-    /// What a probe of server `ps` found, as [`World::worker_dial`] for a worker.
-    fn ps_dial(&self, ps: u32, resp: Result<Resp, NoReply>) -> PsDial {
-        match resp {
-            Ok(Resp::Probe { epoch, serving, .. }) => {
-                let declared = self.detector.get(&Node::Ps(ps)).and_then(|d| d.declared);
-                if declared == Some(epoch) {
-                    PsDial::DeclaredDead { epoch }
-                } else {
-                    PsDial::Answered { epoch, serving }
-                }
-            }
-            _ => PsDial::Unreachable,
-        }
-    }
-
-    /// A server's answer to a shard read for a save: the machine hears it, and the harness
-    /// keeps the newest attempt's snapshot of each (read, server, shard) (PS-1).
-    fn shard_read(
-        &mut self,
-        now: Instant,
-        ticket: CutTicket,
-        attempt: u32,
-        ps: u32,
-        shard: String,
-        resp: Result<Resp, NoReply>,
-    ) {
-        let result = match resp {
-            Ok(Resp::Snapshot(id)) => {
-                let newest = self
-                    .chief
-                    .read
-                    .get(&(ticket, ps, shard.clone()))
-                    .is_none_or(|(a, _)| *a <= attempt);
-                if newest {
-                    let key = (ticket, ps, shard.clone());
-                    self.chief.read.insert(key, (attempt, id));
-                }
-                Ok(self.snapshots[id].read.clone())
-            }
-            other => Err(answer_fault(other)),
         };
-        self.coord
-            .handle_shard_read(now, ticket, attempt, ps, &shard, result);
-    }
-
-    /// Sends closure `closure` (attempt `attempt`, restore generation `generation`) to
-    /// incarnation `epoch` of `worker`; PS-1 across chief restarts is checked as an id is
-    /// given out for the first time.
-    fn dispatch(
-        &mut self,
-        worker: u32,
-        epoch: u64,
-        closure: ClosureId,
-        attempt: u32,
-        generation: u64,
-    ) {
-        let kind = CallKind::Run {
-            worker,
-            epoch,
-            closure: closure.0,
-            attempt,
-        };
-        let req = Req::Run {
-            closure: closure.0,
-            attempt,
-            generation,
-            chief: self.chief_epoch,
-        };
-        if self.dispatched.insert(closure.0) {
-            self.check_fresh_id(closure.0);
-        }
-        let bound = self.coord.config().step_timeout;
-        self.call(Node::Worker(worker), epoch, kind, req, bound);
-    }
-
-    /// Fences incarnation `epoch` of `worker` on every server in the job (FENCE-1 records
-    /// it), and drops the connection to it: calls to that incarnation fail now.
-    fn fence(&mut self, worker: u32, epoch: u64) {
-        let fenced = self.fenced.entry(worker).or_insert(epoch);
-        *fenced = (*fenced).max(epoch);
-        for ps in self.coord.servers_in_job() {
-            let node = Node::Ps(ps);
-            let to_epoch = self.state(node).1;
-            let kind = CallKind::Fence { worker, epoch, ps };
-            let req = Req::Fence { worker, epoch };
-            self.call(node, to_epoch, kind, req, self.config.call_timeout);
-        }
-        // Dropping the connection: calls to that incarnation fail now.
-        self.fail_calls(Node::Worker(worker), epoch);
-    }
-
-    /// Sends the low watermark to every server in the job.
-    fn send_watermark(&mut self, finished_below: ClosureId, generation: u64) {
-        for ps in self.coord.servers_in_job() {
-            let node = Node::Ps(ps);
-            let to_epoch = self.state(node).1;
-            let req = Req::Watermark {
-                below: finished_below.0,
-                generation,
-            };
-            let kind = CallKind::Watermark { ps };
-            self.call(node, to_epoch, kind, req, self.config.call_timeout);
-        }
-    }
-
-    /// Sets incarnation `epoch` of `worker` up (setup `version`).
-    fn set_up_worker(&mut self, worker: u32, epoch: u64, version: u64, setup: &SetupWorker) {
-        let kind = CallKind::SetUp {
-            worker,
-            epoch,
-            version,
-        };
-        let req = Req::SetUp {
-            version,
-            chief: self.chief_epoch,
-            skip: skip_of(setup),
-            layouts: self.intern_layouts(&setup.layouts),
-        };
-        let bound = self.config.call_timeout;
-        self.call(Node::Worker(worker), epoch, kind, req, bound);
-    }
-
-    /// Sends the live incarnation `epoch` of `worker` its new setup.
-    fn reconfigure(
-        &mut self,
-        ticket: ConfigureTicket,
-        worker: u32,
-        epoch: u64,
-        setup: &SetupWorker,
-    ) {
-        let bound = self.config.call_timeout;
-        let kind = CallKind::Reconfigure {
-            ticket,
-            worker,
-            epoch,
-        };
-        let req = Req::Configure {
-            version: setup.version,
-            chief: self.chief_epoch,
-            skip: skip_of(setup),
-            layouts: self.intern_layouts(&setup.layouts),
-        };
-        self.call(Node::Worker(worker), epoch, kind, req, bound);
-    }
-
-    /// Reads one shard of server `ps` for a cut.
-    fn snapshot_shard(&mut self, ticket: CutTicket, attempt: u32, ps: u32, shard: String) {
-        // As the real shell: whichever incarnation answers at the server's address.
-        let node = Node::Ps(ps);
-        let epoch = self.state(node).1;
-        let bound = self.config.call_timeout;
-        let req = Req::Snapshot {
-            shard: shard.clone(),
-        };
-        let kind = CallKind::Snapshot {
-            ticket,
-            attempt,
-            ps,
-            shard,
-        };
-        self.call(node, epoch, kind, req, bound);
-    }
-}
-
-/// A call's outcome as the machine hears it: done, refused (the callee answered no), or
-/// unreachable (no answer, or the connection was lost).
-fn call_result(resp: Result<Resp, NoReply>) -> Result<(), CallFault> {
-    match resp {
-        Ok(Resp::Done) => Ok(()),
-        Ok(Resp::Refused(e)) => Err(CallFault::Refused(e)),
-        Ok(Resp::Unavailable(e)) => Err(CallFault::Unreachable(e)),
-        Ok(other) => Err(CallFault::Refused(format!("unexpected answer {other:?}"))),
-        Err(e) => Err(CallFault::Unreachable(e.to_string())),
-    }
-}
-
-/// Why a call that asked for an answer of its own got none: the fault [`call_result`] finds,
-/// or a refusal when the callee answered something else.
-fn answer_fault(resp: Result<Resp, NoReply>) -> CallFault {
-    call_result(resp)
-        .err()
-        .unwrap_or_else(|| CallFault::Refused("unexpected answer".into()))
-}
-
-/// A positions request's outcome: the worker's datasets' positions, or why none came.
-fn positions_of(resp: Result<Resp, NoReply>) -> Result<Vec<(String, u64)>, CallFault> {
-    match resp {
-        Ok(Resp::Positions(list)) => Ok(list),
-        other => Err(answer_fault(other)),
-    }
-}
-
-/// A restore call's outcome as the restore machine hears it (`None` for the load, which is
-/// no call: its outcome comes as [`Event::Loaded`]).
-fn restore_report(call: RestoreCall, resp: Result<Resp, NoReply>) -> Option<RestoreReport> {
-    let fault = call_result;
-    let report = match call {
-        RestoreCall::Begin { ps, .. } => RestoreReport::Begun {
-            ps,
-            result: fault(resp),
-        },
-        RestoreCall::Shards { ps, .. } => RestoreReport::ShardsRestored {
-            ps,
-            result: fault(resp),
-        },
-        RestoreCall::RollBack { ps, .. } => RestoreReport::RolledBack {
-            ps,
-            result: fault(resp),
-        },
-        RestoreCall::Rewind { worker, epoch, .. } => RestoreReport::Rewound {
-            worker,
-            epoch,
-            result: fault(resp),
-        },
-        RestoreCall::Load { .. } => return None,
-    };
-    Some(report)
-}
-
-/// A new chief's probe of server `ps` before its start restores: what the server holds, or
-/// why it did not answer.
-fn start_probe(ps: u32, resp: Result<Resp, NoReply>) -> Result<ServerProbe, CallFault> {
-    match resp {
-        Ok(Resp::Probe {
-            epoch,
-            generation,
-            next_free,
-            ..
-        }) => Ok(ServerProbe {
-            ps,
-            epoch,
-            generation,
-            next_free_closure_id: next_free,
-        }),
-        other => Err(answer_fault(other)),
+        Ok(reply)
     }
 }
 

@@ -19,8 +19,9 @@ use super::{Event, World};
 use crate::checkpoint::{
     checkpoint_dir_name, decode_checkpoint, encode_checkpoint_at, Checkpoint, LoadError,
 };
+use crate::roles::coordinator::executor::{Reply, RestoreStep, Route};
 use crate::roles::coordinator::{
-    CheckpointRef, ClosureId, CutReading, CutTicket, CutWriteError, RestoreReport, ShardRead,
+    CheckpointRef, ClosureId, CutReading, CutTicket, CutWriteError, ShardRead,
 };
 
 /// A checkpoint being written: the cut read (in restore `generation`), and the harness's
@@ -273,9 +274,11 @@ impl World<'_> {
             }
         }
         self.unreadable_cuts += u64::from(found.is_none());
-        let report = RestoreReport::Loaded { result: Ok(found) };
-        let now = self.instant();
-        self.coord.handle_restore_report(now, generation, report);
+        let route = Route::Restore {
+            generation,
+            step: RestoreStep::Load,
+        };
+        self.hand_to_machine(route, Ok(Reply::Loaded(Ok(found))));
     }
 }
 

@@ -1,0 +1,1172 @@
+//! The one executor of the coordinator's actions: what every [`SchedulerAction`] asks of the
+//! world, and where each answer goes in the machine. The coordinator actor and the simulator
+//! both run it; each only moves its [`Call`]s (the actor over QUIC, the simulator over its
+//! simulated network) and hands the outcome back to [`deliver`].
+//!
+//! - [`plan`] turns one action into [`Effect`]s: calls (each naming its target incarnation,
+//!   its request, how long it may take and where its answer goes), answers to whoever waits
+//!   for a request the machine ended, and a fence (the fenced incarnation's calls fail from
+//!   now on).
+//! - [`deliver`] turns a call's outcome (the [`Reply`], or the [`CallFault`] for why none
+//!   came) into the machine's `handle_*` input, and logs what an operator needs to read.
+//!
+//! Neither touches a socket, a thread or a clock: time is passed in. What differs between the
+//! actor and the simulator is only how a request travels and how its answer is read.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::machine::recovery::{CallFault, CheckpointRef, LoadFault, RestoreCall, RestoreReport};
+use super::machine::{
+    ClosureId, ClosureOutcomeError, ConfigureError, ConfigureTicket, CreateError, CreateTicket,
+    CutReadError, CutReading, CutTicket, CutWriteError, PositionsTicket, PsDial, RestoreTicket,
+    ResultDisposition, Scheduler, SchedulerAction, ServerProbe, SetUpDisposition, ShardRead,
+    StartFailure, WorkerDial, WorkerIncarnation,
+};
+use crate::layout::Layout;
+use crate::roles::protocol::{
+    BeginRestore, CreateVariable, DrainRefusal, FenceWorker, FinishedBelow, LeaveAnswer, RollBack,
+    RunClosure, RunClosureError, SetupWorker, Snapshot,
+};
+
+/// What the world does for one action.
+#[derive(Debug)]
+pub(crate) enum Effect {
+    /// Send a request; its outcome goes to [`deliver`] with the call's route.
+    Call(Call),
+    /// Tell whoever waits that a request the machine took ended.
+    Answer(Answer),
+    /// Incarnation `epoch` of `worker` is fenced (FENCE-1): a call to it still in flight
+    /// fails now, and nothing it sends may change state.
+    Fenced {
+        /// The worker.
+        worker: u32,
+        /// The fenced incarnation (and every older one).
+        epoch: WorkerIncarnation,
+    },
+}
+
+/// One call: a request to one target, bounded in time, and where its answer goes.
+#[derive(Debug)]
+pub(crate) struct Call {
+    /// What to ask, and of whom.
+    pub request: Request,
+    /// How long the call may take; `None`: the world's bound for a call (the gateway's call
+    /// timeout).
+    pub bound: Option<Duration>,
+    /// Where the outcome goes in the machine ([`deliver`]).
+    pub route: Route,
+}
+
+/// Whom a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A worker: incarnation `epoch`, or (`None`) whichever answers at its address.
+    Worker {
+        /// The worker.
+        worker: u32,
+        /// The incarnation meant; a call never reaches a newer one (FENCE-1).
+        epoch: Option<WorkerIncarnation>,
+    },
+    /// A parameter server: incarnation `epoch`, or (`None`) whichever answers at its address.
+    Ps {
+        /// The server.
+        ps: u32,
+        /// The incarnation meant.
+        epoch: Option<u64>,
+    },
+    /// The checkpoint storage, local to the coordinator (blocking work, off its thread).
+    Storage,
+}
+
+/// What a call asks, with its target.
+#[derive(Debug)]
+pub(crate) enum Request {
+    /// Run a closure on incarnation `epoch` of `worker`.
+    Run {
+        /// The worker.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+        /// The closure.
+        msg: RunClosure,
+    },
+    /// Connect to `worker` and learn the incarnation that answers.
+    DialWorker {
+        /// The worker.
+        worker: u32,
+    },
+    /// Set incarnation `epoch` of `worker` up from scratch, its datasets rebuilt at the
+    /// setup's positions ([`crate::roles::protocol::RewindWorker`]).
+    Rewind {
+        /// The worker.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+        /// The setup.
+        setup: SetupWorker,
+    },
+    /// Give the live incarnation `epoch` of `worker` a new setup, keeping the datasets it
+    /// reads.
+    Configure {
+        /// The worker.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+        /// The setup.
+        setup: SetupWorker,
+    },
+    /// Ask incarnation `epoch` of `worker` where its datasets are.
+    Positions {
+        /// The worker.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// Tell the fenced (or declared dead) incarnation `epoch` of `worker` to retire.
+    RetireWorker {
+        /// The worker.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// Ask server `ps` which incarnation answers, whether it serves, its restore generation
+    /// and the closure ids it applied ([`crate::roles::protocol::PsStats`]).
+    Stats {
+        /// The server.
+        ps: u32,
+    },
+    /// Tell the declared-dead incarnation `epoch` of server `ps` to retire.
+    RetirePs {
+        /// The server.
+        ps: u32,
+        /// Its incarnation.
+        epoch: u64,
+    },
+    /// Tell server `ps` (whichever incarnation answers) that a worker incarnation is fenced.
+    Fence {
+        /// The server.
+        ps: u32,
+        /// The fence.
+        msg: FenceWorker,
+    },
+    /// Send server `ps` the low watermark.
+    Watermark {
+        /// The server.
+        ps: u32,
+        /// The watermark.
+        msg: FinishedBelow,
+    },
+    /// Begin a restore on incarnation `epoch` of server `ps`.
+    BeginRestore {
+        /// The server.
+        ps: u32,
+        /// Its incarnation.
+        epoch: u64,
+        /// The restore's generation and the fences to replay.
+        msg: BeginRestore,
+    },
+    /// Send incarnation `epoch` of server `ps` its shards of `checkpoint`.
+    RestoreShards {
+        /// The server.
+        ps: u32,
+        /// Its incarnation.
+        epoch: u64,
+        /// The checkpoint.
+        checkpoint: CheckpointRef,
+        /// Where every variable lives now.
+        layouts: Vec<Layout>,
+    },
+    /// Roll incarnation `epoch` of server `ps` back to the restored cut, re-opening it.
+    RollBack {
+        /// The server.
+        ps: u32,
+        /// Its incarnation.
+        epoch: u64,
+        /// The cut and the generation.
+        msg: RollBack,
+    },
+    /// Create one shard of a variable on server `ps`.
+    Create {
+        /// The server.
+        ps: u32,
+        /// The shard's name, shape and initial value.
+        msg: CreateVariable,
+    },
+    /// Read one shard of server `ps` for a save.
+    Snapshot {
+        /// The server.
+        ps: u32,
+        /// The shard.
+        msg: Snapshot,
+    },
+    /// Read the checkpoint taken at closure `cut` under `root`, for restore `generation`.
+    Load {
+        /// The restore's generation (for the log).
+        generation: u64,
+        /// The checkpoint directory.
+        root: PathBuf,
+        /// The cut it was taken at.
+        cut: ClosureId,
+    },
+    /// Build the checkpoint of a preemption cut and write it under `root`.
+    WriteCut {
+        /// The cut.
+        cut: ClosureId,
+        /// Where to write it.
+        root: PathBuf,
+        /// The servers that gave notice, for the log.
+        leaving: Vec<u32>,
+        /// What was read.
+        reading: Box<CutReading>,
+    },
+}
+
+impl Request {
+    /// Whom it goes to.
+    pub(crate) fn target(&self) -> Target {
+        let worker_at = |worker: u32, epoch: u64| Target::Worker {
+            worker,
+            epoch: Some(epoch),
+        };
+        let ps_at = |ps: u32, epoch: u64| Target::Ps {
+            ps,
+            epoch: Some(epoch),
+        };
+        let any_ps = |ps: u32| Target::Ps { ps, epoch: None };
+        match self {
+            Request::Run { worker, epoch, .. }
+            | Request::Rewind { worker, epoch, .. }
+            | Request::Configure { worker, epoch, .. }
+            | Request::Positions { worker, epoch }
+            | Request::RetireWorker { worker, epoch } => worker_at(*worker, *epoch),
+            Request::DialWorker { worker } => Target::Worker {
+                worker: *worker,
+                epoch: None,
+            },
+            Request::RetirePs { ps, epoch }
+            | Request::BeginRestore { ps, epoch, .. }
+            | Request::RestoreShards { ps, epoch, .. }
+            | Request::RollBack { ps, epoch, .. } => ps_at(*ps, *epoch),
+            Request::Stats { ps }
+            | Request::Fence { ps, .. }
+            | Request::Watermark { ps, .. }
+            | Request::Create { ps, .. }
+            | Request::Snapshot { ps, .. } => any_ps(*ps),
+            Request::Load { .. } | Request::WriteCut { .. } => Target::Storage,
+        }
+    }
+}
+
+/// What a call got back when its target answered (a refusal or no answer is a [`CallFault`]).
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Done, nothing to report.
+    Done,
+    /// A closure's run: its value, or why the worker did not produce one.
+    Ran(Result<Vec<u8>, RunClosureError>),
+    /// A worker's incarnation answered a dial.
+    Worker {
+        /// The incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// The incarnation that answered is one the failure detector declared dead (frozen past
+    /// the budget, then woken).
+    DeclaredDead {
+        /// The incarnation.
+        epoch: u64,
+    },
+    /// A server's statistics (its `ps` is the target's).
+    Server {
+        /// Which incarnation answered, its restore generation and the ids it applied.
+        probe: ServerProbe,
+        /// Whether it holds any variable.
+        serving: bool,
+    },
+    /// A worker's dataset positions.
+    Positions(Vec<(String, u64)>),
+    /// One shard as read.
+    Shard(ShardRead),
+    /// The checkpoint at a cut (`None`: none verifies any more), or why it could not be
+    /// looked for.
+    Loaded(Result<Option<CheckpointRef>, LoadFault>),
+    /// A preemption cut's checkpoint written, or why not.
+    CutWritten(Result<(), CutWriteError>),
+}
+
+impl Reply {
+    /// Its name, for a refusal that names an answer it did not expect.
+    fn name(&self) -> &'static str {
+        match self {
+            Reply::Done => "done",
+            Reply::Ran(_) => "a closure's run",
+            Reply::Worker { .. } => "a worker's incarnation",
+            Reply::DeclaredDead { .. } => "an incarnation declared dead",
+            Reply::Server { .. } => "a server's statistics",
+            Reply::Positions(_) => "dataset positions",
+            Reply::Shard(_) => "a shard",
+            Reply::Loaded(_) => "a checkpoint",
+            Reply::CutWritten(_) => "a cut's checkpoint written",
+        }
+    }
+}
+
+/// Where a call's outcome goes in the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// [`Scheduler::handle_result`] and its kin.
+    Run {
+        /// The worker.
+        worker: u32,
+        /// The incarnation it ran on.
+        epoch: WorkerIncarnation,
+        /// The closure.
+        closure: ClosureId,
+        /// The attempt.
+        attempt: u32,
+        /// When it was sent (the chief's step latency).
+        sent: Instant,
+    },
+    /// [`Scheduler::handle_worker_dialled`].
+    WorkerDial {
+        /// The worker.
+        worker: u32,
+    },
+    /// [`Scheduler::handle_worker_set_up`].
+    SetUp {
+        /// The worker.
+        worker: u32,
+        /// The incarnation.
+        epoch: WorkerIncarnation,
+        /// The setup version.
+        version: u64,
+    },
+    /// [`Scheduler::handle_reconfigured`].
+    Reconfigure {
+        /// The configuration.
+        ticket: ConfigureTicket,
+        /// The worker.
+        worker: u32,
+        /// The incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// [`Scheduler::handle_positions`].
+    Positions {
+        /// The collection.
+        ticket: PositionsTicket,
+        /// The worker.
+        worker: u32,
+        /// The incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// [`Scheduler::handle_drain_positions`].
+    DrainPositions {
+        /// The worker.
+        worker: u32,
+        /// The draining incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// [`Scheduler::handle_worker_retired`].
+    RetireWorker {
+        /// The worker.
+        worker: u32,
+        /// The incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// [`Scheduler::handle_ps_dialled`].
+    PsDial {
+        /// The server.
+        ps: u32,
+    },
+    /// [`Scheduler::handle_ps_retired`].
+    RetirePs {
+        /// The server.
+        ps: u32,
+        /// The incarnation.
+        epoch: u64,
+    },
+    /// [`Scheduler::handle_fence_sent`].
+    Fence {
+        /// The fenced worker.
+        worker: u32,
+        /// The fenced incarnation.
+        epoch: WorkerIncarnation,
+        /// The server told.
+        ps: u32,
+    },
+    /// [`Scheduler::handle_watermark_sent`].
+    Watermark {
+        /// The server told.
+        ps: u32,
+    },
+    /// [`Scheduler::handle_restore_report`].
+    Restore {
+        /// The restore's generation.
+        generation: u64,
+        /// Which call of the restore.
+        step: RestoreStep,
+    },
+    /// [`Scheduler::handle_shard_created`].
+    CreateShard {
+        /// The creation.
+        ticket: CreateTicket,
+        /// The server.
+        ps: u32,
+        /// The shard's index.
+        shard: usize,
+    },
+    /// [`Scheduler::handle_server_probed`].
+    StartProbe {
+        /// The start.
+        ticket: RestoreTicket,
+        /// The server.
+        ps: u32,
+    },
+    /// [`Scheduler::handle_shard_read`].
+    Snapshot {
+        /// The read.
+        ticket: CutTicket,
+        /// Its attempt.
+        attempt: u32,
+        /// The server.
+        ps: u32,
+        /// The shard.
+        shard: String,
+    },
+    /// [`Scheduler::handle_preemption_cut_written`].
+    CutWritten {
+        /// The read.
+        ticket: CutTicket,
+    },
+}
+
+/// Which call of a restore an outcome answers (the [`RestoreReport`] it becomes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RestoreStep {
+    /// [`RestoreReport::Begun`].
+    Begin {
+        /// The server.
+        ps: u32,
+    },
+    /// [`RestoreReport::Loaded`].
+    Load,
+    /// [`RestoreReport::ShardsRestored`].
+    Shards {
+        /// The server.
+        ps: u32,
+    },
+    /// [`RestoreReport::RolledBack`].
+    RollBack {
+        /// The server.
+        ps: u32,
+    },
+    /// [`RestoreReport::Rewound`].
+    Rewind {
+        /// The worker.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+    },
+}
+
+/// A request the machine took ended: whoever waits for it is told.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The chief's start, or a restore asked for at start, ended.
+    Started {
+        /// The request.
+        ticket: RestoreTicket,
+        /// The step restored (`None`: afresh), or why it failed.
+        result: Result<Option<u64>, StartFailure>,
+    },
+    /// A configuration reached every live worker, or the first refusal.
+    Configured {
+        /// The request.
+        ticket: ConfigureTicket,
+        /// The outcome.
+        result: Result<(), ConfigureError>,
+    },
+    /// A variable's creation ended.
+    VariableCreated {
+        /// The request.
+        ticket: CreateTicket,
+        /// The outcome.
+        result: Result<(), CreateError>,
+    },
+    /// A save's read ended.
+    CutRead {
+        /// The request.
+        ticket: CutTicket,
+        /// The cut, or why none can be taken.
+        result: Result<CutReading, CutReadError>,
+    },
+    /// A worker incarnation's drain ended: it may go.
+    Drained {
+        /// The worker.
+        worker: u32,
+        /// The drained incarnation.
+        epoch: WorkerIncarnation,
+    },
+    /// A parameter server's preemption notice is answered.
+    PsLeaving {
+        /// The server.
+        ps: u32,
+        /// Its incarnation.
+        epoch: u64,
+        /// The answer.
+        answer: LeaveAnswer,
+    },
+    /// A parameter server's request to leave the job is answered.
+    PsDraining {
+        /// The server.
+        ps: u32,
+        /// Its incarnation.
+        epoch: u64,
+        /// Whether it may go.
+        result: Result<(), DrainRefusal>,
+    },
+}
+
+/// What [`deliver`] did that the world may want to know (the actor's step latency, the
+/// simulator's FENCE-1 check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivered {
+    /// A closure's result committed.
+    Committed {
+        /// The worker that ran it.
+        worker: u32,
+        /// Its incarnation.
+        epoch: WorkerIncarnation,
+        /// The closure.
+        closure: ClosureId,
+        /// From its dispatch to its commit.
+        took: Duration,
+    },
+    /// Anything else.
+    Other,
+}
+
+/// What the world does for `action`, drained from `scheduler` at `now`.
+///
+/// Longer than most functions here on purpose: a flat table with one arm per
+/// [`SchedulerAction`], so that what every action asks of the world reads in one place.
+pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction) -> Vec<Effect> {
+    let call = |request: Request, route: Route| {
+        Effect::Call(Call {
+            request,
+            bound: None,
+            route,
+        })
+    };
+    match action {
+        SchedulerAction::Dispatch {
+            worker,
+            epoch,
+            closure,
+            attempt,
+            generation,
+            function,
+            args,
+            learning_rate,
+        } => {
+            // Each server's incarnation the closure's pushes are meant for.
+            let servers = (0..scheduler.server_span())
+                .map(|ps| scheduler.ps_epoch(ps).map_or(0, |(epoch, _)| epoch))
+                .collect();
+            let msg = RunClosure {
+                closure: closure.0,
+                attempt,
+                generation,
+                function,
+                args,
+                servers,
+                learning_rate,
+            };
+            // Bounded by the step timeout, not the call timeout: a long step is never cut
+            // while its worker heartbeats.
+            vec![Effect::Call(Call {
+                request: Request::Run { worker, epoch, msg },
+                bound: Some(scheduler.config().step_timeout),
+                route: Route::Run {
+                    worker,
+                    epoch,
+                    closure,
+                    attempt,
+                    sent: now,
+                },
+            })]
+        }
+        SchedulerAction::Fence { worker, epoch } => {
+            tracing::info!(
+                "fencing worker/{worker} incarnation {epoch} on every parameter server (FENCE-1)"
+            );
+            let mut effects: Vec<Effect> = scheduler
+                .servers_in_job()
+                .into_iter()
+                .map(|ps| {
+                    let msg = FenceWorker { worker, epoch };
+                    call(
+                        Request::Fence { ps, msg },
+                        Route::Fence { worker, epoch, ps },
+                    )
+                })
+                .collect();
+            effects.push(Effect::Fenced { worker, epoch });
+            effects
+        }
+        SchedulerAction::Restore(restore) => vec![restore_call(restore)],
+        SchedulerAction::RestoreFinished { ticket, result } => {
+            vec![Effect::Answer(Answer::Started { ticket, result })]
+        }
+        SchedulerAction::Watermark {
+            finished_below,
+            generation,
+        } => scheduler
+            .servers_in_job()
+            .into_iter()
+            .map(|ps| {
+                let msg = FinishedBelow {
+                    closure: finished_below.0,
+                    generation,
+                };
+                call(Request::Watermark { ps, msg }, Route::Watermark { ps })
+            })
+            .collect(),
+        SchedulerAction::DialPs { ps } => vec![call(Request::Stats { ps }, Route::PsDial { ps })],
+        SchedulerAction::RetirePs { ps, epoch } => vec![call(
+            Request::RetirePs { ps, epoch },
+            Route::RetirePs { ps, epoch },
+        )],
+        SchedulerAction::DialWorker { worker } => vec![call(
+            Request::DialWorker { worker },
+            Route::WorkerDial { worker },
+        )],
+        SchedulerAction::SetUpWorker {
+            worker,
+            epoch,
+            setup,
+            version,
+        } => vec![call(
+            Request::Rewind {
+                worker,
+                epoch,
+                setup,
+            },
+            Route::SetUp {
+                worker,
+                epoch,
+                version,
+            },
+        )],
+        SchedulerAction::RetireWorker { worker, epoch } => vec![call(
+            Request::RetireWorker { worker, epoch },
+            Route::RetireWorker { worker, epoch },
+        )],
+        SchedulerAction::Reconfigure {
+            ticket,
+            worker,
+            epoch,
+            setup,
+        } => vec![call(
+            Request::Configure {
+                worker,
+                epoch,
+                setup,
+            },
+            Route::Reconfigure {
+                ticket,
+                worker,
+                epoch,
+            },
+        )],
+        SchedulerAction::ConfigureFinished { ticket, result } => {
+            vec![Effect::Answer(Answer::Configured { ticket, result })]
+        }
+        SchedulerAction::AskPositions {
+            ticket,
+            worker,
+            epoch,
+        } => vec![call(
+            Request::Positions { worker, epoch },
+            Route::Positions {
+                ticket,
+                worker,
+                epoch,
+            },
+        )],
+        SchedulerAction::CreateShard {
+            ticket,
+            ps,
+            shard,
+            msg,
+        } => vec![call(
+            Request::Create { ps, msg },
+            Route::CreateShard { ticket, ps, shard },
+        )],
+        SchedulerAction::VariableCreated { ticket, result } => {
+            vec![Effect::Answer(Answer::VariableCreated { ticket, result })]
+        }
+        SchedulerAction::ProbeServer { ticket, ps } => vec![call(
+            Request::Stats { ps },
+            Route::StartProbe { ticket, ps },
+        )],
+        SchedulerAction::SnapshotShard {
+            ticket,
+            attempt,
+            ps,
+            shard,
+        } => {
+            let msg = Snapshot {
+                name: shard.clone(),
+            };
+            vec![call(
+                Request::Snapshot { ps, msg },
+                Route::Snapshot {
+                    ticket,
+                    attempt,
+                    ps,
+                    shard,
+                },
+            )]
+        }
+        SchedulerAction::CutRead { ticket, result } => {
+            vec![Effect::Answer(Answer::CutRead { ticket, result })]
+        }
+        SchedulerAction::AskDrainPositions { worker, epoch } => vec![call(
+            Request::Positions { worker, epoch },
+            Route::DrainPositions { worker, epoch },
+        )],
+        SchedulerAction::DrainFinished { worker, epoch } => {
+            tracing::info!(
+                "worker/{worker} (incarnation {epoch}) drained: its closures finished and its \
+                 dataset positions are kept; it leaves the job"
+            );
+            vec![Effect::Answer(Answer::Drained { worker, epoch })]
+        }
+        SchedulerAction::WritePreemptionCut {
+            ticket,
+            cut,
+            root,
+            leaving,
+            reading,
+        } => vec![call(
+            Request::WriteCut {
+                cut,
+                root,
+                leaving,
+                reading,
+            },
+            Route::CutWritten { ticket },
+        )],
+        SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
+            vec![Effect::Answer(Answer::PsLeaving { ps, epoch, answer })]
+        }
+        SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
+            match &result {
+                Ok(()) => tracing::info!(
+                    "ps/{ps} (incarnation {epoch}) left the job: its variables are on the other \
+                     servers"
+                ),
+                Err(refusal) => tracing::warn!("{refusal}"),
+            }
+            vec![Effect::Answer(Answer::PsDraining { ps, epoch, result })]
+        }
+    }
+}
+
+/// The call that carries out one call of a restore.
+fn restore_call(restore: RestoreCall) -> Effect {
+    let (generation, step, request) = match restore {
+        RestoreCall::Begin {
+            ps,
+            epoch,
+            generation,
+            fences,
+        } => {
+            tracing::warn!(
+                "restore generation {generation}: ps/{ps} (incarnation {epoch}) is restored from \
+                 a checkpoint with every other server"
+            );
+            let msg = BeginRestore { generation, fences };
+            let request = Request::BeginRestore { ps, epoch, msg };
+            (generation, RestoreStep::Begin { ps }, request)
+        }
+        RestoreCall::Load {
+            generation,
+            root,
+            cut,
+        } => {
+            let request = Request::Load {
+                generation,
+                root,
+                cut,
+            };
+            (generation, RestoreStep::Load, request)
+        }
+        RestoreCall::Shards {
+            ps,
+            epoch,
+            generation,
+            checkpoint,
+            layouts,
+        } => {
+            let request = Request::RestoreShards {
+                ps,
+                epoch,
+                checkpoint,
+                layouts,
+            };
+            (generation, RestoreStep::Shards { ps }, request)
+        }
+        RestoreCall::RollBack {
+            ps,
+            epoch,
+            generation,
+            finished_below,
+        } => {
+            let msg = RollBack {
+                finished_below: finished_below.0,
+                generation,
+            };
+            let request = Request::RollBack { ps, epoch, msg };
+            (generation, RestoreStep::RollBack { ps }, request)
+        }
+        RestoreCall::Rewind {
+            worker,
+            epoch,
+            generation,
+            setup,
+        } => {
+            let request = Request::Rewind {
+                worker,
+                epoch,
+                setup,
+            };
+            (generation, RestoreStep::Rewind { worker, epoch }, request)
+        }
+    };
+    Effect::Call(Call {
+        request,
+        bound: None,
+        route: Route::Restore { generation, step },
+    })
+}
+
+/// Hands a call's outcome (`outcome`: what came back, or why nothing did) to the machine
+/// where `route` says, at `now`.
+///
+/// Longer than most functions here on purpose: one arm per [`Route`], each the machine's
+/// input and what an operator reads in the log, kept whole as [`plan`] is.
+pub(crate) fn deliver(
+    scheduler: &mut Scheduler,
+    now: Instant,
+    route: Route,
+    outcome: Result<Reply, CallFault>,
+) -> Delivered {
+    match route {
+        Route::Run {
+            worker,
+            epoch,
+            closure,
+            attempt,
+            sent,
+        } => {
+            return run_delivered(
+                scheduler,
+                now,
+                (worker, epoch),
+                closure,
+                attempt,
+                sent,
+                outcome,
+            )
+        }
+        Route::WorkerDial { worker } => {
+            let dial = match outcome {
+                Ok(Reply::Worker { epoch }) => WorkerDial::Answered { epoch },
+                Ok(Reply::DeclaredDead { epoch }) => WorkerDial::DeclaredDead { epoch },
+                other => {
+                    tracing::debug!("worker/{worker} not reachable yet: {}", fault_of(other));
+                    WorkerDial::Unreachable
+                }
+            };
+            scheduler.handle_worker_dialled(now, worker, dial);
+        }
+        Route::SetUp {
+            worker,
+            epoch,
+            version,
+        } => {
+            let result = done(outcome);
+            let failure = result.as_ref().err().map(|f| f.to_string());
+            match scheduler.handle_worker_set_up(now, worker, epoch, version, result) {
+                SetUpDisposition::Up => tracing::info!("worker/{worker} up (incarnation {epoch})"),
+                SetUpDisposition::Outdated => tracing::debug!(
+                    "worker/{worker} (incarnation {epoch}) was set up from an outdated setup; \
+                     setting it up again"
+                ),
+                SetUpDisposition::Failed => tracing::debug!(
+                    "setting up worker/{worker} (incarnation {epoch}): {}",
+                    failure.unwrap_or_default()
+                ),
+            }
+        }
+        Route::Reconfigure {
+            ticket,
+            worker,
+            epoch,
+        } => {
+            let result = done(outcome);
+            if let Err(e) = &result {
+                tracing::warn!("setting up worker/{worker} (incarnation {epoch}): {e}");
+            }
+            scheduler.handle_reconfigured(now, ticket, worker, epoch, result);
+        }
+        Route::Positions {
+            ticket,
+            worker,
+            epoch,
+        } => {
+            let result = positions(outcome);
+            if let Err(e) = &result {
+                tracing::warn!(
+                    "worker/{worker} (incarnation {epoch}) did not report its dataset positions \
+                     for the checkpoint: {e}; it is restarted from its last setup's positions, \
+                     which the checkpoint records"
+                );
+            }
+            scheduler.handle_positions(now, ticket, worker, epoch, result);
+        }
+        Route::DrainPositions { worker, epoch } => {
+            let result = positions(outcome);
+            if let Err(e) = &result {
+                tracing::warn!(
+                    "draining worker/{worker} (incarnation {epoch}) did not report its dataset \
+                     positions: {e}; those of its last setup are kept"
+                );
+            }
+            scheduler.handle_drain_positions(now, worker, epoch, result);
+        }
+        Route::RetireWorker { worker, epoch } => {
+            let result = done(outcome);
+            match &result {
+                Ok(()) => tracing::info!(
+                    "worker/{worker} (incarnation {epoch}) was fenced but is alive: retired it, so \
+                     that it restarts as a new incarnation"
+                ),
+                Err(e) => tracing::debug!("retiring worker/{worker}: {e}"),
+            }
+            scheduler.handle_worker_retired(worker, epoch, result);
+        }
+        Route::PsDial { ps } => {
+            let dial = match outcome {
+                Ok(Reply::Server { probe, serving }) => PsDial::Answered {
+                    epoch: probe.epoch,
+                    serving,
+                },
+                Ok(Reply::DeclaredDead { epoch }) => PsDial::DeclaredDead { epoch },
+                other => {
+                    tracing::debug!("ps/{ps} not reachable yet: {}", fault_of(other));
+                    PsDial::Unreachable
+                }
+            };
+            scheduler.handle_ps_dialled(now, ps, dial);
+        }
+        Route::RetirePs { ps, epoch } => {
+            let result = done(outcome);
+            match &result {
+                Ok(()) => tracing::warn!(
+                    "ps/{ps} (incarnation {epoch}) was declared dead but is alive: retired it, so \
+                     that it restarts as a new incarnation"
+                ),
+                Err(e) => tracing::debug!("retiring ps/{ps}: {e}"),
+            }
+            scheduler.handle_ps_retired(ps, epoch, result);
+        }
+        Route::Fence { worker, epoch, ps } => {
+            let result = done(outcome);
+            if let Err(e) = &result {
+                tracing::warn!("fencing worker/{worker} on ps/{ps}: {e}");
+            }
+            scheduler.handle_fence_sent(worker, epoch, ps, result);
+        }
+        Route::Watermark { ps } => {
+            let result = done(outcome);
+            if let Err(e) = &result {
+                tracing::debug!("low watermark to ps/{ps}: {e}");
+            }
+            scheduler.handle_watermark_sent(ps, result);
+        }
+        Route::Restore { generation, step } => {
+            let report = restore_report(step, outcome);
+            scheduler.handle_restore_report(now, generation, report);
+        }
+        Route::CreateShard { ticket, ps, shard } => {
+            scheduler.handle_shard_created(now, ticket, ps, shard, done(outcome));
+        }
+        Route::StartProbe { ticket, ps } => {
+            let result = match outcome {
+                Ok(Reply::Server { probe, .. }) => Ok(ServerProbe { ps, ..probe }),
+                // As a connection refused: the probe is asked again.
+                Ok(Reply::DeclaredDead { epoch }) => Err(CallFault::Unreachable(format!(
+                    "ps/{ps} answered as incarnation {epoch}, declared dead"
+                ))),
+                other => Err(fault_of(other)),
+            };
+            scheduler.handle_server_probed(now, ticket, ps, result);
+        }
+        Route::Snapshot {
+            ticket,
+            attempt,
+            ps,
+            shard,
+        } => {
+            let result = match outcome {
+                Ok(Reply::Shard(read)) => Ok(read),
+                other => Err(fault_of(other)),
+            };
+            scheduler.handle_shard_read(now, ticket, attempt, ps, &shard, result);
+        }
+        Route::CutWritten { ticket } => {
+            let result = match outcome {
+                Ok(Reply::CutWritten(result)) => result,
+                other => Err(CutWriteError::WriterLost(Box::new(fault_of(other)))),
+            };
+            scheduler.handle_preemption_cut_written(now, ticket, result);
+        }
+    }
+    Delivered::Other
+}
+
+/// A closure's run answered (or not): the machine hears its result, a refusal, a server
+/// that could not be reached, or the worker lost.
+fn run_delivered(
+    scheduler: &mut Scheduler,
+    now: Instant,
+    (worker, epoch): (u32, WorkerIncarnation),
+    closure: ClosureId,
+    attempt: u32,
+    sent: Instant,
+    outcome: Result<Reply, CallFault>,
+) -> Delivered {
+    match outcome {
+        Ok(Reply::Ran(Ok(value))) => {
+            let disposition =
+                scheduler.handle_result(now, worker, epoch, closure, attempt, Ok(value));
+            if disposition == ResultDisposition::Committed {
+                return Delivered::Committed {
+                    worker,
+                    epoch,
+                    closure,
+                    took: now.saturating_duration_since(sent),
+                };
+            }
+        }
+        Ok(Reply::Ran(Err(RunClosureError::Step(message)))) => {
+            let error = ClosureOutcomeError::Step(message);
+            scheduler.handle_result(now, worker, epoch, closure, attempt, Err(error));
+        }
+        Ok(Reply::Ran(Err(RunClosureError::PsUnavailable(unavailable)))) => {
+            tracing::warn!(
+                "worker/{worker} could not run closure {}: {unavailable}; holding dispatch until \
+                 the parameter server is back",
+                closure.0
+            );
+            scheduler.handle_ps_unavailable(now, worker, epoch, closure, attempt, unavailable.ps);
+        }
+        Ok(Reply::Ran(Err(RunClosureError::Refused(refusal)))) => {
+            refused(scheduler, now, (worker, epoch), closure, attempt, &refusal)
+        }
+        Err(CallFault::Refused(refusal)) => {
+            refused(scheduler, now, (worker, epoch), closure, attempt, &refusal)
+        }
+        other => {
+            tracing::warn!(
+                "worker/{worker} (incarnation {epoch}) lost while running closure {}: {}",
+                closure.0,
+                fault_of(other)
+            );
+            scheduler.handle_worker_lost(now, worker, epoch);
+        }
+    }
+    Delivered::Other
+}
+
+/// A worker could not take a closure: it runs elsewhere, and that incarnation is retired.
+fn refused(
+    scheduler: &mut Scheduler,
+    now: Instant,
+    (worker, epoch): (u32, WorkerIncarnation),
+    closure: ClosureId,
+    attempt: u32,
+    refusal: &dyn std::fmt::Display,
+) {
+    tracing::warn!(
+        "worker/{worker} (incarnation {epoch}) could not run closure {}: {refusal}; running it \
+         elsewhere and retiring that incarnation",
+        closure.0
+    );
+    scheduler.handle_refused(now, worker, epoch, closure, attempt);
+}
+
+/// A restore call's outcome as the restore machine hears it.
+fn restore_report(step: RestoreStep, outcome: Result<Reply, CallFault>) -> RestoreReport {
+    match step {
+        RestoreStep::Begin { ps } => RestoreReport::Begun {
+            ps,
+            result: done(outcome),
+        },
+        RestoreStep::Load => {
+            let result = match outcome {
+                Ok(Reply::Loaded(result)) => result,
+                other => Err(LoadFault::ReaderLost(Box::new(fault_of(other)))),
+            };
+            RestoreReport::Loaded { result }
+        }
+        RestoreStep::Shards { ps } => RestoreReport::ShardsRestored {
+            ps,
+            result: done(outcome),
+        },
+        RestoreStep::RollBack { ps } => RestoreReport::RolledBack {
+            ps,
+            result: done(outcome),
+        },
+        RestoreStep::Rewind { worker, epoch } => {
+            let result = done(outcome);
+            if let Err(e) = &result {
+                tracing::warn!("rewinding worker/{worker}'s datasets: {e}");
+            }
+            RestoreReport::Rewound {
+                worker,
+                epoch,
+                result,
+            }
+        }
+    }
+}
+
+/// A call that expects nothing back: done, or why not (an answer of another kind is a
+/// refusal).
+fn done(outcome: Result<Reply, CallFault>) -> Result<(), CallFault> {
+    match outcome {
+        Ok(Reply::Done) => Ok(()),
+        other => Err(fault_of(other)),
+    }
+}
+
+/// A positions request's outcome.
+fn positions(outcome: Result<Reply, CallFault>) -> Result<Vec<(String, u64)>, CallFault> {
+    match outcome {
+        Ok(Reply::Positions(list)) => Ok(list),
+        other => Err(fault_of(other)),
+    }
+}
+
+/// Why an outcome is not the answer its call expected: its fault, or a refusal naming the
+/// answer that came instead.
+fn fault_of(outcome: Result<Reply, CallFault>) -> CallFault {
+    match outcome {
+        Err(fault) => fault,
+        Ok(reply) => CallFault::Refused(format!("unexpected answer: {}", reply.name())),
+    }
+}
