@@ -4,9 +4,9 @@
 //! - A member SIGKILLed mid-collective: every survivor fails with `MemberLost` naming it (the
 //!   transport's idle timeout, 800 ms here, is what detects it: the operation timeout is 60 s,
 //!   so a survivor that waited for it would report `peer-timeout` instead), then the survivors
-//!   re-form at epoch 2 and go on.
-//! - A member SIGSTOPped past the budget, then SIGCONTed: the survivors re-formed at epoch 2
-//!   without it; its own messages (its join of a group with a survivor) are refused by epoch
+//!   re-form at generation 2 and go on.
+//! - A member SIGSTOPped past the budget, then SIGCONTed: the survivors re-formed at generation 2
+//!   without it; its own messages (its join of a group with a survivor) are refused by generation
 //!   (EPOCH-1), and the survivors' sums never include it.
 
 use std::io::{BufRead, BufReader};
@@ -185,7 +185,7 @@ fn a_member_sigkilled_mid_collective_over_shared_memory_fails_every_survivor_who
 /// successor through shared memory before.
 fn sigkilled_mid_collective(mut g: Group, shared: bool) {
     for i in 0..3 {
-        let line = g.wait_for(i, "ok epoch=1 round=2");
+        let line = g.wait_for(i, "ok generation=1 round=2");
         assert_eq!(
             line.contains("shared-memory-peers=0"),
             !shared,
@@ -194,14 +194,14 @@ fn sigkilled_mid_collective(mut g: Group, shared: bool) {
     }
     g.members[2].signal(Signal::SIGKILL);
     for i in 0..2 {
-        let error = g.wait_for(i, "error epoch=1");
+        let error = g.wait_for(i, "error generation=1");
         assert!(
             error.contains("kind=member-lost node=worker/2"),
             "survivor {i}: {error}"
         );
-        let formed = g.wait_for(i, "formed epoch=2");
+        let formed = g.wait_for(i, "formed generation=2");
         assert!(formed.contains("members=[worker/0,worker/1]"), "{formed}");
-        g.wait_for(i, "ok epoch=2 round=3");
+        g.wait_for(i, "ok generation=2 round=3");
     }
     g.drain();
     for i in 0..2 {
@@ -225,7 +225,7 @@ fn a_member_stopped_past_the_budget_is_refused_by_epoch_when_it_wakes() {
 }
 
 /// The same on the plaintext plane with shared memory: what the late member writes into its
-/// slots when it wakes reaches no one (the survivors let go of its segment with epoch 1).
+/// slots when it wakes reaches no one (the survivors let go of its segment with generation 1).
 #[test]
 fn a_member_stopped_past_the_budget_over_shared_memory_is_refused_by_epoch_when_it_wakes() {
     stopped_past_the_budget(Group::start_with(
@@ -237,35 +237,35 @@ fn a_member_stopped_past_the_budget_over_shared_memory_is_refused_by_epoch_when_
 
 fn stopped_past_the_budget(mut g: Group) {
     for i in 0..3 {
-        g.wait_for(i, "ok epoch=1 round=2");
+        g.wait_for(i, "ok generation=1 round=2");
     }
     g.members[2].signal(Signal::SIGSTOP);
     for i in 0..2 {
-        let error = g.wait_for(i, "error epoch=1");
+        let error = g.wait_for(i, "error generation=1");
         assert!(
             error.contains("kind=member-lost node=worker/2"),
             "survivor {i}: {error}"
         );
-        g.wait_for(i, "ok epoch=2 round=2");
+        g.wait_for(i, "ok generation=2 round=2");
     }
     g.members[2].signal(Signal::SIGCONT);
-    // The late member finds its links gone, tries a group with a survivor at epoch 2 and is
-    // refused: the survivor's epoch 2 was formed without it.
-    let refused = g.wait_for(2, "kind=epoch-refused");
+    // The late member finds its links gone, tries a group with a survivor at generation 2 and is
+    // refused: the survivor's generation 2 was formed without it.
+    let refused = g.wait_for(2, "kind=generation-refused");
     assert!(refused.contains("it is at generation 2"), "{refused}");
     assert_eq!(g.exit_code(2), 3, "{:?}", g.seen[2]);
-    // The survivors went on at epoch 2 throughout, their sums never mixing the late member in.
+    // The survivors went on at generation 2 throughout, their sums never mixing the late member in.
     for i in 0..2 {
-        let before = g.wait_for(i, "ok epoch=2 round=").clone();
+        let before = g.wait_for(i, "ok generation=2 round=").clone();
         let next_round: u64 = before.rsplit('=').next().unwrap().parse::<u64>().unwrap() + 3;
-        g.wait_for(i, &format!("ok epoch=2 round={next_round}"));
+        g.wait_for(i, &format!("ok generation=2 round={next_round}"));
     }
     g.drain();
     for i in 0..2 {
         assert!(
             !g.seen[i]
                 .iter()
-                .any(|l| l.contains("wrong sum") || l.contains("epoch=3")),
+                .any(|l| l.contains("wrong sum") || l.contains("generation=3")),
             "survivor {i}: {:?}",
             g.seen[i]
         );

@@ -3,13 +3,13 @@
 //! not divide by the member count, zero-length tensors, both algorithms (direct and ring);
 //! disagreeing members; a lost member; two members lost at once (the survivors' probes agree);
 //! a member's application abort; EPOCH-1; a member's new process that began forming the
-//! first epoch the others formed with its old one (no survivor: admitted later); a member
-//! lost while the first epoch formed, its link with one member up and with another not (both
-//! re-form together); two processes of a member joining one epoch (the later is linked); a
+//! first generation the others formed with its old one (no survivor: admitted later); a member
+//! lost while the first generation formed, its link with one member up and with another not (both
+//! re-form together); two processes of a member joining one generation (the later is linked); a
 //! member that re-forms alone right after a call while the other leaves (its last messages of
 //! the call still reach the leaver); an admission lost on a link cut between the leader
 //! and the joiner (told again once it heals; given up, the group goes on without it); a new
-//! process refusing at once an epoch the survivors formed with its old one. The
+//! process refusing at once a generation the survivors formed with its old one. The
 //! operations, disagreeing members, a lost member, an
 //! abort and the member going on alone also over the plaintext data plane (TCP links set up
 //! over QUIC), whose members here pass their chunks through shared memory (all on one host);
@@ -33,7 +33,7 @@ struct Cluster {
     groups: Vec<ProcessGroup>,
 }
 
-/// `n` members (worker/0 .. worker/n-1), each on its own endpoint, formed at epoch 1.
+/// `n` members (worker/0 .. worker/n-1), each on its own endpoint, formed at generation 1.
 async fn cluster(n: u32, config: GroupConfig) -> Cluster {
     let (endpoints, groups) = loopback_group(n, TransportConfig::for_tests(), config)
         .await
@@ -512,7 +512,7 @@ async fn a_member_without_shared_memory_gets_its_chunks_over_tcp_while_the_other
 /// A call its caller gives up (the future dropped, here by a timeout around it) takes its
 /// member out of the group at once, as a member that stops: its next call fails at once with
 /// `Stopped`, and the other's call fails with `MemberLost` naming it long before the operation
-/// timeout (its chunks would never come); both then form the next epoch together.
+/// timeout (its chunks would never come); both then form the next generation together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_given_up_takes_its_member_out_until_the_next_epoch() {
     a_call_given_up_takes_its_member_out_until_the_next_epoch_case(false).await;
@@ -544,7 +544,11 @@ async fn a_call_given_up_takes_its_member_out_until_the_next_epoch_case(plaintex
     )
     .await;
     match other {
-        Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+        Err(CollectiveError::MemberLost {
+            node,
+            generation: 1,
+            ..
+        }) => {
             assert_eq!(node, NodeId::new("worker", 0));
         }
         other => panic!("the other member's call: {other:?}"),
@@ -561,14 +565,14 @@ async fn a_call_given_up_takes_its_member_out_until_the_next_epoch_case(plaintex
     )
     .await;
     assert!(
-        matches!(next, Err(CollectiveError::Stopped { epoch: 1 })),
+        matches!(next, Err(CollectiveError::Stopped { generation: 1 })),
         "{next:?}"
     );
     let both = [NodeId::new("worker", 0), NodeId::new("worker", 1)];
     let reformed = bounded("reform", join_all(c.groups.iter().map(|g| g.reform(&both)))).await;
     let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
     let outs = bounded(
-        "a call of the next epoch",
+        "a call of the next generation",
         join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &big))),
     )
     .await;
@@ -612,7 +616,11 @@ async fn the_others_hear_at_once_that_a_member_gave_up_a_call_case(plaintext: bo
     assert!(given_up.is_err(), "the call ended: {given_up:?}");
     let started = std::time::Instant::now();
     match bounded("the other member's call", other).await.unwrap() {
-        Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+        Err(CollectiveError::MemberLost {
+            node,
+            generation: 1,
+            ..
+        }) => {
             assert_eq!(node, NodeId::new("worker", 0));
         }
         other => panic!("the other member's call: {other:?}"),
@@ -654,14 +662,18 @@ fn a_call_dropped_where_no_runtime_runs_leaves_the_group_without_a_panic() {
     });
     let next = runtime.block_on(c.groups[0].all_reduce(Reduction::Sum, &small));
     assert!(
-        matches!(next, Err(CollectiveError::Stopped { epoch: 1 })),
+        matches!(next, Err(CollectiveError::Stopped { generation: 1 })),
         "{next:?}"
     );
     let other = runtime
         .block_on(bounded("the other member's call", other))
         .unwrap();
     match other {
-        Err(CollectiveError::MemberLost { node, epoch: 1, .. }) => {
+        Err(CollectiveError::MemberLost {
+            node,
+            generation: 1,
+            ..
+        }) => {
             assert_eq!(node, NodeId::new("worker", 0));
         }
         other => panic!("the other member's call: {other:?}"),
@@ -928,7 +940,7 @@ async fn a_lost_member_fails_every_survivor_who_then_reform_at_the_next_epoch_ca
         match out {
             Err(CollectiveError::MemberLost {
                 node,
-                epoch: 1,
+                generation: 1,
                 reason,
             }) => assert_eq!(node, NodeId::new("worker", 2), "rank {rank}: {reason}"),
             other => panic!("rank {rank}: expected worker/2 lost, got {other:?}"),
@@ -1153,7 +1165,7 @@ async fn a_member_that_aborts_fails_every_pending_call_with_its_message_case(pla
     let (outs, own) = bounded("abort", futures::future::join(pending, abort)).await;
     let expected = CollectiveError::Application {
         node: NodeId::new("worker", 1),
-        epoch: 1,
+        generation: 1,
         message: "loss is not finite".into(),
     };
     assert_eq!(own, expected);
@@ -1183,22 +1195,24 @@ async fn epoch_1_messages_are_refused_by_members_at_epoch_2_and_never_mixed_in()
     assert_eq!(
         err,
         CollectiveError::Superseded {
-            epoch: 1,
+            generation: 1,
             current: 2
         }
     );
-    // Member 2, still at epoch 1 over live connections, sends its chunks: refused (EPOCH-1),
-    // while the epoch-2 members reduce only their own values.
+    // Member 2, still at generation 1 over live connections, sends its chunks: refused (EPOCH-1),
+    // while the generation-2 members reduce only their own values.
     let late = c.groups[2].all_reduce(Reduction::Sum, &t);
     let current = join_all(reformed.iter().map(|g| g.all_reduce(Reduction::Sum, &t)));
-    let (late, current) = bounded("epochs", futures::future::join(late, current)).await;
+    let (late, current) = bounded("generations", futures::future::join(late, current)).await;
     match late {
-        Err(CollectiveError::EpochRefused {
-            epoch: 1,
+        Err(CollectiveError::GenerationRefused {
+            generation: 1,
             current: 2,
             ..
         }) => {}
-        other => panic!("expected the epoch-1 message refused by an epoch-2 member, got {other:?}"),
+        other => panic!(
+            "expected the generation-1 message refused by a generation-2 member, got {other:?}"
+        ),
     }
     for out in current {
         assert_eq!(out.unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 8]);
@@ -1294,7 +1308,7 @@ fn bind_worker(
     )
 }
 
-/// worker/1's new process (its old one gone), at its address in `members`, forming epoch 1
+/// worker/1's new process (its old one gone), at its address in `members`, forming generation 1
 /// with them: its mesh, and the forming.
 async fn restart_forming(
     ca: &ClusterCa,
@@ -1313,7 +1327,7 @@ async fn restart_forming(
     (again, forming)
 }
 
-/// worker/0, 1 and 2 (certificates from `ca`), each on its own endpoint, formed at epoch 1:
+/// worker/0, 1 and 2 (certificates from `ca`), each on its own endpoint, formed at generation 1:
 /// their endpoints, meshes, members and groups, in order.
 async fn three_formed(
     ca: &ClusterCa,
@@ -1328,7 +1342,7 @@ async fn three_formed(
     let endpoints: Vec<Endpoint> = (0..3).map(bind).collect();
     let (meshes, members) = meshes_over(&endpoints, config);
     let formed = bounded(
-        "forming epoch 1",
+        "forming generation 1",
         join_all(meshes.iter().map(|m| m.form(1, members.clone()))),
     )
     .await;
@@ -1367,7 +1381,7 @@ async fn rebind_worker(ca: &ClusterCa, i: u32, addr: std::net::SocketAddr) -> En
     }
 }
 
-/// A member's new process that started forming epoch 1 after the others had formed it with
+/// A member's new process that started forming generation 1 after the others had formed it with
 /// its old process (the old one killed right after its links were up, the new one asking
 /// before the others' groups were whole): the survivors' probes find it alive but no survivor,
 /// so they re-form without it at once; its forming ends at their probe (not at its form
@@ -1377,7 +1391,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("second-incarnation").unwrap();
     let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;
-    // worker/1's process dies; a new one binds its address and forms epoch 1 anew.
+    // worker/1's process dies; a new one binds its address and forms generation 1 anew.
     let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
     old_endpoint.close();
     drop((old, old_mesh, old_endpoint));
@@ -1391,7 +1405,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     assert!(broken.iter().all(Result::is_err), "{broken:?}");
     let addr = members[1].addr;
     let (again, forming) = restart_forming(&ca, &config, &members).await;
-    // Its form has begun (the first epoch is set before any link).
+    // Its form has begun (the first generation is set before any link).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while again.generation() != 1 {
         assert!(
@@ -1412,7 +1426,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     }
     let started = std::time::Instant::now();
     let failed = bounded("the new process's forming", forming).await.unwrap();
-    let err = failed.expect_err("the new process formed an epoch the others left");
+    let err = failed.expect_err("the new process formed a generation the others left");
     assert!(
         started.elapsed() < config.form_timeout / 2,
         "its forming waited {:?} for the form timeout: {err}",
@@ -1447,7 +1461,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     }
 }
 
-/// Two processes of one member joined the first epoch before the other member began forming
+/// Two processes of one member joined the first generation before the other member began forming
 /// it (the first killed after sending its join, the second its restart): the other member
 /// links with the later one, so the group they form works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1499,10 +1513,10 @@ async fn of_two_processes_of_a_member_joining_one_epoch_the_later_is_linked() {
     }
 }
 
-/// A member lost while the first epoch forms, after its link with one member is up and
+/// A member lost while the first generation forms, after its link with one member is up and
 /// before its link with another is (the network between those two cut): the one that formed
 /// finds it lost and probes; the other, still forming, answers as a survivor and gets its
-/// group broken at once (not at its form timeout), so both re-form the next epoch together.
+/// group broken at once (not at its form timeout), so both re-form the next generation together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming_together() {
     let config = GroupConfig::for_tests();
@@ -1573,7 +1587,8 @@ async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming
     assert!(
         matches!(
             err,
-            CollectiveError::MemberLost { epoch: 1, .. } | CollectiveError::Form { epoch: 1, .. }
+            CollectiveError::MemberLost { generation: 1, .. }
+                | CollectiveError::Form { generation: 1, .. }
         ),
         "{err}"
     );
@@ -1600,7 +1615,7 @@ async fn a_member_lost_before_its_links_were_all_up_leaves_the_others_re_forming
         .all(|g| g.as_ref().unwrap().generation() == 2));
 }
 
-/// A member whose list names peers that formed the epoch without it (their view of who is
+/// A member whose list names peers that formed the generation without it (their view of who is
 /// alive left it out, and they never dial it) learns so from them within seconds, not at
 /// the form timeout: it asks the peers whose joins it awaits whether they still form it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1623,7 +1638,7 @@ async fn a_member_the_others_left_out_of_their_list_fails_its_forming_at_once() 
         assert_eq!(g.unwrap().size(), 2);
     }
     match left_out {
-        Err(err @ CollectiveError::EpochRefused { .. }) => {
+        Err(err @ CollectiveError::GenerationRefused { .. }) => {
             assert!(err.to_string().contains("with members"), "{err}")
         }
         other => panic!("expected worker/0 refused by a member of the other list, got {other:?}"),
@@ -1734,7 +1749,7 @@ async fn live_group_and_a_joiner() -> (
 }
 
 /// The leader's admission of a joiner is lost on a link cut between them (only between
-/// them): the leader tells it again once the link heals, and the joiner forms the epoch with
+/// them): the leader tells it again once the link heals, and the joiner forms the generation with
 /// the members, who were waiting for it. Before, the admission was sent once: the joiner
 /// never formed, and the members waited for it until their form timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1772,11 +1787,11 @@ async fn an_admission_lost_on_a_cut_link_is_told_again_once_it_heals() {
     }
 }
 
-/// Two joiners admitted to the same epoch, one of whom hears of its admission late (its link
+/// Two joiners admitted to the same generation, one of whom hears of its admission late (its link
 /// with the leader cut for a while, its link with the other joiner up): the other joiner,
-/// told at once, dials it to form the epoch before its admission arrives. It waits for its
+/// told at once, dials it to form the generation before its admission arrives. It waits for its
 /// own admission instead of refusing the join as one meaning its old process, and all four
-/// form the epoch. Before, it refused at once: the other joiner's forming failed, the
+/// form the generation. Before, it refused at once: the other joiner's forming failed, the
 /// admission with it, and the survivors re-formed without both (seen in the chaos test of two
 /// workers killed at once, where the chief then trained alone to the end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1784,7 +1799,7 @@ async fn a_joiner_dialed_by_another_before_its_own_admission_arrives_waits_for_i
     let (groups, faults, (late, leader), late_joining, _, ca, peers) =
         live_group_and_a_joiner().await;
     // The second joiner, worker/3: its node is above worker/0's, so it dials worker/0 when
-    // they form the epoch.
+    // they form the generation.
     let endpoint = bind_worker(&ca, 3, "127.0.0.1:0".parse().unwrap()).unwrap();
     let second = Mesh::new(endpoint, GroupConfig::for_tests());
     let second_addr = second.local_addr().unwrap();
@@ -1842,7 +1857,7 @@ async fn a_joiner_dialed_by_another_before_its_own_admission_arrives_waits_for_i
 }
 
 /// The link between the leader and a joiner stays cut: the leader gives up telling it,
-/// within a few idle timeouts, and says so to the members, who then skip that epoch and go
+/// within a few idle timeouts, and says so to the members, who then skip that generation and go
 /// on with the group as it was (nobody waits for the joiner until the form timeout); once
 /// the link heals, the joiner, still asking, is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1873,14 +1888,14 @@ async fn a_joiner_the_leader_cannot_tell_is_left_for_later_and_the_group_goes_on
     let grown = admit_the_joiner(&groups, joining).await;
     for g in &grown {
         assert_eq!(g.size(), 3);
-        // Epoch 2 was skipped.
+        // Generation 2 was skipped.
         assert_eq!(g.generation(), 3);
     }
 }
 
 /// The survivors re-form with a member they took for alive (its old process answered their
 /// probes, then died), whose new process already waits to be admitted: it refuses their
-/// joins at once (it was admitted to no such epoch), so their forming fails now, not at the
+/// joins at once (it was admitted to no such generation), so their forming fails now, not at the
 /// form timeout, and they re-form without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_process_refuses_at_once_an_epoch_its_old_one_was_taken_into() {
@@ -1958,12 +1973,12 @@ async fn a_new_process_refuses_at_once_an_epoch_its_old_one_was_taken_into() {
 }
 
 /// A link between a joiner and one member stays cut after the leader told the joiner its
-/// admission: the leader forms the admission's epoch (its links all up), the cut member and
+/// admission: the leader forms the admission's generation (its links all up), the cut member and
 /// the joiner do not. The cut member still gets the admission's group, broken, naming every
 /// member of it, the joiner among them: re-forming measures its quorum on those members, as
 /// the leader, which formed them, does from then on. Both then re-form together, counting the
 /// joiner (still waiting, so a new process) as on no side. Before, the cut member got an
-/// error, measured on its old group, and could go on alone beside the admission's epoch (a
+/// error, measured on its old group, and could go on alone beside the admission's generation (a
 /// split brain the membership simulator found).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admissions_members() {
@@ -1990,9 +2005,9 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
     let cut = &attempted[1];
     assert!(
         cut.broken().is_some(),
-        "the member cut off from the joiner formed the admission's epoch"
+        "the member cut off from the joiner formed the admission's generation"
     );
-    // The leader's first call of the admission's epoch fails: the others did not form it.
+    // The leader's first call of the admission's generation fails: the others did not form it.
     let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
     let leader = &attempted[0];
     assert!(
@@ -2024,12 +2039,12 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
     joining.abort();
 }
 
-/// A member that the later epochs left out (worker/0, say paused: the others re-formed
+/// A member that the later generations left out (worker/0, say paused: the others re-formed
 /// without it), whose peer (worker/1) then died and came back, probes its old group. The
 /// peer's new process heard, when it asked to enter, that a member (worker/2) was in a group
 /// later than the prober's, one its old process may have been in: it answers as unsettled,
 /// so that the prober counts it as a member that did not answer, not as a replaced one. The
-/// group that left the prober out (worker/2, probing its own epoch) does count it as
+/// group that left the prober out (worker/2, probing its own generation) does count it as
 /// replaced. Before, both counted it out, and each could go on alone beside the other (a
 /// split brain the membership simulator found).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2059,11 +2074,11 @@ async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest
         async move { again.join_live(addr, &peers, Duration::from_secs(30)).await }
     });
     let restarted = NodeId::new("worker", 1);
-    // The group of the later epoch counts the new process out once it heard every peer.
+    // The group of the later generation counts the new process out once it heard every peer.
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
         let probed = bounded(
-            "probing epoch 2",
+            "probing generation 2",
             left_out_by.probe_members(Duration::from_secs(2)),
         )
         .await
@@ -2073,13 +2088,13 @@ async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the group of epoch 2 never counted worker/1's new process out: {probed:?}"
+            "the group of generation 2 never counted worker/1's new process out: {probed:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The member left out does not.
     let probed = bounded(
-        "probing epoch 1",
+        "probing generation 1",
         stale.probe_members(Duration::from_secs(2)),
     )
     .await

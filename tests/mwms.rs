@@ -12,14 +12,14 @@
 //!   or a panic): that worker exits with its own error, every other one with `kind=application` naming it and
 //!   the message, before any worker's op timeout could end its wait.
 //! - Elastic (`--elastic`): 3 workers × 2 replicas lose one to SIGKILL, 4 × 1 lose two at
-//!   once; the survivors agree on the lost, the epoch (2) and the completed step, re-form,
+//!   once; the survivors agree on the lost, the generation (2) and the completed step, re-form,
 //!   finish the run with the same bits, and match a one-process replay whose global batch
 //!   shrinks at that step (to 1e-5); so do the survivors of a second worker killed while they
-//!   re-form (a later epoch if it cut an attempt short). A worker SIGSTOPped past the budget is left out; back
+//!   re-form (a later generation if it cut an attempt short). A worker SIGSTOPped past the budget is left out; back
 //!   (SIGCONT), it learns the others re-formed without it and exits with a typed error.
 //! - A worker lost while the job starts costs one re-forming at step 0: one that vanishes
 //!   right after forming (worker 1 of 3 × 2 replicas, or worker 0, the broadcasts' root), and
-//!   one killed while the others still form epoch 1, its links with them cut (3 × 2 with one
+//!   one killed while the others still form generation 1, its links with them cut (3 × 2 with one
 //!   of them still forming, 4 × 1 with two).
 //! - Quorum: of 2 workers, worker 0 trains on alone once worker 1 is killed (half of the group
 //!   with the lowest rank). A partition in the network rules file (`COHORT_NET_FAULTS`) that
@@ -27,7 +27,7 @@
 //!   with the quorum re-forms, finishes and matches the replay; the other fails with "no
 //!   quorum" (exit 3), never re-forms, and completes no step beyond those the others agreed on.
 //!   A cut between worker 0 and worker 2 of 3 (both still hear worker 1: every view has a
-//!   quorum, and they differ) never makes two groups: one group per epoch at most, the
+//!   quorum, and they differ) never makes two groups: one group per generation at most, the
 //!   finishers (if any) are one group, every other worker fails with a typed error.
 //! - A bad cluster or mismatched replica counts: exit code 2 naming the key; workers fusing
 //!   different buckets are refused by key too.
@@ -413,7 +413,7 @@ fn two_workers_of_two_replicas_train_what_four_replicas_in_one_process_do() {
         for i in 0..tasks.len() {
             let formed = cluster.wait_for(i, "formed");
             assert!(
-                formed.contains("epoch=1") && formed.contains(&format!("workers={workers}")),
+                formed.contains("generation=1") && formed.contains(&format!("workers={workers}")),
                 "{name}: {formed}"
             );
         }
@@ -597,14 +597,14 @@ fn elastic_case_with(
     }
     let survivors: Vec<usize> = (0..workers).filter(|i| !kill.contains(i)).collect();
     let outs = cluster.finish(&survivors);
-    // Every survivor went through the same re-formings: (epoch, step, position, workers).
+    // Every survivor went through the same re-formings: (generation, step, position, workers).
     let recoveries = |i: usize| -> Vec<(usize, usize, usize, usize, String)> {
         cluster.seen[i]
             .iter()
             .filter(|l| l.starts_with("recovered"))
             .map(|l| {
                 let lost = l.split_whitespace().find_map(|w| w.strip_prefix("lost="));
-                let fields = ["epoch", "step", "position", "workers"].map(|k| field(l, k));
+                let fields = ["generation", "step", "position", "workers"].map(|k| field(l, k));
                 (
                     fields[0],
                     fields[1],
@@ -623,9 +623,9 @@ fn elastic_case_with(
             "{name}: worker {i} re-formed otherwise"
         );
     }
-    // Killed at once: one re-forming at epoch 2; apart, maybe more, or a later epoch where a
+    // Killed at once: one re-forming at generation 2; apart, maybe more, or a later generation where a
     // second loss cut an attempt short. Either way every lost worker is left out, once.
-    eprintln!("{name}: re-formings (epoch, step, position, workers, lost): {seen:?}");
+    eprintln!("{name}: re-formings (generation, step, position, workers, lost): {seen:?}");
     assert!(!seen.is_empty(), "{name}: no re-forming");
     if apart.is_zero() {
         assert_eq!((seen.len(), seen[0].0), (1, 2), "{name}: {seen:?}");
@@ -750,11 +750,11 @@ fn field(line: &str, key: &str) -> usize {
 }
 
 /// A change of the group an elastic worker printed: `recovered` or `admitted`, with the
-/// epoch, the agreed step and position, and the workers of the new group.
+/// generation, the agreed step and position, and the workers of the new group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Change {
     kind: String,
-    epoch: usize,
+    generation: usize,
     step: usize,
     position: usize,
     workers: usize,
@@ -769,7 +769,7 @@ fn changes(cluster: &Cluster, i: usize) -> Vec<Change> {
         })
         .map(|l| Change {
             kind: l.split_whitespace().next().unwrap_or("").to_string(),
-            epoch: field(l, "epoch"),
+            generation: field(l, "generation"),
             step: field(l, "step"),
             position: field(l, "position"),
             workers: field(l, "workers"),
@@ -905,7 +905,7 @@ fn a_worker_added_to_a_running_job_is_admitted_and_the_global_batch_grows() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     let grew = &seen[0];
     assert_eq!(
-        (grew.kind.as_str(), grew.epoch, grew.workers),
+        (grew.kind.as_str(), grew.generation, grew.workers),
         ("admitted", 2, 3)
     );
     assert_eq!(changes(&cluster, added), seen);
@@ -985,7 +985,7 @@ fn preemption_case(name: &str, workers: usize, preempted: usize) {
     }
     assert_eq!(seen[0].kind, "departed", "{name}: {seen:?}");
     assert_eq!(
-        (seen[0].epoch, seen[0].step, seen[0].workers),
+        (seen[0].generation, seen[0].step, seen[0].workers),
         (2, agreed, workers - 1)
     );
     assert!(
@@ -1087,7 +1087,7 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
     assert_eq!(
         (
             seen[0].kind.as_str(),
-            seen[0].epoch,
+            seen[0].generation,
             seen[0].step,
             seen[0].workers
         ),
@@ -1120,7 +1120,7 @@ fn a_drained_worker_leaves_at_an_agreed_step_without_a_checkpoint_and_exits_0() 
 /// started again at once (its new process finds the group live and waits to be admitted)
 /// while workers 1 and 2 are preempted together (they re-form without worker 0, then both
 /// leave at one step, after the chief saves it: no group lives any more). Worker 1 started
-/// again finds no live group and forms the first epoch; the waiting worker 0 refuses that
+/// again finds no live group and forms the first generation; the waiting worker 0 refuses that
 /// (it was not admitted to it) until it sees that no one has a live group, so worker 1
 /// tries again rather than failing, and once worker 2 is back all three start afresh from
 /// the checkpoint and finish with one model.
@@ -1356,7 +1356,7 @@ fn setup_loss_case(name: &str, workers: usize, replicas: usize, vanish: usize, h
             .filter(|l| l.starts_with("recovered"))
             .collect();
         let expected = format!(
-            "recovered epoch=2 step=0 position=0 workers={} lost=worker/{vanish} ",
+            "recovered generation=2 step=0 position=0 workers={} lost=worker/{vanish} ",
             survivors.len()
         );
         assert!(
@@ -1466,7 +1466,7 @@ fn a_cut_between_two_of_three_workers_never_makes_two_groups() {
         cluster.wait_for(i, end);
         codes.push(code);
     }
-    // Each worker's re-formings as (epoch, workers, lost).
+    // Each worker's re-formings as (generation, workers, lost).
     let groups: Vec<Vec<(usize, usize, String)>> = (0..3)
         .map(|i| {
             cluster.seen[i]
@@ -1475,7 +1475,7 @@ fn a_cut_between_two_of_three_workers_never_makes_two_groups() {
                 .map(|l| {
                     let lost = l.split_whitespace().find_map(|w| w.strip_prefix("lost="));
                     (
-                        field(l, "epoch"),
+                        field(l, "generation"),
                         field(l, "workers"),
                         lost.unwrap_or("").to_string(),
                     )
@@ -1484,11 +1484,14 @@ fn a_cut_between_two_of_three_workers_never_makes_two_groups() {
         })
         .collect();
     eprintln!("exit codes {codes:?}, re-formings {groups:?}");
-    // One group per epoch: workers that re-formed at the same epoch did so with one list.
+    // One group per generation: workers that re-formed at the same generation did so with one list.
     let all: Vec<&(usize, usize, String)> = groups.iter().flatten().collect();
     for a in &all {
         for b in &all {
-            assert!(a.0 != b.0 || a == b, "two groups at one epoch: {groups:?}");
+            assert!(
+                a.0 != b.0 || a == b,
+                "two groups at one generation: {groups:?}"
+            );
         }
     }
     // The finishers are one group: they went through the same re-formings, and it holds as
@@ -1534,12 +1537,12 @@ fn a_worker_stopped_past_the_budget_is_left_out_and_refused_when_it_comes_back()
     for i in 0..2 {
         let line = cluster.wait_for(i, "recovered");
         assert!(
-            line.contains("epoch=2") && line.contains("lost=worker/2"),
+            line.contains("generation=2") && line.contains("lost=worker/2"),
             "worker {i}: {line}"
         );
     }
     kill(late, Signal::SIGCONT).unwrap();
-    // Back, it finds the others at epoch 2 without it: a typed error, no group of its own.
+    // Back, it finds the others at generation 2 without it: a typed error, no group of its own.
     let line = cluster.wait_for(2, "error");
     assert!(
         line.contains("kind=recovery")

@@ -10,7 +10,7 @@
 //! 127.0.0.1 (1 rank, and 2 when there are 2 GPUs), all-reduce against a reference for every
 //! reduction, sizes that do not divide evenly, zero length and several buckets; the replicas
 //! of one process on every GPU; a broken group aborting a pending init, a pending all-reduce
-//! (2 GPUs) and the next call, and a new epoch needing a new communicator.
+//! (2 GPUs) and the next call, and a new generation needing a new communicator.
 //!
 //! MultiWorkerMirrored on NCCL (`Communication::Nccl`): without its GPU (any machine: a GPU
 //! past every visible one) the strategy is refused by key, naming what is missing, before a
@@ -288,8 +288,12 @@ fn a_span_sums_floats_on_nccl_and_fails_every_member_alike_when_it_cannot() {
     let errors: Vec<CollectiveError> = outs.into_iter().map(Result::unwrap_err).collect();
     for (r, err) in errors.iter().enumerate() {
         match err {
-            CollectiveError::Application { message, epoch, .. } => {
-                assert_eq!(*epoch, 1, "member {r}: {err}");
+            CollectiveError::Application {
+                message,
+                generation,
+                ..
+            } => {
+                assert_eq!(*generation, 1, "member {r}: {err}");
                 assert!(message.contains("NCCL"), "member {r}: {message}");
                 assert!(
                     message.contains(&format!("device {device}")) || message.contains("libcuda"),
@@ -332,7 +336,7 @@ fn gpus() -> Option<usize> {
     visible_gpus().ok().map(|g| g.len())
 }
 
-/// `n` members on their own endpoints, formed at epoch 1.
+/// `n` members on their own endpoints, formed at generation 1.
 async fn group(n: u32) -> (Vec<Endpoint>, Vec<ProcessGroup>) {
     loopback_group(n, TransportConfig::for_tests(), GroupConfig::for_tests())
         .await
@@ -542,7 +546,7 @@ async fn a_broken_group_aborts_a_pending_init() {
         return;
     }
     // Two members; rank 1 gets the id but never inits (its step failed): rank 0's init waits
-    // for it until the group breaks, then fails naming the epoch.
+    // for it until the group breaks, then fails naming the generation.
     let (_endpoints, groups) = group(2).await;
     let (g0, g1) = (groups[0].clone(), groups[1].clone());
     let rank1 = async move {
@@ -556,10 +560,13 @@ async fn a_broken_group_aborts_a_pending_init() {
     )
     .await;
     match init {
-        Err(NcclError::Aborted { epoch: 1, reason }) => {
+        Err(NcclError::Aborted {
+            generation: 1,
+            reason,
+        }) => {
             assert!(reason.contains("worker 1 failed"), "{reason}")
         }
-        other => panic!("expected the init aborted at epoch 1, got {other:?}"),
+        other => panic!("expected the init aborted at generation 1, got {other:?}"),
     }
 }
 
@@ -587,22 +594,25 @@ async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communic
     )
     .await;
     match refused {
-        Err(NcclError::Aborted { epoch: 1, reason }) => {
+        Err(NcclError::Aborted {
+            generation: 1,
+            reason,
+        }) => {
             assert!(reason.contains("the step failed"), "{reason}")
         }
-        other => panic!("expected the call refused at epoch 1, got {other:?}"),
+        other => panic!("expected the call refused at generation 1, got {other:?}"),
     }
     assert!(comm.aborted().is_some());
-    // The group of the next epoch, and its own communicator.
+    // The group of the next generation, and its own communicator.
     let me = vec![NodeId::new("worker", 0)];
     let g2 = bounded("reform", g.reform(&me)).await.unwrap();
     assert_eq!(g2.generation(), 2);
-    let comm2 = bounded("init at epoch 2", NcclComm::new(&g2, 0, NCCL_TIMEOUT))
+    let comm2 = bounded("init at generation 2", NcclComm::new(&g2, 0, NCCL_TIMEOUT))
         .await
         .unwrap();
     assert_eq!(comm2.generation(), 2);
     let out = bounded(
-        "all-reduce at epoch 2",
+        "all-reduce at generation 2",
         comm2.all_reduce(Reduction::Max, &x, BUCKET_BYTES),
     )
     .await
@@ -611,12 +621,12 @@ async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communic
         &out,
         &x,
         &reference(std::slice::from_ref(&x), Reduction::Max),
-        "epoch 2",
+        "generation 2",
     );
     // The old communicator still refuses.
     assert!(matches!(
         comm.all_reduce(Reduction::Sum, &x, BUCKET_BYTES).await,
-        Err(NcclError::Aborted { epoch: 1, .. })
+        Err(NcclError::Aborted { generation: 1, .. })
     ));
     drop(endpoints);
 }
@@ -660,8 +670,8 @@ async fn a_lost_peer_aborts_a_pending_all_reduce() {
     )
     .await;
     assert!(
-        matches!(pending, Err(NcclError::Aborted { epoch: 1, .. })),
-        "expected the pending all-reduce aborted at epoch 1, got {pending:?}"
+        matches!(pending, Err(NcclError::Aborted { generation: 1, .. })),
+        "expected the pending all-reduce aborted at generation 1, got {pending:?}"
     );
 }
 

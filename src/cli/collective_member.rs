@@ -1,10 +1,10 @@
 //! `cohort collective-member` (hidden): one member of a process group as its own process, for
 //! the fault tests of the collectives (a member SIGKILLed or SIGSTOPped mid-collective).
 //!
-//! It forms epoch 1 with the members given, then all-reduces a tensor round after round until
+//! It forms generation 1 with the members given, then all-reduces a tensor round after round until
 //! its stdin closes, checking every result, and prints one line per event on stdout:
-//! `formed epoch=E rank=R members=[..]`, `ok epoch=E round=K`, `error epoch=E kind=K node=N
-//! detail=..`, `stopped`. When a member is lost it re-forms with the others at the next epoch
+//! `formed generation=E rank=R members=[..]`, `ok generation=E round=K`, `error generation=E kind=K node=N
+//! detail=..`, `stopped`. When a member is lost it re-forms with the others at the next generation
 //! and goes on; any other error ends it with exit code 3. With `--bench-mib` it times
 //! all-reduces instead, for `cohort bench allreduce`'s members as processes.
 
@@ -137,7 +137,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                 Ok(()) => {
                     round += 1;
                     outln!(
-                        "ok epoch={} round={round} shared-memory-peers={}",
+                        "ok generation={} round={round} shared-memory-peers={}",
                         group.generation(),
                         group.shared_memory_peers().len()
                     );
@@ -235,22 +235,22 @@ async fn time_all_reduce(
 fn formed(group: &ProcessGroup) {
     let members: Vec<String> = group.members().iter().map(ToString::to_string).collect();
     outln!(
-        "formed epoch={} rank={} members=[{}]",
+        "formed generation={} rank={} members=[{}]",
         group.generation(),
         group.rank(),
         members.join(",")
     );
 }
 
-fn report(epoch: u64, err: &CollectiveError) {
+fn report(generation: u64, err: &CollectiveError) {
     let (kind, node) = match err {
         CollectiveError::MemberLost { node, .. } => ("member-lost", node.to_string()),
-        CollectiveError::EpochRefused { node, .. } => ("epoch-refused", node.to_string()),
+        CollectiveError::GenerationRefused { node, .. } => ("generation-refused", node.to_string()),
         CollectiveError::Mismatch { node, .. } => ("mismatch", node.to_string()),
         CollectiveError::PeerTimeout { node, .. } => ("peer-timeout", node.to_string()),
         CollectiveError::Link { node, .. } => ("link", node.to_string()),
         CollectiveError::Form { .. } => ("form", String::new()),
         _ => ("other", String::new()),
     };
-    outln!("error epoch={epoch} kind={kind} node={node} detail={err}");
+    outln!("error generation={generation} kind={kind} node={node} detail={err}");
 }

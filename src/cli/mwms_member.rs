@@ -4,11 +4,11 @@
 //! The cluster and this worker's task come from `TF_CONFIG`. Each worker seeds its
 //! initializers differently (`7 + 1000 × rank`): only the strategy's broadcast of the first
 //! worker's values makes them start alike. It prints one line per event on stdout:
-//! `formed epoch=E rank=R workers=W replicas=N communication=C` (`ring`, or `nccl:GPU` with
-//! `--communication nccl`), `step K loss=L`, `recovered epoch=E step=S
+//! `formed generation=E rank=R workers=W replicas=N communication=C` (`ring`, or `nccl:GPU` with
+//! `--communication nccl`), `step K loss=L`, `recovered generation=E step=S
 //! position=P workers=W lost=N,.. source=N attempts=A` (an elastic run re-formed),
-//! `admitted epoch=E step=S position=P workers=W joined=N,.. source=N` (workers joined: a
-//! process started while the others train joins them, and prints it too), `departed epoch=E
+//! `admitted generation=E step=S position=P workers=W joined=N,.. source=N` (workers joined: a
+//! process started while the others train joins them, and prints it too), `departed generation=E
 //! step=S position=P workers=W left=N,.. drained=N,.. saved=B` (workers with a notice left: a
 //! worker sent SIGTERM leaves at the next step boundary, prints `left` and exits 143; one sent
 //! SIGUSR1 is drained: it leaves the same way without the chief's save, prints `left drained`
@@ -139,7 +139,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     };
     let group = strategy.process_group();
     outln!(
-        "formed epoch={} rank={} workers={} replicas={} communication={}",
+        "formed generation={} rank={} workers={} replicas={} communication={}",
         group.generation(),
         group.rank(),
         group.size(),
@@ -218,7 +218,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 ElasticEvent::Recovered(r) => {
                     let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
                     outln!(
-                        "recovered epoch={} step={} position={} workers={} lost={} source={} \
+                        "recovered generation={} step={} position={} workers={} lost={} source={} \
                          attempts={}",
                         r.generation,
                         r.step,
@@ -233,7 +233,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                     let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
                     let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
                     outln!(
-                        "departed epoch={} step={} position={} workers={} left={} drained={} \
+                        "departed generation={} step={} position={} workers={} left={} drained={} \
                          saved={}",
                         d.generation,
                         d.step,
@@ -253,7 +253,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
                 ElasticEvent::Admitted(a) => {
                     let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
                     outln!(
-                        "admitted epoch={} step={} position={} workers={} joined={} source={}",
+                        "admitted generation={} step={} position={} workers={} joined={} source={}",
                         a.generation,
                         a.step,
                         a.position,
@@ -347,7 +347,7 @@ fn report(detail: &str, err: Option<&CollectiveError>) {
     let (kind, node) = match err {
         Some(CollectiveError::MemberLost { node, .. }) => ("member-lost", node.to_string()),
         Some(CollectiveError::PeerTimeout { node, .. }) => ("peer-timeout", node.to_string()),
-        Some(CollectiveError::EpochRefused { node, .. }) => ("epoch-refused", node.to_string()),
+        Some(CollectiveError::GenerationRefused { node, .. }) => ("generation-refused", node.to_string()),
         Some(CollectiveError::Form { .. }) => ("form", String::new()),
         Some(CollectiveError::Application { node, .. }) => ("application", node.to_string()),
         Some(_) => ("collective", String::new()),

@@ -1,6 +1,6 @@
 //! The one error type of every collective: the in-process group's rounds and the process
 //! group's operations over the transport. A process group's variants name the member and the
-//! membership epoch, so that a caller can re-form the group without the member that failed.
+//! membership generation, so that a caller can re-form the group without the member that failed.
 
 use cohort_transport::NodeId;
 
@@ -58,35 +58,35 @@ pub enum CollectiveError {
     },
     /// A member of a process group was lost (its connection closed, or went silent past the
     /// transport's idle timeout, the detection budget): every pending and later operation of
-    /// this group fails; re-form the group with the survivors at a new epoch.
-    #[error("collective group generation {epoch}: member {node} lost ({reason})")]
+    /// this group fails; re-form the group with the survivors at a new generation.
+    #[error("collective group generation {generation}: member {node} lost ({reason})")]
     MemberLost {
         /// The member that was lost.
         node: NodeId,
-        /// The group's membership epoch.
-        epoch: u64,
+        /// The group's membership generation.
+        generation: u64,
         /// What the transport saw.
         reason: String,
     },
-    /// A member refused a message of this group's epoch: it belongs to another epoch (the
-    /// survivors re-formed without us, or we are at a later epoch than the sender). EPOCH-1.
-    #[error("collective group generation {epoch}: {node} refused our message, it is at generation {current}{detail}")]
-    EpochRefused {
+    /// A member refused a message of this group's generation: it belongs to another generation (the
+    /// survivors re-formed without us, or we are at a later generation than the sender). EPOCH-1.
+    #[error("collective group generation {generation}: {node} refused our message, it is at generation {current}{detail}")]
+    GenerationRefused {
         /// The member that refused.
         node: NodeId,
-        /// The epoch of the refused message (ours).
-        epoch: u64,
-        /// The refusing member's epoch.
+        /// The generation of the refused message (ours).
+        generation: u64,
+        /// The refusing member's generation.
         current: u64,
-        /// Why, when the epochs are equal (the group of that epoch has other members).
+        /// Why, when the generations are equal (the group of that generation has other members).
         detail: String,
     },
-    /// This group was replaced by one of a later epoch in the same process.
-    #[error("collective group generation {epoch} was superseded by generation {current}")]
+    /// This group was replaced by one of a later generation in the same process.
+    #[error("collective group generation {generation} was superseded by generation {current}")]
     Superseded {
-        /// This group's epoch.
-        epoch: u64,
-        /// The epoch that replaced it.
+        /// This group's generation.
+        generation: u64,
+        /// The generation that replaced it.
         current: u64,
     },
     /// Members of a process group called different operations, or with tensors of different
@@ -104,11 +104,11 @@ pub enum CollectiveError {
     /// operation timeout, though its connection lives (a member that does not call the
     /// operation at all).
     #[error(
-        "collective group epoch {epoch}, call {seq}: nothing from {node} within {timeout_ms} ms"
+        "collective group generation {generation}, call {seq}: nothing from {node} within {timeout_ms} ms"
     )]
     PeerTimeout {
-        /// The group's membership epoch.
-        epoch: u64,
+        /// The group's membership generation.
+        generation: u64,
         /// The call.
         seq: u64,
         /// The member waited for.
@@ -120,31 +120,31 @@ pub enum CollectiveError {
     /// panicked): the member aborted the group so that every member's pending and later call
     /// fails at once with its message, instead of waiting for it until the operation timeout.
     /// Not a lost member: re-forming does not recover from it.
-    #[error("collective group generation {epoch}: the step failed on {node}: {message}")]
+    #[error("collective group generation {generation}: the step failed on {node}: {message}")]
     Application {
         /// The member whose step failed.
         node: NodeId,
-        /// The group's membership epoch.
-        epoch: u64,
+        /// The group's membership generation.
+        generation: u64,
         /// The application's error, in words.
         message: String,
     },
     /// A link to a member failed other than by loss (a refused or malformed message).
-    #[error("collective group generation {epoch}: link to {node} failed: {reason}")]
+    #[error("collective group generation {generation}: link to {node} failed: {reason}")]
     Link {
         /// The member.
         node: NodeId,
-        /// The group's membership epoch.
-        epoch: u64,
+        /// The group's membership generation.
+        generation: u64,
         /// What failed.
         reason: String,
     },
     /// The group could not be formed (bad membership, a member unreachable within the
-    /// formation timeout, an epoch not above the one already formed here).
-    #[error("collective group generation {epoch}: cannot form: {reason}")]
+    /// formation timeout, a generation not above the one already formed here).
+    #[error("collective group generation {generation}: cannot form: {reason}")]
     Form {
-        /// The epoch being formed.
-        epoch: u64,
+        /// The generation being formed.
+        generation: u64,
         /// What was wrong.
         reason: String,
     },
@@ -163,23 +163,23 @@ pub enum CollectiveError {
     /// This member stopped before the call ended: its endpoint was closed, the runtime
     /// driving the group stopped (its owner is shutting down), or a call of this group was
     /// given up before it ended (its future dropped, as by a timeout around it). A peer told
-    /// so takes this member for lost; a group of a new epoch takes it back.
-    #[error("collective group generation {epoch}: this member stopped before the call ended")]
+    /// so takes this member for lost; a group of a new generation takes it back.
+    #[error("collective group generation {generation}: this member stopped before the call ended")]
     Stopped {
-        /// The group's membership epoch.
-        epoch: u64,
+        /// The group's membership generation.
+        generation: u64,
     },
     /// The group's NCCL communicator failed without naming a member (NCCL's own wait timed
     /// out, or it reported a remote error) while every member still answered a probe: the
     /// group's links stand, the communicator does not. Re-forming makes a new one.
     #[error(
-        "collective group generation {epoch}: the NCCL communicator failed on {node}: {reason}"
+        "collective group generation {generation}: the NCCL communicator failed on {node}: {reason}"
     )]
     Communicator {
         /// The member whose call saw it.
         node: NodeId,
-        /// The group's membership epoch.
-        epoch: u64,
+        /// The group's membership generation.
+        generation: u64,
         /// NCCL's error.
         reason: String,
     },

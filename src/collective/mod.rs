@@ -7,11 +7,11 @@
 //! threads of one process, used by the local strategies' replica contexts. [`ProcessGroup`]
 //! joins processes over cohort's transport (QUIC, mutual TLS): a ring for large tensors and a
 //! direct exchange for small ones, results bit-identical on every member (DATA-1), a
-//! membership epoch on every message (EPOCH-1), typed errors for a lost member, members that
+//! membership generation on every message (EPOCH-1), typed errors for a lost member, members that
 //! disagree or a member's failed step ([`CollectiveError`]), and the probes by which the
 //! survivors of a lost member agree on whom to re-form with. A [`ProcessSpan`] joins the two:
 //! a local group whose rounds go on across processes (MultiWorkerMirrored). With the feature
-//! `nccl`, [`NcclComm`] all-reduces on the GPUs: one communicator per epoch of a process group,
+//! `nccl`, [`NcclComm`] all-reduces on the GPUs: one communicator per generation of a process group,
 //! bootstrapped over it and aborted when it breaks; [`NcclLocal`] does it for the GPUs of one
 //! process.
 //!

@@ -3,7 +3,7 @@
 //! one process ([`NcclLocal`]).
 //!
 //! This module owns the loading of NCCL and of the CUDA driver, the communicators and their
-//! life: one per membership epoch, bootstrapped over the group, aborted when the group breaks.
+//! life: one per membership generation, bootstrapped over the group, aborted when the group breaks.
 //!
 //! - Loading: everything is opened at run time, so the crate builds and runs without CUDA.
 //!   libnccl is opened by its soname, `libnccl.so.2` (what the `nvidia-nccl-cu12`/`-cu13`
@@ -16,14 +16,14 @@
 //!   init fails aborts the group, so that the others' inits end too.
 //! - Failure: a watcher aborts the communicator (`ncclCommAbort`) as soon as its group breaks
 //!   (a member lost, an application abort): a pending call returns
-//!   [`NcclError::Aborted`] naming the epoch instead of hanging, and so does every later call.
-//!   The group re-forms at a new epoch ([`ProcessGroup::reform`]); the new group needs a new
+//!   [`NcclError::Aborted`] naming the generation instead of hanging, and so does every later call.
+//!   The group re-forms at a new generation ([`ProcessGroup::reform`]); the new group needs a new
 //!   communicator. Every wait is bounded by the communicator's timeout.
 //! - Data: host tensors are fused per bucket ([`plan_buckets`]) into one device buffer, copied
 //!   to the GPU, all-reduced in place on the communicator's stream, and copied back to the
 //!   host, where a parameter-server push takes them. MultiWorkerMirrored sums its gradients
 //!   this way with `Communication::Nccl` (`ProcessSpan::with_nccl`
-//!   makes one communicator per epoch of its span).
+//!   makes one communicator per generation of its span).
 
 // The NCCL entry points are C functions loaded at run time: calling them is unsafe, and each
 // call below says why its arguments are valid.
@@ -60,12 +60,12 @@ pub enum NcclError {
         reason: String,
     },
     /// An NCCL call returned an error.
-    #[error("NCCL {call} failed{}: {message} (ncclResult_t {code})", epoch_suffix(*.epoch))]
+    #[error("NCCL {call} failed{}: {message} (ncclResult_t {code})", generation_suffix(*.generation))]
     Nccl {
         /// The function.
         call: &'static str,
-        /// The communicator's epoch, when the call was on one.
-        epoch: Option<u64>,
+        /// The communicator's generation, when the call was on one.
+        generation: Option<u64>,
         /// The `ncclResult_t`.
         code: i32,
         /// NCCL's error string and last error.
@@ -73,28 +73,28 @@ pub enum NcclError {
     },
     /// The communicator was aborted (its group broke, or an earlier call failed): every
     /// pending and later call fails with this error. Re-form the group and make a new one.
-    #[error("NCCL communicator of group generation {epoch} aborted: {reason}")]
+    #[error("NCCL communicator of group generation {generation} aborted: {reason}")]
     Aborted {
-        /// The communicator's membership epoch.
-        epoch: u64,
+        /// The communicator's membership generation.
+        generation: u64,
         /// Why.
         reason: String,
     },
     /// A wait passed the communicator's timeout (the communicator is aborted).
-    #[error("NCCL communicator of group generation {epoch}: {what} did not finish within {timeout_ms} ms")]
+    #[error("NCCL communicator of group generation {generation}: {what} did not finish within {timeout_ms} ms")]
     Timeout {
-        /// The communicator's membership epoch.
-        epoch: u64,
+        /// The communicator's membership generation.
+        generation: u64,
         /// What was waited for.
         what: &'static str,
         /// The timeout.
         timeout_ms: u64,
     },
     /// The group's broadcast of the unique id failed.
-    #[error("NCCL bootstrap over the group of generation {epoch}: {source}")]
+    #[error("NCCL bootstrap over the group of generation {generation}: {source}")]
     Bootstrap {
-        /// The group's epoch.
-        epoch: u64,
+        /// The group's generation.
+        generation: u64,
         /// The group's error.
         #[source]
         source: CollectiveError,
@@ -123,8 +123,8 @@ impl NcclError {
 /// asynchronously (`ncclCommGetAsyncError`): a failure of the collective, often a peer's.
 const ASYNC_CALL: &str = "(asynchronous)";
 
-fn epoch_suffix(epoch: Option<u64>) -> String {
-    epoch.map_or_else(String::new, |e| {
+fn generation_suffix(generation: Option<u64>) -> String {
+    generation.map_or_else(String::new, |e| {
         format!(" on the communicator of group generation {e}")
     })
 }
@@ -275,7 +275,7 @@ impl Api {
     fn error(
         &self,
         call: &'static str,
-        epoch: Option<u64>,
+        generation: Option<u64>,
         code: NcclResult,
         comm: Comm,
     ) -> NcclError {
@@ -295,7 +295,7 @@ impl Api {
         };
         NcclError::Nccl {
             call,
-            epoch,
+            generation,
             code,
             message,
         }
@@ -467,7 +467,7 @@ impl NcclId {
     /// QUIC. Every member calls it (it is one collective call of the group). A rank 0 that
     /// cannot make one still broadcasts, so that every member fails with an error, not a wait.
     pub async fn exchange(group: &ProcessGroup) -> Result<NcclId, NcclError> {
-        let epoch = group.generation();
+        let generation = group.generation();
         let mut message = vec![0u8; ID_MESSAGE];
         let mine = if group.rank() == 0 {
             let made = NcclId::new();
@@ -486,7 +486,7 @@ impl NcclId {
         let got = group
             .broadcast(0, &tensor)
             .await
-            .map_err(|source| NcclError::Bootstrap { epoch, source })?;
+            .map_err(|source| NcclError::Bootstrap { generation, source })?;
         if let Some(made) = mine {
             return made;
         }
@@ -495,7 +495,7 @@ impl NcclId {
             .map_err(|e| NcclError::InvalidArgument(e.to_string()))?;
         if bytes.len() != ID_MESSAGE || bytes[0] != 1 {
             return Err(NcclError::Aborted {
-                epoch,
+                generation,
                 reason: "rank 0 could not make the NCCL unique id".to_string(),
             });
         }
@@ -525,15 +525,15 @@ struct State {
 /// What the communicator's calls, its watcher and its owner share.
 struct Shared {
     api: &'static Api,
-    epoch: u64,
+    generation: u64,
     state: Mutex<State>,
 }
 
 impl Shared {
-    fn new(api: &'static Api, epoch: u64, comm: Comm) -> Shared {
+    fn new(api: &'static Api, generation: u64, comm: Comm) -> Shared {
         Shared {
             api,
-            epoch,
+            generation,
             state: Mutex::new(State {
                 comm: Some(RawComm(comm)),
                 aborted: None,
@@ -547,7 +547,7 @@ impl Shared {
 
     fn aborted(&self, reason: String) -> NcclError {
         NcclError::Aborted {
-            epoch: self.epoch,
+            generation: self.generation,
             reason,
         }
     }
@@ -596,7 +596,7 @@ impl Shared {
         if rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS {
             return Ok(rc);
         }
-        let err = self.api.error(name, Some(self.epoch), rc, comm.0);
+        let err = self.api.error(name, Some(self.generation), rc, comm.0);
         drop(state);
         // A failed communicator cannot be used again; abort it so that the peers' calls end.
         if abort_on_failure {
@@ -623,7 +623,8 @@ impl Shared {
                 let err = {
                     let s = self.lock();
                     let comm = s.comm.as_ref().map_or(std::ptr::null_mut(), |c| c.0);
-                    self.api.error(ASYNC_CALL, Some(self.epoch), code, comm)
+                    self.api
+                        .error(ASYNC_CALL, Some(self.generation), code, comm)
                 };
                 self.abort(err.to_string());
                 Err(err)
@@ -779,7 +780,7 @@ async fn wait_all(
         }
         if started.elapsed() >= timeout {
             return Err(fail(NcclError::Timeout {
-                epoch: ranks[0].shared.epoch,
+                generation: ranks[0].shared.generation,
                 what,
                 timeout_ms: timeout.as_millis() as u64,
             }));
@@ -926,7 +927,7 @@ async fn reduce_bucket<T: NcclElement>(
         if rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS && enqueued.is_ok() {
             enqueued = Err(api.error(
                 "ncclGroupEnd",
-                Some(ranks[0].shared.epoch),
+                Some(ranks[0].shared.generation),
                 rc,
                 std::ptr::null_mut(),
             ));
@@ -999,7 +1000,7 @@ async fn all_reduce_ranks(
 /// How often the watcher looks at its group.
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
-/// One process's NCCL communicator in a [`ProcessGroup`] of one membership epoch, on one GPU.
+/// One process's NCCL communicator in a [`ProcessGroup`] of one membership generation, on one GPU.
 pub struct NcclComm {
     rank: Rank,
     group: ProcessGroup,
@@ -1009,7 +1010,7 @@ pub struct NcclComm {
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclComm")
-            .field("epoch", &self.generation())
+            .field("generation", &self.generation())
             .field("rank", &self.group.rank())
             .field("size", &self.group.size())
             .field("device", &self.rank.ctx.ordinal())
@@ -1018,7 +1019,7 @@ impl std::fmt::Debug for NcclComm {
 }
 
 impl NcclComm {
-    /// The communicator of `group`'s epoch on GPU `device`: the id from rank 0 over the group
+    /// The communicator of `group`'s generation on GPU `device`: the id from rank 0 over the group
     /// ([`NcclId::exchange`]), then [`NcclComm::init`]. Every member calls it.
     pub async fn new(
         group: &ProcessGroup,
@@ -1053,10 +1054,10 @@ impl NcclComm {
         device: usize,
         timeout: Duration,
     ) -> Result<NcclComm, NcclError> {
-        let epoch = group.generation();
+        let generation = group.generation();
         if let Some(e) = group.broken() {
             return Err(NcclError::Aborted {
-                epoch,
+                generation,
                 reason: e.to_string(),
             });
         }
@@ -1065,7 +1066,13 @@ impl NcclComm {
         let stream = ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
         ctx.bind_to_thread()
             .map_err(|e| cuda("binding the context", e))?;
-        let shared = Arc::new(start_init(api, epoch, group.size(), group.rank(), &id)?);
+        let shared = Arc::new(start_init(
+            api,
+            generation,
+            group.size(),
+            group.rank(),
+            &id,
+        )?);
         watch(group.clone(), Arc::downgrade(&shared));
         let nccl = NcclComm {
             rank: Rank {
@@ -1089,7 +1096,7 @@ impl NcclComm {
 
     /// The generation of the group this communicator belongs to.
     pub fn generation(&self) -> u64 {
-        self.rank.shared.epoch
+        self.rank.shared.generation
     }
 
     /// This member's rank.
@@ -1169,7 +1176,7 @@ impl NcclComm {
 /// await: the caller's future stays `Send`.
 fn start_init(
     api: &'static Api,
-    epoch: u64,
+    generation: u64,
     size: usize,
     rank: usize,
     id: &NcclId,
@@ -1182,14 +1189,14 @@ fn start_init(
         (api.init_rank_config)(&mut comm, size as c_int, id.0, rank as c_int, &mut config)
     };
     if rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS {
-        let err = api.error("ncclCommInitRankConfig", Some(epoch), rc, comm);
+        let err = api.error("ncclCommInitRankConfig", Some(generation), rc, comm);
         if !comm.is_null() {
             // SAFETY: the handle NCCL returned, never used elsewhere.
             unsafe { (api.comm_abort)(comm) };
         }
         return Err(err);
     }
-    Ok(Shared::new(api, epoch, comm))
+    Ok(Shared::new(api, generation, comm))
 }
 
 /// Aborts the communicator as soon as `group` breaks; ends when the communicator is dropped.
@@ -1220,7 +1227,7 @@ fn watch(group: ProcessGroup, shared: Weak<Shared>) {
 // Within one process.
 
 /// The replicas of one process on its GPUs, one rank per GPU (`ncclCommInitAll`). It has no
-/// process group and no epoch: its errors name epoch 0, and nothing but a failed call or a
+/// process group and no generation: its errors name generation 0, and nothing but a failed call or a
 /// timeout aborts it.
 pub struct NcclLocal {
     ranks: Vec<Rank>,

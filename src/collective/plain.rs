@@ -1,10 +1,10 @@
 //! The plaintext data plane of a process group ([`GroupConfig::plaintext`]): a group's chunks
 //! over TCP, for clusters inside a trusted network, as NCCL and gloo do. Off by default.
 //!
-//! Peers are authenticated over QUIC at setup, not on TCP: when a link of an epoch forms, the
+//! Peers are authenticated over QUIC at setup, not on TCP: when a link of a generation forms, the
 //! acceptor answers the dialer's `Join` (over QUIC, mutual TLS) with the port of its TCP
 //! listener and a fresh random token; the dialer connects there and sends the token and the
-//! epoch first. The acceptor takes the connection as that peer's link of that epoch only if
+//! generation first. The acceptor takes the connection as that peer's link of that generation only if
 //! the token is one it issued for them (each token once); anything else is closed unread. After
 //! that, tensors travel unencrypted and unauthenticated: anyone who can read or inject TCP
 //! segments between the members can read or change them.
@@ -52,7 +52,7 @@ use super::shm::{Borrower, Lender, Offer, Segment, SlotError};
 use super::wire::Wire;
 use super::{CollectiveError, GroupConfig};
 
-/// Bytes a dialer sends first: the token (16) and the epoch (8), little-endian.
+/// Bytes a dialer sends first: the token (16) and the generation (8), little-endian.
 const HELLO_BYTES: usize = 24;
 /// How long an accepted connection may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,7 +77,7 @@ const NAME_MAX: usize = 64;
 /// holds every slot while it waits for a later chunk never stalls the link for good).
 const SLOT_WAIT: Duration = Duration::from_millis(20);
 
-/// A token the acceptor issued to one peer for one epoch's link.
+/// A token the acceptor issued to one peer for one generation's link.
 pub(crate) type Token = u128;
 
 /// A fresh random token.
@@ -90,7 +90,7 @@ pub(crate) async fn bind(ip: std::net::IpAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(SocketAddr::new(ip, 0)).await
 }
 
-/// Reads an accepted connection's hello: its token and epoch, or `None` if it sends no
+/// Reads an accepted connection's hello: its token and generation, or `None` if it sends no
 /// well-formed hello in time.
 pub(crate) async fn read_hello(stream: &mut TcpStream) -> Option<(Token, u64)> {
     let mut hello = [0u8; HELLO_BYTES];
@@ -99,15 +99,15 @@ pub(crate) async fn read_hello(stream: &mut TcpStream) -> Option<(Token, u64)> {
         .ok()?
         .ok()?;
     let token = Token::from_le_bytes(hello[..16].try_into().ok()?);
-    let epoch = u64::from_le_bytes(hello[16..].try_into().ok()?);
-    Some((token, epoch))
+    let generation = u64::from_le_bytes(hello[16..].try_into().ok()?);
+    Some((token, generation))
 }
 
 /// Dials the acceptor's listener at `addr` by `deadline` and sends the hello.
 pub(crate) async fn dial(
     addr: SocketAddr,
     token: Token,
-    epoch: u64,
+    generation: u64,
     deadline: Instant,
 ) -> std::io::Result<TcpStream> {
     let connect = async {
@@ -115,7 +115,7 @@ pub(crate) async fn dial(
         stream.set_nodelay(true)?;
         let mut hello = [0u8; HELLO_BYTES];
         hello[..16].copy_from_slice(&token.to_le_bytes());
-        hello[16..].copy_from_slice(&epoch.to_le_bytes());
+        hello[16..].copy_from_slice(&generation.to_le_bytes());
         stream.write_all(&hello).await?;
         Ok(stream)
     };
@@ -342,7 +342,7 @@ pub(crate) async fn send_loop(
             shared.fail(
                 CollectiveError::MemberLost {
                     node: peer.clone(),
-                    epoch: shared.epoch,
+                    generation: shared.generation,
                     reason: format!("its TCP link failed: {e}"),
                 },
                 true,
@@ -454,7 +454,7 @@ impl Sender<'_> {
             return false;
         };
         let data = Wire::Data {
-            epoch: shared.epoch,
+            generation: shared.generation,
             seq: out.seq,
             tag: out.tag,
             call: out.call,
@@ -566,8 +566,8 @@ pub(crate) async fn read_loop(
     let credits = Arc::new(Semaphore::new(window.max(1)));
     let mut borrower: Option<Arc<Borrower>> = None;
     loop {
-        let (epoch, frame_max) = match group.upgrade() {
-            Some(shared) => (shared.epoch, shared.header_max as u64),
+        let (generation, frame_max) = match group.upgrade() {
+            Some(shared) => (shared.generation, shared.header_max as u64),
             None => return,
         };
         let read = match reader.read_u32_le().await {
@@ -591,7 +591,7 @@ pub(crate) async fn read_loop(
                         // A chunk whose place in the result is known is received straight
                         // into it.
                         let Wire::Data {
-                            epoch: sent,
+                            generation: sent,
                             seq,
                             tag,
                             ..
@@ -600,7 +600,7 @@ pub(crate) async fn read_loop(
                             return None;
                         };
                         let shared = group.upgrade()?;
-                        let region = (*sent == epoch)
+                        let region = (*sent == generation)
                             .then(|| shared.take_landing(from, *seq, *tag))
                             .flatten()?;
                         (region.len() as u64 == blob_len).then_some(region)
@@ -617,7 +617,7 @@ pub(crate) async fn read_loop(
             Ok((
                 (
                     Wire::Data {
-                        epoch: sent,
+                        generation: sent,
                         seq,
                         tag,
                         call,
@@ -625,16 +625,16 @@ pub(crate) async fn read_loop(
                     blob,
                 ),
                 permit,
-            )) if sent == epoch => {
+            )) if sent == generation => {
                 shared.deliver_plain(from, seq, tag, call, blob, permit);
             }
             Ok(((other, _), _)) => {
                 shared.fail(
                     CollectiveError::Link {
                         node: peer.clone(),
-                        epoch,
+                        generation,
                         reason: format!(
-                            "its TCP link carried {other:?}, not a chunk of epoch {epoch}"
+                            "its TCP link carried {other:?}, not a chunk of generation {generation}"
                         ),
                     },
                     true,
@@ -649,7 +649,7 @@ pub(crate) async fn read_loop(
                 shared.fail(
                     CollectiveError::MemberLost {
                         node: peer.clone(),
-                        epoch,
+                        generation,
                         reason: malformed.to_string(),
                     },
                     true,

@@ -21,7 +21,7 @@
 //! on a GPU of this process with NCCL instead of the group's ring (TensorFlow's
 //! `CommunicationImplementation.NCCL`); everything else (broadcasts, gathers, barriers, other
 //! dtypes) stays on the group. NCCL gives every rank the same bits too (its algorithms reduce
-//! each element once and pass the result on). The span is one membership epoch: its communicator is made at
+//! each element once and pass the result on). The span is one membership generation: its communicator is made at
 //! its first NCCL sum, bootstrapped over the group (`NcclComm::new`; every member reaches
 //! that sum at the same point of its sequence of calls, as every collective does), and
 //! aborted when the group breaks; a re-formed group gets a new span and so a new
@@ -62,7 +62,7 @@ pub struct ProcessSpan {
     runtime: Handle,
     local_replicas: usize,
     bucket_bytes_max: usize,
-    /// The GPU sums of this epoch, when the span was made [`ProcessSpan::with_nccl`].
+    /// The GPU sums of this generation, when the span was made [`ProcessSpan::with_nccl`].
     #[cfg(feature = "nccl")]
     nccl: Option<Arc<GpuSums>>,
 }
@@ -99,7 +99,7 @@ impl ProcessSpan {
     }
 
     /// Aborts this span's NCCL communicator, if it made one: its group was replaced by a later
-    /// epoch's (which makes its own), and the GPU memory and threads go now rather than when
+    /// generation's (which makes its own), and the GPU memory and threads go now rather than when
     /// the last clone of this span does. Does nothing while a sum holds it (none does once the
     /// group is replaced: every sum of this span has returned).
     pub fn close_nccl(&self) {
@@ -223,7 +223,7 @@ impl ProcessSpan {
         // dropped the task (it is shutting down).
         rx.recv().unwrap_or_else(|_| {
             Err(CollectiveError::Stopped {
-                epoch: self.group.generation(),
+                generation: self.group.generation(),
             })
         })
     }
@@ -241,7 +241,7 @@ pub struct NcclWaits {
     pub probe: Duration,
 }
 
-/// One epoch's NCCL sums on one GPU (see the module doc).
+/// One generation's NCCL sums on one GPU (see the module doc).
 #[cfg(feature = "nccl")]
 #[derive(Debug)]
 struct GpuSums {
@@ -276,7 +276,7 @@ fn fingerprint(tensors: &[Tensor], bucket_bytes_max: usize) -> [u64; 4] {
 #[cfg(feature = "nccl")]
 impl GpuSums {
     /// Sums `tensors` (f32/f64, buckets of at most `bucket` bytes) with every member's, making
-    /// the communicator first if this epoch has none.
+    /// the communicator first if this generation has none.
     async fn sum(
         &self,
         group: ProcessGroup,
@@ -346,17 +346,17 @@ impl GpuSums {
                 return broken;
             }
         }
-        let epoch = group.generation();
+        let generation = group.generation();
         let verdict = match group.reachable(self.waits.probe).await {
             Ok(reached) => match group.members().iter().find(|m| !reached.contains(m)) {
                 Some(lost) => CollectiveError::MemberLost {
                     node: lost.clone(),
-                    epoch,
+                    generation,
                     reason: format!("no answer to a probe after NCCL failed: {err}"),
                 },
                 None => CollectiveError::Communicator {
                     node: group.members()[group.rank()].clone(),
-                    epoch,
+                    generation,
                     reason: err.to_string(),
                 },
             },
@@ -401,9 +401,9 @@ mod tests {
         group.broken()
     }
 
-    fn timed_out(epoch: u64) -> NcclError {
+    fn timed_out(generation: u64) -> NcclError {
         NcclError::Timeout {
-            epoch,
+            generation,
             what: "all-reduce",
             timeout_ms: 5000,
         }
@@ -444,7 +444,7 @@ mod tests {
         match &got {
             CollectiveError::Communicator {
                 node,
-                epoch: 1,
+                generation: 1,
                 reason,
             } => {
                 assert_eq!(node, &groups[0].members()[0]);
@@ -465,8 +465,16 @@ mod tests {
         let got = sums().failure(&groups[0], timed_out(1)).await;
         // Found by the probe, or by the group during the settle wait: member 2, either way.
         match &got {
-            CollectiveError::MemberLost { node, epoch: 1, .. }
-            | CollectiveError::Link { node, epoch: 1, .. } => {
+            CollectiveError::MemberLost {
+                node,
+                generation: 1,
+                ..
+            }
+            | CollectiveError::Link {
+                node,
+                generation: 1,
+                ..
+            } => {
                 assert_eq!(node, &groups[0].members()[2], "{got}");
             }
             other => panic!("expected member 2 lost, got {other}"),

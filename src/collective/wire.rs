@@ -2,22 +2,22 @@
 //! message below; blob 0: a tensor chunk as little-endian elements).
 //!
 //! ```text
-//!  Join  { epoch, members, plaintext, by_admission, incarnation }
-//!                                        dialer -> acceptor, once per link and epoch
-//!  Data  { epoch, seq, tag, call } + blob   one chunk of the seq-th operation
-//!  Abort { epoch, error }                the first error a member saw, to every member
-//!  Probe { epoch }                       is the receiver alive? (re-forming with survivors)
+//!  Join  { generation, members, plaintext, by_admission, incarnation }
+//!                                        dialer -> acceptor, once per link and generation
+//!  Data  { generation, seq, tag, call } + blob   one chunk of the seq-th operation
+//!  Abort { generation, error }                the first error a member saw, to every member
+//!  Probe { generation }                       is the receiver alive? (re-forming with survivors)
 //!  Enter { addr, incarnation }           a starting process asks whether a group lives
 //!                                        (and, if one does, to be admitted to it)
-//!  Admit { epoch, members }              the live group's leader -> an admitted joiner
-//!  StillForming { epoch, members }       does the receiver still form this epoch?
+//!  Admit { generation, members }              the live group's leader -> an admitted joiner
+//!  StillForming { generation, members }       does the receiver still form this generation?
 //!  reply: Ack | Joined { incarnation, plain } (to Join)
 //!       | Refused { current, detail } | Broken(error) | Joining
-//!       | Entered { epoch, formed }      (to Enter)
+//!       | Entered { generation, formed }      (to Enter)
 //! ```
 //!
-//! Every message carries the membership epoch; a member refuses every message of another
-//! epoch (EPOCH-1). `Enter` and `Join` carry the sender's process [`Incarnation`], and the
+//! Every message carries the membership generation; a member refuses every message of another
+//! generation (EPOCH-1). `Enter` and `Join` carry the sender's process [`Incarnation`], and the
 //! answer to a join the acceptor's: a member knows which process of each peer it formed its
 //! group with, so an ask from another one is a new process (its old one is gone), and a late
 //! ask of the same one is stale. A `Data` request is answered when the receiving operation consumes it, so
@@ -33,27 +33,27 @@ use crate::process::Incarnation;
 /// A process group message.
 #[derive(Debug, Clone, Encode, Decode)]
 pub(crate) enum Wire {
-    /// The dialer of a link asks the acceptor whether it formed `epoch` with `members`.
+    /// The dialer of a link asks the acceptor whether it formed `generation` with `members`.
     Join {
-        /// The epoch being formed.
-        epoch: u64,
+        /// The generation being formed.
+        generation: u64,
         /// Its members, in rank order.
         members: Vec<NodeId>,
         /// Whether the dialer's chunks go over the plaintext data plane (both ends must agree).
         plaintext: bool,
-        /// Whether the dialer forms `epoch` as a joiner the leader admitted to it. The leader
-        /// tells every joiner of an epoch before any member forms it, but a joiner may hear
+        /// Whether the dialer forms `generation` as a joiner the leader admitted to it. The leader
+        /// tells every joiner of a generation before any member forms it, but a joiner may hear
         /// of its admission after another joiner dialed it: such a join is waited on (within
         /// the form timeout) for the acceptor's own admission, where a survivor's join of an
-        /// epoch the acceptor was not admitted to means its old process and is refused at once.
+        /// generation the acceptor was not admitted to means its old process and is refused at once.
         by_admission: bool,
         /// The dialer's process.
         incarnation: Incarnation,
     },
-    /// One chunk of the `seq`-th operation of the group of `epoch`; blob 0 holds the chunk.
+    /// One chunk of the `seq`-th operation of the group of `generation`; blob 0 holds the chunk.
     Data {
-        /// The sender's epoch.
-        epoch: u64,
+        /// The sender's generation.
+        generation: u64,
         /// The operation's sequence number in the group.
         seq: u64,
         /// Which chunk of which step (see [`tag`]).
@@ -61,11 +61,11 @@ pub(crate) enum Wire {
         /// The operation as the sender called it (checked against the receiver's).
         call: Call,
     },
-    /// Whether the receiver is alive, asked by a member of the group of `epoch` that is
+    /// Whether the receiver is alive, asked by a member of the group of `generation` that is
     /// re-forming it with the survivors; answered `Ack` by any live mesh.
     Probe {
-        /// The epoch the sender is leaving.
-        epoch: u64,
+        /// The generation the sender is leaving.
+        generation: u64,
     },
     /// A process starting its mesh asks whether the receiver's group lives; if one does,
     /// the receiver keeps the sender as a pending joiner (for a while: the sender repeats it
@@ -78,28 +78,28 @@ pub(crate) enum Wire {
         /// one from any other process of a member for that member's restart.
         incarnation: Incarnation,
     },
-    /// The live group's leader admits the receiver (a pending joiner): form `epoch` with
+    /// The live group's leader admits the receiver (a pending joiner): form `generation` with
     /// `members` (node, `host:port`), every current member and the admitted joiners.
     Admit {
-        /// The epoch to form.
-        epoch: u64,
+        /// The generation to form.
+        generation: u64,
         /// Its members and where their meshes listen.
         members: Vec<(NodeId, String)>,
     },
-    /// The group of `epoch` failed at the sender with `error`; the receiver fails too.
+    /// The group of `generation` failed at the sender with `error`; the receiver fails too.
     Abort {
-        /// The epoch of the failed group.
-        epoch: u64,
+        /// The generation of the failed group.
+        generation: u64,
         /// The error, as the sender saw it.
         error: CollectiveError,
     },
-    /// An acceptor still waiting for the receiver's join of `epoch` asks whether the receiver
-    /// forms that epoch with `members`: `Ack` while it does (or has not reached that epoch
-    /// yet), else `Refused` (it is past that epoch, or forms it with other members) or
+    /// An acceptor still waiting for the receiver's join of `generation` asks whether the receiver
+    /// forms that generation with `members`: `Ack` while it does (or has not reached that generation
+    /// yet), else `Refused` (it is past that generation, or forms it with other members) or
     /// `Broken` (its forming of it failed). The join will then never come.
     StillForming {
-        /// The epoch the sender forms.
-        epoch: u64,
+        /// The generation the sender forms.
+        generation: u64,
         /// Its members, in rank order.
         members: Vec<NodeId>,
     },
@@ -110,14 +110,14 @@ pub(crate) enum Wire {
 pub(crate) enum Reply {
     /// Taken.
     Ack,
-    /// The receiver is at another epoch (or its group of this epoch has other members).
+    /// The receiver is at another generation (or its group of this generation has other members).
     Refused {
-        /// The receiver's epoch.
+        /// The receiver's generation.
         current: u64,
-        /// Why, when the epochs are equal.
+        /// Why, when the generations are equal.
         detail: String,
     },
-    /// The receiver's group of this epoch already failed with this error.
+    /// The receiver's group of this generation already failed with this error.
     Broken(CollectiveError),
     /// The acceptor's answer to a taken `Join`: its process, and on the plaintext data plane
     /// where to finish the link.
@@ -125,7 +125,7 @@ pub(crate) enum Reply {
         /// The acceptor's process.
         incarnation: Incarnation,
         /// Plaintext plane: connect to this port of the acceptor's address over TCP and say
-        /// this token first (it binds the TCP link to this peer and epoch: the token travels
+        /// this token first (it binds the TCP link to this peer and generation: the token travels
         /// only over QUIC's mutual TLS). `None` on the QUIC data plane.
         plain: Option<PlainLink>,
     },
@@ -136,15 +136,15 @@ pub(crate) enum Reply {
     /// that its node's old process was a member of no group later than the prober's: the
     /// prober counts it as a member that did not answer (see `Membership::no_survivor`).
     Unsettled,
-    /// The answer to [`Wire::Enter`]: the receiver's latest epoch, and whether a group of
+    /// The answer to [`Wire::Enter`]: the receiver's latest generation, and whether a group of
     /// it was formed (it lives, or broke and is re-forming): then the sender is to join
-    /// rather than form the first epoch.
+    /// rather than form the first generation.
     Entered {
-        /// The receiver's latest epoch (0: it formed none yet).
-        epoch: u64,
-        /// Whether that epoch's group was formed.
+        /// The receiver's latest generation (0: it formed none yet).
+        generation: u64,
+        /// Whether that generation's group was formed.
         formed: bool,
-        /// The latest epoch whose group the receiver was a member of (0: none).
+        /// The latest generation whose group the receiver was a member of (0: none).
         member_of: u64,
     },
 }

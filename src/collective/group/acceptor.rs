@@ -1,6 +1,6 @@
-//! The mesh's side of every link: its state (the latest epoch, the links, the pending joiners,
+//! The mesh's side of every link: its state (the latest generation, the links, the pending joiners,
 //! which process of each peer it formed with), accepting connections, and routing each
-//! incoming message to the group of its epoch or to the answer it asks for (`answers.rs`).
+//! incoming message to the group of its generation or to the answer it asks for (`answers.rs`).
 
 use super::*;
 
@@ -10,7 +10,7 @@ pub(super) struct MeshInner {
     pub(super) incarnation: Incarnation,
     pub(super) config: GroupConfig,
     pub(super) state: Mutex<MeshState>,
-    /// Signalled when an epoch is formed here or a peer joins one.
+    /// Signalled when a generation is formed here or a peer joins one.
     pub(super) changed: Notify,
     pub(super) acceptor: OnceLock<JoinHandle<()>>,
     /// Plaintext plane: the port of this mesh's TCP listener and its accept loop, once bound.
@@ -25,13 +25,13 @@ pub(super) struct MeshState {
     pub(super) group: Weak<Shared>,
     /// The latest connection with each peer, dialed or accepted.
     pub(super) conns: HashMap<NodeId, Connection>,
-    /// Links of the forming epoch whose dialer's join arrived, until `form` takes them.
+    /// Links of the forming generation whose dialer's join arrived, until `form` takes them.
     /// Each with when its join arrived: of two processes of one peer joining the same
-    /// epoch (its old one, killed while the job started, and its restart), the later wins.
+    /// generation (its old one, killed while the job started, and its restart), the later wins.
     pub(super) joined: HashMap<(NodeId, u64), (Connection, Instant, Incarnation)>,
     pub(super) readers: Vec<JoinHandle<()>>,
     /// Plaintext plane: tokens this mesh issued in its answers to joins, by token: the
-    /// peer and epoch each one is for (each taken once).
+    /// peer and generation each one is for (each taken once).
     pub(super) plain_tokens: HashMap<crate::collective::plain::Token, (NodeId, u64)>,
     /// Plaintext plane: TCP links whose hello arrived, until `form` takes them.
     pub(super) plain_joined: HashMap<(NodeId, u64), TcpStream>,
@@ -61,7 +61,7 @@ impl MeshInner {
 
     /// The port of this mesh's plaintext-plane listener, bound (beside the QUIC endpoint's
     /// address) and accepting on first use: each accepted connection that says a hello with a
-    /// token this mesh issued becomes that peer's link of that epoch; any other is closed.
+    /// token this mesh issued becomes that peer's link of that generation; any other is closed.
     pub(super) async fn plain_listener(self: &Arc<Self>) -> std::io::Result<u16> {
         let bound = self
             .plain
@@ -76,19 +76,19 @@ impl MeshInner {
                         tokio::spawn(async move {
                             let hello = crate::collective::plain::read_hello(&mut stream).await;
                             let Some(mesh) = weak.upgrade() else { return };
-                            let Some((token, epoch)) = hello else {
+                            let Some((token, generation)) = hello else {
                                 tracing::warn!(%from, "closed a plaintext-plane connection that sent no hello");
                                 return;
                             };
                             let _ = stream.set_nodelay(true);
                             let mut state = mesh.lock();
                             match state.plain_tokens.remove(&token) {
-                                Some((peer, issued)) if issued == epoch => {
-                                    state.plain_joined.insert((peer, epoch), stream);
+                                Some((peer, issued)) if issued == generation => {
+                                    state.plain_joined.insert((peer, generation), stream);
                                     drop(state);
                                     mesh.changed.notify_waiters();
                                 }
-                                _ => tracing::warn!(%from, generation = epoch, "closed a plaintext-plane connection whose token this member did not issue for that generation"),
+                                _ => tracing::warn!(%from, generation, "closed a plaintext-plane connection whose token this member did not issue for that generation"),
                             }
                         });
                     }
@@ -99,7 +99,7 @@ impl MeshInner {
         Ok(bound.0)
     }
 
-    /// Serves what `conn`'s peer sends, for every epoch, until the connection ends.
+    /// Serves what `conn`'s peer sends, for every generation, until the connection ends.
     pub(super) fn adopt(self: &Arc<Self>, conn: Connection) {
         let weak = Arc::downgrade(self);
         let reader_conn = conn.clone();
@@ -134,7 +134,7 @@ impl MeshInner {
         let peer = conn.peer().clone();
         match wire {
             Wire::Join {
-                epoch,
+                generation,
                 members,
                 plaintext,
                 by_admission,
@@ -144,31 +144,38 @@ impl MeshInner {
                 let conn = conn.clone();
                 tokio::spawn(async move {
                     let reply = mesh
-                        .join(&conn, epoch, members, plaintext, by_admission, incarnation)
+                        .join(
+                            &conn,
+                            generation,
+                            members,
+                            plaintext,
+                            by_admission,
+                            incarnation,
+                        )
                         .await;
-                    tracing::debug!(peer = %conn.peer(), generation = epoch, ?reply, "answered a join");
+                    tracing::debug!(peer = %conn.peer(), generation, ?reply, "answered a join");
                     respond(responder, reply, header_max);
                 });
             }
             Wire::Data {
-                epoch,
+                generation,
                 seq,
                 tag,
                 call,
             } => {
                 let group = self.lock().group.upgrade();
                 match group {
-                    Some(group) if group.epoch == epoch => {
+                    Some(group) if group.generation == generation => {
                         let blob = frame.blobs.into_iter().next().unwrap_or_default();
                         group.deliver(&peer, seq, tag, call, blob, responder);
                     }
-                    // EPOCH-1: a message of another epoch is never delivered.
-                    _ => respond(responder, self.refusal(epoch), header_max),
+                    // EPOCH-1: a message of another generation is never delivered.
+                    _ => respond(responder, self.refusal(generation), header_max),
                 }
             }
-            Wire::Probe { epoch } => {
-                let reply = self.probed(&peer, epoch);
-                tracing::debug!(%peer, generation = epoch, ?reply, "answered a probe");
+            Wire::Probe { generation } => {
+                let reply = self.probed(&peer, generation);
+                tracing::debug!(%peer, generation, ?reply, "answered a probe");
                 respond(responder, reply, header_max)
             }
             Wire::Enter { addr, incarnation } => {
@@ -176,27 +183,35 @@ impl MeshInner {
                 tracing::debug!(%peer, ?reply, "answered an enter");
                 respond(responder, reply, header_max)
             }
-            Wire::Admit { epoch, members } => {
-                let reply = self.admitted(epoch, members);
+            Wire::Admit {
+                generation,
+                members,
+            } => {
+                let reply = self.admitted(generation, members);
                 respond(responder, reply, header_max)
             }
-            Wire::StillForming { epoch, members } => {
-                let reply = self.still_forming(epoch, &members);
+            Wire::StillForming {
+                generation,
+                members,
+            } => {
+                let reply = self.still_forming(generation, &members);
                 respond(responder, reply, header_max);
             }
-            Wire::Abort { epoch, error } => {
+            Wire::Abort { generation, error } => {
                 let (group, joining) = {
                     let state = self.lock();
                     (state.group.upgrade(), state.membership.joining)
                 };
-                if let Some(group) = group.filter(|g| g.epoch == epoch && g.nodes.contains(&peer)) {
+                if let Some(group) =
+                    group.filter(|g| g.generation == generation && g.nodes.contains(&peer))
+                {
                     if group.is_formed() || joining {
                         // A joiner's admission failing leaves it a joiner: it asks again.
                         group.fail(error, false);
                         self.changed.notify_waiters();
                     } else {
                         // Only a formed group tells its failures: the aborter formed this
-                        // epoch with this process, which was still forming it.
+                        // generation with this process, which was still forming it.
                         self.cut_short(&group, error);
                     }
                 }

@@ -1,17 +1,17 @@
-//! The mesh's answers to membership messages: a join of an epoch, an ask to enter (`Enter`),
-//! an admission, whether it still forms an epoch, and the refusals of another epoch.
+//! The mesh's answers to membership messages: a join of a generation, an ask to enter (`Enter`),
+//! an admission, whether it still forms a generation, and the refusals of another generation.
 
 use super::*;
 
 impl MeshInner {
-    /// The answer to a dialer's join of `epoch`: waits (at most `form_timeout`) for this node
+    /// The answer to a dialer's join of `generation`: waits (at most `form_timeout`) for this node
     /// to form it, then acks if it formed it with the same members. A joiner not admitted to
-    /// `epoch` refuses at once, unless the dialer is a joiner admitted to it (`by_admission`):
+    /// `generation` refuses at once, unless the dialer is a joiner admitted to it (`by_admission`):
     /// its own admission is then on its way (see [`Wire::Join`]).
     pub(super) async fn join(
         &self,
         conn: &Connection,
-        epoch: u64,
+        generation: u64,
         members: Vec<NodeId>,
         plaintext: bool,
         by_admission: bool,
@@ -30,10 +30,10 @@ impl MeshInner {
             );
             self.lock()
                 .refused_joins
-                .insert((conn.peer().clone(), epoch), reason.clone());
+                .insert((conn.peer().clone(), generation), reason.clone());
             self.changed.notify_waiters();
             return Reply::Refused {
-                current: epoch,
+                current: generation,
                 detail: format!(": {reason}"),
             };
         }
@@ -44,7 +44,7 @@ impl MeshInner {
             changed.as_mut().enable();
             {
                 let mut state = self.lock();
-                let key = (peer.clone(), epoch);
+                let key = (peer.clone(), generation);
                 let context = JoinContext {
                     incarnation,
                     by_admission,
@@ -58,7 +58,7 @@ impl MeshInner {
                 let view = group.as_deref().map(Shared::view);
                 let answer = state
                     .membership
-                    .handle_join(&peer, epoch, &members, view, context);
+                    .handle_join(&peer, generation, &members, view, context);
                 match answer {
                     JoinAnswer::Wait => {}
                     JoinAnswer::Take => {
@@ -68,7 +68,7 @@ impl MeshInner {
                         let plain = match self.plain.get() {
                             Some((port, _)) if self.config.plaintext => {
                                 let token = crate::collective::plain::new_token();
-                                state.plain_tokens.insert(token, (peer, epoch));
+                                state.plain_tokens.insert(token, (peer, generation));
                                 Some(PlainLink { port: *port, token })
                             }
                             _ => None,
@@ -83,7 +83,7 @@ impl MeshInner {
                     JoinAnswer::Refused { current, why } => {
                         return Reply::Refused {
                             current,
-                            detail: why.detail(&peer, epoch, current),
+                            detail: why.detail(&peer, generation, current),
                         }
                     }
                     JoinAnswer::ViewsDiffer { theirs, ours } => {
@@ -93,12 +93,13 @@ impl MeshInner {
                                 "{peer} forms it with members {theirs:?}, this member with \
                                  {ours:?}: the views differ"
                             );
-                            g.fail(CollectiveError::Form { epoch, reason }, false);
+                            g.fail(CollectiveError::Form { generation, reason }, false);
                             self.changed.notify_waiters();
                         }
                         return Reply::Refused {
-                            current: epoch,
-                            detail: JoinRefusal::OtherMembers(ours).detail(&peer, epoch, epoch),
+                            current: generation,
+                            detail: JoinRefusal::OtherMembers(ours)
+                                .detail(&peer, generation, generation),
                         };
                     }
                 }
@@ -106,8 +107,10 @@ impl MeshInner {
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 let state = self.lock();
                 return Reply::Refused {
-                    current: state.membership.epoch,
-                    detail: format!(" and did not form epoch {epoch} within its form timeout"),
+                    current: state.membership.generation,
+                    detail: format!(
+                        " and did not form generation {generation} within its form timeout"
+                    ),
                 };
             }
         }
@@ -121,7 +124,7 @@ impl MeshInner {
         let Ok(addr) = addr.parse::<SocketAddr>() else {
             tracing::warn!(%peer, addr, "refused an enter whose address does not parse");
             return Reply::Refused {
-                current: state.membership.epoch,
+                current: state.membership.generation,
                 detail: format!(" (the address {addr:?} does not parse)"),
             };
         };
@@ -131,28 +134,31 @@ impl MeshInner {
         let answer = state
             .membership
             .handle_enter(peer, addr, incarnation, view, now);
-        let member_of = state.membership.formed_epoch;
+        let member_of = state.membership.formed_generation;
         drop(state);
         match answer {
-            EnterAnswer::NoGroup { epoch } => Reply::Entered {
-                epoch,
+            EnterAnswer::NoGroup { generation } => Reply::Entered {
+                generation,
                 formed: false,
                 member_of,
             },
-            EnterAnswer::Stale { epoch } => {
+            EnterAnswer::Stale { generation } => {
                 tracing::debug!(%peer, %incarnation, "an ask to join from a process already a member: sent before it formed this group, ignored");
                 Reply::Entered {
-                    epoch,
+                    generation,
                     formed: true,
                     member_of,
                 }
             }
-            EnterAnswer::Pending { epoch, restarted } => {
+            EnterAnswer::Pending {
+                generation,
+                restarted,
+            } => {
                 if let Some(g) = group.filter(|_| restarted) {
                     g.fail(
                         CollectiveError::MemberLost {
                             node: peer.clone(),
-                            epoch,
+                            generation,
                             reason: format!(
                                 "a new process of it ({incarnation}) asks to join: the old one \
                                  is gone"
@@ -162,7 +168,7 @@ impl MeshInner {
                     );
                 }
                 Reply::Entered {
-                    epoch,
+                    generation,
                     formed: true,
                     member_of,
                 }
@@ -170,21 +176,23 @@ impl MeshInner {
         }
     }
 
-    /// The answer to a probe by `peer`, a member of `epoch` re-forming it with the survivors,
+    /// The answer to a probe by `peer`, a member of `generation` re-forming it with the survivors,
     /// as the membership machine decides it ([`Membership::handle_probe`]). A prober left out
     /// of a later live group learns it at once (it is the late member: the others re-formed
     /// without it).
-    pub(super) fn probed(&self, peer: &NodeId, epoch: u64) -> Reply {
+    pub(super) fn probed(&self, peer: &NodeId, generation: u64) -> Reply {
         let (answer, group) = {
             let state = self.lock();
-            let key = (peer.clone(), epoch);
-            // Its link with the prober of that epoch is up here (or the prober's join was
+            let key = (peer.clone(), generation);
+            // Its link with the prober of that generation is up here (or the prober's join was
             // taken and the forming has not picked it up yet).
             let linked = state.membership.linked.contains(&key) || state.joined.contains_key(&key);
             let group = state.group.upgrade();
             let view = group.as_deref().map(Shared::view);
             (
-                state.membership.handle_probe(peer, epoch, view, linked),
+                state
+                    .membership
+                    .handle_probe(peer, generation, view, linked),
                 group,
             )
         };
@@ -199,16 +207,16 @@ impl MeshInner {
             // by this).
             (ProbeAnswerHere::CutShort, Some(g)) => {
                 let err = CollectiveError::Form {
-                    epoch,
+                    generation,
                     reason: format!(
-                        "{peer} formed epoch {epoch} with this process and lost a member before \
+                        "{peer} formed generation {generation} with this process and lost a member before \
                          this process's links were all up: re-form with the survivors"
                     ),
                 };
                 if self.cut_short(&g, err) {
                     Reply::Ack
                 } else {
-                    self.no_survivor(epoch)
+                    self.no_survivor(generation)
                 }
             }
             // A new process of this node, whose old one the prober formed with (lost since).
@@ -216,50 +224,50 @@ impl MeshInner {
             (ProbeAnswerHere::EndForming, Some(g)) => {
                 g.fail(
                     CollectiveError::Form {
-                        epoch: g.epoch,
+                        generation: g.generation,
                         reason: format!(
-                            "{peer} formed epoch {epoch} without this process and is re-forming \
+                            "{peer} formed generation {generation} without this process and is re-forming \
                              it: enter and be admitted"
                         ),
                     },
                     false,
                 );
                 self.changed.notify_waiters();
-                self.no_survivor(epoch)
+                self.no_survivor(generation)
             }
             (ProbeAnswerHere::Joining, _) => Reply::Joining,
             (ProbeAnswerHere::Unsettled, _) => Reply::Unsettled,
             (ProbeAnswerHere::CutShort | ProbeAnswerHere::EndForming, None) => {
-                self.no_survivor(epoch)
+                self.no_survivor(generation)
             }
         }
     }
 
-    /// How this process, no survivor, answers a prober of `epoch`
+    /// How this process, no survivor, answers a prober of `generation`
     /// ([`Membership::no_survivor`]).
-    fn no_survivor(&self, epoch: u64) -> Reply {
-        match self.lock().membership.no_survivor(epoch) {
+    fn no_survivor(&self, generation: u64) -> Reply {
+        match self.lock().membership.no_survivor(generation) {
             ProbeAnswerHere::Joining => Reply::Joining,
             _ => Reply::Unsettled,
         }
     }
 
     /// The answer to the leader's `Admit`: taken if this mesh waits to be admitted and the
-    /// epoch is above every one formed here.
-    pub(super) fn admitted(&self, epoch: u64, members: Vec<(NodeId, String)>) -> Reply {
+    /// generation is above every one formed here.
+    pub(super) fn admitted(&self, generation: u64, members: Vec<(NodeId, String)>) -> Reply {
         let mut parsed = Vec::with_capacity(members.len());
         for (node, addr) in members {
             match addr.parse::<SocketAddr>() {
                 Ok(addr) => parsed.push(GroupMember { node, addr }),
                 Err(_) => {
                     return Reply::Refused {
-                        current: self.lock().membership.epoch,
+                        current: self.lock().membership.generation,
                         detail: format!(" (the address {addr:?} of {node} does not parse)"),
                     }
                 }
             }
         }
-        let taken = self.lock().membership.handle_admit(epoch, parsed);
+        let taken = self.lock().membership.handle_admit(generation, parsed);
         if let Err(current) = taken {
             return Reply::Refused {
                 current,
@@ -276,61 +284,61 @@ impl MeshInner {
     pub(super) fn cut_short(&self, group: &Shared, err: CollectiveError) -> bool {
         let cut = group.cut_short(err);
         if cut {
-            self.lock().membership.formed(group.epoch);
+            self.lock().membership.formed(group.generation);
         }
         self.changed.notify_waiters();
         cut
     }
 
-    /// The answer to [`Wire::StillForming`]: whether this mesh forms (or will form) `epoch`
+    /// The answer to [`Wire::StillForming`]: whether this mesh forms (or will form) `generation`
     /// with `members`.
-    pub(super) fn still_forming(&self, epoch: u64, members: &[NodeId]) -> Reply {
+    pub(super) fn still_forming(&self, generation: u64, members: &[NodeId]) -> Reply {
         let state = self.lock();
-        if state.membership.epoch < epoch {
-            if Self::unadmitted(&state, epoch) {
-                return Self::unadmitted_refusal(&state, epoch);
+        if state.membership.generation < generation {
+            if Self::unadmitted(&state, generation) {
+                return Self::unadmitted_refusal(&state, generation);
             }
             // Not there yet: its join may still come.
             return Reply::Ack;
         }
-        match state.group.upgrade().filter(|g| g.epoch == epoch) {
+        match state.group.upgrade().filter(|g| g.generation == generation) {
             Some(g) if g.nodes != members => Reply::Refused {
-                current: epoch,
+                current: generation,
                 detail: format!(" with members {:?}", g.nodes),
             },
             Some(g) => match g.lock().broken.clone() {
                 Some(err) => Reply::Broken(err),
                 None => Reply::Ack,
             },
-            None => self.refusal_locked(&state, epoch),
+            None => self.refusal_locked(&state, generation),
         }
     }
 
-    /// Whether this mesh never forms `epoch` ([`Membership::unadmitted`]).
-    pub(super) fn unadmitted(state: &MeshState, epoch: u64) -> bool {
-        state.membership.unadmitted(epoch)
+    /// Whether this mesh never forms `generation` ([`Membership::unadmitted`]).
+    pub(super) fn unadmitted(state: &MeshState, generation: u64) -> bool {
+        state.membership.unadmitted(generation)
     }
 
-    pub(super) fn unadmitted_refusal(state: &MeshState, epoch: u64) -> Reply {
+    pub(super) fn unadmitted_refusal(state: &MeshState, generation: u64) -> Reply {
         Reply::Refused {
-            current: state.membership.epoch,
+            current: state.membership.generation,
             detail: format!(
-                " (a new process waiting to be admitted, not admitted to epoch {epoch}: its old \
+                " (a new process waiting to be admitted, not admitted to generation {generation}: its old \
                  one is gone)"
             ),
         }
     }
 
-    pub(super) fn refusal(&self, epoch: u64) -> Reply {
+    pub(super) fn refusal(&self, generation: u64) -> Reply {
         let state = self.lock();
-        self.refusal_locked(&state, epoch)
+        self.refusal_locked(&state, generation)
     }
 
-    pub(super) fn refusal_locked(&self, state: &MeshState, epoch: u64) -> Reply {
+    pub(super) fn refusal_locked(&self, state: &MeshState, generation: u64) -> Reply {
         Reply::Refused {
-            current: state.membership.epoch,
-            detail: if state.membership.epoch == epoch {
-                " (its group of that epoch is gone)".into()
+            current: state.membership.generation,
+            detail: if state.membership.generation == generation {
+                " (its group of that generation is gone)".into()
             } else {
                 String::new()
             },

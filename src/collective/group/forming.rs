@@ -1,6 +1,6 @@
-//! Forming a group of an epoch ([`Mesh::form`]): one link per pair of members (the larger
+//! Forming a group of a generation ([`Mesh::form`]): one link per pair of members (the larger
 //! node id dials and joins, the other waits for its join), probes of the survivors, and the
-//! leader telling an admitted joiner its epoch.
+//! leader telling an admitted joiner its generation.
 
 use super::*;
 
@@ -8,16 +8,16 @@ use super::*;
 pub(super) enum Attempt {
     /// Every link is up: the group trains.
     Formed(ProcessGroup),
-    /// A link failed, or the forming was broken meanwhile: the group of that epoch, broken
+    /// A link failed, or the forming was broken meanwhile: the group of that generation, broken
     /// by the error (its calls fail at once), and the error.
     Failed(ProcessGroup, CollectiveError),
 }
 
 impl Mesh {
-    /// Forms the group of `epoch` with `members` (this node among them); see the module doc.
-    /// `epoch` must be above every epoch formed here before (start at 1); forming it
+    /// Forms the group of `generation` with `members` (this node among them); see the module doc.
+    /// `generation` must be above every generation formed here before (start at 1); forming it
     /// supersedes the previous group of this node. Fails within `form_timeout` if a member
-    /// does not form the same epoch with the same members. Returns the group already broken
+    /// does not form the same generation with the same members. Returns the group already broken
     /// where a member that formed it with this process saw it fail before this process's
     /// links were all up (another member was lost meanwhile: that member's abort, or its
     /// probe as it re-forms, says so): every call fails at once, and this member re-forms
@@ -25,14 +25,14 @@ impl Mesh {
     /// [`ProcessGroup::reform`]). A joiner's admission failing so is an error: it asks again.
     pub async fn form(
         &self,
-        epoch: u64,
+        generation: u64,
         members: Vec<GroupMember>,
     ) -> Result<ProcessGroup, CollectiveError> {
-        match self.try_form(epoch, members).await? {
+        match self.try_form(generation, members).await? {
             Attempt::Formed(group) => Ok(group),
             Attempt::Failed(group, _) if group.shared.lock().cut_short => {
                 tracing::info!(
-                    generation = epoch,
+                    generation,
                     "the first forming was cut short: this member re-forms with the others"
                 );
                 Ok(group)
@@ -45,10 +45,10 @@ impl Mesh {
     /// by the error, superseding this node's previous one) from one refused before it began.
     pub(super) async fn try_form(
         &self,
-        epoch: u64,
+        generation: u64,
         members: Vec<GroupMember>,
     ) -> Result<Attempt, CollectiveError> {
-        let form_error = |reason: String| CollectiveError::Form { epoch, reason };
+        let form_error = |reason: String| CollectiveError::Form { generation, reason };
         let mut members = members;
         members.sort_by(|a, b| a.node.cmp(&b.node));
         if let Some(w) = members.windows(2).find(|w| w[0].node == w[1].node) {
@@ -67,28 +67,28 @@ impl Mesh {
         }
         let shared = {
             let mut state = self.inner.lock();
-            if let Err(latest) = state.membership.begin_forming(epoch) {
+            if let Err(latest) = state.membership.begin_forming(generation) {
                 return Err(form_error(format!(
-                    "epoch {epoch} is not above the epoch {latest} already formed here"
+                    "generation {generation} is not above the generation {latest} already formed here"
                 )));
             }
             let shared = Arc::new(Shared::new(
-                epoch,
+                generation,
                 rank,
                 &members,
                 self.inner.config.clone(),
                 self.inner.endpoint.config().frame_bytes_max,
             ));
-            // Joins of an earlier epoch whose forming failed here can no longer be taken.
-            state.joined.retain(|(_, e), _| *e >= epoch);
-            state.plain_joined.retain(|(_, e), _| *e >= epoch);
+            // Joins of an earlier generation whose forming failed here can no longer be taken.
+            state.joined.retain(|(_, e), _| *e >= generation);
+            state.plain_joined.retain(|(_, e), _| *e >= generation);
             let old = std::mem::replace(&mut state.group, Arc::downgrade(&shared));
             drop(state);
             if let Some(old) = old.upgrade() {
                 old.fail(
                     CollectiveError::Superseded {
-                        epoch: old.epoch,
-                        current: epoch,
+                        generation: old.generation,
+                        current: generation,
                     },
                     false,
                 );
@@ -124,8 +124,8 @@ impl Mesh {
             }
         };
         shared.start_links(&shared, conns);
-        self.inner.lock().membership.formed(epoch);
-        tracing::debug!(generation = epoch, rank, members = ?shared.nodes, "formed a group");
+        self.inner.lock().membership.formed(generation);
+        tracing::debug!(generation, rank, members = ?shared.nodes, "formed a group");
         Ok(Attempt::Formed(ProcessGroup {
             shared,
             mesh: self.clone(),
@@ -133,7 +133,7 @@ impl Mesh {
     }
 
     /// One link of a group being formed (see [`Mesh::link_once`]), recorded once it is up:
-    /// another process of that peer is then refused in this epoch (it is a new incarnation,
+    /// another process of that peer is then refused in this generation (it is a new incarnation,
     /// to enter and be admitted).
     pub(super) async fn link(
         &self,
@@ -145,7 +145,7 @@ impl Mesh {
         self.inner
             .lock()
             .membership
-            .linked_with(&peer.node, shared.epoch, incarnation);
+            .linked_with(&peer.node, shared.generation, incarnation);
         Ok((conn, plain))
     }
 
@@ -157,8 +157,8 @@ impl Mesh {
         peer: &GroupMember,
         deadline: Instant,
     ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
-        let epoch = shared.epoch;
-        let form_error = |reason: String| CollectiveError::Form { epoch, reason };
+        let generation = shared.generation;
+        let form_error = |reason: String| CollectiveError::Form { generation, reason };
         if self.node() < &peer.node {
             return self.wait_for_join(shared, peer, deadline).await;
         }
@@ -173,10 +173,10 @@ impl Mesh {
         };
         let by_admission = {
             let state = self.inner.lock();
-            state.membership.joining && state.membership.admitted_epoch == epoch
+            state.membership.joining && state.membership.admitted_generation == generation
         };
         let join = Wire::Join {
-            epoch,
+            generation,
             members: shared.nodes.clone(),
             plaintext,
             by_admission,
@@ -186,7 +186,7 @@ impl Mesh {
             .map_err(|e| form_error(format!("encoding the join: {e}")))?;
         let mut fresh = false;
         let (conn, reply) = loop {
-            let conn = self.dial(peer, epoch, deadline, fresh).await?;
+            let conn = self.dial(peer, generation, deadline, fresh).await?;
             let left = deadline.saturating_duration_since(Instant::now());
             match conn
                 .request_within(frame.clone(), left.max(Duration::from_millis(1)))
@@ -211,16 +211,16 @@ impl Mesh {
                 plain: Some(PlainLink { port, token }),
             }) => {
                 let addr = SocketAddr::new(peer.addr.ip(), port);
-                let stream = crate::collective::plain::dial(addr, token, epoch, deadline)
+                let stream = crate::collective::plain::dial(addr, token, generation, deadline)
                     .await
                     .map_err(|e| {
                         form_error(format!("the TCP link to {} at {addr}: {e}", peer.node))
                     })?;
                 Ok((conn, Some(stream), incarnation))
             }
-            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
+            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::GenerationRefused {
                 node: peer.node.clone(),
-                epoch,
+                generation,
                 current,
                 detail,
             }),
@@ -243,7 +243,7 @@ impl Mesh {
     pub(super) async fn dial(
         &self,
         peer: &GroupMember,
-        epoch: u64,
+        generation: u64,
         deadline: Instant,
         fresh: bool,
     ) -> Result<Connection, CollectiveError> {
@@ -271,7 +271,7 @@ impl Mesh {
                     | ConnectError::ProtocolVersionMismatch { .. }),
                 ) => {
                     return Err(CollectiveError::Form {
-                        epoch,
+                        generation,
                         reason: format!("dialing {} at {}: {e}", peer.node, peer.addr),
                     })
                 }
@@ -279,7 +279,7 @@ impl Mesh {
                     let now = Instant::now();
                     if now + DIAL_RETRY >= deadline {
                         return Err(CollectiveError::Form {
-                            epoch,
+                            generation,
                             reason: format!(
                                 "{} at {} not reachable within the form timeout: {e}",
                                 peer.node, peer.addr
@@ -287,9 +287,9 @@ impl Mesh {
                         });
                     }
                     let since = *unreachable_since.get_or_insert(attempt_began);
-                    if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
+                    if let Some(bound) = self.lost_while_re_forming(generation, since, now) {
                         return Err(CollectiveError::Form {
-                            epoch,
+                            generation,
                             reason: format!(
                                 "{} at {} not reachable for {bound} while re-forming (lost \
                                  meanwhile): {e}",
@@ -304,20 +304,20 @@ impl Mesh {
     }
 
     /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]): `Ok`
-    /// with whether it is alive, or its refusal if it re-formed a later epoch without us.
+    /// with whether it is alive, or its refusal if it re-formed a later generation without us.
     pub(super) async fn probe(
         &self,
         peer: &GroupMember,
-        epoch: u64,
+        generation: u64,
         deadline: Instant,
     ) -> Result<ProbeAnswer, CollectiveError> {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
-        let Ok(frame) = Frame::encode(&Wire::Probe { epoch }, Vec::new(), header_max) else {
+        let Ok(frame) = Frame::encode(&Wire::Probe { generation }, Vec::new(), header_max) else {
             return Ok(ProbeAnswer::Silent);
         };
         let mut fresh = false;
         loop {
-            let Ok(conn) = self.dial(peer, epoch, deadline, fresh).await else {
+            let Ok(conn) = self.dial(peer, generation, deadline, fresh).await else {
                 return Ok(ProbeAnswer::Silent);
             };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -332,9 +332,9 @@ impl Mesh {
                         // No survivor, but not to be left out of the count either.
                         Ok(Reply::Unsettled) => Ok(ProbeAnswer::Silent),
                         Ok(Reply::Refused { current, detail }) => {
-                            Err(CollectiveError::EpochRefused {
+                            Err(CollectiveError::GenerationRefused {
                                 node: peer.node.clone(),
-                                epoch,
+                                generation,
                                 current,
                                 detail,
                             })
@@ -350,20 +350,20 @@ impl Mesh {
         }
     }
 
-    /// Tells `joiner` it is admitted to form `epoch` with `members`, by `deadline`; whether
+    /// Tells `joiner` it is admitted to form `generation` with `members`, by `deadline`; whether
     /// it acked. An admission lost on a link that died (cut between the leader and the joiner
     /// alone) is told again over a new one, while the joiner was not out of reach for twice
     /// the idle timeout.
     pub(super) async fn tell_admitted(
         &self,
         joiner: &GroupMember,
-        epoch: u64,
+        generation: u64,
         members: &[GroupMember],
         deadline: Instant,
     ) -> bool {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let admit = Wire::Admit {
-            epoch,
+            generation,
             members: members
                 .iter()
                 .map(|m| (m.node.clone(), m.addr.to_string()))
@@ -377,7 +377,7 @@ impl Mesh {
             let mut lost_since: Option<Instant> = None;
             loop {
                 let fresh = lost_since.is_some();
-                let conn = self.dial(joiner, epoch, deadline, fresh).await.ok()?;
+                let conn = self.dial(joiner, generation, deadline, fresh).await.ok()?;
                 let left = deadline.saturating_duration_since(Instant::now());
                 let reply = match conn
                     .request_within(frame.clone(), left.max(Duration::from_millis(1)))
@@ -390,7 +390,7 @@ impl Mesh {
                     Err(LinkError::ConnectionLost { .. }) => {
                         let now = Instant::now();
                         let since = *lost_since.get_or_insert(now);
-                        if self.lost_while_re_forming(epoch, since, now).is_some() {
+                        if self.lost_while_re_forming(generation, since, now).is_some() {
                             return None;
                         }
                         tokio::time::sleep(DIAL_RETRY).await;
@@ -411,10 +411,10 @@ impl Mesh {
         matches!(tokio::time::timeout_at(deadline, told).await, Ok(Some(())))
     }
 
-    /// Takes `epoch` as tried here without forming it (the members agreed to skip it): a join
+    /// Takes `generation` as tried here without forming it (the members agreed to skip it): a join
     /// of it, or a question whether this mesh still forms it, is refused from now on.
-    pub(super) fn skip_epoch(&self, epoch: u64) {
-        self.inner.lock().membership.skip(epoch);
+    pub(super) fn skip_generation(&self, generation: u64) {
+        self.inner.lock().membership.skip(generation);
         self.inner.changed.notify_waiters();
     }
 
@@ -424,10 +424,10 @@ impl Mesh {
         peer: &GroupMember,
         deadline: Instant,
     ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
-        let epoch = shared.epoch;
-        let key = (peer.node.clone(), epoch);
+        let generation = shared.generation;
+        let key = (peer.node.clone(), generation);
         let mut next_ask = Instant::now() + STILL_FORMING_EVERY;
-        // Since when the peer has not answered whether it still forms this epoch.
+        // Since when the peer has not answered whether it still forms this generation.
         let mut silent_since: Option<Instant> = None;
         loop {
             let changed = self.inner.changed.notified();
@@ -444,16 +444,16 @@ impl Mesh {
                     }
                 }
                 if let Some(reason) = state.refused_joins.remove(&key) {
-                    return Err(CollectiveError::Form { epoch, reason });
+                    return Err(CollectiveError::Form { generation, reason });
                 }
                 // The forming failed meanwhile (a probe said the others formed without us).
                 if let Some(err) = shared.lock().broken.clone() {
                     return Err(err);
                 }
-                if state.membership.epoch != epoch {
+                if state.membership.generation != generation {
                     return Err(CollectiveError::Superseded {
-                        epoch,
-                        current: state.membership.epoch,
+                        generation,
+                        current: state.membership.generation,
                     });
                 }
             }
@@ -466,11 +466,11 @@ impl Mesh {
             let now = Instant::now();
             if now >= deadline {
                 return Err(CollectiveError::Form {
-                    epoch,
+                    generation,
                     reason: format!("{} did not join within the form timeout", peer.node),
                 });
             }
-            // A join that has not come yet may never come: the peer formed this epoch with
+            // A join that has not come yet may never come: the peer formed this generation with
             // other members (its view of the survivors differs, and it did not list this
             // member), gave it up, or was lost. Ask, rather than wait out the form timeout.
             next_ask = now + STILL_FORMING_EVERY;
@@ -478,9 +478,9 @@ impl Mesh {
                 silent_since = None;
             } else {
                 let since = *silent_since.get_or_insert(now);
-                if let Some(bound) = self.lost_while_re_forming(epoch, since, now) {
+                if let Some(bound) = self.lost_while_re_forming(generation, since, now) {
                     return Err(CollectiveError::Form {
-                        epoch,
+                        generation,
                         reason: format!(
                             "{} did not answer for {bound} while re-forming (lost meanwhile)",
                             peer.node
@@ -491,7 +491,7 @@ impl Mesh {
         }
     }
 
-    /// Whether `peer`, whose join this member awaits, still forms its epoch with the same
+    /// Whether `peer`, whose join this member awaits, still forms its generation with the same
     /// members (`Ok(true)`), or did not answer in time (`Ok(false)`); its refusal, or its
     /// failed forming, as the error that fails this forming.
     pub(super) async fn ask_still_forming(
@@ -499,9 +499,9 @@ impl Mesh {
         shared: &Shared,
         peer: &GroupMember,
     ) -> Result<bool, CollectiveError> {
-        let epoch = shared.epoch;
+        let generation = shared.generation;
         let ask = Wire::StillForming {
-            epoch,
+            generation,
             members: shared.nodes.clone(),
         };
         let Ok(frame) = Frame::encode(&ask, Vec::new(), shared.header_max) else {
@@ -509,25 +509,25 @@ impl Mesh {
         };
         let by = Instant::now() + STILL_FORMING_EVERY;
         let asked = async {
-            let conn = self.dial(peer, epoch, by, false).await.ok()?;
+            let conn = self.dial(peer, generation, by, false).await.ok()?;
             conn.request_within(frame, STILL_FORMING_EVERY).await.ok()
         };
         let Some(reply) = tokio::time::timeout_at(by, asked).await.ok().flatten() else {
             return Ok(false);
         };
         match reply.decode::<Reply>(shared.header_max) {
-            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::EpochRefused {
+            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::GenerationRefused {
                 node: peer.node.clone(),
-                epoch,
+                generation,
                 current,
                 detail,
             }),
             // A first forming broken at the peer was cut short there (a member formed it and
             // is re-forming): its probe decides whether this member survives or joins, so the
             // answer is left to it.
-            Ok(Reply::Broken(_)) if epoch == 1 => Ok(true),
+            Ok(Reply::Broken(_)) if generation == 1 => Ok(true),
             Ok(Reply::Broken(err)) => Err(CollectiveError::Form {
-                epoch,
+                generation,
                 reason: format!("{}'s forming of it failed: {err}", peer.node),
             }),
             Ok(_) => Ok(true),
@@ -536,18 +536,18 @@ impl Mesh {
     }
 
     /// Whether a peer unreachable `since` is taken for lost `now` while this mesh forms
-    /// `epoch`: the bound it passed (as text), if so. None for the first epoch, whose
+    /// `generation`: the bound it passed (as text), if so. None for the first generation, whose
     /// processes may still be starting (the form timeout bounds it); twice the transport's
     /// idle timeout (the detection budget) for a later one, whose members answered a probe
     /// just before (re-forming) or are live members (an admission).
     pub(super) fn lost_while_re_forming(
         &self,
-        epoch: u64,
+        generation: u64,
         since: Instant,
         now: Instant,
     ) -> Option<String> {
         let bound = self.inner.endpoint.config().idle_timeout * 2;
-        (epoch > 1 && now.duration_since(since) >= bound)
+        (generation > 1 && now.duration_since(since) >= bound)
             .then(|| crate::cluster::format_duration(bound))
     }
 }

@@ -13,13 +13,13 @@ impl std::fmt::Debug for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mesh")
             .field("node", self.inner.endpoint.node())
-            .field("epoch", &self.inner.lock().membership.epoch)
+            .field("generation", &self.inner.lock().membership.generation)
             .finish()
     }
 }
 
 /// `n` members `worker/0 .. worker/n-1` in this process, each on an endpoint of its own on
-/// 127.0.0.1 (certificates from a fresh cluster CA), formed at epoch 1 with `config`: for
+/// 127.0.0.1 (certificates from a fresh cluster CA), formed at generation 1 with `config`: for
 /// tests, benchmarks, and trying a model's collectives on one machine. Each member's endpoint
 /// (close one to make its member go away) and group, in rank order.
 pub async fn loopback_group(
@@ -27,7 +27,10 @@ pub async fn loopback_group(
     transport: cohort_transport::TransportConfig,
     config: GroupConfig,
 ) -> Result<(Vec<Endpoint>, Vec<ProcessGroup>), CollectiveError> {
-    let form = |reason: String| CollectiveError::Form { epoch: 1, reason };
+    let form = |reason: String| CollectiveError::Form {
+        generation: 1,
+        reason,
+    };
     let ca = cohort_transport::ClusterCa::generate("loopback-group")
         .map_err(|e| form(format!("a cluster CA: {e}")))?;
     let mut meshes = Vec::new();
@@ -100,7 +103,7 @@ impl Mesh {
 
     /// The latest generation formed (or tried) here (0 before the first).
     pub fn generation(&self) -> u64 {
-        self.inner.lock().membership.epoch
+        self.inner.lock().membership.generation
     }
 
     /// How a starting process enters the job (see the module doc): asks each of `peers` (the
@@ -108,7 +111,7 @@ impl Mesh {
     /// (`own`). [`Entry::Join`] as soon as one did (a live job: this process is to be
     /// admitted, [`Mesh::join_live`]); [`Entry::Start`] once every peer answered that it did
     /// not, or after `within` (a peer not answering yet is taken to be starting too: forming
-    /// epoch 1 waits for it). From an [`Entry::Join`] on this mesh waits to be admitted: its
+    /// generation 1 waits for it). From an [`Entry::Join`] on this mesh waits to be admitted: its
     /// `Enter` made it a pending joiner at the leader, whose `Admit` may come before
     /// [`Mesh::join_live`] begins, and is kept for it.
     pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
@@ -130,11 +133,11 @@ impl Mesh {
 
     /// Waits, at most `within`, to be admitted to the live group: tells every one of `peers`
     /// that this process asks to join (again each [`ENTER_REPEAT`]: their pending entries
-    /// expire), and forms the epoch that the leader's `Admit` names with the members it names.
+    /// expire), and forms the generation that the leader's `Admit` names with the members it names.
     /// Meanwhile this mesh answers probes as no survivor of any group. Fails with
     /// [`CollectiveError::Form`] if no admission was formed in time, or at once when every
     /// one of `peers` answers that it has no live group (every worker lost its group: they
-    /// start again, forming epoch 1, [`Mesh::enter`]).
+    /// start again, forming generation 1, [`Mesh::enter`]).
     pub async fn join_live(
         &self,
         own: SocketAddr,
@@ -152,21 +155,23 @@ impl Mesh {
                     .await;
             if !answers.is_empty() && answers.iter().all(|a| matches!(a, Some((_, false)))) {
                 break Err(CollectiveError::Form {
-                    epoch: self.generation(),
+                    generation: self.generation(),
                     reason: "no member has a live group to admit this process: every one \
                              answered that it has none (the job is starting again)"
                         .into(),
                 });
             }
-            if let Some((epoch, members)) = self.wait_admission(ask_by).await {
-                match self.form(epoch, members).await {
+            if let Some((generation, members)) = self.wait_admission(ask_by).await {
+                match self.form(generation, members).await {
                     Ok(group) => break Ok(group),
-                    Err(err) => last = format!("forming the admitted epoch {epoch}: {err}"),
+                    Err(err) => {
+                        last = format!("forming the admitted generation {generation}: {err}")
+                    }
                 }
             }
             if Instant::now() >= deadline {
                 break Err(CollectiveError::Form {
-                    epoch: self.generation(),
+                    generation: self.generation(),
                     reason: format!(
                         "not admitted to the live group within {within:?} (the members admit a \
                          joiner at a step boundary): {last}"
@@ -189,7 +194,7 @@ impl Mesh {
         self.inner.lock().membership.hear_from(others.collect());
     }
 
-    /// One `Enter` to `peer` by `deadline`: its latest epoch and whether it formed a group of
+    /// One `Enter` to `peer` by `deadline`: its latest generation and whether it formed a group of
     /// it, or `None` if it did not answer.
     pub(super) async fn ask_enter(
         &self,
@@ -215,7 +220,7 @@ impl Mesh {
                 .ok()?;
             match reply.decode::<Reply>(header_max) {
                 Ok(Reply::Entered {
-                    epoch,
+                    generation,
                     formed,
                     member_of,
                 }) => {
@@ -223,7 +228,7 @@ impl Mesh {
                         .lock()
                         .membership
                         .heard_from(&peer.node, member_of);
-                    Some((epoch, formed))
+                    Some((generation, formed))
                 }
                 _ => None,
             }
@@ -253,11 +258,11 @@ impl Mesh {
     }
 
     /// Forgets a first forming that failed, where no group was ever formed here and this mesh
-    /// does not wait to be admitted, so that [`Mesh::form`] can form epoch 1 again: a fresh
+    /// does not wait to be admitted, so that [`Mesh::form`] can form generation 1 again: a fresh
     /// start refused by members still waiting to be admitted to a group that is gone (their
     /// processes entered while it lived) is tried again once they see that no one has a live
     /// group and start too. Meanwhile this mesh answers that it has none, and holds their
-    /// joins of epoch 1 for its next forming. Returns whether it forgot; `false` (nothing
+    /// joins of generation 1 for its next forming. Returns whether it forgot; `false` (nothing
     /// changed) where a group of this mesh was formed, lives, or it waits to be admitted.
     pub fn forget_failed_start(&self) -> bool {
         let mut state = self.inner.lock();

@@ -2,11 +2,11 @@
 //! TLS).
 //!
 //! This module owns a node's collective endpoint ([`Mesh`]: it accepts the links of every
-//! group the node forms and routes each message to the group of its epoch), the forming of a
+//! group the node forms and routes each message to the group of its generation), the forming of a
 //! group ([`Mesh::form`], [`ProcessGroup::reform`]), the per-link send windows and the inbox of
 //! a group, and the failure rules below. The algorithms over these live in `ops.rs`.
 //!
-//! The membership decisions that follow from what a mesh knows alone (its latest epoch,
+//! The membership decisions that follow from what a mesh knows alone (its latest generation,
 //! whether it is a member or waits to be admitted, which process of each peer it formed
 //! with, the pending joiners) are taken by a pure machine (`machine.rs`: the answers to an
 //! ask to enter, a probe and an admission); the rest of this module carries them out over the
@@ -18,22 +18,22 @@
 //! Calling protocol, per member:
 //! 1. [`Mesh::new`] over an [`Endpoint`] of the node (its own port: collective traffic never
 //!    queues behind the control plane); the mesh accepts connections from then on.
-//! 2. [`Mesh::form`] with an epoch and the members (node and address); ranks follow the sorted
-//!    node ids. Every member must form the same epoch with the same members; the member with
+//! 2. [`Mesh::form`] with a generation and the members (node and address); ranks follow the sorted
+//!    node ids. Every member must form the same generation with the same members; the member with
 //!    the larger node id of each pair dials, the other accepts, and the link is ready once both
-//!    formed that epoch (a `Join` carries it). A forming fails as soon as one link fails: an
+//!    formed that generation (a `Join` carries it). A forming fails as soon as one link fails: an
 //!    acceptor refusing a join whose list differs from its own fails too (the dialer forms
-//!    that epoch with that list only), and an acceptor still waiting for a join asks the
-//!    dialer every second whether it still forms the epoch with the same members
-//!    (`StillForming`), failing on a refusal; in a re-forming (epoch > 1) a peer unreachable
+//!    that generation with that list only), and an acceptor still waiting for a join asks the
+//!    dialer every second whether it still forms the generation with the same members
+//!    (`StillForming`), failing on a refusal; in a re-forming (generation > 1) a peer unreachable
 //!    for twice the idle timeout fails it too. So views that differ, or a member lost while
 //!    the others re-form, cost about the detection budget, not the form timeout.
 //! 3. Call the operations (`ops.rs`) in the same order on every member; the `k`-th call of
 //!    every member is one operation and must agree (operation, shape, dtype).
 //! 4. On any error the group is broken for good: every pending and later call fails with the
-//!    same error. Re-form with the survivors at the next epoch ([`ProcessGroup::reform`]),
+//!    same error. Re-form with the survivors at the next generation ([`ProcessGroup::reform`]),
 //!    the survivors being the members that answer a probe ([`ProcessGroup::reachable`]).
-//! 5. A group is superseded by the next epoch's (re-formed or with joiners admitted), which
+//! 5. A group is superseded by the next generation's (re-formed or with joiners admitted), which
 //!    first waits until this member's messages of the group were taken: a call ends once it
 //!    has what it needs, its own last messages perhaps still queued for a peer whose call
 //!    has not ended (dropping a group drops its queues). A member going away flushes first
@@ -41,7 +41,7 @@
 //!
 //! Joining a live group (a restarted or new process):
 //! 1. A starting process asks the others first ([`Mesh::enter`]): if none formed a group yet
-//!    (the job is starting), it forms epoch 1 with them; if one did, it is to join.
+//!    (the job is starting), it forms generation 1 with them; if one did, it is to join.
 //! 2. A joiner repeats its `Enter` to every member until it is admitted ([`Mesh::join_live`]);
 //!    each member keeps it as pending for a while. Every `Enter` and `Join` carries the
 //!    sender's process [`Incarnation`], and each member knows the process of each peer it
@@ -51,13 +51,13 @@
 //!    [`CollectiveError::MemberLost`] (the survivors re-form without it: a joiner answers
 //!    probes as no survivor).
 //! 3. At a step boundary the members agree on the joiners (their leader's pending ones, see
-//!    [`ProcessGroup::pending_joiners`]) and form the next epoch with them
-//!    ([`ProcessGroup::admit`]): the leader tells each joiner the epoch and members (`Admit`),
+//!    [`ProcessGroup::pending_joiners`]) and form the next generation with them
+//!    ([`ProcessGroup::admit`]): the leader tells each joiner the generation and members (`Admit`),
 //!    then whether every joiner acked (a broadcast over the group), and only then every one
 //!    forms it as in step 2 above; where one could not be told (an admission lost on a link
 //!    that died is told again over a new one while the joiner was not out of reach for twice
-//!    the idle timeout), every member skips that epoch and goes on, and the joiners ask again.
-//!    A joiner refuses at once to form an epoch it was not admitted to: a member naming its
+//!    the idle timeout), every member skips that generation and goes on, and the joiners ask again.
+//!    A joiner refuses at once to form a generation it was not admitted to: a member naming its
 //!    node meant its old process.
 //!
 //! Failure rules:
@@ -71,16 +71,16 @@
 //! - A member whose step failed in the application aborts the group
 //!   ([`ProcessGroup::abort`]): every member's pending and later calls fail with
 //!   [`CollectiveError::Application`] naming it and its message.
-//! - A probe is answered by any live mesh, except one whose live group of a later epoch left
+//! - A probe is answered by any live mesh, except one whose live group of a later generation left
 //!   the prober out: it refuses, so the late member learns it was taken for lost. A joiner
-//!   answers as no survivor. So does a mesh still forming the first epoch whose link with the
-//!   prober is not up (a new process of a member, forming the epoch that the others formed
+//!   answers as no survivor. So does a mesh still forming the first generation whose link with the
+//!   prober is not up (a new process of a member, forming the generation that the others formed
 //!   with its old process): its forming fails at once, and its process enters again as a
 //!   joiner. One whose link with the prober is up is a member whose links were not all up
 //!   when another member was lost: it answers as a survivor, and its forming ends with the
 //!   group broken ([`Mesh::form`]), so that it re-forms with the others.
-//! - EPOCH-1: every message carries its epoch; a message of another epoch than the group's is
-//!   refused ([`CollectiveError::EpochRefused`] at the sender), never delivered.
+//! - EPOCH-1: every message carries its generation; a message of another generation than the group's is
+//!   refused ([`CollectiveError::GenerationRefused`] at the sender), never delivered.
 //! - Members that disagree on a call all fail with [`CollectiveError::Mismatch`].
 //! - A member that gives up a call before it ends (drops its future) leaves the group as a
 //!   member that stops ([`CollectiveError::Stopped`] here, lost to the others; `ops.rs`).
@@ -211,7 +211,7 @@ pub struct Joiner {
 /// How a starting process enters the job ([`Mesh::enter`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
-    /// No member formed a group yet: form epoch 1 with them.
+    /// No member formed a group yet: form generation 1 with them.
     Start,
     /// A member formed a group: wait to be admitted to it ([`Mesh::join_live`]).
     Join,
@@ -242,10 +242,10 @@ enum ProbeAnswer {
 /// Pause between dials of a member that is not listening yet.
 const DIAL_RETRY: Duration = Duration::from_millis(100);
 /// How often a member still waiting for a peer's join asks whether the peer still forms that
-/// epoch ([`Wire::StillForming`]), and how long each ask may take.
+/// generation ([`Wire::StillForming`]), and how long each ask may take.
 const STILL_FORMING_EVERY: Duration = Duration::from_secs(1);
 /// How long a fresh start refused by a member still waiting to be admitted waits before it
-/// forms the first epoch again (that member asks the others each second whether a group
+/// forms the first generation again (that member asks the others each second whether a group
 /// lives, and starts once none does).
 pub(crate) const FRESH_START_RETRY: Duration = Duration::from_millis(500);
 /// How often a joiner asks again to be admitted ([`Mesh::join_live`]).

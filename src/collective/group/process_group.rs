@@ -1,10 +1,10 @@
 //! A formed group ([`ProcessGroup`]): its members, its re-forming with the survivors and its
-//! admission of joiners at the next epoch, and waiting until its messages were taken.
+//! admission of joiners at the next generation, and waiting until its messages were taken.
 
 use super::forming::Attempt;
 use super::*;
 
-/// A formed group of processes: its rank, members and epoch, and the operations (`ops.rs`).
+/// A formed group of processes: its rank, members and generation, and the operations (`ops.rs`).
 /// Cheap to clone; operations of one group run one at a time, in call order.
 #[derive(Clone)]
 pub struct ProcessGroup {
@@ -15,7 +15,7 @@ pub struct ProcessGroup {
 impl std::fmt::Debug for ProcessGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProcessGroup")
-            .field("epoch", &self.shared.epoch)
+            .field("generation", &self.shared.generation)
             .field("rank", &self.shared.rank)
             .field("members", &self.shared.nodes)
             .finish()
@@ -33,9 +33,9 @@ impl ProcessGroup {
         self.shared.nodes.len()
     }
 
-    /// The group's generation (its membership epoch: one per formation).
+    /// The group's generation (its membership generation: one per formation).
     pub fn generation(&self) -> u64 {
-        self.shared.epoch
+        self.shared.generation
     }
 
     /// The members' nodes in rank order.
@@ -107,7 +107,7 @@ impl ProcessGroup {
     pub async fn abort(&self, message: impl Into<String>) -> CollectiveError {
         let err = CollectiveError::Application {
             node: self.shared.nodes[self.shared.rank].clone(),
-            epoch: self.shared.epoch,
+            generation: self.shared.generation,
             message: message.into(),
         };
         let err = self.shared.fail(err, true);
@@ -119,7 +119,7 @@ impl ProcessGroup {
     /// probe within `within` (dialed anew if its link is gone), in rank order. Survivors that
     /// probe alike (the lost members dead, the others answering) get the same list, which is
     /// what [`ProcessGroup::reform`] needs of every survivor. Fails with
-    /// [`CollectiveError::EpochRefused`] when a member already formed a later epoch without
+    /// [`CollectiveError::GenerationRefused`] when a member already formed a later generation without
     /// this node (this node is the late one: it was taken for lost).
     pub async fn reachable(&self, within: Duration) -> Result<Vec<NodeId>, CollectiveError> {
         self.probe_members(within).await.map(|probed| probed.alive)
@@ -129,7 +129,7 @@ impl ProcessGroup {
     /// survivors answered as new processes waiting to be admitted ([`Probed::joining`]).
     pub async fn probe_members(&self, within: Duration) -> Result<Probed, CollectiveError> {
         let deadline = Instant::now() + within;
-        let epoch = self.shared.epoch;
+        let generation = self.shared.generation;
         let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
             let member = GroupMember {
                 node: node.clone(),
@@ -140,7 +140,7 @@ impl ProcessGroup {
                 if me {
                     return Ok((member.node, ProbeAnswer::Alive));
                 }
-                let probe = self.mesh.probe(&member, epoch, deadline);
+                let probe = self.mesh.probe(&member, generation, deadline);
                 let answer = tokio::time::timeout_at(deadline, probe)
                     .await
                     .unwrap_or(Ok(ProbeAnswer::Silent))?;
@@ -159,20 +159,23 @@ impl ProcessGroup {
         Ok(probed)
     }
 
-    /// Forms the group of the next epoch of this node's mesh (one above the latest formed or
-    /// tried here: this group's epoch + 1, unless a re-forming attempt already took that one)
+    /// Forms the group of the next generation of this node's mesh (one above the latest formed or
+    /// tried here: this group's generation + 1, unless a re-forming attempt already took that one)
     /// with `survivors` (members of this group, this node among them), at the addresses this
     /// group was formed with. Every survivor must call it with the same survivors.
     /// This group's messages still on their way go first ([`ProcessGroup::flush`], bounded by
     /// the form timeout), unless it is broken.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
-        let epoch = self.shared.epoch.max(self.mesh.generation()) + 1;
+        let generation = self.shared.generation.max(self.mesh.generation()) + 1;
         let mut members = Vec::with_capacity(survivors.len());
         for node in survivors {
             let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
                 return Err(CollectiveError::Form {
-                    epoch,
-                    reason: format!("{node} is not a member of epoch {}", self.shared.epoch),
+                    generation,
+                    reason: format!(
+                        "{node} is not a member of generation {}",
+                        self.shared.generation
+                    ),
                 });
             };
             members.push(GroupMember {
@@ -181,7 +184,7 @@ impl ProcessGroup {
             });
         }
         self.hand_over().await;
-        self.mesh.form(epoch, members).await
+        self.mesh.form(generation, members).await
     }
 
     /// The processes that asked this member to be admitted (`Enter`) within the last
@@ -197,20 +200,20 @@ impl ProcessGroup {
             .pending_joiners(&self.shared.nodes, now, PENDING_FRESH)
     }
 
-    /// Forms the next epoch (as [`ProcessGroup::reform`] numbers it) with every member of
+    /// Forms the next generation (as [`ProcessGroup::reform`] numbers it) with every member of
     /// this group and `joiners` (processes waiting in [`Mesh::join_live`]). Every member must
-    /// call it with the same joiners. The leader (rank 0) first tells each joiner the epoch and
+    /// call it with the same joiners. The leader (rank 0) first tells each joiner the generation and
     /// members (`Admit`, each bounded by the form timeout; one lost on a link that died is told
     /// again over a new one while the joiner is not out of reach for long), and forgets them as
     /// pending (a joiner still waiting asks again); then it tells the members, over this group,
-    /// whether every joiner acked. Only then do the members form the next epoch with them, so
-    /// that a joiner is asked to form an epoch only once admitted to it (it refuses any other
+    /// whether every joiner acked. Only then do the members form the next generation with them, so
+    /// that a joiner is asked to form a generation only once admitted to it (it refuses any other
     /// at once: a member's list naming its node then meant its old process).
     ///
-    /// `Ok(None)` where the leader could not tell every joiner: no member forms that epoch (each
+    /// `Ok(None)` where the leader could not tell every joiner: no member forms that generation (each
     /// skips it: a joiner told nevertheless is refused at once and asks again), and this group
-    /// goes on unchanged. Where forming the admission's epoch fails here (a joiner that does
-    /// not form it, a link cut meanwhile), it returns that epoch's group all the same, broken:
+    /// goes on unchanged. Where forming the admission's generation fails here (a joiner that does
+    /// not form it, a link cut meanwhile), it returns that generation's group all the same, broken:
     /// its calls fail at once, and re-forming probes and measures the quorum on its members,
     /// the joiners among them ([`ProcessGroup::probe_members`], [`ProcessGroup::reform`]).
     /// Another member may have formed it (its links all up while this member's were not) and
@@ -222,7 +225,7 @@ impl ProcessGroup {
         if joiners.is_empty() {
             return Ok(None);
         }
-        let epoch = self.shared.epoch.max(self.mesh.generation()) + 1;
+        let generation = self.shared.generation.max(self.mesh.generation()) + 1;
         let mut members: Vec<GroupMember> = self
             .shared
             .nodes
@@ -240,7 +243,7 @@ impl ProcessGroup {
             let deadline = Instant::now() + self.shared.config.form_timeout;
             let told = joiners.iter().map(|joiner| {
                 self.mesh
-                    .tell_admitted(&joiner.member, epoch, &members, deadline)
+                    .tell_admitted(&joiner.member, generation, &members, deadline)
             });
             let told = futures::future::join_all(told).await;
             every_one_told = u8::from(told.iter().all(|t| *t));
@@ -255,30 +258,30 @@ impl ProcessGroup {
         if told.first() != Some(&1) {
             if self.shared.rank == 0 {
                 tracing::info!(
-                    generation = epoch,
+                    generation,
                     "not every joiner could be told its admission: skipping that generation"
                 );
             }
-            self.mesh.skip_epoch(epoch);
+            self.mesh.skip_generation(generation);
             return Ok(None);
         }
         // The admitted processes' asks still on their way are theirs, not new ones'.
         self.mesh.inner.lock().membership.admitting(joiners);
         self.hand_over().await;
-        match self.mesh.try_form(epoch, members).await? {
+        match self.mesh.try_form(generation, members).await? {
             Attempt::Formed(group) => Ok(Some(group)),
             Attempt::Failed(group, err) => {
-                tracing::info!(generation = epoch, %err, "forming the admission's generation failed here: re-forming measures on its members");
+                tracing::info!(generation, %err, "forming the admission's generation failed here: re-forming measures on its members");
                 Ok(Some(group))
             }
         }
     }
 
-    /// Before the group of the next epoch supersedes this one: waits, at most the form
+    /// Before the group of the next generation supersedes this one: waits, at most the form
     /// timeout, until every message this member sent was taken, unless the group broke. A
     /// member's call ends once it has what it needs, while its own last messages (a
     /// broadcast's "done" to the root, the ring's last chunks) may still be queued for a peer
-    /// whose call has not ended; the next epoch's group drops this one, and its links' queues
+    /// whose call has not ended; the next generation's group drops this one, and its links' queues
     /// with it. A peer that goes away right after that call (a preempted member, which
     /// leaves while the others re-form without it) would otherwise wait for them until the
     /// operation timeout. The peers' calls need those messages, so in a group that is not

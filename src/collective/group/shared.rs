@@ -5,7 +5,7 @@ use super::*;
 
 /// The state of one formed group, shared by its handles, its link tasks and the mesh.
 pub(crate) struct Shared {
-    pub(crate) epoch: u64,
+    pub(crate) generation: u64,
     pub(crate) rank: usize,
     pub(crate) nodes: Vec<NodeId>,
     pub(super) addrs: Vec<SocketAddr>,
@@ -56,7 +56,7 @@ pub(crate) struct Outgoing {
 #[derive(Default)]
 pub(super) struct GroupState {
     pub(super) broken: Option<CollectiveError>,
-    /// Whether a member that formed this group's epoch with this process is re-forming it
+    /// Whether a member that formed this group's generation with this process is re-forming it
     /// while this process still formed it ([`Shared::cut_short`]).
     pub(super) cut_short: bool,
     /// Chunks delivered and not yet consumed, by (sender rank, seq, tag); at most `window`
@@ -112,14 +112,14 @@ impl Drop for Shared {
 
 impl Shared {
     pub(super) fn new(
-        epoch: u64,
+        generation: u64,
         rank: usize,
         members: &[GroupMember],
         config: GroupConfig,
         header_max: u32,
     ) -> Self {
         Self {
-            epoch,
+            generation,
             rank,
             nodes: members.iter().map(|m| m.node.clone()).collect(),
             addrs: members.iter().map(|m| m.addr).collect(),
@@ -148,7 +148,7 @@ impl Shared {
     /// What the membership machine is told of this group ([`GroupView`]).
     pub(super) fn view(&self) -> GroupView<'_> {
         GroupView {
-            epoch: self.epoch,
+            generation: self.generation,
             nodes: &self.nodes,
             formed: self.is_formed(),
             broken: self.lock().broken.is_some(),
@@ -245,8 +245,8 @@ impl Shared {
                     if watched.closed_locally() {
                         // This member is going away (its endpoint closed), not the peer: it
                         // blames no one, and its peers see its links close.
-                        let epoch = shared.epoch;
-                        shared.fail(CollectiveError::Stopped { epoch }, false);
+                        let generation = shared.generation;
+                        shared.fail(CollectiveError::Stopped { generation }, false);
                         shared.end_links();
                         return;
                     }
@@ -264,7 +264,7 @@ impl Shared {
                     shared.fail(
                         CollectiveError::MemberLost {
                             node: watched.peer().clone(),
-                            epoch: shared.epoch,
+                            generation: shared.generation,
                             reason: reason.to_string(),
                         },
                         true,
@@ -293,10 +293,15 @@ impl Shared {
     pub(crate) fn abandon(&self) {
         let gone = CollectiveError::MemberLost {
             node: self.nodes[self.rank].clone(),
-            epoch: self.epoch,
+            generation: self.generation,
             reason: "it gave up a call before the call ended".into(),
         };
-        self.break_with(CollectiveError::Stopped { epoch: self.epoch }, Some(gone));
+        self.break_with(
+            CollectiveError::Stopped {
+                generation: self.generation,
+            },
+            Some(gone),
+        );
         self.end_links();
     }
 
@@ -389,7 +394,7 @@ impl Shared {
                         drop(state);
                         let err = CollectiveError::MemberLost {
                             node: self.nodes[from].clone(),
-                            epoch: self.epoch,
+                            generation: self.generation,
                             reason,
                         };
                         return Err(self.fail(err, true));
@@ -404,7 +409,7 @@ impl Shared {
                 if arrived.blob.len() != bytes {
                     let err = CollectiveError::Link {
                         node: self.nodes[from].clone(),
-                        epoch: self.epoch,
+                        generation: self.generation,
                         reason: format!(
                             "call {seq}: a chunk of {} bytes where {bytes} were due",
                             arrived.blob.len()
@@ -416,7 +421,7 @@ impl Shared {
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
                 let err = CollectiveError::PeerTimeout {
-                    epoch: self.epoch,
+                    generation: self.generation,
                     seq,
                     node: self.nodes[from].clone(),
                     timeout_ms: u64::try_from(self.config.op_timeout.as_millis())
@@ -472,7 +477,7 @@ impl Shared {
     /// member that does not hear it finds the failure itself); [`Shared::told`] waits for it.
     pub(super) fn tell(&self, err: CollectiveError) {
         let abort = Wire::Abort {
-            epoch: self.epoch,
+            generation: self.generation,
             error: err,
         };
         let Ok(frame) = Frame::encode(&abort, Vec::new(), self.header_max) else {
@@ -531,7 +536,7 @@ impl Shared {
             return respond(
                 responder,
                 Reply::Refused {
-                    current: self.epoch,
+                    current: self.generation,
                     detail: format!(" and {peer} is not a member of it"),
                 },
                 self.header_max,
@@ -626,7 +631,7 @@ impl Shared {
             let err = self.fail(
                 CollectiveError::Link {
                     node: self.nodes[from].clone(),
-                    epoch: self.epoch,
+                    generation: self.generation,
                     reason,
                 },
                 true,
@@ -660,7 +665,7 @@ impl Shared {
     }
 
     /// Takes a peer's answer to one of our chunks. A refusal that a live peer gives once its
-    /// own operation ended (it dropped the chunk unanswered, or its group of our epoch is gone
+    /// own operation ended (it dropped the chunk unanswered, or its group of our generation is gone
     /// or superseded) may be the trace of a failure elsewhere whose `Abort` is still on its
     /// way: the peer is blamed only if no such cause arrives within [`ABORT_TIMEOUT`], so that
     /// every survivor names the member that was really lost.
@@ -669,12 +674,12 @@ impl Shared {
             Ok(frame) => match frame.decode::<Reply>(self.header_max) {
                 Ok(Reply::Ack) => return,
                 Ok(Reply::Refused { current, detail }) => {
-                    if current >= self.epoch {
+                    if current >= self.generation {
                         self.cause_within(ABORT_TIMEOUT).await;
                     }
-                    CollectiveError::EpochRefused {
+                    CollectiveError::GenerationRefused {
                         node: peer.clone(),
-                        epoch: self.epoch,
+                        generation: self.generation,
                         current,
                         detail,
                     }
@@ -682,7 +687,7 @@ impl Shared {
                 // A peer that stopped (its own endpoint closed) is the member lost.
                 Ok(Reply::Broken(CollectiveError::Stopped { .. })) => CollectiveError::MemberLost {
                     node: peer.clone(),
-                    epoch: self.epoch,
+                    generation: self.generation,
                     reason: "it stopped".into(),
                 },
                 Ok(Reply::Broken(err)) => return drop(self.fail(err, false)),
@@ -693,22 +698,27 @@ impl Shared {
                     | Reply::Joined { .. }),
                 ) => CollectiveError::Link {
                     node: peer.clone(),
-                    epoch: self.epoch,
+                    generation: self.generation,
                     reason: format!("it answered a chunk with {other:?}"),
                 },
                 Err(e) => CollectiveError::Link {
                     node: peer.clone(),
-                    epoch: self.epoch,
+                    generation: self.generation,
                     reason: format!("its answer does not decode: {e}"),
                 },
             },
             Err(LinkError::ConnectionLost { .. }) if self.closed_locally(peer) => {
                 // This member is going away, not the peer (as the links' watchers judge).
-                return drop(self.fail(CollectiveError::Stopped { epoch: self.epoch }, false));
+                return drop(self.fail(
+                    CollectiveError::Stopped {
+                        generation: self.generation,
+                    },
+                    false,
+                ));
             }
             Err(LinkError::ConnectionLost { reason, .. }) => CollectiveError::MemberLost {
                 node: peer.clone(),
-                epoch: self.epoch,
+                generation: self.generation,
                 reason,
             },
             // Only a member going away drops a chunk unanswered (its process or group ends),
@@ -720,13 +730,13 @@ impl Shared {
                 self.cause_within(ABORT_TIMEOUT).await;
                 CollectiveError::MemberLost {
                     node: peer.clone(),
-                    epoch: self.epoch,
+                    generation: self.generation,
                     reason: "it dropped our message unanswered (shutting down)".into(),
                 }
             }
             Err(e) => CollectiveError::Link {
                 node: peer.clone(),
-                epoch: self.epoch,
+                generation: self.generation,
                 reason: e.to_string(),
             },
         };
@@ -773,7 +783,7 @@ pub(super) async fn send_loop(
         };
         let Some(shared) = group.upgrade() else { break };
         let data = Wire::Data {
-            epoch: shared.epoch,
+            generation: shared.generation,
             seq: out.seq,
             tag: out.tag,
             call: out.call,

@@ -1,7 +1,7 @@
 use super::*;
 use cohort_transport::TransportConfig;
 
-/// Two members of epoch 1 over QUIC on loopback, with their endpoints.
+/// Two members of generation 1 over QUIC on loopback, with their endpoints.
 async fn pair() -> (Vec<Endpoint>, Vec<ProcessGroup>) {
     let formed = loopback_group(2, TransportConfig::for_tests(), GroupConfig::for_tests());
     tokio::time::timeout(Duration::from_secs(30), formed)
@@ -50,7 +50,7 @@ async fn a_chunk_sent_twice_fails_the_group_naming_its_sender() {
         deliver_from_rank_1(shared, 0, 7, call.clone(), &credits);
     }
     let expected = |err: &CollectiveError| {
-        matches!(err, CollectiveError::Link { node, epoch: 1, reason }
+        matches!(err, CollectiveError::Link { node, generation: 1, reason }
             if *node == NodeId::new("worker", 1) && reason.contains("twice"))
     };
     let broken = groups[0].broken().expect("broken");
@@ -116,7 +116,7 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
         matches!(
             reply,
             Reply::Entered {
-                epoch: 1,
+                generation: 1,
                 formed: true,
                 ..
             }
@@ -132,7 +132,7 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
         matches!(
             reply,
             Reply::Entered {
-                epoch: 1,
+                generation: 1,
                 formed: true,
                 ..
             }
@@ -143,7 +143,7 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
         .broken()
         .expect("a new process of a member breaks the group");
     assert!(
-        matches!(&broken, CollectiveError::MemberLost { node, epoch: 1, reason }
+        matches!(&broken, CollectiveError::MemberLost { node, generation: 1, reason }
             if *node == peer && reason.contains(&restarted.to_string())),
         "{broken}"
     );

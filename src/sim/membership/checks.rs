@@ -1,5 +1,5 @@
 //! The invariants the membership simulator checks after every event:
-//! - `EPOCH`: a process's latest epoch only moves forward (a first forming that failed is
+//! - `EPOCH`: a process's latest generation only moves forward (a first forming that failed is
 //!   forgotten, 1 back to 0, and nothing else goes back);
 //! - `STEP`: every step a process applies follows its last state (one more step, from its
 //!   model), so each step is applied once and none skipped; a state installed by agreement
@@ -7,7 +7,7 @@
 //! - `SPLIT`: no two groups train apart: where two groups applied different updates to the
 //!   same model, the two branches are never trained on at the same time (see
 //!   `Checks::extend`);
-//! - `MIX`: every member applying a step in a group of an epoch applied the same update, with
+//! - `MIX`: every member applying a step in a group of a generation applied the same update, with
 //!   as many members (no member mixes two groups);
 //! - `DIGEST`: every process that finishes holds the same model.
 
@@ -21,7 +21,7 @@ use crate::collective::{MemberMachine, INITIAL_DIGEST};
 
 #[derive(Debug, Default)]
 pub(super) struct Checks {
-    /// Each running process's (life, latest epoch, steps, digest).
+    /// Each running process's (life, latest generation, steps, digest).
     procs: BTreeMap<usize, Proc>,
     /// Each model's parent (the model one step before).
     parent: BTreeMap<u64, u64>,
@@ -30,7 +30,7 @@ pub(super) struct Checks {
     /// Each branch (a model whose parent has two children or more): when steps were first
     /// and last applied on top of it.
     trained: BTreeMap<u64, (Duration, Duration)>,
-    /// The update applied to each model (parent) in each group (epoch, members): its step
+    /// The update applied to each model (parent) in each group (generation, members): its step
     /// and the model it made.
     updates: BTreeMap<(u64, u64, Vec<NodeId>), (u64, u64)>,
     finished: Option<(usize, u64, u64)>,
@@ -40,7 +40,7 @@ pub(super) struct Checks {
 #[derive(Debug, Clone, Copy)]
 struct Proc {
     life: u64,
-    epoch: u64,
+    generation: u64,
     step: u64,
     digest: u64,
 }
@@ -63,7 +63,7 @@ impl Checks {
             worker,
             Proc {
                 life,
-                epoch: 0,
+                generation: 0,
                 step: 0,
                 digest: INITIAL_DIGEST,
             },
@@ -79,13 +79,13 @@ impl Checks {
         let Some(p) = self.procs.get_mut(&worker).filter(|p| p.life == life) else {
             return;
         };
-        let epoch = m.generation();
-        let before = p.epoch;
-        p.epoch = epoch;
-        if epoch < before && !(before == 1 && epoch == 0) {
+        let generation = m.generation();
+        let before = p.generation;
+        p.generation = generation;
+        if generation < before && !(before == 1 && generation == 0) {
             self.violate(
                 "EPOCH",
-                format!("worker/{worker} went back from epoch {before} to {epoch}"),
+                format!("worker/{worker} went back from generation {before} to {generation}"),
                 at,
             );
         }
@@ -96,7 +96,7 @@ impl Checks {
         &mut self,
         worker: usize,
         life: u64,
-        epoch: u64,
+        generation: u64,
         members: Vec<NodeId>,
         step: u64,
         parent: u64,
@@ -113,19 +113,19 @@ impl Checks {
             self.violate(
                 "STEP",
                 format!(
-                    "worker/{worker} applied step {step} in epoch {epoch} over its state of step \
+                    "worker/{worker} applied step {step} in generation {generation} over its state of step \
                      {last_step} (model {last_digest:x}, the update's parent {parent:x})"
                 ),
                 at,
             );
             return;
         }
-        let group = (parent, epoch, members);
+        let group = (parent, generation, members);
         match self.updates.get(&group) {
             Some(&(s, d)) if s == step && d != digest => self.violate(
                 "MIX",
                 format!(
-                    "worker/{worker} applied step {step} in epoch {epoch} with {:?} as \
+                    "worker/{worker} applied step {step} in generation {generation} with {:?} as \
                      {digest:x}, another member as {d:x}",
                     group.2
                 ),

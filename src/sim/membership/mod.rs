@@ -5,7 +5,7 @@
 //! incarnation. Deterministic: a seed draws the scenario and every delay, so a violation
 //! replays exactly.
 //!
-//! After every event it checks the invariants of elastic training (see `checks.rs`): epochs
+//! After every event it checks the invariants of elastic training (see `checks.rs`): generations
 //! only move forward in a process; every step a process applies follows its last one (each
 //! step applied once, none skipped); no split brain (once two groups applied different updates
 //! to the same model, the older branch is never extended again); every process that finishes

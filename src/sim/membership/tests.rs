@@ -101,10 +101,10 @@ fn fixed_range_is_clean(config: MembershipConfig, seeds: std::ops::Range<u64>) {
 
 /// The first bug the membership simulator found (seed 890 of its first sweep, 4 workers, up
 /// to 5 faults): two workers; worker/0 is killed and its new process is admitted while the
-/// path between the two is cut. worker/0 formed the admission's epoch (worker/1's join had
+/// path between the two is cut. worker/0 formed the admission's generation (worker/1's join had
 /// reached it), worker/1 did not, and each re-formed alone: worker/0 as half of the two with
 /// the lowest, worker/1 measuring on its old group of one. Two groups trained apart. A member
-/// whose admission failed now measures its quorum on the epoch it tried to form.
+/// whose admission failed now measures its quorum on the generation it tried to form.
 #[test]
 fn a_member_cut_off_during_an_admission_does_not_train_on_beside_the_group() {
     let config = MembershipConfig {
@@ -126,13 +126,13 @@ fn a_member_cut_off_during_an_admission_does_not_train_on_beside_the_group() {
 }
 
 /// The second split brain the membership simulator found (seed 1573 of a sweep of up to 6
-/// workers and 8 faults): worker/1, cut off, is left out of the later epochs of worker/0,
+/// workers and 8 faults): worker/1, cut off, is left out of the later generations of worker/0,
 /// which goes on alone and admits worker/2; worker/0 is then killed and comes back. Both
 /// worker/1 (measuring on its old group {0, 1}) and worker/2 (on {0, 2}) counted worker/0's
 /// new process out as replaced, and each went on: two groups trained apart. A new process
-/// is now counted out only by probers of an epoch no peer it heard from went beyond.
+/// is now counted out only by probers of a generation no peer it heard from went beyond.
 #[test]
-fn a_member_left_out_does_not_count_out_a_peer_that_came_back_after_a_later_epoch() {
+fn a_member_left_out_does_not_count_out_a_peer_that_came_back_after_a_later_generation() {
     use std::time::Duration;
     let config = MembershipConfig {
         workers_max: 6,
@@ -206,15 +206,15 @@ fn a_fresh_start_refused_by_a_waiting_process_is_tried_again() {
 }
 
 /// Found by the supervisor's budget (RESTARTS) once the simulator modelled it: a process
-/// waiting to be admitted had tried an epoch of its own (its first forming ended by a
+/// waiting to be admitted had tried a generation of its own (its first forming ended by a
 /// survivor's probe, seed 263; an admission it acked that never formed, seed 2909), so it
-/// refused a restarted peer's fresh start at that epoch rather than at 0; the peer took that
+/// refused a restarted peer's fresh start at that generation rather than at 0; the peer took that
 /// for a live job, exited, and was restarted faster than the waiting process could see that
-/// no group lived, until its supervisor gave up. A fresh start refused at any epoch now asks
+/// no group lived, until its supervisor gave up. A fresh start refused at any generation now asks
 /// again and tries again, and a waiting process that was never a member starts again as one
 /// that never formed.
 #[test]
-fn a_fresh_start_refused_by_a_process_that_tried_an_epoch_of_its_own_is_tried_again() {
+fn a_fresh_start_refused_by_a_process_that_tried_a_generation_of_its_own_is_tried_again() {
     every_seed_finishes(&[
         (3, 5, 263),
         (3, 5, 2909),

@@ -249,7 +249,7 @@ impl World {
                     .iter()
                     .map(|p| match &p.machine {
                         Some(m) => format!(
-                            "{} {} at epoch {}, step {}",
+                            "{} {} at generation {}, step {}",
                             p.node,
                             m.phase_name(),
                             m.generation(),
@@ -303,8 +303,8 @@ impl World {
                     let from = NodeId::new("worker", from as u32);
                     m.handle_message(now, &from, message);
                 });
-                if let (Some(epoch), Some(incarnation)) = (live_before, enter_from) {
-                    self.check_restart_taken(to, from, epoch, incarnation);
+                if let (Some(generation), Some(incarnation)) = (live_before, enter_from) {
+                    self.check_restart_taken(to, from, generation, incarnation);
                 }
             }
             Event::Undelivered {
@@ -344,14 +344,14 @@ impl World {
         }
     }
 
-    /// `to`'s live group of `epoch` took an `Enter` of `from`'s process `incarnation`: if the
+    /// `to`'s live group of `generation` took an `Enter` of `from`'s process `incarnation`: if the
     /// group broke on it while that very process runs as a member of the same group, a late
     /// ask (sent before it formed the group) was taken for a new process (RESTART).
     fn check_restart_taken(
         &mut self,
         to: usize,
         from: usize,
-        epoch: u64,
+        generation: u64,
         incarnation: Incarnation,
     ) {
         let broke = self.procs[to]
@@ -364,12 +364,12 @@ impl World {
         let member = sender
             .machine
             .as_ref()
-            .is_some_and(|m| m.live_group() == Some(epoch));
+            .is_some_and(|m| m.live_group() == Some(generation));
         if broke && same_process && member {
             self.report.violation.get_or_insert(MembershipViolation {
                 invariant: "RESTART",
                 detail: format!(
-                    "worker/{to}'s group of epoch {epoch} broke on a late ask to enter from \
+                    "worker/{to}'s group of generation {generation} broke on a late ask to enter from \
                      worker/{from}'s process {incarnation}, a live member of that group, taken \
                      for a new process"
                 ),
@@ -476,14 +476,14 @@ impl World {
             }
             MemberAction::Formed { .. } => self.report.groups_formed += 1,
             MemberAction::Applied {
-                epoch,
+                generation,
                 members,
                 step,
                 parent,
                 digest,
-            } => self
-                .checks
-                .applied(worker, life, epoch, members, step, parent, digest, self.now),
+            } => self.checks.applied(
+                worker, life, generation, members, step, parent, digest, self.now,
+            ),
             MemberAction::Adopted { step, digest, .. } => {
                 self.checks.adopted(worker, life, step, digest, self.now)
             }

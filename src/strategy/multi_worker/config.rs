@@ -42,7 +42,7 @@ pub struct MultiWorkerConfig {
     pub recover_attempts: usize,
     /// Starting: how long this process waits for the other workers to say whether they formed
     /// a group already (then it joins it) before it takes the job to be starting (then it
-    /// forms the first epoch with them).
+    /// forms the first generation with them).
     pub enter_timeout: Duration,
     /// Joining a live group: how long this process waits to be admitted (the members admit
     /// joiners at a step boundary,
@@ -52,7 +52,7 @@ pub struct MultiWorkerConfig {
     /// NCCL on a GPU of this process.
     pub communication: Communication,
     /// Where to serve this worker's Prometheus metrics and `/healthz` (`metrics_addr`,
-    /// `COHORT_METRICS_ADDR`; `None`: not served): its group's epoch, workers and step, the
+    /// `COHORT_METRICS_ADDR`; `None`: not served): its group's generation, workers and step, the
     /// time between step boundaries, and the re-formings, admissions and departures.
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -70,7 +70,7 @@ pub enum Communication {
     Ring,
     /// NCCL (feature `nccl`) on GPU `device`: f32 and f64 sums (gradients, `reduce`) are
     /// copied to the GPU, all-reduced there and copied back; broadcasts, gathers and other
-    /// dtypes stay on the group. One communicator per membership epoch, bootstrapped over the
+    /// dtypes stay on the group. One communicator per membership generation, bootstrapped over the
     /// group and aborted when it breaks (`ProcessSpan::with_nccl`). Making the strategy
     /// fails with [`StrategyError::Config`] (key `communication`) when this build has no
     /// NCCL, libnccl or the CUDA driver cannot be loaded, or the GPU is not there.

@@ -40,7 +40,7 @@ impl MultiWorkerMirrored {
     ///    the dead ones (one, two, any number at once) are left out by all. A live member that
     ///    does not answer in time (stopped, or starved) is left out too: the others go on
     ///    without it.
-    /// 2. *Quorum*: a survivor forms the next epoch only if its survivors are a quorum of the
+    /// 2. *Quorum*: a survivor forms the next generation only if its survivors are a quorum of the
     ///    members of the group that broke (`has_quorum`: more than half of them, or exactly
     ///    half with its lowest-ranked member, the chief or worker 0). Under a partition only
     ///    one side can have one: a survivor on the other side does not train on alone; its
@@ -55,19 +55,19 @@ impl MultiWorkerMirrored {
     ///    back so go on, however few (a worker alone whose two peers were killed and
     ///    restarted), from their own state, and admit the new processes at the next step
     ///    boundary, instead of the job starting again from its checkpoint.
-    /// 3. *Agreeing on them*: the survivors form the next epoch with that list; forming
-    ///    succeeds only where every member formed the same epoch with the same members (each
+    /// 3. *Agreeing on them*: the survivors form the next generation with that list; forming
+    ///    succeeds only where every member formed the same generation with the same members (each
     ///    link's join compares the lists), so survivors whose views differ (a member died
     ///    while being probed) all fail the attempt instead of splitting (a member refusing a
     ///    join whose list differs from its own fails its forming too, at once), and try again,
     ///    each attempt spanning at least the probe timeout, with a new probe at the next
-    ///    epoch. A member never mixes epochs: a late message of the old group is refused by
-    ///    its epoch.
+    ///    generation. A member never mixes generations: a late message of the old group is refused by
+    ///    its generation.
     ///
     ///    Each survivor decides the quorum on its own probes, and views may differ (under an
     ///    asymmetric partition A hears B while B does not hear A): that is safe because any
     ///    two lists that pass share a member of the broken group, and forming needs every
-    ///    member of the list to form that same list at that epoch; a member forms one group
+    ///    member of the list to form that same list at that generation; a member forms one group
     ///    at a time (forming a later one supersedes the earlier, whose collectives then fail
     ///    for want of it), so two groups never train side by side.
     /// 4. *Agreeing on the state*: the survivors gather their completed steps; the one with
@@ -103,7 +103,7 @@ impl MultiWorkerMirrored {
         let Some(cause) = before.broken() else {
             return Err(StrategyError::Recovery {
                 reason: format!(
-                    "the group of epoch {} is not broken: there is nothing to recover from",
+                    "the group of generation {} is not broken: there is nothing to recover from",
                     before.generation()
                 ),
             });
@@ -179,7 +179,7 @@ impl MultiWorkerMirrored {
     /// One attempt of [`Self::re_form`]: probes the members of the group that broke (the
     /// last one that trained, not a group an earlier attempt formed here: a group formed at
     /// one member and failed at another would otherwise give them different measures),
-    /// measures the quorum on them, and forms the next epoch with those that answered.
+    /// measures the quorum on them, and forms the next generation with those that answered.
     fn probe_and_reform(
         &self,
         before: &ProcessGroup,
@@ -263,7 +263,7 @@ impl MultiWorkerMirrored {
     ///   step (the all-gather): the chief (rank 0) saves the agreed step with `save`, and says
     ///   whether it saved; then the leavers get [`GroupChange::Leaving`] (stop training and
     ///   exit, e.g. with 143, within the notice's grace), and the others re-form without them at
-    ///   the next epoch, by agreement (no probe, no failure to detect), and get
+    ///   the next generation, by agreement (no probe, no failure to detect), and get
     ///   [`GroupChange::Departed`]. Every stayer holds the same state already. If the chief
     ///   leaves, it saves first; if everyone leaves, the job stops at a checkpoint (as
     ///   TensorFlow's `PreemptionCheckpointHandler` does).
@@ -275,7 +275,7 @@ impl MultiWorkerMirrored {
     ///   receives the step, input position, variables and optimizer state of the member with
     ///   the most completed steps, and gets [`GroupChange::Admitted`]; until then its `run` is
     ///   refused. On the members, the leader (rank 0) offers the joiners that asked it, every
-    ///   member forms the next epoch with them ([`ProcessGroup::admit`]), and the state goes to
+    ///   member forms the next generation with them ([`ProcessGroup::admit`]), and the state goes to
     ///   them as `recover` sends it to survivors. Where the leader could not tell every joiner
     ///   its admission, nothing changes (`Ok(None)`) and the joiners ask again.
     ///
@@ -285,8 +285,8 @@ impl MultiWorkerMirrored {
     /// replicas; the input goes on from the agreed position). A failure (a joiner that went
     /// away before forming, a member lost meanwhile) fails it with the collective error: the
     /// group of the attempt is broken, and [`MultiWorkerMirrored::recover`] re-forms with the
-    /// survivors as after a failed step. Where the admission's epoch failed to form here, that
-    /// epoch's group is the one installed, broken, so that `recover` measures its quorum on
+    /// survivors as after a failed step. Where the admission's generation failed to form here, that
+    /// generation's group is the one installed, broken, so that `recover` measures its quorum on
     /// the admission's members (the joiners among them), as a member that formed it does.
     pub fn at_step_boundary(
         &mut self,
@@ -376,7 +376,7 @@ impl MultiWorkerMirrored {
         let joined: Vec<NodeId> = joiners.iter().map(|j| j.member.node.clone()).collect();
         let Some(admitted) = self.block(async move { group.admit(&joiners).await })? else {
             // The leader could not tell every joiner its admission: nobody formed the next
-            // epoch, the group goes on as it was, and the joiners ask again.
+            // generation, the group goes on as it was, and the joiners ask again.
             return Ok(None);
         };
         // Installed even where forming it failed here: `recover` then probes and measures
@@ -535,7 +535,7 @@ impl MultiWorkerMirrored {
             self.communication,
         );
         self.replicas.set_span(span.clone());
-        // The old epoch's communicator goes now, not with the last clone of its span.
+        // The old generation's communicator goes now, not with the last clone of its span.
         std::mem::replace(&mut self.span, span).close_nccl();
     }
 
@@ -786,7 +786,7 @@ fn decode_joiners(bytes: &[u8]) -> Result<Vec<Joiner>, StrategyError> {
 
 /// Why a re-forming attempt formed no group here.
 enum Unformed {
-    /// A member re-formed a later epoch without this worker: it was taken for lost.
+    /// A member re-formed a later generation without this worker: it was taken for lost.
     LeftOut(CollectiveError),
     /// The members this worker reached (itself among them) are no quorum of the members not
     /// `replaced` (those answered as new processes).
@@ -804,7 +804,7 @@ fn recoverable(err: &CollectiveError) -> bool {
         err,
         CollectiveError::MemberLost { .. }
             | CollectiveError::PeerTimeout { .. }
-            | CollectiveError::EpochRefused { .. }
+            | CollectiveError::GenerationRefused { .. }
             | CollectiveError::Link { .. }
             | CollectiveError::Superseded { .. }
             | CollectiveError::Form { .. }

@@ -8,7 +8,7 @@
 //! ([`MultiWorkerMirrored::at_step_boundary`]: workers admitted after they asked to join,
 //! workers leaving after a preemption notice once the chief saved). The collectives it rests on live
 //! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
-//! epoch 1), and the local group of each step's replicas spanning it
+//! generation 1), and the local group of each step's replicas spanning it
 //! ([`crate::collective::ProcessSpan`]), whose sums go over the group's ring or, with
 //! [`Communication::Nccl`], over NCCL on a GPU of each worker.
 //!
@@ -73,7 +73,7 @@ use self::placement::MultiWorkerPlacement;
 /// `N` local replicas on threads (as [`Mirrored`](super::Mirrored) does), and the replicas of
 /// every worker are in sync (`num_replicas_in_sync` = workers × `N`).
 ///
-/// - Making it forms the process group of every worker at epoch 1 over QUIC (mutual TLS with
+/// - Making it forms the process group of every worker at generation 1 over QUIC (mutual TLS with
 ///   the certificates of `certs_dir`), bounded by the group's form timeout: every worker must
 ///   make its strategy. Workers are ranked chief first, then workers by index (TensorFlow's
 ///   order); a worker's replicas have the ids `rank × N .. rank × N + N`.
@@ -133,7 +133,7 @@ pub struct MultiWorkerMirrored {
     /// rank order) and what this worker makes of each.
     status_tasks: Vec<(NodeId, String)>,
     task_states: std::collections::BTreeMap<NodeId, TaskState>,
-    /// Whether the status page's membership changes hold one yet (the first epoch is noted
+    /// Whether the status page's membership changes hold one yet (the first generation is noted
     /// at the first step boundary, which knows its step).
     change_noted: bool,
     runtime: Option<tokio::runtime::Runtime>,
@@ -176,7 +176,7 @@ impl MultiWorkerMirrored {
             config.bucket_bytes_max,
             communication,
         );
-        // Joined a live group (formed at an epoch above 1): its state comes with `admit`.
+        // Joined a live group (formed at a generation above 1): its state comes with `admit`.
         let awaiting_state = Arc::new(AtomicBool::new(span.group().generation() > 1));
         let (id, replicas) = match start_replicas(&config, &span, devices) {
             Ok(made) => made,
@@ -255,7 +255,7 @@ impl MultiWorkerMirrored {
         self.worker_index() == 0
     }
 
-    /// The process group of the workers (its epoch, members, and the error that broke it).
+    /// The process group of the workers (its generation, members, and the error that broke it).
     pub fn process_group(&self) -> &ProcessGroup {
         self.span.group()
     }
@@ -297,7 +297,7 @@ impl MultiWorkerMirrored {
         match &self.runtime {
             Some(runtime) => block_on(runtime, call),
             None => Err(CollectiveError::Stopped {
-                epoch: self.span.group().generation(),
+                generation: self.span.group().generation(),
             }),
         }
     }
@@ -505,7 +505,7 @@ fn form_or_join(
         let endpoint =
             cohort_chaos::rules::bind_endpoint(own_addr, creds, transport).map_err(|e| {
                 CollectiveError::Form {
-                    epoch: 1,
+                    generation: 1,
                     reason: format!("cannot listen on {own_addr}: {e}"),
                 }
             })?;
@@ -523,7 +523,7 @@ fn form_or_join(
 }
 
 /// Enters the group of `members` through `mesh` (this worker's endpoint, on `own_addr`):
-/// forms the first epoch with the others (`peers`) where they start too, or joins the group
+/// forms the first generation with the others (`peers`) where they start too, or joins the group
 /// they formed already, as their answers within `enter_timeout` say; `join_timeout` bounds
 /// the wait to be admitted.
 async fn enter_group(
@@ -534,9 +534,9 @@ async fn enter_group(
     enter_timeout: Duration,
     join_timeout: Duration,
 ) -> Result<ProcessGroup, CollectiveError> {
-    // Forms the first epoch with the others (a fresh start). A member still waiting
+    // Forms the first generation with the others (a fresh start). A member still waiting
     // to be admitted to a group that is gone (its process entered while the group
-    // lived, and every member left or was lost since; at whatever epoch it tried)
+    // lived, and every member left or was lost since; at whatever generation it tried)
     // refuses it until it sees that no one has a live group, and then forms it too:
     // the refused attempt is forgotten, and after a moment this process asks again
     // (joining where a group lives after all) and tries again where none does, within
@@ -549,7 +549,7 @@ async fn enter_group(
             let until = tokio::time::Instant::now() + join_timeout;
             loop {
                 match mesh.form(1, members.clone()).await {
-                    Err(err @ CollectiveError::EpochRefused { .. })
+                    Err(err @ CollectiveError::GenerationRefused { .. })
                         if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
                     {
                         tracing::info!(%err, "the first generation was refused: asking again whether a group lives, else forming it again");
@@ -564,8 +564,8 @@ async fn enter_group(
         }
     };
     // Joins the live group; where none lives any more (every worker lost its group,
-    // and they start again), forms the first epoch with the others after all. A
-    // process whose only forming was a first epoch that failed is no member of any
+    // and they start again), forms the first generation with the others after all. A
+    // process whose only forming was a first generation that failed is no member of any
     // group: it starts again as one that never formed.
     let join = |mesh: Mesh, members: Vec<GroupMember>| {
         let peers = peers.clone();
@@ -589,7 +589,7 @@ async fn enter_group(
     let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
         Entry::Start => match fresh_start(mesh.clone(), members.clone()).await {
             Ok(group) => group,
-            // The others formed the first epoch without this process (with its
+            // The others formed the first generation without this process (with its
             // old one, lost since: this is a restart) while it formed: join them.
             Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
                 Entry::Join => {
@@ -661,8 +661,8 @@ fn status_tasks(cluster: &ClusterConfig) -> Vec<(NodeId, String)> {
         .collect()
 }
 
-/// The span of `group`'s epoch, summing with `communication` (NCCL: within its waits, a new
-/// communicator for the epoch).
+/// The span of `group`'s generation, summing with `communication` (NCCL: within its waits, a new
+/// communicator for the generation).
 fn span_of(
     group: ProcessGroup,
     runtime: &tokio::runtime::Runtime,
@@ -697,7 +697,7 @@ fn block_on<T: Send + 'static>(
         let _ = tx.send(call.await);
     });
     rx.recv()
-        .unwrap_or(Err(CollectiveError::Stopped { epoch: 1 }))
+        .unwrap_or(Err(CollectiveError::Stopped { generation: 1 }))
 }
 
 impl Strategy for MultiWorkerMirrored {

@@ -18,7 +18,7 @@ pub(super) fn node_list<'a>(nodes: impl IntoIterator<Item = &'a NodeId>) -> Stri
 /// counted (the `replaced` members, answered as new processes, are not).
 pub(super) fn no_quorum_detail(
     members: &[NodeId],
-    epoch: u64,
+    generation: u64,
     replaced: &[NodeId],
     reached: &[NodeId],
 ) -> String {
@@ -45,7 +45,7 @@ pub(super) fn no_quorum_detail(
          re-forming needs more than half of them, or exactly half with {lowest}",
         held.len(),
         counted.len(),
-        epoch,
+        generation,
         node_list(held),
     )
 }

@@ -1,12 +1,12 @@
 //! The member machine: the whole membership life of one worker process of a
 //! MultiWorkerMirrored job, as events in and actions out. It enters the job (forms the first
-//! epoch with the others, or waits to be admitted to their live group), forms each epoch (one
+//! generation with the others, or waits to be admitted to their live group), forms each generation (one
 //! link per pair: the larger node id joins, the other takes its join and asks whether it still
-//! forms the epoch), trains in a formed group (a vote at every step boundary: notices to
+//! forms the generation), trains in a formed group (a vote at every step boundary: notices to
 //! leave and the leader's joiners; the all-reduce of every step; the state handed over from
 //! the member with the most steps), admits joiners (the leader tells each its admission, then
 //! every member whether all acked), lets members with a notice leave by agreement, and
-//! re-forms after a loss (probes, the quorum rule, the next epoch with the survivors). Every
+//! re-forms after a loss (probes, the quorum rule, the next generation with the survivors). Every
 //! decision of what a mesh knows alone is the [`Membership`]'s; this machine sequences them.
 //!
 //! Pure: no runtime, network or clock. Time is passed in (`now`), messages come in through
@@ -37,7 +37,7 @@ use crate::process::Incarnation;
 /// configuration; the simulator from its scenario).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MemberSettings {
-    /// How long forming an epoch waits for every member.
+    /// How long forming a generation waits for every member.
     pub(crate) form_timeout: Duration,
     /// How long a survivor waits for the answers to its probes.
     pub(crate) probe_timeout: Duration,
@@ -66,48 +66,58 @@ pub(crate) enum MemberMessage {
         addr: SocketAddr,
         incarnation: Incarnation,
     },
-    /// The answer to `Enter`: the answerer's latest epoch, whether a group lives there, and
-    /// the latest epoch whose group it was a member of.
+    /// The answer to `Enter`: the answerer's latest generation, whether a group lives there, and
+    /// the latest generation whose group it was a member of.
     Entered {
-        epoch: u64,
+        generation: u64,
         formed: bool,
         member_of: u64,
     },
-    /// A dialer joins `epoch`, formed with `members` (rank order).
+    /// A dialer joins `generation`, formed with `members` (rank order).
     Join {
-        epoch: u64,
+        generation: u64,
         members: Vec<NodeId>,
         by_admission: bool,
         incarnation: Incarnation,
     },
-    /// The join was taken: the link of `epoch` is up, with this process of the acceptor.
+    /// The join was taken: the link of `generation` is up, with this process of the acceptor.
     Joined {
-        epoch: u64,
+        generation: u64,
         incarnation: Incarnation,
     },
-    /// The join of `epoch` was refused; `current`: the acceptor's latest epoch.
-    JoinRefused { epoch: u64, current: u64 },
-    /// Whether the receiver still forms `epoch` with `members`.
-    StillForming { epoch: u64, members: Vec<NodeId> },
+    /// The join of `generation` was refused; `current`: the acceptor's latest generation.
+    JoinRefused { generation: u64, current: u64 },
+    /// Whether the receiver still forms `generation` with `members`.
+    StillForming {
+        generation: u64,
+        members: Vec<NodeId>,
+    },
     /// The answer to `StillForming`.
-    StillFormingAnswer { epoch: u64, answer: StillAnswer },
-    /// A survivor of `epoch` probes a member.
-    Probe { epoch: u64 },
+    StillFormingAnswer {
+        generation: u64,
+        answer: StillAnswer,
+    },
+    /// A survivor of `generation` probes a member.
+    Probe { generation: u64 },
     /// The answer to `Probe`.
-    ProbeAnswer { epoch: u64, answer: ProbeReply },
-    /// The leader admits the receiver to form `epoch` with `members`.
+    ProbeAnswer { generation: u64, answer: ProbeReply },
+    /// The leader admits the receiver to form `generation` with `members`.
     Admit {
-        epoch: u64,
+        generation: u64,
         members: Vec<GroupMember>,
     },
     /// The answer to `Admit`.
-    AdmitAnswer { epoch: u64, taken: bool },
-    /// A member's part of collective `seq` of the group of `epoch`.
-    Piece { epoch: u64, seq: u64, piece: Piece },
-    /// A piece of `epoch` reached a member whose group is of another epoch (EPOCH-1).
-    PieceRefused { epoch: u64 },
-    /// A member of `epoch` saw the group fail.
-    Abort { epoch: u64 },
+    AdmitAnswer { generation: u64, taken: bool },
+    /// A member's part of collective `seq` of the group of `generation`.
+    Piece {
+        generation: u64,
+        seq: u64,
+        piece: Piece,
+    },
+    /// A piece of `generation` reached a member whose group is of another generation (EPOCH-1).
+    PieceRefused { generation: u64 },
+    /// A member of `generation` saw the group fail.
+    Abort { generation: u64 },
 }
 
 /// The answer to [`MemberMessage::StillForming`].
@@ -115,7 +125,7 @@ pub(crate) enum MemberMessage {
 pub(crate) enum StillAnswer {
     /// Forms it (or will: its join may still come).
     Yes,
-    /// Never will, or with other members; `current`: the answerer's latest epoch.
+    /// Never will, or with other members; `current`: the answerer's latest generation.
     Refused { current: u64 },
     /// Its forming of it broke.
     Broken,
@@ -132,7 +142,7 @@ pub(crate) enum ProbeReply {
     /// prober does not know of (`Membership::no_survivor`): counted as a member that did not
     /// answer.
     Unsettled,
-    /// Its live group of a later epoch left the prober out.
+    /// Its live group of a later generation left the prober out.
     LeftOut,
 }
 
@@ -157,19 +167,26 @@ pub(crate) enum Piece {
 pub(crate) enum MemberAction {
     /// Send `message` to `to`.
     Send { to: NodeId, message: MemberMessage },
-    /// A group of `epoch` with `members` formed here.
-    Formed { epoch: u64, members: Vec<NodeId> },
-    /// Step `step` was applied in the group of `epoch` with `members`: the model went from
+    /// A group of `generation` with `members` formed here.
+    Formed {
+        generation: u64,
+        members: Vec<NodeId>,
+    },
+    /// Step `step` was applied in the group of `generation` with `members`: the model went from
     /// `parent` to `digest`.
     Applied {
-        epoch: u64,
+        generation: u64,
         members: Vec<NodeId>,
         step: u64,
         parent: u64,
         digest: u64,
     },
     /// The state of the member with the most steps was installed here.
-    Adopted { epoch: u64, step: u64, digest: u64 },
+    Adopted {
+        generation: u64,
+        step: u64,
+        digest: u64,
+    },
     /// The job's last step was applied here: the process ends.
     Finished { step: u64, digest: u64 },
     /// The process exits (its supervisor may start it again).
@@ -185,7 +202,7 @@ pub(crate) enum MemberExit {
     LeftOut,
     /// Re-forming failed every attempt (no quorum, or every forming failed).
     RecoveryFailed { no_quorum: bool },
-    /// It could neither form the first epoch nor be admitted.
+    /// It could neither form the first generation nor be admitted.
     EntryFailed,
 }
 
@@ -194,8 +211,8 @@ pub(crate) enum MemberExit {
 pub(crate) enum Broke {
     /// A member's link died, or a new process of it asked to enter.
     MemberLost(NodeId),
-    /// A peer refused a join, a piece or a question of this epoch; `current`: its latest
-    /// epoch, where it said.
+    /// A peer refused a join, a piece or a question of this generation; `current`: its latest
+    /// generation, where it said.
     Refused { by: NodeId, current: Option<u64> },
     /// A member saw it fail first.
     Aborted(NodeId),
@@ -209,14 +226,14 @@ pub(crate) enum Broke {
     Timeout,
     /// A peer stayed unreachable while re-forming.
     Unreachable(NodeId),
-    /// The next epoch began forming here.
+    /// The next generation began forming here.
     Superseded,
 }
 
 /// A group of this process (forming, formed, or broken).
 #[derive(Debug, Clone)]
 struct Group {
-    epoch: u64,
+    generation: u64,
     members: Vec<GroupMember>,
     nodes: Vec<NodeId>,
     rank: usize,
@@ -233,7 +250,7 @@ struct Group {
 impl Group {
     fn view(&self) -> GroupView<'_> {
         GroupView {
-            epoch: self.epoch,
+            generation: self.generation,
             nodes: &self.nodes,
             formed: self.formed,
             broken: self.broken.is_some(),
@@ -261,10 +278,10 @@ enum Link {
 /// What a forming is for: what follows it.
 #[derive(Debug, Clone)]
 enum Purpose {
-    /// The first epoch of a starting job; tried again until `until` where members waiting to
+    /// The first generation of a starting job; tried again until `until` where members waiting to
     /// be admitted refuse it.
     FreshStart { until: Instant },
-    /// The epoch a leader admitted this joiner to; it waits until `until` in all.
+    /// The generation a leader admitted this joiner to; it waits until `until` in all.
     Admitted { until: Instant },
     /// Re-forming with the survivors of `before`.
     Recover {
@@ -281,22 +298,22 @@ enum Purpose {
 /// The members of a group that broke or changed (what recovery probes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Before {
-    epoch: u64,
+    generation: u64,
     members: Vec<GroupMember>,
 }
 
 /// How a starting process goes on after the others' answers to its ask to enter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EnterAfter {
-    /// Its first ask: form the first epoch, or join.
+    /// Its first ask: form the first generation, or join.
     First,
-    /// Its forming of the first epoch failed: join if a group lives, else exit.
+    /// Its forming of the first generation failed: join if a group lives, else exit.
     FailedStart,
-    /// It was not admitted: form the first epoch if no group lives, else exit.
+    /// It was not admitted: form the first generation if no group lives, else exit.
     FailedJoin,
     /// Its fresh start was refused by a process with no live group (one waiting to be
     /// admitted to a group that is gone, or whose own first forming failed): join if a group
-    /// lives after all, else form the first epoch again, within `until`.
+    /// lives after all, else form the first generation again, within `until`.
     StartAgain { until: Instant },
 }
 
@@ -309,7 +326,7 @@ enum Round {
     Vote,
     /// The leader tells the joiners (leader only, before the `Told` broadcast).
     Telling {
-        epoch: u64,
+        generation: u64,
         joiners: Vec<Joiner>,
         members: Vec<GroupMember>,
         told: BTreeMap<NodeId, Option<bool>>,
@@ -318,7 +335,7 @@ enum Round {
     },
     /// The broadcast whether every joiner was told.
     Told {
-        epoch: u64,
+        generation: u64,
         joiners: Vec<Joiner>,
         members: Vec<GroupMember>,
     },
@@ -341,7 +358,7 @@ enum Phase {
         next_ask: Instant,
         no_group: BTreeSet<NodeId>,
     },
-    /// Waiting before trying the first epoch again.
+    /// Waiting before trying the first generation again.
     StartAgain {
         at: Instant,
         until: Instant,
@@ -374,11 +391,11 @@ enum Phase {
     Ended,
 }
 
-/// A join answered "wait": held until this mesh reaches its epoch (or its bound passes).
+/// A join answered "wait": held until this mesh reaches its generation (or its bound passes).
 #[derive(Debug, Clone)]
 struct HeldJoin {
     peer: NodeId,
-    epoch: u64,
+    generation: u64,
     members: Vec<NodeId>,
     context: JoinContext,
     until: Instant,
@@ -389,7 +406,7 @@ struct HeldJoin {
 pub(crate) struct MemberMachine {
     me: GroupMember,
     incarnation: Incarnation,
-    /// Every worker of the job, this one among them (the first epoch's members).
+    /// Every worker of the job, this one among them (the first generation's members).
     workers: Vec<GroupMember>,
     settings: MemberSettings,
     membership: Membership,
@@ -453,16 +470,16 @@ impl MemberMachine {
 
     /// The latest generation formed or tried here.
     pub(crate) fn generation(&self) -> u64 {
-        self.membership.epoch
+        self.membership.generation
     }
 
-    /// The epoch of this process's latest group, if it formed and did not break: the group it
+    /// The generation of this process's latest group, if it formed and did not break: the group it
     /// trains with.
     pub(crate) fn live_group(&self) -> Option<u64> {
         self.group
             .as_ref()
             .filter(|g| g.formed && g.broken.is_none())
-            .map(|g| g.epoch)
+            .map(|g| g.generation)
     }
 
     /// Completed steps and the model's digest.
@@ -528,8 +545,8 @@ impl MemberMachine {
         message: &MemberMessage,
     ) {
         match (&mut self.phase, message) {
-            (Phase::Forming { .. }, MemberMessage::Join { epoch, .. }) => {
-                if let Some(g) = self.group.as_mut().filter(|g| g.epoch == *epoch) {
+            (Phase::Forming { .. }, MemberMessage::Join { generation, .. }) => {
+                if let Some(g) = self.group.as_mut().filter(|g| g.generation == *generation) {
                     if let Some(Link::Dialing {
                         retry,
                         unreachable_since,
@@ -578,7 +595,7 @@ impl MemberMachine {
                 self.entered(now, from, formed)
             }
             MemberMessage::Join {
-                epoch,
+                generation,
                 members,
                 by_admission,
                 incarnation,
@@ -589,25 +606,32 @@ impl MemberMachine {
                     later_join: false,
                     closed: false,
                 };
-                self.held.retain(|h| !(h.peer == *from && h.epoch == epoch));
+                self.held
+                    .retain(|h| !(h.peer == *from && h.generation == generation));
                 self.held.push(HeldJoin {
                     peer: from.clone(),
-                    epoch,
+                    generation,
                     members,
                     context,
                     until: now + self.settings.form_timeout,
                 });
             }
-            MemberMessage::Joined { epoch, incarnation } => {
-                if let Some(g) = self.group.as_mut().filter(|g| g.epoch == epoch) {
+            MemberMessage::Joined {
+                generation,
+                incarnation,
+            } => {
+                if let Some(g) = self.group.as_mut().filter(|g| g.generation == generation) {
                     if matches!(g.links.get(from), Some(Link::Dialing { .. })) {
                         g.links.insert(from.clone(), Link::Up);
-                        self.membership.linked_with(from, epoch, incarnation);
+                        self.membership.linked_with(from, generation, incarnation);
                     }
                 }
             }
-            MemberMessage::JoinRefused { epoch, current } => {
-                if self.forming_epoch() == Some(epoch) {
+            MemberMessage::JoinRefused {
+                generation,
+                current,
+            } => {
+                if self.forming_generation() == Some(generation) {
                     let why = Broke::Refused {
                         by: from.clone(),
                         current: Some(current),
@@ -615,49 +639,70 @@ impl MemberMachine {
                     self.break_group(why);
                 }
             }
-            MemberMessage::StillForming { epoch, members } => {
-                let answer = self.still_forming(epoch, &members);
-                self.send(from, MemberMessage::StillFormingAnswer { epoch, answer });
+            MemberMessage::StillForming {
+                generation,
+                members,
+            } => {
+                let answer = self.still_forming(generation, &members);
+                self.send(
+                    from,
+                    MemberMessage::StillFormingAnswer { generation, answer },
+                );
             }
-            MemberMessage::StillFormingAnswer { epoch, answer } => {
-                self.still_forming_answered(from, epoch, answer)
+            MemberMessage::StillFormingAnswer { generation, answer } => {
+                self.still_forming_answered(from, generation, answer)
             }
-            MemberMessage::Probe { epoch } => self.answer_probe(from, epoch),
-            MemberMessage::ProbeAnswer { epoch, answer } => {
+            MemberMessage::Probe { generation } => self.answer_probe(from, generation),
+            MemberMessage::ProbeAnswer { generation, answer } => {
                 if let Phase::Recovering {
                     before, answers, ..
                 } = &mut self.phase
                 {
-                    if before.epoch == epoch && answers.contains_key(from) {
+                    if before.generation == generation && answers.contains_key(from) {
                         answers.insert(from.clone(), Some(answer));
                     }
                 }
             }
-            MemberMessage::Admit { epoch, members } => {
-                let taken = self.membership.handle_admit(epoch, members).is_ok();
-                self.send(from, MemberMessage::AdmitAnswer { epoch, taken });
+            MemberMessage::Admit {
+                generation,
+                members,
+            } => {
+                let taken = self.membership.handle_admit(generation, members).is_ok();
+                self.send(from, MemberMessage::AdmitAnswer { generation, taken });
             }
-            MemberMessage::AdmitAnswer { epoch: e, taken } => {
+            MemberMessage::AdmitAnswer {
+                generation: e,
+                taken,
+            } => {
                 if let Phase::Training {
-                    round: Round::Telling { epoch, told, .. },
+                    round:
+                        Round::Telling {
+                            generation, told, ..
+                        },
                     ..
                 } = &mut self.phase
                 {
-                    if *epoch == e && told.contains_key(from) {
+                    if *generation == e && told.contains_key(from) {
                         told.insert(from.clone(), Some(taken));
                     }
                 }
             }
-            MemberMessage::Piece { epoch, seq, piece } => {
-                match self.group.as_mut().filter(|g| g.epoch == epoch) {
-                    Some(g) => {
-                        g.inbox.insert((seq, from.clone()), piece);
-                    }
-                    None => self.send(from, MemberMessage::PieceRefused { epoch }),
+            MemberMessage::Piece {
+                generation,
+                seq,
+                piece,
+            } => match self.group.as_mut().filter(|g| g.generation == generation) {
+                Some(g) => {
+                    g.inbox.insert((seq, from.clone()), piece);
                 }
-            }
-            MemberMessage::PieceRefused { epoch } => {
-                if self.group.as_ref().is_some_and(|g| g.epoch == epoch) {
+                None => self.send(from, MemberMessage::PieceRefused { generation }),
+            },
+            MemberMessage::PieceRefused { generation } => {
+                if self
+                    .group
+                    .as_ref()
+                    .is_some_and(|g| g.generation == generation)
+                {
                     let why = Broke::Refused {
                         by: from.clone(),
                         current: None,
@@ -665,8 +710,12 @@ impl MemberMachine {
                     self.break_group(why);
                 }
             }
-            MemberMessage::Abort { epoch } => {
-                if self.group.as_ref().is_some_and(|g| g.epoch == epoch) {
+            MemberMessage::Abort { generation } => {
+                if self
+                    .group
+                    .as_ref()
+                    .is_some_and(|g| g.generation == generation)
+                {
                     self.break_group(Broke::Aborted(from.clone()));
                 }
             }
@@ -748,9 +797,9 @@ impl MemberMachine {
             .collect()
     }
 
-    fn forming_epoch(&self) -> Option<u64> {
+    fn forming_generation(&self) -> Option<u64> {
         match (&self.phase, &self.group) {
-            (Phase::Forming { .. }, Some(g)) => Some(g.epoch),
+            (Phase::Forming { .. }, Some(g)) => Some(g.generation),
             _ => None,
         }
     }
@@ -817,7 +866,7 @@ impl MemberMachine {
         };
     }
 
-    /// Joining: asks every peer again each [`ENTER_REPEAT`], forms the epoch an admission
+    /// Joining: asks every peer again each [`ENTER_REPEAT`], forms the generation an admission
     /// names, and gives up at its bound or when every peer answered that no group lives.
     fn progress_joining(&mut self, now: Instant) {
         let Phase::Joining {
@@ -833,8 +882,8 @@ impl MemberMachine {
         if peers > 0 && no_group.len() == peers {
             return self.not_admitted(now);
         }
-        if let Some((epoch, members)) = self.membership.admission.take() {
-            return self.begin_forming(now, epoch, members, Purpose::Admitted { until });
+        if let Some((generation, members)) = self.membership.admission.take() {
+            return self.begin_forming(now, generation, members, Purpose::Admitted { until });
         }
         if now >= until {
             return self.not_admitted(now);
@@ -851,9 +900,9 @@ impl MemberMachine {
     fn not_admitted(&mut self, now: Instant) {
         self.membership.joining = false;
         self.membership.admission = None;
-        // A process whose only forming was a first epoch that failed is no member of any
+        // A process whose only forming was a first generation that failed is no member of any
         // group: it starts again like one that never formed.
-        if self.membership.epoch == 0 || self.membership.forget_failed_start() {
+        if self.membership.generation == 0 || self.membership.forget_failed_start() {
             self.begin_entering(now, EnterAfter::FailedJoin);
         } else {
             self.exit(MemberExit::EntryFailed);
@@ -877,10 +926,10 @@ impl MemberMachine {
             return match after {
                 EnterAfter::First | EnterAfter::FailedJoin => {
                     let until = now + self.settings.join_timeout;
-                    self.start_first_epoch(now, until)
+                    self.start_first_generation(now, until)
                 }
                 EnterAfter::StartAgain { until } if now < until => {
-                    self.start_first_epoch(now, until)
+                    self.start_first_generation(now, until)
                 }
                 EnterAfter::FailedStart | EnterAfter::StartAgain { .. } => {
                     self.exit(MemberExit::EntryFailed)
@@ -894,7 +943,7 @@ impl MemberMachine {
         }
     }
 
-    fn start_first_epoch(&mut self, now: Instant, until: Instant) {
+    fn start_first_generation(&mut self, now: Instant, until: Instant) {
         let members = self.workers.clone();
         self.begin_forming(now, 1, members, Purpose::FreshStart { until });
     }
@@ -912,28 +961,31 @@ impl MemberMachine {
         let answer = self
             .membership
             .handle_enter(from, addr, incarnation, view, now);
-        let (epoch, formed) = match answer {
-            EnterAnswer::NoGroup { epoch } => (epoch, false),
-            EnterAnswer::Stale { epoch } => (epoch, true),
-            EnterAnswer::Pending { epoch, restarted } => {
+        let (generation, formed) = match answer {
+            EnterAnswer::NoGroup { generation } => (generation, false),
+            EnterAnswer::Stale { generation } => (generation, true),
+            EnterAnswer::Pending {
+                generation,
+                restarted,
+            } => {
                 if restarted {
                     self.break_group(Broke::MemberLost(from.clone()));
                 }
-                (epoch, true)
+                (generation, true)
             }
         };
-        let member_of = self.membership.formed_epoch;
+        let member_of = self.membership.formed_generation;
         self.send(
             from,
             MemberMessage::Entered {
-                epoch,
+                generation,
                 formed,
                 member_of,
             },
         );
     }
 
-    /// Answers the held joins that can be answered now (this mesh reached their epoch, or
+    /// Answers the held joins that can be answered now (this mesh reached their generation, or
     /// their bound passed).
     fn answer_held_joins(&mut self, now: Instant) {
         let held = std::mem::take(&mut self.held);
@@ -941,37 +993,55 @@ impl MemberMachine {
             let view = self.group.as_ref().map(Group::view);
             let answer = self.membership.handle_join(
                 &join.peer,
-                join.epoch,
+                join.generation,
                 &join.members,
                 view,
                 join.context,
             );
-            let epoch = join.epoch;
+            let generation = join.generation;
             match answer {
                 JoinAnswer::Wait if now < join.until => self.held.push(join),
                 JoinAnswer::Wait => {
-                    let current = self.membership.epoch;
-                    self.send(&join.peer, MemberMessage::JoinRefused { epoch, current });
+                    let current = self.membership.generation;
+                    self.send(
+                        &join.peer,
+                        MemberMessage::JoinRefused {
+                            generation,
+                            current,
+                        },
+                    );
                 }
                 JoinAnswer::Take => {
                     if let Some(g) = self.group.as_mut() {
                         g.links.insert(join.peer.clone(), Link::Up);
                     }
                     self.membership
-                        .linked_with(&join.peer, epoch, join.context.incarnation);
+                        .linked_with(&join.peer, generation, join.context.incarnation);
                     let incarnation = self.incarnation;
-                    self.send(&join.peer, MemberMessage::Joined { epoch, incarnation });
+                    self.send(
+                        &join.peer,
+                        MemberMessage::Joined {
+                            generation,
+                            incarnation,
+                        },
+                    );
                 }
                 JoinAnswer::Refused { current, .. } => {
-                    self.send(&join.peer, MemberMessage::JoinRefused { epoch, current });
+                    self.send(
+                        &join.peer,
+                        MemberMessage::JoinRefused {
+                            generation,
+                            current,
+                        },
+                    );
                 }
                 JoinAnswer::ViewsDiffer { .. } => {
                     self.break_group(Broke::ViewsDiffer(join.peer.clone()));
                     self.send(
                         &join.peer,
                         MemberMessage::JoinRefused {
-                            epoch,
-                            current: epoch,
+                            generation,
+                            current: generation,
                         },
                     );
                 }
@@ -979,15 +1049,15 @@ impl MemberMachine {
         }
     }
 
-    fn still_forming(&self, epoch: u64, members: &[NodeId]) -> StillAnswer {
-        let current = self.membership.epoch;
-        if current < epoch {
-            if self.membership.unadmitted(epoch) {
+    fn still_forming(&self, generation: u64, members: &[NodeId]) -> StillAnswer {
+        let current = self.membership.generation;
+        if current < generation {
+            if self.membership.unadmitted(generation) {
                 return StillAnswer::Refused { current };
             }
             return StillAnswer::Yes;
         }
-        match self.group.as_ref().filter(|g| g.epoch == epoch) {
+        match self.group.as_ref().filter(|g| g.generation == generation) {
             Some(g) if g.nodes != members => StillAnswer::Refused { current },
             Some(g) if g.broken.is_some() => StillAnswer::Broken,
             Some(_) => StillAnswer::Yes,
@@ -995,8 +1065,8 @@ impl MemberMachine {
         }
     }
 
-    fn still_forming_answered(&mut self, from: &NodeId, epoch: u64, answer: StillAnswer) {
-        if self.forming_epoch() != Some(epoch) {
+    fn still_forming_answered(&mut self, from: &NodeId, generation: u64, answer: StillAnswer) {
+        if self.forming_generation() != Some(generation) {
             return;
         }
         let refused = |current| Broke::Refused {
@@ -1006,7 +1076,7 @@ impl MemberMachine {
         match answer {
             StillAnswer::Refused { current } => self.break_group(refused(Some(current))),
             // A first forming broken at the peer was cut short there: its probe decides.
-            StillAnswer::Broken if epoch > 1 => self.break_group(refused(None)),
+            StillAnswer::Broken if generation > 1 => self.break_group(refused(None)),
             StillAnswer::Broken | StillAnswer::Yes => {
                 if let Some(Link::Waiting {
                     answered,
@@ -1021,10 +1091,10 @@ impl MemberMachine {
         }
     }
 
-    fn answer_probe(&mut self, from: &NodeId, epoch: u64) {
-        let linked = self.membership.linked.contains(&(from.clone(), epoch));
+    fn answer_probe(&mut self, from: &NodeId, generation: u64) {
+        let linked = self.membership.linked.contains(&(from.clone(), generation));
         let view = self.group.as_ref().map(Group::view);
-        let answer = match self.membership.handle_probe(from, epoch, view, linked) {
+        let answer = match self.membership.handle_probe(from, generation, view, linked) {
             ProbeAnswerHere::Alive => ProbeReply::Alive,
             ProbeAnswerHere::Joining => ProbeReply::Joining,
             ProbeAnswerHere::Unsettled => ProbeReply::Unsettled,
@@ -1038,24 +1108,24 @@ impl MemberMachine {
                     _ => false,
                 };
                 if cut {
-                    self.membership.formed(epoch);
+                    self.membership.formed(generation);
                     self.break_group(Broke::CutShort);
                     ProbeReply::Alive
                 } else {
-                    self.no_survivor(epoch)
+                    self.no_survivor(generation)
                 }
             }
             ProbeAnswerHere::EndForming => {
                 self.break_group(Broke::EndForming);
-                self.no_survivor(epoch)
+                self.no_survivor(generation)
             }
         };
-        self.send(from, MemberMessage::ProbeAnswer { epoch, answer });
+        self.send(from, MemberMessage::ProbeAnswer { generation, answer });
     }
 
-    /// How this process, no survivor, answers a prober of `epoch` (`Membership::no_survivor`).
-    fn no_survivor(&self, epoch: u64) -> ProbeReply {
-        match self.membership.no_survivor(epoch) {
+    /// How this process, no survivor, answers a prober of `generation` (`Membership::no_survivor`).
+    fn no_survivor(&self, generation: u64) -> ProbeReply {
+        match self.membership.no_survivor(generation) {
             ProbeAnswerHere::Joining => ProbeReply::Joining,
             _ => ProbeReply::Unsettled,
         }
@@ -1074,7 +1144,7 @@ impl MemberMachine {
         let tell = g.formed && !matches!(why, Broke::Superseded | Broke::Aborted(_));
         g.broken = Some(why);
         if tell {
-            let epoch = g.epoch;
+            let generation = g.generation;
             let others: Vec<NodeId> = g
                 .nodes
                 .iter()
@@ -1082,7 +1152,7 @@ impl MemberMachine {
                 .cloned()
                 .collect();
             for peer in others {
-                self.send(&peer, MemberMessage::Abort { epoch });
+                self.send(&peer, MemberMessage::Abort { generation });
             }
         }
     }
@@ -1092,18 +1162,24 @@ impl MemberMachine {
     fn begin_forming(
         &mut self,
         now: Instant,
-        epoch: u64,
+        generation: u64,
         mut members: Vec<GroupMember>,
         purpose: Purpose,
     ) {
         members.sort_by(|a, b| a.node.cmp(&b.node));
         members.dedup_by(|a, b| a.node == b.node);
         let Some(rank) = members.iter().position(|m| m.node == self.me.node) else {
-            let attempted = Before { epoch, members };
+            let attempted = Before {
+                generation,
+                members,
+            };
             return self.forming_failed(now, purpose, None, attempted);
         };
-        if self.membership.begin_forming(epoch).is_err() {
-            let attempted = Before { epoch, members };
+        if self.membership.begin_forming(generation).is_err() {
+            let attempted = Before {
+                generation,
+                members,
+            };
             return self.forming_failed(now, purpose, None, attempted);
         }
         if let Some(old) = &self.group {
@@ -1132,7 +1208,7 @@ impl MemberMachine {
             })
             .collect();
         self.group = Some(Group {
-            epoch,
+            generation,
             members,
             nodes,
             rank,
@@ -1164,18 +1240,19 @@ impl MemberMachine {
         }
         if g.links.values().all(|l| *l == Link::Up) {
             g.formed = true;
-            let epoch = g.epoch;
-            self.membership.formed(epoch);
+            let generation = g.generation;
+            self.membership.formed(generation);
             return self.forming_ended(now, None);
         }
         if now >= deadline {
             self.break_group(Broke::Timeout);
             return self.forming_ended(now, Some(Broke::Timeout));
         }
-        let epoch = g.epoch;
+        let generation = g.generation;
         let nodes = g.nodes.clone();
         let detection = self.settings.detection * 2;
-        let by_admission = self.membership.joining && self.membership.admitted_epoch == epoch;
+        let by_admission =
+            self.membership.joining && self.membership.admitted_generation == generation;
         let mut sends = Vec::new();
         let mut lost = None;
         for (peer, link) in g.links.iter_mut() {
@@ -1185,7 +1262,7 @@ impl MemberMachine {
                     unreachable_since,
                 } => {
                     if let Some(since) = unreachable_since {
-                        if epoch > 1 && now.duration_since(*since) >= detection {
+                        if generation > 1 && now.duration_since(*since) >= detection {
                             lost = Some(peer.clone());
                         }
                     }
@@ -1194,7 +1271,7 @@ impl MemberMachine {
                         sends.push((
                             peer.clone(),
                             MemberMessage::Join {
-                                epoch,
+                                generation,
                                 members: nodes.clone(),
                                 by_admission,
                                 incarnation: self.incarnation,
@@ -1211,7 +1288,7 @@ impl MemberMachine {
                         if !*answered {
                             let since =
                                 *silent_since.get_or_insert(*next_ask - STILL_FORMING_EVERY);
-                            if epoch > 1 && now.duration_since(since) >= detection {
+                            if generation > 1 && now.duration_since(since) >= detection {
                                 lost = Some(peer.clone());
                             }
                         }
@@ -1220,7 +1297,7 @@ impl MemberMachine {
                         sends.push((
                             peer.clone(),
                             MemberMessage::StillForming {
-                                epoch,
+                                generation,
                                 members: nodes.clone(),
                             },
                         ));
@@ -1246,12 +1323,12 @@ impl MemberMachine {
         let Some(g) = self.group.as_ref() else {
             return;
         };
-        let (epoch, nodes) = (g.epoch, g.nodes.clone());
+        let (generation, nodes) = (g.generation, g.nodes.clone());
         let cut_short = g.cut_short;
         match why {
             None => {
                 self.actions.push_back(MemberAction::Formed {
-                    epoch,
+                    generation,
                     members: nodes,
                 });
                 self.formed(now, purpose);
@@ -1274,7 +1351,7 @@ impl MemberMachine {
     fn before_of_group(&self) -> Before {
         let g = self.group.as_ref().expect("a group to re-form from");
         Before {
-            epoch: g.epoch,
+            generation: g.generation,
             members: g.members.clone(),
         }
     }
@@ -1311,8 +1388,8 @@ impl MemberMachine {
     ) {
         match purpose {
             Purpose::FreshStart { until } => {
-                // Members waiting to be admitted to a group that is gone (at whatever epoch
-                // they tried) refuse the first epoch until they see that nobody has one: ask
+                // Members waiting to be admitted to a group that is gone (at whatever generation
+                // they tried) refuse the first generation until they see that nobody has one: ask
                 // again (join where a group lives after all), and try it again where nobody
                 // has one. Exiting instead, this process may be restarted again and again
                 // faster than the waiting member can see it (found by the membership
@@ -1340,8 +1417,8 @@ impl MemberMachine {
                 attempt,
                 started,
             } => self.next_attempt(now, before, attempt, started, false),
-            // Another member may have formed the admission's epoch (its links all up while
-            // this member's were not): it measures its quorum on that epoch's members from
+            // Another member may have formed the admission's generation (its links all up while
+            // this member's were not): it measures its quorum on that generation's members from
             // then on, so this member must too. Measured on its old group instead, a member
             // cut off from it during the admission went on alone beside it (split brain,
             // found by the membership simulator, seed 890 of its first sweep).
@@ -1400,7 +1477,7 @@ impl MemberMachine {
             .map_or(0, |g| g.links.values().filter(|l| **l == Link::Up).count());
         (
             self.phase_name(),
-            self.membership.epoch,
+            self.membership.generation,
             formed,
             broken,
             seq,
@@ -1471,7 +1548,7 @@ impl MemberMachine {
         let Some(g) = self.group.as_ref() else {
             return;
         };
-        let (epoch, rank) = (g.epoch, g.rank);
+        let (generation, rank) = (g.generation, g.rank);
         let others: Vec<NodeId> = g
             .nodes
             .iter()
@@ -1514,7 +1591,7 @@ impl MemberMachine {
             self.send(
                 &peer,
                 MemberMessage::Piece {
-                    epoch,
+                    generation,
                     seq,
                     piece: piece.clone(),
                 },
@@ -1549,16 +1626,16 @@ impl MemberMachine {
             Round::State => self.state_agreed(now, &pieces),
             Round::Vote => self.voted(now, &pieces),
             Round::Told {
-                epoch,
+                generation,
                 joiners,
                 members,
             } => {
                 if pieces.first() == Some(&Piece::Told(true)) {
                     self.membership.admitting(&joiners);
-                    self.begin_forming(now, epoch, members, Purpose::Admit);
+                    self.begin_forming(now, generation, members, Purpose::Admit);
                 } else {
-                    // Not every joiner could be told: nobody forms that epoch.
-                    self.membership.skip(epoch);
+                    // Not every joiner could be told: nobody forms that generation.
+                    self.membership.skip(generation);
                     self.begin_step(now);
                 }
             }
@@ -1583,9 +1660,9 @@ impl MemberMachine {
         if let Some(source) = source {
             (self.step, self.digest) = source;
         }
-        let epoch = self.group.as_ref().map_or(0, |g| g.epoch);
+        let generation = self.group.as_ref().map_or(0, |g| g.generation);
         self.actions.push_back(MemberAction::Adopted {
-            epoch,
+            generation,
             step: self.step,
             digest: self.digest,
         });
@@ -1626,7 +1703,7 @@ impl MemberMachine {
                 }
             }
         }
-        let next = g.epoch.max(self.membership.epoch) + 1;
+        let next = g.generation.max(self.membership.generation) + 1;
         if let Some((_, why)) = leavers.iter().find(|(n, _)| *n == self.me.node) {
             return self.exit(MemberExit::Left(*why));
         }
@@ -1648,7 +1725,7 @@ impl MemberMachine {
         let round = if g.rank == 0 {
             self.membership.offered(&offer);
             Round::Telling {
-                epoch: next,
+                generation: next,
                 told: offer
                     .iter()
                     .map(|j| (j.member.node.clone(), None))
@@ -1660,7 +1737,7 @@ impl MemberMachine {
             }
         } else {
             Round::Told {
-                epoch: next,
+                generation: next,
                 joiners: offer,
                 members,
             }
@@ -1673,7 +1750,7 @@ impl MemberMachine {
         let Phase::Training {
             round:
                 Round::Telling {
-                    epoch,
+                    generation,
                     joiners,
                     members,
                     told,
@@ -1685,13 +1762,13 @@ impl MemberMachine {
         else {
             return;
         };
-        let epoch = *epoch;
+        let generation = *generation;
         let due = take_due(retry, now);
         let finished = told.values().all(Option::is_some) || now >= *deadline;
         let all_told = told.values().all(|t| *t == Some(true));
         let (joiners, members) = (joiners.clone(), members.clone());
         let admit = MemberMessage::Admit {
-            epoch,
+            generation,
             members: members.clone(),
         };
         for n in due {
@@ -1701,18 +1778,18 @@ impl MemberMachine {
             let seq = self.group.as_ref().map_or(0, |g| g.seq);
             self.own_piece(seq, Piece::Told(all_told));
             let round = Round::Told {
-                epoch,
+                generation,
                 joiners,
                 members,
             };
             if let Some(g) = self.group.as_ref() {
                 let others: Vec<NodeId> = g.nodes.iter().skip(1).cloned().collect();
-                let g_epoch = g.epoch;
+                let g_generation = g.generation;
                 for peer in others {
                     self.send(
                         &peer,
                         MemberMessage::Piece {
-                            epoch: g_epoch,
+                            generation: g_generation,
                             seq,
                             piece: Piece::Told(all_told),
                         },
@@ -1751,7 +1828,7 @@ impl MemberMachine {
         self.step = step;
         let g = self.group.as_ref().expect("a group trains");
         self.actions.push_back(MemberAction::Applied {
-            epoch: g.epoch,
+            generation: g.generation,
             members: g.nodes.clone(),
             step,
             parent,
@@ -1800,11 +1877,11 @@ impl MemberMachine {
         else {
             return;
         };
-        let epoch = before.epoch;
+        let generation = before.generation;
         let due = take_due(retry, now);
         let done = answers.values().all(Option::is_some) || now >= *deadline;
         for n in due {
-            self.send(&n, MemberMessage::Probe { epoch });
+            self.send(&n, MemberMessage::Probe { generation });
         }
         if !done {
             return;
@@ -1837,7 +1914,7 @@ impl MemberMachine {
         if !has_quorum(&previous, &joining, &alive) {
             return self.next_attempt(now, before, attempt, started, true);
         }
-        let next = before.epoch.max(self.membership.epoch) + 1;
+        let next = before.generation.max(self.membership.generation) + 1;
         let members: Vec<GroupMember> = before
             .members
             .iter()

@@ -1,7 +1,7 @@
-//! The membership machine of a mesh: what it knows of who is in its group (its latest epoch,
+//! The membership machine of a mesh: what it knows of who is in its group (its latest generation,
 //! whether it is a member or waits to be admitted, which process of each peer it formed with,
 //! the pending joiners, the admission it received), and every answer that follows from that
-//! alone: to an ask to enter, a probe, an admission, and whether it may ever form an epoch.
+//! alone: to an ask to enter, a probe, an admission, and whether it may ever form a generation.
 //!
 //! Pure: it names no runtime, network or clock (time is passed in), so tests drive it exactly
 //! as the mesh does. The mesh keeps it under its lock, hands it a view of its latest group
@@ -28,17 +28,17 @@ pub(crate) use quorum::has_quorum;
 /// A mesh's membership state (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Membership {
-    /// The latest epoch formed (or tried, or skipped) here.
-    pub(super) epoch: u64,
+    /// The latest generation formed (or tried, or skipped) here.
+    pub(super) generation: u64,
     /// Whether this process waits to be admitted to a live group ([`super::Mesh::join_live`]):
     /// it answers probes as no survivor.
     pub(super) joining: bool,
     /// Whether this process is a member the others know: a group formed here (all its links
-    /// up), or a member that formed the first epoch with this process (their link up) is
+    /// up), or a member that formed the first generation with this process (their link up) is
     /// re-forming it, which cut this process's forming short ([`super::Mesh::form`]). A mesh
     /// that is no member answers probes as no survivor of any group.
     pub(super) member: bool,
-    /// The peers whose link of the forming (or last formed) epoch is up, by epoch.
+    /// The peers whose link of the forming (or last formed) generation is up, by generation.
     pub(super) linked: HashSet<(NodeId, u64)>,
     /// Processes that asked to be admitted (`Enter`), by node.
     pub(super) pending: HashMap<NodeId, Pending>,
@@ -46,19 +46,19 @@ pub(super) struct Membership {
     /// or admitted: an `Enter` from that process is one it sent before it formed the group
     /// with this mesh (stale); one from another process of a member is its restart.
     pub(super) processes: HashMap<NodeId, Incarnation>,
-    /// The admission this joining mesh received and has not formed yet: epoch and members.
+    /// The admission this joining mesh received and has not formed yet: generation and members.
     pub(super) admission: Option<(u64, Vec<GroupMember>)>,
-    /// The latest epoch a leader admitted this joining mesh to (its `Admit` acked): a join of
+    /// The latest generation a leader admitted this joining mesh to (its `Admit` acked): a join of
     /// a later one is refused ([`Membership::unadmitted`]).
-    pub(super) admitted_epoch: u64,
-    /// The latest epoch whose group this process was a member of ([`Membership::formed`]):
+    pub(super) admitted_generation: u64,
+    /// The latest generation whose group this process was a member of ([`Membership::formed`]):
     /// its answers to `Enter` carry it, so that a new process learns how far its old one
     /// may have gone.
-    pub(super) formed_epoch: u64,
+    pub(super) formed_generation: u64,
     /// The peers this process asks to enter ([`Membership::hear_from`]); until it is set,
     /// this process cannot tell how far its node's old process went.
     pub(super) to_hear: Option<Vec<NodeId>>,
-    /// The latest epoch each peer said it was a member of (its answers to `Enter`).
+    /// The latest generation each peer said it was a member of (its answers to `Enter`).
     pub(super) heard: HashMap<NodeId, u64>,
 }
 
@@ -76,8 +76,8 @@ pub(super) struct Pending {
 /// What the machine is told of the mesh's latest group, while one lives.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct GroupView<'a> {
-    /// Its epoch (not above [`Membership::epoch`]).
-    pub(super) epoch: u64,
+    /// Its generation (not above [`Membership::generation`]).
+    pub(super) generation: u64,
     /// Its members, in rank order.
     pub(super) nodes: &'a [NodeId],
     /// Whether all its links are up.
@@ -91,28 +91,28 @@ pub(super) struct GroupView<'a> {
 pub(super) enum EnterAnswer {
     /// No group lives here to admit anyone (none formed yet, this mesh itself waits to be
     /// admitted, its first forming failed, or the job is starting and the asker is one of
-    /// the first epoch's members): the asker is to form the first epoch. `epoch`: this
+    /// the first generation's members): the asker is to form the first generation. `generation`: this
     /// mesh's latest.
-    NoGroup { epoch: u64 },
+    NoGroup { generation: u64 },
     /// The asker is the very process this mesh formed its group with (or admitted): the ask
     /// was sent before then and arrives late. Changes nothing.
-    Stale { epoch: u64 },
+    Stale { generation: u64 },
     /// Kept as a pending joiner. `restarted`: the asker is a new process of a member of the
     /// live, formed group, whose old process is then gone: the mesh fails that group.
-    Pending { epoch: u64, restarted: bool },
+    Pending { generation: u64, restarted: bool },
 }
 
-/// The answer to a dialer's join of an epoch ([`Membership::handle_join`]).
+/// The answer to a dialer's join of a generation ([`Membership::handle_join`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum JoinAnswer {
-    /// This mesh has not reached that epoch yet: wait for it (within the form timeout).
+    /// This mesh has not reached that generation yet: wait for it (within the form timeout).
     Wait,
-    /// Taken: the dialer's link of that epoch.
+    /// Taken: the dialer's link of that generation.
     Take,
-    /// Refused (the dialer's forming fails on it); `current`: this mesh's latest epoch.
+    /// Refused (the dialer's forming fails on it); `current`: this mesh's latest generation.
     Refused { current: u64, why: JoinRefusal },
-    /// Refused, and this mesh's own forming of the epoch fails too: the dialer forms it with
-    /// other members (`theirs`) than this mesh (`ours`), and a member forms an epoch once,
+    /// Refused, and this mesh's own forming of the generation fails too: the dialer forms it with
+    /// other members (`theirs`) than this mesh (`ours`), and a member forms a generation once,
     /// with one list, so it never joins this one (failing now, not at the form timeout).
     ViewsDiffer {
         theirs: Vec<NodeId>,
@@ -123,29 +123,29 @@ pub(super) enum JoinAnswer {
 /// Why a join is refused ([`JoinAnswer::Refused`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum JoinRefusal {
-    /// The group of that epoch is formed (all its links up): the dialer is a new process of a
+    /// The group of that generation is formed (all its links up): the dialer is a new process of a
     /// member, to enter and be admitted.
     FormedAlready,
-    /// The link with that peer of that epoch is up already, with another process of it (the
+    /// The link with that peer of that generation is up already, with another process of it (the
     /// one before a restart): this one is to enter and be admitted.
     LinkedWithAnotherProcess,
-    /// The link with that peer of that epoch is up already, with this very process: its join
+    /// The link with that peer of that generation is up already, with this very process: its join
     /// came again (over a new connection); the link it had is the one the group holds.
     LinkedAlready,
-    /// A later process of that peer joined that epoch too, or this one's connection is gone.
+    /// A later process of that peer joined that generation too, or this one's connection is gone.
     LaterProcessJoined,
-    /// This mesh forms that epoch with other members.
+    /// This mesh forms that generation with other members.
     OtherMembers(Vec<NodeId>),
-    /// This mesh went past that epoch (or its group of it is gone).
+    /// This mesh went past that generation (or its group of it is gone).
     Passed,
-    /// This mesh waits to be admitted and was not admitted to that epoch
+    /// This mesh waits to be admitted and was not admitted to that generation
     /// ([`Membership::unadmitted`]).
     Unadmitted,
 }
 
 impl JoinRefusal {
-    /// The refusal's detail as the dialer's error shows it (after "refused epoch E, at C").
-    pub(super) fn detail(&self, peer: &NodeId, epoch: u64, current: u64) -> String {
+    /// The refusal's detail as the dialer's error shows it (after "refused generation E, at C").
+    pub(super) fn detail(&self, peer: &NodeId, generation: u64, current: u64) -> String {
         match self {
             JoinRefusal::FormedAlready => {
                 format!(" (formed already: {peer} is to enter and be admitted)")
@@ -162,10 +162,10 @@ impl JoinRefusal {
                 format!(" (a later process of {peer} joined it: this one is gone)")
             }
             JoinRefusal::OtherMembers(ours) => format!(" with members {ours:?}"),
-            JoinRefusal::Passed if current == epoch => " (its group of that epoch is gone)".into(),
+            JoinRefusal::Passed if current == generation => " (its group of that generation is gone)".into(),
             JoinRefusal::Passed => String::new(),
             JoinRefusal::Unadmitted => format!(
-                " (a new process waiting to be admitted, not admitted to epoch {epoch}: its old \
+                " (a new process waiting to be admitted, not admitted to generation {generation}: its old \
                  one is gone)"
             ),
         }
@@ -177,9 +177,9 @@ impl JoinRefusal {
 pub(super) struct JoinContext {
     /// The dialer's process.
     pub(super) incarnation: Incarnation,
-    /// Whether the dialer forms the epoch as a joiner the leader admitted to it.
+    /// Whether the dialer forms the generation as a joiner the leader admitted to it.
     pub(super) by_admission: bool,
-    /// Whether a join of the same peer and epoch arrived after this one (a later process).
+    /// Whether a join of the same peer and generation arrived after this one (a later process).
     pub(super) later_join: bool,
     /// Whether the connection this join came over is closed already.
     pub(super) closed: bool,
@@ -196,24 +196,24 @@ pub(super) enum ProbeAnswerHere {
     Joining,
     /// No survivor, but this process cannot tell yet that its node's old process was a member
     /// of no group later than the prober's (a peer has not answered its `Enter`, or one
-    /// answered a later epoch): the prober counts it as a member that did not answer.
+    /// answered a later generation): the prober counts it as a member that did not answer.
     Unsettled,
-    /// This mesh's live group of epoch `current`, later than the prober's, left the prober
+    /// This mesh's live group of generation `current`, later than the prober's, left the prober
     /// out: it was taken for lost.
     LeftOut { current: u64 },
-    /// This mesh still forms the first epoch the prober formed with this very process (their
+    /// This mesh still forms the first generation the prober formed with this very process (their
     /// link is up), and the prober lost another member meanwhile and re-forms: this mesh
     /// survives too. The mesh cuts its forming short (answering [`Self::Alive`] if that
     /// worked, else [`Self::Joining`]).
     CutShort,
-    /// This mesh forms an epoch the prober formed without this process (with its old one,
+    /// This mesh forms a generation the prober formed without this process (with its old one,
     /// lost since): it is no survivor. The mesh ends that forming, and answers as a joiner.
     EndForming,
 }
 
 impl Membership {
     /// A process asks to be admitted (`Enter`) at `now`, from `addr`, as `incarnation`;
-    /// `group` is the mesh's group of its latest epoch, if it lives.
+    /// `group` is the mesh's group of its latest generation, if it lives.
     pub(super) fn handle_enter(
         &mut self,
         peer: &NodeId,
@@ -222,30 +222,30 @@ impl Membership {
         group: Option<GroupView<'_>>,
         now: Instant,
     ) -> EnterAnswer {
-        let epoch = self.epoch;
-        if self.joining || epoch == 0 {
-            return EnterAnswer::NoGroup { epoch };
+        let generation = self.generation;
+        if self.joining || generation == 0 {
+            return EnterAnswer::NoGroup { generation };
         }
-        let group = group.filter(|g| g.epoch == epoch);
+        let group = group.filter(|g| g.generation == generation);
         // Its first forming failed and is gone: no group lives here to admit anyone.
         if group.is_none() && !self.member {
-            return EnterAnswer::NoGroup { epoch };
+            return EnterAnswer::NoGroup { generation };
         }
         let same_process = self.processes.get(peer) == Some(&incarnation);
         let in_group = group.is_some_and(|g| g.nodes.contains(peer));
         if let Some(g) = group {
             // The first group forming and waiting for it: the job is starting (unless it
             // linked with another process of it already: then this one is a restart).
-            if epoch == 1
+            if generation == 1
                 && !g.formed
                 && in_group
-                && (same_process || !self.linked.contains(&(peer.clone(), epoch)))
+                && (same_process || !self.linked.contains(&(peer.clone(), generation)))
             {
-                return EnterAnswer::NoGroup { epoch };
+                return EnterAnswer::NoGroup { generation };
             }
         }
         if same_process && in_group {
-            return EnterAnswer::Stale { epoch };
+            return EnterAnswer::Stale { generation };
         }
         self.pending.insert(
             peer.clone(),
@@ -256,46 +256,46 @@ impl Membership {
             },
         );
         EnterAnswer::Pending {
-            epoch,
+            generation,
             restarted: group.is_some_and(|g| g.formed) && in_group,
         }
     }
 
-    /// A dialer (`peer`) joins `epoch` with `members` (its list, in rank order); `group` is
+    /// A dialer (`peer`) joins `generation` with `members` (its list, in rank order); `group` is
     /// the mesh's latest group, if it lives. Answered at once where this mesh reached that
-    /// epoch, or will never form it; else [`JoinAnswer::Wait`].
+    /// generation, or will never form it; else [`JoinAnswer::Wait`].
     pub(super) fn handle_join(
         &self,
         peer: &NodeId,
-        epoch: u64,
+        generation: u64,
         members: &[NodeId],
         group: Option<GroupView<'_>>,
         context: JoinContext,
     ) -> JoinAnswer {
-        if self.epoch < epoch {
-            if self.unadmitted(epoch) && !context.by_admission {
+        if self.generation < generation {
+            if self.unadmitted(generation) && !context.by_admission {
                 return JoinAnswer::Refused {
-                    current: self.epoch,
+                    current: self.generation,
                     why: JoinRefusal::Unadmitted,
                 };
             }
             return JoinAnswer::Wait;
         }
-        let Some(g) = group.filter(|g| g.epoch == epoch) else {
+        let Some(g) = group.filter(|g| g.generation == generation) else {
             return JoinAnswer::Refused {
-                current: self.epoch,
+                current: self.generation,
                 why: JoinRefusal::Passed,
             };
         };
-        // Refused by this mesh's group of that very epoch.
+        // Refused by this mesh's group of that very generation.
         let refused = |why| JoinAnswer::Refused {
-            current: epoch,
+            current: generation,
             why,
         };
         if g.formed {
             return refused(JoinRefusal::FormedAlready);
         }
-        if self.linked.contains(&(peer.clone(), epoch)) {
+        if self.linked.contains(&(peer.clone(), generation)) {
             return refused(if self.processes.get(peer) == Some(&context.incarnation) {
                 JoinRefusal::LinkedAlready
             } else {
@@ -317,60 +317,64 @@ impl Membership {
         JoinAnswer::Take
     }
 
-    /// A member of `epoch` probes this mesh (re-forming with the survivors); `group` is the
-    /// mesh's latest group, if it lives (of any epoch), and `linked` whether this mesh's link
-    /// with the prober of `epoch` is up (or its join was taken).
+    /// A member of `generation` probes this mesh (re-forming with the survivors); `group` is the
+    /// mesh's latest group, if it lives (of any generation), and `linked` whether this mesh's link
+    /// with the prober of `generation` is up (or its join was taken).
     pub(super) fn handle_probe(
         &self,
         peer: &NodeId,
-        epoch: u64,
+        generation: u64,
         group: Option<GroupView<'_>>,
         linked: bool,
     ) -> ProbeAnswerHere {
         // A joiner is no survivor: the others re-form without it, then admit it.
         if self.joining {
-            return self.no_survivor(epoch);
+            return self.no_survivor(generation);
         }
         if !self.member {
-            // No member yet: this mesh forms the first epoch, which the prober formed (or was
+            // No member yet: this mesh forms the first generation, which the prober formed (or was
             // forming) and is re-forming: that forming can no longer complete.
-            return match group.filter(|g| g.epoch <= epoch && !g.formed && g.nodes.contains(peer)) {
-                Some(g) if g.epoch == epoch && linked => ProbeAnswerHere::CutShort,
+            return match group
+                .filter(|g| g.generation <= generation && !g.formed && g.nodes.contains(peer))
+            {
+                Some(g) if g.generation == generation && linked => ProbeAnswerHere::CutShort,
                 Some(_) => ProbeAnswerHere::EndForming,
-                None => self.no_survivor(epoch),
+                None => self.no_survivor(generation),
             };
         }
         match group {
-            Some(g) if g.epoch > epoch && !g.nodes.contains(peer) && !g.broken => {
-                ProbeAnswerHere::LeftOut { current: g.epoch }
+            Some(g) if g.generation > generation && !g.nodes.contains(peer) && !g.broken => {
+                ProbeAnswerHere::LeftOut {
+                    current: g.generation,
+                }
             }
             _ => ProbeAnswerHere::Alive,
         }
     }
 
-    /// The leader admits this mesh to form `epoch` with `members`: taken (`Ok`) if it waits to
-    /// be admitted and `epoch` is above every one formed here; else `Err` with its epoch.
+    /// The leader admits this mesh to form `generation` with `members`: taken (`Ok`) if it waits to
+    /// be admitted and `generation` is above every one formed here; else `Err` with its generation.
     pub(super) fn handle_admit(
         &mut self,
-        epoch: u64,
+        generation: u64,
         members: Vec<GroupMember>,
     ) -> Result<(), u64> {
-        if !self.joining || epoch <= self.epoch {
-            return Err(self.epoch);
+        if !self.joining || generation <= self.generation {
+            return Err(self.generation);
         }
-        self.admission = Some((epoch, members));
-        self.admitted_epoch = self.admitted_epoch.max(epoch);
+        self.admission = Some((generation, members));
+        self.admitted_generation = self.admitted_generation.max(generation);
         Ok(())
     }
 
-    /// Whether this mesh waits to be admitted and was not admitted to `epoch`: it never forms
-    /// it. The members form an epoch with a joiner only once the leader's admission reached it
+    /// Whether this mesh waits to be admitted and was not admitted to `generation`: it never forms
+    /// it. The members form a generation with a joiner only once the leader's admission reached it
     /// ([`super::ProcessGroup::admit`]), so a member asking it about another (a `Join`, or
     /// whether it still forms it) lists its node for its old process, lost since: refused at
     /// once, that member's forming fails now rather than at its form timeout, and it re-forms
     /// (this process answering its probe as a joiner).
-    pub(super) fn unadmitted(&self, epoch: u64) -> bool {
-        self.joining && self.epoch < epoch && self.admitted_epoch < epoch
+    pub(super) fn unadmitted(&self, generation: u64) -> bool {
+        self.joining && self.generation < generation && self.admitted_generation < generation
     }
 
     /// The processes that asked to be admitted within `fresh` before `now` and are not among
@@ -407,7 +411,7 @@ impl Membership {
         }
     }
 
-    /// The members agreed to form the next epoch with `joiners`: their asks still on their
+    /// The members agreed to form the next generation with `joiners`: their asks still on their
     /// way are theirs, not new processes'.
     pub(super) fn admitting(&mut self, joiners: &[Joiner]) {
         for joiner in joiners {
@@ -416,10 +420,10 @@ impl Membership {
         }
     }
 
-    /// This mesh's link of `epoch` with `peer`, whose process is `incarnation`, is up.
-    /// How this process, no survivor of any group, answers a prober of `epoch`:
+    /// This mesh's link of `generation` with `peer`, whose process is `incarnation`, is up.
+    /// How this process, no survivor of any group, answers a prober of `generation`:
     /// [`ProbeAnswerHere::Joining`] only once every peer it asks to enter answered, and none
-    /// (nor this process) was a member of a group later than `epoch`; else
+    /// (nor this process) was a member of a group later than `generation`; else
     /// [`ProbeAnswerHere::Unsettled`].
     ///
     /// A prober leaves a member that answers as a joiner out of its quorum's count (its old
@@ -428,15 +432,15 @@ impl Membership {
     /// peer then died and came back, would otherwise count the peer out, while the group that
     /// left it out counted the same peer out too, and both would go on alone (a split brain
     /// the membership simulator found). Any group its old process was a member of after the
-    /// prober's epoch has a live member that answers the new process's `Enter` with an epoch
+    /// prober's generation has a live member that answers the new process's `Enter` with a generation
     /// above the prober's, unless every one of them is gone too.
-    pub(super) fn no_survivor(&self, epoch: u64) -> ProbeAnswerHere {
+    pub(super) fn no_survivor(&self, generation: u64) -> ProbeAnswerHere {
         let Some(peers) = &self.to_hear else {
             return ProbeAnswerHere::Unsettled;
         };
         let heard_all = peers.iter().all(|p| self.heard.contains_key(p));
         let latest = self.heard.values().copied().max().unwrap_or(0);
-        if heard_all && latest.max(self.formed_epoch) <= epoch {
+        if heard_all && latest.max(self.formed_generation) <= generation {
             ProbeAnswerHere::Joining
         } else {
             ProbeAnswerHere::Unsettled
@@ -449,53 +453,53 @@ impl Membership {
         self.to_hear = Some(peers);
     }
 
-    /// `peer` answered this process's `Enter`: the latest epoch whose group it was a member of.
-    pub(super) fn heard_from(&mut self, peer: &NodeId, formed_epoch: u64) {
+    /// `peer` answered this process's `Enter`: the latest generation whose group it was a member of.
+    pub(super) fn heard_from(&mut self, peer: &NodeId, formed_generation: u64) {
         let latest = self.heard.entry(peer.clone()).or_default();
-        *latest = (*latest).max(formed_epoch);
+        *latest = (*latest).max(formed_generation);
     }
 
-    /// This process is a member of the group of `epoch` (all its links up, or its forming cut
+    /// This process is a member of the group of `generation` (all its links up, or its forming cut
     /// short by a member that formed it with this process).
-    pub(super) fn formed(&mut self, epoch: u64) {
+    pub(super) fn formed(&mut self, generation: u64) {
         self.member = true;
-        self.formed_epoch = self.formed_epoch.max(epoch);
+        self.formed_generation = self.formed_generation.max(generation);
     }
 
-    pub(super) fn linked_with(&mut self, peer: &NodeId, epoch: u64, incarnation: Incarnation) {
-        if self.epoch == epoch {
-            self.linked.insert((peer.clone(), epoch));
+    pub(super) fn linked_with(&mut self, peer: &NodeId, generation: u64, incarnation: Incarnation) {
+        if self.generation == generation {
+            self.linked.insert((peer.clone(), generation));
             self.processes.insert(peer.clone(), incarnation);
         }
     }
 
-    /// Begins forming `epoch` here: `Err` with the latest epoch if it is not above it (an
-    /// epoch is formed once).
-    pub(super) fn begin_forming(&mut self, epoch: u64) -> Result<(), u64> {
-        if epoch <= self.epoch {
-            return Err(self.epoch);
+    /// Begins forming `generation` here: `Err` with the latest generation if it is not above it (an
+    /// generation is formed once).
+    pub(super) fn begin_forming(&mut self, generation: u64) -> Result<(), u64> {
+        if generation <= self.generation {
+            return Err(self.generation);
         }
-        self.epoch = epoch;
-        self.linked.retain(|(_, e)| *e == epoch);
+        self.generation = generation;
+        self.linked.retain(|(_, e)| *e == generation);
         Ok(())
     }
 
     /// Forgets a first forming that failed (no group of this mesh lives), where no group was
-    /// ever formed here and this mesh does not wait to be admitted, so that the first epoch
+    /// ever formed here and this mesh does not wait to be admitted, so that the first generation
     /// can be formed again ([`super::Mesh::forget_failed_start`]). Whether it forgot.
     pub(super) fn forget_failed_start(&mut self) -> bool {
-        if self.member || self.joining || self.epoch != 1 {
+        if self.member || self.joining || self.generation != 1 {
             return false;
         }
-        self.epoch = 0;
+        self.generation = 0;
         // Its links are of the failed attempt: the next one links anew.
         self.linked.clear();
         true
     }
 
-    /// Takes `epoch` as tried here without forming it (the members agreed to skip it).
-    pub(super) fn skip(&mut self, epoch: u64) {
-        self.epoch = self.epoch.max(epoch);
+    /// Takes `generation` as tried here without forming it (the members agreed to skip it).
+    pub(super) fn skip(&mut self, generation: u64) {
+        self.generation = self.generation.max(generation);
     }
 }
 
@@ -544,22 +548,22 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
-    /// A member of a formed group of `epoch` with worker/0..n, linked with each peer's
+    /// A member of a formed group of `generation` with worker/0..n, linked with each peer's
     /// process `incarnations[i]`.
-    fn member_of(epoch: u64, incarnations: &[Incarnation]) -> (Membership, Vec<NodeId>) {
+    fn member_of(generation: u64, incarnations: &[Incarnation]) -> (Membership, Vec<NodeId>) {
         let nodes: Vec<NodeId> = (0..incarnations.len() as u32).map(node).collect();
         let mut m = Membership::default();
-        m.begin_forming(epoch).unwrap();
+        m.begin_forming(generation).unwrap();
         for (n, inc) in nodes.iter().zip(incarnations).skip(1) {
-            m.linked_with(n, epoch, *inc);
+            m.linked_with(n, generation, *inc);
         }
         m.member = true;
         (m, nodes)
     }
 
-    fn formed(epoch: u64, nodes: &[NodeId]) -> GroupView<'_> {
+    fn formed(generation: u64, nodes: &[NodeId]) -> GroupView<'_> {
         GroupView {
-            epoch,
+            generation,
             nodes,
             formed: true,
             broken: false,
@@ -573,14 +577,14 @@ mod tests {
         let now = Instant::now();
         let late = now + Duration::from_secs(3600);
         let answer = m.handle_enter(&node(1), addr(1), old, Some(formed(3, &nodes)), late);
-        assert_eq!(answer, EnterAnswer::Stale { epoch: 3 });
+        assert_eq!(answer, EnterAnswer::Stale { generation: 3 });
         assert!(m.pending.is_empty());
         let new = Incarnation::from_raw(2);
         let answer = m.handle_enter(&node(1), addr(1), new, Some(formed(3, &nodes)), late);
         assert_eq!(
             answer,
             EnterAnswer::Pending {
-                epoch: 3,
+                generation: 3,
                 restarted: true
             }
         );
@@ -602,7 +606,7 @@ mod tests {
         assert_eq!(
             answer,
             EnterAnswer::Pending {
-                epoch: 2,
+                generation: 2,
                 restarted: false
             }
         );
@@ -619,7 +623,7 @@ mod tests {
             Some(formed(3, &grown)),
             now,
         );
-        assert_eq!(answer, EnterAnswer::Stale { epoch: 3 });
+        assert_eq!(answer, EnterAnswer::Stale { generation: 3 });
     }
 
     #[test]
@@ -629,13 +633,13 @@ mod tests {
         let now = Instant::now();
         assert_eq!(
             m.handle_enter(&node(1), addr(1), inc, None, now),
-            EnterAnswer::NoGroup { epoch: 0 }
+            EnterAnswer::NoGroup { generation: 0 }
         );
         let (mut m, nodes) = member_of(2, &[inc, inc]);
         m.joining = true;
         assert_eq!(
             m.handle_enter(&node(1), addr(1), inc, Some(formed(2, &nodes)), now),
-            EnterAnswer::NoGroup { epoch: 2 }
+            EnterAnswer::NoGroup { generation: 2 }
         );
     }
 
@@ -677,7 +681,7 @@ mod tests {
             m.handle_probe(&node(1), 3, Some(formed(4, &later)), false),
             ProbeAnswerHere::LeftOut { current: 4 }
         );
-        // Still forming the first epoch, linked with the prober: survives with it.
+        // Still forming the first generation, linked with the prober: survives with it.
         let mut first = Membership::default();
         first.begin_forming(1).unwrap();
         let forming = GroupView {
@@ -703,7 +707,7 @@ mod tests {
 
     /// A process no survivor of any group is counted out of a prober's quorum (`Joining`)
     /// only once every peer it asks to enter answered and none was a member of a group later
-    /// than the prober's epoch (its node's old process may have been in that group); until
+    /// than the prober's generation (its node's old process may have been in that group); until
     /// then, or otherwise, it is unsettled: counted as a member that did not answer.
     #[test]
     fn a_new_process_is_counted_out_only_once_it_heard_every_peer_and_none_went_further() {
@@ -721,7 +725,7 @@ mod tests {
             "worker/2 has not answered"
         );
         joiner.heard_from(&node(2), 5);
-        // worker/2 was a member of epoch 5: a prober of epoch 3 is behind the old process.
+        // worker/2 was a member of generation 5: a prober of generation 3 is behind the old process.
         assert_eq!(
             joiner.handle_probe(&node(0), 3, None, false),
             ProbeAnswerHere::Unsettled
@@ -770,7 +774,7 @@ mod tests {
     fn joins_are_waited_for_taken_or_refused_by_what_this_mesh_formed() {
         let nodes: Vec<NodeId> = (0..3).map(node).collect();
         let mut m = Membership::default();
-        // Not there yet: wait (a member forms an epoch once all its links are up).
+        // Not there yet: wait (a member forms a generation once all its links are up).
         assert_eq!(
             m.handle_join(&node(2), 1, &nodes, None, join_context(7)),
             JoinAnswer::Wait
@@ -821,7 +825,7 @@ mod tests {
                 why: JoinRefusal::FormedAlready
             }
         );
-        // A joiner not admitted to a later epoch refuses it at once.
+        // A joiner not admitted to a later generation refuses it at once.
         let mut joiner = Membership {
             joining: true,
             ..Membership::default()

@@ -4,9 +4,9 @@
 
 use cohort_transport::NodeId;
 
-/// The quorum rule of re-forming: whether the members of the previous epoch that `reached`
+/// The quorum rule of re-forming: whether the members of the previous generation that `reached`
 /// holds (those that answered a survivor's probe, the survivor among them) may form the next
-/// epoch. They may if they are more than half of `previous`, or exactly half of it and hold
+/// generation. They may if they are more than half of `previous`, or exactly half of it and hold
 /// its lowest-ranked member (`previous[0]`, `previous` being in rank order: the chief, or
 /// worker 0). So of two disjoint sets at most one passes (two majorities intersect; of two
 /// halves only one holds the lowest), and of a group split in two, exactly one side goes on:
@@ -102,7 +102,7 @@ mod tests {
         assert!(!has_quorum(&three, &[], &padded));
         assert!(
             !has_quorum(&[], &[], &three),
-            "an empty previous epoch has no quorum"
+            "an empty previous generation has no quorum"
         );
     }
 
