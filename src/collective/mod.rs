@@ -37,8 +37,8 @@ mod wire;
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
 pub(crate) use group::{
-    has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
-    FRESH_START_RETRY, INITIAL_DIGEST,
+    entry, has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+    INITIAL_DIGEST,
 };
 pub use group::{
     loopback_group, Entry, GroupConfig, GroupMember, Joiner, Leave, Mesh, Probed, ProcessGroup,

@@ -123,7 +123,7 @@ mod tests;
 use acceptor::{MeshInner, MeshState};
 pub use machine::Leave;
 pub(crate) use machine::{
-    has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+    entry, has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
     INITIAL_DIGEST,
 };
 use machine::{

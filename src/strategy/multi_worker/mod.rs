@@ -45,6 +45,7 @@ use super::{
     Strategy, StrategyError, StrategyId,
 };
 use crate::cluster::{node_id, ClusterConfig, StrategyKind, TaskId, TaskType};
+use crate::collective::entry::{self, AfterFailedStart, EnterAfter, EntryStep};
 use crate::collective::{
     CollectiveError, Entry, GroupMember, Mesh, NcclWaits, ProcessGroup, ProcessSpan,
 };
@@ -523,9 +524,11 @@ fn form_or_join(
 }
 
 /// Enters the group of `members` through `mesh` (this worker's endpoint, on `own_addr`):
-/// forms the first generation with the others (`peers`) where they start too, or joins the group
-/// they formed already, as their answers within `enter_timeout` say; `join_timeout` bounds
-/// the wait to be admitted.
+/// forms the first generation with the others (`peers`) where they start too, or joins the
+/// group they formed already, as their answers within `enter_timeout` say; `join_timeout`
+/// bounds the wait to be admitted. Each step is the one the member machine takes (the
+/// decisions of [`entry`], which the membership simulator drives); this function only carries
+/// them out on the mesh.
 async fn enter_group(
     mesh: &Mesh,
     own_addr: SocketAddr,
@@ -534,78 +537,65 @@ async fn enter_group(
     enter_timeout: Duration,
     join_timeout: Duration,
 ) -> Result<ProcessGroup, CollectiveError> {
-    // Forms the first generation with the others (a fresh start). A member still waiting
-    // to be admitted to a group that is gone (its process entered while the group
-    // lived, and every member left or was lost since; at whatever generation it tried)
-    // refuses it until it sees that no one has a live group, and then forms it too:
-    // the refused attempt is forgotten, and after a moment this process asks again
-    // (joining where a group lives after all) and tries again where none does, within
-    // the join timeout, answering meanwhile that it has no group (rather than exiting
-    // and being restarted, which may happen faster than a waiting member can see it:
-    // the membership simulator found a supervisor's budget so run out).
-    let fresh_start = |mesh: Mesh, members: Vec<GroupMember>| {
-        let peers = peers.clone();
-        async move {
-            let until = tokio::time::Instant::now() + join_timeout;
-            loop {
-                match mesh.form(1, members.clone()).await {
-                    Err(err @ CollectiveError::GenerationRefused { .. })
-                        if tokio::time::Instant::now() < until && mesh.forget_failed_start() =>
-                    {
-                        tracing::info!(%err, "the first generation was refused: asking again whether a group lives, else forming it again");
-                        tokio::time::sleep(crate::collective::FRESH_START_RETRY).await;
-                        if let Entry::Join = mesh.enter(own_addr, &peers, enter_timeout).await {
-                            return mesh.join_live(own_addr, &peers, join_timeout).await;
+    let mut after = EnterAfter::First;
+    let mut last_err = None;
+    // Each try ends in a group, or in a step that waits (the others' answers, forming, an
+    // admission); the table cycles only through such waits, and this bounds it anyway.
+    for _ in 0..ENTRY_STEPS_MAX {
+        let live = mesh.enter(own_addr, &peers, enter_timeout).await == Entry::Join;
+        match after.next(live, std::time::Instant::now(), join_timeout) {
+            EntryStep::Exit => break,
+            EntryStep::Join => {
+                tracing::info!("the others formed a group: joining it");
+                match mesh.join_live(own_addr, &peers, join_timeout).await {
+                    Ok(group) => return Ok(group),
+                    Err(err) => {
+                        // A process whose only forming was a first generation that failed is
+                        // no member of any group: it starts again as one that never formed.
+                        let never_formed = mesh.generation() == 0 || mesh.forget_failed_start();
+                        match entry::after_not_admitted(never_formed) {
+                            Some(next) => {
+                                tracing::info!(%err, "not admitted: asking again whether a group lives, else forming the first generation with the others");
+                                after = next;
+                            }
+                            None => return Err(err),
                         }
-                    }
-                    formed => return formed,
-                }
-            }
-        }
-    };
-    // Joins the live group; where none lives any more (every worker lost its group,
-    // and they start again), forms the first generation with the others after all. A
-    // process whose only forming was a first generation that failed is no member of any
-    // group: it starts again as one that never formed.
-    let join = |mesh: Mesh, members: Vec<GroupMember>| {
-        let peers = peers.clone();
-        async move {
-            match mesh.join_live(own_addr, &peers, join_timeout).await {
-                Ok(group) => Ok(group),
-                Err(err) if mesh.generation() == 0 || mesh.forget_failed_start() => {
-                    match mesh.enter(own_addr, &peers, enter_timeout).await {
-                        Entry::Start => {
-                            tracing::info!(%err, "no live group to join: forming the first generation with the others");
-                            fresh_start(mesh, members).await
-                        }
-                        Entry::Join => Err(err),
+                        last_err = Some(err);
                     }
                 }
-                Err(err) => Err(err),
             }
-        }
-    };
-    // A restarted (or added) worker finds the others training: it joins them.
-    let group = match mesh.enter(own_addr, &peers, enter_timeout).await {
-        Entry::Start => match fresh_start(mesh.clone(), members.clone()).await {
-            Ok(group) => group,
-            // The others formed the first generation without this process (with its
-            // old one, lost since: this is a restart) while it formed: join them.
-            Err(err) => match mesh.enter(own_addr, &peers, enter_timeout).await {
-                Entry::Join => {
-                    tracing::info!(%err, "forming the first generation failed and the others formed a group: joining it");
-                    join(mesh.clone(), members).await?
+            EntryStep::FreshStart { until } => match mesh.form(1, members.clone()).await {
+                Ok(group) => return Ok(group),
+                Err(err) => {
+                    let refused = matches!(err, CollectiveError::GenerationRefused { .. });
+                    let now = std::time::Instant::now();
+                    let forget = || mesh.forget_failed_start();
+                    match entry::after_failed_start(refused, now, until, forget) {
+                        AfterFailedStart::RetryAt { at, until } => {
+                            tracing::info!(%err, "the first generation was refused: asking again whether a group lives, else forming it again");
+                            tokio::time::sleep(at.saturating_duration_since(now)).await;
+                            after = EnterAfter::StartAgain { until };
+                        }
+                        AfterFailedStart::AskAgain => {
+                            tracing::info!(%err, "forming the first generation failed: joining the others if they formed a group");
+                            after = EnterAfter::FailedStart;
+                        }
+                    }
+                    last_err = Some(err);
                 }
-                Entry::Start => return Err(err),
             },
-        },
-        Entry::Join => {
-            tracing::info!("the others formed a group: joining it");
-            join(mesh.clone(), members).await?
         }
-    };
-    Ok(group)
+    }
+    Err(last_err.unwrap_or_else(|| CollectiveError::Form {
+        generation: 1,
+        reason: "no group to join, and none could be started".into(),
+    }))
 }
+
+/// Steps of entering the job before a process gives up (its supervisor restarts it): every
+/// step waits (for the others' answers, a forming or an admission), so this is only reached
+/// by a process that cycles between joining and starting for minutes.
+const ENTRY_STEPS_MAX: usize = 64;
 
 /// What sums across the workers, with the bounds of NCCL's calls (each re-formed group's
 /// span gets them too).

@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 
 use cohort_transport::NodeId;
 
-use super::super::{
-    DIAL_RETRY, ENTER_REPEAT, FRESH_START_RETRY, PENDING_FRESH, STILL_FORMING_EVERY,
-};
+use super::super::{DIAL_RETRY, ENTER_REPEAT, PENDING_FRESH, STILL_FORMING_EVERY};
+use super::entry::{self, AfterFailedStart, EnterAfter, EntryStep};
 use super::quorum::has_quorum;
 use super::{EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere};
 use crate::collective::{GroupMember, Joiner};
@@ -300,21 +299,6 @@ enum Purpose {
 struct Before {
     generation: u64,
     members: Vec<GroupMember>,
-}
-
-/// How a starting process goes on after the others' answers to its ask to enter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EnterAfter {
-    /// Its first ask: form the first generation, or join.
-    First,
-    /// Its forming of the first generation failed: join if a group lives, else exit.
-    FailedStart,
-    /// It was not admitted: form the first generation if no group lives, else exit.
-    FailedJoin,
-    /// Its fresh start was refused by a process with no live group (one waiting to be
-    /// admitted to a group that is gone, or whose own first forming failed): join if a group
-    /// lives after all, else form the first generation again, within `until`.
-    StartAgain { until: Instant },
 }
 
 /// A collective in progress.
@@ -836,12 +820,8 @@ impl MemberMachine {
                 if formed {
                     let after = *after;
                     self.membership.joining = true;
-                    match after {
-                        EnterAfter::First
-                        | EnterAfter::FailedStart
-                        | EnterAfter::StartAgain { .. } => self.begin_joining(now),
-                        EnterAfter::FailedJoin => self.exit(MemberExit::EntryFailed),
-                    }
+                    let step = after.next(true, now, self.settings.join_timeout);
+                    self.take_entry_step(now, step);
                 }
             }
             Phase::Joining { no_group, .. } => {
@@ -902,10 +882,10 @@ impl MemberMachine {
         self.membership.admission = None;
         // A process whose only forming was a first generation that failed is no member of any
         // group: it starts again like one that never formed.
-        if self.membership.generation == 0 || self.membership.forget_failed_start() {
-            self.begin_entering(now, EnterAfter::FailedJoin);
-        } else {
-            self.exit(MemberExit::EntryFailed);
+        let never_formed = self.membership.generation == 0 || self.membership.forget_failed_start();
+        match entry::after_not_admitted(never_formed) {
+            Some(after) => self.begin_entering(now, after),
+            None => self.exit(MemberExit::EntryFailed),
         }
     }
 
@@ -923,23 +903,22 @@ impl MemberMachine {
         let all_answered = answered.len() + 1 >= self.workers.len();
         if all_answered || now >= *deadline {
             // Nobody has a live group: the job starts.
-            return match after {
-                EnterAfter::First | EnterAfter::FailedJoin => {
-                    let until = now + self.settings.join_timeout;
-                    self.start_first_generation(now, until)
-                }
-                EnterAfter::StartAgain { until } if now < until => {
-                    self.start_first_generation(now, until)
-                }
-                EnterAfter::FailedStart | EnterAfter::StartAgain { .. } => {
-                    self.exit(MemberExit::EntryFailed)
-                }
-            };
+            let step = after.next(false, now, self.settings.join_timeout);
+            return self.take_entry_step(now, step);
         }
         if now >= *resend {
             *resend = now + Duration::from_millis(500);
             let answered = answered.clone();
             self.ask_enter_all(&answered);
+        }
+    }
+
+    /// Carries out what [`EnterAfter::next`] decided.
+    fn take_entry_step(&mut self, now: Instant, step: EntryStep) {
+        match step {
+            EntryStep::Join => self.begin_joining(now),
+            EntryStep::FreshStart { until } => self.start_first_generation(now, until),
+            EntryStep::Exit => self.exit(MemberExit::EntryFailed),
         }
     }
 
@@ -1396,13 +1375,14 @@ impl MemberMachine {
                 // simulator: the supervisor's budget ran out, seeds 263 and 2909 of sweeps
                 // of up to 3 workers).
                 let refused = matches!(why, Some(Broke::Refused { .. }));
-                if refused && now < until && self.membership.forget_failed_start() {
-                    self.phase = Phase::StartAgain {
-                        at: now + FRESH_START_RETRY,
-                        until,
-                    };
-                } else {
-                    self.begin_entering(now, EnterAfter::FailedStart);
+                let forget = || self.membership.forget_failed_start();
+                match entry::after_failed_start(refused, now, until, forget) {
+                    AfterFailedStart::RetryAt { at, until } => {
+                        self.phase = Phase::StartAgain { at, until };
+                    }
+                    AfterFailedStart::AskAgain => {
+                        self.begin_entering(now, EnterAfter::FailedStart);
+                    }
                 }
             }
             Purpose::Admitted { until } => {
