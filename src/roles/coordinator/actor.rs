@@ -33,7 +33,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use cohort_actors::{Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, Remote, RemoteError};
+use cohort_actors::{
+    Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, Remote, RemoteError, RemoteMessage,
+};
 use cohort_transport::NodeId;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
@@ -51,10 +53,9 @@ use crate::checkpoint::Checkpoint;
 use crate::cluster::TaskType;
 use crate::layout::Layout;
 use crate::roles::protocol::{
-    BeginRestore, CreateVariable, DatasetPositions, DrainRefusal, Draining, FenceWorker,
-    FinishedBelow, InitSpec, JoinRefusal, Joining, LearningRate, LeaveAnswer, Leaving, PsStats,
-    Retire, RewindWorker, RollBack, RunClosure, SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR,
-    WORKER_ACTOR,
+    BeginRestore, CreateVariable, DatasetPositions, DrainRefusal, Draining, InitSpec, JoinRefusal,
+    Joining, LearningRate, LeaveAnswer, Leaving, PsStats, Retire, RewindWorker, RollBack,
+    RunClosure, SetupWorker, Snapshot, COORDINATOR_ACTOR, PS_ACTOR, WORKER_ACTOR,
 };
 
 /// A parameter server waiting to hear whether it may leave the job.
@@ -357,32 +358,8 @@ impl CoordinatorActor {
                         .map(|()| Reply::Done)
                 })
             }
-            Request::Fence { ps, msg } => {
-                let server = server(ps);
-                Box::pin(async move {
-                    let (node, addr) = server?;
-                    let r = gateway.resolve::<FenceWorker>(addr, &node, PS_ACTOR).await;
-                    r.map_err(call_fault)?
-                        .call(&msg)
-                        .await
-                        .map_err(call_fault)?;
-                    Ok(Reply::Done)
-                })
-            }
-            Request::Watermark { ps, msg } => {
-                let server = server(ps);
-                Box::pin(async move {
-                    let (node, addr) = server?;
-                    let r = gateway
-                        .resolve::<FinishedBelow>(addr, &node, PS_ACTOR)
-                        .await;
-                    r.map_err(call_fault)?
-                        .call(&msg)
-                        .await
-                        .map_err(call_fault)?;
-                    Ok(Reply::Done)
-                })
-            }
+            Request::Fence { ps, msg } => Box::pin(tell_server(gateway, server(ps), msg)),
+            Request::Watermark { ps, msg } => Box::pin(tell_server(gateway, server(ps), msg)),
             Request::BeginRestore { ps, epoch, msg } => {
                 let target = server_at(ps, epoch);
                 Box::pin(async move {
@@ -596,6 +573,22 @@ fn declared_dead(gateway: &Gateway, node: &NodeId, error: RemoteError) -> Outcom
         }
     }
     Err(call_fault(error))
+}
+
+/// Tells whichever incarnation answers at a server's address (`server`, or why it has none)
+/// `msg`, whose answer is nothing.
+async fn tell_server<M: RemoteMessage<Reply = ()>>(
+    gateway: Gateway,
+    server: Result<(NodeId, PeerAddr), CallFault>,
+    msg: M,
+) -> Outcome {
+    let (node, addr) = server?;
+    let r = gateway.resolve::<M>(addr, &node, PS_ACTOR).await;
+    r.map_err(call_fault)?
+        .call(&msg)
+        .await
+        .map_err(call_fault)?;
+    Ok(Reply::Done)
 }
 
 /// Reads the checkpoint taken at closure `cut` under `root` (blocking: off the actor).
