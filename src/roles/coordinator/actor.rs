@@ -194,26 +194,14 @@ impl CoordinatorActor {
     /// Tells whoever waits for a request the machine ended.
     fn answer(&mut self, answer: Answer) {
         match answer {
-            Answer::Started { ticket, result } => {
-                if let Some(waiter) = self.restore_waiters.remove(&ticket) {
-                    let _ = waiter.send(result);
-                }
-            }
+            Answer::Started { ticket, result } => tell(&mut self.restore_waiters, &ticket, result),
             Answer::Configured { ticket, result } => {
-                if let Some(waiter) = self.configure_waiters.remove(&ticket) {
-                    let _ = waiter.send(result);
-                }
+                tell(&mut self.configure_waiters, &ticket, result)
             }
             Answer::VariableCreated { ticket, result } => {
-                if let Some(waiter) = self.create_waiters.remove(&ticket) {
-                    let _ = waiter.send(result);
-                }
+                tell(&mut self.create_waiters, &ticket, result)
             }
-            Answer::CutRead { ticket, result } => {
-                if let Some(waiter) = self.cut_waiters.remove(&ticket) {
-                    let _ = waiter.send(result);
-                }
-            }
+            Answer::CutRead { ticket, result } => tell(&mut self.cut_waiters, &ticket, result),
             Answer::Drained { worker, epoch } => {
                 for waiter in self
                     .drain_waiters
@@ -500,6 +488,13 @@ impl CoordinatorActor {
                     .find(|(_, (n, _))| n == node)
                     .map(|(i, _)| *i)
             })
+    }
+}
+
+/// Answers the program's wait under `ticket`, if it still waits (a wait given up is gone).
+fn tell<K: Ord, T>(waiters: &mut BTreeMap<K, oneshot::Sender<T>>, ticket: &K, value: T) {
+    if let Some(waiter) = waiters.remove(ticket) {
+        let _ = waiter.send(value);
     }
 }
 
