@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig};
+use cohort_actors::{Gateway, GatewayConfig, HeartbeatConfig, IncarnationId};
 use cohort_transport::{Endpoint, NodeCredentials, NodeId, TransportConfig};
 
 #[test]
@@ -51,10 +51,13 @@ fn two_nodes_start_from_one_secret_mounted_certs_dir() {
             .connect(chief_addr, &chief_id)
             .await
             .expect("the worker reaches the chief");
-        assert_eq!((seen.node, seen.epoch), (chief_id.clone(), Epoch(1)));
+        assert_eq!(
+            (seen.node, seen.incarnation),
+            (chief_id.clone(), IncarnationId(1))
+        );
         // The chief knows its peer as the task the peer's certificate names.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while chief.peer_status(&worker_id) != Some((Epoch(1), true)) {
+        while chief.peer_status(&worker_id) != Some((IncarnationId(1), true)) {
             assert!(
                 Instant::now() < deadline,
                 "the chief never saw worker/1: {:?}",
@@ -127,7 +130,7 @@ fn start(certs_dir: &Path, node: &NodeId) -> Gateway {
     Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(1),
+            incarnation: IncarnationId(1),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(5),

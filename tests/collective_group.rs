@@ -2048,7 +2048,7 @@ async fn a_member_whose_admission_failed_to_form_measures_its_quorum_on_the_admi
 /// replaced. Before, both counted it out, and each could go on alone beside the other (a
 /// split brain the membership simulator found).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest_epoch() {
+async fn a_new_process_is_counted_out_only_by_probers_of_its_old_processs_latest_generation() {
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("replaced").unwrap();
     let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use cohort_actors::{Epoch, Gateway, GatewayConfig};
+use cohort_actors::{Gateway, GatewayConfig, IncarnationId};
 use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
 
 struct Scratch(PathBuf);
@@ -117,7 +117,7 @@ fn a_process_whose_peers_and_own_name_do_not_resolve_yet_starts_and_serves_on_it
         let chief = Gateway::start(
             endpoint,
             GatewayConfig {
-                epoch: Epoch(1),
+                incarnation: IncarnationId(1),
                 call_timeout: Duration::from_secs(2),
                 ..GatewayConfig::default()
             },
@@ -141,10 +141,10 @@ fn a_process_whose_peers_and_own_name_do_not_resolve_yet_starts_and_serves_on_it
     // Serving, and as an incarnation from the clock (milliseconds since the Unix epoch, taken
     // when it started), not the old fixed 1.
     assert_eq!(answered.node, ps_id);
-    let epoch = answered.epoch.0;
+    let incarnation = answered.incarnation.0;
     assert!(
-        epoch + 60_000 >= started_ms && epoch <= started_ms + 60_000,
-        "epoch {epoch} is not the clock at start ({started_ms} ms)"
+        incarnation + 60_000 >= started_ms && incarnation <= started_ms + 60_000,
+        "incarnation {incarnation} is not the clock at start ({started_ms} ms)"
     );
     assert!(
         role.0.try_wait().unwrap().is_none(),

@@ -571,7 +571,7 @@ async fn a_broken_group_aborts_a_pending_init() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_group_fails_the_next_call_and_a_new_epoch_needs_a_new_communicator() {
+async fn a_broken_group_fails_the_next_call_and_a_new_generation_needs_a_new_communicator() {
     if gpus().is_none() {
         return;
     }

@@ -14,7 +14,7 @@ use cohort::roles::protocol::{
     PushOrigin, PushOutcome, Snapshot, WireGradient, PS_ACTOR,
 };
 use cohort::roles::ps::{ParameterStore, PsActor, PsError};
-use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig, RemoteMessage};
+use cohort_actors::{Gateway, GatewayConfig, HeartbeatConfig, IncarnationId, RemoteMessage};
 use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
 
 #[test]
@@ -178,7 +178,7 @@ fn push_to(name: &str) -> Push {
     Push {
         origin: PushOrigin {
             worker: 0,
-            epoch: 1,
+            incarnation: 1,
             closure: ClosureId(1),
             attempt: 0,
             part: 0,
@@ -195,7 +195,7 @@ fn gateway(ca: &ClusterCa, node: &NodeId) -> anyhow::Result<Gateway> {
     Ok(Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(1),
+            incarnation: IncarnationId(1),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(5),

@@ -29,7 +29,7 @@ use cohort::roles::protocol::{PsStats, PsStatsReply};
 use cohort::roles::ps::{ParameterStore, PsActor};
 use cohort::roles::worker::{job_queue, WorkerActor, WorkerJob, WorkerMachine};
 use cohort_actors::{
-    Epoch, Gateway, GatewayConfig, HeartbeatConfig, RefusedReason, Remote, RemoteError,
+    Gateway, GatewayConfig, HeartbeatConfig, IncarnationId, RefusedReason, Remote, RemoteError,
     RemoteMessage,
 };
 use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
@@ -91,13 +91,13 @@ impl Cluster {
     }
 }
 
-fn start(ca: &ClusterCa, node: &NodeId, epoch: u64) -> anyhow::Result<Gateway> {
+fn start(ca: &ClusterCa, node: &NodeId, incarnation: u64) -> anyhow::Result<Gateway> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let endpoint = Endpoint::bind(any, ca.issue(node)?, TransportConfig::for_tests())?;
     Ok(Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(epoch),
+            incarnation: IncarnationId(incarnation),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(5),
@@ -217,18 +217,18 @@ impl Ps {
         cohort::roles::protocol::bytes_to_f32(blob, "w").map_err(anyhow::Error::msg)
     }
 
-    /// A push of a dense gradient of ones to `w` from `from` as worker `worker` at `epoch`.
+    /// A push of a dense gradient of ones to `w` from `from` as worker `worker` at `incarnation`.
     async fn push(
         &self,
         from: &Gateway,
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
         closure: u64,
     ) -> anyhow::Result<PushOutcome> {
         let push = Push {
             origin: PushOrigin {
                 worker,
-                epoch,
+                incarnation,
                 closure: ClosureId(closure),
                 attempt: 0,
                 part: 0,
@@ -418,7 +418,7 @@ fn sec2_ps_fence_worker_from_a_worker_is_refused() {
     run(async {
         let fence = FenceWorker {
             worker: 1,
-            epoch: 1,
+            incarnation: 1,
         };
         let (cluster, ps, _) = ps_refuses(fence, Vec::new()).await?;
         // worker/1's incarnation 1 was not fenced: its push still applies.
@@ -516,8 +516,8 @@ fn sec2_ps_stats_from_a_worker_is_refused() {
 #[test]
 fn sec2_ps_retire_from_a_worker_is_refused() {
     run(async {
-        let (cluster, ps, _) = ps_refuses(Retire { epoch: 1 }, Vec::new()).await?;
-        ps.chief_sends(&cluster, &Retire { epoch: 1 }, Vec::new())
+        let (cluster, ps, _) = ps_refuses(Retire { incarnation: 1 }, Vec::new()).await?;
+        ps.chief_sends(&cluster, &Retire { incarnation: 1 }, Vec::new())
             .await?;
         assert_eq!(ps.exits.count(), 1);
         Ok(())
@@ -579,11 +579,11 @@ fn sec2_a_push_under_another_workers_identity_is_refused() {
     run(async {
         let cluster = Cluster::new()?;
         let ps = Ps::start(&cluster).await?;
-        for (worker, epoch) in [(1, 1), (0, 7)] {
-            match ps.push(&cluster.rogue, worker, epoch, 3).await {
+        for (worker, incarnation) in [(1, 1), (0, 7)] {
+            match ps.push(&cluster.rogue, worker, incarnation, 3).await {
                 Err(e) => assert!(e.to_string().contains("pushes only as itself"), "{e}"),
                 Ok(reply) => {
-                    bail!("a push as worker/{worker} epoch {epoch} went through: {reply:?}")
+                    bail!("a push as worker/{worker} incarnation {incarnation} went through: {reply:?}")
                 }
             }
         }
@@ -631,7 +631,7 @@ fn sec2_worker_dataset_positions_from_a_worker_is_refused() {
 
 #[test]
 fn sec2_worker_retire_from_a_worker_is_refused() {
-    run(async { worker_refuses(Retire { epoch: 1 }, None).await });
+    run(async { worker_refuses(Retire { incarnation: 1 }, None).await });
 }
 
 #[test]
@@ -668,7 +668,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
         let chief_node = NodeId::new("chief", 0);
         let chief_addr = cluster.chief.local_addr()?;
         let joining = Joining {
-            epoch: 1,
+            incarnation: 1,
             addr: "127.0.0.1:9".into(),
         };
         for role in ["evaluator", "chief"] {
@@ -689,7 +689,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
                 }) => assert_eq!(tag, Joining::TAG),
                 other => bail!("a {role}'s join was not refused: {other:?}"),
             }
-            let drain = Draining { epoch: 1 };
+            let drain = Draining { incarnation: 1 };
             match Cluster::call(
                 &sender,
                 chief_addr,
@@ -723,7 +723,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
             chief_addr,
             &chief_node,
             COORDINATOR_ACTOR,
-            &Draining { epoch: 1 },
+            &Draining { incarnation: 1 },
             vec![],
         )
         .await?;
@@ -746,7 +746,7 @@ fn sec2_coordinator_joining_and_draining_from_a_non_worker_are_refused() {
             chief_addr,
             &chief_node,
             COORDINATOR_ACTOR,
-            &Draining { epoch: 1 },
+            &Draining { incarnation: 1 },
             vec![],
         )
         .await?;
@@ -777,7 +777,7 @@ fn sec2_coordinator_leaving_from_an_evaluator_is_refused() {
         let chief_node = NodeId::new("chief", 0);
         let chief_addr = cluster.chief.local_addr()?;
         let evaluator = start(&cluster.ca, &NodeId::new("evaluator", 0), 1)?;
-        let msg = Leaving { epoch: 1 };
+        let msg = Leaving { incarnation: 1 };
         match Cluster::call(
             &evaluator,
             chief_addr,

@@ -28,7 +28,7 @@ use cohort::roles::protocol::{
 };
 use cohort::roles::ps::PsError;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
-use cohort_actors::{Epoch, Incarnation, RefusedReason};
+use cohort_actors::{Incarnation, IncarnationId, RefusedReason};
 use cohort_transport::{codec, NodeId};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -385,11 +385,11 @@ fn ps_refusal() -> impl Strategy<Value = PsRefusal> {
         (text(), problem).prop_map(|(name, problem)| PsRefusal::Initializer { name, problem }),
         (any::<u64>(), any::<u64>()).prop_map(|(got, max)| PsRefusal::TooManyNames { got, max }),
         (any::<u32>(), any::<u64>(), text(), any::<u64>()).prop_map(
-            |(worker, epoch, from, from_epoch)| PsRefusal::NotTheSender {
+            |(worker, incarnation, from, from_incarnation)| PsRefusal::NotTheSender {
                 worker,
-                epoch,
+                incarnation,
                 from,
-                from_epoch,
+                from_incarnation,
             }
         ),
     ]
@@ -402,15 +402,16 @@ fn refusal_result<T: Debug>(
 }
 
 fn incarnation() -> impl Strategy<Value = Incarnation<NodeId>> {
-    ("[a-z][a-z0-9-]{0,8}", any::<u32>(), any::<u64>())
-        .prop_map(|(role, index, epoch)| Incarnation::new(NodeId::new(role, index), Epoch(epoch)))
+    ("[a-z][a-z0-9-]{0,8}", any::<u32>(), any::<u64>()).prop_map(|(role, index, incarnation)| {
+        Incarnation::new(NodeId::new(role, index), IncarnationId(incarnation))
+    })
 }
 
 fn envelope() -> impl Strategy<Value = Envelope> {
     (incarnation(), any::<u64>(), text(), text(), any::<u64>()).prop_map(
-        |(from, to_epoch, actor, tag, reply_within_ms)| Envelope {
+        |(from, to_incarnation, actor, tag, reply_within_ms)| Envelope {
             from,
-            to_epoch: Epoch(to_epoch),
+            to_incarnation: IncarnationId(to_incarnation),
             actor,
             tag,
             reply_within_ms,
@@ -446,7 +447,7 @@ fn wire_reply() -> impl Strategy<Value = WireReply> {
         refused_reason().prop_map(WireReply::Refused),
         text().prop_map(WireReply::Stale),
         (any::<u64>(), text()).prop_map(|(known, reason)| WireReply::Outdated {
-            known: Epoch(known),
+            known: IncarnationId(known),
             reason
         }),
     ]
@@ -469,10 +470,10 @@ decode_props! {
         vec((text(), wire_gradient()), 0..4),
         learning_rate(),
     )
-        .prop_map(|(worker, epoch, closure, attempt, generation, gradients, learning_rate)| Push {
+        .prop_map(|(worker, incarnation, closure, attempt, generation, gradients, learning_rate)| Push {
             origin: PushOrigin {
                 worker,
-                epoch,
+                incarnation,
                 closure: ClosureId(closure),
                 attempt,
                 part: attempt.wrapping_mul(3),
@@ -482,7 +483,7 @@ decode_props! {
             gradients,
         });
     fence_worker: FenceWorker = (any::<u32>(), any::<u64>())
-        .prop_map(|(worker, epoch)| FenceWorker { worker, epoch });
+        .prop_map(|(worker, incarnation)| FenceWorker { worker, incarnation });
     finished_below: FinishedBelow = (any::<u64>(), any::<u64>())
         .prop_map(|(closure, generation)| FinishedBelow { closure, generation });
     snapshot: Snapshot = text().prop_map(|name| Snapshot { name });
@@ -497,11 +498,11 @@ decode_props! {
             servers,
             learning_rate,
         });
-    retire: Retire = any::<u64>().prop_map(|epoch| Retire { epoch });
+    retire: Retire = any::<u64>().prop_map(|incarnation| Retire { incarnation });
     shutdown: Shutdown = Just(Shutdown);
-    leaving: Leaving = any::<u64>().prop_map(|epoch| Leaving { epoch });
-    joining: Joining = (any::<u64>(), text()).prop_map(|(epoch, addr)| Joining { epoch, addr });
-    draining: Draining = any::<u64>().prop_map(|epoch| Draining { epoch });
+    leaving: Leaving = any::<u64>().prop_map(|incarnation| Leaving { incarnation });
+    joining: Joining = (any::<u64>(), text()).prop_map(|(incarnation, addr)| Joining { incarnation, addr });
+    draining: Draining = any::<u64>().prop_map(|incarnation| Draining { incarnation });
     setup: SetupWorker = setup_worker();
     layout_value: Layout = layout();
     dataset_positions: DatasetPositions = Just(DatasetPositions);
@@ -565,7 +566,11 @@ fn a_forged_length_prefix_is_an_error_not_an_allocation() {
     )
     .is_err());
     // A Call header whose actor name claims 2^64 - 1 bytes.
-    let from = codec::encode(&Incarnation::new(NodeId::new("worker", 0), Epoch(1)), LIMIT).unwrap();
+    let from = codec::encode(
+        &Incarnation::new(NodeId::new("worker", 0), IncarnationId(1)),
+        LIMIT,
+    )
+    .unwrap();
     let forged = [&[2u8][..], &from, &[1u8], &huge].concat();
     assert!(codec::decode::<WireMsg>(&forged, LIMIT).is_err());
 }

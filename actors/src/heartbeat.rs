@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::fencing::{Epoch, Incarnation};
+use crate::fencing::{Incarnation, IncarnationId};
 
 /// Heartbeat period and silence budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub enum HeartbeatEvent<P> {
         /// Why it was declared dead.
         cause: DeathCause,
     },
-    /// A new incarnation of the peer is alive (first contact, or back with a newer epoch).
+    /// A new incarnation of the peer is alive (first contact, or back with a newer incarnation).
     PeerAlive {
         /// The incarnation now alive.
         incarnation: Incarnation<P>,
@@ -99,7 +99,7 @@ pub enum Heard {
 ///
 /// Calling protocol:
 /// 1. Whenever anything is heard from a peer (a heartbeat, or any authenticated message), call
-///    [`handle_heartbeat`](Self::handle_heartbeat)`(now, peer, epoch)`. The first call for a peer
+///    [`handle_heartbeat`](Self::handle_heartbeat)`(now, peer, incarnation)`. The first call for a peer
 ///    starts watching it. A [`Heard::Stale`] answer means the message comes from a dead or
 ///    superseded incarnation and must be dropped.
 /// 2. Drain [`poll_event`](Self::poll_event) until `None` and act on each event: send the
@@ -111,7 +111,7 @@ pub enum Heard {
 /// `now` must not go backwards between calls. A peer is declared dead once `timeout` has passed
 /// since it was last heard from, at the first `handle_timeout` at or after that instant; with
 /// timers armed as asked, that is within `timeout` plus timer slack. A dead incarnation stays
-/// dead: only a newer epoch of the peer brings it back. The event queue holds at most two events
+/// dead: only a newer incarnation of the peer brings it back. The event queue holds at most two events
 /// per watched peer between drains (three with a probe).
 ///
 /// While a live peer is watched, `handle_timeout` is due at least every `interval`. When two
@@ -143,10 +143,10 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
         self.config
     }
 
-    /// Records that `peer` in incarnation `epoch` was heard from at `now`.
-    pub fn handle_heartbeat(&mut self, now: Instant, peer: P, epoch: Epoch) -> Heard {
+    /// Records that `peer` in incarnation `incarnation` was heard from at `now`.
+    pub fn handle_heartbeat(&mut self, now: Instant, peer: P, incarnation: IncarnationId) -> Heard {
         let fresh = PeerLiveness {
-            epoch,
+            incarnation,
             last_heard: now,
             next_send: now + self.config.interval,
             dead: false,
@@ -155,62 +155,62 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
         let Some(state) = self.peers.get_mut(&peer) else {
             self.peers.insert(peer.clone(), fresh);
             self.events.push_back(HeartbeatEvent::PeerAlive {
-                incarnation: Incarnation::new(peer, epoch),
+                incarnation: Incarnation::new(peer, incarnation),
             });
             return Heard::NewIncarnation;
         };
-        if epoch < state.epoch || (epoch == state.epoch && state.dead) {
+        if incarnation < state.incarnation || (incarnation == state.incarnation && state.dead) {
             return Heard::Stale;
         }
-        if epoch == state.epoch {
+        if incarnation == state.incarnation {
             state.last_heard = state.last_heard.max(now);
             return Heard::Alive;
         }
         let old = std::mem::replace(state, fresh);
         if !old.dead {
             self.events.push_back(HeartbeatEvent::PeerDead {
-                incarnation: Incarnation::new(peer.clone(), old.epoch),
+                incarnation: Incarnation::new(peer.clone(), old.incarnation),
                 cause: DeathCause::Superseded,
             });
         }
         self.events.push_back(HeartbeatEvent::PeerAlive {
-            incarnation: Incarnation::new(peer, epoch),
+            incarnation: Incarnation::new(peer, incarnation),
         });
         Heard::NewIncarnation
     }
 
-    /// Declares `peer`'s incarnation `epoch` dead on outside evidence (its supervisor saw the
+    /// Declares `peer`'s incarnation `incarnation` dead on outside evidence (its supervisor saw the
     /// process exit): only when it is the live incarnation watched now. A report of an older
     /// incarnation, of one already dead, or of one never heard from changes nothing (a late
     /// report must never kill the incarnation that replaced it). Returns whether it was
     /// declared dead; the [`HeartbeatEvent::PeerDead`] follows from [`poll_event`](Self::poll_event).
-    pub fn handle_reported_dead(&mut self, peer: &P, epoch: Epoch) -> bool {
-        self.declare_dead(peer, epoch, DeathCause::Reported)
+    pub fn handle_reported_dead(&mut self, peer: &P, incarnation: IncarnationId) -> bool {
+        self.declare_dead(peer, incarnation, DeathCause::Reported)
     }
 
-    /// Declares `peer`'s incarnation `epoch` dead because a [`HeartbeatEvent::Probe`] of it
+    /// Declares `peer`'s incarnation `incarnation` dead because a [`HeartbeatEvent::Probe`] of it
     /// was refused (nothing listens where it was reached), under the same rule as
     /// [`handle_reported_dead`](Self::handle_reported_dead): only the live incarnation watched
     /// now, and only while it is still silent (a probe answered late, after the peer was heard
     /// from again, changes nothing). Returns whether it was declared dead.
-    pub fn handle_refused(&mut self, now: Instant, peer: &P, epoch: Epoch) -> bool {
+    pub fn handle_refused(&mut self, now: Instant, peer: &P, incarnation: IncarnationId) -> bool {
         let interval = self.config.interval;
         let still_silent = self.peers.get(peer).is_some_and(|s| {
             now.saturating_duration_since(s.last_heard) >= interval * SUSPECT_AFTER_INTERVALS
         });
-        still_silent && self.declare_dead(peer, epoch, DeathCause::Refused)
+        still_silent && self.declare_dead(peer, incarnation, DeathCause::Refused)
     }
 
-    fn declare_dead(&mut self, peer: &P, epoch: Epoch, cause: DeathCause) -> bool {
+    fn declare_dead(&mut self, peer: &P, incarnation: IncarnationId, cause: DeathCause) -> bool {
         let Some(state) = self.peers.get_mut(peer) else {
             return false;
         };
-        if state.dead || state.epoch != epoch {
+        if state.dead || state.incarnation != incarnation {
             return false;
         }
         state.dead = true;
         self.events.push_back(HeartbeatEvent::PeerDead {
-            incarnation: Incarnation::new(peer.clone(), epoch),
+            incarnation: Incarnation::new(peer.clone(), incarnation),
             cause,
         });
         true
@@ -268,7 +268,7 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
             if silent_for >= self.config.timeout {
                 state.dead = true;
                 self.events.push_back(HeartbeatEvent::PeerDead {
-                    incarnation: Incarnation::new(peer.clone(), state.epoch),
+                    incarnation: Incarnation::new(peer.clone(), state.incarnation),
                     cause: DeathCause::Silent { silent_for },
                 });
             } else if now >= state.next_send {
@@ -281,7 +281,7 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
             if let Some(state) = self.peers.get_mut(&peer) {
                 state.probed = Some(now);
                 self.events.push_back(HeartbeatEvent::Probe {
-                    incarnation: Incarnation::new(peer, state.epoch),
+                    incarnation: Incarnation::new(peer, state.incarnation),
                 });
             }
         }
@@ -298,8 +298,8 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
     }
 
     /// The current incarnation of `peer` and whether it is alive, if watched.
-    pub fn peer(&self, peer: &P) -> Option<(Epoch, bool)> {
-        self.peers.get(peer).map(|s| (s.epoch, !s.dead))
+    pub fn peer(&self, peer: &P) -> Option<(IncarnationId, bool)> {
+        self.peers.get(peer).map(|s| (s.incarnation, !s.dead))
     }
 
     /// When `peer` was last heard from, if watched.
@@ -315,7 +315,7 @@ impl<P: Clone + Ord> HeartbeatMachine<P> {
 
 #[derive(Clone, Copy, Debug)]
 struct PeerLiveness {
-    epoch: Epoch,
+    incarnation: IncarnationId,
     last_heard: Instant,
     next_send: Instant,
     dead: bool,
@@ -351,11 +351,14 @@ mod tests {
         let t0 = Instant::now();
         let mut m = machine();
         assert_eq!(m.poll_timeout(), None);
-        assert_eq!(m.handle_heartbeat(t0, "a", Epoch(1)), Heard::NewIncarnation);
+        assert_eq!(
+            m.handle_heartbeat(t0, "a", IncarnationId(1)),
+            Heard::NewIncarnation
+        );
         assert_eq!(
             drain(&mut m),
             vec![HeartbeatEvent::PeerAlive {
-                incarnation: Incarnation::new("a", Epoch(1))
+                incarnation: Incarnation::new("a", IncarnationId(1))
             }]
         );
         assert_eq!(m.poll_timeout(), Some(t0 + INTERVAL));
@@ -371,7 +374,7 @@ mod tests {
     fn a_pause_of_this_process_gives_peers_a_fresh_budget_instead_of_killing_them() {
         let t0 = Instant::now();
         let mut m = machine();
-        m.handle_heartbeat(t0, "a", Epoch(1));
+        m.handle_heartbeat(t0, "a", IncarnationId(1));
         m.handle_timeout(t0 + INTERVAL);
         drain(&mut m);
         // Nothing ran for ten budgets (we were SIGSTOPped): the silence was ours.
@@ -380,7 +383,7 @@ mod tests {
         assert!(drain(&mut m)
             .iter()
             .all(|e| matches!(e, HeartbeatEvent::SendHeartbeat { .. })));
-        assert_eq!(m.peer(&"a"), Some((Epoch(1), true)));
+        assert_eq!(m.peer(&"a"), Some((IncarnationId(1), true)));
         // Still silent a whole budget after waking, ticking as due: now it is dead.
         let mut t = woke;
         while t < woke + TIMEOUT {
@@ -396,30 +399,33 @@ mod tests {
     fn a_reported_exit_kills_only_the_live_incarnation_it_names() {
         let t0 = Instant::now();
         let mut m = machine();
-        m.handle_heartbeat(t0, "a", Epoch(2));
+        m.handle_heartbeat(t0, "a", IncarnationId(2));
         drain(&mut m);
         // Reports of an older incarnation, of one never heard from, or of another peer.
-        assert!(!m.handle_reported_dead(&"a", Epoch(1)));
-        assert!(!m.handle_reported_dead(&"a", Epoch(3)));
-        assert!(!m.handle_reported_dead(&"b", Epoch(2)));
+        assert!(!m.handle_reported_dead(&"a", IncarnationId(1)));
+        assert!(!m.handle_reported_dead(&"a", IncarnationId(3)));
+        assert!(!m.handle_reported_dead(&"b", IncarnationId(2)));
         assert_eq!(drain(&mut m), vec![]);
-        assert_eq!(m.peer(&"a"), Some((Epoch(2), true)));
+        assert_eq!(m.peer(&"a"), Some((IncarnationId(2), true)));
         // The live one: dead at once, long before its silence budget.
-        assert!(m.handle_reported_dead(&"a", Epoch(2)));
+        assert!(m.handle_reported_dead(&"a", IncarnationId(2)));
         assert_eq!(
             drain(&mut m),
             vec![HeartbeatEvent::PeerDead {
-                incarnation: Incarnation::new("a", Epoch(2)),
+                incarnation: Incarnation::new("a", IncarnationId(2)),
                 cause: DeathCause::Reported,
             }]
         );
-        assert_eq!(m.peer(&"a"), Some((Epoch(2), false)));
+        assert_eq!(m.peer(&"a"), Some((IncarnationId(2), false)));
         // Reported twice, or later found silent: declared dead once.
-        assert!(!m.handle_reported_dead(&"a", Epoch(2)));
+        assert!(!m.handle_reported_dead(&"a", IncarnationId(2)));
         m.handle_timeout(t0 + TIMEOUT * 2);
         assert_eq!(drain(&mut m), vec![]);
         // Its successor is admitted as ever.
-        assert_eq!(m.handle_heartbeat(t0, "a", Epoch(3)), Heard::NewIncarnation);
+        assert_eq!(
+            m.handle_heartbeat(t0, "a", IncarnationId(3)),
+            Heard::NewIncarnation
+        );
     }
 
     /// A live peer silent for two intervals is to be probed, again two intervals later while
@@ -433,7 +439,7 @@ mod tests {
             interval: INTERVAL,
             timeout: INTERVAL * 10,
         });
-        m.handle_heartbeat(t0, "a", Epoch(2));
+        m.handle_heartbeat(t0, "a", IncarnationId(2));
         drain(&mut m);
         let suspect = INTERVAL * SUSPECT_AFTER_INTERVALS;
         let probes = |events: Vec<HeartbeatEvent<&'static str>>| {
@@ -452,7 +458,7 @@ mod tests {
                 .filter(|e| matches!(e, HeartbeatEvent::Probe { .. }))
                 .collect::<Vec<_>>(),
             vec![HeartbeatEvent::Probe {
-                incarnation: Incarnation::new("a", Epoch(2))
+                incarnation: Incarnation::new("a", IncarnationId(2))
             }]
         );
         // Not again before as long once more.
@@ -462,43 +468,46 @@ mod tests {
         assert_eq!(probes(drain(&mut m)), 1);
         // Heard from: a late refusal changes nothing, and no probe is asked.
         let heard = t0 + suspect * 2 + ms(1);
-        m.handle_heartbeat(heard, "a", Epoch(2));
-        assert!(!m.handle_refused(heard + ms(1), &"a", Epoch(2)));
+        m.handle_heartbeat(heard, "a", IncarnationId(2));
+        assert!(!m.handle_refused(heard + ms(1), &"a", IncarnationId(2)));
         m.handle_timeout(heard + suspect - ms(1));
         assert_eq!(probes(drain(&mut m)), 0);
         // Silent again: a refusal of another incarnation or peer changes nothing; of the live
         // one, dead at once.
         let later = heard + suspect;
-        assert!(!m.handle_refused(later, &"a", Epoch(1)));
-        assert!(!m.handle_refused(later, &"b", Epoch(2)));
-        assert!(m.handle_refused(later, &"a", Epoch(2)));
+        assert!(!m.handle_refused(later, &"a", IncarnationId(1)));
+        assert!(!m.handle_refused(later, &"b", IncarnationId(2)));
+        assert!(m.handle_refused(later, &"a", IncarnationId(2)));
         assert_eq!(
             drain(&mut m),
             vec![HeartbeatEvent::PeerDead {
-                incarnation: Incarnation::new("a", Epoch(2)),
+                incarnation: Incarnation::new("a", IncarnationId(2)),
                 cause: DeathCause::Refused,
             }]
         );
-        assert!(!m.handle_refused(later, &"a", Epoch(2)), "declared once");
+        assert!(
+            !m.handle_refused(later, &"a", IncarnationId(2)),
+            "declared once"
+        );
     }
 
     #[test]
     fn silent_peer_is_declared_dead_at_timeout_not_before() {
         let t0 = Instant::now();
         let mut m = machine();
-        m.handle_heartbeat(t0, "a", Epoch(1));
+        m.handle_heartbeat(t0, "a", IncarnationId(1));
         drain(&mut m);
         m.handle_timeout(t0 + TIMEOUT - ms(1));
         assert!(drain(&mut m).iter().all(|e| matches!(
             e,
             HeartbeatEvent::SendHeartbeat { .. } | HeartbeatEvent::Probe { .. }
         )));
-        assert_eq!(m.peer(&"a"), Some((Epoch(1), true)));
+        assert_eq!(m.peer(&"a"), Some((IncarnationId(1), true)));
         m.handle_timeout(t0 + TIMEOUT);
         assert_eq!(
             drain(&mut m),
             vec![HeartbeatEvent::PeerDead {
-                incarnation: Incarnation::new("a", Epoch(1)),
+                incarnation: Incarnation::new("a", IncarnationId(1)),
                 cause: DeathCause::Silent {
                     silent_for: TIMEOUT
                 }
@@ -516,7 +525,7 @@ mod tests {
         let mut m = machine();
         for i in 0..50 {
             let now = t0 + ms(i * 100);
-            assert_ne!(m.handle_heartbeat(now, "a", Epoch(1)), Heard::Stale);
+            assert_ne!(m.handle_heartbeat(now, "a", IncarnationId(1)), Heard::Stale);
             m.handle_timeout(now);
         }
         assert!(drain(&mut m)
@@ -525,66 +534,69 @@ mod tests {
     }
 
     #[test]
-    fn fence1_dead_incarnation_stays_dead_newer_epoch_revives() {
+    fn fence1_dead_incarnation_stays_dead_newer_incarnation_revives() {
         let t0 = Instant::now();
         let mut m = machine();
-        m.handle_heartbeat(t0, "a", Epoch(1));
+        m.handle_heartbeat(t0, "a", IncarnationId(1));
         m.handle_timeout(t0 + TIMEOUT);
         drain(&mut m);
-        // The frozen process wakes up and speaks again with its old epoch: ignored.
+        // The frozen process wakes up and speaks again with its old incarnation: ignored.
         assert_eq!(
-            m.handle_heartbeat(t0 + ms(500), "a", Epoch(1)),
+            m.handle_heartbeat(t0 + ms(500), "a", IncarnationId(1)),
             Heard::Stale
         );
         assert_eq!(
-            m.handle_heartbeat(t0 + ms(500), "a", Epoch(0)),
+            m.handle_heartbeat(t0 + ms(500), "a", IncarnationId(0)),
             Heard::Stale
         );
         assert_eq!(drain(&mut m), vec![]);
         // Its restarted successor is welcome.
         assert_eq!(
-            m.handle_heartbeat(t0 + ms(600), "a", Epoch(2)),
+            m.handle_heartbeat(t0 + ms(600), "a", IncarnationId(2)),
             Heard::NewIncarnation
         );
         assert_eq!(
             drain(&mut m),
             vec![HeartbeatEvent::PeerAlive {
-                incarnation: Incarnation::new("a", Epoch(2))
+                incarnation: Incarnation::new("a", IncarnationId(2))
             }]
         );
-        assert_eq!(m.peer(&"a"), Some((Epoch(2), true)));
+        assert_eq!(m.peer(&"a"), Some((IncarnationId(2), true)));
     }
 
     #[test]
-    fn newer_epoch_while_alive_reports_old_dead_then_new_alive() {
+    fn newer_incarnation_while_alive_reports_old_dead_then_new_alive() {
         let t0 = Instant::now();
         let mut m = machine();
-        m.handle_heartbeat(t0, "a", Epoch(1));
+        m.handle_heartbeat(t0, "a", IncarnationId(1));
         drain(&mut m);
-        assert_eq!(m.handle_heartbeat(t0, "a", Epoch(3)), Heard::NewIncarnation);
+        assert_eq!(
+            m.handle_heartbeat(t0, "a", IncarnationId(3)),
+            Heard::NewIncarnation
+        );
         assert_eq!(
             drain(&mut m),
             vec![
                 HeartbeatEvent::PeerDead {
-                    incarnation: Incarnation::new("a", Epoch(1)),
+                    incarnation: Incarnation::new("a", IncarnationId(1)),
                     cause: DeathCause::Superseded
                 },
                 HeartbeatEvent::PeerAlive {
-                    incarnation: Incarnation::new("a", Epoch(3))
+                    incarnation: Incarnation::new("a", IncarnationId(3))
                 },
             ]
         );
-        assert_eq!(m.handle_heartbeat(t0, "a", Epoch(1)), Heard::Stale);
+        assert_eq!(m.handle_heartbeat(t0, "a", IncarnationId(1)), Heard::Stale);
     }
 
     #[test]
     fn peers_are_independent_and_forget_starts_afresh() {
         let t0 = Instant::now();
         let mut m = machine();
-        m.handle_heartbeat(t0, "a", Epoch(1));
-        m.handle_heartbeat(t0, "b", Epoch(1));
+        m.handle_heartbeat(t0, "a", IncarnationId(1));
+        m.handle_heartbeat(t0, "b", IncarnationId(1));
         drain(&mut m);
-        m.handle_heartbeat(t0 + ms(300), "b", Epoch(1));
+        m.handle_heartbeat(t0 + ms(300), "b", IncarnationId(1));
         m.handle_timeout(t0 + TIMEOUT);
         let dead: Vec<_> = drain(&mut m)
             .into_iter()
@@ -597,7 +609,7 @@ mod tests {
         m.forget(&"a");
         assert_eq!(m.peer_count(), 1);
         assert_eq!(
-            m.handle_heartbeat(t0 + ms(400), "a", Epoch(1)),
+            m.handle_heartbeat(t0 + ms(400), "a", IncarnationId(1)),
             Heard::NewIncarnation
         );
     }
@@ -616,19 +628,19 @@ mod tests {
             let mut now = t0;
             let mut last: BTreeMap<u8, (u64, Instant, bool)> = BTreeMap::new();
             let mut last_tick: Option<Instant> = None;
-            for (gap, is_heartbeat, peer, epoch) in steps {
+            for (gap, is_heartbeat, peer, incarnation) in steps {
                 now += ms(gap);
                 if is_heartbeat {
-                    let heard = m.handle_heartbeat(now, peer, Epoch(epoch));
+                    let heard = m.handle_heartbeat(now, peer, IncarnationId(incarnation));
                     let expected = match last.get(&peer) {
                         None => Heard::NewIncarnation,
-                        Some(&(e, _, dead)) if epoch < e || (epoch == e && dead) => Heard::Stale,
-                        Some(&(e, _, _)) if epoch == e => Heard::Alive,
+                        Some(&(e, _, dead)) if incarnation < e || (incarnation == e && dead) => Heard::Stale,
+                        Some(&(e, _, _)) if incarnation == e => Heard::Alive,
                         Some(_) => Heard::NewIncarnation,
                     };
                     prop_assert_eq!(heard, expected);
                     if heard != Heard::Stale {
-                        last.insert(peer, (epoch, now, false));
+                        last.insert(peer, (incarnation, now, false));
                     }
                 } else {
                     if last_tick.is_some_and(|t| now.duration_since(t) > TIMEOUT) {
@@ -643,7 +655,7 @@ mod tests {
                     if let HeartbeatEvent::PeerDead { incarnation, cause: DeathCause::Silent { silent_for } } = event {
                         let state = last.get_mut(&incarnation.node).expect("dead peer was watched");
                         prop_assert!(!state.2, "declared dead twice");
-                        prop_assert_eq!(state.0, incarnation.epoch.0);
+                        prop_assert_eq!(state.0, incarnation.incarnation.0);
                         prop_assert!(silent_for >= TIMEOUT);
                         prop_assert_eq!(now.duration_since(state.1), silent_for);
                         state.2 = true;

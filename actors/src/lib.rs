@@ -9,7 +9,7 @@
 //! - [`gateway`]: the per-node [`Gateway`] (delivers remote messages to local actors by
 //!   name, runs heartbeats for every peer, fences dead incarnations, refuses message types a
 //!   sender's role may not send: SEC-2) and typed [`RemoteRef`]s.
-//! - [`fencing`]: [`Epoch`], [`Incarnation`] and the [`FencingTable`] that enforces FENCE-1.
+//! - [`fencing`]: [`IncarnationId`], [`Incarnation`] and the [`FencingTable`] that enforces FENCE-1.
 //! - [`wire`]: the gateway protocol's frame headers.
 //!
 //! Every decision is a pure machine (time passed in, no IO); the gateway is a thin shell that
@@ -23,7 +23,7 @@ pub mod restart;
 pub mod supervisor;
 pub mod wire;
 
-pub use fencing::{Admission, Epoch, FencingTable, Incarnation, Stale};
+pub use fencing::{Admission, FencingTable, Incarnation, IncarnationId, Stale};
 pub use gateway::{
     Gateway, GatewayConfig, GatewayStats, LookupError, PeerAddr, PeerEvent, RefusedReason,
     RegisterError, Remote, RemoteError, RemoteMessage, RemoteRef, ResolveError, Resolver, Senders,

@@ -9,7 +9,7 @@
 use bincode::{Decode, Encode};
 use cohort_transport::NodeId;
 
-use crate::fencing::{Epoch, Incarnation};
+use crate::fencing::{Incarnation, IncarnationId};
 use crate::gateway::RefusedReason;
 
 /// Request and one-way headers.
@@ -37,7 +37,7 @@ pub struct Envelope {
     /// The sender's incarnation.
     pub from: Incarnation<NodeId>,
     /// The receiver incarnation the sender means; any other is refused as stale (FENCE-1).
-    pub to_epoch: Epoch,
+    pub to_incarnation: IncarnationId,
     /// The target actor's registered name.
     pub actor: String,
     /// The message type's [`RemoteMessage::TAG`](crate::RemoteMessage::TAG).
@@ -63,10 +63,10 @@ pub enum WireReply {
     Stale(String),
     /// Answer to a [`WireMsg::Hello`] from an incarnation that is not newer than one the
     /// acceptor already knows of the same node (FENCE-1): the dialer's own incarnation is
-    /// outdated (its clock stepped back, or it reused an epoch). Carries the known epoch.
+    /// outdated (its clock stepped back, or it reused an incarnation). Carries the known incarnation.
     Outdated {
-        /// The highest epoch of the dialer's node the acceptor knows.
-        known: Epoch,
+        /// The highest incarnation of the dialer's node the acceptor knows.
+        known: IncarnationId,
         /// Why, in words.
         reason: String,
     },

@@ -14,8 +14,8 @@ use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
 use cohort_actors::{
-    Epoch, Gateway, GatewayConfig, GatewayStats, HeartbeatConfig, Incarnation, RefusedReason,
-    Remote, RemoteError, RemoteMessage, Senders,
+    Gateway, GatewayConfig, GatewayStats, HeartbeatConfig, Incarnation, IncarnationId,
+    RefusedReason, Remote, RemoteError, RemoteMessage, Senders,
 };
 use cohort_transport::{codec, ClusterCa, Connection, Endpoint, Frame, NodeId, TransportConfig};
 use tokio::sync::mpsc;
@@ -109,13 +109,13 @@ fn station(ca: &ClusterCa) -> anyhow::Result<Station> {
     })
 }
 
-fn start(ca: &ClusterCa, node: &NodeId, epoch: u64) -> anyhow::Result<Gateway> {
+fn start(ca: &ClusterCa, node: &NodeId, incarnation: u64) -> anyhow::Result<Gateway> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let endpoint = Endpoint::bind(any, ca.issue(node)?, TransportConfig::for_tests())?;
     Ok(Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(epoch),
+            incarnation: IncarnationId(incarnation),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(5),
@@ -239,10 +239,10 @@ fn sec2_hello_heartbeats_and_open_types_reach_every_authenticated_peer() {
         let stranger = NodeId::new("stranger", 0);
         let gateway = start(&ca, &stranger, 4)?;
         let target = gateway.connect(addr, &at).await?;
-        assert_eq!(target, Incarnation::new(at.clone(), Epoch(1)));
+        assert_eq!(target, Incarnation::new(at.clone(), IncarnationId(1)));
         assert_eq!(
             station.gateway.peer_status(&stranger),
-            Some((Epoch(4), true))
+            Some((IncarnationId(4), true))
         );
         gateway
             .remote_ref::<Ping>(target.clone(), ACTOR)
@@ -276,7 +276,7 @@ fn sec2_the_check_uses_the_certificate_and_comes_before_decoding() {
         let hand = NodeId::new("hand", 0);
         let raw = Endpoint::bind(any, ca.issue(&hand)?, TransportConfig::for_tests())?;
         let conn = raw.connect(addr, &at).await?;
-        let me = Incarnation::new(hand.clone(), Epoch(1));
+        let me = Incarnation::new(hand.clone(), IncarnationId(1));
         assert!(matches!(
             hello(&conn, me.clone()).await?,
             WireReply::Hello { .. }
@@ -287,7 +287,7 @@ fn sec2_the_check_uses_the_certificate_and_comes_before_decoding() {
             WireReply::Refused(not_allowed("test.Halt", "hand"))
         );
         // Claiming to be the boss in the envelope is a forged sender (SEC-1), not a pass.
-        let claimed = Incarnation::new(NodeId::new("boss", 0), Epoch(1));
+        let claimed = Incarnation::new(NodeId::new("boss", 0), IncarnationId(1));
         let payload = codec::encode(&Halt { code: 1 }, PAYLOAD_MAX)?;
         match ask(&conn, call(claimed, Halt::TAG, payload)?).await? {
             WireReply::Refused(RefusedReason::NotAuthenticated(_)) => {}
@@ -298,7 +298,7 @@ fn sec2_the_check_uses_the_certificate_and_comes_before_decoding() {
         let boss = NodeId::new("boss", 0);
         let raw_boss = Endpoint::bind(any, ca.issue(&boss)?, TransportConfig::for_tests())?;
         let conn = raw_boss.connect(addr, &at).await?;
-        let me = Incarnation::new(boss, Epoch(1));
+        let me = Incarnation::new(boss, IncarnationId(1));
         assert!(matches!(
             hello(&conn, me.clone()).await?,
             WireReply::Hello { .. }
@@ -317,7 +317,7 @@ fn sec2_the_check_uses_the_certificate_and_comes_before_decoding() {
 fn call(from: Incarnation<NodeId>, tag: &str, payload: Bytes) -> anyhow::Result<Frame> {
     let envelope = Envelope {
         from,
-        to_epoch: Epoch(1),
+        to_incarnation: IncarnationId(1),
         actor: ACTOR.to_string(),
         tag: tag.to_string(),
         reply_within_ms: 5_000,

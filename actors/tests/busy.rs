@@ -10,7 +10,7 @@ use anyhow::{bail, Context as _};
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::{
-    Epoch, Gateway, GatewayConfig, HeartbeatConfig, RefusedReason, Remote, RemoteError,
+    Gateway, GatewayConfig, HeartbeatConfig, IncarnationId, RefusedReason, Remote, RemoteError,
     RemoteMessage, Senders,
 };
 use cohort_transport::connection::RawRequest;
@@ -129,7 +129,7 @@ fn start(ca: &ClusterCa, node: &NodeId) -> anyhow::Result<Gateway> {
     Ok(Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(1),
+            incarnation: IncarnationId(1),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(5),

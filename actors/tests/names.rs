@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use bincode::{Decode, Encode};
 use cohort_actors::{
-    Epoch, Gateway, GatewayConfig, HeartbeatConfig, LookupError, PeerAddr, RefusedReason, Remote,
-    RemoteError, RemoteMessage, Resolver, Senders,
+    Gateway, GatewayConfig, HeartbeatConfig, IncarnationId, LookupError, PeerAddr, RefusedReason,
+    Remote, RemoteError, RemoteMessage, Resolver, Senders,
 };
 use cohort_transport::{ClusterCa, Endpoint, NodeCredentials, NodeId, TransportConfig};
 
@@ -37,12 +37,12 @@ impl Resolver for Names {
     }
 }
 
-fn start(creds: NodeCredentials, epoch: u64) -> anyhow::Result<Gateway> {
+fn start(creds: NodeCredentials, incarnation: u64) -> anyhow::Result<Gateway> {
     let endpoint = Endpoint::bind("127.0.0.1:0".parse()?, creds, TransportConfig::for_tests())?;
     let gateway = Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(epoch),
+            incarnation: IncarnationId(incarnation),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(5),
@@ -51,9 +51,9 @@ fn start(creds: NodeCredentials, epoch: u64) -> anyhow::Result<Gateway> {
             ..GatewayConfig::default()
         },
     );
-    // Answers with its own epoch, so the caller sees which process it reached.
+    // Answers with its own incarnation, so the caller sees which process it reached.
     gateway.register_fn::<Ping, _, _>("echo", move |_: Remote<Ping>| async move {
-        Ok::<_, RefusedReason>(epoch)
+        Ok::<_, RefusedReason>(incarnation)
     })?;
     Ok(gateway)
 }
@@ -81,7 +81,7 @@ async fn dial_until_answered(
             Err(e) => Err(e),
         };
         match answer {
-            Ok(epoch) => return Ok((epoch, errors)),
+            Ok(incarnation) => return Ok((incarnation, errors)),
             // A link to a process that has just gone fails until it is seen closed.
             Err(e) => errors.push(e),
         }
@@ -112,8 +112,8 @@ fn a_name_that_resolves_late_is_dialed_once_it_resolves_and_followed_to_a_new_ad
         // The peer comes up and its name starts resolving: the next dial reaches it.
         let first = start(ca.issue(&ps)?, 1)?;
         *names.0.lock().unwrap() = Some(first.local_addr()?);
-        let (epoch, _) = dial_until_answered(&dialer, &addr, &ps, 50).await?;
-        assert_eq!(epoch, 1);
+        let (incarnation, _) = dial_until_answered(&dialer, &addr, &ps, 50).await?;
+        assert_eq!(incarnation, 1);
         assert_eq!(addr.last_resolved(), Some(first.local_addr()?));
 
         // The peer is recreated under the same name at a new address (a new pod IP); the old
@@ -123,10 +123,13 @@ fn a_name_that_resolves_late_is_dialed_once_it_resolves_and_followed_to_a_new_ad
         let new_addr = second.local_addr()?;
         assert_ne!(Some(new_addr), addr.last_resolved());
         *names.0.lock().unwrap() = Some(new_addr);
-        let (epoch, _) = dial_until_answered(&dialer, &addr, &ps, 100).await?;
-        assert_eq!(epoch, 2, "the recreated peer answers at its new address");
+        let (incarnation, _) = dial_until_answered(&dialer, &addr, &ps, 100).await?;
+        assert_eq!(
+            incarnation, 2,
+            "the recreated peer answers at its new address"
+        );
         assert_eq!(addr.last_resolved(), Some(new_addr));
-        assert_eq!(dialer.peer_status(&ps), Some((Epoch(2), true)));
+        assert_eq!(dialer.peer_status(&ps), Some((IncarnationId(2), true)));
         second.shutdown();
         dialer.shutdown();
         Ok(())
@@ -152,7 +155,7 @@ fn a_name_that_never_resolves_fails_every_dial_within_the_bound_and_never_panics
         let err = dialer
             .call_fenced::<Ping>(
                 &addr,
-                &cohort_actors::Incarnation::new(worker.clone(), Epoch(1)),
+                &cohort_actors::Incarnation::new(worker.clone(), IncarnationId(1)),
                 "echo",
                 &Ping,
             )

@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context as _};
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::{
-    DeathCause, Epoch, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, PeerEvent,
+    DeathCause, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, IncarnationId, PeerEvent,
     RefusedReason, Remote, RemoteError, RemoteMessage, Senders,
 };
 use cohort_chaos::process::ChildProcess;
@@ -121,7 +121,7 @@ const RELAXED: HeartbeatConfig = HeartbeatConfig {
 
 fn start_gateway_with(
     creds: NodeCredentials,
-    epoch: u64,
+    incarnation: u64,
     heartbeat: HeartbeatConfig,
 ) -> anyhow::Result<Gateway> {
     let addr: SocketAddr = "127.0.0.1:0".parse()?;
@@ -135,7 +135,7 @@ fn start_gateway_with(
     };
     let endpoint = Endpoint::bind(addr, creds, transport)?;
     let config = GatewayConfig {
-        epoch: Epoch(epoch),
+        incarnation: IncarnationId(incarnation),
         heartbeat,
         call_timeout: Duration::from_secs(5),
         ..GatewayConfig::default()
@@ -143,12 +143,12 @@ fn start_gateway_with(
     Ok(Gateway::start(endpoint, config))
 }
 
-fn start_gateway(creds: NodeCredentials, epoch: u64) -> anyhow::Result<Gateway> {
-    start_gateway_with(creds, epoch, RELAXED)
+fn start_gateway(creds: NodeCredentials, incarnation: u64) -> anyhow::Result<Gateway> {
+    start_gateway_with(creds, incarnation, RELAXED)
 }
 
-fn start_detecting_gateway(creds: NodeCredentials, epoch: u64) -> anyhow::Result<Gateway> {
-    start_gateway_with(creds, epoch, HEARTBEAT)
+fn start_detecting_gateway(creds: NodeCredentials, incarnation: u64) -> anyhow::Result<Gateway> {
+    start_gateway_with(creds, incarnation, HEARTBEAT)
 }
 
 fn node(role: &str, index: u32) -> NodeId {
@@ -229,7 +229,10 @@ fn request_response_and_one_way_between_two_gateways() {
         let add = worker
             .resolve::<Add>(server.local_addr()?, &ps, "calc")
             .await?;
-        assert_eq!(add.target(), &Incarnation::new(ps.clone(), Epoch(7)));
+        assert_eq!(
+            add.target(),
+            &Incarnation::new(ps.clone(), IncarnationId(7))
+        );
         assert_eq!(add.call(&Add { a: 2, b: 40 }).await?, 42);
         for i in 0..50 {
             assert_eq!(add.call(&Add { a: i, b: i }).await?, 2 * i);
@@ -318,23 +321,23 @@ fn fence1_reference_to_a_restarted_node_is_stale() {
         assert_eq!(old_ref.call(&Add { a: 1, b: 1 }).await?, 2);
         assert_eq!(
             next_peer_event(&mut events, Duration::from_secs(5)).await?,
-            PeerEvent::Alive(Incarnation::new(ps.clone(), Epoch(1)))
+            PeerEvent::Alive(Incarnation::new(ps.clone(), IncarnationId(1)))
         );
 
-        // The node restarts as epoch 2, elsewhere; the worker reconnects to it.
+        // The node restarts as incarnation 2, elsewhere; the worker reconnects to it.
         old.shutdown();
         let new = start_gateway(ca.issue(&ps)?, 2)?;
         let _new_calc = serve_calc(&new);
         let new_ref = worker
             .resolve::<Add>(new.local_addr()?, &ps, "calc")
             .await?;
-        assert_eq!(new_ref.target().epoch, Epoch(2));
+        assert_eq!(new_ref.target().incarnation, IncarnationId(2));
         assert_eq!(new_ref.call(&Add { a: 2, b: 2 }).await?, 4);
         // The old incarnation is reported gone, superseded.
         loop {
             match next_peer_event(&mut events, Duration::from_secs(5)).await? {
                 PeerEvent::Dead { incarnation, cause } => {
-                    assert_eq!(incarnation, Incarnation::new(ps.clone(), Epoch(1)));
+                    assert_eq!(incarnation, Incarnation::new(ps.clone(), IncarnationId(1)));
                     assert_eq!(cause, DeathCause::Superseded);
                     break;
                 }
@@ -369,12 +372,12 @@ fn silent_peer_is_declared_dead_and_fenced() {
         let budget = HEARTBEAT.timeout + HEARTBEAT.interval + Duration::from_secs(1);
         match next_peer_event(&mut events, budget).await? {
             PeerEvent::Dead { incarnation, cause } => {
-                assert_eq!(incarnation, Incarnation::new(ps.clone(), Epoch(3)));
+                assert_eq!(incarnation, Incarnation::new(ps.clone(), IncarnationId(3)));
                 assert!(matches!(cause, DeathCause::Silent { .. }));
             }
             other => bail!("expected PeerDead, got {other:?}"),
         }
-        assert_eq!(worker.peer_status(&ps), Some((Epoch(3), false)));
+        assert_eq!(worker.peer_status(&ps), Some((IncarnationId(3), false)));
         match calc.call(&Add { a: 1, b: 1 }).await {
             Err(RemoteError::Stale { .. }) | Err(RemoteError::PeerLost { .. }) => {}
             other => bail!("expected the dead peer to be unreachable, got {other:?}"),
@@ -438,7 +441,7 @@ fn a_call_within_a_longer_bound_outlives_the_call_timeout_at_both_ends() {
             Ok(Gateway::start(
                 endpoint,
                 GatewayConfig {
-                    epoch: Epoch(1),
+                    incarnation: IncarnationId(1),
                     heartbeat: RELAXED,
                     call_timeout: Duration::from_millis(300),
                     ..GatewayConfig::default()
@@ -486,7 +489,7 @@ fn fence1_a_fenced_incarnation_can_still_be_told_so_and_only_that_one() {
             other => bail!("FENCE-1: expected the old incarnation to be stale, got {other:?}"),
         }
         // The fenced incarnation can still be told, at its own address.
-        let target = Incarnation::new(w.clone(), Epoch(1));
+        let target = Incarnation::new(w.clone(), IncarnationId(1));
         chief
             .call_fenced(old.local_addr()?, &target, "calc", &Note("retire".into()))
             .await?;
@@ -509,7 +512,7 @@ fn fence1_a_fenced_incarnation_can_still_be_told_so_and_only_that_one() {
 // ---- the SIGSTOP scenario, with a child process ----
 
 const CHILD_DIR: &str = "COHORT_ACTORS_CHILD_DIR";
-const CHILD_EPOCH: &str = "COHORT_ACTORS_CHILD_EPOCH";
+const CHILD_INCARNATION: &str = "COHORT_ACTORS_CHILD_EPOCH";
 const PARENT_ADDR: &str = "COHORT_ACTORS_PARENT_ADDR";
 /// The child gives up on its own after this long, so it can never outlive a broken test.
 const CHILD_LIFETIME: Duration = Duration::from_secs(30);
@@ -521,23 +524,24 @@ fn child_process_node() {
     let Ok(dir) = std::env::var(CHILD_DIR) else {
         return;
     };
-    let epoch: u64 = std::env::var(CHILD_EPOCH)
-        .expect("child epoch")
+    let incarnation: u64 = std::env::var(CHILD_INCARNATION)
+        .expect("child incarnation")
         .parse()
-        .expect("child epoch is a number");
+        .expect("child incarnation is a number");
     let parent_addr: SocketAddr = std::env::var(PARENT_ADDR)
         .expect("parent address")
         .parse()
         .expect("parent address parses");
     actix::System::new().block_on(async move {
-        let _ = tokio::time::timeout(CHILD_LIFETIME, child_main(dir, epoch, parent_addr)).await;
+        let _ =
+            tokio::time::timeout(CHILD_LIFETIME, child_main(dir, incarnation, parent_addr)).await;
     });
 }
 
-async fn child_main(dir: String, epoch: u64, parent_addr: SocketAddr) {
+async fn child_main(dir: String, incarnation: u64, parent_addr: SocketAddr) {
     let me = node("worker", 1);
     let creds = NodeCredentials::load(Path::new(&dir), &me).expect("child credentials");
-    let gateway = start_detecting_gateway(creds, epoch).expect("child gateway");
+    let gateway = start_detecting_gateway(creds, incarnation).expect("child gateway");
     let parent = node("chief", 0);
     let mut calc = None;
     for i in 0i64.. {
@@ -586,13 +590,13 @@ struct ChildNode {
 }
 
 impl ChildNode {
-    fn spawn(dir: &Path, epoch: u64, parent: SocketAddr) -> anyhow::Result<Self> {
+    fn spawn(dir: &Path, incarnation: u64, parent: SocketAddr) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let mut process = ChildProcess::spawn(
             Command::new(exe)
                 .args(["--exact", "child_process_node", "--nocapture"])
                 .env(CHILD_DIR, dir)
-                .env(CHILD_EPOCH, epoch.to_string())
+                .env(CHILD_INCARNATION, incarnation.to_string())
                 .env(PARENT_ADDR, parent.to_string())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null()),
@@ -649,9 +653,9 @@ impl Drop for TempDir {
 }
 
 /// FENCE-1 semantics proven here: when the heartbeat machine declares a silent incarnation dead,
-/// the gateway fences that epoch. A frozen process that wakes up (SIGCONT) is still the old
+/// the gateway fences that incarnation. A frozen process that wakes up (SIGCONT) is still the old
 /// incarnation, so everything it sends is rejected as stale, and it never reaches an actor again;
-/// the node comes back only as a restarted process with a higher epoch.
+/// the node comes back only as a restarted process with a higher incarnation.
 #[test]
 fn fence1_sigstopped_peer_is_declared_dead_and_its_old_incarnation_rejected() {
     run(Duration::from_secs(60), async {
@@ -668,7 +672,7 @@ fn fence1_sigstopped_peer_is_declared_dead_and_its_old_incarnation_rejected() {
         child
             .expect_line("call ok", Duration::from_secs(20))
             .await?;
-        let old = Incarnation::new(child_id.clone(), Epoch(1));
+        let old = Incarnation::new(child_id.clone(), IncarnationId(1));
         assert_eq!(
             next_peer_event(&mut events, Duration::from_secs(5)).await?,
             PeerEvent::Alive(old.clone())
@@ -692,7 +696,7 @@ fn fence1_sigstopped_peer_is_declared_dead_and_its_old_incarnation_rejected() {
             .expect_line("connect outdated", Duration::from_secs(10))
             .await?;
         assert!(
-            line.contains("fenced") && line.contains("knows epoch 1"),
+            line.contains("fenced") && line.contains("knows incarnation 1"),
             "{line}"
         );
         assert!(parent.stats().stale_rejected > stale_before_resume);
@@ -701,9 +705,12 @@ fn fence1_sigstopped_peer_is_declared_dead_and_its_old_incarnation_rejected() {
             .expect_line("connect outdated", Duration::from_secs(5))
             .await?;
         assert_eq!(calc.callers.lock().unwrap().len(), calls_before_resume);
-        assert_eq!(parent.peer_status(&child_id), Some((Epoch(1), false)));
+        assert_eq!(
+            parent.peer_status(&child_id),
+            Some((IncarnationId(1), false))
+        );
 
-        // The restarted process, with the next epoch, is accepted.
+        // The restarted process, with the next incarnation, is accepted.
         let mut restarted = ChildNode::spawn(&dir.0, 2, parent_addr)?;
         restarted
             .expect_line("call ok", Duration::from_secs(20))
@@ -711,8 +718,11 @@ fn fence1_sigstopped_peer_is_declared_dead_and_its_old_incarnation_rejected() {
         let callers = calc.callers.lock().unwrap().clone();
         assert!(callers[calls_before_resume..]
             .iter()
-            .all(|c| c == &Incarnation::new(child_id.clone(), Epoch(2))));
-        assert_eq!(parent.peer_status(&child_id), Some((Epoch(2), true)));
+            .all(|c| c == &Incarnation::new(child_id.clone(), IncarnationId(2))));
+        assert_eq!(
+            parent.peer_status(&child_id),
+            Some((IncarnationId(2), true))
+        );
 
         child.process.kill()?;
         restarted.process.kill()?;

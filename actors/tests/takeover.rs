@@ -3,7 +3,7 @@
 //! link over at once. Heartbeats move to the new connection, so the restarted process never
 //! sees a live peer as silent; a newer incarnation is reported dead-superseded at once; and a
 //! peer that knows a newer incarnation refuses an older one's hello as outdated, saying which
-//! epoch it knows.
+//! incarnation it knows.
 //!
 //! The restarted process is this test binary re-executed (`takeover_child`): it dials the
 //! parent, says what its own failure detector makes of the parent for a few detection
@@ -17,14 +17,15 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use cohort_actors::{
-    DeathCause, Epoch, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, PeerEvent, RemoteError,
+    DeathCause, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, IncarnationId, PeerEvent,
+    RemoteError,
 };
 use cohort_chaos::process::ChildProcess;
 use cohort_transport::{ClusterCa, Endpoint, NodeCredentials, NodeId, TransportConfig};
 use tokio::sync::mpsc;
 
 const CHILD_DIR: &str = "COHORT_TAKEOVER_CHILD_DIR";
-const CHILD_EPOCH: &str = "COHORT_TAKEOVER_CHILD_EPOCH";
+const CHILD_INCARNATION: &str = "COHORT_TAKEOVER_CHILD_EPOCH";
 const PARENT_ADDR: &str = "COHORT_TAKEOVER_PARENT_ADDR";
 
 /// The child's (restarted process's) detection budget: short, so that a peer whose heartbeats
@@ -46,7 +47,7 @@ const WATCHED_BUDGETS: u32 = 5;
 
 fn start(
     creds: NodeCredentials,
-    epoch: u64,
+    incarnation: u64,
     heartbeat: HeartbeatConfig,
 ) -> anyhow::Result<Gateway> {
     let tests = TransportConfig::for_tests();
@@ -58,7 +59,7 @@ fn start(
     Ok(Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(epoch),
+            incarnation: IncarnationId(incarnation),
             heartbeat,
             call_timeout: Duration::from_secs(5),
             ..GatewayConfig::default()
@@ -81,16 +82,20 @@ fn takeover_child() {
     let Ok(dir) = std::env::var(CHILD_DIR) else {
         return;
     };
-    let epoch: u64 = std::env::var(CHILD_EPOCH).unwrap().parse().unwrap();
+    let incarnation: u64 = std::env::var(CHILD_INCARNATION).unwrap().parse().unwrap();
     let parent: SocketAddr = std::env::var(PARENT_ADDR).unwrap().parse().unwrap();
     actix::System::new().block_on(async move {
-        let _ = tokio::time::timeout(Duration::from_secs(60), child_main(dir, epoch, parent)).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(60),
+            child_main(dir, incarnation, parent),
+        )
+        .await;
     });
 }
 
-async fn child_main(dir: String, epoch: u64, parent_addr: SocketAddr) {
+async fn child_main(dir: String, incarnation: u64, parent_addr: SocketAddr) {
     let creds = NodeCredentials::load(Path::new(&dir), &child_node()).unwrap();
-    let gateway = start(creds, epoch, DETECTING).unwrap();
+    let gateway = start(creds, incarnation, DETECTING).unwrap();
     let mut events = gateway.subscribe();
     let parent = parent_node();
     loop {
@@ -141,12 +146,12 @@ struct Child {
 }
 
 impl Child {
-    fn spawn(dir: &Path, epoch: u64, parent: SocketAddr) -> anyhow::Result<Self> {
+    fn spawn(dir: &Path, incarnation: u64, parent: SocketAddr) -> anyhow::Result<Self> {
         let mut process = ChildProcess::spawn(
             Command::new(std::env::current_exe()?)
                 .args(["--exact", "takeover_child", "--nocapture"])
                 .env(CHILD_DIR, dir)
-                .env(CHILD_EPOCH, epoch.to_string())
+                .env(CHILD_INCARNATION, incarnation.to_string())
                 .env(PARENT_ADDR, parent.to_string())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null()),
@@ -244,7 +249,7 @@ fn a_restarted_chief_back_on_a_new_connection_takes_the_link_over_and_declares_n
         );
         assert_eq!(
             parent.peer_status(&child_node()),
-            Some((Epoch(5), true)),
+            Some((IncarnationId(5), true)),
             "the parent hears the restarted process"
         );
         second.process.kill()?;
@@ -257,7 +262,7 @@ fn a_restarted_chief_back_on_a_new_connection_takes_the_link_over_and_declares_n
 /// old one (stopped, so that its socket refuses no probe and only the hello can tell) dead
 /// (superseded) at once, well inside its detection budget, and the new one
 /// alive; the newer process sees the parent alive. A process that then comes back with an
-/// older epoch is refused as outdated and told the epoch the parent knows.
+/// older incarnation is refused as outdated and told the incarnation the parent knows.
 #[test]
 fn a_newer_incarnation_supersedes_at_once_and_an_older_one_is_told_it_is_outdated() {
     run(async {
@@ -273,7 +278,7 @@ fn a_newer_incarnation_supersedes_at_once_and_an_older_one_is_told_it_is_outdate
         first.process.pause()?;
         let mut second = Child::spawn(&dir.0, 11, addr)?;
         assert_eq!(second.next(Duration::from_secs(20)).await?, "connected");
-        let old = Incarnation::new(child_node(), Epoch(10));
+        let old = Incarnation::new(child_node(), IncarnationId(10));
         let dead = next_death(&mut events, Duration::from_secs(20)).await?;
         // Superseded, not silent: the parent's budget (8 s) had no part in it.
         assert_eq!(dead, (old, DeathCause::Superseded));
@@ -281,14 +286,17 @@ fn a_newer_incarnation_supersedes_at_once_and_an_older_one_is_told_it_is_outdate
         let line = second.next(Duration::from_secs(20)).await?;
         assert!(line.starts_with("alive"), "newer process: {line}");
 
-        // A process whose clock stepped back: an epoch older than the one the parent knows.
+        // A process whose clock stepped back: an incarnation older than the one the parent knows.
         let mut older = Child::spawn(&dir.0, 9, addr)?;
         match older.next(Duration::from_secs(20)).await? {
             line if line == "outdated 11" => {}
             line => bail!("expected the older incarnation refused as outdated (11), got {line}"),
         }
         assert!(parent.stats().stale_rejected >= 1);
-        assert_eq!(parent.peer_status(&child_node()), Some((Epoch(11), true)));
+        assert_eq!(
+            parent.peer_status(&child_node()),
+            Some((IncarnationId(11), true))
+        );
         second.process.kill()?;
         // Refused, the older process may have exited by itself already.
         let _ = older.process.kill();
@@ -320,7 +328,7 @@ fn a_fenced_call_answered_by_a_newer_incarnation_leaves_the_links_working() {
         let mut events = chief.subscribe();
         let at = worker.local_addr()?;
         chief.connect(at, &worker_id).await?;
-        let fenced = Incarnation::new(worker_id.clone(), Epoch(1));
+        let fenced = Incarnation::new(worker_id.clone(), IncarnationId(1));
         match chief.call_fenced(at, &fenced, "worker", &Retire).await {
             Err(RemoteError::Stale { .. }) => {}
             other => {
@@ -341,7 +349,10 @@ fn a_fenced_call_answered_by_a_newer_incarnation_leaves_the_links_working() {
         if let Ok((incarnation, cause)) = dead {
             bail!("the chief declared {incarnation} dead ({cause:?}): its heartbeats stopped");
         }
-        assert_eq!(chief.peer_status(&worker_id), Some((Epoch(2), true)));
+        assert_eq!(
+            chief.peer_status(&worker_id),
+            Some((IncarnationId(2), true))
+        );
         Ok(())
     });
 }
@@ -361,7 +372,7 @@ fn a_dial_to_a_dead_node_gives_way_to_its_successors_hello() {
         let old = start(ca.issue(&worker_id)?, 6, PATIENT)?;
         chief.connect(old.local_addr()?, &worker_id).await?;
         old.shutdown();
-        assert!(chief.report_dead(&Incarnation::new(worker_id.clone(), Epoch(6))));
+        assert!(chief.report_dead(&Incarnation::new(worker_id.clone(), IncarnationId(6))));
         let worker = start(ca.issue(&worker_id)?, 7, PATIENT)?;
         // An address nobody listens on: a bound, never-read UDP socket holds the port.
         let silent = std::net::UdpSocket::bind("127.0.0.1:0")?;
@@ -376,7 +387,7 @@ fn a_dial_to_a_dead_node_gives_way_to_its_successors_hello() {
         let linked = dialing
             .await?
             .map_err(|e| anyhow!("the dial failed: {e}"))?;
-        assert_eq!(linked, Incarnation::new(worker_id, Epoch(7)));
+        assert_eq!(linked, Incarnation::new(worker_id, IncarnationId(7)));
         drop(silent);
         Ok(())
     });
@@ -417,14 +428,20 @@ fn a_killed_peer_is_known_dead_from_a_refused_probe_and_a_frozen_one_only_from_i
         assert_eq!(killed.next(Duration::from_secs(20)).await?, "connected");
         killed.process.kill()?;
         let (incarnation, cause) = next_death(&mut events, Duration::from_secs(20)).await?;
-        assert_eq!(incarnation, Incarnation::new(child_node(), Epoch(20)));
+        assert_eq!(
+            incarnation,
+            Incarnation::new(child_node(), IncarnationId(20))
+        );
         assert_eq!(cause, DeathCause::Refused, "known from its silence instead");
 
         let mut frozen = Child::spawn(&dir.0, 21, addr)?;
         assert_eq!(frozen.next(Duration::from_secs(20)).await?, "connected");
         frozen.process.pause()?;
         let (incarnation, cause) = next_death(&mut events, Duration::from_secs(30)).await?;
-        assert_eq!(incarnation, Incarnation::new(child_node(), Epoch(21)));
+        assert_eq!(
+            incarnation,
+            Incarnation::new(child_node(), IncarnationId(21))
+        );
         assert!(
             matches!(cause, DeathCause::Silent { .. }),
             "a frozen process holds its socket: {cause:?}"

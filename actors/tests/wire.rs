@@ -9,7 +9,7 @@ use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_actors::wire::{Envelope, WireMsg, WireReply};
 use cohort_actors::{
-    Epoch, Gateway, GatewayConfig, HeartbeatConfig, Incarnation, RefusedReason, Remote,
+    Gateway, GatewayConfig, HeartbeatConfig, Incarnation, IncarnationId, RefusedReason, Remote,
     RemoteError, RemoteMessage, Senders,
 };
 use cohort_transport::{codec, ClusterCa, Connection, Endpoint, Frame, NodeId, TransportConfig};
@@ -38,9 +38,9 @@ fn run<F: std::future::Future<Output = anyhow::Result<()>>>(test: F) {
     });
 }
 
-fn gateway_config(epoch: u64) -> GatewayConfig {
+fn gateway_config(incarnation: u64) -> GatewayConfig {
     GatewayConfig {
-        epoch: Epoch(epoch),
+        incarnation: IncarnationId(incarnation),
         heartbeat: HeartbeatConfig {
             interval: Duration::from_millis(100),
             timeout: Duration::from_secs(2),
@@ -50,7 +50,7 @@ fn gateway_config(epoch: u64) -> GatewayConfig {
     }
 }
 
-/// A gateway `ps/0` at epoch 2 serving `mul` through `register_fn`, and a raw connection to it
+/// A gateway `ps/0` at incarnation 2 serving `mul` through `register_fn`, and a raw connection to it
 /// authenticated as `worker/0`.
 async fn setup() -> anyhow::Result<(Gateway, Connection, ClusterCa, Endpoint)> {
     let ca = ClusterCa::generate("test")?;
@@ -72,14 +72,14 @@ async fn setup() -> anyhow::Result<(Gateway, Connection, ClusterCa, Endpoint)> {
     Ok((server, conn, ca, raw))
 }
 
-fn me(epoch: u64) -> Incarnation<NodeId> {
-    Incarnation::new(NodeId::new("worker", 0), Epoch(epoch))
+fn me(incarnation: u64) -> Incarnation<NodeId> {
+    Incarnation::new(NodeId::new("worker", 0), IncarnationId(incarnation))
 }
 
-fn call(from: Incarnation<NodeId>, to_epoch: u64, a: i64, b: i64) -> anyhow::Result<Frame> {
+fn call(from: Incarnation<NodeId>, to_incarnation: u64, a: i64, b: i64) -> anyhow::Result<Frame> {
     let envelope = Envelope {
         from,
-        to_epoch: Epoch(to_epoch),
+        to_incarnation: IncarnationId(to_incarnation),
         actor: "mul".to_string(),
         tag: Mul::TAG.to_string(),
         reply_within_ms: 5_000,
@@ -112,7 +112,7 @@ fn sec1_claims_must_match_the_authenticated_identity() {
             other => bail!("expected NotAuthenticated without hello, got {other:?}"),
         }
         // Authenticated as worker/0, claiming worker/1.
-        let forged = Incarnation::new(NodeId::new("worker", 1), Epoch(1));
+        let forged = Incarnation::new(NodeId::new("worker", 1), IncarnationId(1));
         match hello(&conn, forged.clone()).await? {
             WireReply::Refused(RefusedReason::NotAuthenticated(why)) => {
                 assert!(why.contains("worker/1"), "{why}")
@@ -122,7 +122,7 @@ fn sec1_claims_must_match_the_authenticated_identity() {
         assert_eq!(
             hello(&conn, me(5)).await?,
             WireReply::Hello {
-                me: Incarnation::new(NodeId::new("ps", 0), Epoch(2))
+                me: Incarnation::new(NodeId::new("ps", 0), IncarnationId(2))
             }
         );
         // After hello, a message claiming another node is refused too.
@@ -140,7 +140,7 @@ fn sec1_claims_must_match_the_authenticated_identity() {
 }
 
 #[test]
-fn fence1_old_sender_or_old_target_epoch_is_stale() {
+fn fence1_old_sender_or_old_target_incarnation_is_stale() {
     run(async {
         let (server, conn, _ca, raw) = setup().await?;
         let ps = NodeId::new("ps", 0);
@@ -148,7 +148,7 @@ fn fence1_old_sender_or_old_target_epoch_is_stale() {
             hello(&conn, me(5)).await?,
             WireReply::Hello { .. }
         ));
-        // The receiver is at epoch 2; a message meant for its epoch 1 must not be applied.
+        // The receiver is at incarnation 2; a message meant for its incarnation 1 must not be applied.
         match ask(&conn, call(me(5), 1, 6, 7)?).await?.0 {
             WireReply::Stale(why) => assert!(why.contains("targets"), "{why}"),
             other => bail!("expected Stale for an old target, got {other:?}"),
@@ -156,17 +156,17 @@ fn fence1_old_sender_or_old_target_epoch_is_stale() {
         // A connection carries the one incarnation it said hello as.
         match ask(&conn, call(me(4), 2, 6, 7)?).await?.0 {
             WireReply::Refused(RefusedReason::NotAuthenticated(_)) => {}
-            other => bail!("expected a mismatched epoch refused, got {other:?}"),
+            other => bail!("expected a mismatched incarnation refused, got {other:?}"),
         }
         // An older incarnation of worker/0 on a new connection is stale: it is told that it is
-        // outdated, and which epoch of it the receiver knows.
+        // outdated, and which incarnation of it the receiver knows.
         let older = raw.connect(server.local_addr()?, &ps).await?;
         match hello(&older, me(4)).await? {
-            WireReply::Outdated { known, .. } => assert_eq!(known, Epoch(5)),
+            WireReply::Outdated { known, .. } => assert_eq!(known, IncarnationId(5)),
             other => bail!("expected Outdated for an old sender, got {other:?}"),
         }
         assert_eq!(server.stats().stale_rejected, 2);
-        // A newer incarnation supersedes epoch 5, whose connection is closed and whose messages
+        // A newer incarnation supersedes incarnation 5, whose connection is closed and whose messages
         // are refused from then on.
         let newer = raw.connect(server.local_addr()?, &ps).await?;
         assert!(matches!(
@@ -231,7 +231,7 @@ fn garbage_headers_and_payloads_are_refused_and_the_gateway_goes_on() {
         // A well-formed header with a payload that is not a `Mul`.
         let envelope = Envelope {
             from: me(1),
-            to_epoch: Epoch(2),
+            to_incarnation: IncarnationId(2),
             actor: "mul".to_string(),
             tag: Mul::TAG.to_string(),
             reply_within_ms: 5_000,

@@ -39,16 +39,16 @@
 //! Incarnations (FENCE-1) only grow, with no help from the supervisor: a restarted process
 //! must run as a newer incarnation than its predecessor, and Kubernetes restarts a pod with
 //! the same environment. An explicit `incarnation` (flag, `COHORT_INCARNATION` as `launch`
-//! sets it, `cohort.toml`) wins; without one the process derives its epoch from the wall clock
-//! when it starts: milliseconds since the Unix epoch ([`incarnation_epoch`]). A process starts
-//! after its predecessor did, at least that predecessor's lifetime later, so its epoch is
+//! sets it, `cohort.toml`) wins; without one the process derives its incarnation from the wall clock
+//! when it starts: milliseconds since the Unix epoch ([`incarnation_number`]). A process starts
+//! after its predecessor did, at least that predecessor's lifetime later, so its incarnation is
 //! larger, on the same machine or another one, as long as clocks agree to better than that
 //! lifetime (NTP keeps them within milliseconds; a process lives far longer). A clock that
 //! steps back further than that cannot break FENCE-1 either: a peer that knows the
-//! predecessor refuses the restarted process's hello as outdated, with the epoch it knows
+//! predecessor refuses the restarted process's hello as outdated, with the incarnation it knows
 //! (`RemoteError::Outdated`); the process logs it and exits
 //! [`RETIRED_EXIT_CODE`] (171) to be restarted, and is
-//! admitted once its clock has passed that epoch, a wait no longer than the step itself. It is
+//! admitted once its clock has passed that incarnation, a wait no longer than the step itself. It is
 //! never admitted as, or mistaken for, the incarnation it replaces.
 //!
 //! Peers are dialed by the `host:port` the cluster spec gives ([`peer_addr`]): a name is
@@ -175,11 +175,11 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         return BAD_CONFIG_EXIT_CODE;
     }
     let config = set_role_config(config);
-    let epoch = incarnation_epoch(config.incarnation, SystemTime::now());
+    let incarnation = incarnation_number(config.incarnation, SystemTime::now());
     logging::set_task(
         config.cluster.task.task_type.as_str(),
         config.cluster.task.index,
-        epoch,
+        incarnation,
     );
     tracing::info!(
         "{} of {} (task from {}, cluster from {}; {})",
@@ -192,15 +192,17 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
     let result = match (config.cluster.task.task_type, &config.certs_dir) {
         // The evaluator reads checkpoints only: no node, no certificates.
         (TaskType::Evaluator, _) => {
-            metrics::start(config, crate::metrics::Role::Evaluator, epoch, None).and_then(|()| {
-                crate::roles::evaluator::run_evaluator(&program, config).map_err(|e| {
-                    use crate::roles::evaluator::EvaluatorError;
-                    match e {
-                        EvaluatorError::Config(e) => RoleFailure::Config(e),
-                        EvaluatorError::Failed(e) => RoleFailure::Training(e),
-                    }
-                })
-            })
+            metrics::start(config, crate::metrics::Role::Evaluator, incarnation, None).and_then(
+                |()| {
+                    crate::roles::evaluator::run_evaluator(&program, config).map_err(|e| {
+                        use crate::roles::evaluator::EvaluatorError;
+                        match e {
+                            EvaluatorError::Config(e) => RoleFailure::Config(e),
+                            EvaluatorError::Failed(e) => RoleFailure::Training(e),
+                        }
+                    })
+                },
+            )
         }
         // `load_role_config` requires it of every other role; kept as an error, not a panic.
         (_, None) => Err(RoleFailure::Config(format!(
@@ -210,7 +212,7 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
             let node = NodeConfig {
                 cluster: config.cluster.clone(),
                 certs_dir: certs_dir.clone(),
-                epoch,
+                incarnation,
                 detection_budget: config.detection_budget,
             };
             match task_type {
@@ -243,7 +245,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let system = System::new();
     let optimizer = *program.ps_optimizer();
     let schedule = program.ps_learning_rate_schedule().cloned();
-    let epoch = node.epoch;
+    let incarnation = node.incarnation;
     let node = node.clone();
     let grace = config.preemption_grace;
     let register_wait = config.ps_restart_wait;
@@ -264,13 +266,13 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         metrics::start(
             config,
             crate::metrics::Role::Ps,
-            epoch,
+            incarnation,
             Some(metrics::ps_refresh(ps)),
         )?;
         exit_on_goodbye(&gateway, PS_ACTOR, || Some(Exit::job_done()))
             .and_then(|()| {
                 exit_when_retired(&gateway, PS_ACTOR, move |retired| {
-                    (retired == epoch).then(|| Exit::retired(epoch))
+                    (retired == incarnation).then(|| Exit::retired(incarnation))
                 })
             })
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
@@ -306,7 +308,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
                 })
             },
         );
-        drain_on_signal(&gateway, epoch, TaskType::Ps, |answer| match answer {
+        drain_on_signal(&gateway, incarnation, TaskType::Ps, |answer| match answer {
             Some(Ok(())) => Some(Exit {
                 code: JOB_DONE_EXIT_CODE,
                 reason: "drained: the chief moved this server's variables onto the other \
@@ -341,7 +343,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         // on one): leaving then loses nothing. Asked within most of the grace, so that a
         // server not answered still serves the chief to its end.
         let leave = LeaveAsk {
-            epoch,
+            incarnation,
             settle: LEAVE_SETTLE.min(grace / 8),
             bound: grace.mul_f64(PS_LEAVE_ASK_SHARE),
             decide: Box::new(|answer| {
@@ -375,7 +377,7 @@ fn run_worker(
     let system = System::new();
     let servers = servers(node)?;
     let index = node.cluster.task.index;
-    let epoch = node.epoch;
+    let incarnation = node.incarnation;
     let program = Arc::clone(program);
     let node = node.clone();
     let grace = config.preemption_grace;
@@ -388,7 +390,11 @@ fn run_worker(
         let (jobs, queue) = job_queue();
         // The worker's decisions; the compute thread, the actor and the handlers below carry
         // them out.
-        let machine = Arc::new(Mutex::new(WorkerMachine::new(index, epoch, num_servers)));
+        let machine = Arc::new(Mutex::new(WorkerMachine::new(
+            index,
+            incarnation,
+            num_servers,
+        )));
         let compute_machine = Arc::clone(&machine);
         std::thread::Builder::new()
             .name(format!("worker-{index}-compute"))
@@ -397,7 +403,7 @@ fn run_worker(
         WorkerActor::start(jobs, Arc::clone(&machine), &gateway)
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         metrics::count_detections(&gateway);
-        metrics::start(config, crate::metrics::Role::Worker, epoch, None)?;
+        metrics::start(config, crate::metrics::Role::Worker, incarnation, None)?;
         let decide = |f: fn(&mut WorkerMachine) -> Option<Exit>| {
             let machine = Arc::clone(&machine);
             move || f(&mut machine.lock().unwrap_or_else(PoisonError::into_inner))
@@ -420,7 +426,7 @@ fn run_worker(
         exit_when_outdated(&gateway);
         join_the_job(&gateway, &node, register_wait)?;
         let draining = Arc::clone(&machine);
-        drain_on_signal(&gateway, epoch, TaskType::Worker, move |answer| {
+        drain_on_signal(&gateway, incarnation, TaskType::Worker, move |answer| {
             draining
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -463,7 +469,7 @@ fn run_worker(
                     .handle_preemption_notice(Instant::now())
             },
             Some(LeaveAsk {
-                epoch,
+                incarnation,
                 // As a server's: a chief stopping at the same moment keeps its workers to
                 // finish its steps (it answers `Stay`); meanwhile the closure runs on.
                 settle: LEAVE_SETTLE.min(grace / 8),
@@ -520,7 +526,7 @@ fn exit_when_retired(
 ) -> Result<(), RegisterError> {
     let system = System::current();
     gateway.register_fn::<Retire, _, _>(actor, move |m: Remote<Retire>| {
-        if let Some(exit) = decide(m.msg.epoch) {
+        if let Some(exit) = decide(m.msg.incarnation) {
             tracing::warn!("{}", exit.reason);
             exit_after_answering(system.clone(), exit.code);
         }
@@ -595,7 +601,7 @@ fn exit_without_a_chief(
                 tokio::time::sleep(wait).await;
                 let newer_alive = matches!(
                     gateway.peer_status(&chief),
-                    Some((epoch, true)) if epoch > incarnation.epoch
+                    Some((seen, true)) if seen > incarnation.incarnation
                 );
                 if !newer_alive {
                     if let Some(exit) = wait_over(wait) {
@@ -662,7 +668,7 @@ fn run_chief(
         metrics::start_with_status(
             config,
             crate::metrics::Role::Chief,
-            node.epoch,
+            node.incarnation,
             Some(metrics::chief_refresh(actor.clone(), Arc::clone(&rate))),
             Some(metrics::chief_status(actor.clone(), job, rate)),
         )?;
@@ -813,9 +819,9 @@ fn peers_of(
         .collect()
 }
 
-// A process's incarnation epoch (here in `process`, below every role and strategy that
+// A process's incarnation (here in `process`, below every role and strategy that
 // needs it).
-pub use crate::process::incarnation_epoch;
+pub use crate::process::incarnation_number;
 
 /// Chief: when `supervisor_socket` is set, binds it and declares dead at once each task
 /// incarnation its supervisor reports exited ([`crate::process::ExitReports`]), as the
@@ -836,7 +842,7 @@ fn hear_exit_reports(config: &RoleConfig, gateway: &Gateway) -> Result<(), RoleF
         while let Ok(report) = reports.next().await {
             let incarnation = cohort_actors::Incarnation::new(
                 crate::cluster::node_id(report.task),
-                cohort_actors::Epoch(report.incarnation),
+                cohort_actors::IncarnationId(report.incarnation),
             );
             if gateway.report_dead(&incarnation) {
                 tracing::info!(
@@ -893,7 +899,7 @@ fn join_the_job(gateway: &Gateway, node: &NodeConfig, wait: Duration) -> Result<
         .map_err(|e| RoleFailure::Config(e.to_string()))?
         .to_string();
     let joining = Joining {
-        epoch: node.epoch,
+        incarnation: node.incarnation,
         addr,
     };
     register_with_chief(gateway, node, wait, Some(joining.clone()))?;
@@ -1026,7 +1032,7 @@ fn certificate_refused(error: &cohort_actors::RemoteError) -> bool {
 /// server stays, since leaving would lose what it holds.
 fn drain_on_signal(
     gateway: &Gateway,
-    epoch: u64,
+    incarnation: u64,
     role: TaskType,
     decide: impl Fn(Option<Result<(), DrainRefusal>>) -> Option<Exit> + 'static,
 ) {
@@ -1044,11 +1050,11 @@ fn drain_on_signal(
             tracing::info!("drain requested (SIGUSR1): leaving the job once the chief lets it go");
             let chief = peer(TaskId::new(TaskType::Chief, 0));
             let answer = match gateway.peer_status(&chief) {
-                Some((chief_epoch, true)) => {
-                    let target = cohort_actors::Incarnation::new(chief, chief_epoch);
+                Some((chief_incarnation, true)) => {
+                    let target = cohort_actors::Incarnation::new(chief, chief_incarnation);
                     let reference = gateway.remote_ref::<Draining>(target, COORDINATOR_ACTOR);
                     match reference
-                        .call_within(&Draining { epoch }, drain_wait(role))
+                        .call_within(&Draining { incarnation }, drain_wait(role))
                         .await
                     {
                         Ok(answer) => Some(answer),
@@ -1070,9 +1076,9 @@ fn drain_on_signal(
 }
 
 /// Ends this process with [`RETIRED_EXIT_CODE`] when a peer
-/// refuses its incarnation as outdated (it knows an epoch of this node at least as new: the
-/// clock stepped back past a predecessor's epoch). No peer that knew the predecessor would
-/// ever admit this incarnation; restarted, the process derives a newer epoch.
+/// refuses its incarnation as outdated (it knows an incarnation of this node at least as new: the
+/// clock stepped back past a predecessor's incarnation). No peer that knew the predecessor would
+/// ever admit this incarnation; restarted, the process derives a newer incarnation.
 fn exit_when_outdated(gateway: &Gateway) {
     let mut events = gateway.subscribe();
     let me = gateway.incarnation().clone();
@@ -1096,7 +1102,7 @@ fn exit_when_outdated(gateway: &Gateway) {
 /// How a parameter server or worker tells the chief it got a preemption notice ([`Leaving`]).
 struct LeaveAsk {
     /// The leaving incarnation.
-    epoch: u64,
+    incarnation: u64,
     /// How long to wait before asking: a notice that reaches the whole job at once (its
     /// supervisor deleting every pod together) reaches the chief too within it, and a chief
     /// that is stopping keeps its servers (it answers `Stay`) for its own checkpoint.
@@ -1127,14 +1133,14 @@ fn serve_chief_then_stop(
         let chief = peer(TaskId::new(TaskType::Chief, 0));
         let deadline = tokio::time::Instant::now() + grace;
         if let Some(LeaveAsk {
-            epoch,
+            incarnation,
             settle,
             bound,
             decide,
         }) = leave
         {
             tokio::time::sleep(settle).await;
-            let answer = ask_to_leave(&gateway, &chief, epoch, bound).await;
+            let answer = ask_to_leave(&gateway, &chief, incarnation, bound).await;
             if let Some(exit) = answer.and_then(decide) {
                 tracing::info!("{}", exit.reason);
                 System::current().stop_with_code(exit.code);
@@ -1153,20 +1159,25 @@ fn serve_chief_then_stop(
     });
 }
 
-/// Tells the live chief that incarnation `epoch` of this process is leaving, and returns its
+/// Tells the live chief that incarnation `incarnation` of this process is leaving, and returns its
 /// answer; `None` when no chief is known alive or it does not answer within `bound`.
 async fn ask_to_leave(
     gateway: &Gateway,
     chief: &NodeId,
-    epoch: u64,
+    incarnation: u64,
     bound: Duration,
 ) -> Option<LeaveAnswer> {
-    let (chief_epoch, true) = gateway.peer_status(chief)? else {
+    let (chief_incarnation, true) = gateway.peer_status(chief)? else {
         return None;
     };
-    let target = cohort_actors::Incarnation::new(chief.clone(), chief_epoch);
+    let target = cohort_actors::Incarnation::new(chief.clone(), chief_incarnation);
     let reference = gateway.remote_ref::<Leaving>(target, COORDINATOR_ACTOR);
-    match tokio::time::timeout(bound, reference.call_within(&Leaving { epoch }, bound)).await {
+    match tokio::time::timeout(
+        bound,
+        reference.call_within(&Leaving { incarnation }, bound),
+    )
+    .await
+    {
         Ok(Ok(answer)) => Some(answer),
         Ok(Err(e)) => {
             tracing::warn!("the chief did not take this process's preemption notice: {e}");
@@ -1237,14 +1248,14 @@ mod tests {
     #[test]
     fn an_explicit_incarnation_wins_and_else_the_clock_gives_one_that_grows() {
         let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
-        assert_eq!(incarnation_epoch(Some(7), at(1_800_000_000_000)), 7);
-        let first = incarnation_epoch(None, at(1_800_000_000_000));
+        assert_eq!(incarnation_number(Some(7), at(1_800_000_000_000)), 7);
+        let first = incarnation_number(None, at(1_800_000_000_000));
         assert_eq!(first, 1_800_000_000_000);
         // A restart, however soon, is a newer incarnation.
-        assert!(incarnation_epoch(None, at(1_800_000_000_001)) > first);
-        // A clock before 1970 still gives a valid epoch (0 is not one).
+        assert!(incarnation_number(None, at(1_800_000_000_001)) > first);
+        // A clock before 1970 still gives a valid incarnation (0 is not one).
         assert_eq!(
-            incarnation_epoch(None, UNIX_EPOCH - Duration::from_secs(1)),
+            incarnation_number(None, UNIX_EPOCH - Duration::from_secs(1)),
             1
         );
     }

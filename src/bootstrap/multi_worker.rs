@@ -209,7 +209,7 @@ pub fn multi_worker_config_from_env(
     super::logging::set_task(
         cluster.task.task_type.as_str(),
         cluster.task.index,
-        crate::process::incarnation_epoch(given, std::time::SystemTime::now()),
+        crate::process::incarnation_number(given, std::time::SystemTime::now()),
     );
     tracing::info!(
         "{}: {}",

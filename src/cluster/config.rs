@@ -29,7 +29,7 @@
 //! eval_until_step = 1000         # evaluator: stop after evaluating a checkpoint at this step
 //! workers_max = 4                # the most workers (elastic: joiners up to worker/3)
 //! # metrics_addr = "0.0.0.0:9100" # serve Prometheus metrics and /healthz here (off by default)
-//! # incarnation = 7           # only to override the epoch the process derives
+//! # incarnation = 7           # only to override the incarnation the process derives
 //!
 //! [cluster]
 //! chief = ["10.0.0.1:7000"]
@@ -109,7 +109,7 @@ impl ConfigKey {
         flag: "--certs-dir",
         env: "COHORT_CERTS",
     };
-    /// This process's incarnation epoch (FENCE-1).
+    /// This process's incarnation (FENCE-1).
     pub const INCARNATION: Self = Self {
         file: "incarnation",
         flag: "--incarnation",
@@ -536,8 +536,8 @@ pub struct RoleConfig {
     /// Directory with `ca.pem` and this node's certificate and key; required of every task
     /// but an evaluator, which opens no connection.
     pub certs_dir: Option<PathBuf>,
-    /// This process's incarnation epoch (FENCE-1), if a layer gives one (a launcher does);
-    /// else the process derives one from the clock (`crate::bootstrap::incarnation_epoch`).
+    /// This process's incarnation (FENCE-1), if a layer gives one (a launcher does);
+    /// else the process derives one from the clock (`crate::bootstrap::incarnation_number`).
     pub incarnation: Option<u64>,
     /// Failure-detection budget.
     pub detection_budget: Duration,
@@ -789,14 +789,14 @@ impl Layer {
                 self.task_index = Some(index);
             }
             "incarnation" => {
-                let epoch = text
+                let incarnation = text
                     .trim()
                     .parse::<u64>()
                     .map_err(|_| bad(format!("{text:?} is not a whole number")))?;
-                if epoch == 0 {
+                if incarnation == 0 {
                     return Err(bad("must be at least 1".into()));
                 }
-                self.incarnation = Some(epoch);
+                self.incarnation = Some(incarnation);
             }
             "certs_dir" => self.certs_dir = Some(path()?),
             "checkpoint_dir" => self.checkpoint_dir = Some(path()?),

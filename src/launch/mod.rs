@@ -25,7 +25,7 @@
 //! What a child finds in its environment:
 //! - `TF_CONFIG`: the cluster and its own task (TensorFlow's format);
 //! - `COHORT_CERTS`: the directory with `ca.pem` and its `<role>-<index>.pem/.key`;
-//! - `COHORT_INCARNATION`: its incarnation epoch, larger after every restart (FENCE-1);
+//! - `COHORT_INCARNATION`: its incarnation, larger after every restart (FENCE-1);
 //! - `COHORT_WORKERS_MAX`: the most workers the job may have (elastic workers);
 //! - `COHORT_RUN_DIR` ([`RUN_DIR_ENV`]): the run directory, where a task may ask the launcher
 //!   to scale the job ([`request_scale`]) as `cohort scale` does;
@@ -77,7 +77,7 @@ pub const RUN_DIR_ENV: &str = "COHORT_RUN_DIR";
 /// Environment variable naming the certificate directory of a launched task: the one its
 /// configuration reads ([`ConfigKey::CERTS_DIR`]).
 pub const CERTS_ENV: &str = ConfigKey::CERTS_DIR.env;
-/// Environment variable carrying a launched task's incarnation epoch: the one its
+/// Environment variable carrying a launched task's incarnation: the one its
 /// configuration reads ([`ConfigKey::INCARNATION`]).
 pub const INCARNATION_ENV: &str = ConfigKey::INCARNATION.env;
 /// A chief output line containing this asks the launcher to carry out its `kill_once` now, so
@@ -917,7 +917,7 @@ impl Launcher {
             .then(|| self.supervisor_socket())
             .flatten();
         let entry = self.tasks.get_mut(&task).expect("task is known");
-        // Epochs grow across restarts and across launcher runs (wall-clock based), so a
+        // Incarnations grow across restarts and across launcher runs (wall-clock based), so a
         // relaunched task is always newer than anything fenced before (FENCE-1).
         let wall_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -1,10 +1,10 @@
 //! A MultiWorkerMirrored worker's endpoint: serving its metrics and status page
-//! ([`serve_group`]), its group's epoch and size in the metrics ([`record_group`]), the group
+//! ([`serve_group`]), its group's generation and size in the metrics ([`record_group`]), the group
 //! as the worker sees it on its status page ([`publish_group_status`], recorded in
 //! [`crate::status`]), and the address to serve on from the environment ([`addr_from_env`]).
 //!
 //! The strategy calls these with plain values (its task's role, index and incarnation, its
-//! group's epoch, size and members): this module names no strategy, cluster or collective
+//! group's generation, size and members): this module names no strategy, cluster or collective
 //! type, so that `metrics` stays below them.
 
 use std::collections::BTreeMap;

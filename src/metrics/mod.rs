@@ -397,7 +397,7 @@ impl Exposition {
     }
 
     /// The metrics of a MultiWorkerMirrored worker (`role`: the chief or a worker, `index`)
-    /// running as incarnation `incarnation`: its group's epoch, workers and step, the time
+    /// running as incarnation `incarnation`: its group's generation, workers and step, the time
     /// between step boundaries, and the re-formings, admissions and departures it saw.
     pub fn for_group(role: Role, index: u32, incarnation: u64) -> Self {
         let mut registry = Self::registry_of(role, index, incarnation);
@@ -449,7 +449,7 @@ impl Exposition {
             ("index".to_string(), index.to_string()),
         ];
         let incarnations = Family::<Vec<(String, String)>, Gauge<i64>>::default();
-        // Epochs are milliseconds since 1970: they fit an i64 for 290 million years.
+        // Incarnations are milliseconds since 1970: they fit an i64 for 290 million years.
         incarnations
             .get_or_create(&labels)
             .set(i64::try_from(incarnation).unwrap_or(i64::MAX));

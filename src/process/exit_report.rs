@@ -31,7 +31,7 @@ pub const SOCKET_PATH_BYTES_MAX: usize = 107;
 pub struct ExitReport {
     /// The task.
     pub task: TaskId,
-    /// The incarnation epoch the process ran as.
+    /// The incarnation the process ran as.
     pub incarnation: u64,
 }
 

@@ -80,11 +80,11 @@ pub(crate) fn set_role_config(config: RoleConfig) -> &'static RoleConfig {
 
 static ROLE_CONFIG: OnceLock<RoleConfig> = OnceLock::new();
 
-/// This process's incarnation epoch: `explicit` when a configuration layer gives one (a
+/// This process's incarnation: `explicit` when a configuration layer gives one (a
 /// launcher does), else milliseconds since the Unix epoch at `now` (at least 1): larger than
-/// the epoch of any predecessor that started earlier (see `bootstrap`'s module docs for a
+/// the incarnation of any predecessor that started earlier (see `bootstrap`'s module docs for a
 /// clock that steps back).
-pub fn incarnation_epoch(explicit: Option<u64>, now: std::time::SystemTime) -> u64 {
+pub fn incarnation_number(explicit: Option<u64>, now: std::time::SystemTime) -> u64 {
     explicit.unwrap_or_else(|| {
         let since = now
             .duration_since(std::time::UNIX_EPOCH)

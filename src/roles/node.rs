@@ -1,6 +1,6 @@
 //! Bringing up one node of a cluster: its credentials, its QUIC endpoint on its port from the
 //! cluster spec (under network fault rules when `COHORT_NET_FAULTS` names a file:
-//! `cohort_chaos::rules`), its actor gateway with its incarnation epoch, and where its peers are dialed
+//! `cohort_chaos::rules`), its actor gateway with its incarnation, and where its peers are dialed
 //! ([`peer_addr`]: names resolved on every dial, never once at start-up). Every role starts
 //! here.
 
@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig, PeerAddr};
+use cohort_actors::{Gateway, GatewayConfig, HeartbeatConfig, IncarnationId, PeerAddr};
 use cohort_transport::{NodeCredentials, NodeId, TransportConfig};
 
 use crate::cluster::{node_id, ClusterConfig, TaskId};
@@ -21,7 +21,7 @@ pub struct NodeConfig {
     /// Directory holding `ca.pem` and this node's certificate and key.
     pub certs_dir: PathBuf,
     /// This process's incarnation (larger after every restart; FENCE-1).
-    pub epoch: u64,
+    pub incarnation: u64,
     /// How long a silent peer may stay silent before it is declared dead.
     pub detection_budget: Duration,
 }
@@ -86,7 +86,7 @@ pub fn start_gateway(config: &NodeConfig) -> Result<Gateway, NodeError> {
         cohort_transport::reload::RELOAD_EVERY,
     );
     let gateway_config = GatewayConfig {
-        epoch: Epoch(config.epoch),
+        incarnation: IncarnationId(config.incarnation),
         heartbeat: HeartbeatConfig {
             interval: config.detection_budget / 4,
             timeout: config.detection_budget,
@@ -183,7 +183,7 @@ mod tests {
         NodeConfig {
             cluster: ClusterConfig::new(spec, task).unwrap(),
             certs_dir: PathBuf::from("/nonexistent"),
-            epoch: 1,
+            incarnation: 1,
             detection_budget: Duration::from_secs(3),
         }
     }

@@ -188,7 +188,7 @@ pub struct FenceWorker {
     /// The worker.
     pub worker: u32,
     /// The fenced incarnation (and older).
-    pub epoch: u64,
+    pub incarnation: u64,
 }
 
 impl RemoteMessage for FenceWorker {
@@ -375,7 +375,7 @@ pub enum WorkerRefusal {
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Retire {
     /// The fenced incarnation; a worker acts on it only if it is its own.
-    pub epoch: u64,
+    pub incarnation: u64,
 }
 
 impl RemoteMessage for Retire {
@@ -407,7 +407,7 @@ impl RemoteMessage for Shutdown {
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Leaving {
     /// The leaving incarnation.
-    pub epoch: u64,
+    pub incarnation: u64,
 }
 
 /// The chief's answer to [`Leaving`].
@@ -435,7 +435,7 @@ impl RemoteMessage for Leaving {
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Joining {
     /// The joining incarnation.
-    pub epoch: u64,
+    pub incarnation: u64,
     /// Where the chief dials it: `host:port`.
     pub addr: String,
 }
@@ -505,7 +505,7 @@ impl RemoteMessage for Joining {
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct Draining {
     /// The draining incarnation.
-    pub epoch: u64,
+    pub incarnation: u64,
 }
 
 impl RemoteMessage for Draining {
@@ -610,18 +610,18 @@ pub enum PsRefusal {
     },
     /// A push that names another worker or incarnation than the authenticated sender (SEC-2).
     #[error(
-        "push names worker/{worker} incarnation {epoch} but comes from {from} incarnation {from_epoch} \
+        "push names worker/{worker} incarnation {incarnation} but comes from {from} incarnation {from_incarnation} \
          (SEC-2: a worker pushes only as itself)"
     )]
     NotTheSender {
         /// The worker the push names.
         worker: u32,
         /// The incarnation the push names.
-        epoch: u64,
+        incarnation: u64,
         /// The authenticated sender.
         from: String,
         /// The sender's incarnation.
-        from_epoch: u64,
+        from_incarnation: u64,
     },
 }
 

@@ -29,7 +29,7 @@ pub struct PushOrigin {
     /// The worker index.
     pub worker: u32,
     /// The worker's incarnation.
-    pub epoch: WorkerIncarnation,
+    pub incarnation: WorkerIncarnation,
     /// The closure whose step produced the gradients.
     pub closure: ClosureId,
     /// The attempt of that closure.
@@ -338,7 +338,7 @@ mod tests {
     fn origin() -> PushOrigin {
         PushOrigin {
             worker: 2,
-            epoch: 5,
+            incarnation: 5,
             closure: ClosureId(11),
             attempt: 3,
             part: 0,

@@ -3,16 +3,16 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cohort_actors::{Epoch, Gateway, GatewayConfig, HeartbeatConfig};
+use cohort_actors::{Gateway, GatewayConfig, HeartbeatConfig, IncarnationId};
 use cohort_transport::{ClusterCa, Endpoint, NodeId, TransportConfig};
 
-/// A gateway for `node` (certificate from `ca`, incarnation `epoch`) bound to an ephemeral port
+/// A gateway for `node` (certificate from `ca`, incarnation `incarnation`) bound to an ephemeral port
 /// on 127.0.0.1: heartbeats every 100 ms, a peer silent for 2 s is lost, and a call not answered
 /// within `call_timeout` fails.
 pub(crate) fn loopback_gateway(
     ca: &ClusterCa,
     node: &NodeId,
-    epoch: u64,
+    incarnation: u64,
     call_timeout: Duration,
 ) -> Gateway {
     let any: SocketAddr = "127.0.0.1:0".parse().expect("a socket address");
@@ -25,7 +25,7 @@ pub(crate) fn loopback_gateway(
     Gateway::start(
         endpoint,
         GatewayConfig {
-            epoch: Epoch(epoch),
+            incarnation: IncarnationId(incarnation),
             heartbeat: HeartbeatConfig {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_secs(2),

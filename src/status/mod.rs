@@ -79,7 +79,7 @@ pub struct TaskStatus {
     pub index: u32,
     /// Where it is dialled (host:port).
     pub address: String,
-    /// Its newest incarnation seen (epoch), if any.
+    /// Its newest incarnation seen, if any.
     pub incarnation: Option<u64>,
     /// What the coordinator makes of it.
     pub state: TaskState,

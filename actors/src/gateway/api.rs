@@ -10,7 +10,7 @@ use bincode::{Decode, Encode};
 use bytes::Bytes;
 use cohort_transport::NodeId;
 
-use crate::fencing::{Epoch, Incarnation};
+use crate::fencing::{Incarnation, IncarnationId};
 use crate::heartbeat::{DeathCause, HeartbeatConfig};
 
 /// A message type that can be sent to a named actor on another node.
@@ -76,7 +76,7 @@ impl<M: RemoteMessage> Message for Remote<M> {
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
     /// This node's incarnation number; a restarted process must use a higher one.
-    pub epoch: Epoch,
+    pub incarnation: IncarnationId,
     /// Heartbeat interval and the silence after which a peer is declared dead.
     pub heartbeat: HeartbeatConfig,
     /// Bound on a whole remote call (connect if needed, send, wait for the reply), unless the
@@ -97,7 +97,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
-            epoch: Epoch(0),
+            incarnation: IncarnationId(0),
             heartbeat: HeartbeatConfig::default(),
             call_timeout: Duration::from_secs(30),
             payload_bytes_max: 16 * 1024 * 1024,
@@ -131,7 +131,7 @@ pub enum PeerEvent {
     Dead {
         /// The incarnation.
         incarnation: Incarnation<NodeId>,
-        /// Silence past the timeout, or superseded by a newer epoch.
+        /// Silence past the timeout, or superseded by a newer incarnation.
         cause: DeathCause,
     },
     /// A peer refused this node's own incarnation as outdated
@@ -141,8 +141,8 @@ pub enum PeerEvent {
     Outdated {
         /// The peer that refused.
         by: NodeId,
-        /// The highest epoch of this node it knows.
-        known: Epoch,
+        /// The highest incarnation of this node it knows.
+        known: IncarnationId,
     },
 }
 
@@ -185,14 +185,14 @@ pub enum RemoteError {
         reason: RefusedReason,
     },
     /// FENCE-1: this node's own incarnation is not newer than one `peer` already knows of this
-    /// node (its clock stepped back past its predecessor's epoch, or an epoch was reused):
-    /// `peer` refused its hello, and will refuse it as long as it runs with this epoch.
+    /// node (its clock stepped back past its predecessor's incarnation, or an incarnation was reused):
+    /// `peer` refused its hello, and will refuse it as long as it runs with this incarnation.
     #[error("{peer} refused this node's incarnation as outdated: it knows {known} ({reason})")]
     Outdated {
         /// The peer that refused.
         peer: NodeId,
-        /// The highest epoch of this node the peer knows.
-        known: Epoch,
+        /// The highest incarnation of this node the peer knows.
+        known: IncarnationId,
         /// Why, in words.
         reason: String,
     },

@@ -60,7 +60,7 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
                         if state
                             .peers
                             .get(&incarnation.node)
-                            .is_some_and(|l| l.incarnation.epoch <= incarnation.epoch)
+                            .is_some_and(|l| l.incarnation.incarnation <= incarnation.incarnation)
                         {
                             if let Some(link) = state.peers.remove(&incarnation.node) {
                                 link.conn.close();
@@ -98,7 +98,7 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
                 let declared = lock(&inner.state).heartbeat.handle_refused(
                     super::now(),
                     &incarnation.node,
-                    incarnation.epoch,
+                    incarnation.incarnation,
                 );
                 if declared {
                     tracing::info!(

@@ -48,7 +48,7 @@ impl Gateway {
                         peer: peer.clone(),
                         reason: format!(
                             "{peer} at {addr} runs {}, not {}",
-                            answered.epoch, target.epoch
+                            answered.incarnation, target.incarnation
                         ),
                     });
                 }
@@ -89,14 +89,14 @@ impl Inner {
         self.link_to_at_least(node, 0).await
     }
 
-    /// [`Self::link_to`], where a link to an incarnation older than `epoch` counts as outdated
-    /// and the node is dialed afresh: whoever names incarnation `epoch` knows that it exists,
+    /// [`Self::link_to`], where a link to an incarnation older than `incarnation` counts as outdated
+    /// and the node is dialed afresh: whoever names incarnation `incarnation` knows that it exists,
     /// so the old one is gone even if its connection has not idled out yet (a process that
     /// exits without closing its connections leaves them open until then).
     pub(super) async fn link_to_at_least(
         self: &Arc<Self>,
         node: &NodeId,
-        epoch: u64,
+        incarnation: u64,
     ) -> Result<(Connection, Incarnation<NodeId>), RemoteError> {
         let (existing, addr, dead) = {
             let state = lock(&self.state);
@@ -109,7 +109,7 @@ impl Inner {
                     .fencing
                     .current(node)
                     .filter(|(_, fenced)| *fenced)
-                    .map(|(epoch, _)| epoch.0),
+                    .map(|(incarnation, _)| incarnation.0),
             )
         };
         if let Some(link) = existing {
@@ -120,7 +120,7 @@ impl Inner {
                 .as_ref()
                 .and_then(PeerAddr::last_resolved)
                 .is_none_or(|a| a == link.conn.remote_address());
-            let outdated = link.incarnation.epoch.0 < epoch;
+            let outdated = link.incarnation.incarnation.0 < incarnation;
             if link.conn.close_reason().is_none() && same_place && !outdated {
                 return Ok((link.conn, link.incarnation));
             }
@@ -144,7 +144,7 @@ impl Inner {
             let linked = self.linked.notified();
             tokio::pin!(linked);
             linked.as_mut().enable();
-            if let Some(link) = self.newer_live_link(node, dead, epoch) {
+            if let Some(link) = self.newer_live_link(node, dead, incarnation) {
                 return Ok(link);
             }
             tokio::select! {
@@ -179,18 +179,18 @@ impl Inner {
         rx
     }
 
-    /// The live link to `node`, if it is to an incarnation of at least `epoch` and newer than
+    /// The live link to `node`, if it is to an incarnation of at least `incarnation` and newer than
     /// the one declared dead (`dead`).
     fn newer_live_link(
         &self,
         node: &NodeId,
         dead: u64,
-        epoch: u64,
+        incarnation: u64,
     ) -> Option<(Connection, Incarnation<NodeId>)> {
         let state = lock(&self.state);
         let link = state.peers.get(node)?;
-        let at = link.incarnation.epoch.0;
-        let usable = link.conn.close_reason().is_none() && at >= epoch && at > dead;
+        let at = link.incarnation.incarnation.0;
+        let usable = link.conn.close_reason().is_none() && at >= incarnation && at > dead;
         usable.then(|| (link.conn.clone(), link.incarnation.clone()))
     }
 
@@ -317,7 +317,7 @@ impl Inner {
         };
         let envelope = Envelope {
             from: self.me.clone(),
-            to_epoch: target.epoch,
+            to_incarnation: target.incarnation,
             actor: actor.to_string(),
             tag: M::TAG.to_string(),
             reply_within_ms,

@@ -16,10 +16,10 @@
 //!  Hello{from: incarnation}     ──req──▶   admit(from) in the fencing table
 //!                               ◀──rsp──   Hello{me: incarnation} | Outdated{known} | Refused
 //!  Heartbeat{from}              ──1way─▶   (both directions, every heartbeat interval)
-//!  Call{from, to_epoch, actor, tag, reply_within_ms} + payload, blobs
+//!  Call{from, to_incarnation, actor, tag, reply_within_ms} + payload, blobs
 //!                               ──req──▶   deliver to actor `actor`
 //!                               ◀──rsp──   Reply + payload, blobs | Refused | Stale
-//!  Tell{from, to_epoch, actor, tag} + payload, blobs ──1way─▶ deliver, no reply
+//!  Tell{from, to_incarnation, actor, tag} + payload, blobs ──1way─▶ deliver, no reply
 //! ```
 //!
 //! A call waits for its reply at most the gateway's `call_timeout`, or the longer bound given
@@ -46,18 +46,18 @@
 //!
 //! - Every message names its sender's incarnation; the claimed node must be the node the peer
 //!   authenticated as (SEC-1), else the message is refused.
-//! - A message from an epoch older than the highest seen of that node is rejected as stale. A
-//!   hello from one is answered [`Outdated`](crate::wire::WireReply::Outdated) with the epoch
+//! - A message from an incarnation older than the highest seen of that node is rejected as stale. A
+//!   hello from one is answered [`Outdated`](crate::wire::WireReply::Outdated) with the incarnation
 //!   known: the dialer learns that its own incarnation is outdated ([`RemoteError::Outdated`],
 //!   [`PeerEvent::Outdated`]), e.g. after its clock stepped back, and can come back as a newer
 //!   one.
 //! - A newer incarnation's hello is evidence that the old one is dead: it is reported dead
 //!   (superseded) at once, without waiting for the heartbeat budget.
 //! - When the heartbeat machine declares an incarnation dead, the gateway fences it: its
-//!   connection is closed and anything later from that same epoch (e.g. a frozen process that
+//!   connection is closed and anything later from that same incarnation (e.g. a frozen process that
 //!   wakes up after SIGCONT) is rejected as stale; only a restarted process, with a higher
-//!   epoch, is admitted again.
-//! - A call that targets an epoch other than the receiver's current one is rejected as stale,
+//!   incarnation, is admitted again.
+//! - A call that targets an incarnation other than the receiver's current one is rejected as stale,
 //!   and a [`RemoteRef`] bound to an incarnation the sender has seen superseded or dead fails
 //!   as stale without sending. The one way to still reach a fenced incarnation (to tell it
 //!   that it is fenced) is [`Gateway::call_fenced`], which serves nothing that incarnation
@@ -121,7 +121,7 @@ use bytes::Bytes;
 use cohort_transport::{Endpoint, NodeId};
 use tokio::sync::{mpsc, Notify};
 
-use crate::fencing::{Epoch, FencingTable, Incarnation};
+use crate::fencing::{FencingTable, Incarnation, IncarnationId};
 use crate::heartbeat::HeartbeatMachine;
 use dispatch::{FnDispatch, HandlerFn, RecipientDispatch};
 use registry::Registry;
@@ -132,7 +132,7 @@ use state::{Inner, State};
 ///
 /// Calling protocol:
 /// 1. Bind an [`Endpoint`] and call [`Gateway::start`] inside a tokio runtime (an actix system is
-///    one) with this node's epoch in the config.
+///    one) with this node's incarnation in the config.
 /// 2. [`register`](Self::register) local actors by name for each [`RemoteMessage`] type they
 ///    accept.
 /// 3. [`connect`](Self::connect) to peers (or let them connect); each connection starts with a
@@ -153,9 +153,9 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// Starts serving `endpoint` as incarnation `config.epoch` of the endpoint's node.
+    /// Starts serving `endpoint` as incarnation `config.incarnation` of the endpoint's node.
     pub fn start(endpoint: Endpoint, config: GatewayConfig) -> Gateway {
-        let me = Incarnation::new(endpoint.node().clone(), config.epoch);
+        let me = Incarnation::new(endpoint.node().clone(), config.incarnation);
         let inner = Arc::new(Inner {
             endpoint: endpoint.clone(),
             me,
@@ -319,8 +319,8 @@ impl Gateway {
         rx
     }
 
-    /// The highest epoch seen of `node`, and whether it is alive (not declared dead or fenced).
-    pub fn peer_status(&self, node: &NodeId) -> Option<(Epoch, bool)> {
+    /// The highest incarnation seen of `node`, and whether it is alive (not declared dead or fenced).
+    pub fn peer_status(&self, node: &NodeId) -> Option<(IncarnationId, bool)> {
         let state = lock(&self.inner.state);
         state.heartbeat.peer(node)
     }
@@ -336,7 +336,7 @@ impl Gateway {
             let mut state = lock(&self.inner.state);
             state
                 .heartbeat
-                .handle_reported_dead(&incarnation.node, incarnation.epoch)
+                .handle_reported_dead(&incarnation.node, incarnation.incarnation)
         };
         if declared {
             // The heartbeat driver fences, disconnects and publishes it.

@@ -140,13 +140,15 @@ impl<M: RemoteMessage> RemoteRef<M> {
         let inner = &self.gateway.inner;
         let peer = &self.target.node;
         // A reference to a newer incarnation than the link's dials it afresh.
-        let (conn, current) = inner.link_to_at_least(peer, self.target.epoch.0).await?;
-        if current.epoch != self.target.epoch {
+        let (conn, current) = inner
+            .link_to_at_least(peer, self.target.incarnation.0)
+            .await?;
+        if current.incarnation != self.target.incarnation {
             return Err(RemoteError::Stale {
                 peer: peer.clone(),
                 reason: format!(
                     "reference bound to {}, but {peer} is now at {}",
-                    self.target.epoch, current.epoch
+                    self.target.incarnation, current.incarnation
                 ),
             });
         }

@@ -133,12 +133,12 @@ impl Inner {
             )));
         }
         if let Err(stale) = self.hear_from(&from) {
-            // The dialer is told which epoch of it we know, so that it can tell that its own
+            // The dialer is told which incarnation of it we know, so that it can tell that its own
             // incarnation is outdated (and come back as a newer one).
             let known = lock(&self.state)
                 .fencing
                 .current(&from.node)
-                .map_or(from.epoch, |(epoch, _)| epoch);
+                .map_or(from.incarnation, |(incarnation, _)| incarnation);
             return WireReply::Outdated {
                 known,
                 reason: stale.to_string(),
@@ -177,10 +177,10 @@ impl Inner {
 
     fn check_envelope(&self, ctx: &ConnCtx, envelope: &Envelope) -> Result<(), WireReply> {
         self.check_sender(ctx, &envelope.from)?;
-        if envelope.to_epoch != self.me.epoch {
+        if envelope.to_incarnation != self.me.incarnation {
             return Err(WireReply::Stale(format!(
                 "message targets {} of {}, which is now at {}",
-                envelope.to_epoch, self.me.node, self.me.epoch
+                envelope.to_incarnation, self.me.node, self.me.incarnation
             )));
         }
         Ok(())

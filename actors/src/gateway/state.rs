@@ -182,7 +182,7 @@ impl Inner {
         }
         let heard = state
             .heartbeat
-            .handle_heartbeat(now, from.node.clone(), from.epoch);
+            .handle_heartbeat(now, from.node.clone(), from.incarnation);
         drop(state);
         if heard == Heard::NewIncarnation {
             self.wake.notify_one();
@@ -197,7 +197,7 @@ impl Inner {
     /// [`hear_from`](Self::hear_from)) just said hello, the one link used to send to its node:
     /// one link per peer, and the newest hello takes it over at once. A newer incarnation's
     /// connection replaces (and closes) the old one's; a new connection of the same
-    /// incarnation (it dialed again, or it restarted without a newer epoch) replaces the old
+    /// incarnation (it dialed again, or it restarted without a newer incarnation) replaces the old
     /// link too, which is left open for what is in flight on it but carries nothing new:
     /// heartbeats and calls move to the connection the peer last said hello on, so a dead
     /// connection never keeps a live peer looking silent.
@@ -215,7 +215,7 @@ impl Inner {
                 None
             }
             // `hear_from` refused anything older than the link's incarnation.
-            Some(link) if link.incarnation.epoch > incarnation.epoch => return Ok(()),
+            Some(link) if link.incarnation.incarnation > incarnation.incarnation => return Ok(()),
             Some(link) => Some(link.clone()),
         };
         state.peers.insert(
@@ -228,7 +228,9 @@ impl Inner {
         );
         drop(state);
         self.linked.notify_waiters();
-        if let Some(old) = replaced.filter(|old| old.incarnation.epoch < incarnation.epoch) {
+        if let Some(old) =
+            replaced.filter(|old| old.incarnation.incarnation < incarnation.incarnation)
+        {
             old.conn.close();
         }
         Ok(())

@@ -11,7 +11,7 @@
 //! - Every [`RECONNECT_INTERVAL`] the machine gets a reconnect tick (it dials workers without
 //!   a live incarnation and parameter servers counted down); every [`WATERMARK_INTERVAL`] a
 //!   watermark tick.
-//! - The gateway's peer events (alive with an epoch, declared dead) go to the machine.
+//! - The gateway's peer events (alive with an incarnation, declared dead) go to the machine.
 //! - A remote reference is made per call from the incarnation the action names, so that a
 //!   call never reaches a newer incarnation than the machine meant (FENCE-1).
 //! - The checkpoint of a restore is read off the actor's thread and never cleaned up here.
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use cohort_actors::{
-    Epoch, Gateway, Incarnation, PeerAddr, PeerEvent, Remote, RemoteError, RemoteMessage,
+    Gateway, Incarnation, IncarnationId, PeerAddr, PeerEvent, Remote, RemoteError, RemoteMessage,
 };
 use cohort_transport::NodeId;
 use futures::future::BoxFuture;
@@ -86,9 +86,9 @@ pub struct CoordinatorActor {
     joined: BTreeMap<u32, (NodeId, PeerAddr)>,
     /// Draining incarnations waiting for the machine to end their drain.
     drain_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<()>>>,
-    /// Parameter servers waiting for the answer to their preemption notice, by (index, epoch).
+    /// Parameter servers waiting for the answer to their preemption notice, by (index, incarnation).
     leave_waiters: BTreeMap<(u32, u64), Vec<oneshot::Sender<LeaveAnswer>>>,
-    /// Parameter servers waiting to leave the job for good, by (index, epoch).
+    /// Parameter servers waiting to leave the job for good, by (index, incarnation).
     ps_drain_waiters: BTreeMap<(u32, u64), Vec<PsDrainWaiter>>,
     timer: Option<SpawnHandle>,
 }
@@ -202,22 +202,37 @@ impl CoordinatorActor {
                 tell(&mut self.create_waiters, &ticket, result)
             }
             Answer::CutRead { ticket, result } => tell(&mut self.cut_waiters, &ticket, result),
-            Answer::Drained { worker, epoch } => {
+            Answer::Drained {
+                worker,
+                incarnation,
+            } => {
                 for waiter in self
                     .drain_waiters
-                    .remove(&(worker, epoch))
+                    .remove(&(worker, incarnation))
                     .unwrap_or_default()
                 {
                     let _ = waiter.send(());
                 }
             }
-            Answer::PsLeaving { ps, epoch, answer } => {
-                for waiter in self.leave_waiters.remove(&(ps, epoch)).unwrap_or_default() {
+            Answer::PsLeaving {
+                ps,
+                incarnation,
+                answer,
+            } => {
+                for waiter in self
+                    .leave_waiters
+                    .remove(&(ps, incarnation))
+                    .unwrap_or_default()
+                {
                     let _ = waiter.send(answer);
                 }
             }
-            Answer::PsDraining { ps, epoch, result } => {
-                let waiters = self.ps_drain_waiters.remove(&(ps, epoch));
+            Answer::PsDraining {
+                ps,
+                incarnation,
+                result,
+            } => {
+                let waiters = self.ps_drain_waiters.remove(&(ps, incarnation));
                 for waiter in waiters.unwrap_or_default() {
                     let _ = waiter.send(result.clone());
                 }
@@ -233,8 +248,8 @@ impl CoordinatorActor {
     /// request travels, kept whole so that the shell's IO reads in one place.
     fn outcome_of(&self, request: Request, bound: Option<Duration>) -> BoxFuture<'static, Outcome> {
         let gateway = self.gateway.clone();
-        let worker_at = |worker: u32, epoch: u64| {
-            self.worker_incarnation(worker, epoch)
+        let worker_at = |worker: u32, incarnation: u64| {
+            self.worker_incarnation(worker, incarnation)
                 .ok_or_else(|| no_such_worker(worker))
         };
         let server = |ps: u32| {
@@ -243,15 +258,19 @@ impl CoordinatorActor {
                 .cloned()
                 .ok_or_else(|| no_such_server(ps))
         };
-        let server_at = |ps: u32, epoch: u64| {
+        let server_at = |ps: u32, incarnation: u64| {
             self.servers
                 .get(&ps)
-                .map(|(node, _)| Incarnation::new(node.clone(), Epoch(epoch)))
+                .map(|(node, _)| Incarnation::new(node.clone(), IncarnationId(incarnation)))
                 .ok_or_else(|| no_such_server(ps))
         };
         match request {
-            Request::Run { worker, epoch, msg } => {
-                let target = worker_at(worker, epoch);
+            Request::Run {
+                worker,
+                incarnation,
+                msg,
+            } => {
+                let target = worker_at(worker, incarnation);
                 Box::pin(async move {
                     let r = gateway.remote_ref::<RunClosure>(target?, WORKER_ACTOR);
                     let reply = match bound {
@@ -271,7 +290,7 @@ impl CoordinatorActor {
                     let (node, addr) = peer.ok_or_else(|| no_such_worker(worker))?;
                     match gateway.connect(addr, &node).await {
                         Ok(incarnation) => Ok(Reply::Worker {
-                            epoch: incarnation.epoch.0,
+                            incarnation: incarnation.incarnation.0,
                         }),
                         Err(e) => declared_dead(&gateway, &node, e),
                     }
@@ -279,10 +298,10 @@ impl CoordinatorActor {
             }
             Request::Rewind {
                 worker,
-                epoch,
+                incarnation,
                 setup,
             } => {
-                let target = worker_at(worker, epoch);
+                let target = worker_at(worker, incarnation);
                 Box::pin(async move {
                     let r = gateway.remote_ref::<RewindWorker>(target?, WORKER_ACTOR);
                     worker_reply(r.call(&RewindWorker { setup }).await).map(|()| Reply::Done)
@@ -290,27 +309,33 @@ impl CoordinatorActor {
             }
             Request::Configure {
                 worker,
-                epoch,
+                incarnation,
                 setup,
             } => {
-                let target = worker_at(worker, epoch);
+                let target = worker_at(worker, incarnation);
                 Box::pin(async move {
                     let r = gateway.remote_ref::<SetupWorker>(target?, WORKER_ACTOR);
                     worker_reply(r.call(&setup).await).map(|()| Reply::Done)
                 })
             }
-            Request::Positions { worker, epoch } => {
-                let target = worker_at(worker, epoch);
+            Request::Positions {
+                worker,
+                incarnation,
+            } => {
+                let target = worker_at(worker, incarnation);
                 Box::pin(async move {
                     let r = gateway.remote_ref::<DatasetPositions>(target?, WORKER_ACTOR);
                     worker_reply(r.call(&DatasetPositions).await).map(Reply::Positions)
                 })
             }
-            Request::RetireWorker { worker, epoch } => {
+            Request::RetireWorker {
+                worker,
+                incarnation,
+            } => {
                 let peer = self.worker_peer(worker);
                 Box::pin(async move {
                     let (node, addr) = peer.ok_or_else(|| no_such_worker(worker))?;
-                    let fenced = Incarnation::new(node, Epoch(epoch));
+                    let fenced = Incarnation::new(node, IncarnationId(incarnation));
                     retire(&gateway, addr, fenced, WORKER_ACTOR)
                         .await
                         .map(|()| Reply::Done)
@@ -328,7 +353,7 @@ impl CoordinatorActor {
                     Ok(Reply::Server {
                         probe: ServerProbe {
                             ps,
-                            epoch: r.target().epoch.0,
+                            incarnation: r.target().incarnation.0,
                             generation: stats.generation,
                             next_free_closure_id: stats.next_free_closure_id,
                         },
@@ -336,11 +361,11 @@ impl CoordinatorActor {
                     })
                 })
             }
-            Request::RetirePs { ps, epoch } => {
+            Request::RetirePs { ps, incarnation } => {
                 let server = server(ps);
                 Box::pin(async move {
                     let (node, addr) = server?;
-                    let fenced = Incarnation::new(node, Epoch(epoch));
+                    let fenced = Incarnation::new(node, IncarnationId(incarnation));
                     retire(&gateway, addr, fenced, PS_ACTOR)
                         .await
                         .map(|()| Reply::Done)
@@ -348,8 +373,12 @@ impl CoordinatorActor {
             }
             Request::Fence { ps, msg } => Box::pin(tell_server(gateway, server(ps), msg)),
             Request::Watermark { ps, msg } => Box::pin(tell_server(gateway, server(ps), msg)),
-            Request::BeginRestore { ps, epoch, msg } => {
-                let target = server_at(ps, epoch);
+            Request::BeginRestore {
+                ps,
+                incarnation,
+                msg,
+            } => {
+                let target = server_at(ps, incarnation);
                 Box::pin(async move {
                     let r = gateway.remote_ref::<BeginRestore>(target?, PS_ACTOR);
                     r.call(&msg).await.map_err(call_fault)?;
@@ -358,18 +387,22 @@ impl CoordinatorActor {
             }
             Request::RestoreShards {
                 ps,
-                epoch,
+                incarnation,
                 checkpoint,
                 layouts,
             } => {
-                let target = server_at(ps, epoch);
+                let target = server_at(ps, incarnation);
                 Box::pin(async move {
                     restore_shards(&gateway, target?, ps, layouts, checkpoint.0).await?;
                     Ok(Reply::Done)
                 })
             }
-            Request::RollBack { ps, epoch, msg } => {
-                let target = server_at(ps, epoch);
+            Request::RollBack {
+                ps,
+                incarnation,
+                msg,
+            } => {
+                let target = server_at(ps, incarnation);
                 Box::pin(async move {
                     let r = gateway.remote_ref::<RollBack>(target?, PS_ACTOR);
                     r.call(&msg).await.map_err(call_fault)?;
@@ -427,10 +460,10 @@ impl CoordinatorActor {
             .cloned()
     }
 
-    /// Incarnation `epoch` of worker `worker`, if the cluster names that worker or it joined.
-    fn worker_incarnation(&self, worker: u32, epoch: u64) -> Option<Incarnation<NodeId>> {
+    /// Incarnation `incarnation` of worker `worker`, if the cluster names that worker or it joined.
+    fn worker_incarnation(&self, worker: u32, incarnation: u64) -> Option<Incarnation<NodeId>> {
         self.worker_peer(worker)
-            .map(|(node, _)| Incarnation::new(node, Epoch(epoch)))
+            .map(|(node, _)| Incarnation::new(node, IncarnationId(incarnation)))
     }
 
     fn answer_fetches(&mut self) {
@@ -548,11 +581,13 @@ async fn retire(
     fenced: Incarnation<NodeId>,
     actor: &str,
 ) -> Result<(), CallFault> {
-    let epoch = fenced.epoch.0;
+    let incarnation = fenced.incarnation.0;
     gateway
-        .call_fenced::<Retire>(addr, &fenced, actor, &Retire { epoch })
+        .call_fenced::<Retire>(addr, &fenced, actor, &Retire { incarnation })
         .await
-        .map_err(|e| CallFault::Unreachable(format!("retiring fenced incarnation {epoch}: {e}")))
+        .map_err(|e| {
+            CallFault::Unreachable(format!("retiring fenced incarnation {incarnation}: {e}"))
+        })
 }
 
 /// What came of a call: the answer, or why none came.
@@ -563,8 +598,10 @@ type Outcome = Result<Reply, CallFault>;
 /// anything else as the call's fault.
 fn declared_dead(gateway: &Gateway, node: &NodeId, error: RemoteError) -> Outcome {
     if let RemoteError::Stale { .. } = &error {
-        if let Some((epoch, false)) = gateway.peer_status(node) {
-            return Ok(Reply::DeclaredDead { epoch: epoch.0 });
+        if let Some((incarnation, false)) = gateway.peer_status(node) {
+            return Ok(Reply::DeclaredDead {
+                incarnation: incarnation.0,
+            });
         }
     }
     Err(call_fault(error))
@@ -715,17 +752,17 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
     /// goes now (a worker's closures run elsewhere at once), after a cut (a parameter server),
     /// or stays (this chief is stopping too).
     fn handle(&mut self, msg: Remote<Leaving>, ctx: &mut Context<Self>) -> Self::Result {
-        let epoch = msg.from.epoch.0;
+        let incarnation = msg.from.incarnation.0;
         let stopping = crate::process::preemption_requested();
         if let Some(ps) = self.ps_index(&msg.from.node) {
-            let answer = self
-                .scheduler
-                .handle_ps_leaving(Instant::now(), ps, epoch, stopping);
+            let answer =
+                self.scheduler
+                    .handle_ps_leaving(Instant::now(), ps, incarnation, stopping);
             let rx = match answer {
                 Some(answer) => {
                     if answer == LeaveAnswer::Go {
                         tracing::warn!(
-                            "ps/{ps} (incarnation {epoch}) got a preemption notice and leaves now, \
+                            "ps/{ps} (incarnation {incarnation}) got a preemption notice and leaves now, \
                              with no cut taken for it"
                         );
                     }
@@ -734,11 +771,14 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
                 }
                 None => {
                     tracing::warn!(
-                        "ps/{ps} (incarnation {epoch}) got a preemption notice: holding dispatch to \
+                        "ps/{ps} (incarnation {incarnation}) got a preemption notice: holding dispatch to \
                          take a checkpoint cut before it leaves"
                     );
                     let (tx, rx) = oneshot::channel();
-                    self.leave_waiters.entry((ps, epoch)).or_default().push(tx);
+                    self.leave_waiters
+                        .entry((ps, incarnation))
+                        .or_default()
+                        .push(tx);
                     rx
                 }
             };
@@ -749,12 +789,12 @@ impl Handler<Remote<Leaving>> for CoordinatorActor {
         let Some(worker) = self.worker_index(&msg.from.node) else {
             return Box::pin(async { LeaveAnswer::Go });
         };
-        let answer = self
-            .scheduler
-            .handle_worker_leaving(Instant::now(), worker, epoch, stopping);
+        let answer =
+            self.scheduler
+                .handle_worker_leaving(Instant::now(), worker, incarnation, stopping);
         if answer == LeaveAnswer::Go {
             tracing::warn!(
-                "worker/{worker} (incarnation {epoch}) got a preemption notice and leaves: its \
+                "worker/{worker} (incarnation {incarnation}) got a preemption notice and leaves: its \
                  closures run elsewhere now"
             );
         }
@@ -772,7 +812,7 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
     fn handle(&mut self, msg: Remote<Joining>, ctx: &mut Context<Self>) -> Self::Result {
         let node = msg.from.node.clone();
         let index = node.index;
-        let epoch = msg.from.epoch.0;
+        let incarnation = msg.from.incarnation.0;
         let is_ps = node.role == TaskType::Ps.as_str();
         let in_spec = if is_ps {
             self.scheduler.is_spec_server(index)
@@ -795,7 +835,7 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
             let answer = self.scheduler.handle_ps_joining(
                 Instant::now(),
                 index,
-                epoch,
+                incarnation,
                 msg.msg.addr.clone(),
             );
             if answer.is_ok() && !in_spec {
@@ -806,12 +846,12 @@ impl Handler<Remote<Joining>> for CoordinatorActor {
         } else {
             let answer = self
                 .scheduler
-                .handle_worker_joining(Instant::now(), index, epoch);
+                .handle_worker_joining(Instant::now(), index, incarnation);
             if answer.is_ok() && !in_spec {
                 let known = self.joined.get(&index).map(|(_, a)| a.to_string());
                 if known.as_deref() != Some(msg.msg.addr.as_str()) {
                     tracing::info!(
-                        "worker/{index} (incarnation {epoch}) joins the job at {}",
+                        "worker/{index} (incarnation {incarnation}) joins the job at {}",
                         msg.msg.addr
                     );
                     self.joined
@@ -834,17 +874,20 @@ impl Handler<Remote<Draining>> for CoordinatorActor {
     /// A worker or parameter server leaves the job for good: answered once the machine has
     /// drained it (a worker) or moved its variables onto the other servers (a server).
     fn handle(&mut self, msg: Remote<Draining>, ctx: &mut Context<Self>) -> Self::Result {
-        let epoch = msg.from.epoch.0;
+        let incarnation = msg.from.incarnation.0;
         if let Some(ps) = self.ps_index(&msg.from.node) {
             let (done, rx) = oneshot::channel();
-            tracing::info!("ps/{ps} (incarnation {epoch}) asks to leave the job");
-            match self.scheduler.handle_ps_draining(Instant::now(), ps, epoch) {
+            tracing::info!("ps/{ps} (incarnation {incarnation}) asks to leave the job");
+            match self
+                .scheduler
+                .handle_ps_draining(Instant::now(), ps, incarnation)
+            {
                 Ok(true) => {
                     let _ = done.send(Ok(()));
                 }
                 Ok(false) => self
                     .ps_drain_waiters
-                    .entry((ps, epoch))
+                    .entry((ps, incarnation))
                     .or_default()
                     .push(done),
                 Err(refusal) => {
@@ -865,17 +908,19 @@ impl Handler<Remote<Draining>> for CoordinatorActor {
         let (worker_done, worker_rx) = oneshot::channel();
         match self.worker_index(&msg.from.node) {
             Some(worker) => {
-                tracing::info!("worker/{worker} (incarnation {epoch}) is draining out of the job");
+                tracing::info!(
+                    "worker/{worker} (incarnation {incarnation}) is draining out of the job"
+                );
                 match self
                     .scheduler
-                    .handle_worker_draining(Instant::now(), worker, epoch)
+                    .handle_worker_draining(Instant::now(), worker, incarnation)
                 {
                     DrainDisposition::Done => {
                         let _ = worker_done.send(());
                     }
                     DrainDisposition::Pending => self
                         .drain_waiters
-                        .entry((worker, epoch))
+                        .entry((worker, incarnation))
                         .or_default()
                         .push(worker_done),
                 }
@@ -982,7 +1027,7 @@ impl Handler<PeerChanged> for CoordinatorActor {
         if let PeerEvent::Alive(incarnation) = &msg.0 {
             if let Some(ps) = self.ps_index(&incarnation.node) {
                 self.scheduler
-                    .handle_ps_up(Instant::now(), ps, incarnation.epoch.0);
+                    .handle_ps_up(Instant::now(), ps, incarnation.incarnation.0);
                 self.drive(ctx);
             }
             return;
@@ -993,39 +1038,42 @@ impl Handler<PeerChanged> for CoordinatorActor {
                     tracing::warn!(
                         "ps/{ps} (incarnation {}) declared dead: {cause:?}; holding dispatch until it \
                          is back and restored",
-                        incarnation.epoch.0
+                        incarnation.incarnation.0
                     );
                 } else {
                     // Left the job: its exit is expected.
                     tracing::debug!(
                         "ps/{ps} (incarnation {}), out of the job, is gone: {cause:?}",
-                        incarnation.epoch.0
+                        incarnation.incarnation.0
                     );
                 }
                 self.scheduler
-                    .handle_ps_lost(Instant::now(), ps, incarnation.epoch.0);
+                    .handle_ps_lost(Instant::now(), ps, incarnation.incarnation.0);
                 self.drive(ctx);
             } else if let Some(worker) = self.worker_index(&incarnation.node) {
                 if self.scheduler.is_member(worker) {
                     tracing::warn!(
                         "worker/{worker} (incarnation {}) declared dead: {cause:?}",
-                        incarnation.epoch.0
+                        incarnation.incarnation.0
                     );
                 } else {
                     // Drained out of the job: its exit is expected.
                     tracing::debug!(
                         "worker/{worker} (incarnation {}), drained, is gone: {cause:?}",
-                        incarnation.epoch.0
+                        incarnation.incarnation.0
                     );
                 }
-                self.scheduler
-                    .handle_worker_lost(Instant::now(), worker, incarnation.epoch.0);
+                self.scheduler.handle_worker_lost(
+                    Instant::now(),
+                    worker,
+                    incarnation.incarnation.0,
+                );
                 self.drive(ctx);
             } else {
                 tracing::warn!(
                     "{} (incarnation {}) declared dead: {cause:?}",
                     incarnation.node,
-                    incarnation.epoch.0
+                    incarnation.incarnation.0
                 );
             }
         }
@@ -1207,7 +1255,7 @@ impl Handler<StatusView> for CoordinatorActor {
             role: "chief".into(),
             index: 0,
             address,
-            incarnation: Some(own.epoch.0),
+            incarnation: Some(own.incarnation.0),
             state: TaskState::Alive,
             heartbeat_age_ms: None,
         }];
@@ -1220,7 +1268,7 @@ impl Handler<StatusView> for CoordinatorActor {
                 role: role.into(),
                 index: known.index,
                 address: peer.map(|(_, addr)| addr.to_string()).unwrap_or_default(),
-                incarnation: known.epoch,
+                incarnation: known.incarnation,
                 state: task_state(known.liveness, heard),
                 heartbeat_age_ms: heard.map(|(age, _)| age.as_millis() as u64),
             });
@@ -1478,8 +1526,8 @@ mod tests {
     use cohort_actors::{RefusedReason, Remote};
     use cohort_transport::ClusterCa;
 
-    fn gateway(ca: &ClusterCa, node: &NodeId, epoch: u64) -> Gateway {
-        crate::roles::test_support::loopback_gateway(ca, node, epoch, Duration::from_secs(5))
+    fn gateway(ca: &ClusterCa, node: &NodeId, incarnation: u64) -> Gateway {
+        crate::roles::test_support::loopback_gateway(ca, node, incarnation, Duration::from_secs(5))
     }
 
     fn run(test: impl std::future::Future<Output = ()>) {

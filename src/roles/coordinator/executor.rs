@@ -36,13 +36,13 @@ pub(crate) enum Effect {
     Call(Call),
     /// Tell whoever waits that a request the machine took ended.
     Answer(Answer),
-    /// Incarnation `epoch` of `worker` is fenced (FENCE-1): a call to it still in flight
+    /// Incarnation `incarnation` of `worker` is fenced (FENCE-1): a call to it still in flight
     /// fails now, and nothing it sends may change state.
     Fenced {
         /// The worker.
         worker: u32,
         /// The fenced incarnation (and every older one).
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
 }
 
@@ -61,19 +61,19 @@ pub(crate) struct Call {
 /// Whom a request goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Target {
-    /// A worker: incarnation `epoch`, or (`None`) whichever answers at its address.
+    /// A worker: incarnation `incarnation`, or (`None`) whichever answers at its address.
     Worker {
         /// The worker.
         worker: u32,
         /// The incarnation meant; a call never reaches a newer one (FENCE-1).
-        epoch: Option<WorkerIncarnation>,
+        incarnation: Option<WorkerIncarnation>,
     },
-    /// A parameter server: incarnation `epoch`, or (`None`) whichever answers at its address.
+    /// A parameter server: incarnation `incarnation`, or (`None`) whichever answers at its address.
     Ps {
         /// The server.
         ps: u32,
         /// The incarnation meant.
-        epoch: Option<u64>,
+        incarnation: Option<u64>,
     },
     /// The checkpoint storage, local to the coordinator (blocking work, off its thread).
     Storage,
@@ -82,12 +82,12 @@ pub(crate) enum Target {
 /// What a call asks, with its target.
 #[derive(Debug)]
 pub(crate) enum Request {
-    /// Run a closure on incarnation `epoch` of `worker`.
+    /// Run a closure on incarnation `incarnation` of `worker`.
     Run {
         /// The worker.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The closure.
         msg: RunClosure,
     },
@@ -96,39 +96,39 @@ pub(crate) enum Request {
         /// The worker.
         worker: u32,
     },
-    /// Set incarnation `epoch` of `worker` up from scratch, its datasets rebuilt at the
+    /// Set incarnation `incarnation` of `worker` up from scratch, its datasets rebuilt at the
     /// setup's positions ([`crate::roles::protocol::RewindWorker`]).
     Rewind {
         /// The worker.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The setup.
         setup: SetupWorker,
     },
-    /// Give the live incarnation `epoch` of `worker` a new setup, keeping the datasets it
+    /// Give the live incarnation `incarnation` of `worker` a new setup, keeping the datasets it
     /// reads.
     Configure {
         /// The worker.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The setup.
         setup: SetupWorker,
     },
-    /// Ask incarnation `epoch` of `worker` where its datasets are.
+    /// Ask incarnation `incarnation` of `worker` where its datasets are.
     Positions {
         /// The worker.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
-    /// Tell the fenced (or declared dead) incarnation `epoch` of `worker` to retire.
+    /// Tell the fenced (or declared dead) incarnation `incarnation` of `worker` to retire.
     RetireWorker {
         /// The worker.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// Ask server `ps` which incarnation answers, whether it serves, its restore generation
     /// and the closure ids it applied ([`crate::roles::protocol::PsStats`]).
@@ -136,12 +136,12 @@ pub(crate) enum Request {
         /// The server.
         ps: u32,
     },
-    /// Tell the declared-dead incarnation `epoch` of server `ps` to retire.
+    /// Tell the declared-dead incarnation `incarnation` of server `ps` to retire.
     RetirePs {
         /// The server.
         ps: u32,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
     },
     /// Tell server `ps` (whichever incarnation answers) that a worker incarnation is fenced.
     Fence {
@@ -157,32 +157,32 @@ pub(crate) enum Request {
         /// The watermark.
         msg: FinishedBelow,
     },
-    /// Begin a restore on incarnation `epoch` of server `ps`.
+    /// Begin a restore on incarnation `incarnation` of server `ps`.
     BeginRestore {
         /// The server.
         ps: u32,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The restore's generation and the fences to replay.
         msg: BeginRestore,
     },
-    /// Send incarnation `epoch` of server `ps` its shards of `checkpoint`.
+    /// Send incarnation `incarnation` of server `ps` its shards of `checkpoint`.
     RestoreShards {
         /// The server.
         ps: u32,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The checkpoint.
         checkpoint: CheckpointRef,
         /// Where every variable lives now.
         layouts: Vec<Layout>,
     },
-    /// Roll incarnation `epoch` of server `ps` back to the restored cut, re-opening it.
+    /// Roll incarnation `incarnation` of server `ps` back to the restored cut, re-opening it.
     RollBack {
         /// The server.
         ps: u32,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The cut and the generation.
         msg: RollBack,
     },
@@ -225,29 +225,56 @@ pub(crate) enum Request {
 impl Request {
     /// Whom it goes to.
     pub(crate) fn target(&self) -> Target {
-        let worker_at = |worker: u32, epoch: u64| Target::Worker {
+        let worker_at = |worker: u32, incarnation: u64| Target::Worker {
             worker,
-            epoch: Some(epoch),
+            incarnation: Some(incarnation),
         };
-        let ps_at = |ps: u32, epoch: u64| Target::Ps {
+        let ps_at = |ps: u32, incarnation: u64| Target::Ps {
             ps,
-            epoch: Some(epoch),
+            incarnation: Some(incarnation),
         };
-        let any_ps = |ps: u32| Target::Ps { ps, epoch: None };
+        let any_ps = |ps: u32| Target::Ps {
+            ps,
+            incarnation: None,
+        };
         match self {
-            Request::Run { worker, epoch, .. }
-            | Request::Rewind { worker, epoch, .. }
-            | Request::Configure { worker, epoch, .. }
-            | Request::Positions { worker, epoch }
-            | Request::RetireWorker { worker, epoch } => worker_at(*worker, *epoch),
+            Request::Run {
+                worker,
+                incarnation,
+                ..
+            }
+            | Request::Rewind {
+                worker,
+                incarnation,
+                ..
+            }
+            | Request::Configure {
+                worker,
+                incarnation,
+                ..
+            }
+            | Request::Positions {
+                worker,
+                incarnation,
+            }
+            | Request::RetireWorker {
+                worker,
+                incarnation,
+            } => worker_at(*worker, *incarnation),
             Request::DialWorker { worker } => Target::Worker {
                 worker: *worker,
-                epoch: None,
+                incarnation: None,
             },
-            Request::RetirePs { ps, epoch }
-            | Request::BeginRestore { ps, epoch, .. }
-            | Request::RestoreShards { ps, epoch, .. }
-            | Request::RollBack { ps, epoch, .. } => ps_at(*ps, *epoch),
+            Request::RetirePs { ps, incarnation }
+            | Request::BeginRestore {
+                ps, incarnation, ..
+            }
+            | Request::RestoreShards {
+                ps, incarnation, ..
+            }
+            | Request::RollBack {
+                ps, incarnation, ..
+            } => ps_at(*ps, *incarnation),
             Request::Stats { ps }
             | Request::Fence { ps, .. }
             | Request::Watermark { ps, .. }
@@ -268,13 +295,13 @@ pub(crate) enum Reply {
     /// A worker's incarnation answered a dial.
     Worker {
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// The incarnation that answered is one the failure detector declared dead (frozen past
     /// the budget, then woken).
     DeclaredDead {
         /// The incarnation.
-        epoch: u64,
+        incarnation: u64,
     },
     /// A server's statistics (its `ps` is the target's).
     Server {
@@ -319,7 +346,7 @@ pub(crate) enum Route {
         /// The worker.
         worker: u32,
         /// The incarnation it ran on.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The closure.
         closure: ClosureId,
         /// The attempt.
@@ -337,7 +364,7 @@ pub(crate) enum Route {
         /// The worker.
         worker: u32,
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The setup version.
         version: u64,
     },
@@ -348,7 +375,7 @@ pub(crate) enum Route {
         /// The worker.
         worker: u32,
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// [`Scheduler::handle_positions`].
     Positions {
@@ -357,21 +384,21 @@ pub(crate) enum Route {
         /// The worker.
         worker: u32,
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// [`Scheduler::handle_drain_positions`].
     DrainPositions {
         /// The worker.
         worker: u32,
         /// The draining incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// [`Scheduler::handle_worker_retired`].
     RetireWorker {
         /// The worker.
         worker: u32,
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// [`Scheduler::handle_ps_dialled`].
     PsDial {
@@ -383,14 +410,14 @@ pub(crate) enum Route {
         /// The server.
         ps: u32,
         /// The incarnation.
-        epoch: u64,
+        incarnation: u64,
     },
     /// [`Scheduler::handle_fence_sent`].
     Fence {
         /// The fenced worker.
         worker: u32,
         /// The fenced incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The server told.
         ps: u32,
     },
@@ -465,7 +492,7 @@ pub(crate) enum RestoreStep {
         /// The worker.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
 }
 
@@ -505,14 +532,14 @@ pub(crate) enum Answer {
         /// The worker.
         worker: u32,
         /// The drained incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// A parameter server's preemption notice is answered.
     PsLeaving {
         /// The server.
         ps: u32,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The answer.
         answer: LeaveAnswer,
     },
@@ -521,7 +548,7 @@ pub(crate) enum Answer {
         /// The server.
         ps: u32,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// Whether it may go.
         result: Result<(), DrainRefusal>,
     },
@@ -536,7 +563,7 @@ pub(crate) enum Delivered {
         /// The worker that ran it.
         worker: u32,
         /// Its incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The closure.
         closure: ClosureId,
         /// From its dispatch to its commit.
@@ -561,7 +588,7 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
     match action {
         SchedulerAction::Dispatch {
             worker,
-            epoch,
+            incarnation,
             closure,
             attempt,
             generation,
@@ -571,7 +598,11 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
         } => {
             // Each server's incarnation the closure's pushes are meant for.
             let servers = (0..scheduler.server_span())
-                .map(|ps| scheduler.ps_epoch(ps).map_or(0, |(epoch, _)| epoch))
+                .map(|ps| {
+                    scheduler
+                        .ps_incarnation(ps)
+                        .map_or(0, |(incarnation, _)| incarnation)
+                })
                 .collect();
             let msg = RunClosure {
                 closure: closure.0,
@@ -585,33 +616,50 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
             // Bounded by the step timeout, not the call timeout: a long step is never cut
             // while its worker heartbeats.
             vec![Effect::Call(Call {
-                request: Request::Run { worker, epoch, msg },
+                request: Request::Run {
+                    worker,
+                    incarnation,
+                    msg,
+                },
                 bound: Some(scheduler.config().step_timeout),
                 route: Route::Run {
                     worker,
-                    epoch,
+                    incarnation,
                     closure,
                     attempt,
                     sent: now,
                 },
             })]
         }
-        SchedulerAction::Fence { worker, epoch } => {
+        SchedulerAction::Fence {
+            worker,
+            incarnation,
+        } => {
             tracing::info!(
-                "fencing worker/{worker} incarnation {epoch} on every parameter server (FENCE-1)"
+                "fencing worker/{worker} incarnation {incarnation} on every parameter server (FENCE-1)"
             );
             let mut effects: Vec<Effect> = scheduler
                 .servers_in_job()
                 .into_iter()
                 .map(|ps| {
-                    let msg = FenceWorker { worker, epoch };
+                    let msg = FenceWorker {
+                        worker,
+                        incarnation,
+                    };
                     call(
                         Request::Fence { ps, msg },
-                        Route::Fence { worker, epoch, ps },
+                        Route::Fence {
+                            worker,
+                            incarnation,
+                            ps,
+                        },
                     )
                 })
                 .collect();
-            effects.push(Effect::Fenced { worker, epoch });
+            effects.push(Effect::Fenced {
+                worker,
+                incarnation,
+            });
             effects
         }
         SchedulerAction::Restore(restore) => vec![restore_call(restore)],
@@ -633,9 +681,9 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
             })
             .collect(),
         SchedulerAction::DialPs { ps } => vec![call(Request::Stats { ps }, Route::PsDial { ps })],
-        SchedulerAction::RetirePs { ps, epoch } => vec![call(
-            Request::RetirePs { ps, epoch },
-            Route::RetirePs { ps, epoch },
+        SchedulerAction::RetirePs { ps, incarnation } => vec![call(
+            Request::RetirePs { ps, incarnation },
+            Route::RetirePs { ps, incarnation },
         )],
         SchedulerAction::DialWorker { worker } => vec![call(
             Request::DialWorker { worker },
@@ -643,40 +691,49 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
         )],
         SchedulerAction::SetUpWorker {
             worker,
-            epoch,
+            incarnation,
             setup,
             version,
         } => vec![call(
             Request::Rewind {
                 worker,
-                epoch,
+                incarnation,
                 setup,
             },
             Route::SetUp {
                 worker,
-                epoch,
+                incarnation,
                 version,
             },
         )],
-        SchedulerAction::RetireWorker { worker, epoch } => vec![call(
-            Request::RetireWorker { worker, epoch },
-            Route::RetireWorker { worker, epoch },
+        SchedulerAction::RetireWorker {
+            worker,
+            incarnation,
+        } => vec![call(
+            Request::RetireWorker {
+                worker,
+                incarnation,
+            },
+            Route::RetireWorker {
+                worker,
+                incarnation,
+            },
         )],
         SchedulerAction::Reconfigure {
             ticket,
             worker,
-            epoch,
+            incarnation,
             setup,
         } => vec![call(
             Request::Configure {
                 worker,
-                epoch,
+                incarnation,
                 setup,
             },
             Route::Reconfigure {
                 ticket,
                 worker,
-                epoch,
+                incarnation,
             },
         )],
         SchedulerAction::ConfigureFinished { ticket, result } => {
@@ -685,13 +742,16 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
         SchedulerAction::AskPositions {
             ticket,
             worker,
-            epoch,
+            incarnation,
         } => vec![call(
-            Request::Positions { worker, epoch },
+            Request::Positions {
+                worker,
+                incarnation,
+            },
             Route::Positions {
                 ticket,
                 worker,
-                epoch,
+                incarnation,
             },
         )],
         SchedulerAction::CreateShard {
@@ -732,16 +792,31 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
         SchedulerAction::CutRead { ticket, result } => {
             vec![Effect::Answer(Answer::CutRead { ticket, result })]
         }
-        SchedulerAction::AskDrainPositions { worker, epoch } => vec![call(
-            Request::Positions { worker, epoch },
-            Route::DrainPositions { worker, epoch },
+        SchedulerAction::AskDrainPositions {
+            worker,
+            incarnation,
+        } => vec![call(
+            Request::Positions {
+                worker,
+                incarnation,
+            },
+            Route::DrainPositions {
+                worker,
+                incarnation,
+            },
         )],
-        SchedulerAction::DrainFinished { worker, epoch } => {
+        SchedulerAction::DrainFinished {
+            worker,
+            incarnation,
+        } => {
             tracing::info!(
-                "worker/{worker} (incarnation {epoch}) drained: its closures finished and its \
+                "worker/{worker} (incarnation {incarnation}) drained: its closures finished and its \
                  dataset positions are kept; it leaves the job"
             );
-            vec![Effect::Answer(Answer::Drained { worker, epoch })]
+            vec![Effect::Answer(Answer::Drained {
+                worker,
+                incarnation,
+            })]
         }
         SchedulerAction::WritePreemptionCut {
             ticket,
@@ -758,18 +833,34 @@ pub(crate) fn plan(scheduler: &Scheduler, now: Instant, action: SchedulerAction)
             },
             Route::CutWritten { ticket },
         )],
-        SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => {
-            vec![Effect::Answer(Answer::PsLeaving { ps, epoch, answer })]
+        SchedulerAction::AnswerPsLeaving {
+            ps,
+            incarnation,
+            answer,
+        } => {
+            vec![Effect::Answer(Answer::PsLeaving {
+                ps,
+                incarnation,
+                answer,
+            })]
         }
-        SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
+        SchedulerAction::AnswerPsDraining {
+            ps,
+            incarnation,
+            result,
+        } => {
             match &result {
                 Ok(()) => tracing::info!(
-                    "ps/{ps} (incarnation {epoch}) left the job: its variables are on the other \
+                    "ps/{ps} (incarnation {incarnation}) left the job: its variables are on the other \
                      servers"
                 ),
                 Err(refusal) => tracing::warn!("{refusal}"),
             }
-            vec![Effect::Answer(Answer::PsDraining { ps, epoch, result })]
+            vec![Effect::Answer(Answer::PsDraining {
+                ps,
+                incarnation,
+                result,
+            })]
         }
     }
 }
@@ -779,16 +870,20 @@ fn restore_call(restore: RestoreCall) -> Effect {
     let (generation, step, request) = match restore {
         RestoreCall::Begin {
             ps,
-            epoch,
+            incarnation,
             generation,
             fences,
         } => {
             tracing::warn!(
-                "restore generation {generation}: ps/{ps} (incarnation {epoch}) is restored from \
+                "restore generation {generation}: ps/{ps} (incarnation {incarnation}) is restored from \
                  a checkpoint with every other server"
             );
             let msg = BeginRestore { generation, fences };
-            let request = Request::BeginRestore { ps, epoch, msg };
+            let request = Request::BeginRestore {
+                ps,
+                incarnation,
+                msg,
+            };
             (generation, RestoreStep::Begin { ps }, request)
         }
         RestoreCall::Load {
@@ -805,14 +900,14 @@ fn restore_call(restore: RestoreCall) -> Effect {
         }
         RestoreCall::Shards {
             ps,
-            epoch,
+            incarnation,
             generation,
             checkpoint,
             layouts,
         } => {
             let request = Request::RestoreShards {
                 ps,
-                epoch,
+                incarnation,
                 checkpoint,
                 layouts,
             };
@@ -820,7 +915,7 @@ fn restore_call(restore: RestoreCall) -> Effect {
         }
         RestoreCall::RollBack {
             ps,
-            epoch,
+            incarnation,
             generation,
             finished_below,
         } => {
@@ -828,21 +923,32 @@ fn restore_call(restore: RestoreCall) -> Effect {
                 finished_below: finished_below.0,
                 generation,
             };
-            let request = Request::RollBack { ps, epoch, msg };
+            let request = Request::RollBack {
+                ps,
+                incarnation,
+                msg,
+            };
             (generation, RestoreStep::RollBack { ps }, request)
         }
         RestoreCall::Rewind {
             worker,
-            epoch,
+            incarnation,
             generation,
             setup,
         } => {
             let request = Request::Rewind {
                 worker,
-                epoch,
+                incarnation,
                 setup,
             };
-            (generation, RestoreStep::Rewind { worker, epoch }, request)
+            (
+                generation,
+                RestoreStep::Rewind {
+                    worker,
+                    incarnation,
+                },
+                request,
+            )
         }
     };
     Effect::Call(Call {
@@ -866,7 +972,7 @@ pub(crate) fn deliver(
     match route {
         Route::Run {
             worker,
-            epoch,
+            incarnation,
             closure,
             attempt,
             sent,
@@ -874,7 +980,7 @@ pub(crate) fn deliver(
             return run_delivered(
                 scheduler,
                 now,
-                (worker, epoch),
+                (worker, incarnation),
                 closure,
                 attempt,
                 sent,
@@ -883,8 +989,8 @@ pub(crate) fn deliver(
         }
         Route::WorkerDial { worker } => {
             let dial = match outcome {
-                Ok(Reply::Worker { epoch }) => WorkerDial::Answered { epoch },
-                Ok(Reply::DeclaredDead { epoch }) => WorkerDial::DeclaredDead { epoch },
+                Ok(Reply::Worker { incarnation }) => WorkerDial::Answered { incarnation },
+                Ok(Reply::DeclaredDead { incarnation }) => WorkerDial::DeclaredDead { incarnation },
                 other => {
                     tracing::debug!("worker/{worker} not reachable yet: {}", fault_of(other));
                     WorkerDial::Unreachable
@@ -894,19 +1000,19 @@ pub(crate) fn deliver(
         }
         Route::SetUp {
             worker,
-            epoch,
+            incarnation,
             version,
         } => {
             let result = done(outcome);
             let failure = result.as_ref().err().map(|f| f.to_string());
-            match scheduler.handle_worker_set_up(now, worker, epoch, version, result) {
-                SetUpDisposition::Up => tracing::info!("worker/{worker} up (incarnation {epoch})"),
+            match scheduler.handle_worker_set_up(now, worker, incarnation, version, result) {
+                SetUpDisposition::Up => tracing::info!("worker/{worker} up (incarnation {incarnation})"),
                 SetUpDisposition::Outdated => tracing::debug!(
-                    "worker/{worker} (incarnation {epoch}) was set up from an outdated setup; \
+                    "worker/{worker} (incarnation {incarnation}) was set up from an outdated setup; \
                      setting it up again"
                 ),
                 SetUpDisposition::Failed => tracing::debug!(
-                    "setting up worker/{worker} (incarnation {epoch}): {}",
+                    "setting up worker/{worker} (incarnation {incarnation}): {}",
                     failure.unwrap_or_default()
                 ),
             }
@@ -914,57 +1020,63 @@ pub(crate) fn deliver(
         Route::Reconfigure {
             ticket,
             worker,
-            epoch,
+            incarnation,
         } => {
             let result = done(outcome);
             if let Err(e) = &result {
-                tracing::warn!("setting up worker/{worker} (incarnation {epoch}): {e}");
+                tracing::warn!("setting up worker/{worker} (incarnation {incarnation}): {e}");
             }
-            scheduler.handle_reconfigured(now, ticket, worker, epoch, result);
+            scheduler.handle_reconfigured(now, ticket, worker, incarnation, result);
         }
         Route::Positions {
             ticket,
             worker,
-            epoch,
+            incarnation,
         } => {
             let result = positions(outcome);
             if let Err(e) = &result {
                 tracing::warn!(
-                    "worker/{worker} (incarnation {epoch}) did not report its dataset positions \
+                    "worker/{worker} (incarnation {incarnation}) did not report its dataset positions \
                      for the checkpoint: {e}; it is restarted from its last setup's positions, \
                      which the checkpoint records"
                 );
             }
-            scheduler.handle_positions(now, ticket, worker, epoch, result);
+            scheduler.handle_positions(now, ticket, worker, incarnation, result);
         }
-        Route::DrainPositions { worker, epoch } => {
+        Route::DrainPositions {
+            worker,
+            incarnation,
+        } => {
             let result = positions(outcome);
             if let Err(e) = &result {
                 tracing::warn!(
-                    "draining worker/{worker} (incarnation {epoch}) did not report its dataset \
+                    "draining worker/{worker} (incarnation {incarnation}) did not report its dataset \
                      positions: {e}; those of its last setup are kept"
                 );
             }
-            scheduler.handle_drain_positions(now, worker, epoch, result);
+            scheduler.handle_drain_positions(now, worker, incarnation, result);
         }
-        Route::RetireWorker { worker, epoch } => {
+        Route::RetireWorker {
+            worker,
+            incarnation,
+        } => {
             let result = done(outcome);
             match &result {
                 Ok(()) => tracing::info!(
-                    "worker/{worker} (incarnation {epoch}) was fenced but is alive: retired it, so \
+                    "worker/{worker} (incarnation {incarnation}) was fenced but is alive: retired it, so \
                      that it restarts as a new incarnation"
                 ),
                 Err(e) => tracing::debug!("retiring worker/{worker}: {e}"),
             }
-            scheduler.handle_worker_retired(worker, epoch, result);
+            scheduler.handle_worker_retired(worker, incarnation, result);
         }
         Route::PsDial { ps } => {
             let dial = match outcome {
                 Ok(Reply::Server { probe, serving }) => PsDial::Answered {
-                    epoch: probe.epoch,
+                    incarnation: probe.incarnation,
                     serving,
                 },
-                Ok(Reply::DeclaredDead { epoch }) => PsDial::DeclaredDead { epoch },
+                Ok(Reply::DeclaredDead { incarnation }) => PsDial::DeclaredDead { incarnation },
                 other => {
                     tracing::debug!("ps/{ps} not reachable yet: {}", fault_of(other));
                     PsDial::Unreachable
@@ -972,23 +1084,27 @@ pub(crate) fn deliver(
             };
             scheduler.handle_ps_dialled(now, ps, dial);
         }
-        Route::RetirePs { ps, epoch } => {
+        Route::RetirePs { ps, incarnation } => {
             let result = done(outcome);
             match &result {
                 Ok(()) => tracing::warn!(
-                    "ps/{ps} (incarnation {epoch}) was declared dead but is alive: retired it, so \
+                    "ps/{ps} (incarnation {incarnation}) was declared dead but is alive: retired it, so \
                      that it restarts as a new incarnation"
                 ),
                 Err(e) => tracing::debug!("retiring ps/{ps}: {e}"),
             }
-            scheduler.handle_ps_retired(ps, epoch, result);
+            scheduler.handle_ps_retired(ps, incarnation, result);
         }
-        Route::Fence { worker, epoch, ps } => {
+        Route::Fence {
+            worker,
+            incarnation,
+            ps,
+        } => {
             let result = done(outcome);
             if let Err(e) = &result {
                 tracing::warn!("fencing worker/{worker} on ps/{ps}: {e}");
             }
-            scheduler.handle_fence_sent(worker, epoch, ps, result);
+            scheduler.handle_fence_sent(worker, incarnation, ps, result);
         }
         Route::Watermark { ps } => {
             let result = done(outcome);
@@ -1008,8 +1124,8 @@ pub(crate) fn deliver(
             let result = match outcome {
                 Ok(Reply::Server { probe, .. }) => Ok(ServerProbe { ps, ..probe }),
                 // As a connection refused: the probe is asked again.
-                Ok(Reply::DeclaredDead { epoch }) => Err(CallFault::Unreachable(format!(
-                    "ps/{ps} answered as incarnation {epoch}, declared dead"
+                Ok(Reply::DeclaredDead { incarnation }) => Err(CallFault::Unreachable(format!(
+                    "ps/{ps} answered as incarnation {incarnation}, declared dead"
                 ))),
                 other => Err(fault_of(other)),
             };
@@ -1043,7 +1159,7 @@ pub(crate) fn deliver(
 fn run_delivered(
     scheduler: &mut Scheduler,
     now: Instant,
-    (worker, epoch): (u32, WorkerIncarnation),
+    (worker, incarnation): (u32, WorkerIncarnation),
     closure: ClosureId,
     attempt: u32,
     sent: Instant,
@@ -1052,11 +1168,11 @@ fn run_delivered(
     match outcome {
         Ok(Reply::Ran(Ok(value))) => {
             let disposition =
-                scheduler.handle_result(now, worker, epoch, closure, attempt, Ok(value));
+                scheduler.handle_result(now, worker, incarnation, closure, attempt, Ok(value));
             if disposition == ResultDisposition::Committed {
                 return Delivered::Committed {
                     worker,
-                    epoch,
+                    incarnation,
                     closure,
                     took: now.saturating_duration_since(sent),
                 };
@@ -1064,7 +1180,7 @@ fn run_delivered(
         }
         Ok(Reply::Ran(Err(RunClosureError::Step(message)))) => {
             let error = ClosureOutcomeError::Step(message);
-            scheduler.handle_result(now, worker, epoch, closure, attempt, Err(error));
+            scheduler.handle_result(now, worker, incarnation, closure, attempt, Err(error));
         }
         Ok(Reply::Ran(Err(RunClosureError::PsUnavailable(unavailable)))) => {
             tracing::warn!(
@@ -1072,21 +1188,38 @@ fn run_delivered(
                  the parameter server is back",
                 closure.0
             );
-            scheduler.handle_ps_unavailable(now, worker, epoch, closure, attempt, unavailable.ps);
+            scheduler.handle_ps_unavailable(
+                now,
+                worker,
+                incarnation,
+                closure,
+                attempt,
+                unavailable.ps,
+            );
         }
-        Ok(Reply::Ran(Err(RunClosureError::Refused(refusal)))) => {
-            refused(scheduler, now, (worker, epoch), closure, attempt, &refusal)
-        }
-        Err(CallFault::Refused(refusal)) => {
-            refused(scheduler, now, (worker, epoch), closure, attempt, &refusal)
-        }
+        Ok(Reply::Ran(Err(RunClosureError::Refused(refusal)))) => refused(
+            scheduler,
+            now,
+            (worker, incarnation),
+            closure,
+            attempt,
+            &refusal,
+        ),
+        Err(CallFault::Refused(refusal)) => refused(
+            scheduler,
+            now,
+            (worker, incarnation),
+            closure,
+            attempt,
+            &refusal,
+        ),
         other => {
             tracing::warn!(
-                "worker/{worker} (incarnation {epoch}) lost while running closure {}: {}",
+                "worker/{worker} (incarnation {incarnation}) lost while running closure {}: {}",
                 closure.0,
                 fault_of(other)
             );
-            scheduler.handle_worker_lost(now, worker, epoch);
+            scheduler.handle_worker_lost(now, worker, incarnation);
         }
     }
     Delivered::Other
@@ -1096,17 +1229,17 @@ fn run_delivered(
 fn refused(
     scheduler: &mut Scheduler,
     now: Instant,
-    (worker, epoch): (u32, WorkerIncarnation),
+    (worker, incarnation): (u32, WorkerIncarnation),
     closure: ClosureId,
     attempt: u32,
     refusal: &dyn std::fmt::Display,
 ) {
     tracing::warn!(
-        "worker/{worker} (incarnation {epoch}) could not run closure {}: {refusal}; running it \
+        "worker/{worker} (incarnation {incarnation}) could not run closure {}: {refusal}; running it \
          elsewhere and retiring that incarnation",
         closure.0
     );
-    scheduler.handle_refused(now, worker, epoch, closure, attempt);
+    scheduler.handle_refused(now, worker, incarnation, closure, attempt);
 }
 
 /// A restore call's outcome as the restore machine hears it.
@@ -1131,14 +1264,17 @@ fn restore_report(step: RestoreStep, outcome: Result<Reply, CallFault>) -> Resto
             ps,
             result: done(outcome),
         },
-        RestoreStep::Rewind { worker, epoch } => {
+        RestoreStep::Rewind {
+            worker,
+            incarnation,
+        } => {
             let result = done(outcome);
             if let Err(e) = &result {
                 tracing::warn!("rewinding worker/{worker}'s datasets: {e}");
             }
             RestoreReport::Rewound {
                 worker,
-                epoch,
+                incarnation,
                 result,
             }
         }

@@ -365,16 +365,20 @@ impl Handler<Remote<Push>> for PsActor {
             .ps_pushed_bytes
             .inc_by(blobs.iter().map(|b| b.len() as u64).sum());
         let result = (|| {
-            let PushOrigin { worker, epoch, .. } = push.origin;
+            let PushOrigin {
+                worker,
+                incarnation,
+                ..
+            } = push.origin;
             // SEC-2: a worker pushes as itself. The origin PS-1 and FENCE-1 key on must be the
             // authenticated sender's, or a leaked worker key could push under another worker's
             // index (or a fenced incarnation under a live one).
-            if from.node.index != worker || from.epoch.0 != epoch {
+            if from.node.index != worker || from.incarnation.0 != incarnation {
                 return Err(PsRefusal::NotTheSender {
                     worker,
-                    epoch,
+                    incarnation,
                     from: from.node.to_string(),
-                    from_epoch: from.epoch.0,
+                    from_incarnation: from.incarnation.0,
                 });
             }
             let gradients = push.decode_gradients(&blobs)?;
@@ -388,7 +392,7 @@ impl Handler<Remote<FenceWorker>> for PsActor {
     type Result = ();
 
     fn handle(&mut self, msg: Remote<FenceWorker>, _: &mut Context<Self>) {
-        self.store.handle_fence(msg.msg.worker, msg.msg.epoch);
+        self.store.handle_fence(msg.msg.worker, msg.msg.incarnation);
     }
 }
 

@@ -194,7 +194,7 @@ impl StoredVariable {
 ///
 /// Calling protocol (the actor shell, for each message in arrival order):
 /// 1. `handle_create` for each variable shard placed here (idempotent for the same shape);
-/// 2. `handle_fence(worker, epoch)` when the coordinator declares a worker incarnation lost,
+/// 2. `handle_fence(worker, incarnation)` when the coordinator declares a worker incarnation lost,
 ///    and `handle_finished_below(closure, generation)` when it says which closures are
 ///    finished for good;
 /// 3. `pull`/`pull_rows` to read values, `handle_push` to apply gradients;
@@ -380,10 +380,10 @@ impl ParameterStore {
         Ok(())
     }
 
-    /// FENCE-1: pushes from `worker` at `epoch` or older change nothing from now on.
-    pub fn handle_fence(&mut self, worker: u32, epoch: WorkerIncarnation) {
-        let fenced = self.fenced.entry(worker).or_insert(epoch);
-        *fenced = (*fenced).max(epoch);
+    /// FENCE-1: pushes from `worker` at `incarnation` or older change nothing from now on.
+    pub fn handle_fence(&mut self, worker: u32, incarnation: WorkerIncarnation) {
+        let fenced = self.fenced.entry(worker).or_insert(incarnation);
+        *fenced = (*fenced).max(incarnation);
     }
 
     /// The whole value of a variable.
@@ -471,7 +471,7 @@ impl ParameterStore {
         if self
             .fenced
             .get(&origin.worker)
-            .is_some_and(|fenced| origin.epoch <= *fenced)
+            .is_some_and(|fenced| origin.incarnation <= *fenced)
         {
             self.counters.rejected_stale += 1;
             return Ok(PushOutcome::Fenced);
@@ -659,8 +659,8 @@ impl ParameterStore {
         if generation <= self.generation {
             return;
         }
-        for &(worker, epoch) in fences {
-            self.handle_fence(worker, epoch);
+        for &(worker, incarnation) in fences {
+            self.handle_fence(worker, incarnation);
         }
         self.generation = generation;
         self.restoring = true;
@@ -855,10 +855,10 @@ mod tests {
     use super::*;
     use crate::roles::push::LearningRate;
 
-    fn origin(worker: u32, epoch: u64, closure: u64, attempt: u32) -> PushOrigin {
+    fn origin(worker: u32, incarnation: u64, closure: u64, attempt: u32) -> PushOrigin {
         PushOrigin {
             worker,
-            epoch,
+            incarnation,
             closure: ClosureId(closure),
             attempt,
             part: 0,
@@ -1252,10 +1252,10 @@ mod tests {
         assert_eq!(ps.next_free_closure_id(), 42);
     }
 
-    fn origin_in(worker: u32, epoch: u64, closure: u64, generation: u64) -> PushOrigin {
+    fn origin_in(worker: u32, incarnation: u64, closure: u64, generation: u64) -> PushOrigin {
         PushOrigin {
             generation,
-            ..origin(worker, epoch, closure, 1)
+            ..origin(worker, incarnation, closure, 1)
         }
     }
 
@@ -1350,12 +1350,12 @@ mod tests {
             .unwrap();
         ps.handle_roll_back(ClosureId(10), 2);
         let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
-        for (worker, epoch) in [(0, 3), (0, 2), (1, 1)] {
+        for (worker, incarnation) in [(0, 3), (0, 2), (1, 1)] {
             assert_eq!(
-                ps.handle_push(origin_in(worker, epoch, 10, 2), &grads)
+                ps.handle_push(origin_in(worker, incarnation, 10, 2), &grads)
                     .unwrap(),
                 PushOutcome::Fenced,
-                "worker/{worker} incarnation {epoch} is fenced"
+                "worker/{worker} incarnation {incarnation} is fenced"
             );
         }
         assert_eq!(

@@ -134,7 +134,7 @@ impl Handler<Remote<SetupWorker>> for WorkerActor {
     type Result = ResponseFuture<Result<(), SetupError>>;
 
     fn handle(&mut self, msg: Remote<SetupWorker>, _: &mut Context<Self>) -> Self::Result {
-        let from_chief = msg.from.epoch.0;
+        let from_chief = msg.from.incarnation.0;
         self.submit(Request::Setup, |reply| WorkerJob::Setup {
             setup: msg.msg,
             rewind: false,
@@ -148,7 +148,7 @@ impl Handler<Remote<RewindWorker>> for WorkerActor {
     type Result = ResponseFuture<Result<(), SetupError>>;
 
     fn handle(&mut self, msg: Remote<RewindWorker>, _: &mut Context<Self>) -> Self::Result {
-        let from_chief = msg.from.epoch.0;
+        let from_chief = msg.from.incarnation.0;
         self.submit(Request::Setup, |reply| WorkerJob::Setup {
             setup: msg.msg.setup,
             rewind: true,
@@ -170,7 +170,7 @@ impl Handler<Remote<RunClosure>> for WorkerActor {
     type Result = ResponseFuture<Result<Vec<u8>, RunClosureError>>;
 
     fn handle(&mut self, msg: Remote<RunClosure>, _: &mut Context<Self>) -> Self::Result {
-        let from_chief = msg.from.epoch.0;
+        let from_chief = msg.from.incarnation.0;
         let answer = self.submit(Request::Run, |reply| {
             WorkerJob::Run(msg.msg, from_chief, reply)
         });
@@ -427,12 +427,12 @@ impl Compute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_actors::{Epoch, Incarnation};
+    use cohort_actors::{Incarnation, IncarnationId};
     use cohort_transport::NodeId;
 
     fn run_closure(closure: u64) -> Remote<RunClosure> {
         Remote {
-            from: Incarnation::new(NodeId::new("chief", 0), Epoch(1)),
+            from: Incarnation::new(NodeId::new("chief", 0), IncarnationId(1)),
             msg: RunClosure {
                 closure,
                 attempt: 1,

@@ -53,11 +53,11 @@ impl PsClient {
     /// a closure to run: calls go to them (or newer ones). A server restored under a new
     /// incarnation is then dialed at once, rather than called on its predecessor's connection
     /// until that idles out.
-    pub fn expect_incarnations(&mut self, epochs: &[u64]) {
-        if self.expected.len() < epochs.len() {
-            self.expected.resize(epochs.len(), 0);
+    pub fn expect_incarnations(&mut self, incarnations: &[u64]) {
+        if self.expected.len() < incarnations.len() {
+            self.expected.resize(incarnations.len(), 0);
         }
-        for (known, named) in self.expected.iter_mut().zip(epochs) {
+        for (known, named) in self.expected.iter_mut().zip(incarnations) {
             *known = (*known).max(*named);
         }
     }
@@ -288,8 +288,8 @@ impl PsClient {
         let named = self.expected.get(ps as usize).copied().filter(|e| *e > 0)?;
         let (node, _) = self.servers.get(&ps)?;
         match self.gateway.peer_status(node) {
-            Some((epoch, false)) if epoch.0 == named => Some(format!(
-                "this worker declared {node} ({epoch}) dead (silent past the detection budget), \
+            Some((incarnation, false)) if incarnation.0 == named => Some(format!(
+                "this worker declared {node} ({incarnation}) dead (silent past the detection budget), \
                  while the chief names that incarnation serving: FENCE-1 keeps it out of this \
                  incarnation for good"
             )),
@@ -302,13 +302,15 @@ impl PsClient {
     /// neither is known (the caller dials).
     fn reference<M: RemoteMessage>(&self, ps: u32, node: &NodeId) -> Option<RemoteRef<M>> {
         let expected = self.expected.get(ps as usize).copied().unwrap_or(0);
-        let epoch = match self.gateway.peer_status(node) {
-            Some((epoch, alive)) if epoch.0 >= expected => alive.then_some(epoch)?,
-            _ if expected > 0 => cohort_actors::Epoch(expected),
+        let incarnation = match self.gateway.peer_status(node) {
+            Some((incarnation, alive)) if incarnation.0 >= expected => {
+                alive.then_some(incarnation)?
+            }
+            _ if expected > 0 => cohort_actors::IncarnationId(expected),
             _ => return None,
         };
         Some(self.gateway.remote_ref(
-            cohort_actors::Incarnation::new(node.clone(), epoch),
+            cohort_actors::Incarnation::new(node.clone(), incarnation),
             PS_ACTOR,
         ))
     }
@@ -498,7 +500,7 @@ mod call_all_tests {
         ];
         let origin = PushOrigin {
             worker: 0,
-            epoch: 1,
+            incarnation: 1,
             closure: ClosureId(7),
             attempt: 1,
             part: 0,
@@ -551,7 +553,8 @@ mod call_all_tests {
             push_both(&client).unwrap(),
             vec![(0, PushOutcome::Applied), (1, PushOutcome::Applied)]
         );
-        let ps0 = cohort_actors::Incarnation::new(NodeId::new("ps", 0), cohort_actors::Epoch(1));
+        let ps0 =
+            cohort_actors::Incarnation::new(NodeId::new("ps", 0), cohort_actors::IncarnationId(1));
         assert!(client.gateway.report_dead(&ps0));
         // Unnamed by the chief, it is only unavailable (a restore may bring a newer one).
         let err = push_both(&client).unwrap_err();

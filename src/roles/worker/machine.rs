@@ -57,7 +57,7 @@ type SetupKey = (u64, u64);
 #[derive(Debug)]
 pub struct WorkerMachine {
     worker: u32,
-    epoch: u64,
+    incarnation: u64,
     /// Parameter servers in the cluster: a layout naming another is refused.
     num_servers: u32,
     num_workers: u32,
@@ -224,13 +224,13 @@ pub struct Exit {
 }
 
 impl Exit {
-    /// The chief retired incarnation `epoch` while it was alive: exit to be restarted as a
+    /// The chief retired incarnation `incarnation` while it was alive: exit to be restarted as a
     /// new incarnation ([`RETIRED_EXIT_CODE`]).
-    pub fn retired(epoch: u64) -> Self {
+    pub fn retired(incarnation: u64) -> Self {
         Exit {
             code: RETIRED_EXIT_CODE,
             reason: format!(
-                "the chief fenced this incarnation ({epoch}) while it was alive: \
+                "the chief fenced this incarnation ({incarnation}) while it was alive: \
                  exiting so that it restarts as a new incarnation"
             ),
         }
@@ -244,26 +244,26 @@ impl Exit {
         }
     }
 
-    /// Parameter server `ps` refused incarnation `epoch`'s push as fenced (FENCE-1): exit to
+    /// Parameter server `ps` refused incarnation `incarnation`'s push as fenced (FENCE-1): exit to
     /// be restarted as a new incarnation ([`RETIRED_EXIT_CODE`]), as when the chief retires
     /// it (a chief that restarted may not know the fence its predecessor set).
-    pub fn fenced_by(ps: u32, epoch: u64) -> Self {
+    pub fn fenced_by(ps: u32, incarnation: u64) -> Self {
         Exit {
             code: RETIRED_EXIT_CODE,
             reason: format!(
-                "ps/{ps} refused a push of this incarnation ({epoch}) as fenced: \
+                "ps/{ps} refused a push of this incarnation ({incarnation}) as fenced: \
                  exiting so that it restarts as a new incarnation"
             ),
         }
     }
 
-    /// Incarnation `epoch` is cut off from parameter server `ps` ([`StepError::CutOff`]):
+    /// Incarnation `incarnation` is cut off from parameter server `ps` ([`StepError::CutOff`]):
     /// exit to be restarted as a new incarnation ([`RETIRED_EXIT_CODE`]).
-    pub fn cut_off_from(ps: u32, epoch: u64, reason: &str) -> Self {
+    pub fn cut_off_from(ps: u32, incarnation: u64, reason: &str) -> Self {
         Exit {
             code: RETIRED_EXIT_CODE,
             reason: format!(
-                "this incarnation ({epoch}) is cut off from ps/{ps} ({reason}): exiting so \
+                "this incarnation ({incarnation}) is cut off from ps/{ps} ({reason}): exiting so \
                  that it restarts as a new incarnation"
             ),
         }
@@ -279,11 +279,11 @@ impl Exit {
 }
 
 impl WorkerMachine {
-    /// The machine of worker `worker`'s incarnation `epoch`, not set up yet.
-    pub fn new(worker: u32, epoch: u64, num_servers: u32) -> Self {
+    /// The machine of worker `worker`'s incarnation `incarnation`, not set up yet.
+    pub fn new(worker: u32, incarnation: u64, num_servers: u32) -> Self {
         Self {
             worker,
-            epoch,
+            incarnation,
             num_servers,
             num_workers: 1,
             layouts: Arc::default(),
@@ -479,7 +479,7 @@ impl WorkerMachine {
         self.step = Some(Step {
             origin: PushOrigin {
                 worker: self.worker,
-                epoch: self.epoch,
+                incarnation: self.incarnation,
                 closure: ClosureId(run.closure),
                 attempt: run.attempt,
                 part: 0,
@@ -553,7 +553,7 @@ impl WorkerMachine {
         match push_refusal(&outcomes?) {
             Some(PushRefusal::Fenced(ps)) => {
                 // As for the last push: the incarnation is done for (the step fails with it).
-                self.decide(Exit::fenced_by(ps, self.epoch));
+                self.decide(Exit::fenced_by(ps, self.incarnation));
                 return Err(StepError::CutOff {
                     ps,
                     reason: "it refused an update of this closure as fenced".into(),
@@ -587,7 +587,7 @@ impl WorkerMachine {
             Some(PushRefusal::Fenced(ps)) => {
                 // This incarnation is dead to the servers (FENCE-1): the closure runs
                 // elsewhere, and the process comes back as a new incarnation.
-                self.decide(Exit::fenced_by(ps, self.epoch));
+                self.decide(Exit::fenced_by(ps, self.incarnation));
                 return self.reply(Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
             }
             Some(PushRefusal::Stale(ps)) => return self.fail(stale_push(ps)),
@@ -609,15 +609,15 @@ impl WorkerMachine {
         }
     }
 
-    /// Step 6: the chief retired incarnation `epoch` (it fenced it, or declared it dead,
+    /// Step 6: the chief retired incarnation `incarnation` (it fenced it, or declared it dead,
     /// while it was alive: FENCE-1). This incarnation can do nothing useful any more: it
     /// exits so that its supervisor restarts it as a new one. Another incarnation's
     /// retirement is ignored.
-    pub fn handle_retire(&mut self, _now: Instant, epoch: u64) -> Option<Exit> {
-        if epoch != self.epoch {
+    pub fn handle_retire(&mut self, _now: Instant, incarnation: u64) -> Option<Exit> {
+        if incarnation != self.incarnation {
             return None;
         }
-        self.decide(Exit::retired(epoch))
+        self.decide(Exit::retired(incarnation))
     }
 
     /// Step 6: the chief says the job is done: exit with success (not restarted).
@@ -802,7 +802,7 @@ impl WorkerMachine {
         if let StepError::CutOff { ps, reason } = &error {
             // As when a server refuses a push as fenced: the closure runs elsewhere, and the
             // process comes back as a new incarnation.
-            self.decide(Exit::cut_off_from(*ps, self.epoch, reason));
+            self.decide(Exit::cut_off_from(*ps, self.incarnation, reason));
             return self.reply(Err(RunClosureError::Refused(WorkerRefusal::Fenced)));
         }
         self.reply(Err(match error {
@@ -1089,7 +1089,7 @@ mod tests {
             origin,
             PushOrigin {
                 worker: 1,
-                epoch: 7,
+                incarnation: 7,
                 closure: ClosureId(9),
                 attempt: 2,
                 part: 0,

@@ -152,7 +152,7 @@ impl World<'_> {
         {
             let detail = format!(
                 "chief incarnation {} gave out closure id {closure}, whose effect ps/{ps} holds",
-                self.chief_epoch
+                self.chief_incarnation
             );
             self.violate("PS-1", detail);
         }
@@ -169,7 +169,7 @@ fn replay_variable(v: u32, closures: &[u64]) -> ParameterStore {
     for closure in closures {
         let origin = PushOrigin {
             worker: 0,
-            epoch: 1,
+            incarnation: 1,
             closure: ClosureId(*closure),
             attempt: 1,
             part: 0,

@@ -165,7 +165,7 @@ impl World<'_> {
                 // seconds): faults that come meanwhile find the cut read and not yet marked.
                 let most = self.config.save_write_max.as_millis().max(1) as u64;
                 let took = Duration::from_millis(self.rng.gen_range(1..=most));
-                let chief = self.chief_epoch;
+                let chief = self.chief_incarnation;
                 self.at(self.now + took, Event::SaveWritten { chief });
             }
             Err(e) => self.end_early(outcome::of_cut_read(&e)),
@@ -175,7 +175,7 @@ impl World<'_> {
     /// The chief's write of its checkpoint ended (if the incarnation that began it lives): it
     /// is stored, and marked as the cut if it reads back whole; the program goes on.
     pub(super) fn save_written(&mut self, chief: u64) {
-        if chief != self.chief_epoch || self.chief_state != ProcState::Up {
+        if chief != self.chief_incarnation || self.chief_state != ProcState::Up {
             return;
         }
         let write = match std::mem::replace(&mut self.chief.phase, ChiefPhase::Schedule) {

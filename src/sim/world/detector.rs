@@ -30,14 +30,17 @@ impl World<'_> {
             .chain((0..self.config.num_workers).map(Node::Worker))
             .collect();
         for node in nodes {
-            let (_, epoch) = self.state(node);
+            let (_, incarnation) = self.state(node);
             let heard = self.heard(node);
             let budget = self.config.detection_budget;
             // The gateway knows every incarnation its node connected to (a dial's hello),
             // even one it has not heard a heartbeat from yet.
             let known = match node {
                 Node::Worker(w) => self.coord.worker_incarnation(w),
-                Node::Ps(ps) => self.coord.ps_epoch(ps).map(|(epoch, _)| epoch),
+                Node::Ps(ps) => self
+                    .coord
+                    .ps_incarnation(ps)
+                    .map(|(incarnation, _)| incarnation),
                 Node::Chief => None,
             };
             let entry = self.detector.entry(node).or_default();
@@ -55,8 +58,8 @@ impl World<'_> {
             let entry = self.detector.entry(node).or_default();
             if heard {
                 entry.unheard_since = None;
-                let previous = entry.seen.replace(epoch);
-                if previous == Some(epoch) {
+                let previous = entry.seen.replace(incarnation);
+                if previous == Some(incarnation) {
                     continue;
                 }
                 // A new incarnation says hello: the old one's connection is gone, and with it
@@ -66,7 +69,7 @@ impl World<'_> {
                     self.declare_dead(now, node, old);
                 }
                 if let Node::Ps(ps) = node {
-                    self.coord.handle_ps_up(now, ps, epoch);
+                    self.coord.handle_ps_up(now, ps, incarnation);
                 }
                 continue;
             }
@@ -96,17 +99,17 @@ impl World<'_> {
         }
     }
 
-    /// The supervisor's report that incarnation `epoch` of `node` exited: as the chief's
+    /// The supervisor's report that incarnation `incarnation` of `node` exited: as the chief's
     /// gateway does, only the live incarnation it watches now is declared dead (a report of
     /// one replaced already, or never heard from, changes nothing). A chief that is down
     /// hears nothing; a paused one hears it when it runs again.
-    pub(super) fn exit_reported(&mut self, node: Node, epoch: u64) {
+    pub(super) fn exit_reported(&mut self, node: Node, incarnation: u64) {
         match self.chief_state {
             ProcState::Up => {}
             // The datagram waits in the socket until the chief runs again.
             ProcState::Paused => {
                 let later = self.now + Duration::from_millis(100);
-                self.at(later, Event::ExitReported { node, epoch });
+                self.at(later, Event::ExitReported { node, incarnation });
                 return;
             }
             ProcState::Down => return,
@@ -114,26 +117,26 @@ impl World<'_> {
         let Some(entry) = self
             .detector
             .get_mut(&node)
-            .filter(|e| e.seen == Some(epoch) && e.declared != Some(epoch))
+            .filter(|e| e.seen == Some(incarnation) && e.declared != Some(incarnation))
         else {
             self.reports_ignored += 1;
             return;
         };
-        entry.declared = Some(epoch);
+        entry.declared = Some(incarnation);
         self.deaths_reported += 1;
         let now = self.instant();
-        self.declare_dead(now, node, epoch);
+        self.declare_dead(now, node, incarnation);
     }
 
-    /// The chief's gateway declared incarnation `epoch` of `node` dead: the coordinator hears
+    /// The chief's gateway declared incarnation `incarnation` of `node` dead: the coordinator hears
     /// it, and every call to that incarnation fails.
-    fn declare_dead(&mut self, now: Instant, node: Node, epoch: u64) {
+    fn declare_dead(&mut self, now: Instant, node: Node, incarnation: u64) {
         match node {
-            Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, epoch),
-            Node::Worker(w) => self.coord.handle_worker_lost(now, w, epoch),
+            Node::Ps(ps) => self.coord.handle_ps_lost(now, ps, incarnation),
+            Node::Worker(w) => self.coord.handle_worker_lost(now, w, incarnation),
             Node::Chief => {}
         }
-        self.fail_calls(node, epoch);
+        self.fail_calls(node, incarnation);
     }
 }
 

@@ -85,7 +85,7 @@ pub(super) struct World<'a> {
     coord: Scheduler,
     /// The chief process (coordinator and program): up or down, and its incarnation.
     chief_state: ProcState,
-    chief_epoch: u64,
+    chief_incarnation: u64,
     servers: Vec<PsProc>,
     workers: Vec<WorkerProc>,
     /// Cut-off nodes: until when, and whether only their outgoing messages are lost.
@@ -144,7 +144,7 @@ enum Event {
     Inject(FaultEvent),
     Resume {
         node: Node,
-        epoch: u64,
+        incarnation: u64,
     },
     Restart {
         node: Node,
@@ -152,7 +152,7 @@ enum Event {
     Deliver {
         from: Node,
         to: Node,
-        to_epoch: u64,
+        to_incarnation: u64,
         sent: Duration,
         /// Boxed: the event queue moves its entries as it orders them, and a message (a push
         /// with its gradients) is many times the size of every other event.
@@ -163,24 +163,24 @@ enum Event {
     },
     PushTimeout {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
         run: u64,
         ps: u32,
     },
     /// A worker's step finished computing: its pushes go out.
     Computed {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
         run: u64,
     },
     Loaded {
         generation: u64,
         cut: u64,
     },
-    /// The preemption grace of incarnation `epoch` of `node` is over: it exits if it still runs.
+    /// The preemption grace of incarnation `incarnation` of `node` is over: it exits if it still runs.
     GraceOver {
         node: Node,
-        epoch: u64,
+        incarnation: u64,
     },
     /// The chief (incarnation `chief`) finished writing its program's checkpoint.
     SaveWritten {
@@ -192,20 +192,20 @@ enum Event {
         chief: u64,
         ticket: u64,
     },
-    /// The workers' failure detectors: chief incarnation `epoch` has been silent since it was
+    /// The workers' failure detectors: chief incarnation `incarnation` has been silent since it was
     /// killed for the detection budget.
     ChiefSilent {
-        epoch: u64,
+        incarnation: u64,
     },
-    /// Worker incarnation `epoch` of `worker` has waited its bound for a new chief.
+    /// Worker incarnation `incarnation` of `worker` has waited its bound for a new chief.
     ChiefWaitOver {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
     },
-    /// The supervisor's report that incarnation `epoch` of `node` exited reaches the chief.
+    /// The supervisor's report that incarnation `incarnation` of `node` exited reaches the chief.
     ExitReported {
         node: Node,
-        epoch: u64,
+        incarnation: u64,
     },
 }
 
@@ -233,7 +233,7 @@ impl<'a> World<'a> {
             trace: Vec::new(),
             coord: new_coordinator(config, config.num_ps),
             chief_state: ProcState::Up,
-            chief_epoch: 1,
+            chief_incarnation: 1,
             servers,
             workers,
             partitions: BTreeMap::new(),
@@ -362,8 +362,8 @@ impl<'a> World<'a> {
                 self.at(self.now + TICK, Event::Tick);
             }
             Event::Inject(fault) => self.inject(fault),
-            Event::Resume { node, epoch } => {
-                if self.state(node) == (ProcState::Paused, epoch) {
+            Event::Resume { node, incarnation } => {
+                if self.state(node) == (ProcState::Paused, incarnation) {
                     self.set_state(node, ProcState::Up);
                 }
             }
@@ -371,33 +371,33 @@ impl<'a> World<'a> {
             Event::Deliver {
                 from,
                 to,
-                to_epoch,
+                to_incarnation,
                 sent,
                 msg,
-            } => self.deliver(from, to, to_epoch, sent, *msg),
+            } => self.deliver(from, to, to_incarnation, sent, *msg),
             Event::CallTimeout { call } => self.on_reply(call, Err(NoReply::NoAnswerInTime)),
             Event::PushTimeout {
                 worker,
-                epoch,
+                incarnation,
                 run,
                 ps,
             } => {
-                if self.state(Node::Worker(worker)) == (ProcState::Paused, epoch) {
+                if self.state(Node::Worker(worker)) == (ProcState::Paused, incarnation) {
                     // A paused process's timers fire once it runs again.
                     let event = Event::PushTimeout {
                         worker,
-                        epoch,
+                        incarnation,
                         run,
                         ps,
                     };
                     self.at(self.now + HOLD_RETRY, event);
                 } else {
-                    self.push_answered(worker, epoch, run, ps, None);
+                    self.push_answered(worker, incarnation, run, ps, None);
                 }
             }
             Event::Loaded { generation, cut } => self.load(generation, cut),
-            Event::GraceOver { node, epoch } => {
-                if self.state(node).1 == epoch {
+            Event::GraceOver { node, incarnation } => {
+                if self.state(node).1 == incarnation {
                     self.kill(node);
                 }
             }
@@ -405,29 +405,36 @@ impl<'a> World<'a> {
             Event::PreemptionCutWritten { chief, ticket } => {
                 let result = self.cut_writes.remove(&(chief, ticket));
                 // A chief that died meanwhile took its coordinator (and the cut) with it.
-                if let Some(result) = result
-                    .filter(|_| chief == self.chief_epoch && self.chief_state == ProcState::Up)
-                {
+                if let Some(result) = result.filter(|_| {
+                    chief == self.chief_incarnation && self.chief_state == ProcState::Up
+                }) {
                     let route = Route::CutWritten {
                         ticket: CutTicket(ticket),
                     };
                     self.hand_to_machine(route, Ok(Reply::CutWritten(result)));
                 }
             }
-            Event::ChiefSilent { epoch } => self.chief_silent(epoch),
-            Event::ExitReported { node, epoch } => self.exit_reported(node, epoch),
-            Event::ChiefWaitOver { worker, epoch } => {
+            Event::ChiefSilent { incarnation } => self.chief_silent(incarnation),
+            Event::ExitReported { node, incarnation } => self.exit_reported(node, incarnation),
+            Event::ChiefWaitOver {
+                worker,
+                incarnation,
+            } => {
                 let now = self.instant();
                 let waited = self.config.ps_restart_wait;
                 let w = &mut self.workers[worker as usize];
-                if w.epoch == epoch
+                if w.incarnation == incarnation
                     && w.state != ProcState::Down
                     && w.machine.handle_chief_wait_over(now, waited).is_some()
                 {
                     self.kill(Node::Worker(worker));
                 }
             }
-            Event::Computed { worker, epoch, run } => self.computed(worker, epoch, run),
+            Event::Computed {
+                worker,
+                incarnation,
+                run,
+            } => self.computed(worker, incarnation, run),
         }
     }
 }

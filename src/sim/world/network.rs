@@ -45,38 +45,38 @@ pub(super) enum Msg {
     /// the chief's answer.
     Leaving {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     /// A parameter server's preemption notice to the chief (the same message).
     PsLeaving {
         ps: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     LeaveAnswer(LeaveAnswer),
     /// A worker's drain request to the chief ([`crate::roles::protocol::Draining`]), and the
     /// chief's answer once it is drained.
     Draining {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     Drained,
     /// A drained worker's new incarnation registers with the chief
     /// ([`crate::roles::protocol::Joining`]).
     Joining {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     /// A parameter server registers with the chief ([`crate::roles::protocol::Joining`]):
     /// at every start and with every new chief.
     PsJoining {
         ps: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     /// A server asks to leave the job for good ([`crate::roles::protocol::Draining`]), and
     /// the chief's answer: go (its variables are elsewhere), or stay.
     PsDraining {
         ps: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     PsDrainAnswer {
         go: bool,
@@ -93,7 +93,7 @@ pub(super) enum Req {
         /// The sending chief's incarnation.
         chief: u64,
     },
-    /// A dial: whichever incarnation listens at the address answers with its epoch.
+    /// A dial: whichever incarnation listens at the address answers with its incarnation.
     Hello,
     /// Set a new incarnation up with the dataset starting at `skip` (setup `version`, from
     /// chief incarnation `chief`, with the layouts of set `layouts`).
@@ -123,7 +123,7 @@ pub(super) enum Req {
     Retire,
     Fence {
         worker: u32,
-        epoch: u64,
+        incarnation: u64,
     },
     Watermark {
         below: u64,
@@ -157,13 +157,13 @@ pub(super) enum Resp {
     Unavailable(String),
     Run(RunResult),
     Probe {
-        epoch: u64,
+        incarnation: u64,
         serving: bool,
         generation: u64,
         next_free: u64,
     },
     Hello {
-        epoch: u64,
+        incarnation: u64,
     },
     Positions(Vec<(String, u64)>),
     Snapshot(usize),
@@ -179,11 +179,11 @@ pub(super) enum RunResult {
 }
 
 impl World<'_> {
-    /// Sends `msg` from `from` to incarnation `to_epoch` of `to`. Under QUIC a lost datagram
+    /// Sends `msg` from `from` to incarnation `to_incarnation` of `to`. Under QUIC a lost datagram
     /// is sent again: loss costs a retransmission delay; duplication is a request sent again
     /// after a reconnect. Across a partition or to a paused process a message waits; past the
     /// detection budget its connection idled out and it is gone.
-    pub(super) fn send(&mut self, from: Node, to: Node, to_epoch: u64, msg: Msg) {
+    pub(super) fn send(&mut self, from: Node, to: Node, to_incarnation: u64, msg: Msg) {
         if self.state(from).0 == ProcState::Down {
             return;
         }
@@ -204,7 +204,7 @@ impl World<'_> {
             let event = Event::Deliver {
                 from,
                 to,
-                to_epoch,
+                to_incarnation,
                 sent: self.now,
                 msg: Box::new(msg.clone()),
             };
@@ -218,11 +218,11 @@ impl World<'_> {
         &mut self,
         from: Node,
         to: Node,
-        to_epoch: u64,
+        to_incarnation: u64,
         sent: Duration,
         msg: Msg,
     ) {
-        let (state, epoch) = self.state(to);
+        let (state, incarnation) = self.state(to);
         // A dial connects to whichever incarnation listens at the address.
         let dial = matches!(
             msg,
@@ -231,7 +231,7 @@ impl World<'_> {
                 ..
             }
         );
-        if (epoch != to_epoch && !dial) || state == ProcState::Down {
+        if (incarnation != to_incarnation && !dial) || state == ProcState::Down {
             return;
         }
         let held = state == ProcState::Paused
@@ -250,7 +250,7 @@ impl World<'_> {
             let event = Event::Deliver {
                 from,
                 to,
-                to_epoch,
+                to_incarnation,
                 sent,
                 msg: Box::new(msg),
             };

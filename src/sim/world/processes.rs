@@ -70,11 +70,11 @@ impl World<'_> {
         match fault {
             FaultEvent::Kill(node) => self.kill(node),
             FaultEvent::Pause(node, for_ms) => {
-                let (state, epoch) = self.state(node);
+                let (state, incarnation) = self.state(node);
                 if state == ProcState::Up && node != Node::Chief {
                     self.set_state(node, ProcState::Paused);
                     let at = self.now + Duration::from_millis(for_ms);
-                    self.at(at, Event::Resume { node, epoch });
+                    self.at(at, Event::Resume { node, incarnation });
                 }
             }
             FaultEvent::Partition(node, for_ms, one_way) => {
@@ -85,9 +85,17 @@ impl World<'_> {
                 let node = Node::Worker(worker);
                 if self.state(node).0 != ProcState::Down {
                     // SIGUSR1: it tells the chief and runs on until it is let go.
-                    let epoch = self.state(node).1;
-                    let chief = self.chief_epoch;
-                    self.send(node, Node::Chief, chief, Msg::Draining { worker, epoch });
+                    let incarnation = self.state(node).1;
+                    let chief = self.chief_incarnation;
+                    self.send(
+                        node,
+                        Node::Chief,
+                        chief,
+                        Msg::Draining {
+                            worker,
+                            incarnation,
+                        },
+                    );
                 }
             }
             FaultEvent::Rejoin(worker) => {
@@ -95,10 +103,18 @@ impl World<'_> {
                     // Its supervisor starts it again; it registers with the chief.
                     self.workers[worker as usize].drained = false;
                     self.restart(Node::Worker(worker));
-                    let epoch = self.workers[worker as usize].epoch;
-                    let chief = self.chief_epoch;
+                    let incarnation = self.workers[worker as usize].incarnation;
+                    let chief = self.chief_incarnation;
                     let node = Node::Worker(worker);
-                    self.send(node, Node::Chief, chief, Msg::Joining { worker, epoch });
+                    self.send(
+                        node,
+                        Node::Chief,
+                        chief,
+                        Msg::Joining {
+                            worker,
+                            incarnation,
+                        },
+                    );
                 }
             }
             FaultEvent::PsJoin => {
@@ -120,8 +136,13 @@ impl World<'_> {
                     if self.state(node).0 == ProcState::Up {
                         let p = &mut self.servers[ps as usize];
                         p.leaving = true;
-                        let (epoch, chief) = (p.epoch, self.chief_epoch);
-                        self.send(node, Node::Chief, chief, Msg::PsDraining { ps, epoch });
+                        let (incarnation, chief) = (p.incarnation, self.chief_incarnation);
+                        self.send(
+                            node,
+                            Node::Chief,
+                            chief,
+                            Msg::PsDraining { ps, incarnation },
+                        );
                     }
                 }
             }
@@ -129,19 +150,22 @@ impl World<'_> {
                 if self.state(node).0 != ProcState::Down {
                     // Every task tells the chief: a worker is let go at once, a server once
                     // the chief took its cut; unanswered, either serves through its grace.
-                    let chief = self.chief_epoch;
+                    let chief = self.chief_incarnation;
                     match node {
                         Node::Worker(i) => {
                             let now = self.instant();
                             let worker = &mut self.workers[i as usize];
                             worker.machine.handle_preemption_notice(now);
-                            let epoch = worker.epoch;
-                            let msg = Msg::Leaving { worker: i, epoch };
+                            let incarnation = worker.incarnation;
+                            let msg = Msg::Leaving {
+                                worker: i,
+                                incarnation,
+                            };
                             self.send(node, Node::Chief, chief, msg);
                         }
                         Node::Ps(ps) => {
-                            let epoch = self.state(node).1;
-                            let msg = Msg::PsLeaving { ps, epoch };
+                            let incarnation = self.state(node).1;
+                            let msg = Msg::PsLeaving { ps, incarnation };
                             self.send(node, Node::Chief, chief, msg);
                         }
                         Node::Chief => {}
@@ -149,8 +173,8 @@ impl World<'_> {
                     // The incarnation noticed exits at the end of its grace (not a newer
                     // one, if it left and was restarted already).
                     let at = self.now + self.config.preemption_grace;
-                    let epoch = self.state(node).1;
-                    self.at(at, Event::GraceOver { node, epoch });
+                    let incarnation = self.state(node).1;
+                    self.at(at, Event::GraceOver { node, incarnation });
                 }
             }
         }
@@ -159,14 +183,14 @@ impl World<'_> {
     /// `node`'s process: its state and its incarnation.
     pub(super) fn state(&self, node: Node) -> (ProcState, u64) {
         match node {
-            Node::Chief => (self.chief_state, self.chief_epoch),
+            Node::Chief => (self.chief_state, self.chief_incarnation),
             Node::Ps(i) => (
                 self.servers[i as usize].state,
-                self.servers[i as usize].epoch,
+                self.servers[i as usize].incarnation,
             ),
             Node::Worker(i) => (
                 self.workers[i as usize].state,
-                self.workers[i as usize].epoch,
+                self.workers[i as usize].incarnation,
             ),
         }
     }
@@ -203,7 +227,7 @@ impl World<'_> {
         }
         // Every other chief comes back only after its workers' detectors declared it dead, so
         // that their wait for a new chief is driven too (a supervisor slow to reschedule it).
-        let slow_chief = node == Node::Chief && self.chief_epoch % 2 == 1;
+        let slow_chief = node == Node::Chief && self.chief_incarnation % 2 == 1;
         let delay = if slow_chief {
             self.config.detection_budget + self.config.restart_delay
         } else {
@@ -214,12 +238,12 @@ impl World<'_> {
         self.report_exit(node);
     }
 
-    /// The workers' failure detectors declare chief incarnation `epoch` dead, if it is still
+    /// The workers' failure detectors declare chief incarnation `incarnation` dead, if it is still
     /// the one that died (not back yet): each worker's machine decides (it waits for a new
     /// chief to set it up, as the real one does, within `ps_restart_wait` here, standing for
     /// its `worker_wait`).
-    pub(super) fn chief_silent(&mut self, epoch: u64) {
-        if self.chief_epoch != epoch || self.chief_state != ProcState::Down {
+    pub(super) fn chief_silent(&mut self, incarnation: u64) {
+        if self.chief_incarnation != incarnation || self.chief_state != ProcState::Down {
             return;
         }
         let now = self.instant();
@@ -234,8 +258,14 @@ impl World<'_> {
                 self.kill(Node::Worker(w));
             } else {
                 let at = self.now + self.config.ps_restart_wait;
-                let epoch = worker.epoch;
-                self.at(at, Event::ChiefWaitOver { worker: w, epoch });
+                let incarnation = worker.incarnation;
+                self.at(
+                    at,
+                    Event::ChiefWaitOver {
+                        worker: w,
+                        incarnation,
+                    },
+                );
             }
         }
     }
@@ -258,9 +288,10 @@ impl World<'_> {
                     // Out of the job for good: its supervisor does not restart it.
                     return;
                 }
-                w.epoch += 1;
+                w.incarnation += 1;
                 w.state = ProcState::Up;
-                w.machine = WorkerMachine::new(i, w.epoch, self.config.num_ps + EXTRA_SERVERS_MAX);
+                w.machine =
+                    WorkerMachine::new(i, w.incarnation, self.config.num_ps + EXTRA_SERVERS_MAX);
                 w.run = None;
                 w.waiting.clear();
                 w.position = 0;
@@ -298,10 +329,10 @@ impl World<'_> {
         if node == Node::Chief || self.reports.gen_range(0..3) == 0 {
             return;
         }
-        let epoch = self.state(node).1;
+        let incarnation = self.state(node).1;
         let most = 2 * self.config.restart_delay.as_millis() as u64;
         let after = Duration::from_millis(self.reports.gen_range(0..=most));
-        self.at(self.now + after, Event::ExitReported { node, epoch });
+        self.at(self.now + after, Event::ExitReported { node, incarnation });
     }
 
     /// The chief process dies: its coordinator's state (closures, ledger, calls, what it
@@ -315,9 +346,9 @@ impl World<'_> {
         // A write in the background dies with its process.
         self.chief.background = None;
         self.dispatched.clear();
-        let epoch = self.chief_epoch;
+        let incarnation = self.chief_incarnation;
         let at = self.now + self.config.detection_budget;
-        self.at(at, Event::ChiefSilent { epoch });
+        self.at(at, Event::ChiefSilent { incarnation });
     }
 
     /// A new chief incarnation starts as the real one does: a fresh coordinator, which probes
@@ -328,28 +359,28 @@ impl World<'_> {
     /// chief: they are `0..n`, joins taking the lowest free index and leaves the highest);
     /// every running server registers with it again, and one waiting to leave asks again.
     fn restart_chief(&mut self) {
-        self.chief_epoch += 1;
+        self.chief_incarnation += 1;
         self.chief_state = ProcState::Up;
         let servers = self.running_servers().len() as u32;
         self.coord = new_coordinator(self.config, servers);
         self.committed_before.clear();
         self.chief.phase = ChiefPhase::Starting(self.now);
-        let chief = self.chief_epoch;
+        let chief = self.chief_incarnation;
         for ps in self.running_servers() {
             let p = &self.servers[ps as usize];
-            let (epoch, leaving) = (p.epoch, p.leaving);
+            let (incarnation, leaving) = (p.incarnation, p.leaving);
             self.send(
                 Node::Ps(ps),
                 Node::Chief,
                 chief,
-                Msg::PsJoining { ps, epoch },
+                Msg::PsJoining { ps, incarnation },
             );
             if leaving {
                 self.send(
                     Node::Ps(ps),
                     Node::Chief,
                     chief,
-                    Msg::PsDraining { ps, epoch },
+                    Msg::PsDraining { ps, incarnation },
                 );
             }
         }
@@ -359,7 +390,7 @@ impl World<'_> {
     /// registers with the chief ([`Msg::PsJoining`]), as every server does at its start.
     fn start_server(&mut self, ps: u32) {
         let p = &mut self.servers[ps as usize];
-        p.epoch += 1;
+        p.incarnation += 1;
         p.state = ProcState::Up;
         p.out = false;
         p.leaving = false;
@@ -367,13 +398,13 @@ impl World<'_> {
         p.rows.clear();
         p.history.clear();
         p.effective_set.clear();
-        let epoch = p.epoch;
-        let chief = self.chief_epoch;
+        let incarnation = p.incarnation;
+        let chief = self.chief_incarnation;
         self.send(
             Node::Ps(ps),
             Node::Chief,
             chief,
-            Msg::PsJoining { ps, epoch },
+            Msg::PsJoining { ps, incarnation },
         );
     }
 }

@@ -18,7 +18,7 @@ use crate::roles::ps::{ParameterStore, PsError, PushOrigin, PushOutcome};
 /// A parameter server process: its real machine, and the harness's records of what its
 /// state holds.
 pub(super) struct PsProc {
-    pub(super) epoch: u64,
+    pub(super) incarnation: u64,
     pub(super) state: ProcState,
     pub(super) store: ParameterStore,
     /// The rows of each variable it holds a shard of.
@@ -41,7 +41,7 @@ impl PsProc {
     /// own variable; the others are out until the job is scaled up.
     pub(super) fn new(ps: u32, num_ps: u32) -> Self {
         let mut p = PsProc {
-            epoch: 0,
+            incarnation: 0,
             state: ProcState::Down,
             store: new_store(),
             rows: BTreeMap::new(),
@@ -53,7 +53,7 @@ impl PsProc {
         if ps < num_ps {
             // The spec's servers start with the job, server `ps` holding all of
             // variable `ps`, as the chief program creates them.
-            p.epoch = 1;
+            p.incarnation = 1;
             p.state = ProcState::Up;
             p.out = false;
             p.store
@@ -84,12 +84,16 @@ impl World<'_> {
             }
             Msg::PsDrainAnswer { .. } => self.servers[ps as usize].leaving = false,
             Msg::Push { run, push, blobs } => {
-                let PushOrigin { worker, epoch, .. } = push.origin;
+                let PushOrigin {
+                    worker,
+                    incarnation,
+                    ..
+                } = push.origin;
                 let result = self.apply_push(ps, &push, &blobs);
                 self.send(
                     node,
                     Node::Worker(worker),
-                    epoch,
+                    incarnation,
                     Msg::PushReply { ps, run, result },
                 );
             }
@@ -102,7 +106,7 @@ impl World<'_> {
                 self.send(
                     node,
                     Node::Chief,
-                    self.chief_epoch,
+                    self.chief_incarnation,
                     Msg::Reply { call, resp },
                 );
                 self.kill(node);
@@ -112,7 +116,7 @@ impl World<'_> {
                 self.send(
                     node,
                     Node::Chief,
-                    self.chief_epoch,
+                    self.chief_incarnation,
                     Msg::Reply { call, resp },
                 );
             }
@@ -150,8 +154,8 @@ impl World<'_> {
             if again {
                 let detail = format!(
                     "ps/{ps} applied closure {closure} a second time (attempt {}, worker/{} \
-                     epoch {})",
-                    origin.attempt, origin.worker, origin.epoch
+                     incarnation {})",
+                    origin.attempt, origin.worker, origin.incarnation
                 );
                 self.violate("PS-1", detail);
             }
@@ -164,20 +168,25 @@ impl World<'_> {
         let p = &mut self.servers[ps as usize];
         match req {
             Req::Probe => Resp::Probe {
-                epoch: p.epoch,
+                incarnation: p.incarnation,
                 serving: p.store.serving(),
                 generation: p.store.generation().0,
                 next_free: p.store.next_free_closure_id(),
             },
-            Req::Fence { worker, epoch } => {
-                p.store.handle_fence(worker, epoch);
+            Req::Fence {
+                worker,
+                incarnation,
+            } => {
+                p.store.handle_fence(worker, incarnation);
                 Resp::Done
             }
             Req::Watermark { below, generation } => {
                 p.store.handle_finished_below(ClosureId(below), generation);
                 Resp::Done
             }
-            Req::Hello => Resp::Hello { epoch: p.epoch },
+            Req::Hello => Resp::Hello {
+                incarnation: p.incarnation,
+            },
             Req::Begin { generation, fences } => {
                 p.store.handle_begin_restore(generation, &fences);
                 Resp::Done

@@ -25,7 +25,7 @@ use crate::roles::protocol::{PsUnavailable, RunClosureError, SetupWorker};
 /// goes in the machine.
 pub(super) struct Call {
     pub(super) to: Node,
-    pub(super) epoch: u64,
+    pub(super) incarnation: u64,
     pub(super) route: Route,
 }
 
@@ -38,12 +38,12 @@ pub(super) enum NoReply {
     #[error("connection lost (idle timeout)")]
     IdledOut,
     /// The callee's incarnation went down.
-    #[error("{node} (incarnation {epoch}): connection lost")]
+    #[error("{node} (incarnation {incarnation}): connection lost")]
     ConnectionLost {
         /// The callee.
         node: Node,
         /// Its incarnation.
-        epoch: u64,
+        incarnation: u64,
     },
     /// The call's bound passed.
     #[error("no answer in time")]
@@ -73,48 +73,69 @@ impl World<'_> {
     pub(super) fn chief_receive(&mut self, msg: Msg) {
         match msg {
             Msg::Reply { call, resp } => self.on_reply(call, Ok(resp)),
-            Msg::Leaving { worker, epoch } => {
+            Msg::Leaving {
+                worker,
+                incarnation,
+            } => {
                 // As the coordinator actor: the simulated chief is not stopping itself (its
                 // own preemption is a chief fault).
                 let now = self.instant();
-                let answer = self.coord.handle_worker_leaving(now, worker, epoch, false);
+                let answer = self
+                    .coord
+                    .handle_worker_leaving(now, worker, incarnation, false);
                 let msg = Msg::LeaveAnswer(answer);
-                self.send(Node::Chief, Node::Worker(worker), epoch, msg);
+                self.send(Node::Chief, Node::Worker(worker), incarnation, msg);
             }
-            Msg::Draining { worker, epoch } => {
+            Msg::Draining {
+                worker,
+                incarnation,
+            } => {
                 let now = self.instant();
-                if self.coord.handle_worker_draining(now, worker, epoch)
+                if self.coord.handle_worker_draining(now, worker, incarnation)
                     == crate::roles::coordinator::DrainDisposition::Done
                 {
-                    self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
+                    self.send(Node::Chief, Node::Worker(worker), incarnation, Msg::Drained);
                 }
             }
-            Msg::Joining { worker, epoch } => {
+            Msg::Joining {
+                worker,
+                incarnation,
+            } => {
                 let now = self.instant();
-                let _ = self.coord.handle_worker_joining(now, worker, epoch);
+                let _ = self.coord.handle_worker_joining(now, worker, incarnation);
             }
-            Msg::PsJoining { ps, epoch } => {
+            Msg::PsJoining { ps, incarnation } => {
                 // Refusals cannot happen here (the job has a checkpoint directory and few
                 // servers); a refused server would stay out and exit.
                 let now = self.instant();
                 let addr = format!("ps{ps}:2222");
-                let _ = self.coord.handle_ps_joining(now, ps, epoch, addr);
+                let _ = self.coord.handle_ps_joining(now, ps, incarnation, addr);
             }
-            Msg::PsDraining { ps, epoch } => {
+            Msg::PsDraining { ps, incarnation } => {
                 let now = self.instant();
-                let go = match self.coord.handle_ps_draining(now, ps, epoch) {
+                let go = match self.coord.handle_ps_draining(now, ps, incarnation) {
                     Ok(true) => Some(true),
                     Ok(false) => None,
                     Err(_) => Some(false),
                 };
                 if let Some(go) = go {
-                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::PsDrainAnswer { go });
+                    self.send(
+                        Node::Chief,
+                        Node::Ps(ps),
+                        incarnation,
+                        Msg::PsDrainAnswer { go },
+                    );
                 }
             }
-            Msg::PsLeaving { ps, epoch } => {
+            Msg::PsLeaving { ps, incarnation } => {
                 let now = self.instant();
-                if let Some(answer) = self.coord.handle_ps_leaving(now, ps, epoch, false) {
-                    self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
+                if let Some(answer) = self.coord.handle_ps_leaving(now, ps, incarnation, false) {
+                    self.send(
+                        Node::Chief,
+                        Node::Ps(ps),
+                        incarnation,
+                        Msg::LeaveAnswer(answer),
+                    );
                 }
             }
             _ => {}
@@ -138,16 +159,16 @@ impl World<'_> {
         let delivered = executor::deliver(&mut self.coord, now, route, outcome);
         if let Delivered::Committed {
             worker,
-            epoch,
+            incarnation,
             closure,
             ..
         } = delivered
         {
-            if self.fenced.get(&worker).is_some_and(|f| epoch <= *f) {
+            if self.fenced.get(&worker).is_some_and(|f| incarnation <= *f) {
                 self.violate(
                     "FENCE-1",
                     format!(
-                        "closure {} committed from fenced worker/{worker} epoch {epoch}",
+                        "closure {} committed from fenced worker/{worker} incarnation {incarnation}",
                         closure.0
                     ),
                 );
@@ -164,11 +185,14 @@ impl World<'_> {
                 match effect {
                     Effect::Call(call) => self.call(call),
                     Effect::Answer(answer) => self.answer(answer),
-                    Effect::Fenced { worker, epoch } => {
-                        let fenced = self.fenced.entry(worker).or_insert(epoch);
-                        *fenced = (*fenced).max(epoch);
+                    Effect::Fenced {
+                        worker,
+                        incarnation,
+                    } => {
+                        let fenced = self.fenced.entry(worker).or_insert(incarnation);
+                        *fenced = (*fenced).max(incarnation);
                         // Dropping the connection: calls to that incarnation fail now.
-                        self.fail_calls(Node::Worker(worker), epoch);
+                        self.fail_calls(Node::Worker(worker), incarnation);
                     }
                 }
             }
@@ -181,15 +205,36 @@ impl World<'_> {
         match answer {
             Answer::Started { ticket, result } => self.startup_restored(ticket, result),
             Answer::CutRead { ticket, result } => self.cut_read(ticket, result),
-            Answer::Drained { worker, epoch } => {
-                self.send(Node::Chief, Node::Worker(worker), epoch, Msg::Drained);
+            Answer::Drained {
+                worker,
+                incarnation,
+            } => {
+                self.send(Node::Chief, Node::Worker(worker), incarnation, Msg::Drained);
             }
-            Answer::PsLeaving { ps, epoch, answer } => {
-                self.send(Node::Chief, Node::Ps(ps), epoch, Msg::LeaveAnswer(answer));
+            Answer::PsLeaving {
+                ps,
+                incarnation,
+                answer,
+            } => {
+                self.send(
+                    Node::Chief,
+                    Node::Ps(ps),
+                    incarnation,
+                    Msg::LeaveAnswer(answer),
+                );
             }
-            Answer::PsDraining { ps, epoch, result } => {
+            Answer::PsDraining {
+                ps,
+                incarnation,
+                result,
+            } => {
                 let go = result.is_ok();
-                self.send(Node::Chief, Node::Ps(ps), epoch, Msg::PsDrainAnswer { go });
+                self.send(
+                    Node::Chief,
+                    Node::Ps(ps),
+                    incarnation,
+                    Msg::PsDrainAnswer { go },
+                );
             }
             // The program's wait for a configuration: the simulated chief configures once,
             // before any worker is up; and it creates no variable (below).
@@ -197,16 +242,16 @@ impl World<'_> {
         }
     }
 
-    /// Fails every pending call to `node`'s incarnation `epoch` (its connection is gone).
-    pub(super) fn fail_calls(&mut self, node: Node, epoch: u64) {
+    /// Fails every pending call to `node`'s incarnation `incarnation` (its connection is gone).
+    pub(super) fn fail_calls(&mut self, node: Node, incarnation: u64) {
         let lost: Vec<u64> = self
             .calls
             .iter()
-            .filter(|(_, c)| c.to == node && c.epoch == epoch)
+            .filter(|(_, c)| c.to == node && c.incarnation == incarnation)
             .map(|(id, _)| *id)
             .collect();
         for call in lost {
-            self.on_reply(call, Err(NoReply::ConnectionLost { node, epoch }));
+            self.on_reply(call, Err(NoReply::ConnectionLost { node, incarnation }));
         }
     }
 
@@ -221,24 +266,34 @@ impl World<'_> {
             route,
         } = call;
         let bound = bound.unwrap_or(self.config.call_timeout);
-        let (to, epoch) = match request.target() {
-            Target::Worker { worker, epoch } => {
+        let (to, incarnation) = match request.target() {
+            Target::Worker {
+                worker,
+                incarnation,
+            } => {
                 let node = Node::Worker(worker);
-                (node, epoch.unwrap_or_else(|| self.state(node).1))
+                (node, incarnation.unwrap_or_else(|| self.state(node).1))
             }
-            Target::Ps { ps, epoch } => {
+            Target::Ps { ps, incarnation } => {
                 let node = Node::Ps(ps);
-                (node, epoch.unwrap_or_else(|| self.state(node).1))
+                (node, incarnation.unwrap_or_else(|| self.state(node).1))
             }
-            Target::Storage => (Node::Chief, self.chief_epoch),
+            Target::Storage => (Node::Chief, self.chief_incarnation),
         };
         let Some(req) = self.request_of(request, &route) else {
             return;
         };
         let call = self.next_call;
         self.next_call += 1;
-        self.calls.insert(call, Call { to, epoch, route });
-        self.send(Node::Chief, to, epoch, Msg::Request { call, req });
+        self.calls.insert(
+            call,
+            Call {
+                to,
+                incarnation,
+                route,
+            },
+        );
+        self.send(Node::Chief, to, incarnation, Msg::Request { call, req });
         self.at(self.now + bound, Event::CallTimeout { call });
     }
 
@@ -248,7 +303,7 @@ impl World<'_> {
     fn request_of(&mut self, request: Request, route: &Route) -> Option<Req> {
         let setup_req = |world: &mut Self, setup: &SetupWorker| {
             (
-                world.chief_epoch,
+                world.chief_incarnation,
                 skip_of(setup),
                 world.intern_layouts(&setup.layouts),
             )
@@ -263,7 +318,7 @@ impl World<'_> {
                     closure: msg.closure,
                     attempt: msg.attempt,
                     generation: msg.generation,
-                    chief: self.chief_epoch,
+                    chief: self.chief_incarnation,
                 }
             }
             Request::DialWorker { .. } => Req::Hello,
@@ -298,7 +353,7 @@ impl World<'_> {
             Request::Stats { .. } => Req::Probe,
             Request::Fence { msg, .. } => Req::Fence {
                 worker: msg.worker,
-                epoch: msg.epoch,
+                incarnation: msg.incarnation,
             },
             Request::Watermark { msg, .. } => Req::Watermark {
                 below: msg.closure,
@@ -367,8 +422,8 @@ impl World<'_> {
         resp: Result<Resp, NoReply>,
     ) -> Result<Reply, CallFault> {
         let resp = resp.map_err(|no_reply| CallFault::Unreachable(no_reply.to_string()))?;
-        let declared = |world: &Self, epoch: u64| {
-            world.detector.get(&to).and_then(|d| d.declared) == Some(epoch)
+        let declared = |world: &Self, incarnation: u64| {
+            world.detector.get(&to).and_then(|d| d.declared) == Some(incarnation)
         };
         let reply = match resp {
             Resp::Done => Reply::Done,
@@ -390,11 +445,15 @@ impl World<'_> {
                 Reply::Ran(Err(RunClosureError::PsUnavailable(unavailable)))
             }
             Resp::Run(RunResult::Failed(error)) => Reply::Ran(Err(RunClosureError::Step(error))),
-            Resp::Hello { epoch } if declared(self, epoch) => Reply::DeclaredDead { epoch },
-            Resp::Hello { epoch } => Reply::Worker { epoch },
-            Resp::Probe { epoch, .. } if declared(self, epoch) => Reply::DeclaredDead { epoch },
+            Resp::Hello { incarnation } if declared(self, incarnation) => {
+                Reply::DeclaredDead { incarnation }
+            }
+            Resp::Hello { incarnation } => Reply::Worker { incarnation },
+            Resp::Probe { incarnation, .. } if declared(self, incarnation) => {
+                Reply::DeclaredDead { incarnation }
+            }
             Resp::Probe {
-                epoch,
+                incarnation,
                 serving,
                 generation,
                 next_free,
@@ -405,7 +464,7 @@ impl World<'_> {
                 };
                 let probe = ServerProbe {
                     ps,
-                    epoch,
+                    incarnation,
                     generation,
                     next_free_closure_id: next_free,
                 };

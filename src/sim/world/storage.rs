@@ -139,9 +139,10 @@ impl World<'_> {
                     .map(|_| ())
                     .ok_or(CutWriteError::Unverified)
             });
-        self.cut_writes.insert((self.chief_epoch, ticket.0), result);
+        self.cut_writes
+            .insert((self.chief_incarnation, ticket.0), result);
         let event = Event::PreemptionCutWritten {
-            chief: self.chief_epoch,
+            chief: self.chief_incarnation,
             ticket: ticket.0,
         };
         self.at(self.now + LOAD_DELAY, event);

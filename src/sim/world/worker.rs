@@ -23,7 +23,7 @@ use crate::roles::worker::{DatasetPlan, Request, StepAction, StepError, WorkerMa
 /// A worker process: its real machine ([`WorkerMachine`]), the simulator standing in for
 /// its actor and compute thread.
 pub(super) struct WorkerProc {
-    pub(super) epoch: u64,
+    pub(super) incarnation: u64,
     pub(super) state: ProcState,
     pub(super) machine: WorkerMachine,
     /// The closure on the compute thread.
@@ -49,7 +49,7 @@ impl WorkerProc {
     /// Worker `w` at the job's start: its first incarnation, up, at the start of its dataset.
     pub(super) fn new(w: u32, config: &SimConfig) -> Self {
         Self {
-            epoch: 1,
+            incarnation: 1,
             state: ProcState::Up,
             machine: WorkerMachine::new(w, 1, config.num_ps + EXTRA_SERVERS_MAX),
             run: None,
@@ -118,8 +118,8 @@ impl World<'_> {
             }
             Msg::Request { call, req } => self.worker_request(w, call, req),
             Msg::PushReply { ps, run, result } => {
-                let epoch = self.workers[w as usize].epoch;
-                self.push_answered(w, epoch, run, ps, result)
+                let incarnation = self.workers[w as usize].incarnation;
+                self.push_answered(w, incarnation, run, ps, result)
             }
             _ => {}
         }
@@ -127,16 +127,16 @@ impl World<'_> {
 
     /// The step computed: its gradient for every server's variable goes to the machine, which
     /// plans the pushes; each goes out bounded in time.
-    pub(super) fn computed(&mut self, w: u32, epoch: u64, run: u64) {
+    pub(super) fn computed(&mut self, w: u32, incarnation: u64, run: u64) {
         let worker = &self.workers[w as usize];
-        if worker.epoch != epoch || worker.state == ProcState::Down {
+        if worker.incarnation != incarnation || worker.state == ProcState::Down {
             return;
         }
         if worker.state == ProcState::Paused {
             // A paused process computes nothing: its step goes on once it runs again.
             let event = Event::Computed {
                 worker: w,
-                epoch,
+                incarnation,
                 run,
             };
             self.at(self.now + HOLD_RETRY, event);
@@ -170,14 +170,14 @@ impl World<'_> {
     pub(super) fn push_answered(
         &mut self,
         w: u32,
-        epoch: u64,
+        incarnation: u64,
         run: u64,
         ps: u32,
         result: Option<PushOutcome>,
     ) {
         let now = self.instant();
         let worker = &mut self.workers[w as usize];
-        if worker.epoch != epoch || worker.state != ProcState::Up {
+        if worker.incarnation != incarnation || worker.state != ProcState::Up {
             return;
         }
         let Some(current) = worker.run.as_mut().filter(|r| r.call == run) else {
@@ -235,12 +235,12 @@ impl World<'_> {
                 chief,
             } => self.admit_run(w, call, closure, attempt, generation, chief),
             Req::Hello => {
-                let epoch = self.workers[w as usize].epoch;
-                let resp = Resp::Hello { epoch };
+                let incarnation = self.workers[w as usize].incarnation;
+                let resp = Resp::Hello { incarnation };
                 self.send(
                     node,
                     Node::Chief,
-                    self.chief_epoch,
+                    self.chief_incarnation,
                     Msg::Reply { call, resp },
                 );
             }
@@ -284,8 +284,10 @@ impl World<'_> {
             }
             Req::Retire => {
                 // It answers, then exits (its supervisor restarts it as a new incarnation).
-                let epoch = self.workers[w as usize].epoch;
-                let exit = self.workers[w as usize].machine.handle_retire(now, epoch);
+                let incarnation = self.workers[w as usize].incarnation;
+                let exit = self.workers[w as usize]
+                    .machine
+                    .handle_retire(now, incarnation);
                 let resp = match exit {
                     Some(_) => Resp::Done,
                     None => Resp::Refused("retired already".into()),
@@ -293,7 +295,7 @@ impl World<'_> {
                 self.send(
                     node,
                     Node::Chief,
-                    self.chief_epoch,
+                    self.chief_incarnation,
                     Msg::Reply { call, resp },
                 );
                 if exit.is_some() {
@@ -306,7 +308,7 @@ impl World<'_> {
                 self.send(
                     node,
                     Node::Chief,
-                    self.chief_epoch,
+                    self.chief_incarnation,
                     Msg::Reply { call, resp },
                 );
             }
@@ -338,7 +340,7 @@ impl World<'_> {
             self.send(
                 node,
                 Node::Chief,
-                self.chief_epoch,
+                self.chief_incarnation,
                 Msg::Reply { call, resp },
             );
             return;
@@ -371,7 +373,7 @@ impl World<'_> {
             self.send(
                 Node::Worker(w),
                 Node::Chief,
-                self.chief_epoch,
+                self.chief_incarnation,
                 Msg::Reply { call, resp },
             );
             return;
@@ -440,11 +442,11 @@ impl World<'_> {
                         answered: Vec::new(),
                         unavailable: None,
                     });
-                    let epoch = worker.epoch;
+                    let incarnation = worker.incarnation;
                     let step_ms = self.rng.gen_range(STEP_MS.0..=STEP_MS.1);
                     let event = Event::Computed {
                         worker: w,
-                        epoch,
+                        incarnation,
                         run: call,
                     };
                     self.at(self.now + Duration::from_millis(step_ms), event);
@@ -457,7 +459,7 @@ impl World<'_> {
 
     /// Worker `w` answers the chief's call `call`.
     fn reply_from(&mut self, w: u32, call: u64, resp: Resp) {
-        let chief = self.chief_epoch;
+        let chief = self.chief_incarnation;
         self.send(
             Node::Worker(w),
             Node::Chief,
@@ -469,7 +471,7 @@ impl World<'_> {
     /// Carries out the machine's next step for closure call `run` of worker `w`.
     fn carry_out(&mut self, w: u32, run: u64, action: StepAction) {
         let node = Node::Worker(w);
-        let epoch = self.workers[w as usize].epoch;
+        let incarnation = self.workers[w as usize].incarnation;
         match action {
             StepAction::Compute => {}
             StepAction::Push(plan) => {
@@ -477,11 +479,16 @@ impl World<'_> {
                     current.pending = plan.iter().map(|p| p.ps).collect();
                 }
                 for PlannedPush { ps, push, blobs } in plan {
-                    let ps_epoch = self.servers[ps as usize].epoch;
-                    self.send(node, Node::Ps(ps), ps_epoch, Msg::Push { run, push, blobs });
+                    let ps_incarnation = self.servers[ps as usize].incarnation;
+                    self.send(
+                        node,
+                        Node::Ps(ps),
+                        ps_incarnation,
+                        Msg::Push { run, push, blobs },
+                    );
                     let event = Event::PushTimeout {
                         worker: w,
-                        epoch,
+                        incarnation,
                         run,
                         ps,
                     };
@@ -504,7 +511,7 @@ impl World<'_> {
                 self.send(
                     node,
                     Node::Chief,
-                    self.chief_epoch,
+                    self.chief_incarnation,
                     Msg::Reply { call: run, resp },
                 );
                 self.next_step(w);

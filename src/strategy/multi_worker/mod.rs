@@ -408,7 +408,7 @@ fn serve_metrics(addr: SocketAddr, task: TaskId) -> Result<(), crate::metrics::G
     let given = std::env::var(crate::cluster::ConfigKey::INCARNATION.env)
         .ok()
         .and_then(|text| text.trim().parse().ok());
-    let incarnation = crate::process::incarnation_epoch(given, std::time::SystemTime::now());
+    let incarnation = crate::process::incarnation_number(given, std::time::SystemTime::now());
     let server =
         crate::metrics::serve_group(addr, role, task.index, incarnation, &task.to_string())?;
     tracing::info!(

@@ -36,16 +36,16 @@ use crate::roles::protocol::{LeaveAnswer, SetupWorker};
 /// What a dial of a worker found ([`SchedulerAction::DialWorker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerDial {
-    /// Incarnation `epoch` answered.
+    /// Incarnation `incarnation` answered.
     Answered {
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
-    /// It answered as incarnation `epoch`, which the failure detector declared dead (a false
+    /// It answered as incarnation `incarnation`, which the failure detector declared dead (a false
     /// death: frozen past the budget, then woken).
     DeclaredDead {
         /// The incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// No answer (not up yet, unreachable): dialled again at the next tick.
     Unreachable,
@@ -130,8 +130,8 @@ pub enum TaskLiveness {
 pub struct KnownTask {
     /// The task index.
     pub index: u32,
-    /// Its newest incarnation seen (epoch), if any.
-    pub epoch: Option<u64>,
+    /// Its newest incarnation seen, if any.
+    pub incarnation: Option<u64>,
     /// What the machine makes of it.
     pub liveness: TaskLiveness,
 }
@@ -230,22 +230,24 @@ impl Scheduler {
         }
         let known = self.known_worker_incarnation(worker);
         match dial {
-            WorkerDial::Answered { epoch } if known.is_none_or(|k| epoch > k) => {
+            WorkerDial::Answered { incarnation } if known.is_none_or(|k| incarnation > k) => {
                 if self.is_restoring() {
                     self.worker_dials.remove(&worker);
                     return;
                 }
                 self.actions.push_back(SchedulerAction::SetUpWorker {
                     worker,
-                    epoch,
+                    incarnation,
                     setup: self.setup_for(worker),
                     version: self.setup_version,
                 });
             }
-            WorkerDial::Answered { epoch } | WorkerDial::DeclaredDead { epoch } => {
+            WorkerDial::Answered { incarnation } | WorkerDial::DeclaredDead { incarnation } => {
                 self.worker_dials.remove(&worker);
-                self.actions
-                    .push_back(SchedulerAction::RetireWorker { worker, epoch });
+                self.actions.push_back(SchedulerAction::RetireWorker {
+                    worker,
+                    incarnation,
+                });
             }
             WorkerDial::Unreachable => {
                 self.worker_dials.remove(&worker);
@@ -260,7 +262,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         version: u64,
         result: Result<(), CallFault>,
     ) -> SetUpDisposition {
@@ -274,7 +276,7 @@ impl Scheduler {
             self.control.setups_outdated += 1;
             return SetUpDisposition::Outdated;
         }
-        self.handle_worker_up(now, worker, epoch);
+        self.handle_worker_up(now, worker, incarnation);
         SetUpDisposition::Up
     }
 
@@ -299,7 +301,7 @@ impl Scheduler {
         }
     }
 
-    /// Whether parameter server `ps` took the fence of `worker`'s incarnation `epoch`
+    /// Whether parameter server `ps` took the fence of `worker`'s incarnation `incarnation`
     /// ([`SchedulerAction::Fence`]); counted. A server that missed it is down: the restore
     /// that brings it back replays every fence (FENCE-1).
     pub fn handle_fence_sent(
@@ -322,7 +324,7 @@ impl Scheduler {
         }
     }
 
-    /// Worker `worker`'s incarnation `epoch` got a preemption notice and is about to go. Unless
+    /// Worker `worker`'s incarnation `incarnation` got a preemption notice and is about to go. Unless
     /// the chief is `stopping` too (its own preemption checkpoint needs the workers to finish
     /// its steps: the worker stays through its grace), the incarnation is lost now, as if the
     /// failure detector had declared it dead: fenced (FENCE-1), its closures queued again for
@@ -332,15 +334,15 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         stopping: bool,
     ) -> LeaveAnswer {
         if stopping {
             return LeaveAnswer::Stay;
         }
-        if self.worker_incarnation(worker) == Some(epoch) {
+        if self.worker_incarnation(worker) == Some(incarnation) {
             self.control.workers_left += 1;
-            self.handle_worker_lost(now, worker, epoch);
+            self.handle_worker_lost(now, worker, incarnation);
         }
         LeaveAnswer::Go
     }
@@ -366,11 +368,11 @@ impl Scheduler {
         let ticket = ConfigureTicket(self.next_ticket);
         self.next_ticket += 1;
         let live = self.live_incarnations();
-        for &(worker, epoch) in &live {
+        for &(worker, incarnation) in &live {
             self.actions.push_back(SchedulerAction::Reconfigure {
                 ticket,
                 worker,
-                epoch,
+                incarnation,
                 setup: self.setup_for(worker),
             });
         }
@@ -383,20 +385,20 @@ impl Scheduler {
         Ok(ticket)
     }
 
-    /// The answer of `worker`'s incarnation `epoch` to a [`SchedulerAction::Reconfigure`]:
+    /// The answer of `worker`'s incarnation `incarnation` to a [`SchedulerAction::Reconfigure`]:
     /// a refusal is recorded for the program and, as no answer, loses the worker.
     pub fn handle_reconfigured(
         &mut self,
         now: Instant,
         ticket: ConfigureTicket,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         result: Result<(), CallFault>,
     ) {
         let Some(pending) = self.configures.get_mut(&ticket) else {
             return;
         };
-        if !pending.waiting.remove(&(worker, epoch)) {
+        if !pending.waiting.remove(&(worker, incarnation)) {
             return;
         }
         if let Err(fault) = result {
@@ -408,7 +410,7 @@ impl Scheduler {
                         reason: reason.clone(),
                     });
             }
-            self.handle_worker_lost(now, worker, epoch);
+            self.handle_worker_lost(now, worker, incarnation);
         }
         self.finish_configure(now, ticket);
     }
@@ -426,11 +428,11 @@ impl Scheduler {
         let ticket = PositionsTicket(self.next_ticket);
         self.next_ticket += 1;
         let live = self.live_incarnations();
-        for &(worker, epoch) in &live {
+        for &(worker, incarnation) in &live {
             self.actions.push_back(SchedulerAction::AskPositions {
                 ticket,
                 worker,
-                epoch,
+                incarnation,
             });
         }
         let pending = PendingPositions {
@@ -441,7 +443,7 @@ impl Scheduler {
         Ok(ticket)
     }
 
-    /// The answer of `worker`'s incarnation `epoch` to a [`SchedulerAction::AskPositions`]. A
+    /// The answer of `worker`'s incarnation `incarnation` to a [`SchedulerAction::AskPositions`]. A
     /// save must survive any worker fault the job survives: a worker that does not answer is
     /// lost (fenced; its closures run elsewhere), and the checkpoint records it where its next
     /// incarnation will start, the positions it was last set up from.
@@ -450,20 +452,20 @@ impl Scheduler {
         now: Instant,
         ticket: PositionsTicket,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         result: Result<Vec<(String, u64)>, CallFault>,
     ) {
         let Some(pending) = self.collections.get_mut(&ticket) else {
             return;
         };
-        if !pending.waiting.remove(&(worker, epoch)) {
+        if !pending.waiting.remove(&(worker, incarnation)) {
             return;
         }
         match result {
             Ok(list) => {
                 pending.answered.insert(worker, list.into_iter().collect());
             }
-            Err(_) => self.handle_worker_lost(now, worker, epoch),
+            Err(_) => self.handle_worker_lost(now, worker, incarnation),
         }
         self.finish_positions(ticket, now);
     }
@@ -543,7 +545,7 @@ impl Scheduler {
                 };
                 KnownTask {
                     index,
-                    epoch: entry.map(|w| w.epoch),
+                    incarnation: entry.map(|w| w.incarnation),
                     liveness,
                 }
             })
@@ -574,7 +576,7 @@ impl Scheduler {
                 };
                 KnownTask {
                     index,
-                    epoch: entry.map(|ps| ps.epoch),
+                    incarnation: entry.map(|ps| ps.incarnation),
                     liveness,
                 }
             })
@@ -594,7 +596,7 @@ impl Scheduler {
     /// The newest incarnation of `worker` ever up or fenced: an answer from one not newer is
     /// a fenced incarnation still alive (FENCE-1).
     fn known_worker_incarnation(&self, worker: u32) -> Option<WorkerIncarnation> {
-        let up = self.workers.get(&worker).map(|w| w.epoch);
+        let up = self.workers.get(&worker).map(|w| w.incarnation);
         let fenced = self.fenced.get(&worker).copied();
         up.max(fenced)
     }
@@ -603,7 +605,7 @@ impl Scheduler {
         self.workers
             .iter()
             .filter(|(_, w)| w.alive)
-            .map(|(i, w)| (*i, w.epoch))
+            .map(|(i, w)| (*i, w.incarnation))
             .collect()
     }
 

@@ -34,7 +34,7 @@ fn dials(actions: &[SchedulerAction]) -> Vec<u32> {
         .collect()
 }
 
-/// A setup asked for: (worker, epoch, datasets, version).
+/// A setup asked for: (worker, incarnation, datasets, version).
 type SetUpAsked = (u32, u64, Vec<(String, u64)>, u64);
 
 /// The one setup among `actions`.
@@ -42,27 +42,27 @@ pub(super) fn set_up(actions: &[SchedulerAction]) -> Option<SetUpAsked> {
     actions.iter().find_map(|a| match a {
         SchedulerAction::SetUpWorker {
             worker,
-            epoch,
+            incarnation,
             setup,
             version,
-        } => Some((*worker, *epoch, setup.datasets.clone(), *version)),
+        } => Some((*worker, *incarnation, setup.datasets.clone(), *version)),
         _ => None,
     })
 }
 
-/// Dials, answers and sets up worker `worker` as incarnation `epoch`.
-pub(super) fn bring_up(s: &mut Scheduler, worker: u32, epoch: u64) {
+/// Dials, answers and sets up worker `worker` as incarnation `incarnation`.
+pub(super) fn bring_up(s: &mut Scheduler, worker: u32, incarnation: u64) {
     let t = Instant::now();
     s.handle_reconnect_tick();
     drain(s);
     assert!(s.workers_dialling().contains(&worker));
-    s.handle_worker_dialled(t, worker, WorkerDial::Answered { epoch });
+    s.handle_worker_dialled(t, worker, WorkerDial::Answered { incarnation });
     let (_, _, _, version) = set_up(&drain(s)).expect("a newer incarnation is set up");
     assert_eq!(
-        s.handle_worker_set_up(t, worker, epoch, version, Ok(())),
+        s.handle_worker_set_up(t, worker, incarnation, version, Ok(())),
         SetUpDisposition::Up
     );
-    assert_eq!(s.worker_incarnation(worker), Some(epoch));
+    assert_eq!(s.worker_incarnation(worker), Some(incarnation));
 }
 
 /// Every worker with no live incarnation is dialled, one dial (and its setup) at a time each;
@@ -77,9 +77,9 @@ fn workers_are_dialled_one_at_a_time_and_a_new_incarnation_is_set_up_then_up() {
     s.handle_reconnect_tick();
     assert!(drain(&mut s).is_empty(), "one dial each at a time");
     s.handle_worker_dialled(t, 1, WorkerDial::Unreachable);
-    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 4 });
-    let (worker, epoch, datasets, version) = set_up(&drain(&mut s)).unwrap();
-    assert_eq!((worker, epoch), (0, 4));
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { incarnation: 4 });
+    let (worker, incarnation, datasets, version) = set_up(&drain(&mut s)).unwrap();
+    assert_eq!((worker, incarnation), (0, 4));
     assert_eq!(datasets, vec![("ids".to_string(), 0)]);
     s.handle_reconnect_tick();
     assert_eq!(
@@ -103,7 +103,7 @@ fn workers_are_dialled_one_at_a_time_and_a_new_incarnation_is_set_up_then_up() {
     );
     assert!(matches!(
         drain(&mut s).as_slice(),
-        [SchedulerAction::Dispatch { worker: 0, epoch: 4, closure, .. }] if *closure == id
+        [SchedulerAction::Dispatch { worker: 0, incarnation: 4, closure, .. }] if *closure == id
     ));
     s.handle_reconnect_tick();
     assert!(dials(&drain(&mut s)).is_empty(), "worker/0 is live");
@@ -122,17 +122,17 @@ fn fence_1_a_fenced_or_dead_declared_incarnation_that_answers_is_retired() {
         drain(&mut s),
         vec![SchedulerAction::Fence {
             worker: 0,
-            epoch: 1
+            incarnation: 1
         }]
     );
     s.handle_reconnect_tick();
     assert_eq!(dials(&drain(&mut s)), vec![0]);
-    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { incarnation: 1 });
     assert_eq!(
         drain(&mut s),
         vec![SchedulerAction::RetireWorker {
             worker: 0,
-            epoch: 1
+            incarnation: 1
         }]
     );
     s.handle_worker_retired(0, 1, Ok(()));
@@ -142,12 +142,12 @@ fn fence_1_a_fenced_or_dead_declared_incarnation_that_answers_is_retired() {
         vec![0],
         "dialled again after retiring"
     );
-    s.handle_worker_dialled(t, 0, WorkerDial::DeclaredDead { epoch: 2 });
+    s.handle_worker_dialled(t, 0, WorkerDial::DeclaredDead { incarnation: 2 });
     assert_eq!(
         drain(&mut s),
         vec![SchedulerAction::RetireWorker {
             worker: 0,
-            epoch: 2
+            incarnation: 2
         }]
     );
     s.handle_worker_retired(0, 2, Err(CallFault::Unreachable("gone".into())));
@@ -155,7 +155,7 @@ fn fence_1_a_fenced_or_dead_declared_incarnation_that_answers_is_retired() {
     assert_eq!((counters.workers_retired, counters.retires_failed), (1, 1));
     bring_up(&mut s, 0, 3);
     // A late dial answer for a worker not being dialled changes nothing.
-    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 9 });
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { incarnation: 9 });
     assert!(drain(&mut s).is_empty());
     assert_eq!(s.worker_incarnation(0), Some(3));
 }
@@ -178,7 +178,7 @@ pub(super) fn checkpoint(cut: u64, position: u64) -> Arc<Checkpoint> {
 pub(super) fn start_restore(s: &mut Scheduler, t: Instant) {
     let probe = ServerProbe {
         ps: 0,
-        epoch: 1,
+        incarnation: 1,
         generation: 0,
         next_free_closure_id: 0,
     };
@@ -213,14 +213,14 @@ pub(super) fn finish_restore(s: &mut Scheduler) -> Vec<SchedulerAction> {
                 }
                 RestoreCall::Rewind {
                     worker,
-                    epoch,
+                    incarnation,
                     generation,
                     ..
                 } => (
                     generation,
                     RestoreReport::Rewound {
                         worker,
-                        epoch,
+                        incarnation,
                         result: Ok(()),
                     },
                 ),
@@ -243,13 +243,13 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
     s.handle_configure(setup(&[("ids", 0)]));
     s.handle_reconnect_tick();
     drain(&mut s);
-    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { incarnation: 1 });
     let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
     assert_eq!(datasets, vec![("ids".to_string(), 0)]);
     start_restore(&mut s, t);
     assert!(s.is_restoring());
     // Worker 1's dial, answered while the restore runs, sets nothing up.
-    s.handle_worker_dialled(t, 1, WorkerDial::Answered { epoch: 1 });
+    s.handle_worker_dialled(t, 1, WorkerDial::Answered { incarnation: 1 });
     assert_eq!(
         s.handle_worker_set_up(t, 0, 1, version, Ok(())),
         SetUpDisposition::Outdated
@@ -271,7 +271,7 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
     )));
     s.handle_reconnect_tick();
     assert_eq!(dials(&drain(&mut s)), vec![0, 1]);
-    s.handle_worker_dialled(t, 0, WorkerDial::Answered { epoch: 1 });
+    s.handle_worker_dialled(t, 0, WorkerDial::Answered { incarnation: 1 });
     let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
     assert_eq!(datasets, vec![("ids".to_string(), 7)]);
     assert_eq!(
@@ -279,7 +279,7 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
         SetUpDisposition::Up
     );
     // A new configuration outdates a setup under way.
-    s.handle_worker_dialled(t, 1, WorkerDial::Answered { epoch: 1 });
+    s.handle_worker_dialled(t, 1, WorkerDial::Answered { incarnation: 1 });
     let (_, _, datasets, version) = set_up(&drain(&mut s)).unwrap();
     assert_eq!(datasets, vec![("ids".to_string(), 8)]);
     let ticket = s
@@ -295,7 +295,7 @@ fn a_worker_set_up_across_a_restore_is_set_up_again_at_the_restored_positions() 
     assert!(
         matches!(
             actions.as_slice(),
-            [SchedulerAction::Reconfigure { ticket: k, worker: 0, epoch: 1, setup }]
+            [SchedulerAction::Reconfigure { ticket: k, worker: 0, incarnation: 1, setup }]
                 if *k == ticket && setup.datasets == vec![("ids".to_string(), 7), ("extra".to_string(), 0)]
         ),
         "{actions:?}"
@@ -355,11 +355,11 @@ fn a_configuration_waits_for_every_live_worker_and_reports_the_first_refusal() {
         vec![
             SchedulerAction::Fence {
                 worker: 2,
-                epoch: 1
+                incarnation: 1
             },
             SchedulerAction::Fence {
                 worker: 1,
-                epoch: 1
+                incarnation: 1
             },
             SchedulerAction::ConfigureFinished {
                 ticket,
@@ -441,7 +441,7 @@ fn a_worker_leaving_after_a_notice_hands_its_closure_back_unless_the_chief_stops
     assert!(
         actions.contains(&SchedulerAction::Fence {
             worker: 0,
-            epoch: 1
+            incarnation: 1
         }),
         "{actions:?}"
     );

@@ -49,7 +49,7 @@ pub(super) struct Membership {
 #[derive(Debug, Clone, Copy)]
 struct Drain {
     /// The incarnation being drained.
-    epoch: WorkerIncarnation,
+    incarnation: WorkerIncarnation,
     /// Its positions were asked for in this restore generation (`None`: not asked yet).
     asked_in: Option<u64>,
     /// A new incarnation of the worker joined while it drained: it stays a member.
@@ -102,14 +102,14 @@ impl Scheduler {
         self.membership.draining.contains_key(&worker)
     }
 
-    /// Incarnation `epoch` of `worker` (the index its certificate names) says it is a worker
+    /// Incarnation `incarnation` of `worker` (the index its certificate names) says it is a worker
     /// of this job. Refused past `workers_max`; otherwise the worker is a member from now on
     /// and is dialled at once (then set up, its datasets built, before it gets work).
     pub fn handle_worker_joining(
         &mut self,
         _now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     ) -> Result<(), JoinRefusal> {
         let workers_max = self.workers_max();
         if worker >= workers_max {
@@ -119,7 +119,7 @@ impl Scheduler {
             });
         }
         if let Some(drain) = self.membership.draining.get_mut(&worker) {
-            if epoch > drain.epoch {
+            if incarnation > drain.incarnation {
                 drain.rejoined = true;
             }
         }
@@ -132,34 +132,34 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The live incarnation `epoch` of `worker` is to leave the job (scaled down). See the
+    /// The live incarnation `incarnation` of `worker` is to leave the job (scaled down). See the
     /// module docs; [`DrainDisposition::Pending`] is answered later by
     /// [`SchedulerAction::DrainFinished`].
     pub fn handle_worker_draining(
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     ) -> DrainDisposition {
         let live = self.worker_incarnation(worker);
-        if live.is_some_and(|live| live > epoch) {
+        if live.is_some_and(|live| live > incarnation) {
             // An older incarnation: the newer one serves on and stays a member.
             return DrainDisposition::Done;
         }
-        if live != Some(epoch) {
+        if live != Some(incarnation) {
             // Not serving (still being set up, or lost): it is simply no longer a member.
             if self
                 .membership
                 .draining
                 .get(&worker)
-                .is_none_or(|d| d.epoch < epoch)
+                .is_none_or(|d| d.incarnation < incarnation)
             {
                 self.remove_member(worker);
             }
             return DrainDisposition::Done;
         }
         self.membership.draining.entry(worker).or_insert(Drain {
-            epoch,
+            incarnation,
             asked_in: None,
             rejoined: false,
         });
@@ -167,7 +167,7 @@ impl Scheduler {
         DrainDisposition::Pending
     }
 
-    /// The answer of `worker`'s draining incarnation `epoch` to a
+    /// The answer of `worker`'s draining incarnation `incarnation` to a
     /// [`SchedulerAction::AskDrainPositions`]: its positions are kept for its index (on no
     /// answer, those of its last setup are), and the drain ends. Positions read before a
     /// restore that began since are stale: they are asked for again.
@@ -175,13 +175,13 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         result: Result<Vec<(String, u64)>, CallFault>,
     ) {
         let Some(drain) = self.membership.draining.get(&worker).copied() else {
             return;
         };
-        if drain.epoch != epoch {
+        if drain.incarnation != incarnation {
             return;
         }
         if drain.asked_in != Some(self.generation) || self.is_restoring() {
@@ -194,7 +194,7 @@ impl Scheduler {
         if let Ok(list) = result {
             self.positions.insert(worker, list.into_iter().collect());
         }
-        if self.worker_incarnation(worker) == Some(epoch) {
+        if self.worker_incarnation(worker) == Some(incarnation) {
             // FENCE-1: nothing it sends may change state any more (it runs nothing now).
             self.lose_worker(worker);
         }
@@ -213,7 +213,7 @@ impl Scheduler {
             .map(|(w, d)| (*w, *d))
             .collect();
         for (worker, drain) in drains {
-            let live = self.worker_incarnation(worker) == Some(drain.epoch);
+            let live = self.worker_incarnation(worker) == Some(drain.incarnation);
             if !live {
                 self.end_drain(worker);
                 continue;
@@ -228,7 +228,7 @@ impl Scheduler {
                 }
                 self.actions.push_back(SchedulerAction::AskDrainPositions {
                     worker,
-                    epoch: drain.epoch,
+                    incarnation: drain.incarnation,
                 });
             }
         }
@@ -243,7 +243,7 @@ impl Scheduler {
         }
         self.actions.push_back(SchedulerAction::DrainFinished {
             worker,
-            epoch: drain.epoch,
+            incarnation: drain.incarnation,
         });
     }
 

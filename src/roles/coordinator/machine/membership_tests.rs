@@ -42,9 +42,9 @@ fn dials(actions: &[SchedulerAction]) -> Vec<u32> {
 }
 
 /// Brings a dialled worker up through the ordinary dial and setup path.
-fn set_up(s: &mut Scheduler, worker: u32, epoch: u64) -> SetUpDisposition {
+fn set_up(s: &mut Scheduler, worker: u32, incarnation: u64) -> SetUpDisposition {
     let now = Instant::now();
-    s.handle_worker_dialled(now, worker, WorkerDial::Answered { epoch });
+    s.handle_worker_dialled(now, worker, WorkerDial::Answered { incarnation });
     let version = drain(s)
         .into_iter()
         .find_map(|a| match a {
@@ -61,7 +61,7 @@ fn set_up(s: &mut Scheduler, worker: u32, epoch: u64) -> SetUpDisposition {
             _ => None,
         })
         .expect("a setup");
-    s.handle_worker_set_up(now, worker, epoch, version, Ok(()))
+    s.handle_worker_set_up(now, worker, incarnation, version, Ok(()))
 }
 
 #[test]
@@ -151,7 +151,7 @@ fn ledger_1_a_drained_worker_finishes_its_closure_keeps_its_positions_and_leaves
     assert!(
         actions.contains(&SchedulerAction::AskDrainPositions {
             worker: 1,
-            epoch: 1
+            incarnation: 1
         }),
         "{actions:?}"
     );
@@ -165,11 +165,11 @@ fn ledger_1_a_drained_worker_finishes_its_closure_keeps_its_positions_and_leaves
     let actions = drain(&mut s);
     assert!(actions.contains(&SchedulerAction::Fence {
         worker: 1,
-        epoch: 1
+        incarnation: 1
     }));
     assert!(actions.contains(&SchedulerAction::DrainFinished {
         worker: 1,
-        epoch: 1
+        incarnation: 1
     }));
     assert_eq!(s.members(), [0]);
     assert_eq!(s.live_workers(), 1);
@@ -223,7 +223,7 @@ fn a_draining_worker_that_dies_is_a_lost_worker_and_its_drain_ends() {
     let actions = drain(&mut s);
     assert!(actions.contains(&SchedulerAction::DrainFinished {
         worker: 1,
-        epoch: 1
+        incarnation: 1
     }));
     assert_eq!(s.members(), [0]);
     assert_eq!(s.ledger().redispatched, 1);
@@ -244,7 +244,7 @@ fn a_drain_waits_for_a_running_restore_and_positions_read_across_one_are_asked_a
     );
     assert!(drain(&mut s).contains(&SchedulerAction::AskDrainPositions {
         worker: 1,
-        epoch: 5
+        incarnation: 5
     }));
     // A restore generation passed meanwhile (a parameter-server recovery rewound the
     // datasets): the answer is stale and the positions are asked for again.
@@ -252,13 +252,13 @@ fn a_drain_waits_for_a_running_restore_and_positions_read_across_one_are_asked_a
     s.handle_drain_positions(now, 1, 5, Ok(vec![("d".into(), 3)]));
     assert!(drain(&mut s).contains(&SchedulerAction::AskDrainPositions {
         worker: 1,
-        epoch: 5
+        incarnation: 5
     }));
     assert!(s.is_member(1));
     s.handle_drain_positions(now, 1, 5, Err(CallFault::Unreachable("gone".into())));
     assert!(drain(&mut s).contains(&SchedulerAction::DrainFinished {
         worker: 1,
-        epoch: 5
+        incarnation: 5
     }));
     assert!(!s.is_member(1));
     assert!(
@@ -273,7 +273,7 @@ fn a_drain_of_an_incarnation_not_live_is_done_at_once_and_its_setup_does_not_bri
     let now = Instant::now();
     s.handle_worker_joining(now, 1, 5).unwrap();
     drain(&mut s);
-    s.handle_worker_dialled(now, 1, WorkerDial::Answered { epoch: 5 });
+    s.handle_worker_dialled(now, 1, WorkerDial::Answered { incarnation: 5 });
     let version = s.setup_version();
     drain(&mut s);
     assert_eq!(s.handle_worker_draining(now, 1, 5), DrainDisposition::Done);
@@ -295,13 +295,13 @@ fn a_new_incarnation_that_joins_while_the_old_one_drains_stays_a_member() {
     );
     assert!(drain(&mut s).contains(&SchedulerAction::AskDrainPositions {
         worker: 1,
-        epoch: 1
+        incarnation: 1
     }));
     s.handle_worker_joining(now, 1, 2).unwrap();
     s.handle_drain_positions(now, 1, 1, Ok(vec![]));
     assert!(drain(&mut s).contains(&SchedulerAction::DrainFinished {
         worker: 1,
-        epoch: 1
+        incarnation: 1
     }));
     assert!(s.is_member(1), "the newer incarnation joined");
     s.handle_reconnect_tick();
@@ -322,7 +322,7 @@ fn ledger_1_holds_over_random_joins_and_drains() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let t = Instant::now();
         let mut s = cluster(2, MAX);
-        let mut epochs = [1u64; 6];
+        let mut incarnations = [1u64; 6];
         let mut in_flight: Vec<(u32, u64, ClosureId, u32)> = Vec::new();
         // Workers whose drain is under way (the incarnation drained), asked for positions.
         let mut draining: BTreeMap<u32, u64> = BTreeMap::new();
@@ -337,30 +337,31 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                 }
                 2 if faults => {
                     let w = rng.gen_range(0..MAX + 2);
-                    epochs[w as usize] += u64::from(rng.gen_bool(0.5));
-                    let joined = s.handle_worker_joining(t, w, epochs[w as usize]);
+                    incarnations[w as usize] += u64::from(rng.gen_bool(0.5));
+                    let joined = s.handle_worker_joining(t, w, incarnations[w as usize]);
                     assert_eq!(joined.is_err(), w >= MAX, "seed {seed}");
                 }
                 3 if faults => {
                     let w = rng.gen_range(0..MAX);
-                    if let Some(epoch) = s.worker_incarnation(w) {
-                        if s.handle_worker_draining(t, w, epoch) == DrainDisposition::Pending {
-                            draining.insert(w, epoch);
+                    if let Some(incarnation) = s.worker_incarnation(w) {
+                        if s.handle_worker_draining(t, w, incarnation) == DrainDisposition::Pending
+                        {
+                            draining.insert(w, incarnation);
                         }
                     }
                 }
                 4 if faults => {
                     let w = rng.gen_range(0..MAX);
-                    if let Some(epoch) = s.worker_incarnation(w) {
-                        s.handle_worker_lost(t, w, epoch);
+                    if let Some(incarnation) = s.worker_incarnation(w) {
+                        s.handle_worker_lost(t, w, incarnation);
                     }
                 }
                 5 if !dialled.is_empty() => {
                     let w = dialled.swap_remove(rng.gen_range(0..dialled.len()));
-                    epochs[w as usize] += u64::from(rng.gen_bool(0.3));
+                    incarnations[w as usize] += u64::from(rng.gen_bool(0.3));
                     let dial = if rng.gen_bool(0.85) || !faults {
                         WorkerDial::Answered {
-                            epoch: epochs[w as usize],
+                            incarnation: incarnations[w as usize],
                         }
                     } else {
                         WorkerDial::Unreachable
@@ -392,7 +393,7 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                 match action {
                     SchedulerAction::Dispatch {
                         worker,
-                        epoch,
+                        incarnation,
                         closure,
                         attempt,
                         ..
@@ -402,20 +403,26 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                             !draining.contains_key(&worker),
                             "seed {seed}: work for draining worker/{worker}"
                         );
-                        in_flight.push((worker, epoch, closure, attempt));
+                        in_flight.push((worker, incarnation, closure, attempt));
                     }
-                    SchedulerAction::AskDrainPositions { worker, epoch } => {
+                    SchedulerAction::AskDrainPositions {
+                        worker,
+                        incarnation,
+                    } => {
                         assert!(
                             !in_flight
                                 .iter()
-                                .any(|(w, e, ..)| (*w, *e) == (worker, epoch)),
+                                .any(|(w, e, ..)| (*w, *e) == (worker, incarnation)),
                             "seed {seed}: positions asked while worker/{worker} runs a closure"
                         );
-                        asked.insert((worker, epoch));
+                        asked.insert((worker, incarnation));
                     }
-                    SchedulerAction::DrainFinished { worker, epoch } => {
-                        assert_eq!(draining.remove(&worker), Some(epoch), "seed {seed}");
-                        asked.remove(&(worker, epoch));
+                    SchedulerAction::DrainFinished {
+                        worker,
+                        incarnation,
+                    } => {
+                        assert_eq!(draining.remove(&worker), Some(incarnation), "seed {seed}");
+                        asked.remove(&(worker, incarnation));
                     }
                     SchedulerAction::DialWorker { worker } => {
                         assert!(s.is_member(worker), "seed {seed}: dialled non-member");
@@ -423,10 +430,10 @@ fn ledger_1_holds_over_random_joins_and_drains() {
                     }
                     SchedulerAction::SetUpWorker {
                         worker,
-                        epoch,
+                        incarnation,
                         version,
                         ..
-                    } => setups.push((worker, epoch, version)),
+                    } => setups.push((worker, incarnation, version)),
                     _ => {}
                 }
             }
@@ -442,12 +449,12 @@ fn ledger_1_holds_over_random_joins_and_drains() {
             }
             s.handle_reconnect_tick();
             if let Some(w) = dialled.pop() {
-                epochs[w as usize] += 1;
+                incarnations[w as usize] += 1;
                 s.handle_worker_dialled(
                     t,
                     w,
                     WorkerDial::Answered {
-                        epoch: epochs[w as usize],
+                        incarnation: incarnations[w as usize],
                     },
                 );
             } else if let Some((w, e, v)) = setups.pop() {
@@ -457,27 +464,30 @@ fn ledger_1_holds_over_random_joins_and_drains() {
             } else if let Some((w, e, c, a)) = in_flight.pop() {
                 s.handle_result(t, w, e, c, a, Ok(vec![]));
             } else if s.members().is_empty() {
-                s.handle_worker_joining(t, 0, epochs[0] + 1).unwrap();
+                s.handle_worker_joining(t, 0, incarnations[0] + 1).unwrap();
             }
             while let Some(action) = s.poll_action() {
                 match action {
                     SchedulerAction::Dispatch {
                         worker,
-                        epoch,
+                        incarnation,
                         closure,
                         attempt,
                         ..
-                    } => in_flight.push((worker, epoch, closure, attempt)),
-                    SchedulerAction::AskDrainPositions { worker, epoch } => {
-                        asked.insert((worker, epoch));
+                    } => in_flight.push((worker, incarnation, closure, attempt)),
+                    SchedulerAction::AskDrainPositions {
+                        worker,
+                        incarnation,
+                    } => {
+                        asked.insert((worker, incarnation));
                     }
                     SchedulerAction::DialWorker { worker } => dialled.push(worker),
                     SchedulerAction::SetUpWorker {
                         worker,
-                        epoch,
+                        incarnation,
                         version,
                         ..
-                    } => setups.push((worker, epoch, version)),
+                    } => setups.push((worker, incarnation, version)),
                     _ => {}
                 }
             }

@@ -334,7 +334,7 @@ pub enum ClosureState {
         /// The worker's index.
         worker: u32,
         /// The worker's incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// Which attempt (1 for the first dispatch).
         attempt: u32,
     },
@@ -352,7 +352,7 @@ pub enum SchedulerAction {
         /// Target worker index.
         worker: u32,
         /// Target worker incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The closure.
         closure: ClosureId,
         /// Attempt number (1 for the first dispatch).
@@ -375,7 +375,7 @@ pub enum SchedulerAction {
         /// The worker index.
         worker: u32,
         /// The fenced incarnation (and every older one).
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// One call of a restore (see `recovery`): carry it out on the incarnation it names and
     /// answer with [`Scheduler::handle_restore_report`].
@@ -395,14 +395,14 @@ pub enum SchedulerAction {
         /// The server.
         ps: u32,
     },
-    /// Tell incarnation `epoch` of parameter server `ps`, declared dead but answering, to
+    /// Tell incarnation `incarnation` of parameter server `ps`, declared dead but answering, to
     /// retire ([`crate::roles::protocol::Retire`]): it can do nothing useful any more
     /// (FENCE-1), and its supervisor restarts it as a new incarnation, which is restored.
     RetirePs {
         /// The server.
         ps: u32,
         /// The incarnation declared dead.
-        epoch: u64,
+        incarnation: u64,
     },
     /// Send the low watermark to every parameter server
     /// ([`crate::roles::protocol::FinishedBelow`]): every closure below `finished_below` is
@@ -421,29 +421,29 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
     },
-    /// Set up the new incarnation `epoch` of `worker` from scratch
+    /// Set up the new incarnation `incarnation` of `worker` from scratch
     /// ([`crate::roles::protocol::RewindWorker`] with `setup`). Answer with
     /// [`Scheduler::handle_worker_set_up`], passing `version` back.
     SetUpWorker {
         /// The worker.
         worker: u32,
         /// The incarnation that answered the dial.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// What it is set up with.
         setup: SetupWorker,
         /// The setup version it was made from.
         version: u64,
     },
-    /// Tell incarnation `epoch` of `worker`, fenced (or declared dead) but answering, to
+    /// Tell incarnation `incarnation` of `worker`, fenced (or declared dead) but answering, to
     /// retire ([`crate::roles::protocol::Retire`]) so that it restarts as a new incarnation.
     /// Answer with [`Scheduler::handle_worker_retired`].
     RetireWorker {
         /// The worker.
         worker: u32,
         /// The fenced incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
-    /// Send the live incarnation `epoch` of `worker` its new setup
+    /// Send the live incarnation `incarnation` of `worker` its new setup
     /// ([`crate::roles::protocol::SetupWorker`]) for configuration `ticket`. Answer with
     /// [`Scheduler::handle_reconfigured`].
     Reconfigure {
@@ -452,7 +452,7 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// Its live incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// What it is set up with now.
         setup: SetupWorker,
     },
@@ -464,7 +464,7 @@ pub enum SchedulerAction {
         /// The first refusal, if any.
         result: Result<(), ConfigureError>,
     },
-    /// Ask the live incarnation `epoch` of `worker` where its datasets are
+    /// Ask the live incarnation `incarnation` of `worker` where its datasets are
     /// ([`crate::roles::protocol::DatasetPositions`]) for collection `ticket`. Answer with
     /// [`Scheduler::handle_positions`].
     AskPositions {
@@ -473,7 +473,7 @@ pub enum SchedulerAction {
         /// The worker.
         worker: u32,
         /// Its live incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// Create shard `shard` of a variable on server `ps` (the message says its name, shape
     /// and initial value). Answer with [`Scheduler::handle_shard_created`].
@@ -524,21 +524,21 @@ pub enum SchedulerAction {
         /// The cut, or why not.
         result: Result<CutReading, CutReadError>,
     },
-    /// Ask the draining incarnation `epoch` of `worker`, which runs nothing now, where its
+    /// Ask the draining incarnation `incarnation` of `worker`, which runs nothing now, where its
     /// datasets are ([`crate::roles::protocol::DatasetPositions`]; see `membership`).
     /// Answer with [`Scheduler::handle_drain_positions`].
     AskDrainPositions {
         /// The worker.
         worker: u32,
         /// The draining incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
-    /// The drain of incarnation `epoch` of `worker` ended (see `membership`): it may go.
+    /// The drain of incarnation `incarnation` of `worker` ended (see `membership`): it may go.
     DrainFinished {
         /// The worker.
         worker: u32,
         /// The drained incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
     },
     /// A parameter server's preemption cut was read (`preempt`): build its checkpoint and
     /// write it under `root` (blocking work: off the actor's thread), then answer with
@@ -555,23 +555,23 @@ pub enum SchedulerAction {
         /// What was read.
         reading: Box<CutReading>,
     },
-    /// Answer parameter server `ps`'s preemption notice from incarnation `epoch` (see
+    /// Answer parameter server `ps`'s preemption notice from incarnation `incarnation` (see
     /// [`Scheduler::handle_ps_leaving`]).
     AnswerPsLeaving {
         /// The server.
         ps: u32,
         /// The incarnation that gave notice.
-        epoch: u64,
+        incarnation: u64,
         /// The answer.
         answer: crate::roles::protocol::LeaveAnswer,
     },
-    /// Answer parameter server `ps`'s request to leave the job from incarnation `epoch`
+    /// Answer parameter server `ps`'s request to leave the job from incarnation `incarnation`
     /// ([`Scheduler::handle_ps_draining`]): `Ok`, it may go (it exits 0); else it stays.
     AnswerPsDraining {
         /// The server.
         ps: u32,
         /// The incarnation that asked.
-        epoch: u64,
+        incarnation: u64,
         /// The answer.
         result: Result<(), crate::roles::protocol::DrainRefusal>,
     },
@@ -580,17 +580,17 @@ pub enum SchedulerAction {
 /// What a dial of a parameter server found ([`SchedulerAction::DialPs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PsDial {
-    /// Incarnation `epoch` answered, holding variables (`serving`) or not.
+    /// Incarnation `incarnation` answered, holding variables (`serving`) or not.
     Answered {
         /// The incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// Whether it holds any variable.
         serving: bool,
     },
-    /// It answered as incarnation `epoch`, which the failure detector declared dead.
+    /// It answered as incarnation `incarnation`, which the failure detector declared dead.
     DeclaredDead {
         /// The incarnation.
-        epoch: u64,
+        incarnation: u64,
     },
     /// No answer (not up yet, unreachable, refused): dialled again at the next tick.
     Unreachable,
@@ -606,7 +606,7 @@ pub struct ServerProbe {
     /// Its index.
     pub ps: u32,
     /// The incarnation that answered.
-    pub epoch: u64,
+    pub incarnation: u64,
     /// The restore generation it is at.
     pub generation: u64,
     /// The smallest closure id above every id it has applied.
@@ -686,17 +686,17 @@ pub enum ScheduleError {
 /// The scheduling state machine behind `ClusterCoordinator`.
 ///
 /// Calling protocol:
-/// 1. `handle_worker_up(now, worker, epoch)` when a worker incarnation connects, and
-///    `handle_worker_lost(now, worker, epoch)` when the failure detector declares it dead;
+/// 1. `handle_worker_up(now, worker, incarnation)` when a worker incarnation connects, and
+///    `handle_worker_lost(now, worker, incarnation)` when the failure detector declares it dead;
 /// 2. `handle_schedule(now, function, args)` for each `schedule` call;
 /// 3. drain `poll_action()` after every `handle_*` call and carry the actions out;
-/// 4. `handle_result(now, worker, epoch, closure, attempt, outcome)` when a worker reports,
-///    `handle_refused(now, worker, epoch, closure, attempt)` when it could not run the closure;
+/// 4. `handle_result(now, worker, incarnation, closure, attempt, outcome)` when a worker reports,
+///    `handle_refused(now, worker, incarnation, closure, attempt)` when it could not run the closure;
 /// 5. arm a timer for `poll_timeout()` and call `handle_timeout(now)` when it fires;
 /// 6. `join` is done when `is_idle()`; `take_error()` then gives the first failure, once;
 /// 7. `low_watermark()` at any time: every closure below it is finished for good;
-/// 8. parameter servers: `handle_ps_up(now, ps, epoch)` whenever a server incarnation is seen
-///    alive (a newer epoch means it restarted and lost its state), `handle_ps_lost` when the
+/// 8. parameter servers: `handle_ps_up(now, ps, incarnation)` whenever a server incarnation is seen
+///    alive (a newer incarnation means it restarted and lost its state), `handle_ps_lost` when the
 ///    failure detector declares one dead, `handle_ps_unavailable` when a worker could not
 ///    reach one; while [`Scheduler::ps_down`] names servers, dial them and report what answers;
 /// 9. `mark_cut(cut, root)` after each durable checkpoint (taken with nothing pending) under
@@ -871,7 +871,7 @@ struct Retained {
 
 #[derive(Debug)]
 struct PsEntry {
-    epoch: u64,
+    incarnation: u64,
     alive: bool,
     /// Declared dead by the failure detector: this incarnation never counts as back.
     dead: bool,
@@ -935,7 +935,7 @@ struct Closure {
 
 #[derive(Debug)]
 struct WorkerEntry {
-    epoch: WorkerIncarnation,
+    incarnation: WorkerIncarnation,
     alive: bool,
     in_flight: Vec<ClosureId>,
 }
@@ -1050,10 +1050,13 @@ impl Scheduler {
     pub fn handle_ps_dialled(&mut self, now: Instant, ps: u32, dial: PsDial) {
         self.dialling.remove(&ps);
         match dial {
-            PsDial::Answered { epoch, serving } => self.handle_ps_answered(now, ps, epoch, serving),
-            PsDial::DeclaredDead { epoch } => self
+            PsDial::Answered {
+                incarnation,
+                serving,
+            } => self.handle_ps_answered(now, ps, incarnation, serving),
+            PsDial::DeclaredDead { incarnation } => self
                 .actions
-                .push_back(SchedulerAction::RetirePs { ps, epoch }),
+                .push_back(SchedulerAction::RetirePs { ps, incarnation }),
             PsDial::Unreachable => {}
         }
     }
@@ -1097,12 +1100,12 @@ impl Scheduler {
         self.learning_rate = rate;
     }
 
-    /// A worker incarnation is up. A newer epoch of a known worker supersedes the old one: the
-    /// old incarnation is fenced and its in-flight closures re-dispatched. An epoch not newer
+    /// A worker incarnation is up. A newer incarnation of a known worker supersedes the old one: the
+    /// old incarnation is fenced and its in-flight closures re-dispatched. An incarnation not newer
     /// than one already seen is ignored: a fenced incarnation never comes back (FENCE-1).
-    pub fn handle_worker_up(&mut self, now: Instant, worker: u32, epoch: WorkerIncarnation) {
+    pub fn handle_worker_up(&mut self, now: Instant, worker: u32, incarnation: WorkerIncarnation) {
         if let Some(entry) = self.workers.get(&worker) {
-            if epoch <= entry.epoch {
+            if incarnation <= entry.incarnation {
                 return;
             }
             if entry.alive {
@@ -1112,7 +1115,7 @@ impl Scheduler {
         self.workers.insert(
             worker,
             WorkerEntry {
-                epoch,
+                incarnation,
                 alive: true,
                 in_flight: Vec::new(),
             },
@@ -1122,9 +1125,16 @@ impl Scheduler {
 
     /// The failure detector declared a worker incarnation dead: fence it and re-dispatch what
     /// it was running (at-least-once execution; PS-1 keeps the effect exactly once).
-    pub fn handle_worker_lost(&mut self, now: Instant, worker: u32, epoch: WorkerIncarnation) {
+    pub fn handle_worker_lost(
+        &mut self,
+        now: Instant,
+        worker: u32,
+        incarnation: WorkerIncarnation,
+    ) {
         match self.workers.get(&worker) {
-            Some(entry) if entry.alive && entry.epoch == epoch => self.lose_worker(worker),
+            Some(entry) if entry.alive && entry.incarnation == incarnation => {
+                self.lose_worker(worker)
+            }
             _ => return,
         }
         self.dispatch(now);
@@ -1136,12 +1146,12 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
         outcome: Result<Vec<u8>, ClosureOutcomeError>,
     ) -> ResultDisposition {
-        if !self.is_current(worker, epoch, closure, attempt) {
+        if !self.is_current(worker, incarnation, closure, attempt) {
             // FENCE-1: a fenced incarnation or superseded attempt changes nothing.
             self.ledger.rejected_stale += 1;
             return ResultDisposition::RejectedStale;
@@ -1185,11 +1195,11 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
     ) -> ResultDisposition {
-        if !self.is_current(worker, epoch, closure, attempt) {
+        if !self.is_current(worker, incarnation, closure, attempt) {
             self.ledger.rejected_stale += 1;
             return ResultDisposition::RejectedStale;
         }
@@ -1198,17 +1208,17 @@ impl Scheduler {
         ResultDisposition::WorkerLost
     }
 
-    /// A parameter-server incarnation was seen alive. The first epoch seen of a server is its
+    /// A parameter-server incarnation was seen alive. The first incarnation seen of a server is its
     /// original; a newer one means the process restarted and lost its state, so a recovery
-    /// starts (or goes on) for it; the same epoch after a worker reported the server
+    /// starts (or goes on) for it; the same incarnation after a worker reported the server
     /// unreachable clears the suspicion (never after the failure detector declared it dead).
-    pub fn handle_ps_up(&mut self, now: Instant, ps: u32, epoch: u64) {
+    pub fn handle_ps_up(&mut self, now: Instant, ps: u32, incarnation: u64) {
         if self.outside_job(ps) {
             // Not a server of the job (yet, or any more: see `reshard`).
             return;
         }
         let fresh = PsEntry {
-            epoch,
+            incarnation,
             alive: true,
             dead: false,
         };
@@ -1216,13 +1226,13 @@ impl Scheduler {
             None => {
                 self.servers.insert(ps, fresh);
             }
-            Some(entry) if epoch > entry.epoch => {
+            Some(entry) if incarnation > entry.incarnation => {
                 *entry = fresh;
                 if !self.lost_for_good.contains_key(&ps) {
                     self.recovery(now).state_lost.insert(ps);
                 }
             }
-            Some(entry) if epoch == entry.epoch && !entry.alive && !entry.dead => {
+            Some(entry) if incarnation == entry.incarnation && !entry.alive && !entry.dead => {
                 entry.alive = true
             }
             Some(_) => return,
@@ -1234,37 +1244,37 @@ impl Scheduler {
     /// [`Self::handle_ps_up`], and an incarnation that holds no variable although a checkpoint
     /// cut exists has lost its state (it restarted unnoticed, or its restore never finished):
     /// a recovery restores it. While a restore runs this is left to the restore's own outcome.
-    pub fn handle_ps_answered(&mut self, now: Instant, ps: u32, epoch: u64, serving: bool) {
+    pub fn handle_ps_answered(&mut self, now: Instant, ps: u32, incarnation: u64, serving: bool) {
         if self.outside_job(ps) {
             return;
         }
         let restoring = self.recovery.as_ref().is_some_and(Recovery::restoring);
-        let known = self.servers.get(&ps).map(|e| (e.epoch, e.dead));
+        let known = self.servers.get(&ps).map(|e| (e.incarnation, e.dead));
         if !serving
             && self.rollback_floor().is_some()
             && !restoring
             && !self.lost_for_good.contains_key(&ps)
-            && known.is_none_or(|(e, dead)| epoch > e || (epoch == e && !dead))
+            && known.is_none_or(|(e, dead)| incarnation > e || (incarnation == e && !dead))
         {
             self.recovery(now).state_lost.insert(ps);
         }
-        self.handle_ps_up(now, ps, epoch);
+        self.handle_ps_up(now, ps, incarnation);
         self.dispatch(now);
     }
 
     /// The failure detector declared a parameter-server incarnation dead: its state is gone
     /// (a dead incarnation never comes back, FENCE-1). Dispatch is held until a new
     /// incarnation is up and every server is restored.
-    pub fn handle_ps_lost(&mut self, now: Instant, ps: u32, epoch: u64) {
+    pub fn handle_ps_lost(&mut self, now: Instant, ps: u32, incarnation: u64) {
         if self.outside_job(ps) {
             // Not a server of the job: a join not carried out yet is called off.
-            if self.call_off_join(ps, epoch) {
+            if self.call_off_join(ps, incarnation) {
                 self.dispatch(now);
             }
             return;
         }
         match self.servers.get_mut(&ps) {
-            Some(entry) if entry.epoch == epoch => {
+            Some(entry) if entry.incarnation == incarnation => {
                 entry.alive = false;
                 entry.dead = true;
             }
@@ -1287,12 +1297,12 @@ impl Scheduler {
         &mut self,
         now: Instant,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
         ps: u32,
     ) -> ResultDisposition {
-        if !self.is_current(worker, epoch, closure, attempt) {
+        if !self.is_current(worker, incarnation, closure, attempt) {
             self.ledger.rejected_stale += 1;
             return ResultDisposition::RejectedStale;
         }
@@ -1370,7 +1380,12 @@ impl Scheduler {
         let changed: BTreeSet<u32> = self
             .servers
             .iter()
-            .filter(|(ps, e)| e.dead || pinned.get(ps).is_none_or(|epoch| *epoch != e.epoch))
+            .filter(|(ps, e)| {
+                e.dead
+                    || pinned
+                        .get(ps)
+                        .is_none_or(|incarnation| *incarnation != e.incarnation)
+            })
             .map(|(ps, _)| *ps)
             .filter(|ps| !self.lost_for_good.contains_key(ps))
             .collect();
@@ -1413,11 +1428,11 @@ impl Scheduler {
         };
         for ps in suspects {
             r.state_lost.insert(ps);
-            // Dialled until it answers; one never seen counts as epoch 0 (any answer is newer).
+            // Dialled until it answers; one never seen counts as incarnation 0 (any answer is newer).
             self.servers
                 .entry(ps)
                 .or_insert(PsEntry {
-                    epoch: 0,
+                    incarnation: 0,
                     alive: false,
                     dead: false,
                 })
@@ -1546,7 +1561,7 @@ impl Scheduler {
             .workers
             .iter()
             .filter(|(_, w)| w.alive)
-            .map(|(i, w)| (*i, w.epoch))
+            .map(|(i, w)| (*i, w.incarnation))
             .collect();
         let Some(active) = self
             .recovery
@@ -1579,8 +1594,8 @@ impl Scheduler {
             self.positions = positions.clone();
             // Setups handed out before now carry the old positions.
             self.setup_version += 1;
-            for (worker, epoch) in lost_workers {
-                self.handle_worker_lost(now, *worker, *epoch);
+            for (worker, incarnation) in lost_workers {
+                self.handle_worker_lost(now, *worker, *incarnation);
             }
         }
         match (purpose, end) {
@@ -1699,7 +1714,7 @@ impl Scheduler {
             .max(self.generation)
             + 1;
         self.generation = generation;
-        let pinned = probes.iter().map(|p| (p.ps, p.epoch)).collect();
+        let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
         let (run, calls) = RestoreRun::start(
             generation,
             pinned,
@@ -1827,8 +1842,8 @@ impl Scheduler {
     }
 
     /// The known incarnation of parameter server `ps`, and whether it is reachable.
-    pub fn ps_epoch(&self, ps: u32) -> Option<(u64, bool)> {
-        self.servers.get(&ps).map(|e| (e.epoch, e.alive))
+    pub fn ps_incarnation(&self, ps: u32) -> Option<(u64, bool)> {
+        self.servers.get(&ps).map(|e| (e.incarnation, e.alive))
     }
 
     /// The low watermark: the smallest closure id not finished yet (queued, in flight or
@@ -1993,7 +2008,7 @@ impl Scheduler {
         self.workers
             .get(&worker)
             .filter(|w| w.alive)
-            .map(|w| w.epoch)
+            .map(|w| w.incarnation)
     }
 
     fn lose_worker(&mut self, worker: u32) {
@@ -2001,12 +2016,14 @@ impl Scheduler {
             return;
         };
         entry.alive = false;
-        let epoch = entry.epoch;
+        let incarnation = entry.incarnation;
         let lost = std::mem::take(&mut entry.in_flight);
-        let fenced = self.fenced.entry(worker).or_insert(epoch);
-        *fenced = (*fenced).max(epoch);
-        self.actions
-            .push_back(SchedulerAction::Fence { worker, epoch });
+        let fenced = self.fenced.entry(worker).or_insert(incarnation);
+        *fenced = (*fenced).max(incarnation);
+        self.actions.push_back(SchedulerAction::Fence {
+            worker,
+            incarnation,
+        });
         // Lost closures go to the front: they were scheduled before anything still queued.
         for id in lost.into_iter().rev() {
             if let Some(c) = self.closures.get_mut(&id) {
@@ -2050,8 +2067,10 @@ impl Scheduler {
                         && !self.is_draining(**i)
                 })
                 .min_by_key(|(i, w)| (w.in_flight.len(), **i))
-                .map(|(i, w)| (*i, w.epoch));
-            let Some((worker, epoch)) = free else { break };
+                .map(|(i, w)| (*i, w.incarnation));
+            let Some((worker, incarnation)) = free else {
+                break;
+            };
             let Some(id) = self.queue.remove(position) else {
                 break;
             };
@@ -2068,12 +2087,12 @@ impl Scheduler {
             let attempt = closure.attempts;
             closure.state = ClosureState::InFlight {
                 worker,
-                epoch,
+                incarnation,
                 attempt,
             };
             self.actions.push_back(SchedulerAction::Dispatch {
                 worker,
-                epoch,
+                incarnation,
                 closure: id,
                 attempt,
                 generation: self.generation,
@@ -2155,19 +2174,19 @@ impl Scheduler {
     fn is_current(
         &self,
         worker: u32,
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         closure: ClosureId,
         attempt: u32,
     ) -> bool {
         let current = matches!(
             self.closures.get(&closure).map(|c| &c.state),
-            Some(ClosureState::InFlight { worker: w, epoch: e, attempt: a }) if *w == worker && *e == epoch && *a == attempt
+            Some(ClosureState::InFlight { worker: w, incarnation: e, attempt: a }) if *w == worker && *e == incarnation && *a == attempt
         );
         current
             && self
                 .workers
                 .get(&worker)
-                .is_some_and(|w| w.alive && w.epoch == epoch)
+                .is_some_and(|w| w.alive && w.incarnation == incarnation)
     }
 
     /// The recovery under way, or a new one from `now`.
@@ -2230,7 +2249,11 @@ impl Scheduler {
             (Some(cut), Some(root)) if lost => {
                 let stored_at = self.cut_stored_at.unwrap_or(cut);
                 self.generation += 1;
-                let pinned = self.servers.iter().map(|(ps, e)| (*ps, e.epoch)).collect();
+                let pinned = self
+                    .servers
+                    .iter()
+                    .map(|(ps, e)| (*ps, e.incarnation))
+                    .collect();
                 let (run, calls) = RestoreRun::start(
                     self.generation,
                     pinned,
@@ -2410,7 +2433,7 @@ mod tests {
             drain(&mut s),
             vec![SchedulerAction::Fence {
                 worker: 0,
-                epoch: 1
+                incarnation: 1
             }]
         );
         assert_eq!(s.state(id), Some(&ClosureState::Queued));
@@ -2446,11 +2469,11 @@ mod tests {
             actions[0],
             SchedulerAction::Fence {
                 worker: 0,
-                epoch: 1
+                incarnation: 1
             }
         );
         assert_eq!(dispatched(&actions), vec![(0, id, 2)]);
-        // An older epoch announcing itself later is ignored.
+        // An older incarnation announcing itself later is ignored.
         s.handle_worker_up(t, 0, 1);
         assert!(drain(&mut s).is_empty());
         assert_eq!(s.worker_incarnation(0), Some(2));
@@ -2585,9 +2608,9 @@ mod tests {
             ..Default::default()
         });
         let id = s.handle_schedule(t, "step", vec![]).unwrap();
-        for epoch in 1..=3 {
-            s.handle_worker_up(t, 0, epoch);
-            s.handle_worker_lost(t, 0, epoch);
+        for incarnation in 1..=3 {
+            s.handle_worker_up(t, 0, incarnation);
+            s.handle_worker_lost(t, 0, incarnation);
         }
         assert!(matches!(
             s.state(id),
@@ -2606,10 +2629,10 @@ mod tests {
                 attempts_max: 4,
                 ..Default::default()
             });
-            let mut epochs = [0u64; 3];
-            let mut ps_epochs = [1u64; 2];
-            for (ps, epoch) in ps_epochs.iter().enumerate() {
-                s.handle_ps_up(t, ps as u32, *epoch);
+            let mut incarnations = [0u64; 3];
+            let mut ps_incarnations = [1u64; 2];
+            for (ps, incarnation) in ps_incarnations.iter().enumerate() {
+                s.handle_ps_up(t, ps as u32, *incarnation);
             }
             let mut in_flight: Vec<(u32, u64, ClosureId, u32)> = Vec::new();
             let mut last_attempt: BTreeMap<ClosureId, u32> = BTreeMap::new();
@@ -2620,14 +2643,14 @@ mod tests {
                     6 => {
                         let ps = rng.gen_range(0..2);
                         if rng.gen_bool(0.4) {
-                            s.handle_ps_lost(t, ps as u32, ps_epochs[ps]);
+                            s.handle_ps_lost(t, ps as u32, ps_incarnations[ps]);
                         } else if rng.gen_bool(0.5) {
-                            ps_epochs[ps] += u64::from(rng.gen_bool(0.5));
-                            s.handle_ps_up(t, ps as u32, ps_epochs[ps]);
+                            ps_incarnations[ps] += u64::from(rng.gen_bool(0.5));
+                            s.handle_ps_up(t, ps as u32, ps_incarnations[ps]);
                         } else {
-                            ps_epochs[ps] += u64::from(rng.gen_bool(0.3));
+                            ps_incarnations[ps] += u64::from(rng.gen_bool(0.3));
                             let serving = rng.gen_bool(0.8);
-                            s.handle_ps_answered(t, ps as u32, ps_epochs[ps], serving);
+                            s.handle_ps_answered(t, ps as u32, ps_incarnations[ps], serving);
                         }
                     }
                     7 => {
@@ -2657,12 +2680,12 @@ mod tests {
                     }
                     1 => {
                         let w = rng.gen_range(0..3);
-                        epochs[w] += 1;
-                        s.handle_worker_up(t, w as u32, epochs[w]);
+                        incarnations[w] += 1;
+                        s.handle_worker_up(t, w as u32, incarnations[w]);
                     }
                     2 => {
                         let w = rng.gen_range(0..3);
-                        s.handle_worker_lost(t, w as u32, epochs[w]);
+                        s.handle_worker_lost(t, w as u32, incarnations[w]);
                     }
                     _ if !in_flight.is_empty() => {
                         let (w, e, c, a) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
@@ -2698,7 +2721,7 @@ mod tests {
                 while let Some(a) = s.poll_action() {
                     if let SchedulerAction::Dispatch {
                         worker,
-                        epoch,
+                        incarnation,
                         closure,
                         attempt,
                         generation,
@@ -2709,7 +2732,7 @@ mod tests {
                         // Attempt numbers never restart, even across a rollback.
                         let last = last_attempt.insert(closure, attempt).unwrap_or(0);
                         assert!(attempt > last, "seed {seed}: closure {closure:?} attempt");
-                        in_flight.push((worker, epoch, closure, attempt));
+                        in_flight.push((worker, incarnation, closure, attempt));
                     }
                 }
                 assert!(s.ledger().balances(), "seed {seed}: {:?}", s.ledger());
@@ -2743,7 +2766,7 @@ mod tests {
             drain(&mut s),
             vec![SchedulerAction::Fence {
                 worker: 0,
-                epoch: 1
+                incarnation: 1
             }]
         );
         assert_eq!(s.state(ids[0]), Some(&ClosureState::Queued));
@@ -2817,7 +2840,7 @@ mod tests {
         assert_eq!(resumed.low_watermark(), ClosureId(10));
     }
 
-    /// A scheduler with workers 0 and 1 and parameter servers 0 and 1 (epoch 1 each), a cut
+    /// A scheduler with workers 0 and 1 and parameter servers 0 and 1 (incarnation 1 each), a cut
     /// taken after `before` committed closures, then `after` more scheduled.
     fn with_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>) {
         let t = Instant::now();
@@ -2846,13 +2869,13 @@ mod tests {
         for a in drain(s) {
             if let SchedulerAction::Dispatch {
                 worker,
-                epoch,
+                incarnation,
                 closure,
                 attempt,
                 ..
             } = a
             {
-                s.handle_result(t, worker, epoch, closure, attempt, Ok(vec![]));
+                s.handle_result(t, worker, incarnation, closure, attempt, Ok(vec![]));
             }
         }
     }
@@ -2983,7 +3006,7 @@ mod tests {
             for a in drain(s) {
                 if let SchedulerAction::Dispatch {
                     worker,
-                    epoch,
+                    incarnation,
                     closure,
                     attempt,
                     learning_rate,
@@ -2991,7 +3014,7 @@ mod tests {
                 } = a
                 {
                     seen.push((closure, learning_rate.map(LearningRate::get)));
-                    s.handle_result(t, worker, epoch, closure, attempt, Ok(vec![]));
+                    s.handle_result(t, worker, incarnation, closure, attempt, Ok(vec![]));
                 }
             }
         }
@@ -3171,13 +3194,13 @@ mod tests {
             match a {
                 SchedulerAction::Restore(RestoreCall::Begin {
                     ps,
-                    epoch,
+                    incarnation,
                     generation,
                     fences,
                 }) => {
                     let entry =
                         asked.get_or_insert((ClosureId(u64::MAX), *generation, vec![], vec![]));
-                    entry.2.push((*ps, *epoch));
+                    entry.2.push((*ps, *incarnation));
                     entry.3 = fences.clone();
                 }
                 SchedulerAction::Restore(RestoreCall::Load { cut, .. }) => {
@@ -3283,7 +3306,7 @@ mod tests {
         let (mut s, ids) = with_cut(1, 1);
         drain(&mut s);
         s.handle_result(t, 0, 1, ids[1], 1, Ok(vec![]));
-        // ps/0 answers the dial at its known epoch but empty: it lost its state.
+        // ps/0 answers the dial at its known incarnation but empty: it lost its state.
         s.handle_ps_answered(t, 0, 1, false);
         let (cut, generation, _, _) = restore_asked(&drain(&mut s)).unwrap();
         assert_eq!(generation, 1);
@@ -3300,8 +3323,8 @@ mod tests {
         // Interrupted again and again: unrecoverable, never a spin.
         s.handle_ps_lost(t, 0, 1);
         s.handle_result(t, 0, 1, ids[1], 2, Ok(vec![]));
-        for epoch in 2..2 + u64::from(RESTORE_ATTEMPTS_MAX) {
-            s.handle_ps_up(t, 0, epoch);
+        for incarnation in 2..2 + u64::from(RESTORE_ATTEMPTS_MAX) {
+            s.handle_ps_up(t, 0, incarnation);
             assert!(restore_asked(&drain(&mut s)).is_some());
             s.handle_restore_interrupted(t, Some(0), "peer lost".into());
         }

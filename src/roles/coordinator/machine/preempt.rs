@@ -124,7 +124,7 @@ enum PreemptPhase {
 }
 
 impl Scheduler {
-    /// Incarnation `epoch` of parameter server `ps` got a preemption notice and is about to
+    /// Incarnation `incarnation` of parameter server `ps` got a preemption notice and is about to
     /// go (see the module doc). `Some` is the answer now; `None`: the answer comes as
     /// [`SchedulerAction::AnswerPsLeaving`] once the cut is taken (or given up). `stopping`:
     /// the chief is stopping too.
@@ -132,7 +132,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         ps: u32,
-        epoch: u64,
+        incarnation: u64,
         stopping: bool,
     ) -> Option<LeaveAnswer> {
         if stopping || self.stopping {
@@ -141,7 +141,7 @@ impl Scheduler {
         let live = self
             .servers
             .get(&ps)
-            .is_some_and(|e| e.epoch == epoch && e.alive && !e.dead);
+            .is_some_and(|e| e.incarnation == incarnation && e.alive && !e.dead);
         if !live {
             // Not the incarnation serving (older, declared dead already): nothing to save.
             return Some(LeaveAnswer::Go);
@@ -149,35 +149,35 @@ impl Scheduler {
         if let Some(preemption) = self.preemption.as_mut() {
             // One cut serves every server that gave notice before it is marked: once read, it
             // holds this server's state too, since nothing ran after its read.
-            preemption.leaving.insert(ps, epoch);
+            preemption.leaving.insert(ps, incarnation);
             return None;
         }
         let Some(root) = self.preemption_root() else {
             tracing::warn!(
-                "ps/{ps} (incarnation {epoch}) got a preemption notice, but no checkpoint directory \
+                "ps/{ps} (incarnation {incarnation}) got a preemption notice, but no checkpoint directory \
                  is known: it leaves now, and its loss is recovered from the last checkpoint"
             );
-            return self.leave_now(now, ps, epoch);
+            return self.leave_now(now, ps, incarnation);
         };
         if self.is_holding() || self.start.is_some() {
             // A recovery holds dispatch already and will restore every server; or the chief's
             // start is still probing them: what they hold is not yet this chief's to cut
             // (it may be a dead chief's work that the start's restore rolls back).
-            return self.leave_now(now, ps, epoch);
+            return self.leave_now(now, ps, incarnation);
         }
         if !self.servers_accounted() {
             // Before the start (a restarted chief's servers may hold a dead chief's work):
             // the cut waits for it, within the server's grace.
             tracing::info!(
-                "ps/{ps} (incarnation {epoch}) got a preemption notice before the chief's start: its \
+                "ps/{ps} (incarnation {incarnation}) got a preemption notice before the chief's start: its \
                  cut waits for the start"
             );
-            self.notices_waiting.insert(ps, epoch);
+            self.notices_waiting.insert(ps, incarnation);
             return None;
         }
         self.begin_cut_at_once(now, root);
         if let Some(preemption) = self.preemption.as_mut() {
-            preemption.leaving.insert(ps, epoch);
+            preemption.leaving.insert(ps, incarnation);
         }
         None
     }
@@ -237,10 +237,13 @@ impl Scheduler {
     /// own checkpoint needs them); later notices are answered `Stay` at once.
     pub fn handle_chief_stopping(&mut self, now: Instant) {
         self.stopping = true;
-        for (ps, epoch) in std::mem::take(&mut self.notices_waiting) {
+        for (ps, incarnation) in std::mem::take(&mut self.notices_waiting) {
             let answer = LeaveAnswer::Stay;
-            self.actions
-                .push_back(SchedulerAction::AnswerPsLeaving { ps, epoch, answer });
+            self.actions.push_back(SchedulerAction::AnswerPsLeaving {
+                ps,
+                incarnation,
+                answer,
+            });
         }
         self.finish_preemption(now, LeaveAnswer::Stay, false);
     }
@@ -254,10 +257,15 @@ impl Scheduler {
         }
         let waiting = std::mem::take(&mut self.notices_waiting);
         if self.start.is_some() || self.is_holding() {
-            for (ps, epoch) in waiting {
-                let answer = self.leave_now(now, ps, epoch).unwrap_or(LeaveAnswer::Go);
-                self.actions
-                    .push_back(SchedulerAction::AnswerPsLeaving { ps, epoch, answer });
+            for (ps, incarnation) in waiting {
+                let answer = self
+                    .leave_now(now, ps, incarnation)
+                    .unwrap_or(LeaveAnswer::Go);
+                self.actions.push_back(SchedulerAction::AnswerPsLeaving {
+                    ps,
+                    incarnation,
+                    answer,
+                });
             }
             return;
         }
@@ -267,10 +275,10 @@ impl Scheduler {
         }
         let live: BTreeMap<u32, u64> = waiting
             .into_iter()
-            .filter(|(ps, epoch)| {
+            .filter(|(ps, incarnation)| {
                 self.servers
                     .get(ps)
-                    .is_some_and(|e| e.epoch == *epoch && e.alive && !e.dead)
+                    .is_some_and(|e| e.incarnation == *incarnation && e.alive && !e.dead)
             })
             .collect();
         let Some(root) = self.preemption_root() else {
@@ -382,9 +390,9 @@ impl Scheduler {
     }
 
     /// Answers `Go` to a notice now: the incarnation counts as lost at once.
-    fn leave_now(&mut self, now: Instant, ps: u32, epoch: u64) -> Option<LeaveAnswer> {
+    fn leave_now(&mut self, now: Instant, ps: u32, incarnation: u64) -> Option<LeaveAnswer> {
         self.control.servers_left += 1;
-        self.handle_ps_lost(now, ps, epoch);
+        self.handle_ps_lost(now, ps, incarnation);
         Some(LeaveAnswer::Go)
     }
 
@@ -423,12 +431,15 @@ impl Scheduler {
         if let PreemptPhase::Reading(ticket) = preemption.phase {
             self.drop_cut_read(now, ticket);
         }
-        for (ps, epoch) in preemption.leaving {
-            self.actions
-                .push_back(SchedulerAction::AnswerPsLeaving { ps, epoch, answer });
+        for (ps, incarnation) in preemption.leaving {
+            self.actions.push_back(SchedulerAction::AnswerPsLeaving {
+                ps,
+                incarnation,
+                answer,
+            });
             if answer == LeaveAnswer::Go {
                 self.control.servers_left += 1;
-                self.handle_ps_lost(now, ps, epoch);
+                self.handle_ps_lost(now, ps, incarnation);
             }
         }
         self.reshard_cut_ended(now, taken);

@@ -17,7 +17,7 @@ pub(super) fn ckpt_dir() -> PathBuf {
     PathBuf::from("ckpt")
 }
 
-/// A scheduler over 2 servers (epoch 1, up) and 2 workers (epoch 1, up), variable `w` split
+/// A scheduler over 2 servers (incarnation 1, up) and 2 workers (incarnation 1, up), variable `w` split
 /// over both servers, the chief started afresh, the program's first save marked at closure
 /// 0, and `n` closures scheduled: the first two are in flight.
 pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
@@ -42,7 +42,7 @@ pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
     for ps in 0..2 {
         let probe = ServerProbe {
             ps,
-            epoch: 1,
+            incarnation: 1,
             generation: 0,
             next_free_closure_id: 0,
         };
@@ -94,8 +94,8 @@ pub(super) fn answer_reads(
             SchedulerAction::AskPositions {
                 ticket,
                 worker,
-                epoch,
-            } => s.handle_positions(t, ticket, worker, epoch, Ok(vec![("ids".into(), 5)])),
+                incarnation,
+            } => s.handle_positions(t, ticket, worker, incarnation, Ok(vec![("ids".into(), 5)])),
             other => rest.push(other),
         }
     }
@@ -128,7 +128,11 @@ fn answers(actions: &[SchedulerAction]) -> Vec<(u32, u64, LeaveAnswer)> {
     actions
         .iter()
         .filter_map(|a| match a {
-            SchedulerAction::AnswerPsLeaving { ps, epoch, answer } => Some((*ps, *epoch, *answer)),
+            SchedulerAction::AnswerPsLeaving {
+                ps,
+                incarnation,
+                answer,
+            } => Some((*ps, *incarnation, *answer)),
             _ => None,
         })
         .collect()

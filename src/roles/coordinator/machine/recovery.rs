@@ -55,12 +55,12 @@ impl Eq for CheckpointRef {}
 /// [`super::Scheduler::handle_restore_report`] (with the same `generation`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestoreCall {
-    /// Send [`crate::roles::protocol::BeginRestore`] to server `ps` as incarnation `epoch`.
+    /// Send [`crate::roles::protocol::BeginRestore`] to server `ps` as incarnation `incarnation`.
     Begin {
         /// The server.
         ps: u32,
         /// Its pinned incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The restore generation that starts.
         generation: u64,
         /// Per worker, the newest fenced incarnation.
@@ -78,12 +78,12 @@ pub enum RestoreCall {
     },
     /// Restore every shard of `layouts` placed on server `ps` from `checkpoint` (values,
     /// optimizer slots, step counts), each with a [`crate::roles::protocol::RestoreVariable`]
-    /// to incarnation `epoch`.
+    /// to incarnation `incarnation`.
     Shards {
         /// The server.
         ps: u32,
         /// Its pinned incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The restore generation.
         generation: u64,
         /// What to restore from.
@@ -91,24 +91,24 @@ pub enum RestoreCall {
         /// Every variable's layout (only the shards on `ps` are sent).
         layouts: Vec<Layout>,
     },
-    /// Send [`crate::roles::protocol::RollBack`] to server `ps` as incarnation `epoch`.
+    /// Send [`crate::roles::protocol::RollBack`] to server `ps` as incarnation `incarnation`.
     RollBack {
         /// The server.
         ps: u32,
         /// Its pinned incarnation.
-        epoch: u64,
+        incarnation: u64,
         /// The restore generation it ends.
         generation: u64,
         /// Every closure below it was finished at the cut.
         finished_below: ClosureId,
     },
     /// Send [`crate::roles::protocol::RewindWorker`] with `setup` to worker incarnation
-    /// `worker`/`epoch`.
+    /// `worker`/`incarnation`.
     Rewind {
         /// The worker.
         worker: u32,
         /// Its live incarnation.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// The restore generation.
         generation: u64,
         /// Its setup, with the checkpoint's positions as skips.
@@ -187,7 +187,7 @@ pub enum RestoreReport {
         /// The worker.
         worker: u32,
         /// The incarnation rewound.
-        epoch: WorkerIncarnation,
+        incarnation: WorkerIncarnation,
         /// What came of it.
         result: Result<(), CallFault>,
     },
@@ -391,12 +391,14 @@ impl RestoreRun {
                 Phase::Rewind,
                 RestoreReport::Rewound {
                     worker,
-                    epoch,
+                    incarnation,
                     result,
                 },
-            ) if self.rewinding.get(&worker) == Some(&epoch) && self.awaiting.remove(&worker) => {
+            ) if self.rewinding.get(&worker) == Some(&incarnation)
+                && self.awaiting.remove(&worker) =>
+            {
                 if result.is_err() {
-                    self.lost_workers.push((worker, epoch));
+                    self.lost_workers.push((worker, incarnation));
                 }
             }
             // Not awaited (a duplicate, another phase): nothing changes.
@@ -457,9 +459,9 @@ impl RestoreRun {
             Phase::Begin => {
                 let mut calls: Vec<RestoreCall> = servers
                     .into_iter()
-                    .map(|(ps, epoch)| RestoreCall::Begin {
+                    .map(|(ps, incarnation)| RestoreCall::Begin {
                         ps,
-                        epoch,
+                        incarnation,
                         generation,
                         fences: self.fences.clone(),
                     })
@@ -481,9 +483,9 @@ impl RestoreRun {
                     .expect("the Shards phase starts once the checkpoint is read");
                 servers
                     .into_iter()
-                    .map(|(ps, epoch)| RestoreCall::Shards {
+                    .map(|(ps, incarnation)| RestoreCall::Shards {
                         ps,
-                        epoch,
+                        incarnation,
                         generation,
                         checkpoint: checkpoint.clone(),
                         layouts: self.layouts.clone(),
@@ -492,9 +494,9 @@ impl RestoreRun {
             }
             Phase::RollBack => servers
                 .into_iter()
-                .map(|(ps, epoch)| RestoreCall::RollBack {
+                .map(|(ps, incarnation)| RestoreCall::RollBack {
                     ps,
-                    epoch,
+                    incarnation,
                     generation,
                     finished_below: self.finished_below,
                 })
@@ -505,9 +507,9 @@ impl RestoreRun {
                 self.awaiting = self.rewinding.keys().copied().collect();
                 self.rewinding
                     .iter()
-                    .map(|(worker, epoch)| RestoreCall::Rewind {
+                    .map(|(worker, incarnation)| RestoreCall::Rewind {
                         worker: *worker,
-                        epoch: *epoch,
+                        incarnation: *incarnation,
                         generation,
                         setup: setup_with_positions(targets.setup, self.positions.get(worker)),
                     })

@@ -62,9 +62,13 @@ pub(super) fn answer(
         },
         RestoreCall::Shards { ps, .. } => RestoreReport::ShardsRestored { ps: *ps, result },
         RestoreCall::RollBack { ps, .. } => RestoreReport::RolledBack { ps: *ps, result },
-        RestoreCall::Rewind { worker, epoch, .. } => RestoreReport::Rewound {
+        RestoreCall::Rewind {
+            worker,
+            incarnation,
+            ..
+        } => RestoreReport::Rewound {
             worker: *worker,
-            epoch: *epoch,
+            incarnation: *incarnation,
             result,
         },
     }
@@ -393,7 +397,7 @@ fn a_worker_that_cannot_be_rewound_is_lost_and_the_restore_succeeds() {
     });
     assert!(others.contains(&SchedulerAction::Fence {
         worker: 1,
-        epoch: 1
+        incarnation: 1
     }));
     assert_eq!(s.live_workers(), 1);
     assert!(!s.is_holding() && s.take_error().is_none());
@@ -493,13 +497,13 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
     let probes = [
         ServerProbe {
             ps: 0,
-            epoch: 3,
+            incarnation: 3,
             generation: 2,
             next_free_closure_id: 14,
         },
         ServerProbe {
             ps: 1,
-            epoch: 1,
+            incarnation: 1,
             generation: 1,
             next_free_closure_id: 12,
         },
@@ -530,7 +534,7 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
 fn probe(ps: u32) -> ServerProbe {
     ServerProbe {
         ps,
-        epoch: 1,
+        incarnation: 1,
         generation: 0,
         next_free_closure_id: 0,
     }
@@ -658,29 +662,32 @@ fn servers_are_dialled_until_they_answer_and_a_declared_dead_one_is_retired() {
         t,
         0,
         PsDial::Answered {
-            epoch: 1,
+            incarnation: 1,
             serving: true,
         },
     );
     s.handle_ps_dialled(t, 1, PsDial::Unreachable);
     s.handle_reconnect_tick();
     assert_eq!(dials(&drain(&mut s)), vec![1]);
-    assert_eq!(s.ps_epoch(0), Some((1, true)));
+    assert_eq!(s.ps_incarnation(0), Some((1, true)));
     s.handle_ps_lost(t, 0, 1);
     s.handle_ps_dialled(
         t,
         1,
         PsDial::Answered {
-            epoch: 1,
+            incarnation: 1,
             serving: true,
         },
     );
     s.handle_reconnect_tick();
     assert_eq!(dials(&drain(&mut s)), vec![0]);
-    s.handle_ps_dialled(t, 0, PsDial::DeclaredDead { epoch: 1 });
+    s.handle_ps_dialled(t, 0, PsDial::DeclaredDead { incarnation: 1 });
     assert_eq!(
         drain(&mut s),
-        vec![SchedulerAction::RetirePs { ps: 0, epoch: 1 }]
+        vec![SchedulerAction::RetirePs {
+            ps: 0,
+            incarnation: 1
+        }]
     );
 }
 
@@ -704,8 +711,10 @@ fn first_cut_read(before: usize) -> (Scheduler, CutReading) {
                 SchedulerAction::AskPositions {
                     ticket,
                     worker,
-                    epoch,
-                } => s.handle_positions(t, ticket, worker, epoch, Ok(vec![("ids".into(), 3)])),
+                    incarnation,
+                } => {
+                    s.handle_positions(t, ticket, worker, incarnation, Ok(vec![("ids".into(), 3)]))
+                }
                 SchedulerAction::CutRead { result, .. } => reading = Some(result.unwrap()),
                 _ => {}
             }

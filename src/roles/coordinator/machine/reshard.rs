@@ -60,12 +60,12 @@ pub const RESHARDING: &str = "the job's parameter servers are being resharded";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(super) enum LeaveFailure {
     /// The server registered again (as a newer incarnation) and stays.
-    #[error("ps/{ps} registered again as incarnation {epoch} and stays in the job")]
+    #[error("ps/{ps} registered again as incarnation {incarnation} and stays in the job")]
     RegisteredAgain {
         /// The server.
         ps: u32,
         /// The incarnation that registered.
-        epoch: u64,
+        incarnation: u64,
     },
     /// No cut could be taken to move the variables.
     #[error("no checkpoint cut could be taken in {tries} tries")]
@@ -123,7 +123,7 @@ pub(super) struct Resharding {
 }
 
 impl Scheduler {
-    /// Incarnation `epoch` of parameter server `ps` registers with address `addr` (already
+    /// Incarnation `incarnation` of parameter server `ps` registers with address `addr` (already
     /// checked to be `host:port`). A server of the job changes nothing; another joins the job
     /// at the next cut (see the module doc). Refused past [`SERVERS_MAX`] or without a
     /// checkpoint directory.
@@ -131,7 +131,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         ps: u32,
-        epoch: u64,
+        incarnation: u64,
         addr: String,
     ) -> Result<(), JoinRefusal> {
         if ps >= SERVERS_MAX {
@@ -145,7 +145,7 @@ impl Scheduler {
         // again to leave): it changes nothing. Only a newer incarnation registering stays.
         if self
             .leaving_incarnation(ps)
-            .is_some_and(|asked| epoch <= asked)
+            .is_some_and(|asked| incarnation <= asked)
         {
             return Ok(());
         }
@@ -167,7 +167,7 @@ impl Scheduler {
         if let Some(asked) = pending.leaving.remove(&ps) {
             // Asked to leave, and registering again before it did (a new incarnation): it
             // stays; the incarnation that asked is told so.
-            let reason = LeaveFailure::RegisteredAgain { ps, epoch };
+            let reason = LeaveFailure::RegisteredAgain { ps, incarnation };
             self.answer_leaving(BTreeMap::from([(ps, asked)]), Err(reason));
             return Ok(());
         }
@@ -180,16 +180,18 @@ impl Scheduler {
             && pending
                 .joining
                 .get(&ps)
-                .is_none_or(|(known, _)| epoch >= *known);
+                .is_none_or(|(known, _)| incarnation >= *known);
         if newer {
-            tracing::info!("ps/{ps} (incarnation {epoch}) joins the job at {addr} at the next cut");
-            pending.joining.insert(ps, (epoch, addr));
+            tracing::info!(
+                "ps/{ps} (incarnation {incarnation}) joins the job at {addr} at the next cut"
+            );
+            pending.joining.insert(ps, (incarnation, addr));
         }
         self.dispatch(now);
         Ok(())
     }
 
-    /// Incarnation `epoch` of parameter server `ps` asks to leave the job for good. `Ok(true)`:
+    /// Incarnation `incarnation` of parameter server `ps` asks to leave the job for good. `Ok(true)`:
     /// it may go now (it holds nothing of the job); `Ok(false)`: it may go once
     /// [`SchedulerAction::AnswerPsDraining`] says so; refused when it is the last server or
     /// the job has no checkpoint directory.
@@ -197,7 +199,7 @@ impl Scheduler {
         &mut self,
         now: Instant,
         ps: u32,
-        epoch: u64,
+        incarnation: u64,
     ) -> Result<bool, DrainRefusal> {
         let has_root = self.preemption_root().is_some();
         let joining_now = self
@@ -211,8 +213,8 @@ impl Scheduler {
         if !self.server_set.contains(&ps) && !joining_now {
             // Not in the job (nor about to be): nothing of it to move. It goes now: a
             // registration of this incarnation delivered later is no join.
-            let left = self.resharding.left.entry(ps).or_insert(epoch);
-            *left = (*left).max(epoch);
+            let left = self.resharding.left.entry(ps).or_insert(incarnation);
+            *left = (*left).max(incarnation);
             return Ok(true);
         }
         // Servers that stay whatever happens to the changes asked for (a join counts once
@@ -233,8 +235,8 @@ impl Scheduler {
         if !has_root {
             return Err(DrainRefusal::NoCheckpointDir { ps });
         }
-        tracing::info!("ps/{ps} (incarnation {epoch}) leaves the job at the next cut");
-        self.ask_leave(ps, epoch);
+        tracing::info!("ps/{ps} (incarnation {incarnation}) leaves the job at the next cut");
+        self.ask_leave(ps, incarnation);
         self.dispatch(now);
         Ok(false)
     }
@@ -281,24 +283,28 @@ impl Scheduler {
                 .is_some_and(|c| c.joining.contains_key(&ps))
     }
 
-    /// Incarnation `epoch` of `ps` was declared dead before its join was carried out: the
+    /// Incarnation `incarnation` of `ps` was declared dead before its join was carried out: the
     /// join is called off, so that the move does not wait on a server that is gone (a new
     /// incarnation that registers joins again). Returns whether a join was called off.
-    pub(super) fn call_off_join(&mut self, ps: u32, epoch: u64) -> bool {
+    pub(super) fn call_off_join(&mut self, ps: u32, incarnation: u64) -> bool {
         let r = &mut self.resharding;
         let mut called_off = false;
         for changes in [Some(&mut r.pending), r.cutting.as_mut()]
             .into_iter()
             .flatten()
         {
-            if changes.joining.get(&ps).is_some_and(|(e, _)| *e == epoch) {
+            if changes
+                .joining
+                .get(&ps)
+                .is_some_and(|(e, _)| *e == incarnation)
+            {
                 changes.joining.remove(&ps);
                 called_off = true;
             }
         }
         if called_off {
             tracing::warn!(
-                "ps/{ps} (incarnation {epoch}) died before its join was carried out: the join is \
+                "ps/{ps} (incarnation {incarnation}) died before its join was carried out: the join is \
                  called off"
             );
         }
@@ -378,11 +384,11 @@ impl Scheduler {
                 match pending.leaving.remove(&ps) {
                     // Asked to leave while its join was under way: it never joined, and may
                     // go now.
-                    Some(epoch) if !self.server_set.contains(&ps) => {
-                        out_now.insert(ps, epoch);
+                    Some(incarnation) if !self.server_set.contains(&ps) => {
+                        out_now.insert(ps, incarnation);
                     }
-                    Some(epoch) => {
-                        pending.leaving.insert(ps, epoch);
+                    Some(incarnation) => {
+                        pending.leaving.insert(ps, incarnation);
                     }
                     None => {
                         pending.joining.entry(ps).or_insert(join);
@@ -390,8 +396,8 @@ impl Scheduler {
                 }
             }
             pending.attempts = pending.attempts.max(changes.attempts);
-            for (ps, epoch) in changes.leaving {
-                self.ask_leave(ps, epoch);
+            for (ps, incarnation) in changes.leaving {
+                self.ask_leave(ps, incarnation);
             }
             self.answer_leaving(out_now, Ok(()));
             return;
@@ -432,24 +438,24 @@ impl Scheduler {
             self.server_set.remove(ps);
             self.servers.remove(ps);
             self.resharding.addresses.remove(ps);
-            if let Some(epoch) = changes.leaving.get(ps) {
-                self.resharding.left.insert(*ps, *epoch);
+            if let Some(incarnation) = changes.leaving.get(ps) {
+                self.resharding.left.insert(*ps, *incarnation);
             }
             if let Some(r) = self.recovery.as_mut() {
                 r.state_lost.remove(ps);
             }
         }
-        for (&ps, (epoch, addr)) in &changes.joining {
+        for (&ps, (incarnation, addr)) in &changes.joining {
             self.server_set.insert(ps);
             self.resharding.left.remove(&ps);
             let entry = self.servers.entry(ps).or_insert(PsEntry {
-                epoch: *epoch,
+                incarnation: *incarnation,
                 alive: true,
                 dead: false,
             });
-            if *epoch > entry.epoch {
+            if *incarnation > entry.incarnation {
                 *entry = PsEntry {
-                    epoch: *epoch,
+                    incarnation: *incarnation,
                     alive: true,
                     dead: false,
                 };
@@ -465,14 +471,14 @@ impl Scheduler {
         self.resharding.moving = Some(changes);
     }
 
-    /// Records incarnation `epoch` of `ps` leaving at the next cut; another incarnation's
+    /// Records incarnation `incarnation` of `ps` leaving at the next cut; another incarnation's
     /// request it replaces is answered (the older one is gone, or about to be).
-    fn ask_leave(&mut self, ps: u32, epoch: u64) {
+    fn ask_leave(&mut self, ps: u32, incarnation: u64) {
         let leaving = &mut self.resharding.pending.leaving;
         let (kept, other) = match leaving.get(&ps).copied() {
-            Some(known) if known > epoch => (known, Some(epoch)),
-            Some(known) if known < epoch => (epoch, Some(known)),
-            _ => (epoch, None),
+            Some(known) if known > incarnation => (known, Some(incarnation)),
+            Some(known) if known < incarnation => (incarnation, Some(known)),
+            _ => (incarnation, None),
         };
         leaving.insert(ps, kept);
         if let Some(other) = other {
@@ -482,7 +488,7 @@ impl Scheduler {
     }
 
     fn answer_leaving(&mut self, leaving: BTreeMap<u32, u64>, result: Result<(), LeaveFailure>) {
-        for (ps, epoch) in leaving {
+        for (ps, incarnation) in leaving {
             // The answer crosses the wire: the reason goes as text.
             let result = match &result {
                 Ok(()) => Ok(()),
@@ -491,8 +497,11 @@ impl Scheduler {
                     reason: reason.to_string(),
                 }),
             };
-            self.actions
-                .push_back(SchedulerAction::AnswerPsDraining { ps, epoch, result });
+            self.actions.push_back(SchedulerAction::AnswerPsDraining {
+                ps,
+                incarnation,
+                result,
+            });
         }
     }
 }

@@ -72,9 +72,11 @@ fn drain_answers(actions: &[SchedulerAction]) -> Vec<(u32, u64, Result<(), Drain
     actions
         .iter()
         .filter_map(|a| match a {
-            SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
-                Some((*ps, *epoch, result.clone()))
-            }
+            SchedulerAction::AnswerPsDraining {
+                ps,
+                incarnation,
+                result,
+            } => Some((*ps, *incarnation, result.clone())),
             _ => None,
         })
         .collect()
@@ -348,7 +350,7 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
         let (mut s, _) = training(0);
         let mut in_flight: Vec<(u32, ClosureId, u32)> = Vec::new();
         let mut ckpt: Option<Arc<Checkpoint>> = None;
-        let mut ps_epochs: BTreeMap<u32, u64> = (0..4).map(|ps| (ps, 1)).collect();
+        let mut ps_incarnations: BTreeMap<u32, u64> = (0..4).map(|ps| (ps, 1)).collect();
         let mut answered: BTreeMap<(u32, u64), u32> = BTreeMap::new();
         let mut asked: Vec<(u32, u64)> = Vec::new();
         let mut left_for_good: BTreeSet<u32> = BTreeSet::new();
@@ -390,8 +392,12 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
                             let (_, _, generation) = step_of(&call);
                             s.handle_restore_report(t, generation, answer(&call, &loaded, None));
                         }
-                        SchedulerAction::AnswerPsDraining { ps, epoch, result } => {
-                            *answered.entry((ps, epoch)).or_default() += 1;
+                        SchedulerAction::AnswerPsDraining {
+                            ps,
+                            incarnation,
+                            result,
+                        } => {
+                            *answered.entry((ps, incarnation)).or_default() += 1;
                             if result.is_ok() {
                                 left.insert(ps);
                             } else {
@@ -414,17 +420,19 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
                 }
                 5 => {
                     let ps = rng.gen_range(2..4);
-                    let epoch = ps_epochs[&ps];
-                    if s.handle_ps_joining(t, ps, epoch, format!("h:{ps}")).is_ok() {
+                    let incarnation = ps_incarnations[&ps];
+                    if s.handle_ps_joining(t, ps, incarnation, format!("h:{ps}"))
+                        .is_ok()
+                    {
                         last_joined.insert(ps, true);
                     }
                 }
                 6 => {
                     let ps = rng.gen_range(0..4);
-                    let epoch = ps_epochs[&ps];
-                    match s.handle_ps_draining(t, ps, epoch) {
+                    let incarnation = ps_incarnations[&ps];
+                    match s.handle_ps_draining(t, ps, incarnation) {
                         Ok(false) => {
-                            asked.push((ps, epoch));
+                            asked.push((ps, incarnation));
                             last_joined.insert(ps, false);
                         }
                         Ok(true) => {
@@ -437,9 +445,9 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
                     // A server of the job dies and comes back empty.
                     let servers = s.servers_in_job();
                     let ps = servers[rng.gen_range(0..servers.len())];
-                    s.handle_ps_lost(t, ps, ps_epochs[&ps]);
-                    *ps_epochs.get_mut(&ps).unwrap() += 1;
-                    s.handle_ps_up(t, ps, ps_epochs[&ps]);
+                    s.handle_ps_lost(t, ps, ps_incarnations[&ps]);
+                    *ps_incarnations.get_mut(&ps).unwrap() += 1;
+                    s.handle_ps_up(t, ps, ps_incarnations[&ps]);
                     lost_state = true;
                 }
                 8 if rng.gen_bool(0.5) => {
@@ -447,8 +455,8 @@ fn joins_and_leaves_at_random_moments_end_and_lose_nothing_over_seeds() {
                     // may join later.
                     let ps = rng.gen_range(2..4);
                     if !s.servers_in_job().contains(&ps) {
-                        s.handle_ps_lost(t, ps, ps_epochs[&ps]);
-                        *ps_epochs.get_mut(&ps).unwrap() += 1;
+                        s.handle_ps_lost(t, ps, ps_incarnations[&ps]);
+                        *ps_incarnations.get_mut(&ps).unwrap() += 1;
                     }
                 }
                 _ => {}
@@ -533,14 +541,14 @@ fn a_server_that_dies_before_its_join_was_carried_out_is_not_waited_on() {
     let t = Instant::now();
     let (mut s, _) = training(6);
     let mut in_flight = drain(&mut s);
-    for epoch in [7, 8] {
-        s.handle_ps_joining(t, 2, epoch, "10.0.0.3:2222".into())
+    for incarnation in [7, 8] {
+        s.handle_ps_joining(t, 2, incarnation, "10.0.0.3:2222".into())
             .unwrap();
         commit_all(&mut s, &in_flight);
         let cutting = drain(&mut s);
-        s.handle_ps_lost(t, 2, epoch - 1);
+        s.handle_ps_lost(t, 2, incarnation - 1);
         assert!(s.server_changes_pending(), "an older incarnation's death");
-        s.handle_ps_lost(t, 2, epoch);
+        s.handle_ps_lost(t, 2, incarnation);
         take_cut(&mut s, cutting);
         assert_eq!(s.servers_in_job(), vec![0, 1]);
         in_flight = drain(&mut s);
@@ -597,7 +605,7 @@ fn a_leave_asked_of_a_restarted_chief_before_its_start_waits_for_the_start() {
     for ps in 0..2 {
         let probe = ServerProbe {
             ps,
-            epoch: 1,
+            incarnation: 1,
             generation: 0,
             next_free_closure_id: 0,
         };

@@ -52,7 +52,7 @@ fn snapshots(actions: &[SchedulerAction]) -> Vec<(CutTicket, u32, u32, String)> 
         .collect()
 }
 
-/// The positions asked for: (ticket, worker, epoch).
+/// The positions asked for: (ticket, worker, incarnation).
 fn asked_positions(actions: &[SchedulerAction]) -> Vec<(PositionsTicket, u32, u64)> {
     actions
         .iter()
@@ -60,8 +60,8 @@ fn asked_positions(actions: &[SchedulerAction]) -> Vec<(PositionsTicket, u32, u6
             SchedulerAction::AskPositions {
                 ticket,
                 worker,
-                epoch,
-            } => Some((*ticket, *worker, *epoch)),
+                incarnation,
+            } => Some((*ticket, *worker, *incarnation)),
             _ => None,
         })
         .collect()
@@ -91,9 +91,9 @@ fn shard_answer(base: f32) -> ShardRead {
 /// Answers every worker's positions request with `ids` at 10 + worker.
 fn answer_positions(s: &mut Scheduler, actions: &[SchedulerAction]) {
     let t = Instant::now();
-    for (ticket, worker, epoch) in asked_positions(actions) {
+    for (ticket, worker, incarnation) in asked_positions(actions) {
         let list = vec![("ids".to_string(), 10 + worker as u64)];
-        s.handle_positions(t, ticket, worker, epoch, Ok(list));
+        s.handle_positions(t, ticket, worker, incarnation, Ok(list));
     }
 }
 
@@ -229,16 +229,16 @@ fn work_that_comes_while_the_servers_are_read_disturbs_the_attempt() {
         .find_map(|a| match a {
             SchedulerAction::Dispatch {
                 worker,
-                epoch,
+                incarnation,
                 closure,
                 attempt,
                 ..
-            } => Some((*worker, *epoch, *closure, *attempt)),
+            } => Some((*worker, *incarnation, *closure, *attempt)),
             _ => None,
         })
         .expect("the closure is dispatched");
-    let (worker, epoch, closure, attempt) = dispatched;
-    s.handle_result(t, worker, epoch, closure, attempt, Ok(Vec::new()));
+    let (worker, incarnation, closure, attempt) = dispatched;
+    s.handle_result(t, worker, incarnation, closure, attempt, Ok(Vec::new()));
     drain(&mut s);
     let poll = s.poll_timeout().unwrap();
     s.handle_timeout(poll);
@@ -316,7 +316,7 @@ fn a_worker_lost_while_positions_are_collected_is_recorded_at_its_setup_position
         actions[0],
         SchedulerAction::Fence {
             worker: 1,
-            epoch: 1
+            incarnation: 1
         }
     );
     let reading = cut_read(&actions).unwrap().unwrap();
@@ -512,10 +512,10 @@ fn a_bad_variable_creation_is_refused_before_anything_is_sent() {
     assert!(matches!(err, CreateError::Twice { .. }), "{err}");
 }
 
-fn probe(ps: u32, epoch: u64, generation: u64, next_free: u64) -> ServerProbe {
+fn probe(ps: u32, incarnation: u64, generation: u64, next_free: u64) -> ServerProbe {
     ServerProbe {
         ps,
-        epoch,
+        incarnation,
         generation,
         next_free_closure_id: next_free,
     }
