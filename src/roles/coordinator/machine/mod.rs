@@ -47,6 +47,7 @@ mod recovery_tests;
 pub mod reshard;
 #[cfg(test)]
 mod reshard_tests;
+mod rollback;
 pub mod save;
 #[cfg(test)]
 mod save_tests;
@@ -75,6 +76,7 @@ use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
 };
+use rollback::{KeptCut, RestoreBlocker, Retained, RollbackLine};
 use save::PendingCutRead;
 pub use save::{CheckpointBuildError, CutReadError, MalformedRead};
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
@@ -764,34 +766,15 @@ pub struct Scheduler {
     servers: BTreeMap<u32, PsEntry>,
     /// A parameter-server recovery under way: dispatch is held while it lasts.
     recovery: Option<Recovery>,
-    /// The last checkpoint's cut: every closure below it was finished when it was taken.
-    cut: Option<ClosureId>,
-    /// Closures committed at or above the cut, with what it takes to run them again.
-    since_cut: BTreeMap<ClosureId, Retained>,
-    /// More closures committed since the cut than `rollback_retained_max`.
-    retention_overflowed: bool,
-    /// The cut before the last one, while every closure committed since it is kept in
-    /// `since_cut`: a recovery rolls back to it when the last cut's checkpoint cannot be read.
-    fallback_cut: Option<KeptCut>,
+    /// The cut a recovery rolls back to, its fallback, the closures kept to run again and
+    /// the save being written (the `rollback` sub-machine).
+    rollback: RollbackLine,
     /// Parameter servers whose loss could not be recovered, and why.
     lost_for_good: BTreeMap<u32, PsLossCause>,
     /// The restore generation: bumped when a restore is asked for (see [`SchedulerAction`]).
     generation: u64,
     /// FENCE-1: per worker, the newest fenced incarnation (replayed to restored servers).
     fenced: BTreeMap<u32, WorkerIncarnation>,
-    /// Where the checkpoint of the last cut lives: a recovery restores from there.
-    checkpoint_root: Option<PathBuf>,
-    /// The cut that checkpoint records (its ledger's next closure id), by which a recovery
-    /// finds it: the cut itself, except after a restore at start-up over servers that had
-    /// gone on past the checkpoint (the cut is then above it: the ids between were burned).
-    cut_stored_at: Option<ClosureId>,
-    /// The program's last save, read and not yet marked or abandoned: its checkpoint is being
-    /// written. A recovery with no cut yet waits for it ([`Self::advance_recovery`]), and the
-    /// closures committed meanwhile are kept to run again after a rollback to it.
-    cut_being_written: Option<save::CutBeingWritten>,
-    /// Why the program's last save that was read never became the cut, if it did not: a
-    /// recovery that cannot restore says so.
-    cut_write_failed: Option<String>,
     /// What every worker incarnation is set up with, before its positions are applied.
     setup: SetupWorker,
     /// Where each worker's datasets resume (the last restore's checkpoint).
@@ -845,28 +828,6 @@ pub struct Scheduler {
     control: ControlCounters,
     /// Workers that joined or were drained (elastic workers).
     membership: membership::Membership,
-}
-
-/// A checkpoint cut kept as a fallback (`Scheduler::handle_cut_unreadable`).
-#[derive(Debug, Clone)]
-struct KeptCut {
-    /// The cut.
-    cut: ClosureId,
-    /// The cut its checkpoint records (see `Scheduler::cut_stored_at`).
-    stored_at: ClosureId,
-    /// Where that checkpoint lives.
-    root: PathBuf,
-}
-
-/// A closure committed since the cut, kept to run it again after a rollback.
-#[derive(Debug)]
-struct Retained {
-    function: String,
-    args: Vec<u8>,
-    /// The attempts it has had (attempt numbers never restart).
-    attempts: u32,
-    /// Its rate: run again, it applies at the rate it was scheduled with.
-    learning_rate: Option<LearningRate>,
 }
 
 #[derive(Debug)]
@@ -944,6 +905,7 @@ impl Scheduler {
     /// A scheduler with no workers and nothing scheduled.
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
+            rollback: RollbackLine::new(config.rollback_retained_max),
             config,
             closures: BTreeMap::new(),
             queue: VecDeque::new(),
@@ -958,17 +920,9 @@ impl Scheduler {
             learning_rate: None,
             servers: BTreeMap::new(),
             recovery: None,
-            cut: None,
-            since_cut: BTreeMap::new(),
-            retention_overflowed: false,
-            fallback_cut: None,
             lost_for_good: BTreeMap::new(),
             generation: 0,
             fenced: BTreeMap::new(),
-            checkpoint_root: None,
-            cut_stored_at: None,
-            cut_being_written: None,
-            cut_write_failed: None,
             setup: SetupWorker {
                 num_workers: 0,
                 layouts: Vec::new(),
@@ -1251,7 +1205,7 @@ impl Scheduler {
         let restoring = self.recovery.as_ref().is_some_and(Recovery::restoring);
         let known = self.servers.get(&ps).map(|e| (e.incarnation, e.dead));
         if !serving
-            && self.rollback_floor().is_some()
+            && self.rollback.floor(self.generation).is_some()
             && !restoring
             && !self.lost_for_good.contains_key(&ps)
             && known.is_none_or(|(e, dead)| incarnation > e || (incarnation == e && !dead))
@@ -1335,12 +1289,14 @@ impl Scheduler {
     /// dispatch stays held. Returns how many were queued again; an error if no restore was
     /// asked for at that cut (nothing changes).
     fn handle_restored(&mut self, now: Instant, cut: ClosureId) -> Result<u64, NoRestoreAsked> {
-        if !self.recovery.as_ref().is_some_and(Recovery::restoring) || self.cut != Some(cut) {
+        if !self.recovery.as_ref().is_some_and(Recovery::restoring)
+            || self.rollback.cut() != Some(cut)
+        {
             return Err(NoRestoreAsked { cut: cut.0 });
         }
         // What committed since the cut runs again; what committed between the fallback cut
         // and this one stays kept for a later rollback to the fallback.
-        let replay = self.since_cut.split_off(&cut);
+        let replay = self.rollback.take_replay(cut);
         let requeued = replay.len() as u64;
         let ids: BTreeSet<ClosureId> = replay.keys().copied().collect();
         self.finished.retain(|id| !ids.contains(id));
@@ -1486,48 +1442,14 @@ impl Scheduler {
         // A save written in the background can be overtaken by a newer cut (a parameter
         // server's preemption cut taken meanwhile): going back to it would roll back past
         // closures only the newer cut accounts for, which are no longer kept to run again.
-        if let Some(current) = self.cut.filter(|current| cut < *current) {
+        if let Some(current) = self.rollback.cut().filter(|current| cut < *current) {
             return Err(MarkCutError::Older {
                 cut: cut.0,
                 current: current.0,
             });
         }
-        self.set_cut(cut, cut, root);
+        self.rollback.set(cut, cut, root);
         Ok(())
-    }
-
-    /// The variables are at cut `cut` now, as the checkpoint under `root` that records cut
-    /// `stored_at` holds them. The cut it replaces becomes the fallback if every closure
-    /// committed since it is kept.
-    fn set_cut(&mut self, cut: ClosureId, stored_at: ClosureId, root: PathBuf) {
-        let replaced = match (self.cut, self.cut_stored_at, self.checkpoint_root.take()) {
-            (Some(old), Some(old_stored_at), Some(old_root)) if old < cut => Some(KeptCut {
-                cut: old,
-                stored_at: old_stored_at,
-                root: old_root,
-            }),
-            _ => None,
-        };
-        self.fallback_cut = replaced.filter(|_| !self.retention_overflowed);
-        self.cut = Some(cut);
-        self.cut_stored_at = Some(stored_at);
-        self.checkpoint_root = Some(root);
-        let kept_from = self.fallback_cut.as_ref().map_or(cut, |f| f.cut);
-        self.since_cut.retain(|id, _| *id >= kept_from);
-        if self.since_cut.len() > self.config.rollback_retained_max {
-            self.drop_fallback();
-        }
-        self.retention_overflowed = self.since_cut.len() > self.config.rollback_retained_max;
-    }
-
-    /// Gives up the fallback cut (to keep within `rollback_retained_max`): only what
-    /// committed since the last cut stays kept.
-    fn drop_fallback(&mut self) {
-        if self.fallback_cut.take().is_some() {
-            if let Some(cut) = self.cut {
-                self.since_cut.retain(|id, _| *id >= cut);
-            }
-        }
     }
 
     /// The checkpoint of the last cut could not be read for a recovery: roll back to the
@@ -1537,13 +1459,10 @@ impl Scheduler {
         if !self.recovery.as_ref().is_some_and(Recovery::restoring) {
             return;
         }
-        let Some(fallback) = self.fallback_cut.take() else {
+        if !self.rollback.fall_back() {
             self.handle_restore_failed(now, reason);
             return;
-        };
-        self.cut = Some(fallback.cut);
-        self.cut_stored_at = Some(fallback.stored_at);
-        self.checkpoint_root = Some(fallback.root);
+        }
         if let Some(r) = self.recovery.as_mut() {
             r.run = None;
         }
@@ -1631,7 +1550,8 @@ impl Scheduler {
                         // The variables are at this checkpoint now: a recovery rolls back
                         // to it until the next save.
                         self.saves_root = Some(root.clone());
-                        self.set_cut(ClosureId(next_id), ClosureId(stored_at), root);
+                        self.rollback
+                            .set(ClosureId(next_id), ClosureId(stored_at), root);
                         Some(step)
                     }),
                     RunEnd::Interrupted { ps, reason } => {
@@ -1816,7 +1736,7 @@ impl Scheduler {
 
     /// The last checkpoint cut, if any.
     pub fn cut(&self) -> Option<ClosureId> {
-        self.cut
+        self.rollback.cut()
     }
 
     /// Whether what the servers hold is this coordinator's to account for: its start ended
@@ -1858,17 +1778,10 @@ impl Scheduler {
             .first()
             .copied()
             .unwrap_or(ClosureId(self.next_id));
-        match (&self.recovery, self.rollback_floor()) {
+        match (&self.recovery, self.rollback.floor(self.generation)) {
             (Some(_), Some(cut)) => watermark.min(cut),
             _ => watermark,
         }
-    }
-
-    /// The cut a recovery would roll back to: the last one, or else the first checkpoint,
-    /// read and being written now (a recovery waits for it to be marked). Closures committed
-    /// at or above it are kept to run again.
-    fn rollback_floor(&self) -> Option<ClosureId> {
-        self.cut.or_else(|| self.cut_being_written().map(|w| w.cut))
     }
 
     /// The restore generation: how many restores were asked for (plus where a restarted
@@ -1932,7 +1845,7 @@ impl Scheduler {
             if now >= r.since + self.config.ps_restart_wait_max {
                 let ps = self.recovering_ps().unwrap_or(0);
                 let wait = self.config.ps_restart_wait_max;
-                let cause = match (self.cut, self.cut_being_written()) {
+                let cause = match (self.rollback.cut(), self.cut_being_written()) {
                     (None, Some(written)) => PsLossCause::FirstCheckpointNotMarked {
                         cut: written.cut.0,
                         wait,
@@ -2216,25 +2129,15 @@ impl Scheduler {
             return;
         }
         if let Some(&ps) = r.state_lost.first() {
-            if self.cut.is_none() {
-                if self.cut_being_written().is_some() {
-                    // The first checkpoint was read before the loss and is being written: the
-                    // restore begins once it is marked (bounded by `ps_restart_wait_max`).
+            match self.rollback.restore_blocker(self.generation) {
+                // The first checkpoint was read before the loss and is being written: the
+                // restore begins once it is marked (bounded by `ps_restart_wait_max`).
+                Some(RestoreBlocker::FirstCutBeingWritten) => return,
+                Some(RestoreBlocker::Cannot(cause)) => {
+                    self.fail_recovery(ps, cause);
                     return;
                 }
-                let cause = match &self.cut_write_failed {
-                    Some(why) => PsLossCause::FirstCheckpointNeverCut { why: why.clone() },
-                    None => PsLossCause::NoCheckpoint,
-                };
-                self.fail_recovery(ps, cause);
-                return;
-            }
-            if self.retention_overflowed {
-                let cause = PsLossCause::RetentionOverflow {
-                    retained_max: self.config.rollback_retained_max,
-                };
-                self.fail_recovery(ps, cause);
-                return;
+                None => {}
             }
         }
         let in_flight = self.workers.values().any(|w| !w.in_flight.is_empty());
@@ -2245,9 +2148,12 @@ impl Scheduler {
             .recovery
             .as_ref()
             .is_some_and(|r| !r.state_lost.is_empty());
-        match (self.cut, self.checkpoint_root.clone()) {
-            (Some(cut), Some(root)) if lost => {
-                let stored_at = self.cut_stored_at.unwrap_or(cut);
+        match self.rollback.restore_point().cloned() {
+            Some(KeptCut {
+                cut,
+                stored_at,
+                root,
+            }) if lost => {
                 self.generation += 1;
                 let pinned = self
                     .servers
@@ -2307,26 +2213,19 @@ impl Scheduler {
     /// Keeps a committing closure's function and arguments if it commits at or above the cut,
     /// so that a rollback to the cut can run it again.
     fn retain_for_rollback(&mut self, id: ClosureId) {
-        if self.rollback_floor().is_none_or(|cut| id < cut) {
+        if !self.rollback.keeps(id, self.generation) {
             return;
         }
-        if self.since_cut.len() >= self.config.rollback_retained_max {
-            // The fallback's closures go first: a rollback to the last cut must stay possible.
-            self.drop_fallback();
-        }
-        if self.since_cut.len() >= self.config.rollback_retained_max {
-            self.retention_overflowed = true;
-            return;
-        }
-        if let Some(c) = self.closures.get_mut(&id) {
-            let retained = Retained {
+        let closures = &mut self.closures;
+        self.rollback.retain(id, || {
+            let c = closures.get_mut(&id)?;
+            Some(Retained {
                 function: c.function.clone(),
                 args: std::mem::take(&mut c.args),
                 attempts: c.attempts,
                 learning_rate: c.learning_rate,
-            };
-            self.since_cut.insert(id, retained);
-        }
+            })
+        });
     }
 
     fn fail_unavailable(&mut self, id: ClosureId, reason: String) {

@@ -528,7 +528,7 @@ impl Scheduler {
         };
         match read.purpose {
             CutPurpose::Save => {
-                self.cut_being_written = Some(CutBeingWritten {
+                self.rollback.write_began(CutBeingWritten {
                     cut: ClosureId(reading.ledger.next_closure_id),
                     generation: reading.generation,
                 });
@@ -615,28 +615,14 @@ impl Scheduler {
     /// The shell is done with the save of cut `cut`: marked (`refused` is `None`), refused, or
     /// abandoned. A recovery waiting for it moves on.
     pub(super) fn cut_write_ended(&mut self, cut: ClosureId, refused: Option<String>) {
-        if self.cut_being_written.is_none_or(|w| w.cut != cut) {
-            return;
+        if self.rollback.write_ended(cut, refused) {
+            self.advance_recovery();
         }
-        self.cut_being_written = None;
-        match refused {
-            None => self.cut_write_failed = None,
-            Some(why) => {
-                if self.cut.is_none() {
-                    // Kept for a rollback to it, which will never come.
-                    self.since_cut.clear();
-                    self.retention_overflowed = false;
-                }
-                self.cut_write_failed = Some(why);
-            }
-        }
-        self.advance_recovery();
     }
 
     /// The program's save being written, if one was read in the current restore generation.
     pub(super) fn cut_being_written(&self) -> Option<CutBeingWritten> {
-        self.cut_being_written
-            .filter(|w| w.generation == self.generation)
+        self.rollback.being_written(self.generation)
     }
 
     /// Drops the read `ticket` (under way or waiting) without an answer: its purpose is gone.
