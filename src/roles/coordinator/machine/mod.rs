@@ -70,7 +70,7 @@ pub use control::{
 };
 use control::{PendingConfigure, PendingPositions};
 pub use membership::DrainDisposition;
-use preempt::PsPreemption;
+use preempt::Preemptions;
 pub use preempt::{CutWriteError, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
 use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
@@ -810,20 +810,11 @@ pub struct Scheduler {
     /// The chief's start ended well (restored, or afresh): what the servers hold is this
     /// coordinator's to account for (see [`Self::servers_accounted`]).
     started: bool,
-    /// Servers' preemption notices that came before what they hold was this coordinator's
-    /// (before its start), by index with the incarnation: their cut waits for it.
-    notices_waiting: BTreeMap<u32, u64>,
     /// Reads of a cut: the first is under way, the others wait for it.
     cut_reads: VecDeque<PendingCutRead>,
-    /// A parameter server's preemption cut under way: dispatch is held while it lasts.
-    preemption: Option<PsPreemption>,
-    /// Where the program's last save (or the checkpoint restored at start-up) lives.
-    saves_root: Option<PathBuf>,
-    /// The configured checkpoint directory, for preemption cuts before the program's first
-    /// save.
-    checkpoint_dir: Option<PathBuf>,
-    /// The chief got its own stop request: servers that give notice stay.
-    stopping: bool,
+    /// Parameter servers' preemption notices and the cuts taken for them (the `preempt`
+    /// sub-machine).
+    preemption: Preemptions,
     /// Outcomes of remote effects no decision depends on.
     control: ControlCounters,
     /// Workers that joined or were drained (elastic workers).
@@ -946,12 +937,8 @@ impl Scheduler {
             creates: BTreeMap::new(),
             start: None,
             started: false,
-            notices_waiting: BTreeMap::new(),
             cut_reads: VecDeque::new(),
-            preemption: None,
-            saves_root: None,
-            checkpoint_dir: None,
-            stopping: false,
+            preemption: Preemptions::default(),
             control: ControlCounters::default(),
             membership: membership::Membership::default(),
         }
@@ -960,7 +947,7 @@ impl Scheduler {
     /// The job's checkpoint directory, where preemption cuts go before the program's first
     /// save (`preempt`).
     pub fn with_checkpoint_dir(mut self, dir: Option<PathBuf>) -> Self {
-        self.checkpoint_dir = dir;
+        self.preemption.checkpoint_dir = dir;
         self
     }
 
@@ -1419,7 +1406,7 @@ impl Scheduler {
         let marked = self.mark_cut_at(cut, root.clone());
         if marked.is_ok() {
             // The program's checkpoints live here: preemption cuts go beside them.
-            self.saves_root = Some(root);
+            self.preemption.saves_root = Some(root);
         }
         self.cut_write_ended(cut, marked.as_ref().err().map(ToString::to_string));
         marked
@@ -1549,7 +1536,7 @@ impl Scheduler {
                         self.watermark_sent = next_id;
                         // The variables are at this checkpoint now: a recovery rolls back
                         // to it until the next save.
-                        self.saves_root = Some(root.clone());
+                        self.preemption.saves_root = Some(root.clone());
                         self.rollback
                             .set(ClosureId(next_id), ClosureId(stored_at), root);
                         Some(step)
@@ -1824,7 +1811,7 @@ impl Scheduler {
             recovery,
             self.cut_read_deadline(),
             self.start_deadline(),
-            self.preemption_deadline(),
+            self.preemption.deadline(),
             self.create_deadline(),
         ]
         .into_iter()
@@ -1959,9 +1946,10 @@ impl Scheduler {
             if self.queue.is_empty() || self.recovery.is_some() {
                 break;
             }
-            let position = if self.preemption_holds() {
+            let position = if self.preemption.holds() {
                 match self
-                    .preemption_drains()
+                    .preemption
+                    .drains()
                     .then(|| self.first_retry())
                     .flatten()
                 {

@@ -105,6 +105,68 @@ enum CutGivenUp {
     ServerLostFirst,
 }
 
+/// The preemption sub-machine's state: the notices that wait for the chief's start, the cut
+/// taken at once for servers that gave notice (or join or leave the job), where such cuts go,
+/// and whether the chief itself is stopping.
+#[derive(Debug, Default)]
+pub(super) struct Preemptions {
+    /// The cut at once under way: dispatch is held while it lasts.
+    under_way: Option<PsPreemption>,
+    /// Notices that came before what the servers hold was this coordinator's (before its
+    /// start), by index with the incarnation: their cut waits for it.
+    waiting: BTreeMap<u32, u64>,
+    /// The chief got its own stop request: servers that give notice stay.
+    pub(super) stopping: bool,
+    /// Where the program's last save (or the checkpoint restored at start-up) lives.
+    pub(super) saves_root: Option<PathBuf>,
+    /// The configured checkpoint directory, for preemption cuts before the program's first
+    /// save.
+    pub(super) checkpoint_dir: Option<PathBuf>,
+}
+
+impl Preemptions {
+    /// Where preemption cuts go: beside the program's last save, else the configured
+    /// checkpoint directory.
+    pub(super) fn root(&self) -> Option<PathBuf> {
+        self.saves_root
+            .as_ref()
+            .or(self.checkpoint_dir.as_ref())
+            .map(|root| root.join(PREEMPTION_CUTS_DIR))
+    }
+
+    /// Whether dispatch is held for a cut at once (closures that ran before may still go out
+    /// while it drains).
+    pub(super) fn holds(&self) -> bool {
+        self.under_way.is_some()
+    }
+
+    /// Whether the cut under way still drains (it is not read yet).
+    pub(super) fn drains(&self) -> bool {
+        self.under_way
+            .as_ref()
+            .is_some_and(|p| matches!(p.phase, PreemptPhase::Reading(_)))
+    }
+
+    /// When the cut under way must be given up.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.under_way
+            .as_ref()
+            .map(|p| p.since + PREEMPTION_CUT_MAX)
+    }
+
+    /// Adds incarnation `incarnation` of server `ps` to those the cut under way serves;
+    /// `false` if none is under way.
+    fn join_cut(&mut self, ps: u32, incarnation: u64) -> bool {
+        match self.under_way.as_mut() {
+            Some(preemption) => {
+                preemption.leaving.insert(ps, incarnation);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// A parameter-server preemption under way.
 #[derive(Debug)]
 pub(super) struct PsPreemption {
@@ -135,7 +197,7 @@ impl Scheduler {
         incarnation: u64,
         stopping: bool,
     ) -> Option<LeaveAnswer> {
-        if stopping || self.stopping {
+        if stopping || self.preemption.stopping {
             return Some(LeaveAnswer::Stay);
         }
         let live = self
@@ -146,13 +208,12 @@ impl Scheduler {
             // Not the incarnation serving (older, declared dead already): nothing to save.
             return Some(LeaveAnswer::Go);
         }
-        if let Some(preemption) = self.preemption.as_mut() {
-            // One cut serves every server that gave notice before it is marked: once read, it
-            // holds this server's state too, since nothing ran after its read.
-            preemption.leaving.insert(ps, incarnation);
+        // One cut serves every server that gave notice before it is marked: once read, it
+        // holds this server's state too, since nothing ran after its read.
+        if self.preemption.join_cut(ps, incarnation) {
             return None;
         }
-        let Some(root) = self.preemption_root() else {
+        let Some(root) = self.preemption.root() else {
             tracing::warn!(
                 "ps/{ps} (incarnation {incarnation}) got a preemption notice, but no checkpoint directory \
                  is known: it leaves now, and its loss is recovered from the last checkpoint"
@@ -172,13 +233,11 @@ impl Scheduler {
                 "ps/{ps} (incarnation {incarnation}) got a preemption notice before the chief's start: its \
                  cut waits for the start"
             );
-            self.notices_waiting.insert(ps, incarnation);
+            self.preemption.waiting.insert(ps, incarnation);
             return None;
         }
         self.begin_cut_at_once(now, root);
-        if let Some(preemption) = self.preemption.as_mut() {
-            preemption.leaving.insert(ps, incarnation);
-        }
+        self.preemption.join_cut(ps, incarnation);
         None
     }
 
@@ -187,7 +246,7 @@ impl Scheduler {
     /// ([`super::reshard`]).
     pub(super) fn begin_cut_at_once(&mut self, now: Instant, root: PathBuf) {
         let ticket = self.queue_cut_read(now, 0, CutPurpose::Preemption);
-        self.preemption = Some(PsPreemption {
+        self.preemption.under_way = Some(PsPreemption {
             leaving: BTreeMap::new(),
             since: now,
             root,
@@ -207,7 +266,7 @@ impl Scheduler {
         ticket: CutTicket,
         result: Result<(), CutWriteError>,
     ) {
-        let Some(preemption) = self.preemption.as_ref() else {
+        let Some(preemption) = self.preemption.under_way.as_ref() else {
             return;
         };
         let PreemptPhase::Writing { ticket: t, cut } = preemption.phase else {
@@ -236,8 +295,8 @@ impl Scheduler {
     /// up and every server that gave notice is answered [`LeaveAnswer::Stay`] (the program's
     /// own checkpoint needs them); later notices are answered `Stay` at once.
     pub fn handle_chief_stopping(&mut self, now: Instant) {
-        self.stopping = true;
-        for (ps, incarnation) in std::mem::take(&mut self.notices_waiting) {
+        self.preemption.stopping = true;
+        for (ps, incarnation) in std::mem::take(&mut self.preemption.waiting) {
             let answer = LeaveAnswer::Stay;
             self.actions.push_back(SchedulerAction::AnswerPsLeaving {
                 ps,
@@ -252,10 +311,10 @@ impl Scheduler {
     /// they leave at once (as a notice during the start does); once what the servers hold is
     /// this chief's, one cut is taken for every live incarnation among them.
     pub(super) fn advance_waiting_notices(&mut self, now: Instant) {
-        if self.notices_waiting.is_empty() || self.preemption.is_some() {
+        if self.preemption.waiting.is_empty() || self.preemption.holds() {
             return;
         }
-        let waiting = std::mem::take(&mut self.notices_waiting);
+        let waiting = std::mem::take(&mut self.preemption.waiting);
         if self.start.is_some() || self.is_holding() {
             for (ps, incarnation) in waiting {
                 let answer = self
@@ -270,7 +329,7 @@ impl Scheduler {
             return;
         }
         if !self.servers_accounted() {
-            self.notices_waiting = waiting;
+            self.preemption.waiting = waiting;
             return;
         }
         let live: BTreeMap<u32, u64> = waiting
@@ -281,29 +340,16 @@ impl Scheduler {
                     .is_some_and(|e| e.incarnation == *incarnation && e.alive && !e.dead)
             })
             .collect();
-        let Some(root) = self.preemption_root() else {
+        let Some(root) = self.preemption.root() else {
             return;
         };
         if live.is_empty() {
             return;
         }
         self.begin_cut_at_once(now, root);
-        if let Some(preemption) = self.preemption.as_mut() {
-            preemption.leaving.extend(live);
+        for (ps, incarnation) in live {
+            self.preemption.join_cut(ps, incarnation);
         }
-    }
-
-    /// Whether dispatch is held for a preemption cut (closures that ran before may still go
-    /// out while it drains).
-    pub(super) fn preemption_holds(&self) -> bool {
-        self.preemption.is_some()
-    }
-
-    /// Whether the preemption under way still drains (its cut is not read yet).
-    pub(super) fn preemption_drains(&self) -> bool {
-        self.preemption
-            .as_ref()
-            .is_some_and(|p| matches!(p.phase, PreemptPhase::Reading(_)))
     }
 
     /// Whether a preemption cut may be read now: nothing in flight and nothing queued that
@@ -312,17 +358,10 @@ impl Scheduler {
         self.in_flight_count() == 0 && self.first_retry().is_none()
     }
 
-    /// When the preemption under way must be given up.
-    pub(super) fn preemption_deadline(&self) -> Option<Instant> {
-        self.preemption
-            .as_ref()
-            .map(|p| p.since + PREEMPTION_CUT_MAX)
-    }
-
     /// Gives the preemption up when a recovery began before its cut was read, or when it
     /// took too long (part of every dispatch and `handle_timeout`).
     pub(super) fn advance_preemption(&mut self, now: Instant) {
-        let Some(preemption) = self.preemption.as_ref() else {
+        let Some(preemption) = self.preemption.under_way.as_ref() else {
             return;
         };
         if now >= preemption.since + PREEMPTION_CUT_MAX {
@@ -347,7 +386,7 @@ impl Scheduler {
         cut: ClosureId,
         reading: CutReading,
     ) {
-        let Some(preemption) = self.preemption.as_mut() else {
+        let Some(preemption) = self.preemption.under_way.as_mut() else {
             return;
         };
         if preemption.phase != PreemptPhase::Reading(ticket) {
@@ -373,20 +412,12 @@ impl Scheduler {
     ) {
         if self
             .preemption
+            .under_way
             .as_ref()
             .is_some_and(|p| p.phase == PreemptPhase::Reading(ticket))
         {
             self.give_up_preemption(now, CutGivenUp::NotRead(reason));
         }
-    }
-
-    /// Where preemption cuts go: beside the program's last save, else the configured
-    /// checkpoint directory.
-    pub(super) fn preemption_root(&self) -> Option<PathBuf> {
-        self.saves_root
-            .as_ref()
-            .or(self.checkpoint_dir.as_ref())
-            .map(|root| root.join(PREEMPTION_CUTS_DIR))
     }
 
     /// Answers `Go` to a notice now: the incarnation counts as lost at once.
@@ -397,7 +428,7 @@ impl Scheduler {
     }
 
     fn give_up_preemption(&mut self, now: Instant, reason: CutGivenUp) {
-        if let Some(preemption) = self.preemption.as_ref() {
+        if let Some(preemption) = self.preemption.under_way.as_ref() {
             if preemption.leaving.is_empty() {
                 tracing::warn!(
                     "no cut taken for the servers joining or leaving the job ({reason}); \
@@ -425,7 +456,7 @@ impl Scheduler {
     /// leaving the job move if the cut was `taken` ([`super::reshard`]), and dispatch is no
     /// longer held for it (a recovery holds it again at once for the servers lost or moved).
     fn finish_preemption(&mut self, now: Instant, answer: LeaveAnswer, taken: bool) {
-        let Some(preemption) = self.preemption.take() else {
+        let Some(preemption) = self.preemption.under_way.take() else {
             return;
         };
         if let PreemptPhase::Reading(ticket) = preemption.phase {

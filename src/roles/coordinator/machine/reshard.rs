@@ -160,7 +160,7 @@ impl Scheduler {
         {
             return Ok(());
         }
-        if self.preemption_root().is_none() {
+        if self.preemption.root().is_none() {
             return Err(JoinRefusal::PsNoCheckpointDir { ps });
         }
         let pending = &mut self.resharding.pending;
@@ -201,7 +201,7 @@ impl Scheduler {
         ps: u32,
         incarnation: u64,
     ) -> Result<bool, DrainRefusal> {
-        let has_root = self.preemption_root().is_some();
+        let has_root = self.preemption.root().is_some();
         let joining_now = self
             .resharding
             .cutting
@@ -341,16 +341,16 @@ impl Scheduler {
         if r.pending.is_empty() || r.cutting.is_some() || r.moving.is_some() {
             return;
         }
-        if self.preemption.is_some()
+        if self.preemption.holds()
             || self.recovery.is_some()
             || self.start.is_some()
             || !self.servers_accounted()
             || !self.creates.is_empty()
-            || self.stopping
+            || self.preemption.stopping
         {
             return;
         }
-        let Some(root) = self.preemption_root() else {
+        let Some(root) = self.preemption.root() else {
             return;
         };
         let changes = std::mem::take(&mut self.resharding.pending);
