@@ -1,7 +1,29 @@
 //! The ledger (LEDGER-1): the coordinator's account of every scheduled closure, one type for
-//! the coordinator's machine, its reports and the checkpoint manifest, which stores it whole.
+//! the coordinator's machine, its reports and the checkpoint manifest, which stores it whole;
+//! and the names it accounts by, which the coordinator, the parameter servers and the workers
+//! share: a closure's id and the incarnation of the worker that ran it.
 //!
 //! A leaf module: it names no other part of cohort.
+
+/// Identifies a scheduled closure for its whole life, across re-dispatches.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
+pub struct ClosureId(pub u64);
+
+/// The incarnation of a worker process (FENCE-1): a restarted worker has a larger one.
+pub type WorkerIncarnation = u64;
 
 /// The coordinator's account of every scheduled closure (LEDGER-1).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -40,15 +40,16 @@ pub use crate::roles::coordinator::{
     CheckpointError, ClusterCoordinator, CoordinatorError, CreateError, Encoded, PendingSave,
     RemoteValue, SavedInBackground, VariableSpec,
 };
-pub use crate::roles::evaluator::{CheckpointVariables, EvalError, Metrics};
+pub use crate::roles::eval_fn::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
 pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn};
+pub use crate::roles::server_model::{
+    PushedGradient, RowRead, ServerModel, TrainReport, WeightAccess,
+};
 pub use crate::roles::step::{
     DatasetHandle, ElementError, FromElement, Step, ValueCodecError, WorkerData,
 };
-pub use crate::roles::worker::{
-    PushedGradient, RowRead, ServerModel, StepContext, StepError, TrainReport, WeightAccess,
-};
+pub use crate::roles::worker::{StepContext, StepError};
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training
 /// error, 2 bad config or usage, 143 after a stop request/preemption). A role process is

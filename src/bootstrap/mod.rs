@@ -113,10 +113,9 @@ use crate::roles::protocol::{
     PS_ACTOR, WORKER_ACTOR,
 };
 use crate::roles::ps::{ParameterStore, PsActor, PushPanic};
+use crate::roles::ps_client::PsClient;
 use crate::roles::registry::Program;
-use crate::roles::worker::{
-    job_queue, run_worker_thread, Exit, PsClient, WorkerActor, WorkerMachine,
-};
+use crate::roles::worker::{job_queue, run_worker_thread, Exit, WorkerActor, WorkerMachine};
 
 mod local;
 pub(crate) mod logging;

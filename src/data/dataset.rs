@@ -9,7 +9,6 @@ use candle_core::{DType, Device, Tensor};
 
 use super::files::CsvFormat;
 use super::numpy::NdArray;
-use super::pipeline;
 use super::spec::{check_element, Element, TensorSpec};
 use super::DataError;
 
@@ -56,14 +55,6 @@ pub type FilterFn = Arc<dyn Fn(&Element) -> Result<bool, DataError> + Send + Syn
 pub struct Dataset {
     node: Arc<Node>,
     spec: Arc<[TensorSpec]>,
-}
-
-/// An iterator over a [`Dataset`]'s elements; built by [`Dataset::iter`].
-///
-/// Yields `Err` for an element that failed (a map error, a bad record) and carries on with the
-/// next element afterwards, as TensorFlow does; `None` at the end of the data.
-pub struct DatasetIterator {
-    inner: pipeline::BoxIter,
 }
 
 impl Dataset {
@@ -311,16 +302,6 @@ impl Dataset {
         self.node.validate()
     }
 
-    /// A fresh iterator from the start of the data. A pipeline that fails [`Dataset::validate`]
-    /// yields that error once, then ends.
-    pub fn iter(&self) -> DatasetIterator {
-        let inner = match self.validate() {
-            Ok(()) => self.build(),
-            Err(e) => Box::new(std::iter::once(Err(e))),
-        };
-        DatasetIterator { inner }
-    }
-
     fn source(source: Source, spec: Vec<TensorSpec>) -> Dataset {
         Dataset {
             node: Arc::new(Node::Source(source)),
@@ -337,10 +318,6 @@ impl Dataset {
 
     pub(crate) fn node(&self) -> &Node {
         &self.node
-    }
-
-    pub(crate) fn build(&self) -> pipeline::BoxIter {
-        pipeline::build(self)
     }
 
     /// The files of a file-backed source, if the source is one.
@@ -465,29 +442,6 @@ impl fmt::Debug for Dataset {
             .field("pipeline", &self.node.describe())
             .field("element_spec", &self.spec)
             .finish()
-    }
-}
-
-impl Iterator for DatasetIterator {
-    type Item = Result<Element, DataError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.inner.next()
-    }
-}
-
-impl fmt::Debug for DatasetIterator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatasetIterator").finish_non_exhaustive()
-    }
-}
-
-impl IntoIterator for &Dataset {
-    type Item = Result<Element, DataError>;
-    type IntoIter = DatasetIterator;
-
-    fn into_iter(self) -> DatasetIterator {
-        self.iter()
     }
 }
 

@@ -26,7 +26,7 @@ mod spec;
 pub mod synthetic;
 pub mod text;
 
-pub use dataset::{Dataset, DatasetIterator, FilterFn, MapFn, PREFETCH_BUFFER_MAX};
+pub use dataset::{Dataset, FilterFn, MapFn, PREFETCH_BUFFER_MAX};
 pub use distribute::{
     batch_sizes_for_pipeline, AutoShardPolicy, DistributeOptions, DistributedDataset,
     DistributedIterator, InputContext, InputOptions, IteratorPosition,
@@ -34,4 +34,5 @@ pub use distribute::{
 pub use error::DataError;
 pub use files::{CsvComponent, CsvFormat, CsvRecordError};
 pub use numpy::{experimental_make_numpy_dataset, NdArray, NdData};
+pub use pipeline::DatasetIterator;
 pub use spec::{Element, TensorSpec};

@@ -21,6 +21,54 @@ use super::DataError;
 /// A boxed element iterator that can move to another thread.
 pub(crate) type BoxIter = Box<dyn Iterator<Item = Result<Element, DataError>> + Send>;
 
+/// An iterator over a [`Dataset`]'s elements; built by [`Dataset::iter`].
+///
+/// Yields `Err` for an element that failed (a map error, a bad record) and carries on with the
+/// next element afterwards, as TensorFlow does; `None` at the end of the data.
+pub struct DatasetIterator {
+    inner: BoxIter,
+}
+
+impl Dataset {
+    /// A fresh iterator from the start of the data. A pipeline that fails [`Dataset::validate`]
+    /// yields that error once, then ends.
+    pub fn iter(&self) -> DatasetIterator {
+        let inner = match self.validate() {
+            Ok(()) => self.build(),
+            Err(e) => Box::new(std::iter::once(Err(e))),
+        };
+        DatasetIterator { inner }
+    }
+
+    /// This dataset's stages as iterators, fresh from the start of the data.
+    pub(crate) fn build(&self) -> BoxIter {
+        build(self)
+    }
+}
+
+impl Iterator for DatasetIterator {
+    type Item = Result<Element, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next()
+    }
+}
+
+impl std::fmt::Debug for DatasetIterator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetIterator").finish_non_exhaustive()
+    }
+}
+
+impl IntoIterator for &Dataset {
+    type Item = Result<Element, DataError>;
+    type IntoIter = DatasetIterator;
+
+    fn into_iter(self) -> DatasetIterator {
+        self.iter()
+    }
+}
+
 /// Builds a fresh iterator for `dataset` (arguments already validated).
 pub(crate) fn build(dataset: &Dataset) -> BoxIter {
     match dataset.node() {

@@ -6,13 +6,16 @@
 //! [`crate::bootstrap`], exit codes and stop signals are [`crate::process`].
 
 pub mod coordinator;
+pub mod eval_fn;
 pub mod evaluator;
 pub mod node;
 pub mod parameter_server_strategy;
 pub mod protocol;
 pub mod ps;
+pub mod ps_client;
 pub mod push;
 pub mod registry;
+pub mod server_model;
 pub mod step;
 #[cfg(test)]
 mod test_support;

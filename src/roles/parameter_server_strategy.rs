@@ -17,7 +17,7 @@
 //!   step then records its one push. Variables created in `scope()` are the servers' variables
 //!   (by the layouts the chief created: no local copy, a step reads them with
 //!   `StepContext::pull`); a candle-nn model is built over the servers' values with
-//!   [`crate::roles::worker::ServerModel::build`].
+//!   [`crate::roles::server_model::ServerModel::build`].
 //! - **on the coordinator** ([`ParameterServerStrategy::on_coordinator`]): `scope()` declares
 //!   variables without drawing them ([`crate::variable::DeclaredPlacement`]), and
 //!   [`ParameterServerStrategy::create_variables`] creates a candle-nn model's variables on
@@ -50,7 +50,8 @@ use crate::data::{
 };
 use crate::layout::Layout;
 use crate::roles::coordinator::ClusterCoordinator;
-use crate::roles::worker::{ServerModel, StepContext};
+use crate::roles::server_model::ServerModel;
+use crate::roles::worker::StepContext;
 use crate::strategy::replicas::Replicas;
 use crate::strategy::{
     DatasetFn, DeviceSpec, PerReplica, ReplicaFn, Strategy, StrategyError, StrategyId,

@@ -14,10 +14,8 @@ use bytes::Bytes;
 use cohort_actors::{RemoteMessage, Senders};
 
 pub use super::push::{LearningRate, PushOrigin, PushOutcome};
-pub use super::worker::{PositionsError, SetupError};
 use crate::layout::Layout;
-use crate::optim::OptimError;
-use crate::roles::ps::PsError;
+use crate::optim::{OptimError, ScheduleError};
 
 /// SEC-2: control messages (creating, restoring, fencing, rolling back, dispatching,
 /// retiring, shutting down) come only from the chief.
@@ -329,6 +327,162 @@ pub enum RunClosureError {
     /// dispatch until the server is back (restored from a checkpoint if it restarted).
     #[error(transparent)]
     PsUnavailable(#[from] PsUnavailable),
+}
+
+/// Why a worker could not be set up (or rewound). The worker keeps its previous setup.
+#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode, thiserror::Error)]
+pub enum SetupError {
+    /// The variable layouts are malformed.
+    #[error("variable layouts: {0}")]
+    Layouts(String),
+    /// A setup older than one this incarnation took from the same chief incarnation (a
+    /// delayed request overtaken by a newer one): ignored, nothing changed.
+    #[error("setup version {version} is older than version {taken}, taken already: ignored")]
+    Outdated {
+        /// The setup's version.
+        version: u64,
+        /// The newest version taken.
+        taken: u64,
+    },
+    /// A restored position beyond what a worker skips.
+    #[error("dataset {dataset:?}: cannot resume {skip} elements in (at most {max})")]
+    SkipTooFar {
+        /// The dataset function.
+        dataset: String,
+        /// Elements asked to skip.
+        skip: u64,
+        /// The most a worker skips ([`crate::roles::worker::SKIP_MAX`]).
+        max: u64,
+    },
+    /// No dataset function of that name is registered in the program.
+    #[error("no dataset function {0:?} registered")]
+    UnknownDataset(String),
+    /// Building the dataset failed.
+    #[error("dataset {dataset:?}: {reason}")]
+    Build {
+        /// The dataset function.
+        dataset: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Reading the dataset up to its restored position failed.
+    #[error("dataset {dataset:?}: resuming at element {skip}: {reason}")]
+    Resume {
+        /// The dataset function.
+        dataset: String,
+        /// The position it was resuming at.
+        skip: u64,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The worker could not take the setup.
+    #[error(transparent)]
+    Refused(#[from] WorkerRefusal),
+}
+
+/// Why a worker reported no dataset positions.
+#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode, thiserror::Error)]
+pub enum PositionsError {
+    /// The worker could not take the request.
+    #[error(transparent)]
+    Refused(#[from] WorkerRefusal),
+}
+
+/// Why a request to the parameter server was refused. Nothing changed. It travels in the
+/// server's replies, inside [`PsRefusal`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error, bincode::Encode, bincode::Decode)]
+pub enum PsError {
+    /// The learning-rate schedule cannot give a rate.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// No variable of that name lives here.
+    #[error("variable {0:?} does not exist on this parameter server")]
+    UnknownVariable(String),
+    /// The initial value does not fill the shape.
+    #[error("variable {name:?}: shape {shape:?} needs {expected} values, got {got}")]
+    InitialValueLength {
+        /// The variable.
+        name: String,
+        /// The shape.
+        shape: Vec<usize>,
+        /// Values the shape needs.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// Row operations need a 2-D variable.
+    #[error(
+        "variable {name:?} has shape {shape:?}; row access needs a 2-D [rows, width] variable"
+    )]
+    NotRowShaped {
+        /// The variable.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A row id outside the table.
+    #[error("variable {name:?}: row {row} out of range (rows: {rows})")]
+    RowOutOfRange {
+        /// The variable.
+        name: String,
+        /// The row asked for.
+        row: u64,
+        /// Rows in the variable.
+        rows: usize,
+    },
+    /// A reply would exceed what one message may carry.
+    #[error(
+        "variable {name:?}: the request asks for more than {elements_max} values in one reply"
+    )]
+    TooLarge {
+        /// The variable.
+        name: String,
+        /// The most values one reply may carry.
+        elements_max: usize,
+    },
+    /// A variable can be restored only while a restore runs (between the begin and the
+    /// roll-back of a restore generation): a restore message delivered again after the
+    /// roll-back would otherwise wipe out the updates applied since (PS-1).
+    #[error("variable {name:?}: no restore is under way (a variable is restored only between the begin and the roll-back of a restore)")]
+    NotRestoring {
+        /// The variable.
+        name: String,
+    },
+    /// An assignment of a variable while a restore is under way (it would be rolled back).
+    #[error("variable {name:?}: a restore is under way; assign it once the restore is done")]
+    AssignDuringRestore {
+        /// The variable.
+        name: String,
+    },
+    /// An assignment whose value does not fill the variable.
+    #[error("variable {name:?} holds {expected} values, the assignment gives {got}")]
+    AssignLength {
+        /// The variable.
+        name: String,
+        /// Values it holds.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// A restored step count that leaves no room for another update.
+    #[error("variable {name:?}: restored step count {steps} is out of range")]
+    BadStepCount {
+        /// The variable.
+        name: String,
+        /// The step count given.
+        steps: u64,
+    },
+    /// Restored slots do not fit the variable or the optimizer.
+    #[error(
+        "variable {name:?}: restored optimizer slots do not match its length or the optimizer"
+    )]
+    SlotsMismatch {
+        /// The variable.
+        name: String,
+    },
+    /// The optimizer refused the gradient (shape, dtype or non-finite under the error policy).
+    #[error(transparent)]
+    Optim(#[from] OptimError),
 }
 
 /// Why a worker could not take a job.

@@ -17,8 +17,8 @@ use bincode::{Decode, Encode};
 use bytes::Bytes;
 
 use crate::layout::Layout;
+use crate::ledger::{ClosureId, WorkerIncarnation};
 use crate::optim::first_non_finite;
-use crate::roles::coordinator::{ClosureId, WorkerIncarnation};
 use crate::roles::protocol::{blob, f32_vec_blob, f32_view, u64_vec_blob, u64_view, Push};
 
 /// Who sent a push, and for which attempt of which closure. PS-1 keys on the closure's update

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::coordinator::{ClusterCoordinator, CoordinatorError};
-use super::evaluator::{CheckpointVariables, EvalError, Metrics};
+use super::eval_fn::{CheckpointVariables, EvalError, Metrics};
 use super::step::{decode, encode, DatasetHandle, Step};
 use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};

@@ -26,7 +26,7 @@ use candle_core::Tensor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::data::Element;
+use crate::data::{DataError, Element};
 
 /// A step function's handle: its registered name, with the type of its argument `A` and of
 /// its value `R` (any serde types). Declare it once, as a `static` or `const` both the
@@ -356,5 +356,107 @@ mod tests {
         let copy = STEP;
         assert_eq!(copy.name(), "s");
         assert!(format!("{STEP:?}").contains("Vec<f32>"));
+    }
+}
+
+/// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
+/// `join`/`fetch` as that error, except [`StepError::PsUnavailable`], which is the server's
+/// failure: the coordinator runs the closure again once the server is back (and restored).
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The step named a variable the chief did not create.
+    #[error("unknown variable {0:?}")]
+    UnknownVariable(String),
+    /// The step named a dataset the chief did not create on this worker.
+    #[error("unknown dataset {0:?}")]
+    UnknownDataset(String),
+    /// A dataset's element is not what the step's handle reads it as.
+    #[error("dataset {dataset:?}: {reason}")]
+    Element {
+        /// The dataset.
+        dataset: String,
+        /// What the element holds, against what was asked.
+        reason: ElementError,
+    },
+    /// The worker's dataset is exhausted (TensorFlow's OutOfRangeError).
+    #[error("dataset {0:?} is exhausted")]
+    EndOfData(String),
+    /// Reading the dataset failed.
+    #[error("dataset: {0}")]
+    Data(#[from] DataError),
+    /// A parameter server refused a request or could not be reached.
+    #[error("parameter server: {0}")]
+    Ps(String),
+    /// The chief scheduled a step this program does not register.
+    #[error("no step {0:?} is registered in this program")]
+    UnknownStep(String),
+    /// The scheduled argument does not decode as the step's argument type.
+    #[error("step {step:?}: its argument does not decode: {reason}")]
+    Arguments {
+        /// The step.
+        step: String,
+        /// What the decoder found.
+        reason: ValueCodecError,
+    },
+    /// The step's value could not be encoded.
+    #[error("step {step:?}: its value does not encode: {reason}")]
+    Value {
+        /// The step.
+        step: String,
+        /// What the encoder found.
+        reason: ValueCodecError,
+    },
+    /// Bad arguments or any other failure of the step itself.
+    #[error("{0}")]
+    Step(String),
+    /// A parameter server could not be reached, had lost its state (restarted, not restored
+    /// yet), or refused the closure's push as stale (a restore began since the closure was
+    /// dispatched, or this incarnation was fenced). Retryable: a step should pass it on with
+    /// `?`.
+    #[error(transparent)]
+    PsUnavailable(#[from] crate::roles::protocol::PsUnavailable),
+    /// This worker's gateway declared dead the very incarnation of parameter server `ps` that
+    /// the chief names serving (it was silent here past the detection budget: a partition
+    /// between the two alone), and FENCE-1 keeps a declared-dead incarnation out for good: this
+    /// incarnation can no longer run closures. It exits to come back as a new one, which
+    /// reaches the server again; the chief runs the closure elsewhere.
+    #[error("cut off from parameter server {ps}: {reason}")]
+    CutOff {
+        /// The parameter server's index.
+        ps: u32,
+        /// Why, in words.
+        reason: String,
+    },
+}
+
+impl StepError {
+    /// A parameter server's refusal, or a reply that is not what was asked for (a missing or
+    /// malformed blob), as the step reads it.
+    pub fn ps(error: impl std::fmt::Display) -> Self {
+        Self::Ps(error.to_string())
+    }
+
+    /// What a failed remote call to parameter server `ps` means for a step: the server
+    /// unreachable, busy (a full receive budget), gone, or restarted without its state is
+    /// [`StepError::PsUnavailable`];
+    /// anything else (a message that failed to encode, a refusal for another reason) is
+    /// [`StepError::Ps`].
+    pub fn from_ps_call(ps: u32, error: cohort_actors::RemoteError) -> Self {
+        use cohort_actors::{RefusedReason, RemoteError};
+        match &error {
+            RemoteError::Timeout { .. }
+            | RemoteError::Busy { .. }
+            | RemoteError::PeerLost { .. }
+            | RemoteError::Stale { .. }
+            | RemoteError::Outdated { .. }
+            | RemoteError::Refused {
+                reason: RefusedReason::ActorUnavailable(_) | RefusedReason::NoSuchActor(_),
+                ..
+            } => StepError::PsUnavailable(crate::roles::protocol::PsUnavailable {
+                ps,
+                reason: error.to_string(),
+            }),
+            _ => StepError::Ps(error.to_string()),
+        }
     }
 }

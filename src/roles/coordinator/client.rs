@@ -25,13 +25,14 @@ use crate::checkpoint::{
 };
 use crate::layout::{Dtype, Layout};
 use crate::nn::{Initializer, NnError};
+use crate::roles::protocol::PsError;
 use crate::roles::protocol::{
     f32_blob, f32_to_bytes, AssignVariable, InitSpec, LearningRate, PsRefusal, PsStats,
     PsStatsReply, PsUnavailable, SetupWorker, PS_ACTOR,
 };
-use crate::roles::ps::PsError;
+use crate::roles::ps_client::PsClient;
+use crate::roles::step::StepError;
 use crate::roles::step::{decode, encode, DatasetHandle, Step, ValueCodecError};
-use crate::roles::worker::{PsClient, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -1198,8 +1199,8 @@ mod tests {
     use super::*;
     use crate::checkpoint::CheckpointPolicy;
     use crate::roles::coordinator::{Scheduler, SchedulerConfig};
+    use crate::roles::protocol::PsError;
     use crate::roles::protocol::{CreateVariable, PsRefusal, Snapshot};
-    use crate::roles::ps::PsError;
     use cohort_actors::Remote;
     use cohort_transport::ClusterCa;
 

@@ -23,8 +23,8 @@ use cohort_actors::{Gateway, RefusedReason, RegisterError, Remote, RemoteMessage
 
 use super::machine::{shape_of, ParameterStore, PushOrigin};
 use crate::checkpoint::FAILPOINT_ENV;
+use crate::ledger::ClosureId;
 use crate::optim::Slots;
-use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
     blob, blob_u64, bytes_to_f32, f32_shared_blob, f32_vec_blob, AssignVariable, BeginRestore,
     CreateVariable, FenceWorker, FinishedBelow, PsRefusal, PsStats, PsStatsReply, Pull, PullRows,

@@ -19,16 +19,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::ledger::{ClosureId, WorkerIncarnation};
 use crate::nn::Initializer;
 use crate::optim::{
-    first_non_finite, LearningRateSchedule, NonFinitePolicy, OptimError, Optimizer, ScheduleError,
-    Screen, Slots, UpdateOutcome,
+    first_non_finite, LearningRateSchedule, NonFinitePolicy, OptimError, Optimizer, Screen, Slots,
+    UpdateOutcome,
 };
-use crate::roles::coordinator::{ClosureId, WorkerIncarnation};
 use crate::roles::protocol::{
     bytes_to_f32, f32_blob, InitProblem, InitSpec, PsRefusal, ShardState,
 };
 
+pub use crate::roles::protocol::PsError;
 pub use crate::roles::push::{Gradient, PushOrigin, PushOutcome};
 
 /// Counters a test or the run summary reads to prove PS-1 and FENCE-1.
@@ -48,103 +49,6 @@ pub struct PsCounters {
     /// a restore was under way); counted in `rejected_stale` too.
     #[serde(default)]
     pub rejected_old_generation: u64,
-}
-
-/// Why a request to the parameter server was refused. Nothing changed. It travels in the
-/// server's replies, inside [`crate::roles::protocol::PsRefusal`].
-#[derive(Debug, Clone, PartialEq, thiserror::Error, bincode::Encode, bincode::Decode)]
-pub enum PsError {
-    /// The learning-rate schedule cannot give a rate.
-    #[error(transparent)]
-    Schedule(#[from] ScheduleError),
-    /// No variable of that name lives here.
-    #[error("variable {0:?} does not exist on this parameter server")]
-    UnknownVariable(String),
-    /// The initial value does not fill the shape.
-    #[error("variable {name:?}: shape {shape:?} needs {expected} values, got {got}")]
-    InitialValueLength {
-        /// The variable.
-        name: String,
-        /// The shape.
-        shape: Vec<usize>,
-        /// Values the shape needs.
-        expected: usize,
-        /// Values given.
-        got: usize,
-    },
-    /// Row operations need a 2-D variable.
-    #[error(
-        "variable {name:?} has shape {shape:?}; row access needs a 2-D [rows, width] variable"
-    )]
-    NotRowShaped {
-        /// The variable.
-        name: String,
-        /// Its shape.
-        shape: Vec<usize>,
-    },
-    /// A row id outside the table.
-    #[error("variable {name:?}: row {row} out of range (rows: {rows})")]
-    RowOutOfRange {
-        /// The variable.
-        name: String,
-        /// The row asked for.
-        row: u64,
-        /// Rows in the variable.
-        rows: usize,
-    },
-    /// A reply would exceed what one message may carry.
-    #[error(
-        "variable {name:?}: the request asks for more than {elements_max} values in one reply"
-    )]
-    TooLarge {
-        /// The variable.
-        name: String,
-        /// The most values one reply may carry.
-        elements_max: usize,
-    },
-    /// A variable can be restored only while a restore runs (between the begin and the
-    /// roll-back of a restore generation): a restore message delivered again after the
-    /// roll-back would otherwise wipe out the updates applied since (PS-1).
-    #[error("variable {name:?}: no restore is under way (a variable is restored only between the begin and the roll-back of a restore)")]
-    NotRestoring {
-        /// The variable.
-        name: String,
-    },
-    /// An assignment of a variable while a restore is under way (it would be rolled back).
-    #[error("variable {name:?}: a restore is under way; assign it once the restore is done")]
-    AssignDuringRestore {
-        /// The variable.
-        name: String,
-    },
-    /// An assignment whose value does not fill the variable.
-    #[error("variable {name:?} holds {expected} values, the assignment gives {got}")]
-    AssignLength {
-        /// The variable.
-        name: String,
-        /// Values it holds.
-        expected: usize,
-        /// Values given.
-        got: usize,
-    },
-    /// A restored step count that leaves no room for another update.
-    #[error("variable {name:?}: restored step count {steps} is out of range")]
-    BadStepCount {
-        /// The variable.
-        name: String,
-        /// The step count given.
-        steps: u64,
-    },
-    /// Restored slots do not fit the variable or the optimizer.
-    #[error(
-        "variable {name:?}: restored optimizer slots do not match its length or the optimizer"
-    )]
-    SlotsMismatch {
-        /// The variable.
-        name: String,
-    },
-    /// The optimizer refused the gradient (shape, dtype or non-finite under the error policy).
-    #[error(transparent)]
-    Optim(#[from] OptimError),
 }
 
 /// A variable shard held by this parameter server.

@@ -20,16 +20,14 @@ use actix::prelude::*;
 use cohort_actors::{contain_panic, Gateway, RegisterError, Remote};
 use tokio::sync::oneshot;
 
-use super::client::PsClient;
-use super::machine::{
-    Computed, DatasetPlan, Request, SetupError, StepAction, WorkerMachine, JOBS_MAX,
-};
+use super::machine::{Computed, DatasetPlan, Request, StepAction, WorkerMachine, JOBS_MAX};
 use super::{StepContext, StepError, WorkerDataset};
 use crate::data::InputContext;
 use crate::roles::protocol::{
-    DatasetPositions, PositionsError, RewindWorker, RunClosure, RunClosureError, SetupWorker,
-    WorkerRefusal, WORKER_ACTOR,
+    DatasetPositions, PositionsError, RewindWorker, RunClosure, RunClosureError, SetupError,
+    SetupWorker, WorkerRefusal, WORKER_ACTOR,
 };
+use crate::roles::ps_client::PsClient;
 use crate::roles::registry::Program;
 
 /// The worker's machine, shared by the actor (admission, ending) and the compute thread

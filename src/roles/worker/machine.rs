@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use cohort_actors::DeathCause;
 
 use crate::layout::Layout;
+use crate::ledger::ClosureId;
 use crate::process::{JOB_DONE_EXIT_CODE, PREEMPTED_EXIT_CODE, RETIRED_EXIT_CODE};
-use crate::roles::coordinator::ClosureId;
 use crate::roles::protocol::{
-    LeaveAnswer, PsUnavailable, RunClosure, RunClosureError, SetupWorker, WorkerRefusal,
+    LeaveAnswer, PsUnavailable, RunClosure, RunClosureError, SetupError, SetupWorker, WorkerRefusal,
 };
 use crate::roles::push::{plan_push, Gradient, PlannedPush, PushOrigin, PushOutcome};
 use crate::roles::worker::StepError;
@@ -136,65 +136,6 @@ pub struct SetupPlan {
     pub num_workers: u32,
     /// Per dataset, kept or built.
     pub datasets: Vec<DatasetPlan>,
-}
-
-/// Why a worker could not be set up (or rewound). The worker keeps its previous setup.
-#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode, thiserror::Error)]
-pub enum SetupError {
-    /// The variable layouts are malformed.
-    #[error("variable layouts: {0}")]
-    Layouts(String),
-    /// A setup older than one this incarnation took from the same chief incarnation (a
-    /// delayed request overtaken by a newer one): ignored, nothing changed.
-    #[error("setup version {version} is older than version {taken}, taken already: ignored")]
-    Outdated {
-        /// The setup's version.
-        version: u64,
-        /// The newest version taken.
-        taken: u64,
-    },
-    /// A restored position beyond what a worker skips.
-    #[error("dataset {dataset:?}: cannot resume {skip} elements in (at most {max})")]
-    SkipTooFar {
-        /// The dataset function.
-        dataset: String,
-        /// Elements asked to skip.
-        skip: u64,
-        /// The most a worker skips ([`SKIP_MAX`]).
-        max: u64,
-    },
-    /// No dataset function of that name is registered in the program.
-    #[error("no dataset function {0:?} registered")]
-    UnknownDataset(String),
-    /// Building the dataset failed.
-    #[error("dataset {dataset:?}: {reason}")]
-    Build {
-        /// The dataset function.
-        dataset: String,
-        /// What went wrong.
-        reason: String,
-    },
-    /// Reading the dataset up to its restored position failed.
-    #[error("dataset {dataset:?}: resuming at element {skip}: {reason}")]
-    Resume {
-        /// The dataset function.
-        dataset: String,
-        /// The position it was resuming at.
-        skip: u64,
-        /// What went wrong.
-        reason: String,
-    },
-    /// The worker could not take the setup.
-    #[error(transparent)]
-    Refused(#[from] WorkerRefusal),
-}
-
-/// Why a worker reported no dataset positions.
-#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode, thiserror::Error)]
-pub enum PositionsError {
-    /// The worker could not take the request.
-    #[error(transparent)]
-    Refused(#[from] WorkerRefusal),
 }
 
 /// What the compute thread does next for a closure.

@@ -9,126 +9,21 @@
 //! server, which is what lets the server apply it at most once (PS-1).
 
 mod actor;
-mod client;
 mod machine;
-mod server_model;
 
 use std::collections::BTreeMap;
 
-use crate::data::{DataError, DatasetIterator};
+use crate::data::DatasetIterator;
 use crate::layout::Layout;
+use crate::roles::ps_client::PsClient;
 use crate::roles::push::{Gradient, PushPlanError};
-use crate::roles::step::{DatasetHandle, ElementError, ValueCodecError};
+use crate::roles::step::DatasetHandle;
+pub use crate::roles::step::StepError;
 
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
-pub use client::PsClient;
 pub use machine::{
-    Computed, DatasetPlan, Exit, PositionsError, Request, SetupError, SetupPlan, StepAction,
-    WorkerMachine, JOBS_MAX, SKIP_MAX,
+    Computed, DatasetPlan, Exit, Request, SetupPlan, StepAction, WorkerMachine, JOBS_MAX, SKIP_MAX,
 };
-pub use server_model::{PushedGradient, RowRead, ServerModel, TrainReport, WeightAccess};
-
-/// Why a step failed. Any error a step returns is non-retryable: it surfaces at the chief's
-/// `join`/`fetch` as that error, except [`StepError::PsUnavailable`], which is the server's
-/// failure: the coordinator runs the closure again once the server is back (and restored).
-#[derive(Debug, thiserror::Error)]
-pub enum StepError {
-    /// The step named a variable the chief did not create.
-    #[error("unknown variable {0:?}")]
-    UnknownVariable(String),
-    /// The step named a dataset the chief did not create on this worker.
-    #[error("unknown dataset {0:?}")]
-    UnknownDataset(String),
-    /// A dataset's element is not what the step's handle reads it as.
-    #[error("dataset {dataset:?}: {reason}")]
-    Element {
-        /// The dataset.
-        dataset: String,
-        /// What the element holds, against what was asked.
-        reason: ElementError,
-    },
-    /// The worker's dataset is exhausted (TensorFlow's OutOfRangeError).
-    #[error("dataset {0:?} is exhausted")]
-    EndOfData(String),
-    /// Reading the dataset failed.
-    #[error("dataset: {0}")]
-    Data(#[from] DataError),
-    /// A parameter server refused a request or could not be reached.
-    #[error("parameter server: {0}")]
-    Ps(String),
-    /// The chief scheduled a step this program does not register.
-    #[error("no step {0:?} is registered in this program")]
-    UnknownStep(String),
-    /// The scheduled argument does not decode as the step's argument type.
-    #[error("step {step:?}: its argument does not decode: {reason}")]
-    Arguments {
-        /// The step.
-        step: String,
-        /// What the decoder found.
-        reason: ValueCodecError,
-    },
-    /// The step's value could not be encoded.
-    #[error("step {step:?}: its value does not encode: {reason}")]
-    Value {
-        /// The step.
-        step: String,
-        /// What the encoder found.
-        reason: ValueCodecError,
-    },
-    /// Bad arguments or any other failure of the step itself.
-    #[error("{0}")]
-    Step(String),
-    /// A parameter server could not be reached, had lost its state (restarted, not restored
-    /// yet), or refused the closure's push as stale (a restore began since the closure was
-    /// dispatched, or this incarnation was fenced). Retryable: a step should pass it on with
-    /// `?`.
-    #[error(transparent)]
-    PsUnavailable(#[from] crate::roles::protocol::PsUnavailable),
-    /// This worker's gateway declared dead the very incarnation of parameter server `ps` that
-    /// the chief names serving (it was silent here past the detection budget: a partition
-    /// between the two alone), and FENCE-1 keeps a declared-dead incarnation out for good: this
-    /// incarnation can no longer run closures. It exits to come back as a new one, which
-    /// reaches the server again; the chief runs the closure elsewhere.
-    #[error("cut off from parameter server {ps}: {reason}")]
-    CutOff {
-        /// The parameter server's index.
-        ps: u32,
-        /// Why, in words.
-        reason: String,
-    },
-}
-
-impl StepError {
-    /// A parameter server's refusal, or a reply that is not what was asked for (a missing or
-    /// malformed blob), as the step reads it.
-    pub fn ps(error: impl std::fmt::Display) -> Self {
-        Self::Ps(error.to_string())
-    }
-
-    /// What a failed remote call to parameter server `ps` means for a step: the server
-    /// unreachable, busy (a full receive budget), gone, or restarted without its state is
-    /// [`StepError::PsUnavailable`];
-    /// anything else (a message that failed to encode, a refusal for another reason) is
-    /// [`StepError::Ps`].
-    pub fn from_ps_call(ps: u32, error: cohort_actors::RemoteError) -> Self {
-        use cohort_actors::{RefusedReason, RemoteError};
-        match &error {
-            RemoteError::Timeout { .. }
-            | RemoteError::Busy { .. }
-            | RemoteError::PeerLost { .. }
-            | RemoteError::Stale { .. }
-            | RemoteError::Outdated { .. }
-            | RemoteError::Refused {
-                reason: RefusedReason::ActorUnavailable(_) | RefusedReason::NoSuchActor(_),
-                ..
-            } => StepError::PsUnavailable(crate::roles::protocol::PsUnavailable {
-                ps,
-                reason: error.to_string(),
-            }),
-            _ => StepError::Ps(error.to_string()),
-        }
-    }
-}
 
 impl From<PushPlanError> for StepError {
     fn from(e: PushPlanError) -> Self {
@@ -207,7 +102,7 @@ impl<'a> StepContext<'a> {
     }
 
     /// Local replicas this worker runs each step on (its `replicas` key, at least 1):
-    /// [`ServerModel::train_step`] splits a batch over them and pushes their summed gradients
+    /// [`crate::roles::server_model::ServerModel::train_step`] splits a batch over them and pushes their summed gradients
     /// once.
     pub fn replicas(&self) -> usize {
         self.replicas
@@ -217,7 +112,7 @@ impl<'a> StepContext<'a> {
     /// contiguous ranges of [`replica_ranges`], on threads (the calling one alone for one
     /// replica). Returns each share with its result, in replica order, or the first
     /// replica's error. A hand-written step sums what its replicas return before its one
-    /// push, as [`ServerModel::train_step`] does for a model.
+    /// push, as [`crate::roles::server_model::ServerModel::train_step`] does for a model.
     pub fn on_replicas<T: Send>(
         &self,
         examples: usize,

@@ -83,25 +83,7 @@ pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
 pub use servers::{CreateError, CreateTicket};
 use servers::{PendingCreate, PendingStart};
 
-/// Identifies a scheduled closure for its whole life, across re-dispatches.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-    bincode::Encode,
-    bincode::Decode,
-)]
-pub struct ClosureId(pub u64);
-
-/// The incarnation of a worker process (FENCE-1): a restarted worker has a larger one.
-pub type WorkerIncarnation = u64;
+pub use crate::ledger::{ClosureId, WorkerIncarnation};
 
 /// How the coordinator schedules; every count is bounded.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use cohort_actors::{Gateway, PeerAddr, RemoteMessage, RemoteRef};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
-use super::StepError;
+use crate::roles::step::StepError;
 use bytes::Bytes;
 
 use crate::cluster::{TaskId, TaskType};
@@ -423,7 +423,7 @@ mod call_all_tests {
     use cohort_transport::ClusterCa;
 
     use crate::layout::Dtype;
-    use crate::roles::coordinator::ClosureId;
+    use crate::ledger::ClosureId;
     use crate::roles::push::{plan_push, Gradient, PushOrigin};
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {

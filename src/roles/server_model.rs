@@ -26,9 +26,9 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
-use super::{StepContext, StepError};
 use crate::nn::{is_statistic, with_step_randomness, ModelVariables, NnError, StepRandomness};
 use crate::roles::coordinator::{ClusterCoordinator, CoordinatorError, VariableSpec};
+use crate::roles::worker::{StepContext, StepError};
 use crate::variable::Partitioner;
 
 /// A candle-nn model whose variables live on the parameter servers, as one step of a worker
@@ -333,7 +333,7 @@ impl<M> ServerModel<M> {
         // first (or only) update draws the closure's.
         let step = ctx.closure_id() ^ (u64::from(ctx.update_part()) << 40);
         let vars: Vec<&Var> = self.variables.iter().map(|(_, v)| v).collect();
-        let ranges = super::replica_ranges(examples, ctx.replicas());
+        let ranges = crate::roles::worker::replica_ranges(examples, ctx.replicas());
         let per_replica = ctx.on_replicas(examples, |range| {
             let replica = ranges.iter().position(|r| *r == range).unwrap_or(0) as u64;
             let slice = batch
