@@ -11,7 +11,6 @@ use bytes::Bytes;
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 
-use super::landing::{Filled, Writable};
 use super::CollectiveError;
 
 /// An element-wise reduction of a collective (TensorFlow's `ReduceOp` plus NCCL's max and min).
@@ -375,17 +374,31 @@ pub(crate) fn reduced(element: Element, op: Reduction, a: &[u8], b: &[u8]) -> By
     with_type!(element, T => reduce_pairs::<T, _>(op, a, b, Fresh))
 }
 
+/// Memory a reduction writes its values into, in order, that someone else owns: a region of
+/// a result (`landing::Writable`), which becomes `Filled` once written whole.
+pub(crate) trait RegionSink {
+    /// What the region becomes once written.
+    type Filled;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Writes `values` (little-endian, as the wire carries them) into the whole region.
+    fn fill<T: bytemuck::Pod>(
+        self,
+        values: impl Iterator<Item = T>,
+    ) -> Result<Self::Filled, CollectiveError>;
+}
+
 /// `a (op) b` as [`reduced`] computes it, written straight into `out`, a region of the
 /// result as long as each.
-pub(crate) fn reduce_into(
+pub(crate) fn reduce_into<S: RegionSink>(
     element: Element,
     op: Reduction,
     a: &[u8],
     b: &[u8],
-    out: Writable,
-) -> Result<Filled, CollectiveError> {
+    out: S,
+) -> Result<S::Filled, CollectiveError> {
     same_lengths(a, b, out.len())?;
-    with_type!(element, T => reduce_pairs::<T, _>(op, a, b, out))
+    with_type!(element, T => reduce_pairs::<T, _>(op, a, b, Region(out)))
 }
 
 /// The operands of a reduction and where it goes must be as long as each other.
@@ -462,11 +475,13 @@ impl<T: bytemuck::Pod> Sink<T> for &mut [T] {
     }
 }
 
-/// Into a region of a result.
-impl<T: bytemuck::Pod> Sink<T> for Writable {
-    type Out = Result<Filled, CollectiveError>;
+/// Into a region of a result ([`RegionSink`]).
+struct Region<S>(S);
+
+impl<T: bytemuck::Pod, S: RegionSink> Sink<T> for Region<S> {
+    type Out = Result<S::Filled, CollectiveError>;
     fn take(self, values: impl Iterator<Item = T>) -> Self::Out {
-        self.fill_from_iter(values)
+        self.0.fill(values)
     }
 }
 
@@ -592,7 +607,7 @@ fn write_le<T: bytemuck::Pod>(out: &mut [u8], value: T) {
 }
 
 /// `values` as little-endian bytes, taken over without a copy on little-endian machines.
-fn pod_bytes<T: bytemuck::Pod + Send + Sync>(mut values: Vec<T>) -> Bytes {
+pub(crate) fn pod_bytes<T: bytemuck::Pod + Send + Sync>(mut values: Vec<T>) -> Bytes {
     if cfg!(target_endian = "big") {
         for v in &mut values {
             bytemuck::bytes_of_mut(v).reverse();
@@ -731,48 +746,6 @@ mod tests {
             let mut want = a.to_vec();
             reduce_assign(Element::F32, op, &mut want, &b);
             assert_eq!(&reduced(Element::F32, op, &a, &b)[..], &want[..], "{op}");
-        }
-    }
-
-    #[test]
-    fn reduce_into_a_region_matches_reduce_assign_aligned_or_not() {
-        use super::super::landing::Landing;
-        let cases: [(Element, Vec<u8>, Vec<u8>); 3] = [
-            (
-                Element::F32,
-                pod_bytes(vec![0f32, 1.0, f32::NAN, -3.0]).to_vec(),
-                pod_bytes(vec![-0f32, 2.0, 1.0, 4.0]).to_vec(),
-            ),
-            (
-                Element::I64,
-                pod_bytes(vec![i64::MAX, -7, 3]).to_vec(),
-                pod_bytes(vec![1i64, 9, -3]).to_vec(),
-            ),
-            (
-                Element::BF16,
-                pod_bytes(vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]).to_vec(),
-                pod_bytes(vec![bf16::from_f32(0.25), bf16::from_f32(8.0)]).to_vec(),
-            ),
-        ];
-        for (element, a, b) in cases {
-            // The same values one byte off their alignment take the element-wise path.
-            let shifted = |v: &[u8]| -> Vec<u8> { [0u8].iter().chain(v).copied().collect() };
-            let (a_off, b_off) = (shifted(&a), shifted(&b));
-            for op in [Reduction::Sum, Reduction::Max, Reduction::Min] {
-                let mut want = a.clone();
-                reduce_assign(element, op, &mut want, &b);
-                for (x, y) in [(&a[..], &b[..]), (&a_off[1..], &b_off[1..])] {
-                    let count = a.len() / element.size();
-                    let landing = Landing::new(element, count).unwrap();
-                    let region = landing.claim(0..a.len()).unwrap();
-                    let filled = reduce_into(element, op, x, y, region).unwrap();
-                    assert_eq!(filled.bytes(), &want[..], "{element:?} {op}");
-                }
-            }
-            let landing = Landing::new(element, a.len() / element.size()).unwrap();
-            let region = landing.claim(0..a.len()).unwrap();
-            let short = reduce_into(element, Reduction::Sum, &a, &b[1..], region);
-            assert!(short.is_err(), "operands of different lengths are refused");
         }
     }
 

@@ -39,7 +39,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Notify;
 
-use super::element::{Element, Elements, Input};
+use super::element::{Element, Elements, Input, RegionSink};
 use super::shm::Received;
 use super::CollectiveError;
 
@@ -328,6 +328,22 @@ impl Drop for Writable {
     }
 }
 
+/// A reduction writes straight into a region (`element::reduce_into`).
+impl RegionSink for Writable {
+    type Filled = Filled;
+
+    fn len(&self) -> usize {
+        Writable::len(self)
+    }
+
+    fn fill<T: bytemuck::Pod>(
+        self,
+        values: impl Iterator<Item = T>,
+    ) -> Result<Filled, CollectiveError> {
+        self.fill_from_iter(values)
+    }
+}
+
 /// A region written whole: read-only from now on, shared by whoever sends it.
 pub(crate) struct Filled {
     inner: Arc<Inner>,
@@ -470,6 +486,49 @@ mod tests {
 
     fn floats(values: &[f32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn reduce_into_a_region_matches_reduce_assign_aligned_or_not() {
+        use super::super::element::{pod_bytes, reduce_assign, reduce_into, Reduction};
+        use half::bf16;
+        let cases: [(Element, Vec<u8>, Vec<u8>); 3] = [
+            (
+                Element::F32,
+                pod_bytes(vec![0f32, 1.0, f32::NAN, -3.0]).to_vec(),
+                pod_bytes(vec![-0f32, 2.0, 1.0, 4.0]).to_vec(),
+            ),
+            (
+                Element::I64,
+                pod_bytes(vec![i64::MAX, -7, 3]).to_vec(),
+                pod_bytes(vec![1i64, 9, -3]).to_vec(),
+            ),
+            (
+                Element::BF16,
+                pod_bytes(vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]).to_vec(),
+                pod_bytes(vec![bf16::from_f32(0.25), bf16::from_f32(8.0)]).to_vec(),
+            ),
+        ];
+        for (element, a, b) in cases {
+            // The same values one byte off their alignment take the element-wise path.
+            let shifted = |v: &[u8]| -> Vec<u8> { [0u8].iter().chain(v).copied().collect() };
+            let (a_off, b_off) = (shifted(&a), shifted(&b));
+            for op in [Reduction::Sum, Reduction::Max, Reduction::Min] {
+                let mut want = a.clone();
+                reduce_assign(element, op, &mut want, &b);
+                for (x, y) in [(&a[..], &b[..]), (&a_off[1..], &b_off[1..])] {
+                    let count = a.len() / element.size();
+                    let landing = Landing::new(element, count).unwrap();
+                    let region = landing.claim(0..a.len()).unwrap();
+                    let filled = reduce_into(element, op, x, y, region).unwrap();
+                    assert_eq!(filled.bytes(), &want[..], "{element:?} {op}");
+                }
+            }
+            let landing = Landing::new(element, a.len() / element.size()).unwrap();
+            let region = landing.claim(0..a.len()).unwrap();
+            let short = reduce_into(element, Reduction::Sum, &a, &b[1..], region);
+            assert!(short.is_err(), "operands of different lengths are refused");
+        }
     }
 
     #[tokio::test]
