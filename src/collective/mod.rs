@@ -28,6 +28,7 @@ mod local;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod ops;
+mod outgoing;
 mod plain;
 mod replica;
 mod shm;

@@ -46,10 +46,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
-use super::group::{Outgoing, Shared, Unanswered};
 use super::landing::{Blob, Writable};
+use super::outgoing::{Outgoing, Unanswered};
 use super::shm::{Borrower, Lender, Offer, Segment, SlotError};
-use super::wire::Wire;
+use super::wire::{Call, Wire};
 use super::{CollectiveError, GroupConfig};
 
 /// Bytes a dialer sends first: the token (16) and the generation (8), little-endian.
@@ -76,6 +76,33 @@ const NAME_MAX: usize = 64;
 /// How long a chunk waits for a free slot before it goes over TCP instead (a receiver that
 /// holds every slot while it waits for a later chunk never stalls the link for good).
 const SLOT_WAIT: Duration = Duration::from_millis(20);
+
+/// What a plaintext link needs of the group it carries chunks for (the group's shared state
+/// implements it), so that this module names no group type.
+pub(crate) trait LinkOwner: Send + Sync + 'static {
+    /// The group's generation (every chunk carries it).
+    fn generation(&self) -> u64;
+    /// The largest frame header the group reads.
+    fn header_max(&self) -> u32;
+    /// Breaks the group with `err` (told to the other members if `propagate`).
+    fn fail(&self, err: CollectiveError, propagate: bool) -> CollectiveError;
+    /// The region a chunk of call `seq` (its `tag`) from the member of rank `from` lands in,
+    /// if its call gave one.
+    fn take_landing(&self, from: usize, seq: u64, tag: u64) -> Option<Writable>;
+    /// A chunk from the member of rank `from`; `credit` goes back to the sender once it is
+    /// consumed.
+    fn deliver_plain(
+        &self,
+        from: usize,
+        seq: u64,
+        tag: u64,
+        call: Call,
+        blob: Blob,
+        credit: tokio::sync::OwnedSemaphorePermit,
+    );
+    /// The link from the member of rank `from` ended (`reason`).
+    fn link_ended(&self, from: usize, reason: String);
+}
 
 /// A token the acceptor issued to one peer for one generation's link.
 pub(crate) type Token = u128;
@@ -328,8 +355,8 @@ impl LinkSlots {
 
 /// Writes the chunks queued for one peer, in order, and ahead of them the slots and answers
 /// its reader loop has for the peer; a write error loses the member.
-pub(crate) async fn send_loop(
-    group: Weak<Shared>,
+pub(crate) async fn send_loop<G: LinkOwner>(
+    group: Weak<G>,
     peer: NodeId,
     mut writer: OwnedWriteHalf,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
@@ -342,7 +369,7 @@ pub(crate) async fn send_loop(
             shared.fail(
                 CollectiveError::MemberLost {
                     node: peer.clone(),
-                    generation: shared.generation,
+                    generation: shared.generation(),
                     reason: format!("its TCP link failed: {e}"),
                 },
                 true,
@@ -443,9 +470,9 @@ impl Sender<'_> {
 
     /// Writes one chunk: its header, and its payload after it or in a slot. `false` if the
     /// link is done (the group went or broke, or the link ended).
-    async fn send_chunk(
+    async fn send_chunk<G: LinkOwner>(
         &mut self,
-        group: &Weak<Shared>,
+        group: &Weak<G>,
         unanswered: &Unanswered,
         out: Outgoing,
         lost: &impl Fn(std::io::Error),
@@ -454,12 +481,12 @@ impl Sender<'_> {
             return false;
         };
         let data = Wire::Data {
-            generation: shared.generation,
+            generation: shared.generation(),
             seq: out.seq,
             tag: out.tag,
             call: out.call,
         };
-        let header = match Frame::encode(&data, Vec::new(), shared.header_max) {
+        let header = match Frame::encode(&data, Vec::new(), shared.header_max()) {
             Ok(frame) => frame.header,
             Err(e) => {
                 shared.fail(
@@ -555,8 +582,8 @@ async fn write_in_place(writer: &OwnedWriteHalf, blob: &Blob) -> Result<(), Unse
 /// answers: read whatever the window, so that a credit waits behind a chunk frame only, at
 /// most until the sender gives up waiting for a slot); the
 /// end of the stream or a malformed frame loses the member.
-pub(crate) async fn read_loop(
-    group: Weak<Shared>,
+pub(crate) async fn read_loop<G: LinkOwner>(
+    group: Weak<G>,
     from: usize,
     peer: NodeId,
     mut reader: OwnedReadHalf,
@@ -567,7 +594,7 @@ pub(crate) async fn read_loop(
     let mut borrower: Option<Arc<Borrower>> = None;
     loop {
         let (generation, frame_max) = match group.upgrade() {
-            Some(shared) => (shared.generation, shared.header_max as u64),
+            Some(shared) => (shared.generation(), u64::from(shared.header_max())),
             None => return,
         };
         let read = match reader.read_u32_le().await {

@@ -120,6 +120,7 @@ mod shared;
 #[cfg(test)]
 mod tests;
 
+use super::outgoing::{Outgoing, Unanswered};
 use acceptor::{MeshInner, MeshState};
 pub use machine::Leave;
 pub(crate) use machine::{
@@ -132,7 +133,7 @@ use machine::{
 pub use mesh::{loopback_group, Mesh};
 pub use process_group::ProcessGroup;
 use shared::respond;
-pub(crate) use shared::{Outgoing, Shared, Unanswered};
+pub(crate) use shared::Shared;
 
 /// Settings of a process group; every member should use the same (a member whose chunking
 /// differs fails its first large call with [`CollectiveError::Mismatch`]).

@@ -43,16 +43,6 @@ pub(super) struct Link {
     pub(super) slots: Option<Arc<crate::collective::plain::LinkSlots>>,
 }
 
-/// Chunks queued or sent to any peer and not yet answered (see [`ProcessGroup::flush`]).
-pub(crate) type Unanswered = Arc<std::sync::atomic::AtomicUsize>;
-
-pub(crate) struct Outgoing {
-    pub(crate) seq: u64,
-    pub(crate) tag: u64,
-    pub(crate) call: Call,
-    pub(crate) blob: Blob,
-}
-
 #[derive(Default)]
 pub(super) struct GroupState {
     pub(super) broken: Option<CollectiveError>,
@@ -841,5 +831,40 @@ pub(super) fn respond_on(
             });
         }
         None => drop(responder),
+    }
+}
+
+/// A plaintext link carries chunks for this group (`plain` names no group type).
+impl crate::collective::plain::LinkOwner for Shared {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn header_max(&self) -> u32 {
+        self.header_max
+    }
+
+    fn fail(&self, err: CollectiveError, propagate: bool) -> CollectiveError {
+        Shared::fail(self, err, propagate)
+    }
+
+    fn take_landing(&self, from: usize, seq: u64, tag: u64) -> Option<Writable> {
+        Shared::take_landing(self, from, seq, tag)
+    }
+
+    fn deliver_plain(
+        &self,
+        from: usize,
+        seq: u64,
+        tag: u64,
+        call: Call,
+        blob: Blob,
+        credit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        Shared::deliver_plain(self, from, seq, tag, call, blob, credit)
+    }
+
+    fn link_ended(&self, from: usize, reason: String) {
+        Shared::link_ended(self, from, reason)
     }
 }
