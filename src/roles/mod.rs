@@ -5,6 +5,7 @@
 //! A role never decides how its process starts or ends: starting a process as a role is
 //! [`crate::bootstrap`], exit codes and stop signals are [`crate::process`].
 
+pub mod blob;
 pub mod coordinator;
 pub mod eval_fn;
 pub mod evaluator;

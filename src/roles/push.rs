@@ -19,7 +19,29 @@ use bytes::Bytes;
 use crate::layout::Layout;
 use crate::ledger::{ClosureId, WorkerIncarnation};
 use crate::optim::first_non_finite;
-use crate::roles::protocol::{blob, f32_vec_blob, f32_view, u64_vec_blob, u64_view, Push};
+use crate::roles::blob::{blob, f32_vec_blob, f32_view, u64_vec_blob, u64_view, BlobError};
+
+/// The kind of one gradient of a push; its numbers travel as blobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
+pub enum WireGradient {
+    /// For the whole shard: one blob of little-endian f32.
+    Dense,
+    /// For some rows of the shard: a blob of row indices (little-endian u64), then a blob of
+    /// `ids * width` gradients (little-endian f32).
+    Rows,
+}
+
+/// Apply one closure's gradients (PS-1: at most once per closure). Blobs: each gradient's, in
+/// the order of `gradients` ([`Push::decode_gradients`] reads them back). Planned by
+/// [`plan_push`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
+pub struct Push {
+    /// The pushing worker incarnation, and the closure attempt whose step produced the
+    /// gradients.
+    pub origin: PushOrigin,
+    /// Gradients by shard name.
+    pub gradients: Vec<(String, WireGradient)>,
+}
 
 /// Who sent a push, and for which attempt of which closure. PS-1 keys on the closure's update
 /// (the closure and the update's `part`), FENCE-1 on the worker incarnation, and a restore on
@@ -182,11 +204,7 @@ pub fn plan_push(
     gradients: Vec<(String, Gradient<'_>)>,
 ) -> Result<Vec<PlannedPush>, PushPlanError> {
     // Per server: shard names and kinds, and their blobs in order.
-    type Parts = (
-        Vec<(String, crate::roles::protocol::WireGradient)>,
-        Vec<Bytes>,
-    );
-    use crate::roles::protocol::WireGradient;
+    type Parts = (Vec<(String, WireGradient)>, Vec<Bytes>);
     let mut per_ps: BTreeMap<u32, Parts> = BTreeMap::new();
     // Servers whose part of the push holds a NaN or Inf.
     let mut non_finite: BTreeSet<u32> = BTreeSet::new();
@@ -301,8 +319,7 @@ impl Push {
     pub fn decode_gradients<'a>(
         &self,
         blobs: &'a [Bytes],
-    ) -> Result<Vec<(String, Gradient<'a>)>, crate::roles::protocol::BlobError> {
-        use crate::roles::protocol::WireGradient;
+    ) -> Result<Vec<(String, Gradient<'a>)>, BlobError> {
         let mut next = 0;
         let mut take = |what: &str| {
             let b = blob(blobs, next, what);
@@ -332,7 +349,6 @@ impl Push {
 mod tests {
     use super::*;
     use crate::layout::{Dtype, Shard};
-    use crate::roles::protocol::WireGradient;
     use rand::{Rng, SeedableRng};
 
     fn origin() -> PushOrigin {
