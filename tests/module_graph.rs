@@ -672,46 +672,29 @@ fn inner_edges(sources: &[Source]) -> Edges {
 /// The strongly connected components with more than one module (Tarjan): every module of
 /// each, sorted.
 fn knots(edges: &Edges) -> Vec<Vec<String>> {
-    let mut graph: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (from, to) in edges.keys() {
-        graph.entry(from).or_default().push(to);
-        graph.entry(to).or_default();
-    }
-    let mut tarjan = Tarjan {
-        graph: &graph,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: Vec::new(),
-        on_stack: BTreeSet::new(),
-        next: 0,
-        components: Vec::new(),
-    };
-    for node in graph.keys() {
-        if !tarjan.index.contains_key(node) {
-            tarjan.visit(node);
-        }
-    }
-    let mut found: Vec<Vec<String>> = tarjan
-        .components
+    let graph = graph_of(edges);
+    let mut found: Vec<Vec<String>> = components(&graph)
         .into_iter()
-        .filter(|c| c.len() > 1)
         .map(|c| c.into_iter().map(str::to_string).collect())
         .collect();
     found.sort();
     found
 }
 
-/// The strongly connected components with more than one module (Tarjan), each as one cycle
-/// through its smallest module's imports (a shortest one, which may leave other modules of
-/// the component out: [`knots`] lists them all).
-fn cycles(edges: &Edges) -> Vec<Vec<String>> {
+/// The imports as a graph: each module with the modules it imports.
+fn graph_of(edges: &Edges) -> BTreeMap<&str, Vec<&str>> {
     let mut graph: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (from, to) in edges.keys() {
         graph.entry(from).or_default().push(to);
         graph.entry(to).or_default();
     }
+    graph
+}
+
+/// The strongly connected components of `graph` with more than one module (Tarjan).
+fn components<'a>(graph: &'a BTreeMap<&'a str, Vec<&'a str>>) -> Vec<BTreeSet<&'a str>> {
     let mut tarjan = Tarjan {
-        graph: &graph,
+        graph,
         index: BTreeMap::new(),
         low: BTreeMap::new(),
         stack: Vec::new(),
@@ -724,11 +707,21 @@ fn cycles(edges: &Edges) -> Vec<Vec<String>> {
             tarjan.visit(node);
         }
     }
-    let mut found: Vec<Vec<String>> = tarjan
+    tarjan
         .components
         .into_iter()
         .filter(|c| c.len() > 1)
-        .map(|component| cycle_within(&graph, &component))
+        .collect()
+}
+
+/// The strongly connected components with more than one module (Tarjan), each as one cycle
+/// through its smallest module's imports (a shortest one, which may leave other modules of
+/// the component out: [`knots`] lists them all).
+fn cycles(edges: &Edges) -> Vec<Vec<String>> {
+    let graph = graph_of(edges);
+    let mut found: Vec<Vec<String>> = components(&graph)
+        .iter()
+        .map(|component| cycle_within(&graph, component))
         .collect();
     found.sort();
     found

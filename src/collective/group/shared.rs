@@ -2,6 +2,7 @@
 //! links and their send windows, the inbox of chunks, and how the group breaks and tells it.
 
 use super::*;
+use crate::collective::plain::LinkOwner;
 
 /// The state of one formed group, shared by its handles, its link tasks and the mesh.
 pub(crate) struct Shared {
@@ -560,34 +561,6 @@ impl Shared {
         self.lock().landings.retain(|(_, s, _), _| *s != seq);
     }
 
-    /// The peer of rank `from` closed its link (`reason`) after delivering what it delivered:
-    /// a call that waits for a chunk from it that is not in the inbox fails with
-    /// [`CollectiveError::MemberLost`] (see `GroupState::closed`).
-    pub(crate) fn link_ended(&self, from: usize, reason: String) {
-        {
-            let mut state = self.lock();
-            if state.broken.is_some() {
-                return;
-            }
-            state.closed.insert(from, reason);
-        }
-        self.arrived.notify_waiters();
-    }
-
-    /// Takes a chunk of the plaintext plane from the member of rank `from`; `credit` is the
-    /// sender's read credit, given back when the chunk is consumed.
-    pub(crate) fn deliver_plain(
-        &self,
-        from: usize,
-        seq: u64,
-        tag: u64,
-        call: Call,
-        blob: Blob,
-        credit: tokio::sync::OwnedSemaphorePermit,
-    ) {
-        self.hold(from, seq, tag, call, blob, Answer::Plain(credit));
-    }
-
     /// Puts a delivered chunk in the inbox (answered at once if the group is broken).
     pub(super) fn hold(
         &self,
@@ -852,6 +825,8 @@ impl crate::collective::plain::LinkOwner for Shared {
         Shared::take_landing(self, from, seq, tag)
     }
 
+    /// Takes a chunk of the plaintext plane into the inbox; `credit` is the sender's read
+    /// credit, given back when the chunk is consumed.
     fn deliver_plain(
         &self,
         from: usize,
@@ -861,10 +836,20 @@ impl crate::collective::plain::LinkOwner for Shared {
         blob: Blob,
         credit: tokio::sync::OwnedSemaphorePermit,
     ) {
-        Shared::deliver_plain(self, from, seq, tag, call, blob, credit)
+        self.hold(from, seq, tag, call, blob, Answer::Plain(credit));
     }
 
+    /// The peer closed its link after delivering what it delivered: a call that waits for a
+    /// chunk from it that is not in the inbox fails with [`CollectiveError::MemberLost`] (see
+    /// `GroupState::closed`).
     fn link_ended(&self, from: usize, reason: String) {
-        Shared::link_ended(self, from, reason)
+        {
+            let mut state = self.lock();
+            if state.broken.is_some() {
+                return;
+            }
+            state.closed.insert(from, reason);
+        }
+        self.arrived.notify_waiters();
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::collective::plain::LinkOwner;
 use cohort_transport::TransportConfig;
 
 /// Two members of generation 1 over QUIC on loopback, with their endpoints.
