@@ -23,7 +23,7 @@
 //!
 //! Pure: no IO, no clock; `now` is passed in.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -184,16 +184,140 @@ pub enum ConfigureError {
     },
 }
 
+/// The control sub-machine's requests to every live worker under way: configurations and
+/// collections of dataset positions, each waiting for the answers of the incarnations it went
+/// to (at most [`REQUESTS_PENDING_MAX`] of each kind).
+#[derive(Debug, Default)]
+pub(super) struct WorkerRequests {
+    configures: BTreeMap<ConfigureTicket, PendingConfigure>,
+    collections: BTreeMap<PositionsTicket, PendingPositions>,
+}
+
+impl WorkerRequests {
+    /// A configuration `ticket` went to the incarnations `to`.
+    fn begin_configure(
+        &mut self,
+        ticket: ConfigureTicket,
+        to: Vec<(u32, WorkerIncarnation)>,
+    ) -> Result<(), ConfigureError> {
+        if self.configures.len() >= REQUESTS_PENDING_MAX {
+            return Err(ConfigureError::TooMany {
+                max: REQUESTS_PENDING_MAX,
+            });
+        }
+        let pending = PendingConfigure {
+            waiting: to.into_iter().collect(),
+            refused: None,
+        };
+        self.configures.insert(ticket, pending);
+        Ok(())
+    }
+
+    /// Incarnation `incarnation` of `worker` answered configuration `ticket`, refusing it
+    /// (`refused`) or not; `false` if that answer was not awaited.
+    fn configure_answered(
+        &mut self,
+        ticket: ConfigureTicket,
+        worker: u32,
+        incarnation: WorkerIncarnation,
+        refused: Option<&str>,
+    ) -> bool {
+        let Some(pending) = self.configures.get_mut(&ticket) else {
+            return false;
+        };
+        if !pending.waiting.remove(&(worker, incarnation)) {
+            return false;
+        }
+        if let Some(reason) = refused {
+            pending
+                .refused
+                .get_or_insert_with(|| ConfigureError::Refused {
+                    worker,
+                    reason: reason.to_string(),
+                });
+        }
+        true
+    }
+
+    /// Configuration `ticket`'s outcome (its first refusal), taken out once every answer is in.
+    fn take_finished_configure(
+        &mut self,
+        ticket: ConfigureTicket,
+    ) -> Option<Result<(), ConfigureError>> {
+        if !self
+            .configures
+            .get(&ticket)
+            .is_some_and(|p| p.waiting.is_empty())
+        {
+            return None;
+        }
+        let pending = self.configures.remove(&ticket)?;
+        Some(pending.refused.map_or(Ok(()), Err))
+    }
+
+    /// A collection `ticket` of dataset positions went to the incarnations `to`.
+    fn begin_collection(
+        &mut self,
+        ticket: PositionsTicket,
+        to: Vec<(u32, WorkerIncarnation)>,
+    ) -> Result<(), CutReadError> {
+        if self.collections.len() >= REQUESTS_PENDING_MAX {
+            return Err(CutReadError::PositionsBusy {
+                max: REQUESTS_PENDING_MAX,
+            });
+        }
+        let pending = PendingPositions {
+            waiting: to.into_iter().collect(),
+            answered: WorkerPositions::new(),
+        };
+        self.collections.insert(ticket, pending);
+        Ok(())
+    }
+
+    /// Incarnation `incarnation` of `worker` answered collection `ticket` with its positions
+    /// (`None`: it could not); `false` if that answer was not awaited.
+    fn positions_answered(
+        &mut self,
+        ticket: PositionsTicket,
+        worker: u32,
+        incarnation: WorkerIncarnation,
+        positions: Option<Vec<(String, u64)>>,
+    ) -> bool {
+        let Some(pending) = self.collections.get_mut(&ticket) else {
+            return false;
+        };
+        if !pending.waiting.remove(&(worker, incarnation)) {
+            return false;
+        }
+        if let Some(list) = positions {
+            pending.answered.insert(worker, list.into_iter().collect());
+        }
+        true
+    }
+
+    /// Collection `ticket`'s answers, taken out once every answer is in.
+    fn take_finished_collection(&mut self, ticket: PositionsTicket) -> Option<WorkerPositions> {
+        if !self
+            .collections
+            .get(&ticket)
+            .is_some_and(|p| p.waiting.is_empty())
+        {
+            return None;
+        }
+        self.collections.remove(&ticket).map(|p| p.answered)
+    }
+}
+
 /// A configuration sent to live workers, waiting for their answers.
 #[derive(Debug, Default)]
-pub(super) struct PendingConfigure {
+struct PendingConfigure {
     waiting: BTreeSet<(u32, WorkerIncarnation)>,
     refused: Option<ConfigureError>,
 }
 
 /// A collection of dataset positions, waiting for the live workers' answers.
 #[derive(Debug, Default)]
-pub(super) struct PendingPositions {
+struct PendingPositions {
     waiting: BTreeSet<(u32, WorkerIncarnation)>,
     answered: WorkerPositions,
 }
@@ -359,15 +483,11 @@ impl Scheduler {
         now: Instant,
         setup: SetupWorker,
     ) -> Result<ConfigureTicket, ConfigureError> {
-        if self.configures.len() >= REQUESTS_PENDING_MAX {
-            return Err(ConfigureError::TooMany {
-                max: REQUESTS_PENDING_MAX,
-            });
-        }
-        self.handle_configure(setup);
         let ticket = ConfigureTicket(self.next_ticket);
-        self.next_ticket += 1;
         let live = self.live_incarnations();
+        self.requests.begin_configure(ticket, live.clone())?;
+        self.next_ticket += 1;
+        self.handle_configure(setup);
         for &(worker, incarnation) in &live {
             self.actions.push_back(SchedulerAction::Reconfigure {
                 ticket,
@@ -376,11 +496,6 @@ impl Scheduler {
                 setup: self.setup_for(worker),
             });
         }
-        let pending = PendingConfigure {
-            waiting: live.into_iter().collect(),
-            refused: None,
-        };
-        self.configures.insert(ticket, pending);
         self.finish_configure(now, ticket);
         Ok(ticket)
     }
@@ -395,21 +510,17 @@ impl Scheduler {
         incarnation: WorkerIncarnation,
         result: Result<(), CallFault>,
     ) {
-        let Some(pending) = self.configures.get_mut(&ticket) else {
-            return;
+        let refused = match &result {
+            Err(CallFault::Refused(reason)) => Some(reason.as_str()),
+            _ => None,
         };
-        if !pending.waiting.remove(&(worker, incarnation)) {
+        if !self
+            .requests
+            .configure_answered(ticket, worker, incarnation, refused)
+        {
             return;
         }
-        if let Err(fault) = result {
-            if let CallFault::Refused(reason) = &fault {
-                pending
-                    .refused
-                    .get_or_insert_with(|| ConfigureError::Refused {
-                        worker,
-                        reason: reason.clone(),
-                    });
-            }
+        if result.is_err() {
             self.handle_worker_lost(now, worker, incarnation);
         }
         self.finish_configure(now, ticket);
@@ -420,14 +531,10 @@ impl Scheduler {
     /// [`super::save`]). Refused with more than [`REQUESTS_PENDING_MAX`] collections under way
     /// (those of reads given up still count until their answers come, each bounded in time).
     pub(super) fn collect_positions(&mut self) -> Result<PositionsTicket, CutReadError> {
-        if self.collections.len() >= REQUESTS_PENDING_MAX {
-            return Err(CutReadError::PositionsBusy {
-                max: REQUESTS_PENDING_MAX,
-            });
-        }
         let ticket = PositionsTicket(self.next_ticket);
-        self.next_ticket += 1;
         let live = self.live_incarnations();
+        self.requests.begin_collection(ticket, live.clone())?;
+        self.next_ticket += 1;
         for &(worker, incarnation) in &live {
             self.actions.push_back(SchedulerAction::AskPositions {
                 ticket,
@@ -435,11 +542,6 @@ impl Scheduler {
                 incarnation,
             });
         }
-        let pending = PendingPositions {
-            waiting: live.into_iter().collect(),
-            answered: WorkerPositions::new(),
-        };
-        self.collections.insert(ticket, pending);
         Ok(ticket)
     }
 
@@ -455,17 +557,15 @@ impl Scheduler {
         incarnation: WorkerIncarnation,
         result: Result<Vec<(String, u64)>, CallFault>,
     ) {
-        let Some(pending) = self.collections.get_mut(&ticket) else {
-            return;
-        };
-        if !pending.waiting.remove(&(worker, incarnation)) {
+        let lost = result.is_err();
+        if !self
+            .requests
+            .positions_answered(ticket, worker, incarnation, result.ok())
+        {
             return;
         }
-        match result {
-            Ok(list) => {
-                pending.answered.insert(worker, list.into_iter().collect());
-            }
-            Err(_) => self.handle_worker_lost(now, worker, incarnation),
+        if lost {
+            self.handle_worker_lost(now, worker, incarnation);
         }
         self.finish_positions(ticket, now);
     }
@@ -610,13 +710,7 @@ impl Scheduler {
     }
 
     fn finish_configure(&mut self, now: Instant, ticket: ConfigureTicket) {
-        if self
-            .configures
-            .get(&ticket)
-            .is_some_and(|p| p.waiting.is_empty())
-        {
-            let pending = self.configures.remove(&ticket).expect("checked above");
-            let result = pending.refused.map_or(Ok(()), Err);
+        if let Some(result) = self.requests.take_finished_configure(ticket) {
             self.actions
                 .push_back(SchedulerAction::ConfigureFinished { ticket, result });
         }
@@ -625,17 +719,12 @@ impl Scheduler {
 
     /// Hands a collection that every worker answered to the save's read that asked for it.
     pub(super) fn finish_positions(&mut self, ticket: PositionsTicket, now: Instant) {
-        if !self
-            .collections
-            .get(&ticket)
-            .is_some_and(|p| p.waiting.is_empty())
-        {
+        let Some(answered) = self.requests.take_finished_collection(ticket) else {
             return;
-        }
-        let pending = self.collections.remove(&ticket).expect("checked above");
+        };
         // Workers not live now restart from their last setup's positions.
         let mut positions = self.positions.clone();
-        positions.extend(pending.answered);
+        positions.extend(answered);
         // A read given up since finds nothing to hand them to.
         self.cut_positions_collected(now, ticket, positions);
     }

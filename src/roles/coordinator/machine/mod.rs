@@ -64,11 +64,11 @@ use crate::roles::protocol::SetupWorker;
 use crate::roles::push::LearningRate;
 
 pub use control::ConfigureError;
+use control::WorkerRequests;
 pub use control::{
     ConfigureTicket, ControlCounters, CoordinatorStatus, CutState, KnownTask, LedgerState,
     PositionsTicket, SetUpDisposition, TaskLiveness, WorkerDial,
 };
-use control::{PendingConfigure, PendingPositions};
 pub use membership::DrainDisposition;
 use preempt::Preemptions;
 pub use preempt::{CutWriteError, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
@@ -781,10 +781,9 @@ pub struct Scheduler {
     num_workers: u32,
     /// Workers with a dial (or the setup that follows it) under way (one at a time each).
     worker_dials: BTreeSet<u32>,
-    /// Configurations sent to live workers, by ticket.
-    configures: BTreeMap<ConfigureTicket, PendingConfigure>,
-    /// Collections of dataset positions under way, by ticket.
-    collections: BTreeMap<PositionsTicket, PendingPositions>,
+    /// Configurations and collections of dataset positions sent to the live workers, waiting
+    /// for their answers (the `control` sub-machine).
+    requests: WorkerRequests,
     /// Variables whose shards are being created, by ticket.
     creates: BTreeMap<CreateTicket, PendingCreate>,
     /// The chief's start, while its probes are out.
@@ -914,8 +913,7 @@ impl Scheduler {
             dialling: BTreeSet::new(),
             num_workers: 0,
             worker_dials: BTreeSet::new(),
-            configures: BTreeMap::new(),
-            collections: BTreeMap::new(),
+            requests: WorkerRequests::default(),
             creates: BTreeMap::new(),
             start: None,
             started: false,
