@@ -189,8 +189,10 @@ pub enum ConfigureError {
 /// to (at most [`REQUESTS_PENDING_MAX`] of each kind).
 #[derive(Debug, Default)]
 pub(super) struct WorkerRequests {
-    configures: BTreeMap<ConfigureTicket, PendingConfigure>,
-    collections: BTreeMap<PositionsTicket, PendingPositions>,
+    /// Configurations, with their first refusal.
+    configures: FanOut<ConfigureTicket, Option<ConfigureError>>,
+    /// Collections of dataset positions, with the positions answered.
+    collections: FanOut<PositionsTicket, WorkerPositions>,
 }
 
 impl WorkerRequests {
@@ -200,16 +202,11 @@ impl WorkerRequests {
         ticket: ConfigureTicket,
         to: Vec<(u32, WorkerIncarnation)>,
     ) -> Result<(), ConfigureError> {
-        if self.configures.len() >= REQUESTS_PENDING_MAX {
+        if !self.configures.begin(ticket, to, None) {
             return Err(ConfigureError::TooMany {
                 max: REQUESTS_PENDING_MAX,
             });
         }
-        let pending = PendingConfigure {
-            waiting: to.into_iter().collect(),
-            refused: None,
-        };
-        self.configures.insert(ticket, pending);
         Ok(())
     }
 
@@ -222,19 +219,14 @@ impl WorkerRequests {
         incarnation: WorkerIncarnation,
         refused: Option<&str>,
     ) -> bool {
-        let Some(pending) = self.configures.get_mut(&ticket) else {
+        let Some(first_refusal) = self.configures.answered(ticket, worker, incarnation) else {
             return false;
         };
-        if !pending.waiting.remove(&(worker, incarnation)) {
-            return false;
-        }
         if let Some(reason) = refused {
-            pending
-                .refused
-                .get_or_insert_with(|| ConfigureError::Refused {
-                    worker,
-                    reason: reason.to_string(),
-                });
+            first_refusal.get_or_insert_with(|| ConfigureError::Refused {
+                worker,
+                reason: reason.to_string(),
+            });
         }
         true
     }
@@ -244,15 +236,8 @@ impl WorkerRequests {
         &mut self,
         ticket: ConfigureTicket,
     ) -> Option<Result<(), ConfigureError>> {
-        if !self
-            .configures
-            .get(&ticket)
-            .is_some_and(|p| p.waiting.is_empty())
-        {
-            return None;
-        }
-        let pending = self.configures.remove(&ticket)?;
-        Some(pending.refused.map_or(Ok(()), Err))
+        let first_refusal = self.configures.take_done(ticket)?;
+        Some(first_refusal.map_or(Ok(()), Err))
     }
 
     /// A collection `ticket` of dataset positions went to the incarnations `to`.
@@ -261,16 +246,11 @@ impl WorkerRequests {
         ticket: PositionsTicket,
         to: Vec<(u32, WorkerIncarnation)>,
     ) -> Result<(), CutReadError> {
-        if self.collections.len() >= REQUESTS_PENDING_MAX {
+        if !self.collections.begin(ticket, to, WorkerPositions::new()) {
             return Err(CutReadError::PositionsBusy {
                 max: REQUESTS_PENDING_MAX,
             });
         }
-        let pending = PendingPositions {
-            waiting: to.into_iter().collect(),
-            answered: WorkerPositions::new(),
-        };
-        self.collections.insert(ticket, pending);
         Ok(())
     }
 
@@ -283,43 +263,71 @@ impl WorkerRequests {
         incarnation: WorkerIncarnation,
         positions: Option<Vec<(String, u64)>>,
     ) -> bool {
-        let Some(pending) = self.collections.get_mut(&ticket) else {
+        let Some(answered) = self.collections.answered(ticket, worker, incarnation) else {
             return false;
         };
-        if !pending.waiting.remove(&(worker, incarnation)) {
-            return false;
-        }
         if let Some(list) = positions {
-            pending.answered.insert(worker, list.into_iter().collect());
+            answered.insert(worker, list.into_iter().collect());
         }
         true
     }
 
     /// Collection `ticket`'s answers, taken out once every answer is in.
     fn take_finished_collection(&mut self, ticket: PositionsTicket) -> Option<WorkerPositions> {
-        if !self
-            .collections
-            .get(&ticket)
-            .is_some_and(|p| p.waiting.is_empty())
-        {
-            return None;
-        }
-        self.collections.remove(&ticket).map(|p| p.answered)
+        self.collections.take_done(ticket)
     }
 }
 
-/// A configuration sent to live workers, waiting for their answers.
-#[derive(Debug, Default)]
-struct PendingConfigure {
-    waiting: BTreeSet<(u32, WorkerIncarnation)>,
-    refused: Option<ConfigureError>,
+/// Requests of one kind, each sent to some worker incarnations and gathering `A` from their
+/// answers until none is awaited; at most [`REQUESTS_PENDING_MAX`] at once.
+#[derive(Debug)]
+struct FanOut<K, A> {
+    pending: BTreeMap<K, (BTreeSet<(u32, WorkerIncarnation)>, A)>,
 }
 
-/// A collection of dataset positions, waiting for the live workers' answers.
-#[derive(Debug, Default)]
-struct PendingPositions {
-    waiting: BTreeSet<(u32, WorkerIncarnation)>,
-    answered: WorkerPositions,
+impl<K, A> Default for FanOut<K, A> {
+    fn default() -> Self {
+        Self {
+            pending: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord, A> FanOut<K, A> {
+    /// Request `ticket` went to `to`, gathering into `gathered`; `false` (nothing recorded)
+    /// if [`REQUESTS_PENDING_MAX`] are under way.
+    fn begin(&mut self, ticket: K, to: Vec<(u32, WorkerIncarnation)>, gathered: A) -> bool {
+        if self.pending.len() >= REQUESTS_PENDING_MAX {
+            return false;
+        }
+        self.pending
+            .insert(ticket, (to.into_iter().collect(), gathered));
+        true
+    }
+
+    /// What request `ticket` gathers, if the answer of `worker`'s incarnation `incarnation`
+    /// was awaited (it is not any more).
+    fn answered(
+        &mut self,
+        ticket: K,
+        worker: u32,
+        incarnation: WorkerIncarnation,
+    ) -> Option<&mut A> {
+        let (waiting, gathered) = self.pending.get_mut(&ticket)?;
+        waiting.remove(&(worker, incarnation)).then_some(gathered)
+    }
+
+    /// What request `ticket` gathered, taken out once no answer is awaited.
+    fn take_done(&mut self, ticket: K) -> Option<A> {
+        if !self
+            .pending
+            .get(&ticket)
+            .is_some_and(|(waiting, _)| waiting.is_empty())
+        {
+            return None;
+        }
+        self.pending.remove(&ticket).map(|(_, gathered)| gathered)
+    }
 }
 
 impl Scheduler {
