@@ -38,7 +38,7 @@ mod wire;
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
 pub(crate) use group::{
-    entry, has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+    entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
     INITIAL_DIGEST,
 };
 pub use group::{

@@ -106,6 +106,12 @@ impl Mesh {
         self.inner.lock().membership.generation
     }
 
+    /// The generation a group of generation `after` on this mesh changes to
+    /// ([`Membership::next_generation`]).
+    pub(super) fn next_generation(&self, after: u64) -> u64 {
+        self.inner.lock().membership.next_generation(after)
+    }
+
     /// How a starting process enters the job (see the module doc): asks each of `peers` (the
     /// other members it knows of) whether it formed a group, telling where this mesh listens
     /// (`own`). [`Entry::Join`] as soon as one did (a live job: this process is to be

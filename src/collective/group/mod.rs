@@ -124,7 +124,7 @@ use super::outgoing::{Outgoing, Unanswered};
 use acceptor::{MeshInner, MeshState};
 pub use machine::Leave;
 pub(crate) use machine::{
-    entry, has_quorum, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
+    entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
     INITIAL_DIGEST,
 };
 use machine::{

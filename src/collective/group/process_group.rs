@@ -166,7 +166,7 @@ impl ProcessGroup {
     /// This group's messages still on their way go first ([`ProcessGroup::flush`], bounded by
     /// the form timeout), unless it is broken.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
-        let generation = self.shared.generation.max(self.mesh.generation()) + 1;
+        let generation = self.mesh.next_generation(self.shared.generation);
         let mut members = Vec::with_capacity(survivors.len());
         for node in survivors {
             let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
@@ -225,7 +225,7 @@ impl ProcessGroup {
         if joiners.is_empty() {
             return Ok(None);
         }
-        let generation = self.shared.generation.max(self.mesh.generation()) + 1;
+        let generation = self.mesh.next_generation(self.shared.generation);
         let mut members: Vec<GroupMember> = self
             .shared
             .nodes

@@ -11,9 +11,10 @@ use candle_core::{Device, Tensor};
 use cohort_transport::NodeId;
 
 use super::config::check_same_settings;
-use super::quorum::{has_quorum, no_quorum_detail, node_list};
+use super::quorum::{no_quorum_detail, node_list};
 use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
 use crate::cluster::node_id;
+use crate::collective::reforming::{self, AfterAttempt, Attempt, Verdict};
 pub use crate::collective::Leave;
 use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup};
 use crate::optim::{OptimizerState, Slots};
@@ -77,9 +78,13 @@ impl MultiWorkerMirrored {
     ///    are broadcast to the others, which install them on every local replica: every
     ///    survivor holds the same bits again.
     ///
-    /// A failure during the attempt (another worker lost while re-forming) starts the next
-    /// attempt from the group reached so far; after `recover_attempts` attempts it fails with
-    /// [`StrategyError::Recovery`] naming the last error. A group broken by an error that
+    /// An attempt that fails (no quorum, another worker lost while re-forming, the agreement
+    /// on the state failing) is followed by the next, which probes the same broken group and
+    /// begins a probe timeout after the failed one began; after `recover_attempts` attempts
+    /// it fails with [`StrategyError::Recovery`] naming the last error. These decisions (the
+    /// verdict on the probes, when the next attempt begins, when to give up) are
+    /// `collective::reforming`'s, taken alike by the member machine that the membership
+    /// simulator drives. A group broken by an error that
     /// re-forming cannot mend ([`CollectiveError::Application`], mismatched calls, this
     /// worker stopping) fails with [`StrategyError::Recovery`] at once, and so does a worker
     /// that was left out (it comes back, say from SIGSTOP, after the others re-formed
@@ -113,19 +118,10 @@ impl MultiWorkerMirrored {
                 reason: format!("the group broke by an error re-forming cannot mend: {cause}"),
             });
         }
-        let mut last = cause.to_string();
-        // Whether the last attempt ended for want of a quorum (the error then says so).
-        let mut no_quorum = false;
-        for attempt in 1..=self.recover_attempts {
-            let started = std::time::Instant::now();
-            // Each attempt spans at least the probe timeout: survivors whose attempt failed at
-            // different moments start the next one about as far apart as they started this
-            // one, and forming waits for the later ones (up to the form timeout).
-            let span_the_probe_timeout = || {
-                let next = started + self.probe_timeout;
-                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
-            };
-            match self.probe_and_reform(&before, attempt) {
+        let mut attempt = Attempt::first(std::time::Instant::now());
+        loop {
+            // What this attempt ended with, and whether for want of a quorum.
+            let (last, no_quorum) = match self.probe_and_reform(&before, attempt.number) {
                 // No later attempt can bring it back: the others go on without it.
                 Ok(Err(Unformed::LeftOut(left_out))) => {
                     return Err(StrategyError::Recovery {
@@ -133,53 +129,57 @@ impl MultiWorkerMirrored {
                     })
                 }
                 Ok(Err(Unformed::NoQuorum { reached, replaced })) => {
-                    last = no_quorum_detail(
+                    let detail = no_quorum_detail(
                         before.members(),
                         before.generation(),
                         &replaced,
                         &reached,
                     );
-                    tracing::info!(attempt, "re-forming: {last}");
-                    no_quorum = true;
-                    if attempt < self.recover_attempts {
-                        span_the_probe_timeout();
-                    }
+                    tracing::info!(attempt = attempt.number, "re-forming: {detail}");
+                    (detail, true)
                 }
                 Ok(Ok(group)) => {
-                    no_quorum = false;
-                    match self.adopt_reformed(group, &before, state, &cause, attempt) {
+                    match self.adopt_reformed(group, &before, state, &cause, attempt.number) {
                         Ok(recovery) => return Ok(recovery),
                         // A mismatch is not mended by another attempt.
                         Err(err @ StrategyError::Config { .. }) => return Err(err),
                         Err(err) => {
-                            tracing::info!(attempt, %err, "re-forming: agreeing on the state failed");
-                            last = err.to_string();
+                            tracing::info!(attempt = attempt.number, %err, "re-forming: agreeing on the state failed");
+                            (err.to_string(), false)
                         }
                     }
                 }
                 Err(err) => {
-                    no_quorum = false;
-                    tracing::info!(attempt, %err, "re-forming: forming the next generation failed");
-                    last = err.to_string();
-                    span_the_probe_timeout();
+                    tracing::info!(attempt = attempt.number, %err, "re-forming: forming the next generation failed");
+                    (err.to_string(), false)
+                }
+            };
+            let now = std::time::Instant::now();
+            let limit = self.recover_attempts;
+            match attempt.failed(now, limit, self.probe_timeout, no_quorum) {
+                AfterAttempt::Next { number, at } => {
+                    std::thread::sleep(at.saturating_duration_since(now));
+                    attempt = Attempt::begin(number, std::time::Instant::now());
+                }
+                AfterAttempt::GiveUp { no_quorum: true } => {
+                    return Err(StrategyError::Recovery {
+                        reason: format!("{last} (after {limit} attempt(s))"),
+                    })
+                }
+                AfterAttempt::GiveUp { no_quorum: false } => {
+                    return Err(StrategyError::Recovery {
+                        reason: format!(
+                            "gave up after {limit} attempt(s); the last failed with: {last}"
+                        ),
+                    })
                 }
             }
         }
-        let reason = if no_quorum {
-            format!("{last} (after {} attempt(s))", self.recover_attempts)
-        } else {
-            format!(
-                "gave up after {} attempt(s); the last failed with: {last}",
-                self.recover_attempts
-            )
-        };
-        Err(StrategyError::Recovery { reason })
     }
 
-    /// One attempt of [`Self::re_form`]: probes the members of the group that broke (the
-    /// last one that trained, not a group an earlier attempt formed here: a group formed at
-    /// one member and failed at another would otherwise give them different measures),
-    /// measures the quorum on them, and forms the next generation with those that answered.
+    /// One attempt of [`Self::re_form`] (the decisions are [`reforming`]'s, which the member
+    /// machine takes alike): probes the members of the group that broke, judges the answers
+    /// ([`reforming::judge`]), and forms the next generation with the survivors.
     fn probe_and_reform(
         &self,
         before: &ProcessGroup,
@@ -193,19 +193,19 @@ impl MultiWorkerMirrored {
                 Ok(probed) => (probed.alive, probed.joining),
                 Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
             };
-            if !has_quorum(&previous, &replaced, &alive) {
-                return Ok(Err(Unformed::NoQuorum {
-                    reached: alive,
-                    replaced,
-                }));
-            }
+            let survivors = match reforming::judge(&previous, &alive, &replaced) {
+                Verdict::NoQuorum { reached, replaced } => {
+                    return Ok(Err(Unformed::NoQuorum { reached, replaced }))
+                }
+                Verdict::Form { survivors } => survivors,
+            };
             tracing::info!(
                 attempt,
-                ?alive,
+                ?survivors,
                 ?replaced,
                 "re-forming: forming the next generation with the members that answered"
             );
-            broken.reform(&alive).await.map(Ok)
+            broken.reform(&survivors).await.map(Ok)
         })
     }
 

@@ -3,8 +3,8 @@
 //!
 //! This module owns the strategy value ([`MultiWorkerMirrored`]), its configuration
 //! ([`MultiWorkerConfig`]), the placement of its variables, re-forming after a lost worker
-//! ([`MultiWorkerMirrored::recover`]) with its quorum rule (`has_quorum`: the one place that
-//! decides which survivors may go on), and the group's changes at a step boundary
+//! ([`MultiWorkerMirrored::recover`], whose decisions, the quorum rule among them, are
+//! `collective::reforming`'s, which the membership simulator's member machine takes alike), and the group's changes at a step boundary
 //! ([`MultiWorkerMirrored::at_step_boundary`]: workers admitted after they asked to join,
 //! workers leaving after a preemption notice once the chief saved). The collectives it rests on live
 //! in [`crate::collective`]: a process group over QUIC between the workers (formed here at
@@ -21,7 +21,7 @@
 //! - `elastic`: the group's changes: re-forming after a lost worker, admissions and departures
 //!   at a step boundary, agreeing on the training state, the status page's record of each
 //!   change, and what they report ([`ElasticState`], [`Recovery`], [`GroupChange`], ...);
-//! - `quorum`: the quorum rule of re-forming, and what a survivor without quorum says;
+//! - `quorum`: what a survivor without quorum says;
 //! - `placement`: where the variables live (mirrored on the local replicas, starting from the
 //!   first worker's initial value, the same model on every worker).
 //!

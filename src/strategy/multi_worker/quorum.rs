@@ -1,9 +1,8 @@
 //! What a survivor without quorum says (`no_quorum_detail`). The quorum rule itself
-//! (`has_quorum`) lives beside the membership machine, in `collective`.
+//! (`has_quorum`) and the rest of re-forming's decisions live beside the membership machine,
+//! in `collective` (`reforming`).
 
 use cohort_transport::NodeId;
-
-pub(crate) use crate::collective::has_quorum;
 
 /// Nodes as a report names them: "worker/0, worker/2".
 pub(super) fn node_list<'a>(nodes: impl IntoIterator<Item = &'a NodeId>) -> String {

@@ -27,7 +27,7 @@ use cohort_transport::NodeId;
 
 use super::super::{DIAL_RETRY, ENTER_REPEAT, PENDING_FRESH, STILL_FORMING_EVERY};
 use super::entry::{self, AfterFailedStart, EnterAfter, EntryStep};
-use super::quorum::has_quorum;
+use super::reforming::{self, AfterAttempt, Attempt, Verdict};
 use super::{EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere};
 use crate::collective::{GroupMember, Joiner};
 use crate::process::Incarnation;
@@ -283,11 +283,7 @@ enum Purpose {
     /// The generation a leader admitted this joiner to; it waits until `until` in all.
     Admitted { until: Instant },
     /// Re-forming with the survivors of `before`.
-    Recover {
-        before: Before,
-        attempt: usize,
-        started: Instant,
-    },
+    Recover { before: Before, attempt: Attempt },
     /// Admitting joiners to the group's members.
     Admit,
     /// The stayers going on after members left.
@@ -360,16 +356,15 @@ enum Phase {
     },
     Recovering {
         before: Before,
-        attempt: usize,
-        started: Instant,
+        attempt: Attempt,
         answers: BTreeMap<NodeId, Option<ProbeReply>>,
         retry: BTreeMap<NodeId, Instant>,
         deadline: Instant,
     },
-    /// Waiting until `at` before re-forming attempt `attempt` (each spans the probe timeout).
+    /// Waiting until `at` before re-forming attempt `number` (each spans the probe timeout).
     RecoverLater {
         before: Before,
-        attempt: usize,
+        number: usize,
         at: Instant,
     },
     Ended,
@@ -404,7 +399,7 @@ pub(crate) struct MemberMachine {
     needs_state: bool,
     /// The re-forming whose group agrees on the state now: a failure before that ends is
     /// its next attempt (probing the same broken group), not a new recovery.
-    recovery: Option<(Before, usize, Instant)>,
+    recovery: Option<(Before, Attempt)>,
     notice: Option<Leave>,
     actions: VecDeque<MemberAction>,
 }
@@ -1343,13 +1338,9 @@ impl MemberMachine {
                 self.membership.admission = None;
                 self.needs_state = true;
             }
-            Purpose::Recover {
-                before,
-                attempt,
-                started,
-            } => {
+            Purpose::Recover { before, attempt } => {
                 self.needs_state = true;
-                self.recovery = Some((before, attempt, started));
+                self.recovery = Some((before, attempt));
             }
             Purpose::Admit => self.needs_state = true,
             Purpose::Depart { .. } => self.needs_state = false,
@@ -1392,11 +1383,7 @@ impl MemberMachine {
                     no_group: BTreeSet::new(),
                 };
             }
-            Purpose::Recover {
-                before,
-                attempt,
-                started,
-            } => self.next_attempt(now, before, attempt, started, false),
+            Purpose::Recover { before, attempt } => self.next_attempt(now, before, attempt, false),
             // Another member may have formed the admission's generation (its links all up while
             // this member's were not): it measures its quorum on that generation's members from
             // then on, so this member must too. Measured on its old group instead, a member
@@ -1430,11 +1417,10 @@ impl MemberMachine {
                 Phase::Recovering { .. } => self.progress_recovering(now),
                 Phase::RecoverLater { at, .. } => {
                     if now >= *at {
-                        if let Phase::RecoverLater {
-                            before, attempt, ..
-                        } = std::mem::replace(&mut self.phase, Phase::Idle)
+                        if let Phase::RecoverLater { before, number, .. } =
+                            std::mem::replace(&mut self.phase, Phase::Idle)
                         {
-                            self.begin_recovering(now, before, attempt);
+                            self.begin_recovering(now, before, number);
                         }
                     }
                 }
@@ -1683,7 +1669,7 @@ impl MemberMachine {
                 }
             }
         }
-        let next = g.generation.max(self.membership.generation) + 1;
+        let next = self.membership.next_generation(g.generation);
         if let Some((_, why)) = leavers.iter().find(|(n, _)| *n == self.me.node) {
             return self.exit(MemberExit::Left(*why));
         }
@@ -1820,8 +1806,8 @@ impl MemberMachine {
 
     /// The group this member trains in broke: re-form.
     fn group_failed(&mut self, now: Instant) {
-        if let Some((before, attempt, started)) = self.recovery.take() {
-            return self.next_attempt(now, before, attempt, started, false);
+        if let Some((before, attempt)) = self.recovery.take() {
+            return self.next_attempt(now, before, attempt, false);
         }
         let before = self.before_of_group();
         self.begin_recovering(now, before, 1);
@@ -1829,7 +1815,8 @@ impl MemberMachine {
 
     // ---- Re-forming ----
 
-    fn begin_recovering(&mut self, now: Instant, before: Before, attempt: usize) {
+    /// Re-forming attempt `number` begins: it probes the other members of `before`.
+    fn begin_recovering(&mut self, now: Instant, before: Before, number: usize) {
         let others: Vec<NodeId> = before
             .members
             .iter()
@@ -1840,8 +1827,7 @@ impl MemberMachine {
             answers: others.iter().map(|n| (n.clone(), None)).collect(),
             retry: others.iter().map(|n| (n.clone(), now)).collect(),
             before,
-            attempt,
-            started: now,
+            attempt: Attempt::begin(number, now),
             deadline: now + self.settings.probe_timeout,
         };
     }
@@ -1869,7 +1855,6 @@ impl MemberMachine {
         let Phase::Recovering {
             before,
             attempt,
-            started,
             answers,
             ..
         } = std::mem::replace(&mut self.phase, Phase::Idle)
@@ -1879,58 +1864,44 @@ impl MemberMachine {
         if answers.values().any(|a| *a == Some(ProbeReply::LeftOut)) {
             return self.exit(MemberExit::LeftOut);
         }
-        let alive: Vec<NodeId> = before
-            .members
-            .iter()
-            .map(|m| m.node.clone())
-            .filter(|n| *n == self.me.node || answers.get(n) == Some(&Some(ProbeReply::Alive)))
-            .collect();
-        let joining: Vec<NodeId> = answers
-            .iter()
-            .filter(|(_, a)| **a == Some(ProbeReply::Joining))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let answered = |reply: ProbeReply| -> Vec<NodeId> {
+            before
+                .members
+                .iter()
+                .map(|m| m.node.clone())
+                .filter(|n| answers.get(n) == Some(&Some(reply)))
+                .collect()
+        };
+        let mut alive = answered(ProbeReply::Alive);
+        alive.push(self.me.node.clone());
+        let joining = answered(ProbeReply::Joining);
         let previous: Vec<NodeId> = before.members.iter().map(|m| m.node.clone()).collect();
-        if !has_quorum(&previous, &joining, &alive) {
-            return self.next_attempt(now, before, attempt, started, true);
-        }
-        let next = before.generation.max(self.membership.generation) + 1;
+        let survivors = match reforming::judge(&previous, &alive, &joining) {
+            Verdict::NoQuorum { .. } => return self.next_attempt(now, before, attempt, true),
+            Verdict::Form { survivors } => survivors,
+        };
+        let next = self.membership.next_generation(before.generation);
         let members: Vec<GroupMember> = before
             .members
             .iter()
-            .filter(|m| alive.contains(&m.node))
+            .filter(|m| survivors.contains(&m.node))
             .cloned()
             .collect();
-        self.begin_forming(
-            now,
-            next,
-            members,
-            Purpose::Recover {
-                before,
-                attempt,
-                started,
-            },
-        );
+        self.begin_forming(now, next, members, Purpose::Recover { before, attempt });
     }
 
-    /// The re-forming attempt `attempt` (begun at `started`) failed: the next one begins a
-    /// probe timeout after it began, or the process gives up.
-    fn next_attempt(
-        &mut self,
-        now: Instant,
-        before: Before,
-        attempt: usize,
-        started: Instant,
-        no_quorum: bool,
-    ) {
-        if attempt >= self.settings.recover_attempts {
-            return self.exit(MemberExit::RecoveryFailed { no_quorum });
+    /// Re-forming `attempt` failed (`no_quorum`: for want of a quorum): the next one begins a
+    /// probe timeout after it began, or the process gives up ([`Attempt::failed`]).
+    fn next_attempt(&mut self, now: Instant, before: Before, attempt: Attempt, no_quorum: bool) {
+        let (limit, span) = (self.settings.recover_attempts, self.settings.probe_timeout);
+        match attempt.failed(now, limit, span, no_quorum) {
+            AfterAttempt::GiveUp { no_quorum } => {
+                self.exit(MemberExit::RecoveryFailed { no_quorum })
+            }
+            AfterAttempt::Next { number, at } => {
+                self.phase = Phase::RecoverLater { before, number, at };
+            }
         }
-        self.phase = Phase::RecoverLater {
-            before,
-            attempt: attempt + 1,
-            at: (started + self.settings.probe_timeout).max(now),
-        };
     }
 }
 

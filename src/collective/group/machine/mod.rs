@@ -20,11 +20,11 @@ use crate::process::Incarnation;
 pub(crate) mod entry;
 mod member;
 mod quorum;
+pub(crate) mod reforming;
 
 pub(crate) use member::{
     MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings, INITIAL_DIGEST,
 };
-pub(crate) use quorum::has_quorum;
 
 /// A mesh's membership state (see the module doc).
 #[derive(Debug, Default)]
@@ -501,6 +501,13 @@ impl Membership {
     /// Takes `generation` as tried here without forming it (the members agreed to skip it).
     pub(super) fn skip(&mut self, generation: u64) {
         self.generation = self.generation.max(generation);
+    }
+
+    /// The generation a group of generation `after` changes to (re-formed, admitting or
+    /// departing): one above the latest formed, tried or skipped here, which an earlier
+    /// attempt may have taken already.
+    pub(super) fn next_generation(&self, after: u64) -> u64 {
+        after.max(self.generation) + 1
     }
 }
 

@@ -1,6 +1,6 @@
 //! The quorum rule of re-forming (`has_quorum`): the one place that decides which survivors
-//! of a broken group may go on. The strategy's recovery and the member machine
-//! ([`super::member`]) both ask it.
+//! of a broken group may go on. Re-forming's verdict on the probes ([`super::reforming`])
+//! asks it, for the strategy's recovery and the member machine alike.
 
 use cohort_transport::NodeId;
 
