@@ -124,8 +124,8 @@ use super::outgoing::{Outgoing, Unanswered};
 use acceptor::{MeshInner, MeshState};
 pub use machine::Leave;
 pub(crate) use machine::{
-    entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
-    INITIAL_DIGEST,
+    boundary, entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage,
+    MemberSettings, INITIAL_DIGEST,
 };
 use machine::{
     EnterAnswer, GroupView, JoinAnswer, JoinContext, JoinRefusal, Membership, ProbeAnswerHere,

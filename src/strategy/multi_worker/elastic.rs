@@ -14,6 +14,7 @@ use super::config::check_same_settings;
 use super::quorum::{no_quorum_detail, node_list};
 use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
 use crate::cluster::node_id;
+use crate::collective::boundary::{self, BoundaryChange, Leavers};
 use crate::collective::reforming::{self, AfterAttempt, Attempt, Verdict};
 pub use crate::collective::Leave;
 use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup};
@@ -279,6 +280,10 @@ impl MultiWorkerMirrored {
     ///   them as `recover` sends it to survivors. Where the leader could not tell every joiner
     ///   its admission, nothing changes (`Ok(None)`) and the joiners ask again.
     ///
+    /// What the votes decide (a departure before any admission, the chief's save only where a
+    /// leaver was preempted) is `collective::boundary`'s, taken alike by the member machine
+    /// that the membership simulator drives.
+    ///
     /// Training goes on from the returned step with the new
     /// [`Strategy::num_replicas_in_sync`](crate::strategy::Strategy::num_replicas_in_sync)
     /// and input pipelines (the global batch follows the
@@ -352,15 +357,13 @@ impl MultiWorkerMirrored {
                 cpu,
             )?)?
             .to_vec1::<i64>()?;
-        let leavers: Vec<(usize, Leave)> = (0..group.size())
-            .filter_map(|r| Some((r, Leave::of_vote(*votes.get(2 * r)?)?)))
-            .collect();
-        if !leavers.is_empty() {
-            return self.depart(state, &leavers, save).map(Some);
-        }
+        let notices =
+            (0..group.size()).map(|r| votes.get(2 * r).and_then(|vote| Leave::of_vote(*vote)));
         let len = votes.get(1).copied().unwrap_or(0);
-        if len <= 0 {
-            return Ok(None);
+        match boundary::decide(notices, len > 0) {
+            BoundaryChange::Depart(leavers) => return self.depart(state, &leavers, save).map(Some),
+            BoundaryChange::Unchanged => return Ok(None),
+            BoundaryChange::Admit => {}
         }
         let len = len as usize;
         let bytes = if offer.len() == len {
@@ -412,36 +415,25 @@ impl MultiWorkerMirrored {
         self.agree_state(state)
     }
 
-    /// The leaving part of [`MultiWorkerMirrored::at_step_boundary`]: the workers of
-    /// `leavers` (ranks, and why each leaves) leave at this step.
+    /// The leaving part of [`MultiWorkerMirrored::at_step_boundary`]: `leavers` leave at
+    /// this step.
     fn depart(
         &mut self,
         state: &mut ElasticState<'_>,
-        leavers: &[(usize, Leave)],
+        leavers: &Leavers,
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<GroupChange, StrategyError> {
         let group = self.span.group().clone();
         let members = group.members().to_vec();
-        let left: Vec<NodeId> = leavers.iter().map(|&(r, _)| members[r].clone()).collect();
-        let drained: Vec<NodeId> = leavers
-            .iter()
-            .filter(|(_, why)| *why == Leave::Drained)
-            .map(|&(r, _)| members[r].clone())
-            .collect();
+        let left = leavers.leaving(&members);
+        let drained = leavers.drained(&members);
         crate::metrics::instruments()
             .group_departed
             .inc_by(left.len() as u64);
-        let stayers: Vec<NodeId> = members
-            .iter()
-            .enumerate()
-            .filter(|(r, _)| !leavers.iter().any(|(l, _)| l == r))
-            .map(|(_, n)| n.clone())
-            .collect();
-        // The chief saves the agreed step before anyone leaves, and says whether it did. Only
-        // a preemption needs it: a drained worker leaves for good, and the stayers hold the
-        // state (every worker knows both lists, so all skip the save together).
-        let preempted = drained.len() < left.len();
-        let saved_here = if group.rank() == 0 && preempted {
+        let stayers = leavers.stayers(&members);
+        // The chief saves the agreed step before anyone leaves, and says whether it did
+        // (every worker knows the leavers, so all skip the save together where none is needed).
+        let saved_here = if group.rank() == 0 && leavers.needs_save() {
             match save(state) {
                 Ok(()) => 1u8,
                 Err(error) => {
@@ -467,7 +459,7 @@ impl MultiWorkerMirrored {
             position: state.position,
             saved,
         };
-        if leavers.iter().any(|&(r, _)| r == group.rank()) {
+        if leavers.of(group.rank()).is_some() {
             // Every message of this worker taken before it goes: the others must not take
             // its leaving for a loss.
             let flushed = group.clone();

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use cohort_transport::NodeId;
 
 use super::super::{DIAL_RETRY, ENTER_REPEAT, PENDING_FRESH, STILL_FORMING_EVERY};
+use super::boundary::{self, BoundaryChange};
 use super::entry::{self, AfterFailedStart, EnterAfter, EntryStep};
 use super::reforming::{self, AfterAttempt, Attempt, Verdict};
 use super::{EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere};
@@ -1653,38 +1654,27 @@ impl MemberMachine {
             self.phase = Phase::Ended;
             return;
         }
-        let mut leavers = Vec::new();
-        let mut offer = Vec::new();
-        for (rank, piece) in pieces.iter().enumerate() {
-            if let Piece::Vote {
-                leaving,
-                offer: theirs,
-            } = piece
-            {
-                if let Some(why) = leaving {
-                    leavers.push((g.nodes[rank].clone(), *why));
-                }
-                if rank == 0 {
-                    offer = theirs.clone();
-                }
-            }
-        }
+        // Every member's notice, and the leader's joiners, in rank order.
+        let notices = pieces.iter().map(|piece| match piece {
+            Piece::Vote { leaving, .. } => *leaving,
+            _ => None,
+        });
+        let offer = match pieces.first() {
+            Some(Piece::Vote { offer, .. }) => offer.clone(),
+            _ => Vec::new(),
+        };
         let next = self.membership.next_generation(g.generation);
-        if let Some((_, why)) = leavers.iter().find(|(n, _)| *n == self.me.node) {
-            return self.exit(MemberExit::Left(*why));
-        }
-        if !leavers.is_empty() {
-            let stayers: Vec<GroupMember> = g
-                .members
-                .iter()
-                .filter(|m| !leavers.iter().any(|(n, _)| *n == m.node))
-                .cloned()
-                .collect();
-            let before = self.before_of_group();
-            return self.begin_forming(now, next, stayers, Purpose::Depart { before });
-        }
-        if offer.is_empty() {
-            return self.begin_step(now);
+        match boundary::decide(notices, !offer.is_empty()) {
+            BoundaryChange::Depart(leavers) => {
+                if let Some(why) = leavers.of(g.rank) {
+                    return self.exit(MemberExit::Left(why));
+                }
+                let stayers = leavers.stayers(&g.members);
+                let before = self.before_of_group();
+                return self.begin_forming(now, next, stayers, Purpose::Depart { before });
+            }
+            BoundaryChange::Unchanged => return self.begin_step(now),
+            BoundaryChange::Admit => {}
         }
         let mut members = g.members.clone();
         members.extend(offer.iter().map(|j| j.member.clone()));
