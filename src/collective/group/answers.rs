@@ -294,29 +294,27 @@ impl MeshInner {
     /// with `members`.
     pub(super) fn still_forming(&self, generation: u64, members: &[NodeId]) -> Reply {
         let state = self.lock();
-        if state.membership.generation < generation {
-            if Self::unadmitted(&state, generation) {
-                return Self::unadmitted_refusal(&state, generation);
-            }
-            // Not there yet: its join may still come.
-            return Reply::Ack;
-        }
-        match state.group.upgrade().filter(|g| g.generation == generation) {
-            Some(g) if g.nodes != members => Reply::Refused {
+        let group = state.group.upgrade();
+        let view = group.as_deref().map(Shared::view);
+        match state
+            .membership
+            .handle_still_forming(generation, members, view)
+        {
+            StillFormingHere::Yes => Reply::Ack,
+            StillFormingHere::NotAdmitted => Self::unadmitted_refusal(&state, generation),
+            StillFormingHere::Gone => self.refusal_locked(&state, generation),
+            StillFormingHere::OtherMembers => Reply::Refused {
                 current: generation,
-                detail: format!(" with members {:?}", g.nodes),
+                detail: group
+                    .map(|g| format!(" with members {:?}", g.nodes))
+                    .unwrap_or_default(),
             },
-            Some(g) => match g.lock().broken.clone() {
+            StillFormingHere::Broken => match group.and_then(|g| g.lock().broken.clone()) {
                 Some(err) => Reply::Broken(err),
-                None => Reply::Ack,
+                // Not reached: a group's break is for good.
+                None => self.refusal_locked(&state, generation),
             },
-            None => self.refusal_locked(&state, generation),
         }
-    }
-
-    /// Whether this mesh never forms `generation` ([`Membership::unadmitted`]).
-    pub(super) fn unadmitted(state: &MeshState, generation: u64) -> bool {
-        state.membership.unadmitted(generation)
     }
 
     pub(super) fn unadmitted_refusal(state: &MeshState, generation: u64) -> Reply {

@@ -2,6 +2,7 @@
 //! node id dials and joins, the other waits for its join), probes of the survivors, and the
 //! leader telling an admitted joiner its generation.
 
+use super::machine::linking::StillHeard;
 use super::*;
 
 /// How a forming that began here ended ([`Mesh::try_form`]).
@@ -159,7 +160,7 @@ impl Mesh {
     ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
         let generation = shared.generation;
         let form_error = |reason: String| CollectiveError::Form { generation, reason };
-        if self.node() < &peer.node {
+        if !linking::dials(self.node(), &peer.node) {
             return self.wait_for_join(shared, peer, deadline).await;
         }
         let plaintext = self.inner.config.plaintext;
@@ -171,10 +172,7 @@ impl Mesh {
                 if plaintext { "plaintext" } else { "QUIC" }
             ))
         };
-        let by_admission = {
-            let state = self.inner.lock();
-            state.membership.joining && state.membership.admitted_generation == generation
-        };
+        let by_admission = self.inner.lock().membership.joins_by_admission(generation);
         let join = Wire::Join {
             generation,
             members: shared.nodes.clone(),
@@ -515,39 +513,44 @@ impl Mesh {
         let Some(reply) = tokio::time::timeout_at(by, asked).await.ok().flatten() else {
             return Ok(false);
         };
-        match reply.decode::<Reply>(shared.header_max) {
-            Ok(Reply::Refused { current, detail }) => Err(CollectiveError::GenerationRefused {
-                node: peer.node.clone(),
-                generation,
-                current,
-                detail,
-            }),
-            // A first forming broken at the peer was cut short there (a member formed it and
-            // is re-forming): its probe decides whether this member survives or joins, so the
-            // answer is left to it.
-            Ok(Reply::Broken(_)) if generation == 1 => Ok(true),
-            Ok(Reply::Broken(err)) => Err(CollectiveError::Form {
-                generation,
-                reason: format!("{}'s forming of it failed: {err}", peer.node),
-            }),
-            Ok(_) => Ok(true),
-            Err(_) => Ok(false),
+        let Ok(reply) = reply.decode::<Reply>(shared.header_max) else {
+            return Ok(false);
+        };
+        let heard = match &reply {
+            Reply::Refused { .. } => StillHeard::Refused,
+            Reply::Broken(_) => StillHeard::Broken,
+            _ => StillHeard::Forms,
+        };
+        if !linking::ends_forming(generation, heard) {
+            return Ok(true);
         }
+        let reason = match reply {
+            Reply::Refused { current, detail } => {
+                return Err(CollectiveError::GenerationRefused {
+                    node: peer.node.clone(),
+                    generation,
+                    current,
+                    detail,
+                })
+            }
+            Reply::Broken(err) => format!("{}'s forming of it failed: {err}", peer.node),
+            // Not reached: only a refusal or a broken forming ends it.
+            other => format!("{} answered {other:?}", peer.node),
+        };
+        Err(CollectiveError::Form { generation, reason })
     }
 
     /// Whether a peer unreachable `since` is taken for lost `now` while this mesh forms
-    /// `generation`: the bound it passed (as text), if so. None for the first generation, whose
-    /// processes may still be starting (the form timeout bounds it); twice the transport's
-    /// idle timeout (the detection budget) for a later one, whose members answered a probe
-    /// just before (re-forming) or are live members (an admission).
+    /// `generation` ([`linking::lost_while_re_forming`], on the transport's idle timeout): the
+    /// bound it passed (as text), if so.
     pub(super) fn lost_while_re_forming(
         &self,
         generation: u64,
         since: Instant,
         now: Instant,
     ) -> Option<String> {
-        let bound = self.inner.endpoint.config().idle_timeout * 2;
-        (generation > 1 && now.duration_since(since) >= bound)
-            .then(|| crate::cluster::format_duration(bound))
+        let detection = self.inner.endpoint.config().idle_timeout;
+        linking::lost_while_re_forming(generation, since.into_std(), now.into_std(), detection)
+            .map(crate::cluster::format_duration)
     }
 }

@@ -128,7 +128,8 @@ pub(crate) use machine::{
     MemberSettings, INITIAL_DIGEST,
 };
 use machine::{
-    EnterAnswer, GroupView, JoinAnswer, JoinContext, JoinRefusal, Membership, ProbeAnswerHere,
+    linking, EnterAnswer, GroupView, JoinAnswer, JoinContext, JoinRefusal, Membership,
+    ProbeAnswerHere, StillFormingHere,
 };
 pub use mesh::{loopback_group, Mesh};
 pub use process_group::ProcessGroup;

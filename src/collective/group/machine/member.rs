@@ -28,8 +28,12 @@ use cohort_transport::NodeId;
 use super::super::{DIAL_RETRY, ENTER_REPEAT, PENDING_FRESH, STILL_FORMING_EVERY};
 use super::boundary::{self, BoundaryChange};
 use super::entry::{self, AfterFailedStart, EnterAfter, EntryStep};
+use super::linking::{self, StillHeard};
 use super::reforming::{self, AfterAttempt, Attempt, Verdict};
-use super::{EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere};
+use super::{
+    EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere,
+    StillFormingHere,
+};
 use crate::collective::{GroupMember, Joiner};
 use crate::process::Incarnation;
 
@@ -1025,18 +1029,18 @@ impl MemberMachine {
     }
 
     fn still_forming(&self, generation: u64, members: &[NodeId]) -> StillAnswer {
-        let current = self.membership.generation;
-        if current < generation {
-            if self.membership.unadmitted(generation) {
-                return StillAnswer::Refused { current };
-            }
-            return StillAnswer::Yes;
-        }
-        match self.group.as_ref().filter(|g| g.generation == generation) {
-            Some(g) if g.nodes != members => StillAnswer::Refused { current },
-            Some(g) if g.broken.is_some() => StillAnswer::Broken,
-            Some(_) => StillAnswer::Yes,
-            None => StillAnswer::Refused { current },
+        let view = self.group.as_ref().map(Group::view);
+        match self
+            .membership
+            .handle_still_forming(generation, members, view)
+        {
+            StillFormingHere::Yes => StillAnswer::Yes,
+            StillFormingHere::Broken => StillAnswer::Broken,
+            StillFormingHere::OtherMembers
+            | StillFormingHere::NotAdmitted
+            | StillFormingHere::Gone => StillAnswer::Refused {
+                current: self.membership.generation,
+            },
         }
     }
 
@@ -1048,21 +1052,22 @@ impl MemberMachine {
             by: from.clone(),
             current,
         };
-        match answer {
-            StillAnswer::Refused { current } => self.break_group(refused(Some(current))),
-            // A first forming broken at the peer was cut short there: its probe decides.
-            StillAnswer::Broken if generation > 1 => self.break_group(refused(None)),
-            StillAnswer::Broken | StillAnswer::Yes => {
-                if let Some(Link::Waiting {
-                    answered,
-                    silent_since,
-                    ..
-                }) = self.group.as_mut().and_then(|g| g.links.get_mut(from))
-                {
-                    *answered = true;
-                    *silent_since = None;
-                }
-            }
+        let (heard, current) = match answer {
+            StillAnswer::Yes => (StillHeard::Forms, None),
+            StillAnswer::Refused { current } => (StillHeard::Refused, Some(current)),
+            StillAnswer::Broken => (StillHeard::Broken, None),
+        };
+        if linking::ends_forming(generation, heard) {
+            return self.break_group(refused(current));
+        }
+        if let Some(Link::Waiting {
+            answered,
+            silent_since,
+            ..
+        }) = self.group.as_mut().and_then(|g| g.links.get_mut(from))
+        {
+            *answered = true;
+            *silent_since = None;
         }
     }
 
@@ -1167,7 +1172,7 @@ impl MemberMachine {
             .iter()
             .filter(|m| m.node != self.me.node)
             .map(|m| {
-                let link = if self.me.node > m.node {
+                let link = if linking::dials(&self.me.node, &m.node) {
                     Link::Dialing {
                         retry: Some(now),
                         unreachable_since: None,
@@ -1225,9 +1230,10 @@ impl MemberMachine {
         }
         let generation = g.generation;
         let nodes = g.nodes.clone();
-        let detection = self.settings.detection * 2;
-        let by_admission =
-            self.membership.joining && self.membership.admitted_generation == generation;
+        let detection = self.settings.detection;
+        let lost_since =
+            |since: Instant| linking::lost_while_re_forming(generation, since, now, detection);
+        let by_admission = self.membership.joins_by_admission(generation);
         let mut sends = Vec::new();
         let mut lost = None;
         for (peer, link) in g.links.iter_mut() {
@@ -1236,10 +1242,8 @@ impl MemberMachine {
                     retry,
                     unreachable_since,
                 } => {
-                    if let Some(since) = unreachable_since {
-                        if generation > 1 && now.duration_since(*since) >= detection {
-                            lost = Some(peer.clone());
-                        }
+                    if unreachable_since.is_some_and(|since| lost_since(since).is_some()) {
+                        lost = Some(peer.clone());
                     }
                     if retry.is_some_and(|at| now >= at) {
                         *retry = None;
@@ -1263,7 +1267,7 @@ impl MemberMachine {
                         if !*answered {
                             let since =
                                 *silent_since.get_or_insert(*next_ask - STILL_FORMING_EVERY);
-                            if generation > 1 && now.duration_since(since) >= detection {
+                            if lost_since(since).is_some() {
                                 lost = Some(peer.clone());
                             }
                         }

@@ -19,6 +19,7 @@ use crate::process::Incarnation;
 
 pub(crate) mod boundary;
 pub(crate) mod entry;
+pub(super) mod linking;
 mod member;
 mod quorum;
 pub(crate) mod reforming;
@@ -187,6 +188,22 @@ pub(super) struct JoinContext {
     pub(super) closed: bool,
 }
 
+/// The answer to a member asking whether this mesh still forms a generation
+/// ([`Membership::handle_still_forming`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StillFormingHere {
+    /// It forms it, or will (it has not reached it yet): the asker waits on for its join.
+    Yes,
+    /// It forms it with other members: it never joins the asker's.
+    OtherMembers,
+    /// It never forms it: it waits to be admitted, and was not admitted to it.
+    NotAdmitted,
+    /// Its group of that generation is gone (superseded), or it never formed it.
+    Gone,
+    /// Its forming of it broke.
+    Broken,
+}
+
 /// The answer to a member's probe ([`Membership::handle_probe`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum ProbeAnswerHere {
@@ -352,6 +369,35 @@ impl Membership {
             }
             _ => ProbeAnswerHere::Alive,
         }
+    }
+
+    /// A member whose join of `generation` this mesh awaits asks whether it still forms that
+    /// generation with `members` ([`linking`]); `group` is the mesh's latest group, if it lives.
+    pub(super) fn handle_still_forming(
+        &self,
+        generation: u64,
+        members: &[NodeId],
+        group: Option<GroupView<'_>>,
+    ) -> StillFormingHere {
+        if self.generation < generation {
+            if self.unadmitted(generation) {
+                return StillFormingHere::NotAdmitted;
+            }
+            // Not there yet: its join may still come.
+            return StillFormingHere::Yes;
+        }
+        match group.filter(|g| g.generation == generation) {
+            Some(g) if g.nodes != members => StillFormingHere::OtherMembers,
+            Some(g) if g.broken => StillFormingHere::Broken,
+            Some(_) => StillFormingHere::Yes,
+            None => StillFormingHere::Gone,
+        }
+    }
+
+    /// Whether this mesh forms `generation` as a joiner the leader admitted to it (its joins
+    /// say so).
+    pub(super) fn joins_by_admission(&self, generation: u64) -> bool {
+        self.joining && self.admitted_generation == generation
     }
 
     /// The leader admits this mesh to form `generation` with `members`: taken (`Ok`) if it waits to
