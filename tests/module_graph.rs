@@ -11,7 +11,9 @@
 //!
 //! One level down, the modules inside each folder form no cycle beyond a known list that is
 //! to shrink. The pure machines (`machine.rs`, `machine/`) also name no async or actor
-//! runtime, no network and no clock in their production code: time is passed in.
+//! runtime, no network and no clock in their production code: time is passed in. And no
+//! production function of the workspace spans more than 100 lines unless its doc comment says
+//! why it reads best whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -268,6 +270,214 @@ fn a_clock_read_in_a_machine_is_reported_and_one_in_its_tests_is_not() {
     assert_eq!(
         machine_violations(&sources),
         ["src/roles/ps/machine.rs:1: Instant::now (a clock (time is passed in))"]
+    );
+}
+
+// ---- long functions ----
+
+/// The most lines a production function spans (its `fn` line to its closing brace) without
+/// a reason written beside it.
+const FUNCTION_LINES_MAX: usize = 100;
+
+/// Long functions written before the rule, to be split: `path: name`. The list only shrinks:
+/// a function on it that is no longer long must leave it, and no other may join it.
+const KNOWN_LONG: &[&str] = &[
+    "src/collective/local.rs: rendezvous",
+    "src/collective/group/answers.rs: join",
+    "src/collective/plain.rs: read_loop",
+    "src/workloads/demo.rs: run_chief",
+    "src/workloads/dense_sync.rs: train_elastic_on",
+    "src/workloads/mwms_demo.rs: run_task",
+    "src/workloads/bench.rs: run_chief",
+    "src/cli/bench_recovery.rs: run_scenario",
+    "src/cli/collective_member.rs: run",
+    "src/cli/chaos.rs: run",
+    "src/cli/mwms_member.rs: run",
+    "src/cli/bench.rs: run",
+    "src/cli/bench_allreduce.rs: run",
+    "src/chaosrun/run.rs: run_job",
+    "src/roles/coordinator/client.rs: create_variable",
+    "src/roles/ps/machine.rs: handle_push",
+    "src/keras/ps.rs: fit",
+    "src/keras/fit.rs: fit",
+    "src/launch/mod.rs: start_elastic_servers",
+    "src/launch/mod.rs: check_task",
+    "src/bootstrap/local.rs: launch_local",
+    "src/bootstrap/mod.rs: run_ps",
+    "src/bootstrap/mod.rs: run_worker",
+    "src/bootstrap/mod.rs: run_chief",
+    "actors/src/gateway/heartbeat_driver.rs: run",
+];
+
+/// What a longer function's doc comment says, with why (a flat table with one arm per
+/// message, say, reads best whole).
+const LONG_ON_PURPOSE: &str = "on purpose";
+
+/// The production functions of `sources` longer than [`FUNCTION_LINES_MAX`] whose doc comment
+/// gives no reason ([`LONG_ON_PURPOSE`]): `file:line: name (n lines)`. Test code (`*tests.rs`,
+/// and a file's `#[cfg(test)]` and what follows it) is left out.
+fn long_function_violations(sources: &[Source], prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for source in sources.iter().filter(|s| !s.path.ends_with("tests.rs")) {
+        let code = strip_comments_and_literals(&source.text);
+        let production = code.split("#[cfg(test)]").next().unwrap_or_default();
+        let original: Vec<&str> = source.text.lines().collect();
+        for (name, first, last) in function_spans(production) {
+            let lines = last - first + 1;
+            if lines > FUNCTION_LINES_MAX && !doc_above(&original, first).contains(LONG_ON_PURPOSE)
+            {
+                found.push(format!(
+                    "{prefix}{}:{}: {name} ({lines} lines)",
+                    source.path,
+                    first + 1
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// Every function with a body in `code` (comments and literals blanked): its name and the
+/// lines (from 0) of its `fn` and of its closing brace.
+fn function_spans(code: &str) -> Vec<(String, usize, usize)> {
+    let chars: Vec<char> = code.chars().collect();
+    let line_at = |i: usize| chars[..i].iter().filter(|c| **c == '\n').count();
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i + 2 < chars.len() {
+        let is_fn = chars[i] == 'f'
+            && chars[i + 1] == 'n'
+            && chars[i + 2].is_whitespace()
+            && (i == 0 || !is_ident(chars[i - 1]));
+        if !is_fn {
+            i += 1;
+            continue;
+        }
+        let (name, after) = read_ident(&chars, skip_whitespace(&chars, i + 2));
+        // `fn(u32) -> u32`, a pointer type, has no name; a declaration ends at `;`.
+        let body = (after..chars.len()).find(|&j| chars[j] == '{' || chars[j] == ';');
+        let Some(open) = body.filter(|&j| !name.is_empty() && chars[j] == '{') else {
+            i += 2;
+            continue;
+        };
+        let mut depth = 0usize;
+        let mut close = open;
+        for (j, c) in chars.iter().enumerate().skip(open) {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        spans.push((name, line_at(i), line_at(close)));
+        // Functions nested in this one are counted within it.
+        i = close.max(i + 2);
+    }
+    spans
+}
+
+/// The doc comment (and attributes) right above line `first` of `lines`.
+fn doc_above(lines: &[&str], first: usize) -> String {
+    let mut doc = Vec::new();
+    for line in lines[..first].iter().rev() {
+        let line = line.trim();
+        if line.starts_with("///") || line.starts_with("#[") || line.starts_with("//") {
+            doc.push(line);
+        } else {
+            break;
+        }
+    }
+    doc.join(" ")
+}
+
+/// Every `.rs` file under the workspace's crates (`src/`, `actors/src/`, `transport/src/`,
+/// `chaos/src/`), by crate prefix.
+fn read_workspace_sources() -> Vec<(&'static str, Vec<Source>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut crates = vec![("src/", read_sources())];
+    for dir in ["actors/src", "transport/src", "chaos/src"] {
+        let base = root.join(dir);
+        let mut files = Vec::new();
+        collect_rs(&base, &mut files);
+        let sources = files
+            .into_iter()
+            .map(|file| Source {
+                text: std::fs::read_to_string(&file)
+                    .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display())),
+                path: file
+                    .strip_prefix(&base)
+                    .expect("under the crate")
+                    .to_string_lossy()
+                    .replace('\\', "/"),
+            })
+            .collect();
+        crates.push((dir, sources));
+    }
+    crates
+}
+
+#[test]
+fn no_production_function_is_longer_than_100_lines_without_a_reason() {
+    let mut found = Vec::new();
+    for (prefix, sources) in read_workspace_sources() {
+        let prefix = if prefix.ends_with('/') {
+            prefix.to_string()
+        } else {
+            format!("{prefix}/")
+        };
+        found.extend(long_function_violations(&sources, &prefix));
+    }
+    let key = |found: &str| -> String {
+        // "path:line: name (n lines)" -> "path: name"
+        let (path, rest) = found.split_once(':').expect("path:line");
+        let name = rest.split_once(": ").map_or("", |(_, r)| r);
+        format!("{path}: {}", name.split(' ').next().unwrap_or(""))
+    };
+    let new: Vec<&String> = found
+        .iter()
+        .filter(|f| !KNOWN_LONG.contains(&key(f).as_str()))
+        .collect();
+    let keys: Vec<String> = found.iter().map(|f| key(f)).collect();
+    let shortened: Vec<&&str> = KNOWN_LONG
+        .iter()
+        .filter(|k| !keys.contains(&k.to_string()))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "production functions longer than {FUNCTION_LINES_MAX} lines: split them, or say in \
+         the doc comment why one reads best whole (\"Longer than most functions here {LONG_ON_PURPOSE}: \
+         ...\"):\n{}",
+        new.iter().map(|f| f.as_str()).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        shortened.is_empty(),
+        "no longer long (or gone): remove them from KNOWN_LONG:\n{}",
+        shortened.iter().map(|k| k.to_string()).collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_reported_unless_its_doc_says_why() {
+    let body = "    let x = 1;\n".repeat(FUNCTION_LINES_MAX);
+    let text = format!(
+        "/// Short.\nfn short() {{ let s = \"{{\"; }}\n/// Plain.\npub fn long() {{\n{body}}}\n\
+         /// Longer than most functions here on purpose: one arm per case.\n#[inline]\n\
+         fn table() {{\n{body}}}\ntrait T {{ fn declared(&self); }}\n\
+         #[cfg(test)]\nmod tests {{ fn in_tests() {{\n{body}}} }}\n"
+    );
+    let sources = vec![
+        source("a/mod.rs", &text),
+        source("a/b_tests.rs", &format!("fn t() {{\n{body}}}\n")),
+    ];
+    assert_eq!(
+        long_function_violations(&sources, "src/"),
+        [format!("src/a/mod.rs:4: long ({} lines)", FUNCTION_LINES_MAX + 2)]
     );
 }
 

@@ -137,6 +137,9 @@ pub(super) fn count_detections(gateway: &Gateway) {
 /// The chief's readings: the ledger (LEDGER-1), the control counters, and `rate`
 /// ([`chief_rate`]: committed closures per second over a window no scrape moves; a dashboard
 /// may as well take `rate(cohort_ledger_committed[1m])`).
+///
+/// Longer than most functions here on purpose: one reading per metric of the chief, each named
+/// where it is set.
 pub(super) fn chief_refresh(
     actor: Addr<CoordinatorActor>,
     rate: Arc<Mutex<status::RateSampler>>,

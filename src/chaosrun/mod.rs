@@ -501,6 +501,9 @@ pub fn servers_check(
 
 /// Writes `report.txt` and `report.json` into `setup.out_dir`; returns whether every check
 /// passed (skipped ones aside).
+///
+/// Longer than most functions here on purpose: every field of the run report, in the text and
+/// in the JSON alike, side by side so that they stay the same.
 pub fn write_report(
     plan: &Plan,
     setup: &RunSetup,

@@ -856,6 +856,9 @@ impl Plan {
     /// the simulator cannot model are refused, named:
     /// checkpoint files, a partition between two given tasks (the simulator cuts a task off
     /// from all), and loss (the simulator's loss is the network's for the whole run).
+    ///
+    /// Longer than most functions here on purpose: one arm per fault of a plan, each what the
+    /// simulator makes of it (or why it cannot), beside `parse_fault`'s.
     pub fn to_scenario(&self, config: &SimConfig) -> Result<Scenario, PlanError> {
         let err = |refusal: NotSimulable| PlanError {
             file: self.source.display().to_string(),
@@ -984,6 +987,8 @@ impl Plan {
     }
 }
 
+/// Longer than most functions here on purpose: one arm per fault kind of a plan, each its
+/// fields and their checks, so that the plan's format reads in one place.
 fn parse_fault(index: usize, item: &toml::Value) -> Result<FaultSpec, FaultError> {
     let table = item.as_table().ok_or(FaultError::NotATable { index })?;
     for k in table.keys() {

@@ -416,6 +416,9 @@ fn with_config_sources(cli: clap::Command) -> clap::Command {
 }
 
 /// Parses the process arguments and runs the command.
+///
+/// Longer than most functions here on purpose: one arm per subcommand, each handing its
+/// arguments to the code that runs it.
 pub fn run() -> ExitCode {
     // First, before any thread starts (it sets the environment).
     crate::process::follow_cpu_quota();

@@ -1040,6 +1040,9 @@ fn key_of(prefix: &str, error: &ClusterError) -> &'static str {
     }
 }
 
+/// Longer than most functions here on purpose: one line per setting, each how a later layer
+/// (file, environment, flag) overrides an earlier one, so that every setting's precedence reads
+/// in one place.
 fn merge(layers: Vec<Layer>) -> Result<RoleConfig, ConfigError> {
     let mut origins = BTreeMap::new();
     macro_rules! pick {

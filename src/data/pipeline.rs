@@ -70,6 +70,9 @@ impl IntoIterator for &Dataset {
 }
 
 /// Builds a fresh iterator for `dataset` (arguments already validated).
+///
+/// Longer than most functions here on purpose: one arm per kind of dataset node, each the
+/// iterator that carries it out.
 pub(crate) fn build(dataset: &Dataset) -> BoxIter {
     match dataset.node() {
         Node::Source(Source::Tensors(element)) => Box::new(std::iter::once(Ok(element.clone()))),

@@ -470,6 +470,10 @@ impl Scenario {
     }
 
     /// Draws the scenario of `seed` within `config`'s fault model.
+    ///
+    /// Longer than most functions here on purpose: the draws in one fixed order. Every recorded
+    /// seed (the regression scenarios among them) means the scenario these draws give, in this
+    /// order.
     pub fn draw(config: &SimConfig, seed: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ SCENARIO_STREAM);
         let kinds = config.kinds;

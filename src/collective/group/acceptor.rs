@@ -117,6 +117,8 @@ impl MeshInner {
         state.conns.insert(conn.peer().clone(), conn);
     }
 
+    /// Longer than most functions here on purpose: one arm per collective wire message, each
+    /// what the acceptor does with it, so that every message a mesh takes reads in one place.
     pub(super) fn dispatch(
         self: &Arc<Self>,
         conn: &Connection,

@@ -66,6 +66,9 @@ impl World<'_> {
     }
 
     /// A fault the scenario injects now.
+    ///
+    /// Longer than most functions here on purpose: one arm per fault kind, each what it does to
+    /// the simulated processes and network, so that the fault model reads in one place.
     pub(super) fn inject(&mut self, fault: FaultEvent) {
         match fault {
             FaultEvent::Kill(node) => self.kill(node),

@@ -300,6 +300,9 @@ impl World<'_> {
     /// The simulated message that carries `request` (the harness notes what it checks as it
     /// goes out), or `None` where nothing goes over the network: the storage's work, done
     /// here, and a variable's creation, which the simulated job never asks for.
+    ///
+    /// Longer than most functions here on purpose: one arm per `Request`, each how the
+    /// simulated world carries it out, as the actor's `outcome_of` does for the real one.
     fn request_of(&mut self, request: Request, route: &Route) -> Option<Req> {
         let setup_req = |world: &mut Self, setup: &SetupWorker| {
             (

@@ -564,6 +564,10 @@ impl MemberMachine {
     }
 
     /// A message from `from`.
+    ///
+    /// Longer than most functions here on purpose: one arm per `MemberMessage`, each the
+    /// machine's answer to it, so that what a member does with every message reads in one
+    /// place.
     pub(crate) fn handle_message(&mut self, now: Instant, from: &NodeId, message: MemberMessage) {
         if matches!(self.phase, Phase::Ended) {
             return;

@@ -329,6 +329,9 @@ impl RestoreRun {
     }
 
     /// Takes one answer; returns the next calls and, when this answer ended the run, how.
+    ///
+    /// Longer than most functions here on purpose: one arm per kind of restore answer, each how
+    /// the run goes on after it, so that the restore's protocol reads in one place.
     pub fn handle(
         &mut self,
         report: RestoreReport,
