@@ -458,7 +458,11 @@ fn no_production_function_is_longer_than_100_lines_without_a_reason() {
     assert!(
         shortened.is_empty(),
         "no longer long (or gone): remove them from KNOWN_LONG:\n{}",
-        shortened.iter().map(|k| k.to_string()).collect::<Vec<_>>().join("\n")
+        shortened
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -477,7 +481,10 @@ fn a_long_function_is_reported_unless_its_doc_says_why() {
     ];
     assert_eq!(
         long_function_violations(&sources, "src/"),
-        [format!("src/a/mod.rs:4: long ({} lines)", FUNCTION_LINES_MAX + 2)]
+        [format!(
+            "src/a/mod.rs:4: long ({} lines)",
+            FUNCTION_LINES_MAX + 2
+        )]
     );
 }
 
