@@ -95,37 +95,7 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         (None, None) => None,
     };
     if let Some((seed, scenario)) = chosen {
-        let report = sim::run_scenario(&config, &scenario);
-        for line in &report.trace {
-            outln!("{line}");
-        }
-        outln!(
-            "seed {seed}: {} events, {} ms simulated",
-            report.events, report.sim_ms
-        );
-        outln!("{scenario}");
-        let late = scenario
-            .faults
-            .iter()
-            .filter(|f| fault_time_ms(f).is_some_and(|at| at > report.sim_ms))
-            .count();
-        if late > 0 {
-            outln!(
-                "note: {late} fault(s) fell after the simulated job ended (more --closures \
-                 make it longer)"
-            );
-        }
-        return match (&report.violation, &report.failure) {
-            (Some(v), _) => Err(CliError::Failed(format!("seed {seed}: {v}"))),
-            (None, Some(f)) => {
-                outln!("the job ended with an expected end ({}): {f}", f.kind());
-                Ok(())
-            }
-            (None, None) => {
-                outln!("the job finished; every invariant held");
-                Ok(())
-            }
-        };
+        return run_one(&config, seed, &scenario);
     }
     let last = args.first_seed.saturating_add(args.seeds);
     outln!(
@@ -134,7 +104,49 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
     );
     let started = Instant::now();
     let summary = sim::run_seeds(&config, args.first_seed..last);
-    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    report_sweep(&config, &summary, started.elapsed().as_secs_f64())
+}
+
+/// Runs one `scenario` (of `seed`, or of a plan) and prints its trace; a broken invariant is
+/// a failure.
+fn run_one(config: &SimConfig, seed: u64, scenario: &sim::Scenario) -> Result<(), CliError> {
+    let report = sim::run_scenario(config, scenario);
+    for line in &report.trace {
+        outln!("{line}");
+    }
+    outln!(
+        "seed {seed}: {} events, {} ms simulated",
+        report.events, report.sim_ms
+    );
+    outln!("{scenario}");
+    let late = scenario
+        .faults
+        .iter()
+        .filter(|f| fault_time_ms(f).is_some_and(|at| at > report.sim_ms))
+        .count();
+    if late > 0 {
+        outln!(
+            "note: {late} fault(s) fell after the simulated job ended (more --closures \
+             make it longer)"
+        );
+    }
+    match (&report.violation, &report.failure) {
+        (Some(v), _) => Err(CliError::Failed(format!("seed {seed}: {v}"))),
+        (None, Some(f)) => {
+            outln!("the job ended with an expected end ({}): {f}", f.kind());
+            Ok(())
+        }
+        (None, None) => {
+            outln!("the job finished; every invariant held");
+            Ok(())
+        }
+    }
+}
+
+/// Prints what a sweep of seeds found (`seconds`: how long it ran); a broken invariant is a
+/// failure, its first seed shrunk to a scenario.
+fn report_sweep(config: &SimConfig, summary: &sim::Summary, seconds: f64) -> Result<(), CliError> {
+    let seconds = seconds.max(1e-9);
     outln!(
         "{} schedules, {} events in {seconds:.2} s ({:.0} schedules/s, {:.0} events/s)",
         summary.schedules,
@@ -168,7 +180,7 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         outln!("  seed {seed}: {violation}");
     }
     let (seed, _) = &summary.violations[0];
-    let shrunk = sim::shrink(&config, &sim::Scenario::draw(&config, *seed));
+    let shrunk = sim::shrink(config, &sim::Scenario::draw(config, *seed));
     outln!("seed {seed} shrunk to:\n{shrunk}");
     Err(CliError::Failed(format!(
         "{} of {} schedules broke an invariant (replay one with --seed)",

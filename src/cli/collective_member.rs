@@ -105,7 +105,7 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
             ..GroupConfig::default()
         };
         let mesh = Mesh::new(endpoint, config);
-        let mut group = match mesh.form(1, members).await {
+        let group = match mesh.form(1, members).await {
             Ok(group) => group,
             Err(err) => {
                 report(1, &err);
@@ -131,43 +131,54 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                 }
             };
         }
-        let mut round = 0u64;
-        while !stop.load(Ordering::SeqCst) {
-            match one_round(&group, &node, args.elements).await {
-                Ok(()) => {
-                    round += 1;
-                    outln!(
-                        "ok generation={} round={round} shared-memory-peers={}",
-                        group.generation(),
-                        group.shared_memory_peers().len()
-                    );
-                }
-                Err(err) => {
-                    report(group.generation(), &err);
-                    let CollectiveError::MemberLost { node: lost, .. } = &err else {
+        all_reduce_until_stopped(group, &node, args.elements, &stop).await
+    })
+}
+
+/// All-reduces round after round until `stop` (stdin closed); after a member is lost,
+/// re-forms with the others and goes on. The process's exit code.
+async fn all_reduce_until_stopped(
+    mut group: ProcessGroup,
+    node: &NodeId,
+    elements: usize,
+    stop: &AtomicBool,
+) -> Result<u8, CliError> {
+    let mut round = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        match one_round(&group, node, elements).await {
+            Ok(()) => {
+                round += 1;
+                outln!(
+                    "ok generation={} round={round} shared-memory-peers={}",
+                    group.generation(),
+                    group.shared_memory_peers().len()
+                );
+            }
+            Err(err) => {
+                report(group.generation(), &err);
+                let CollectiveError::MemberLost { node: lost, .. } = &err else {
+                    return Ok(3);
+                };
+                let survivors: Vec<NodeId> = group
+                    .members()
+                    .iter()
+                    .filter(|n| *n != lost)
+                    .cloned()
+                    .collect();
+                group = match group.reform(&survivors).await {
+                    Ok(group) => group,
+                    Err(err) => {
+                        report(group.generation() + 1, &err);
                         return Ok(3);
-                    };
-                    let survivors: Vec<NodeId> = group
-                        .members()
-                        .iter()
-                        .filter(|n| *n != lost)
-                        .cloned()
-                        .collect();
-                    group = match group.reform(&survivors).await {
-                        Ok(group) => group,
-                        Err(err) => {
-                            report(group.generation() + 1, &err);
-                            return Ok(3);
-                        }
-                    };
-                    formed(&group);
-                    round = 0;
-                }
+                    }
+                };
+                formed(&group);
+                round = 0;
             }
         }
-        outln!("stopped");
-        Ok(0)
-    })
+    }
+    outln!("stopped");
+    Ok(0)
 }
 
 /// All-reduces `elements` small integers weighted by this node's index + 1 and checks the sum

@@ -640,49 +640,66 @@ pub(crate) async fn read_loop<G: LinkOwner>(
         let Some(shared) = group.upgrade() else {
             return;
         };
-        match read {
-            Ok((
-                (
-                    Wire::Data {
-                        generation: sent,
-                        seq,
-                        tag,
-                        call,
-                    },
-                    blob,
-                ),
-                permit,
-            )) if sent == generation => {
-                shared.deliver_plain(from, seq, tag, call, blob, permit);
-            }
-            Ok(((other, _), _)) => {
-                shared.fail(
-                    CollectiveError::Link {
-                        node: peer.clone(),
-                        generation,
-                        reason: format!(
-                            "its TCP link carried {other:?}, not a chunk of generation {generation}"
-                        ),
-                    },
-                    true,
-                );
-                return;
-            }
-            Err(ended @ ReadError::Ended(_)) => {
-                shared.link_ended(from, ended.to_string());
-                return;
-            }
-            Err(ReadError::Malformed(malformed)) => {
-                shared.fail(
-                    CollectiveError::MemberLost {
-                        node: peer.clone(),
-                        generation,
-                        reason: malformed.to_string(),
-                    },
-                    true,
-                );
-                return;
-            }
+        if !take_read(shared.as_ref(), from, &peer, generation, read) {
+            return;
+        }
+    }
+}
+
+/// What [`read_loop`] does with one frame it read from `peer` (rank `from`) of `generation`:
+/// a chunk of that generation goes to the group's inbox (`true`: read on); anything else (a
+/// frame that is no such chunk, the end of the stream, a malformed frame) fails the group or
+/// ends the link (`false`).
+fn take_read<G: LinkOwner>(
+    shared: &G,
+    from: usize,
+    peer: &NodeId,
+    generation: u64,
+    read: Result<((Wire, Blob), tokio::sync::OwnedSemaphorePermit), ReadError>,
+) -> bool {
+    match read {
+        Ok((
+            (
+                Wire::Data {
+                    generation: sent,
+                    seq,
+                    tag,
+                    call,
+                },
+                blob,
+            ),
+            permit,
+        )) if sent == generation => {
+            shared.deliver_plain(from, seq, tag, call, blob, permit);
+            true
+        }
+        Ok(((other, _), _)) => {
+            shared.fail(
+                CollectiveError::Link {
+                    node: peer.clone(),
+                    generation,
+                    reason: format!(
+                        "its TCP link carried {other:?}, not a chunk of generation {generation}"
+                    ),
+                },
+                true,
+            );
+            false
+        }
+        Err(ended @ ReadError::Ended(_)) => {
+            shared.link_ended(from, ended.to_string());
+            false
+        }
+        Err(ReadError::Malformed(malformed)) => {
+            shared.fail(
+                CollectiveError::MemberLost {
+                    node: peer.clone(),
+                    generation,
+                    reason: malformed.to_string(),
+                },
+                true,
+            );
+            false
         }
     }
 }

@@ -161,20 +161,13 @@ fn goodput_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, Step
     Ok(Vec::new())
 }
 
-fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
-    let env = |key: &str, default: usize| {
-        std::env::var(key)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let workload = std::env::var("COHORT_BENCH_WORKLOAD").unwrap_or_else(|_| "dense".into());
-    let steps = env("COHORT_BENCH_STEPS", 300);
-    let warmup = env("COHORT_BENCH_WARMUP", 30);
-    if workload == "recovery" {
-        return super::recovery::run_chief(coordinator, steps);
-    }
-    let (function, batch, bytes_per_step) = match workload.as_str() {
+/// Creates the variables of `workload` on the servers; returns its step function, its batch
+/// (examples per step) and the bytes a step pulls and pushes.
+fn create_variables_of(
+    coordinator: &mut ClusterCoordinator,
+    workload: &str,
+) -> Result<(&'static str, usize, u64), CoordinatorError> {
+    Ok(match workload {
         "dense" => {
             // As TensorFlow's guide sets up ParameterServerStrategy: variables of 256 KiB and
             // more are split over the servers, so that the first kernel (800 KiB) does not
@@ -228,8 +221,24 @@ fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorErro
             coordinator.create_variable(blob)?;
             ("goodput_step", 0, 2 * 4 * GOODPUT_FLOATS as u64)
         }
-        _ => return Err(BenchError::UnknownWorkload(workload.clone()).into()),
+        _ => return Err(BenchError::UnknownWorkload(workload.to_string()).into()),
+    })
+}
+
+fn run_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError> {
+    let env = |key: &str, default: usize| {
+        std::env::var(key)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
     };
+    let workload = std::env::var("COHORT_BENCH_WORKLOAD").unwrap_or_else(|_| "dense".into());
+    let steps = env("COHORT_BENCH_STEPS", 300);
+    let warmup = env("COHORT_BENCH_WARMUP", 30);
+    if workload == "recovery" {
+        return super::recovery::run_chief(coordinator, steps);
+    }
+    let (function, batch, bytes_per_step) = create_variables_of(coordinator, &workload)?;
     if workload != "goodput" {
         coordinator.create_per_worker_dataset(&workload)?;
     }

@@ -430,6 +430,33 @@ impl ClusterCoordinator {
                 detail: "created twice".into(),
             });
         }
+        let layout = self.place(&spec)?;
+        let inits = self.initial_values(&spec, &layout)?;
+        // Servers being resharded: created once they are (the coordinator refuses until then).
+        let deadline = Instant::now() + self.wait_max;
+        loop {
+            let rx = self.ask(CreateShards {
+                layout: layout.clone(),
+                inits: inits.clone(),
+            })?;
+            match self.wait(rx, "creating a variable")? {
+                Err(CreateError::Resharding { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                result => {
+                    result?;
+                    break;
+                }
+            }
+        }
+        self.layouts.push(layout.clone());
+        self.configure_workers()?;
+        Ok(layout)
+    }
+
+    /// Where `spec`'s shards live: whole variables continue the coordinator-wide round-robin
+    /// over the job's servers now, partitioned ones start their shards there too.
+    fn place(&mut self, spec: &VariableSpec) -> Result<Layout, CoordinatorError> {
         // Placed over the job's servers now: their indexes, in order.
         let servers: Vec<u32> = self.topology().servers.keys().copied().collect();
         if servers != self.placed_over {
@@ -454,11 +481,21 @@ impl ClusterCoordinator {
         for shard in &mut layout.shards {
             shard.ps = servers[shard.ps as usize];
         }
+        Ok(layout)
+    }
+
+    /// Each shard's initial value of `spec` placed as `layout`: the warm-start file's rows,
+    /// the values the spec gives, or its initializer's.
+    fn initial_values(
+        &mut self,
+        spec: &VariableSpec,
+        layout: &Layout,
+    ) -> Result<Vec<InitSpec>, CoordinatorError> {
         let fan_in = spec.shape.first().copied().unwrap_or(1) as u64;
         let fan_out = spec.shape.iter().skip(1).product::<usize>() as u64;
-        let inits = match self.warm_start()? {
+        Ok(match self.warm_start()? {
             Some(warm) => warm
-                .shard_values(&layout)?
+                .shard_values(layout)?
                 .into_iter()
                 .map(|values| InitSpec::Values(values.into_data()))
                 .collect(),
@@ -491,27 +528,7 @@ impl ClusterCoordinator {
                         source: Box::new(source),
                     })?,
             },
-        };
-        // Servers being resharded: created once they are (the coordinator refuses until then).
-        let deadline = Instant::now() + self.wait_max;
-        loop {
-            let rx = self.ask(CreateShards {
-                layout: layout.clone(),
-                inits: inits.clone(),
-            })?;
-            match self.wait(rx, "creating a variable")? {
-                Err(CreateError::Resharding { .. }) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                result => {
-                    result?;
-                    break;
-                }
-            }
-        }
-        self.layouts.push(layout.clone());
-        self.configure_workers()?;
-        Ok(layout)
+        })
     }
 
     /// Every worker builds its own dataset from the registered function `function` (its
