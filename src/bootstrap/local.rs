@@ -204,39 +204,10 @@ pub fn launch_local(
             return TRAINING_ERROR_EXIT_CODE;
         }
     };
-    let run_dir = match flags.run_dir.clone() {
-        Some(dir) => dir,
-        None => match crate::process::new_temp_dir("cohort-run-") {
-            Ok(dir) => dir,
-            Err(e) => {
-                tracing::error!(
-                    "cannot make a run directory under {}: {e}",
-                    std::env::temp_dir().display()
-                );
-                return crate::process::BAD_CONFIG_EXIT_CODE;
-            }
-        },
+    let run_dir = match make_dirs(flags, &env) {
+        Ok(dir) => dir,
+        Err(code) => return code,
     };
-    // A directory the job cannot have is bad configuration, said before any task starts.
-    let checkpoint_dir = env
-        .iter()
-        .find(|(key, _)| key == ConfigKey::CHECKPOINT_DIR.env)
-        .map(|(_, dir)| std::path::PathBuf::from(dir))
-        .or_else(|| std::env::var_os(ConfigKey::CHECKPOINT_DIR.env).map(Into::into));
-    let wanted = [
-        ("--run-dir", Some(&run_dir)),
-        ("checkpoint_dir", checkpoint_dir.as_ref()),
-    ];
-    for (what, dir) in wanted {
-        let Some(dir) = dir else { continue };
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            tracing::error!(
-                "bad config: {what} {}: cannot create it: {e}",
-                dir.display()
-            );
-            return BAD_CONFIG_EXIT_CODE;
-        }
-    }
     env.push((
         DETECTION_BUDGET_ENV.into(),
         crate::cluster::format_duration(flags.detection_budget),
@@ -296,6 +267,68 @@ pub fn launch_local(
                 };
             }
         };
+    announce(flags, &run_dir, &launcher);
+    let outcome = launcher.supervise(&stop);
+    drop(launcher);
+    if flags.run_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
+    match outcome {
+        Ok(LaunchOutcome::ChiefExited(code)) => code,
+        Ok(LaunchOutcome::WorkersFinished) => 0,
+        // The chief's own code when it exited while stopping (143 after its preemption
+        // checkpoint, anything else it returned); 143 when it had to be killed.
+        Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(PREEMPTED_EXIT_CODE),
+        Err(e) => {
+            tracing::error!("{e}");
+            TRAINING_ERROR_EXIT_CODE
+        }
+    }
+}
+
+/// The run directory (`--run-dir`, else a new temporary one) and the checkpoint directory the
+/// job is given (in `env`, or this process's environment), created before any task starts: a
+/// directory the job cannot have is bad configuration. `Err`: the exit code.
+fn make_dirs(flags: &LaunchFlags, env: &[(String, String)]) -> Result<std::path::PathBuf, i32> {
+    let run_dir = match flags.run_dir.clone() {
+        Some(dir) => dir,
+        None => match crate::process::new_temp_dir("cohort-run-") {
+            Ok(dir) => dir,
+            Err(e) => {
+                tracing::error!(
+                    "cannot make a run directory under {}: {e}",
+                    std::env::temp_dir().display()
+                );
+                return Err(crate::process::BAD_CONFIG_EXIT_CODE);
+            }
+        },
+    };
+    // A directory the job cannot have is bad configuration, said before any task starts.
+    let checkpoint_dir = env
+        .iter()
+        .find(|(key, _)| key == ConfigKey::CHECKPOINT_DIR.env)
+        .map(|(_, dir)| std::path::PathBuf::from(dir))
+        .or_else(|| std::env::var_os(ConfigKey::CHECKPOINT_DIR.env).map(Into::into));
+    let wanted = [
+        ("--run-dir", Some(&run_dir)),
+        ("checkpoint_dir", checkpoint_dir.as_ref()),
+    ];
+    for (what, dir) in wanted {
+        let Some(dir) = dir else { continue };
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            tracing::error!(
+                "bad config: {what} {}: cannot create it: {e}",
+                dir.display()
+            );
+            return Err(BAD_CONFIG_EXIT_CODE);
+        }
+    }
+    Ok(run_dir)
+}
+
+/// Says what the launcher started, how to scale it where it is elastic, and where each task
+/// serves its metrics.
+fn announce(flags: &LaunchFlags, run_dir: &std::path::Path, launcher: &Launcher) {
     tracing::info!(
         "started {} parameter server(s) and {} worker(s) and the chief on 127.0.0.1 (certificates in {})",
         flags.ps.min,
@@ -318,22 +351,6 @@ pub fn launch_local(
     }
     for (task, addr) in launcher.metrics_addrs() {
         tracing::info!("{task}: metrics on http://{addr}/metrics");
-    }
-    let outcome = launcher.supervise(&stop);
-    drop(launcher);
-    if flags.run_dir.is_none() {
-        let _ = std::fs::remove_dir_all(&run_dir);
-    }
-    match outcome {
-        Ok(LaunchOutcome::ChiefExited(code)) => code,
-        Ok(LaunchOutcome::WorkersFinished) => 0,
-        // The chief's own code when it exited while stopping (143 after its preemption
-        // checkpoint, anything else it returned); 143 when it had to be killed.
-        Ok(LaunchOutcome::Stopped { chief }) => chief.unwrap_or(PREEMPTED_EXIT_CODE),
-        Err(e) => {
-            tracing::error!("{e}");
-            TRAINING_ERROR_EXIT_CODE
-        }
     }
 }
 

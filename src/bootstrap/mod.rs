@@ -277,55 +277,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
             .map_err(|e| RoleFailure::Training(e.to_string()))?;
         exit_when_outdated(&gateway);
         join_the_job(&gateway, &node, register_wait)?;
-        // A server keeps its variables through a chief's restart (the new chief restores them
-        // from its checkpoint either way); with no chief for `ps_restart_wait` it exits.
-        exit_without_a_chief(
-            &gateway,
-            register_wait,
-            |cause| {
-                tracing::warn!(
-                    "the chief was declared dead ({cause:?}): waiting for a new chief incarnation"
-                );
-                None
-            },
-            |waited| {
-                Some(Exit {
-                    code: RETIRED_EXIT_CODE,
-                    reason: format!(
-                        "no new chief within {waited:?} of losing the chief: exiting so that \
-                         this server restarts as a new incarnation"
-                    ),
-                })
-            },
-            |waited| {
-                Some(Exit {
-                    code: RETIRED_EXIT_CODE,
-                    reason: format!(
-                        "no chief answered within {waited:?} of this server's start: exiting \
-                         so that it restarts as a new incarnation"
-                    ),
-                })
-            },
-        );
-        drain_on_signal(&gateway, incarnation, TaskType::Ps, |answer| match answer {
-            Some(Ok(())) => Some(Exit {
-                code: JOB_DONE_EXIT_CODE,
-                reason: "drained: the chief moved this server's variables onto the other \
-                         servers; leaving the job"
-                    .into(),
-            }),
-            Some(Err(refusal)) => {
-                tracing::warn!("not drained, serving on: {refusal}");
-                None
-            }
-            None => {
-                tracing::warn!(
-                    "not drained (the chief did not answer), serving on: leaving now \
-                     would lose the variables it holds"
-                );
-                None
-            }
-        });
+        ps_exits_without_a_chief_or_when_drained(&gateway, register_wait, incarnation);
         // The workers too: those that called this server's predecessor (killed, its
         // connections left open) would otherwise wait for them to idle out before their
         // closures fail and the chief's recovery can restore this incarnation.
@@ -366,6 +318,66 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     system
         .run_with_code()
         .map_err(|e| RoleFailure::Training(e.to_string()))
+}
+
+/// A server's exits without a chief and on a drain: it keeps its variables through a chief's
+/// restart (the new chief restores them from its checkpoint either way) and exits, to restart
+/// as a new incarnation, with no chief for `register_wait`; drained (its variables moved onto
+/// the other servers by the chief), it leaves the job, and refused or unanswered it serves on.
+fn ps_exits_without_a_chief_or_when_drained(
+    gateway: &Gateway,
+    register_wait: Duration,
+    incarnation: u64,
+) {
+    // A server keeps its variables through a chief's restart (the new chief restores them
+    // from its checkpoint either way); with no chief for `ps_restart_wait` it exits.
+    exit_without_a_chief(
+        gateway,
+        register_wait,
+        |cause| {
+            tracing::warn!(
+                "the chief was declared dead ({cause:?}): waiting for a new chief incarnation"
+            );
+            None
+        },
+        |waited| {
+            Some(Exit {
+                code: RETIRED_EXIT_CODE,
+                reason: format!(
+                    "no new chief within {waited:?} of losing the chief: exiting so that \
+                     this server restarts as a new incarnation"
+                ),
+            })
+        },
+        |waited| {
+            Some(Exit {
+                code: RETIRED_EXIT_CODE,
+                reason: format!(
+                    "no chief answered within {waited:?} of this server's start: exiting \
+                     so that it restarts as a new incarnation"
+                ),
+            })
+        },
+    );
+    drain_on_signal(gateway, incarnation, TaskType::Ps, |answer| match answer {
+        Some(Ok(())) => Some(Exit {
+            code: JOB_DONE_EXIT_CODE,
+            reason: "drained: the chief moved this server's variables onto the other \
+                     servers; leaving the job"
+                .into(),
+        }),
+        Some(Err(refusal)) => {
+            tracing::warn!("not drained, serving on: {refusal}");
+            None
+        }
+        None => {
+            tracing::warn!(
+                "not drained (the chief did not answer), serving on: leaving now \
+                 would lose the variables it holds"
+            );
+            None
+        }
+    });
 }
 
 fn run_worker(
@@ -431,31 +443,7 @@ fn run_worker(
                 .unwrap_or_else(PoisonError::into_inner)
                 .handle_drained(Instant::now(), matches!(answer, Some(Ok(()))))
         });
-        let losing = Arc::clone(&machine);
-        let waiting = Arc::clone(&machine);
-        let unanswered = Arc::clone(&machine);
-        exit_without_a_chief(
-            &gateway,
-            register_wait,
-            move |cause| {
-                losing
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .handle_chief_lost(Instant::now(), cause)
-            },
-            move |waited| {
-                waiting
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .handle_chief_wait_over(Instant::now(), waited)
-            },
-            move |waited| {
-                unanswered
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .handle_no_chief(Instant::now(), waited)
-            },
-        );
+        worker_exits_without_a_chief(&gateway, register_wait, &machine);
         let noticing = Arc::clone(&machine);
         let leaving = Arc::clone(&machine);
         serve_chief_then_stop(
@@ -489,6 +477,40 @@ fn run_worker(
     system
         .run_with_code()
         .map_err(|e| RoleFailure::Training(e.to_string()))
+}
+
+/// A worker's exits without a chief, as its machine decides: when the chief is lost, when the
+/// wait for a new one is over, and when none answered since the worker's start.
+fn worker_exits_without_a_chief(
+    gateway: &Gateway,
+    register_wait: Duration,
+    machine: &Arc<Mutex<WorkerMachine>>,
+) {
+    let losing = Arc::clone(machine);
+    let waiting = Arc::clone(machine);
+    let unanswered = Arc::clone(machine);
+    exit_without_a_chief(
+        gateway,
+        register_wait,
+        move |cause| {
+            losing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .handle_chief_lost(Instant::now(), cause)
+        },
+        move |waited| {
+            waiting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .handle_chief_wait_over(Instant::now(), waited)
+        },
+        move |waited| {
+            unanswered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .handle_no_chief(Instant::now(), waited)
+        },
+    );
 }
 
 /// Ends this process when the chief says the job is done ([`Shutdown`] to `actor`), as
@@ -636,15 +658,7 @@ fn run_chief(
         ps_restart_wait_max: config.ps_restart_wait,
         ..SchedulerConfig::default()
     };
-    let mut peers: Vec<(NodeId, PeerAddr, &'static str)> = workers
-        .iter()
-        .map(|(node, addr)| (node.clone(), addr.clone(), WORKER_ACTOR))
-        .collect();
-    peers.extend(
-        servers
-            .iter()
-            .map(|(node, addr)| (node.clone(), addr.clone(), PS_ACTOR)),
-    );
+    let peers = spec_peers(&workers, &servers);
     let node = node.clone();
     let actor_servers = servers.clone();
     let grace = config.preemption_grace;
@@ -671,18 +685,7 @@ fn run_chief(
             Some(metrics::chief_refresh(actor.clone(), Arc::clone(&rate))),
             Some(metrics::chief_status(actor.clone(), job, rate)),
         )?;
-        let stopping = actor.clone();
-        on_stop_signal(move || async move {
-            tracing::info!(
-                "stop requested (SIGTERM): the program may checkpoint for up to {}, then the process exits {PREEMPTED_EXIT_CODE}",
-                crate::cluster::format_duration(grace)
-            );
-            // A server's preemption cut under way gives way to the program's own checkpoint.
-            stopping.do_send(crate::roles::coordinator::ChiefStopping);
-            tokio::time::sleep(grace).await;
-            tracing::warn!("the program did not finish within the preemption grace; exiting without waiting for it");
-            System::current().stop();
-        });
+        stop_after_grace(actor.clone(), grace);
         Ok::<_, RoleFailure>((actor, gateway, Handle::current(), System::current()))
     })?;
     // The chief's program runs on its own thread and blocks on the coordinator; the node's
@@ -708,23 +711,7 @@ fn run_chief(
                 chief(&mut coordinator)
             }));
             if matches!(outcome, Ok(Ok(()))) && !preemption_requested() {
-                // Workers that joined the running job hear it too.
-                let mut peers = peers;
-                if let Ok(joined) = runtime.block_on(members.send(JoinedWorkers)) {
-                    peers.extend(
-                        joined
-                            .into_iter()
-                            .map(|(node, addr)| (node, addr, WORKER_ACTOR)),
-                    );
-                }
-                // And servers that joined it.
-                if let Ok(topology) = runtime.block_on(members.send(Topology)) {
-                    for (node, addr) in topology.servers.into_values() {
-                        if !peers.iter().any(|(known, _, _)| *known == node) {
-                            peers.push((node, addr, PS_ACTOR));
-                        }
-                    }
-                }
+                let peers = with_joined(&runtime, &members, peers);
                 say_goodbye(&runtime, &gateway, peers);
             }
             program_finished.store(true, Ordering::SeqCst);
@@ -745,7 +732,60 @@ fn run_chief(
         // Stopped by the grace timer; the program thread dies with the process.
         return Ok(PREEMPTED_EXIT_CODE);
     }
-    let outcome = match program_thread.join() {
+    chief_exit(program_thread.join())
+}
+
+/// The cluster spec's `workers` and `servers`, each with the actor it runs: whom the chief's
+/// goodbye is for.
+fn spec_peers(
+    workers: &[(NodeId, PeerAddr)],
+    servers: &[(NodeId, PeerAddr)],
+) -> Vec<(NodeId, PeerAddr, &'static str)> {
+    let workers = workers
+        .iter()
+        .map(|(node, addr)| (node.clone(), addr.clone(), WORKER_ACTOR));
+    let servers = servers
+        .iter()
+        .map(|(node, addr)| (node.clone(), addr.clone(), PS_ACTOR));
+    workers.chain(servers).collect()
+}
+
+/// `peers` (the cluster spec's workers and servers, with the actor each runs) and every
+/// worker and server that joined the running job since: all that hear the chief's goodbye.
+fn with_joined(
+    runtime: &Handle,
+    members: &actix::Addr<CoordinatorActor>,
+    peers: Vec<(NodeId, PeerAddr, &'static str)>,
+) -> Vec<(NodeId, PeerAddr, &'static str)> {
+    // Workers that joined the running job hear it too.
+    let mut peers = peers;
+    if let Ok(joined) = runtime.block_on(members.send(JoinedWorkers)) {
+        peers.extend(
+            joined
+                .into_iter()
+                .map(|(node, addr)| (node, addr, WORKER_ACTOR)),
+        );
+    }
+    // And servers that joined it.
+    if let Ok(topology) = runtime.block_on(members.send(Topology)) {
+        for (node, addr) in topology.servers.into_values() {
+            if !peers.iter().any(|(known, _, _)| *known == node) {
+                peers.push((node, addr, PS_ACTOR));
+            }
+        }
+    }
+    peers
+}
+
+/// The chief's exit code, or its failure, from how its program's thread ended (`joined`).
+/// Preempted, the code says so whether or not the program managed to checkpoint (a failure
+/// is still reported).
+fn chief_exit(
+    joined: std::thread::Result<
+        Result<Result<(), CoordinatorError>, Box<dyn std::any::Any + Send>>,
+    >,
+) -> Result<i32, RoleFailure> {
+    let outcome = match joined {
         Ok(Ok(Ok(()))) => Ok(JOB_DONE_EXIT_CODE),
         // Not the program's fault: a restarted chief resumes from its checkpoint (restart me).
         // So is a server lost while the start restored it: a restarted chief restores again.
@@ -764,14 +804,29 @@ fn run_chief(
         Ok(Err(_)) | Err(_) => Err(RoleFailure::Training("the chief's program panicked".into())),
     };
     if preemption_requested() {
-        // Preempted: the exit code says so whether or not the program managed to checkpoint;
-        // a failure is still reported.
         if let Err(RoleFailure::Training(e) | RoleFailure::Config(e)) = outcome {
             tracing::error!("after the stop request: {e}");
         }
         return Ok(PREEMPTED_EXIT_CODE);
     }
     outcome
+}
+
+/// On a stop request (SIGTERM): tells the coordinator (a server's preemption cut under way
+/// gives way to the program's own checkpoint), and stops the node after `grace` if the
+/// program has not finished by then.
+fn stop_after_grace(stopping: actix::Addr<CoordinatorActor>, grace: Duration) {
+    on_stop_signal(move || async move {
+        tracing::info!(
+            "stop requested (SIGTERM): the program may checkpoint for up to {}, then the process exits {PREEMPTED_EXIT_CODE}",
+            crate::cluster::format_duration(grace)
+        );
+        // A server's preemption cut under way gives way to the program's own checkpoint.
+        stopping.do_send(crate::roles::coordinator::ChiefStopping);
+        tokio::time::sleep(grace).await;
+        tracing::warn!("the program did not finish within the preemption grace; exiting without waiting for it");
+        System::current().stop();
+    });
 }
 
 /// The end of a job that succeeded: tells every worker and parameter server to exit with

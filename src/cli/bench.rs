@@ -49,56 +49,7 @@ pub fn run(
         if workload == "goodput" && !metrics {
             bare_samples.push(bare_quinn_goodput()?);
         }
-        let report_path = dir.join(format!("{workload}-{metrics}.json"));
-        let run_dir = dir.join(format!("{workload}-{metrics}-run"));
-        let flags = LaunchFlags {
-            workers: 2.into(),
-            ps: 2.into(),
-            evaluators: 0,
-            kill_worker_after: None,
-            kill_ps_after: None,
-            run_dir: Some(run_dir.clone()),
-            detection_budget: Duration::from_secs(3),
-            replicas: 1,
-            no_metrics: !metrics,
-            peer_chief: false,
-        };
-        let env = vec![
-            ("COHORT_BENCH_WORKLOAD".to_string(), workload.to_string()),
-            ("COHORT_BENCH_STEPS".to_string(), steps.to_string()),
-            ("COHORT_BENCH_WARMUP".to_string(), warmup.to_string()),
-            (
-                "COHORT_BENCH_REPORT".to_string(),
-                report_path.display().to_string(),
-            ),
-        ];
-        let done = Arc::new(AtomicBool::new(false));
-        let scraper = metrics.then(|| {
-            let done = Arc::clone(&done);
-            let run_dir = run_dir.clone();
-            std::thread::spawn(move || scrape_until(&run_dir, &done))
-        });
-        let code = launch_local(
-            &flags,
-            vec!["role".into(), "--job".into(), "bench".into()],
-            env,
-        );
-        done.store(true, Ordering::SeqCst);
-        let scrapes = scraper.map_or(0, |s| s.join().unwrap_or(0));
-        if code != 0 {
-            return Err(CliError::Failed(format!(
-                "the {workload} benchmark's chief exited with code {code}"
-            )));
-        }
-        let text = std::fs::read_to_string(&report_path)
-            .map_err(|e| CliError::Failed(format!("{}: {e}", report_path.display())))?;
-        let report: BenchReport = serde_json::from_str(&text)
-            .map_err(|e| CliError::Failed(format!("{}: {e}", report_path.display())))?;
-        if metrics && scrapes == 0 {
-            return Err(CliError::Failed(format!(
-                "the {workload} benchmark with metrics on was never scraped"
-            )));
-        }
+        let (report, scrapes) = run_cluster(&dir, workload, metrics, steps, warmup)?;
         reports.push((report, metrics, scrapes));
         if workload == "goodput" && metrics {
             bare_samples.push(bare_quinn_goodput()?);
@@ -111,6 +62,84 @@ pub fn run(
         .map(|(r, _, _)| r.ps_goodput_mib_s);
     let bare = (!bare_samples.is_empty())
         .then(|| bare_samples.iter().sum::<f64>() / bare_samples.len() as f64);
+    print_reports(&reports, warmup);
+    compare_with_peers(&reports, peers, steps, warmup);
+    if let (Some(ours), Some(base)) = (goodput, bare) {
+        outln!(
+            "\nPS push+pull goodput {ours:.1} MiB/s vs a bare quinn stream {base:.1} MiB/s in the same run \
+             (2 MiB messages, 1 GiB samples; mean of {:.1} before and {:.1} after the cluster run): ratio {:.2} (target >= 0.85)",
+            bare_samples[0],
+            bare_samples[bare_samples.len() - 1],
+            ours / base
+        );
+    }
+    Ok(())
+}
+
+/// One run of `workload` on a local cluster (every task serving and scraped for metrics
+/// where `metrics`): the chief's report, and how many scrapes there were.
+fn run_cluster(
+    dir: &std::path::Path,
+    workload: &str,
+    metrics: bool,
+    steps: usize,
+    warmup: usize,
+) -> Result<(BenchReport, u64), CliError> {
+    let report_path = dir.join(format!("{workload}-{metrics}.json"));
+    let run_dir = dir.join(format!("{workload}-{metrics}-run"));
+    let flags = LaunchFlags {
+        workers: 2.into(),
+        ps: 2.into(),
+        evaluators: 0,
+        kill_worker_after: None,
+        kill_ps_after: None,
+        run_dir: Some(run_dir.clone()),
+        detection_budget: Duration::from_secs(3),
+        replicas: 1,
+        no_metrics: !metrics,
+        peer_chief: false,
+    };
+    let env = vec![
+        ("COHORT_BENCH_WORKLOAD".to_string(), workload.to_string()),
+        ("COHORT_BENCH_STEPS".to_string(), steps.to_string()),
+        ("COHORT_BENCH_WARMUP".to_string(), warmup.to_string()),
+        (
+            "COHORT_BENCH_REPORT".to_string(),
+            report_path.display().to_string(),
+        ),
+    ];
+    let done = Arc::new(AtomicBool::new(false));
+    let scraper = metrics.then(|| {
+        let done = Arc::clone(&done);
+        let run_dir = run_dir.clone();
+        std::thread::spawn(move || scrape_until(&run_dir, &done))
+    });
+    let code = launch_local(
+        &flags,
+        vec!["role".into(), "--job".into(), "bench".into()],
+        env,
+    );
+    done.store(true, Ordering::SeqCst);
+    let scrapes = scraper.map_or(0, |s| s.join().unwrap_or(0));
+    if code != 0 {
+        return Err(CliError::Failed(format!(
+            "the {workload} benchmark's chief exited with code {code}"
+        )));
+    }
+    let text = std::fs::read_to_string(&report_path)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", report_path.display())))?;
+    let report: BenchReport = serde_json::from_str(&text)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", report_path.display())))?;
+    if metrics && scrapes == 0 {
+        return Err(CliError::Failed(format!(
+            "the {workload} benchmark with metrics on was never scraped"
+        )));
+    }
+    Ok((report, scrapes))
+}
+
+/// The table of every run's figures, and what metrics cost each workload.
+fn print_reports(reports: &[(BenchReport, bool, u64)], warmup: usize) {
     outln!("\ncohort bench ps: 1 chief + 2 PS + 2 workers as processes on 127.0.0.1, after {warmup} warm-up steps");
     outln!(
         "{:<8} {:>8} {:>7} {:>10} {:>12} {:>14} {:>16}",
@@ -122,7 +151,7 @@ pub fn run(
         "PS MiB/step",
         "PS push+pull MiB/s"
     );
-    for (r, metrics, scrapes) in &reports {
+    for (r, metrics, scrapes) in reports {
         let metrics = if *metrics {
             format!("on/{scrapes}")
         } else {
@@ -155,7 +184,16 @@ pub fn run(
             (off - on) / off * 100.0
         );
     }
-    // The peers of the dense and sparse workloads, on the same machine, in this invocation.
+}
+
+/// Runs the peers of the dense and sparse workloads, on the same machine, in this invocation,
+/// and prints cohort's ratio to each (or why a peer was not measured).
+fn compare_with_peers(
+    reports: &[(BenchReport, bool, u64)],
+    peers: Option<&std::path::Path>,
+    steps: usize,
+    warmup: usize,
+) {
     let peer_programs: [(&str, &str, &str); 3] = [
         (
             "dense",
@@ -203,16 +241,6 @@ pub fn run(
             ),
         }
     }
-    if let (Some(ours), Some(base)) = (goodput, bare) {
-        outln!(
-            "\nPS push+pull goodput {ours:.1} MiB/s vs a bare quinn stream {base:.1} MiB/s in the same run \
-             (2 MiB messages, 1 GiB samples; mean of {:.1} before and {:.1} after the cluster run): ratio {:.2} (target >= 0.85)",
-            bare_samples[0],
-            bare_samples[bare_samples.len() - 1],
-            ours / base
-        );
-    }
-    Ok(())
 }
 
 /// How often the bench scrapes every task's metrics while metrics are on.

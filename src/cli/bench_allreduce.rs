@@ -82,22 +82,7 @@ pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
         before * MIB / 1e9,
         after * MIB / 1e9
     );
-    outln!(
-        "{:>7} {:>8} {:>10} {:>12} {:>12} {:>14} {:>10}",
-        "members", "size", "time ms", "algbw GB/s", "busbw GB/s", "bound GB/s", "busbw/bound"
-    );
-    for (members, mib, seconds) in rows {
-        let n = members as f64;
-        let algbw = mib as f64 * MIB / seconds / 1e9;
-        let busbw = algbw * 2.0 * (n - 1.0) / n;
-        let bound = ceiling / n;
-        outln!(
-            "{members:>7} {:>8} {:>10.2} {algbw:>12.3} {busbw:>12.3} {bound:>14.3} {:>10.2}",
-            format!("{mib} MiB"),
-            seconds * 1e3,
-            busbw / bound
-        );
-    }
+    print_quic_rows(&rows, ceiling);
     outln!("target: busbw/bound >= 0.70 at 64 MiB");
     outln!(
         "\nplaintext data plane (GroupConfig::plaintext: TCP links set up over QUIC; trusted \
@@ -126,6 +111,38 @@ pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
         "\ngloo (torch.distributed, members as processes on 127.0.0.1, TCP), measured in this \
          run, against cohort's member processes above:"
     );
+    print_gloo_comparison(tcp_rows, shared_rows, &gloo);
+    Ok(())
+}
+
+/// The QUIC rows (members, MiB, seconds per all-reduce) against the ring's bound on a link
+/// of `ceiling` GB/s.
+fn print_quic_rows(rows: &[(u32, usize, f64)], ceiling: f64) {
+    outln!(
+        "{:>7} {:>8} {:>10} {:>12} {:>12} {:>14} {:>10}",
+        "members", "size", "time ms", "algbw GB/s", "busbw GB/s", "bound GB/s", "busbw/bound"
+    );
+    for &(members, mib, seconds) in rows {
+        let n = members as f64;
+        let algbw = mib as f64 * MIB / seconds / 1e9;
+        let busbw = algbw * 2.0 * (n - 1.0) / n;
+        let bound = ceiling / n;
+        outln!(
+            "{members:>7} {:>8} {:>10.2} {algbw:>12.3} {busbw:>12.3} {bound:>14.3} {:>10.2}",
+            format!("{mib} MiB"),
+            seconds * 1e3,
+            busbw / bound
+        );
+    }
+}
+
+/// gloo's busbw beside cohort's member processes (every chunk on TCP, `tcp_rows`; through
+/// shared memory, `shared_rows`), with the ratios; or why gloo was not measured.
+fn print_gloo_comparison(
+    tcp_rows: &[(u32, usize, f64)],
+    shared_rows: &[(u32, usize, f64)],
+    gloo: &[Result<(f64, String), super::peers::PeerError>],
+) {
     outln!(
         "{:>7} {:>8} {:>16} {:>16} {:>12} {:>16} {:>12}",
         "members",
@@ -137,7 +154,7 @@ pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
         "ratio"
     );
     for (((members, mib, tcp), (_, _, shared)), gloo) in
-        tcp_rows.iter().zip(shared_rows).zip(&gloo)
+        tcp_rows.iter().zip(shared_rows).zip(gloo)
     {
         let busbw = |seconds: f64| {
             let n = f64::from(*members);
@@ -166,7 +183,6 @@ pub fn run(peers: Option<&std::path::Path>) -> Result<(), CliError> {
             }
         }
     }
-    Ok(())
 }
 
 /// The plaintext plane's rows (members, MiB, seconds per all-reduce).

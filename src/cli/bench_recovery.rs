@@ -169,21 +169,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
     });
     let started = Instant::now();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let single = match scenario {
-        Scenario::WorkerKill => Some(Injection {
-            task: TaskId::new(TaskType::Worker, 1),
-            signal: Signal::SIGKILL,
-        }),
-        Scenario::PsKill => Some(Injection {
-            task: TaskId::new(TaskType::Ps, 1),
-            signal: Signal::SIGKILL,
-        }),
-        Scenario::PsTerm => Some(Injection {
-            task: TaskId::new(TaskType::Ps, 1),
-            signal: Signal::SIGTERM,
-        }),
-        Scenario::FaultFree | Scenario::Spot => None,
-    };
+    let single = single_injection(scenario);
     let mut injected = Vec::new();
     let mut victim_incarnation = None;
     let mut next_spot: Option<u64> = None;
@@ -202,14 +188,8 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
             let now = unix_ms();
             let due = *next_spot.get_or_insert_with(|| now + exponential(&mut rng));
             if now >= due {
-                let task = match rng.gen_range(0..4) {
-                    0 => TaskId::new(TaskType::Worker, 0),
-                    1 => TaskId::new(TaskType::Worker, 1),
-                    2 => TaskId::new(TaskType::Ps, 0),
-                    _ => TaskId::new(TaskType::Ps, 1),
-                };
                 let injection = Injection {
-                    task,
+                    task: spot_victim(&mut rng),
                     signal: Signal::SIGTERM,
                 };
                 if signal(&run_dir, injection) {
@@ -247,6 +227,28 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
         victim_incarnation,
         run_dir,
     })
+}
+
+/// The one fault of `scenario`, injected a third of the way in (none for the fault-free run
+/// and the spot schedule, whose preemptions are drawn as it goes).
+fn single_injection(scenario: Scenario) -> Option<Injection> {
+    let (task, signal) = match scenario {
+        Scenario::WorkerKill => (TaskId::new(TaskType::Worker, 1), Signal::SIGKILL),
+        Scenario::PsKill => (TaskId::new(TaskType::Ps, 1), Signal::SIGKILL),
+        Scenario::PsTerm => (TaskId::new(TaskType::Ps, 1), Signal::SIGTERM),
+        Scenario::FaultFree | Scenario::Spot => return None,
+    };
+    Some(Injection { task, signal })
+}
+
+/// The task a spot preemption hits: any of the two workers and two servers, alike.
+fn spot_victim(rng: &mut rand_chacha::ChaCha8Rng) -> TaskId {
+    match rng.gen_range(0..4) {
+        0 => TaskId::new(TaskType::Worker, 0),
+        1 => TaskId::new(TaskType::Worker, 1),
+        2 => TaskId::new(TaskType::Ps, 0),
+        _ => TaskId::new(TaskType::Ps, 1),
+    }
 }
 
 /// The scenario's figures, as one line.

@@ -115,19 +115,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     let cluster = ClusterConfig::from_env()
         .map_err(|e| CliError::Usage(e.to_string()))?
         .ok_or_else(|| CliError::Usage("TF_CONFIG: missing".into()))?;
-    let idle = Duration::from_millis(args.idle_timeout_ms.max(200));
-    let mut config =
-        MultiWorkerConfig::new(cluster, &args.certs).with_local_replicas(args.replicas);
-    config.transport.idle_timeout = idle;
-    config.transport.keep_alive_interval = idle / 4;
-    config.group = GroupConfig {
-        form_timeout: Duration::from_millis(args.form_timeout_ms.max(1)),
-        plaintext: args.plaintext,
-        ..GroupConfig::default()
-    };
-    config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
-    config.communication = args.communication;
-    let mut strategy = match MultiWorkerMirrored::new(config) {
+    let mut strategy = match MultiWorkerMirrored::new(strategy_config(&args, cluster)) {
         Ok(strategy) => strategy,
         Err(StrategyError::Config { key, detail }) => {
             return Err(CliError::Usage(format!("{key}: {detail}")))
@@ -176,102 +164,7 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
     }
     let pause = Duration::from_millis(args.step_pause_ms);
     let outcome = if args.elastic {
-        let replicas = strategy.num_replicas_in_sync();
-        if args.global_batch % replicas != 0 || args.global_batch == 0 {
-            return Err(CliError::Usage(format!(
-                "--global-batch: {} does not divide into {replicas} replicas (elastic runs \
-                 keep the per-replica batch)",
-                args.global_batch
-            )));
-        }
-        // SIGTERM is a preemption notice: this worker leaves at the next step boundary.
-        let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        crate::process::stop_on_signals(&notice)
-            .map_err(|e| CliError::Failed(format!("cannot watch for SIGTERM: {e}")))?;
-        // SIGUSR1 drains it: it leaves at the next step boundary for good, exit 0.
-        let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        crate::process::drain_on_signal(&drain)
-            .map_err(|e| CliError::Failed(format!("cannot watch for SIGUSR1: {e}")))?;
-        let mut checkpoints = match &args.checkpoint_dir {
-            Some(dir) => Some(
-                StateCheckpoints::open(dir, args.checkpoint_every, 3)
-                    .map_err(|e| CliError::Usage(format!("--checkpoint-dir: {e}")))?,
-            ),
-            None => None,
-        };
-        let options = dense_sync::ElasticOptions {
-            notice: Some(&notice),
-            drain: Some(&drain),
-            checkpoints: checkpoints.as_mut(),
-        };
-        dense_sync::train_elastic(
-            &mut strategy,
-            args.steps,
-            args.global_batch / replicas,
-            seed,
-            options,
-            &mut |event| match event {
-                ElasticEvent::Step { step, loss } => {
-                    outln!("step {step} loss={loss}");
-                    std::thread::sleep(pause);
-                }
-                ElasticEvent::Recovered(r) => {
-                    let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
-                    outln!(
-                        "recovered generation={} step={} position={} workers={} lost={} source={} \
-                         attempts={}",
-                        r.generation,
-                        r.step,
-                        r.position,
-                        r.members.len(),
-                        lost.join(","),
-                        r.source,
-                        r.attempts
-                    );
-                }
-                ElasticEvent::Departed(d) => {
-                    let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
-                    let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
-                    outln!(
-                        "departed generation={} step={} position={} workers={} left={} drained={} \
-                         saved={}",
-                        d.generation,
-                        d.step,
-                        d.position,
-                        d.members.len(),
-                        left.join(","),
-                        drained.join(","),
-                        d.saved
-                    );
-                }
-                ElasticEvent::Saved { step, dir } => {
-                    outln!("saved step={step} dir={}", dir.display());
-                }
-                ElasticEvent::Restored { step, dir } => {
-                    outln!("restored step={step} dir={}", dir.display());
-                }
-                ElasticEvent::Admitted(a) => {
-                    let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
-                    outln!(
-                        "admitted generation={} step={} position={} workers={} joined={} source={}",
-                        a.generation,
-                        a.step,
-                        a.position,
-                        a.members.len(),
-                        joined.join(","),
-                        a.source
-                    );
-                }
-            },
-        )
-        .map(|run| {
-            let left = match (&run.left, run.drained) {
-                (None, _) => Left::Stayed,
-                (Some(_), true) => Left::Drained,
-                (Some(_), false) => Left::Preempted,
-            };
-            (run.outcome, left)
-        })
+        train_elastic_member(&mut strategy, &args, seed, pause)?
     } else {
         let fault = if args.fail_panics {
             dense_sync::Fault::Panic
@@ -311,21 +204,139 @@ pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {
         std::fs::write(out, json)
             .map_err(|e| CliError::Failed(format!("--out {}: {e}", out.display())))?;
     }
-    match left {
-        Left::Preempted => {
-            // It left the group at the agreed step; its supervisor may start it again.
-            outln!("left");
-            return Ok(crate::process::PREEMPTED_EXIT_CODE as u8);
-        }
-        Left::Drained => {
-            // It left the group for good at the agreed step.
-            outln!("left drained");
-            return Ok(crate::process::JOB_DONE_EXIT_CODE as u8);
-        }
-        Left::Stayed => {}
+    Ok(left.exit())
+}
+
+/// The strategy's settings from the flags: the transport's idle timeout (the detection
+/// budget), the form and probe timeouts, the data plane and the communication.
+fn strategy_config(args: &MwmsArgs, cluster: ClusterConfig) -> MultiWorkerConfig {
+    let idle = Duration::from_millis(args.idle_timeout_ms.max(200));
+    let mut config =
+        MultiWorkerConfig::new(cluster, &args.certs).with_local_replicas(args.replicas);
+    config.transport.idle_timeout = idle;
+    config.transport.keep_alive_interval = idle / 4;
+    config.group = GroupConfig {
+        form_timeout: Duration::from_millis(args.form_timeout_ms.max(1)),
+        plaintext: args.plaintext,
+        ..GroupConfig::default()
+    };
+    config.probe_timeout = Duration::from_millis(args.probe_timeout_ms.max(1));
+    config.communication = args.communication;
+    config
+}
+
+/// Prints one event of an elastic run (a step pauses for `pause` after it), in the lines the
+/// tests read.
+fn print_event(event: ElasticEvent<'_>, pause: Duration) {
+    match event {
+    ElasticEvent::Step { step, loss } => {
+        outln!("step {step} loss={loss}");
+        std::thread::sleep(pause);
     }
-    outln!("done");
-    Ok(0)
+    ElasticEvent::Recovered(r) => {
+        let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+        outln!(
+            "recovered generation={} step={} position={} workers={} lost={} source={} \
+             attempts={}",
+            r.generation,
+            r.step,
+            r.position,
+            r.members.len(),
+            lost.join(","),
+            r.source,
+            r.attempts
+        );
+    }
+    ElasticEvent::Departed(d) => {
+        let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
+        let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
+        outln!(
+            "departed generation={} step={} position={} workers={} left={} drained={} \
+             saved={}",
+            d.generation,
+            d.step,
+            d.position,
+            d.members.len(),
+            left.join(","),
+            drained.join(","),
+            d.saved
+        );
+    }
+    ElasticEvent::Saved { step, dir } => {
+        outln!("saved step={step} dir={}", dir.display());
+    }
+    ElasticEvent::Restored { step, dir } => {
+        outln!("restored step={step} dir={}", dir.display());
+    }
+    ElasticEvent::Admitted(a) => {
+        let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
+        outln!(
+            "admitted generation={} step={} position={} workers={} joined={} source={}",
+            a.generation,
+            a.step,
+            a.position,
+            a.members.len(),
+            joined.join(","),
+            a.source
+        );
+    }
+}
+}
+
+/// The elastic run of this member: a preemption notice (SIGTERM) or a drain (SIGUSR1) makes
+/// it leave at the next step boundary; with `--checkpoint-dir` the chief saves there. `Err`:
+/// bad flags, or the signals cannot be watched; else the run's outcome.
+fn train_elastic_member(
+    strategy: &mut MultiWorkerMirrored,
+    args: &MwmsArgs,
+    seed: u64,
+    pause: Duration,
+) -> Result<Result<(dense_sync::DenseOutcome, Left), TrainError>, CliError> {
+    let replicas = strategy.num_replicas_in_sync();
+    if args.global_batch % replicas != 0 || args.global_batch == 0 {
+        return Err(CliError::Usage(format!(
+            "--global-batch: {} does not divide into {replicas} replicas (elastic runs \
+             keep the per-replica batch)",
+            args.global_batch
+        )));
+    }
+    // SIGTERM is a preemption notice: this worker leaves at the next step boundary.
+    let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    crate::process::stop_on_signals(&notice)
+        .map_err(|e| CliError::Failed(format!("cannot watch for SIGTERM: {e}")))?;
+    // SIGUSR1 drains it: it leaves at the next step boundary for good, exit 0.
+    let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    crate::process::drain_on_signal(&drain)
+        .map_err(|e| CliError::Failed(format!("cannot watch for SIGUSR1: {e}")))?;
+    let mut checkpoints = match &args.checkpoint_dir {
+        Some(dir) => Some(
+            StateCheckpoints::open(dir, args.checkpoint_every, 3)
+                .map_err(|e| CliError::Usage(format!("--checkpoint-dir: {e}")))?,
+        ),
+        None => None,
+    };
+    let options = dense_sync::ElasticOptions {
+        notice: Some(&notice),
+        drain: Some(&drain),
+        checkpoints: checkpoints.as_mut(),
+    };
+    Ok(dense_sync::train_elastic(
+        strategy,
+        args.steps,
+        args.global_batch / replicas,
+        seed,
+        options,
+        &mut |event| print_event(event, pause),
+    )
+    .map(|run| {
+        let left = match (&run.left, run.drained) {
+            (None, _) => Left::Stayed,
+            (Some(_), true) => Left::Drained,
+            (Some(_), false) => Left::Preempted,
+        };
+        (run.outcome, left)
+    })
+    )
 }
 
 /// Whether and why an elastic member left the group before the last step.
@@ -333,6 +344,28 @@ enum Left {
     Stayed,
     Preempted,
     Drained,
+}
+
+impl Left {
+    /// Says how the member ended; its exit code.
+    fn exit(self) -> u8 {
+        match self {
+            Left::Preempted => {
+                // It left the group at the agreed step; its supervisor may start it again.
+                outln!("left");
+                crate::process::PREEMPTED_EXIT_CODE as u8
+            }
+            Left::Drained => {
+                // It left the group for good at the agreed step.
+                outln!("left drained");
+                crate::process::JOB_DONE_EXIT_CODE as u8
+            }
+            Left::Stayed => {
+                outln!("done");
+                0
+            }
+        }
+    }
 }
 
 fn collective_of_strategy(err: &StrategyError) -> Option<&CollectiveError> {

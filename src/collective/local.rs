@@ -245,22 +245,10 @@ impl LocalMember {
             }
             let now = Instant::now();
             if now >= deadline {
-                let missing = state
-                    .rounds
-                    .get(&round)
-                    .map(|r| {
-                        r.slots
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, s)| s.is_none())
-                            .map(|(rank, _)| rank)
-                            .collect()
-                    })
-                    .unwrap_or_default();
                 let err = CollectiveError::Timeout {
                     round,
                     timeout_ms: u64::try_from(shared.timeout.as_millis()).unwrap_or(u64::MAX),
-                    missing,
+                    missing: missing_ranks(&state, round),
                 };
                 return Err(shared.break_group(&mut state, err));
             }
@@ -271,6 +259,22 @@ impl LocalMember {
                 .0;
         }
     }
+}
+
+/// The ranks whose contribution to `round` has not arrived.
+fn missing_ranks(state: &State, round: u64) -> Vec<usize> {
+    state
+        .rounds
+        .get(&round)
+        .map(|r| {
+            r.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_none())
+                .map(|(rank, _)| rank)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// How often a member waiting for a span's call looks at its round again.

@@ -9,7 +9,7 @@
 //! `steps_per_epoch`, `step / steps_per_epoch` (the data runs on across epochs, as in Keras);
 //! without, an epoch is one pass.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use candle_core::Tensor;
@@ -379,13 +379,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
                     each_callback!(|cb, ctx| cb.on_epoch_begin(epoch, &mut ctx));
                 }
                 // The step boundary: joiners admitted, notices and drains honoured.
-                let leaving = if notice.as_ref().is_some_and(|n| n.load(Ordering::SeqCst)) {
-                    Some(Leave::Preempted)
-                } else if drain.as_ref().is_some_and(|d| d.load(Ordering::SeqCst)) {
-                    Some(Leave::Drained)
-                } else {
-                    None
-                };
+                let leaving = Leave::noticed(notice.as_deref(), drain.as_deref());
                 let mut state = ElasticState {
                     step,
                     position: cursor.encode(),

@@ -444,48 +444,11 @@ impl Launcher {
         workers_max: u32,
         ps_max: u32,
     ) -> Result<Self, LaunchError> {
-        if ps_max < config.num_ps {
-            return Err(crate::cluster::ClusterError::BadValue {
-                key: "--ps".into(),
-                detail: format!(
-                    "MAX ({ps_max}) is below the {} servers to start",
-                    config.num_ps
-                ),
-            }
-            .into());
-        }
-        if config.num_workers == 0 {
-            return Err(crate::cluster::ClusterError::BadValue {
-                key: "--workers".into(),
-                detail: "at least one worker is needed".into(),
-            }
-            .into());
-        }
-        if workers_max < config.num_workers {
-            return Err(crate::cluster::ClusterError::BadValue {
-                key: "--workers".into(),
-                detail: format!(
-                    "the most workers ({workers_max}) is below the workers to start ({})",
-                    config.num_workers
-                ),
-            }
-            .into());
-        }
+        check_sizes(&config, workers_max, ps_max)?;
         let full_cluster = local_cluster(workers_max, ps_max, config.num_evaluators)?;
         let cluster = with_tasks(&full_cluster, config.num_workers, config.num_ps)?;
         let certs_dir = config.run_dir.join("certs");
-        let ca =
-            ClusterCa::generate("cohort-local").map_err(|e| LaunchError::Certs(e.to_string()))?;
-        for task in full_cluster.tasks() {
-            ca.issue(&node_id(task))
-                .and_then(|creds| creds.save(&certs_dir))
-                .map_err(|e| LaunchError::Certs(e.to_string()))?;
-        }
-        // The CA's key stays beside them (the run directory is the launcher's own), so that
-        // `cohort certs --add --out <run_dir>/certs` can sign a node that joins the running
-        // job later (a parameter server added to it, say).
-        write_private(&certs_dir.join("ca.key"), ca.key_pem())
-            .map_err(|e| LaunchError::Certs(format!("writing ca.key: {e}")))?;
+        issue_local_certs(&full_cluster, &certs_dir)?;
         let metrics_addrs = if config.metrics {
             metrics_ports(&full_cluster, &config.run_dir)?
         } else {
@@ -804,6 +767,21 @@ impl Launcher {
         if code != 0 && task.task_type != TaskType::Chief {
             report_exit(&self.config.run_dir, task, entry.incarnation);
         }
+        self.follow_exit(task, status, code, now)
+    }
+
+    /// What follows `task`'s exit with `status` (`code`) at `now`: started again after a drain
+    /// that a scale-up undid, left down after a drain, the job ended (the chief's exit),
+    /// restarted after its backoff (after a preemption outside the restart budget), or the
+    /// restart budget spent. Returns the chief's exit code when the chief has exited.
+    fn follow_exit(
+        &mut self,
+        task: TaskId,
+        status: std::process::ExitStatus,
+        code: i32,
+        now: Instant,
+    ) -> Result<Option<i32>, LaunchError> {
+        let entry = self.tasks.get_mut(&task).expect("task is known");
         if std::mem::take(&mut entry.start_after_drain) {
             tracing::info!(
                 "{task} (incarnation {}) drained: {}; starting it again, as scaled up",
@@ -1387,6 +1365,59 @@ fn describe(status: ExitStatus) -> String {
         (None, Some(signal)) => format!("killed by signal {signal}"),
         (None, None) => "unknown status".into(),
     }
+}
+
+/// Refuses sizes a launch cannot start: fewer most servers (`ps_max`) than servers to start,
+/// no worker, or fewer most workers (`workers_max`) than workers to start.
+fn check_sizes(config: &LaunchConfig, workers_max: u32, ps_max: u32) -> Result<(), LaunchError> {
+    if ps_max < config.num_ps {
+        return Err(crate::cluster::ClusterError::BadValue {
+            key: "--ps".into(),
+            detail: format!(
+                "MAX ({ps_max}) is below the {} servers to start",
+                config.num_ps
+            ),
+        }
+        .into());
+    }
+    if config.num_workers == 0 {
+        return Err(crate::cluster::ClusterError::BadValue {
+            key: "--workers".into(),
+            detail: "at least one worker is needed".into(),
+        }
+        .into());
+    }
+    if workers_max < config.num_workers {
+        return Err(crate::cluster::ClusterError::BadValue {
+            key: "--workers".into(),
+            detail: format!(
+                "the most workers ({workers_max}) is below the workers to start ({})",
+                config.num_workers
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// A fresh CA for a local cluster, and a certificate of every task of `full_cluster` (the most
+/// it may grow to) saved under `certs_dir`, the CA's key beside them.
+fn issue_local_certs(
+    full_cluster: &ClusterSpec,
+    certs_dir: &std::path::Path,
+) -> Result<(), LaunchError> {
+    let ca = ClusterCa::generate("cohort-local").map_err(|e| LaunchError::Certs(e.to_string()))?;
+    for task in full_cluster.tasks() {
+        ca.issue(&node_id(task))
+            .and_then(|creds| creds.save(certs_dir))
+            .map_err(|e| LaunchError::Certs(e.to_string()))?;
+    }
+    // The CA's key stays beside them (the run directory is the launcher's own), so that
+    // `cohort certs --add --out <run_dir>/certs` can sign a node that joins the running
+    // job later (a parameter server added to it, say).
+    write_private(&certs_dir.join("ca.key"), ca.key_pem())
+        .map_err(|e| LaunchError::Certs(format!("writing ca.key: {e}")))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! process ([`train_schedule`]) to check it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use candle_core::{Device, Module, Tensor};
@@ -369,40 +369,12 @@ pub fn train_elastic_on(
     let (mut step, mut position) = (0usize, 0usize);
     let mut losses: Vec<f32> = Vec::with_capacity(steps);
     let mut recoveries = Vec::new();
-    let local_copies = strategy.local_replicas().len();
     // A fresh start resumes from the chief's newest checkpoint, given to every worker (a
     // joiner gets the live state at its first step boundary instead).
     if !strategy.awaits_state() {
         if let Some(checkpoints) = checkpoints.as_deref_mut() {
-            let mut state = ElasticState {
-                step: 0,
-                position: 0,
-                variables: &variables,
-                optimizer,
-            };
-            if strategy.is_chief() {
-                if let Some(restored) = checkpoints
-                    .restore_into(&mut state, local_copies)
-                    ?
-                {
-                    on_event(ElasticEvent::Restored {
-                        step: restored as usize,
-                        dir: checkpoints.root(),
-                    });
-                }
-            }
-            // A worker lost meanwhile: the loop's first step boundary fails with that loss,
-            // and `recover` agrees on the state instead (the chief's restored step is the
-            // highest, unless the chief is the one lost).
-            if let Err(err) = strategy.agree(&mut state) {
-                let err = TrainError::from(err);
-                if matches!(
-                    collective_cause(&err),
-                    Some(CollectiveError::Application { .. }) | None
-                ) {
-                    return Err(err);
-                }
-            }
+            let mut state = state_at(0, 0, &variables, optimizer);
+            resume(strategy, checkpoints, &mut state, on_event)?;
             step = state.step as usize;
             position = state.position as usize;
             losses.resize(step, f32::NAN);
@@ -417,49 +389,24 @@ pub fn train_elastic_on(
         // Made at the first step of this group (none where only the closing boundary is left).
         let mut iter = None;
         loop {
-            let mut state = ElasticState {
-                step: step as u64,
-                position: position as u64,
-                variables: &variables,
-                optimizer,
-            };
-            let leaving = if notice.is_some_and(|n| n.load(Ordering::SeqCst)) {
-                Some(Leave::Preempted)
-            } else if drain.is_some_and(|n| n.load(Ordering::SeqCst)) {
-                Some(Leave::Drained)
-            } else {
-                None
-            };
-            let mut saved_dir = None;
-            let mut save = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
-                if let Some(checkpoints) = checkpoints.as_deref_mut() {
-                    saved_dir = Some(checkpoints.save(state)?);
-                }
-                Ok(())
-            };
-            let change = strategy.at_step_boundary(&mut state, leaving, &mut save);
-            if let Some(dir) = saved_dir {
-                on_event(ElasticEvent::Saved {
-                    step,
-                    dir: dir.as_path(),
-                });
-            }
+            let mut state = state_at(step, position, &variables, optimizer);
+            let leaving = Leave::noticed(notice, drain);
+            let change = step_boundary(
+                strategy,
+                checkpoints.as_deref_mut(),
+                &mut state,
+                leaving,
+                on_event,
+            );
             let result = match change {
                 Ok(None) if step >= steps => break 'group,
                 Ok(None) => {
-                    let before = trainer.optimizer_steps();
                     let iter = match &mut iter {
                         Some(iter) => iter,
                         None => iter.insert(input(&*strategy, problem, position, global_batch)?),
                     };
-                    let result = iter
-                        .get_next()
-                        .map_err(TrainError::from)
-                        .and_then(|batch| trainer.step(&*strategy, batch, global_batch, None));
-                    // A step counts once its update was applied here, even if the group broke
-                    // right after (with a ring, some survivors may have applied it and others
-                    // not).
-                    if trainer.optimizer_steps() > before {
+                    let (result, applied) = trainer.next_step(&*strategy, iter, global_batch);
+                    if applied {
                         step += 1;
                         position += global_batch;
                     }
@@ -494,42 +441,21 @@ pub fn train_elastic_on(
                         step: step - 1,
                         loss,
                     });
-                    if strategy.is_chief() {
-                        if let Some(checkpoints) = checkpoints.as_deref_mut() {
-                            if checkpoints.should_save(step as u64) {
-                                let state = ElasticState {
-                                    step: step as u64,
-                                    position: position as u64,
-                                    variables: &variables,
-                                    optimizer,
-                                };
-                                let dir = checkpoints.save(&state)?;
-                                on_event(ElasticEvent::Saved {
-                                    step,
-                                    dir: dir.as_path(),
-                                });
-                            }
-                        }
+                    if let Some(checkpoints) = checkpoints.as_deref_mut() {
+                        let state = state_at(step, position, &variables, optimizer);
+                        save_if_due(&*strategy, checkpoints, &state, on_event)?;
                     }
                 }
-                Err(err) => match collective_cause(&err) {
-                    Some(CollectiveError::Application { .. }) | None => return Err(err),
-                    Some(_) => {
-                        let mut state = ElasticState {
-                            step: step as u64,
-                            position: position as u64,
-                            variables: &variables,
-                            optimizer,
-                        };
-                        let recovery = strategy.recover(&mut state)?;
-                        step = state.step as usize;
-                        position = state.position as usize;
-                        losses.resize(step, f32::NAN);
-                        on_event(ElasticEvent::Recovered(&recovery));
-                        recoveries.push(recovery);
-                        continue 'group;
-                    }
-                },
+                Err(err) => {
+                    let mut state = state_at(step, position, &variables, optimizer);
+                    let recovery = recover_from(strategy, err, &mut state)?;
+                    step = state.step as usize;
+                    position = state.position as usize;
+                    losses.resize(step, f32::NAN);
+                    on_event(ElasticEvent::Recovered(&recovery));
+                    recoveries.push(recovery);
+                    continue 'group;
+                }
             }
         }
     }
@@ -541,6 +467,112 @@ pub fn train_elastic_on(
     })
 }
 
+
+/// The training state at `step` completed steps and `position` examples read.
+fn state_at<'a>(
+    step: usize,
+    position: usize,
+    variables: &'a [crate::variable::Variable],
+    optimizer: Option<&'a dyn OptimizerState>,
+) -> ElasticState<'a> {
+    ElasticState {
+        step: step as u64,
+        position: position as u64,
+        variables,
+        optimizer,
+    }
+}
+
+/// A step boundary of the elastic run at `state`: the group's changes
+/// ([`MultiWorkerMirrored::at_step_boundary`]), the chief saving `state` into `checkpoints`
+/// first where a preempted worker leaves (said through `on_event`).
+fn step_boundary(
+    strategy: &mut MultiWorkerMirrored,
+    mut checkpoints: Option<&mut StateCheckpoints>,
+    state: &mut ElasticState<'_>,
+    leaving: Option<Leave>,
+    on_event: &mut dyn FnMut(ElasticEvent<'_>),
+) -> Result<Option<GroupChange>, crate::strategy::StrategyError> {
+    let at = state.step as usize;
+    let mut saved_dir = None;
+    let mut save = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
+        if let Some(checkpoints) = checkpoints.as_deref_mut() {
+            saved_dir = Some(checkpoints.save(state)?);
+        }
+        Ok(())
+    };
+    let change = strategy.at_step_boundary(state, leaving, &mut save);
+    if let Some(dir) = saved_dir {
+        on_event(ElasticEvent::Saved {
+            step: at,
+            dir: dir.as_path(),
+        });
+    }
+    change
+}
+
+/// Re-forms the group after a step failed with `err` and agrees on `state`, where a lost
+/// worker broke the group; any other failure (the application's, or no collective's) is the
+/// run's error.
+fn recover_from(
+    strategy: &mut MultiWorkerMirrored,
+    err: TrainError,
+    state: &mut ElasticState<'_>,
+) -> Result<Recovery, TrainError> {
+    match collective_cause(&err) {
+        Some(CollectiveError::Application { .. }) | None => Err(err),
+        Some(_) => Ok(strategy.recover(state)?),
+    }
+}
+
+/// Gives every worker the chief's newest checkpoint in `state` (the chief restores it, and
+/// says so through `on_event`; the workers agree on it). A worker lost meanwhile is no error
+/// here: the loop's first step boundary fails with that loss, and `recover` agrees on the
+/// state instead (the chief's restored step is the highest, unless the chief is the one lost).
+fn resume(
+    strategy: &mut MultiWorkerMirrored,
+    checkpoints: &mut StateCheckpoints,
+    state: &mut ElasticState<'_>,
+    on_event: &mut dyn FnMut(ElasticEvent<'_>),
+) -> Result<(), TrainError> {
+    let local_copies = strategy.local_replicas().len();
+    if strategy.is_chief() {
+        if let Some(restored) = checkpoints.restore_into(state, local_copies)? {
+            on_event(ElasticEvent::Restored {
+                step: restored as usize,
+                dir: checkpoints.root(),
+            });
+        }
+    }
+    if let Err(err) = strategy.agree(state) {
+        let err = TrainError::from(err);
+        if matches!(
+            collective_cause(&err),
+            Some(CollectiveError::Application { .. }) | None
+        ) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// The chief's periodic checkpoint of `state`, where `checkpoints` says one is due at its
+/// step.
+fn save_if_due(
+    strategy: &MultiWorkerMirrored,
+    checkpoints: &mut StateCheckpoints,
+    state: &ElasticState<'_>,
+    on_event: &mut dyn FnMut(ElasticEvent<'_>),
+) -> Result<(), TrainError> {
+    if strategy.is_chief() && checkpoints.should_save(state.step) {
+        let dir = checkpoints.save(state)?;
+        on_event(ElasticEvent::Saved {
+            step: state.step as usize,
+            dir: dir.as_path(),
+        });
+    }
+    Ok(())
+}
 
 /// A multilayer perceptron: relu [`Dense`] layers, then linear logits (cohort's candle-nn
 /// `Dense`, the fused node on the CPU).
@@ -640,6 +672,23 @@ impl Trainer {
     /// One step over `batch` (this process's per-replica batches of a global batch of
     /// `global_batch`): its global loss. With a `fault`, the first local replica fails with
     /// it instead.
+    /// One step on the next global batch of `iter`: its loss, and whether the update was
+    /// applied here. A step counts once it was, even if the group broke right after (with a
+    /// ring, some survivors may have applied it and others not).
+    fn next_step(
+        &self,
+        strategy: &dyn Strategy,
+        iter: &mut DistributedIterator,
+        global_batch: usize,
+    ) -> (Result<f32, TrainError>, bool) {
+        let before = self.optimizer_steps();
+        let result = iter
+            .get_next()
+            .map_err(TrainError::from)
+            .and_then(|batch| self.step(strategy, batch, global_batch, None));
+        (result, self.optimizer_steps() > before)
+    }
+
     fn step(
         &self,
         strategy: &dyn Strategy,

@@ -8,13 +8,14 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use cohort_transport::Frame;
+use cohort_transport::{Frame, NodeId};
 use tokio::sync::Notify;
 
 use super::state::Inner;
 use super::{lock, now, PeerEvent};
 use crate::heartbeat::HeartbeatEvent;
 use crate::wire::WireMsg;
+use crate::Incarnation;
 
 /// Drives the heartbeat machine: sleeps until its next timeout (or until woken), then sends
 /// heartbeats and reports and fences dead peers.
@@ -85,30 +86,7 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
                 }
             }
         }
-        let wait = inner.config.heartbeat.interval;
-        for (incarnation, addr) in probes {
-            let inner = Arc::downgrade(&inner);
-            tokio::spawn(async move {
-                if !refused(addr, wait).await {
-                    return;
-                }
-                let Some(inner) = inner.upgrade() else {
-                    return;
-                };
-                let declared = lock(&inner.state).heartbeat.handle_refused(
-                    super::now(),
-                    &incarnation.node,
-                    incarnation.incarnation,
-                );
-                if declared {
-                    tracing::info!(
-                        node = %inner.me, peer = %incarnation, %addr,
-                        "silent, and nothing listens where it was: declared dead"
-                    );
-                    inner.wake.notify_one();
-                }
-            });
-        }
+        probe_for_refusal(&inner, probes);
         for event in published {
             tracing::info!(node = %inner.me, ?event, "peer event");
             inner.publish(event);
@@ -129,6 +107,36 @@ pub(super) async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
                 });
             }
         }
+    }
+}
+
+/// Probes each suspected peer's address (`probes`: the incarnation, where it was reached) in
+/// the background; one where nothing listens any more is declared dead at once (a refused
+/// probe is evidence, [`refused`]), and the driver woken to act on it.
+fn probe_for_refusal(inner: &Arc<Inner>, probes: Vec<(Incarnation<NodeId>, SocketAddr)>) {
+    let wait = inner.config.heartbeat.interval;
+    for (incarnation, addr) in probes {
+        let inner = Arc::downgrade(inner);
+        tokio::spawn(async move {
+            if !refused(addr, wait).await {
+                return;
+            }
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let declared = lock(&inner.state).heartbeat.handle_refused(
+                super::now(),
+                &incarnation.node,
+                incarnation.incarnation,
+            );
+            if declared {
+                tracing::info!(
+                    node = %inner.me, peer = %incarnation, %addr,
+                    "silent, and nothing listens where it was: declared dead"
+                );
+                inner.wake.notify_one();
+            }
+        });
     }
 }
 

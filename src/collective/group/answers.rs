@@ -20,22 +20,7 @@ impl MeshInner {
         let arrived = Instant::now();
         let deadline = arrived + self.config.form_timeout;
         if plaintext != self.config.plaintext {
-            let plane = |p: bool| if p { "plaintext" } else { "QUIC" };
-            let reason = format!(
-                "{} uses the {} data plane, this member the {} one: every member must choose \
-                 alike (GroupConfig::plaintext)",
-                conn.peer(),
-                plane(plaintext),
-                plane(self.config.plaintext)
-            );
-            self.lock()
-                .refused_joins
-                .insert((conn.peer().clone(), generation), reason.clone());
-            self.changed.notify_waiters();
-            return Reply::Refused {
-                current: generation,
-                detail: format!(": {reason}"),
-            };
+            return self.refuse_other_plane(conn.peer(), generation, plaintext);
         }
         let peer = conn.peer().clone();
         loop {
@@ -113,6 +98,26 @@ impl MeshInner {
                     ),
                 };
             }
+        }
+    }
+
+    /// Refuses `peer`'s join of `generation` over the data plane it chose (`plaintext`), not
+    /// this member's, and fails this member's wait for that join with the same reason.
+    fn refuse_other_plane(&self, peer: &NodeId, generation: u64, plaintext: bool) -> Reply {
+        let plane = |p: bool| if p { "plaintext" } else { "QUIC" };
+        let reason = format!(
+            "{peer} uses the {} data plane, this member the {} one: every member must choose \
+             alike (GroupConfig::plaintext)",
+            plane(plaintext),
+            plane(self.config.plaintext)
+        );
+        self.lock()
+            .refused_joins
+            .insert((peer.clone(), generation), reason.clone());
+        self.changed.notify_waiters();
+        Reply::Refused {
+            current: generation,
+            detail: format!(": {reason}"),
         }
     }
 

@@ -409,29 +409,8 @@ impl ParameterStore {
             }
             None => None,
         };
-        let first_non_finite = gradients.iter().find_map(|(name, g)| match g {
-            Gradient::Dense(values) | Gradient::Rows { values, .. } => {
-                first_non_finite(values).map(|index| (name, index, values[index]))
-            }
-        });
-        if let Some((name, index, value)) = first_non_finite {
-            match self.optimizer.non_finite_policy() {
-                NonFinitePolicy::Skip => {
-                    // The closure is consumed: a retry of it must not apply either (PS-1).
-                    self.applied_closures.insert(update);
-                    self.counters.skipped_non_finite += 1;
-                    return Ok(PushOutcome::SkippedNonFinite);
-                }
-                NonFinitePolicy::Error => {
-                    self.counters.rejected_invalid += 1;
-                    return Err(OptimError::NonFinite {
-                        variable: name.clone(),
-                        index,
-                        value,
-                    }
-                    .into());
-                }
-            }
+        if let Some(skipped) = self.screen_non_finite(update, gradients)? {
+            return Ok(skipped);
         }
         for (name, gradient) in gradients {
             let var = self.variables.get_mut(name).expect("checked above");
@@ -482,6 +461,42 @@ impl ParameterStore {
         self.applied_closures.insert(update);
         self.counters.applied += 1;
         Ok(PushOutcome::Applied)
+    }
+
+    /// The finiteness screen of a push, over every gradient before any variable changes (all
+    /// or nothing): with [`NonFinitePolicy::Skip`] a non-finite value consumes the closure
+    /// unapplied (`Some`: a retry must not apply either, PS-1); with
+    /// [`NonFinitePolicy::Error`] it refuses the push naming the variable and the value.
+    fn screen_non_finite(
+        &mut self,
+        update: (ClosureId, u32),
+        gradients: &[(String, Gradient<'_>)],
+    ) -> Result<Option<PushOutcome>, PsError> {
+        let first_non_finite = gradients.iter().find_map(|(name, g)| match g {
+            Gradient::Dense(values) | Gradient::Rows { values, .. } => {
+                first_non_finite(values).map(|index| (name, index, values[index]))
+            }
+        });
+        let Some((name, index, value)) = first_non_finite else {
+            return Ok(None);
+        };
+        match self.optimizer.non_finite_policy() {
+            NonFinitePolicy::Skip => {
+                // The closure is consumed: a retry of it must not apply either (PS-1).
+                self.applied_closures.insert(update);
+                self.counters.skipped_non_finite += 1;
+                Ok(Some(PushOutcome::SkippedNonFinite))
+            }
+            NonFinitePolicy::Error => {
+                self.counters.rejected_invalid += 1;
+                Err(OptimError::NonFinite {
+                    variable: name.clone(),
+                    index,
+                    value,
+                }
+                .into())
+            }
+        }
     }
 
     /// One variable shard.

@@ -580,6 +580,25 @@ impl Leave {
         }
     }
 
+    /// Why a worker leaves at the next step boundary, from its flags: its preemption
+    /// `notice` (set on SIGTERM) or its `drain` (set on SIGUSR1); a notice set too makes it a
+    /// preemption (the chief saves first).
+    pub fn noticed(
+        notice: Option<&std::sync::atomic::AtomicBool>,
+        drain: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Option<Leave> {
+        let set = |flag: Option<&std::sync::atomic::AtomicBool>| {
+            flag.is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+        };
+        if set(notice) {
+            Some(Leave::Preempted)
+        } else if set(drain) {
+            Some(Leave::Drained)
+        } else {
+            None
+        }
+    }
+
     /// A worker's notice from its vote. Any other non-zero value (a newer peer's notice
     /// this build does not know) is taken as a preemption: the worker leaves, after a save.
     pub(crate) fn of_vote(vote: i64) -> Option<Leave> {
