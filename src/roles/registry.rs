@@ -20,11 +20,8 @@ use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};
 use crate::optim::{LearningRateSchedule, Optimizer};
 
-/// Builds a worker's dataset for its input pipeline.
-pub type DatasetFn = Arc<dyn Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync>;
-/// A step: runs on a worker with its context and encoded arguments, returns an encoded value.
-pub type StepFn =
-    Arc<dyn Fn(&mut StepContext<'_>, &[u8]) -> Result<Vec<u8>, StepError> + Send + Sync>;
+pub use super::step::DatasetFn;
+pub use super::worker::{StepFn, WorkerFunctions};
 /// The chief's training loop.
 pub type ChiefFn =
     Arc<dyn Fn(&mut ClusterCoordinator) -> Result<(), CoordinatorError> + Send + Sync>;
@@ -94,7 +91,7 @@ impl Program {
     /// ([`StepError::Arguments`], naming the step), as is a value that does not encode.
     ///
     /// ```
-    /// use cohort::program::{Program, Step, StepContext, StepError};
+    /// use cohort::program::{Program, Step, StepContext, StepError, WorkerFunctions};
     ///
     /// static SCALE: Step<(f32, Vec<f32>), Vec<f32>> = Step::new("scale");
     /// let program = Program::new("my-job").step(&SCALE, |_ctx: &mut StepContext<'_>, (by, xs)| {
@@ -202,16 +199,6 @@ impl Program {
         &self.name
     }
 
-    /// The dataset function `name`.
-    pub fn dataset_fn(&self, name: &str) -> Option<&DatasetFn> {
-        self.datasets.get(name)
-    }
-
-    /// The step function `name`.
-    pub fn step_fn(&self, name: &str) -> Option<&StepFn> {
-        self.steps.get(name)
-    }
-
     /// The names of the registered steps, in order.
     pub fn step_names(&self) -> impl Iterator<Item = &str> {
         self.steps.keys().map(String::as_str)
@@ -225,5 +212,16 @@ impl Program {
     /// The evaluation function.
     pub fn evaluator_fn(&self) -> Option<&EvalFn> {
         self.evaluator.as_ref()
+    }
+}
+
+/// What a worker runs of the program: its step and dataset functions, by name.
+impl WorkerFunctions for Program {
+    fn dataset_fn(&self, name: &str) -> Option<&DatasetFn> {
+        self.datasets.get(name)
+    }
+
+    fn step_fn(&self, name: &str) -> Option<&StepFn> {
+        self.steps.get(name)
     }
 }

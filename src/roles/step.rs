@@ -26,7 +26,11 @@ use candle_core::Tensor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::data::{DataError, Element};
+use crate::data::{DataError, Dataset, Element, InputContext};
+
+/// Builds a worker's dataset for its input pipeline.
+pub type DatasetFn =
+    std::sync::Arc<dyn Fn(&InputContext) -> Result<Dataset, DataError> + Send + Sync>;
 
 /// A step function's handle: its registered name, with the type of its argument `A` and of
 /// its value `R` (any serde types). Declare it once, as a `static` or `const` both the

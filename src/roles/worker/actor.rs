@@ -21,14 +21,13 @@ use cohort_actors::{contain_panic, Gateway, RegisterError, Remote};
 use tokio::sync::oneshot;
 
 use super::machine::{Computed, DatasetPlan, Request, StepAction, WorkerMachine, JOBS_MAX};
-use super::{StepContext, StepError, WorkerDataset};
+use super::{StepContext, StepError, WorkerDataset, WorkerFunctions};
 use crate::data::InputContext;
 use crate::roles::protocol::{
     DatasetPositions, PositionsError, RewindWorker, RunClosure, RunClosureError, SetupError,
     SetupWorker, WorkerRefusal, WORKER_ACTOR,
 };
 use crate::roles::ps_client::PsClient;
-use crate::roles::registry::Program;
 
 /// The worker's machine, shared by the actor (admission, ending) and the compute thread
 /// (setups, steps). Every call on it is short and does no IO.
@@ -205,7 +204,7 @@ pub fn job_queue() -> (SyncSender<WorkerJob>, Receiver<WorkerJob>) {
 /// The compute thread's loop: carries out the machine's decisions for each job until the
 /// queue closes. The datasets (what a step reads) live here, so they need no lock.
 pub fn run_worker_thread(
-    program: Arc<Program>,
+    program: Arc<dyn WorkerFunctions>,
     machine: SharedMachine,
     client: PsClient,
     replicas: usize,
@@ -240,7 +239,7 @@ pub fn run_worker_thread(
 
 /// The compute thread's executor.
 struct Compute {
-    program: Arc<Program>,
+    program: Arc<dyn WorkerFunctions>,
     machine: SharedMachine,
     client: PsClient,
     /// Local replicas each step runs on (the `replicas` key).

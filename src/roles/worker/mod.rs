@@ -20,6 +20,20 @@ use crate::roles::push::{Gradient, PushPlanError};
 use crate::roles::step::DatasetHandle;
 pub use crate::roles::step::StepError;
 
+/// A step: runs on a worker with its context and encoded arguments, returns an encoded value.
+pub type StepFn =
+    std::sync::Arc<dyn Fn(&mut StepContext<'_>, &[u8]) -> Result<Vec<u8>, StepError> + Send + Sync>;
+
+/// The functions a worker runs by name: the steps the chief schedules and the datasets of its
+/// input pipelines. A job's [`Program`](crate::program::Program) is them; the worker names
+/// only this trait, so that the registry depends on the worker and not the other way round.
+pub trait WorkerFunctions: Send + Sync {
+    /// The dataset function `name`.
+    fn dataset_fn(&self, name: &str) -> Option<&crate::roles::step::DatasetFn>;
+    /// The step function `name`.
+    fn step_fn(&self, name: &str) -> Option<&StepFn>;
+}
+
 pub use actor::{job_queue, run_worker_thread, SharedMachine, WorkerActor, WorkerJob};
 pub use machine::{
     Computed, DatasetPlan, Exit, Request, SetupPlan, StepAction, WorkerMachine, JOBS_MAX, SKIP_MAX,
