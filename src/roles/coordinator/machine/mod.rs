@@ -35,6 +35,7 @@
 pub mod control;
 #[cfg(test)]
 mod control_tests;
+mod cut_reads;
 pub mod membership;
 #[cfg(test)]
 mod membership_tests;
@@ -69,6 +70,7 @@ pub use control::{
     ConfigureTicket, ControlCounters, CoordinatorStatus, CutState, KnownTask, LedgerState,
     PositionsTicket, SetUpDisposition, TaskLiveness, WorkerDial,
 };
+use cut_reads::CutReads;
 pub use membership::DrainDisposition;
 use preempt::Preemptions;
 pub use preempt::{CutWriteError, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
@@ -77,7 +79,6 @@ use recovery::{
     WorkerPositions,
 };
 use rollback::{KeptCut, RestoreBlocker, Retained, RollbackLine};
-use save::PendingCutRead;
 pub use save::{CheckpointBuildError, CutReadError, MalformedRead};
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
 pub use servers::{CreateError, CreateTicket};
@@ -792,7 +793,7 @@ pub struct Scheduler {
     /// coordinator's to account for (see [`Self::servers_accounted`]).
     started: bool,
     /// Reads of a cut: the first is under way, the others wait for it.
-    cut_reads: VecDeque<PendingCutRead>,
+    cut_reads: CutReads,
     /// Parameter servers' preemption notices and the cuts taken for them (the `preempt`
     /// sub-machine).
     preemption: Preemptions,
@@ -917,7 +918,7 @@ impl Scheduler {
             creates: BTreeMap::new(),
             start: None,
             started: false,
-            cut_reads: VecDeque::new(),
+            cut_reads: CutReads::default(),
             preemption: Preemptions::default(),
             control: ControlCounters::default(),
             membership: membership::Membership::default(),

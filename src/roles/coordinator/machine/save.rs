@@ -32,12 +32,13 @@
 //! instead. One read at a time: a save asked for during a preemption cut's read begins after
 //! it. Pure: no IO, no clock; `now` is passed in.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::control::{CutState, LedgerState};
+use super::control::LedgerState;
+use super::cut_reads::{Completion, DueRead, ShardAnswer};
 use super::recovery::{CallFault, WorkerPositions, DATASET_POSITIONS_KEY};
 use super::{ClosureFailure, ClosureId, PositionsTicket, Scheduler, SchedulerAction};
 use crate::checkpoint::{self, Checkpoint, TensorBytes, TensorError};
@@ -222,44 +223,13 @@ pub(super) enum CutPurpose {
     Preemption,
 }
 
-/// A cut's read, under way or waiting for the one before it.
-#[derive(Debug)]
-pub(super) struct PendingCutRead {
-    pub(super) ticket: CutTicket,
-    pub(super) purpose: CutPurpose,
-    step: u64,
-    started: Instant,
-    /// Attempts begun so far; answers name the attempt they belong to.
-    attempt: u32,
-    /// Attempts a recovery or new work disturbed.
-    disturbed: u32,
-    /// The next pause after a server could not be read.
-    backoff: Duration,
-    phase: CutPhase,
-}
-
-#[derive(Debug)]
-enum CutPhase {
-    /// Waiting until `until` to begin an attempt.
-    Waiting { until: Instant },
-    /// An attempt under way.
-    Reading {
-        before: CutState,
-        /// (server, shard name) not answered yet.
-        waiting: BTreeSet<(u32, String)>,
-        reads: BTreeMap<String, ShardRead>,
-        positions: PositionsTicket,
-        collected: Option<WorkerPositions>,
-    },
-}
-
 impl Scheduler {
     /// Reads a consistent cut of every parameter server for a checkpoint at `step` (see the
     /// module doc); [`SchedulerAction::CutRead`] with the returned ticket tells how it ended.
     /// Refused while another save's read is under way; one behind a parameter server's
     /// preemption cut begins once that one ended.
     pub fn handle_read_cut(&mut self, now: Instant, step: u64) -> Result<CutTicket, CutReadError> {
-        if self.cut_reads.iter().any(|r| r.purpose == CutPurpose::Save) {
+        if self.cut_reads.save_in_line() {
             return Err(CutReadError::Busy);
         }
         let ticket = self.queue_cut_read(now, step, CutPurpose::Save);
@@ -277,29 +247,8 @@ impl Scheduler {
     ) -> CutTicket {
         let ticket = CutTicket(self.next_ticket);
         self.next_ticket += 1;
-        self.cut_reads.push_back(PendingCutRead {
-            ticket,
-            purpose,
-            step,
-            started: now,
-            attempt: 0,
-            disturbed: 0,
-            backoff: SAVE_RETRY_BACKOFF_MIN,
-            phase: CutPhase::Waiting { until: now },
-        });
+        self.cut_reads.queue(now, ticket, step, purpose);
         ticket
-    }
-
-    /// Whether the cut state moved from `before` in a way that would mix two cuts for a read
-    /// of `purpose`: a recovery or a restore for either; new work only for a save (a
-    /// preemption's read holds dispatch, so new work does not run before it is taken).
-    fn cut_disturbed(purpose: CutPurpose, before: &CutState, now: &CutState) -> bool {
-        match purpose {
-            CutPurpose::Save => before != now,
-            CutPurpose::Preemption => {
-                before.generation != now.generation || before.holding != now.holding
-            }
-        }
     }
 
     /// Server `ps`'s answer to the [`SchedulerAction::SnapshotShard`] of shard `shard`, sent
@@ -314,59 +263,34 @@ impl Scheduler {
         result: Result<ShardRead, CallFault>,
     ) {
         let cut_state = self.cut_state();
-        let Some(read) = self
-            .cut_reads
-            .front_mut()
-            .filter(|r| r.ticket == ticket && r.attempt == attempt)
-        else {
-            return;
-        };
-        let CutPhase::Reading {
-            before,
-            waiting,
-            reads,
-            ..
-        } = &mut read.phase
-        else {
-            return;
-        };
-        if !waiting.remove(&(ps, shard.to_string())) {
-            return;
-        }
-        match result {
-            Ok(answer) => {
-                reads.insert(shard.to_string(), answer);
-                self.complete_cut_read(now);
-            }
-            Err(CallFault::Unreachable(reason)) => {
-                // The loss reaches the machine through the failure detector (or the server
-                // answers again); until then, back off and read again.
-                tracing::warn!(
-                    "checkpoint at step {}: ps/{ps} could not be read ({reason}); reading again \
-                     once it is back",
-                    read.step
-                );
-                read.phase = CutPhase::Waiting {
-                    until: now + read.backoff,
-                };
-                read.backoff = (read.backoff * 2).min(SAVE_RETRY_BACKOFF_MAX);
-            }
-            Err(CallFault::Refused(reason)) => {
-                if !Self::cut_disturbed(read.purpose, before, &cut_state) {
-                    let step = read.step;
-                    self.end_cut_read(
-                        now,
-                        CutReadError::ServerRefused {
-                            step,
-                            ps,
-                            shard: shard.to_string(),
-                            reason: reason.to_string(),
-                        },
-                    );
-                } else {
-                    let detail = format!("ps/{ps} refused a read ({reason})");
-                    self.disturb_cut_read(now, &detail);
-                }
+        let answer =
+            self.cut_reads
+                .shard_answered(now, (ticket, attempt), (ps, shard), result, &cut_state);
+        match answer {
+            ShardAnswer::Ignored => {}
+            ShardAnswer::Recorded => self.complete_cut_read(now),
+            // The loss reaches the machine through the failure detector (or the server
+            // answers again); until then, back off and read again.
+            ShardAnswer::BackedOff { step, reason } => tracing::warn!(
+                "checkpoint at step {step}: ps/{ps} could not be read ({reason}); reading again \
+                 once it is back"
+            ),
+            ShardAnswer::Refused {
+                step,
+                reason,
+                disturbed: false,
+            } => self.end_cut_read(
+                now,
+                CutReadError::ServerRefused {
+                    step,
+                    ps,
+                    shard: shard.to_string(),
+                    reason,
+                },
+            ),
+            ShardAnswer::Refused { reason, .. } => {
+                let detail = format!("ps/{ps} refused a read ({reason})");
+                self.disturb_cut_read(now, &detail);
             }
         }
     }
@@ -378,47 +302,27 @@ impl Scheduler {
         ticket: PositionsTicket,
         positions: WorkerPositions,
     ) {
-        let Some(PendingCutRead {
-            phase:
-                CutPhase::Reading {
-                    positions: awaited,
-                    collected,
-                    ..
-                },
-            ..
-        }) = self.cut_reads.front_mut()
-        else {
-            return;
-        };
-        if *awaited != ticket {
-            return;
+        if self.cut_reads.positions_collected(ticket, positions) {
+            self.complete_cut_read(now);
         }
-        *collected = Some(positions);
-        self.complete_cut_read(now);
     }
 
     /// When the read under way must be advanced, if it waits.
     pub(super) fn cut_read_deadline(&self) -> Option<Instant> {
-        match &self.cut_reads.front()?.phase {
-            CutPhase::Waiting { until } => Some(*until),
-            CutPhase::Reading { .. } => None,
-        }
+        self.cut_reads.deadline()
     }
 
     /// Begins an attempt if the read waits and its time came (part of `handle_timeout`).
     pub(super) fn advance_cut_read(&mut self, now: Instant) {
-        let Some(read) = self.cut_reads.front() else {
+        let Some(DueRead {
+            purpose,
+            step,
+            started,
+        }) = self.cut_reads.due(now)
+        else {
             return;
         };
-        let CutPhase::Waiting { until } = read.phase else {
-            return;
-        };
-        if now < until {
-            return;
-        }
-        let purpose = read.purpose;
-        if now.saturating_duration_since(read.started) > SAVE_WAIT_MAX {
-            let step = read.step;
+        if now.saturating_duration_since(started) > SAVE_WAIT_MAX {
             self.end_cut_read(
                 now,
                 CutReadError::NotUndisturbed {
@@ -446,11 +350,7 @@ impl Scheduler {
         };
         if !ready {
             // A recovery holds dispatch or runs closures again: it is bounded; read after it.
-            if let Some(read) = self.cut_reads.front_mut() {
-                read.phase = CutPhase::Waiting {
-                    until: now + SAVE_RETRY_BACKOFF_MIN,
-                };
-            }
+            self.cut_reads.wait_until(now + SAVE_RETRY_BACKOFF_MIN);
             return;
         }
         let positions = match self.collect_positions() {
@@ -467,23 +367,19 @@ impl Scheduler {
             .iter()
             .flat_map(|l| (0..l.shards.len()).map(move |i| (l.shards[i].ps, l.shard_name(i))))
             .collect();
-        let read = self.cut_reads.front_mut().expect("checked above");
-        read.attempt += 1;
-        for (ps, shard) in &shards {
+        let waiting = shards.iter().cloned().collect();
+        let Some((ticket, attempt)) = self.cut_reads.begin_attempt(before, waiting, positions)
+        else {
+            return;
+        };
+        for (ps, shard) in shards {
             self.actions.push_back(SchedulerAction::SnapshotShard {
-                ticket: read.ticket,
-                attempt: read.attempt,
-                ps: *ps,
-                shard: shard.clone(),
+                ticket,
+                attempt,
+                ps,
+                shard,
             });
         }
-        read.phase = CutPhase::Reading {
-            before,
-            waiting: shards.into_iter().collect(),
-            reads: BTreeMap::new(),
-            positions,
-            collected: None,
-        };
         // The collection may have ended at once (no live worker).
         self.finish_positions(positions, now);
     }
@@ -491,39 +387,21 @@ impl Scheduler {
     /// Ends the attempt once every shard and the positions are in.
     fn complete_cut_read(&mut self, now: Instant) {
         let cut_state = self.cut_state();
-        let Some(read) = self.cut_reads.front() else {
-            return;
-        };
-        let CutPhase::Reading {
-            before,
-            waiting,
-            collected: Some(_),
-            ..
-        } = &read.phase
-        else {
-            return;
-        };
-        if !waiting.is_empty() {
-            return;
-        }
-        if Self::cut_disturbed(read.purpose, before, &cut_state) {
-            self.disturb_cut_read(now, "a parameter-server recovery or new work came");
-            return;
-        }
-        let read = self.cut_reads.pop_front().expect("checked above");
-        let CutPhase::Reading {
-            reads, collected, ..
-        } = read.phase
-        else {
-            unreachable!("matched above");
+        let read = match self.cut_reads.take_complete(&cut_state) {
+            Completion::NotYet => return,
+            Completion::Disturbed => {
+                self.disturb_cut_read(now, "a parameter-server recovery or new work came");
+                return;
+            }
+            Completion::Done(read) => read,
         };
         let mut reading = CutReading {
             step: read.step,
             generation: cut_state.generation,
             num_servers: self.server_span(),
             layouts: self.setup.layouts.clone(),
-            reads,
-            positions: collected.unwrap_or_default(),
+            reads: read.reads,
+            positions: read.positions,
             ledger: self.ledger_state(),
         };
         match read.purpose {
@@ -553,41 +431,36 @@ impl Scheduler {
 
     /// The attempt was disturbed: begin again at once, or give up past the bound.
     fn disturb_cut_read(&mut self, now: Instant, why: &str) {
-        let Some(read) = self.cut_reads.front_mut() else {
-            return;
-        };
-        read.disturbed += 1;
-        if read.disturbed >= SAVE_ATTEMPTS_MAX {
-            let step = read.step;
-            self.end_cut_read(
+        match self.cut_reads.disturbed(now) {
+            None => {}
+            Some(Err(step)) => self.end_cut_read(
                 now,
                 CutReadError::Disturbed {
                     step,
                     attempts: SAVE_ATTEMPTS_MAX,
                     last: why.to_string(),
                 },
-            );
-            return;
+            ),
+            Some(Ok(step)) => {
+                tracing::warn!(
+                    "checkpoint at step {step}: {why} while the servers were read; reading again"
+                );
+                self.advance_cut_read(now);
+            }
         }
-        tracing::warn!(
-            "checkpoint at step {}: {why} while the servers were read; reading again",
-            read.step
-        );
-        read.phase = CutPhase::Waiting { until: now };
-        self.advance_cut_read(now);
     }
 
     /// Ends the read under way, which could not be taken (`reason`); the next in line may begin.
     pub(super) fn end_cut_read(&mut self, now: Instant, reason: CutReadError) {
-        let Some(read) = self.cut_reads.pop_front() else {
+        let Some((ticket, purpose)) = self.cut_reads.end_first() else {
             return;
         };
-        match read.purpose {
+        match purpose {
             CutPurpose::Save => self.actions.push_back(SchedulerAction::CutRead {
-                ticket: read.ticket,
+                ticket,
                 result: Err(reason),
             }),
-            CutPurpose::Preemption => self.preemption_cut_failed(now, read.ticket, reason),
+            CutPurpose::Preemption => self.preemption_cut_failed(now, ticket, reason),
         }
         self.advance_cut_read(now);
     }
@@ -595,14 +468,8 @@ impl Scheduler {
     /// Begins read `ticket` now if it is first in line and waits for its first attempt (its
     /// condition, polled otherwise, is known to hold now).
     pub(super) fn begin_cut_read_now(&mut self, now: Instant, ticket: CutTicket) {
-        let Some(read) = self.cut_reads.front_mut() else {
-            return;
-        };
-        if read.ticket == ticket && read.attempt == 0 {
-            if let CutPhase::Waiting { until } = &mut read.phase {
-                *until = now;
-                self.advance_cut_read(now);
-            }
+        if self.cut_reads.begin_now(now, ticket) {
+            self.advance_cut_read(now);
         }
     }
 
@@ -627,7 +494,7 @@ impl Scheduler {
 
     /// Drops the read `ticket` (under way or waiting) without an answer: its purpose is gone.
     pub(super) fn drop_cut_read(&mut self, now: Instant, ticket: CutTicket) {
-        self.cut_reads.retain(|r| r.ticket != ticket);
+        self.cut_reads.drop_read(ticket);
         self.advance_cut_read(now);
     }
 }
