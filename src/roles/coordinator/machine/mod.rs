@@ -81,8 +81,8 @@ use recovery::{
 use rollback::{KeptCut, RestoreBlocker, Retained, RollbackLine};
 pub use save::{CheckpointBuildError, CutReadError, MalformedRead};
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
+use servers::{ChiefStart, Creates};
 pub use servers::{CreateError, CreateTicket};
-use servers::{PendingCreate, PendingStart};
 
 pub use crate::ledger::{ClosureId, WorkerIncarnation};
 
@@ -785,14 +785,13 @@ pub struct Scheduler {
     /// Configurations and collections of dataset positions sent to the live workers, waiting
     /// for their answers (the `control` sub-machine).
     requests: WorkerRequests,
-    /// Variables whose shards are being created, by ticket.
-    creates: BTreeMap<CreateTicket, PendingCreate>,
-    /// The chief's start, while its probes are out.
-    start: Option<PendingStart>,
-    /// The chief's start ended well (restored, or afresh): what the servers hold is this
-    /// coordinator's to account for (see [`Self::servers_accounted`]).
-    started: bool,
-    /// Reads of a cut: the first is under way, the others wait for it.
+    /// Variables whose shards are being created (the creation sub-machine).
+    creates: Creates,
+    /// The chief's start while its probes are out, and whether it ended well (the start
+    /// sub-machine).
+    start: ChiefStart,
+    /// Reads of a cut: the first is under way, the others wait for it (the `cut_reads`
+    /// sub-machine).
     cut_reads: CutReads,
     /// Parameter servers' preemption notices and the cuts taken for them (the `preempt`
     /// sub-machine).
@@ -915,9 +914,8 @@ impl Scheduler {
             num_workers: 0,
             worker_dials: BTreeSet::new(),
             requests: WorkerRequests::default(),
-            creates: BTreeMap::new(),
-            start: None,
-            started: false,
+            creates: Creates::default(),
+            start: ChiefStart::default(),
             cut_reads: CutReads::default(),
             preemption: Preemptions::default(),
             control: ControlCounters::default(),
@@ -1512,7 +1510,7 @@ impl Scheduler {
             ) => {
                 let result = match end {
                     RunEnd::Done { step, .. } => self.resume(ledger, next_id).map(|()| {
-                        self.started = true;
+                        self.start.restored();
                         self.resume_generation(generation);
                         self.watermark_sent = next_id;
                         // The variables are at this checkpoint now: a recovery rolls back
@@ -1712,7 +1710,7 @@ impl Scheduler {
     /// restore). Before that, a restarted chief's servers may hold a dead chief's work that
     /// the start's restore rolls back: no cut may be taken of it.
     pub(super) fn servers_accounted(&self) -> bool {
-        self.started || self.next_id != 0
+        self.start.ended_well() || self.next_id != 0
     }
 
     /// Whether dispatch is held for a parameter-server recovery.

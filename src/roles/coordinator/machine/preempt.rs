@@ -220,7 +220,7 @@ impl Scheduler {
             );
             return self.leave_now(now, ps, incarnation);
         };
-        if self.is_holding() || self.start.is_some() {
+        if self.is_holding() || self.start.under_way() {
             // A recovery holds dispatch already and will restore every server; or the chief's
             // start is still probing them: what they hold is not yet this chief's to cut
             // (it may be a dead chief's work that the start's restore rolls back).
@@ -315,7 +315,7 @@ impl Scheduler {
             return;
         }
         let waiting = std::mem::take(&mut self.preemption.waiting);
-        if self.start.is_some() || self.is_holding() {
+        if self.start.under_way() || self.is_holding() {
             for (ps, incarnation) in waiting {
                 let answer = self
                     .leave_now(now, ps, incarnation)

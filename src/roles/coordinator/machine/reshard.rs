@@ -343,7 +343,7 @@ impl Scheduler {
         }
         if self.preemption.holds()
             || self.recovery.is_some()
-            || self.start.is_some()
+            || self.start.under_way()
             || !self.servers_accounted()
             || !self.creates.is_empty()
             || self.preemption.stopping

@@ -116,6 +116,68 @@ pub(super) struct PendingCreate {
     failed: Option<CreateError>,
 }
 
+/// The variables whose shards are being created, by ticket (the creation sub-machine's state:
+/// each one's requests, the shards awaited, the pauses before asking an unreachable server
+/// again, and the first failure).
+#[derive(Debug, Default)]
+pub(super) struct Creates {
+    pending: BTreeMap<CreateTicket, PendingCreate>,
+}
+
+impl Creates {
+    /// Whether a variable named `name` is being created.
+    fn naming(&self, name: &str) -> bool {
+        self.pending.values().any(|c| c.name == name)
+    }
+
+    /// Whether no creation is under way.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// When a shard whose server could not be reached is asked again.
+    fn deadline(&self) -> Option<Instant> {
+        self.pending
+            .values()
+            .flat_map(|p| p.again_at.values())
+            .min()
+            .copied()
+    }
+
+    /// The shards whose pause is over at `now`, to ask again: (ticket, server, shard, request).
+    fn due(&mut self, now: Instant) -> Vec<(CreateTicket, u32, usize, CreateVariable)> {
+        let mut again = Vec::new();
+        for (ticket, pending) in self.pending.iter_mut() {
+            let due: Vec<usize> = pending
+                .again_at
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(shard, _)| *shard)
+                .collect();
+            for shard in due {
+                pending.again_at.remove(&shard);
+                if let Some((ps, msg)) = pending.requests.get(&shard) {
+                    again.push((*ticket, *ps, shard, msg.clone()));
+                }
+            }
+        }
+        again
+    }
+
+    /// Takes creation `ticket` out once every shard answered: how it ended.
+    fn take_finished(&mut self, ticket: CreateTicket) -> Option<Result<(), CreateError>> {
+        if !self
+            .pending
+            .get(&ticket)
+            .is_some_and(|p| p.waiting.is_empty())
+        {
+            return None;
+        }
+        let pending = self.pending.remove(&ticket)?;
+        Some(pending.failed.map_or(Ok(()), Err))
+    }
+}
+
 /// The chief's start, waiting for every server's probe.
 #[derive(Debug)]
 pub(super) struct PendingStart {
@@ -128,6 +190,115 @@ pub(super) struct PendingStart {
     out: BTreeSet<u32>,
     /// Servers that could not be reached, and when to probe them again.
     again_at: BTreeMap<u32, Instant>,
+}
+
+/// The chief's start (its sub-machine's state): the start while its probes are out, and
+/// whether it ended well.
+#[derive(Debug, Default)]
+pub(super) struct ChiefStart {
+    pending: Option<PendingStart>,
+    /// The start ended well (restored, or afresh): what the servers hold is this
+    /// coordinator's to account for (see [`Scheduler::servers_accounted`]).
+    ended_well: bool,
+}
+
+/// What a server's answer to the start's probe did ([`ChiefStart::probe_answered`]).
+enum ProbeAnswered {
+    /// Not for the start under way, or answered already.
+    Ignored,
+    /// Recorded: every server may have answered now.
+    Recorded,
+    /// Not reachable yet: probed again after a pause.
+    Again,
+    /// The start fails: the chief cannot know what the server holds.
+    Failed(String),
+}
+
+impl ChiefStart {
+    /// Whether the start's probes are out.
+    pub(super) fn under_way(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Whether the start ended well.
+    pub(super) fn ended_well(&self) -> bool {
+        self.ended_well
+    }
+
+    /// The start's restore of a checkpoint ended well.
+    pub(super) fn restored(&mut self) {
+        self.ended_well = true;
+    }
+
+    /// When a server the start could not reach is due to be probed again.
+    fn deadline(&self) -> Option<Instant> {
+        self.pending.as_ref()?.again_at.values().min().copied()
+    }
+
+    /// The servers whose pause is over at `now`, probed again: the start's ticket and each.
+    fn due(&mut self, now: Instant) -> Vec<(RestoreTicket, u32)> {
+        let Some(start) = self.pending.as_mut() else {
+            return Vec::new();
+        };
+        let due: Vec<u32> = start
+            .again_at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(ps, _)| *ps)
+            .collect();
+        for ps in &due {
+            start.again_at.remove(ps);
+            start.out.insert(*ps);
+        }
+        due.into_iter().map(|ps| (start.ticket, ps)).collect()
+    }
+
+    /// Server `ps`'s answer (`result`) to the probe of start `ticket` at `now`; `bound`: how
+    /// long an unreachable server is probed again.
+    fn probe_answered(
+        &mut self,
+        now: Instant,
+        ticket: RestoreTicket,
+        ps: u32,
+        result: Result<ServerProbe, CallFault>,
+        bound: Duration,
+    ) -> ProbeAnswered {
+        let Some(start) = self.pending.as_mut().filter(|s| s.ticket == ticket) else {
+            return ProbeAnswered::Ignored;
+        };
+        if !start.out.remove(&ps) {
+            return ProbeAnswered::Ignored;
+        }
+        let fault = match result {
+            Ok(probe) => {
+                start.probes.insert(ps, ServerProbe { ps, ..probe });
+                return ProbeAnswered::Recorded;
+            }
+            Err(CallFault::Unreachable(reason)) if now < start.since + bound => {
+                tracing::debug!("ps/{ps} did not answer the chief's probe yet: {reason}");
+                start.again_at.insert(ps, now + START_PROBE_BACKOFF);
+                return ProbeAnswered::Again;
+            }
+            Err(CallFault::Unreachable(reason)) => {
+                format!("it could not be reached within {bound:?} (ps_restart_wait): {reason}")
+            }
+            Err(fault) => fault.to_string(),
+        };
+        self.pending = None;
+        ProbeAnswered::Failed(fault)
+    }
+
+    /// Takes the start out once all `servers` answered its probe.
+    fn take_answered(&mut self, servers: usize) -> Option<PendingStart> {
+        if self
+            .pending
+            .as_ref()
+            .is_none_or(|s| s.probes.len() < servers)
+        {
+            return None;
+        }
+        self.pending.take()
+    }
 }
 
 /// Pause before probing again a server that could not be reached at the chief's start.
@@ -146,9 +317,7 @@ impl Scheduler {
         inits: Vec<InitSpec>,
     ) -> Result<CreateTicket, CreateError> {
         let name = &layout.name;
-        if self.setup.layouts.iter().any(|l| &l.name == name)
-            || self.creates.values().any(|c| &c.name == name)
-        {
+        if self.setup.layouts.iter().any(|l| &l.name == name) || self.creates.naming(name) {
             return Err(CreateError::Twice { name: name.clone() });
         }
         if inits.len() != layout.shards.len() {
@@ -172,7 +341,7 @@ impl Scheduler {
         if self.reshard_under_way() {
             return Err(CreateError::Resharding { name: name.clone() });
         }
-        if self.creates.len() >= REQUESTS_PENDING_MAX {
+        if self.creates.pending.len() >= REQUESTS_PENDING_MAX {
             return Err(CreateError::TooMany {
                 max: REQUESTS_PENDING_MAX,
             });
@@ -206,7 +375,7 @@ impl Scheduler {
             again_at: BTreeMap::new(),
             failed: None,
         };
-        self.creates.insert(ticket, pending);
+        self.creates.pending.insert(ticket, pending);
         self.finish_create(ticket);
         Ok(ticket)
     }
@@ -222,7 +391,7 @@ impl Scheduler {
         result: Result<(), CallFault>,
     ) {
         let wait = self.config.ps_restart_wait_max;
-        let Some(pending) = self.creates.get_mut(&ticket) else {
+        let Some(pending) = self.creates.pending.get_mut(&ticket) else {
             return;
         };
         if !pending.waiting.contains(&shard) || pending.again_at.contains_key(&shard) {
@@ -254,48 +423,26 @@ impl Scheduler {
 
     /// When a shard whose server could not be reached is asked again.
     pub(super) fn create_deadline(&self) -> Option<Instant> {
-        self.creates
-            .values()
-            .flat_map(|p| p.again_at.values())
-            .min()
-            .copied()
+        self.creates.deadline()
     }
 
     /// Asks again for the shards whose pause is over (part of `handle_timeout`).
     pub(super) fn create_again(&mut self, now: Instant) {
-        for (ticket, pending) in self.creates.iter_mut() {
-            let due: Vec<usize> = pending
-                .again_at
-                .iter()
-                .filter(|(_, at)| **at <= now)
-                .map(|(shard, _)| *shard)
-                .collect();
-            for shard in due {
-                pending.again_at.remove(&shard);
-                if let Some((ps, msg)) = pending.requests.get(&shard) {
-                    self.actions.push_back(SchedulerAction::CreateShard {
-                        ticket: *ticket,
-                        ps: *ps,
-                        shard,
-                        msg: msg.clone(),
-                    });
-                }
-            }
+        for (ticket, ps, shard, msg) in self.creates.due(now) {
+            self.actions.push_back(SchedulerAction::CreateShard {
+                ticket,
+                ps,
+                shard,
+                msg,
+            });
         }
     }
 
     fn finish_create(&mut self, ticket: CreateTicket) {
-        if !self
-            .creates
-            .get(&ticket)
-            .is_some_and(|p| p.waiting.is_empty())
-        {
-            return;
+        if let Some(result) = self.creates.take_finished(ticket) {
+            self.actions
+                .push_back(SchedulerAction::VariableCreated { ticket, result });
         }
-        let pending = self.creates.remove(&ticket).expect("checked above");
-        let result = pending.failed.map_or(Ok(()), Err);
-        self.actions
-            .push_back(SchedulerAction::VariableCreated { ticket, result });
     }
 
     /// The chief's start: probes every parameter server ([`SchedulerAction::ProbeServer`]),
@@ -312,7 +459,7 @@ impl Scheduler {
         if self.next_id != 0 || !self.closures.is_empty() {
             return Err(StartFailure::AfterScheduling);
         }
-        if self.start.is_some() {
+        if self.start.under_way() {
             return Err(StartFailure::StartUnderWay);
         }
         if self.recovery.is_some() {
@@ -324,7 +471,7 @@ impl Scheduler {
             self.actions
                 .push_back(SchedulerAction::ProbeServer { ticket, ps });
         }
-        self.start = Some(PendingStart {
+        self.start.pending = Some(PendingStart {
             ticket,
             checkpoint,
             root,
@@ -352,29 +499,11 @@ impl Scheduler {
         result: Result<ServerProbe, CallFault>,
     ) {
         let bound = self.config.ps_restart_wait_max;
-        let Some(start) = self.start.as_mut().filter(|s| s.ticket == ticket) else {
-            return;
+        let fault = match self.start.probe_answered(now, ticket, ps, result, bound) {
+            ProbeAnswered::Ignored | ProbeAnswered::Again => return,
+            ProbeAnswered::Recorded => return self.finish_start(now),
+            ProbeAnswered::Failed(fault) => fault,
         };
-        if !start.out.remove(&ps) {
-            return;
-        }
-        let fault = match result {
-            Ok(probe) => {
-                start.probes.insert(ps, ServerProbe { ps, ..probe });
-                self.finish_start(now);
-                return;
-            }
-            Err(CallFault::Unreachable(reason)) if now < start.since + bound => {
-                tracing::debug!("ps/{ps} did not answer the chief's probe yet: {reason}");
-                start.again_at.insert(ps, now + START_PROBE_BACKOFF);
-                return;
-            }
-            Err(CallFault::Unreachable(reason)) => {
-                format!("it could not be reached within {bound:?} (ps_restart_wait): {reason}")
-            }
-            Err(fault) => fault.to_string(),
-        };
-        self.start = None;
         let result = Err(StartFailure::Failed(format!(
             "parameter server ps/{ps} did not answer the chief's probe: {fault}"
         )));
@@ -384,36 +513,21 @@ impl Scheduler {
 
     /// When a server the start could not reach is due to be probed again.
     pub(super) fn start_deadline(&self) -> Option<Instant> {
-        self.start.as_ref()?.again_at.values().min().copied()
+        self.start.deadline()
     }
 
     /// Probes again the servers whose pause is over (part of `handle_timeout`).
     pub(super) fn probe_again(&mut self, now: Instant) {
-        let Some(start) = self.start.as_mut() else {
-            return;
-        };
-        let due: Vec<u32> = start
-            .again_at
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(ps, _)| *ps)
-            .collect();
-        for ps in due {
-            start.again_at.remove(&ps);
-            start.out.insert(ps);
-            self.actions.push_back(SchedulerAction::ProbeServer {
-                ticket: start.ticket,
-                ps,
-            });
+        for (ticket, ps) in self.start.due(now) {
+            self.actions
+                .push_back(SchedulerAction::ProbeServer { ticket, ps });
         }
     }
 
     fn finish_start(&mut self, now: Instant) {
-        let all_answered = |s: &PendingStart| s.probes.len() >= self.server_set.len();
-        if !self.start.as_ref().is_some_and(all_answered) {
+        let Some(start) = self.start.take_answered(self.server_set.len()) else {
             return;
-        }
-        let start = self.start.take().expect("checked above");
+        };
         let ticket = start.ticket;
         let probes: Vec<ServerProbe> = start.probes.into_values().collect();
         let Some(checkpoint) = start.checkpoint else {
@@ -429,7 +543,7 @@ impl Scheduler {
                 }),
                 None => Ok(None),
             };
-            self.started = result.is_ok();
+            self.start.ended_well = result.is_ok();
             self.actions
                 .push_back(SchedulerAction::RestoreFinished { ticket, result });
             // What waited for the start (servers joining or leaving) may go on.
