@@ -89,6 +89,26 @@ pub struct LaunchFlags {
     pub peer_chief: bool,
 }
 
+impl LaunchFlags {
+    /// The cluster a benchmark launches: 1 chief, 2 parameter servers and 2 workers, one
+    /// replica each, with the default detection budget, in `run_dir`; every task serving
+    /// metrics where `metrics`.
+    pub(crate) fn bench_cluster(run_dir: std::path::PathBuf, metrics: bool) -> Self {
+        Self {
+            workers: 2.into(),
+            ps: 2.into(),
+            evaluators: 0,
+            kill_worker_after: None,
+            kill_ps_after: None,
+            run_dir: Some(run_dir),
+            detection_budget: Duration::from_secs(3),
+            replicas: 1,
+            no_metrics: !metrics,
+            peer_chief: false,
+        }
+    }
+}
+
 /// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`]; the error
 /// is the cluster module's count error (not nameable here: `cluster` does not re-export it).
 fn parse_replicas(text: &str) -> Result<u32, impl std::error::Error + Send + Sync + 'static> {

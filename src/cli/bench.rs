@@ -87,18 +87,7 @@ fn run_cluster(
 ) -> Result<(BenchReport, u64), CliError> {
     let report_path = dir.join(format!("{workload}-{metrics}.json"));
     let run_dir = dir.join(format!("{workload}-{metrics}-run"));
-    let flags = LaunchFlags {
-        workers: 2.into(),
-        ps: 2.into(),
-        evaluators: 0,
-        kill_worker_after: None,
-        kill_ps_after: None,
-        run_dir: Some(run_dir.clone()),
-        detection_budget: Duration::from_secs(3),
-        replicas: 1,
-        no_metrics: !metrics,
-        peer_chief: false,
-    };
+    let flags = LaunchFlags::bench_cluster(run_dir.clone(), metrics);
     let env = vec![
         ("COHORT_BENCH_WORKLOAD".to_string(), workload.to_string()),
         ("COHORT_BENCH_STEPS".to_string(), steps.to_string()),

@@ -133,18 +133,7 @@ fn run_scenario(dir: &Path, scenario: Scenario, steps: usize, seed: u64) -> Resu
     let slug = scenario.slug();
     let events = dir.join(format!("{slug}.events"));
     let run_dir = dir.join(format!("{slug}-run"));
-    let flags = LaunchFlags {
-        workers: 2.into(),
-        ps: 2.into(),
-        evaluators: 0,
-        kill_worker_after: None,
-        kill_ps_after: None,
-        run_dir: Some(run_dir.clone()),
-        detection_budget: Duration::from_secs(3),
-        replicas: 1,
-        no_metrics: true,
-        peer_chief: false,
-    };
+    let flags = LaunchFlags::bench_cluster(run_dir.clone(), false);
     // The spot schedule needs a longer run to see several preemptions.
     let steps = if scenario == Scenario::Spot {
         steps * SPOT_STEPS_FACTOR
