@@ -63,6 +63,9 @@ pub(crate) struct MemberArgs {
     bench_rounds: usize,
 }
 
+/// Bound on a benchmark member's wait, before it exits, for its last chunks to be taken.
+const BENCH_FLUSH_MAX: Duration = Duration::from_secs(60);
+
 /// Runs the member (see the module doc).
 pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
     let usage = |what: &str, e: &dyn std::fmt::Display| CliError::Usage(format!("{what}: {e}"));
@@ -121,8 +124,12 @@ pub(crate) fn run(args: MemberArgs) -> Result<u8, CliError> {
                         args.bench_rounds,
                         group.shared_memory_peers().len()
                     );
-                    // Every chunk taken before this process goes (a peer may be finishing).
-                    group.flush(Duration::from_secs(5)).await;
+                    // Every chunk taken before this process goes (a peer may be finishing):
+                    // the chunks of the last round wait in this member's queue until the
+                    // peer makes room, which on a busy machine with 64 MiB rounds took more
+                    // than 5 s (the peer then lost this member mid-round). The wait ends as
+                    // soon as they are taken.
+                    group.flush(BENCH_FLUSH_MAX).await;
                     Ok(0)
                 }
                 Err(err) => {
