@@ -34,6 +34,7 @@ use super::digits::{Digits, DigitsError, PIXELS};
 use super::models::{self, ParamSpec};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::{DataError, Dataset};
+use crate::layout::Layout;
 use crate::ledger::Ledger;
 use crate::nn::NnError;
 use crate::optim::Optimizer;
@@ -269,37 +270,10 @@ fn run_chief(
     let mut progress = Progbar::stderr(ProgbarMode::Auto);
     let mut summaries = JobSummaries::create(&logs_dir(&checkpoint_dir, "train"));
 
-    // Every variable of both workloads exists from the start, so that every checkpoint holds
-    // all of them and any of them can be restored.
-    for spec in models::digits_params(0) {
-        coordinator.create_variable(to_variable(spec))?;
-    }
     let ctr = ctr_config();
-    let embedding = models::ctr_embedding_param(&ctr, CTR_DIM, 11);
-    let layout = coordinator.create_variable(
-        to_variable(embedding.clone()).partitioned(Partitioner::FixedShards { num_shards: 2 }),
-    )?;
-    for spec in models::ctr_head_params(CTR_DIM, 12) {
-        coordinator.create_variable(to_variable(spec))?;
-    }
+    let (embedding, layout) = create_variables(coordinator, &ctr)?;
     let resumed = coordinator.restore_checkpoint(&mut checkpoints)?;
-    match resumed {
-        Some(step) => tracing::info!(
-            step,
-            "resumed from checkpoint {} at step {step}",
-            checkpoint_dir
-                .join(crate::checkpoint::checkpoint_dir_name(step))
-                .display()
-        ),
-        None => tracing::info!(
-            "checkpoints go to {} (none there yet: starting from step 0{})",
-            checkpoint_dir.display(),
-            coordinator
-                .warm_start_file()
-                .map(|file| format!(", variables from {} (warm start)", file.display()))
-                .unwrap_or_default()
-        ),
-    }
+    announce_resume(coordinator, &checkpoint_dir, resumed);
     let mut step = resumed.unwrap_or(0);
     let digits_steps = (config.digits_epochs * config.digits_steps_per_epoch) as u64;
     let ctr_steps = (config.ctr_epochs * config.ctr_steps_per_epoch) as u64;
@@ -341,15 +315,13 @@ fn run_chief(
     // it (with none, either loss would end the job once the servers have applied a step:
     // nothing accounts for what they hold).
     if resumed.is_none() {
-        match coordinator.save_checkpoint(&mut checkpoints, step) {
-            Ok(saved) => tracing::info!(step, "checkpoint before training: {}", saved.display()),
-            Err(CoordinatorError::Checkpoint(e)) => tracing::warn!(
-                step,
-                "checkpoint before training not saved: {e}; a parameter server or the chief \
-                 lost before the first epoch's checkpoint ends the job"
-            ),
-            Err(e) => return Err(e),
-        }
+        save_or_warn(
+            coordinator,
+            &mut checkpoints,
+            step,
+            "checkpoint before training",
+            "a parameter server or the chief lost before the first epoch's checkpoint ends the job",
+        )?;
     }
     let preempted = run_phase(
         coordinator,
@@ -373,16 +345,15 @@ fn run_chief(
     }
     let accuracy = digits_accuracy(coordinator)?;
     if step == digits_steps && resumed != Some(step) {
-        match coordinator.save_checkpoint(&mut checkpoints, step) {
-            Ok(saved) => tracing::info!(step, "checkpoint: {}", saved.display()),
-            // Not the end of the job: the cadence tries again (as `finish_save` says).
-            Err(CoordinatorError::Checkpoint(e)) => tracing::warn!(
-                step,
-                "checkpoint at step {step} not saved: {e}; the previous checkpoint (if any) \
-                 stays the one a recovery restores, and training goes on"
-            ),
-            Err(e) => return Err(e),
-        }
+        // Not the end of the job if it fails: the cadence tries again (as `finish_save` says).
+        save_or_warn(
+            coordinator,
+            &mut checkpoints,
+            step,
+            &format!("checkpoint at step {step}"),
+            "the previous checkpoint (if any) stays the one a recovery restores, and training \
+             goes on",
+        )?;
     }
 
     // Workload 2: CTR with a partitioned embedding.
@@ -391,17 +362,7 @@ fn run_chief(
          synthetic clicks from a planted model",
         ctr.vocab
     );
-    tracing::info!(
-        "{}: {} shards: {}",
-        layout.name,
-        layout.shards.len(),
-        layout
-            .shards
-            .iter()
-            .map(|s| format!("rows {}..{} on ps/{}", s.rows.start, s.rows.end, s.ps))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    log_layout(&layout);
     coordinator.create_per_worker_dataset("clicks")?;
     let held_out = CtrData::generate(&ctr, 99, 0, 20_000);
     let floor = held_out.loss_floor();
@@ -457,10 +418,133 @@ fn run_chief(
         tracing::warn!("no loss curve: {e}");
     }
 
-    // Summary.
+    let ledger = print_summary(
+        coordinator,
+        &DemoEnd {
+            started,
+            accuracy,
+            ctr_loss,
+            floor,
+            step,
+            total_steps: digits_steps + ctr_steps,
+            resumed,
+            checkpoint_dir: &checkpoint_dir,
+            saved: &saved,
+            loss_png: &loss_png,
+            summaries: &summaries,
+        },
+    )?;
+    hold_until_released();
+    if !ledger.balances() || ledger.committed != ledger.scheduled {
+        return Err(DemoError::Ledger(ledger).into());
+    }
+    Ok(())
+}
+
+/// Creates every variable of both workloads from the start, so that every checkpoint holds
+/// all of them and any of them can be restored: the digits MLP, the CTR embedding (split over
+/// both servers) and its head. Returns the embedding's spec and layout.
+fn create_variables(
+    coordinator: &mut ClusterCoordinator,
+    ctr: &CtrConfig,
+) -> Result<(ParamSpec, Layout), CoordinatorError> {
+    for spec in models::digits_params(0) {
+        coordinator.create_variable(to_variable(spec))?;
+    }
+    let embedding = models::ctr_embedding_param(ctr, CTR_DIM, 11);
+    let layout = coordinator.create_variable(
+        to_variable(embedding.clone()).partitioned(Partitioner::FixedShards { num_shards: 2 }),
+    )?;
+    for spec in models::ctr_head_params(CTR_DIM, 12) {
+        coordinator.create_variable(to_variable(spec))?;
+    }
+    Ok((embedding, layout))
+}
+
+/// Says where the demo resumes from (the checkpoint it restored) or where its checkpoints go.
+fn announce_resume(
+    coordinator: &ClusterCoordinator,
+    checkpoint_dir: &std::path::Path,
+    resumed: Option<u64>,
+) {
+    match resumed {
+        Some(step) => tracing::info!(
+            step,
+            "resumed from checkpoint {} at step {step}",
+            checkpoint_dir
+                .join(crate::checkpoint::checkpoint_dir_name(step))
+                .display()
+        ),
+        None => tracing::info!(
+            "checkpoints go to {} (none there yet: starting from step 0{})",
+            checkpoint_dir.display(),
+            coordinator
+                .warm_start_file()
+                .map(|file| format!(", variables from {} (warm start)", file.display()))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// Saves a checkpoint at `step` (`what`, in the log); one that could not be written is
+/// logged with its `consequence` and training goes on. Any other failure is the job's.
+fn save_or_warn(
+    coordinator: &mut ClusterCoordinator,
+    checkpoints: &mut CheckpointManager,
+    step: u64,
+    what: &str,
+    consequence: &str,
+) -> Result<(), CoordinatorError> {
+    match coordinator.save_checkpoint(checkpoints, step) {
+        Ok(saved) => tracing::info!(step, "{what}: {}", saved.display()),
+        Err(CoordinatorError::Checkpoint(e)) => {
+            tracing::warn!(step, "{what} not saved: {e}; {consequence}")
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// Says where each shard of a partitioned variable lives.
+fn log_layout(layout: &Layout) {
+    tracing::info!(
+        "{}: {} shards: {}",
+        layout.name,
+        layout.shards.len(),
+        layout
+            .shards
+            .iter()
+            .map(|s| format!("rows {}..{} on ps/{}", s.rows.start, s.rows.end, s.ps))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// How the demo ended, for its summary.
+struct DemoEnd<'a> {
+    started: Instant,
+    accuracy: f64,
+    ctr_loss: f64,
+    floor: f64,
+    step: u64,
+    total_steps: u64,
+    resumed: Option<u64>,
+    checkpoint_dir: &'a std::path::Path,
+    saved: &'a std::path::Path,
+    loss_png: &'a std::path::Path,
+    summaries: &'a JobSummaries,
+}
+
+/// Prints the demo's summary (the ledger, every server's counts, the models' figures, where
+/// the checkpoints, loss curve and TensorBoard events are) and writes the same figures as the
+/// run report `cohort chaos run` reads; returns the ledger.
+fn print_summary(
+    coordinator: &ClusterCoordinator,
+    end: &DemoEnd<'_>,
+) -> Result<Ledger, CoordinatorError> {
     let ledger = coordinator.ledger()?;
     let stats = coordinator.ps_stats()?;
-    outln!("\n== summary ({:.1}s)", started.elapsed().as_secs_f64());
+    outln!("\n== summary ({:.1}s)", end.started.elapsed().as_secs_f64());
     outln!(
         "  ledger: {} closures scheduled, {} committed, {} re-dispatched after a worker or parameter server was lost, {} results rejected as stale, {} failed, {} pending",
         ledger.scheduled, ledger.committed, ledger.redispatched, ledger.rejected_stale, ledger.failed, ledger.pending
@@ -479,23 +563,27 @@ fn run_chief(
     }
     outln!(
         "  digits: held-out accuracy {:.1}% (target >= 95%)",
-        accuracy * 100.0
+        end.accuracy * 100.0
     );
-    outln!("  ctr: held-out log loss {ctr_loss:.4}, planted floor {floor:.4}");
+    outln!(
+        "  ctr: held-out log loss {:.4}, planted floor {:.4}",
+        end.ctr_loss, end.floor
+    );
     // The runner reads "resumed" (the servers were restored at the start, rolling back what
     // a chief before this one had them apply).
     outln!(
-        "  steps: {step} of {} (this run: {}{})",
-        digits_steps + ctr_steps,
-        step - resumed.unwrap_or(0),
-        resumed
+        "  steps: {} of {} (this run: {}{})",
+        end.step,
+        end.total_steps,
+        end.step - end.resumed.unwrap_or(0),
+        end.resumed
             .map(|from| format!(", resumed from step {from}"))
             .unwrap_or_default()
     );
     outln!(
         "  checkpoints: {} (newest {})",
-        checkpoint_dir.display(),
-        saved.display()
+        end.checkpoint_dir.display(),
+        end.saved.display()
     );
     // The same figures for `cohort chaos run`, as data.
     write_report(&TaskReport {
@@ -517,24 +605,20 @@ fn run_chief(
             .collect(),
         ps_restores: (ledger.ps_restores > 0).then_some(ledger.ps_restores),
         rolled_back: (ledger.ps_restores > 0).then_some(ledger.rolled_back),
-        resumed: resumed.is_some(),
+        resumed: end.resumed.is_some(),
         ..TaskReport::of("chief/0")
     });
-    if loss_png.exists() {
-        outln!("  loss curve: {}", loss_png.display());
+    if end.loss_png.exists() {
+        outln!("  loss curve: {}", end.loss_png.display());
     }
-    if let Some(events) = summaries.path() {
+    if let Some(events) = end.summaries.path() {
         outln!(
             "  TensorBoard: {} (tensorboard --logdir {})",
             events.display(),
-            checkpoint_dir.join("logs").display()
+            end.checkpoint_dir.join("logs").display()
         );
     }
-    hold_until_released();
-    if !ledger.balances() || ledger.committed != ledger.scheduled {
-        return Err(DemoError::Ledger(ledger).into());
-    }
-    Ok(())
+    Ok(ledger)
 }
 
 /// Keeps the finished job up (its status page and metrics served) until the file named by
