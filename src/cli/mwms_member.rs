@@ -229,56 +229,56 @@ fn strategy_config(args: &MwmsArgs, cluster: ClusterConfig) -> MultiWorkerConfig
 /// tests read.
 fn print_event(event: ElasticEvent<'_>, pause: Duration) {
     match event {
-    ElasticEvent::Step { step, loss } => {
-        outln!("step {step} loss={loss}");
-        std::thread::sleep(pause);
-    }
-    ElasticEvent::Recovered(r) => {
-        let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
-        outln!(
-            "recovered generation={} step={} position={} workers={} lost={} source={} \
-             attempts={}",
-            r.generation,
-            r.step,
-            r.position,
-            r.members.len(),
-            lost.join(","),
-            r.source,
-            r.attempts
-        );
-    }
-    ElasticEvent::Departed(d) => {
-        let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
-        let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
-        outln!(
-            "departed generation={} step={} position={} workers={} left={} drained={} \
-             saved={}",
-            d.generation,
-            d.step,
-            d.position,
-            d.members.len(),
-            left.join(","),
-            drained.join(","),
-            d.saved
-        );
-    }
-    ElasticEvent::Saved { step, dir } => {
-        outln!("saved step={step} dir={}", dir.display());
-    }
-    ElasticEvent::Restored { step, dir } => {
-        outln!("restored step={step} dir={}", dir.display());
-    }
-    ElasticEvent::Admitted(a) => {
-        let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
-        outln!(
-            "admitted generation={} step={} position={} workers={} joined={} source={}",
-            a.generation,
-            a.step,
-            a.position,
-            a.members.len(),
-            joined.join(","),
-            a.source
-        );
+        ElasticEvent::Step { step, loss } => {
+            outln!("step {step} loss={loss}");
+            std::thread::sleep(pause);
+        }
+        ElasticEvent::Recovered(r) => {
+            let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+            outln!(
+                "recovered generation={} step={} position={} workers={} lost={} source={} \
+                 attempts={}",
+                r.generation,
+                r.step,
+                r.position,
+                r.members.len(),
+                lost.join(","),
+                r.source,
+                r.attempts
+            );
+        }
+        ElasticEvent::Departed(d) => {
+            let left: Vec<String> = d.left.iter().map(ToString::to_string).collect();
+            let drained: Vec<String> = d.drained.iter().map(ToString::to_string).collect();
+            outln!(
+                "departed generation={} step={} position={} workers={} left={} drained={} \
+                 saved={}",
+                d.generation,
+                d.step,
+                d.position,
+                d.members.len(),
+                left.join(","),
+                drained.join(","),
+                d.saved
+            );
+        }
+        ElasticEvent::Saved { step, dir } => {
+            outln!("saved step={step} dir={}", dir.display());
+        }
+        ElasticEvent::Restored { step, dir } => {
+            outln!("restored step={step} dir={}", dir.display());
+        }
+        ElasticEvent::Admitted(a) => {
+            let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
+            outln!(
+                "admitted generation={} step={} position={} workers={} joined={} source={}",
+                a.generation,
+                a.step,
+                a.position,
+                a.members.len(),
+                joined.join(","),
+                a.source
+            );
     }
 }
 }
