@@ -100,7 +100,21 @@ pub fn main(program: Program) -> i32 {
         outln!("{answer}");
         return 0;
     }
-    match crate::cluster::ConfigFlags::extract(&args) {
+    run_role_with_args(program, &args)
+}
+
+/// Runs this process's role of `program`, its configuration flags taken out of `args` (the
+/// others are left to the program; see [`main`] for the flags and the layers under them), and
+/// returns the exit code. For a host that makes the process a role itself (cohort's Python
+/// package: the script's own arguments): no `launch`, no `--help`. A bad flag is exit code 2,
+/// named in the log.
+pub fn run_role_with_args(program: Program, args: &[String]) -> i32 {
+    if let Err(e) = crate::bootstrap::init_logging() {
+        // No subscriber to report through.
+        eprintln!("error: bad config: {e}");
+        return 2;
+    }
+    match crate::cluster::ConfigFlags::extract(args) {
         Ok((flags, _program_args)) => crate::bootstrap::run_role(Arc::new(program), &flags),
         Err(e) => {
             tracing::error!("bad config: {e}");

@@ -1,0 +1,98 @@
+"""The parameter servers' optimizers.
+
+cohort's parameter servers apply the gradients a step pushes with the job's optimizer, given to
+``ParameterServerStrategy(optimizer=...)`` (every process is given the same). Inside a step,
+``optimizer.apply_gradients(zip(grads, variables))`` records the gradients as one update of the
+step, which each server applies once (PS-1), however often the step runs after a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import _steps
+
+
+class Optimizer:
+    """An optimizer the parameter servers run; see the subclasses."""
+
+    _kind = ""
+
+    def __init__(self, learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.learning_rate = float(learning_rate)
+        self.momentum = float(momentum)
+        self.weight_decay = float(weight_decay)
+
+    def spec(self) -> tuple[str, float, float, float]:
+        """What the runtime is given: ``(kind, learning_rate, momentum, weight_decay)``."""
+        return (self._kind, self.learning_rate, self.momentum, self.weight_decay)
+
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
+        """Inside a step: pushes ``(gradient, variable)`` pairs as one update of the step,
+        applied now. A gradient is an array of the variable's shape (NumPy, PyTorch, ...) or
+        :class:`IndexedSlices` for rows of an embedding; ``None`` is skipped."""
+        context = _steps.current_context()
+        for grad, variable in grads_and_vars:
+            if grad is None:
+                continue
+            if isinstance(grad, IndexedSlices):
+                ids = np.ascontiguousarray(grad.indices, dtype=np.uint64).ravel()
+                values = _f32(grad.values)
+                context.push_rows(variable.name, ids, values.ravel())
+            else:
+                context.push_dense(variable.name, _f32(grad).ravel())
+        context.apply_gradients()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(learning_rate={self.learning_rate})"
+
+
+class IndexedSlices:
+    """Gradients of some rows of a variable: ``values[i]`` is row ``indices[i]``'s."""
+
+    def __init__(self, values: Any, indices: Any) -> None:
+        self.values = values
+        self.indices = indices
+
+
+def _f32(value: Any) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a PyTorch tensor
+        value = value.detach().cpu().numpy()
+    return np.ascontiguousarray(value, dtype=np.float32)
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent; with ``momentum`` (``nesterov``) the momentum method."""
+
+    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False):
+        super().__init__(learning_rate, momentum)
+        self._kind = ("nesterov" if nesterov else "momentum") if momentum else "sgd"
+
+
+class Adagrad(Optimizer):
+    """Adagrad."""
+
+    _kind = "adagrad"
+
+    def __init__(self, learning_rate: float = 0.001):
+        super().__init__(learning_rate)
+
+
+class Adam(Optimizer):
+    """Adam."""
+
+    _kind = "adam"
+
+    def __init__(self, learning_rate: float = 0.001):
+        super().__init__(learning_rate)
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay."""
+
+    _kind = "adamw"
+
+    def __init__(self, learning_rate: float = 0.001, weight_decay: float = 0.004):
+        super().__init__(learning_rate, weight_decay=weight_decay)

@@ -1,0 +1,120 @@
+//! `cohort._native`: the part of cohort's Python package written in Rust.
+//!
+//! It owns the bridge between a Python script and cohort's runtime, and nothing else: the
+//! Python API (`cohort/*.py`) decides what a user sees. Three ways into the runtime:
+//! - [`launch`]: a local cluster of a script, as `cohort launch` starts one of a program;
+//! - [`serve`]: this process becomes its task (a worker or a parameter server) and runs the
+//!   Python steps the chief schedules, until the job ends ([`worker`]);
+//! - [`Chief`]: the chief's coordinator, driven by the script that goes on ([`chief`]).
+//!
+//! The runtime's threads never wait for the interpreter on their own: every call from Python
+//! that blocks (a fetch, a join, a whole role) lets the interpreter go first, and a worker
+//! thread takes the interpreter only to run the step it was given.
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+mod chief;
+mod worker;
+
+create_exception!(
+    _native,
+    CohortError,
+    PyException,
+    "An error of cohort's runtime."
+);
+create_exception!(
+    _native,
+    ClosureError,
+    CohortError,
+    "A scheduled function failed, was cancelled, or could not run."
+);
+create_exception!(
+    _native,
+    VariableError,
+    CohortError,
+    "A variable could not be created, read or placed."
+);
+create_exception!(
+    _native,
+    CheckpointError,
+    CohortError,
+    "A checkpoint could not be written, read or restored."
+);
+
+/// The parameter servers' optimizer, by name: `sgd`, `momentum`, `nesterov`, `adagrad`,
+/// `adam`, `adamw`. A bad name or value is a `ValueError` naming it.
+pub(crate) fn optimizer(
+    name: &str,
+    learning_rate: f32,
+    momentum: f32,
+    weight_decay: f32,
+) -> PyResult<cohort::optim::Optimizer> {
+    use cohort::optim::Optimizer;
+    let optimizer = match name {
+        "sgd" => Optimizer::sgd(learning_rate),
+        "momentum" => Optimizer::momentum(learning_rate, momentum),
+        "nesterov" => Optimizer::nesterov(learning_rate, momentum),
+        "adagrad" => Optimizer::adagrad(learning_rate),
+        "adam" => Optimizer::adam(learning_rate),
+        "adamw" => Optimizer::adamw(learning_rate, weight_decay),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "optimizer {other:?}: not one of sgd, momentum, nesterov, adagrad, adam, adamw"
+            )))
+        }
+    };
+    optimizer
+        .validate()
+        .map_err(|e| PyValueError::new_err(format!("optimizer {name:?}: {e}")))?;
+    Ok(optimizer)
+}
+
+/// Runs a local cluster of this interpreter running `task_args` (the script and its
+/// arguments) in every task, one process per task, supervised, as `cohort launch` does;
+/// `args` are `launch`'s flags (`--workers`, `--ps`, `--kill-worker-after`...). Returns the
+/// chief's exit code.
+#[pyfunction]
+fn launch(py: Python<'_>, args: Vec<String>, task_args: Vec<String>) -> i32 {
+    py.detach(move || cohort::bootstrap::launch_from_args(&args, task_args))
+}
+
+/// The process's task, as its configuration gives it (flags in `args`, the environment,
+/// `TF_CONFIG`, `cohort.toml`): `(type, index, number of workers, number of parameter
+/// servers)`, e.g. `("worker", 1, 2, 2)`. A missing or bad configuration is a `ValueError`
+/// naming the key.
+#[pyfunction]
+fn task(args: Vec<String>) -> PyResult<(String, u32, usize, usize)> {
+    use cohort::cluster::TaskType;
+    let (flags, _) = cohort::cluster::ConfigFlags::extract(&args)
+        .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))?;
+    let env = |key: &str| std::env::var(key).ok();
+    let config = cohort::cluster::load_role_config(&flags, &env)
+        .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))?;
+    let cluster = &config.cluster;
+    Ok((
+        cluster.task.task_type.as_str().to_string(),
+        cluster.task.index,
+        cluster.cluster.num_tasks(TaskType::Worker),
+        cluster.cluster.num_tasks(TaskType::Ps),
+    ))
+}
+
+/// `cohort._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("CohortError", py.get_type::<CohortError>())?;
+    m.add("ClosureError", py.get_type::<ClosureError>())?;
+    m.add("VariableError", py.get_type::<VariableError>())?;
+    m.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(task, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::serve, m)?)?;
+    m.add("StepInterrupted", py.get_type::<worker::StepInterrupted>())?;
+    m.add_class::<worker::StepContext>()?;
+    m.add_class::<chief::Chief>()?;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! A worker's or a parameter server's process, and what a Python step sees of its worker.
+//!
+//! [`serve`] makes this process its task until the job ends. Every process of a Python job
+//! registers one step, [`PYTHON_STEP`]: its argument names the Python function (module and
+//! qualified name) and carries its pickled arguments; the script's handler
+//! (`cohort._steps.run`) imports the function, calls it and pickles its value. Code never
+//! travels: each worker imports the function itself.
+//!
+//! Inside the step the function reaches its worker through a [`StepContext`], which lends the
+//! runtime's `cohort::program::StepContext` to Python for the length of the call only.
+
+// The step context is lent to Python by pointer for the length of one call (see
+// `StepContext::lend`); the pointer is cleared before the call's borrow ends.
+#![allow(unsafe_code)]
+
+use std::cell::{Cell, RefCell};
+
+use cohort::program::{Program, StepError};
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes};
+
+use crate::CohortError;
+
+/// The one step every process of a Python job registers: the chief schedules every Python
+/// function under it.
+pub(crate) const PYTHON_STEP: &str = "python";
+
+pyo3::create_exception!(
+    _native,
+    StepInterrupted,
+    CohortError,
+    "The runtime failed a request of the step (a parameter server lost, an unknown variable): \
+     the step ends with the runtime's error, which decides whether it runs again elsewhere."
+);
+
+/// The program of a Python job's process named `name`: the Python step, run by `handler`
+/// (called with a [`StepContext`] and the step's payload, it returns the value's bytes), and
+/// the parameter servers' optimizer.
+pub(crate) fn program(
+    name: String,
+    handler: Py<PyAny>,
+    optimizer: cohort::optim::Optimizer,
+) -> Program {
+    Program::new(name)
+        .optimizer(optimizer)
+        .step_encoded(PYTHON_STEP, move |ctx, payload| {
+            run_step(&handler, ctx, payload)
+        })
+}
+
+/// Makes this process its task (a worker or a parameter server) of the job `name` until the
+/// job ends, and returns the exit code (0 done, 1 training error, 2 bad config, 143 stopped;
+/// see `cohort::process`). `handler` runs each step (`cohort._steps.run`); `args` are the
+/// script's arguments (configuration flags among them are taken); `optimizer` is the parameter
+/// servers' (`(name, learning_rate, momentum, weight_decay)`).
+#[pyfunction]
+pub(crate) fn serve(
+    py: Python<'_>,
+    handler: Py<PyAny>,
+    name: String,
+    args: Vec<String>,
+    optimizer: (String, f32, f32, f32),
+) -> PyResult<i32> {
+    let (kind, rate, momentum, decay) = optimizer;
+    let optimizer = crate::optimizer(&kind, rate, momentum, decay)?;
+    let program = program(name, handler, optimizer);
+    Ok(py.detach(move || cohort::program::run_role_with_args(program, &args)))
+}
+
+/// Runs one Python step on this worker's thread: takes the interpreter, lends the context,
+/// calls the handler. A request of the runtime's that failed inside the step is the step's
+/// error as the runtime gave it (so that a lost parameter server re-runs the closure instead
+/// of failing it), whatever the Python code made of it; any other exception is the step's own
+/// failure, its message the handler's.
+fn run_step(
+    handler: &Py<PyAny>,
+    ctx: &mut cohort::program::StepContext<'_>,
+    payload: &[u8],
+) -> Result<Vec<u8>, StepError> {
+    Python::attach(|py| {
+        let context = Py::new(py, StepContext::lend(ctx))
+            .map_err(|e| StepError::Step(format!("cannot lend the step context: {e}")))?;
+        let outcome = handler
+            .bind(py)
+            .call1((context.clone_ref(py), PyBytes::new(py, payload)));
+        let failure = context.borrow(py).give_back();
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        let value = outcome.map_err(|e| StepError::Step(e.value(py).to_string()))?;
+        value
+            .extract::<Vec<u8>>()
+            .map_err(|e| StepError::Step(format!("the step handler returned no bytes: {e}")))
+    })
+}
+
+/// What a Python step sees of its worker: the variables (read whole or by rows), the gradients
+/// it records (pushed once when the step succeeds, PS-1), the worker and the closure. Valid
+/// only during its step: afterwards every method raises.
+#[pyclass(unsendable, module = "cohort._native")]
+pub(crate) struct StepContext {
+    /// The runtime's context, lent for the step's call; null once the call has returned.
+    lent: Cell<*mut cohort::program::StepContext<'static>>,
+    /// The first error of a runtime request made in the step.
+    failure: RefCell<Option<StepError>>,
+}
+
+/// The lent pointer, carried across [`Python::detach`] on the same thread.
+struct Lent(*mut cohort::program::StepContext<'static>);
+
+// SAFETY: a `Lent` only crosses into a `detach` closure, which runs on the calling thread
+// before `detach` returns; no other thread ever sees it.
+unsafe impl Send for Lent {}
+
+impl StepContext {
+    /// Lends `ctx` for one call; [`Self::give_back`] must be called before `ctx`'s borrow
+    /// ends (`run_step` does, right after the call).
+    fn lend(ctx: &mut cohort::program::StepContext<'_>) -> Self {
+        let pointer: *mut cohort::program::StepContext<'_> = ctx;
+        Self {
+            lent: Cell::new(pointer.cast()),
+            failure: RefCell::new(None),
+        }
+    }
+
+    /// Ends the loan; returns the first runtime error the step met, if any.
+    fn give_back(&self) -> Option<StepError> {
+        self.lent.set(std::ptr::null_mut());
+        self.failure.borrow_mut().take()
+    }
+
+    /// Runs `request` on the lent context without holding the interpreter (it may wait on the
+    /// network); a runtime error is kept as the step's failure and raised as
+    /// `StepInterrupted`.
+    fn request<R: Send>(
+        &self,
+        py: Python<'_>,
+        request: impl FnOnce(&mut cohort::program::StepContext<'static>) -> Result<R, StepError> + Send,
+    ) -> PyResult<R> {
+        let pointer = self.lent.get();
+        if pointer.is_null() {
+            return Err(CohortError::new_err(
+                "this step context has ended: use it only inside its step",
+            ));
+        }
+        let lent = Lent(pointer);
+        let result = py.detach(move || {
+            let lent = lent;
+            // SAFETY: the pointer is not null, so the step's call is still running on this
+            // thread and `run_step` holds the only other path to the context, unused until
+            // the call returns; no reference made here outlives this closure.
+            let ctx = unsafe { &mut *lent.0 };
+            request(ctx)
+        });
+        result.map_err(|error| {
+            let message = error.to_string();
+            self.failure.borrow_mut().get_or_insert(error);
+            StepInterrupted::new_err(message)
+        })
+    }
+}
+
+/// The bytes of `values` (f32, native order) as a `bytearray`, writable, for `numpy.frombuffer`.
+fn f32_bytes<'py>(py: Python<'py>, values: &[f32]) -> Bound<'py, PyByteArray> {
+    PyByteArray::new(py, bytemuck::cast_slice(values))
+}
+
+#[pymethods]
+impl StepContext {
+    /// This worker's index.
+    fn worker_index(&self, py: Python<'_>) -> PyResult<u32> {
+        self.request(py, |ctx| Ok(ctx.worker_index()))
+    }
+
+    /// Workers in the job.
+    fn num_workers(&self, py: Python<'_>) -> PyResult<u32> {
+        self.request(py, |ctx| Ok(ctx.num_workers()))
+    }
+
+    /// The closure being run (its id in the chief's ledger).
+    fn closure_id(&self, py: Python<'_>) -> PyResult<u64> {
+        self.request(py, |ctx| Ok(ctx.closure_id()))
+    }
+
+    /// The full shape of variable `name`.
+    fn shape(&self, py: Python<'_>, name: String) -> PyResult<Vec<usize>> {
+        self.request(py, move |ctx| Ok(ctx.layout(&name)?.shape.clone()))
+    }
+
+    /// The whole value of variable `name` (f32 bytes, row-major), gathered from its shards.
+    fn pull<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyByteArray>> {
+        let values = self.request(py, move |ctx| ctx.pull(&name))?;
+        Ok(f32_bytes(py, &values))
+    }
+
+    /// The whole values of `names`, one request per parameter server for all of them.
+    fn pull_many<'py>(
+        &self,
+        py: Python<'py>,
+        names: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyByteArray>>> {
+        let values = self.request(py, move |ctx| {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            ctx.pull_many(&names)
+        })?;
+        Ok(values.iter().map(|v| f32_bytes(py, v)).collect())
+    }
+
+    /// Rows `ids` (a buffer of uint64) of the `[rows, width]` variable `name`, in the order of
+    /// `ids` (f32 bytes).
+    fn pull_rows<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        ids: PyBuffer<u64>,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let ids = ids.to_vec(py)?;
+        let values = self.request(py, move |ctx| ctx.pull_rows(&name, &ids))?;
+        Ok(f32_bytes(py, &values))
+    }
+
+    /// Records a gradient for the whole variable `name` (a buffer of float32, row-major).
+    fn push_dense(&self, py: Python<'_>, name: String, grad: PyBuffer<f32>) -> PyResult<()> {
+        let grad = grad.to_vec(py)?;
+        self.request(py, move |ctx| ctx.push_dense(&name, grad))
+    }
+
+    /// Records gradients for rows `ids` (uint64) of variable `name` (float32, one row each).
+    fn push_rows(
+        &self,
+        py: Python<'_>,
+        name: String,
+        ids: PyBuffer<u64>,
+        values: PyBuffer<f32>,
+    ) -> PyResult<()> {
+        let ids = ids.to_vec(py)?;
+        let values = values.to_vec(py)?;
+        self.request(py, move |ctx| ctx.push_rows(&name, ids, values))
+    }
+
+    /// Applies the gradients recorded so far now, as one update of this closure (each update
+    /// of a closure is applied at most once, PS-1).
+    fn apply_gradients(&self, py: Python<'_>) -> PyResult<()> {
+        self.request(py, |ctx| ctx.apply_gradients())
+    }
+}
