@@ -204,7 +204,9 @@ def _as_f32(value: Any) -> np.ndarray:
 
 
 class _ChiefExit:
-    """Ends the chief's role when the script ends, and exits with the role's code."""
+    """Ends the chief's role when the script ends. The job's end decides the exit code when it
+    is not 0 (1 after a failure, 143 after a stop request, 170-173 restart me); else the
+    script's own (``sys.exit(3)`` exits 3)."""
 
     failure: str | None = None
     _installed = False
@@ -225,9 +227,8 @@ class _ChiefExit:
     @classmethod
     def _finish(cls, chief: Any) -> None:
         code = chief.finish(cls.failure)
-        if code == 0 and cls.failure is not None:
-            code = 1
-        _exit(code)
+        if code != 0:
+            _exit(code)
 
 
 def _exit(code: int) -> None:

@@ -37,6 +37,8 @@ pub enum Part {
     NcclWheel,
     /// A GPU (or as many as a test needs).
     Gpu,
+    /// PyTorch in python3, for the Python package's PyTorch example (`.ci/run` installs it).
+    Torch,
     /// The peers' Python (`bash benches/peers/setup.sh`: TensorFlow and PyTorch), for the
     /// check that the comparison programs run.
     Peers,
@@ -57,6 +59,7 @@ impl Part {
             Part::Unshare => "unshare",
             Part::NcclWheel => "nccl-wheel",
             Part::Gpu => "gpu",
+            Part::Torch => "torch",
             Part::Peers => "peers",
             Part::NoGpu => "no-gpu",
             Part::NoSystemNccl => "no-system-nccl",

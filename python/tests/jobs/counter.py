@@ -1,0 +1,77 @@
+"""Every update applied once, through faults: each step adds exactly 1 to one counter per
+parameter server (SGD at rate 1, gradient -1), so each counter ends at the number of steps
+scheduled exactly when every step's update was applied once.
+
+Arguments: --steps N, --pause SECONDS (each step's work), --checkpoint-every K (needs
+COHORT_CHECKPOINT_DIR; the first checkpoint is saved before training, and a run resumes
+from the newest). On a stop request (SIGTERM) it saves and ends: the chief exits 143.
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import cohort
+
+
+EPOCH_STEPS = 20
+
+
+def count_step(counters, pause):
+    values = cohort.read_variables(counters)
+    time.sleep(pause)
+    optimizer.apply_gradients([(np.full(1, -1.0), c) for c in counters])
+    return [float(v[0]) for v in values]
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=200)
+parser.add_argument("--pause", type=float, default=0.0)
+parser.add_argument("--checkpoint-every", type=int, default=0)
+args, _ = parser.parse_known_args()
+
+optimizer = cohort.optimizers.SGD(1.0)
+strategy = cohort.ParameterServerStrategy(
+    cohort.cluster_resolver.TFConfigClusterResolver(), optimizer=optimizer
+)
+coordinator = cohort.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    # Whole variables go round-robin: one counter on each server.
+    counters = [cohort.Variable(np.zeros(1), name=f"count{i}") for i in range(strategy.num_ps)]
+restored = None
+if args.checkpoint_every:
+    restored = coordinator.restore_checkpoint()
+    print(f"restored: {restored}")
+    if restored is None:
+        coordinator.save_checkpoint(0)
+start = restored or 0
+for step in range(start, start + args.steps):
+    if coordinator.preemption_requested():
+        # A stop request (SIGTERM): save what was done, end; the next run resumes here.
+        coordinator.join()
+        coordinator.save_checkpoint(step)
+        print(f"stopped at step {step}")
+        sys.exit(0)
+    coordinator.schedule(count_step, args=(counters, args.pause))
+    if (step + 1) % EPOCH_STEPS == 0:
+        # An epoch's end: what is queued stays short, so a stop request is answered soon.
+        coordinator.join()
+    if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+        coordinator.save_checkpoint(step + 1)
+coordinator.join()
+values = [int(c.numpy()[0]) for c in counters]
+ledger = coordinator.ledger()
+print(f"counters {values} after {args.steps} steps")
+print(
+    "ledger: scheduled={scheduled} committed={committed} failed={failed} "
+    "redispatched={redispatched} rolled_back={rolled_back} ps_restores={ps_restores}".format(
+        **ledger
+    )
+)
+for index, stats in enumerate(coordinator.ps_stats()):
+    print(
+        f"ps/{index}: applied={stats['applied']} duplicates={stats['rejected_duplicate']} "
+        f"stale={stats['rejected_stale']}"
+    )

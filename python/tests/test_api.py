@@ -1,0 +1,120 @@
+"""The package's checks that need no cluster: launch's arguments, step references, the
+partitioners and the resolver's message without a cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cohort
+from cohort import _steps
+from cohort.__main__ import split_launch_args
+
+
+def module_level_step(x):
+    return x
+
+
+def test_launch_flags_end_at_the_script():
+    assert split_launch_args(["--workers", "2", "--ps", "1", "train.py", "--epochs", "3"]) == (
+        ["--workers", "2", "--ps", "1"],
+        ["train.py", "--epochs", "3"],
+    )
+    assert split_launch_args(["--no-metrics", "--workers=3", "t.py"]) == (
+        ["--no-metrics", "--workers=3"],
+        ["t.py"],
+    )
+    assert split_launch_args(["--workers", "2", "--", "-weird.py"]) == (
+        ["--workers", "2"],
+        ["-weird.py"],
+    )
+
+
+def test_a_step_is_referenced_by_module_and_name():
+    assert _steps.reference(module_level_step) == (__name__, "module_level_step")
+    assert _steps.resolve((__name__, "module_level_step")) is module_level_step
+
+
+def test_steps_the_workers_cannot_import_are_refused_naming_them():
+    with pytest.raises(cohort.StepNotImportableError, match="lambda"):
+        _steps.reference(lambda x: x)
+
+    def nested(x):
+        return x
+
+    with pytest.raises(cohort.StepNotImportableError, match="nested.*inside a function"):
+        _steps.reference(nested)
+    with pytest.raises(cohort.StepNotImportableError, match="no_such_module"):
+        _steps.resolve(("no_such_module", "f"))
+    with pytest.raises(cohort.StepNotImportableError, match="has no 'missing'"):
+        _steps.resolve((__name__, "missing"))
+
+
+def test_arguments_that_cannot_be_pickled_are_named():
+    with pytest.raises(cohort.ArgumentsError, match="argument 1 \\(generator\\)"):
+        _steps.encode((__name__, "module_level_step"), (1, (i for i in range(3))), {})
+    with pytest.raises(cohort.ArgumentsError, match="argument 'fn'"):
+        _steps.encode((__name__, "module_level_step"), (), {"fn": lambda: 1})
+
+
+def test_partitioners_refuse_bad_sizes():
+    assert cohort.partitioners.FixedShardsPartitioner(2).spec() == ("fixed", 2, 0)
+    assert cohort.partitioners.MinSizePartitioner(1024, 4).spec() == ("min_size", 1024, 4)
+    with pytest.raises(ValueError, match="num_shards"):
+        cohort.partitioners.FixedShardsPartitioner(0)
+    with pytest.raises(ValueError):
+        cohort.partitioners.MaxSizePartitioner(0)
+
+
+def test_variables_are_made_under_a_scope_only():
+    with pytest.raises(cohort.CohortError, match="strategy.scope"):
+        cohort.Variable([1.0, 2.0])
+
+
+def test_outside_a_step_a_worker_call_says_where_it_belongs():
+    with pytest.raises(cohort.NotInStepError, match="coordinator.schedule"):
+        cohort.read_variables([])
+
+
+def test_without_a_cluster_the_resolver_says_how_to_start_one():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "COHORT_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", "import cohort; cohort.cluster_resolver.TFConfigClusterResolver()"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "no cluster given" in done.stderr and "python -m cohort launch" in done.stderr
+
+
+def test_launch_refuses_a_missing_script_and_bad_flags():
+    missing = subprocess.run(
+        [sys.executable, "-m", "cohort", "launch", "--workers", "2", "nowhere.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "nowhere.py" in missing.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "cohort", "launch", "--workers", "zero", __file__],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--workers" in bad.stderr + bad.stdout
+    usage = subprocess.run(
+        [sys.executable, "-m", "cohort"], capture_output=True, text=True, timeout=60
+    )
+    assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_the_optimizers_name_their_kind():
+    assert cohort.optimizers.SGD(0.1).spec() == ("sgd", 0.1, 0.0, 0.0)
+    assert cohort.optimizers.SGD(0.1, momentum=0.9).spec()[0] == "momentum"
+    assert cohort.optimizers.SGD(0.1, momentum=0.9, nesterov=True).spec()[0] == "nesterov"
+    assert cohort.optimizers.Adam(0.01).spec()[0] == "adam"

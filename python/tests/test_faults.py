@@ -1,0 +1,118 @@
+"""A Python job survives what a Rust job survives: a worker or a parameter server SIGKILLed
+mid-training, with every step's update applied once (each counter ends at the steps
+scheduled), and a stop request (SIGTERM) ends the chief with its checkpoint and exit 143."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import JOBS, JOB_TIMEOUT_S, launch
+
+STEPS = 300
+
+
+def counters(job) -> list[int]:
+    line = job.line("counters")
+    return [int(c) for c in re.findall(r"\d+", line.split("]")[0])]
+
+
+def ledger(job) -> dict[str, int]:
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", job.line("ledger:"))}
+
+
+def test_a_worker_sigkilled_mid_training_loses_nothing_and_repeats_nothing():
+    job = launch(
+        JOBS / "counter.py",
+        "--steps",
+        str(STEPS),
+        "--pause",
+        "0.02",
+        flags=("--kill-worker-after", "2s"),
+    )
+    assert job.code == 0, job.output
+    assert "chaos: SIGKILL worker/1" in job.output, job.output
+    assert counters(job) == [STEPS, STEPS], job.output
+    book = ledger(job)
+    assert book["scheduled"] == book["committed"] == STEPS, job.output
+    assert book["failed"] == 0, job.output
+
+
+def test_a_parameter_server_sigkilled_is_restored_and_every_update_applied_once(tmp_path):
+    job = launch(
+        JOBS / "counter.py",
+        "--steps",
+        str(STEPS),
+        "--pause",
+        "0.02",
+        "--checkpoint-every",
+        "50",
+        flags=("--kill-ps-after", "2s"),
+        env={"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")},
+    )
+    assert job.code == 0, job.output
+    assert "chaos: SIGKILL ps/0" in job.output, job.output
+    assert counters(job) == [STEPS, STEPS], job.output
+    book = ledger(job)
+    assert book["scheduled"] == book["committed"] == STEPS, job.output
+    assert book["failed"] == 0 and book["ps_restores"] >= 1, job.output
+
+
+def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    env = dict(os.environ, COHORT_CHECKPOINT_DIR=str(checkpoints))
+    command = [
+        sys.executable,
+        "-m",
+        "cohort",
+        "launch",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--no-metrics",
+        str(JOBS / "counter.py"),
+        "--steps",
+        "100000",
+        "--pause",
+        "0.005",
+        "--checkpoint-every",
+        "100000",
+    ]
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    output = []
+    try:
+        assert job.stdout is not None
+        for line in job.stdout:
+            output.append(line)
+            if "restored: None" in line:
+                break
+        time.sleep(1.0)
+        job.send_signal(signal.SIGTERM)
+        rest, _ = job.communicate(timeout=JOB_TIMEOUT_S)
+        output.append(rest)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    text = "".join(output)
+    assert job.returncode == 143, text
+    assert "stopped at step" in text, text
+    resumed = launch(
+        JOBS / "counter.py",
+        "--steps",
+        "10",
+        "--checkpoint-every",
+        "100000",
+        ps=1,
+        env={"COHORT_CHECKPOINT_DIR": str(checkpoints)},
+    )
+    assert resumed.code == 0, resumed.output
+    step = int(re.search(r"stopped at step (\d+)", text).group(1))
+    assert resumed.line("restored:") == f"restored: {step}", resumed.output

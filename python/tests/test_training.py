@@ -1,0 +1,39 @@
+"""Jobs that train: the quick start and TensorFlow's parameter-server tutorial, in NumPy and
+in PyTorch, each reaching its target."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import EXAMPLES, JOBS, launch
+
+
+def test_the_quick_start_pulls_every_weight_to_its_target():
+    job = launch(JOBS / "quickstart.py", workers=2, ps=1)
+    assert job.code == 0, job.output
+    first, last = re.fullmatch(r"first loss (\S+), last loss (\S+)", job.line("first loss")).groups()
+    assert float(first) == pytest.approx(4.0)
+    assert float(last) < 1e-4
+    weights = [float(w) for w in re.findall(r"[-\d.e]+", job.line("w = ")[4:])]
+    assert weights == pytest.approx([1.0] * 4, abs=1e-3)
+
+
+def tutorial_accuracy(job) -> float:
+    assert job.code == 0, job.output
+    final = job.line("Final loss is")
+    ledger = job.line("ledger:")
+    assert ledger == "ledger: 21 scheduled, 21 committed, 0 failed", job.output
+    return float(final.rsplit(" ", 1)[1])
+
+
+def test_the_tensorflow_tutorial_in_numpy_trains_to_its_target():
+    job = launch(EXAMPLES / "ps_tutorial.py", workers=2, ps=2)
+    assert tutorial_accuracy(job) >= 0.9, job.output
+
+
+def test_the_tensorflow_tutorial_with_a_pytorch_model_trains_to_its_target():
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    job = launch(EXAMPLES / "ps_tutorial_torch.py", workers=2, ps=2)
+    assert tutorial_accuracy(job) >= 0.9, job.output
