@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
         return 2
     flags, task = split_launch_args(argv[1:])
     if any(f in ("--help", "-h") for f in flags):
-        return _native.launch(flags, [])
+        return _native.launch(sys.executable, flags, [])
     if not task:
         print(f"{USAGE}\nerror: no script given", file=sys.stderr)
         return 2
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     if not os.path.isfile(script):
         print(f"error: script {script!r}: no such file", file=sys.stderr)
         return 2
-    return _native.launch(flags, [os.path.abspath(script), *task[1:]])
+    return _native.launch(sys.executable, flags, [os.path.abspath(script), *task[1:]])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
+use std::path::PathBuf;
 
 mod chief;
 mod worker;
@@ -71,13 +72,13 @@ pub(crate) fn optimizer(
     Ok(optimizer)
 }
 
-/// Runs a local cluster of this interpreter running `task_args` (the script and its
-/// arguments) in every task, one process per task, supervised, as `cohort launch` does;
-/// `args` are `launch`'s flags (`--workers`, `--ps`, `--kill-worker-after`...). Returns the
-/// chief's exit code.
+/// Runs a local cluster of `interpreter` (the script's `sys.executable`) running `task_args`
+/// (the script and its arguments) in every task, one process per task, supervised, as
+/// `cohort launch` does; `args` are `launch`'s flags (`--workers`, `--ps`,
+/// `--kill-worker-after`...). Returns the chief's exit code.
 #[pyfunction]
-fn launch(py: Python<'_>, args: Vec<String>, task_args: Vec<String>) -> i32 {
-    py.detach(move || cohort::bootstrap::launch_from_args(&args, task_args))
+fn launch(py: Python<'_>, interpreter: PathBuf, args: Vec<String>, task_args: Vec<String>) -> i32 {
+    py.detach(move || cohort::bootstrap::launch_program_from_args(interpreter, &args, task_args))
 }
 
 /// The process's task, as its configuration gives it (flags in `args`, the environment,

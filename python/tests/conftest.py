@@ -12,6 +12,7 @@ import pytest
 TESTS = pathlib.Path(__file__).resolve().parent
 JOBS = TESTS / "jobs"
 EXAMPLES = TESTS.parent / "examples"
+REPOSITORY = TESTS.parent.parent
 # A job on a busy 2-core machine: its start, training and end, with room.
 JOB_TIMEOUT_S = 150
 

@@ -12,6 +12,7 @@ import pytest
 import cohort
 from cohort import _steps
 from cohort.__main__ import split_launch_args
+from conftest import JOBS
 
 
 def module_level_step(x):
@@ -118,3 +119,50 @@ def test_the_optimizers_name_their_kind():
     assert cohort.optimizers.SGD(0.1, momentum=0.9).spec()[0] == "momentum"
     assert cohort.optimizers.SGD(0.1, momentum=0.9, nesterov=True).spec()[0] == "nesterov"
     assert cohort.optimizers.Adam(0.01).spec()[0] == "adam"
+
+
+def test_every_task_runs_the_interpreter_of_the_virtual_environment_it_was_launched_from(
+    tmp_path,
+):
+    # In a virtual environment `sys.executable` is not the file the process runs from: the
+    # tasks must run the former, or they do not see the packages installed there.
+    import shutil
+
+    import cohort as package
+
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
+    )
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    # The package copied in, its native module followed (the tests link it).
+    shutil.copytree(os.path.dirname(package.__file__), os.path.join(site, "cohort"), symlinks=False)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    job = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "cohort",
+            "launch",
+            "--workers",
+            "1",
+            "--ps",
+            "1",
+            "--no-metrics",
+            str(JOBS / "quickstart.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=150,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "last loss" in job.stdout + job.stderr

@@ -1,13 +1,14 @@
-"""Jobs that train: the quick start and TensorFlow's parameter-server tutorial, in NumPy and
-in PyTorch, each reaching its target."""
+"""Jobs that train: the quick start, TensorFlow's parameter-server tutorial in NumPy and in
+PyTorch, each reaching its target, and the documents' examples as written."""
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 import pytest
 
-from conftest import EXAMPLES, JOBS, launch
+from conftest import EXAMPLES, JOBS, REPOSITORY, launch
 
 
 def test_the_quick_start_pulls_every_weight_to_its_target():
@@ -37,3 +38,17 @@ def test_the_tensorflow_tutorial_with_a_pytorch_model_trains_to_its_target():
     pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
     job = launch(EXAMPLES / "ps_tutorial_torch.py", workers=2, ps=2)
     assert tutorial_accuracy(job) >= 0.9, job.output
+
+
+def python_blocks(document: pathlib.Path) -> list[str]:
+    """The ```python blocks of a document, in order."""
+    return re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/python.md"])
+def test_the_documents_first_python_example_runs_as_written(document, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(python_blocks(REPOSITORY / document)[0])
+    job = launch(script, workers=2, ps=1)
+    assert job.code == 0, job.output
+    assert job.chief_lines(), job.output

@@ -23,6 +23,23 @@ pub const WORKER_WAIT_ENV: &str = ConfigKey::WORKER_WAIT.env;
 /// `launch --workers N|MIN:MAX --ps N|MIN:MAX [--kill-worker-after DURATION] [--run-dir DIR]`: a local
 /// cluster of this same executable; `extra_args` go to every task.
 pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
+    match std::env::current_exe() {
+        Ok(program) => launch_program_from_args(program, args, extra_args),
+        Err(e) => {
+            eprintln!("error: cannot find this executable to launch its tasks: {e}");
+            TRAINING_ERROR_EXIT_CODE
+        }
+    }
+}
+
+/// [`launch_from_args`] with every task running `program` (an interpreter, whose script and
+/// its arguments are `task_args`: cohort's Python package launches `sys.executable`, which in
+/// a virtual environment is not the file the process runs from).
+pub fn launch_program_from_args(
+    program: std::path::PathBuf,
+    args: &[String],
+    task_args: Vec<String>,
+) -> i32 {
     use clap::Parser;
     let parsed = match LaunchArgs::try_parse_from(
         std::iter::once("launch".to_string()).chain(args.iter().cloned()),
@@ -37,7 +54,7 @@ pub fn launch_from_args(args: &[String], extra_args: Vec<String>) -> i32 {
             };
         }
     };
-    launch_local(&parsed.flags, extra_args, Vec::new())
+    launch_program(program, &parsed.flags, task_args, Vec::new())
 }
 
 /// Workers a launch starts without `--workers`.
@@ -209,6 +226,22 @@ pub(crate) struct LaunchArgs {
 pub fn launch_local(
     flags: &LaunchFlags,
     task_args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> i32 {
+    match std::env::current_exe() {
+        Ok(program) => launch_program(program, flags, task_args, env),
+        Err(e) => {
+            eprintln!("error: cannot find this executable to launch its tasks: {e}");
+            TRAINING_ERROR_EXIT_CODE
+        }
+    }
+}
+
+/// Runs a local cluster per `flags`; every task runs `program` with `task_args`.
+pub fn launch_program(
+    program: std::path::PathBuf,
+    flags: &LaunchFlags,
+    task_args: Vec<String>,
     mut env: Vec<(String, String)>,
 ) -> i32 {
     if let Err(e) = super::logging::init() {
@@ -217,13 +250,6 @@ pub fn launch_local(
         return BAD_CONFIG_EXIT_CODE;
     }
     super::logging::set_launcher();
-    let program = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!("cannot find this executable to launch its tasks: {e}");
-            return TRAINING_ERROR_EXIT_CODE;
-        }
-    };
     let run_dir = match make_dirs(flags, &env) {
         Ok(dir) => dir,
         Err(code) => return code,
