@@ -67,7 +67,7 @@ fn every_peer_program_runs_and_prints_its_figure() {
         );
         return;
     }
-    let programs: [(&str, &[&str], &str); 6] = [
+    let programs: [(&str, &[&str], &str); 7] = [
         (
             "tf_mwms.py",
             &["--workers=2", "--steps=5", "--warmup=1"],
@@ -90,6 +90,11 @@ fn every_peer_program_runs_and_prints_its_figure() {
             "steps_per_second",
         ),
         ("gloo_allreduce.py", &["--members=2", "--mib=1"], "seconds"),
+        (
+            "cohort_python_ps.py",
+            &["--steps=5", "--warmup=1"],
+            "steps_per_second",
+        ),
     ];
     for (script, args, key) in programs {
         let line = run(&python, script, args);

@@ -11,7 +11,8 @@
 # MultiWorkerMirroredStrategy tutorials), CPU build, for Python 3.9 to 3.11: tf_mwms.py,
 # tf_ps.py. PyTorch 2.5.1 from PyPI (its Linux build brings its CUDA libraries: about 3 GB to
 # download, 5 GB installed; the peers use its CPU ops, gloo and TensorPipe): torch_ddp.py,
-# torch_ps.py, gloo_allreduce.py.
+# torch_ps.py, gloo_allreduce.py; with it cohort's own Python package (./python) for
+# cohort_python_ps.py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv="${COHORT_PEERS_VENV:-target/peers-venv}"
@@ -25,4 +26,8 @@ fi
 if [[ "$peers" == *,pytorch,* ]]; then
   "${pip[@]}" "torch==2.5.1"
   "$venv/bin/python" -c 'import torch, torch.distributed as d; assert d.is_gloo_available(); print("peers: torch", torch.__version__)'
+  # cohort from Python (cohort_python_ps.py runs its job with PyTorch steps): the package as a
+  # user installs it (maturin, release build of the native module).
+  "${pip[@]}" ./python
+  "$venv/bin/python" -c 'import cohort; print("peers: cohort (Python)", cohort.__version__)'
 fi

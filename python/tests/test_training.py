@@ -52,3 +52,22 @@ def test_the_documents_first_python_example_runs_as_written(document, tmp_path):
     job = launch(script, workers=2, ps=1)
     assert job.code == 0, job.output
     assert job.chief_lines(), job.output
+
+
+def test_the_benchmark_job_from_python_runs_and_reports_its_rate():
+    # What `cohort bench ps --peers` runs for cohort from Python (benches/peers/).
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    import json
+    import subprocess
+    import sys
+
+    program = REPOSITORY / "benches" / "peers" / "cohort_python_ps.py"
+    done = subprocess.run(
+        [sys.executable, str(program), "--steps", "5", "--warmup", "1"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["peer"] == "cohort-python" and line["steps_per_second"] > 0, line

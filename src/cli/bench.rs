@@ -176,14 +176,15 @@ fn print_reports(reports: &[(BenchReport, bool, u64)], warmup: usize) {
 }
 
 /// Runs the peers of the dense and sparse workloads, on the same machine, in this invocation,
-/// and prints cohort's ratio to each (or why a peer was not measured).
+/// and prints cohort's ratio to each (or why a peer was not measured); then what cohort from
+/// Python gives against the PyTorch RPC parameter server and against cohort from Rust.
 fn compare_with_peers(
     reports: &[(BenchReport, bool, u64)],
     peers: Option<&std::path::Path>,
     steps: usize,
     warmup: usize,
 ) {
-    let peer_programs: [(&str, &str, &str); 3] = [
+    let peer_programs: [(&str, &str, &str); 4] = [
         (
             "dense",
             "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
@@ -192,7 +193,13 @@ fn compare_with_peers(
         (
             "dense",
             "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
-            "torch_ps.py",
+            TORCH_RPC_PS,
+        ),
+        (
+            "dense",
+            "cohort from Python (the same job as a Python script with PyTorch steps, 1 chief \
+             + 2 PS + 2 workers)",
+            COHORT_PYTHON_PS,
         ),
         (
             "sparse",
@@ -201,6 +208,7 @@ fn compare_with_peers(
             "tf_ps.py",
         ),
     ];
+    let mut dense_figures = std::collections::BTreeMap::new();
     for (workload, what, program) in peer_programs {
         let Some(ours) = reports
             .iter()
@@ -219,18 +227,42 @@ fn compare_with_peers(
             ],
         );
         match measured {
-            Ok((theirs, version)) => outln!(
-                "\n{workload}: {what}, {version}, the same workload: {theirs:.1} steps/s in the \
-                 same run; cohort {ours:.1}: ratio {:.2}x",
-                ours / theirs
-            ),
+            Ok((theirs, version)) => {
+                outln!(
+                    "\n{workload}: {what}, {version}, the same workload: {theirs:.1} steps/s in \
+                     the same run; cohort {ours:.1}: ratio {:.2}x",
+                    ours / theirs
+                );
+                if workload == "dense" {
+                    dense_figures.insert(program, (theirs, ours));
+                }
+            }
             Err(why) => outln!(
                 "\n{workload}: {what} not measured: {why} (bash benches/peers/setup.sh, then \
                  --peers)"
             ),
         }
     }
+    if let Some(&(python, rust)) = dense_figures.get(COHORT_PYTHON_PS) {
+        outln!(
+            "dense: the Python layer costs {:.1}% of cohort's steps/s ({python:.1} from Python, \
+             {rust:.1} from Rust; target: at most 15%)",
+            (1.0 - python / rust) * 100.0
+        );
+        if let Some(&(torch, _)) = dense_figures.get(TORCH_RPC_PS) {
+            outln!(
+                "dense: cohort from Python {python:.1} steps/s against the PyTorch RPC parameter \
+                 server's {torch:.1}: ratio {:.2}x (target: at least 1.25x)",
+                python / torch
+            );
+        }
+    }
 }
+
+/// The PyTorch RPC parameter server's program in `benches/peers/`.
+const TORCH_RPC_PS: &str = "torch_ps.py";
+/// cohort from Python's program in `benches/peers/` (the Python package's job).
+const COHORT_PYTHON_PS: &str = "cohort_python_ps.py";
 
 /// How often the bench scrapes every task's metrics while metrics are on.
 const SCRAPE_EVERY: Duration = Duration::from_secs(1);
