@@ -36,6 +36,8 @@ from .errors import (
     StepNotImportableError,
     VariableError,
 )
+from ._native import GroupError
+from .mirrored import MirroredVariable, MultiWorkerMirroredStrategy
 from .optimizers import IndexedSlices
 from .strategy import ParameterServerStrategy, Variable, read_variables
 
@@ -44,8 +46,11 @@ __all__ = [
     "CheckpointError",
     "ClosureError",
     "CohortError",
+    "GroupError",
     "IndexedSlices",
     "InputContext",
+    "MirroredVariable",
+    "MultiWorkerMirroredStrategy",
     "NotInStepError",
     "ParameterServerStrategy",
     "StepInterrupted",

@@ -4,8 +4,9 @@ Each task (the chief, the workers, the parameter servers) is its own process run
 ``python SCRIPT ARGS...`` with its role in ``TF_CONFIG`` and a certificate from a CA made for
 the run, supervised as ``cohort launch`` supervises a Rust program's tasks (a killed task is
 restarted). ``FLAGS`` are ``cohort launch``'s: ``--workers N``, ``--ps N``,
-``--kill-worker-after 5s``, ``--kill-ps-after 5s``, ``--run-dir DIR``... The exit code is the
-chief's.
+``--kill-worker-after 5s``, ``--kill-ps-after 5s``, ``--run-dir DIR``...; with
+``--strategy multi-worker-mirrored`` the job is MultiWorkerMirrored (the chief a peer of the
+workers, no parameter server). The exit code is the chief's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from . import _native
 
 # `launch` flags that take no value.
 _SWITCHES = {"--no-metrics", "--help", "-h"}
+# `--strategy`: whether the job is MultiWorkerMirrored.
+_STRATEGIES = {"parameter-server": False, "multi-worker-mirrored": True}
 
-USAGE = "usage: python -m cohort launch [--workers N] [--ps N] [FLAGS...] SCRIPT [ARGS...]"
+USAGE = (
+    "usage: python -m cohort launch [--strategy parameter-server|multi-worker-mirrored] "
+    "[--workers N] [--ps N] [FLAGS...] SCRIPT [ARGS...]"
+)
 
 
 def split_launch_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -40,13 +46,41 @@ def split_launch_args(args: list[str]) -> tuple[list[str], list[str]]:
     return flags, []
 
 
+def strategy_of(flags: list[str]) -> tuple[bool, list[str]]:
+    """Whether ``--strategy`` asks for a MultiWorkerMirrored job, and the other flags. Raises
+    ``ValueError`` naming a strategy that is not one."""
+    multi_worker, rest, i = False, [], 0
+    while i < len(flags):
+        flag = flags[i]
+        if flag == "--strategy" or flag.startswith("--strategy="):
+            if "=" in flag:
+                value = flag.split("=", 1)[1]
+            else:
+                value = flags[i + 1] if i + 1 < len(flags) else ""
+                i += 1
+            if value not in _STRATEGIES:
+                raise ValueError(
+                    f"--strategy {value!r}: not one of {', '.join(sorted(_STRATEGIES))}"
+                )
+            multi_worker = _STRATEGIES[value]
+        else:
+            rest.append(flag)
+        i += 1
+    return multi_worker, rest
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "launch":
         print(USAGE, file=sys.stderr)
         return 2
     flags, task = split_launch_args(argv[1:])
+    try:
+        multi_worker, flags = strategy_of(flags)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if any(f in ("--help", "-h") for f in flags):
-        return _native.launch(sys.executable, flags, [])
+        return _native.launch(sys.executable, flags, [], multi_worker)
     if not task:
         print(f"{USAGE}\nerror: no script given", file=sys.stderr)
         return 2
@@ -54,7 +88,9 @@ def main(argv: list[str]) -> int:
     if not os.path.isfile(script):
         print(f"error: script {script!r}: no such file", file=sys.stderr)
         return 2
-    return _native.launch(sys.executable, flags, [os.path.abspath(script), *task[1:]])
+    return _native.launch(
+        sys.executable, flags, [os.path.abspath(script), *task[1:]], multi_worker
+    )
 
 
 if __name__ == "__main__":

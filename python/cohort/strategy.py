@@ -119,6 +119,13 @@ class Variable:
     :meth:`numpy` reads it from the servers and :meth:`assign` sets it.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
+        # Under a MultiWorkerMirroredStrategy's scope a variable is that strategy's kind.
+        kind = getattr(getattr(_scope, "strategy", None), "_variable_class", None)
+        if cls is Variable and kind is not None:
+            return super().__new__(kind())
+        return super().__new__(cls)
+
     def __init__(self, initial_value: Any, name: str | None = None, trainable: bool = True):
         strategy = getattr(_scope, "strategy", None)
         if strategy is None:

@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use std::path::PathBuf;
 
 mod chief;
+mod mirrored;
 mod worker;
 
 create_exception!(
@@ -75,10 +76,23 @@ pub(crate) fn optimizer(
 /// Runs a local cluster of `interpreter` (the script's `sys.executable`) running `task_args`
 /// (the script and its arguments) in every task, one process per task, supervised, as
 /// `cohort launch` does; `args` are `launch`'s flags (`--workers`, `--ps`,
-/// `--kill-worker-after`...). Returns the chief's exit code.
+/// `--kill-worker-after`...). With `multi_worker`, a MultiWorkerMirrored job: the chief is a
+/// peer of the workers and there is no parameter server. Returns the chief's exit code.
 #[pyfunction]
-fn launch(py: Python<'_>, interpreter: PathBuf, args: Vec<String>, task_args: Vec<String>) -> i32 {
-    py.detach(move || cohort::bootstrap::launch_program_from_args(interpreter, &args, task_args))
+fn launch(
+    py: Python<'_>,
+    interpreter: PathBuf,
+    args: Vec<String>,
+    task_args: Vec<String>,
+    multi_worker: bool,
+) -> i32 {
+    py.detach(move || {
+        if multi_worker {
+            cohort::bootstrap::launch_multi_worker_program(interpreter, &args, task_args)
+        } else {
+            cohort::bootstrap::launch_program_from_args(interpreter, &args, task_args)
+        }
+    })
 }
 
 /// The process's task, as its configuration gives it (flags in `args`, the environment,
@@ -117,5 +131,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StepInterrupted", py.get_type::<worker::StepInterrupted>())?;
     m.add_class::<worker::StepContext>()?;
     m.add_class::<chief::Chief>()?;
+    m.add("GroupError", py.get_type::<mirrored::GroupError>())?;
+    m.add_class::<mirrored::MultiWorker>()?;
     Ok(())
 }

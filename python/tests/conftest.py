@@ -47,7 +47,9 @@ def launch(
     flags: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> Job:
-    """Runs ``script`` as a local cluster, as a user would, and waits for its end."""
+    """Runs ``script`` as a local cluster, as a user would, and waits for its end (``ps=0``:
+    no ``--ps`` flag, as a MultiWorkerMirrored job takes none)."""
+    servers = ["--ps", str(ps)] if ps else []
     command = [
         sys.executable,
         "-m",
@@ -55,8 +57,7 @@ def launch(
         "launch",
         "--workers",
         str(workers),
-        "--ps",
-        str(ps),
+        *servers,
         "--no-metrics",
         *flags,
         str(script),

@@ -11,7 +11,7 @@ import pytest
 
 import cohort
 from cohort import _steps
-from cohort.__main__ import split_launch_args
+from cohort.__main__ import split_launch_args, strategy_of
 from conftest import JOBS
 
 
@@ -32,6 +32,16 @@ def test_launch_flags_end_at_the_script():
         ["--workers", "2"],
         ["-weird.py"],
     )
+
+
+def test_the_strategy_flag_chooses_the_job_and_goes_no_further():
+    assert strategy_of(["--strategy", "multi-worker-mirrored", "--workers", "2"]) == (
+        True,
+        ["--workers", "2"],
+    )
+    assert strategy_of(["--strategy=parameter-server"]) == (False, [])
+    with pytest.raises(ValueError, match="not one of"):
+        strategy_of(["--strategy", "ring"])
 
 
 def test_a_step_is_referenced_by_module_and_name():
@@ -108,6 +118,13 @@ def test_launch_refuses_a_missing_script_and_bad_flags():
         timeout=60,
     )
     assert bad.returncode == 2 and "--workers" in bad.stderr + bad.stdout
+    strategy = subprocess.run(
+        [sys.executable, "-m", "cohort", "launch", "--strategy", "mirrored", __file__],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert strategy.returncode == 2 and "--strategy 'mirrored'" in strategy.stderr
     usage = subprocess.run(
         [sys.executable, "-m", "cohort"], capture_output=True, text=True, timeout=60
     )

@@ -132,8 +132,8 @@ pub use local::{
     WORKER_WAIT_ENV,
 };
 pub use multi_worker::{
-    multi_worker_config_from_env, multi_worker_main, MultiWorkerTask, TaskConfigError,
-    COMMUNICATION_ENV,
+    launch_multi_worker_program, multi_worker_config_from_env, multi_worker_main, MultiWorkerTask,
+    TaskConfigError, COMMUNICATION_ENV,
 };
 
 /// Runs this process's role of `program`; returns the exit code (0 success, 1 training error,

@@ -156,6 +156,23 @@ where
 /// `launch` for a MultiWorkerMirrored program: the chief is a peer of the group, there is no
 /// parameter server.
 fn launch(args: &[String]) -> i32 {
+    match std::env::current_exe() {
+        Ok(program) => launch_multi_worker_program(program, args, Vec::new()),
+        Err(e) => {
+            eprintln!("error: cannot find this executable to launch its tasks: {e}");
+            TRAINING_ERROR_EXIT_CODE
+        }
+    }
+}
+
+/// `launch` (its flags `args`) of a MultiWorkerMirrored job whose every task runs `program`
+/// with `task_args` (cohort's Python package: the interpreter, the script and its arguments):
+/// the chief is a peer of the group, there is no parameter server.
+pub fn launch_multi_worker_program(
+    program: std::path::PathBuf,
+    args: &[String],
+    task_args: Vec<String>,
+) -> i32 {
     use clap::Parser;
     if args.iter().any(|a| a == "--ps" || a.starts_with("--ps=")) {
         eprintln!(
@@ -184,7 +201,7 @@ fn launch(args: &[String]) -> i32 {
     }
     flags.ps = super::WorkerCount::from(0);
     flags.peer_chief = true;
-    super::launch_local(&flags, Vec::new(), Vec::new())
+    super::launch_program(program, &flags, task_args, Vec::new())
 }
 
 /// A MultiWorkerMirrored task's settings from its environment: the cluster (`TF_CONFIG`),

@@ -1,0 +1,210 @@
+//! A MultiWorkerMirrored worker for a Python script: every task runs the whole script, its
+//! variables mirrored (they start as the first worker's) and its gradients all-reduced among
+//! the workers over cohort's process group.
+//!
+//! The strategy is `cohort::strategy::MultiWorkerMirrored`, made from the task's environment
+//! as a Rust program's (`TF_CONFIG`, `COHORT_CERTS`, `COHORT_COMMUNICATION`...). Values cross
+//! as float32 buffers; every collective lets the interpreter go while it waits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cohort::candle::{Device, Tensor};
+use cohort::strategy::{MultiWorkerMirrored, PerReplica, ReduceOp, Strategy};
+use cohort::variable::Variable;
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyByteArray;
+
+use crate::CohortError;
+
+pyo3::create_exception!(
+    _native,
+    GroupError,
+    CohortError,
+    "The workers' group failed a collective (a worker lost, or one failed its step)."
+);
+
+/// The strategy and the variables made in its scope, in creation order.
+struct Mirrored {
+    strategy: MultiWorkerMirrored,
+    variables: Vec<Variable>,
+}
+
+/// This task's MultiWorkerMirrored strategy (`cohort.MultiWorkerMirroredStrategy` wraps it).
+#[pyclass(module = "cohort._native")]
+pub(crate) struct MultiWorker {
+    mirrored: Mutex<Option<Mirrored>>,
+    /// Set by SIGTERM or SIGINT: a preemption notice.
+    notice: Arc<AtomicBool>,
+    /// Set by SIGUSR1: the job scaled down (this worker drained).
+    drain: Arc<AtomicBool>,
+}
+
+fn f32_bytes<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyByteArray>> {
+    let values = tensor
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| CohortError::new_err(e.to_string()))?;
+    Ok(PyByteArray::new(py, bytemuck::cast_slice(&values)))
+}
+
+fn tensor(values: Vec<f32>, shape: &[usize]) -> PyResult<Tensor> {
+    Tensor::from_vec(values, shape, &Device::Cpu)
+        .map_err(|e| PyValueError::new_err(format!("shape {shape:?}: {e}")))
+}
+
+impl MultiWorker {
+    fn lock(&self) -> PyResult<MutexGuard<'_, Option<Mirrored>>> {
+        self.mirrored
+            .lock()
+            .map_err(|_| CohortError::new_err("the strategy was poisoned by a panic"))
+    }
+
+    /// Runs `f` on the strategy, raising if it was closed.
+    fn with<R>(&self, f: impl FnOnce(&mut Mirrored) -> PyResult<R>) -> PyResult<R> {
+        let mut guard = self.lock()?;
+        match guard.as_mut() {
+            Some(mirrored) => f(mirrored),
+            None => Err(CohortError::new_err("the strategy is closed")),
+        }
+    }
+
+    fn variable(mirrored: &Mirrored, index: usize) -> PyResult<&Variable> {
+        mirrored
+            .variables
+            .get(index)
+            .ok_or_else(|| PyValueError::new_err(format!("no variable {index}")))
+    }
+}
+
+#[pymethods]
+impl MultiWorker {
+    /// Makes the strategy from this task's environment and joins the workers' group (waits for
+    /// the others, bounded by the form timeout). A bad setting is a `ValueError` naming it.
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<Self> {
+        let config =
+            cohort::bootstrap::multi_worker_config_from_env(cohort::bootstrap::COMMUNICATION_ENV)
+                .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))?;
+        let notice = Arc::new(AtomicBool::new(false));
+        let drain = Arc::new(AtomicBool::new(false));
+        cohort::process::stop_on_signals(&notice)
+            .and_then(|()| cohort::process::drain_on_signal(&drain))
+            .map_err(|e| CohortError::new_err(format!("cannot watch for signals: {e}")))?;
+        let strategy = py
+            .detach(move || MultiWorkerMirrored::new(config).map_err(|e| e.to_string()))
+            .map_err(GroupError::new_err)?;
+        Ok(Self {
+            mirrored: Mutex::new(Some(Mirrored {
+                strategy,
+                variables: Vec::new(),
+            })),
+            notice,
+            drain,
+        })
+    }
+
+    /// Workers in the group now.
+    fn num_workers(&self) -> PyResult<usize> {
+        self.with(|m| Ok(m.strategy.num_workers()))
+    }
+
+    /// This worker's rank in the group (the chief is 0).
+    fn worker_index(&self) -> PyResult<usize> {
+        self.with(|m| Ok(m.strategy.worker_index()))
+    }
+
+    /// Replicas in sync across the group.
+    fn num_replicas_in_sync(&self) -> PyResult<usize> {
+        self.with(|m| Ok(m.strategy.num_replicas_in_sync()))
+    }
+
+    /// True once SIGTERM or SIGINT asked this process to stop.
+    fn preemption_requested(&self) -> bool {
+        self.notice.load(Ordering::SeqCst) && !self.drain.load(Ordering::SeqCst)
+    }
+
+    /// Makes a mirrored variable from `values` (float32, row-major, `shape`): every worker
+    /// makes the same variables in the same order, and each starts as the first worker's.
+    /// Returns its index.
+    fn create_variable(
+        &self,
+        py: Python<'_>,
+        name: String,
+        shape: Vec<usize>,
+        values: PyBuffer<f32>,
+    ) -> PyResult<usize> {
+        let values = values.to_vec(py)?;
+        let initial = tensor(values, &shape)?;
+        self.with(|m| {
+            let variable = {
+                let _scope = m
+                    .strategy
+                    .try_scope()
+                    .map_err(|e| CohortError::new_err(e.to_string()))?;
+                Variable::new(name.clone(), initial)
+                    .map_err(|e| GroupError::new_err(format!("variable {name:?}: {e}")))?
+            };
+            m.variables.push(variable);
+            Ok(m.variables.len() - 1)
+        })
+    }
+
+    /// Variable `index`'s value (float32 bytes, row-major).
+    fn read_variable<'py>(
+        &self,
+        py: Python<'py>,
+        index: usize,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let value = self.with(|m| Ok(Self::variable(m, index)?.read_value()))?;
+        f32_bytes(py, &value)
+    }
+
+    /// Sets variable `index` to `values` (float32, row-major, its shape) on this worker.
+    fn assign_variable(&self, py: Python<'_>, index: usize, values: PyBuffer<f32>) -> PyResult<()> {
+        let values = values.to_vec(py)?;
+        self.with(|m| {
+            let variable = Self::variable(m, index)?;
+            let value = tensor(values, variable.shape())?;
+            variable
+                .assign(&value)
+                .map_err(|e| PyValueError::new_err(format!("variable {:?}: {e}", variable.name())))
+        })
+    }
+
+    /// The sum (or with `mean`, the mean over the replicas in sync) of `values` (float32,
+    /// row-major) over every worker: the same bits on all of them. Raises `GroupError` when
+    /// the group failed it.
+    fn all_reduce<'py>(
+        &self,
+        py: Python<'py>,
+        values: PyBuffer<f32>,
+        mean: bool,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let len = values.item_count();
+        let local = tensor(values.to_vec(py)?, &[len])?;
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let reduced = self.with(|m| {
+            let strategy = &m.strategy;
+            py.detach(|| strategy.reduce(op, &PerReplica::new(vec![local]), None))
+                .map_err(|e| GroupError::new_err(e.to_string()))
+        })?;
+        f32_bytes(py, &reduced)
+    }
+
+    /// Leaves the group and stops the strategy's runtime (at the script's end); returns the
+    /// exit code the task should end with: 143 after a stop request, else 0.
+    fn close(&self, py: Python<'_>) -> PyResult<i32> {
+        let taken = self.lock()?.take();
+        if let Some(mirrored) = taken {
+            py.detach(move || drop(mirrored));
+        }
+        Ok(if self.preemption_requested() {
+            cohort::process::PREEMPTED_EXIT_CODE
+        } else {
+            0
+        })
+    }
+}
