@@ -22,7 +22,7 @@ if [ "$#" -eq 0 ]; then
 fi
 status=0
 "$venv/bin/python" "$deploy/validate.py" "$@" || status=1
-for dockerfile in "$deploy/Dockerfile" "$deploy/program.Dockerfile"; do
+for dockerfile in "$deploy/Dockerfile" "$deploy/program.Dockerfile" "$deploy/python.Dockerfile"; do
   echo "+ hadolint deploy/$(basename "$dockerfile")"
   "$venv/bin/hadolint" "$dockerfile" || status=1
 done

@@ -5,11 +5,14 @@
 //! program knows the report (the built-in demo workloads) writes `<dir>/<role>-<index>.json`
 //! (written whole, then renamed into place, so a reader never sees half a file), the
 //! latest process of a task replacing what an earlier one wrote. Without the variable nothing
-//! is written. The runner reads every file once the job has ended
+//! is written. A parameter-server chief whose program writes none (a user's program, a Python
+//! script) has the runtime write its ledger and servers' counts when its program ends
+//! ([`chief_report`]). The runner reads every file once the job has ended
 //! ([`read_reports`]); a file it cannot read is named in its result, not skipped silently.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -166,8 +169,53 @@ impl TaskReport {
 /// Writes `report` if the job was asked for reports, logging (not failing on) an error: a
 /// report is for the chaos runner, and training does not stop for it.
 pub fn write_report(report: &TaskReport) {
-    if let Err(e) = report.write_if_asked() {
-        tracing::warn!("{e}");
+    match report.write_if_asked() {
+        Ok(Some(_)) => WRITTEN.store(true, Ordering::SeqCst),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("{e}"),
+    }
+}
+
+/// Whether this process wrote its report (a program that writes its own, as the demo does, is
+/// not written over by the runtime's).
+static WRITTEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process has written its report.
+pub(crate) fn written() -> bool {
+    WRITTEN.load(Ordering::SeqCst)
+}
+
+/// Whether a report is asked for ([`RUN_REPORT_DIR_ENV`] is set).
+pub(crate) fn asked() -> bool {
+    std::env::var_os(RUN_REPORT_DIR_ENV).is_some_and(|dir| !dir.is_empty())
+}
+
+/// A parameter-server chief's report: its ledger at the end and each server's counts, with
+/// the restores from a checkpoint and what they rolled back where there were any.
+pub(crate) fn chief_report(
+    ledger: &crate::ledger::Ledger,
+    stats: &[crate::roles::protocol::PsStatsReply],
+) -> TaskReport {
+    TaskReport {
+        ledger: Some(LedgerCounts {
+            scheduled: ledger.scheduled,
+            committed: ledger.committed,
+            redispatched: Some(ledger.redispatched),
+            failed: ledger.failed,
+            pending: ledger.pending,
+        }),
+        servers: stats
+            .iter()
+            .enumerate()
+            .map(|(ps, s)| ServerCounts {
+                ps: ps as u32,
+                applied: s.applied,
+                duplicates: s.rejected_duplicate,
+            })
+            .collect(),
+        ps_restores: (ledger.ps_restores > 0).then_some(ledger.ps_restores),
+        rolled_back: (ledger.ps_restores > 0).then_some(ledger.rolled_back),
+        ..TaskReport::of("chief/0")
     }
 }
 

@@ -377,11 +377,11 @@ fn doc_above(lines: &[&str], first: usize) -> String {
 }
 
 /// Every `.rs` file under the workspace's crates (`src/`, `actors/src/`, `transport/src/`,
-/// `chaos/src/`), by crate prefix.
+/// `chaos/src/`, `python/src/`), by crate prefix.
 fn read_workspace_sources() -> Vec<(&'static str, Vec<Source>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut crates = vec![("src/", read_sources())];
-    for dir in ["actors/src", "transport/src", "chaos/src"] {
+    for dir in ["actors/src", "transport/src", "chaos/src", "python/src"] {
         let base = root.join(dir);
         let mut files = Vec::new();
         collect_rs(&base, &mut files);

@@ -38,6 +38,16 @@ fn native_module() -> PathBuf {
         .unwrap_or_else(|| panic!("no lib_native.so beside {} or above", exe.display()))
 }
 
+/// This build's `cohort` binary, beside the native module's folder (`cargo build` and the
+/// workspace's tests build it), if it is there.
+fn cohort_binary() -> Option<PathBuf> {
+    let module = native_module();
+    let folder = module.parent()?;
+    [folder.join("cohort"), folder.join("../cohort")]
+        .into_iter()
+        .find(|path| path.is_file())
+}
+
 /// The package laid out in a new temporary directory; returns the directory to put on
 /// `PYTHONPATH` (kept until the guard drops).
 fn lay_out_package() -> tempfile::TempDir {
@@ -91,10 +101,16 @@ fn run_pytest(file: &str) {
         python_path.push(":");
         python_path.push(existing);
     }
-    let out = Command::new(python())
+    let mut pytest = Command::new(python());
+    pytest
         .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", file])
         .current_dir(&tests)
-        .env("PYTHONPATH", python_path)
+        .env("PYTHONPATH", python_path);
+    // The chaos runner's test drives the `cohort` binary of this build, where it was built.
+    if let Some(cohort) = cohort_binary() {
+        pytest.env("COHORT_BIN", cohort);
+    }
+    let out = pytest
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("pytest started");

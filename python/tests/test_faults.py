@@ -1,15 +1,19 @@
 """A Python job survives what a Rust job survives: a worker or a parameter server SIGKILLed
 mid-training, with every step's update applied once (each counter ends at the steps
-scheduled), and a stop request (SIGTERM) ends the chief with its checkpoint and exit 143."""
+scheduled), a stop request (SIGTERM) ends the chief with its checkpoint and exit 143, and
+`cohort chaos run` drives a Python job as it drives a Rust one."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import JOBS, JOB_TIMEOUT_S, launch
 
@@ -116,3 +120,60 @@ def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
     assert resumed.code == 0, resumed.output
     step = int(re.search(r"stopped at step (\d+)", text).group(1))
     assert resumed.line("restored:") == f"restored: {step}", resumed.output
+
+
+def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
+    # `cohort chaos run` launches the Python job as it launches a Rust one, kills a worker and
+    # a parameter server as the plan says, and checks the runtime's report of the chief.
+    cohort_bin = os.environ.get("COHORT_BIN")
+    if not cohort_bin or not os.path.isfile(cohort_bin):
+        pytest.skip("the cohort binary was not built here (cargo build): COHORT_BIN unset")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        "seed = 5\n\n"
+        '[[fault]]\nkind = "kill"\ntarget = "worker:1"\nat = "500ms..1s"\n'
+        'after = "first_checkpoint"\n\n'
+        '[[fault]]\nkind = "kill"\ntarget = "ps:0"\nat = "2s"\nafter = "first_checkpoint"\n'
+    )
+    out = tmp_path / "chaos"
+    command = [
+        cohort_bin,
+        "chaos",
+        "run",
+        "--plan",
+        str(plan),
+        "--out",
+        str(out),
+        "--timeout",
+        "150s",
+        "--",
+        sys.executable,
+        "-m",
+        "cohort",
+        "launch",
+        "--workers",
+        "2",
+        "--ps",
+        "2",
+        "--no-metrics",
+        "--run-dir",
+        str(tmp_path / "job"),
+        str(JOBS / "counter.py"),
+        "--steps",
+        "600",
+        "--pause",
+        "0.01",
+        "--checkpoint-every",
+        "40",
+    ]
+    env = dict(os.environ, COHORT_CHECKPOINT_DIR=str(tmp_path / "checkpoints"))
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S + 60
+    )
+    report_file = out / "report.json"
+    assert report_file.is_file(), done.stdout + done.stderr
+    report = json.loads(report_file.read_text())
+    log = (out / "job.log").read_text() if (out / "job.log").is_file() else ""
+    assert report["verdict"] == "passed", json.dumps(report, indent=1) + log[-6000:]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "counters [600, 600] after 600 steps" in log, log[-6000:]

@@ -321,6 +321,21 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         .map_err(|e| RoleFailure::Training(e.to_string()))
 }
 
+/// The chief's run report for `cohort chaos run` ([`crate::run_report`]), where one is asked
+/// for and the program wrote none itself: the ledger and the servers' counts of any program,
+/// a user's or a Python script's, read before the servers are told goodbye.
+fn report_the_end(coordinator: &ClusterCoordinator) {
+    if !crate::run_report::asked() || crate::run_report::written() {
+        return;
+    }
+    match (coordinator.ledger(), coordinator.ps_stats()) {
+        (Ok(ledger), Ok(stats)) => {
+            crate::run_report::write_report(&crate::run_report::chief_report(&ledger, &stats))
+        }
+        (Err(e), _) | (_, Err(e)) => tracing::warn!("run report not written: {e}"),
+    }
+}
+
 /// A server's exits without a chief and on a drain: it keeps its variables through a chief's
 /// restart (the new chief restores them from its checkpoint either way) and exits, to restart
 /// as a new incarnation, with no chief for `register_wait`; drained (its variables moved onto
@@ -711,9 +726,11 @@ fn run_chief(
             let outcome = cohort_actors::contain_panic(std::panic::AssertUnwindSafe(|| {
                 chief(&mut coordinator)
             }));
-            if matches!(outcome, Ok(Ok(()))) && !preemption_requested() {
-                let peers = with_joined(&runtime, &members, peers);
-                say_goodbye(&runtime, &gateway, peers);
+            if matches!(outcome, Ok(Ok(()))) {
+                report_the_end(&coordinator);
+                if !preemption_requested() {
+                    say_goodbye(&runtime, &gateway, with_joined(&runtime, &members, peers));
+                }
             }
             program_finished.store(true, Ordering::SeqCst);
             system_handle.stop();
@@ -723,6 +740,18 @@ fn run_chief(
     let code = system
         .run_with_code()
         .map_err(|e| RoleFailure::Training(e.to_string()))?;
+    chief_code(code, &finished, program_thread)
+}
+
+/// The chief's exit code once its node's system stopped with `code`: the program's outcome
+/// where the program `finished`.
+fn chief_code(
+    code: i32,
+    finished: &AtomicBool,
+    program_thread: std::thread::JoinHandle<
+        Result<Result<(), CoordinatorError>, Box<dyn std::any::Any + Send>>,
+    >,
+) -> Result<i32, RoleFailure> {
     if code != 0 {
         // The node ended itself (a peer refused this incarnation as outdated: declared dead
         // while it was frozen, say): restart me, as a newer incarnation that resumes from the

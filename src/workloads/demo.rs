@@ -24,7 +24,7 @@
 //! accuracy for every new checkpoint in `DIR` ([`crate::roles::evaluator`]).
 
 use crate::process::stdout::outln;
-use crate::run_report::{write_report, LedgerCounts, ServerCounts, TaskReport};
+use crate::run_report::{chief_report, write_report, TaskReport};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -587,26 +587,8 @@ fn print_summary(
     );
     // The same figures for `cohort chaos run`, as data.
     write_report(&TaskReport {
-        ledger: Some(LedgerCounts {
-            scheduled: ledger.scheduled,
-            committed: ledger.committed,
-            redispatched: Some(ledger.redispatched),
-            failed: ledger.failed,
-            pending: ledger.pending,
-        }),
-        servers: stats
-            .iter()
-            .enumerate()
-            .map(|(ps, s)| ServerCounts {
-                ps: ps as u32,
-                applied: s.applied,
-                duplicates: s.rejected_duplicate,
-            })
-            .collect(),
-        ps_restores: (ledger.ps_restores > 0).then_some(ledger.ps_restores),
-        rolled_back: (ledger.ps_restores > 0).then_some(ledger.rolled_back),
         resumed: end.resumed.is_some(),
-        ..TaskReport::of("chief/0")
+        ..chief_report(&ledger, &stats)
     });
     if end.loss_png.exists() {
         outln!("  loss curve: {}", end.loss_png.display());
