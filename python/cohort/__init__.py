@@ -37,7 +37,7 @@ from .errors import (
     VariableError,
 )
 from ._native import GroupError
-from .mirrored import MirroredVariable, MultiWorkerMirroredStrategy
+from .mirrored import MirroredVariable, MultiWorkerMirroredStrategy, TrainingState
 from .optimizers import IndexedSlices
 from .strategy import ParameterServerStrategy, Variable, read_variables
 
@@ -55,6 +55,7 @@ __all__ = [
     "ParameterServerStrategy",
     "StepInterrupted",
     "StepNotImportableError",
+    "TrainingState",
     "Variable",
     "VariableError",
     "__version__",

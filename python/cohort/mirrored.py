@@ -7,9 +7,11 @@ first worker's (a broadcast), and ``strategy.reduce`` / ``strategy.all_reduce`` 
 over every worker with the same bits on all of them (DATA-1). Start a local job with
 ``python -m cohort launch --strategy multi-worker-mirrored --workers 2 train.py``.
 
-A lost worker fails the collective in flight on every other with ``cohort.GroupError``; from
-Python the job then ends (re-forming with the survivors and admitting restarted workers, as a
-Rust program's loop does with ``MultiWorkerMirrored::recover``, is not offered here yet).
+Elastic training, as a Rust program's loop does it: call ``strategy.at_step_boundary(state)``
+before each step (it admits restarted and added workers, and lets preempted or drained ones
+leave, at an agreed step), and after a collective raised ``cohort.GroupError`` (a worker lost)
+``strategy.recover(state)``, which re-forms the group with the survivors from the state of the
+one with the most steps. No checkpoint is read for either.
 """
 
 from __future__ import annotations
@@ -99,6 +101,41 @@ class MultiWorkerMirroredStrategy:
         """True once this process was asked to stop (SIGTERM)."""
         return self._native.preemption_requested()
 
+    # -- elastic training ------------------------------------------------------------------
+
+    @property
+    def awaits_state(self) -> bool:
+        """True on a worker that joined a live group (a restarted or added one) until its first
+        :meth:`at_step_boundary` gives it the group's state."""
+        return self._native.awaits_state()
+
+    def at_step_boundary(
+        self, state: TrainingState, save: Callable[[int, int], None] | None = None
+    ) -> str | None:
+        """Call before every step (and once after the last): admits the workers waiting to
+        join (they receive the variables, step and position of the member with the most
+        steps), lets a preempted (SIGTERM) or drained (SIGUSR1) worker leave, and on a joiner
+        receives the state. ``save(step, position)`` runs on the chief before a preempted worker
+        leaves. Returns ``None`` (nothing changed), ``"admitted"``, ``"departed"`` or
+        ``"leaving"`` (this worker leaves: end the script); ``state`` then holds the step and
+        position to go on from, and ``state.detail`` says what happened. Raises ``GroupError``
+        when a worker was lost meanwhile: call :meth:`recover`."""
+        change, step, position, detail = self._native.at_step_boundary(
+            state.step, state.position, save
+        )
+        state.step, state.position, state.detail = step, position, detail
+        return change
+
+    def recover(self, state: TrainingState) -> str:
+        """After a collective raised ``GroupError`` (a worker lost): re-forms the group with the
+        survivors, every one taking the variables, step and position of the survivor with the
+        most steps (no checkpoint read). Returns what happened; ``state`` holds where training
+        goes on. Raises ``GroupError`` when no group can re-form (no quorum, or this worker was
+        left out): end the script, and its supervisor restarts it to join again."""
+        step, position, detail = self._native.recover(state.step, state.position)
+        state.step, state.position, state.detail = step, position, detail
+        return detail
+
     def _close(self) -> None:
         code = self._native.close()
         if code != 0:
@@ -110,6 +147,20 @@ def _op(reduce_op: str) -> str:
     if op not in _REDUCE_OPS:
         raise ValueError(f"reduce op {reduce_op!r}: not one of SUM, MEAN")
     return op
+
+
+class TrainingState:
+    """Where elastic training stands: steps completed and examples consumed (the input's
+    position), which :meth:`MultiWorkerMirroredStrategy.at_step_boundary` and
+    :meth:`MultiWorkerMirroredStrategy.recover` carry over a change of the group."""
+
+    def __init__(self, step: int = 0, position: int = 0) -> None:
+        self.step = step
+        self.position = position
+        self.detail = ""
+
+    def __repr__(self) -> str:
+        return f"TrainingState(step={self.step}, position={self.position})"
 
 
 class MirroredVariable(Variable):

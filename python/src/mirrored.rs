@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cohort::candle::{Device, Tensor};
-use cohort::strategy::{MultiWorkerMirrored, PerReplica, ReduceOp, Strategy};
+use cohort::strategy::{
+    ElasticState, GroupChange, Leave, MultiWorkerMirrored, PerReplica, ReduceOp, SaveStateError,
+    Strategy,
+};
 use cohort::variable::Variable;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -192,6 +195,111 @@ impl MultiWorker {
                 .map_err(|e| GroupError::new_err(e.to_string()))
         })?;
         f32_bytes(py, &reduced)
+    }
+
+    /// True on a worker that joined a live group and has not received its state yet (its
+    /// first `at_step_boundary` gives it).
+    fn awaits_state(&self) -> PyResult<bool> {
+        self.with(|m| Ok(m.strategy.awaits_state()))
+    }
+
+    /// The step boundary before each step (`MultiWorkerMirrored::at_step_boundary`): admits
+    /// the workers waiting to join, lets a preempted or drained worker leave (this one, after
+    /// SIGTERM or SIGUSR1), and on a joiner receives the state. `save(step, position)` is
+    /// called on the chief before a preempted worker leaves (a checkpoint). Returns
+    /// `(change, step, position, detail)`: `change` is `None`, `"admitted"`, `"departed"` or
+    /// `"leaving"` (this worker leaves: end the script), and training goes on from `step` and
+    /// `position`. Raises `GroupError` when the group failed it (then `recover`).
+    #[pyo3(signature = (step, position, save=None))]
+    fn at_step_boundary(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        position: u64,
+        save: Option<Py<PyAny>>,
+    ) -> PyResult<(Option<&'static str>, u64, u64, String)> {
+        let leaving = Leave::noticed(Some(&self.notice), Some(&self.drain));
+        self.with(|m| {
+            let Mirrored {
+                strategy,
+                variables,
+            } = m;
+            let (change, step, position) = py.detach(|| {
+                let mut state = ElasticState {
+                    step,
+                    position,
+                    variables,
+                    optimizer: None,
+                };
+                let mut save_state = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
+                    let Some(save) = &save else { return Ok(()) };
+                    Python::attach(|py| {
+                        save.call1(py, (state.step, state.position))
+                            .map(drop)
+                            .map_err(|e| SaveStateError::from(e.to_string()))
+                    })
+                };
+                let change = strategy.at_step_boundary(&mut state, leaving, &mut save_state);
+                (change, state.step, state.position)
+            });
+            let change = change.map_err(|e| GroupError::new_err(e.to_string()))?;
+            Ok(match change {
+                None => (None, step, position, String::new()),
+                Some(GroupChange::Admitted(a)) => {
+                    let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
+                    let detail = format!(
+                        "generation {}: admitted {} (the state of {})",
+                        a.generation,
+                        joined.join(", "),
+                        a.source
+                    );
+                    (Some("admitted"), a.step, a.position, detail)
+                }
+                Some(GroupChange::Departed(d)) => {
+                    let detail = format!("generation {}: {}", d.generation, d.describe());
+                    (Some("departed"), d.step, d.position, detail)
+                }
+                Some(GroupChange::Leaving(d)) => {
+                    (Some("leaving"), d.step, d.position, d.describe())
+                }
+            })
+        })
+    }
+
+    /// Re-forms the group with the survivors after a collective failed
+    /// (`MultiWorkerMirrored::recover`): every survivor takes the variables, step and position
+    /// of the one with the most completed steps. Returns `(step, position, detail)`; raises
+    /// `GroupError` when no group could re-form (no quorum, or this worker was left out): end
+    /// the script, and the supervisor restarts it as a joiner.
+    fn recover(&self, py: Python<'_>, step: u64, position: u64) -> PyResult<(u64, u64, String)> {
+        self.with(|m| {
+            let Mirrored {
+                strategy,
+                variables,
+            } = m;
+            let recovered = py.detach(|| {
+                let mut state = ElasticState {
+                    step,
+                    position,
+                    variables,
+                    optimizer: None,
+                };
+                strategy.recover(&mut state)
+            });
+            let r = recovered.map_err(|e| GroupError::new_err(e.to_string()))?;
+            let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+            let detail = format!(
+                "generation {} with {} workers (lost {}: {}); going on from step {} with the state \
+                 of {}",
+                r.generation,
+                r.members.len(),
+                lost.join(", "),
+                r.cause,
+                r.step,
+                r.source
+            );
+            Ok((r.step, r.position, detail))
+        })
     }
 
     /// Leaves the group and stops the strategy's runtime (at the script's end); returns the

@@ -155,6 +155,11 @@ fn python_jobs_survive_kills_and_stop_requests() {
 }
 
 #[test]
+fn multi_worker_mirrored_from_python_keeps_one_model_through_kills_and_preemption() {
+    run_pytest("test_mirrored.py");
+}
+
+#[test]
 fn bad_input_from_python_is_named_and_loses_nothing() {
     run_pytest("test_bad_input.py");
 }

@@ -177,3 +177,4 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
     assert report["verdict"] == "passed", json.dumps(report, indent=1) + log[-6000:]
     assert done.returncode == 0, done.stdout + done.stderr
     assert "counters [600, 600] after 600 steps" in log, log[-6000:]
+

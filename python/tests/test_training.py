@@ -71,28 +71,3 @@ def test_the_benchmark_job_from_python_runs_and_reports_its_rate():
     assert done.returncode == 0, done.stdout + done.stderr
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["peer"] == "cohort-python" and line["steps_per_second"] > 0, line
-
-
-def test_a_multi_worker_mirrored_script_ends_with_the_same_weights_on_every_worker():
-    job = launch(
-        JOBS / "mirrored.py",
-        "--steps",
-        "60",
-        workers=2,
-        ps=0,
-        flags=("--strategy", "multi-worker-mirrored"),
-    )
-    assert job.code == 0, job.output
-    digests = {}
-    for kind in ("start", "final"):
-        digests[kind] = {
-            line.split("]")[0]: line.rsplit(" ", 1)[1]
-            for line in job.output.splitlines()
-            if f"] {kind} digest " in line
-        }
-        # The chief and both workers, each with the same weights.
-        assert len(digests[kind]) == 3, job.output
-        assert len(set(digests[kind].values())) == 1, job.output
-    assert digests["start"] != digests["final"], job.output
-    losses = re.findall(r"final loss (\S+) on 3 workers", job.output)
-    assert len(losses) == 3 and float(losses[0]) < 0.01, job.output

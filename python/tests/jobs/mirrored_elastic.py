@@ -1,0 +1,61 @@
+"""Elastic MultiWorkerMirrored from Python: the loop calls `at_step_boundary` before each step
+and `recover` after a lost worker, so a worker killed mid-training is left out by the
+survivors, which go on, and its restarted process is admitted and receives their state. Each
+task prints every group change and, at the end, the digest of its weights: the same on every
+worker. Arguments: --steps N, --pause SECONDS (each step's extra work), --die-at STEP with
+--marker FILE (worker/1's first process SIGKILLs itself before that step, or with --signal
+term sends itself SIGTERM, whatever the machine's speed: the marker says it did).""" 
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+
+import numpy as np
+
+import cohort
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=300)
+parser.add_argument("--pause", type=float, default=0.01)
+parser.add_argument("--die-at", type=int, default=-1)
+parser.add_argument("--marker", default="")
+parser.add_argument("--signal", choices=["kill", "term"], default="kill")
+args, _ = parser.parse_known_args()
+resolver = cohort.cluster_resolver.TFConfigClusterResolver()
+dies = (resolver.task_type, resolver.task_id) == ("worker", 1) and args.marker != ""
+
+strategy = cohort.MultiWorkerMirroredStrategy()
+true_w = np.arange(1, 9, dtype=np.float32).reshape(8, 1)
+with strategy.scope():
+    w = cohort.Variable(np.zeros((8, 1)), name="w")
+state = cohort.TrainingState()
+while True:
+    try:
+        # A worker lost at the boundary's own collective raises here as in the step.
+        change = strategy.at_step_boundary(state)
+        if change is not None:
+            print(f"group {change} at step {state.step}: {state.detail}", flush=True)
+        if change == "leaving" or state.step >= args.steps:
+            break
+        if dies and state.step == args.die_at and not os.path.exists(args.marker):
+            open(args.marker, "w").close()
+            # SIGKILL: lost mid-step; SIGTERM: a preemption notice, answered at the next boundary.
+            os.kill(os.getpid(), signal.SIGKILL if args.signal == "kill" else signal.SIGTERM)
+        # Every worker's batch of this step, from the step alone: a re-run step reads the same.
+        rng = np.random.default_rng([state.step, strategy.worker_index])
+        x = rng.normal(size=(16, 8)).astype(np.float32)
+        y = x @ true_w
+        value = w.read_value()
+        grad = strategy.all_reduce("MEAN", 2 * x.T @ (x @ value - y) / len(y))
+    except cohort.GroupError as lost:
+        print(f"step {state.step} failed: {lost}", flush=True)
+        print(f"recovered: {strategy.recover(state)}", flush=True)
+        continue
+    w.assign(value - 0.02 * grad)
+    state.step += 1
+    state.position += 16 * strategy.num_workers
+    time.sleep(args.pause)
+digest = hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
+print(f"final model: step {state.step}, digest {digest}", flush=True)

@@ -1,0 +1,92 @@
+"""MultiWorkerMirrored from Python: every worker ends with the same weights, and an elastic
+loop survives a worker SIGKILLed mid-training (the survivors re-form, its new process is
+admitted with their state) and a preempted worker (it leaves at an agreed step, exits 143 and
+comes back)."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import JOBS, launch
+
+
+def test_a_multi_worker_mirrored_script_ends_with_the_same_weights_on_every_worker():
+    job = launch(
+        JOBS / "mirrored.py",
+        "--steps",
+        "60",
+        workers=2,
+        ps=0,
+        flags=("--strategy", "multi-worker-mirrored"),
+    )
+    assert job.code == 0, job.output
+    digests = {}
+    for kind in ("start", "final"):
+        digests[kind] = {
+            line.split("]")[0]: line.rsplit(" ", 1)[1]
+            for line in job.output.splitlines()
+            if f"] {kind} digest " in line
+        }
+        # The chief and both workers, each with the same weights.
+        assert len(digests[kind]) == 3, job.output
+        assert len(set(digests[kind].values())) == 1, job.output
+    assert digests["start"] != digests["final"], job.output
+    losses = re.findall(r"final loss (\S+) on 3 workers", job.output)
+    assert len(losses) == 3 and float(losses[0]) < 0.01, job.output
+
+
+def test_a_mirrored_worker_killed_mid_training_is_left_out_then_admitted_with_the_state(
+    tmp_path,
+):
+    job = launch(
+        JOBS / "mirrored_elastic.py",
+        "--steps",
+        "150",
+        "--pause",
+        "0.005",
+        "--die-at",
+        "40",
+        "--marker",
+        str(tmp_path / "died"),
+        workers=2,
+        ps=0,
+        flags=("--strategy", "multi-worker-mirrored"),
+    )
+    assert job.code == 0, job.output
+    assert (tmp_path / "died").exists(), job.output
+    # The survivors re-formed without it, from step 40 (no checkpoint read)...
+    assert re.search(r"\[chief/0\] recovered: generation \d+ with 2 workers", job.output), job.output
+    # ...and its new process joined them and took their state.
+    assert re.search(r"\[worker/1\] group admitted at step \d+", job.output), job.output
+    finals = dict(re.findall(r"\[(\S+)\] final model: step 150, digest (\w+)", job.output))
+    assert sorted(finals) == ["chief/0", "worker/0", "worker/1"], job.output
+    assert len(set(finals.values())) == 1, job.output
+
+
+def test_a_preempted_mirrored_worker_leaves_at_a_boundary_exits_143_and_comes_back(tmp_path):
+    job = launch(
+        JOBS / "mirrored_elastic.py",
+        "--steps",
+        "150",
+        "--pause",
+        "0.005",
+        "--die-at",
+        "40",
+        "--marker",
+        str(tmp_path / "noticed"),
+        "--signal",
+        "term",
+        workers=2,
+        ps=0,
+        flags=("--strategy", "multi-worker-mirrored"),
+    )
+    assert job.code == 0, job.output
+    # It left at an agreed step, the others went on without it (nothing to detect)...
+    assert re.search(r"\[worker/1\] group leaving at step \d+", job.output), job.output
+    assert re.search(r"\[chief/0\] group departed at step \d+", job.output), job.output
+    assert re.search(r"worker/1 .*left on a preemption notice \(exit code 143\)", job.output), job.output
+    # ...and its restarted process was admitted with their state.
+    assert re.search(r"\[worker/1\] group admitted at step \d+", job.output), job.output
+    finals = dict(re.findall(r"\[(\S+)\] final model: step 150, digest (\w+)", job.output))
+    assert sorted(finals) == ["chief/0", "worker/0", "worker/1"], job.output
+    assert len(set(finals.values())) == 1, job.output
