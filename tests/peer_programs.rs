@@ -67,7 +67,7 @@ fn every_peer_program_runs_and_prints_its_figure() {
         );
         return;
     }
-    let programs: [(&str, &[&str], &str); 7] = [
+    let programs: [(&str, &[&str], &str); 8] = [
         (
             "tf_mwms.py",
             &["--workers=2", "--steps=5", "--warmup=1"],
@@ -93,6 +93,11 @@ fn every_peer_program_runs_and_prints_its_figure() {
         (
             "cohort_python_ps.py",
             &["--steps=5", "--warmup=1"],
+            "steps_per_second",
+        ),
+        (
+            "cohort_python_ps.py",
+            &["--compute=numpy", "--steps=5", "--warmup=1"],
             "steps_per_second",
         ),
     ];

@@ -1,5 +1,6 @@
 """The dense workload of `cohort bench ps` as a cohort job written in Python (the Python
-package, PyTorch steps): what `cohort_python_ps.py` runs as a local cluster. The model,
+package; the step's gradients computed by PyTorch's autograd, or with --compute numpy by hand
+in NumPy): what `cohort_python_ps.py` runs as a local cluster. The model,
 batch, optimizer and placement are those of src/workloads/bench.rs's `dense` and of
 torch_ps.py: an MLP 784-256-256-10 (relu, SGD at 0.1, softmax cross-entropy), batch 256 of a
 few seeded synthetic batches per worker, variables of 256 KiB and more split over the servers.
@@ -63,8 +64,35 @@ def dense_step(variables, iterator):
     optimizer.apply_gradients([(p.grad, v) for p, v in zip(_module.parameters(), variables)])
 
 
+def numpy_dense_step(variables, iterator):
+    """The same step with NumPy computing the gradients by hand (its BLAS, one thread)."""
+    x, y = next(iterator)
+    values = cohort.read_variables(variables)
+    weights, biases = values[0::2], values[1::2]
+    activations = [x]
+    h = x
+    for layer, (w, b) in enumerate(zip(weights, biases)):
+        h = h @ w.T + b
+        if layer < len(weights) - 1:
+            h = np.maximum(h, 0)
+        activations.append(h)
+    z = h - h.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1
+    d = p / len(y)
+    grads = [None] * len(values)
+    for layer in range(len(weights) - 1, -1, -1):
+        grads[2 * layer] = d.T @ activations[layer]
+        grads[2 * layer + 1] = d.sum(axis=0)
+        if layer > 0:
+            d = (d @ weights[layer]) * (activations[layer] > 0)
+    optimizer.apply_gradients(zip(grads, variables))
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
+parser.add_argument("--compute", choices=["torch", "numpy"], default="torch")
 parser.add_argument("--warmup", type=int, default=30)
 parser.add_argument("--report", required=True)
 args, _ = parser.parse_known_args()
@@ -80,14 +108,15 @@ coordinator = cohort.coordinator.ClusterCoordinator(strategy)
 with strategy.scope():
     variables = [cohort.Variable(p, name=n) for n, p in mlp().named_parameters()]
 iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+step = dense_step if args.compute == "torch" else numpy_dense_step
 for _ in range(args.warmup):
-    coordinator.schedule(dense_step, args=(variables, iterator))
+    coordinator.schedule(step, args=(variables, iterator))
 coordinator.join()
 started = time.perf_counter()
 for _ in range(args.steps):
-    coordinator.schedule(dense_step, args=(variables, iterator))
+    coordinator.schedule(step, args=(variables, iterator))
 coordinator.join()
 seconds = time.perf_counter() - started
 with open(args.report, "w") as report:
     json.dump({"steps": args.steps, "seconds": seconds}, report)
-print(f"dense from Python: {args.steps} steps in {seconds:.2f}s: {args.steps / seconds:.1f} steps/s")
+print(f"dense from Python ({args.compute}): {args.steps} steps in {seconds:.2f}s: {args.steps / seconds:.1f} steps/s")

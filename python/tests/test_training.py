@@ -62,12 +62,14 @@ def test_the_benchmark_job_from_python_runs_and_reports_its_rate():
     import sys
 
     program = REPOSITORY / "benches" / "peers" / "cohort_python_ps.py"
-    done = subprocess.run(
-        [sys.executable, str(program), "--steps", "5", "--warmup", "1"],
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    line = json.loads(done.stdout.strip().splitlines()[-1])
-    assert line["peer"] == "cohort-python" and line["steps_per_second"] > 0, line
+    for compute in ("torch", "numpy"):
+        done = subprocess.run(
+            [sys.executable, str(program), "--steps", "5", "--warmup", "1", "--compute", compute],
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        line = json.loads(done.stdout.strip().splitlines()[-1])
+        assert line["peer"] == f"cohort-python-{compute}", line
+        assert line["steps_per_second"] > 0, line

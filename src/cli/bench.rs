@@ -184,32 +184,49 @@ fn compare_with_peers(
     steps: usize,
     warmup: usize,
 ) {
-    let peer_programs: [(&str, &str, &str); 4] = [
+    // (workload, what the peer is, its program, its own arguments, its key in the figures)
+    let peer_programs: [(&str, &str, &str, &str, &str); 5] = [
         (
             "dense",
             "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
             "tf_ps.py",
+            "",
+            "tf",
         ),
         (
             "dense",
             "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
-            TORCH_RPC_PS,
+            "torch_ps.py",
+            "",
+            TORCH_RPC,
         ),
         (
             "dense",
-            "cohort from Python (the same job as a Python script with PyTorch steps, 1 chief \
-             + 2 PS + 2 workers)",
-            COHORT_PYTHON_PS,
+            "cohort from Python (the same job as a Python script, gradients by PyTorch's \
+             autograd, 1 chief + 2 PS + 2 workers)",
+            "cohort_python_ps.py",
+            "--compute=torch",
+            PYTHON_TORCH,
+        ),
+        (
+            "dense",
+            "cohort from Python (the same job as a Python script, gradients by hand in NumPy, \
+             1 chief + 2 PS + 2 workers)",
+            "cohort_python_ps.py",
+            "--compute=numpy",
+            PYTHON_NUMPY,
         ),
         (
             "sparse",
             "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers, the embedding \
              split over the servers and updated by rows)",
             "tf_ps.py",
+            "",
+            "tf",
         ),
     ];
     let mut dense_figures = std::collections::BTreeMap::new();
-    for (workload, what, program) in peer_programs {
+    for (workload, what, program, own, key) in peer_programs {
         let Some(ours) = reports
             .iter()
             .find(|(r, metrics, _)| r.workload == workload && !metrics)
@@ -217,15 +234,13 @@ fn compare_with_peers(
         else {
             continue;
         };
-        let measured = super::peers::run_peer(
-            peers,
-            program,
-            &[
-                format!("--workload={workload}"),
-                format!("--steps={steps}"),
-                format!("--warmup={warmup}"),
-            ],
-        );
+        let mut args = vec![
+            format!("--workload={workload}"),
+            format!("--steps={steps}"),
+            format!("--warmup={warmup}"),
+        ];
+        args.extend((!own.is_empty()).then(|| own.to_string()));
+        let measured = super::peers::run_peer(peers, program, &args);
         match measured {
             Ok((theirs, version)) => {
                 outln!(
@@ -234,7 +249,7 @@ fn compare_with_peers(
                     ours / theirs
                 );
                 if workload == "dense" {
-                    dense_figures.insert(program, (theirs, ours));
+                    dense_figures.insert(key, (theirs, ours));
                 }
             }
             Err(why) => outln!(
@@ -243,26 +258,33 @@ fn compare_with_peers(
             ),
         }
     }
-    if let Some(&(python, rust)) = dense_figures.get(COHORT_PYTHON_PS) {
+    for (key, how) in [
+        (PYTHON_TORCH, "PyTorch's autograd"),
+        (PYTHON_NUMPY, "NumPy by hand"),
+    ] {
+        let Some(&(python, rust)) = dense_figures.get(key) else {
+            continue;
+        };
         outln!(
-            "dense: the Python layer costs {:.1}% of cohort's steps/s ({python:.1} from Python, \
-             {rust:.1} from Rust; target: at most 15%)",
+            "dense, gradients by {how}: the Python layer costs {:.1}% of cohort's steps/s \
+             ({python:.1} from Python, {rust:.1} from Rust; target: at most 15%)",
             (1.0 - python / rust) * 100.0
         );
-        if let Some(&(torch, _)) = dense_figures.get(TORCH_RPC_PS) {
+        if let Some(&(torch, _)) = dense_figures.get(TORCH_RPC) {
             outln!(
-                "dense: cohort from Python {python:.1} steps/s against the PyTorch RPC parameter \
-                 server's {torch:.1}: ratio {:.2}x (target: at least 1.25x)",
+                "dense, gradients by {how}: cohort from Python {python:.1} steps/s against the \
+                 PyTorch RPC parameter server's {torch:.1}: ratio {:.2}x (target: at least \
+                 1.25x)",
                 python / torch
             );
         }
     }
 }
 
-/// The PyTorch RPC parameter server's program in `benches/peers/`.
-const TORCH_RPC_PS: &str = "torch_ps.py";
-/// cohort from Python's program in `benches/peers/` (the Python package's job).
-const COHORT_PYTHON_PS: &str = "cohort_python_ps.py";
+/// The figures' keys of the PyTorch RPC parameter server and of cohort from Python.
+const TORCH_RPC: &str = "torch-rpc";
+const PYTHON_TORCH: &str = "python-torch";
+const PYTHON_NUMPY: &str = "python-numpy";
 
 /// How often the bench scrapes every task's metrics while metrics are on.
 const SCRAPE_EVERY: Duration = Duration::from_secs(1);
