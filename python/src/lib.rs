@@ -2,10 +2,11 @@
 //!
 //! It owns the bridge between a Python script and cohort's runtime, and nothing else: the
 //! Python API (`cohort/*.py`) decides what a user sees. Three ways into the runtime:
-//! - [`launch`]: a local cluster of a script, as `cohort launch` starts one of a program;
-//! - [`serve`]: this process becomes its task (a worker or a parameter server) and runs the
-//!   Python steps the chief schedules, until the job ends ([`worker`]);
-//! - [`Chief`]: the chief's coordinator, driven by the script that goes on ([`chief`]).
+//! - `launch`: a local cluster of a script, as `cohort launch` starts one of a program;
+//! - `serve`: this process becomes its task (a worker or a parameter server) and runs the
+//!   Python steps the chief schedules, until the job ends (module `worker`);
+//! - `Chief`: the chief's coordinator, driven by the script that goes on (module `chief`);
+//! - `MultiWorker`: a MultiWorkerMirrored task's strategy (module `mirrored`).
 //!
 //! The runtime's threads never wait for the interpreter on their own: every call from Python
 //! that blocks (a fetch, a join, a whole role) lets the interpreter go first, and a worker
