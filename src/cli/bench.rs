@@ -184,49 +184,8 @@ fn compare_with_peers(
     steps: usize,
     warmup: usize,
 ) {
-    // (workload, what the peer is, its program, its own arguments, its key in the figures)
-    let peer_programs: [(&str, &str, &str, &str, &str); 5] = [
-        (
-            "dense",
-            "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
-            "tf_ps.py",
-            "",
-            "tf",
-        ),
-        (
-            "dense",
-            "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
-            "torch_ps.py",
-            "",
-            TORCH_RPC,
-        ),
-        (
-            "dense",
-            "cohort from Python (the same job as a Python script, gradients by PyTorch's \
-             autograd, 1 chief + 2 PS + 2 workers)",
-            "cohort_python_ps.py",
-            "--compute=torch",
-            PYTHON_TORCH,
-        ),
-        (
-            "dense",
-            "cohort from Python (the same job as a Python script, gradients by hand in NumPy, \
-             1 chief + 2 PS + 2 workers)",
-            "cohort_python_ps.py",
-            "--compute=numpy",
-            PYTHON_NUMPY,
-        ),
-        (
-            "sparse",
-            "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers, the embedding \
-             split over the servers and updated by rows)",
-            "tf_ps.py",
-            "",
-            "tf",
-        ),
-    ];
     let mut dense_figures = std::collections::BTreeMap::new();
-    for (workload, what, program, own, key) in peer_programs {
+    for (workload, what, program, own, key) in PEER_PROGRAMS {
         let Some(ours) = reports
             .iter()
             .find(|(r, metrics, _)| r.workload == workload && !metrics)
@@ -258,6 +217,12 @@ fn compare_with_peers(
             ),
         }
     }
+    print_python_figures(&dense_figures);
+}
+
+/// What cohort from Python gives against cohort from Rust and the PyTorch RPC parameter
+/// server, from the dense workload's `(peer's steps/s, cohort's)` by peer key.
+fn print_python_figures(dense_figures: &std::collections::BTreeMap<&str, (f64, f64)>) {
     for (key, how) in [
         (PYTHON_TORCH, "PyTorch's autograd"),
         (PYTHON_NUMPY, "NumPy by hand"),
@@ -280,6 +245,49 @@ fn compare_with_peers(
         }
     }
 }
+
+/// The peers of `bench ps`: (workload, what the peer is, its program in `benches/peers/`, its
+/// own arguments, its key in the figures).
+const PEER_PROGRAMS: [(&str, &str, &str, &str, &str); 5] = [
+    (
+        "dense",
+        "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers)",
+        "tf_ps.py",
+        "",
+        "tf",
+    ),
+    (
+        "dense",
+        "a PyTorch RPC parameter server (2 PS + 2 workers + a driver)",
+        "torch_ps.py",
+        "",
+        TORCH_RPC,
+    ),
+    (
+        "dense",
+        "cohort from Python (the same job as a Python script, gradients by PyTorch's \
+         autograd, 1 chief + 2 PS + 2 workers)",
+        "cohort_python_ps.py",
+        "--compute=torch",
+        PYTHON_TORCH,
+    ),
+    (
+        "dense",
+        "cohort from Python (the same job as a Python script, gradients by hand in NumPy, \
+         1 chief + 2 PS + 2 workers)",
+        "cohort_python_ps.py",
+        "--compute=numpy",
+        PYTHON_NUMPY,
+    ),
+    (
+        "sparse",
+        "TensorFlow's ParameterServerStrategy (1 chief + 2 PS + 2 workers, the embedding \
+         split over the servers and updated by rows)",
+        "tf_ps.py",
+        "",
+        "tf",
+    ),
+];
 
 /// The figures' keys of the PyTorch RPC parameter server and of cohort from Python.
 const TORCH_RPC: &str = "torch-rpc";
