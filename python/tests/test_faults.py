@@ -123,8 +123,9 @@ def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
 
 
 def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
-    # `cohort chaos run` launches the Python job as it launches a Rust one, kills a worker and
-    # a parameter server as the plan says, and checks the runtime's report of the chief.
+    # `cohort chaos run` launches the Python job as it launches a Rust one, kills a worker, a
+    # parameter server and the chief (the script) as the plan says, and checks the runtime's
+    # report of the chief that finished.
     cohort_bin = os.environ.get("COHORT_BIN")
     if not cohort_bin or not os.path.isfile(cohort_bin):
         pytest.skip("the cohort binary was not built here (cargo build): COHORT_BIN unset")
@@ -133,7 +134,9 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
         "seed = 5\n\n"
         '[[fault]]\nkind = "kill"\ntarget = "worker:1"\nat = "500ms..1s"\n'
         'after = "first_checkpoint"\n\n'
-        '[[fault]]\nkind = "kill"\ntarget = "ps:0"\nat = "2s"\nafter = "first_checkpoint"\n'
+        '[[fault]]\nkind = "kill"\ntarget = "ps:0"\nat = "2s"\nafter = "first_checkpoint"\n\n'
+        # The script itself: its restarted process resumes from the newest checkpoint.
+        '[[fault]]\nkind = "kill"\ntarget = "chief"\nat = "3500ms"\nafter = "first_checkpoint"\n'
     )
     out = tmp_path / "chaos"
     command = [
@@ -160,7 +163,7 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
         str(tmp_path / "job"),
         str(JOBS / "counter.py"),
         "--steps",
-        "600",
+        "1200",
         "--pause",
         "0.01",
         "--checkpoint-every",
@@ -176,5 +179,6 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
     log = (out / "job.log").read_text() if (out / "job.log").is_file() else ""
     assert report["verdict"] == "passed", json.dumps(report, indent=1) + log[-6000:]
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "counters [600, 600] after 600 steps" in log, log[-6000:]
+    assert "counters [1200, 1200] after 1200 steps" in log, log[-6000:]
+    assert re.search(r"\[chief/0\] restored: [1-9]\d*", log), log[-6000:]
 

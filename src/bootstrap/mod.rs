@@ -323,14 +323,18 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
 
 /// The chief's run report for `cohort chaos run` ([`crate::run_report`]), where one is asked
 /// for and the program wrote none itself: the ledger and the servers' counts of any program,
-/// a user's or a Python script's, read before the servers are told goodbye.
+/// a user's or a Python script's, read before the servers are told goodbye, and whether it
+/// resumed from a checkpoint (a restarted chief, which restored the servers there).
 fn report_the_end(coordinator: &ClusterCoordinator) {
     if !crate::run_report::asked() || crate::run_report::written() {
         return;
     }
     match (coordinator.ledger(), coordinator.ps_stats()) {
         (Ok(ledger), Ok(stats)) => {
-            crate::run_report::write_report(&crate::run_report::chief_report(&ledger, &stats))
+            crate::run_report::write_report(&crate::run_report::TaskReport {
+                resumed: coordinator.resumed(),
+                ..crate::run_report::chief_report(&ledger, &stats)
+            })
         }
         (Err(e), _) | (_, Err(e)) => tracing::warn!("run report not written: {e}"),
     }

@@ -2,7 +2,7 @@
 parameter server (SGD at rate 1, gradient -1), so each counter ends at the number of steps
 scheduled exactly when every step's update was applied once.
 
-Arguments: --steps N, --pause SECONDS (each step's work), --checkpoint-every K (needs
+Arguments: --steps N (in all, a resumed run counting its checkpoint's), --pause SECONDS (each step's work), --checkpoint-every K (needs
 COHORT_CHECKPOINT_DIR; the first checkpoint is saved before training, and a run resumes
 from the newest). On a stop request (SIGTERM) it saves and ends: the chief exits 143.
 """
@@ -47,7 +47,8 @@ if args.checkpoint_every:
     if restored is None:
         coordinator.save_checkpoint(0)
 start = restored or 0
-for step in range(start, start + args.steps):
+# To --steps in all: a resumed run (a restarted chief) goes on from its checkpoint's step.
+for step in range(start, args.steps):
     if coordinator.preemption_requested():
         # A stop request (SIGTERM): save what was done, end; the next run resumes here.
         coordinator.join()

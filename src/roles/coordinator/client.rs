@@ -318,6 +318,8 @@ pub struct ClusterCoordinator {
     warm_start: Option<Option<Arc<WarmStart>>>,
     /// The steps the program registers (`None`: not known, anything may be scheduled).
     registered_steps: Option<BTreeSet<String>>,
+    /// Set once [`Self::restore_checkpoint`] restored the servers from a checkpoint.
+    resumed: std::sync::atomic::AtomicBool,
 }
 
 impl ClusterCoordinator {
@@ -344,6 +346,7 @@ impl ClusterCoordinator {
             wait_max,
             warm_start: None,
             registered_steps: None,
+            resumed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -985,13 +988,25 @@ impl ClusterCoordinator {
             checkpoint: outcome.restored.map(|loaded| Arc::new(loaded.checkpoint)),
             root: manager.root().to_path_buf(),
         })?;
-        self.wait(rx, "restoring the checkpoint")?
-            .map_err(|failure| match failure {
-                StartFailure::ServerLost { ps, reason } => {
-                    CoordinatorError::ServerLostAtStart { ps, reason }
-                }
-                other => CoordinatorError::Start(other),
-            })
+        let restored =
+            self.wait(rx, "restoring the checkpoint")?
+                .map_err(|failure| match failure {
+                    StartFailure::ServerLost { ps, reason } => {
+                        CoordinatorError::ServerLostAtStart { ps, reason }
+                    }
+                    other => CoordinatorError::Start(other),
+                })?;
+        if restored.is_some() {
+            self.resumed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(restored)
+    }
+
+    /// Whether this coordinator restored the servers from a checkpoint
+    /// ([`Self::restore_checkpoint`] found one): a restarted chief that resumed.
+    pub(crate) fn resumed(&self) -> bool {
+        self.resumed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn configure_workers(&self) -> Result<(), CoordinatorError> {
