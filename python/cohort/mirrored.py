@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from . import _native
-from .strategy import Variable, _as_f32, _exit, _scope
+from .strategy import Variable, _as_f32, _exit, _scope, entered
 
 _REDUCE_OPS = ("SUM", "MEAN")
 
@@ -57,15 +57,9 @@ class MultiWorkerMirroredStrategy:
         """Workers in the group."""
         return self._native.num_workers()
 
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[MultiWorkerMirroredStrategy]:
+    def scope(self) -> contextlib.AbstractContextManager[MultiWorkerMirroredStrategy]:
         """Variables made in this scope are mirrored on every worker."""
-        previous = getattr(_scope, "strategy", None)
-        _scope.strategy = self
-        try:
-            yield self
-        finally:
-            _scope.strategy = previous
+        return entered(self)
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict | None = None):
         """Runs ``fn`` on this worker's replica (one per worker)."""

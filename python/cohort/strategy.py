@@ -29,6 +29,18 @@ from .partitioners import Partitioner
 _scope = threading.local()
 
 
+@contextlib.contextmanager
+def entered(strategy: Any) -> Iterator[Any]:
+    """``strategy``'s scope on this thread: the strategy whose kind of variable
+    ``cohort.Variable`` makes, until the scope ends (scopes nest)."""
+    previous = getattr(_scope, "strategy", None)
+    _scope.strategy = strategy
+    try:
+        yield strategy
+    finally:
+        _scope.strategy = previous
+
+
 def _job_name() -> str:
     script = os.path.basename(sys.argv[0] or "") or "python"
     return os.path.splitext(script)[0] or "python"
@@ -79,15 +91,9 @@ class ParameterServerStrategy:
         """Parameter servers in the job."""
         return self._chief.num_ps()
 
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[ParameterServerStrategy]:
+    def scope(self) -> contextlib.AbstractContextManager[ParameterServerStrategy]:
         """Variables made in this scope are created on the parameter servers."""
-        previous = getattr(_scope, "strategy", None)
-        _scope.strategy = self
-        try:
-            yield self
-        finally:
-            _scope.strategy = previous
+        return entered(self)
 
     # -- cohort's own ----------------------------------------------------------------------
 
