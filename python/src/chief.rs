@@ -328,7 +328,7 @@ impl Chief {
         name: String,
     ) -> PyResult<Bound<'py, PyByteArray>> {
         let values = self.call(py, move |desk| desk.coordinator.read_variable(&name))?;
-        Ok(PyByteArray::new(py, bytemuck::cast_slice(&values)))
+        Ok(crate::f32_bytes(py, &values))
     }
 
     /// Sets variable `name`'s whole value (float32, row-major) on the servers.

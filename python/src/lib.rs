@@ -15,6 +15,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyByteArray;
 use std::path::PathBuf;
 
 mod chief;
@@ -45,6 +46,12 @@ create_exception!(
     CohortError,
     "A checkpoint could not be written, read or restored."
 );
+
+/// `values` (float32, native order) as a writable `bytearray`, for `numpy.frombuffer`: how
+/// every value the runtime hands Python crosses.
+pub(crate) fn f32_bytes<'py>(py: Python<'py>, values: &[f32]) -> Bound<'py, PyByteArray> {
+    PyByteArray::new(py, bytemuck::cast_slice(values))
+}
 
 /// The parameter servers' optimizer, by name: `sgd`, `momentum`, `nesterov`, `adagrad`,
 /// `adam`, `adamw`. A bad name or value is a `ValueError` naming it.

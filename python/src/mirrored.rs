@@ -45,12 +45,13 @@ pub(crate) struct MultiWorker {
     drain: Arc<AtomicBool>,
 }
 
-fn f32_bytes<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyByteArray>> {
+/// A tensor's values as [`crate::f32_bytes`] hands them to Python.
+fn tensor_bytes<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyByteArray>> {
     let values = tensor
         .flatten_all()
         .and_then(|t| t.to_vec1::<f32>())
         .map_err(|e| CohortError::new_err(e.to_string()))?;
-    Ok(PyByteArray::new(py, bytemuck::cast_slice(&values)))
+    Ok(crate::f32_bytes(py, &values))
 }
 
 fn tensor(values: Vec<f32>, shape: &[usize]) -> PyResult<Tensor> {
@@ -162,7 +163,7 @@ impl MultiWorker {
         index: usize,
     ) -> PyResult<Bound<'py, PyByteArray>> {
         let value = self.with(|m| Ok(Self::variable(m, index)?.read_value()))?;
-        f32_bytes(py, &value)
+        tensor_bytes(py, &value)
     }
 
     /// Sets variable `index` to `values` (float32, row-major, its shape) on this worker.
@@ -194,7 +195,7 @@ impl MultiWorker {
             py.detach(|| strategy.reduce(op, &PerReplica::new(vec![local]), None))
                 .map_err(|e| GroupError::new_err(e.to_string()))
         })?;
-        f32_bytes(py, &reduced)
+        tensor_bytes(py, &reduced)
     }
 
     /// True on a worker that joined a live group and has not received its state yet (its

@@ -20,7 +20,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
-use crate::CohortError;
+use crate::{f32_bytes, CohortError};
 
 /// The one step every process of a Python job registers: the chief schedules every Python
 /// function under it.
@@ -159,11 +159,6 @@ impl StepContext {
             StepInterrupted::new_err(message)
         })
     }
-}
-
-/// The bytes of `values` (f32, native order) as a `bytearray`, writable, for `numpy.frombuffer`.
-fn f32_bytes<'py>(py: Python<'py>, values: &[f32]) -> Bound<'py, PyByteArray> {
-    PyByteArray::new(py, bytemuck::cast_slice(values))
 }
 
 #[pymethods]

@@ -39,18 +39,17 @@ class Job:
         return found[0]
 
 
-def launch(
+def launch_command(
     script: pathlib.Path,
     *script_args: str,
     workers: int = 2,
     ps: int = 2,
     flags: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-) -> Job:
-    """Runs ``script`` as a local cluster, as a user would, and waits for its end (``ps=0``:
-    no ``--ps`` flag, as a MultiWorkerMirrored job takes none)."""
+) -> list[str]:
+    """``python -m cohort launch`` of ``script``, as a user types it (``ps=0``: no ``--ps``
+    flag, as a MultiWorkerMirrored job takes none)."""
     servers = ["--ps", str(ps)] if ps else []
-    command = [
+    return [
         sys.executable,
         "-m",
         "cohort",
@@ -63,6 +62,18 @@ def launch(
         str(script),
         *script_args,
     ]
+
+
+def launch(
+    script: pathlib.Path,
+    *script_args: str,
+    workers: int = 2,
+    ps: int = 2,
+    flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Job:
+    """Runs ``script`` as a local cluster (:func:`launch_command`) and waits for its end."""
+    command = launch_command(script, *script_args, workers=workers, ps=ps, flags=flags)
     full_env = dict(os.environ)
     full_env.update(env or {})
     # The tests' own checkpoint directory only, never one of the caller's.

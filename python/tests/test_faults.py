@@ -10,12 +10,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import JOBS, JOB_TIMEOUT_S, launch
+from conftest import JOBS, JOB_TIMEOUT_S, launch, launch_command
 
 STEPS = 300
 
@@ -69,24 +68,16 @@ def test_a_parameter_server_sigkilled_is_restored_and_every_update_applied_once(
 def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     env = dict(os.environ, COHORT_CHECKPOINT_DIR=str(checkpoints))
-    command = [
-        sys.executable,
-        "-m",
-        "cohort",
-        "launch",
-        "--workers",
-        "2",
-        "--ps",
-        "1",
-        "--no-metrics",
-        str(JOBS / "counter.py"),
+    command = launch_command(
+        JOBS / "counter.py",
         "--steps",
         "100000",
         "--pause",
         "0.005",
         "--checkpoint-every",
         "100000",
-    ]
+        ps=1,
+    )
     job = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -150,24 +141,16 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
         "--timeout",
         "150s",
         "--",
-        sys.executable,
-        "-m",
-        "cohort",
-        "launch",
-        "--workers",
-        "2",
-        "--ps",
-        "2",
-        "--no-metrics",
-        "--run-dir",
-        str(tmp_path / "job"),
-        str(JOBS / "counter.py"),
-        "--steps",
-        "1200",
-        "--pause",
-        "0.01",
-        "--checkpoint-every",
-        "40",
+        *launch_command(
+            JOBS / "counter.py",
+            "--steps",
+            "1200",
+            "--pause",
+            "0.01",
+            "--checkpoint-every",
+            "40",
+            flags=("--run-dir", str(tmp_path / "job")),
+        ),
     ]
     env = dict(os.environ, COHORT_CHECKPOINT_DIR=str(tmp_path / "checkpoints"))
     done = subprocess.run(
