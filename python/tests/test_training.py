@@ -15,7 +15,9 @@ def test_the_quick_start_pulls_every_weight_to_its_target():
     job = launch(JOBS / "quickstart.py", workers=2, ps=1)
     assert job.code == 0, job.output
     first, last = re.fullmatch(r"first loss (\S+), last loss (\S+)", job.line("first loss")).groups()
-    assert float(first) == pytest.approx(4.0)
+    # w starts at zeros (loss 4); training is asynchronous, so the first closure may read a w
+    # that later ones moved already: never a larger loss than at the start, though.
+    assert 0.0 < float(first) <= 4.0 + 1e-6
     assert float(last) < 1e-4
     weights = [float(w) for w in re.findall(r"[-\d.e]+", job.line("w = ")[4:])]
     assert weights == pytest.approx([1.0] * 4, abs=1e-3)
