@@ -19,8 +19,9 @@ use cohort::variable::Partitioner;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict};
 
+use crate::values::F32Values;
 use crate::worker::PYTHON_STEP;
 use crate::{CheckpointError, ClosureError, CohortError, VariableError};
 
@@ -321,14 +322,10 @@ impl Chief {
         self.call(py, |desk| desk.coordinator.done())
     }
 
-    /// The whole value of variable `name` (float32 bytes, row-major).
-    fn read_variable<'py>(
-        &self,
-        py: Python<'py>,
-        name: String,
-    ) -> PyResult<Bound<'py, PyByteArray>> {
+    /// The whole value of variable `name` (float32, row-major).
+    fn read_variable<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, F32Values>> {
         let values = self.call(py, move |desk| desk.coordinator.read_variable(&name))?;
-        Ok(crate::f32_bytes(py, &values))
+        F32Values::into_py(py, values)
     }
 
     /// Sets variable `name`'s whole value (float32, row-major) on the servers.

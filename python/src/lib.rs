@@ -15,12 +15,18 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyByteArray;
 use std::path::PathBuf;
 
 mod chief;
 mod mirrored;
+mod values;
 mod worker;
+
+/// mimalloc for every allocation of the runtime in this process, as in the `cohort` binary
+/// (see `cohort::process::keep_freed_memory`); Python's own allocations keep the interpreter's
+/// allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 create_exception!(
     _native,
@@ -46,12 +52,6 @@ create_exception!(
     CohortError,
     "A checkpoint could not be written, read or restored."
 );
-
-/// `values` (float32, native order) as a writable `bytearray`, for `numpy.frombuffer`: how
-/// every value the runtime hands Python crosses.
-pub(crate) fn f32_bytes<'py>(py: Python<'py>, values: &[f32]) -> Bound<'py, PyByteArray> {
-    PyByteArray::new(py, bytemuck::cast_slice(values))
-}
 
 /// The parameter servers' optimizer, by name: `sgd`, `momentum`, `nesterov`, `adagrad`,
 /// `adam`, `adamw`. A bad name or value is a `ValueError` naming it.
@@ -127,6 +127,7 @@ fn task(args: Vec<String>) -> PyResult<(String, u32, usize, usize)> {
 /// `cohort._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    cohort::process::keep_freed_memory();
     let py = m.py();
     m.add("CohortError", py.get_type::<CohortError>())?;
     m.add("ClosureError", py.get_type::<ClosureError>())?;
@@ -141,5 +142,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chief::Chief>()?;
     m.add("GroupError", py.get_type::<mirrored::GroupError>())?;
     m.add_class::<mirrored::MultiWorker>()?;
+    m.add_class::<values::F32Values>()?;
     Ok(())
 }

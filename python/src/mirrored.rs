@@ -18,8 +18,8 @@ use cohort::variable::Variable;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyByteArray;
 
+use crate::values::F32Values;
 use crate::CohortError;
 
 pyo3::create_exception!(
@@ -45,13 +45,13 @@ pub(crate) struct MultiWorker {
     drain: Arc<AtomicBool>,
 }
 
-/// A tensor's values as [`crate::f32_bytes`] hands them to Python.
-fn tensor_bytes<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyByteArray>> {
+/// A tensor's values, flat, for Python.
+fn tensor_values<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, F32Values>> {
     let values = tensor
         .flatten_all()
         .and_then(|t| t.to_vec1::<f32>())
         .map_err(|e| CohortError::new_err(e.to_string()))?;
-    Ok(crate::f32_bytes(py, &values))
+    F32Values::into_py(py, values)
 }
 
 fn tensor(values: Vec<f32>, shape: &[usize]) -> PyResult<Tensor> {
@@ -156,14 +156,10 @@ impl MultiWorker {
         })
     }
 
-    /// Variable `index`'s value (float32 bytes, row-major).
-    fn read_variable<'py>(
-        &self,
-        py: Python<'py>,
-        index: usize,
-    ) -> PyResult<Bound<'py, PyByteArray>> {
+    /// Variable `index`'s value (float32, row-major).
+    fn read_variable<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, F32Values>> {
         let value = self.with(|m| Ok(Self::variable(m, index)?.read_value()))?;
-        tensor_bytes(py, &value)
+        tensor_values(py, &value)
     }
 
     /// Sets variable `index` to `values` (float32, row-major, its shape) on this worker.
@@ -186,7 +182,7 @@ impl MultiWorker {
         py: Python<'py>,
         values: PyBuffer<f32>,
         mean: bool,
-    ) -> PyResult<Bound<'py, PyByteArray>> {
+    ) -> PyResult<Bound<'py, F32Values>> {
         let len = values.item_count();
         let local = tensor(values.to_vec(py)?, &[len])?;
         let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
@@ -195,7 +191,7 @@ impl MultiWorker {
             py.detach(|| strategy.reduce(op, &PerReplica::new(vec![local]), None))
                 .map_err(|e| GroupError::new_err(e.to_string()))
         })?;
-        tensor_bytes(py, &reduced)
+        tensor_values(py, &reduced)
     }
 
     /// True on a worker that joined a live group and has not received its state yet (its

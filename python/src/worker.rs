@@ -18,9 +18,10 @@ use std::cell::{Cell, RefCell};
 use cohort::program::{Program, StepError};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::PyBytes;
 
-use crate::{f32_bytes, CohortError};
+use crate::values::F32Values;
+use crate::CohortError;
 
 /// The one step every process of a Python job registers: the chief schedules every Python
 /// function under it.
@@ -183,10 +184,10 @@ impl StepContext {
         self.request(py, move |ctx| Ok(ctx.layout(&name)?.shape.clone()))
     }
 
-    /// The whole value of variable `name` (f32 bytes, row-major), gathered from its shards.
-    fn pull<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyByteArray>> {
+    /// The whole value of variable `name` (float32, row-major, as [`F32Values`]), gathered from its shards.
+    fn pull<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, F32Values>> {
         let values = self.request(py, move |ctx| ctx.pull(&name))?;
-        Ok(f32_bytes(py, &values))
+        F32Values::into_py(py, values)
     }
 
     /// The whole values of `names`, one request per parameter server for all of them.
@@ -194,25 +195,28 @@ impl StepContext {
         &self,
         py: Python<'py>,
         names: Vec<String>,
-    ) -> PyResult<Vec<Bound<'py, PyByteArray>>> {
+    ) -> PyResult<Vec<Bound<'py, F32Values>>> {
         let values = self.request(py, move |ctx| {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             ctx.pull_many(&names)
         })?;
-        Ok(values.iter().map(|v| f32_bytes(py, v)).collect())
+        values
+            .into_iter()
+            .map(|v| F32Values::into_py(py, v))
+            .collect()
     }
 
     /// Rows `ids` (a buffer of uint64) of the `[rows, width]` variable `name`, in the order of
-    /// `ids` (f32 bytes).
+    /// `ids` (float32, as [`F32Values`]).
     fn pull_rows<'py>(
         &self,
         py: Python<'py>,
         name: String,
         ids: PyBuffer<u64>,
-    ) -> PyResult<Bound<'py, PyByteArray>> {
+    ) -> PyResult<Bound<'py, F32Values>> {
         let ids = ids.to_vec(py)?;
         let values = self.request(py, move |ctx| ctx.pull_rows(&name, &ids))?;
-        Ok(f32_bytes(py, &values))
+        F32Values::into_py(py, values)
     }
 
     /// Records a gradient for the whole variable `name` (a buffer of float32, row-major).

@@ -75,3 +75,15 @@ def test_the_benchmark_job_from_python_runs_and_reports_its_rate():
         line = json.loads(done.stdout.strip().splitlines()[-1])
         assert line["peer"] == f"cohort-python-{compute}", line
         assert line["steps_per_second"] > 0, line
+
+
+def test_values_read_from_the_servers_are_lent_without_a_copy_and_are_the_readers_own():
+    job = launch(JOBS / "values.py")
+    assert job.code == 0, job.output
+    lines = job.chief_lines()
+    checks = [line for line in lines if line.startswith(("step ", "chief ", "servers "))]
+    assert checks, job.output
+    failed = [line for line in checks if not line.endswith(": True")]
+    assert not failed, job.output
+    for check in ("shape", "dtype", "rows", "lent", "writable", "private"):
+        assert f"step {check}: True" in lines, job.output

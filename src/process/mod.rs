@@ -36,6 +36,7 @@
 //! Preemption (DESIGN §5): SIGTERM (or SIGINT) is a notice, not a kill. Once it arrived,
 //! [`preemption_requested`] is true for the rest of the process's life.
 
+mod allocator;
 mod compute_threads;
 mod exit_codes;
 mod exit_report;
@@ -48,6 +49,7 @@ use std::sync::OnceLock;
 
 use crate::cluster::RoleConfig;
 
+pub use allocator::keep_freed_memory;
 pub use compute_threads::{
     compute_threads_given, describe_compute_threads, follow_cpu_quota, ComputeThreads,
     COMPUTE_THREADS_ENV,
