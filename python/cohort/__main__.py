@@ -21,10 +21,18 @@ _SWITCHES = {"--no-metrics", "--help", "-h"}
 # `--strategy`: whether the job is MultiWorkerMirrored.
 _STRATEGIES = {"parameter-server": False, "multi-worker-mirrored": True}
 
-USAGE = (
-    "usage: python -m cohort launch [--strategy parameter-server|multi-worker-mirrored] "
+SYNOPSIS = (
+    "python -m cohort launch [--strategy parameter-server|multi-worker-mirrored] "
     "[--workers N] [--ps N] [FLAGS...] SCRIPT [ARGS...]"
 )
+USAGE = f"usage: {SYNOPSIS}"
+ABOUT = """Runs a local cluster of a Python script: each task (the chief, the workers, the \
+parameter servers) is a process running this Python with SCRIPT ARGS, its role in TF_CONFIG, \
+supervised (a task that dies is restarted). The exit code is the chief's.
+
+  --strategy S   parameter-server (the default: a chief, workers and parameter servers) or
+                 multi-worker-mirrored (the workers all-reduce; no --ps, no --kill-ps-after)
+  SCRIPT ARGS    the script every task runs, and its arguments"""
 
 
 def split_launch_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -80,7 +88,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if any(f in ("--help", "-h") for f in flags):
-        return _native.launch(sys.executable, flags, [], multi_worker)
+        print(_native.launch_help(SYNOPSIS, ABOUT))
+        return 0
     if not task:
         print(f"{USAGE}\nerror: no script given", file=sys.stderr)
         return 2

@@ -103,6 +103,13 @@ fn launch(
     })
 }
 
+/// The help of `launch`'s flags under `usage` and `about` (what `python -m cohort launch
+/// --help` prints).
+#[pyfunction]
+fn launch_help(usage: &str, about: &str) -> String {
+    cohort::bootstrap::launch_help(usage, about)
+}
+
 /// The process's task, as its configuration gives it (flags in `args`, the environment,
 /// `TF_CONFIG`, `cohort.toml`): `(type, index, number of workers, number of parameter
 /// servers)`, e.g. `("worker", 1, 2, 2)`. A missing or bad configuration is a `ValueError`
@@ -135,6 +142,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(launch_help, m)?)?;
     m.add_function(wrap_pyfunction!(task, m)?)?;
     m.add_function(wrap_pyfunction!(worker::serve, m)?)?;
     m.add("StepInterrupted", py.get_type::<worker::StepInterrupted>())?;

@@ -13,7 +13,9 @@
 // `StepContext::lend`); the pointer is cleared before the call's borrow ends.
 #![allow(unsafe_code)]
 
-use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
+use std::thread::ThreadId;
 
 use cohort::program::{Program, StepError};
 use pyo3::buffer::PyBuffer;
@@ -85,7 +87,7 @@ fn run_step(
         let outcome = handler
             .bind(py)
             .call1((context.clone_ref(py), PyBytes::new(py, payload)));
-        let failure = context.borrow(py).give_back();
+        let failure = context.get().give_back();
         if let Some(failure) = failure {
             return Err(failure);
         }
@@ -98,13 +100,16 @@ fn run_step(
 
 /// What a Python step sees of its worker: the variables (read whole or by rows), the gradients
 /// it records (pushed once when the step succeeds, PS-1), the worker and the closure. Valid
-/// only during its step: afterwards every method raises.
-#[pyclass(unsendable, module = "cohort._native")]
+/// only during its step and on the step's thread: afterwards, or from another thread, every
+/// method raises `CohortError` saying so.
+#[pyclass(frozen, module = "cohort._native")]
 pub(crate) struct StepContext {
     /// The runtime's context, lent for the step's call; null once the call has returned.
-    lent: Cell<*mut cohort::program::StepContext<'static>>,
+    lent: AtomicPtr<cohort::program::StepContext<'static>>,
+    /// The thread running the step: the only one that may use the lent context.
+    step_thread: ThreadId,
     /// The first error of a runtime request made in the step.
-    failure: RefCell<Option<StepError>>,
+    failure: Mutex<Option<StepError>>,
 }
 
 /// The lent pointer, carried across [`Python::detach`] on the same thread.
@@ -115,31 +120,41 @@ struct Lent(*mut cohort::program::StepContext<'static>);
 unsafe impl Send for Lent {}
 
 impl StepContext {
-    /// Lends `ctx` for one call; [`Self::give_back`] must be called before `ctx`'s borrow
-    /// ends (`run_step` does, right after the call).
+    /// Lends `ctx` for one call on this thread; [`Self::give_back`] must be called before
+    /// `ctx`'s borrow ends (`run_step` does, right after the call).
     fn lend(ctx: &mut cohort::program::StepContext<'_>) -> Self {
         let pointer: *mut cohort::program::StepContext<'_> = ctx;
         Self {
-            lent: Cell::new(pointer.cast()),
-            failure: RefCell::new(None),
+            lent: AtomicPtr::new(pointer.cast()),
+            step_thread: std::thread::current().id(),
+            failure: Mutex::new(None),
         }
     }
 
     /// Ends the loan; returns the first runtime error the step met, if any.
     fn give_back(&self) -> Option<StepError> {
-        self.lent.set(std::ptr::null_mut());
-        self.failure.borrow_mut().take()
+        self.lent.store(std::ptr::null_mut(), Ordering::SeqCst);
+        self.failure
+            .lock()
+            .map_or(None, |mut failure| failure.take())
     }
 
     /// Runs `request` on the lent context without holding the interpreter (it may wait on the
     /// network); a runtime error is kept as the step's failure and raised as
-    /// `StepInterrupted`.
+    /// `StepInterrupted`. From another thread than the step's, or after the step, it raises
+    /// `CohortError` and touches nothing.
     fn request<R: Send>(
         &self,
         py: Python<'_>,
         request: impl FnOnce(&mut cohort::program::StepContext<'static>) -> Result<R, StepError> + Send,
     ) -> PyResult<R> {
-        let pointer = self.lent.get();
+        if std::thread::current().id() != self.step_thread {
+            return Err(CohortError::new_err(
+                "this step context belongs to its step's thread: a thread the step starts \
+                 cannot read or push through it (hand the thread's results back to the step)",
+            ));
+        }
+        let pointer = self.lent.load(Ordering::SeqCst);
         if pointer.is_null() {
             return Err(CohortError::new_err(
                 "this step context has ended: use it only inside its step",
@@ -148,15 +163,18 @@ impl StepContext {
         let lent = Lent(pointer);
         let result = py.detach(move || {
             let lent = lent;
-            // SAFETY: the pointer is not null, so the step's call is still running on this
-            // thread and `run_step` holds the only other path to the context, unused until
-            // the call returns; no reference made here outlives this closure.
+            // SAFETY: this is the step's thread and the pointer is not null, so the step's
+            // call is still running here and `run_step` holds the only other path to the
+            // context, unused until the call returns; no reference made here outlives this
+            // closure.
             let ctx = unsafe { &mut *lent.0 };
             request(ctx)
         });
         result.map_err(|error| {
             let message = error.to_string();
-            self.failure.borrow_mut().get_or_insert(error);
+            if let Ok(mut failure) = self.failure.lock() {
+                failure.get_or_insert(error);
+            }
             StepInterrupted::new_err(message)
         })
     }

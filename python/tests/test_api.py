@@ -131,6 +131,21 @@ def test_launch_refuses_a_missing_script_and_bad_flags():
     assert usage.returncode == 2 and "usage" in usage.stderr
 
 
+def test_launch_help_speaks_of_the_python_launcher_and_lists_the_flags():
+    for flag in ("--help", "-h"):
+        done = subprocess.run(
+            [sys.executable, "-m", "cohort", "launch", flag],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("python -m cohort launch") == 1, done.stdout
+        for named in ("--strategy", "--workers", "--ps", "--run-dir", "SCRIPT"):
+            assert named in done.stdout, done.stdout
+        assert "Usage: launch" not in done.stdout, done.stdout
+
+
 def test_the_optimizers_name_their_kind():
     assert cohort.optimizers.SGD(0.1).spec() == ("sgd", 0.1, 0.0, 0.0)
     assert cohort.optimizers.SGD(0.1, momentum=0.9).spec()[0] == "momentum"

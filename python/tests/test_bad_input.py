@@ -11,7 +11,7 @@ def test_refused_steps_and_arguments_name_what_is_wrong_and_lose_nothing():
     job = launch(JOBS / "bad_input.py", workers=2, ps=1)
     assert job.code == 0, job.output
     oks = [line for line in job.chief_lines() if line.startswith("ok: ")]
-    assert len(oks) == 8, job.output
+    assert len(oks) == 9, job.output
     assert oks[-1] == "ok: nothing lost (counter 51 after 51 steps)", job.output
 
 

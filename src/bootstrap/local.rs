@@ -57,6 +57,18 @@ pub fn launch_program_from_args(
     launch_program(program, &parsed.flags, task_args, Vec::new())
 }
 
+/// The help of `launch`'s flags for a launcher of another front end (`python -m cohort
+/// launch`): `usage` follows "Usage: " and `about` heads the text; the flags are
+/// [`LaunchFlags`]'.
+pub fn launch_help(usage: &str, about: &str) -> String {
+    use clap::CommandFactory;
+    LaunchArgs::command()
+        .override_usage(usage.to_string())
+        .about(about.to_string())
+        .render_help()
+        .to_string()
+}
+
 /// Workers a launch starts without `--workers`.
 pub const DEFAULT_WORKERS: &str = "2";
 /// Parameter servers a parameter-server launch starts without `--ps`.

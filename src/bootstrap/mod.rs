@@ -127,8 +127,8 @@ mod metrics;
 
 pub(crate) use local::LaunchArgs;
 pub use local::{
-    launch_from_args, launch_local, launch_program, launch_program_from_args, LaunchFlags,
-    WorkerCount, WorkerCountError, DEFAULT_PS, DEFAULT_WORKERS, DETECTION_BUDGET_ENV,
+    launch_from_args, launch_help, launch_local, launch_program, launch_program_from_args,
+    LaunchFlags, WorkerCount, WorkerCountError, DEFAULT_PS, DEFAULT_WORKERS, DETECTION_BUDGET_ENV,
     WORKER_WAIT_ENV,
 };
 pub use multi_worker::{

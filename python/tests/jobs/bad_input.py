@@ -22,6 +22,26 @@ def reads_an_unknown_variable(counter):
     return phantom.read_value()
 
 
+def uses_its_context_from_another_thread(counter):
+    """Returns what a thread the step starts got when it read through the step's context."""
+    from cohort import _steps
+
+    context = _steps.current_context()
+    seen = []
+
+    def read():
+        try:
+            context.pull(counter.name)
+            seen.append("read")
+        except cohort.CohortError as e:
+            seen.append(str(e))
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
 def expect(kind, fragments, call):
     try:
         call()
@@ -93,6 +113,9 @@ expect(cohort.ClosureError, ["phantom"], unknown.fetch)
 expect(cohort.ClosureError, ["phantom"], coordinator.join)
 print("ok: a step reading an unknown variable fails naming it")
 
+seen = coordinator.schedule(uses_its_context_from_another_thread, args=(counter,)).fetch()
+assert "belongs to its step's thread" in seen, seen
+print("ok: a thread of the step using the step's context raises, naming why")
 
 
 def duplicate():
