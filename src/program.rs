@@ -38,7 +38,7 @@ use std::sync::Arc;
 pub use crate::bootstrap::{multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV};
 pub use crate::roles::coordinator::{
     CheckpointError, ClusterCoordinator, CoordinatorError, CreateError, Encoded, PendingSave,
-    RemoteValue, SavedInBackground, VariableSpec,
+    RemoteValue, SavedInBackground, VariableProblem, VariableSpec,
 };
 pub use crate::roles::eval_fn::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
@@ -49,7 +49,7 @@ pub use crate::roles::server_model::{
 pub use crate::roles::step::{
     DatasetHandle, ElementError, FromElement, Step, ValueCodecError, WorkerData,
 };
-pub use crate::roles::worker::{StepContext, StepError};
+pub use crate::roles::worker::{PsFailure, StepContext, StepError};
 
 /// Runs `program` in this process and returns the exit code (DESIGN §7: 0 success, 1 training
 /// error, 2 bad config or usage, 143 after a stop request/preemption). A role process is

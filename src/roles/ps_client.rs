@@ -10,7 +10,7 @@ use cohort_actors::{Gateway, PeerAddr, RemoteMessage, RemoteRef};
 use cohort_transport::NodeId;
 use tokio::runtime::Handle;
 
-use crate::roles::step::StepError;
+use crate::roles::step::{PsFailure, StepError};
 use bytes::Bytes;
 
 use crate::cluster::{TaskId, TaskType};
@@ -128,13 +128,14 @@ impl PsClient {
                     let name = layout.shard_name(i);
                     let bytes = received
                         .get(&(v, i))
-                        .ok_or_else(|| StepError::Ps(format!("{name}: no reply")))?;
+                        .ok_or_else(|| StepError::ps(PsFailure::NoReply(name.clone())))?;
                     let expected = shard.rows.len() * width;
                     if bytes.len() != expected * 4 {
-                        return Err(StepError::Ps(format!(
-                            "{name}: {} bytes where {expected} f32 values were expected",
-                            bytes.len()
-                        )));
+                        return Err(StepError::ps(PsFailure::ShardLength {
+                            shard: name,
+                            bytes: bytes.len() as u64,
+                            expected: expected as u64,
+                        }));
                     }
                     values.extend_from_slice(&f32_view(bytes, &name).map_err(StepError::ps)?);
                 }
@@ -167,12 +168,11 @@ impl PsClient {
             reply.map_err(StepError::ps)?;
             let bytes = blob(&blobs, 0, &layout.name).map_err(StepError::ps)?;
             if bytes.len() != positions.len() * width * 4 {
-                return Err(StepError::Ps(format!(
-                    "{}: pulled {} bytes for {} rows of {width} f32",
-                    layout.name,
-                    bytes.len(),
-                    positions.len()
-                )));
+                return Err(StepError::ps(PsFailure::ShardLength {
+                    shard: layout.name.clone(),
+                    bytes: bytes.len() as u64,
+                    expected: (positions.len() * width) as u64,
+                }));
             }
             for (row, &pos) in bytes.chunks_exact((width * 4).max(1)).zip(positions) {
                 decode_f32_into(&mut out[pos * width..(pos + 1) * width], row, &layout.name)
@@ -217,7 +217,7 @@ impl PsClient {
                 let (node, _) = self
                     .servers
                     .get(ps)
-                    .ok_or_else(|| StepError::Ps(format!("no parameter server {ps}")))?;
+                    .ok_or(StepError::Ps(PsFailure::NoSuchServer(*ps)))?;
                 Ok(self.reference::<M>(*ps, node))
             })
             .collect::<Result<Vec<_>, StepError>>()?;
@@ -255,7 +255,7 @@ impl PsClient {
         let results = self
             .runtime
             .block_on(calls)
-            .map_err(|e| StepError::Ps(format!("parameter-server calls did not finish: {e}")))?;
+            .map_err(|e| StepError::ps(PsFailure::Abandoned(e)))?;
         let mut replies = Vec::with_capacity(results.len());
         let mut failed: Option<StepError> = None;
         for result in results {

@@ -27,7 +27,9 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
 use crate::nn::{is_statistic, with_step_randomness, ModelVariables, NnError, StepRandomness};
-use crate::roles::coordinator::{ClusterCoordinator, CoordinatorError, VariableSpec};
+use crate::roles::coordinator::{
+    ClusterCoordinator, CoordinatorError, VariableProblem, VariableSpec,
+};
 use crate::roles::worker::{StepContext, StepError};
 use crate::variable::Partitioner;
 
@@ -152,20 +154,13 @@ impl ServerModel<()> {
             if is_statistic(name) {
                 return Err(CoordinatorError::Variable {
                     name: name.to_string(),
-                    detail: "batch-normalization statistics cannot be kept on the parameter \
-                             servers (they apply gradients, and a statistic is not trained); \
-                             use layer normalization, or train this model under Mirrored or \
-                             MultiWorkerMirrored"
-                        .into(),
+                    problem: VariableProblem::Statistic,
                 });
             }
             if variable.dtype() != DType::F32 {
                 return Err(CoordinatorError::Variable {
                     name: name.to_string(),
-                    detail: format!(
-                        "is {:?}; the parameter servers hold f32 variables",
-                        variable.dtype()
-                    ),
+                    problem: VariableProblem::NotF32(variable.dtype()),
                 });
             }
         }
@@ -178,7 +173,7 @@ impl ServerModel<()> {
                 .and_then(|t| t.to_vec1::<f32>())
                 .map_err(|e| CoordinatorError::Variable {
                     name: name.clone(),
-                    detail: format!("reading its initial value: {e}"),
+                    problem: VariableProblem::InitialValue(e),
                 })?;
             let shape = variable.shape().to_vec();
             let mut spec = VariableSpec::from_values(&name, shape.clone(), values);

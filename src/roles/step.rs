@@ -388,9 +388,10 @@ pub enum StepError {
     /// Reading the dataset failed.
     #[error("dataset: {0}")]
     Data(#[from] DataError),
-    /// A parameter server refused a request or could not be reached.
+    /// A parameter server refused a request, or answered with a reply the step cannot use
+    /// (not a lost server: that is [`StepError::PsUnavailable`]).
     #[error("parameter server: {0}")]
-    Ps(String),
+    Ps(#[from] PsFailure),
     /// The chief scheduled a step this program does not register.
     #[error("no step {0:?} is registered in this program")]
     UnknownStep(String),
@@ -436,8 +437,8 @@ pub enum StepError {
 impl StepError {
     /// A parameter server's refusal, or a reply that is not what was asked for (a missing or
     /// malformed blob), as the step reads it.
-    pub fn ps(error: impl std::fmt::Display) -> Self {
-        Self::Ps(error.to_string())
+    pub fn ps(failure: impl Into<PsFailure>) -> Self {
+        Self::Ps(failure.into())
     }
 
     /// What a failed remote call to parameter server `ps` means for a step: the server
@@ -460,7 +461,42 @@ impl StepError {
                 ps,
                 reason: error.to_string(),
             }),
-            _ => StepError::Ps(error.to_string()),
+            _ => StepError::Ps(PsFailure::Call(error)),
         }
     }
+}
+
+/// Why a parameter server's answer to a step's request cannot be used, when the server itself
+/// is not lost ([`StepError::PsUnavailable`] is that): the step fails with it.
+#[derive(Debug, thiserror::Error)]
+pub enum PsFailure {
+    /// The server refused the request (an unknown variable, a shape that does not fit...).
+    #[error(transparent)]
+    Refused(#[from] crate::roles::protocol::PsRefusal),
+    /// A blob of the reply is missing or malformed.
+    #[error(transparent)]
+    Reply(#[from] crate::roles::blob::BlobError),
+    /// A shard's reply does not hold the values asked for.
+    #[error("{shard}: {bytes} bytes where {expected} f32 values were expected")]
+    ShardLength {
+        /// The shard (`name/part`).
+        shard: String,
+        /// Bytes received.
+        bytes: u64,
+        /// Values asked for.
+        expected: u64,
+    },
+    /// A shard the request asked for got no reply.
+    #[error("{0}: no reply")]
+    NoReply(String),
+    /// The cluster names no such parameter server.
+    #[error("no parameter server ps/{0} in the cluster")]
+    NoSuchServer(u32),
+    /// The call failed for another reason than the server being unavailable (a message that
+    /// could not be encoded, a refusal of the transport's).
+    #[error(transparent)]
+    Call(cohort_actors::RemoteError),
+    /// The calls were abandoned before they settled (the worker's runtime is shutting down).
+    #[error("parameter-server calls did not finish: {0}")]
+    Abandoned(#[source] tokio::task::JoinError),
 }

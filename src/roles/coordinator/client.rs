@@ -31,8 +31,8 @@ use crate::roles::protocol::{
     PsStatsReply, PsUnavailable, SetupWorker, PS_ACTOR,
 };
 use crate::roles::ps_client::PsClient;
-use crate::roles::step::StepError;
 use crate::roles::step::{decode, encode, DatasetHandle, Step, ValueCodecError};
+use crate::roles::step::{PsFailure, StepError};
 use crate::variable::{PartitionError, Partitioner, PsPlacer};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -155,12 +155,12 @@ pub enum CoordinatorError {
     #[error(transparent)]
     Partition(#[from] PartitionError),
     /// A variable spec is invalid (e.g. a duplicate name).
-    #[error("variable {name:?}: {detail}")]
+    #[error("variable {name:?}: {problem}")]
     Variable {
         /// The variable.
         name: String,
         /// What is wrong.
-        detail: String,
+        problem: VariableProblem,
     },
     /// The program schedules a step it does not register: no worker could run it.
     #[error("no step {step:?} is registered in this program (registered: {registered})")]
@@ -250,6 +250,51 @@ pub enum CoordinatorError {
     /// not know ([`CoordinatorError::other`]).
     #[error("{0}")]
     Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+/// What is wrong with a variable the program creates, reads or assigns
+/// ([`CoordinatorError::Variable`]).
+#[derive(Debug, thiserror::Error)]
+pub enum VariableProblem {
+    /// Its initial values do not fill its shape.
+    #[error("{given} initial values for shape {shape:?} ({expected} values)")]
+    InitialValues {
+        /// Values given.
+        given: usize,
+        /// The shape.
+        shape: Vec<usize>,
+        /// Values the shape holds.
+        expected: usize,
+    },
+    /// A variable of that name exists already.
+    #[error("created twice")]
+    CreatedTwice,
+    /// An assignment of another length than the variable's.
+    #[error("it holds {expected} values (shape {shape:?}); the assignment gives {given}")]
+    AssignmentLength {
+        /// Values the variable holds.
+        expected: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Values the assignment gives.
+        given: usize,
+    },
+    /// No variable of that name was created.
+    #[error("no such variable")]
+    Unknown,
+    /// A batch-normalization statistic, which the parameter servers cannot keep.
+    #[error(
+        "batch-normalization statistics cannot be kept on the parameter servers (they apply \
+         gradients, and a statistic is not trained); use layer normalization, or train this \
+         model under Mirrored or MultiWorkerMirrored"
+    )]
+    Statistic,
+    /// Not f32, the only type the parameter servers hold.
+    #[error("is {0:?}; the parameter servers hold f32 variables")]
+    NotF32(candle_core::DType),
+    /// Its initial value could not be read from the model.
+    #[error("reading its initial value: {0}")]
+    InitialValue(#[source] candle_core::Error),
 }
 
 impl CoordinatorError {
@@ -419,18 +464,18 @@ impl ClusterCoordinator {
         let expected: usize = spec.shape.iter().product();
         if let Some(values) = spec.values.as_deref().filter(|v| v.len() != expected) {
             return Err(CoordinatorError::Variable {
+                problem: VariableProblem::InitialValues {
+                    given: values.len(),
+                    shape: spec.shape.clone(),
+                    expected,
+                },
                 name: spec.name,
-                detail: format!(
-                    "{} initial values for shape {:?} ({expected} values)",
-                    values.len(),
-                    spec.shape
-                ),
             });
         }
         if self.layouts.iter().any(|l| l.name == spec.name) {
             return Err(CoordinatorError::Variable {
                 name: spec.name,
-                detail: "created twice".into(),
+                problem: VariableProblem::CreatedTwice,
             });
         }
         let layout = self.place(&spec)?;
@@ -719,11 +764,11 @@ impl ClusterCoordinator {
             if values.len() != expected {
                 return Err(CoordinatorError::Variable {
                     name: name.into(),
-                    detail: format!(
-                        "it holds {expected} values (shape {:?}); the assignment gives {}",
-                        layout.shape,
-                        values.len()
-                    ),
+                    problem: VariableProblem::AssignmentLength {
+                        expected,
+                        shape: layout.shape.clone(),
+                        given: values.len(),
+                    },
                 });
             }
             let row_len = layout.row_len();
@@ -743,7 +788,7 @@ impl ClusterCoordinator {
                             reason: format!("it cannot take {name} now"),
                         })))
                     }
-                    Ok(Err(refusal)) => return Ok(Err(StepError::Ps(refusal.to_string()))),
+                    Ok(Err(refusal)) => return Ok(Err(StepError::ps(refusal))),
                     Err(e) => return Ok(Err(e)),
                 }
             }
@@ -1042,10 +1087,11 @@ impl ClusterCoordinator {
         msg: M,
         blobs: Vec<bytes::Bytes>,
     ) -> Result<M::Reply, StepError> {
-        let (node, addr) =
-            topology.servers.get(&ps).cloned().ok_or_else(|| {
-                StepError::Ps(format!("no parameter server ps/{ps} in the cluster"))
-            })?;
+        let (node, addr) = topology
+            .servers
+            .get(&ps)
+            .cloned()
+            .ok_or(StepError::Ps(PsFailure::NoSuchServer(ps)))?;
         let gateway = self.gateway.clone();
         self.runtime
             .block_on(async move {
@@ -1102,7 +1148,7 @@ fn layout_in<'a>(topology: &'a ServerTopology, name: &str) -> Result<&'a Layout,
         .find(|l| l.name == name)
         .ok_or_else(|| CoordinatorError::Variable {
             name: name.into(),
-            detail: "no such variable".into(),
+            problem: VariableProblem::Unknown,
         })
 }
 

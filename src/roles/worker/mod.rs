@@ -18,7 +18,7 @@ use crate::layout::Layout;
 use crate::roles::ps_client::PsClient;
 use crate::roles::push::{Gradient, PushPlanError};
 use crate::roles::step::DatasetHandle;
-pub use crate::roles::step::StepError;
+pub use crate::roles::step::{PsFailure, StepError};
 
 /// A step: runs on a worker with its context and encoded arguments, returns an encoded value.
 pub type StepFn =
