@@ -217,7 +217,7 @@ impl PsClient {
                 let (node, _) = self
                     .servers
                     .get(ps)
-                    .ok_or(StepError::Ps(PsFailure::NoSuchServer(*ps)))?;
+                    .ok_or_else(|| StepError::ps(PsFailure::NoSuchServer(*ps)))?;
                 Ok(self.reference::<M>(*ps, node))
             })
             .collect::<Result<Vec<_>, StepError>>()?;

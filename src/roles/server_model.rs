@@ -173,7 +173,7 @@ impl ServerModel<()> {
                 .and_then(|t| t.to_vec1::<f32>())
                 .map_err(|e| CoordinatorError::Variable {
                     name: name.clone(),
-                    problem: VariableProblem::InitialValue(e),
+                    problem: VariableProblem::InitialValue(Box::new(e)),
                 })?;
             let shape = variable.shape().to_vec();
             let mut spec = VariableSpec::from_values(&name, shape.clone(), values);

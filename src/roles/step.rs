@@ -391,7 +391,7 @@ pub enum StepError {
     /// A parameter server refused a request, or answered with a reply the step cannot use
     /// (not a lost server: that is [`StepError::PsUnavailable`]).
     #[error("parameter server: {0}")]
-    Ps(#[from] PsFailure),
+    Ps(Box<PsFailure>),
     /// The chief scheduled a step this program does not register.
     #[error("no step {0:?} is registered in this program")]
     UnknownStep(String),
@@ -438,7 +438,7 @@ impl StepError {
     /// A parameter server's refusal, or a reply that is not what was asked for (a missing or
     /// malformed blob), as the step reads it.
     pub fn ps(failure: impl Into<PsFailure>) -> Self {
-        Self::Ps(failure.into())
+        Self::Ps(Box::new(failure.into()))
     }
 
     /// What a failed remote call to parameter server `ps` means for a step: the server
@@ -461,7 +461,7 @@ impl StepError {
                 ps,
                 reason: error.to_string(),
             }),
-            _ => StepError::Ps(PsFailure::Call(error)),
+            _ => StepError::ps(PsFailure::Call(error)),
         }
     }
 }

@@ -294,7 +294,7 @@ pub enum VariableProblem {
     NotF32(candle_core::DType),
     /// Its initial value could not be read from the model.
     #[error("reading its initial value: {0}")]
-    InitialValue(#[source] candle_core::Error),
+    InitialValue(#[source] Box<candle_core::Error>),
 }
 
 impl CoordinatorError {
@@ -1091,7 +1091,7 @@ impl ClusterCoordinator {
             .servers
             .get(&ps)
             .cloned()
-            .ok_or(StepError::Ps(PsFailure::NoSuchServer(ps)))?;
+            .ok_or_else(|| StepError::ps(PsFailure::NoSuchServer(ps)))?;
         let gateway = self.gateway.clone();
         self.runtime
             .block_on(async move {
