@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _native
+from .errors import CohortError
 from .strategy import Variable, _as_f32, _exit, _scope, entered
 
 _REDUCE_OPS = ("SUM", "MEAN")
@@ -40,6 +41,7 @@ class MultiWorkerMirroredStrategy:
         self.cluster_resolver = cluster_resolver
         self._native = _native.MultiWorker()
         self._variables: list[MirroredVariable] = []
+        self._optimizer: Any = None
         atexit.register(self._close)
 
     @property
@@ -91,6 +93,28 @@ class MultiWorkerMirroredStrategy:
             start += a.size
         return out if isinstance(values, (list, tuple)) else out[0]
 
+    def _bind_optimizer(self, optimizer: Any) -> None:
+        """Makes ``optimizer`` (made in this strategy's scope) the one every worker runs."""
+        self._native.set_optimizer(optimizer.spec())
+        self._optimizer = optimizer
+
+    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]]) -> None:
+        """``optimizer.apply_gradients`` of mirrored variables: the gradients summed over the
+        workers in one all-reduce, then the same update on every worker's copy."""
+        if optimizer is not self._optimizer:
+            raise CohortError(
+                f"{optimizer!r} was not made in this strategy's scope: make the optimizer in "
+                "`strategy.scope()`, so that its slots follow the variables when the group "
+                "changes"
+            )
+        variables = [v for _, v in pairs]
+        for v in variables:
+            if getattr(v, "_mirrored", None) is not self:
+                raise CohortError(f"variable {v.name!r} is not a variable of this strategy")
+        grads = [_dense(g, v) for g, v in pairs]
+        summed = self.all_reduce("SUM", grads)
+        self._native.apply_gradients([v._index for v in variables], [g.ravel() for g in summed])
+
     def preemption_requested(self) -> bool:
         """True once this process was asked to stop (SIGTERM)."""
         return self._native.preemption_requested()
@@ -134,6 +158,24 @@ class MultiWorkerMirroredStrategy:
         code = self._native.close()
         if code != 0:
             _exit(code)
+
+
+def _dense(grad: Any, variable: Any) -> np.ndarray:
+    """``grad`` as a dense float32 array of ``variable``'s shape (rows of an
+    ``IndexedSlices`` added into zeros)."""
+    from .optimizers import IndexedSlices
+
+    if isinstance(grad, IndexedSlices):
+        dense = np.zeros(variable.shape, np.float32)
+        np.add.at(dense, np.asarray(grad.indices, dtype=np.int64), _as_f32(grad.values))
+        return dense
+    value = _as_f32(grad)
+    if tuple(value.shape) != tuple(variable.shape):
+        raise ValueError(
+            f"variable {variable.name!r}: shape {variable.shape}; its gradient's is "
+            f"{tuple(value.shape)}"
+        )
+    return value
 
 
 def _op(reduce_op: str) -> str:

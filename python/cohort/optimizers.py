@@ -16,14 +16,32 @@ from . import _steps
 
 
 class Optimizer:
-    """An optimizer the parameter servers run; see the subclasses."""
+    """An optimizer cohort's runtime runs; see the subclasses. Under a
+    ``ParameterServerStrategy`` the parameter servers run it (give it to the strategy); under a
+    ``MultiWorkerMirroredStrategy`` every worker runs it on its copy of the variables: make it
+    in ``strategy.scope()``, so that its slots (momentum, Adam's moments) and step count follow
+    the variables whenever the group changes."""
 
     _kind = ""
 
-    def __init__(self, learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        learning_rate: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        kind: str | None = None,
+    ):
         self.learning_rate = float(learning_rate)
         self.momentum = float(momentum)
         self.weight_decay = float(weight_decay)
+        self._kind = kind or type(self)._kind
+        from .strategy import current_scope
+
+        strategy = current_scope()
+        self._strategy = strategy
+        bind = getattr(strategy, "_bind_optimizer", None)
+        if bind is not None:
+            bind(self)
 
     def spec(self) -> tuple[str, float, float, float]:
         """What the runtime is given: ``(kind, learning_rate, momentum, weight_decay)``."""
@@ -32,11 +50,19 @@ class Optimizer:
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
         """Inside a step: pushes ``(gradient, variable)`` pairs as one update of the step,
         applied now. A gradient is an array of the variable's shape (NumPy, PyTorch, ...) or
-        :class:`IndexedSlices` for rows of an embedding; ``None`` is skipped."""
+        :class:`IndexedSlices` for rows of an embedding; ``None`` is skipped.
+
+        With the variables of a ``MultiWorkerMirroredStrategy`` (outside any step): the
+        gradients are summed over the workers (one all-reduce, as TensorFlow's optimizer does
+        under the strategy: scale the loss by the global batch), then every worker applies the
+        same update to its copy."""
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        mirrored = next((v._mirrored for _, v in pairs if hasattr(v, "_mirrored")), None)
+        if mirrored is not None and not _steps.in_step():
+            mirrored._apply_gradients(self, pairs)
+            return
         context = _steps.current_context()
-        for grad, variable in grads_and_vars:
-            if grad is None:
-                continue
+        for grad, variable in pairs:
             if isinstance(grad, IndexedSlices):
                 ids = np.ascontiguousarray(grad.indices, dtype=np.uint64).ravel()
                 values = _f32(grad.values)
@@ -67,8 +93,8 @@ class SGD(Optimizer):
     """Stochastic gradient descent; with ``momentum`` (``nesterov``) the momentum method."""
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False):
-        super().__init__(learning_rate, momentum)
-        self._kind = ("nesterov" if nesterov else "momentum") if momentum else "sgd"
+        kind = ("nesterov" if nesterov else "momentum") if momentum else "sgd"
+        super().__init__(learning_rate, momentum, kind=kind)
 
 
 class Adagrad(Optimizer):

@@ -41,6 +41,11 @@ def entered(strategy: Any) -> Iterator[Any]:
         _scope.strategy = previous
 
 
+def current_scope() -> Any:
+    """The strategy whose scope this thread is in, or ``None``."""
+    return getattr(_scope, "strategy", None)
+
+
 def _job_name() -> str:
     script = os.path.basename(sys.argv[0] or "") or "python"
     return os.path.splitext(script)[0] or "python"

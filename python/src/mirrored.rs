@@ -14,6 +14,7 @@ use cohort::strategy::{
     ElasticState, GroupChange, Leave, MultiWorkerMirrored, PerReplica, ReduceOp, SaveStateError,
     Strategy,
 };
+use cohort::train::DistributedOptimizer;
 use cohort::variable::Variable;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -29,10 +30,12 @@ pyo3::create_exception!(
     "The workers' group failed a collective (a worker lost, or one failed its step)."
 );
 
-/// The strategy and the variables made in its scope, in creation order.
+/// The strategy, the variables made in its scope (in creation order), and the optimizer made
+/// in its scope, whose slots and step count travel with the variables when the group changes.
 struct Mirrored {
     strategy: MultiWorkerMirrored,
     variables: Vec<Variable>,
+    optimizer: Option<DistributedOptimizer>,
 }
 
 /// This task's MultiWorkerMirrored strategy (`cohort.MultiWorkerMirroredStrategy` wraps it).
@@ -104,6 +107,7 @@ impl MultiWorker {
             mirrored: Mutex::new(Some(Mirrored {
                 strategy,
                 variables: Vec::new(),
+                optimizer: None,
             })),
             notice,
             drain,
@@ -194,6 +198,70 @@ impl MultiWorker {
         tensor_values(py, &reduced)
     }
 
+    /// Makes the strategy's optimizer (`(name, learning_rate, momentum, weight_decay)`, as the
+    /// parameter servers' is given): the one `apply_gradients` runs, whose slots and step
+    /// count every group change carries with the variables. One per strategy; a second is a
+    /// `ValueError`.
+    fn set_optimizer(&self, optimizer: (String, f32, f32, f32)) -> PyResult<()> {
+        let (kind, rate, momentum, decay) = optimizer;
+        let optimizer = crate::optimizer(&kind, rate, momentum, decay)?;
+        self.with(|m| {
+            if m.optimizer.is_some() {
+                return Err(PyValueError::new_err(
+                    "this strategy has an optimizer already: make one optimizer in its scope \
+                     (its slots follow the variables when the group changes)",
+                ));
+            }
+            m.optimizer = Some(DistributedOptimizer::new(optimizer));
+            Ok(())
+        })
+    }
+
+    /// Applies `grads` (float32, row-major, one per variable of `indices`: the gradients
+    /// already summed over the workers, the same on every one) with the strategy's optimizer to
+    /// this worker's copy of each variable: every worker makes the same update. Nothing changes
+    /// when a gradient does not fit its variable (a `ValueError` naming it).
+    fn apply_gradients(
+        &self,
+        py: Python<'_>,
+        indices: Vec<usize>,
+        grads: Vec<PyBuffer<f32>>,
+    ) -> PyResult<()> {
+        if indices.len() != grads.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} variables and {} gradients",
+                indices.len(),
+                grads.len()
+            )));
+        }
+        let values = grads
+            .iter()
+            .map(|g| g.to_vec(py))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.with(|m| {
+            let optimizer = m.optimizer.as_ref().ok_or_else(|| {
+                CohortError::new_err(
+                    "this strategy has no optimizer: make it in `strategy.scope()`",
+                )
+            })?;
+            let mut pairs = Vec::with_capacity(indices.len());
+            for (&index, values) in indices.iter().zip(values) {
+                let variable = Self::variable(m, index)?;
+                let grad = tensor(values, variable.shape()).map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "variable {:?}: shape {:?}; its gradient does not fit it",
+                        variable.name(),
+                        variable.shape()
+                    ))
+                })?;
+                pairs.push((grad, variable.clone()));
+            }
+            py.detach(|| optimizer.apply_gradients(pairs))
+                .map(drop)
+                .map_err(|e| CohortError::new_err(e.to_string()))
+        })
+    }
+
     /// True on a worker that joined a live group and has not received its state yet (its
     /// first `at_step_boundary` gives it).
     fn awaits_state(&self) -> PyResult<bool> {
@@ -220,13 +288,14 @@ impl MultiWorker {
             let Mirrored {
                 strategy,
                 variables,
+                optimizer,
             } = m;
             let (change, step, position) = py.detach(|| {
                 let mut state = ElasticState {
                     step,
                     position,
                     variables,
-                    optimizer: None,
+                    optimizer: optimizer.as_ref().map(|o| o as _),
                 };
                 let mut save_state = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
                     let Some(save) = &save else { return Ok(()) };
@@ -273,13 +342,14 @@ impl MultiWorker {
             let Mirrored {
                 strategy,
                 variables,
+                optimizer,
             } = m;
             let recovered = py.detach(|| {
                 let mut state = ElasticState {
                     step,
                     position,
                     variables,
-                    optimizer: None,
+                    optimizer: optimizer.as_ref().map(|o| o as _),
                 };
                 strategy.recover(&mut state)
             });

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import JOBS, launch
 
 
@@ -35,11 +37,14 @@ def test_a_multi_worker_mirrored_script_ends_with_the_same_weights_on_every_work
     assert len(losses) == 3 and float(losses[0]) < 0.01, job.output
 
 
+@pytest.mark.parametrize("optimizer", ["hand", "adam"])
 def test_a_mirrored_worker_killed_mid_training_is_left_out_then_admitted_with_the_state(
-    tmp_path,
+    tmp_path, optimizer
 ):
     job = launch(
         JOBS / "mirrored_elastic.py",
+        "--optimizer",
+        optimizer,
         "--steps",
         "150",
         "--pause",

@@ -4,7 +4,9 @@ survivors, which go on, and its restarted process is admitted and receives their
 task prints every group change and, at the end, the digest of its weights: the same on every
 worker. Arguments: --steps N, --pause SECONDS (each step's extra work), --die-at STEP with
 --marker FILE (worker/1's first process SIGKILLs itself before that step, or with --signal
-term sends itself SIGTERM, whatever the machine's speed: the marker says it did).""" 
+term sends itself SIGTERM, whatever the machine's speed: the marker says it did). --optimizer adam trains with cohort's Adam made in the strategy's scope
+(its moments must follow the weights to a joiner, or the joiner's model drifts from the
+others'); the default is a hand-written SGD step on all-reduced gradients."""
 
 import argparse
 import hashlib
@@ -22,6 +24,7 @@ parser.add_argument("--pause", type=float, default=0.01)
 parser.add_argument("--die-at", type=int, default=-1)
 parser.add_argument("--marker", default="")
 parser.add_argument("--signal", choices=["kill", "term"], default="kill")
+parser.add_argument("--optimizer", choices=["hand", "adam"], default="hand")
 args, _ = parser.parse_known_args()
 resolver = cohort.cluster_resolver.TFConfigClusterResolver()
 dies = (resolver.task_type, resolver.task_id) == ("worker", 1) and args.marker != ""
@@ -30,6 +33,7 @@ strategy = cohort.MultiWorkerMirroredStrategy()
 true_w = np.arange(1, 9, dtype=np.float32).reshape(8, 1)
 with strategy.scope():
     w = cohort.Variable(np.zeros((8, 1)), name="w")
+    optimizer = cohort.optimizers.Adam(0.05) if args.optimizer == "adam" else None
 state = cohort.TrainingState()
 while True:
     try:
@@ -48,12 +52,18 @@ while True:
         x = rng.normal(size=(16, 8)).astype(np.float32)
         y = x @ true_w
         value = w.read_value()
-        grad = strategy.all_reduce("MEAN", 2 * x.T @ (x @ value - y) / len(y))
+        local = 2 * x.T @ (x @ value - y) / len(y)
+        if optimizer is not None:
+            # The optimizer sums over the workers: each gives its share of the mean.
+            optimizer.apply_gradients([(local / strategy.num_workers, w)])
+        else:
+            grad = strategy.all_reduce("MEAN", local)
     except cohort.GroupError as lost:
         print(f"step {state.step} failed: {lost}", flush=True)
         print(f"recovered: {strategy.recover(state)}", flush=True)
         continue
-    w.assign(value - 0.02 * grad)
+    if optimizer is None:
+        w.assign(value - 0.02 * grad)
     state.step += 1
     state.position += 16 * strategy.num_workers
     time.sleep(args.pause)
