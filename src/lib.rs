@@ -61,8 +61,6 @@ internal_modules! {
     /// `<run-dir>` is a placeholder, not HTML.
     #[allow(rustdoc::invalid_html_tags)]
     cli;
-    /// What a built-in job's tasks report at their end, as JSON, for the chaos runner.
-    run_report;
     /// The simulator (`cohort sim`).
     sim;
     /// The built-in demo and benchmark workloads.
@@ -92,6 +90,7 @@ pub mod plot;
 pub mod process;
 pub mod program;
 pub mod roles;
+pub mod run_report;
 pub mod status;
 pub mod strategy;
 pub mod summary;

@@ -1,8 +1,9 @@
-//! The run report: what a task of a built-in job says about its end, as JSON, for the chaos
-//! runner to read (in place of scraping the summary it prints for people).
+//! The run report: what a task of a job says about its end, as JSON, for the chaos runner to
+//! read (in place of scraping the summary it prints for people).
 //!
 //! `cohort chaos run` sets [`RUN_REPORT_DIR_ENV`] for the job it launches; every task whose
-//! program knows the report (the built-in demo workloads) writes `<dir>/<role>-<index>.json`
+//! program knows the report (the built-in demo workloads, a Python MultiWorkerMirrored script,
+//! a user's program calling [`write_report`]) writes `<dir>/<role>-<index>.json`
 //! (written whole, then renamed into place, so a reader never sees half a file), the
 //! latest process of a task replacing what an earlier one wrote. Without the variable nothing
 //! is written. A parameter-server chief whose program writes none (a user's program, a Python
@@ -89,6 +90,29 @@ pub struct FinalModel {
     pub step: u64,
     /// Its variables' digest (equal on every member: DATA-1).
     pub digest: String,
+}
+
+impl FinalModel {
+    /// The model of `variables` (each name and its values) after `step` steps. Its digest is
+    /// the first 16 hex digits of a SHA-256 of the variables (each name and its f32 bits,
+    /// little-endian, in the order given): two members report the same only when they hold the
+    /// same model, bit for bit (DATA-1).
+    pub fn of<'a>(step: u64, variables: impl IntoIterator<Item = (&'a str, &'a [f32])>) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for (name, values) in variables {
+            hash.update((name.len() as u64).to_le_bytes());
+            hash.update(name.as_bytes());
+            hash.update((values.len() as u64).to_le_bytes());
+            for v in values {
+                hash.update(v.to_le_bytes());
+            }
+        }
+        Self {
+            step,
+            digest: hex::encode(&hash.finalize()[..8]),
+        }
+    }
 }
 
 /// One generation of a MultiWorkerMirrored group (one formation: its membership epoch), as
@@ -238,7 +262,10 @@ pub fn read_reports(dir: &Path) -> (BTreeMap<String, TaskReport>, Vec<RunReportE
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
         .collect();
     paths.sort();
     for path in paths {
@@ -331,7 +358,11 @@ mod tests {
             digest: "00".into(),
         });
         chief.write_in(dir.as_path()).unwrap();
-        std::fs::write(dir.as_path().join("torn.json"), b"{\"task\": \"ps/0\", \"ledg").unwrap();
+        std::fs::write(
+            dir.as_path().join("torn.json"),
+            b"{\"task\": \"ps/0\", \"ledg",
+        )
+        .unwrap();
         std::fs::write(dir.as_path().join(".x.json.partial"), b"{").unwrap();
         let (reports, errors) = read_reports(dir.as_path());
         assert_eq!(reports.len(), 2, "{reports:?}");

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -42,6 +43,7 @@ class MultiWorkerMirroredStrategy:
         self._native = _native.MultiWorker()
         self._variables: list[MirroredVariable] = []
         self._optimizer: Any = None
+        _ScriptFailure.watch()
         atexit.register(self._close)
 
     @property
@@ -155,9 +157,31 @@ class MultiWorkerMirroredStrategy:
         return detail
 
     def _close(self) -> None:
-        code = self._native.close()
+        # The final model is reported only by a script that ran to its end.
+        code = self._native.close(not _ScriptFailure.raised)
         if code != 0:
             _exit(code)
+
+
+class _ScriptFailure:
+    """Whether the script ended with an uncaught exception (its final model is then not
+    reported as one)."""
+
+    raised = False
+    _installed = False
+
+    @classmethod
+    def watch(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+        previous = sys.excepthook
+
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            cls.raised = True
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
 
 
 def _dense(grad: Any, variable: Any) -> np.ndarray:
