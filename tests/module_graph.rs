@@ -282,7 +282,6 @@ const FUNCTION_LINES_MAX: usize = 100;
 /// a function on it that is no longer long must leave it, and no other may join it.
 const KNOWN_LONG: &[&str] = &[
     "src/workloads/demo.rs: run_chief",
-    "src/workloads/dense_sync.rs: train_elastic_on",
     "src/workloads/mwms_demo.rs: run_task",
     "src/chaosrun/run.rs: run_job",
     "src/keras/ps.rs: fit",

@@ -360,18 +360,15 @@ pub fn train_elastic_on(
     let trainer = Trainer::build(&*strategy, problem, seed)?;
     let variables = trainer.model.trainable_variables()?;
     let optimizer = Some(trainer.optimizer.as_ref() as &dyn OptimizerState);
-    let (mut step, mut position) = (0usize, 0usize);
-    let mut losses: Vec<f32> = Vec::with_capacity(steps);
+    let mut progress = Progress::new(steps, &variables, optimizer);
     let mut recoveries = Vec::new();
     // A fresh start resumes from the chief's newest checkpoint, given to every worker (a
     // joiner gets the live state at its first step boundary instead).
     if !strategy.awaits_state() {
         if let Some(checkpoints) = checkpoints.as_deref_mut() {
-            let mut state = state_at(0, 0, &variables, optimizer);
+            let mut state = progress.state();
             resume(strategy, checkpoints, &mut state, on_event)?;
-            step = state.step as usize;
-            position = state.position as usize;
-            losses.resize(step, f32::NAN);
+            progress.go_to(state.step, state.position);
         }
     }
     // Each pass of 'group trains with one group; the last boundary comes after the last
@@ -383,7 +380,7 @@ pub fn train_elastic_on(
         // Made at the first step of this group (none where only the closing boundary is left).
         let mut iter = None;
         loop {
-            let mut state = state_at(step, position, &variables, optimizer);
+            let mut state = progress.state();
             let leaving = Leave::noticed(notice, drain);
             let change = step_boundary(
                 strategy,
@@ -393,23 +390,26 @@ pub fn train_elastic_on(
                 on_event,
             );
             let result = match change {
-                Ok(None) if step >= steps => break 'group,
+                Ok(None) if progress.step >= steps => break 'group,
                 Ok(None) => {
                     let iter = match &mut iter {
                         Some(iter) => iter,
-                        None => iter.insert(input(&*strategy, problem, position, global_batch)?),
+                        None => iter.insert(input(
+                            &*strategy,
+                            problem,
+                            progress.position,
+                            global_batch,
+                        )?),
                     };
                     let (result, applied) = trainer.next_step(&*strategy, iter, global_batch);
                     if applied {
-                        step += 1;
-                        position += global_batch;
+                        progress.step += 1;
+                        progress.position += global_batch;
                     }
                     result
                 }
                 Ok(Some(GroupChange::Admitted(admission))) => {
-                    step = admission.step as usize;
-                    position = admission.position as usize;
-                    losses.resize(step, f32::NAN);
+                    progress.go_to(admission.step, admission.position);
                     on_event(ElasticEvent::Admitted(&admission));
                     continue 'group;
                 }
@@ -420,7 +420,7 @@ pub fn train_elastic_on(
                 Ok(Some(GroupChange::Leaving(departure))) => {
                     on_event(ElasticEvent::Departed(&departure));
                     return Ok(ElasticRun {
-                        outcome: trainer.outcome(losses)?,
+                        outcome: trainer.outcome(progress.losses)?,
                         recoveries,
                         drained: departure.was_drained(&me),
                         left: Some(departure),
@@ -428,52 +428,97 @@ pub fn train_elastic_on(
                 }
                 Err(err) => Err(err.into()),
             };
-            match result {
-                Ok(loss) => {
-                    losses.push(loss);
-                    on_event(ElasticEvent::Step {
-                        step: step - 1,
-                        loss,
-                    });
-                    if let Some(checkpoints) = checkpoints.as_deref_mut() {
-                        let state = state_at(step, position, &variables, optimizer);
-                        save_if_due(&*strategy, checkpoints, &state, on_event)?;
-                    }
-                }
-                Err(err) => {
-                    let mut state = state_at(step, position, &variables, optimizer);
-                    let recovery = recover_from(strategy, err, &mut state)?;
-                    step = state.step as usize;
-                    position = state.position as usize;
-                    losses.resize(step, f32::NAN);
-                    on_event(ElasticEvent::Recovered(&recovery));
-                    recoveries.push(recovery);
-                    continue 'group;
-                }
+            let checkpoints = checkpoints.as_deref_mut();
+            if let Some(recovery) = progress.settle(strategy, result, checkpoints, on_event)? {
+                recoveries.push(recovery);
+                continue 'group;
             }
         }
     }
     Ok(ElasticRun {
-        outcome: trainer.outcome(losses)?,
+        outcome: trainer.outcome(progress.losses)?,
         recoveries,
         left: None,
         drained: false,
     })
 }
 
-
-/// The training state at `step` completed steps and `position` examples read.
-fn state_at<'a>(
+/// Where an elastic run stands: steps completed, examples read, each step's global loss (NaN
+/// for the steps this process did not train itself: resumed from a checkpoint, or taken over
+/// with another member's state), and what a group change carries (the variables and the
+/// optimizer's slots).
+struct Progress<'a> {
     step: usize,
     position: usize,
+    losses: Vec<f32>,
     variables: &'a [crate::variable::Variable],
     optimizer: Option<&'a dyn OptimizerState>,
-) -> ElasticState<'a> {
-    ElasticState {
-        step: step as u64,
-        position: position as u64,
-        variables,
-        optimizer,
+}
+
+impl<'a> Progress<'a> {
+    /// Nothing trained yet, room for `steps` losses.
+    fn new(
+        steps: usize,
+        variables: &'a [crate::variable::Variable],
+        optimizer: Option<&'a dyn OptimizerState>,
+    ) -> Self {
+        Self {
+            step: 0,
+            position: 0,
+            losses: Vec::with_capacity(steps),
+            variables,
+            optimizer,
+        }
+    }
+
+    /// The state a step boundary, a recovery or a checkpoint takes.
+    fn state(&self) -> ElasticState<'a> {
+        ElasticState {
+            step: self.step as u64,
+            position: self.position as u64,
+            variables: self.variables,
+            optimizer: self.optimizer,
+        }
+    }
+
+    /// Training goes on from `step` and `position` (a checkpoint's, or another member's).
+    fn go_to(&mut self, step: u64, position: u64) {
+        self.step = step as usize;
+        self.position = position as usize;
+        self.losses.resize(self.step, f32::NAN);
+    }
+
+    /// Settles a step's `result`: its loss recorded (and a checkpoint saved when one is due),
+    /// or, when a collective failed it, the group re-formed with the survivors, going on from
+    /// the state of the one with the most steps (the re-forming returned). Any other failure
+    /// is the run's.
+    fn settle(
+        &mut self,
+        strategy: &mut MultiWorkerMirrored,
+        result: Result<f32, TrainError>,
+        checkpoints: Option<&mut StateCheckpoints>,
+        on_event: &mut dyn FnMut(ElasticEvent<'_>),
+    ) -> Result<Option<Recovery>, TrainError> {
+        match result {
+            Ok(loss) => {
+                self.losses.push(loss);
+                on_event(ElasticEvent::Step {
+                    step: self.step - 1,
+                    loss,
+                });
+                if let Some(checkpoints) = checkpoints {
+                    save_if_due(&*strategy, checkpoints, &self.state(), on_event)?;
+                }
+                Ok(None)
+            }
+            Err(err) => {
+                let mut state = self.state();
+                let recovery = recover_from(strategy, err, &mut state)?;
+                self.go_to(state.step, state.position);
+                on_event(ElasticEvent::Recovered(&recovery));
+                Ok(Some(recovery))
+            }
+        }
     }
 }
 
