@@ -250,35 +250,114 @@ fn run_chief(
         coordinator.num_workers(),
         coordinator.num_ps()
     );
-    let checkpoint_dir = config
-        .checkpoint_dir
-        .clone()
-        .or_else(|| coordinator.checkpoint_dir())
-        .map_or_else(
-            || crate::process::new_temp_dir("cohort-demo-").map_err(DemoError::TempDir),
-            Ok,
-        )?;
-    // On a cadence as well as at the end of each workload, so that a parameter server lost
-    // late re-runs at most the closures since the last save (TensorFlow's `BackupAndRestore`
-    // saves per epoch), checked at the end of every epoch.
-    let policy = CheckpointPolicy {
-        save_every_steps: None,
-        save_every: Some(SAVE_EVERY),
-        keep_last: 2,
-    };
-    let mut checkpoints = CheckpointManager::new(&checkpoint_dir, policy, Instant::now())?;
-    let mut progress = Progbar::stderr(ProgbarMode::Auto);
-    let mut summaries = JobSummaries::create(&logs_dir(&checkpoint_dir, "train"));
-
+    let mut out = ChiefOutputs::open(coordinator, config)?;
     let ctr = ctr_config();
     let (embedding, layout) = create_variables(coordinator, &ctr)?;
-    let resumed = coordinator.restore_checkpoint(&mut checkpoints)?;
-    announce_resume(coordinator, &checkpoint_dir, resumed);
+    let resumed = coordinator.restore_checkpoint(&mut out.checkpoints)?;
+    announce_resume(coordinator, &out.checkpoint_dir, resumed);
     let mut step = resumed.unwrap_or(0);
     let digits_steps = (config.digits_epochs * config.digits_steps_per_epoch) as u64;
     let ctr_steps = (config.ctr_epochs * config.ctr_steps_per_epoch) as u64;
 
-    // Workload 1: digits.
+    let Some(accuracy) = train_digits(coordinator, &mut out, config, &mut step, resumed)? else {
+        return save_and_stop(coordinator, &mut out.checkpoints, step, &out.checkpoint_dir);
+    };
+    let ctr_run = CtrRun {
+        ctr: &ctr,
+        embedding: &embedding.name,
+        layout: &layout,
+        first_step: digits_steps,
+    };
+    let Some((ctr_loss, floor)) = train_ctr(coordinator, &mut out, config, &mut step, &ctr_run)?
+    else {
+        return save_and_stop(coordinator, &mut out.checkpoints, step, &out.checkpoint_dir);
+    };
+    let checkpoint_dir = out.checkpoint_dir.clone();
+    let saved = if resumed == Some(step) {
+        checkpoint_dir.join(crate::checkpoint::checkpoint_dir_name(step))
+    } else {
+        save_final(coordinator, &mut out.checkpoints, step)?
+    };
+    // The loss curve beside the checkpoints (the status page's history, drawn).
+    let loss_png = checkpoint_dir.join("loss.png");
+    if let Err(e) = crate::status::write_loss_png(&loss_png, "cohort demo: train loss per epoch") {
+        tracing::warn!("no loss curve: {e}");
+    }
+
+    let ledger = print_summary(
+        coordinator,
+        &DemoEnd {
+            started,
+            accuracy,
+            ctr_loss,
+            floor,
+            step,
+            total_steps: digits_steps + ctr_steps,
+            resumed,
+            checkpoint_dir: &checkpoint_dir,
+            saved: &saved,
+            loss_png: &loss_png,
+            summaries: &out.summaries,
+        },
+    )?;
+    hold_until_released();
+    if !ledger.balances() || ledger.committed != ledger.scheduled {
+        return Err(DemoError::Ledger(ledger).into());
+    }
+    Ok(())
+}
+
+/// What every phase of the chief's run writes to: its checkpoints (and their directory), its
+/// progress bar and its summaries.
+struct ChiefOutputs {
+    checkpoint_dir: std::path::PathBuf,
+    checkpoints: CheckpointManager,
+    progress: Progbar,
+    summaries: JobSummaries,
+}
+
+impl ChiefOutputs {
+    /// The job's checkpoint directory (the configured one, else a new temporary one), saved
+    /// on a cadence as well as at the end of each workload, so that a parameter server lost
+    /// late re-runs at most the closures since the last save (TensorFlow's
+    /// `BackupAndRestore` saves per epoch), checked at the end of every epoch.
+    fn open(
+        coordinator: &ClusterCoordinator,
+        config: &DemoConfig,
+    ) -> Result<Self, CoordinatorError> {
+        let checkpoint_dir = config
+            .checkpoint_dir
+            .clone()
+            .or_else(|| coordinator.checkpoint_dir())
+            .map_or_else(
+                || crate::process::new_temp_dir("cohort-demo-").map_err(DemoError::TempDir),
+                Ok,
+            )?;
+        let policy = CheckpointPolicy {
+            save_every_steps: None,
+            save_every: Some(SAVE_EVERY),
+            keep_last: 2,
+        };
+        let checkpoints = CheckpointManager::new(&checkpoint_dir, policy, Instant::now())?;
+        Ok(Self {
+            checkpoints,
+            progress: Progbar::stderr(ProgbarMode::Auto),
+            summaries: JobSummaries::create(&logs_dir(&checkpoint_dir, "train")),
+            checkpoint_dir,
+        })
+    }
+}
+
+/// Workload 1, the digits, from `step` (a resumed run's): its held-out accuracy at the end,
+/// or `None` when a stop request ended it (the caller saves and stops).
+fn train_digits(
+    coordinator: &mut ClusterCoordinator,
+    out: &mut ChiefOutputs,
+    config: &DemoConfig,
+    step: &mut u64,
+    resumed: Option<u64>,
+) -> Result<Option<f64>, CoordinatorError> {
+    let digits_steps = (config.digits_epochs * config.digits_steps_per_epoch) as u64;
     tracing::info!("workload 1/2: handwritten digits (1,797 8x8 images; 20% held out), MLP 64-64-10, Adagrad on the parameter servers");
     coordinator.create_per_worker_dataset("digits")?;
     coordinator.wait_for_workers(
@@ -304,9 +383,9 @@ fn run_chief(
         epochs: config.digits_epochs,
         steps_per_epoch: config.digits_steps_per_epoch,
     };
-    if step >= digits_steps {
+    if *step >= digits_steps {
         tracing::info!(
-            step,
+            step = *step,
             "done before the checkpoint (step {step} >= {digits_steps})"
         );
     }
@@ -317,19 +396,19 @@ fn run_chief(
     if resumed.is_none() {
         save_or_warn(
             coordinator,
-            &mut checkpoints,
-            step,
+            &mut out.checkpoints,
+            *step,
             "checkpoint before training",
             "a parameter server or the chief lost before the first epoch's checkpoint ends the job",
         )?;
     }
     let preempted = run_phase(
         coordinator,
-        &mut progress,
-        &mut checkpoints,
-        &mut summaries,
+        &mut out.progress,
+        &mut out.checkpoints,
+        &mut out.summaries,
         &phase,
-        &mut step,
+        step,
         |coordinator, loss, step| {
             let accuracy = digits_accuracy(coordinator)?;
             tracing::info!(
@@ -341,49 +420,68 @@ fn run_chief(
         },
     )?;
     if preempted {
-        return save_and_stop(coordinator, &mut checkpoints, step, &checkpoint_dir);
+        return Ok(None);
     }
     let accuracy = digits_accuracy(coordinator)?;
-    if step == digits_steps && resumed != Some(step) {
+    if *step == digits_steps && resumed != Some(*step) {
         // Not the end of the job if it fails: the cadence tries again (as `finish_save` says).
         save_or_warn(
             coordinator,
-            &mut checkpoints,
-            step,
+            &mut out.checkpoints,
+            *step,
             &format!("checkpoint at step {step}"),
             "the previous checkpoint (if any) stays the one a recovery restores, and training \
              goes on",
         )?;
     }
+    Ok(Some(accuracy))
+}
 
-    // Workload 2: CTR with a partitioned embedding.
+/// What workload 2 trains: the CTR problem, its partitioned embedding, and the step it
+/// starts at (after the digits').
+struct CtrRun<'a> {
+    ctr: &'a CtrConfig,
+    embedding: &'a str,
+    layout: &'a Layout,
+    first_step: u64,
+}
+
+/// Workload 2, click-through rate with a partitioned embedding, from `step`: its held-out log
+/// loss and the planted floor at the end, or `None` when a stop request ended it.
+fn train_ctr(
+    coordinator: &mut ClusterCoordinator,
+    out: &mut ChiefOutputs,
+    config: &DemoConfig,
+    step: &mut u64,
+    run: &CtrRun<'_>,
+) -> Result<Option<(f64, f64)>, CoordinatorError> {
     tracing::info!(
         "workload 2/2: click-through rate, {} x {CTR_DIM} embedding split over both parameter servers + linear head; \
          synthetic clicks from a planted model",
-        ctr.vocab
+        run.ctr.vocab
     );
-    log_layout(&layout);
+    log_layout(run.layout);
     coordinator.create_per_worker_dataset("clicks")?;
-    let held_out = CtrData::generate(&ctr, 99, 0, 20_000);
+    let held_out = CtrData::generate(run.ctr, 99, 0, 20_000);
     let floor = held_out.loss_floor();
     tracing::info!("planted floor (best possible held-out log loss): {floor:.4}");
-    crate::status::record_marker(digits_steps, "ctr");
+    crate::status::record_marker(run.first_step, "ctr");
     let phase = Phase {
         step: &CTR_STEP,
-        first_step: digits_steps,
+        first_step: run.first_step,
         epochs: config.ctr_epochs,
         steps_per_epoch: config.ctr_steps_per_epoch,
     };
     let mut ctr_epochs_done = 0;
     let preempted = run_phase(
         coordinator,
-        &mut progress,
-        &mut checkpoints,
-        &mut summaries,
+        &mut out.progress,
+        &mut out.checkpoints,
+        &mut out.summaries,
         &phase,
-        &mut step,
+        step,
         |coordinator, loss, step| {
-            let ctr_loss = ctr_held_out_loss(coordinator, &held_out, &embedding.name)?;
+            let ctr_loss = ctr_held_out_loss(coordinator, &held_out, run.embedding)?;
             tracing::info!(
                 step,
                 "train loss {loss:.4}, held-out log loss {ctr_loss:.4} (floor {floor:.4}, gap {:+.4})",
@@ -404,41 +502,12 @@ fn run_chief(
         },
     )?;
     if preempted {
-        return save_and_stop(coordinator, &mut checkpoints, step, &checkpoint_dir);
+        return Ok(None);
     }
-    let ctr_loss = ctr_held_out_loss(coordinator, &held_out, &embedding.name)?;
-    let saved = if resumed == Some(step) {
-        checkpoint_dir.join(crate::checkpoint::checkpoint_dir_name(step))
-    } else {
-        save_final(coordinator, &mut checkpoints, step)?
-    };
-    // The loss curve beside the checkpoints (the status page's history, drawn).
-    let loss_png = checkpoint_dir.join("loss.png");
-    if let Err(e) = crate::status::write_loss_png(&loss_png, "cohort demo: train loss per epoch") {
-        tracing::warn!("no loss curve: {e}");
-    }
-
-    let ledger = print_summary(
-        coordinator,
-        &DemoEnd {
-            started,
-            accuracy,
-            ctr_loss,
-            floor,
-            step,
-            total_steps: digits_steps + ctr_steps,
-            resumed,
-            checkpoint_dir: &checkpoint_dir,
-            saved: &saved,
-            loss_png: &loss_png,
-            summaries: &summaries,
-        },
-    )?;
-    hold_until_released();
-    if !ledger.balances() || ledger.committed != ledger.scheduled {
-        return Err(DemoError::Ledger(ledger).into());
-    }
-    Ok(())
+    Ok(Some((
+        ctr_held_out_loss(coordinator, &held_out, run.embedding)?,
+        floor,
+    )))
 }
 
 /// Creates every variable of both workloads from the start, so that every checkpoint holds
