@@ -282,7 +282,6 @@ const FUNCTION_LINES_MAX: usize = 100;
 /// a function on it that is no longer long must leave it, and no other may join it.
 const KNOWN_LONG: &[&str] = &[
     "src/workloads/mwms_demo.rs: run_task",
-    "src/chaosrun/run.rs: run_job",
     "src/keras/ps.rs: fit",
     "src/keras/fit.rs: fit",
 ];

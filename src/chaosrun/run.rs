@@ -213,151 +213,251 @@ pub fn run_job(
     setup: &RunSetup,
     stop: &AtomicBool,
 ) -> Result<Observed, ChaosRunError> {
-    let program = setup.command.first().ok_or(ChaosRunError::NoCommand)?;
-    std::fs::create_dir_all(&setup.out_dir).map_err(|source| ChaosRunError::OutDir {
-        dir: setup.out_dir.clone(),
-        source,
-    })?;
-    let log_path = setup.out_dir.join("job.log");
-    let log = match std::fs::File::create(&log_path) {
-        Ok(log) => log,
-        Err(source) => {
-            return Err(ChaosRunError::CreateLog {
-                path: log_path,
-                source,
-            })
-        }
-    };
-    // Pid files of an earlier run in the same directory would name processes long gone.
-    let _ = std::fs::remove_dir_all(setup.run_dir.join("pids"));
-    let _ = std::fs::remove_dir_all(setup.run_dir.join("metrics"));
-    let mut network = NetFaults::new(&setup.run_dir, plan.seed);
-    let (mut command, mut disk) = if plan.faults.iter().any(|f| f.kind == FaultKind::DiskFull) {
-        let checkpoint_dir = setup
-            .checkpoint_dir
-            .as_ref()
-            .ok_or(ChaosRunError::DiskFullNoCheckpointDir)?;
-        let absolute = |path: &Path| {
-            std::path::absolute(path).map_err(|source| ChaosRunError::DiskFullPath {
-                path: path.to_path_buf(),
-                source,
-            })
-        };
-        let checkpoint_dir = absolute(checkpoint_dir)?;
-        let real = absolute(&setup.run_dir.join("chaos-disk"))?;
-        let (command, disk) =
-            DiskFaults::wrap(&setup.command, &checkpoint_dir, &real, plan.disk_size_mib)?;
-        (command, Some(disk))
-    } else {
-        let mut command = Command::new(program);
-        command.args(&setup.command[1..]);
-        (command, None)
-    };
-    // Every task writes its run report here; an earlier run's would be read as this one's.
-    let report_dir = setup.out_dir.join("reports");
-    let _ = std::fs::remove_dir_all(&report_dir);
-    command.env(RUN_REPORT_DIR_ENV, &report_dir);
-    if plan.faults.iter().any(|f| f.kind.is_network()) {
-        let _ = std::fs::remove_dir_all(&network.dir);
-        command.env(crate::launch::NET_FAULTS_DIR_ENV, &network.dir);
-    }
-    let mut child = command
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| ChaosRunError::Spawn {
-            program: program.clone(),
-            source,
-        })?;
-    let started = Instant::now();
-    let launcher = child.id();
-    // Under a disk_full fault the checkpoints the job writes are in its own namespace: the
-    // runner watches them, and deletes or corrupts them, there.
-    let live = match &mut disk {
-        Some(disk) => {
-            disk.started(launcher);
-            let mut live = setup.clone();
-            live.checkpoint_dir = Some(disk.job_view()?);
-            live
-        }
-        None => setup.clone(),
-    };
-    let setup = &live;
-    let scan = Arc::new(Mutex::new(OutputScan::default()));
-    let log = Arc::new(Mutex::new(log));
-    let mut readers = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        readers.push(read_output(out, false, Arc::clone(&scan), Arc::clone(&log)));
-    }
-    if let Some(err) = child.stderr.take() {
-        readers.push(read_output(err, true, Arc::clone(&scan), Arc::clone(&log)));
-    }
-
-    let mut observed = Observed::default();
-    let mut pending = plan.schedule();
-    // When the runner saw the 1st, 2nd, ... distinct checkpoint, up to the most a fault
-    // waits for.
-    let checkpoints_awaited = pending
-        .iter()
-        .map(|f| f.spec.after.checkpoints())
-        .max()
-        .unwrap_or(0) as usize;
-    let mut checkpoints_seen: Vec<Instant> = Vec::new();
-    let mut checkpoint_names = std::collections::BTreeSet::new();
-    let mut next_checkpoint_look = started;
-    let mut paused: Vec<(Instant, u32, String)> = Vec::new();
-    let mut next_sample = started;
-    let mut last_sample: Option<(Instant, f64, (f64, f64))> = None;
-    let mut stopping: Option<Instant> = None;
-    // Signal faults due while their task was between processes: since when they wait.
-    let mut awaiting_restart: std::collections::HashMap<usize, Instant> =
-        std::collections::HashMap::new();
+    let mut job = Job::launch(plan, setup)?;
+    let mut watch = Watch::new(plan, job.started);
     let status = loop {
-        if let Some(status) = child.try_wait().ok().flatten() {
+        if let Some(status) = job.child.try_wait().ok().flatten() {
             break Some(status);
         }
         let now = Instant::now();
-        if stopping.is_none() {
+        if let Some(status) = watch.stop_when_asked(&mut job, stop, now) {
+            break status;
+        }
+        watch.heal_due(&mut job, now);
+        watch.resume_due(now);
+        watch.look_for_checkpoints(&job, now);
+        watch.apply_due(&mut job, now);
+        watch.sample(&job, now);
+        std::thread::sleep(TICK);
+    };
+    Ok(watch.finish(job, status))
+}
+
+/// The job the runner launched: its launcher process (the leader of the job's process group),
+/// the setup as the job sees it, the faults it can carry out on the network and the disk, and
+/// the threads copying its output.
+struct Job {
+    child: std::process::Child,
+    /// The launcher's pid, the job's process group.
+    launcher: u32,
+    started: Instant,
+    /// The setup as the job sees it (under a disk_full fault, its checkpoints are in its own
+    /// namespace).
+    setup: RunSetup,
+    network: NetFaults,
+    disk: Option<DiskFaults>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+    scan: Arc<Mutex<OutputScan>>,
+    /// Where every task writes its run report.
+    report_dir: PathBuf,
+}
+
+impl Job {
+    /// Starts `setup`'s command as a process group of its own, its output copied to
+    /// `job.log` in the out directory (and to the runner's own), with what the plan's faults
+    /// need (a disk of its own for disk_full, the network faults' directory).
+    fn launch(plan: &Plan, setup: &RunSetup) -> Result<Self, ChaosRunError> {
+        let program = setup.command.first().ok_or(ChaosRunError::NoCommand)?;
+        std::fs::create_dir_all(&setup.out_dir).map_err(|source| ChaosRunError::OutDir {
+            dir: setup.out_dir.clone(),
+            source,
+        })?;
+        let log_path = setup.out_dir.join("job.log");
+        let log = match std::fs::File::create(&log_path) {
+            Ok(log) => log,
+            Err(source) => {
+                return Err(ChaosRunError::CreateLog {
+                    path: log_path,
+                    source,
+                })
+            }
+        };
+        // Pid files of an earlier run in the same directory would name processes long gone.
+        let _ = std::fs::remove_dir_all(setup.run_dir.join("pids"));
+        let _ = std::fs::remove_dir_all(setup.run_dir.join("metrics"));
+        let network = NetFaults::new(&setup.run_dir, plan.seed);
+        let (mut command, mut disk) = job_command(plan, setup, program)?;
+        // Every task writes its run report here; an earlier run's would be read as this one's.
+        let report_dir = setup.out_dir.join("reports");
+        let _ = std::fs::remove_dir_all(&report_dir);
+        command.env(RUN_REPORT_DIR_ENV, &report_dir);
+        if plan.faults.iter().any(|f| f.kind.is_network()) {
+            let _ = std::fs::remove_dir_all(&network.dir);
+            command.env(crate::launch::NET_FAULTS_DIR_ENV, &network.dir);
+        }
+        let mut child = command
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| ChaosRunError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
+        let started = Instant::now();
+        let launcher = child.id();
+        // Under a disk_full fault the checkpoints the job writes are in its own namespace: the
+        // runner watches them, and deletes or corrupts them, there.
+        let live = match &mut disk {
+            Some(disk) => {
+                disk.started(launcher);
+                let mut live = setup.clone();
+                live.checkpoint_dir = Some(disk.job_view()?);
+                live
+            }
+            None => setup.clone(),
+        };
+        let scan = Arc::new(Mutex::new(OutputScan::default()));
+        let log = Arc::new(Mutex::new(log));
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(read_output(out, false, Arc::clone(&scan), Arc::clone(&log)));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(read_output(err, true, Arc::clone(&scan), Arc::clone(&log)));
+        }
+        Ok(Self {
+            child,
+            launcher,
+            started,
+            setup: live,
+            network,
+            disk,
+            readers,
+            scan,
+            report_dir,
+        })
+    }
+}
+
+/// The job's command: as given, or under a disk_full fault wrapped to run with a checkpoint
+/// disk of the plan's size (then the disk's faults too).
+fn job_command(
+    plan: &Plan,
+    setup: &RunSetup,
+    program: &str,
+) -> Result<(Command, Option<DiskFaults>), ChaosRunError> {
+    if !plan.faults.iter().any(|f| f.kind == FaultKind::DiskFull) {
+        let mut command = Command::new(program);
+        command.args(&setup.command[1..]);
+        return Ok((command, None));
+    }
+    let checkpoint_dir = setup
+        .checkpoint_dir
+        .as_ref()
+        .ok_or(ChaosRunError::DiskFullNoCheckpointDir)?;
+    let absolute = |path: &Path| {
+        std::path::absolute(path).map_err(|source| ChaosRunError::DiskFullPath {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let checkpoint_dir = absolute(checkpoint_dir)?;
+    let real = absolute(&setup.run_dir.join("chaos-disk"))?;
+    let (command, disk) =
+        DiskFaults::wrap(&setup.command, &checkpoint_dir, &real, plan.disk_size_mib)?;
+    Ok((command, Some(disk)))
+}
+
+/// What the runner keeps while the job runs: the faults still to carry out, the checkpoints
+/// seen (faults wait for them), the tasks paused, the chief's samples, whether it is stopping
+/// the job, and what it observed.
+struct Watch {
+    observed: Observed,
+    pending: Vec<Scheduled>,
+    /// The most checkpoints a fault waits for.
+    checkpoints_awaited: usize,
+    /// When the runner saw the 1st, 2nd, ... distinct checkpoint, up to `checkpoints_awaited`.
+    checkpoints_seen: Vec<Instant>,
+    checkpoint_names: std::collections::BTreeSet<u64>,
+    next_checkpoint_look: Instant,
+    /// Paused tasks: until when, their pid, their name.
+    paused: Vec<(Instant, u32, String)>,
+    next_sample: Instant,
+    last_sample: Option<(Instant, f64, (f64, f64))>,
+    /// Since when the runner is stopping the job (interrupted, or past the timeout).
+    stopping: Option<Instant>,
+    /// Signal faults due while their task was between processes: since when they wait.
+    awaiting_restart: std::collections::HashMap<usize, Instant>,
+}
+
+impl Watch {
+    fn new(plan: &Plan, started: Instant) -> Self {
+        let pending = plan.schedule();
+        let checkpoints_awaited = pending
+            .iter()
+            .map(|f| f.spec.after.checkpoints())
+            .max()
+            .unwrap_or(0) as usize;
+        Self {
+            observed: Observed::default(),
+            pending,
+            checkpoints_awaited,
+            checkpoints_seen: Vec::new(),
+            checkpoint_names: std::collections::BTreeSet::new(),
+            next_checkpoint_look: started,
+            paused: Vec::new(),
+            next_sample: started,
+            last_sample: None,
+            stopping: None,
+            awaiting_restart: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Stops the job when the runner was interrupted or the job outlived the timeout (SIGTERM
+    /// to the launcher, paused tasks resumed); once the stop's grace is over, SIGKILLs the
+    /// job's group and returns how it ended, for the caller to stop watching.
+    fn stop_when_asked(
+        &mut self,
+        job: &mut Job,
+        stop: &AtomicBool,
+        now: Instant,
+    ) -> Option<Option<std::process::ExitStatus>> {
+        let Some(since) = self.stopping else {
             let why = if stop.load(Ordering::SeqCst) {
                 Some("the runner was interrupted (Ctrl-C or SIGTERM)".to_string())
-            } else if now.duration_since(started) > setup.timeout {
+            } else if now.duration_since(job.started) > job.setup.timeout {
                 Some(format!(
                     "the job outlived --timeout {}",
-                    crate::cluster::format_duration(setup.timeout)
+                    crate::cluster::format_duration(job.setup.timeout)
                 ))
             } else {
                 None
             };
             if let Some(why) = why {
                 eprintln!("[chaos] {why}: stopping the job");
-                resume_all(&mut paused);
-                let _ = kill(Pid::from_raw(launcher as i32), Signal::SIGTERM);
-                observed.ended_by_runner = Some(why);
-                stopping = Some(now);
+                resume_all(&mut self.paused);
+                let _ = kill(Pid::from_raw(job.launcher as i32), Signal::SIGTERM);
+                self.observed.ended_by_runner = Some(why);
+                self.stopping = Some(now);
             }
-        } else if stopping.is_some_and(|at| now.duration_since(at) > STOP_GRACE) {
-            let _ = killpg(Pid::from_raw(launcher as i32), Signal::SIGKILL);
-            break child.wait().ok();
+            return None;
+        };
+        if now.duration_since(since) > STOP_GRACE {
+            let _ = killpg(Pid::from_raw(job.launcher as i32), Signal::SIGKILL);
+            return Some(job.child.wait().ok());
         }
-        // Lift the network faults whose time is over.
-        for healed in network.heal_due(now, started) {
+        None
+    }
+
+    /// Lifts the network faults, and frees a full disk, whose time is over.
+    fn heal_due(&mut self, job: &mut Job, now: Instant) {
+        for healed in job.network.heal_due(now, job.started) {
             eprintln!(
                 "[chaos] {:.2}s heal {}: {}",
                 healed.t_s, healed.target, healed.detail
             );
-            observed.faults.push(healed);
+            self.observed.faults.push(healed);
         }
-        // Free a full disk whose time is over.
-        if let Some(freed) = disk.as_mut().and_then(|d| d.free_due(now)) {
+        if let Some(freed) = job.disk.as_mut().and_then(|d| d.free_due(now)) {
             eprintln!(
                 "[chaos] {:.2}s heal checkpoints: {}",
-                now.duration_since(started).as_secs_f64(),
+                now.duration_since(job.started).as_secs_f64(),
                 freed.detail
             );
-            observed.faults.push(AppliedFault {
-                t_s: now.duration_since(started).as_secs_f64(),
+            self.observed.faults.push(AppliedFault {
+                t_s: now.duration_since(job.started).as_secs_f64(),
                 planned_s: freed.planned_s,
                 kind: "heal".into(),
                 target: "checkpoints".into(),
@@ -367,8 +467,11 @@ pub fn run_job(
                 detail: freed.detail,
             });
         }
-        // Resume what a pause stopped, when its time comes.
-        paused.retain(|(until, pid, task)| {
+    }
+
+    /// Resumes what a pause stopped, when its time comes.
+    fn resume_due(&mut self, now: Instant) {
+        self.paused.retain(|(until, pid, task)| {
             if now >= *until {
                 let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGCONT);
                 eprintln!("[chaos] SIGCONT {task} (pid {pid})");
@@ -377,60 +480,71 @@ pub fn run_job(
                 true
             }
         });
-        if checkpoints_seen.len() < checkpoints_awaited && now >= next_checkpoint_look {
-            next_checkpoint_look = now + CHECKPOINT_LOOK;
-            if let Some(root) = &setup.checkpoint_dir {
-                for entry in list_checkpoints(root).unwrap_or_default() {
-                    if checkpoints_seen.len() < checkpoints_awaited
-                        && checkpoint_names.insert(entry.step)
-                    {
-                        checkpoints_seen.push(now);
-                        eprintln!(
-                            "[chaos] {:.2}s checkpoint {} seen ({})",
-                            now.duration_since(started).as_secs_f64(),
-                            checkpoints_seen.len(),
-                            entry.dir.display()
-                        );
-                    }
-                }
+    }
+
+    /// Records the checkpoints the job wrote since the last look (faults wait for them).
+    fn look_for_checkpoints(&mut self, job: &Job, now: Instant) {
+        if self.checkpoints_seen.len() >= self.checkpoints_awaited
+            || now < self.next_checkpoint_look
+        {
+            return;
+        }
+        self.next_checkpoint_look = now + CHECKPOINT_LOOK;
+        let Some(root) = &job.setup.checkpoint_dir else {
+            return;
+        };
+        for entry in list_checkpoints(root).unwrap_or_default() {
+            if self.checkpoints_seen.len() < self.checkpoints_awaited
+                && self.checkpoint_names.insert(entry.step)
+            {
+                self.checkpoints_seen.push(now);
+                eprintln!(
+                    "[chaos] {:.2}s checkpoint {} seen ({})",
+                    now.duration_since(job.started).as_secs_f64(),
+                    self.checkpoints_seen.len(),
+                    entry.dir.display()
+                );
             }
         }
+    }
+
+    /// Carries out every fault now due. A signal for a task between two processes (killed,
+    /// the launcher restarting it) is for its next process: it waits for it, a while.
+    fn apply_due(&mut self, job: &mut Job, now: Instant) {
         // Faults put back this tick: their task is being restarted.
         let mut put_back: Vec<usize> = Vec::new();
-        while stopping.is_none() {
-            let due = pending.iter().position(|f| {
+        while self.stopping.is_none() {
+            let due = self.pending.iter().position(|f| {
                 let base = match f.spec.after {
-                    After::Start => Some(started),
-                    After::Checkpoint(n) => checkpoints_seen.get(n as usize - 1).copied(),
+                    After::Start => Some(job.started),
+                    After::Checkpoint(n) => self.checkpoints_seen.get(n as usize - 1).copied(),
                 };
                 !put_back.contains(&f.index) && base.is_some_and(|base| now >= base + f.at)
             });
             let Some(position) = due else { break };
-            let fault = pending.remove(position);
-            // A signal for a task between two processes (killed, the launcher restarting it)
-            // is for its next process: it waits for it, a while.
+            let fault = self.pending.remove(position);
             let signals = matches!(
                 fault.spec.kind,
                 FaultKind::Kill | FaultKind::Pause | FaultKind::Term
             );
-            if signals && !task_running(&fault, setup, launcher) {
-                let since = *awaiting_restart.entry(fault.index).or_insert(now);
+            if signals && !task_running(&fault, &job.setup, job.launcher) {
+                let since = *self.awaiting_restart.entry(fault.index).or_insert(now);
                 if now.duration_since(since) < RESTART_WAIT_MAX {
                     put_back.push(fault.index);
-                    pending.insert(position, fault);
+                    self.pending.insert(position, fault);
                     continue;
                 }
             }
             let mut applied = apply(
                 &fault,
-                setup,
-                launcher,
-                started,
-                &mut paused,
-                &mut network,
-                &mut disk,
+                &job.setup,
+                job.launcher,
+                job.started,
+                &mut self.paused,
+                &mut job.network,
+                &mut job.disk,
             );
-            if let Some(since) = awaiting_restart.remove(&fault.index) {
+            if let Some(since) = self.awaiting_restart.remove(&fault.index) {
                 applied.detail = format!(
                     "{} (after waiting {:.2}s for the task's next process)",
                     applied.detail,
@@ -444,49 +558,60 @@ pub fn run_job(
                 applied.task.as_deref().unwrap_or(&applied.target),
                 applied.detail
             );
-            observed.faults.push(applied);
+            self.observed.faults.push(applied);
         }
-        if now >= next_sample {
-            next_sample = now + Duration::from_secs(1);
-            if let Some(sample) = scrape_chief(&setup.run_dir, started, &mut last_sample) {
-                observed.samples.push(sample);
+    }
+
+    /// Scrapes the chief's metrics once a second.
+    fn sample(&mut self, job: &Job, now: Instant) {
+        if now >= self.next_sample {
+            self.next_sample = now + Duration::from_secs(1);
+            if let Some(sample) = scrape_chief(&job.setup.run_dir, job.started, &mut self.last_sample)
+            {
+                self.observed.samples.push(sample);
             }
         }
-        std::thread::sleep(TICK);
-    };
-    resume_all(&mut paused);
-    observed.duration_s = started.elapsed().as_secs_f64();
-    observed.exit_code = status.map(exit_code);
-    // Faults never due before the job ended.
-    for fault in pending {
-        observed.faults.push(AppliedFault {
-            t_s: observed.duration_s,
-            planned_s: fault.at.as_secs_f64(),
-            kind: fault.spec.kind.to_string(),
-            target: fault.spec.subject(),
-            task: None,
-            pid: None,
-            applied: false,
-            detail: match fault.spec.after {
-                After::Checkpoint(n) if checkpoints_seen.len() < n as usize => format!(
-                    "not applied: the job ended after {} of the {n} checkpoint(s) it waited for",
-                    checkpoints_seen.len()
-                ),
-                _ => "not applied: the job had ended".into(),
-            },
-        });
     }
-    // Tasks still running (the launcher died alone) are ended with it.
-    let _ = killpg(Pid::from_raw(launcher as i32), Signal::SIGKILL);
-    for reader in readers {
-        let _ = reader.join();
+
+    /// What was observed once the job ended (`status`): the faults never carried out, what
+    /// the job printed of panics, and what its tasks reported. Ends any task still running.
+    fn finish(mut self, job: Job, status: Option<std::process::ExitStatus>) -> Observed {
+        resume_all(&mut self.paused);
+        let mut observed = self.observed;
+        observed.duration_s = job.started.elapsed().as_secs_f64();
+        observed.exit_code = status.map(exit_code);
+        // Faults never due before the job ended.
+        for fault in self.pending {
+            observed.faults.push(AppliedFault {
+                t_s: observed.duration_s,
+                planned_s: fault.at.as_secs_f64(),
+                kind: fault.spec.kind.to_string(),
+                target: fault.spec.subject(),
+                task: None,
+                pid: None,
+                applied: false,
+                detail: match fault.spec.after {
+                    After::Checkpoint(n) if self.checkpoints_seen.len() < n as usize => format!(
+                        "not applied: the job ended after {} of the {n} checkpoint(s) it waited \
+                         for",
+                        self.checkpoints_seen.len()
+                    ),
+                    _ => "not applied: the job had ended".into(),
+                },
+            });
+        }
+        // Tasks still running (the launcher died alone) are ended with it.
+        let _ = killpg(Pid::from_raw(job.launcher as i32), Signal::SIGKILL);
+        for reader in job.readers {
+            let _ = reader.join();
+        }
+        let scan = std::mem::take(&mut *job.scan.lock().unwrap_or_else(|p| p.into_inner()));
+        observed.panics = scan.panics;
+        observed.panic_count = scan.panic_count;
+        let (reports, errors) = read_reports(&job.report_dir);
+        observed.summary = ReportedSummary::gather(&reports, &errors);
+        observed
     }
-    let scan = std::mem::take(&mut *scan.lock().unwrap_or_else(|p| p.into_inner()));
-    observed.panics = scan.panics;
-    observed.panic_count = scan.panic_count;
-    let (reports, errors) = read_reports(&report_dir);
-    observed.summary = ReportedSummary::gather(&reports, &errors);
-    Ok(observed)
 }
 
 /// Why a job could not be started under a plan (bad usage: nothing ran).
