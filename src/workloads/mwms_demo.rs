@@ -109,31 +109,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::drain_on_signal(&drain)
         .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGUSR1: {e}")))?;
-    // The plan of steps comes from the job's configuration, the same in every process: a
-    // worker restarted while the group is smaller must stop at the step the others stop at.
-    let spec = &config.cluster.cluster;
-    let planned_workers = match std::env::var(PLANNED_WORKERS_ENV) {
-        Ok(text) => {
-            crate::cluster::parse_count(&text, "workers", crate::cluster::WORKERS_MAX_LIMIT)
-                .map_err(|e| MwmsDemoError::Config(format!("{PLANNED_WORKERS_ENV}: {e}")))?
-                as usize
-        }
-        Err(_) => spec.num_tasks(TaskType::Chief) + spec.num_tasks(TaskType::Worker),
-    };
-    let planned_replicas = planned_workers * config.local_replicas;
-    let epochs = match std::env::var(EPOCHS_ENV) {
-        Ok(text) => text
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=10_000).contains(n))
-            .ok_or_else(|| {
-                MwmsDemoError::Config(format!(
-                    "{EPOCHS_ENV}: {text:?} is not a whole number from 1 to 10000"
-                ))
-            })?,
-        Err(_) => DEFAULT_EPOCHS,
-    };
+    let (planned_workers, epochs) = planned_run(&config)?;
     let digits = Digits::load().map_err(|e| MwmsDemoError::Config(e.to_string()))?;
     let (train, held_out) = digits.split(HELD_OUT_FRACTION, SPLIT_SEED);
     let problem = DenseProblem {
@@ -144,30 +120,21 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         x: train.features,
         y: train.labels,
     };
+    let steps_per_epoch = problem
+        .examples()
+        .div_ceil(PER_REPLICA_BATCH * planned_workers * config.local_replicas);
+    let steps = epochs * steps_per_epoch;
     let mut strategy =
         MultiWorkerMirrored::new(config).map_err(|e| MwmsDemoError::Training(e.to_string()))?;
-    // The group's first member (the chief, or the lowest-ranked worker while the chief is
-    // away) reports for it: it changes as the group does, so it follows every change.
-    let mut leads = strategy.is_chief();
-    let me_node = crate::cluster::node_id(strategy.task());
-    let me = strategy.task();
-    let group = strategy.process_group();
-    let joined_live = group.generation() > 1;
-    // A process that joined the live group (a restart) sees the group from its admission on
-    // (the admission event records that epoch).
-    let mut epochs_seen = if joined_live {
-        Vec::new()
-    } else {
-        vec![(group.generation(), group.size(), 0usize, String::new())]
-    };
-    if leads {
+    let mut log = GroupLog::start(&strategy, epochs, steps_per_epoch);
+    if log.leads {
         outln!(
             "MultiWorkerMirrored: {} workers × {} replica(s), group generation {}, summing over {}; \
              digits: {} training and {} held-out examples, {PER_REPLICA_BATCH} per replica and \
              step",
-            group.size(),
+            log.workers,
             strategy.local_replicas().len(),
-            group.generation(),
+            log.group_generation,
             strategy.communication(),
             problem.examples(),
             held_out.len()
@@ -177,155 +144,32 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     // the start, then its final model (and the chief's group generations).
     let mut report = TaskReport {
         collective: true,
-        ..TaskReport::of(me.to_string())
+        ..TaskReport::of(log.me.to_string())
     };
     write_report(&report);
-    if joined_live {
-        outln!(
-            "{me}: found the group training; admitted at generation {} ({} workers)",
-            group.generation(),
-            group.size()
-        );
-    }
-    let steps_per_epoch = problem
-        .examples()
-        .div_ceil(PER_REPLICA_BATCH * planned_replicas);
-    let steps = epochs * steps_per_epoch;
-    let middle = steps / 2;
-    let mut epoch_losses = Vec::new();
-    let mut epoch_started = Instant::now();
-    let mut workers = group.size();
-    let mut group_generation = group.generation();
     let seed = 11 + 1000 * strategy.worker_index() as u64;
     // SIGTERM (the launcher's stop, or a preemption) is this worker's notice: it leaves at
     // the next step boundary after the chief saved that step.
     let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::stop_on_signals(&notice)
         .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGTERM: {e}")))?;
-    let mut checkpoints = match std::env::var_os(ConfigKey::CHECKPOINT_DIR.env) {
-        Some(dir) => Some(
-            StateCheckpoints::open(
-                std::path::Path::new(&dir),
-                Some((CHECKPOINT_EVERY_EPOCHS * steps_per_epoch) as u64),
-                3,
-            )
-            .map_err(|e| {
-                MwmsDemoError::Config(format!("{}: {e}", ConfigKey::CHECKPOINT_DIR.env))
-            })?,
-        ),
-        None => None,
-    };
+    let mut checkpoints = open_checkpoints(steps_per_epoch)?;
     let options = ElasticOptions {
         notice: Some(&notice),
         drain: Some(&drain),
         checkpoints: checkpoints.as_mut(),
     };
-    let trained = dense_sync::train_elastic_on(
+    let run = dense_sync::train_elastic_on(
         &mut strategy,
         &problem,
         steps,
         PER_REPLICA_BATCH,
         seed,
         options,
-        &mut |event| match event {
-            ElasticEvent::Step { step, loss } => {
-                epoch_losses.push(loss);
-                crate::status::record_loss(step as u64, f64::from(loss));
-                if leads && step + 1 == middle {
-                    // The launcher's chaos kill comes now (`launch --kill-worker-after`
-                    // is the fallback).
-                    outln!(
-                        "{} midway at step {}",
-                        crate::launch::CHAOS_MARKER,
-                        step + 1
-                    );
-                }
-                if leads && (step + 1) % steps_per_epoch == 0 {
-                    let mean = epoch_losses.iter().sum::<f32>() / epoch_losses.len() as f32;
-                    let rate = epoch_losses.len() as f64 / epoch_started.elapsed().as_secs_f64();
-                    outln!(
-                        "epoch {}/{epochs}: loss {mean:.4}, {rate:.0} steps/s, group \
-                         generation {group_generation} of {workers} workers",
-                        (step + 1) / steps_per_epoch
-                    );
-                    epoch_losses.clear();
-                    epoch_started = Instant::now();
-                }
-            }
-            ElasticEvent::Recovered(r) => {
-                leads = r.members.first() == Some(&me_node);
-                workers = r.members.len();
-                group_generation = r.generation;
-                let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
-                // A re-forming after a partition healed may lose no one.
-                let what = if lost.is_empty() {
-                    "no worker lost".to_string()
-                } else {
-                    format!("lost {}", lost.join(", "))
-                };
-                if leads {
-                    outln!(
-                        "group re-formed: generation {} with {} workers ({what}: {}); going on from \
-                         step {} with {} of their state, no checkpoint read",
-                        r.generation, workers, r.cause, r.step, r.source
-                    );
-                }
-                epochs_seen.push((r.generation, workers, r.step as usize, what));
-            }
-            ElasticEvent::Departed(d) => {
-                leads = d.members.first() == Some(&me_node);
-                workers = d.members.len();
-                group_generation = d.generation;
-                let what = d.describe();
-                if leads {
-                    // Only a preemption needs the checkpoint: drained workers leave for good.
-                    let checkpoint = if d.saved {
-                        "checkpoint saved"
-                    } else if d.drained.len() == d.left.len() {
-                        "no checkpoint needed"
-                    } else {
-                        "checkpoint NOT saved"
-                    };
-                    outln!(
-                        "group shrank at step {}: {what}; {checkpoint}; generation {} with {} workers",
-                        d.step, d.generation, workers
-                    );
-                }
-                epochs_seen.push((d.generation, workers, d.step as usize, what));
-            }
-            ElasticEvent::Saved { step, dir } => {
-                outln!("saved checkpoint of step {step} in {}", dir.display());
-            }
-            ElasticEvent::Restored { step, dir } => {
-                outln!(
-                    "resumed from the checkpoint of step {step} in {}",
-                    dir.display()
-                );
-            }
-            ElasticEvent::Admitted(a) => {
-                leads = a.members.first() == Some(&me_node);
-                workers = a.members.len();
-                group_generation = a.generation;
-                let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
-                let what = format!("admitted {}", joined.join(", "));
-                if a.joined.contains(&me_node) {
-                    outln!(
-                        "{me}: received step {}, the variables and the optimizer state from {}",
-                        a.step, a.source
-                    );
-                }
-                if leads {
-                    outln!(
-                        "group grew: generation {} with {} workers ({what}, sent the state of {}); \
-                         going on from step {}",
-                        a.generation, workers, a.source, a.step
-                    );
-                }
-                epochs_seen.push((a.generation, workers, a.step as usize, what));
-            }
-        },
-    );
-    let run = trained.map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+        &mut |event| log.on_event(event),
+    )
+    .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    let me = log.me;
     if run.drained {
         outln!("{me}: drained: left the group for good");
         return Ok(());
@@ -346,8 +190,107 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     if !strategy.is_chief() {
         return Ok(());
     }
-    // The MLP's layers hold candle-nn's `[units, inputs]` weights; the accuracy function takes
-    // `[inputs, units]` kernels.
+    let summary = Summary {
+        started,
+        steps,
+        outcome: &outcome,
+        held_out: &held_out,
+        log: &log,
+    };
+    summary.print_and_report(&mut report)
+}
+
+/// The chief's summary at the end: the held-out accuracy against its target, the group's
+/// generations (also into the run report) and the last loss.
+struct Summary<'a> {
+    started: Instant,
+    steps: usize,
+    outcome: &'a dense_sync::DenseOutcome,
+    held_out: &'a super::digits::Digits,
+    log: &'a GroupLog,
+}
+
+impl Summary<'_> {
+    fn print_and_report(&self, report: &mut TaskReport) -> Result<(), MwmsDemoError> {
+        let accuracy = held_out_accuracy(self.outcome, self.held_out)?;
+        outln!("== summary ({:.1}s)", self.started.elapsed().as_secs_f64());
+        self.log.print_generations();
+        report.group_generations = self.log.generations();
+        write_report(report);
+        let last_loss = self
+            .outcome
+            .losses
+            .iter()
+            .rev()
+            .find(|l| !l.is_nan())
+            .copied()
+            .unwrap_or(f32::NAN);
+        outln!("  steps: {}, last loss {last_loss:.4}", self.steps);
+        outln!(
+            "  digits: held-out accuracy {:.1}% (target >= {:.0}%)",
+            100.0 * accuracy,
+            100.0 * TARGET_ACCURACY
+        );
+        if accuracy < TARGET_ACCURACY {
+            return Err(MwmsDemoError::Accuracy {
+                accuracy: 100.0 * accuracy,
+                target: 100.0 * TARGET_ACCURACY,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The run's plan, from the job's configuration, the same in every process (a worker
+/// restarted while the group is smaller must stop at the step the others stop at): the
+/// workers planned and the epochs.
+fn planned_run(config: &MultiWorkerConfig) -> Result<(usize, usize), MwmsDemoError> {
+    let spec = &config.cluster.cluster;
+    let planned_workers = match std::env::var(PLANNED_WORKERS_ENV) {
+        Ok(text) => {
+            crate::cluster::parse_count(&text, "workers", crate::cluster::WORKERS_MAX_LIMIT)
+                .map_err(|e| MwmsDemoError::Config(format!("{PLANNED_WORKERS_ENV}: {e}")))?
+                as usize
+        }
+        Err(_) => spec.num_tasks(TaskType::Chief) + spec.num_tasks(TaskType::Worker),
+    };
+    let epochs = match std::env::var(EPOCHS_ENV) {
+        Ok(text) => text
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=10_000).contains(n))
+            .ok_or_else(|| {
+                MwmsDemoError::Config(format!(
+                    "{EPOCHS_ENV}: {text:?} is not a whole number from 1 to 10000"
+                ))
+            })?,
+        Err(_) => DEFAULT_EPOCHS,
+    };
+    Ok((planned_workers, epochs))
+}
+
+/// The job's checkpoints, where it was given a checkpoint directory: every
+/// [`CHECKPOINT_EVERY_EPOCHS`] epochs, the newest 3 kept.
+fn open_checkpoints(steps_per_epoch: usize) -> Result<Option<StateCheckpoints>, MwmsDemoError> {
+    let Some(dir) = std::env::var_os(ConfigKey::CHECKPOINT_DIR.env) else {
+        return Ok(None);
+    };
+    StateCheckpoints::open(
+        std::path::Path::new(&dir),
+        Some((CHECKPOINT_EVERY_EPOCHS * steps_per_epoch) as u64),
+        3,
+    )
+    .map(Some)
+    .map_err(|e| MwmsDemoError::Config(format!("{}: {e}", ConfigKey::CHECKPOINT_DIR.env)))
+}
+
+/// The classifier's accuracy on the held-out digits. The MLP's layers hold candle-nn's
+/// `[units, inputs]` weights; the accuracy function takes `[inputs, units]` kernels.
+fn held_out_accuracy(
+    outcome: &dense_sync::DenseOutcome,
+    held_out: &super::digits::Digits,
+) -> Result<f32, MwmsDemoError> {
     let variable = |name: &str| {
         outcome
             .variables
@@ -369,55 +312,211 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         &logits,
         variable("logits.bias")?,
     ];
-    let accuracy = models::mlp_accuracy(
+    models::mlp_accuracy(
         &[PIXELS, HIDDEN, CLASSES],
         &params,
         &held_out.features,
         &held_out.labels,
     )
-    .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
-    outln!("== summary ({:.1}s)", started.elapsed().as_secs_f64());
-    if joined_live {
-        outln!("  group generations (seen by this process of {me}, admitted after a restart; the generations before were its previous process's):");
-    } else {
-        outln!("  group generations:");
-    }
-    for (epoch, workers, step, what) in &epochs_seen {
-        if what.is_empty() {
-            outln!("    generation {epoch}: {workers} workers from step {step}");
+    .map_err(|e| MwmsDemoError::Training(e.to_string()))
+}
+
+/// What a member prints and remembers of the group as training goes: whether it leads (the
+/// group's first member reports for it, and that changes as the group does), each epoch's
+/// losses, and the generations it saw.
+struct GroupLog {
+    me: crate::cluster::TaskId,
+    me_node: cohort_transport::NodeId,
+    leads: bool,
+    workers: usize,
+    group_generation: u64,
+    /// This process joined the live group (a restart): it sees the generations from its
+    /// admission on.
+    joined_live: bool,
+    /// `(generation, workers, from step, what happened)`.
+    generations: Vec<(u64, usize, usize, String)>,
+    epochs: usize,
+    steps_per_epoch: usize,
+    epoch_losses: Vec<f32>,
+    epoch_started: Instant,
+}
+
+impl GroupLog {
+    fn start(strategy: &MultiWorkerMirrored, epochs: usize, steps_per_epoch: usize) -> Self {
+        let me = strategy.task();
+        let group = strategy.process_group();
+        let joined_live = group.generation() > 1;
+        let generations = if joined_live {
+            Vec::new()
         } else {
-            outln!("    generation {epoch}: {workers} workers from step {step} ({what})");
+            vec![(group.generation(), group.size(), 0usize, String::new())]
+        };
+        if joined_live {
+            outln!(
+                "{me}: found the group training; admitted at generation {} ({} workers)",
+                group.generation(),
+                group.size()
+            );
+        }
+        Self {
+            me_node: crate::cluster::node_id(me),
+            me,
+            leads: strategy.is_chief(),
+            workers: group.size(),
+            group_generation: group.generation(),
+            joined_live,
+            generations,
+            epochs,
+            steps_per_epoch,
+            epoch_losses: Vec::new(),
+            epoch_started: Instant::now(),
         }
     }
-    report.group_generations = epochs_seen
-        .iter()
-        .map(|(generation, workers, step, _)| GroupGeneration {
-            generation: *generation,
-            workers: *workers as u64,
-            from_step: *step as u64,
-        })
-        .collect();
-    write_report(&report);
-    let last_loss = outcome
-        .losses
-        .iter()
-        .rev()
-        .find(|l| !l.is_nan())
-        .copied()
-        .unwrap_or(f32::NAN);
-    outln!("  steps: {steps}, last loss {last_loss:.4}");
-    outln!(
-        "  digits: held-out accuracy {:.1}% (target >= {:.0}%)",
-        100.0 * accuracy,
-        100.0 * TARGET_ACCURACY
-    );
-    if accuracy < TARGET_ACCURACY {
-        return Err(MwmsDemoError::Accuracy {
-            accuracy: 100.0 * accuracy,
-            target: 100.0 * TARGET_ACCURACY,
-        });
+
+    /// The group has `members` in `generation` now.
+    fn regroup(&mut self, members: &[cohort_transport::NodeId], generation: u64) {
+        self.leads = members.first() == Some(&self.me_node);
+        self.workers = members.len();
+        self.group_generation = generation;
     }
-    Ok(())
+
+    fn on_event(&mut self, event: ElasticEvent<'_>) {
+        match event {
+            ElasticEvent::Step { step, loss } => self.on_step(step, loss),
+            ElasticEvent::Recovered(r) => {
+                self.regroup(&r.members, r.generation);
+                let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
+                // A re-forming after a partition healed may lose no one.
+                let what = if lost.is_empty() {
+                    "no worker lost".to_string()
+                } else {
+                    format!("lost {}", lost.join(", "))
+                };
+                if self.leads {
+                    outln!(
+                        "group re-formed: generation {} with {} workers ({what}: {}); going on from \
+                         step {} with {} of their state, no checkpoint read",
+                        r.generation, self.workers, r.cause, r.step, r.source
+                    );
+                }
+                self.generations
+                    .push((r.generation, self.workers, r.step as usize, what));
+            }
+            ElasticEvent::Departed(d) => {
+                self.regroup(&d.members, d.generation);
+                let what = d.describe();
+                if self.leads {
+                    // Only a preemption needs the checkpoint: drained workers leave for good.
+                    let checkpoint = if d.saved {
+                        "checkpoint saved"
+                    } else if d.drained.len() == d.left.len() {
+                        "no checkpoint needed"
+                    } else {
+                        "checkpoint NOT saved"
+                    };
+                    outln!(
+                        "group shrank at step {}: {what}; {checkpoint}; generation {} with {} workers",
+                        d.step, d.generation, self.workers
+                    );
+                }
+                self.generations
+                    .push((d.generation, self.workers, d.step as usize, what));
+            }
+            ElasticEvent::Saved { step, dir } => {
+                outln!("saved checkpoint of step {step} in {}", dir.display());
+            }
+            ElasticEvent::Restored { step, dir } => {
+                outln!(
+                    "resumed from the checkpoint of step {step} in {}",
+                    dir.display()
+                );
+            }
+            ElasticEvent::Admitted(a) => {
+                self.regroup(&a.members, a.generation);
+                let joined: Vec<String> = a.joined.iter().map(ToString::to_string).collect();
+                let what = format!("admitted {}", joined.join(", "));
+                if a.joined.contains(&self.me_node) {
+                    outln!(
+                        "{}: received step {}, the variables and the optimizer state from {}",
+                        self.me, a.step, a.source
+                    );
+                }
+                if self.leads {
+                    outln!(
+                        "group grew: generation {} with {} workers ({what}, sent the state of {}); \
+                         going on from step {}",
+                        a.generation, self.workers, a.source, a.step
+                    );
+                }
+                self.generations
+                    .push((a.generation, self.workers, a.step as usize, what));
+            }
+        }
+    }
+
+    /// A step trained: its loss recorded; the leader says when the launcher's chaos kill is
+    /// due (midway) and how each epoch went.
+    fn on_step(&mut self, step: usize, loss: f32) {
+        self.epoch_losses.push(loss);
+        crate::status::record_loss(step as u64, f64::from(loss));
+        let steps = self.epochs * self.steps_per_epoch;
+        if self.leads && step + 1 == steps / 2 {
+            // The launcher's chaos kill comes now (`launch --kill-worker-after` is the
+            // fallback).
+            outln!(
+                "{} midway at step {}",
+                crate::launch::CHAOS_MARKER,
+                step + 1
+            );
+        }
+        if self.leads && (step + 1) % self.steps_per_epoch == 0 {
+            let mean = self.epoch_losses.iter().sum::<f32>() / self.epoch_losses.len() as f32;
+            let rate =
+                self.epoch_losses.len() as f64 / self.epoch_started.elapsed().as_secs_f64();
+            outln!(
+                "epoch {}/{}: loss {mean:.4}, {rate:.0} steps/s, group generation {} of {} \
+                 workers",
+                (step + 1) / self.steps_per_epoch,
+                self.epochs,
+                self.group_generation,
+                self.workers
+            );
+            self.epoch_losses.clear();
+            self.epoch_started = Instant::now();
+        }
+    }
+
+    /// The summary's list of the generations this process saw.
+    fn print_generations(&self) {
+        if self.joined_live {
+            outln!(
+                "  group generations (seen by this process of {}, admitted after a restart; the \
+                 generations before were its previous process's):",
+                self.me
+            );
+        } else {
+            outln!("  group generations:");
+        }
+        for (epoch, workers, step, what) in &self.generations {
+            if what.is_empty() {
+                outln!("    generation {epoch}: {workers} workers from step {step}");
+            } else {
+                outln!("    generation {epoch}: {workers} workers from step {step} ({what})");
+            }
+        }
+    }
+
+    /// The generations as the run report gives them.
+    fn generations(&self) -> Vec<GroupGeneration> {
+        self.generations
+            .iter()
+            .map(|(generation, workers, step, _)| GroupGeneration {
+                generation: *generation,
+                workers: *workers as u64,
+                from_step: *step as u64,
+            })
+            .collect()
+    }
 }
 
 /// The strategy's settings from the environment (see
