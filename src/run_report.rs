@@ -8,7 +8,7 @@
 //! latest process of a task replacing what an earlier one wrote. Without the variable nothing
 //! is written. A parameter-server chief whose program writes none (a user's program, a Python
 //! script) has the runtime write its ledger and servers' counts when its program ends
-//! ([`chief_report`]). The runner reads every file once the job has ended
+//! (`chief_report`). The runner reads every file once the job has ended
 //! ([`read_reports`]); a file it cannot read is named in its result, not skipped silently.
 
 use std::collections::BTreeMap;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -91,3 +92,53 @@ def launch(
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{script.name} ran past {JOB_TIMEOUT_S} s:\n{e.output}")
     return Job(done.returncode, done.stdout)
+
+
+class ChaosRun:
+    """A finished ``cohort chaos run``: its exit code and output, its report (JSON) and the
+    job's log."""
+
+    def __init__(self, done: subprocess.CompletedProcess, out: pathlib.Path) -> None:
+        self.code = done.returncode
+        self.output = done.stdout + done.stderr
+        report_file = out / "report.json"
+        assert report_file.is_file(), self.output
+        self.report = json.loads(report_file.read_text())
+        log = out / "job.log"
+        self.log = log.read_text() if log.is_file() else ""
+
+    def check(self, name: str) -> dict:
+        """The report's check ``name``."""
+        found = [c for c in self.report["checks"] if c["name"] == name]
+        assert len(found) == 1, json.dumps(self.report, indent=1)
+        return found[0]
+
+    def explained(self) -> str:
+        """The report and the end of the job's log, for an assertion's message."""
+        return json.dumps(self.report, indent=1) + self.log[-6000:]
+
+
+def chaos_run(
+    tmp_path: pathlib.Path,
+    plan: str,
+    job: list[str],
+    env: dict[str, str] | None = None,
+) -> ChaosRun:
+    """Runs ``job`` (a launch command) under ``cohort chaos run`` with the fault plan ``plan``
+    (TOML), as a user runs it; skips where the cohort binary was not built (``COHORT_BIN``)."""
+    cohort_bin = os.environ.get("COHORT_BIN")
+    if not cohort_bin or not os.path.isfile(cohort_bin):
+        pytest.skip("the cohort binary was not built here (cargo build): COHORT_BIN unset")
+    plan_file = tmp_path / "plan.toml"
+    plan_file.write_text(plan)
+    out = tmp_path / "chaos"
+    command = [cohort_bin, "chaos", "run", "--plan", str(plan_file), "--out", str(out)]
+    command += ["--timeout", "150s", "--", *job]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+        timeout=JOB_TIMEOUT_S + 60,
+    )
+    return ChaosRun(done, out)

@@ -5,16 +5,13 @@ scheduled), a stop request (SIGTERM) ends the chief with its checkpoint and exit
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import time
 
-import pytest
-
-from conftest import JOBS, JOB_TIMEOUT_S, launch, launch_command
+from conftest import JOBS, JOB_TIMEOUT_S, chaos_run, launch, launch_command
 
 STEPS = 300
 
@@ -117,11 +114,7 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
     # `cohort chaos run` launches the Python job as it launches a Rust one, kills a worker, a
     # parameter server and the chief (the script) as the plan says, and checks the runtime's
     # report of the chief that finished.
-    cohort_bin = os.environ.get("COHORT_BIN")
-    if not cohort_bin or not os.path.isfile(cohort_bin):
-        pytest.skip("the cohort binary was not built here (cargo build): COHORT_BIN unset")
-    plan = tmp_path / "plan.toml"
-    plan.write_text(
+    plan = (
         "seed = 5\n\n"
         '[[fault]]\nkind = "kill"\ntarget = "worker:1"\nat = "500ms..1s"\n'
         'after = "first_checkpoint"\n\n'
@@ -129,39 +122,20 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
         # The script itself: its restarted process resumes from the newest checkpoint.
         '[[fault]]\nkind = "kill"\ntarget = "chief"\nat = "3500ms"\nafter = "first_checkpoint"\n'
     )
-    out = tmp_path / "chaos"
-    command = [
-        cohort_bin,
-        "chaos",
-        "run",
-        "--plan",
-        str(plan),
-        "--out",
-        str(out),
-        "--timeout",
-        "150s",
-        "--",
-        *launch_command(
-            JOBS / "counter.py",
-            "--steps",
-            "1200",
-            "--pause",
-            "0.01",
-            "--checkpoint-every",
-            "40",
-            flags=("--run-dir", str(tmp_path / "job")),
-        ),
-    ]
-    env = dict(os.environ, COHORT_CHECKPOINT_DIR=str(tmp_path / "checkpoints"))
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S + 60
+    job = launch_command(
+        JOBS / "counter.py",
+        "--steps",
+        "1200",
+        "--pause",
+        "0.01",
+        "--checkpoint-every",
+        "40",
+        flags=("--run-dir", str(tmp_path / "job")),
     )
-    report_file = out / "report.json"
-    assert report_file.is_file(), done.stdout + done.stderr
-    report = json.loads(report_file.read_text())
-    log = (out / "job.log").read_text() if (out / "job.log").is_file() else ""
-    assert report["verdict"] == "passed", json.dumps(report, indent=1) + log[-6000:]
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "counters [1200, 1200] after 1200 steps" in log, log[-6000:]
-    assert re.search(r"\[chief/0\] restored: [1-9]\d*", log), log[-6000:]
-
+    run = chaos_run(
+        tmp_path, plan, job, env={"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    )
+    assert run.report["verdict"] == "passed", run.explained()
+    assert run.code == 0, run.output
+    assert "counters [1200, 1200] after 1200 steps" in run.log, run.log[-6000:]
+    assert re.search(r"\[chief/0\] restored: [1-9]\d*", run.log), run.log[-6000:]

@@ -5,14 +5,11 @@ comes back)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 
 import pytest
 
-from conftest import JOB_TIMEOUT_S, JOBS, launch, launch_command
+from conftest import JOBS, chaos_run, launch, launch_command
 
 
 def test_a_multi_worker_mirrored_script_ends_with_the_same_weights_on_every_worker():
@@ -104,48 +101,26 @@ def test_the_chaos_runner_drives_a_mirrored_python_job_to_one_model(tmp_path):
     # `cohort chaos run` kills one worker and preempts another of a MultiWorkerMirrored script
     # (with cohort's Adam, whose moments must follow the weights): the runtime writes each
     # task's final model and the chief's group generations, and the runner finds one model.
-    cohort_bin = os.environ.get("COHORT_BIN")
-    if not cohort_bin or not os.path.isfile(cohort_bin):
-        pytest.skip("the cohort binary was not built here (cargo build): COHORT_BIN unset")
-    plan = tmp_path / "plan.toml"
-    plan.write_text(
+    plan = (
         "seed = 9\n\n"
         '[[fault]]\nkind = "kill"\ntarget = "worker:1"\nat = "1500ms..2s"\n\n'
         '[[fault]]\nkind = "term"\ntarget = "worker:0"\nat = "4s..4500ms"\n'
     )
-    out = tmp_path / "chaos"
-    command = [
-        cohort_bin,
-        "chaos",
-        "run",
-        "--plan",
-        str(plan),
-        "--out",
-        str(out),
-        "--timeout",
-        "150s",
-        "--",
-        *launch_command(
-            JOBS / "mirrored_elastic.py",
-            "--optimizer",
-            "adam",
-            "--steps",
-            "900",
-            "--pause",
-            "0.01",
-            workers=2,
-            ps=0,
-            flags=("--strategy", "multi-worker-mirrored", "--run-dir", str(tmp_path / "job")),
-        ),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_S + 60)
-    report_file = out / "report.json"
-    assert report_file.is_file(), done.stdout + done.stderr
-    report = json.loads(report_file.read_text())
-    log = (out / "job.log").read_text() if (out / "job.log").is_file() else ""
-    assert report["verdict"] == "passed", json.dumps(report, indent=1) + log[-6000:]
-    checks = {check["name"]: check for check in report["checks"]}
-    assert checks["one model"]["status"] == "passed", json.dumps(report, indent=1)
-    assert checks["group generations"]["status"] == "passed", json.dumps(report, indent=1)
-    assert "3 worker(s) ended at step 900" in checks["one model"]["detail"], checks
-    assert done.returncode == 0, done.stdout + done.stderr
+    job = launch_command(
+        JOBS / "mirrored_elastic.py",
+        "--optimizer",
+        "adam",
+        "--steps",
+        "900",
+        "--pause",
+        "0.01",
+        workers=2,
+        ps=0,
+        flags=("--strategy", "multi-worker-mirrored", "--run-dir", str(tmp_path / "job")),
+    )
+    run = chaos_run(tmp_path, plan, job)
+    assert run.report["verdict"] == "passed", run.explained()
+    assert run.check("one model")["status"] == "passed", run.explained()
+    assert "3 worker(s) ended at step 900" in run.check("one model")["detail"], run.explained()
+    assert run.check("group generations")["status"] == "passed", run.explained()
+    assert run.code == 0, run.output

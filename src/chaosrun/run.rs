@@ -90,6 +90,22 @@ pub struct AppliedFault {
     pub detail: String,
 }
 
+impl AppliedFault {
+    /// `fault`, not carried out (yet) at `t_s` seconds, for the reason `detail`.
+    fn not_applied(fault: &Scheduled, t_s: f64, detail: String) -> Self {
+        Self {
+            t_s,
+            planned_s: fault.at.as_secs_f64(),
+            kind: fault.spec.kind.to_string(),
+            target: fault.spec.subject(),
+            task: None,
+            pid: None,
+            applied: false,
+            detail,
+        }
+    }
+}
+
 /// One reading of the chief's metrics.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Sample {
@@ -582,23 +598,15 @@ impl Watch {
         observed.exit_code = status.map(exit_code);
         // Faults never due before the job ended.
         for fault in self.pending {
-            observed.faults.push(AppliedFault {
-                t_s: observed.duration_s,
-                planned_s: fault.at.as_secs_f64(),
-                kind: fault.spec.kind.to_string(),
-                target: fault.spec.subject(),
-                task: None,
-                pid: None,
-                applied: false,
-                detail: match fault.spec.after {
-                    After::Checkpoint(n) if self.checkpoints_seen.len() < n as usize => format!(
-                        "not applied: the job ended after {} of the {n} checkpoint(s) it waited \
-                         for",
-                        self.checkpoints_seen.len()
-                    ),
-                    _ => "not applied: the job had ended".into(),
-                },
-            });
+            let detail = match fault.spec.after {
+                After::Checkpoint(n) if self.checkpoints_seen.len() < n as usize => format!(
+                    "not applied: the job ended after {} of the {n} checkpoint(s) it waited for",
+                    self.checkpoints_seen.len()
+                ),
+                _ => "not applied: the job had ended".into(),
+            };
+            let unapplied = AppliedFault::not_applied(&fault, observed.duration_s, detail);
+            observed.faults.push(unapplied);
         }
         // Tasks still running (the launcher died alone) are ended with it.
         let _ = killpg(Pid::from_raw(job.launcher as i32), Signal::SIGKILL);
@@ -868,16 +876,7 @@ fn apply(
     network: &mut NetFaults,
     disk: &mut Option<DiskFaults>,
 ) -> AppliedFault {
-    let mut out = AppliedFault {
-        t_s: started.elapsed().as_secs_f64(),
-        planned_s: fault.at.as_secs_f64(),
-        kind: fault.spec.kind.to_string(),
-        target: fault.spec.subject(),
-        task: None,
-        pid: None,
-        applied: false,
-        detail: String::new(),
-    };
+    let mut out = AppliedFault::not_applied(fault, started.elapsed().as_secs_f64(), String::new());
     let result = match fault.spec.kind {
         FaultKind::Kill | FaultKind::Pause | FaultKind::Term => {
             signal_task(fault, setup, launcher, paused, &mut out)
