@@ -67,7 +67,7 @@ fn every_peer_program_runs_and_prints_its_figure() {
         );
         return;
     }
-    let programs: [(&str, &[&str], &str); 8] = [
+    let programs: [(&str, &[&str], &str); 10] = [
         (
             "tf_mwms.py",
             &["--workers=2", "--steps=5", "--warmup=1"],
@@ -100,6 +100,8 @@ fn every_peer_program_runs_and_prints_its_figure() {
             &["--compute=numpy", "--steps=5", "--warmup=1"],
             "steps_per_second",
         ),
+        ("dense_step_compute.py", &["--steps=5"], "torch_ms"),
+        ("dense_step_compute.py", &["--steps=5"], "numpy_ms"),
     ];
     for (script, args, key) in programs {
         let line = run(&python, script, args);

@@ -17,17 +17,10 @@ import numpy as np
 import torch
 
 import cohort
-from workload import CLASSES, FEATURES, HIDDEN, LEARNING_RATE
+from dense_compute import numpy_gradients, torch_mlp
+from workload import CLASSES, FEATURES, LEARNING_RATE
 
 BATCH = 256
-
-
-def mlp():
-    sizes = [FEATURES, *HIDDEN, CLASSES]
-    layers = []
-    for n_in, n_out in zip(sizes, sizes[1:]):
-        layers += [torch.nn.Linear(n_in, n_out), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1])
 
 
 def dataset_fn(input_context):
@@ -52,7 +45,7 @@ def dense_step(variables, iterator):
     global _module
     if _module is None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // 5))
-        _module = mlp()
+        _module = torch_mlp()
     x, y = next(iterator)
     values = cohort.read_variables(variables)
     with torch.no_grad():
@@ -67,26 +60,7 @@ def dense_step(variables, iterator):
 def numpy_dense_step(variables, iterator):
     """The same step with NumPy computing the gradients by hand (its BLAS, one thread)."""
     x, y = next(iterator)
-    values = cohort.read_variables(variables)
-    weights, biases = values[0::2], values[1::2]
-    activations = [x]
-    h = x
-    for layer, (w, b) in enumerate(zip(weights, biases)):
-        h = h @ w.T + b
-        if layer < len(weights) - 1:
-            h = np.maximum(h, 0)
-        activations.append(h)
-    z = h - h.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1
-    d = p / len(y)
-    grads = [None] * len(values)
-    for layer in range(len(weights) - 1, -1, -1):
-        grads[2 * layer] = d.T @ activations[layer]
-        grads[2 * layer + 1] = d.sum(axis=0)
-        if layer > 0:
-            d = (d @ weights[layer]) * (activations[layer] > 0)
+    grads = numpy_gradients(cohort.read_variables(variables), x, y)
     optimizer.apply_gradients(zip(grads, variables))
 
 
@@ -106,7 +80,7 @@ strategy = cohort.ParameterServerStrategy(
 )
 coordinator = cohort.coordinator.ClusterCoordinator(strategy)
 with strategy.scope():
-    variables = [cohort.Variable(p, name=n) for n, p in mlp().named_parameters()]
+    variables = [cohort.Variable(p, name=n) for n, p in torch_mlp().named_parameters()]
 iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 step = dense_step if args.compute == "torch" else numpy_dense_step
 for _ in range(args.warmup):
