@@ -843,11 +843,14 @@ fn read_output<R: Read + Send + 'static>(
             }
             let line = String::from_utf8_lossy(&buf);
             let line = line.trim_end_matches(['\n', '\r']);
-            if to_stderr {
-                let _ = writeln!(std::io::stderr().lock(), "{line}");
+            // The whole line in one write: standard error is unbuffered, and another reader's
+            // line must not land inside this one.
+            let text = format!("{line}\n");
+            let _ = if to_stderr {
+                std::io::stderr().lock().write_all(text.as_bytes())
             } else {
-                let _ = writeln!(std::io::stdout().lock(), "{line}");
-            }
+                std::io::stdout().lock().write_all(text.as_bytes())
+            };
             if let Ok(mut file) = log.lock() {
                 let _ = writeln!(file, "{line}");
             }

@@ -1233,12 +1233,18 @@ fn forward_lines<R: Read + Send + 'static>(
     let name = task.to_string();
     std::thread::spawn(move || {
         pump_lines(reader, marker.as_deref(), |line| {
+            // The whole line in one write: standard error is unbuffered, so a line written
+            // in pieces (prefix, name, text) could be split by another task's line on a
+            // shared terminal or pipe (both streams are often one).
+            let text = match forward {
+                Forward::Stdout | Forward::StderrText => format!("[{name}] {line}\n"),
+                Forward::StderrJson => format!("{}\n", json_log_line(&name, line)),
+            };
             // A closed terminal must not kill the launcher: write errors are ignored.
             let _ = match forward {
-                Forward::Stdout => writeln!(std::io::stdout().lock(), "[{name}] {line}"),
-                Forward::StderrText => writeln!(std::io::stderr().lock(), "[{name}] {line}"),
-                Forward::StderrJson => {
-                    writeln!(std::io::stderr().lock(), "{}", json_log_line(&name, line))
+                Forward::Stdout => std::io::stdout().lock().write_all(text.as_bytes()),
+                Forward::StderrText | Forward::StderrJson => {
+                    std::io::stderr().lock().write_all(text.as_bytes())
                 }
             };
         });
