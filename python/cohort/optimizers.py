@@ -37,9 +37,7 @@ class Optimizer:
         self._kind = kind or type(self)._kind
         from .strategy import current_scope
 
-        strategy = current_scope()
-        self._strategy = strategy
-        bind = getattr(strategy, "_bind_optimizer", None)
+        bind = getattr(current_scope(), "_bind_optimizer", None)
         if bind is not None:
             bind(self)
 
