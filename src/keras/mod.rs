@@ -43,7 +43,9 @@
 //! [`crate::train::StateCheckpoints`]'.
 
 pub mod callbacks;
+mod error;
 mod fit;
+mod fit_loop;
 mod logs;
 mod loss;
 pub mod metrics;
@@ -51,103 +53,9 @@ mod model;
 mod ps;
 mod save;
 
+pub use error::{KerasError, Misuse};
 pub use fit::{Fit, History};
 pub use logs::Logs;
 pub use loss::Loss;
 pub use model::{Model, ModelStrategy};
 pub use ps::PsFit;
-
-use std::path::{Path, PathBuf};
-
-use crate::data::DataError;
-use crate::nn::NnError;
-use crate::strategy::StrategyError;
-use crate::summary::SummaryError;
-use crate::train::{ScheduleError, TrainError};
-use crate::variable::VariableError;
-
-/// Why a model operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum KerasError {
-    /// `fit` or `evaluate` before `compile`.
-    #[error("the model is not compiled: call Model::compile(optimizer, loss, metrics) before {0}")]
-    NotCompiled(&'static str),
-    /// An argument of `fit`, `evaluate` or `predict` that cannot work.
-    #[error("{0}")]
-    Config(String),
-    /// A dataset element without the components the model needs.
-    #[error("a batch has {got} components; the model needs (features, labels) and optionally sample weights")]
-    BatchComponents {
-        /// Components the batch has.
-        got: usize,
-    },
-    /// Weights (a file, a backup, a callback's) that do not fit the model.
-    #[error("weights from {source_name}: {detail}")]
-    Weights {
-        /// Where they come from.
-        source_name: String,
-        /// What does not fit.
-        detail: String,
-    },
-    /// The backup of `BackupAndRestore` could not be written or read.
-    #[error("backup in {}: {source}", dir.display())]
-    Backup {
-        /// The backup directory.
-        dir: PathBuf,
-        /// What failed.
-        source: Box<crate::train::StateCheckpointError>,
-    },
-    /// A file could not be written or read.
-    #[error("{}: cannot {action}: {source}", path.display())]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// What was being done.
-        action: &'static str,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// Writing progress failed.
-    #[error("writing progress failed: {0}")]
-    Progress(#[from] std::io::Error),
-    /// The training step failed.
-    #[error(transparent)]
-    Train(#[from] TrainError),
-    /// A layer, loss or metric failed.
-    #[error(transparent)]
-    Nn(#[from] NnError),
-    /// The parameter-server cluster refused or failed an operation (`PsFit::fit`).
-    #[error(transparent)]
-    Cluster(#[from] crate::program::CoordinatorError),
-    /// A strategy operation failed.
-    #[error(transparent)]
-    Strategy(#[from] StrategyError),
-    /// The input pipeline failed.
-    #[error(transparent)]
-    Data(#[from] DataError),
-    /// A variable could not be read or set.
-    #[error(transparent)]
-    Variable(#[from] VariableError),
-    /// A TensorBoard event file could not be written.
-    #[error(transparent)]
-    Summary(#[from] SummaryError),
-    /// A tensor computation failed.
-    #[error("tensor operation failed: {0}")]
-    Tensor(#[from] candle_core::Error),
-}
-
-impl From<ScheduleError> for KerasError {
-    fn from(e: ScheduleError) -> Self {
-        KerasError::Train(e.into())
-    }
-}
-
-impl KerasError {
-    pub(crate) fn io(path: &Path, action: &'static str, source: std::io::Error) -> Self {
-        KerasError::Io {
-            path: path.to_path_buf(),
-            action,
-            source,
-        }
-    }
-}

@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{ModuleT, VarBuilder};
 
 use super::metrics::Metric;
-use super::{save, KerasError, Logs, Loss};
+use super::{save, KerasError, Logs, Loss, Misuse};
 use crate::data::{Dataset, DistributeOptions, Element};
 use crate::strategy::SaveStateError;
 use crate::strategy::{
@@ -175,11 +175,7 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
         if !self.network.variables().is_empty() {
             return Ok(());
         }
-        let first = data.iter().next().ok_or_else(|| {
-            KerasError::Config(
-                "the model has no variables yet, and the dataset to build it on is empty".into(),
-            )
-        })??;
+        let first = data.iter().next().ok_or(Misuse::NothingToBuildOn)??;
         let features = first
             .first()
             .ok_or(KerasError::BatchComponents { got: 0 })?;
@@ -332,9 +328,10 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
             done += 1;
         }
         if done == 0 {
-            return Err(KerasError::Config(
-                "evaluate: the dataset yielded no batches".into(),
-            ));
+            return Err(Misuse::NoBatches {
+                operation: "evaluate",
+            }
+            .into());
         }
         Ok(logs_of(&metrics, &totals))
     }
@@ -385,9 +382,10 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
             });
         }
         if outputs.is_empty() {
-            return Err(KerasError::Config(
-                "predict: the dataset yielded no batches".into(),
-            ));
+            return Err(Misuse::NoBatches {
+                operation: "predict",
+            }
+            .into());
         }
         Ok(Tensor::cat(&outputs, 0)?)
     }
@@ -424,10 +422,11 @@ pub(crate) fn split_element(element: &Element) -> Result<(&Tensor, &Tensor, Vec<
         Some(w) => {
             let w = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
             if w.len() != batch {
-                return Err(KerasError::Config(format!(
-                    "sample weights hold {} values for a batch of {batch}: give one per example",
-                    w.len()
-                )));
+                return Err(Misuse::SampleWeights {
+                    values: w.len(),
+                    batch,
+                }
+                .into());
             }
             w
         }
@@ -461,12 +460,12 @@ pub(crate) fn batch_stats(
             for metric in metrics {
                 let state = metric.batch_state(labels, predictions, &weights)?;
                 if state.len() != metric.state_len() {
-                    return Err(KerasError::Config(format!(
-                        "metric `{}` gave {} statistics, it declares {}",
-                        metric.name(),
-                        state.len(),
-                        metric.state_len()
-                    )));
+                    return Err(Misuse::MetricStatistics {
+                        metric: metric.name().to_owned(),
+                        got: state.len(),
+                        declared: metric.state_len(),
+                    }
+                    .into());
                 }
                 stats.extend(state);
             }

@@ -16,10 +16,10 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use candle_nn::{ModuleT, VarBuilder};
 
-use super::callbacks::{BackupAndRestore, Callback, ProgbarLogger, SaveFreq, TrainingContext};
+use super::callbacks::{BackupAndRestore, Callback, CallbackList, SaveFreq, TrainingContext};
 use super::metrics::Metric;
 use super::model::{batch_stats, logs_of, split_element, stats_len};
-use super::{Fit, History, KerasError, Logs, Loss};
+use super::{Fit, History, KerasError, Logs, Loss, Misuse};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::Element;
 use crate::nn::ModelVariables;
@@ -28,7 +28,7 @@ use crate::program::{
     ClusterCoordinator, DatasetHandle, Program, RowRead, ServerModel, Step, StepContext, StepError,
 };
 use crate::train::{DistributedOptimizer, StateCheckpointError};
-use crate::variable::Partitioner;
+use crate::variable::{Partitioner, Variable};
 
 /// A closure of training: the global step it starts at and how many steps it runs; their
 /// statistics (loss, examples, metrics), summed.
@@ -281,245 +281,295 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
         coordinator: &mut ClusterCoordinator,
         fit: Fit,
     ) -> Result<History, KerasError> {
+        PsFitLoop::start(self, coordinator, fit)?.run()
+    }
+}
+
+/// One `PsFit::fit` on the chief: its arguments, the chief's copy of the weights, the
+/// backup's checkpoints, and where training stands.
+struct PsFitLoop<'a, N> {
+    fit: &'a PsFit<N>,
+    coordinator: &'a mut ClusterCoordinator,
+    epochs: usize,
+    steps_per_epoch: usize,
+    /// Validation closures per epoch (0: no validation).
+    validation_steps: usize,
+    callbacks: CallbackList,
+    /// The backup's checkpoints, which the coordinator saves, where a backup was given.
+    manager: Option<CheckpointManager>,
+    /// The chief's copy of the weights, for the callbacks: read from the servers at each
+    /// epoch's end.
+    weights: Vec<Variable>,
+    /// The servers apply the gradients; this one tells callbacks the rate (its count kept at
+    /// the step) and takes the rate a callback sets, for the coordinator.
+    optimizer: DistributedOptimizer,
+    /// The rate the closures scheduled now carry.
+    rate_on_servers: LearningRateSchedule,
+    history: History,
+    /// Updates applied since the job began.
+    step: u64,
+    epoch: usize,
+    stop_training: bool,
+    last_logs: Logs,
+    started: Instant,
+}
+
+impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
+    /// Checks `fit`'s arguments, creates the variables on the servers, restores the newest
+    /// backup, and creates the per-worker datasets.
+    fn start(
+        ps_fit: &'a PsFit<N>,
+        coordinator: &'a mut ClusterCoordinator,
+        fit: Fit,
+    ) -> Result<Self, KerasError> {
+        let started = Instant::now();
         let Fit {
             epochs,
             steps_per_epoch,
             validation_data,
             validation_steps,
-            callbacks: user_callbacks,
+            callbacks,
             verbose,
             ..
         } = fit;
-        let steps_per_epoch = steps_per_epoch.filter(|&n| n > 0).ok_or_else(|| {
-            KerasError::Config(
-                "fit under ParameterServerStrategy needs steps_per_epoch (each worker's data \
-                 runs on)"
-                    .into(),
-            )
-        })?;
+        let steps_per_epoch = steps_per_epoch
+            .filter(|&n| n > 0)
+            .ok_or(Misuse::PsNeedsStepsPerEpoch)?;
         if epochs == 0 {
-            return Err(KerasError::Config("fit: epochs must be at least 1".into()));
+            return Err(Misuse::NoEpochs.into());
         }
-        if let Some(schedule) = &self.schedule {
-            schedule
-                .validate()
-                .map_err(|e| KerasError::Config(e.to_string()))?;
+        if let Some(schedule) = &ps_fit.schedule {
+            schedule.validate()?;
         }
         if validation_data.is_some() {
-            return Err(KerasError::Config(
-                "under ParameterServerStrategy the validation data is a registered dataset \
-                 function (code never travels): give PsFit::validation_data(name)"
-                    .into(),
-            ));
+            return Err(Misuse::PsValidationData.into());
         }
-        let validation_steps = match (&self.validation_data, validation_steps) {
+        let validation_steps = match (&ps_fit.validation_data, validation_steps) {
             (Some(_), Some(n)) if n > 0 => n,
-            (Some(_), _) => {
-                return Err(KerasError::Config(
-                    "fit under ParameterServerStrategy with validation needs validation_steps"
-                        .into(),
-                ))
-            }
+            (Some(_), _) => return Err(Misuse::PsNeedsValidationSteps.into()),
             (None, _) => 0,
         };
-        let mut callbacks: Vec<Box<dyn Callback>> = Vec::with_capacity(user_callbacks.len() + 1);
-        if verbose {
-            callbacks.push(Box::new(ProgbarLogger::stderr()));
-        }
-        callbacks.extend(user_callbacks);
-        let backup_index = callbacks.iter_mut().position(|c| c.as_backup().is_some());
-
-        let build = Arc::clone(&self.build);
-        let partitioner = Arc::clone(&self.partitioner);
+        let mut callbacks = CallbackList::new(callbacks, verbose);
+        let build = Arc::clone(&ps_fit.build);
+        let partitioner = Arc::clone(&ps_fit.partitioner);
         ServerModel::create_variables(
             coordinator,
-            self.seed,
+            ps_fit.seed,
             |vb| build(vb),
             |n, s| partitioner(n, s),
-        )
-        .map_err(coordinator_error)?;
-        // The chief's copy of the weights, for the callbacks: read from the servers at each
-        // epoch's end.
-        let copy = ModelVariables::new(self.seed);
-        (self.build)(copy.var_builder(0))
-            .map_err(|e| KerasError::Config(format!("building the model: {e}")))?;
-        let weights = copy.variables();
-        let mut manager = match backup_index.and_then(|i| callbacks[i].as_backup()) {
-            Some(backup) => Some(open_manager(backup)?),
-            None => None,
-        };
-        let mut history = History::default();
-        let mut step = 0u64;
-        if let Some(manager) = manager.as_mut() {
-            if let Some(restored) = coordinator
-                .restore_checkpoint(manager)
-                .map_err(coordinator_error)?
-            {
-                history.resumed_at = Some(restored);
-                step = restored;
-            }
-        }
-        coordinator
-            .create_per_worker_dataset(&self.train_data)
-            .map_err(coordinator_error)?;
-        if let Some(name) = &self.validation_data {
-            coordinator
-                .create_per_worker_dataset(name)
-                .map_err(coordinator_error)?;
-        }
-
-        // The servers apply the gradients; this one tells callbacks the rate (its count kept
-        // at the step) and takes the rate a callback sets, for the coordinator.
-        let mut optimizer = DistributedOptimizer::new(self.optimizer);
-        if let Some(schedule) = &self.schedule {
+        )?;
+        let copy = ModelVariables::new(ps_fit.seed);
+        (ps_fit.build)(copy.var_builder(0)).map_err(KerasError::Build)?;
+        let manager = callbacks.backup().map(|b| open_manager(b)).transpose()?;
+        let mut optimizer = DistributedOptimizer::new(ps_fit.optimizer);
+        if let Some(schedule) = &ps_fit.schedule {
             optimizer = optimizer.with_schedule(schedule.clone())?;
         }
-        let mut rate_on_servers = optimizer.schedule();
-        let started = Instant::now();
-        let mut stop_training = false;
-        let mut last_logs = Logs::new();
-        let mut epoch = (step / steps_per_epoch as u64) as usize;
-        macro_rules! context {
-            ($within:expr) => {{
-                optimizer.set_iterations(step, 1);
-                TrainingContext {
-                    optimizer: &optimizer,
-                    variables: &weights,
-                    is_chief: true,
-                    stop_training,
-                    step,
-                    step_in_epoch: $within,
-                    epochs,
-                    steps_per_epoch: Some(steps_per_epoch),
-                    weights_set: false,
-                }
-            }};
-        }
-        macro_rules! each_callback {
-            ($within:expr, |$cb:ident, $ctx:ident| $body:expr) => {{
-                let mut $ctx = context!($within);
-                for $cb in callbacks.iter_mut() {
-                    $body?;
-                }
-                stop_training = $ctx.stop_training;
-                if $ctx.weights_set {
-                    write_weights(coordinator, &weights)?;
-                }
-                // A rate a callback set: the closures scheduled from now on carry it.
-                if optimizer.schedule() != rate_on_servers {
-                    rate_on_servers = optimizer.schedule();
-                    coordinator
-                        .set_learning_rate(optimizer.learning_rate())
-                        .map_err(coordinator_error)?;
-                }
-            }};
-        }
-        each_callback!(0, |cb, ctx| cb.on_train_begin(&mut ctx));
-        while epoch < epochs && !stop_training {
-            let epoch_start = epoch as u64 * steps_per_epoch as u64;
-            let epoch_end = epoch_start + steps_per_epoch as u64;
-            each_callback!((step - epoch_start) as usize, |cb, ctx| cb
-                .on_epoch_begin(epoch, &mut ctx));
-            let mut totals = vec![0.0f64; stats_len(&self.metrics)];
-            while step < epoch_end && !stop_training {
-                // Up to the next backup (which needs every closure before it committed).
-                let chunk_end = match backup_every(&mut callbacks, backup_index) {
-                    Some(n) => epoch_end.min((step / n + 1) * n),
-                    None => epoch_end,
-                };
-                let per_closure = u64::from(self.steps_per_execution);
-                let values = (step..chunk_end)
-                    .step_by(per_closure as usize)
-                    .map(|s| {
-                        let steps = per_closure.min(chunk_end - s) as u32;
-                        coordinator
-                            .schedule(&TRAIN, (s, steps))
-                            .map(|value| (steps, value))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(coordinator_error)?;
-                for (steps, value) in &values {
-                    let stats = coordinator.fetch(value).map_err(coordinator_error)?;
-                    for (t, s) in totals.iter_mut().zip(stats) {
-                        *t += s;
-                    }
-                    step += u64::from(*steps);
-                    let logs = logs_of(&self.metrics, &totals);
-                    each_callback!((step - epoch_start) as usize, |cb, ctx| cb
-                        .on_train_batch_end(step, &logs, &mut ctx));
-                }
-                coordinator.join().map_err(coordinator_error)?;
-                if let (Some(manager), Some(_)) =
-                    (manager.as_mut(), backup_every(&mut callbacks, backup_index))
-                {
-                    if manager.should_save(step, Instant::now()) {
-                        coordinator
-                            .save_checkpoint(manager, step)
-                            .map_err(coordinator_error)?;
-                    }
-                }
+        let rate_on_servers = optimizer.schedule();
+        let mut run = Self {
+            fit: ps_fit,
+            coordinator,
+            epochs,
+            steps_per_epoch,
+            validation_steps,
+            callbacks,
+            manager,
+            weights: copy.variables(),
+            optimizer,
+            rate_on_servers,
+            history: History::default(),
+            step: 0,
+            epoch: 0,
+            stop_training: false,
+            last_logs: Logs::new(),
+            started,
+        };
+        if let Some(manager) = run.manager.as_mut() {
+            if let Some(restored) = run.coordinator.restore_checkpoint(manager)? {
+                run.history.resumed_at = Some(restored);
+                run.step = restored;
             }
-            let mut logs = logs_of(&self.metrics, &totals);
-            // The rate in force at the epoch's end (the schedule's at the step, or the rate a
-            // callback set), as Keras logs it.
-            optimizer.set_iterations(step, 1);
-            logs.insert("learning_rate", f64::from(optimizer.learning_rate()));
-            if validation_steps > 0 {
-                let values = (0..validation_steps)
-                    .map(|_| coordinator.schedule(&EVALUATE, ()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(coordinator_error)?;
-                let mut val = vec![0.0f64; stats_len(&self.metrics)];
-                for value in &values {
-                    for (t, s) in val
-                        .iter_mut()
-                        .zip(coordinator.fetch(value).map_err(coordinator_error)?)
-                    {
-                        *t += s;
-                    }
-                }
-                logs.extend_prefixed("val_", &logs_of(&self.metrics, &val));
-            }
-            read_weights(coordinator, &weights)?;
-            each_callback!((step - epoch_start) as usize, |cb, ctx| cb
-                .on_epoch_end(epoch, &logs, &mut ctx));
-            history.epochs.push(logs.clone());
-            history.epoch_numbers.push(epoch);
-            last_logs = logs;
-            if let (Some(manager), Some(backup)) = (
-                manager.as_mut(),
-                backup_index.and_then(|i| callbacks[i].as_backup()),
-            ) {
-                if backup.frequency() == SaveFreq::Epoch {
-                    coordinator.join().map_err(coordinator_error)?;
-                    coordinator
-                        .save_checkpoint(manager, step)
-                        .map_err(coordinator_error)?;
-                }
-            }
-            epoch += 1;
         }
-        coordinator.join().map_err(coordinator_error)?;
-        history.step = step;
-        history.stopped_early = stop_training;
-        read_weights(coordinator, &weights)?;
-        let mut ctx = context!(0);
-        for cb in callbacks.iter_mut() {
-            cb.on_train_end(&last_logs, &mut ctx)?;
+        run.epoch = (run.step / steps_per_epoch as u64) as usize;
+        run.coordinator
+            .create_per_worker_dataset(&ps_fit.train_data)?;
+        if let Some(name) = &ps_fit.validation_data {
+            run.coordinator.create_per_worker_dataset(name)?;
         }
+        Ok(run)
+    }
+
+    /// Trains to the end (see [`PsFit::fit`]).
+    fn run(mut self) -> Result<History, KerasError> {
+        self.each_callback(0, |cb, ctx| cb.on_train_begin(ctx))?;
+        while self.epoch < self.epochs && !self.stop_training {
+            self.run_epoch()?;
+        }
+        self.finish()
+    }
+
+    /// The first step of the current epoch.
+    fn epoch_start(&self) -> u64 {
+        self.epoch as u64 * self.steps_per_epoch as u64
+    }
+
+    /// Runs `hook` on every callback, with the context of this moment (`within` steps into
+    /// the epoch); writes the weights a callback set to the servers.
+    fn run_callbacks(
+        &mut self,
+        within: usize,
+        hook: impl FnMut(&mut dyn Callback, &mut TrainingContext<'_>) -> Result<(), KerasError>,
+    ) -> Result<(), KerasError> {
+        self.optimizer.set_iterations(self.step, 1);
+        let mut ctx = TrainingContext {
+            optimizer: &self.optimizer,
+            variables: &self.weights,
+            is_chief: true,
+            stop_training: self.stop_training,
+            step: self.step,
+            step_in_epoch: within,
+            epochs: self.epochs,
+            steps_per_epoch: Some(self.steps_per_epoch),
+            weights_set: false,
+        };
+        self.callbacks.each(&mut ctx, hook)?;
+        self.stop_training = ctx.stop_training;
         if ctx.weights_set {
-            write_weights(coordinator, &weights)?;
+            write_weights(self.coordinator, &self.weights)?;
         }
-        if let Some(backup) = backup_index.and_then(|i| callbacks[i].as_backup()) {
-            drop(manager);
+        Ok(())
+    }
+
+    /// [`PsFitLoop::run_callbacks`], then the rate a callback set handed to the coordinator:
+    /// the closures scheduled from now on carry it.
+    fn each_callback(
+        &mut self,
+        within: usize,
+        hook: impl FnMut(&mut dyn Callback, &mut TrainingContext<'_>) -> Result<(), KerasError>,
+    ) -> Result<(), KerasError> {
+        self.run_callbacks(within, hook)?;
+        if self.optimizer.schedule() != self.rate_on_servers {
+            self.rate_on_servers = self.optimizer.schedule();
+            self.coordinator
+                .set_learning_rate(self.optimizer.learning_rate())?;
+        }
+        Ok(())
+    }
+
+    /// One epoch: its closures, its validation, the chief's copy of the weights read, the
+    /// callbacks, and the epoch's backup.
+    fn run_epoch(&mut self) -> Result<(), KerasError> {
+        let epoch = self.epoch;
+        let epoch_end = self.epoch_start() + self.steps_per_epoch as u64;
+        let within = (self.step - self.epoch_start()) as usize;
+        self.each_callback(within, |cb, ctx| cb.on_epoch_begin(epoch, ctx))?;
+        let mut totals = vec![0.0f64; stats_len(&self.fit.metrics)];
+        while self.step < epoch_end && !self.stop_training {
+            self.train_until_backup(epoch_end, &mut totals)?;
+        }
+        let mut logs = logs_of(&self.fit.metrics, &totals);
+        // The rate in force at the epoch's end (the schedule's at the step, or the rate a
+        // callback set), as Keras logs it.
+        self.optimizer.set_iterations(self.step, 1);
+        logs.insert("learning_rate", f64::from(self.optimizer.learning_rate()));
+        self.validate(&mut logs)?;
+        read_weights(self.coordinator, &self.weights)?;
+        let within = (self.step - self.epoch_start()) as usize;
+        self.each_callback(within, |cb, ctx| cb.on_epoch_end(epoch, &logs, ctx))?;
+        self.history.epochs.push(logs.clone());
+        self.history.epoch_numbers.push(epoch);
+        self.last_logs = logs;
+        let by_epoch = self
+            .callbacks
+            .backup()
+            .is_some_and(|b| b.frequency() == SaveFreq::Epoch);
+        if let (Some(manager), true) = (self.manager.as_mut(), by_epoch) {
+            self.coordinator.join()?;
+            self.coordinator.save_checkpoint(manager, self.step)?;
+        }
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// The closures up to the next step backup (which needs every closure before it
+    /// committed) or `epoch_end`, their statistics added to `totals`; then the backup where
+    /// due.
+    fn train_until_backup(&mut self, epoch_end: u64, totals: &mut [f64]) -> Result<(), KerasError> {
+        let backup_every = self.callbacks.backup_every_steps();
+        let chunk_end = match backup_every {
+            Some(n) => epoch_end.min((self.step / n + 1) * n),
+            None => epoch_end,
+        };
+        let per_closure = u64::from(self.fit.steps_per_execution);
+        let values = (self.step..chunk_end)
+            .step_by(per_closure as usize)
+            .map(|s| {
+                let steps = per_closure.min(chunk_end - s) as u32;
+                self.coordinator
+                    .schedule(&TRAIN, (s, steps))
+                    .map(|value| (steps, value))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let epoch_start = self.epoch_start();
+        for (steps, value) in &values {
+            let stats = self.coordinator.fetch(value)?;
+            for (t, s) in totals.iter_mut().zip(stats) {
+                *t += s;
+            }
+            self.step += u64::from(*steps);
+            let logs = logs_of(&self.fit.metrics, totals);
+            let step = self.step;
+            self.each_callback((step - epoch_start) as usize, |cb, ctx| {
+                cb.on_train_batch_end(step, &logs, ctx)
+            })?;
+        }
+        self.coordinator.join()?;
+        if let (Some(manager), Some(_)) = (self.manager.as_mut(), backup_every) {
+            if manager.should_save(self.step, Instant::now()) {
+                self.coordinator.save_checkpoint(manager, self.step)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the validation closures' figures to `logs`, where validation was asked for.
+    fn validate(&mut self, logs: &mut Logs) -> Result<(), KerasError> {
+        if self.validation_steps == 0 {
+            return Ok(());
+        }
+        let values = (0..self.validation_steps)
+            .map(|_| self.coordinator.schedule(&EVALUATE, ()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut val = vec![0.0f64; stats_len(&self.fit.metrics)];
+        for value in &values {
+            for (t, s) in val.iter_mut().zip(self.coordinator.fetch(value)?) {
+                *t += s;
+            }
+        }
+        logs.extend_prefixed("val_", &logs_of(&self.fit.metrics, &val));
+        Ok(())
+    }
+
+    /// The end of training: every closure joined, the chief's copy read, the callbacks'
+    /// `on_train_end`, the backup's end.
+    fn finish(mut self) -> Result<History, KerasError> {
+        self.coordinator.join()?;
+        self.history.step = self.step;
+        self.history.stopped_early = self.stop_training;
+        read_weights(self.coordinator, &self.weights)?;
+        let logs = std::mem::take(&mut self.last_logs);
+        self.run_callbacks(0, |cb, ctx| cb.on_train_end(&logs, ctx))?;
+        // The backup's checkpoints are closed before the backup ends.
+        self.manager = None;
+        if let Some(backup) = self.callbacks.backup() {
             backup.finish(true)?;
         }
         tracing::info!(
-            steps = step,
-            seconds = started.elapsed().as_secs_f64(),
+            steps = self.step,
+            seconds = self.started.elapsed().as_secs_f64(),
             "fit on the parameter servers ended"
         );
-        Ok(history)
+        Ok(self.history)
     }
 }
 
@@ -529,11 +579,9 @@ fn read_weights(
     coordinator: &ClusterCoordinator,
     weights: &[crate::variable::Variable],
 ) -> Result<(), KerasError> {
-    coordinator.join().map_err(coordinator_error)?;
+    coordinator.join()?;
     for variable in weights {
-        let values = coordinator
-            .read_variable(variable.name())
-            .map_err(coordinator_error)?;
+        let values = coordinator.read_variable(variable.name())?;
         let value = Tensor::from_vec(values, variable.shape(), &candle_core::Device::Cpu)?;
         variable.assign(&value)?;
     }
@@ -546,29 +594,16 @@ fn write_weights(
     coordinator: &ClusterCoordinator,
     weights: &[crate::variable::Variable],
 ) -> Result<(), KerasError> {
-    coordinator.join().map_err(coordinator_error)?;
+    coordinator.join()?;
     for variable in weights {
         let values = variable
             .read_value()
             .flatten_all()?
             .to_dtype(DType::F32)?
             .to_vec1::<f32>()?;
-        coordinator
-            .assign_variable(variable.name(), &values)
-            .map_err(coordinator_error)?;
+        coordinator.assign_variable(variable.name(), &values)?;
     }
     Ok(())
-}
-
-/// The cadence of step backups, if the backup saves by steps.
-fn backup_every(callbacks: &mut [Box<dyn Callback>], index: Option<usize>) -> Option<u64> {
-    match index
-        .and_then(|i| callbacks[i].as_backup())
-        .map(|b| b.frequency())
-    {
-        Some(SaveFreq::Steps(n)) => Some(n.max(1)),
-        _ => None,
-    }
 }
 
 fn open_manager(backup: &BackupAndRestore) -> Result<CheckpointManager, KerasError> {
@@ -589,8 +624,4 @@ fn open_manager(backup: &BackupAndRestore) -> Result<CheckpointManager, KerasErr
             }),
         }
     })
-}
-
-fn coordinator_error(e: crate::program::CoordinatorError) -> KerasError {
-    KerasError::Cluster(e)
 }

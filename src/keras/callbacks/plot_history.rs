@@ -76,7 +76,6 @@ impl Callback for PlotHistory {
             std::fs::create_dir_all(dir)
                 .map_err(|e| KerasError::io(dir, "create the directory", e))?;
         }
-        write_png(&chart, &self.path, 800, 500)
-            .map_err(|e| KerasError::Config(format!("PlotHistory: {e}")))
+        Ok(write_png(&chart, &self.path, 800, 500)?)
     }
 }

@@ -1,0 +1,641 @@
+//! The loop of [`Model::fit`] (its arguments and what it returns are in `fit.rs`): where
+//! training stands, each step boundary, each step, each epoch's end and each re-forming of
+//! the group, as methods of one [`FitLoop`].
+//!
+//! Where training stands is two numbers, the ones `MultiWorkerMirrored` carries over a
+//! re-forming and a backup stores: `step`, the updates applied since the job began, and the
+//! input position, [`Cursor`]: which pass over the data (the order a seeded shuffle draws for
+//! it) and how many batches of it were consumed. The epoch follows from them: with
+//! `steps_per_epoch`, `step / steps_per_epoch` (the data runs on across epochs, as in Keras);
+//! without, an epoch is one pass.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use candle_nn::ModuleT;
+
+use super::callbacks::{Callback, CallbackList, SaveFreq, TrainingContext};
+use super::metrics::Metric;
+use super::model::{batch_stats, logs_of, split_element, stats_len, sum_stats};
+use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
+use crate::data::{AutoShardPolicy, Dataset, DistributeOptions, DistributedDataset, Element};
+use crate::strategy::{
+    Departure, ElasticState, GroupChange, Leave, PerReplica, SaveStateError, StrategyExt,
+};
+use crate::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
+use crate::variable::Variable;
+
+/// The input position: pass `pass` over the data, `batches` of it consumed. Stored as one
+/// `u64` (pass in the high 32 bits) where `MultiWorkerMirrored` and the backups keep a
+/// position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Cursor {
+    pass: u64,
+    batches: u64,
+}
+
+impl Cursor {
+    fn encode(self) -> u64 {
+        (self.pass << 32) | (self.batches & 0xFFFF_FFFF)
+    }
+    fn decode(position: u64) -> Self {
+        Self {
+            pass: position >> 32,
+            batches: position & 0xFFFF_FFFF,
+        }
+    }
+    fn next_pass(self) -> Self {
+        Self {
+            pass: self.pass + 1,
+            batches: 0,
+        }
+    }
+}
+
+/// The state handed to the strategy (a step boundary, a re-forming) and to the backups.
+fn elastic_state<'a>(
+    step: u64,
+    cursor: Cursor,
+    variables: &'a [Variable],
+    optimizer: &'a DistributedOptimizer,
+) -> ElasticState<'a> {
+    ElasticState {
+        step,
+        position: cursor.encode(),
+        variables,
+        optimizer: Some(optimizer),
+    }
+}
+
+/// What a step boundary leaves `fit` to do.
+enum Boundary {
+    /// Take the next step.
+    Step,
+    /// Training is over: the closing boundary passed.
+    Finished,
+    /// The group changed (a joiner admitted, a worker departed or lost): go on with the new
+    /// one, from the agreed step.
+    Regroup,
+    /// This worker left the group on its notice or drain.
+    Left(Departure),
+}
+
+/// One `fit`: its arguments, the model's parts it trains, and where training stands.
+pub(super) struct FitLoop<'m, N> {
+    model: &'m mut Model<N>,
+    data: &'m Dataset,
+    epochs: usize,
+    steps_per_epoch: Option<usize>,
+    validation_data: Option<Dataset>,
+    validation_steps: Option<usize>,
+    distribute: DistributeOptions,
+    notice: Option<Arc<AtomicBool>>,
+    drain: Option<Arc<AtomicBool>>,
+    callbacks: CallbackList,
+    optimizer: Arc<DistributedOptimizer>,
+    loss: Loss,
+    metrics: Arc<[Box<dyn Metric>]>,
+    /// The global batch where the dataset's batch dimension is static.
+    static_batch: Option<usize>,
+    variables: Vec<Variable>,
+    network: Arc<ReplicatedModel<N>>,
+    /// Rank 0 of the group now (it changes as the group re-forms): the one that writes.
+    is_chief: bool,
+    history: History,
+    /// Updates applied since the job began.
+    step: u64,
+    cursor: Cursor,
+    epoch: usize,
+    step_in_epoch: usize,
+    /// Steps per epoch where known: given, or counted in the first pass.
+    known_steps: Option<usize>,
+    stop_training: bool,
+    /// Whether the current epoch's `on_epoch_begin` ran and its totals count.
+    epoch_open: bool,
+    /// The epoch's statistics so far (loss, examples, metrics), summed.
+    totals: Vec<f64>,
+    last_logs: Logs,
+}
+
+impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
+    /// Checks `fit`'s arguments, builds a network built lazily, and resumes from the newest
+    /// backup on a fresh start (a joiner takes the live state at its first step boundary
+    /// instead).
+    pub(super) fn start(
+        model: &'m mut Model<N>,
+        data: &'m Dataset,
+        fit: Fit,
+    ) -> Result<Self, KerasError> {
+        let Fit {
+            epochs,
+            steps_per_epoch,
+            validation_data,
+            validation_steps,
+            callbacks,
+            verbose,
+            distribute,
+            notice,
+            drain,
+        } = fit;
+        if epochs == 0 {
+            return Err(Misuse::NoEpochs.into());
+        }
+        if steps_per_epoch == Some(0) {
+            return Err(Misuse::NoStepsPerEpoch.into());
+        }
+        let compiled = model
+            .compiled
+            .as_ref()
+            .ok_or(KerasError::NotCompiled("fit"))?;
+        let optimizer = Arc::clone(&compiled.optimizer);
+        let loss = compiled.loss.clone();
+        let metrics = Arc::clone(&compiled.metrics);
+        let static_batch = data
+            .element_spec()
+            .first()
+            .and_then(|spec| spec.shape.first().copied().flatten());
+        // A network built lazily creates its variables now, before anything counts on them.
+        model.build_if_unbuilt(data)?;
+        let variables = model.variables();
+        let network = Arc::clone(model.replicated());
+        let is_chief = model.model_strategy().is_chief();
+        let totals = vec![0.0f64; stats_len(&metrics)];
+        let mut run = Self {
+            model,
+            data,
+            epochs,
+            steps_per_epoch,
+            validation_data,
+            validation_steps,
+            distribute,
+            notice,
+            drain,
+            callbacks: CallbackList::new(callbacks, verbose),
+            optimizer,
+            loss,
+            metrics,
+            static_batch,
+            variables,
+            network,
+            is_chief,
+            history: History::default(),
+            step: 0,
+            cursor: Cursor::default(),
+            epoch: 0,
+            step_in_epoch: 0,
+            known_steps: steps_per_epoch,
+            stop_training: false,
+            epoch_open: false,
+            totals,
+            last_logs: Logs::new(),
+        };
+        run.resume_from_backup()?;
+        (run.epoch, run.step_in_epoch) = run.epoch_at();
+        Ok(run)
+    }
+
+    /// Trains to the end (see [`Model::fit`]).
+    ///
+    /// Each pass of 'group trains with one group; the last boundary comes after the last step
+    /// (the closing boundary): under MultiWorkerMirrored a worker that applied the last step
+    /// while the others failed it (a ring delivers a step to some members and not to others)
+    /// meets them there and gives them its state, instead of ending with a model they do not
+    /// hold.
+    pub(super) fn run(mut self) -> Result<History, KerasError> {
+        self.each_callback(|cb, ctx| cb.on_train_begin(ctx))?;
+        'group: loop {
+            let distributed = self.distribute_data()?;
+            // Made at the first step of this group (none where only the closing boundary is
+            // left).
+            let mut iter = None;
+            loop {
+                match self.boundary()? {
+                    Boundary::Step => {}
+                    Boundary::Finished => break 'group,
+                    Boundary::Regroup => continue 'group,
+                    Boundary::Left(departure) => {
+                        self.history.left = Some(departure);
+                        self.history.step = self.step;
+                        return Ok(self.history);
+                    }
+                }
+                let iter = match &mut iter {
+                    Some(iter) => iter,
+                    None => iter
+                        .insert(distributed.iter_at_pass(self.cursor.pass, self.cursor.batches)?),
+                };
+                let Some(batch) = iter.get_next_as_optional()? else {
+                    self.end_pass()?;
+                    continue 'group;
+                };
+                if !self.step(batch)? {
+                    continue 'group;
+                }
+            }
+        }
+        self.finish()
+    }
+
+    /// The epoch and the step within it that `step` and the cursor fall in.
+    fn epoch_at(&self) -> (usize, usize) {
+        match self.steps_per_epoch {
+            Some(n) => (
+                (self.step / n as u64) as usize,
+                (self.step % n as u64) as usize,
+            ),
+            None => (self.cursor.pass as usize, self.cursor.batches as usize),
+        }
+    }
+
+    /// Runs `hook` on every callback, with the context of this moment.
+    fn each_callback(
+        &mut self,
+        hook: impl FnMut(&mut dyn Callback, &mut TrainingContext<'_>) -> Result<(), KerasError>,
+    ) -> Result<(), KerasError> {
+        let mut ctx = TrainingContext {
+            optimizer: &self.optimizer,
+            variables: &self.variables,
+            is_chief: self.is_chief,
+            stop_training: self.stop_training,
+            step: self.step,
+            step_in_epoch: self.step_in_epoch,
+            epochs: self.epochs,
+            steps_per_epoch: self.known_steps,
+            weights_set: false,
+        };
+        self.callbacks.each(&mut ctx, hook)?;
+        self.stop_training = ctx.stop_training;
+        Ok(())
+    }
+
+    /// A fresh start resumes from the newest backup (the chief's, given to every worker).
+    fn resume_from_backup(&mut self) -> Result<(), KerasError> {
+        if self.model.model_strategy().awaits_state() {
+            return Ok(());
+        }
+        let local_copies = self.model.strategy().local_replicas().len();
+        let Some(backup) = self.callbacks.backup() else {
+            return Ok(());
+        };
+        let mut state = elastic_state(0, Cursor::default(), &self.variables, &self.optimizer);
+        if self.is_chief {
+            let dir = backup.dir().to_path_buf();
+            backup
+                .checkpoints()?
+                .restore_into(&mut state, local_copies)
+                .map_err(|source| KerasError::Backup {
+                    dir,
+                    source: Box::new(source),
+                })?;
+        }
+        // A worker lost while the restored state is handed out leaves the others with part of
+        // it: fail, and let the job start again (restoring again).
+        self.model.model_strategy().agree(&mut state)?;
+        if state.step > 0 || state.position > 0 {
+            self.history.resumed_at = Some(state.step);
+            tracing::info!(step = state.step, "fit resumes from a backup");
+        }
+        self.step = state.step;
+        self.cursor = Cursor::decode(state.position);
+        Ok(())
+    }
+
+    /// The data distributed over the group of this moment.
+    fn distribute_data(&self) -> Result<DistributedDataset, KerasError> {
+        let distributed = self
+            .model
+            .strategy()
+            .experimental_distribute_dataset(self.data.clone(), self.distribute)?;
+        if distributed.applied_shard_policy() == Some(AutoShardPolicy::File) {
+            // Each worker would end its pass when its own files do, and the workers'
+            // collectives would no longer pair.
+            return Err(Misuse::ShardedByFiles.into());
+        }
+        Ok(distributed)
+    }
+
+    /// The step boundary: an epoch begun where one is due, joiners admitted, notices and
+    /// drains honoured, a lost worker's group re-formed.
+    fn boundary(&mut self) -> Result<Boundary, KerasError> {
+        let finishing = self.epoch >= self.epochs || self.stop_training;
+        self.is_chief = self.model.model_strategy().is_chief();
+        if !finishing && !self.epoch_open {
+            self.totals.iter_mut().for_each(|t| *t = 0.0);
+            self.epoch_open = true;
+            let epoch = self.epoch;
+            self.each_callback(|cb, ctx| cb.on_epoch_begin(epoch, ctx))?;
+        }
+        let leaving = Leave::noticed(self.notice.as_deref(), self.drain.as_deref());
+        let mut state = elastic_state(self.step, self.cursor, &self.variables, &self.optimizer);
+        let mut backup = self.callbacks.backup();
+        let mut save = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
+            if let Some(backup) = backup.as_deref_mut() {
+                backup.checkpoints()?.save(state)?;
+            }
+            Ok(())
+        };
+        let change = self
+            .model
+            .model_strategy()
+            .at_step_boundary(&mut state, leaving, &mut save);
+        match change {
+            Ok(None) if finishing => Ok(Boundary::Finished),
+            Ok(None) => Ok(Boundary::Step),
+            Ok(Some(GroupChange::Admitted(admission))) => {
+                tracing::info!(step = admission.step, joined = ?admission.joined, "fit admitted workers to the group");
+                self.step = admission.step;
+                self.cursor = Cursor::decode(admission.position);
+                self.resync();
+                Ok(Boundary::Regroup)
+            }
+            Ok(Some(GroupChange::Departed(departure))) => {
+                tracing::info!(
+                    step = self.step,
+                    "fit goes on after a departure: {}",
+                    departure.describe()
+                );
+                Ok(Boundary::Regroup)
+            }
+            Ok(Some(GroupChange::Leaving(departure))) => Ok(Boundary::Left(departure)),
+            Err(e) => {
+                self.recover_or_fail(TrainError::from(e))?;
+                self.resync();
+                Ok(Boundary::Regroup)
+            }
+        }
+    }
+
+    /// After the group re-formed or admitted a joiner, training goes on from the agreed step:
+    /// the epoch it falls in continues (or a new one begins).
+    fn resync(&mut self) {
+        let (now, within) = self.epoch_at();
+        if now != self.epoch {
+            self.epoch_open = false;
+        }
+        self.epoch = now;
+        self.step_in_epoch = within;
+    }
+
+    /// The pass over the data is over: the next begins, and without `steps_per_epoch` so
+    /// does the next epoch.
+    fn end_pass(&mut self) -> Result<(), KerasError> {
+        if self.cursor.batches == 0 {
+            return Err(Misuse::NoBatches { operation: "fit" }.into());
+        }
+        self.cursor = self.cursor.next_pass();
+        if self.steps_per_epoch.is_none() {
+            self.known_steps = Some(self.step_in_epoch);
+            self.finish_epoch()?;
+        }
+        Ok(())
+    }
+
+    /// One step over `batch`. Whether training goes on with this group (`false`: the group
+    /// re-formed after a lost worker).
+    fn step(&mut self, batch: PerReplica<Element>) -> Result<bool, KerasError> {
+        let global = self
+            .static_batch
+            .or_else(|| self.local_global_batch(&batch));
+        let before = self.optimizer.iterations();
+        let run = self.run_replicas(batch, global);
+        // A step counts once its update was applied here, even where the group broke right
+        // after; a skipped (non-finite) update counts as a step too.
+        let applied = self.optimizer.iterations() > before;
+        match run {
+            Ok(stats) => self.record_step(stats),
+            Err(failed) => {
+                let err = training_failure(failed)?;
+                if applied {
+                    self.step += 1;
+                    self.cursor.batches += 1;
+                }
+                self.recover_or_fail(err)?;
+                self.resync();
+                Ok(false)
+            }
+        }
+    }
+
+    /// The step on every replica: its statistics summed over the group.
+    fn run_replicas(
+        &mut self,
+        batch: PerReplica<Element>,
+        global_batch_size: Option<usize>,
+    ) -> Result<Vec<f64>, KerasError> {
+        let network = Arc::clone(&self.network);
+        let optimizer = Arc::clone(&self.optimizer);
+        let loss = self.loss.clone();
+        let metrics = Arc::clone(&self.metrics);
+        let spec = StepSpec {
+            step: self.step,
+            global_batch_size,
+        };
+        let strategy = self.model.strategy();
+        strategy
+            .run(
+                move |ctx, element: Element| -> Result<Tensor, KerasError> {
+                    train_replica(&network, &optimizer, &loss, &metrics, ctx, spec, &element)
+                },
+                batch,
+            )
+            .map_err(KerasError::from)
+            .and_then(|per_replica| sum_stats(strategy, per_replica))
+    }
+
+    /// The examples of a step where the dataset's batch is not static: exact in one process
+    /// (every replica's rows); under MultiWorkerMirrored `None` (each replica's rows times
+    /// the replicas, as Keras scales per-replica losses).
+    fn local_global_batch(&mut self, batch: &PerReplica<Element>) -> Option<usize> {
+        if self.model.model_strategy().multi_worker().is_some() {
+            return None;
+        }
+        Some(
+            batch
+                .values()
+                .iter()
+                .map(|e| {
+                    e.first()
+                        .and_then(|t| t.dims().first().copied())
+                        .unwrap_or(0)
+                })
+                .sum(),
+        )
+    }
+
+    /// A step applied: its statistics counted, the batch callbacks, a backup where due, and
+    /// the epoch's end where it came. Whether training goes on with this group.
+    fn record_step(&mut self, stats: Vec<f64>) -> Result<bool, KerasError> {
+        self.step += 1;
+        self.cursor.batches += 1;
+        self.step_in_epoch += 1;
+        for (t, s) in self.totals.iter_mut().zip(stats) {
+            *t += s;
+        }
+        let logs = logs_of(&self.metrics, &self.totals);
+        let step = self.step;
+        self.each_callback(|cb, ctx| cb.on_train_batch_end(step, &logs, ctx))?;
+        self.back_up_if_due(false)?;
+        // Keras ends the epoch, validation and callbacks included, when a callback stops
+        // training in its middle.
+        if self.steps_per_epoch == Some(self.step_in_epoch) || self.stop_training {
+            return self.finish_epoch();
+        }
+        Ok(true)
+    }
+
+    /// The end of an epoch: its logs with validation, the callbacks, the history, the epoch's
+    /// backup. Whether training goes on with this group (`false`: a worker was lost during
+    /// the validation, and the group re-formed).
+    fn finish_epoch(&mut self) -> Result<bool, KerasError> {
+        let mut logs = logs_of(&self.metrics, &self.totals);
+        logs.insert("learning_rate", f64::from(self.optimizer.learning_rate()));
+        let same_group = self.validate(&mut logs)?;
+        self.is_chief = self.model.model_strategy().is_chief();
+        let stop_asked = self.stop_training;
+        let epoch = self.epoch;
+        self.each_callback(|cb, ctx| cb.on_epoch_end(epoch, &logs, ctx))?;
+        self.stop_training |= stop_asked;
+        self.history.epochs.push(logs.clone());
+        self.history.epoch_numbers.push(epoch);
+        self.last_logs = logs;
+        self.back_up_if_due(true)?;
+        self.epoch += 1;
+        self.step_in_epoch = 0;
+        self.epoch_open = false;
+        Ok(same_group)
+    }
+
+    /// Adds the validation's figures to `logs`. Whether training goes on with this group:
+    /// a worker lost during validation re-forms it, and the epoch goes without validation
+    /// figures. Evaluating again is not safe: a survivor that failed in the epoch's last step
+    /// instead re-forms at the same agreed step and goes on with the next epoch's first step
+    /// boundary, which this worker must meet.
+    fn validate(&mut self, logs: &mut Logs) -> Result<bool, KerasError> {
+        let Some(validation) = self.validation_data.as_ref() else {
+            return Ok(true);
+        };
+        match self.model.evaluate_steps(validation, self.validation_steps) {
+            Ok(val) => {
+                logs.extend_prefixed("val_", &val);
+                Ok(true)
+            }
+            Err(failed) => {
+                let err = training_failure(failed)?;
+                self.recover_or_fail(err)?;
+                tracing::warn!(
+                    "a worker was lost during validation: this epoch has no validation figures"
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    /// Re-forms the group after `err` where it can (the survivors agree on the most advanced
+    /// step and input position); the error otherwise.
+    fn recover_or_fail(&mut self, err: TrainError) -> Result<(), KerasError> {
+        let mut state = elastic_state(self.step, self.cursor, &self.variables, &self.optimizer);
+        match self.model.model_strategy().recover(&err, &mut state)? {
+            None => Err(err.into()),
+            Some(recovery) => {
+                tracing::info!(step = recovery.step, lost = ?recovery.lost, "fit re-formed the group");
+                self.history.recoveries += 1;
+                self.step = state.step;
+                self.cursor = Cursor::decode(state.position);
+                Ok(())
+            }
+        }
+    }
+
+    /// Backs the state up on the chief where the backup is due: at an epoch's end for a
+    /// backup by epochs, at a step boundary by its step cadence otherwise.
+    fn back_up_if_due(&mut self, at_epoch_end: bool) -> Result<(), KerasError> {
+        if !self.is_chief {
+            return Ok(());
+        }
+        let Some(backup) = self.callbacks.backup() else {
+            return Ok(());
+        };
+        let due = match backup.frequency() {
+            SaveFreq::Epoch => at_epoch_end,
+            SaveFreq::Steps(_) => !at_epoch_end && backup.checkpoints()?.should_save(self.step),
+        };
+        if !due {
+            return Ok(());
+        }
+        let state = elastic_state(self.step, self.cursor, &self.variables, &self.optimizer);
+        let dir = backup.dir().to_path_buf();
+        backup
+            .checkpoints()?
+            .save(&state)
+            .map(|_| ())
+            .map_err(|source| KerasError::Backup {
+                dir,
+                source: Box::new(source),
+            })
+    }
+
+    /// The end of training: the history, the callbacks' `on_train_end`, the backup's end.
+    fn finish(mut self) -> Result<History, KerasError> {
+        self.history.step = self.step;
+        self.history.stopped_early = self.stop_training;
+        self.is_chief = self.model.model_strategy().is_chief();
+        let logs = std::mem::take(&mut self.last_logs);
+        self.each_callback(|cb, ctx| cb.on_train_end(&logs, ctx))?;
+        let is_chief = self.is_chief;
+        if let Some(backup) = self.callbacks.backup() {
+            backup.finish(is_chief)?;
+        }
+        Ok(self.history)
+    }
+}
+
+/// A failed step's error as a training error, which re-forming may mend; any other error
+/// (a bad batch, a loss that refuses its labels) as it is, to end `fit`.
+fn training_failure(failed: KerasError) -> Result<TrainError, KerasError> {
+    match failed {
+        KerasError::Train(e) => Ok(e),
+        KerasError::Strategy(e) => Ok(e.into()),
+        other => Err(other),
+    }
+}
+
+/// One replica's training step; its statistics (loss, examples, metrics).
+fn train_replica<N: ModuleT + Send + Sync>(
+    network: &ReplicatedModel<N>,
+    optimizer: &DistributedOptimizer,
+    loss: &Loss,
+    metrics: &[Box<dyn Metric>],
+    ctx: &crate::strategy::ReplicaContext,
+    spec: StepSpec,
+    element: &Element,
+) -> Result<Tensor, KerasError> {
+    let (x, y, weights) = split_element(element)?;
+    let empty = x.dims().first() == Some(&0);
+    let mut predictions = None;
+    let mut loss_error = None;
+    network
+        .train_step(ctx, optimizer, spec, |net| {
+            if empty {
+                // Nothing to learn from, but the replica still takes part in the all-reduce.
+                return Tensor::zeros(0, candle_core::DType::F32, x.device());
+            }
+            let p = net.forward_t(x, true)?;
+            let per_example = match loss.per_example(&p, y) {
+                Ok(l) => l,
+                Err(e) => {
+                    let message = e.to_string();
+                    loss_error = Some(e);
+                    return Err(candle_core::Error::Msg(message));
+                }
+            };
+            predictions = Some(p.detach());
+            let w = Tensor::new(weights.as_slice(), per_example.device())?;
+            per_example.to_dtype(candle_core::DType::F32)? * w
+        })
+        .map_err(|e| match loss_error.take() {
+            Some(typed) => KerasError::Nn(typed),
+            None => KerasError::Train(e),
+        })?;
+    batch_stats(loss, metrics, y, predictions.as_ref(), weights)
+}
