@@ -495,16 +495,19 @@ pub fn run() -> ExitCode {
             let task = vec!["mwms-demo-task".to_string()];
             return launch_demo(&launch, task, env, kept, &checkpoint_dir);
         }
-        Command::MwmsDemoTask => match crate::bootstrap::logging::init()
-            .map_err(|e| crate::workloads::mwms_demo::MwmsDemoError::Config(e.to_string()))
-            .and_then(|()| crate::workloads::mwms_demo::run_task())
-        {
-            Ok(()) => return ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("error: {err}");
-                return ExitCode::from(err.exit_code());
+        Command::MwmsDemoTask => {
+            if let Err(e) = crate::bootstrap::logging::init() {
+                eprintln!("error: bad config: {e}");
+                return ExitCode::from(2);
             }
-        },
+            match crate::workloads::mwms_demo::run_task() {
+                Ok(()) => return ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    return ExitCode::from(err.exit_code());
+                }
+            }
+        }
         Command::Demo(args) if args.communication.is_some() => Err(CliError::Usage(
             "--communication: only with --strategy multi-worker-mirrored (the parameter-server \
              demo's workers push their gradients to the servers)"

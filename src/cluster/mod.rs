@@ -17,7 +17,7 @@ mod tf_config;
 pub(crate) use config::count as parse_count;
 pub use config::{
     load_files, load_role_config, ps_restart_wait_for, resolve_config, ConfigError, ConfigFiles,
-    ConfigFlags, ConfigKey, Origin, RoleConfig, CERTS_DIR_MISSING, DEFAULT_CONFIG_FILE,
+    ConfigFlags, ConfigKey, CountError, Origin, RoleConfig, CERTS_DIR_MISSING, DEFAULT_CONFIG_FILE,
     DEFAULT_DETECTION_BUDGET, DEFAULT_EVAL_IDLE_TIMEOUT, DEFAULT_PREEMPTION_GRACE,
     DEFAULT_STEP_TIMEOUT, DEFAULT_WORKER_WAIT, REPLICAS_LIMIT, WORKERS_MAX_LIMIT,
 };

@@ -64,12 +64,48 @@ const SPLIT_SEED: u64 = 7;
 /// What a task of the job could not do.
 #[derive(Debug, thiserror::Error)]
 pub enum MwmsDemoError {
-    /// A setting from the environment is wrong (its key says which).
+    /// The task's settings from the environment (`TF_CONFIG` and the rest) are wrong.
     #[error("bad config: {0}")]
-    Config(String),
+    Config(#[from] crate::bootstrap::TaskConfigError),
+    /// A setting of the demo's own is wrong: the variable, and what it must be.
+    #[error("bad config: {env}: {value:?} is not {wanted}")]
+    Setting {
+        /// The environment variable.
+        env: &'static str,
+        /// What it holds.
+        value: String,
+        /// What it must hold.
+        wanted: &'static str,
+    },
+    /// The planned workers ([`PLANNED_WORKERS_ENV`]) are no count.
+    #[error("bad config: {PLANNED_WORKERS_ENV}: {0}")]
+    PlannedWorkers(#[source] crate::cluster::CountError),
+    /// The checkpoint directory could not be opened.
+    #[error("bad config: {env}: {0}", env = ConfigKey::CHECKPOINT_DIR.env)]
+    Checkpoints(#[source] Box<crate::train::StateCheckpointError>),
+    /// A signal could not be watched.
+    #[error("cannot watch for {signal}: {source}")]
+    Signal {
+        /// The signal's name.
+        signal: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The digits could not be loaded.
+    #[error("bad config: {0}")]
+    Digits(#[from] super::digits::DigitsError),
+    /// The group could not be formed.
+    #[error("training failed: {0}")]
+    Group(#[from] crate::strategy::StrategyError),
     /// Training failed (the group could not go on).
     #[error("training failed: {0}")]
-    Training(String),
+    Training(#[from] crate::train::TrainError),
+    /// The trained model lacks a variable the accuracy needs.
+    #[error("training failed: no variable {0}")]
+    MissingVariable(&'static str),
+    /// The held-out accuracy could not be computed.
+    #[error("training failed: {0}")]
+    Evaluation(#[from] crate::nn::NnError),
     /// This worker left after a preemption notice (SIGTERM).
     #[error("preempted: left the group at a step boundary")]
     Preempted,
@@ -89,7 +125,12 @@ impl MwmsDemoError {
     /// me), 1 otherwise (a drained worker returns `Ok`: exit 0, do not restart me).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) => 2,
+            Self::Config(_)
+            | Self::Setting { .. }
+            | Self::PlannedWorkers(_)
+            | Self::Checkpoints(_)
+            | Self::Signal { .. }
+            | Self::Digits(_) => 2,
             Self::Preempted => crate::process::PREEMPTED_EXIT_CODE as u8,
             _ => 1,
         }
@@ -108,9 +149,12 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     // would have to detect).
     let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::drain_on_signal(&drain)
-        .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGUSR1: {e}")))?;
+        .map_err(|source| MwmsDemoError::Signal {
+            signal: "SIGUSR1",
+            source,
+        })?;
     let (planned_workers, epochs) = planned_run(&config)?;
-    let digits = Digits::load().map_err(|e| MwmsDemoError::Config(e.to_string()))?;
+    let digits = Digits::load()?;
     let (train, held_out) = digits.split(HELD_OUT_FRACTION, SPLIT_SEED);
     let problem = DenseProblem {
         features: PIXELS,
@@ -124,8 +168,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         .examples()
         .div_ceil(PER_REPLICA_BATCH * planned_workers * config.local_replicas);
     let steps = epochs * steps_per_epoch;
-    let mut strategy =
-        MultiWorkerMirrored::new(config).map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    let mut strategy = MultiWorkerMirrored::new(config)?;
     let mut log = GroupLog::start(&strategy, epochs, steps_per_epoch);
     if log.leads {
         outln!(
@@ -152,7 +195,10 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     // the next step boundary after the chief saved that step.
     let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::stop_on_signals(&notice)
-        .map_err(|e| MwmsDemoError::Config(format!("cannot watch for SIGTERM: {e}")))?;
+        .map_err(|source| MwmsDemoError::Signal {
+            signal: "SIGTERM",
+            source,
+        })?;
     let mut checkpoints = open_checkpoints(steps_per_epoch)?;
     let options = ElasticOptions {
         notice: Some(&notice),
@@ -167,8 +213,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         seed,
         options,
         &mut |event| log.on_event(event),
-    )
-    .map_err(|e| MwmsDemoError::Training(e.to_string()))?;
+    )?;
     let me = log.me;
     if run.drained {
         outln!("{me}: drained: left the group for good");
@@ -249,8 +294,7 @@ fn planned_run(config: &MultiWorkerConfig) -> Result<(usize, usize), MwmsDemoErr
     let planned_workers = match std::env::var(PLANNED_WORKERS_ENV) {
         Ok(text) => {
             crate::cluster::parse_count(&text, "workers", crate::cluster::WORKERS_MAX_LIMIT)
-                .map_err(|e| MwmsDemoError::Config(format!("{PLANNED_WORKERS_ENV}: {e}")))?
-                as usize
+                .map_err(MwmsDemoError::PlannedWorkers)? as usize
         }
         Err(_) => spec.num_tasks(TaskType::Chief) + spec.num_tasks(TaskType::Worker),
     };
@@ -260,10 +304,10 @@ fn planned_run(config: &MultiWorkerConfig) -> Result<(usize, usize), MwmsDemoErr
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=10_000).contains(n))
-            .ok_or_else(|| {
-                MwmsDemoError::Config(format!(
-                    "{EPOCHS_ENV}: {text:?} is not a whole number from 1 to 10000"
-                ))
+            .ok_or_else(|| MwmsDemoError::Setting {
+                env: EPOCHS_ENV,
+                value: text.clone(),
+                wanted: "a whole number from 1 to 10000",
             })?,
         Err(_) => DEFAULT_EPOCHS,
     };
@@ -282,7 +326,7 @@ fn open_checkpoints(steps_per_epoch: usize) -> Result<Option<StateCheckpoints>, 
         3,
     )
     .map(Some)
-    .map_err(|e| MwmsDemoError::Config(format!("{}: {e}", ConfigKey::CHECKPOINT_DIR.env)))
+    .map_err(|e| MwmsDemoError::Checkpoints(Box::new(e)))
 }
 
 /// The classifier's accuracy on the held-out digits. The MLP's layers hold candle-nn's
@@ -291,14 +335,17 @@ fn held_out_accuracy(
     outcome: &dense_sync::DenseOutcome,
     held_out: &super::digits::Digits,
 ) -> Result<f32, MwmsDemoError> {
-    let variable = |name: &str| {
+    let variable = |name: &'static str| {
         outcome
             .variables
             .get(name)
             .map(Vec::as_slice)
-            .ok_or_else(|| MwmsDemoError::Training(format!("no variable {name}")))
+            .ok_or(MwmsDemoError::MissingVariable(name))
     };
-    let kernel = |name: &str, inputs: usize, units: usize| -> Result<Vec<f32>, MwmsDemoError> {
+    let kernel = |name: &'static str,
+                  inputs: usize,
+                  units: usize|
+     -> Result<Vec<f32>, MwmsDemoError> {
         let weight = variable(name)?;
         Ok((0..inputs * units)
             .map(|i| weight[(i % units) * inputs + i / units])
@@ -318,7 +365,7 @@ fn held_out_accuracy(
         &held_out.features,
         &held_out.labels,
     )
-    .map_err(|e| MwmsDemoError::Training(e.to_string()))
+    .map_err(MwmsDemoError::from)
 }
 
 /// What a member prints and remembers of the group as training goes: whether it leads (the
@@ -522,6 +569,7 @@ impl GroupLog {
 /// The strategy's settings from the environment (see
 /// [`crate::bootstrap::multi_worker_config_from_env`]).
 fn task_config() -> Result<MultiWorkerConfig, MwmsDemoError> {
-    crate::bootstrap::multi_worker_config_from_env(COMMUNICATION_ENV)
-        .map_err(|e| MwmsDemoError::Config(e.to_string()))
+    Ok(crate::bootstrap::multi_worker_config_from_env(
+        COMMUNICATION_ENV,
+    )?)
 }
