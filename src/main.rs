@@ -6,5 +6,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     cohort::process::keep_freed_memory();
+    cohort::process::no_transparent_huge_pages();
     cohort::cli_main()
 }

@@ -356,6 +356,7 @@ fn job_command(
 ) -> Result<(Command, Option<DiskFaults>), ChaosRunError> {
     if !plan.faults.iter().any(|f| f.kind == FaultKind::DiskFull) {
         let mut command = Command::new(program);
+        crate::process::with_system_huge_pages(&mut command);
         command.args(&setup.command[1..]);
         return Ok((command, None));
     }
@@ -371,8 +372,9 @@ fn job_command(
     };
     let checkpoint_dir = absolute(checkpoint_dir)?;
     let real = absolute(&setup.run_dir.join("chaos-disk"))?;
-    let (command, disk) =
+    let (mut command, disk) =
         DiskFaults::wrap(&setup.command, &checkpoint_dir, &real, plan.disk_size_mib)?;
+    crate::process::with_system_huge_pages(&mut command);
     Ok((command, Some(disk)))
 }
 

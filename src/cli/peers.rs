@@ -76,7 +76,9 @@ pub(super) fn run_peer_figure(
     if !python.exists() {
         return Err(PeerError::NoPython(python.to_path_buf()));
     }
-    let mut child = Command::new(python)
+    let mut command = Command::new(python);
+    crate::process::with_system_huge_pages(&mut command);
+    let mut child = command
         .arg(&script)
         .args(args)
         .stdin(Stdio::null())

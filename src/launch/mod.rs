@@ -905,6 +905,7 @@ impl Launcher {
         let restart = entry.spawns > 0;
         entry.spawns = entry.spawns.saturating_add(1);
         let mut command = Command::new(&self.config.program);
+        crate::process::with_system_huge_pages(&mut command);
         if restart {
             command.env_remove(FAILPOINT_ENV);
         }

@@ -49,7 +49,7 @@ use std::sync::OnceLock;
 
 use crate::cluster::RoleConfig;
 
-pub use allocator::keep_freed_memory;
+pub use allocator::{keep_freed_memory, no_transparent_huge_pages, with_system_huge_pages};
 pub use compute_threads::{
     compute_threads_given, describe_compute_threads, follow_cpu_quota, ComputeThreads,
     COMPUTE_THREADS_ENV,
