@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::dials::WorkerSet;
 use super::recovery::{CallFault, WorkerPositions};
 use super::{
     ClosureId, CutReadError, Ledger, MarkCutError, Scheduler, SchedulerAction, WorkerIncarnation,
@@ -334,7 +335,7 @@ impl Scheduler {
     /// The cluster has `num_workers` workers, indexed from 0: each without a live incarnation
     /// is dialled ([`Self::handle_reconnect_tick`]).
     pub fn with_workers(mut self, num_workers: u32) -> Self {
-        self.num_workers = num_workers;
+        self.worker_set = WorkerSet::of_spec(num_workers);
         self
     }
 
@@ -345,7 +346,7 @@ impl Scheduler {
             return;
         }
         for worker in self.members() {
-            if self.worker_incarnation(worker).is_none() && self.worker_dials.insert(worker) {
+            if self.worker_incarnation(worker).is_none() && self.worker_set.start_dial(worker) {
                 self.actions
                     .push_back(SchedulerAction::DialWorker { worker });
             }
@@ -357,14 +358,14 @@ impl Scheduler {
     /// ([`SchedulerAction::SetUpWorker`]) unless a restore began meanwhile (then the next
     /// tick dials it again); no answer waits for the next tick.
     pub fn handle_worker_dialled(&mut self, _now: Instant, worker: u32, dial: WorkerDial) {
-        if !self.worker_dials.contains(&worker) {
+        if !self.worker_set.is_dialling(worker) {
             return;
         }
         let known = self.known_worker_incarnation(worker);
         match dial {
             WorkerDial::Answered { incarnation } if known.is_none_or(|k| incarnation > k) => {
                 if self.is_restoring() {
-                    self.worker_dials.remove(&worker);
+                    self.worker_set.dial_ended(worker);
                     return;
                 }
                 self.actions.push_back(SchedulerAction::SetUpWorker {
@@ -375,14 +376,14 @@ impl Scheduler {
                 });
             }
             WorkerDial::Answered { incarnation } | WorkerDial::DeclaredDead { incarnation } => {
-                self.worker_dials.remove(&worker);
+                self.worker_set.dial_ended(worker);
                 self.actions.push_back(SchedulerAction::RetireWorker {
                     worker,
                     incarnation,
                 });
             }
             WorkerDial::Unreachable => {
-                self.worker_dials.remove(&worker);
+                self.worker_set.dial_ended(worker);
             }
         }
     }
@@ -398,7 +399,7 @@ impl Scheduler {
         version: u64,
         result: Result<(), CallFault>,
     ) -> SetUpDisposition {
-        self.worker_dials.remove(&worker);
+        self.worker_set.dial_ended(worker);
         if result.is_err() {
             self.control.setups_failed += 1;
             return SetUpDisposition::Failed;
@@ -634,7 +635,7 @@ impl Scheduler {
             .members()
             .into_iter()
             .chain(self.workers.keys().copied())
-            .chain(0..self.num_workers)
+            .chain(0..self.worker_set.spec())
             .collect();
         indices
             .into_iter()
@@ -665,6 +666,7 @@ impl Scheduler {
     pub fn known_servers(&self) -> Vec<KnownTask> {
         let indices: BTreeSet<u32> = self
             .server_set
+            .indexes()
             .iter()
             .chain(self.servers.keys())
             .copied()
@@ -673,7 +675,7 @@ impl Scheduler {
             .into_iter()
             .map(|index| {
                 let entry = self.servers.get(&index);
-                let liveness = if !self.server_set.contains(&index) {
+                let liveness = if !self.server_set.contains(index) {
                     TaskLiveness::Retired
                 } else {
                     match entry {
@@ -698,7 +700,7 @@ impl Scheduler {
 
     /// Workers with a dial or a setup under way.
     pub fn workers_dialling(&self) -> Vec<u32> {
-        self.worker_dials.iter().copied().collect()
+        self.worker_set.dialling().collect()
     }
 
     /// The newest incarnation of `worker` ever up or fenced: an answer from one not newer is

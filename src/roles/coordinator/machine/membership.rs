@@ -76,13 +76,13 @@ impl Scheduler {
 
     /// The most workers the job may have (never fewer than the cluster spec's).
     pub fn workers_max(&self) -> u32 {
-        self.membership.workers_max.max(self.num_workers)
+        self.membership.workers_max.max(self.worker_set.spec())
     }
 
     /// The workers that belong to the job now, in index order: those of the cluster spec not
     /// drained, and those that joined.
     pub fn members(&self) -> Vec<u32> {
-        (0..self.num_workers)
+        (0..self.worker_set.spec())
             .filter(|w| !self.membership.removed.contains(w))
             .chain(self.membership.joined.iter().copied())
             .collect()
@@ -90,7 +90,7 @@ impl Scheduler {
 
     /// Whether `worker` belongs to the job now.
     pub fn is_member(&self, worker: u32) -> bool {
-        if worker < self.num_workers {
+        if self.worker_set.is_spec_worker(worker) {
             !self.membership.removed.contains(&worker)
         } else {
             self.membership.joined.contains(&worker)
@@ -123,7 +123,7 @@ impl Scheduler {
                 drain.rejoined = true;
             }
         }
-        if worker < self.num_workers {
+        if self.worker_set.is_spec_worker(worker) {
             self.membership.removed.remove(&worker);
         } else {
             self.membership.joined.insert(worker);
@@ -248,7 +248,7 @@ impl Scheduler {
     }
 
     fn remove_member(&mut self, worker: u32) {
-        if worker < self.num_workers {
+        if self.worker_set.is_spec_worker(worker) {
             self.membership.removed.insert(worker);
         } else {
             self.membership.joined.remove(&worker);

@@ -36,6 +36,7 @@ pub mod control;
 #[cfg(test)]
 mod control_tests;
 mod cut_reads;
+mod dials;
 pub mod membership;
 #[cfg(test)]
 mod membership_tests;
@@ -71,6 +72,7 @@ pub use control::{
     PositionsTicket, SetUpDisposition, TaskLiveness, WorkerDial,
 };
 use cut_reads::CutReads;
+use dials::{ServerSet, WorkerSet};
 pub use membership::DrainDisposition;
 use preempt::Preemptions;
 pub use preempt::{CutWriteError, PREEMPTION_CUTS_DIR, PREEMPTION_CUT_MAX};
@@ -768,20 +770,14 @@ pub struct Scheduler {
     watermark_sent: u64,
     /// The next [`RestoreTicket`].
     next_ticket: u64,
-    /// Parameter servers in the cluster (dialled while not known alive).
-    /// The parameter servers of the job (their indexes): the cluster spec's at first, then
-    /// as servers join and leave ([`reshard`]).
-    server_set: BTreeSet<u32>,
-    /// How many servers the cluster spec names (indexes below it need no address).
-    num_spec_servers: u32,
+    /// The parameter servers of the job (the cluster spec's at first, then as servers join
+    /// and leave: [`reshard`]), dialled while not known alive (the `dials` sub-machine).
+    server_set: ServerSet,
     /// Servers joining and leaving ([`reshard`]).
     resharding: reshard::Resharding,
-    /// Parameter servers with a dial under way (one at a time each).
-    dialling: BTreeSet<u32>,
-    /// Workers in the cluster (dialled while they have no live incarnation).
-    num_workers: u32,
-    /// Workers with a dial (or the setup that follows it) under way (one at a time each).
-    worker_dials: BTreeSet<u32>,
+    /// The workers of the cluster spec, dialled while they have no live incarnation (the
+    /// `dials` sub-machine).
+    worker_set: WorkerSet,
     /// Configurations and collections of dataset positions sent to the live workers, waiting
     /// for their answers (the `control` sub-machine).
     requests: WorkerRequests,
@@ -907,12 +903,9 @@ impl Scheduler {
             setup_version: 0,
             watermark_sent: 0,
             next_ticket: 0,
-            server_set: BTreeSet::new(),
-            num_spec_servers: 0,
+            server_set: ServerSet::default(),
             resharding: reshard::Resharding::default(),
-            dialling: BTreeSet::new(),
-            num_workers: 0,
-            worker_dials: BTreeSet::new(),
+            worker_set: WorkerSet::default(),
             requests: WorkerRequests::default(),
             creates: Creates::default(),
             start: ChiefStart::default(),
@@ -933,21 +926,20 @@ impl Scheduler {
     /// The cluster has `num_servers` parameter servers, indexed from 0: each is dialled
     /// ([`Self::handle_reconnect_tick`]) until it is known alive.
     pub fn with_servers(mut self, num_servers: u32) -> Self {
-        self.server_set = (0..num_servers).collect();
-        self.num_spec_servers = num_servers;
+        self.server_set = ServerSet::of_spec(num_servers);
         self
     }
 
     /// The parameter servers of the job now, by index (the cluster spec's, changed by every
     /// server that joined or left since: `reshard`).
     pub fn servers_in_job(&self) -> Vec<u32> {
-        self.server_set.iter().copied().collect()
+        self.server_set.indexes().iter().copied().collect()
     }
 
     /// One past the largest index of a server in the job: the length of every per-server list
     /// indexed by server.
     pub fn server_span(&self) -> u32 {
-        self.server_set.last().map_or(0, |ps| ps + 1)
+        self.server_set.indexes().last().map_or(0, |ps| ps + 1)
     }
 
     /// Time to dial again (the shell calls this at a steady interval): emits
@@ -956,11 +948,12 @@ impl Scheduler {
     /// no live incarnation (see `control`).
     pub fn handle_reconnect_tick(&mut self) {
         self.dial_workers();
-        for ps in self.server_set.clone() {
-            let wanted = self.servers.get(&ps).is_none_or(|e| !e.alive);
-            if wanted && self.dialling.insert(ps) {
-                self.actions.push_back(SchedulerAction::DialPs { ps });
-            }
+        let servers = &self.servers;
+        let due = self
+            .server_set
+            .dials_due(|ps| servers.get(&ps).is_none_or(|e| !e.alive));
+        for ps in due {
+            self.actions.push_back(SchedulerAction::DialPs { ps });
         }
     }
 
@@ -968,7 +961,7 @@ impl Scheduler {
     /// [`Self::handle_ps_answered`]; an incarnation declared dead that answers is retired
     /// ([`SchedulerAction::RetirePs`]); no answer waits for the next tick.
     pub fn handle_ps_dialled(&mut self, now: Instant, ps: u32, dial: PsDial) {
-        self.dialling.remove(&ps);
+        self.server_set.dial_ended(ps);
         match dial {
             PsDial::Answered {
                 incarnation,

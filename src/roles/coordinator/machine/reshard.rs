@@ -154,7 +154,7 @@ impl Scheduler {
             .cutting
             .as_ref()
             .is_some_and(|c| c.leaving.contains_key(&ps));
-        if self.server_set.contains(&ps)
+        if self.server_set.contains(ps)
             && !self.resharding.pending.leaving.contains_key(&ps)
             && !leaving_now
         {
@@ -210,7 +210,7 @@ impl Scheduler {
         let pending = &mut self.resharding.pending;
         // A join asked for and not under way is called off.
         pending.joining.remove(&ps);
-        if !self.server_set.contains(&ps) && !joining_now {
+        if !self.server_set.contains(ps) && !joining_now {
             // Not in the job (nor about to be): nothing of it to move. It goes now: a
             // registration of this incarnation delivered later is no join.
             let left = self.resharding.left.entry(ps).or_insert(incarnation);
@@ -222,6 +222,7 @@ impl Scheduler {
         let cutting = self.resharding.cutting.as_ref();
         let staying = self
             .server_set
+            .indexes()
             .iter()
             .filter(|s| {
                 **s != ps
@@ -252,14 +253,14 @@ impl Scheduler {
 
     /// Whether the cluster spec names server `ps`.
     pub fn is_spec_server(&self, ps: u32) -> bool {
-        ps < self.num_spec_servers
+        self.server_set.is_spec_server(ps)
     }
 
     fn addresses_in_job(&self) -> Vec<(u32, String)> {
         self.resharding
             .addresses
             .iter()
-            .filter(|(ps, _)| self.server_set.contains(ps))
+            .filter(|(ps, _)| self.server_set.contains(**ps))
             .map(|(ps, addr)| (*ps, addr.clone()))
             .collect()
     }
@@ -272,10 +273,10 @@ impl Scheduler {
     /// their hellos: there only a server that left or whose join waits is outside.)
     pub(super) fn outside_job(&self, ps: u32) -> bool {
         let r = &self.resharding;
-        if self.server_set.contains(&ps) {
+        if self.server_set.contains(ps) {
             return false;
         }
-        self.num_spec_servers > 0
+        self.server_set.has_spec()
             || r.left.contains_key(&ps)
             || r.pending.joining.contains_key(&ps)
             || r.cutting
@@ -384,7 +385,7 @@ impl Scheduler {
                 match pending.leaving.remove(&ps) {
                     // Asked to leave while its join was under way: it never joined, and may
                     // go now.
-                    Some(incarnation) if !self.server_set.contains(&ps) => {
+                    Some(incarnation) if !self.server_set.contains(ps) => {
                         out_now.insert(ps, incarnation);
                     }
                     Some(incarnation) => {
@@ -423,7 +424,7 @@ impl Scheduler {
             self.resharding.done += 1;
             tracing::info!(
                 "the variables are on parameter servers {:?} now ({})",
-                self.server_set,
+                self.server_set.indexes(),
                 describe(&changes)
             );
         }
@@ -433,9 +434,9 @@ impl Scheduler {
     /// Step 2 of the module doc: the new set, the variables placed again, and a restore of
     /// every server from the cut just marked.
     fn move_servers(&mut self, now: Instant, changes: ServerChanges) {
-        let before = self.server_set.len();
+        let before = self.server_set.indexes().len();
         for ps in changes.leaving.keys() {
-            self.server_set.remove(ps);
+            self.server_set.leave(*ps);
             self.servers.remove(ps);
             self.resharding.addresses.remove(ps);
             if let Some(incarnation) = changes.leaving.get(ps) {
@@ -446,7 +447,7 @@ impl Scheduler {
             }
         }
         for (&ps, (incarnation, addr)) in &changes.joining {
-            self.server_set.insert(ps);
+            self.server_set.join(ps);
             self.resharding.left.remove(&ps);
             let entry = self.servers.entry(ps).or_insert(PsEntry {
                 incarnation: *incarnation,
@@ -462,7 +463,7 @@ impl Scheduler {
             }
             self.resharding.addresses.insert(ps, addr.clone());
         }
-        let servers: Vec<u32> = self.server_set.iter().copied().collect();
+        let servers: Vec<u32> = self.server_set.indexes().iter().copied().collect();
         self.setup.layouts = place_again(&self.setup.layouts, before, &servers);
         self.setup.servers = self.addresses_in_job();
         self.setup_version += 1;

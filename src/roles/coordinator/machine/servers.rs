@@ -330,12 +330,12 @@ impl Scheduler {
         if let Some(shard) = layout
             .shards
             .iter()
-            .find(|s| !self.server_set.contains(&s.ps))
+            .find(|s| !self.server_set.contains(s.ps))
         {
             return Err(CreateError::UnknownServer {
                 name: name.clone(),
                 ps: shard.ps,
-                servers: self.server_set.iter().copied().collect(),
+                servers: self.server_set.indexes().iter().copied().collect(),
             });
         }
         if self.reshard_under_way() {
@@ -467,7 +467,7 @@ impl Scheduler {
         }
         let ticket = RestoreTicket(self.next_ticket);
         self.next_ticket += 1;
-        for ps in self.server_set.clone() {
+        for ps in self.server_set.indexes().clone() {
             self.actions
                 .push_back(SchedulerAction::ProbeServer { ticket, ps });
         }
@@ -477,7 +477,7 @@ impl Scheduler {
             root,
             since: now,
             probes: BTreeMap::new(),
-            out: self.server_set.clone(),
+            out: self.server_set.indexes().clone(),
             again_at: BTreeMap::new(),
         });
         // Notices that waited for the start leave now, as those during it do.
@@ -525,7 +525,7 @@ impl Scheduler {
     }
 
     fn finish_start(&mut self, now: Instant) {
-        let Some(start) = self.start.take_answered(self.server_set.len()) else {
+        let Some(start) = self.start.take_answered(self.server_set.indexes().len()) else {
             return;
         };
         let ticket = start.ticket;
@@ -550,7 +550,7 @@ impl Scheduler {
             self.dispatch(now);
             return;
         };
-        let servers = self.server_set.clone();
+        let servers = self.server_set.indexes().clone();
         if let Err(e) =
             self.restore_at_start(now, ticket, checkpoint, start.root, &probes, &servers)
         {
