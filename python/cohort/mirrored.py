@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import sys
 from typing import Any, Callable
 
 import numpy as np
 
 from . import _native
 from .errors import CohortError
-from .strategy import Variable, _as_f32, _exit, _scope, entered
+from ._script import ScriptEnd, exit_now
+from .strategy import Variable, _as_f32, _scope, entered
 
 _REDUCE_OPS = ("SUM", "MEAN")
 
@@ -43,7 +43,7 @@ class MultiWorkerMirroredStrategy:
         self._native = _native.MultiWorker()
         self._variables: list[MirroredVariable] = []
         self._optimizer: Any = None
-        _ScriptFailure.watch()
+        ScriptEnd.watch()
         atexit.register(self._close)
 
     @property
@@ -158,30 +158,9 @@ class MultiWorkerMirroredStrategy:
 
     def _close(self) -> None:
         # The final model is reported only by a script that ran to its end.
-        code = self._native.close(not _ScriptFailure.raised)
+        code = self._native.close(not ScriptEnd.raised())
         if code != 0:
-            _exit(code)
-
-
-class _ScriptFailure:
-    """Whether the script ended with an uncaught exception (its final model is then not
-    reported as one)."""
-
-    raised = False
-    _installed = False
-
-    @classmethod
-    def watch(cls) -> None:
-        if cls._installed:
-            return
-        cls._installed = True
-        previous = sys.excepthook
-
-        def hook(kind: Any, value: Any, tb: Any) -> None:
-            cls.raised = True
-            previous(kind, value, tb)
-
-        sys.excepthook = hook
+            exit_now(code)
 
 
 def _dense(grad: Any, variable: Any) -> np.ndarray:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _native, _steps
+from ._script import ScriptEnd, exit_now
 from .cluster_resolver import TFConfigClusterResolver
 from .errors import CohortError, VariableError
 from .optimizers import SGD, Optimizer
@@ -75,7 +76,7 @@ class ParameterServerStrategy:
         args = self.cluster_resolver.args
         if task in ("worker", "ps"):
             code = _native.serve(_steps.run, _job_name(), args, self.optimizer.spec())
-            _exit(code)
+            exit_now(code)
         if task != "chief":
             raise ValueError(
                 f"task type {task!r}: a ParameterServerStrategy job runs chief, worker and ps "
@@ -226,35 +227,13 @@ class _ChiefExit:
     is not 0 (1 after a failure, 143 after a stop request, 170-173 restart me); else the
     script's own (``sys.exit(3)`` exits 3)."""
 
-    failure: str | None = None
-    _installed = False
-
     @classmethod
     def watch(cls, chief: Any) -> None:
-        if not cls._installed:
-            cls._installed = True
-            previous = sys.excepthook
-
-            def hook(kind: Any, value: Any, tb: Any) -> None:
-                cls.failure = f"the script raised {kind.__name__}: {value}"
-                previous(kind, value, tb)
-
-            sys.excepthook = hook
+        ScriptEnd.watch()
         atexit.register(cls._finish, chief)
 
     @classmethod
     def _finish(cls, chief: Any) -> None:
-        code = chief.finish(cls.failure)
+        code = chief.finish(ScriptEnd.failure)
         if code != 0:
-            _exit(code)
-
-
-def _exit(code: int) -> None:
-    """Exits now with ``code``: the runtime's threads end with the process (no interpreter
-    shutdown under them)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
+            exit_now(code)
