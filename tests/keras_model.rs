@@ -621,12 +621,22 @@ fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
 /// Steps per epoch and epochs of the elastic test: 80 steps of a global batch of 48.
 const ELASTIC_STEPS_PER_EPOCH: usize = 20;
 const ELASTIC_EPOCHS: usize = 4;
-/// The step at which worker 2 stalls (to be SIGKILLed there) in its first life.
+/// The step at which the worker to kill stalls (to be SIGKILLed there) in its first life,
+/// unless the test's `stall-at` file names another.
 const ELASTIC_KILL_AT: u64 = 15;
+
+/// The step at which the elastic test's victim stalls: `stall-at` in its directory, else
+/// [`ELASTIC_KILL_AT`].
+fn stall_step(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("stall-at"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(ELASTIC_KILL_AT)
+}
 
 /// Paces the elastic test's workers (so that a restarted worker joins before the end), writes
 /// each step to `step-<worker>` in the test's directory, and, where `stall-<worker>` is there
-/// (the first life of the worker to kill), stalls at [`ELASTIC_KILL_AT`].
+/// (the first life of the worker to kill), stalls at [`stall_step`].
 struct Pace {
     dir: PathBuf,
     worker: usize,
@@ -645,7 +655,7 @@ impl Callback for Pace {
         )
         .unwrap();
         let stall = self.dir.join(format!("stall-{}", self.worker));
-        if step == ELASTIC_KILL_AT && std::fs::remove_file(&stall).is_ok() {
+        if step == stall_step(&self.dir) && std::fs::remove_file(&stall).is_ok() {
             std::fs::write(self.dir.join(format!("stalled-{}", self.worker)), "").unwrap();
             std::thread::sleep(Duration::from_secs(120));
         }
@@ -722,7 +732,20 @@ fn read_step(dir: &Path, worker: usize) -> u64 {
 /// exact step with the same bits, and the model still learns.
 #[test]
 fn fit_survives_a_sigkilled_worker_and_takes_it_back_when_it_restarts() {
-    elastic_case("keras-elastic", 2, false);
+    elastic_case("keras-elastic", 2, false, ELASTIC_KILL_AT);
+}
+
+/// As above with worker 2 killed after the last step of the first epoch: the others lose it
+/// while they validate that epoch, re-form, and go on with the data distributed over the
+/// group they re-formed (two workers' slices of each global batch, not three).
+#[test]
+fn fit_survives_a_worker_lost_during_validation() {
+    elastic_case(
+        "keras-elastic-validation",
+        2,
+        false,
+        ELASTIC_STEPS_PER_EPOCH as u64,
+    );
 }
 
 /// As above with a network whose layers are built on their first call: every worker builds
@@ -730,21 +753,22 @@ fn fit_survives_a_sigkilled_worker_and_takes_it_back_when_it_restarts() {
 /// before taking the group's variables.
 #[test]
 fn fit_builds_a_lazy_network_on_a_restarted_worker_that_joins() {
-    elastic_case("keras-elastic-lazy", 2, true);
+    elastic_case("keras-elastic-lazy", 2, true, ELASTIC_KILL_AT);
 }
 
 /// As above with the chief (worker 0, the group's rank 0 and the one that backs up) killed:
 /// the other two re-form under a new rank 0, and the restarted chief joins them.
 #[test]
 fn fit_survives_a_sigkilled_chief_and_takes_it_back_when_it_restarts() {
-    elastic_case("keras-elastic-chief", 0, false);
+    elastic_case("keras-elastic-chief", 0, false, ELASTIC_KILL_AT);
 }
 
-fn elastic_case(name: &str, victim: usize, lazy: bool) {
+fn elastic_case(name: &str, victim: usize, lazy: bool, stall_at: u64) {
     let total = (ELASTIC_EPOCHS * ELASTIC_STEPS_PER_EPOCH) as u64;
     let mut workers =
         mwms_support::WorkerProcesses::start_with(name, 3, "keras_elastic_worker_process", |dir| {
             std::fs::write(dir.join(format!("stall-{victim}")), "").unwrap();
+            std::fs::write(dir.join("stall-at"), stall_at.to_string()).unwrap();
             if lazy {
                 std::fs::write(dir.join("lazy"), "").unwrap();
             }
@@ -759,7 +783,7 @@ fn elastic_case(name: &str, victim: usize, lazy: bool) {
     wait_for("the survivors' progress", Duration::from_secs(60), || {
         survivors
             .iter()
-            .all(|&i| read_step(&dir, i) >= ELASTIC_KILL_AT + 5)
+            .all(|&i| read_step(&dir, i) >= stall_at + 5)
     });
     assert!(
         read_step(&dir, survivors[0]) < total - 10,
@@ -779,6 +803,18 @@ fn elastic_case(name: &str, victim: usize, lazy: bool) {
             "worker {i}: validation accuracy {:?}",
             r.trained.val_accuracy
         );
+    }
+    if stall_at % ELASTIC_STEPS_PER_EPOCH as u64 == 0 {
+        // Lost at an epoch's end: the survivors lost the victim in that epoch's validation,
+        // which then has no figures (they re-formed instead of validating again).
+        for &i in &survivors {
+            assert_eq!(
+                results[i].trained.val_accuracy.len(),
+                ELASTIC_EPOCHS - 1,
+                "worker {i}'s validation figures: {:?}",
+                results[i].trained.val_accuracy
+            );
+        }
     }
     assert!(
         survivors.iter().all(|&i| results[i].recoveries >= 1),
