@@ -121,6 +121,11 @@ pub enum MwmsDemoError {
 }
 
 impl MwmsDemoError {
+    /// The error of watching `signal` that failed with an I/O error.
+    fn signal(signal: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Signal { signal, source }
+    }
+
     /// The process exit code: 2 for a bad setting, 143 after a preemption notice (restart
     /// me), 1 otherwise (a drained worker returns `Ok`: exit 0, do not restart me).
     pub fn exit_code(&self) -> u8 {
@@ -149,10 +154,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     // would have to detect).
     let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::drain_on_signal(&drain)
-        .map_err(|source| MwmsDemoError::Signal {
-            signal: "SIGUSR1",
-            source,
-        })?;
+        .map_err(MwmsDemoError::signal("SIGUSR1"))?;
     let (planned_workers, epochs) = planned_run(&config)?;
     let digits = Digits::load()?;
     let (train, held_out) = digits.split(HELD_OUT_FRACTION, SPLIT_SEED);
@@ -195,10 +197,7 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     // the next step boundary after the chief saved that step.
     let notice = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::process::stop_on_signals(&notice)
-        .map_err(|source| MwmsDemoError::Signal {
-            signal: "SIGTERM",
-            source,
-        })?;
+        .map_err(MwmsDemoError::signal("SIGTERM"))?;
     let mut checkpoints = open_checkpoints(steps_per_epoch)?;
     let options = ElasticOptions {
         notice: Some(&notice),
