@@ -19,26 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+from dense_compute import blas_env
+
 RUN_MAX_S = 900
-
-
-def blas_env():
-    """The job's environment: NumPy's BLAS on one thread per process of the five (as the
-    other peers' ops), and on the machine's AVX-512 kernels where it has them. candle's gemm,
-    which the Rust job runs, picks AVX-512 at run time; NumPy's OpenBLAS picks AVX2 ones on
-    AMD's Zen 4 by itself, and a machine may set OPENBLAS_CORETYPE for every program (this one
-    sets Haswell, AVX2): on an AVX-512 machine the comparison sets SkylakeX whatever was
-    inherited, so that both jobs' matrix products use the same instructions."""
-    env = dict(os.environ)
-    env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 5)))
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            avx512 = " avx512f " in cpuinfo.read().replace("\n", " ")
-    except OSError:
-        avx512 = False
-    if avx512:
-        env["OPENBLAS_CORETYPE"] = "SkylakeX"
-    return env
 
 
 def main():

@@ -1,7 +1,10 @@
 """The dense workload's step computation in Python, without any distribution: the MLP
 784-256-256-10 (relu, softmax cross-entropy) of src/workloads/bench.rs as a PyTorch module,
 its gradients by PyTorch's autograd or by hand in NumPy. cohort_python_dense.py runs them in
-its steps; dense_step_compute.py times them alone."""
+its steps; dense_step_compute.py times them alone. blas_env() is the environment both run
+NumPy's BLAS in."""
+
+import os
 
 import numpy as np
 
@@ -42,3 +45,22 @@ def numpy_gradients(values, x, y):
         if layer > 0:
             d = (d @ weights[layer]) * (activations[layer] > 0)
     return grads
+
+
+def blas_env():
+    """The job's environment: NumPy's BLAS on one thread per process of the five (as the
+    other peers' ops), and on the machine's AVX-512 kernels where it has them. candle's gemm,
+    which the Rust job runs, picks AVX-512 at run time; NumPy's OpenBLAS picks AVX2 ones on
+    AMD's Zen 4 by itself, and a machine may set OPENBLAS_CORETYPE for every program (this one
+    sets Haswell, AVX2): on an AVX-512 machine the comparison sets SkylakeX whatever was
+    inherited, so that both jobs' matrix products use the same instructions."""
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 5)))
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            avx512 = " avx512f " in cpuinfo.read().replace("\n", " ")
+    except OSError:
+        avx512 = False
+    if avx512:
+        env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return env

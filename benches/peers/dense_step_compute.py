@@ -9,19 +9,21 @@ the bridge's. The Rust job's own compute time per step is in its debug log
 
 prints one JSON line: {"torch_ms": T, "numpy_ms": N, "version": ...}, each the median of
 --steps timed steps (forward and backward of a batch of 256) after 30 untimed ones. NumPy's
-OpenBLAS runs as in the benchmark (cohort_python_ps.blas_env): set OPENBLAS_CORETYPE and
-OPENBLAS_NUM_THREADS=1 before starting Python, as that does for its job.
+OpenBLAS runs as in the benchmark's job (dense_compute.blas_env), on one thread: the program
+starts itself again in that environment (OpenBLAS reads it when it loads). `cohort bench ps
+--peers` runs it in the same invocation as the jobs it explains.
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from dense_compute import numpy_gradients, torch_mlp
+from dense_compute import blas_env, numpy_gradients, torch_mlp
 from workload import CLASSES, FEATURES
 
 BATCH = 256
@@ -39,7 +41,16 @@ def median_ms(step, steps):
     return statistics.median(times) * 1e3
 
 
+# Set in the environment of the program started again in the benchmark's BLAS environment.
+_IN_BLAS_ENV = "COHORT_DENSE_STEP_COMPUTE_BLAS"
+
+
 def main():
+    if os.environ.get(_IN_BLAS_ENV) != "1":
+        env = blas_env()
+        env["OPENBLAS_NUM_THREADS"] = "1"
+        env[_IN_BLAS_ENV] = "1"
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()

@@ -218,6 +218,27 @@ fn compare_with_peers(
         }
     }
     print_python_figures(&dense_figures);
+    if dense_figures.contains_key(PYTHON_TORCH) || dense_figures.contains_key(PYTHON_NUMPY) {
+        print_compute_alone(peers);
+    }
+}
+
+/// The Python jobs' step computation alone (`dense_step_compute.py`: one thread, no
+/// distribution), measured in the same invocation: how much of their gap to the Rust job is
+/// the computation rather than the bridge.
+fn print_compute_alone(peers: Option<&std::path::Path>) {
+    let args = ["--steps=300".to_string()];
+    let figure = |key| super::peers::run_peer_figure(peers, "dense_step_compute.py", &args, key);
+    match (figure("torch_ms"), figure("numpy_ms")) {
+        (Ok((torch_ms, version)), Ok((numpy_ms, _))) => outln!(
+            "dense: the step's computation alone (forward and backward of a batch of 256, one \
+             thread, dense_step_compute.py, {version}), in the same run: PyTorch {torch_ms:.2} \
+             ms, NumPy {numpy_ms:.2} ms a step (the Rust job's computation is candle's)"
+        ),
+        (Err(why), _) | (_, Err(why)) => {
+            outln!("dense: the step's computation alone not measured: {why}")
+        }
+    }
 }
 
 /// What cohort from Python gives against cohort from Rust and the PyTorch RPC parameter
