@@ -311,6 +311,7 @@ struct PsFitLoop<'a, N> {
     epoch: usize,
     stop_training: bool,
     last_logs: Logs,
+    /// When training began (after the variables and datasets were created), for the log.
     started: Instant,
 }
 
@@ -322,7 +323,6 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         coordinator: &'a mut ClusterCoordinator,
         fit: Fit,
     ) -> Result<Self, KerasError> {
-        let started = Instant::now();
         let Fit {
             epochs,
             steps_per_epoch,
@@ -382,7 +382,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             epoch: 0,
             stop_training: false,
             last_logs: Logs::new(),
-            started,
+            started: Instant::now(),
         };
         if let Some(manager) = run.manager.as_mut() {
             if let Some(restored) = run.coordinator.restore_checkpoint(manager)? {
@@ -396,6 +396,8 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         if let Some(name) = &ps_fit.validation_data {
             run.coordinator.create_per_worker_dataset(name)?;
         }
+        // The log's training time starts here, after the variables and datasets exist.
+        run.started = Instant::now();
         Ok(run)
     }
 
