@@ -37,6 +37,7 @@ from .errors import (
     VariableError,
 )
 from ._native import GroupError
+from .evaluator import SidecarEvaluator
 from .mirrored import MirroredVariable, MultiWorkerMirroredStrategy, TrainingState
 from .optimizers import IndexedSlices
 from .strategy import ParameterServerStrategy, Variable, read_variables
@@ -53,6 +54,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "NotInStepError",
     "ParameterServerStrategy",
+    "SidecarEvaluator",
     "StepInterrupted",
     "StepNotImportableError",
     "TrainingState",

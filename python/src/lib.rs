@@ -1,12 +1,14 @@
 //! `cohort._native`: the part of cohort's Python package written in Rust.
 //!
 //! It owns the bridge between a Python script and cohort's runtime, and nothing else: the
-//! Python API (`cohort/*.py`) decides what a user sees. Three ways into the runtime:
+//! Python API (`cohort/*.py`) decides what a user sees. The ways into the runtime:
 //! - `launch`: a local cluster of a script, as `cohort launch` starts one of a program;
 //! - `serve`: this process becomes its task (a worker or a parameter server) and runs the
 //!   Python steps the chief schedules, until the job ends (module `worker`);
 //! - `Chief`: the chief's coordinator, driven by the script that goes on (module `chief`);
-//! - `MultiWorker`: a MultiWorkerMirrored task's strategy (module `mirrored`).
+//! - `MultiWorker`: a MultiWorkerMirrored task's strategy (module `mirrored`);
+//! - `evaluate`: this process becomes the job's evaluator task, evaluating each new checkpoint
+//!   with the script's function (module `evaluator`).
 //!
 //! The runtime's threads never wait for the interpreter on their own: every call from Python
 //! that blocks (a fetch, a join, a whole role) lets the interpreter go first, and a worker
@@ -18,6 +20,7 @@ use pyo3::prelude::*;
 use std::path::PathBuf;
 
 mod chief;
+mod evaluator;
 mod mirrored;
 mod values;
 mod worker;
@@ -117,11 +120,7 @@ fn launch_help(usage: &str, about: &str) -> String {
 #[pyfunction]
 fn task(args: Vec<String>) -> PyResult<(String, u32, usize, usize)> {
     use cohort::cluster::TaskType;
-    let (flags, _) = cohort::cluster::ConfigFlags::extract(&args)
-        .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))?;
-    let env = |key: &str| std::env::var(key).ok();
-    let config = cohort::cluster::load_role_config(&flags, &env)
-        .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))?;
+    let config = role_config(&args)?;
     let cluster = &config.cluster;
     Ok((
         cluster.task.task_type.as_str().to_string(),
@@ -129,6 +128,16 @@ fn task(args: Vec<String>) -> PyResult<(String, u32, usize, usize)> {
         cluster.cluster.num_tasks(TaskType::Worker),
         cluster.cluster.num_tasks(TaskType::Ps),
     ))
+}
+
+/// The process's configuration (flags in `args`, the environment, `TF_CONFIG`,
+/// `cohort.toml`), as its role reads it; a missing or bad one is a `ValueError` naming the key.
+pub(crate) fn role_config(args: &[String]) -> PyResult<cohort::cluster::RoleConfig> {
+    let (flags, _) = cohort::cluster::ConfigFlags::extract(args)
+        .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))?;
+    let env = |key: &str| std::env::var(key).ok();
+    cohort::cluster::load_role_config(&flags, &env)
+        .map_err(|e| PyValueError::new_err(format!("bad config: {e}")))
 }
 
 /// `cohort._native`.
@@ -145,6 +154,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch_help, m)?)?;
     m.add_function(wrap_pyfunction!(task, m)?)?;
     m.add_function(wrap_pyfunction!(worker::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(evaluator::evaluate, m)?)?;
     m.add("StepInterrupted", py.get_type::<worker::StepInterrupted>())?;
     m.add_class::<worker::StepContext>()?;
     m.add_class::<chief::Chief>()?;

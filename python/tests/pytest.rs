@@ -164,6 +164,11 @@ fn bad_input_from_python_is_named_and_loses_nothing() {
     run_pytest("test_bad_input.py");
 }
 
+#[test]
+fn a_sidecar_evaluator_from_python_evaluates_each_checkpoint_with_the_scripts_function() {
+    run_pytest("test_evaluator.py");
+}
+
 /// The layout helper itself: the package it lays out holds the sources and the module.
 #[test]
 fn the_laid_out_package_has_every_source_and_the_native_module() {
