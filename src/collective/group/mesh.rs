@@ -1,6 +1,8 @@
 //! A node's collective endpoint ([`Mesh`]) and how a starting process enters the job: asks
 //! whether a group lives ([`Mesh::enter`]) and waits to be admitted to it ([`Mesh::join_live`]).
 
+use std::collections::HashSet;
+
 use super::*;
 
 /// A node's collective endpoint (see the module doc). Cheap to clone.
@@ -120,21 +122,40 @@ impl Mesh {
     /// generation 1 waits for it). From an [`Entry::Join`] on this mesh waits to be admitted: its
     /// `Enter` made it a pending joiner at the leader, whose `Admit` may come before
     /// [`Mesh::join_live`] begins, and is kept for it.
+    ///
+    /// Whom to ask when, and what the answers decide, is [`entry::EnterRound`]'s, which the
+    /// member machine that the membership simulator drives follows alike; this carries out its
+    /// asks as requests (one at a time per peer, each bounded by the round).
     pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
-        let deadline = Instant::now() + within;
-        self.hear_from(peers);
-        let mut asks: futures::stream::FuturesUnordered<_> = peers
-            .iter()
-            .map(|peer| self.ask_enter(peer, own, deadline))
-            .collect();
-        use futures::StreamExt;
-        while let Some(answer) = asks.next().await {
-            if let Some((_, true)) = answer {
-                self.inner.lock().membership.joining = true;
-                return Entry::Join;
+        let peers = self.others(peers);
+        self.hear_from(&peers);
+        let nodes = peers.iter().map(|p| p.node.clone()).collect();
+        let mut round = entry::EnterRound::new(nodes, Instant::now().into_std(), within);
+        let deadline = Instant::from_std(round.deadline());
+        let mut asks = Asks::default();
+        loop {
+            match round.poll(Instant::now().into_std()) {
+                entry::EnterPoll::NoLiveGroup => return Entry::Start,
+                entry::EnterPoll::Ask(nodes) => {
+                    for peer in peers.iter().filter(|p| nodes.contains(&p.node)) {
+                        asks.ask(peer, self.ask_enter(peer, own, deadline));
+                    }
+                }
+                entry::EnterPoll::Wait => {}
+            }
+            let Some((node, answer)) = asks.next_until(Instant::from_std(round.wake_at())).await
+            else {
+                continue;
+            };
+            match answer {
+                Some((_, formed)) if round.answered(&node, formed) => {
+                    self.inner.lock().membership.joining = true;
+                    return Entry::Join;
+                }
+                Some(_) => {}
+                None => round.undelivered(Instant::now().into_std()),
             }
         }
-        Entry::Start
     }
 
     /// Waits, at most `within`, to be admitted to the live group: tells every one of `peers`
@@ -144,59 +165,106 @@ impl Mesh {
     /// [`CollectiveError::Form`] if no admission was formed in time, or at once when every
     /// one of `peers` answers that it has no live group (every worker lost its group: they
     /// start again, forming generation 1, [`Mesh::enter`]).
+    ///
+    /// What is due when is [`entry::JoinWait`]'s, which the member machine follows alike.
     pub async fn join_live(
         &self,
         own: SocketAddr,
         peers: &[GroupMember],
         within: Duration,
     ) -> Result<ProcessGroup, CollectiveError> {
-        let deadline = Instant::now() + within;
-        self.hear_from(peers);
+        let peers = self.others(peers);
+        self.hear_from(&peers);
         self.inner.lock().membership.joining = true;
-        let mut last = String::from("no member admitted it");
-        let joined = loop {
-            let ask_by = (Instant::now() + ENTER_REPEAT).min(deadline);
-            let answers =
-                futures::future::join_all(peers.iter().map(|p| self.ask_enter(p, own, ask_by)))
-                    .await;
-            if !answers.is_empty() && answers.iter().all(|a| matches!(a, Some((_, false)))) {
-                break Err(CollectiveError::Form {
-                    generation: self.generation(),
-                    reason: "no member has a live group to admit this process: every one \
-                             answered that it has none (the job is starting again)"
-                        .into(),
-                });
-            }
-            if let Some((generation, members)) = self.wait_admission(ask_by).await {
-                match self.form(generation, members).await {
-                    Ok(group) => break Ok(group),
-                    Err(err) => {
-                        last = format!("forming the admitted generation {generation}: {err}")
-                    }
-                }
-            }
-            if Instant::now() >= deadline {
-                break Err(CollectiveError::Form {
-                    generation: self.generation(),
-                    reason: format!(
-                        "not admitted to the live group within {within:?} (the members admit a \
-                         joiner at a step boundary): {last}"
-                    ),
-                });
-            }
-        };
+        let mut wait = entry::JoinWait::new(peers.len(), Instant::now().into_std(), within);
+        let joined = self.wait_to_join(own, &peers, &mut wait, within).await;
         let mut state = self.inner.lock();
         state.membership.joining = false;
         state.membership.admission = None;
         joined
     }
 
+    /// The body of [`Mesh::join_live`]: carries out what `wait` says is due.
+    async fn wait_to_join(
+        &self,
+        own: SocketAddr,
+        peers: &[GroupMember],
+        wait: &mut entry::JoinWait,
+        within: Duration,
+    ) -> Result<ProcessGroup, CollectiveError> {
+        let mut last = String::from("no member admitted it");
+        let mut asks = Asks::default();
+        loop {
+            // Armed before the admission is looked at, so that one arriving in between wakes it.
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let admitted = self.inner.lock().membership.admission.is_some();
+            match wait.poll(Instant::now().into_std(), admitted) {
+                entry::JoinPoll::NoLiveGroup => {
+                    return Err(CollectiveError::Form {
+                        generation: self.generation(),
+                        reason: "no member has a live group to admit this process: every one \
+                                 answered that it has none (the job is starting again)"
+                            .into(),
+                    })
+                }
+                entry::JoinPoll::TimedOut => {
+                    return Err(CollectiveError::Form {
+                        generation: self.generation(),
+                        reason: format!(
+                            "not admitted to the live group within {within:?} (the members \
+                             admit a joiner at a step boundary): {last}"
+                        ),
+                    })
+                }
+                entry::JoinPoll::Form => {
+                    let admission = self.inner.lock().membership.admission.take();
+                    let Some((generation, members)) = admission else {
+                        continue;
+                    };
+                    match self.form(generation, members).await {
+                        Ok(group) => return Ok(group),
+                        Err(err) => {
+                            last = format!("forming the admitted generation {generation}: {err}");
+                            wait.again(Instant::now().into_std());
+                        }
+                    }
+                    continue;
+                }
+                entry::JoinPoll::Ask => {
+                    // Each ask ends by the next one, which replaces what is left of it.
+                    let by = Instant::from_std(wait.wake_at());
+                    asks = Asks::default();
+                    for peer in peers {
+                        asks.ask(peer, self.ask_enter(peer, own, by));
+                    }
+                }
+                entry::JoinPoll::Wait => {}
+            }
+            let wake = Instant::from_std(wait.wake_at());
+            tokio::select! {
+                answered = asks.next_until(wake) => {
+                    if let Some((node, Some((_, formed)))) = answered {
+                        wait.answered(&node, formed);
+                    }
+                }
+                () = &mut changed => {}
+            }
+        }
+    }
+
+    /// `peers` without this mesh's own node.
+    fn others(&self, peers: &[GroupMember]) -> Vec<GroupMember> {
+        let me = self.node();
+        peers.iter().filter(|p| p.node != *me).cloned().collect()
+    }
+
     /// This process asks `peers` to enter: until each answered, it answers probes as no
     /// survivor that cannot tell how far its node's old process went
     /// ([`Membership::no_survivor`]).
     fn hear_from(&self, peers: &[GroupMember]) {
-        let me = self.node();
-        let others = peers.iter().map(|p| p.node.clone()).filter(|n| n != me);
+        let others = peers.iter().map(|p| p.node.clone());
         self.inner.lock().membership.hear_from(others.collect());
     }
 
@@ -245,24 +313,6 @@ impl Mesh {
             .flatten()
     }
 
-    /// The admission this joining mesh received by `deadline`, if one came.
-    pub(super) async fn wait_admission(
-        &self,
-        deadline: Instant,
-    ) -> Option<(u64, Vec<GroupMember>)> {
-        loop {
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if let Some(admission) = self.inner.lock().membership.admission.take() {
-                return Some(admission);
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return self.inner.lock().membership.admission.take();
-            }
-        }
-    }
-
     /// Forgets a first forming that failed, where no group was ever formed here and this mesh
     /// does not wait to be admitted, so that [`Mesh::form`] can form generation 1 again: a fresh
     /// start refused by members still waiting to be admitted to a group that is gone (their
@@ -276,5 +326,48 @@ impl Mesh {
             return false;
         }
         state.membership.forget_failed_start()
+    }
+}
+
+/// One ask to enter of a peer: the peer, and its answer (`None` where the ask got none).
+type Asked = (NodeId, Option<(u64, bool)>);
+
+/// The asks to enter in flight, at most one per peer: each yields the peer and its answer.
+#[derive(Default)]
+struct Asks<'a> {
+    in_flight: futures::stream::FuturesUnordered<
+        std::pin::Pin<Box<dyn std::future::Future<Output = Asked> + Send + 'a>>,
+    >,
+    asking: HashSet<NodeId>,
+}
+
+impl<'a> Asks<'a> {
+    /// Asks `peer` with `ask`, unless an ask of it is in flight still.
+    fn ask(
+        &mut self,
+        peer: &GroupMember,
+        ask: impl std::future::Future<Output = Option<(u64, bool)>> + Send + 'a,
+    ) {
+        if self.asking.insert(peer.node.clone()) {
+            let node = peer.node.clone();
+            self.in_flight
+                .push(Box::pin(async move { (node, ask.await) }));
+        }
+    }
+
+    /// The next answer (its peer, and the answer or `None` where the ask got none), or `None`
+    /// at `wake` with none.
+    async fn next_until(&mut self, wake: Instant) -> Option<Asked> {
+        use futures::StreamExt;
+        if self.in_flight.is_empty() {
+            tokio::time::sleep_until(wake).await;
+            return None;
+        }
+        let (node, answer) = tokio::time::timeout_at(wake, self.in_flight.next())
+            .await
+            .ok()
+            .flatten()?;
+        self.asking.remove(&node);
+        Some((node, answer))
     }
 }

@@ -20,14 +20,16 @@
 //! shows whether every member applied every step once and holds the same model.
 
 use core::net::SocketAddr;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use cohort_transport::NodeId;
 
-use super::super::{DIAL_RETRY, ENTER_REPEAT, PENDING_FRESH, STILL_FORMING_EVERY};
+use super::super::{DIAL_RETRY, PENDING_FRESH, STILL_FORMING_EVERY};
 use super::boundary::{self, BoundaryChange};
-use super::entry::{self, AfterFailedStart, EnterAfter, EntryStep};
+use super::entry::{
+    self, AfterFailedStart, EnterAfter, EnterPoll, EnterRound, EntryStep, JoinPoll, JoinWait,
+};
 use super::linking::{self, StillHeard};
 use super::reforming::{self, AfterAttempt, Attempt, Verdict};
 use super::{
@@ -285,8 +287,9 @@ enum Purpose {
     /// The first generation of a starting job; tried again until `until` where members waiting to
     /// be admitted refuse it.
     FreshStart { until: Instant },
-    /// The generation a leader admitted this joiner to; it waits until `until` in all.
-    Admitted { until: Instant },
+    /// The generation a leader admitted this joiner to; `wait` is its wait to be admitted,
+    /// which goes on where this forming fails.
+    Admitted { wait: JoinWait },
     /// Re-forming with the survivors of `before`.
     Recover { before: Before, attempt: Attempt },
     /// Admitting joiners to the group's members.
@@ -334,14 +337,10 @@ enum Phase {
     Idle,
     Entering {
         after: EnterAfter,
-        answered: BTreeSet<NodeId>,
-        deadline: Instant,
-        resend: Instant,
+        round: EnterRound,
     },
     Joining {
-        until: Instant,
-        next_ask: Instant,
-        no_group: BTreeSet<NodeId>,
+        wait: JoinWait,
     },
     /// Waiting before trying the first generation again.
     StartAgain {
@@ -555,8 +554,8 @@ impl MemberMachine {
             ) if told.get(to).is_some_and(Option::is_none) => {
                 retry.insert(to.clone(), now + DIAL_RETRY);
             }
-            (Phase::Entering { resend, .. }, MemberMessage::Enter { .. }) => {
-                *resend = (*resend).min(now + DIAL_RETRY);
+            (Phase::Entering { round, .. }, MemberMessage::Enter { .. }) => {
+                round.undelivered(now);
             }
             _ => {}
         }
@@ -716,12 +715,8 @@ impl MemberMachine {
         let mut due: Vec<Instant> = self.held.iter().map(|h| h.until).collect();
         match &self.phase {
             Phase::Idle | Phase::Ended => {}
-            Phase::Entering {
-                deadline, resend, ..
-            } => due.extend([*deadline, *resend]),
-            Phase::Joining {
-                until, next_ask, ..
-            } => due.extend([*until, *next_ask]),
+            Phase::Entering { round, .. } => due.push(round.wake_at()),
+            Phase::Joining { wait } => due.push(wait.wake_at()),
             Phase::StartAgain { at, .. } => due.push(*at),
             Phase::Forming { deadline, .. } => {
                 due.push(*deadline);
@@ -795,46 +790,35 @@ impl MemberMachine {
     // ---- Entering and joining ----
 
     fn begin_entering(&mut self, now: Instant, after: EnterAfter) {
+        let peers = self.peers().into_iter().map(|p| p.node).collect();
         self.phase = Phase::Entering {
             after,
-            answered: BTreeSet::new(),
-            deadline: now + self.settings.enter_timeout,
-            resend: now,
+            round: EnterRound::new(peers, now, self.settings.enter_timeout),
         };
     }
 
-    fn ask_enter_all(&mut self, skip: &BTreeSet<NodeId>) {
+    fn ask_enter(&mut self, peers: &[NodeId]) {
         let enter = MemberMessage::Enter {
             addr: self.me.addr,
             incarnation: self.incarnation,
         };
-        for peer in self.peers() {
-            if !skip.contains(&peer.node) {
-                self.send(&peer.node, enter.clone());
-            }
+        for peer in peers {
+            self.send(peer, enter.clone());
         }
     }
 
     fn entered(&mut self, now: Instant, from: &NodeId, formed: bool) {
         match &mut self.phase {
-            Phase::Entering {
-                after, answered, ..
-            } => {
-                answered.insert(from.clone());
-                if formed {
-                    let after = *after;
+            Phase::Entering { after, round } => {
+                let join = round.answered(from, formed);
+                let after = *after;
+                if join {
                     self.membership.joining = true;
                     let step = after.next(true, now, self.settings.join_timeout);
                     self.take_entry_step(now, step);
                 }
             }
-            Phase::Joining { no_group, .. } => {
-                if formed {
-                    no_group.clear();
-                } else {
-                    no_group.insert(from.clone());
-                }
-            }
+            Phase::Joining { wait } => wait.answered(from, formed),
             _ => {}
         }
     }
@@ -843,39 +827,31 @@ impl MemberMachine {
 impl MemberMachine {
     fn begin_joining(&mut self, now: Instant) {
         self.membership.joining = true;
+        let peers = self.workers.len() - 1;
         self.phase = Phase::Joining {
-            until: now + self.settings.join_timeout,
-            next_ask: now,
-            no_group: BTreeSet::new(),
+            wait: JoinWait::new(peers, now, self.settings.join_timeout),
         };
     }
 
-    /// Joining: asks every peer again each [`ENTER_REPEAT`], forms the generation an admission
-    /// names, and gives up at its bound or when every peer answered that no group lives.
+    /// Joining: what [`JoinWait`] says is due (asking every peer, forming the generation an
+    /// admission names, giving up).
     fn progress_joining(&mut self, now: Instant) {
-        let Phase::Joining {
-            until,
-            next_ask,
-            no_group,
-        } = &mut self.phase
-        else {
+        let Phase::Joining { wait } = &mut self.phase else {
             return;
         };
-        let until = *until;
-        let peers = self.workers.len() - 1;
-        if peers > 0 && no_group.len() == peers {
-            return self.not_admitted(now);
-        }
-        if let Some((generation, members)) = self.membership.admission.take() {
-            return self.begin_forming(now, generation, members, Purpose::Admitted { until });
-        }
-        if now >= until {
-            return self.not_admitted(now);
-        }
-        if now >= *next_ask {
-            *next_ask = now + ENTER_REPEAT;
-            no_group.clear();
-            self.ask_enter_all(&BTreeSet::new());
+        match wait.poll(now, self.membership.admission.is_some()) {
+            JoinPoll::NoLiveGroup | JoinPoll::TimedOut => self.not_admitted(now),
+            JoinPoll::Form => {
+                let wait = wait.clone();
+                if let Some((generation, members)) = self.membership.admission.take() {
+                    self.begin_forming(now, generation, members, Purpose::Admitted { wait });
+                }
+            }
+            JoinPoll::Ask => {
+                let peers: Vec<NodeId> = self.peers().into_iter().map(|p| p.node).collect();
+                self.ask_enter(&peers);
+            }
+            JoinPoll::Wait => {}
         }
     }
 
@@ -894,26 +870,18 @@ impl MemberMachine {
     }
 
     fn progress_entering(&mut self, now: Instant) {
-        let Phase::Entering {
-            after,
-            answered,
-            deadline,
-            resend,
-        } = &mut self.phase
-        else {
+        let Phase::Entering { after, round } = &mut self.phase else {
             return;
         };
         let after = *after;
-        let all_answered = answered.len() + 1 >= self.workers.len();
-        if all_answered || now >= *deadline {
+        match round.poll(now) {
             // Nobody has a live group: the job starts.
-            let step = after.next(false, now, self.settings.join_timeout);
-            return self.take_entry_step(now, step);
-        }
-        if now >= *resend {
-            *resend = now + Duration::from_millis(500);
-            let answered = answered.clone();
-            self.ask_enter_all(&answered);
+            EnterPoll::NoLiveGroup => {
+                let step = after.next(false, now, self.settings.join_timeout);
+                self.take_entry_step(now, step);
+            }
+            EnterPoll::Ask(peers) => self.ask_enter(&peers),
+            EnterPoll::Wait => {}
         }
     }
 
@@ -1385,12 +1353,9 @@ impl MemberMachine {
                     }
                 }
             }
-            Purpose::Admitted { until } => {
-                self.phase = Phase::Joining {
-                    until,
-                    next_ask: now,
-                    no_group: BTreeSet::new(),
-                };
+            Purpose::Admitted { mut wait } => {
+                wait.again(now);
+                self.phase = Phase::Joining { wait };
             }
             Purpose::Recover { before, attempt } => self.next_attempt(now, before, attempt, false),
             // Another member may have formed the admission's generation (its links all up while
