@@ -301,22 +301,25 @@ impl Mesh {
         }
     }
 
-    /// Whether `peer` answers a probe by `deadline` (see [`ProcessGroup::reachable`]): `Ok`
-    /// with whether it is alive, or its refusal if it re-formed a later generation without us.
+    /// One probe of `peer` by `deadline` (see [`ProcessGroup::probe_members`]): its answer
+    /// (alive, a new process waiting to be admitted, or no survivor that cannot tell yet), `None`
+    /// where it could not be delivered or got no answer, or its refusal where it re-formed a
+    /// later generation without us.
     pub(super) async fn probe(
         &self,
         peer: &GroupMember,
         generation: u64,
         deadline: Instant,
-    ) -> Result<ProbeAnswer, CollectiveError> {
+    ) -> Result<Option<reforming::ProbeReply>, CollectiveError> {
+        use reforming::ProbeReply;
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let Ok(frame) = Frame::encode(&Wire::Probe { generation }, Vec::new(), header_max) else {
-            return Ok(ProbeAnswer::Silent);
+            return Ok(None);
         };
         let mut fresh = false;
         loop {
             let Ok(conn) = self.dial(peer, generation, deadline, fresh).await else {
-                return Ok(ProbeAnswer::Silent);
+                return Ok(None);
             };
             let left = deadline.saturating_duration_since(Instant::now());
             match conn
@@ -325,10 +328,10 @@ impl Mesh {
             {
                 Ok(reply) => {
                     return match reply.decode::<Reply>(header_max) {
-                        Ok(Reply::Ack) => Ok(ProbeAnswer::Alive),
-                        Ok(Reply::Joining) => Ok(ProbeAnswer::Joining),
+                        Ok(Reply::Ack) => Ok(Some(ProbeReply::Alive)),
+                        Ok(Reply::Joining) => Ok(Some(ProbeReply::Joining)),
                         // No survivor, but not to be left out of the count either.
-                        Ok(Reply::Unsettled) => Ok(ProbeAnswer::Silent),
+                        Ok(Reply::Unsettled) => Ok(Some(ProbeReply::Unsettled)),
                         Ok(Reply::Refused { current, detail }) => {
                             Err(CollectiveError::GenerationRefused {
                                 node: peer.node.clone(),
@@ -337,13 +340,13 @@ impl Mesh {
                                 detail,
                             })
                         }
-                        _ => Ok(ProbeAnswer::Silent),
+                        _ => Ok(None),
                     };
                 }
                 // The kept connection may be the dead one of the lost member's old process, or
                 // a live member's that died unnoticed: dial once more.
                 Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
-                Err(_) => return Ok(ProbeAnswer::Silent),
+                Err(_) => return Ok(None),
             }
         }
     }

@@ -1,8 +1,6 @@
 //! A node's collective endpoint ([`Mesh`]) and how a starting process enters the job: asks
 //! whether a group lives ([`Mesh::enter`]) and waits to be admitted to it ([`Mesh::join_live`]).
 
-use std::collections::HashSet;
-
 use super::*;
 
 /// A node's collective endpoint (see the module doc). Cheap to clone.
@@ -132,7 +130,7 @@ impl Mesh {
         let nodes = peers.iter().map(|p| p.node.clone()).collect();
         let mut round = entry::EnterRound::new(nodes, Instant::now().into_std(), within);
         let deadline = Instant::from_std(round.deadline());
-        let mut asks = Asks::default();
+        let mut asks = InFlight::default();
         loop {
             match round.poll(Instant::now().into_std()) {
                 entry::EnterPoll::NoLiveGroup => return Entry::Start,
@@ -193,7 +191,7 @@ impl Mesh {
         within: Duration,
     ) -> Result<ProcessGroup, CollectiveError> {
         let mut last = String::from("no member admitted it");
-        let mut asks = Asks::default();
+        let mut asks = InFlight::default();
         loop {
             // Armed before the admission is looked at, so that one arriving in between wakes it.
             let changed = self.inner.changed.notified();
@@ -235,7 +233,7 @@ impl Mesh {
                 entry::JoinPoll::Ask => {
                     // Each ask ends by the next one, which replaces what is left of it.
                     let by = Instant::from_std(wait.wake_at());
-                    asks = Asks::default();
+                    asks = InFlight::default();
                     for peer in peers {
                         asks.ask(peer, self.ask_enter(peer, own, by));
                     }
@@ -326,48 +324,5 @@ impl Mesh {
             return false;
         }
         state.membership.forget_failed_start()
-    }
-}
-
-/// One ask to enter of a peer: the peer, and its answer (`None` where the ask got none).
-type Asked = (NodeId, Option<(u64, bool)>);
-
-/// The asks to enter in flight, at most one per peer: each yields the peer and its answer.
-#[derive(Default)]
-struct Asks<'a> {
-    in_flight: futures::stream::FuturesUnordered<
-        std::pin::Pin<Box<dyn std::future::Future<Output = Asked> + Send + 'a>>,
-    >,
-    asking: HashSet<NodeId>,
-}
-
-impl<'a> Asks<'a> {
-    /// Asks `peer` with `ask`, unless an ask of it is in flight still.
-    fn ask(
-        &mut self,
-        peer: &GroupMember,
-        ask: impl std::future::Future<Output = Option<(u64, bool)>> + Send + 'a,
-    ) {
-        if self.asking.insert(peer.node.clone()) {
-            let node = peer.node.clone();
-            self.in_flight
-                .push(Box::pin(async move { (node, ask.await) }));
-        }
-    }
-
-    /// The next answer (its peer, and the answer or `None` where the ask got none), or `None`
-    /// at `wake` with none.
-    async fn next_until(&mut self, wake: Instant) -> Option<Asked> {
-        use futures::StreamExt;
-        if self.in_flight.is_empty() {
-            tokio::time::sleep_until(wake).await;
-            return None;
-        }
-        let (node, answer) = tokio::time::timeout_at(wake, self.in_flight.next())
-            .await
-            .ok()
-            .flatten()?;
-        self.asking.remove(&node);
-        Some((node, answer))
     }
 }

@@ -113,6 +113,7 @@ use crate::process::Incarnation;
 mod acceptor;
 mod answers;
 mod forming;
+mod in_flight;
 mod machine;
 mod mesh;
 mod process_group;
@@ -122,6 +123,7 @@ mod tests;
 
 use super::outgoing::{Outgoing, Unanswered};
 use acceptor::{MeshInner, MeshState};
+use in_flight::InFlight;
 pub use machine::Leave;
 pub(crate) use machine::{
     boundary, entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage,
@@ -228,17 +230,6 @@ pub struct Probed {
     /// The members whose address answered with a new process of that member, waiting to be
     /// admitted: its old process is gone, and it is no survivor.
     pub joining: Vec<NodeId>,
-}
-
-/// One member's answer to a probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ProbeAnswer {
-    /// A live mesh that is no joiner.
-    Alive,
-    /// A new process of that member, waiting to be admitted.
-    Joining,
-    /// No answer in time.
-    Silent,
 }
 
 /// Pause between dials of a member that is not listening yet.

@@ -127,36 +127,58 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::reachable`], telling also which of the members that did not answer as
     /// survivors answered as new processes waiting to be admitted ([`Probed::joining`]).
+    ///
+    /// Whom to probe when, and when the answers are all in, is [`reforming::ProbeRound`]'s,
+    /// which the member machine that the membership simulator drives follows alike; this
+    /// carries out its probes as requests (one at a time per member, each bounded by the round).
     pub async fn probe_members(&self, within: Duration) -> Result<Probed, CollectiveError> {
-        let deadline = Instant::now() + within;
+        use reforming::{ProbeReply, Probes};
         let generation = self.shared.generation;
-        let probes = self.shared.nodes.iter().enumerate().map(|(rank, node)| {
-            let member = GroupMember {
+        let members: Vec<GroupMember> = (self.shared.nodes.iter().zip(&self.shared.addrs))
+            .map(|(node, addr)| GroupMember {
                 node: node.clone(),
-                addr: self.shared.addrs[rank],
-            };
-            let me = rank == self.shared.rank;
-            async move {
-                if me {
-                    return Ok((member.node, ProbeAnswer::Alive));
-                }
-                let probe = self.mesh.probe(&member, generation, deadline);
-                let answer = tokio::time::timeout_at(deadline, probe)
-                    .await
-                    .unwrap_or(Ok(ProbeAnswer::Silent))?;
-                Ok((member.node, answer))
+                addr: *addr,
+            })
+            .collect();
+        let me = self.shared.nodes[self.shared.rank].clone();
+        let nodes = self.shared.nodes.clone();
+        let mut round = reforming::ProbeRound::new(nodes, me, Instant::now().into_std(), within);
+        let deadline = Instant::from_std(round.deadline());
+        // The first refusal of each member that left this one out, to fail with.
+        let mut refusals: HashMap<NodeId, CollectiveError> = HashMap::new();
+        let mut probes = InFlight::default();
+        loop {
+            let step = round.poll(Instant::now().into_std());
+            for member in members.iter().filter(|m| step.probe.contains(&m.node)) {
+                probes.ask(member, self.mesh.probe(member, generation, deadline));
             }
-        });
-        let answers = futures::future::join_all(probes).await;
-        let mut probed = Probed::default();
-        for answer in answers {
-            match answer? {
-                (node, ProbeAnswer::Alive) => probed.alive.push(node),
-                (node, ProbeAnswer::Joining) => probed.joining.push(node),
-                (_, ProbeAnswer::Silent) => {}
+            match step.done {
+                Some(Probes::LeftOut(by)) => {
+                    return Err(refusals.remove(&by).unwrap_or_else(|| {
+                        CollectiveError::GenerationRefused {
+                            node: by,
+                            generation,
+                            current: generation,
+                            detail: String::new(),
+                        }
+                    }))
+                }
+                Some(Probes::Answered { alive, joining }) => return Ok(Probed { alive, joining }),
+                None => {}
+            }
+            let wake = Instant::from_std(round.wake_at());
+            let Some((node, answer)) = probes.next_until(wake).await else {
+                continue;
+            };
+            match answer {
+                Ok(Some(reply)) => round.answered(&node, reply),
+                Ok(None) => round.undelivered(&node, Instant::now().into_std()),
+                Err(refused) => {
+                    refusals.entry(node.clone()).or_insert(refused);
+                    round.answered(&node, ProbeReply::LeftOut);
+                }
             }
         }
-        Ok(probed)
     }
 
     /// Forms the group of the next generation of this node's mesh (one above the latest formed or

@@ -31,7 +31,7 @@ use super::entry::{
     self, AfterFailedStart, EnterAfter, EnterPoll, EnterRound, EntryStep, JoinPoll, JoinWait,
 };
 use super::linking::{self, StillHeard};
-use super::reforming::{self, AfterAttempt, Attempt, Verdict};
+use super::reforming::{self, AfterAttempt, Attempt, ProbeReply, ProbeRound, Probes, Verdict};
 use super::{
     EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere,
     StillFormingHere,
@@ -135,21 +135,6 @@ pub(crate) enum StillAnswer {
     Refused { current: u64 },
     /// Its forming of it broke.
     Broken,
-}
-
-/// The answer to [`MemberMessage::Probe`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ProbeReply {
-    /// A live member: a survivor.
-    Alive,
-    /// A new process waiting to be admitted (or no member): no survivor, on no side.
-    Joining,
-    /// No survivor, but it cannot tell yet that its node's old process was on no side the
-    /// prober does not know of (`Membership::no_survivor`): counted as a member that did not
-    /// answer.
-    Unsettled,
-    /// Its live group of a later generation left the prober out.
-    LeftOut,
 }
 
 /// A member's part of one collective of its group.
@@ -361,9 +346,7 @@ enum Phase {
     Recovering {
         before: Before,
         attempt: Attempt,
-        answers: BTreeMap<NodeId, Option<ProbeReply>>,
-        retry: BTreeMap<NodeId, Instant>,
-        deadline: Instant,
+        round: ProbeRound,
     },
     /// Waiting until `at` before re-forming attempt `number` (each spans the probe timeout).
     RecoverLater {
@@ -540,10 +523,8 @@ impl MemberMachine {
                     }
                 }
             }
-            (Phase::Recovering { retry, answers, .. }, MemberMessage::Probe { .. })
-                if answers.get(to).is_some_and(Option::is_none) =>
-            {
-                retry.insert(to.clone(), now + DIAL_RETRY);
+            (Phase::Recovering { round, .. }, MemberMessage::Probe { .. }) => {
+                round.undelivered(to, now);
             }
             (
                 Phase::Training {
@@ -641,12 +622,9 @@ impl MemberMachine {
             }
             MemberMessage::Probe { generation } => self.answer_probe(from, generation),
             MemberMessage::ProbeAnswer { generation, answer } => {
-                if let Phase::Recovering {
-                    before, answers, ..
-                } = &mut self.phase
-                {
-                    if before.generation == generation && answers.contains_key(from) {
-                        answers.insert(from.clone(), Some(answer));
+                if let Phase::Recovering { before, round, .. } = &mut self.phase {
+                    if before.generation == generation {
+                        round.answered(from, answer);
                     }
                 }
             }
@@ -747,12 +725,7 @@ impl MemberMachine {
                     _ => {}
                 }
             }
-            Phase::Recovering {
-                deadline, retry, ..
-            } => {
-                due.push(*deadline);
-                due.extend(retry.values().copied());
-            }
+            Phase::Recovering { round, .. } => due.push(round.wake_at()),
             Phase::RecoverLater { at, .. } => due.push(*at),
         }
         due.into_iter().min()
@@ -1780,64 +1753,44 @@ impl MemberMachine {
 
     /// Re-forming attempt `number` begins: it probes the other members of `before`.
     fn begin_recovering(&mut self, now: Instant, before: Before, number: usize) {
-        let others: Vec<NodeId> = before
-            .members
-            .iter()
-            .map(|m| m.node.clone())
-            .filter(|n| *n != self.me.node)
-            .collect();
+        let members = before.members.iter().map(|m| m.node.clone()).collect();
+        let round = ProbeRound::new(
+            members,
+            self.me.node.clone(),
+            now,
+            self.settings.probe_timeout,
+        );
         self.phase = Phase::Recovering {
-            answers: others.iter().map(|n| (n.clone(), None)).collect(),
-            retry: others.iter().map(|n| (n.clone(), now)).collect(),
             before,
             attempt: Attempt::begin(number, now),
-            deadline: now + self.settings.probe_timeout,
+            round,
         };
     }
 
+    /// Probing: what [`ProbeRound`] says is due; once the answers are in, the verdict
+    /// ([`reforming::judge`]) and the next generation's forming with the survivors.
     fn progress_recovering(&mut self, now: Instant) {
-        let Phase::Recovering {
-            before,
-            answers,
-            retry,
-            deadline,
-            ..
-        } = &mut self.phase
-        else {
+        let Phase::Recovering { before, round, .. } = &mut self.phase else {
             return;
         };
         let generation = before.generation;
-        let due = take_due(retry, now);
-        let done = answers.values().all(Option::is_some) || now >= *deadline;
-        for n in due {
+        let step = round.poll(now);
+        for n in step.probe {
             self.send(&n, MemberMessage::Probe { generation });
         }
-        if !done {
+        let Some(found) = step.done else {
             return;
-        }
+        };
         let Phase::Recovering {
-            before,
-            attempt,
-            answers,
-            ..
+            before, attempt, ..
         } = std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
         };
-        if answers.values().any(|a| *a == Some(ProbeReply::LeftOut)) {
-            return self.exit(MemberExit::LeftOut);
-        }
-        let answered = |reply: ProbeReply| -> Vec<NodeId> {
-            before
-                .members
-                .iter()
-                .map(|m| m.node.clone())
-                .filter(|n| answers.get(n) == Some(&Some(reply)))
-                .collect()
+        let (alive, joining) = match found {
+            Probes::LeftOut(_) => return self.exit(MemberExit::LeftOut),
+            Probes::Answered { alive, joining } => (alive, joining),
         };
-        let mut alive = answered(ProbeReply::Alive);
-        alive.push(self.me.node.clone());
-        let joining = answered(ProbeReply::Joining);
         let previous: Vec<NodeId> = before.members.iter().map(|m| m.node.clone()).collect();
         let survivors = match reforming::judge(&previous, &alive, &joining) {
             Verdict::NoQuorum { .. } => return self.next_attempt(now, before, attempt, true),

@@ -14,13 +14,157 @@
 //! apart as they began this one, and forming waits for the later ones (up to the form
 //! timeout). After the last attempt the process gives up, and its supervisor restarts it.
 //!
+//! An attempt's probes are sequenced here too, message by message, for both executors:
+//! [`ProbeRound`] (whom to probe when, and when the answers are all in) is polled alike by the
+//! member machine, with simulated messages, and by `ProcessGroup::probe_members`, with requests
+//! over QUIC.
+//!
 //! Pure: time is passed in.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cohort_transport::NodeId;
 
+use super::super::DIAL_RETRY;
 use super::quorum::has_quorum;
+
+/// A member's answer to a survivor's probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProbeReply {
+    /// A live member: a survivor.
+    Alive,
+    /// A new process waiting to be admitted (or no member): no survivor, on no side.
+    Joining,
+    /// No survivor, but it cannot tell yet that its node's old process was on no side the
+    /// prober does not know of (`Membership::no_survivor`): counted as a member that did not
+    /// answer.
+    Unsettled,
+    /// Its live group of a later generation left the prober out.
+    LeftOut,
+}
+
+/// One attempt's probes of the members of a broken group: every other member is probed at
+/// once, again [`DIAL_RETRY`] after a probe that could not be delivered; the round ends when
+/// every one answered or the probe timeout passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProbeRound {
+    /// The broken group's members in rank order, this survivor among them.
+    members: Vec<NodeId>,
+    me: NodeId,
+    /// Every other member's answer, once it came.
+    answers: BTreeMap<NodeId, Option<ProbeReply>>,
+    /// When each member is to be probed (again).
+    retry: BTreeMap<NodeId, Instant>,
+    deadline: Instant,
+}
+
+/// What a probe round does next ([`ProbeRound::poll`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProbeStep {
+    /// Probe these members now.
+    pub(crate) probe: Vec<NodeId>,
+    /// The round's end, where it ended.
+    pub(crate) done: Option<Probes>,
+}
+
+/// What a probe round found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Probes {
+    /// This member (the first in rank order to say so) formed a later generation without this
+    /// survivor: it was left out, and no attempt can bring it back.
+    LeftOut(NodeId),
+    /// The survivors (this one among them) and the members that answered as new processes
+    /// waiting to be admitted, each in rank order: what [`judge`] judges.
+    Answered {
+        alive: Vec<NodeId>,
+        joining: Vec<NodeId>,
+    },
+}
+
+impl ProbeRound {
+    /// `me` probes the other `members` (rank order, `me` among them) from `now`, within
+    /// `within`.
+    pub(crate) fn new(members: Vec<NodeId>, me: NodeId, now: Instant, within: Duration) -> Self {
+        let others: Vec<NodeId> = members.iter().filter(|n| **n != me).cloned().collect();
+        Self {
+            answers: others.iter().map(|n| (n.clone(), None)).collect(),
+            retry: others.into_iter().map(|n| (n, now)).collect(),
+            members,
+            me,
+            deadline: now + within,
+        }
+    }
+
+    /// `from` answered `reply`.
+    pub(crate) fn answered(&mut self, from: &NodeId, reply: ProbeReply) {
+        if let Some(answer) = self.answers.get_mut(from) {
+            *answer = Some(reply);
+        }
+    }
+
+    /// The probe of `to` could not be delivered at `now`: it goes again soon, unless `to`
+    /// answered meanwhile.
+    pub(crate) fn undelivered(&mut self, to: &NodeId, now: Instant) {
+        if self.answers.get(to).is_some_and(Option::is_none) {
+            self.retry.insert(to.clone(), now + DIAL_RETRY);
+        }
+    }
+
+    /// What is due at `now`: the probes due, and the round's end where every member answered or
+    /// its time ran out.
+    pub(crate) fn poll(&mut self, now: Instant) -> ProbeStep {
+        let probe: Vec<NodeId> = self
+            .retry
+            .iter()
+            .filter(|(_, at)| now >= **at)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &probe {
+            self.retry.remove(n);
+        }
+        let finished = self.answers.values().all(Option::is_some) || now >= self.deadline;
+        ProbeStep {
+            probe,
+            done: finished.then(|| self.found()),
+        }
+    }
+
+    /// When the round is next due without an answer (a probe again, or its end).
+    pub(crate) fn wake_at(&self) -> Instant {
+        self.retry
+            .values()
+            .copied()
+            .chain([self.deadline])
+            .min()
+            .unwrap_or(self.deadline)
+    }
+
+    /// When the round ends, answered or not.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn found(&self) -> Probes {
+        let with = |reply: ProbeReply| -> Vec<NodeId> {
+            let answered = |n: &&NodeId| self.answers.get(*n) == Some(&Some(reply));
+            self.members.iter().filter(answered).cloned().collect()
+        };
+        if let Some(by) = with(ProbeReply::LeftOut).into_iter().next() {
+            return Probes::LeftOut(by);
+        }
+        let alive = self
+            .members
+            .iter()
+            .filter(|n| **n == self.me || self.answers.get(*n) == Some(&Some(ProbeReply::Alive)))
+            .cloned()
+            .collect();
+        Probes::Answered {
+            alive,
+            joining: with(ProbeReply::Joining),
+        }
+    }
+}
 
 /// What the answers to a survivor's probes of a broken group's members decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,6 +321,68 @@ mod tests {
         assert_eq!(
             Attempt::first(t0).failed(t0, 1, span, false),
             AfterAttempt::GiveUp { no_quorum: false }
+        );
+    }
+
+    #[test]
+    fn a_probe_round_probes_every_other_member_again_after_a_failed_delivery_until_all_answered() {
+        let t0 = Instant::now();
+        let four = workers(4);
+        let me = four[1].clone();
+        let mut round = ProbeRound::new(four.clone(), me, t0, Duration::from_secs(2));
+        let others = vec![four[0].clone(), four[2].clone(), four[3].clone()];
+        let first = round.poll(t0);
+        assert_eq!((first.probe, first.done), (others, None));
+        assert_eq!(round.wake_at(), t0 + Duration::from_secs(2));
+        // Undelivered: probed again a moment later (a member that answered since is probed
+        // again too, harmlessly: its next answer replaces the first); a failed delivery to a
+        // member that answered already is not tried again.
+        let t1 = t0 + Duration::from_millis(50);
+        round.undelivered(&four[0], t1);
+        round.undelivered(&four[2], t1);
+        round.answered(&four[2], ProbeReply::Joining);
+        round.answered(&four[3], ProbeReply::Unsettled);
+        round.undelivered(&four[3], t1);
+        assert_eq!(round.wake_at(), t1 + DIAL_RETRY);
+        let again = round.poll(t1 + DIAL_RETRY);
+        assert_eq!(again.probe, vec![four[0].clone(), four[2].clone()]);
+        assert_eq!(again.done, None);
+        round.answered(&four[0], ProbeReply::Alive);
+        // A stranger's answer counts for nothing.
+        round.answered(&NodeId::new("worker", 9), ProbeReply::LeftOut);
+        let done = round.poll(t1 + DIAL_RETRY);
+        assert_eq!(
+            done.done,
+            Some(Probes::Answered {
+                alive: vec![four[0].clone(), four[1].clone()],
+                joining: vec![four[2].clone()],
+            })
+        );
+    }
+
+    #[test]
+    fn a_probe_round_ends_at_its_bound_and_a_member_that_left_this_one_out_ends_it_so() {
+        let t0 = Instant::now();
+        let three = workers(3);
+        let mut silent =
+            ProbeRound::new(three.clone(), three[0].clone(), t0, Duration::from_secs(2));
+        let _ = silent.poll(t0);
+        assert_eq!(silent.poll(t0 + Duration::from_secs(1)).done, None);
+        assert_eq!(
+            silent.poll(t0 + Duration::from_secs(2)).done,
+            Some(Probes::Answered {
+                alive: vec![three[0].clone()],
+                joining: vec![],
+            })
+        );
+        let mut left_out =
+            ProbeRound::new(three.clone(), three[0].clone(), t0, Duration::from_secs(2));
+        let _ = left_out.poll(t0);
+        left_out.answered(&three[2], ProbeReply::LeftOut);
+        left_out.answered(&three[1], ProbeReply::Alive);
+        assert_eq!(
+            left_out.poll(t0).done,
+            Some(Probes::LeftOut(three[2].clone()))
         );
     }
 }
