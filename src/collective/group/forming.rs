@@ -351,17 +351,17 @@ impl Mesh {
         }
     }
 
-    /// Tells `joiner` it is admitted to form `generation` with `members`, by `deadline`; whether
-    /// it acked. An admission lost on a link that died (cut between the leader and the joiner
-    /// alone) is told again over a new one, while the joiner was not out of reach for twice
-    /// the idle timeout.
+    /// Tells `joiner` once it is admitted to form `generation` with `members`, by `deadline`
+    /// (see [`ProcessGroup::admit`]): whether it acked (`Some(false)`: it refused), or `None`
+    /// where the telling could not be delivered (no connection, or the one used died: the
+    /// round tells it again over a new one while the joiner is not lost).
     pub(super) async fn tell_admitted(
         &self,
         joiner: &GroupMember,
         generation: u64,
         members: &[GroupMember],
         deadline: Instant,
-    ) -> bool {
+    ) -> Option<bool> {
         let header_max = self.inner.endpoint.config().frame_bytes_max;
         let admit = Wire::Admit {
             generation,
@@ -371,45 +371,25 @@ impl Mesh {
                 .collect(),
         };
         let Ok(frame) = Frame::encode(&admit, Vec::new(), header_max) else {
-            return false;
+            return Some(false);
         };
         let told = async {
-            // When the admission was first lost on the way (the link with the joiner cut).
-            let mut lost_since: Option<Instant> = None;
-            loop {
-                let fresh = lost_since.is_some();
-                let conn = self.dial(joiner, generation, deadline, fresh).await.ok()?;
-                let left = deadline.saturating_duration_since(Instant::now());
-                let reply = match conn
-                    .request_within(frame.clone(), left.max(Duration::from_millis(1)))
-                    .await
-                {
-                    Ok(reply) => reply,
-                    // Lost on a link that died (a partition between the leader and the joiner,
-                    // which the others may not have): told again over a new one, while the
-                    // joiner was not out of reach for long.
-                    Err(LinkError::ConnectionLost { .. }) => {
-                        let now = Instant::now();
-                        let since = *lost_since.get_or_insert(now);
-                        if self.lost_while_re_forming(generation, since, now).is_some() {
-                            return None;
-                        }
-                        tokio::time::sleep(DIAL_RETRY).await;
-                        continue;
-                    }
-                    Err(_) => return None,
-                };
-                return match reply.decode::<Reply>(header_max) {
-                    Ok(Reply::Ack) => Some(()),
-                    Ok(other) => {
-                        tracing::warn!(joiner = %joiner.node, ?other, "a joiner refused its admission");
-                        None
-                    }
-                    Err(_) => None,
-                };
-            }
+            let conn = self.dial(joiner, generation, deadline, false).await.ok()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = conn
+                .request_within(frame, left.max(Duration::from_millis(1)))
+                .await
+                .ok()?;
+            Some(match reply.decode::<Reply>(header_max) {
+                Ok(Reply::Ack) => true,
+                Ok(other) => {
+                    tracing::warn!(joiner = %joiner.node, ?other, "a joiner refused its admission");
+                    false
+                }
+                Err(_) => false,
+            })
         };
-        matches!(tokio::time::timeout_at(deadline, told).await, Ok(Some(())))
+        tokio::time::timeout_at(deadline, told).await.ok().flatten()
     }
 
     /// Takes `generation` as tried here without forming it (the members agreed to skip it): a join

@@ -13,8 +13,18 @@ use tokio::time::Instant;
 
 use super::GroupMember;
 
-/// A request's future: its peer, and what it gave.
-type Request<'a, T> = Pin<Box<dyn Future<Output = (NodeId, T)> + Send + 'a>>;
+/// A request's future: what it gave, with its peer and when it began.
+type Request<'a, T> = Pin<Box<dyn Future<Output = Answered<T>> + Send + 'a>>;
+
+/// A request that ended.
+pub(super) struct Answered<T> {
+    /// The peer asked.
+    pub(super) peer: NodeId,
+    /// When the request began (a round's measure of how long a peer stays unreachable).
+    pub(super) began: std::time::Instant,
+    /// What it gave.
+    pub(super) answer: T,
+}
 
 /// The requests in flight (see the module doc).
 pub(super) struct InFlight<'a, T> {
@@ -35,23 +45,29 @@ impl<'a, T: 'a> InFlight<'a, T> {
     /// Sends `peer` the request `request`, unless one to it is in flight still.
     pub(super) fn ask(&mut self, peer: &GroupMember, request: impl Future<Output = T> + Send + 'a) {
         if self.asking.insert(peer.node.clone()) {
-            let node = peer.node.clone();
-            self.requests
-                .push(Box::pin(async move { (node, request.await) }));
+            let peer = peer.node.clone();
+            let began = Instant::now().into_std();
+            self.requests.push(Box::pin(async move {
+                Answered {
+                    peer,
+                    began,
+                    answer: request.await,
+                }
+            }));
         }
     }
 
-    /// The next request to end (its peer and what it gave), or `None` at `wake` with none.
-    pub(super) async fn next_until(&mut self, wake: Instant) -> Option<(NodeId, T)> {
+    /// The next request to end, or `None` at `wake` with none.
+    pub(super) async fn next_until(&mut self, wake: Instant) -> Option<Answered<T>> {
         if self.requests.is_empty() {
             tokio::time::sleep_until(wake).await;
             return None;
         }
-        let (node, answer) = tokio::time::timeout_at(wake, self.requests.next())
+        let answered = tokio::time::timeout_at(wake, self.requests.next())
             .await
             .ok()
             .flatten()?;
-        self.asking.remove(&node);
-        Some((node, answer))
+        self.asking.remove(&answered.peer);
+        Some(answered)
     }
 }

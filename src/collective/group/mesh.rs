@@ -141,12 +141,11 @@ impl Mesh {
                 }
                 entry::EnterPoll::Wait => {}
             }
-            let Some((node, answer)) = asks.next_until(Instant::from_std(round.wake_at())).await
-            else {
+            let Some(asked) = asks.next_until(Instant::from_std(round.wake_at())).await else {
                 continue;
             };
-            match answer {
-                Some((_, formed)) if round.answered(&node, formed) => {
+            match asked.answer {
+                Some((_, formed)) if round.answered(&asked.peer, formed) => {
                     self.inner.lock().membership.joining = true;
                     return Entry::Join;
                 }
@@ -242,9 +241,11 @@ impl Mesh {
             }
             let wake = Instant::from_std(wait.wake_at());
             tokio::select! {
-                answered = asks.next_until(wake) => {
-                    if let Some((node, Some((_, formed)))) = answered {
-                        wait.answered(&node, formed);
+                asked = asks.next_until(wake) => {
+                    if let Some(asked) = asked {
+                        if let Some((_, formed)) = asked.answer {
+                            wait.answered(&asked.peer, formed);
+                        }
                     }
                 }
                 () = &mut changed => {}

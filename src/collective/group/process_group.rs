@@ -142,7 +142,9 @@ impl ProcessGroup {
             .collect();
         let me = self.shared.nodes[self.shared.rank].clone();
         let nodes = self.shared.nodes.clone();
-        let mut round = reforming::ProbeRound::new(nodes, me, Instant::now().into_std(), within);
+        let detection = self.mesh.inner.endpoint.config().idle_timeout;
+        let now = Instant::now().into_std();
+        let mut round = reforming::ProbeRound::new(nodes, me, generation, (now, within), detection);
         let deadline = Instant::from_std(round.deadline());
         // The first refusal of each member that left this one out, to fail with.
         let mut refusals: HashMap<NodeId, CollectiveError> = HashMap::new();
@@ -167,16 +169,58 @@ impl ProcessGroup {
                 None => {}
             }
             let wake = Instant::from_std(round.wake_at());
-            let Some((node, answer)) = probes.next_until(wake).await else {
+            let Some(probed) = probes.next_until(wake).await else {
                 continue;
             };
-            match answer {
+            let node = probed.peer;
+            match probed.answer {
                 Ok(Some(reply)) => round.answered(&node, reply),
-                Ok(None) => round.undelivered(&node, Instant::now().into_std()),
+                Ok(None) => round.undelivered(&node, probed.began, Instant::now().into_std()),
                 Err(refused) => {
                     refusals.entry(node.clone()).or_insert(refused);
                     round.answered(&node, ProbeReply::LeftOut);
                 }
+            }
+        }
+    }
+
+    /// The leader tells each of `joiners` its admission to `generation` with `members`;
+    /// whether every one acked. Whom to tell when, and when the telling is over, is
+    /// [`boundary::TellRound`]'s, which the member machine follows alike; this carries out its
+    /// tellings as requests (one at a time per joiner, each bounded by the round).
+    async fn tell_joiners(
+        &self,
+        joiners: &[Joiner],
+        generation: u64,
+        members: &[GroupMember],
+    ) -> bool {
+        let detection = self.mesh.inner.endpoint.config().idle_timeout;
+        let now = Instant::now().into_std();
+        let nodes = joiners.iter().map(|j| j.member.node.clone());
+        let within = self.shared.config.form_timeout;
+        let mut telling = boundary::TellRound::new(nodes, generation, (now, within), detection);
+        let deadline = Instant::from_std(telling.deadline());
+        let mut tells = InFlight::default();
+        loop {
+            let step = telling.poll(Instant::now().into_std());
+            for joiner in joiners
+                .iter()
+                .filter(|j| step.tell.contains(&j.member.node))
+            {
+                let tell = self
+                    .mesh
+                    .tell_admitted(&joiner.member, generation, members, deadline);
+                tells.ask(&joiner.member, tell);
+            }
+            if let Some(every_one) = step.done {
+                return every_one;
+            }
+            let Some(told) = tells.next_until(Instant::from_std(telling.wake_at())).await else {
+                continue;
+            };
+            match told.answer {
+                Some(taken) => telling.answered(&told.peer, taken),
+                None => telling.undelivered(&told.peer, told.began, Instant::now().into_std()),
             }
         }
     }
@@ -262,13 +306,7 @@ impl ProcessGroup {
         let mut every_one_told = 0u8;
         if self.shared.rank == 0 {
             self.mesh.inner.lock().membership.offered(joiners);
-            let deadline = Instant::now() + self.shared.config.form_timeout;
-            let told = joiners.iter().map(|joiner| {
-                self.mesh
-                    .tell_admitted(&joiner.member, generation, &members, deadline)
-            });
-            let told = futures::future::join_all(told).await;
-            every_one_told = u8::from(told.iter().all(|t| *t));
+            every_one_told = u8::from(self.tell_joiners(joiners, generation, &members).await);
         }
         let flag = candle_core::Tensor::new(&[every_one_told], &candle_core::Device::Cpu)
             .map_err(|e| CollectiveError::Tensor(e.to_string()))?;

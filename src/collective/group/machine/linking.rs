@@ -28,8 +28,14 @@ pub(crate) fn lost_while_re_forming(
     now: Instant,
     detection: Duration,
 ) -> Option<Duration> {
-    let bound = detection * 2;
-    (generation > 1 && now.duration_since(since) >= bound).then_some(bound)
+    lost_bound(generation, detection).filter(|bound| now.duration_since(since) >= *bound)
+}
+
+/// How long a peer may stay unreachable while this member forms `generation` (or probes or
+/// admits for it) before it is taken for lost ([`lost_while_re_forming`]): twice `detection`
+/// for a later generation, none for the first.
+pub(crate) fn lost_bound(generation: u64, detection: Duration) -> Option<Duration> {
+    (generation > 1).then_some(detection * 2)
 }
 
 /// What a peer whose join this member awaits answered when asked whether it still forms the

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use cohort_transport::NodeId;
 
 use super::super::{DIAL_RETRY, PENDING_FRESH, STILL_FORMING_EVERY};
-use super::boundary::{self, BoundaryChange};
+use super::boundary::{self, BoundaryChange, TellRound};
 use super::entry::{
     self, AfterFailedStart, EnterAfter, EnterPoll, EnterRound, EntryStep, JoinPoll, JoinWait,
 };
@@ -302,9 +302,7 @@ enum Round {
         generation: u64,
         joiners: Vec<Joiner>,
         members: Vec<GroupMember>,
-        told: BTreeMap<NodeId, Option<bool>>,
-        retry: BTreeMap<NodeId, Instant>,
-        deadline: Instant,
+        telling: TellRound,
     },
     /// The broadcast whether every joiner was told.
     Told {
@@ -523,18 +521,17 @@ impl MemberMachine {
                     }
                 }
             }
+            // A message's delivery fails as it is sent here: its ask began now.
             (Phase::Recovering { round, .. }, MemberMessage::Probe { .. }) => {
-                round.undelivered(to, now);
+                round.undelivered(to, now, now);
             }
             (
                 Phase::Training {
-                    round: Round::Telling { retry, told, .. },
+                    round: Round::Telling { telling, .. },
                     ..
                 },
                 MemberMessage::Admit { .. },
-            ) if told.get(to).is_some_and(Option::is_none) => {
-                retry.insert(to.clone(), now + DIAL_RETRY);
-            }
+            ) => telling.undelivered(to, now, now),
             (Phase::Entering { round, .. }, MemberMessage::Enter { .. }) => {
                 round.undelivered(now);
             }
@@ -642,13 +639,15 @@ impl MemberMachine {
                 if let Phase::Training {
                     round:
                         Round::Telling {
-                            generation, told, ..
+                            generation,
+                            telling,
+                            ..
                         },
                     ..
                 } = &mut self.phase
                 {
-                    if *generation == e && told.contains_key(from) {
-                        told.insert(from.clone(), Some(taken));
+                    if *generation == e {
+                        telling.answered(from, taken);
                     }
                 }
             }
@@ -716,12 +715,7 @@ impl MemberMachine {
                 due.push(*began + self.settings.op_timeout);
                 match round {
                     Round::Step { ready } if !sent => due.push(*ready),
-                    Round::Telling {
-                        retry, deadline, ..
-                    } => {
-                        due.push(*deadline);
-                        due.extend(retry.values().copied());
-                    }
+                    Round::Telling { telling, .. } => due.push(telling.wake_at()),
                     _ => {}
                 }
             }
@@ -1626,16 +1620,17 @@ impl MemberMachine {
         members.extend(offer.iter().map(|j| j.member.clone()));
         let round = if g.rank == 0 {
             self.membership.offered(&offer);
+            let telling = TellRound::new(
+                offer.iter().map(|j| j.member.node.clone()),
+                next,
+                (now, self.settings.form_timeout),
+                self.settings.detection,
+            );
             Round::Telling {
                 generation: next,
-                told: offer
-                    .iter()
-                    .map(|j| (j.member.node.clone(), None))
-                    .collect(),
-                retry: offer.iter().map(|j| (j.member.node.clone(), now)).collect(),
                 joiners: offer,
                 members,
-                deadline: now + self.settings.form_timeout,
+                telling,
             }
         } else {
             Round::Told {
@@ -1655,9 +1650,7 @@ impl MemberMachine {
                     generation,
                     joiners,
                     members,
-                    told,
-                    retry,
-                    deadline,
+                    telling,
                 },
             ..
         } = &mut self.phase
@@ -1665,18 +1658,16 @@ impl MemberMachine {
             return;
         };
         let generation = *generation;
-        let due = take_due(retry, now);
-        let finished = told.values().all(Option::is_some) || now >= *deadline;
-        let all_told = told.values().all(|t| *t == Some(true));
+        let step = telling.poll(now);
         let (joiners, members) = (joiners.clone(), members.clone());
         let admit = MemberMessage::Admit {
             generation,
             members: members.clone(),
         };
-        for n in due {
+        for n in step.tell {
             self.send(&n, admit.clone());
         }
-        if finished {
+        if let Some(all_told) = step.done {
             let seq = self.group.as_ref().map_or(0, |g| g.seq);
             self.own_piece(seq, Piece::Told(all_told));
             let round = Round::Told {
@@ -1757,8 +1748,9 @@ impl MemberMachine {
         let round = ProbeRound::new(
             members,
             self.me.node.clone(),
-            now,
-            self.settings.probe_timeout,
+            before.generation,
+            (now, self.settings.probe_timeout),
+            self.settings.detection,
         );
         self.phase = Phase::Recovering {
             before,
@@ -1819,17 +1811,4 @@ impl MemberMachine {
             }
         }
     }
-}
-
-/// The peers whose retry is due at `now`, taken out of `retry`.
-fn take_due(retry: &mut BTreeMap<NodeId, Instant>, now: Instant) -> Vec<NodeId> {
-    let due: Vec<NodeId> = retry
-        .iter()
-        .filter(|(_, at)| now >= **at)
-        .map(|(n, _)| n.clone())
-        .collect();
-    for n in &due {
-        retry.remove(n);
-    }
-    due
 }

@@ -17,6 +17,7 @@ use cohort_transport::NodeId;
 use super::{GroupMember, Joiner};
 use crate::process::Incarnation;
 
+mod ask_round;
 pub(crate) mod boundary;
 pub(crate) mod entry;
 pub(super) mod linking;

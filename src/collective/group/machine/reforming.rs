@@ -15,18 +15,17 @@
 //! timeout). After the last attempt the process gives up, and its supervisor restarts it.
 //!
 //! An attempt's probes are sequenced here too, message by message, for both executors:
-//! [`ProbeRound`] (whom to probe when, and when the answers are all in) is polled alike by the
-//! member machine, with simulated messages, and by `ProcessGroup::probe_members`, with requests
-//! over QUIC.
+//! [`ProbeRound`] (whom to probe when, and when the answers are all in; an [`AskRound`]) is
+//! polled alike by the member machine, with simulated messages, and by
+//! `ProcessGroup::probe_members`, with requests over QUIC.
 //!
 //! Pure: time is passed in.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cohort_transport::NodeId;
 
-use super::super::DIAL_RETRY;
+use super::ask_round::AskRound;
 use super::quorum::has_quorum;
 
 /// A member's answer to a survivor's probe.
@@ -45,18 +44,16 @@ pub(crate) enum ProbeReply {
 }
 
 /// One attempt's probes of the members of a broken group: every other member is probed at
-/// once, again [`DIAL_RETRY`] after a probe that could not be delivered; the round ends when
-/// every one answered or the probe timeout passed.
+/// once, again [`DIAL_RETRY`](super::super::DIAL_RETRY) after a probe that could not be
+/// delivered, while it was not unreachable past the lost bound
+/// ([`super::linking::lost_bound`]); the round ends when every one answered or was lost, or the
+/// probe timeout passed ([`AskRound`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProbeRound {
     /// The broken group's members in rank order, this survivor among them.
     members: Vec<NodeId>,
     me: NodeId,
-    /// Every other member's answer, once it came.
-    answers: BTreeMap<NodeId, Option<ProbeReply>>,
-    /// When each member is to be probed (again).
-    retry: BTreeMap<NodeId, Instant>,
-    deadline: Instant,
+    asks: AskRound<ProbeReply>,
 }
 
 /// What a probe round does next ([`ProbeRound::poll`]).
@@ -83,71 +80,58 @@ pub(crate) enum Probes {
 }
 
 impl ProbeRound {
-    /// `me` probes the other `members` (rank order, `me` among them) from `now`, within
-    /// `within`.
-    pub(crate) fn new(members: Vec<NodeId>, me: NodeId, now: Instant, within: Duration) -> Self {
+    /// `me` probes the other `members` (rank order, `me` among them) of the group of
+    /// `generation` from `now`, within `within`; `detection` is the transport's detection
+    /// budget (the lost bound's measure).
+    pub(crate) fn new(
+        members: Vec<NodeId>,
+        me: NodeId,
+        generation: u64,
+        (now, within): (Instant, Duration),
+        detection: Duration,
+    ) -> Self {
         let others: Vec<NodeId> = members.iter().filter(|n| **n != me).cloned().collect();
+        let lost_after = super::linking::lost_bound(generation, detection);
         Self {
-            answers: others.iter().map(|n| (n.clone(), None)).collect(),
-            retry: others.into_iter().map(|n| (n, now)).collect(),
+            asks: AskRound::new(others, now, within, lost_after),
             members,
             me,
-            deadline: now + within,
         }
     }
 
     /// `from` answered `reply`.
     pub(crate) fn answered(&mut self, from: &NodeId, reply: ProbeReply) {
-        if let Some(answer) = self.answers.get_mut(from) {
-            *answer = Some(reply);
-        }
+        self.asks.answered(from, reply);
     }
 
-    /// The probe of `to` could not be delivered at `now`: it goes again soon, unless `to`
-    /// answered meanwhile.
-    pub(crate) fn undelivered(&mut self, to: &NodeId, now: Instant) {
-        if self.answers.get(to).is_some_and(Option::is_none) {
-            self.retry.insert(to.clone(), now + DIAL_RETRY);
-        }
+    /// The probe of `to` that began at `began` could not be delivered (by `now`).
+    pub(crate) fn undelivered(&mut self, to: &NodeId, began: Instant, now: Instant) {
+        self.asks.undelivered(to, began, now);
     }
 
-    /// What is due at `now`: the probes due, and the round's end where every member answered or
-    /// its time ran out.
+    /// What is due at `now`: the probes due, and the round's end where every member answered
+    /// (or was lost) or its time ran out.
     pub(crate) fn poll(&mut self, now: Instant) -> ProbeStep {
-        let probe: Vec<NodeId> = self
-            .retry
-            .iter()
-            .filter(|(_, at)| now >= **at)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in &probe {
-            self.retry.remove(n);
-        }
-        let finished = self.answers.values().all(Option::is_some) || now >= self.deadline;
+        let probe = self.asks.take_due(now);
         ProbeStep {
             probe,
-            done: finished.then(|| self.found()),
+            done: self.asks.finished(now).then(|| self.found()),
         }
     }
 
     /// When the round is next due without an answer (a probe again, or its end).
     pub(crate) fn wake_at(&self) -> Instant {
-        self.retry
-            .values()
-            .copied()
-            .chain([self.deadline])
-            .min()
-            .unwrap_or(self.deadline)
+        self.asks.wake_at()
     }
 
     /// When the round ends, answered or not.
     pub(crate) fn deadline(&self) -> Instant {
-        self.deadline
+        self.asks.deadline()
     }
 
     fn found(&self) -> Probes {
         let with = |reply: ProbeReply| -> Vec<NodeId> {
-            let answered = |n: &&NodeId| self.answers.get(*n) == Some(&Some(reply));
+            let answered = |n: &&NodeId| self.asks.answer(n) == Some(reply);
             self.members.iter().filter(answered).cloned().collect()
         };
         if let Some(by) = with(ProbeReply::LeftOut).into_iter().next() {
@@ -156,7 +140,7 @@ impl ProbeRound {
         let alive = self
             .members
             .iter()
-            .filter(|n| **n == self.me || self.answers.get(*n) == Some(&Some(ProbeReply::Alive)))
+            .filter(|n| **n == self.me || self.asks.answer(n) == Some(ProbeReply::Alive))
             .cloned()
             .collect();
         Probes::Answered {
@@ -324,12 +308,20 @@ mod tests {
         );
     }
 
+    /// A probe round of `members` by `me` of the group of generation 2 (a lost bound of twice
+    /// one second), from `t0`, within two seconds.
+    fn probing(members: &[NodeId], me: usize, t0: Instant) -> ProbeRound {
+        let detection = Duration::from_secs(1);
+        let within = (t0, Duration::from_secs(2));
+        ProbeRound::new(members.to_vec(), members[me].clone(), 2, within, detection)
+    }
+
     #[test]
     fn a_probe_round_probes_every_other_member_again_after_a_failed_delivery_until_all_answered() {
+        let retry = crate::collective::group::DIAL_RETRY;
         let t0 = Instant::now();
         let four = workers(4);
-        let me = four[1].clone();
-        let mut round = ProbeRound::new(four.clone(), me, t0, Duration::from_secs(2));
+        let mut round = probing(&four, 1, t0);
         let others = vec![four[0].clone(), four[2].clone(), four[3].clone()];
         let first = round.poll(t0);
         assert_eq!((first.probe, first.done), (others, None));
@@ -338,19 +330,19 @@ mod tests {
         // again too, harmlessly: its next answer replaces the first); a failed delivery to a
         // member that answered already is not tried again.
         let t1 = t0 + Duration::from_millis(50);
-        round.undelivered(&four[0], t1);
-        round.undelivered(&four[2], t1);
+        round.undelivered(&four[0], t0, t1);
+        round.undelivered(&four[2], t0, t1);
         round.answered(&four[2], ProbeReply::Joining);
         round.answered(&four[3], ProbeReply::Unsettled);
-        round.undelivered(&four[3], t1);
-        assert_eq!(round.wake_at(), t1 + DIAL_RETRY);
-        let again = round.poll(t1 + DIAL_RETRY);
+        round.undelivered(&four[3], t0, t1);
+        assert_eq!(round.wake_at(), t1 + retry);
+        let again = round.poll(t1 + retry);
         assert_eq!(again.probe, vec![four[0].clone(), four[2].clone()]);
         assert_eq!(again.done, None);
         round.answered(&four[0], ProbeReply::Alive);
         // A stranger's answer counts for nothing.
         round.answered(&NodeId::new("worker", 9), ProbeReply::LeftOut);
-        let done = round.poll(t1 + DIAL_RETRY);
+        let done = round.poll(t1 + retry);
         assert_eq!(
             done.done,
             Some(Probes::Answered {
@@ -364,8 +356,7 @@ mod tests {
     fn a_probe_round_ends_at_its_bound_and_a_member_that_left_this_one_out_ends_it_so() {
         let t0 = Instant::now();
         let three = workers(3);
-        let mut silent =
-            ProbeRound::new(three.clone(), three[0].clone(), t0, Duration::from_secs(2));
+        let mut silent = probing(&three, 0, t0);
         let _ = silent.poll(t0);
         assert_eq!(silent.poll(t0 + Duration::from_secs(1)).done, None);
         assert_eq!(
@@ -375,8 +366,7 @@ mod tests {
                 joining: vec![],
             })
         );
-        let mut left_out =
-            ProbeRound::new(three.clone(), three[0].clone(), t0, Duration::from_secs(2));
+        let mut left_out = probing(&three, 0, t0);
         let _ = left_out.poll(t0);
         left_out.answered(&three[2], ProbeReply::LeftOut);
         left_out.answered(&three[1], ProbeReply::Alive);
