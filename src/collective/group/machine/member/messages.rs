@@ -1,0 +1,161 @@
+//! What member machines say to each other ([`MemberMessage`]) and what a machine asks its
+//! executor to do ([`MemberAction`]), with why a member exits and why a group broke.
+
+use super::*;
+
+/// A message between member machines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MemberMessage {
+    /// A starting (or waiting) process asks to be admitted; `addr`: where it listens.
+    Enter {
+        addr: SocketAddr,
+        incarnation: Incarnation,
+    },
+    /// The answer to `Enter`: the answerer's latest generation, whether a group lives there, and
+    /// the latest generation whose group it was a member of.
+    Entered {
+        generation: u64,
+        formed: bool,
+        member_of: u64,
+    },
+    /// A dialer joins `generation`, formed with `members` (rank order).
+    Join {
+        generation: u64,
+        members: Vec<NodeId>,
+        by_admission: bool,
+        incarnation: Incarnation,
+    },
+    /// The join was taken: the link of `generation` is up, with this process of the acceptor.
+    Joined {
+        generation: u64,
+        incarnation: Incarnation,
+    },
+    /// The join of `generation` was refused; `current`: the acceptor's latest generation.
+    JoinRefused { generation: u64, current: u64 },
+    /// Whether the receiver still forms `generation` with `members`.
+    StillForming {
+        generation: u64,
+        members: Vec<NodeId>,
+    },
+    /// The answer to `StillForming`.
+    StillFormingAnswer {
+        generation: u64,
+        answer: StillAnswer,
+    },
+    /// A survivor of `generation` probes a member.
+    Probe { generation: u64 },
+    /// The answer to `Probe`.
+    ProbeAnswer { generation: u64, answer: ProbeReply },
+    /// The leader admits the receiver to form `generation` with `members`.
+    Admit {
+        generation: u64,
+        members: Vec<GroupMember>,
+    },
+    /// The answer to `Admit`.
+    AdmitAnswer { generation: u64, taken: bool },
+    /// A member's part of collective `seq` of the group of `generation`.
+    Piece {
+        generation: u64,
+        seq: u64,
+        piece: Piece,
+    },
+    /// A piece of `generation` reached a member whose group is of another generation (EPOCH-1).
+    PieceRefused { generation: u64 },
+    /// A member of `generation` saw the group fail.
+    Abort { generation: u64 },
+}
+
+/// The answer to [`MemberMessage::StillForming`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StillAnswer {
+    /// Forms it (or will: its join may still come).
+    Yes,
+    /// Never will, or with other members; `current`: the answerer's latest generation.
+    Refused { current: u64 },
+    /// Its forming of it broke.
+    Broken,
+}
+
+/// A member's part of one collective of its group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// The step boundary's all-gather: the member's notice, and (the leader's) joiners.
+    Vote {
+        leaving: Option<Leave>,
+        offer: Vec<Joiner>,
+    },
+    /// The leader's broadcast: whether every joiner acked its admission.
+    Told(bool),
+    /// The state all-gather: the member's completed steps and model digest.
+    State { step: u64, digest: u64 },
+    /// The member's contribution to the all-reduce of `step`.
+    Contribution { step: u64, value: u64 },
+}
+
+/// What the machine asks its executor to do, or reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MemberAction {
+    /// Send `message` to `to`.
+    Send { to: NodeId, message: MemberMessage },
+    /// A group of `generation` with `members` formed here.
+    Formed {
+        generation: u64,
+        members: Vec<NodeId>,
+    },
+    /// Step `step` was applied in the group of `generation` with `members`: the model went from
+    /// `parent` to `digest`.
+    Applied {
+        generation: u64,
+        members: Vec<NodeId>,
+        step: u64,
+        parent: u64,
+        digest: u64,
+    },
+    /// The state of the member with the most steps was installed here.
+    Adopted {
+        generation: u64,
+        step: u64,
+        digest: u64,
+    },
+    /// The job's last step was applied here: the process ends.
+    Finished { step: u64, digest: u64 },
+    /// The process exits (its supervisor may start it again).
+    Exit(MemberExit),
+}
+
+/// Why a member process exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MemberExit {
+    /// It left at a step boundary after a notice.
+    Left(Leave),
+    /// The others re-formed without it (it came back late).
+    LeftOut,
+    /// Re-forming failed every attempt (no quorum, or every forming failed).
+    RecoveryFailed { no_quorum: bool },
+    /// It could neither form the first generation nor be admitted.
+    EntryFailed,
+}
+
+/// Why a group broke, as the machine records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Broke {
+    /// A member's link died, or a new process of it asked to enter.
+    MemberLost(NodeId),
+    /// A peer refused a join, a piece or a question of this generation; `current`: its latest
+    /// generation, where it said.
+    Refused { by: NodeId, current: Option<u64> },
+    /// A member saw it fail first.
+    Aborted(NodeId),
+    /// A peer's view of the members differs.
+    ViewsDiffer(NodeId),
+    /// A member formed it with this process and re-forms (this one survives).
+    CutShort,
+    /// A member formed it without this process: it is a new one, to be admitted.
+    EndForming,
+    /// Forming or a collective ran past its bound.
+    Timeout,
+    /// A peer stayed unreachable while re-forming.
+    Unreachable(NodeId),
+    /// The next generation began forming here.
+    Superseded,
+}

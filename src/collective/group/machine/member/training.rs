@@ -1,0 +1,351 @@
+//! Training in a formed group: the state agreed on, the boundary vote (departures, the leader's
+//! telling of an admission), and each step's all-reduce.
+
+use super::*;
+
+impl MemberMachine {
+    /// Begins the next collective of a formed group.
+    pub(super) fn begin_round(&mut self, now: Instant, round: Option<Round>) {
+        let round = round.unwrap_or(if self.needs_state {
+            Round::State
+        } else {
+            Round::Vote
+        });
+        let seq = self.group.as_ref().map_or(0, |g| g.seq);
+        self.phase = Phase::Training {
+            round,
+            began: now,
+            seq,
+            sent: false,
+        };
+    }
+
+    pub(super) fn progress_training(&mut self, now: Instant) {
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        if g.broken.is_some() {
+            return self.group_failed(now);
+        }
+        let Phase::Training {
+            round,
+            began,
+            seq,
+            sent,
+        } = &self.phase
+        else {
+            return;
+        };
+        let (round, began, seq, sent) = (round.clone(), *began, *seq, *sent);
+        if now >= began + self.settings.op_timeout {
+            self.break_group(Broke::Timeout);
+            return self.group_failed(now);
+        }
+        match round {
+            Round::Step { ready } if now < ready => {}
+            Round::Telling { .. } => self.progress_telling(now),
+            _ => {
+                if !sent {
+                    self.send_piece(now, &round, seq);
+                }
+                if let Some(pieces) = self.pieces_of(&round, seq) {
+                    if let Some(g) = self.group.as_mut() {
+                        g.seq += 1;
+                        g.inbox.retain(|(s, _), _| *s > seq);
+                    }
+                    self.round_done(now, round, pieces);
+                }
+            }
+        }
+    }
+
+    /// Sends this member's piece of `round` (collective `seq`) to the others.
+    pub(super) fn send_piece(&mut self, now: Instant, round: &Round, seq: u64) {
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        let (generation, rank) = (g.generation, g.rank);
+        let others: Vec<NodeId> = g
+            .nodes
+            .iter()
+            .filter(|n| **n != self.me.node)
+            .cloned()
+            .collect();
+        let nodes = g.nodes.clone();
+        let piece = match round {
+            Round::State => Some(Piece::State {
+                step: self.step,
+                digest: self.digest,
+            }),
+            Round::Vote => {
+                let offer = if rank == 0 {
+                    self.membership.pending_joiners(&nodes, now, PENDING_FRESH)
+                } else {
+                    Vec::new()
+                };
+                Some(Piece::Vote {
+                    leaving: self.notice,
+                    offer,
+                })
+            }
+            // A broadcast from the leader: the others send nothing.
+            Round::Told { .. } => None,
+            Round::Step { .. } => Some(Piece::Contribution {
+                step: self.step + 1,
+                value: contribution(&self.me.node, self.step + 1),
+            }),
+            Round::Telling { .. } => None,
+        };
+        if let Phase::Training { sent, .. } = &mut self.phase {
+            *sent = true;
+        }
+        let Some(piece) = piece else {
+            return;
+        };
+        self.own_piece(seq, piece.clone());
+        for peer in others {
+            self.send(
+                &peer,
+                MemberMessage::Piece {
+                    generation,
+                    seq,
+                    piece: piece.clone(),
+                },
+            );
+        }
+    }
+
+    /// Keeps this member's own piece of collective `seq` beside the others'.
+    pub(super) fn own_piece(&mut self, seq: u64, piece: Piece) {
+        let me = self.me.node.clone();
+        if let Some(g) = self.group.as_mut() {
+            g.inbox.insert((seq, me), piece);
+        }
+    }
+
+    /// Every member's piece of `round` (collective `seq`), in rank order, once all came (a
+    /// broadcast: the leader's alone).
+    pub(super) fn pieces_of(&self, round: &Round, seq: u64) -> Option<Vec<Piece>> {
+        let g = self.group.as_ref()?;
+        let from: Vec<&NodeId> = match round {
+            Round::Told { .. } => vec![&g.nodes[0]],
+            _ => g.nodes.iter().collect(),
+        };
+        from.into_iter()
+            .map(|n| g.inbox.get(&(seq, n.clone())).cloned())
+            .collect()
+    }
+
+    /// A collective of the group ended with every member's `pieces`.
+    pub(super) fn round_done(&mut self, now: Instant, round: Round, pieces: Vec<Piece>) {
+        match round {
+            Round::State => self.state_agreed(now, &pieces),
+            Round::Vote => self.voted(now, &pieces),
+            Round::Told {
+                generation,
+                joiners,
+                members,
+            } => {
+                if pieces.first() == Some(&Piece::Told(true)) {
+                    self.membership.admitting(&joiners);
+                    self.begin_forming(now, generation, members, Purpose::Admit);
+                } else {
+                    // Not every joiner could be told: nobody forms that generation.
+                    self.membership.skip(generation);
+                    self.begin_step(now);
+                }
+            }
+            Round::Step { .. } => self.stepped(now, &pieces),
+            Round::Telling { .. } => {}
+        }
+    }
+
+    pub(super) fn state_agreed(&mut self, now: Instant, pieces: &[Piece]) {
+        let states = pieces.iter().filter_map(|p| match p {
+            Piece::State { step, digest } => Some((*step, *digest)),
+            _ => None,
+        });
+        // The most steps; ties go to the lowest rank (the first such: pieces are in rank
+        // order, this member's own among them).
+        let mut source: Option<(u64, u64)> = None;
+        for state in states {
+            if source.is_none_or(|b| state.0 > b.0) {
+                source = Some(state);
+            }
+        }
+        if let Some(source) = source {
+            (self.step, self.digest) = source;
+        }
+        let generation = self.group.as_ref().map_or(0, |g| g.generation);
+        self.actions.push_back(MemberAction::Adopted {
+            generation,
+            step: self.step,
+            digest: self.digest,
+        });
+        self.needs_state = false;
+        self.recovery = None;
+        self.begin_round(now, Some(Round::Vote));
+    }
+
+    pub(super) fn voted(&mut self, now: Instant, pieces: &[Piece]) {
+        let Some(g) = self.group.as_ref() else {
+            return;
+        };
+        // The boundary after the last step: every member of the group reached it with the
+        // same model, so each ends holding what the others hold. A member that applied the
+        // last step alone (from messages it held while the others re-formed without it)
+        // never gets here: it re-forms, and is left out or takes the others' state.
+        if self.step >= self.settings.steps {
+            self.actions.push_back(MemberAction::Finished {
+                step: self.step,
+                digest: self.digest,
+            });
+            self.phase = Phase::Ended;
+            return;
+        }
+        // Every member's notice, and the leader's joiners, in rank order.
+        let notices = pieces.iter().map(|piece| match piece {
+            Piece::Vote { leaving, .. } => *leaving,
+            _ => None,
+        });
+        let offer = match pieces.first() {
+            Some(Piece::Vote { offer, .. }) => offer.clone(),
+            _ => Vec::new(),
+        };
+        let next = self.membership.next_generation(g.generation);
+        match boundary::decide(notices, !offer.is_empty()) {
+            BoundaryChange::Depart(leavers) => {
+                if let Some(why) = leavers.of(g.rank) {
+                    return self.exit(MemberExit::Left(why));
+                }
+                let stayers = leavers.stayers(&g.members);
+                let before = self.before_of_group();
+                return self.begin_forming(now, next, stayers, Purpose::Depart { before });
+            }
+            BoundaryChange::Unchanged => return self.begin_step(now),
+            BoundaryChange::Admit => {}
+        }
+        let mut members = g.members.clone();
+        members.extend(offer.iter().map(|j| j.member.clone()));
+        let round = if g.rank == 0 {
+            self.membership.offered(&offer);
+            let telling = TellRound::new(
+                offer.iter().map(|j| j.member.node.clone()),
+                next,
+                (now, self.settings.form_timeout),
+                self.settings.detection,
+            );
+            Round::Telling {
+                generation: next,
+                joiners: offer,
+                members,
+                telling,
+            }
+        } else {
+            Round::Told {
+                generation: next,
+                joiners: offer,
+                members,
+            }
+        };
+        self.begin_round(now, Some(round));
+    }
+
+    /// The leader tells each joiner its admission, then broadcasts whether all acked.
+    pub(super) fn progress_telling(&mut self, now: Instant) {
+        let Phase::Training {
+            round:
+                Round::Telling {
+                    generation,
+                    joiners,
+                    members,
+                    telling,
+                },
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let generation = *generation;
+        let step = telling.poll(now);
+        let (joiners, members) = (joiners.clone(), members.clone());
+        let admit = MemberMessage::Admit {
+            generation,
+            members: members.clone(),
+        };
+        for n in step.tell {
+            self.send(&n, admit.clone());
+        }
+        if let Some(all_told) = step.done {
+            let seq = self.group.as_ref().map_or(0, |g| g.seq);
+            self.own_piece(seq, Piece::Told(all_told));
+            let round = Round::Told {
+                generation,
+                joiners,
+                members,
+            };
+            if let Some(g) = self.group.as_ref() {
+                let others: Vec<NodeId> = g.nodes.iter().skip(1).cloned().collect();
+                let g_generation = g.generation;
+                for peer in others {
+                    self.send(
+                        &peer,
+                        MemberMessage::Piece {
+                            generation: g_generation,
+                            seq,
+                            piece: Piece::Told(all_told),
+                        },
+                    );
+                }
+            }
+            if let Phase::Training { round: r, sent, .. } = &mut self.phase {
+                *r = round;
+                *sent = true;
+            }
+        }
+    }
+
+    pub(super) fn begin_step(&mut self, now: Instant) {
+        let ready = now + self.settings.step_time;
+        self.begin_round(now, Some(Round::Step { ready }));
+    }
+
+    pub(super) fn stepped(&mut self, now: Instant, pieces: &[Piece]) {
+        let step = self.step + 1;
+        let mut sum = 0u64;
+        for piece in pieces {
+            match piece {
+                Piece::Contribution { step: s, value } if *s == step => {
+                    sum = sum.wrapping_add(*value)
+                }
+                // Members that disagree on the call: the group cannot go on.
+                _ => {
+                    self.break_group(Broke::Timeout);
+                    return self.group_failed(now);
+                }
+            }
+        }
+        let parent = self.digest;
+        self.digest = apply_step(parent, step, sum);
+        self.step = step;
+        let g = self.group.as_ref().expect("a group trains");
+        self.actions.push_back(MemberAction::Applied {
+            generation: g.generation,
+            members: g.nodes.clone(),
+            step,
+            parent,
+            digest: self.digest,
+        });
+        // After the last step, one more boundary closes the job (see `voted`).
+        self.begin_round(now, Some(Round::Vote));
+    }
+
+    /// The group this member trains in broke: re-form.
+    pub(super) fn group_failed(&mut self, now: Instant) {
+        if let Some((before, attempt)) = self.recovery.take() {
+            return self.next_attempt(now, before, attempt, false);
+        }
+        let before = self.before_of_group();
+        self.begin_recovering(now, before, 1);
+    }
+}
