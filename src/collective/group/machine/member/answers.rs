@@ -205,12 +205,7 @@ impl MemberMachine {
         g.broken = Some(why);
         if tell {
             let generation = g.generation;
-            let others: Vec<NodeId> = g
-                .nodes
-                .iter()
-                .filter(|n| **n != self.me.node)
-                .cloned()
-                .collect();
+            let others = g.others(&self.me.node);
             for peer in others {
                 self.send(&peer, MemberMessage::Abort { generation });
             }

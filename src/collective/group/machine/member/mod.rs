@@ -103,6 +103,11 @@ impl Group {
             broken: self.broken.is_some(),
         }
     }
+
+    /// The group's members other than `me`, in rank order.
+    fn others(&self, me: &NodeId) -> Vec<NodeId> {
+        self.nodes.iter().filter(|n| *n != me).cloned().collect()
+    }
 }
 
 /// One link of a forming group.

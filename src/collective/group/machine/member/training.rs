@@ -65,12 +65,7 @@ impl MemberMachine {
             return;
         };
         let (generation, rank) = (g.generation, g.rank);
-        let others: Vec<NodeId> = g
-            .nodes
-            .iter()
-            .filter(|n| **n != self.me.node)
-            .cloned()
-            .collect();
+        let others = g.others(&self.me.node);
         let nodes = g.nodes.clone();
         let piece = match round {
             Round::State => Some(Piece::State {
