@@ -3,6 +3,13 @@ the model's gradients written in NumPy; ``ps_tutorial_torch.py`` is the same wit
 
     python -m cohort launch --workers 2 --ps 2 python/examples/ps_tutorial.py
 
+With the tutorial's sidecar evaluation: the chief saves a checkpoint at each epoch's end
+(``--save-checkpoints``, in the job's checkpoint directory) and an evaluator task reports the
+accuracy of each on held-out rows::
+
+    COHORT_CHECKPOINT_DIR=/tmp/tutorial/ckpt python -m cohort launch --workers 2 --ps 2 \
+      --evaluators 1 python/examples/ps_tutorial.py --save-checkpoints
+
 The model averages a 16,384-wide embedding of the three heroes of a row and predicts with a
 sigmoid unit whether one is "avenger". Its variables live on the parameter servers; the step
 gets them with its arguments (a ``Model`` travels as the names of its variables), since a
@@ -75,13 +82,31 @@ def step_fn(model, iterator):
     return float(loss), correct, len(labels)
 
 
+def evaluate(step, variables):
+    """The sidecar evaluator's function: the model of one checkpoint on held-out rows."""
+    ids, labels = tutorial_data.examples(seed=1)
+    hidden = variables["embedding"][ids].mean(axis=1)
+    logits = (hidden @ variables["dense/kernel"] + variables["dense/bias"])[:, 0]
+    pred = 1.0 / (1.0 + np.exp(-logits))
+    eps = 1e-7
+    loss = -(labels * np.log(pred + eps) + (1 - labels) * np.log(1 - pred + eps)).mean()
+    return {"accuracy": float(((pred > 0.5) == (labels > 0.5)).mean()), "loss": float(loss)}
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--steps-per-epoch", type=int, default=5)
+parser.add_argument("--save-checkpoints", action="store_true")
 args, _ = parser.parse_known_args()
 
-optimizer = cohort.optimizers.Adagrad(learning_rate=0.1)
 resolver = cohort.cluster_resolver.TFConfigClusterResolver()
+if resolver.task_type == "evaluator":
+    # Until no new checkpoint came for a while (COHORT_EVAL_IDLE_TIMEOUT), or the launcher
+    # stops it with the job.
+    cohort.SidecarEvaluator(evaluate, resolver).start()
+    sys.exit(0)
+
+optimizer = cohort.optimizers.Adagrad(learning_rate=0.1)
 strategy = cohort.ParameterServerStrategy(
     resolver,
     variable_partitioner=cohort.partitioners.MinSizePartitioner(
@@ -106,6 +131,8 @@ for epoch in range(args.epochs):
     correct = sum(r.fetch()[1] for r in results)
     seen = sum(r.fetch()[2] for r in results)
     print(f"Finished epoch {epoch}, accuracy is {correct / seen:.6f}.")
+    if args.save_checkpoints:
+        coordinator.save_checkpoint((epoch + 1) * args.steps_per_epoch)
 
 final = coordinator.schedule(step_fn, args=(model, per_worker_iterator))
 loss, correct, seen = final.fetch()

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from conftest import JOB_TIMEOUT_S, JOBS, launch
+from conftest import EXAMPLES, JOB_TIMEOUT_S, JOBS, launch
 
 SCRIPT = JOBS / "evaluated.py"
 CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
@@ -21,6 +21,7 @@ def evaluator(
     env: dict[str, str],
     task_type: str = "evaluator",
     command: list[str] | None = None,
+    script: pathlib.Path = SCRIPT,
 ) -> subprocess.CompletedProcess:
     """The script (or ``command``, Python's arguments) run as a cluster manager runs an
     evaluator task: its role in ``TF_CONFIG``."""
@@ -31,7 +32,7 @@ def evaluator(
         {"cluster": CLUSTER, "task": {"type": task_type, "index": 0}}
     )
     return subprocess.run(
-        [sys.executable, *(command or [str(SCRIPT), *script_args])],
+        [sys.executable, *(command or [str(script), *script_args])],
         capture_output=True,
         text=True,
         timeout=JOB_TIMEOUT_S,
@@ -129,3 +130,16 @@ def test_an_evaluator_stops_when_no_new_checkpoint_comes(tmp_path):
     assert done.returncode == 0, log
     assert "no new checkpoint for" in log, log
     assert "evaluator: stopped by itself" in done.stdout, log
+
+
+def test_the_tutorials_sidecar_evaluator_finds_the_trained_model_accurate(tmp_path):
+    env = {"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    tutorial = EXAMPLES / "ps_tutorial.py"
+    job = launch(tutorial, "--save-checkpoints", env=env)
+    assert job.code == 0, job.output
+    done = evaluator(script=tutorial, env=dict(env, COHORT_EVAL_UNTIL_STEP="20"))
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
+    evaluated = metrics_by_step(log)
+    # The newest checkpoint, the end of the fourth epoch, on the held-out rows.
+    assert evaluated[20]["accuracy"] >= 0.9, log
