@@ -121,7 +121,7 @@ impl Mesh {
     /// `Enter` made it a pending joiner at the leader, whose `Admit` may come before
     /// [`Mesh::join_live`] begins, and is kept for it.
     ///
-    /// Whom to ask when, and what the answers decide, is [`entry::EnterRound`]'s, which the
+    /// Whom to ask when, and what the answers decide, is `entry::EnterRound`'s, which the
     /// member machine that the membership simulator drives follows alike; this carries out its
     /// asks as requests (one at a time per peer, each bounded by the round).
     pub async fn enter(&self, own: SocketAddr, peers: &[GroupMember], within: Duration) -> Entry {
@@ -163,7 +163,7 @@ impl Mesh {
     /// one of `peers` answers that it has no live group (every worker lost its group: they
     /// start again, forming generation 1, [`Mesh::enter`]).
     ///
-    /// What is due when is [`entry::JoinWait`]'s, which the member machine follows alike.
+    /// What is due when is `entry::JoinWait`'s, which the member machine follows alike.
     pub async fn join_live(
         &self,
         own: SocketAddr,

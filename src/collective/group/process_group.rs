@@ -128,7 +128,7 @@ impl ProcessGroup {
     /// [`ProcessGroup::reachable`], telling also which of the members that did not answer as
     /// survivors answered as new processes waiting to be admitted ([`Probed::joining`]).
     ///
-    /// Whom to probe when, and when the answers are all in, is [`reforming::ProbeRound`]'s,
+    /// Whom to probe when, and when the answers are all in, is `reforming::ProbeRound`'s,
     /// which the member machine that the membership simulator drives follows alike; this
     /// carries out its probes as requests (one at a time per member, each bounded by the round).
     pub async fn probe_members(&self, within: Duration) -> Result<Probed, CollectiveError> {
