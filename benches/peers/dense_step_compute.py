@@ -2,8 +2,8 @@
 """The dense workload's step computation alone, on one thread, with no distribution: what a
 cohort-from-Python worker computes in each step of `cohort bench ps --peers`' Python jobs
 (dense_compute.py), timed here to tell the compute's share of their gap to the Rust job from
-the bridge's. The Rust job's own compute time per step is in its debug log
-(RUST_LOG=cohort::workloads::bench=debug cohort bench ps --workloads dense).
+the bridge's. The Rust job's computation is timed the same way, on one thread, by
+`cohort bench-dense-compute`, which `cohort bench ps --peers` runs beside this program.
 
     python3 dense_step_compute.py --steps 300
 

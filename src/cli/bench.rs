@@ -224,21 +224,60 @@ fn compare_with_peers(
 }
 
 /// The Python jobs' step computation alone (`dense_step_compute.py`: one thread, no
-/// distribution), measured in the same invocation: how much of their gap to the Rust job is
-/// the computation rather than the bridge.
+/// distribution) and the Rust job's (candle, one thread: [`dense_compute_alone`]), measured
+/// in the same invocation: how much of their gap to the Rust job is the computation rather
+/// than the bridge.
 fn print_compute_alone(peers: Option<&std::path::Path>) {
     let args = ["--steps=300".to_string()];
     let figure = |key| super::peers::run_peer_figure(peers, "dense_step_compute.py", &args, key);
+    let rust = match dense_compute_alone(300) {
+        Ok(ms) => format!("candle (the Rust job's) {ms:.2} ms"),
+        Err(why) => format!("candle's not measured ({why})"),
+    };
     match (figure("torch_ms"), figure("numpy_ms")) {
         (Ok((torch_ms, version)), Ok((numpy_ms, _))) => outln!(
             "dense: the step's computation alone (forward and backward of a batch of 256, one \
-             thread, dense_step_compute.py, {version}), in the same run: PyTorch {torch_ms:.2} \
-             ms, NumPy {numpy_ms:.2} ms a step (the Rust job's computation is candle's)"
+             thread, no distribution; dense_step_compute.py, {version}), in the same run: \
+             PyTorch {torch_ms:.2} ms, NumPy {numpy_ms:.2} ms, {rust} a step"
         ),
         (Err(why), _) | (_, Err(why)) => {
-            outln!("dense: the step's computation alone not measured: {why}")
+            outln!("dense: the Python step's computation alone not measured: {why}; {rust} a step")
         }
     }
+}
+
+/// The Rust job's step computation alone, in a process of its own with one compute thread
+/// (as each worker of the benchmark's job on this machine, and as the Python figures): the
+/// median milliseconds of `steps` timed steps.
+fn dense_compute_alone(steps: usize) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let output = std::process::Command::new(exe)
+        .args(["bench-dense-compute", "--steps", &steps.to_string()])
+        .env(crate::process::COMPUTE_THREADS_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run it: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("dense compute ms="))
+        .and_then(|ms| ms.trim().parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+        })
+}
+
+/// `cohort bench-dense-compute`: the dense step's computation alone on this process's
+/// compute threads, printed as `dense compute ms=M`.
+pub fn dense_compute(steps: usize) -> Result<(), CliError> {
+    let ms = crate::workloads::bench::dense_compute_alone_ms(steps)
+        .map_err(|e| CliError::Failed(format!("the dense step's computation: {e}")))?;
+    outln!("dense compute ms={ms}");
+    Ok(())
 }
 
 /// What cohort from Python gives against cohort from Rust and the PyTorch RPC parameter

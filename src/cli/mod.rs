@@ -118,6 +118,14 @@ enum Command {
     /// One task of `demo --strategy multi-worker-mirrored` (used by the launcher).
     #[command(hide = true)]
     MwmsDemoTask,
+    /// The dense workload's step computation alone, timed (used by `bench ps --peers`, which
+    /// runs it with one compute thread): prints `dense compute ms=M`.
+    #[command(hide = true)]
+    BenchDenseCompute {
+        /// Timed steps (after 30 untimed ones).
+        #[arg(long, default_value_t = 300)]
+        steps: usize,
+    },
     /// Run one task of a built-in job: what `launch` starts, and what a Kubernetes manifest
     /// runs in each pod (deploy/). Its role comes from the flags, the environment, TF_CONFIG
     /// or cohort.toml, in that order; each flag's environment variable and cohort.toml key are
@@ -608,6 +616,7 @@ pub fn run() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(err) => Err(err),
         },
+        Command::BenchDenseCompute { steps } => bench::dense_compute(steps),
         Command::Bench(args) => bench::run(
             &args.target,
             args.steps,

@@ -123,6 +123,37 @@ fn dense_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepEr
     Ok(Vec::new())
 }
 
+/// The dense workload's step computation alone, on this process's compute threads with no
+/// distribution: the median milliseconds of `steps` timed steps (forward and backward of a
+/// batch of [`DENSE_BATCH`], as each worker of the dense job computes) after 30 untimed ones,
+/// as `benches/peers/dense_step_compute.py` times the Python jobs' computation.
+pub fn dense_compute_alone_ms(steps: usize) -> Result<f64, crate::nn::NnError> {
+    let specs = dense_params();
+    let params = specs
+        .iter()
+        .map(|spec| -> Result<Vec<f32>, crate::nn::NnError> {
+            Ok(spec.init.init(&spec.shape)?.flatten_all()?.to_vec1::<f32>()?)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(100);
+    let features: Vec<f32> = (0..DENSE_BATCH * DENSE_LAYERS[0])
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let labels: Vec<i64> = (0..DENSE_BATCH).map(|_| rng.gen_range(0..10)).collect();
+    for _ in 0..30 {
+        models::mlp_step(&DENSE_LAYERS, &views, &features, &labels)?;
+    }
+    let mut times = Vec::with_capacity(steps);
+    for _ in 0..steps.max(1) {
+        let started = Instant::now();
+        models::mlp_step(&DENSE_LAYERS, &views, &features, &labels)?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 fn sparse_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
     let batch = ctx.next("sparse")?;
     let ids: Vec<u64> = batch[0]
