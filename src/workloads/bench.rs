@@ -345,3 +345,15 @@ const EMBEDDING: &str = "sparse/embedding";
 const GOODPUT_BLOB: &str = "goodput/blob";
 /// Elements of the goodput variable (4 MiB of f32).
 pub const GOODPUT_FLOATS: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dense step's computation alone runs the workload's model and gives a median time.
+    #[test]
+    fn the_dense_computation_alone_is_timed() {
+        let ms = dense_compute_alone_ms(3).unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{ms}");
+    }
+}
