@@ -143,3 +143,25 @@ def test_the_tutorials_sidecar_evaluator_finds_the_trained_model_accurate(tmp_pa
     evaluated = metrics_by_step(log)
     # The newest checkpoint, the end of the fourth epoch, on the held-out rows.
     assert evaluated[20]["accuracy"] >= 0.9, log
+
+
+def test_launch_starts_an_evaluator_task_beside_the_job(tmp_path):
+    env = {"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    job = launch(
+        SCRIPT,
+        "--steps",
+        "40",
+        "--checkpoint-every",
+        "10",
+        "--wait-for-evaluator",
+        flags=("--evaluators", "1"),
+        env=env,
+    )
+    assert job.code == 0, job.output
+    # The evaluator task ran the script's function on a checkpoint while the job trained (its
+    # marker; the job ended once it was there, and the launcher stopped the evaluator).
+    assert (tmp_path / "evaluated").is_file(), job.output
+    assert any(
+        line.startswith("[evaluator/0]") and "watching" in line
+        for line in job.output.splitlines()
+    ), job.output

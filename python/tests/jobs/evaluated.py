@@ -3,11 +3,15 @@ servers) toward a target, saving a checkpoint every `--checkpoint-every` steps
 (COHORT_CHECKPOINT_DIR) and printing what it saved; the evaluator task evaluates each
 checkpoint with `evaluate`, which reads `w` whole and `count` (an int64 the chief sets).
 
-Arguments: --steps N, --checkpoint-every K; on the evaluator --fail-at-step S (the function
-raises at that checkpoint's step), --bad-metric (it returns a metric that is no number).
+Arguments: --steps N, --checkpoint-every K, --wait-for-evaluator (the chief ends only once
+the evaluator wrote its first metrics, at most a minute); on the evaluator --fail-at-step S
+(the function raises at that checkpoint's step), --bad-metric (it returns a metric that is no
+number).
 """
 
 import argparse
+import os
+import time
 
 import numpy as np
 
@@ -21,10 +25,18 @@ def pull_step(w):
     optimizer.apply_gradients([(value - TARGET, w)])
 
 
+def marker():
+    """The file the evaluator leaves once it evaluated a checkpoint (--wait-for-evaluator)."""
+    return os.path.join(os.environ["COHORT_CHECKPOINT_DIR"], "..", "evaluated")
+
+
 def evaluate(step, variables):
     if step == args.fail_at_step:
         raise ValueError(f"no model to judge at step {step}")
     w = variables["w"]
+    if args.wait_for_evaluator:
+        # Tells the chief (--wait-for-evaluator) that a checkpoint was evaluated.
+        open(marker(), "w").close()
     if args.bad_metric:
         return {"distance": "far"}
     return {
@@ -40,6 +52,7 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--checkpoint-every", type=int, default=10)
 parser.add_argument("--fail-at-step", type=int, default=-1)
 parser.add_argument("--bad-metric", action="store_true")
+parser.add_argument("--wait-for-evaluator", action="store_true")
 args, _ = parser.parse_known_args()
 
 resolver = cohort.cluster_resolver.TFConfigClusterResolver()
@@ -67,3 +80,7 @@ else:
                 f"w_sum={float(value.sum())!r}"
             )
     coordinator.join()
+    if args.wait_for_evaluator:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not os.path.exists(marker()):
+            time.sleep(0.2)
