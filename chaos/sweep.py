@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A random sweep of chaos plans over the demo job: each seed draws a plan of 2 to 4 faults
+(kill, term, pause and scale; a partition too for a parameter-server job), 0.5 to 2.5 s apart
+after the first checkpoint, and runs it under `cohort chaos run`, whose checks (exit code,
+faults applied, every closure committed once, one model...) judge it: what the fixed plans of
+examples/chaos/ do, over plans nobody wrote.
+
+    python3 chaos/sweep.py --runs 10 --first-seed 7200            # MultiWorkerMirrored
+    python3 chaos/sweep.py --job ps --runs 10 --first-seed 100    # parameter servers
+
+Prints one line per seed and, for a seed that failed, its plan and the report's checks; the run
+directory of a failed seed is kept (under --keep). Exits 1 if any seed failed. A seed replays
+its plan exactly (the job's own timing still varies from run to run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+KINDS = {
+    "mwms": ["kill", "term", "pause", "scale"],
+    "ps": ["kill", "term", "pause", "scale", "partition"],
+}
+
+
+def plan(seed: int, job: str) -> str:
+    """The plan of `seed` for `job` (the chaos runner's TOML)."""
+    rng = random.Random(seed)
+    targets = ["worker:0", "worker:1", "worker:2", "chief"]
+    if job == "ps":
+        targets += ["ps:0", "ps:1"]
+    faults, at = [], 0.3
+    for _ in range(rng.randint(2, 4)):
+        kind = rng.choice(KINDS[job])
+        at += rng.uniform(0.5, 2.5)
+        lines = [f'kind = "{kind}"']
+        if kind == "scale":
+            lines.append(f"workers = {rng.choice([2, 3, 4])}")
+        elif kind == "partition":
+            lines.append(f'target = "{rng.choice(["worker:0", "worker:1", "worker:2"])}"')
+            lines.append(f'for = "{rng.choice(["500ms", "1s", "2s"])}"')
+        else:
+            lines.append(f'target = "{rng.choice(targets)}"')
+            if kind == "pause":
+                lines.append(f'for = "{rng.choice(["300ms", "1s", "2s"])}"')
+        lines += [f'at = "{int(at * 1000)}ms"', 'after = "first_checkpoint"']
+        faults.append("[[fault]]\n" + "\n".join(lines) + "\n")
+    return f"seed = {seed}\n\n" + "\n".join(faults)
+
+
+def job_command(cohort: str, job: str, run_dir: pathlib.Path) -> list[str]:
+    """The demo job the plan hits: long enough for every fault to land."""
+    common = ["--no-chaos", "--run-dir", str(run_dir), "--checkpoint-dir", str(run_dir / "ckpt")]
+    if job == "mwms":
+        return [cohort, "demo", "--strategy", "multi-worker-mirrored", "--workers", "3:4",
+                "--digits-epochs", "400", *common]
+    return [cohort, "demo", "--workers", "3:4", "--digits-epochs", "40", "--ctr-epochs", "12",
+            *common]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", choices=sorted(KINDS), default="mwms")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--cohort", default="target/release/cohort", help="the cohort binary")
+    parser.add_argument("--keep", default=tempfile.gettempdir(), help="where failed runs stay")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if not pathlib.Path(args.cohort).is_file():
+        parser.error(f"--cohort {args.cohort}: no such file (cargo build --release)")
+    failed = []
+    for seed in range(args.first_seed, args.first_seed + args.runs):
+        run = pathlib.Path(tempfile.mkdtemp(prefix=f"cohort-sweep-{seed}-", dir=args.keep))
+        (run / "plan.toml").write_text(plan(seed, args.job))
+        command = [args.cohort, "chaos", "run", "--plan", str(run / "plan.toml"),
+                   "--out", str(run / "report"), "--timeout", "240s", "--",
+                   *job_command(args.cohort, args.job, run / "job")]
+        done = subprocess.run(command, capture_output=True, text=True)
+        print(f"seed {seed}: exit {done.returncode}", flush=True)
+        if done.returncode == 0:
+            shutil.rmtree(run, ignore_errors=True)
+            continue
+        failed.append(seed)
+        print((run / "plan.toml").read_text())
+        checks = [line for line in done.stdout.splitlines()
+                  if line.strip().startswith(("[failed]", "[passed]", "job:", "verdict"))]
+        print("\n".join(checks) or done.stderr[-3000:])
+        print(f"(kept in {run})", flush=True)
+    print(f"{len(failed)} of {args.runs} failed{': seeds ' + str(failed) if failed else ''}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
