@@ -509,3 +509,28 @@ fn compute_threads_follow_the_cpus_a_role_may_use() {
         "{free}"
     );
 }
+
+/// `bench ps --peers` reads the Rust job's computation alone from this command's line, as it
+/// reads the peers' figures: one JSON line with a positive `candle_ms` and a `version`.
+#[test]
+fn the_dense_computation_alone_prints_its_figure_as_the_peers_do() {
+    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["bench-dense-compute", "--steps", "2"])
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("run cohort");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("a JSON line");
+    assert!(
+        line["candle_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{line}"
+    );
+    assert!(
+        line["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("cohort ")),
+        "{line}"
+    );
+}

@@ -248,35 +248,29 @@ fn print_compute_alone(peers: Option<&std::path::Path>) {
 
 /// The Rust job's step computation alone, in a process of its own with one compute thread
 /// (as each worker of the benchmark's job on this machine, and as the Python figures): the
-/// median milliseconds of `steps` timed steps.
-fn dense_compute_alone(steps: usize) -> Result<f64, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let output = std::process::Command::new(exe)
+/// median milliseconds of `steps` timed steps, or why it was not measured.
+fn dense_compute_alone(steps: usize) -> Result<f64, super::peers::PeerError> {
+    let exe = std::env::current_exe().map_err(|e| super::peers::PeerError::Start {
+        program: "cohort".into(),
+        reason: e.to_string(),
+    })?;
+    let mut command = std::process::Command::new(exe);
+    command
         .args(["bench-dense-compute", "--steps", &steps.to_string()])
-        .env(crate::process::COMPUTE_THREADS_ENV, "1")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run it: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("dense compute ms="))
-        .and_then(|ms| ms.trim().parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )
-        })
+        .env(crate::process::COMPUTE_THREADS_ENV, "1");
+    super::peers::run_figure(command, "candle_ms").map(|(ms, _)| ms)
 }
 
 /// `cohort bench-dense-compute`: the dense step's computation alone on this process's
-/// compute threads, printed as `dense compute ms=M`.
+/// compute threads, printed as the peers print their figures (one JSON line).
 pub fn dense_compute(steps: usize) -> Result<(), CliError> {
     let ms = crate::workloads::bench::dense_compute_alone_ms(steps)
         .map_err(|e| CliError::Failed(format!("the dense step's computation: {e}")))?;
-    outln!("dense compute ms={ms}");
+    let line = serde_json::json!({
+        "candle_ms": ms,
+        "version": format!("cohort {}", env!("CARGO_PKG_VERSION")),
+    });
+    outln!("{line}");
     Ok(())
 }
 

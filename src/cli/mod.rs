@@ -119,7 +119,7 @@ enum Command {
     #[command(hide = true)]
     MwmsDemoTask,
     /// The dense workload's step computation alone, timed (used by `bench ps --peers`, which
-    /// runs it with one compute thread): prints `dense compute ms=M`.
+    /// runs it with one compute thread): prints `{"candle_ms": M, "version": V}`.
     #[command(hide = true)]
     BenchDenseCompute {
         /// Timed steps (after 30 untimed ones).

@@ -24,11 +24,11 @@ pub(super) enum PeerError {
     /// The Python that runs the peers does not exist.
     #[error("{} does not exist (bash benches/peers/setup.sh makes it, or give --python)", .0.display())]
     NoPython(PathBuf),
-    /// The Python could not be started.
-    #[error("cannot start {}: {reason}", python.display())]
+    /// The program (the peers' Python, or cohort itself) could not be started.
+    #[error("cannot start {}: {reason}", program.display())]
     Start {
-        /// The Python.
-        python: PathBuf,
+        /// The program.
+        program: PathBuf,
         /// Why.
         reason: String,
     },
@@ -78,15 +78,20 @@ pub(super) fn run_peer_figure(
     }
     let mut command = Command::new(python);
     crate::process::with_system_huge_pages(&mut command);
+    command.arg(&script).args(args);
+    run_figure(command, key)
+}
+
+/// Runs `command` (bounded by [`PEER_RUN_MAX`]) and reads the figure `key` of the JSON line it
+/// prints last, as a peer prints it: the figure and the `version` beside it.
+pub(super) fn run_figure(mut command: Command, key: &str) -> Result<(f64, String), PeerError> {
     let mut child = command
-        .arg(&script)
-        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| PeerError::Start {
-            python: python.to_path_buf(),
+            program: PathBuf::from(command.get_program()),
             reason: e.to_string(),
         })?;
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
