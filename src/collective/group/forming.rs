@@ -2,7 +2,7 @@
 //! node id dials and joins, the other waits for its join), probes of the survivors, and the
 //! leader telling an admitted joiner its generation.
 
-use super::machine::linking::StillHeard;
+use super::machine::linking::{FormLink, LinkDue, StillHeard};
 use super::*;
 
 /// How a forming that began here ended ([`Mesh::try_form`]).
@@ -12,6 +12,20 @@ pub(super) enum Attempt {
     /// A link failed, or the forming was broken meanwhile: the group of that generation, broken
     /// by the error (its calls fail at once), and the error.
     Failed(ProcessGroup, CollectiveError),
+}
+
+/// What one delivery of a join came to ([`Mesh::send_join`]).
+enum Delivered {
+    /// The peer answered, over this connection.
+    Answered(Connection, Frame),
+    /// No connection could be made now.
+    Unreachable(ConnectError),
+}
+
+/// What one attempt at a connection came to ([`Mesh::connect_once`]).
+enum Dialed {
+    Up(Connection),
+    Unreachable(ConnectError),
 }
 
 impl Mesh {
@@ -182,21 +196,9 @@ impl Mesh {
         };
         let frame = Frame::encode(&join, Vec::new(), shared.header_max)
             .map_err(|e| form_error(format!("encoding the join: {e}")))?;
-        let mut fresh = false;
-        let (conn, reply) = loop {
-            let conn = self.dial(peer, generation, deadline, fresh).await?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            match conn
-                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
-                .await
-            {
-                Ok(reply) => break (conn, reply),
-                // A kept connection may have died unnoticed (this process was stopped past
-                // the idle timeout): dial once more before giving up.
-                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
-                Err(e) => return Err(form_error(format!("joining {}: {e}", peer.node))),
-            }
-        };
+        let (conn, reply) = self
+            .join_until_delivered(peer, generation, frame, deadline)
+            .await?;
         match reply.decode::<Reply>(shared.header_max) {
             Ok(Reply::Joined {
                 incarnation,
@@ -236,8 +238,94 @@ impl Mesh {
         }
     }
 
-    /// A live connection to `peer`: the mesh's own if it still lives (and not `fresh`), else a
-    /// new one (retried until `deadline`: the peer's process may not be listening yet).
+    /// Sends this member's join (`frame`) to `peer` until it is delivered, on the course of a
+    /// [`FormLink`] (again [`DIAL_RETRY`] after a dial that failed, until `deadline`, or until
+    /// the peer is taken for lost while re-forming): the connection and the peer's answer.
+    async fn join_until_delivered(
+        &self,
+        peer: &GroupMember,
+        generation: u64,
+        frame: Frame,
+        deadline: Instant,
+    ) -> Result<(Connection, Frame), CollectiveError> {
+        let form_error = |reason: String| CollectiveError::Form { generation, reason };
+        let detection = self.inner.endpoint.config().idle_timeout;
+        let mut link = FormLink::new(self.node(), &peer.node, Instant::now().into_std());
+        let mut unreachable: Option<ConnectError> = None;
+        let because =
+            |e: &Option<ConnectError>| e.as_ref().map(|e| format!(": {e}")).unwrap_or_default();
+        loop {
+            let now = Instant::now();
+            match link.due(now.into_std(), generation, detection) {
+                Some(LinkDue::Lost(bound)) => {
+                    return Err(form_error(format!(
+                        "{} at {} not reachable for {} while re-forming (lost meanwhile){}",
+                        peer.node,
+                        peer.addr,
+                        crate::cluster::format_duration(bound),
+                        because(&unreachable),
+                    )))
+                }
+                Some(LinkDue::Join) => {
+                    match self.send_join(peer, generation, &frame, deadline).await? {
+                        Delivered::Answered(conn, reply) => return Ok((conn, reply)),
+                        Delivered::Unreachable(e) => {
+                            link.undelivered(now.into_std(), Instant::now().into_std());
+                            unreachable = Some(e);
+                        }
+                    }
+                }
+                Some(LinkDue::AskStillForming) | None => {}
+            }
+            let wake = link.wake_at().map_or(deadline, Instant::from_std);
+            if wake >= deadline {
+                return Err(form_error(format!(
+                    "{} at {} not reachable within the form timeout{}",
+                    peer.node,
+                    peer.addr,
+                    because(&unreachable),
+                )));
+            }
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+
+    /// One delivery of this member's join (`frame`) to `peer`: its answer, or the dial that
+    /// failed (to try again). A kept connection that died unnoticed (this process was stopped
+    /// past the idle timeout) is replaced by a new one at once.
+    async fn send_join(
+        &self,
+        peer: &GroupMember,
+        generation: u64,
+        frame: &Frame,
+        deadline: Instant,
+    ) -> Result<Delivered, CollectiveError> {
+        let mut fresh = false;
+        loop {
+            let conn = match self.connect_once(peer, generation, fresh).await? {
+                Dialed::Up(conn) => conn,
+                Dialed::Unreachable(e) => return Ok(Delivered::Unreachable(e)),
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match conn
+                .request_within(frame.clone(), left.max(Duration::from_millis(1)))
+                .await
+            {
+                Ok(reply) => return Ok(Delivered::Answered(conn, reply)),
+                Err(LinkError::ConnectionLost { .. }) if !fresh => fresh = true,
+                Err(e) => {
+                    return Err(CollectiveError::Form {
+                        generation,
+                        reason: format!("joining {}: {e}", peer.node),
+                    })
+                }
+            }
+        }
+    }
+
+    /// A live connection to `peer` (see [`Mesh::connect_once`]), dialed again each
+    /// [`DIAL_RETRY`] until `deadline` (the peer's process may not be listening yet) or until
+    /// the peer is taken for lost while re-forming.
     pub(super) async fn dial(
         &self,
         peer: &GroupMember,
@@ -245,59 +333,70 @@ impl Mesh {
         deadline: Instant,
         fresh: bool,
     ) -> Result<Connection, CollectiveError> {
-        if !fresh {
-            if let Some(conn) = self.inner.lock().conns.get(&peer.node) {
-                if conn.close_reason().is_none() {
-                    return Ok(conn.clone());
-                }
-            }
-        }
         let mut unreachable_since: Option<Instant> = None;
         loop {
             // Unreachable since the first failed attempt began (it may take the connect
             // timeout to fail).
             let attempt_began = Instant::now();
-            match self.inner.endpoint.connect(peer.addr, &peer.node).await {
-                Ok(conn) => {
-                    self.inner.adopt(conn.clone());
-                    return Ok(conn);
-                }
-                Err(
-                    e @ (ConnectError::CertificateRejected { .. }
-                    | ConnectError::UnexpectedPeer { .. }
-                    | ConnectError::IdentityMismatch { .. }
-                    | ConnectError::ProtocolVersionMismatch { .. }),
-                ) => {
-                    return Err(CollectiveError::Form {
-                        generation,
-                        reason: format!("dialing {} at {}: {e}", peer.node, peer.addr),
-                    })
-                }
-                Err(e) => {
-                    let now = Instant::now();
-                    if now + DIAL_RETRY >= deadline {
-                        return Err(CollectiveError::Form {
-                            generation,
-                            reason: format!(
-                                "{} at {} not reachable within the form timeout: {e}",
-                                peer.node, peer.addr
-                            ),
-                        });
-                    }
-                    let since = *unreachable_since.get_or_insert(attempt_began);
-                    if let Some(bound) = self.lost_while_re_forming(generation, since, now) {
-                        return Err(CollectiveError::Form {
-                            generation,
-                            reason: format!(
-                                "{} at {} not reachable for {bound} while re-forming (lost \
-                                 meanwhile): {e}",
-                                peer.node, peer.addr,
-                            ),
-                        });
-                    }
-                    tokio::time::sleep(DIAL_RETRY).await;
+            let e = match self.connect_once(peer, generation, fresh).await? {
+                Dialed::Up(conn) => return Ok(conn),
+                Dialed::Unreachable(e) => e,
+            };
+            let now = Instant::now();
+            if now + DIAL_RETRY >= deadline {
+                return Err(CollectiveError::Form {
+                    generation,
+                    reason: format!(
+                        "{} at {} not reachable within the form timeout: {e}",
+                        peer.node, peer.addr
+                    ),
+                });
+            }
+            let since = *unreachable_since.get_or_insert(attempt_began);
+            if let Some(bound) = self.lost_while_re_forming(generation, since, now) {
+                return Err(CollectiveError::Form {
+                    generation,
+                    reason: format!(
+                        "{} at {} not reachable for {bound} while re-forming (lost meanwhile): {e}",
+                        peer.node, peer.addr,
+                    ),
+                });
+            }
+            tokio::time::sleep(DIAL_RETRY).await;
+        }
+    }
+
+    /// One attempt at a connection to `peer`: the mesh's own if it still lives (and not
+    /// `fresh`), else a new one. A refusal that no retry mends (a certificate, an identity, a
+    /// protocol version) is the error that fails `generation`'s forming.
+    async fn connect_once(
+        &self,
+        peer: &GroupMember,
+        generation: u64,
+        fresh: bool,
+    ) -> Result<Dialed, CollectiveError> {
+        if !fresh {
+            if let Some(conn) = self.inner.lock().conns.get(&peer.node) {
+                if conn.close_reason().is_none() {
+                    return Ok(Dialed::Up(conn.clone()));
                 }
             }
+        }
+        match self.inner.endpoint.connect(peer.addr, &peer.node).await {
+            Ok(conn) => {
+                self.inner.adopt(conn.clone());
+                Ok(Dialed::Up(conn))
+            }
+            Err(
+                e @ (ConnectError::CertificateRejected { .. }
+                | ConnectError::UnexpectedPeer { .. }
+                | ConnectError::IdentityMismatch { .. }
+                | ConnectError::ProtocolVersionMismatch { .. }),
+            ) => Err(CollectiveError::Form {
+                generation,
+                reason: format!("dialing {} at {}: {e}", peer.node, peer.addr),
+            }),
+            Err(e) => Ok(Dialed::Unreachable(e)),
         }
     }
 
@@ -407,9 +506,8 @@ impl Mesh {
     ) -> Result<(Connection, Option<TcpStream>, Incarnation), CollectiveError> {
         let generation = shared.generation;
         let key = (peer.node.clone(), generation);
-        let mut next_ask = Instant::now() + STILL_FORMING_EVERY;
-        // Since when the peer has not answered whether it still forms this generation.
-        let mut silent_since: Option<Instant> = None;
+        let detection = self.inner.endpoint.config().idle_timeout;
+        let mut link = FormLink::new(self.node(), &peer.node, Instant::now().into_std());
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
@@ -438,7 +536,8 @@ impl Mesh {
                     });
                 }
             }
-            if tokio::time::timeout_at(next_ask.min(deadline), changed)
+            let wake = link.wake_at().map_or(deadline, Instant::from_std);
+            if tokio::time::timeout_at(wake.min(deadline), changed)
                 .await
                 .is_ok()
             {
@@ -454,20 +553,23 @@ impl Mesh {
             // A join that has not come yet may never come: the peer formed this generation with
             // other members (its view of the survivors differs, and it did not list this
             // member), gave it up, or was lost. Ask, rather than wait out the form timeout.
-            next_ask = now + STILL_FORMING_EVERY;
-            if self.ask_still_forming(shared, peer).await? {
-                silent_since = None;
-            } else {
-                let since = *silent_since.get_or_insert(now);
-                if let Some(bound) = self.lost_while_re_forming(generation, since, now) {
+            match link.due(now.into_std(), generation, detection) {
+                Some(LinkDue::AskStillForming) => {
+                    if self.ask_still_forming(shared, peer).await? {
+                        link.heard_still_forming();
+                    }
+                }
+                Some(LinkDue::Lost(bound)) => {
                     return Err(CollectiveError::Form {
                         generation,
                         reason: format!(
-                            "{} did not answer for {bound} while re-forming (lost meanwhile)",
-                            peer.node
+                            "{} did not answer for {} while re-forming (lost meanwhile)",
+                            peer.node,
+                            crate::cluster::format_duration(bound)
                         ),
                     });
                 }
+                Some(LinkDue::Join) | None => {}
             }
         }
     }

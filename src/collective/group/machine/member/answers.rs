@@ -67,7 +67,7 @@ impl MemberMachine {
                 }
                 JoinAnswer::Take => {
                     if let Some(g) = self.group.as_mut() {
-                        g.links.insert(join.peer.clone(), Link::Up);
+                        g.links.insert(join.peer.clone(), FormLink::Up);
                     }
                     self.membership
                         .linked_with(&join.peer, generation, join.context.incarnation);
@@ -140,14 +140,8 @@ impl MemberMachine {
         if linking::ends_forming(generation, heard) {
             return self.break_group(refused(current));
         }
-        if let Some(Link::Waiting {
-            answered,
-            silent_since,
-            ..
-        }) = self.group.as_mut().and_then(|g| g.links.get_mut(from))
-        {
-            *answered = true;
-            *silent_since = None;
+        if let Some(link) = self.group.as_mut().and_then(|g| g.links.get_mut(from)) {
+            link.heard_still_forming();
         }
     }
 

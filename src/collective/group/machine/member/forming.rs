@@ -36,21 +36,7 @@ impl MemberMachine {
         let links = members
             .iter()
             .filter(|m| m.node != self.me.node)
-            .map(|m| {
-                let link = if linking::dials(&self.me.node, &m.node) {
-                    Link::Dialing {
-                        retry: Some(now),
-                        unreachable_since: None,
-                    }
-                } else {
-                    Link::Waiting {
-                        next_ask: now + STILL_FORMING_EVERY,
-                        answered: true,
-                        silent_since: None,
-                    }
-                };
-                (m.node.clone(), link)
-            })
+            .map(|m| (m.node.clone(), FormLink::new(&self.me.node, &m.node, now)))
             .collect();
         self.group = Some(Group {
             generation,
@@ -83,7 +69,7 @@ impl MemberMachine {
         if let Some(why) = g.broken.clone() {
             return self.forming_ended(now, Some(why));
         }
-        if g.links.values().all(|l| *l == Link::Up) {
+        if g.links.values().all(FormLink::is_up) {
             g.formed = true;
             let generation = g.generation;
             self.membership.formed(generation);
@@ -96,59 +82,28 @@ impl MemberMachine {
         let generation = g.generation;
         let nodes = g.nodes.clone();
         let detection = self.settings.detection;
-        let lost_since =
-            |since: Instant| linking::lost_while_re_forming(generation, since, now, detection);
         let by_admission = self.membership.joins_by_admission(generation);
         let mut sends = Vec::new();
         let mut lost = None;
         for (peer, link) in g.links.iter_mut() {
-            match link {
-                Link::Dialing {
-                    retry,
-                    unreachable_since,
-                } => {
-                    if unreachable_since.is_some_and(|since| lost_since(since).is_some()) {
-                        lost = Some(peer.clone());
-                    }
-                    if retry.is_some_and(|at| now >= at) {
-                        *retry = None;
-                        sends.push((
-                            peer.clone(),
-                            MemberMessage::Join {
-                                generation,
-                                members: nodes.clone(),
-                                by_admission,
-                                incarnation: self.incarnation,
-                            },
-                        ));
-                    }
+            let message = match link.due(now, generation, detection) {
+                None => continue,
+                Some(LinkDue::Lost(_)) => {
+                    lost = Some(peer.clone());
+                    continue;
                 }
-                Link::Waiting {
-                    next_ask,
-                    answered,
-                    silent_since,
-                } => {
-                    if now >= *next_ask {
-                        if !*answered {
-                            let since =
-                                *silent_since.get_or_insert(*next_ask - STILL_FORMING_EVERY);
-                            if lost_since(since).is_some() {
-                                lost = Some(peer.clone());
-                            }
-                        }
-                        *answered = false;
-                        *next_ask = now + STILL_FORMING_EVERY;
-                        sends.push((
-                            peer.clone(),
-                            MemberMessage::StillForming {
-                                generation,
-                                members: nodes.clone(),
-                            },
-                        ));
-                    }
-                }
-                Link::Up => {}
-            }
+                Some(LinkDue::Join) => MemberMessage::Join {
+                    generation,
+                    members: nodes.clone(),
+                    by_admission,
+                    incarnation: self.incarnation,
+                },
+                Some(LinkDue::AskStillForming) => MemberMessage::StillForming {
+                    generation,
+                    members: nodes.clone(),
+                },
+            };
+            sends.push((peer.clone(), message));
         }
         if let Some(peer) = lost {
             self.break_group(Broke::Unreachable(peer.clone()));

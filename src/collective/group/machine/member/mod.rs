@@ -29,12 +29,12 @@ use std::time::{Duration, Instant};
 
 use cohort_transport::NodeId;
 
-use super::super::{DIAL_RETRY, PENDING_FRESH, STILL_FORMING_EVERY};
+use super::super::PENDING_FRESH;
 use super::boundary::{self, BoundaryChange, TellRound};
 use super::entry::{
     self, AfterFailedStart, EnterAfter, EnterPoll, EnterRound, EntryStep, JoinPoll, JoinWait,
 };
-use super::linking::{self, StillHeard};
+use super::linking::{self, FormLink, LinkDue, StillHeard};
 use super::reforming::{self, AfterAttempt, Attempt, ProbeReply, ProbeRound, Probes, Verdict};
 use super::{
     EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere,
@@ -87,7 +87,7 @@ struct Group {
     formed: bool,
     broken: Option<Broke>,
     cut_short: bool,
-    links: BTreeMap<NodeId, Link>,
+    links: BTreeMap<NodeId, FormLink>,
     /// Pieces received, by (collective, sender).
     inbox: BTreeMap<(u64, NodeId), Piece>,
     /// The next collective's number.
@@ -108,23 +108,6 @@ impl Group {
     fn others(&self, me: &NodeId) -> Vec<NodeId> {
         self.nodes.iter().filter(|n| *n != me).cloned().collect()
     }
-}
-
-/// One link of a forming group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Link {
-    /// This member joins the peer: its join goes out at `retry` (none: it is on its way).
-    Dialing {
-        retry: Option<Instant>,
-        unreachable_since: Option<Instant>,
-    },
-    /// This member waits for the peer's join, asking at `next_ask` whether it still forms.
-    Waiting {
-        next_ask: Instant,
-        answered: bool,
-        silent_since: Option<Instant>,
-    },
-    Up,
 }
 
 /// What a forming is for: what follows it.
@@ -353,7 +336,7 @@ impl MemberMachine {
     /// The connection with `peer` died (silent past the detection budget, or closed).
     pub(crate) fn handle_link_lost(&mut self, now: Instant, peer: &NodeId) {
         if let Some(g) = &self.group {
-            let linked = g.links.get(peer) == Some(&Link::Up);
+            let linked = g.links.get(peer).is_some_and(FormLink::is_up);
             if g.nodes.contains(peer) && (g.formed || linked) {
                 self.break_group(Broke::MemberLost(peer.clone()));
             }
@@ -372,13 +355,9 @@ impl MemberMachine {
         match (&mut self.phase, message) {
             (Phase::Forming { .. }, MemberMessage::Join { generation, .. }) => {
                 if let Some(g) = self.group.as_mut().filter(|g| g.generation == *generation) {
-                    if let Some(Link::Dialing {
-                        retry,
-                        unreachable_since,
-                    }) = g.links.get_mut(to)
-                    {
-                        unreachable_since.get_or_insert(now);
-                        *retry = Some(now + DIAL_RETRY);
+                    // Its delivery fails as it is sent here: the join began now.
+                    if let Some(link) = g.links.get_mut(to) {
+                        link.undelivered(now, now);
                     }
                 }
             }
@@ -447,8 +426,8 @@ impl MemberMachine {
                 incarnation,
             } => {
                 if let Some(g) = self.group.as_mut().filter(|g| g.generation == generation) {
-                    if matches!(g.links.get(from), Some(Link::Dialing { .. })) {
-                        g.links.insert(from.clone(), Link::Up);
+                    if let Some(link) = g.links.get_mut(from).filter(|l| l.is_dialing()) {
+                        link.up();
                         self.membership.linked_with(from, generation, incarnation);
                     }
                 }
@@ -559,15 +538,7 @@ impl MemberMachine {
             Phase::Forming { deadline, .. } => {
                 due.push(*deadline);
                 if let Some(g) = &self.group {
-                    for link in g.links.values() {
-                        match link {
-                            Link::Dialing {
-                                retry: Some(at), ..
-                            } => due.push(*at),
-                            Link::Waiting { next_ask, .. } => due.push(*next_ask),
-                            _ => {}
-                        }
-                    }
+                    due.extend(g.links.values().filter_map(FormLink::wake_at));
                 }
             }
             Phase::Training {
@@ -659,7 +630,7 @@ impl MemberMachine {
         let links_up = self
             .group
             .as_ref()
-            .map_or(0, |g| g.links.values().filter(|l| **l == Link::Up).count());
+            .map_or(0, |g| g.links.values().filter(|l| l.is_up()).count());
         (
             self.phase_name(),
             self.membership.generation,
