@@ -37,6 +37,7 @@ from .errors import (
     VariableError,
 )
 from ._native import GroupError
+from .checkpoints import CheckpointManager
 from .evaluator import SidecarEvaluator
 from .mirrored import MirroredVariable, MultiWorkerMirroredStrategy, TrainingState
 from .optimizers import IndexedSlices
@@ -45,6 +46,7 @@ from .strategy import ParameterServerStrategy, Variable, read_variables
 __all__ = [
     "ArgumentsError",
     "CheckpointError",
+    "CheckpointManager",
     "ClosureError",
     "CohortError",
     "GroupError",

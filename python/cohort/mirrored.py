@@ -11,7 +11,8 @@ Elastic training, as a Rust program's loop does it: call ``strategy.at_step_boun
 before each step (it admits restarted and added workers, and lets preempted or drained ones
 leave, at an agreed step), and after a collective raised ``cohort.GroupError`` (a worker lost)
 ``strategy.recover(state)``, which re-forms the group with the survivors from the state of the
-one with the most steps. No checkpoint is read for either.
+one with the most steps. No checkpoint is read for either; a job started again resumes from its
+checkpoints (``cohort.CheckpointManager``, which also saves before a preempted worker leaves).
 """
 
 from __future__ import annotations
@@ -135,8 +136,9 @@ class MultiWorkerMirroredStrategy:
         """Call before every step (and once after the last): admits the workers waiting to
         join (they receive the variables, step and position of the member with the most
         steps), lets a preempted (SIGTERM) or drained (SIGUSR1) worker leave, and on a joiner
-        receives the state. ``save(step, position)`` runs on the chief before a preempted worker
-        leaves. Returns ``None`` (nothing changed), ``"admitted"``, ``"departed"`` or
+        receives the state. ``save(step, position)`` runs on the first worker before a preempted
+        worker leaves; without it, a :class:`cohort.CheckpointManager` made for this strategy
+        saves there. Returns ``None`` (nothing changed), ``"admitted"``, ``"departed"`` or
         ``"leaving"`` (this worker leaves: end the script); ``state`` then holds the step and
         position to go on from, and ``state.detail`` says what happened. Raises ``GroupError``
         when a worker was lost meanwhile: call :meth:`recover`."""

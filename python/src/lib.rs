@@ -130,6 +130,14 @@ fn task(args: Vec<String>) -> PyResult<(String, u32, usize, usize)> {
     ))
 }
 
+/// The checkpoint directory the process's configuration names (`--checkpoint-dir` in `args`,
+/// `COHORT_CHECKPOINT_DIR`, `checkpoint_dir` in `cohort.toml`), if any; a bad configuration is
+/// a `ValueError` naming the key.
+#[pyfunction]
+fn checkpoint_dir(args: Vec<String>) -> PyResult<Option<std::path::PathBuf>> {
+    Ok(role_config(&args)?.checkpoint_dir)
+}
+
 /// The process's configuration (flags in `args`, the environment, `TF_CONFIG`,
 /// `cohort.toml`), as its role reads it; a missing or bad one is a `ValueError` naming the key.
 pub(crate) fn role_config(args: &[String]) -> PyResult<cohort::cluster::RoleConfig> {
@@ -153,6 +161,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch, m)?)?;
     m.add_function(wrap_pyfunction!(launch_help, m)?)?;
     m.add_function(wrap_pyfunction!(task, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint_dir, m)?)?;
     m.add_function(wrap_pyfunction!(worker::serve, m)?)?;
     m.add_function(wrap_pyfunction!(evaluator::evaluate, m)?)?;
     m.add("StepInterrupted", py.get_type::<worker::StepInterrupted>())?;

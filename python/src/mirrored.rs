@@ -15,14 +15,14 @@ use cohort::strategy::{
     ElasticState, GroupChange, Leave, MultiWorkerMirrored, PerReplica, ReduceOp, SaveStateError,
     Strategy,
 };
-use cohort::train::DistributedOptimizer;
+use cohort::train::{DistributedOptimizer, StateCheckpointError, StateCheckpoints};
 use cohort::variable::Variable;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::values::F32Values;
-use crate::CohortError;
+use crate::{CheckpointError, CohortError};
 
 pyo3::create_exception!(
     _native,
@@ -44,6 +44,10 @@ struct Mirrored {
     step: u64,
     /// This worker left the group (preempted, drained, or left out): it has no final model.
     left: bool,
+    /// The training state's checkpoints, once the script opened them
+    /// (`cohort.CheckpointManager`): the first worker saves them, and saves one before a
+    /// preempted worker leaves.
+    checkpoints: Option<StateCheckpoints>,
 }
 
 impl Mirrored {
@@ -91,6 +95,21 @@ pub(crate) struct MultiWorker {
     notice: Arc<AtomicBool>,
     /// Set by SIGUSR1: the job scaled down (this worker drained).
     drain: Arc<AtomicBool>,
+}
+
+/// A checkpoint error as Python's: an impossible policy is a `ValueError`, the rest a
+/// `CheckpointError`; each names the directory, the step or the variable.
+fn checkpoint_error(error: &StateCheckpointError) -> PyErr {
+    match error {
+        StateCheckpointError::Policy { .. } => PyValueError::new_err(error.to_string()),
+        _ => CheckpointError::new_err(error.to_string()),
+    }
+}
+
+fn no_checkpoints() -> PyErr {
+    CohortError::new_err(
+        "this strategy has no checkpoints: make a cohort.CheckpointManager(strategy) first",
+    )
 }
 
 /// A tensor's values, flat, for Python.
@@ -171,6 +190,7 @@ impl MultiWorker {
                 report,
                 step: 0,
                 left: false,
+                checkpoints: None,
             })),
             notice,
             drain,
@@ -352,6 +372,7 @@ impl MultiWorker {
                 strategy,
                 variables,
                 optimizer,
+                checkpoints,
                 ..
             } = &mut *m;
             let (change, step, position) = py.detach(|| {
@@ -361,13 +382,24 @@ impl MultiWorker {
                     variables,
                     optimizer: optimizer.as_ref().map(|o| o as _),
                 };
+                // The script's own save, else the checkpoints it opened (a preemption
+                // checkpoint, as TensorFlow's PreemptionCheckpointHandler saves).
                 let mut save_state = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
-                    let Some(save) = &save else { return Ok(()) };
-                    Python::attach(|py| {
-                        save.call1(py, (state.step, state.position))
-                            .map(drop)
-                            .map_err(|e| SaveStateError::from(e.to_string()))
-                    })
+                    if let Some(save) = &save {
+                        return Python::attach(|py| {
+                            save.call1(py, (state.step, state.position))
+                                .map(drop)
+                                .map_err(|e| SaveStateError::from(e.to_string()))
+                        });
+                    }
+                    let Some(checkpoints) = checkpoints.as_mut() else {
+                        return Ok(());
+                    };
+                    let dir = checkpoints
+                        .save(state)
+                        .map_err(|e| SaveStateError::from(e.to_string()))?;
+                    tracing::info!(step = state.step, dir = %dir.display(), "saved the checkpoint of a departure");
+                    Ok(())
                 };
                 let change = strategy.at_step_boundary(&mut state, leaving, &mut save_state);
                 (change, state.step, state.position)
@@ -400,6 +432,124 @@ impl MultiWorker {
                     (Some("leaving"), d.step, d.position, d.describe())
                 }
             })
+        })
+    }
+
+    /// Opens the training state's checkpoints under `dir` (created if missing): a save due
+    /// every `every_steps` steps (`None`: only where asked, and before a preempted worker
+    /// leaves), the newest `keep_last` kept. One set per strategy; a second is a `ValueError`,
+    /// as is an impossible policy.
+    fn open_checkpoints(
+        &self,
+        dir: std::path::PathBuf,
+        every_steps: Option<u64>,
+        keep_last: usize,
+    ) -> PyResult<()> {
+        if keep_last == 0 || every_steps == Some(0) {
+            return Err(PyValueError::new_err(format!(
+                "checkpoints under {}: keep at least one (max_to_keep) and save every 1 step or \
+                 more (checkpoint_interval)",
+                dir.display()
+            )));
+        }
+        self.with(|m| {
+            if m.checkpoints.is_some() {
+                return Err(PyValueError::new_err(
+                    "this strategy's checkpoints are open already: make one CheckpointManager",
+                ));
+            }
+            let opened = StateCheckpoints::open(&dir, every_steps, keep_last)
+                .map_err(|e| checkpoint_error(&e))?;
+            m.checkpoints = Some(opened);
+            Ok(())
+        })
+    }
+
+    /// On a fresh start, gives every worker the newest checkpoint that verifies: the first
+    /// worker restores it (variables, optimizer slots and step count, step and position),
+    /// and every worker takes the state of the one with the most steps
+    /// (`MultiWorkerMirrored::agree`). Call it on every worker together, after the variables
+    /// and the optimizer were made. A worker admitted to a live group restores nothing (its
+    /// first `at_step_boundary` gives it the state). Returns `(step, position)`. A checkpoint of
+    /// another model (a variable missing, another shape) is a `CheckpointError` naming it,
+    /// raised before any variable changes; the checkpoint stays as it was.
+    fn restore_checkpoint(&self, py: Python<'_>, step: u64, position: u64) -> PyResult<(u64, u64)> {
+        self.with(|m| {
+            if m.strategy.awaits_state() {
+                return Ok((step, position));
+            }
+            let Mirrored {
+                strategy,
+                variables,
+                optimizer,
+                checkpoints,
+                ..
+            } = &mut *m;
+            let checkpoints = checkpoints.as_mut().ok_or_else(no_checkpoints)?;
+            let local_copies = strategy.local_replicas().len();
+            let restored = py.detach(|| {
+                let mut state = ElasticState {
+                    step,
+                    position,
+                    variables,
+                    optimizer: optimizer.as_ref().map(|o| o as _),
+                };
+                if strategy.is_chief() {
+                    match checkpoints.restore_into(&mut state, local_copies) {
+                        Ok(Some(restored)) => tracing::info!(step = restored, dir = %checkpoints.root().display(), "restored the newest checkpoint"),
+                        Ok(None) => {}
+                        Err(e) => return Err(checkpoint_error(&e)),
+                    }
+                }
+                strategy
+                    .agree(&mut state)
+                    .map_err(|e| GroupError::new_err(e.to_string()))?;
+                Ok((state.step, state.position))
+            })?;
+            m.step = restored.0;
+            Ok(restored)
+        })
+    }
+
+    /// Saves the training state at `step` and `position` on the first worker (the others save
+    /// nothing): with `check_interval`, only where a save is due at that step. Returns the
+    /// checkpoint's directory where this worker saved one. A failed write is a
+    /// `CheckpointError` naming the step; nothing of the earlier checkpoints is lost.
+    fn save_checkpoint(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        position: u64,
+        check_interval: bool,
+    ) -> PyResult<Option<String>> {
+        self.with(|m| {
+            let Mirrored {
+                strategy,
+                variables,
+                optimizer,
+                checkpoints,
+                ..
+            } = &mut *m;
+            let checkpoints = checkpoints.as_mut().ok_or_else(no_checkpoints)?;
+            if !strategy.is_chief() || (check_interval && !checkpoints.should_save(step)) {
+                return Ok(None);
+            }
+            let state = ElasticState {
+                step,
+                position,
+                variables,
+                optimizer: optimizer.as_ref().map(|o| o as _),
+            };
+            py.detach(|| checkpoints.save(&state).map_err(|e| checkpoint_error(&e)))
+                .map(|dir| Some(dir.display().to_string()))
+        })
+    }
+
+    /// The step of the newest checkpoint saved or restored here (none: nothing yet).
+    fn last_checkpoint_step(&self) -> PyResult<Option<u64>> {
+        self.with(|m| {
+            let checkpoints = m.checkpoints.as_ref().ok_or_else(no_checkpoints)?;
+            Ok(checkpoints.last_saved_step())
         })
     }
 

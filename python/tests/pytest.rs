@@ -160,6 +160,11 @@ fn multi_worker_mirrored_from_python_keeps_one_model_through_kills_and_preemptio
 }
 
 #[test]
+fn multi_worker_mirrored_from_python_resumes_from_its_checkpoints() {
+    run_pytest("test_mirrored_checkpoints.py");
+}
+
+#[test]
 fn bad_input_from_python_is_named_and_loses_nothing() {
     run_pytest("test_bad_input.py");
 }

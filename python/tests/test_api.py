@@ -85,6 +85,11 @@ def test_variables_are_made_under_a_scope_only():
         cohort.Variable([1.0, 2.0])
 
 
+def test_checkpoints_keep_a_mirrored_strategys_state_only():
+    with pytest.raises(TypeError, match="MultiWorkerMirroredStrategy.*coordinator.save_checkpoint"):
+        cohort.CheckpointManager(object())
+
+
 def test_outside_a_step_a_worker_call_says_where_it_belongs():
     with pytest.raises(cohort.NotInStepError, match="coordinator.schedule"):
         cohort.read_variables([])

@@ -1,7 +1,7 @@
 """MultiWorkerMirrored from Python: every worker ends with the same weights, and an elastic
 loop survives a worker SIGKILLed mid-training (the survivors re-form, its new process is
 admitted with their state) and a preempted worker (it leaves at an agreed step, exits 143 and
-comes back)."""
+comes back), saving a checkpoint first where checkpoints are open."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def test_a_mirrored_worker_killed_mid_training_is_left_out_then_admitted_with_th
 
 
 def test_a_preempted_mirrored_worker_leaves_at_a_boundary_exits_143_and_comes_back(tmp_path):
+    ckpt = tmp_path / "ckpt"
     job = launch(
         JOBS / "mirrored_elastic.py",
         "--steps",
@@ -81,13 +82,19 @@ def test_a_preempted_mirrored_worker_leaves_at_a_boundary_exits_143_and_comes_ba
         str(tmp_path / "noticed"),
         "--signal",
         "term",
+        "--checkpoints",
         workers=2,
         ps=0,
         flags=("--strategy", "multi-worker-mirrored"),
+        env={"COHORT_CHECKPOINT_DIR": str(ckpt)},
     )
     assert job.code == 0, job.output
     # It left at an agreed step, the others went on without it (nothing to detect)...
-    assert re.search(r"\[worker/1\] group leaving at step \d+", job.output), job.output
+    leaving = re.search(r"\[worker/1\] group leaving at step (\d+)", job.output)
+    assert leaving, job.output
+    # ...after the first worker saved that step (the checkpoints are open, and none is due on
+    # a schedule: this is the preemption's own)...
+    assert (ckpt / f"ckpt-{leaving.group(1)}").is_dir(), (sorted(ckpt.iterdir()), job.output)
     assert re.search(r"\[chief/0\] group departed at step \d+", job.output), job.output
     assert re.search(r"worker/1 .*left on a preemption notice \(exit code 143\)", job.output), job.output
     # ...and its restarted process was admitted with their state.

@@ -6,7 +6,10 @@ worker. Arguments: --steps N, --pause SECONDS (each step's extra work), --die-at
 --marker FILE (worker/1's first process SIGKILLs itself before that step, or with --signal
 term sends itself SIGTERM, whatever the machine's speed: the marker says it did). --optimizer adam trains with cohort's Adam made in the strategy's scope
 (its moments must follow the weights to a joiner, or the joiner's model drifts from the
-others'); the default is a hand-written SGD step on all-reduced gradients."""
+others'); the default is a hand-written SGD step on all-reduced gradients. --checkpoints
+keeps the training state's checkpoints in the configured directory (COHORT_CHECKPOINT_DIR),
+one every --checkpoint-every steps (0: only before a preempted worker leaves), and a job started
+again resumes from the newest; --features N makes the model's weights N×1 (8 by default)."""
 
 import argparse
 import hashlib
@@ -25,16 +28,27 @@ parser.add_argument("--die-at", type=int, default=-1)
 parser.add_argument("--marker", default="")
 parser.add_argument("--signal", choices=["kill", "term"], default="kill")
 parser.add_argument("--optimizer", choices=["hand", "adam"], default="hand")
+parser.add_argument("--checkpoints", action="store_true")
+parser.add_argument("--checkpoint-every", type=int, default=0)
+parser.add_argument("--features", type=int, default=8)
 args, _ = parser.parse_known_args()
 resolver = cohort.cluster_resolver.TFConfigClusterResolver()
 dies = (resolver.task_type, resolver.task_id) == ("worker", 1) and args.marker != ""
 
 strategy = cohort.MultiWorkerMirroredStrategy()
-true_w = np.arange(1, 9, dtype=np.float32).reshape(8, 1)
+true_w = np.arange(1, args.features + 1, dtype=np.float32).reshape(args.features, 1)
 with strategy.scope():
-    w = cohort.Variable(np.zeros((8, 1)), name="w")
+    w = cohort.Variable(np.zeros((args.features, 1)), name="w")
     optimizer = cohort.optimizers.Adam(0.05) if args.optimizer == "adam" else None
 state = cohort.TrainingState()
+checkpoints = None
+if args.checkpoints:
+    checkpoints = cohort.CheckpointManager(
+        strategy, checkpoint_interval=args.checkpoint_every or None
+    )
+    resumed = checkpoints.restore_or_initialize(state)
+    if resumed is not None:
+        print(f"resumed from step {resumed}", flush=True)
 while True:
     try:
         # A worker lost at the boundary's own collective raises here as in the step.
@@ -49,7 +63,7 @@ while True:
             os.kill(os.getpid(), signal.SIGKILL if args.signal == "kill" else signal.SIGTERM)
         # Every worker's batch of this step, from the step alone: a re-run step reads the same.
         rng = np.random.default_rng([state.step, strategy.worker_index])
-        x = rng.normal(size=(16, 8)).astype(np.float32)
+        x = rng.normal(size=(16, args.features)).astype(np.float32)
         y = x @ true_w
         value = w.read_value()
         local = 2 * x.T @ (x @ value - y) / len(y)
@@ -66,6 +80,8 @@ while True:
         w.assign(value - 0.02 * grad)
     state.step += 1
     state.position += 16 * strategy.num_workers
+    if checkpoints is not None and checkpoints.save(state) is not None:
+        print(f"saved step {state.step}", flush=True)
     time.sleep(args.pause)
 digest = hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
 print(f"final model: step {state.step}, digest {digest}", flush=True)
