@@ -165,3 +165,42 @@ def test_a_checkpoint_of_another_model_is_refused_by_name_and_kept(tmp_path):
     resumed = run(8)
     assert resumed.code == 0, resumed.output
     assert "[chief/0] resumed from step 20" in resumed.output, resumed.output
+
+
+def test_a_sidecar_evaluator_evaluates_a_mirrored_jobs_checkpoints_as_the_chief_saved_them(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = launch(
+        JOBS / "mirrored_elastic.py",
+        "--steps",
+        "80",
+        "--pause",
+        "0.01",
+        "--checkpoints",
+        "--checkpoint-every",
+        "20",
+        "--wait-for-evaluator",
+        workers=2,
+        ps=0,
+        flags=("--strategy", "multi-worker-mirrored", "--evaluators", "1"),
+        env={"COHORT_CHECKPOINT_DIR": str(ckpt)},
+    )
+    assert job.code == 0, job.output
+    saved = {
+        int(step): float(w_sum)
+        for step, w_sum in re.findall(r"\[chief/0\] saved step (\d+): w_sum=(\S+)", job.output)
+    }
+    assert sorted(saved) == [20, 40, 60, 80], job.output
+    # What the evaluator task's function returned for a checkpoint is what the chief saved.
+    evaluated = {
+        int(step): float(w_sum)
+        for step, w_sum in re.findall(
+            r"\[evaluator/0\].*step (\d+): distance=\S+ w_sum=(\S+)", job.output
+        )
+    }
+    assert evaluated, job.output
+    for step, w_sum in evaluated.items():
+        assert abs(w_sum - saved[step]) <= 1e-6 * max(1.0, abs(saved[step])), (step, job.output)
+    # The evaluator is no member of the workers' group: three tasks trained to one model.
+    finals = _finals(job, 80)
+    assert sorted(finals) == ["chief/0", "worker/0", "worker/1"], job.output
+    assert len(set(finals.values())) == 1, job.output

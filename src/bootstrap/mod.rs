@@ -165,11 +165,17 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
             return BAD_CONFIG_EXIT_CODE;
         }
     };
-    if let Err(e) = config
-        .cluster
-        .cluster
-        .require(StrategyKind::ParameterServer)
-    {
+    // An evaluator reads checkpoints only: it serves a MultiWorkerMirrored job (no parameter
+    // server) as well as a parameter-server one.
+    let servers_needed = if config.cluster.task.task_type == TaskType::Evaluator {
+        Ok(())
+    } else {
+        config
+            .cluster
+            .cluster
+            .require(StrategyKind::ParameterServer)
+    };
+    if let Err(e) = servers_needed {
         // The message starts with the key (`cluster`); say which layer the cluster came from.
         tracing::error!("bad config: {}: {e}", config.origin("cluster"));
         return BAD_CONFIG_EXIT_CODE;

@@ -9,12 +9,16 @@ term sends itself SIGTERM, whatever the machine's speed: the marker says it did)
 others'); the default is a hand-written SGD step on all-reduced gradients. --checkpoints
 keeps the training state's checkpoints in the configured directory (COHORT_CHECKPOINT_DIR),
 one every --checkpoint-every steps (0: only before a preempted worker leaves), and a job started
-again resumes from the newest; --features N makes the model's weights N×1 (8 by default)."""
+again resumes from the newest; --features N makes the model's weights N×1 (8 by default). An
+evaluator task (launch --evaluators 1) evaluates each checkpoint (the distance of `w` from the
+true weights, and its sum); with --wait-for-evaluator the chief ends only once the evaluator
+evaluated one (at most a minute)."""
 
 import argparse
 import hashlib
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -31,12 +35,28 @@ parser.add_argument("--optimizer", choices=["hand", "adam"], default="hand")
 parser.add_argument("--checkpoints", action="store_true")
 parser.add_argument("--checkpoint-every", type=int, default=0)
 parser.add_argument("--features", type=int, default=8)
+parser.add_argument("--wait-for-evaluator", action="store_true")
 args, _ = parser.parse_known_args()
 resolver = cohort.cluster_resolver.TFConfigClusterResolver()
+true_w = np.arange(1, args.features + 1, dtype=np.float32).reshape(args.features, 1)
+
+
+def evaluated_marker():
+    return os.path.join(os.environ["COHORT_CHECKPOINT_DIR"], "..", "evaluated")
+
+
+def evaluate(step, variables):
+    w = variables["w"]
+    open(evaluated_marker(), "w").close()
+    return {"distance": float(np.abs(w - true_w).max()), "w_sum": float(w.sum())}
+
+
+if resolver.task_type == "evaluator":
+    cohort.SidecarEvaluator(evaluate, resolver).start()
+    sys.exit(0)
 dies = (resolver.task_type, resolver.task_id) == ("worker", 1) and args.marker != ""
 
 strategy = cohort.MultiWorkerMirroredStrategy()
-true_w = np.arange(1, args.features + 1, dtype=np.float32).reshape(args.features, 1)
 with strategy.scope():
     w = cohort.Variable(np.zeros((args.features, 1)), name="w")
     optimizer = cohort.optimizers.Adam(0.05) if args.optimizer == "adam" else None
@@ -81,7 +101,11 @@ while True:
     state.step += 1
     state.position += 16 * strategy.num_workers
     if checkpoints is not None and checkpoints.save(state) is not None:
-        print(f"saved step {state.step}", flush=True)
+        print(f"saved step {state.step}: w_sum={float(w.read_value().sum())!r}", flush=True)
     time.sleep(args.pause)
+if args.wait_for_evaluator and strategy.worker_index == 0:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not os.path.exists(evaluated_marker()):
+        time.sleep(0.2)
 digest = hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
 print(f"final model: step {state.step}, digest {digest}", flush=True)

@@ -354,25 +354,25 @@ fn bad(key: &str, detail: String) -> StrategyError {
 }
 
 /// Refuses what this strategy cannot run, before anything starts: a cluster with parameter
-/// servers or evaluators, a task that is neither a worker nor the chief, no local replica, or
-/// a communication this process cannot use. Returns this process's task.
+/// servers, a task that is neither a worker nor the chief, no local replica, or a
+/// communication this process cannot use. Returns this process's task. Evaluator tasks in the
+/// cluster are no members of the group (as in TensorFlow: a sidecar evaluator reads the
+/// chief's checkpoints and trains nothing).
 fn check_config(config: &MultiWorkerConfig) -> Result<TaskId, StrategyError> {
     let cluster = &config.cluster;
     cluster
         .cluster
         .require(StrategyKind::MultiWorkerMirrored)
         .map_err(|e| bad("cluster", e.to_string()))?;
-    for job in [TaskType::Ps, TaskType::Evaluator] {
-        let count = cluster.cluster.num_tasks(job);
-        if count > 0 {
-            return Err(bad(
-                &format!("cluster.{job}"),
-                format!(
-                    "MultiWorkerMirrored takes workers and an optional chief only, \
-                     not {count} {job} task(s)"
-                ),
-            ));
-        }
+    let servers = cluster.cluster.num_tasks(TaskType::Ps);
+    if servers > 0 {
+        return Err(bad(
+            "cluster.ps",
+            format!(
+                "MultiWorkerMirrored takes workers, an optional chief and evaluators, not \
+                 {servers} ps task(s) (its workers all-reduce their gradients)"
+            ),
+        ));
     }
     let task = cluster.task;
     if !matches!(task.task_type, TaskType::Chief | TaskType::Worker) {
@@ -803,5 +803,37 @@ impl Strategy for MultiWorkerMirrored {
 
     fn input_pipeline_id(&self) -> usize {
         self.worker_index()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ClusterConfig;
+
+    fn config(cluster: &str, task: &str) -> MultiWorkerConfig {
+        let json = format!(r#"{{"cluster": {cluster}, "task": {{"type": "{task}", "index": 0}}}}"#);
+        MultiWorkerConfig::new(ClusterConfig::from_tf_config(&json).unwrap(), "/nowhere")
+    }
+
+    #[test]
+    fn evaluators_beside_the_workers_are_no_members_and_servers_are_refused() {
+        let with_evaluator = r#"{"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]}"#;
+        assert_eq!(
+            check_config(&config(with_evaluator, "worker")).unwrap(),
+            TaskId::new(TaskType::Worker, 0)
+        );
+        // The evaluator itself runs no MultiWorkerMirrored.
+        let err = check_config(&config(with_evaluator, "evaluator")).unwrap_err();
+        assert!(err.to_string().contains("task.type"), "{err}");
+        let with_servers = r#"{"worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:4"]}"#;
+        let err = check_config(&config(with_servers, "worker")).unwrap_err();
+        assert!(err.to_string().contains("cluster.ps"), "{err}");
+        // The group's members are the chief and the workers only.
+        let worker = config(with_evaluator, "worker");
+        let (members, own) = cluster_members(&worker.cluster, worker.cluster.task).unwrap();
+        let nodes: Vec<String> = members.iter().map(|m| m.node.to_string()).collect();
+        assert_eq!(nodes, ["chief/0", "worker/0"]);
+        assert_eq!(own.port(), 2);
     }
 }
