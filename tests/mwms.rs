@@ -1569,7 +1569,10 @@ fn bad_clusters_and_uneven_replicas_are_refused_by_key() {
     let mut cluster = Cluster::start("ps", &[("worker", 1), ("ps", 1)], &[]);
     assert_eq!(cluster.workers[0].wait_exit(), 2);
     let line = cluster.wait_for(0, "cluster.ps");
-    assert!(line.contains("workers, an optional chief and evaluators"), "{line}");
+    assert!(
+        line.contains("workers, an optional chief and evaluators"),
+        "{line}"
+    );
     drop(cluster);
     // Every worker must run as many replicas.
     let mut cluster = Cluster::start("uneven", &[("worker", 2), ("worker", 1)], &[]);

@@ -74,6 +74,10 @@ pub struct AppliedGradients {
     pub gradients: Vec<Tensor>,
     /// Whether the update was applied or skipped for non-finite gradients.
     pub outcome: UpdateOutcome,
+    /// The values given to [`DistributedOptimizer::apply_gradients_summing`] beside the
+    /// gradients, summed across the replicas in sync in the same all-reduce (as given outside
+    /// a replica context; empty after [`DistributedOptimizer::apply_gradients`]).
+    pub summed: Vec<f32>,
 }
 
 impl DistributedOptimizer {
@@ -183,6 +187,23 @@ impl DistributedOptimizer {
     where
         I: IntoIterator<Item = (Tensor, Variable)>,
     {
+        self.apply_gradients_summing(grads_and_vars, &[])
+    }
+
+    /// [`DistributedOptimizer::apply_gradients`], summing `also` (say, this replica's share of
+    /// the loss) across the replicas in sync in the same all-reduce as the gradients:
+    /// [`AppliedGradients::summed`], the same on every replica. One collective a step where a
+    /// separate reduction of the loss would be a second, whose wait for the slowest member
+    /// costs a step of a small model as much as its compute. `also` takes no part in the
+    /// non-finite check or the clipping.
+    pub fn apply_gradients_summing<I>(
+        &self,
+        grads_and_vars: I,
+        also: &[f32],
+    ) -> Result<AppliedGradients, TrainError>
+    where
+        I: IntoIterator<Item = (Tensor, Variable)>,
+    {
         let pairs: Vec<(Tensor, Variable)> = grads_and_vars.into_iter().collect();
         self.optimizer.validate()?;
         for (grad, var) in &pairs {
@@ -201,7 +222,8 @@ impl DistributedOptimizer {
             }
         }
 
-        let mut flat = sum_across_replicas(syncing, &pairs)?;
+        let mut flat = sum_across_replicas(syncing, &pairs, also)?;
+        let summed = flat.split_off(flat.len() - also.len());
         let replica = ctx.as_ref().map_or(0, ReplicaContext::local_replica_id);
         let gradients = split_like(&flat, &pairs)?;
 
@@ -215,6 +237,7 @@ impl DistributedOptimizer {
                     return Ok(AppliedGradients {
                         gradients,
                         outcome: UpdateOutcome::SkippedNonFinite,
+                        summed,
                     });
                 }
                 NonFinitePolicy::Error => {
@@ -253,6 +276,7 @@ impl DistributedOptimizer {
         Ok(AppliedGradients {
             gradients,
             outcome: UpdateOutcome::Applied,
+            summed,
         })
     }
 
@@ -405,14 +429,22 @@ fn check_pair(grad: &Tensor, var: &Variable) -> Result<(), TrainError> {
 fn sum_across_replicas(
     ctx: Option<&ReplicaContext>,
     pairs: &[(Tensor, Variable)],
+    also: &[f32],
 ) -> Result<Vec<f32>, TrainError> {
-    if pairs.is_empty() {
+    if pairs.is_empty() && also.is_empty() {
         return Ok(Vec::new());
     }
-    let parts = pairs
+    let mut parts = pairs
         .iter()
         .map(|(g, _)| g.to_dtype(DType::F32)?.flatten_all())
         .collect::<candle_core::Result<Vec<_>>>()?;
+    if !also.is_empty() {
+        // On the gradients' device: one buffer, one all-reduce.
+        let device = pairs
+            .first()
+            .map_or(candle_core::Device::Cpu, |(g, _)| g.device().clone());
+        parts.push(Tensor::from_slice(also, also.len(), &device)?);
+    }
     let mut joined = Tensor::cat(&parts, 0)?;
     if let Some(ctx) = ctx {
         joined = ctx.all_reduce(ReduceOp::Sum, &joined)?;
@@ -487,5 +519,47 @@ mod tests {
         opt.set_learning_rate(0.25).unwrap();
         assert_eq!(opt.schedule(), LearningRateSchedule::Constant(0.25));
         assert!(opt.set_learning_rate(f32::NAN).is_err());
+    }
+
+    #[test]
+    fn values_beside_the_gradients_are_summed_in_their_all_reduce_and_never_skip_a_step() {
+        use crate::strategy::{Mirrored, Strategy, StrategyExt};
+        use std::sync::Arc;
+        let strategy = Mirrored::new(2).unwrap();
+        let w = {
+            let _scope = strategy.scope();
+            Variable::new("w", Tensor::new(&[1f32, 1.], &Device::Cpu).unwrap()).unwrap()
+        };
+        let opt = Arc::new(DistributedOptimizer::new(Optimizer::sgd(0.5)));
+        let (w2, opt2) = (w.clone(), Arc::clone(&opt));
+        let applied = strategy
+            .run(
+                move |ctx, ()| {
+                    let replica = ctx.replica_id_in_sync_group() as f32;
+                    let g = Tensor::new(&[replica, 1. - replica], &Device::Cpu)?;
+                    // A non-finite value beside the gradients is summed, not judged.
+                    let also = [replica + 1., 10. * replica, f32::INFINITY];
+                    opt2.apply_gradients_summing([(g, w2.clone())], &also)
+                },
+                (),
+            )
+            .unwrap()
+            .transpose()
+            .unwrap();
+        for one in applied.values() {
+            assert_eq!(one.outcome, UpdateOutcome::Applied);
+            assert_eq!(one.summed[..2], [3., 10.]);
+            assert!(one.summed[2].is_infinite());
+            assert_eq!(one.gradients[0].to_vec1::<f32>().unwrap(), [1., 1.]);
+        }
+        for copy in w.components() {
+            assert_eq!(copy.to_vec1::<f32>().unwrap(), [0.5, 0.5]);
+        }
+        // Outside a replica context the values come back as given.
+        let plain = Variable::new("p", Tensor::new(&[0f32], &Device::Cpu).unwrap()).unwrap();
+        let g = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+        let alone = opt.apply_gradients_summing([(g, plain)], &[7.]).unwrap();
+        assert_eq!(alone.summed, [7.]);
+        assert!(opt.apply_gradients([]).unwrap().summed.is_empty());
     }
 }

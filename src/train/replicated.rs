@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 use super::{compute_average_loss, AppliedGradients, DistributedOptimizer, TrainError};
@@ -49,7 +49,10 @@ use crate::variable::Variable;
 ///     },
 ///     x,
 /// )?.transpose()?;
-/// let _mean_loss = strategy.reduce(ReduceOp::Sum, &losses.map(|s| s.loss.clone()), None)?;
+/// let mean_loss = strategy.reduce(ReduceOp::Sum, &losses.map(|s| s.loss.clone()), None)?;
+/// // The same global loss came with the gradients' all-reduce, with no collective of its own.
+/// let global = losses.values()[0].global_loss;
+/// assert!((global - mean_loss.to_scalar::<f32>()?).abs() < 1e-6);
 /// // Both replicas' copies took the same update.
 /// let weight = model.variables().get("out.weight").unwrap();
 /// let copies = weight.components();
@@ -149,6 +152,10 @@ pub struct StepOutput {
     /// This replica's loss, scaled by the global batch: the replicas' losses sum to the global
     /// batch's mean loss (`strategy.reduce(ReduceOp::Sum, ...)`).
     pub loss: Tensor,
+    /// The global batch's mean loss: every replica's `loss` summed across every replica in
+    /// sync, in the gradients' all-reduce (the same bits on every replica, with no collective
+    /// of its own). Training loops read it instead of reducing `loss`.
+    pub global_loss: f32,
     /// The update (applied, or skipped for non-finite gradients).
     pub applied: AppliedGradients,
 }
@@ -328,11 +335,18 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         )?;
         let lists = self.lists()?;
         let gradients = self.gradients_of(ctx, &lists, &loss)?;
-        let applied = optimizer
-            .apply_gradients(gradients.into_iter().zip(lists.trainable.iter().cloned()))?;
+        // The loss rides in the gradients' all-reduce: the global loss without a second
+        // collective.
+        let share = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        let applied = optimizer.apply_gradients_summing(
+            gradients.into_iter().zip(lists.trainable.iter().cloned()),
+            &[share],
+        )?;
+        let global_loss = applied.summed.first().copied().unwrap_or(share);
         self.average_statistics_of(ctx, &lists)?;
         Ok(StepOutput {
             loss: loss.detach(),
+            global_loss,
             applied,
         })
     }

@@ -26,7 +26,7 @@ use crate::nn::{dense, losses, Activation, Dense};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
     Admission, Departure, ElasticState, GroupChange, Leave, MultiWorkerMirrored, Recovery,
-    ReduceOp, ReplicaContext, Strategy, StrategyExt,
+    ReplicaContext, Strategy, StrategyExt,
 };
 use crate::train::StateCheckpoints;
 use crate::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
@@ -653,7 +653,9 @@ impl Module for Mlp {
 /// features `inputs[0]`, sparse softmax cross-entropy against the classes `inputs[1]`
 /// averaged over the `global_batch` (so that the replicas' summed gradients are the global
 /// batch's), and `optimizer`'s update (which all-reduces the gradients across the replicas).
-/// `step` seeds the step's randomness. Returns this replica's share of the loss.
+/// `step` seeds the step's randomness. Returns the global batch's loss, summed across the
+/// replicas in the gradients' all-reduce ([`crate::train::StepOutput::global_loss`]): the
+/// same on every replica.
 pub fn replica_train_step(
     ctx: &ReplicaContext,
     model: &ReplicatedModel<Mlp>,
@@ -661,7 +663,7 @@ pub fn replica_train_step(
     inputs: &[Tensor],
     global_batch: usize,
     step: u64,
-) -> Result<Tensor, TrainError> {
+) -> Result<f32, TrainError> {
     let (Some(features), Some(classes)) = (inputs.first(), inputs.get(1)) else {
         return Err(TrainError::BatchComponents {
             needed: 2,
@@ -673,7 +675,7 @@ pub fn replica_train_step(
         losses::sparse_softmax_cross_entropy(&mlp.forward(features)?, classes)
             .map_err(candle_core::Error::wrap)
     })?;
-    Ok(output.loss)
+    Ok(output.global_loss)
 }
 
 /// The collective error under a training error, if that is what it is.
@@ -738,7 +740,7 @@ impl Trainer {
         let (model, optimizer) = (Arc::clone(&self.model), Arc::clone(&self.optimizer));
         let step = self.optimizer_steps();
         let losses = strategy.try_run(
-            move |ctx, inputs: Vec<Tensor>| -> Result<Tensor, TrainError> {
+            move |ctx, inputs: Vec<Tensor>| -> Result<f32, TrainError> {
                 if let Some(fault) = fault.filter(|_| ctx.local_replica_id() == 0) {
                     let message = format!("injected failure at step {step}");
                     match fault {
@@ -752,8 +754,8 @@ impl Trainer {
             },
             batch,
         )?;
-        let loss = strategy.reduce(ReduceOp::Sum, &losses, None)?;
-        Ok(loss.to_scalar::<f32>()?)
+        // Every replica holds the same global loss (it rode in the gradients' all-reduce).
+        Ok(losses.values().first().copied().unwrap_or(f32::NAN))
     }
 
     fn outcome(&self, losses: Vec<f32>) -> Result<DenseOutcome, TrainError> {
