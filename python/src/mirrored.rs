@@ -97,6 +97,22 @@ pub(crate) struct MultiWorker {
     drain: Arc<AtomicBool>,
 }
 
+/// The training state the strategy's elastic calls and checkpoints take: `variables` and
+/// `optimizer`'s slots at `step` and `position`.
+fn elastic_state<'a>(
+    step: u64,
+    position: u64,
+    variables: &'a [Variable],
+    optimizer: Option<&'a DistributedOptimizer>,
+) -> ElasticState<'a> {
+    ElasticState {
+        step,
+        position,
+        variables,
+        optimizer: optimizer.map(|o| o as _),
+    }
+}
+
 /// A checkpoint error as Python's: an impossible policy is a `ValueError`, the rest a
 /// `CheckpointError`; each names the directory, the step or the variable.
 fn checkpoint_error(error: &StateCheckpointError) -> PyErr {
@@ -376,12 +392,7 @@ impl MultiWorker {
                 ..
             } = &mut *m;
             let (change, step, position) = py.detach(|| {
-                let mut state = ElasticState {
-                    step,
-                    position,
-                    variables,
-                    optimizer: optimizer.as_ref().map(|o| o as _),
-                };
+                let mut state = elastic_state(step, position, variables, optimizer.as_ref());
                 // The script's own save, else the checkpoints it opened (a preemption
                 // checkpoint, as TensorFlow's PreemptionCheckpointHandler saves).
                 let mut save_state = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
@@ -488,12 +499,7 @@ impl MultiWorker {
             let checkpoints = checkpoints.as_mut().ok_or_else(no_checkpoints)?;
             let local_copies = strategy.local_replicas().len();
             let restored = py.detach(|| {
-                let mut state = ElasticState {
-                    step,
-                    position,
-                    variables,
-                    optimizer: optimizer.as_ref().map(|o| o as _),
-                };
+                let mut state = elastic_state(step, position, variables, optimizer.as_ref());
                 if strategy.is_chief() {
                     match checkpoints.restore_into(&mut state, local_copies) {
                         Ok(Some(restored)) => tracing::info!(step = restored, dir = %checkpoints.root().display(), "restored the newest checkpoint"),
@@ -534,12 +540,7 @@ impl MultiWorker {
             if !strategy.is_chief() || (check_interval && !checkpoints.should_save(step)) {
                 return Ok(None);
             }
-            let state = ElasticState {
-                step,
-                position,
-                variables,
-                optimizer: optimizer.as_ref().map(|o| o as _),
-            };
+            let state = elastic_state(step, position, variables, optimizer.as_ref());
             py.detach(|| checkpoints.save(&state).map_err(|e| checkpoint_error(&e)))
                 .map(|dir| Some(dir.display().to_string()))
         })
@@ -567,12 +568,7 @@ impl MultiWorker {
                 ..
             } = &mut *m;
             let recovered = py.detach(|| {
-                let mut state = ElasticState {
-                    step,
-                    position,
-                    variables,
-                    optimizer: optimizer.as_ref().map(|o| o as _),
-                };
+                let mut state = elastic_state(step, position, variables, optimizer.as_ref());
                 strategy.recover(&mut state)
             });
             let r = match recovered {
