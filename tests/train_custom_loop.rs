@@ -214,3 +214,44 @@ fn first_step_gradient_matches_the_hand_computed_value() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_steps_global_loss_and_sums_ride_in_the_gradients_all_reduce() -> Result<()> {
+    let strategy = Mirrored::new(2)?;
+    let model = Arc::new(ReplicatedModel::build(&strategy, SEED, layer)?);
+    let optimizer = Arc::new(DistributedOptimizer::new(Optimizer::sgd(LEARNING_RATE)));
+    let dist =
+        strategy.experimental_distribute_dataset(guide_dataset()?, DistributeOptions::default())?;
+    let batch = (&dist).into_iter().next().expect("a batch")?;
+    let (m, o) = (Arc::clone(&model), Arc::clone(&optimizer));
+    let out = strategy
+        .run(
+            move |ctx, inputs: Vec<Tensor>| {
+                let replica = ctx.replica_id_in_sync_group() as f32;
+                m.train_step_summing(ctx, &o, cohort::train::StepSpec::new(0), |layer| {
+                    let predictions = layer.forward(&inputs[0])?;
+                    let per_example =
+                        losses::binary_cross_entropy_from_logits(&predictions, &inputs[1])
+                            .map_err(cohort::candle::Error::wrap)?;
+                    // Each replica's examples and its index: summed over both replicas.
+                    let examples = inputs[0].dims()[0] as f32;
+                    Ok((per_example, vec![examples, replica]))
+                })
+            },
+            batch,
+        )?
+        .transpose()?;
+    let reduced = strategy
+        .reduce(ReduceOp::Sum, &out.map(|s| s.loss.clone()), None)?
+        .to_scalar::<f32>()?;
+    for step in out.values() {
+        assert_eq!(step.sums, [GLOBAL_BATCH as f32, 1.0]);
+        assert!(
+            (step.global_loss - reduced).abs() < 1e-6,
+            "{} vs {reduced}",
+            step.global_loss
+        );
+    }
+    assert_eq!(out.values()[0].global_loss, out.values()[1].global_loss);
+    Ok(())
+}

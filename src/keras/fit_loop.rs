@@ -17,7 +17,7 @@ use candle_nn::ModuleT;
 
 use super::callbacks::{Callback, CallbackList, SaveFreq, TrainingContext};
 use super::metrics::Metric;
-use super::model::{batch_stats, logs_of, split_element, stats_len, sum_stats};
+use super::model::{batch_stats, first_stats, logs_of, split_element, stats_len};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
 use crate::data::{AutoShardPolicy, Dataset, DistributeOptions, DistributedDataset, Element};
 use crate::strategy::{
@@ -434,13 +434,13 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let strategy = self.model.strategy();
         strategy
             .run(
-                move |ctx, element: Element| -> Result<Tensor, KerasError> {
+                move |ctx, element: Element| -> Result<Vec<f64>, KerasError> {
                     train_replica(&network, &optimizer, &loss, &metrics, ctx, spec, &element)
                 },
                 batch,
             )
             .map_err(KerasError::from)
-            .and_then(|per_replica| sum_stats(strategy, per_replica))
+            .and_then(first_stats)
     }
 
     /// The examples of a step where the dataset's batch is not static: exact in one process
@@ -600,7 +600,11 @@ fn training_failure(failed: KerasError) -> Result<TrainError, KerasError> {
     }
 }
 
-/// One replica's training step; its statistics (loss, examples, metrics).
+/// One replica's training step; the step's statistics (loss, examples, metrics) summed over
+/// every replica in sync. They ride in the gradients' all-reduce
+/// ([`ReplicatedModel::train_step_summing`]): one collective a step, where summing them
+/// after the step was a second one, whose wait for the slowest worker cost a small model's
+/// step about as much as its compute.
 fn train_replica<N: ModuleT + Send + Sync>(
     network: &ReplicatedModel<N>,
     optimizer: &DistributedOptimizer,
@@ -609,16 +613,17 @@ fn train_replica<N: ModuleT + Send + Sync>(
     ctx: &crate::strategy::ReplicaContext,
     spec: StepSpec,
     element: &Element,
-) -> Result<Tensor, KerasError> {
+) -> Result<Vec<f64>, KerasError> {
     let (x, y, weights) = split_element(element)?;
     let empty = x.dims().first() == Some(&0);
-    let mut predictions = None;
     let mut loss_error = None;
-    network
-        .train_step(ctx, optimizer, spec, |net| {
+    let mut stats_error = None;
+    let output = network
+        .train_step_summing(ctx, optimizer, spec, |net| {
             if empty {
                 // Nothing to learn from, but the replica still takes part in the all-reduce.
-                return Tensor::zeros(0, candle_core::DType::F32, x.device());
+                let nothing = Tensor::zeros(0, candle_core::DType::F32, x.device())?;
+                return Ok((nothing, vec![0.0; stats_len(metrics)]));
             }
             let p = net.forward_t(x, true)?;
             let per_example = match loss.per_example(&p, y) {
@@ -629,13 +634,23 @@ fn train_replica<N: ModuleT + Send + Sync>(
                     return Err(candle_core::Error::Msg(message));
                 }
             };
-            predictions = Some(p.detach());
+            let stats = batch_stats(loss, metrics, y, Some(&p.detach()), weights.clone())
+                .and_then(|t| Ok(t.to_vec1::<f64>()?));
+            let stats = match stats {
+                Ok(stats) => stats.into_iter().map(|v| v as f32).collect(),
+                Err(e) => {
+                    let message = e.to_string();
+                    stats_error = Some(e);
+                    return Err(candle_core::Error::Msg(message));
+                }
+            };
             let w = Tensor::new(weights.as_slice(), per_example.device())?;
-            per_example.to_dtype(candle_core::DType::F32)? * w
+            Ok(((per_example.to_dtype(candle_core::DType::F32)? * w)?, stats))
         })
-        .map_err(|e| match loss_error.take() {
-            Some(typed) => KerasError::Nn(typed),
-            None => KerasError::Train(e),
+        .map_err(|e| match (loss_error.take(), stats_error.take()) {
+            (Some(typed), _) => KerasError::Nn(typed),
+            (None, Some(typed)) => typed,
+            (None, None) => KerasError::Train(e),
         })?;
-    batch_stats(loss, metrics, y, predictions.as_ref(), weights)
+    Ok(output.sums.iter().map(|v| f64::from(*v)).collect())
 }

@@ -483,13 +483,31 @@ pub(crate) fn sum_stats(
     strategy: &dyn Strategy,
     per_replica: PerReplica<Result<Tensor, KerasError>>,
 ) -> Result<Vec<f64>, KerasError> {
+    let values = every_value(per_replica)?;
+    let summed = strategy.reduce(ReduceOp::Sum, &PerReplica::new(values), None)?;
+    Ok(summed.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+/// The statistics every replica holds already summed (a training step's, summed in its
+/// gradients' all-reduce): the first replica's.
+pub(crate) fn first_stats(
+    per_replica: PerReplica<Result<Vec<f64>, KerasError>>,
+) -> Result<Vec<f64>, KerasError> {
+    Ok(every_value(per_replica)?
+        .into_iter()
+        .next()
+        .unwrap_or_default())
+}
+
+/// Every replica's value, or the error that says why the step failed: a replica that fails
+/// makes its peers' collectives fail, so the cause is preferred over a peer's failure.
+fn every_value<T>(per_replica: PerReplica<Result<T, KerasError>>) -> Result<Vec<T>, KerasError> {
     let mut values = Vec::new();
     let mut first_error = None;
     for result in per_replica.into_values() {
         match result {
             Ok(v) => values.push(v),
             Err(e) => {
-                // A replica that fails makes its peers' collectives fail: report the cause.
                 let peer_failure = matches!(&first_error, Some(KerasError::Train(t)) if t.collective_cause().is_some());
                 if first_error.is_none() || peer_failure {
                     first_error = Some(e);
@@ -497,11 +515,10 @@ pub(crate) fn sum_stats(
             }
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(values),
     }
-    let summed = strategy.reduce(ReduceOp::Sum, &PerReplica::new(values), None)?;
-    Ok(summed.to_dtype(DType::F64)?.to_vec1::<f64>()?)
 }
 
 /// `loss` and each metric's result from summed statistics.

@@ -156,6 +156,10 @@ pub struct StepOutput {
     /// sync, in the gradients' all-reduce (the same bits on every replica, with no collective
     /// of its own). Training loops read it instead of reducing `loss`.
     pub global_loss: f32,
+    /// What the closure of [`ReplicatedModel::train_step_summing`] gave beside the loss,
+    /// summed across every replica in sync in the same all-reduce (empty after
+    /// [`ReplicatedModel::train_step`]).
+    pub sums: Vec<f32>,
     /// The update (applied, or skipped for non-finite gradients).
     pub applied: AppliedGradients,
 }
@@ -321,13 +325,33 @@ impl<M: Send + Sync> ReplicatedModel<M> {
     where
         F: FnOnce(&M) -> candle_core::Result<Tensor>,
     {
+        self.train_step_summing(ctx, optimizer, spec, |model| {
+            Ok((per_example_loss(model)?, Vec::new()))
+        })
+    }
+
+    /// [`ReplicatedModel::train_step`], where the closure also gives values to sum across
+    /// every replica in sync (say, the step's metric statistics): they ride in the gradients'
+    /// all-reduce with the loss, and come back summed as [`StepOutput::sums`], the same on
+    /// every replica, with no collective of their own.
+    pub fn train_step_summing<F>(
+        &self,
+        ctx: &ReplicaContext,
+        optimizer: &DistributedOptimizer,
+        spec: StepSpec,
+        per_example_loss_and_sums: F,
+    ) -> Result<StepOutput, TrainError>
+    where
+        F: FnOnce(&M) -> candle_core::Result<(Tensor, Vec<f32>)>,
+    {
         let model = self.replica(ctx)?;
         let randomness = StepRandomness {
             seed: self.variables.seed(),
             step: spec.step,
             replica: ctx.replica_id_in_sync_group() as u64,
         };
-        let per_example = with_step_randomness(randomness, || per_example_loss(model))?;
+        let (per_example, extra) =
+            with_step_randomness(randomness, || per_example_loss_and_sums(model))?;
         let loss = compute_average_loss(
             &per_example,
             spec.global_batch_size,
@@ -335,18 +359,25 @@ impl<M: Send + Sync> ReplicatedModel<M> {
         )?;
         let lists = self.lists()?;
         let gradients = self.gradients_of(ctx, &lists, &loss)?;
-        // The loss rides in the gradients' all-reduce: the global loss without a second
-        // collective.
+        // The loss (and the closure's values) ride in the gradients' all-reduce: the global
+        // loss without a second collective.
         let share = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        let mut also = Vec::with_capacity(1 + extra.len());
+        also.push(share);
+        also.extend_from_slice(&extra);
         let applied = optimizer.apply_gradients_summing(
             gradients.into_iter().zip(lists.trainable.iter().cloned()),
-            &[share],
+            &also,
         )?;
-        let global_loss = applied.summed.first().copied().unwrap_or(share);
+        let (global_loss, sums) = match applied.summed.split_first() {
+            Some((global, sums)) => (*global, sums.to_vec()),
+            None => (share, extra),
+        };
         self.average_statistics_of(ctx, &lists)?;
         Ok(StepOutput {
             loss: loss.detach(),
             global_loss,
+            sums,
             applied,
         })
     }
