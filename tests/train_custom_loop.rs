@@ -245,13 +245,13 @@ fn a_steps_global_loss_and_sums_ride_in_the_gradients_all_reduce() -> Result<()>
         .reduce(ReduceOp::Sum, &out.map(|s| s.loss.clone()), None)?
         .to_scalar::<f32>()?;
     for step in out.values() {
-        assert_eq!(step.sums, [GLOBAL_BATCH as f32, 1.0]);
+        assert_eq!(step.sums(), [GLOBAL_BATCH as f32, 1.0]);
         assert!(
-            (step.global_loss - reduced).abs() < 1e-6,
+            (step.global_loss() - reduced).abs() < 1e-6,
             "{} vs {reduced}",
-            step.global_loss
+            step.global_loss()
         );
     }
-    assert_eq!(out.values()[0].global_loss, out.values()[1].global_loss);
+    assert_eq!(out.values()[0].global_loss(), out.values()[1].global_loss());
     Ok(())
 }

@@ -17,7 +17,7 @@ use candle_nn::ModuleT;
 
 use super::callbacks::{Callback, CallbackList, SaveFreq, TrainingContext};
 use super::metrics::Metric;
-use super::model::{batch_stats, first_stats, logs_of, split_element, stats_len};
+use super::model::{first_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
 use crate::data::{AutoShardPolicy, Dataset, DistributeOptions, DistributedDataset, Element};
 use crate::strategy::{
@@ -634,9 +634,7 @@ fn train_replica<N: ModuleT + Send + Sync>(
                     return Err(candle_core::Error::Msg(message));
                 }
             };
-            let stats = batch_stats(loss, metrics, y, Some(&p.detach()), weights.clone())
-                .and_then(|t| Ok(t.to_vec1::<f64>()?));
-            let stats = match stats {
+            let stats = match stats_of(&per_example, metrics, y, &p.detach(), &weights) {
                 Ok(stats) => stats.into_iter().map(|v| v as f32).collect(),
                 Err(e) => {
                     let message = e.to_string();
@@ -652,5 +650,5 @@ fn train_replica<N: ModuleT + Send + Sync>(
             (None, Some(typed)) => typed,
             (None, None) => KerasError::Train(e),
         })?;
-    Ok(output.sums.iter().map(|v| f64::from(*v)).collect())
+    Ok(output.sums().iter().map(|v| f64::from(*v)).collect())
 }

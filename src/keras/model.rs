@@ -444,34 +444,47 @@ pub(crate) fn batch_stats(
     predictions: Option<&Tensor>,
     weights: Vec<f32>,
 ) -> Result<Tensor, KerasError> {
-    let mut stats = Vec::with_capacity(stats_len(metrics));
     match predictions {
-        None => stats.resize(stats_len(metrics), 0.0),
+        None => Ok(Tensor::new(vec![0f64; stats_len(metrics)], &Device::Cpu)?),
         Some(predictions) => {
             let per_example = loss.per_example(predictions, labels)?;
-            let per_example = per_example.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-            let weighted: f64 = per_example
-                .iter()
-                .zip(&weights)
-                .map(|(l, w)| f64::from(*l) * f64::from(*w))
-                .sum();
-            stats.push(weighted);
-            stats.push(weights.len() as f64);
-            for metric in metrics {
-                let state = metric.batch_state(labels, predictions, &weights)?;
-                if state.len() != metric.state_len() {
-                    return Err(Misuse::MetricStatistics {
-                        metric: metric.name().to_owned(),
-                        got: state.len(),
-                        declared: metric.state_len(),
-                    }
-                    .into());
-                }
-                stats.extend(state);
-            }
+            let stats = stats_of(&per_example, metrics, labels, predictions, &weights)?;
+            Ok(Tensor::new(stats, &Device::Cpu)?)
         }
     }
-    Ok(Tensor::new(stats, &Device::Cpu)?)
+}
+
+/// [`batch_stats`] of a batch whose unweighted per-example losses a step computed already
+/// (`per_example`), so that they are not computed again.
+pub(crate) fn stats_of(
+    per_example: &Tensor,
+    metrics: &[Box<dyn Metric>],
+    labels: &Tensor,
+    predictions: &Tensor,
+    weights: &[f32],
+) -> Result<Vec<f64>, KerasError> {
+    let mut stats = Vec::with_capacity(stats_len(metrics));
+    let per_example = per_example.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let weighted: f64 = per_example
+        .iter()
+        .zip(weights)
+        .map(|(l, w)| f64::from(*l) * f64::from(*w))
+        .sum();
+    stats.push(weighted);
+    stats.push(weights.len() as f64);
+    for metric in metrics {
+        let state = metric.batch_state(labels, predictions, weights)?;
+        if state.len() != metric.state_len() {
+            return Err(Misuse::MetricStatistics {
+                metric: metric.name().to_owned(),
+                got: state.len(),
+                declared: metric.state_len(),
+            }
+            .into());
+        }
+        stats.extend(state);
+    }
+    Ok(stats)
 }
 
 pub(crate) fn stats_len(metrics: &[Box<dyn Metric>]) -> usize {

@@ -18,7 +18,7 @@ use candle_nn::{ModuleT, VarBuilder};
 
 use super::callbacks::{BackupAndRestore, Callback, CallbackList, SaveFreq, TrainingContext};
 use super::metrics::Metric;
-use super::model::{batch_stats, logs_of, split_element, stats_len};
+use super::model::{batch_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::Element;
@@ -197,15 +197,14 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
                 .loss
                 .per_example(&predictions, y)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-            match batch_stats(
-                &self.loss,
+            match stats_of(
+                &per_example,
                 &self.metrics,
                 y,
-                Some(&predictions.detach()),
-                weights.clone(),
+                &predictions.detach(),
+                &weights,
             ) {
                 Ok(replica) => {
-                    let replica = replica.to_vec1::<f64>()?;
                     let mut total = stats.lock().unwrap_or_else(|p| p.into_inner());
                     for (t, s) in total.iter_mut().zip(replica) {
                         *t += s;

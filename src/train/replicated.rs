@@ -51,7 +51,7 @@ use crate::variable::Variable;
 /// )?.transpose()?;
 /// let mean_loss = strategy.reduce(ReduceOp::Sum, &losses.map(|s| s.loss.clone()), None)?;
 /// // The same global loss came with the gradients' all-reduce, with no collective of its own.
-/// let global = losses.values()[0].global_loss;
+/// let global = losses.values()[0].global_loss();
 /// assert!((global - mean_loss.to_scalar::<f32>()?).abs() < 1e-6);
 /// // Both replicas' copies took the same update.
 /// let weight = model.variables().get("out.weight").unwrap();
@@ -152,16 +152,27 @@ pub struct StepOutput {
     /// This replica's loss, scaled by the global batch: the replicas' losses sum to the global
     /// batch's mean loss (`strategy.reduce(ReduceOp::Sum, ...)`).
     pub loss: Tensor,
+    /// The update (applied, or skipped for non-finite gradients). Its
+    /// [`AppliedGradients::summed`] holds the global loss first, then what the closure of
+    /// [`ReplicatedModel::train_step_summing`] gave ([`StepOutput::global_loss`],
+    /// [`StepOutput::sums`]).
+    pub applied: AppliedGradients,
+}
+
+impl StepOutput {
     /// The global batch's mean loss: every replica's `loss` summed across every replica in
     /// sync, in the gradients' all-reduce (the same bits on every replica, with no collective
     /// of its own). Training loops read it instead of reducing `loss`.
-    pub global_loss: f32,
+    pub fn global_loss(&self) -> f32 {
+        self.applied.summed.first().copied().unwrap_or(f32::NAN)
+    }
+
     /// What the closure of [`ReplicatedModel::train_step_summing`] gave beside the loss,
     /// summed across every replica in sync in the same all-reduce (empty after
     /// [`ReplicatedModel::train_step`]).
-    pub sums: Vec<f32>,
-    /// The update (applied, or skipped for non-finite gradients).
-    pub applied: AppliedGradients,
+    pub fn sums(&self) -> &[f32] {
+        self.applied.summed.get(1..).unwrap_or_default()
+    }
 }
 
 impl<M: Send + Sync> ReplicatedModel<M> {
@@ -332,7 +343,7 @@ impl<M: Send + Sync> ReplicatedModel<M> {
 
     /// [`ReplicatedModel::train_step`], where the closure also gives values to sum across
     /// every replica in sync (say, the step's metric statistics): they ride in the gradients'
-    /// all-reduce with the loss, and come back summed as [`StepOutput::sums`], the same on
+    /// all-reduce with the loss, and come back summed ([`StepOutput::sums`]), the same on
     /// every replica, with no collective of their own.
     pub fn train_step_summing<F>(
         &self,
@@ -369,15 +380,9 @@ impl<M: Send + Sync> ReplicatedModel<M> {
             gradients.into_iter().zip(lists.trainable.iter().cloned()),
             &also,
         )?;
-        let (global_loss, sums) = match applied.summed.split_first() {
-            Some((global, sums)) => (*global, sums.to_vec()),
-            None => (share, extra),
-        };
         self.average_statistics_of(ctx, &lists)?;
         Ok(StepOutput {
             loss: loss.detach(),
-            global_loss,
-            sums,
             applied,
         })
     }

@@ -675,7 +675,7 @@ pub fn replica_train_step(
         losses::sparse_softmax_cross_entropy(&mlp.forward(features)?, classes)
             .map_err(candle_core::Error::wrap)
     })?;
-    Ok(output.global_loss)
+    Ok(output.global_loss())
 }
 
 /// The collective error under a training error, if that is what it is.
