@@ -21,7 +21,8 @@ use super::model::{first_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
 use crate::data::{AutoShardPolicy, Dataset, DistributeOptions, DistributedDataset, Element};
 use crate::strategy::{
-    Departure, ElasticState, GroupChange, Leave, PerReplica, SaveStateError, StrategyExt,
+    Ballot, CastVote, CountedVote, Departure, ElasticState, GroupChange, Leave, PerReplica,
+    SaveStateError, StrategyExt,
 };
 use crate::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
 use crate::variable::Variable;
@@ -116,6 +117,9 @@ pub(super) struct FitLoop<'m, N> {
     /// The epoch's statistics so far (loss, examples, metrics), summed.
     totals: Vec<f64>,
     last_logs: Logs,
+    /// The next boundary's votes, counted in the step before it (none after a group change:
+    /// that boundary votes on its own, as the closing one does).
+    counted_vote: Option<CountedVote>,
 }
 
 impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
@@ -189,6 +193,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             epoch_open: false,
             totals,
             last_logs: Logs::new(),
+            counted_vote: None,
         };
         run.resume_from_backup()?;
         (run.epoch, run.step_in_epoch) = run.epoch_at();
@@ -335,10 +340,16 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             }
             Ok(())
         };
+        // The closing boundary votes on its own: a worker that applied the last step meets
+        // there those whose all-reduce failed it.
+        let ballot = match self.counted_vote.take() {
+            Some(counted) if !finishing => Ballot::Counted(counted),
+            _ => Ballot::Now(leaving),
+        };
         let change = self
             .model
             .model_strategy()
-            .at_step_boundary(&mut state, leaving, &mut save);
+            .at_step_boundary(&mut state, ballot, &mut save);
         match change {
             Ok(None) if finishing => Ok(Boundary::Finished),
             Ok(None) => Ok(Boundary::Step),
@@ -398,12 +409,22 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             .static_batch
             .or_else(|| self.local_global_batch(&batch));
         let before = self.optimizer.iterations();
-        let run = self.run_replicas(batch, global);
+        // The next boundary's vote rides in this step's all-reduce.
+        let leaving = Leave::noticed(self.notice.as_deref(), self.drain.as_deref());
+        let vote = self.model.model_strategy().cast_vote(leaving)?;
+        let run = self.run_replicas(batch, global, vote.as_ref());
         // A step counts once its update was applied here, even where the group broke right
         // after; a skipped (non-finite) update counts as a step too.
         let applied = self.optimizer.iterations() > before;
         match run {
-            Ok(stats) => self.record_step(stats),
+            Ok(mut stats) => {
+                if let Some(vote) = vote {
+                    let sums = stats.split_off(stats.len().saturating_sub(vote.len()));
+                    let sums: Vec<f32> = sums.into_iter().map(|v| v as f32).collect();
+                    self.counted_vote = Some(vote.counted(&sums));
+                }
+                self.record_step(stats)
+            }
             Err(failed) => {
                 let err = training_failure(failed)?;
                 if applied {
@@ -422,7 +443,9 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         &mut self,
         batch: PerReplica<Element>,
         global_batch_size: Option<usize>,
+        vote: Option<&CastVote>,
     ) -> Result<Vec<f64>, KerasError> {
+        let vote = vote.cloned();
         let network = Arc::clone(&self.network);
         let optimizer = Arc::clone(&self.optimizer);
         let loss = self.loss.clone();
@@ -435,7 +458,9 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         strategy
             .run(
                 move |ctx, element: Element| -> Result<Vec<f64>, KerasError> {
-                    train_replica(&network, &optimizer, &loss, &metrics, ctx, spec, &element)
+                    let ballot = vote.as_ref().map(|v| v.values(ctx.local_replica_id()));
+                    let step = (&*network, &*optimizer, &loss);
+                    train_replica(step, &metrics, ctx, spec, &element, ballot)
                 },
                 batch,
             )
@@ -606,13 +631,12 @@ fn training_failure(failed: KerasError) -> Result<TrainError, KerasError> {
 /// after the step was a second one, whose wait for the slowest worker cost a small model's
 /// step about as much as its compute.
 fn train_replica<N: ModuleT + Send + Sync>(
-    network: &ReplicatedModel<N>,
-    optimizer: &DistributedOptimizer,
-    loss: &Loss,
+    (network, optimizer, loss): (&ReplicatedModel<N>, &DistributedOptimizer, &Loss),
     metrics: &[Box<dyn Metric>],
     ctx: &crate::strategy::ReplicaContext,
     spec: StepSpec,
     element: &Element,
+    ballot: Option<Vec<f32>>,
 ) -> Result<Vec<f64>, KerasError> {
     let (x, y, weights) = split_element(element)?;
     let empty = x.dims().first() == Some(&0);
@@ -623,7 +647,9 @@ fn train_replica<N: ModuleT + Send + Sync>(
             if empty {
                 // Nothing to learn from, but the replica still takes part in the all-reduce.
                 let nothing = Tensor::zeros(0, candle_core::DType::F32, x.device())?;
-                return Ok((nothing, vec![0.0; stats_len(metrics)]));
+                let mut stats = vec![0.0; stats_len(metrics)];
+                stats.extend(ballot.unwrap_or_default());
+                return Ok((nothing, stats));
             }
             let p = net.forward_t(x, true)?;
             let per_example = match loss.per_example(&p, y) {
@@ -634,14 +660,16 @@ fn train_replica<N: ModuleT + Send + Sync>(
                     return Err(candle_core::Error::Msg(message));
                 }
             };
-            let stats = match stats_of(&per_example, metrics, y, &p.detach(), &weights) {
-                Ok(stats) => stats.into_iter().map(|v| v as f32).collect(),
-                Err(e) => {
-                    let message = e.to_string();
-                    stats_error = Some(e);
-                    return Err(candle_core::Error::Msg(message));
-                }
-            };
+            let mut stats: Vec<f32> =
+                match stats_of(&per_example, metrics, y, &p.detach(), &weights) {
+                    Ok(stats) => stats.into_iter().map(|v| v as f32).collect(),
+                    Err(e) => {
+                        let message = e.to_string();
+                        stats_error = Some(e);
+                        return Err(candle_core::Error::Msg(message));
+                    }
+                };
+            stats.extend(ballot.unwrap_or_default());
             let w = Tensor::new(weights.as_slice(), per_example.device())?;
             Ok(((per_example.to_dtype(candle_core::DType::F32)? * w)?, stats))
         })

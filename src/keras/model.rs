@@ -12,7 +12,7 @@ use super::{save, KerasError, Logs, Loss, Misuse};
 use crate::data::{Dataset, DistributeOptions, Element};
 use crate::strategy::SaveStateError;
 use crate::strategy::{
-    CentralStorage, DefaultStrategy, ElasticState, GroupChange, Leave, Mirrored,
+    Ballot, CastVote, CentralStorage, DefaultStrategy, ElasticState, GroupChange, Leave, Mirrored,
     MultiWorkerMirrored, OneDevice, PerReplica, Recovery, ReduceOp, Strategy, StrategyError,
     StrategyExt,
 };
@@ -89,15 +89,29 @@ impl ModelStrategy {
         }
     }
 
+    /// The group's changes at a step boundary, voted by `ballot` (nothing changes in one
+    /// process).
     pub(crate) fn at_step_boundary(
         &mut self,
         state: &mut ElasticState<'_>,
-        leaving: Option<Leave>,
+        ballot: Ballot,
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         match &mut self.0 {
             Held::Local(_) => Ok(None),
-            Held::MultiWorker(s) => s.at_step_boundary(state, leaving, save),
+            Held::MultiWorker(s) => s.at_boundary(state, ballot, save),
+        }
+    }
+
+    /// This worker's vote at the next step boundary, to count in the step before it (none in
+    /// one process: it has no group).
+    pub(crate) fn cast_vote(
+        &self,
+        leaving: Option<Leave>,
+    ) -> Result<Option<CastVote>, StrategyError> {
+        match &self.0 {
+            Held::Local(_) => Ok(None),
+            Held::MultiWorker(s) => s.cast_vote(leaving).map(Some),
         }
     }
 

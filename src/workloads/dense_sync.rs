@@ -25,8 +25,8 @@ use crate::distribute::PerReplica;
 use crate::nn::{dense, losses, Activation, Dense};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::strategy::{
-    Admission, Departure, ElasticState, GroupChange, Leave, MultiWorkerMirrored, Recovery,
-    ReplicaContext, Strategy, StrategyExt,
+    Admission, Ballot, CastVote, CountedVote, Departure, ElasticState, GroupChange, Leave,
+    MultiWorkerMirrored, Recovery, ReplicaContext, Strategy, StrategyExt,
 };
 use crate::train::StateCheckpoints;
 use crate::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
@@ -379,14 +379,20 @@ pub fn train_elastic_on(
         let global_batch = per_replica_batch * strategy.num_replicas_in_sync();
         // Made at the first step of this group (none where only the closing boundary is left).
         let mut iter = None;
+        // The next boundary's votes, counted in the step before it (none after a group
+        // change, or before the closing boundary: those boundaries vote on their own).
+        let mut counted: Option<CountedVote> = None;
         loop {
             let mut state = progress.state();
-            let leaving = Leave::noticed(notice, drain);
+            let ballot = match counted.take() {
+                Some(counted) => Ballot::Counted(counted),
+                None => Ballot::Now(Leave::noticed(notice, drain)),
+            };
             let change = step_boundary(
                 strategy,
                 checkpoints.as_deref_mut(),
                 &mut state,
-                leaving,
+                ballot,
                 on_event,
             );
             let result = match change {
@@ -401,12 +407,23 @@ pub fn train_elastic_on(
                             global_batch,
                         )?),
                     };
-                    let (result, applied) = trainer.next_step(&*strategy, iter, global_batch);
+                    // The next boundary's vote rides in this step, unless the closing
+                    // boundary comes next.
+                    let vote = if progress.step + 1 < steps {
+                        Some(strategy.cast_vote(Leave::noticed(notice, drain))?)
+                    } else {
+                        None
+                    };
+                    let (result, applied) =
+                        trainer.next_step(&*strategy, iter, global_batch, vote);
                     if applied {
                         progress.step += 1;
                         progress.position += global_batch;
                     }
-                    result
+                    result.map(|(loss, votes)| {
+                        counted = votes;
+                        loss
+                    })
                 }
                 Ok(Some(GroupChange::Admitted(admission))) => {
                     progress.go_to(admission.step, admission.position);
@@ -529,7 +546,7 @@ fn step_boundary(
     strategy: &mut MultiWorkerMirrored,
     mut checkpoints: Option<&mut StateCheckpoints>,
     state: &mut ElasticState<'_>,
-    leaving: Option<Leave>,
+    ballot: Ballot,
     on_event: &mut dyn FnMut(ElasticEvent<'_>),
 ) -> Result<Option<GroupChange>, crate::strategy::StrategyError> {
     let at = state.step as usize;
@@ -540,7 +557,7 @@ fn step_boundary(
         }
         Ok(())
     };
-    let change = strategy.at_step_boundary(state, leaving, &mut save);
+    let change = strategy.at_boundary(state, ballot, &mut save);
     if let Some(dir) = saved_dir {
         on_event(ElasticEvent::Saved {
             step: at,
@@ -664,6 +681,23 @@ pub fn replica_train_step(
     global_batch: usize,
     step: u64,
 ) -> Result<f32, TrainError> {
+    let (loss, _) =
+        replica_train_step_voting(ctx, model, optimizer, inputs, global_batch, step, None)?;
+    Ok(loss)
+}
+
+/// [`replica_train_step`], counting `vote` (this worker's vote at the next step boundary,
+/// cast before the step: [`crate::strategy::CastVote`]) in the gradients' all-reduce; returns
+/// the vote's sums beside the loss (none without a vote).
+pub fn replica_train_step_voting(
+    ctx: &ReplicaContext,
+    model: &ReplicatedModel<Mlp>,
+    optimizer: &DistributedOptimizer,
+    inputs: &[Tensor],
+    global_batch: usize,
+    step: u64,
+    vote: Option<&CastVote>,
+) -> Result<(f32, Vec<f32>), TrainError> {
     let (Some(features), Some(classes)) = (inputs.first(), inputs.get(1)) else {
         return Err(TrainError::BatchComponents {
             needed: 2,
@@ -671,11 +705,13 @@ pub fn replica_train_step(
         });
     };
     let spec = StepSpec::new(step).global_batch_size(global_batch);
-    let output = model.train_step(ctx, optimizer, spec, |mlp| {
-        losses::sparse_softmax_cross_entropy(&mlp.forward(features)?, classes)
-            .map_err(candle_core::Error::wrap)
+    let ballot = vote.map_or_else(Vec::new, |v| v.values(ctx.local_replica_id()));
+    let output = model.train_step_summing(ctx, optimizer, spec, |mlp| {
+        let loss = losses::sparse_softmax_cross_entropy(&mlp.forward(features)?, classes)
+            .map_err(candle_core::Error::wrap)?;
+        Ok((loss, ballot))
     })?;
-    Ok(output.global_loss())
+    Ok((output.global_loss(), output.sums().to_vec()))
 }
 
 /// The collective error under a training error, if that is what it is.
@@ -721,12 +757,13 @@ impl Trainer {
         strategy: &dyn Strategy,
         iter: &mut DistributedIterator,
         global_batch: usize,
-    ) -> (Result<f32, TrainError>, bool) {
+        vote: Option<CastVote>,
+    ) -> (Result<(f32, Option<CountedVote>), TrainError>, bool) {
         let before = self.optimizer_steps();
         let result = iter
             .get_next()
             .map_err(TrainError::from)
-            .and_then(|batch| self.step(strategy, batch, global_batch, None));
+            .and_then(|batch| self.step_voting(strategy, batch, global_batch, None, vote));
         (result, self.optimizer_steps() > before)
     }
 
@@ -737,10 +774,23 @@ impl Trainer {
         global_batch: usize,
         fault: Option<Fault>,
     ) -> Result<f32, TrainError> {
+        Ok(self.step_voting(strategy, batch, global_batch, fault, None)?.0)
+    }
+
+    /// One step; with a `vote`, counted in the step's all-reduce.
+    fn step_voting(
+        &self,
+        strategy: &dyn Strategy,
+        batch: PerReplica<Vec<Tensor>>,
+        global_batch: usize,
+        fault: Option<Fault>,
+        vote: Option<CastVote>,
+    ) -> Result<(f32, Option<CountedVote>), TrainError> {
         let (model, optimizer) = (Arc::clone(&self.model), Arc::clone(&self.optimizer));
         let step = self.optimizer_steps();
-        let losses = strategy.try_run(
-            move |ctx, inputs: Vec<Tensor>| -> Result<f32, TrainError> {
+        let ballot = vote.clone();
+        let outputs = strategy.try_run(
+            move |ctx, inputs: Vec<Tensor>| -> Result<(f32, Vec<f32>), TrainError> {
                 if let Some(fault) = fault.filter(|_| ctx.local_replica_id() == 0) {
                     let message = format!("injected failure at step {step}");
                     match fault {
@@ -750,12 +800,17 @@ impl Trainer {
                         Fault::Panic => panic!("{message}"),
                     }
                 }
-                replica_train_step(ctx, &model, &optimizer, &inputs, global_batch, step)
+                let vote = ballot.as_ref();
+                replica_train_step_voting(ctx, &model, &optimizer, &inputs, global_batch, step, vote)
             },
             batch,
         )?;
-        // Every replica holds the same global loss (it rode in the gradients' all-reduce).
-        Ok(losses.values().first().copied().unwrap_or(f32::NAN))
+        // Every replica holds the same global loss and sums (they rode in the gradients'
+        // all-reduce).
+        let Some((loss, sums)) = outputs.values().first() else {
+            return Ok((f32::NAN, None));
+        };
+        Ok((*loss, vote.map(|v| v.counted(sums))))
     }
 
     fn outcome(&self, losses: Vec<f32>) -> Result<DenseOutcome, TrainError> {

@@ -12,6 +12,7 @@ use cohort_transport::NodeId;
 
 use super::config::check_same_settings;
 use super::quorum::{no_quorum_detail, node_list};
+use super::vote::{Ballot, CountedVote, Tally};
 use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
 use crate::cluster::node_id;
 use crate::collective::boundary::{self, BoundaryChange, Leavers};
@@ -258,7 +259,9 @@ impl MultiWorkerMirrored {
     /// [`Leave::Preempted`] on a preemption notice, e.g. SIGTERM; [`Leave::Drained`] when it
     /// is scaled down, e.g. SIGUSR1), and how the chief saves a checkpoint of `state` (`save`,
     /// called on the chief only, when a preempted worker leaves). `Ok(None)` where nothing
-    /// changes: one small all-gather (every worker's notice, and the leader's count of joiners).
+    /// changes: one small all-gather (every worker's notice, and the leader's count of joiners);
+    /// none where the step before it carried the vote
+    /// ([`MultiWorkerMirrored::at_step_boundary_counted`]).
     ///
     /// - **Preemption**: where any worker has a notice, every worker learns it at the same
     ///   step (the all-gather): the chief (rank 0) saves the agreed step with `save`, and says
@@ -299,10 +302,34 @@ impl MultiWorkerMirrored {
         leaving: Option<Leave>,
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<Option<GroupChange>, StrategyError> {
+        self.at_boundary(state, Ballot::Now(leaving), save)
+    }
+
+    /// [`MultiWorkerMirrored::at_step_boundary`], voted in the step before it: `counted` is
+    /// the vote [`MultiWorkerMirrored::cast_vote`] cast before that step, counted with the
+    /// step's sums ([`CastVote::counted`](super::CastVote::counted)). Where nothing changes it
+    /// takes no collective. Not for the boundary after the last step (see
+    /// [`CastVote`](super::CastVote)).
+    pub fn at_step_boundary_counted(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        counted: CountedVote,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
+        self.at_boundary(state, Ballot::Counted(counted), save)
+    }
+
+    /// A step boundary voted by `ballot` (see [`MultiWorkerMirrored::at_step_boundary`]).
+    pub(crate) fn at_boundary(
+        &mut self,
+        state: &mut ElasticState<'_>,
+        ballot: Ballot,
+        save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
+    ) -> Result<Option<GroupChange>, StrategyError> {
         if !self.change_noted && !self.awaiting_state.load(Ordering::SeqCst) {
             self.note_change(state.step, &[], TaskState::Alive, "formed".into());
         }
-        let change = self.boundary_change(state, leaving, save)?;
+        let change = self.boundary_change(state, ballot, save)?;
         match &change {
             Some(GroupChange::Admitted(a)) => {
                 let what = format!("admitted {}", node_list(&a.joined));
@@ -322,7 +349,7 @@ impl MultiWorkerMirrored {
     fn boundary_change(
         &mut self,
         state: &mut ElasticState<'_>,
-        leaving: Option<Leave>,
+        ballot: Ballot,
         save: &mut dyn FnMut(&ElasticState<'_>) -> Result<(), SaveStateError>,
     ) -> Result<Option<GroupChange>, StrategyError> {
         let me = node_id(self.task);
@@ -342,30 +369,17 @@ impl MultiWorkerMirrored {
         }
         self.broken()?;
         let group = self.span.group().clone();
-        let cpu = &Device::Cpu;
-        // The leader's pending joiners, the same list on every member.
-        let offer = if group.rank() == 0 {
-            encode_joiners(&group.pending_joiners())?
-        } else {
-            Vec::new()
-        };
-        // Every worker's notice and offer, in rank order.
-        let votes = self
-            .span
-            .all_gather(&Tensor::new(
-                &[Leave::vote(leaving), offer.len() as i64],
-                cpu,
-            )?)?
-            .to_vec1::<i64>()?;
-        let notices =
-            (0..group.size()).map(|r| votes.get(2 * r).and_then(|vote| Leave::of_vote(*vote)));
-        let len = votes.get(1).copied().unwrap_or(0);
+        let Tally {
+            notices,
+            offer_len: len,
+            offer,
+        } = self.tally(&group, ballot)?;
         match boundary::decide(notices, len > 0) {
             BoundaryChange::Depart(leavers) => return self.depart(state, &leavers, save).map(Some),
             BoundaryChange::Unchanged => return Ok(None),
             BoundaryChange::Admit => {}
         }
-        let len = len as usize;
+        let cpu = &Device::Cpu;
         let bytes = if offer.len() == len {
             offer
         } else {
@@ -733,7 +747,7 @@ pub struct Admission {
 
 /// The joiners the leader offers, as `(node, host:port, incarnation)` triples (bincode); no
 /// bytes for none.
-fn encode_joiners(joiners: &[Joiner]) -> Result<Vec<u8>, StrategyError> {
+pub(super) fn encode_joiners(joiners: &[Joiner]) -> Result<Vec<u8>, StrategyError> {
     if joiners.is_empty() {
         return Ok(Vec::new());
     }

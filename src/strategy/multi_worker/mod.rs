@@ -56,6 +56,7 @@ mod config;
 mod elastic;
 mod placement;
 mod quorum;
+mod vote;
 
 pub(crate) use self::config::metrics_addr_from_env;
 pub use self::config::{
@@ -65,6 +66,8 @@ pub use self::config::{
 pub use self::elastic::{
     Admission, Departure, ElasticState, GroupChange, Leave, Recovery, SaveStateError,
 };
+pub(crate) use self::vote::Ballot;
+pub use self::vote::{CastVote, CountedVote};
 
 use self::config::check_same_settings;
 use self::elastic::unless_mendable;

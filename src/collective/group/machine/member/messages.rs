@@ -79,17 +79,26 @@ pub(crate) enum StillAnswer {
 /// A member's part of one collective of its group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Piece {
-    /// The step boundary's all-gather: the member's notice, and (the leader's) joiners.
-    Vote {
-        leaving: Option<Leave>,
-        offer: Vec<Joiner>,
-    },
+    /// The step boundary's all-gather, where no step before it carried the vote.
+    Vote(Vote),
     /// The leader's broadcast: whether every joiner acked its admission.
     Told(bool),
     /// The state all-gather: the member's completed steps and model digest.
     State { step: u64, digest: u64 },
-    /// The member's contribution to the all-reduce of `step`.
-    Contribution { step: u64, value: u64 },
+    /// The member's contribution to the all-reduce of `step`, with its vote at the boundary
+    /// after it unless the closing boundary comes next (production's `CastVote`).
+    Contribution {
+        step: u64,
+        value: u64,
+        vote: Option<Vote>,
+    },
+}
+
+/// A member's vote at a step boundary: its notice, and (the leader's) joiners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Vote {
+    pub(crate) leaving: Option<Leave>,
+    pub(crate) offer: Vec<Joiner>,
 }
 
 /// What the machine asks its executor to do, or reports.

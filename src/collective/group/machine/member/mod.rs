@@ -75,7 +75,9 @@ mod messages;
 mod recovering;
 mod training;
 
-pub(crate) use messages::{Broke, MemberAction, MemberExit, MemberMessage, Piece, StillAnswer};
+pub(crate) use messages::{
+    Broke, MemberAction, MemberExit, MemberMessage, Piece, StillAnswer, Vote,
+};
 
 /// A group of this process (forming, formed, or broken).
 #[derive(Debug, Clone)]

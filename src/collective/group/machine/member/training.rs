@@ -72,22 +72,15 @@ impl MemberMachine {
                 step: self.step,
                 digest: self.digest,
             }),
-            Round::Vote => {
-                let offer = if rank == 0 {
-                    self.membership.pending_joiners(&nodes, now, PENDING_FRESH)
-                } else {
-                    Vec::new()
-                };
-                Some(Piece::Vote {
-                    leaving: self.notice,
-                    offer,
-                })
-            }
+            Round::Vote => Some(Piece::Vote(self.vote(now, rank, &nodes))),
             // A broadcast from the leader: the others send nothing.
             Round::Told { .. } => None,
+            // The next boundary's vote rides in the step, unless the closing boundary comes
+            // next (as production's training loops cast it).
             Round::Step { .. } => Some(Piece::Contribution {
                 step: self.step + 1,
                 value: contribution(&self.me.node, self.step + 1),
+                vote: (self.step + 1 < self.settings.steps).then(|| self.vote(now, rank, &nodes)),
             }),
             Round::Telling { .. } => None,
         };
@@ -107,6 +100,19 @@ impl MemberMachine {
                     piece: piece.clone(),
                 },
             );
+        }
+    }
+
+    /// This member's vote at a step boundary of the group of `nodes`, where it has `rank`.
+    fn vote(&mut self, now: Instant, rank: usize, nodes: &[NodeId]) -> Vote {
+        let offer = if rank == 0 {
+            self.membership.pending_joiners(nodes, now, PENDING_FRESH)
+        } else {
+            Vec::new()
+        };
+        Vote {
+            leaving: self.notice,
+            offer,
         }
     }
 
@@ -135,7 +141,13 @@ impl MemberMachine {
     pub(super) fn round_done(&mut self, now: Instant, round: Round, pieces: Vec<Piece>) {
         match round {
             Round::State => self.state_agreed(now, &pieces),
-            Round::Vote => self.voted(now, &pieces),
+            Round::Vote => {
+                let votes = pieces.into_iter().map(|piece| match piece {
+                    Piece::Vote(vote) => Some(vote),
+                    _ => None,
+                });
+                self.voted(now, votes.collect())
+            }
             Round::Told {
                 generation,
                 joiners,
@@ -182,7 +194,9 @@ impl MemberMachine {
         self.begin_round(now, Some(Round::Vote));
     }
 
-    pub(super) fn voted(&mut self, now: Instant, pieces: &[Piece]) {
+    /// Every member's vote at this boundary (`None` for a piece that was no vote), in rank
+    /// order.
+    pub(super) fn voted(&mut self, now: Instant, votes: Vec<Option<Vote>>) {
         let Some(g) = self.group.as_ref() else {
             return;
         };
@@ -199,12 +213,11 @@ impl MemberMachine {
             return;
         }
         // Every member's notice, and the leader's joiners, in rank order.
-        let notices = pieces.iter().map(|piece| match piece {
-            Piece::Vote { leaving, .. } => *leaving,
-            _ => None,
-        });
-        let offer = match pieces.first() {
-            Some(Piece::Vote { offer, .. }) => offer.clone(),
+        let notices = votes
+            .iter()
+            .map(|vote| vote.as_ref().and_then(|v| v.leaving));
+        let offer = match votes.first() {
+            Some(Some(vote)) => vote.offer.clone(),
             _ => Vec::new(),
         };
         let next = self.membership.next_generation(g.generation);
@@ -308,10 +321,16 @@ impl MemberMachine {
     pub(super) fn stepped(&mut self, now: Instant, pieces: &[Piece]) {
         let step = self.step + 1;
         let mut sum = 0u64;
+        let mut votes = Vec::with_capacity(pieces.len());
         for piece in pieces {
             match piece {
-                Piece::Contribution { step: s, value } if *s == step => {
-                    sum = sum.wrapping_add(*value)
+                Piece::Contribution {
+                    step: s,
+                    value,
+                    vote,
+                } if *s == step => {
+                    sum = sum.wrapping_add(*value);
+                    votes.push(vote.clone());
                 }
                 // Members that disagree on the call: the group cannot go on.
                 _ => {
@@ -331,7 +350,12 @@ impl MemberMachine {
             parent,
             digest: self.digest,
         });
-        // After the last step, one more boundary closes the job (see `voted`).
+        // The next boundary was voted in the step where every member's contribution carried
+        // its vote; else (after the last step, where one more boundary closes the job: see
+        // `voted`) it votes on its own.
+        if votes.iter().all(Option::is_some) {
+            return self.voted(now, votes);
+        }
         self.begin_round(now, Some(Round::Vote));
     }
 
