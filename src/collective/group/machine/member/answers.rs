@@ -35,6 +35,7 @@ impl MemberMachine {
                 generation,
                 formed,
                 member_of,
+                to: incarnation,
             },
         );
     }
@@ -62,6 +63,7 @@ impl MemberMachine {
                         MemberMessage::JoinRefused {
                             generation,
                             current,
+                            to: join.context.incarnation,
                         },
                     );
                 }
@@ -77,6 +79,7 @@ impl MemberMachine {
                         MemberMessage::Joined {
                             generation,
                             incarnation,
+                            to: join.context.incarnation,
                         },
                     );
                 }
@@ -86,6 +89,7 @@ impl MemberMachine {
                         MemberMessage::JoinRefused {
                             generation,
                             current,
+                            to: join.context.incarnation,
                         },
                     );
                 }
@@ -96,6 +100,7 @@ impl MemberMachine {
                         MemberMessage::JoinRefused {
                             generation,
                             current: generation,
+                            to: join.context.incarnation,
                         },
                     );
                 }

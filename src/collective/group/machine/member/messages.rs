@@ -17,6 +17,8 @@ pub(crate) enum MemberMessage {
         generation: u64,
         formed: bool,
         member_of: u64,
+        /// The process whose ask it answers.
+        to: Incarnation,
     },
     /// A dialer joins `generation`, formed with `members` (rank order).
     Join {
@@ -26,12 +28,20 @@ pub(crate) enum MemberMessage {
         incarnation: Incarnation,
     },
     /// The join was taken: the link of `generation` is up, with this process of the acceptor.
+    /// `to`: the joiner's process whose join it answers (production answers on that process's
+    /// own stream, which no later process of the node can read).
     Joined {
         generation: u64,
         incarnation: Incarnation,
+        to: Incarnation,
     },
-    /// The join of `generation` was refused; `current`: the acceptor's latest generation.
-    JoinRefused { generation: u64, current: u64 },
+    /// The join of `generation` by the joiner's process `to` was refused; `current`: the
+    /// acceptor's latest generation.
+    JoinRefused {
+        generation: u64,
+        current: u64,
+        to: Incarnation,
+    },
     /// Whether the receiver still forms `generation` with `members`.
     StillForming {
         generation: u64,

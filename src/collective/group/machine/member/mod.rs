@@ -395,6 +395,12 @@ impl MemberMachine {
             MemberMessage::Enter { addr, incarnation } => {
                 self.answer_enter(now, from, addr, incarnation)
             }
+            // An answer to another process's ask or join of this node (its old one) is none of
+            // this process's: production answers on the asker's own stream.
+            MemberMessage::Entered { to, .. }
+            | MemberMessage::Joined { to, .. }
+            | MemberMessage::JoinRefused { to, .. }
+                if to != self.incarnation => {}
             MemberMessage::Entered {
                 formed, member_of, ..
             } => {
@@ -426,6 +432,7 @@ impl MemberMachine {
             MemberMessage::Joined {
                 generation,
                 incarnation,
+                ..
             } => {
                 if let Some(g) = self.group.as_mut().filter(|g| g.generation == generation) {
                     if let Some(link) = g.links.get_mut(from).filter(|l| l.is_dialing()) {
@@ -437,6 +444,7 @@ impl MemberMachine {
             MemberMessage::JoinRefused {
                 generation,
                 current,
+                ..
             } => {
                 if self.forming_generation() == Some(generation) {
                     let why = Broke::Refused {
