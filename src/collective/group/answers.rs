@@ -224,15 +224,16 @@ impl MeshInner {
                     self.no_survivor(generation)
                 }
             }
-            // A new process of this node, whose old one the prober formed with (lost since).
-            // It is no survivor: it enters again as a joiner (`MultiWorkerMirrored::new`).
+            // A new process of this node, whose old one the prober formed with (lost since), or
+            // a joiner forming the admission's generation the prober re-forms from. It is no
+            // survivor: it enters again as a joiner (`MultiWorkerMirrored::new`).
             (ProbeAnswerHere::EndForming, Some(g)) => {
                 g.fail(
                     CollectiveError::Form {
                         generation: g.generation,
                         reason: format!(
-                            "{peer} formed generation {generation} without this process and is re-forming \
-                             it: enter and be admitted"
+                            "{peer} re-forms from generation {generation} without this process: enter \
+                             and be admitted"
                         ),
                     },
                     false,

@@ -227,7 +227,8 @@ pub(super) enum ProbeAnswerHere {
     /// worked, else [`Self::Joining`]).
     CutShort,
     /// This mesh forms a generation the prober formed without this process (with its old one,
-    /// lost since): it is no survivor. The mesh ends that forming, and answers as a joiner.
+    /// lost since), or, waiting to be admitted, the admission's generation the prober re-forms
+    /// from: it is no survivor. The mesh ends that forming, and answers as a joiner.
     EndForming,
 }
 
@@ -347,8 +348,16 @@ impl Membership {
         group: Option<GroupView<'_>>,
         linked: bool,
     ) -> ProbeAnswerHere {
-        // A joiner is no survivor: the others re-form without it, then admit it.
+        // A joiner is no survivor: the others re-form without it, then admit it. Where it
+        // still forms the admission's generation with the prober (or an earlier one), it ends
+        // that forming: the prober counts it out, so it must never complete that generation
+        // with the others (they and the prober would be two groups, each with a quorum).
         if self.joining {
+            if group
+                .is_some_and(|g| g.generation <= generation && !g.formed && g.nodes.contains(peer))
+            {
+                return ProbeAnswerHere::EndForming;
+            }
             return self.no_survivor(generation);
         }
         if !self.member {
@@ -774,8 +783,23 @@ mod tests {
         first.joining = true;
         first.hear_from(vec![node(1)]);
         first.heard_from(&node(1), 1);
+        // A joiner forming the generation the prober re-forms from (or an earlier one) ends
+        // that forming: the prober counts it out, so it must not complete it.
         assert_eq!(
             first.handle_probe(&node(1), 1, Some(forming), true),
+            ProbeAnswerHere::EndForming
+        );
+        assert_eq!(
+            first.handle_probe(&node(1), 2, Some(forming), false),
+            ProbeAnswerHere::EndForming
+        );
+        // Forming none: it answers as a joiner.
+        assert_eq!(
+            first.handle_probe(&node(1), 1, Some(formed(1, &nodes)), true),
+            ProbeAnswerHere::Joining
+        );
+        assert_eq!(
+            first.handle_probe(&node(1), 1, None, false),
             ProbeAnswerHere::Joining
         );
     }
