@@ -364,12 +364,10 @@ pub fn train_elastic_on(
     let mut recoveries = Vec::new();
     // A fresh start resumes from the chief's newest checkpoint, given to every worker (a
     // joiner gets the live state at its first step boundary instead).
-    if !strategy.awaits_state() {
-        if let Some(checkpoints) = checkpoints.as_deref_mut() {
-            let mut state = progress.state();
-            resume(strategy, checkpoints, &mut state, on_event)?;
-            progress.go_to(state.step, state.position);
-        }
+    if let Some(checkpoints) = checkpoints.as_deref_mut().filter(|_| !strategy.awaits_state()) {
+        let mut state = progress.state();
+        resume(strategy, checkpoints, &mut state, on_event)?;
+        progress.go_to(state.step, state.position);
     }
     // Each pass of 'group trains with one group; the last boundary comes after the last
     // step (the closing boundary): a worker that applied the last step while the others
@@ -407,19 +405,9 @@ pub fn train_elastic_on(
                             global_batch,
                         )?),
                     };
-                    // The next boundary's vote rides in this step, unless the closing
-                    // boundary comes next.
-                    let vote = if progress.step + 1 < steps {
-                        Some(strategy.cast_vote(Leave::noticed(notice, drain))?)
-                    } else {
-                        None
-                    };
-                    let (result, applied) =
-                        trainer.next_step(&*strategy, iter, global_batch, vote);
-                    if applied {
-                        progress.step += 1;
-                        progress.position += global_batch;
-                    }
+                    let leaving = Leave::noticed(notice, drain);
+                    let sizes = (steps, global_batch);
+                    let result = elastic_step(strategy, &trainer, iter, &mut progress, sizes, leaving);
                     result.map(|(loss, votes)| {
                         counted = votes;
                         loss
@@ -436,12 +424,9 @@ pub fn train_elastic_on(
                 }
                 Ok(Some(GroupChange::Leaving(departure))) => {
                     on_event(ElasticEvent::Departed(&departure));
-                    return Ok(ElasticRun {
-                        outcome: trainer.outcome(progress.losses)?,
-                        recoveries,
-                        drained: departure.was_drained(&me),
-                        left: Some(departure),
-                    });
+                    let drained = departure.was_drained(&me);
+                    let left = Some(departure);
+                    return trainer.run_ended(progress.losses, recoveries, left, drained);
                 }
                 Err(err) => Err(err.into()),
             };
@@ -452,12 +437,32 @@ pub fn train_elastic_on(
             }
         }
     }
-    Ok(ElasticRun {
-        outcome: trainer.outcome(progress.losses)?,
-        recoveries,
-        left: None,
-        drained: false,
-    })
+    trainer.run_ended(progress.losses, recoveries, None, false)
+}
+
+/// The next step of an elastic run on `iter`, `(steps, global_batch)` its length and batch:
+/// its loss, and the next boundary's votes counted in it (this worker's with `leaving`; none
+/// where the closing boundary comes next, which votes on its own). `progress` moves on where
+/// the update was applied here, even if the step failed after it.
+fn elastic_step(
+    strategy: &MultiWorkerMirrored,
+    trainer: &Trainer,
+    iter: &mut DistributedIterator,
+    progress: &mut Progress<'_>,
+    (steps, global_batch): (usize, usize),
+    leaving: Option<Leave>,
+) -> Result<(f32, Option<CountedVote>), TrainError> {
+    let vote = if progress.step + 1 < steps {
+        Some(strategy.cast_vote(leaving)?)
+    } else {
+        None
+    };
+    let (result, applied) = trainer.next_step(strategy, iter, global_batch, vote);
+    if applied {
+        progress.step += 1;
+        progress.position += global_batch;
+    }
+    result
 }
 
 /// Where an elastic run stands: steps completed, examples read, each step's global loss (NaN
@@ -811,6 +816,23 @@ impl Trainer {
             return Ok((f32::NAN, None));
         };
         Ok((*loss, vote.map(|v| v.counted(sums))))
+    }
+
+    /// How an elastic run ended: its outcome after `losses`, the `recoveries`, and where this
+    /// worker `left` (and whether `drained`).
+    fn run_ended(
+        &self,
+        losses: Vec<f32>,
+        recoveries: Vec<Recovery>,
+        left: Option<Departure>,
+        drained: bool,
+    ) -> Result<ElasticRun, TrainError> {
+        Ok(ElasticRun {
+            outcome: self.outcome(losses)?,
+            recoveries,
+            left,
+            drained,
+        })
     }
 
     fn outcome(&self, losses: Vec<f32>) -> Result<DenseOutcome, TrainError> {
