@@ -11,6 +11,9 @@ use crate::strategy::StrategyError;
 
 /// The largest offer length a vote carries in `f32` (every integer up to 2^24 is exact).
 const OFFER_LEN_MAX: usize = 1 << 24;
+/// What the leader sums for an offer too long to count ([`OFFER_LEN_MAX`]): not a whole
+/// number, so the sum fits no group and the boundary votes by its all-gather.
+const UNCOUNTABLE: f32 = 0.5;
 
 /// A step boundary's vote, cast before the step and counted in the step's all-reduce.
 ///
@@ -62,7 +65,13 @@ impl CastVote {
         if local_replica == 0 {
             values[self.rank] = Leave::vote(self.leaving) as f32;
             if self.rank == 0 {
-                values[self.size] = self.offer.len() as f32;
+                values[self.size] = if self.offer.len() < OFFER_LEN_MAX {
+                    self.offer.len() as f32
+                } else {
+                    // Not countable exactly in f32: a sum no member reads as a length, so that
+                    // every member votes again by the all-gather, which carries it whole.
+                    UNCOUNTABLE
+                };
             }
         }
         values
@@ -132,14 +141,7 @@ impl MultiWorkerMirrored {
     pub fn cast_vote(&self, leaving: Option<Leave>) -> Result<CastVote, StrategyError> {
         let group = self.span.group();
         let offer = if group.rank() == 0 {
-            let offer = encode_joiners(&group.pending_joiners())?;
-            if offer.len() >= OFFER_LEN_MAX {
-                // Not countable in f32: the boundary falls back to its own collective (on
-                // every member alike, since the sum says so).
-                Vec::new()
-            } else {
-                offer
-            }
+            encode_joiners(&group.pending_joiners())?
         } else {
             Vec::new()
         };
@@ -249,6 +251,15 @@ mod tests {
         // Another generation (the group changed since the vote was cast), another size.
         assert_eq!(counted.tally(5, 2), None);
         assert_eq!(counted.tally(4, 3), None);
+        // An offer too long to count in f32 makes the sum unreadable on every member, so
+        // the boundary votes again by its all-gather rather than admit no one.
+        let long = [
+            cast(0, 2, None, &vec![1; OFFER_LEN_MAX]),
+            cast(1, 2, None, &[]),
+        ];
+        let sums = summed(&long, 1);
+        assert_eq!(long[0].clone().counted(&sums).tally(4, 2), None);
+        assert_eq!(long[1].clone().counted(&sums).tally(4, 2), None);
         // Sums that are no whole votes.
         for bad in [0.5, -1.0, f32::NAN, f32::INFINITY] {
             let counted = votes[0].clone().counted(&[0.0, bad, 0.0]);
