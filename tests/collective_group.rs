@@ -1461,6 +1461,58 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
     }
 }
 
+/// A first generation that broke before any collective completed is no job to wait for: a
+/// member's new process asking to enter hears "no group" from the survivors, and starts the
+/// job again (a process told "a group lives" there would wait to be admitted and refuse the
+/// others' fresh start: the membership simulator found that livelock). Once the survivors
+/// re-formed, it hears that a group lives, and waits to be admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_generation_broken_before_any_collective_tells_an_entering_process_to_start() {
+    let config = GroupConfig::for_tests();
+    let ca = ClusterCa::generate("untrained-first-generation").unwrap();
+    let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;
+    let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
+    old_endpoint.close();
+    drop((old, old_mesh, old_endpoint));
+    let (a, d) = (groups.remove(0), groups.remove(0));
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let broken = bounded(
+        "the first collective",
+        join_all([&a, &d].map(|g| g.all_reduce(Reduction::Sum, &one))),
+    )
+    .await;
+    assert!(broken.iter().all(Result::is_err), "{broken:?}");
+    let addr = members[1].addr;
+    let again = Mesh::new(rebind_worker(&ca, 1, addr).await, config.clone());
+    let peers = [members[0].clone(), members[2].clone()];
+    let entry = bounded(
+        "entering",
+        again.enter(addr, &peers, Duration::from_secs(5)),
+    )
+    .await;
+    assert!(
+        matches!(entry, cohort::collective::Entry::Start),
+        "{entry:?}"
+    );
+    let survivors = vec![NodeId::new("worker", 0), NodeId::new("worker", 2)];
+    let reformed = bounded(
+        "re-forming",
+        join_all([&a, &d].map(|g| g.reform(&survivors))),
+    )
+    .await;
+    let reformed: Vec<ProcessGroup> = reformed.into_iter().map(Result::unwrap).collect();
+    assert!(reformed.iter().all(|g| g.generation() == 2));
+    let entry = bounded(
+        "entering again",
+        again.enter(addr, &peers, Duration::from_secs(5)),
+    )
+    .await;
+    assert!(
+        matches!(entry, cohort::collective::Entry::Join),
+        "{entry:?}"
+    );
+}
+
 /// Two processes of one member joined the first generation before the other member began forming
 /// it (the first killed after sending its join, the second its restart): the other member
 /// links with the later one, so the group they form works.

@@ -138,11 +138,13 @@ impl Shared {
 
     /// What the membership machine is told of this group ([`GroupView`]).
     pub(super) fn view(&self) -> GroupView<'_> {
+        let state = self.lock();
         GroupView {
             generation: self.generation,
             nodes: &self.nodes,
             formed: self.is_formed(),
-            broken: self.lock().broken.is_some(),
+            broken: state.broken.is_some(),
+            trained: state.ended_below > 0,
         }
     }
 

@@ -570,12 +570,11 @@ async fn enter_group(
             EntryStep::FreshStart { until } => match mesh.form(1, members.clone()).await {
                 Ok(group) => return Ok(group),
                 Err(err) => {
-                    let refused = matches!(err, CollectiveError::GenerationRefused { .. });
                     let now = std::time::Instant::now();
                     let forget = || mesh.forget_failed_start();
-                    match entry::after_failed_start(refused, now, until, forget) {
+                    match entry::after_failed_start(now, until, forget) {
                         AfterFailedStart::RetryAt { at, until } => {
-                            tracing::info!(%err, "the first generation was refused: asking again whether a group lives, else forming it again");
+                            tracing::info!(%err, "forming the first generation failed: asking again whether a group lives, else forming it again");
                             tokio::time::sleep(at.saturating_duration_since(now)).await;
                             after = EnterAfter::StartAgain { until };
                         }

@@ -5,12 +5,13 @@
 //! A process asks every peer whether a group lives ([`super::super::Mesh::enter`]), then
 //! either waits to be admitted to it or forms the first generation with every worker. What
 //! comes next depends on how its last try ended ([`EnterAfter`]):
-//! - a fresh start refused by a process that has no live group (one waiting to be admitted to
-//!   a group that is gone, or whose own first forming failed) is tried again after
+//! - a fresh start that failed (refused by a process that has no live group, one waiting to
+//!   be admitted to a group that is gone or whose own first forming failed; aborted by a member
+//!   whose forming broke; ended by a survivor's probe; timed out) is tried again after
 //!   [`FRESH_START_RETRY`], asking first whether a group lives after all, within the join
 //!   timeout ([`after_failed_start`]). Exiting instead, the process may be restarted faster
-//!   than the waiting one can see that no group lives (the membership simulator found a
-//!   supervisor's budget so run out);
+//!   than the others can see that no group lives (the membership simulator found a
+//!   supervisor's budget so run out, first after refusals, then after aborts);
 //! - a process not admitted that never formed a group (or whose only forming was a first
 //!   generation that failed) asks again, starting as one that never formed
 //!   ([`after_not_admitted`]); a member of an older group exits;
@@ -41,8 +42,8 @@ pub(crate) enum EnterAfter {
     FailedStart,
     /// It was not admitted: form the first generation if no group lives, else exit.
     FailedJoin,
-    /// Its fresh start was refused by a process with no live group: join if a group lives
-    /// after all, else form the first generation again, within `until`.
+    /// Its fresh start failed: join if a group lives after all, else form the first
+    /// generation again, within `until`.
     StartAgain {
         /// When it stops trying the first generation again.
         until: Instant,
@@ -97,17 +98,15 @@ pub(crate) enum AfterFailedStart {
     AskAgain,
 }
 
-/// A fresh start (tried within `until`) failed at `now`; `refused`: a member refused the first
-/// generation. Only a refusal is tried again, and only where `forget_failed_start` forgets
-/// this process's failed start (it formed no group and waits for no admission), so that the
-/// first generation can be formed again.
+/// A fresh start (tried within `until`) failed at `now`, whatever ended it. It is tried
+/// again where `forget_failed_start` forgets this process's failed start (it formed no group
+/// and waits for no admission), so that the first generation can be formed again.
 pub(crate) fn after_failed_start(
-    refused: bool,
     now: Instant,
     until: Instant,
     forget_failed_start: impl FnOnce() -> bool,
 ) -> AfterFailedStart {
-    if refused && now < until && forget_failed_start() {
+    if now < until && forget_failed_start() {
         AfterFailedStart::RetryAt {
             at: now + FRESH_START_RETRY,
             until,
@@ -328,26 +327,23 @@ mod tests {
     }
 
     #[test]
-    fn only_a_refused_start_that_could_be_forgotten_is_tried_again_in_time() {
+    fn a_failed_start_that_could_be_forgotten_is_tried_again_in_time() {
         let now = Instant::now();
         let until = now + Duration::from_secs(10);
         assert_eq!(
-            after_failed_start(true, now, until, || true),
+            after_failed_start(now, until, || true),
             AfterFailedStart::RetryAt {
                 at: now + FRESH_START_RETRY,
                 until
             }
         );
+        // A member of a group, or one waiting to be admitted: it asks again (joins or exits).
         assert_eq!(
-            after_failed_start(false, now, until, || true),
+            after_failed_start(now, until, || false),
             AfterFailedStart::AskAgain
         );
         assert_eq!(
-            after_failed_start(true, now, until, || false),
-            AfterFailedStart::AskAgain
-        );
-        assert_eq!(
-            after_failed_start(true, until, until, || true),
+            after_failed_start(until, until, || true),
             AfterFailedStart::AskAgain
         );
         assert_eq!(after_not_admitted(true), Some(EnterAfter::FailedJoin));

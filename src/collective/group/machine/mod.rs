@@ -88,6 +88,17 @@ pub(super) struct GroupView<'a> {
     pub(super) formed: bool,
     /// Whether it broke.
     pub(super) broken: bool,
+    /// Whether a collective of it completed here.
+    pub(super) trained: bool,
+}
+
+impl GroupView<'_> {
+    /// Whether this group still forms, with `peer` among its members, `generation` or an
+    /// earlier one: a probe of `generation` by `peer` means that forming can no longer
+    /// complete as it was meant to.
+    fn forms_up_to_with(&self, generation: u64, peer: &NodeId) -> bool {
+        self.generation <= generation && !self.formed && self.nodes.contains(peer)
+    }
 }
 
 /// The answer to an ask to enter ([`Membership::handle_enter`]).
@@ -255,6 +266,14 @@ impl Membership {
         let same_process = self.processes.get(peer) == Some(&incarnation);
         let in_group = group.is_some_and(|g| g.nodes.contains(peer));
         if let Some(g) = group {
+            // A first generation that broke before any collective completed here was no job
+            // yet: it formed at this process only, or not with the others' fresh start. Told
+            // "a group lives", a process waiting to be admitted would refuse the others' next
+            // fresh start while this one finds no quorum, exits and comes back, again and
+            // again (the membership simulator found that livelock).
+            if generation == 1 && g.broken && !g.trained {
+                return EnterAnswer::NoGroup { generation };
+            }
             // The first group forming and waiting for it: the job is starting (unless it
             // linked with another process of it already: then this one is a restart).
             if generation == 1
@@ -352,10 +371,9 @@ impl Membership {
         // still forms the admission's generation with the prober (or an earlier one), it ends
         // that forming: the prober counts it out, so it must never complete that generation
         // with the others (they and the prober would be two groups, each with a quorum).
+        let forming_with_prober = group.filter(|g| g.forms_up_to_with(generation, peer));
         if self.joining {
-            if group
-                .is_some_and(|g| g.generation <= generation && !g.formed && g.nodes.contains(peer))
-            {
+            if forming_with_prober.is_some() {
                 return ProbeAnswerHere::EndForming;
             }
             return self.no_survivor(generation);
@@ -363,9 +381,7 @@ impl Membership {
         if !self.member {
             // No member yet: this mesh forms the first generation, which the prober formed (or was
             // forming) and is re-forming: that forming can no longer complete.
-            return match group
-                .filter(|g| g.generation <= generation && !g.formed && g.nodes.contains(peer))
-            {
+            return match forming_with_prober {
                 Some(g) if g.generation == generation && linked => ProbeAnswerHere::CutShort,
                 Some(_) => ProbeAnswerHere::EndForming,
                 None => self.no_survivor(generation),
@@ -651,6 +667,7 @@ mod tests {
             nodes,
             formed: true,
             broken: false,
+            trained: true,
         }
     }
 
@@ -673,6 +690,43 @@ mod tests {
             }
         );
         assert_eq!(m.pending[&node(1)].incarnation, new);
+    }
+
+    #[test]
+    fn a_first_generation_broken_before_any_collective_is_no_group_to_wait_for() {
+        let processes = [9, 1, 7].map(Incarnation::from_raw);
+        let (mut m, nodes) = member_of(1, &processes);
+        let asker = Incarnation::from_raw(4);
+        let now = Instant::now();
+        let untrained = |broken| GroupView {
+            broken,
+            trained: false,
+            ..formed(1, &nodes)
+        };
+        // Broken before its first collective: the asker is to start the job again.
+        let answer = m.handle_enter(&node(2), addr(2), asker, Some(untrained(true)), now);
+        assert_eq!(answer, EnterAnswer::NoGroup { generation: 1 });
+        assert!(m.pending.is_empty());
+        // Not broken, or broken after a collective, it lives: the asker waits to be admitted.
+        for view in [
+            untrained(false),
+            GroupView {
+                broken: true,
+                ..formed(1, &nodes)
+            },
+        ] {
+            let answer = m.handle_enter(&node(2), addr(2), asker, Some(view), now);
+            assert!(matches!(answer, EnterAnswer::Pending { .. }), "{view:?}");
+        }
+        // A later generation broken before its first collective is still a job.
+        let (mut later, nodes) = member_of(2, &processes);
+        let view = GroupView {
+            broken: true,
+            trained: false,
+            ..formed(2, &nodes)
+        };
+        let answer = later.handle_enter(&node(2), addr(2), asker, Some(view), now);
+        assert!(matches!(answer, EnterAnswer::Pending { .. }));
     }
 
     #[test]

@@ -18,14 +18,14 @@ impl MemberMachine {
                 generation,
                 members,
             };
-            return self.forming_failed(now, purpose, None, attempted);
+            return self.forming_failed(now, purpose, attempted);
         };
         if self.membership.begin_forming(generation).is_err() {
             let attempted = Before {
                 generation,
                 members,
             };
-            return self.forming_failed(now, purpose, None, attempted);
+            return self.forming_failed(now, purpose, attempted);
         }
         if let Some(old) = &self.group {
             if old.broken.is_none() && old.formed {
@@ -137,12 +137,12 @@ impl MemberMachine {
                 let before = self.before_of_group();
                 self.begin_recovering(now, before, 1);
             }
-            Some(why) => {
+            Some(_) => {
                 // A failed forming's group is gone (nothing holds it); another member may
                 // have formed it, though (see `forming_failed`).
                 let attempted = self.before_of_group();
                 self.group = None;
-                self.forming_failed(now, purpose, Some(why), attempted);
+                self.forming_failed(now, purpose, attempted);
             }
         }
     }
@@ -173,26 +173,20 @@ impl MemberMachine {
         self.begin_round(now, None);
     }
 
-    /// The forming of `attempted` for `purpose` failed here (broken by `why`).
-    pub(super) fn forming_failed(
-        &mut self,
-        now: Instant,
-        purpose: Purpose,
-        why: Option<Broke>,
-        attempted: Before,
-    ) {
+    /// The forming of `attempted` for `purpose` failed here.
+    pub(super) fn forming_failed(&mut self, now: Instant, purpose: Purpose, attempted: Before) {
         match purpose {
             Purpose::FreshStart { until } => {
                 // Members waiting to be admitted to a group that is gone (at whatever generation
-                // they tried) refuse the first generation until they see that nobody has one: ask
-                // again (join where a group lives after all), and try it again where nobody
-                // has one. Exiting instead, this process may be restarted again and again
-                // faster than the waiting member can see it (found by the membership
-                // simulator: the supervisor's budget ran out, seeds 263 and 2909 of sweeps
-                // of up to 3 workers).
-                let refused = matches!(why, Some(Broke::Refused { .. }));
+                // they tried) refuse the first generation until they see that nobody has one,
+                // and a member whose forming broke aborts it: ask again (join where a group
+                // lives after all), and try it again where nobody has one. Exiting instead,
+                // this process may be restarted again and again faster than the others can
+                // see it (found by the membership simulator: the supervisor's budget ran out,
+                // seeds 263 and 2909 of sweeps of up to 3 workers after refusals, 4126886 of
+                // up to 6 workers after aborts).
                 let forget = || self.membership.forget_failed_start();
-                match entry::after_failed_start(refused, now, until, forget) {
+                match entry::after_failed_start(now, until, forget) {
                     AfterFailedStart::RetryAt { at, until } => {
                         self.phase = Phase::StartAgain { at, until };
                     }

@@ -103,6 +103,7 @@ impl Group {
             nodes: &self.nodes,
             formed: self.formed,
             broken: self.broken.is_some(),
+            trained: self.seq > 0,
         }
     }
 
