@@ -148,7 +148,7 @@ fn committed_past_cut(before: usize, after: usize) -> (Scheduler, Vec<ClosureId>
             s.mark_cut(ClosureId(s.next_closure_id()), root()).unwrap();
         }
         ids.push(s.handle_schedule(t, "step", vec![n as u8]).unwrap());
-        super::tests::run_all(&mut s);
+        super::scheduler_tests::run_all(&mut s);
     }
     (s, ids)
 }
@@ -236,7 +236,7 @@ fn committed_past_two_cuts(runs: [usize; 3], config: SchedulerConfig) -> Schedul
         }
         for _ in 0..n {
             s.handle_schedule(t, "step", Vec::new()).unwrap();
-            super::tests::run_all(&mut s);
+            super::scheduler_tests::run_all(&mut s);
         }
     }
     s
@@ -699,7 +699,7 @@ fn first_cut_read(before: usize) -> (Scheduler, CutReading) {
     let mut s = two_by_two(SchedulerConfig::default());
     for n in 0..before {
         s.handle_schedule(t, "step", vec![n as u8]).unwrap();
-        super::tests::run_all(&mut s);
+        super::scheduler_tests::run_all(&mut s);
     }
     s.handle_read_cut(t, 1).unwrap();
     let mut reading = None;
@@ -734,7 +734,7 @@ fn a_server_lost_while_the_first_checkpoint_is_written_is_restored_from_it_once_
     let (mut s, reading) = first_cut_read(2);
     let cut = reading.ledger.next_closure_id;
     let meanwhile = s.handle_schedule(t, "step", vec![9]).unwrap();
-    super::tests::run_all(&mut s);
+    super::scheduler_tests::run_all(&mut s);
     s.handle_ps_lost(t, 1, 1);
     s.handle_ps_up(t, 1, 2);
     assert!(s.take_error().is_none(), "the recovery waits for the mark");
@@ -771,7 +771,7 @@ fn a_save_overtaken_by_a_newer_cut_is_not_marked() {
     let older = reading.ledger.next_closure_id;
     let t = Instant::now();
     s.handle_schedule(t, "step", vec![7]).unwrap();
-    super::tests::run_all(&mut s);
+    super::scheduler_tests::run_all(&mut s);
     let newer = ClosureId(s.next_closure_id());
     s.mark_cut(newer, root()).unwrap();
     let refused = s
