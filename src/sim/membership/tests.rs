@@ -52,9 +52,9 @@ fn a_killed_worker_comes_back_and_the_job_finishes() {
     assert!(report.groups_formed >= 3 * 2, "{report:?}");
 }
 
-/// CI's fixed ranges (about 5,600 schedules with every fault kind, split so that they run
-/// side by side): up to 4 workers and 5 faults, up to 3 workers, and up to 6 workers with 8
-/// faults.
+/// CI's fixed ranges (about 5,900 schedules with every fault kind, split so that they run
+/// side by side): up to 4 workers and 5 faults, up to 3 workers, up to 6 workers with 8
+/// faults, and up to 8 workers with 10 faults.
 #[test]
 fn a_fixed_range_of_seeds_finds_no_violation() {
     fixed_range_is_clean(MembershipConfig::default(), 0..1500);
@@ -82,6 +82,16 @@ fn a_fixed_range_of_seeds_of_up_to_6_workers_and_8_faults_finds_no_violation() {
         ..MembershipConfig::default()
     };
     fixed_range_is_clean(config, 0..600);
+}
+
+#[test]
+fn a_fixed_range_of_seeds_of_up_to_8_workers_and_10_faults_finds_no_violation() {
+    let config = MembershipConfig {
+        workers_max: 8,
+        faults_max: 10,
+        ..MembershipConfig::default()
+    };
+    fixed_range_is_clean(config, 6_000_000..6_000_300);
 }
 
 /// Every seed of `seeds` under `config` finishes its job with no violation, and every fault
