@@ -32,18 +32,21 @@ KINDS = {
 def plan(seed: int, job: str) -> str:
     """The plan of `seed` for `job` (the chaos runner's TOML)."""
     rng = random.Random(seed)
-    targets = ["worker:0", "worker:1", "worker:2", "chief"]
-    if job == "ps":
-        targets += ["ps:0", "ps:1"]
+    # The job starts with 3 workers; a fault only targets a worker the plan's own scales left
+    # in the job (a drained worker has no process to hit).
+    workers = 3
     faults, at = [], 0.3
     for _ in range(rng.randint(2, 4)):
         kind = rng.choice(KINDS[job])
         at += rng.uniform(0.5, 2.5)
         lines = [f'kind = "{kind}"']
+        in_job = [f"worker:{i}" for i in range(workers)]
+        targets = in_job + ["chief"] + (["ps:0", "ps:1"] if job == "ps" else [])
         if kind == "scale":
-            lines.append(f"workers = {rng.choice([2, 3, 4])}")
+            workers = rng.choice([2, 3, 4])
+            lines.append(f"workers = {workers}")
         elif kind == "partition":
-            lines.append(f'target = "{rng.choice(["worker:0", "worker:1", "worker:2"])}"')
+            lines.append(f'target = "{rng.choice(in_job)}"')
             lines.append(f'for = "{rng.choice(["500ms", "1s", "2s"])}"')
         else:
             lines.append(f'target = "{rng.choice(targets)}"')
