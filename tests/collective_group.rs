@@ -1327,6 +1327,33 @@ async fn restart_forming(
     (again, forming)
 }
 
+/// worker/0, 1 and 2 formed at generation 1 (`three_formed`), then worker/1's process dies and
+/// the others' first collective fails: the endpoints and meshes of worker/0 and worker/2 (to
+/// keep alive), the three members, and the two survivors' groups, broken before any collective
+/// completed.
+async fn worker_1_lost_before_any_collective(
+    ca: &ClusterCa,
+    config: &GroupConfig,
+) -> (
+    (Vec<Endpoint>, Vec<Mesh>),
+    Vec<GroupMember>,
+    [ProcessGroup; 2],
+) {
+    let (mut endpoints, mut meshes, members, mut groups) = three_formed(ca, config).await;
+    let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
+    old_endpoint.close();
+    drop((old, old_mesh, old_endpoint));
+    let (a, d) = (groups.remove(0), groups.remove(0));
+    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+    let broken = bounded(
+        "the first collective",
+        join_all([&a, &d].map(|g| g.all_reduce(Reduction::Sum, &one))),
+    )
+    .await;
+    assert!(broken.iter().all(Result::is_err), "{broken:?}");
+    ((endpoints, meshes), members, [a, d])
+}
+
 /// worker/0, 1 and 2 (certificates from `ca`), each on its own endpoint, formed at generation 1:
 /// their endpoints, meshes, members and groups, in order.
 async fn three_formed(
@@ -1390,19 +1417,9 @@ async fn rebind_worker(ca: &ClusterCa, i: u32, addr: std::net::SocketAddr) -> En
 async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_admitted_later() {
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("second-incarnation").unwrap();
-    let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;
     // worker/1's process dies; a new one binds its address and forms generation 1 anew.
-    let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
-    old_endpoint.close();
-    drop((old, old_mesh, old_endpoint));
-    let (a, d) = (groups.remove(0), groups.remove(0));
+    let (_kept, members, [a, d]) = worker_1_lost_before_any_collective(&ca, &config).await;
     let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
-    let broken = bounded(
-        "the loss",
-        join_all([&a, &d].map(|g| g.all_reduce(Reduction::Sum, &one))),
-    )
-    .await;
-    assert!(broken.iter().all(Result::is_err), "{broken:?}");
     let addr = members[1].addr;
     let (again, forming) = restart_forming(&ca, &config, &members).await;
     // Its form has begun (the first generation is set before any link).
@@ -1470,18 +1487,7 @@ async fn a_new_process_forming_an_epoch_the_others_formed_with_its_old_one_is_ad
 async fn a_first_generation_broken_before_any_collective_tells_an_entering_process_to_start() {
     let config = GroupConfig::for_tests();
     let ca = ClusterCa::generate("untrained-first-generation").unwrap();
-    let (mut endpoints, mut meshes, members, mut groups) = three_formed(&ca, &config).await;
-    let (old, old_mesh, old_endpoint) = (groups.remove(1), meshes.remove(1), endpoints.remove(1));
-    old_endpoint.close();
-    drop((old, old_mesh, old_endpoint));
-    let (a, d) = (groups.remove(0), groups.remove(0));
-    let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
-    let broken = bounded(
-        "the first collective",
-        join_all([&a, &d].map(|g| g.all_reduce(Reduction::Sum, &one))),
-    )
-    .await;
-    assert!(broken.iter().all(Result::is_err), "{broken:?}");
+    let (_kept, members, [a, d]) = worker_1_lost_before_any_collective(&ca, &config).await;
     let addr = members[1].addr;
     let again = Mesh::new(rebind_worker(&ca, 1, addr).await, config.clone());
     let peers = [members[0].clone(), members[2].clone()];
