@@ -105,9 +105,9 @@ impl GroupView<'_> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum EnterAnswer {
     /// No group lives here to admit anyone (none formed yet, this mesh itself waits to be
-    /// admitted, its first forming failed, or the job is starting and the asker is one of
-    /// the first generation's members): the asker is to form the first generation. `generation`: this
-    /// mesh's latest.
+    /// admitted, its first forming failed, its first generation broke before any collective
+    /// completed, or the job is starting and the asker is one of the first generation's
+    /// members): the asker is to form the first generation. `generation`: this mesh's latest.
     NoGroup { generation: u64 },
     /// The asker is the very process this mesh formed its group with (or admitted): the ask
     /// was sent before then and arrives late. Changes nothing.
