@@ -187,7 +187,7 @@ impl MeshInner {
     /// without it).
     pub(super) fn probed(&self, peer: &NodeId, generation: u64) -> Reply {
         let (answer, group) = {
-            let state = self.lock();
+            let mut state = self.lock();
             let key = (peer.clone(), generation);
             // Its link with the prober of that generation is up here (or the prober's join was
             // taken and the forming has not picked it up yet).

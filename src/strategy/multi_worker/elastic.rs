@@ -81,8 +81,11 @@ impl MultiWorkerMirrored {
     ///    survivor holds the same bits again.
     ///
     /// An attempt that fails (no quorum, another worker lost while re-forming, the agreement
-    /// on the state failing) is followed by the next, which probes the same broken group and
-    /// begins a probe timeout after the failed one began; after `recover_attempts` attempts
+    /// on the state failing) is followed by the next, which begins a probe timeout after the
+    /// failed one began. It probes the same broken group, except after a generation formed
+    /// here whose agreement on the state failed: it probes that generation's members, since a
+    /// member that agreed on the state before the failure measures its quorum on them from
+    /// then on; after `recover_attempts` attempts
     /// it fails with [`StrategyError::Recovery`] naming the last error. These decisions (the
     /// verdict on the probes, when the next attempt begins, when to give up) are
     /// `collective::reforming`'s, taken alike by the member machine that the membership
@@ -121,9 +124,12 @@ impl MultiWorkerMirrored {
             });
         }
         let mut attempt = Attempt::first(std::time::Instant::now());
+        // The group this attempt probes: the broken one, then any generation formed here whose
+        // agreement on the state failed (`collective::MemberMachine::group_failed` alike).
+        let mut probed = before.clone();
         loop {
             // What this attempt ended with, and whether for want of a quorum.
-            let (last, no_quorum) = match self.probe_and_reform(&before, attempt.number) {
+            let (last, no_quorum) = match self.probe_and_reform(&probed, attempt.number) {
                 // No later attempt can bring it back: the others go on without it.
                 Ok(Err(Unformed::LeftOut(left_out))) => {
                     return Err(StrategyError::Recovery {
@@ -147,6 +153,12 @@ impl MultiWorkerMirrored {
                         Err(err @ StrategyError::Config { .. }) => return Err(err),
                         Err(err) => {
                             tracing::info!(attempt = attempt.number, %err, "re-forming: agreeing on the state failed");
+                            // Another member may have agreed on it and go on from this
+                            // generation: the next attempt measures its quorum on it too.
+                            // Measured on the older group, a member cut off during the
+                            // handover found a quorum of it with a member the others had left
+                            // out (split brain, found by the membership simulator).
+                            probed = self.span.group().clone();
                             (err.to_string(), false)
                         }
                     }

@@ -171,13 +171,13 @@ fn pending_joiners_expire_and_exclude_members() {
 
 #[test]
 fn probes_are_answered_by_role() {
-    let (m, nodes) = member_of(2, &[Incarnation::from_raw(1), Incarnation::from_raw(2)]);
+    let (mut m, nodes) = member_of(2, &[Incarnation::from_raw(1), Incarnation::from_raw(2)]);
     assert_eq!(
         m.handle_probe(&node(1), 2, Some(formed(2, &nodes)), true),
         ProbeAnswerHere::Alive
     );
     // A later live group without the prober: it was left out.
-    let (m, later) = member_of(4, &[Incarnation::from_raw(1)]);
+    let (mut m, later) = member_of(4, &[Incarnation::from_raw(1)]);
     assert_eq!(
         m.handle_probe(&node(1), 3, Some(formed(4, &later)), false),
         ProbeAnswerHere::LeftOut { current: 4 }
@@ -219,6 +219,15 @@ fn probes_are_answered_by_role() {
         first.handle_probe(&node(1), 1, None, false),
         ProbeAnswerHere::Joining
     );
+    // Told a prober of generation 1 that it is no survivor, it no longer survives a forming
+    // of that generation (above, linked with the prober, it did): the prober went on without
+    // it. So even when it no longer waits to be admitted and forms the first generation again.
+    assert_eq!(first.counted_out, 1);
+    first.joining = false;
+    assert_eq!(
+        first.handle_probe(&node(1), 1, Some(forming), true),
+        ProbeAnswerHere::EndForming
+    );
 }
 
 /// A process no survivor of any group is counted out of a prober's quorum (`Joining`)
@@ -233,6 +242,7 @@ fn a_new_process_is_counted_out_only_once_it_heard_every_peer_and_none_went_furt
     };
     // It has not said whom it asks: it cannot tell.
     assert_eq!(joiner.no_survivor(5), ProbeAnswerHere::Unsettled);
+    assert_eq!(joiner.counted_out, 0);
     joiner.hear_from(vec![node(0), node(2)]);
     joiner.heard_from(&node(0), 3);
     assert_eq!(
@@ -247,9 +257,15 @@ fn a_new_process_is_counted_out_only_once_it_heard_every_peer_and_none_went_furt
         ProbeAnswerHere::Unsettled
     );
     assert_eq!(
+        joiner.counted_out, 0,
+        "no prober was told it is no survivor yet"
+    );
+    assert_eq!(
         joiner.handle_probe(&node(2), 5, None, false),
         ProbeAnswerHere::Joining
     );
+    // Told so, the prober may go on without it.
+    assert_eq!(joiner.counted_out, 5);
     // An earlier answer does not lower what it heard.
     joiner.heard_from(&node(2), 1);
     assert_eq!(joiner.no_survivor(4), ProbeAnswerHere::Unsettled);

@@ -64,6 +64,11 @@ pub(super) struct Membership {
     pub(super) to_hear: Option<Vec<NodeId>>,
     /// The latest generation each peer said it was a member of (its answers to `Enter`).
     pub(super) heard: HashMap<NodeId, u64>,
+    /// The latest generation whose prober this process told that it is no survivor
+    /// ([`Membership::no_survivor`]; 0: none). That prober counted it out and may go on
+    /// without it, so this process never survives a forming of that generation or an earlier
+    /// one from then on ([`Membership::handle_probe`]).
+    pub(super) counted_out: u64,
 }
 
 /// A process that asked to be admitted ([`Membership::pending`]).
@@ -361,7 +366,7 @@ impl Membership {
     /// mesh's latest group, if it lives (of any generation), and `linked` whether this mesh's link
     /// with the prober of `generation` is up (or its join was taken).
     pub(super) fn handle_probe(
-        &self,
+        &mut self,
         peer: &NodeId,
         generation: u64,
         group: Option<GroupView<'_>>,
@@ -380,9 +385,16 @@ impl Membership {
         }
         if !self.member {
             // No member yet: this mesh forms the first generation, which the prober formed (or was
-            // forming) and is re-forming: that forming can no longer complete.
+            // forming) and is re-forming: that forming can no longer complete. It survives
+            // with the prober, unless it told a prober of that generation that it is no
+            // survivor: that one goes on without it, and this mesh must not go on with another
+            // (found by the membership simulator: a process counted out after its fresh start
+            // failed formed the first generation again with a member whose link with the
+            // prober was still up from before, and survived that member's re-forming beside
+            // the prober; seed 8116243 of up to 5 workers and 14 faults).
+            let survives = generation > self.counted_out && linked;
             return match forming_with_prober {
-                Some(g) if g.generation == generation && linked => ProbeAnswerHere::CutShort,
+                Some(g) if g.generation == generation && survives => ProbeAnswerHere::CutShort,
                 Some(_) => ProbeAnswerHere::EndForming,
                 None => self.no_survivor(generation),
             };
@@ -508,13 +520,14 @@ impl Membership {
     /// the membership simulator found). Any group its old process was a member of after the
     /// prober's generation has a live member that answers the new process's `Enter` with a generation
     /// above the prober's, unless every one of them is gone too.
-    pub(super) fn no_survivor(&self, generation: u64) -> ProbeAnswerHere {
+    pub(super) fn no_survivor(&mut self, generation: u64) -> ProbeAnswerHere {
         let Some(peers) = &self.to_hear else {
             return ProbeAnswerHere::Unsettled;
         };
         let heard_all = peers.iter().all(|p| self.heard.contains_key(p));
         let latest = self.heard.values().copied().max().unwrap_or(0);
         if heard_all && latest.max(self.formed_generation) <= generation {
+            self.counted_out = self.counted_out.max(generation);
             ProbeAnswerHere::Joining
         } else {
             ProbeAnswerHere::Unsettled

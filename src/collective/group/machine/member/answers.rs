@@ -183,7 +183,7 @@ impl MemberMachine {
     }
 
     /// How this process, no survivor, answers a prober of `generation` (`Membership::no_survivor`).
-    pub(super) fn no_survivor(&self, generation: u64) -> ProbeReply {
+    pub(super) fn no_survivor(&mut self, generation: u64) -> ProbeReply {
         match self.membership.no_survivor(generation) {
             ProbeAnswerHere::Joining => ProbeReply::Joining,
             _ => ProbeReply::Unsettled,

@@ -163,9 +163,9 @@ impl MemberMachine {
                 self.membership.admission = None;
                 self.needs_state = true;
             }
-            Purpose::Recover { before, attempt } => {
+            Purpose::Recover { attempt, .. } => {
                 self.needs_state = true;
-                self.recovery = Some((before, attempt));
+                self.recovery = Some(attempt);
             }
             Purpose::Admit => self.needs_state = true,
             Purpose::Depart { .. } => self.needs_state = false,

@@ -229,9 +229,9 @@ pub(crate) struct MemberMachine {
     digest: u64,
     /// Whether this process's state is to be agreed on before its next step.
     needs_state: bool,
-    /// The re-forming whose group agrees on the state now: a failure before that ends is
-    /// its next attempt (probing the same broken group), not a new recovery.
-    recovery: Option<(Before, Attempt)>,
+    /// The re-forming attempt whose group agrees on the state now: a failure before that ends
+    /// is its next attempt (counted against the same limit), not a new recovery.
+    recovery: Option<Attempt>,
     notice: Option<Leave>,
     actions: VecDeque<MemberAction>,
 }
