@@ -30,6 +30,10 @@ pub(super) struct Checks {
     /// Each branch (a model whose parent has two children or more): when steps were first
     /// and last applied on top of it.
     trained: BTreeMap<u64, (Duration, Duration)>,
+    /// The branches no running process holds a model of any more: the next training on one
+    /// is the job started again from its start (every holder gone, no checkpoint), which
+    /// makes the same models again, not the old branch trained on ([`Checks::extend`]).
+    gone: BTreeSet<u64>,
     /// The update applied to each model (parent) in each group (generation, members): its step
     /// and the model it made.
     updates: BTreeMap<(u64, u64, Vec<NodeId>), (u64, u64)>,
@@ -72,6 +76,36 @@ impl Checks {
 
     pub(super) fn stopped(&mut self, worker: usize) {
         self.procs.remove(&worker);
+        self.bury_branches_without_holders();
+    }
+
+    /// Marks as gone every branch that no running process holds a model of (its own or one
+    /// grown from it).
+    fn bury_branches_without_holders(&mut self) {
+        let held: BTreeSet<u64> = self
+            .procs
+            .values()
+            .flat_map(|p| self.lineage(p.digest))
+            .collect();
+        let buried: Vec<u64> = (self.trained.keys())
+            .filter(|b| !held.contains(b) && !self.gone.contains(b))
+            .copied()
+            .collect();
+        self.gone.extend(buried);
+    }
+
+    /// `digest` and every model it grew from.
+    fn lineage(&self, digest: u64) -> Vec<u64> {
+        let mut models = vec![digest];
+        let mut d = digest;
+        while let Some(&up) = self.parent.get(&d) {
+            if models.contains(&up) {
+                break;
+            }
+            models.push(up);
+            d = up;
+        }
+        models
     }
 
     /// After each event of `worker`'s process `life`.
@@ -145,7 +179,8 @@ impl Checks {
     /// apart. A branch that is never trained on (a member that applied the step in flight
     /// after the others re-formed without it, from messages it held) is no group; nor are
     /// branches trained one after the other (the job started again once every holder of the
-    /// old one was gone).
+    /// old one was gone: its branches are [`Checks::gone`], and training on one again begins
+    /// its interval anew).
     fn extend(&mut self, worker: usize, step: u64, parent: u64, digest: u64, at: Duration) {
         let mut d = parent;
         let mut seen = BTreeSet::new();
@@ -156,6 +191,13 @@ impl Checks {
             let siblings = self.children.get(&up).map_or(0, BTreeMap::len);
             if siblings > 1 {
                 let span = self.trained.entry(d).or_insert((at, at));
+                if self.gone.remove(&d) {
+                    // Every holder of this branch was gone: the job started again and made
+                    // the same models anew (found by a sweep of up to 4 workers and 20
+                    // faults, seed 10065751: the check took the new job for the old branch,
+                    // trained on across another that lived and died in between).
+                    *span = (at, at);
+                }
                 span.1 = at;
                 let (first, last) = *span;
                 let apart = self.children[&up].keys().find(|c| {
@@ -208,6 +250,7 @@ impl Checks {
             p.step = step;
             p.digest = digest;
         }
+        self.bury_branches_without_holders();
     }
 
     pub(super) fn finished(&mut self, worker: usize, step: u64, digest: u64, at: Duration) {
@@ -224,6 +267,7 @@ impl Checks {
             None => self.finished = Some((worker, step, digest)),
         }
         self.procs.remove(&worker);
+        self.bury_branches_without_holders();
     }
 
     /// Checks at the end of the run.
