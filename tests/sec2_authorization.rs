@@ -374,6 +374,7 @@ fn setup() -> SetupWorker {
         servers: Vec::new(),
         datasets: Vec::new(),
         version: 0,
+        generation: 0,
     }
 }
 

@@ -208,6 +208,12 @@ fn worker_refusal() -> impl Strategy<Value = WorkerRefusal> {
         Just(WorkerRefusal::Retired),
         (any::<u64>(), any::<u64>())
             .prop_map(|(chief, current)| WorkerRefusal::FromOldChief { chief, current }),
+        (any::<u64>(), any::<u64>()).prop_map(|(generation, current)| {
+            WorkerRefusal::FromOldGeneration {
+                generation,
+                current,
+            }
+        }),
     ]
 }
 
@@ -278,14 +284,16 @@ fn setup_worker() -> impl Strategy<Value = SetupWorker> {
         vec((text(), any::<u64>()), 0..3),
         any::<u64>(),
         vec((any::<u32>(), text()), 0..3),
+        any::<u64>(),
     )
         .prop_map(
-            |(num_workers, layouts, datasets, version, servers)| SetupWorker {
+            |(num_workers, layouts, datasets, version, servers, generation)| SetupWorker {
                 num_workers,
                 layouts,
                 servers,
                 datasets,
                 version,
+                generation,
             },
         )
 }

@@ -498,6 +498,18 @@ pub enum WorkerRefusal {
         /// The incarnation of the chief whose setup this worker took.
         current: u64,
     },
+    /// The closure belongs to an earlier restore generation than the setup this worker took
+    /// from the same chief (sent before a restore, delivered after its rewind): it never
+    /// commits, and reading its data would skip it.
+    #[error(
+        "closure of restore generation {generation}, older than this worker's setup ({current})"
+    )]
+    FromOldGeneration {
+        /// The closure's restore generation.
+        generation: u64,
+        /// The restore generation of the setup this worker took.
+        current: u64,
+    },
 }
 
 /// From the chief to a worker incarnation it fenced (FENCE-1) while that process may still
@@ -697,6 +709,11 @@ pub struct SetupWorker {
     /// ignores a setup older than one it has taken from the same chief incarnation: a request
     /// overtaken by a newer one (another stream, delayed) must not undo it.
     pub version: u64,
+    /// The coordinator's restore generation when it handed the setup out
+    /// ([`RunClosure::generation`]). A closure of an earlier generation from the same chief
+    /// (sent before a restore, delivered after its rewind) is refused: it can never commit,
+    /// and reading its data would skip that data for the closures that do.
+    pub generation: u64,
 }
 
 impl RemoteMessage for SetupWorker {

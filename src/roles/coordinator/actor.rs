@@ -118,6 +118,7 @@ impl CoordinatorActor {
             datasets: Vec::new(),
             // Stamped by the coordinator's machine when it hands the setup out.
             version: 0,
+            generation: 0,
         };
         scheduler.handle_configure(setup);
         Self {
@@ -1611,6 +1612,7 @@ mod tests {
                 servers: Vec::new(),
                 datasets: vec![("missing".into(), 0)],
                 version: 0,
+                generation: 0,
             };
             let rx = actor.send(Configure(setup)).await.unwrap();
             let err = rx.await.unwrap().unwrap_err();
@@ -1776,6 +1778,7 @@ mod tests {
                 servers: Vec::new(),
                 datasets: vec![("ids".into(), 0)],
                 version: 0,
+                generation: 0,
             };
             actor
                 .send(Configure(setup))

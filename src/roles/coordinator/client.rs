@@ -1062,6 +1062,7 @@ impl ClusterCoordinator {
             datasets: self.datasets.clone(),
             // Stamped by the coordinator's machine when it hands the setup out.
             version: 0,
+            generation: 0,
         };
         let rx = self.ask(Configure(setup))?;
         Ok(self.wait(rx, "configuring workers")??)

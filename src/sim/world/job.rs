@@ -27,6 +27,7 @@ pub(super) fn new_coordinator(config: &SimConfig, servers: u32) -> Scheduler {
         servers: Vec::new(),
         datasets: vec![(DATASET.into(), 0)],
         version: 0,
+        generation: 0,
     });
     coord
 }

@@ -95,10 +95,12 @@ pub(super) enum Req {
     },
     /// A dial: whichever incarnation listens at the address answers with its incarnation.
     Hello,
-    /// Set a new incarnation up with the dataset starting at `skip` (setup `version`, from
-    /// chief incarnation `chief`, with the layouts of set `layouts`).
+    /// Set a new incarnation up with the dataset starting at `skip` (setup `version` of
+    /// restore `generation`, from chief incarnation `chief`, with the layouts of set
+    /// `layouts`).
     SetUp {
         version: u64,
+        generation: u64,
         chief: u64,
         skip: u64,
         layouts: usize,
@@ -106,6 +108,7 @@ pub(super) enum Req {
     /// Rebuild the dataset at `skip`.
     Rewind {
         version: u64,
+        generation: u64,
         chief: u64,
         skip: u64,
         layouts: usize,
@@ -113,6 +116,7 @@ pub(super) enum Req {
     /// A new setup for a live worker, the dataset (if new to it) at `skip`.
     Configure {
         version: u64,
+        generation: u64,
         chief: u64,
         skip: u64,
         layouts: usize,

@@ -330,12 +330,14 @@ impl World<'_> {
                 match route {
                     Route::SetUp { version, .. } => Req::SetUp {
                         version: *version,
+                        generation: setup.generation,
                         chief,
                         skip,
                         layouts,
                     },
                     _ => Req::Rewind {
                         version: setup.version,
+                        generation: setup.generation,
                         chief,
                         skip,
                         layouts,
@@ -346,6 +348,7 @@ impl World<'_> {
                 let (chief, skip, layouts) = setup_req(self, &setup);
                 Req::Configure {
                     version: setup.version,
+                    generation: setup.generation,
                     chief,
                     skip,
                     layouts,

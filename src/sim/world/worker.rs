@@ -246,18 +246,21 @@ impl World<'_> {
             }
             Req::SetUp {
                 version,
+                generation,
                 chief,
                 skip,
                 layouts,
             }
             | Req::Rewind {
                 version,
+                generation,
                 chief,
                 skip,
                 layouts,
             }
             | Req::Configure {
                 version,
+                generation,
                 chief,
                 skip,
                 layouts,
@@ -274,6 +277,7 @@ impl World<'_> {
                     servers: Vec::new(),
                     datasets: vec![(DATASET.into(), skip)],
                     version,
+                    generation,
                 };
                 let job = Job::Setup {
                     setup,

@@ -20,6 +20,7 @@ pub(super) fn setup(datasets: &[(&str, u64)]) -> SetupWorker {
         servers: Vec::new(),
         datasets: datasets.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
         version: 0,
+        generation: 0,
     }
 }
 

@@ -22,6 +22,7 @@ fn cluster(spec: u32, max: u32) -> Scheduler {
         servers: Vec::new(),
         datasets: Vec::new(),
         version: 0,
+        generation: 0,
     });
     let now = Instant::now();
     for w in 0..spec {

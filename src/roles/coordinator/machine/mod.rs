@@ -898,6 +898,7 @@ impl Scheduler {
                 datasets: Vec::new(),
                 // Stamped by the coordinator's machine when it hands the setup out.
                 version: 0,
+                generation: 0,
             },
             positions: WorkerPositions::new(),
             setup_version: 0,
@@ -1454,6 +1455,7 @@ impl Scheduler {
         self.setup_version += 1;
         let mut setup = self.setup.clone();
         setup.version = self.setup_version;
+        setup.generation = generation;
         let targets = RewindTargets {
             workers: &live,
             setup: &setup,
@@ -1674,6 +1676,7 @@ impl Scheduler {
     pub fn setup_for(&self, worker: u32) -> SetupWorker {
         let mut setup = recovery::setup_with_positions(&self.setup, self.positions.get(&worker));
         setup.version = self.setup_version;
+        setup.generation = self.generation;
         setup
     }
 

@@ -133,6 +133,7 @@ fn two_by_two(config: SchedulerConfig) -> Scheduler {
         servers: Vec::new(),
         datasets: vec![("ids".into(), 0)],
         version: 0,
+        generation: 0,
     });
     s
 }
