@@ -184,6 +184,7 @@ fn push_to(name: &str) -> Push {
             part: 0,
             generation: 0,
             learning_rate: None,
+            server: 0,
         },
         gradients: vec![(name.into(), WireGradient::Dense)],
     }

@@ -234,6 +234,7 @@ impl Ps {
                 part: 0,
                 generation: 0,
                 learning_rate: None,
+                server: 0,
             },
             gradients: vec![("w".into(), WireGradient::Dense)],
         };

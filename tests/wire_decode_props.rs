@@ -487,6 +487,7 @@ decode_props! {
                 part: attempt.wrapping_mul(3),
                 generation,
                 learning_rate,
+                server: incarnation.rotate_left(7),
             },
             gradients,
         });

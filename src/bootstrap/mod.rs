@@ -259,8 +259,9 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let push_panic = PushPanic::from_env().map_err(|e| RoleFailure::Config(e.to_string()))?;
     system.block_on(async move {
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
-        let mut store =
-            ParameterStore::new(optimizer).map_err(|e| RoleFailure::Config(e.to_string()))?;
+        let mut store = ParameterStore::new(optimizer)
+            .map_err(|e| RoleFailure::Config(e.to_string()))?
+            .with_incarnation(incarnation);
         if let Some(schedule) = schedule {
             store = store
                 .with_schedule(schedule)

@@ -506,6 +506,7 @@ mod call_all_tests {
             part: 0,
             generation: 0,
             learning_rate: None,
+            server: 0,
         };
         client.push(plan_push(&layouts, origin, gradients).unwrap())
     }

@@ -70,6 +70,14 @@ pub struct PushOrigin {
     /// its update at; `None`: the server's own rate (its optimizer's, or its schedule's at the
     /// variable's step). A closure run again after a restore carries the same rate.
     pub learning_rate: Option<LearningRate>,
+    /// The incarnation of the push's server that the chief named serving when it dispatched
+    /// the closure ([`crate::roles::protocol::RunClosure::servers`]; 0: none named). A server
+    /// refuses a push named for an older incarnation of itself as stale: it was computed
+    /// against state this process never held. Its restore generation cannot tell where a
+    /// restarted chief found neither a checkpoint nor a live server and began again at the
+    /// generation its predecessor had used (PS-1; found by the simulator, seed 13008610 of 2
+    /// workers, 1 server and up to 12 faults).
+    pub server: u64,
 }
 
 /// A learning rate as it travels with a closure and its pushes: an `f32` kept as its bits, so
@@ -360,6 +368,7 @@ mod tests {
             part: 0,
             generation: 1,
             learning_rate: None,
+            server: 0,
         }
     }
 

@@ -124,6 +124,9 @@ pub struct ParameterStore {
     fenced: BTreeMap<u32, WorkerIncarnation>,
     /// The coordinator's restore generation this server is at.
     generation: u64,
+    /// The incarnation of the process holding this store (0: not known, nothing is refused
+    /// for it): see [`PushOrigin::server`].
+    incarnation: u64,
     /// A restore of `generation` is under way: every push is refused until its roll-back.
     restoring: bool,
     counters: PsCounters,
@@ -144,8 +147,16 @@ impl ParameterStore {
             fenced: BTreeMap::new(),
             generation: 0,
             restoring: false,
+            incarnation: 0,
             counters: PsCounters::default(),
         })
+    }
+
+    /// The same store, knowing the incarnation of the process that holds it: a push named for
+    /// an older incarnation of this server is refused as stale ([`PushOrigin::server`]).
+    pub fn with_incarnation(mut self, incarnation: u64) -> Self {
+        self.incarnation = incarnation;
+        self
     }
 
     /// The same store with the learning rate following `schedule` (Keras' schedules under
@@ -379,6 +390,12 @@ impl ParameterStore {
         {
             self.counters.rejected_stale += 1;
             return Ok(PushOutcome::Fenced);
+        }
+        if origin.server != 0 && origin.server < self.incarnation {
+            // PS-1: computed for an older process of this server, whose state this one
+            // never held (see `PushOrigin::server`).
+            self.counters.rejected_stale += 1;
+            return Ok(PushOutcome::Stale);
         }
         if self.restoring || origin.generation < self.generation {
             // PS-1: sent before the restore (or during it); its closure was settled by the
@@ -783,6 +800,7 @@ mod tests {
             part: 0,
             generation: 0,
             learning_rate: None,
+            server: 0,
         }
     }
 
@@ -1169,6 +1187,29 @@ mod tests {
         ps.handle_finished_below(ClosureId(42), 0);
         assert_eq!(ps.applied_ids_held(), 0);
         assert_eq!(ps.next_free_closure_id(), 42);
+    }
+
+    /// PS-1 across a server's restart that a restarted chief did not see: a push computed for
+    /// an older process of this server is refused, whatever its restore generation; one
+    /// naming this process, or none, is taken.
+    #[test]
+    fn ps_1_a_push_named_for_an_older_process_of_this_server_is_stale() {
+        let mut ps = store().with_incarnation(3);
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        let named = |server, closure| PushOrigin {
+            server,
+            ..origin(0, 1, closure, 1)
+        };
+        assert_eq!(ps.handle_push(named(2, 7), &grads), Ok(PushOutcome::Stale));
+        assert_eq!(ps.applied_ids_held(), 0);
+        assert_eq!(
+            ps.handle_push(named(3, 7), &grads),
+            Ok(PushOutcome::Applied)
+        );
+        assert_eq!(
+            ps.handle_push(named(0, 8), &grads),
+            Ok(PushOutcome::Applied)
+        );
     }
 
     fn origin_in(worker: u32, incarnation: u64, closure: u64, generation: u64) -> PushOrigin {

@@ -99,6 +99,9 @@ pub type Layouts = BTreeMap<String, Layout>;
 #[derive(Debug)]
 struct Step {
     origin: PushOrigin,
+    /// Per server index, the incarnation the chief named serving ([`RunClosure::servers`]):
+    /// each push names its server's ([`PushOrigin::server`]).
+    servers: Vec<u64>,
     function: String,
     started: Instant,
     /// When the step function returned, and its value (held while its pushes are out).
@@ -441,7 +444,9 @@ impl WorkerMachine {
                 part: 0,
                 generation: run.generation,
                 learning_rate: run.learning_rate,
+                server: 0,
             },
+            servers: run.servers.clone(),
             function: run.function.clone(),
             started: now,
             computed: None,
@@ -475,7 +480,7 @@ impl WorkerMachine {
         }
         match plan_push(&self.layouts, step.origin, gradients) {
             Ok(plan) if plan.is_empty() => self.handle_pushed(now, Ok(Vec::new())),
-            Ok(plan) => StepAction::Push(plan),
+            Ok(plan) => StepAction::Push(name_servers(plan, &step.servers)),
             Err(e) => self.fail(e.into()),
         }
     }
@@ -492,7 +497,10 @@ impl WorkerMachine {
             .step
             .as_ref()
             .ok_or_else(|| StepError::Step("no closure is being computed".into()))?;
-        Ok(plan_push(&self.layouts, step.origin, gradients)?)
+        Ok(name_servers(
+            plan_push(&self.layouts, step.origin, gradients)?,
+            &step.servers,
+        ))
     }
 
     /// Step 5, inside the step function: the update planned by [`Self::plan_update`] settled
@@ -807,6 +815,15 @@ fn stale_push(ps: u32) -> StepError {
     })
 }
 
+/// `plan` with each push naming the incarnation of its server that the chief named serving
+/// (`servers`, by server index; 0 where it named none).
+fn name_servers(mut plan: Vec<PlannedPush>, servers: &[u64]) -> Vec<PlannedPush> {
+    for planned in &mut plan {
+        planned.push.origin.server = servers.get(planned.ps as usize).copied().unwrap_or(0);
+    }
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1052,6 +1069,7 @@ mod tests {
                 part: 0,
                 generation: 3,
                 learning_rate: LearningRate::new(0.5),
+                server: 0,
             }
         );
         let action = m.handle_pushed(

@@ -175,6 +175,7 @@ fn replay_variable(v: u32, closures: &[u64]) -> ParameterStore {
             part: 0,
             generation: 0,
             learning_rate: None,
+            server: 0,
         };
         let grad = [(variable(v), Gradient::Dense(gradient(*closure).into()))];
         let applied = replay.handle_push(origin, &grad);

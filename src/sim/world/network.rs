@@ -92,6 +92,8 @@ pub(super) enum Req {
         generation: u64,
         /// The sending chief's incarnation.
         chief: u64,
+        /// Per server, the incarnation the chief names serving (`RunClosure::servers`).
+        servers: Vec<u64>,
     },
     /// A dial: whichever incarnation listens at the address answers with its incarnation.
     Hello,

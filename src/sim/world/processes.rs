@@ -397,7 +397,7 @@ impl World<'_> {
         p.state = ProcState::Up;
         p.out = false;
         p.leaving = false;
-        p.store = new_store();
+        p.store = new_store().with_incarnation(p.incarnation);
         p.rows.clear();
         p.history.clear();
         p.effective_set.clear();

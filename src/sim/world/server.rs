@@ -54,6 +54,7 @@ impl PsProc {
             // The spec's servers start with the job, server `ps` holding all of
             // variable `ps`, as the chief program creates them.
             p.incarnation = 1;
+            p.store = new_store().with_incarnation(1);
             p.state = ProcState::Up;
             p.out = false;
             p.store

@@ -322,6 +322,7 @@ impl World<'_> {
                     attempt: msg.attempt,
                     generation: msg.generation,
                     chief: self.chief_incarnation,
+                    servers: msg.servers.clone(),
                 }
             }
             Request::DialWorker { .. } => Req::Hello,

@@ -233,7 +233,8 @@ impl World<'_> {
                 attempt,
                 generation,
                 chief,
-            } => self.admit_run(w, call, closure, attempt, generation, chief),
+                servers,
+            } => self.admit_run(w, call, (closure, attempt, generation), chief, servers),
             Req::Hello => {
                 let incarnation = self.workers[w as usize].incarnation;
                 let resp = Resp::Hello { incarnation };
@@ -326,10 +327,9 @@ impl World<'_> {
         &mut self,
         w: u32,
         call: u64,
-        closure: u64,
-        attempt: u32,
-        generation: u64,
+        (closure, attempt, generation): (u64, u32, u64),
         chief: u64,
+        servers: Vec<u64>,
     ) {
         let node = Node::Worker(w);
         let now = self.instant();
@@ -355,8 +355,9 @@ impl World<'_> {
             generation,
             function: "step".into(),
             args: Vec::new(),
-            // The simulated worker reaches servers by index, not incarnation.
-            servers: Vec::new(),
+            // The simulated worker reaches servers by index; its pushes name the incarnation
+            // the chief named, as a real worker's do.
+            servers,
             learning_rate: None,
         };
         worker.waiting.push_back((call, Job::Run(run, chief)));
