@@ -375,6 +375,38 @@ impl ParameterStore {
         Ok(out)
     }
 
+    /// Why a push from `origin` changes nothing, counted (FENCE-1, PS-1), or `None`: it may
+    /// apply.
+    fn refusal_of(&mut self, origin: &PushOrigin) -> Option<PushOutcome> {
+        if self
+            .fenced
+            .get(&origin.worker)
+            .is_some_and(|fenced| origin.incarnation <= *fenced)
+        {
+            self.counters.rejected_stale += 1;
+            return Some(PushOutcome::Fenced);
+        }
+        if origin.server != 0 && origin.server < self.incarnation {
+            // PS-1: computed for an older process of this server, whose state this one
+            // never held (see `PushOrigin::server`).
+            self.counters.rejected_stale += 1;
+            return Some(PushOutcome::Stale);
+        }
+        if self.restoring || origin.generation < self.generation {
+            // PS-1: sent before the restore (or during it); its closure was settled by the
+            // coordinator before the restore began and may run again after it.
+            self.counters.rejected_stale += 1;
+            self.counters.rejected_old_generation += 1;
+            return Some(PushOutcome::Stale);
+        }
+        let update = (origin.closure, origin.part);
+        if self.applied_closures.contains(&update) || origin.closure < self.finished_below {
+            self.counters.rejected_duplicate += 1;
+            return Some(PushOutcome::Duplicate);
+        }
+        None
+    }
+
     /// Applies one closure's gradients, all or nothing, at most once (PS-1), never from a
     /// fenced incarnation (FENCE-1), at the closure's learning rate where the chief set one
     /// ([`PushOrigin::learning_rate`]; it replaces the schedule), else at the server's own.
@@ -383,32 +415,10 @@ impl ParameterStore {
         origin: PushOrigin,
         gradients: &[(String, Gradient<'_>)],
     ) -> Result<PushOutcome, PsError> {
-        if self
-            .fenced
-            .get(&origin.worker)
-            .is_some_and(|fenced| origin.incarnation <= *fenced)
-        {
-            self.counters.rejected_stale += 1;
-            return Ok(PushOutcome::Fenced);
-        }
-        if origin.server != 0 && origin.server < self.incarnation {
-            // PS-1: computed for an older process of this server, whose state this one
-            // never held (see `PushOrigin::server`).
-            self.counters.rejected_stale += 1;
-            return Ok(PushOutcome::Stale);
-        }
-        if self.restoring || origin.generation < self.generation {
-            // PS-1: sent before the restore (or during it); its closure was settled by the
-            // coordinator before the restore began and may run again after it.
-            self.counters.rejected_stale += 1;
-            self.counters.rejected_old_generation += 1;
-            return Ok(PushOutcome::Stale);
+        if let Some(refused) = self.refusal_of(&origin) {
+            return Ok(refused);
         }
         let update = (origin.closure, origin.part);
-        if self.applied_closures.contains(&update) || origin.closure < self.finished_below {
-            self.counters.rejected_duplicate += 1;
-            return Ok(PushOutcome::Duplicate);
-        }
         if let Err(err) = self.check_push(gradients) {
             self.counters.rejected_invalid += 1;
             return Err(err);
