@@ -66,11 +66,11 @@ pub struct WorkerMachine {
     positions: BTreeMap<String, u64>,
     /// A setup took effect.
     set_up: bool,
-    /// A setup being built: its workers and layouts, and its order key.
-    building: Option<(u32, Layouts, SetupKey)>,
-    /// The restore generation of the setup being built, then of the one taken: a closure of
-    /// an earlier one from the same chief is refused ([`WorkerRefusal::FromOldGeneration`]).
-    building_generation: u64,
+    /// A setup being built: its workers and layouts, its order key and its restore
+    /// generation.
+    building: Option<(u32, Layouts, SetupKey, u64)>,
+    /// The restore generation of the setup taken: a closure of an earlier one from the same
+    /// chief is refused ([`WorkerRefusal::FromOldGeneration`]).
     setup_generation: u64,
     /// The servers (with addresses) the setup being built names.
     building_servers: Vec<(u32, String)>,
@@ -238,7 +238,6 @@ impl WorkerMachine {
             positions: BTreeMap::new(),
             set_up: false,
             building: None,
-            building_generation: 0,
             setup_generation: 0,
             building_servers: Vec::new(),
             job_servers: Arc::default(),
@@ -355,8 +354,7 @@ impl WorkerMachine {
         })();
         match planned {
             Ok((plan, layouts)) => {
-                self.building = Some((num_workers, layouts, key));
-                self.building_generation = setup.generation;
+                self.building = Some((num_workers, layouts, key, setup.generation));
                 self.building_servers = setup.servers.clone();
                 Ok(plan)
             }
@@ -376,13 +374,13 @@ impl WorkerMachine {
         built: Result<Vec<(String, u64)>, SetupError>,
     ) -> Result<(), SetupError> {
         self.job_done();
-        let (num_workers, layouts, key) = self
+        let (num_workers, layouts, key, generation) = self
             .building
             .take()
             .ok_or_else(|| SetupError::Layouts("no setup was being built".into()))?;
         let positions = built?;
         self.setup_taken = Some(key);
-        self.setup_generation = self.building_generation;
+        self.setup_generation = generation;
         self.num_workers = num_workers;
         self.layouts = Arc::new(layouts);
         self.job_servers = Arc::new(std::mem::take(&mut self.building_servers));

@@ -363,10 +363,10 @@ impl MemberMachine {
     /// state of a re-forming was agreed on, that is the re-forming's next attempt; it still
     /// probes the generation formed here, not the group the re-forming began from: a member
     /// that agreed on the state before it broke measures its quorum on that generation from
-    /// then on, and so must every member that formed it. Measured on the older group instead, a member cut off
-    /// during the state's handover found a quorum of it with a member the others had left out,
-    /// and went on beside them (split brain, found by the membership simulator: seeds 8087292
-    /// and 8116243 of up to 5 workers and 14 faults).
+    /// then on, and so must every member that formed it. Measured on the older group instead,
+    /// a member cut off during the state's handover found a quorum of it with a member the
+    /// others had left out, and went on beside them (split brain, found by the membership
+    /// simulator: seed 8087292 of up to 5 workers and 14 faults).
     pub(super) fn group_failed(&mut self, now: Instant) {
         let before = self.before_of_group();
         match self.recovery.take() {
