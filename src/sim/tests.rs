@@ -1019,3 +1019,36 @@ fn a_push_for_a_servers_older_process_is_not_applied_after_both_restarted() {
         assert!(report.violation.is_none(), "seed {seed}: {:?}", report.violation);
     }
 }
+
+/// A chief restarted while one server was cut off restored both servers at its start, and
+/// then moved the variables off the other, which was leaving: that move's restore pinned only
+/// the servers its failure detector had heard (none) and waited forever for answers from
+/// nobody. The servers a start probed are seen (`restore_at_start`), a recovery waits for every
+/// server of the job to be seen, and a restore phase with nothing to await is passed at once.
+#[test]
+fn a_move_of_the_variables_right_after_a_chiefs_start_restores_every_server() {
+    let config = SimConfig {
+        num_ps: 1,
+        num_workers: 2,
+        faults_max: 12,
+        ..SimConfig::default()
+    };
+    let report = run_seed(&config, 13_014_266);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+}
+
+/// A chief whose start failed exited while its machine still had actions queued (a fence of a
+/// worker its detector had just declared dead); the simulated shell carried them out after the
+/// process was gone, so the next chief's use of that live worker looked like a fenced one's.
+/// A process that exits carries out nothing more, in the simulator as in production.
+#[test]
+fn a_chief_that_exits_carries_out_nothing_of_what_its_machine_still_asked() {
+    let config = SimConfig {
+        num_ps: 3,
+        num_workers: 5,
+        faults_max: 10,
+        ..SimConfig::default()
+    };
+    let report = run_seed(&config, 5_058_793);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+}

@@ -177,11 +177,18 @@ impl World<'_> {
     }
 
     /// Carries out what the scheduler asks, until it asks nothing more: the executor's plan
-    /// of each action.
+    /// of each action. A chief that exits on the way (its start failed) carries out nothing
+    /// more: what its machine still asked dies with the process.
     pub(super) fn drive(&mut self) {
-        while let Some(action) = self.coord.poll_action() {
+        while self.chief_state == ProcState::Up {
+            let Some(action) = self.coord.poll_action() else {
+                return;
+            };
             let now = self.instant();
             for effect in executor::plan(&self.coord, now, action) {
+                if self.chief_state != ProcState::Up {
+                    return;
+                }
                 match effect {
                     Effect::Call(call) => self.call(call),
                     Effect::Answer(answer) => self.answer(answer),

@@ -1595,6 +1595,23 @@ impl Scheduler {
             .max(self.generation)
             + 1;
         self.generation = generation;
+        // A probe's answer is the server seen as that incarnation: a recovery begun later (a
+        // move of the variables right after this restore) restores it without waiting for
+        // the failure detector to hear it first.
+        for probe in probes {
+            let entry = self.servers.entry(probe.ps).or_insert(PsEntry {
+                incarnation: probe.incarnation,
+                alive: true,
+                dead: false,
+            });
+            if probe.incarnation > entry.incarnation {
+                *entry = PsEntry {
+                    incarnation: probe.incarnation,
+                    alive: true,
+                    dead: false,
+                };
+            }
+        }
         let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
         let (run, calls) = RestoreRun::start(
             generation,
@@ -2104,7 +2121,14 @@ impl Scheduler {
             }
         }
         let in_flight = self.workers.values().any(|w| !w.in_flight.is_empty());
-        if !self.ps_down().is_empty() || in_flight {
+        // A server of the job never seen by this coordinator (it restarted while the server
+        // was cut off) has no incarnation to pin: the restore waits for its dial to answer.
+        let unseen = self
+            .server_set
+            .indexes()
+            .iter()
+            .any(|ps| !self.servers.contains_key(ps));
+        if !self.ps_down().is_empty() || in_flight || unseen {
             return;
         }
         let lost = self

@@ -410,32 +410,34 @@ impl RestoreRun {
         if !self.awaiting.is_empty() || self.loading {
             return (Vec::new(), None);
         }
-        let next = match self.phase {
-            Phase::Begin => Phase::Shards,
-            Phase::Shards => Phase::RollBack,
-            Phase::RollBack => Phase::Rewind,
-            Phase::Rewind | Phase::Ended => Phase::Ended,
-        };
-        if next == Phase::Ended {
-            return self.done();
-        }
-        if next == Phase::Rewind {
-            match self.checkpoint.as_ref().map(|c| dataset_positions(&c.0)) {
-                Some(Err(e)) => {
-                    return self.end(RunEnd::Failed {
-                        reason: e.to_string(),
-                    })
+        // On to the next phase; one with nothing to await (no live worker to rewind) is
+        // passed at once, so that a run never waits for an answer nobody was asked for.
+        loop {
+            let next = match self.phase {
+                Phase::Begin => Phase::Shards,
+                Phase::Shards => Phase::RollBack,
+                Phase::RollBack => Phase::Rewind,
+                Phase::Rewind | Phase::Ended => Phase::Ended,
+            };
+            if next == Phase::Ended {
+                return self.done();
+            }
+            if next == Phase::Rewind {
+                match self.checkpoint.as_ref().map(|c| dataset_positions(&c.0)) {
+                    Some(Err(e)) => {
+                        return self.end(RunEnd::Failed {
+                            reason: e.to_string(),
+                        })
+                    }
+                    Some(Ok(positions)) => self.positions = positions,
+                    None => {}
                 }
-                Some(Ok(positions)) => self.positions = positions,
-                None => {}
+            }
+            let calls = self.enter(next, Some(targets));
+            if !self.awaiting.is_empty() {
+                return (calls, None);
             }
         }
-        let calls = self.enter(next, Some(targets));
-        if next == Phase::Rewind && self.awaiting.is_empty() {
-            // No live worker to rewind: done at once.
-            return self.done();
-        }
-        (calls, None)
     }
 
     fn done(&mut self) -> (Vec<RestoreCall>, Option<RunEnd>) {
