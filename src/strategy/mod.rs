@@ -529,6 +529,19 @@ pub enum StrategyError {
         /// Why, with the last attempt's error.
         reason: String,
     },
+    /// No member of a multi-worker group holds the job's training state: every one joined a
+    /// live group and was never handed it (the workers that hold it are elsewhere, or gone).
+    /// Training on would start the job again from nothing beside them, so the worker exits
+    /// instead (its supervisor restarts it, and it enters again as a new process).
+    #[error(
+        "no member of the workers' group of generation {generation} holds the job's training \
+         state (each joined a live group and was never handed it): this worker exits to enter \
+         again"
+    )]
+    NoStateHolder {
+        /// The group's generation.
+        generation: u64,
+    },
     /// A strategy method that cannot be honoured where it was called: `side` is where
     /// (`"coordinator"` or `"worker"`), `reason` says why and what to call instead (e.g. `run`
     /// on the parameter-server coordinator, which runs no replicas).

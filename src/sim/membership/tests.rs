@@ -383,7 +383,6 @@ fn a_process_counted_out_by_a_prober_never_survives_beside_it() {
     every_seed_finishes(&[(5, 14, 8_116_243)]);
 }
 
-
 /// Every process holding the job's progress left (preempted, drained, killed: the membership
 /// simulator keeps no checkpoint), and the job started again from its start, making the same
 /// models as its first start had. The `SPLIT` check took the new start for the first one's
@@ -393,4 +392,16 @@ fn a_process_counted_out_by_a_prober_never_survives_beside_it() {
 #[test]
 fn a_job_started_again_after_every_holder_left_is_no_split() {
     every_seed_finishes(&[(4, 20, 10_065_751), (4, 20, 10_128_395)]);
+}
+
+/// A process admitted to the live group formed the admission's generation at its end only, was
+/// cut off before the state was handed over, re-formed alone as the lowest-ranked half, and
+/// trained from step 0 while the member that admitted it held step 23 (`SPLIT`: the job's
+/// progress went back with its holder alive). A member admitted and never handed the state
+/// offers none, and a group none of whose members holds it does not train: its members exit
+/// and enter again (`MemberMachine::state_agreed`, `MultiWorkerMirrored::agree_state` alike).
+/// Seed 11001485 of 2 workers and 16 faults (1 in 200,000 from 11,000,000).
+#[test]
+fn a_group_of_joiners_never_handed_the_state_does_not_train() {
+    every_seed_finishes(&[(2, 16, 11_001_485)]);
 }

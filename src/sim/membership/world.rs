@@ -503,6 +503,7 @@ impl World {
                     MemberExit::RecoveryFailed { no_quorum: true } => "no quorum",
                     MemberExit::RecoveryFailed { no_quorum: false } => "re-forming failed",
                     MemberExit::EntryFailed => "entry failed",
+                    MemberExit::NoStateHolder => "no state holder",
                 };
                 *self.report.exits.entry(name).or_default() += 1;
                 if !matches!(why, MemberExit::Left(_)) && self.supervisor_gives_up(worker, name) {

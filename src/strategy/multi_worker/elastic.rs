@@ -149,8 +149,12 @@ impl MultiWorkerMirrored {
                 Ok(Ok(group)) => {
                     match self.adopt_reformed(group, &before, state, &cause, attempt.number) {
                         Ok(recovery) => return Ok(recovery),
-                        // A mismatch is not mended by another attempt.
-                        Err(err @ StrategyError::Config { .. }) => return Err(err),
+                        // A mismatch, or a group none of whose members holds the state, is
+                        // not mended by another attempt.
+                        Err(
+                            err @ (StrategyError::Config { .. }
+                            | StrategyError::NoStateHolder { .. }),
+                        ) => return Err(err),
                         Err(err) => {
                             tracing::info!(attempt = attempt.number, %err, "re-forming: agreeing on the state failed");
                             // Another member may have agreed on it and go on from this
@@ -562,10 +566,22 @@ impl MultiWorkerMirrored {
     fn agree_state(&self, state: &mut ElasticState<'_>) -> Result<NodeId, StrategyError> {
         let cpu = &Device::Cpu;
         let span = &self.span;
+        // A joiner never handed the state offers none (-1): its variables are not the job's.
+        let own = if self.awaiting_state.load(Ordering::SeqCst) {
+            -1
+        } else {
+            i64::try_from(state.step).unwrap_or(i64::MAX)
+        };
         let steps = span
-            .all_gather(&Tensor::new(&[state.step as i64], cpu)?)?
+            .all_gather(&Tensor::new(&[own], cpu)?)?
             .to_vec1::<i64>()?;
-        let highest = steps.iter().copied().max().unwrap_or(0);
+        let highest = steps.iter().copied().max().unwrap_or(-1);
+        if highest < 0 {
+            // A group of joiners only must not train (`MemberMachine::state_agreed` alike).
+            return Err(StrategyError::NoStateHolder {
+                generation: span.group().generation(),
+            });
+        }
         // The first of the highest: the lowest rank.
         let source = steps.iter().position(|s| *s == highest).unwrap_or(0);
         let iterations = state.optimizer.map_or(0, |o| o.steps());
@@ -622,7 +638,8 @@ impl MultiWorkerMirrored {
         }
         state.step = header[0].max(0) as u64;
         state.position = header[1].max(0) as u64;
-        // A joiner whose admission broke and that re-formed as a survivor holds it now too.
+        // A joiner whose admission broke and that re-formed with a member holding the state
+        // holds it now too.
         self.awaiting_state.store(false, Ordering::SeqCst);
         crate::metrics::instruments()
             .group_step
@@ -874,5 +891,79 @@ mod tests {
             err.to_string().contains("the leader's list of joiners"),
             "{err}"
         );
+    }
+}
+
+/// The state's agreement over a real group of two workers on loopback QUIC.
+#[cfg(test)]
+mod agreement_tests {
+    use super::*;
+    use crate::cluster::ClusterConfig;
+    use crate::strategy::MultiWorkerConfig;
+    use cohort_transport::ClusterCa;
+
+    /// Two workers' `MultiWorkerMirrored`, formed over loopback; `awaiting[i]`: worker `i`
+    /// joined a live group and was never handed its state; `steps[i]` its own step count.
+    /// Each agrees on the state; returns what each got.
+    fn agree_pair(name: &str, awaiting: [bool; 2], steps: [u64; 2]) -> Vec<Result<u64, String>> {
+        let dir = std::env::temp_dir().join(format!("cohort-agree-{name}-{}", std::process::id()));
+        let ca = ClusterCa::generate(name).unwrap();
+        let sockets: Vec<std::net::UdpSocket> = (0..2)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs: Vec<String> = sockets
+            .iter()
+            .map(|s| format!("\"{}\"", s.local_addr().unwrap()))
+            .collect();
+        for i in 0..2 {
+            ca.issue(&NodeId::new("worker", i))
+                .unwrap()
+                .save(&dir)
+                .unwrap();
+        }
+        drop(sockets);
+        let threads: Vec<_> = (0..2)
+            .map(|i| {
+                let json = format!(
+                    r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {i}}}}}"#,
+                    addrs.join(", ")
+                );
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let cluster = ClusterConfig::from_tf_config(&json).unwrap();
+                    let mut strategy =
+                        MultiWorkerMirrored::new(MultiWorkerConfig::new(cluster, dir)).unwrap();
+                    strategy.awaiting_state.store(awaiting[i], Ordering::SeqCst);
+                    let mut state = ElasticState {
+                        step: steps[i],
+                        position: 0,
+                        variables: &[],
+                        optimizer: None,
+                    };
+                    let agreed = strategy.agree(&mut state).map(|_| state.step);
+                    agreed.map_err(|e| match e {
+                        StrategyError::NoStateHolder { generation } => {
+                            format!("no holder of generation {generation}")
+                        }
+                        other => other.to_string(),
+                    })
+                })
+            })
+            .collect();
+        let out = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        out
+    }
+
+    /// A worker never handed the state offers none: the holder is the source even with fewer
+    /// steps and a higher rank, and a group of such workers only refuses to train
+    /// (`MemberMachine::state_agreed` alike; seed 11001485 of the membership simulator).
+    #[test]
+    fn only_a_worker_holding_the_state_can_be_its_source() {
+        let got = agree_pair("agree-holder", [true, false], [9, 4]);
+        assert_eq!(got, vec![Ok(4), Ok(4)]);
+        let got = agree_pair("agree-none", [true, true], [9, 4]);
+        let refused = Err("no holder of generation 1".to_string());
+        assert_eq!(got, vec![refused.clone(), refused]);
     }
 }

@@ -162,6 +162,8 @@ impl MemberMachine {
                 self.membership.joining = false;
                 self.membership.admission = None;
                 self.needs_state = true;
+                // What it holds is not the job's: the live group's state is handed to it.
+                self.holds_state = false;
             }
             Purpose::Recover { attempt, .. } => {
                 self.needs_state = true;

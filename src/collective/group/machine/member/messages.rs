@@ -93,8 +93,9 @@ pub(crate) enum Piece {
     Vote(Vote),
     /// The leader's broadcast: whether every joiner acked its admission.
     Told(bool),
-    /// The state all-gather: the member's completed steps and model digest.
-    State { step: u64, digest: u64 },
+    /// The state all-gather: the member's completed steps and model digest, `None` from a
+    /// member that holds none of the job's state (it was admitted and never handed it).
+    State { held: Option<(u64, u64)> },
     /// The member's contribution to the all-reduce of `step`, with its vote at the boundary
     /// after it unless the closing boundary comes next (production's `CastVote`).
     Contribution {
@@ -153,6 +154,9 @@ pub(crate) enum MemberExit {
     RecoveryFailed { no_quorum: bool },
     /// It could neither form the first generation nor be admitted.
     EntryFailed,
+    /// No member of its group holds the job's state: every one was admitted and never handed
+    /// it (the members that hold it are elsewhere, or gone). It enters again as a new process.
+    NoStateHolder,
 }
 
 /// Why a group broke, as the machine records it.

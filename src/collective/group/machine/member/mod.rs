@@ -229,6 +229,9 @@ pub(crate) struct MemberMachine {
     digest: u64,
     /// Whether this process's state is to be agreed on before its next step.
     needs_state: bool,
+    /// Whether this process holds the job's state: from its start (the job's first state),
+    /// not once admitted to a live group, again once a member that holds it handed it over.
+    holds_state: bool,
     /// The re-forming attempt whose group agrees on the state now: a failure before that ends
     /// is its next attempt (counted against the same limit), not a new recovery.
     recovery: Option<Attempt>,
@@ -273,6 +276,7 @@ impl MemberMachine {
             step: 0,
             digest: INITIAL_DIGEST,
             needs_state: false,
+            holds_state: true,
             recovery: None,
             notice: None,
             actions: VecDeque::new(),

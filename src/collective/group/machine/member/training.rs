@@ -69,8 +69,7 @@ impl MemberMachine {
         let nodes = g.nodes.clone();
         let piece = match round {
             Round::State => Some(Piece::State {
-                step: self.step,
-                digest: self.digest,
+                held: self.holds_state.then_some((self.step, self.digest)),
             }),
             Round::Vote => Some(Piece::Vote(self.vote(now, rank, &nodes))),
             // A broadcast from the leader: the others send nothing.
@@ -169,20 +168,27 @@ impl MemberMachine {
 
     pub(super) fn state_agreed(&mut self, now: Instant, pieces: &[Piece]) {
         let states = pieces.iter().filter_map(|p| match p {
-            Piece::State { step, digest } => Some((*step, *digest)),
+            Piece::State { held } => *held,
             _ => None,
         });
-        // The most steps; ties go to the lowest rank (the first such: pieces are in rank
-        // order, this member's own among them).
+        // The most steps of the members that hold the job's state; ties go to the lowest rank
+        // (the first such: pieces are in rank order, this member's own among them).
         let mut source: Option<(u64, u64)> = None;
         for state in states {
             if source.is_none_or(|b| state.0 > b.0) {
                 source = Some(state);
             }
         }
-        if let Some(source) = source {
-            (self.step, self.digest) = source;
-        }
+        // A group of joiners none of which was handed the state must not train: it would start
+        // the job again from nothing while the members that hold it live on elsewhere (found
+        // by the membership simulator: an admitted process whose handover never completed
+        // re-formed alone as the lowest-ranked half and trained from step 0 while the member
+        // that admitted it held step 23; seed 11001485 of 2 workers and 16 faults).
+        let Some(source) = source else {
+            return self.exit(MemberExit::NoStateHolder);
+        };
+        (self.step, self.digest) = source;
+        self.holds_state = true;
         let generation = self.group.as_ref().map_or(0, |g| g.generation);
         self.actions.push_back(MemberAction::Adopted {
             generation,
