@@ -1225,7 +1225,10 @@ fn run_delivered(
     Delivered::Other
 }
 
-/// A worker could not take a closure: it runs elsewhere, and that incarnation is retired.
+/// A worker could not take a closure: it runs elsewhere, and that incarnation is retired;
+/// unless the refusal was for an attempt superseded since or came from a fenced incarnation
+/// (e.g. a worker refusing a closure of an older chief or restore generation): the machine
+/// ignores that, and the log says so rather than announce a retirement that never happens.
 fn refused(
     scheduler: &mut Scheduler,
     now: Instant,
@@ -1234,12 +1237,18 @@ fn refused(
     attempt: u32,
     refusal: &dyn std::fmt::Display,
 ) {
-    tracing::warn!(
-        "worker/{worker} (incarnation {incarnation}) could not run closure {}: {refusal}; running it \
-         elsewhere and retiring that incarnation",
-        closure.0
-    );
-    scheduler.handle_refused(now, worker, incarnation, closure, attempt);
+    match scheduler.handle_refused(now, worker, incarnation, closure, attempt) {
+        ResultDisposition::RejectedStale => tracing::info!(
+            "worker/{worker} (incarnation {incarnation}) refused closure {} attempt {attempt}, \
+             superseded since: {refusal}; ignored",
+            closure.0
+        ),
+        _ => tracing::warn!(
+            "worker/{worker} (incarnation {incarnation}) could not run closure {}: {refusal}; \
+             running it elsewhere and retiring that incarnation",
+            closure.0
+        ),
+    }
 }
 
 /// A restore call's outcome as the restore machine hears it.
