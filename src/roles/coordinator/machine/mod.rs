@@ -798,7 +798,7 @@ pub struct Scheduler {
     membership: membership::Membership,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct PsEntry {
     incarnation: u64,
     alive: bool,
@@ -1598,18 +1598,20 @@ impl Scheduler {
         // A probe's answer is the server seen as that incarnation: a recovery begun later (a
         // move of the variables right after this restore) restores it without waiting for
         // the failure detector to hear it first.
-        for probe in probes {
-            let entry = self.servers.entry(probe.ps).or_insert(PsEntry {
-                incarnation: probe.incarnation,
+        let seen: Vec<(u32, u64)> = probes
+            .iter()
+            .filter(|p| !self.outside_job(p.ps))
+            .map(|p| (p.ps, p.incarnation))
+            .collect();
+        for (ps, incarnation) in seen {
+            let fresh = PsEntry {
+                incarnation,
                 alive: true,
                 dead: false,
-            });
-            if probe.incarnation > entry.incarnation {
-                *entry = PsEntry {
-                    incarnation: probe.incarnation,
-                    alive: true,
-                    dead: false,
-                };
+            };
+            let entry = self.servers.entry(ps).or_insert(fresh);
+            if incarnation > entry.incarnation {
+                *entry = fresh;
             }
         }
         let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
