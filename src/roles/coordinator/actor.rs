@@ -357,6 +357,7 @@ impl CoordinatorActor {
                             incarnation: r.target().incarnation.0,
                             generation: stats.generation,
                             next_free_closure_id: stats.next_free_closure_id,
+                            serving: stats.serving,
                         },
                         serving: stats.serving,
                     })

@@ -1279,9 +1279,10 @@ mod tests {
     use crate::checkpoint::CheckpointPolicy;
     use crate::roles::coordinator::{Scheduler, SchedulerConfig};
     use crate::roles::protocol::PsError;
-    use crate::roles::protocol::{CreateVariable, PsRefusal, Snapshot};
+    use crate::roles::protocol::{BeginRestore, CreateVariable, PsRefusal, RollBack, Snapshot};
     use cohort_actors::Remote;
     use cohort_transport::ClusterCa;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
         crate::roles::test_support::loopback_gateway(ca, node, 1, Duration::from_secs(5))
@@ -1399,8 +1400,24 @@ mod tests {
             message.contains("no checkpoint") && message.contains("ps/0 has applied closures"),
             "{message}"
         );
+        // A first start: the server holds no variable yet, so no push can reach it.
         let fresh = with_fake_ps(
             "restore-fresh",
+            |ps| {
+                ps.register_fn::<PsStats, _, _>(PS_ACTOR, |_: Remote<PsStats>| async {
+                    Ok(PsStatsReply::default())
+                })
+                .unwrap();
+            },
+            |coordinator, manager| coordinator.restore_checkpoint(manager),
+        );
+        assert_eq!(fresh.unwrap(), None);
+        // A restarted chief over a server that holds variables and applied nothing: it opens
+        // a generation of its own there first (an earlier chief's push may still be on its
+        // way), probes again, and starts afresh.
+        static BEGUN: AtomicU64 = AtomicU64::new(0);
+        let fresh = with_fake_ps(
+            "restore-fenced",
             |ps| {
                 ps.register_fn::<PsStats, _, _>(PS_ACTOR, |_: Remote<PsStats>| async {
                     Ok(PsStatsReply {
@@ -1409,9 +1426,17 @@ mod tests {
                     })
                 })
                 .unwrap();
+                ps.register_fn::<BeginRestore, _, _>(PS_ACTOR, |_: Remote<BeginRestore>| async {
+                    BEGUN.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+                .unwrap();
+                ps.register_fn::<RollBack, _, _>(PS_ACTOR, |_: Remote<RollBack>| async { Ok(()) })
+                    .unwrap();
             },
             |coordinator, manager| coordinator.restore_checkpoint(manager),
         );
         assert_eq!(fresh.unwrap(), None);
+        assert_eq!(BEGUN.load(Ordering::SeqCst), 1);
     }
 }

@@ -481,6 +481,7 @@ impl World<'_> {
                     incarnation,
                     generation,
                     next_free_closure_id: next_free,
+                    serving,
                 };
                 Reply::Server { probe, serving }
             }

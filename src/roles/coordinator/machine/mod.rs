@@ -598,6 +598,8 @@ pub struct ServerProbe {
     pub generation: u64,
     /// The smallest closure id above every id it has applied.
     pub next_free_closure_id: u64,
+    /// Whether it holds a variable (and so may take a push of an earlier chief's closure).
+    pub serving: bool,
 }
 
 /// What became of a result a worker reported.
@@ -836,6 +838,12 @@ enum Purpose {
         next_id: u64,
         /// The checkpoint's own cut (its ledger's next closure id).
         stored_at: u64,
+        root: PathBuf,
+    },
+    /// The chief's start afresh over servers that hold variables: open a generation that
+    /// refuses an earlier chief's pushes, then probe the servers again ([`servers`]).
+    FreshStart {
+        ticket: RestoreTicket,
         root: PathBuf,
     },
 }
@@ -1526,6 +1534,10 @@ impl Scheduler {
                 self.actions
                     .push_back(SchedulerAction::RestoreFinished { ticket, result });
             }
+            (Purpose::FreshStart { ticket, root }, end) => {
+                self.end_startup_restore(now);
+                self.fresh_start_fenced(now, ticket, root, end);
+            }
         }
         self.dispatch(now);
     }
@@ -1595,25 +1607,7 @@ impl Scheduler {
             .max(self.generation)
             + 1;
         self.generation = generation;
-        // A probe's answer is the server seen as that incarnation: a recovery begun later (a
-        // move of the variables right after this restore) restores it without waiting for
-        // the failure detector to hear it first.
-        let seen: Vec<(u32, u64)> = probes
-            .iter()
-            .filter(|p| !self.outside_job(p.ps))
-            .map(|p| (p.ps, p.incarnation))
-            .collect();
-        for (ps, incarnation) in seen {
-            let fresh = PsEntry {
-                incarnation,
-                alive: true,
-                dead: false,
-            };
-            let entry = self.servers.entry(ps).or_insert(fresh);
-            if incarnation > entry.incarnation {
-                *entry = fresh;
-            }
-        }
+        self.see_probed(probes);
         let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
         let (run, calls) = RestoreRun::start(
             generation,
@@ -1637,6 +1631,28 @@ impl Scheduler {
         self.actions
             .extend(calls.into_iter().map(SchedulerAction::Restore));
         Ok(())
+    }
+
+    /// The servers a start's probes answered are seen as those incarnations: a recovery
+    /// begun later (a move of the variables right after the start) restores them without
+    /// waiting for the failure detector to hear them first.
+    fn see_probed(&mut self, probes: &[ServerProbe]) {
+        let seen: Vec<(u32, u64)> = probes
+            .iter()
+            .filter(|p| !self.outside_job(p.ps))
+            .map(|p| (p.ps, p.incarnation))
+            .collect();
+        for (ps, incarnation) in seen {
+            let fresh = PsEntry {
+                incarnation,
+                alive: true,
+                dead: false,
+            };
+            let entry = self.servers.entry(ps).or_insert(fresh);
+            if incarnation > entry.incarnation {
+                *entry = fresh;
+            }
+        }
     }
 
     /// Ends the restore at start-up: dispatch resumes, unless a server was lost meanwhile

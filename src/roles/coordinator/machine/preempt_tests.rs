@@ -45,6 +45,7 @@ pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
             incarnation: 1,
             generation: 0,
             next_free_closure_id: 0,
+            serving: false,
         };
         s.handle_server_probed(t, ticket, ps, Ok(probe));
     }

@@ -238,6 +238,10 @@ pub enum CheckpointSource {
         /// The cut.
         cut: ClosureId,
     },
+    /// None: a chief's start afresh over servers that hold variables but applied nothing. The
+    /// run opens a generation above theirs (refusing every push of an earlier chief's
+    /// closures from then on, PS-1) and re-opens it; no shard is restored.
+    Afresh,
 }
 
 /// One restore, from its first call to its end. See the module doc for the phases.
@@ -303,7 +307,7 @@ impl RestoreRun {
             finished_below,
             checkpoint: match &source {
                 CheckpointSource::Loaded(c) => Some(c.clone()),
-                CheckpointSource::AtCut { .. } => None,
+                CheckpointSource::AtCut { .. } | CheckpointSource::Afresh => None,
             },
             source,
             layouts,
@@ -360,7 +364,9 @@ impl RestoreRun {
                 Ok(None) => {
                     let (root, cut) = match &self.source {
                         CheckpointSource::AtCut { root, cut } => (root.display().to_string(), *cut),
-                        CheckpointSource::Loaded(_) => (String::new(), self.finished_below),
+                        CheckpointSource::Loaded(_) | CheckpointSource::Afresh => {
+                            (String::new(), self.finished_below)
+                        }
                     };
                     return self.end(RunEnd::Unreadable {
                         reason: format!(
@@ -482,10 +488,11 @@ impl RestoreRun {
                 calls
             }
             Phase::Shards => {
-                let checkpoint = self
-                    .checkpoint
-                    .clone()
-                    .expect("the Shards phase starts once the checkpoint is read");
+                // A start afresh restores no shard: the phase has nothing to await.
+                let Some(checkpoint) = self.checkpoint.clone() else {
+                    self.awaiting.clear();
+                    return Vec::new();
+                };
                 servers
                     .into_iter()
                     .map(|(ps, incarnation)| RestoreCall::Shards {

@@ -501,12 +501,14 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
             incarnation: 3,
             generation: 2,
             next_free_closure_id: 14,
+            serving: false,
         },
         ServerProbe {
             ps: 1,
             incarnation: 1,
             generation: 1,
             next_free_closure_id: 12,
+            serving: false,
         },
     ];
     let ticket = s
@@ -608,6 +610,7 @@ fn probe(ps: u32) -> ServerProbe {
         incarnation: 1,
         generation: 0,
         next_free_closure_id: 0,
+        serving: false,
     }
 }
 

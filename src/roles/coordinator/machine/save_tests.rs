@@ -518,6 +518,7 @@ fn probe(ps: u32, incarnation: u64, generation: u64, next_free: u64) -> ServerPr
         incarnation,
         generation,
         next_free_closure_id: next_free,
+        serving: false,
     }
 }
 
