@@ -20,7 +20,11 @@
 //!    ([`Scheduler::handle_restore_at_start`]) to the incarnations that answered; without
 //!    one, a start afresh only over servers that applied nothing (servers that trained under
 //!    an earlier chief would see their closure ids reused, PS-1, and hold state no ledger
-//!    accounts for);
+//!    accounts for). Where a server holds variables, an earlier chief's closure may still be
+//!    on its way from a paused worker: a restore run with no checkpoint first opens a
+//!    generation of this chief's own on every server (refusing such pushes from then on) and
+//!    rewinds the workers, then every server is probed again, and the start is afresh only
+//!    if none applied anything meanwhile;
 //! 3. [`SchedulerAction::RestoreFinished`] with the start's ticket: the step restored, `None`
 //!    for a start afresh, or why the chief cannot start.
 //!
