@@ -184,18 +184,21 @@ fn shard_state() -> impl Strategy<Value = ShardState> {
 }
 
 fn ps_stats_reply() -> impl Strategy<Value = PsStatsReply> {
-    (vec(any::<u64>(), 10), any::<bool>()).prop_map(|(n, serving)| PsStatsReply {
-        applied: n[0],
-        rejected_duplicate: n[1],
-        rejected_stale: n[2],
-        skipped_non_finite: n[3],
-        rejected_invalid: n[4],
-        next_free_closure_id: n[5],
-        applied_ids_held: n[6],
-        finished_below: n[7],
-        serving,
-        generation: n[8],
-        rejected_old_generation: n[9],
+    (vec(any::<u64>(), 10), any::<bool>(), any::<bool>()).prop_map(|(n, serving, restoring)| {
+        PsStatsReply {
+            applied: n[0],
+            rejected_duplicate: n[1],
+            rejected_stale: n[2],
+            skipped_non_finite: n[3],
+            rejected_invalid: n[4],
+            next_free_closure_id: n[5],
+            applied_ids_held: n[6],
+            finished_below: n[7],
+            serving,
+            generation: n[8],
+            restoring,
+            rejected_old_generation: n[9],
+        }
     })
 }
 

@@ -249,6 +249,9 @@ pub struct PsStatsReply {
     pub serving: bool,
     /// The restore generation it is at ([`BeginRestore`]).
     pub generation: u64,
+    /// Whether a restore of that generation began here and was not rolled back yet
+    /// ([`RollBack`]): what it holds may be a checkpoint's shards, restored part way.
+    pub restoring: bool,
     /// Pushes refused because they came from an older restore generation or arrived while a
     /// restore was under way (PS-1; counted in `rejected_stale` too).
     pub rejected_old_generation: u64,

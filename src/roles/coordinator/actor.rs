@@ -358,6 +358,7 @@ impl CoordinatorActor {
                             generation: stats.generation,
                             next_free_closure_id: stats.next_free_closure_id,
                             serving: stats.serving,
+                            restoring: stats.restoring,
                         },
                         serving: stats.serving,
                     })

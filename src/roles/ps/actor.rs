@@ -464,6 +464,7 @@ impl PsActor {
             finished_below: self.store.finished_below().0,
             serving: self.serving.load(Ordering::Acquire),
             generation: self.store.generation().0,
+            restoring: self.store.generation().1,
             rejected_old_generation: c.rejected_old_generation,
         }
     }

@@ -166,6 +166,7 @@ pub(super) enum Resp {
         incarnation: u64,
         serving: bool,
         generation: u64,
+        restoring: bool,
         next_free: u64,
     },
     Hello {

@@ -172,6 +172,7 @@ impl World<'_> {
                 incarnation: p.incarnation,
                 serving: p.store.serving(),
                 generation: p.store.generation().0,
+                restoring: p.store.generation().1,
                 next_free: p.store.next_free_closure_id(),
             },
             Req::Fence {

@@ -470,6 +470,7 @@ impl World<'_> {
                 incarnation,
                 serving,
                 generation,
+                restoring,
                 next_free,
             } => {
                 let ps = match to {
@@ -482,6 +483,7 @@ impl World<'_> {
                     generation,
                     next_free_closure_id: next_free,
                     serving,
+                    restoring,
                 };
                 Reply::Server { probe, serving }
             }

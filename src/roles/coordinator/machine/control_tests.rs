@@ -183,6 +183,7 @@ pub(super) fn start_restore(s: &mut Scheduler, t: Instant) {
         generation: 0,
         next_free_closure_id: 0,
         serving: false,
+        restoring: false,
     };
     s.handle_restore_at_start(t, checkpoint(5, 7), PathBuf::from("ckpt"), &[probe], 1)
         .unwrap();

@@ -600,6 +600,9 @@ pub struct ServerProbe {
     pub next_free_closure_id: u64,
     /// Whether it holds a variable (and so may take a push of an earlier chief's closure).
     pub serving: bool,
+    /// Whether a restore began there and was not rolled back: its variables may be a
+    /// checkpoint's, restored part way by an earlier chief.
+    pub restoring: bool,
 }
 
 /// What became of a result a worker reported.

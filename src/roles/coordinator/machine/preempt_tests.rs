@@ -46,6 +46,7 @@ pub(super) fn training(n: u8) -> (Scheduler, Vec<ClosureId>) {
             generation: 0,
             next_free_closure_id: 0,
             serving: false,
+            restoring: false,
         };
         s.handle_server_probed(t, ticket, ps, Ok(probe));
     }

@@ -502,6 +502,7 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
             generation: 2,
             next_free_closure_id: 14,
             serving: false,
+            restoring: false,
         },
         ServerProbe {
             ps: 1,
@@ -509,6 +510,7 @@ fn a_restore_at_start_with_live_servers_ahead_of_the_checkpoint() {
             generation: 1,
             next_free_closure_id: 12,
             serving: false,
+            restoring: false,
         },
     ];
     let ticket = s
@@ -611,6 +613,7 @@ fn probe(ps: u32) -> ServerProbe {
         generation: 0,
         next_free_closure_id: 0,
         serving: false,
+        restoring: false,
     }
 }
 

@@ -609,6 +609,7 @@ fn a_leave_asked_of_a_restarted_chief_before_its_start_waits_for_the_start() {
             generation: 0,
             next_free_closure_id: 0,
             serving: false,
+            restoring: false,
         };
         s.handle_server_probed(t, ticket, ps, Ok(probe));
     }

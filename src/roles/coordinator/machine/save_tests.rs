@@ -5,7 +5,7 @@
 //! creation of a variable's shards, and the chief's start (probes, then restore or afresh).
 
 use super::control_tests::{bring_up, checkpoint, drain, finish_restore, setup, start_restore};
-use super::recovery::{CallFault, RestoreCall, DATASET_POSITIONS_KEY};
+use super::recovery::{CallFault, RestoreCall, RestoreReport, DATASET_POSITIONS_KEY};
 use super::save::{SAVE_RETRY_BACKOFF_MIN, SAVE_WAIT_MAX};
 use super::*;
 use crate::checkpoint::{slot_tensor_name, TensorBytes};
@@ -519,6 +519,7 @@ fn probe(ps: u32, incarnation: u64, generation: u64, next_free: u64) -> ServerPr
         generation,
         next_free_closure_id: next_free,
         serving: false,
+        restoring: false,
     }
 }
 
@@ -565,6 +566,72 @@ fn a_start_without_a_checkpoint_is_afresh_only_over_untouched_servers() {
         err.contains("ps/1") && err.contains("ckpts") && err.contains("below 40"),
         "{err}"
     );
+}
+
+/// Over servers that hold variables (a chief restarted before any checkpoint), a start afresh
+/// first opens a generation of its own on every server (an earlier chief's push, held by a
+/// paused worker, is refused from then on) and rewinds the workers, then probes again: afresh
+/// if nothing applied meanwhile, refused if something slipped in. A server left mid-restore
+/// by an earlier chief holds a checkpoint's shards: refused at once (seeds 19028587 and
+/// 19043805 of the simulator).
+#[test]
+fn a_start_afresh_over_servers_holding_variables_opens_its_own_generation_first() {
+    let t = Instant::now();
+    let serving = |ps, next_free, restoring| ServerProbe {
+        ps,
+        incarnation: 1,
+        generation: 1,
+        next_free_closure_id: next_free,
+        serving: true,
+        restoring,
+    };
+    for slipped_in in [false, true] {
+        let mut s = Scheduler::new(SchedulerConfig::default())
+            .with_servers(2)
+            .with_workers(1);
+        s.handle_configure(setup(&[("ids", 0)]));
+        bring_up(&mut s, 0, 1);
+        let ticket = s.handle_start(t, None, PathBuf::from("ckpts")).unwrap();
+        drain(&mut s);
+        s.handle_server_probed(t, ticket, 0, Ok(serving(0, 0, false)));
+        s.handle_server_probed(t, ticket, 1, Ok(serving(1, 0, false)));
+        assert_eq!(s.generation(), 2, "a generation above the servers' own");
+        let begun = drain(&mut s)
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    SchedulerAction::Restore(RestoreCall::Begin { generation: 2, .. })
+                )
+            })
+            .count();
+        assert_eq!(begun, 2);
+        // Begin answered by both, then the roll-back and the rewind: probed again.
+        for ps in 0..2 {
+            s.handle_restore_report(t, 2, RestoreReport::Begun { ps, result: Ok(()) });
+        }
+        let others = finish_restore(&mut s);
+        assert_eq!(probes_sent(&others), vec![0, 1], "{others:?}");
+        assert_eq!(start_finished(&others), None);
+        let late = if slipped_in { 1 } else { 0 };
+        s.handle_server_probed(t, ticket, 0, Ok(serving(0, late, false)));
+        s.handle_server_probed(t, ticket, 1, Ok(serving(1, 0, false)));
+        let finished = start_finished(&drain(&mut s));
+        if slipped_in {
+            let err = finished.unwrap().unwrap_err();
+            assert!(err.contains("ps/0") && err.contains("below 1"), "{err}");
+        } else {
+            assert_eq!(finished, Some(Ok(None)));
+            assert!(!s.is_holding());
+        }
+    }
+    // Left mid-restore: no closure applied since its start, but a checkpoint's shards held.
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(1);
+    let ticket = s.handle_start(t, None, PathBuf::from("ckpts")).unwrap();
+    drain(&mut s);
+    s.handle_server_probed(t, ticket, 0, Ok(serving(0, 0, true)));
+    let err = start_finished(&drain(&mut s)).unwrap().unwrap_err();
+    assert!(err.contains("ps/0"), "{err}");
 }
 
 /// A server not reachable yet at the chief's start is probed again after a pause, for as long

@@ -542,7 +542,11 @@ impl Scheduler {
         let ticket = start.ticket;
         let probes: Vec<ServerProbe> = start.probes.into_values().collect();
         let Some(checkpoint) = start.checkpoint else {
-            let trained = probes.iter().find(|p| p.next_free_closure_id > 0);
+            // A server mid-restore may hold a checkpoint's shards (their closures' effects),
+            // whatever it applied since its start.
+            let trained = probes
+                .iter()
+                .find(|p| p.next_free_closure_id > 0 || p.restoring);
             let result = match trained {
                 Some(p) => Err(StartFailure::TrainedWithoutCheckpoint {
                     root: start.root.clone(),
