@@ -1602,23 +1602,10 @@ impl Scheduler {
             .max()
             .unwrap_or(0);
         let next_id = saved.next_closure_id.max(live_next);
-        let generation = probes
-            .iter()
-            .map(|p| p.generation)
-            .max()
-            .unwrap_or(0)
-            .max(self.generation)
-            + 1;
-        self.generation = generation;
-        self.see_probed(probes);
-        let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
-        let (run, calls) = RestoreRun::start(
-            generation,
-            pinned,
-            self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
+        let (run, calls) = self.start_run_over(
+            probes,
             ClosureId(next_id),
             CheckpointSource::Loaded(CheckpointRef(checkpoint)),
-            self.setup.layouts.clone(),
         );
         let recovery = self.recovery(now);
         recovery.run = Some(ActiveRun {
@@ -1634,6 +1621,35 @@ impl Scheduler {
         self.actions
             .extend(calls.into_iter().map(SchedulerAction::Restore));
         Ok(())
+    }
+
+    /// A start's restore run over the servers that answered `probes`: it opens a generation
+    /// above every one they are at (and this coordinator's), goes to the incarnations that
+    /// answered, and rolls their PS-1 state back to `finished_below`.
+    fn start_run_over(
+        &mut self,
+        probes: &[ServerProbe],
+        finished_below: ClosureId,
+        source: CheckpointSource,
+    ) -> (RestoreRun, Vec<RestoreCall>) {
+        let generation = probes
+            .iter()
+            .map(|p| p.generation)
+            .max()
+            .unwrap_or(0)
+            .max(self.generation)
+            + 1;
+        self.generation = generation;
+        self.see_probed(probes);
+        let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
+        RestoreRun::start(
+            generation,
+            pinned,
+            self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
+            finished_below,
+            source,
+            self.setup.layouts.clone(),
+        )
     }
 
     /// The servers a start's probes answered are seen as those incarnations: a recovery

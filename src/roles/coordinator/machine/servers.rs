@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::control::REQUESTS_PENDING_MAX;
-use super::recovery::{CallFault, CheckpointSource, RestoreRun, RunEnd};
+use super::recovery::{CallFault, CheckpointSource, RunEnd};
 use super::reshard::RESHARDING;
 use super::{
     ActiveRun, Purpose, RestoreTicket, Scheduler, SchedulerAction, ServerProbe, StartFailure,
@@ -599,24 +599,7 @@ impl Scheduler {
         if self.recovery.is_some() {
             return Err(StartFailure::RecoveryUnderWay);
         }
-        let generation = probes
-            .iter()
-            .map(|p| p.generation)
-            .max()
-            .unwrap_or(0)
-            .max(self.generation)
-            + 1;
-        self.generation = generation;
-        self.see_probed(probes);
-        let pinned = probes.iter().map(|p| (p.ps, p.incarnation)).collect();
-        let (run, calls) = RestoreRun::start(
-            generation,
-            pinned,
-            self.fenced.iter().map(|(w, e)| (*w, *e)).collect(),
-            ClosureId(0),
-            CheckpointSource::Afresh,
-            self.setup.layouts.clone(),
-        );
+        let (run, calls) = self.start_run_over(probes, ClosureId(0), CheckpointSource::Afresh);
         self.recovery(now).run = Some(ActiveRun {
             run,
             purpose: Purpose::FreshStart { ticket, root },
