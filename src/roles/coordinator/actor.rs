@@ -360,7 +360,6 @@ impl CoordinatorActor {
                             serving: stats.serving,
                             restoring: stats.restoring,
                         },
-                        serving: stats.serving,
                     })
                 })
             }

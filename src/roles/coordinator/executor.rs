@@ -305,10 +305,9 @@ pub(crate) enum Reply {
     },
     /// A server's statistics (its `ps` is the target's).
     Server {
-        /// Which incarnation answered, its restore generation and the ids it applied.
+        /// Which incarnation answered, its restore generation, the ids it applied, and
+        /// whether it holds any variable.
         probe: ServerProbe,
-        /// Whether it holds any variable.
-        serving: bool,
     },
     /// A worker's dataset positions.
     Positions(Vec<(String, u64)>),
@@ -1072,9 +1071,9 @@ pub(crate) fn deliver(
         }
         Route::PsDial { ps } => {
             let dial = match outcome {
-                Ok(Reply::Server { probe, serving }) => PsDial::Answered {
+                Ok(Reply::Server { probe }) => PsDial::Answered {
                     incarnation: probe.incarnation,
-                    serving,
+                    serving: probe.serving,
                 },
                 Ok(Reply::DeclaredDead { incarnation }) => PsDial::DeclaredDead { incarnation },
                 other => {
@@ -1122,7 +1121,7 @@ pub(crate) fn deliver(
         }
         Route::StartProbe { ticket, ps } => {
             let result = match outcome {
-                Ok(Reply::Server { probe, .. }) => Ok(ServerProbe { ps, ..probe }),
+                Ok(Reply::Server { probe }) => Ok(ServerProbe { ps, ..probe }),
                 // As a connection refused: the probe is asked again.
                 Ok(Reply::DeclaredDead { incarnation }) => Err(CallFault::Unreachable(format!(
                     "ps/{ps} answered as incarnation {incarnation}, declared dead"

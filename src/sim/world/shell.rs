@@ -485,7 +485,7 @@ impl World<'_> {
                     serving,
                     restoring,
                 };
-                Reply::Server { probe, serving }
+                Reply::Server { probe }
             }
             Resp::Positions(list) => {
                 if let Route::DrainPositions { worker, .. } = route {

@@ -902,10 +902,19 @@ mod agreement_tests {
     use crate::strategy::MultiWorkerConfig;
     use cohort_transport::ClusterCa;
 
+    /// What one worker's agreement on the state came to.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Agreed {
+        /// It holds this step now.
+        Step(u64),
+        /// No member held the state: the group of this generation refused to train.
+        NoStateHolder { generation: u64 },
+    }
+
     /// Two workers' `MultiWorkerMirrored`, formed over loopback; `awaiting[i]`: worker `i`
     /// joined a live group and was never handed its state; `steps[i]` its own step count.
-    /// Each agrees on the state; returns what each got.
-    fn agree_pair(name: &str, awaiting: [bool; 2], steps: [u64; 2]) -> Vec<Result<u64, String>> {
+    /// Each agrees on the state; returns what each got (any other error fails the test).
+    fn agree_pair(name: &str, awaiting: [bool; 2], steps: [u64; 2]) -> Vec<Agreed> {
         let dir = std::env::temp_dir().join(format!("cohort-agree-{name}-{}", std::process::id()));
         let ca = ClusterCa::generate(name).unwrap();
         let sockets: Vec<std::net::UdpSocket> = (0..2)
@@ -940,13 +949,13 @@ mod agreement_tests {
                         variables: &[],
                         optimizer: None,
                     };
-                    let agreed = strategy.agree(&mut state).map(|_| state.step);
-                    agreed.map_err(|e| match e {
-                        StrategyError::NoStateHolder { generation } => {
-                            format!("no holder of generation {generation}")
+                    match strategy.agree(&mut state) {
+                        Ok(_) => Agreed::Step(state.step),
+                        Err(StrategyError::NoStateHolder { generation }) => {
+                            Agreed::NoStateHolder { generation }
                         }
-                        other => other.to_string(),
-                    })
+                        Err(other) => panic!("worker {i}: {other}"),
+                    }
                 })
             })
             .collect();
@@ -961,9 +970,9 @@ mod agreement_tests {
     #[test]
     fn only_a_worker_holding_the_state_can_be_its_source() {
         let got = agree_pair("agree-holder", [true, false], [9, 4]);
-        assert_eq!(got, vec![Ok(4), Ok(4)]);
+        assert_eq!(got, vec![Agreed::Step(4), Agreed::Step(4)]);
         let got = agree_pair("agree-none", [true, true], [9, 4]);
-        let refused = Err("no holder of generation 1".to_string());
-        assert_eq!(got, vec![refused.clone(), refused]);
+        let refused = || Agreed::NoStateHolder { generation: 1 };
+        assert_eq!(got, vec![refused(), refused()]);
     }
 }
