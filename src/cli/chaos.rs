@@ -321,6 +321,10 @@ fn run_membership(args: &SimArgs) -> Result<(), CliError> {
     };
     outln!("process exits: {}", list(&summary.exits));
     outln!("faults injected: {}", list(&summary.faults));
+    outln!(
+        "lossy links: {} messages late, {} connections idled out",
+        summary.late_on_lossy, summary.idled_out
+    );
     if summary.violations.is_empty() {
         outln!("violations: none");
         return Ok(());

@@ -1,7 +1,7 @@
 //! The membership simulator: N MultiWorkerMirrored worker processes, each the collective's
 //! member machine (`collective::MemberMachine`), over a simulated network, under the chaos
 //! plans' faults (kill, pause, preemption, drain and scale back, non-transitive cuts and
-//! splits, slow links), with a supervisor that starts a lost process again as a new
+//! splits, slow links, lossy links), with a supervisor that starts a lost process again as a new
 //! incarnation. Deterministic: a seed draws the scenario and every delay, so a violation
 //! replays exactly.
 //!
@@ -23,6 +23,9 @@ use rand_chacha::ChaCha8Rng;
 
 pub use world::MembershipReport;
 
+/// The seed stream of a scenario's lossy links ([`MembershipConfig::lossy`]).
+const LOSSY_STREAM: u64 = 0x6c6f_7373_7920_6c6b;
+
 /// What a membership simulation runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MembershipConfig {
@@ -36,6 +39,10 @@ pub struct MembershipConfig {
     pub faults_max: usize,
     /// Once the last fault ended, the job must finish within this (liveness).
     pub liveness_bound: Duration,
+    /// Whether a schedule may also make a worker's links lossy for a while
+    /// ([`MembershipFaultKind::Lossy`], drawn from a stream of its own, so that the other faults
+    /// of a seed are the same either way).
+    pub lossy: bool,
 }
 
 impl Default for MembershipConfig {
@@ -46,6 +53,7 @@ impl Default for MembershipConfig {
             fault_window: Duration::from_secs(20),
             faults_max: 5,
             liveness_bound: Duration::from_secs(240),
+            lossy: true,
         }
     }
 }
@@ -90,6 +98,15 @@ pub enum MembershipFaultKind {
         extra: Duration,
         lasting: Duration,
     },
+    /// For `lasting`, every datagram to or from `worker` is lost with probability
+    /// `percent` / 100. QUIC sends a lost one again after a probe timeout that doubles each
+    /// time: a message comes late (and out of order with the others), and where its sends
+    /// again pass the detection budget the connection idles out (both ends lose the link).
+    Lossy {
+        worker: usize,
+        percent: u32,
+        lasting: Duration,
+    },
 }
 
 impl MembershipFaultKind {
@@ -103,6 +120,7 @@ impl MembershipFaultKind {
             Self::Cut { .. } => "cut",
             Self::Split { .. } => "split",
             Self::Slow { .. } => "slow",
+            Self::Lossy { .. } => "lossy",
         }
     }
 
@@ -113,7 +131,8 @@ impl MembershipFaultKind {
             Self::Pause { lasting, .. }
             | Self::Cut { lasting, .. }
             | Self::Split { lasting, .. }
-            | Self::Slow { lasting, .. } => *lasting,
+            | Self::Slow { lasting, .. }
+            | Self::Lossy { lasting, .. } => *lasting,
             Self::Preempt { .. } => Duration::from_secs(10),
             Self::Drain { add_after, .. } => *add_after,
         }
@@ -182,6 +201,20 @@ impl MembershipScenario {
                 MembershipFault { at, kind }
             })
             .collect();
+        if config.lossy {
+            // A stream of its own: the faults above are the same with or without it.
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ LOSSY_STREAM);
+            if rng.gen_ratio(1, 3) {
+                faults.push(MembershipFault {
+                    at: Duration::from_millis(rng.gen_range(0..window.max(1))),
+                    kind: MembershipFaultKind::Lossy {
+                        worker: rng.gen_range(0..workers),
+                        percent: [2, 10, 30, 50][rng.gen_range(0..4)],
+                        lasting: ms(&mut rng, 100, 8_000),
+                    },
+                });
+            }
+        }
         faults.sort_by_key(|f| f.at);
         Self {
             seed,
@@ -240,6 +273,10 @@ pub struct MembershipSummary {
     pub exits: BTreeMap<&'static str, u64>,
     /// Groups formed in all.
     pub groups_formed: u64,
+    /// Messages lossy links made late.
+    pub late_on_lossy: u64,
+    /// Connections lossy links idled out.
+    pub idled_out: u64,
     /// Violations, with their seeds.
     pub violations: Vec<(u64, MembershipViolation)>,
 }
@@ -259,6 +296,8 @@ pub fn run_membership_seeds(
         summary.schedules += 1;
         summary.events += report.events;
         summary.groups_formed += report.groups_formed;
+        summary.late_on_lossy += report.late_on_lossy;
+        summary.idled_out += report.idled_out;
         for (why, n) in &report.exits {
             *summary.exits.entry(why).or_default() += n;
         }

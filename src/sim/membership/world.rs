@@ -32,6 +32,10 @@ pub struct MembershipReport {
     pub exits: BTreeMap<&'static str, u64>,
     /// Virtual time the run took.
     pub took: Duration,
+    /// Messages a lossy link made late (a datagram of theirs sent again).
+    pub late_on_lossy: u64,
+    /// Connections a lossy link idled out (sent again past the detection budget).
+    pub idled_out: u64,
 }
 
 /// The bounds every worker runs with in the simulation (production's defaults, shortened as
@@ -54,6 +58,11 @@ pub(super) fn settings(steps: u64) -> MemberSettings {
 const GRACE: Duration = Duration::from_secs(10);
 /// How long a dial to a peer that cannot be reached takes to fail.
 const DIAL_FAILS_AFTER: Duration = Duration::from_millis(50);
+/// The first probe timeout after a lost datagram on a lossy link (a LAN's round trip plus
+/// QUIC's timer granularity and ack delay); each one after doubles it.
+const PROBE_TIMEOUT_FIRST: Duration = Duration::from_millis(30);
+/// The seed stream of lost datagrams (`World::retransmitted`).
+const LOSS_DRAWS: u64 = 0x6c6f_7374;
 /// Bound on events in one run (a livelock is a violation, not a hang).
 const EVENTS_MAX: u64 = 500_000;
 /// The supervisor's budget, the launcher's (`cohort launch`): past this many failed
@@ -82,10 +91,12 @@ enum Event {
         worker: usize,
         life: u64,
     },
+    /// `worker`'s process `life` loses its connection with `peer`'s process `peer_life`.
     LinkLost {
         worker: usize,
         life: u64,
         peer: usize,
+        peer_life: u64,
     },
     Fault(MembershipFaultKind),
     Resume {
@@ -129,6 +140,8 @@ struct Proc {
     deferred: Vec<Event>,
     /// Extra delay of its outgoing messages (a slow link), until it heals.
     slow: Duration,
+    /// Its links' datagram loss, in percent, and until when ([`MembershipFaultKind::Lossy`]).
+    lossy: Option<(u32, Duration)>,
     /// Whether it was told to leave for good (a drain): not started again when killed.
     draining: bool,
     /// When its processes exited with a failure, within the supervisor's window.
@@ -142,6 +155,8 @@ pub(super) struct World {
     base: Instant,
     now: Duration,
     rng: ChaCha8Rng,
+    /// The draws of lost datagrams: a stream of its own, consulted only on a lossy link.
+    loss_rng: ChaCha8Rng,
     procs: Vec<Proc>,
     queue: BTreeMap<(Duration, u64), Event>,
     seq: u64,
@@ -165,6 +180,7 @@ impl World {
                 paused_until: None,
                 deferred: Vec::new(),
                 slow: Duration::ZERO,
+                lossy: None,
                 draining: false,
                 failures: Vec::new(),
                 timer_at: None,
@@ -176,6 +192,7 @@ impl World {
             base: Instant::now(),
             now: Duration::ZERO,
             rng: ChaCha8Rng::seed_from_u64(scenario.seed),
+            loss_rng: ChaCha8Rng::seed_from_u64(scenario.seed ^ LOSS_DRAWS),
             procs,
             queue: BTreeMap::new(),
             seq: 0,
@@ -322,9 +339,15 @@ impl World {
                 }
                 self.with_machine(worker, life, |m, now| m.handle_timeout(now));
             }
-            Event::LinkLost { worker, life, peer } => self.with_machine(worker, life, |m, now| {
+            Event::LinkLost {
+                worker,
+                life,
+                peer,
+                peer_life,
+            } => self.with_machine(worker, life, |m, now| {
+                let process = Self::incarnation(peer, peer_life);
                 let peer = NodeId::new("worker", peer as u32);
-                m.handle_link_lost(now, &peer);
+                m.handle_link_lost(now, &peer, process);
             }),
             Event::Fault(fault) => self.inject(fault),
             Event::Resume { worker, life } => self.resume(worker, life),
@@ -543,6 +566,11 @@ impl World {
             }
             at = heals + delay;
         }
+        match self.retransmitted(from, to) {
+            Some(extra) if extra > detection => return self.connection_idled_out(from, to, message),
+            Some(extra) => at += extra,
+            None => {}
+        }
         let life = self.procs[to].life;
         self.schedule(
             at,
@@ -550,6 +578,69 @@ impl World {
                 to,
                 life,
                 from,
+                message,
+            },
+        );
+    }
+
+    /// The datagram loss on the path between `a` and `b` now, in percent: the worse of their
+    /// lossy links'.
+    fn loss_percent(&self, a: usize, b: usize) -> u32 {
+        [a, b]
+            .iter()
+            .filter_map(|&w| self.procs[w].lossy)
+            .filter(|(_, until)| *until > self.now)
+            .map(|(percent, _)| percent)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// What a message from `from` to `to` loses to datagrams sent again on a lossy path: the
+    /// probe timeouts it waited, each twice the one before (as QUIC backs off); `None` on a
+    /// path that loses nothing.
+    fn retransmitted(&mut self, from: usize, to: usize) -> Option<Duration> {
+        let percent = self.loss_percent(from, to);
+        if percent == 0 {
+            return None;
+        }
+        let detection = settings(self.config.steps).detection;
+        let (mut extra, mut timeout) = (Duration::ZERO, PROBE_TIMEOUT_FIRST);
+        while extra <= detection && self.loss_rng.gen_ratio(percent, 100) {
+            extra += timeout;
+            timeout *= 2;
+        }
+        if extra > detection {
+            self.report.idled_out += 1;
+        } else if !extra.is_zero() {
+            self.report.late_on_lossy += 1;
+        }
+        Some(extra)
+    }
+
+    /// The connection between `from` and `to` idled out on a lossy path while carrying
+    /// `message`: it is not delivered, and both ends lose their link after the detection budget.
+    fn connection_idled_out(&mut self, from: usize, to: usize, message: MemberMessage) {
+        let detection = settings(self.config.steps).detection;
+        for (x, y) in [(from, to), (to, from)] {
+            if self.running(x) {
+                let (life, peer_life) = (self.procs[x].life, self.procs[y].life);
+                self.schedule(
+                    self.now + detection,
+                    Event::LinkLost {
+                        worker: x,
+                        life,
+                        peer: y,
+                        peer_life,
+                    },
+                );
+            }
+        }
+        self.schedule(
+            self.now + detection,
+            Event::Undelivered {
+                to: from,
+                life: self.procs[from].life,
+                peer: to,
                 message,
             },
         );
@@ -573,6 +664,7 @@ impl World {
     /// The peers of `worker` lose their link with it after the detection budget.
     fn lost_by_peers(&mut self, worker: usize) {
         let detection = settings(self.config.steps).detection;
+        let peer_life = self.procs[worker].life;
         for peer in 0..self.procs.len() {
             if peer != worker && self.running(peer) {
                 let life = self.procs[peer].life;
@@ -582,6 +674,7 @@ impl World {
                         worker: peer,
                         life,
                         peer: worker,
+                        peer_life,
                     },
                 );
             }
@@ -672,9 +765,15 @@ impl World {
                     self.lost_by_peers(worker);
                     for peer in 0..self.procs.len() {
                         if peer != worker {
+                            let peer_life = self.procs[peer].life;
                             self.schedule(
                                 self.now + detection,
-                                Event::LinkLost { worker, life, peer },
+                                Event::LinkLost {
+                                    worker,
+                                    life,
+                                    peer,
+                                    peer_life,
+                                },
                             );
                         }
                     }
@@ -707,6 +806,11 @@ impl World {
                 self.procs[worker].slow = extra;
                 self.schedule(self.now + lasting, Event::Fast { worker });
             }
+            MembershipFaultKind::Lossy {
+                worker,
+                percent,
+                lasting,
+            } => self.procs[worker].lossy = Some((percent, self.now + lasting)),
         }
     }
 
@@ -739,12 +843,14 @@ impl World {
             for &(a, b) in &pairs {
                 for (x, y) in [(a, b), (b, a)] {
                     let life = self.procs[x].life;
+                    let peer_life = self.procs[y].life;
                     self.schedule(
                         self.now + detection,
                         Event::LinkLost {
                             worker: x,
                             life,
                             peer: y,
+                            peer_life,
                         },
                     );
                 }

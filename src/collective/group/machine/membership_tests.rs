@@ -375,3 +375,19 @@ fn joins_are_waited_for_taken_or_refused_by_what_this_mesh_formed() {
         JoinAnswer::Wait
     );
 }
+
+#[test]
+fn a_lost_connection_of_an_old_process_is_not_the_link_with_its_successor() {
+    let (old, new) = (Incarnation::from_raw(3), Incarnation::from_raw(4));
+    let (mut m, nodes) = member_of(2, &[Incarnation::from_raw(9), old]);
+    // The link is with the old process: its connection is the link.
+    assert!(!m.linked_with_another_process(&nodes[1], old));
+    // The node came back and linked again in the next generation: the old connection's
+    // death says nothing of the new link.
+    m.begin_forming(3).unwrap();
+    m.linked_with(&nodes[1], 3, new);
+    assert!(m.linked_with_another_process(&nodes[1], old));
+    assert!(!m.linked_with_another_process(&nodes[1], new));
+    // A node this mesh never linked with: whatever connection died is taken as its link.
+    assert!(!m.linked_with_another_process(&node(7), old));
+}

@@ -553,6 +553,12 @@ impl Membership {
         self.formed_generation = self.formed_generation.max(generation);
     }
 
+    /// Whether the process of `peer` this mesh last linked with (or admitted) is another than
+    /// `process`.
+    pub(super) fn linked_with_another_process(&self, peer: &NodeId, process: Incarnation) -> bool {
+        self.processes.get(peer).is_some_and(|p| *p != process)
+    }
+
     pub(super) fn linked_with(&mut self, peer: &NodeId, generation: u64, incarnation: Incarnation) {
         if self.generation == generation {
             self.linked.insert((peer.clone(), generation));
