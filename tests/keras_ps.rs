@@ -42,12 +42,16 @@ const FAULT_AT: u64 = 30;
 /// the first at the rate the `LearningRateScheduler` set.
 const RATE_FAULT_AT: u64 = 45;
 
+/// The step at which the scenarios `ps-early` and `chief-early` kill their victim: before the
+/// first scheduled backup (every 10 steps).
+const EARLY_FAULT_AT: u64 = 4;
+
 /// The step at which this run's victim is killed.
 fn fault_at() -> u64 {
-    if ps_support::scenario() == "rate" {
-        RATE_FAULT_AT
-    } else {
-        FAULT_AT
+    match ps_support::scenario().as_str() {
+        "rate" => RATE_FAULT_AT,
+        "ps-early" | "chief-early" => EARLY_FAULT_AT,
+        _ => FAULT_AT,
     }
 }
 /// In the run's directory: the victim's PID, the chief's marker, the test's answer.
@@ -156,8 +160,8 @@ fn schedule() -> LearningRateSchedule {
 fn victim() -> Option<TaskId> {
     match ps_support::scenario().as_str() {
         "worker" => Some(TaskId::new(TaskType::Worker, 1)),
-        "ps" | "rate" => Some(TaskId::new(TaskType::Ps, 0)),
-        "chief" => Some(TaskId::new(TaskType::Chief, 0)),
+        "ps" | "rate" | "ps-early" => Some(TaskId::new(TaskType::Ps, 0)),
+        "chief" | "chief-early" => Some(TaskId::new(TaskType::Chief, 0)),
         _ => None,
     }
 }
@@ -492,6 +496,35 @@ fn fit_goes_on_when_a_parameter_server_is_killed_midway() {
     let victim = TaskId::new(TaskType::Ps, 0);
     let report = run_with_fault("keras-ps-server", "ps", victim, false);
     check(&report, "a parameter server killed");
+}
+
+/// A parameter server SIGKILLed before the first scheduled backup: `fit` saved one of the
+/// variables as created before the first step, so the server is restored from it (every
+/// server rolled back, the steps since run again) and every step is still applied once.
+#[test]
+fn fit_goes_on_when_a_parameter_server_is_killed_before_the_first_backup() {
+    let victim = TaskId::new(TaskType::Ps, 0);
+    let report = run_with_fault("keras-ps-server-early", "ps-early", victim, false);
+    check(&report, "a parameter server killed before the first backup");
+}
+
+/// The chief SIGKILLed before the first scheduled backup, over servers that applied steps: the
+/// restarted chief resumes from the backup `fit` saved before the first step.
+#[test]
+fn a_chief_killed_before_the_first_backup_resumes_from_the_start() {
+    let victim = TaskId::new(TaskType::Chief, 0);
+    let report = run_with_fault("keras-ps-chief-early", "chief-early", victim, true);
+    assert_eq!(report["resumed_at"], 0, "{report}");
+    assert_eq!(
+        report["step"],
+        (EPOCHS * STEPS_PER_EPOCH) as u64,
+        "{report}"
+    );
+    let accuracy: Vec<f64> = serde_json::from_value(report["val_accuracy"].clone()).unwrap();
+    assert!(
+        *accuracy.last().unwrap() > 0.9,
+        "validation accuracy {accuracy:?}"
+    );
 }
 
 /// The chief SIGKILLed midway and restarted: it resumes from the newest backup at its step

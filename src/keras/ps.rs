@@ -25,7 +25,8 @@ use crate::data::Element;
 use crate::nn::ModelVariables;
 use crate::optim::{LearningRateSchedule, Optimizer};
 use crate::program::{
-    ClusterCoordinator, DatasetHandle, Program, RowRead, ServerModel, Step, StepContext, StepError,
+    ClusterCoordinator, CoordinatorError, DatasetHandle, Program, RowRead, ServerModel, Step,
+    StepContext, StepError,
 };
 use crate::train::{DistributedOptimizer, StateCheckpointError};
 use crate::variable::{Partitioner, Variable};
@@ -384,9 +385,16 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             started: Instant::now(),
         };
         if let Some(manager) = run.manager.as_mut() {
-            if let Some(restored) = run.coordinator.restore_checkpoint(manager)? {
-                run.history.resumed_at = Some(restored);
-                run.step = restored;
+            match run.coordinator.restore_checkpoint(manager)? {
+                Some(restored) => {
+                    run.history.resumed_at = Some(restored);
+                    run.step = restored;
+                }
+                // A backup of the variables as created, before the first step: a parameter
+                // server lost before the first scheduled backup is restored from it, and a
+                // chief lost then resumes from it (with none, either loss ends the job once
+                // the servers applied a step: nothing accounts for what they hold).
+                None => save_before_training(run.coordinator, manager)?,
             }
         }
         run.epoch = (run.step / steps_per_epoch as u64) as usize;
@@ -603,6 +611,24 @@ fn write_weights(
             .to_dtype(DType::F32)?
             .to_vec1::<f32>()?;
         coordinator.assign_variable(variable.name(), &values)?;
+    }
+    Ok(())
+}
+
+/// The backup before the first step ([`PsFitLoop::start`]). One that cannot be written (a full
+/// disk, say) is logged and training goes on without it, as it would have before the first
+/// scheduled backup; any other failure is the job's.
+fn save_before_training(
+    coordinator: &ClusterCoordinator,
+    manager: &mut CheckpointManager,
+) -> Result<(), KerasError> {
+    match coordinator.save_checkpoint(manager, 0) {
+        Ok(dir) => tracing::debug!("backup before training: {}", dir.display()),
+        Err(CoordinatorError::Checkpoint(e)) => tracing::warn!(
+            "the backup before training was not saved: {e}; a parameter server or the chief \
+             lost before the first scheduled backup ends the job"
+        ),
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }
