@@ -623,16 +623,7 @@ impl World {
         let detection = settings(self.config.steps).detection;
         for (x, y) in [(from, to), (to, from)] {
             if self.running(x) {
-                let (life, peer_life) = (self.procs[x].life, self.procs[y].life);
-                self.schedule(
-                    self.now + detection,
-                    Event::LinkLost {
-                        worker: x,
-                        life,
-                        peer: y,
-                        peer_life,
-                    },
-                );
+                self.loses_link_later(x, y);
             }
         }
         self.schedule(
@@ -663,22 +654,27 @@ impl World {
 
     /// The peers of `worker` lose their link with it after the detection budget.
     fn lost_by_peers(&mut self, worker: usize) {
-        let detection = settings(self.config.steps).detection;
-        let peer_life = self.procs[worker].life;
         for peer in 0..self.procs.len() {
             if peer != worker && self.running(peer) {
-                let life = self.procs[peer].life;
-                self.schedule(
-                    self.now + detection,
-                    Event::LinkLost {
-                        worker: peer,
-                        life,
-                        peer: worker,
-                        peer_life,
-                    },
-                );
+                self.loses_link_later(peer, worker);
             }
         }
+    }
+
+    /// `worker`'s process of now loses its connection with `peer`'s process of now after the
+    /// detection budget (a connection is between two processes: `LinkLost` names both).
+    fn loses_link_later(&mut self, worker: usize, peer: usize) {
+        let detection = settings(self.config.steps).detection;
+        let (life, peer_life) = (self.procs[worker].life, self.procs[peer].life);
+        self.schedule(
+            self.now + detection,
+            Event::LinkLost {
+                worker,
+                life,
+                peer,
+                peer_life,
+            },
+        );
     }
 
     /// The process of `worker` dies; its supervisor starts it again (`restart`) after a
@@ -765,16 +761,7 @@ impl World {
                     self.lost_by_peers(worker);
                     for peer in 0..self.procs.len() {
                         if peer != worker {
-                            let peer_life = self.procs[peer].life;
-                            self.schedule(
-                                self.now + detection,
-                                Event::LinkLost {
-                                    worker,
-                                    life,
-                                    peer,
-                                    peer_life,
-                                },
-                            );
+                            self.loses_link_later(worker, peer);
                         }
                     }
                 }
@@ -842,17 +829,7 @@ impl World {
         if lasting > detection {
             for &(a, b) in &pairs {
                 for (x, y) in [(a, b), (b, a)] {
-                    let life = self.procs[x].life;
-                    let peer_life = self.procs[y].life;
-                    self.schedule(
-                        self.now + detection,
-                        Event::LinkLost {
-                            worker: x,
-                            life,
-                            peer: y,
-                            peer_life,
-                        },
-                    );
+                    self.loses_link_later(x, y);
                 }
             }
         }
