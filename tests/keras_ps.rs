@@ -46,10 +46,18 @@ const RATE_FAULT_AT: u64 = 45;
 /// first scheduled backup (every 10 steps).
 const EARLY_FAULT_AT: u64 = 4;
 
+/// The steps at which the scenarios `rate-chief` and `rate-chief-boundary` kill the chief: in
+/// the third epoch, after its step-70 backup (inside the epoch) and after the step-60 one
+/// (its start).
+const RATE_CHIEF_FAULT_AT: u64 = 75;
+const RATE_CHIEF_BOUNDARY_FAULT_AT: u64 = 62;
+
 /// The step at which this run's victim is killed.
 fn fault_at() -> u64 {
     match ps_support::scenario().as_str() {
         "rate" => RATE_FAULT_AT,
+        "rate-chief" => RATE_CHIEF_FAULT_AT,
+        "rate-chief-boundary" => RATE_CHIEF_BOUNDARY_FAULT_AT,
         "ps-early" | "chief-early" => EARLY_FAULT_AT,
         _ => FAULT_AT,
     }
@@ -161,7 +169,9 @@ fn victim() -> Option<TaskId> {
     match ps_support::scenario().as_str() {
         "worker" => Some(TaskId::new(TaskType::Worker, 1)),
         "ps" | "rate" | "ps-early" => Some(TaskId::new(TaskType::Ps, 0)),
-        "chief" | "chief-early" => Some(TaskId::new(TaskType::Chief, 0)),
+        "chief" | "chief-early" | "rate-chief" | "rate-chief-boundary" => {
+            Some(TaskId::new(TaskType::Chief, 0))
+        }
         _ => None,
     }
 }
@@ -205,7 +215,7 @@ fn program() -> Program {
     }
     match ps_support::scenario().as_str() {
         "rows" => return rows::program(),
-        "rate" => return rate::program(),
+        "rate" | "rate-chief" | "rate-chief-boundary" => return rate::program(),
         _ => {}
     }
     let fit = ps_fit();
@@ -716,8 +726,10 @@ mod rate {
     use cohort::keras::callbacks::LearningRateScheduler;
     use cohort::nn::ModelVariables;
 
-    /// The optimizer's own rate, that of the first epoch; the scheduler sets 0 after it.
+    /// The optimizer's own rate, that of the first epoch; the scheduler sets 0 after it (or,
+    /// in the `rate-chief` scenarios, halves the rate before at each epoch's start).
     pub const FIRST_RATE: f32 = 0.05;
+    pub const HALVING: f32 = 0.5;
 
     fn ps_fit() -> Arc<PsFit<Net>> {
         Arc::new(PsFit::new(
@@ -745,10 +757,12 @@ mod rate {
                     .steps_per_epoch(STEPS_PER_EPOCH)
                     .verbose(false)
                     .callback(LearningRateScheduler::new(|epoch, rate| {
-                        if epoch == 0 {
-                            rate
-                        } else {
-                            0.0
+                        match (epoch, ps_support::scenario().starts_with("rate-chief")) {
+                            (0, _) => rate,
+                            // Each epoch's rate made from the one before, as a decay that
+                            // reads the optimizer's rate does.
+                            (_, true) => rate * HALVING,
+                            (_, false) => 0.0,
                         }
                     }))
                     .callback(Midway)
@@ -787,6 +801,7 @@ mod rate {
         let mut report = ledger_and_stats(coordinator)?;
         report["step"] = serde_json::json!(history.step);
         report["learning_rate"] = serde_json::json!(history.get("learning_rate"));
+        report["resumed_at"] = serde_json::json!(history.resumed_at);
         report["loss"] = serde_json::json!(history.get("loss"));
         report["servers_vs_epoch_1"] = serde_json::json!(differs(1)?);
         report["servers_vs_drawn"] = serde_json::json!(largest_difference(&drawn, &on_servers));
@@ -818,4 +833,25 @@ fn a_learning_rate_scheduler_sets_the_servers_rate_through_a_server_restore() {
         report["servers_vs_epoch_1"], 0.0,
         "an update after the first epoch was applied at a rate other than 0: {report}"
     );
+}
+
+/// The chief SIGKILLed in the third epoch of a job whose `LearningRateScheduler` halves the
+/// rate before at each epoch's start. The rate in force is in the backup: the restarted chief
+/// trains the rest of the third epoch at a quarter of the first rate, whether it resumed
+/// inside the epoch (the epoch's callbacks run again, and the backup's rate is set after them,
+/// not halved twice) or at its start (the callbacks halve the backup's rate). Before, it went
+/// on from the optimizer's own rate: half the first.
+#[test]
+fn a_rate_made_from_the_one_before_survives_a_chiefs_restart() {
+    let victim = TaskId::new(TaskType::Chief, 0);
+    for (scenario, resumed_at) in [("rate-chief", 70), ("rate-chief-boundary", 60)] {
+        let report = run_with_fault(&format!("keras-ps-{scenario}"), scenario, victim, true);
+        assert_eq!(report["resumed_at"], resumed_at, "{scenario}: {report}");
+        let total = (EPOCHS * STEPS_PER_EPOCH) as u64;
+        assert_eq!(report["step"], total, "{scenario}: {report}");
+        let rates: Vec<f64> = serde_json::from_value(report["learning_rate"].clone()).unwrap();
+        let third = f64::from(rate::FIRST_RATE * rate::HALVING * rate::HALVING);
+        let last = rates.last().copied().unwrap_or(f64::NAN);
+        assert!((last - third).abs() < 1e-9, "{scenario}: {report}");
+    }
 }

@@ -305,6 +305,9 @@ struct PsFitLoop<'a, N> {
     optimizer: DistributedOptimizer,
     /// The rate the closures scheduled now carry.
     rate_on_servers: LearningRateSchedule,
+    /// In a chief that resumed inside an epoch, the rate that epoch ran at before (the one its
+    /// backup recorded), for after the epoch's callbacks run again ([`Self::run_epoch`]).
+    resumed_rate: Option<f32>,
     history: History,
     /// Updates applied since the job began.
     step: u64,
@@ -377,6 +380,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             weights: copy.variables(),
             optimizer,
             rate_on_servers,
+            resumed_rate: None,
             history: History::default(),
             step: 0,
             epoch: 0,
@@ -389,6 +393,19 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
                 Some(restored) => {
                     run.history.resumed_at = Some(restored);
                     run.step = restored;
+                    // The rate a callback had set (`LearningRateScheduler`) came back with the
+                    // backup. Resumed at an epoch's start, the callbacks go on from it (as
+                    // Keras restores its optimizer's rate); inside an epoch, whose callbacks
+                    // run again, it is the rate that epoch ran at, set once they ran, so that a
+                    // rate a callback makes from the one before is not made twice.
+                    if let Some(rate) = run.coordinator.learning_rate()? {
+                        if restored % steps_per_epoch as u64 == 0 {
+                            run.optimizer.set_learning_rate(rate)?;
+                            run.rate_on_servers = run.optimizer.schedule();
+                        } else {
+                            run.resumed_rate = Some(rate);
+                        }
+                    }
                 }
                 // A backup of the variables as created, before the first step: a parameter
                 // server lost before the first scheduled backup is restored from it, and a
@@ -457,6 +474,12 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         hook: impl FnMut(&mut dyn Callback, &mut TrainingContext<'_>) -> Result<(), KerasError>,
     ) -> Result<(), KerasError> {
         self.run_callbacks(within, hook)?;
+        self.rate_to_servers()
+    }
+
+    /// Hands the optimizer's rate to the coordinator where it changed: the closures scheduled
+    /// from now on carry it.
+    fn rate_to_servers(&mut self) -> Result<(), KerasError> {
         if self.optimizer.schedule() != self.rate_on_servers {
             self.rate_on_servers = self.optimizer.schedule();
             self.coordinator
@@ -472,6 +495,10 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         let epoch_end = self.epoch_start() + self.steps_per_epoch as u64;
         let within = (self.step - self.epoch_start()) as usize;
         self.each_callback(within, |cb, ctx| cb.on_epoch_begin(epoch, ctx))?;
+        if let Some(rate) = self.resumed_rate.take() {
+            self.optimizer.set_learning_rate(rate)?;
+            self.rate_to_servers()?;
+        }
         let mut totals = vec![0.0f64; stats_len(&self.fit.metrics)];
         while self.step < epoch_end && !self.stop_training {
             self.train_until_backup(epoch_end, &mut totals)?;

@@ -675,11 +675,22 @@ impl ClusterCoordinator {
     /// does under ParameterServerStrategy, between epochs). The rate travels with each closure
     /// and its pushes: a closure run again after a worker or a server was lost applies at the
     /// rate it was scheduled with, and a restarted server needs to be told nothing. The
-    /// closures already scheduled keep theirs. Refused, changing nothing, if `rate` is not
-    /// finite and non-negative.
+    /// closures already scheduled keep theirs. A checkpoint records the rate in force at its
+    /// cut, and a chief that restores it goes on at that rate ([`Self::learning_rate`]).
+    /// Refused, changing nothing, if `rate` is not finite and non-negative.
     pub fn set_learning_rate(&self, rate: f32) -> Result<(), CoordinatorError> {
         let rate = LearningRate::new(rate).ok_or(CoordinatorError::LearningRate(rate))?;
         self.ask(SetLearningRate(Some(rate)))
+    }
+
+    /// The learning rate the closures scheduled from now on carry: the one
+    /// [`Self::set_learning_rate`] set last, or, in a chief that resumed, the one the closures
+    /// after its checkpoint's cut carried ([`Self::restore_checkpoint`]: a rate Keras'
+    /// `LearningRateScheduler` set survives a chief's restart, as Keras restores its
+    /// optimizer's rate from a backup). `None`: the servers' own (their optimizer's rate or
+    /// schedule).
+    pub fn learning_rate(&self) -> Result<Option<f32>, CoordinatorError> {
+        Ok(self.ask(Status)?.learning_rate.map(LearningRate::get))
     }
 
     /// True when nothing is queued or in flight.

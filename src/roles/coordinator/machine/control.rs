@@ -33,6 +33,7 @@ use super::{
     ClosureId, CutReadError, Ledger, MarkCutError, Scheduler, SchedulerAction, WorkerIncarnation,
 };
 use crate::roles::protocol::{LeaveAnswer, SetupWorker};
+use crate::roles::push::LearningRate;
 
 /// What a dial of a worker found ([`SchedulerAction::DialWorker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +110,8 @@ pub struct CoordinatorStatus {
     /// A parameter-server recovery holds dispatch (a server is lost, restarting or being
     /// restored).
     pub recovering: bool,
+    /// The rate the closures scheduled from now on carry (`None`: the servers' own).
+    pub learning_rate: Option<LearningRate>,
 }
 
 /// What the machine knows of one task's incarnation (the status page's tasks).
@@ -625,6 +628,7 @@ impl Scheduler {
             idle: self.is_idle(),
             live_workers: self.live_workers(),
             recovering: self.is_holding(),
+            learning_rate: self.learning_rate,
         }
     }
 

@@ -81,6 +81,7 @@ use recovery::{
     WorkerPositions,
 };
 use rollback::{KeptCut, RestoreBlocker, Retained, RollbackLine};
+use save::recorded_learning_rate;
 pub use save::{CheckpointBuildError, CutReadError, MalformedRead};
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
 use servers::{ChiefStart, Creates};
@@ -842,6 +843,9 @@ enum Purpose {
         /// The checkpoint's own cut (its ledger's next closure id).
         stored_at: u64,
         root: PathBuf,
+        /// The rate the closures after the checkpoint's cut carried: the closures this chief
+        /// schedules carry it too, until the program sets another.
+        learning_rate: Option<LearningRate>,
     },
     /// The chief's start afresh over servers that hold variables: open a generation that
     /// refuses an earlier chief's pushes, then probe the servers again ([`servers`]).
@@ -1511,12 +1515,14 @@ impl Scheduler {
                     next_id,
                     stored_at,
                     root,
+                    learning_rate,
                 },
                 end,
             ) => {
                 let result = match end {
                     RunEnd::Done { step, .. } => self.resume(ledger, next_id).map(|()| {
                         self.start.restored();
+                        self.learning_rate = learning_rate;
                         self.resume_generation(generation);
                         self.watermark_sent = next_id;
                         // The variables are at this checkpoint now: a recovery rolls back
@@ -1593,6 +1599,8 @@ impl Scheduler {
         if servers.is_empty() {
             return Err(StartFailure::NoServers);
         }
+        let learning_rate =
+            recorded_learning_rate(&checkpoint).map_err(|e| StartFailure::Failed(e.to_string()))?;
         let saved = &checkpoint.ledger;
         let saved_cut = saved.next_closure_id;
         let ledger = saved.counts.clone();
@@ -1616,6 +1624,7 @@ impl Scheduler {
                 next_id,
                 stored_at: saved_cut,
                 root,
+                learning_rate,
             },
         });
         self.actions

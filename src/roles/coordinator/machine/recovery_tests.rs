@@ -894,3 +894,62 @@ fn a_first_checkpoint_that_never_becomes_the_cut_fails_the_recovery_waiting_for_
         "{err}"
     );
 }
+
+/// The rate the closures after a checkpoint's cut carried (set by Keras'
+/// `LearningRateScheduler`) is in the checkpoint, and a chief that restores it at its start
+/// schedules at it; a recorded rate no optimizer accepts fails the start, naming it.
+#[test]
+fn a_restore_at_start_carries_on_at_the_rate_the_checkpoint_recorded() {
+    let t = Instant::now();
+    let rate = LearningRate::new(0.25);
+    let mut ckpt = (*checkpoint(9, 10, 0)).clone();
+    ckpt.extra[save::LEARNING_RATE_KEY] = serde_json::json!(0.25);
+    let ckpt = Arc::new(ckpt);
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.handle_worker_up(t, 0, 1);
+    assert_eq!(s.status().learning_rate, None);
+    s.handle_restore_at_start(t, Arc::clone(&ckpt), root(), &[probe(0), probe(1)], 2)
+        .unwrap();
+    drive_restore(&mut s, &ckpt, |_, _| None);
+    assert_eq!(s.status().learning_rate, rate);
+    s.handle_schedule(t, "step", vec![]).unwrap();
+    let carried: Vec<Option<LearningRate>> = drain(&mut s)
+        .into_iter()
+        .filter_map(|a| match a {
+            SchedulerAction::Dispatch { learning_rate, .. } => Some(learning_rate),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(carried, vec![rate]);
+
+    // Unreadable: the start fails before it restores anything.
+    for bad in [serde_json::json!(-1.0), serde_json::json!("fast")] {
+        let mut ckpt = (*checkpoint(9, 10, 0)).clone();
+        ckpt.extra[save::LEARNING_RATE_KEY] = bad.clone();
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        let err = s
+            .handle_restore_at_start(t, Arc::new(ckpt), root(), &[probe(0), probe(1)], 2)
+            .unwrap_err();
+        let why = err.to_string();
+        assert!(
+            why.contains("learning_rate") && why.contains(&bad.to_string()),
+            "{why}"
+        );
+        assert!(!s.is_holding());
+    }
+}
+
+/// A checkpoint's recorded rate: none (a checkpoint from before it was kept) and `null` are the
+/// servers' own; a number is that rate.
+#[test]
+fn a_checkpoint_without_a_recorded_rate_is_at_the_servers_own() {
+    let mut ckpt = Checkpoint::new(1, 1);
+    assert_eq!(save::recorded_learning_rate(&ckpt), Ok(None));
+    ckpt.extra[save::LEARNING_RATE_KEY] = serde_json::Value::Null;
+    assert_eq!(save::recorded_learning_rate(&ckpt), Ok(None));
+    ckpt.extra[save::LEARNING_RATE_KEY] = serde_json::json!(0.5);
+    assert_eq!(
+        save::recorded_learning_rate(&ckpt),
+        Ok(LearningRate::new(0.5))
+    );
+}

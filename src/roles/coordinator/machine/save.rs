@@ -44,6 +44,7 @@ use super::{ClosureFailure, ClosureId, PositionsTicket, Scheduler, SchedulerActi
 use crate::checkpoint::{self, Checkpoint, TensorBytes, TensorError};
 use crate::layout::Layout;
 use crate::roles::protocol::{blob, bytes_to_f32, BlobError, ShardState};
+use crate::roles::push::LearningRate;
 
 /// Why no checkpoint cut was read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -196,6 +197,45 @@ pub struct CutReading {
     pub positions: WorkerPositions,
     /// The ledger at the cut, with the ids a checkpoint keeps.
     pub ledger: LedgerState,
+    /// The rate the closures scheduled after the cut carry
+    /// ([`Scheduler::handle_set_learning_rate`]; `None`: the servers' own): a chief that
+    /// restores this checkpoint at its start goes on at it.
+    pub learning_rate: Option<LearningRate>,
+}
+
+/// Where a checkpoint's manifest keeps the rate the closures after its cut carry (a number, or
+/// `null` for the servers' own rate; absent in a checkpoint from before it was kept).
+pub const LEARNING_RATE_KEY: &str = "learning_rate";
+
+/// A checkpoint's recorded rate that no optimizer accepts.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "checkpoint at step {step}: {LEARNING_RATE_KEY} is {found}, not a finite, non-negative \
+     number or null"
+)]
+pub struct RecordedRateError {
+    /// The checkpoint's step.
+    pub step: u64,
+    /// What the manifest holds there.
+    pub found: String,
+}
+
+/// The rate the closures after `ckpt`'s cut carried ([`LEARNING_RATE_KEY`]): `None` for the
+/// servers' own (or a checkpoint from before it was kept).
+pub fn recorded_learning_rate(
+    ckpt: &Checkpoint,
+) -> Result<Option<LearningRate>, RecordedRateError> {
+    match ckpt.extra.get(LEARNING_RATE_KEY) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(value) => value
+            .as_f64()
+            .and_then(|rate| LearningRate::new(rate as f32))
+            .map(Some)
+            .ok_or_else(|| RecordedRateError {
+                step: ckpt.step,
+                found: value.to_string(),
+            }),
+    }
 }
 
 /// The program's save whose cut was read and handed out ([`SchedulerAction::CutRead`]), while
@@ -403,6 +443,7 @@ impl Scheduler {
             reads: read.reads,
             positions: read.positions,
             ledger: self.ledger_state(),
+            learning_rate: self.learning_rate,
         };
         match read.purpose {
             CutPurpose::Save => {
@@ -551,6 +592,8 @@ impl CutReading {
         }
         ckpt.extra[DATASET_POSITIONS_KEY] =
             serde_json::to_value(&self.positions).map_err(CheckpointBuildError::Positions)?;
+        ckpt.extra[LEARNING_RATE_KEY] =
+            serde_json::json!(self.learning_rate.map(LearningRate::get));
         let state = self.ledger;
         ckpt.ledger = checkpoint::Ledger {
             next_closure_id: state.next_closure_id,

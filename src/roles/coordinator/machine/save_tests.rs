@@ -105,6 +105,7 @@ fn answer_positions(s: &mut Scheduler, actions: &[SchedulerAction]) {
 fn a_cut_is_read_from_every_shard_and_worker() {
     let t = Instant::now();
     let mut s = started();
+    s.handle_set_learning_rate(LearningRate::new(0.125));
     let ticket = s.handle_read_cut(t, 42).unwrap();
     let actions = drain(&mut s);
     let reads = snapshots(&actions);
@@ -141,6 +142,11 @@ fn a_cut_is_read_from_every_shard_and_worker() {
         serde_json::json!(10)
     );
     assert_eq!(ckpt.ledger.next_closure_id, s.next_closure_id());
+    // The rate the closures after the cut carry, for a chief that restores it.
+    assert_eq!(
+        super::save::recorded_learning_rate(ckpt),
+        Ok(LearningRate::new(0.125))
+    );
     assert!(s.poll_timeout().is_none(), "nothing left to wait for");
 }
 
