@@ -388,32 +388,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             last_logs: Logs::new(),
             started: Instant::now(),
         };
-        if let Some(manager) = run.manager.as_mut() {
-            match run.coordinator.restore_checkpoint(manager)? {
-                Some(restored) => {
-                    run.history.resumed_at = Some(restored);
-                    run.step = restored;
-                    // The rate a callback had set (`LearningRateScheduler`) came back with the
-                    // backup. Resumed at an epoch's start, the callbacks go on from it (as
-                    // Keras restores its optimizer's rate); inside an epoch, whose callbacks
-                    // run again, it is the rate that epoch ran at, set once they ran, so that a
-                    // rate a callback makes from the one before is not made twice.
-                    if let Some(rate) = run.coordinator.learning_rate()? {
-                        if restored % steps_per_epoch as u64 == 0 {
-                            run.optimizer.set_learning_rate(rate)?;
-                            run.rate_on_servers = run.optimizer.schedule();
-                        } else {
-                            run.resumed_rate = Some(rate);
-                        }
-                    }
-                }
-                // A backup of the variables as created, before the first step: a parameter
-                // server lost before the first scheduled backup is restored from it, and a
-                // chief lost then resumes from it (with none, either loss ends the job once
-                // the servers applied a step: nothing accounts for what they hold).
-                None => save_before_training(run.coordinator, manager)?,
-            }
-        }
+        run.resume_or_back_up()?;
         run.epoch = (run.step / steps_per_epoch as u64) as usize;
         run.coordinator
             .create_per_worker_dataset(&ps_fit.train_data)?;
@@ -423,6 +398,36 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         // The log's training time starts here, after the variables and datasets exist.
         run.started = Instant::now();
         Ok(run)
+    }
+
+    /// With a backup: resumes from the newest one (the step, and the rate a callback had set),
+    /// or, starting afresh, saves one of the variables as created before the first step: a
+    /// parameter server lost before the first scheduled backup is restored from it, and a
+    /// chief lost then resumes from it (with none, either loss ends the job once the servers
+    /// applied a step: nothing accounts for what they hold).
+    fn resume_or_back_up(&mut self) -> Result<(), KerasError> {
+        let Some(manager) = self.manager.as_mut() else {
+            return Ok(());
+        };
+        let Some(restored) = self.coordinator.restore_checkpoint(manager)? else {
+            return save_before_training(self.coordinator, manager);
+        };
+        self.history.resumed_at = Some(restored);
+        self.step = restored;
+        // The rate a callback had set (`LearningRateScheduler`) came back with the backup.
+        // Resumed at an epoch's start, the callbacks go on from it (as Keras restores its
+        // optimizer's rate); inside an epoch, whose callbacks run again, it is the rate that
+        // epoch ran at, set once they ran, so that a rate a callback makes from the one before
+        // is not made twice.
+        if let Some(rate) = self.coordinator.learning_rate()? {
+            if restored % self.steps_per_epoch as u64 == 0 {
+                self.optimizer.set_learning_rate(rate)?;
+                self.rate_on_servers = self.optimizer.schedule();
+            } else {
+                self.resumed_rate = Some(rate);
+            }
+        }
+        Ok(())
     }
 
     /// Trains to the end (see [`PsFit::fit`]).
