@@ -49,7 +49,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 200)]
     closures: u64,
     /// Simulate MultiWorkerMirrored's membership instead (the collective's member machines
-    /// under kills, pauses, preemptions, drains, cuts, splits and slow links; `--workers` is
+    /// under kills, pauses, preemptions, drains, cuts, splits, slow and lossy links; `--workers` is
     /// then the most workers a schedule draws, from 2 up).
     #[arg(long, conflicts_with_all = ["plan", "seed"])]
     membership: bool,
