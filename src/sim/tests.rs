@@ -988,16 +988,7 @@ fn regression_a_server_lost_after_a_chief_restart_is_restored_from_the_checkpoin
 /// faults that broke so (4 in 150,000 from 5,000,000).
 #[test]
 fn a_closure_delivered_again_after_a_rewind_reads_nothing() {
-    let config = SimConfig {
-        num_ps: 3,
-        num_workers: 5,
-        faults_max: 10,
-        ..SimConfig::default()
-    };
-    for seed in [5_010_081, 5_029_406, 5_070_044, 5_122_164] {
-        let report = run_seed(&config, seed);
-        assert!(report.violation.is_none(), "seed {seed}: {:?}", report.violation);
-    }
+    seeds_break_nothing((3, 5, 10), &[5_010_081, 5_029_406, 5_070_044, 5_122_164]);
 }
 
 /// PS-1: a server restarted empty and its chief restarted with no checkpoint, beginning again
@@ -1008,16 +999,7 @@ fn a_closure_delivered_again_after_a_rewind_reads_nothing() {
 /// 1 server and up to 12 faults that broke so (5 in 60,000 from 13,000,000).
 #[test]
 fn a_push_for_a_servers_older_process_is_not_applied_after_both_restarted() {
-    let config = SimConfig {
-        num_ps: 1,
-        num_workers: 2,
-        faults_max: 12,
-        ..SimConfig::default()
-    };
-    for seed in [13_008_610, 13_017_304, 13_032_483, 13_032_574, 13_048_830] {
-        let report = run_seed(&config, seed);
-        assert!(report.violation.is_none(), "seed {seed}: {:?}", report.violation);
-    }
+    seeds_break_nothing((1, 2, 12), &[13_008_610, 13_017_304, 13_032_483, 13_032_574, 13_048_830]);
 }
 
 /// A chief restarted while one server was cut off restored both servers at its start, and
@@ -1027,14 +1009,7 @@ fn a_push_for_a_servers_older_process_is_not_applied_after_both_restarted() {
 /// server of the job to be seen, and a restore phase with nothing to await is passed at once.
 #[test]
 fn a_move_of_the_variables_right_after_a_chiefs_start_restores_every_server() {
-    let config = SimConfig {
-        num_ps: 1,
-        num_workers: 2,
-        faults_max: 12,
-        ..SimConfig::default()
-    };
-    let report = run_seed(&config, 13_014_266);
-    assert!(report.violation.is_none(), "{:?}", report.violation);
+    seeds_break_nothing((1, 2, 12), &[13_014_266]);
 }
 
 /// A chief whose start failed exited while its machine still had actions queued (a fence of a
@@ -1043,14 +1018,7 @@ fn a_move_of_the_variables_right_after_a_chiefs_start_restores_every_server() {
 /// A process that exits carries out nothing more, in the simulator as in production.
 #[test]
 fn a_chief_that_exits_carries_out_nothing_of_what_its_machine_still_asked() {
-    let config = SimConfig {
-        num_ps: 3,
-        num_workers: 5,
-        faults_max: 10,
-        ..SimConfig::default()
-    };
-    let report = run_seed(&config, 5_058_793);
-    assert!(report.violation.is_none(), "{:?}", report.violation);
+    seeds_break_nothing((3, 5, 10), &[5_058_793]);
 }
 
 /// A chief died with a closure in flight on a paused worker and before any checkpoint; the
@@ -1065,13 +1033,19 @@ fn a_chief_that_exits_carries_out_nothing_of_what_its_machine_still_asked() {
 /// chief had left mid-restore (its shards a checkpoint's): such a server counts as trained.
 #[test]
 fn a_push_of_a_dead_chiefs_closure_never_applies_after_a_start_afresh() {
+    seeds_break_nothing((1, 1, 14), &[19_015_265, 19_016_563, 19_028_587, 19_032_632, 19_043_805]);
+}
+
+/// Each of `seeds` under `(num_ps, num_workers, faults_max)` (the other settings the default)
+/// runs with no violation: the regression seeds of a bug the simulator found.
+fn seeds_break_nothing((num_ps, num_workers, faults_max): (u32, u32, usize), seeds: &[u64]) {
     let config = SimConfig {
-        num_ps: 1,
-        num_workers: 1,
-        faults_max: 14,
+        num_ps,
+        num_workers,
+        faults_max,
         ..SimConfig::default()
     };
-    for seed in [19_015_265, 19_016_563, 19_028_587, 19_032_632, 19_043_805] {
+    for &seed in seeds {
         let report = run_seed(&config, seed);
         assert!(report.violation.is_none(), "seed {seed}: {:?}", report.violation);
     }
