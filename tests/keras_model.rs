@@ -140,6 +140,8 @@ struct Trained {
     weights: Vec<(String, Vec<f32>)>,
     /// `predict` on the validation data, flattened (empty where not asked).
     predictions: Vec<f32>,
+    /// The learning rate of each epoch.
+    learning_rate: Vec<f64>,
 }
 
 fn trained<N: ModuleT + Send + Sync + 'static>(model: &Model<N>, history: &History) -> Trained {
@@ -166,7 +168,15 @@ fn trained<N: ModuleT + Send + Sync + 'static>(model: &Model<N>, history: &Histo
             })
             .collect(),
         predictions: Vec::new(),
+        learning_rate: history.get("learning_rate"),
     }
+}
+
+/// A schedule that makes each epoch's rate from the one before (0.02, then 0.7 of the rate
+/// in force): the rate is part of the state, which a resumed job or a joining worker must take
+/// rather than run the schedule again from the optimizer's own rate.
+fn decaying_rate() -> LearningRateScheduler {
+    LearningRateScheduler::new(|epoch, rate| if epoch == 0 { 0.02 } else { rate * 0.7 })
 }
 
 fn fit_five_epochs(strategy: impl Into<ModelStrategy>, dropout: f32) -> Trained {
@@ -518,12 +528,16 @@ impl Callback for StallAt {
     }
 }
 
-/// Three epochs of 12 steps under Mirrored(2), backed up every 5 steps.
+/// Three epochs of 12 steps (one pass over the data each) under Mirrored(2), backed up every
+/// 6 steps (two backups an epoch, the second at its last step), each epoch's rate made from
+/// the one before.
 fn fit_with_backup(backup: &Path, stall: Option<StallAt>) -> Trained {
     let mut model = compiled(Mirrored::new(2).unwrap(), 16, 0.1);
     let mut fit = Fit::epochs(3)
+        .steps_per_epoch(EXAMPLES / BATCH)
         .verbose(false)
-        .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(5)));
+        .callback(decaying_rate())
+        .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(6)));
     if let Some(stall) = stall {
         fit = fit.callback(stall);
     }
@@ -571,10 +585,14 @@ fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// SIGKILLed at step 26 (epoch 2, its 2nd step; the newest backup is of step 24, the end of
+/// epoch 1, before epoch 2's rate was set) and at step 33 (epoch 2, its 9th step; the newest
+/// backup is of step 30, inside epoch 2 at its rate), the job started again resumes at the
+/// backup's step with the rate in force there and ends with the same bits as a job never
+/// stopped.
 #[test]
 fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
     let dir = scratch("backup");
-    let backup = dir.join("backup");
     let reference = fit_with_backup(&dir.join("reference-backup"), None);
     assert_eq!(reference.step, 36);
     assert_eq!(reference.resumed_at, None);
@@ -582,39 +600,53 @@ fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
         !dir.join("reference-backup").exists(),
         "the backup outlived a finished fit"
     );
+    for (kill_at, backed_up) in [(26, 24), (33, 30)] {
+        let backup = dir.join(format!("backup-{kill_at}"));
+        let out = dir.join(format!("first-{kill_at}.json"));
+        let mut first = start_child(&backup, &out, Some(kill_at));
+        let marker = out.with_extension("stalled");
+        wait_for(
+            &format!("the stall at step {kill_at}"),
+            Duration::from_secs(60),
+            || marker.exists(),
+        );
+        first.kill().unwrap();
+        first.wait().unwrap();
+        assert!(backup.exists(), "no backup before the kill at {kill_at}");
 
-    // SIGKILLed at step 18 (epoch 1, its 6th step); the newest backup is of step 15.
-    let out = dir.join("first.json");
-    let mut first = start_child(&backup, &out, Some(18));
-    let marker = out.with_extension("stalled");
-    wait_for("the stall at step 18", Duration::from_secs(60), || {
-        marker.exists()
-    });
-    first.kill().unwrap();
-    first.wait().unwrap();
-    assert!(backup.exists(), "no backup before the kill");
-
-    let out = dir.join("second.json");
-    let mut second = start_child(&backup, &out, None);
-    let mut status = None;
-    wait_for("the resumed run", Duration::from_secs(120), || {
-        status = second.try_wait().unwrap();
-        status.is_some()
-    });
-    assert!(
-        status.unwrap().success(),
-        "the resumed run failed (its log is above)"
-    );
-    let resumed: Trained = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-    assert_eq!(resumed.resumed_at, Some(15));
-    assert_eq!(resumed.step, 36, "the step count is exact");
-    // Same data order, same dropout masks, same optimizer state: the same bits.
-    assert_eq!(
-        resumed.weights, reference.weights,
-        "the resumed job ended elsewhere"
-    );
-    assert_eq!(resumed.loss.last(), reference.loss.last());
-    assert!(!backup.exists(), "the backup outlived a finished fit");
+        let out = dir.join(format!("second-{kill_at}.json"));
+        let mut second = start_child(&backup, &out, None);
+        let mut status = None;
+        wait_for("the resumed run", Duration::from_secs(120), || {
+            status = second.try_wait().unwrap();
+            status.is_some()
+        });
+        assert!(
+            status.unwrap().success(),
+            "the run resumed after the kill at {kill_at} failed (its log is above)"
+        );
+        let resumed: Trained = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(resumed.resumed_at, Some(backed_up));
+        assert_eq!(resumed.step, 36, "the step count is exact");
+        // (As f32, the rate's own type: JSON need not give an f64's last bit back.)
+        let last_rate = |t: &Trained| t.learning_rate.last().map(|r| *r as f32);
+        assert_eq!(
+            last_rate(&resumed),
+            last_rate(&reference),
+            "the last epoch's rate after the kill at {kill_at}"
+        );
+        // Same data order, same dropout masks, same optimizer state and rate: the same bits.
+        assert_eq!(
+            resumed.weights, reference.weights,
+            "the job resumed after the kill at {kill_at} ended elsewhere"
+        );
+        if backed_up % 12 == 0 {
+            // Resumed at the last epoch's start, which it ran whole. (Resumed inside it, the
+            // epoch's figures count the steps after the backup only.)
+            assert_eq!(resumed.loss.last(), reference.loss.last());
+        }
+        assert!(!backup.exists(), "the backup outlived a finished fit");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -659,7 +691,11 @@ impl Callback for Pace {
             std::fs::write(self.dir.join(format!("stalled-{}", self.worker)), "").unwrap();
             std::thread::sleep(Duration::from_secs(120));
         }
-        std::thread::sleep(Duration::from_millis(40));
+        let pace = std::fs::read_to_string(self.dir.join("pace-ms"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(40);
+        std::thread::sleep(Duration::from_millis(pace));
         Ok(())
     }
 }
@@ -710,6 +746,7 @@ fn elastic_fit<N: ModuleT + Send + Sync + 'static>(
                 .steps_per_epoch(ELASTIC_STEPS_PER_EPOCH)
                 .validation_data(validation_data())
                 .verbose(false)
+                .callback(decaying_rate())
                 .callback(BackupAndRestore::new(dir.join("backup")).save_freq(SaveFreq::Steps(10)))
                 .callback(Pace { dir, worker }),
         )
@@ -763,68 +800,134 @@ fn fit_survives_a_sigkilled_chief_and_takes_it_back_when_it_restarts() {
     elastic_case("keras-elastic-chief", 0, false, ELASTIC_KILL_AT);
 }
 
+/// As above with the restarted worker joining two epochs after it was lost (the group's rate
+/// then made twice since it last held it): it takes the group's rate with the state, rather
+/// than running the schedule again from its optimizer's own. The workers step more slowly
+/// (100 ms) so that it joins before the end.
+#[test]
+fn a_worker_that_joins_epochs_later_takes_the_groups_learning_rate() {
+    let case = ElasticCase {
+        respawn_at: 2 * ELASTIC_STEPS_PER_EPOCH as u64 + 2,
+        pace_ms: 100,
+        ..ElasticCase::new("keras-elastic-rate", 2, ELASTIC_KILL_AT)
+    };
+    case.run();
+}
+
 fn elastic_case(name: &str, victim: usize, lazy: bool, stall_at: u64) {
-    let total = (ELASTIC_EPOCHS * ELASTIC_STEPS_PER_EPOCH) as u64;
-    let mut workers =
-        mwms_support::WorkerProcesses::start_with(name, 3, "keras_elastic_worker_process", |dir| {
-            std::fs::write(dir.join(format!("stall-{victim}")), "").unwrap();
-            std::fs::write(dir.join("stall-at"), stall_at.to_string()).unwrap();
-            if lazy {
-                std::fs::write(dir.join("lazy"), "").unwrap();
-            }
-        });
-    let dir = workers.dir().to_path_buf();
-    wait_for("the victim's stall", Duration::from_secs(60), || {
-        dir.join(format!("stalled-{victim}")).exists()
-    });
-    workers.kill(victim);
-    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
-    // The survivors re-form and train on; then the victim comes back.
-    wait_for("the survivors' progress", Duration::from_secs(60), || {
-        survivors
-            .iter()
-            .all(|&i| read_step(&dir, i) >= stall_at + 5)
-    });
-    assert!(
-        read_step(&dir, survivors[0]) < total - 10,
-        "the survivors finished before the restart"
-    );
-    workers.spawn(victim);
-    let results: Vec<ElasticTrained> = workers.wait();
-    for (i, r) in results.iter().enumerate() {
-        assert_eq!(r.trained.step, total, "worker {i}'s step count");
-        assert_eq!(
-            r.trained.weights, results[0].trained.weights,
-            "worker {i} ends elsewhere"
-        );
-        let accuracy = r.trained.val_accuracy.last().copied().unwrap_or(f64::NAN);
-        assert!(
-            accuracy > 0.9,
-            "worker {i}: validation accuracy {:?}",
-            r.trained.val_accuracy
-        );
+    ElasticCase {
+        lazy,
+        ..ElasticCase::new(name, victim, stall_at)
     }
-    if stall_at % ELASTIC_STEPS_PER_EPOCH as u64 == 0 {
-        // Lost at an epoch's end: the survivors lost the victim in that epoch's validation,
-        // which then has no figures (they re-formed instead of validating again).
-        for &i in &survivors {
-            assert_eq!(
-                results[i].trained.val_accuracy.len(),
-                ELASTIC_EPOCHS - 1,
-                "worker {i}'s validation figures: {:?}",
-                results[i].trained.val_accuracy
-            );
+    .run();
+}
+
+/// One elastic test: `victim` stalls at `stall_at` and is SIGKILLed, the survivors train on to
+/// `respawn_at`, and the victim starts again and joins.
+struct ElasticCase<'a> {
+    name: &'a str,
+    victim: usize,
+    lazy: bool,
+    stall_at: u64,
+    respawn_at: u64,
+    /// Each step's pause on every worker.
+    pace_ms: u64,
+}
+
+impl<'a> ElasticCase<'a> {
+    fn new(name: &'a str, victim: usize, stall_at: u64) -> Self {
+        Self {
+            name,
+            victim,
+            lazy: false,
+            stall_at,
+            respawn_at: stall_at + 5,
+            pace_ms: 40,
         }
     }
-    assert!(
-        survivors.iter().all(|&i| results[i].recoveries >= 1),
-        "{:?}",
-        results.iter().map(|r| r.recoveries).collect::<Vec<_>>()
-    );
-    assert!(
-        !dir.join("backup").exists(),
-        "the backup outlived a finished fit"
-    );
+
+    fn run(self) {
+        let ElasticCase {
+            name,
+            victim,
+            lazy,
+            stall_at,
+            respawn_at,
+            pace_ms,
+        } = self;
+        let total = (ELASTIC_EPOCHS * ELASTIC_STEPS_PER_EPOCH) as u64;
+        let mut workers = mwms_support::WorkerProcesses::start_with(
+            name,
+            3,
+            "keras_elastic_worker_process",
+            |dir| {
+                std::fs::write(dir.join(format!("stall-{victim}")), "").unwrap();
+                std::fs::write(dir.join("stall-at"), stall_at.to_string()).unwrap();
+                std::fs::write(dir.join("pace-ms"), pace_ms.to_string()).unwrap();
+                if lazy {
+                    std::fs::write(dir.join("lazy"), "").unwrap();
+                }
+            },
+        );
+        let dir = workers.dir().to_path_buf();
+        wait_for("the victim's stall", Duration::from_secs(60), || {
+            dir.join(format!("stalled-{victim}")).exists()
+        });
+        workers.kill(victim);
+        let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+        // The survivors re-form and train on; then the victim comes back.
+        wait_for("the survivors' progress", Duration::from_secs(60), || {
+            survivors.iter().all(|&i| read_step(&dir, i) >= respawn_at)
+        });
+        assert!(
+            read_step(&dir, survivors[0]) < total - 10,
+            "the survivors finished before the restart"
+        );
+        workers.spawn(victim);
+        let results: Vec<ElasticTrained> = workers.wait();
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.trained.step, total, "worker {i}'s step count");
+            // The schedule ran once an epoch on the group, whoever joined when.
+            let last_rate = (1..ELASTIC_EPOCHS).fold(0.02f32, |rate, _| rate * 0.7);
+            assert_eq!(
+                r.trained.learning_rate.last().map(|r| *r as f32),
+                Some(last_rate),
+                "worker {i}'s rate in the last epoch: {:?}",
+                r.trained.learning_rate
+            );
+            assert_eq!(
+                r.trained.weights, results[0].trained.weights,
+                "worker {i} ends elsewhere"
+            );
+            let accuracy = r.trained.val_accuracy.last().copied().unwrap_or(f64::NAN);
+            assert!(
+                accuracy > 0.9,
+                "worker {i}: validation accuracy {:?}",
+                r.trained.val_accuracy
+            );
+        }
+        if stall_at % ELASTIC_STEPS_PER_EPOCH as u64 == 0 {
+            // Lost at an epoch's end: the survivors lost the victim in that epoch's validation,
+            // which then has no figures (they re-formed instead of validating again).
+            for &i in &survivors {
+                assert_eq!(
+                    results[i].trained.val_accuracy.len(),
+                    ELASTIC_EPOCHS - 1,
+                    "worker {i}'s validation figures: {:?}",
+                    results[i].trained.val_accuracy
+                );
+            }
+        }
+        assert!(
+            survivors.iter().all(|&i| results[i].recoveries >= 1),
+            "{:?}",
+            results.iter().map(|r| r.recoveries).collect::<Vec<_>>()
+        );
+        assert!(
+            !dir.join("backup").exists(),
+            "the backup outlived a finished fit"
+        );
+    }
 }
 
 /// A backup of another model (a layer of another width) is refused when `fit` would resume

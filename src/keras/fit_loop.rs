@@ -20,6 +20,7 @@ use super::metrics::Metric;
 use super::model::{first_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
 use crate::data::{AutoShardPolicy, Dataset, DistributeOptions, DistributedDataset, Element};
+use crate::optim::OptimizerState;
 use crate::strategy::{
     Ballot, CastVote, CountedVote, Departure, ElasticState, GroupChange, Leave, PerReplica,
     SaveStateError, StrategyExt,
@@ -58,6 +59,7 @@ impl Cursor {
 fn elastic_state<'a>(
     step: u64,
     cursor: Cursor,
+    epochs_begun: u64,
     variables: &'a [Variable],
     optimizer: &'a DistributedOptimizer,
 ) -> ElasticState<'a> {
@@ -66,6 +68,34 @@ fn elastic_state<'a>(
         position: cursor.encode(),
         variables,
         optimizer: Some(optimizer),
+        epochs_begun,
+    }
+}
+
+/// What the start of `epoch` owes the learning rate on a worker that took its state from
+/// another (a backup, a joiner's admission, a re-forming), given the training epochs begun
+/// where the state came from (`carried`) and whether `epoch` had begun here (`open`). The
+/// optimizer holds the carried rate by then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EpochStart {
+    /// `epoch` had begun here and there: nothing is owed.
+    Begun,
+    /// `epoch` had begun there, not here: its callbacks run here (they log, they open the
+    /// epoch's totals) and the carried rate, already the epoch's, is put back after them, so
+    /// that a schedule that makes each rate from the one before is not applied twice.
+    RunKeepingRate,
+    /// `epoch` had not begun there: its callbacks run from the carried rate, here as there
+    /// (again, where it had begun here).
+    Run,
+}
+
+impl EpochStart {
+    fn of(epoch: usize, open: bool, carried: u64) -> Self {
+        match (carried > epoch as u64, open) {
+            (true, true) => Self::Begun,
+            (true, false) => Self::RunKeepingRate,
+            (false, _) => Self::Run,
+        }
     }
 }
 
@@ -120,6 +150,9 @@ pub(super) struct FitLoop<'m, N> {
     /// The next boundary's votes, counted in the step before it (none after a group change:
     /// that boundary votes on its own, as the closing one does).
     counted_vote: Option<CountedVote>,
+    /// The training epochs begun where the state this worker took last came from, until the
+    /// next boundary settles what the epoch's start owes ([`EpochStart`]).
+    carried_epochs_begun: Option<u64>,
 }
 
 impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
@@ -194,6 +227,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             totals,
             last_logs: Logs::new(),
             counted_vote: None,
+            carried_epochs_begun: None,
         };
         run.resume_from_backup()?;
         (run.epoch, run.step_in_epoch) = run.epoch_at();
@@ -253,6 +287,46 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         }
     }
 
+    /// The training epochs begun here: the current one counts once its callbacks ran.
+    fn epochs_begun(&self) -> u64 {
+        self.epoch as u64 + u64::from(self.epoch_open)
+    }
+
+    /// Goes on from a state taken from another worker or a backup (the optimizer's part is in
+    /// place already): its step and input position, and the epochs begun there, which the next
+    /// boundary settles ([`FitLoop::begin_epoch`]).
+    fn take_state(&mut self, step: u64, position: u64, epochs_begun: u64) {
+        self.step = step;
+        self.cursor = Cursor::decode(position);
+        self.carried_epochs_begun = Some(epochs_begun);
+    }
+
+    /// Begins the current epoch where it has not begun here: its callbacks' `on_epoch_begin`
+    /// (a `LearningRateScheduler` sets the epoch's rate), as the state taken last owes it
+    /// ([`EpochStart`]).
+    fn begin_epoch(&mut self) -> Result<(), KerasError> {
+        let start = match self.carried_epochs_begun.take() {
+            Some(carried) => EpochStart::of(self.epoch, self.epoch_open, carried),
+            None if self.epoch_open => EpochStart::Begun,
+            None => EpochStart::Run,
+        };
+        let keep = match start {
+            EpochStart::Begun => return Ok(()),
+            EpochStart::RunKeepingRate => Some(self.optimizer.schedule()),
+            EpochStart::Run => None,
+        };
+        self.totals.iter_mut().for_each(|t| *t = 0.0);
+        self.epoch_open = true;
+        let epoch = self.epoch;
+        self.each_callback(|cb, ctx| cb.on_epoch_begin(epoch, ctx))?;
+        if let Some(schedule) = keep {
+            self.optimizer
+                .set_learning_rate_schedule(schedule)
+                .map_err(TrainError::from)?;
+        }
+        Ok(())
+    }
+
     /// Runs `hook` on every callback, with the context of this moment.
     fn each_callback(
         &mut self,
@@ -283,7 +357,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let Some(backup) = self.callbacks.backup() else {
             return Ok(());
         };
-        let mut state = elastic_state(0, Cursor::default(), &self.variables, &self.optimizer);
+        let mut state = elastic_state(0, Cursor::default(), 0, &self.variables, &self.optimizer);
         if self.is_chief {
             let dir = backup.dir().to_path_buf();
             backup
@@ -301,8 +375,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             self.history.resumed_at = Some(state.step);
             tracing::info!(step = state.step, "fit resumes from a backup");
         }
-        self.step = state.step;
-        self.cursor = Cursor::decode(state.position);
+        self.take_state(state.step, state.position, state.epochs_begun);
         Ok(())
     }
 
@@ -325,14 +398,17 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
     fn boundary(&mut self) -> Result<Boundary, KerasError> {
         let finishing = self.epoch >= self.epochs || self.stop_training;
         self.is_chief = self.model.model_strategy().is_chief();
-        if !finishing && !self.epoch_open {
-            self.totals.iter_mut().for_each(|t| *t = 0.0);
-            self.epoch_open = true;
-            let epoch = self.epoch;
-            self.each_callback(|cb, ctx| cb.on_epoch_begin(epoch, ctx))?;
+        if !finishing {
+            self.begin_epoch()?;
         }
         let leaving = Leave::noticed(self.notice.as_deref(), self.drain.as_deref());
-        let mut state = elastic_state(self.step, self.cursor, &self.variables, &self.optimizer);
+        let mut state = elastic_state(
+            self.step,
+            self.cursor,
+            self.epochs_begun(),
+            &self.variables,
+            &self.optimizer,
+        );
         let mut backup = self.callbacks.backup();
         let mut save = |state: &ElasticState<'_>| -> Result<(), SaveStateError> {
             if let Some(backup) = backup.as_deref_mut() {
@@ -355,8 +431,8 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             Ok(None) => Ok(Boundary::Step),
             Ok(Some(GroupChange::Admitted(admission))) => {
                 tracing::info!(step = admission.step, joined = ?admission.joined, "fit admitted workers to the group");
-                self.step = admission.step;
-                self.cursor = Cursor::decode(admission.position);
+                let epochs_begun = state.epochs_begun;
+                self.take_state(admission.step, admission.position, epochs_begun);
                 self.resync();
                 Ok(Boundary::Regroup)
             }
@@ -559,14 +635,19 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
     /// Re-forms the group after `err` where it can (the survivors agree on the most advanced
     /// step and input position); the error otherwise.
     fn recover_or_fail(&mut self, err: TrainError) -> Result<(), KerasError> {
-        let mut state = elastic_state(self.step, self.cursor, &self.variables, &self.optimizer);
+        let mut state = elastic_state(
+            self.step,
+            self.cursor,
+            self.epochs_begun(),
+            &self.variables,
+            &self.optimizer,
+        );
         match self.model.model_strategy().recover(&err, &mut state)? {
             None => Err(err.into()),
             Some(recovery) => {
                 tracing::info!(step = recovery.step, lost = ?recovery.lost, "fit re-formed the group");
                 self.history.recoveries += 1;
-                self.step = state.step;
-                self.cursor = Cursor::decode(state.position);
+                self.take_state(state.step, state.position, state.epochs_begun);
                 Ok(())
             }
         }
@@ -578,6 +659,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         if !self.is_chief {
             return Ok(());
         }
+        let epochs_begun = self.epochs_begun();
         let Some(backup) = self.callbacks.backup() else {
             return Ok(());
         };
@@ -588,7 +670,13 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         if !due {
             return Ok(());
         }
-        let state = elastic_state(self.step, self.cursor, &self.variables, &self.optimizer);
+        let state = elastic_state(
+            self.step,
+            self.cursor,
+            epochs_begun,
+            &self.variables,
+            &self.optimizer,
+        );
         let dir = backup.dir().to_path_buf();
         backup
             .checkpoints()?

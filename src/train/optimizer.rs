@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use candle_core::{DType, Tensor};
 
-use super::{LearningRateSchedule, TrainError};
+use super::{LearningRateSchedule, ScheduleError, TrainError};
 use crate::optim::{NonFinitePolicy, OptimError, Optimizer, OptimizerState, Slots, UpdateOutcome};
 use crate::strategy::{get_replica_context, ReduceOp, ReplicaContext};
 use crate::variable::{Variable, VariableId};
@@ -375,6 +375,19 @@ impl OptimizerState for DistributedOptimizer {
 
     fn set_steps(&self, steps: u64, components: usize) {
         self.set_iterations(steps, components);
+    }
+
+    fn learning_rate_schedule(&self) -> Option<LearningRateSchedule> {
+        Some(self.schedule())
+    }
+
+    fn set_learning_rate_schedule(
+        &self,
+        schedule: LearningRateSchedule,
+    ) -> Result<(), ScheduleError> {
+        schedule.validate()?;
+        self.lock().schedule = schedule;
+        Ok(())
     }
 }
 

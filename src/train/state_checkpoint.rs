@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
+use serde::Deserialize;
 
 use crate::checkpoint::{
     slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, ListError,
     PolicyError, SaveError, TensorBytes, TensorError,
 };
 use crate::layout::Layout;
-use crate::optim::{OptimError, Slots};
+use crate::optim::{LearningRateSchedule, OptimError, ScheduleError, Slots};
 use crate::strategy::ElasticState;
 use crate::variable::VariableError;
 
@@ -106,6 +107,30 @@ pub enum StateCheckpointError {
         /// What does not fit.
         source: OptimError,
     },
+    /// The learning-rate schedule recorded in the checkpoint does not read as one.
+    #[error("{}: the recorded learning-rate schedule ({LEARNING_RATE_SCHEDULE_KEY:?}) does not read: {source}", dir.display())]
+    ScheduleUnreadable {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// What does not read.
+        source: serde_json::Error,
+    },
+    /// The learning-rate schedule recorded in the checkpoint is one no optimizer accepts.
+    #[error("{}: the recorded learning-rate schedule ({LEARNING_RATE_SCHEDULE_KEY:?}): {source}", dir.display())]
+    ScheduleRefused {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// Why it is refused.
+        source: ScheduleError,
+    },
+    /// The recorded count of epochs begun is not a count.
+    #[error("{}: the recorded {EPOCHS_BEGUN_KEY:?} is {found}, not a count", dir.display())]
+    EpochsBegun {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// What is there.
+        found: serde_json::Value,
+    },
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -119,6 +144,12 @@ pub struct StateCheckpoints {
 
 /// A checkpoint's `extra` key holding the optimizer's step count.
 const OPTIMIZER_STEPS_KEY: &str = "optimizer_steps";
+/// A checkpoint's `extra` key holding the optimizer's learning-rate schedule in force (absent
+/// in checkpoints written before it was recorded: the optimizer's own stays).
+const LEARNING_RATE_SCHEDULE_KEY: &str = "learning_rate_schedule";
+/// A checkpoint's `extra` key holding the training epochs begun
+/// ([`ElasticState::epochs_begun`]; absent: 0).
+const EPOCHS_BEGUN_KEY: &str = "epochs_begun";
 
 impl StateCheckpoints {
     /// Checkpoints under `root` (created if missing), a save due every `every_steps` steps
@@ -211,7 +242,14 @@ impl StateCheckpoints {
         ckpt.dataset_positions.insert(0, state.position);
         ckpt.extra = serde_json::json!({
             OPTIMIZER_STEPS_KEY: state.optimizer.map_or(0, |o| o.steps()),
+            EPOCHS_BEGUN_KEY: state.epochs_begun,
         });
+        if let Some(schedule) = state.optimizer.and_then(|o| o.learning_rate_schedule()) {
+            // A schedule is plain numbers: it always encodes.
+            if let Ok(value) = serde_json::to_value(&schedule) {
+                ckpt.extra[LEARNING_RATE_SCHEDULE_KEY] = value;
+            }
+        }
         match self.manager.save(&ckpt, Instant::now()) {
             Ok(dir) => Ok(dir),
             // This step is saved already (a departure at a step the schedule saved): CKPT-1
@@ -268,7 +306,8 @@ impl StateCheckpoints {
                 })?;
             Ok((tensor.shape().to_vec(), values))
         };
-        // Check every variable first: a mismatch changes nothing.
+        // Check every variable and the recorded schedule first: a mismatch changes nothing.
+        let (schedule, epochs_begun) = recorded_schedule(&ckpt.extra, &dir)?;
         let mut values = Vec::with_capacity(state.variables.len());
         for variable in state.variables {
             let (shape, value) = read(variable.name())?;
@@ -324,11 +363,53 @@ impl StateCheckpoints {
                 .and_then(serde_json::Value::as_u64)
                 .unwrap_or(ckpt.step);
             optimizer.set_steps(steps, local_copies);
+            if let Some(schedule) = schedule {
+                optimizer
+                    .set_learning_rate_schedule(schedule)
+                    .map_err(|source| StateCheckpointError::ScheduleRefused { dir, source })?;
+            }
         }
+        state.epochs_begun = epochs_begun;
         state.step = ckpt.step;
         state.position = ckpt.dataset_positions.get(&0).copied().unwrap_or(0);
         Ok(Some(ckpt.step))
     }
+}
+
+/// The learning-rate schedule (none where the checkpoint records none) and the epochs begun
+/// that a checkpoint's `extra` records, checked.
+fn recorded_schedule(
+    extra: &serde_json::Value,
+    dir: &Path,
+) -> Result<(Option<LearningRateSchedule>, u64), StateCheckpointError> {
+    let epochs_begun = match extra.get(EPOCHS_BEGUN_KEY) {
+        None => 0,
+        Some(value) => value
+            .as_u64()
+            .ok_or_else(|| StateCheckpointError::EpochsBegun {
+                dir: dir.to_path_buf(),
+                found: value.clone(),
+            })?,
+    };
+    let schedule = match extra.get(LEARNING_RATE_SCHEDULE_KEY) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(value) => {
+            let schedule = LearningRateSchedule::deserialize(value).map_err(|source| {
+                StateCheckpointError::ScheduleUnreadable {
+                    dir: dir.to_path_buf(),
+                    source,
+                }
+            })?;
+            schedule
+                .validate()
+                .map_err(|source| StateCheckpointError::ScheduleRefused {
+                    dir: dir.to_path_buf(),
+                    source,
+                })?;
+            Some(schedule)
+        }
+    };
+    Ok((schedule, epochs_begun))
 }
 
 #[cfg(test)]
@@ -346,11 +427,82 @@ mod tests {
             position: 40,
             variables: &[],
             optimizer: None,
+            epochs_begun: 0,
         };
         let first = checkpoints.save(&state).unwrap();
         let again = checkpoints.save(&state).expect("the step is saved already");
         assert_eq!(again, first);
         assert_eq!(checkpoints.last_saved_step(), Some(5));
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// The rate a callback set and the epochs begun come back with the state, onto an
+    /// optimizer built at another rate.
+    #[test]
+    fn the_learning_rate_in_force_and_the_epochs_begun_round_trip() {
+        use crate::optim::Optimizer;
+        use crate::train::DistributedOptimizer;
+        let root =
+            std::env::temp_dir().join(format!("cohort-state-ckpt-rate-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut checkpoints = StateCheckpoints::open(&root, Some(5), 3).unwrap();
+        let trained = DistributedOptimizer::new(Optimizer::sgd(0.1));
+        trained.set_learning_rate(0.025).unwrap();
+        let state = ElasticState {
+            step: 30,
+            position: 30,
+            variables: &[],
+            optimizer: Some(&trained),
+            epochs_begun: 3,
+        };
+        checkpoints.save(&state).unwrap();
+        let fresh = DistributedOptimizer::new(Optimizer::sgd(0.1));
+        let mut state = ElasticState {
+            step: 0,
+            position: 0,
+            variables: &[],
+            optimizer: Some(&fresh),
+            epochs_begun: 0,
+        };
+        assert_eq!(checkpoints.restore_into(&mut state, 1).unwrap(), Some(30));
+        assert_eq!(state.epochs_begun, 3);
+        assert!((fresh.learning_rate() - 0.025).abs() < 1e-9);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// What a checkpoint records of the schedule is checked before anything is restored: a
+    /// schedule that does not read, one no optimizer takes, and epochs begun that are no count
+    /// are errors naming the key; a checkpoint from before they were recorded has neither.
+    #[test]
+    fn a_recorded_schedule_that_is_wrong_is_named() {
+        let dir = Path::new("/ckpt/step-30");
+        let extra = |value: serde_json::Value| value;
+        assert!(matches!(
+            recorded_schedule(&extra(serde_json::json!({"optimizer_steps": 3})), dir),
+            Ok((None, 0))
+        ));
+        let err = recorded_schedule(
+            &extra(serde_json::json!({"learning_rate_schedule": {"Constant": -1.0}})),
+            dir,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, StateCheckpointError::ScheduleRefused { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("learning_rate_schedule"), "{err}");
+        let err = recorded_schedule(
+            &extra(serde_json::json!({"learning_rate_schedule": {"Sometimes": 2}})),
+            dir,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, StateCheckpointError::ScheduleUnreadable { .. }),
+            "{err}"
+        );
+        let err = recorded_schedule(&extra(serde_json::json!({"epochs_begun": "three"})), dir)
+            .unwrap_err();
+        assert!(err.to_string().contains("epochs_begun"), "{err}");
+        assert!(err.to_string().contains("/ckpt/step-30"), "{err}");
     }
 }

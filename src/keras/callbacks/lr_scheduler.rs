@@ -14,11 +14,10 @@ type ScheduleFn = dyn Fn(usize, f32) -> f32 + Send;
 /// at the rate in force when it was scheduled, on every attempt
 /// ([`TrainingContext::set_learning_rate`]).
 ///
-/// The rate set is not part of the state a backup or a re-forming group carries: a job that
-/// resumes, or a worker that joins, starts from the optimizer's own rate and runs the schedule
-/// for the epoch it is in. Under `BackupAndRestore` or elastic MultiWorkerMirrored, make the
-/// rate a function of the epoch alone (or use a `LearningRateSchedule` of the step, which
-/// always agrees).
+/// The rate set is part of the training state: a backup and the state a MultiWorkerMirrored
+/// group hands a joiner or a re-formed group carry it, so a job that resumes and a worker that
+/// joins go on at the rate in force there, and a schedule made from the rate before
+/// (`rate * 0.5`) is neither reset nor applied twice for the epoch it resumes in.
 pub struct LearningRateScheduler {
     schedule: Box<ScheduleFn>,
 }

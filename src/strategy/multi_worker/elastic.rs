@@ -19,7 +19,7 @@ use crate::collective::boundary::{self, BoundaryChange, Leavers};
 use crate::collective::reforming::{self, AfterAttempt, Attempt, Verdict};
 pub use crate::collective::Leave;
 use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup};
-use crate::optim::{OptimizerState, Slots};
+use crate::optim::{LearningRateSchedule, OptimizerState, Slots};
 use crate::process::Incarnation;
 use crate::status::TaskState;
 use crate::strategy::StrategyError;
@@ -585,15 +585,46 @@ impl MultiWorkerMirrored {
         // The first of the highest: the lowest rank.
         let source = steps.iter().position(|s| *s == highest).unwrap_or(0);
         let iterations = state.optimizer.map_or(0, |o| o.steps());
+        let schedule = encode_schedule(state.optimizer)?;
         let header = span
             .broadcast(
                 source,
                 &Tensor::new(
-                    &[state.step as i64, state.position as i64, iterations as i64],
+                    &[
+                        state.step as i64,
+                        state.position as i64,
+                        iterations as i64,
+                        i64::try_from(state.epochs_begun).unwrap_or(i64::MAX),
+                        schedule.len() as i64,
+                    ],
                     cpu,
                 )?,
             )?
             .to_vec1::<i64>()?;
+        // The learning-rate schedule in force at the source (a rate a callback set is part of
+        // the state: a worker that took it at another rate would diverge from the others).
+        let schedule_len = usize::try_from(header[4]).unwrap_or(usize::MAX);
+        if schedule_len > SCHEDULE_BYTES_MAX {
+            return Err(StrategyError::Recovery {
+                reason: format!(
+                    "the source's learning-rate schedule is {} bytes, above the {SCHEDULE_BYTES_MAX} allowed",
+                    header[4]
+                ),
+            });
+        }
+        let schedule = if schedule_len == 0 {
+            None
+        } else {
+            let bytes = if schedule.len() == schedule_len {
+                schedule
+            } else {
+                vec![0u8; schedule_len]
+            };
+            let bytes = span
+                .broadcast(source, &Tensor::from_vec(bytes, schedule_len, cpu)?)?
+                .to_vec1::<u8>()?;
+            Some(decode_schedule(&bytes)?)
+        };
         for variable in state.variables {
             let value = span.broadcast(source, &variable.try_read_value()?)?;
             variable.assign(&value)?;
@@ -635,9 +666,17 @@ impl MultiWorkerMirrored {
                 }
             }
             optimizer.set_steps(header[2].max(0) as u64, self.local_replicas);
+            if let Some(schedule) = schedule {
+                optimizer
+                    .set_learning_rate_schedule(schedule)
+                    .map_err(|e| StrategyError::Recovery {
+                        reason: format!("the source's learning-rate schedule: {e}"),
+                    })?;
+            }
         }
         state.step = header[0].max(0) as u64;
         state.position = header[1].max(0) as u64;
+        state.epochs_begun = header[3].max(0) as u64;
         // A joiner whose admission broke and that re-formed with a member holding the state
         // holds it now too.
         self.awaiting_state.store(false, Ordering::SeqCst);
@@ -667,9 +706,14 @@ pub struct ElasticState<'a> {
     /// The variables to make identical (every trainable and non-trainable variable of the
     /// model), in the same order on every worker.
     pub variables: &'a [Variable],
-    /// The optimizer whose slots and step count follow the variables (e.g. a
-    /// `train::DistributedOptimizer`).
+    /// The optimizer whose slots, step count and learning-rate schedule follow the variables
+    /// (e.g. a `train::DistributedOptimizer`).
     pub optimizer: Option<&'a dyn OptimizerState>,
+    /// The training epochs begun (whose start-of-epoch callbacks ran) by the worker this state
+    /// is of: at a step that ends one epoch, it tells whether the next one has begun there
+    /// (its learning rate set), so that a worker taking the state neither skips nor repeats
+    /// that. A loop without callbacks leaves it 0; after recovery, the source's.
+    pub epochs_begun: u64,
 }
 
 /// What [`MultiWorkerMirrored::recover`] did.
@@ -776,6 +820,27 @@ pub struct Admission {
 
 /// The joiners the leader offers, as `(node, host:port, incarnation)` triples (bincode); no
 /// bytes for none.
+/// The most bytes a learning-rate schedule handed over with the state may take (a schedule
+/// is a few numbers; a piecewise one a few per boundary).
+const SCHEDULE_BYTES_MAX: usize = 1 << 20;
+
+/// The learning-rate schedule in force on `optimizer`, encoded to hand over (empty: none).
+fn encode_schedule(optimizer: Option<&dyn OptimizerState>) -> Result<Vec<u8>, StrategyError> {
+    let Some(schedule) = optimizer.and_then(|o| o.learning_rate_schedule()) else {
+        return Ok(Vec::new());
+    };
+    serde_json::to_vec(&schedule).map_err(|e| StrategyError::Recovery {
+        reason: format!("encoding the learning-rate schedule: {e}"),
+    })
+}
+
+/// A learning-rate schedule handed over with the state ([`encode_schedule`]).
+fn decode_schedule(bytes: &[u8]) -> Result<LearningRateSchedule, StrategyError> {
+    serde_json::from_slice(bytes).map_err(|e| StrategyError::Recovery {
+        reason: format!("the source's learning-rate schedule does not decode: {e}"),
+    })
+}
+
 pub(super) fn encode_joiners(joiners: &[Joiner]) -> Result<Vec<u8>, StrategyError> {
     if joiners.is_empty() {
         return Ok(Vec::new());
@@ -903,18 +968,40 @@ mod agreement_tests {
     use cohort_transport::ClusterCa;
 
     /// What one worker's agreement on the state came to.
-    #[derive(Debug, PartialEq, Eq)]
+    #[derive(Debug, PartialEq)]
     enum Agreed {
-        /// It holds this step now.
-        Step(u64),
+        /// It holds the state of this step now, its epochs begun and its learning rate.
+        Step {
+            step: u64,
+            epochs_begun: u64,
+            rate: f32,
+        },
         /// No member held the state: the group of this generation refused to train.
         NoStateHolder { generation: u64 },
     }
 
-    /// Two workers' `MultiWorkerMirrored`, formed over loopback; `awaiting[i]`: worker `i`
-    /// joined a live group and was never handed its state; `steps[i]` its own step count.
-    /// Each agrees on the state; returns what each got (any other error fails the test).
-    fn agree_pair(name: &str, awaiting: [bool; 2], steps: [u64; 2]) -> Vec<Agreed> {
+    /// What worker `i` holds before the agreement: whether it joined a live group and was never
+    /// handed its state, its step count, epochs begun and learning rate.
+    #[derive(Debug, Clone, Copy)]
+    struct Held {
+        awaiting: bool,
+        step: u64,
+        epochs_begun: u64,
+        rate: f32,
+    }
+
+    fn held(awaiting: bool, step: u64) -> Held {
+        Held {
+            awaiting,
+            step,
+            epochs_begun: 0,
+            rate: 0.1,
+        }
+    }
+
+    /// Two workers' `MultiWorkerMirrored`, formed over loopback, each holding `held[i]`. Each
+    /// agrees on the state; returns what each got (any other error fails the test).
+    fn agree_pair(name: &str, held: [Held; 2]) -> Vec<Agreed> {
         let dir = std::env::temp_dir().join(format!("cohort-agree-{name}-{}", std::process::id()));
         let ca = ClusterCa::generate(name).unwrap();
         let sockets: Vec<std::net::UdpSocket> = (0..2)
@@ -942,15 +1029,25 @@ mod agreement_tests {
                     let cluster = ClusterConfig::from_tf_config(&json).unwrap();
                     let mut strategy =
                         MultiWorkerMirrored::new(MultiWorkerConfig::new(cluster, dir)).unwrap();
-                    strategy.awaiting_state.store(awaiting[i], Ordering::SeqCst);
+                    let own = held[i];
+                    strategy.awaiting_state.store(own.awaiting, Ordering::SeqCst);
+                    let optimizer =
+                        crate::train::DistributedOptimizer::new(crate::optim::Optimizer::sgd(
+                            own.rate,
+                        ));
                     let mut state = ElasticState {
-                        step: steps[i],
+                        step: own.step,
                         position: 0,
                         variables: &[],
-                        optimizer: None,
+                        optimizer: Some(&optimizer),
+                        epochs_begun: own.epochs_begun,
                     };
                     match strategy.agree(&mut state) {
-                        Ok(_) => Agreed::Step(state.step),
+                        Ok(_) => Agreed::Step {
+                            step: state.step,
+                            epochs_begun: state.epochs_begun,
+                            rate: optimizer.learning_rate(),
+                        },
                         Err(StrategyError::NoStateHolder { generation }) => {
                             Agreed::NoStateHolder { generation }
                         }
@@ -969,10 +1066,41 @@ mod agreement_tests {
     /// (`MemberMachine::state_agreed` alike; seed 11001485 of the membership simulator).
     #[test]
     fn only_a_worker_holding_the_state_can_be_its_source() {
-        let got = agree_pair("agree-holder", [true, false], [9, 4]);
-        assert_eq!(got, vec![Agreed::Step(4), Agreed::Step(4)]);
-        let got = agree_pair("agree-none", [true, true], [9, 4]);
+        let got = agree_pair("agree-holder", [held(true, 9), held(false, 4)]);
+        let agreed = || Agreed::Step {
+            step: 4,
+            epochs_begun: 0,
+            rate: 0.1,
+        };
+        assert_eq!(got, vec![agreed(), agreed()]);
+        let got = agree_pair("agree-none", [held(true, 9), held(true, 4)]);
         let refused = || Agreed::NoStateHolder { generation: 1 };
         assert_eq!(got, vec![refused(), refused()]);
+    }
+
+    /// The source's learning rate (one a callback set) and its epochs begun come with its
+    /// state: a worker that took the state at its own rate would apply every later update
+    /// at another rate than the others, and its model would drift from theirs.
+    #[test]
+    fn the_sources_learning_rate_and_epochs_begun_come_with_its_state() {
+        let behind = Held {
+            awaiting: false,
+            step: 20,
+            epochs_begun: 1,
+            rate: 0.1,
+        };
+        let ahead = Held {
+            awaiting: false,
+            step: 24,
+            epochs_begun: 3,
+            rate: 0.025,
+        };
+        let got = agree_pair("agree-rate", [behind, ahead]);
+        let agreed = || Agreed::Step {
+            step: 24,
+            epochs_begun: 3,
+            rate: 0.025,
+        };
+        assert_eq!(got, vec![agreed(), agreed()]);
     }
 }
