@@ -116,6 +116,23 @@ class ClusterCoordinator:
         it takes an argument) on its first use; iterate it for a per-worker iterator."""
         return PerWorkerDataset(_steps.reference(dataset_fn, what="dataset function"))
 
+    def set_learning_rate(self, rate: float) -> None:
+        """Sets the rate the parameter servers apply the steps scheduled from now on at, in
+        place of the optimizer's (what ``optimizer.learning_rate.assign`` does between epochs
+        under TensorFlow). Each step carries the rate it was scheduled with: one run again after
+        a worker or a server was lost applies at it, the steps already scheduled keep theirs,
+        and a checkpoint records it, so a chief restarted from one goes on at it. A rate that is
+        negative or not finite raises ``ValueError`` and changes nothing."""
+        self._chief.set_learning_rate(float(rate))
+
+    @property
+    def learning_rate(self) -> float:
+        """The rate the steps scheduled from now on are applied at: the one
+        :meth:`set_learning_rate` set last (or a restored checkpoint recorded), else the
+        optimizer's."""
+        rate = self._chief.learning_rate()
+        return self.strategy.optimizer.learning_rate if rate is None else rate
+
     # -- cohort's own ----------------------------------------------------------------------
 
     def ledger(self) -> dict[str, int]:

@@ -124,6 +124,7 @@ fn raised(error: CoordinatorError) -> PyErr {
         CoordinatorError::Variable { .. }
         | CoordinatorError::Partition(_)
         | CoordinatorError::CreateVariable(_) => VariableError::new_err(message),
+        CoordinatorError::LearningRate(_) => PyValueError::new_err(message),
         CoordinatorError::Checkpoint(_)
         | CoordinatorError::Start(_)
         | CoordinatorError::CutRead(_)
@@ -315,6 +316,17 @@ impl Chief {
     /// `join`.
     fn join(&self, py: Python<'_>) -> PyResult<()> {
         self.call(py, |desk| desk.coordinator.join())
+    }
+
+    /// Sets the rate the servers apply the steps scheduled from now on at (every attempt of
+    /// each); raises `ValueError`, changing nothing, for a rate that is negative or not finite.
+    fn set_learning_rate(&self, py: Python<'_>, rate: f32) -> PyResult<()> {
+        self.call(py, move |desk| desk.coordinator.set_learning_rate(rate))
+    }
+
+    /// The rate the steps scheduled from now on carry; `None`: the servers' optimizer's own.
+    fn learning_rate(&self, py: Python<'_>) -> PyResult<Option<f32>> {
+        self.call(py, |desk| desk.coordinator.learning_rate())
     }
 
     /// True when nothing is queued or in flight.

@@ -126,10 +126,24 @@ def duplicate():
 expect(cohort.VariableError, ["counter", "already exists"], duplicate)
 print("ok: a second variable of the same name is refused")
 
+expect(ValueError, ["learning rate", "-0.5"], lambda: coordinator.set_learning_rate(-0.5))
+expect(ValueError, ["learning rate", "NaN"], lambda: coordinator.set_learning_rate(float("nan")))
+assert coordinator.learning_rate == 1.0, coordinator.learning_rate
+coordinator.join()
+at_one = int(counter.numpy()[0])
+coordinator.set_learning_rate(3.0)
+assert coordinator.learning_rate == 3.0, coordinator.learning_rate
+coordinator.schedule(count_step, args=(counter,))
+coordinator.set_learning_rate(1.0)
+coordinator.join()
+assert int(counter.numpy()[0]) == at_one + 3, (at_one, counter.numpy())
+print("ok: a rate set applies to the steps scheduled after it; a bad one is refused")
+
 values = [coordinator.schedule(count_step, args=(counter,)) for _ in range(50)]
 coordinator.join()
 assert sum(v.fetch() for v in values) == 50
 final = int(counter.numpy()[0])
-# The first step, and the 50 after the refusals: nothing refused ran, nothing accepted was lost.
-assert final == 51 and before.fetch() == 1, final
-print(f"ok: nothing lost (counter {final} after 51 steps)")
+# The first step, the one at rate 3 and the 50 after the refusals: nothing refused ran,
+# nothing accepted was lost.
+assert final == 54 and before.fetch() == 1, final
+print(f"ok: nothing lost (counter {final} after 52 steps, one at rate 3)")
