@@ -52,7 +52,7 @@ pub struct Commit {
 
 impl Commit {
     /// The record as one line.
-    pub fn to_line(&self) -> String {
+    pub fn to_line(self) -> String {
         format!(
             "{} {} {} {} {} {} {}",
             self.at_ms,
