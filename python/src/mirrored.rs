@@ -110,7 +110,7 @@ fn elastic_state<'a>(
         position,
         variables,
         optimizer: optimizer.map(|o| o as _),
-        epochs_begun: 0,
+        epochs: Default::default(),
     }
 }
 

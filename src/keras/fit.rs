@@ -143,7 +143,9 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     /// advanced survivor's step; a joiner is admitted at a step boundary; a preempted or
     /// drained worker leaves there.
     ///
-    /// The figures of an epoch that resumed midway count its steps since the resume.
+    /// The state a backup and a re-forming carry holds the rate a callback set and the running
+    /// figures of the epoch in progress: an epoch that resumed midway reports the figures of
+    /// all its steps, at the rate it ran at.
     pub fn fit(&mut self, data: &Dataset, fit: Fit) -> Result<History, KerasError> {
         FitLoop::start(self, data, fit)?.run()
     }

@@ -22,8 +22,8 @@ use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
 use crate::data::{AutoShardPolicy, Dataset, DistributeOptions, DistributedDataset, Element};
 use crate::optim::OptimizerState;
 use crate::strategy::{
-    Ballot, CastVote, CountedVote, Departure, ElasticState, GroupChange, Leave, PerReplica,
-    SaveStateError, StrategyExt,
+    Ballot, CastVote, CountedVote, Departure, ElasticState, EpochProgress, GroupChange, Leave,
+    PerReplica, SaveStateError, StrategyExt,
 };
 use crate::train::{DistributedOptimizer, ReplicatedModel, StepSpec, TrainError};
 use crate::variable::Variable;
@@ -59,7 +59,7 @@ impl Cursor {
 fn elastic_state<'a>(
     step: u64,
     cursor: Cursor,
-    epochs_begun: u64,
+    epochs: EpochProgress,
     variables: &'a [Variable],
     optimizer: &'a DistributedOptimizer,
 ) -> ElasticState<'a> {
@@ -68,7 +68,7 @@ fn elastic_state<'a>(
         position: cursor.encode(),
         variables,
         optimizer: Some(optimizer),
-        epochs_begun,
+        epochs,
     }
 }
 
@@ -78,11 +78,13 @@ fn elastic_state<'a>(
 /// optimizer holds the carried rate by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EpochStart {
-    /// `epoch` had begun here and there: nothing is owed.
+    /// `epoch` had begun here and there: nothing is owed but the carried figures (the state's
+    /// step may be ahead of this worker's).
     Begun,
     /// `epoch` had begun there, not here: its callbacks run here (they log, they open the
-    /// epoch's totals) and the carried rate, already the epoch's, is put back after them, so
-    /// that a schedule that makes each rate from the one before is not applied twice.
+    /// epoch) and the carried rate, already the epoch's, is put back after them, so that a
+    /// schedule that makes each rate from the one before is not applied twice; the epoch's
+    /// figures so far are the carried ones.
     RunKeepingRate,
     /// `epoch` had not begun there: its callbacks run from the carried rate, here as there
     /// (again, where it had begun here).
@@ -150,9 +152,9 @@ pub(super) struct FitLoop<'m, N> {
     /// The next boundary's votes, counted in the step before it (none after a group change:
     /// that boundary votes on its own, as the closing one does).
     counted_vote: Option<CountedVote>,
-    /// The training epochs begun where the state this worker took last came from, until the
-    /// next boundary settles what the epoch's start owes ([`EpochStart`]).
-    carried_epochs_begun: Option<u64>,
+    /// Where the state this worker took last stood in its epochs, until the next boundary
+    /// settles what the epoch's start owes ([`EpochStart`]) and takes its figures.
+    carried_epochs: Option<EpochProgress>,
 }
 
 impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
@@ -227,7 +229,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             totals,
             last_logs: Logs::new(),
             counted_vote: None,
-            carried_epochs_begun: None,
+            carried_epochs: None,
         };
         run.resume_from_backup()?;
         (run.epoch, run.step_in_epoch) = run.epoch_at();
@@ -287,42 +289,64 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         }
     }
 
-    /// The training epochs begun here: the current one counts once its callbacks ran.
-    fn epochs_begun(&self) -> u64 {
-        self.epoch as u64 + u64::from(self.epoch_open)
+    /// Where training stands in its epochs: those begun (the current one once its callbacks
+    /// ran) and, within a begun one, its figures so far.
+    fn epochs(&self) -> EpochProgress {
+        EpochProgress {
+            begun: self.epoch as u64 + u64::from(self.epoch_open),
+            figures: if self.epoch_open {
+                self.totals.clone()
+            } else {
+                Vec::new()
+            },
+        }
     }
 
     /// Goes on from a state taken from another worker or a backup (the optimizer's part is in
-    /// place already): its step and input position, and the epochs begun there, which the next
-    /// boundary settles ([`FitLoop::begin_epoch`]).
-    fn take_state(&mut self, step: u64, position: u64, epochs_begun: u64) {
+    /// place already): its step and input position, and where it stood in its epochs, which
+    /// the next boundary settles ([`FitLoop::begin_epoch`]).
+    fn take_state(&mut self, step: u64, position: u64, epochs: EpochProgress) {
         self.step = step;
         self.cursor = Cursor::decode(position);
-        self.carried_epochs_begun = Some(epochs_begun);
+        self.carried_epochs = Some(epochs);
     }
 
     /// Begins the current epoch where it has not begun here: its callbacks' `on_epoch_begin`
     /// (a `LearningRateScheduler` sets the epoch's rate), as the state taken last owes it
     /// ([`EpochStart`]).
     fn begin_epoch(&mut self) -> Result<(), KerasError> {
-        let start = match self.carried_epochs_begun.take() {
-            Some(carried) => EpochStart::of(self.epoch, self.epoch_open, carried),
+        let carried = self.carried_epochs.take();
+        let start = match &carried {
+            Some(carried) => EpochStart::of(self.epoch, self.epoch_open, carried.begun),
             None if self.epoch_open => EpochStart::Begun,
             None => EpochStart::Run,
         };
+        // Where the epoch had begun, its figures so far are the state's (the same on every
+        // worker that held it).
+        let epoch = self.epoch;
+        let figures = carried
+            .filter(|c| c.begun > epoch as u64 && c.figures.len() == self.totals.len())
+            .map(|c| c.figures);
         let keep = match start {
-            EpochStart::Begun => return Ok(()),
+            EpochStart::Begun => {
+                if let Some(figures) = figures {
+                    self.totals = figures;
+                }
+                return Ok(());
+            }
             EpochStart::RunKeepingRate => Some(self.optimizer.schedule()),
             EpochStart::Run => None,
         };
         self.totals.iter_mut().for_each(|t| *t = 0.0);
         self.epoch_open = true;
-        let epoch = self.epoch;
         self.each_callback(|cb, ctx| cb.on_epoch_begin(epoch, ctx))?;
         if let Some(schedule) = keep {
             self.optimizer
                 .set_learning_rate_schedule(schedule)
                 .map_err(TrainError::from)?;
+        }
+        if let Some(figures) = figures {
+            self.totals = figures;
         }
         Ok(())
     }
@@ -357,7 +381,13 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let Some(backup) = self.callbacks.backup() else {
             return Ok(());
         };
-        let mut state = elastic_state(0, Cursor::default(), 0, &self.variables, &self.optimizer);
+        let mut state = elastic_state(
+            0,
+            Cursor::default(),
+            EpochProgress::default(),
+            &self.variables,
+            &self.optimizer,
+        );
         if self.is_chief {
             let dir = backup.dir().to_path_buf();
             backup
@@ -375,7 +405,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             self.history.resumed_at = Some(state.step);
             tracing::info!(step = state.step, "fit resumes from a backup");
         }
-        self.take_state(state.step, state.position, state.epochs_begun);
+        self.take_state(state.step, state.position, state.epochs.clone());
         Ok(())
     }
 
@@ -405,7 +435,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let mut state = elastic_state(
             self.step,
             self.cursor,
-            self.epochs_begun(),
+            self.epochs(),
             &self.variables,
             &self.optimizer,
         );
@@ -431,8 +461,8 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             Ok(None) => Ok(Boundary::Step),
             Ok(Some(GroupChange::Admitted(admission))) => {
                 tracing::info!(step = admission.step, joined = ?admission.joined, "fit admitted workers to the group");
-                let epochs_begun = state.epochs_begun;
-                self.take_state(admission.step, admission.position, epochs_begun);
+                let epochs = state.epochs.clone();
+                self.take_state(admission.step, admission.position, epochs);
                 self.resync();
                 Ok(Boundary::Regroup)
             }
@@ -638,7 +668,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let mut state = elastic_state(
             self.step,
             self.cursor,
-            self.epochs_begun(),
+            self.epochs(),
             &self.variables,
             &self.optimizer,
         );
@@ -647,7 +677,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             Some(recovery) => {
                 tracing::info!(step = recovery.step, lost = ?recovery.lost, "fit re-formed the group");
                 self.history.recoveries += 1;
-                self.take_state(state.step, state.position, state.epochs_begun);
+                self.take_state(state.step, state.position, state.epochs.clone());
                 Ok(())
             }
         }
@@ -659,7 +689,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         if !self.is_chief {
             return Ok(());
         }
-        let epochs_begun = self.epochs_begun();
+        let epochs = self.epochs();
         let Some(backup) = self.callbacks.backup() else {
             return Ok(());
         };
@@ -673,7 +703,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let state = elastic_state(
             self.step,
             self.cursor,
-            epochs_begun,
+            epochs,
             &self.variables,
             &self.optimizer,
         );

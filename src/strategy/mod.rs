@@ -60,9 +60,9 @@ pub(crate) use multi_worker::metrics_addr_from_env;
 pub(crate) use multi_worker::Ballot;
 pub use multi_worker::{
     Admission, CastVote, Communication, CommunicationError, CountedVote, Departure, ElasticState,
-    GroupChange, Leave, MultiWorkerConfig, MultiWorkerMirrored, Recovery, SaveStateError,
-    DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT,
-    DEFAULT_RECOVER_ATTEMPTS,
+    EpochProgress, GroupChange, Leave, MultiWorkerConfig, MultiWorkerMirrored, Recovery,
+    SaveStateError, DEFAULT_BUCKET_BYTES_MAX, DEFAULT_ENTER_TIMEOUT, DEFAULT_JOIN_TIMEOUT,
+    DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use one_device::OneDevice;
 pub use reduce::{gather_per_replica, reduce_per_replica};

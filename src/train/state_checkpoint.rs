@@ -24,7 +24,7 @@ use crate::checkpoint::{
 };
 use crate::layout::Layout;
 use crate::optim::{LearningRateSchedule, OptimError, ScheduleError, Slots};
-use crate::strategy::ElasticState;
+use crate::strategy::{ElasticState, EpochProgress};
 use crate::variable::VariableError;
 
 /// Why the training state could not be saved to or restored from its checkpoints; each names
@@ -123,11 +123,14 @@ pub enum StateCheckpointError {
         /// Why it is refused.
         source: ScheduleError,
     },
-    /// The recorded count of epochs begun is not a count.
-    #[error("{}: the recorded {EPOCHS_BEGUN_KEY:?} is {found}, not a count", dir.display())]
-    EpochsBegun {
+    /// What the checkpoint records of the epochs (the count begun, the running figures) is
+    /// not what it should be.
+    #[error("{}: the recorded {key:?} is {found}, not {}", dir.display(), if *key == EPOCHS_BEGUN_KEY { "a count" } else { "a list of f64 bit patterns" })]
+    Epochs {
         /// The checkpoint's directory.
         dir: PathBuf,
+        /// The key of the checkpoint's extra state.
+        key: &'static str,
         /// What is there.
         found: serde_json::Value,
     },
@@ -148,8 +151,12 @@ const OPTIMIZER_STEPS_KEY: &str = "optimizer_steps";
 /// in checkpoints written before it was recorded: the optimizer's own stays).
 const LEARNING_RATE_SCHEDULE_KEY: &str = "learning_rate_schedule";
 /// A checkpoint's `extra` key holding the training epochs begun
-/// ([`ElasticState::epochs_begun`]; absent: 0).
+/// ([`EpochProgress::begun`]; absent: 0).
 const EPOCHS_BEGUN_KEY: &str = "epochs_begun";
+/// A checkpoint's `extra` key holding the running figures of the epoch in progress
+/// ([`EpochProgress::figures`]; absent: none), each as the bits of its `f64` (exact, and a
+/// figure that is not finite is kept too).
+const EPOCH_FIGURES_KEY: &str = "epoch_figures";
 
 impl StateCheckpoints {
     /// Checkpoints under `root` (created if missing), a save due every `every_steps` steps
@@ -242,7 +249,8 @@ impl StateCheckpoints {
         ckpt.dataset_positions.insert(0, state.position);
         ckpt.extra = serde_json::json!({
             OPTIMIZER_STEPS_KEY: state.optimizer.map_or(0, |o| o.steps()),
-            EPOCHS_BEGUN_KEY: state.epochs_begun,
+            EPOCHS_BEGUN_KEY: state.epochs.begun,
+            EPOCH_FIGURES_KEY: state.epochs.figures.iter().map(|f| f.to_bits()).collect::<Vec<u64>>(),
         });
         if let Some(schedule) = state.optimizer.and_then(|o| o.learning_rate_schedule()) {
             // A schedule is plain numbers: it always encodes.
@@ -307,7 +315,8 @@ impl StateCheckpoints {
             Ok((tensor.shape().to_vec(), values))
         };
         // Check every variable and the recorded schedule first: a mismatch changes nothing.
-        let (schedule, epochs_begun) = recorded_schedule(&ckpt.extra, &dir)?;
+        let schedule = recorded_schedule(&ckpt.extra, &dir)?;
+        let epochs = recorded_epochs(&ckpt.extra, &dir)?;
         let mut values = Vec::with_capacity(state.variables.len());
         for variable in state.variables {
             let (shape, value) = read(variable.name())?;
@@ -369,28 +378,50 @@ impl StateCheckpoints {
                     .map_err(|source| StateCheckpointError::ScheduleRefused { dir, source })?;
             }
         }
-        state.epochs_begun = epochs_begun;
+        state.epochs = epochs;
         state.step = ckpt.step;
         state.position = ckpt.dataset_positions.get(&0).copied().unwrap_or(0);
         Ok(Some(ckpt.step))
     }
 }
 
-/// The learning-rate schedule (none where the checkpoint records none) and the epochs begun
-/// that a checkpoint's `extra` records, checked.
-fn recorded_schedule(
+/// Where the training loop stood in its epochs, as a checkpoint's `extra` records it
+/// (nothing recorded: the default), checked.
+fn recorded_epochs(
     extra: &serde_json::Value,
     dir: &Path,
-) -> Result<(Option<LearningRateSchedule>, u64), StateCheckpointError> {
-    let epochs_begun = match extra.get(EPOCHS_BEGUN_KEY) {
+) -> Result<EpochProgress, StateCheckpointError> {
+    let wrong = |key: &'static str, found: &serde_json::Value| StateCheckpointError::Epochs {
+        dir: dir.to_path_buf(),
+        key,
+        found: found.clone(),
+    };
+    let begun = match extra.get(EPOCHS_BEGUN_KEY) {
         None => 0,
         Some(value) => value
             .as_u64()
-            .ok_or_else(|| StateCheckpointError::EpochsBegun {
-                dir: dir.to_path_buf(),
-                found: value.clone(),
-            })?,
+            .ok_or_else(|| wrong(EPOCHS_BEGUN_KEY, value))?,
     };
+    let figures = match extra.get(EPOCH_FIGURES_KEY) {
+        None => Vec::new(),
+        Some(value) => value
+            .as_array()
+            .and_then(|bits| {
+                bits.iter()
+                    .map(|b| b.as_u64().map(f64::from_bits))
+                    .collect::<Option<Vec<f64>>>()
+            })
+            .ok_or_else(|| wrong(EPOCH_FIGURES_KEY, value))?,
+    };
+    Ok(EpochProgress { begun, figures })
+}
+
+/// The learning-rate schedule a checkpoint's `extra` records (none where it records none),
+/// checked.
+fn recorded_schedule(
+    extra: &serde_json::Value,
+    dir: &Path,
+) -> Result<Option<LearningRateSchedule>, StateCheckpointError> {
     let schedule = match extra.get(LEARNING_RATE_SCHEDULE_KEY) {
         None | Some(serde_json::Value::Null) => None,
         Some(value) => {
@@ -409,7 +440,7 @@ fn recorded_schedule(
             Some(schedule)
         }
     };
-    Ok((schedule, epochs_begun))
+    Ok(schedule)
 }
 
 #[cfg(test)]
@@ -427,7 +458,7 @@ mod tests {
             position: 40,
             variables: &[],
             optimizer: None,
-            epochs_begun: 0,
+            epochs: EpochProgress::default(),
         };
         let first = checkpoints.save(&state).unwrap();
         let again = checkpoints.save(&state).expect("the step is saved already");
@@ -436,10 +467,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
     }
 
-    /// The rate a callback set and the epochs begun come back with the state, onto an
-    /// optimizer built at another rate.
+    /// The rate a callback set and where the loop stood in its epochs come back with the
+    /// state, onto an optimizer built at another rate.
     #[test]
-    fn the_learning_rate_in_force_and_the_epochs_begun_round_trip() {
+    fn the_learning_rate_in_force_and_the_epochs_round_trip() {
         use crate::optim::Optimizer;
         use crate::train::DistributedOptimizer;
         let root =
@@ -448,12 +479,17 @@ mod tests {
         let mut checkpoints = StateCheckpoints::open(&root, Some(5), 3).unwrap();
         let trained = DistributedOptimizer::new(Optimizer::sgd(0.1));
         trained.set_learning_rate(0.025).unwrap();
+        let epochs = EpochProgress {
+            begun: 3,
+            // Exact bits, and a figure that is not finite, come back as they were.
+            figures: vec![0.1 + 0.2, 192.0, f64::NAN],
+        };
         let state = ElasticState {
             step: 30,
             position: 30,
             variables: &[],
             optimizer: Some(&trained),
-            epochs_begun: 3,
+            epochs: epochs.clone(),
         };
         checkpoints.save(&state).unwrap();
         let fresh = DistributedOptimizer::new(Optimizer::sgd(0.1));
@@ -462,27 +498,31 @@ mod tests {
             position: 0,
             variables: &[],
             optimizer: Some(&fresh),
-            epochs_begun: 0,
+            epochs: EpochProgress::default(),
         };
         assert_eq!(checkpoints.restore_into(&mut state, 1).unwrap(), Some(30));
-        assert_eq!(state.epochs_begun, 3);
+        assert_eq!(state.epochs.begun, 3);
+        let bits = |f: &[f64]| f.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&state.epochs.figures), bits(&epochs.figures));
         assert!((fresh.learning_rate() - 0.025).abs() < 1e-9);
         let _ = std::fs::remove_dir_all(&root);
     }
 
-    /// What a checkpoint records of the schedule is checked before anything is restored: a
-    /// schedule that does not read, one no optimizer takes, and epochs begun that are no count
-    /// are errors naming the key; a checkpoint from before they were recorded has neither.
+    /// What a checkpoint records of the schedule and the epochs is checked before anything is
+    /// restored: a schedule that does not read, one no optimizer takes, epochs begun that are
+    /// no count and figures that are no bit patterns are errors naming the key; a checkpoint
+    /// from before they were recorded has none.
     #[test]
-    fn a_recorded_schedule_that_is_wrong_is_named() {
+    fn a_recorded_schedule_or_epoch_that_is_wrong_is_named() {
         let dir = Path::new("/ckpt/step-30");
-        let extra = |value: serde_json::Value| value;
-        assert!(matches!(
-            recorded_schedule(&extra(serde_json::json!({"optimizer_steps": 3})), dir),
-            Ok((None, 0))
-        ));
+        let old = serde_json::json!({"optimizer_steps": 3});
+        assert!(matches!(recorded_schedule(&old, dir), Ok(None)));
+        assert_eq!(
+            recorded_epochs(&old, dir).unwrap(),
+            EpochProgress::default()
+        );
         let err = recorded_schedule(
-            &extra(serde_json::json!({"learning_rate_schedule": {"Constant": -1.0}})),
+            &serde_json::json!({"learning_rate_schedule": {"Constant": -1.0}}),
             dir,
         )
         .unwrap_err();
@@ -492,7 +532,7 @@ mod tests {
         );
         assert!(err.to_string().contains("learning_rate_schedule"), "{err}");
         let err = recorded_schedule(
-            &extra(serde_json::json!({"learning_rate_schedule": {"Sometimes": 2}})),
+            &serde_json::json!({"learning_rate_schedule": {"Sometimes": 2}}),
             dir,
         )
         .unwrap_err();
@@ -500,9 +540,12 @@ mod tests {
             matches!(err, StateCheckpointError::ScheduleUnreadable { .. }),
             "{err}"
         );
-        let err = recorded_schedule(&extra(serde_json::json!({"epochs_begun": "three"})), dir)
-            .unwrap_err();
+        let err = recorded_epochs(&serde_json::json!({"epochs_begun": "three"}), dir).unwrap_err();
         assert!(err.to_string().contains("epochs_begun"), "{err}");
         assert!(err.to_string().contains("/ckpt/step-30"), "{err}");
+        let err =
+            recorded_epochs(&serde_json::json!({"epoch_figures": [1, -2.5]}), dir).unwrap_err();
+        assert!(err.to_string().contains("epoch_figures"), "{err}");
+        assert!(err.to_string().contains("bit patterns"), "{err}");
     }
 }

@@ -500,7 +500,7 @@ impl<'a> Progress<'a> {
             position: self.position as u64,
             variables: self.variables,
             optimizer: self.optimizer,
-            epochs_begun: 0,
+            epochs: Default::default(),
         }
     }
 

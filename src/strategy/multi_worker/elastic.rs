@@ -586,6 +586,7 @@ impl MultiWorkerMirrored {
         let source = steps.iter().position(|s| *s == highest).unwrap_or(0);
         let iterations = state.optimizer.map_or(0, |o| o.steps());
         let schedule = encode_schedule(state.optimizer)?;
+        let figures = &state.epochs.figures;
         let header = span
             .broadcast(
                 source,
@@ -594,8 +595,9 @@ impl MultiWorkerMirrored {
                         state.step as i64,
                         state.position as i64,
                         iterations as i64,
-                        i64::try_from(state.epochs_begun).unwrap_or(i64::MAX),
+                        i64::try_from(state.epochs.begun).unwrap_or(i64::MAX),
                         schedule.len() as i64,
+                        figures.len() as i64,
                     ],
                     cpu,
                 )?,
@@ -624,6 +626,25 @@ impl MultiWorkerMirrored {
                 .broadcast(source, &Tensor::from_vec(bytes, schedule_len, cpu)?)?
                 .to_vec1::<u8>()?;
             Some(decode_schedule(&bytes)?)
+        };
+        let figures = match usize::try_from(header[5]).unwrap_or(usize::MAX) {
+            0 => Vec::new(),
+            len if len > FIGURES_MAX => {
+                return Err(StrategyError::Recovery {
+                    reason: format!(
+                        "the source's epoch figures are {len}, above the {FIGURES_MAX} allowed"
+                    ),
+                })
+            }
+            len => {
+                let own = if figures.len() == len {
+                    figures.clone()
+                } else {
+                    vec![0.0; len]
+                };
+                span.broadcast(source, &Tensor::from_vec(own, len, cpu)?)?
+                    .to_vec1::<f64>()?
+            }
         };
         for variable in state.variables {
             let value = span.broadcast(source, &variable.try_read_value()?)?;
@@ -676,7 +697,10 @@ impl MultiWorkerMirrored {
         }
         state.step = header[0].max(0) as u64;
         state.position = header[1].max(0) as u64;
-        state.epochs_begun = header[3].max(0) as u64;
+        state.epochs = EpochProgress {
+            begun: header[3].max(0) as u64,
+            figures,
+        };
         // A joiner whose admission broke and that re-formed with a member holding the state
         // holds it now too.
         self.awaiting_state.store(false, Ordering::SeqCst);
@@ -709,11 +733,24 @@ pub struct ElasticState<'a> {
     /// The optimizer whose slots, step count and learning-rate schedule follow the variables
     /// (e.g. a `train::DistributedOptimizer`).
     pub optimizer: Option<&'a dyn OptimizerState>,
-    /// The training epochs begun (whose start-of-epoch callbacks ran) by the worker this state
-    /// is of: at a step that ends one epoch, it tells whether the next one has begun there
-    /// (its learning rate set), so that a worker taking the state neither skips nor repeats
-    /// that. A loop without callbacks leaves it 0; after recovery, the source's.
-    pub epochs_begun: u64,
+    /// Where the training loop stands in its epochs; a loop without epochs leaves it empty
+    /// (the default). After recovery, the source's.
+    pub epochs: EpochProgress,
+}
+
+/// Where a training loop with epochs (Keras' `fit`) stands in them, carried with the state
+/// ([`ElasticState::epochs`]) so that a worker taking it goes on with the epoch as the worker
+/// it came from would.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EpochProgress {
+    /// The training epochs begun (whose start-of-epoch callbacks ran): at a step that ends one
+    /// epoch, it tells whether the next one has begun (its learning rate set), so that the
+    /// taker neither skips nor repeats that.
+    pub begun: u64,
+    /// The running figures of the epoch in progress (the loop's sums of loss, examples and
+    /// metric states since it began), the same on every worker, so that the epoch's figures
+    /// count its steps before the state was taken too. Empty for a loop that keeps none.
+    pub figures: Vec<f64>,
 }
 
 /// What [`MultiWorkerMirrored::recover`] did.
@@ -823,6 +860,10 @@ pub struct Admission {
 /// The most bytes a learning-rate schedule handed over with the state may take (a schedule
 /// is a few numbers; a piecewise one a few per boundary).
 const SCHEDULE_BYTES_MAX: usize = 1 << 20;
+
+/// The most running figures of an epoch handed over with the state (a loop keeps a few per
+/// metric).
+const FIGURES_MAX: usize = 1 << 16;
 
 /// The learning-rate schedule in force on `optimizer`, encoded to hand over (empty: none).
 fn encode_schedule(optimizer: Option<&dyn OptimizerState>) -> Result<Vec<u8>, StrategyError> {
@@ -970,10 +1011,10 @@ mod agreement_tests {
     /// What one worker's agreement on the state came to.
     #[derive(Debug, PartialEq)]
     enum Agreed {
-        /// It holds the state of this step now, its epochs begun and its learning rate.
+        /// It holds the state of this step now, its epochs and its learning rate.
         Step {
             step: u64,
-            epochs_begun: u64,
+            epochs: EpochProgress,
             rate: f32,
         },
         /// No member held the state: the group of this generation refused to train.
@@ -981,12 +1022,12 @@ mod agreement_tests {
     }
 
     /// What worker `i` holds before the agreement: whether it joined a live group and was never
-    /// handed its state, its step count, epochs begun and learning rate.
-    #[derive(Debug, Clone, Copy)]
+    /// handed its state, its step count, epochs and learning rate.
+    #[derive(Debug, Clone)]
     struct Held {
         awaiting: bool,
         step: u64,
-        epochs_begun: u64,
+        epochs: EpochProgress,
         rate: f32,
     }
 
@@ -994,7 +1035,7 @@ mod agreement_tests {
         Held {
             awaiting,
             step,
-            epochs_begun: 0,
+            epochs: EpochProgress::default(),
             rate: 0.1,
         }
     }
@@ -1025,11 +1066,11 @@ mod agreement_tests {
                     addrs.join(", ")
                 );
                 let dir = dir.clone();
+                let own = held[i].clone();
                 std::thread::spawn(move || {
                     let cluster = ClusterConfig::from_tf_config(&json).unwrap();
                     let mut strategy =
                         MultiWorkerMirrored::new(MultiWorkerConfig::new(cluster, dir)).unwrap();
-                    let own = held[i];
                     strategy.awaiting_state.store(own.awaiting, Ordering::SeqCst);
                     let optimizer =
                         crate::train::DistributedOptimizer::new(crate::optim::Optimizer::sgd(
@@ -1040,12 +1081,12 @@ mod agreement_tests {
                         position: 0,
                         variables: &[],
                         optimizer: Some(&optimizer),
-                        epochs_begun: own.epochs_begun,
+                        epochs: own.epochs,
                     };
                     match strategy.agree(&mut state) {
                         Ok(_) => Agreed::Step {
                             step: state.step,
-                            epochs_begun: state.epochs_begun,
+                            epochs: state.epochs,
                             rate: optimizer.learning_rate(),
                         },
                         Err(StrategyError::NoStateHolder { generation }) => {
@@ -1069,7 +1110,7 @@ mod agreement_tests {
         let got = agree_pair("agree-holder", [held(true, 9), held(false, 4)]);
         let agreed = || Agreed::Step {
             step: 4,
-            epochs_begun: 0,
+            epochs: EpochProgress::default(),
             rate: 0.1,
         };
         assert_eq!(got, vec![agreed(), agreed()]);
@@ -1078,27 +1119,33 @@ mod agreement_tests {
         assert_eq!(got, vec![refused(), refused()]);
     }
 
-    /// The source's learning rate (one a callback set) and its epochs begun come with its
-    /// state: a worker that took the state at its own rate would apply every later update
-    /// at another rate than the others, and its model would drift from theirs.
+    /// The source's learning rate (one a callback set) and where it stands in its epochs come
+    /// with its state: a worker that took the state at its own rate would apply every later
+    /// update at another rate than the others, and its model would drift from theirs.
     #[test]
-    fn the_sources_learning_rate_and_epochs_begun_come_with_its_state() {
+    fn the_sources_learning_rate_and_epochs_come_with_its_state() {
         let behind = Held {
             awaiting: false,
             step: 20,
-            epochs_begun: 1,
+            epochs: EpochProgress {
+                begun: 1,
+                figures: vec![9.5, 640.0],
+            },
             rate: 0.1,
         };
         let ahead = Held {
             awaiting: false,
             step: 24,
-            epochs_begun: 3,
+            epochs: EpochProgress {
+                begun: 3,
+                figures: vec![1.25, 0.1, 1e300],
+            },
             rate: 0.025,
         };
-        let got = agree_pair("agree-rate", [behind, ahead]);
+        let got = agree_pair("agree-rate", [behind, ahead.clone()]);
         let agreed = || Agreed::Step {
             step: 24,
-            epochs_begun: 3,
+            epochs: ahead.epochs.clone(),
             rate: 0.025,
         };
         assert_eq!(got, vec![agreed(), agreed()]);

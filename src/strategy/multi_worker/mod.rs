@@ -64,7 +64,7 @@ pub use self::config::{
     DEFAULT_ENTER_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_RECOVER_ATTEMPTS,
 };
 pub use self::elastic::{
-    Admission, Departure, ElasticState, GroupChange, Leave, Recovery, SaveStateError,
+    Admission, Departure, ElasticState, EpochProgress, GroupChange, Leave, Recovery, SaveStateError,
 };
 pub(crate) use self::vote::Ballot;
 pub use self::vote::{CastVote, CountedVote};
