@@ -38,7 +38,7 @@ use std::sync::Arc;
 pub use crate::bootstrap::{multi_worker_main, MultiWorkerTask, COMMUNICATION_ENV};
 pub use crate::roles::coordinator::{
     CheckpointError, ClusterCoordinator, CoordinatorError, CreateError, Encoded, PendingSave,
-    RemoteValue, SavedInBackground, VariableProblem, VariableSpec,
+    RemoteValue, SavedInBackground, VariableProblem, VariableSpec, PROGRAM_STATE_KEY,
 };
 pub use crate::roles::eval_fn::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};

@@ -731,15 +731,51 @@ mod rate {
     pub const FIRST_RATE: f32 = 0.05;
     pub const HALVING: f32 = 0.5;
 
+    /// The examples an epoch's figures count: every one of its steps', whoever ran them and
+    /// whenever the chief resumed.
+    #[derive(Debug)]
+    struct Examples;
+
+    impl metrics::Metric for Examples {
+        fn name(&self) -> &str {
+            "examples"
+        }
+        fn state_len(&self) -> usize {
+            1
+        }
+        fn batch_state(
+            &self,
+            _labels: &Tensor,
+            _predictions: &Tensor,
+            weights: &[f32],
+        ) -> Result<Vec<f64>, cohort::nn::NnError> {
+            Ok(vec![weights.len() as f64])
+        }
+        fn result(&self, state: &[f64]) -> f64 {
+            state[0]
+        }
+    }
+
     fn ps_fit() -> Arc<PsFit<Net>> {
         Arc::new(PsFit::new(
             11,
             net,
             Optimizer::sgd(FIRST_RATE),
             Loss::sparse_categorical_crossentropy(),
-            vec![Box::new(metrics::Accuracy::sparse_categorical())],
+            vec![
+                Box::new(metrics::Accuracy::sparse_categorical()),
+                Box::new(Examples),
+            ],
             "train",
         ))
+    }
+
+    /// Whether every epoch in the chief's history counted a whole epoch's examples (each step
+    /// a worker's batch of 32).
+    pub fn every_epoch_counts_every_step(report: &serde_json::Value) -> bool {
+        let examples: Vec<f64> = serde_json::from_value(report["examples"].clone()).unwrap();
+        let whole = (STEPS_PER_EPOCH * 32) as f64;
+        !examples.is_empty() && examples.iter().all(|e| *e == whole)
     }
 
     pub fn program() -> Program {
@@ -803,6 +839,7 @@ mod rate {
         report["learning_rate"] = serde_json::json!(history.get("learning_rate"));
         report["resumed_at"] = serde_json::json!(history.resumed_at);
         report["loss"] = serde_json::json!(history.get("loss"));
+        report["examples"] = serde_json::json!(history.get("examples"));
         report["servers_vs_epoch_1"] = serde_json::json!(differs(1)?);
         report["servers_vs_drawn"] = serde_json::json!(largest_difference(&drawn, &on_servers));
         write_report(&report)
@@ -833,6 +870,7 @@ fn a_learning_rate_scheduler_sets_the_servers_rate_through_a_server_restore() {
         report["servers_vs_epoch_1"], 0.0,
         "an update after the first epoch was applied at a rate other than 0: {report}"
     );
+    assert!(rate::every_epoch_counts_every_step(&report), "{report}");
 }
 
 /// The chief SIGKILLed in the third epoch of a job whose `LearningRateScheduler` halves the
@@ -840,7 +878,8 @@ fn a_learning_rate_scheduler_sets_the_servers_rate_through_a_server_restore() {
 /// trains the rest of the third epoch at a quarter of the first rate, whether it resumed
 /// inside the epoch (the epoch's callbacks run again, and the backup's rate is set after them,
 /// not halved twice) or at its start (the callbacks halve the backup's rate). Before, it went
-/// on from the optimizer's own rate: half the first.
+/// on from the optimizer's own rate: half the first. The epoch's figures before the backup are
+/// in it too: the resumed epoch counts all its examples.
 #[test]
 fn a_rate_made_from_the_one_before_survives_a_chiefs_restart() {
     let victim = TaskId::new(TaskType::Chief, 0);
@@ -853,5 +892,10 @@ fn a_rate_made_from_the_one_before_survives_a_chiefs_restart() {
         let third = f64::from(rate::FIRST_RATE * rate::HALVING * rate::HALVING);
         let last = rates.last().copied().unwrap_or(f64::NAN);
         assert!((last - third).abs() < 1e-9, "{scenario}: {report}");
+        // The resumed epoch's figures count its steps before the backup too (they are in it).
+        assert!(
+            rate::every_epoch_counts_every_step(&report),
+            "{scenario}: {report}"
+        );
     }
 }

@@ -41,6 +41,20 @@ pub enum KerasError {
         /// What failed.
         source: Box<crate::train::StateCheckpointError>,
     },
+    /// A parameter-server backup's record of the epoch's running figures (what `PsFit`
+    /// keeps beside the variables) is not what `fit` writes.
+    #[error(
+        "the backup of step {step} records the epoch's figures ({key:?}) as {found}, not a list \
+         of f64 bit patterns"
+    )]
+    RecordedFigures {
+        /// The backup's step.
+        step: u64,
+        /// The key in the program state.
+        key: &'static str,
+        /// What is there.
+        found: serde_json::Value,
+    },
     /// A file could not be written or read.
     #[error("{}: cannot {action}: {source}", path.display())]
     Io {

@@ -28,7 +28,9 @@ use crate::program::{
     ClusterCoordinator, CoordinatorError, DatasetHandle, Program, RowRead, ServerModel, Step,
     StepContext, StepError,
 };
-use crate::train::{DistributedOptimizer, StateCheckpointError};
+use crate::train::{
+    figures_from_json, figures_to_json, DistributedOptimizer, StateCheckpointError,
+};
 use crate::variable::{Partitioner, Variable};
 
 /// A closure of training: the global step it starts at and how many steps it runs; their
@@ -308,6 +310,9 @@ struct PsFitLoop<'a, N> {
     /// In a chief that resumed inside an epoch, the rate that epoch ran at before (the one its
     /// backup recorded), for after the epoch's callbacks run again ([`Self::run_epoch`]).
     resumed_rate: Option<f32>,
+    /// In a chief that resumed inside an epoch, that epoch's figures before the backup (the
+    /// sums its closures returned), for its totals ([`Self::run_epoch`]).
+    resumed_figures: Option<Vec<f64>>,
     history: History,
     /// Updates applied since the job began.
     step: u64,
@@ -381,6 +386,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             optimizer,
             rate_on_servers,
             resumed_rate: None,
+            resumed_figures: None,
             history: History::default(),
             step: 0,
             epoch: 0,
@@ -419,8 +425,12 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         // optimizer's rate); inside an epoch, whose callbacks run again, it is the rate that
         // epoch ran at, set once they ran, so that a rate a callback makes from the one before
         // is not made twice.
+        let inside_an_epoch = restored % self.steps_per_epoch as u64 != 0;
+        if inside_an_epoch {
+            self.resumed_figures = recorded_figures(self.coordinator, restored)?;
+        }
         if let Some(rate) = self.coordinator.learning_rate()? {
-            if restored % self.steps_per_epoch as u64 == 0 {
+            if !inside_an_epoch {
                 self.optimizer.set_learning_rate(rate)?;
                 self.rate_on_servers = self.optimizer.schedule();
             } else {
@@ -505,6 +515,12 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             self.rate_to_servers()?;
         }
         let mut totals = vec![0.0f64; stats_len(&self.fit.metrics)];
+        // Resumed inside this epoch: its figures before the backup count too.
+        if let Some(figures) = self.resumed_figures.take() {
+            if figures.len() == totals.len() {
+                totals = figures;
+            }
+        }
         while self.step < epoch_end && !self.stop_training {
             self.train_until_backup(epoch_end, &mut totals)?;
         }
@@ -567,7 +583,11 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
         self.coordinator.join()?;
         if let (Some(manager), Some(_)) = (self.manager.as_mut(), backup_every) {
             if manager.should_save(self.step, Instant::now()) {
-                self.coordinator.save_checkpoint(manager, self.step)?;
+                // The epoch's figures so far go with it: a chief that resumes from it inside
+                // this epoch counts them (every closure before the cut was fetched).
+                let state = serde_json::json!({ EPOCH_FIGURES_KEY: figures_to_json(totals) });
+                self.coordinator
+                    .save_checkpoint_with(manager, self.step, state)?;
             }
         }
         Ok(())
@@ -650,6 +670,31 @@ fn write_weights(
 /// The backup before the first step ([`PsFitLoop::start`]). One that cannot be written (a full
 /// disk, say) is logged and training goes on without it, as it would have before the first
 /// scheduled backup; any other failure is the job's.
+/// Where `PsFit` keeps the epoch's running figures in a backup's program state
+/// ([`ClusterCoordinator::save_checkpoint_with`]).
+const EPOCH_FIGURES_KEY: &str = "epoch_figures";
+
+/// The epoch's figures the backup of step `step` that `coordinator` restored recorded; `None`
+/// where it recorded none (a backup from before they were kept).
+fn recorded_figures(
+    coordinator: &ClusterCoordinator,
+    step: u64,
+) -> Result<Option<Vec<f64>>, KerasError> {
+    let Some(state) = coordinator.restored_program_state() else {
+        return Ok(None);
+    };
+    let Some(value) = state.get(EPOCH_FIGURES_KEY) else {
+        return Ok(None);
+    };
+    figures_from_json(value)
+        .map(Some)
+        .ok_or_else(|| KerasError::RecordedFigures {
+            step,
+            key: EPOCH_FIGURES_KEY,
+            found: value.clone(),
+        })
+}
+
 fn save_before_training(
     coordinator: &ClusterCoordinator,
     manager: &mut CheckpointManager,

@@ -42,6 +42,7 @@ pub use crate::optim::{LearningRateSchedule, ScheduleError};
 pub use optimizer::{AppliedGradients, DistributedOptimizer};
 pub use progbar::{Progbar, ProgbarMode, BAR_WIDTH};
 pub use replicated::{ReplicatedModel, StepOutput, StepSpec};
+pub(crate) use state_checkpoint::{figures_from_json, figures_to_json};
 pub use state_checkpoint::{StateCheckpointError, StateCheckpoints};
 
 use candle_core::{DType, Tensor};

@@ -250,7 +250,7 @@ impl StateCheckpoints {
         ckpt.extra = serde_json::json!({
             OPTIMIZER_STEPS_KEY: state.optimizer.map_or(0, |o| o.steps()),
             EPOCHS_BEGUN_KEY: state.epochs.begun,
-            EPOCH_FIGURES_KEY: state.epochs.figures.iter().map(|f| f.to_bits()).collect::<Vec<u64>>(),
+            EPOCH_FIGURES_KEY: figures_to_json(&state.epochs.figures),
         });
         if let Some(schedule) = state.optimizer.and_then(|o| o.learning_rate_schedule()) {
             // A schedule is plain numbers: it always encodes.
@@ -385,6 +385,21 @@ impl StateCheckpoints {
     }
 }
 
+/// An epoch's running figures as JSON: each the bits of its `f64` (exact, where JSON numbers
+/// need not read back to the last bit, and kept where a figure is not finite).
+pub(crate) fn figures_to_json(figures: &[f64]) -> serde_json::Value {
+    serde_json::json!(figures.iter().map(|f| f.to_bits()).collect::<Vec<u64>>())
+}
+
+/// The figures [`figures_to_json`] wrote; `None` where `value` is no list of bit patterns.
+pub(crate) fn figures_from_json(value: &serde_json::Value) -> Option<Vec<f64>> {
+    value
+        .as_array()?
+        .iter()
+        .map(|bits| bits.as_u64().map(f64::from_bits))
+        .collect()
+}
+
 /// Where the training loop stood in its epochs, as a checkpoint's `extra` records it
 /// (nothing recorded: the default), checked.
 fn recorded_epochs(
@@ -404,14 +419,7 @@ fn recorded_epochs(
     };
     let figures = match extra.get(EPOCH_FIGURES_KEY) {
         None => Vec::new(),
-        Some(value) => value
-            .as_array()
-            .and_then(|bits| {
-                bits.iter()
-                    .map(|b| b.as_u64().map(f64::from_bits))
-                    .collect::<Option<Vec<f64>>>()
-            })
-            .ok_or_else(|| wrong(EPOCH_FIGURES_KEY, value))?,
+        Some(value) => figures_from_json(value).ok_or_else(|| wrong(EPOCH_FIGURES_KEY, value))?,
     };
     Ok(EpochProgress { begun, figures })
 }

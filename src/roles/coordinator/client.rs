@@ -365,7 +365,13 @@ pub struct ClusterCoordinator {
     registered_steps: Option<BTreeSet<String>>,
     /// Set once [`Self::restore_checkpoint`] restored the servers from a checkpoint.
     resumed: std::sync::atomic::AtomicBool,
+    /// The program's own state that checkpoint recorded ([`Self::restored_program_state`]).
+    program_state: std::sync::Mutex<Option<serde_json::Value>>,
 }
+
+/// Where a checkpoint's manifest keeps the program's own state at the cut
+/// ([`ClusterCoordinator::save_checkpoint_with`]).
+pub const PROGRAM_STATE_KEY: &str = "program_state";
 
 impl ClusterCoordinator {
     pub(crate) fn new(
@@ -392,6 +398,7 @@ impl ClusterCoordinator {
             warm_start: None,
             registered_steps: None,
             resumed: std::sync::atomic::AtomicBool::new(false),
+            program_state: std::sync::Mutex::new(None),
         }
     }
 
@@ -888,6 +895,20 @@ impl ClusterCoordinator {
         manager: &mut CheckpointManager,
         step: u64,
     ) -> Result<PathBuf, CoordinatorError> {
+        self.save_checkpoint_with(manager, step, serde_json::Value::Null)
+    }
+
+    /// [`Self::save_checkpoint`], recording beside the variables the program's own state at
+    /// the cut (`program_state`, any JSON; `null`: none), in the manifest's extra state under
+    /// [`PROGRAM_STATE_KEY`]: what a program must know to go on exactly from this checkpoint
+    /// that the servers do not hold (`PsFit` keeps its epoch's running figures there). A chief
+    /// that restores the checkpoint reads it back with [`Self::restored_program_state`].
+    pub fn save_checkpoint_with(
+        &self,
+        manager: &mut CheckpointManager,
+        step: u64,
+        program_state: serde_json::Value,
+    ) -> Result<PathBuf, CoordinatorError> {
         let reading = self.read_cut(step)?;
         let generation = reading.generation;
         let cut = reading.ledger.next_closure_id;
@@ -895,7 +916,12 @@ impl ClusterCoordinator {
         let written = reading
             .into_checkpoint()
             .map_err(CheckpointError::from)
-            .and_then(|ckpt| Ok(manager.save(&ckpt, Instant::now())?));
+            .and_then(|mut ckpt| {
+                if !program_state.is_null() {
+                    ckpt.extra[PROGRAM_STATE_KEY] = program_state;
+                }
+                Ok(manager.save(&ckpt, Instant::now())?)
+            });
         // The manager read it back whole (CKPT-1): a checkpoint that does not verify is an
         // error here and never becomes the cut, so recoveries go on restoring the previous
         // one and its closures run again (the coordinator hears it: a recovery may wait for
@@ -1040,6 +1066,12 @@ impl ClusterCoordinator {
         // The machine probes every server first: with no checkpoint it starts afresh only
         // over servers that applied nothing; with one, its restore starts above every closure
         // id and restore generation a live server is at (see `Scheduler::handle_start`).
+        let program_state = outcome
+            .restored
+            .as_ref()
+            .and_then(|loaded| loaded.checkpoint.extra.get(PROGRAM_STATE_KEY))
+            .filter(|state| !state.is_null())
+            .cloned();
         let rx = self.ask(Start {
             checkpoint: outcome.restored.map(|loaded| Arc::new(loaded.checkpoint)),
             root: manager.root().to_path_buf(),
@@ -1055,8 +1087,18 @@ impl ClusterCoordinator {
         if restored.is_some() {
             self.resumed
                 .store(true, std::sync::atomic::Ordering::SeqCst);
+            if let Ok(mut kept) = self.program_state.lock() {
+                *kept = program_state;
+            }
         }
         Ok(restored)
+    }
+
+    /// The program's own state that the checkpoint [`Self::restore_checkpoint`] restored
+    /// recorded ([`Self::save_checkpoint_with`]); `None` where it restored none, or the
+    /// checkpoint recorded no such state.
+    pub fn restored_program_state(&self) -> Option<serde_json::Value> {
+        self.program_state.lock().ok().and_then(|kept| kept.clone())
     }
 
     /// Whether this coordinator restored the servers from a checkpoint

@@ -34,7 +34,7 @@ pub use actor::{
 };
 pub use client::{
     CheckpointError, ClusterCoordinator, CoordinatorError, Encoded, PendingSave, RemoteValue,
-    SavedInBackground, VariableProblem, VariableSpec, SAVE_WAIT_MAX,
+    SavedInBackground, VariableProblem, VariableSpec, PROGRAM_STATE_KEY, SAVE_WAIT_MAX,
 };
 pub use machine::recovery::{
     CallFault, CheckpointRef, LoadFault, PositionsError, RestoreCall, RestoreReport,
