@@ -52,7 +52,8 @@
 //! both carried out) starts
 //! the lowest free indices, or drains the highest running ones: SIGUSR1, after which the
 //! worker finishes its closure, the chief keeps its dataset positions, and it exits 0. A
-//! drained worker is never restarted, whatever its exit.
+//! drained worker is never restarted, whatever its exit, and the tasks started after it was
+//! drained get a spec without it: it has left the job.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -532,6 +533,20 @@ impl Launcher {
         self.active(TaskType::Ps)
     }
 
+    /// How many of the initial workers are still in the job (not drained), for the specs of
+    /// the tasks started from now on: scaling drains the highest first and starts the lowest
+    /// free, so those are the first ones (where they are not, all the initial ones).
+    fn spec_workers(&self) -> u32 {
+        let initial = self.config.num_workers;
+        let active = self.active_workers();
+        let kept = active.iter().filter(|i| **i < initial).count() as u32;
+        if kept > 0 && (0..kept).all(|i| active.contains(&i)) {
+            kept
+        } else {
+            initial
+        }
+    }
+
     fn active(&self, role: TaskType) -> Vec<u32> {
         self.tasks
             .iter()
@@ -879,17 +894,22 @@ impl Launcher {
         // A worker or server past the initial ones is not in the chief's spec: it gets one
         // naming it. A (re)started chief's spec names the servers in the job now (servers
         // scaled up joined the job, and those drained left it: its restore from the last
-        // checkpoint places the variables onto them).
-        let beyond_spec = matches!(task.task_type, TaskType::Worker | TaskType::Ps)
-            && task.index >= self.cluster.num_tasks(task.task_type) as u32;
-        let spec = if beyond_spec {
-            self.full_cluster.clone()
-        } else if task.task_type == TaskType::Chief && self.ps_max > self.config.num_ps {
-            let servers = self.active_servers().len() as u32;
-            with_tasks(&self.full_cluster, self.config.num_workers, servers)?
+        // checkpoint places the variables onto them). A (re)started task's spec leaves out the
+        // initial workers drained for good: they left the job, and a MultiWorkerMirrored
+        // process would otherwise wait for them to answer its ask to enter, or to form its
+        // first generation, and never would (found by `chaos/sweep.py --job mwms`, seed 1002:
+        // a scale-down, then every member lost).
+        let servers = if task.task_type == TaskType::Chief && self.ps_max > self.config.num_ps {
+            self.active_servers().len() as u32
         } else {
-            self.cluster.clone()
+            self.config.num_ps
         };
+        let spec = task_spec(
+            task,
+            (&self.cluster, &self.full_cluster),
+            self.spec_workers(),
+            servers,
+        )?;
         let config = ClusterConfig::new(spec, task)?;
         let supervisor_socket = (task.task_type == TaskType::Chief)
             .then(|| self.supervisor_socket())
@@ -1194,6 +1214,27 @@ fn local_cluster(
 
 /// `full` with only its first `workers` workers.
 /// `full` with its first `workers` workers and first `servers` parameter servers.
+/// The cluster spec `task` is started with, given the job's initial spec and the full one
+/// (every task up to the most workers and servers), and the workers and servers of the
+/// initial spec still in the job (see [`Launcher::spawn`]).
+fn task_spec(
+    task: TaskId,
+    (initial, full): (&ClusterSpec, &ClusterSpec),
+    workers: u32,
+    servers: u32,
+) -> Result<ClusterSpec, LaunchError> {
+    let beyond_spec = matches!(task.task_type, TaskType::Worker | TaskType::Ps)
+        && task.index >= initial.num_tasks(task.task_type) as u32;
+    if beyond_spec {
+        return Ok(full.clone());
+    }
+    let in_initial = |role| initial.num_tasks(role) as u32;
+    if workers != in_initial(TaskType::Worker) || servers != in_initial(TaskType::Ps) {
+        return with_tasks(full, workers, servers);
+    }
+    Ok(initial.clone())
+}
+
 fn with_tasks(full: &ClusterSpec, workers: u32, servers: u32) -> Result<ClusterSpec, LaunchError> {
     let mut jobs = BTreeMap::new();
     for task in full.tasks() {
@@ -1506,6 +1547,33 @@ mod tests {
                 "peer chief exit {code}"
             );
         }
+    }
+
+    /// A task (re)started after initial workers were drained for good gets a spec without
+    /// them (a MultiWorkerMirrored process would wait for them to enter or form, and never
+    /// could); a worker past the initial ones gets the full spec; nothing drained, the initial
+    /// one.
+    #[test]
+    fn a_task_started_after_a_drain_is_not_told_of_the_drained_workers() {
+        let full = local_cluster(4, 2, 0).unwrap();
+        let initial = with_tasks(&full, 3, 1).unwrap();
+        let specs = (&initial, &full);
+        let workers_of = |spec: &ClusterSpec| spec.num_tasks(TaskType::Worker);
+        let chief = TaskId::new(TaskType::Chief, 0);
+        let worker = |i| TaskId::new(TaskType::Worker, i);
+        assert_eq!(task_spec(chief, specs, 3, 1).unwrap(), initial);
+        let after_drain = task_spec(chief, specs, 2, 1).unwrap();
+        assert_eq!(workers_of(&after_drain), 2);
+        assert_eq!(after_drain.num_tasks(TaskType::Ps), 1);
+        assert_eq!(workers_of(&task_spec(worker(1), specs, 2, 1).unwrap()), 2);
+        assert_eq!(task_spec(worker(3), specs, 2, 1).unwrap(), full);
+        // A chief of elastic servers: the servers in the job now.
+        assert_eq!(
+            task_spec(chief, specs, 3, 2)
+                .unwrap()
+                .num_tasks(TaskType::Ps),
+            2
+        );
     }
 
     #[test]

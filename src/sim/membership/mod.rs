@@ -25,6 +25,8 @@ pub use world::MembershipReport;
 
 /// The seed stream of a scenario's lossy links ([`MembershipConfig::lossy`]).
 const LOSSY_STREAM: u64 = 0x6c6f_7373_7920_6c6b;
+/// The seed stream that makes drains for good ([`MembershipConfig::drains_for_good`]).
+const FOR_GOOD_STREAM: u64 = 0x666f_7220_676f_6f64;
 
 /// What a membership simulation runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +45,9 @@ pub struct MembershipConfig {
     /// ([`MembershipFaultKind::Lossy`], drawn from a stream of its own, so that the other faults
     /// of a seed are the same either way).
     pub lossy: bool,
+    /// Whether a drain may be for good ([`MembershipFaultKind::Drain`]'s `for_good`, drawn
+    /// from a stream of its own, so that the other faults of a seed are the same either way).
+    pub drains_for_good: bool,
 }
 
 impl Default for MembershipConfig {
@@ -54,6 +59,7 @@ impl Default for MembershipConfig {
             faults_max: 5,
             liveness_bound: Duration::from_secs(240),
             lossy: true,
+            drains_for_good: true,
         }
     }
 }
@@ -80,9 +86,15 @@ pub enum MembershipFaultKind {
     /// A preemption notice (SIGTERM): it leaves at the next step boundary (killed if not
     /// within the grace), and its supervisor starts it again.
     Preempt { worker: usize },
-    /// Scaled down (it leaves for good at a boundary), and a new process of it is added
-    /// `add_after` later.
-    Drain { worker: usize, add_after: Duration },
+    /// Scaled down (it leaves at a boundary, and is not restarted), and a new process of it is
+    /// added `add_after` later, unless `for_good`: then it has left the job, and the
+    /// processes started from then on are not told of it (the launcher's specs leave it out)
+    /// while the processes that run still list it.
+    Drain {
+        worker: usize,
+        add_after: Duration,
+        for_good: bool,
+    },
     /// The path between two workers alone is cut for `lasting` (non-transitive: each still
     /// reaches the others).
     Cut {
@@ -176,6 +188,7 @@ impl MembershipScenario {
                     3 => MembershipFaultKind::Drain {
                         worker,
                         add_after: ms(&mut rng, 500, 8_000),
+                        for_good: false,
                     },
                     4 => {
                         let b = (worker + rng.gen_range(1..workers)) % workers;
@@ -213,6 +226,15 @@ impl MembershipScenario {
                         lasting: ms(&mut rng, 100, 8_000),
                     },
                 });
+            }
+        }
+        if config.drains_for_good {
+            // A stream of its own: the faults above are drawn the same with or without it.
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ FOR_GOOD_STREAM);
+            for fault in &mut faults {
+                if let MembershipFaultKind::Drain { for_good, .. } = &mut fault.kind {
+                    *for_good = rng.gen_ratio(1, 3);
+                }
             }
         }
         faults.sort_by_key(|f| f.at);

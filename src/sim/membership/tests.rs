@@ -135,6 +135,7 @@ fn a_member_cut_off_during_an_admission_does_not_train_on_beside_the_group() {
         workers_max: 4,
         faults_max: 5,
         lossy: false,
+        drains_for_good: false,
         ..MembershipConfig::default()
     };
     let report = run_membership_seed(&config, 890);
@@ -163,6 +164,7 @@ fn a_member_left_out_does_not_count_out_a_peer_that_came_back_after_a_later_gene
         workers_max: 6,
         faults_max: 8,
         lossy: false,
+        drains_for_good: false,
         ..MembershipConfig::default()
     };
     let at = |ms: u64| Duration::from_millis(ms);
@@ -183,6 +185,7 @@ fn a_member_left_out_does_not_count_out_a_peer_that_came_back_after_a_later_gene
                 MembershipFaultKind::Drain {
                     worker: 2,
                     add_after: at(5_470),
+                    for_good: false,
                 },
             ),
             fault(
@@ -325,6 +328,7 @@ fn every_seed_finishes(cases: &[(usize, usize, u64)]) {
             workers_max,
             faults_max,
             lossy: false,
+            drains_for_good: false,
             ..MembershipConfig::default()
         };
         let report = run_membership_seed(&config, seed);
@@ -425,4 +429,53 @@ fn a_group_of_joiners_never_handed_the_state_does_not_train() {
 #[test]
 fn a_lost_connection_of_a_dead_process_leaves_its_successors_link_alone() {
     every_seed_finishes(&[(7, 16, 20_039_265)]);
+}
+
+/// A worker drained for good, then every other member but one lost (as `chaos/sweep.py --job
+/// mwms` seed 1002 found over real processes): the new processes of the lost ones ask only
+/// the workers in the job now to let them enter (the launcher's spec leaves the drained one
+/// out), hear from every one, and answer the survivor's probes as replaced, so it goes on
+/// alone and admits them. Listing the drained worker, they never heard from it, answered as
+/// unsettled, and the survivor, without a quorum, gave up; the job never formed again.
+#[test]
+fn a_worker_drained_for_good_is_not_waited_for_by_the_processes_started_after() {
+    use std::time::Duration;
+    let config = MembershipConfig {
+        steps: 160,
+        ..MembershipConfig::default()
+    };
+    let at = |ms: u64| Duration::from_millis(ms);
+    let fault = |ms: u64, kind: MembershipFaultKind| MembershipFault { at: at(ms), kind };
+    let scenario = MembershipScenario {
+        seed: 1002,
+        workers: 4,
+        faults: vec![
+            fault(
+                3_000,
+                MembershipFaultKind::Drain {
+                    worker: 3,
+                    add_after: at(1_000),
+                    for_good: true,
+                },
+            ),
+            fault(5_000, MembershipFaultKind::Preempt { worker: 1 }),
+            fault(
+                12_000,
+                MembershipFaultKind::Kill {
+                    worker: 2,
+                    restart_after: at(200),
+                },
+            ),
+            fault(
+                12_050,
+                MembershipFaultKind::Kill {
+                    worker: 1,
+                    restart_after: at(200),
+                },
+            ),
+        ],
+    };
+    let report = run_membership_scenario(&config, &scenario);
+    assert_eq!(report.violation, None, "{report:?}");
+    assert!(report.finished, "{report:?}");
 }

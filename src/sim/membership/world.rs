@@ -144,6 +144,9 @@ struct Proc {
     lossy: Option<(u32, Duration)>,
     /// Whether it was told to leave for good (a drain): not started again when killed.
     draining: bool,
+    /// Whether it left the job for good (a drain that is not undone): never started again,
+    /// and not listed to the processes started from then on.
+    removed: bool,
     /// When its processes exited with a failure, within the supervisor's window.
     failures: Vec<Duration>,
     timer_at: Option<Duration>,
@@ -182,6 +185,7 @@ impl World {
                 slow: Duration::ZERO,
                 lossy: None,
                 draining: false,
+                removed: false,
                 failures: Vec::new(),
                 timer_at: None,
             })
@@ -436,13 +440,16 @@ impl World {
     fn start(&mut self, worker: usize) {
         // A process of it runs already (its supervisor started it), or the job is over.
         if self.finished_at.is_some()
+            || self.procs[worker].removed
             || matches!(self.procs[worker].down, Down::No | Down::Finished)
         {
             return;
         }
+        // The job's workers now, as the launcher's spec names them: not those that left it.
         let workers: Vec<GroupMember> = self
             .procs
             .iter()
+            .filter(|p| !p.removed)
             .map(|p| GroupMember {
                 node: p.node.clone(),
                 addr: p.addr,
@@ -767,11 +774,23 @@ impl World {
                 }
             }
             MembershipFaultKind::Preempt { worker } => self.notice(worker, Leave::Preempted),
-            MembershipFaultKind::Drain { worker, add_after } => {
+            MembershipFaultKind::Drain {
+                worker,
+                add_after,
+                for_good,
+            } => {
                 if self.running(worker) {
                     self.notice(worker, Leave::Drained);
-                    // Scaled back up later: a new process of it is added.
-                    self.schedule(self.now + GRACE + add_after, Event::Start { worker });
+                    // The launcher never scales below one worker.
+                    let others = (0..self.procs.len())
+                        .filter(|&w| w != worker && !self.procs[w].removed)
+                        .count();
+                    if for_good && others > 0 {
+                        self.procs[worker].removed = true;
+                    } else {
+                        // Scaled back up later: a new process of it is added.
+                        self.schedule(self.now + GRACE + add_after, Event::Start { worker });
+                    }
                 }
             }
             MembershipFaultKind::Cut { a, b, lasting } => {
