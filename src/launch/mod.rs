@@ -533,12 +533,19 @@ impl Launcher {
         self.active(TaskType::Ps)
     }
 
-    /// How many of the initial workers are still in the job (not drained), for the specs of
-    /// the tasks started from now on: scaling drains the highest first and starts the lowest
-    /// free, so those are the first ones (where they are not, all the initial ones).
+    /// How many of the initial workers are still in the job, for the specs of the tasks
+    /// started from now on: all but those drained and gone (a draining worker still runs, may
+    /// hold the job's state, and must be asked before anyone starts the job afresh). Scaling
+    /// drains the highest first and starts the lowest free, so those are the first ones (where
+    /// they are not, all the initial ones).
     fn spec_workers(&self) -> u32 {
         let initial = self.config.num_workers;
-        let active = self.active_workers();
+        let active: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(t, e)| t.task_type == TaskType::Worker && (!e.drained || e.child.is_some()))
+            .map(|(t, _)| t.index)
+            .collect();
         let kept = active.iter().filter(|i| **i < initial).count() as u32;
         if kept > 0 && (0..kept).all(|i| active.contains(&i)) {
             kept
@@ -895,10 +902,10 @@ impl Launcher {
         // naming it. A (re)started chief's spec names the servers in the job now (servers
         // scaled up joined the job, and those drained left it: its restore from the last
         // checkpoint places the variables onto them). A (re)started task's spec leaves out the
-        // initial workers drained for good: they left the job, and a MultiWorkerMirrored
-        // process would otherwise wait for them to answer its ask to enter, or to form its
-        // first generation, and never would (found by `chaos/sweep.py --job mwms`, seed 1002:
-        // a scale-down, then every member lost).
+        // initial workers drained for good once they exited: they left the job, and a
+        // MultiWorkerMirrored process would otherwise wait for them to answer its ask to
+        // enter, or to form its first generation, and never would (found by `chaos/sweep.py
+        // --job mwms`, seed 1002: a scale-down, then every member lost).
         let servers = if task.task_type == TaskType::Chief && self.ps_max > self.config.num_ps {
             self.active_servers().len() as u32
         } else {

@@ -87,9 +87,9 @@ pub enum MembershipFaultKind {
     /// within the grace), and its supervisor starts it again.
     Preempt { worker: usize },
     /// Scaled down (it leaves at a boundary, and is not restarted), and a new process of it is
-    /// added `add_after` later, unless `for_good`: then it has left the job, and the
-    /// processes started from then on are not told of it (the launcher's specs leave it out)
-    /// while the processes that run still list it.
+    /// added `add_after` later, unless `for_good`: then it leaves the job, and the processes
+    /// started once its process is gone are not told of it (the launcher's specs leave it out
+    /// once it exited) while the processes that run still list it.
     Drain {
         worker: usize,
         add_after: Duration,

@@ -479,3 +479,31 @@ fn a_worker_drained_for_good_is_not_waited_for_by_the_processes_started_after() 
     assert_eq!(report.violation, None, "{report:?}");
     assert!(report.finished, "{report:?}");
 }
+
+
+/// The split brains the first model of drains for good found (the drained worker left out of
+/// the new processes' lists as soon as its drain was asked): a draining worker, paused, still
+/// held the job and completed a step when it woke, while a new process, not told of it,
+/// started the job afresh. It is listed until its process is gone, as the launcher's specs
+/// list it until it exited.
+#[test]
+fn a_draining_worker_is_asked_until_it_is_gone() {
+    for (workers_max, faults_max, seed) in [(3, 10, 43980), (3, 10, 53534), (7, 16, 25558)] {
+        let config = MembershipConfig {
+            workers_max,
+            faults_max,
+            ..MembershipConfig::default()
+        };
+        let scenario = MembershipScenario::draw(&config, seed);
+        assert!(
+            scenario.faults.iter().any(|f| matches!(
+                f.kind,
+                MembershipFaultKind::Drain { for_good: true, .. }
+            )),
+            "seed {seed} draws no drain for good any more: {scenario:?}"
+        );
+        let report = run_membership_scenario(&config, &scenario);
+        assert_eq!(report.violation, None, "seed {seed}");
+        assert!(report.finished, "seed {seed}: {report:?}");
+    }
+}

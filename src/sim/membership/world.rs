@@ -144,9 +144,10 @@ struct Proc {
     lossy: Option<(u32, Duration)>,
     /// Whether it was told to leave for good (a drain): not started again when killed.
     draining: bool,
-    /// Whether it left the job for good (a drain that is not undone): never started again,
-    /// and not listed to the processes started from then on.
-    removed: bool,
+    /// Whether it was drained for good (a drain that is not undone): never started again, and,
+    /// once its process is gone, not listed to the processes started from then on (the
+    /// launcher's specs leave it out once it exited).
+    drained_for_good: bool,
     /// When its processes exited with a failure, within the supervisor's window.
     failures: Vec<Duration>,
     timer_at: Option<Duration>,
@@ -185,7 +186,7 @@ impl World {
                 slow: Duration::ZERO,
                 lossy: None,
                 draining: false,
-                removed: false,
+                drained_for_good: false,
                 failures: Vec::new(),
                 timer_at: None,
             })
@@ -440,16 +441,17 @@ impl World {
     fn start(&mut self, worker: usize) {
         // A process of it runs already (its supervisor started it), or the job is over.
         if self.finished_at.is_some()
-            || self.procs[worker].removed
+            || self.procs[worker].drained_for_good
             || matches!(self.procs[worker].down, Down::No | Down::Finished)
         {
             return;
         }
-        // The job's workers now, as the launcher's spec names them: not those that left it.
+        // The job's workers now, as the launcher's spec names them: not those drained for good
+        // whose process is gone.
         let workers: Vec<GroupMember> = self
             .procs
             .iter()
-            .filter(|p| !p.removed)
+            .filter(|p| !(p.drained_for_good && p.down != Down::No))
             .map(|p| GroupMember {
                 node: p.node.clone(),
                 addr: p.addr,
@@ -783,10 +785,10 @@ impl World {
                     self.notice(worker, Leave::Drained);
                     // The launcher never scales below one worker.
                     let others = (0..self.procs.len())
-                        .filter(|&w| w != worker && !self.procs[w].removed)
+                        .filter(|&w| w != worker && !self.procs[w].drained_for_good)
                         .count();
                     if for_good && others > 0 {
-                        self.procs[worker].removed = true;
+                        self.procs[worker].drained_for_good = true;
                     } else {
                         // Scaled back up later: a new process of it is added.
                         self.schedule(self.now + GRACE + add_after, Event::Start { worker });
