@@ -1865,3 +1865,41 @@ fn a_worker_whose_peers_all_came_back_as_new_processes_goes_on_alone_and_admits_
         );
     }
 }
+
+/// The source's learning rate (one a callback set) and where it stood in its epochs come with
+/// its state: a worker that took the state at its own rate would apply every later update at
+/// another rate than the others, and its model would drift from theirs. Two workers over
+/// loopback QUIC; worker 1 is ahead.
+#[test]
+fn the_sources_learning_rate_and_epochs_come_with_its_state() {
+    use cohort::optim::Optimizer;
+    use cohort::strategy::{ElasticState, EpochProgress};
+    use cohort::train::DistributedOptimizer;
+    /// What worker `i` holds before the agreement: its step, epochs and rate.
+    fn held(worker: usize) -> (u64, EpochProgress, f32) {
+        let epochs = |begun, figures| EpochProgress { begun, figures };
+        match worker {
+            0 => (20, epochs(1, vec![9.5, 640.0]), 0.1),
+            _ => (24, epochs(3, vec![1.25, 0.1, 1e300]), 0.025),
+        }
+    }
+    let got = in_process_pair("agree-rate", |i, config| {
+        let (step, epochs, rate) = held(i);
+        let mut strategy = MultiWorkerMirrored::new(config).unwrap();
+        let optimizer = DistributedOptimizer::new(Optimizer::sgd(rate));
+        let mut state = ElasticState {
+            step,
+            position: 0,
+            variables: &[],
+            optimizer: Some(&optimizer),
+            epochs,
+        };
+        strategy.agree(&mut state).unwrap();
+        (state.step, state.epochs, optimizer.learning_rate())
+    });
+    let (step, epochs, rate) = held(1);
+    assert_eq!(
+        got,
+        vec![(step, epochs.clone(), rate), (step, epochs, rate)]
+    );
+}

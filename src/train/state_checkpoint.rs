@@ -20,12 +20,12 @@ use serde::Deserialize;
 
 use crate::checkpoint::{
     slot_tensor_name, Checkpoint, CheckpointManager, CheckpointPolicy, Dtype, ListError,
-    PolicyError, SaveError, TensorBytes, TensorError,
+    PolicyError, SaveError, ShardTensors, TensorBytes, TensorError,
 };
 use crate::layout::Layout;
-use crate::optim::{LearningRateSchedule, OptimError, ScheduleError, Slots};
+use crate::optim::{LearningRateSchedule, OptimError, OptimizerState, ScheduleError, Slots};
 use crate::strategy::{ElasticState, EpochProgress};
-use crate::variable::VariableError;
+use crate::variable::{Variable, VariableError};
 
 /// Why the training state could not be saved to or restored from its checkpoints; each names
 /// the directory, the step or the variable.
@@ -297,23 +297,7 @@ impl StateCheckpoints {
             .shards
             .first()
             .ok_or_else(|| StateCheckpointError::NoShard { dir: dir.clone() })?;
-        let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>), StateCheckpointError> {
-            let tensor =
-                shard
-                    .tensors
-                    .get(name)
-                    .ok_or_else(|| StateCheckpointError::MissingTensor {
-                        dir: dir.clone(),
-                        name: name.to_owned(),
-                    })?;
-            let values = tensor
-                .to_f32()
-                .map_err(|source| StateCheckpointError::Tensor {
-                    name: name.to_owned(),
-                    source,
-                })?;
-            Ok((tensor.shape().to_vec(), values))
-        };
+        let read = |name: &str| read_tensor(shard, &dir, name);
         // Check every variable and the recorded schedule first: a mismatch changes nothing.
         let schedule = recorded_schedule(&ckpt.extra, &dir)?;
         let epochs = recorded_epochs(&ckpt.extra, &dir)?;
@@ -340,32 +324,7 @@ impl StateCheckpoints {
                 })?;
         }
         if let Some(optimizer) = state.optimizer {
-            let names = optimizer.kernel().slot_names();
-            for variable in state.variables.iter().filter(|_| !names.is_empty()) {
-                let name = variable.name();
-                if !shard
-                    .tensors
-                    .contains_key(&slot_tensor_name(name, names[0]))
-                {
-                    // Never updated before the checkpoint.
-                    continue;
-                }
-                let mut named = Vec::with_capacity(names.len());
-                for slot in names {
-                    named.push((*slot, read(&slot_tensor_name(name, slot))?.1));
-                }
-                let len = variable.shape().iter().product();
-                let slots =
-                    Slots::restore(optimizer.kernel(), name, len, named, 0).map_err(|source| {
-                        StateCheckpointError::Slots {
-                            dir: dir.clone(),
-                            source,
-                        }
-                    })?;
-                for component in 0..local_copies {
-                    optimizer.import_slots(variable, component, slots.clone());
-                }
-            }
+            restore_slots(optimizer, state.variables, shard, &dir, local_copies)?;
             let steps = ckpt
                 .extra
                 .get(OPTIMIZER_STEPS_KEY)
@@ -383,6 +342,67 @@ impl StateCheckpoints {
         state.position = ckpt.dataset_positions.get(&0).copied().unwrap_or(0);
         Ok(Some(ckpt.step))
     }
+}
+
+/// Tensor `name` of `shard` (a checkpoint's, in `dir`): its shape and values.
+fn read_tensor(
+    shard: &ShardTensors,
+    dir: &Path,
+    name: &str,
+) -> Result<(Vec<usize>, Vec<f32>), StateCheckpointError> {
+    let tensor = shard
+        .tensors
+        .get(name)
+        .ok_or_else(|| StateCheckpointError::MissingTensor {
+            dir: dir.to_path_buf(),
+            name: name.to_owned(),
+        })?;
+    let values = tensor
+        .to_f32()
+        .map_err(|source| StateCheckpointError::Tensor {
+            name: name.to_owned(),
+            source,
+        })?;
+    Ok((tensor.shape().to_vec(), values))
+}
+
+/// The optimizer slots `shard` holds for `variables` (in `dir`), installed on `local_copies`
+/// copies of each; a variable without slots there was never updated before the checkpoint.
+fn restore_slots(
+    optimizer: &dyn OptimizerState,
+    variables: &[Variable],
+    shard: &ShardTensors,
+    dir: &Path,
+    local_copies: usize,
+) -> Result<(), StateCheckpointError> {
+    let names = optimizer.kernel().slot_names();
+    for variable in variables.iter().filter(|_| !names.is_empty()) {
+        let name = variable.name();
+        if !shard
+            .tensors
+            .contains_key(&slot_tensor_name(name, names[0]))
+        {
+            continue;
+        }
+        let mut named = Vec::with_capacity(names.len());
+        for slot in names {
+            named.push((
+                *slot,
+                read_tensor(shard, dir, &slot_tensor_name(name, slot))?.1,
+            ));
+        }
+        let len = variable.shape().iter().product();
+        let slots = Slots::restore(optimizer.kernel(), name, len, named, 0).map_err(|source| {
+            StateCheckpointError::Slots {
+                dir: dir.to_path_buf(),
+                source,
+            }
+        })?;
+        for component in 0..local_copies {
+            optimizer.import_slots(variable, component, slots.clone());
+        }
+    }
+    Ok(())
 }
 
 /// An epoch's running figures as JSON: each the bits of its `f64` (exact, where JSON numbers

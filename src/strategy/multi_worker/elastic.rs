@@ -18,7 +18,7 @@ use crate::cluster::node_id;
 use crate::collective::boundary::{self, BoundaryChange, Leavers};
 use crate::collective::reforming::{self, AfterAttempt, Attempt, Verdict};
 pub use crate::collective::Leave;
-use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup};
+use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup, ProcessSpan};
 use crate::optim::{LearningRateSchedule, OptimizerState, Slots};
 use crate::process::Incarnation;
 use crate::status::TaskState;
@@ -605,87 +605,14 @@ impl MultiWorkerMirrored {
             .to_vec1::<i64>()?;
         // The learning-rate schedule in force at the source (a rate a callback set is part of
         // the state: a worker that took it at another rate would diverge from the others).
-        let schedule_len = usize::try_from(header[4]).unwrap_or(usize::MAX);
-        if schedule_len > SCHEDULE_BYTES_MAX {
-            return Err(StrategyError::Recovery {
-                reason: format!(
-                    "the source's learning-rate schedule is {} bytes, above the {SCHEDULE_BYTES_MAX} allowed",
-                    header[4]
-                ),
-            });
-        }
-        let schedule = if schedule_len == 0 {
-            None
-        } else {
-            let bytes = if schedule.len() == schedule_len {
-                schedule
-            } else {
-                vec![0u8; schedule_len]
-            };
-            let bytes = span
-                .broadcast(source, &Tensor::from_vec(bytes, schedule_len, cpu)?)?
-                .to_vec1::<u8>()?;
-            Some(decode_schedule(&bytes)?)
-        };
-        let figures = match usize::try_from(header[5]).unwrap_or(usize::MAX) {
-            0 => Vec::new(),
-            len if len > FIGURES_MAX => {
-                return Err(StrategyError::Recovery {
-                    reason: format!(
-                        "the source's epoch figures are {len}, above the {FIGURES_MAX} allowed"
-                    ),
-                })
-            }
-            len => {
-                let own = if figures.len() == len {
-                    figures.clone()
-                } else {
-                    vec![0.0; len]
-                };
-                span.broadcast(source, &Tensor::from_vec(own, len, cpu)?)?
-                    .to_vec1::<f64>()?
-            }
-        };
+        let schedule = agree_schedule(span, source, schedule, header[4])?;
+        let figures = agree_figures(span, source, figures, header[5])?;
         for variable in state.variables {
             let value = span.broadcast(source, &variable.try_read_value()?)?;
             variable.assign(&value)?;
         }
         if let Some(optimizer) = state.optimizer {
-            let names = optimizer.kernel().slot_names();
-            for variable in state.variables.iter().filter(|_| !names.is_empty()) {
-                let len: usize = variable.shape().iter().product();
-                let own = optimizer.export_slots(variable, 0);
-                // Whether the source has slots for it: if not, no survivor ever updated it.
-                let has = u8::from(own.is_some());
-                let has = span
-                    .broadcast(source, &Tensor::new(&[has], cpu)?)?
-                    .to_vec1::<u8>()?;
-                if has.first() != Some(&1) {
-                    continue;
-                }
-                let mut flat = Vec::with_capacity(len * names.len());
-                for name in names {
-                    match own.as_ref().and_then(|o| o.get(name)) {
-                        Some(buffer) => flat.extend_from_slice(buffer),
-                        None => flat.extend(std::iter::repeat_n(0.0f32, len)),
-                    }
-                }
-                let flat = Tensor::from_vec(flat, len * names.len(), cpu)?;
-                let got = span.broadcast(source, &flat)?.to_vec1::<f32>()?;
-                let named = names
-                    .iter()
-                    .enumerate()
-                    .map(|(k, name)| (*name, got[k * len..(k + 1) * len].to_vec()));
-                let skipped = own.as_ref().map_or(0, |o| o.skipped_non_finite());
-                let slots =
-                    Slots::restore(optimizer.kernel(), variable.name(), len, named, skipped)
-                        .map_err(|e| StrategyError::Recovery {
-                            reason: format!("the source's optimizer slots: {e}"),
-                        })?;
-                for component in 0..self.local_replicas {
-                    optimizer.import_slots(variable, component, slots.clone());
-                }
-            }
+            self.agree_slots(source, state.variables, optimizer)?;
             optimizer.set_steps(header[2].max(0) as u64, self.local_replicas);
             if let Some(schedule) = schedule {
                 optimizer
@@ -708,6 +635,113 @@ impl MultiWorkerMirrored {
             .group_step
             .set(i64::try_from(state.step).unwrap_or(i64::MAX));
         Ok(span.group().members()[source].clone())
+    }
+}
+
+impl MultiWorkerMirrored {
+    /// The source's optimizer slots of every variable of `variables`, installed on every local
+    /// copy (part of [`MultiWorkerMirrored::agree_state`]).
+    fn agree_slots(
+        &self,
+        source: usize,
+        variables: &[Variable],
+        optimizer: &dyn OptimizerState,
+    ) -> Result<(), StrategyError> {
+        let (cpu, span) = (&Device::Cpu, &self.span);
+        let names = optimizer.kernel().slot_names();
+        for variable in variables.iter().filter(|_| !names.is_empty()) {
+            let len: usize = variable.shape().iter().product();
+            let own = optimizer.export_slots(variable, 0);
+            // Whether the source has slots for it: if not, no survivor ever updated it.
+            let has = u8::from(own.is_some());
+            let has = span
+                .broadcast(source, &Tensor::new(&[has], cpu)?)?
+                .to_vec1::<u8>()?;
+            if has.first() != Some(&1) {
+                continue;
+            }
+            let mut flat = Vec::with_capacity(len * names.len());
+            for name in names {
+                match own.as_ref().and_then(|o| o.get(name)) {
+                    Some(buffer) => flat.extend_from_slice(buffer),
+                    None => flat.extend(std::iter::repeat_n(0.0f32, len)),
+                }
+            }
+            let flat = Tensor::from_vec(flat, len * names.len(), cpu)?;
+            let got = span.broadcast(source, &flat)?.to_vec1::<f32>()?;
+            let named = names
+                .iter()
+                .enumerate()
+                .map(|(k, name)| (*name, got[k * len..(k + 1) * len].to_vec()));
+            let skipped = own.as_ref().map_or(0, |o| o.skipped_non_finite());
+            let slots = Slots::restore(optimizer.kernel(), variable.name(), len, named, skipped)
+                .map_err(|e| StrategyError::Recovery {
+                    reason: format!("the source's optimizer slots: {e}"),
+                })?;
+            for component in 0..self.local_replicas {
+                optimizer.import_slots(variable, component, slots.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The source's learning-rate schedule (`own`: this worker's, encoded; `len`: the source's
+/// length, from the header), or none where it has none to carry.
+fn agree_schedule(
+    span: &ProcessSpan,
+    source: usize,
+    own: Vec<u8>,
+    len: i64,
+) -> Result<Option<LearningRateSchedule>, StrategyError> {
+    let bytes = match usize::try_from(len).unwrap_or(usize::MAX) {
+        0 => return Ok(None),
+        len if len > SCHEDULE_BYTES_MAX => {
+            return Err(StrategyError::Recovery {
+                reason: format!(
+                    "the source's learning-rate schedule is {len} bytes, above the \
+                     {SCHEDULE_BYTES_MAX} allowed"
+                ),
+            })
+        }
+        len => {
+            let own = if own.len() == len {
+                own
+            } else {
+                vec![0u8; len]
+            };
+            span.broadcast(source, &Tensor::from_vec(own, len, &Device::Cpu)?)?
+                .to_vec1::<u8>()?
+        }
+    };
+    decode_schedule(&bytes).map(Some)
+}
+
+/// The source's running figures of its epoch (`own`: this worker's; `len`: the source's count,
+/// from the header).
+fn agree_figures(
+    span: &ProcessSpan,
+    source: usize,
+    own: &[f64],
+    len: i64,
+) -> Result<Vec<f64>, StrategyError> {
+    match usize::try_from(len).unwrap_or(usize::MAX) {
+        0 => Ok(Vec::new()),
+        len if len > FIGURES_MAX => Err(StrategyError::Recovery {
+            reason: format!(
+                "the source's epoch figures are {len}, above the {FIGURES_MAX} allowed"
+            ),
+        }),
+        len => {
+            let own = if own.len() == len {
+                own.to_vec()
+            } else {
+                vec![0.0; len]
+            };
+            Ok(span
+                .broadcast(source, &Tensor::from_vec(own, len, &Device::Cpu)?)?
+                .to_vec1::<f64>()?)
+        }
     }
 }
 
@@ -1009,40 +1043,18 @@ mod agreement_tests {
     use cohort_transport::ClusterCa;
 
     /// What one worker's agreement on the state came to.
-    #[derive(Debug, PartialEq)]
+    #[derive(Debug, PartialEq, Eq)]
     enum Agreed {
-        /// It holds the state of this step now, its epochs and its learning rate.
-        Step {
-            step: u64,
-            epochs: EpochProgress,
-            rate: f32,
-        },
+        /// It holds this step now.
+        Step(u64),
         /// No member held the state: the group of this generation refused to train.
         NoStateHolder { generation: u64 },
     }
 
-    /// What worker `i` holds before the agreement: whether it joined a live group and was never
-    /// handed its state, its step count, epochs and learning rate.
-    #[derive(Debug, Clone)]
-    struct Held {
-        awaiting: bool,
-        step: u64,
-        epochs: EpochProgress,
-        rate: f32,
-    }
-
-    fn held(awaiting: bool, step: u64) -> Held {
-        Held {
-            awaiting,
-            step,
-            epochs: EpochProgress::default(),
-            rate: 0.1,
-        }
-    }
-
-    /// Two workers' `MultiWorkerMirrored`, formed over loopback, each holding `held[i]`. Each
-    /// agrees on the state; returns what each got (any other error fails the test).
-    fn agree_pair(name: &str, held: [Held; 2]) -> Vec<Agreed> {
+    /// Two workers' `MultiWorkerMirrored`, formed over loopback; `awaiting[i]`: worker `i`
+    /// joined a live group and was never handed its state; `steps[i]` its own step count.
+    /// Each agrees on the state; returns what each got (any other error fails the test).
+    fn agree_pair(name: &str, awaiting: [bool; 2], steps: [u64; 2]) -> Vec<Agreed> {
         let dir = std::env::temp_dir().join(format!("cohort-agree-{name}-{}", std::process::id()));
         let ca = ClusterCa::generate(name).unwrap();
         let sockets: Vec<std::net::UdpSocket> = (0..2)
@@ -1066,29 +1078,20 @@ mod agreement_tests {
                     addrs.join(", ")
                 );
                 let dir = dir.clone();
-                let own = held[i].clone();
                 std::thread::spawn(move || {
                     let cluster = ClusterConfig::from_tf_config(&json).unwrap();
                     let mut strategy =
                         MultiWorkerMirrored::new(MultiWorkerConfig::new(cluster, dir)).unwrap();
-                    strategy.awaiting_state.store(own.awaiting, Ordering::SeqCst);
-                    let optimizer =
-                        crate::train::DistributedOptimizer::new(crate::optim::Optimizer::sgd(
-                            own.rate,
-                        ));
+                    strategy.awaiting_state.store(awaiting[i], Ordering::SeqCst);
                     let mut state = ElasticState {
-                        step: own.step,
+                        step: steps[i],
                         position: 0,
                         variables: &[],
-                        optimizer: Some(&optimizer),
-                        epochs: own.epochs,
+                        optimizer: None,
+                        epochs: EpochProgress::default(),
                     };
                     match strategy.agree(&mut state) {
-                        Ok(_) => Agreed::Step {
-                            step: state.step,
-                            epochs: state.epochs,
-                            rate: optimizer.learning_rate(),
-                        },
+                        Ok(_) => Agreed::Step(state.step),
                         Err(StrategyError::NoStateHolder { generation }) => {
                             Agreed::NoStateHolder { generation }
                         }
@@ -1107,47 +1110,10 @@ mod agreement_tests {
     /// (`MemberMachine::state_agreed` alike; seed 11001485 of the membership simulator).
     #[test]
     fn only_a_worker_holding_the_state_can_be_its_source() {
-        let got = agree_pair("agree-holder", [held(true, 9), held(false, 4)]);
-        let agreed = || Agreed::Step {
-            step: 4,
-            epochs: EpochProgress::default(),
-            rate: 0.1,
-        };
-        assert_eq!(got, vec![agreed(), agreed()]);
-        let got = agree_pair("agree-none", [held(true, 9), held(true, 4)]);
+        let got = agree_pair("agree-holder", [true, false], [9, 4]);
+        assert_eq!(got, vec![Agreed::Step(4), Agreed::Step(4)]);
+        let got = agree_pair("agree-none", [true, true], [9, 4]);
         let refused = || Agreed::NoStateHolder { generation: 1 };
         assert_eq!(got, vec![refused(), refused()]);
-    }
-
-    /// The source's learning rate (one a callback set) and where it stands in its epochs come
-    /// with its state: a worker that took the state at its own rate would apply every later
-    /// update at another rate than the others, and its model would drift from theirs.
-    #[test]
-    fn the_sources_learning_rate_and_epochs_come_with_its_state() {
-        let behind = Held {
-            awaiting: false,
-            step: 20,
-            epochs: EpochProgress {
-                begun: 1,
-                figures: vec![9.5, 640.0],
-            },
-            rate: 0.1,
-        };
-        let ahead = Held {
-            awaiting: false,
-            step: 24,
-            epochs: EpochProgress {
-                begun: 3,
-                figures: vec![1.25, 0.1, 1e300],
-            },
-            rate: 0.025,
-        };
-        let got = agree_pair("agree-rate", [behind, ahead.clone()]);
-        let agreed = || Agreed::Step {
-            step: 24,
-            epochs: ahead.epochs.clone(),
-            rate: 0.025,
-        };
-        assert_eq!(got, vec![agreed(), agreed()]);
     }
 }
