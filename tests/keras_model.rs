@@ -142,6 +142,8 @@ struct Trained {
     predictions: Vec<f32>,
     /// The learning rate of each epoch.
     learning_rate: Vec<f64>,
+    /// The epochs this `fit` ended, in order (a resumed one: those after its backup).
+    epoch_numbers: Vec<usize>,
 }
 
 fn trained<N: ModuleT + Send + Sync + 'static>(model: &Model<N>, history: &History) -> Trained {
@@ -169,6 +171,7 @@ fn trained<N: ModuleT + Send + Sync + 'static>(model: &Model<N>, history: &Histo
             .collect(),
         predictions: Vec::new(),
         learning_rate: history.get("learning_rate"),
+        epoch_numbers: history.epoch_numbers.clone(),
     }
 }
 
@@ -506,6 +509,7 @@ fn scratch(name: &str) -> PathBuf {
 const BACKUP_CHILD_ENV: &str = "COHORT_KERAS_BACKUP_CHILD";
 const BACKUP_OUT_ENV: &str = "COHORT_KERAS_BACKUP_OUT";
 const STALL_AT_ENV: &str = "COHORT_KERAS_STALL_AT";
+const EPOCH_END_ENV: &str = "COHORT_KERAS_EPOCH_END";
 
 /// Stalls the process at step `at` (after telling the parent), so that it is SIGKILLed there.
 struct StallAt {
@@ -528,16 +532,28 @@ impl Callback for StallAt {
     }
 }
 
+/// How the backup test's epochs end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EpochEnd {
+    /// After `steps_per_epoch` steps (12, one pass over the data).
+    Counted,
+    /// Where a pass over the data ends (no `steps_per_epoch`: the end is known only when
+    /// the next batch is asked for).
+    Pass,
+}
+
 /// Three epochs of 12 steps (one pass over the data each) under Mirrored(2), backed up every
 /// 6 steps (two backups an epoch, the second at its last step), each epoch's rate made from
 /// the one before.
-fn fit_with_backup(backup: &Path, stall: Option<StallAt>) -> Trained {
+fn fit_with_backup(backup: &Path, stall: Option<StallAt>, end: EpochEnd) -> Trained {
     let mut model = compiled(Mirrored::new(2).unwrap(), 16, 0.1);
     let mut fit = Fit::epochs(3)
-        .steps_per_epoch(EXAMPLES / BATCH)
         .verbose(false)
         .callback(decaying_rate())
         .callback(BackupAndRestore::new(backup).save_freq(SaveFreq::Steps(6)));
+    if end == EpochEnd::Counted {
+        fit = fit.steps_per_epoch(EXAMPLES / BATCH);
+    }
     if let Some(stall) = stall {
         fit = fit.callback(stall);
     }
@@ -556,17 +572,34 @@ fn keras_backup_child_process() {
         at: at.parse().unwrap(),
         marker: out.with_extension("stalled"),
     });
-    let result = fit_with_backup(Path::new(&backup), stall);
+    let end = match std::env::var(EPOCH_END_ENV).as_deref() {
+        Ok("pass") => EpochEnd::Pass,
+        _ => EpochEnd::Counted,
+    };
+    let result = fit_with_backup(Path::new(&backup), stall, end);
     std::fs::write(&out, serde_json::to_vec(&result).unwrap()).unwrap();
     std::process::exit(0);
 }
 
-fn start_child(backup: &Path, out: &Path, stall_at: Option<u64>) -> std::process::Child {
+fn start_child(
+    backup: &Path,
+    out: &Path,
+    stall_at: Option<u64>,
+    end: EpochEnd,
+) -> std::process::Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args(["--exact", "keras_backup_child_process", "--nocapture"])
         .env(BACKUP_CHILD_ENV, backup)
         .env(BACKUP_OUT_ENV, out)
+        .env(
+            EPOCH_END_ENV,
+            if end == EpochEnd::Pass {
+                "pass"
+            } else {
+                "counted"
+            },
+        )
         .stdin(Stdio::null());
     if let Some(at) = stall_at {
         command.env(STALL_AT_ENV, at.to_string());
@@ -585,25 +618,32 @@ fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// SIGKILLed at step 26 (epoch 2, its 2nd step; the newest backup is of step 24, the end of
-/// epoch 1, before epoch 2's rate was set) and at step 33 (epoch 2, its 9th step; the newest
-/// backup is of step 30, inside epoch 2 at its rate), the job started again resumes at the
-/// backup's step with the rate in force there and ends with the same bits as a job never
-/// stopped.
-#[test]
-fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
-    let dir = scratch("backup");
-    let reference = fit_with_backup(&dir.join("reference-backup"), None);
+/// A kill of the backup test: the step the first run is SIGKILLed at, the backup's step the
+/// second run resumes from, and the epochs the second run ends.
+struct Kill {
+    at: u64,
+    backed_up: u64,
+    epochs_after: &'static [usize],
+}
+
+/// Runs the backup test's job, SIGKILLed at each of `kills` and started again, and checks
+/// that it resumes at the backup's step, ends each epoch once, and ends with the same bits as
+/// a job never stopped.
+fn resumes_after_kills(name: &str, end: EpochEnd, kills: &[Kill]) {
+    let dir = scratch(name);
+    let reference = fit_with_backup(&dir.join("reference-backup"), None, end);
     assert_eq!(reference.step, 36);
     assert_eq!(reference.resumed_at, None);
+    assert_eq!(reference.epoch_numbers, [0, 1, 2]);
     assert!(
         !dir.join("reference-backup").exists(),
         "the backup outlived a finished fit"
     );
-    for (kill_at, backed_up) in [(26, 24), (33, 30)] {
+    for kill in kills {
+        let kill_at = kill.at;
         let backup = dir.join(format!("backup-{kill_at}"));
         let out = dir.join(format!("first-{kill_at}.json"));
-        let mut first = start_child(&backup, &out, Some(kill_at));
+        let mut first = start_child(&backup, &out, Some(kill_at), end);
         let marker = out.with_extension("stalled");
         wait_for(
             &format!("the stall at step {kill_at}"),
@@ -615,7 +655,7 @@ fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
         assert!(backup.exists(), "no backup before the kill at {kill_at}");
 
         let out = dir.join(format!("second-{kill_at}.json"));
-        let mut second = start_child(&backup, &out, None);
+        let mut second = start_child(&backup, &out, None, end);
         let mut status = None;
         wait_for("the resumed run", Duration::from_secs(120), || {
             status = second.try_wait().unwrap();
@@ -626,8 +666,14 @@ fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
             "the run resumed after the kill at {kill_at} failed (its log is above)"
         );
         let resumed: Trained = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-        assert_eq!(resumed.resumed_at, Some(backed_up));
+        assert_eq!(resumed.resumed_at, Some(kill.backed_up));
         assert_eq!(resumed.step, 36, "the step count is exact");
+        // Each epoch ends once over both runs: the epochs the first ended before the kill are
+        // not ended again, and none is left unended.
+        assert_eq!(
+            resumed.epoch_numbers, kill.epochs_after,
+            "the epochs ended after the kill at {kill_at}"
+        );
         // (As f32, the rate's own type: JSON need not give an f64's last bit back.)
         let last_rate = |t: &Trained| t.learning_rate.last().map(|r| *r as f32);
         assert_eq!(
@@ -649,6 +695,51 @@ fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
         assert!(!backup.exists(), "the backup outlived a finished fit");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGKILLed at step 26 (epoch 2, its 2nd step; the newest backup is of step 24, the end of
+/// epoch 1, before epoch 2's rate was set) and at step 33 (epoch 2, its 9th step; the newest
+/// backup is of step 30, inside epoch 2 at its rate), the job started again resumes at the
+/// backup's step with the rate in force there and ends with the same bits as a job never
+/// stopped.
+#[test]
+fn backup_and_restore_resumes_a_sigkilled_job_at_the_exact_step() {
+    let kills = [
+        Kill {
+            at: 26,
+            backed_up: 24,
+            epochs_after: &[2],
+        },
+        Kill {
+            at: 33,
+            backed_up: 30,
+            epochs_after: &[2],
+        },
+    ];
+    resumes_after_kills("backup", EpochEnd::Counted, &kills);
+}
+
+/// Where an epoch is a pass over the data, its end is known only when the next batch is asked
+/// for: a backup due at a pass's last step is written after that epoch's end. SIGKILLed at
+/// step 13 (the newest backup is of step 12, a pass's last step, and epoch 0 ended after it),
+/// the job resumes at step 12 without ending epoch 0 again (its validation, callbacks and
+/// history entry ran once); SIGKILLed at step 12 itself, before that step's backup, it
+/// resumes at step 6 and ends epoch 0 then.
+#[test]
+fn a_backup_at_a_passs_last_step_does_not_end_that_epoch_again() {
+    let kills = [
+        Kill {
+            at: 13,
+            backed_up: 12,
+            epochs_after: &[1, 2],
+        },
+        Kill {
+            at: 12,
+            backed_up: 6,
+            epochs_after: &[0, 1, 2],
+        },
+    ];
+    resumes_after_kills("backup-by-pass", EpochEnd::Pass, &kills);
 }
 
 /// Steps per epoch and epochs of the elastic test: 80 steps of a global batch of 48.

@@ -155,6 +155,9 @@ pub(super) struct FitLoop<'m, N> {
     /// Where the state this worker took last stood in its epochs, until the next boundary
     /// settles what the epoch's start owes ([`EpochStart`]) and takes its figures.
     carried_epochs: Option<EpochProgress>,
+    /// A backup by steps fell due at the last step: it is written once it is known whether
+    /// that step ended an epoch ([`FitLoop::write_due_step_backup`]).
+    step_backup_due: bool,
 }
 
 impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
@@ -230,6 +233,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             last_logs: Logs::new(),
             counted_vote: None,
             carried_epochs: None,
+            step_backup_due: false,
         };
         run.resume_from_backup()?;
         (run.epoch, run.step_in_epoch) = run.epoch_at();
@@ -268,8 +272,10 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
                 };
                 let Some(batch) = iter.get_next_as_optional()? else {
                     self.end_pass()?;
+                    self.write_due_step_backup()?;
                     continue 'group;
                 };
+                self.write_due_step_backup()?;
                 if !self.step(batch)? {
                     continue 'group;
                 }
@@ -606,11 +612,13 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let logs = logs_of(&self.metrics, &self.totals);
         let step = self.step;
         self.each_callback(|cb, ctx| cb.on_train_batch_end(step, &logs, ctx))?;
-        self.back_up_if_due(false)?;
+        self.step_backup_due |= self.is_chief && self.step_backup_falls_due()?;
         // Keras ends the epoch, validation and callbacks included, when a callback stops
         // training in its middle.
         if self.steps_per_epoch == Some(self.step_in_epoch) || self.stop_training {
-            return self.finish_epoch();
+            let same_group = self.finish_epoch()?;
+            self.write_due_step_backup()?;
+            return Ok(same_group);
         }
         Ok(true)
     }
@@ -683,23 +691,48 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         }
     }
 
-    /// Backs the state up on the chief where the backup is due: at an epoch's end for a
-    /// backup by epochs, at a step boundary by its step cadence otherwise.
+    /// Backs the state up on the chief at an epoch's end where the backup is by epochs.
     fn back_up_if_due(&mut self, at_epoch_end: bool) -> Result<(), KerasError> {
-        if !self.is_chief {
-            return Ok(());
+        let by_epochs = self
+            .callbacks
+            .backup()
+            .is_some_and(|b| b.frequency() == SaveFreq::Epoch);
+        if self.is_chief && at_epoch_end && by_epochs {
+            self.back_up()?;
         }
+        Ok(())
+    }
+
+    /// Whether a backup by steps falls due at the step just applied.
+    fn step_backup_falls_due(&mut self) -> Result<bool, KerasError> {
+        let step = self.step;
+        match self.callbacks.backup() {
+            Some(backup) if matches!(backup.frequency(), SaveFreq::Steps(_)) => {
+                Ok(backup.checkpoints()?.should_save(step))
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Writes the backup by steps that fell due at the last step, once it is known whether
+    /// that step ended an epoch: at the next batch, or after the epoch's end. A backup taken
+    /// before the end of the epoch its step closed could not say whether that end ran (the
+    /// crash may have come before or after it): resumed from it, a job ended the epoch again
+    /// (its validation, `on_epoch_end` and history entry twice) or, where the epoch's length
+    /// is given, not at all.
+    fn write_due_step_backup(&mut self) -> Result<(), KerasError> {
+        if std::mem::take(&mut self.step_backup_due) && self.is_chief {
+            self.back_up()?;
+        }
+        Ok(())
+    }
+
+    /// Backs the state up now (the chief's backup).
+    fn back_up(&mut self) -> Result<(), KerasError> {
         let epochs = self.epochs();
         let Some(backup) = self.callbacks.backup() else {
             return Ok(());
         };
-        let due = match backup.frequency() {
-            SaveFreq::Epoch => at_epoch_end,
-            SaveFreq::Steps(_) => !at_epoch_end && backup.checkpoints()?.should_save(self.step),
-        };
-        if !due {
-            return Ok(());
-        }
         let state = elastic_state(
             self.step,
             self.cursor,
