@@ -16,7 +16,7 @@ use super::vote::{Ballot, CountedVote, Tally};
 use super::{span_of, MultiWorkerMirrored, FLUSH_MAX};
 use crate::cluster::node_id;
 use crate::collective::boundary::{self, BoundaryChange, Leavers};
-use crate::collective::reforming::{self, AfterAttempt, Attempt, Verdict};
+use crate::collective::reforming::{AttemptFailure, Probes, ReformStep, Reforming};
 pub use crate::collective::Leave;
 use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup, ProcessSpan};
 use crate::optim::{LearningRateSchedule, OptimizerState, Slots};
@@ -123,108 +123,131 @@ impl MultiWorkerMirrored {
                 reason: format!("the group broke by an error re-forming cannot mend: {cause}"),
             });
         }
-        let mut attempt = Attempt::first(std::time::Instant::now());
-        // The group this attempt probes: the broken one, then any generation formed here whose
-        // agreement on the state failed (`collective::MemberMachine::group_failed` alike).
-        let mut probed = before.clone();
+        let (limit, span) = (self.recover_attempts, self.probe_timeout);
+        let now = std::time::Instant::now();
+        let mut reforming = Reforming::new(before.clone(), now, limit, span);
+        // What the last attempt failed with, for the error where the process gives up.
+        let mut last = String::new();
         loop {
-            // What this attempt ended with, and whether for want of a quorum.
-            let (last, no_quorum) = match self.probe_and_reform(&probed, attempt.number) {
+            let attempt = reforming.attempt();
+            let probed = reforming.probed().clone();
+            let found = self.probe(&probed);
+            let now = std::time::Instant::now();
+            let step = match found {
+                Ok(found) => reforming.probes_answered(probed.members(), found, now),
                 // No later attempt can bring it back: the others go on without it.
-                Ok(Err(Unformed::LeftOut(left_out))) => {
+                Err(left_out) => {
                     return Err(StrategyError::Recovery {
                         reason: format!("this worker was left out: {left_out}"),
                     })
                 }
-                Ok(Err(Unformed::NoQuorum { reached, replaced })) => {
-                    let detail = no_quorum_detail(
-                        before.members(),
-                        before.generation(),
-                        &replaced,
-                        &reached,
-                    );
-                    tracing::info!(attempt = attempt.number, "re-forming: {detail}");
-                    (detail, true)
-                }
-                Ok(Ok(group)) => {
-                    match self.adopt_reformed(group, &before, state, &cause, attempt.number) {
-                        Ok(recovery) => return Ok(recovery),
-                        // A mismatch, or a group none of whose members holds the state, is
-                        // not mended by another attempt.
-                        Err(
-                            err @ (StrategyError::Config { .. }
-                            | StrategyError::NoStateHolder { .. }),
-                        ) => return Err(err),
-                        Err(err) => {
-                            tracing::info!(attempt = attempt.number, %err, "re-forming: agreeing on the state failed");
-                            // Another member may have agreed on it and go on from this
-                            // generation: the next attempt measures its quorum on it too.
-                            // Measured on the older group, a member cut off during the
-                            // handover found a quorum of it with a member the others had left
-                            // out (split brain, found by the membership simulator).
-                            probed = self.span.group().clone();
-                            (err.to_string(), false)
+            };
+            let step = match step {
+                ReformStep::Form { survivors } => {
+                    match self.form_and_adopt(
+                        &probed,
+                        survivors,
+                        (&before, &cause),
+                        state,
+                        attempt,
+                    )? {
+                        Formed::Trains(recovery) => return Ok(recovery),
+                        Formed::Failed { agreeing, error } => {
+                            last = error;
+                            let now = std::time::Instant::now();
+                            if agreeing {
+                                reforming.agreement_failed(self.span.group().clone(), now)
+                            } else {
+                                reforming.forming_failed(now)
+                            }
                         }
                     }
                 }
-                Err(err) => {
-                    tracing::info!(attempt = attempt.number, %err, "re-forming: forming the next generation failed");
-                    (err.to_string(), false)
-                }
+                other => other,
             };
-            let now = std::time::Instant::now();
-            let limit = self.recover_attempts;
-            match attempt.failed(now, limit, self.probe_timeout, no_quorum) {
-                AfterAttempt::Next { number, at } => {
-                    std::thread::sleep(at.saturating_duration_since(now));
-                    attempt = Attempt::begin(number, std::time::Instant::now());
-                }
-                AfterAttempt::GiveUp { no_quorum: true } => {
+            match step {
+                // Taken above: what follows a forming is one of the others.
+                ReformStep::Form { .. } => {}
+                ReformStep::LeftOut(by) => {
                     return Err(StrategyError::Recovery {
-                        reason: format!("{last} (after {limit} attempt(s))"),
+                        reason: format!("this worker was left out by {by}"),
                     })
                 }
-                AfterAttempt::GiveUp { no_quorum: false } => {
-                    return Err(StrategyError::Recovery {
-                        reason: format!(
-                            "gave up after {limit} attempt(s); the last failed with: {last}"
-                        ),
-                    })
+                ReformStep::Retry { at, why } => {
+                    last = failure_detail(&probed, why, last, attempt);
+                    std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+                    reforming.begin_next(std::time::Instant::now());
+                }
+                ReformStep::GiveUp { why } => {
+                    let no_quorum = matches!(why, AttemptFailure::NoQuorum { .. });
+                    let last = failure_detail(&probed, why, last, attempt);
+                    let reason = if no_quorum {
+                        format!("{last} (after {limit} attempt(s))")
+                    } else {
+                        format!("gave up after {limit} attempt(s); the last failed with: {last}")
+                    };
+                    return Err(StrategyError::Recovery { reason });
                 }
             }
         }
     }
 
-    /// One attempt of [`Self::re_form`] (the decisions are [`reforming`]'s, which the member
-    /// machine takes alike): probes the members of the group that broke, judges the answers
-    /// ([`reforming::judge`]), and forms the next generation with the survivors.
-    fn probe_and_reform(
-        &self,
-        before: &ProcessGroup,
+    /// Forms the next generation after `probed` with `survivors` and trains on with it
+    /// ([`Self::adopt_reformed`]; `was`: the group that broke, and why): how the attempt
+    /// ended, or the error no later attempt mends (a mismatch, or a group none of whose
+    /// members holds the state).
+    fn form_and_adopt(
+        &mut self,
+        probed: &ProcessGroup,
+        survivors: Vec<NodeId>,
+        (before, cause): (&ProcessGroup, &CollectiveError),
+        state: &mut ElasticState<'_>,
         attempt: usize,
-    ) -> Result<Result<ProcessGroup, Unformed>, CollectiveError> {
-        let broken = before.clone();
-        let probe = self.probe_timeout;
-        let previous = before.members().to_vec();
-        self.block(async move {
-            let (alive, replaced) = match broken.probe_members(probe).await {
-                Ok(probed) => (probed.alive, probed.joining),
-                Err(left_out) => return Ok(Err(Unformed::LeftOut(left_out))),
-            };
-            let survivors = match reforming::judge(&previous, &alive, &replaced) {
-                Verdict::NoQuorum { reached, replaced } => {
-                    return Ok(Err(Unformed::NoQuorum { reached, replaced }))
-                }
-                Verdict::Form { survivors } => survivors,
-            };
-            tracing::info!(
-                attempt,
-                ?survivors,
-                ?replaced,
-                "re-forming: forming the next generation with the members that answered"
-            );
-            broken.reform(&survivors).await.map(Ok)
-        })
+    ) -> Result<Formed, StrategyError> {
+        tracing::info!(
+            attempt,
+            ?survivors,
+            "re-forming: forming the next generation with the members that answered"
+        );
+        let broken = probed.clone();
+        let group = match self.block(async move { broken.reform(&survivors).await }) {
+            Ok(group) => group,
+            Err(err) => {
+                tracing::info!(attempt, %err, "re-forming: forming the next generation failed");
+                let error = err.to_string();
+                return Ok(Formed::Failed {
+                    agreeing: false,
+                    error,
+                });
+            }
+        };
+        match self.adopt_reformed(group, before, state, cause, attempt) {
+            Ok(recovery) => Ok(Formed::Trains(recovery)),
+            Err(err @ (StrategyError::Config { .. } | StrategyError::NoStateHolder { .. })) => {
+                Err(err)
+            }
+            Err(err) => {
+                tracing::info!(attempt, %err, "re-forming: agreeing on the state failed");
+                Ok(Formed::Failed {
+                    agreeing: true,
+                    error: err.to_string(),
+                })
+            }
+        }
+    }
+
+    /// The probes of one re-forming attempt: every other member of `group` (the group it
+    /// probes) asked whether it lives ([`ProcessGroup::probe_members`], whose round is the
+    /// member machine's too). Fails where a member re-formed a later generation without this
+    /// worker.
+    fn probe(&self, group: &ProcessGroup) -> Result<Probes, CollectiveError> {
+        let group = group.clone();
+        let within = self.probe_timeout;
+        self.block(async move { group.probe_members(within).await })
+            .map(|probed| Probes::Answered {
+                alive: probed.alive,
+                joining: probed.joining,
+            })
     }
 
     /// Trains on with `group`, re-formed from `before` (broken by `cause`) at `attempt`: the
@@ -959,16 +982,32 @@ fn decode_joiners(bytes: &[u8]) -> Result<Vec<Joiner>, StrategyError> {
         .collect()
 }
 
-/// Why a re-forming attempt formed no group here.
-enum Unformed {
-    /// A member re-formed a later generation without this worker: it was taken for lost.
-    LeftOut(CollectiveError),
-    /// The members this worker reached (itself among them) are no quorum of the members not
-    /// `replaced` (those answered as new processes).
-    NoQuorum {
-        reached: Vec<NodeId>,
-        replaced: Vec<NodeId>,
-    },
+/// How a re-forming attempt that formed a group here ended.
+enum Formed {
+    /// The group agreed on the state: training goes on with it.
+    Trains(Recovery),
+    /// Forming failed, or (`agreeing`) agreeing on the state in the formed group did, with
+    /// `error`.
+    Failed { agreeing: bool, error: String },
+}
+
+/// What an attempt of re-forming `probed` that failed (`why`) failed with: for want of a
+/// quorum, which members this worker reached (logged); else `last`, the error it met.
+fn failure_detail(
+    probed: &ProcessGroup,
+    why: AttemptFailure,
+    last: String,
+    attempt: usize,
+) -> String {
+    match why {
+        AttemptFailure::NoQuorum { reached, replaced } => {
+            let detail =
+                no_quorum_detail(probed.members(), probed.generation(), &replaced, &reached);
+            tracing::info!(attempt, "re-forming: {detail}");
+            detail
+        }
+        AttemptFailure::FormingFailed | AttemptFailure::AgreementFailed => last,
+    }
 }
 
 /// Whether re-forming with the survivors can mend a group broken by `err`: a lost, silent or

@@ -3,9 +3,8 @@
 //! alike, so that what the simulator proves of re-forming is what a worker does.
 //!
 //! A re-forming is a run of attempts, at most the job's `recover_attempts`. Each attempt probes
-//! the members of the group that broke (always that group, not one an earlier attempt formed:
-//! a group formed at one member and failed at another would give them different measures),
-//! judges the answers ([`judge`]: this worker left out, no quorum, or the survivors to form the
+//! the members of the group that broke (or, after an attempt whose group formed here and
+//! failed to agree on the state, that group: see [`Reforming`]), judges the answers ([`judge`]: this worker left out, no quorum, or the survivors to form the
 //! next generation with), and forms the next generation ([`super::Membership::next_generation`])
 //! with the survivors, who then agree on the training state. An attempt that ends without a
 //! group that agreed on the state (no quorum, forming failed, the agreement failed) is
@@ -14,7 +13,9 @@
 //! apart as they began this one, and forming waits for the later ones (up to the form
 //! timeout). After the last attempt the process gives up, and its supervisor restarts it.
 //!
-//! An attempt's probes are sequenced here too, message by message, for both executors:
+//! The sequence of attempts is [`Reforming`]'s (what follows each outcome, which group the
+//! next attempt probes), and an attempt's probes are sequenced here too, message by message,
+//! for both executors:
 //! [`ProbeRound`] (whom to probe when, and when the answers are all in; an [`AskRound`]) is
 //! polled alike by the member machine, with simulated messages, and by
 //! `ProcessGroup::probe_members`, with requests over QUIC.
@@ -236,6 +237,132 @@ impl Attempt {
     }
 }
 
+/// Why a re-forming attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AttemptFailure {
+    /// The members reached (this one among them) were no quorum of those not `replaced`.
+    NoQuorum {
+        reached: Vec<NodeId>,
+        replaced: Vec<NodeId>,
+    },
+    /// Forming the next generation with the survivors failed.
+    FormingFailed,
+    /// The group formed, and agreeing on the training state in it failed.
+    AgreementFailed,
+}
+
+/// What a re-forming does next ([`Reforming`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReformStep {
+    /// Form the next generation with `survivors` (the probed group's members that answered as
+    /// such, in its rank order); then agree on the state in it.
+    Form { survivors: Vec<NodeId> },
+    /// The attempt failed (`why`): the next begins at `at` ([`Reforming::begin_next`]), and
+    /// probes [`Reforming::probed`].
+    Retry { at: Instant, why: AttemptFailure },
+    /// The last attempt failed (`why`): the process gives up (its supervisor restarts it).
+    GiveUp { why: AttemptFailure },
+    /// `by` formed a later generation without this survivor: no attempt can bring it back.
+    LeftOut(NodeId),
+}
+
+/// A re-forming's sequence of attempts, one table for both executors (the member machine, and
+/// `MultiWorkerMirrored::recover` in production): what follows the probes, a forming and the
+/// agreement on the state, and which group the next attempt probes. `G` is how an executor
+/// holds a group (the machine: its members and generation; production: the process group).
+///
+/// The group probed is the broken one, then any group formed here whose agreement on the state
+/// failed: a member that agreed on the state in it before it broke measures its quorum on that
+/// generation from then on, and so must every member that formed it. Measured on the older
+/// group instead, a member cut off during the state's handover found a quorum of it with a
+/// member the others had left out, and went on beside them (split brain, found by the
+/// membership simulator: seed 8087292 of up to 5 workers and 14 faults).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reforming<G> {
+    probed: G,
+    attempt: Attempt,
+    /// The attempt that follows a failed one, once [`ReformStep::Retry`] said when.
+    next: Option<usize>,
+    /// The attempts a re-forming makes.
+    limit: usize,
+    /// How long each attempt spans at least (the probe timeout).
+    span: Duration,
+}
+
+impl<G> Reforming<G> {
+    /// A re-forming of `broken` whose first attempt begins at `now`: at most `limit` attempts,
+    /// each spanning at least `span`.
+    pub(crate) fn new(broken: G, now: Instant, limit: usize, span: Duration) -> Self {
+        Self {
+            probed: broken,
+            attempt: Attempt::first(now),
+            next: None,
+            limit,
+            span,
+        }
+    }
+
+    /// The group the current attempt probes.
+    pub(crate) fn probed(&self) -> &G {
+        &self.probed
+    }
+
+    /// The current attempt's number, from 1.
+    pub(crate) fn attempt(&self) -> usize {
+        self.attempt.number
+    }
+
+    /// The attempt a [`ReformStep::Retry`] announced begins, at `now`.
+    pub(crate) fn begin_next(&mut self, now: Instant) {
+        if let Some(number) = self.next.take() {
+            self.attempt = Attempt::begin(number, now);
+        }
+    }
+
+    /// The probes of the members of `previous` (the probed group's, in rank order) found
+    /// `found` at `now`.
+    pub(crate) fn probes_answered(
+        &mut self,
+        previous: &[NodeId],
+        found: Probes,
+        now: Instant,
+    ) -> ReformStep {
+        let (alive, joining) = match found {
+            Probes::LeftOut(by) => return ReformStep::LeftOut(by),
+            Probes::Answered { alive, joining } => (alive, joining),
+        };
+        match judge(previous, &alive, &joining) {
+            Verdict::Form { survivors } => ReformStep::Form { survivors },
+            Verdict::NoQuorum { reached, replaced } => {
+                self.failed(now, AttemptFailure::NoQuorum { reached, replaced })
+            }
+        }
+    }
+
+    /// Forming the next generation failed at `now`.
+    pub(crate) fn forming_failed(&mut self, now: Instant) -> ReformStep {
+        self.failed(now, AttemptFailure::FormingFailed)
+    }
+
+    /// Agreeing on the state in `formed` (the generation this attempt formed) failed at `now`:
+    /// the next attempt probes `formed`.
+    pub(crate) fn agreement_failed(&mut self, formed: G, now: Instant) -> ReformStep {
+        self.probed = formed;
+        self.failed(now, AttemptFailure::AgreementFailed)
+    }
+
+    fn failed(&mut self, now: Instant, why: AttemptFailure) -> ReformStep {
+        let no_quorum = matches!(why, AttemptFailure::NoQuorum { .. });
+        match self.attempt.failed(now, self.limit, self.span, no_quorum) {
+            AfterAttempt::GiveUp { .. } => ReformStep::GiveUp { why },
+            AfterAttempt::Next { number, at } => {
+                self.next = Some(number);
+                ReformStep::Retry { at, why }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +432,74 @@ mod tests {
         assert_eq!(
             Attempt::first(t0).failed(t0, 1, span, false),
             AfterAttempt::GiveUp { no_quorum: false }
+        );
+    }
+
+    /// The sequence of a re-forming: the survivors with a quorum form; a failed attempt is
+    /// followed by the next a probe timeout after it began, probing the group that failed to
+    /// agree on the state where that was the failure; the last gives up, saying why; a member
+    /// that left this one out ends it at once.
+    #[test]
+    fn a_reforming_forms_with_a_quorum_retries_failed_attempts_and_gives_up_after_the_last() {
+        let three = workers(3);
+        let span = Duration::from_secs(2);
+        let t0 = Instant::now();
+        let mut reforming = Reforming::new("generation 4", t0, 3, span);
+        assert_eq!(
+            (*reforming.probed(), reforming.attempt()),
+            ("generation 4", 1)
+        );
+        let answered = |alive: &[NodeId]| Probes::Answered {
+            alive: alive.to_vec(),
+            joining: vec![],
+        };
+        assert_eq!(
+            reforming.probes_answered(&three, answered(&three[..2]), t0),
+            ReformStep::Form {
+                survivors: three[..2].to_vec()
+            }
+        );
+        // Forming failed early: the next attempt waits out the span, and begins when told.
+        let t1 = t0 + Duration::from_millis(300);
+        assert_eq!(
+            reforming.forming_failed(t1),
+            ReformStep::Retry {
+                at: t0 + span,
+                why: AttemptFailure::FormingFailed
+            }
+        );
+        assert_eq!(reforming.attempt(), 1);
+        let t2 = t0 + span;
+        reforming.begin_next(t2);
+        assert_eq!(reforming.attempt(), 2);
+        // Its group formed and failed to agree on the state: the next probes that group.
+        let t3 = t2 + Duration::from_secs(3);
+        assert_eq!(
+            reforming.agreement_failed("generation 5", t3),
+            ReformStep::Retry {
+                at: t3,
+                why: AttemptFailure::AgreementFailed
+            }
+        );
+        reforming.begin_next(t3);
+        assert_eq!(
+            (*reforming.probed(), reforming.attempt()),
+            ("generation 5", 3)
+        );
+        // The last attempt without a quorum: the process gives up, for want of one.
+        assert_eq!(
+            reforming.probes_answered(&three, answered(&three[2..]), t3),
+            ReformStep::GiveUp {
+                why: AttemptFailure::NoQuorum {
+                    reached: three[2..].to_vec(),
+                    replaced: vec![]
+                }
+            }
+        );
+        let mut left_out = Reforming::new("generation 4", t0, 3, span);
+        assert_eq!(
+            left_out.probes_answered(&three, Probes::LeftOut(three[1].clone()), t0),
+            ReformStep::LeftOut(three[1].clone())
         );
     }
 

@@ -135,7 +135,7 @@ impl MemberMachine {
             // A member formed it with this process and re-forms: survive with it.
             Some(_) if cut_short && !matches!(purpose, Purpose::Admitted { .. }) => {
                 let before = self.before_of_group();
-                self.begin_recovering(now, before, 1);
+                self.begin_reforming(now, before);
             }
             Some(_) => {
                 // A failed forming's group is gone (nothing holds it); another member may
@@ -165,9 +165,9 @@ impl MemberMachine {
                 // What it holds is not the job's: the live group's state is handed to it.
                 self.holds_state = false;
             }
-            Purpose::Recover { attempt, .. } => {
+            Purpose::Recover { reforming } => {
                 self.needs_state = true;
-                self.recovery = Some(attempt);
+                self.recovery = Some(reforming);
             }
             Purpose::Admit => self.needs_state = true,
             Purpose::Depart { .. } => self.needs_state = false,
@@ -201,14 +201,17 @@ impl MemberMachine {
                 wait.again(now);
                 self.phase = Phase::Joining { wait };
             }
-            Purpose::Recover { before, attempt } => self.next_attempt(now, before, attempt, false),
+            Purpose::Recover { mut reforming } => {
+                let step = reforming.forming_failed(now);
+                self.take_reform_step(now, reforming, step);
+            }
             // Another member may have formed the admission's generation (its links all up while
             // this member's were not): it measures its quorum on that generation's members from
             // then on, so this member must too. Measured on its old group instead, a member
             // cut off from it during the admission went on alone beside it (split brain,
             // found by the membership simulator, seed 890 of its first sweep).
-            Purpose::Admit => self.begin_recovering(now, attempted, 1),
-            Purpose::Depart { before } => self.begin_recovering(now, before, 1),
+            Purpose::Admit => self.begin_reforming(now, attempted),
+            Purpose::Depart { before } => self.begin_reforming(now, before),
         }
     }
 }

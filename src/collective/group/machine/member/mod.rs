@@ -35,7 +35,7 @@ use super::entry::{
     self, AfterFailedStart, EnterAfter, EnterPoll, EnterRound, EntryStep, JoinPoll, JoinWait,
 };
 use super::linking::{self, FormLink, LinkDue, StillHeard};
-use super::reforming::{self, AfterAttempt, Attempt, ProbeReply, ProbeRound, Probes, Verdict};
+use super::reforming::{AttemptFailure, ProbeReply, ProbeRound, ReformStep, Reforming};
 use super::{
     EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere,
     StillFormingHere,
@@ -122,8 +122,8 @@ enum Purpose {
     /// The generation a leader admitted this joiner to; `wait` is its wait to be admitted,
     /// which goes on where this forming fails.
     Admitted { wait: JoinWait },
-    /// Re-forming with the survivors of `before`.
-    Recover { before: Before, attempt: Attempt },
+    /// Re-forming with the survivors of the group `reforming` probed.
+    Recover { reforming: Reforming<Before> },
     /// Admitting joiners to the group's members.
     Admit,
     /// The stayers going on after members left.
@@ -188,15 +188,14 @@ enum Phase {
         seq: u64,
         sent: bool,
     },
+    /// A re-forming attempt probes the members of the group `reforming` probes.
     Recovering {
-        before: Before,
-        attempt: Attempt,
+        reforming: Reforming<Before>,
         round: ProbeRound,
     },
-    /// Waiting until `at` before re-forming attempt `number` (each spans the probe timeout).
+    /// Waiting until `at` before `reforming`'s next attempt (each spans the probe timeout).
     RecoverLater {
-        before: Before,
-        number: usize,
+        reforming: Reforming<Before>,
         at: Instant,
     },
     Ended,
@@ -232,9 +231,9 @@ pub(crate) struct MemberMachine {
     /// Whether this process holds the job's state: from its start (the job's first state),
     /// not once admitted to a live group, again once a member that holds it handed it over.
     holds_state: bool,
-    /// The re-forming attempt whose group agrees on the state now: a failure before that ends
-    /// is its next attempt (counted against the same limit), not a new recovery.
-    recovery: Option<Attempt>,
+    /// The re-forming whose group agrees on the state now: a failure before that ends is its
+    /// next attempt (counted against the same limit), not a new recovery.
+    recovery: Option<Reforming<Before>>,
     notice: Option<Leave>,
     actions: VecDeque<MemberAction>,
 }
@@ -482,8 +481,8 @@ impl MemberMachine {
             }
             MemberMessage::Probe { generation } => self.answer_probe(from, generation),
             MemberMessage::ProbeAnswer { generation, answer } => {
-                if let Phase::Recovering { before, round, .. } = &mut self.phase {
-                    if before.generation == generation {
+                if let Phase::Recovering { reforming, round } = &mut self.phase {
+                    if reforming.probed().generation == generation {
                         round.answered(from, answer);
                     }
                 }
@@ -630,10 +629,11 @@ impl MemberMachine {
                 Phase::Recovering { .. } => self.progress_recovering(now),
                 Phase::RecoverLater { at, .. } => {
                     if now >= *at {
-                        if let Phase::RecoverLater { before, number, .. } =
+                        if let Phase::RecoverLater { mut reforming, .. } =
                             std::mem::replace(&mut self.phase, Phase::Idle)
                         {
-                            self.begin_recovering(now, before, number);
+                            reforming.begin_next(now);
+                            self.begin_recovering(now, reforming);
                         }
                     }
                 }

@@ -1,11 +1,19 @@
-//! Re-forming after a loss: the attempts, each probing the broken group's members
-//! ([`ProbeRound`]) and forming the next generation with the survivors.
+//! Re-forming after a loss: the attempts ([`Reforming`]'s sequence), each probing the members of
+//! the group it probes ([`ProbeRound`]) and forming the next generation with the survivors.
 
 use super::*;
 
 impl MemberMachine {
-    /// Re-forming attempt `number` begins: it probes the other members of `before`.
-    pub(super) fn begin_recovering(&mut self, now: Instant, before: Before, number: usize) {
+    /// A re-forming of `broken` begins at `now`.
+    pub(super) fn begin_reforming(&mut self, now: Instant, broken: Before) {
+        let (limit, span) = (self.settings.recover_attempts, self.settings.probe_timeout);
+        self.begin_recovering(now, Reforming::new(broken, now, limit, span));
+    }
+
+    /// `reforming`'s current attempt begins: it probes the other members of the group it
+    /// probes.
+    pub(super) fn begin_recovering(&mut self, now: Instant, reforming: Reforming<Before>) {
+        let before = reforming.probed();
         let members = before.members.iter().map(|m| m.node.clone()).collect();
         let round = ProbeRound::new(
             members,
@@ -14,20 +22,16 @@ impl MemberMachine {
             (now, self.settings.probe_timeout),
             self.settings.detection,
         );
-        self.phase = Phase::Recovering {
-            before,
-            attempt: Attempt::begin(number, now),
-            round,
-        };
+        self.phase = Phase::Recovering { reforming, round };
     }
 
-    /// Probing: what [`ProbeRound`] says is due; once the answers are in, the verdict
-    /// ([`reforming::judge`]) and the next generation's forming with the survivors.
+    /// Probing: what [`ProbeRound`] says is due; once the answers are in, what the re-forming
+    /// does with them ([`Reforming::probes_answered`]).
     pub(super) fn progress_recovering(&mut self, now: Instant) {
-        let Phase::Recovering { before, round, .. } = &mut self.phase else {
+        let Phase::Recovering { reforming, round } = &mut self.phase else {
             return;
         };
-        let generation = before.generation;
+        let generation = reforming.probed().generation;
         let step = round.poll(now);
         for n in step.probe {
             self.send(&n, MemberMessage::Probe { generation });
@@ -35,48 +39,47 @@ impl MemberMachine {
         let Some(found) = step.done else {
             return;
         };
-        let Phase::Recovering {
-            before, attempt, ..
-        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        let Phase::Recovering { mut reforming, .. } =
+            std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
         };
-        let (alive, joining) = match found {
-            Probes::LeftOut(_) => return self.exit(MemberExit::LeftOut),
-            Probes::Answered { alive, joining } => (alive, joining),
-        };
-        let previous: Vec<NodeId> = before.members.iter().map(|m| m.node.clone()).collect();
-        let survivors = match reforming::judge(&previous, &alive, &joining) {
-            Verdict::NoQuorum { .. } => return self.next_attempt(now, before, attempt, true),
-            Verdict::Form { survivors } => survivors,
-        };
-        let next = self.membership.next_generation(before.generation);
-        let members: Vec<GroupMember> = before
+        let previous: Vec<NodeId> = reforming
+            .probed()
             .members
             .iter()
-            .filter(|m| survivors.contains(&m.node))
-            .cloned()
+            .map(|m| m.node.clone())
             .collect();
-        self.begin_forming(now, next, members, Purpose::Recover { before, attempt });
+        let step = reforming.probes_answered(&previous, found, now);
+        self.take_reform_step(now, reforming, step);
     }
 
-    /// Re-forming `attempt` failed (`no_quorum`: for want of a quorum): the next one begins a
-    /// probe timeout after it began, or the process gives up ([`Attempt::failed`]).
-    pub(super) fn next_attempt(
+    /// Carries out what `reforming` decided: the next generation's forming with the
+    /// survivors, the next attempt later, or the end of the process.
+    pub(super) fn take_reform_step(
         &mut self,
         now: Instant,
-        before: Before,
-        attempt: Attempt,
-        no_quorum: bool,
+        reforming: Reforming<Before>,
+        step: ReformStep,
     ) {
-        let (limit, span) = (self.settings.recover_attempts, self.settings.probe_timeout);
-        match attempt.failed(now, limit, span, no_quorum) {
-            AfterAttempt::GiveUp { no_quorum } => {
-                self.exit(MemberExit::RecoveryFailed { no_quorum })
+        match step {
+            ReformStep::Form { survivors } => {
+                let before = reforming.probed();
+                let next = self.membership.next_generation(before.generation);
+                let members: Vec<GroupMember> = before
+                    .members
+                    .iter()
+                    .filter(|m| survivors.contains(&m.node))
+                    .cloned()
+                    .collect();
+                self.begin_forming(now, next, members, Purpose::Recover { reforming });
             }
-            AfterAttempt::Next { number, at } => {
-                self.phase = Phase::RecoverLater { before, number, at };
+            ReformStep::Retry { at, .. } => self.phase = Phase::RecoverLater { reforming, at },
+            ReformStep::GiveUp { why } => {
+                let no_quorum = matches!(why, AttemptFailure::NoQuorum { .. });
+                self.exit(MemberExit::RecoveryFailed { no_quorum });
             }
+            ReformStep::LeftOut(_) => self.exit(MemberExit::LeftOut),
         }
     }
 }

@@ -366,18 +366,16 @@ impl MemberMachine {
     }
 
     /// The group this member trains in broke: re-form from it. Where it broke before the
-    /// state of a re-forming was agreed on, that is the re-forming's next attempt; it still
-    /// probes the generation formed here, not the group the re-forming began from: a member
-    /// that agreed on the state before it broke measures its quorum on that generation from
-    /// then on, and so must every member that formed it. Measured on the older group instead,
-    /// a member cut off during the state's handover found a quorum of it with a member the
-    /// others had left out, and went on beside them (split brain, found by the membership
-    /// simulator: seed 8087292 of up to 5 workers and 14 faults).
+    /// state of a re-forming was agreed on, that is the re-forming's next attempt, which
+    /// probes this group ([`Reforming::agreement_failed`]).
     pub(super) fn group_failed(&mut self, now: Instant) {
         let before = self.before_of_group();
         match self.recovery.take() {
-            Some(attempt) => self.next_attempt(now, before, attempt, false),
-            None => self.begin_recovering(now, before, 1),
+            Some(mut reforming) => {
+                let step = reforming.agreement_failed(before, now);
+                self.take_reform_step(now, reforming, step);
+            }
+            None => self.begin_reforming(now, before),
         }
     }
 }
