@@ -11,12 +11,17 @@
 //! Under ParameterServerStrategy (2 servers × 2 workers of 2 local replicas, real processes)
 //! the same model, built by the same function, converges with its variables on the servers
 //! (`ServerModel`); a worker whose model asks for a variable the chief did not create, and a
-//! model with batch-norm statistics on the chief, are refused naming the variable.
+//! model with batch-norm statistics on the chief, are refused naming the variable; its
+//! embedding table is updated by its own optimizer (Adagrad, by name scope), the rest by the
+//! program's (Adam), each variable with its optimizer's slots.
 
 mod mwms_support;
 mod ps_support;
 
 use std::sync::Arc;
+use std::time::Instant;
+
+use cohort::checkpoint::{read_checkpoint, slot_tensor_name, CheckpointManager, CheckpointPolicy};
 
 use cohort::candle::{DType, Device, Module, ModuleT, Tensor, D};
 use cohort::candle_nn::{self, Conv2d, Conv2dConfig, Embedding, Linear, VarBuilder};
@@ -557,6 +562,8 @@ static PS_BAD_ID: Step<(), ()> = Step::new("bad_id");
 fn ps_program() -> Program {
     Program::new("candle-ps")
         .optimizer(Optimizer::adam(0.01))
+        // The embedding table by Adagrad, as wide-and-deep models train their sparse part.
+        .optimizer_for("embedding", Optimizer::adagrad(0.05))
         .step(&PS_TRAIN, |ctx: &mut StepContext<'_>, step: u64| {
             let (images, ids, labels) = global_batch(step % PS_BATCHES);
             // The embedding read by rows: only the batch's distinct ids are pulled and pushed.
@@ -630,6 +637,7 @@ fn ps_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError
         .collect::<Result<Vec<f32>, _>>()?;
     coordinator.join()?;
     report["losses"] = serde_json::json!(losses);
+    report["checkpoint_tensors"] = serde_json::json!(checkpoint_tensors(coordinator)?);
     let wrong = coordinator.schedule(&PS_WRONG_MODEL, ())?;
     report["wrong_model"] =
         serde_json::json!(coordinator.fetch(&wrong).err().map(|e| e.to_string()));
@@ -639,6 +647,24 @@ fn ps_chief(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorError
     let _ = coordinator.join();
     report["ledger"] = ps_support::ledger_and_stats(coordinator)?["ledger"].clone();
     ps_support::write_report(&report)
+}
+
+/// The names of the tensors (variables and optimizer slots) of a checkpoint the chief saves
+/// now.
+fn checkpoint_tensors(coordinator: &ClusterCoordinator) -> Result<Vec<String>, CoordinatorError> {
+    let dir = ps_support::child_dir().join("ckpt");
+    let mut manager = CheckpointManager::new(dir, CheckpointPolicy::default(), Instant::now())
+        .map_err(CoordinatorError::other)?;
+    let saved = coordinator.save_checkpoint(&mut manager, PS_STEPS)?;
+    let loaded = read_checkpoint(&saved).map_err(CoordinatorError::other)?;
+    let mut names: Vec<String> = loaded
+        .checkpoint
+        .shards
+        .iter()
+        .flat_map(|shard| shard.tensors.keys().cloned())
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 #[test]
@@ -663,6 +689,30 @@ fn a_candle_nn_model_converges_under_parameter_server_strategy() {
         "the loss fell from {first} to {last} only: {losses:?}"
     );
     assert_eq!(report["ledger"]["committed"], PS_STEPS, "{report}");
+    // Each variable carries the slots of its optimizer: the table's shards Adagrad's (its
+    // scope's), the rest Adam's (the program's).
+    let tensors: Vec<String> = serde_json::from_value(report["checkpoint_tensors"].clone())
+        .unwrap_or_else(|_| panic!("{report}"));
+    for shard in ["embedding.weight/part_0", "embedding.weight/part_1"] {
+        assert!(
+            tensors.contains(&slot_tensor_name(shard, "accumulator")),
+            "{tensors:?}"
+        );
+        assert!(
+            !tensors.contains(&slot_tensor_name(shard, "m")),
+            "{tensors:?}"
+        );
+    }
+    for slot in ["m", "v"] {
+        assert!(
+            tensors.contains(&slot_tensor_name("head.weight", slot)),
+            "{tensors:?}"
+        );
+    }
+    assert!(
+        !tensors.contains(&slot_tensor_name("head.weight", "accumulator")),
+        "{tensors:?}"
+    );
 
     let bn = report["batch_norm"]
         .as_str()

@@ -406,6 +406,32 @@ fn check_closures(report: &serde_json::Value, what: &str, training_closures: u64
     }
 }
 
+/// An optimizer `PsFit` gives a name scope reaches the servers through the program it
+/// registers on (`tests/candle_models.rs` trains a table under its own optimizer over
+/// processes); `fit`'s optimizer serves the rest.
+#[test]
+fn a_scopes_optimizer_is_registered_for_the_servers() {
+    let fit = Arc::new(
+        PsFit::new(
+            11,
+            net,
+            Optimizer::adam(0.02),
+            Loss::sparse_categorical_crossentropy(),
+            vec![],
+            "train",
+        )
+        .optimizer_for("hidden", Optimizer::adagrad(0.1)),
+    );
+    let program = fit.register(Program::new("scoped"));
+    assert_eq!(program.ps_optimizer(), &Optimizer::adam(0.02));
+    let scopes = program.ps_optimizer_scopes();
+    assert_eq!(
+        scopes.of("hidden.weight/part_1"),
+        Some(&Optimizer::adagrad(0.1))
+    );
+    assert_eq!(scopes.of("head.weight"), None);
+}
+
 #[test]
 fn fit_trains_a_candle_model_on_the_parameter_servers() {
     let run = Run::new("keras-ps", "", &[]);

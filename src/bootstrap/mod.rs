@@ -251,6 +251,7 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
     let system = System::new();
     let optimizer = *program.ps_optimizer();
     let schedule = program.ps_learning_rate_schedule().cloned();
+    let scopes = program.ps_optimizer_scopes().clone();
     let incarnation = node.incarnation;
     let node = node.clone();
     let grace = config.preemption_grace;
@@ -261,7 +262,9 @@ fn run_ps(program: &Program, node: &NodeConfig, config: &RoleConfig) -> Result<i
         let gateway = start_gateway(&node).map_err(|e| RoleFailure::Config(e.to_string()))?;
         let mut store = ParameterStore::new(optimizer)
             .map_err(|e| RoleFailure::Config(e.to_string()))?
-            .with_incarnation(incarnation);
+            .with_incarnation(incarnation)
+            .with_optimizer_scopes(scopes)
+            .map_err(|e| RoleFailure::Config(e.to_string()))?;
         if let Some(schedule) = schedule {
             store = store
                 .with_schedule(schedule)

@@ -23,7 +23,7 @@ use super::{Fit, History, KerasError, Logs, Loss, Misuse};
 use crate::checkpoint::{CheckpointManager, CheckpointPolicy};
 use crate::data::Element;
 use crate::nn::ModelVariables;
-use crate::optim::{LearningRateSchedule, Optimizer};
+use crate::optim::{LearningRateSchedule, Optimizer, OptimizerScopes};
 use crate::program::{
     ClusterCoordinator, CoordinatorError, DatasetHandle, Program, RowRead, ServerModel, Step,
     StepContext, StepError,
@@ -72,6 +72,8 @@ pub struct PsFit<N> {
     /// Tables (2-D variables) read and pushed by the rows the batch's ids touch.
     row_tables: Vec<String>,
     schedule: Option<LearningRateSchedule>,
+    /// Optimizers given for name scopes, in place of `optimizer` there.
+    scopes: OptimizerScopes,
     steps_per_execution: u32,
 }
 
@@ -101,8 +103,19 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             partitioner: Arc::new(|_, _| None),
             row_tables: Vec::new(),
             schedule: None,
+            scopes: OptimizerScopes::new(),
             steps_per_execution: 1,
         }
+    }
+
+    /// The servers update the variables of name scope `scope` (candle-nn's prefix, say
+    /// `embedding`) with `optimizer` instead of `fit`'s, at its own constant rate (see
+    /// `Program::optimizer_for`): an embedding table by Adagrad and the dense layers by Adam,
+    /// as wide-and-deep models are trained. The schedule and the logs' `learning_rate` are
+    /// `fit`'s optimizer's.
+    pub fn optimizer_for(mut self, scope: impl Into<String>, optimizer: Optimizer) -> Self {
+        self.scopes.insert(scope, optimizer);
+        self
     }
 
     /// Each closure runs `steps` training steps (Keras' `steps_per_execution`, at least 1):
@@ -161,8 +174,11 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             Some(schedule) => program.learning_rate_schedule(schedule.clone()),
             None => program,
         };
+        let program = self.scopes.iter().fold(
+            program.optimizer(self.optimizer),
+            |program, (scope, optimizer)| program.optimizer_for(scope, *optimizer),
+        );
         program
-            .optimizer(self.optimizer)
             .step(
                 &TRAIN,
                 move |ctx: &mut StepContext<'_>, (_, steps): (u64, u32)| {

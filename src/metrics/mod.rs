@@ -404,7 +404,7 @@ impl Exposition {
         let m = instruments();
         registry.register(
             "cohort_group_generation",
-            "The generation of this worker's group: one per formation, its membership epoch (0 before the first forms)",
+            "The generation of this worker's group: one per formation (0 before the first forms)",
             m.group_generation.clone(),
         );
         registry.register(

@@ -43,6 +43,7 @@
 //! ```
 
 mod schedule;
+mod scopes;
 mod slots;
 mod state;
 
@@ -51,6 +52,7 @@ use crate::variable::{row_id_map, RowIdMap};
 use serde::{Deserialize, Serialize};
 
 pub use schedule::{LearningRateSchedule, ScheduleError};
+pub use scopes::{OptimizerScopes, ScopeError};
 pub use slots::Slots;
 pub use state::OptimizerState;
 

@@ -465,6 +465,12 @@ pub enum PsError {
     /// The optimizer refused the gradient (shape, dtype or non-finite under the error policy).
     #[error(transparent)]
     Optim(#[from] OptimError),
+    /// An optimizer given for a name scope cannot serve (the scope named).
+    #[error("{reason}")]
+    OptimizerScope {
+        /// What is wrong, naming the scope.
+        reason: String,
+    },
 }
 
 /// Why a worker could not take a job.

@@ -18,7 +18,7 @@ use super::eval_fn::{CheckpointVariables, EvalError, Metrics};
 use super::step::{decode, encode, DatasetHandle, Step};
 use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};
-use crate::optim::{LearningRateSchedule, Optimizer};
+use crate::optim::{LearningRateSchedule, Optimizer, OptimizerScopes};
 
 pub use super::step::DatasetFn;
 pub use super::worker::{StepFn, WorkerFunctions};
@@ -37,6 +37,7 @@ pub struct Program {
     chief: Option<ChiefFn>,
     evaluator: Option<EvalFn>,
     optimizer: Optimizer,
+    scopes: OptimizerScopes,
     schedule: Option<LearningRateSchedule>,
 }
 
@@ -61,6 +62,7 @@ impl Program {
             chief: None,
             evaluator: None,
             optimizer: Optimizer::sgd(0.01),
+            scopes: OptimizerScopes::new(),
             schedule: None,
         }
     }
@@ -175,6 +177,32 @@ impl Program {
         self
     }
 
+    /// The optimizer the parameter servers update the variables of name scope `scope` with,
+    /// instead of [`Program::optimizer`]'s: a variable named `scope`, or `scope/...` or
+    /// `scope.…` (a partitioned variable's shards among them), takes the optimizer of the
+    /// longest scope it is in ([`OptimizerScopes`]), as a wide-and-deep model trains its
+    /// linear part with one optimizer and its deep part with another. It applies its own
+    /// constant rate: [`Program::learning_rate_schedule`] and the rate the chief sets
+    /// ([`ClusterCoordinator::set_learning_rate`]) are the program optimizer's. A checkpoint
+    /// records each variable's slots, and restoring one whose slots another optimizer made
+    /// fails naming the variable. Every process registers the same; a bad scope or optimizer
+    /// fails the servers' start, naming the scope.
+    ///
+    /// ```
+    /// use cohort::optim::Optimizer;
+    /// use cohort::program::Program;
+    ///
+    /// let program = Program::new("wide-deep")
+    ///     .optimizer(Optimizer::adam(0.001))
+    ///     .optimizer_for("wide", Optimizer::adagrad(0.05));
+    /// assert_eq!(program.ps_optimizer_scopes().of("wide/kernel"), Some(&Optimizer::adagrad(0.05)));
+    /// assert_eq!(program.ps_optimizer_scopes().of("deep/kernel"), None);
+    /// ```
+    pub fn optimizer_for(mut self, scope: impl Into<String>, optimizer: Optimizer) -> Self {
+        self.scopes.insert(scope, optimizer);
+        self
+    }
+
     /// The parameter servers' learning rate as a function of each variable's update count
     /// (Keras' schedules: warm-up, cosine decay...), in place of the optimizer's constant
     /// rate. Every process registers the same; a schedule that cannot give a rate fails the
@@ -187,6 +215,11 @@ impl Program {
     /// The parameter servers' optimizer.
     pub fn ps_optimizer(&self) -> &Optimizer {
         &self.optimizer
+    }
+
+    /// The optimizers given for name scopes ([`Program::optimizer_for`]).
+    pub fn ps_optimizer_scopes(&self) -> &OptimizerScopes {
+        &self.scopes
     }
 
     /// The parameter servers' learning-rate schedule, if any.

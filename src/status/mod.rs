@@ -136,7 +136,7 @@ pub struct StatusReport {
 /// A MultiWorkerMirrored worker's view of its group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GroupStatus {
-    /// The group's generation (its membership epoch: one per formation).
+    /// The group's generation (one per formation).
     pub generation: u64,
     /// Workers in it.
     pub workers: usize,

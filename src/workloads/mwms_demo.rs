@@ -5,9 +5,9 @@
 //!
 //! What a user sees, from the chief (from the group's first member: while the chief is away,
 //! the lowest-ranked worker, and it again once admitted back): one line per epoch (mean loss,
-//! steps/s, the membership epoch and its workers), each change of the group (the survivors
-//! re-forming without the killed worker at a new epoch, then admitting its new process at the
-//! next), and, from the first member at the end only, a summary with every membership epoch
+//! steps/s, the group's generation and its workers), each change of the group (the survivors
+//! re-forming without the killed worker at a new generation, then admitting its new process at the
+//! next), and, from the first member at the end only, a summary with every generation
 //! it saw and the held-out accuracy; from every task, its final model's
 //! digest (`final model: step S, digest D`, equal on every member: `cohort chaos run` compares
 //! them). The plan of steps follows the job's starting workers ([`PLANNED_WORKERS_ENV`], else

@@ -268,7 +268,8 @@ impl Handler<Remote<RestoreVariable>> for PsActor {
                     ))
                 })
                 .collect::<Result<Vec<_>, PsRefusal>>()?;
-            let slots = Slots::restore(self.store.optimizer(), &name, values.len(), buffers, 0)?;
+            let optimizer = self.store.optimizer_for(&name);
+            let slots = Slots::restore(optimizer, &name, values.len(), buffers, 0)?;
             Ok(self
                 .store
                 .handle_restore(&name, shape, values, slots, steps)?)

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use crate::ledger::{ClosureId, WorkerIncarnation};
 use crate::nn::Initializer;
 use crate::optim::{
-    first_non_finite, LearningRateSchedule, NonFinitePolicy, OptimError, Optimizer, Screen, Slots,
-    UpdateOutcome,
+    first_non_finite, LearningRateSchedule, NonFinitePolicy, OptimError, Optimizer,
+    OptimizerScopes, Screen, Slots, UpdateOutcome,
 };
 use crate::roles::protocol::{
     bytes_to_f32, f32_blob, InitProblem, InitSpec, PsRefusal, ShardState,
@@ -108,7 +108,11 @@ impl StoredVariable {
 ///    `handle_roll_back(cut, generation)` (pushes of that generation are accepted again).
 #[derive(Debug)]
 pub struct ParameterStore {
+    /// The optimizer of every variable outside `scopes`.
     optimizer: Optimizer,
+    /// Optimizers given for name scopes ([`OptimizerScopes`]): each applied at its own
+    /// constant rate.
+    scopes: OptimizerScopes,
     /// The learning rate as a function of each variable's update count, if not the
     /// optimizer's constant one.
     schedule: Option<LearningRateSchedule>,
@@ -139,6 +143,7 @@ impl ParameterStore {
         optimizer.validate()?;
         Ok(Self {
             optimizer,
+            scopes: OptimizerScopes::new(),
             schedule: None,
             variables: BTreeMap::new(),
             applied_closures: BTreeSet::new(),
@@ -167,6 +172,22 @@ impl ParameterStore {
         schedule.validate()?;
         self.schedule = Some(schedule);
         Ok(self)
+    }
+
+    /// The same store with the variables of `scopes` updated by their scope's optimizer, each
+    /// at its own constant rate (the schedule and a closure's rate are the default
+    /// optimizer's). Refused, naming the scope, for a bad scope or optimizer.
+    pub fn with_optimizer_scopes(mut self, scopes: OptimizerScopes) -> Result<Self, PsError> {
+        scopes.validate().map_err(|err| PsError::OptimizerScope {
+            reason: err.to_string(),
+        })?;
+        self.scopes = scopes;
+        Ok(self)
+    }
+
+    /// The optimizer that updates the variable (shard) `name`: its scope's, else the default.
+    pub fn optimizer_for(&self, name: &str) -> &Optimizer {
+        self.scopes.of(name).unwrap_or(&self.optimizer)
     }
 
     /// `optimizer` for update `step` (1-based) of a variable under `schedule`.
@@ -213,7 +234,7 @@ impl ParameterStore {
                 existing.shape
             );
         }
-        let slots = self.optimizer.new_slots(name, expected);
+        let slots = self.optimizer_for(name).new_slots(name, expected);
         self.variables.insert(
             name.into(),
             StoredVariable {
@@ -443,9 +464,13 @@ impl ParameterStore {
             let var = self.variables.get_mut(name).expect("checked above");
             // Restores refuse u64::MAX, so a push always has a next step.
             let step = var.steps.saturating_add(1);
-            let optimizer = scheduled_optimizer.unwrap_or_else(|| {
-                Self::optimizer_at(self.optimizer, self.schedule.as_ref(), step)
-            });
+            let optimizer = match self.scopes.of(name) {
+                // A scope's optimizer keeps its own rate.
+                Some(scoped) => *scoped,
+                None => scheduled_optimizer.unwrap_or_else(|| {
+                    Self::optimizer_at(self.optimizer, self.schedule.as_ref(), step)
+                }),
+            };
             let outcome = match gradient {
                 // Screened above, all gradients at once (all or nothing): not again here.
                 Gradient::Dense(values) => optimizer.apply_dense_with(
@@ -507,7 +532,7 @@ impl ParameterStore {
         let Some((name, index, value)) = first_non_finite else {
             return Ok(None);
         };
-        match self.optimizer.non_finite_policy() {
+        match self.optimizer_for(name).non_finite_policy() {
             NonFinitePolicy::Skip => {
                 // The closure is consumed: a retry of it must not apply either (PS-1).
                 self.applied_closures.insert(update);
@@ -648,7 +673,7 @@ impl ParameterStore {
         self.applied_closures.len()
     }
 
-    /// The optimizer applied here.
+    /// The default optimizer applied here (see [`Self::optimizer_for`]).
     pub fn optimizer(&self) -> &Optimizer {
         &self.optimizer
     }
@@ -937,6 +962,91 @@ mod tests {
         assert_eq!(ps.counters().applied, 3);
         assert!(LearningRate::new(f32::NAN).is_none());
         assert!(LearningRate::new(-1.0).is_none());
+    }
+
+    /// A variable in a scope given its own optimizer is updated by it, with its slots and at
+    /// its own rate (the closure's rate and the schedule are the default optimizer's); a
+    /// restore of slots another optimizer made is refused naming the variable; a bad scope
+    /// fails the store's making, naming the scope.
+    #[test]
+    fn a_scope_s_variables_take_its_optimizer_slots_and_rate() {
+        let schedule = LearningRateSchedule::PiecewiseConstant {
+            boundaries: vec![1],
+            values: vec![1.0, 0.1],
+        };
+        let adagrad = Optimizer::adagrad(0.1);
+        let mut ps = ParameterStore::new(Optimizer::sgd(0.5))
+            .unwrap()
+            .with_schedule(schedule)
+            .unwrap()
+            .with_optimizer_scopes(OptimizerScopes::new().with("emb", adagrad))
+            .unwrap();
+        ps.handle_create("w", vec![2], vec![1.0, 1.0]).unwrap();
+        ps.handle_create("emb/part_0", vec![2, 2], vec![1.0; 4])
+            .unwrap();
+        let slot_names = |ps: &ParameterStore, name: &str| -> Vec<String> {
+            let var = ps.variable(name).unwrap();
+            var.slots().iter().map(|(n, _)| n.to_string()).collect()
+        };
+        assert_eq!(slot_names(&ps, "w"), Vec::<String>::new());
+        assert_eq!(slot_names(&ps, "emb/part_0"), ["accumulator"]);
+        // Adagrad's own kernel on a copy: what the scope's variable must become.
+        let mut expected = vec![1.0f32; 4];
+        let mut slots = adagrad.new_slots("emb/part_0", 4);
+        let grads = vec![
+            ("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into())),
+            (
+                "emb/part_0".to_string(),
+                Gradient::Dense(vec![0.5, -0.5, 1.0, 2.0].into()),
+            ),
+        ];
+        // Update 1 at the closure's rate 0.25 (the default optimizer's variable only).
+        let at_rate = PushOrigin {
+            learning_rate: LearningRate::new(0.25),
+            ..origin(0, 1, 1, 1)
+        };
+        ps.handle_push(at_rate, &grads).unwrap();
+        adagrad
+            .apply_dense(&mut expected, &[0.5, -0.5, 1.0, 2.0], &mut slots, 1)
+            .unwrap();
+        assert_eq!(ps.pull("w").unwrap(), &[0.75, 0.75]);
+        assert_eq!(ps.pull("emb/part_0").unwrap(), expected.as_slice());
+        // Update 2 by the schedule (1.0 at step 1) for the default's, Adagrad's 0.1 for the
+        // scope's.
+        ps.handle_push(origin(0, 1, 2, 1), &grads).unwrap();
+        adagrad
+            .apply_dense(&mut expected, &[0.5, -0.5, 1.0, 2.0], &mut slots, 2)
+            .unwrap();
+        assert_eq!(ps.pull("w").unwrap(), &[-0.25, -0.25]);
+        assert_eq!(ps.pull("emb/part_0").unwrap(), expected.as_slice());
+        // Adam's slots do not restore an Adagrad variable, nor Adagrad's the default's SGD one.
+        let adam_slots = vec![("m", vec![0.0; 4]), ("v", vec![0.0; 4])];
+        let err = Slots::restore(
+            ps.optimizer_for("emb/part_0"),
+            "emb/part_0",
+            4,
+            adam_slots,
+            0,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("emb/part_0"), "{err}");
+        let accumulator = vec![("accumulator", vec![0.1; 2])];
+        assert!(Slots::restore(ps.optimizer_for("w"), "w", 2, accumulator, 0).is_err());
+        // A bad scope or scope optimizer is named.
+        for (scopes, named) in [
+            (OptimizerScopes::new().with("emb/", adagrad), "\"emb/\""),
+            (
+                OptimizerScopes::new().with("deep", Optimizer::adam(-1.0)),
+                "\"deep\"",
+            ),
+        ] {
+            let err = ParameterStore::new(Optimizer::sgd(0.5))
+                .unwrap()
+                .with_optimizer_scopes(scopes)
+                .unwrap_err();
+            assert!(matches!(err, PsError::OptimizerScope { .. }), "{err}");
+            assert!(err.to_string().contains(named), "{err}");
+        }
     }
 
     #[test]

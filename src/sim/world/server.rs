@@ -315,7 +315,7 @@ fn restore_variable(
     for (i, slot) in msg.slots.iter().enumerate() {
         buffers.push((slot.clone(), blob(i + 1, &format!("{}/{slot}", msg.name))?));
     }
-    let slots = Slots::restore(store.optimizer(), &msg.name, values.len(), buffers, 0)?;
+    let slots = Slots::restore(store.optimizer_for(&msg.name), &msg.name, values.len(), buffers, 0)?;
     let shape = msg.shape.iter().map(|&d| d as usize).collect();
     Ok(store.handle_restore(&msg.name, shape, values, slots, msg.steps)?)
 }
