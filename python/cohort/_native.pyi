@@ -38,6 +38,7 @@ def serve(
     name: str,
     args: list[str],
     optimizer: OptimizerSpec,
+    scoped: list[tuple[str, OptimizerSpec]] = ...,
 ) -> int: ...
 
 class StepContext:
@@ -59,6 +60,7 @@ class Chief:
         name: str,
         args: list[str],
         optimizer: OptimizerSpec,
+        scoped: list[tuple[str, OptimizerSpec]] = ...,
     ) -> None: ...
     def num_workers(self) -> int: ...
     def num_ps(self) -> int: ...

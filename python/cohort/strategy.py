@@ -16,7 +16,7 @@ import itertools
 import os
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -56,7 +56,11 @@ class ParameterServerStrategy:
     """TensorFlow's ``tf.distribute.ParameterServerStrategy`` over cohort's runtime.
 
     ``optimizer`` is what the parameter servers apply pushed gradients with (cohort's servers
-    run the optimizer; every process is given the same). ``variable_partitioner`` splits
+    run the optimizer; every process is given the same). ``scoped_optimizers`` maps name
+    scopes to their own optimizers: a variable named ``scope``, ``scope/...`` or ``scope.…``
+    (a partitioned variable's shards among them) is updated by the optimizer of the longest
+    scope it is in, at that optimizer's own rate, as wide-and-deep models train their linear
+    part with one optimizer and their deep part with another. ``variable_partitioner`` splits
     variables over the servers, as in TensorFlow.
     """
 
@@ -65,7 +69,17 @@ class ParameterServerStrategy:
         cluster_resolver: TFConfigClusterResolver | None = None,
         variable_partitioner: Partitioner | None = None,
         optimizer: Optimizer | None = None,
+        scoped_optimizers: Mapping[str, Optimizer] | None = None,
     ) -> None:
+        self.scoped_optimizers = dict(scoped_optimizers or {})
+        scoped = []
+        for scope, scoped_optimizer in self.scoped_optimizers.items():
+            if not isinstance(scoped_optimizer, Optimizer):
+                raise TypeError(
+                    f"scoped_optimizers[{scope!r}]: an optimizer of cohort.optimizers, not "
+                    f"{type(scoped_optimizer).__name__}"
+                )
+            scoped.append((str(scope), scoped_optimizer.spec()))
         self.cluster_resolver = cluster_resolver or TFConfigClusterResolver()
         self.variable_partitioner = variable_partitioner
         self.optimizer = optimizer or SGD(0.01)
@@ -75,14 +89,16 @@ class ParameterServerStrategy:
         task = self.cluster_resolver.task_type
         args = self.cluster_resolver.args
         if task in ("worker", "ps"):
-            code = _native.serve(_steps.run, _job_name(), args, self.optimizer.spec())
+            code = _native.serve(_steps.run, _job_name(), args, self.optimizer.spec(), scoped)
             exit_now(code)
         if task != "chief":
             raise ValueError(
                 f"task type {task!r}: a ParameterServerStrategy job runs chief, worker and ps "
                 "tasks"
             )
-        self._chief = _native.Chief(_steps.run, _job_name(), args, self.optimizer.spec())
+        self._chief = _native.Chief(
+            _steps.run, _job_name(), args, self.optimizer.spec(), scoped
+        )
         _ChiefExit.watch(self._chief)
 
     # -- TensorFlow's API ----------------------------------------------------------------

@@ -226,20 +226,21 @@ impl Chief {
 impl Chief {
     /// Starts the chief's role of the job `name` on a thread of its own; `args` are the
     /// script's arguments (configuration flags among them are taken), `optimizer` the
-    /// parameter servers' (`(name, learning_rate, momentum, weight_decay)`). Calls wait for the
-    /// coordinator to be ready.
+    /// parameter servers' (`(name, learning_rate, momentum, weight_decay)`), `scoped` those
+    /// of name scopes. Calls wait for the coordinator to be ready.
     #[new]
+    #[pyo3(signature = (handler, name, args, optimizer, scoped = Vec::new()))]
     fn new(
         handler: Py<PyAny>,
         name: String,
         args: Vec<String>,
-        optimizer: (String, f32, f32, f32),
+        optimizer: crate::OptimizerSpec,
+        scoped: Vec<(String, crate::OptimizerSpec)>,
     ) -> PyResult<Self> {
-        let (kind, rate, momentum, decay) = optimizer;
-        let optimizer = crate::optimizer(&kind, rate, momentum, decay)?;
+        let optimizers = crate::optimizers(optimizer, scoped)?;
         let (orders, received) = mpsc::channel();
         let received = Arc::new(Mutex::new(Some(received)));
-        let program = crate::worker::program(name, handler, optimizer)
+        let program = crate::worker::program(name, handler, optimizers)
             .chief(move |coordinator| serve_orders(&received, coordinator));
         let role = std::thread::Builder::new()
             .name("chief-role".into())

@@ -84,6 +84,30 @@ pub(crate) fn optimizer(
     Ok(optimizer)
 }
 
+/// An optimizer as Python gives it: `(name, learning_rate, momentum, weight_decay)`.
+pub(crate) type OptimizerSpec = (String, f32, f32, f32);
+
+/// The parameter servers' optimizers: the job's (`default`) and those given for name scopes
+/// (`scoped`, `(scope, spec)`; see `Program::optimizer_for`). A bad optimizer or scope is a
+/// `ValueError` naming it.
+pub(crate) fn optimizers(
+    default: OptimizerSpec,
+    scoped: Vec<(String, OptimizerSpec)>,
+) -> PyResult<(cohort::optim::Optimizer, cohort::optim::OptimizerScopes)> {
+    let (kind, rate, momentum, decay) = default;
+    let default = optimizer(&kind, rate, momentum, decay)?;
+    let mut scopes = cohort::optim::OptimizerScopes::new();
+    for (scope, (kind, rate, momentum, decay)) in scoped {
+        let optimizer = optimizer(&kind, rate, momentum, decay)
+            .map_err(|e| PyValueError::new_err(format!("scope {scope:?}: {e}")))?;
+        scopes.insert(scope, optimizer);
+    }
+    scopes
+        .validate()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((default, scopes))
+}
+
 /// Runs a local cluster of `interpreter` (the script's `sys.executable`) running `task_args`
 /// (the script and its arguments) in every task, one process per task, supervised, as
 /// `cohort launch` does; `args` are `launch`'s flags (`--workers`, `--ps`,

@@ -39,14 +39,18 @@ pyo3::create_exception!(
 
 /// The program of a Python job's process named `name`: the Python step, run by `handler`
 /// (called with a [`StepContext`] and the step's payload, it returns the value's bytes), and
-/// the parameter servers' optimizer.
+/// the parameter servers' optimizers (the job's, and those of name scopes).
 pub(crate) fn program(
     name: String,
     handler: Py<PyAny>,
-    optimizer: cohort::optim::Optimizer,
+    (optimizer, scopes): (cohort::optim::Optimizer, cohort::optim::OptimizerScopes),
 ) -> Program {
-    Program::new(name)
-        .optimizer(optimizer)
+    scopes
+        .iter()
+        .fold(
+            Program::new(name).optimizer(optimizer),
+            |program, (scope, scoped)| program.optimizer_for(scope, *scoped),
+        )
         .step_encoded(PYTHON_STEP, move |ctx, payload| {
             run_step(&handler, ctx, payload)
         })
@@ -56,18 +60,18 @@ pub(crate) fn program(
 /// job ends, and returns the exit code (0 done, 1 training error, 2 bad config, 143 stopped;
 /// see `cohort::process`). `handler` runs each step (`cohort._steps.run`); `args` are the
 /// script's arguments (configuration flags among them are taken); `optimizer` is the parameter
-/// servers' (`(name, learning_rate, momentum, weight_decay)`).
+/// servers' (`(name, learning_rate, momentum, weight_decay)`), `scoped` those of name scopes.
 #[pyfunction]
+#[pyo3(signature = (handler, name, args, optimizer, scoped = Vec::new()))]
 pub(crate) fn serve(
     py: Python<'_>,
     handler: Py<PyAny>,
     name: String,
     args: Vec<String>,
-    optimizer: (String, f32, f32, f32),
+    optimizer: crate::OptimizerSpec,
+    scoped: Vec<(String, crate::OptimizerSpec)>,
 ) -> PyResult<i32> {
-    let (kind, rate, momentum, decay) = optimizer;
-    let optimizer = crate::optimizer(&kind, rate, momentum, decay)?;
-    let program = program(name, handler, optimizer);
+    let program = program(name, handler, crate::optimizers(optimizer, scoped)?);
     Ok(py.detach(move || cohort::program::run_role_with_args(program, &args)))
 }
 

@@ -203,3 +203,8 @@ def test_every_task_runs_the_interpreter_of_the_virtual_environment_it_was_launc
     )
     assert job.returncode == 0, job.stdout + job.stderr
     assert "last loss" in job.stdout + job.stderr
+
+
+def test_a_scopes_optimizer_must_be_one_of_cohorts():
+    with pytest.raises(TypeError, match=r"scoped_optimizers\['wide'\].*str"):
+        cohort.ParameterServerStrategy(scoped_optimizers={"wide": "adagrad"})

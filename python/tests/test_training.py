@@ -87,3 +87,18 @@ def test_values_read_from_the_servers_are_lent_without_a_copy_and_are_the_reader
     assert not failed, job.output
     for check in ("shape", "dtype", "rows", "lent", "writable", "private"):
         assert f"step {check}: True" in lines, job.output
+
+
+def test_each_name_scope_is_updated_by_its_own_optimizer():
+    job = launch(JOBS / "scoped.py", workers=1, ps=2)
+    assert job.code == 0, job.output
+    lines = job.chief_lines()
+    # 3 updates each: the longest scope's rate (1, 0.5), else the job's (0.1); `wider` is
+    # in no scope though it begins like `wide`.
+    for expected in (
+        "wide/kernel = [3.0, 3.0]",
+        "wide/bias = [1.5]",
+        "deep = [0.3, 0.3]",
+        "wider = [0.3]",
+    ):
+        assert expected in lines, job.output
