@@ -24,16 +24,9 @@ class Optimizer:
 
     _kind = ""
 
-    def __init__(
-        self,
-        learning_rate: float,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-        kind: str | None = None,
-    ):
+    def __init__(self, learning_rate: float, kind: str | None = None, **hyperparameters: float):
         self.learning_rate = float(learning_rate)
-        self.momentum = float(momentum)
-        self.weight_decay = float(weight_decay)
+        self._hyperparameters = {k: float(v) for k, v in hyperparameters.items()}
         self._kind = kind or type(self)._kind
         from .strategy import current_scope
 
@@ -41,9 +34,10 @@ class Optimizer:
         if bind is not None:
             bind(self)
 
-    def spec(self) -> tuple[str, float, float, float]:
-        """What the runtime is given: ``(kind, learning_rate, momentum, weight_decay)``."""
-        return (self._kind, self.learning_rate, self.momentum, self.weight_decay)
+    def spec(self) -> tuple[str, float, dict[str, float]]:
+        """What the runtime is given: ``(kind, learning_rate, hyperparameters)``, the others
+        by Keras' names (``momentum``, ``weight_decay``, ``rho``, ``l1``, ``l2``)."""
+        return (self._kind, self.learning_rate, dict(self._hyperparameters))
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
         """Inside a step: pushes ``(gradient, variable)`` pairs as one update of the step,
@@ -91,8 +85,12 @@ class SGD(Optimizer):
     """Stochastic gradient descent; with ``momentum`` (``nesterov``) the momentum method."""
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False):
-        kind = ("nesterov" if nesterov else "momentum") if momentum else "sgd"
-        super().__init__(learning_rate, momentum, kind=kind)
+        if momentum:
+            super().__init__(
+                learning_rate, kind="nesterov" if nesterov else "momentum", momentum=momentum
+            )
+        else:
+            super().__init__(learning_rate, kind="sgd")
 
 
 class Adagrad(Optimizer):
@@ -120,3 +118,30 @@ class AdamW(Optimizer):
 
     def __init__(self, learning_rate: float = 0.001, weight_decay: float = 0.004):
         super().__init__(learning_rate, weight_decay=weight_decay)
+
+
+class RMSprop(Optimizer):
+    """RMSprop (Keras' formulation; epsilon 1e-7, not centered)."""
+
+    _kind = "rmsprop"
+
+    def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0):
+        super().__init__(learning_rate, rho=rho, momentum=momentum)
+
+
+class Ftrl(Optimizer):
+    """FTRL-proximal (Keras' formulation; rate power -0.5, initial accumulator 0.1), with L1
+    and L2 regularization strengths: the optimizer of wide (linear) models over sparse
+    features."""
+
+    _kind = "ftrl"
+
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        l1_regularization_strength: float = 0.0,
+        l2_regularization_strength: float = 0.0,
+    ):
+        super().__init__(
+            learning_rate, l1=l1_regularization_strength, l2=l2_regularization_strength
+        )

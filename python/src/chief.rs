@@ -226,7 +226,7 @@ impl Chief {
 impl Chief {
     /// Starts the chief's role of the job `name` on a thread of its own; `args` are the
     /// script's arguments (configuration flags among them are taken), `optimizer` the
-    /// parameter servers' (`(name, learning_rate, momentum, weight_decay)`), `scoped` those
+    /// parameter servers' (`(kind, learning_rate, hyperparameters)`), `scoped` those
     /// of name scopes. Calls wait for the coordinator to be ready.
     #[new]
     #[pyo3(signature = (handler, name, args, optimizer, scoped = Vec::new()))]

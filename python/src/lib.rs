@@ -56,25 +56,49 @@ create_exception!(
     "A checkpoint could not be written, read or restored."
 );
 
-/// The parameter servers' optimizer, by name: `sgd`, `momentum`, `nesterov`, `adagrad`,
-/// `adam`, `adamw`. A bad name or value is a `ValueError` naming it.
-pub(crate) fn optimizer(
-    name: &str,
-    learning_rate: f32,
-    momentum: f32,
-    weight_decay: f32,
-) -> PyResult<cohort::optim::Optimizer> {
-    use cohort::optim::Optimizer;
-    let optimizer = match name {
+/// An optimizer as Python gives it: its kind, its learning rate, and its other
+/// hyperparameters by Keras' names (`momentum`, `weight_decay`, `rho`, `l1`, `l2`).
+pub(crate) type OptimizerSpec = (String, f32, std::collections::BTreeMap<String, f32>);
+
+/// The optimizer `spec` names: `sgd`, `momentum`, `nesterov`, `adagrad`, `adam`, `adamw`,
+/// `rmsprop`, `ftrl`. A bad kind, a hyperparameter the kind has not, or a bad value is a
+/// `ValueError` naming it.
+pub(crate) fn optimizer(spec: &OptimizerSpec) -> PyResult<cohort::optim::Optimizer> {
+    use cohort::optim::{Optimizer, OptimizerKind};
+    let (name, learning_rate, params) = spec;
+    let learning_rate = *learning_rate;
+    let known: &[&str] = match name.as_str() {
+        "momentum" | "nesterov" => &["momentum"],
+        "adamw" => &["weight_decay"],
+        "rmsprop" => &["rho", "momentum"],
+        "ftrl" => &["l1", "l2"],
+        _ => &[],
+    };
+    if let Some(unknown) = params.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(PyValueError::new_err(format!(
+            "optimizer {name:?} has no hyperparameter {unknown:?}"
+        )));
+    }
+    let param = |key: &str, default: f32| params.get(key).copied().unwrap_or(default);
+    let optimizer = match name.as_str() {
         "sgd" => Optimizer::sgd(learning_rate),
-        "momentum" => Optimizer::momentum(learning_rate, momentum),
-        "nesterov" => Optimizer::nesterov(learning_rate, momentum),
+        "momentum" => Optimizer::momentum(learning_rate, param("momentum", 0.0)),
+        "nesterov" => Optimizer::nesterov(learning_rate, param("momentum", 0.0)),
         "adagrad" => Optimizer::adagrad(learning_rate),
         "adam" => Optimizer::adam(learning_rate),
-        "adamw" => Optimizer::adamw(learning_rate, weight_decay),
+        "adamw" => Optimizer::adamw(learning_rate, param("weight_decay", 0.004)),
+        "rmsprop" => Optimizer::new(OptimizerKind::RmsProp {
+            learning_rate,
+            rho: param("rho", 0.9),
+            momentum: param("momentum", 0.0),
+            epsilon: 1e-7,
+            centered: false,
+        }),
+        "ftrl" => Optimizer::ftrl(learning_rate, param("l1", 0.0), param("l2", 0.0)),
         other => {
             return Err(PyValueError::new_err(format!(
-                "optimizer {other:?}: not one of sgd, momentum, nesterov, adagrad, adam, adamw"
+                "optimizer {other:?}: not one of sgd, momentum, nesterov, adagrad, adam, adamw, \
+                 rmsprop, ftrl"
             )))
         }
     };
@@ -84,9 +108,6 @@ pub(crate) fn optimizer(
     Ok(optimizer)
 }
 
-/// An optimizer as Python gives it: `(name, learning_rate, momentum, weight_decay)`.
-pub(crate) type OptimizerSpec = (String, f32, f32, f32);
-
 /// The parameter servers' optimizers: the job's (`default`) and those given for name scopes
 /// (`scoped`, `(scope, spec)`; see `Program::optimizer_for`). A bad optimizer or scope is a
 /// `ValueError` naming it.
@@ -94,12 +115,11 @@ pub(crate) fn optimizers(
     default: OptimizerSpec,
     scoped: Vec<(String, OptimizerSpec)>,
 ) -> PyResult<(cohort::optim::Optimizer, cohort::optim::OptimizerScopes)> {
-    let (kind, rate, momentum, decay) = default;
-    let default = optimizer(&kind, rate, momentum, decay)?;
+    let default = optimizer(&default)?;
     let mut scopes = cohort::optim::OptimizerScopes::new();
-    for (scope, (kind, rate, momentum, decay)) in scoped {
-        let optimizer = optimizer(&kind, rate, momentum, decay)
-            .map_err(|e| PyValueError::new_err(format!("scope {scope:?}: {e}")))?;
+    for (scope, spec) in scoped {
+        let optimizer =
+            optimizer(&spec).map_err(|e| PyValueError::new_err(format!("scope {scope:?}: {e}")))?;
         scopes.insert(scope, optimizer);
     }
     scopes

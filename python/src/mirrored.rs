@@ -298,13 +298,12 @@ impl MultiWorker {
         tensor_values(py, &reduced)
     }
 
-    /// Makes the strategy's optimizer (`(name, learning_rate, momentum, weight_decay)`, as the
+    /// Makes the strategy's optimizer (`(kind, learning_rate, hyperparameters)`, as the
     /// parameter servers' is given): the one `apply_gradients` runs, whose slots and step
     /// count every group change carries with the variables. One per strategy; a second is a
     /// `ValueError`.
-    fn set_optimizer(&self, optimizer: (String, f32, f32, f32)) -> PyResult<()> {
-        let (kind, rate, momentum, decay) = optimizer;
-        let optimizer = crate::optimizer(&kind, rate, momentum, decay)?;
+    fn set_optimizer(&self, optimizer: crate::OptimizerSpec) -> PyResult<()> {
+        let optimizer = crate::optimizer(&optimizer)?;
         self.with(|m| {
             if m.optimizer.is_some() {
                 return Err(PyValueError::new_err(

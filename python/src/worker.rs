@@ -60,7 +60,7 @@ pub(crate) fn program(
 /// job ends, and returns the exit code (0 done, 1 training error, 2 bad config, 143 stopped;
 /// see `cohort::process`). `handler` runs each step (`cohort._steps.run`); `args` are the
 /// script's arguments (configuration flags among them are taken); `optimizer` is the parameter
-/// servers' (`(name, learning_rate, momentum, weight_decay)`), `scoped` those of name scopes.
+/// servers' (`(kind, learning_rate, hyperparameters)`), `scoped` those of name scopes.
 #[pyfunction]
 #[pyo3(signature = (handler, name, args, optimizer, scoped = Vec::new()))]
 pub(crate) fn serve(

@@ -152,7 +152,17 @@ def test_launch_help_speaks_of_the_python_launcher_and_lists_the_flags():
 
 
 def test_the_optimizers_name_their_kind():
-    assert cohort.optimizers.SGD(0.1).spec() == ("sgd", 0.1, 0.0, 0.0)
+    assert cohort.optimizers.SGD(0.1).spec() == ("sgd", 0.1, {})
+    assert cohort.optimizers.RMSprop(0.01, momentum=0.5).spec() == (
+        "rmsprop",
+        0.01,
+        {"rho": 0.9, "momentum": 0.5},
+    )
+    assert cohort.optimizers.Ftrl(0.1, l1_regularization_strength=0.01).spec() == (
+        "ftrl",
+        0.1,
+        {"l1": 0.01, "l2": 0.0},
+    )
     assert cohort.optimizers.SGD(0.1, momentum=0.9).spec()[0] == "momentum"
     assert cohort.optimizers.SGD(0.1, momentum=0.9, nesterov=True).spec()[0] == "nesterov"
     assert cohort.optimizers.Adam(0.01).spec()[0] == "adam"

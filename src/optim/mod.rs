@@ -1,5 +1,5 @@
 //! Optimizers as pure kernels over flat `f32` slices: SGD, momentum (optionally Nesterov),
-//! Adagrad, Adam and AdamW, each with a dense update ([`Optimizer::apply_dense`]) and a row-sparse
+//! Adagrad, Adam, AdamW, RMSprop and FTRL, each with a dense update ([`Optimizer::apply_dense`]) and a row-sparse
 //! update for embeddings ([`Optimizer::apply_rows`]).
 //!
 //! This module owns the update arithmetic, the per-variable optimizer state ([`Slots`]), the
@@ -21,7 +21,13 @@
 //! - Adagrad: `accumulator += g²`, `p -= lr * g / (sqrt(accumulator) + epsilon)`;
 //! - Adam: `m += (g - m) * (1 - β1)`, `v += (g² - v) * (1 - β2)`,
 //!   `p -= lr * sqrt(1 - β2^t) / (1 - β1^t) * m / (sqrt(v) + epsilon)`;
-//! - AdamW: `p -= lr * weight_decay * p`, then Adam's step.
+//! - AdamW: `p -= lr * weight_decay * p`, then Adam's step;
+//! - RMSprop: `velocity = rho * velocity + (1 - rho) * g²`, `step = lr * g / sqrt(velocity +
+//!   epsilon)` (centered: `velocity - mean_g² + epsilon`, with `mean_g` the gradient's running
+//!   mean), then `p -= step`, or with a momentum `m = momentum * m + step`, `p -= m`;
+//! - FTRL: `n' = n + g²`, `z += g + 2·l2_shrinkage·p - (n'^-c - n^-c) / lr · p`,
+//!   `p = (clip(z, -l1, l1) - z) / (n'^-c / lr + 2·(l2 + beta / (2·lr)))`, `n = n'`, with `c` the
+//!   rate power.
 //!
 //! The row-sparse update is *lazy*: only the rows named in the push change, including their
 //! slots (TensorFlow's sparse momentum/Adagrad kernels and LazyAdam behave this way). When a
@@ -42,6 +48,7 @@
 //! assert_eq!(names, ["m", "v"]);
 //! ```
 
+mod rules;
 mod schedule;
 mod scopes;
 mod slots;
@@ -108,6 +115,40 @@ pub enum OptimizerKind {
         epsilon: f32,
         /// The decoupled weight decay (Keras: 0.004).
         weight_decay: f32,
+    },
+    /// RMSprop, in Keras' formulation: `velocity = rho·velocity + (1 - rho)·g²`, the step
+    /// `lr·g / sqrt(velocity + epsilon)` (centered: `velocity - mean_g² + epsilon`), taken
+    /// directly or through a momentum.
+    RmsProp {
+        /// Step size.
+        learning_rate: f32,
+        /// Decay of the squared-gradient average, in `[0, 1)` (Keras: 0.9).
+        rho: f32,
+        /// Momentum of the step, in `[0, 1)` (Keras: 0, none).
+        momentum: f32,
+        /// Added under the root (Keras: 1e-7).
+        epsilon: f32,
+        /// Whether the squared average is centered by the gradient's running mean.
+        centered: bool,
+    },
+    /// FTRL-proximal (McMahan et al.), in Keras' formulation: the optimizer of linear models
+    /// over sparse features, with L1 and L2 regularization.
+    Ftrl {
+        /// Step size (above zero).
+        learning_rate: f32,
+        /// How the per-coordinate rate falls with the accumulated squares, at most 0 (Keras:
+        /// -0.5).
+        learning_rate_power: f32,
+        /// Starting value of every accumulator entry (Keras: 0.1).
+        initial_accumulator_value: f32,
+        /// L1 regularization strength (Keras: 0).
+        l1: f32,
+        /// L2 regularization strength (Keras: 0).
+        l2: f32,
+        /// L2 shrinkage of the gradient (Keras: 0).
+        l2_shrinkage: f32,
+        /// FTRL's beta, added to the L2 term as `beta / (2·lr)` (Keras: 0).
+        beta: f32,
     },
 }
 
@@ -327,6 +368,31 @@ impl Optimizer {
         })
     }
 
+    /// RMSprop with Keras' defaults (rho 0.9, no momentum, epsilon 1e-7, not centered).
+    pub fn rmsprop(learning_rate: f32) -> Self {
+        Self::new(OptimizerKind::RmsProp {
+            learning_rate,
+            rho: 0.9,
+            momentum: 0.0,
+            epsilon: 1e-7,
+            centered: false,
+        })
+    }
+
+    /// FTRL with Keras' defaults (rate power -0.5, initial accumulator 0.1, no
+    /// regularization) and L1 and L2 strengths `l1`, `l2`.
+    pub fn ftrl(learning_rate: f32, l1: f32, l2: f32) -> Self {
+        Self::new(OptimizerKind::Ftrl {
+            learning_rate,
+            learning_rate_power: -0.5,
+            initial_accumulator_value: 0.1,
+            l1,
+            l2,
+            l2_shrinkage: 0.0,
+            beta: 0.0,
+        })
+    }
+
     /// The same optimizer with another learning rate (a schedule's value at a step).
     pub fn with_learning_rate(mut self, learning_rate: f32) -> Self {
         match &mut self.kind {
@@ -341,6 +407,12 @@ impl Optimizer {
                 learning_rate: lr, ..
             }
             | OptimizerKind::AdamW {
+                learning_rate: lr, ..
+            }
+            | OptimizerKind::RmsProp {
+                learning_rate: lr, ..
+            }
+            | OptimizerKind::Ftrl {
                 learning_rate: lr, ..
             } => *lr = learning_rate,
         }
@@ -370,7 +442,9 @@ impl Optimizer {
             | OptimizerKind::Momentum { learning_rate, .. }
             | OptimizerKind::Adagrad { learning_rate, .. }
             | OptimizerKind::Adam { learning_rate, .. }
-            | OptimizerKind::AdamW { learning_rate, .. } => learning_rate,
+            | OptimizerKind::AdamW { learning_rate, .. }
+            | OptimizerKind::RmsProp { learning_rate, .. }
+            | OptimizerKind::Ftrl { learning_rate, .. } => learning_rate,
         }
     }
 
@@ -381,6 +455,10 @@ impl Optimizer {
             OptimizerKind::Momentum { .. } => &[SLOT_MOMENTUM],
             OptimizerKind::Adagrad { .. } => &[SLOT_ACCUMULATOR],
             OptimizerKind::Adam { .. } | OptimizerKind::AdamW { .. } => &[SLOT_M, SLOT_V],
+            OptimizerKind::RmsProp {
+                momentum, centered, ..
+            } => rules::rmsprop_slots(momentum > 0.0, centered),
+            OptimizerKind::Ftrl { .. } => &[SLOT_ACCUMULATOR, SLOT_LINEAR],
         }
     }
 
@@ -431,6 +509,17 @@ impl Optimizer {
                 check_non_negative("epsilon", epsilon)?;
                 check_non_negative("weight_decay", weight_decay)
             }
+            OptimizerKind::RmsProp {
+                rho,
+                momentum,
+                epsilon,
+                ..
+            } => {
+                check_decay("rho", rho)?;
+                check_decay("momentum", momentum)?;
+                check_non_negative("epsilon", epsilon)
+            }
+            OptimizerKind::Ftrl { .. } => rules::check_ftrl(&self.kind),
         }
     }
 
@@ -564,6 +653,10 @@ impl Optimizer {
             OptimizerKind::Adagrad {
                 initial_accumulator_value,
                 ..
+            }
+            | OptimizerKind::Ftrl {
+                initial_accumulator_value,
+                ..
             } if slot == SLOT_ACCUMULATOR => initial_accumulator_value,
             _ => 0.0,
         }
@@ -656,6 +749,34 @@ impl Optimizer {
                 epsilon,
                 learning_rate * weight_decay,
             ),
+            OptimizerKind::RmsProp {
+                learning_rate,
+                rho,
+                momentum,
+                epsilon,
+                centered,
+            } => Rule::RmsProp(rules::RmsProp {
+                lr: learning_rate,
+                rho,
+                momentum,
+                epsilon,
+                centered,
+            }),
+            OptimizerKind::Ftrl {
+                learning_rate,
+                learning_rate_power,
+                l1,
+                l2,
+                l2_shrinkage,
+                beta,
+                ..
+            } => Rule::Ftrl(rules::Ftrl {
+                lr: learning_rate,
+                power: -learning_rate_power,
+                l1,
+                l2: l2 + beta / (2.0 * learning_rate),
+                l2_shrinkage,
+            }),
         }
     }
 }
@@ -715,6 +836,8 @@ enum Rule {
         /// AdamW's decoupled decay per step (`lr × weight_decay`); 0 for Adam.
         decay: f32,
     },
+    RmsProp(rules::RmsProp),
+    Ftrl(rules::Ftrl),
 }
 
 impl Rule {
@@ -789,6 +912,8 @@ impl Rule {
                     }
                 }
             }
+            Rule::RmsProp(rule) => rule.apply(params, slots, spans),
+            Rule::Ftrl(rule) => rule.apply(params, slots, spans),
         }
     }
 }
@@ -900,6 +1025,12 @@ pub const SLOT_ACCUMULATOR: &str = "accumulator";
 pub const SLOT_M: &str = "m";
 /// Slot of Adam: the second moment.
 pub const SLOT_V: &str = "v";
+/// Slot of RMSprop: the running average of squared gradients.
+pub const SLOT_VELOCITY: &str = "velocity";
+/// Slot of a centered RMSprop: the running average of gradients.
+pub const SLOT_AVERAGE_GRADIENT: &str = "average_gradient";
+/// Slot of FTRL: the linear term.
+pub const SLOT_LINEAR: &str = "linear";
 
 #[cfg(test)]
 mod tests;

@@ -137,6 +137,23 @@ impl Slots {
     }
 
     /// Two distinct buffers at once; the caller has checked that both exist.
+    /// The buffers of `names`, in that order.
+    pub(super) fn buffers_mut(&mut self, names: &[&str]) -> Vec<&mut [f32]> {
+        let mut found: Vec<Option<&mut [f32]>> = names.iter().map(|_| None).collect();
+        for (name, values) in self.buffers.iter_mut() {
+            if let Some(k) = names.iter().position(|n| n == name) {
+                found[k] = Some(values.as_mut_slice());
+            }
+        }
+        found
+            .into_iter()
+            .zip(names)
+            .map(|(buffer, name)| {
+                buffer.unwrap_or_else(|| panic!("slot `{name}` is checked before every update"))
+            })
+            .collect()
+    }
+
     pub(super) fn buffer_pair_mut(&mut self, a: &str, b: &str) -> (&mut [f32], &mut [f32]) {
         let mut first = None;
         let mut second = None;

@@ -84,7 +84,61 @@ fn every_optimizer() -> Vec<Optimizer> {
         Optimizer::nesterov(0.1, 0.9),
         Optimizer::adagrad(0.1),
         Optimizer::adam(0.1),
+        Optimizer::rmsprop(0.1),
+        rmsprop(0.5, true),
+        Optimizer::ftrl(0.1, 0.05, 0.1),
     ]
+}
+
+/// RMSprop at rate 0.1 with Keras' other defaults, a `momentum` and `centered`.
+fn rmsprop(momentum: f32, centered: bool) -> Optimizer {
+    Optimizer::new(OptimizerKind::RmsProp {
+        learning_rate: 0.1,
+        rho: 0.9,
+        momentum,
+        epsilon: 1e-7,
+        centered,
+    })
+}
+
+#[test]
+fn rmsprop_two_steps_plain_with_momentum_and_centered() {
+    // v1 = 0.1, p1 = 1 - 0.1 / sqrt(0.1 + ε); v2 = 0.19, p2 = p1 - 0.1 / sqrt(0.19 + ε).
+    let mut p = vec![1.0];
+    let slots = run_dense(&Optimizer::rmsprop(0.1), &mut p, &[&[1.0], &[1.0]]);
+    assert_close(&p, &[0.454_356_7], 1e-6);
+    assert_close(slots.get("velocity").unwrap(), &[0.19], 1e-6);
+    assert_eq!(slots.iter().count(), 1);
+    // With momentum 0.5: m1 = s1, m2 = 0.5·m1 + s2, p = 1 - m1 - m2.
+    let mut p = vec![1.0];
+    let slots = run_dense(&rmsprop(0.5, false), &mut p, &[&[1.0], &[1.0]]);
+    assert_close(&p, &[0.296_242_9], 1e-6);
+    assert_close(slots.get("momentum").unwrap(), &[0.387_529_5], 1e-6);
+    // Centered, g = 2: a1 = 0.2, v1 = 0.4, denominator 0.4 - 0.04; a2 = 0.38, v2 = 0.76.
+    let mut p = vec![1.0];
+    let slots = run_dense(&rmsprop(0.0, true), &mut p, &[&[2.0], &[2.0]]);
+    assert_close(&p, &[0.411_760_4], 1e-6);
+    assert_close(slots.get("average_gradient").unwrap(), &[0.38], 1e-6);
+    assert_close(slots.get("velocity").unwrap(), &[0.76], 1e-6);
+}
+
+#[test]
+fn ftrl_two_steps_with_and_without_regularization() {
+    // n1 = 1.1, z1 = 1 - (sqrt(1.1) - sqrt(0.1)) / 0.1 · 1, p1 = -z1 / (sqrt(1.1) / 0.1); and
+    // again with n2 = 2.1.
+    let mut p = vec![1.0];
+    let slots = run_dense(&Optimizer::ftrl(0.1, 0.0, 0.0), &mut p, &[&[1.0], &[1.0]]);
+    assert_close(&p, &[0.534_135_8], 1e-5);
+    assert_close(slots.get("accumulator").unwrap(), &[2.1], 1e-6);
+    assert_close(slots.get("linear").unwrap(), &[-7.740_364], 1e-4);
+    let mut p = vec![1.0];
+    let slots = run_dense(&Optimizer::ftrl(0.1, 0.05, 0.1), &mut p, &[&[1.0], &[-0.5]]);
+    assert_close(&p, &[0.629_483], 1e-5);
+    assert_close(slots.get("accumulator").unwrap(), &[1.35], 1e-6);
+    // An L1 strength above |z| holds the weight at zero.
+    let mut p = vec![0.0];
+    run_dense(&Optimizer::ftrl(0.1, 5.0, 0.0), &mut p, &[&[1.0], &[-0.5]]);
+    assert_eq!(p, [0.0]);
 }
 
 #[test]
@@ -320,6 +374,25 @@ fn invalid_hyperparameters_are_refused() {
             beta_1: 0.9,
             beta_2: 1.5,
             epsilon: 1e-7,
+        }),
+        Optimizer::new(OptimizerKind::RmsProp {
+            learning_rate: 0.1,
+            rho: 1.0,
+            momentum: 0.0,
+            epsilon: 1e-7,
+            centered: false,
+        }),
+        // FTRL divides by its rate: zero is refused, as are a positive power and a negative L1.
+        Optimizer::ftrl(0.0, 0.0, 0.0),
+        Optimizer::ftrl(0.1, -1.0, 0.0),
+        Optimizer::new(OptimizerKind::Ftrl {
+            learning_rate: 0.1,
+            learning_rate_power: 0.5,
+            initial_accumulator_value: 0.1,
+            l1: 0.0,
+            l2: 0.0,
+            l2_shrinkage: 0.0,
+            beta: 0.0,
         }),
     ];
     for opt in cases {
