@@ -94,6 +94,9 @@ fn spec() -> Arc<PsFit<WideDeep>> {
             "train",
         )
         .validation_data("validation")
+        // The wide (linear) part's table by Adagrad, the deep part by Adam (optimizers by
+        // name scope, as wide-and-deep models are trained).
+        .optimizer_for("wide", Optimizer::adagrad(0.05))
         // Each closure pulls and pushes only the rows its batch touches.
         .read_rows(&["wide.weight", "deep.weight"])
         .partitioner(|name, _| {

@@ -151,6 +151,9 @@ fn ps_fit() -> Arc<PsFit<Net>> {
             1
         })
         .learning_rate_schedule(schedule())
+        // The output layer by its own optimizer (a name scope's): restored with its own slots
+        // when a server or the chief is lost.
+        .optimizer_for("out", Optimizer::adagrad(0.05))
         // The hidden layer's kernel split over both servers.
         .partitioner(|name, _| {
             (name == "hidden.weight").then_some(Partitioner::FixedShards { num_shards: 2 })

@@ -291,7 +291,7 @@ impl ParameterStore {
         }
         if slots.len() != expected
             || self
-                .optimizer
+                .optimizer_for(name)
                 .slot_names()
                 .iter()
                 .any(|slot| !slots.contains(slot))
@@ -1032,6 +1032,21 @@ mod tests {
         assert!(err.to_string().contains("emb/part_0"), "{err}");
         let accumulator = vec![("accumulator", vec![0.1; 2])];
         assert!(Slots::restore(ps.optimizer_for("w"), "w", 2, accumulator, 0).is_err());
+        // A restore (a server restarted, or the chief's checkpoint) takes each variable's
+        // slots by its own optimizer: the scope's Adagrad slots restore its variable, and a
+        // variable restored with slots its optimizer does not keep is refused, nothing changed.
+        let exported = ps.variable("emb/part_0").unwrap().slots().clone();
+        ps.handle_begin_restore(1, &[]);
+        ps.handle_restore("emb/part_0", vec![2, 2], vec![0.5; 4], exported, 2)
+            .unwrap();
+        assert_eq!(ps.pull("emb/part_0").unwrap(), &[0.5; 4]);
+        let adam_slots = Optimizer::adam(0.1).new_slots("emb/part_0", 4);
+        let refused = ps.handle_restore("emb/part_0", vec![2, 2], vec![9.0; 4], adam_slots, 3);
+        assert!(
+            matches!(refused, Err(PsError::SlotsMismatch { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(ps.pull("emb/part_0").unwrap(), &[0.5; 4]);
         // A bad scope or scope optimizer is named.
         for (scopes, named) in [
             (OptimizerScopes::new().with("emb/", adagrad), "\"emb/\""),
