@@ -42,7 +42,9 @@ pub use crate::roles::coordinator::{
 };
 pub use crate::roles::eval_fn::{CheckpointVariables, EvalError, Metrics};
 pub use crate::roles::parameter_server_strategy::{ParameterServerStrategy, PerWorkerDataset};
-pub use crate::roles::registry::{ChiefFn, DatasetFn, EvalFn, Program, StepFn, WorkerFunctions};
+pub use crate::roles::registry::{
+    ChiefFn, DatasetFn, EvalFn, Program, PsSettingsError, StepFn, WorkerFunctions,
+};
 pub use crate::roles::server_model::{
     PushedGradient, RowRead, ServerModel, TrainReport, WeightAccess,
 };

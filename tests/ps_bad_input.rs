@@ -3,7 +3,8 @@
 //!
 //! - A role process with a malformed `TF_CONFIG`, a cluster with no parameter server, duplicate
 //!   addresses, or a task that is not in its cluster exits with code 2 and a message naming the
-//!   key, before it opens any socket.
+//!   key, before it opens any socket; so does every role of a program whose name scope for an
+//!   optimizer is bad, naming the scope.
 //! - A step that pushes a gradient of the wrong shape fails with an error naming the variable,
 //!   and nothing changes on any parameter server (the push is all or nothing).
 //! - A step that pushes a NaN gradient is skipped and counted by the default policy, and
@@ -58,7 +59,13 @@ static GHOST: Step<(), ()> = Step::new("ghost");
 /// gradient for the 4-value `w`; `bad_rows` pushes rows of the wrong width; `nan` pushes a
 /// gradient with a NaN in it.
 fn program() -> Program {
-    Program::new("ps-bad-input-test")
+    let program = Program::new("ps-bad-input-test");
+    // A name scope the test gives its role process (a bad one), with its own optimizer.
+    let program = match std::env::var(SCOPE_ENV) {
+        Ok(scope) => program.optimizer_for(scope, cohort::optim::Optimizer::adagrad(0.1)),
+        Err(_) => program,
+    };
+    program
         .optimizer(cohort::optim::Optimizer::sgd(0.1))
         .step_encoded("fit", |ctx: &mut StepContext<'_>, _args: &[u8]| {
             let w = ctx.pull("w")?;
@@ -238,6 +245,28 @@ fn a_cluster_with_no_parameter_server_exits_2_naming_the_ps_job() {
     );
 }
 
+/// The name scope a role process's program gives its own optimizer.
+const SCOPE_ENV: &str = "COHORT_TEST_OPTIMIZER_SCOPE";
+
+/// A program whose parameter-server settings are bad (here a name scope that ends in a
+/// separator) ends every role at its start, the chief and the workers as the servers, with
+/// code 2 and the scope named: no role waits for servers that cannot start.
+#[test]
+fn a_bad_optimizer_scope_exits_every_role_2_naming_it() {
+    for task in ["chief", "worker", "ps"] {
+        let tf_config = format!(
+            r#"{{"cluster": {{"chief": ["127.0.0.1:5000"], "worker": ["127.0.0.1:5001"], "ps": ["127.0.0.1:5002"]}},
+                 "task": {{"type": "{task}", "index": 0}}}}"#
+        );
+        let (code, stderr) = role_process_with(&tf_config, &[(SCOPE_ENV, "embedding/")]);
+        assert_eq!(code, Some(2), "{task}: {stderr}");
+        assert!(
+            stderr.contains("\"embedding/\"") && stderr.contains("scope"),
+            "{task}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn duplicate_addresses_exit_2_naming_both_tasks_and_the_address() {
     let tf_config = r#"{"cluster": {"chief": ["127.0.0.1:5000"], "worker": ["127.0.0.1:5001"], "ps": ["127.0.0.1:5001"]},
@@ -381,8 +410,14 @@ fn a_wrong_shape_gradient_fails_naming_the_variable_and_a_nan_gradient_is_skippe
 /// Runs this test binary as a role process with `tf_config` and no launcher; its exit code and
 /// stderr. Bounded in time.
 fn role_process(tf_config: &str) -> (Option<i32>, String) {
+    role_process_with(tf_config, &[])
+}
+
+/// [`role_process`] with `env` set too.
+fn role_process_with(tf_config: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "cluster_task", "--nocapture"])
+        .envs(env.iter().copied())
         .env(CHILD_ENV, "1")
         .env("TF_CONFIG", tf_config)
         // A certificate directory is given, so the error is about TF_CONFIG alone.

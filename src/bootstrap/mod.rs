@@ -180,6 +180,13 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
         tracing::error!("bad config: {}: {e}", config.origin("cluster"));
         return BAD_CONFIG_EXIT_CODE;
     }
+    // Every role, not the servers alone: a chief over servers that cannot start would wait.
+    if config.cluster.task.task_type != TaskType::Evaluator {
+        if let Err(e) = program.check_ps_settings() {
+            tracing::error!("bad config: program {}: {e}", program.name());
+            return BAD_CONFIG_EXIT_CODE;
+        }
+    }
     let config = set_role_config(config);
     let incarnation = incarnation_number(config.incarnation, SystemTime::now());
     logging::set_task(

@@ -18,7 +18,9 @@ use super::eval_fn::{CheckpointVariables, EvalError, Metrics};
 use super::step::{decode, encode, DatasetHandle, Step};
 use super::worker::{StepContext, StepError};
 use crate::data::{DataError, Dataset, InputContext};
-use crate::optim::{LearningRateSchedule, Optimizer, OptimizerScopes};
+use crate::optim::{
+    LearningRateSchedule, OptimError, Optimizer, OptimizerScopes, ScheduleError, ScopeError,
+};
 
 pub use super::step::DatasetFn;
 pub use super::worker::{StepFn, WorkerFunctions};
@@ -27,6 +29,20 @@ pub type ChiefFn =
     Arc<dyn Fn(&mut ClusterCoordinator) -> Result<(), CoordinatorError> + Send + Sync>;
 /// The evaluator's function: the variables of one checkpoint in, named metrics out.
 pub type EvalFn = Arc<dyn Fn(&CheckpointVariables) -> Result<Metrics, EvalError> + Send + Sync>;
+
+/// What is wrong with a program's parameter-server settings ([`Program::check_ps_settings`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PsSettingsError {
+    /// The program's optimizer ([`Program::optimizer`]).
+    #[error("the parameter servers' optimizer: {0}")]
+    Optimizer(OptimError),
+    /// A name scope or its optimizer ([`Program::optimizer_for`]).
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
+    /// The learning-rate schedule ([`Program::learning_rate_schedule`]).
+    #[error("the parameter servers' learning-rate schedule: {0}")]
+    Schedule(ScheduleError),
+}
 
 /// The registered functions of one job.
 #[derive(Clone)]
@@ -186,7 +202,8 @@ impl Program {
     /// ([`ClusterCoordinator::set_learning_rate`]) are the program optimizer's. A checkpoint
     /// records each variable's slots, and restoring one whose slots another optimizer made
     /// fails naming the variable. Every process registers the same; a bad scope or optimizer
-    /// fails the servers' start, naming the scope.
+    /// fails every role's start (exit code 2), naming the scope
+    /// ([`Program::check_ps_settings`]).
     ///
     /// ```
     /// use cohort::optim::Optimizer;
@@ -205,8 +222,8 @@ impl Program {
 
     /// The parameter servers' learning rate as a function of each variable's update count
     /// (Keras' schedules: warm-up, cosine decay...), in place of the optimizer's constant
-    /// rate. Every process registers the same; a schedule that cannot give a rate fails the
-    /// servers' start, naming it.
+    /// rate. Every process registers the same; a schedule that cannot give a rate fails every
+    /// role's start (exit code 2), naming it.
     pub fn learning_rate_schedule(mut self, schedule: LearningRateSchedule) -> Self {
         self.schedule = Some(schedule);
         self
@@ -215,6 +232,20 @@ impl Program {
     /// The parameter servers' optimizer.
     pub fn ps_optimizer(&self) -> &Optimizer {
         &self.optimizer
+    }
+
+    /// Checks what the parameter servers will be given: the optimizer, every name scope's
+    /// and the learning-rate schedule. Every role checks it before it starts, so that a bad
+    /// one ends the whole job at once, naming it, rather than the servers alone.
+    pub fn check_ps_settings(&self) -> Result<(), PsSettingsError> {
+        self.optimizer
+            .validate()
+            .map_err(PsSettingsError::Optimizer)?;
+        self.scopes.validate()?;
+        if let Some(schedule) = &self.schedule {
+            schedule.validate().map_err(PsSettingsError::Schedule)?;
+        }
+        Ok(())
     }
 
     /// The optimizers given for name scopes ([`Program::optimizer_for`]).
