@@ -255,6 +255,31 @@ fn fit_trains_the_same_under_the_default_strategy_and_mirrored() {
     assert_close(&default, &mirrored, "Mirrored(2)");
 }
 
+/// `validation_freq(2)` validates after epochs 2 and 4 (counted from 1) only, as Keras does;
+/// 0 is refused, naming it.
+#[test]
+fn validation_runs_after_every_validation_freq_th_epoch() {
+    let mut model = compiled(DefaultStrategy::new(), 16, 0.0);
+    let fit = Fit::epochs(4)
+        .validation_data(validation_data())
+        .validation_freq(2)
+        .verbose(false);
+    let history = model.fit(&train_data(), fit).unwrap();
+    let validated: Vec<bool> = history
+        .get("val_loss")
+        .iter()
+        .map(|v| v.is_finite())
+        .collect();
+    assert_eq!(validated, [false, true, false, true]);
+    let err = model
+        .fit(
+            &train_data(),
+            Fit::epochs(1).validation_freq(0).verbose(false),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("validation_freq"), "{err}");
+}
+
 /// A worker process of the MultiWorkerMirrored test: 2 local replicas, 4 in sync.
 #[test]
 fn keras_mwms_worker_process() {

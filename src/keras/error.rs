@@ -123,6 +123,9 @@ pub enum Misuse {
     /// `Fit::epochs(0)`.
     #[error("fit: epochs must be at least 1")]
     NoEpochs,
+    /// `Fit::validation_freq(0)`.
+    #[error("fit: validation_freq must be at least 1")]
+    NoValidationFreq,
     /// `Fit::steps_per_epoch(0)`.
     #[error("fit: steps_per_epoch must be at least 1")]
     NoStepsPerEpoch,

@@ -20,11 +20,17 @@ pub struct Fit {
     pub(crate) steps_per_epoch: Option<usize>,
     pub(crate) validation_data: Option<Dataset>,
     pub(crate) validation_steps: Option<usize>,
+    pub(crate) validation_freq: usize,
     pub(crate) callbacks: Vec<Box<dyn Callback>>,
     pub(crate) verbose: bool,
     pub(crate) distribute: DistributeOptions,
     pub(crate) notice: Option<Arc<AtomicBool>>,
     pub(crate) drain: Option<Arc<AtomicBool>>,
+}
+
+/// Whether the epoch numbered `epoch` (from 0) is validated under `validation_freq`.
+pub(super) fn validates_after(epoch: usize, validation_freq: usize) -> bool {
+    validation_freq > 0 && (epoch + 1) % validation_freq == 0
 }
 
 impl Fit {
@@ -36,6 +42,7 @@ impl Fit {
             steps_per_epoch: None,
             validation_data: None,
             validation_steps: None,
+            validation_freq: 1,
             callbacks: Vec::new(),
             verbose: true,
             distribute: DistributeOptions::default(),
@@ -59,6 +66,14 @@ impl Fit {
     /// At most `steps` batches of the validation data.
     pub fn validation_steps(mut self, steps: usize) -> Self {
         self.validation_steps = Some(steps);
+        self
+    }
+
+    /// Validates after every `epochs`-th epoch only (Keras' `validation_freq`: with 2, after
+    /// epochs 2, 4, ... counted from 1); the other epochs' logs have no `val_` figures. At
+    /// least 1 (the default: every epoch).
+    pub fn validation_freq(mut self, epochs: usize) -> Self {
+        self.validation_freq = epochs;
         self
     }
 
@@ -148,5 +163,23 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     /// all its steps, at the rate it ran at.
     pub fn fit(&mut self, data: &Dataset, fit: Fit) -> Result<History, KerasError> {
         FitLoop::start(self, data, fit)?.run()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validates_after;
+
+    #[test]
+    fn every_n_th_epoch_counted_from_one_is_validated() {
+        let validated = |freq| {
+            (0..6)
+                .filter(|&e| validates_after(e, freq))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(validated(1), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(validated(2), [1, 3, 5]);
+        assert_eq!(validated(4), [3]);
+        assert_eq!(validated(0), Vec::<usize>::new());
     }
 }

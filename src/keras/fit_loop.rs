@@ -16,6 +16,7 @@ use candle_core::Tensor;
 use candle_nn::ModuleT;
 
 use super::callbacks::{Callback, CallbackList, SaveFreq, TrainingContext};
+use super::fit::validates_after;
 use super::metrics::Metric;
 use super::model::{first_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
@@ -122,6 +123,7 @@ pub(super) struct FitLoop<'m, N> {
     steps_per_epoch: Option<usize>,
     validation_data: Option<Dataset>,
     validation_steps: Option<usize>,
+    validation_freq: usize,
     distribute: DistributeOptions,
     notice: Option<Arc<AtomicBool>>,
     drain: Option<Arc<AtomicBool>>,
@@ -174,6 +176,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             steps_per_epoch,
             validation_data,
             validation_steps,
+            validation_freq,
             callbacks,
             verbose,
             distribute,
@@ -182,6 +185,9 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         } = fit;
         if epochs == 0 {
             return Err(Misuse::NoEpochs.into());
+        }
+        if validation_freq == 0 {
+            return Err(Misuse::NoValidationFreq.into());
         }
         if steps_per_epoch == Some(0) {
             return Err(Misuse::NoStepsPerEpoch.into());
@@ -210,6 +216,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
             steps_per_epoch,
             validation_data,
             validation_steps,
+            validation_freq,
             distribute,
             notice,
             drain,
@@ -654,6 +661,9 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         let Some(validation) = self.validation_data.as_ref() else {
             return Ok(true);
         };
+        if !validates_after(self.epoch, self.validation_freq) {
+            return Ok(true);
+        }
         match self.model.evaluate_steps(validation, self.validation_steps) {
             Ok(val) => {
                 logs.extend_prefixed("val_", &val);

@@ -17,6 +17,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::{ModuleT, VarBuilder};
 
 use super::callbacks::{BackupAndRestore, Callback, CallbackList, SaveFreq, TrainingContext};
+use super::fit::validates_after;
 use super::metrics::Metric;
 use super::model::{batch_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse};
@@ -310,8 +311,10 @@ struct PsFitLoop<'a, N> {
     coordinator: &'a mut ClusterCoordinator,
     epochs: usize,
     steps_per_epoch: usize,
-    /// Validation closures per epoch (0: no validation).
+    /// Validation closures per validated epoch (0: no validation).
     validation_steps: usize,
+    /// Validates after every this many epochs.
+    validation_freq: usize,
     callbacks: CallbackList,
     /// The backup's checkpoints, which the coordinator saves, where a backup was given.
     manager: Option<CheckpointManager>,
@@ -352,6 +355,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             steps_per_epoch,
             validation_data,
             validation_steps,
+            validation_freq,
             callbacks,
             verbose,
             ..
@@ -361,6 +365,9 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             .ok_or(Misuse::PsNeedsStepsPerEpoch)?;
         if epochs == 0 {
             return Err(Misuse::NoEpochs.into());
+        }
+        if validation_freq == 0 {
+            return Err(Misuse::NoValidationFreq.into());
         }
         if let Some(schedule) = &ps_fit.schedule {
             schedule.validate()?;
@@ -396,6 +403,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
             epochs,
             steps_per_epoch,
             validation_steps,
+            validation_freq,
             callbacks,
             manager,
             weights: copy.variables(),
@@ -611,7 +619,7 @@ impl<'a, N: ModuleT + Send + Sync + 'static> PsFitLoop<'a, N> {
 
     /// Adds the validation closures' figures to `logs`, where validation was asked for.
     fn validate(&mut self, logs: &mut Logs) -> Result<(), KerasError> {
-        if self.validation_steps == 0 {
+        if self.validation_steps == 0 || !validates_after(self.epoch, self.validation_freq) {
             return Ok(());
         }
         let values = (0..self.validation_steps)
