@@ -872,11 +872,20 @@ fn restore_call(restore: RestoreCall) -> Effect {
             incarnation,
             generation,
             fences,
+            afresh,
         } => {
-            tracing::warn!(
-                "restore generation {generation}: ps/{ps} (incarnation {incarnation}) is restored from \
-                 a checkpoint with every other server"
-            );
+            if afresh {
+                // A start afresh: nothing was lost, and nothing is read back.
+                tracing::info!(
+                    "restore generation {generation}: ps/{ps} (incarnation {incarnation}) starts \
+                     afresh (no checkpoint; an earlier chief's pushes are refused from now on)"
+                );
+            } else {
+                tracing::warn!(
+                    "restore generation {generation}: ps/{ps} (incarnation {incarnation}) is \
+                     restored from a checkpoint with every other server"
+                );
+            }
             let msg = BeginRestore { generation, fences };
             let request = Request::BeginRestore {
                 ps,

@@ -65,6 +65,9 @@ pub enum RestoreCall {
         generation: u64,
         /// Per worker, the newest fenced incarnation.
         fences: Vec<(u32, WorkerIncarnation)>,
+        /// A chief's start afresh ([`CheckpointSource::Afresh`]): no shard is restored, only
+        /// the generation opened (nothing was lost).
+        afresh: bool,
     },
     /// Read the newest checkpoint under `root` that verifies and was taken at `cut`
     /// (blocking file IO: off the actor's thread). Answer [`RestoreReport::Loaded`].
@@ -475,6 +478,7 @@ impl RestoreRun {
                         incarnation,
                         generation,
                         fences: self.fences.clone(),
+                        afresh: matches!(self.source, CheckpointSource::Afresh),
                     })
                     .collect();
                 if let CheckpointSource::AtCut { root, cut } = &self.source {

@@ -834,6 +834,7 @@ fn restore_asked(actions: &[SchedulerAction]) -> Option<RestoreAsked> {
                 incarnation,
                 generation,
                 fences,
+                ..
             }) => {
                 let entry = asked.get_or_insert((ClosureId(u64::MAX), *generation, vec![], vec![]));
                 entry.2.push((*ps, *incarnation));
