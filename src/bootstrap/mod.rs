@@ -165,27 +165,8 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
             return BAD_CONFIG_EXIT_CODE;
         }
     };
-    // An evaluator reads checkpoints only: it serves a MultiWorkerMirrored job (no parameter
-    // server) as well as a parameter-server one.
-    let servers_needed = if config.cluster.task.task_type == TaskType::Evaluator {
-        Ok(())
-    } else {
-        config
-            .cluster
-            .cluster
-            .require(StrategyKind::ParameterServer)
-    };
-    if let Err(e) = servers_needed {
-        // The message starts with the key (`cluster`); say which layer the cluster came from.
-        tracing::error!("bad config: {}: {e}", config.origin("cluster"));
+    if refuses_job(&program, &config) {
         return BAD_CONFIG_EXIT_CODE;
-    }
-    // Every role, not the servers alone: a chief over servers that cannot start would wait.
-    if config.cluster.task.task_type != TaskType::Evaluator {
-        if let Err(e) = program.check_ps_settings() {
-            tracing::error!("bad config: program {}: {e}", program.name());
-            return BAD_CONFIG_EXIT_CODE;
-        }
     }
     let config = set_role_config(config);
     let incarnation = incarnation_number(config.incarnation, SystemTime::now());
@@ -247,6 +228,31 @@ pub fn run_role(program: Arc<Program>, flags: &ConfigFlags) -> i32 {
             TRAINING_ERROR_EXIT_CODE
         }
     }
+}
+
+/// Whether this role refuses the job before it starts (logging why): a parameter-server job
+/// needs servers in its cluster, and its program's server settings must serve. An evaluator
+/// reads checkpoints only: it serves a MultiWorkerMirrored job (no parameter server) as well
+/// as a parameter-server one, and needs neither.
+fn refuses_job(program: &Program, config: &RoleConfig) -> bool {
+    if config.cluster.task.task_type == TaskType::Evaluator {
+        return false;
+    }
+    if let Err(e) = config
+        .cluster
+        .cluster
+        .require(StrategyKind::ParameterServer)
+    {
+        // The message starts with the key (`cluster`); say which layer the cluster came from.
+        tracing::error!("bad config: {}: {e}", config.origin("cluster"));
+        return true;
+    }
+    // Every role, not the servers alone: a chief over servers that cannot start would wait.
+    if let Err(e) = program.check_ps_settings() {
+        tracing::error!("bad config: program {}: {e}", program.name());
+        return true;
+    }
+    false
 }
 
 enum RoleFailure {

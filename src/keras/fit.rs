@@ -28,11 +28,6 @@ pub struct Fit {
     pub(crate) drain: Option<Arc<AtomicBool>>,
 }
 
-/// Whether the epoch numbered `epoch` (from 0) is validated under `validation_freq`.
-pub(super) fn validates_after(epoch: usize, validation_freq: usize) -> bool {
-    validation_freq > 0 && (epoch + 1) % validation_freq == 0
-}
-
 impl Fit {
     /// `epochs` epochs, with Keras' defaults otherwise (an epoch is a pass over the data, a
     /// progress bar on standard error, no validation, no callbacks).
@@ -163,23 +158,5 @@ impl<N: ModuleT + Send + Sync + 'static> Model<N> {
     /// all its steps, at the rate it ran at.
     pub fn fit(&mut self, data: &Dataset, fit: Fit) -> Result<History, KerasError> {
         FitLoop::start(self, data, fit)?.run()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::validates_after;
-
-    #[test]
-    fn every_n_th_epoch_counted_from_one_is_validated() {
-        let validated = |freq| {
-            (0..6)
-                .filter(|&e| validates_after(e, freq))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(validated(1), [0, 1, 2, 3, 4, 5]);
-        assert_eq!(validated(2), [1, 3, 5]);
-        assert_eq!(validated(4), [3]);
-        assert_eq!(validated(0), Vec::<usize>::new());
     }
 }

@@ -16,7 +16,6 @@ use candle_core::Tensor;
 use candle_nn::ModuleT;
 
 use super::callbacks::{Callback, CallbackList, SaveFreq, TrainingContext};
-use super::fit::validates_after;
 use super::metrics::Metric;
 use super::model::{first_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse, Model};
@@ -100,6 +99,11 @@ impl EpochStart {
             (false, _) => Self::Run,
         }
     }
+}
+
+/// Whether the epoch numbered `epoch` (from 0) is validated under `validation_freq`.
+pub(super) fn validates_after(epoch: usize, validation_freq: usize) -> bool {
+    validation_freq > 0 && (epoch + 1) % validation_freq == 0
 }
 
 /// What a step boundary leaves `fit` to do.
@@ -267,6 +271,9 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
                     Boundary::Finished => break 'group,
                     Boundary::Regroup => continue 'group,
                     Boundary::Left(departure) => {
+                        // A drained chief leaves without the departure's backup: the one due
+                        // at its last step is still written.
+                        self.write_due_step_backup()?;
                         self.history.left = Some(departure);
                         self.history.step = self.step;
                         return Ok(self.history);
@@ -840,4 +847,22 @@ fn train_replica<N: ModuleT + Send + Sync>(
             (None, None) => KerasError::Train(e),
         })?;
     Ok(output.sums().iter().map(|v| f64::from(*v)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validates_after;
+
+    #[test]
+    fn every_n_th_epoch_counted_from_one_is_validated() {
+        let validated = |freq| {
+            (0..6)
+                .filter(|&e| validates_after(e, freq))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(validated(1), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(validated(2), [1, 3, 5]);
+        assert_eq!(validated(4), [3]);
+        assert_eq!(validated(0), Vec::<usize>::new());
+    }
 }

@@ -17,7 +17,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::{ModuleT, VarBuilder};
 
 use super::callbacks::{BackupAndRestore, Callback, CallbackList, SaveFreq, TrainingContext};
-use super::fit::validates_after;
+use super::fit_loop::validates_after;
 use super::metrics::Metric;
 use super::model::{batch_stats, logs_of, split_element, stats_len, stats_of};
 use super::{Fit, History, KerasError, Logs, Loss, Misuse};

@@ -65,7 +65,7 @@ pub enum RestoreCall {
         generation: u64,
         /// Per worker, the newest fenced incarnation.
         fences: Vec<(u32, WorkerIncarnation)>,
-        /// A chief's start afresh ([`CheckpointSource::Afresh`]): no shard is restored, only
+        /// A chief's start afresh (`CheckpointSource::Afresh`): no shard is restored, only
         /// the generation opened (nothing was lost).
         afresh: bool,
     },
