@@ -652,7 +652,7 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         self.history.epochs.push(logs.clone());
         self.history.epoch_numbers.push(epoch);
         self.last_logs = logs;
-        self.back_up_if_due(true)?;
+        self.back_up_at_epoch_end()?;
         self.epoch += 1;
         self.step_in_epoch = 0;
         self.epoch_open = false;
@@ -708,13 +708,13 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         }
     }
 
-    /// Backs the state up on the chief at an epoch's end where the backup is by epochs.
-    fn back_up_if_due(&mut self, at_epoch_end: bool) -> Result<(), KerasError> {
+    /// At an epoch's end: backs the state up on the chief where the backup is by epochs.
+    fn back_up_at_epoch_end(&mut self) -> Result<(), KerasError> {
         let by_epochs = self
             .callbacks
             .backup()
             .is_some_and(|b| b.frequency() == SaveFreq::Epoch);
-        if self.is_chief && at_epoch_end && by_epochs {
+        if self.is_chief && by_epochs {
             self.back_up()?;
         }
         Ok(())
