@@ -151,9 +151,10 @@ fn ps_fit() -> Arc<PsFit<Net>> {
             1
         })
         .learning_rate_schedule(schedule())
-        // The output layer by its own optimizer (a name scope's): restored with its own slots
-        // when a server or the chief is lost.
-        .optimizer_for("out", Optimizer::adagrad(0.05))
+        // The output layer by its own optimizer (a name scope's), its rate on its own
+        // schedule: restored with its own slots and update counts when a server or the chief
+        // is lost.
+        .optimizer_for_scheduled("out", Optimizer::adagrad(0.05), out_schedule())
         // The hidden layer's kernel split over both servers.
         .partitioner(|name, _| {
             (name == "hidden.weight").then_some(Partitioner::FixedShards { num_shards: 2 })
@@ -165,6 +166,16 @@ fn ps_fit() -> Arc<PsFit<Net>> {
 fn schedule() -> LearningRateSchedule {
     LearningRateSchedule::cosine_decay(0.005, (EPOCHS * STEPS_PER_EPOCH - 10) as u64)
         .with_warmup(0.03, 10)
+}
+
+/// The output layer's own rate: an exponential decay of Adagrad's.
+fn out_schedule() -> LearningRateSchedule {
+    LearningRateSchedule::ExponentialDecay {
+        initial: 0.05,
+        decay_steps: STEPS_PER_EPOCH as u64,
+        decay_rate: 0.8,
+        staircase: true,
+    }
 }
 
 /// The task the scenario kills.
@@ -409,7 +420,7 @@ fn check_closures(report: &serde_json::Value, what: &str, training_closures: u64
     }
 }
 
-/// An optimizer `PsFit` gives a name scope reaches the servers through the program it
+/// An optimizer `PsFit` gives a name scope (and its schedule) reaches the servers through the program it
 /// registers on (`tests/candle_models.rs` trains a table under its own optimizer over
 /// processes); `fit`'s optimizer serves the rest.
 #[test]
@@ -423,14 +434,20 @@ fn a_scopes_optimizer_is_registered_for_the_servers() {
             vec![],
             "train",
         )
-        .optimizer_for("hidden", Optimizer::adagrad(0.1)),
+        .optimizer_for("hidden", Optimizer::adagrad(0.1))
+        .optimizer_for_scheduled("out", Optimizer::sgd(0.1), out_schedule()),
     );
     let program = fit.register(Program::new("scoped"));
     assert_eq!(program.ps_optimizer(), &Optimizer::adam(0.02));
     let scopes = program.ps_optimizer_scopes();
     assert_eq!(
-        scopes.of("hidden.weight/part_1"),
-        Some(&Optimizer::adagrad(0.1))
+        scopes.scoped("hidden.weight/part_1"),
+        Some((&Optimizer::adagrad(0.1), None))
+    );
+    let out = out_schedule();
+    assert_eq!(
+        scopes.scoped("out.bias"),
+        Some((&Optimizer::sgd(0.1), Some(&out)))
     );
     assert_eq!(scopes.of("head.weight"), None);
 }

@@ -45,12 +45,9 @@ pub(crate) fn program(
     handler: Py<PyAny>,
     (optimizer, scopes): (cohort::optim::Optimizer, cohort::optim::OptimizerScopes),
 ) -> Program {
-    scopes
-        .iter()
-        .fold(
-            Program::new(name).optimizer(optimizer),
-            |program, (scope, scoped)| program.optimizer_for(scope, *scoped),
-        )
+    Program::new(name)
+        .optimizer(optimizer)
+        .optimizer_scopes(&scopes)
         .step_encoded(PYTHON_STEP, move |ctx, payload| {
             run_step(&handler, ctx, payload)
         })

@@ -112,10 +112,25 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
     /// The servers update the variables of name scope `scope` (candle-nn's prefix, say
     /// `embedding`) with `optimizer` instead of `fit`'s, at its own constant rate (see
     /// `Program::optimizer_for`): an embedding table by Adagrad and the dense layers by Adam,
-    /// as wide-and-deep models are trained. The schedule and the logs' `learning_rate` are
-    /// `fit`'s optimizer's.
+    /// as wide-and-deep models are trained ([`PsFit::optimizer_for_scheduled`]: following a
+    /// schedule of its own). The schedule and the logs' `learning_rate` are `fit`'s
+    /// optimizer's.
     pub fn optimizer_for(mut self, scope: impl Into<String>, optimizer: Optimizer) -> Self {
         self.scopes.insert(scope, optimizer);
+        self
+    }
+
+    /// [`PsFit::optimizer_for`], the scope's rate following `schedule` of each variable's
+    /// update count instead of the optimizer's constant rate (see
+    /// `Program::optimizer_for_scheduled`).
+    pub fn optimizer_for_scheduled(
+        mut self,
+        scope: impl Into<String>,
+        optimizer: Optimizer,
+        schedule: LearningRateSchedule,
+    ) -> Self {
+        self.scopes
+            .insert_scoped(scope.into(), optimizer, Some(schedule));
         self
     }
 
@@ -175,10 +190,9 @@ impl<N: ModuleT + Send + Sync + 'static> PsFit<N> {
             Some(schedule) => program.learning_rate_schedule(schedule.clone()),
             None => program,
         };
-        let program = self.scopes.iter().fold(
-            program.optimizer(self.optimizer),
-            |program, (scope, optimizer)| program.optimizer_for(scope, *optimizer),
-        );
+        let program = program
+            .optimizer(self.optimizer)
+            .optimizer_scopes(&self.scopes);
         program
             .step(
                 &TRAIN,

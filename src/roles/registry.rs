@@ -198,7 +198,8 @@ impl Program {
     /// `scope.…` (a partitioned variable's shards among them), takes the optimizer of the
     /// longest scope it is in ([`OptimizerScopes`]), as a wide-and-deep model trains its
     /// linear part with one optimizer and its deep part with another. It applies its own
-    /// constant rate: [`Program::learning_rate_schedule`] and the rate the chief sets
+    /// constant rate ([`Program::optimizer_for_scheduled`]: its own schedule):
+    /// [`Program::learning_rate_schedule`] and the rate the chief sets
     /// ([`ClusterCoordinator::set_learning_rate`]) are the program optimizer's. A checkpoint
     /// records each variable's slots, and restoring one whose slots another optimizer made
     /// fails naming the variable. Every process registers the same; a bad scope or optimizer
@@ -217,6 +218,48 @@ impl Program {
     /// ```
     pub fn optimizer_for(mut self, scope: impl Into<String>, optimizer: Optimizer) -> Self {
         self.scopes.insert(scope, optimizer);
+        self
+    }
+
+    /// [`Program::optimizer_for`], the scope's rate following `schedule` of each variable's
+    /// update count (as [`Program::learning_rate_schedule`] does for the program optimizer's)
+    /// instead of the optimizer's constant rate: the wide part of a wide-and-deep model decayed
+    /// on its own course, say. A schedule that cannot give a rate fails every role's start
+    /// (exit code 2), naming the scope.
+    ///
+    /// ```
+    /// use cohort::optim::Optimizer;
+    /// use cohort::program::Program;
+    /// use cohort::train::LearningRateSchedule;
+    ///
+    /// let decay = LearningRateSchedule::cosine_decay(0.05, 10_000);
+    /// let program = Program::new("wide-deep")
+    ///     .optimizer(Optimizer::adam(0.001))
+    ///     .optimizer_for_scheduled("wide", Optimizer::adagrad(0.05), decay.clone());
+    /// assert_eq!(
+    ///     program.ps_optimizer_scopes().scoped("wide/kernel"),
+    ///     Some((&Optimizer::adagrad(0.05), Some(&decay)))
+    /// );
+    /// ```
+    pub fn optimizer_for_scheduled(
+        mut self,
+        scope: impl Into<String>,
+        optimizer: Optimizer,
+        schedule: LearningRateSchedule,
+    ) -> Self {
+        self.scopes
+            .insert_scoped(scope.into(), optimizer, Some(schedule));
+        self
+    }
+
+    /// Every scope of `scopes` with its optimizer and schedule, as [`Program::optimizer_for`]
+    /// and [`Program::optimizer_for_scheduled`] give one (replacing what was given for the
+    /// same scope before).
+    pub fn optimizer_scopes(mut self, scopes: &OptimizerScopes) -> Self {
+        for (scope, optimizer, schedule) in scopes.iter() {
+            self.scopes
+                .insert_scoped(scope.to_owned(), *optimizer, schedule.cloned());
+        }
         self
     }
 

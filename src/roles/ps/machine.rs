@@ -175,8 +175,9 @@ impl ParameterStore {
     }
 
     /// The same store with the variables of `scopes` updated by their scope's optimizer, each
-    /// at its own constant rate (the schedule and a closure's rate are the default
-    /// optimizer's). Refused, naming the scope, for a bad scope or optimizer.
+    /// at its own constant rate or following its own schedule (the store's schedule and a
+    /// closure's rate are the default optimizer's). Refused, naming the scope, for a bad
+    /// scope, optimizer or schedule.
     pub fn with_optimizer_scopes(mut self, scopes: OptimizerScopes) -> Result<Self, PsError> {
         scopes.validate().map_err(|err| PsError::OptimizerScope {
             reason: err.to_string(),
@@ -464,9 +465,9 @@ impl ParameterStore {
             let var = self.variables.get_mut(name).expect("checked above");
             // Restores refuse u64::MAX, so a push always has a next step.
             let step = var.steps.saturating_add(1);
-            let optimizer = match self.scopes.of(name) {
-                // A scope's optimizer keeps its own rate.
-                Some(scoped) => *scoped,
+            let optimizer = match self.scopes.scoped(name) {
+                // A scope's optimizer keeps its own rate, or follows its own schedule.
+                Some((scoped, schedule)) => Self::optimizer_at(*scoped, schedule, step),
                 None => scheduled_optimizer.unwrap_or_else(|| {
                     Self::optimizer_at(self.optimizer, self.schedule.as_ref(), step)
                 }),
@@ -1062,6 +1063,72 @@ mod tests {
             assert!(matches!(err, PsError::OptimizerScope { .. }), "{err}");
             assert!(err.to_string().contains(named), "{err}");
         }
+    }
+
+    /// A scope's own schedule sets its variables' rate by their own update count, beside the
+    /// default optimizer's schedule and a closure's rate (which stay the default's), and goes
+    /// on from a restored variable's count.
+    #[test]
+    fn a_scope_s_schedule_sets_its_variables_rate_by_their_update_count() {
+        let default_schedule = LearningRateSchedule::Constant(0.5);
+        let scope_schedule = LearningRateSchedule::PiecewiseConstant {
+            boundaries: vec![0, 1],
+            values: vec![1.0, 0.5, 0.25],
+        };
+        let mut ps = ParameterStore::new(Optimizer::sgd(9.0))
+            .unwrap()
+            .with_schedule(default_schedule)
+            .unwrap()
+            .with_optimizer_scopes(OptimizerScopes::new().with_schedule(
+                "wide",
+                Optimizer::sgd(9.0),
+                scope_schedule,
+            ))
+            .unwrap();
+        ps.handle_create("deep", vec![1], vec![0.0]).unwrap();
+        ps.handle_create("wide/part_0", vec![1], vec![0.0]).unwrap();
+        let grads = vec![
+            ("deep".to_string(), Gradient::Dense(vec![1.0].into())),
+            ("wide/part_0".to_string(), Gradient::Dense(vec![1.0].into())),
+        ];
+        // Update 1 at the closure's rate 0.125: the default's variable alone takes it; the
+        // scope's takes its schedule's rate at step 0 (1.0).
+        let at_rate = PushOrigin {
+            learning_rate: LearningRate::new(0.125),
+            ..origin(0, 1, 1, 1)
+        };
+        ps.handle_push(at_rate, &grads).unwrap();
+        assert_eq!(ps.pull("deep").unwrap(), &[-0.125]);
+        assert_eq!(ps.pull("wide/part_0").unwrap(), &[-1.0]);
+        // Updates 2 and 3: 0.5 then 0.25 for the scope's, 0.5 each for the default's.
+        ps.handle_push(origin(0, 1, 2, 1), &grads).unwrap();
+        ps.handle_push(origin(0, 1, 3, 1), &grads).unwrap();
+        assert_eq!(ps.pull("deep").unwrap(), &[-1.125]);
+        assert_eq!(ps.pull("wide/part_0").unwrap(), &[-1.75]);
+        // Restored at update count 1, the scope's variable goes on at the rate of step 1.
+        ps.handle_begin_restore(1, &[]);
+        let slots = Optimizer::sgd(9.0).new_slots("wide/part_0", 1);
+        ps.handle_restore("wide/part_0", vec![1], vec![0.0], slots, 1)
+            .unwrap();
+        ps.handle_roll_back(ClosureId(3), 1);
+        ps.handle_push(origin_in(0, 1, 4, 1), &grads[1..]).unwrap();
+        assert_eq!(ps.pull("wide/part_0").unwrap(), &[-0.5]);
+        // A schedule that cannot give a rate is refused, naming the scope.
+        let growing = LearningRateSchedule::ExponentialDecay {
+            initial: 0.1,
+            decay_steps: 10,
+            decay_rate: f32::INFINITY,
+            staircase: false,
+        };
+        let err = ParameterStore::new(Optimizer::sgd(0.5))
+            .unwrap()
+            .with_optimizer_scopes(OptimizerScopes::new().with_schedule(
+                "wide",
+                Optimizer::sgd(0.5),
+                growing,
+            ))
+            .unwrap_err();
+        assert!(err.to_string().contains("\"wide\""), "{err}");
     }
 
     #[test]
