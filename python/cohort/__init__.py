@@ -23,7 +23,7 @@ starts a local cluster of it)::
     print(losses[-1].fetch(), w.numpy())
 """
 
-from . import cluster_resolver, coordinator, optimizers, partitioners
+from . import cluster_resolver, coordinator, optimizers, partitioners, schedules
 from ._native import VERSION as __version__
 from ._steps import InputContext
 from .errors import (
@@ -68,4 +68,5 @@ __all__ = [
     "optimizers",
     "partitioners",
     "read_variables",
+    "schedules",
 ]

@@ -14,6 +14,7 @@ import itertools
 from typing import Any, Callable
 
 from . import _steps
+from .schedules import LearningRateSchedule
 from .strategy import ParameterServerStrategy
 
 
@@ -126,10 +127,11 @@ class ClusterCoordinator:
         self._chief.set_learning_rate(float(rate))
 
     @property
-    def learning_rate(self) -> float:
+    def learning_rate(self) -> float | LearningRateSchedule:
         """The rate the steps scheduled from now on are applied at: the one
         :meth:`set_learning_rate` set last (or a restored checkpoint recorded), else the
-        optimizer's."""
+        optimizer's (its schedule, where it has one: the servers apply each variable's update
+        ``n`` at ``schedule(n)``)."""
         rate = self._chief.learning_rate()
         return self.strategy.optimizer.learning_rate if rate is None else rate
 

@@ -3,7 +3,9 @@
 cohort's parameter servers apply the gradients a step pushes with the job's optimizer, given to
 ``ParameterServerStrategy(optimizer=...)`` (every process is given the same). Inside a step,
 ``optimizer.apply_gradients(zip(grads, variables))`` records the gradients as one update of the
-step, which each server applies once (PS-1), however often the step runs after a failure.
+step, which each server applies once (PS-1), however often the step runs after a failure. An
+optimizer's rate is a constant or a schedule of the update count (``schedules``, Keras'
+``keras.optimizers.schedules``: ``Adam(learning_rate=schedules.CosineDecay(0.01, 1000))``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _steps
+from . import _steps, schedules
+from .schedules import LearningRateSchedule
 
 
 class Optimizer:
@@ -24,8 +27,18 @@ class Optimizer:
 
     _kind = ""
 
-    def __init__(self, learning_rate: float, kind: str | None = None, **hyperparameters: float):
-        self.learning_rate = float(learning_rate)
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule,
+        kind: str | None = None,
+        **hyperparameters: float,
+    ):
+        # A schedule of the update count (``cohort.schedules``), or a constant rate.
+        self.learning_rate: float | LearningRateSchedule = (
+            learning_rate
+            if isinstance(learning_rate, LearningRateSchedule)
+            else float(learning_rate)
+        )
         self._hyperparameters = {k: float(v) for k, v in hyperparameters.items()}
         self._kind = kind or type(self)._kind
         from .strategy import current_scope
@@ -34,10 +47,14 @@ class Optimizer:
         if bind is not None:
             bind(self)
 
-    def spec(self) -> tuple[str, float, dict[str, float]]:
-        """What the runtime is given: ``(kind, learning_rate, hyperparameters)``, the others
-        by Keras' names (``momentum``, ``weight_decay``, ``rho``, ``l1``, ``l2``)."""
-        return (self._kind, self.learning_rate, dict(self._hyperparameters))
+    def spec(self) -> tuple[str, float | str, dict[str, float]]:
+        """What the runtime is given: ``(kind, learning_rate, hyperparameters)``, the rate a
+        number or a schedule's JSON, the others by Keras' names (``momentum``,
+        ``weight_decay``, ``rho``, ``l1``, ``l2``)."""
+        rate = self.learning_rate
+        if isinstance(rate, LearningRateSchedule):
+            return (self._kind, rate.spec(), dict(self._hyperparameters))
+        return (self._kind, rate, dict(self._hyperparameters))
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
         """Inside a step: pushes ``(gradient, variable)`` pairs as one update of the step,
@@ -84,7 +101,12 @@ def _f32(value: Any) -> np.ndarray:
 class SGD(Optimizer):
     """Stochastic gradient descent; with ``momentum`` (``nesterov``) the momentum method."""
 
-    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False):
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+    ):
         if momentum:
             super().__init__(
                 learning_rate, kind="nesterov" if nesterov else "momentum", momentum=momentum
@@ -98,7 +120,7 @@ class Adagrad(Optimizer):
 
     _kind = "adagrad"
 
-    def __init__(self, learning_rate: float = 0.001):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001):
         super().__init__(learning_rate)
 
 
@@ -107,7 +129,7 @@ class Adam(Optimizer):
 
     _kind = "adam"
 
-    def __init__(self, learning_rate: float = 0.001):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001):
         super().__init__(learning_rate)
 
 
@@ -116,7 +138,9 @@ class AdamW(Optimizer):
 
     _kind = "adamw"
 
-    def __init__(self, learning_rate: float = 0.001, weight_decay: float = 0.004):
+    def __init__(
+        self, learning_rate: float | LearningRateSchedule = 0.001, weight_decay: float = 0.004
+    ):
         super().__init__(learning_rate, weight_decay=weight_decay)
 
 
@@ -125,7 +149,12 @@ class RMSprop(Optimizer):
 
     _kind = "rmsprop"
 
-    def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0):
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.001,
+        rho: float = 0.9,
+        momentum: float = 0.0,
+    ):
         super().__init__(learning_rate, rho=rho, momentum=momentum)
 
 
@@ -138,7 +167,7 @@ class Ftrl(Optimizer):
 
     def __init__(
         self,
-        learning_rate: float = 0.001,
+        learning_rate: float | LearningRateSchedule = 0.001,
         l1_regularization_strength: float = 0.0,
         l2_regularization_strength: float = 0.0,
     ):

@@ -59,9 +59,9 @@ class ParameterServerStrategy:
     run the optimizer; every process is given the same). ``scoped_optimizers`` maps name
     scopes to their own optimizers: a variable named ``scope``, ``scope/...`` or ``scope.…``
     (a partitioned variable's shards among them) is updated by the optimizer of the longest
-    scope it is in, at that optimizer's own rate, as wide-and-deep models train their linear
-    part with one optimizer and their deep part with another. ``variable_partitioner`` splits
-    variables over the servers, as in TensorFlow.
+    scope it is in, at that optimizer's own rate or schedule, as wide-and-deep models train
+    their linear part with one optimizer and their deep part with another.
+    ``variable_partitioner`` splits variables over the servers, as in TensorFlow.
     """
 
     def __init__(

@@ -226,7 +226,7 @@ impl Chief {
 impl Chief {
     /// Starts the chief's role of the job `name` on a thread of its own; `args` are the
     /// script's arguments (configuration flags among them are taken), `optimizer` the
-    /// parameter servers' (`(kind, learning_rate, hyperparameters)`), `scoped` those
+    /// parameter servers' (`(kind, learning_rate or schedule, hyperparameters)`), `scoped` those
     /// of name scopes. Calls wait for the coordinator to be ready.
     #[new]
     #[pyo3(signature = (handler, name, args, optimizer, scoped = Vec::new()))]
@@ -234,10 +234,10 @@ impl Chief {
         handler: Py<PyAny>,
         name: String,
         args: Vec<String>,
-        optimizer: crate::OptimizerSpec,
-        scoped: Vec<(String, crate::OptimizerSpec)>,
+        optimizer: crate::optimizers::OptimizerSpec,
+        scoped: Vec<(String, crate::optimizers::OptimizerSpec)>,
     ) -> PyResult<Self> {
-        let optimizers = crate::optimizers(optimizer, scoped)?;
+        let optimizers = crate::optimizers::server_optimizers(optimizer, scoped)?;
         let (orders, received) = mpsc::channel();
         let received = Arc::new(Mutex::new(Some(received)));
         let program = crate::worker::program(name, handler, optimizers)

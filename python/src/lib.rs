@@ -22,6 +22,7 @@ use std::path::PathBuf;
 mod chief;
 mod evaluator;
 mod mirrored;
+mod optimizers;
 mod values;
 mod worker;
 
@@ -55,78 +56,6 @@ create_exception!(
     CohortError,
     "A checkpoint could not be written, read or restored."
 );
-
-/// An optimizer as Python gives it: its kind, its learning rate, and its other
-/// hyperparameters by Keras' names (`momentum`, `weight_decay`, `rho`, `l1`, `l2`).
-pub(crate) type OptimizerSpec = (String, f32, std::collections::BTreeMap<String, f32>);
-
-/// The optimizer `spec` names: `sgd`, `momentum`, `nesterov`, `adagrad`, `adam`, `adamw`,
-/// `rmsprop`, `ftrl`. A bad kind, a hyperparameter the kind has not, or a bad value is a
-/// `ValueError` naming it.
-pub(crate) fn optimizer(spec: &OptimizerSpec) -> PyResult<cohort::optim::Optimizer> {
-    use cohort::optim::{Optimizer, OptimizerKind};
-    let (name, learning_rate, params) = spec;
-    let learning_rate = *learning_rate;
-    let known: &[&str] = match name.as_str() {
-        "momentum" | "nesterov" => &["momentum"],
-        "adamw" => &["weight_decay"],
-        "rmsprop" => &["rho", "momentum"],
-        "ftrl" => &["l1", "l2"],
-        _ => &[],
-    };
-    if let Some(unknown) = params.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err(PyValueError::new_err(format!(
-            "optimizer {name:?} has no hyperparameter {unknown:?}"
-        )));
-    }
-    let param = |key: &str, default: f32| params.get(key).copied().unwrap_or(default);
-    let optimizer = match name.as_str() {
-        "sgd" => Optimizer::sgd(learning_rate),
-        "momentum" => Optimizer::momentum(learning_rate, param("momentum", 0.0)),
-        "nesterov" => Optimizer::nesterov(learning_rate, param("momentum", 0.0)),
-        "adagrad" => Optimizer::adagrad(learning_rate),
-        "adam" => Optimizer::adam(learning_rate),
-        "adamw" => Optimizer::adamw(learning_rate, param("weight_decay", 0.004)),
-        "rmsprop" => Optimizer::new(OptimizerKind::RmsProp {
-            learning_rate,
-            rho: param("rho", 0.9),
-            momentum: param("momentum", 0.0),
-            epsilon: 1e-7,
-            centered: false,
-        }),
-        "ftrl" => Optimizer::ftrl(learning_rate, param("l1", 0.0), param("l2", 0.0)),
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "optimizer {other:?}: not one of sgd, momentum, nesterov, adagrad, adam, adamw, \
-                 rmsprop, ftrl"
-            )))
-        }
-    };
-    optimizer
-        .validate()
-        .map_err(|e| PyValueError::new_err(format!("optimizer {name:?}: {e}")))?;
-    Ok(optimizer)
-}
-
-/// The parameter servers' optimizers: the job's (`default`) and those given for name scopes
-/// (`scoped`, `(scope, spec)`; see `Program::optimizer_for`). A bad optimizer or scope is a
-/// `ValueError` naming it.
-pub(crate) fn optimizers(
-    default: OptimizerSpec,
-    scoped: Vec<(String, OptimizerSpec)>,
-) -> PyResult<(cohort::optim::Optimizer, cohort::optim::OptimizerScopes)> {
-    let default = optimizer(&default)?;
-    let mut scopes = cohort::optim::OptimizerScopes::new();
-    for (scope, spec) in scoped {
-        let optimizer =
-            optimizer(&spec).map_err(|e| PyValueError::new_err(format!("scope {scope:?}: {e}")))?;
-        scopes.insert(scope, optimizer);
-    }
-    scopes
-        .validate()
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok((default, scopes))
-}
 
 /// Runs a local cluster of `interpreter` (the script's `sys.executable`) running `task_args`
 /// (the script and its arguments) in every task, one process per task, supervised, as
@@ -203,6 +132,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(optimizers::schedule_rate, m)?)?;
     m.add_function(wrap_pyfunction!(launch_help, m)?)?;
     m.add_function(wrap_pyfunction!(task, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint_dir, m)?)?;

@@ -21,6 +21,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::optimizers::Scheduled;
 use crate::values::F32Values;
 use crate::{CheckpointError, CohortError};
 
@@ -298,12 +299,21 @@ impl MultiWorker {
         tensor_values(py, &reduced)
     }
 
-    /// Makes the strategy's optimizer (`(kind, learning_rate, hyperparameters)`, as the
+    /// Makes the strategy's optimizer (`(kind, learning_rate or schedule, hyperparameters)`, as the
     /// parameter servers' is given): the one `apply_gradients` runs, whose slots and step
     /// count every group change carries with the variables. One per strategy; a second is a
     /// `ValueError`.
-    fn set_optimizer(&self, optimizer: crate::OptimizerSpec) -> PyResult<()> {
-        let optimizer = crate::optimizer(&optimizer)?;
+    fn set_optimizer(&self, optimizer: crate::optimizers::OptimizerSpec) -> PyResult<()> {
+        let Scheduled {
+            optimizer,
+            schedule,
+        } = crate::optimizers::optimizer(&optimizer)?;
+        let mut optimizer = DistributedOptimizer::new(optimizer);
+        if let Some(schedule) = schedule {
+            optimizer = optimizer
+                .with_schedule(schedule)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
         self.with(|m| {
             if m.optimizer.is_some() {
                 return Err(PyValueError::new_err(
@@ -311,7 +321,7 @@ impl MultiWorker {
                      (its slots follow the variables when the group changes)",
                 ));
             }
-            m.optimizer = Some(DistributedOptimizer::new(optimizer));
+            m.optimizer = Some(optimizer);
             Ok(())
         })
     }

@@ -22,6 +22,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::optimizers::{server_optimizers, OptimizerSpec, ServerOptimizers};
 use crate::values::F32Values;
 use crate::CohortError;
 
@@ -40,13 +41,14 @@ pyo3::create_exception!(
 /// The program of a Python job's process named `name`: the Python step, run by `handler`
 /// (called with a [`StepContext`] and the step's payload, it returns the value's bytes), and
 /// the parameter servers' optimizers (the job's, and those of name scopes).
-pub(crate) fn program(
-    name: String,
-    handler: Py<PyAny>,
-    (optimizer, scopes): (cohort::optim::Optimizer, cohort::optim::OptimizerScopes),
-) -> Program {
-    Program::new(name)
-        .optimizer(optimizer)
+pub(crate) fn program(name: String, handler: Py<PyAny>, optimizers: ServerOptimizers) -> Program {
+    let ServerOptimizers { default, scopes } = optimizers;
+    let program = Program::new(name).optimizer(default.optimizer);
+    let program = match default.schedule {
+        Some(schedule) => program.learning_rate_schedule(schedule),
+        None => program,
+    };
+    program
         .optimizer_scopes(&scopes)
         .step_encoded(PYTHON_STEP, move |ctx, payload| {
             run_step(&handler, ctx, payload)
@@ -57,7 +59,8 @@ pub(crate) fn program(
 /// job ends, and returns the exit code (0 done, 1 training error, 2 bad config, 143 stopped;
 /// see `cohort::process`). `handler` runs each step (`cohort._steps.run`); `args` are the
 /// script's arguments (configuration flags among them are taken); `optimizer` is the parameter
-/// servers' (`(kind, learning_rate, hyperparameters)`), `scoped` those of name scopes.
+/// servers' (`(kind, learning_rate or schedule, hyperparameters)`), `scoped` those of name
+/// scopes.
 #[pyfunction]
 #[pyo3(signature = (handler, name, args, optimizer, scoped = Vec::new()))]
 pub(crate) fn serve(
@@ -65,10 +68,10 @@ pub(crate) fn serve(
     handler: Py<PyAny>,
     name: String,
     args: Vec<String>,
-    optimizer: crate::OptimizerSpec,
-    scoped: Vec<(String, crate::OptimizerSpec)>,
+    optimizer: OptimizerSpec,
+    scoped: Vec<(String, OptimizerSpec)>,
 ) -> PyResult<i32> {
-    let program = program(name, handler, crate::optimizers(optimizer, scoped)?);
+    let program = program(name, handler, server_optimizers(optimizer, scoped)?);
     Ok(py.detach(move || cohort::program::run_role_with_args(program, &args)))
 }
 

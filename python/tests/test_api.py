@@ -168,6 +168,29 @@ def test_the_optimizers_name_their_kind():
     assert cohort.optimizers.Adam(0.01).spec()[0] == "adam"
 
 
+def test_schedules_give_keras_rates_and_a_bad_one_is_named():
+    schedules = cohort.optimizers.schedules
+    assert schedules.ExponentialDecay(0.1, 10, 0.5)(10) == pytest.approx(0.05)
+    assert schedules.ExponentialDecay(0.1, 10, 0.5)(5) == pytest.approx(0.1 * 0.5**0.5)
+    assert schedules.ExponentialDecay(0.1, 10, 0.5, staircase=True)(19) == pytest.approx(0.05)
+    piecewise = schedules.PiecewiseConstantDecay([10, 20], [1.0, 0.5, 0.1])
+    rates = [piecewise(t) for t in (0, 10, 11, 20, 21)]
+    assert rates == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.1])
+    cosine = schedules.CosineDecay(0.0, 90, warmup_target=0.1, warmup_steps=10)
+    rates = [cosine(t) for t in (0, 5, 10, 55, 100)]
+    assert rates == pytest.approx([0.0, 0.05, 0.1, 0.05, 0.0], abs=1e-6)
+    assert "CosineDecay(" in repr(cosine) and "warmup_steps=10" in repr(cosine)
+    # An optimizer given a schedule hands the runtime its JSON in place of a rate.
+    assert cohort.optimizers.Adam(cosine).spec() == ("adam", cosine.spec(), {})
+    assert cohort.optimizers.Adam(cosine).learning_rate is cosine
+    with pytest.raises(ValueError, match="1 values for 1 boundaries"):
+        schedules.PiecewiseConstantDecay([10], [1.0])(0)
+    with pytest.raises(ValueError, match="decay_steps"):
+        schedules.ExponentialDecay(0.1, -1, 0.5)(0)
+    with pytest.raises(ValueError, match="decay_rate"):
+        schedules.ExponentialDecay(0.1, 10, 2.0)(0)
+
+
 def test_every_task_runs_the_interpreter_of_the_virtual_environment_it_was_launched_from(
     tmp_path,
 ):

@@ -93,12 +93,13 @@ def test_each_name_scope_is_updated_by_its_own_optimizer():
     job = launch(JOBS / "scoped.py", workers=1, ps=2)
     assert job.code == 0, job.output
     lines = job.chief_lines()
-    # 3 updates each: the longest scope's rate (1, 0.5), else the job's (0.1); `wider` is
-    # in no scope though it begins like `wide`.
+    # 3 updates each: the longest scope's rate (1, 0.5) or schedule (1 + 0.5 + 0.25), else the
+    # job's schedule (0.1 + 0.05 + 0.025); `wider` is in no scope though it begins like `wide`.
     for expected in (
         "wide/kernel = [3.0, 3.0]",
         "wide/bias = [1.5]",
-        "deep = [0.3, 0.3]",
-        "wider = [0.3]",
+        "deep = [0.175, 0.175]",
+        "wider = [0.175]",
+        "decayed/kernel = [1.75, 1.75]",
     ):
         assert expected in lines, job.output

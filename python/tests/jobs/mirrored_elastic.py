@@ -4,7 +4,8 @@ survivors, which go on, and its restarted process is admitted and receives their
 task prints every group change and, at the end, the digest of its weights: the same on every
 worker. Arguments: --steps N, --pause SECONDS (each step's extra work), --die-at STEP with
 --marker FILE (worker/1's first process SIGKILLs itself before that step, or with --signal
-term sends itself SIGTERM, whatever the machine's speed: the marker says it did). --optimizer adam trains with cohort's Adam made in the strategy's scope
+term sends itself SIGTERM, whatever the machine's speed: the marker says it did). --optimizer adam
+trains with cohort's Adam on a cosine decay, made in the strategy's scope
 (its moments must follow the weights to a joiner, or the joiner's model drifts from the
 others'); the default is a hand-written SGD step on all-reduced gradients. --checkpoints
 keeps the training state's checkpoints in the configured directory (COHORT_CHECKPOINT_DIR),
@@ -59,7 +60,9 @@ dies = (resolver.task_type, resolver.task_id) == ("worker", 1) and args.marker !
 strategy = cohort.MultiWorkerMirroredStrategy()
 with strategy.scope():
     w = cohort.Variable(np.zeros((args.features, 1)), name="w")
-    optimizer = cohort.optimizers.Adam(0.05) if args.optimizer == "adam" else None
+    # Adam on a cosine decay: its step count, which the rate follows, goes with the weights.
+    decay = cohort.schedules.CosineDecay(0.05, args.steps, alpha=0.1)
+    optimizer = cohort.optimizers.Adam(decay) if args.optimizer == "adam" else None
 state = cohort.TrainingState()
 checkpoints = None
 if args.checkpoints:

@@ -1,12 +1,15 @@
 """Optimizers by name scope: the parameter servers update ``wide/...`` with SGD at rate 1,
-``wide/bias`` (a longer scope) at rate 0.5, and every other variable with the job's SGD at
-rate 0.1. Each of three steps pushes a gradient of -1 to every variable (one at a time), so
-each variable ends at 3 times its optimizer's rate; the chief prints them."""
+``wide/bias`` (a longer scope) at rate 0.5, ``decayed`` with SGD on a piecewise-constant
+schedule (1, then 0.5, then 0.25), and every other variable with the job's SGD, its rate on an
+exponential decay (0.1, halved at each update). Each of three steps pushes a gradient of -1 to
+every variable (one at a time), so each variable ends at the sum of its three rates; the chief
+prints them."""
 
 import numpy as np
 
 import cohort
 from cohort.optimizers import SGD
+from cohort.schedules import ExponentialDecay, PiecewiseConstantDecay
 
 
 def step(variables):
@@ -14,10 +17,14 @@ def step(variables):
     return 0
 
 
-optimizer = SGD(0.1)
+optimizer = SGD(ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5, staircase=True))
 strategy = cohort.ParameterServerStrategy(
     optimizer=optimizer,
-    scoped_optimizers={"wide": SGD(1.0), "wide/bias": SGD(0.5)},
+    scoped_optimizers={
+        "wide": SGD(1.0),
+        "wide/bias": SGD(0.5),
+        "decayed": SGD(PiecewiseConstantDecay([0, 1], [1.0, 0.5, 0.25])),
+    },
 )
 coordinator = cohort.coordinator.ClusterCoordinator(strategy)
 with strategy.scope():
@@ -26,6 +33,7 @@ with strategy.scope():
         cohort.Variable(np.zeros(1, dtype=np.float32), name="wide/bias"),
         cohort.Variable(np.zeros(2, dtype=np.float32), name="deep"),
         cohort.Variable(np.zeros(1, dtype=np.float32), name="wider"),
+        cohort.Variable(np.zeros(2, dtype=np.float32), name="decayed/kernel"),
     ]
 for _ in range(3):
     coordinator.schedule(step, args=(variables,)).fetch()
