@@ -86,6 +86,10 @@ def main() -> int:
         parser.error("--runs must be at least 1")
     if not pathlib.Path(args.cohort).is_file():
         parser.error(f"--cohort {args.cohort}: no such file (cargo build --release)")
+    try:
+        pathlib.Path(args.keep).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--keep {args.keep}: cannot make it: {err.strerror}")
     failed = []
     for seed in range(args.first_seed, args.first_seed + args.runs):
         run = pathlib.Path(tempfile.mkdtemp(prefix=f"cohort-sweep-{seed}-", dir=args.keep))

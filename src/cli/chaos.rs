@@ -50,8 +50,9 @@ pub struct SimArgs {
     closures: u64,
     /// Simulate MultiWorkerMirrored's membership instead (the collective's member machines
     /// under kills, pauses, preemptions, drains, cuts, splits, slow and lossy links; `--workers` is
-    /// then the most workers a schedule draws, from 2 up).
-    #[arg(long, conflicts_with_all = ["plan", "seed"])]
+    /// then the most workers a schedule draws, from 2 up; with `--seed`, that seed's scenario
+    /// and event trace).
+    #[arg(long, conflicts_with = "plan")]
     membership: bool,
 }
 
@@ -281,6 +282,36 @@ fn fault_time_ms(fault: &sim::Fault) -> Option<u64> {
     }
 }
 
+/// `cohort chaos sim --membership --seed N`: the scenario of one seed, its event trace, and
+/// what it found.
+fn trace_membership(config: &sim::MembershipConfig, seed: u64) -> Result<(), CliError> {
+    let (scenario, report) = sim::trace_membership_seed(config, seed);
+    outln!(
+        "seed {seed}: {} workers, {} steps",
+        scenario.workers, config.steps
+    );
+    for fault in &scenario.faults {
+        outln!("  fault at {:?}: {:?}", fault.at, fault.kind);
+    }
+    for line in &report.trace {
+        outln!("{line}");
+    }
+    outln!(
+        "{} events, {:?}; finished: {}",
+        report.events, report.took, report.finished
+    );
+    match report.violation {
+        None => {
+            outln!("violations: none");
+            Ok(())
+        }
+        Some(v) => Err(CliError::Failed(format!(
+            "seed {seed}: {} at {:?}: {}",
+            v.invariant, v.at, v.detail
+        ))),
+    }
+}
+
 /// `cohort chaos sim --membership`: the membership simulator over the seeds of `args`.
 fn run_membership(args: &SimArgs) -> Result<(), CliError> {
     if !(2..=16).contains(&args.workers) {
@@ -293,6 +324,9 @@ fn run_membership(args: &SimArgs) -> Result<(), CliError> {
         faults_max: args.faults_max.min(64),
         ..sim::MembershipConfig::default()
     };
+    if let Some(seed) = args.seed {
+        return trace_membership(&config, seed);
+    }
     let last = args.first_seed.saturating_add(args.seeds);
     outln!(
         "simulating the membership of seeds {}..{last}: 2 to {} workers, {} steps, up to {} \

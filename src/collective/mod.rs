@@ -38,8 +38,8 @@ mod wire;
 pub use element::{Element, Reduction};
 pub use error::CollectiveError;
 pub(crate) use group::{
-    boundary, entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage,
-    MemberSettings, INITIAL_DIGEST,
+    boundary, entry, reforming, FormFailed, MemberAction, MemberExit, MemberMachine, MemberMessage,
+    MemberSettings, Piece, INITIAL_DIGEST,
 };
 pub use group::{
     loopback_group, Entry, GroupConfig, GroupMember, Joiner, Leave, Mesh, Probed, ProcessGroup,

@@ -141,7 +141,8 @@ use rand_chacha::ChaCha8Rng;
 
 #[allow(unused_imports)] // the API of the membership simulator; the CLI uses a part
 pub use membership::{
-    run_membership_scenario, run_membership_seed, run_membership_seeds, MembershipConfig,
+    run_membership_scenario, run_membership_seed, run_membership_seeds, trace_membership_seed,
+    MembershipConfig,
     MembershipFault, MembershipFaultKind, MembershipReport, MembershipScenario, MembershipSummary,
     MembershipViolation,
 };

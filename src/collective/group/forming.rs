@@ -14,6 +14,14 @@ pub(super) enum Attempt {
     Failed(ProcessGroup, CollectiveError),
 }
 
+/// A forming that failed ([`Mesh::form_attempt`]): the error, and the group of that
+/// generation where the forming had begun (broken by the error), which another member may have
+/// formed all the same (its links all up while this member's were not).
+pub(crate) struct FormFailed {
+    pub(crate) attempted: Option<ProcessGroup>,
+    pub(crate) error: CollectiveError,
+}
+
 /// What one delivery of a join came to ([`Mesh::send_join`]).
 enum Delivered {
     /// The peer answered, over this connection.
@@ -43,7 +51,23 @@ impl Mesh {
         generation: u64,
         members: Vec<GroupMember>,
     ) -> Result<ProcessGroup, CollectiveError> {
-        match self.try_form(generation, members).await? {
+        self.form_attempt(generation, members)
+            .await
+            .map_err(|failed| failed.error)
+    }
+
+    /// [`Mesh::form`], with the group of the generation where a forming that failed had begun
+    /// ([`FormFailed::attempted`]).
+    pub(crate) async fn form_attempt(
+        &self,
+        generation: u64,
+        members: Vec<GroupMember>,
+    ) -> Result<ProcessGroup, FormFailed> {
+        let refused = |error| FormFailed {
+            attempted: None,
+            error,
+        };
+        match self.try_form(generation, members).await.map_err(refused)? {
             Attempt::Formed(group) => Ok(group),
             Attempt::Failed(group, _) if group.shared.lock().cut_short => {
                 tracing::info!(
@@ -52,7 +76,10 @@ impl Mesh {
                 );
                 Ok(group)
             }
-            Attempt::Failed(_, err) => Err(err),
+            Attempt::Failed(group, error) => Err(FormFailed {
+                attempted: Some(group),
+                error,
+            }),
         }
     }
 

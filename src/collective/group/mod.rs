@@ -123,11 +123,12 @@ mod tests;
 
 use super::outgoing::{Outgoing, Unanswered};
 use acceptor::{MeshInner, MeshState};
+pub(crate) use forming::FormFailed;
 use in_flight::InFlight;
 pub use machine::Leave;
 pub(crate) use machine::{
     boundary, entry, reforming, MemberAction, MemberExit, MemberMachine, MemberMessage,
-    MemberSettings, INITIAL_DIGEST,
+    MemberSettings, Piece, INITIAL_DIGEST,
 };
 use machine::{
     linking, EnterAnswer, GroupView, JoinAnswer, JoinContext, JoinRefusal, Membership,

@@ -232,16 +232,30 @@ impl ProcessGroup {
     /// This group's messages still on their way go first ([`ProcessGroup::flush`], bounded by
     /// the form timeout), unless it is broken.
     pub async fn reform(&self, survivors: &[NodeId]) -> Result<ProcessGroup, CollectiveError> {
+        self.reform_attempt(survivors)
+            .await
+            .map_err(|failed| failed.error)
+    }
+
+    /// [`ProcessGroup::reform`], with the group of the next generation where a forming that
+    /// failed had begun ([`FormFailed::attempted`]): a re-forming's next attempt probes it.
+    pub(crate) async fn reform_attempt(
+        &self,
+        survivors: &[NodeId],
+    ) -> Result<ProcessGroup, FormFailed> {
         let generation = self.mesh.next_generation(self.shared.generation);
         let mut members = Vec::with_capacity(survivors.len());
         for node in survivors {
             let Some(i) = self.shared.nodes.iter().position(|n| n == node) else {
-                return Err(CollectiveError::Form {
-                    generation,
-                    reason: format!(
-                        "{node} is not a member of generation {}",
-                        self.shared.generation
-                    ),
+                return Err(FormFailed {
+                    attempted: None,
+                    error: CollectiveError::Form {
+                        generation,
+                        reason: format!(
+                            "{node} is not a member of generation {}",
+                            self.shared.generation
+                        ),
+                    },
                 });
             };
             members.push(GroupMember {
@@ -250,7 +264,7 @@ impl ProcessGroup {
             });
         }
         self.hand_over().await;
-        self.mesh.form(generation, members).await
+        self.mesh.form_attempt(generation, members).await
     }
 
     /// The processes that asked this member to be admitted (`Enter`) within the last

@@ -13,6 +13,7 @@
 //! (liveness).
 
 mod checks;
+mod rounds;
 mod world;
 
 use std::collections::BTreeMap;
@@ -270,6 +271,17 @@ pub struct MembershipViolation {
 pub fn run_membership_seed(config: &MembershipConfig, seed: u64) -> MembershipReport {
     let scenario = MembershipScenario::draw(config, seed);
     run_membership_scenario(config, &scenario)
+}
+
+/// Runs the scenario of `seed`, recording every event and every machine's report in the
+/// report's `trace` (what `cohort chaos sim --membership --seed` prints).
+pub fn trace_membership_seed(
+    config: &MembershipConfig,
+    seed: u64,
+) -> (MembershipScenario, MembershipReport) {
+    let scenario = MembershipScenario::draw(config, seed);
+    let report = world::World::new(config, &scenario).traced().run();
+    (scenario, report)
 }
 
 /// Runs `scenario`.

@@ -320,6 +320,27 @@ fn a_joiner_counted_out_by_a_prober_never_forms_the_generation_it_re_forms_from(
     }
 }
 
+/// Survivors of a cut re-formed; one of them formed the next generation (its link with the
+/// other survivor up once the other's join came), while the answer to that join was lost in a
+/// second cut and the other's forming failed. That one then re-formed on the group before,
+/// found a quorum of it with a member the forming had left out, and trained beside the one
+/// that formed it (`SPLIT`). A survivor whose forming of a generation had begun and failed
+/// needs a quorum of that generation's members too from then on
+/// (`Reforming::forming_failed`, taken by the member machine and `MultiWorkerMirrored::recover`
+/// alike). Seed 5027068 of up to 3 workers and 10 faults, with lossy links and drains for good
+/// (1 in 40,000 from 5,000,000).
+#[test]
+fn a_survivor_whose_forming_failed_needs_a_quorum_of_that_generation_too() {
+    let config = MembershipConfig {
+        workers_max: 3,
+        faults_max: 10,
+        ..MembershipConfig::default()
+    };
+    let report = run_membership_seed(&config, 5_027_068);
+    assert_eq!(report.violation, None);
+    assert!(report.finished, "{report:?}");
+}
+
 /// Each `(workers_max, faults_max, seed)` runs to the end of its job with no violation. The
 /// seeds were found before lossy links were drawn: they replay as they were found without them.
 fn every_seed_finishes(cases: &[(usize, usize, u64)]) {

@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::checks::Checks;
+use super::rounds::{Received, RoundMessage, Rounds};
 use super::{MembershipConfig, MembershipFaultKind, MembershipScenario, MembershipViolation};
 use crate::collective::{
     GroupMember, Leave, MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings,
@@ -36,6 +37,9 @@ pub struct MembershipReport {
     pub late_on_lossy: u64,
     /// Connections a lossy link idled out (sent again past the detection budget).
     pub idled_out: u64,
+    /// Every event and every report of a machine, in order, where the run was traced
+    /// ([`super::trace_membership_seed`]).
+    pub trace: Vec<String>,
 }
 
 /// The bounds every worker runs with in the simulation (production's defaults, shortened as
@@ -50,9 +54,11 @@ pub(super) fn settings(steps: u64) -> MemberSettings {
         join_timeout: Duration::from_secs(30),
         recover_attempts: 3,
         steps,
-        step_time: Duration::from_millis(150),
     }
 }
+
+/// How long a step's computation takes ([`MemberAction::Compute`]).
+const STEP_TIME: Duration = Duration::from_millis(150);
 
 /// How long a preempted or drained worker has to leave before it is killed.
 const GRACE: Duration = Duration::from_secs(10);
@@ -79,17 +85,23 @@ enum Event {
         to: usize,
         life: u64,
         from: usize,
-        message: MemberMessage,
+        message: Wire,
     },
     Undelivered {
         to: usize,
         life: u64,
         peer: usize,
-        message: MemberMessage,
+        message: Wire,
     },
     Timer {
         worker: usize,
         life: u64,
+    },
+    /// `worker`'s process `life` computed step `step`.
+    Computed {
+        worker: usize,
+        life: u64,
+        step: u64,
     },
     /// `worker`'s process `life` loses its connection with `peer`'s process `peer_life`.
     LinkLost {
@@ -115,6 +127,14 @@ enum Event {
     },
 }
 
+/// What the simulated network carries: the machines' membership messages, and the pieces of
+/// their groups' collectives ([`Rounds`]).
+#[derive(Debug)]
+enum Wire {
+    Member(MemberMessage),
+    Round(RoundMessage),
+}
+
 /// Whether a process runs, and how it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Down {
@@ -132,6 +152,8 @@ struct Proc {
     node: NodeId,
     addr: SocketAddr,
     machine: Option<MemberMachine>,
+    /// Its machine's collectives (a new process's start empty).
+    rounds: Rounds,
     /// Which process of this worker runs (each start is a new one).
     life: u64,
     down: Down,
@@ -170,6 +192,8 @@ pub(super) struct World {
     report: MembershipReport,
     /// When the first process finished (the run ends a little after).
     finished_at: Option<Duration>,
+    /// Whether each event and machine report goes into the report's trace.
+    tracing: bool,
 }
 
 impl World {
@@ -179,6 +203,7 @@ impl World {
                 node: NodeId::new("worker", i as u32),
                 addr: SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000)),
                 machine: None,
+                rounds: Rounds::default(),
                 life: 0,
                 down: Down::Restarting,
                 paused_until: None,
@@ -205,6 +230,7 @@ impl World {
             checks: Checks::default(),
             report: MembershipReport::default(),
             finished_at: None,
+            tracing: false,
         };
         for worker in 0..scenario.workers {
             // Processes start a little apart, as pods do.
@@ -215,6 +241,12 @@ impl World {
             world.schedule(fault.at, Event::Fault(fault.kind.clone()));
         }
         world
+    }
+
+    /// The same world, recording every event and machine report in the report's trace.
+    pub(super) fn traced(mut self) -> Self {
+        self.tracing = true;
+        self
     }
 
     fn schedule(&mut self, at: Duration, event: Event) {
@@ -300,6 +332,9 @@ impl World {
     }
 
     fn handle(&mut self, event: Event) {
+        if self.tracing {
+            self.report.trace.push(format!("{:>12.6?} {event:?}", self.now));
+        }
         // A paused process takes nothing until it resumes.
         if let Some(worker) = Self::target(&event) {
             let p = &mut self.procs[worker];
@@ -314,7 +349,13 @@ impl World {
                 to,
                 life,
                 from,
-                message,
+                message: Wire::Round(message),
+            } => self.deliver_round(to, life, from, message),
+            Event::Deliver {
+                to,
+                life,
+                from,
+                message: Wire::Member(message),
             } => {
                 let live_before = self.procs[to].machine.as_ref().and_then(|m| m.live_group());
                 let enter_from = match &message {
@@ -334,10 +375,18 @@ impl World {
                 life,
                 peer,
                 message,
-            } => self.with_machine(to, life, |m, now| {
-                let peer = NodeId::new("worker", peer as u32);
-                m.handle_undelivered(now, &peer, &message);
+            } => self.with_machine(to, life, |m, now| match message {
+                Wire::Member(message) => {
+                    let peer = NodeId::new("worker", peer as u32);
+                    m.handle_undelivered(now, &peer, &message);
+                }
+                // A piece that could not be delivered: the link's loss or the operation
+                // timeout ends its round.
+                Wire::Round(_) => m.handle_timeout(now),
             }),
+            Event::Computed { worker, life, step } => {
+                self.with_machine(worker, life, |m, now| m.handle_computed(now, step))
+            }
             Event::Timer { worker, life } => {
                 if self.procs[worker].life == life {
                     self.procs[worker].timer_at = None;
@@ -369,6 +418,45 @@ impl World {
                 self.cuts.remove(&cut);
             }
             Event::Fast { worker } => self.procs[worker].slow = Duration::ZERO,
+        }
+    }
+
+    /// A piece of a collective (or its refusal) from `from` reaches `to`'s process `life`.
+    fn deliver_round(&mut self, to: usize, life: u64, from: usize, message: RoundMessage) {
+        if self.procs[to].life != life || !self.running(to) {
+            return;
+        }
+        let Some(current) = self.procs[to].machine.as_ref().map(|m| m.group_generation()) else {
+            return;
+        };
+        if self.procs[to].machine.as_ref().is_some_and(MemberMachine::ended) {
+            return;
+        }
+        let from_node = NodeId::new("worker", from as u32);
+        match message {
+            RoundMessage::Piece {
+                generation,
+                seq,
+                piece,
+            } => match self.procs[to]
+                .rounds
+                .received(current, from_node, generation, seq, piece)
+            {
+                Received::Refuse => {
+                    let refused = RoundMessage::Refused { generation };
+                    self.send(to, from, Wire::Round(refused));
+                    self.with_machine(to, life, |m, now| m.handle_timeout(now));
+                }
+                Received::Kept => self.with_machine(to, life, |m, now| m.handle_timeout(now)),
+                Received::Done((generation, seq, pieces)) => {
+                    self.with_machine(to, life, |m, now| {
+                        m.handle_round_done(now, generation, seq, pieces)
+                    })
+                }
+            },
+            RoundMessage::Refused { generation } => self.with_machine(to, life, |m, now| {
+                m.handle_round_refused(now, generation, &from_node)
+            }),
         }
     }
 
@@ -415,7 +503,9 @@ impl World {
     fn target(event: &Event) -> Option<usize> {
         match event {
             Event::Deliver { to, .. } | Event::Undelivered { to, .. } => Some(*to),
-            Event::Timer { worker, .. } | Event::LinkLost { worker, .. } => Some(*worker),
+            Event::Timer { worker, .. }
+            | Event::Computed { worker, .. }
+            | Event::LinkLost { worker, .. } => Some(*worker),
             _ => None,
         }
     }
@@ -459,6 +549,7 @@ impl World {
             .collect();
         let p = &mut self.procs[worker];
         p.life += 1;
+        p.rounds = Rounds::default();
         p.down = Down::No;
         p.paused_until = None;
         p.deferred.clear();
@@ -501,11 +592,29 @@ impl World {
 
     fn carry_out(&mut self, worker: usize, action: MemberAction) {
         let life = self.procs[worker].life;
+        let reports = !matches!(
+            action,
+            MemberAction::Send { .. } | MemberAction::RunRound { .. } | MemberAction::Compute { .. }
+        );
+        if self.tracing && reports {
+            let line = format!("{:>12.6?}   worker/{worker} ({life}): {action:?}", self.now);
+            self.report.trace.push(line);
+        }
         match action {
             MemberAction::Send { to, message } => {
                 let to = to.index as usize;
-                self.send(worker, to, message);
+                self.send(worker, to, Wire::Member(message));
             }
+            MemberAction::Compute { step } => {
+                self.schedule(self.now + STEP_TIME, Event::Computed { worker, life, step })
+            }
+            MemberAction::RunRound {
+                generation,
+                seq,
+                piece,
+                to,
+                from,
+            } => self.run_round(worker, generation, seq, piece, to, from),
             MemberAction::Formed { .. } => self.report.groups_formed += 1,
             MemberAction::Applied {
                 generation,
@@ -550,6 +659,37 @@ impl World {
         }
     }
 
+    /// Carries out `worker`'s round ([`MemberAction::RunRound`]): its piece to the others,
+    /// and the round's end where every awaited piece came already.
+    fn run_round(
+        &mut self,
+        worker: usize,
+        generation: u64,
+        seq: u64,
+        piece: Option<crate::collective::Piece>,
+        to: Vec<NodeId>,
+        from: Vec<NodeId>,
+    ) {
+        if let Some(piece) = &piece {
+            for peer in to {
+                let message = RoundMessage::Piece {
+                    generation,
+                    seq,
+                    piece: piece.clone(),
+                };
+                self.send(worker, peer.index as usize, Wire::Round(message));
+            }
+        }
+        let p = &mut self.procs[worker];
+        if let Some((generation, seq, pieces)) = p.rounds.run(&p.node, generation, seq, piece, from)
+        {
+            let now = self.instant();
+            if let Some(m) = self.procs[worker].machine.as_mut() {
+                m.handle_round_done(now, generation, seq, pieces);
+            }
+        }
+    }
+
     /// Whether the path between `a` and `b` is cut now; if so, when it heals.
     fn cut_until(&self, a: usize, b: usize) -> Option<Duration> {
         let pair = (a.min(b), a.max(b));
@@ -560,7 +700,7 @@ impl World {
             .max()
     }
 
-    fn send(&mut self, from: usize, to: usize, message: MemberMessage) {
+    fn send(&mut self, from: usize, to: usize, message: Wire) {
         let detection = settings(self.config.steps).detection;
         if to >= self.procs.len() || !self.running(to) {
             return self.dial_failed(from, to, message);
@@ -628,7 +768,7 @@ impl World {
 
     /// The connection between `from` and `to` idled out on a lossy path while carrying
     /// `message`: it is not delivered, and both ends lose their link after the detection budget.
-    fn connection_idled_out(&mut self, from: usize, to: usize, message: MemberMessage) {
+    fn connection_idled_out(&mut self, from: usize, to: usize, message: Wire) {
         let detection = settings(self.config.steps).detection;
         for (x, y) in [(from, to), (to, from)] {
             if self.running(x) {
@@ -648,7 +788,7 @@ impl World {
 
     /// `from`'s dial of `to` for `message` fails a moment from now (nothing listens there, or
     /// the path is cut).
-    fn dial_failed(&mut self, from: usize, to: usize, message: MemberMessage) {
+    fn dial_failed(&mut self, from: usize, to: usize, message: Wire) {
         let life = self.procs[from].life;
         self.schedule(
             self.now + DIAL_FAILS_AFTER,

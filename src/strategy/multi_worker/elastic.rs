@@ -18,7 +18,9 @@ use crate::cluster::node_id;
 use crate::collective::boundary::{self, BoundaryChange, Leavers};
 use crate::collective::reforming::{AttemptFailure, Probes, ReformStep, Reforming};
 pub use crate::collective::Leave;
-use crate::collective::{CollectiveError, GroupMember, Joiner, ProcessGroup, ProcessSpan};
+use crate::collective::{
+    CollectiveError, FormFailed, GroupMember, Joiner, ProcessGroup, ProcessSpan,
+};
 use crate::optim::{LearningRateSchedule, OptimizerState, Slots};
 use crate::process::Incarnation;
 use crate::status::TaskState;
@@ -152,14 +154,15 @@ impl MultiWorkerMirrored {
                         attempt,
                     )? {
                         Formed::Trains(recovery) => return Ok(recovery),
-                        Formed::Failed { agreeing, error } => {
+                        Formed::AgreementFailed { error } => {
                             last = error;
                             let now = std::time::Instant::now();
-                            if agreeing {
-                                reforming.agreement_failed(self.span.group().clone(), now)
-                            } else {
-                                reforming.forming_failed(now)
-                            }
+                            reforming.agreement_failed(self.span.group().clone(), now)
+                        }
+                        Formed::FormingFailed { attempted, error } => {
+                            last = error;
+                            let attempted = attempted.map(|group| group.members().to_vec());
+                            reforming.forming_failed(attempted, std::time::Instant::now())
                         }
                     }
                 }
@@ -210,17 +213,30 @@ impl MultiWorkerMirrored {
             "re-forming: forming the next generation with the members that answered"
         );
         let broken = probed.clone();
-        let group = match self.block(async move { broken.reform(&survivors).await }) {
-            Ok(group) => group,
-            Err(err) => {
-                tracing::info!(attempt, %err, "re-forming: forming the next generation failed");
-                let error = err.to_string();
-                return Ok(Formed::Failed {
-                    agreeing: false,
-                    error,
-                });
-            }
+        let reformed = self.block(async move { Ok(broken.reform_attempt(&survivors).await) });
+        let (attempted, error) = match reformed {
+            Ok(Ok(group)) => return self.adopted(group, before, state, cause, attempt),
+            Ok(Err(FormFailed { attempted, error })) => (attempted, error),
+            Err(error) => (None, error),
         };
+        tracing::info!(attempt, %error, "re-forming: forming the next generation failed");
+        Ok(Formed::FormingFailed {
+            attempted,
+            error: error.to_string(),
+        })
+    }
+
+    /// Trains on with `group`, re-formed from `before` ([`Self::adopt_reformed`]): how the
+    /// attempt ended, or the error no later attempt mends (a mismatch, or a group none of whose
+    /// members holds the state).
+    fn adopted(
+        &mut self,
+        group: ProcessGroup,
+        before: &ProcessGroup,
+        state: &mut ElasticState<'_>,
+        cause: &CollectiveError,
+        attempt: usize,
+    ) -> Result<Formed, StrategyError> {
         match self.adopt_reformed(group, before, state, cause, attempt) {
             Ok(recovery) => Ok(Formed::Trains(recovery)),
             Err(err @ (StrategyError::Config { .. } | StrategyError::NoStateHolder { .. })) => {
@@ -228,8 +244,7 @@ impl MultiWorkerMirrored {
             }
             Err(err) => {
                 tracing::info!(attempt, %err, "re-forming: agreeing on the state failed");
-                Ok(Formed::Failed {
-                    agreeing: true,
+                Ok(Formed::AgreementFailed {
                     error: err.to_string(),
                 })
             }
@@ -986,9 +1001,14 @@ fn decode_joiners(bytes: &[u8]) -> Result<Vec<Joiner>, StrategyError> {
 enum Formed {
     /// The group agreed on the state: training goes on with it.
     Trains(Recovery),
-    /// Forming failed, or (`agreeing`) agreeing on the state in the formed group did, with
-    /// `error`.
-    Failed { agreeing: bool, error: String },
+    /// Forming failed with `error`; `attempted`: the group of that generation where the
+    /// forming had begun (the next attempt probes it: see `Reforming::forming_failed`).
+    FormingFailed {
+        attempted: Option<ProcessGroup>,
+        error: String,
+    },
+    /// Agreeing on the state in the formed group failed with `error`.
+    AgreementFailed { error: String },
 }
 
 /// What an attempt of re-forming `probed` that failed (`why`) failed with: for want of a

@@ -26,7 +26,7 @@ mod quorum;
 pub(crate) mod reforming;
 
 pub(crate) use member::{
-    MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings, INITIAL_DIGEST,
+    MemberAction, MemberExit, MemberMachine, MemberMessage, MemberSettings, Piece, INITIAL_DIGEST,
 };
 
 /// A mesh's membership state (see the module doc).

@@ -276,10 +276,15 @@ pub(crate) enum ReformStep {
 /// generation from then on, and so must every member that formed it. Measured on the older
 /// group instead, a member cut off during the state's handover found a quorum of it with a
 /// member the others had left out, and went on beside them (split brain, found by the
-/// membership simulator: seed 8087292 of up to 5 workers and 14 faults).
+/// membership simulator: seed 8087292 of up to 5 workers and 14 faults). A group whose forming
+/// began here and failed is not probed in its place, but every later attempt needs a quorum of
+/// it as well ([`Reforming::forming_failed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reforming<G> {
     probed: G,
+    /// The members (rank order) of each group whose forming began here and failed since the
+    /// group probed: another survivor may have formed it and goes on from it.
+    attempted: Vec<Vec<NodeId>>,
     attempt: Attempt,
     /// The attempt that follows a failed one, once [`ReformStep::Retry`] said when.
     next: Option<usize>,
@@ -295,6 +300,7 @@ impl<G> Reforming<G> {
     pub(crate) fn new(broken: G, now: Instant, limit: usize, span: Duration) -> Self {
         Self {
             probed: broken,
+            attempted: Vec::new(),
             attempt: Attempt::first(now),
             next: None,
             limit,
@@ -331,7 +337,21 @@ impl<G> Reforming<G> {
             Probes::LeftOut(by) => return ReformStep::LeftOut(by),
             Probes::Answered { alive, joining } => (alive, joining),
         };
-        match judge(previous, &alive, &joining) {
+        let verdict = match judge(previous, &alive, &joining) {
+            Verdict::Form { .. }
+                if !self
+                    .attempted
+                    .iter()
+                    .all(|members| has_quorum(members, &joining, &alive)) =>
+            {
+                Verdict::NoQuorum {
+                    reached: alive,
+                    replaced: joining,
+                }
+            }
+            verdict => verdict,
+        };
+        match verdict {
             Verdict::Form { survivors } => ReformStep::Form { survivors },
             Verdict::NoQuorum { reached, replaced } => {
                 self.failed(now, AttemptFailure::NoQuorum { reached, replaced })
@@ -339,8 +359,23 @@ impl<G> Reforming<G> {
         }
     }
 
-    /// Forming the next generation failed at `now`.
-    pub(crate) fn forming_failed(&mut self, now: Instant) -> ReformStep {
+    /// Forming the next generation failed at `now`. Where it had begun (`attempted`: the
+    /// members of that generation, in rank order), every later attempt needs a quorum of them
+    /// as well as of the group probed: another survivor may have formed it (its links all up
+    /// while this one's were not: the answer to this one's join was lost, say) and measures
+    /// its quorum on it from then on. Measured on the probed group alone, a survivor whose
+    /// forming failed found a quorum of it with a member the forming had left out, and went on
+    /// beside the survivor that formed it (split brain, found by the membership simulator:
+    /// seed 5027068 of up to 3 workers and 10 faults). It is not probed in the probed group's
+    /// place: survivors whose attempts differed (each saw other members alive) would each
+    /// measure on its own attempt, and a lone lowest-ranked one passes on one that another
+    /// passes on with the rest.
+    pub(crate) fn forming_failed(
+        &mut self,
+        attempted: Option<Vec<NodeId>>,
+        now: Instant,
+    ) -> ReformStep {
+        self.attempted.extend(attempted);
         self.failed(now, AttemptFailure::FormingFailed)
     }
 
@@ -348,6 +383,7 @@ impl<G> Reforming<G> {
     /// the next attempt probes `formed`.
     pub(crate) fn agreement_failed(&mut self, formed: G, now: Instant) -> ReformStep {
         self.probed = formed;
+        self.attempted.clear();
         self.failed(now, AttemptFailure::AgreementFailed)
     }
 
@@ -437,8 +473,8 @@ mod tests {
 
     /// The sequence of a re-forming: the survivors with a quorum form; a failed attempt is
     /// followed by the next a probe timeout after it began, probing the group that failed to
-    /// agree on the state where that was the failure; the last gives up, saying why; a member
-    /// that left this one out ends it at once.
+    /// agree on the state, or whose forming had begun, where that was the failure; the last
+    /// gives up, saying why; a member that left this one out ends it at once.
     #[test]
     fn a_reforming_forms_with_a_quorum_retries_failed_attempts_and_gives_up_after_the_last() {
         let three = workers(3);
@@ -459,10 +495,11 @@ mod tests {
                 survivors: three[..2].to_vec()
             }
         );
-        // Forming failed early: the next attempt waits out the span, and begins when told.
+        // Forming was refused before it began: the next attempt waits out the span, begins
+        // when told, and probes the same group.
         let t1 = t0 + Duration::from_millis(300);
         assert_eq!(
-            reforming.forming_failed(t1),
+            reforming.forming_failed(None, t1),
             ReformStep::Retry {
                 at: t0 + span,
                 why: AttemptFailure::FormingFailed
@@ -471,7 +508,10 @@ mod tests {
         assert_eq!(reforming.attempt(), 1);
         let t2 = t0 + span;
         reforming.begin_next(t2);
-        assert_eq!(reforming.attempt(), 2);
+        assert_eq!(
+            (*reforming.probed(), reforming.attempt()),
+            ("generation 4", 2)
+        );
         // Its group formed and failed to agree on the state: the next probes that group.
         let t3 = t2 + Duration::from_secs(3);
         assert_eq!(
@@ -494,6 +534,30 @@ mod tests {
                     reached: three[2..].to_vec(),
                     replaced: vec![]
                 }
+            }
+        );
+        // A forming that had begun failed: another survivor may have formed it, so every
+        // later attempt needs a quorum of its members as well as of the group probed.
+        let mut begun = Reforming::new("generation 4", t0, 3, span);
+        assert!(matches!(
+            begun.forming_failed(Some(three[..2].to_vec()), t0),
+            ReformStep::Retry { .. }
+        ));
+        begun.begin_next(t0 + span);
+        assert_eq!(*begun.probed(), "generation 4");
+        // Workers 1 and 2 are a quorum of the three, not of the attempt's workers 0 and 1.
+        assert!(matches!(
+            begun.probes_answered(&three, answered(&three[1..]), t0 + span),
+            ReformStep::Retry {
+                why: AttemptFailure::NoQuorum { .. },
+                ..
+            }
+        ));
+        begun.begin_next(t0 + span * 2);
+        assert_eq!(
+            begun.probes_answered(&three, answered(&three[..2]), t0 + span * 2),
+            ReformStep::Form {
+                survivors: three[..2].to_vec()
             }
         );
         let mut left_out = Reforming::new("generation 4", t0, 3, span);

@@ -18,14 +18,14 @@ impl MemberMachine {
                 generation,
                 members,
             };
-            return self.forming_failed(now, purpose, attempted);
+            return self.forming_failed(now, purpose, attempted, false);
         };
         if self.membership.begin_forming(generation).is_err() {
             let attempted = Before {
                 generation,
                 members,
             };
-            return self.forming_failed(now, purpose, attempted);
+            return self.forming_failed(now, purpose, attempted, false);
         }
         if let Some(old) = &self.group {
             if old.broken.is_none() && old.formed {
@@ -47,7 +47,6 @@ impl MemberMachine {
             broken: None,
             cut_short: false,
             links,
-            inbox: BTreeMap::new(),
             seq: 0,
         });
         self.phase = Phase::Forming {
@@ -142,7 +141,7 @@ impl MemberMachine {
                 // have formed it, though (see `forming_failed`).
                 let attempted = self.before_of_group();
                 self.group = None;
-                self.forming_failed(now, purpose, attempted);
+                self.forming_failed(now, purpose, attempted, true);
             }
         }
     }
@@ -175,8 +174,15 @@ impl MemberMachine {
         self.begin_round(now, None);
     }
 
-    /// The forming of `attempted` for `purpose` failed here.
-    pub(super) fn forming_failed(&mut self, now: Instant, purpose: Purpose, attempted: Before) {
+    /// The forming of `attempted` for `purpose` failed here; `begun`: it had begun (another
+    /// member may have formed it), else it was refused before.
+    pub(super) fn forming_failed(
+        &mut self,
+        now: Instant,
+        purpose: Purpose,
+        attempted: Before,
+        begun: bool,
+    ) {
         match purpose {
             Purpose::FreshStart { until } => {
                 // Members waiting to be admitted to a group that is gone (at whatever generation
@@ -202,7 +208,8 @@ impl MemberMachine {
                 self.phase = Phase::Joining { wait };
             }
             Purpose::Recover { mut reforming } => {
-                let step = reforming.forming_failed(now);
+                let attempted = begun.then(|| attempted.members.iter().map(|m| m.node.clone()));
+                let step = reforming.forming_failed(attempted.map(Iterator::collect), now);
                 self.take_reform_step(now, reforming, step);
             }
             // Another member may have formed the admission's generation (its links all up while

@@ -63,14 +63,6 @@ pub(crate) enum MemberMessage {
     },
     /// The answer to `Admit`.
     AdmitAnswer { generation: u64, taken: bool },
-    /// A member's part of collective `seq` of the group of `generation`.
-    Piece {
-        generation: u64,
-        seq: u64,
-        piece: Piece,
-    },
-    /// A piece of `generation` reached a member whose group is of another generation (EPOCH-1).
-    PieceRefused { generation: u64 },
     /// A member of `generation` saw the group fail.
     Abort { generation: u64 },
 }
@@ -117,6 +109,26 @@ pub(crate) struct Vote {
 pub(crate) enum MemberAction {
     /// Send `message` to `to`.
     Send { to: NodeId, message: MemberMessage },
+    /// Compute step `step` (the user's step in production, simulated time in the simulator),
+    /// then say so with [`MemberMachine::handle_computed`]: its contribution and the vote at
+    /// the boundary after it go out then. A computation that never ends ends at the machine's
+    /// operation timeout.
+    Compute { step: u64 },
+    /// Run collective `seq` of the group of `generation` over the group's links: send `piece`
+    /// (none: this member sends nothing, as in the leader's broadcast) to `to`, and gather
+    /// the pieces of `from` (rank order, this member's own among them where it sent one).
+    /// The executor answers with [`MemberMachine::handle_round_done`] once all came, or
+    /// [`MemberMachine::handle_round_refused`] where a peer's group is of another generation
+    /// (EPOCH-1); a round that never completes ends at the machine's operation timeout.
+    /// Production's collectives are the group's all-gathers, broadcast and the step's
+    /// all-reduce; the simulator's carry the pieces over its network.
+    RunRound {
+        generation: u64,
+        seq: u64,
+        piece: Option<Piece>,
+        to: Vec<NodeId>,
+        from: Vec<NodeId>,
+    },
     /// A group of `generation` with `members` formed here.
     Formed {
         generation: u64,

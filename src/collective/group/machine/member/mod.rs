@@ -13,10 +13,15 @@
 //! [`MemberMachine::handle_message`] and go out as [`MemberAction::Send`]; a message that
 //! could not be delivered (no process listens there, or the path is cut) comes back through
 //! [`MemberMachine::handle_undelivered`]; a link whose connection died (silent past the
-//! detection budget) through [`MemberMachine::handle_link_lost`]. The membership simulator
-//! (`sim::membership`) runs many of them over its network under faults and checks the
-//! issue's invariants after every event. The step's all-reduce is modelled by one number per
-//! member and step (its contribution) and the model by a digest, so that a simulated job
+//! detection budget) through [`MemberMachine::handle_link_lost`]. What production's group and
+//! training loop do beside the membership is the executor's, as there: a step's computation
+//! ([`MemberAction::Compute`], answered by [`MemberMachine::handle_computed`]) and each
+//! collective of a group ([`MemberAction::RunRound`], answered by
+//! [`MemberMachine::handle_round_done`] or [`MemberMachine::handle_round_refused`]); the
+//! machine decides what each round carries and what its result means. The membership
+//! simulator (`sim::membership`) runs many of them over its network under faults and checks
+//! the invariants after every event. The step's all-reduce is modelled by one number
+//! per member and step (its contribution) and the model by a digest, so that a simulated job
 //! shows whether every member applied every step once and holds the same model.
 //!
 //! This file holds the machine's state and its events; its messages are in `messages.rs`, and
@@ -64,8 +69,6 @@ pub(crate) struct MemberSettings {
     pub(crate) recover_attempts: usize,
     /// The steps the job trains.
     pub(crate) steps: u64,
-    /// How long a step's computation takes before its contribution goes out.
-    pub(crate) step_time: Duration,
 }
 
 mod answers;
@@ -90,8 +93,6 @@ struct Group {
     broken: Option<Broke>,
     cut_short: bool,
     links: BTreeMap<NodeId, FormLink>,
-    /// Pieces received, by (collective, sender).
-    inbox: BTreeMap<(u64, NodeId), Piece>,
     /// The next collective's number.
     seq: u64,
 }
@@ -157,8 +158,9 @@ enum Round {
         joiners: Vec<Joiner>,
         members: Vec<GroupMember>,
     },
-    /// The step's computation (until `ready`), then its all-reduce.
-    Step { ready: Instant },
+    /// The step's computation ([`MemberAction::Compute`], until the executor says it is done:
+    /// `computed`), then its all-reduce.
+    Step { computed: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -513,29 +515,6 @@ impl MemberMachine {
                     }
                 }
             }
-            MemberMessage::Piece {
-                generation,
-                seq,
-                piece,
-            } => match self.group.as_mut().filter(|g| g.generation == generation) {
-                Some(g) => {
-                    g.inbox.insert((seq, from.clone()), piece);
-                }
-                None => self.send(from, MemberMessage::PieceRefused { generation }),
-            },
-            MemberMessage::PieceRefused { generation } => {
-                if self
-                    .group
-                    .as_ref()
-                    .is_some_and(|g| g.generation == generation)
-                {
-                    let why = Broke::Refused {
-                        by: from.clone(),
-                        current: None,
-                    };
-                    self.break_group(why);
-                }
-            }
             MemberMessage::Abort { generation } => {
                 if self
                     .group
@@ -547,6 +526,75 @@ impl MemberMachine {
             }
         }
         self.progress(now);
+    }
+
+    /// Collective `seq` of the group of `generation` ([`MemberAction::RunRound`]) ended with
+    /// every awaited member's `pieces`, in rank order. Taken where this member's group still
+    /// awaits it (not broken, nor past its operation timeout: those end it first).
+    pub(crate) fn handle_round_done(
+        &mut self,
+        now: Instant,
+        generation: u64,
+        seq: u64,
+        pieces: Vec<Piece>,
+    ) {
+        // As every event's progress does, the joins held for this moment are answered first.
+        self.answer_held_joins(now);
+        let awaited = match (&self.phase, &self.group) {
+            (Phase::Training { round, began, .. }, Some(g)) => (g.generation == generation
+                && g.seq == seq
+                && g.broken.is_none()
+                && now < *began + self.settings.op_timeout)
+                .then(|| round.clone()),
+            _ => None,
+        };
+        if let Some(round) = awaited {
+            if let Some(g) = self.group.as_mut() {
+                g.seq += 1;
+            }
+            self.round_done(now, round, pieces);
+        }
+        self.progress(now);
+    }
+
+    /// A peer (`by`) refused a piece of this member's group of `generation`: its group is of
+    /// another generation (EPOCH-1), so this one cannot go on.
+    pub(crate) fn handle_round_refused(&mut self, now: Instant, generation: u64, by: &NodeId) {
+        if self.group_generation() == Some(generation) {
+            let why = Broke::Refused {
+                by: by.clone(),
+                current: None,
+            };
+            self.break_group(why);
+        }
+        self.progress(now);
+    }
+
+    /// The computation of step `step` ([`MemberAction::Compute`]) is done: its contribution
+    /// goes out with the vote at the boundary after it. Taken where this member's group still
+    /// awaits it.
+    pub(crate) fn handle_computed(&mut self, now: Instant, step: u64) {
+        if let Phase::Training {
+            round: Round::Step { computed },
+            ..
+        } = &mut self.phase
+        {
+            if step == self.step + 1 {
+                *computed = true;
+            }
+        }
+        self.progress(now);
+    }
+
+    /// The generation of this process's latest group (forming, formed or broken): the one
+    /// whose collectives' pieces it takes.
+    pub(crate) fn group_generation(&self) -> Option<u64> {
+        self.group.as_ref().map(|g| g.generation)
+    }
+
+    /// Whether the process's membership life is over (it finished or exits).
+    pub(crate) fn ended(&self) -> bool {
+        matches!(self.phase, Phase::Ended)
     }
 
     /// The earliest moment something is due here without a message arriving.
@@ -563,14 +611,10 @@ impl MemberMachine {
                     due.extend(g.links.values().filter_map(FormLink::wake_at));
                 }
             }
-            Phase::Training {
-                round, began, sent, ..
-            } => {
+            Phase::Training { round, began, .. } => {
                 due.push(*began + self.settings.op_timeout);
-                match round {
-                    Round::Step { ready } if !sent => due.push(*ready),
-                    Round::Telling { telling, .. } => due.push(telling.wake_at()),
-                    _ => {}
+                if let Round::Telling { telling, .. } = round {
+                    due.push(telling.wake_at());
                 }
             }
             Phase::Recovering { round, .. } => due.push(round.wake_at()),

@@ -42,25 +42,17 @@ impl MemberMachine {
             return self.group_failed(now);
         }
         match round {
-            Round::Step { ready } if now < ready => {}
+            Round::Step { computed: false } => {}
             Round::Telling { .. } => self.progress_telling(now),
-            _ => {
-                if !sent {
-                    self.send_piece(now, &round, seq);
-                }
-                if let Some(pieces) = self.pieces_of(&round, seq) {
-                    if let Some(g) = self.group.as_mut() {
-                        g.seq += 1;
-                        g.inbox.retain(|(s, _), _| *s > seq);
-                    }
-                    self.round_done(now, round, pieces);
-                }
-            }
+            // The round's end comes from the executor (`handle_round_done`).
+            _ if !sent => self.run_round(now, &round, seq),
+            _ => {}
         }
     }
 
-    /// Sends this member's piece of `round` (collective `seq`) to the others.
-    pub(super) fn send_piece(&mut self, now: Instant, round: &Round, seq: u64) {
+    /// Asks the executor to run collective `seq` of `round` ([`MemberAction::RunRound`]):
+    /// this member's piece to the others, every member's awaited (a broadcast: the leader's).
+    pub(super) fn run_round(&mut self, now: Instant, round: &Round, seq: u64) {
         let Some(g) = self.group.as_ref() else {
             return;
         };
@@ -86,20 +78,19 @@ impl MemberMachine {
         if let Phase::Training { sent, .. } = &mut self.phase {
             *sent = true;
         }
-        let Some(piece) = piece else {
-            return;
+        let from = match round {
+            Round::Told { .. } => vec![nodes[0].clone()],
+            Round::Telling { .. } => return,
+            _ => nodes,
         };
-        self.own_piece(seq, piece.clone());
-        for peer in others {
-            self.send(
-                &peer,
-                MemberMessage::Piece {
-                    generation,
-                    seq,
-                    piece: piece.clone(),
-                },
-            );
-        }
+        let to = if piece.is_some() { others } else { Vec::new() };
+        self.actions.push_back(MemberAction::RunRound {
+            generation,
+            seq,
+            piece,
+            to,
+            from,
+        });
     }
 
     /// This member's vote at a step boundary of the group of `nodes`, where it has `rank`.
@@ -113,27 +104,6 @@ impl MemberMachine {
             leaving: self.notice,
             offer,
         }
-    }
-
-    /// Keeps this member's own piece of collective `seq` beside the others'.
-    pub(super) fn own_piece(&mut self, seq: u64, piece: Piece) {
-        let me = self.me.node.clone();
-        if let Some(g) = self.group.as_mut() {
-            g.inbox.insert((seq, me), piece);
-        }
-    }
-
-    /// Every member's piece of `round` (collective `seq`), in rank order, once all came (a
-    /// broadcast: the leader's alone).
-    pub(super) fn pieces_of(&self, round: &Round, seq: u64) -> Option<Vec<Piece>> {
-        let g = self.group.as_ref()?;
-        let from: Vec<&NodeId> = match round {
-            Round::Told { .. } => vec![&g.nodes[0]],
-            _ => g.nodes.iter().collect(),
-        };
-        from.into_iter()
-            .map(|n| g.inbox.get(&(seq, n.clone())).cloned())
-            .collect()
     }
 
     /// A collective of the group ended with every member's `pieces`.
@@ -291,26 +261,22 @@ impl MemberMachine {
             self.send(&n, admit.clone());
         }
         if let Some(all_told) = step.done {
-            let seq = self.group.as_ref().map_or(0, |g| g.seq);
-            self.own_piece(seq, Piece::Told(all_told));
             let round = Round::Told {
                 generation,
                 joiners,
                 members,
             };
             if let Some(g) = self.group.as_ref() {
+                let (g_generation, seq) = (g.generation, g.seq);
                 let others: Vec<NodeId> = g.nodes.iter().skip(1).cloned().collect();
-                let g_generation = g.generation;
-                for peer in others {
-                    self.send(
-                        &peer,
-                        MemberMessage::Piece {
-                            generation: g_generation,
-                            seq,
-                            piece: Piece::Told(all_told),
-                        },
-                    );
-                }
+                // The leader's broadcast: its own piece is the whole round.
+                self.actions.push_back(MemberAction::RunRound {
+                    generation: g_generation,
+                    seq,
+                    piece: Some(Piece::Told(all_told)),
+                    to: others,
+                    from: vec![self.me.node.clone()],
+                });
             }
             if let Phase::Training { round: r, sent, .. } = &mut self.phase {
                 *r = round;
@@ -319,9 +285,12 @@ impl MemberMachine {
         }
     }
 
+    /// Begins the next step: its computation (the executor's: the user's step in production,
+    /// a stretch of simulated time in the simulator), then its all-reduce.
     pub(super) fn begin_step(&mut self, now: Instant) {
-        let ready = now + self.settings.step_time;
-        self.begin_round(now, Some(Round::Step { ready }));
+        self.begin_round(now, Some(Round::Step { computed: false }));
+        let step = self.step + 1;
+        self.actions.push_back(MemberAction::Compute { step });
     }
 
     pub(super) fn stepped(&mut self, now: Instant, pieces: &[Piece]) {
