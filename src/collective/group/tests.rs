@@ -156,3 +156,38 @@ async fn an_enter_from_a_members_own_process_is_stale_and_from_another_is_its_re
         .expect("the new process is pending");
     assert_eq!(pending.incarnation, restarted);
 }
+
+/// A re-forming whose forming began and failed (here the other survivor never forms the
+/// generation) hands back that generation's group, broken, with its members: the re-forming's
+/// later attempts need a quorum of them too (`Reforming::forming_failed`). One refused before
+/// it began (a survivor that is no member) hands back none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_forming_that_began_and_failed_hands_back_the_generation_it_tried() {
+    let config = GroupConfig {
+        form_timeout: Duration::from_millis(800),
+        ..GroupConfig::for_tests()
+    };
+    let formed = loopback_group(2, TransportConfig::for_tests(), config);
+    let (_endpoints, groups) = tokio::time::timeout(Duration::from_secs(30), formed)
+        .await
+        .expect("formed in time")
+        .unwrap();
+    let survivors = [NodeId::new("worker", 0), NodeId::new("worker", 1)];
+    let attempt = groups[0].reform_attempt(&survivors);
+    let failed = tokio::time::timeout(Duration::from_secs(30), attempt)
+        .await
+        .expect("ended in time")
+        .expect_err("worker 1 never forms generation 2");
+    let attempted = failed.attempted.expect("the forming had begun");
+    assert_eq!(
+        (attempted.generation(), attempted.members()),
+        (2, &survivors[..])
+    );
+    assert!(attempted.broken().is_some());
+    let stranger = [NodeId::new("worker", 0), NodeId::new("worker", 7)];
+    let refused = groups[0]
+        .reform_attempt(&stranger)
+        .await
+        .expect_err("no member");
+    assert!(refused.attempted.is_none(), "{}", refused.error);
+}
