@@ -61,7 +61,9 @@ strategy = cohort.MultiWorkerMirroredStrategy()
 with strategy.scope():
     w = cohort.Variable(np.zeros((args.features, 1)), name="w")
     # Adam on a cosine decay: its step count, which the rate follows, goes with the weights.
-    decay = cohort.schedules.CosineDecay(0.05, args.steps, alpha=0.1)
+    # The same schedule whatever --steps says, so that a job resumed for more steps trains
+    # what one run straight through does.
+    decay = cohort.schedules.CosineDecay(0.05, 1000, alpha=0.1)
     optimizer = cohort.optimizers.Adam(decay) if args.optimizer == "adam" else None
 state = cohort.TrainingState()
 checkpoints = None
