@@ -1,23 +1,28 @@
 //! The simulator's collectives: what carries out a member machine's rounds
 //! ([`MemberAction::RunRound`](crate::collective::MemberAction)) over the simulated network,
 //! as production's group runs them over its links. Each process keeps the pieces of its
-//! group's collectives that came ([`Rounds`]); a piece of a generation that is not its group's
-//! is refused (EPOCH-1), and the refusal ends the sender's group.
+//! group's collectives that came ([`Rounds`]), each with the process that sent it; a round
+//! takes a member's piece only from the process of it the group linked with (as production's
+//! links are connections of one process), and a piece of a generation that is not its group's
+//! is refused (EPOCH-1), the refusal ending the sender's group.
 
 use std::collections::BTreeMap;
 
 use cohort_transport::NodeId;
 
 use crate::collective::Piece;
+use crate::process::Incarnation;
 
 /// A message of the simulated collectives' plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum RoundMessage {
-    /// A member's piece of collective `seq` of the group of `generation`.
+    /// A member's piece of collective `seq` of the group of `generation`, sent by its
+    /// `process`.
     Piece {
         generation: u64,
         seq: u64,
         piece: Piece,
+        process: Incarnation,
     },
     /// A piece of `generation` reached a process whose group is of another generation.
     Refused { generation: u64 },
@@ -28,7 +33,8 @@ pub(super) enum RoundMessage {
 struct Awaited {
     generation: u64,
     seq: u64,
-    from: Vec<NodeId>,
+    /// Each member whose piece the round awaits, with the process of it the group linked with.
+    from: Vec<(NodeId, Option<Incarnation>)>,
 }
 
 /// A round that ended: its generation, number, and every awaited member's piece in rank order.
@@ -48,25 +54,27 @@ pub(super) enum Received {
 /// One process's collectives: the pieces that came, and the round its machine awaits.
 #[derive(Debug, Default)]
 pub(super) struct Rounds {
-    /// Pieces by (generation, collective, sender), of the process's group's generation only.
-    pieces: BTreeMap<(u64, u64, NodeId), Piece>,
+    /// Pieces by (generation, collective, sender), of the process's group's generation only,
+    /// with the sender's process (the latest piece of each key).
+    pieces: BTreeMap<(u64, u64, NodeId), (Incarnation, Piece)>,
     awaited: Option<Awaited>,
 }
 
 impl Rounds {
-    /// The machine runs collective `seq` of `generation`, with this process's (`me`) `piece`
+    /// The machine of process `me` runs collective `seq` of `generation`, with its `piece`
     /// where it sends one, awaiting the pieces of `from`: the round's end if they all came.
     pub(super) fn run(
         &mut self,
-        me: &NodeId,
+        me: (&NodeId, Incarnation),
         generation: u64,
         seq: u64,
         piece: Option<Piece>,
-        from: Vec<NodeId>,
+        from: Vec<(NodeId, Option<Incarnation>)>,
     ) -> Option<RoundDone> {
         self.keep_generation(generation);
         if let Some(piece) = piece {
-            self.pieces.insert((generation, seq, me.clone()), piece);
+            self.pieces
+                .insert((generation, seq, me.0.clone()), (me.1, piece));
         }
         self.awaited = Some(Awaited {
             generation,
@@ -76,12 +84,12 @@ impl Rounds {
         self.complete()
     }
 
-    /// `piece` of collective `seq` of `generation` came from `from` while the machine's group is
-    /// of generation `current` (none: it has no group).
+    /// `piece` of collective `seq` of `generation` came from `from`'s `process` while the
+    /// machine's group is of generation `current` (none: it has no group).
     pub(super) fn received(
         &mut self,
         current: Option<u64>,
-        from: NodeId,
+        (from, process): (NodeId, Incarnation),
         generation: u64,
         seq: u64,
         piece: Piece,
@@ -90,7 +98,7 @@ impl Rounds {
             return Received::Refuse;
         }
         self.keep_generation(generation);
-        self.pieces.insert((generation, seq, from), piece);
+        self.pieces.insert((generation, seq, from), (process, piece));
         match self.complete() {
             Some(done) => Received::Done(done),
             None => Received::Kept,
@@ -115,10 +123,14 @@ impl Rounds {
     fn complete(&mut self) -> Option<RoundDone> {
         let awaited = self.awaited.as_ref()?;
         let (generation, seq) = (awaited.generation, awaited.seq);
+        let piece_of = |(node, linked): &(NodeId, Option<Incarnation>)| {
+            let (process, piece) = self.pieces.get(&(generation, seq, node.clone()))?;
+            (Some(*process) == *linked).then(|| piece.clone())
+        };
         let pieces = awaited
             .from
             .iter()
-            .map(|n| self.pieces.get(&(generation, seq, n.clone())).cloned())
+            .map(piece_of)
             .collect::<Option<Vec<Piece>>>()?;
         self.awaited = None;
         self.pieces.retain(|(_, s, _), _| *s > seq);
@@ -137,29 +149,31 @@ mod tests {
     #[test]
     fn a_round_ends_with_every_awaited_piece_in_rank_order_and_other_generations_are_refused() {
         let w = |i| NodeId::new("worker", i);
+        let p = Incarnation::from_raw;
         let mut rounds = Rounds::default();
         // A faster peer's piece of the next round comes first, and is kept for it.
         assert!(matches!(
-            rounds.received(Some(3), w(1), 3, 0, told(false)),
+            rounds.received(Some(3), (w(1), p(11)), 3, 0, told(false)),
             Received::Kept
         ));
         assert!(matches!(
-            rounds.received(Some(3), w(1), 3, 1, told(true)),
+            rounds.received(Some(3), (w(1), p(11)), 3, 1, told(true)),
             Received::Kept
         ));
         // Another generation's piece is refused (EPOCH-1).
         assert!(matches!(
-            rounds.received(Some(3), w(2), 2, 0, told(true)),
+            rounds.received(Some(3), (w(2), p(12)), 2, 0, told(true)),
             Received::Refuse
         ));
         assert!(matches!(
-            rounds.received(None, w(2), 3, 0, told(true)),
+            rounds.received(None, (w(2), p(12)), 3, 0, told(true)),
             Received::Refuse
         ));
         // Round 0 awaits worker 2 still; its piece ends it, pieces in rank order.
-        let from = vec![w(0), w(1), w(2)];
-        assert!(rounds.run(&w(0), 3, 0, Some(told(true)), from.clone()).is_none());
-        match rounds.received(Some(3), w(2), 3, 0, told(true)) {
+        let from = vec![(w(0), Some(p(10))), (w(1), Some(p(11))), (w(2), Some(p(12)))];
+        let me = (&w(0), p(10));
+        assert!(rounds.run(me, 3, 0, Some(told(true)), from.clone()).is_none());
+        match rounds.received(Some(3), (w(2), p(12)), 3, 0, told(true)) {
             Received::Done((3, 0, pieces)) => {
                 assert_eq!(pieces, [told(true), told(false), told(true)])
             }
@@ -167,11 +181,40 @@ mod tests {
         }
         // Round 1's early piece was kept; a broadcast awaits the leader's alone.
         assert_eq!(
-            rounds.run(&w(0), 3, 1, None, vec![w(1)]),
+            rounds.run(me, 3, 1, None, vec![(w(1), Some(p(11)))]),
             Some((3, 1, vec![told(true)]))
         );
         // A new generation's collectives start afresh.
-        assert!(rounds.run(&w(0), 4, 0, Some(told(true)), from).is_none());
+        assert!(rounds.run(me, 4, 0, Some(told(true)), from).is_none());
         assert!(rounds.pieces.keys().all(|(g, _, _)| *g == 4));
+    }
+
+    /// A piece an earlier process of a member sent (before it died) is never taken for its
+    /// new process's, though both are of the same generation: the round waits for the new one.
+    #[test]
+    fn a_piece_of_an_earlier_process_of_a_member_is_not_the_groups() {
+        let w = |i| NodeId::new("worker", i);
+        let p = Incarnation::from_raw;
+        let mut rounds = Rounds::default();
+        assert!(matches!(
+            rounds.received(Some(1), (w(0), p(1)), 1, 0, told(false)),
+            Received::Kept
+        ));
+        let from = vec![(w(0), Some(p(2))), (w(1), Some(p(5)))];
+        assert!(rounds
+            .run((&w(1), p(5)), 1, 0, Some(told(true)), from)
+            .is_none());
+        match rounds.received(Some(1), (w(0), p(2)), 1, 0, told(true)) {
+            Received::Done((1, 0, pieces)) => assert_eq!(pieces, [told(true), told(true)]),
+            other => panic!("{other:?}"),
+        }
+        // A member of no known process: none of its pieces is taken.
+        assert!(rounds
+            .run((&w(1), p(5)), 1, 1, Some(told(true)), vec![(w(0), None)])
+            .is_none());
+        assert!(matches!(
+            rounds.received(Some(1), (w(0), p(2)), 1, 1, told(true)),
+            Received::Kept
+        ));
     }
 }

@@ -341,6 +341,27 @@ fn a_survivor_whose_forming_failed_needs_a_quorum_of_that_generation_too() {
     assert!(report.finished, "{report:?}");
 }
 
+/// A first generation formed twice at worker 1 (its first forming ended by the old process of
+/// worker 0, which had formed it and left on a preemption; then with worker 0's new process):
+/// the old process's vote to leave, which reached worker 1 during its first forming, was taken
+/// as the new process's, and worker 1 let worker 0 depart and trained alone beside it
+/// (`SPLIT`). It broke on the build that first carried the rounds outside the machine, which
+/// kept a generation's pieces across its group's formings; a round now takes a member's piece
+/// only from the process of it the group linked with, as production's links are connections
+/// of one process (`sim/membership/rounds.rs`). Seed 100091944 of up to 3 workers and 20
+/// faults, with lossy links and drains for good (1 in 100,000 from 100,000,000).
+#[test]
+fn a_piece_an_earlier_process_of_a_member_sent_is_not_its_successors() {
+    let config = MembershipConfig {
+        workers_max: 3,
+        faults_max: 20,
+        ..MembershipConfig::default()
+    };
+    let report = run_membership_seed(&config, 100_091_944);
+    assert_eq!(report.violation, None);
+    assert!(report.finished, "{report:?}");
+}
+
 /// Each `(workers_max, faults_max, seed)` runs to the end of its job with no violation. The
 /// seeds were found before lossy links were drawn: they replay as they were found without them.
 fn every_seed_finishes(cases: &[(usize, usize, u64)]) {

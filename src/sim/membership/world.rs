@@ -438,10 +438,14 @@ impl World {
                 generation,
                 seq,
                 piece,
-            } => match self.procs[to]
-                .rounds
-                .received(current, from_node, generation, seq, piece)
-            {
+                process,
+            } => match self.procs[to].rounds.received(
+                current,
+                (from_node, process),
+                generation,
+                seq,
+                piece,
+            ) {
                 Received::Refuse => {
                     let refused = RoundMessage::Refused { generation };
                     self.send(to, from, Wire::Round(refused));
@@ -668,21 +672,23 @@ impl World {
         seq: u64,
         piece: Option<crate::collective::Piece>,
         to: Vec<NodeId>,
-        from: Vec<NodeId>,
+        from: Vec<(NodeId, Option<Incarnation>)>,
     ) {
+        let process = Self::incarnation(worker, self.procs[worker].life);
         if let Some(piece) = &piece {
             for peer in to {
                 let message = RoundMessage::Piece {
                     generation,
                     seq,
                     piece: piece.clone(),
+                    process,
                 };
                 self.send(worker, peer.index as usize, Wire::Round(message));
             }
         }
         let p = &mut self.procs[worker];
-        if let Some((generation, seq, pieces)) = p.rounds.run(&p.node, generation, seq, piece, from)
-        {
+        let me = (&p.node, process);
+        if let Some((generation, seq, pieces)) = p.rounds.run(me, generation, seq, piece, from) {
             let now = self.instant();
             if let Some(m) = self.procs[worker].machine.as_mut() {
                 m.handle_round_done(now, generation, seq, pieces);

@@ -116,7 +116,10 @@ pub(crate) enum MemberAction {
     Compute { step: u64 },
     /// Run collective `seq` of the group of `generation` over the group's links: send `piece`
     /// (none: this member sends nothing, as in the leader's broadcast) to `to`, and gather
-    /// the pieces of `from` (rank order, this member's own among them where it sent one).
+    /// the pieces of `from` (rank order, this member's own among them where it sent one), each
+    /// from the process of it the group linked with (production's links are connections of
+    /// one process: a piece an earlier process of a member sent is never this group's; where
+    /// no process of a member is known, none of its pieces is).
     /// The executor answers with [`MemberMachine::handle_round_done`] once all came, or
     /// [`MemberMachine::handle_round_refused`] where a peer's group is of another generation
     /// (EPOCH-1); a round that never completes ends at the machine's operation timeout.
@@ -127,7 +130,7 @@ pub(crate) enum MemberAction {
         seq: u64,
         piece: Option<Piece>,
         to: Vec<NodeId>,
-        from: Vec<NodeId>,
+        from: Vec<(NodeId, Option<Incarnation>)>,
     },
     /// A group of `generation` with `members` formed here.
     Formed {

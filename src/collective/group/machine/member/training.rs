@@ -83,6 +83,7 @@ impl MemberMachine {
             Round::Telling { .. } => return,
             _ => nodes,
         };
+        let from = self.processes_of(from);
         let to = if piece.is_some() { others } else { Vec::new() };
         self.actions.push_back(MemberAction::RunRound {
             generation,
@@ -91,6 +92,22 @@ impl MemberMachine {
             to,
             from,
         });
+    }
+
+    /// Each of `nodes` with the process of it this member's group linked with (this process for
+    /// itself): whose pieces a round of the group takes.
+    fn processes_of(&self, nodes: Vec<NodeId>) -> Vec<(NodeId, Option<Incarnation>)> {
+        nodes
+            .into_iter()
+            .map(|node| {
+                let process = if node == self.me.node {
+                    Some(self.incarnation)
+                } else {
+                    self.membership.linked_process(&node)
+                };
+                (node, process)
+            })
+            .collect()
     }
 
     /// This member's vote at a step boundary of the group of `nodes`, where it has `rank`.
@@ -270,12 +287,13 @@ impl MemberMachine {
                 let (g_generation, seq) = (g.generation, g.seq);
                 let others: Vec<NodeId> = g.nodes.iter().skip(1).cloned().collect();
                 // The leader's broadcast: its own piece is the whole round.
+                let from = vec![(self.me.node.clone(), Some(self.incarnation))];
                 self.actions.push_back(MemberAction::RunRound {
                     generation: g_generation,
                     seq,
                     piece: Some(Piece::Told(all_told)),
                     to: others,
-                    from: vec![self.me.node.clone()],
+                    from,
                 });
             }
             if let Phase::Training { round: r, sent, .. } = &mut self.phase {
