@@ -52,9 +52,10 @@ fn a_killed_worker_comes_back_and_the_job_finishes() {
     assert!(report.groups_formed >= 3 * 2, "{report:?}");
 }
 
-/// CI's fixed ranges (about 6,200 schedules with every fault kind, split so that they run
+/// CI's fixed ranges (about 7,200 schedules with every fault kind, split so that they run
 /// side by side): up to 4 workers and 5 faults, up to 3 workers, up to 6 workers with 8
-/// faults, up to 8 workers with 10 faults, and up to 5 workers with 14 faults.
+/// faults, up to 8 workers with 10 faults, up to 5 workers with 14 faults, and up to 3
+/// workers with 20 faults.
 #[test]
 fn a_fixed_range_of_seeds_finds_no_violation() {
     fixed_range_is_clean(MembershipConfig::default(), 0..1500);
@@ -102,6 +103,18 @@ fn a_fixed_range_of_seeds_of_up_to_5_workers_and_14_faults_finds_no_violation() 
         ..MembershipConfig::default()
     };
     fixed_range_is_clean(config, 8_000_000..8_000_300);
+}
+
+/// Few workers under many faults, the shape that found two split brains on 2026-12-06 (seeds
+/// 5027068 and 100091944).
+#[test]
+fn a_fixed_range_of_seeds_of_up_to_3_workers_and_20_faults_finds_no_violation() {
+    let config = MembershipConfig {
+        workers_max: 3,
+        faults_max: 20,
+        ..MembershipConfig::default()
+    };
+    fixed_range_is_clean(config, 100_000_000..100_001_000);
 }
 
 /// Every seed of `seeds` under `config` finishes its job with no violation, and every fault
