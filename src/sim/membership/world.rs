@@ -97,11 +97,13 @@ enum Event {
         worker: usize,
         life: u64,
     },
-    /// `worker`'s process `life` computed step `step`.
+    /// `worker`'s process `life` computed the step of collective `seq` of the group of
+    /// `generation`.
     Computed {
         worker: usize,
         life: u64,
-        step: u64,
+        generation: u64,
+        seq: u64,
     },
     /// `worker`'s process `life` loses its connection with `peer`'s process `peer_life`.
     LinkLost {
@@ -384,9 +386,14 @@ impl World {
                 // timeout ends its round.
                 Wire::Round(_) => m.handle_timeout(now),
             }),
-            Event::Computed { worker, life, step } => {
-                self.with_machine(worker, life, |m, now| m.handle_computed(now, step))
-            }
+            Event::Computed {
+                worker,
+                life,
+                generation,
+                seq,
+            } => self.with_machine(worker, life, |m, now| {
+                m.handle_computed(now, generation, seq)
+            }),
             Event::Timer { worker, life } => {
                 if self.procs[worker].life == life {
                     self.procs[worker].timer_at = None;
@@ -609,8 +616,16 @@ impl World {
                 let to = to.index as usize;
                 self.send(worker, to, Wire::Member(message));
             }
-            MemberAction::Compute { step } => {
-                self.schedule(self.now + STEP_TIME, Event::Computed { worker, life, step })
+            MemberAction::Compute {
+                generation, seq, ..
+            } => {
+                let computed = Event::Computed {
+                    worker,
+                    life,
+                    generation,
+                    seq,
+                };
+                self.schedule(self.now + STEP_TIME, computed)
             }
             MemberAction::RunRound {
                 generation,

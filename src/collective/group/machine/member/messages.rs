@@ -109,11 +109,15 @@ pub(crate) struct Vote {
 pub(crate) enum MemberAction {
     /// Send `message` to `to`.
     Send { to: NodeId, message: MemberMessage },
-    /// Compute step `step` (the user's step in production, simulated time in the simulator),
-    /// then say so with [`MemberMachine::handle_computed`]: its contribution and the vote at
-    /// the boundary after it go out then. A computation that never ends ends at the machine's
-    /// operation timeout.
-    Compute { step: u64 },
+    /// Compute step `step` (the user's step in production, simulated time in the simulator)
+    /// for collective `seq` of the group of `generation`, then say so with
+    /// [`MemberMachine::handle_computed`]: its contribution and the vote at the boundary after
+    /// it go out then. A computation that never ends ends at the machine's operation timeout.
+    Compute {
+        generation: u64,
+        seq: u64,
+        step: u64,
+    },
     /// Run collective `seq` of the group of `generation` over the group's links: send `piece`
     /// (none: this member sends nothing, as in the leader's broadcast) to `to`, and gather
     /// the pieces of `from` (rank order, this member's own among them where it sent one), each

@@ -570,16 +570,21 @@ impl MemberMachine {
         self.progress(now);
     }
 
-    /// The computation of step `step` ([`MemberAction::Compute`]) is done: its contribution
-    /// goes out with the vote at the boundary after it. Taken where this member's group still
-    /// awaits it.
-    pub(crate) fn handle_computed(&mut self, now: Instant, step: u64) {
+    /// The step computed for collective `seq` of the group of `generation`
+    /// ([`MemberAction::Compute`]) is done: its contribution goes out with the vote at the
+    /// boundary after it. Taken where this member's group still awaits it (a computation for a
+    /// group that broke meanwhile is not the next one's).
+    pub(crate) fn handle_computed(&mut self, now: Instant, generation: u64, seq: u64) {
+        let current = self
+            .group
+            .as_ref()
+            .is_some_and(|g| g.generation == generation && g.seq == seq);
         if let Phase::Training {
             round: Round::Step { computed },
             ..
         } = &mut self.phase
         {
-            if step == self.step + 1 {
+            if current {
                 *computed = true;
             }
         }

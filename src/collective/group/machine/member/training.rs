@@ -307,8 +307,14 @@ impl MemberMachine {
     /// a stretch of simulated time in the simulator), then its all-reduce.
     pub(super) fn begin_step(&mut self, now: Instant) {
         self.begin_round(now, Some(Round::Step { computed: false }));
-        let step = self.step + 1;
-        self.actions.push_back(MemberAction::Compute { step });
+        if let Some(g) = &self.group {
+            let (generation, seq, step) = (g.generation, g.seq, self.step + 1);
+            self.actions.push_back(MemberAction::Compute {
+                generation,
+                seq,
+                step,
+            });
+        }
     }
 
     pub(super) fn stepped(&mut self, now: Instant, pieces: &[Piece]) {
