@@ -182,7 +182,7 @@ impl MultiWorkerMirrored {
                     reforming.begin_next(std::time::Instant::now());
                 }
                 ReformStep::GiveUp { why } => {
-                    let no_quorum = matches!(why, AttemptFailure::NoQuorum { .. });
+                    let no_quorum = why.no_quorum();
                     let last = failure_detail(&probed, why, last, attempt);
                     let reason = if no_quorum {
                         format!("{last} (after {limit} attempt(s))")
@@ -1023,6 +1023,17 @@ fn failure_detail(
         AttemptFailure::NoQuorum { reached, replaced } => {
             let detail =
                 no_quorum_detail(probed.members(), probed.generation(), &replaced, &reached);
+            tracing::info!(attempt, "re-forming: {detail}");
+            detail
+        }
+        AttemptFailure::NoQuorumOfAttempt { reached, attempted } => {
+            let detail = format!(
+                "no quorum of {}, the members of a generation whose forming began here and \
+                 failed (another worker may have formed it and gone on with it): this worker \
+                 reached {}",
+                node_list(&attempted),
+                node_list(&reached)
+            );
             tracing::info!(attempt, "re-forming: {detail}");
             detail
         }

@@ -245,10 +245,24 @@ pub(crate) enum AttemptFailure {
         reached: Vec<NodeId>,
         replaced: Vec<NodeId>,
     },
+    /// The members reached were a quorum of the group probed but not of `attempted`, the
+    /// members of a generation whose forming began here and failed, which another survivor may
+    /// have formed ([`Reforming::forming_failed`]).
+    NoQuorumOfAttempt {
+        reached: Vec<NodeId>,
+        attempted: Vec<NodeId>,
+    },
     /// Forming the next generation with the survivors failed.
     FormingFailed,
     /// The group formed, and agreeing on the training state in it failed.
     AgreementFailed,
+}
+
+impl AttemptFailure {
+    /// Whether the attempt failed for want of a quorum (of the group probed, or of an attempt).
+    pub(crate) fn no_quorum(&self) -> bool {
+        matches!(self, Self::NoQuorum { .. } | Self::NoQuorumOfAttempt { .. })
+    }
 }
 
 /// What a re-forming does next ([`Reforming`]).
@@ -337,23 +351,20 @@ impl<G> Reforming<G> {
             Probes::LeftOut(by) => return ReformStep::LeftOut(by),
             Probes::Answered { alive, joining } => (alive, joining),
         };
-        let verdict = match judge(previous, &alive, &joining) {
-            Verdict::Form { .. }
-                if !self
-                    .attempted
-                    .iter()
-                    .all(|members| has_quorum(members, &joining, &alive)) =>
-            {
-                Verdict::NoQuorum {
+        let short = self
+            .attempted
+            .iter()
+            .find(|members| !has_quorum(members, &joining, &alive));
+        match (judge(previous, &alive, &joining), short) {
+            (Verdict::Form { .. }, Some(attempted)) => {
+                let why = AttemptFailure::NoQuorumOfAttempt {
+                    attempted: attempted.clone(),
                     reached: alive,
-                    replaced: joining,
-                }
+                };
+                self.failed(now, why)
             }
-            verdict => verdict,
-        };
-        match verdict {
-            Verdict::Form { survivors } => ReformStep::Form { survivors },
-            Verdict::NoQuorum { reached, replaced } => {
+            (Verdict::Form { survivors }, None) => ReformStep::Form { survivors },
+            (Verdict::NoQuorum { reached, replaced }, _) => {
                 self.failed(now, AttemptFailure::NoQuorum { reached, replaced })
             }
         }
@@ -388,7 +399,7 @@ impl<G> Reforming<G> {
     }
 
     fn failed(&mut self, now: Instant, why: AttemptFailure) -> ReformStep {
-        let no_quorum = matches!(why, AttemptFailure::NoQuorum { .. });
+        let no_quorum = why.no_quorum();
         match self.attempt.failed(now, self.limit, self.span, no_quorum) {
             AfterAttempt::GiveUp { .. } => ReformStep::GiveUp { why },
             AfterAttempt::Next { number, at } => {
@@ -546,13 +557,16 @@ mod tests {
         begun.begin_next(t0 + span);
         assert_eq!(*begun.probed(), "generation 4");
         // Workers 1 and 2 are a quorum of the three, not of the attempt's workers 0 and 1.
-        assert!(matches!(
+        assert_eq!(
             begun.probes_answered(&three, answered(&three[1..]), t0 + span),
             ReformStep::Retry {
-                why: AttemptFailure::NoQuorum { .. },
-                ..
+                at: t0 + span * 2,
+                why: AttemptFailure::NoQuorumOfAttempt {
+                    reached: three[1..].to_vec(),
+                    attempted: three[..2].to_vec()
+                }
             }
-        ));
+        );
         begun.begin_next(t0 + span * 2);
         assert_eq!(
             begun.probes_answered(&three, answered(&three[..2]), t0 + span * 2),

@@ -40,7 +40,7 @@ use super::entry::{
     self, AfterFailedStart, EnterAfter, EnterPoll, EnterRound, EntryStep, JoinPoll, JoinWait,
 };
 use super::linking::{self, FormLink, LinkDue, StillHeard};
-use super::reforming::{AttemptFailure, ProbeReply, ProbeRound, ReformStep, Reforming};
+use super::reforming::{ProbeReply, ProbeRound, ReformStep, Reforming};
 use super::{
     EnterAnswer, GroupView, JoinAnswer, JoinContext, Leave, Membership, ProbeAnswerHere,
     StillFormingHere,

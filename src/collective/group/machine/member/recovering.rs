@@ -76,7 +76,7 @@ impl MemberMachine {
             }
             ReformStep::Retry { at, .. } => self.phase = Phase::RecoverLater { reforming, at },
             ReformStep::GiveUp { why } => {
-                let no_quorum = matches!(why, AttemptFailure::NoQuorum { .. });
+                let no_quorum = why.no_quorum();
                 self.exit(MemberExit::RecoveryFailed { no_quorum });
             }
             ReformStep::LeftOut(_) => self.exit(MemberExit::LeftOut),
