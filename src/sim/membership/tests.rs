@@ -344,14 +344,7 @@ fn a_joiner_counted_out_by_a_prober_never_forms_the_generation_it_re_forms_from(
 /// (1 in 40,000 from 5,000,000).
 #[test]
 fn a_survivor_whose_forming_failed_needs_a_quorum_of_that_generation_too() {
-    let config = MembershipConfig {
-        workers_max: 3,
-        faults_max: 10,
-        ..MembershipConfig::default()
-    };
-    let report = run_membership_seed(&config, 5_027_068);
-    assert_eq!(report.violation, None);
-    assert!(report.finished, "{report:?}");
+    finishes_with_every_fault_kind(3, 10, 5_027_068);
 }
 
 /// A first generation formed twice at worker 1 (its first forming ended by the old process of
@@ -365,14 +358,21 @@ fn a_survivor_whose_forming_failed_needs_a_quorum_of_that_generation_too() {
 /// faults, with lossy links and drains for good (1 in 100,000 from 100,000,000).
 #[test]
 fn a_piece_an_earlier_process_of_a_member_sent_is_not_its_successors() {
+    finishes_with_every_fault_kind(3, 20, 100_091_944);
+}
+
+/// `seed` of up to `workers_max` workers and `faults_max` faults, drawn with lossy links and
+/// drains for good (as `cohort chaos sim --membership` draws it), runs to the end of its job
+/// with no violation.
+fn finishes_with_every_fault_kind(workers_max: usize, faults_max: usize, seed: u64) {
     let config = MembershipConfig {
-        workers_max: 3,
-        faults_max: 20,
+        workers_max,
+        faults_max,
         ..MembershipConfig::default()
     };
-    let report = run_membership_seed(&config, 100_091_944);
-    assert_eq!(report.violation, None);
-    assert!(report.finished, "{report:?}");
+    let report = run_membership_seed(&config, seed);
+    assert_eq!(report.violation, None, "seed {seed}");
+    assert!(report.finished, "seed {seed}: {report:?}");
 }
 
 /// Each `(workers_max, faults_max, seed)` runs to the end of its job with no violation. The

@@ -214,29 +214,11 @@ impl MultiWorkerMirrored {
         );
         let broken = probed.clone();
         let reformed = self.block(async move { Ok(broken.reform_attempt(&survivors).await) });
-        let (attempted, error) = match reformed {
-            Ok(Ok(group)) => return self.adopted(group, before, state, cause, attempt),
-            Ok(Err(FormFailed { attempted, error })) => (attempted, error),
-            Err(error) => (None, error),
+        let group = match reformed {
+            Ok(Ok(group)) => group,
+            Ok(Err(FormFailed { attempted, error })) => return forming_failed(attempted, error),
+            Err(error) => return forming_failed(None, error),
         };
-        tracing::info!(attempt, %error, "re-forming: forming the next generation failed");
-        Ok(Formed::FormingFailed {
-            attempted,
-            error: error.to_string(),
-        })
-    }
-
-    /// Trains on with `group`, re-formed from `before` ([`Self::adopt_reformed`]): how the
-    /// attempt ended, or the error no later attempt mends (a mismatch, or a group none of whose
-    /// members holds the state).
-    fn adopted(
-        &mut self,
-        group: ProcessGroup,
-        before: &ProcessGroup,
-        state: &mut ElasticState<'_>,
-        cause: &CollectiveError,
-        attempt: usize,
-    ) -> Result<Formed, StrategyError> {
         match self.adopt_reformed(group, before, state, cause, attempt) {
             Ok(recovery) => Ok(Formed::Trains(recovery)),
             Err(err @ (StrategyError::Config { .. } | StrategyError::NoStateHolder { .. })) => {
@@ -1009,6 +991,19 @@ enum Formed {
     },
     /// Agreeing on the state in the formed group failed with `error`.
     AgreementFailed { error: String },
+}
+
+/// A re-forming attempt whose forming failed with `error` (`attempted`: the group of that
+/// generation, where the forming had begun).
+fn forming_failed(
+    attempted: Option<ProcessGroup>,
+    error: CollectiveError,
+) -> Result<Formed, StrategyError> {
+    tracing::info!(%error, "re-forming: forming the next generation failed");
+    Ok(Formed::FormingFailed {
+        attempted,
+        error: error.to_string(),
+    })
 }
 
 /// What an attempt of re-forming `probed` that failed (`why`) failed with: for want of a
