@@ -54,10 +54,8 @@ pub struct TransportConfig {
     /// Largest UDP payload (bytes) this endpoint accepts and path-MTU discovery probes for.
     /// Discovery settles on what the path carries (about 1,452 on Ethernet), so a high bound
     /// costs little there, while on loopback it lets one packet carry several KiB and divides
-    /// the per-packet cost (packet building, acks, syscalls) accordingly. Keep it at most
-    /// 6,550: quinn batches up to 10 datagrams in one segmentation-offload send, which must
-    /// fit in one UDP datagram (65,507 bytes); a batch that does not is refused by the
-    /// kernel, which costs far more than the larger packets save.
+    /// the per-packet cost (packet building, acks, syscalls) accordingly. At most
+    /// [`UDP_PAYLOAD_BATCHED_MAX`] (binding an endpoint refuses more, naming why).
     pub udp_payload_max: u16,
     /// Protocol version sent in ALPN as `cohort/<n>`; change it only to test a mismatch.
     pub protocol_version: u16,
@@ -126,3 +124,8 @@ const MIB: u64 = 1024 * 1024;
 const UDP_PAYLOAD_MAX: u16 = 6_400;
 /// The smallest UDP payload every QUIC path must carry.
 pub const UDP_PAYLOAD_MIN: u16 = 1_200;
+/// The largest [`TransportConfig::udp_payload_max`] an endpoint takes: quinn's batch of 10
+/// segmentation-offload datagrams must fit in one UDP datagram over IPv4 (65,507 bytes), else
+/// the kernel refuses the send (`EMSGSIZE`) and quinn drops the whole batch as it would a
+/// path-MTU probe, so every full batch is lost and resent.
+pub const UDP_PAYLOAD_BATCHED_MAX: u16 = 6_550;

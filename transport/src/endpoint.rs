@@ -545,16 +545,23 @@ pub(crate) fn mtu_discovery(config: &TransportConfig) -> quinn::MtuDiscoveryConf
 pub(crate) fn quinn_endpoint_config(
     config: &TransportConfig,
 ) -> Result<quinn::EndpointConfig, BindError> {
+    use crate::config::{UDP_PAYLOAD_BATCHED_MAX, UDP_PAYLOAD_MIN};
+    let bad = |why: &str| {
+        BindError::Config(format!(
+            "udp_payload_max {} outside {UDP_PAYLOAD_MIN}..={UDP_PAYLOAD_BATCHED_MAX}{why}",
+            config.udp_payload_max
+        ))
+    };
+    if config.udp_payload_max > UDP_PAYLOAD_BATCHED_MAX {
+        return Err(bad(
+            ": QUIC sends up to 10 datagrams in one segmentation-offload batch, which must fit \
+             in one UDP datagram of 65,507 bytes, and a batch that does not is lost whole",
+        ));
+    }
     let mut endpoint = quinn::EndpointConfig::default();
     endpoint
         .max_udp_payload_size(config.udp_payload_max)
-        .map_err(|_| {
-            BindError::Config(format!(
-                "udp_payload_max {} outside {}..=65527",
-                config.udp_payload_max,
-                crate::config::UDP_PAYLOAD_MIN
-            ))
-        })?;
+        .map_err(|_| bad(""))?;
     Ok(endpoint)
 }
 
