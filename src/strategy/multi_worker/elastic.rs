@@ -216,8 +216,10 @@ impl MultiWorkerMirrored {
         let reformed = self.block(async move { Ok(broken.reform_attempt(&survivors).await) });
         let group = match reformed {
             Ok(Ok(group)) => group,
-            Ok(Err(FormFailed { attempted, error })) => return forming_failed(attempted, error),
-            Err(error) => return forming_failed(None, error),
+            Ok(Err(FormFailed { attempted, error })) => {
+                return forming_failed(attempted, error, attempt)
+            }
+            Err(error) => return forming_failed(None, error, attempt),
         };
         match self.adopt_reformed(group, before, state, cause, attempt) {
             Ok(recovery) => Ok(Formed::Trains(recovery)),
@@ -993,13 +995,14 @@ enum Formed {
     AgreementFailed { error: String },
 }
 
-/// A re-forming attempt whose forming failed with `error` (`attempted`: the group of that
-/// generation, where the forming had begun).
+/// Re-forming attempt `attempt`, whose forming failed with `error` (`attempted`: the group of
+/// that generation, where the forming had begun).
 fn forming_failed(
     attempted: Option<ProcessGroup>,
     error: CollectiveError,
+    attempt: usize,
 ) -> Result<Formed, StrategyError> {
-    tracing::info!(%error, "re-forming: forming the next generation failed");
+    tracing::info!(attempt, %error, "re-forming: forming the next generation failed");
     Ok(Formed::FormingFailed {
         attempted,
         error: error.to_string(),

@@ -553,16 +553,16 @@ impl Membership {
         self.formed_generation = self.formed_generation.max(generation);
     }
 
-    /// Whether the process of `peer` this mesh last linked with (or admitted) is another than
-    /// `process`.
     /// The process of `peer` this mesh last linked with (its join, or its answer to ours) or
     /// admitted, if any.
     pub(super) fn linked_process(&self, peer: &NodeId) -> Option<Incarnation> {
         self.processes.get(peer).copied()
     }
 
+    /// Whether the process of `peer` this mesh last linked with (or admitted) is another than
+    /// `process`.
     pub(super) fn linked_with_another_process(&self, peer: &NodeId, process: Incarnation) -> bool {
-        self.processes.get(peer).is_some_and(|p| *p != process)
+        self.linked_process(peer).is_some_and(|p| p != process)
     }
 
     pub(super) fn linked_with(&mut self, peer: &NodeId, generation: u64, incarnation: Incarnation) {
