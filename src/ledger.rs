@@ -52,9 +52,45 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// LEDGER-1: every scheduled closure is committed, pending, or ended with an error.
+    /// LEDGER-1: every scheduled closure is committed, pending, or ended with an error. Counts
+    /// whose sum overflows (a corrupt checkpoint's) do not balance.
     pub fn balances(&self) -> bool {
-        self.scheduled
-            == self.committed + self.failed + self.cancelled + self.unavailable + self.pending
+        [self.failed, self.cancelled, self.unavailable, self.pending]
+            .into_iter()
+            .try_fold(self.committed, u64::checked_add)
+            == Some(self.scheduled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ledger;
+
+    #[test]
+    fn counts_balance_only_when_they_sum_to_the_scheduled_closures() {
+        let mut ledger = Ledger {
+            scheduled: 10,
+            committed: 6,
+            failed: 1,
+            cancelled: 1,
+            unavailable: 1,
+            pending: 1,
+            ..Ledger::default()
+        };
+        assert!(ledger.balances());
+        ledger.pending = 0;
+        assert!(!ledger.balances());
+    }
+
+    #[test]
+    fn counts_whose_sum_overflows_do_not_balance() {
+        // A corrupt checkpoint's counts: their sum wraps to the scheduled count.
+        let ledger = Ledger {
+            scheduled: 0,
+            committed: u64::MAX,
+            failed: 1,
+            ..Ledger::default()
+        };
+        assert!(!ledger.balances());
     }
 }

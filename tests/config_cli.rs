@@ -72,6 +72,11 @@ fn a_bad_flag_or_environment_value_exits_2_naming_the_key() {
     expect_refused(&out, &["--kill-ps-after", "--kill-worker-after"]);
     let out = run(cohort(&dir.0).args(["launch", "--kill-ps-after", "soon"]));
     expect_refused(&out, &["--kill-ps-after", "\"soon\" is not a duration"]);
+    // Epoch counts of the demo past their range (one that overflowed its step count, or none).
+    let out = run(cohort(&dir.0).args(["demo", "--ctr-epochs", "18446744073709551615"]));
+    expect_refused(&out, &["--ctr-epochs", "18446744073709551615"]);
+    let out = run(cohort(&dir.0).args(["demo", "--digits-epochs", "0"]));
+    expect_refused(&out, &["--digits-epochs", "1..=10000"]);
     let out = run(cohort(&dir.0)
         .args(["role", "--job", "demo", "--task-index", "4"])
         .env("TF_CONFIG", TF_CONFIG));

@@ -13,6 +13,8 @@
 //!   does not register is refused at `schedule` naming it; an argument that does not decode as
 //!   the step's type fails that closure naming the step; a value fetched as another type is
 //!   refused; training goes on after each.
+//! - A variable whose shape overflows a machine word, or whose values do not fill its shape, is
+//!   refused at creation naming it, and training goes on.
 
 mod ps_support;
 
@@ -132,6 +134,14 @@ fn typed_steps(coordinator: &mut ClusterCoordinator) -> Result<(), CoordinatorEr
     coordinator.create_variable(VariableSpec::zeros("table", vec![10, 2]))?;
     coordinator.wait_for_workers(1, Duration::from_secs(30))?;
     let mut report = serde_json::json!({});
+    // A shape whose element count overflows a machine word (with no values, which its
+    // wrapped count would have matched), and values that do not fill their shape: each is
+    // refused naming the variable, and nothing is created.
+    let huge = VariableSpec::from_values("huge", vec![1 << 62, 4], Vec::new())
+        .partitioned(Partitioner::FixedShards { num_shards: 2 });
+    report["huge_error"] = error_of(coordinator.create_variable(huge).map(|_| ()));
+    let short = VariableSpec::from_values("short", vec![2, 3], vec![1.0; 5]);
+    report["short_error"] = error_of(coordinator.create_variable(short).map(|_| ()));
     let args = FitArgs {
         times: 2,
         tag: "first".into(),
@@ -312,6 +322,20 @@ fn typed_steps_round_trip_and_an_unknown_step_or_undecodable_argument_or_value_i
     assert!(
         report["garbage_join"].is_string(),
         "join raises it: {report}"
+    );
+    let huge = report["huge_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        huge.contains("\"huge\"") && huge.contains("more elements than a machine word"),
+        "{huge}"
+    );
+    let short = report["short_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        short.contains("\"short\"") && short.contains("5 initial values"),
+        "{short}"
     );
     let misread = report["misread_error"]
         .as_str()

@@ -150,10 +150,10 @@ struct DemoArgs {
     strategy: DemoStrategy,
     /// Digits epochs (parameter-server: 100 steps each, default 8; multi-worker-mirrored:
     /// passes over the training split, default 30).
-    #[arg(long)]
+    #[arg(long, value_parser = demo_epochs())]
     digits_epochs: Option<usize>,
     /// CTR epochs (200 steps each).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = demo_epochs())]
     ctr_epochs: usize,
     /// Don't kill a worker. By default worker 1 (0 if it is the only one) is SIGKILLed once,
     /// when the chief reaches the middle of the CTR phase or 12s after launch (change it with
@@ -184,6 +184,12 @@ struct DemoArgs {
     /// libnccl, the CUDA driver and a GPU per task).
     #[arg(long)]
     communication: Option<crate::strategy::Communication>,
+}
+
+/// `cohort demo`'s epoch counts: whole numbers from 1 to 10,000 (as the MultiWorkerMirrored
+/// demo's tasks take them), refused by the parser otherwise.
+fn demo_epochs() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000)
 }
 
 /// The demo's checkpoint directory: the one given (made absolute, so that the tasks find it

@@ -53,10 +53,10 @@ pub(crate) struct MwmsArgs {
     #[arg(long, default_value_t = 16)]
     global_batch: usize,
     /// Pause after each step (so that a test can act mid-training).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=DAY_MS))]
     step_pause_ms: u64,
     /// The transport's idle timeout: the detection budget of a lost worker.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=DAY_MS))]
     idle_timeout_ms: u64,
     /// Where the final variables and losses go (JSON).
     #[arg(long)]
@@ -80,10 +80,10 @@ pub(crate) struct MwmsArgs {
     #[arg(long)]
     elastic: bool,
     /// Re-forming: how long a survivor waits for a member's answer to its probe.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=DAY_MS))]
     probe_timeout_ms: u64,
     /// How long forming a group (at start, and each re-forming attempt) waits for every member.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=DAY_MS))]
     form_timeout_ms: u64,
     /// Run the throughput workload of `cohort bench mwms` on this many examples per worker
     /// and step (then `--steps` is the number of timed steps).
@@ -108,6 +108,10 @@ pub(crate) struct MwmsArgs {
     #[arg(long, requires = "checkpoint_dir")]
     checkpoint_every: Option<u64>,
 }
+
+/// The longest duration a flag of this command takes, in milliseconds (a day): a longer one
+/// would overflow a deadline.
+const DAY_MS: u64 = 86_400_000;
 
 /// Runs the worker (see the module doc).
 pub(crate) fn run(args: MwmsArgs) -> Result<u8, CliError> {

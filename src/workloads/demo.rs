@@ -64,23 +64,45 @@ pub struct DemoConfig {
 
 impl DemoConfig {
     /// Defaults, overridden by `COHORT_DEMO_DIGITS_EPOCHS`, `COHORT_DEMO_CTR_EPOCHS` and
-    /// `COHORT_DEMO_STEPS_PER_EPOCH` (the embedding's rows: [`ctr_config`]).
-    pub fn from_env() -> Self {
-        let number = |key: &str, default: usize| {
-            std::env::var(key)
+    /// `COHORT_DEMO_STEPS_PER_EPOCH` (the embedding's rows: [`ctr_config`]); a value that is
+    /// not a whole number in [`DEMO_SETTING_RANGE`] is refused naming the variable.
+    pub fn from_env() -> Result<Self, DemoSettingError> {
+        let number = |env: &'static str, default: usize| match std::env::var(env) {
+            Err(_) => Ok(default),
+            Ok(text) => text
+                .trim()
+                .parse::<usize>()
                 .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
+                .filter(|n| DEMO_SETTING_RANGE.contains(n))
+                .ok_or(DemoSettingError { env, value: text }),
         };
-        let steps = number("COHORT_DEMO_STEPS_PER_EPOCH", 100);
-        Self {
-            digits_epochs: number("COHORT_DEMO_DIGITS_EPOCHS", 8),
+        let steps = number("COHORT_DEMO_STEPS_PER_EPOCH", 100)?;
+        Ok(Self {
+            digits_epochs: number("COHORT_DEMO_DIGITS_EPOCHS", 8)?,
             digits_steps_per_epoch: steps,
-            ctr_epochs: number("COHORT_DEMO_CTR_EPOCHS", 8),
+            ctr_epochs: number("COHORT_DEMO_CTR_EPOCHS", 8)?,
             ctr_steps_per_epoch: steps * 2,
             checkpoint_dir: None,
-        }
+        })
     }
+}
+
+/// The demo's epochs and steps per epoch each lie in this range (their products stay far
+/// from overflowing).
+pub const DEMO_SETTING_RANGE: std::ops::RangeInclusive<usize> = 1..=100_000;
+
+/// A demo setting from the environment that is not a whole number in [`DEMO_SETTING_RANGE`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "bad config: {env}: {value:?} is not a whole number from {} to {}",
+    DEMO_SETTING_RANGE.start(),
+    DEMO_SETTING_RANGE.end()
+)]
+pub struct DemoSettingError {
+    /// The environment variable.
+    pub env: &'static str,
+    /// Its value.
+    pub value: String,
 }
 
 /// The CTR workload's shape: the default 1,000,000-row vocabulary, or `COHORT_DEMO_CTR_VOCAB`
@@ -122,7 +144,10 @@ pub fn demo_program() -> Program {
         .dataset("clicks", clicks_dataset)
         .step(&DIGITS_STEP, digits_step)
         .step(&CTR_STEP, ctr_step)
-        .chief(|coordinator| run_chief(coordinator, &DemoConfig::from_env()))
+        .chief(|coordinator| {
+            let config = DemoConfig::from_env().map_err(CoordinatorError::other)?;
+            run_chief(coordinator, &config)
+        })
         .evaluator(digits_evaluation)
 }
 

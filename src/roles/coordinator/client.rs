@@ -266,6 +266,12 @@ pub enum VariableProblem {
         /// Values the shape holds.
         expected: usize,
     },
+    /// A shape whose element count does not fit in a machine word.
+    #[error("shape {shape:?} holds more elements than a machine word counts")]
+    ShapeTooLarge {
+        /// The shape.
+        shape: Vec<usize>,
+    },
     /// A variable of that name exists already.
     #[error("created twice")]
     CreatedTwice,
@@ -468,7 +474,14 @@ impl ClusterCoordinator {
     /// nothing is created. Optimizer state starts fresh either way. A checkpoint restored
     /// afterwards ([`Self::restore_checkpoint`]) overrides these values.
     pub fn create_variable(&mut self, spec: VariableSpec) -> Result<Layout, CoordinatorError> {
-        let expected: usize = spec.shape.iter().product();
+        let Some(expected) = spec.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+            return Err(CoordinatorError::Variable {
+                problem: VariableProblem::ShapeTooLarge {
+                    shape: spec.shape.clone(),
+                },
+                name: spec.name,
+            });
+        };
         if let Some(values) = spec.values.as_deref().filter(|v| v.len() != expected) {
             return Err(CoordinatorError::Variable {
                 problem: VariableProblem::InitialValues {
