@@ -226,10 +226,12 @@ pub(super) enum BenchRunError {
         source: std::io::Error,
     },
     /// Not every process printed its result in time.
-    #[error("no result within {bound:?}")]
+    #[error("no result within {bound:?}{}", Ended(ended))]
     NoResult {
         /// How long the run was waited for.
         bound: Duration,
+        /// The processes that had ended by then.
+        ended: Vec<EndedProcess>,
     },
     /// A process printed a result line that does not parse.
     #[error("process {index} said {line:?}")]
@@ -240,27 +242,62 @@ pub(super) enum BenchRunError {
         line: String,
     },
     /// A process reported an error (a line starting `error `).
-    #[error("process {index}: {line}")]
+    #[error("process {index}: {line}{}", Ended(ended))]
     Failed {
         /// The process's index.
         index: usize,
         /// The line.
         line: String,
+        /// The processes that had ended by then (the cause, where one died first).
+        ended: Vec<EndedProcess>,
     },
     /// The processes exited before each printed its result.
-    #[error("the processes exited with {results} of {count} results")]
+    #[error("the processes exited with {results} of {count} results{}", Ended(ended))]
     Exited {
         /// Results printed.
         results: usize,
         /// Processes run.
         count: usize,
+        /// How each ended.
+        ended: Vec<EndedProcess>,
     },
 }
 
-/// Starts `count` processes (`command(index)`, stdin closed, stdout read, stderr dropped) and
-/// waits, at most `bound`, until each printed a `bench ...` line that `parse` takes (the text
-/// after `bench `); a line starting `error `, a line `parse` refuses, or a process that exits
-/// without its line fails the run (and stops the others). Results by process index.
+/// A benchmark process that had ended when its run failed: how, and the last lines it wrote
+/// to stderr (a panic's message, say), so that a failed run names its cause.
+#[derive(Debug)]
+pub(super) struct EndedProcess {
+    /// The process's index.
+    pub(super) index: usize,
+    /// How it ended.
+    pub(super) status: std::process::ExitStatus,
+    /// Its last lines on stderr, oldest first.
+    pub(super) stderr_tail: Vec<String>,
+}
+
+/// Lines of a process's stderr kept for [`EndedProcess::stderr_tail`].
+const STDERR_TAIL_LINES: usize = 6;
+
+/// The ended processes of a failed run, as a suffix of its error message (empty for none).
+struct Ended<'a>(&'a [EndedProcess]);
+
+impl std::fmt::Display for Ended<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for ended in self.0 {
+            write!(f, "; process {} had ended ({})", ended.index, ended.status)?;
+            if !ended.stderr_tail.is_empty() {
+                write!(f, ", its last words: {}", ended.stderr_tail.join(" | "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts `count` processes (`command(index)`, stdin closed, stdout read, the tail of stderr
+/// kept) and waits, at most `bound`, until each printed a `bench ...` line that `parse` takes
+/// (the text after `bench `); a line starting `error `, a line `parse` refuses, or a process
+/// that exits without its line fails the run (and stops the others), naming the processes that
+/// had ended by then. Results by process index.
 pub(super) fn run_bench_processes<T>(
     count: usize,
     mut command: impl FnMut(usize) -> Command,
@@ -269,11 +306,12 @@ pub(super) fn run_bench_processes<T>(
 ) -> Result<BTreeMap<usize, T>, BenchRunError> {
     let (tx, lines) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
+    let mut tails: Vec<StderrTail> = Vec::new();
     for index in 0..count {
         let spawned = command(index)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn();
         let mut child = match spawned {
             Ok(child) => child,
@@ -282,6 +320,7 @@ pub(super) fn run_bench_processes<T>(
                 return Err(BenchRunError::Spawn { index, source });
             }
         };
+        tails.push(StderrTail::follow(child.stderr.take()));
         if let Some(stdout) = child.stdout.take() {
             let tx = tx.clone();
             std::thread::spawn(move || {
@@ -302,7 +341,10 @@ pub(super) fn run_bench_processes<T>(
             break Ok(());
         }
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            break Err(BenchRunError::NoResult { bound });
+            break Err(BenchRunError::NoResult {
+                bound,
+                ended: Vec::new(),
+            });
         };
         match lines.recv_timeout(left) {
             Ok((index, line)) => {
@@ -314,21 +356,41 @@ pub(super) fn run_bench_processes<T>(
                         None => break Err(BenchRunError::BadResult { index, line }),
                     }
                 } else if line.starts_with("error ") {
-                    break Err(BenchRunError::Failed { index, line });
+                    break Err(BenchRunError::Failed {
+                        index,
+                        line,
+                        ended: Vec::new(),
+                    });
                 }
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => break Err(BenchRunError::NoResult { bound }),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                break Err(BenchRunError::NoResult {
+                    bound,
+                    ended: Vec::new(),
+                })
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 break Err(BenchRunError::Exited {
                     results: results.len(),
                     count,
+                    ended: Vec::new(),
                 })
             }
         }
     };
-    if outcome.is_err() {
+    let outcome = outcome.map_err(|mut error| {
+        // Which processes had ended before the others are stopped: where one died first (a
+        // panic, a signal), that is the run's cause, whatever another then reported.
+        let now_ended = ended_processes(&mut children, &tails);
+        if let BenchRunError::NoResult { ended, .. }
+        | BenchRunError::Failed { ended, .. }
+        | BenchRunError::Exited { ended, .. } = &mut error
+        {
+            *ended = now_ended;
+        }
         stop(&mut children);
-    }
+        error
+    });
     for child in &mut children {
         let _ = child.wait();
     }
@@ -350,6 +412,56 @@ pub(super) fn bench_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// Ends the workers of a failed run (this run's own children only).
+/// The last lines a process wrote to stderr, read on a thread of their own (a pipe nobody
+/// reads would block the process once full).
+struct StderrTail(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
+
+impl StderrTail {
+    fn follow(stderr: Option<std::process::ChildStderr>) -> Self {
+        let tail = Self(Default::default());
+        if let Some(stderr) = stderr {
+            let lines = std::sync::Arc::clone(&tail.0);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let mut kept = lines.lock().unwrap_or_else(|e| e.into_inner());
+                    if kept.len() == STDERR_TAIL_LINES {
+                        kept.pop_front();
+                    }
+                    kept.push_back(line);
+                }
+            });
+        }
+        tail
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().cloned().collect()
+    }
+}
+
+/// The processes of `children` that have ended, with how and their stderr's tail. A process
+/// that ended a moment ago may not have had its last lines read yet: a short wait lets them in.
+fn ended_processes(children: &mut [Child], tails: &[StderrTail]) -> Vec<EndedProcess> {
+    let ended: Vec<(usize, std::process::ExitStatus)> = children
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(index, child)| Some((index, child.try_wait().ok()??)))
+        .filter(|(_, status)| !status.success())
+        .collect();
+    if !ended.is_empty() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ended
+        .into_iter()
+        .map(|(index, status)| EndedProcess {
+            index,
+            status,
+            stderr_tail: tails.get(index).map(StderrTail::lines).unwrap_or_default(),
+        })
+        .collect()
+}
+
 fn stop(children: &mut [Child]) {
     for child in children {
         let _ = child.kill();
@@ -370,6 +482,43 @@ mod tests {
         assert_eq!(parse_timed("steps=100 seconds=2.5 loss=NaN"), None);
         assert_eq!(parse_timed("steps=x seconds=2.5 loss=1"), None);
         assert_eq!(parse_timed("seconds=2.5 loss=1"), None);
+    }
+
+    /// A process that dies without a word on stdout (a panic, a signal) is named with how it
+    /// ended and its last stderr lines, although another reported the run's error first.
+    #[cfg(unix)]
+    #[test]
+    fn a_failed_run_names_the_process_that_died_first_and_its_last_words() {
+        let scripts = [
+            "echo 'thread main panicked: boom' >&2; kill -9 $$",
+            "sleep 3; echo 'error lost the member of process 0'",
+        ];
+        let error = run_bench_processes(
+            scripts.len(),
+            |index| {
+                let mut command = Command::new("sh");
+                command.args(["-c", scripts[index]]);
+                command
+            },
+            |_| Some(()),
+            Duration::from_secs(60),
+        )
+        .expect_err("the run failed");
+        let BenchRunError::Failed { index, ended, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*index, 1);
+        assert_eq!(ended.len(), 1, "{error}");
+        assert_eq!(ended[0].index, 0);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&ended[0].status),
+            Some(9)
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("process 0 had ended") && text.contains("panicked: boom"),
+            "{text}"
+        );
     }
 
 }

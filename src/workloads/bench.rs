@@ -102,15 +102,16 @@ fn sparse_dataset(ctx: &InputContext) -> Result<Dataset, DataError> {
 fn dense_step(ctx: &mut StepContext<'_>, _args: &[u8]) -> Result<Vec<u8>, StepError> {
     let t0 = Instant::now();
     let batch = ctx.next("dense")?;
-    let features = batch[0].flatten_all()?.to_vec1::<f32>()?;
-    let labels = batch[1].to_vec1::<i64>()?;
+    // The batch's tensors are read in place and the pulled buffers become the variables:
+    // no copy of either on the way into the model.
+    let features = batch[0].reshape(((), DENSE_LAYERS[0]))?;
+    let labels = batch[1].flatten_all()?;
     let t1 = Instant::now();
     let specs = dense_params();
     let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     let params = ctx.pull_many(&names)?;
-    let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
     let t2 = Instant::now();
-    let out = models::mlp_step(&DENSE_LAYERS, &views, &features, &labels)?;
+    let out = models::mlp_step_owned(&DENSE_LAYERS, params, &features, &labels)?;
     tracing::debug!(
         "dense step: input {:?} pull {:?} compute {:?}",
         t1 - t0,

@@ -120,11 +120,41 @@ pub fn mlp_step(
     features: &[f32],
     labels: &[i64],
 ) -> Result<StepOutput, NnError> {
-    let vars = vars(params, &mlp_shapes(layers))?;
-    let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-    let logits = mlp_logits(layers, &tensors, features)?;
+    let shapes = mlp_shapes(layers);
+    check_count(params.len(), shapes.len())?;
+    let vars = params
+        .iter()
+        .zip(&shapes)
+        .map(|(p, shape)| Var::from_slice(p, shape.as_slice(), &Device::Cpu))
+        .collect::<Result<Vec<_>, _>>()?;
+    let features = features_tensor(layers, features)?;
     let labels = Tensor::from_slice(labels, labels.len(), &Device::Cpu)?;
-    let loss = losses::sparse_softmax_cross_entropy(&logits, &labels)?.mean_all()?;
+    mlp_step_on(vars, &features, &labels)
+}
+
+/// [`mlp_step`] on parameters it takes over (no copy: a pull's buffers) and a batch already
+/// in tensors (`features` `n × layers[0]`, read in place even as a view of a larger batch;
+/// `labels` `n` integers), as a parameter-server step holds them.
+pub fn mlp_step_owned(
+    layers: &[usize],
+    params: Vec<Vec<f32>>,
+    features: &Tensor,
+    labels: &Tensor,
+) -> Result<StepOutput, NnError> {
+    let shapes = mlp_shapes(layers);
+    check_count(params.len(), shapes.len())?;
+    let vars = params
+        .into_iter()
+        .zip(&shapes)
+        .map(|(p, shape)| Var::from_vec(p, shape.as_slice(), &Device::Cpu))
+        .collect::<Result<Vec<_>, _>>()?;
+    mlp_step_on(vars, features, labels)
+}
+
+fn mlp_step_on(vars: Vec<Var>, features: &Tensor, labels: &Tensor) -> Result<StepOutput, NnError> {
+    let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let logits = mlp_logits(&tensors, features)?;
+    let loss = losses::sparse_softmax_cross_entropy(&logits, labels)?.mean_all()?;
     gradients(&loss, &vars)
 }
 
@@ -140,7 +170,7 @@ pub fn mlp_accuracy(
         .zip(params)
         .map(|(shape, p)| Tensor::from_slice(p, shape.as_slice(), &Device::Cpu))
         .collect::<Result<Vec<_>, _>>()?;
-    let predicted = mlp_logits(layers, &tensors, features)?
+    let predicted = mlp_logits(&tensors, &features_tensor(layers, features)?)?
         .argmax(D::Minus1)?
         .to_vec1::<u32>()?;
     let correct = predicted
@@ -314,10 +344,15 @@ fn mlp_shapes(layers: &[usize]) -> Vec<Vec<usize>> {
         .collect()
 }
 
-fn mlp_logits(layers: &[usize], params: &[Tensor], features: &[f32]) -> Result<Tensor, NnError> {
+/// `features` (`n × layers[0]`, flat) as the tensor the first layer reads.
+fn features_tensor(layers: &[usize], features: &[f32]) -> Result<Tensor, NnError> {
     let inputs = layers.first().copied().unwrap_or(1).max(1);
     let n = features.len() / inputs;
-    let mut x = Tensor::from_slice(features, (n, inputs), &Device::Cpu)?;
+    Ok(Tensor::from_slice(features, (n, inputs), &Device::Cpu)?)
+}
+
+fn mlp_logits(params: &[Tensor], features: &Tensor) -> Result<Tensor, NnError> {
+    let mut x = features.clone();
     let last = params.len() / 2;
     for (i, pair) in params.chunks(2).enumerate() {
         let activation = if i + 1 < last {
@@ -330,25 +365,14 @@ fn mlp_logits(layers: &[usize], params: &[Tensor], features: &[f32]) -> Result<T
     Ok(x)
 }
 
-fn vars(params: &[&[f32]], shapes: &[Vec<usize>]) -> Result<Vec<Var>, NnError> {
-    if params.len() != shapes.len() {
+/// Refuses another number of parameters than the model has (`expected`).
+fn check_count(given: usize, expected: usize) -> Result<(), NnError> {
+    if given != expected {
         return Err(NnError::Tensor(candle_core::Error::Msg(format!(
-            "expected {} parameters, got {}",
-            shapes.len(),
-            params.len()
+            "expected {expected} parameters, got {given}"
         ))));
     }
-    params
-        .iter()
-        .zip(shapes)
-        .map(|(p, shape)| {
-            Ok(Var::from_tensor(&Tensor::from_slice(
-                p,
-                shape.as_slice(),
-                &Device::Cpu,
-            )?)?)
-        })
-        .collect()
+    Ok(())
 }
 
 fn gradients(loss: &Tensor, vars: &[Var]) -> Result<StepOutput, NnError> {
@@ -379,6 +403,29 @@ mod tests {
             .unwrap()
             .to_vec1()
             .unwrap()
+    }
+
+    #[test]
+    fn a_step_on_owned_parameters_and_a_view_of_a_batch_matches_the_step_on_slices() {
+        let layers = [6, 5, 3];
+        let params: Vec<Vec<f32>> = mlp_params("m", &layers, 3).iter().map(init).collect();
+        // Rows 2..6 of a batch of 8: a view that starts inside its storage.
+        let all: Vec<f32> = (0..8 * 6).map(|i| (i as f32 * 0.37).sin()).collect();
+        let labels: Vec<i64> = vec![0, 1, 2, 0, 1, 2, 0, 1];
+        let features = Tensor::from_slice(&all, (8, 6), &Device::Cpu).unwrap();
+        let label_tensor = Tensor::from_slice(&labels, 8, &Device::Cpu).unwrap();
+        let views: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+        let on_slices = mlp_step(&layers, &views, &all[12..36], &labels[2..6]).unwrap();
+        let owned = mlp_step_owned(
+            &layers,
+            params.clone(),
+            &features.narrow(0, 2, 4).unwrap(),
+            &label_tensor.narrow(0, 2, 4).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(on_slices.loss.to_bits(), owned.loss.to_bits());
+        assert_eq!(on_slices.grads, owned.grads);
+        assert!(mlp_step_owned(&layers, params[..3].to_vec(), &features, &label_tensor).is_err());
     }
 
     #[test]

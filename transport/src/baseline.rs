@@ -39,7 +39,8 @@ impl BarePair {
         server_creds: &NodeCredentials,
         config: &TransportConfig,
     ) -> Result<Self, BaselineError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        // cohort's own provider, so that the bare stream seals its packets as cohort does.
+        let provider = crate::tls::provider();
         let certs = CertificateDer::pem_slice_iter(server_creds.cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
