@@ -440,14 +440,15 @@ impl StderrTail {
     }
 }
 
-/// The processes of `children` that have ended, with how and their stderr's tail. A process
-/// that ended a moment ago may not have had its last lines read yet: a short wait lets them in.
+/// The processes of `children` that have ended, with how and their stderr's tail (one that
+/// exited 0 too: one that left before a peer took its last chunks is a cause as well). A
+/// process that ended a moment ago may not have had its last lines read yet: a short wait lets
+/// them in.
 fn ended_processes(children: &mut [Child], tails: &[StderrTail]) -> Vec<EndedProcess> {
     let ended: Vec<(usize, std::process::ExitStatus)> = children
         .iter_mut()
         .enumerate()
         .filter_map(|(index, child)| Some((index, child.try_wait().ok()??)))
-        .filter(|(_, status)| !status.success())
         .collect();
     if !ended.is_empty() {
         std::thread::sleep(Duration::from_millis(100));
@@ -491,7 +492,7 @@ mod tests {
     fn a_failed_run_names_the_process_that_died_first_and_its_last_words() {
         let scripts = [
             "echo 'thread main panicked: boom' >&2; kill -9 $$",
-            "sleep 3; echo 'error lost the member of process 0'",
+            "sleep 3; echo 'error lost the member of process 0'; exec sleep 30",
         ];
         let error = run_bench_processes(
             scripts.len(),
