@@ -188,6 +188,14 @@ fn run(coordinator: &ClusterCoordinator, step: &str, times: usize) -> Result<(),
     coordinator.join()
 }
 
+/// The error the chief's report holds under `key` (the test fails, showing the report, where
+/// it holds none).
+fn error_in<'a>(report: &'a serde_json::Value, key: &str) -> &'a str {
+    report[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} in {report}"))
+}
+
 fn error_of(result: Result<(), CoordinatorError>) -> serde_json::Value {
     match result {
         Ok(()) => serde_json::Value::Null,
@@ -305,16 +313,12 @@ fn typed_steps_round_trip_and_an_unknown_step_or_undecodable_argument_or_value_i
         "{report}"
     );
 
-    let ghost = report["ghost_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{report}"));
+    let ghost = error_in(&report, "ghost_error");
     assert!(
         ghost.contains("\"ghost\"") && ghost.contains("fit_typed"),
         "names the step and what is registered: {ghost}"
     );
-    let garbage = report["garbage_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{report}"));
+    let garbage = error_in(&report, "garbage_error");
     assert!(
         garbage.contains("\"fit_typed\"") && garbage.contains("argument does not decode"),
         "{garbage}"
@@ -323,23 +327,17 @@ fn typed_steps_round_trip_and_an_unknown_step_or_undecodable_argument_or_value_i
         report["garbage_join"].is_string(),
         "join raises it: {report}"
     );
-    let huge = report["huge_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{report}"));
+    let huge = error_in(&report, "huge_error");
     assert!(
         huge.contains("\"huge\"") && huge.contains("more elements than a machine word"),
         "{huge}"
     );
-    let short = report["short_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{report}"));
+    let short = error_in(&report, "short_error");
     assert!(
         short.contains("\"short\"") && short.contains("5 initial values"),
         "{short}"
     );
-    let misread = report["misread_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{report}"));
+    let misread = error_in(&report, "misread_error");
     assert!(
         misread.contains("does not decode") && misread.contains("u8"),
         "{misread}"
@@ -368,9 +366,7 @@ fn a_wrong_shape_gradient_fails_naming_the_variable_and_a_nan_gradient_is_skippe
 
     // A wrong shape: the closure fails with an error naming the variable; nothing changed on
     // either PS, not even the good row gradient sent along with it (all or nothing).
-    let err = report["bad_shape_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("bad_shape did not fail: {report}"));
+    let err = error_in(&report, "bad_shape_error");
     assert!(err.contains("\"w\"") && err.contains("3 values"), "{err}");
     let after = &report["after_bad_shape"];
     assert_eq!(
@@ -381,9 +377,7 @@ fn a_wrong_shape_gradient_fails_naming_the_variable_and_a_nan_gradient_is_skippe
     assert_eq!(after["ps"], start["ps"], "PS counters moved: {report}");
     assert_eq!(after["ledger"]["failed"], 1, "{report}");
 
-    let err = report["bad_rows_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("bad_rows did not fail: {report}"));
+    let err = error_in(&report, "bad_rows_error");
     assert!(err.contains("\"table\""), "{err}");
     let after = &report["after_bad_rows"];
     assert_eq!(

@@ -120,16 +120,11 @@ pub fn mlp_step(
     features: &[f32],
     labels: &[i64],
 ) -> Result<StepOutput, NnError> {
-    let shapes = mlp_shapes(layers);
-    check_count(params.len(), shapes.len())?;
-    let vars = params
-        .iter()
-        .zip(&shapes)
-        .map(|(p, shape)| Var::from_slice(p, shape.as_slice(), &Device::Cpu))
-        .collect::<Result<Vec<_>, _>>()?;
+    // One copy of each parameter, as a variable made from the slice would take.
+    let params = params.iter().map(|p| p.to_vec()).collect();
     let features = features_tensor(layers, features)?;
     let labels = Tensor::from_slice(labels, labels.len(), &Device::Cpu)?;
-    mlp_step_on(vars, &features, &labels)
+    mlp_step_owned(layers, params, &features, &labels)
 }
 
 /// [`mlp_step`] on parameters it takes over (no copy: a pull's buffers) and a batch already
@@ -148,10 +143,6 @@ pub fn mlp_step_owned(
         .zip(&shapes)
         .map(|(p, shape)| Var::from_vec(p, shape.as_slice(), &Device::Cpu))
         .collect::<Result<Vec<_>, _>>()?;
-    mlp_step_on(vars, features, labels)
-}
-
-fn mlp_step_on(vars: Vec<Var>, features: &Tensor, labels: &Tensor) -> Result<StepOutput, NnError> {
     let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
     let logits = mlp_logits(&tensors, features)?;
     let loss = losses::sparse_softmax_cross_entropy(&logits, labels)?.mean_all()?;
