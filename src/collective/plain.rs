@@ -28,7 +28,9 @@
 //! or a failed write of a chunk loses the member at once ([`CollectiveError::MemberLost`]); a
 //! link the peer closed loses it when a call waits for a chunk from it that never came (a
 //! member that finished its last call and exited closes its links before its peers took every
-//! chunk it sent, as they are entitled to, and before it took their slots back). The group's
+//! chunk it sent, as they are entitled to, and before it took their slots back). A chunk
+//! counts as sent once the kernel took it, so a member's flush before it goes away also waits
+//! until the peer acknowledged every byte of the link ([`Drains`]). The group's
 //! control messages (`Abort`, probes) stay on QUIC.
 //!
 //! This module owns the listener, the handshake and a link's two loops; the group's
@@ -76,6 +78,28 @@ const NAME_MAX: usize = 64;
 /// How long a chunk waits for a free slot before it goes over TCP instead (a receiver that
 /// holds every slot while it waits for a later chunk never stalls the link for good).
 const SLOT_WAIT: Duration = Duration::from_millis(20);
+/// How often a link's sender looks again whether its peer acknowledged every byte written to
+/// it, while a flush waits for that ([`Drains`]).
+const DRAIN_POLL: Duration = Duration::from_millis(2);
+
+/// A flush's requests to a link's sender: each is answered once the peer's kernel has
+/// acknowledged every byte written to the link so far, or dropped if the link ends first.
+///
+/// A chunk written into the kernel is not yet the peer's: should this process exit with
+/// unread bytes in the link's receive queue (a slot the peer gave back late), Linux resets the
+/// connection and discards whatever it had not sent, and the peer's reader then sees the
+/// link end while still owed that chunk. A member about to go away waits for these answers
+/// ([`ProcessGroup::flush`](super::ProcessGroup::flush)), which the QUIC plane has in its
+/// answers already.
+pub(crate) type Drains = mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<()>>;
+
+/// What the group hands a plaintext link's sender: the chunks queued for the peer, the
+/// group's count of chunks not yet answered, and its flushes' requests.
+pub(crate) struct Outbox {
+    pub(crate) chunks: mpsc::UnboundedReceiver<Outgoing>,
+    pub(crate) unanswered: Unanswered,
+    pub(crate) drains: Drains,
+}
 
 /// What a plaintext link needs of the group it carries chunks for (the group's shared state
 /// implements it), so that this module names no group type.
@@ -359,11 +383,15 @@ pub(crate) async fn send_loop<G: LinkOwner>(
     group: Weak<G>,
     peer: NodeId,
     mut writer: OwnedWriteHalf,
-    mut queue: mpsc::UnboundedReceiver<Outgoing>,
-    unanswered: Unanswered,
+    outbox: Outbox,
     link: Arc<LinkSlots>,
     mut replies: Replies,
 ) {
+    let Outbox {
+        chunks: mut queue,
+        unanswered,
+        mut drains,
+    } = outbox;
     let lost = |e: std::io::Error| {
         if let Some(shared) = group.upgrade() {
             shared.fail(
@@ -382,6 +410,9 @@ pub(crate) async fn send_loop<G: LinkOwner>(
         replies: &mut replies,
         peer: &peer,
     };
+    // Flushes waiting for the peer to acknowledge what was written (answered, or dropped
+    // with the loop if the link ends first).
+    let mut draining = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -389,6 +420,13 @@ pub(crate) async fn send_loop<G: LinkOwner>(
                 if !sender.write_control(&control).await {
                     break;
                 }
+            }
+            Some(request) = drains.recv() => {
+                draining.push(request);
+                sender.answer_drained(&mut draining);
+            }
+            () = tokio::time::sleep(DRAIN_POLL), if !draining.is_empty() => {
+                sender.answer_drained(&mut draining);
             }
             out = queue.recv() => match out {
                 Some(out) => {
@@ -417,6 +455,16 @@ struct Sender<'a> {
 }
 
 impl Sender<'_> {
+    /// Answers the flushes waiting in `draining` if the peer has acknowledged every byte
+    /// written to the link.
+    fn answer_drained(&self, draining: &mut Vec<tokio::sync::oneshot::Sender<()>>) {
+        if unacknowledged(self.writer.as_ref()) == 0 {
+            for request in draining.drain(..) {
+                let _ = request.send(());
+            }
+        }
+    }
+
     /// Writes a control frame; `false` if the link ended.
     async fn write_control(&mut self, control: &[u8]) -> bool {
         if let Err(e) = self.writer.write_all(control).await {
@@ -546,6 +594,27 @@ impl Sender<'_> {
             }
         }
     }
+}
+
+/// Bytes written to `stream` that its peer has not acknowledged yet (Linux's `SIOCOUTQ`):
+/// what a reset of the connection would discard. 0 where the count cannot be read (another
+/// platform, or a socket that failed: nothing more will be delivered over it either way).
+#[allow(unsafe_code)]
+fn unacknowledged(stream: &TcpStream) -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: the descriptor is the open socket `stream` borrows for this call, and
+        // SIOCOUTQ (TIOCOUTQ) writes one `c_int` through the pointer, which is valid for it.
+        let read = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        if read == 0 {
+            return usize::try_from(queued).unwrap_or(0);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = stream;
+    0
 }
 
 /// Why a chunk was not written.
@@ -886,4 +955,140 @@ async fn read_frame(
         }
     }
     Ok((wire, Blob::Bytes(blob.freeze())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+    use crate::collective::wire::CallOp;
+    use crate::collective::{Element, Reduction};
+
+    /// A group that only sends: nothing is delivered to it, and a failure is a test failure.
+    struct Sending;
+
+    impl LinkOwner for Sending {
+        fn generation(&self) -> u64 {
+            1
+        }
+        fn header_max(&self) -> u32 {
+            1 << 20
+        }
+        fn fail(&self, err: CollectiveError, _propagate: bool) -> CollectiveError {
+            panic!("the sending link failed: {err}")
+        }
+        fn take_landing(&self, _from: usize, _seq: u64, _tag: u64) -> Option<Writable> {
+            None
+        }
+        fn deliver_plain(
+            &self,
+            _from: usize,
+            _seq: u64,
+            _tag: u64,
+            _call: Call,
+            _blob: Blob,
+            _credit: tokio::sync::OwnedSemaphorePermit,
+        ) {
+        }
+        fn link_ended(&self, _from: usize, _reason: String) {}
+    }
+
+    /// Reads one chunk frame off `stream` and returns its payload's length and bytes read, or
+    /// the error the link ended with.
+    async fn read_chunk(stream: &mut TcpStream) -> std::io::Result<(u64, Vec<u8>)> {
+        let header_len = stream.read_u32_le().await?;
+        let mut header = vec![0; header_len as usize];
+        stream.read_exact(&mut header).await?;
+        let len = stream.read_u64_le().await?;
+        let mut payload = vec![0; usize::try_from(len).expect("a test chunk fits memory")];
+        stream.read_exact(&mut payload).await?;
+        Ok((len, payload))
+    }
+
+    /// A member that exits right after its flush, with bytes of the link unread (Linux then
+    /// resets the link and discards what it had not sent): its peer still reads the whole of
+    /// its last chunk, because the flush waited until the peer acknowledged every byte.
+    #[tokio::test]
+    async fn a_flushed_link_delivers_its_last_chunk_although_the_member_resets_it_on_exit() {
+        // More than both kernels' buffers of a loopback link hold together: part of the chunk
+        // is still in the leaving member's send queue when its write ends.
+        const PAYLOAD: usize = 32 << 20;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let leaving = TcpStream::connect(address).await.expect("connect");
+        let (mut staying, _) = listener.accept().await.expect("accept");
+        // Bytes the leaving member never reads: closing its socket then resets the link.
+        staying.write_all(&[7; 64 * 1024]).await.expect("write");
+
+        let config = GroupConfig {
+            shared_memory: false,
+            ..GroupConfig::for_tests()
+        };
+        let (slots, replies) = LinkSlots::new(&config);
+        let owner = Arc::new(Sending);
+        let unanswered: Unanswered = Arc::new(AtomicUsize::new(1));
+        let (queue, queued) = mpsc::unbounded_channel();
+        let (drain, drains) = mpsc::unbounded_channel();
+        let (reader, writer) = leaving.into_split();
+        let payload: Vec<u8> = (0..PAYLOAD).map(|i| (i % 251) as u8).collect();
+        queue
+            .send(Outgoing {
+                seq: 1,
+                tag: 0,
+                call: Call {
+                    op: CallOp::AllReduce(Reduction::Sum),
+                    element: Element::U8,
+                    dims: vec![PAYLOAD as u64],
+                    parts: 0,
+                    chunk_bytes: PAYLOAD as u64,
+                    small_bytes_max: 0,
+                },
+                blob: Blob::Bytes(Bytes::from(payload.clone())),
+            })
+            .expect("queue");
+        let sender = tokio::spawn(send_loop(
+            Arc::downgrade(&owner),
+            NodeId::new("worker", 1),
+            writer,
+            Outbox {
+                chunks: queued,
+                unanswered: unanswered.clone(),
+                drains,
+            },
+            slots,
+            replies,
+        ));
+        // The peer is slow to read: the chunk waits in the leaving member's send queue.
+        let reading = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            read_chunk(&mut staying).await
+        });
+
+        // The flush, as `ProcessGroup::flush` runs it: every chunk written, then drained.
+        while unanswered.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        drain.send(answer).expect("the sender listens");
+        tokio::time::timeout(Duration::from_secs(20), answered)
+            .await
+            .expect("the peer acknowledged every byte within the bound")
+            .expect("the link did not end");
+
+        // The member exits: its socket closes with bytes unread.
+        sender.abort();
+        let _ = sender.await;
+        drop(reader);
+        drop(queue);
+
+        let (len, read) = reading
+            .await
+            .expect("the reader ran")
+            .expect("the peer read the whole chunk before the link ended");
+        assert_eq!(len, PAYLOAD as u64);
+        assert!(read == payload, "the chunk arrived intact");
+    }
 }

@@ -101,7 +101,7 @@ use cohort_transport::{
     ConnectError, Connection, Endpoint, Frame, Incoming, LinkError, NodeId, RejectReason, Responder,
 };
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

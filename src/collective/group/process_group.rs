@@ -71,7 +71,10 @@ impl ProcessGroup {
     /// took it) or the group broke; whether it got there. A member whose operation ended may
     /// still have its last chunks on the way to a peer whose operation has not: a member about
     /// to go away (its process exiting) flushes first, so that the peer is not left to take
-    /// it for lost.
+    /// it for lost. On the plaintext plane a chunk counts once written into the kernel, so the
+    /// flush then also waits until each peer acknowledged every byte of its link: a process
+    /// that exits with bytes of a link unread has Linux reset the link and discard what it had
+    /// not sent yet.
     pub async fn flush(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         loop {
@@ -80,13 +83,23 @@ impl ProcessGroup {
                 .unanswered
                 .load(std::sync::atomic::Ordering::SeqCst)
                 == 0;
-            if idle || self.broken().is_some() {
+            if self.broken().is_some() {
                 return idle;
+            }
+            if idle {
+                break;
             }
             if Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(FLUSH_POLL).await;
+        }
+        // A broken group is not waited for: its links end with it (dropping the requests).
+        let drained = futures::future::join_all(self.shared.drained());
+        tokio::select! {
+            answers = drained => answers.iter().all(Result::is_ok),
+            _ = self.shared.until_broken() => false,
+            () = tokio::time::sleep_until(deadline) => false,
         }
     }
 

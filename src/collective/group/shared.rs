@@ -42,6 +42,9 @@ pub(super) struct Link {
     pub(super) out: mpsc::UnboundedSender<Outgoing>,
     /// The plaintext plane's shared-memory slots with this peer, on that plane.
     pub(super) slots: Option<Arc<crate::collective::plain::LinkSlots>>,
+    /// On the plaintext plane, where a flush asks the link's sender to say once the peer
+    /// acknowledged every byte written to it ([`crate::collective::plain::Drains`]).
+    pub(super) drains: Option<mpsc::UnboundedSender<oneshot::Sender<()>>>,
 }
 
 #[derive(Default)]
@@ -198,18 +201,24 @@ impl Shared {
             let (tx, rx) = mpsc::unbounded_channel();
             let chunks_on_tcp = stream.is_some();
             let mut link_slots = None;
+            let mut drains = None;
             match stream {
                 Some(stream) => {
                     let (reader, writer) = stream.into_split();
                     let peer = self.nodes[rank].clone();
                     let (slots, replies) = crate::collective::plain::LinkSlots::new(&self.config);
                     link_slots = Some(slots.clone());
+                    let (drain_requests, drain_queue) = mpsc::unbounded_channel();
+                    drains = Some(drain_requests);
                     tasks.push(tokio::spawn(crate::collective::plain::send_loop(
                         Arc::downgrade(this),
                         peer.clone(),
                         writer,
-                        rx,
-                        self.unanswered.clone(),
+                        crate::collective::plain::Outbox {
+                            chunks: rx,
+                            unanswered: self.unanswered.clone(),
+                            drains: drain_queue,
+                        },
                         slots.clone(),
                         replies,
                     )));
@@ -268,6 +277,7 @@ impl Shared {
                 conn,
                 out: tx,
                 slots: link_slots,
+                drains,
             }));
         }
         let _ = self.links.set(links);
@@ -304,6 +314,23 @@ impl Shared {
         for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             task.abort();
         }
+    }
+
+    /// Asks each plaintext link's sender to say once the peer acknowledged every byte written
+    /// to it so far (none on QUIC, whose chunks are answered by the peer already): an answer
+    /// per link, dropped unanswered if the link ends first.
+    pub(super) fn drained(&self) -> Vec<oneshot::Receiver<()>> {
+        self.links
+            .get()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|link| {
+                let (answer, answered) = oneshot::channel();
+                link.drains.as_ref()?.send(answer).ok()?;
+                Some(answered)
+            })
+            .collect()
     }
 
     /// Queues a chunk for `to` (never waits: the link's sender applies the window).
