@@ -76,6 +76,8 @@ mod entering;
 mod forming;
 mod messages;
 mod recovering;
+#[cfg(test)]
+mod tests;
 mod training;
 
 pub(crate) use messages::{
@@ -159,8 +161,12 @@ enum Round {
         members: Vec<GroupMember>,
     },
     /// The step's computation ([`MemberAction::Compute`], until the executor says it is done:
-    /// `computed`), then its all-reduce.
-    Step { computed: bool },
+    /// `computed`), then its all-reduce, which carries `vote`: this member's vote at the
+    /// boundary after the step, cast as the step began, as production's training loops cast
+    /// it before they compute (`MultiWorkerMirrored::cast_vote`: a notice that comes during
+    /// the step is voted at the next boundary). None before the closing boundary, which is
+    /// voted by a round of its own.
+    Step { computed: bool, vote: Option<Vote> },
 }
 
 #[derive(Debug, Clone)]
@@ -580,12 +586,16 @@ impl MemberMachine {
             .as_ref()
             .is_some_and(|g| g.generation == generation && g.seq == seq);
         if let Phase::Training {
-            round: Round::Step { computed },
+            round: Round::Step { computed, .. },
+            began,
             ..
         } = &mut self.phase
         {
             if current {
                 *computed = true;
+                // The step's all-reduce begins now: its wait for the others is bounded from
+                // here, as production's call is.
+                *began = now;
             }
         }
         self.progress(now);

@@ -24,6 +24,18 @@ impl MemberMachine {
         let Some(g) = self.group.as_ref() else {
             return;
         };
+        if let Phase::Training {
+            round: Round::Step {
+                computed: false, ..
+            },
+            ..
+        } = &self.phase
+        {
+            // A step's computation is not left midway (production's training thread is inside
+            // it): a failure of the group meanwhile is taken once it is done, as the step's
+            // all-reduce then fails at once.
+            return;
+        }
         if g.broken.is_some() {
             return self.group_failed(now);
         }
@@ -42,7 +54,6 @@ impl MemberMachine {
             return self.group_failed(now);
         }
         match round {
-            Round::Step { computed: false } => {}
             Round::Telling { .. } => self.progress_telling(now),
             // The round's end comes from the executor (`handle_round_done`).
             _ if !sent => self.run_round(now, &round, seq),
@@ -66,12 +77,11 @@ impl MemberMachine {
             Round::Vote => Some(Piece::Vote(self.vote(now, rank, &nodes))),
             // A broadcast from the leader: the others send nothing.
             Round::Told { .. } => None,
-            // The next boundary's vote rides in the step, unless the closing boundary comes
-            // next (as production's training loops cast it).
-            Round::Step { .. } => Some(Piece::Contribution {
+            // The next boundary's vote, cast as the step began, rides in the step.
+            Round::Step { vote, .. } => Some(Piece::Contribution {
                 step: self.step + 1,
                 value: contribution(&self.me.node, self.step + 1),
-                vote: (self.step + 1 < self.settings.steps).then(|| self.vote(now, rank, &nodes)),
+                vote: vote.clone(),
             }),
             Round::Telling { .. } => None,
         };
@@ -306,7 +316,22 @@ impl MemberMachine {
     /// Begins the next step: its computation (the executor's: the user's step in production,
     /// a stretch of simulated time in the simulator), then its all-reduce.
     pub(super) fn begin_step(&mut self, now: Instant) {
-        self.begin_round(now, Some(Round::Step { computed: false }));
+        // The vote at the boundary after this step is cast now, unless the closing boundary
+        // comes next (as production's training loops cast it).
+        let vote = match &self.group {
+            Some(g) if self.step + 1 < self.settings.steps => {
+                let (rank, nodes) = (g.rank, g.nodes.clone());
+                Some(self.vote(now, rank, &nodes))
+            }
+            _ => None,
+        };
+        self.begin_round(
+            now,
+            Some(Round::Step {
+                computed: false,
+                vote,
+            }),
+        );
         if let Some(g) = &self.group {
             let (generation, seq, step) = (g.generation, g.seq, self.step + 1);
             self.actions.push_back(MemberAction::Compute {
