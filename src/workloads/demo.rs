@@ -64,19 +64,13 @@ pub struct DemoConfig {
 
 impl DemoConfig {
     /// Defaults, overridden by `COHORT_DEMO_DIGITS_EPOCHS`, `COHORT_DEMO_CTR_EPOCHS` and
-    /// `COHORT_DEMO_STEPS_PER_EPOCH` (the embedding's rows: [`ctr_config`]); a value that is
-    /// not a whole number in [`DEMO_SETTING_RANGE`] is refused naming the variable.
+    /// `COHORT_DEMO_STEPS_PER_EPOCH`; a value that is not a whole number in
+    /// [`DEMO_SETTING_RANGE`] is refused naming the variable, and so is a bad
+    /// `COHORT_DEMO_CTR_VOCAB` (the embedding's rows: [`ctr_config`]).
     pub fn from_env() -> Result<Self, DemoSettingError> {
-        let number = |env: &'static str, default: usize| match std::env::var(env) {
-            Err(_) => Ok(default),
-            Ok(text) => text
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| DEMO_SETTING_RANGE.contains(n))
-                .ok_or(DemoSettingError { env, value: text }),
-        };
+        let number = |env, default| setting(env, default, DEMO_SETTING_RANGE);
         let steps = number("COHORT_DEMO_STEPS_PER_EPOCH", 100)?;
+        ctr_config()?;
         Ok(Self {
             digits_epochs: number("COHORT_DEMO_DIGITS_EPOCHS", 8)?,
             digits_steps_per_epoch: steps,
@@ -91,31 +85,71 @@ impl DemoConfig {
 /// from overflowing).
 pub const DEMO_SETTING_RANGE: std::ops::RangeInclusive<usize> = 1..=100_000;
 
-/// A demo setting from the environment that is not a whole number in [`DEMO_SETTING_RANGE`].
+/// The rows the CTR demo's embedding table may have (`COHORT_DEMO_CTR_VOCAB`): up to ten times
+/// the default's million, whose table and optimizer slots the servers hold in memory.
+pub const DEMO_VOCAB_RANGE: std::ops::RangeInclusive<usize> = 1..=10_000_000;
+
+/// A demo setting from the environment that is not a whole number in its range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "bad config: {env}: {value:?} is not a whole number from {} to {}",
-    DEMO_SETTING_RANGE.start(),
-    DEMO_SETTING_RANGE.end()
-)]
+#[error("bad config: {env}: {value:?} is not a whole number from {min} to {max}")]
 pub struct DemoSettingError {
     /// The environment variable.
     pub env: &'static str,
     /// Its value.
     pub value: String,
+    /// The least value it takes.
+    pub min: usize,
+    /// The largest value it takes.
+    pub max: usize,
+}
+
+/// The demo setting `env` from the environment: `default` where it is not set.
+fn setting(
+    env: &'static str,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, DemoSettingError> {
+    parse_setting(env, std::env::var(env).ok(), default, range)
+}
+
+/// The demo setting `env` of `value` (`None`: not set, `default`), refused unless a whole
+/// number in `range`.
+fn parse_setting(
+    env: &'static str,
+    value: Option<String>,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, DemoSettingError> {
+    let Some(text) = value else {
+        return Ok(default);
+    };
+    text.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or(DemoSettingError {
+            env,
+            value: text,
+            min: *range.start(),
+            max: *range.end(),
+        })
 }
 
 /// The CTR workload's shape: the default 1,000,000-row vocabulary, or `COHORT_DEMO_CTR_VOCAB`
 /// rows (read on every process, like [`DemoConfig::from_env`]): a small table keeps each
-/// checkpoint small where a test runs the demo many times.
-pub fn ctr_config() -> CtrConfig {
+/// checkpoint small where a test runs the demo many times. A value outside
+/// [`DEMO_VOCAB_RANGE`] is refused naming the variable.
+pub fn ctr_config() -> Result<CtrConfig, DemoSettingError> {
     let default = CtrConfig::default();
-    let vocab = std::env::var("COHORT_DEMO_CTR_VOCAB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default.vocab);
-    CtrConfig { vocab, ..default }
+    let vocab = setting(
+        "COHORT_DEMO_CTR_VOCAB",
+        default.vocab as usize,
+        DEMO_VOCAB_RANGE,
+    )?;
+    Ok(CtrConfig {
+        vocab: vocab as u64,
+        ..default
+    })
 }
 
 /// How often the demo checkpoints during training (checked at the end of each epoch).
@@ -181,7 +215,7 @@ fn digits_dataset(ctx: &crate::data::InputContext) -> Result<Dataset, DataError>
 }
 
 fn clicks_dataset(ctx: &crate::data::InputContext) -> Result<Dataset, DataError> {
-    let config = ctr_config();
+    let config = ctr_config().map_err(bad_setting)?;
     // Each worker reads its own stream of the planted model's clicks.
     let seed = 1000 + ctx.input_pipeline_id as u64;
     let spec = vec![
@@ -228,8 +262,16 @@ fn digits_step(ctx: &mut StepContext<'_>, (): ()) -> Result<f32, StepError> {
     Ok(out.loss)
 }
 
+/// A bad demo setting where a worker reads it (the chief refuses it first, at its start).
+fn bad_setting(err: DemoSettingError) -> DataError {
+    DataError::InvalidArgument {
+        op: err.env,
+        reason: err.to_string(),
+    }
+}
+
 fn ctr_step(ctx: &mut StepContext<'_>, (): ()) -> Result<f32, StepError> {
-    let config = ctr_config();
+    let config = ctr_config().map_err(bad_setting)?;
     let batch = ctx.next("clicks")?;
     let ids: Vec<u64> = batch[0]
         .to_vec1::<i64>()?
@@ -276,7 +318,7 @@ fn run_chief(
         coordinator.num_ps()
     );
     let mut out = ChiefOutputs::open(coordinator, config)?;
-    let ctr = ctr_config();
+    let ctr = ctr_config().map_err(CoordinatorError::other)?;
     let (embedding, layout) = create_variables(coordinator, &ctr)?;
     let resumed = coordinator.restore_checkpoint(&mut out.checkpoints)?;
     announce_resume(coordinator, &out.checkpoint_dir, resumed);
@@ -996,3 +1038,31 @@ const AHEAD_PER_WORKER: usize = 4;
 /// Fraction of digits held out for evaluation, and the seed of the split.
 const HELD_OUT: f64 = 0.2;
 const SPLIT_SEED: u64 = 42;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_demo_setting_outside_its_range_is_refused_naming_the_variable() {
+        let vocab = |value: Option<&str>| {
+            parse_setting(
+                "COHORT_DEMO_CTR_VOCAB",
+                value.map(str::to_string),
+                1_000_000,
+                DEMO_VOCAB_RANGE,
+            )
+        };
+        assert_eq!(vocab(None), Ok(1_000_000));
+        assert_eq!(vocab(Some(" 5000 ")), Ok(5000));
+        for bad in ["0", "-3", "lots", "", "10000001", "18446744073709551616"] {
+            let err = vocab(Some(bad)).expect_err(bad);
+            assert_eq!(err.env, "COHORT_DEMO_CTR_VOCAB");
+            let message = err.to_string();
+            assert!(
+                message.contains("COHORT_DEMO_CTR_VOCAB") && message.contains("1 to 10000000"),
+                "{message}"
+            );
+        }
+    }
+}
