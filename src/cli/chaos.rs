@@ -32,7 +32,7 @@ pub struct SimArgs {
     #[arg(long, conflicts_with = "seed")]
     plan: Option<PathBuf>,
     /// Fault kinds to draw from: comma-separated kill, pause, partition, preempt, net,
-    /// storage, chief (kill the chief), drain (a worker scaled down), reshard (servers
+    /// storage, chief (kill the chief), drain (a worker scaled down or up, past the cluster spec too), reshard (servers
     /// joining and leaving), or all / none.
     #[arg(long, default_value = "all")]
     faults: String,
@@ -276,6 +276,7 @@ fn fault_time_ms(fault: &sim::Fault) -> Option<u64> {
         | Fault::Preempt { at_ms, .. }
         | Fault::Drain { at_ms, .. }
         | Fault::Rejoin { at_ms, .. }
+        | Fault::WorkerJoin { at_ms }
         | Fault::PsJoin { at_ms }
         | Fault::PsLeave { at_ms } => Some(*at_ms),
         Fault::Storage { .. } => None,

@@ -705,9 +705,6 @@ fn write_weights(
     Ok(())
 }
 
-/// The backup before the first step ([`PsFitLoop::start`]). One that cannot be written (a full
-/// disk, say) is logged and training goes on without it, as it would have before the first
-/// scheduled backup; any other failure is the job's.
 /// Where `PsFit` keeps the epoch's running figures in a backup's program state
 /// ([`ClusterCoordinator::save_checkpoint_with`]).
 const EPOCH_FIGURES_KEY: &str = "epoch_figures";
@@ -733,6 +730,9 @@ fn recorded_figures(
         })
 }
 
+/// The backup before the first step ([`PsFitLoop::start`]). One that cannot be written (a full
+/// disk, say) is logged and training goes on without it, as it would have before the first
+/// scheduled backup; any other failure is the job's.
 fn save_before_training(
     coordinator: &ClusterCoordinator,
     manager: &mut CheckpointManager,

@@ -36,6 +36,9 @@
 //!   it go; it then exits and is not restarted, unless the job is scaled up again: then a new
 //!   incarnation registers (`Joining`) and is set up at the positions kept for its index.
 //!   Worker 0 is never drained.
+//! - **Elastic workers**: a worker past the cluster spec joins (the lowest index past the spec
+//!   not running starts and registers: `Joining`, again at each restart and with each new
+//!   chief), is set up at its own pipeline and trains; some are killed or drained later.
 //! - **Elastic servers**: as the launcher scales servers, a server joins (the lowest index
 //!   not running starts empty and registers: `Joining`) or the highest running one asks to
 //!   leave for good (`Draining`); the chief's machine moves the variables at a cut
@@ -378,6 +381,14 @@ pub enum Fault {
         /// The worker.
         worker: u32,
     },
+    /// A worker past the cluster spec joins the running job at `at_ms` (scaled up, as the
+    /// launcher does: the lowest index past the spec not running starts and registers with the
+    /// chief, and with every new chief after it; it is set up at pipeline `index` and trained
+    /// on like any other). Skipped when [`EXTRA_WORKERS_MAX`] run already.
+    WorkerJoin {
+        /// Simulated milliseconds from the start.
+        at_ms: u64,
+    },
     /// A parameter server joins the running job at `at_ms` (scaled up, as the launcher does:
     /// the lowest index not running starts and registers; the chief moves variables onto it
     /// at a cut). Skipped while another server is leaving, or when [`EXTRA_SERVERS_MAX`]
@@ -560,6 +571,31 @@ impl Scenario {
                 if drains.gen_bool(0.5) {
                     let at_ms = at_ms + drains.gen_range(100..horizon_ms);
                     faults.push(Fault::Rejoin { at_ms, worker });
+                }
+            }
+        }
+        // Workers past the spec join: a stream of its own too. Half of the joined ones are
+        // killed (their supervisor starts them again, and they register again) or drained
+        // later (the index they take is known: the lowest past the spec not running).
+        if kinds.drain {
+            let mut joins = ChaCha8Rng::seed_from_u64(seed ^ WORKER_JOIN_STREAM);
+            if joins.gen_bool(0.3) {
+                for extra in 0..joins.gen_range(1..=EXTRA_WORKERS_MAX) {
+                    let at_ms = joins.gen_range(0..horizon_ms);
+                    faults.push(Fault::WorkerJoin { at_ms });
+                    let worker = config.num_workers + extra;
+                    let later = at_ms + joins.gen_range(100..horizon_ms);
+                    match joins.gen_range(0..4) {
+                        0 => faults.push(Fault::Kill {
+                            at_ms: later,
+                            node: Node::Worker(worker),
+                        }),
+                        1 => faults.push(Fault::Drain {
+                            at_ms: later,
+                            worker,
+                        }),
+                        _ => {}
+                    }
                 }
             }
         }
@@ -768,6 +804,7 @@ pub fn fault_kind(fault: &Fault) -> &'static str {
         Fault::Preempt { .. } => "preempt",
         Fault::Drain { .. } => "drain",
         Fault::Rejoin { .. } => "rejoin",
+        Fault::WorkerJoin { .. } => "worker join",
         Fault::PsJoin { .. } => "ps join",
         Fault::PsLeave { .. } => "ps leave",
         Fault::Storage { .. } => "storage",
@@ -786,6 +823,8 @@ const SCENARIO_STREAM: u64 = 0x5CE7_A210_0000_0001;
 const DRAIN_STREAM: u64 = 0xD8A1_0000_0000_0002;
 /// The stream of a seed's server joins and leaves.
 const RESHARD_STREAM: u64 = 0x2E5A_4D00_0000_0003;
+/// The stream of a seed's workers joining past the spec.
+const WORKER_JOIN_STREAM: u64 = 0x3017_0000_0000_0006;
 /// The stream of checkpoints damaged after they became the cut.
 const ROT_STREAM: u64 = 0x207D_0000_0000_0005;
 /// The stream of the supervisor's exit reports.
@@ -793,6 +832,9 @@ const REPORT_STREAM: u64 = 0xE817_2E90_0000_0004;
 
 /// Servers beyond the cluster spec that may join a simulated job.
 pub const EXTRA_SERVERS_MAX: u32 = 2;
+/// Workers beyond the cluster spec that may join a simulated job (its `workers_max` is the
+/// spec's workers and these).
+pub const EXTRA_WORKERS_MAX: u32 = 2;
 
 #[cfg(test)]
 mod tests;

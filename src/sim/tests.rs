@@ -408,6 +408,77 @@ fn workers_drained_at_seeded_times_lose_nothing_over_seeds() {
     );
 }
 
+/// Workers past the cluster spec joining the running job at seeded times (the launcher's scale
+/// up), some killed (their supervisor starts them again and they register again) or drained
+/// later, alone or beside a server's kill, a spec worker's preemption or a chief restart (after
+/// which every one of them registers with the new chief), over many seeds: no invariant breaks
+/// (DATA-1: each reads its own pipeline from its start, or where it was drained), every job
+/// finishes, the joined workers train, and a join alone runs nothing again.
+#[test]
+fn workers_joining_past_the_spec_at_seeded_times_lose_nothing_over_seeds() {
+    use rand::{Rng, SeedableRng};
+    let config = SimConfig::default();
+    let (mut joined, mut ran) = (0, 0);
+    for seed in 0..200 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut faults = Vec::new();
+        for extra in 0..rng.gen_range(1..=super::EXTRA_WORKERS_MAX) {
+            let at_ms = rng.gen_range(100..4_000);
+            faults.push(Fault::WorkerJoin { at_ms });
+            let later = at_ms + rng.gen_range(100..3_000);
+            let worker = config.num_workers + extra;
+            match rng.gen_range(0..4) {
+                0 => faults.push(Fault::Kill {
+                    at_ms: later,
+                    node: Node::Worker(worker),
+                }),
+                1 => faults.push(Fault::Drain {
+                    at_ms: later,
+                    worker,
+                }),
+                _ => {}
+            }
+        }
+        let disturbed = rng.gen_bool(0.5);
+        if disturbed {
+            let at_ms = rng.gen_range(100..5_000);
+            faults.push(match rng.gen_range(0..3) {
+                0 => Fault::Kill {
+                    at_ms,
+                    node: Node::Ps(rng.gen_range(0..config.num_ps)),
+                },
+                1 => Fault::Preempt {
+                    at_ms,
+                    node: Node::Worker(rng.gen_range(0..config.num_workers)),
+                },
+                _ => Fault::Kill {
+                    at_ms: at_ms.max(FIRST_SAVE_DURABLE_MS),
+                    node: Node::Chief,
+                },
+            });
+        }
+        let mut net = NetSettings::reliable();
+        net.latency_max_us = rng.gen_range(500..5_000);
+        let scenario = Scenario { seed, net, faults };
+        let report = run_whole(&config, &scenario);
+        let killed = scenario
+            .faults
+            .iter()
+            .any(|f| matches!(f, Fault::Kill { .. }));
+        if !disturbed && !killed {
+            assert_eq!(
+                (report.ledger.redispatched, report.ledger.rolled_back),
+                (0, 0),
+                "seed {seed}: a join handed work back\n{scenario}"
+            );
+        }
+        joined += report.workers_joined;
+        ran += report.ran_past_spec;
+    }
+    assert!(joined >= 200, "joins were driven: {joined}");
+    assert!(ran > 1_000, "the joined workers trained: {ran} closures");
+}
+
 /// By when the checkpoint the simulated program saves before training is durable (its read
 /// and its write, `save_write_max` at most, with a margin).
 const FIRST_SAVE_DURABLE_MS: u64 = 600;

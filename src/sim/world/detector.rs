@@ -27,7 +27,7 @@ impl World<'_> {
             .running_servers()
             .into_iter()
             .map(Node::Ps)
-            .chain((0..self.config.num_workers).map(Node::Worker))
+            .chain((0..self.workers.len() as u32).map(Node::Worker))
             .collect();
         for node in nodes {
             let (_, incarnation) = self.state(node);

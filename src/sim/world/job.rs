@@ -3,7 +3,7 @@
 //! alone, so a replay can recompute it), the one dataset every worker reads, the servers'
 //! optimizer and the coordinator a chief incarnation configures.
 
-use super::super::SimConfig;
+use super::super::{SimConfig, EXTRA_WORKERS_MAX};
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::Optimizer;
 use crate::roles::coordinator::{Scheduler, SchedulerConfig};
@@ -20,6 +20,7 @@ pub(super) fn new_coordinator(config: &SimConfig, servers: u32) -> Scheduler {
     })
     .with_servers(servers)
     .with_workers(config.num_workers)
+    .with_workers_max(config.num_workers + EXTRA_WORKERS_MAX)
     .with_checkpoint_dir(Some(std::path::PathBuf::from("sim-checkpoints")));
     coord.handle_configure(SetupWorker {
         num_workers: config.num_workers,

@@ -46,7 +46,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::outcome::{ExpectedEnd, UnexpectedEnd};
-use super::{Node, Scenario, SimConfig, Violation, EXTRA_SERVERS_MAX};
+use super::{Node, Scenario, SimConfig, Violation, EXTRA_SERVERS_MAX, EXTRA_WORKERS_MAX};
 use crate::checkpoint::Checkpoint;
 use crate::layout::Layout;
 use crate::roles::coordinator::executor::{Reply, Route};
@@ -114,6 +114,10 @@ pub(super) struct World<'a> {
     layout_sets: Vec<Vec<Layout>>,
     /// Servers started to join, and let go for good.
     ps_joined: u64,
+    /// Workers past the spec that joined (each start of one).
+    workers_joined: u64,
+    /// Closures workers past the spec ran whole (their answers as the chief reads them).
+    ran_past_spec: u64,
     ps_left: u64,
     deaths_reported: u64,
     reports_ignored: u64,
@@ -216,8 +220,15 @@ impl<'a> World<'a> {
         let servers = (0..config.num_ps + EXTRA_SERVERS_MAX)
             .map(|ps| PsProc::new(ps, config.num_ps))
             .collect();
-        let workers = (0..config.num_workers)
-            .map(|w| WorkerProc::new(w, config))
+        // The spec's workers up; those past it not started (out of the job until one joins).
+        let workers = (0..config.num_workers + EXTRA_WORKERS_MAX)
+            .map(|w| {
+                if w < config.num_workers {
+                    WorkerProc::new(w, config)
+                } else {
+                    WorkerProc::not_started(w, config)
+                }
+            })
             .collect();
         let mut world = Self {
             config,
@@ -261,6 +272,8 @@ impl<'a> World<'a> {
             chief_resumes: 0,
             layout_sets: Vec::new(),
             ps_joined: 0,
+            workers_joined: 0,
+            ran_past_spec: 0,
             ps_left: 0,
             deaths_reported: 0,
             deaths_refused: 0,

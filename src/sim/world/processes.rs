@@ -23,6 +23,7 @@ pub(super) enum FaultEvent {
     Preempt(Node),
     Drain(u32),
     Rejoin(u32),
+    WorkerJoin,
     PsJoin,
     PsLeave,
 }
@@ -57,6 +58,7 @@ impl World<'_> {
                 Fault::Preempt { at_ms, node } => (at_ms, FaultEvent::Preempt(node)),
                 Fault::Drain { at_ms, worker } => (at_ms, FaultEvent::Drain(worker)),
                 Fault::Rejoin { at_ms, worker } => (at_ms, FaultEvent::Rejoin(worker)),
+                Fault::WorkerJoin { at_ms } => (at_ms, FaultEvent::WorkerJoin),
                 Fault::PsJoin { at_ms } => (at_ms, FaultEvent::PsJoin),
                 Fault::PsLeave { at_ms } => (at_ms, FaultEvent::PsLeave),
                 Fault::Storage { .. } => continue,
@@ -104,20 +106,17 @@ impl World<'_> {
             FaultEvent::Rejoin(worker) => {
                 if self.workers[worker as usize].drained {
                     // Its supervisor starts it again; it registers with the chief.
-                    self.workers[worker as usize].drained = false;
-                    self.restart(Node::Worker(worker));
-                    let incarnation = self.workers[worker as usize].incarnation;
-                    let chief = self.chief_incarnation;
-                    let node = Node::Worker(worker);
-                    self.send(
-                        node,
-                        Node::Chief,
-                        chief,
-                        Msg::Joining {
-                            worker,
-                            incarnation,
-                        },
-                    );
+                    self.start_worker(worker);
+                }
+            }
+            FaultEvent::WorkerJoin => {
+                // As the launcher scales up: the lowest index past the spec not running
+                // starts (and registers with the chief).
+                let spec = self.config.num_workers;
+                let free = (spec..self.workers.len() as u32).find(|w| self.workers[*w as usize].drained);
+                if let Some(worker) = free {
+                    self.workers_joined += 1;
+                    self.start_worker(worker);
                 }
             }
             FaultEvent::PsJoin => {
@@ -250,7 +249,7 @@ impl World<'_> {
             return;
         }
         let now = self.instant();
-        for w in 0..self.config.num_workers {
+        for w in 0..self.workers.len() as u32 {
             let worker = &mut self.workers[w as usize];
             if worker.state == ProcState::Down {
                 continue;
@@ -299,8 +298,39 @@ impl World<'_> {
                 w.waiting.clear();
                 w.position = 0;
                 w.fresh = false;
+                if i >= self.config.num_workers {
+                    // The chief's spec does not name it: it registers, as at its first start.
+                    self.register_worker(i);
+                }
             }
         }
+    }
+
+    /// Worker `worker`, out of the job (drained, or past the spec and never started), starts
+    /// as a new incarnation and registers with the chief.
+    fn start_worker(&mut self, worker: u32) {
+        self.workers[worker as usize].drained = false;
+        self.restart(Node::Worker(worker));
+        if worker < self.config.num_workers {
+            self.register_worker(worker);
+        }
+    }
+
+    /// Worker `worker`'s live incarnation tells the live chief it is one of the job's
+    /// (`Joining`): at its start, and with each new chief where the spec does not name it
+    /// (production's `join_every_new_chief`).
+    fn register_worker(&mut self, worker: u32) {
+        let incarnation = self.workers[worker as usize].incarnation;
+        let chief = self.chief_incarnation;
+        self.send(
+            Node::Worker(worker),
+            Node::Chief,
+            chief,
+            Msg::Joining {
+                worker,
+                incarnation,
+            },
+        );
     }
 
     /// Server `ps` exits for good (let go after it left the job): nothing of it remains.
@@ -360,7 +390,8 @@ impl World<'_> {
     ///
     /// Its cluster spec names the servers running now (as the launcher gives a restarted
     /// chief: they are `0..n`, joins taking the lowest free index and leaves the highest);
-    /// every running server registers with it again, and one waiting to leave asks again.
+    /// every running server registers with it again, and one waiting to leave asks again, and
+    /// so does every running worker past the spec.
     fn restart_chief(&mut self) {
         self.chief_incarnation += 1;
         self.chief_state = ProcState::Up;
@@ -385,6 +416,14 @@ impl World<'_> {
                     chief,
                     Msg::PsDraining { ps, incarnation },
                 );
+            }
+        }
+        // Every running worker registers with the new chief too; only those past the spec
+        // matter (the spec names the others).
+        for w in self.config.num_workers..self.workers.len() as u32 {
+            let worker = &self.workers[w as usize];
+            if worker.state != ProcState::Down && !worker.drained {
+                self.register_worker(w);
             }
         }
     }

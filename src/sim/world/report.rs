@@ -33,6 +33,10 @@ pub struct SimReport {
     pub chief_resumes: u64,
     /// Workers drained out of the job (let go by the chief, never restarted).
     pub drained: u64,
+    /// Starts of workers past the cluster spec that joined the running job.
+    pub workers_joined: u64,
+    /// Closures workers past the cluster spec ran whole (their answers as the chief read them).
+    pub ran_past_spec: u64,
     /// Parameter servers started to join the running job.
     pub ps_joined: u64,
     /// Parameter servers let go for good after their variables moved.
@@ -84,7 +88,14 @@ impl World<'_> {
             ledger: self.coord.ledger().clone(),
             sim_ms: self.now.as_millis() as u64,
             chief_resumes: self.chief_resumes,
-            drained: self.workers.iter().filter(|w| w.drained).count() as u64,
+            // Started once at least: past the spec, a worker never started is out too.
+            drained: self
+                .workers
+                .iter()
+                .filter(|w| w.drained && w.incarnation > 0)
+                .count() as u64,
+            workers_joined: self.workers_joined,
+            ran_past_spec: self.ran_past_spec,
             ps_joined: self.ps_joined,
             ps_left: self.ps_left,
             deaths_reported: self.deaths_reported,

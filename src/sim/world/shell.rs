@@ -444,6 +444,9 @@ impl World<'_> {
             Resp::Refused(e) => return Err(CallFault::Refused(e)),
             Resp::Unavailable(e) => return Err(CallFault::Unreachable(e)),
             Resp::Run(RunResult::Committed) => {
+                if matches!(to, Node::Worker(w) if w >= self.config.num_workers) {
+                    self.ran_past_spec += 1;
+                }
                 // The simulated step's value is its closure id.
                 let value = match route {
                     Route::Run { closure, .. } => closure.0.to_le_bytes().to_vec(),

@@ -61,6 +61,17 @@ impl WorkerProc {
             kept: None,
         }
     }
+
+    /// Worker `w` past the cluster spec at the job's start: not started, out of the job (as a
+    /// drained one is) until it joins ([`super::super::Fault::WorkerJoin`]).
+    pub(super) fn not_started(w: u32, config: &SimConfig) -> Self {
+        Self {
+            incarnation: 0,
+            state: ProcState::Down,
+            drained: true,
+            ..Self::new(w, config)
+        }
+    }
 }
 
 /// A job for a worker's compute thread, as the real worker queues them (`WorkerJob`).
