@@ -204,32 +204,10 @@ impl Shared {
             let mut drains = None;
             match stream {
                 Some(stream) => {
-                    let (reader, writer) = stream.into_split();
-                    let peer = self.nodes[rank].clone();
-                    let (slots, replies) = crate::collective::plain::LinkSlots::new(&self.config);
-                    link_slots = Some(slots.clone());
-                    let (drain_requests, drain_queue) = mpsc::unbounded_channel();
+                    let (slots, drain_requests) =
+                        self.start_plain_link(this, rank, stream, rx, &mut tasks);
+                    link_slots = Some(slots);
                     drains = Some(drain_requests);
-                    tasks.push(tokio::spawn(crate::collective::plain::send_loop(
-                        Arc::downgrade(this),
-                        peer.clone(),
-                        writer,
-                        crate::collective::plain::Outbox {
-                            chunks: rx,
-                            unanswered: self.unanswered.clone(),
-                            drains: drain_queue,
-                        },
-                        slots.clone(),
-                        replies,
-                    )));
-                    tasks.push(tokio::spawn(crate::collective::plain::read_loop(
-                        Arc::downgrade(this),
-                        rank,
-                        peer,
-                        reader,
-                        self.config.window.max(1),
-                        slots,
-                    )));
                 }
                 None => tasks.push(tokio::spawn(send_loop(
                     Arc::downgrade(this),
@@ -285,6 +263,49 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(tasks);
+    }
+
+    /// Starts the plaintext link with the member of `rank` over `stream`: its sender takes
+    /// the chunks queued on `chunks`, its reader the peer's. Returns the link's shared-memory
+    /// slots and where a flush asks its sender to drain.
+    fn start_plain_link(
+        &self,
+        this: &Arc<Shared>,
+        rank: usize,
+        stream: TcpStream,
+        chunks: mpsc::UnboundedReceiver<Outgoing>,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> (
+        Arc<crate::collective::plain::LinkSlots>,
+        mpsc::UnboundedSender<oneshot::Sender<()>>,
+    ) {
+        use crate::collective::plain::{read_loop, send_loop, LinkSlots, Outbox};
+        let (reader, writer) = stream.into_split();
+        let peer = self.nodes[rank].clone();
+        let (slots, replies) = LinkSlots::new(&self.config);
+        let (drain_requests, drains) = mpsc::unbounded_channel();
+        let outbox = Outbox {
+            chunks,
+            unanswered: self.unanswered.clone(),
+            drains,
+        };
+        tasks.push(tokio::spawn(send_loop(
+            Arc::downgrade(this),
+            peer.clone(),
+            writer,
+            outbox,
+            slots.clone(),
+            replies,
+        )));
+        tasks.push(tokio::spawn(read_loop(
+            Arc::downgrade(this),
+            rank,
+            peer,
+            reader,
+            self.config.window.max(1),
+            slots.clone(),
+        )));
+        (slots, drain_requests)
     }
 
     /// This member gives up the group in the middle of a call (its caller dropped the call):

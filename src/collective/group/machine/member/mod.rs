@@ -77,7 +77,7 @@ mod forming;
 mod messages;
 mod recovering;
 #[cfg(test)]
-mod tests;
+mod step_tests;
 mod training;
 
 pub(crate) use messages::{
