@@ -94,7 +94,8 @@ impl ProcessGroup {
             }
             tokio::time::sleep(FLUSH_POLL).await;
         }
-        // A broken group is not waited for: its links end with it (dropping the requests).
+        // Then each plaintext link's peer acknowledges what it was sent. A group that breaks
+        // meanwhile is not waited for: its links end with it (dropping the requests).
         let drained = futures::future::join_all(self.shared.drained());
         tokio::select! {
             answers = drained => answers.iter().all(Result::is_ok),
