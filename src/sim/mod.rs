@@ -105,6 +105,9 @@
 //!   equals what was saved: a damaged one must fail verification, never load other contents;
 //! - PS-1 across chief restarts: a closure id a chief incarnation gives out for the first time
 //!   is not one whose effect a server holds;
+//! - READ-1: a closure's push is applied only by the server process, in the restore
+//!   generation, that its step read as it began (the step's pulls, taken as that moment): no
+//!   update computed from values that a restore or a restart has since replaced is applied;
 //! - DATA-1: a worker's first read after a setup or a rewind, in a closure dispatched in
 //!   restore generation `g`, is at the position recorded for that worker by the checkpoint
 //!   the newest restore of generation at most `g` restored (0 if none was restored yet, or

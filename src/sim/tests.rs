@@ -898,6 +898,56 @@ fn regression_a_worker_set_up_after_a_restore_starts_at_the_restored_positions()
     assert_eq!(report.chief_resumes, 1);
 }
 
+/// Regression of the harness, not of cohort: a worker drained under a chief that then died
+/// before any checkpoint recorded the drain rejoined; the new chiefs' restores rolled the
+/// server back to the checkpoint from before training without sending shards (it held that
+/// cut already) and set the worker up at that checkpoint's position, as they must, but the
+/// harness forgot a drain's kept position only on a restore that sent shards and still
+/// expected the drain's (DATA-1; seed 15001485 of 1 server, 2 workers and up to 12 faults,
+/// shrunk). Any restore now forgets it.
+#[test]
+fn regression_a_restore_by_roll_back_alone_puts_a_drained_worker_at_the_checkpoint() {
+    let config = SimConfig {
+        num_ps: 1,
+        num_workers: 2,
+        ..SimConfig::default()
+    };
+    let scenario = Scenario {
+        seed: 15001485,
+        net: NetSettings {
+            latency_min_us: 100,
+            latency_max_us: 2711,
+            loss: 0.01,
+            duplicate: 0.0,
+        },
+        faults: vec![
+            Fault::Pause {
+                at_ms: 25,
+                node: Node::Ps(0),
+                for_ms: 5499,
+            },
+            Fault::Kill {
+                at_ms: 3498,
+                node: Node::Chief,
+            },
+            Fault::Drain {
+                at_ms: 2055,
+                worker: 1,
+            },
+            Fault::Rejoin {
+                at_ms: 5314,
+                worker: 1,
+            },
+            Fault::Storage {
+                save: 0,
+                fault: StorageFault::RotAfterCut,
+            },
+        ],
+    };
+    let report = run_scenario(&config, &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+}
+
 /// Regression: found by the simulator (seed 5379 of 20,000) before setups were ordered: a
 /// new chief's setup, delivered again after the restore's rewind had put the worker at the
 /// checkpoint's position, rebuilt its dataset from 0 (DATA-1). A worker now takes a setup

@@ -118,6 +118,8 @@ pub(super) struct World<'a> {
     workers_joined: u64,
     /// Closures workers past the spec ran whole (their answers as the chief reads them).
     ran_past_spec: u64,
+    /// READ-1: what each run of a closure read as its step began.
+    reads: BTreeMap<RunKey, ServersRead>,
     ps_left: u64,
     deaths_reported: u64,
     reports_ignored: u64,
@@ -213,6 +215,12 @@ enum Event {
     },
 }
 
+/// A run of a closure: its worker, that worker's incarnation, the closure and the attempt.
+type RunKey = (u32, u64, u64, u32);
+/// What a step read as it began (READ-1): each running server's process and restore
+/// generation, by server.
+type ServersRead = BTreeMap<u32, (u64, u64)>;
+
 impl<'a> World<'a> {
     /// The job at its start (the spec's servers and every worker up, a chief about to save a
     /// first checkpoint), with the scenario's faults queued at their times.
@@ -274,6 +282,7 @@ impl<'a> World<'a> {
             ps_joined: 0,
             workers_joined: 0,
             ran_past_spec: 0,
+            reads: BTreeMap::new(),
             ps_left: 0,
             deaths_reported: 0,
             deaths_refused: 0,

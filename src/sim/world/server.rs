@@ -143,6 +143,18 @@ impl World<'_> {
         let outcome = p.store.handle_push(origin, &gradients).ok()?;
         if outcome == PushOutcome::Applied {
             let closure = origin.closure.0;
+            let now_at = (p.incarnation, p.store.generation().0);
+            let key = (origin.worker, origin.incarnation, closure, origin.attempt);
+            let read = self.reads.get(&key).and_then(|r| r.get(&ps)).copied();
+            if read != Some(now_at) {
+                let detail = format!(
+                    "ps/{ps} (process, restore generation {now_at:?}) applied closure {closure} \
+                     (attempt {}, worker/{}) whose step read it at {read:?}",
+                    origin.attempt, origin.worker
+                );
+                self.violate("READ-1", detail);
+            }
+            let p = &mut self.servers[ps as usize];
             let again = !p.effective_set.insert(closure);
             for (name, _) in &gradients {
                 for row in p.rows.get(name).cloned().unwrap_or_default() {

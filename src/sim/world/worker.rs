@@ -451,6 +451,19 @@ impl World<'_> {
                     if first {
                         self.check_first_read(w, read, run.generation);
                     }
+                    // The step reads the variables now (its pulls): READ-1 checks that what
+                    // its pushes change is what it read.
+                    let incarnation = self.workers[w as usize].incarnation;
+                    let read_key = (w, incarnation, run.closure, run.attempt);
+                    let state = self
+                        .running_servers()
+                        .into_iter()
+                        .map(|ps| {
+                            let p = &self.servers[ps as usize];
+                            (ps, (p.incarnation, p.store.generation().0))
+                        })
+                        .collect();
+                    self.reads.insert(read_key, state);
                     let worker = &mut self.workers[w as usize];
                     worker.run = Some(WorkerRun {
                         call,
