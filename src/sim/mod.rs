@@ -583,23 +583,8 @@ impl Scenario {
         if kinds.drain {
             let mut joins = ChaCha8Rng::seed_from_u64(seed ^ WORKER_JOIN_STREAM);
             if joins.gen_bool(0.3) {
-                for extra in 0..joins.gen_range(1..=EXTRA_WORKERS_MAX) {
-                    let at_ms = joins.gen_range(0..horizon_ms);
-                    faults.push(Fault::WorkerJoin { at_ms });
-                    let worker = config.num_workers + extra;
-                    let later = at_ms + joins.gen_range(100..horizon_ms);
-                    match joins.gen_range(0..4) {
-                        0 => faults.push(Fault::Kill {
-                            at_ms: later,
-                            node: Node::Worker(worker),
-                        }),
-                        1 => faults.push(Fault::Drain {
-                            at_ms: later,
-                            worker,
-                        }),
-                        _ => {}
-                    }
-                }
+                let drawn = worker_joins(&mut joins, config.num_workers, 0..horizon_ms, 100..horizon_ms);
+                faults.extend(drawn);
             }
         }
         // A cut's checkpoint damaged on disk after it verified: a stream of its own too.
@@ -628,6 +613,36 @@ impl Scenario {
         }
         Self { seed, net, faults }
     }
+}
+
+/// One to [`EXTRA_WORKERS_MAX`] workers past a spec of `num_workers` joining at times drawn
+/// from `join_at`, each then killed or drained (half of them, a quarter each) a time drawn
+/// from `after` later: the index a join takes is known, the lowest past the spec not running.
+fn worker_joins(
+    rng: &mut ChaCha8Rng,
+    num_workers: u32,
+    join_at: std::ops::Range<u64>,
+    after: std::ops::Range<u64>,
+) -> Vec<Fault> {
+    let mut faults = Vec::new();
+    for extra in 0..rng.gen_range(1..=EXTRA_WORKERS_MAX) {
+        let at_ms = rng.gen_range(join_at.clone());
+        faults.push(Fault::WorkerJoin { at_ms });
+        let worker = num_workers + extra;
+        let later = at_ms + rng.gen_range(after.clone());
+        match rng.gen_range(0..4) {
+            0 => faults.push(Fault::Kill {
+                at_ms: later,
+                node: Node::Worker(worker),
+            }),
+            1 => faults.push(Fault::Drain {
+                at_ms: later,
+                worker,
+            }),
+            _ => {}
+        }
+    }
+    faults
 }
 
 impl fmt::Display for Scenario {

@@ -373,21 +373,7 @@ fn workers_drained_at_seeded_times_lose_nothing_over_seeds() {
         }
         let disturbed = rng.gen_bool(0.5);
         if disturbed {
-            let at_ms = rng.gen_range(100..5_000);
-            faults.push(match rng.gen_range(0..3) {
-                0 => Fault::Kill {
-                    at_ms,
-                    node: Node::Ps(rng.gen_range(0..config.num_ps)),
-                },
-                1 => Fault::Preempt {
-                    at_ms,
-                    node: Node::Worker(rng.gen_range(0..config.num_workers)),
-                },
-                _ => Fault::Kill {
-                    at_ms,
-                    node: Node::Chief,
-                },
-            });
+            faults.push(disturbance(&mut rng, &config, 0));
         }
         let mut net = NetSettings::reliable();
         net.latency_max_us = rng.gen_range(500..5_000);
@@ -421,41 +407,10 @@ fn workers_joining_past_the_spec_at_seeded_times_lose_nothing_over_seeds() {
     let (mut joined, mut ran) = (0, 0);
     for seed in 0..200 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mut faults = Vec::new();
-        for extra in 0..rng.gen_range(1..=super::EXTRA_WORKERS_MAX) {
-            let at_ms = rng.gen_range(100..4_000);
-            faults.push(Fault::WorkerJoin { at_ms });
-            let later = at_ms + rng.gen_range(100..3_000);
-            let worker = config.num_workers + extra;
-            match rng.gen_range(0..4) {
-                0 => faults.push(Fault::Kill {
-                    at_ms: later,
-                    node: Node::Worker(worker),
-                }),
-                1 => faults.push(Fault::Drain {
-                    at_ms: later,
-                    worker,
-                }),
-                _ => {}
-            }
-        }
+        let mut faults = worker_joins(&mut rng, config.num_workers, 100..4_000, 100..3_000);
         let disturbed = rng.gen_bool(0.5);
         if disturbed {
-            let at_ms = rng.gen_range(100..5_000);
-            faults.push(match rng.gen_range(0..3) {
-                0 => Fault::Kill {
-                    at_ms,
-                    node: Node::Ps(rng.gen_range(0..config.num_ps)),
-                },
-                1 => Fault::Preempt {
-                    at_ms,
-                    node: Node::Worker(rng.gen_range(0..config.num_workers)),
-                },
-                _ => Fault::Kill {
-                    at_ms: at_ms.max(FIRST_SAVE_DURABLE_MS),
-                    node: Node::Chief,
-                },
-            });
+            faults.push(disturbance(&mut rng, &config, FIRST_SAVE_DURABLE_MS));
         }
         let mut net = NetSettings::reliable();
         net.latency_max_us = rng.gen_range(500..5_000);
@@ -477,6 +432,27 @@ fn workers_joining_past_the_spec_at_seeded_times_lose_nothing_over_seeds() {
     }
     assert!(joined >= 200, "joins were driven: {joined}");
     assert!(ran > 1_000, "the joined workers trained: {ran} closures");
+}
+
+/// One fault beside the elastic ones a seeded test drives: a server killed, a spec worker
+/// preempted, or the chief killed (not before `chief_from_ms`), at a time drawn up to 5 s.
+fn disturbance(rng: &mut rand_chacha::ChaCha8Rng, config: &SimConfig, chief_from_ms: u64) -> Fault {
+    use rand::Rng;
+    let at_ms = rng.gen_range(100..5_000);
+    match rng.gen_range(0..3) {
+        0 => Fault::Kill {
+            at_ms,
+            node: Node::Ps(rng.gen_range(0..config.num_ps)),
+        },
+        1 => Fault::Preempt {
+            at_ms,
+            node: Node::Worker(rng.gen_range(0..config.num_workers)),
+        },
+        _ => Fault::Kill {
+            at_ms: at_ms.max(chief_from_ms),
+            node: Node::Chief,
+        },
+    }
 }
 
 /// By when the checkpoint the simulated program saves before training is durable (its read

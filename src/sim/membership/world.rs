@@ -42,21 +42,6 @@ pub struct MembershipReport {
     pub trace: Vec<String>,
 }
 
-/// The bounds every worker runs with in the simulation (production's defaults, shortened as
-/// the tests shorten them).
-pub(super) fn settings(steps: u64) -> MemberSettings {
-    MemberSettings {
-        form_timeout: Duration::from_secs(10),
-        probe_timeout: Duration::from_secs(2),
-        detection: Duration::from_secs(2),
-        op_timeout: Duration::from_secs(20),
-        enter_timeout: Duration::from_secs(3),
-        join_timeout: Duration::from_secs(30),
-        recover_attempts: 3,
-        steps,
-    }
-}
-
 /// How long a step's computation takes ([`MemberAction::Compute`]).
 const STEP_TIME: Duration = Duration::from_millis(150);
 
@@ -571,7 +556,7 @@ impl World {
             node: p.node.clone(),
             addr: p.addr,
         };
-        let mut machine = MemberMachine::new(me, incarnation, workers, settings(self.config.steps));
+        let mut machine = MemberMachine::new(me, incarnation, workers, MemberSettings::shortened(self.config.steps));
         machine.handle_start(self.base + self.now);
         p.machine = Some(machine);
         self.checks.started(worker, p.life);
@@ -722,7 +707,7 @@ impl World {
     }
 
     fn send(&mut self, from: usize, to: usize, message: Wire) {
-        let detection = settings(self.config.steps).detection;
+        let detection = MemberSettings::shortened(self.config.steps).detection;
         if to >= self.procs.len() || !self.running(to) {
             return self.dial_failed(from, to, message);
         }
@@ -773,7 +758,7 @@ impl World {
         if percent == 0 {
             return None;
         }
-        let detection = settings(self.config.steps).detection;
+        let detection = MemberSettings::shortened(self.config.steps).detection;
         let (mut extra, mut timeout) = (Duration::ZERO, PROBE_TIMEOUT_FIRST);
         while extra <= detection && self.loss_rng.gen_ratio(percent, 100) {
             extra += timeout;
@@ -790,7 +775,7 @@ impl World {
     /// The connection between `from` and `to` idled out on a lossy path while carrying
     /// `message`: it is not delivered, and both ends lose their link after the detection budget.
     fn connection_idled_out(&mut self, from: usize, to: usize, message: Wire) {
-        let detection = settings(self.config.steps).detection;
+        let detection = MemberSettings::shortened(self.config.steps).detection;
         for (x, y) in [(from, to), (to, from)] {
             if self.running(x) {
                 self.loses_link_later(x, y);
@@ -834,7 +819,7 @@ impl World {
     /// `worker`'s process of now loses its connection with `peer`'s process of now after the
     /// detection budget (a connection is between two processes: `LinkLost` names both).
     fn loses_link_later(&mut self, worker: usize, peer: usize) {
-        let detection = settings(self.config.steps).detection;
+        let detection = MemberSettings::shortened(self.config.steps).detection;
         let (life, peer_life) = (self.procs[worker].life, self.procs[peer].life);
         self.schedule(
             self.now + detection,
@@ -908,7 +893,7 @@ impl World {
     }
 
     fn inject(&mut self, fault: MembershipFaultKind) {
-        let detection = settings(self.config.steps).detection;
+        let detection = MemberSettings::shortened(self.config.steps).detection;
         match fault {
             MembershipFaultKind::Kill {
                 worker,
@@ -996,7 +981,7 @@ impl World {
     /// Cuts the paths of `pairs` for `lasting`; ends of a path cut past the detection budget
     /// lose their link.
     fn cut(&mut self, pairs: BTreeSet<(usize, usize)>, lasting: Duration) {
-        let detection = settings(self.config.steps).detection;
+        let detection = MemberSettings::shortened(self.config.steps).detection;
         let pairs: BTreeSet<(usize, usize)> = pairs
             .into_iter()
             .filter(|(a, b)| a != b)

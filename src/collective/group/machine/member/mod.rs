@@ -71,6 +71,23 @@ pub(crate) struct MemberSettings {
     pub(crate) steps: u64,
 }
 
+impl MemberSettings {
+    /// Production's bounds shortened as the tests shorten them, for a job of `steps` steps:
+    /// what the membership simulator's workers run with, and the machine's own tests.
+    pub(crate) fn shortened(steps: u64) -> Self {
+        Self {
+            form_timeout: Duration::from_secs(10),
+            probe_timeout: Duration::from_secs(2),
+            detection: Duration::from_secs(2),
+            op_timeout: Duration::from_secs(20),
+            enter_timeout: Duration::from_secs(3),
+            join_timeout: Duration::from_secs(30),
+            recover_attempts: 3,
+            steps,
+        }
+    }
+}
+
 mod answers;
 mod entering;
 mod forming;

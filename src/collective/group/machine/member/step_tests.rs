@@ -7,19 +7,6 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-fn settings(steps: u64) -> MemberSettings {
-    MemberSettings {
-        form_timeout: Duration::from_secs(10),
-        probe_timeout: Duration::from_secs(2),
-        detection: Duration::from_secs(2),
-        op_timeout: Duration::from_secs(20),
-        enter_timeout: Duration::from_secs(3),
-        join_timeout: Duration::from_secs(30),
-        recover_attempts: 3,
-        steps,
-    }
-}
-
 /// The only worker of a job of `steps` steps, started.
 fn alone(steps: u64, now: Instant) -> MemberMachine {
     let me = GroupMember {
@@ -30,7 +17,7 @@ fn alone(steps: u64, now: Instant) -> MemberMachine {
         me.clone(),
         Incarnation::from_raw(1),
         vec![me],
-        settings(steps),
+        MemberSettings::shortened(steps),
     );
     machine.handle_start(now);
     machine
