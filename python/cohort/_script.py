@@ -13,6 +13,9 @@ class ScriptEnd:
     """Whether the script ended with an uncaught exception, and which."""
 
     failure: str | None = None
+    # The exception asked for the chief's restart (cohort set its ``restarts_chief``: a
+    # parameter server lost past recovery): the chief exits 172 and its supervisor restarts it.
+    restart: bool = False
     _installed = False
 
     @classmethod
@@ -25,6 +28,7 @@ class ScriptEnd:
 
         def hook(kind: Any, value: Any, tb: Any) -> None:
             cls.failure = f"the script raised {kind.__name__}: {value}"
+            cls.restart = bool(getattr(value, "restarts_chief", False))
             previous(kind, value, tb)
 
         sys.excepthook = hook

@@ -250,6 +250,6 @@ class _ChiefExit:
 
     @classmethod
     def _finish(cls, chief: Any) -> None:
-        code = chief.finish(ScriptEnd.failure)
+        code = chief.finish(ScriptEnd.failure, ScriptEnd.restart)
         if code != 0:
             exit_now(code)

@@ -32,6 +32,10 @@ struct Desk<'c> {
     values: HashMap<u64, RemoteValue<Encoded>>,
     /// The checkpoints, once the script saves or restores one.
     checkpoints: Option<CheckpointManager>,
+    /// The last error raised to the script that asks for the chief's restart
+    /// ([`CoordinatorError::restart_wanted`]): the script's end with it uncaught ends the
+    /// role with it, so the chief exits as a Rust chief does (172, restart me).
+    restart: Option<CoordinatorError>,
 }
 
 impl Desk<'_> {
@@ -71,8 +75,14 @@ type Work = Box<dyn FnOnce(&mut Desk<'_>) + Send>;
 enum Order {
     /// Run this on the coordinator.
     Work(Work),
-    /// The script is done: with `None` it ended well, else with this error.
-    Finish(Option<String>),
+    /// The script is done.
+    Finish {
+        /// `None`: it ended well; else the exception it raised and did not catch.
+        failure: Option<String>,
+        /// That exception was one the runtime raised asking for the chief's restart
+        /// (its `restarts_chief` attribute).
+        restart: bool,
+    },
 }
 
 /// How often a wait for an answer looks whether the chief's role has ended meanwhile.
@@ -101,12 +111,21 @@ fn serve_orders(
         coordinator,
         values: HashMap::new(),
         checkpoints: None,
+        restart: None,
     };
     loop {
         match orders.recv() {
             Ok(Order::Work(work)) => work(&mut desk),
-            Ok(Order::Finish(None)) => return Ok(()),
-            Ok(Order::Finish(Some(error))) => return Err(CoordinatorError::other(error)),
+            Ok(Order::Finish { failure: None, .. }) => return Ok(()),
+            Ok(Order::Finish {
+                failure: Some(failure),
+                restart,
+            }) => {
+                return Err(match desk.restart.take() {
+                    Some(lost) if restart => lost,
+                    _ => CoordinatorError::other(failure),
+                })
+            }
             Err(mpsc::RecvError) => {
                 return Err(CoordinatorError::other(
                     "the script's coordinator was dropped before the script finished",
@@ -116,8 +135,21 @@ fn serve_orders(
     }
 }
 
+/// The exception a coordinator error is raised as: its class says what failed; one that asks
+/// for the chief's restart ([`CoordinatorError::restart_wanted`]) carries
+/// `restarts_chief = True`.
+fn raised(py: Python<'_>, error: CoordinatorError) -> PyErr {
+    let restart = error.restart_wanted().is_some();
+    let exception = exception_of(error);
+    if restart {
+        // An instance of a class of this module always takes an attribute.
+        let _ = exception.value(py).setattr("restarts_chief", true);
+    }
+    exception
+}
+
 /// The exception class a coordinator error is raised as.
-fn raised(error: CoordinatorError) -> PyErr {
+fn exception_of(error: CoordinatorError) -> PyErr {
     let message = error.to_string();
     match error {
         CoordinatorError::Closure(_) => ClosureError::new_err(message),
@@ -164,7 +196,11 @@ impl Chief {
     ) -> PyResult<R> {
         let (answer, answered) = mpsc::channel();
         let order = Order::Work(Box::new(move |desk| {
-            let _ = answer.send(work(desk));
+            let outcome = work(desk);
+            if let Some(lost) = outcome.as_ref().err().and_then(|e| e.restart_wanted()) {
+                desk.restart = Some(lost);
+            }
+            let _ = answer.send(outcome);
         }));
         let sent = match self.orders.lock() {
             Ok(orders) => orders.as_ref().map(|o| o.send(order).is_ok()),
@@ -185,7 +221,7 @@ impl Chief {
             }
         });
         match outcome {
-            Some(outcome) => outcome.map_err(raised),
+            Some(outcome) => outcome.map_err(|e| raised(py, e)),
             None => Err(self.ended(py)),
         }
     }
@@ -407,12 +443,17 @@ impl Chief {
     }
 
     /// Ends the chief's role: `error` is `None` when the script ended well, else why it did
-    /// not. Waits for the job's end (the workers and servers told to stop) and returns the
-    /// process's exit code. Later calls return the same code.
-    #[pyo3(signature = (error=None))]
-    fn finish(&self, py: Python<'_>, error: Option<String>) -> i32 {
+    /// not; `restart`: the exception it did not catch carried `restarts_chief` (a parameter
+    /// server lost past recovery), so the chief exits asking for its restart (172) as a Rust
+    /// chief does. Waits for the job's end (the workers and servers told to stop) and returns
+    /// the process's exit code. Later calls return the same code.
+    #[pyo3(signature = (error=None, restart=false))]
+    fn finish(&self, py: Python<'_>, error: Option<String>, restart: bool) -> i32 {
         if let Some(orders) = self.orders.lock().ok().and_then(|mut o| o.take()) {
-            let _ = orders.send(Order::Finish(error));
+            let _ = orders.send(Order::Finish {
+                failure: error,
+                restart,
+            });
         }
         self.exit_code(py)
     }

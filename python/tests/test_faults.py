@@ -42,8 +42,10 @@ def test_a_worker_sigkilled_mid_training_loses_nothing_and_repeats_nothing():
     assert book["failed"] == 0, job.output
 
 
-def test_a_parameter_server_sigkilled_is_restored_and_every_update_applied_once(tmp_path):
-    job = launch(
+def counter_with_ps_killed(tmp_path, chaos_point: str):
+    """The counter job, checkpointing every 50 steps, with ps/0 SIGKILLed at ``chaos_point``
+    (the kill's time is only a fallback far past the job's end)."""
+    return launch(
         JOBS / "counter.py",
         "--steps",
         str(STEPS),
@@ -51,15 +53,38 @@ def test_a_parameter_server_sigkilled_is_restored_and_every_update_applied_once(
         "0.02",
         "--checkpoint-every",
         "50",
-        flags=("--kill-ps-after", "2s"),
+        "--chaos-point-at",
+        chaos_point,
+        flags=("--kill-ps-after", "10m"),
         env={"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")},
     )
+
+
+def test_a_parameter_server_sigkilled_is_restored_and_every_update_applied_once(tmp_path):
+    # Past the checkpoints at steps 0, 50 and 100: the server comes back restored from the one
+    # at 100, and the steps committed since run again.
+    job = counter_with_ps_killed(tmp_path, "120")
     assert job.code == 0, job.output
     assert "chaos: SIGKILL ps/0" in job.output, job.output
     assert counters(job) == [STEPS, STEPS], job.output
     book = ledger(job)
     assert book["scheduled"] == book["committed"] == STEPS, job.output
     assert book["failed"] == 0 and book["ps_restores"] >= 1, job.output
+
+
+def test_a_parameter_server_sigkilled_before_the_first_checkpoint_loses_nothing(tmp_path):
+    # With no checkpoint yet the server cannot be restored in this run: the chief's script gets
+    # an error that asks for its restart and, leaving it uncaught, ends with 172; the launcher
+    # restarts the chief, whose start finds nothing applied and begins afresh. (Should the
+    # kill come late, after the first save, the server is restored from it instead.) Either
+    # way every update is applied once.
+    job = counter_with_ps_killed(tmp_path, "first-checkpoint")
+    assert job.code == 0, job.output
+    assert "chaos: SIGKILL ps/0" in job.output, job.output
+    assert counters(job) == [STEPS, STEPS], job.output
+    book = ledger(job)
+    assert book["scheduled"] == book["committed"] == STEPS, job.output
+    assert book["failed"] == 0, job.output
 
 
 def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):

@@ -15,7 +15,7 @@
 //! retires it ([`Retire`]: the chief fenced that incarnation while it was alive). A parameter
 //! server the chief declared dead that wakes up is retired the same way, so that it comes back
 //! as a new incarnation the chief restores. The chief exits [`PS_LOST_EXIT_CODE`] (172) when its program failed because a
-//! parameter server was lost for good ([`ClosureFailure::PsLost`]): restarted, it resumes from
+//! parameter server was lost for good ([`crate::roles::coordinator::ClosureFailure::PsLost`]): restarted, it resumes from
 //! its last checkpoint; and when a server was lost while its start restored the servers
 //! ([`CoordinatorError::ServerLostAtStart`]): restarted, it probes them and restores again.
 //!
@@ -104,8 +104,8 @@ use crate::process::{
     TRAINING_ERROR_EXIT_CODE,
 };
 use crate::roles::coordinator::{
-    ClosureFailure, ClusterCoordinator, CoordinatorActor, CoordinatorError, JoinedWorkers,
-    Scheduler, SchedulerConfig, Topology,
+    ClusterCoordinator, CoordinatorActor, CoordinatorError, JoinedWorkers, Scheduler,
+    SchedulerConfig, Topology,
 };
 use crate::roles::node::{peer, peer_addr, start_gateway, NodeConfig};
 use crate::roles::protocol::{
@@ -846,10 +846,7 @@ fn chief_exit(
         Ok(Ok(Ok(()))) => Ok(JOB_DONE_EXIT_CODE),
         // Not the program's fault: a restarted chief resumes from its checkpoint (restart me).
         // So is a server lost while the start restored it: a restarted chief restores again.
-        Ok(Ok(Err(
-            e @ (CoordinatorError::Closure(ClosureFailure::PsLost { .. })
-            | CoordinatorError::ServerLostAtStart { .. }),
-        ))) => {
+        Ok(Ok(Err(e))) if e.restart_wanted().is_some() => {
             tracing::error!(
                 "{e}; exiting {PS_LOST_EXIT_CODE} so that a restarted chief resumes from the last checkpoint"
             );

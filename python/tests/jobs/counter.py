@@ -4,7 +4,11 @@ scheduled exactly when every step's update was applied once.
 
 Arguments: --steps N (in all, a resumed run counting its checkpoint's), --pause SECONDS (each step's work), --checkpoint-every K (needs
 COHORT_CHECKPOINT_DIR; the first checkpoint is saved before training, and a run resumes
-from the newest). On a stop request (SIGTERM) it saves and ends: the chief exits 143.
+from the newest), --chaos-point-at first-checkpoint|STEP (prints the launcher's chaos marker, and waits
+a second for the kill, before the first checkpoint is saved; or prints it before step STEP is
+scheduled: a local cluster launched with --kill-worker-after or --kill-ps-after kills its task
+then). On a stop request (SIGTERM)
+it saves and ends: the chief exits 143.
 """
 
 import argparse
@@ -17,6 +21,14 @@ import cohort
 
 
 EPOCH_STEPS = 20
+# What the launcher watches the chief's output for (`cohort::launch::CHAOS_MARKER`).
+CHAOS_MARKER = "[chaos-point]"
+
+
+def chaos_point(here: str, wait: float = 0.0) -> None:
+    if args.chaos_point_at == here:
+        print(f"{CHAOS_MARKER} {here}", flush=True)
+        time.sleep(wait)
 
 
 def count_step(counters, pause):
@@ -30,6 +42,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--pause", type=float, default=0.0)
 parser.add_argument("--checkpoint-every", type=int, default=0)
+parser.add_argument("--chaos-point-at", default=None)
 args, _ = parser.parse_known_args()
 
 optimizer = cohort.optimizers.SGD(1.0)
@@ -45,6 +58,7 @@ if args.checkpoint_every:
     restored = coordinator.restore_checkpoint()
     print(f"restored: {restored}")
     if restored is None:
+        chaos_point("first-checkpoint", wait=1.0)
         coordinator.save_checkpoint(0)
 start = restored or 0
 # To --steps in all: a resumed run (a restarted chief) goes on from its checkpoint's step.
@@ -55,6 +69,7 @@ for step in range(start, args.steps):
         coordinator.save_checkpoint(step)
         print(f"stopped at step {step}")
         sys.exit(0)
+    chaos_point(str(step))
     coordinator.schedule(count_step, args=(counters, args.pause))
     if (step + 1) % EPOCH_STEPS == 0:
         # An epoch's end: what is queued stays short, so a stop request is answered soon.

@@ -304,6 +304,27 @@ pub enum VariableProblem {
 }
 
 impl CoordinatorError {
+    /// A copy of this error where it asks for the chief's restart rather than the job's end:
+    /// a parameter server lost past recovery ([`ClosureFailure::PsLost`]) or lost while the
+    /// start restored the servers ([`CoordinatorError::ServerLostAtStart`]). Neither is the
+    /// program's fault: a restarted chief probes the servers and resumes from the last
+    /// checkpoint, so the chief exits [`crate::process::PS_LOST_EXIT_CODE`] (restart me).
+    /// `None` for every other error.
+    pub fn restart_wanted(&self) -> Option<CoordinatorError> {
+        match self {
+            CoordinatorError::Closure(failure @ ClosureFailure::PsLost { .. }) => {
+                Some(CoordinatorError::Closure(failure.clone()))
+            }
+            CoordinatorError::ServerLostAtStart { ps, reason } => {
+                Some(CoordinatorError::ServerLostAtStart {
+                    ps: *ps,
+                    reason: reason.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// A failure of the chief's program itself ([`CoordinatorError::Other`]): `error` is kept
     /// as it is (a caller may downcast it); a message (`&str`, `String`) is taken too.
     pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
@@ -1352,6 +1373,34 @@ mod tests {
 
     fn gateway(ca: &ClusterCa, node: &NodeId) -> Gateway {
         crate::roles::test_support::loopback_gateway(ca, node, 1, Duration::from_secs(5))
+    }
+
+    #[test]
+    fn only_a_server_lost_past_this_runs_recovery_asks_for_the_chiefs_restart() {
+        let lost = CoordinatorError::Closure(ClosureFailure::PsLost {
+            ps: 1,
+            cause: crate::roles::coordinator::PsLossCause::NoCheckpoint,
+        });
+        let copy = lost
+            .restart_wanted()
+            .expect("a lost server asks for a restart");
+        assert_eq!(copy.to_string(), lost.to_string());
+        let at_start = CoordinatorError::ServerLostAtStart {
+            ps: 0,
+            reason: "closed".into(),
+        };
+        let copy = at_start
+            .restart_wanted()
+            .expect("so does one lost at the start");
+        assert_eq!(copy.to_string(), at_start.to_string());
+        for other in [
+            CoordinatorError::Closure(ClosureFailure::Cancelled(ClosureId(3))),
+            CoordinatorError::Stopped,
+            CoordinatorError::LearningRate(f32::NAN),
+            CoordinatorError::other("the program's own failure"),
+        ] {
+            assert!(other.restart_wanted().is_none(), "{other}");
+        }
     }
 
     /// Runs `body` with a coordinator over one fake parameter server (handlers from
