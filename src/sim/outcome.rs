@@ -173,7 +173,8 @@ pub(super) fn of_closure_failure(failure: &ClosureFailure) -> Result<ExpectedEnd
                     Ok(ExpectedEnd::RestoreInterrupted { ps })
                 }
                 // The simulated job keeps far fewer closures than the bound.
-                PsLossCause::RetentionOverflow { .. } => {
+                PsLossCause::RetentionOverflow { .. }
+                | PsLossCause::RetentionBytesOverflow { .. } => {
                     Err(UnexpectedEnd::Closure(failure.clone()))
                 }
             }

@@ -15,7 +15,8 @@
 //! restore is tried again, a bounded number of times. With no cut, past
 //! [`SchedulerConfig::ps_restart_wait_max`] waiting for the servers (a running restore is
 //! never cut), or with more closures committed since the cut than
-//! [`SchedulerConfig::rollback_retained_max`], the loss fails `join` with
+//! [`SchedulerConfig::rollback_retained_max`] (or more bytes of them than
+//! [`SchedulerConfig::rollback_retained_bytes_max`]), the loss fails `join` with
 //! [`ClosureFailure::PsLost`] instead.
 //!
 //! The cut before the last one stays a fallback: the closures committed since it are kept
@@ -80,7 +81,7 @@ use recovery::{
     CheckpointRef, CheckpointSource, RestoreCall, RestoreReport, RestoreRun, RewindTargets, RunEnd,
     WorkerPositions,
 };
-use rollback::{KeptCut, RestoreBlocker, Retained, RollbackLine};
+use rollback::{KeptCut, RestoreBlocker, Retained, RetainedBounds, RollbackLine};
 use save::recorded_learning_rate;
 pub use save::{CheckpointBuildError, CutReadError, MalformedRead};
 pub use save::{CutReading, CutTicket, ShardRead, SAVE_WAIT_MAX};
@@ -119,6 +120,10 @@ pub struct SchedulerConfig {
     /// that a rollback to that checkpoint can run them again. Past it a parameter-server loss
     /// cannot be recovered (and says so) until the next checkpoint.
     pub rollback_retained_max: usize,
+    /// The same bound in bytes of those closures' functions and arguments (64 bytes counted
+    /// for each besides), so that a program that passes its data in a closure's arguments
+    /// keeps the chief's memory bounded: past it, as past `rollback_retained_max`.
+    pub rollback_retained_bytes_max: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -132,6 +137,7 @@ impl Default for SchedulerConfig {
             step_timeout: DEFAULT_STEP_TIMEOUT,
             ps_restart_wait_max: ps_restart_wait_for(DEFAULT_DETECTION_BUDGET),
             rollback_retained_max: 100_000,
+            rollback_retained_bytes_max: 1 << 30,
         }
     }
 }
@@ -289,6 +295,18 @@ pub enum PsLossCause {
     RetentionOverflow {
         /// `rollback_retained_max`.
         retained_max: usize,
+    },
+    /// The closures committed since the last checkpoint hold more bytes (their functions and
+    /// arguments) than are kept to run them again.
+    #[error(
+        "the closures committed since the last checkpoint hold more than {retained_bytes_max} \
+         bytes of arguments, too many to keep to run again after the rollback; checkpoint more \
+         often, pass less data in a closure's arguments (a per-worker dataset instead), or \
+         raise rollback_retained_bytes_max"
+    )]
+    RetentionBytesOverflow {
+        /// `rollback_retained_bytes_max`.
+        retained_bytes_max: usize,
     },
     /// It was not back (answering, and restored where it lost its variables) within the wait.
     #[error("it was not back and restored within {wait:?} (ps_restart_wait)")]
@@ -888,7 +906,10 @@ impl Scheduler {
     /// A scheduler with no workers and nothing scheduled.
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            rollback: RollbackLine::new(config.rollback_retained_max),
+            rollback: RollbackLine::new(RetainedBounds {
+                closures: config.rollback_retained_max,
+                bytes: config.rollback_retained_bytes_max,
+            }),
             config,
             closures: BTreeMap::new(),
             queue: VecDeque::new(),

@@ -1,6 +1,7 @@
 //! The coordinator machine's rollback line: the checkpoint cut a parameter-server recovery rolls
 //! back to, the cut before it kept as a fallback, the closures committed since (kept to run
-//! again after a rollback, within `rollback_retained_max`), and the program's save whose
+//! again after a rollback, within `rollback_retained_max` closures and
+//! `rollback_retained_bytes_max` bytes of their functions and arguments), and the program's save whose
 //! checkpoint is being written (a recovery with no cut yet waits for it).
 //!
 //! [`RollbackLine`] owns that state and every rule on it; the [`Scheduler`](super::Scheduler)
@@ -23,6 +24,25 @@ pub(super) struct Retained {
     pub(super) attempts: u32,
     /// Its rate: run again, it applies at the rate it was scheduled with.
     pub(super) learning_rate: Option<LearningRate>,
+}
+
+impl Retained {
+    /// What keeping it costs, as the byte bound counts it: its function's name and its
+    /// arguments (what grows with the program's data), plus a fixed allowance for the entry.
+    fn bytes(&self) -> usize {
+        const ENTRY_BYTES: usize = 64;
+        self.function.len() + self.args.len() + ENTRY_BYTES
+    }
+}
+
+/// The bounds on what a rollback line keeps (`SchedulerConfig::rollback_retained_max` and
+/// `rollback_retained_bytes_max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RetainedBounds {
+    /// Closures kept at most.
+    pub(super) closures: usize,
+    /// Bytes of their functions and arguments kept at most ([`Retained::bytes`]).
+    pub(super) bytes: usize,
 }
 
 /// A checkpoint cut: where the variables were, and the checkpoint that holds them.
@@ -51,8 +71,10 @@ pub(super) enum RestoreBlocker {
 /// The rollback line (see the module doc).
 #[derive(Debug)]
 pub(super) struct RollbackLine {
-    /// At most this many closures are kept to run again (`rollback_retained_max`).
-    retained_max: usize,
+    /// At most this many closures, and bytes of them, are kept to run again.
+    bounds: RetainedBounds,
+    /// The bytes `since_cut` holds ([`Retained::bytes`] summed).
+    since_cut_bytes: usize,
     /// The last checkpoint's cut.
     last: Option<KeptCut>,
     /// The cut before the last one, while every closure committed since it is kept: a
@@ -61,8 +83,9 @@ pub(super) struct RollbackLine {
     /// Closures committed at or above the rollback floor, with what it takes to run them
     /// again.
     since_cut: BTreeMap<ClosureId, Retained>,
-    /// More closures committed since the cut than `retained_max`: a rollback would lose some.
-    overflowed: bool,
+    /// More closures committed since the cut than the bounds keep: a rollback would lose
+    /// some. Which bound was passed.
+    overflowed: Option<PsLossCause>,
     /// The program's last save, read and not yet marked or abandoned: its checkpoint is being
     /// written, and the closures committed meanwhile are kept to run again after a rollback
     /// to it.
@@ -73,14 +96,15 @@ pub(super) struct RollbackLine {
 }
 
 impl RollbackLine {
-    /// An empty line: no cut yet, keeping at most `retained_max` closures to run again.
-    pub(super) fn new(retained_max: usize) -> Self {
+    /// An empty line: no cut yet, keeping at most `bounds` of closures to run again.
+    pub(super) fn new(bounds: RetainedBounds) -> Self {
         Self {
-            retained_max,
+            bounds,
+            since_cut_bytes: 0,
             last: None,
             fallback: None,
             since_cut: BTreeMap::new(),
-            overflowed: false,
+            overflowed: None,
             being_written: None,
             write_failed: None,
         }
@@ -122,12 +146,7 @@ impl RollbackLine {
             };
             return Some(RestoreBlocker::Cannot(cause));
         }
-        if self.overflowed {
-            return Some(RestoreBlocker::Cannot(PsLossCause::RetentionOverflow {
-                retained_max: self.retained_max,
-            }));
-        }
-        None
+        self.overflowed.clone().map(RestoreBlocker::Cannot)
     }
 
     /// The variables are at cut `cut` now, as the checkpoint under `root` that records cut
@@ -135,18 +154,41 @@ impl RollbackLine {
     /// committed since it is kept.
     pub(super) fn set(&mut self, cut: ClosureId, stored_at: ClosureId, root: PathBuf) {
         let replaced = self.last.take().filter(|old| old.cut < cut);
-        self.fallback = replaced.filter(|_| !self.overflowed);
+        self.fallback = replaced.filter(|_| self.overflowed.is_none());
         self.last = Some(KeptCut {
             cut,
             stored_at,
             root,
         });
         let kept_from = self.fallback.as_ref().map_or(cut, |f| f.cut);
-        self.since_cut.retain(|id, _| *id >= kept_from);
-        if self.since_cut.len() > self.retained_max {
+        self.keep_from(kept_from);
+        if self.past_bounds(0).is_some() {
             self.drop_fallback();
         }
-        self.overflowed = self.since_cut.len() > self.retained_max;
+        self.overflowed = self.past_bounds(0);
+    }
+
+    /// The bound that keeping `more` bytes in one more closure would pass, as the cause a
+    /// recovery then fails for; `more == 0`: the bound the line is past already.
+    fn past_bounds(&self, more: usize) -> Option<PsLossCause> {
+        let closures = self.since_cut.len() + usize::from(more > 0);
+        if closures > self.bounds.closures {
+            return Some(PsLossCause::RetentionOverflow {
+                retained_max: self.bounds.closures,
+            });
+        }
+        if self.since_cut_bytes.saturating_add(more) > self.bounds.bytes {
+            return Some(PsLossCause::RetentionBytesOverflow {
+                retained_bytes_max: self.bounds.bytes,
+            });
+        }
+        None
+    }
+
+    /// Forgets the closures kept below `cut`.
+    fn keep_from(&mut self, cut: ClosureId) {
+        self.since_cut.retain(|id, _| *id >= cut);
+        self.since_cut_bytes = self.since_cut.values().map(Retained::bytes).sum();
     }
 
     /// The last cut's checkpoint could not be read: the fallback becomes the cut. `false` if
@@ -168,27 +210,37 @@ impl RollbackLine {
     }
 
     /// Keeps closure `id`, committing at or above the floor ([`Self::keeps`]), to run it again
-    /// after a rollback; `retained` is asked for only if there is room. The fallback's
-    /// closures give way first: a rollback to the last cut must stay possible. Past
-    /// `retained_max` the line overflows and a recovery fails instead of losing an update.
+    /// after a rollback; `retained` is asked for once the line is known not to have
+    /// overflowed. The fallback's closures give way first: a rollback to the last cut must
+    /// stay possible. Past either bound the line overflows and a recovery fails instead of
+    /// losing an update.
     pub(super) fn retain(&mut self, id: ClosureId, retained: impl FnOnce() -> Option<Retained>) {
-        if self.since_cut.len() >= self.retained_max {
-            self.drop_fallback();
-        }
-        if self.since_cut.len() >= self.retained_max {
-            self.overflowed = true;
+        if self.overflowed.is_some() {
             return;
         }
-        if let Some(retained) = retained() {
-            self.since_cut.insert(id, retained);
+        let Some(retained) = retained() else {
+            return;
+        };
+        let bytes = retained.bytes();
+        if self.past_bounds(bytes).is_some() {
+            self.drop_fallback();
         }
+        if let Some(cause) = self.past_bounds(bytes) {
+            self.overflowed = Some(cause);
+            return;
+        }
+        self.since_cut_bytes += bytes;
+        self.since_cut.insert(id, retained);
     }
 
     /// The closures committed at or above `cut`, in id order, taken out to run again after a
     /// rollback to it; what committed between the fallback cut and `cut` stays kept for a
     /// later rollback to the fallback.
     pub(super) fn take_replay(&mut self, cut: ClosureId) -> BTreeMap<ClosureId, Retained> {
-        self.since_cut.split_off(&cut)
+        let replay = self.since_cut.split_off(&cut);
+        let taken: usize = replay.values().map(Retained::bytes).sum();
+        self.since_cut_bytes -= taken;
+        replay
     }
 
     /// The program's save of cut `written.cut` was read: its checkpoint is being written.
@@ -209,7 +261,8 @@ impl RollbackLine {
                 if self.last.is_none() {
                     // Kept for a rollback to it, which will never come.
                     self.since_cut.clear();
-                    self.overflowed = false;
+                    self.since_cut_bytes = 0;
+                    self.overflowed = None;
                 }
                 self.write_failed = Some(why);
             }
@@ -217,12 +270,12 @@ impl RollbackLine {
         true
     }
 
-    /// Gives up the fallback cut (to keep within `retained_max`): only what committed since
-    /// the last cut stays kept.
+    /// Gives up the fallback cut (to keep within the bounds): only what committed since the
+    /// last cut stays kept.
     fn drop_fallback(&mut self) {
         if self.fallback.take().is_some() {
             if let Some(cut) = self.cut() {
-                self.since_cut.retain(|id, _| *id >= cut);
+                self.keep_from(cut);
             }
         }
     }
@@ -231,6 +284,23 @@ impl RollbackLine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bounds of `max` closures and bytes to spare.
+    fn closures(max: usize) -> RetainedBounds {
+        RetainedBounds {
+            closures: max,
+            bytes: usize::MAX,
+        }
+    }
+
+    fn with_args(id: u64, bytes: usize) -> Retained {
+        Retained {
+            function: format!("f{id}"),
+            args: vec![0; bytes],
+            attempts: 1,
+            learning_rate: None,
+        }
+    }
 
     fn kept(line: &mut RollbackLine, ids: std::ops::Range<u64>) {
         for id in ids {
@@ -249,7 +319,7 @@ mod tests {
 
     #[test]
     fn without_a_cut_nothing_is_kept_and_a_restore_cannot_begin() {
-        let mut line = RollbackLine::new(8);
+        let mut line = RollbackLine::new(closures(8));
         kept(&mut line, 0..5);
         assert!(line.take_replay(ClosureId(0)).is_empty());
         assert_eq!(
@@ -260,7 +330,7 @@ mod tests {
 
     #[test]
     fn a_new_cut_keeps_the_old_one_as_fallback_with_what_committed_since_it() {
-        let mut line = RollbackLine::new(8);
+        let mut line = RollbackLine::new(closures(8));
         line.set(ClosureId(2), ClosureId(2), "a".into());
         kept(&mut line, 2..5);
         line.set(ClosureId(5), ClosureId(5), "b".into());
@@ -278,7 +348,7 @@ mod tests {
 
     #[test]
     fn the_fallback_gives_way_before_the_line_overflows() {
-        let mut line = RollbackLine::new(3);
+        let mut line = RollbackLine::new(closures(3));
         line.set(ClosureId(0), ClosureId(0), "a".into());
         kept(&mut line, 0..2);
         line.set(ClosureId(2), ClosureId(2), "b".into());
@@ -300,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_first_save_being_written_holds_a_restore_until_it_is_marked_or_abandoned() {
-        let mut line = RollbackLine::new(8);
+        let mut line = RollbackLine::new(closures(8));
         line.write_began(CutBeingWritten {
             cut: ClosureId(3),
             generation: 0,
@@ -323,5 +393,62 @@ mod tests {
             ))
         );
         assert!(line.take_replay(ClosureId(0)).is_empty());
+    }
+
+    #[test]
+    fn arguments_past_the_byte_bound_overflow_the_line_and_a_new_cut_makes_room() {
+        // Each kept closure costs its function's name ("f" and one digit), its arguments and
+        // 64 bytes: 1,066 bytes for 1,000 of arguments.
+        let mut line = RollbackLine::new(RetainedBounds {
+            closures: 100,
+            bytes: 3_000,
+        });
+        line.set(ClosureId(0), ClosureId(0), "a".into());
+        for id in 0..2 {
+            line.retain(ClosureId(id), || Some(with_args(id, 1_000)));
+        }
+        assert_eq!(line.restore_blocker(0), None);
+        line.retain(ClosureId(2), || Some(with_args(2, 1_000)));
+        assert_eq!(
+            line.restore_blocker(0),
+            Some(RestoreBlocker::Cannot(
+                PsLossCause::RetentionBytesOverflow {
+                    retained_bytes_max: 3_000
+                }
+            ))
+        );
+        // Nothing more is asked for once the line overflowed.
+        line.retain(ClosureId(3), || panic!("not asked"));
+        // A new cut forgets what came before it (the old cut is no fallback: the line
+        // overflowed since it), and the line has room again.
+        line.set(ClosureId(4), ClosureId(4), "b".into());
+        assert_eq!(line.restore_blocker(0), None);
+        assert!(!line.fall_back());
+        line.retain(ClosureId(4), || Some(with_args(4, 1_000)));
+        line.retain(ClosureId(5), || Some(with_args(5, 1_000)));
+        let replay: Vec<u64> = line.take_replay(ClosureId(4)).keys().map(|c| c.0).collect();
+        assert_eq!(replay, vec![4, 5]);
+        // What was taken out to run again no longer counts: two more fit.
+        line.retain(ClosureId(6), || Some(with_args(6, 1_000)));
+        line.retain(ClosureId(7), || Some(with_args(7, 1_000)));
+        assert_eq!(line.restore_blocker(0), None);
+    }
+
+    #[test]
+    fn the_fallback_gives_way_to_the_byte_bound_before_the_line_overflows() {
+        let mut line = RollbackLine::new(RetainedBounds {
+            closures: 100,
+            bytes: 2_200,
+        });
+        line.set(ClosureId(0), ClosureId(0), "a".into());
+        line.retain(ClosureId(0), || Some(with_args(0, 1_000)));
+        line.set(ClosureId(1), ClosureId(1), "b".into());
+        line.retain(ClosureId(1), || Some(with_args(1, 1_000)));
+        // Closure 0 (kept for the fallback) gives way to closure 2.
+        line.retain(ClosureId(2), || Some(with_args(2, 1_000)));
+        assert_eq!(line.restore_blocker(0), None);
+        assert!(!line.fall_back(), "the fallback was given up");
+        let replay: Vec<u64> = line.take_replay(ClosureId(1)).keys().map(|c| c.0).collect();
+        assert_eq!(replay, vec![1, 2]);
     }
 }
