@@ -420,6 +420,11 @@ pub(crate) async fn send_loop<G: LinkOwner>(
                 if !sender.write_control(&control).await {
                     break;
                 }
+                // Each control frame restarts the poll's timer below: a steady stream of them
+                // (slots given back to a peer still sending) would put the look off.
+                if !draining.is_empty() {
+                    sender.answer_drained(&mut draining);
+                }
             }
             Some(request) = drains.recv() => {
                 draining.push(request);
