@@ -77,6 +77,17 @@ fn a_bad_flag_or_environment_value_exits_2_naming_the_key() {
     expect_refused(&out, &["--ctr-epochs", "18446744073709551615"]);
     let out = run(cohort(&dir.0).args(["demo", "--digits-epochs", "0"]));
     expect_refused(&out, &["--digits-epochs", "1..=10000"]);
+    // A benchmark of no timed step would print a rate over none; evaluators past the bound
+    // would run the machine out of ports before saying why.
+    let out = run(cohort(&dir.0).args(["bench", "ps", "--steps", "0"]));
+    expect_refused(&out, &["--steps", "1..=10000000"]);
+    let out = run(cohort(&dir.0).args(["bench", "ps", "--warmup", "2000000"]));
+    expect_refused(&out, &["--warmup", "0..=1000000"]);
+    let out = run(cohort(&dir.0).args(["launch", "--evaluators", "100000"]));
+    expect_refused(
+        &out,
+        &["--evaluators", "evaluators (a whole number from 1 to 16)"],
+    );
     let out = run(cohort(&dir.0)
         .args(["role", "--job", "demo", "--task-index", "4"])
         .env("TF_CONFIG", TF_CONFIG));

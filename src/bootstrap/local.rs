@@ -86,9 +86,9 @@ pub struct LaunchFlags {
     /// checkpoint cut; the job needs a checkpoint directory).
     #[arg(long, default_value = DEFAULT_PS, value_parser = WorkerCount::parse)]
     pub ps: WorkerCount,
-    /// Evaluator processes: each evaluates every new checkpoint with the program's evaluation
-    /// function (the demo's reports held-out digits accuracy).
-    #[arg(long, default_value_t = 0)]
+    /// Evaluator processes (at most 16): each evaluates every new checkpoint with the
+    /// program's evaluation function (the demo's reports held-out digits accuracy).
+    #[arg(long, default_value_t = 0, value_parser = parse_evaluators)]
     pub evaluators: u32,
     /// SIGKILL worker 1 (or 0 with one worker) once, this long after launch, to show recovery
     /// (e.g. "20s").
@@ -140,6 +140,17 @@ impl LaunchFlags {
 
 /// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`]; the error
 /// is the cluster module's count error (not nameable here: `cluster` does not re-export it).
+/// The most evaluator processes a local cluster starts (each evaluates every checkpoint).
+const EVALUATORS_LIMIT: u32 = 16;
+
+/// `launch --evaluators`: none, or 1 to [`EVALUATORS_LIMIT`].
+fn parse_evaluators(text: &str) -> Result<u32, impl std::error::Error + Send + Sync + 'static> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    crate::cluster::parse_count(text, "evaluators", EVALUATORS_LIMIT)
+}
+
 fn parse_replicas(text: &str) -> Result<u32, impl std::error::Error + Send + Sync + 'static> {
     crate::cluster::parse_count(text, "replicas", crate::cluster::REPLICAS_LIMIT)
 }

@@ -186,6 +186,17 @@ struct DemoArgs {
     communication: Option<crate::strategy::Communication>,
 }
 
+/// `bench --steps`: at least one timed step (a rate over none is no figure), at most ten
+/// million.
+fn bench_steps() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000)
+}
+
+/// `bench --warmup`: none to a million.
+fn bench_warmup() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1_000_000)
+}
+
 /// `cohort demo`'s epoch counts: whole numbers from 1 to 10,000 (as the MultiWorkerMirrored
 /// demo's tasks take them), refused by the parser otherwise.
 fn demo_epochs() -> clap::builder::RangedU64ValueParser<usize> {
@@ -358,10 +369,10 @@ struct BenchArgs {
     /// `nccl` (the NCCL all-reduce on this machine's GPUs).
     target: String,
     /// Timed steps per workload (after warm-up).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = bench_steps())]
     steps: usize,
     /// Warm-up steps per workload.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = bench_warmup())]
     warmup: usize,
     /// Workloads to run (comma-separated: dense, sparse, goodput).
     #[arg(long, default_value = "dense,sparse,goodput")]
