@@ -86,7 +86,7 @@ fn a_bad_flag_or_environment_value_exits_2_naming_the_key() {
     let out = run(cohort(&dir.0).args(["launch", "--evaluators", "100000"]));
     expect_refused(
         &out,
-        &["--evaluators", "evaluators (a whole number from 1 to 16)"],
+        &["--evaluators", "evaluators (a whole number from 0 to 16)"],
     );
     let out = run(cohort(&dir.0)
         .args(["role", "--job", "demo", "--task-index", "4"])

@@ -4,7 +4,7 @@ Every error of cohort's runtime is a :class:`CohortError`; the subclasses say wh
 
 One that is no fault of the script but asks for the chief's restart (a parameter server lost
 and not recoverable in this run: none checkpointed yet, or lost while the start restored the
-servers) carries ``restarts_chief = True``. Left uncaught, it ends the chief with exit code 172
+servers) carries ``restarts_chief = True`` (every other, ``False``). Left uncaught, it ends the chief with exit code 172
 (as a Rust chief's does): its supervisor (``python -m cohort launch``, Kubernetes) restarts it,
 and the restarted script resumes from the last checkpoint.
 """

@@ -126,7 +126,11 @@ pub(crate) fn role_config(args: &[String]) -> PyResult<cohort::cluster::RoleConf
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cohort::process::keep_freed_memory();
     let py = m.py();
-    m.add("CohortError", py.get_type::<CohortError>())?;
+    let cohort_error = py.get_type::<CohortError>();
+    // Every error says whether it asks for the chief's restart (see `chief::raised`): no, but
+    // where the chief sets it on the one it raises.
+    cohort_error.setattr("restarts_chief", false)?;
+    m.add("CohortError", cohort_error)?;
     m.add("ClosureError", py.get_type::<ClosureError>())?;
     m.add("VariableError", py.get_type::<VariableError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;

@@ -75,12 +75,13 @@ def test_a_parameter_server_sigkilled_is_restored_and_every_update_applied_once(
 def test_a_parameter_server_sigkilled_before_the_first_checkpoint_loses_nothing(tmp_path):
     # With no checkpoint yet the server cannot be restored in this run: the chief's script gets
     # an error that asks for its restart and, leaving it uncaught, ends with 172; the launcher
-    # restarts the chief, whose start finds nothing applied and begins afresh. (Should the
-    # kill come late, after the first save, the server is restored from it instead.) Either
-    # way every update is applied once.
+    # restarts the chief, whose start finds nothing applied and begins afresh. Every update
+    # is applied once.
     job = counter_with_ps_killed(tmp_path, "first-checkpoint")
     assert job.code == 0, job.output
     assert "chaos: SIGKILL ps/0" in job.output, job.output
+    assert "exiting 172" in job.output, job.output
+    assert "restarting chief/0" in job.output, job.output
     assert counters(job) == [STEPS, STEPS], job.output
     book = ledger(job)
     assert book["scheduled"] == book["committed"] == STEPS, job.output

@@ -138,19 +138,22 @@ impl LaunchFlags {
     }
 }
 
-/// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`]; the error
-/// is the cluster module's count error (not nameable here: `cluster` does not re-export it).
 /// The most evaluator processes a local cluster starts (each evaluates every checkpoint).
 const EVALUATORS_LIMIT: u32 = 16;
 
-/// `launch --evaluators`: none, or 1 to [`EVALUATORS_LIMIT`].
-fn parse_evaluators(text: &str) -> Result<u32, impl std::error::Error + Send + Sync + 'static> {
-    if text.trim() == "0" {
-        return Ok(0);
-    }
-    crate::cluster::parse_count(text, "evaluators", EVALUATORS_LIMIT)
+/// `launch --evaluators`: a whole number from 0 to [`EVALUATORS_LIMIT`].
+fn parse_evaluators(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n <= EVALUATORS_LIMIT)
+        .ok_or_else(|| {
+            format!("{text:?} is not a number of evaluators (a whole number from 0 to {EVALUATORS_LIMIT})")
+        })
 }
 
+/// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`]; the error
+/// is the cluster module's count error (not nameable here: `cluster` does not re-export it).
 fn parse_replicas(text: &str) -> Result<u32, impl std::error::Error + Send + Sync + 'static> {
     crate::cluster::parse_count(text, "replicas", crate::cluster::REPLICAS_LIMIT)
 }

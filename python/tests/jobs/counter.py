@@ -5,7 +5,7 @@ scheduled exactly when every step's update was applied once.
 Arguments: --steps N (in all, a resumed run counting its checkpoint's), --pause SECONDS (each step's work), --checkpoint-every K (needs
 COHORT_CHECKPOINT_DIR; the first checkpoint is saved before training, and a run resumes
 from the newest), --chaos-point-at first-checkpoint|STEP (prints the launcher's chaos marker, and waits
-a second for the kill, before the first checkpoint is saved; or prints it before step STEP is
+4 s for the kill to be known, before the first checkpoint is saved; or prints it before step STEP is
 scheduled: a local cluster launched with --kill-worker-after or --kill-ps-after kills its task
 then). On a stop request (SIGTERM)
 it saves and ends: the chief exits 143.
@@ -58,7 +58,8 @@ if args.checkpoint_every:
     restored = coordinator.restore_checkpoint()
     print(f"restored: {restored}")
     if restored is None:
-        chaos_point("first-checkpoint", wait=1.0)
+        # Past the detection budget (3 s): the server is known lost before the save.
+        chaos_point("first-checkpoint", wait=4.0)
         coordinator.save_checkpoint(0)
 start = restored or 0
 # To --steps in all: a resumed run (a restarted chief) goes on from its checkpoint's step.

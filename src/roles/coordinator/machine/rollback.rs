@@ -86,6 +86,10 @@ pub(super) struct RollbackLine {
     /// More closures committed since the cut than the bounds keep: a rollback would lose
     /// some. Which bound was passed.
     overflowed: Option<PsLossCause>,
+    /// The largest id of a closure not kept because the line had overflowed: a new cut at or
+    /// below it (a save read before that closure committed, marked after) would still lose
+    /// it, so the line stays overflowed.
+    dropped_max: Option<ClosureId>,
     /// The program's last save, read and not yet marked or abandoned: its checkpoint is being
     /// written, and the closures committed meanwhile are kept to run again after a rollback
     /// to it.
@@ -105,6 +109,7 @@ impl RollbackLine {
             fallback: None,
             since_cut: BTreeMap::new(),
             overflowed: None,
+            dropped_max: None,
             being_written: None,
             write_failed: None,
         }
@@ -165,6 +170,13 @@ impl RollbackLine {
         if self.past_bounds(0).is_some() {
             self.drop_fallback();
         }
+        // A closure at or above the new cut that was not kept (it committed after the save was
+        // read, while the line had overflowed) keeps the line overflowed: a rollback to the
+        // new cut would lose it.
+        if self.dropped_max.is_some_and(|dropped| dropped >= cut) {
+            return;
+        }
+        self.dropped_max = None;
         self.overflowed = self.past_bounds(0);
     }
 
@@ -216,6 +228,7 @@ impl RollbackLine {
     /// losing an update.
     pub(super) fn retain(&mut self, id: ClosureId, retained: impl FnOnce() -> Option<Retained>) {
         if self.overflowed.is_some() {
+            self.dropped(id);
             return;
         }
         let Some(retained) = retained() else {
@@ -227,10 +240,18 @@ impl RollbackLine {
         }
         if let Some(cause) = self.past_bounds(bytes) {
             self.overflowed = Some(cause);
+            self.dropped(id);
             return;
         }
         self.since_cut_bytes += bytes;
-        self.since_cut.insert(id, retained);
+        if let Some(replaced) = self.since_cut.insert(id, retained) {
+            self.since_cut_bytes -= replaced.bytes();
+        }
+    }
+
+    /// Closure `id` was not kept: the line overflowed.
+    fn dropped(&mut self, id: ClosureId) {
+        self.dropped_max = self.dropped_max.max(Some(id));
     }
 
     /// The closures committed at or above `cut`, in id order, taken out to run again after a
@@ -263,6 +284,7 @@ impl RollbackLine {
                     self.since_cut.clear();
                     self.since_cut_bytes = 0;
                     self.overflowed = None;
+                    self.dropped_max = None;
                 }
                 self.write_failed = Some(why);
             }
@@ -450,5 +472,31 @@ mod tests {
         assert!(!line.fall_back(), "the fallback was given up");
         let replay: Vec<u64> = line.take_replay(ClosureId(1)).keys().map(|c| c.0).collect();
         assert_eq!(replay, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_closure_dropped_above_a_cut_being_written_keeps_the_line_overflowed_after_its_mark() {
+        let mut line = RollbackLine::new(closures(2));
+        line.set(ClosureId(0), ClosureId(0), "a".into());
+        kept(&mut line, 0..2);
+        // A save is read at cut 2; closures 2 and 3 commit before it is marked, and the line
+        // has no room for them.
+        kept(&mut line, 2..4);
+        assert!(line.restore_blocker(0).is_some());
+        // Marked: a rollback to cut 2 would have to run 2 and 3 again, and they were not
+        // kept, so the line stays overflowed...
+        line.set(ClosureId(2), ClosureId(2), "b".into());
+        assert_eq!(
+            line.restore_blocker(0),
+            Some(RestoreBlocker::Cannot(PsLossCause::RetentionOverflow {
+                retained_max: 2
+            }))
+        );
+        // ...until a cut above every closure dropped.
+        line.set(ClosureId(4), ClosureId(4), "c".into());
+        assert_eq!(line.restore_blocker(0), None);
+        kept(&mut line, 4..6);
+        let replay: Vec<u64> = line.take_replay(ClosureId(4)).keys().map(|c| c.0).collect();
+        assert_eq!(replay, vec![4, 5]);
     }
 }
