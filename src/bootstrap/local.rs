@@ -142,14 +142,22 @@ impl LaunchFlags {
 const EVALUATORS_LIMIT: u32 = 16;
 
 /// `launch --evaluators`: a whole number from 0 to [`EVALUATORS_LIMIT`].
-fn parse_evaluators(text: &str) -> Result<u32, String> {
+fn parse_evaluators(text: &str) -> Result<u32, EvaluatorCountError> {
     text.trim()
         .parse::<u32>()
         .ok()
         .filter(|n| *n <= EVALUATORS_LIMIT)
-        .ok_or_else(|| {
-            format!("{text:?} is not a number of evaluators (a whole number from 0 to {EVALUATORS_LIMIT})")
+        .ok_or_else(|| EvaluatorCountError {
+            text: text.to_string(),
         })
+}
+
+/// A `launch --evaluators` that is not a whole number from 0 to [`EVALUATORS_LIMIT`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a number of evaluators (a whole number from 0 to {EVALUATORS_LIMIT})")]
+struct EvaluatorCountError {
+    /// The text given.
+    text: String,
 }
 
 /// `launch --replicas`: a whole number from 1 to [`crate::cluster::REPLICAS_LIMIT`]; the error
