@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """A random sweep of chaos plans over the demo job: each seed draws a plan of 2 to 4 faults
 (kill, term, pause and scale; a partition too for a parameter-server job), 0.5 to 2.5 s apart
-after the first checkpoint, and runs it under `cohort chaos run`, whose checks (exit code,
+after the first checkpoint (with --from-start: from the job's start, the first within 1.5 s, so
+that faults land while the job starts: the chief probing and restoring the servers, the workers
+entering their first group, before any checkpoint exists), and runs it under `cohort chaos run`, whose checks (exit code,
 faults applied, every closure committed once, one model...) judge it: what the fixed plans of
 examples/chaos/ do, over plans nobody wrote.
 
     python3 chaos/sweep.py --runs 10 --first-seed 7200            # MultiWorkerMirrored
     python3 chaos/sweep.py --job ps --runs 10 --first-seed 100    # parameter servers
+    python3 chaos/sweep.py --job ps --runs 10 --from-start         # faults while the job starts
 
 Prints one line per seed and, for a seed that failed, its plan and the report's checks; the run
 directory of a failed seed is kept (under --keep). Exits 1 if any seed failed. A seed replays
@@ -29,16 +32,18 @@ KINDS = {
 }
 
 
-def plan(seed: int, job: str) -> str:
-    """The plan of `seed` for `job` (the chaos runner's TOML)."""
+def plan(seed: int, job: str, from_start: bool = False) -> str:
+    """The plan of `seed` for `job` (the chaos runner's TOML), its faults counted from the
+    first checkpoint, or from the job's start with `from_start`."""
     rng = random.Random(seed)
     # The job starts with 3 workers; a fault only targets a worker the plan's own scales left
     # in the job (a drained worker has no process to hit).
     workers = 3
     faults, at = [], 0.3
-    for _ in range(rng.randint(2, 4)):
+    anchor = "start" if from_start else "first_checkpoint"
+    for n in range(rng.randint(2, 4)):
         kind = rng.choice(KINDS[job])
-        at += rng.uniform(0.5, 2.5)
+        at = rng.uniform(0.1, 1.5) if from_start and n == 0 else at + rng.uniform(0.5, 2.5)
         lines = [f'kind = "{kind}"']
         in_job = [f"worker:{i}" for i in range(workers)]
         targets = in_job + ["chief"] + (["ps:0", "ps:1"] if job == "ps" else [])
@@ -57,7 +62,7 @@ def plan(seed: int, job: str) -> str:
             lines.append(f'target = "{rng.choice(targets)}"')
             if kind == "pause":
                 lines.append(f'for = "{rng.choice(["300ms", "1s", "2s"])}"')
-        lines += [f'at = "{int(at * 1000)}ms"', 'after = "first_checkpoint"']
+        lines += [f'at = "{int(at * 1000)}ms"', f'after = "{anchor}"']
         faults.append("[[fault]]\n" + "\n".join(lines) + "\n")
     return f"seed = {seed}\n\n" + "\n".join(faults)
 
@@ -79,6 +84,8 @@ def main() -> int:
     parser.add_argument("--job", choices=sorted(KINDS), default="mwms")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--from-start", action="store_true",
+                        help="count the faults from the job's start, not its first checkpoint")
     parser.add_argument("--cohort", default="target/release/cohort", help="the cohort binary")
     parser.add_argument("--keep", default=tempfile.gettempdir(), help="where failed runs stay")
     args = parser.parse_args()
@@ -93,7 +100,7 @@ def main() -> int:
     failed = []
     for seed in range(args.first_seed, args.first_seed + args.runs):
         run = pathlib.Path(tempfile.mkdtemp(prefix=f"cohort-sweep-{seed}-", dir=args.keep))
-        (run / "plan.toml").write_text(plan(seed, args.job))
+        (run / "plan.toml").write_text(plan(seed, args.job, args.from_start))
         command = [args.cohort, "chaos", "run", "--plan", str(run / "plan.toml"),
                    "--out", str(run / "report"), "--timeout", "240s", "--",
                    *job_command(args.cohort, args.job, run / "job")]

@@ -455,6 +455,7 @@ fn sec2_ps_begin_restore_from_a_worker_is_refused() {
         let begin = BeginRestore {
             generation: 5,
             fences: vec![(1, 1)],
+            afresh: false,
         };
         let (cluster, ps, before) = ps_refuses(begin, Vec::new()).await?;
         assert_eq!(before.generation, 0);

@@ -518,8 +518,9 @@ decode_props! {
     setup: SetupWorker = setup_worker();
     layout_value: Layout = layout();
     dataset_positions: DatasetPositions = Just(DatasetPositions);
-    begin_restore: BeginRestore = (any::<u64>(), vec((any::<u32>(), any::<u64>()), 0..4))
-        .prop_map(|(generation, fences)| BeginRestore { generation, fences });
+    begin_restore: BeginRestore =
+        (any::<u64>(), vec((any::<u32>(), any::<u64>()), 0..4), any::<bool>())
+            .prop_map(|(generation, fences, afresh)| BeginRestore { generation, fences, afresh });
     roll_back: RollBack = (any::<u64>(), any::<u64>())
         .prop_map(|(finished_below, generation)| RollBack { finished_below, generation });
     rewind: RewindWorker = setup_worker().prop_map(|setup| RewindWorker { setup });

@@ -249,8 +249,9 @@ pub struct PsStatsReply {
     pub serving: bool,
     /// The restore generation it is at ([`BeginRestore`]).
     pub generation: u64,
-    /// Whether a restore of that generation began here and was not rolled back yet
-    /// ([`RollBack`]): what it holds may be a checkpoint's shards, restored part way.
+    /// Whether a restore of that generation that writes a checkpoint's shards began here and
+    /// was not rolled back yet ([`RollBack`]): what it holds may be that checkpoint's,
+    /// restored part way. A start afresh cut short ([`BeginRestore::afresh`]) is not one.
     pub restoring: bool,
     /// Pushes refused because they came from an older restore generation or arrived while a
     /// restore was under way (PS-1; counted in `rejected_stale` too).
@@ -843,6 +844,9 @@ pub struct BeginRestore {
     pub generation: u64,
     /// Per worker, the newest fenced incarnation.
     pub fences: Vec<(u32, u64)>,
+    /// Whether it is a chief's start afresh, which restores no shard (the server's probe
+    /// answers say so: [`PsStatsReply::restoring`]).
+    pub afresh: bool,
 }
 
 impl RemoteMessage for BeginRestore {

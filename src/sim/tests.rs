@@ -1147,3 +1147,60 @@ fn seeds_break_nothing((num_ps, num_workers, faults_max): (u32, u32, usize), see
         assert!(report.violation.is_none(), "seed {seed}: {:?}", report.violation);
     }
 }
+
+/// Regression: found by a sweep of real processes (`chaos/sweep.py --job ps --from-start`,
+/// seeds 9104 and 9106) and then by the simulator once its chief program created its variables
+/// at every start as a real one does: a server lost while a new chief's start afresh fenced
+/// the servers left the others mid-restore, and every later chief took that for a checkpoint
+/// restored part way and refused to start afresh over it ("ps/0 has applied closures (ids
+/// below 0, restore generation 1)"), so the job ended. A start afresh restores no shard: a
+/// server's probe now says it is restoring only for a restore that writes a checkpoint's
+/// shards. The chief, killed before its first checkpoint, restarts; ps/1 is killed while the
+/// new chief's start fences the servers.
+#[test]
+fn regression_a_start_afresh_cut_short_by_a_server_loss_is_started_afresh_again() {
+    let scenario = Scenario {
+        seed: 1,
+        net: NetSettings {
+            latency_min_us: 100,
+            latency_max_us: 2_000,
+            loss: 0.0,
+            duplicate: 0.0,
+        },
+        faults: vec![
+            Fault::Kill {
+                at_ms: 25,
+                node: Node::Chief,
+            },
+            Fault::Kill {
+                at_ms: 3_605,
+                node: Node::Ps(1),
+            },
+        ],
+    };
+    let report = run_scenario(&quick(), &scenario);
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert!(report.finished, "{:?}", report.failure);
+}
+
+/// A harness gap, not a cohort bug (`DATA-1`; seeds 17001500 and 17002160 of the default
+/// job, once the simulated chief created its variables at every start): a chief restarted over
+/// a server that had restarted to generation 0 started afresh at restore generation 1, which
+/// a dead chief had used for a checkpoint's restore; the harness still took generation 1 for
+/// that checkpoint's and expected the workers at its positions. A start afresh's generation
+/// is recorded as such (workers at the start of their data).
+#[test]
+fn a_start_afresh_at_a_generation_a_dead_chief_restored_puts_the_workers_at_the_start() {
+    seeds_break_nothing((2, 3, 6), &[17_001_500, 17_002_160]);
+}
+
+/// A chief that died while it restored a parameter server's preemption cut onto the others
+/// (which lives apart from the program's checkpoints) left a server mid-restore of a
+/// checkpoint's shards; the next chief, with no checkpoint, cannot tell what it holds and
+/// refuses to start afresh. An expected end: a restore of a checkpoint's shards had begun
+/// (seeds 17008279 and 17009409 of the default job, which the harness first took for no
+/// training at all).
+#[test]
+fn a_chief_dead_mid_restore_of_a_preemption_cut_is_an_expected_end() {
+    seeds_break_nothing((2, 3, 6), &[17_008_279, 17_009_409]);
+}

@@ -886,7 +886,11 @@ fn restore_call(restore: RestoreCall) -> Effect {
                      restored from a checkpoint with every other server"
                 );
             }
-            let msg = BeginRestore { generation, fences };
+            let msg = BeginRestore {
+                generation,
+                fences,
+                afresh,
+            };
             let request = Request::BeginRestore {
                 ps,
                 incarnation,

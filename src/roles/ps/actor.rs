@@ -215,12 +215,17 @@ impl Handler<Remote<BeginRestore>> for PsActor {
     type Result = ();
 
     fn handle(&mut self, msg: Remote<BeginRestore>, _: &mut Context<Self>) {
+        let what = if msg.msg.afresh {
+            " (a start afresh)"
+        } else {
+            ""
+        };
         tracing::info!(
-            "restore generation {} begins: refusing pushes until the roll-back",
+            "restore generation {} begins{what}: refusing pushes until the roll-back",
             msg.msg.generation
         );
         self.store
-            .handle_begin_restore(msg.msg.generation, &msg.msg.fences);
+            .handle_begin_restore(msg.msg.generation, &msg.msg.fences, msg.msg.afresh);
     }
 }
 
@@ -465,7 +470,7 @@ impl PsActor {
             finished_below: self.store.finished_below().0,
             serving: self.serving.load(Ordering::Acquire),
             generation: self.store.generation().0,
-            restoring: self.store.generation().1,
+            restoring: self.store.restoring_shards(),
             rejected_old_generation: c.rejected_old_generation,
         }
     }

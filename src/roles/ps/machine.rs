@@ -103,7 +103,7 @@ impl StoredVariable {
 ///    finished for good;
 /// 3. `pull`/`pull_rows` to read values, `handle_push` to apply gradients;
 /// 4. `counters()`/`variables()` for checkpoints, tests and the run summary;
-/// 5. a parameter-server recovery: `handle_begin_restore(generation, fences)` (pushes are
+/// 5. a parameter-server recovery: `handle_begin_restore(generation, fences, afresh)` (pushes are
 ///    refused from then on), `handle_restore` for every shard, then
 ///    `handle_roll_back(cut, generation)` (pushes of that generation are accepted again).
 #[derive(Debug)]
@@ -133,6 +133,9 @@ pub struct ParameterStore {
     incarnation: u64,
     /// A restore of `generation` is under way: every push is refused until its roll-back.
     restoring: bool,
+    /// That restore is a chief's start afresh: it writes no checkpoint's shard, only closes
+    /// the server to an earlier chief's pushes ([`Self::restoring_shards`]).
+    restoring_afresh: bool,
     counters: PsCounters,
 }
 
@@ -152,6 +155,7 @@ impl ParameterStore {
             fenced: BTreeMap::new(),
             generation: 0,
             restoring: false,
+            restoring_afresh: false,
             incarnation: 0,
             counters: PsCounters::default(),
         })
@@ -623,9 +627,15 @@ impl ParameterStore {
     /// A parameter-server recovery's restore of `generation` starts: every push is refused
     /// from now until [`Self::handle_roll_back`] of that generation, and any push of an older
     /// generation after it (PS-1). `fences` (per worker, the newest fenced incarnation) are
-    /// applied as by [`Self::handle_fence`]: a restarted server knows none (FENCE-1). Ignored
-    /// if this server is at a newer generation already.
-    pub fn handle_begin_restore(&mut self, generation: u64, fences: &[(u32, WorkerIncarnation)]) {
+    /// applied as by [`Self::handle_fence`]: a restarted server knows none (FENCE-1). `afresh`:
+    /// the restore is a chief's start afresh, which writes no shard here (see
+    /// [`Self::restoring_shards`]). Ignored if this server is at a newer generation already.
+    pub fn handle_begin_restore(
+        &mut self,
+        generation: u64,
+        fences: &[(u32, WorkerIncarnation)],
+        afresh: bool,
+    ) {
         // A begin delivered again (the same generation) changes nothing: once the roll-back
         // re-opened the server, closing it again would refuse every push of the generation.
         if generation <= self.generation {
@@ -636,6 +646,7 @@ impl ParameterStore {
         }
         self.generation = generation;
         self.restoring = true;
+        self.restoring_afresh = afresh;
     }
 
     /// PS-1 back to a checkpoint's cut, after the coordinator restored every variable from
@@ -661,6 +672,15 @@ impl ParameterStore {
     /// The restore generation this server is at, and whether its restore is under way.
     pub fn generation(&self) -> (u64, bool) {
         (self.generation, self.restoring)
+    }
+
+    /// Whether a restore that writes a checkpoint's shards began here and was not rolled back:
+    /// what this server holds may be that checkpoint's, restored part way, so a new chief
+    /// without the checkpoint must not start afresh over it. A chief's start afresh that was
+    /// cut short (a server lost while it fenced them) left nothing of a checkpoint here: its
+    /// restore is under way, but this says no, and the next chief may start afresh again.
+    pub fn restoring_shards(&self) -> bool {
+        self.restoring && !self.restoring_afresh
     }
 
     /// The low watermark known here (see [`Self::handle_finished_below`]).
@@ -922,7 +942,7 @@ mod tests {
                 ..
             })
         ));
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         assert!(matches!(
             ps.handle_assign("w", vec![0.0; 2]),
             Err(PsError::AssignDuringRestore { .. })
@@ -1037,7 +1057,7 @@ mod tests {
         // slots by its own optimizer: the scope's Adagrad slots restore its variable, and a
         // variable restored with slots its optimizer does not keep is refused, nothing changed.
         let exported = ps.variable("emb/part_0").unwrap().slots().clone();
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         ps.handle_restore("emb/part_0", vec![2, 2], vec![0.5; 4], exported, 2)
             .unwrap();
         assert_eq!(ps.pull("emb/part_0").unwrap(), &[0.5; 4]);
@@ -1106,7 +1126,7 @@ mod tests {
         assert_eq!(ps.pull("deep").unwrap(), &[-1.125]);
         assert_eq!(ps.pull("wide/part_0").unwrap(), &[-1.75]);
         // Restored at update count 1, the scope's variable goes on at the rate of step 1.
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         let slots = Optimizer::sgd(9.0).new_slots("wide/part_0", 1);
         ps.handle_restore("wide/part_0", vec![1], vec![0.0], slots, 1)
             .unwrap();
@@ -1317,7 +1337,7 @@ mod tests {
             .handle_restore("w", vec![2], vec![0.0; 2], slots.clone(), 0)
             .unwrap_err();
         assert!(matches!(err, PsError::NotRestoring { .. }), "{err}");
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         let err = ps
             .handle_restore("w", vec![2], vec![0.0; 2], slots, u64::MAX)
             .unwrap_err();
@@ -1430,7 +1450,7 @@ mod tests {
         for c in 0..5 {
             ps.handle_push(origin(0, 1, c, 1), &grads).unwrap();
         }
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         // Sent before the restore began, arrives during it: ignored (older generation).
         ps.handle_finished_below(ClosureId(5), 0);
         ps.handle_roll_back(ClosureId(2), 1);
@@ -1451,6 +1471,32 @@ mod tests {
         assert_eq!(ps.applied_ids_held(), 0);
     }
 
+    /// A chief's start afresh closes the server to pushes as any restore does, but writes no
+    /// checkpoint's shard: cut short (a server lost while the chief fenced them), it leaves
+    /// nothing a later chief must take for a checkpoint restored part way. A checkpoint's
+    /// restore under way does, until its roll-back.
+    #[test]
+    fn a_start_afresh_under_way_holds_no_checkpoints_shards() {
+        let mut ps = store();
+        let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
+        ps.handle_begin_restore(1, &[], true);
+        assert_eq!(ps.generation(), (1, true));
+        assert!(!ps.restoring_shards());
+        assert_eq!(
+            ps.handle_push(origin_in(0, 1, 0, 1), &grads).unwrap(),
+            PushOutcome::Stale,
+            "a start afresh under way refuses pushes"
+        );
+        ps.handle_begin_restore(2, &[], false);
+        assert!(ps.restoring_shards());
+        ps.handle_roll_back(ClosureId(0), 2);
+        assert_eq!(ps.generation(), (2, false));
+        assert!(!ps.restoring_shards());
+        // A start afresh after a checkpoint's restore says so again.
+        ps.handle_begin_restore(3, &[], true);
+        assert!(!ps.restoring_shards());
+    }
+
     /// PS-1 across a restore: nothing applies between the begin of a restore and its
     /// roll-back, and a push sent before the restore (older generation) never applies after
     /// it, though its closure's id was forgotten by the roll-back.
@@ -1462,7 +1508,7 @@ mod tests {
             ps.handle_push(origin_in(0, 1, 3, 0), &grads).unwrap(),
             PushOutcome::Applied
         );
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         assert_eq!(ps.generation(), (1, true));
         for generation in [0, 1] {
             assert_eq!(
@@ -1476,7 +1522,7 @@ mod tests {
         ps.handle_restore("w", vec![2], vec![1.0, 1.0], slots, 0)
             .unwrap();
         // Older generations change nothing.
-        ps.handle_begin_restore(0, &[]);
+        ps.handle_begin_restore(0, &[], false);
         ps.handle_roll_back(ClosureId(0), 0);
         assert_eq!(ps.generation(), (1, true));
         ps.handle_roll_back(ClosureId(3), 1);
@@ -1506,7 +1552,7 @@ mod tests {
     #[test]
     fn fence_1_a_restored_server_knows_the_fences() {
         let mut ps = ParameterStore::new(Optimizer::sgd(0.5)).unwrap();
-        ps.handle_begin_restore(2, &[(0, 3), (1, 1)]);
+        ps.handle_begin_restore(2, &[(0, 3), (1, 1)], false);
         let slots = ps.optimizer().new_slots("w", 2);
         ps.handle_restore("w", vec![2], vec![1.0, 1.0], slots, 0)
             .unwrap();
@@ -1535,7 +1581,7 @@ mod tests {
         ps.handle_push(origin(0, 1, 7, 1), &grads).unwrap();
         ps.handle_finished_below(ClosureId(9), 0);
         assert_eq!(ps.next_free_closure_id(), 9);
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         ps.handle_roll_back(ClosureId(4), 1);
         assert_eq!(ps.finished_below(), ClosureId(4));
         assert_eq!(ps.next_free_closure_id(), 9);
@@ -1549,7 +1595,7 @@ mod tests {
     fn ps_1_restore_messages_delivered_again_change_nothing() {
         let mut ps = store();
         let grads = vec![("w".to_string(), Gradient::Dense(vec![1.0, 1.0].into()))];
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         let slots = ps.optimizer().new_slots("w", 2);
         ps.handle_restore("w", vec![2], vec![0.0, 0.0], slots.clone(), 0)
             .unwrap();
@@ -1559,7 +1605,7 @@ mod tests {
         let after = ps.pull("w").unwrap().to_vec();
         // The same roll-back, begin and restore again.
         ps.handle_roll_back(ClosureId(3), 1);
-        ps.handle_begin_restore(1, &[]);
+        ps.handle_begin_restore(1, &[], false);
         assert!(matches!(
             ps.handle_restore("w", vec![2], vec![0.0, 0.0], slots, 0),
             Err(PsError::NotRestoring { .. })

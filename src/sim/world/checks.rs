@@ -129,7 +129,9 @@ impl World<'_> {
         let kept = self.workers[w as usize].kept;
         let expected = kept
             .or_else(|| {
-                restore.and_then(|(_, stored)| self.storage[*stored].positions.get(&w).copied())
+                restore.and_then(|(_, stored)| {
+                    stored.and_then(|stored| self.storage[stored].positions.get(&w).copied())
+                })
             })
             .unwrap_or(0);
         if read != expected {

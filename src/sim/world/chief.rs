@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::super::outcome::{self, ExpectedEnd, UnexpectedEnd};
+use super::super::outcome::{self, UnexpectedEnd};
 use super::super::Node;
 use super::storage::PendingWrite;
 use super::{Event, ProcState, World};
@@ -23,6 +23,9 @@ pub(super) struct Chief {
     pub(super) saves: u32,
     /// Restores at start-up that failed (each one restarts the chief).
     pub(super) startup_failures: u32,
+    /// The servers this chief incarnation's cluster spec names (`0..spec_servers`): where
+    /// its program places its variables (`job::layouts`).
+    pub(super) spec_servers: u32,
     /// Per read of a cut and server, the snapshot its newest shard read returned, with the
     /// read's attempt (the harness's record of what the saved state holds, PS-1).
     pub(super) read: BTreeMap<(CutTicket, u32, String), (u32, usize)>,
@@ -116,6 +119,7 @@ impl World<'_> {
                 if self.now < *at {
                     return;
                 }
+                self.create_variables();
                 self.start_from_checkpoint();
             }
             ChiefPhase::Restoring { .. } => {}
@@ -214,15 +218,12 @@ impl World<'_> {
                 self.chief_resumes += 1;
             }
             (Ok(None), None) => {
-                // Afresh: the simulated program creates no variable, so a server that lost
-                // its own (restarted before any checkpoint) cannot be trained.
-                if self.servers.iter().all(|s| s.out || s.store.serving()) {
-                    self.chief.scheduled = 0;
-                    self.chief.batches = 0;
-                    self.chief.phase = ChiefPhase::Save;
-                } else {
-                    self.end_early(Ok(ExpectedEnd::ChiefWithoutCheckpoint));
-                }
+                // Afresh, over the variables the program created before its start. A server
+                // that restarted since holds none: the coordinator finds it lost when a
+                // closure reads it, as the real one does.
+                self.chief.scheduled = 0;
+                self.chief.batches = 0;
+                self.chief.phase = ChiefPhase::Save;
             }
             (Ok(step), stored) => {
                 let detail =
@@ -236,6 +237,22 @@ impl World<'_> {
                     return;
                 }
                 self.kill(Node::Chief);
+            }
+        }
+    }
+
+    /// The program's variables, created as a real chief program creates them before its start
+    /// (`ServerModel::create_variables`, then `restore_checkpoint`): variable `v` on server
+    /// `v % spec_servers`, on each server that is up and does not hold it (one restarted since
+    /// the last start holds none); a server that holds it keeps it. A server down now gets
+    /// none (the real creation waits for it; here the start's probes find it as they find one
+    /// that restarted just after the creation).
+    fn create_variables(&mut self) {
+        let servers = self.chief.spec_servers.max(1);
+        for v in 0..self.config.num_ps {
+            let p = &mut self.servers[(v % servers) as usize];
+            if p.state == ProcState::Up && !p.out {
+                p.create_variable(v);
             }
         }
     }

@@ -103,8 +103,16 @@ pub(super) struct World<'a> {
     dispatched: BTreeSet<u64>,
     /// Closures committed before the checkpoint the live chief incarnation resumed from.
     committed_before: BTreeSet<u64>,
-    /// DATA-1: per restore generation, the stored checkpoint its shards came from.
-    restored_from: BTreeMap<u64, usize>,
+    /// Whether a server ever applied a closure's push or began a restore of a checkpoint's
+    /// shards: the harness's own record of whether a chief without a checkpoint may find
+    /// servers it must count as trained
+    /// ([`ExpectedEnd::ChiefWithoutCheckpoint`](super::outcome::ExpectedEnd)'s cause).
+    servers_trained: bool,
+    /// DATA-1: per restore generation, the stored checkpoint its shards came from (`None`: a
+    /// chief's start afresh, which puts every worker at the start of its data). A generation
+    /// is a chief incarnation's: a later chief over servers that restarted may open one a dead
+    /// chief used, and the newest begin of it counts.
+    restored_from: BTreeMap<u64, Option<usize>>,
     /// The checkpoints restores send to the servers, by stored index (as the restore read
     /// them).
     restoring: BTreeMap<usize, Arc<Checkpoint>>,
@@ -266,6 +274,7 @@ impl<'a> World<'a> {
                 phase: ChiefPhase::Save,
                 saves: 0,
                 startup_failures: 0,
+                spec_servers: config.num_ps,
                 read: BTreeMap::new(),
                 background: None,
             },
@@ -275,6 +284,7 @@ impl<'a> World<'a> {
             snapshots: Vec::new(),
             dispatched: BTreeSet::new(),
             committed_before: BTreeSet::new(),
+            servers_trained: false,
             restored_from: BTreeMap::new(),
             restoring: BTreeMap::new(),
             chief_resumes: 0,
@@ -358,7 +368,8 @@ impl<'a> World<'a> {
     /// The job ends without finishing: with an expected end whose cause the scenario bears
     /// out, or else a violation (`END`): an error no documented end explains.
     fn end_early(&mut self, end: Result<ExpectedEnd, UnexpectedEnd>) {
-        match end.and_then(|end| end.cause_holds(self.scenario).map(|()| end)) {
+        let trained = self.servers_trained;
+        match end.and_then(|end| end.cause_holds(self.scenario, trained).map(|()| end)) {
             Ok(end) => self.ended = Some(Err(end)),
             Err(unexpected) => self.violate("END", unexpected.to_string()),
         }

@@ -138,6 +138,7 @@ pub(super) enum Req {
     Begin {
         generation: u64,
         fences: Vec<(u32, u64)>,
+        afresh: bool,
     },
     Shards {
         stored: usize,

@@ -397,6 +397,7 @@ impl World<'_> {
         self.chief_state = ProcState::Up;
         let servers = self.running_servers().len() as u32;
         self.coord = new_coordinator(self.config, servers);
+        self.chief.spec_servers = servers;
         self.committed_before.clear();
         self.chief.phase = ChiefPhase::Starting(self.now);
         let chief = self.chief_incarnation;

@@ -57,15 +57,26 @@ impl PsProc {
             p.store = new_store().with_incarnation(1);
             p.state = ProcState::Up;
             p.out = false;
-            p.store
-                .handle_create(&variable(ps), vec![WIDTH], initial(ps))
-                .expect("a fresh store takes a new variable");
-            p.rows.insert(variable(ps), 0..WIDTH);
-            for row in 0..WIDTH {
-                p.history.insert((variable(ps), row), Vec::new());
-            }
+            p.create_variable(ps);
         }
         p
+    }
+
+    /// Creates variable `v` ([`variable`]) whole here with its initial value, as the chief
+    /// program's creation does; one this server holds already is left as it is (a real
+    /// server's creation of a variable it holds with the same shape changes nothing).
+    pub(super) fn create_variable(&mut self, v: u32) {
+        let name = variable(v);
+        if self.rows.contains_key(&name) {
+            return;
+        }
+        self.store
+            .handle_create(&name, vec![WIDTH], initial(v))
+            .expect("a store takes a new variable of the job's width");
+        for row in 0..WIDTH {
+            self.history.insert((name.clone(), row), Vec::new());
+        }
+        self.rows.insert(name, 0..WIDTH);
     }
 }
 
@@ -142,6 +153,7 @@ impl World<'_> {
         let gradients = push.decode_gradients(blobs).ok()?;
         let outcome = p.store.handle_push(origin, &gradients).ok()?;
         if outcome == PushOutcome::Applied {
+            self.servers_trained = true;
             let closure = origin.closure.0;
             let now_at = (p.incarnation, p.store.generation().0);
             let key = (origin.worker, origin.incarnation, closure, origin.attempt);
@@ -184,7 +196,7 @@ impl World<'_> {
                 incarnation: p.incarnation,
                 serving: p.store.serving(),
                 generation: p.store.generation().0,
-                restoring: p.store.generation().1,
+                restoring: p.store.restoring_shards(),
                 next_free: p.store.next_free_closure_id(),
             },
             Req::Fence {
@@ -201,8 +213,15 @@ impl World<'_> {
             Req::Hello => Resp::Hello {
                 incarnation: p.incarnation,
             },
-            Req::Begin { generation, fences } => {
-                p.store.handle_begin_restore(generation, &fences);
+            Req::Begin {
+                generation,
+                fences,
+                afresh,
+            } => {
+                p.store.handle_begin_restore(generation, &fences, afresh);
+                // A restore of a checkpoint's shards that began here may have written some:
+                // a new chief without that checkpoint cannot tell, and counts it as trained.
+                self.servers_trained |= !afresh;
                 Resp::Done
             }
             Req::Shards { stored, layouts } => self.restore_shards(ps, stored, layouts),

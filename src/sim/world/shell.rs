@@ -244,7 +244,8 @@ impl World<'_> {
                 );
             }
             // The program's wait for a configuration: the simulated chief configures once,
-            // before any worker is up; and it creates no variable (below).
+            // before any worker is up; and it creates its variables on the servers directly
+            // at each start (`World::create_variables`), not through the coordinator (below).
             Answer::Configured { .. } | Answer::VariableCreated { .. } => {}
         }
     }
@@ -380,9 +381,13 @@ impl World<'_> {
                 // DATA-1 at seed 15001485 of 1 server, 2 workers and up to 12 faults: a drain's
                 // kept position outlived two chief restarts whose restores only rolled back).
                 self.forget_drained_positions();
+                if msg.afresh {
+                    self.restored_from.insert(msg.generation, None);
+                }
                 Req::Begin {
                     generation: msg.generation,
                     fences: msg.fences,
+                    afresh: msg.afresh,
                 }
             }
             Request::RestoreShards {
@@ -394,7 +399,7 @@ impl World<'_> {
                 let stored = checkpoint.0.step as usize;
                 self.forget_drained_positions();
                 if let Route::Restore { generation, .. } = route {
-                    self.restored_from.insert(*generation, stored);
+                    self.restored_from.insert(*generation, Some(stored));
                 }
                 self.restoring.insert(stored, Arc::clone(&checkpoint.0));
                 Req::Shards { stored, layouts }
