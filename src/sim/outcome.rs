@@ -36,8 +36,9 @@ pub enum ExpectedEnd {
     /// A new chief found no checkpoint that verifies, while the servers had trained: it
     /// cannot resume, and must not start afresh. Its cause: the chief was lost (killed,
     /// preempted, paused or cut off, or crashed in a save), no stored checkpoint verified at
-    /// its start, and a server had applied a closure or begun a restore of a checkpoint's shards
-    /// (a start afresh cut short does neither, and the next chief starts afresh).
+    /// its start, and a server had applied a closure, taken a watermark above closure 0 or begun
+    /// a restore of a checkpoint's shards (a start afresh cut short does none of these, and the
+    /// next chief starts afresh).
     ChiefWithoutCheckpoint,
     /// A new chief's start could not restore the servers: server `ps` was lost or did not
     /// answer at every attempt. Its cause: the chief was lost, and `ps` was hit by a fault.
@@ -83,9 +84,10 @@ impl ExpectedEnd {
     }
 
     /// Whether `scenario` bears out this end's cause: `Err` says what is missing.
-    /// `servers_trained`: whether a server ever applied a closure or began a restore of a
-    /// checkpoint's shards (the harness's record): a chief without a checkpoint over servers
-    /// that never did may start afresh, and failing to is no expected end.
+    /// `servers_trained`: whether a server ever applied a closure, took a watermark above
+    /// closure 0 or began a restore of a checkpoint's shards (the harness's record): a chief
+    /// without a checkpoint over servers that never did may start afresh, and failing to is no
+    /// expected end.
     pub(super) fn cause_holds(
         &self,
         scenario: &Scenario,

@@ -1204,3 +1204,14 @@ fn a_start_afresh_at_a_generation_a_dead_chief_restored_puts_the_workers_at_the_
 fn a_chief_dead_mid_restore_of_a_preemption_cut_is_an_expected_end() {
     seeds_break_nothing((2, 3, 6), &[17_008_279, 17_009_409]);
 }
+
+/// A harness gap, not a cohort bug (`DATA-1`; seed 17403745 of 1 server, 2 workers and up to
+/// 12 faults): a worker whose drain the chief finished (its position read and kept) was retired
+/// as fenced before it took the answer, restarted and joined; the chief set its new process up
+/// at the kept position, as it must, while the harness kept a position only once a process
+/// exited as drained and expected the restore's. The harness now keeps it when the chief's
+/// drain finishes.
+#[test]
+fn a_drained_worker_retired_before_it_took_the_answer_rejoins_at_the_kept_position() {
+    seeds_break_nothing((1, 2, 12), &[17_403_745]);
+}

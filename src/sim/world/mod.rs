@@ -103,7 +103,8 @@ pub(super) struct World<'a> {
     dispatched: BTreeSet<u64>,
     /// Closures committed before the checkpoint the live chief incarnation resumed from.
     committed_before: BTreeSet<u64>,
-    /// Whether a server ever applied a closure's push or began a restore of a checkpoint's
+    /// Whether a server ever applied a closure's push, took a watermark above closure 0 (ids
+    /// given out, which no new chief may give out again) or began a restore of a checkpoint's
     /// shards: the harness's own record of whether a chief without a checkpoint may find
     /// servers it must count as trained
     /// ([`ExpectedEnd::ChiefWithoutCheckpoint`](super::outcome::ExpectedEnd)'s cause).

@@ -208,6 +208,8 @@ impl World<'_> {
             }
             Req::Watermark { below, generation } => {
                 p.store.handle_finished_below(ClosureId(below), generation);
+                // Closure ids below it were given out: a new chief must not give them out again.
+                self.servers_trained |= below > 0;
                 Resp::Done
             }
             Req::Hello => Resp::Hello {

@@ -574,6 +574,64 @@ fn a_start_without_a_checkpoint_is_afresh_only_over_untouched_servers() {
     );
 }
 
+/// With no checkpoint, a server that holds nothing where this chief created a variable's shard,
+/// beside one that holds them, restarted after the creation: the start fails as a server lost
+/// at start (the chief's restart creates the variables again) instead of training over a
+/// server that would be found lost with nothing to restore it from. A server with no shard
+/// placed on it may be empty.
+#[test]
+fn a_start_afresh_over_a_server_emptied_after_the_creation_is_a_server_lost_at_start() {
+    let t = Instant::now();
+    let serving = |ps| ServerProbe {
+        serving: true,
+        ..probe(ps, 1, 0, 0)
+    };
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(2);
+    let mut created = setup(&[("ids", 0)]);
+    created.layouts = vec![two_shards()];
+    s.handle_configure(created);
+    let ticket = s.handle_start(t, None, PathBuf::from("ckpts")).unwrap();
+    drain(&mut s);
+    s.handle_server_probed(t, ticket, 0, Ok(serving(0)));
+    s.handle_server_probed(t, ticket, 1, Ok(probe(1, 2, 0, 0)));
+    match start_finished_typed(&drain(&mut s)) {
+        Some(Err(StartFailure::ServerLost { ps: 1, reason })) => {
+            assert!(
+                reason.contains("restarted after their creation"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Nothing placed on ps/1: its being empty is no loss.
+    let mut s = Scheduler::new(SchedulerConfig::default()).with_servers(2);
+    let mut created = setup(&[("ids", 0)]);
+    created.layouts = vec![Layout {
+        shards: vec![Shard { ps: 0, rows: 0..4 }],
+        ..two_shards()
+    }];
+    s.handle_configure(created);
+    let ticket = s.handle_start(t, None, PathBuf::from("ckpts")).unwrap();
+    drain(&mut s);
+    s.handle_server_probed(t, ticket, 0, Ok(serving(0)));
+    s.handle_server_probed(t, ticket, 1, Ok(probe(1, 2, 0, 0)));
+    let begun = drain(&mut s)
+        .iter()
+        .any(|a| matches!(a, SchedulerAction::Restore(RestoreCall::Begin { .. })));
+    assert!(
+        begun,
+        "ps/0 holds variables: the start afresh fences them first"
+    );
+}
+
+fn start_finished_typed(actions: &[SchedulerAction]) -> Option<Result<Option<u64>, StartFailure>> {
+    actions.iter().find_map(|a| match a {
+        SchedulerAction::RestoreFinished { result, .. } => Some(result.clone()),
+        _ => None,
+    })
+}
+
 /// Over servers that hold variables (a chief restarted before any checkpoint), a start afresh
 /// first opens a generation of its own on every server (an earlier chief's push, held by a
 /// paused worker, is refused from then on) and rewinds the workers, then probes again: afresh

@@ -547,25 +547,44 @@ impl Scheduler {
             let trained = probes
                 .iter()
                 .find(|p| p.next_free_closure_id > 0 || p.restoring);
-            let result = match trained {
-                Some(p) => Err(StartFailure::TrainedWithoutCheckpoint {
+            // A server that holds nothing where this chief created variables, beside servers
+            // that hold them, restarted since their creation: training would find it lost with
+            // no checkpoint to restore it from. A restarted chief creates them again (found by
+            // the simulator once its chief program created its variables before each start: a
+            // server killed between the creation and the probes, and the program's first save
+            // then waited for it). Where no server holds anything, nothing tells a program
+            // that restores before it creates from servers that all restarted: as before.
+            let any_serving = probes.iter().any(|p| p.serving);
+            let emptied = probes.iter().find(|p| {
+                any_serving && !p.serving && self.holds_shards_of_created_variables(p.ps)
+            });
+            let result = match (trained, emptied) {
+                (Some(p), _) => Err(StartFailure::TrainedWithoutCheckpoint {
                     root: start.root.clone(),
                     ps: p.ps,
                     next_free_closure_id: p.next_free_closure_id,
                     generation: p.generation,
+                }),
+                (None, Some(p)) => Err(StartFailure::ServerLost {
+                    ps: p.ps,
+                    reason: format!(
+                        "it holds none of the variables this chief created on it (incarnation \
+                         {} restarted after their creation); a restarted chief creates them again",
+                        p.incarnation
+                    ),
                 }),
                 // Servers that hold variables may yet take a push of a closure an earlier
                 // chief dispatched (its worker paused): a generation of this chief's own
                 // refuses those first (found by the simulator: seed 19028587 of 1 worker, 1
                 // server and 14 faults, where such a push applied after the probes and the new
                 // chief gave its closure id out again).
-                None if !start.verifying && probes.iter().any(|p| p.serving) => {
+                (None, None) if !start.verifying && probes.iter().any(|p| p.serving) => {
                     match self.fence_fresh_start(now, ticket, start.root, &probes) {
                         Ok(()) => return,
                         Err(e) => Err(e),
                     }
                 }
-                None => Ok(None),
+                (None, None) => Ok(None),
             };
             self.start.ended_well = result.is_ok();
             self.actions
@@ -583,6 +602,14 @@ impl Scheduler {
                 result: Err(e),
             });
         }
+    }
+
+    /// Whether a variable this chief created (the setup's layouts) has a shard on server `ps`.
+    fn holds_shards_of_created_variables(&self, ps: u32) -> bool {
+        self.setup
+            .layouts
+            .iter()
+            .any(|l| l.shards.iter().any(|s| s.ps == ps))
     }
 
     /// A start afresh over servers that hold variables: a restore run with no checkpoint
