@@ -116,10 +116,15 @@ impl World<'_> {
             }
             ChiefPhase::Saving { .. } | ChiefPhase::Writing(_) => {}
             ChiefPhase::Starting(at) => {
-                if self.now < *at {
+                let at = *at;
+                if self.now < at {
                     return;
                 }
-                self.create_variables();
+                // The real creation asks a server that cannot be reached again until it is
+                // back, bounded by the wait for a lost server; the start comes after it.
+                if !self.create_variables() && self.now < at + self.config.ps_restart_wait {
+                    return;
+                }
                 self.start_from_checkpoint();
             }
             ChiefPhase::Restoring { .. } => {}
@@ -244,17 +249,24 @@ impl World<'_> {
     /// The program's variables, created as a real chief program creates them before its start
     /// (`ServerModel::create_variables`, then `restore_checkpoint`): variable `v` on server
     /// `v % spec_servers`, on each server that is up and does not hold it (one restarted since
-    /// the last start holds none); a server that holds it keeps it. A server down now gets
-    /// none (the real creation waits for it; here the start's probes find it as they find one
-    /// that restarted just after the creation).
-    fn create_variables(&mut self) {
+    /// the last start holds none); a server that holds it keeps it. Whether every server the
+    /// variables go to is up (created on, or holding them): a server down or paused now is
+    /// asked again later, as the real creation asks again until it is back.
+    fn create_variables(&mut self) -> bool {
         let servers = self.chief.spec_servers.max(1);
+        let mut all = true;
         for v in 0..self.config.num_ps {
             let p = &mut self.servers[(v % servers) as usize];
-            if p.state == ProcState::Up && !p.out {
+            if p.out {
+                continue;
+            }
+            if p.state == ProcState::Up {
                 p.create_variable(v);
+            } else {
+                all = false;
             }
         }
+        all
     }
 
     /// The new chief incarnation's start, as the real program's `restore_checkpoint`: the
