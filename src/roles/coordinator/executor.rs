@@ -874,18 +874,7 @@ fn restore_call(restore: RestoreCall) -> Effect {
             fences,
             afresh,
         } => {
-            if afresh {
-                // A start afresh: nothing was lost, and nothing is read back.
-                tracing::info!(
-                    "restore generation {generation}: ps/{ps} (incarnation {incarnation}) starts \
-                     afresh (no checkpoint; an earlier chief's pushes are refused from now on)"
-                );
-            } else {
-                tracing::warn!(
-                    "restore generation {generation}: ps/{ps} (incarnation {incarnation}) is \
-                     restored from a checkpoint with every other server"
-                );
-            }
+            log_begin(ps, incarnation, generation, afresh);
             let msg = BeginRestore {
                 generation,
                 fences,
@@ -968,6 +957,22 @@ fn restore_call(restore: RestoreCall) -> Effect {
         bound: None,
         route: Route::Restore { generation, step },
     })
+}
+
+/// Says what a restore's begin on server `ps` is: a start afresh (nothing was lost, and nothing
+/// is read back), or a restore from a checkpoint.
+fn log_begin(ps: u32, incarnation: u64, generation: u64, afresh: bool) {
+    if afresh {
+        tracing::info!(
+            "restore generation {generation}: ps/{ps} (incarnation {incarnation}) starts afresh \
+             (no checkpoint; an earlier chief's pushes are refused from now on)"
+        );
+    } else {
+        tracing::warn!(
+            "restore generation {generation}: ps/{ps} (incarnation {incarnation}) is restored \
+             from a checkpoint with every other server"
+        );
+    }
 }
 
 /// Hands a call's outcome (`outcome`: what came back, or why nothing did) to the machine
