@@ -113,6 +113,31 @@ impl FinalModel {
             digest: hex::encode(&hash.finalize()[..8]),
         }
     }
+
+    /// The model of `variables` after `step` steps ([`FinalModel::of`] of their names and
+    /// values, a variable of another type than f32 read as f32), in the order given: a
+    /// program's final model as Keras' `fit` and cohort's Python package report it.
+    pub fn of_variables(
+        step: u64,
+        variables: &[crate::variable::Variable],
+    ) -> Result<Self, candle_core::Error> {
+        let mut values = Vec::with_capacity(variables.len());
+        for variable in variables {
+            let flat = variable
+                .read_value()
+                .flatten_all()
+                .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(|e| {
+                    candle_core::Error::Msg(format!("variable {:?}: {e}", variable.name()))
+                })?;
+            values.push((variable.name().to_string(), flat));
+        }
+        Ok(Self::of(
+            step,
+            values.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+        ))
+    }
 }
 
 /// One generation of a MultiWorkerMirrored group (one formation: its membership epoch), as
@@ -210,7 +235,7 @@ pub(crate) fn written() -> bool {
 }
 
 /// Whether a report is asked for ([`RUN_REPORT_DIR_ENV`] is set).
-pub(crate) fn asked() -> bool {
+pub fn asked() -> bool {
     std::env::var_os(RUN_REPORT_DIR_ENV).is_some_and(|dir| !dir.is_empty())
 }
 
@@ -309,6 +334,24 @@ fn read_one(path: &Path) -> Result<TaskReport, RunReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_final_models_digest_follows_the_variables_bits_and_names() {
+        use candle_core::{Device, Tensor};
+        let var = |name: &str, values: &[f32]| {
+            let tensor = Tensor::new(values, &Device::Cpu).unwrap();
+            crate::variable::Variable::new(name, tensor).unwrap()
+        };
+        let a = FinalModel::of_variables(5, &[var("w", &[1.0, 2.0]), var("b", &[0.5])]).unwrap();
+        let same = FinalModel::of_variables(5, &[var("w", &[1.0, 2.0]), var("b", &[0.5])]).unwrap();
+        let other_bits =
+            FinalModel::of_variables(5, &[var("w", &[1.0, 2.000_001]), var("b", &[0.5])]);
+        let other_name = FinalModel::of_variables(5, &[var("v", &[1.0, 2.0]), var("b", &[0.5])]);
+        assert_eq!(a, same);
+        assert_eq!(a.step, 5);
+        assert_ne!(a.digest, other_bits.unwrap().digest);
+        assert_ne!(a.digest, other_name.unwrap().digest);
+    }
 
     /// A report written before group generations were so named (`membership_epochs`, each
     /// with an `epoch`) reads as one of today's.

@@ -296,11 +296,53 @@ fn fit_trains_the_same_under_multi_worker_mirrored() {
     // (worker 0's two replicas get slices 0 and 2), as TensorFlow does, so a slice meets
     // another replica's dropout mask than under one replica.
     let default = fit_five_epochs(DefaultStrategy::new(), 0.0);
-    let workers: Vec<Trained> =
-        mwms_support::process_pair("keras-fit", "keras_mwms_worker_process");
+    let reports = scratch("fit-reports");
+    let workers: Vec<Trained> = mwms_support::process_pair_reporting(
+        "keras-fit",
+        "keras_mwms_worker_process",
+        Some(&reports),
+    );
     for (i, worker) in workers.iter().enumerate() {
         assert_eq!(worker.step, default.step, "worker {i}'s steps");
         assert_close(&default, worker, &format!("MultiWorkerMirrored worker {i}"));
+    }
+    fit_reported_one_model_as_the_chaos_runner_reads_it(&reports, default.step);
+}
+
+/// What `fit` under MultiWorkerMirrored left in the workers' run reports (`reports`), with no
+/// code of the program's own: a collective job, the same final model from both workers at
+/// `step`, and the first worker's group generations, which `cohort chaos run`'s checks pass.
+fn fit_reported_one_model_as_the_chaos_runner_reads_it(reports: &std::path::Path, step: u64) {
+    use cohort::chaosrun::{membership_check, one_model_check, plan::Plan, run::ReportedSummary};
+    let (read, errors) = cohort::run_report::read_reports(reports);
+    assert!(errors.is_empty(), "{errors:?}");
+    let names: Vec<&String> = read.keys().collect();
+    assert_eq!(names, ["worker/0", "worker/1"], "the reports: {read:?}");
+    for report in read.values() {
+        assert!(report.collective, "{report:?}");
+        let model = report.final_model.as_ref().expect("a final model");
+        assert_eq!(model.step, step, "{report:?}");
+    }
+    let digests: Vec<&str> = read
+        .values()
+        .filter_map(|r| r.final_model.as_ref().map(|m| m.digest.as_str()))
+        .collect();
+    assert_eq!(digests[0], digests[1], "one model on both workers");
+    let generations: Vec<(u64, u64, u64)> = read["worker/0"]
+        .group_generations
+        .iter()
+        .map(|g| (g.generation, g.workers, g.from_step))
+        .collect();
+    assert_eq!(generations, [(1, 2, 0)]);
+    assert!(read["worker/1"].group_generations.is_empty());
+    let plan = Plan::parse(std::path::Path::new("plan.toml"), "seed = 1\n").unwrap();
+    let group = ReportedSummary::gather(&read, &errors).group;
+    assert!(group.is_collective());
+    for check in [
+        one_model_check(&plan, &group),
+        membership_check(&plan, &group),
+    ] {
+        assert_eq!(check.status, "passed", "{check:?}");
     }
 }
 

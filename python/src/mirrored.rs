@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cohort::candle::{Device, Tensor};
-use cohort::run_report::{write_report, FinalModel, GroupGeneration, TaskReport};
+use cohort::run_report::FinalModel;
 use cohort::strategy::{
     ElasticState, GroupChange, Leave, MultiWorkerMirrored, PerReplica, ReduceOp, SaveStateError,
     Strategy,
@@ -38,9 +38,6 @@ struct Mirrored {
     strategy: MultiWorkerMirrored,
     variables: Vec<Variable>,
     optimizer: Option<DistributedOptimizer>,
-    /// What this task reports of the job (`cohort::run_report`): written as it starts, and
-    /// with its final model as the script ends.
-    report: TaskReport,
     /// The step training stands at, as the loop last said (`at_step_boundary`, `recover`).
     step: u64,
     /// This worker left the group (preempted, drained, or left out): it has no final model.
@@ -52,38 +49,16 @@ struct Mirrored {
 }
 
 impl Mirrored {
-    /// Records a new generation of the group, from `from_step`, in the report.
-    fn record_generation(&mut self, generation: u64, from_step: u64) {
-        self.report.group_generations.push(GroupGeneration {
-            generation,
-            workers: self.strategy.num_workers() as u64,
-            from_step,
-        });
-    }
-
-    /// Writes the report with this worker's final model (and, on the chief, the group's
-    /// generations), unless it left the group.
+    /// Writes this worker's final model into its run report (`cohort::run_report`, which
+    /// `cohort chaos run` reads; the strategy wrote that the job is a MultiWorkerMirrored one
+    /// as it was made, and keeps the group's generations), unless it left the group.
     fn report_the_end(&mut self) -> PyResult<()> {
-        if self.left {
+        if self.left || !cohort::run_report::asked() {
             return Ok(());
         }
-        let mut values = Vec::with_capacity(self.variables.len());
-        for variable in &self.variables {
-            let flat = variable
-                .read_value()
-                .flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| CohortError::new_err(format!("{}: {e}", variable.name())))?;
-            values.push((variable.name().to_string(), flat));
-        }
-        self.report.final_model = Some(FinalModel::of(
-            self.step,
-            values.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
-        ));
-        if !self.strategy.is_chief() {
-            self.report.group_generations.clear();
-        }
-        write_report(&self.report);
+        let model = FinalModel::of_variables(self.step, &self.variables)
+            .map_err(|e| CohortError::new_err(e.to_string()))?;
+        self.strategy.report_final_model(model);
         Ok(())
     }
 }
@@ -185,27 +160,11 @@ impl MultiWorker {
         let strategy = py
             .detach(move || MultiWorkerMirrored::new(config).map_err(|e| e.to_string()))
             .map_err(GroupError::new_err)?;
-        // What `cohort chaos run` reads of this task: a MultiWorkerMirrored job from the start.
-        // A process admitted to a live group sees the generations from its admission on.
-        let mut report = TaskReport {
-            collective: true,
-            ..TaskReport::of(strategy.task().to_string())
-        };
-        write_report(&report);
-        let generation = strategy.process_group().generation();
-        if generation <= 1 {
-            report.group_generations.push(GroupGeneration {
-                generation,
-                workers: strategy.num_workers() as u64,
-                from_step: 0,
-            });
-        }
         Ok(Self {
             mirrored: Mutex::new(Some(Mirrored {
                 strategy,
                 variables: Vec::new(),
                 optimizer: None,
-                report,
                 step: 0,
                 left: false,
                 checkpoints: None,
@@ -428,10 +387,8 @@ impl MultiWorker {
             let change = change.map_err(|e| GroupError::new_err(e.to_string()))?;
             m.step = step;
             match &change {
-                Some(GroupChange::Admitted(a)) => m.record_generation(a.generation, a.step),
-                Some(GroupChange::Departed(d)) => m.record_generation(d.generation, d.step),
                 Some(GroupChange::Leaving(_)) => m.left = true,
-                None => {}
+                Some(GroupChange::Admitted(_) | GroupChange::Departed(_)) | None => {}
             }
             Ok(match change {
                 None => (None, step, position, String::new()),
@@ -590,7 +547,6 @@ impl MultiWorker {
                 }
             };
             m.step = r.step;
-            m.record_generation(r.generation, r.step);
             let lost: Vec<String> = r.lost.iter().map(ToString::to_string).collect();
             let detail = format!(
                 "generation {} with {} workers (lost {}: {}); going on from step {} with the state \

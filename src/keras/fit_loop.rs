@@ -779,7 +779,24 @@ impl<'m, N: ModuleT + Send + Sync + 'static> FitLoop<'m, N> {
         if let Some(backup) = self.callbacks.backup() {
             backup.finish(is_chief)?;
         }
+        self.report_final_model()?;
         Ok(self.history)
+    }
+
+    /// Under MultiWorkerMirrored, where `cohort chaos run` asks for a run report: this
+    /// worker's final model (its variables at the last step), which every member must share.
+    fn report_final_model(&mut self) -> Result<(), KerasError> {
+        if !crate::run_report::asked() {
+            return Ok(());
+        }
+        let variables = self.model.variables();
+        let Some(strategy) = self.model.model_strategy().multi_worker() else {
+            return Ok(());
+        };
+        let model = crate::run_report::FinalModel::of_variables(self.step, &variables)
+            .map_err(crate::strategy::StrategyError::from)?;
+        strategy.report_final_model(model);
+        Ok(())
     }
 }
 

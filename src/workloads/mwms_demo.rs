@@ -23,7 +23,7 @@
 //! the launcher gives every task, the printing, and the final evaluation.
 
 use crate::process::stdout::outln;
-use crate::run_report::{write_report, FinalModel, GroupGeneration, TaskReport};
+use crate::run_report::FinalModel;
 use std::time::Instant;
 
 use super::dense_sync::{self, DenseProblem, ElasticEvent, ElasticOptions};
@@ -185,13 +185,6 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
             held_out.len()
         );
     }
-    // What `cohort chaos run` reads of this task, as data: a MultiWorkerMirrored job from
-    // the start, then its final model (and the chief's group generations).
-    let mut report = TaskReport {
-        collective: true,
-        ..TaskReport::of(log.me.to_string())
-    };
-    write_report(&report);
     let seed = 11 + 1000 * strategy.worker_index() as u64;
     // SIGTERM (the launcher's stop, or a preemption) is this worker's notice: it leaves at
     // the next step boundary after the chief saved that step.
@@ -225,11 +218,12 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
     let outcome = run.outcome;
     // Every member's model, for a reader (`cohort chaos run`) to compare: one model.
     outln!("final model: step {steps}, digest {}", outcome.digest());
-    report.final_model = Some(FinalModel {
+    // What `cohort chaos run` reads of this task (the strategy wrote that the job is a
+    // MultiWorkerMirrored one as it was made, and keeps the chief's group generations).
+    strategy.report_final_model(FinalModel {
         step: steps as u64,
         digest: outcome.digest(),
     });
-    write_report(&report);
     // One summary: from the group's first member at the end.
     if !strategy.is_chief() {
         return Ok(());
@@ -241,11 +235,11 @@ pub fn run_task() -> Result<(), MwmsDemoError> {
         held_out: &held_out,
         log: &log,
     };
-    summary.print_and_report(&mut report)
+    summary.print()
 }
 
 /// The chief's summary at the end: the held-out accuracy against its target, the group's
-/// generations (also into the run report) and the last loss.
+/// generations and the last loss.
 struct Summary<'a> {
     started: Instant,
     steps: usize,
@@ -255,12 +249,10 @@ struct Summary<'a> {
 }
 
 impl Summary<'_> {
-    fn print_and_report(&self, report: &mut TaskReport) -> Result<(), MwmsDemoError> {
+    fn print(&self) -> Result<(), MwmsDemoError> {
         let accuracy = held_out_accuracy(self.outcome, self.held_out)?;
         outln!("== summary ({:.1}s)", self.started.elapsed().as_secs_f64());
         self.log.print_generations();
-        report.group_generations = self.log.generations();
-        write_report(report);
         let last_loss = self
             .outcome
             .losses
@@ -550,18 +542,6 @@ impl GroupLog {
                 outln!("    generation {epoch}: {workers} workers from step {step} ({what})");
             }
         }
-    }
-
-    /// The generations as the run report gives them.
-    fn generations(&self) -> Vec<GroupGeneration> {
-        self.generations
-            .iter()
-            .map(|(generation, workers, step, _)| GroupGeneration {
-                generation: *generation,
-                workers: *workers as u64,
-                from_step: *step as u64,
-            })
-            .collect()
     }
 }
 

@@ -72,6 +72,16 @@ pub fn run_if_worker_process<T: serde::Serialize>(worker: impl FnOnce(MultiWorke
 /// [`run_if_worker_process`]), their certificates in a fresh directory; waits for both (at
 /// most [`PROCESS_WAIT_MAX`], then kills them) and returns what each wrote, in worker order.
 pub fn process_pair<T: serde::de::DeserializeOwned>(name: &str, child_test: &str) -> Vec<T> {
+    process_pair_reporting(name, child_test, None)
+}
+
+/// [`process_pair`], the workers writing their run reports (`cohort::run_report`, what
+/// `cohort chaos run` reads) in `reports` where given.
+pub fn process_pair_reporting<T: serde::de::DeserializeOwned>(
+    name: &str,
+    child_test: &str,
+    reports: Option<&Path>,
+) -> Vec<T> {
     let dir = std::env::temp_dir().join(format!("cohort-mwms-proc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -82,14 +92,17 @@ pub fn process_pair<T: serde::de::DeserializeOwned>(name: &str, child_test: &str
         .into_iter()
         .zip(&outs)
         .map(|(tf_config, out)| {
-            Command::new(std::env::current_exe().unwrap())
+            let mut command = Command::new(std::env::current_exe().unwrap());
+            command
                 .args(["--exact", child_test, "--nocapture"])
                 .env("TF_CONFIG", tf_config)
                 .env(CHILD_OUT_ENV, out)
                 .env(CHILD_CERTS_ENV, &dir)
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("start a worker process")
+                .stdin(Stdio::null());
+            if let Some(reports) = reports {
+                command.env(cohort::run_report::RUN_REPORT_DIR_ENV, reports);
+            }
+            command.spawn().expect("start a worker process")
         })
         .collect();
     let deadline = Instant::now() + PROCESS_WAIT_MAX;

@@ -379,6 +379,9 @@ impl MultiWorkerMirrored {
             }
             None => {}
         }
+        if let Some(GroupChange::Leaving(_)) = &change {
+            self.report.left();
+        }
         Ok(change)
     }
 
@@ -557,6 +560,8 @@ impl MultiWorkerMirrored {
                 self.task_states.insert(node.clone(), state);
             }
         }
+        self.report
+            .generation(group.generation(), group.size(), step);
         crate::status::record_group_change(crate::status::GroupChange {
             generation: group.generation(),
             workers: group.size(),

@@ -56,6 +56,7 @@ mod config;
 mod elastic;
 mod placement;
 mod quorum;
+mod report;
 mod vote;
 
 pub(crate) use self::config::metrics_addr_from_env;
@@ -140,6 +141,8 @@ pub struct MultiWorkerMirrored {
     /// Whether the status page's membership changes hold one yet (the first generation is noted
     /// at the first step boundary, which knows its step).
     change_noted: bool,
+    /// This worker's run report for `cohort chaos run` (`report`).
+    report: report::GroupReport,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -190,6 +193,8 @@ impl MultiWorkerMirrored {
             }
         };
         let status_tasks = status_tasks(&config.cluster);
+        let group = span.group();
+        let report = report::GroupReport::start(task.to_string(), group.generation(), group.size());
         let strategy = Self {
             id,
             replicas,
@@ -206,6 +211,7 @@ impl MultiWorkerMirrored {
             status_tasks,
             task_states: std::collections::BTreeMap::new(),
             change_noted: false,
+            report,
             runtime: Some(runtime),
         };
         strategy.publish_status();
@@ -257,6 +263,17 @@ impl MultiWorkerMirrored {
     /// writes checkpoints and summaries.
     pub fn is_chief(&self) -> bool {
         self.worker_index() == 0
+    }
+
+    /// Writes this worker's final `model` into its run report, once training ended here
+    /// (`FinalModel::of_variables` of its variables at the last step): `cohort chaos run`
+    /// checks that every member reports the same model (DATA-1), and reads the group's
+    /// generations from the chief's, which this strategy recorded as they changed. Keras'
+    /// `fit` calls it; a custom training loop calls it at its end. Nothing is written where no
+    /// report is asked for, or where this worker left the group at a step boundary.
+    pub fn report_final_model(&mut self, model: crate::run_report::FinalModel) {
+        let chief = self.is_chief();
+        self.report.final_model(model, chief);
     }
 
     /// The process group of the workers (its generation, members, and the error that broke it).
