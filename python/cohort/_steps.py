@@ -6,13 +6,23 @@ in the strategy's constructor) and sends back the pickled value. This module own
 the checks the chief makes before anything is sent, and the worker's side of a step: the step
 context it lends to ``cohort`` calls made inside the step, and each worker's per-worker
 iterators.
+
+A payload is pickled with protocol 5, the memory of contiguous NumPy arrays and of CPU PyTorch
+tensors (as NumPy arrays) taken out of the pickle stream as out-of-band buffers. It travels as
+one message: a header (the number of buffers, little-endian u32; each buffer's length and the
+stream's, little-endian u64), the stream, and each buffer at the next multiple of
+``_ALIGN`` bytes (so that an array of any dtype is aligned). Going out, the runtime copies each
+part once, into the message; coming in, it lends Python the message itself (``ByteValues``),
+and the arrays unpickled from it are views of it, writable and the receiver's own: no copy.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import io
 import pickle
+import struct
 import sys
 import threading
 import traceback
@@ -25,6 +35,10 @@ from .errors import ArgumentsError, NotInStepError, StepInterrupted, StepNotImpo
 _main_names_at_start: frozenset[str] | None = None
 
 _PICKLE_PROTOCOL = 5
+# Where each out-of-band buffer starts in a payload: a multiple of this many bytes.
+_ALIGN = 64
+# The most out-of-band buffers one payload carries (a header naming more is refused).
+_BUFFERS_MAX = 1 << 16
 
 
 def note_main_names() -> None:
@@ -90,10 +104,98 @@ def resolve(ref: tuple[str, str]) -> Callable[..., Any]:
     return found
 
 
-def encode(ref: tuple[str, str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """The payload of a scheduled step, or ``ArgumentsError`` naming what cannot be pickled."""
+def _tensor_from_numpy(array: Any) -> Any:
+    """A PyTorch tensor viewing ``array`` (how a tensor pickled by :class:`_Pickler` comes
+    back)."""
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol 5, out-of-band: a CPU PyTorch tensor (dense, contiguous, with no gradient to
+    keep) is pickled as the NumPy array of its memory, so that its memory leaves the stream as
+    a NumPy array's does; any other value as ``pickle`` does."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is None or type(obj) is not torch.Tensor:
+            return NotImplemented
+        if (
+            obj.device.type != "cpu"
+            or obj.layout != torch.strided
+            or obj.requires_grad
+            or not obj.is_contiguous()
+        ):
+            return NotImplemented
+        try:
+            array = obj.numpy()
+        except (TypeError, RuntimeError):  # a dtype NumPy has not (bfloat16...)
+            return NotImplemented
+        return (_tensor_from_numpy, (array,))
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+def pack(value: Any) -> list[Any]:
+    """The parts of ``value``'s payload (see the module doc), for the runtime to copy into one
+    message; raises what pickling raises."""
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    _Pickler(stream, protocol=_PICKLE_PROTOCOL, buffer_callback=buffers.append).dump(value)
+    raws = [buffer.raw() for buffer in buffers]
+    data = stream.getbuffer()
+    lengths = [raw.nbytes for raw in raws]
+    header = struct.pack(f"<I{len(raws) + 1}Q", len(raws), *lengths, data.nbytes)
+    parts: list[Any] = [header, data]
+    at = len(header) + data.nbytes
+    for raw in raws:
+        start = _aligned(at)
+        if start > at:
+            parts.append(bytes(start - at))
+        parts.append(raw)
+        at = start + raw.nbytes
+    return parts
+
+
+def unpack(message: Any) -> Any:
+    """The value of a payload (see the module doc), its arrays views of ``message``; a message
+    that does not parse raises ``ValueError`` naming what is wrong."""
+    view = memoryview(message).cast("B")
+    size = view.nbytes
+    if size < 4:
+        raise ValueError(f"a step's payload of {size} bytes is cut short: it has no header")
+    (count,) = struct.unpack_from("<I", view, 0)
+    if count > _BUFFERS_MAX:
+        raise ValueError(
+            f"a step's payload names {count} out-of-band buffers (at most {_BUFFERS_MAX})"
+        )
+    header = 4 + 8 * (count + 1)
+    if size < header:
+        raise ValueError(
+            f"a step's payload of {size} bytes is cut short: its header needs {header}"
+        )
+    *lengths, stream_len = struct.unpack_from(f"<{count + 1}Q", view, 4)
+    at = header + stream_len
+    spans = []
+    for length in lengths:
+        start = _aligned(at)
+        spans.append((start, start + length))
+        at = start + length
+    if at != size:
+        raise ValueError(
+            f"a step's payload of {size} bytes does not hold what its header names ({at} bytes)"
+        )
+    return pickle.loads(view[header : header + stream_len], buffers=[view[a:b] for a, b in spans])
+
+
+def encode(ref: tuple[str, str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The payload's parts of a scheduled step (:func:`pack`), or ``ArgumentsError`` naming
+    what cannot be pickled."""
     try:
-        return pickle.dumps((ref, tuple(args), dict(kwargs)), protocol=_PICKLE_PROTOCOL)
+        return pack((ref, tuple(args), dict(kwargs)))
     except Exception as e:
         for position, arg in enumerate(args):
             if not _picklable(arg):
@@ -118,9 +220,9 @@ def _picklable(value: Any) -> bool:
         return False
 
 
-def decode_value(data: bytes) -> Any:
-    """A step's value, as its worker pickled it."""
-    return pickle.loads(data)
+def decode_value(message: Any) -> Any:
+    """A step's value, as its worker packed it (:func:`unpack`)."""
+    return unpack(message)
 
 
 class _Worker(threading.local):
@@ -148,11 +250,12 @@ def in_step() -> bool:
     return _worker.context is not None
 
 
-def run(context: Any, payload: bytes) -> bytes:
-    """A worker's handler of one step: imports the function, calls it with its arguments and
-    this step's context lent, returns its pickled value. A failure raises with the function's
+def run(context: Any, payload: Any) -> list[Any]:
+    """A worker's handler of one step: imports the function, calls it with its arguments
+    (unpacked from ``payload``, the message the runtime lends) and this step's context lent,
+    returns its value's payload parts (:func:`pack`). A failure raises with the function's
     name and traceback (the chief's ``fetch`` and ``join`` raise it as a ``ClosureError``)."""
-    (ref, args, kwargs) = pickle.loads(payload)
+    (ref, args, kwargs) = unpack(payload)
     name = f"{ref[0]}.{ref[1]}"
     fn = resolve(ref)
     _worker.context = context
@@ -166,7 +269,7 @@ def run(context: Any, payload: bytes) -> bytes:
     finally:
         _worker.context = None
     try:
-        return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
+        return pack(value)
     except Exception as e:
         raise RuntimeError(
             f"step {name}: its value ({type(value).__name__}) cannot be pickled: {e}"

@@ -62,6 +62,9 @@ def step_fn(variables, iterator):
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--steps-per-epoch", type=int, default=5)
+# Checkpoints in COHORT_CHECKPOINT_DIR: one before training and one after each epoch; a lost
+# parameter server is restored from the newest, and a restarted chief resumes there.
+parser.add_argument("--checkpoints", action="store_true")
 args, _ = parser.parse_known_args()
 
 optimizer = cohort.optimizers.Adagrad(learning_rate=0.1)
@@ -85,7 +88,16 @@ with strategy.scope():
 per_worker_dataset = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
 per_worker_iterator = iter(per_worker_dataset)
 
-for epoch in range(args.epochs):
+first_epoch = 0
+if args.checkpoints:
+    restored = coordinator.restore_checkpoint()
+    if restored is None:
+        coordinator.save_checkpoint(0)
+    else:
+        first_epoch = restored // args.steps_per_epoch
+        print(f"Resumed at epoch {first_epoch}.")
+
+for epoch in range(first_epoch, args.epochs):
     results = [
         coordinator.schedule(step_fn, args=(variables, per_worker_iterator))
         for _ in range(args.steps_per_epoch)
@@ -94,6 +106,8 @@ for epoch in range(args.epochs):
     correct = sum(r.fetch()[1] for r in results)
     seen = sum(r.fetch()[2] for r in results)
     print(f"Finished epoch {epoch}, accuracy is {correct / seen:.6f}.")
+    if args.checkpoints:
+        coordinator.save_checkpoint((epoch + 1) * args.steps_per_epoch)
 
 final = coordinator.schedule(step_fn, args=(variables, per_worker_iterator))
 loss, correct, seen = final.fetch()

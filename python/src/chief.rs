@@ -19,9 +19,9 @@ use cohort::variable::Partitioner;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 
-use crate::values::F32Values;
+use crate::values::{concat, ByteValues, F32Values};
 use crate::worker::PYTHON_STEP;
 use crate::{CheckpointError, ClosureError, CohortError, VariableError};
 
@@ -327,9 +327,12 @@ impl Chief {
         })
     }
 
-    /// Queues the Python step `payload` (what `cohort._steps` encodes: the function's module
-    /// and name, its pickled arguments); returns the closure's id.
-    fn schedule(&self, py: Python<'_>, payload: Vec<u8>) -> PyResult<u64> {
+    /// Queues the Python step whose payload is `parts` (what `cohort._steps` encodes: the
+    /// function's module and name, its pickled arguments and their out-of-band buffers, each
+    /// copied once into the message); returns the closure's id.
+    fn schedule(&self, py: Python<'_>, parts: Vec<PyBuffer<u8>>) -> PyResult<u64> {
+        let payload = concat(py, &parts)?;
+        drop(parts);
         self.call(py, move |desk| {
             let value = desk.coordinator.schedule_encoded(PYTHON_STEP, payload)?;
             let id = value.closure_id().0;
@@ -338,15 +341,16 @@ impl Chief {
         })
     }
 
-    /// Waits for closure `closure`'s value (the bytes its step returned) or raises its error.
-    fn fetch<'py>(&self, py: Python<'py>, closure: u64) -> PyResult<Bound<'py, PyBytes>> {
+    /// Waits for closure `closure`'s value (the payload its step returned, lent without a
+    /// copy) or raises its error.
+    fn fetch<'py>(&self, py: Python<'py>, closure: u64) -> PyResult<Bound<'py, ByteValues>> {
         let bytes = self.call(py, move |desk| {
             let value = desk.values.get(&closure).copied().ok_or_else(|| {
                 CoordinatorError::other(format!("no closure {closure} was scheduled here"))
             })?;
             desk.coordinator.fetch_encoded(&value)
         })?;
-        Ok(PyBytes::new(py, &bytes))
+        ByteValues::into_py(py, bytes)
     }
 
     /// Waits until every scheduled closure has finished; raises the first error since the last

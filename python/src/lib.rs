@@ -148,5 +148,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GroupError", py.get_type::<mirrored::GroupError>())?;
     m.add_class::<mirrored::MultiWorker>()?;
     m.add_class::<values::F32Values>()?;
+    m.add_class::<values::ByteValues>()?;
     Ok(())
 }

@@ -20,10 +20,9 @@ use std::thread::ThreadId;
 use cohort::program::{Program, StepError};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 
 use crate::optimizers::{server_optimizers, OptimizerSpec, ServerOptimizers};
-use crate::values::F32Values;
+use crate::values::{concat, ByteValues, F32Values};
 use crate::CohortError;
 
 /// The one step every process of a Python job registers: the chief schedules every Python
@@ -88,17 +87,20 @@ fn run_step(
     Python::attach(|py| {
         let context = Py::new(py, StepContext::lend(ctx))
             .map_err(|e| StepError::Step(format!("cannot lend the step context: {e}")))?;
-        let outcome = handler
-            .bind(py)
-            .call1((context.clone_ref(py), PyBytes::new(py, payload)));
+        // The step's arguments view this copy of the message (theirs to keep and change).
+        let payload = ByteValues::into_py(py, payload.to_vec())
+            .map_err(|e| StepError::Step(format!("cannot lend the step's payload: {e}")))?;
+        let outcome = handler.bind(py).call1((context.clone_ref(py), payload));
         let failure = context.get().give_back();
         if let Some(failure) = failure {
             return Err(failure);
         }
         let value = outcome.map_err(|e| StepError::Step(e.value(py).to_string()))?;
-        value
-            .extract::<Vec<u8>>()
-            .map_err(|e| StepError::Step(format!("the step handler returned no bytes: {e}")))
+        let parts = value.extract::<Vec<PyBuffer<u8>>>().map_err(|e| {
+            StepError::Step(format!("the step handler returned no payload parts: {e}"))
+        })?;
+        concat(py, &parts)
+            .map_err(|e| StepError::Step(format!("the step's value: {}", e.value(py))))
     })
 }
 

@@ -1,7 +1,8 @@
 """A Python job survives what a Rust job survives: a worker or a parameter server SIGKILLed
 mid-training, with every step's update applied once (each counter ends at the steps
-scheduled), a stop request (SIGTERM) ends the chief with its checkpoint and exit 143, and
-`cohort chaos run` drives a Python job as it drives a Rust one."""
+scheduled; TensorFlow's tutorial with a PyTorch model, under `cohort chaos run`, to its target
+with the runner's exactly-once checks), a stop request (SIGTERM) ends the chief with its
+checkpoint and exit 143, and `cohort chaos run` drives a Python job as it drives a Rust one."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import signal
 import subprocess
 import time
 
-from conftest import JOBS, JOB_TIMEOUT_S, chaos_run, launch, launch_command
+import pytest
+
+from conftest import EXAMPLES, JOBS, JOB_TIMEOUT_S, chaos_run, launch, launch_command
 
 STEPS = 300
 
@@ -165,3 +168,37 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
     assert run.code == 0, run.output
     assert "counters [1200, 1200] after 1200 steps" in run.log, run.log[-6000:]
     assert re.search(r"\[chief/0\] restored: [1-9]\d*", run.log), run.log[-6000:]
+
+
+@pytest.mark.parametrize("target", ["worker:1", "ps:0"])
+def test_the_pytorch_tutorial_survives_a_kill_with_every_update_applied_once(tmp_path, target):
+    # TensorFlow's parameter-server tutorial with its PyTorch model, checkpointing each epoch:
+    # a worker SIGKILLed (its step runs again on the other) or a parameter server SIGKILLed
+    # (restored from the newest checkpoint, the steps since run again) mid-training. The
+    # runner checks every closure committed once and each server's applied pushes (PS-1);
+    # the model still reaches the tutorial's target.
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    plan = (
+        "seed = 7\n\n"
+        f'[[fault]]\nkind = "kill"\ntarget = "{target}"\nat = "1s..2s"\n'
+        'after = "first_checkpoint"\n'
+    )
+    job = launch_command(
+        EXAMPLES / "ps_tutorial_torch.py",
+        "--epochs",
+        "8",
+        "--steps-per-epoch",
+        "30",
+        "--checkpoints",
+        flags=("--run-dir", str(tmp_path / "job")),
+    )
+    run = chaos_run(
+        tmp_path, plan, job, env={"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    )
+    assert run.report["verdict"] == "passed", run.explained()
+    assert run.code == 0, run.output
+    final = re.search(r"\[chief/0\] Final loss is [\d.]+, final accuracy is ([\d.]+)", run.log)
+    assert final and float(final.group(1)) >= 0.9, run.log[-6000:]
+    if target.startswith("ps"):
+        counts = run.check("ps applied counts")["detail"]
+        assert re.search(r"[1-9]\d* parameter-server restore", counts), run.explained()

@@ -77,16 +77,23 @@ def test_the_benchmark_job_from_python_runs_and_reports_its_rate():
         assert line["steps_per_second"] > 0, line
 
 
-def test_values_read_from_the_servers_are_lent_without_a_copy_and_are_the_readers_own():
+def test_values_read_from_the_servers_and_a_steps_arguments_and_value_are_lent_without_a_copy():
     job = launch(JOBS / "values.py")
     assert job.code == 0, job.output
     lines = job.chief_lines()
-    checks = [line for line in lines if line.startswith(("step ", "chief ", "servers "))]
+    checks = [
+        line for line in lines if line.startswith(("step ", "chief ", "servers ", "payload "))
+    ]
     assert checks, job.output
     failed = [line for line in checks if not line.endswith(": True")]
     assert not failed, job.output
     for check in ("shape", "dtype", "rows", "lent", "writable", "private"):
         assert f"step {check}: True" in lines, job.output
+    # A step's arguments and its value: unpickled as views of the runtime's message.
+    for check in ("argument lent", "argument writable", "argument values", "value lent"):
+        assert f"payload {check}: True" in lines, job.output
+    for check in ("value", "value writable", "sent unchanged"):
+        assert f"payload {check}: True" in lines, job.output
 
 
 def test_each_name_scope_is_updated_by_its_own_optimizer():

@@ -1,7 +1,9 @@
 """What a step and the chief get when they read variables: float32 NumPy arrays of the
 variable's shape, lent without a copy from the runtime's memory, writable, theirs alone (a
 change made to one never reaches the servers or another read), and usable by PyTorch as they
-are. The chief prints one line per check."""
+are. And what a step gets as its arguments and the chief as its value: NumPy arrays (and
+PyTorch tensors) unpickled as views of the runtime's message, with no copy, writable, the
+receiver's own. The chief prints one line per check."""
 
 import warnings
 
@@ -10,10 +12,11 @@ import numpy as np
 import cohort
 
 
-def lent_by_the_runtime(array):
-    """True when ``array`` views memory the runtime lent (its chain of bases ends there)."""
+def lent_by_the_runtime(array, lender="F32Values"):
+    """True when ``array`` views memory the runtime lent (its chain of bases ends at an
+    object of type ``lender``)."""
     while array is not None:
-        if type(array).__name__ == "F32Values":
+        if type(array).__name__ == lender:
             return True
         array = getattr(array, "base", getattr(array, "obj", None))
     return False
@@ -44,6 +47,24 @@ def read_step(w, b):
     return checks
 
 
+def payload_step(array, matrix, tensor):
+    """Receives arrays (and a tensor, where PyTorch is installed), changes them in place, and
+    sends an array back."""
+    checks = {
+        "argument lent": all(lent_by_the_runtime(a, "ByteValues") for a in (array, matrix)),
+        "argument writable": array.flags.writeable and matrix.flags.writeable,
+        "argument values": array.tolist() == list(range(8)) and matrix.dtype == np.float64,
+    }
+    array *= 2
+    matrix[0, 0] = -1.0
+    if tensor is not None:
+        import torch
+
+        checks["tensor values"] = type(tensor) is torch.Tensor and tensor.tolist() == [1.5, 2.5]
+        tensor.add_(1.0)
+    return checks, array
+
+
 strategy = cohort.ParameterServerStrategy()
 coordinator = cohort.coordinator.ClusterCoordinator(strategy)
 with strategy.scope():
@@ -51,6 +72,22 @@ with strategy.scope():
     b = cohort.Variable(np.ones(4, dtype=np.float32), name="b")
 for name, passed in sorted(coordinator.schedule(read_step, args=(w, b)).fetch().items()):
     print(f"step {name}: {passed}")
+array = np.arange(8, dtype=np.int64)
+matrix = np.ones((3, 5), dtype=np.float64)
+try:
+    import torch
+
+    tensor = torch.tensor([1.5, 2.5])
+except ImportError:
+    tensor = None
+checks, back = coordinator.schedule(payload_step, args=(array, matrix, tensor)).fetch()
+for name, passed in sorted(checks.items()):
+    print(f"payload {name}: {passed}")
+print(f"payload value lent: {lent_by_the_runtime(back, 'ByteValues')}")
+print(f"payload value: {back.tolist() == [2 * i for i in range(8)]}")
+print(f"payload value writable: {back.flags.writeable}")
+unchanged = array.tolist() == list(range(8)) and matrix[0, 0] == 1.0
+print(f"payload sent unchanged: {unchanged and (tensor is None or tensor.tolist() == [1.5, 2.5])}")
 on_chief = w.numpy()
 on_chief[0, 0] = 42.0
 print(f"chief writable: {on_chief.flags.writeable}")
