@@ -15,6 +15,7 @@ import os
 import sys
 
 from . import _native
+from ._script import take_stop_requests
 
 # `launch` flags that take no value.
 _SWITCHES = {"--no-metrics", "--help", "-h"}
@@ -97,6 +98,9 @@ def main(argv: list[str]) -> int:
     if not os.path.isfile(script):
         print(f"error: script {script!r}: no such file", file=sys.stderr)
         return 2
+    # Ctrl-C stops the job as `cohort launch` does (every task told, exit 143), not with a
+    # KeyboardInterrupt here.
+    take_stop_requests()
     return _native.launch(
         sys.executable, flags, [os.path.abspath(script), *task[1:]], multi_worker
     )

@@ -1,11 +1,14 @@
 """How the user's script ends, as the runtime needs to know it: whether it raised (one
-``sys.excepthook``, installed once, for every strategy), and an exit that does not run the
-interpreter's shutdown under the runtime's threads."""
+``sys.excepthook``, installed once, for every strategy), an exit that does not run the
+interpreter's shutdown under the runtime's threads, and Ctrl-C taken as the stop request it is
+in cohort's Rust programs."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 
@@ -48,3 +51,18 @@ def exit_now(code: int) -> None:
         except Exception:
             pass
     os._exit(code)
+
+
+def take_stop_requests() -> None:
+    """From now on Ctrl-C (SIGINT) is a stop request, as SIGTERM is and as in cohort's Rust
+    programs: the runtime, whose handler is installed after this one (and calls it in turn),
+    takes it as a preemption notice (a worker leaves at a step boundary, the chief's script
+    sees ``preemption_requested()`` and saves, the process exits 143); Python raises no
+    ``KeyboardInterrupt`` in the middle of it. Call it before the runtime takes the process's
+    signals (a strategy, the evaluator, ``launch``); only the main thread can."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _stop_request)
+
+
+def _stop_request(signum: int, frame: Any) -> None:
+    """Python's part of a Ctrl-C: nothing (the runtime's handler recorded the stop request)."""

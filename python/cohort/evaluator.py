@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from ._script import exit_now
+from ._script import exit_now, take_stop_requests
 from .cluster_resolver import TFConfigClusterResolver
 from .errors import CohortError
 from .strategy import _job_name
@@ -90,6 +90,7 @@ class SidecarEvaluator:
         checkpoint directory is configured, and :class:`~cohort.CohortError` where the
         evaluator failed otherwise (its log says why).
         """
+        take_stop_requests()
         code = _native.evaluate(
             self._evaluate_checkpoint, _job_name(), self.cluster_resolver.args
         )

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from . import _native, _steps
-from ._script import ScriptEnd, exit_now
+from ._script import ScriptEnd, exit_now, take_stop_requests
 from .cluster_resolver import TFConfigClusterResolver
 from .errors import CohortError, VariableError
 from .optimizers import SGD, Optimizer
@@ -88,6 +88,7 @@ class ParameterServerStrategy:
         _steps.note_main_names()
         task = self.cluster_resolver.task_type
         args = self.cluster_resolver.args
+        take_stop_requests()
         if task in ("worker", "ps"):
             code = _native.serve(_steps.run, _job_name(), args, self.optimizer.spec(), scoped)
             exit_now(code)

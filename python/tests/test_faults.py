@@ -91,7 +91,10 @@ def test_a_parameter_server_sigkilled_before_the_first_checkpoint_loses_nothing(
     assert book["failed"] == 0, job.output
 
 
-def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path, stop):
+    # SIGTERM (a preemption notice) and Ctrl-C (SIGINT, to the whole foreground group as a
+    # terminal sends it) alike: the chief's script saves and every task stops, exit 143.
     checkpoints = tmp_path / "checkpoints"
     env = dict(os.environ, COHORT_CHECKPOINT_DIR=str(checkpoints))
     command = launch_command(
@@ -105,7 +108,12 @@ def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
         ps=1,
     )
     job = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own group, as a terminal's foreground job
     )
     output = []
     try:
@@ -115,12 +123,15 @@ def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path):
             if "restored: None" in line:
                 break
         time.sleep(1.0)
-        job.send_signal(signal.SIGTERM)
+        if stop == signal.SIGINT:
+            os.killpg(job.pid, signal.SIGINT)
+        else:
+            job.send_signal(stop)
         rest, _ = job.communicate(timeout=JOB_TIMEOUT_S)
         output.append(rest)
     finally:
         if job.poll() is None:
-            job.kill()
+            os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     text = "".join(output)
     assert job.returncode == 143, text

@@ -110,3 +110,13 @@ def test_each_name_scope_is_updated_by_its_own_optimizer():
         "decayed/kernel = [1.75, 1.75]",
     ):
         assert expected in lines, job.output
+
+
+def test_the_runtime_goes_on_while_the_script_holds_the_interpreter():
+    # The chief's script spins in pure Python for 5 s after scheduling 30 steps: the runtime's
+    # threads dispatch, run and commit them all meanwhile (none waits for the interpreter).
+    job = launch(JOBS / "gil.py", ps=1)
+    assert job.code == 0, job.output
+    assert job.line("done while") == "done while the script held the interpreter: True", job.output
+    assert job.line("results:") == "results: 30", job.output
+    assert job.line("values:") == "values: [31.0, 31.0, 31.0, 31.0]", job.output
