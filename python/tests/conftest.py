@@ -43,12 +43,13 @@ class Job:
 def launch_command(
     script: pathlib.Path,
     *script_args: str,
-    workers: int = 2,
+    workers: int | str = 2,
     ps: int = 2,
     flags: tuple[str, ...] = (),
 ) -> list[str]:
-    """``python -m cohort launch`` of ``script``, as a user types it (``ps=0``: no ``--ps``
-    flag, as a MultiWorkerMirrored job takes none)."""
+    """``python -m cohort launch`` of ``script``, as a user types it (``workers``: a count, or
+    ``"MIN:MAX"`` for a job that scales; ``ps=0``: no ``--ps`` flag, as a MultiWorkerMirrored
+    job takes none)."""
     servers = ["--ps", str(ps)] if ps else []
     return [
         sys.executable,

@@ -213,3 +213,37 @@ def test_the_pytorch_tutorial_survives_a_kill_with_every_update_applied_once(tmp
     if target.startswith("ps"):
         counts = run.check("ps applied counts")["detail"]
         assert re.search(r"[1-9]\d* parameter-server restore", counts), run.explained()
+
+
+def test_the_pytorch_tutorial_scaled_up_and_down_applies_every_update_once(tmp_path):
+    # Elastic workers: the launcher asked for a third worker mid-training (it joins and takes
+    # steps) and then for two again (the newest is drained: the chief lets its last step
+    # finish and keeps its dataset's position; it exits 0). The runner checks every closure
+    # committed once and PS-1.
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    plan = (
+        "seed = 9\n\n"
+        '[[fault]]\nkind = "scale"\nworkers = 3\nat = "300ms"\nafter = "first_checkpoint"\n\n'
+        # At the 7th checkpoint (an epoch's end): time for the new worker's script to start,
+        # however busy the machine (its steps slow down as much).
+        '[[fault]]\nkind = "scale"\nworkers = 2\nat = "0ms"\nafter = "checkpoint:7"\n'
+    )
+    job = launch_command(
+        EXAMPLES / "ps_tutorial_torch.py",
+        "--epochs",
+        "12",
+        "--steps-per-epoch",
+        "30",
+        "--checkpoints",
+        workers="2:3",
+        flags=("--run-dir", str(tmp_path / "job")),
+    )
+    run = chaos_run(
+        tmp_path, plan, job, env={"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    )
+    assert run.report["verdict"] == "passed", run.explained()
+    assert run.code == 0, run.output
+    assert re.search(r"worker/2 up \(incarnation", run.log), run.explained()
+    assert re.search(r"worker/2 \(incarnation \d+\) drained: exit code 0", run.log), run.log
+    final = re.search(r"\[chief/0\] Final loss is [\d.]+, final accuracy is ([\d.]+)", run.log)
+    assert final and float(final.group(1)) >= 0.9, run.log[-6000:]
