@@ -10,6 +10,11 @@ examples/chaos/ do, over plans nobody wrote.
     python3 chaos/sweep.py --runs 10 --first-seed 7200            # MultiWorkerMirrored
     python3 chaos/sweep.py --job ps --runs 10 --first-seed 100    # parameter servers
     python3 chaos/sweep.py --job ps --runs 10 --from-start         # faults while the job starts
+    python3 chaos/sweep.py --job python-ps --runs 10               # a Python script's job
+
+`--job python-ps` runs TensorFlow's parameter-server tutorial with its PyTorch model
+(python/examples/ps_tutorial_torch.py, checkpointing each epoch) with the Python that runs
+this script: it needs cohort's package (`pip install ./python`) and torch there.
 
 Prints one line per seed and, for a seed that failed, its plan and the report's checks; the run
 directory of a failed seed is kept (under --keep). Exits 1 if any seed failed. A seed replays
@@ -19,6 +24,7 @@ its plan exactly (the job's own timing still varies from run to run).
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import random
 import shutil
@@ -29,7 +35,10 @@ import tempfile
 KINDS = {
     "mwms": ["kill", "term", "pause", "scale"],
     "ps": ["kill", "term", "pause", "scale", "partition"],
+    "python-ps": ["kill", "term", "pause", "scale", "partition"],
 }
+# The jobs with parameter servers (ps:0 and ps:1 are targets; the chief is not SIGTERMed).
+WITH_SERVERS = ("ps", "python-ps")
 
 
 def plan(seed: int, job: str, from_start: bool = False) -> str:
@@ -46,7 +55,7 @@ def plan(seed: int, job: str, from_start: bool = False) -> str:
         at = rng.uniform(0.1, 1.5) if from_start and n == 0 else at + rng.uniform(0.5, 2.5)
         lines = [f'kind = "{kind}"']
         in_job = [f"worker:{i}" for i in range(workers)]
-        targets = in_job + ["chief"] + (["ps:0", "ps:1"] if job == "ps" else [])
+        targets = in_job + ["chief"] + (["ps:0", "ps:1"] if job in WITH_SERVERS else [])
         if kind == "scale":
             workers = rng.choice([2, 3, 4])
             lines.append(f"workers = {workers}")
@@ -57,7 +66,7 @@ def plan(seed: int, job: str, from_start: bool = False) -> str:
             # A parameter-server job's chief stopped by SIGTERM checkpoints and ends the job
             # (exit 143; a relaunch resumes it, as tests/preemption.rs shows): the plan's
             # other faults and its exit 0 would not hold, so a term there hits another task.
-            if kind == "term" and job == "ps":
+            if kind == "term" and job in WITH_SERVERS:
                 targets = [t for t in targets if t != "chief"]
             lines.append(f'target = "{rng.choice(targets)}"')
             if kind == "pause":
@@ -75,8 +84,21 @@ def job_command(cohort: str, job: str, run_dir: pathlib.Path) -> list[str]:
     if job == "mwms":
         return [cohort, "demo", "--strategy", "multi-worker-mirrored", "--workers", "3:4",
                 "--digits-epochs", "1500", *common]
+    if job == "python-ps":
+        script = pathlib.Path(__file__).resolve().parent.parent / "python/examples/ps_tutorial_torch.py"
+        return [sys.executable, "-m", "cohort", "launch", "--workers", "3:4", "--ps", "2",
+                "--run-dir", str(run_dir), str(script), "--epochs", "20",
+                "--steps-per-epoch", "30", "--checkpoints"]
     return [cohort, "demo", "--workers", "3:4", "--digits-epochs", "40", "--ctr-epochs", "12",
             *common]
+
+
+def job_env(job: str, run_dir: pathlib.Path) -> dict[str, str]:
+    """The job's environment: a Python script's checkpoint directory (the demo takes a flag)."""
+    env = dict(os.environ)
+    if job == "python-ps":
+        env["COHORT_CHECKPOINT_DIR"] = str(run_dir / "ckpt")
+    return env
 
 
 def main() -> int:
@@ -104,7 +126,7 @@ def main() -> int:
         command = [args.cohort, "chaos", "run", "--plan", str(run / "plan.toml"),
                    "--out", str(run / "report"), "--timeout", "240s", "--",
                    *job_command(args.cohort, args.job, run / "job")]
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = subprocess.run(command, capture_output=True, text=True, env=job_env(args.job, run / "job"))
         print(f"seed {seed}: exit {done.returncode}", flush=True)
         if done.returncode == 0:
             shutil.rmtree(run, ignore_errors=True)

@@ -285,26 +285,19 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
                         found.push(format!("checkpoint: {e}"));
                     }
                     Ok(manifest) => {
-                        let l = &manifest.ledger.counts;
                         // The ids the chief still kept (it forgets old ones, and a chief
                         // that restarted keeps only its own): never more than the count.
                         let ids = manifest.ledger.committed_ids.len() as u64;
-                        // A checkpoint older than the job's end does not hold the closures
-                        // the chief scheduled after it (as its metrics last said).
                         let seen = observed.samples.last().map_or(0, |s| s.scheduled as u64);
-                        let good = l.balances()
-                            && l.committed == l.scheduled
-                            && ids <= l.committed
-                            && l.pending == 0
-                            && l.failed + l.cancelled + l.unavailable == 0
-                            && seen <= l.scheduled;
-                        ok &= good;
-                        if seen > l.scheduled {
-                            found.push(format!(
-                                "the chief's metrics last showed {seen} closures scheduled, more \
-                                 than the newest checkpoint holds"
-                            ));
-                        }
+                        let verdict = checkpoint_ledger_verdict(
+                            &manifest.ledger.counts,
+                            ids,
+                            seen,
+                            observed.summary.ledger,
+                        );
+                        ok &= verdict.good;
+                        found.extend(verdict.note);
+                        let l = &manifest.ledger.counts;
                         found.push(format!(
                             "newest checkpoint {} (step {}): {} scheduled, {} committed ({} \
                              closure ids kept), {} pending, {} failed, {} cancelled, {} \
@@ -318,7 +311,7 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
                             l.failed,
                             l.cancelled,
                             l.unavailable,
-                            if good {
+                            if verdict.good {
                                 ""
                             } else {
                                 " (not every closure committed once)"
@@ -353,6 +346,55 @@ fn ledger_check(checkpoint_dir: Option<&Path>, observed: &Observed) -> Check {
         ok = false;
     }
     Check::new("every closure committed once", ok, found.join("; "))
+}
+
+/// What the newest checkpoint's ledger says of the closures ([`checkpoint_ledger_verdict`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LedgerVerdict {
+    /// Every closure it holds committed once, and none scheduled that nothing accounts for.
+    good: bool,
+    /// Closures scheduled after it, and what accounts for them.
+    note: Option<String>,
+}
+
+/// Whether the newest checkpoint's ledger `l` (with `ids` committed ids kept) shows every
+/// closure committed once: balanced, every scheduled closure committed, none pending, failed,
+/// cancelled or unavailable. The closures the chief's metrics last showed scheduled (`seen`)
+/// beyond the checkpoint's were scheduled after it (a program that saves before its last steps,
+/// as TensorFlow's tutorial schedules its final step): the chief's report at the end
+/// (`reported`) accounts for them where it holds them all; without it, nothing says they
+/// committed.
+fn checkpoint_ledger_verdict(
+    l: &crate::ledger::Ledger,
+    ids: u64,
+    seen: u64,
+    reported: Option<crate::run_report::LedgerCounts>,
+) -> LedgerVerdict {
+    let held = l.balances()
+        && l.committed == l.scheduled
+        && ids <= l.committed
+        && l.pending == 0
+        && l.failed + l.cancelled + l.unavailable == 0;
+    if seen <= l.scheduled {
+        return LedgerVerdict { good: held, note: None };
+    }
+    let after = seen - l.scheduled;
+    match reported.filter(|r| r.scheduled >= seen) {
+        Some(_) => LedgerVerdict {
+            good: held,
+            note: Some(format!(
+                "the chief scheduled {after} closure(s) after the newest checkpoint (its \
+                 metrics last showed {seen}); its report at the end holds them"
+            )),
+        },
+        None => LedgerVerdict {
+            good: false,
+            note: Some(format!(
+                "the chief's metrics last showed {seen} closures scheduled, more than the newest \
+                 checkpoint holds, and no report of the chief's at the end accounts for them"
+            )),
+        },
+    }
 }
 
 /// What the parameter-server check reads from the newest checkpoint: the closures its ledger
@@ -888,6 +930,47 @@ mod tests {
         assert_eq!(check.status, "passed", "{}", check.detail);
         let check = servers_check(&summary(40, [40, 0], None), None, &[0]);
         assert_eq!(check.status, "failed", "{}", check.detail);
+    }
+
+    /// The newest checkpoint's ledger: `scheduled` closures, all committed.
+    fn committed_ledger(scheduled: u64) -> crate::ledger::Ledger {
+        crate::ledger::Ledger {
+            scheduled,
+            committed: scheduled,
+            ..Default::default()
+        }
+    }
+
+    fn reported(scheduled: u64, committed: u64) -> crate::run_report::LedgerCounts {
+        crate::run_report::LedgerCounts {
+            scheduled,
+            committed,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn closures_scheduled_after_the_newest_checkpoint_need_the_chiefs_report() {
+        let l = committed_ledger(600);
+        // Nothing after it: the checkpoint alone says so.
+        let alone = checkpoint_ledger_verdict(&l, 600, 600, None);
+        assert_eq!(alone, LedgerVerdict { good: true, note: None });
+        // A final step after it (TensorFlow's tutorial): the report at the end holds it.
+        let tutorial = checkpoint_ledger_verdict(&l, 600, 601, Some(reported(601, 601)));
+        assert!(tutorial.good, "{tutorial:?}");
+        assert!(tutorial.note.unwrap().contains("1 closure(s) after"));
+        // No report, or one that does not hold them: nothing accounts for them.
+        for report in [None, Some(reported(600, 600))] {
+            let unaccounted = checkpoint_ledger_verdict(&l, 600, 601, report);
+            assert!(!unaccounted.good, "{unaccounted:?}");
+        }
+        // A checkpoint whose own ledger is not whole fails whatever the report says.
+        let pending = crate::ledger::Ledger {
+            pending: 1,
+            committed: 599,
+            ..committed_ledger(600)
+        };
+        assert!(!checkpoint_ledger_verdict(&pending, 599, 600, Some(reported(600, 600))).good);
     }
 
     #[test]
