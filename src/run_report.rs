@@ -2,8 +2,10 @@
 //! read (in place of scraping the summary it prints for people).
 //!
 //! `cohort chaos run` sets [`RUN_REPORT_DIR_ENV`] for the job it launches; every task whose
-//! program knows the report (the built-in demo workloads, a Python MultiWorkerMirrored script,
-//! a user's program calling [`write_report`]) writes `<dir>/<role>-<index>.json`
+//! program knows the report (the built-in demo workloads; any MultiWorkerMirrored worker, a
+//! user's program or a Python script, whose strategy keeps it, its final model from Keras'
+//! `fit` or `MultiWorkerMirrored::report_final_model`; a program calling [`write_report`])
+//! writes `<dir>/<role>-<index>.json`
 //! (written whole, then renamed into place, so a reader never sees half a file), the
 //! latest process of a task replacing what an earlier one wrote. Without the variable nothing
 //! is written. A parameter-server chief whose program writes none (a user's program, a Python

@@ -56,10 +56,16 @@ def exit_now(code: int) -> None:
 def take_stop_requests() -> None:
     """From now on Ctrl-C (SIGINT) is a stop request, as SIGTERM is and as in cohort's Rust
     programs: the runtime, whose handler is installed after this one (and calls it in turn),
-    takes it as a preemption notice (a worker leaves at a step boundary, the chief's script
-    sees ``preemption_requested()`` and saves, the process exits 143); Python raises no
+    takes it as a preemption notice (the chief's script sees ``preemption_requested()`` and
+    saves, the process exits 143, or is ended after the preemption grace); Python raises no
     ``KeyboardInterrupt`` in the middle of it. Call it before the runtime takes the process's
-    signals (a strategy, the evaluator, ``launch``); only the main thread can."""
+    signals (``ParameterServerStrategy``, the evaluator, ``launch``); only the main thread
+    can. A MultiWorkerMirrored script keeps Python's Ctrl-C: its workers take a notice only at
+    a step boundary, which a loop without them never reaches."""
+    # Once only: set again after the runtime installed its handler, it would take that one's
+    # place (a strategy made again after a failed try).
+    if signal.getsignal(signal.SIGINT) is _stop_request:
+        return
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _stop_request)
 

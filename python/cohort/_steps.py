@@ -8,12 +8,16 @@ context it lends to ``cohort`` calls made inside the step, and each worker's per
 iterators.
 
 A payload is pickled with protocol 5, the memory of contiguous NumPy arrays and of CPU PyTorch
-tensors (as NumPy arrays) taken out of the pickle stream as out-of-band buffers. It travels as
-one message: a header (the number of buffers, little-endian u32; each buffer's length and the
-stream's, little-endian u64), the stream, and each buffer at the next multiple of
-``_ALIGN`` bytes (so that an array of any dtype is aligned). Going out, the runtime copies each
-part once, into the message; coming in, it lends Python the message itself (``ByteValues``),
-and the arrays unpickled from it are views of it, writable and the receiver's own: no copy.
+tensors (as NumPy arrays) of at least ``_OUT_OF_BAND_MIN`` bytes taken out of the pickle
+stream as out-of-band buffers. It travels as one message: a header (the number of buffers,
+little-endian u32; each buffer's length and the stream's, little-endian u64), the stream, and
+each buffer at the next multiple of ``_ALIGN`` bytes from the message's start (which the
+runtime's allocator aligns to 16 bytes: an array of any NumPy dtype is aligned). Going out, the
+runtime copies each part once, into the message; coming in, it lends Python the message itself
+(``ByteValues``), and the arrays unpickled from it are views of it, writable and the
+receiver's own: no copy. They keep the whole message alive while any of them lives. Tensors
+arrive as tensors of their own memory: two that shared storage when sent (``x`` and
+``x[1:]``) no longer do, and attributes set on a tensor object are not sent.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ _main_names_at_start: frozenset[str] | None = None
 _PICKLE_PROTOCOL = 5
 # Where each out-of-band buffer starts in a payload: a multiple of this many bytes.
 _ALIGN = 64
-# The most out-of-band buffers one payload carries (a header naming more is refused).
+# The most out-of-band buffers one payload carries (a header naming more is refused; past it,
+# a payload's buffers stay in the stream).
 _BUFFERS_MAX = 1 << 16
+# A buffer smaller than this stays in the stream (its copy costs less than its padding).
+_OUT_OF_BAND_MIN = 1024
 
 
 def note_main_names() -> None:
@@ -142,10 +149,18 @@ def _aligned(offset: int) -> int:
 def pack(value: Any) -> list[Any]:
     """The parts of ``value``'s payload (see the module doc), for the runtime to copy into one
     message; raises what pickling raises."""
-    buffers: list[pickle.PickleBuffer] = []
+    raws: list[memoryview] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        """False (out of the stream) for a buffer worth it, while the header has room."""
+        raw = buffer.raw()
+        if raw.nbytes < _OUT_OF_BAND_MIN or len(raws) >= _BUFFERS_MAX:
+            return True
+        raws.append(raw)
+        return False
+
     stream = io.BytesIO()
-    _Pickler(stream, protocol=_PICKLE_PROTOCOL, buffer_callback=buffers.append).dump(value)
-    raws = [buffer.raw() for buffer in buffers]
+    _Pickler(stream, protocol=_PICKLE_PROTOCOL, buffer_callback=out_of_band).dump(value)
     data = stream.getbuffer()
     lengths = [raw.nbytes for raw in raws]
     header = struct.pack(f"<I{len(raws) + 1}Q", len(raws), *lengths, data.nbytes)

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _native
 from .errors import CohortError
-from ._script import ScriptEnd, exit_now, take_stop_requests
+from ._script import ScriptEnd, exit_now
 from .strategy import Variable, _as_f32, _scope, entered
 
 _REDUCE_OPS = ("SUM", "MEAN")
@@ -41,7 +41,6 @@ class MultiWorkerMirroredStrategy:
 
     def __init__(self, cluster_resolver: Any = None) -> None:
         self.cluster_resolver = cluster_resolver
-        take_stop_requests()
         self._native = _native.MultiWorker()
         self._variables: list[MirroredVariable] = []
         self._optimizer: Any = None

@@ -47,13 +47,15 @@ def read_step(w, b):
     return checks
 
 
-def payload_step(array, matrix, tensor):
-    """Receives arrays (and a tensor, where PyTorch is installed), changes them in place, and
-    sends an array back."""
+def payload_step(array, matrix, small, tensor):
+    """Receives arrays of 4 KiB (out of the pickle stream), a small one (in it) and a tensor,
+    where PyTorch is installed, changes them in place, and sends an array back."""
     checks = {
         "argument lent": all(lent_by_the_runtime(a, "ByteValues") for a in (array, matrix)),
         "argument writable": array.flags.writeable and matrix.flags.writeable,
-        "argument values": array.tolist() == list(range(8)) and matrix.dtype == np.float64,
+        "argument values": array.tolist() == list(range(512))
+        and matrix.dtype == np.float64
+        and small.tolist() == [7, 8],
     }
     array *= 2
     matrix[0, 0] = -1.0
@@ -72,21 +74,22 @@ with strategy.scope():
     b = cohort.Variable(np.ones(4, dtype=np.float32), name="b")
 for name, passed in sorted(coordinator.schedule(read_step, args=(w, b)).fetch().items()):
     print(f"step {name}: {passed}")
-array = np.arange(8, dtype=np.int64)
-matrix = np.ones((3, 5), dtype=np.float64)
+array = np.arange(512, dtype=np.int64)
+matrix = np.ones((64, 8), dtype=np.float64)
+small = np.array([7, 8], dtype=np.int32)
 try:
     import torch
 
     tensor = torch.tensor([1.5, 2.5])
 except ImportError:
     tensor = None
-checks, back = coordinator.schedule(payload_step, args=(array, matrix, tensor)).fetch()
+checks, back = coordinator.schedule(payload_step, args=(array, matrix, small, tensor)).fetch()
 for name, passed in sorted(checks.items()):
     print(f"payload {name}: {passed}")
 print(f"payload value lent: {lent_by_the_runtime(back, 'ByteValues')}")
-print(f"payload value: {back.tolist() == [2 * i for i in range(8)]}")
+print(f"payload value: {back.tolist() == [2 * i for i in range(512)]}")
 print(f"payload value writable: {back.flags.writeable}")
-unchanged = array.tolist() == list(range(8)) and matrix[0, 0] == 1.0
+unchanged = array.tolist() == list(range(512)) and matrix[0, 0] == 1.0
 print(f"payload sent unchanged: {unchanged and (tensor is None or tensor.tolist() == [1.5, 2.5])}")
 on_chief = w.numpy()
 on_chief[0, 0] = 42.0
