@@ -241,11 +241,12 @@ pub fn asked() -> bool {
     std::env::var_os(RUN_REPORT_DIR_ENV).is_some_and(|dir| !dir.is_empty())
 }
 
-/// A parameter-server chief's report: its ledger at the end and each server's counts, with
-/// the restores from a checkpoint and what they rolled back where there were any.
+/// A parameter-server chief's report: its ledger at the end and each server's counts (in
+/// server order: pushes applied, duplicates refused), with the restores from a checkpoint and
+/// what they rolled back where there were any.
 pub(crate) fn chief_report(
     ledger: &crate::ledger::Ledger,
-    stats: &[crate::roles::protocol::PsStatsReply],
+    servers: impl IntoIterator<Item = (u64, u64)>,
 ) -> TaskReport {
     TaskReport {
         ledger: Some(LedgerCounts {
@@ -255,13 +256,13 @@ pub(crate) fn chief_report(
             failed: ledger.failed,
             pending: ledger.pending,
         }),
-        servers: stats
-            .iter()
+        servers: servers
+            .into_iter()
             .enumerate()
-            .map(|(ps, s)| ServerCounts {
+            .map(|(ps, (applied, duplicates))| ServerCounts {
                 ps: ps as u32,
-                applied: s.applied,
-                duplicates: s.rejected_duplicate,
+                applied,
+                duplicates,
             })
             .collect(),
         ps_restores: (ledger.ps_restores > 0).then_some(ledger.ps_restores),

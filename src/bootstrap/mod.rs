@@ -356,7 +356,10 @@ fn report_the_end(coordinator: &ClusterCoordinator) {
         (Ok(ledger), Ok(stats)) => {
             crate::run_report::write_report(&crate::run_report::TaskReport {
                 resumed: coordinator.resumed(),
-                ..crate::run_report::chief_report(&ledger, &stats)
+                ..crate::run_report::chief_report(
+                    &ledger,
+                    stats.iter().map(|s| (s.applied, s.rejected_duplicate)),
+                )
             })
         }
         (Err(e), _) | (_, Err(e)) => tracing::warn!("run report not written: {e}"),

@@ -724,7 +724,7 @@ fn print_summary(
     // The same figures for `cohort chaos run`, as data.
     write_report(&TaskReport {
         resumed: end.resumed.is_some(),
-        ..chief_report(&ledger, &stats)
+        ..chief_report(&ledger, stats.iter().map(|s| (s.applied, s.rejected_duplicate)))
     });
     if end.loss_png.exists() {
         outln!("  loss curve: {}", end.loss_png.display());
