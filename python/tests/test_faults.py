@@ -181,26 +181,20 @@ def test_the_chaos_runner_drives_a_python_job_and_finds_no_violation(tmp_path):
     assert re.search(r"\[chief/0\] restored: [1-9]\d*", run.log), run.log[-6000:]
 
 
-@pytest.mark.parametrize("target", ["worker:1", "ps:0"])
-def test_the_pytorch_tutorial_survives_a_kill_with_every_update_applied_once(tmp_path, target):
-    # TensorFlow's parameter-server tutorial with its PyTorch model, checkpointing each epoch:
-    # a worker SIGKILLed (its step runs again on the other) or a parameter server SIGKILLed
-    # (restored from the newest checkpoint, the steps since run again) mid-training. The
-    # runner checks every closure committed once and each server's applied pushes (PS-1);
-    # the model still reaches the tutorial's target.
+def tutorial_under_plan(tmp_path, plan: str, epochs: int, workers: int | str = 2):
+    """TensorFlow's parameter-server tutorial with its PyTorch model, checkpointing each epoch
+    (30 steps), under ``cohort chaos run`` with ``plan``: the run, once the runner's checks
+    (exit code, faults applied, every closure committed once, PS-1) passed and the model
+    reached the tutorial's target."""
     pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
-    plan = (
-        "seed = 7\n\n"
-        f'[[fault]]\nkind = "kill"\ntarget = "{target}"\nat = "1s..2s"\n'
-        'after = "first_checkpoint"\n'
-    )
     job = launch_command(
         EXAMPLES / "ps_tutorial_torch.py",
         "--epochs",
-        "8",
+        str(epochs),
         "--steps-per-epoch",
         "30",
         "--checkpoints",
+        workers=workers,
         flags=("--run-dir", str(tmp_path / "job")),
     )
     run = chaos_run(
@@ -210,6 +204,19 @@ def test_the_pytorch_tutorial_survives_a_kill_with_every_update_applied_once(tmp
     assert run.code == 0, run.output
     final = re.search(r"\[chief/0\] Final loss is [\d.]+, final accuracy is ([\d.]+)", run.log)
     assert final and float(final.group(1)) >= 0.9, run.log[-6000:]
+    return run
+
+
+@pytest.mark.parametrize("target", ["worker:1", "ps:0"])
+def test_the_pytorch_tutorial_survives_a_kill_with_every_update_applied_once(tmp_path, target):
+    # A worker SIGKILLed (its step runs again on the other) or a parameter server SIGKILLed
+    # (restored from the newest checkpoint, the steps since run again) mid-training.
+    plan = (
+        "seed = 7\n\n"
+        f'[[fault]]\nkind = "kill"\ntarget = "{target}"\nat = "1s..2s"\n'
+        'after = "first_checkpoint"\n'
+    )
+    run = tutorial_under_plan(tmp_path, plan, epochs=8)
     if target.startswith("ps"):
         counts = run.check("ps applied counts")["detail"]
         assert re.search(r"[1-9]\d* parameter-server restore", counts), run.explained()
@@ -218,9 +225,7 @@ def test_the_pytorch_tutorial_survives_a_kill_with_every_update_applied_once(tmp
 def test_the_pytorch_tutorial_scaled_up_and_down_applies_every_update_once(tmp_path):
     # Elastic workers: the launcher asked for a third worker mid-training (it joins and takes
     # steps) and then for two again (the newest is drained: the chief lets its last step
-    # finish and keeps its dataset's position; it exits 0). The runner checks every closure
-    # committed once and PS-1.
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    # finish and keeps its dataset's position; it exits 0).
     plan = (
         "seed = 9\n\n"
         '[[fault]]\nkind = "scale"\nworkers = 3\nat = "300ms"\nafter = "first_checkpoint"\n\n'
@@ -228,22 +233,6 @@ def test_the_pytorch_tutorial_scaled_up_and_down_applies_every_update_once(tmp_p
         # however busy the machine (its steps slow down as much).
         '[[fault]]\nkind = "scale"\nworkers = 2\nat = "0ms"\nafter = "checkpoint:7"\n'
     )
-    job = launch_command(
-        EXAMPLES / "ps_tutorial_torch.py",
-        "--epochs",
-        "12",
-        "--steps-per-epoch",
-        "30",
-        "--checkpoints",
-        workers="2:3",
-        flags=("--run-dir", str(tmp_path / "job")),
-    )
-    run = chaos_run(
-        tmp_path, plan, job, env={"COHORT_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
-    )
-    assert run.report["verdict"] == "passed", run.explained()
-    assert run.code == 0, run.output
+    run = tutorial_under_plan(tmp_path, plan, epochs=12, workers="2:3")
     assert re.search(r"worker/2 up \(incarnation", run.log), run.explained()
     assert re.search(r"worker/2 \(incarnation \d+\) drained: exit code 0", run.log), run.log
-    final = re.search(r"\[chief/0\] Final loss is [\d.]+, final accuracy is ([\d.]+)", run.log)
-    assert final and float(final.group(1)) >= 0.9, run.log[-6000:]
