@@ -479,7 +479,9 @@ fn a_multi_worker_mirrored_worker_serves_its_view_of_the_group() {
     let deadline = Instant::now() + WAIT_MAX;
     let (mut rated, mut page_drawn) = (false, false);
     let mut last: Option<serde_json::Value> = None;
-    // Until the chief's page shows the restarted worker admitted (or the job ends).
+    // Until the chief's page shows the restarted worker admitted and a checkpoint (or the job
+    // ends): on a busy machine the worker may be lost and admitted again before the first
+    // checkpoint is saved.
     while Instant::now() < deadline && demo.child.try_wait().ok().flatten().is_none() {
         std::thread::sleep(Duration::from_millis(100));
         let Some(report) = status_json(chief) else {
@@ -500,8 +502,9 @@ fn a_multi_worker_mirrored_worker_serves_its_view_of_the_group() {
             .unwrap()
             .iter()
             .any(|c| c["what"].as_str().unwrap().starts_with("admitted"));
+        let saved = report["checkpoint"]["step"].as_u64().is_some();
         last = Some(report);
-        if admitted {
+        if admitted && saved {
             break;
         }
     }
