@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -115,8 +116,44 @@ class ChaosRun:
         return found[0]
 
     def explained(self) -> str:
-        """The report and the end of the job's log, for an assertion's message."""
-        return json.dumps(self.report, indent=1) + self.log[-6000:]
+        """Why the run failed, for an assertion's message: first the failed checks and the
+        job's telling lines (a traceback, a warning or error, what the chief's script printed),
+        then the whole report and the end of the log. A CI log keeps only the head and tail
+        of a long message: the telling part comes first."""
+        failed = [
+            f"{c['name']}: {c['detail']}" for c in self.report["checks"] if c["status"] != "passed"
+        ]
+        return "\n".join(
+            [
+                "failed checks: " + ("; ".join(failed) or "none"),
+                f"exit code {self.report.get('exit_code')}",
+                "the job's telling lines:",
+                *self.telling_lines()[-60:],
+                "the report:",
+                json.dumps(self.report, indent=1),
+                "the end of the job's log:",
+                self.log[-6000:],
+            ]
+        )
+
+    def telling_lines(self) -> list[str]:
+        """The log's lines that say why a job ended as it did: a traceback's, a warning's or
+        an error's, and the chief's printed lines (those without a log level)."""
+        telling = []
+        in_traceback = False
+        for line in self.log.splitlines():
+            body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+            if body.startswith("Traceback"):
+                in_traceback = True
+            elif in_traceback and not body.startswith((" ", "\t")):
+                in_traceback = False
+                telling.append(line)
+                continue
+            level = re.search(r"Z\s+(INFO|WARN|ERROR|DEBUG)\s", body)
+            chief_print = line.startswith("[chief/") and level is None
+            if in_traceback or chief_print or (level and level.group(1) in ("WARN", "ERROR")):
+                telling.append(line)
+        return telling
 
 
 def chaos_run(
