@@ -91,6 +91,22 @@ def test_a_parameter_server_sigkilled_before_the_first_checkpoint_loses_nothing(
     assert book["failed"] == 0, job.output
 
 
+def test_a_parameter_server_sigkilled_before_the_start_gets_its_variables_again(tmp_path):
+    # Killed after the script created its variables and before its start (restore_checkpoint):
+    # the chief creates them again on the new process and starts; no chief restart. Every
+    # update is applied once.
+    job = counter_with_ps_killed(tmp_path, "created")
+    assert job.code == 0, job.output
+    assert "chaos: SIGKILL ps/0" in job.output, job.output
+    assert "lost before the chief's start: creating its 1 variable shard(s) again" in job.output
+    assert "exiting 172" not in job.output, job.output
+    assert "restarting chief/0" not in job.output, job.output
+    assert counters(job) == [STEPS, STEPS], job.output
+    book = ledger(job)
+    assert book["scheduled"] == book["committed"] == STEPS, job.output
+    assert book["failed"] == 0, job.output
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_stop_request_saves_and_exits_143_and_the_next_run_resumes(tmp_path, stop):
     # SIGTERM (a preemption notice) and Ctrl-C (SIGINT, to the whole foreground group as a

@@ -12,7 +12,7 @@ use std::fmt;
 
 use super::{Fault, Node, Scenario, StorageFault};
 use crate::roles::coordinator::{
-    CheckpointBuildError, ClosureFailure, CutReadError, PsLossCause, StartFailure,
+    CheckpointBuildError, ClosureFailure, CreateError, CutReadError, PsLossCause, StartFailure,
 };
 
 /// Why a simulated job may end without finishing (see the module doc).
@@ -64,6 +64,9 @@ pub enum UnexpectedEnd {
     /// The chief's start failed for a reason no expected end is.
     #[error("the chief's start failed: {0}")]
     Start(StartFailure),
+    /// The chief program's creation of its variables failed for a reason no expected end is.
+    #[error("creating the variables: {0}")]
+    Create(CreateError),
     /// A cut read whole did not make a checkpoint.
     #[error("the cut read does not make a checkpoint: {0}")]
     Checkpoint(CheckpointBuildError),
@@ -215,6 +218,16 @@ pub(super) fn of_start_failure(
             Ok(ExpectedEnd::ChiefStartInterrupted { ps: *ps })
         }
         other => Err(UnexpectedEnd::Start(other.clone())),
+    }
+}
+
+/// How the chief program's creation of a variable ended the job: a server not reachable
+/// within `ps_restart_wait` is one not back in time (the real program's `create_variable`
+/// raises, and the chief exits); any other failure is a violation.
+pub(super) fn of_create_failure(failure: &CreateError) -> Result<ExpectedEnd, UnexpectedEnd> {
+    match failure {
+        CreateError::Server { ps, .. } => Ok(ExpectedEnd::ServerNotBack { ps: *ps }),
+        other => Err(UnexpectedEnd::Create(other.clone())),
     }
 }
 

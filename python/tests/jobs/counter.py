@@ -4,9 +4,9 @@ scheduled exactly when every step's update was applied once.
 
 Arguments: --steps N (in all, a resumed run counting its checkpoint's), --pause SECONDS (each step's work), --checkpoint-every K (needs
 COHORT_CHECKPOINT_DIR; the first checkpoint is saved before training, and a run resumes
-from the newest), --chaos-point-at first-checkpoint|STEP (prints the launcher's chaos marker, and waits
-4 s for the kill to be known, before the first checkpoint is saved; or prints it before step STEP is
-scheduled: a local cluster launched with --kill-worker-after or --kill-ps-after kills its task
+from the newest), --chaos-point-at created|first-checkpoint|STEP (prints the launcher's chaos marker, and waits 2 s
+after the variables are created, before the chief's start; or waits 4 s for the kill to be known,
+before the first checkpoint is saved; or prints it before step STEP is scheduled: a local cluster launched with --kill-worker-after or --kill-ps-after kills its task
 then). On a stop request (SIGTERM)
 it saves and ends: the chief exits 143.
 """
@@ -55,6 +55,9 @@ with strategy.scope():
     counters = [cohort.Variable(np.zeros(1), name=f"count{i}") for i in range(strategy.num_ps)]
 restored = None
 if args.checkpoint_every:
+    # The variables are created, the start (restore_checkpoint) not begun: a server lost here
+    # is given them again, and the start goes on.
+    chaos_point("created", wait=2.0)
     restored = coordinator.restore_checkpoint()
     print(f"restored: {restored}")
     if restored is None:

@@ -11,9 +11,12 @@ use rand::Rng;
 
 use super::super::outcome::{self, UnexpectedEnd};
 use super::super::Node;
+use super::job;
 use super::storage::PendingWrite;
 use super::{Event, ProcState, World};
-use crate::roles::coordinator::{CutReadError, CutReading, CutTicket, RestoreTicket, StartFailure};
+use crate::roles::coordinator::{
+    CreateError, CreateTicket, CutReadError, CutReading, CutTicket, RestoreTicket, StartFailure,
+};
 
 /// The chief program: schedule a batch, join, sometimes save, until every closure ran.
 pub(super) struct Chief {
@@ -47,8 +50,16 @@ pub(super) enum ChiefPhase {
     /// The program writes the checkpoint of the cut read (and reads it back), as
     /// `save_checkpoint` does before it marks the cut; a fault may come meanwhile.
     Writing(Box<PendingWrite>),
-    /// A new chief incarnation: start (probe every server, restore) at this time.
+    /// A chief incarnation's program begins at this time: it creates its variables, then
+    /// starts (probes every server, restores).
     Starting(Duration),
+    /// The program creates variable `v` (`ticket`: its creation under way; `None`: not asked
+    /// yet, or asked again at the next turn while the servers are resharded), one at a time
+    /// as `create_variable` does; past the last one it configures the workers and starts.
+    Creating {
+        v: u32,
+        ticket: Option<CreateTicket>,
+    },
     /// The chief's start runs: restoring stored checkpoint `stored`, or afresh (`None`).
     Restoring {
         ticket: RestoreTicket,
@@ -116,18 +127,14 @@ impl World<'_> {
             }
             ChiefPhase::Saving { .. } | ChiefPhase::Writing(_) => {}
             ChiefPhase::Starting(at) => {
-                let at = *at;
-                if self.now < at {
+                if self.now < *at {
                     return;
                 }
-                // The real creation asks a server that cannot be reached again until it is
-                // back, bounded by the wait for a lost server; the start comes after it.
-                if !self.create_variables() && self.now < at + self.config.ps_restart_wait {
-                    return;
-                }
-                self.start_from_checkpoint();
+                self.chief.phase = ChiefPhase::Creating { v: 0, ticket: None };
+                self.create_next_variable();
             }
-            ChiefPhase::Restoring { .. } => {}
+            ChiefPhase::Creating { ticket: None, .. } => self.create_next_variable(),
+            ChiefPhase::Creating { .. } | ChiefPhase::Restoring { .. } => {}
         }
     }
 
@@ -246,27 +253,63 @@ impl World<'_> {
         }
     }
 
-    /// The program's variables, created as a real chief program creates them before its start
-    /// (`ServerModel::create_variables`, then `restore_checkpoint`): variable `v` on server
-    /// `v % spec_servers`, on each server that is up and does not hold it (one restarted since
-    /// the last start holds none); a server that holds it keeps it. Whether every server the
-    /// variables go to is up (created on, or holding them): a server down or paused now is
-    /// asked again later, as the real creation asks again until it is back.
-    fn create_variables(&mut self) -> bool {
-        let servers = self.chief.spec_servers.max(1);
-        let mut all = true;
-        for v in 0..self.config.num_ps {
-            let p = &mut self.servers[(v % servers) as usize];
-            if p.out {
-                continue;
-            }
-            if p.state == ProcState::Up {
-                p.create_variable(v);
-            } else {
-                all = false;
-            }
+    /// The program's next variable, created as a real chief program creates its variables
+    /// before its start (`ServerModel::create_variables`, then `restore_checkpoint`): through
+    /// the coordinator, variable `v` whole on server `v % spec_servers` (a server that holds
+    /// it keeps it; one restarted since the last start holds none). The coordinator asks a
+    /// server it cannot reach again until `ps_restart_wait`. Once every variable is created
+    /// the workers are configured with them, and the start begins.
+    fn create_next_variable(&mut self) {
+        let ChiefPhase::Creating { v, ticket: None } = self.chief.phase else {
+            return;
+        };
+        let mut layouts = job::layouts(self.config.num_ps, self.chief.spec_servers.max(1));
+        if v as usize >= layouts.len() {
+            self.coord.handle_configure(job::setup(self.config, layouts));
+            self.start_from_checkpoint();
+            return;
         }
-        all
+        let layout = layouts.swap_remove(v as usize);
+        let now = self.instant();
+        match self
+            .coord
+            .handle_create_variable(now, &layout, vec![job::initial_spec(v)])
+        {
+            Ok(ticket) => {
+                self.chief.phase = ChiefPhase::Creating {
+                    v,
+                    ticket: Some(ticket),
+                }
+            }
+            // As the client: asked again (at the next turn) once the servers are resharded.
+            Err(CreateError::Resharding { .. }) => {}
+            Err(e) => self.end_early(Err(UnexpectedEnd::Create(e))),
+        }
+    }
+
+    /// The coordinator's creation `ticket` ended: the program creates its next variable, or
+    /// fails as the real one does when `create_variable` raises.
+    pub(super) fn variable_created(&mut self, ticket: CreateTicket, result: Result<(), CreateError>) {
+        let ChiefPhase::Creating {
+            v,
+            ticket: Some(awaited),
+        } = self.chief.phase
+        else {
+            return;
+        };
+        if awaited != ticket {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.chief.phase = ChiefPhase::Creating {
+                    v: v + 1,
+                    ticket: None,
+                };
+                self.create_next_variable();
+            }
+            Err(e) => self.end_early(outcome::of_create_failure(&e)),
+        }
     }
 
     /// The new chief incarnation's start, as the real program's `restore_checkpoint`: the

@@ -7,7 +7,7 @@ use super::super::{SimConfig, EXTRA_WORKERS_MAX};
 use crate::layout::{Dtype, Layout, Shard};
 use crate::optim::Optimizer;
 use crate::roles::coordinator::{Scheduler, SchedulerConfig};
-use crate::roles::protocol::SetupWorker;
+use crate::roles::protocol::{InitSpec, SetupWorker};
 use crate::roles::ps::ParameterStore;
 
 /// A chief incarnation's coordinator, configured as the chief program does: every worker
@@ -22,15 +22,22 @@ pub(super) fn new_coordinator(config: &SimConfig, servers: u32) -> Scheduler {
     .with_workers(config.num_workers)
     .with_workers_max(config.num_workers + EXTRA_WORKERS_MAX)
     .with_checkpoint_dir(Some(std::path::PathBuf::from("sim-checkpoints")));
-    coord.handle_configure(SetupWorker {
+    // The variables' layouts come with their creation (the chief program's, before its start).
+    coord.handle_configure(setup(config, Vec::new()));
+    coord
+}
+
+/// What the chief program configures the workers with once it created `layouts`: every
+/// worker reads one dataset.
+pub(super) fn setup(config: &SimConfig, layouts: Vec<Layout>) -> SetupWorker {
+    SetupWorker {
         num_workers: config.num_workers,
-        layouts: layouts(config.num_ps, servers),
+        layouts,
         servers: Vec::new(),
         datasets: vec![(DATASET.into(), 0)],
         version: 0,
         generation: 0,
-    });
-    coord
+    }
 }
 
 /// The one dataset every worker reads.
@@ -62,6 +69,11 @@ pub(super) fn initial(ps: u32) -> Vec<f32> {
         .collect()
 }
 
+/// Variable `v`'s initial value as the chief program's creation sends it.
+pub(super) fn initial_spec(v: u32) -> InitSpec {
+    InitSpec::Values(initial(v).iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
 /// Closure `closure`'s gradient: a function of its id alone, so a replay can recompute it.
 pub(super) fn gradient(closure: u64) -> Vec<f32> {
     (0..WIDTH as u64)
@@ -72,7 +84,7 @@ pub(super) fn gradient(closure: u64) -> Vec<f32> {
 /// The job's variables (one per server the spec first named) as a chief program with
 /// `servers` servers places them: variable `v` whole on server `v % servers` (with the spec's
 /// servers, server `ps` holds all of [`variable`]`(ps)`).
-fn layouts(variables: u32, servers: u32) -> Vec<Layout> {
+pub(super) fn layouts(variables: u32, servers: u32) -> Vec<Layout> {
     (0..variables)
         .map(|v| Layout {
             name: variable(v),

@@ -270,9 +270,10 @@ impl<'a> World<'a> {
             chief: Chief {
                 scheduled: 0,
                 batches: 0,
-                // A checkpoint before training, as a program does that wants every server
-                // loss to be recoverable.
-                phase: ChiefPhase::Save,
+                // The program creates its variables and starts (afresh), then saves a
+                // checkpoint before training, as a program does that wants every server loss
+                // to be recoverable.
+                phase: ChiefPhase::Starting(Duration::ZERO),
                 saves: 0,
                 startup_failures: 0,
                 spec_servers: config.num_ps,

@@ -152,6 +152,13 @@ pub(super) enum Req {
     Snapshot {
         shard: String,
     },
+    /// Create a variable shard (`CreateVariable`) with its initial values (the bits of each
+    /// f32, so that a request stays comparable).
+    Create {
+        shard: String,
+        shape: Vec<u64>,
+        values: Vec<u32>,
+    },
 }
 
 /// A coordinator call's answer.

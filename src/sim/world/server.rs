@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::super::Node;
-use super::job::{initial, new_store, variable, WIDTH};
+use super::job::new_store;
 use super::network::{Msg, Req, Resp};
 use super::storage::PsSnapshot;
 use super::{ProcState, World};
@@ -51,32 +51,34 @@ impl PsProc {
             leaving: false,
         };
         if ps < num_ps {
-            // The spec's servers start with the job, server `ps` holding all of
-            // variable `ps`, as the chief program creates them.
+            // The spec's servers start with the job, holding nothing until the chief
+            // program creates its variables on them.
             p.incarnation = 1;
             p.store = new_store().with_incarnation(1);
             p.state = ProcState::Up;
             p.out = false;
-            p.create_variable(ps);
         }
         p
     }
 
-    /// Creates variable `v` ([`variable`]) whole here with its initial value, as the chief
-    /// program's creation does; one this server holds already is left as it is (a real
-    /// server's creation of a variable it holds with the same shape changes nothing).
-    pub(super) fn create_variable(&mut self, v: u32) {
-        let name = variable(v);
-        if self.rows.contains_key(&name) {
-            return;
+    /// Creates shard `name` of `shape` here with its initial `values`, as the chief program's
+    /// creation asks ([`Req::Create`]); one this server holds already is left as it is (a real
+    /// server's creation of a shard it holds with the same shape changes nothing).
+    fn create_shard(&mut self, name: &str, shape: &[u64], values: &[u32]) -> Resp {
+        if self.rows.contains_key(name) {
+            return Resp::Done;
         }
-        self.store
-            .handle_create(&name, vec![WIDTH], initial(v))
-            .expect("a store takes a new variable of the job's width");
-        for row in 0..WIDTH {
-            self.history.insert((name.clone(), row), Vec::new());
+        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        let values = values.iter().map(|&bits| f32::from_bits(bits)).collect();
+        if let Err(e) = self.store.handle_create(name, shape.clone(), values) {
+            return Resp::Refused(e.to_string());
         }
-        self.rows.insert(name, 0..WIDTH);
+        let rows = shape.first().copied().unwrap_or(1);
+        for row in 0..rows {
+            self.history.insert((name.to_string(), row), Vec::new());
+        }
+        self.rows.insert(name.to_string(), 0..rows);
+        Resp::Done
     }
 }
 
@@ -258,6 +260,11 @@ impl World<'_> {
                 self.snapshots.push(snapshot);
                 Resp::Snapshot(self.snapshots.len() - 1)
             }
+            Req::Create {
+                shard,
+                shape,
+                values,
+            } => p.create_shard(&shard, &shape, &values),
             Req::Run { .. }
             | Req::SetUp { .. }
             | Req::Configure { .. }

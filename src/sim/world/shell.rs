@@ -250,10 +250,10 @@ impl World<'_> {
                     Msg::PsDrainAnswer { go },
                 );
             }
-            // The program's wait for a configuration: the simulated chief configures once,
-            // before any worker is up; and it creates its variables on the servers directly
-            // at each start (`World::create_variables`), not through the coordinator (below).
-            Answer::Configured { .. } | Answer::VariableCreated { .. } => {}
+            Answer::VariableCreated { ticket, result } => self.variable_created(ticket, result),
+            // The program's wait for a configuration: the simulated chief configures the
+            // workers without waiting for them.
+            Answer::Configured { .. } => {}
         }
     }
 
@@ -416,9 +416,21 @@ impl World<'_> {
                 generation: msg.generation,
             },
             Request::Snapshot { msg, .. } => Req::Snapshot { shard: msg.name },
-            // The simulated job's variables exist from the servers' first start, as a chief
-            // program creates them before anything else; it creates none later.
-            Request::Create { .. } => return None,
+            // The chief program's creation of its variables before each start.
+            Request::Create { msg, .. } => {
+                let shape: Vec<usize> = msg.shape.iter().map(|&d| d as usize).collect();
+                match crate::roles::ps::initial_values(&msg.name, &shape, &msg.init) {
+                    Ok(values) => Req::Create {
+                        shard: msg.name,
+                        shape: msg.shape,
+                        values: values.into_iter().map(f32::to_bits).collect(),
+                    },
+                    Err(e) => {
+                        self.violate("HARNESS", format!("the chief's creation is invalid: {e}"));
+                        return None;
+                    }
+                }
+            }
             // The checkpoint is read from the simulated storage after a delay.
             Request::Load {
                 generation, cut, ..

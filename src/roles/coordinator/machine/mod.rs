@@ -43,6 +43,9 @@ mod actions;
 pub mod control;
 #[cfg(test)]
 mod control_tests;
+mod created_again;
+#[cfg(test)]
+mod created_again_tests;
 mod cut_reads;
 mod dials;
 mod failures;
@@ -305,6 +308,9 @@ struct Recovery {
     run: Option<ActiveRun>,
     /// Restores interrupted so far in this recovery (bounded by [`RESTORE_ATTEMPTS_MAX`]).
     interrupted: u32,
+    /// Before the chief's start: the creation again of lost servers' shards under way
+    /// (`created_again.rs`).
+    creating_again: Option<CreateTicket>,
 }
 
 /// A restore under way, and what it is for.
@@ -901,6 +907,7 @@ impl Scheduler {
 
     fn dispatch(&mut self, now: Instant) {
         self.advance_recovery();
+        self.resume_start_after_recovery();
         self.advance_drains();
         self.advance_waiting_notices(now);
         self.advance_preemption(now);

@@ -587,6 +587,7 @@ impl Scheduler {
             state_lost: BTreeSet::new(),
             run: None,
             interrupted: 0,
+            creating_again: None,
         })
     }
 
@@ -602,6 +603,9 @@ impl Scheduler {
     /// Moves a recovery on: fails it at once if it cannot succeed; ends it when nothing was
     /// lost; asks for the restore once every server is back and nothing is in flight.
     pub(super) fn advance_recovery(&mut self) {
+        if self.advance_recovery_before_start() {
+            return;
+        }
         let Some(r) = &self.recovery else { return };
         if r.restoring() {
             return;

@@ -574,11 +574,12 @@ fn a_start_without_a_checkpoint_is_afresh_only_over_untouched_servers() {
     );
 }
 
-/// With no checkpoint, a server that holds nothing where this chief created a variable's shard,
-/// beside one that holds them, restarted after the creation: the start fails as a server lost
-/// at start (the chief's restart creates the variables again) instead of training over a
-/// server that would be found lost with nothing to restore it from. A server with no shard
-/// placed on it may be empty.
+/// With no checkpoint, a server that holds nothing where a variable's shard is placed, beside
+/// one that holds them, restarted after the creation: where this coordinator did not create
+/// them itself (it has no request to give the server again; `created_again_tests.rs` has the
+/// case where it did), the start fails as a server lost at start (the chief's restart creates
+/// the variables again) instead of training over a server that would be found lost with
+/// nothing to restore it from. A server with no shard placed on it may be empty.
 #[test]
 fn a_start_afresh_over_a_server_emptied_after_the_creation_is_a_server_lost_at_start() {
     let t = Instant::now();

@@ -28,6 +28,11 @@
 //! 3. [`SchedulerAction::RestoreFinished`] with the start's ticket: the step restored, `None`
 //!    for a start afresh, or why the chief cannot start.
 //!
+//! A server lost before the start (between the program's creation of its variables and the
+//! start's fence, seen by the failure detector or by the start's probes as a new process that
+//! holds none of them) is given the variables again and the start probes every server again
+//! (`created_again.rs`): no chief restart.
+//!
 //! Pure: no IO, no clock; `now` is passed in.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -111,7 +116,10 @@ pub struct CreateTicket(pub u64);
 /// A variable whose shards are being created.
 #[derive(Debug)]
 pub(super) struct PendingCreate {
+    /// The variable, or what the creation is for.
     name: String,
+    /// The program's creation, or shards created again on a server lost before the start.
+    again_before_start: bool,
     since: Instant,
     /// Per shard, its server and the request (sent again while it is not reachable).
     requests: BTreeMap<usize, (u32, CreateVariable)>,
@@ -129,9 +137,39 @@ pub(super) struct PendingCreate {
 #[derive(Debug, Default)]
 pub(super) struct Creates {
     pending: BTreeMap<CreateTicket, PendingCreate>,
+    /// Every shard the program created (server and request) while the chief's start had not
+    /// ended well: a server lost before it is given them again (`created_again.rs`). Dropped
+    /// once the servers are accounted for (the start ended well, or the program scheduled).
+    made: Vec<(u32, CreateVariable)>,
 }
 
 impl Creates {
+    /// The shards created on `servers` so far (by finished creations, and by those still
+    /// under way that a server answered), each with its server and request.
+    pub(super) fn made_on(&self, servers: &BTreeSet<u32>) -> Vec<(u32, CreateVariable)> {
+        let answered = self
+            .pending
+            .values()
+            .filter(|p| !p.again_before_start)
+            .flat_map(|p| {
+                p.requests
+                    .iter()
+                    .filter(|(shard, _)| !p.waiting.contains(shard))
+                    .map(|(_, request)| request)
+            });
+        self.made
+            .iter()
+            .chain(answered)
+            .filter(|(ps, _)| servers.contains(ps))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the shards kept for a server lost before the start.
+    pub(super) fn forget_made(&mut self) {
+        self.made = Vec::new();
+    }
+
     /// Whether a variable named `name` is being created.
     fn naming(&self, name: &str) -> bool {
         self.pending.values().any(|c| c.name == name)
@@ -171,8 +209,14 @@ impl Creates {
         again
     }
 
-    /// Takes creation `ticket` out once every shard answered: how it ended.
-    fn take_finished(&mut self, ticket: CreateTicket) -> Option<Result<(), CreateError>> {
+    /// Takes creation `ticket` out once every shard answered: how it ended, and whether it
+    /// created shards again on a server lost before the start. A program's creation that
+    /// ended well is kept (`made`) while `keep`.
+    fn take_finished(
+        &mut self,
+        ticket: CreateTicket,
+        keep: bool,
+    ) -> Option<(Result<(), CreateError>, bool)> {
         if !self
             .pending
             .get(&ticket)
@@ -181,7 +225,50 @@ impl Creates {
             return None;
         }
         let pending = self.pending.remove(&ticket)?;
-        Some(pending.failed.map_or(Ok(()), Err))
+        let again = pending.again_before_start;
+        match pending.failed {
+            Some(e) => Some((Err(e), again)),
+            None => {
+                if keep && !again {
+                    self.made.extend(pending.requests.into_values());
+                }
+                Some((Ok(()), again))
+            }
+        }
+    }
+
+    /// Creates `requests` (server and request each) again under `ticket`, from `now` (a
+    /// server not reachable is asked again within `ps_restart_wait` of it): the actions.
+    pub(super) fn create_again(
+        &mut self,
+        now: Instant,
+        ticket: CreateTicket,
+        requests: Vec<(u32, CreateVariable)>,
+    ) -> Vec<SchedulerAction> {
+        let requests: BTreeMap<usize, (u32, CreateVariable)> =
+            requests.into_iter().enumerate().collect();
+        let actions = requests
+            .iter()
+            .map(|(&shard, (ps, msg))| SchedulerAction::CreateShard {
+                ticket,
+                ps: *ps,
+                shard,
+                msg: msg.clone(),
+            })
+            .collect();
+        self.pending.insert(
+            ticket,
+            PendingCreate {
+                name: "(the shards of a server lost before the chief's start)".into(),
+                again_before_start: true,
+                since: now,
+                waiting: requests.keys().copied().collect(),
+                requests,
+                again_at: BTreeMap::new(),
+                failed: None,
+            },
+        );
+        actions
     }
 }
 
@@ -200,6 +287,26 @@ pub(super) struct PendingStart {
     out: BTreeSet<u32>,
     /// Servers that could not be reached, and when to probe them again.
     again_at: BTreeMap<u32, Instant>,
+    /// Held for a recovery before the start (`created_again.rs`): every server is probed
+    /// again once it ended.
+    held: bool,
+}
+
+impl PendingStart {
+    /// Start `ticket` (afresh, from `root`, since `since`) held for a recovery before it.
+    fn held(ticket: RestoreTicket, root: PathBuf, since: Instant) -> Self {
+        PendingStart {
+            ticket,
+            verifying: false,
+            checkpoint: None,
+            root,
+            since,
+            probes: BTreeMap::new(),
+            out: BTreeSet::new(),
+            again_at: BTreeMap::new(),
+            held: true,
+        }
+    }
 }
 
 /// The chief's start (its sub-machine's state): the start while its probes are out, and
@@ -210,6 +317,10 @@ pub(super) struct ChiefStart {
     /// The start ended well (restored, or afresh): what the servers hold is this
     /// coordinator's to account for (see [`Scheduler::servers_accounted`]).
     ended_well: bool,
+    /// How often the start found a server emptied since the creation and had its variables
+    /// created again (bounded by [`START_CREATE_AGAIN_MAX`]: a server that keeps restarting
+    /// fails the start as lost).
+    created_again: u32,
 }
 
 /// What a server's answer to the start's probe did ([`ChiefStart::probe_answered`]).
@@ -233,6 +344,42 @@ impl ChiefStart {
     /// Whether the start ended well.
     pub(super) fn ended_well(&self) -> bool {
         self.ended_well
+    }
+
+    /// Whether the start may have an emptied server's variables created again once more
+    /// (counting this time).
+    fn may_create_again(&mut self) -> bool {
+        self.created_again += 1;
+        self.created_again <= START_CREATE_AGAIN_MAX
+    }
+
+    /// Whether the start's probes are those after its fence (a start afresh over servers
+    /// that hold variables).
+    pub(super) fn verifying(&self) -> bool {
+        self.pending.as_ref().is_some_and(|s| s.verifying)
+    }
+
+    /// Holds the start for a recovery before it (`created_again.rs`); false where the start
+    /// is past its fence, or none is under way.
+    fn hold(&mut self) -> bool {
+        match self.pending.as_mut().filter(|s| !s.verifying) {
+            Some(start) => {
+                start.held = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A start held for a recovery probes `servers` again (what each answered before may be
+    /// gone, or created again since): its ticket, where it was held.
+    pub(super) fn probe_again_if_held(&mut self, servers: &BTreeSet<u32>) -> Option<RestoreTicket> {
+        let start = self.pending.as_mut().filter(|s| s.held)?;
+        start.held = false;
+        start.probes.clear();
+        start.again_at.clear();
+        start.out = servers.clone();
+        Some(start.ticket)
     }
 
     /// The start's restore of a checkpoint ended well.
@@ -311,6 +458,10 @@ impl ChiefStart {
     }
 }
 
+/// Most times one start has the variables of a server emptied since their creation created
+/// again before it fails as a server lost.
+const START_CREATE_AGAIN_MAX: u32 = 3;
+
 /// Pause before probing again a server that could not be reached at the chief's start.
 pub const START_PROBE_BACKOFF: Duration = Duration::from_millis(200);
 
@@ -379,6 +530,7 @@ impl Scheduler {
         }
         let pending = PendingCreate {
             name: name.clone(),
+            again_before_start: false,
             since: now,
             requests,
             waiting: (0..layout.shards.len()).collect(),
@@ -386,7 +538,7 @@ impl Scheduler {
             failed: None,
         };
         self.creates.pending.insert(ticket, pending);
-        self.finish_create(ticket);
+        self.finish_create(now, ticket);
         Ok(ticket)
     }
 
@@ -428,7 +580,7 @@ impl Scheduler {
             Ok(()) => {}
         }
         pending.waiting.remove(&shard);
-        self.finish_create(ticket);
+        self.finish_create(now, ticket);
     }
 
     /// When a shard whose server could not be reached is asked again.
@@ -448,10 +600,14 @@ impl Scheduler {
         }
     }
 
-    fn finish_create(&mut self, ticket: CreateTicket) {
-        if let Some(result) = self.creates.take_finished(ticket) {
-            self.actions
-                .push_back(SchedulerAction::VariableCreated { ticket, result });
+    fn finish_create(&mut self, now: Instant, ticket: CreateTicket) {
+        let keep = !self.servers_accounted();
+        match self.creates.take_finished(ticket, keep) {
+            Some((result, false)) => self
+                .actions
+                .push_back(SchedulerAction::VariableCreated { ticket, result }),
+            Some((result, true)) => self.created_again(now, ticket, result),
+            None => {}
         }
     }
 
@@ -459,7 +615,8 @@ impl Scheduler {
     /// then restores `checkpoint` (the newest that verifies under `root`, if any) onto the
     /// incarnations that answered, or starts afresh; [`SchedulerAction::RestoreFinished`] with
     /// the returned ticket tells how it ended (see the module doc). Refused if anything was
-    /// scheduled, or a start or a recovery is under way.
+    /// scheduled, or a start or a restore is under way; a recovery of a server lost before it
+    /// holds it until it ended (`created_again.rs`).
     pub fn handle_start(
         &mut self,
         now: Instant,
@@ -472,7 +629,9 @@ impl Scheduler {
         if self.start.under_way() {
             return Err(StartFailure::StartUnderWay);
         }
-        if self.recovery.is_some() {
+        // A recovery before the start (a server lost while the program created its
+        // variables) holds the start until it ended; a restore under way refuses it.
+        if self.recovery.as_ref().is_some_and(|r| r.restoring()) {
             return Err(StartFailure::RecoveryUnderWay);
         }
         let ticket = RestoreTicket(self.next_ticket);
@@ -490,6 +649,7 @@ impl Scheduler {
             probes: BTreeMap::new(),
             out: self.server_set.indexes().clone(),
             again_at: BTreeMap::new(),
+            held: false,
         });
         // Notices that waited for the start leave now, as those during it do.
         self.advance_waiting_notices(now);
@@ -536,6 +696,11 @@ impl Scheduler {
     }
 
     fn finish_start(&mut self, now: Instant) {
+        // A recovery before the start (a server lost, its variables being created again):
+        // the start waits for it, then probes every server again.
+        if self.recovery.as_ref().is_some_and(|r| !r.restoring()) && self.start.hold() {
+            return;
+        }
         let Some(start) = self.start.take_answered(self.server_set.indexes().len()) else {
             return;
         };
@@ -559,6 +724,18 @@ impl Scheduler {
                 any_serving && !p.serving && self.holds_shards_of_created_variables(p.ps)
             });
             let result = match (trained, emptied) {
+                // A server that restarted unnoticed since the creation gets the variables
+                // again (`created_again.rs`), then every server is probed again.
+                (None, Some(p))
+                    if !start.verifying
+                        && !self.creates.made_on(&BTreeSet::from([p.ps])).is_empty()
+                        && self.start.may_create_again() =>
+                {
+                    self.recovery(now).state_lost.insert(p.ps);
+                    self.start.pending = Some(PendingStart::held(ticket, start.root, start.since));
+                    self.dispatch(now);
+                    return;
+                }
                 (Some(p), _) => Err(StartFailure::TrainedWithoutCheckpoint {
                     root: start.root.clone(),
                     ps: p.ps,
@@ -662,6 +839,7 @@ impl Scheduler {
                     probes: BTreeMap::new(),
                     out: servers,
                     again_at: BTreeMap::new(),
+                    held: false,
                 });
                 return self.finish_start(now);
             }
