@@ -3,19 +3,9 @@
 
 use super::control_tests::{drain, setup};
 use super::recovery::{CallFault, RestoreCall};
+use super::save_tests::two_shards;
 use super::*;
-use crate::layout::{Dtype, Layout, Shard};
 use crate::roles::protocol::InitSpec;
-
-/// Variable `w`, `[4, 2]`, rows 0..2 on ps/0 and 2..4 on ps/1.
-fn two_shards() -> Layout {
-    Layout {
-        name: "w".into(),
-        dtype: Dtype::F32,
-        shape: vec![4, 2],
-        shards: vec![Shard { ps: 0, rows: 0..2 }, Shard { ps: 1, rows: 2..4 }],
-    }
-}
 
 /// A server's answer to a probe: holding variables (`serving`) or not, having applied nothing.
 fn probe(ps: u32, incarnation: u64, serving: bool) -> ServerProbe {

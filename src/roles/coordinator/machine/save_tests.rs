@@ -13,7 +13,7 @@ use crate::layout::{Dtype, Layout, Shard};
 use crate::roles::protocol::{f32_blob, InitSpec, ShardState};
 
 /// Variable `w`, `[4, 2]`, rows 0..2 on ps/0 and 2..4 on ps/1.
-fn two_shards() -> Layout {
+pub(super) fn two_shards() -> Layout {
     Layout {
         name: "w".into(),
         dtype: Dtype::F32,
