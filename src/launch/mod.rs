@@ -1145,13 +1145,24 @@ fn metrics_ports(
     for (task, socket) in tasks.into_iter().zip(&sockets) {
         let addr = socket.local_addr().map_err(LaunchError::Ports)?;
         let path = metrics_addr_file(run_dir, task);
-        path.parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&path, format!("{addr}\n")))
+        write_whole(&path, &format!("{addr}\n"))
             .map_err(|e| LaunchError::RunDir(format!("{}: {e}", path.display())))?;
         addrs.insert(task, addr);
     }
     Ok(addrs)
+}
+
+/// Writes `text` to `path` (its folder created) through a file beside it renamed into place:
+/// a reader that finds the file finds all of it (a reader polling for a task's address or pid
+/// read an empty file once, between the creation and the write).
+fn write_whole(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Records the process `pid` running incarnation `incarnation` of `task` ([`pid_file`]:
@@ -1159,15 +1170,7 @@ fn metrics_ports(
 /// recovery benchmark) can signal a task. Best effort: a failure is logged.
 fn write_pid_file(run_dir: &std::path::Path, task: TaskId, pid: u32, incarnation: u64) {
     let path = pid_file(run_dir, task);
-    let written = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| {
-            let tmp = path.with_extension("pid.tmp");
-            std::fs::write(&tmp, format!("{pid} {incarnation}\n"))?;
-            std::fs::rename(&tmp, &path)
-        });
-    if let Err(e) = written {
+    if let Err(e) = write_whole(&path, &format!("{pid} {incarnation}\n")) {
         tracing::warn!("cannot record {task}'s pid in {}: {e}", path.display());
     }
 }

@@ -172,7 +172,9 @@ impl Creates {
 
     /// Whether a variable named `name` is being created.
     fn naming(&self, name: &str) -> bool {
-        self.pending.values().any(|c| c.name == name)
+        self.pending
+            .values()
+            .any(|c| !c.again_before_start && c.name == name)
     }
 
     /// Whether no creation is under way.
