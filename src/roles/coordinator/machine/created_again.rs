@@ -38,13 +38,7 @@ impl Scheduler {
         if r.creating_again.is_some() {
             return true;
         }
-        // A server of the job never seen by this coordinator has no incarnation to create on.
-        let unseen = self
-            .server_set
-            .indexes()
-            .iter()
-            .any(|ps| !self.servers.contains_key(ps));
-        if !self.ps_down().is_empty() || unseen {
+        if !self.every_server_back() {
             return true;
         }
         let Some(r) = self.recovery.as_mut() else {

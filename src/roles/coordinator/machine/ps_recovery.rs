@@ -580,6 +580,18 @@ impl Scheduler {
         }
     }
 
+    /// Whether every server of the job answers as a known incarnation: none down, and none
+    /// never seen by this coordinator (it restarted while the server was cut off), which has no
+    /// incarnation to pin and waits for its dial to answer.
+    pub(super) fn every_server_back(&self) -> bool {
+        self.ps_down().is_empty()
+            && self
+                .server_set
+                .indexes()
+                .iter()
+                .all(|ps| self.servers.contains_key(ps))
+    }
+
     /// The recovery under way, or a new one from `now`.
     pub(super) fn recovery(&mut self, now: Instant) -> &mut Recovery {
         self.recovery.get_or_insert_with(|| Recovery {
@@ -623,14 +635,7 @@ impl Scheduler {
             }
         }
         let in_flight = self.workers.values().any(|w| !w.in_flight.is_empty());
-        // A server of the job never seen by this coordinator (it restarted while the server
-        // was cut off) has no incarnation to pin: the restore waits for its dial to answer.
-        let unseen = self
-            .server_set
-            .indexes()
-            .iter()
-            .any(|ps| !self.servers.contains_key(ps));
-        if !self.ps_down().is_empty() || in_flight || unseen {
+        if !self.every_server_back() || in_flight {
             return;
         }
         let lost = self
