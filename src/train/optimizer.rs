@@ -4,12 +4,14 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::{LearningRateSchedule, ScheduleError, TrainError};
-use crate::optim::{NonFinitePolicy, OptimError, Optimizer, OptimizerState, Slots, UpdateOutcome};
+use crate::optim::{
+    NonFinitePolicy, OptimError, Optimizer, OptimizerState, Screen, Slots, UpdateOutcome,
+};
 use crate::strategy::{get_replica_context, ReduceOp, ReplicaContext};
-use crate::variable::{Variable, VariableId};
+use crate::variable::{in_place, Variable, VariableId};
 
 /// An optimizer for training loops under a strategy (Keras' optimizer inside a
 /// `strategy.scope()`): [`DistributedOptimizer::apply_gradients`] called in a replica context
@@ -222,12 +224,18 @@ impl DistributedOptimizer {
             }
         }
 
-        let mut flat = sum_across_replicas(syncing, &pairs, also)?;
-        let summed = flat.split_off(flat.len() - also.len());
+        // One fresh, contiguous f32 buffer on the CPU, read where it lies from here on: the
+        // gradients' views, the screen, the clipping's norm and the kernels read it, and
+        // nothing copies it again.
+        let joined = on_cpu(sum_across_replicas(syncing, &pairs, also)?)?;
+        let gradients_len = joined.elem_count() - also.len();
+        let summed = read(&joined, |e| e[gradients_len..].to_vec())?;
         let replica = ctx.as_ref().map_or(0, ReplicaContext::local_replica_id);
-        let gradients = split_like(&flat, &pairs)?;
 
-        if let Some(index) = crate::optim::first_non_finite(&flat) {
+        let non_finite = read(&joined, |e| {
+            crate::optim::first_non_finite(&e[..gradients_len]).map(|i| (i, e[i]))
+        })?;
+        if let Some((index, value)) = non_finite {
             let (variable, local_index) = variable_at(&pairs, index);
             match self.optimizer.non_finite_policy() {
                 NonFinitePolicy::Skip => {
@@ -235,7 +243,7 @@ impl DistributedOptimizer {
                         self.lock().skipped_steps += 1;
                     }
                     return Ok(AppliedGradients {
-                        gradients,
+                        gradients: views_like(&joined, &pairs)?,
                         outcome: UpdateOutcome::SkippedNonFinite,
                         summed,
                     });
@@ -244,18 +252,16 @@ impl DistributedOptimizer {
                     return Err(OptimError::NonFinite {
                         variable: variable.name().to_owned(),
                         index: local_index,
-                        value: flat[index],
+                        value,
                     }
                     .into())
                 }
             }
         }
 
-        let gradients = match self.global_clipnorm {
-            Some(clipnorm) if clip_by_global_norm(&mut flat, clipnorm) => {
-                split_like(&flat, &pairs)?
-            }
-            _ => gradients,
+        let joined = match self.global_clipnorm {
+            Some(clipnorm) => clipped(joined, gradients_len, clipnorm)?,
+            None => joined,
         };
         let (step, kernel) = {
             let mut state = self.lock();
@@ -266,15 +272,18 @@ impl DistributedOptimizer {
             state.iterations.insert(replica, done + 1);
             (done + 1, kernel)
         };
-        let mut offset = 0;
-        for (grad, var) in &pairs {
-            let len = grad.elem_count();
-            let g = &flat[offset..offset + len];
-            offset += len;
-            self.apply_one(&kernel, ctx.as_ref(), var, g, step)?;
-        }
+        read(&joined, |flat| {
+            let mut offset = 0;
+            for (grad, var) in &pairs {
+                let len = grad.elem_count();
+                let g = &flat[offset..offset + len];
+                offset += len;
+                self.apply_one(&kernel, ctx.as_ref(), var, g, step)?;
+            }
+            Ok::<(), TrainError>(())
+        })??;
         Ok(AppliedGradients {
-            gradients,
+            gradients: views_like(&joined, &pairs)?,
             outcome: UpdateOutcome::Applied,
             summed,
         })
@@ -297,8 +306,8 @@ impl DistributedOptimizer {
                 } else {
                     0
                 };
-                var.update_in_sync(|current| {
-                    self.kernel(kernel, var, component, current, grad, step, &refused)
+                var.update_f32_in_sync(|params| {
+                    self.kernel_in_place(kernel, var, component, params, grad, step, &refused)
                 })
                 .map_err(TrainError::from)
             }
@@ -330,18 +339,35 @@ impl DistributedOptimizer {
         refused: &RefCell<Option<OptimError>>,
     ) -> candle_core::Result<Tensor> {
         let mut params = current.flatten_all()?.to_vec1::<f32>()?;
+        self.kernel_in_place(kernel, var, component, &mut params, grad, step, refused)?;
+        Tensor::from_vec(params, current.shape(), current.device())
+    }
+
+    /// Runs the kernel over `params` where they lie, recording a refusal in `refused`. A
+    /// refusal comes before the kernel writes anything (its checks come first; the gradients
+    /// were screened for non-finite values before), so `params` are whole either way.
+    #[allow(clippy::too_many_arguments)]
+    fn kernel_in_place(
+        &self,
+        kernel: &Optimizer,
+        var: &Variable,
+        component: usize,
+        params: &mut [f32],
+        grad: &[f32],
+        step: u64,
+        refused: &RefCell<Option<OptimError>>,
+    ) -> candle_core::Result<()> {
         let mut state = self.lock();
         let slots = state
             .slots
             .entry((var.id(), component))
             .or_insert_with(|| self.optimizer.new_slots(var.name(), params.len()));
-        if let Err(e) = kernel.apply_dense(&mut params, grad, slots, step) {
+        if let Err(e) = kernel.apply_dense_with(params, grad, slots, step, Screen::AlreadyDone) {
             let message = e.to_string();
             *refused.borrow_mut() = Some(e);
             return Err(candle_core::Error::Msg(message));
         }
-        drop(state);
-        Tensor::from_vec(params, current.shape(), current.device())
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -402,22 +428,50 @@ struct State {
     schedule: LearningRateSchedule,
 }
 
-/// Scales `flat` so that its L2 norm is at most `clipnorm`; whether it changed anything. The
-/// norm is summed in f64 in a fixed order, so every replica scales its identical copy alike.
-fn clip_by_global_norm(flat: &mut [f32], clipnorm: f32) -> bool {
-    let norm = flat
-        .iter()
-        .map(|&g| f64::from(g) * f64::from(g))
-        .sum::<f64>()
-        .sqrt();
+/// `joined` with its first `gradients_len` elements scaled so that their L2 norm is at most
+/// `clipnorm` (a copy, only where they must be scaled). The norm is summed in f64 in a fixed
+/// order, so every replica scales its identical copy alike.
+fn clipped(joined: Tensor, gradients_len: usize, clipnorm: f32) -> Result<Tensor, TrainError> {
+    let norm = read(&joined, |e| {
+        e[..gradients_len]
+            .iter()
+            .map(|&g| f64::from(g) * f64::from(g))
+            .sum::<f64>()
+            .sqrt()
+    })?;
     if norm <= f64::from(clipnorm) {
-        return false;
+        return Ok(joined);
     }
     let scale = (f64::from(clipnorm) / norm) as f32;
-    for g in flat.iter_mut() {
+    let mut flat = joined.to_vec1::<f32>()?;
+    for g in flat[..gradients_len].iter_mut() {
         *g *= scale;
     }
-    true
+    let len = flat.len();
+    Ok(Tensor::from_vec(flat, len, &Device::Cpu)?)
+}
+
+/// `f` of the elements of `joined`, a contiguous f32 CPU tensor ([`on_cpu`]'s), where they lie.
+fn read<R>(joined: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, TrainError> {
+    in_place::read_f32(joined, f).ok_or_else(|| {
+        TrainError::Tensor(candle_core::Error::Msg(
+            "the summed gradients are not a contiguous f32 CPU buffer".into(),
+        ))
+    })
+}
+
+/// `joined` as a contiguous f32 tensor on the CPU: itself where it is one (a CPU
+/// all-reduce's result), else a copy (a device's).
+fn on_cpu(joined: Tensor) -> Result<Tensor, TrainError> {
+    if in_place::read_f32(&joined, |_| ()).is_some() {
+        return Ok(joined);
+    }
+    let flat = joined
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let len = flat.len();
+    Ok(Tensor::from_vec(flat, len, &Device::Cpu)?)
 }
 
 fn check_pair(grad: &Tensor, var: &Variable) -> Result<(), TrainError> {
@@ -437,48 +491,54 @@ fn check_pair(grad: &Tensor, var: &Variable) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Every gradient flattened and concatenated, summed across replicas with one all-reduce when
-/// `ctx` is given.
+/// Every gradient flattened and concatenated, then `also`, summed across replicas with one
+/// all-reduce when `ctx` is given. Gradients on the CPU are gathered into one buffer (one copy
+/// each, read where they lie); a device's are concatenated there, for its own all-reduce.
 fn sum_across_replicas(
     ctx: Option<&ReplicaContext>,
     pairs: &[(Tensor, Variable)],
     also: &[f32],
-) -> Result<Vec<f32>, TrainError> {
-    if pairs.is_empty() && also.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut parts = pairs
-        .iter()
-        .map(|(g, _)| g.to_dtype(DType::F32)?.flatten_all())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    if !also.is_empty() {
-        // On the gradients' device: one buffer, one all-reduce.
-        let device = pairs
-            .first()
-            .map_or(candle_core::Device::Cpu, |(g, _)| g.device().clone());
-        parts.push(Tensor::from_slice(also, also.len(), &device)?);
-    }
-    let mut joined = Tensor::cat(&parts, 0)?;
-    if let Some(ctx) = ctx {
+) -> Result<Tensor, TrainError> {
+    let device = pairs
+        .first()
+        .map_or(Device::Cpu, |(g, _)| g.device().clone());
+    let mut joined = if device.is_cpu() {
+        let len = pairs.iter().map(|(g, _)| g.elem_count()).sum::<usize>() + also.len();
+        let mut flat = Vec::with_capacity(len);
+        for (g, _) in pairs {
+            let g = g.to_dtype(DType::F32)?;
+            if in_place::read_f32(&g, |e| flat.extend_from_slice(e)).is_none() {
+                flat.extend(g.flatten_all()?.to_vec1::<f32>()?);
+            }
+        }
+        flat.extend_from_slice(also);
+        Tensor::from_vec(flat, len, &Device::Cpu)?
+    } else {
+        let mut parts = pairs
+            .iter()
+            .map(|(g, _)| g.to_dtype(DType::F32)?.flatten_all())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        if !also.is_empty() {
+            parts.push(Tensor::from_slice(also, also.len(), &device)?);
+        }
+        Tensor::cat(&parts, 0)?
+    };
+    if let Some(ctx) = ctx.filter(|_| joined.elem_count() > 0) {
         joined = ctx.all_reduce(ReduceOp::Sum, &joined)?;
     }
-    Ok(joined.to_vec1::<f32>()?)
+    Ok(joined)
 }
 
-/// `flat` cut back into tensors shaped like each pair's variable.
-fn split_like(flat: &[f32], pairs: &[(Tensor, Variable)]) -> Result<Vec<Tensor>, TrainError> {
+/// Views of `joined`'s leading elements shaped like each pair's variable, in order (no copy).
+fn views_like(joined: &Tensor, pairs: &[(Tensor, Variable)]) -> Result<Vec<Tensor>, TrainError> {
     let mut offset = 0;
     pairs
         .iter()
         .map(|(g, var)| {
             let len = g.elem_count();
-            let part = flat[offset..offset + len].to_vec();
+            let view = joined.narrow(0, offset, len)?.reshape(var.shape())?;
             offset += len;
-            Ok(Tensor::from_vec(
-                part,
-                var.shape(),
-                &candle_core::Device::Cpu,
-            )?)
+            Ok(view)
         })
         .collect()
 }

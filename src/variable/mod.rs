@@ -33,6 +33,7 @@
 //! Values are candle tensors on the CPU. Element types are whatever candle holds (f32, f64,
 //! i64, i32, ...); TensorFlow's int32 may be given as i64.
 
+pub(crate) mod in_place;
 mod partition;
 mod placement;
 mod rows;
@@ -231,6 +232,43 @@ impl Variable {
         }
     }
 
+    /// [`Variable::update_in_sync`] for an f32 variable, where `f` writes the new value over
+    /// the current one's elements (the same on every replica, as there). A live variable's
+    /// copy stored contiguously on the CPU is written where it is stored (what
+    /// [`Variable::update_in_sync`] does through a copy and `candle_core::Var::set`); any
+    /// other goes through a copy. An `f` that fails leaves a copy it wrote through unchanged,
+    /// but not one it wrote in place: it must fail before it writes (the optimizer's kernels
+    /// check everything first).
+    pub(crate) fn update_f32_in_sync(
+        &self,
+        f: impl Fn(&mut [f32]) -> candle_core::Result<()>,
+    ) -> Result<(), VariableError> {
+        self.local()?;
+        if self.inner.dtype != DType::F32 {
+            return Err(VariableError::DTypeMismatch {
+                name: self.inner.name.clone(),
+                expected: self.inner.dtype,
+                got: DType::F32,
+            });
+        }
+        let through_copy = |current: &Tensor| -> candle_core::Result<Tensor> {
+            let mut elements = current.flatten_all()?.to_vec1::<f32>()?;
+            f(&mut elements)?;
+            Tensor::from_vec(elements, current.shape(), current.device())
+        };
+        let Some(ctx) = self.synced_ctx() else {
+            return self.write_all(through_copy);
+        };
+        self.write_own_slot(&ctx, |slot| {
+            if self.is_live() && slot.is_variable() && in_place::writable_f32(slot) {
+                return Ok(in_place::write_f32(slot, &f)?);
+            }
+            let next = through_copy(slot)?;
+            self.check(&next)?;
+            self.store(slot, &next)
+        })
+    }
+
     fn update(&self, kind: UpdateKind, value: &Tensor) -> Result<(), VariableError> {
         self.local()?;
         self.check(value)?;
@@ -287,12 +325,22 @@ impl Variable {
         ctx: &CurrentReplica,
         f: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
     ) -> Result<(), VariableError> {
+        self.write_own_slot(ctx, |slot| {
+            let next = f(slot)?;
+            self.check(&next)?;
+            self.store(slot, &next)
+        })
+    }
+
+    /// [`Variable::write_own`] with `write` writing the slot itself (checked and stored).
+    fn write_own_slot(
+        &self,
+        ctx: &CurrentReplica,
+        write_slot: impl Fn(&mut Tensor) -> Result<(), VariableError>,
+    ) -> Result<(), VariableError> {
         let replica = ctx.local_replica();
         if self.is_mirrored() {
-            let mut guard = write(&self.inner.components[replica]);
-            let next = f(&guard)?;
-            self.check(&next)?;
-            return self.store(&mut guard, &next);
+            return write_slot(&mut write(&self.inner.components[replica]));
         }
         if self.is_live() {
             // The shared copy is written in place: every replica must be done reading it (its
@@ -300,11 +348,7 @@ impl Variable {
             self.barrier(ctx)?;
         }
         let written = if replica == 0 {
-            let mut guard = write(&self.inner.components[0]);
-            f(&guard)
-                .map_err(VariableError::from)
-                .and_then(|next| self.check(&next).map(|()| next))
-                .and_then(|next| self.store(&mut guard, &next))
+            write_slot(&mut write(&self.inner.components[0]))
         } else {
             Ok(())
         };
