@@ -594,6 +594,58 @@ mod tests {
         assert!(opt.set_learning_rate(f32::NAN).is_err());
     }
 
+    /// A live variable is written where it is stored (the tensors handed out see each update),
+    /// and an update its kernel refuses (slots of another length) writes nothing.
+    #[test]
+    fn a_live_variable_is_updated_in_place_and_a_refused_update_writes_nothing() {
+        use crate::optim::Slots;
+        use crate::strategy::{Mirrored, Strategy, StrategyExt};
+        use std::sync::Arc;
+        let strategy = Mirrored::new(2).unwrap();
+        let w = {
+            let _scope = strategy.scope();
+            Variable::new("w", Tensor::new(&[1f32, 1.], &Device::Cpu).unwrap()).unwrap()
+        };
+        let held: Vec<Tensor> = (0..2).map(|c| w.live_component(c).unwrap()).collect();
+        let kernel = Optimizer::momentum(0.5, 0.9);
+        let opt = Arc::new(DistributedOptimizer::new(kernel));
+        let step = || {
+            let (w, opt) = (w.clone(), Arc::clone(&opt));
+            strategy
+                .run(
+                    move |_ctx, ()| {
+                        let g = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
+                        opt.apply_gradients([(g, w.clone())])
+                    },
+                    (),
+                )
+                .unwrap()
+        };
+        // The summed gradient [2, 4]; momentum's first step moves by -0.5 of it.
+        assert!(step().values().iter().all(Result::is_ok));
+        for copy in &held {
+            assert_eq!(copy.to_vec1::<f32>().unwrap(), [0., -1.]);
+        }
+        let slot = kernel.slot_names()[0];
+        for component in 0..2 {
+            let wrong = Slots::restore(&kernel, "w", 3, [(slot, vec![0f32; 3])], 0).unwrap();
+            opt.restore_slots(&w, component, wrong);
+        }
+        let refused = step();
+        for outcome in refused.values() {
+            assert!(
+                matches!(
+                    outcome,
+                    Err(TrainError::Optim(OptimError::ParamsLength { .. }))
+                ),
+                "{outcome:?}"
+            );
+        }
+        for copy in &held {
+            assert_eq!(copy.to_vec1::<f32>().unwrap(), [0., -1.]);
+        }
+    }
+
     #[test]
     fn values_beside_the_gradients_are_summed_in_their_all_reduce_and_never_skip_a_step() {
         use crate::strategy::{Mirrored, Strategy, StrategyExt};
