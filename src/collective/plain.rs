@@ -602,17 +602,42 @@ impl Sender<'_> {
 }
 
 /// Bytes written to `stream` that its peer has not acknowledged yet (Linux's `SIOCOUTQ`):
-/// what a reset of the connection would discard. 0 where the count cannot be read (another
-/// platform, or a socket that failed: nothing more will be delivered over it either way).
+/// what a reset of the connection would discard. 0 where nothing more will be delivered over
+/// it: a connection that was reset or closed (the peer dropped the link after its last call,
+/// and bytes written after that, a slot given back say, are never acknowledged: the kernel's
+/// count of them stays), a socket that failed, or a count that cannot be read (another
+/// platform).
 #[allow(unsafe_code)]
 fn unacknowledged(stream: &TcpStream) -> usize {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
-        let mut queued: libc::c_int = 0;
+        /// `TCP_CLOSE` of Linux's `include/net/tcp_states.h`: the state a reset or a
+        /// finished close leaves the connection in.
+        const TCP_CLOSE: u8 = 7;
+        let fd = stream.as_raw_fd();
+        // `tcp_info`'s first byte is the connection's state; the kernel copies as many bytes
+        // of it as asked.
+        let mut state: u8 = 0;
+        let mut len = std::mem::size_of::<u8>() as libc::socklen_t;
         // SAFETY: the descriptor is the open socket `stream` borrows for this call, and
-        // SIOCOUTQ (TIOCOUTQ) writes one `c_int` through the pointer, which is valid for it.
-        let read = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        // TCP_INFO writes at most `len` (1) bytes through the pointer, which is valid for them.
+        let read = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                std::ptr::addr_of_mut!(state).cast(),
+                &mut len,
+            )
+        };
+        if read != 0 || state == TCP_CLOSE {
+            return 0;
+        }
+        let mut queued: libc::c_int = 0;
+        // SAFETY: as above; SIOCOUTQ (TIOCOUTQ) writes one `c_int` through the pointer, which
+        // is valid for it.
+        let read = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
         if read == 0 {
             return usize::try_from(queued).unwrap_or(0);
         }
@@ -1095,5 +1120,33 @@ mod tests {
             .expect("the peer read the whole chunk before the link ended");
         assert_eq!(len, PAYLOAD as u64);
         assert!(read == payload, "the chunk arrived intact");
+    }
+
+    /// A peer that dropped the link after its last call (its group superseded) never
+    /// acknowledges what is written after that (a slot given back): its kernel answers with a
+    /// reset, and the bytes stay in the sender's count. Nothing more will be delivered, so the
+    /// link counts nothing unacknowledged, and a flush waiting for it is answered, not held
+    /// until its bound.
+    #[tokio::test]
+    async fn a_link_the_peer_dropped_counts_nothing_unacknowledged() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let mut leaving = TcpStream::connect(address).await.expect("connect");
+        let (staying, _) = listener.accept().await.expect("accept");
+        drop(staying);
+        // One write, as a control frame is: the kernel takes it before the reset comes.
+        leaving
+            .write_all(&[0u8; 8])
+            .await
+            .expect("the first write after the peer's close is taken");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while unacknowledged(&leaving) != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "a link the peer dropped still counts {} bytes unacknowledged",
+                unacknowledged(&leaving)
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }
