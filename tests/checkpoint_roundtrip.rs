@@ -126,6 +126,52 @@ fn ckpt1_manifest_on_disk_ends_with_its_own_checksum() {
     assert_eq!(read_checkpoint(&dir).unwrap().manifest, before);
 }
 
+/// A shard that is not a regular file (a named pipe, a link to a device that never ends) or
+/// that is longer than its manifest records is refused naming the file, at once and without
+/// reading more than the checkpoint's size: nothing waits for a writer or fills memory.
+#[test]
+fn a_shard_that_is_no_regular_file_or_longer_than_recorded_is_refused_without_reading_it_whole() {
+    let root = TempRoot::new("ckpt-shard-not-a-file");
+    let t0 = Instant::now();
+    let mut manager = CheckpointManager::new(root.path(), policy(1), t0).unwrap();
+    let dir = manager.save(&sample_checkpoint(9), t0).unwrap();
+    let manifest = read_checkpoint(&dir).unwrap().manifest;
+    let shard = dir.join(&manifest.files[0].name);
+    let expected_file = format!("ckpt-9/{}", manifest.files[0].name);
+    let recorded = manifest.files[0].bytes;
+
+    std::fs::remove_file(&shard).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&shard)
+        .status()
+        .unwrap()
+        .success());
+    let err = read_checkpoint(&dir).expect_err("a named pipe is no shard");
+    assert!(matches!(err, LoadError::NotAFile { .. }), "{err}");
+    assert_eq!(err.file(), expected_file);
+    assert!(err.to_string().contains("named pipe"), "{err}");
+
+    std::fs::remove_file(&shard).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &shard).unwrap();
+    let err = read_checkpoint(&dir).expect_err("a device is no shard");
+    assert!(matches!(err, LoadError::NotAFile { .. }), "{err}");
+    assert!(err.to_string().contains("device"), "{err}");
+
+    std::fs::remove_file(&shard).unwrap();
+    let long = vec![0u8; usize::try_from(recorded).unwrap() + 4096];
+    std::fs::write(&shard, long).unwrap();
+    let err = read_checkpoint(&dir).expect_err("a longer shard does not verify");
+    match &err {
+        LoadError::LongerThanRecorded { file, expected } => {
+            assert_eq!(
+                (file.as_str(), *expected),
+                (expected_file.as_str(), recorded)
+            );
+        }
+        other => panic!("expected LongerThanRecorded, got {other}"),
+    }
+}
+
 #[test]
 fn restore_from_empty_or_missing_root_finds_nothing() {
     let root = TempRoot::new("ckpt-empty");
@@ -541,8 +587,8 @@ fn ckpt1_decode_refuses_damaged_bytes_naming_the_file() {
 fn read_from<'a>(
     files: &'a BTreeMap<String, Vec<u8>>,
     dir_label: &'a str,
-) -> impl Fn(&str) -> Result<Vec<u8>, LoadError> + 'a {
-    move |name| {
+) -> impl Fn(&str, u64) -> Result<Vec<u8>, LoadError> + 'a {
+    move |name, _read_max| {
         files.get(name).cloned().ok_or_else(|| LoadError::Missing {
             file: format!("{dir_label}/{name}"),
             source: std::io::ErrorKind::NotFound.into(),

@@ -138,6 +138,12 @@ pub enum ValidationError {
         /// Second set it is in.
         second: &'static str,
     },
+    /// The next closure id is the largest `u64`: no closure could be scheduled after it.
+    #[error("ledger: next closure id {next}, the largest id: no closure could follow")]
+    LedgerExhausted {
+        /// The id recorded.
+        next: u64,
+    },
 }
 
 impl Checkpoint {
@@ -276,6 +282,11 @@ impl Checkpoint {
 impl Ledger {
     /// Checks that the counts balance and that no closure id is in two sets (LEDGER-1).
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.next_closure_id == u64::MAX {
+            return Err(ValidationError::LedgerExhausted {
+                next: self.next_closure_id,
+            });
+        }
         if !self.counts.balances() {
             return Err(ValidationError::LedgerUnbalanced {
                 counts: format!("{:?}", self.counts),
@@ -442,5 +453,19 @@ mod tests {
             c.validate(),
             Err(ValidationError::LedgerOverlap { id: 4, .. })
         ));
+    }
+
+    /// A ledger whose next closure id is the largest `u64` is refused: the coordinator that
+    /// restored it would overflow at its first schedule (or, wrapped, hand out ids again).
+    #[test]
+    fn a_ledger_with_no_id_left_is_rejected() {
+        let mut c = two_ps();
+        c.ledger.next_closure_id = u64::MAX;
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::LedgerExhausted { next: u64::MAX })
+        ));
+        c.ledger.next_closure_id = u64::MAX - 1;
+        c.validate().unwrap();
     }
 }

@@ -29,6 +29,7 @@ mod failpoint;
 mod inspect;
 mod manager;
 mod manifest;
+mod regular_file;
 mod store;
 mod tensor;
 mod warm_start;

@@ -27,6 +27,7 @@ use super::failpoint::{self, FailAction, FailSite, FailpointHook};
 use super::manifest::{
     FileEntry, Manifest, ManifestError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
 };
+use super::regular_file::{self, OpenRefused};
 use super::tensor::{TensorBytes, TensorError};
 use crate::layout::Dtype;
 
@@ -170,6 +171,25 @@ pub enum LoadError {
         #[source]
         reason: ManifestInconsistency,
     },
+    /// A file the checkpoint needs is not a regular file (a named pipe, a device, a
+    /// directory): nothing is read from it.
+    #[error("{file}: not a regular file but {kind}")]
+    NotAFile {
+        /// The file.
+        file: String,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// A shard is longer than the manifest records: it is read only up to one byte over
+    /// that size, so a file that never ends (or a huge one) costs no more memory than its
+    /// checkpoint.
+    #[error("{file}: longer than the {expected} bytes its manifest records")]
+    LongerThanRecorded {
+        /// The file.
+        file: String,
+        /// Size recorded in the manifest.
+        expected: u64,
+    },
     /// A shard's size differs from the manifest's (e.g. a truncated file).
     #[error("{file}: size mismatch (manifest says {expected} bytes, file has {found})")]
     SizeMismatch {
@@ -235,6 +255,8 @@ impl LoadError {
             LoadError::Missing { file, .. }
             | LoadError::Io { file, .. }
             | LoadError::TooLarge { file, .. }
+            | LoadError::NotAFile { file, .. }
+            | LoadError::LongerThanRecorded { file, .. }
             | LoadError::Manifest { file, .. }
             | LoadError::UnsupportedFormat { file, .. }
             | LoadError::ManifestInvalid { file, .. }
@@ -490,12 +512,8 @@ fn write_and_publish(
 /// bad input.
 pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
     let dir_label = dir_label(dir);
-    let read = |name: &str| {
-        let file = file_label(&dir_label, name);
-        // The manifest is read up to one byte over its limit (the decoder refuses it); a
-        // shard is read up to its size on disk.
-        let limit = (name == MANIFEST_FILE).then_some(MANIFEST_BYTES_MAX + 1);
-        read_file(&dir.join(name), &file, limit)
+    let read = |name: &str, read_max: u64| {
+        read_file(&dir.join(name), &file_label(&dir_label, name), read_max)
     };
     let mut loaded = decode_checkpoint(&dir_label, read)?;
     loaded.dir = dir.to_path_buf();
@@ -508,22 +526,24 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint, LoadError> {
 /// and SHA-256, the safetensors framing, and that the tensors agree with the layout.
 /// `dir_label` names the directory in errors (`ckpt-200/shard-1-of-2.safetensors: ...`; when it
 /// is a `ckpt-<step>` name, the manifest's step must match it), and `read`'s own errors should
-/// name the file as `<dir_label>/<name>`. The result's `dir` is `dir_label`. Never panics on
-/// bad input.
+/// name the file as `<dir_label>/<name>`. `read` is given, with each name, the most bytes worth
+/// reading of it (one over the most it may have: a longer file is refused either way), so that
+/// a file that never ends costs no more than its checkpoint. The result's `dir` is
+/// `dir_label`. Never panics on bad input.
 pub fn decode_checkpoint(
     dir_label: &str,
-    read: impl Fn(&str) -> Result<Vec<u8>, LoadError>,
+    read: impl Fn(&str, u64) -> Result<Vec<u8>, LoadError>,
 ) -> Result<LoadedCheckpoint, LoadError> {
     let label = |file: &str| file_label(dir_label, file);
     let manifest_label = label(MANIFEST_FILE);
 
-    let manifest = decode_manifest(dir_label, &read(MANIFEST_FILE)?)?;
+    let manifest = decode_manifest(dir_label, &read(MANIFEST_FILE, MANIFEST_BYTES_MAX + 1)?)?;
 
     let num_ps = manifest.num_ps as usize;
     let mut shards = Vec::with_capacity(num_ps);
     for entry in &manifest.files {
         let file = label(&entry.name);
-        let bytes = read(&entry.name)?;
+        let bytes = read(&entry.name, entry.bytes.saturating_add(1))?;
         verify_file(&bytes, entry, &file)?;
         shards.push(parse_shard(&bytes, entry, manifest.step, &file)?);
     }
@@ -588,7 +608,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, LoadError> {
     let bytes = read_file(
         &dir.join(MANIFEST_FILE),
         &file_label(&dir_label, MANIFEST_FILE),
-        Some(MANIFEST_BYTES_MAX + 1),
+        MANIFEST_BYTES_MAX + 1,
     )?;
     decode_manifest(&dir_label, &bytes)
 }
@@ -703,38 +723,32 @@ fn write_file_synced(
     file.sync_all().map_err(|e| io_err("fsync", path, e))
 }
 
-/// Reads the file at `path` (named `file` in errors), at most `limit` bytes when given.
-fn read_file(path: &Path, file: &str, limit: Option<u64>) -> Result<Vec<u8>, LoadError> {
-    let handle = open_for_read(path, file)?;
-    let mut bytes = Vec::new();
-    let read = match limit {
-        Some(limit) => handle.take(limit).read_to_end(&mut bytes),
-        None => {
-            let mut handle = handle;
-            handle.read_to_end(&mut bytes)
-        }
-    };
-    read.map_err(|source| LoadError::Io {
-        file: file.to_string(),
-        source,
+/// Reads the file at `path` (named `file` in errors), at most `read_max` bytes; only a
+/// regular file ([`regular_file::open_regular`]).
+fn read_file(path: &Path, file: &str, read_max: u64) -> Result<Vec<u8>, LoadError> {
+    let handle = regular_file::open_regular(path).map_err(|refused| match refused {
+        OpenRefused::Io(source) if source.kind() == io::ErrorKind::NotFound => LoadError::Missing {
+            file: file.to_string(),
+            source,
+        },
+        OpenRefused::Io(source) => LoadError::Io {
+            file: file.to_string(),
+            source,
+        },
+        OpenRefused::NotAFile(kind) => LoadError::NotAFile {
+            file: file.to_string(),
+            kind,
+        },
     })?;
+    let mut bytes = Vec::new();
+    handle
+        .take(read_max)
+        .read_to_end(&mut bytes)
+        .map_err(|source| LoadError::Io {
+            file: file.to_string(),
+            source,
+        })?;
     Ok(bytes)
-}
-
-fn open_for_read(path: &Path, file: &str) -> Result<File, LoadError> {
-    File::open(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            LoadError::Missing {
-                file: file.to_string(),
-                source,
-            }
-        } else {
-            LoadError::Io {
-                file: file.to_string(),
-                source,
-            }
-        }
-    })
 }
 
 /// Checks what the manifest says about itself and its directory; `Err` is the reason.
@@ -780,6 +794,12 @@ fn check_manifest(m: &Manifest, dir_label: &str) -> Result<(), ManifestInconsist
 
 /// Checks a shard's bytes against the size and SHA-256 its manifest `entry` records.
 fn verify_file(bytes: &[u8], entry: &FileEntry, file: &str) -> Result<(), LoadError> {
+    if bytes.len() as u64 > entry.bytes {
+        return Err(LoadError::LongerThanRecorded {
+            file: file.to_string(),
+            expected: entry.bytes,
+        });
+    }
     if bytes.len() as u64 != entry.bytes {
         return Err(LoadError::SizeMismatch {
             file: file.to_string(),

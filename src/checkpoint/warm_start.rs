@@ -17,8 +17,10 @@
 //! warm-started when created, and a checkpoint to resume from, if any, overrides it).
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::regular_file::{self, OpenRefused};
 use super::tensor::{TensorBytes, TensorError};
 use crate::layout::{Dtype, Layout};
 
@@ -33,6 +35,22 @@ pub enum WarmStartError {
         file: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// The file (safetensors or name map) is not a regular file: nothing was read from it.
+    #[error("warm start: {} is not a regular file but {kind}", file.display())]
+    NotAFile {
+        /// The file.
+        file: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// The name map is larger than any name map needs to be.
+    #[error("warm start: the name map {} is over {max} bytes", file.display())]
+    MapTooLarge {
+        /// The name map.
+        file: PathBuf,
+        /// The limit.
+        max: u64,
     },
     /// The safetensors file is not one.
     #[error("warm start: {} is not a valid safetensors file: {source}", file.display())]
@@ -183,19 +201,39 @@ impl std::fmt::Debug for WarmStart {
     }
 }
 
+/// The largest name map read (bytes): a line per tensor, far below this for any model.
+const MAP_BYTES_MAX: u64 = 64 << 20;
+
 impl WarmStart {
     /// Reads the safetensors `file` and the name map `map_file` (if any), and checks that the
     /// file is valid and that every name the map gives is in it.
     pub fn open(file: &Path, map_file: Option<&Path>) -> Result<Self, WarmStartError> {
-        let bytes = std::fs::read(file).map_err(|source| WarmStartError::Io {
-            file: file.to_path_buf(),
-            source,
-        })?;
+        let refused = |path: &Path| {
+            let path = path.to_path_buf();
+            move |refused| match refused {
+                OpenRefused::Io(source) => WarmStartError::Io { file: path, source },
+                OpenRefused::NotAFile(kind) => WarmStartError::NotAFile { file: path, kind },
+            }
+        };
+        let mut bytes = Vec::new();
+        regular_file::open_regular(file)
+            .map_err(refused(file))?
+            .read_to_end(&mut bytes)
+            .map_err(|source| WarmStartError::Io {
+                file: file.to_path_buf(),
+                source,
+            })?;
         let map = match map_file {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| WarmStartError::Io {
+                let bytes = regular_file::read_regular_at_most(path, MAP_BYTES_MAX)
+                    .map_err(refused(path))?
+                    .ok_or_else(|| WarmStartError::MapTooLarge {
+                        file: path.to_path_buf(),
+                        max: MAP_BYTES_MAX,
+                    })?;
+                let text = String::from_utf8(bytes).map_err(|e| WarmStartError::Io {
                     file: path.to_path_buf(),
-                    source,
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
                 })?;
                 parse_name_map(&text, path)?
             }
@@ -472,6 +510,54 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("bad.safetensors"), "{err}");
+    }
+
+    /// A device or a named pipe given as the file or the map is refused naming it, at once,
+    /// and a map too large for any model is refused without being read whole.
+    #[test]
+    fn a_file_or_map_that_is_no_regular_file_or_too_large_is_refused_naming_it() {
+        let err = WarmStart::open(Path::new("/dev/zero"), None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WarmStartError::NotAFile {
+                    kind: "a device",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("/dev/zero"), "{err}");
+        let dir = std::env::temp_dir().join(format!("cohort-warm-pipe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("m.safetensors");
+        std::fs::write(&model, file(&[("w", vec![2], vec![1., 2.])])).unwrap();
+        let pipe = dir.join("map.toml");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&pipe)
+            .status()
+            .unwrap()
+            .success());
+        let err = WarmStart::open(&model, Some(&pipe)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WarmStartError::NotAFile {
+                    kind: "a named pipe",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        std::fs::remove_file(&pipe).unwrap();
+        let big = std::fs::File::create(&pipe).unwrap();
+        big.set_len(MAP_BYTES_MAX + 1).unwrap();
+        let err = WarmStart::open(&model, Some(&pipe)).unwrap_err();
+        assert!(matches!(err, WarmStartError::MapTooLarge { .. }), "{err}");
+        std::fs::write(&pipe, "w = \"w\"\n").unwrap();
+        WarmStart::open(&model, Some(&pipe)).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -36,8 +36,9 @@ pub(crate) struct MemberArgs {
     /// Every member as `role/index=host:port`, comma-separated.
     #[arg(long, value_delimiter = ',')]
     members: Vec<String>,
-    /// Elements of the f32 tensor all-reduced each round.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// Elements of the f32 tensor all-reduced each round, at most 2^30 (4 GiB).
+    #[arg(long, default_value_t = 1 << 20,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 30))]
     elements: usize,
     /// The transport's idle timeout: the detection budget of a lost member.
     #[arg(long, default_value_t = 800)]

@@ -123,7 +123,7 @@ enum Command {
     #[command(hide = true)]
     BenchDenseCompute {
         /// Timed steps (after 30 untimed ones).
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = bench_steps())]
         steps: usize,
     },
     /// Run one task of a built-in job: what `launch` starts, and what a Kubernetes manifest

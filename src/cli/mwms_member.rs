@@ -46,8 +46,9 @@ pub(crate) struct MwmsArgs {
     /// Local replicas of this worker.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
-    /// Training steps (global batches).
-    #[arg(long, default_value_t = 8)]
+    /// Training steps (global batches), at most ten million.
+    #[arg(long, default_value_t = 8,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=10_000_000))]
     steps: usize,
     /// Examples per global batch, over every replica of every worker.
     #[arg(long, default_value_t = 16)]

@@ -123,6 +123,18 @@ pub enum StateCheckpointError {
         /// Why it is refused.
         source: ScheduleError,
     },
+    /// A count the checkpoint records (its step, the optimizer's steps) is not a count a step
+    /// can follow: not a whole number, or the largest `u64` (the next step's count would
+    /// overflow).
+    #[error("{}: the recorded {key} is {found}, not a count below {}", dir.display(), u64::MAX)]
+    Count {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// What the count is.
+        key: &'static str,
+        /// What is there.
+        found: serde_json::Value,
+    },
     /// What the checkpoint records of the epochs (the count begun, the running figures) is
     /// not what it should be.
     #[error("{}: the recorded {key:?} is {found}, not {}", dir.display(), if *key == EPOCHS_BEGUN_KEY { "a count" } else { "a list of f64 bit patterns" })]
@@ -298,7 +310,9 @@ impl StateCheckpoints {
             .first()
             .ok_or_else(|| StateCheckpointError::NoShard { dir: dir.clone() })?;
         let read = |name: &str| read_tensor(shard, &dir, name);
-        // Check every variable and the recorded schedule first: a mismatch changes nothing.
+        // Check every variable, the counts and the recorded schedule first: a mismatch
+        // changes nothing.
+        let (steps, optimizer_steps) = recorded_counts(ckpt, &dir)?;
         let schedule = recorded_schedule(&ckpt.extra, &dir)?;
         let epochs = recorded_epochs(&ckpt.extra, &dir)?;
         let mut values = Vec::with_capacity(state.variables.len());
@@ -325,12 +339,7 @@ impl StateCheckpoints {
         }
         if let Some(optimizer) = state.optimizer {
             restore_slots(optimizer, state.variables, shard, &dir, local_copies)?;
-            let steps = ckpt
-                .extra
-                .get(OPTIMIZER_STEPS_KEY)
-                .and_then(serde_json::Value::as_u64)
-                .unwrap_or(ckpt.step);
-            optimizer.set_steps(steps, local_copies);
+            optimizer.set_steps(optimizer_steps, local_copies);
             if let Some(schedule) = schedule {
                 optimizer
                     .set_learning_rate_schedule(schedule)
@@ -338,9 +347,9 @@ impl StateCheckpoints {
             }
         }
         state.epochs = epochs;
-        state.step = ckpt.step;
+        state.step = steps;
         state.position = ckpt.dataset_positions.get(&0).copied().unwrap_or(0);
-        Ok(Some(ckpt.step))
+        Ok(Some(steps))
     }
 }
 
@@ -442,6 +451,25 @@ fn recorded_epochs(
         Some(value) => figures_from_json(value).ok_or_else(|| wrong(EPOCH_FIGURES_KEY, value))?,
     };
     Ok(EpochProgress { begun, figures })
+}
+
+/// The steps a checkpoint records and its optimizer's steps (the steps where it records none),
+/// each one a step can follow.
+fn recorded_counts(ckpt: &Checkpoint, dir: &Path) -> Result<(u64, u64), StateCheckpointError> {
+    let count = |key: &'static str, value: &serde_json::Value| match value.as_u64() {
+        Some(count) if count < u64::MAX => Ok(count),
+        _ => Err(StateCheckpointError::Count {
+            dir: dir.to_path_buf(),
+            key,
+            found: value.clone(),
+        }),
+    };
+    let steps = count("step", &serde_json::Value::from(ckpt.step))?;
+    let optimizer_steps = match ckpt.extra.get(OPTIMIZER_STEPS_KEY) {
+        None => steps,
+        Some(value) => count(OPTIMIZER_STEPS_KEY, value)?,
+    };
+    Ok((steps, optimizer_steps))
 }
 
 /// The learning-rate schedule a checkpoint's `extra` records (none where it records none),
@@ -575,5 +603,47 @@ mod tests {
             recorded_epochs(&serde_json::json!({"epoch_figures": [1, -2.5]}), dir).unwrap_err();
         assert!(err.to_string().contains("epoch_figures"), "{err}");
         assert!(err.to_string().contains("bit patterns"), "{err}");
+    }
+
+    /// A checkpoint whose step or optimizer steps are at the largest count is refused before
+    /// anything is restored: the next step's count would overflow.
+    #[test]
+    fn a_recorded_count_no_step_can_follow_is_refused_and_restores_nothing() {
+        use crate::optim::Optimizer;
+        use crate::train::DistributedOptimizer;
+        let root =
+            std::env::temp_dir().join(format!("cohort-state-ckpt-counts-{}", std::process::id()));
+        for (step, optimizer_steps, key) in
+            [(u64::MAX, 3, "step"), (30, u64::MAX, OPTIMIZER_STEPS_KEY)]
+        {
+            let _ = std::fs::remove_dir_all(&root);
+            let mut checkpoints = StateCheckpoints::open(&root, Some(5), 3).unwrap();
+            let trained = DistributedOptimizer::new(Optimizer::sgd(0.1));
+            trained.set_steps(optimizer_steps, 1);
+            let state = ElasticState {
+                step,
+                position: 30,
+                variables: &[],
+                optimizer: Some(&trained),
+                epochs: EpochProgress::default(),
+            };
+            checkpoints.save(&state).unwrap();
+            let fresh = DistributedOptimizer::new(Optimizer::sgd(0.1));
+            let mut state = ElasticState {
+                step: 0,
+                position: 0,
+                variables: &[],
+                optimizer: Some(&fresh),
+                epochs: EpochProgress::default(),
+            };
+            let err = checkpoints.restore_into(&mut state, 1).unwrap_err();
+            assert!(
+                matches!(&err, StateCheckpointError::Count { key: k, .. } if *k == key),
+                "{err}"
+            );
+            assert!(err.to_string().contains(&u64::MAX.to_string()), "{err}");
+            assert_eq!((state.step, state.position, fresh.steps()), (0, 0, 0));
+        }
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

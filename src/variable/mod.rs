@@ -38,7 +38,7 @@ mod partition;
 mod placement;
 mod rows;
 
-pub use partition::{place_again, PartitionError, Partitioner, PsPlacer};
+pub use partition::{place_again, PartitionError, Partitioner, PsPlacer, SHARDS_MAX};
 pub use placement::{
     current_placement, CentralPlacement, DeclaredPlacement, LocalPlacement, MirroredPlacement,
     ParameterServerPlacement, Placement, PlacementScope, VariablePlacement, VariableRequest,

@@ -89,7 +89,16 @@ impl PsPlacer {
             });
         }
         let rows = shape.first().copied().unwrap_or(1);
-        let row_bytes = shape.iter().skip(1).product::<usize>().max(1) * dtype.size_bytes();
+        let row_bytes = shape
+            .iter()
+            .skip(1)
+            .try_fold(dtype.size_bytes(), |bytes, dim| {
+                bytes.checked_mul((*dim).max(1))
+            })
+            .ok_or_else(|| PartitionError::BadPartitioner {
+                name: name.into(),
+                detail: format!("shape {shape:?}: a row has more bytes than memory can hold"),
+            })?;
         let num_shards = match self.partitioner {
             None => 1,
             Some(p) => shards_for(name, p, rows, row_bytes)?,
@@ -214,8 +223,19 @@ fn shards_for(
             rows.div_ceil(rows_per_shard).clamp(1, max_shards)
         }
     };
-    Ok(n.min(rows))
+    let n = n.min(rows);
+    if n > SHARDS_MAX {
+        return Err(bad(&format!(
+            "{n} shards asked for, over the {SHARDS_MAX} a variable may be split into"
+        )));
+    }
+    Ok(n)
 }
+
+/// The most shards a variable is split into: each is a variable of a server's with its own
+/// entry in every checkpoint and every pull, so more would cost far more than they spread
+/// (and a count taken from a huge shape would be allocated as a list of ranges).
+pub const SHARDS_MAX: usize = 1 << 16;
 
 #[cfg(test)]
 mod tests {
@@ -353,5 +373,38 @@ mod tests {
             .place("w", &[4], Dtype::F32)
             .unwrap_err();
         assert!(err.to_string().contains("num_shards"), "{err}");
+    }
+
+    /// A shape whose rows hold nothing (a zero width) passes any element count: its shard
+    /// count is bounded all the same, and a row's size that overflows is refused, not wrapped.
+    #[test]
+    fn a_huge_shape_is_refused_by_its_shard_count_or_its_row_size() {
+        for partitioner in [
+            Partitioner::FixedShards {
+                num_shards: 1 << 40,
+            },
+            Partitioner::MaxSize {
+                max_shard_bytes: 1,
+                max_shards: 1 << 40,
+            },
+        ] {
+            let err = PsPlacer::new(2, Some(partitioner))
+                .place("w", &[1 << 40, 0], Dtype::F32)
+                .unwrap_err();
+            assert!(err.to_string().contains(&SHARDS_MAX.to_string()), "{err}");
+        }
+        let at_most = PsPlacer::new(
+            2,
+            Some(Partitioner::FixedShards {
+                num_shards: SHARDS_MAX,
+            }),
+        )
+        .place("w", &[1 << 40, 0], Dtype::F32)
+        .unwrap();
+        assert_eq!(at_most.shards.len(), SHARDS_MAX);
+        let err = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 2 }))
+            .place("w", &[4, 1 << 32, 1 << 32], Dtype::F32)
+            .unwrap_err();
+        assert!(err.to_string().contains("more bytes than memory"), "{err}");
     }
 }

@@ -15,6 +15,13 @@ args, _ = parser.parse_known_args()
 
 strategy = cohort.MultiWorkerMirroredStrategy()
 rank = strategy.worker_index
+# A shape whose element count overflows is refused naming it (not wrapped), and nothing is made.
+try:
+    strategy._native.create_variable("huge", [2**32, 2**32], np.zeros(0, np.float32))
+except ValueError as e:
+    assert "too many elements" in str(e), e
+else:
+    raise AssertionError("a shape of 2**64 elements was taken")
 rng = np.random.default_rng(rank)
 true_w = np.arange(1, 9, dtype=np.float32).reshape(8, 1)
 with strategy.scope():

@@ -243,7 +243,7 @@ impl World<'_> {
     pub(super) fn read_stored(&mut self, stored: usize) -> Option<Arc<Checkpoint>> {
         let s = self.storage.get(stored)?;
         let label = checkpoint_dir_name(stored as u64);
-        let read = |name: &str| {
+        let read = |name: &str, _read_max: u64| {
             s.files
                 .get(name)
                 .cloned()

@@ -605,7 +605,9 @@ impl Membership {
     /// departing): one above the latest formed, tried or skipped here, which an earlier
     /// attempt may have taken already.
     pub(super) fn next_generation(&self, after: u64) -> u64 {
-        after.max(self.generation) + 1
+        // Saturating: a generation only a broken or hostile peer would name (the largest) is
+        // tried again and refused as not above the latest, rather than overflowing.
+        after.max(self.generation).saturating_add(1)
     }
 }
 

@@ -1,0 +1,70 @@
+//! Opening the files a checkpoint or a warm start reads: only regular files, opened without
+//! waiting. A named pipe put where a file should be would hold a plain open until someone
+//! writes to it, and a device such as `/dev/zero` never ends; both are refused naming what
+//! they are.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::Path;
+
+/// Why a file was not opened.
+#[derive(Debug)]
+pub(crate) enum OpenRefused {
+    /// The open or its `fstat` failed.
+    Io(io::Error),
+    /// It is not a regular file: what it is instead, in words.
+    NotAFile(&'static str),
+}
+
+/// Opens `path` for reading, refusing anything but a regular file (a link to one is one).
+/// With `O_NONBLOCK` a named pipe opens at once and is then refused; on a regular file the
+/// flag changes nothing.
+pub(crate) fn open_regular(path: &Path) -> Result<File, OpenRefused> {
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(OpenRefused::Io)?;
+    let kind = file.metadata().map_err(OpenRefused::Io)?.file_type();
+    if kind.is_file() {
+        Ok(file)
+    } else {
+        Err(OpenRefused::NotAFile(described(&kind)))
+    }
+}
+
+/// Reads a regular file at `path` whole, refusing one of more than `max` bytes: `Ok(None)`
+/// then (nothing past `max + 1` bytes is read).
+pub(crate) fn read_regular_at_most(path: &Path, max: u64) -> Result<Option<Vec<u8>>, OpenRefused> {
+    let file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(OpenRefused::Io)?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
+}
+
+/// What a file that is not a regular one is, in words.
+fn described(kind: &fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a named pipe";
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
