@@ -241,3 +241,103 @@ def test_every_task_runs_the_interpreter_of_the_virtual_environment_it_was_launc
 def test_a_scopes_optimizer_must_be_one_of_cohorts():
     with pytest.raises(TypeError, match=r"scoped_optimizers\['wide'\].*str"):
         cohort.ParameterServerStrategy(scoped_optimizers={"wide": "adagrad"})
+
+
+def _stubbed_parameters(function):
+    """The parameters a stub declares (name, whether it has a default), ``self`` left out."""
+    args = function.args
+    positional = args.posonlyargs + args.args
+    defaults = [False] * (len(positional) - len(args.defaults)) + [True] * len(args.defaults)
+    named = [(a.arg, d) for a, d in zip(positional, defaults)]
+    named += [(a.arg, d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    return [p for p in named if p[0] != "self"]
+
+
+def _runtime_parameters(obj):
+    """The parameters the native module declares (its text signature), or None where it
+    declares none (a getter, a slot)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    return [
+        (p.name, p.default is not inspect.Parameter.empty)
+        for p in signature.parameters.values()
+        if p.name != "self"
+    ]
+
+
+def test_the_native_modules_stubs_name_what_it_has_with_its_parameters():
+    """``_native.pyi`` is what a type checker and an editor read: every function, class and
+    method it names exists in the built module with the same parameters in the same order
+    (and defaults where it shows them), and every public one the module has is in it."""
+    import ast
+    from pathlib import Path
+
+    from cohort import _native
+
+    stubs = ast.parse((Path(cohort.__file__).parent / "_native.pyi").read_text())
+    problems = []
+
+    def check(where, stub, runtime):
+        declared = _runtime_parameters(runtime)
+        stubbed = _stubbed_parameters(stub)
+        if declared is not None and declared != stubbed:
+            problems.append(f"{where}: the stub says {stubbed}, the module {declared}")
+
+    # Each stubbed class's members (methods and annotated fields), by class name: a subclass's
+    # stub inherits its bases' as the module's class does.
+    members = {
+        node.name: {
+            m.name if isinstance(m, ast.FunctionDef) else m.target.id
+            for m in node.body
+            if isinstance(m, ast.FunctionDef)
+            or (isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name))
+        }
+        for node in stubs.body
+        if isinstance(node, ast.ClassDef)
+    }
+    stubbed_names = set()
+    for node in stubs.body:
+        if isinstance(node, ast.FunctionDef):
+            stubbed_names.add(node.name)
+            if not hasattr(_native, node.name):
+                problems.append(f"{node.name}: stubbed, not in the module")
+                continue
+            check(node.name, node, getattr(_native, node.name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            stubbed_names.add(node.target.id)
+            if not hasattr(_native, node.target.id):
+                problems.append(f"{node.target.id}: stubbed, not in the module")
+        elif isinstance(node, ast.ClassDef):
+            stubbed_names.add(node.name)
+            cls = getattr(_native, node.name, None)
+            if cls is None:
+                problems.append(f"{node.name}: stubbed, not in the module")
+                continue
+            methods = {m.name: m for m in node.body if isinstance(m, ast.FunctionDef)}
+            for name, method in methods.items():
+                if name.startswith("__") and name != "__init__":
+                    continue
+                where = f"{node.name}.{name}"
+                if name == "__init__":
+                    check(where, method, cls)
+                elif not hasattr(cls, name):
+                    problems.append(f"{where}: stubbed, not in the module")
+                else:
+                    check(where, method, getattr(cls, name))
+            for name in dir(cls):
+                if name.startswith("_"):
+                    continue
+                if any(name in members.get(base.__name__, ()) for base in cls.__mro__):
+                    continue
+                # Exceptions inherit ``args`` and ``with_traceback`` from Python's own.
+                if issubclass(cls, BaseException) and hasattr(BaseException, name):
+                    continue
+                problems.append(f"{node.name}.{name}: in the module, not stubbed")
+    for name in dir(_native):
+        if not name.startswith("_") and name not in stubbed_names:
+            problems.append(f"{name}: in the module, not stubbed")
+    assert not problems, "\n".join(problems)
