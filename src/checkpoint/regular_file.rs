@@ -16,9 +16,17 @@ pub(crate) enum OpenRefused {
     NotAFile(&'static str),
 }
 
+impl From<io::Error> for OpenRefused {
+    fn from(e: io::Error) -> Self {
+        OpenRefused::Io(e)
+    }
+}
+
 /// Opens `path` for reading, refusing anything but a regular file (a link to one is one).
 /// With `O_NONBLOCK` a named pipe opens at once and is then refused; on a regular file the
-/// flag changes nothing.
+/// flag changes nothing, except under another process's write lease (an NFS delegation, a
+/// Samba oplock), where the open fails at once instead of waiting for the lease's break: a
+/// regular file is then opened again the plain way, waiting as any reader would.
 pub(crate) fn open_regular(path: &Path) -> Result<File, OpenRefused> {
     let mut options = fs::OpenOptions::new();
     options.read(true);
@@ -27,7 +35,12 @@ pub(crate) fn open_regular(path: &Path) -> Result<File, OpenRefused> {
         use std::os::unix::fs::OpenOptionsExt;
         options.custom_flags(libc::O_NONBLOCK);
     }
-    let file = options.open(path).map_err(OpenRefused::Io)?;
+    let file = match options.open(path) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && fs::metadata(path)?.is_file() => {
+            File::open(path)?
+        }
+        opened => opened?,
+    };
     let kind = file.metadata().map_err(OpenRefused::Io)?.file_type();
     if kind.is_file() {
         Ok(file)

@@ -83,7 +83,9 @@ const SLOT_WAIT: Duration = Duration::from_millis(20);
 const DRAIN_POLL: Duration = Duration::from_millis(2);
 
 /// A flush's requests to a link's sender: each is answered once the peer's kernel has
-/// acknowledged every byte written to the link so far, or dropped if the link ends first.
+/// acknowledged every byte written to the link so far, or once the connection is closed (the
+/// peer dropped the link: nothing more can be delivered, and nothing is waited for), or
+/// dropped if the sender ends first.
 ///
 /// A chunk written into the kernel is not yet the peer's: should this process exit with
 /// unread bytes in the link's receive queue (a slot the peer gave back late), Linux resets the

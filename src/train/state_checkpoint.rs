@@ -124,9 +124,9 @@ pub enum StateCheckpointError {
         source: ScheduleError,
     },
     /// A count the checkpoint records (its step, the optimizer's steps) is not a count a step
-    /// can follow: not a whole number, or the largest `u64` (the next step's count would
-    /// overflow).
-    #[error("{}: the recorded {key} is {found}, not a count below {}", dir.display(), u64::MAX)]
+    /// can follow: not a whole number, or not below `i64::MAX` (the next step's count
+    /// would not fit what recovery hands the other members).
+    #[error("{}: the recorded {key} is {found}, not a count below {COUNT_LIMIT}", dir.display())]
     Count {
         /// The checkpoint's directory.
         dir: PathBuf,
@@ -453,11 +453,16 @@ fn recorded_epochs(
     Ok(EpochProgress { begun, figures })
 }
 
+/// The bound below which a checkpoint's counts must lie: `i64::MAX`.
+const COUNT_LIMIT: u64 = i64::MAX as u64;
+
 /// The steps a checkpoint records and its optimizer's steps (the steps where it records none),
 /// each one a step can follow.
 fn recorded_counts(ckpt: &Checkpoint, dir: &Path) -> Result<(u64, u64), StateCheckpointError> {
+    // Recovery hands the counts to the other members as i64 (`strategy::multi_worker`): one
+    // a step can follow fits there with the next.
     let count = |key: &'static str, value: &serde_json::Value| match value.as_u64() {
-        Some(count) if count < u64::MAX => Ok(count),
+        Some(count) if count < COUNT_LIMIT => Ok(count),
         _ => Err(StateCheckpointError::Count {
             dir: dir.to_path_buf(),
             key,
@@ -641,7 +646,7 @@ mod tests {
                 matches!(&err, StateCheckpointError::Count { key: k, .. } if *k == key),
                 "{err}"
             );
-            assert!(err.to_string().contains(&u64::MAX.to_string()), "{err}");
+            assert!(err.to_string().contains(&COUNT_LIMIT.to_string()), "{err}");
             assert_eq!((state.step, state.position, fresh.steps()), (0, 0, 0));
         }
         let _ = std::fs::remove_dir_all(&root);

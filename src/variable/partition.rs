@@ -89,12 +89,18 @@ impl PsPlacer {
             });
         }
         let rows = shape.first().copied().unwrap_or(1);
-        let row_bytes = shape
-            .iter()
-            .skip(1)
-            .try_fold(dtype.size_bytes(), |bytes, dim| {
-                bytes.checked_mul((*dim).max(1))
-            })
+        // A row holding nothing (a zero width) counts as one element, as the rows of any
+        // other shape count their elements.
+        let row_elements = if shape.iter().skip(1).any(|dim| *dim == 0) {
+            Some(1)
+        } else {
+            shape
+                .iter()
+                .skip(1)
+                .try_fold(1usize, |n, dim| n.checked_mul(*dim))
+        };
+        let row_bytes = row_elements
+            .and_then(|n| n.checked_mul(dtype.size_bytes()))
             .ok_or_else(|| PartitionError::BadPartitioner {
                 name: name.into(),
                 detail: format!("shape {shape:?}: a row has more bytes than memory can hold"),
@@ -151,7 +157,7 @@ pub fn place_again(layouts: &[Layout], old_servers: usize, servers: &[u32]) -> V
                     rows: 0..layout.rows(),
                 }]
             } else {
-                let wanted = (k * n).div_ceil(old);
+                let wanted = (k * n).div_ceil(old).min(SHARDS_MAX);
                 split_rows(layout.rows(), wanted)
                     .into_iter()
                     .map(|rows| Shard { ps: take(), rows })
@@ -406,5 +412,21 @@ mod tests {
             .place("w", &[4, 1 << 32, 1 << 32], Dtype::F32)
             .unwrap_err();
         assert!(err.to_string().contains("more bytes than memory"), "{err}");
+        // A row of no width holds one element's bytes however wide its other dimensions.
+        let empty_rows = PsPlacer::new(2, Some(Partitioner::FixedShards { num_shards: 2 }))
+            .place("w", &[4, 1 << 40, 1 << 40, 0], Dtype::F32)
+            .unwrap();
+        assert_eq!(empty_rows.shards.len(), 2);
+        // Placed again onto more servers, a variable of the most shards keeps that many.
+        let most = PsPlacer::new(
+            2,
+            Some(Partitioner::FixedShards {
+                num_shards: SHARDS_MAX,
+            }),
+        )
+        .place("w", &[1 << 40, 0], Dtype::F32)
+        .unwrap();
+        let again = place_again(&[most], 2, &[0, 1, 2, 3]);
+        assert_eq!(again[0].shards.len(), SHARDS_MAX);
     }
 }

@@ -68,7 +68,8 @@ impl ProcessGroup {
     }
 
     /// Waits, at most `within`, until every message this member sent was answered (its peers
-    /// took it) or the group broke; whether it got there. A member whose operation ended may
+    /// took it) or the group broke; whether it got there (a plaintext link its peer closed
+    /// counts as drained: that peer wants nothing more from it). A member whose operation ended may
     /// still have its last chunks on the way to a peer whose operation has not: a member about
     /// to go away (its process exiting) flushes first, so that the peer is not left to take
     /// it for lost. On the plaintext plane a chunk counts once written into the kernel, so the
