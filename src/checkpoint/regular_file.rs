@@ -10,7 +10,7 @@ use std::path::Path;
 /// Why a file was not opened.
 #[derive(Debug)]
 pub(crate) enum OpenRefused {
-    /// The open or its `fstat` failed.
+    /// The open, its `fstat` or the read failed.
     Io(io::Error),
     /// It is not a regular file: what it is instead, in words.
     NotAFile(&'static str),
@@ -27,7 +27,7 @@ impl From<io::Error> for OpenRefused {
 /// flag changes nothing, except under another process's write lease (an NFS delegation, a
 /// Samba oplock), where the open fails at once instead of waiting for the lease's break: a
 /// regular file is then opened again the plain way, waiting as any reader would.
-pub(crate) fn open_regular(path: &Path) -> Result<File, OpenRefused> {
+fn open_regular(path: &Path) -> Result<File, OpenRefused> {
     let mut options = fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -49,15 +49,12 @@ pub(crate) fn open_regular(path: &Path) -> Result<File, OpenRefused> {
     }
 }
 
-/// Reads a regular file at `path` whole, refusing one of more than `max` bytes: `Ok(None)`
-/// then (nothing past `max + 1` bytes is read).
-pub(crate) fn read_regular_at_most(path: &Path, max: u64) -> Result<Option<Vec<u8>>, OpenRefused> {
-    let file = open_regular(path)?;
+/// Reads at most `read_max` bytes of the regular file at `path` ([`open_regular`]): a caller
+/// that must refuse a longer file asks for one byte more than it accepts and looks.
+pub(crate) fn read_regular(path: &Path, read_max: u64) -> Result<Vec<u8>, OpenRefused> {
     let mut bytes = Vec::new();
-    file.take(max.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(OpenRefused::Io)?;
-    Ok((bytes.len() as u64 <= max).then_some(bytes))
+    open_regular(path)?.take(read_max).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// What a file that is not a regular one is, in words.

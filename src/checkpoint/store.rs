@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -724,9 +724,9 @@ fn write_file_synced(
 }
 
 /// Reads the file at `path` (named `file` in errors), at most `read_max` bytes; only a
-/// regular file ([`regular_file::open_regular`]).
+/// regular file ([`regular_file::read_regular`]).
 fn read_file(path: &Path, file: &str, read_max: u64) -> Result<Vec<u8>, LoadError> {
-    let handle = regular_file::open_regular(path).map_err(|refused| match refused {
+    regular_file::read_regular(path, read_max).map_err(|refused| match refused {
         OpenRefused::Io(source) if source.kind() == io::ErrorKind::NotFound => LoadError::Missing {
             file: file.to_string(),
             source,
@@ -739,16 +739,7 @@ fn read_file(path: &Path, file: &str, read_max: u64) -> Result<Vec<u8>, LoadErro
             file: file.to_string(),
             kind,
         },
-    })?;
-    let mut bytes = Vec::new();
-    handle
-        .take(read_max)
-        .read_to_end(&mut bytes)
-        .map_err(|source| LoadError::Io {
-            file: file.to_string(),
-            source,
-        })?;
-    Ok(bytes)
+    })
 }
 
 /// Checks what the manifest says about itself and its directory; `Err` is the reason.

@@ -17,7 +17,6 @@
 //! warm-started when created, and a checkpoint to resume from, if any, overrides it).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::regular_file::{self, OpenRefused};
@@ -215,22 +214,17 @@ impl WarmStart {
                 OpenRefused::NotAFile(kind) => WarmStartError::NotAFile { file: path, kind },
             }
         };
-        let mut bytes = Vec::new();
-        regular_file::open_regular(file)
-            .map_err(refused(file))?
-            .read_to_end(&mut bytes)
-            .map_err(|source| WarmStartError::Io {
-                file: file.to_path_buf(),
-                source,
-            })?;
+        let bytes = regular_file::read_regular(file, u64::MAX).map_err(refused(file))?;
         let map = match map_file {
             Some(path) => {
-                let bytes = regular_file::read_regular_at_most(path, MAP_BYTES_MAX)
-                    .map_err(refused(path))?
-                    .ok_or_else(|| WarmStartError::MapTooLarge {
+                let bytes =
+                    regular_file::read_regular(path, MAP_BYTES_MAX + 1).map_err(refused(path))?;
+                if bytes.len() as u64 > MAP_BYTES_MAX {
+                    return Err(WarmStartError::MapTooLarge {
                         file: path.to_path_buf(),
                         max: MAP_BYTES_MAX,
-                    })?;
+                    });
+                }
                 let text = String::from_utf8(bytes).map_err(|e| WarmStartError::Io {
                     file: path.to_path_buf(),
                     source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
