@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cohort::checkpoint::{
-    list_checkpoints, read_checkpoint, slot_tensor_name, Checkpoint, CheckpointManager,
-    CheckpointPolicy,
+    list_checkpoints, read_checkpoint, slot_tensor_name, update_count_key, Checkpoint,
+    CheckpointManager, CheckpointPolicy,
 };
 use cohort::layout::Layout;
 use cohort::nn::Initializer;
@@ -235,9 +235,12 @@ fn layout_of<'a>(ckpt: &'a Checkpoint, name: &str) -> &'a Layout {
 
 /// The step count `ckpt` holds for shard `index` of `layout`.
 fn steps_of(ckpt: &Checkpoint, layout: &Layout, index: usize) -> u64 {
-    ckpt.extra[format!("steps/{}", layout.shard_name(index))]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no step count for {}", layout.shard_name(index)))
+    let part = layout.shard_name(index);
+    assert!(
+        ckpt.extra.get(update_count_key(&part)).is_some(),
+        "no step count for {part}"
+    );
+    ckpt.update_count(&part).unwrap()
 }
 
 /// Variable `name`'s values (`slot` None) or one optimizer slot, whole: its shards' bytes in

@@ -418,7 +418,10 @@ impl ShardCounts {
             .as_object()
             .into_iter()
             .flatten()
-            .filter_map(|(key, v)| Some((key.strip_prefix("steps/")?.to_string(), v.as_u64()?)))
+            .filter_map(|(key, v)| {
+                let part = key.strip_prefix(crate::checkpoint::UPDATE_COUNT_PREFIX)?;
+                Some((part.to_string(), v.as_u64()?))
+            })
             .collect();
         Self {
             source: dir.display().to_string(),

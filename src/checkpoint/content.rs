@@ -27,8 +27,20 @@ pub struct Checkpoint {
     pub dataset_positions: BTreeMap<u32, u64>,
     /// The coordinator's ledger at the cut.
     pub ledger: Ledger,
-    /// Caller-defined extra state, stored in the manifest as is (`null` when unused).
+    /// Caller-defined extra state, stored in the manifest as is (`null` when unused). A
+    /// parameter-server checkpoint keeps there each variable part's update count, under
+    /// [`update_count_key`] (see [`Checkpoint::update_count`]).
     pub extra: serde_json::Value,
+}
+
+/// The prefix of the keys of [`Checkpoint::extra`] that hold variable parts' update counts.
+pub const UPDATE_COUNT_PREFIX: &str = "steps/";
+
+/// The key of [`Checkpoint::extra`] holding the update count of variable part `part` (a
+/// tensor name of the layout, e.g. `dense/kernel/part_0`): how many updates its server had
+/// applied at the cut, what Adam's bias correction reads after a restore.
+pub fn update_count_key(part: &str) -> String {
+    format!("{UPDATE_COUNT_PREFIX}{part}")
 }
 
 /// The tensors (variable parts and their optimizer slots) one parameter server holds.
@@ -144,6 +156,19 @@ pub enum ValidationError {
         /// The id recorded.
         next: u64,
     },
+    /// A variable part's update count is not a count its server could go on from: not an
+    /// integer, or the largest `u64` (no update could follow it).
+    #[error(
+        "update count of {part:?} (extra {UPDATE_COUNT_PREFIX:?} entry) is {found}, not an \
+         integer below {}",
+        u64::MAX
+    )]
+    BadUpdateCount {
+        /// The variable part.
+        part: String,
+        /// The value recorded, as JSON.
+        found: String,
+    },
 }
 
 impl Checkpoint {
@@ -169,6 +194,32 @@ impl Checkpoint {
         self.shards.get(ps)?.tensors.get(name)
     }
 
+    /// The update count recorded for variable part `part` (0 when none is: a checkpoint
+    /// written without counts restores its parts as never updated). A recorded value that is
+    /// not an integer below `u64::MAX` is refused, naming the part: a server restored with it
+    /// would overflow at its next update, or restart Adam's bias correction from 0.
+    pub fn update_count(&self, part: &str) -> Result<u64, ValidationError> {
+        match self.extra.get(update_count_key(part)) {
+            None => Ok(0),
+            Some(value) => match value.as_u64() {
+                Some(count) if count < u64::MAX => Ok(count),
+                _ => Err(ValidationError::BadUpdateCount {
+                    part: part.to_string(),
+                    found: value.to_string(),
+                }),
+            },
+        }
+    }
+
+    /// Records `count` as variable part `part`'s update count ([`Checkpoint::update_count`]).
+    /// An `extra` that is not a JSON object becomes one (its value is lost).
+    pub fn set_update_count(&mut self, part: &str, count: u64) {
+        if !self.extra.is_object() {
+            self.extra = serde_json::Value::Object(serde_json::Map::new());
+        }
+        self.extra[update_count_key(part)] = serde_json::json!(count);
+    }
+
     /// Checks that the layout, the shard tensors and the ledger agree; see [`ValidationError`].
     pub fn validate(&self) -> Result<(), ValidationError> {
         let num_ps = self.shards.len();
@@ -186,6 +237,7 @@ impl Checkpoint {
                 if parts.insert(tensor.clone(), ps).is_some() {
                     return Err(ValidationError::DuplicateName { name: tensor });
                 }
+                self.update_count(&tensor)?;
                 let found = self.shards[ps].tensors.get(&tensor).ok_or_else(|| {
                     ValidationError::MissingTensor {
                         ps,
@@ -466,6 +518,40 @@ mod tests {
             Err(ValidationError::LedgerExhausted { next: u64::MAX })
         ));
         c.ledger.next_closure_id = u64::MAX - 1;
+        c.validate().unwrap();
+    }
+
+    /// A variable part's update count must be an integer a server can go on from: a checkpoint
+    /// recording the largest `u64`, a negative number or text is refused naming the part (and
+    /// so is skipped by a recovery before any server is restored from it); one recording none
+    /// reads as 0, and an entry naming no part of the layout is left alone.
+    #[test]
+    fn an_update_count_no_server_could_go_on_from_is_rejected() {
+        let mut c = two_ps();
+        let part = c.layout[0].shard_name(0);
+        assert_eq!(c.update_count(&part), Ok(0));
+        c.set_update_count(&part, u64::MAX - 1);
+        c.validate().unwrap();
+        assert_eq!(c.update_count(&part), Ok(u64::MAX - 1));
+        for bad in [
+            serde_json::json!(u64::MAX),
+            serde_json::json!(-1),
+            serde_json::json!(2.5),
+            serde_json::json!("7"),
+        ] {
+            c.extra[update_count_key(&part)] = bad.clone();
+            let err = c.validate().unwrap_err();
+            assert_eq!(
+                err,
+                ValidationError::BadUpdateCount {
+                    part: part.clone(),
+                    found: bad.to_string()
+                }
+            );
+            assert!(err.to_string().contains(&part), "{err}");
+        }
+        c.set_update_count(&part, 3);
+        c.extra[update_count_key("no/such/part")] = serde_json::json!("anything");
         c.validate().unwrap();
     }
 }

@@ -35,7 +35,8 @@ mod tensor;
 mod warm_start;
 
 pub use content::{
-    shard_file_name, slot_tensor_name, Checkpoint, Ledger, ShardTensors, ValidationError,
+    shard_file_name, slot_tensor_name, update_count_key, Checkpoint, Ledger, ShardTensors,
+    ValidationError, UPDATE_COUNT_PREFIX,
 };
 pub use export::{export_safetensors, whole_tensors, ExportError, EXPORT_FORMAT};
 pub use failpoint::{FailAction, FailSite, FailpointHook, FAILPOINT_ENV, FAILPOINT_EXIT_CODE};

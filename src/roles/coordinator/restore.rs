@@ -325,12 +325,13 @@ impl<'a> SavedVariable<'a> {
         Ok(Bytes::from(bytes))
     }
 
-    /// The update count the checkpoint holds for saved shard `j` (0 if none).
+    /// The update count the checkpoint holds for saved shard `j` (0 if none). A checkpoint
+    /// that was read verified its counts ([`Checkpoint::validate`]); one built in memory and
+    /// recording no count a server could go on from restores that shard as never updated, as
+    /// the server would refuse the count itself.
     fn steps(&self, j: usize) -> u64 {
         self.ckpt
-            .extra
-            .get(format!("steps/{}", self.layout.shard_name(j)))
-            .and_then(|v| v.as_u64())
+            .update_count(&self.layout.shard_name(j))
             .unwrap_or(0)
     }
 }
@@ -436,7 +437,7 @@ mod tests {
                             TensorBytes::from_f32(var.shard_shape(j), &values).unwrap(),
                         );
                     }
-                    ckpt.extra[format!("steps/{part}")] = serde_json::json!(steps[j]);
+                    ckpt.set_update_count(&part, steps[j]);
                 }
                 for (slot, values) in tensors {
                     full.insert((var.name.clone(), slot), values);
@@ -607,6 +608,56 @@ mod tests {
             in_progress.exists(),
             "the loader removed a save in progress"
         );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A checkpoint recording an update count no server could go on from (edited by hand:
+    /// the largest `u64`) is skipped by the recovery's loader, naming the part, before any
+    /// server is restored from it: the loader takes the newest one at the cut that verifies.
+    #[test]
+    fn the_recovery_loader_skips_a_checkpoint_whose_update_count_leaves_no_room() {
+        use crate::checkpoint::{read_manifest, update_count_key, TensorBytes, MANIFEST_FILE};
+        use crate::layout::Shard;
+
+        let root = std::env::temp_dir().join(format!(
+            "cohort-load-bad-count-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let policy = CheckpointPolicy {
+            keep_last: 3,
+            ..CheckpointPolicy::default()
+        };
+        let mut manager = CheckpointManager::new(&root, policy, Instant::now()).unwrap();
+        for step in [1, 2] {
+            let mut ckpt = Checkpoint::new(step, 1);
+            ckpt.ledger.next_closure_id = 9;
+            ckpt.layout.push(Layout {
+                name: "w".into(),
+                dtype: Dtype::F32,
+                shape: vec![2],
+                shards: vec![Shard { ps: 0, rows: 0..2 }],
+            });
+            ckpt.shards[0].tensors.insert(
+                "w".into(),
+                TensorBytes::from_f32(vec![2], &[1.0, 2.0]).unwrap(),
+            );
+            ckpt.set_update_count("w", step * 10);
+            manager.save(&ckpt, Instant::now()).unwrap();
+        }
+        let newest = checkpoint::list_checkpoints(&root).unwrap().pop().unwrap();
+        let mut manifest = read_manifest(&newest.dir).unwrap();
+        manifest.extra[update_count_key("w")] = serde_json::json!(u64::MAX);
+        std::fs::write(
+            newest.dir.join(MANIFEST_FILE),
+            manifest.to_file_bytes().unwrap(),
+        )
+        .unwrap();
+        let err = checkpoint::read_checkpoint(&newest.dir).unwrap_err();
+        assert!(err.to_string().contains("update count of \"w\""), "{err}");
+        let loaded = load_at_cut(&root, 9).unwrap().unwrap();
+        assert_eq!((loaded.step, loaded.update_count("w")), (1, Ok(10)));
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -583,7 +583,7 @@ impl CutReading {
                         tensor(slot_index + 1)?,
                     );
                 }
-                ckpt.extra[format!("steps/{name}")] = serde_json::json!(read.state.steps);
+                ckpt.set_update_count(&name, read.state.steps);
             }
         }
         for (worker, datasets) in &self.positions {
