@@ -180,10 +180,12 @@ impl BarePair {
     }
 }
 
-/// The same flow-control windows, stream limits and path-MTU bound cohort configures.
+/// The same flow-control windows, stream limits, path-MTU bound and initial congestion window
+/// cohort configures.
 fn same_windows(config: &TransportConfig) -> quinn::TransportConfig {
     let mut transport = quinn::TransportConfig::default();
     transport.mtu_discovery_config(Some(crate::endpoint::mtu_discovery(config)));
+    transport.congestion_controller_factory(Arc::new(crate::endpoint::congestion(config)));
     transport
         .max_concurrent_bidi_streams(quinn::VarInt::from_u32(config.bidi_streams_max))
         .max_concurrent_uni_streams(quinn::VarInt::from_u32(config.uni_streams_max))
@@ -193,17 +195,19 @@ fn same_windows(config: &TransportConfig) -> quinn::TransportConfig {
     transport
 }
 
-/// A quinn endpoint on the same kind of socket cohort binds (buffers sized alike).
+/// A quinn endpoint on the same kind of socket cohort binds (buffers sized alike, batches of
+/// datagrams sent whole: [`crate::socket::WholeBatches`]).
 fn bare_endpoint(
     server: Option<quinn::ServerConfig>,
     config: &TransportConfig,
 ) -> Result<quinn::Endpoint, BaselineError> {
     let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let socket = crate::socket::bind_udp(any, config).map_err(err)?;
-    quinn::Endpoint::new(
+    let socket = crate::socket::wrap_udp(socket).map_err(err)?;
+    quinn::Endpoint::new_with_abstract_socket(
         crate::endpoint::quinn_endpoint_config(config).map_err(err)?,
         server,
-        socket,
+        Arc::new(crate::socket::WholeBatches::new(socket)),
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(err)

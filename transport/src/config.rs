@@ -51,11 +51,13 @@ pub struct TransportConfig {
     pub handshakes_in_flight_max: usize,
     /// Most established connections queued for [`Endpoint::accept`](crate::Endpoint::accept).
     pub accept_queue_max: usize,
-    /// Largest UDP payload (bytes) this endpoint accepts and path-MTU discovery probes for.
-    /// Discovery settles on what the path carries (about 1,452 on Ethernet), so a high bound
-    /// costs little there, while on loopback it lets one packet carry several KiB and divides
-    /// the per-packet cost (packet building, acks, syscalls) accordingly. At most
-    /// [`UDP_PAYLOAD_BATCHED_MAX`] (binding an endpoint refuses more, naming why).
+    /// Largest UDP payload (bytes) this endpoint accepts and path-MTU discovery probes for;
+    /// by default [`UDP_PAYLOAD_LARGEST`], the most it may be (binding an endpoint refuses
+    /// more, naming why). Discovery settles on what the path carries (about 1,452 on
+    /// Ethernet, about 8,952 with jumbo frames), so a high bound costs a few probes there,
+    /// while on loopback one packet carries up to 64 KiB and the per-packet cost (packet
+    /// building, acks, system calls, wake-ups) is divided accordingly. quinn's batches of
+    /// datagrams go out whole whatever the size ([`WholeBatches`](crate::socket::WholeBatches)).
     pub udp_payload_max: u16,
     /// Protocol version sent in ALPN as `cohort/<n>`; change it only to test a mismatch.
     pub protocol_version: u16,
@@ -85,7 +87,7 @@ impl Default for TransportConfig {
             in_flight_wait_timeout: Duration::from_secs(10),
             handshakes_in_flight_max: 64,
             accept_queue_max: 64,
-            udp_payload_max: UDP_PAYLOAD_MAX,
+            udp_payload_max: UDP_PAYLOAD_LARGEST,
             protocol_version: crate::PROTOCOL_VERSION,
         }
     }
@@ -114,18 +116,8 @@ impl TransportConfig {
 pub const ALPN_PREFIX: &str = "cohort/";
 
 const MIB: u64 = 1024 * 1024;
-/// Default bound for path-MTU discovery: the largest payload of which quinn's segmentation
-/// offload batch (up to 10 datagrams in one `sendmsg`, `UDP_SEGMENT`) still fits in one UDP
-/// datagram of at most 65,507 bytes (10 × 6,400 = 64,000). Above about 6,550 a full batch
-/// no longer fits and the kernel refuses it: measured on loopback, 16,000 ran `cohort bench
-/// mwms` 17–21 % slower than the earlier default 4,000 (chosen below the sizes that
-/// "collapsed" for that reason), while 6,400 carries a bare QUIC stream 22 % faster and the
-/// parameter servers' push and pull 15 % (docs/benchmarks.md).
-const UDP_PAYLOAD_MAX: u16 = 6_400;
 /// The smallest UDP payload every QUIC path must carry.
 pub const UDP_PAYLOAD_MIN: u16 = 1_200;
-/// The largest [`TransportConfig::udp_payload_max`] an endpoint takes: quinn's batch of 10
-/// segmentation-offload datagrams must fit in one UDP datagram over IPv4 (65,507 bytes), else
-/// the kernel refuses the send (`EMSGSIZE`) and quinn drops the whole batch as it would a
-/// path-MTU probe, so every full batch is lost and resent.
-pub const UDP_PAYLOAD_BATCHED_MAX: u16 = 6_550;
+/// The largest [`TransportConfig::udp_payload_max`] an endpoint takes: the most payload one
+/// UDP datagram carries over IPv4 ([`UDP_SEND_MAX`](crate::socket::UDP_SEND_MAX)).
+pub const UDP_PAYLOAD_LARGEST: u16 = crate::socket::UDP_SEND_MAX as u16;

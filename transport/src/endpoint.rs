@@ -78,7 +78,7 @@ impl Endpoint {
         let quinn = quinn::Endpoint::new_with_abstract_socket(
             quinn_endpoint_config(&config)?,
             Some(server),
-            socket,
+            Arc::new(crate::socket::WholeBatches::new(socket)),
             Arc::new(TokioRuntime),
         )?;
         let (tx, rx) = mpsc::channel(config.accept_queue_max.max(1));
@@ -523,6 +523,7 @@ fn quinn_transport(config: &TransportConfig) -> Result<quinn::TransportConfig, B
     }
     let mut transport = quinn::TransportConfig::default();
     transport.mtu_discovery_config(Some(mtu_discovery(config)));
+    transport.congestion_controller_factory(Arc::new(congestion(config)));
     transport
         .max_idle_timeout(Some(idle))
         .keep_alive_interval(Some(config.keep_alive_interval))
@@ -533,6 +534,22 @@ fn quinn_transport(config: &TransportConfig) -> Result<quinn::TransportConfig, B
         .send_window(u64::from(config.connection_window_bytes));
     Ok(transport)
 }
+
+/// Cubic (quinn's default controller) with an initial window that carries a path-MTU probe
+/// beside the usual ten packets' worth (14,720 bytes, RFC 9002): quinn sends a probe, a ping
+/// padded up to the size it tries (up to [`TransportConfig::udp_payload_max`], 64 KiB by
+/// default), whenever a connection has nothing else to send, and counts it in flight until it
+/// is acknowledged or lost. With the usual window, a probe sent right after the handshake
+/// left no room for the next message (an answer waited a round trip behind it, or a lost
+/// probe's timeout on a path that does not carry it).
+pub(crate) fn congestion(config: &TransportConfig) -> quinn::congestion::CubicConfig {
+    let mut cubic = quinn::congestion::CubicConfig::default();
+    cubic.initial_window(INITIAL_WINDOW_PACKETS_BYTES + u64::from(config.udp_payload_max));
+    cubic
+}
+
+/// Ten packets of 1,472 bytes: the initial window RFC 9002 recommends, quinn's default.
+const INITIAL_WINDOW_PACKETS_BYTES: u64 = 14_720;
 
 /// Path-MTU discovery up to [`TransportConfig::udp_payload_max`].
 pub(crate) fn mtu_discovery(config: &TransportConfig) -> quinn::MtuDiscoveryConfig {
@@ -545,17 +562,16 @@ pub(crate) fn mtu_discovery(config: &TransportConfig) -> quinn::MtuDiscoveryConf
 pub(crate) fn quinn_endpoint_config(
     config: &TransportConfig,
 ) -> Result<quinn::EndpointConfig, BindError> {
-    use crate::config::{UDP_PAYLOAD_BATCHED_MAX, UDP_PAYLOAD_MIN};
+    use crate::config::{UDP_PAYLOAD_LARGEST, UDP_PAYLOAD_MIN};
     let bad = |why: &str| {
         BindError::Config(format!(
-            "udp_payload_max {} outside {UDP_PAYLOAD_MIN}..={UDP_PAYLOAD_BATCHED_MAX}{why}",
+            "udp_payload_max {} outside {UDP_PAYLOAD_MIN}..={UDP_PAYLOAD_LARGEST}{why}",
             config.udp_payload_max
         ))
     };
-    if config.udp_payload_max > UDP_PAYLOAD_BATCHED_MAX {
+    if config.udp_payload_max > UDP_PAYLOAD_LARGEST {
         return Err(bad(
-            ": QUIC sends up to 10 datagrams in one segmentation-offload batch, which must fit \
-             in one UDP datagram of 65,507 bytes, and a batch that does not is lost whole",
+            ": no UDP datagram over IPv4 carries more than 65,507 bytes of payload",
         ));
     }
     let mut endpoint = quinn::EndpointConfig::default();

@@ -83,7 +83,7 @@ pub mod tls;
 pub use budget::InFlightStats;
 pub use bytes::Bytes;
 pub use codec::CodecError;
-pub use config::{TransportConfig, UDP_PAYLOAD_BATCHED_MAX, UDP_PAYLOAD_MIN};
+pub use config::{TransportConfig, UDP_PAYLOAD_LARGEST, UDP_PAYLOAD_MIN};
 pub use connection::{Connection, Incoming, Responder};
 pub use endpoint::Endpoint;
 pub use error::{AcceptError, BindError, ConnectError, LinkError, RejectReason};
