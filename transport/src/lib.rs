@@ -16,8 +16,10 @@
 //!   [`LinkError::ConnectionLost`] within [`TransportConfig::idle_timeout`]).
 //! - [`frame`] and [`codec`]: the wire format below and bincode 2 with a limit always set.
 //! - [`budget`]: the bytes of incoming frames in flight, bounded per connection and per node.
-//! - [`socket`]: the UDP socket (4 MiB buffers) and quinn's socket traits re-exported, so that
-//!   `chaos` can slide a faulty socket under [`Endpoint::bind_with_socket`].
+//! - [`socket`]: the UDP socket (4 MiB buffers), the wrapper every endpoint puts around its
+//!   socket so that quinn's batches of datagrams go out whole whatever the path's MTU
+//!   ([`socket::WholeBatches`]: datagrams up to 64 KiB on loopback), and quinn's socket traits
+//!   re-exported, so that `chaos` can slide a faulty socket under [`Endpoint::bind_with_socket`].
 //!
 //! # Wire format
 //!
