@@ -49,6 +49,10 @@ def test_a_mirrored_worker_killed_mid_training_is_left_out_then_admitted_with_th
         "150",
         "--pause",
         "0.005",
+        # Until the restarted worker is back: time for its new process to start and be
+        # admitted before the others reach the last step, however busy the machine.
+        "--pause-while-short",
+        "0.1",
         "--die-at",
         "40",
         "--marker",
@@ -76,6 +80,10 @@ def test_a_preempted_mirrored_worker_leaves_at_a_boundary_exits_143_and_comes_ba
         "150",
         "--pause",
         "0.005",
+        # Until the restarted worker is back: time for its new process to start and be
+        # admitted before the others reach the last step, however busy the machine.
+        "--pause-while-short",
+        "0.1",
         "--die-at",
         "40",
         "--marker",

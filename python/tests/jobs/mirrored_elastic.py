@@ -2,7 +2,8 @@
 and `recover` after a lost worker, so a worker killed mid-training is left out by the
 survivors, which go on, and its restarted process is admitted and receives their state. Each
 task prints every group change and, at the end, the digest of its weights: the same on every
-worker. Arguments: --steps N, --pause SECONDS (each step's extra work), --die-at STEP with
+worker. Arguments: --steps N, --pause SECONDS (each step's extra work; --pause-while-short
+SECONDS instead while the group lacks a worker it had), --die-at STEP with
 --marker FILE (worker/1's first process SIGKILLs itself before that step, or with --signal
 term sends itself SIGTERM, whatever the machine's speed: the marker says it did). --optimizer adam
 trains with cohort's Adam on a cosine decay, made in the strategy's scope
@@ -29,6 +30,7 @@ import cohort
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--pause", type=float, default=0.01)
+parser.add_argument("--pause-while-short", type=float, default=None)
 parser.add_argument("--die-at", type=int, default=-1)
 parser.add_argument("--marker", default="")
 parser.add_argument("--signal", choices=["kill", "term"], default="kill")
@@ -74,6 +76,7 @@ if args.checkpoints:
     resumed = checkpoints.restore_or_initialize(state)
     if resumed is not None:
         print(f"resumed from step {resumed}", flush=True)
+full = strategy.num_workers
 while True:
     try:
         # A worker lost at the boundary's own collective raises here as in the step.
@@ -107,7 +110,12 @@ while True:
     state.position += 16 * strategy.num_workers
     if checkpoints is not None and checkpoints.save(state) is not None:
         print(f"saved step {state.step}: w_sum={float(w.read_value().sum())!r}", flush=True)
-    time.sleep(args.pause)
+    # A group short of a worker it had (lost or departed, not admitted again yet) may train
+    # slower on request, so that a test asserting the rejoin leaves the restarted process time
+    # to come back however busy the machine is.
+    full = max(full, strategy.num_workers)
+    short = strategy.num_workers < full and args.pause_while_short is not None
+    time.sleep(args.pause_while_short if short else args.pause)
 if args.wait_for_evaluator and strategy.worker_index == 0:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not os.path.exists(evaluated_marker()):
