@@ -144,6 +144,10 @@ pub(crate) enum UnfitVariable {
         /// Its full shape in the job.
         shape: Vec<usize>,
     },
+    /// The checkpoint records something of it no restore can use (an update count no server
+    /// could go on from).
+    #[error(transparent)]
+    Invalid(crate::checkpoint::ValidationError),
     /// A tensor of one of its saved shards (the values or a slot) is missing.
     #[error("variable {name:?}: no tensor {tensor:?} on ps {ps}")]
     NoTensor {
@@ -252,10 +256,17 @@ impl<'a> SavedVariable<'a> {
             blobs.push(self.gather(&pieces, Some(slot))?);
         }
         let steps = if pieces.is_empty() {
-            (0..self.layout.shards.len()).map(|j| self.steps(j)).max()
+            (0..self.layout.shards.len())
+                .map(|j| self.steps(j))
+                .collect::<Result<Vec<_>, _>>()?
         } else {
-            pieces.iter().map(|(j, _)| self.steps(*j)).max()
+            pieces
+                .iter()
+                .map(|(j, _)| self.steps(*j))
+                .collect::<Result<Vec<_>, _>>()?
         }
+        .into_iter()
+        .max()
         .unwrap_or(0);
         let msg = RestoreVariable {
             name: job.shard_name(index),
@@ -325,14 +336,13 @@ impl<'a> SavedVariable<'a> {
         Ok(Bytes::from(bytes))
     }
 
-    /// The update count the checkpoint holds for saved shard `j` (0 if none). A checkpoint
-    /// that was read verified its counts ([`Checkpoint::validate`]); one built in memory and
-    /// recording no count a server could go on from restores that shard as never updated, as
-    /// the server would refuse the count itself.
-    fn steps(&self, j: usize) -> u64 {
+    /// The update count the checkpoint holds for saved shard `j` (0 if none); one no server
+    /// could go on from is a refusal naming the part (a checkpoint that was read verified its
+    /// counts already; one built in memory is checked here).
+    fn steps(&self, j: usize) -> Result<u64, UnfitVariable> {
         self.ckpt
             .update_count(&self.layout.shard_name(j))
-            .unwrap_or(0)
+            .map_err(UnfitVariable::Invalid)
     }
 }
 
@@ -576,15 +586,21 @@ mod tests {
                 why,
                 "checkpoint at step 3: variable \"emb\": no tensor \"emb/part_1/slot/v\" on ps 1"
             );
+
+            // An update count no server could go on from, in a checkpoint built in memory
+            // (never read, so never verified), is refused naming the part, not read as 0.
+            ckpt.extra[crate::checkpoint::update_count_key("emb/part_0")] =
+                serde_json::json!(u64::MAX);
+            let why = refusal(&three, 0, &ckpt);
+            assert!(why.contains("update count of \"emb/part_0\""), "{why}");
         }
     }
 
-    /// CKPT-1: the recovery's loader takes the newest checkpoint taken at the cut (not a newer
-    /// one at another cut) and removes nothing: a `.tmp-` directory may be a save under way.
-    #[test]
-    fn ckpt_1_the_recovery_loader_reads_the_cut_and_leaves_a_save_in_progress_alone() {
+    /// An empty checkpoint root named after `name`, this process and thread, and a manager
+    /// over it that keeps three checkpoints.
+    fn scratch_store(name: &str) -> (std::path::PathBuf, CheckpointManager) {
         let root = std::env::temp_dir().join(format!(
-            "cohort-load-at-cut-{}-{:?}",
+            "cohort-{name}-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));
@@ -593,7 +609,15 @@ mod tests {
             keep_last: 3,
             ..CheckpointPolicy::default()
         };
-        let mut manager = CheckpointManager::new(&root, policy, Instant::now()).unwrap();
+        let manager = CheckpointManager::new(&root, policy, Instant::now()).unwrap();
+        (root, manager)
+    }
+
+    /// CKPT-1: the recovery's loader takes the newest checkpoint taken at the cut (not a newer
+    /// one at another cut) and removes nothing: a `.tmp-` directory may be a save under way.
+    #[test]
+    fn ckpt_1_the_recovery_loader_reads_the_cut_and_leaves_a_save_in_progress_alone() {
+        let (root, mut manager) = scratch_store("load-at-cut");
         for (step, cut) in [(1, 4), (2, 9)] {
             let mut ckpt = Checkpoint::new(step, 1);
             ckpt.ledger.next_closure_id = cut;
@@ -619,17 +643,7 @@ mod tests {
         use crate::checkpoint::{read_manifest, update_count_key, TensorBytes, MANIFEST_FILE};
         use crate::layout::Shard;
 
-        let root = std::env::temp_dir().join(format!(
-            "cohort-load-bad-count-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&root);
-        let policy = CheckpointPolicy {
-            keep_last: 3,
-            ..CheckpointPolicy::default()
-        };
-        let mut manager = CheckpointManager::new(&root, policy, Instant::now()).unwrap();
+        let (root, mut manager) = scratch_store("load-bad-count");
         for step in [1, 2] {
             let mut ckpt = Checkpoint::new(step, 1);
             ckpt.ledger.next_closure_id = 9;
